@@ -1,0 +1,8 @@
+// Every migration, in order. A static list (rather than a folder scan) works the same under tsx, from
+// the compiled dist/ and inside the Docker image. Add a new file here with the next number.
+import type { Migration } from 'kysely/migration'
+import * as initial from './0001_initial.js'
+
+export const migrations: Record<string, Migration> = {
+  '0001_initial': initial,
+}

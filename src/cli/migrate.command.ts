@@ -1,0 +1,15 @@
+import type { Command } from 'commander'
+import { migrateToLatest } from '../db/migrate.js'
+import { printJson, withDatabase } from './cli-context.js'
+
+export function registerMigrateCommand(program: Command): void {
+  program
+    .command('migrate')
+    .description('apply every pending database migration (safe to run from several replicas at once)')
+    .option('--json', 'print the result as JSON')
+    .action(async (options: { json?: boolean }) => {
+      const { applied } = await withDatabase(({ db }) => migrateToLatest(db), { migrate: false })
+      if (options.json) printJson({ applied })
+      else process.stdout.write(applied.length ? `applied: ${applied.join(', ')}\n` : 'migrations are current\n')
+    })
+}

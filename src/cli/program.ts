@@ -1,0 +1,14 @@
+// The command tree. Each group lives in its own *.command.ts file and registers itself here.
+import { Command } from 'commander'
+import { registerMigrateCommand } from './migrate.command.js'
+import { registerServeCommand } from './serve.command.js'
+
+export function buildProgram(): Command {
+  const program = new Command()
+    .name('partner-escrow')
+    .description('Integration backend for the escrow trade platform: webhooks, API client, poller, sandbox')
+    .showHelpAfterError('(run with --help for usage)')
+  registerServeCommand(program)
+  registerMigrateCommand(program)
+  return program
+}

@@ -1,0 +1,272 @@
+// The one place that reads process.env. Every variable is parsed and validated once into a frozen,
+// typed Config; a bad value stops start-up with one message that names every bad variable.
+//
+// Local mode: while PARTNER_API_BASE_URL is unset the service plays against the in-process sandbox and
+// needs no environment at all; its secrets are generated once and kept in DATA_DIR (the file is named
+// in the start-up log, the values never are). With a real platform configured, every secret is required.
+import { randomBytes } from 'node:crypto'
+import { mkdirSync, readFileSync, writeFileSync } from 'node:fs'
+import path from 'node:path'
+import bytes from 'bytes'
+import { z } from 'zod'
+
+export const MIN_SECRET_LENGTH = 24
+
+export type PartnerEnv = 'sandbox' | 'live'
+export type PartnerKind = 'marketplace' | 'merchant'
+export type LogLevel = 'fatal' | 'error' | 'warn' | 'info' | 'debug' | 'trace' | 'silent'
+
+export interface Config {
+  readonly port: number
+  readonly host: string
+  readonly databaseUrl: string | undefined
+  readonly databasePoolSize: number
+  readonly dataDir: string
+  readonly logLevel: LogLevel
+  readonly logPretty: boolean
+  readonly shutdownTimeoutMs: number
+  readonly webhook: {
+    readonly path: string
+    readonly secrets: readonly string[]
+    readonly bodyLimitBytes: number
+  }
+  readonly partner: {
+    /** local: no platform configured, the sandbox runs in-process; remote: a real platform. */
+    readonly mode: 'local' | 'remote'
+    readonly env: PartnerEnv
+    readonly kind: PartnerKind
+    readonly baseUrl: string | undefined
+    readonly keyId: string
+    readonly secret: string
+    readonly timeoutMs: number
+  }
+  readonly poll: {
+    readonly enabled: boolean
+    readonly intervalS: number
+    readonly concurrency: number
+    readonly batchSize: number
+    readonly expectedWebhookS: number
+    readonly staleAfterS: number
+  }
+  readonly metrics: { readonly enabled: boolean; readonly path: string }
+  readonly sandbox: { readonly port: number }
+  /** Where local mode keeps its generated secrets; undefined in remote mode. */
+  readonly localSecretsFile: string | undefined
+}
+
+export class ConfigError extends Error {
+  constructor(readonly problems: readonly string[]) {
+    super(`Invalid configuration:\n  - ${problems.join('\n  - ')}`)
+    this.name = 'ConfigError'
+  }
+}
+
+const booleanString = z
+  .enum(['true', 'false', '1', '0', 'yes', 'no'])
+  .transform((value) => value === 'true' || value === '1' || value === 'yes')
+
+const port = z.coerce.number().int().min(0).max(65535)
+const positiveInt = z.coerce.number().int().positive()
+
+const byteSize = z.string().transform((value, ctx) => {
+  const parsed = bytes.parse(value)
+  if (parsed === null || !Number.isFinite(parsed) || parsed <= 0) {
+    ctx.addIssue({ code: 'custom', message: `"${value}" is not a size such as 256kb` })
+    return z.NEVER
+  }
+  return parsed
+})
+
+const secretList = z.string().transform((value) =>
+  value
+    .split(',')
+    .map((secret) => secret.trim())
+    .filter((secret) => secret.length > 0),
+)
+
+const EnvSchema = z.object({
+  PORT: port.default(3000),
+  HOST: z.string().min(1).default('127.0.0.1'),
+  DATABASE_URL: z
+    .string()
+    .regex(/^postgres(ql)?:\/\//, 'must be a postgres:// or postgresql:// URL')
+    .optional(),
+  DATABASE_POOL_SIZE: positiveInt.max(200).default(10),
+  DATA_DIR: z.string().min(1).default('./data'),
+  LOG_LEVEL: z.enum(['fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent']).default('info'),
+  LOG_PRETTY: booleanString.default(false),
+  SHUTDOWN_TIMEOUT_MS: positiveInt.default(10_000),
+  WEBHOOK_PATH: z.string().regex(/^\/[\w\-./]*$/, 'must be a path starting with /').default('/webhooks/partner'),
+  WEBHOOK_SECRETS: secretList.optional(),
+  WEBHOOK_BODY_LIMIT: byteSize.default(256 * 1024),
+  PARTNER_ENV: z.enum(['sandbox', 'live']).default('sandbox'),
+  PARTNER_KIND: z.enum(['marketplace', 'merchant']).default('marketplace'),
+  PARTNER_API_BASE_URL: z.url({ protocol: /^https?$/, error: 'must be an http(s) URL' }).optional(),
+  PARTNER_API_KEY_ID: z.string().min(1).optional(),
+  PARTNER_API_SECRET: z.string().optional(),
+  PARTNER_API_TIMEOUT_MS: positiveInt.default(10_000),
+  POLL_ENABLED: booleanString.default(true),
+  POLL_INTERVAL_S: positiveInt.default(30),
+  POLL_CONCURRENCY: positiveInt.max(256).default(8),
+  POLL_BATCH_SIZE: positiveInt.max(10_000).default(100),
+  EXPECTED_WEBHOOK_S: positiveInt.default(600),
+  STALE_AFTER_S: positiveInt.default(21_600),
+  METRICS_ENABLED: booleanString.default(true),
+  METRICS_PATH: z.string().regex(/^\/[\w\-./]*$/, 'must be a path starting with /').default('/metrics'),
+  SANDBOX_PORT: port.default(4010),
+})
+
+type Env = Record<string, string | undefined>
+
+// PARTNER_ENV picks the key pair: PARTNER_LIVE_API_KEY_ID (or PARTNER_SANDBOX_...) wins over the
+// unprefixed PARTNER_API_KEY_ID, so both pairs can sit in one environment.
+function selectPartnerVariables(env: Env): Env {
+  const selected = env.PARTNER_ENV === 'live' ? 'LIVE' : 'SANDBOX'
+  const picked: Env = { ...env }
+  for (const name of ['API_BASE_URL', 'API_KEY_ID', 'API_SECRET'] as const) {
+    const specific = env[`PARTNER_${selected}_${name}`]
+    if (specific !== undefined && specific !== '') picked[`PARTNER_${name}`] = specific
+  }
+  return picked
+}
+
+function withoutEmptyValues(env: Env): Env {
+  return Object.fromEntries(Object.entries(env).filter(([, value]) => value !== undefined && value !== ''))
+}
+
+export interface LocalSecrets {
+  webhookSecret: string
+  apiKeyId: string
+  apiSecret: string
+}
+
+/**
+ * Parses an environment into a Config. Pure apart from `localSecrets`, which local mode calls to get
+ * (or create) its generated secrets.
+ */
+export function parseConfig(rawEnv: Env, localSecrets: (dataDir: string) => LocalSecrets = readLocalSecrets): Config {
+  const env = withoutEmptyValues(selectPartnerVariables(rawEnv))
+  const parsed = EnvSchema.safeParse(env)
+  if (!parsed.success) {
+    throw new ConfigError(
+      parsed.error.issues.map((issue) => `${issue.path.join('.') || '(environment)'}: ${issue.message}`),
+    )
+  }
+  const values = parsed.data
+  const problems: string[] = []
+  const mode = values.PARTNER_API_BASE_URL === undefined ? 'local' : 'remote'
+
+  if (values.PARTNER_ENV === 'live' && mode === 'local') {
+    problems.push('PARTNER_API_BASE_URL: required when PARTNER_ENV=live (live never runs the sandbox)')
+  }
+  for (const [index, secret] of (values.WEBHOOK_SECRETS ?? []).entries()) {
+    if (secret.length < MIN_SECRET_LENGTH) {
+      problems.push(`WEBHOOK_SECRETS: secret #${index + 1} is shorter than ${MIN_SECRET_LENGTH} characters`)
+    }
+  }
+  if (rawEnv.WEBHOOK_SECRETS !== undefined && values.WEBHOOK_SECRETS?.length === 0) {
+    problems.push('WEBHOOK_SECRETS: is set but holds no secret')
+  }
+  if (values.PARTNER_API_SECRET !== undefined && values.PARTNER_API_SECRET.length < MIN_SECRET_LENGTH) {
+    problems.push(`PARTNER_API_SECRET: is shorter than ${MIN_SECRET_LENGTH} characters`)
+  }
+  if (mode === 'remote') {
+    if (!values.WEBHOOK_SECRETS?.length) problems.push('WEBHOOK_SECRETS: required when PARTNER_API_BASE_URL is set')
+    if (values.PARTNER_API_KEY_ID === undefined) {
+      problems.push('PARTNER_API_KEY_ID: required when PARTNER_API_BASE_URL is set')
+    }
+    if (values.PARTNER_API_SECRET === undefined) {
+      problems.push('PARTNER_API_SECRET: required when PARTNER_API_BASE_URL is set')
+    }
+  }
+  if (problems.length > 0) throw new ConfigError(problems)
+
+  // memory:// keeps an embedded database in memory (tests); anything else is a directory
+  const dataDir = values.DATA_DIR.startsWith('memory://') ? values.DATA_DIR : path.resolve(values.DATA_DIR)
+  const needsLocalSecrets =
+    mode === 'local' &&
+    (!values.WEBHOOK_SECRETS?.length || !values.PARTNER_API_KEY_ID || !values.PARTNER_API_SECRET)
+  const generated = needsLocalSecrets ? localSecrets(dataDir) : undefined
+
+  const config: Config = {
+    port: values.PORT,
+    host: values.HOST,
+    databaseUrl: values.DATABASE_URL,
+    databasePoolSize: values.DATABASE_POOL_SIZE,
+    dataDir,
+    logLevel: values.LOG_LEVEL,
+    logPretty: values.LOG_PRETTY,
+    shutdownTimeoutMs: values.SHUTDOWN_TIMEOUT_MS,
+    webhook: {
+      path: values.WEBHOOK_PATH,
+      secrets: values.WEBHOOK_SECRETS?.length ? values.WEBHOOK_SECRETS : [generated!.webhookSecret],
+      bodyLimitBytes: values.WEBHOOK_BODY_LIMIT,
+    },
+    partner: {
+      mode,
+      env: values.PARTNER_ENV,
+      kind: values.PARTNER_KIND,
+      baseUrl: values.PARTNER_API_BASE_URL,
+      keyId: values.PARTNER_API_KEY_ID ?? generated!.apiKeyId,
+      secret: values.PARTNER_API_SECRET ?? generated!.apiSecret,
+      timeoutMs: values.PARTNER_API_TIMEOUT_MS,
+    },
+    poll: {
+      enabled: values.POLL_ENABLED,
+      intervalS: values.POLL_INTERVAL_S,
+      concurrency: values.POLL_CONCURRENCY,
+      batchSize: values.POLL_BATCH_SIZE,
+      expectedWebhookS: values.EXPECTED_WEBHOOK_S,
+      staleAfterS: values.STALE_AFTER_S,
+    },
+    metrics: { enabled: values.METRICS_ENABLED, path: values.METRICS_PATH },
+    sandbox: { port: values.SANDBOX_PORT },
+    localSecretsFile: generated ? localSecretsPath(dataDir) : undefined,
+  }
+  return deepFreeze(config)
+}
+
+/** Reads process.env: the only place in the service that does. */
+export function loadConfig(): Config {
+  return parseConfig(process.env)
+}
+
+export function localSecretsPath(dataDir: string): string {
+  return path.join(dataDir, 'local-secrets.json')
+}
+
+/** Reads the local-mode secrets from DATA_DIR, generating them on first use (file mode 0600). */
+export function readLocalSecrets(dataDir: string): LocalSecrets {
+  const file = localSecretsPath(dataDir)
+  try {
+    const stored = JSON.parse(readFileSync(file, 'utf8')) as Partial<LocalSecrets>
+    if (stored.webhookSecret && stored.apiKeyId && stored.apiSecret) return stored as LocalSecrets
+  } catch (error) {
+    if ((error as NodeJS.ErrnoException).code !== 'ENOENT') {
+      throw new Error(`Cannot read the local secrets file ${file}; delete it to generate new secrets`, {
+        cause: error,
+      })
+    }
+  }
+  const secrets: LocalSecrets = {
+    webhookSecret: randomBytes(32).toString('hex'),
+    apiKeyId: `pk_sandbox_${randomBytes(6).toString('hex')}`,
+    apiSecret: randomBytes(32).toString('hex'),
+  }
+  mkdirSync(dataDir, { recursive: true })
+  writeFileSync(file, `${JSON.stringify(secrets, null, 2)}\n`, { mode: 0o600 })
+  return secrets
+}
+
+/** Every configured secret, for the log redaction and the tests that prove no log line holds one. */
+export function configSecrets(config: Config): string[] {
+  return [...config.webhook.secrets, config.partner.secret]
+}
+
+function deepFreeze<T>(value: T): T {
+  if (value && typeof value === 'object') {
+    for (const inner of Object.values(value)) deepFreeze(inner)
+    Object.freeze(value)
+  }
+  return value
+}

@@ -1,0 +1,69 @@
+// Table types as Kysely sees them (camelCase; CamelCasePlugin maps to snake_case SQL in one place).
+// Only repositories import these: row types never leave a *.repository.ts file.
+import type { ColumnType, Generated, GeneratedAlways } from 'kysely'
+
+type Timestamp = ColumnType<Date, Date | string, Date | string>
+
+export interface OrdersTable {
+  id: GeneratedAlways<number>
+  externalReference: string
+  tradeId: string | null
+  tradeReference: string | null
+  tradeStatus: string | null
+  statusRank: Generated<number>
+  isTerminal: Generated<boolean>
+  statusSource: string | null
+  statusChangedAt: Timestamp | null
+  /** none | pending | unknown | created: see src/orders/order.repository.ts */
+  tradeCreateState: Generated<string>
+  nextPollAt: Timestamp | null
+  pollAttempts: Generated<number>
+  pollLeaseToken: string | null
+  pollLeaseExpiresAt: Timestamp | null
+  lastPolledAt: Timestamp | null
+  attention: string | null
+  version: Generated<number>
+  createdAt: Generated<Timestamp>
+  updatedAt: Generated<Timestamp>
+}
+
+export interface WebhookDeliveriesTable {
+  deliveryId: string
+  receivedAt: Generated<Timestamp>
+  eventType: string
+  tradeId: string | null
+  externalReference: string | null
+  observedStatus: string | null
+  outcome: string
+  orderId: number | null
+  rawBody: string
+  appliedAt: Timestamp | null
+}
+
+export interface OrderStatusHistoryTable {
+  id: GeneratedAlways<string>
+  orderId: number
+  fromStatus: string | null
+  toStatus: string
+  source: string
+  deliveryId: string | null
+  recordedAt: Generated<Timestamp>
+}
+
+export interface ReconcileRunsTable {
+  id: GeneratedAlways<number>
+  replica: string
+  startedAt: Timestamp
+  finishedAt: Timestamp | null
+  polled: Generated<number>
+  changed: Generated<number>
+  errors: Generated<number>
+  stoppedReason: string | null
+}
+
+export interface Database {
+  orders: OrdersTable
+  webhookDeliveries: WebhookDeliveriesTable
+  orderStatusHistory: OrderStatusHistoryTable
+  reconcileRuns: ReconcileRunsTable
+}

@@ -1,0 +1,72 @@
+// One Kysely instance for the whole process: real Postgres through a pg Pool when a URL is given,
+// otherwise embedded PGlite persisted in a directory (or in memory for tests). PGlite is a single
+// connection; Kysely's PGliteDialect queues transactions on it, so they never interleave.
+import { mkdirSync } from 'node:fs'
+import path from 'node:path'
+import { PGlite } from '@electric-sql/pglite'
+import { CamelCasePlugin, Kysely, PGliteDialect, PostgresDialect } from 'kysely'
+import pg from 'pg'
+import type { Logger } from '../logger.js'
+import type { Database } from './database.js'
+
+export type DatabaseKind = 'postgres' | 'pglite'
+
+export interface DatabaseHandle {
+  readonly db: Kysely<Database>
+  readonly kind: DatabaseKind
+  /** Pool use for metrics; PGlite reports its one connection. */
+  poolStats(): { total: number; idle: number; waiting: number }
+  close(): Promise<void>
+}
+
+export interface OpenDatabaseOptions {
+  /** postgres:// URL; when absent, embedded PGlite is used. */
+  databaseUrl?: string | undefined
+  /** PGlite's data directory; 'memory://' for a throwaway database. */
+  dataDir?: string
+  poolSize?: number
+  logger?: Logger
+}
+
+export function openDatabase(options: OpenDatabaseOptions): DatabaseHandle {
+  return options.databaseUrl ? openPostgres(options.databaseUrl, options) : openPglite(options)
+}
+
+function openPostgres(databaseUrl: string, { poolSize = 10, logger }: OpenDatabaseOptions): DatabaseHandle {
+  const pool = new pg.Pool({
+    connectionString: databaseUrl,
+    max: poolSize,
+    connectionTimeoutMillis: 5_000,
+    idleTimeoutMillis: 30_000,
+    // a statement stuck behind a dead connection must fail fast so the caller can answer 503
+    query_timeout: 15_000,
+    keepAlive: true,
+  })
+  // an idle client that loses its connection emits 'error' on the pool; unhandled, it kills the process
+  pool.on('error', (error) => {
+    logger?.warn({ err: { message: error.message, code: (error as { code?: string }).code } }, 'database connection lost')
+  })
+  const db = new Kysely<Database>({ dialect: new PostgresDialect({ pool }), plugins: [new CamelCasePlugin()] })
+  return {
+    db,
+    kind: 'postgres',
+    poolStats: () => ({ total: pool.totalCount, idle: pool.idleCount, waiting: pool.waitingCount }),
+    close: () => db.destroy(),
+  }
+}
+
+function openPglite({ dataDir = 'memory://' }: OpenDatabaseOptions): DatabaseHandle {
+  const location = dataDir.startsWith('memory://') ? dataDir : path.join(dataDir, 'pglite')
+  if (!location.startsWith('memory://')) mkdirSync(location, { recursive: true })
+  const pglite = new PGlite(location)
+  const db = new Kysely<Database>({ dialect: new PGliteDialect({ pglite }), plugins: [new CamelCasePlugin()] })
+  return {
+    db,
+    kind: 'pglite',
+    poolStats: () => ({ total: 1, idle: 1, waiting: 0 }),
+    close: async () => {
+      await db.destroy()
+      if (!pglite.closed) await pglite.close()
+    },
+  }
+}

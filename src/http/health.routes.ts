@@ -1,0 +1,43 @@
+// /healthz: the process answers. /readyz: the database answers and every migration is applied.
+import { Router } from 'express'
+import { type Kysely, sql } from 'kysely'
+import type { Database } from '../db/database.js'
+import { migrationsAreCurrent } from '../db/migrate.js'
+import { errorBody } from './app-error.js'
+
+const READY_CHECK_TIMEOUT_MS = 2_000
+
+export function healthRoutes({ db }: { db: Kysely<Database> }): Router {
+  const router = Router()
+  // migrations never go back once applied, so a positive answer is kept
+  let migrationsCurrent = false
+
+  router.get('/healthz', (_req, res) => {
+    res.json({ status: 'ok' })
+  })
+
+  router.get('/readyz', async (_req, res) => {
+    try {
+      await withTimeout(sql`select 1`.execute(db), READY_CHECK_TIMEOUT_MS)
+      if (!migrationsCurrent) migrationsCurrent = await withTimeout(migrationsAreCurrent(db), READY_CHECK_TIMEOUT_MS)
+    } catch {
+      res.status(503).json(errorBody('not_ready', 'The database does not answer'))
+      return
+    }
+    if (!migrationsCurrent) {
+      res.status(503).json(errorBody('not_ready', 'Migrations are pending; run `npm run cli -- migrate`'))
+      return
+    }
+    res.json({ status: 'ready' })
+  })
+
+  return router
+}
+
+function withTimeout<T>(promise: Promise<T>, ms: number): Promise<T> {
+  let timer: NodeJS.Timeout | undefined
+  const timeout = new Promise<never>((_, reject) => {
+    timer = setTimeout(() => reject(new Error(`timed out after ${ms} ms`)), ms)
+  })
+  return Promise.race([promise, timeout]).finally(() => clearTimeout(timer))
+}

@@ -1,0 +1,45 @@
+import type { Clock } from '../../src/clock.js'
+
+/** A clock that moves only when told to; sleepers wake when their time is reached. */
+export class FakeClock implements Clock {
+  private current: number
+  private sleepers: { until: number; resolve: () => void }[] = []
+  /** Every duration passed to sleep(), in order: what a backoff test asserts on. */
+  readonly sleeps: number[] = []
+
+  constructor(start = Date.parse('2026-01-01T00:00:00Z')) {
+    this.current = start
+  }
+
+  now(): number {
+    return this.current
+  }
+
+  sleep(ms: number, signal?: AbortSignal): Promise<void> {
+    this.sleeps.push(ms)
+    return new Promise((resolve, reject) => {
+      if (signal?.aborted) return reject(signal.reason)
+      const sleeper = { until: this.current + ms, resolve }
+      this.sleepers.push(sleeper)
+      signal?.addEventListener('abort', () => {
+        this.sleepers = this.sleepers.filter((s) => s !== sleeper)
+        reject(signal.reason)
+      })
+    })
+  }
+
+  /** Moves time forward and wakes every sleeper whose time has come, letting their continuations run. */
+  async advance(ms: number): Promise<void> {
+    this.current += ms
+    const due = this.sleepers.filter((s) => s.until <= this.current)
+    this.sleepers = this.sleepers.filter((s) => s.until > this.current)
+    for (const sleeper of due) sleeper.resolve()
+    for (let i = 0; i < 5; i++) await Promise.resolve()
+    await new Promise((resolve) => setImmediate(resolve))
+  }
+
+  /** How many sleepers are waiting: lets a test wait until the code under test went to sleep. */
+  get pendingSleepers(): number {
+    return this.sleepers.length
+  }
+}

@@ -1,0 +1,73 @@
+// A fresh, migrated database for one test file: in-memory PGlite by default, or a throwaway schema in
+// the Postgres named by TEST_DATABASE_URL (the CI runs the suite both ways).
+import { randomBytes } from 'node:crypto'
+import { describe } from 'vitest'
+import pg from 'pg'
+import { migrateToLatest } from '../../src/db/migrate.js'
+import { type DatabaseHandle, openDatabase } from '../../src/db/open-database.js'
+import type { Logger } from '../../src/logger.js'
+
+export const postgresUrl = process.env.TEST_DATABASE_URL || undefined
+
+if (!postgresUrl && !process.env.QUIET_POSTGRES_SKIP) {
+  process.env.QUIET_POSTGRES_SKIP = '1'
+  console.warn('TEST_DATABASE_URL is not set: tests named "(Postgres)" are SKIPPED; CI runs them.')
+}
+
+/** describe() for tests that need real Postgres (concurrency, SKIP LOCKED, unique keys under races). */
+export const describePostgres: typeof describe = postgresUrl ? describe : (describe.skip as typeof describe)
+
+export interface TestDatabase extends DatabaseHandle {
+  /** The connection URL of this test's schema (Postgres only), for child processes. */
+  readonly url: string | undefined
+  /** Opens another handle on the same database, as a second replica would. */
+  openAnother(): DatabaseHandle
+}
+
+export async function createTestDatabase(
+  { kind = postgresUrl ? 'postgres' : 'pglite', logger, migrate = true, poolSize = 10 }: {
+    kind?: 'postgres' | 'pglite'
+    logger?: Logger
+    migrate?: boolean
+    poolSize?: number
+  } = {},
+): Promise<TestDatabase> {
+  if (kind === 'pglite') {
+    const handle = openDatabase({ dataDir: 'memory://' })
+    if (migrate) await migrateToLatest(handle.db)
+    return {
+      ...handle,
+      url: undefined,
+      openAnother: () => {
+        throw new Error('PGlite is one in-process connection: a second replica needs Postgres')
+      },
+    }
+  }
+  if (!postgresUrl) throw new Error('TEST_DATABASE_URL is required for a Postgres test database')
+  const schema = `t_${randomBytes(6).toString('hex')}`
+  const admin = new pg.Client({ connectionString: postgresUrl })
+  await admin.connect()
+  await admin.query(`create schema ${schema}`)
+  await admin.end()
+  const url = withSearchPath(postgresUrl, schema)
+  const handle = openDatabase({ databaseUrl: url, poolSize, ...(logger ? { logger } : {}) })
+  if (migrate) await migrateToLatest(handle.db)
+  return {
+    ...handle,
+    url,
+    openAnother: () => openDatabase({ databaseUrl: url, poolSize }),
+    close: async () => {
+      await handle.close()
+      const cleanup = new pg.Client({ connectionString: postgresUrl })
+      await cleanup.connect()
+      await cleanup.query(`drop schema if exists ${schema} cascade`)
+      await cleanup.end()
+    },
+  }
+}
+
+function withSearchPath(url: string, schema: string): string {
+  const parsed = new URL(url)
+  parsed.searchParams.set('options', `-c search_path=${schema}`)
+  return parsed.toString()
+}
