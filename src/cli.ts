@@ -1,9 +1,9 @@
 #!/usr/bin/env node
 // Entry point of `npm run cli -- <command>`, `npm start` (serve) and the `partner-escrow` bin.
 import { CommanderError } from 'commander'
-import { ConfigError } from './config.js'
 import { UsageError } from './cli/cli-context.js'
 import { buildProgram } from './cli/program.js'
+import { ConfigError } from './config.js'
 
 const [major] = process.versions.node.split('.').map(Number)
 if ((major ?? 0) < 22) {

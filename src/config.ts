@@ -96,7 +96,10 @@ const EnvSchema = z.object({
   LOG_LEVEL: z.enum(['fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent']).default('info'),
   LOG_PRETTY: booleanString.default(false),
   SHUTDOWN_TIMEOUT_MS: positiveInt.default(10_000),
-  WEBHOOK_PATH: z.string().regex(/^\/[\w\-./]*$/, 'must be a path starting with /').default('/webhooks/partner'),
+  WEBHOOK_PATH: z
+    .string()
+    .regex(/^\/[\w\-./]*$/, 'must be a path starting with /')
+    .default('/webhooks/partner'),
   WEBHOOK_SECRETS: secretList.optional(),
   WEBHOOK_BODY_LIMIT: byteSize.default(256 * 1024),
   PARTNER_ENV: z.enum(['sandbox', 'live']).default('sandbox'),
@@ -112,7 +115,10 @@ const EnvSchema = z.object({
   EXPECTED_WEBHOOK_S: positiveInt.default(600),
   STALE_AFTER_S: positiveInt.default(21_600),
   METRICS_ENABLED: booleanString.default(true),
-  METRICS_PATH: z.string().regex(/^\/[\w\-./]*$/, 'must be a path starting with /').default('/metrics'),
+  METRICS_PATH: z
+    .string()
+    .regex(/^\/[\w\-./]*$/, 'must be a path starting with /')
+    .default('/metrics'),
   SANDBOX_PORT: port.default(4010),
 })
 
@@ -144,7 +150,10 @@ export interface LocalSecrets {
  * Parses an environment into a Config. Pure apart from `localSecrets`, which local mode calls to get
  * (or create) its generated secrets.
  */
-export function parseConfig(rawEnv: Env, localSecrets: (dataDir: string) => LocalSecrets = readLocalSecrets): Config {
+export function parseConfig(
+  rawEnv: Env,
+  localSecrets: (dataDir: string) => LocalSecrets = readLocalSecrets,
+): Config {
   const env = withoutEmptyValues(selectPartnerVariables(rawEnv))
   const parsed = EnvSchema.safeParse(env)
   if (!parsed.success) {
@@ -171,7 +180,8 @@ export function parseConfig(rawEnv: Env, localSecrets: (dataDir: string) => Loca
     problems.push(`PARTNER_API_SECRET: is shorter than ${MIN_SECRET_LENGTH} characters`)
   }
   if (mode === 'remote') {
-    if (!values.WEBHOOK_SECRETS?.length) problems.push('WEBHOOK_SECRETS: required when PARTNER_API_BASE_URL is set')
+    if (!values.WEBHOOK_SECRETS?.length)
+      problems.push('WEBHOOK_SECRETS: required when PARTNER_API_BASE_URL is set')
     if (values.PARTNER_API_KEY_ID === undefined) {
       problems.push('PARTNER_API_KEY_ID: required when PARTNER_API_BASE_URL is set')
     }

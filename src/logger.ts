@@ -44,12 +44,10 @@ export function createLogger({ level, pretty = false, secrets = [], destination 
     level,
     base: { service: 'partner-escrow' },
     redact: { paths: REDACTED_PATHS, censor: '[redacted]' },
-    hooks: censorable.length
-      ? {
-          // last line of defence: a secret that slipped into a message or a field is blanked out
-          streamWrite: (line) => censorSecrets(line, censorable),
-        }
-      : undefined,
+  }
+  if (censorable.length) {
+    // last line of defence: a secret that slipped into a message or a field is blanked out
+    options.hooks = { streamWrite: (line) => censorSecrets(line, censorable) }
   }
   if (pretty && !destination) {
     return pino(options, pino.transport({ target: 'pino-pretty', options: { colorize: true } }))

@@ -1,5 +1,5 @@
 // `serve`: load config, start the service, stop it cleanly on SIGTERM/SIGINT.
-import { ConfigError, type Config, configSecrets, loadConfig } from './config.js'
+import { type Config, ConfigError, configSecrets, loadConfig } from './config.js'
 import { createLogger } from './logger.js'
 import { startService } from './service.js'
 
@@ -14,7 +14,11 @@ export async function main(): Promise<void> {
     }
     throw error
   }
-  const logger = createLogger({ level: config.logLevel, pretty: config.logPretty, secrets: configSecrets(config) })
+  const logger = createLogger({
+    level: config.logLevel,
+    pretty: config.logPretty,
+    secrets: configSecrets(config),
+  })
   if (config.localSecretsFile) {
     logger.info({ file: config.localSecretsFile }, 'local mode: generated secrets are kept in this file')
   }

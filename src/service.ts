@@ -39,7 +39,10 @@ export async function startService({
     throw error
   }
   const running = server
-  logger.info({ url: running.url, database: database.kind, webhookPath: config.webhook.path }, 'service listening')
+  logger.info(
+    { url: running.url, database: database.kind, webhookPath: config.webhook.path },
+    'service listening',
+  )
   return {
     url: running.url,
     database,

@@ -32,7 +32,11 @@ describe('the database layer', () => {
             .forUpdate()
             .executeTakeFirstOrThrow()
           await new Promise((resolve) => setTimeout(resolve, 1))
-          await trx.updateTable('orders').set({ pollAttempts: row.pollAttempts + 1 }).where('id', '=', id).execute()
+          await trx
+            .updateTable('orders')
+            .set({ pollAttempts: row.pollAttempts + 1 })
+            .where('id', '=', id)
+            .execute()
         }),
       ),
     )
@@ -53,12 +57,18 @@ describe('the database layer', () => {
         throw new Error('abort the transaction')
       }),
     ).rejects.toThrow('abort the transaction')
-    const found = await db.selectFrom('orders').select('id').where('externalReference', '=', 'rolled-back').execute()
+    const found = await db
+      .selectFrom('orders')
+      .select('id')
+      .where('externalReference', '=', 'rolled-back')
+      .execute()
     expect(found).toEqual([])
   })
 
   it('answers a raw statement through the snake_case mapping', async () => {
-    const result = await sql<{ orderCount: number }>`select count(*)::int as order_count from orders`.execute(database.db)
+    const result = await sql<{ orderCount: number }>`select count(*)::int as order_count from orders`.execute(
+      database.db,
+    )
     expect(result.rows[0]?.orderCount).toBeGreaterThanOrEqual(1)
   })
 })

@@ -1,8 +1,9 @@
 // What every CLI command needs: the config, a logger (to stderr, so stdout stays for output), and a
 // migrated database that is closed when the command ends.
-import { type Config, configSecrets, loadConfig } from '../config.js'
+
 import type { Kysely } from 'kysely'
 import pino from 'pino'
+import { type Config, configSecrets, loadConfig } from '../config.js'
 import type { Database } from '../db/database.js'
 import { migrateToLatest } from '../db/migrate.js'
 import { openDatabase } from '../db/open-database.js'
@@ -31,7 +32,12 @@ export async function withDatabase<T>(
 ): Promise<T> {
   const config = loadConfig()
   const logger = cliLogger(config)
-  const database = openDatabase({ databaseUrl: config.databaseUrl, dataDir: config.dataDir, poolSize: 2, logger })
+  const database = openDatabase({
+    databaseUrl: config.databaseUrl,
+    dataDir: config.dataDir,
+    poolSize: 2,
+    logger,
+  })
   try {
     if (migrate) await migrateToLatest(database.db)
     return await run({ config, logger, db: database.db })
@@ -53,8 +59,14 @@ export function printTable(rows: Record<string, unknown>[], empty = '(none)'): v
   const columns = Object.keys(rows[0]!)
   const cell = (value: unknown) =>
     value === null || value === undefined ? '-' : value instanceof Date ? value.toISOString() : String(value)
-  const widths = columns.map((column) => Math.max(column.length, ...rows.map((row) => cell(row[column]).length)))
-  const line = (values: string[]) => values.map((value, i) => value.padEnd(widths[i]!)).join('  ').trimEnd()
+  const widths = columns.map((column) =>
+    Math.max(column.length, ...rows.map((row) => cell(row[column]).length)),
+  )
+  const line = (values: string[]) =>
+    values
+      .map((value, i) => value.padEnd(widths[i]!))
+      .join('  ')
+      .trimEnd()
   process.stdout.write(`${line(columns)}\n`)
   for (const row of rows) process.stdout.write(`${line(columns.map((column) => cell(row[column])))}\n`)
 }

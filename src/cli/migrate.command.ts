@@ -10,6 +10,7 @@ export function registerMigrateCommand(program: Command): void {
     .action(async (options: { json?: boolean }) => {
       const { applied } = await withDatabase(({ db }) => migrateToLatest(db), { migrate: false })
       if (options.json) printJson({ applied })
-      else process.stdout.write(applied.length ? `applied: ${applied.join(', ')}\n` : 'migrations are current\n')
+      else
+        process.stdout.write(applied.length ? `applied: ${applied.join(', ')}\n` : 'migrations are current\n')
     })
 }

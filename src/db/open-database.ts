@@ -44,9 +44,15 @@ function openPostgres(databaseUrl: string, { poolSize = 10, logger }: OpenDataba
   })
   // an idle client that loses its connection emits 'error' on the pool; unhandled, it kills the process
   pool.on('error', (error) => {
-    logger?.warn({ err: { message: error.message, code: (error as { code?: string }).code } }, 'database connection lost')
+    logger?.warn(
+      { err: { message: error.message, code: (error as { code?: string }).code } },
+      'database connection lost',
+    )
   })
-  const db = new Kysely<Database>({ dialect: new PostgresDialect({ pool }), plugins: [new CamelCasePlugin()] })
+  const db = new Kysely<Database>({
+    dialect: new PostgresDialect({ pool }),
+    plugins: [new CamelCasePlugin()],
+  })
   return {
     db,
     kind: 'postgres',
@@ -59,7 +65,10 @@ function openPglite({ dataDir = 'memory://' }: OpenDatabaseOptions): DatabaseHan
   const location = dataDir.startsWith('memory://') ? dataDir : path.join(dataDir, 'pglite')
   if (!location.startsWith('memory://')) mkdirSync(location, { recursive: true })
   const pglite = new PGlite(location)
-  const db = new Kysely<Database>({ dialect: new PGliteDialect({ pglite }), plugins: [new CamelCasePlugin()] })
+  const db = new Kysely<Database>({
+    dialect: new PGliteDialect({ pglite }),
+    plugins: [new CamelCasePlugin()],
+  })
   return {
     db,
     kind: 'pglite',

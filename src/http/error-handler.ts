@@ -25,7 +25,8 @@ export function errorHandler(logger: Logger): ErrorRequestHandler {
     // errors raised by Express's own body parsers and raw-body carry a status and a type
     const status = (error as { status?: unknown }).status
     if (typeof status === 'number' && status >= 400 && status < 500) {
-      const code = status === 413 ? 'payload_too_large' : status === 408 ? 'request_timeout' : 'invalid_payload'
+      const code =
+        status === 413 ? 'payload_too_large' : status === 408 ? 'request_timeout' : 'invalid_payload'
       res.status(status).json(errorBody(code, (error as Error).message))
       return
     }

@@ -19,7 +19,8 @@ export function healthRoutes({ db }: { db: Kysely<Database> }): Router {
   router.get('/readyz', async (_req, res) => {
     try {
       await withTimeout(sql`select 1`.execute(db), READY_CHECK_TIMEOUT_MS)
-      if (!migrationsCurrent) migrationsCurrent = await withTimeout(migrationsAreCurrent(db), READY_CHECK_TIMEOUT_MS)
+      if (!migrationsCurrent)
+        migrationsCurrent = await withTimeout(migrationsAreCurrent(db), READY_CHECK_TIMEOUT_MS)
     } catch {
       res.status(503).json(errorBody('not_ready', 'The database does not answer'))
       return

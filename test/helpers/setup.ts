@@ -5,7 +5,8 @@ import { forbiddenValues, logLines } from './log-sink.js'
 afterAll(() => {
   const leaks: string[] = []
   for (const line of logLines) {
-    for (const value of forbiddenValues()) if (line.includes(value)) leaks.push(`${value.slice(0, 6)}… in ${line.slice(0, 200)}`)
+    for (const value of forbiddenValues())
+      if (line.includes(value)) leaks.push(`${value.slice(0, 6)}… in ${line.slice(0, 200)}`)
     if (/sha256=[0-9a-fA-F]{64}/.test(line)) leaks.push(`a signature header in ${line.slice(0, 200)}`)
   }
   expect(leaks, 'log lines leaking secrets or signatures').toEqual([])

@@ -1,8 +1,8 @@
 // A fresh, migrated database for one test file: in-memory PGlite by default, or a throwaway schema in
 // the Postgres named by TEST_DATABASE_URL (the CI runs the suite both ways).
 import { randomBytes } from 'node:crypto'
-import { describe } from 'vitest'
 import pg from 'pg'
+import { describe } from 'vitest'
 import { migrateToLatest } from '../../src/db/migrate.js'
 import { type DatabaseHandle, openDatabase } from '../../src/db/open-database.js'
 import type { Logger } from '../../src/logger.js'
@@ -24,14 +24,17 @@ export interface TestDatabase extends DatabaseHandle {
   openAnother(): DatabaseHandle
 }
 
-export async function createTestDatabase(
-  { kind = postgresUrl ? 'postgres' : 'pglite', logger, migrate = true, poolSize = 10 }: {
-    kind?: 'postgres' | 'pglite'
-    logger?: Logger
-    migrate?: boolean
-    poolSize?: number
-  } = {},
-): Promise<TestDatabase> {
+export async function createTestDatabase({
+  kind = postgresUrl ? 'postgres' : 'pglite',
+  logger,
+  migrate = true,
+  poolSize = 10,
+}: {
+  kind?: 'postgres' | 'pglite'
+  logger?: Logger
+  migrate?: boolean
+  poolSize?: number
+} = {}): Promise<TestDatabase> {
   if (kind === 'pglite') {
     const handle = openDatabase({ dataDir: 'memory://' })
     if (migrate) await migrateToLatest(handle.db)

@@ -1,0 +1,133 @@
+import { mkdtempSync, readFileSync, statSync } from 'node:fs'
+import { tmpdir } from 'node:os'
+import path from 'node:path'
+import { describe, expect, it } from 'vitest'
+import { ConfigError, parseConfig } from '../src/config.js'
+
+const LONG_SECRET = 'a-webhook-secret-of-enough-length-000'
+const remoteEnv = {
+  PARTNER_API_BASE_URL: 'https://platform.example/',
+  PARTNER_API_KEY_ID: 'pk_live_1',
+  PARTNER_API_SECRET: 'an-api-secret-of-enough-length-0000',
+  WEBHOOK_SECRETS: LONG_SECRET,
+}
+
+function problemsOf(env: Record<string, string>): string[] {
+  try {
+    parseConfig(env)
+  } catch (error) {
+    if (error instanceof ConfigError) return [...error.problems]
+    throw error
+  }
+  throw new Error('expected the configuration to be refused')
+}
+
+describe('configuration', () => {
+  it('names every bad variable in one error', () => {
+    const problems = problemsOf({
+      PORT: 'eighty',
+      POLL_CONCURRENCY: '0',
+      WEBHOOK_BODY_LIMIT: 'huge',
+      PARTNER_ENV: 'staging',
+      LOG_LEVEL: 'loud',
+      DATABASE_URL: 'mysql://nope',
+    })
+    for (const name of [
+      'PORT',
+      'POLL_CONCURRENCY',
+      'WEBHOOK_BODY_LIMIT',
+      'PARTNER_ENV',
+      'LOG_LEVEL',
+      'DATABASE_URL',
+    ]) {
+      expect(
+        problems.some((problem) => problem.startsWith(`${name}:`)),
+        `${name} is named`,
+      ).toBe(true)
+    }
+  })
+
+  it('starts in local mode with no environment at all, generating its secrets once in DATA_DIR', () => {
+    const dataDir = mkdtempSync(path.join(tmpdir(), 'config-'))
+    const first = parseConfig({ DATA_DIR: dataDir })
+    const second = parseConfig({ DATA_DIR: dataDir })
+
+    expect(first.partner.mode).toBe('local')
+    expect(first.port).toBe(3000)
+    expect(first.host).toBe('127.0.0.1')
+    expect(first.webhook.path).toBe('/webhooks/partner')
+    expect(first.webhook.bodyLimitBytes).toBe(256 * 1024)
+    expect(first.localSecretsFile).toBe(path.join(dataDir, 'local-secrets.json'))
+    expect(first.webhook.secrets[0]!.length).toBeGreaterThanOrEqual(32)
+    expect(second.webhook.secrets).toEqual(first.webhook.secrets)
+    expect(second.partner.secret).toBe(first.partner.secret)
+    expect(statSync(first.localSecretsFile!).mode & 0o777).toBe(0o600)
+    expect(JSON.parse(readFileSync(first.localSecretsFile!, 'utf8')).webhookSecret).toBe(
+      first.webhook.secrets[0],
+    )
+  })
+
+  it('requires every secret once a real platform is configured', () => {
+    const problems = problemsOf({ PARTNER_API_BASE_URL: 'https://platform.example/' })
+    expect(problems).toEqual([
+      'WEBHOOK_SECRETS: required when PARTNER_API_BASE_URL is set',
+      'PARTNER_API_KEY_ID: required when PARTNER_API_BASE_URL is set',
+      'PARTNER_API_SECRET: required when PARTNER_API_BASE_URL is set',
+    ])
+  })
+
+  it('refuses an empty or short webhook secret and a short API secret', () => {
+    expect(problemsOf({ ...remoteEnv, WEBHOOK_SECRETS: `${LONG_SECRET},short` })).toEqual([
+      'WEBHOOK_SECRETS: secret #2 is shorter than 24 characters',
+    ])
+    expect(problemsOf({ ...remoteEnv, WEBHOOK_SECRETS: ' , ' })).toContain(
+      'WEBHOOK_SECRETS: is set but holds no secret',
+    )
+    expect(problemsOf({ ...remoteEnv, PARTNER_API_SECRET: 'tiny' })).toEqual([
+      'PARTNER_API_SECRET: is shorter than 24 characters',
+    ])
+  })
+
+  it('never runs live without a platform URL', () => {
+    expect(problemsOf({ PARTNER_ENV: 'live' })).toContain(
+      'PARTNER_API_BASE_URL: required when PARTNER_ENV=live (live never runs the sandbox)',
+    )
+  })
+
+  it('lets PARTNER_ENV pick the key pair of its environment', () => {
+    const env = {
+      ...remoteEnv,
+      PARTNER_SANDBOX_API_KEY_ID: 'pk_sandbox_9',
+      PARTNER_LIVE_API_KEY_ID: 'pk_live_9',
+      PARTNER_LIVE_API_SECRET: 'the-live-secret-of-enough-length-00',
+    }
+    expect(parseConfig({ ...env, PARTNER_ENV: 'live' }).partner).toMatchObject({
+      env: 'live',
+      keyId: 'pk_live_9',
+      secret: 'the-live-secret-of-enough-length-00',
+    })
+    expect(parseConfig({ ...env, PARTNER_ENV: 'sandbox' }).partner).toMatchObject({
+      env: 'sandbox',
+      keyId: 'pk_sandbox_9',
+      secret: remoteEnv.PARTNER_API_SECRET,
+    })
+  })
+
+  it('parses rotated secrets, sizes and switches, and freezes the result', () => {
+    const config = parseConfig({
+      ...remoteEnv,
+      WEBHOOK_SECRETS: `${LONG_SECRET}, ${LONG_SECRET}-next`,
+      WEBHOOK_BODY_LIMIT: '1mb',
+      POLL_ENABLED: 'false',
+      PORT: '8080',
+    })
+    expect(config.webhook.secrets).toEqual([LONG_SECRET, `${LONG_SECRET}-next`])
+    expect(config.webhook.bodyLimitBytes).toBe(1024 * 1024)
+    expect(config.poll.enabled).toBe(false)
+    expect(config.port).toBe(8080)
+    expect(Object.isFrozen(config.webhook.secrets)).toBe(true)
+    expect(() => {
+      ;(config as { port: number }).port = 1
+    }).toThrow(TypeError)
+  })
+})

@@ -1,0 +1,88 @@
+import request from 'supertest'
+import { afterAll, beforeAll, describe, expect, it } from 'vitest'
+import { systemClock } from '../src/clock.js'
+import { migrateToLatest } from '../src/db/migrate.js'
+import { openDatabase } from '../src/db/open-database.js'
+import { createApp } from '../src/http/app.js'
+import { testLogger } from './helpers/log-sink.js'
+import { startTcpProxy } from './helpers/tcp-proxy.js'
+import { testConfig } from './helpers/test-config.js'
+import { createTestDatabase, describePostgres, type TestDatabase } from './helpers/test-database.js'
+
+const config = testConfig()
+const logger = testLogger()
+
+describe('health and the error contract', () => {
+  let database: TestDatabase
+
+  beforeAll(async () => {
+    database = await createTestDatabase()
+  })
+  afterAll(async () => {
+    await database.close()
+  })
+
+  const app = () => createApp({ config, db: database.db, logger, clock: systemClock })
+
+  it('answers /healthz while the process is up', async () => {
+    const response = await request(app()).get('/healthz')
+    expect(response.status).toBe(200)
+    expect(response.body).toEqual({ status: 'ok' })
+  })
+
+  it('answers /readyz 200 when the database answers and migrations are current', async () => {
+    const response = await request(app()).get('/readyz')
+    expect(response.status).toBe(200)
+    expect(response.body).toEqual({ status: 'ready' })
+  })
+
+  it('answers unknown routes 404 in the error shape', async () => {
+    const response = await request(app()).post('/no/such/route').send({ a: 1 })
+    expect(response.status).toBe(404)
+    expect(response.body).toEqual({
+      error: { code: 'not_found', message: 'No route for POST /no/such/route' },
+    })
+  })
+})
+
+describe('readiness with pending migrations', () => {
+  it('answers /readyz 503 until the migrations are applied', async () => {
+    const database = await createTestDatabase({ migrate: false })
+    try {
+      const app = createApp({ config, db: database.db, logger, clock: systemClock })
+      const before = await request(app).get('/readyz')
+      expect(before.status).toBe(503)
+      expect(before.body.error.code).toBe('not_ready')
+      await migrateToLatest(database.db)
+      expect((await request(app).get('/readyz')).status).toBe(200)
+    } finally {
+      await database.close()
+    }
+  })
+})
+
+describePostgres('readiness when the database goes away (Postgres)', () => {
+  it('answers /readyz 503 while Postgres is unreachable and 200 again once it is back', async () => {
+    const database = await createTestDatabase()
+    const target = new URL(database.url!)
+    const proxy = await startTcpProxy({ host: target.hostname, port: Number(target.port || 5432) })
+    const throughProxy = openDatabase({ databaseUrl: proxy.rewrite(database.url!), logger })
+    try {
+      const app = createApp({ config, db: throughProxy.db, logger, clock: systemClock })
+      expect((await request(app).get('/readyz')).status).toBe(200)
+
+      proxy.cut()
+      const down = await request(app).get('/readyz')
+      expect(down.status).toBe(503)
+      expect(down.body).toEqual({ error: { code: 'not_ready', message: 'The database does not answer' } })
+      expect((await request(app).get('/healthz')).status).toBe(200)
+
+      proxy.restore()
+      expect((await request(app).get('/readyz')).status).toBe(200)
+    } finally {
+      await throughProxy.close()
+      await proxy.close()
+      await database.close()
+    }
+  })
+})

@@ -1,0 +1,86 @@
+// Runs the CLI as a child process, as an operator would, with tsx (or the built dist/ when asked).
+import { type ChildProcess, spawn } from 'node:child_process'
+import { once } from 'node:events'
+import path from 'node:path'
+
+const root = path.resolve(import.meta.dirname, '../..')
+
+export interface CliResult {
+  code: number | null
+  stdout: string
+  stderr: string
+}
+
+/** Environment for a child: no inherited variable of ours, so tests do not depend on the shell. */
+export function childEnv(env: Record<string, string>): NodeJS.ProcessEnv {
+  const clean: NodeJS.ProcessEnv = {}
+  for (const name of ['PATH', 'HOME', 'TMPDIR', 'LANG'])
+    if (process.env[name]) clean[name] = process.env[name]
+  return { ...clean, LOG_LEVEL: 'info', ...env }
+}
+
+export function spawnCli(args: string[], env: Record<string, string>, { built = false } = {}): ChildProcess {
+  const entry = built
+    ? [path.join(root, 'dist/src/cli.js')]
+    : ['--import', 'tsx', path.join(root, 'src/cli.ts')]
+  return spawn(process.execPath, [...entry, ...args], { cwd: root, env: childEnv(env), stdio: 'pipe' })
+}
+
+export async function runCli(args: string[], env: Record<string, string>, options = {}): Promise<CliResult> {
+  const child = spawnCli(args, env, options)
+  let stdout = ''
+  let stderr = ''
+  child.stdout!.on('data', (chunk) => {
+    stdout += chunk
+  })
+  child.stderr!.on('data', (chunk) => {
+    stderr += chunk
+  })
+  const [code] = (await once(child, 'exit')) as [number | null]
+  return { code, stdout, stderr }
+}
+
+/** Resolves with the first JSON log line whose msg matches, failing if the process exits first. */
+export function waitForLogLine(
+  child: ChildProcess,
+  msg: string,
+  timeoutMs = 30_000,
+): Promise<Record<string, unknown>> {
+  return new Promise((resolve, reject) => {
+    let buffer = ''
+    let output = ''
+    const timer = setTimeout(
+      () => reject(new Error(`no "${msg}" log line within ${timeoutMs} ms:\n${output}`)),
+      timeoutMs,
+    )
+    const onData = (chunk: Buffer) => {
+      output += chunk
+      buffer += chunk
+      let newline = buffer.indexOf('\n')
+      while (newline >= 0) {
+        const line = buffer.slice(0, newline)
+        buffer = buffer.slice(newline + 1)
+        newline = buffer.indexOf('\n')
+        try {
+          const entry = JSON.parse(line) as Record<string, unknown>
+          if (entry.msg === msg) {
+            clearTimeout(timer)
+            child.stdout!.off('data', onData)
+            resolve(entry)
+            return
+          }
+        } catch {
+          // not a JSON line (a banner); keep reading
+        }
+      }
+    }
+    child.stdout!.on('data', onData)
+    child.stderr!.on('data', (chunk) => {
+      output += chunk
+    })
+    child.once('exit', (code) => {
+      clearTimeout(timer)
+      reject(new Error(`process exited with ${code} before "${msg}":\n${output}`))
+    })
+  })
+}

@@ -1,0 +1,60 @@
+// A TCP proxy in front of Postgres that a test can cut: `cut()` drops every open connection and refuses
+// new ones until `restore()`. It stands for a database that goes away and comes back.
+import net from 'node:net'
+
+export interface TcpProxy {
+  readonly port: number
+  /** The target URL rewritten to go through the proxy. */
+  rewrite(url: string): string
+  cut(): void
+  restore(): void
+  close(): Promise<void>
+}
+
+export async function startTcpProxy(target: { host: string; port: number }): Promise<TcpProxy> {
+  const sockets = new Set<net.Socket>()
+  let open = true
+  const server = net.createServer((client) => {
+    if (!open) {
+      client.destroy()
+      return
+    }
+    const upstream = net.connect(target.port, target.host)
+    sockets.add(client)
+    sockets.add(upstream)
+    const drop = () => {
+      client.destroy()
+      upstream.destroy()
+      sockets.delete(client)
+      sockets.delete(upstream)
+    }
+    client.on('error', drop).on('close', drop)
+    upstream.on('error', drop).on('close', drop)
+    client.pipe(upstream)
+    upstream.pipe(client)
+  })
+  await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve))
+  const port = (server.address() as net.AddressInfo).port
+  return {
+    port,
+    rewrite: (url) => {
+      const parsed = new URL(url)
+      parsed.hostname = '127.0.0.1'
+      parsed.port = String(port)
+      return parsed.toString()
+    },
+    cut: () => {
+      open = false
+      for (const socket of sockets) socket.destroy()
+      sockets.clear()
+    },
+    restore: () => {
+      open = true
+    },
+    close: async () => {
+      open = false
+      for (const socket of sockets) socket.destroy()
+      await new Promise<void>((resolve) => server.close(() => resolve()))
+    },
+  }
+}
