@@ -1,9 +1,7 @@
 #!/usr/bin/env node
 // Entry point of `npm run cli -- <command>`, `npm start` (serve) and the `partner-escrow` bin.
-import { CommanderError } from 'commander'
-import { UsageError } from './cli/cli-context.js'
-import { buildProgram } from './cli/program.js'
-import { ConfigError } from './config.js'
+import { runCommandLine } from './cli/run-cli.js'
+import { forwardToLocalService } from './local/local-cli.js'
 
 const [major] = process.versions.node.split('.').map(Number)
 if ((major ?? 0) < 22) {
@@ -11,21 +9,7 @@ if ((major ?? 0) < 22) {
   process.exit(2)
 }
 
-const program = buildProgram()
-program.exitOverride()
-for (const command of program.commands) command.exitOverride()
-
-try {
-  await program.parseAsync(process.argv)
-} catch (error) {
-  if (error instanceof CommanderError) {
-    // help and version are not failures; every other parse error is a usage error
-    process.exitCode = error.exitCode === 0 ? 0 : 2
-  } else if (error instanceof UsageError || error instanceof ConfigError) {
-    console.error(error.message)
-    process.exitCode = 2
-  } else {
-    console.error(error instanceof Error ? error.message : String(error))
-    process.exitCode = 1
-  }
-}
+const args = process.argv.slice(2)
+// while `npm start` holds the embedded database, operator commands are run by that process
+const forwarded = await forwardToLocalService(args)
+process.exitCode = forwarded ?? (await runCommandLine(args))

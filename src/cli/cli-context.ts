@@ -1,5 +1,11 @@
 // What every CLI command needs: the config, a logger (to stderr, so stdout stays for output), and a
 // migrated database that is closed when the command ends.
+//
+// A command can also run inside the service (see src/local/local-cli.ts: while `npm start` holds the
+// embedded database, operator commands are run by it). Then the scope below supplies the service's
+// database and captures the output, so commands write through `write()` and `setExitCode()`, never
+// straight to process.stdout or process.exit.
+import { AsyncLocalStorage } from 'node:async_hooks'
 
 import type { Kysely } from 'kysely'
 import pino from 'pino'
@@ -26,10 +32,42 @@ export function cliLogger(config: Config): Logger {
   return createLogger({ level, secrets: configSecrets(config), destination: pino.destination(2) })
 }
 
+export interface CliScope {
+  stdout: { write(text: string): unknown }
+  stderr: { write(text: string): unknown }
+  exitCode: number
+  /** Present when the command runs inside the service: its database, config and logger. */
+  context?: CliContext
+}
+
+const scope = new AsyncLocalStorage<CliScope>()
+
+export function runInScope<T>(cliScope: CliScope, run: () => Promise<T>): Promise<T> {
+  return scope.run(cliScope, run)
+}
+
+/** Writes command output (stdout, or the captured output when run inside the service). */
+export function write(text: string): void {
+  ;(scope.getStore()?.stdout ?? process.stdout).write(text)
+}
+
+/** Writes a message for the operator (stderr, or captured). */
+export function writeError(text: string): void {
+  ;(scope.getStore()?.stderr ?? process.stderr).write(text)
+}
+
+export function setExitCode(code: number): void {
+  const current = scope.getStore()
+  if (current) current.exitCode = code
+  else process.exitCode = code
+}
+
 export async function withDatabase<T>(
   run: (context: CliContext) => Promise<T>,
   { migrate = true }: { migrate?: boolean } = {},
 ): Promise<T> {
+  const inService = scope.getStore()?.context
+  if (inService) return run(inService)
   const config = loadConfig()
   const logger = cliLogger(config)
   const database = openDatabase({
@@ -47,13 +85,13 @@ export async function withDatabase<T>(
 }
 
 export function printJson(value: unknown): void {
-  process.stdout.write(`${JSON.stringify(value, null, 2)}\n`)
+  write(`${JSON.stringify(value, null, 2)}\n`)
 }
 
 /** Prints rows as an aligned text table; an empty list prints `empty`. */
 export function printTable(rows: Record<string, unknown>[], empty = '(none)'): void {
   if (rows.length === 0) {
-    process.stdout.write(`${empty}\n`)
+    write(`${empty}\n`)
     return
   }
   const columns = Object.keys(rows[0]!)
@@ -67,6 +105,6 @@ export function printTable(rows: Record<string, unknown>[], empty = '(none)'): v
       .map((value, i) => value.padEnd(widths[i]!))
       .join('  ')
       .trimEnd()
-  process.stdout.write(`${line(columns)}\n`)
-  for (const row of rows) process.stdout.write(`${line(columns.map((column) => cell(row[column])))}\n`)
+  write(`${line(columns)}\n`)
+  for (const row of rows) write(`${line(columns.map((column) => cell(row[column])))}\n`)
 }

@@ -1,6 +1,6 @@
 import type { Command } from 'commander'
 import { migrateToLatest } from '../db/migrate.js'
-import { printJson, withDatabase } from './cli-context.js'
+import { printJson, withDatabase, write } from './cli-context.js'
 
 export function registerMigrateCommand(program: Command): void {
   program
@@ -10,7 +10,6 @@ export function registerMigrateCommand(program: Command): void {
     .action(async (options: { json?: boolean }) => {
       const { applied } = await withDatabase(({ db }) => migrateToLatest(db), { migrate: false })
       if (options.json) printJson({ applied })
-      else
-        process.stdout.write(applied.length ? `applied: ${applied.join(', ')}\n` : 'migrations are current\n')
+      else write(applied.length ? `applied: ${applied.join(', ')}\n` : 'migrations are current\n')
     })
 }

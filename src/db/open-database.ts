@@ -1,7 +1,7 @@
 // One Kysely instance for the whole process: real Postgres through a pg Pool when a URL is given,
 // otherwise embedded PGlite persisted in a directory (or in memory for tests). PGlite is a single
 // connection; Kysely's PGliteDialect queues transactions on it, so they never interleave.
-import { mkdirSync } from 'node:fs'
+import { closeSync, mkdirSync, openSync, readFileSync, rmSync, writeSync } from 'node:fs'
 import path from 'node:path'
 import { PGlite } from '@electric-sql/pglite'
 import { CamelCasePlugin, Kysely, PGliteDialect, PostgresDialect } from 'kysely'
@@ -62,8 +62,13 @@ function openPostgres(databaseUrl: string, { poolSize = 10, logger }: OpenDataba
 }
 
 function openPglite({ dataDir = 'memory://' }: OpenDatabaseOptions): DatabaseHandle {
-  const location = dataDir.startsWith('memory://') ? dataDir : path.join(dataDir, 'pglite')
-  if (!location.startsWith('memory://')) mkdirSync(location, { recursive: true })
+  const inMemory = dataDir.startsWith('memory://')
+  const location = inMemory ? dataDir : path.join(dataDir, 'pglite')
+  let unlock = () => {}
+  if (!inMemory) {
+    mkdirSync(location, { recursive: true })
+    unlock = lockDataDirectory(location)
+  }
   const pglite = new PGlite(location)
   const db = new Kysely<Database>({
     dialect: new PGliteDialect({ pglite }),
@@ -76,6 +81,45 @@ function openPglite({ dataDir = 'memory://' }: OpenDatabaseOptions): DatabaseHan
     close: async () => {
       await db.destroy()
       if (!pglite.closed) await pglite.close()
+      unlock()
     },
+  }
+}
+
+export class DatabaseInUseError extends Error {
+  override name = 'DatabaseInUseError'
+}
+
+// PGlite is one process's database: a second process opening the same directory would corrupt it.
+// A lock file holding the owner's pid refuses that with a clear message; a dead owner's lock is taken over.
+function lockDataDirectory(location: string): () => void {
+  const lockFile = path.join(location, 'partner-escrow.lock')
+  for (let attempt = 0; attempt < 2; attempt++) {
+    try {
+      const fd = openSync(lockFile, 'wx')
+      writeSync(fd, String(process.pid))
+      closeSync(fd)
+      return () => rmSync(lockFile, { force: true })
+    } catch (error) {
+      if ((error as NodeJS.ErrnoException).code !== 'EEXIST') throw error
+      const owner = Number(readFileSync(lockFile, 'utf8'))
+      if (Number.isInteger(owner) && owner > 0 && processIsAlive(owner)) {
+        throw new DatabaseInUseError(
+          `The embedded database in ${location} is in use by process ${owner} (a running \`npm start\`?). ` +
+            'Embedded PGlite serves one process: stop that process first, or set DATABASE_URL to share a Postgres.',
+        )
+      }
+      rmSync(lockFile, { force: true })
+    }
+  }
+  throw new DatabaseInUseError(`Cannot lock the embedded database in ${location}`)
+}
+
+function processIsAlive(pid: number): boolean {
+  try {
+    process.kill(pid, 0)
+    return true
+  } catch (error) {
+    return (error as NodeJS.ErrnoException).code === 'EPERM'
   }
 }

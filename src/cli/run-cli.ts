@@ -1,0 +1,31 @@
+// Parses and runs one command line; the exit code it returns is the contract of every command:
+// 0 done, 1 failed (not found, refused by the platform, ...), 2 bad arguments or configuration.
+import { CommanderError } from 'commander'
+import { ConfigError } from '../config.js'
+import { type CliScope, runInScope, UsageError, writeError } from './cli-context.js'
+import { buildProgram } from './program.js'
+
+export async function runCommandLine(args: string[], cliScope?: CliScope): Promise<number> {
+  const run = async (): Promise<number> => {
+    const program = buildProgram()
+    if (cliScope) {
+      program.configureOutput({
+        writeOut: (text) => cliScope.stdout.write(text),
+        writeErr: (text) => cliScope.stderr.write(text),
+      })
+    }
+    try {
+      await program.parseAsync(args, { from: 'user' })
+      return cliScope ? cliScope.exitCode : Number(process.exitCode ?? 0)
+    } catch (error) {
+      if (error instanceof CommanderError) return error.exitCode === 0 ? 0 : 2
+      if (error instanceof UsageError || error instanceof ConfigError) {
+        writeError(`${error.message}\n`)
+        return 2
+      }
+      writeError(`${error instanceof Error ? error.message : String(error)}\n`)
+      return 1
+    }
+  }
+  return cliScope ? runInScope(cliScope, run) : run()
+}
