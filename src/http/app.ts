@@ -4,15 +4,22 @@ import type { Kysely } from 'kysely'
 import type { Clock } from '../clock.js'
 import type { Config } from '../config.js'
 import type { Database } from '../db/database.js'
+import { localCliRoutes } from '../local/local-cli.js'
 import type { Logger } from '../logger.js'
+import type { Metrics } from '../metrics/metrics.js'
 import { errorHandler, notFoundHandler } from './error-handler.js'
 import { healthRoutes } from './health.routes.js'
+import { metricsRoutes } from './metrics.routes.js'
 
 export interface AppDeps {
   config: Config
   db: Kysely<Database>
   logger: Logger
   clock: Clock
+  /** Prometheus metrics; GET config.metrics.path serves them when given. */
+  metrics?: Metrics | undefined
+  /** Local mode on embedded PGlite: run forwarded operator commands (src/local/local-cli.ts). */
+  localCliToken?: string | undefined
 }
 
 export function createApp(deps: AppDeps): Express {
@@ -20,6 +27,15 @@ export function createApp(deps: AppDeps): Express {
   app.disable('x-powered-by')
   app.set('trust proxy', false)
   app.use(healthRoutes(deps))
+  if (deps.metrics) app.use(metricsRoutes({ metrics: deps.metrics, path: deps.config.metrics.path }))
+  if (deps.localCliToken) {
+    app.use(
+      localCliRoutes({
+        token: deps.localCliToken,
+        context: { config: deps.config, db: deps.db, logger: deps.logger },
+      }),
+    )
+  }
   app.use(notFoundHandler())
   app.use(errorHandler(deps.logger))
   return app

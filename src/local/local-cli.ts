@@ -33,13 +33,16 @@ function serviceFilePath(dataDir: string): string {
   return path.join(dataDir, 'serve.json')
 }
 
+export function createLocalCliToken(): string {
+  return randomBytes(32).toString('hex')
+}
+
 /** Writes serve.json for the running service; the returned function removes it. */
-export function advertiseLocalService(config: Config, url: string): { token: string; withdraw: () => void } {
-  const token = randomBytes(32).toString('hex')
-  const file = serviceFilePath(config.dataDir)
+export function advertiseLocalService(dataDir: string, url: string, token: string): () => void {
+  const file = serviceFilePath(dataDir)
   const contents: ServiceFile = { pid: process.pid, url, token }
   writeFileSync(file, `${JSON.stringify(contents)}\n`, { mode: 0o600 })
-  return { token, withdraw: () => rmSync(file, { force: true }) }
+  return () => rmSync(file, { force: true })
 }
 
 /** The service side: POST /_local/cli {args} with the bearer token runs the command line in-process. */

@@ -1,0 +1,80 @@
+import { once } from 'node:events'
+import { existsSync, mkdtempSync, readFileSync, writeFileSync } from 'node:fs'
+import { tmpdir } from 'node:os'
+import path from 'node:path'
+import { afterAll, beforeAll, describe, expect, it } from 'vitest'
+import { DatabaseInUseError, openDatabase } from '../src/db/open-database.js'
+import { runCli, spawnCli, waitForLogLine } from './helpers/cli-process.js'
+
+describe('operator commands while `npm start` owns the embedded database', () => {
+  const dataDir = mkdtempSync(path.join(tmpdir(), 'local-cli-'))
+  const env = { DATA_DIR: dataDir, PORT: '0', POLL_ENABLED: 'false' }
+  let service: ReturnType<typeof spawnCli>
+  let url: string
+
+  beforeAll(async () => {
+    service = spawnCli(['serve'], env)
+    url = String((await waitForLogLine(service, 'service listening', 60_000)).url)
+  })
+  afterAll(async () => {
+    service.kill('SIGTERM')
+    await once(service, 'exit')
+  })
+
+  it('refuses a second process opening the same embedded database, naming the owner', () => {
+    expect(() => openDatabase({ dataDir })).toThrow(DatabaseInUseError)
+    expect(() => openDatabase({ dataDir })).toThrow(`in use by process ${service.pid}`)
+  })
+
+  it('runs a database command inside the service and prints its output', async () => {
+    const result = await runCli(['migrate', '--json'], env)
+    expect(result.stderr).toBe('')
+    expect(result.code).toBe(0)
+    expect(JSON.parse(result.stdout)).toEqual({ applied: [] })
+  })
+
+  it('refuses a forwarded command without the token of serve.json', async () => {
+    const response = await fetch(`${url}/_local/cli`, {
+      method: 'POST',
+      headers: { 'content-type': 'application/json', authorization: 'Bearer not-the-token' },
+      body: JSON.stringify({ args: ['migrate'] }),
+    })
+    expect(response.status).toBe(401)
+    expect((await response.json()).error.code).toBe('invalid_signature')
+  })
+
+  it('refuses to run a command that is not an operator command, even with the token', async () => {
+    const { token } = JSON.parse(readFileSync(path.join(dataDir, 'serve.json'), 'utf8'))
+    const response = await fetch(`${url}/_local/cli`, {
+      method: 'POST',
+      headers: { 'content-type': 'application/json', authorization: `Bearer ${token}` },
+      body: JSON.stringify({ args: ['serve'] }),
+    })
+    expect(response.status).toBe(400)
+    expect((await response.json()).error.code).toBe('invalid_payload')
+  })
+
+  it('removes serve.json on shutdown, after which commands open the database themselves', async () => {
+    const other = mkdtempSync(path.join(tmpdir(), 'local-cli-stop-'))
+    const child = spawnCli(['serve'], { ...env, DATA_DIR: other })
+    await waitForLogLine(child, 'service listening', 60_000)
+    expect(existsSync(path.join(other, 'serve.json'))).toBe(true)
+    child.kill('SIGTERM')
+    await once(child, 'exit')
+    expect(existsSync(path.join(other, 'serve.json'))).toBe(false)
+    const result = await runCli(['migrate', '--json'], { ...env, DATA_DIR: other })
+    expect(result.code).toBe(0)
+    expect(JSON.parse(result.stdout)).toEqual({ applied: [] })
+  })
+
+  it('ignores a serve.json left by a process that no longer runs', async () => {
+    const other = mkdtempSync(path.join(tmpdir(), 'local-cli-stale-'))
+    writeFileSync(
+      path.join(other, 'serve.json'),
+      JSON.stringify({ pid: 2 ** 22 + 7, url: 'http://127.0.0.1:1', token: 'x' }),
+    )
+    const result = await runCli(['migrate', '--json'], { ...env, DATA_DIR: other })
+    expect(result.code).toBe(0)
+    expect(JSON.parse(result.stdout).applied.length).toBeGreaterThan(0)
+  })
+})
