@@ -1,0 +1,90 @@
+import { createHmac } from 'node:crypto'
+import { mkdtempSync, writeFileSync } from 'node:fs'
+import http from 'node:http'
+import type { AddressInfo } from 'node:net'
+import { tmpdir } from 'node:os'
+import path from 'node:path'
+import { afterAll, beforeAll, describe, expect, it } from 'vitest'
+import { runCli } from './helpers/cli-process.js'
+import { rememberSecret } from './helpers/log-sink.js'
+
+const secret = 'cli-webhook-secret-0123456789abcdef'
+rememberSecret(secret)
+const dir = mkdtempSync(path.join(tmpdir(), 'cli-webhook-'))
+const bodyFile = path.join(dir, 'trade-funded.json')
+// non-ASCII on purpose: the signature covers the bytes of the file, not a re-serialization
+const body = '{"trade_id":"trd_1","reference":"R-1","status":"funded","external_reference":"order-é"}\n'
+writeFileSync(bodyFile, body)
+const expectedSignature = `sha256=${createHmac('sha256', secret).update(Buffer.from(body)).digest('hex')}`
+const env = { DATA_DIR: dir, LOG_LEVEL: 'warn' }
+
+describe('webhook sign', () => {
+  it('prints the headers the platform would send, signed over the file bytes', async () => {
+    const result = await runCli(['webhook', 'sign', '--file', bodyFile, '--secret', secret, '--delivery-id', 'dlv_1', '--json'], env)
+    expect(result.code).toBe(0)
+    expect(JSON.parse(result.stdout)).toEqual({
+      'Content-Type': 'application/json',
+      'X-Partner-Signature': expectedSignature,
+      'X-Partner-Delivery-Id': 'dlv_1',
+    })
+  })
+
+  it('exits 2 with a clear message when --file is missing or unreadable', async () => {
+    const missing = await runCli(['webhook', 'sign', '--secret', secret], env)
+    expect(missing.code).toBe(2)
+    expect(missing.stderr).toContain("required option '--file <path>' not specified")
+    const unreadable = await runCli(['webhook', 'sign', '--file', path.join(dir, 'nope.json')], env)
+    expect(unreadable.code).toBe(2)
+    expect(unreadable.stderr).toContain('Cannot read --file')
+  })
+})
+
+describe('webhook send', () => {
+  const received: { headers: http.IncomingHttpHeaders; body: string }[] = []
+  let server: http.Server
+  let url: string
+
+  beforeAll(async () => {
+    server = http.createServer((req, res) => {
+      let data = ''
+      req.on('data', (chunk) => {
+        data += chunk
+      })
+      req.on('end', () => {
+        received.push({ headers: req.headers, body: data })
+        const status = req.url === '/refuse' ? 401 : 200
+        res.writeHead(status, { 'content-type': 'application/json' }).end(JSON.stringify({ received: status === 200 }))
+      })
+    })
+    await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve))
+    url = `http://127.0.0.1:${(server.address() as AddressInfo).port}`
+  })
+  afterAll(() => {
+    server.close()
+  })
+
+  it('delivers the exact bytes with a valid signature and prints the answer', async () => {
+    const result = await runCli(['webhook', 'send', '--url', `${url}/hook`, '--file', bodyFile, '--secret', secret, '--json'], env)
+    expect(result.code).toBe(0)
+    expect(JSON.parse(result.stdout)).toMatchObject({ status: 200, body: { received: true } })
+    const delivery = received.at(-1)!
+    expect(delivery.body).toBe(body)
+    expect(delivery.headers['x-partner-signature']).toBe(expectedSignature)
+    expect(delivery.headers['x-partner-delivery-id']).toMatch(/^dlv_cli_/)
+  })
+
+  it('exits 1 when the receiver refuses the delivery', async () => {
+    const result = await runCli(['webhook', 'send', '--url', `${url}/refuse`, '--file', bodyFile, '--secret', secret], env)
+    expect(result.code).toBe(1)
+    expect(result.stdout).toMatch(/^401 dlv_cli_/)
+  })
+
+  it('exits 1 with a message when nothing listens at the URL, and 2 for a URL that is not http', async () => {
+    const unreachable = await runCli(['webhook', 'send', '--url', 'http://127.0.0.1:9/x', '--file', bodyFile, '--secret', secret], env)
+    expect(unreachable.code).toBe(1)
+    expect(unreachable.stderr).toContain('Could not deliver to http://127.0.0.1:9/x')
+    const bad = await runCli(['webhook', 'send', '--url', 'ftp://x', '--file', bodyFile, '--secret', secret], env)
+    expect(bad.code).toBe(2)
+    expect(bad.stderr).toContain('--url must be an http(s) URL')
+  })
+})
