@@ -40,7 +40,7 @@ describe('operator commands while `npm start` owns the embedded database', () =>
       body: JSON.stringify({ args: ['migrate'] }),
     })
     expect(response.status).toBe(401)
-    expect((await response.json()).error.code).toBe('invalid_signature')
+    expect(((await response.json()) as { error: { code: string } }).error.code).toBe('invalid_signature')
   })
 
   it('refuses to run a command that is not an operator command, even with the token', async () => {
@@ -51,7 +51,7 @@ describe('operator commands while `npm start` owns the embedded database', () =>
       body: JSON.stringify({ args: ['serve'] }),
     })
     expect(response.status).toBe(400)
-    expect((await response.json()).error.code).toBe('invalid_payload')
+    expect(((await response.json()) as { error: { code: string } }).error.code).toBe('invalid_payload')
   })
 
   it('removes serve.json on shutdown, after which commands open the database themselves', async () => {

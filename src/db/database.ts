@@ -3,6 +3,8 @@
 import type { ColumnType, Generated, GeneratedAlways } from 'kysely'
 
 type Timestamp = ColumnType<Date, Date | string, Date | string>
+/** A timestamp the database fills in by default (now()) unless one is given. */
+type GeneratedTimestamp = ColumnType<Date, Date | string | undefined, Date | string>
 
 export interface OrdersTable {
   id: GeneratedAlways<number>
@@ -23,13 +25,13 @@ export interface OrdersTable {
   lastPolledAt: Timestamp | null
   attention: string | null
   version: Generated<number>
-  createdAt: Generated<Timestamp>
-  updatedAt: Generated<Timestamp>
+  createdAt: GeneratedTimestamp
+  updatedAt: GeneratedTimestamp
 }
 
 export interface WebhookDeliveriesTable {
   deliveryId: string
-  receivedAt: Generated<Timestamp>
+  receivedAt: GeneratedTimestamp
   eventType: string
   tradeId: string | null
   externalReference: string | null
@@ -47,7 +49,7 @@ export interface OrderStatusHistoryTable {
   toStatus: string
   source: string
   deliveryId: string | null
-  recordedAt: Generated<Timestamp>
+  recordedAt: GeneratedTimestamp
 }
 
 export interface ReconcileRunsTable {

@@ -10,6 +10,7 @@ import type { Metrics } from '../metrics/metrics.js'
 import { errorHandler, notFoundHandler } from './error-handler.js'
 import { healthRoutes } from './health.routes.js'
 import { metricsRoutes } from './metrics.routes.js'
+import { webhookRoutes } from '../webhooks/webhook.routes.js'
 
 export interface AppDeps {
   config: Config
@@ -27,6 +28,15 @@ export function createApp(deps: AppDeps): Express {
   app.disable('x-powered-by')
   app.set('trust proxy', false)
   app.use(healthRoutes(deps))
+  app.use(
+    webhookRoutes({
+      ...deps,
+      path: deps.config.webhook.path,
+      bodyLimitBytes: deps.config.webhook.bodyLimitBytes,
+      secrets: deps.config.webhook.secrets,
+      settings: { staleAfterS: deps.config.poll.staleAfterS },
+    }),
+  )
   if (deps.metrics) app.use(metricsRoutes({ metrics: deps.metrics, path: deps.config.metrics.path }))
   if (deps.localCliToken) {
     app.use(

@@ -1,0 +1,155 @@
+// Every query on the partner's orders and their status history. Row types never leave this file.
+//
+// A fork that keeps orders in its own tables replaces this module (and apply-observation.ts's
+// statement) and keeps the exported functions: nothing else in the service reads the orders table.
+import type { Kysely, Selectable, Transaction } from 'kysely'
+import type { Database, OrdersTable } from '../db/database.js'
+import { applyObservation, type ObservationResult, type ObservationSettings } from './apply-observation.js'
+import type { ObservationSource, Order, StatusChange, TradeCreateState } from './order.js'
+
+type Executor = Kysely<Database> | Transaction<Database>
+
+/** STALE_AFTER_S's default; callers with a Config pass { staleAfterS: config.poll.staleAfterS }. */
+export const DEFAULT_OBSERVATION_SETTINGS: ObservationSettings = { staleAfterS: 21_600 }
+
+export class OrderExistsError extends Error {
+  readonly code = 'order_exists'
+  constructor(externalReference: string) {
+    super(`An order with external reference ${externalReference} already exists`)
+    this.name = 'OrderExistsError'
+  }
+}
+
+function toOrder(row: Selectable<OrdersTable>): Order {
+  return {
+    id: row.id,
+    externalReference: row.externalReference,
+    tradeId: row.tradeId,
+    tradeReference: row.tradeReference,
+    tradeStatus: row.tradeStatus,
+    statusSource: row.statusSource as ObservationSource | null,
+    statusChangedAt: row.statusChangedAt,
+    tradeCreateState: row.tradeCreateState as TradeCreateState,
+    nextPollAt: row.nextPollAt,
+    pollAttempts: row.pollAttempts,
+    attention: row.attention,
+    createdAt: row.createdAt,
+    updatedAt: row.updatedAt,
+  }
+}
+
+/**
+ * Creates an order and applies, in the same transaction, every webhook parked for its reference.
+ * A second pass after the commit catches a delivery parked while the transaction ran (see
+ * applyParkedDeliveries: between the two passes, no parked delivery can be missed).
+ */
+export async function createOrder(
+  db: Kysely<Database>,
+  { externalReference }: { externalReference: string },
+  settings: ObservationSettings = DEFAULT_OBSERVATION_SETTINGS,
+): Promise<{ order: Order; appliedDeliveries: number }> {
+  let applied: number
+  try {
+    applied = await db.transaction().execute(async (trx) => {
+      await trx.insertInto('orders').values({ externalReference }).execute()
+      return applyParkedDeliveries(trx, externalReference, settings)
+    })
+  } catch (error) {
+    if ((error as { code?: string }).code === '23505') throw new OrderExistsError(externalReference)
+    throw error
+  }
+  applied += await applyParkedDeliveries(db, externalReference, settings)
+  const order = await findOrderByExternalReference(db, externalReference)
+  if (!order) throw new Error(`Order ${externalReference} vanished right after it was created`)
+  return { order, appliedDeliveries: applied }
+}
+
+/**
+ * Applies the deliveries parked as `unmatched` for a reference, oldest first, if its order exists.
+ * Each parked row is locked (SKIP LOCKED: a concurrent pass takes the others) and given the outcome
+ * that applying it had. Returns how many were processed.
+ */
+export async function applyParkedDeliveries(
+  db: Executor,
+  externalReference: string,
+  settings: ObservationSettings,
+): Promise<number> {
+  const run = async (trx: Transaction<Database>) => {
+    const order = await trx
+      .selectFrom('orders')
+      .select('id')
+      .where('externalReference', '=', externalReference)
+      .executeTakeFirst()
+    if (!order) return 0
+    const parked = await trx
+      .selectFrom('webhookDeliveries')
+      .select(['deliveryId', 'tradeId', 'observedStatus', 'receivedAt', 'rawBody'])
+      .where('externalReference', '=', externalReference)
+      .where('outcome', '=', 'unmatched')
+      .orderBy('receivedAt')
+      .orderBy('deliveryId')
+      .forUpdate()
+      .skipLocked()
+      .execute()
+    for (const delivery of parked) {
+      const result = await applyObservation(
+        trx,
+        {
+          target: { orderId: order.id },
+          tradeId: delivery.tradeId ?? '',
+          tradeReference: tradeReferenceOf(delivery.rawBody),
+          externalReference,
+          status: delivery.observedStatus ?? '',
+          source: 'webhook',
+          deliveryId: delivery.deliveryId,
+          observedAt: new Date(),
+        },
+        settings,
+      )
+      await trx
+        .updateTable('webhookDeliveries')
+        .set({ outcome: result.outcome, orderId: order.id, appliedAt: result.outcome === 'applied' ? new Date() : null })
+        .where('deliveryId', '=', delivery.deliveryId)
+        .execute()
+    }
+    return parked.length
+  }
+  return db.isTransaction ? run(db as Transaction<Database>) : db.transaction().execute(run)
+}
+
+// the parked row keeps the raw body; its reference field is read back from it
+function tradeReferenceOf(rawBody: string): string | null {
+  try {
+    const reference = (JSON.parse(rawBody) as { reference?: unknown }).reference
+    return typeof reference === 'string' ? reference : null
+  } catch {
+    return null
+  }
+}
+
+export async function findOrderByExternalReference(db: Executor, externalReference: string): Promise<Order | undefined> {
+  const row = await db.selectFrom('orders').selectAll().where('externalReference', '=', externalReference).executeTakeFirst()
+  return row && toOrder(row)
+}
+
+export async function findOrderByTradeId(db: Executor, tradeId: string): Promise<Order | undefined> {
+  const row = await db.selectFrom('orders').selectAll().where('tradeId', '=', tradeId).executeTakeFirst()
+  return row && toOrder(row)
+}
+
+export async function listOrders(db: Executor, { limit = 50, offset = 0 }: { limit?: number; offset?: number } = {}): Promise<Order[]> {
+  const rows = await db.selectFrom('orders').selectAll().orderBy('id', 'desc').limit(limit).offset(offset).execute()
+  return rows.map(toOrder)
+}
+
+export async function orderHistory(db: Executor, orderId: number): Promise<StatusChange[]> {
+  const rows = await db
+    .selectFrom('orderStatusHistory')
+    .select(['fromStatus', 'toStatus', 'source', 'deliveryId', 'recordedAt'])
+    .where('orderId', '=', orderId)
+    .orderBy('id')
+    .execute()
+  return rows.map((row) => ({ ...row, source: row.source as ObservationSource }))
+}
+
+export type { ObservationResult }

@@ -1,0 +1,33 @@
+// The partner's order as the rest of the service sees it (the repository maps rows to these).
+
+export type ObservationSource = 'webhook' | 'poll' | 'api'
+
+/**
+ * Where the order stands with its trade creation: none (no create sent), pending (a create is in
+ * flight), unknown (a create got no answer: it may exist; never re-sent on its own), created (linked).
+ */
+export type TradeCreateState = 'none' | 'pending' | 'unknown' | 'created'
+
+export interface Order {
+  id: number
+  externalReference: string
+  tradeId: string | null
+  tradeReference: string | null
+  tradeStatus: string | null
+  statusSource: ObservationSource | null
+  statusChangedAt: Date | null
+  tradeCreateState: TradeCreateState
+  nextPollAt: Date | null
+  pollAttempts: number
+  attention: string | null
+  createdAt: Date
+  updatedAt: Date
+}
+
+export interface StatusChange {
+  fromStatus: string | null
+  toStatus: string
+  source: ObservationSource
+  deliveryId: string | null
+  recordedAt: Date
+}

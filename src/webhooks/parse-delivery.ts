@@ -1,0 +1,72 @@
+// Pure: turns verified raw bytes into what the ingest stores and applies.
+//
+// The platform's trade payload is four fields (trade_id, reference, status, external_reference); the
+// event kind is `trade.{status}`. A body with an `event` string names its own kind (seller.*, buyer.*,
+// or kinds we do not know). The spec does not show those payloads, so they are kept raw.
+
+export type ParsedDelivery =
+  | {
+      kind: 'trade'
+      eventType: string
+      tradeId: string
+      tradeReference: string | null
+      status: string
+      externalReference: string
+    }
+  | { kind: 'other'; eventType: string }
+  | { kind: 'invalid'; eventType: string; problem: string }
+
+export class PayloadError extends Error {
+  override name = 'PayloadError'
+}
+
+const decoder = new TextDecoder('utf-8', { fatal: true })
+
+/** Decodes and parses the body; throws PayloadError when it is not UTF-8 JSON holding an object. */
+export function parseBody(rawBody: Buffer): { text: string; body: Record<string, unknown> } {
+  let text: string
+  try {
+    text = decoder.decode(rawBody)
+  } catch {
+    throw new PayloadError('The body is not valid UTF-8')
+  }
+  let body: unknown
+  try {
+    body = JSON.parse(text)
+  } catch {
+    throw new PayloadError('The body is not valid JSON')
+  }
+  if (body === null || typeof body !== 'object' || Array.isArray(body)) {
+    throw new PayloadError('The body must be a JSON object')
+  }
+  // Postgres text cannot hold NUL; an escaped \u0000 in JSON would decode to one in a field
+  if (text.includes('\u0000') || text.includes('\\u0000')) throw new PayloadError('The body holds a NUL character')
+  return { text, body: body as Record<string, unknown> }
+}
+
+export function classifyDelivery(body: Record<string, unknown>): ParsedDelivery {
+  const event = body.event
+  if (typeof event === 'string' && !event.startsWith('trade.')) return { kind: 'other', eventType: event.slice(0, 200) }
+  const { trade_id: tradeId, reference, status, external_reference: externalReference } = body
+  const eventType = typeof event === 'string' ? event.slice(0, 200) : typeof status === 'string' ? `trade.${status}` : 'trade.unknown'
+  const problems: string[] = []
+  if (!isShortString(tradeId)) problems.push('trade_id')
+  if (!isShortString(status)) problems.push('status')
+  if (!isShortString(externalReference)) problems.push('external_reference')
+  if (reference !== undefined && reference !== null && !isShortString(reference)) problems.push('reference')
+  if (problems.length > 0) {
+    return { kind: 'invalid', eventType, problem: `missing or not a non-empty string (≤ 200 characters): ${problems.join(', ')}` }
+  }
+  return {
+    kind: 'trade',
+    eventType,
+    tradeId: tradeId as string,
+    tradeReference: (reference as string | undefined) ?? null,
+    status: status as string,
+    externalReference: externalReference as string,
+  }
+}
+
+function isShortString(value: unknown): value is string {
+  return typeof value === 'string' && value.length > 0 && value.length <= 200
+}

@@ -1,0 +1,126 @@
+// The ingest: verify, parse, then record and apply in one statement. Glossary:
+// - delivery: one POST from the platform, named by X-Partner-Delivery-Id (unique per attempt);
+// - unmatched: a trade event whose external_reference has no order yet; parked, applied on creation.
+import { createHash } from 'node:crypto'
+import type { Kysely } from 'kysely'
+import type { Clock } from '../clock.js'
+import type { Database } from '../db/database.js'
+import { AppError } from '../http/app-error.js'
+import type { Logger } from '../logger.js'
+import { type ObservationSettings, recordDeliveryAndApply } from '../orders/apply-observation.js'
+import { applyParkedDeliveries } from '../orders/order.repository.js'
+import { type DeliveryOutcome, recordDelivery, updateDeliveryOutcome } from './delivery.repository.js'
+import { handlerFor } from './event-handlers.js'
+import { classifyDelivery, PayloadError, parseBody } from './parse-delivery.js'
+import { verifySignature } from './verify-signature.js'
+
+export interface ReceiveDeps {
+  db: Kysely<Database>
+  logger: Logger
+  clock: Clock
+  secrets: readonly string[]
+  settings: ObservationSettings
+}
+
+export interface IncomingDelivery {
+  deliveryId: string | undefined
+  signature: string | undefined
+  rawBody: Buffer
+}
+
+export type ReceiveResult = { duplicate: true } | { duplicate: false; outcome: DeliveryOutcome; eventType: string }
+
+const DELIVERY_ID = /^[\x21-\x7e]{1,200}$/
+
+export async function receiveWebhook(deps: ReceiveDeps, delivery: IncomingDelivery): Promise<ReceiveResult> {
+  const { logger } = deps
+  // raw bytes: the signature covers the exact body as sent, so nothing is parsed before this check
+  if (!verifySignature(deps.secrets, delivery.rawBody, delivery.signature)) {
+    logger.warn(
+      {
+        deliveryId: printable(delivery.deliveryId),
+        bodyLength: delivery.rawBody.length,
+        bodySha256: createHash('sha256').update(delivery.rawBody).digest('hex'),
+        signaturePresent: delivery.signature !== undefined,
+        secretsTried: deps.secrets.length,
+      },
+      'webhook signature rejected',
+    )
+    throw new AppError(401, 'invalid_signature', 'Missing, malformed or wrong X-Partner-Signature')
+  }
+  const deliveryId = delivery.deliveryId
+  if (deliveryId === undefined || !DELIVERY_ID.test(deliveryId)) {
+    throw new AppError(400, 'invalid_payload', 'X-Partner-Delivery-Id must be 1 to 200 printable ASCII characters')
+  }
+  let parsed: ReturnType<typeof parseBody>
+  try {
+    parsed = parseBody(delivery.rawBody)
+  } catch (error) {
+    if (error instanceof PayloadError) throw new AppError(400, 'invalid_payload', error.message)
+    throw error
+  }
+
+  const event = classifyDelivery(parsed.body)
+  const receivedAt = new Date(deps.clock.now())
+  return storing(async () => {
+    if (event.kind === 'trade') {
+      const result = await recordDeliveryAndApply(
+        deps.db,
+        { deliveryId, eventType: event.eventType, rawBody: parsed.text },
+        {
+          target: { externalReference: event.externalReference },
+          tradeId: event.tradeId,
+          tradeReference: event.tradeReference,
+          externalReference: event.externalReference,
+          status: event.status,
+          source: 'webhook',
+          deliveryId,
+          observedAt: receivedAt,
+        },
+        deps.settings,
+      )
+      if (result === 'duplicate') return { duplicate: true }
+      if (result.outcome === 'unmatched') {
+        // the order may have been created while this statement ran: give the parked delivery its chance
+        await applyParkedDeliveries(deps.db, event.externalReference, deps.settings)
+      }
+      if (result.outcome === 'trade_mismatch') {
+        logger.warn({ deliveryId, orderId: result.orderId }, 'webhook trade id differs from the order’s trade')
+      }
+      return { duplicate: false, outcome: result.outcome, eventType: event.eventType }
+    }
+
+    const outcome: DeliveryOutcome = event.kind === 'invalid' ? 'invalid' : 'ignored'
+    const inserted = await recordDelivery(deps.db, {
+      deliveryId,
+      eventType: event.eventType,
+      rawBody: parsed.text,
+      outcome,
+      receivedAt,
+    })
+    if (!inserted) return { duplicate: true }
+    if (event.kind === 'invalid') {
+      logger.warn({ deliveryId, eventType: event.eventType, problem: event.problem }, 'webhook payload invalid')
+      return { duplicate: false, outcome, eventType: event.eventType }
+    }
+    const handler = handlerFor(event.eventType)
+    if (!handler) return { duplicate: false, outcome, eventType: event.eventType }
+    const handled = await handler({ db: deps.db, logger, deliveryId, eventType: event.eventType, body: parsed.body })
+    if (handled === 'applied') await updateDeliveryOutcome(deps.db, deliveryId, 'applied', receivedAt)
+    return { duplicate: false, outcome: handled, eventType: event.eventType }
+  })
+}
+
+// Whatever goes wrong while storing, the answer is 503: the platform retries, and the statement
+// either committed whole or not at all.
+async function storing<T>(work: () => Promise<T>): Promise<T> {
+  try {
+    return await work()
+  } catch (error) {
+    throw new AppError(503, 'database_unavailable', 'The delivery could not be stored; retry later', { cause: error })
+  }
+}
+
+function printable(value: string | undefined): string | undefined {
+  return value === undefined ? undefined : value.replace(/[^\x20-\x7e]/g, '?').slice(0, 200)
+}

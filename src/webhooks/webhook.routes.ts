@@ -1,0 +1,56 @@
+// POST {WEBHOOK_PATH}: the raw body is captured with raw-body under the size limit (a Content-Length
+// over it is refused before a byte is read; a streamed body is cut off at the limit), then handed to
+// receiveWebhook. Answers follow the contract table in README.md.
+import { Router } from 'express'
+import getRawBody from 'raw-body'
+import type { Metrics } from '../metrics/metrics.js'
+import { AppError } from '../http/app-error.js'
+import { type ReceiveDeps, receiveWebhook } from './receive-webhook.js'
+
+export interface WebhookRouteDeps extends ReceiveDeps {
+  path: string
+  bodyLimitBytes: number
+  metrics?: Metrics | undefined
+}
+
+export function webhookRoutes(deps: WebhookRouteDeps): Router {
+  const router = Router()
+  router.post(deps.path, async (req, res) => {
+    const deliveryId = req.get('x-partner-delivery-id')
+    let rawBody: Buffer
+    try {
+      rawBody = await getRawBody(req, {
+        length: req.headers['content-length'],
+        limit: deps.bodyLimitBytes,
+      })
+    } catch (error) {
+      const status = (error as { status?: number }).status
+      // close the connection rather than read (and discard) the rest of an oversized body
+      res.set('Connection', 'close')
+      if (status === 413) {
+        throw new AppError(413, 'payload_too_large', `The body is larger than ${deps.bodyLimitBytes} bytes`)
+      }
+      throw new AppError(400, 'invalid_payload', 'The body could not be read', { cause: error })
+    }
+    const started = process.hrtime.bigint()
+    try {
+      const result = await receiveWebhook(deps, { deliveryId, signature: req.get('x-partner-signature'), rawBody })
+      const outcome = result.duplicate ? 'duplicate' : result.outcome
+      deps.metrics?.deliveries.inc({ outcome })
+      deps.metrics?.ingestSeconds.observe({ outcome }, Number(process.hrtime.bigint() - started) / 1e9)
+      deps.logger.info(
+        { deliveryId, outcome, ...(result.duplicate ? {} : { eventType: result.eventType }) },
+        'webhook received',
+      )
+      res.json(result.duplicate ? { received: true, duplicate: true } : { received: true })
+    } catch (error) {
+      if (error instanceof AppError) {
+        if (error.code === 'invalid_signature') deps.metrics?.signatureFailures.inc()
+        deps.metrics?.deliveries.inc({ outcome: 'rejected' })
+        if (error.status === 503) deps.logger.error({ deliveryId, err: error.cause }, 'webhook not stored')
+      }
+      throw error
+    }
+  })
+  return router
+}

@@ -1,0 +1,253 @@
+import { execFileSync } from 'node:child_process'
+import { sign as octokitSign } from '@octokit/webhooks-methods'
+import type { Express } from 'express'
+import { afterAll, beforeAll, beforeEach, describe, expect, it } from 'vitest'
+import { systemClock } from '../src/clock.js'
+import { createApp } from '../src/http/app.js'
+import { createOrder, findOrderByExternalReference, orderHistory } from '../src/orders/order.repository.js'
+import { rememberSecret, testLogger } from './helpers/log-sink.js'
+import { TEST_WEBHOOK_SECRET, testConfig } from './helpers/test-config.js'
+import { createTestDatabase, type TestDatabase } from './helpers/test-database.js'
+import { sendWebhook, signBody, tradePayload } from './helpers/webhook-delivery.js'
+
+const NEXT_SECRET = 'whsec_next_rotation_0123456789abcdef'
+rememberSecret(NEXT_SECRET)
+const config = testConfig({ WEBHOOK_SECRETS: `${TEST_WEBHOOK_SECRET},${NEXT_SECRET}`, WEBHOOK_BODY_LIMIT: '1kb' })
+
+describe('the webhook contract', () => {
+  let database: TestDatabase
+  let app: Express
+  let counter = 0
+  const reference = () => `order-${++counter}`
+
+  const storedCount = async () =>
+    Number(
+      (
+        await database.db
+          .selectFrom('webhookDeliveries')
+          .select((eb) => eb.fn.countAll<number>().as('n'))
+          .executeTakeFirstOrThrow()
+      ).n,
+    )
+
+  beforeAll(async () => {
+    database = await createTestDatabase()
+    app = createApp({ config, db: database.db, logger: testLogger(config.webhook.secrets), clock: systemClock })
+  })
+  afterAll(async () => {
+    await database.close()
+  })
+
+  let before = 0
+  beforeEach(async () => {
+    before = await storedCount()
+  })
+
+  it('answers 200 and applies a valid delivery to the order matched by external_reference', async () => {
+    const ref = reference()
+    await createOrder(database.db, { externalReference: ref })
+    const response = await sendWebhook(app, { body: tradePayload(ref, 'funded'), deliveryId: `dlv-${ref}` })
+    expect(response.status).toBe(200)
+    expect(response.body).toEqual({ received: true })
+    const order = await findOrderByExternalReference(database.db, ref)
+    expect(order).toMatchObject({ tradeStatus: 'funded', tradeId: `trd_${ref}`, tradeReference: `REF-${ref}` })
+    expect(await orderHistory(database.db, order!.id)).toMatchObject([
+      { fromStatus: null, toStatus: 'funded', source: 'webhook', deliveryId: `dlv-${ref}` },
+    ])
+  })
+
+  it('answers 200 duplicate and stores nothing new for a seen delivery id', async () => {
+    const ref = reference()
+    await createOrder(database.db, { externalReference: ref })
+    const body = JSON.stringify(tradePayload(ref, 'funded'))
+    expect((await sendWebhook(app, { body, deliveryId: `dup-${ref}` })).body).toEqual({ received: true })
+    const again = await sendWebhook(app, { body, deliveryId: `dup-${ref}` })
+    expect(again.status).toBe(200)
+    expect(again.body).toEqual({ received: true, duplicate: true })
+    expect(await storedCount()).toBe(before + 1)
+  })
+
+  const refusals: [string, () => Promise<{ status: number; body: unknown }>][] = [
+    [
+      'a signature made for another body',
+      () => sendWebhook(app, { body: tradePayload('x', 'funded'), signature: signBody('{"other":true}') }),
+    ],
+    [
+      'a signature made with another secret',
+      () =>
+        sendWebhook(app, {
+          body: tradePayload('x', 'funded'),
+          secret: 'whsec_someone_else_0123456789abcdef',
+        }),
+    ],
+    [
+      'a signature without the sha256= prefix',
+      () => {
+        const body = JSON.stringify(tradePayload('x', 'funded'))
+        return sendWebhook(app, { body, signature: signBody(body).slice('sha256='.length) })
+      },
+    ],
+    [
+      'a signature of the wrong length',
+      () => {
+        const body = JSON.stringify(tradePayload('x', 'funded'))
+        return sendWebhook(app, { body, signature: signBody(body).slice(0, -2) })
+      },
+    ],
+    ['no signature at all', () => sendWebhook(app, { body: tradePayload('x', 'funded'), signature: null })],
+    ['a signature that is not hex', () => sendWebhook(app, { body: '{}', signature: `sha256=${'zz'.repeat(32)}` })],
+  ]
+  for (const [name, send] of refusals) {
+    it(`answers 401 and stores nothing for ${name}`, async () => {
+      const response = await send()
+      expect(response.status).toBe(401)
+      expect(response.body).toEqual({
+        error: { code: 'invalid_signature', message: 'Missing, malformed or wrong X-Partner-Signature' },
+      })
+      expect(await storedCount()).toBe(before)
+    })
+  }
+
+  const badBodies: [string, string | Buffer][] = [
+    ['an empty body', ''],
+    ['a JSON array', '[{"trade_id":"t"}]'],
+    ['invalid UTF-8', Buffer.from([0x7b, 0x22, 0xff, 0xfe, 0x22, 0x7d])],
+    ['a JSON string', '"funded"'],
+    ['text that is not JSON', 'status=funded'],
+  ]
+  for (const [name, body] of badBodies) {
+    it(`answers 400 invalid_payload and stores nothing for ${name}, even correctly signed`, async () => {
+      const response = await sendWebhook(app, { body })
+      expect(response.status).toBe(400)
+      expect((response.body as { error: { code: string } }).error.code).toBe('invalid_payload')
+      expect(await storedCount()).toBe(before)
+    })
+  }
+
+  it('answers 400 for a signed delivery without X-Partner-Delivery-Id', async () => {
+    const response = await sendWebhook(app, { body: tradePayload('x', 'funded'), deliveryId: null })
+    expect(response.status).toBe(400)
+    expect(response.body.error.code).toBe('invalid_payload')
+    expect(await storedCount()).toBe(before)
+  })
+
+  it('accepts a body one byte under the limit and refuses one byte over with 413', async () => {
+    const base = JSON.stringify({ ...tradePayload(reference(), 'funded'), pad: '' })
+    const under = base.replace('"pad":""', `"pad":"${'x'.repeat(1023 - base.length)}"`)
+    expect(Buffer.byteLength(under)).toBe(1023)
+    expect((await sendWebhook(app, { body: under })).status).toBe(200)
+    const over = base.replace('"pad":""', `"pad":"${'x'.repeat(1025 - base.length)}"`)
+    const response = await sendWebhook(app, { body: over })
+    expect(response.status).toBe(413)
+    expect(response.body.error.code).toBe('payload_too_large')
+    expect(await storedCount()).toBe(before + 1)
+  })
+
+  it('answers 200 and parks an unknown external_reference as unmatched', async () => {
+    const response = await sendWebhook(app, { body: tradePayload('nobody-ordered-this', 'funded'), deliveryId: 'dlv-unmatched' })
+    expect(response.status).toBe(200)
+    const row = await database.db
+      .selectFrom('webhookDeliveries')
+      .selectAll()
+      .where('deliveryId', '=', 'dlv-unmatched')
+      .executeTakeFirstOrThrow()
+    expect(row).toMatchObject({ outcome: 'unmatched', externalReference: 'nobody-ordered-this', observedStatus: 'funded' })
+  })
+
+  it('stores seller events as ignored with their raw body', async () => {
+    const body = '{"event":"seller.verified","seller_id":"s-1","status":"verified"}'
+    const response = await sendWebhook(app, { body, deliveryId: 'dlv-seller' })
+    expect(response.status).toBe(200)
+    const row = await database.db
+      .selectFrom('webhookDeliveries')
+      .selectAll()
+      .where('deliveryId', '=', 'dlv-seller')
+      .executeTakeFirstOrThrow()
+    expect(row).toMatchObject({ outcome: 'ignored', eventType: 'seller.verified', rawBody: body })
+  })
+
+  it('stores a signed trade event that lacks its fields as invalid and answers 200', async () => {
+    const response = await sendWebhook(app, { body: '{"status":"funded"}', deliveryId: 'dlv-invalid' })
+    expect(response.status).toBe(200)
+    const row = await database.db
+      .selectFrom('webhookDeliveries')
+      .select('outcome')
+      .where('deliveryId', '=', 'dlv-invalid')
+      .executeTakeFirstOrThrow()
+    expect(row.outcome).toBe('invalid')
+  })
+
+  it('verifies a signature written in upper-case hex', async () => {
+    const body = JSON.stringify(tradePayload(reference(), 'funded'))
+    const signature = `sha256=${signBody(body).slice('sha256='.length).toUpperCase()}`
+    expect((await sendWebhook(app, { body, signature })).status).toBe(200)
+  })
+
+  it('verifies signatures made by independent implementations (octokit, openssl)', async () => {
+    const body = JSON.stringify(tradePayload(reference(), 'funded'))
+    const octokit = await octokitSign(TEST_WEBHOOK_SECRET, body)
+    rememberSecret(octokit.slice(7))
+    expect((await sendWebhook(app, { body, signature: octokit })).status).toBe(200)
+
+    const body2 = JSON.stringify(tradePayload(reference(), 'funded'))
+    const openssl = execFileSync('openssl', ['dgst', '-sha256', '-hmac', TEST_WEBHOOK_SECRET], { input: body2 })
+      .toString()
+      .trim()
+      .split(' ')
+      .at(-1)!
+    rememberSecret(openssl)
+    expect((await sendWebhook(app, { body: body2, signature: `sha256=${openssl}` })).status).toBe(200)
+  })
+
+  it('accepts deliveries signed with either secret during a rotation', async () => {
+    for (const secret of [TEST_WEBHOOK_SECRET, NEXT_SECRET]) {
+      const response = await sendWebhook(app, { body: tradePayload(reference(), 'funded'), secret })
+      expect(response.status).toBe(200)
+    }
+  })
+
+  it('applies a webhook that arrived before its order the moment the order is created', async () => {
+    const ref = reference()
+    await sendWebhook(app, { body: tradePayload(ref, 'funded'), deliveryId: `early-1-${ref}` })
+    await sendWebhook(app, { body: tradePayload(ref, 'delivered'), deliveryId: `early-2-${ref}` })
+    const { order, appliedDeliveries } = await createOrder(database.db, { externalReference: ref })
+    expect(appliedDeliveries).toBe(2)
+    expect(order).toMatchObject({ tradeStatus: 'delivered', tradeId: `trd_${ref}` })
+    expect((await orderHistory(database.db, order.id)).map((change) => change.toStatus)).toEqual(['funded', 'delivered'])
+    const parked = await database.db
+      .selectFrom('webhookDeliveries')
+      .select(['deliveryId', 'outcome'])
+      .where('externalReference', '=', ref)
+      .orderBy('deliveryId')
+      .execute()
+    expect(parked).toEqual([
+      { deliveryId: `early-1-${ref}`, outcome: 'applied' },
+      { deliveryId: `early-2-${ref}`, outcome: 'applied' },
+    ])
+  })
+
+  it('changes nothing when a captured delivery is replayed under a fresh delivery id', async () => {
+    const ref = reference()
+    const { order } = await createOrder(database.db, { externalReference: ref })
+    const body = JSON.stringify(tradePayload(ref, 'funded'))
+    await sendWebhook(app, { body })
+    await sendWebhook(app, { body: tradePayload(ref, 'delivered') })
+    const replay = await sendWebhook(app, { body, deliveryId: 'dlv-replayed-under-new-id' })
+    expect(replay.status).toBe(200)
+    expect(await findOrderByExternalReference(database.db, ref)).toMatchObject({ tradeStatus: 'delivered' })
+    expect((await orderHistory(database.db, order.id)).map((change) => change.toStatus)).toEqual(['funded', 'delivered'])
+    const row = await database.db
+      .selectFrom('webhookDeliveries')
+      .select('outcome')
+      .where('deliveryId', '=', 'dlv-replayed-under-new-id')
+      .executeTakeFirstOrThrow()
+    expect(row.outcome).toBe('stale')
+  })
+
+  it('answers 404 in the error shape for other methods on the webhook path', async () => {
+    const { default: request } = await import('supertest')
+    const response = await request(app).get('/webhooks/partner')
+    expect(response.status).toBe(404)
+    expect(response.body.error.code).toBe('not_found')
+  })
+})
