@@ -7,13 +7,12 @@ import { buildProgram } from './program.js'
 
 export async function runCommandLine(args: string[], cliScope?: CliScope): Promise<number> {
   const run = async (): Promise<number> => {
-    const program = buildProgram()
-    if (cliScope) {
-      program.configureOutput({
+    const program = buildProgram(
+      cliScope && {
         writeOut: (text) => cliScope.stdout.write(text),
         writeErr: (text) => cliScope.stderr.write(text),
-      })
-    }
+      },
+    )
     try {
       await program.parseAsync(args, { from: 'user' })
       return cliScope ? cliScope.exitCode : Number(process.exitCode ?? 0)

@@ -1,0 +1,107 @@
+// `orders create|show|list`: the partner's orders as the service keeps them.
+import type { Command } from 'commander'
+import {
+  createOrder,
+  findOrderByExternalReference,
+  listOrders,
+  OrderExistsError,
+  orderHistory,
+} from '../orders/order.repository.js'
+import { positiveInteger } from './cli-arguments.js'
+import { printJson, printTable, setExitCode, withDatabase, write, writeError } from './cli-context.js'
+
+export function registerOrdersCommands(program: Command): void {
+  const orders = program.command('orders').description('the partner’s orders: create, show, list')
+
+  orders
+    .command('create')
+    .description('create an order; webhooks parked for its reference are applied at once')
+    .requiredOption('--external-reference <ref>', 'the order’s own id, sent to the platform as external_reference')
+    .option('--json', 'print the order as JSON')
+    .action(async (options: { externalReference: string; json?: boolean }) => {
+      await withDatabase(async ({ db, config }) => {
+        try {
+          const { order, appliedDeliveries } = await createOrder(
+            db,
+            { externalReference: options.externalReference },
+            { staleAfterS: config.poll.staleAfterS },
+          )
+          if (options.json) printJson({ ...order, appliedDeliveries })
+          else {
+            write(`created order ${order.externalReference} (id ${order.id})\n`)
+            if (appliedDeliveries > 0) write(`applied ${appliedDeliveries} parked webhook(s): status ${order.tradeStatus}\n`)
+          }
+        } catch (error) {
+          if (!(error instanceof OrderExistsError)) throw error
+          writeError(`${error.message}\n`)
+          setExitCode(1)
+        }
+      })
+    })
+
+  orders
+    .command('show')
+    .description('show one order: current status, trade, and its status history')
+    .argument('<external-reference>', 'the order’s external reference')
+    .option('--json', 'print as JSON')
+    .action(async (externalReference: string, options: { json?: boolean }) => {
+      await withDatabase(async ({ db }) => {
+        const order = await findOrderByExternalReference(db, externalReference)
+        if (!order) {
+          writeError(`No order with external reference ${externalReference}\n`)
+          setExitCode(1)
+          return
+        }
+        const history = await orderHistory(db, order.id)
+        if (options.json) {
+          printJson({ ...order, history })
+          return
+        }
+        write(
+          [
+            `order      ${order.externalReference} (id ${order.id})`,
+            `status     ${order.tradeStatus ?? '-'}${order.statusSource ? ` (by ${order.statusSource})` : ''}`,
+            `trade      ${order.tradeId ?? '-'} ${order.tradeReference ?? ''}`.trimEnd(),
+            `create     ${order.tradeCreateState}`,
+            `next poll  ${order.nextPollAt?.toISOString() ?? '-'}`,
+            ...(order.attention ? [`attention  ${order.attention}`] : []),
+            'history',
+          ].join('\n') + '\n',
+        )
+        printTable(
+          history.map((change) => ({
+            at: change.recordedAt,
+            from: change.fromStatus,
+            to: change.toStatus,
+            source: change.source,
+            delivery: change.deliveryId,
+          })),
+          '  (no status yet)',
+        )
+      })
+    })
+
+  orders
+    .command('list')
+    .description('list orders, newest first')
+    .option('--limit <n>', 'how many', positiveInteger, 50)
+    .option('--json', 'print as JSON')
+    .action(async (options: { limit: number; json?: boolean }) => {
+      await withDatabase(async ({ db }) => {
+        const found = await listOrders(db, { limit: options.limit })
+        if (options.json) printJson(found)
+        else
+          printTable(
+            found.map((order) => ({
+              reference: order.externalReference,
+              status: order.tradeStatus,
+              trade: order.tradeId,
+              source: order.statusSource,
+              nextPoll: order.nextPollAt,
+              attention: order.attention,
+            })),
+            '(no orders)',
+          )
+      })
+    })
+}

@@ -1,0 +1,86 @@
+import { afterAll, beforeAll, describe, expect, it } from 'vitest'
+import { systemClock } from '../src/clock.js'
+import { createApp } from '../src/http/app.js'
+import { runCommand } from './helpers/cli-in-process.js'
+import { testLogger } from './helpers/log-sink.js'
+import { testConfig } from './helpers/test-config.js'
+import { createTestDatabase, type TestDatabase } from './helpers/test-database.js'
+import { sendWebhook, tradePayload } from './helpers/webhook-delivery.js'
+
+const config = testConfig()
+
+describe('orders and deliveries commands', () => {
+  let database: TestDatabase
+  const run = (...args: string[]) => runCommand(args, database.db, config)
+
+  beforeAll(async () => {
+    database = await createTestDatabase()
+    const app = createApp({ config, db: database.db, logger: testLogger(), clock: systemClock })
+    await sendWebhook(app, { body: tradePayload('cli-1', 'funded'), deliveryId: 'dlv-cli-1' })
+    await sendWebhook(app, { body: '{"event":"seller.verified","seller_id":"s"}', deliveryId: 'dlv-cli-seller' })
+  })
+  afterAll(async () => {
+    await database.close()
+  })
+
+  it('creates an order and applies the webhook parked for it', async () => {
+    const result = await run('orders', 'create', '--external-reference', 'cli-1', '--json')
+    expect(result.code).toBe(0)
+    expect(JSON.parse(result.stdout)).toMatchObject({ externalReference: 'cli-1', tradeStatus: 'funded', appliedDeliveries: 1 })
+  })
+
+  it('refuses a second order with the same reference with exit 1', async () => {
+    const result = await run('orders', 'create', '--external-reference', 'cli-1')
+    expect(result.code).toBe(1)
+    expect(result.stderr).toContain('already exists')
+  })
+
+  it('shows an order with its history, as JSON and as text', async () => {
+    const json = await run('orders', 'show', 'cli-1', '--json')
+    expect(json.code).toBe(0)
+    expect(JSON.parse(json.stdout)).toMatchObject({
+      tradeStatus: 'funded',
+      tradeId: 'trd_cli-1',
+      history: [{ fromStatus: null, toStatus: 'funded', source: 'webhook', deliveryId: 'dlv-cli-1' }],
+    })
+    const text = await run('orders', 'show', 'cli-1')
+    expect(text.stdout).toContain('status     funded (by webhook)')
+    expect(text.stdout).toMatch(/funded\s+webhook\s+dlv-cli-1/)
+  })
+
+  it('exits 1 for an unknown order and 2 for bad arguments', async () => {
+    expect((await run('orders', 'show', 'nope')).code).toBe(1)
+    const bad = await run('orders', 'list', '--limit', '-3')
+    expect(bad.code).toBe(2)
+    expect(bad.stderr).toContain('must be a positive integer')
+    expect((await run('orders', 'create')).code).toBe(2)
+  })
+
+  it('lists orders and deliveries, filtered by outcome', async () => {
+    const orders = JSON.parse((await run('orders', 'list', '--json')).stdout)
+    expect(orders.map((order: { externalReference: string }) => order.externalReference)).toContain('cli-1')
+    const ignored = JSON.parse((await run('deliveries', 'list', '--outcome', 'ignored', '--json')).stdout)
+    expect(ignored.map((delivery: { deliveryId: string }) => delivery.deliveryId)).toEqual(['dlv-cli-seller'])
+    expect((await run('deliveries', 'list', '--outcome', 'nonsense')).code).toBe(2)
+  })
+
+  it('shows one delivery with its raw body', async () => {
+    const result = await run('deliveries', 'show', 'dlv-cli-1', '--json')
+    expect(result.code).toBe(0)
+    expect(JSON.parse(result.stdout)).toMatchObject({
+      deliveryId: 'dlv-cli-1',
+      outcome: 'applied',
+      rawBody: JSON.stringify(tradePayload('cli-1', 'funded')),
+    })
+    expect((await run('deliveries', 'show', 'dlv-none')).code).toBe(1)
+  })
+
+  it('reapplies a stored delivery: a no-op when its effect is already there, refused for non-trade events', async () => {
+    const again = await run('deliveries', 'reapply', 'dlv-cli-1', '--json')
+    expect(again.code).toBe(0)
+    expect(JSON.parse(again.stdout)).toMatchObject({ outcome: 'duplicate_effect' })
+    const seller = await run('deliveries', 'reapply', 'dlv-cli-seller')
+    expect(seller.code).toBe(1)
+    expect(seller.stderr).toContain('only trade events')
+  })
+})
