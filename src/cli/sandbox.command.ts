@@ -1,0 +1,96 @@
+// `sandbox`: the platform simulator on its own port, for a receiver configured against it
+// (PARTNER_API_BASE_URL=http://127.0.0.1:4010). Every option also reads an environment variable.
+import { type Command, InvalidArgumentError, Option } from 'commander'
+import { loadConfig } from '../config.js'
+import { createSandbox } from '../sandbox/create-sandbox.js'
+import { cliLogger, write } from './cli-context.js'
+
+function rate(value: string): number {
+  const parsed = Number(value)
+  if (!(parsed >= 0 && parsed <= 1)) throw new InvalidArgumentError('must be a share between 0 and 1')
+  return parsed
+}
+
+function count(value: string): number {
+  const parsed = Number(value)
+  if (!Number.isInteger(parsed) || parsed < 0) throw new InvalidArgumentError('must be a whole number')
+  return parsed
+}
+
+interface SandboxFlags {
+  port?: number
+  host: string
+  webhookUrl?: string
+  webhookSecret?: string
+  partnerKind?: 'marketplace' | 'merchant'
+  keyId?: string
+  apiSecret?: string
+  retryBaseDelayMs: number
+  attemptTimeoutMs: number
+  timestampWindowS: number
+  refundDelayMs: number
+  dropRate: number
+  duplicateRate: number
+  reorderRate: number
+  delayRate: number
+  delayMs: number
+  seed: number
+}
+
+export function registerSandboxCommand(program: Command): void {
+  const option = (flags: string, description: string, env: string) => new Option(flags, description).env(env)
+  program
+    .command('sandbox')
+    .description('run the platform simulator: signed partner API and webhooks with retries and faults')
+    .addOption(option('--port <port>', 'port to listen on (default: SANDBOX_PORT, 4010)', 'SANDBOX_PORT').argParser(count))
+    .addOption(option('--host <host>', 'interface to bind', 'SANDBOX_HOST').default('127.0.0.1'))
+    .addOption(option('--webhook-url <url>', 'where webhooks go (default: this service’s receiver)', 'SANDBOX_WEBHOOK_URL'))
+    .addOption(option('--webhook-secret <secret>', 'webhook signing secret (default: the first WEBHOOK_SECRETS)', 'SANDBOX_WEBHOOK_SECRET'))
+    .addOption(option('--partner-kind <kind>', 'marketplace or merchant (default: PARTNER_KIND)', 'SANDBOX_PARTNER_KIND').choices(['marketplace', 'merchant']))
+    .addOption(option('--key-id <id>', 'the API key id it accepts (default: PARTNER_API_KEY_ID)', 'SANDBOX_API_KEY_ID'))
+    .addOption(option('--api-secret <secret>', 'the API secret it verifies with (default: PARTNER_API_SECRET)', 'SANDBOX_API_SECRET'))
+    .addOption(option('--retry-base-delay-ms <ms>', 'first retry delay; doubles per attempt', 'SANDBOX_RETRY_BASE_DELAY_MS').argParser(count).default(1_000))
+    .addOption(option('--attempt-timeout-ms <ms>', 'a 2xx within this counts as delivered', 'SANDBOX_ATTEMPT_TIMEOUT_MS').argParser(count).default(5_000))
+    .addOption(option('--timestamp-window-s <s>', 'accepted request timestamp skew', 'SANDBOX_TIMESTAMP_WINDOW_S').argParser(count).default(300))
+    .addOption(option('--refund-delay-ms <ms>', 'cancelled → refunded delay for a funded trade', 'SANDBOX_REFUND_DELAY_MS').argParser(count).default(1_000))
+    .addOption(option('--drop-rate <share>', 'share of webhooks never delivered', 'SANDBOX_DROP_RATE').argParser(rate).default(0))
+    .addOption(option('--duplicate-rate <share>', 'share of deliveries sent twice', 'SANDBOX_DUPLICATE_RATE').argParser(rate).default(0))
+    .addOption(option('--reorder-rate <share>', 'share of webhooks overtaken by the next', 'SANDBOX_REORDER_RATE').argParser(rate).default(0))
+    .addOption(option('--delay-rate <share>', 'share of webhooks delayed', 'SANDBOX_DELAY_RATE').argParser(rate).default(0))
+    .addOption(option('--delay-ms <ms>', 'how long a delayed webhook waits', 'SANDBOX_DELAY_MS').argParser(count).default(0))
+    .addOption(option('--seed <n>', 'seed of the fault injection', 'SANDBOX_SEED').argParser(count).default(1))
+    .action(async (flags: SandboxFlags) => {
+      const config = loadConfig()
+      const logger = cliLogger(config)
+      const host = config.host === '0.0.0.0' ? '127.0.0.1' : config.host
+      const sandbox = createSandbox({
+        keyId: flags.keyId ?? config.partner.keyId,
+        apiSecret: flags.apiSecret ?? config.partner.secret,
+        webhookSecret: flags.webhookSecret ?? config.webhook.secrets[0]!,
+        webhookUrl: flags.webhookUrl ?? `http://${host}:${config.port}${config.webhook.path}`,
+        partnerKind: flags.partnerKind ?? config.partner.kind,
+        retryBaseDelayMs: flags.retryBaseDelayMs,
+        attemptTimeoutMs: flags.attemptTimeoutMs,
+        timestampWindowS: flags.timestampWindowS,
+        refundDelayMs: flags.refundDelayMs,
+        faults: {
+          dropRate: flags.dropRate,
+          duplicateRate: flags.duplicateRate,
+          reorderRate: flags.reorderRate,
+          delayRate: flags.delayRate,
+          delayMs: flags.delayMs,
+          seed: flags.seed,
+        },
+        logger,
+      })
+      const url = await sandbox.listen(flags.port ?? config.sandbox.port, flags.host)
+      write(`sandbox platform listening on ${url} (partner API at ${url}/api/partner/v1/)\n`)
+      write(`webhooks go to ${flags.webhookUrl ?? `http://${host}:${config.port}${config.webhook.path}`}\n`)
+      write(`key id ${flags.keyId ?? config.partner.keyId}; secrets as configured (not shown). Ctrl-C stops it.\n`)
+      await new Promise<void>((resolve) => {
+        process.once('SIGINT', resolve)
+        process.once('SIGTERM', resolve)
+      })
+      await sandbox.close()
+    })
+}

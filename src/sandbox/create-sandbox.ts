@@ -1,0 +1,253 @@
+// The sandbox platform: the partner API of the spec (signed requests, eleven endpoints, the lifecycle
+// of sandbox-platform.ts) and its webhooks (webhook-dispatcher.ts), in one Express app that runs in
+// this process (tests, the demo, `npm start` in local mode) or on its own (`npm run cli -- sandbox`).
+// It is a development tool: it imports nothing of the receiver.
+import { once } from 'node:events'
+import http from 'node:http'
+import type { AddressInfo } from 'node:net'
+import express, { type Express, type Request, type Response } from 'express'
+import { type Clock, systemClock } from '../clock.js'
+import { createLogger, type Logger } from '../logger.js'
+import type { TradeRecord } from '../partner-api/types.js'
+import { SandboxAuthenticator } from './sandbox-auth.js'
+import { SandboxError, SandboxPlatform } from './sandbox-platform.js'
+import { type DeliveryAttempt, type Faults, NO_FAULTS, WebhookDispatcher } from './webhook-dispatcher.js'
+
+export interface SandboxOptions {
+  keyId: string
+  apiSecret: string
+  webhookSecret: string
+  /** Where webhooks go; without one, every attempt fails (as if no webhook were registered). */
+  webhookUrl?: string
+  partnerKind?: 'marketplace' | 'merchant'
+  retryBaseDelayMs?: number
+  retryMaxDelayMs?: number
+  attemptTimeoutMs?: number
+  timestampWindowS?: number
+  refundDelayMs?: number
+  faults?: Partial<Faults>
+  clock?: Clock
+  logger?: Logger
+  fetch?: typeof fetch
+}
+
+export const SANDBOX_DEFAULTS = {
+  retryBaseDelayMs: 1_000,
+  retryMaxDelayMs: 60_000,
+  attemptTimeoutMs: 5_000,
+  timestampWindowS: 300,
+  refundDelayMs: 1_000,
+} as const
+
+export interface Sandbox {
+  readonly app: Express
+  readonly deliveryLog: readonly DeliveryAttempt[]
+  listen(port: number, host?: string): Promise<string>
+  close(): Promise<void>
+  setWebhookUrl(url: string | undefined): void
+  setFaults(faults: Partial<Faults>): void
+  setReceiverDown(down: boolean): void
+  failTrade(tradeId: string, failing: boolean): void
+  /** Resolves when no webhook attempt, retry or refund is pending. */
+  idle(): Promise<void>
+  trade(tradeId: string): TradeRecord
+  trades(): TradeRecord[]
+  /** Sends a seller onboarding event (`seller.{status}`), as the control endpoint does. */
+  sellerStatus(sellerId: string, status: string): void
+}
+
+const API = '/api/partner/v1'
+
+export function createSandbox(options: SandboxOptions): Sandbox {
+  const clock = options.clock ?? systemClock
+  const logger = options.logger ?? createLogger({ level: 'warn', secrets: [options.apiSecret, options.webhookSecret] })
+  const settings = { ...SANDBOX_DEFAULTS, ...definedOnly(options) }
+  let webhookUrl = options.webhookUrl
+  let partnerKind = options.partnerKind ?? 'marketplace'
+
+  const dispatcher = new WebhookDispatcher({
+    clock,
+    logger,
+    fetch: options.fetch ?? fetch,
+    webhookUrl: () => webhookUrl,
+    webhookSecret: () => options.webhookSecret,
+    retryBaseDelayMs: settings.retryBaseDelayMs,
+    retryMaxDelayMs: settings.retryMaxDelayMs,
+    attemptTimeoutMs: settings.attemptTimeoutMs,
+    faults: { ...NO_FAULTS, ...options.faults },
+  })
+  const platform = new SandboxPlatform({
+    clock,
+    partnerKind: () => partnerKind,
+    onStatusChange: (trade) =>
+      dispatcher.send(
+        `trade.${trade.status}`,
+        // exactly the four fields of the spec's trade payload
+        {
+          trade_id: trade.trade_id,
+          reference: trade.reference,
+          status: trade.status,
+          external_reference: trade.external_reference,
+        },
+        trade.trade_id,
+        trade.status,
+      ),
+    scheduleRefund: (tradeId) =>
+      dispatcher.track(clock.sleep(settings.refundDelayMs).then(() => platform.refund(tradeId))),
+  })
+  const keys = new Map([[options.keyId, options.apiSecret]])
+  const auth = new SandboxAuthenticator(() => keys, settings.timestampWindowS, clock)
+
+  const app = express()
+  app.disable('x-powered-by')
+  // raw bytes: the signature is recomputed over the body exactly as received
+  app.use(API, express.raw({ type: () => true, limit: '1mb' }), (req, res, next) => {
+    const rawBody = Buffer.isBuffer(req.body) ? req.body : Buffer.alloc(0)
+    const failure = auth.check({
+      method: req.method,
+      path: req.originalUrl.split('?')[0]!,
+      rawBody,
+      header: (name) => req.get(name),
+    })
+    if (failure) {
+      res.status(401).json({ error: { code: failure, message: authMessages[failure] } })
+      return
+    }
+    if (req.method !== 'GET') {
+      try {
+        req.body = rawBody.length === 0 ? {} : JSON.parse(rawBody.toString('utf8'))
+      } catch {
+        res.status(400).json({ error: { code: 'invalid_json', message: 'The body is not valid JSON' } })
+        return
+      }
+      if (req.body === null || typeof req.body !== 'object' || Array.isArray(req.body)) {
+        res.status(400).json({ error: { code: 'invalid_json', message: 'The body must be a JSON object' } })
+        return
+      }
+    }
+    next()
+  })
+
+  const route = (handler: (req: Request) => unknown, status = 200) => (req: Request, res: Response) => {
+    res.status(status).json(handler(req))
+  }
+  const id = (req: Request, name: string) => String(req.params[name])
+  app.post(`${API}/trades/`, route((req) => platform.create(req.body), 201))
+  app.get(`${API}/trades/:id/`, route((req) => platform.get(id(req, 'id'))))
+  app.post(`${API}/trades/:id/fund/`, route((req) => platform.fund(id(req, 'id'))))
+  app.post(`${API}/trades/:id/deliver/`, route((req) => platform.deliver(id(req, 'id'))))
+  app.post(`${API}/trades/:id/release/`, route((req) => platform.release(id(req, 'id'))))
+  app.post(`${API}/trades/:id/cancel/`, route((req) => platform.cancel(id(req, 'id'))))
+  app.post(
+    `${API}/trades/:id/milestones/:milestoneId/deliver/`,
+    route((req) => platform.deliverMilestone(id(req, 'id'), id(req, 'milestoneId'))),
+  )
+  app.post(
+    `${API}/trades/:id/milestones/:milestoneId/release/`,
+    route((req) => platform.releaseMilestone(id(req, 'id'), id(req, 'milestoneId'))),
+  )
+  app.post(`${API}/trades/:id/dispute/`, route((req) => platform.openDispute(id(req, 'id'), req.body), 201))
+  app.post(`${API}/trades/:id/proposals/`, route((req) => platform.createProposal(id(req, 'id'), req.body), 201))
+  app.post(
+    `${API}/trades/:id/proposals/:proposalId/respond/`,
+    route((req) => platform.respond(id(req, 'id'), id(req, 'proposalId'), req.body)),
+  )
+
+  // control endpoints: sandbox only, unsigned
+  app.use('/sandbox', express.json())
+  app.get('/sandbox/deliveries', (_req, res) => {
+    res.json(dispatcher.log)
+  })
+  app.get('/sandbox/trades', (_req, res) => {
+    res.json(platform.list())
+  })
+  app.post('/sandbox/faults', (req, res) => {
+    dispatcher.setFaults(pickFaults(req.body))
+    res.json(dispatcher.currentFaults)
+  })
+  app.post('/sandbox/receiver-down', (req, res) => {
+    dispatcher.setReceiverDown(req.body?.down === true)
+    res.json({ down: req.body?.down === true })
+  })
+  app.post('/sandbox/sellers/:sellerId/status', (req, res) => {
+    const status = req.body?.status
+    if (typeof status !== 'string' || status.length === 0) {
+      throw new SandboxError(422, 'validation_failed', 'status is required', [{ field: 'status', message: 'is required' }])
+    }
+    sendSellerStatus(String(req.params.sellerId), status)
+    res.status(202).json({ queued: true })
+  })
+
+  app.use((req, res) => {
+    res.status(404).json({ error: { code: 'not_found', message: `No route for ${req.method} ${req.path}` } })
+  })
+  app.use((error: unknown, _req: Request, res: Response, _next: express.NextFunction) => {
+    if (error instanceof SandboxError) {
+      res.status(error.status).json({
+        error: { code: error.code, message: error.message, ...(error.fields ? { fields: error.fields } : {}) },
+      })
+      return
+    }
+    const status = (error as { status?: number }).status
+    if (status === 413) {
+      res.status(413).json({ error: { code: 'payload_too_large', message: 'The body is too large' } })
+      return
+    }
+    logger.error({ err: error }, 'sandbox error')
+    res.status(500).json({ error: { code: 'internal_error', message: 'Internal error' } })
+  })
+
+  function sendSellerStatus(sellerId: string, status: string): void {
+    dispatcher.send(`seller.${status}`, { event: `seller.${status}`, seller_id: sellerId, status }, null, status)
+  }
+
+  let server: http.Server | undefined
+  return {
+    app,
+    deliveryLog: dispatcher.log,
+    listen: async (port, host = '127.0.0.1') => {
+      server = http.createServer(app)
+      server.listen(port, host)
+      await once(server, 'listening')
+      return `http://${host}:${(server.address() as AddressInfo).port}`
+    },
+    close: async () => {
+      if (!server) return
+      const closing = new Promise<void>((resolve) => server!.close(() => resolve()))
+      server.closeAllConnections()
+      await closing
+    },
+    setWebhookUrl: (url) => {
+      webhookUrl = url
+    },
+    setFaults: (faults) => dispatcher.setFaults(faults),
+    setReceiverDown: (down) => dispatcher.setReceiverDown(down),
+    failTrade: (tradeId, failing) => dispatcher.failTrade(tradeId, failing),
+    idle: () => dispatcher.idle(),
+    trade: (tradeId) => platform.get(tradeId),
+    trades: () => platform.list(),
+    sellerStatus: sendSellerStatus,
+  }
+}
+
+const authMessages = {
+  missing_auth_headers: 'X-Partner-Key-Id, X-Partner-Timestamp, X-Partner-Nonce and X-Partner-Signature are required',
+  unknown_key: 'The key id is not known',
+  stale_timestamp: 'The timestamp is outside the accepted window',
+  invalid_signature: 'The signature does not match the request',
+  replayed_nonce: 'The nonce was already used within the window',
+} as const
+
+function definedOnly<T extends object>(value: T): Partial<T> {
+  return Object.fromEntries(Object.entries(value).filter(([, v]) => v !== undefined)) as Partial<T>
+}
+
+function pickFaults(body: unknown): Partial<Faults> {
+  const picked: Partial<Faults> = {}
+  const source = (body ?? {}) as Record<string, unknown>
+  for (const key of ['dropRate', 'duplicateRate', 'reorderRate', 'delayRate', 'delayMs', 'seed'] as const) {
+    const value = source[key]
+    if (typeof value === 'number' && Number.isFinite(value) && value >= 0) picked[key] = value
+  }
+  return picked
+}

@@ -1,0 +1,322 @@
+// The sandbox's trades and their lifecycle, as README's "Sandbox" section states the assumptions:
+// created → funded → delivered → released; cancel before release → cancelled (→ refunded if funded);
+// milestone trades stay funded while milestones are delivered and released one by one; a dispute
+// (from funded or delivered) → disputed; a proposal by one party accepted by the other → resolved.
+// Every status change is reported to `onStatusChange` (the webhook dispatcher).
+import { randomBytes } from 'node:crypto'
+import type { Clock } from '../clock.js'
+import type {
+  DisputeRecord,
+  MilestoneRecord,
+  Party,
+  ProposalOutcome,
+  ProposalRecord,
+  RespondResult,
+  TradeRecord,
+} from '../partner-api/types.js'
+
+export const HOUSE_SELLER_ID = 'house_seller'
+
+export class SandboxError extends Error {
+  constructor(
+    readonly status: number,
+    readonly code: string,
+    message: string,
+    readonly fields?: { field: string; message: string }[],
+  ) {
+    super(message)
+  }
+}
+
+const invalidState = (trade: TradeRecord, operation: string) =>
+  new SandboxError(409, 'invalid_state', `Cannot ${operation} a trade that is ${trade.status}`)
+
+function validationFailed(fields: { field: string; message: string }[]): SandboxError {
+  return new SandboxError(422, 'validation_failed', `Invalid fields: ${fields.map((f) => f.field).join(', ')}`, fields)
+}
+
+const DECIMAL = /^\d+(\.\d+)?$/
+const PARTIES = ['buyer', 'seller']
+const OUTCOMES = ['buyer_win', 'seller_win', 'split']
+
+type Body = Record<string, unknown>
+
+function nonEmptyString(value: unknown): value is string {
+  return typeof value === 'string' && value.trim().length > 0
+}
+
+function positiveDecimal(value: unknown): boolean {
+  return typeof value === 'string' && DECIMAL.test(value) && Number(value) > 0
+}
+
+export class SandboxPlatform {
+  private readonly trades = new Map<string, TradeRecord>()
+  private readonly funded = new Set<string>()
+  private sequence = 0
+
+  constructor(
+    private readonly options: {
+      clock: Clock
+      partnerKind: () => 'marketplace' | 'merchant'
+      onStatusChange: (trade: TradeRecord) => void
+      scheduleRefund: (tradeId: string) => void
+    },
+  ) {}
+
+  private now(): string {
+    return new Date(this.options.clock.now()).toISOString()
+  }
+
+  private newId(prefix: string): string {
+    return `${prefix}_${randomBytes(8).toString('hex')}`
+  }
+
+  get(tradeId: string): TradeRecord {
+    const trade = this.trades.get(tradeId)
+    if (!trade) throw new SandboxError(404, 'trade_not_found', `No trade ${tradeId}`)
+    return structuredClone(trade)
+  }
+
+  list(): TradeRecord[] {
+    return [...this.trades.values()].map((trade) => structuredClone(trade))
+  }
+
+  private setStatus(trade: TradeRecord, status: string): void {
+    trade.status = status
+    trade.updated_at = this.now()
+    if (status === 'funded') this.funded.add(trade.trade_id)
+    this.options.onStatusChange(structuredClone(trade))
+  }
+
+  create(body: Body): TradeRecord {
+    const problems: { field: string; message: string }[] = []
+    if (!nonEmptyString(body.title)) problems.push({ field: 'title', message: 'is required' })
+    if (!positiveDecimal(body.amount)) problems.push({ field: 'amount', message: 'must be a positive decimal string' })
+    if (!nonEmptyString(body.currency)) problems.push({ field: 'currency', message: 'is required' })
+    if (!nonEmptyString(body.external_reference)) problems.push({ field: 'external_reference', message: 'is required' })
+    if (body.seller_id !== undefined && !nonEmptyString(body.seller_id)) {
+      problems.push({ field: 'seller_id', message: 'must be a non-empty string' })
+    } else if (body.seller_id === undefined && this.options.partnerKind() === 'marketplace') {
+      problems.push({ field: 'seller_id', message: 'is required for Marketplace partners' })
+    }
+    if (body.buyer_phone !== undefined && !(typeof body.buyer_phone === 'string' && /^\+\d{6,15}$/.test(body.buyer_phone))) {
+      problems.push({ field: 'buyer_phone', message: 'must be in international format with a leading plus sign' })
+    }
+    if (body.buyer_name !== undefined && typeof body.buyer_name !== 'string') {
+      problems.push({ field: 'buyer_name', message: 'must be a string' })
+    }
+    const milestones = body.milestones
+    if (milestones !== undefined) {
+      if (!Array.isArray(milestones) || milestones.length === 0) {
+        problems.push({ field: 'milestones', message: 'must be a non-empty array' })
+      } else {
+        milestones.forEach((milestone: unknown, index) => {
+          const item = (milestone ?? {}) as Body
+          if (!nonEmptyString(item.title)) problems.push({ field: `milestones[${index}].title`, message: 'is required' })
+          if (!positiveDecimal(item.amount)) {
+            problems.push({ field: `milestones[${index}].amount`, message: 'must be a positive decimal string' })
+          }
+        })
+      }
+    }
+    if (problems.length > 0) throw validationFailed(problems)
+
+    const id = this.newId('trd')
+    const now = this.now()
+    const trade: TradeRecord = {
+      trade_id: id,
+      reference: `TRD-${String(++this.sequence).padStart(6, '0')}`,
+      status: 'created',
+      external_reference: body.external_reference as string,
+      title: body.title as string,
+      amount: body.amount as string,
+      currency: body.currency as string,
+      seller_id: (body.seller_id as string | undefined) ?? HOUSE_SELLER_ID,
+      buyer_name: (body.buyer_name as string | undefined) ?? null,
+      buyer_phone: (body.buyer_phone as string | undefined) ?? null,
+      milestones: Array.isArray(milestones)
+        ? milestones.map((milestone: Body) => ({
+            milestone_id: this.newId('ms'),
+            title: milestone.title as string,
+            amount: milestone.amount as string,
+            status: 'pending' as const,
+          }))
+        : null,
+      dispute: null,
+      resolution: null,
+      created_at: now,
+      updated_at: now,
+    }
+    this.trades.set(id, trade)
+    this.options.onStatusChange(structuredClone(trade))
+    return structuredClone(trade)
+  }
+
+  private live(tradeId: string): TradeRecord {
+    const trade = this.trades.get(tradeId)
+    if (!trade) throw new SandboxError(404, 'trade_not_found', `No trade ${tradeId}`)
+    return trade
+  }
+
+  fund(tradeId: string): TradeRecord {
+    const trade = this.live(tradeId)
+    if (trade.status !== 'created') throw invalidState(trade, 'fund')
+    this.setStatus(trade, 'funded')
+    return structuredClone(trade)
+  }
+
+  deliver(tradeId: string): TradeRecord {
+    const trade = this.live(tradeId)
+    if (trade.milestones) {
+      throw new SandboxError(409, 'invalid_state', 'A milestone trade is delivered milestone by milestone')
+    }
+    if (trade.status !== 'funded') throw invalidState(trade, 'deliver')
+    this.setStatus(trade, 'delivered')
+    return structuredClone(trade)
+  }
+
+  release(tradeId: string): TradeRecord {
+    const trade = this.live(tradeId)
+    if (trade.milestones) {
+      throw new SandboxError(409, 'invalid_state', 'A milestone trade is released milestone by milestone')
+    }
+    if (trade.status !== 'delivered') throw invalidState(trade, 'release')
+    this.setStatus(trade, 'released')
+    return structuredClone(trade)
+  }
+
+  cancel(tradeId: string): TradeRecord {
+    const trade = this.live(tradeId)
+    if (!['created', 'funded', 'delivered'].includes(trade.status)) throw invalidState(trade, 'cancel')
+    if (trade.milestones?.some((milestone) => milestone.status === 'released')) {
+      throw new SandboxError(409, 'invalid_state', 'Cannot cancel a trade with a released milestone')
+    }
+    this.setStatus(trade, 'cancelled')
+    if (this.funded.has(tradeId)) this.options.scheduleRefund(tradeId)
+    return structuredClone(trade)
+  }
+
+  /** Called by the refund timer: cancelled and funded → refunded. */
+  refund(tradeId: string): void {
+    const trade = this.trades.get(tradeId)
+    if (trade?.status === 'cancelled') this.setStatus(trade, 'refunded')
+  }
+
+  private milestone(trade: TradeRecord, milestoneId: string): MilestoneRecord {
+    const milestone = trade.milestones?.find((item) => item.milestone_id === milestoneId)
+    if (!milestone) throw new SandboxError(404, 'milestone_not_found', `No milestone ${milestoneId} on trade ${trade.trade_id}`)
+    return milestone
+  }
+
+  deliverMilestone(tradeId: string, milestoneId: string): TradeRecord {
+    const trade = this.live(tradeId)
+    const milestone = this.milestone(trade, milestoneId)
+    if (trade.status !== 'funded') throw invalidState(trade, 'deliver a milestone of')
+    if (milestone.status !== 'pending') {
+      throw new SandboxError(409, 'invalid_state', `Milestone ${milestoneId} is already ${milestone.status}`)
+    }
+    milestone.status = 'delivered'
+    trade.updated_at = this.now()
+    return structuredClone(trade)
+  }
+
+  releaseMilestone(tradeId: string, milestoneId: string): TradeRecord {
+    const trade = this.live(tradeId)
+    const milestone = this.milestone(trade, milestoneId)
+    if (trade.status !== 'funded') throw invalidState(trade, 'release a milestone of')
+    if (milestone.status !== 'delivered') {
+      throw new SandboxError(409, 'invalid_state', `Milestone ${milestoneId} is ${milestone.status}, not delivered`)
+    }
+    milestone.status = 'released'
+    trade.updated_at = this.now()
+    if (trade.milestones!.every((item) => item.status === 'released')) this.setStatus(trade, 'released')
+    return structuredClone(trade)
+  }
+
+  openDispute(tradeId: string, body: Body): DisputeRecord {
+    const trade = this.live(tradeId)
+    const problems: { field: string; message: string }[] = []
+    if (!(typeof body.reason === 'string' && body.reason.trim().length >= 20)) {
+      problems.push({ field: 'reason', message: 'is required and must be at least 20 characters' })
+    }
+    if (!PARTIES.includes(body.party as string)) problems.push({ field: 'party', message: 'is required: buyer or seller' })
+    if (body.category !== undefined && typeof body.category !== 'string') {
+      problems.push({ field: 'category', message: 'must be a string' })
+    }
+    if (problems.length > 0) throw validationFailed(problems)
+    if (!['funded', 'delivered'].includes(trade.status)) throw invalidState(trade, 'dispute')
+    trade.dispute = {
+      dispute_id: this.newId('dsp'),
+      trade_id: tradeId,
+      party: body.party as Party,
+      reason: body.reason as string,
+      category: (body.category as string | undefined) ?? null,
+      status: 'open',
+      proposals: [],
+      created_at: this.now(),
+    }
+    this.setStatus(trade, 'disputed')
+    return structuredClone(trade.dispute)
+  }
+
+  createProposal(tradeId: string, body: Body): ProposalRecord {
+    const trade = this.live(tradeId)
+    const problems: { field: string; message: string }[] = []
+    if (!OUTCOMES.includes(body.outcome as string)) {
+      problems.push({ field: 'outcome', message: 'must be one of buyer_win, seller_win, split' })
+    }
+    if (!PARTIES.includes(body.party as string)) problems.push({ field: 'party', message: 'is required: buyer or seller' })
+    if (body.outcome === 'split') {
+      const pct = body.split_buyer_pct
+      if (!(typeof pct === 'string' && DECIMAL.test(pct) && Number(pct) >= 0 && Number(pct) <= 100)) {
+        problems.push({ field: 'split_buyer_pct', message: 'is required for a split: a decimal between 0 and 100' })
+      }
+    }
+    if (problems.length > 0) throw validationFailed(problems)
+    if (trade.status !== 'disputed' || trade.dispute?.status !== 'open') throw invalidState(trade, 'propose on')
+    if (trade.dispute.proposals.some((proposal) => proposal.status === 'pending')) {
+      throw new SandboxError(409, 'invalid_state', 'A proposal is already waiting for an answer')
+    }
+    const proposal: ProposalRecord = {
+      proposal_id: this.newId('prp'),
+      trade_id: tradeId,
+      outcome: body.outcome as ProposalOutcome,
+      split_buyer_pct: body.outcome === 'split' ? (body.split_buyer_pct as string) : null,
+      party: body.party as Party,
+      status: 'pending',
+      created_at: this.now(),
+    }
+    trade.dispute.proposals.push(proposal)
+    trade.updated_at = this.now()
+    return structuredClone(proposal)
+  }
+
+  respond(tradeId: string, proposalId: string, body: Body): RespondResult {
+    const trade = this.live(tradeId)
+    const problems: { field: string; message: string }[] = []
+    if (typeof body.accept !== 'boolean') problems.push({ field: 'accept', message: 'is required: true or false' })
+    if (!PARTIES.includes(body.party as string)) problems.push({ field: 'party', message: 'is required: buyer or seller' })
+    if (problems.length > 0) throw validationFailed(problems)
+    const proposal = trade.dispute?.proposals.find((item) => item.proposal_id === proposalId)
+    if (!proposal) throw new SandboxError(404, 'proposal_not_found', `No proposal ${proposalId} on trade ${tradeId}`)
+    if (proposal.status !== 'pending') {
+      throw new SandboxError(409, 'proposal_not_pending', `Proposal ${proposalId} was already ${proposal.status}`)
+    }
+    if (proposal.party === body.party) {
+      throw new SandboxError(409, 'same_party', 'A proposal is answered by the other party, not the one that made it')
+    }
+    if (body.accept) {
+      proposal.status = 'accepted'
+      trade.dispute!.status = 'resolved'
+      const buyerPct =
+        proposal.outcome === 'buyer_win' ? '100' : proposal.outcome === 'seller_win' ? '0' : proposal.split_buyer_pct!
+      trade.resolution = { outcome: proposal.outcome, buyer_pct: buyerPct, seller_pct: String(100 - Number(buyerPct)) }
+      // accepting splits the funds at once: there is no separate release step
+      this.setStatus(trade, 'resolved')
+    } else {
+      proposal.status = 'rejected'
+      trade.updated_at = this.now()
+    }
+    return { proposal: structuredClone(proposal), trade: structuredClone(trade) }
+  }
+}

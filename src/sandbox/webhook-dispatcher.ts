@@ -1,0 +1,213 @@
+// Delivers the sandbox's webhooks as the spec says the platform does: signed with the webhook secret
+// (`sha256=` hex HMAC of the raw body), a fresh X-Partner-Delivery-Id for every attempt, at most 6
+// attempts with exponential backoff, a 2xx within the attempt timeout counting as delivered.
+// Faults are injected from a seeded random source, so a run repeats exactly for a seed.
+import { createHmac, randomUUID } from 'node:crypto'
+import type { Clock } from '../clock.js'
+import type { Logger } from '../logger.js'
+import { seededRandom } from './seeded-random.js'
+
+export const MAX_ATTEMPTS = 6
+
+export interface Faults {
+  /** Share of events never delivered at all. */
+  dropRate: number
+  /** Share of delivered attempts sent a second time with the same delivery id. */
+  duplicateRate: number
+  /** Share of events held back so the trade's next event overtakes them. */
+  reorderRate: number
+  /** Share of events delayed by delayMs before their first attempt. */
+  delayRate: number
+  delayMs: number
+  seed: number
+}
+
+export const NO_FAULTS: Faults = { dropRate: 0, duplicateRate: 0, reorderRate: 0, delayRate: 0, delayMs: 0, seed: 1 }
+
+export type AttemptResult = 'delivered' | 'failed' | 'timeout' | 'dropped' | 'duplicate'
+
+export interface DeliveryAttempt {
+  eventId: string
+  deliveryId: string | null
+  attempt: number
+  event: string
+  tradeId: string | null
+  status: string | null
+  result: AttemptResult
+  httpStatus?: number
+  at: string
+}
+
+export interface DispatcherOptions {
+  clock: Clock
+  logger: Logger
+  fetch: typeof fetch
+  webhookUrl: () => string | undefined
+  webhookSecret: () => string
+  retryBaseDelayMs: number
+  retryMaxDelayMs: number
+  attemptTimeoutMs: number
+  faults: Faults
+  /** At most this many attempts are kept in the log (oldest dropped first). */
+  logLimit?: number
+}
+
+interface PendingEvent {
+  eventId: string
+  event: string
+  tradeId: string | null
+  status: string | null
+  body: string
+}
+
+export class WebhookDispatcher {
+  readonly log: DeliveryAttempt[] = []
+  private faults: Faults
+  private random: () => number
+  private receiverDown = false
+  private readonly failingTrades = new Set<string>()
+  private readonly inFlight = new Set<Promise<void>>()
+  // events held back by the reorder fault, released after the trade's next event
+  private readonly held = new Map<string, PendingEvent[]>()
+
+  constructor(private readonly options: DispatcherOptions) {
+    this.faults = { ...options.faults }
+    this.random = seededRandom(this.faults.seed)
+  }
+
+  setFaults(faults: Partial<Faults>): void {
+    this.faults = { ...this.faults, ...faults }
+    if (faults.seed !== undefined) this.random = seededRandom(faults.seed)
+  }
+
+  get currentFaults(): Faults {
+    return { ...this.faults }
+  }
+
+  setReceiverDown(down: boolean): void {
+    this.receiverDown = down
+  }
+
+  failTrade(tradeId: string, failing: boolean): void {
+    if (failing) this.failingTrades.add(tradeId)
+    else this.failingTrades.delete(tradeId)
+  }
+
+  /** Queues one event (a JSON body) for delivery; returns at once. */
+  send(event: string, body: Record<string, unknown>, tradeId: string | null, status: string | null): void {
+    const pending: PendingEvent = { eventId: randomUUID(), event, tradeId, status, body: JSON.stringify(body) }
+    // the random draws happen in call order, so a seed reproduces the same faults for the same calls
+    const drop = this.random() < this.faults.dropRate
+    const reorder = this.random() < this.faults.reorderRate
+    const delay = this.random() < this.faults.delayRate
+    if (drop) {
+      this.record(pending, null, 0, 'dropped')
+      this.releaseHeld(tradeId)
+      return
+    }
+    if (reorder && tradeId !== null) {
+      const queue = this.held.get(tradeId) ?? []
+      queue.push(pending)
+      this.held.set(tradeId, queue)
+      return
+    }
+    this.track(this.deliver(pending, delay ? this.faults.delayMs : 0))
+    this.releaseHeld(tradeId)
+  }
+
+  private releaseHeld(tradeId: string | null): void {
+    if (tradeId === null) return
+    const queue = this.held.get(tradeId)
+    if (!queue) return
+    this.held.delete(tradeId)
+    for (const pending of queue) this.track(this.deliver(pending, 0))
+  }
+
+  /** Resolves when nothing is left to deliver; events still held by the reorder fault are sent first. */
+  async idle(): Promise<void> {
+    for (;;) {
+      for (const tradeId of [...this.held.keys()]) this.releaseHeld(tradeId)
+      if (this.inFlight.size === 0) return
+      await Promise.allSettled([...this.inFlight])
+    }
+  }
+
+  /** Adds work that idle() must wait for (the refund timer uses it too). */
+  track(work: Promise<void>): void {
+    this.inFlight.add(work)
+    void work.finally(() => this.inFlight.delete(work))
+  }
+
+  private async deliver(pending: PendingEvent, initialDelayMs: number): Promise<void> {
+    if (initialDelayMs > 0) await this.options.clock.sleep(initialDelayMs)
+    for (let attempt = 1; attempt <= MAX_ATTEMPTS; attempt++) {
+      const outcome = await this.attempt(pending, attempt)
+      if (outcome === 'delivered') return
+      if (attempt < MAX_ATTEMPTS) {
+        const delay = Math.min(this.options.retryBaseDelayMs * 2 ** (attempt - 1), this.options.retryMaxDelayMs)
+        await this.options.clock.sleep(delay)
+      }
+    }
+    this.options.logger.warn({ eventId: pending.eventId, event: pending.event }, 'sandbox webhook given up after 6 attempts')
+  }
+
+  private async attempt(pending: PendingEvent, attempt: number): Promise<AttemptResult> {
+    const deliveryId = `dlv_${randomUUID().replaceAll('-', '')}`
+    const url = this.options.webhookUrl()
+    if (!url || this.receiverDown || (pending.tradeId !== null && this.failingTrades.has(pending.tradeId))) {
+      this.record(pending, deliveryId, attempt, 'failed')
+      return 'failed'
+    }
+    const headers = {
+      'content-type': 'application/json',
+      'x-partner-signature': `sha256=${createHmac('sha256', this.options.webhookSecret()).update(pending.body).digest('hex')}`,
+      'x-partner-delivery-id': deliveryId,
+    }
+    const post = () =>
+      this.options.fetch(url, {
+        method: 'POST',
+        headers,
+        body: pending.body,
+        signal: AbortSignal.timeout(this.options.attemptTimeoutMs),
+      })
+    try {
+      const response = await post()
+      await response.arrayBuffer()
+      const result: AttemptResult = response.ok ? 'delivered' : 'failed'
+      this.record(pending, deliveryId, attempt, result, response.status)
+      if (result === 'delivered' && this.random() < this.faults.duplicateRate) {
+        // a network-level duplicate: the same delivery id arrives twice
+        const again = await post().catch(() => undefined)
+        await again?.arrayBuffer().catch(() => undefined)
+        this.record(pending, deliveryId, attempt, 'duplicate', again?.status)
+      }
+      return result
+    } catch (error) {
+      const result: AttemptResult = (error as Error).name === 'TimeoutError' ? 'timeout' : 'failed'
+      this.record(pending, deliveryId, attempt, result)
+      return result
+    }
+  }
+
+  private record(
+    pending: PendingEvent,
+    deliveryId: string | null,
+    attempt: number,
+    result: AttemptResult,
+    httpStatus?: number,
+  ): void {
+    this.log.push({
+      eventId: pending.eventId,
+      deliveryId,
+      attempt,
+      event: pending.event,
+      tradeId: pending.tradeId,
+      status: pending.status,
+      result,
+      ...(httpStatus === undefined ? {} : { httpStatus }),
+      at: new Date(this.options.clock.now()).toISOString(),
+    })
+    const limit = this.options.logLimit ?? 100_000
+    if (this.log.length > limit) this.log.splice(0, this.log.length - limit)
+  }
+}
