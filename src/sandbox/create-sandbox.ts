@@ -63,7 +63,7 @@ export function createSandbox(options: SandboxOptions): Sandbox {
   const logger = options.logger ?? createLogger({ level: 'warn', secrets: [options.apiSecret, options.webhookSecret] })
   const settings = { ...SANDBOX_DEFAULTS, ...definedOnly(options) }
   let webhookUrl = options.webhookUrl
-  let partnerKind = options.partnerKind ?? 'marketplace'
+  const partnerKind = options.partnerKind ?? 'marketplace'
 
   const dispatcher = new WebhookDispatcher({
     clock,
