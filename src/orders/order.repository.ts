@@ -153,3 +153,46 @@ export async function orderHistory(db: Executor, orderId: number): Promise<Statu
 }
 
 export type { ObservationResult }
+
+// trade creation and API scheduling (used by src/trades)
+
+/**
+ * Marks a create as in flight, only if the order is still in `previousState` and has no trade: two
+ * operators opening the same order at once cannot both send a create. Returns whether it was marked.
+ */
+export async function startTradeCreate(db: Executor, orderId: number, previousState: TradeCreateState): Promise<boolean> {
+  const result = await db
+    .updateTable('orders')
+    .set({ tradeCreateState: 'pending', updatedAt: new Date() })
+    .where('id', '=', orderId)
+    .where('tradeCreateState', '=', previousState)
+    .where('tradeId', 'is', null)
+    .executeTakeFirst()
+  return Number(result.numUpdatedRows) === 1
+}
+
+export async function setTradeCreateState(db: Executor, orderId: number, state: TradeCreateState): Promise<void> {
+  await db.updateTable('orders').set({ tradeCreateState: state, updatedAt: new Date() }).where('id', '=', orderId).execute()
+}
+
+/** After a successful create: linked, and due for a poll if no webhook comes by `nextPollAt`. */
+export async function markTradeCreated(db: Executor, orderId: number, nextPollAt: Date): Promise<void> {
+  await db
+    .updateTable('orders')
+    .set({ tradeCreateState: 'created', nextPollAt, updatedAt: new Date() })
+    .where('id', '=', orderId)
+    .where('tradeId', 'is not', null)
+    .where('isTerminal', '=', false)
+    .execute()
+}
+
+/** After an API call: the order expects a webhook; poll at `at` if none moved it first. */
+export async function schedulePollAfterApiCall(db: Executor, orderId: number, at: Date): Promise<void> {
+  await db
+    .updateTable('orders')
+    .set({ nextPollAt: at, updatedAt: new Date() })
+    .where('id', '=', orderId)
+    .where('tradeId', 'is not', null)
+    .where('isTerminal', '=', false)
+    .execute()
+}

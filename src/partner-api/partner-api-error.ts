@@ -44,3 +44,17 @@ export class PartnerValidationError extends Error {
 export function isOutcomeUnknown(error: unknown): boolean {
   return error instanceof PartnerNetworkError || error instanceof PartnerTimeoutError
 }
+
+/**
+ * The platform answered with a success status but a body that is not what the endpoint returns (not JSON,
+ * or missing the record's id). The call may well have taken effect, so it counts as an unknown outcome.
+ */
+export class PartnerInvalidResponseError extends PartnerNetworkError {
+  override name = 'PartnerInvalidResponseError'
+  constructor(
+    message: string,
+    readonly status: number,
+  ) {
+    super(message)
+  }
+}

@@ -1,0 +1,35 @@
+// `disputes open`: open a dispute on an order's trade, naming the acting party (the API never infers it).
+import type { Command } from 'commander'
+import type { Party } from '../partner-api/types.js'
+import { runTradeOperation } from '../trades/run-trade-operation.js'
+import { printJson, write } from './cli-context.js'
+import { withTradeDeps } from './trades.command.js'
+
+export function registerDisputesCommands(program: Command): void {
+  const disputes = program.command('disputes').description('disputes on an order’s trade')
+
+  disputes
+    .command('open')
+    .description('open a dispute on the order’s trade')
+    .argument('<reference>', 'the order’s external reference')
+    .requiredOption('--party <party>', 'the side that is acting: buyer or seller')
+    .requiredOption('--reason <reason>', 'why (at least 20 characters)')
+    .option('--category <category>', 'category of the dispute')
+    .option('--json', 'print the dispute record as JSON')
+    .action(
+      async (reference: string, options: { party: string; reason: string; category?: string; json?: boolean }) => {
+        const dispute = await withTradeDeps((deps) =>
+          runTradeOperation(deps, reference, {
+            kind: 'dispute',
+            request: {
+              reason: options.reason,
+              party: options.party as Party,
+              ...(options.category !== undefined && { category: options.category }),
+            },
+          }),
+        )
+        if (options.json) printJson({ dispute })
+        else write(`${reference}: dispute ${dispute.dispute_id} opened by the ${dispute.party} (${dispute.status})\n`)
+      },
+    )
+}

@@ -1,0 +1,72 @@
+// `proposals create|respond`: resolve a dispute the only way the API allows, by a proposal one party makes
+// and the other accepts (accepting splits the funds at once; no release step follows).
+import type { Command } from 'commander'
+import type { Party, ProposalOutcome } from '../partner-api/types.js'
+import { runTradeOperation } from '../trades/run-trade-operation.js'
+import { printJson, UsageError, write } from './cli-context.js'
+import { withTradeDeps } from './trades.command.js'
+
+export function registerProposalsCommands(program: Command): void {
+  const proposals = program.command('proposals').description('proposals that resolve a dispute')
+
+  proposals
+    .command('create')
+    .description('propose an outcome for the open dispute')
+    .argument('<reference>', 'the order’s external reference')
+    .requiredOption('--party <party>', 'the side that proposes: buyer or seller')
+    .requiredOption('--outcome <outcome>', 'buyer_win, seller_win or split')
+    .option('--split-buyer-pct <pct>', 'buyer’s share for a split, a decimal from 0 to 100')
+    .option('--json', 'print the proposal record as JSON')
+    .action(
+      async (
+        reference: string,
+        options: { party: string; outcome: string; splitBuyerPct?: string; json?: boolean },
+      ) => {
+        const proposal = await withTradeDeps((deps) =>
+          runTradeOperation(deps, reference, {
+            kind: 'proposal',
+            request: {
+              outcome: options.outcome as ProposalOutcome,
+              party: options.party as Party,
+              ...(options.splitBuyerPct !== undefined && { split_buyer_pct: options.splitBuyerPct }),
+            },
+          }),
+        )
+        if (options.json) printJson({ proposal })
+        else write(`${reference}: proposal ${proposal.proposal_id} (${proposal.outcome}) is ${proposal.status}\n`)
+      },
+    )
+
+  proposals
+    .command('respond')
+    .description('accept or reject a proposal')
+    .argument('<reference>', 'the order’s external reference')
+    .argument('<proposalId>', 'the platform’s proposal id')
+    .requiredOption('--party <party>', 'the side that responds: buyer or seller')
+    .option('--accept', 'accept the proposal (the funds are split at once)')
+    .option('--reject', 'reject it (the dispute stays open)')
+    .option('--json', 'print the proposal and the trade as JSON')
+    .action(
+      async (
+        reference: string,
+        proposalId: string,
+        options: { party: string; accept?: boolean; reject?: boolean; json?: boolean },
+      ) => {
+        if (options.accept === options.reject) throw new UsageError('Give exactly one of --accept or --reject')
+        const result = await withTradeDeps((deps) =>
+          runTradeOperation(deps, reference, {
+            kind: 'respond',
+            proposalId,
+            request: { accept: options.accept === true, party: options.party as Party },
+          }),
+        )
+        if (options.json) printJson(result)
+        else {
+          write(
+            `${reference}: proposal ${result.proposal.proposal_id} is ${result.proposal.status}; ` +
+              `trade ${result.trade.trade_id} is ${result.trade.status}\n`,
+          )
+        }
+      },
+    )
+}

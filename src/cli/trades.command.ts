@@ -1,0 +1,167 @@
+// `trades ...`: create and move the platform trade of one of your orders (named by its external reference).
+// The platform is the configured one, or the in-process sandbox in local mode.
+import type { Command } from 'commander'
+import { systemClock } from '../clock.js'
+import { createPartnerApiClient } from '../partner-api/create-partner-api-client.js'
+import {
+  isOutcomeUnknown,
+  PartnerApiError,
+  PartnerValidationError,
+} from '../partner-api/partner-api-error.js'
+import type { CreateTradeRequest, MilestoneInput, TradeRecord } from '../partner-api/types.js'
+import { getTradeForOrder } from '../trades/get-trade-for-order.js'
+import { openTradeForOrder } from '../trades/open-trade-for-order.js'
+import { runTradeOperation } from '../trades/run-trade-operation.js'
+import type { TradeDeps } from '../trades/trade-deps.js'
+import { TradeOperationError } from '../trades/trade-operation-error.js'
+import { printJson, UsageError, withDatabase, write } from './cli-context.js'
+
+/**
+ * Runs a command with the trades service wired from the config, and turns its failures into the CLI's
+ * contract: a request that fails validation is a usage error (exit 2, the field named); a refusal by the
+ * platform or by the order's state exits 1 with the status and code.
+ */
+export async function withTradeDeps<T>(
+  run: (deps: TradeDeps) => Promise<T>,
+  { unknownOutcome = 'The platform may or may not have done it: check with `trades get`.' } = {},
+): Promise<T> {
+  return withDatabase(async ({ config, logger, db }) => {
+    const clock = systemClock
+    const client = createPartnerApiClient(config, { logger, clock })
+    try {
+      return await run({ db, client, clock, logger, settings: config.poll })
+    } catch (error) {
+      throw explainFailure(error, unknownOutcome)
+    }
+  })
+}
+
+function explainFailure(error: unknown, unknownOutcome: string): unknown {
+  if (error instanceof PartnerValidationError) return new UsageError(`Invalid request: ${error.message}`)
+  if (error instanceof PartnerApiError) {
+    const platform = (error.body as { error?: { message?: string; fields?: { field: string; message: string }[] } })
+      ?.error
+    const fields = platform?.fields?.map((field) => `\n  ${field.field}: ${field.message}`).join('') ?? ''
+    const detail = platform?.message ? `: ${platform.message}` : ''
+    return new Error(`The platform refused (${error.status} ${error.code})${detail}${fields}`)
+  }
+  if (error instanceof TradeOperationError) return new Error(`${error.message} [${error.code}]`)
+  if (isOutcomeUnknown(error)) return new Error(`${(error as Error).message}. ${unknownOutcome}`)
+  return error
+}
+
+function printTrade(trade: TradeRecord, json: boolean | undefined, extra: Record<string, unknown> = {}): void {
+  if (json) printJson({ ...extra, trade })
+  else write(`${trade.external_reference}: trade ${trade.trade_id} (${trade.reference}) is ${trade.status}\n`)
+}
+
+export function parseMilestone(spec: string): MilestoneInput {
+  const colon = spec.lastIndexOf(':')
+  const title = spec.slice(0, colon).trim()
+  const amount = spec.slice(colon + 1).trim()
+  if (colon < 0 || !title || !amount) {
+    throw new UsageError(`--milestone must be "title:amount", e.g. "Frame:70.00"; got "${spec}"`)
+  }
+  return { title, amount }
+}
+
+interface OpenOptions {
+  title: string
+  amount: string
+  currency: string
+  seller?: string
+  buyerName?: string
+  buyerPhone?: string
+  milestone: string[]
+  retry?: boolean
+  json?: boolean
+}
+
+export function registerTradesCommands(program: Command): void {
+  const trades = program.command('trades').description('create and move the platform trade of an order')
+
+  trades
+    .command('open')
+    .description('create the platform trade for an order (the order is created locally if new)')
+    .argument('<reference>', 'the order’s external reference')
+    .requiredOption('--title <title>', 'name of the trade')
+    .requiredOption('--amount <amount>', 'decimal amount, e.g. 120.00')
+    .requiredOption('--currency <code>', 'currency code, e.g. EUR')
+    .option('--seller <id>', 'seller’s platform user id (required for PARTNER_KIND=marketplace)')
+    .option('--buyer-name <name>', 'name of the buyer')
+    .option('--buyer-phone <phone>', 'buyer’s phone in international format, e.g. +4915112345678')
+    .option(
+      '--milestone <title:amount>',
+      'a milestone (repeat for each); makes the trade milestone-based',
+      (spec: string, all: string[]) => [...all, spec],
+      [],
+    )
+    .option('--retry', 'send the create again although an earlier one may have made the trade')
+    .option('--json', 'print the result as JSON')
+    .action(async (reference: string, options: OpenOptions) => {
+      const request: Omit<CreateTradeRequest, 'external_reference'> = {
+        title: options.title,
+        amount: options.amount,
+        currency: options.currency,
+        ...(options.seller !== undefined && { seller_id: options.seller }),
+        ...(options.buyerName !== undefined && { buyer_name: options.buyerName }),
+        ...(options.buyerPhone !== undefined && { buyer_phone: options.buyerPhone }),
+        ...(options.milestone.length > 0 && { milestones: options.milestone.map(parseMilestone) }),
+      }
+      const trade = await withTradeDeps(
+        (deps) => openTradeForOrder(deps, reference, request, { retry: options.retry === true }),
+        {
+          unknownOutcome:
+            'The trade may or may not exist: the order is marked unknown and is linked when the trade’s ' +
+            `webhook arrives. Send the create again only on purpose: \`trades open ${reference} ... --retry\`.`,
+        },
+      )
+      printTrade(trade, options.json)
+    })
+
+  for (const kind of ['fund', 'deliver', 'release', 'cancel'] as const) {
+    trades
+      .command(kind)
+      .description(`${kind} the order’s trade`)
+      .argument('<reference>', 'the order’s external reference')
+      .option('--json', 'print the trade record as JSON')
+      .action(async (reference: string, options: { json?: boolean }) => {
+        const trade = await withTradeDeps((deps) => runTradeOperation(deps, reference, { kind }))
+        printTrade(trade, options.json)
+      })
+  }
+
+  const milestone = trades.command('milestone').description('deliver or release one milestone of the trade')
+  for (const step of ['deliver', 'release'] as const) {
+    milestone
+      .command(step)
+      .description(`${step} one milestone`)
+      .argument('<reference>', 'the order’s external reference')
+      .argument('<milestoneId>', 'the platform’s milestone id')
+      .option('--json', 'print the trade record as JSON')
+      .action(async (reference: string, milestoneId: string, options: { json?: boolean }) => {
+        const kind = step === 'deliver' ? 'deliver_milestone' : 'release_milestone'
+        const trade = await withTradeDeps((deps) => runTradeOperation(deps, reference, { kind, milestoneId }))
+        printTrade(trade, options.json)
+      })
+  }
+
+  trades
+    .command('get')
+    .description('fetch the trade from the platform, beside the local order')
+    .argument('<reference>', 'the order’s external reference')
+    .option('--json', 'print the platform’s trade record and the local order as JSON')
+    .action(async (reference: string, options: { json?: boolean }) => {
+      const { order, trade } = await withTradeDeps((deps) => getTradeForOrder(deps, reference))
+      if (options.json) {
+        printJson({ order, trade })
+        return
+      }
+      write(`${reference}: trade ${trade.trade_id} (${trade.reference}) is ${trade.status} on the platform\n`)
+      for (const item of trade.milestones ?? []) {
+        write(`  milestone ${item.milestone_id} ${item.title} ${item.amount}: ${item.status}\n`)
+      }
+      if (trade.dispute) write(`  dispute ${trade.dispute.dispute_id}: ${trade.dispute.status}\n`)
+      write(`local order: ${JSON.stringify(order)}\n`)
+    })
+}

@@ -1,0 +1,123 @@
+// Runs one platform operation on the trade of an order and records what it learned: the trade status the
+// platform answered (an observation with source `api`) and a poll EXPECTED_WEBHOOK_S later, in case the
+// webhook that should follow never comes.
+import { applyObservation } from '../orders/apply-observation.js'
+import { findOrderByExternalReference, schedulePollAfterApiCall } from '../orders/order.repository.js'
+import { isOutcomeUnknown } from '../partner-api/partner-api-error.js'
+import type {
+  CreateProposalRequest,
+  DisputeRecord,
+  OpenDisputeRequest,
+  ProposalRecord,
+  RespondResult,
+  RespondToProposalRequest,
+  TradeRecord,
+} from '../partner-api/types.js'
+import type { PartnerTradeApi, TradeDeps } from './trade-deps.js'
+import { TradeOperationError } from './trade-operation-error.js'
+
+export type TradeOperation =
+  | { kind: 'fund' | 'deliver' | 'release' | 'cancel' }
+  | { kind: 'deliver_milestone' | 'release_milestone'; milestoneId: string }
+  | { kind: 'dispute'; request: OpenDisputeRequest }
+  | { kind: 'proposal'; request: CreateProposalRequest }
+  | { kind: 'respond'; proposalId: string; request: RespondToProposalRequest }
+
+/** What each operation answers. */
+export interface TradeOperationResults {
+  fund: TradeRecord
+  deliver: TradeRecord
+  release: TradeRecord
+  cancel: TradeRecord
+  deliver_milestone: TradeRecord
+  release_milestone: TradeRecord
+  dispute: DisputeRecord
+  proposal: ProposalRecord
+  respond: RespondResult
+}
+
+export async function runTradeOperation<O extends TradeOperation>(
+  deps: TradeDeps,
+  externalReference: string,
+  operation: O,
+): Promise<TradeOperationResults[O['kind']]> {
+  const { db, client, clock, logger, settings } = deps
+  const order = await findOrderByExternalReference(db, externalReference)
+  if (!order) throw new TradeOperationError('order_not_found', `No order with external reference ${externalReference}`)
+  if (order.tradeId === null) {
+    const hint =
+      order.tradeCreateState === 'unknown' || order.tradeCreateState === 'pending'
+        ? ': a create was sent but its answer never came; it is linked when its webhook arrives'
+        : ': open one first with `trades open`'
+    throw new TradeOperationError('no_trade', `Order ${externalReference} has no trade yet${hint}`)
+  }
+  const tradeId = order.tradeId
+  const schedulePoll = () =>
+    schedulePollAfterApiCall(db, order.id, new Date(clock.now() + settings.expectedWebhookS * 1000))
+
+  let result: TradeOperationResults[TradeOperation['kind']]
+  try {
+    result = await call(client, tradeId, operation)
+  } catch (error) {
+    // it may have taken effect: let the poller find out soon rather than after STALE_AFTER_S
+    if (isOutcomeUnknown(error)) await schedulePoll()
+    throw error
+  }
+
+  const trade = tradeOf(operation, result)
+  if (trade) {
+    await applyObservation(
+      db,
+      {
+        target: { orderId: order.id },
+        tradeId: trade.trade_id,
+        tradeReference: trade.reference,
+        externalReference,
+        status: trade.status,
+        source: 'api',
+        observedAt: new Date(clock.now()),
+      },
+      { staleAfterS: settings.staleAfterS },
+    )
+  }
+  await schedulePoll()
+  logger.info(
+    { externalReference, orderId: order.id, tradeId, operation: operation.kind, status: trade?.status },
+    'trade operation done',
+  )
+  return result as TradeOperationResults[O['kind']]
+}
+
+function call(
+  client: PartnerTradeApi,
+  tradeId: string,
+  operation: TradeOperation,
+): Promise<TradeOperationResults[TradeOperation['kind']]> {
+  switch (operation.kind) {
+    case 'fund':
+      return client.fundTrade(tradeId)
+    case 'deliver':
+      return client.deliverTrade(tradeId)
+    case 'release':
+      return client.releaseTrade(tradeId)
+    case 'cancel':
+      return client.cancelTrade(tradeId)
+    case 'deliver_milestone':
+      return client.deliverMilestone(tradeId, operation.milestoneId)
+    case 'release_milestone':
+      return client.releaseMilestone(tradeId, operation.milestoneId)
+    case 'dispute':
+      return client.openDispute(tradeId, operation.request)
+    case 'proposal':
+      return client.createProposal(tradeId, operation.request)
+    case 'respond':
+      return client.respondToProposal(tradeId, operation.proposalId, operation.request)
+  }
+}
+
+/** The trade record an operation answered, if any: dispute and proposal records carry no trade status. */
+function tradeOf(operation: TradeOperation, result: unknown): TradeRecord | undefined {
+  if (operation.kind === 'dispute' || operation.kind === 'proposal') return undefined
+  if (operation.kind === 'respond') return (result as RespondResult).trade
+  return result as TradeRecord
+}

@@ -1,0 +1,41 @@
+// A stand-in for PartnerApiClient at the method level, for tests of the code that uses it (the trades
+// service): every call is recorded, and any method can be replaced to answer, fail or hang.
+import type { PartnerTradeApi } from '../../src/trades/trade-deps.js'
+import { disputeRecord, proposalRecord, respondResult, tradeRecord } from './partner-api-fixtures.js'
+
+export interface FakeCall {
+  method: keyof PartnerTradeApi
+  args: unknown[]
+}
+
+export type FakeTradeApi = PartnerTradeApi & { calls: FakeCall[] }
+
+export function fakeTradeApi(overrides: Partial<PartnerTradeApi> = {}): FakeTradeApi {
+  const calls: FakeCall[] = []
+  const defaults: PartnerTradeApi = {
+    createTrade: async (request) =>
+      tradeRecord({ trade_id: `tr_${request.external_reference}`, external_reference: request.external_reference }),
+    getTrade: async (tradeId) => tradeRecord({ trade_id: tradeId }),
+    fundTrade: async (tradeId) => tradeRecord({ trade_id: tradeId, status: 'funded' }),
+    deliverTrade: async (tradeId) => tradeRecord({ trade_id: tradeId, status: 'delivered' }),
+    releaseTrade: async (tradeId) => tradeRecord({ trade_id: tradeId, status: 'released' }),
+    cancelTrade: async (tradeId) => tradeRecord({ trade_id: tradeId, status: 'cancelled' }),
+    deliverMilestone: async (tradeId) => tradeRecord({ trade_id: tradeId, status: 'funded' }),
+    releaseMilestone: async (tradeId) => tradeRecord({ trade_id: tradeId, status: 'funded' }),
+    openDispute: async (tradeId, request) => disputeRecord({ trade_id: tradeId, party: request.party }),
+    createProposal: async (tradeId, request) => proposalRecord({ trade_id: tradeId, outcome: request.outcome }),
+    respondToProposal: async (tradeId, _proposalId, request) => {
+      const result = respondResult(request.accept)
+      return { ...result, trade: { ...result.trade, trade_id: tradeId } }
+    },
+  }
+  const fake = { calls } as unknown as FakeTradeApi
+  for (const method of Object.keys(defaults) as (keyof PartnerTradeApi)[]) {
+    const implementation = (overrides[method] ?? defaults[method]) as (...args: unknown[]) => Promise<unknown>
+    ;(fake as unknown as Record<string, unknown>)[method] = (...args: unknown[]) => {
+      calls.push({ method, args })
+      return implementation(...args)
+    }
+  }
+  return fake
+}

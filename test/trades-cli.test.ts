@@ -1,0 +1,232 @@
+// The trades, disputes and proposals commands, run in-process through the CLI runner (the same code path
+// and exit-code contract as a real process) against a local platform that checks every signature.
+import { afterAll, beforeAll, beforeEach, describe, expect, it } from 'vitest'
+import type { CliContext } from '../src/cli/cli-context.js'
+import { runCommandLine } from '../src/cli/run-cli.js'
+import { findOrderByExternalReference } from '../src/orders/order.repository.js'
+import { testLogger } from './helpers/log-sink.js'
+import { recordForPath, tradeRecord } from './helpers/partner-api-fixtures.js'
+import {
+  type PlannedAnswer,
+  type RecordedRequest,
+  type RecordingServer,
+  startRecordingServer,
+} from './helpers/partner-api-recording-server.js'
+import { TEST_API_SECRET, testConfig } from './helpers/test-config.js'
+import { createTestDatabase, type TestDatabase } from './helpers/test-database.js'
+
+let database: TestDatabase
+let server: RecordingServer
+let context: CliContext
+let answer: ((request: RecordedRequest) => PlannedAnswer) | undefined
+
+beforeAll(async () => {
+  database = await createTestDatabase()
+  server = await startRecordingServer({
+    secret: TEST_API_SECRET,
+    answer: (request) => {
+      if (answer) return answer(request)
+      if (request.method === 'POST' && request.path === '/api/partner/v1/trades/') {
+        const sent = JSON.parse(request.rawBody.toString('utf8'))
+        return {
+          status: 201,
+          body: tradeRecord({ trade_id: `tr_${sent.external_reference}`, external_reference: sent.external_reference }),
+        }
+      }
+      return { status: 200, body: recordForPath(request.path) }
+    },
+  })
+  const config = testConfig({ PARTNER_API_BASE_URL: server.url })
+  context = { config, logger: testLogger([TEST_API_SECRET]), db: database.db }
+})
+afterAll(async () => {
+  await server.close()
+  await database.close()
+})
+beforeEach(() => {
+  answer = undefined
+})
+
+async function cli(...args: string[]) {
+  let stdout = ''
+  let stderr = ''
+  const code = await runCommandLine(args, {
+    stdout: { write: (text: string) => (stdout += text) },
+    stderr: { write: (text: string) => (stderr += text) },
+    exitCode: 0,
+    context,
+  })
+  return { code, stdout, stderr }
+}
+
+const open = (ref: string, ...extra: string[]) =>
+  cli('trades', 'open', ref, '--title', 'Used bicycle', '--amount', '120.00', '--currency', 'EUR', '--seller', 's_1', ...extra)
+
+let counter = 0
+const reference = () => `cli-order-${++counter}`
+
+describe('trades open', () => {
+  it('creates a milestone trade with a signed request and links the order', async () => {
+    const ref = reference()
+    const result = await open(ref, '--milestone', 'Frame:70.00', '--milestone', 'Wheels: 50.00', '--buyer-phone', '+4915112345678', '--json')
+    expect(result.stderr).toBe('')
+    expect(result.code).toBe(0)
+    expect(JSON.parse(result.stdout).trade.trade_id).toBe(`tr_${ref}`)
+    const sent = server.requests.at(-1)!
+    expect(sent.signatureValid).toBe(true)
+    expect(JSON.parse(sent.rawBody.toString('utf8'))).toEqual({
+      title: 'Used bicycle',
+      amount: '120.00',
+      currency: 'EUR',
+      seller_id: 's_1',
+      buyer_phone: '+4915112345678',
+      milestones: [
+        { title: 'Frame', amount: '70.00' },
+        { title: 'Wheels', amount: '50.00' },
+      ],
+      external_reference: ref,
+    })
+    expect(await findOrderByExternalReference(database.db, ref)).toMatchObject({ tradeId: `tr_${ref}` })
+  })
+
+  it('exits 2 naming the field, and sends nothing, when the request fails validation', async () => {
+    const before = server.requests.length
+    const result = await open(reference(), '--buyer-phone', '0049 151 123')
+    expect(result.code).toBe(2)
+    expect(result.stderr).toContain('buyer_phone')
+    expect(server.requests.length).toBe(before)
+  })
+
+  it('exits 2 on a malformed --milestone or a missing required option', async () => {
+    const badMilestone = await open(reference(), '--milestone', 'Frame-70')
+    expect(badMilestone.code).toBe(2)
+    expect(badMilestone.stderr).toContain('--milestone must be "title:amount"')
+    const missing = await cli('trades', 'open', reference(), '--amount', '1.00', '--currency', 'EUR')
+    expect(missing.code).toBe(2)
+    expect(missing.stderr).toContain('--title')
+  })
+
+  it('exits 1 with the status and code when the platform refuses, and the order can be opened again', async () => {
+    const ref = reference()
+    answer = () => ({
+      status: 422,
+      body: {
+        error: { code: 'validation_failed', message: 'invalid fields', fields: [{ field: 'currency', message: 'unknown currency' }] },
+      },
+    })
+    const refused = await open(ref)
+    expect(refused.code).toBe(1)
+    expect(refused.stderr).toContain('422 validation_failed')
+    expect(refused.stderr).toContain('currency: unknown currency')
+    answer = undefined
+    expect((await open(ref)).code).toBe(0)
+  })
+
+  it('refuses to open again after a create whose outcome is unknown, until --retry', async () => {
+    const ref = reference()
+    answer = () => ({ status: 200, body: 'not the trade record' })
+    const unknown = await open(ref)
+    expect(unknown.code).toBe(1)
+    expect(unknown.stderr).toContain('--retry')
+    answer = undefined
+    const refused = await open(ref)
+    expect(refused.code).toBe(1)
+    expect(refused.stderr).toContain('trade_create_unknown')
+    const retried = await open(ref, '--retry')
+    expect(retried.code).toBe(0)
+    expect(retried.stdout).toContain(`tr_${ref}`)
+  })
+})
+
+describe('trades operations', () => {
+  it('funds, delivers and releases the order’s trade, and releases a milestone by id', async () => {
+    const ref = reference()
+    await open(ref)
+    for (const kind of ['fund', 'deliver', 'release', 'cancel']) {
+      const result = await cli('trades', kind, ref)
+      expect(result.code, kind).toBe(0)
+      expect(server.requests.at(-1)).toMatchObject({
+        method: 'POST',
+        path: `/api/partner/v1/trades/tr_${ref}/${kind}/`,
+        signatureValid: true,
+      })
+    }
+    expect((await cli('trades', 'milestone', 'release', ref, 'ms_7')).code).toBe(0)
+    expect(server.requests.at(-1)!.path).toBe(`/api/partner/v1/trades/tr_${ref}/milestones/ms_7/release/`)
+  })
+
+  it('exits 1 with the status and code when the trade is in the wrong state', async () => {
+    const ref = reference()
+    await open(ref)
+    answer = () => ({ status: 409, body: { error: { code: 'invalid_state', message: 'trade is not funded' } } })
+    const result = await cli('trades', 'deliver', ref)
+    expect(result.code).toBe(1)
+    expect(result.stderr).toContain('409 invalid_state')
+    expect(result.stderr).toContain('trade is not funded')
+  })
+
+  it('exits 1 for an order it does not know', async () => {
+    const result = await cli('trades', 'fund', 'no-such-order')
+    expect(result.code).toBe(1)
+    expect(result.stderr).toContain('order_not_found')
+  })
+
+  it('prints the platform’s trade and the local order with trades get --json', async () => {
+    const ref = reference()
+    await open(ref)
+    answer = (request) => ({ status: 200, body: tradeRecord({ trade_id: `tr_${ref}`, status: 'funded', reference: request.path }) })
+    const result = await cli('trades', 'get', ref, '--json')
+    expect(result.code).toBe(0)
+    const printed = JSON.parse(result.stdout)
+    expect(printed.trade.status).toBe('funded')
+    expect(printed.order).toMatchObject({ externalReference: ref, tradeId: `tr_${ref}` })
+    expect(server.requests.at(-1)).toMatchObject({ method: 'GET', path: `/api/partner/v1/trades/tr_${ref}/`, signatureValid: true })
+  })
+})
+
+describe('disputes and proposals', () => {
+  it('opens a dispute, proposes a split and accepts it', async () => {
+    const ref = reference()
+    await open(ref)
+    const dispute = await cli('disputes', 'open', ref, '--party', 'buyer', '--reason', 'The frame arrived bent and scratched', '--category', 'damaged')
+    expect(dispute.code).toBe(0)
+    expect(JSON.parse(server.requests.at(-1)!.rawBody.toString('utf8'))).toEqual({
+      reason: 'The frame arrived bent and scratched',
+      party: 'buyer',
+      category: 'damaged',
+    })
+    const proposal = await cli('proposals', 'create', ref, '--party', 'seller', '--outcome', 'split', '--split-buyer-pct', '40', '--json')
+    expect(proposal.code).toBe(0)
+    expect(JSON.parse(proposal.stdout).proposal.proposal_id).toBe('pr_1')
+    const accepted = await cli('proposals', 'respond', ref, 'pr_1', '--party', 'buyer', '--accept')
+    expect(accepted.code).toBe(0)
+    expect(server.requests.at(-1)).toMatchObject({ path: `/api/partner/v1/trades/tr_${ref}/proposals/pr_1/respond/` })
+    expect(JSON.parse(server.requests.at(-1)!.rawBody.toString('utf8'))).toEqual({ accept: true, party: 'buyer' })
+  })
+
+  it('exits 2 naming the field for a short dispute reason, a bad party or a split without a share', async () => {
+    const ref = reference()
+    await open(ref)
+    const before = server.requests.length
+    const short = await cli('disputes', 'open', ref, '--party', 'buyer', '--reason', 'too short')
+    expect(short.code).toBe(2)
+    expect(short.stderr).toContain('reason')
+    const party = await cli('proposals', 'create', ref, '--party', 'staff', '--outcome', 'buyer_win')
+    expect(party.code).toBe(2)
+    expect(party.stderr).toContain('party')
+    const split = await cli('proposals', 'create', ref, '--party', 'buyer', '--outcome', 'split')
+    expect(split.code).toBe(2)
+    expect(split.stderr).toContain('split_buyer_pct')
+    expect(server.requests.length).toBe(before)
+  })
+
+  it('exits 2 unless exactly one of --accept and --reject is given', async () => {
+    const ref = reference()
+    await open(ref)
+    expect((await cli('proposals', 'respond', ref, 'pr_1', '--party', 'buyer')).code).toBe(2)
+    expect((await cli('proposals', 'respond', ref, 'pr_1', '--party', 'buyer', '--accept', '--reject')).code).toBe(2)
+    const rejected = await cli('proposals', 'respond', ref, 'pr_1', '--party', 'seller', '--reject')
+    expect(rejected.code).toBe(0)
+    expect(JSON.parse(server.requests.at(-1)!.rawBody.toString('utf8'))).toEqual({ accept: false, party: 'seller' })
+  })
+})

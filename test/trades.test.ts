@@ -1,0 +1,398 @@
+import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest'
+import { applyObservation } from '../src/orders/apply-observation.js'
+import { createOrder, findOrderByExternalReference, startTradeCreate } from '../src/orders/order.repository.js'
+import { PartnerApiClient } from '../src/partner-api/partner-api.client.js'
+import {
+  PartnerApiError,
+  PartnerNetworkError,
+  PartnerTimeoutError,
+  PartnerValidationError,
+} from '../src/partner-api/partner-api-error.js'
+import { openTradeForOrder } from '../src/trades/open-trade-for-order.js'
+import { runTradeOperation } from '../src/trades/run-trade-operation.js'
+import type { PartnerTradeApi, TradeDeps } from '../src/trades/trade-deps.js'
+import { TradeOperationError } from '../src/trades/trade-operation-error.js'
+import { FakeClock } from './helpers/fake-clock.js'
+import { testLogger } from './helpers/log-sink.js'
+import { fakeTradeApi } from './helpers/partner-api-fake-client.js'
+import { tradeRecord } from './helpers/partner-api-fixtures.js'
+import { startRecordingServer } from './helpers/partner-api-recording-server.js'
+import { createTestDatabase, type TestDatabase } from './helpers/test-database.js'
+
+const SECRET = 'apisec_trades_test_9d8c7b6a5f4e3d2c1b0a'
+const EXPECTED_WEBHOOK_S = 600
+const STALE_AFTER_S = 21_600
+const logger = testLogger([SECRET])
+
+const request = { title: 'Used bicycle', amount: '120.00', currency: 'EUR', seller_id: 'seller_1' }
+
+let database: TestDatabase
+let counter = 0
+const reference = () => `order-${++counter}`
+
+beforeAll(async () => {
+  database = await createTestDatabase()
+})
+afterAll(async () => {
+  await database.close()
+})
+
+function deps(client: PartnerTradeApi, clock = new FakeClock()): TradeDeps & { clock: FakeClock } {
+  return {
+    db: database.db,
+    client,
+    clock,
+    logger,
+    settings: { expectedWebhookS: EXPECTED_WEBHOOK_S, staleAfterS: STALE_AFTER_S },
+  }
+}
+
+async function order(ref: string) {
+  const found = await findOrderByExternalReference(database.db, ref)
+  if (!found) throw new Error(`no order ${ref}`)
+  return found
+}
+
+async function history(orderId: number) {
+  return database.db
+    .selectFrom('orderStatusHistory')
+    .select(['fromStatus', 'toStatus', 'source'])
+    .where('orderId', '=', orderId)
+    .orderBy('id')
+    .execute()
+}
+
+describe('openTradeForOrder', () => {
+  it('links the order to the new trade and schedules its first poll EXPECTED_WEBHOOK_S later', async () => {
+    const ref = reference()
+    const clock = new FakeClock()
+    const client = fakeTradeApi({
+      createTrade: async (req) => tradeRecord({ trade_id: 'tr_link', reference: 'TRD-LINK', external_reference: req.external_reference }),
+    })
+    const trade = await openTradeForOrder(deps(client, clock), ref, request)
+
+    expect(trade.trade_id).toBe('tr_link')
+    expect(client.calls).toEqual([{ method: 'createTrade', args: [{ ...request, external_reference: ref }] }])
+    const linked = await order(ref)
+    expect(linked).toMatchObject({
+      tradeId: 'tr_link',
+      tradeReference: 'TRD-LINK',
+      tradeStatus: 'created',
+      tradeCreateState: 'created',
+    })
+    expect(linked.nextPollAt?.getTime()).toBe(clock.now() + EXPECTED_WEBHOOK_S * 1000)
+    expect(await history(linked.id)).toEqual([{ fromStatus: null, toStatus: 'created', source: 'api' }])
+  })
+
+  it('marks the order pending before the create is sent', async () => {
+    const ref = reference()
+    let stateDuringCall: string | undefined
+    const client = fakeTradeApi({
+      createTrade: async (req) => {
+        stateDuringCall = (await order(ref)).tradeCreateState
+        return tradeRecord({ trade_id: `tr_${ref}`, external_reference: req.external_reference })
+      },
+    })
+    await openTradeForOrder(deps(client), ref, request)
+    expect(stateDuringCall).toBe('pending')
+  })
+
+  it('uses an existing order rather than making a second one', async () => {
+    const ref = reference()
+    await createOrder(database.db, { externalReference: ref })
+    const before = await order(ref)
+    await openTradeForOrder(deps(fakeTradeApi()), ref, request)
+    expect((await order(ref)).id).toBe(before.id)
+  })
+
+  for (const [name, failure] of [
+    ['times out', new PartnerTimeoutError('POST /api/partner/v1/trades/: no answer within 10000 ms', 10_000)],
+    ['loses its connection', new PartnerNetworkError('POST /api/partner/v1/trades/ failed: ECONNRESET')],
+  ] as const) {
+    it(`marks the order unknown when the create ${name}, refuses a second open without retry, and sends again with retry`, async () => {
+      const ref = reference()
+      let attempts = 0
+      const client = fakeTradeApi({
+        createTrade: async (req) => {
+          attempts++
+          if (attempts === 1) throw failure
+          return tradeRecord({ trade_id: `tr_${ref}`, external_reference: req.external_reference })
+        },
+      })
+      await expect(openTradeForOrder(deps(client), ref, request)).rejects.toBe(failure)
+      expect(await order(ref)).toMatchObject({ tradeCreateState: 'unknown', tradeId: null, nextPollAt: null })
+
+      const refused = await openTradeForOrder(deps(client), ref, request).catch((e) => e)
+      expect(refused).toBeInstanceOf(TradeOperationError)
+      expect(refused.code).toBe('trade_create_unknown')
+      expect(refused.message).toContain('--retry')
+      expect(client.calls).toHaveLength(1)
+
+      await openTradeForOrder(deps(client), ref, request, { retry: true })
+      expect(client.calls).toHaveLength(2)
+      expect(await order(ref)).toMatchObject({ tradeCreateState: 'created', tradeId: `tr_${ref}` })
+    })
+  }
+
+  it('refuses a second open of an order left pending by a crash mid-call, unless retried', async () => {
+    const ref = reference()
+    await createOrder(database.db, { externalReference: ref })
+    expect(await startTradeCreate(database.db, (await order(ref)).id, 'none')).toBe(true)
+    const client = fakeTradeApi()
+    await expect(openTradeForOrder(deps(client), ref, request)).rejects.toMatchObject({ code: 'trade_create_unknown' })
+    expect(client.calls).toHaveLength(0)
+    await openTradeForOrder(deps(client), ref, request, { retry: true })
+    expect((await order(ref)).tradeCreateState).toBe('created')
+  })
+
+  it('links an unknown create when the webhook with its external reference arrives, and then refuses to open again', async () => {
+    const ref = reference()
+    const client = fakeTradeApi({
+      createTrade: async () => {
+        throw new PartnerTimeoutError('no answer', 10_000)
+      },
+    })
+    await expect(openTradeForOrder(deps(client), ref, request)).rejects.toBeInstanceOf(PartnerTimeoutError)
+    await applyObservation(
+      database.db,
+      {
+        target: { externalReference: ref },
+        tradeId: 'tr_from_webhook',
+        tradeReference: 'TRD-WH',
+        externalReference: ref,
+        status: 'created',
+        source: 'webhook',
+        deliveryId: `dlv_${ref}`,
+        observedAt: new Date(),
+      },
+      { staleAfterS: STALE_AFTER_S },
+    )
+    expect(await order(ref)).toMatchObject({ tradeId: 'tr_from_webhook', tradeReference: 'TRD-WH' })
+    const refused = await openTradeForOrder(deps(client), ref, request, { retry: true }).catch((e) => e)
+    expect(refused).toMatchObject({ code: 'trade_exists' })
+    expect(client.calls).toHaveLength(1)
+  })
+
+  it('sets the create state back to none when the platform refuses the create, so it can be sent again', async () => {
+    const ref = reference()
+    const refusal = new PartnerApiError(422, 'validation_failed', 'invalid fields', {
+      error: { code: 'validation_failed', message: 'invalid fields' },
+    })
+    let attempts = 0
+    const client = fakeTradeApi({
+      createTrade: async (req) => {
+        if (++attempts === 1) throw refusal
+        return tradeRecord({ trade_id: `tr_${ref}`, external_reference: req.external_reference })
+      },
+    })
+    await expect(openTradeForOrder(deps(client), ref, request)).rejects.toBe(refusal)
+    expect(await order(ref)).toMatchObject({ tradeCreateState: 'none', tradeId: null })
+    await openTradeForOrder(deps(client), ref, request)
+    expect((await order(ref)).tradeCreateState).toBe('created')
+  })
+
+  it('keeps the evidence of an earlier unknown create when a retry is refused', async () => {
+    const ref = reference()
+    const answers = [
+      new PartnerTimeoutError('no answer', 10_000),
+      new PartnerApiError(409, 'invalid_state', 'duplicate external_reference', undefined),
+    ]
+    const client = fakeTradeApi({
+      createTrade: async () => {
+        throw answers.shift()
+      },
+    })
+    await expect(openTradeForOrder(deps(client), ref, request)).rejects.toBeInstanceOf(PartnerTimeoutError)
+    await expect(openTradeForOrder(deps(client), ref, request, { retry: true })).rejects.toBeInstanceOf(
+      PartnerApiError,
+    )
+    expect((await order(ref)).tradeCreateState).toBe('unknown')
+  })
+
+  it('sends nothing and leaves the order as it was when the request fails validation', async () => {
+    const ref = reference()
+    const { fetch, calls } = (await import('./helpers/partner-api-fake-fetch.js')).scriptedFetch([])
+    const client = new PartnerApiClient({
+      baseUrl: 'http://platform.test',
+      keyId: 'pk_trades',
+      secret: SECRET,
+      env: 'sandbox',
+      kind: 'marketplace',
+      timeoutMs: 1000,
+      clock: new FakeClock(),
+      logger,
+      fetch,
+    })
+    const { seller_id: _seller, ...withoutSeller } = request
+    const error = await openTradeForOrder(deps(client), ref, withoutSeller).catch((e) => e)
+    expect(error).toBeInstanceOf(PartnerValidationError)
+    expect(error.field).toBe('seller_id')
+    expect(calls).toHaveLength(0)
+    expect((await order(ref)).tradeCreateState).toBe('none')
+  })
+
+  it('refuses to open a trade for an order that already has one', async () => {
+    const ref = reference()
+    const client = fakeTradeApi()
+    await openTradeForOrder(deps(client), ref, request)
+    await expect(openTradeForOrder(deps(client), ref, request, { retry: true })).rejects.toMatchObject({
+      code: 'trade_exists',
+    })
+    expect(client.calls).toHaveLength(1)
+  })
+
+  it('sends one create when two opens of the same order race', async () => {
+    const ref = reference()
+    await createOrder(database.db, { externalReference: ref })
+    let release: () => void = () => {}
+    const gate = new Promise<void>((resolve) => {
+      release = resolve
+    })
+    const client = fakeTradeApi({
+      createTrade: async (req) => {
+        await gate
+        return tradeRecord({ trade_id: `tr_${ref}`, external_reference: req.external_reference })
+      },
+    })
+    const first = openTradeForOrder(deps(client), ref, request)
+    const second = openTradeForOrder(deps(client), ref, request)
+    const outcomes = await Promise.allSettled([
+      first,
+      second.finally(() => release()),
+    ])
+    release()
+    expect(outcomes.filter((outcome) => outcome.status === 'fulfilled')).toHaveLength(1)
+    expect(client.calls).toHaveLength(1)
+  })
+})
+
+describe('runTradeOperation', () => {
+  async function openedOrder(clock = new FakeClock()) {
+    const ref = reference()
+    await openTradeForOrder(deps(fakeTradeApi(), clock), ref, request)
+    return { ref, clock, opened: await order(ref) }
+  }
+
+  it('applies the status the platform answered (source api) and schedules a poll EXPECTED_WEBHOOK_S later', async () => {
+    const { ref, clock, opened } = await openedOrder()
+    await clock.advance(60_000)
+    const client = fakeTradeApi()
+    const trade = await runTradeOperation(deps(client, clock), ref, { kind: 'fund' })
+
+    expect(trade.status).toBe('funded')
+    expect(client.calls).toEqual([{ method: 'fundTrade', args: [opened.tradeId] }])
+    const funded = await order(ref)
+    expect(funded).toMatchObject({ tradeStatus: 'funded', statusSource: 'api' })
+    expect(funded.nextPollAt?.getTime()).toBe(clock.now() + EXPECTED_WEBHOOK_S * 1000)
+    expect((await history(funded.id)).at(-1)).toEqual({ fromStatus: 'created', toStatus: 'funded', source: 'api' })
+  })
+
+  it('calls the milestone operations with the milestone id', async () => {
+    const { ref, opened } = await openedOrder()
+    const client = fakeTradeApi()
+    await runTradeOperation(deps(client), ref, { kind: 'deliver_milestone', milestoneId: 'ms_1' })
+    await runTradeOperation(deps(client), ref, { kind: 'release_milestone', milestoneId: 'ms_1' })
+    expect(client.calls).toEqual([
+      { method: 'deliverMilestone', args: [opened.tradeId, 'ms_1'] },
+      { method: 'releaseMilestone', args: [opened.tradeId, 'ms_1'] },
+    ])
+  })
+
+  it('schedules a poll after opening a dispute, whose answer carries no trade status', async () => {
+    const { ref, clock } = await openedOrder()
+    await clock.advance(5_000)
+    const dispute = await runTradeOperation(deps(fakeTradeApi(), clock), ref, {
+      kind: 'dispute',
+      request: { reason: 'The frame arrived bent and scratched', party: 'buyer' },
+    })
+    expect(dispute.dispute_id).toBe('dp_1')
+    const after = await order(ref)
+    expect(after.tradeStatus).toBe('created')
+    expect(after.nextPollAt?.getTime()).toBe(clock.now() + EXPECTED_WEBHOOK_S * 1000)
+  })
+
+  it('applies the trade status that comes back with an accepted proposal', async () => {
+    const { ref } = await openedOrder()
+    const client = fakeTradeApi()
+    await runTradeOperation(deps(client), ref, { kind: 'proposal', request: { outcome: 'buyer_win', party: 'seller' } })
+    const result = await runTradeOperation(deps(client), ref, {
+      kind: 'respond',
+      proposalId: 'pr_1',
+      request: { accept: true, party: 'buyer' },
+    })
+    expect(result.proposal.status).toBe('accepted')
+    expect((await order(ref)).tradeStatus).toBe(result.trade.status)
+  })
+
+  it('schedules a poll and rethrows when the outcome of an operation is unknown', async () => {
+    const { ref, clock } = await openedOrder()
+    await clock.advance(1_000)
+    const failure = new PartnerTimeoutError('no answer', 10_000)
+    const client = fakeTradeApi({
+      releaseTrade: async () => {
+        throw failure
+      },
+    })
+    await expect(runTradeOperation(deps(client, clock), ref, { kind: 'release' })).rejects.toBe(failure)
+    expect((await order(ref)).nextPollAt?.getTime()).toBe(clock.now() + EXPECTED_WEBHOOK_S * 1000)
+  })
+
+  it('changes nothing when the platform refuses the operation', async () => {
+    const { ref, opened } = await openedOrder()
+    const refusal = new PartnerApiError(409, 'invalid_state', 'not funded', undefined)
+    const client = fakeTradeApi({
+      deliverTrade: async () => {
+        throw refusal
+      },
+    })
+    await expect(runTradeOperation(deps(client), ref, { kind: 'deliver' })).rejects.toBe(refusal)
+    const after = await order(ref)
+    expect(after.tradeStatus).toBe('created')
+    expect(after.nextPollAt?.getTime()).toBe(opened.nextPollAt?.getTime())
+  })
+
+  it('refuses an unknown order and an order without a trade, sending nothing', async () => {
+    const client = fakeTradeApi()
+    await expect(runTradeOperation(deps(client), 'order-missing', { kind: 'fund' })).rejects.toMatchObject({
+      code: 'order_not_found',
+    })
+    const ref = reference()
+    await createOrder(database.db, { externalReference: ref })
+    await expect(runTradeOperation(deps(client), ref, { kind: 'fund' })).rejects.toMatchObject({ code: 'no_trade' })
+    expect(client.calls).toHaveLength(0)
+  })
+})
+
+describe('the trades service against a local platform that checks signatures', () => {
+  afterEach(() => {})
+
+  it('creates the trade with a signed request and links the order from the answer', async () => {
+    const ref = reference()
+    const server = await startRecordingServer({
+      secret: SECRET,
+      answer: (received) => {
+        const sent = JSON.parse(received.rawBody.toString('utf8'))
+        return { status: 201, body: tradeRecord({ trade_id: 'tr_signed', external_reference: sent.external_reference }) }
+      },
+    })
+    try {
+      const client = new PartnerApiClient({
+        baseUrl: server.url,
+        keyId: 'pk_trades',
+        secret: SECRET,
+        env: 'sandbox',
+        kind: 'marketplace',
+        timeoutMs: 10_000,
+        clock: new FakeClock(),
+        logger,
+      })
+      await openTradeForOrder(deps(client), ref, request)
+      expect(server.requests).toHaveLength(1)
+      expect(server.requests[0]!.signatureValid).toBe(true)
+      expect(JSON.parse(server.requests[0]!.rawBody.toString('utf8')).external_reference).toBe(ref)
+      expect((await order(ref)).tradeId).toBe('tr_signed')
+    } finally {
+      await server.close()
+    }
+  })
+})
