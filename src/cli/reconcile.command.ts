@@ -1,0 +1,147 @@
+// `reconcile --once`: one poll cycle now, as a replica of the poller would run it (claims, leases and
+// the run record included, so it is safe beside running services). `reconcile --report`: the latest
+// runs. `reconcile --requeue`: puts orders flagged for an operator (the platform answered 404) back on
+// the poll schedule.
+import { hostname } from 'node:os'
+import type { Command } from 'commander'
+import { systemClock } from '../clock.js'
+import { createPartnerApiClient } from '../partner-api/create-partner-api-client.js'
+import { requeueOrders } from '../reconcile/poll-schedule.repository.js'
+import { createPoller, pollerSettings, type RunSummary } from '../reconcile/poller.js'
+import { listRuns } from '../reconcile/reconcile-run.repository.js'
+import {
+  printJson,
+  printTable,
+  setExitCode,
+  UsageError,
+  withDatabase,
+  write,
+  writeError,
+} from './cli-context.js'
+
+interface ReconcileOptions {
+  once?: boolean
+  report?: boolean
+  requeue?: boolean | string[]
+  limit?: string
+  json?: boolean
+}
+
+const MAX_REPORT_LIMIT = 1_000
+
+export function registerReconcileCommands(program: Command): void {
+  program
+    .command('reconcile')
+    .description(
+      'run one poll cycle (--once), show the latest runs (--report), or requeue flagged orders (--requeue)',
+    )
+    .option('--once', 'claim the due orders, poll them and apply what the platform answers')
+    .option('--report', 'show the latest reconciliation runs')
+    .option(
+      '--requeue [references...]',
+      'clear `attention` and make these orders due now (no references: every order flagged trade_not_found)',
+    )
+    .option('--limit <n>', `runs to show with --report (1-${MAX_REPORT_LIMIT})`, '20')
+    .option('--json', 'print JSON')
+    .action(async (options: ReconcileOptions) => {
+      const modes = [options.once, options.report, options.requeue].filter((mode) => mode !== undefined)
+      if (modes.length !== 1) {
+        throw new UsageError('reconcile needs exactly one of --once, --report or --requeue')
+      }
+      if (options.once) await runOnce(options.json)
+      else if (options.report) await report(parseLimit(options.limit), options.json)
+      else await requeue(options.requeue === true ? undefined : (options.requeue as string[]), options.json)
+    })
+}
+
+function parseLimit(value: string | undefined): number {
+  const limit = Number(value)
+  if (!Number.isInteger(limit) || limit < 1 || limit > MAX_REPORT_LIMIT) {
+    throw new UsageError(`--limit must be a whole number from 1 to ${MAX_REPORT_LIMIT}, got ${value}`)
+  }
+  return limit
+}
+
+async function runOnce(json: boolean | undefined): Promise<void> {
+  const summary = await withDatabase(async ({ config, logger, db }) => {
+    const clock = systemClock
+    const poller = createPoller({
+      db,
+      fetcher: createPartnerApiClient(config, { logger, clock }),
+      clock,
+      logger,
+      settings: pollerSettings(config.poll),
+      replica: `cli:${hostname()}:${process.pid}`,
+    })
+    return poller.runOnce()
+  })
+  if (json) printJson(summary)
+  else printSummary(summary)
+  if (summary.stoppedReason === 'unauthorized') {
+    writeError(
+      'stopped: the platform answered 401 (check PARTNER_API_KEY_ID / PARTNER_API_SECRET / PARTNER_ENV)\n',
+    )
+    setExitCode(1)
+  }
+}
+
+function printSummary(summary: RunSummary): void {
+  const counts = Object.entries(summary.results)
+    .filter(([, count]) => count > 0)
+    .map(([result, count]) => `${result} ${count}`)
+    .join(', ')
+  write(
+    `run ${summary.runId}: claimed ${summary.claimed}, polled ${summary.polled}, changed ${summary.changed}, ` +
+      `errors ${summary.errors}${summary.released ? `, released ${summary.released}` : ''}` +
+      `${counts ? ` (${counts})` : ''}${summary.stoppedReason ? `; stopped: ${summary.stoppedReason}` : ''}\n`,
+  )
+}
+
+async function report(limit: number, json: boolean | undefined): Promise<void> {
+  const runs = await withDatabase(({ db }) => listRuns(db, limit))
+  if (json) {
+    printJson(runs)
+    return
+  }
+  printTable(
+    runs.map((run) => ({
+      id: run.id,
+      replica: run.replica,
+      started: run.startedAt,
+      seconds: run.finishedAt
+        ? ((run.finishedAt.getTime() - run.startedAt.getTime()) / 1000).toFixed(1)
+        : 'running',
+      polled: run.polled,
+      changed: run.changed,
+      errors: run.errors,
+      stopped: run.stoppedReason,
+    })),
+    '(no reconciliation runs yet)',
+  )
+}
+
+async function requeue(externalReferences: string[] | undefined, json: boolean | undefined): Promise<void> {
+  const results = await withDatabase(({ db }) =>
+    requeueOrders(db, {
+      ...(externalReferences ? { externalReferences } : {}),
+      now: new Date(systemClock.now()),
+    }),
+  )
+  const found = new Set(results.map((result) => result.externalReference))
+  const missing = (externalReferences ?? []).filter((reference) => !found.has(reference))
+  if (json) printJson({ results, missing })
+  else {
+    for (const result of results) {
+      write(
+        result.outcome === 'requeued'
+          ? `${result.externalReference}: due now${result.previousAttention ? ` (was ${result.previousAttention})` : ''}\n`
+          : `${result.externalReference}: attention cleared; not polled (no trade id or a terminal status)\n`,
+      )
+    }
+    if (results.length === 0 && !externalReferences) write('no order is flagged trade_not_found\n')
+  }
+  if (missing.length > 0) {
+    writeError(`no order with external reference: ${missing.join(', ')}\n`)
+    setExitCode(1)
+  }
+}

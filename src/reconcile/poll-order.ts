@@ -1,0 +1,192 @@
+// Polls one claimed order: a signed GET of its trade (the client retries network errors, 429 and 5xx on
+// its own), then the answer is applied as an observation with source `poll` through the same code as a
+// webhook (src/orders: same rank rules, same history), addressed by the claim's lease token.
+//
+// What each answer does to the order:
+//   200       applied as an observation; applyObservation clears the lease, resets poll_attempts and
+//             reschedules (STALE_AFTER_S later, never for a terminal status), whether or not it changed
+//   404       attention=trade_not_found, next_poll_at=null: polling again would answer the same; an
+//             operator looks and requeues (`reconcile --requeue`)
+//   401       nothing written: the cycle stops and gives every claim back (reconcile-cycle.ts)
+//   otherwise next_poll_at = now + exponential backoff with jitter (backoff-delay.ts)
+// A write-back whose lease token no longer matches (the lease ran out and another replica claimed the
+// order since) writes nothing: `lease_lost`.
+import type { Kysely } from 'kysely'
+import type { Clock } from '../clock.js'
+import type { Database } from '../db/database.js'
+import type { Logger } from '../logger.js'
+import { applyObservation, type ObservationOutcome } from '../orders/apply-observation.js'
+import { PartnerApiError } from '../partner-api/partner-api-error.js'
+import type { TradeRecord } from '../partner-api/types.js'
+import { type BackoffSettings, backoffDelayS } from './backoff-delay.js'
+import type { ClaimedOrder } from './claim-due-orders.js'
+import { flagTradeNotFound, rescheduleAfterError } from './poll-schedule.repository.js'
+
+/** The one platform call the poller makes: PartnerApiClient in production, a fake in tests. */
+export interface TradeFetcher {
+  getTrade(tradeId: string, options?: { signal?: AbortSignal }): Promise<TradeRecord>
+}
+
+export const POLL_RESULTS = [
+  'applied',
+  'unchanged',
+  'stale',
+  'not_found',
+  'error',
+  'unauthorized',
+  'lease_lost',
+] as const
+
+/**
+ * applied: the order moved; unchanged: the platform confirmed what we had; stale: the platform answered a
+ * status ranked below ours (kept, see src/orders); not_found: 404, flagged; error: no usable answer,
+ * backed off; unauthorized: 401, the cycle stops; lease_lost: another replica owns the order now.
+ */
+export type PollResultKind = (typeof POLL_RESULTS)[number]
+
+export interface PollResult {
+  result: PollResultKind
+  orderId: number
+  externalReference: string
+  tradeId: string
+  /** The order's status before, and the status it has after (null when nothing was written). */
+  fromStatus: string | null
+  toStatus: string | null
+  /** For `error`: when the order is tried again. */
+  nextPollAt?: Date
+  error?: unknown
+}
+
+const POLL_RESULT_OF: Record<ObservationOutcome, PollResultKind> = {
+  applied: 'applied',
+  duplicate_effect: 'unchanged',
+  stale: 'stale',
+  // the claim's lease ran out and another replica claimed the order since
+  lease_lost: 'lease_lost',
+  // the order row is gone (deleted while it was polled): nothing of ours was written
+  unmatched: 'lease_lost',
+  // the answer is for another trade: counted as an error (the order is rescheduled STALE_AFTER_S later)
+  trade_mismatch: 'error',
+}
+
+export interface PollOrderDeps {
+  db: Kysely<Database>
+  fetcher: TradeFetcher
+  clock: Clock
+  logger: Logger
+  staleAfterS: number
+  backoff: BackoffSettings
+  random: () => number
+}
+
+/**
+ * Polls one claimed order and writes the outcome back under the claim's lease. Never throws: a failure
+ * of the database itself counts as `error` and the order comes due again when its lease runs out.
+ * Answers null when `signal` aborted the call (the cycle stopped): the caller gives that claim back.
+ */
+export async function pollOrder(
+  deps: PollOrderDeps,
+  order: ClaimedOrder,
+  leaseToken: string,
+  signal: AbortSignal,
+): Promise<PollResult | null> {
+  const { db, fetcher, clock, logger } = deps
+  const base = {
+    orderId: order.orderId,
+    externalReference: order.externalReference,
+    tradeId: order.tradeId,
+    fromStatus: order.tradeStatus,
+  }
+  let trade: TradeRecord
+  try {
+    trade = await fetcher.getTrade(order.tradeId, { signal })
+  } catch (error) {
+    if (signal.aborted) return null
+    if (error instanceof PartnerApiError && error.status === 401) {
+      return { ...base, result: 'unauthorized', toStatus: null, error }
+    }
+    try {
+      return await writeBackFailure(deps, order, leaseToken, error)
+    } catch (writeError) {
+      logger.warn({ err: writeError, orderId: order.orderId }, 'poll write-back failed')
+      return { ...base, result: 'error', toStatus: null, error: writeError }
+    }
+  }
+
+  try {
+    const applied = await applyObservation(
+      db,
+      {
+        target: { orderId: order.orderId, leaseToken },
+        tradeId: trade.trade_id,
+        tradeReference: trade.reference,
+        externalReference: trade.external_reference,
+        status: trade.status,
+        source: 'poll',
+        observedAt: new Date(clock.now()),
+      },
+      { staleAfterS: deps.staleAfterS },
+    )
+    const result = POLL_RESULT_OF[applied.outcome]
+    if (applied.outcome === 'trade_mismatch') {
+      // GET /trades/{id} answered another trade: the platform or our link is wrong; nothing was applied
+      logger.warn(
+        { orderId: order.orderId, tradeId: order.tradeId, answeredTradeId: trade.trade_id },
+        'the platform answered a different trade than the one polled: order not changed',
+      )
+    }
+    logger.debug(
+      {
+        orderId: order.orderId,
+        tradeId: order.tradeId,
+        result,
+        from: applied.fromStatus,
+        to: applied.toStatus,
+      },
+      'order polled',
+    )
+    return {
+      ...base,
+      result,
+      fromStatus: applied.fromStatus ?? order.tradeStatus,
+      toStatus: applied.toStatus,
+    }
+  } catch (error) {
+    logger.warn({ err: error, orderId: order.orderId }, 'applying a polled status failed')
+    return { ...base, result: 'error', toStatus: null, error }
+  }
+}
+
+async function writeBackFailure(
+  deps: PollOrderDeps,
+  order: ClaimedOrder,
+  leaseToken: string,
+  error: unknown,
+): Promise<PollResult> {
+  const { db, clock, logger } = deps
+  const base = {
+    orderId: order.orderId,
+    externalReference: order.externalReference,
+    tradeId: order.tradeId,
+    fromStatus: order.tradeStatus,
+    toStatus: null,
+  }
+  const now = clock.now()
+  if (error instanceof PartnerApiError && error.status === 404) {
+    const flagged = await flagTradeNotFound(db, { orderId: order.orderId, leaseToken, now: new Date(now) })
+    if (!flagged) return { ...base, result: 'lease_lost' }
+    logger.warn(
+      { orderId: order.orderId, externalReference: order.externalReference, tradeId: order.tradeId },
+      'the platform does not know this trade (404): order flagged trade_not_found and no longer polled',
+    )
+    return { ...base, result: 'not_found', error }
+  }
+  const nextPollAt = new Date(now + backoffDelayS(order.pollAttempts, deps.backoff, deps.random) * 1000)
+  const rescheduled = await rescheduleAfterError(db, { orderId: order.orderId, leaseToken, nextPollAt })
+  if (!rescheduled) return { ...base, result: 'lease_lost' }
+  logger.debug(
+    { orderId: order.orderId, tradeId: order.tradeId, attempts: order.pollAttempts, nextPollAt, err: error },
+    'poll failed: backing off',
+  )
+  return { ...base, result: 'error', nextPollAt, error }
+}

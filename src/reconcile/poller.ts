@@ -1,0 +1,157 @@
+// The poller as the service runs it: a loop of reconciliation cycles (reconcile-cycle.ts) on an injected
+// clock. After a cycle it sleeps POLL_INTERVAL_S, or starts the next one at once when the batch was full
+// (more is due than one batch holds), or, after the platform refused our credentials, sleeps longer each
+// time (doubling up to the backoff cap) so a misconfigured replica does not hammer the platform.
+import type { Kysely } from 'kysely'
+import type { Clock } from '../clock.js'
+import type { Config } from '../config.js'
+import type { Database } from '../db/database.js'
+import type { Logger } from '../logger.js'
+import { type BackoffSettings, DEFAULT_BACKOFF } from './backoff-delay.js'
+import type { PollResult, TradeFetcher } from './poll-order.js'
+import { countDueOrders, type DueOrderStats } from './poll-schedule.repository.js'
+import { type RunSummary, runReconcileCycle } from './reconcile-cycle.js'
+
+export type { PollResult, PollResultKind, TradeFetcher } from './poll-order.js'
+export { POLL_RESULTS } from './poll-order.js'
+export type { DueOrderStats } from './poll-schedule.repository.js'
+export type { RunSummary, StoppedReason } from './reconcile-cycle.js'
+
+/**
+ * How long a claimed order belongs to the claiming replica. A cycle normally takes seconds; the lease only
+ * has to outlast a slow one (a batch of GETs with their timeouts and retries). When it runs out the order
+ * is due again, and the late write-back of the first replica is refused by the lease token.
+ */
+export const DEFAULT_LEASE_S = 300
+
+export interface PollerSettings {
+  /** POLL_INTERVAL_S: the sleep between cycles that did not fill their batch. */
+  intervalS: number
+  /** POLL_CONCURRENCY: GETs in flight at once. */
+  concurrency: number
+  /** POLL_BATCH_SIZE: orders claimed per cycle. */
+  batchSize: number
+  /** STALE_AFTER_S: passed to applyObservation, which reschedules a polled order this much later. */
+  staleAfterS: number
+  leaseS: number
+  /** Error backoff per order; DEFAULT_BACKOFF (30 s doubling to 1 h) when absent. */
+  backoff?: BackoffSettings
+}
+
+/** The poller's settings from the POLL_* and STALE_AFTER_S variables. */
+export function pollerSettings(poll: Config['poll'], leaseS = DEFAULT_LEASE_S): PollerSettings {
+  return {
+    intervalS: poll.intervalS,
+    concurrency: poll.concurrency,
+    batchSize: poll.batchSize,
+    staleAfterS: poll.staleAfterS,
+    leaseS,
+  }
+}
+
+export interface PollerDeps {
+  db: Kysely<Database>
+  fetcher: TradeFetcher
+  clock: Clock
+  logger: Logger
+  settings: PollerSettings
+  /** Names this process in reconcile_runs (e.g. host:pid). */
+  replica: string
+  /** Jitter source in [0, 1). */
+  random?: () => number
+  /** Called once per poll with its result: the metrics hook (count by `result.result`). */
+  onPollResult?: (result: PollResult) => void
+}
+
+export interface Poller {
+  /** Starts the loop; a second call while running does nothing. */
+  start(): void
+  /** Aborts the sleep and the cycle in flight (its unfinished claims are given back) and waits for it. */
+  stop(): Promise<void>
+  /** Runs one cycle now (recorded in reconcile_runs even when nothing was due) and answers its summary. */
+  runOnce(): Promise<RunSummary>
+  readonly running: boolean
+}
+
+export function createPoller(deps: PollerDeps): Poller {
+  const { clock, logger, settings } = deps
+  const backoff = settings.backoff ?? DEFAULT_BACKOFF
+  const cycleDeps = { ...deps, settings: { ...settings, backoff } }
+  let controller: AbortController | undefined
+  let loop: Promise<void> | undefined
+  const onceRuns = new Set<Promise<RunSummary>>()
+  // one controller per start..stop: stop() aborts the loop and any runOnce() in flight alike
+  const stopSignal = () => {
+    controller ??= new AbortController()
+    return controller.signal
+  }
+
+  const sleepAfter = (summary: RunSummary | undefined, unauthorizedInARow: number): number => {
+    if (unauthorizedInARow > 0) {
+      return Math.min(backoff.capS, settings.intervalS * 2 ** unauthorizedInARow) * 1000
+    }
+    if (summary && summary.stoppedReason === null && summary.claimed >= settings.batchSize) return 0
+    return settings.intervalS * 1000
+  }
+
+  const runLoop = async (signal: AbortSignal) => {
+    let unauthorizedInARow = 0
+    while (!signal.aborted) {
+      let summary: RunSummary | undefined
+      try {
+        summary = await runReconcileCycle(cycleDeps, { signal })
+        unauthorizedInARow = summary.stoppedReason === 'unauthorized' ? unauthorizedInARow + 1 : 0
+      } catch (error) {
+        // the database is down or refused: nothing is lost, claims not written back come due after the lease
+        logger.warn({ err: error }, 'reconcile cycle failed; trying again after the poll interval')
+      }
+      if (signal.aborted) break
+      const delayMs = sleepAfter(summary, unauthorizedInARow)
+      try {
+        if (delayMs > 0) await clock.sleep(delayMs, signal)
+        // a full batch: let the event loop breathe before the next claim
+        else await new Promise((resolve) => setImmediate(resolve))
+      } catch {
+        // aborted: the while condition ends the loop
+      }
+    }
+  }
+
+  return {
+    get running() {
+      return loop !== undefined
+    },
+    start() {
+      if (loop) return
+      logger.info(
+        {
+          replica: deps.replica,
+          intervalS: settings.intervalS,
+          concurrency: settings.concurrency,
+          batchSize: settings.batchSize,
+          leaseS: settings.leaseS,
+        },
+        'poller started',
+      )
+      loop = runLoop(stopSignal())
+    },
+    async stop() {
+      controller?.abort(new Error('poller stopping'))
+      await Promise.allSettled([loop, ...onceRuns])
+      if (loop) logger.info({ replica: deps.replica }, 'poller stopped')
+      loop = undefined
+      controller = undefined
+    },
+    runOnce() {
+      const run = runReconcileCycle(cycleDeps, { signal: stopSignal(), recordEmpty: true })
+      onceRuns.add(run)
+      void run.finally(() => onceRuns.delete(run)).catch(() => {})
+      return run
+    },
+  }
+}
+
+/** Orders due now and the age of the oldest: the poller gauges (one query on the due index). */
+export function dueOrderStats(db: Kysely<Database>, clock: Clock): Promise<DueOrderStats> {
+  return countDueOrders(db, new Date(clock.now()))
+}

@@ -1,0 +1,193 @@
+// One reconciliation cycle of one replica: claim up to batchSize due orders, poll them with bounded
+// concurrency, write each result back under the claim's lease, record the run.
+//
+// Stops early, giving every claim it has not finished back (due again as before, attempt not counted),
+// when the platform answers 401 (our credentials are wrong: polling the rest would get 401 too and could
+// get the key locked, so one clear error is logged instead) or when the caller's signal aborts (shutdown).
+import { randomUUID } from 'node:crypto'
+import type { Kysely } from 'kysely'
+import type { Clock } from '../clock.js'
+import type { Database } from '../db/database.js'
+import type { Logger } from '../logger.js'
+import { type BackoffSettings, DEFAULT_BACKOFF } from './backoff-delay.js'
+import { type ClaimedOrder, claimDueOrders } from './claim-due-orders.js'
+import {
+  POLL_RESULTS,
+  type PollResult,
+  type PollResultKind,
+  pollOrder,
+  type TradeFetcher,
+} from './poll-order.js'
+import { releaseClaims } from './poll-schedule.repository.js'
+import { finishRun, startRun } from './reconcile-run.repository.js'
+
+export const UNAUTHORIZED_MESSAGE =
+  'partner api rejected our credentials: check PARTNER_API_KEY_ID / PARTNER_API_SECRET / PARTNER_ENV'
+
+export interface CycleSettings {
+  batchSize: number
+  concurrency: number
+  staleAfterS: number
+  /** How long a claim is this replica's alone; a cycle should finish well inside it. */
+  leaseS: number
+  backoff?: BackoffSettings
+}
+
+export interface CycleDeps {
+  db: Kysely<Database>
+  fetcher: TradeFetcher
+  clock: Clock
+  logger: Logger
+  /** Names this process in reconcile_runs (e.g. host:pid). */
+  replica: string
+  settings: CycleSettings
+  /** Jitter source in [0, 1); tests pass a fixed one. */
+  random?: () => number
+  /** Called once per poll with its result: the metrics hook. */
+  onPollResult?: (result: PollResult) => void
+}
+
+/** unauthorized: the platform answered 401; shutdown: the caller aborted the cycle. */
+export type StoppedReason = 'unauthorized' | 'shutdown'
+
+export interface RunSummary {
+  /** The reconcile_runs row; null when the cycle found nothing due and `recordEmpty` was off. */
+  runId: number | null
+  replica: string
+  startedAt: Date
+  finishedAt: Date
+  /** Orders claimed; polled + released. */
+  claimed: number
+  /** Polls that came back with a result (any result). */
+  polled: number
+  /** Polls that moved the order (`applied`). */
+  changed: number
+  /** Polls that got no usable answer: error + not_found + unauthorized. */
+  errors: number
+  /** Claims given back untried because the cycle stopped. */
+  released: number
+  results: Record<PollResultKind, number>
+  stoppedReason: StoppedReason | null
+}
+
+export async function runReconcileCycle(
+  deps: CycleDeps,
+  { signal, recordEmpty = false }: { signal?: AbortSignal; recordEmpty?: boolean } = {},
+): Promise<RunSummary> {
+  const { db, clock, logger, replica, settings } = deps
+  const startedAt = new Date(clock.now())
+  const leaseToken = randomUUID()
+  const results = Object.fromEntries(POLL_RESULTS.map((kind) => [kind, 0])) as Record<PollResultKind, number>
+
+  const claimed = signal?.aborted
+    ? []
+    : await claimDueOrders(db, {
+        now: startedAt,
+        limit: settings.batchSize,
+        leaseS: settings.leaseS,
+        leaseToken,
+      })
+  const runId = claimed.length > 0 || recordEmpty ? await startRun(db, { replica, startedAt }) : null
+
+  const stop = new AbortController()
+  let stoppedReason: StoppedReason | null = null
+  const onAbort = () => {
+    stoppedReason ??= 'shutdown'
+    stop.abort(signal?.reason)
+  }
+  signal?.addEventListener('abort', onAbort, { once: true })
+  if (signal?.aborted) onAbort()
+
+  const unpolled: ClaimedOrder[] = []
+  let firstError: unknown
+  let next = 0
+  const pollDeps = {
+    db,
+    fetcher: deps.fetcher,
+    clock,
+    logger,
+    staleAfterS: settings.staleAfterS,
+    backoff: settings.backoff ?? DEFAULT_BACKOFF,
+    random: deps.random ?? Math.random,
+  }
+  const worker = async () => {
+    while (!stop.signal.aborted && next < claimed.length) {
+      const order = claimed[next++]!
+      const result = await pollOrder(pollDeps, order, leaseToken, stop.signal)
+      if (result === null) {
+        unpolled.push(order)
+        continue
+      }
+      results[result.result]++
+      if (result.result === 'error') firstError ??= result.error
+      if (result.result === 'unauthorized') {
+        // nothing was written for it: it goes back with the rest
+        unpolled.push(order)
+        if (stoppedReason === null) {
+          stoppedReason = 'unauthorized'
+          stop.abort(new Error(UNAUTHORIZED_MESSAGE))
+        }
+      }
+      try {
+        deps.onPollResult?.(result)
+      } catch (error) {
+        logger.warn({ err: error }, 'onPollResult hook threw')
+      }
+    }
+  }
+  try {
+    await Promise.all(Array.from({ length: Math.min(settings.concurrency, claimed.length) }, worker))
+  } finally {
+    signal?.removeEventListener('abort', onAbort)
+  }
+  unpolled.push(...claimed.slice(next))
+
+  const released = await releaseClaims(db, leaseToken, unpolled)
+  const polled = POLL_RESULTS.reduce((sum, kind) => sum + results[kind], 0)
+  const summary: RunSummary = {
+    runId,
+    replica,
+    startedAt,
+    finishedAt: new Date(clock.now()),
+    claimed: claimed.length,
+    polled,
+    changed: results.applied,
+    errors: results.error + results.not_found + results.unauthorized,
+    released,
+    results,
+    stoppedReason,
+  }
+  if (runId !== null) {
+    await finishRun(db, runId, {
+      finishedAt: summary.finishedAt,
+      polled: summary.polled,
+      changed: summary.changed,
+      errors: summary.errors,
+      stoppedReason,
+    })
+  }
+  logCycle(logger, summary, firstError)
+  return summary
+}
+
+function logCycle(logger: Logger, summary: RunSummary, firstError: unknown): void {
+  const fields = {
+    runId: summary.runId,
+    replica: summary.replica,
+    claimed: summary.claimed,
+    polled: summary.polled,
+    changed: summary.changed,
+    errors: summary.errors,
+    released: summary.released,
+    results: summary.results,
+    stoppedReason: summary.stoppedReason,
+  }
+  if (summary.stoppedReason === 'unauthorized') {
+    logger.error(fields, UNAUTHORIZED_MESSAGE)
+  } else if (summary.results.error > 0) {
+    // one line per cycle, not one per order: a platform outage must not flood the log
+    logger.warn({ ...fields, err: firstError }, 'reconcile cycle done with errors: those orders back off')
+  } else if (summary.claimed > 0) {
+    logger.info(fields, 'reconcile cycle done')
+  }
+}

@@ -1,0 +1,69 @@
+// The poller inside `serve`: started after the server listens, fed to /metrics, stopped first.
+import { afterEach, describe, expect, it } from 'vitest'
+import type { RunningService } from '../src/service.js'
+import { startService } from '../src/service.js'
+import { FakeClock } from './helpers/fake-clock.js'
+import { logEntries, testLogger } from './helpers/log-sink.js'
+import { tradeRecord } from './helpers/partner-api-fixtures.js'
+import { type RecordingServer, startRecordingServer } from './helpers/partner-api-recording-server.js'
+import { insertOrders, orderByReference } from './helpers/reconcile-orders.js'
+import { eventually } from './helpers/reconcile-poller.js'
+import { TEST_API_SECRET, TEST_WEBHOOK_SECRET, testConfig } from './helpers/test-config.js'
+
+describe('the poller in the service', () => {
+  let service: RunningService | undefined
+  let platform: RecordingServer | undefined
+  afterEach(async () => {
+    await service?.stop()
+    await platform?.close()
+    service = undefined
+    platform = undefined
+  })
+
+  it('polls due orders on its interval, counts the results in /metrics, and stops with the service', async () => {
+    platform = await startRecordingServer({
+      secret: TEST_API_SECRET,
+      answer: () => ({ status: 200, body: tradeRecord({ trade_id: 'tr_svc-1', status: 'delivered' }) }),
+    })
+    const clock = new FakeClock()
+    const logger = testLogger([TEST_API_SECRET, TEST_WEBHOOK_SECRET])
+    const config = testConfig({ PARTNER_API_BASE_URL: platform.url, PORT: '0', POLL_INTERVAL_S: '30' })
+    service = await startService({ config, logger, clock })
+    expect(service.poller?.running).toBe(true)
+    // the first cycle found nothing and the poller sleeps its interval
+    await eventually(() => clock.sleeps.includes(30_000), 'the poller sleeps')
+    expect(platform.requests).toHaveLength(0)
+
+    await insertOrders(service.database.db, [
+      { externalReference: 'svc-1', nextPollAt: new Date(clock.now() - 90_000) },
+    ])
+    let metrics = await (await fetch(`${service.url}/metrics`)).text()
+    expect(metrics).toMatch(/^poller_orders_due 1$/m)
+    expect(metrics).toMatch(/^poller_oldest_due_age_seconds 90$/m)
+
+    await clock.advance(30_000)
+    await eventually(
+      async () => (await orderByReference(service!.database.db, 'svc-1')).tradeStatus === 'delivered',
+      'the order is polled',
+    )
+    expect(
+      platform.requests.map((request) => [request.method, request.path, request.signatureValid]),
+    ).toEqual([['GET', '/api/partner/v1/trades/tr_svc-1/', true]])
+    metrics = await (await fetch(`${service.url}/metrics`)).text()
+    expect(metrics).toMatch(/^poller_polls_total\{result="applied"\} 1$/m)
+    expect(metrics).toMatch(/^poller_orders_due 0$/m)
+
+    const running = service
+    service = undefined
+    await running.stop()
+    const messages = logEntries().map((entry) => entry.msg)
+    expect(messages).toContain('poller stopped')
+    expect(running.poller?.running).toBe(false)
+  })
+
+  it('does not start the poller when POLL_ENABLED=false', async () => {
+    const config = testConfig({ PORT: '0', POLL_ENABLED: 'false' })
+    service = await startService({ config, logger: testLogger(), clock: new FakeClock() })
+    expect(service.poller).toBeUndefined()
+  })
+})

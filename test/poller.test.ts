@@ -1,0 +1,556 @@
+import { afterAll, beforeAll, beforeEach, describe, expect, it } from 'vitest'
+import { PartnerNetworkError } from '../src/partner-api/partner-api-error.js'
+import { claimDueOrders } from '../src/reconcile/claim-due-orders.js'
+import { dueOrderStats } from '../src/reconcile/poller.js'
+import { UNAUTHORIZED_MESSAGE } from '../src/reconcile/reconcile-cycle.js'
+import { FakeClock } from './helpers/fake-clock.js'
+import { logEntries } from './helpers/log-sink.js'
+import { countingFetcher, insertOrders, orderByReference, platformError } from './helpers/reconcile-orders.js'
+import { deferred, eventually, testPoller } from './helpers/reconcile-poller.js'
+import { createTestDatabase, type TestDatabase } from './helpers/test-database.js'
+
+const STALE_AFTER_S = 21_600
+
+describe('the poller', () => {
+  let database: TestDatabase
+  let clock: FakeClock
+  const now = () => new Date(clock.now())
+  const fromNow = (s: number) => new Date(clock.now() + s * 1000)
+
+  beforeAll(async () => {
+    database = await createTestDatabase()
+  })
+  afterAll(async () => {
+    await database.close()
+  })
+  beforeEach(async () => {
+    clock = new FakeClock()
+    await database.db.deleteFrom('orders').execute()
+    await database.db.deleteFrom('reconcileRuns').execute()
+  })
+
+  async function historyOf(externalReference: string) {
+    const order = await orderByReference(database.db, externalReference)
+    return database.db
+      .selectFrom('orderStatusHistory')
+      .select(['fromStatus', 'toStatus', 'source'])
+      .where('orderId', '=', order.id)
+      .orderBy('id')
+      .execute()
+  }
+
+  describe('a cycle', () => {
+    it('polls every due order once and applies what the platform answers as an observation by poll', async () => {
+      await insertOrders(database.db, [
+        { externalReference: 'a', nextPollAt: fromNow(-60) },
+        { externalReference: 'b', nextPollAt: fromNow(-30) },
+        { externalReference: 'not-yet', nextPollAt: fromNow(60) },
+      ])
+      const fetcher = countingFetcher(() => 'delivered')
+      const poller = testPoller({ db: database.db, fetcher, clock })
+
+      const summary = await poller.runOnce()
+
+      expect(fetcher.calls.sort()).toEqual(['tr_a', 'tr_b'])
+      expect(summary).toMatchObject({
+        claimed: 2,
+        polled: 2,
+        changed: 2,
+        errors: 0,
+        released: 0,
+        stoppedReason: null,
+      })
+      expect(summary.results.applied).toBe(2)
+      const a = await orderByReference(database.db, 'a')
+      expect(a).toMatchObject({ tradeStatus: 'delivered', pollLeaseToken: null, pollAttempts: 0 })
+      expect(new Date(a.nextPollAt!).toISOString()).toBe(fromNow(STALE_AFTER_S).toISOString())
+      expect(new Date(a.lastPolledAt!).toISOString()).toBe(now().toISOString())
+      expect(await historyOf('a')).toEqual([{ fromStatus: 'funded', toStatus: 'delivered', source: 'poll' }])
+      expect((await orderByReference(database.db, 'not-yet')).tradeStatus).toBe('funded')
+      expect(poller.reported.map((result) => result.result)).toEqual(['applied', 'applied'])
+    })
+
+    it('records the run with its counts', async () => {
+      await insertOrders(database.db, [
+        { externalReference: 'moved', nextPollAt: fromNow(-1) },
+        { externalReference: 'same', nextPollAt: fromNow(-1) },
+        { externalReference: 'failing', nextPollAt: fromNow(-1) },
+      ])
+      const fetcher = countingFetcher((tradeId) =>
+        tradeId === 'tr_moved'
+          ? 'delivered'
+          : tradeId === 'tr_same'
+            ? 'funded'
+            : new PartnerNetworkError('reset'),
+      )
+      const summary = await testPoller({ db: database.db, fetcher, clock, replica: 'replica-runs' }).runOnce()
+
+      const runs = await database.db.selectFrom('reconcileRuns').selectAll().execute()
+      expect(runs).toHaveLength(1)
+      expect(runs[0]).toMatchObject({
+        id: summary.runId,
+        replica: 'replica-runs',
+        polled: 3,
+        changed: 1,
+        errors: 1,
+        stoppedReason: null,
+      })
+      expect(new Date(runs[0]!.startedAt).toISOString()).toBe(now().toISOString())
+      expect(runs[0]!.finishedAt).not.toBeNull()
+      expect(summary.results).toMatchObject({ applied: 1, unchanged: 1, error: 1 })
+    })
+
+    it('reschedules an order the platform confirmed unchanged STALE_AFTER_S later, with no history', async () => {
+      await insertOrders(database.db, [{ externalReference: 'a', nextPollAt: fromNow(-1), pollAttempts: 3 }])
+      await testPoller({ db: database.db, fetcher: countingFetcher(() => 'funded'), clock }).runOnce()
+      const a = await orderByReference(database.db, 'a')
+      expect(new Date(a.nextPollAt!).toISOString()).toBe(fromNow(STALE_AFTER_S).toISOString())
+      expect(a.pollAttempts).toBe(0)
+      expect(await historyOf('a')).toEqual([])
+    })
+
+    it('takes an order that reached a terminal status off the schedule for good', async () => {
+      await insertOrders(database.db, [{ externalReference: 'a', nextPollAt: fromNow(-1) }])
+      const fetcher = countingFetcher(() => 'released')
+      const poller = testPoller({ db: database.db, fetcher, clock })
+      await poller.runOnce()
+      const a = await orderByReference(database.db, 'a')
+      expect(a).toMatchObject({ tradeStatus: 'released', isTerminal: true, nextPollAt: null })
+
+      await clock.advance(365 * 86_400_000)
+      const later = await poller.runOnce()
+      expect(later.claimed).toBe(0)
+      expect(fetcher.calls).toEqual(['tr_a'])
+    })
+
+    it('never polls an order without a trade id', async () => {
+      await insertOrders(database.db, [
+        { externalReference: 'no-trade', tradeId: null, tradeStatus: null, nextPollAt: null },
+      ])
+      const fetcher = countingFetcher()
+      const summary = await testPoller({ db: database.db, fetcher, clock }).runOnce()
+      expect(summary.claimed).toBe(0)
+      expect(fetcher.calls).toEqual([])
+    })
+
+    it('keeps a status the platform answers below the one the order has, and reports it stale', async () => {
+      await insertOrders(database.db, [
+        { externalReference: 'a', tradeStatus: 'delivered', statusRank: 30, nextPollAt: fromNow(-1) },
+      ])
+      const poller = testPoller({ db: database.db, fetcher: countingFetcher(() => 'funded'), clock })
+      const summary = await poller.runOnce()
+      expect(summary.results.stale).toBe(1)
+      expect((await orderByReference(database.db, 'a')).tradeStatus).toBe('delivered')
+    })
+
+    it('polls no more than POLL_CONCURRENCY trades at once', async () => {
+      await insertOrders(
+        database.db,
+        Array.from({ length: 12 }, (_, i) => ({ externalReference: `o${i}`, nextPollAt: fromNow(-1) })),
+      )
+      let inFlight = 0
+      let highest = 0
+      const fetcher = countingFetcher(async () => {
+        inFlight++
+        highest = Math.max(highest, inFlight)
+        await new Promise((resolve) => setTimeout(resolve, 2))
+        inFlight--
+        return 'funded'
+      })
+      await testPoller({ db: database.db, fetcher, clock, settings: { concurrency: 3 } }).runOnce()
+      expect(fetcher.calls).toHaveLength(12)
+      expect(highest).toBe(3)
+    })
+
+    it('claims no more than POLL_BATCH_SIZE orders per cycle, oldest first', async () => {
+      await insertOrders(
+        database.db,
+        Array.from({ length: 5 }, (_, i) => ({ externalReference: `o${i}`, nextPollAt: fromNow(-100 + i) })),
+      )
+      const fetcher = countingFetcher()
+      const summary = await testPoller({
+        db: database.db,
+        fetcher,
+        clock,
+        settings: { batchSize: 2 },
+      }).runOnce()
+      expect(summary.claimed).toBe(2)
+      expect(fetcher.calls.sort()).toEqual(['tr_o0', 'tr_o1'])
+    })
+  })
+
+  describe('errors', () => {
+    it('backs off exponentially with jitter on consecutive errors, up to the cap, and resets on an answer', async () => {
+      await insertOrders(database.db, [{ externalReference: 'a', nextPollAt: fromNow(-1) }])
+      let failing = true
+      const fetcher = countingFetcher(() =>
+        failing ? new PartnerNetworkError('connection reset') : 'delivered',
+      )
+      // random 0.5: each delay is 3/4 of min(cap, 30 s * 2^(attempt-1))
+      const poller = testPoller({ db: database.db, fetcher, clock, random: () => 0.5 })
+      const delaysS: number[] = []
+      for (let attempt = 1; attempt <= 10; attempt++) {
+        const summary = await poller.runOnce()
+        expect(summary.results.error).toBe(1)
+        const order = await orderByReference(database.db, 'a')
+        expect(order.pollAttempts).toBe(attempt)
+        expect(order.pollLeaseToken).toBeNull()
+        const delayMs = new Date(order.nextPollAt!).getTime() - clock.now()
+        delaysS.push(delayMs / 1000)
+        // not due a moment before its time, due at it
+        await clock.advance(delayMs - 1)
+        expect((await poller.runOnce()).claimed).toBe(0)
+        await clock.advance(1)
+      }
+      expect(delaysS).toEqual([22.5, 45, 90, 180, 360, 720, 1440, 2700, 2700, 2700])
+
+      failing = false
+      await poller.runOnce()
+      const order = await orderByReference(database.db, 'a')
+      expect(order).toMatchObject({ tradeStatus: 'delivered', pollAttempts: 0 })
+      expect(new Date(order.nextPollAt!).toISOString()).toBe(fromNow(STALE_AFTER_S).toISOString())
+    })
+
+    it('spreads orders that failed together over the jitter range', async () => {
+      await insertOrders(
+        database.db,
+        Array.from({ length: 4 }, (_, i) => ({ externalReference: `o${i}`, nextPollAt: fromNow(-1) })),
+      )
+      const randoms = [0, 0.25, 0.5, 0.999]
+      const poller = testPoller({
+        db: database.db,
+        fetcher: countingFetcher(() => platformError(503)),
+        clock,
+        settings: { concurrency: 1 },
+        random: () => randoms.shift()!,
+      })
+      await poller.runOnce()
+      const orders = await database.db
+        .selectFrom('orders')
+        .select('nextPollAt')
+        .orderBy('nextPollAt')
+        .execute()
+      const delays = orders.map((order) => (new Date(order.nextPollAt!).getTime() - clock.now()) / 1000)
+      // attempt 1: between half and all of the 30 s base
+      expect(delays).toEqual([15, 18.75, 22.5, 29.985])
+    })
+
+    it('flags an order whose trade the platform does not know (404) and stops polling it', async () => {
+      await insertOrders(database.db, [{ externalReference: 'gone', nextPollAt: fromNow(-1) }])
+      const fetcher = countingFetcher(() => platformError(404, 'not_found'))
+      const poller = testPoller({ db: database.db, fetcher, clock })
+      const summary = await poller.runOnce()
+      expect(summary.results.not_found).toBe(1)
+      expect(summary.errors).toBe(1)
+      const order = await orderByReference(database.db, 'gone')
+      expect(order).toMatchObject({ attention: 'trade_not_found', nextPollAt: null, pollLeaseToken: null })
+
+      await clock.advance(30 * 86_400_000)
+      expect((await poller.runOnce()).claimed).toBe(0)
+      expect(fetcher.calls).toEqual(['tr_gone'])
+    })
+
+    it('stops the cycle at the first 401, gives every other claim back untouched, and logs one error', async () => {
+      const dueTimes = [fromNow(-50), fromNow(-40), fromNow(-30), fromNow(-20), fromNow(-10)]
+      await insertOrders(
+        database.db,
+        dueTimes.map((nextPollAt, i) => ({
+          externalReference: `o${i}`,
+          nextPollAt,
+          pollAttempts: i === 4 ? 2 : 0,
+        })),
+      )
+      const fetcher = countingFetcher(() => platformError(401, 'invalid_signature'))
+      const replica = 'replica-401'
+      const poller = testPoller({ db: database.db, fetcher, clock, replica, settings: { concurrency: 1 } })
+
+      const summary = await poller.runOnce()
+
+      expect(fetcher.calls).toHaveLength(1)
+      expect(summary).toMatchObject({ claimed: 5, polled: 1, released: 5, stoppedReason: 'unauthorized' })
+      expect(summary.results.unauthorized).toBe(1)
+      const orders = await database.db.selectFrom('orders').selectAll().orderBy('id').execute()
+      expect(orders.map((order) => new Date(order.nextPollAt!).toISOString())).toEqual(
+        dueTimes.map((time) => time.toISOString()),
+      )
+      expect(orders.map((order) => order.pollAttempts)).toEqual([0, 0, 0, 0, 2])
+      expect(orders.every((order) => order.pollLeaseToken === null && order.attention === null)).toBe(true)
+
+      const run = await database.db.selectFrom('reconcileRuns').selectAll().executeTakeFirstOrThrow()
+      expect(run).toMatchObject({ stoppedReason: 'unauthorized', polled: 1, errors: 1 })
+      const errors = logEntries().filter((entry) => entry.replica === replica && Number(entry.level) >= 50)
+      expect(errors).toHaveLength(1)
+      expect(errors[0]!.msg).toBe(UNAUTHORIZED_MESSAGE)
+    })
+
+    it('aborts the calls in flight when a 401 stops the cycle', async () => {
+      await insertOrders(
+        database.db,
+        Array.from({ length: 3 }, (_, i) => ({ externalReference: `o${i}`, nextPollAt: fromNow(-10 + i) })),
+      )
+      const aborted: string[] = []
+      const fetcher = {
+        async getTrade(tradeId: string, options?: { signal?: AbortSignal }) {
+          if (tradeId === 'tr_o2') throw platformError(401)
+          // hangs until the cycle aborts it
+          return new Promise<never>((_, reject) => {
+            options?.signal?.addEventListener('abort', () => {
+              aborted.push(tradeId)
+              reject(options.signal!.reason)
+            })
+          })
+        },
+      }
+      const summary = await testPoller({
+        db: database.db,
+        fetcher,
+        clock,
+        settings: { concurrency: 3 },
+      }).runOnce()
+      expect(aborted.sort()).toEqual(['tr_o0', 'tr_o1'])
+      expect(summary).toMatchObject({ claimed: 3, polled: 1, released: 3, stoppedReason: 'unauthorized' })
+      expect(await dueOrderStats(database.db, clock)).toMatchObject({ ordersDue: 3 })
+    })
+  })
+
+  describe('leases', () => {
+    it('lets another replica claim an order whose lease ran out, and the late write-back changes nothing', async () => {
+      await insertOrders(database.db, [{ externalReference: 'a', nextPollAt: fromNow(-1) }])
+      const slowAnswer = deferred<string>()
+      const slow = testPoller({
+        db: database.db,
+        fetcher: countingFetcher(() => slowAnswer.promise),
+        clock,
+        replica: 'replica-slow',
+        settings: { leaseS: 60 },
+      })
+      const fast = testPoller({
+        db: database.db,
+        fetcher: countingFetcher(() => 'disputed'),
+        clock,
+        replica: 'replica-fast',
+        settings: { leaseS: 60 },
+      })
+
+      const slowRun = slow.runOnce()
+      await eventually(
+        async () => (await orderByReference(database.db, 'a')).pollLeaseToken !== null,
+        'claimed',
+      )
+      // inside the lease the order belongs to the slow replica
+      expect((await fast.runOnce()).claimed).toBe(0)
+      await clock.advance(60_000)
+      const fastSummary = await fast.runOnce()
+      expect(fastSummary.results.applied).toBe(1)
+
+      // the slow replica's platform answer arrives after all: an older status, which must not land
+      slowAnswer.resolve('delivered')
+      const slowSummary = await slowRun
+      expect(slowSummary.results.lease_lost).toBe(1)
+      expect(slowSummary.changed).toBe(0)
+      const order = await orderByReference(database.db, 'a')
+      expect(order.tradeStatus).toBe('disputed')
+      expect(await historyOf('a')).toEqual([{ fromStatus: 'funded', toStatus: 'disputed', source: 'poll' }])
+    })
+
+    it('refuses a late error backoff from a replica whose lease ran out', async () => {
+      await insertOrders(database.db, [{ externalReference: 'a', nextPollAt: fromNow(-1) }])
+      const slowAnswer = deferred<Error>()
+      const slow = testPoller({
+        db: database.db,
+        fetcher: countingFetcher(() => slowAnswer.promise),
+        clock,
+        settings: { leaseS: 60 },
+      })
+      const slowRun = slow.runOnce()
+      await eventually(
+        async () => (await orderByReference(database.db, 'a')).pollLeaseToken !== null,
+        'claimed',
+      )
+      await clock.advance(60_000)
+      const [claimed] = await claimDueOrders(database.db, {
+        now: now(),
+        limit: 10,
+        leaseS: 60,
+        leaseToken: 'newer',
+      })
+      expect(claimed?.externalReference).toBe('a')
+
+      slowAnswer.resolve(new PartnerNetworkError('timed out late'))
+      expect((await slowRun).results.lease_lost).toBe(1)
+      const order = await orderByReference(database.db, 'a')
+      expect(order.pollLeaseToken).toBe('newer')
+      expect(new Date(order.nextPollAt!).toISOString()).toBe(fromNow(60).toISOString())
+    })
+
+    it('brings the orders of a replica that died mid-cycle back when the lease runs out', async () => {
+      await insertOrders(database.db, [{ externalReference: 'a', nextPollAt: fromNow(-1) }])
+      await claimDueOrders(database.db, { now: now(), limit: 10, leaseS: 300, leaseToken: 'died' })
+      const fetcher = countingFetcher(() => 'delivered')
+      const poller = testPoller({ db: database.db, fetcher, clock })
+      expect((await poller.runOnce()).claimed).toBe(0)
+      expect(await dueOrderStats(database.db, clock)).toEqual({ ordersDue: 0, oldestDueAgeS: 0 })
+      await clock.advance(300_000)
+      expect(await dueOrderStats(database.db, clock)).toEqual({ ordersDue: 1, oldestDueAgeS: 0 })
+      await clock.advance(15_000)
+      expect(await dueOrderStats(database.db, clock)).toEqual({ ordersDue: 1, oldestDueAgeS: 15 })
+      expect((await poller.runOnce()).results.applied).toBe(1)
+    })
+  })
+
+  describe('the loop', () => {
+    it('runs a cycle, sleeps POLL_INTERVAL_S, runs again, and stops when told', async () => {
+      await insertOrders(database.db, [{ externalReference: 'a', nextPollAt: fromNow(-1) }])
+      const fetcher = countingFetcher(() => 'funded')
+      const poller = testPoller({ db: database.db, fetcher, clock, settings: { intervalS: 30 } })
+      poller.start()
+      expect(poller.running).toBe(true)
+      await eventually(() => clock.pendingSleepers === 1, 'the poller sleeps')
+      expect(fetcher.calls).toEqual(['tr_a'])
+      expect(clock.sleeps).toEqual([30_000])
+
+      // due again (an API call elsewhere scheduled it): picked up after the interval
+      await database.db
+        .updateTable('orders')
+        .set({ nextPollAt: fromNow(10) })
+        .execute()
+      await clock.advance(30_000)
+      await eventually(() => fetcher.calls.length === 2 && clock.pendingSleepers === 1, 'the second cycle')
+      expect(clock.sleeps).toEqual([30_000, 30_000])
+
+      await poller.stop()
+      expect(poller.running).toBe(false)
+      expect(clock.pendingSleepers).toBe(0)
+    })
+
+    it('starts the next cycle at once while batches come back full', async () => {
+      await insertOrders(
+        database.db,
+        Array.from({ length: 5 }, (_, i) => ({ externalReference: `o${i}`, nextPollAt: fromNow(-10 + i) })),
+      )
+      const fetcher = countingFetcher(() => 'funded')
+      const poller = testPoller({ db: database.db, fetcher, clock, settings: { batchSize: 2 } })
+      poller.start()
+      await eventually(() => clock.pendingSleepers === 1, 'the poller sleeps')
+      // batches of 2, 2 and 1: only the last one, not full, ends in a sleep
+      expect(fetcher.calls).toHaveLength(5)
+      expect(clock.sleeps).toEqual([30_000])
+      await poller.stop()
+    })
+
+    it('backs off longer after each cycle the platform refused with 401, instead of hammering it', async () => {
+      await insertOrders(database.db, [{ externalReference: 'a', nextPollAt: fromNow(-1) }])
+      const fetcher = countingFetcher(() => platformError(401))
+      const poller = testPoller({ db: database.db, fetcher, clock, settings: { intervalS: 30 } })
+      poller.start()
+      for (const expected of [60_000, 120_000, 240_000]) {
+        await eventually(() => clock.pendingSleepers === 1, 'the poller sleeps')
+        expect(clock.sleeps.at(-1)).toBe(expected)
+        await clock.advance(expected)
+      }
+      await eventually(() => clock.pendingSleepers === 1, 'the poller sleeps')
+      expect(fetcher.calls).toHaveLength(4)
+      await poller.stop()
+    })
+
+    it('on stop, aborts the cycle in flight, gives its claims back and records why it stopped', async () => {
+      await insertOrders(database.db, [
+        { externalReference: 'a', nextPollAt: fromNow(-20) },
+        { externalReference: 'b', nextPollAt: fromNow(-10) },
+      ])
+      const fetcher = {
+        calls: 0,
+        getTrade(_tradeId: string, options?: { signal?: AbortSignal }) {
+          this.calls++
+          return new Promise<never>((_, reject) =>
+            options?.signal?.addEventListener('abort', () => reject(options.signal!.reason)),
+          )
+        },
+      }
+      const poller = testPoller({ db: database.db, fetcher, clock, settings: { concurrency: 2 } })
+      poller.start()
+      await eventually(() => fetcher.calls === 2, 'both polls in flight')
+      await poller.stop()
+
+      const orders = await database.db.selectFrom('orders').selectAll().orderBy('id').execute()
+      expect(orders.map((order) => [order.pollLeaseToken, order.pollAttempts])).toEqual([
+        [null, 0],
+        [null, 0],
+      ])
+      expect(new Date(orders[0]!.nextPollAt!).toISOString()).toBe(fromNow(-20).toISOString())
+      const run = await database.db.selectFrom('reconcileRuns').selectAll().executeTakeFirstOrThrow()
+      expect(run).toMatchObject({ stoppedReason: 'shutdown', polled: 0 })
+      expect(run.finishedAt).not.toBeNull()
+    })
+
+    it('keeps going after a cycle fails on the database, trying again after the interval', async () => {
+      await insertOrders(database.db, [{ externalReference: 'a', nextPollAt: fromNow(-1) }])
+      const fetcher = countingFetcher(() => 'delivered')
+      let failNext = true
+      const flaky = new Proxy(database.db, {
+        get(target, property, receiver) {
+          if (property === 'with' && failNext) {
+            failNext = false
+            return () => {
+              throw new Error('connection refused')
+            }
+          }
+          const value = Reflect.get(target, property, receiver)
+          return typeof value === 'function' ? value.bind(target) : value
+        },
+      })
+      const poller = testPoller({ db: flaky, fetcher, clock })
+      poller.start()
+      await eventually(() => clock.pendingSleepers === 1, 'the poller sleeps after the failure')
+      expect(fetcher.calls).toEqual([])
+      await clock.advance(30_000)
+      await eventually(() => fetcher.calls.length === 1 && clock.pendingSleepers === 1, 'the next cycle')
+      expect((await orderByReference(database.db, 'a')).tradeStatus).toBe('delivered')
+      await poller.stop()
+    })
+  })
+
+  describe('metrics', () => {
+    it('reports the orders due and how long the oldest has waited', async () => {
+      await insertOrders(database.db, [
+        { externalReference: 'a', nextPollAt: fromNow(-120) },
+        { externalReference: 'b', nextPollAt: fromNow(-5) },
+        { externalReference: 'c', nextPollAt: fromNow(5) },
+      ])
+      expect(await dueOrderStats(database.db, clock)).toEqual({ ordersDue: 2, oldestDueAgeS: 120 })
+    })
+
+    it('reports every poll result to onPollResult', async () => {
+      await insertOrders(database.db, [
+        { externalReference: 'moved', nextPollAt: fromNow(-4) },
+        { externalReference: 'same', nextPollAt: fromNow(-3) },
+        { externalReference: 'gone', nextPollAt: fromNow(-2) },
+        { externalReference: 'broken', nextPollAt: fromNow(-1) },
+      ])
+      const answers: Record<string, string | Error> = {
+        tr_moved: 'delivered',
+        tr_same: 'funded',
+        tr_gone: platformError(404),
+        tr_broken: platformError(500),
+      }
+      const poller = testPoller({
+        db: database.db,
+        fetcher: countingFetcher((tradeId) => answers[tradeId]!),
+        clock,
+        settings: { concurrency: 1 },
+      })
+      await poller.runOnce()
+      expect(poller.reported.map((result) => [result.externalReference, result.result])).toEqual([
+        ['moved', 'applied'],
+        ['same', 'unchanged'],
+        ['gone', 'not_found'],
+        ['broken', 'error'],
+      ])
+      expect(poller.reported[0]).toMatchObject({
+        fromStatus: 'funded',
+        toStatus: 'delivered',
+        tradeId: 'tr_moved',
+      })
+    })
+  })
+})

@@ -1,0 +1,176 @@
+// `reconcile --once | --report | --requeue`, run in-process through the CLI runner (the same code path and
+// exit-code contract as a real process) against a local platform that checks every signature.
+import { afterAll, beforeAll, beforeEach, describe, expect, it } from 'vitest'
+import type { CliContext } from '../src/cli/cli-context.js'
+import { runCommandLine } from '../src/cli/run-cli.js'
+import { testLogger } from './helpers/log-sink.js'
+import { tradeRecord } from './helpers/partner-api-fixtures.js'
+import {
+  type PlannedAnswer,
+  type RecordedRequest,
+  type RecordingServer,
+  startRecordingServer,
+} from './helpers/partner-api-recording-server.js'
+import { insertOrders, orderByReference } from './helpers/reconcile-orders.js'
+import { TEST_API_SECRET, testConfig } from './helpers/test-config.js'
+import { createTestDatabase, type TestDatabase } from './helpers/test-database.js'
+
+let database: TestDatabase
+let server: RecordingServer
+let context: CliContext
+let answer: (request: RecordedRequest) => PlannedAnswer
+
+const tradeIdOf = (path: string) => decodeURIComponent(path.split('/').at(-2)!)
+const delivered = (request: RecordedRequest): PlannedAnswer => {
+  const tradeId = tradeIdOf(request.path)
+  return {
+    status: 200,
+    body: tradeRecord({
+      trade_id: tradeId,
+      external_reference: tradeId.replace(/^tr_/, ''),
+      status: 'delivered',
+    }),
+  }
+}
+
+beforeAll(async () => {
+  database = await createTestDatabase()
+  server = await startRecordingServer({ secret: TEST_API_SECRET, answer: (request) => answer(request) })
+  const config = testConfig({ PARTNER_API_BASE_URL: server.url, POLL_CONCURRENCY: '1' })
+  context = { config, logger: testLogger([TEST_API_SECRET]), db: database.db }
+})
+afterAll(async () => {
+  await server.close()
+  await database.close()
+})
+beforeEach(async () => {
+  answer = delivered
+  server.requests.length = 0
+  await database.db.deleteFrom('orders').execute()
+  await database.db.deleteFrom('reconcileRuns').execute()
+})
+
+async function cli(...args: string[]) {
+  let stdout = ''
+  let stderr = ''
+  const code = await runCommandLine(args, {
+    stdout: { write: (text: string) => (stdout += text) },
+    stderr: { write: (text: string) => (stderr += text) },
+    exitCode: 0,
+    context,
+  })
+  return { code, stdout, stderr }
+}
+
+const past = (s: number) => new Date(Date.now() - s * 1000)
+
+describe('reconcile --once', () => {
+  it('polls the due orders with signed GETs, applies the answers and prints the run', async () => {
+    await insertOrders(database.db, [
+      { externalReference: 'cli-a', nextPollAt: past(60) },
+      { externalReference: 'cli-b', nextPollAt: past(30) },
+    ])
+    const result = await cli('reconcile', '--once')
+    expect(result.stderr).toBe('')
+    expect(result.code).toBe(0)
+    expect(result.stdout).toMatch(/^run \d+: claimed 2, polled 2, changed 2, errors 0 \(applied 2\)\n$/)
+    expect(server.requests.map((request) => [request.method, request.path, request.signatureValid])).toEqual([
+      ['GET', '/api/partner/v1/trades/tr_cli-a/', true],
+      ['GET', '/api/partner/v1/trades/tr_cli-b/', true],
+    ])
+    expect((await orderByReference(database.db, 'cli-a')).tradeStatus).toBe('delivered')
+  })
+
+  it('prints the summary as JSON and records a run even when nothing was due', async () => {
+    const result = await cli('reconcile', '--once', '--json')
+    expect(result.code).toBe(0)
+    const summary = JSON.parse(result.stdout)
+    expect(summary).toMatchObject({ claimed: 0, polled: 0, changed: 0, errors: 0, stoppedReason: null })
+    expect(summary.runId).toEqual(expect.any(Number))
+    expect(summary.replica).toMatch(/^cli:/)
+    const runs = await database.db.selectFrom('reconcileRuns').select('id').execute()
+    expect(runs.map((run) => run.id)).toEqual([summary.runId])
+  })
+
+  it('exits 1 and names the credentials when the platform answers 401', async () => {
+    await insertOrders(database.db, [
+      { externalReference: 'cli-a', nextPollAt: past(60) },
+      { externalReference: 'cli-b', nextPollAt: past(30) },
+    ])
+    answer = () => ({ status: 401, body: { error: { code: 'invalid_signature', message: 'bad signature' } } })
+    const result = await cli('reconcile', '--once')
+    expect(result.code).toBe(1)
+    expect(result.stdout).toContain('stopped: unauthorized')
+    expect(result.stderr).toContain('PARTNER_API_KEY_ID / PARTNER_API_SECRET / PARTNER_ENV')
+    expect(server.requests).toHaveLength(1)
+    expect((await orderByReference(database.db, 'cli-b')).pollLeaseToken).toBeNull()
+  })
+})
+
+describe('reconcile --report', () => {
+  it('shows the latest runs, newest first, as a table or JSON', async () => {
+    await insertOrders(database.db, [{ externalReference: 'cli-a', nextPollAt: past(60) }])
+    await cli('reconcile', '--once')
+    await cli('reconcile', '--once')
+
+    const table = await cli('reconcile', '--report')
+    expect(table.code).toBe(0)
+    const lines = table.stdout.trim().split('\n')
+    expect(lines[0]).toMatch(/^id\s+replica\s+started\s+seconds\s+polled\s+changed\s+errors\s+stopped$/)
+    expect(lines).toHaveLength(3)
+
+    const json = await cli('reconcile', '--report', '--limit', '1', '--json')
+    const runs = JSON.parse(json.stdout)
+    expect(runs).toHaveLength(1)
+    expect(runs[0]).toMatchObject({ polled: 0, changed: 0, errors: 0, stoppedReason: null })
+  })
+
+  it('says so when there are no runs', async () => {
+    const result = await cli('reconcile', '--report')
+    expect(result.stdout).toBe('(no reconciliation runs yet)\n')
+  })
+})
+
+describe('reconcile --requeue', () => {
+  it('puts an order flagged trade_not_found back on the schedule', async () => {
+    await insertOrders(database.db, [{ externalReference: 'cli-gone', nextPollAt: past(60) }])
+    answer = () => ({ status: 404, body: { error: { code: 'not_found', message: 'no such trade' } } })
+    await cli('reconcile', '--once')
+    expect((await orderByReference(database.db, 'cli-gone')).attention).toBe('trade_not_found')
+
+    const result = await cli('reconcile', '--requeue', '--json')
+    expect(result.code).toBe(0)
+    expect(JSON.parse(result.stdout)).toEqual({
+      results: [{ externalReference: 'cli-gone', outcome: 'requeued', previousAttention: 'trade_not_found' }],
+      missing: [],
+    })
+    answer = delivered
+    await cli('reconcile', '--once')
+    expect((await orderByReference(database.db, 'cli-gone')).tradeStatus).toBe('delivered')
+  })
+
+  it('exits 1 naming the references it does not know', async () => {
+    await insertOrders(database.db, [{ externalReference: 'cli-a', nextPollAt: null }])
+    const result = await cli('reconcile', '--requeue', 'cli-a', 'cli-nope')
+    expect(result.code).toBe(1)
+    expect(result.stdout).toBe('cli-a: due now\n')
+    expect(result.stderr).toBe('no order with external reference: cli-nope\n')
+  })
+})
+
+describe('reconcile arguments', () => {
+  it.each([[[]], [['--once', '--report']], [['--report', '--requeue']]])(
+    'exits 2 without exactly one of --once, --report, --requeue: %j',
+    async (args) => {
+      const result = await cli('reconcile', ...args)
+      expect(result.code).toBe(2)
+      expect(result.stderr).toContain('exactly one of --once, --report or --requeue')
+    },
+  )
+
+  it.each(['0', '-1', 'ten', '1001', '2.5'])('exits 2 for --limit %s', async (limit) => {
+    const result = await cli('reconcile', '--report', '--limit', limit)
+    expect(result.code).toBe(2)
+    expect(result.stderr).toContain('--limit must be a whole number from 1 to 1000')
+  })
+})
