@@ -23,6 +23,7 @@ export async function main(): Promise<void> {
     logger.info({ file: config.localSecretsFile }, 'local mode: generated secrets are kept in this file')
   }
   const service = await startService({ config, logger })
+  if (service.sandboxUrl) process.stdout.write(localModeBanner(config, service.url, service.sandboxUrl))
 
   let stopping = false
   const stop = async (signal: string) => {
@@ -40,4 +41,24 @@ export async function main(): Promise<void> {
   }
   process.once('SIGTERM', () => void stop('SIGTERM'))
   process.once('SIGINT', () => void stop('SIGINT'))
+}
+
+/** What a newcomer sees after `npm start`: where things are and what to type next (README quick start). */
+export function localModeBanner(config: Config, url: string, sandboxUrl: string): string {
+  const seller = config.partner.kind === 'marketplace' ? ' --seller seller-1' : ''
+  const database = config.databaseUrl ? 'Postgres' : `embedded PGlite in ${config.dataDir}`
+  return [
+    '',
+    'partner-escrow is running in LOCAL SANDBOX MODE: no platform is configured, a simulated one runs here.',
+    `  receiver  ${url}${config.webhook.path}   (${database})`,
+    `  sandbox   ${sandboxUrl}/api/partner/v1/   (the platform: signed API and webhooks)`,
+    ...(config.metrics.enabled ? [`  metrics   ${url}${config.metrics.path}`] : []),
+    '',
+    'Try next, in another terminal:',
+    '  npm run cli -- orders create --external-reference order-1',
+    `  npm run cli -- trades open order-1 --title "First trade" --amount 25.00 --currency EUR${seller}`,
+    '  npm run cli -- orders show order-1',
+    'Or watch a whole run with lost and repeated webhooks: npm run demo',
+    '',
+  ].join('\n')
 }

@@ -1,5 +1,7 @@
-// Wires the parts into the running service: database, migrations, HTTP app, and in local mode the
-// command forwarding of src/local. Every part registers how to stop it; stop() runs those in reverse.
+// Wires the parts into the running service: database, migrations, HTTP app, the poller, and in local
+// mode the command forwarding of src/local. Every part registers how to stop it; stop() runs those in
+// reverse (the poller, started last, stops first: no poll writes into a closing database).
+import { hostname } from 'node:os'
 import { type Clock, systemClock } from './clock.js'
 import type { Config } from './config.js'
 import { migrateToLatest } from './db/migrate.js'
@@ -9,10 +11,17 @@ import { listen } from './http/server.js'
 import { advertiseLocalService, createLocalCliToken } from './local/local-cli.js'
 import type { Logger } from './logger.js'
 import { createMetrics } from './metrics/metrics.js'
+import { createPartnerApiClient } from './partner-api/create-partner-api-client.js'
+import { createPoller, dueOrderStats, type Poller, pollerSettings } from './reconcile/poller.js'
+import { createSandbox } from './sandbox/create-sandbox.js'
 
 export interface RunningService {
   readonly url: string
   readonly database: DatabaseHandle
+  /** The reconciliation poller; undefined when POLL_ENABLED=false. */
+  readonly poller: Poller | undefined
+  /** Local mode only: the in-process sandbox platform's URL. */
+  readonly sandboxUrl: string | undefined
   stop(): Promise<void>
 }
 
@@ -47,7 +56,9 @@ export async function startService({
     const { applied } = await migrateToLatest(database.db)
     logger.info({ applied, database: database.kind }, 'migrations applied')
 
-    const metrics = config.metrics.enabled ? createMetrics({ poolStats: database.poolStats }) : undefined
+    const metrics = config.metrics.enabled
+      ? createMetrics({ poolStats: database.poolStats, dueOrders: () => dueOrderStats(database.db, clock) })
+      : undefined
     // embedded PGlite belongs to this process: operator commands are forwarded here (src/local)
     const ownsDataDir = database.kind === 'pglite' && !config.dataDir.startsWith('memory://')
     const localCliToken = ownsDataDir ? createLocalCliToken() : undefined
@@ -65,7 +76,40 @@ export async function startService({
       'service listening',
     )
 
-    return { url: server.url, database, stop: stopAll }
+    // local mode: no platform is configured, so the sandbox plays it in this process (never for live)
+    let sandboxUrl: string | undefined
+    if (config.partner.mode === 'local' && config.partner.env === 'sandbox') {
+      const sandbox = createSandbox({
+        keyId: config.partner.keyId,
+        apiSecret: config.partner.secret,
+        webhookSecret: config.webhook.secrets[0]!,
+        webhookUrl: `${server.url}${config.webhook.path}`,
+        partnerKind: config.partner.kind,
+        clock,
+        logger,
+      })
+      sandboxUrl = await sandbox.listen(config.sandbox.port, '127.0.0.1')
+      stops.push({ name: 'sandbox', stop: () => sandbox.close() })
+      logger.info({ url: sandboxUrl }, 'sandbox platform listening')
+    }
+
+    let poller: Poller | undefined
+    if (config.poll.enabled) {
+      poller = createPoller({
+        db: database.db,
+        fetcher: createPartnerApiClient(config, { logger, clock, ...(sandboxUrl ? { baseUrl: sandboxUrl } : {}) }),
+        clock,
+        logger,
+        settings: pollerSettings(config.poll),
+        replica: `${hostname()}:${process.pid}`,
+        ...(metrics ? { onPollResult: ({ result }) => metrics.pollResults.inc({ result }) } : {}),
+      })
+      poller.start()
+      const running = poller
+      stops.push({ name: 'poller', stop: () => running.stop() })
+    }
+
+    return { url: server.url, database, poller, sandboxUrl, stop: stopAll }
   } catch (error) {
     await stopAll()
     throw error

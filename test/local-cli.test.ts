@@ -4,15 +4,16 @@ import { tmpdir } from 'node:os'
 import path from 'node:path'
 import { afterAll, beforeAll, describe, expect, it } from 'vitest'
 import { DatabaseInUseError, openDatabase } from '../src/db/open-database.js'
-import { runCli, spawnCli, waitForLogLine } from './helpers/cli-process.js'
+import { freePort, runCli, spawnCli, waitForLogLine } from './helpers/cli-process.js'
 
 describe('operator commands while `npm start` owns the embedded database', () => {
   const dataDir = mkdtempSync(path.join(tmpdir(), 'local-cli-'))
-  const env = { DATA_DIR: dataDir, PORT: '0', POLL_ENABLED: 'false' }
+  const env = { DATA_DIR: dataDir, PORT: '0', POLL_ENABLED: 'false', SANDBOX_PORT: '0' }
   let service: ReturnType<typeof spawnCli>
   let url: string
 
   beforeAll(async () => {
+    env.SANDBOX_PORT = String(await freePort())
     service = spawnCli(['serve'], env)
     url = String((await waitForLogLine(service, 'service listening', 60_000)).url)
   })
@@ -56,7 +57,7 @@ describe('operator commands while `npm start` owns the embedded database', () =>
 
   it('removes serve.json on shutdown, after which commands open the database themselves', async () => {
     const other = mkdtempSync(path.join(tmpdir(), 'local-cli-stop-'))
-    const child = spawnCli(['serve'], { ...env, DATA_DIR: other })
+    const child = spawnCli(['serve'], { ...env, DATA_DIR: other, SANDBOX_PORT: String(await freePort()) })
     await waitForLogLine(child, 'service listening', 60_000)
     expect(existsSync(path.join(other, 'serve.json'))).toBe(true)
     child.kill('SIGTERM')

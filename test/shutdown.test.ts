@@ -5,7 +5,7 @@ import path from 'node:path'
 import express from 'express'
 import { describe, expect, it } from 'vitest'
 import { listen } from '../src/http/server.js'
-import { spawnCli, waitForLogLine } from './helpers/cli-process.js'
+import { freePort, spawnCli, waitForLogLine } from './helpers/cli-process.js'
 
 describe('graceful shutdown', () => {
   it('finishes a request in flight, then refuses new connections', async () => {
@@ -50,7 +50,12 @@ describe('graceful shutdown', () => {
 
   it('starts `serve` with no environment, answers /readyz, and exits 0 on SIGTERM', async () => {
     const dataDir = mkdtempSync(path.join(tmpdir(), 'serve-'))
-    const child = spawnCli(['serve'], { DATA_DIR: dataDir, PORT: '0', POLL_ENABLED: 'false' })
+    const child = spawnCli(['serve'], {
+      DATA_DIR: dataDir,
+      PORT: '0',
+      SANDBOX_PORT: String(await freePort()),
+      POLL_ENABLED: 'false',
+    })
     try {
       const listening = await waitForLogLine(child, 'service listening', 60_000)
       const ready = await fetch(`${listening.url}/readyz`)

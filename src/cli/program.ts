@@ -1,10 +1,18 @@
 // The command tree. Each group lives in its own *.command.ts file and registers itself here.
-import { Command } from 'commander'
+import { Command, type OutputConfiguration } from 'commander'
+import { registerDeliveriesCommands } from './deliveries.command.js'
+import { registerDisputesCommands } from './disputes.command.js'
+import { registerDemoCommand } from './demo.command.js'
 import { registerMigrateCommand } from './migrate.command.js'
+import { registerOrdersCommands } from './orders.command.js'
+import { registerProposalsCommands } from './proposals.command.js'
+import { registerReconcileCommands } from './reconcile.command.js'
+import { registerSandboxCommand } from './sandbox.command.js'
 import { registerServeCommand } from './serve.command.js'
+import { registerTradesCommands } from './trades.command.js'
 import { registerWebhookCommands } from './webhook.command.js'
 
-export function buildProgram(): Command {
+export function buildProgram(output?: OutputConfiguration): Command {
   const program = new Command()
     .name('partner-escrow')
     .description('Integration backend for the escrow trade platform: webhooks, API client, poller, sandbox')
@@ -12,8 +20,17 @@ export function buildProgram(): Command {
     // settings set here are inherited by every command registered below: parse errors throw, and
     // src/cli.ts turns them into exit code 2
     .exitOverride()
+  if (output) program.configureOutput(output)
   registerServeCommand(program)
   registerMigrateCommand(program)
   registerWebhookCommands(program)
+  registerReconcileCommands(program)
+  registerOrdersCommands(program)
+  registerDeliveriesCommands(program)
+  registerTradesCommands(program)
+  registerDisputesCommands(program)
+  registerProposalsCommands(program)
+  registerSandboxCommand(program)
+  registerDemoCommand(program)
   return program
 }

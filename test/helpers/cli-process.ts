@@ -84,3 +84,13 @@ export function waitForLogLine(
     })
   })
 }
+
+/** A port nothing listens on right now, for a child that must be told its port in advance. */
+export async function freePort(): Promise<number> {
+  const { createServer } = await import('node:net')
+  const server = createServer()
+  await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve))
+  const { port } = server.address() as import('node:net').AddressInfo
+  await new Promise<void>((resolve) => server.close(() => resolve()))
+  return port
+}

@@ -1,0 +1,19 @@
+import type { Command } from 'commander'
+import { formatDemoReport, runDemo } from '../demo/run-demo.js'
+import { positiveInteger } from './cli-arguments.js'
+import { setExitCode, write } from './cli-context.js'
+
+export function registerDemoCommand(program: Command): void {
+  program
+    .command('demo')
+    .description('run ~50 trades of every kind against the sandbox with lost, repeated and reordered webhooks')
+    .option('--trades <n>', 'how many trades', positiveInteger, 50)
+    .option('--seed <n>', 'seed of the injected faults', positiveInteger, 7)
+    .option('--json', 'print the report as JSON')
+    .action(async (options: { trades: number; seed: number; json?: boolean }) => {
+      const report = await runDemo({ trades: options.trades, seed: options.seed, out: options.json ? process.stderr : process.stdout })
+      write(options.json ? `${JSON.stringify(report, null, 2)}\n` : formatDemoReport(report))
+      // the demo is a check too: any order that does not match the platform fails it
+      if (report.mismatches.length > 0) setExitCode(1)
+    })
+}

@@ -1,0 +1,266 @@
+// `npm run demo`: the whole system against the sandbox, with faults. About 50 trades of every kind go
+// through their lifecycle by the API client; the sandbox drops, repeats, reorders and delays their
+// webhooks, and a few trades' webhooks fail every attempt. Then the poller reconciles, and the run
+// checks that every order matches the platform, and says which converged by webhook and which the
+// poller healed.
+import { type Clock, systemClock } from '../clock.js'
+import { migrateToLatest } from '../db/migrate.js'
+import { type DatabaseHandle, openDatabase } from '../db/open-database.js'
+import { createApp } from '../http/app.js'
+import { listen } from '../http/server.js'
+import { createLogger, type Logger } from '../logger.js'
+import { findOrderByExternalReference, orderHistory } from '../orders/order.repository.js'
+import { PartnerApiClient } from '../partner-api/partner-api.client.js'
+import { parseConfig } from '../config.js'
+import { createPoller } from '../reconcile/poller.js'
+import { createSandbox, type Sandbox } from '../sandbox/create-sandbox.js'
+import { openTradeForOrder } from '../trades/open-trade-for-order.js'
+import { runTradeOperation } from '../trades/run-trade-operation.js'
+import type { TradeDeps } from '../trades/trade-deps.js'
+import { progressBar } from './progress-bar.js'
+
+export type DemoKind = 'plain' | 'milestone' | 'cancelled' | 'disputed' | 'receiver down'
+
+/** Which channel brought each order its final status: the API's answer, a webhook, or the poller. */
+export interface DemoRow {
+  kind: DemoKind
+  orders: number
+  byApiAnswer: number
+  byWebhook: number
+  healedByPoller: number
+  matching: number
+}
+
+export interface DemoReport {
+  rows: DemoRow[]
+  mismatches: { reference: string; order: string | null; platform: string }[]
+  webhooks: { sent: number; dropped: number; duplicated: number; failedAttempts: number }
+  pollCycles: number
+}
+
+export interface DemoOptions {
+  trades?: number
+  seed?: number
+  /** Where the progress bar and table go. */
+  out?: NodeJS.WriteStream
+  logger?: Logger
+}
+
+const KINDS: DemoKind[] = ['plain', 'milestone', 'cancelled', 'disputed', 'receiver down']
+const SECRETS = {
+  keyId: 'pk_demo',
+  apiSecret: 'demo-api-secret-not-for-production-0001',
+  webhookSecret: 'demo-webhook-secret-not-for-production-01',
+}
+
+export async function runDemo({ trades = 50, seed = 7, out = process.stdout, logger }: DemoOptions = {}): Promise<DemoReport> {
+  const log = logger ?? createLogger({ level: 'error', secrets: [SECRETS.apiSecret, SECRETS.webhookSecret] })
+  const config = parseConfig({
+    PARTNER_API_BASE_URL: 'http://127.0.0.1:1',
+    PARTNER_API_KEY_ID: SECRETS.keyId,
+    PARTNER_API_SECRET: SECRETS.apiSecret,
+    WEBHOOK_SECRETS: SECRETS.webhookSecret,
+    DATA_DIR: 'memory://',
+    METRICS_ENABLED: 'false',
+  })
+  const clock: Clock = systemClock
+  const database: DatabaseHandle = openDatabase({ dataDir: 'memory://' })
+  let sandbox: Sandbox | undefined
+  let receiver: Awaited<ReturnType<typeof listen>> | undefined
+  try {
+    await migrateToLatest(database.db)
+    receiver = await listen(createApp({ config, db: database.db, logger: log, clock }), { port: 0, host: '127.0.0.1' })
+    sandbox = createSandbox({
+      ...SECRETS,
+      webhookUrl: `${receiver.url}${config.webhook.path}`,
+      retryBaseDelayMs: 5,
+      refundDelayMs: 10,
+      faults: { dropRate: 0.3, duplicateRate: 0.1, reorderRate: 0.15, delayRate: 0.1, delayMs: 20, seed },
+      logger: log,
+    })
+    const client = new PartnerApiClient({
+      baseUrl: await sandbox.listen(0),
+      keyId: SECRETS.keyId,
+      secret: SECRETS.apiSecret,
+      env: 'sandbox',
+      kind: 'marketplace',
+      timeoutMs: 5_000,
+      clock,
+      logger: log,
+    })
+    const deps: TradeDeps = {
+      db: database.db,
+      client,
+      clock,
+      logger: log,
+      settings: { expectedWebhookS: config.poll.expectedWebhookS, staleAfterS: config.poll.staleAfterS },
+    }
+
+    const plan = Array.from({ length: trades }, (_, index) => ({
+      reference: `demo-${String(index + 1).padStart(3, '0')}`,
+      kind: KINDS[index % KINDS.length]!,
+    }))
+    const bar = progressBar(plan.length, out, 'trades')
+    // a handful at a time, as a partner's traffic would arrive
+    for (let start = 0; start < plan.length; start += 5) {
+      await Promise.all(
+        plan.slice(start, start + 5).map(async ({ reference, kind }) => {
+          await runLifecycle(deps, sandbox!, reference, kind)
+          bar.tick(`${reference} ${kind}`)
+        }),
+      )
+    }
+    bar.done()
+    await sandbox.idle()
+
+    // the poller runs as it would once STALE_AFTER_S had passed: every order still open is due
+    const later: Clock = { now: () => Date.now() + (config.poll.staleAfterS + 1) * 1000, sleep: clock.sleep }
+    const poller = createPoller({
+      db: database.db,
+      fetcher: client,
+      clock: later,
+      logger: log,
+      settings: { intervalS: 1, concurrency: 8, batchSize: 100, staleAfterS: config.poll.staleAfterS, leaseS: 60 },
+      replica: 'demo',
+    })
+    let pollCycles = 0
+    for (;;) {
+      const summary = await poller.runOnce()
+      pollCycles++
+      if (summary.claimed === 0 || pollCycles > 10) break
+    }
+
+    return await compare(deps, sandbox, plan, pollCycles)
+  } finally {
+    await sandbox?.close()
+    await receiver?.stop(1_000)
+    await database.close()
+  }
+}
+
+async function runLifecycle(deps: TradeDeps, sandbox: Sandbox, reference: string, kind: DemoKind): Promise<void> {
+  const base = { title: `Demo ${kind}`, amount: '40.00', currency: 'EUR', seller_id: 'seller-demo' }
+  if (kind === 'milestone') {
+    const trade = await openTradeForOrder(deps, reference, {
+      ...base,
+      milestones: [1, 2, 3].map((n) => ({ title: `Part ${n}`, amount: '10.00' })),
+    })
+    await runTradeOperation(deps, reference, { kind: 'fund' })
+    for (const milestone of trade.milestones ?? []) {
+      await runTradeOperation(deps, reference, { kind: 'deliver_milestone', milestoneId: milestone.milestone_id })
+      await runTradeOperation(deps, reference, { kind: 'release_milestone', milestoneId: milestone.milestone_id })
+    }
+    return
+  }
+  const trade = await openTradeForOrder(deps, reference, base)
+  // the receiver is "down" for this trade: all 6 attempts of each of its webhooks fail, so the refund
+  // that follows its cancel reaches the order only through the poller
+  if (kind === 'receiver down') sandbox.failTrade(trade.trade_id, true)
+  await runTradeOperation(deps, reference, { kind: 'fund' })
+  if (kind === 'cancelled' || kind === 'receiver down') {
+    await runTradeOperation(deps, reference, { kind: 'cancel' })
+    return
+  }
+  await runTradeOperation(deps, reference, { kind: 'deliver' })
+  if (kind === 'disputed') {
+    await runTradeOperation(deps, reference, {
+      kind: 'dispute',
+      request: { reason: 'the delivered item does not match its description', party: 'buyer', category: 'not_as_described' },
+    })
+    const first = await runTradeOperation(deps, reference, {
+      kind: 'proposal',
+      request: { outcome: 'split', split_buyer_pct: '90', party: 'buyer' },
+    })
+    await runTradeOperation(deps, reference, {
+      kind: 'respond',
+      proposalId: first.proposal_id,
+      request: { accept: false, party: 'seller' },
+    })
+    const second = await runTradeOperation(deps, reference, {
+      kind: 'proposal',
+      request: { outcome: 'split', split_buyer_pct: '50', party: 'seller' },
+    })
+    await runTradeOperation(deps, reference, {
+      kind: 'respond',
+      proposalId: second.proposal_id,
+      request: { accept: true, party: 'buyer' },
+    })
+    return
+  }
+  await runTradeOperation(deps, reference, { kind: 'release' })
+}
+
+async function compare(
+  deps: TradeDeps,
+  sandbox: Sandbox,
+  plan: { reference: string; kind: DemoKind }[],
+  pollCycles: number,
+): Promise<DemoReport> {
+  const rows = new Map<DemoKind, DemoRow>(
+    KINDS.map((kind) => [kind, { kind, orders: 0, byApiAnswer: 0, byWebhook: 0, healedByPoller: 0, matching: 0 }]),
+  )
+  const mismatches: DemoReport['mismatches'] = []
+  for (const { reference, kind } of plan) {
+    const row = rows.get(kind)!
+    const order = await findOrderByExternalReference(deps.db, reference)
+    const platform = sandbox.trade(order!.tradeId!).status
+    row.orders++
+    if (order?.tradeStatus === platform) row.matching++
+    else mismatches.push({ reference, order: order?.tradeStatus ?? null, platform })
+    const last = (await orderHistory(deps.db, order!.id)).at(-1)
+    if (last?.source === 'poll') row.healedByPoller++
+    else if (last?.source === 'webhook') row.byWebhook++
+    else row.byApiAnswer++
+  }
+  const log = sandbox.deliveryLog
+  return {
+    rows: [...rows.values()].filter((row) => row.orders > 0),
+    mismatches,
+    webhooks: {
+      sent: new Set(log.map((attempt) => attempt.eventId)).size,
+      dropped: log.filter((attempt) => attempt.result === 'dropped').length,
+      duplicated: log.filter((attempt) => attempt.result === 'duplicate').length,
+      failedAttempts: log.filter((attempt) => attempt.result === 'failed' || attempt.result === 'timeout').length,
+    },
+    pollCycles,
+  }
+}
+
+export function formatDemoReport(report: DemoReport): string {
+  const header = ['kind', 'orders', 'by API answer', 'by webhook', 'healed by poller', 'match platform']
+  const lines = report.rows.map((row) => [
+    row.kind,
+    String(row.orders),
+    String(row.byApiAnswer),
+    String(row.byWebhook),
+    String(row.healedByPoller),
+    `${row.matching}/${row.orders}`,
+  ])
+  const total = report.rows.reduce(
+    (sum, row) => ({
+      orders: sum.orders + row.orders,
+      byApi: sum.byApi + row.byApiAnswer,
+      byWebhook: sum.byWebhook + row.byWebhook,
+      healed: sum.healed + row.healedByPoller,
+      matching: sum.matching + row.matching,
+    }),
+    { orders: 0, byApi: 0, byWebhook: 0, healed: 0, matching: 0 },
+  )
+  lines.push(['all', String(total.orders), String(total.byApi), String(total.byWebhook), String(total.healed), `${total.matching}/${total.orders}`])
+  const widths = header.map((title, i) => Math.max(title.length, ...lines.map((line) => line[i]!.length)))
+  const format = (cells: string[]) => cells.map((cell, i) => cell.padEnd(widths[i]!)).join('  ')
+  const { webhooks } = report
+  return [
+    '',
+    format(header),
+    format(widths.map((width) => '-'.repeat(width))),
+    ...lines.map(format),
+    '',
+    `webhook events ${webhooks.sent}: ${webhooks.dropped} dropped, ${webhooks.duplicated} duplicated, ` +
+      `${webhooks.failedAttempts} failed attempts; poller cycles: ${report.pollCycles}`,
+    report.mismatches.length === 0
+      ? 'Every order matches the platform.'
+      : `MISMATCH: ${report.mismatches.map((m) => `${m.reference} order=${m.order} platform=${m.platform}`).join('; ')}`,
+    '',
+  ].join('\n')
+}
