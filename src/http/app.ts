@@ -37,7 +37,7 @@ export function createApp(deps: AppDeps): Express {
       settings: { staleAfterS: deps.config.poll.staleAfterS },
     }),
   )
-  if (deps.metrics) app.use(metricsRoutes({ metrics: deps.metrics, path: deps.config.metrics.path }))
+  if (deps.metrics && deps.config.metrics.enabled) app.use(metricsRoutes({ metrics: deps.metrics, path: deps.config.metrics.path }))
   if (deps.localCliToken) {
     app.use(
       localCliRoutes({

@@ -1,0 +1,65 @@
+import type { Command } from 'commander'
+import { describe, expect, it } from 'vitest'
+import { buildProgram } from '../src/cli/program.js'
+import { runCommandLine } from '../src/cli/run-cli.js'
+
+function commandPaths(command: Command, prefix: string[] = []): string[][] {
+  return command.commands.flatMap((sub) => [[...prefix, sub.name()], ...commandPaths(sub, [...prefix, sub.name()])])
+}
+
+async function run(args: string[]) {
+  let stdout = ''
+  let stderr = ''
+  const code = await runCommandLine(args, {
+    stdout: { write: (text: string) => (stdout += text) },
+    stderr: { write: (text: string) => (stderr += text) },
+    exitCode: 0,
+  })
+  return { code, stdout, stderr }
+}
+
+describe('the command line', () => {
+  const paths = commandPaths(buildProgram())
+
+  it('has every command the operator guide names', () => {
+    const names = paths.map((path) => path.join(' '))
+    for (const expected of [
+      'serve',
+      'migrate',
+      'orders create',
+      'orders show',
+      'orders list',
+      'trades open',
+      'trades fund',
+      'trades get',
+      'disputes open',
+      'proposals create',
+      'proposals respond',
+      'deliveries list',
+      'deliveries show',
+      'deliveries reapply',
+      'reconcile',
+      'webhook sign',
+      'webhook send',
+      'sandbox',
+      'demo',
+    ]) {
+      expect(names).toContain(expected)
+    }
+  })
+
+  it.each(paths.map((path) => [path.join(' '), path]))('prints help for `%s` and exits 0', async (_name, path) => {
+    const result = await run([...(path as string[]), '--help'])
+    expect(result.code).toBe(0)
+    expect(result.stdout).toContain(`Usage: partner-escrow ${(path as string[]).join(' ')}`)
+  })
+
+  it('exits 2 with a message for an unknown command or option', async () => {
+    const unknown = await run(['frobnicate'])
+    expect(unknown.code).toBe(2)
+    expect(unknown.stderr).toContain("unknown command 'frobnicate'")
+    const option = await run(['orders', 'list', '--colour'])
+    expect(option.code).toBe(2)
+    expect(option.stderr).toContain("unknown option '--colour'")
+  })
+})

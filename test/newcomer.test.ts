@@ -1,0 +1,74 @@
+// What a newcomer does after cloning: `npm start`, then the commands the banner prints, with the built CLI.
+import { execFileSync } from 'node:child_process'
+import { once } from 'node:events'
+import { existsSync, mkdtempSync } from 'node:fs'
+import { tmpdir } from 'node:os'
+import path from 'node:path'
+import { afterAll, beforeAll, describe, expect, it } from 'vitest'
+import { freePort, runCli, spawnCli, waitForLogLine } from './helpers/cli-process.js'
+
+const root = path.resolve(import.meta.dirname, '..')
+
+describe('a newcomer’s first minutes, with the built CLI', () => {
+  const dataDir = mkdtempSync(path.join(tmpdir(), 'newcomer-'))
+  const env: Record<string, string> = { DATA_DIR: dataDir, PORT: '0' }
+  let service: ReturnType<typeof spawnCli>
+  let banner = ''
+  let url = ''
+
+  beforeAll(async () => {
+    // what `npm run build` does: the test runs the CLI as the Docker image and the bin entry do
+    execFileSync(process.execPath, [path.join(root, 'node_modules/typescript/bin/tsc'), '-p', 'tsconfig.build.json'], { cwd: root })
+    expect(existsSync(path.join(root, 'dist/src/cli.js'))).toBe(true)
+    env.SANDBOX_PORT = String(await freePort())
+    service = spawnCli(['serve'], env, { built: true })
+    service.stdout!.on('data', (chunk) => {
+      banner += chunk
+    })
+    url = String((await waitForLogLine(service, 'service listening', 60_000)).url)
+    while (!banner.includes('npm run demo')) await new Promise((resolve) => setTimeout(resolve, 20))
+  }, 120_000)
+
+  afterAll(async () => {
+    service.kill('SIGTERM')
+    await once(service, 'exit')
+  })
+
+  it('says it runs in local sandbox mode and where it listens', () => {
+    expect(banner).toContain('LOCAL SANDBOX MODE')
+    expect(banner).toContain(`receiver  ${url}/webhooks/partner`)
+    expect(banner).toContain(`sandbox   http://127.0.0.1:${env.SANDBOX_PORT}/api/partner/v1/`)
+  })
+
+  it('runs every command the banner prints, as printed', async () => {
+    const commands = banner
+      .split('\n')
+      .map((line) => line.trim())
+      .filter((line) => line.startsWith('npm run cli -- '))
+    expect(commands).toHaveLength(3)
+    const outputs: string[] = []
+    for (const command of commands) {
+      const args = splitArguments(command.slice('npm run cli -- '.length))
+      const result = await runCli(args, env, { built: true })
+      expect(result.code, `${command}\n${result.stderr}`).toBe(0)
+      outputs.push(result.stdout)
+    }
+    expect(outputs[0]).toContain('created order order-1')
+    expect(outputs[1]).toMatch(/trd_\w+/)
+    // the trade's status came back by the API's answer; its webhook follows
+    expect(outputs[2]).toMatch(/status\s+created/)
+    expect(outputs[2]).toMatch(/trade\s+trd_\w+ TRD-\d+/)
+  })
+
+  it('serves /readyz and Prometheus metrics on the same port', async () => {
+    expect((await fetch(`${url}/readyz`)).status).toBe(200)
+    const metrics = await (await fetch(`${url}/metrics`)).text()
+    expect(metrics).toContain('# TYPE webhook_deliveries_total counter')
+    expect(metrics).toContain('poller_orders_due')
+  })
+})
+
+// the banner's commands use double quotes for one argument with spaces; nothing fancier
+function splitArguments(line: string): string[] {
+  return [...line.matchAll(/"([^"]*)"|(\S+)/g)].map((match) => match[1] ?? match[2]!)
+}
