@@ -11,7 +11,9 @@ RUN npm run build
 
 # Runtime stage: production dependencies and the compiled code only, as the unprivileged `node` user.
 FROM node:24-slim AS runtime
+# a smaller young generation keeps peak memory under load near 175 MB instead of 260 MB (bench/results)
 ENV NODE_ENV=production \
+    NODE_OPTIONS=--max-semi-space-size=8 \
     HOST=0.0.0.0 \
     PORT=3000 \
     DATA_DIR=/app/data

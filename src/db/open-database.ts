@@ -1,6 +1,7 @@
 // One Kysely instance for the whole process: real Postgres through a pg Pool when a URL is given,
 // otherwise embedded PGlite persisted in a directory (or in memory for tests). PGlite is a single
 // connection; Kysely's PGliteDialect queues transactions on it, so they never interleave.
+import { createHash } from 'node:crypto'
 import { closeSync, mkdirSync, openSync, readFileSync, rmSync, writeSync } from 'node:fs'
 import path from 'node:path'
 import { PGlite } from '@electric-sql/pglite'
@@ -32,8 +33,25 @@ export function openDatabase(options: OpenDatabaseOptions): DatabaseHandle {
   return options.databaseUrl ? openPostgres(options.databaseUrl, options) : openPglite(options)
 }
 
+/** A statement starting with this comment is sent as a named prepared statement on Postgres. */
+export const PREPARED = '/* prepared */'
+
+// The hot-path statements (the webhook ingest) are large; preparing them once per connection saves
+// their planning on every delivery. The name is a hash of the text, so each distinct text gets its own.
+class PreparingClient extends pg.Client {
+  override query(...args: unknown[]): never {
+    const [text, values] = args
+    if (typeof text === 'string' && text.startsWith(PREPARED) && (values === undefined || Array.isArray(values))) {
+      const name = `p_${createHash('sha1').update(text).digest('hex').slice(0, 16)}`
+      return (super.query as (...a: unknown[]) => never)({ name, text, values })
+    }
+    return (super.query as (...a: unknown[]) => never)(...args)
+  }
+}
+
 function openPostgres(databaseUrl: string, { poolSize = 10, logger }: OpenDatabaseOptions): DatabaseHandle {
   const pool = new pg.Pool({
+    Client: PreparingClient,
     connectionString: databaseUrl,
     max: poolSize,
     connectionTimeoutMillis: 5_000,

@@ -12,6 +12,7 @@
 // delivery at once: one inserts and applies, the other's insert conflicts and changes nothing.
 import { type Kysely, type RawBuilder, sql, type Transaction } from 'kysely'
 import type { Database } from '../db/database.js'
+import { PREPARED } from '../db/open-database.js'
 import type { ObservationSource } from './order.js'
 import { isTerminalStatus, statusRank } from './trade-status.js'
 
@@ -105,7 +106,7 @@ function targetCondition(target: ObservationTarget): RawBuilder<unknown> {
   return sql`o.id = ${target.orderId}::int`
 }
 
-function observationStatement(
+export function observationStatement(
   observation: Observation,
   { staleAfterS }: ObservationSettings,
   delivery?: DeliveryRecord,
@@ -134,6 +135,12 @@ function observationStatement(
         end as outcome
       from orders o
       where ${targetCondition(observation.target)}
+        ${
+          // a delivery id already stored changes nothing: do not even wait for the order's lock
+          delivery
+            ? sql`and not exists (select 1 from webhook_deliveries w where w.delivery_id = ${delivery.deliveryId}::text)`
+            : sql``
+        }
       for update
     )`
 
@@ -153,7 +160,7 @@ function observationStatement(
   // a webhook's effects happen only if its delivery row was new
   const gate = delivery ? sql`and exists (select 1 from delivery)` : sql``
 
-  return sql<StatementRow>`
+  return sql<StatementRow>`${sql.raw(PREPARED)}
     with ${decision}${deliveryInsert},
     moved as (
       update orders o set

@@ -132,6 +132,11 @@ export async function findOrderByExternalReference(db: Executor, externalReferen
   return row && toOrder(row)
 }
 
+export async function orderExists(db: Executor, externalReference: string): Promise<boolean> {
+  const row = await db.selectFrom('orders').select('id').where('externalReference', '=', externalReference).executeTakeFirst()
+  return row !== undefined
+}
+
 export async function findOrderByTradeId(db: Executor, tradeId: string): Promise<Order | undefined> {
   const row = await db.selectFrom('orders').selectAll().where('tradeId', '=', tradeId).executeTakeFirst()
   return row && toOrder(row)

@@ -64,7 +64,7 @@ export interface RunSummary {
   changed: number
   /** Polls that got no usable answer: error + not_found + unauthorized. */
   errors: number
-  /** Claims given back untried because the cycle stopped. */
+  /** Claims given back because the cycle stopped (untried, or refused with 401): due again as before. */
   released: number
   results: Record<PollResultKind, number>
   stoppedReason: StoppedReason | null

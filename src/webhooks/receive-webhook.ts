@@ -8,7 +8,7 @@ import type { Database } from '../db/database.js'
 import { AppError } from '../http/app-error.js'
 import type { Logger } from '../logger.js'
 import { type ObservationSettings, recordDeliveryAndApply } from '../orders/apply-observation.js'
-import { applyParkedDeliveries } from '../orders/order.repository.js'
+import { applyParkedDeliveries, orderExists } from '../orders/order.repository.js'
 import { type DeliveryOutcome, recordDelivery, updateDeliveryOutcome } from './delivery.repository.js'
 import { handlerFor } from './event-handlers.js'
 import { classifyDelivery, PayloadError, parseBody } from './parse-delivery.js'
@@ -80,8 +80,8 @@ export async function receiveWebhook(deps: ReceiveDeps, delivery: IncomingDelive
         deps.settings,
       )
       if (result === 'duplicate') return { duplicate: true }
-      if (result.outcome === 'unmatched') {
-        // the order may have been created while this statement ran: give the parked delivery its chance
+      if (result.outcome === 'unmatched' && (await orderExists(deps.db, event.externalReference))) {
+        // the order was created while this statement ran: give the parked delivery its chance
         await applyParkedDeliveries(deps.db, event.externalReference, deps.settings)
       }
       if (result.outcome === 'trade_mismatch') {

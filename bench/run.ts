@@ -1,0 +1,333 @@
+// `npm run bench [-- ingest|claim|poll|pglite|soak] [--quick] [--duration S]`
+// Everything is measured side by side in one run and reported as ratios against baselines measured in
+// the same run (never as timed assertions in tests). Results: bench/results/latest.md and latest.json.
+import { execFileSync, spawn, type ChildProcess } from 'node:child_process'
+import { createHmac, randomBytes } from 'node:crypto'
+import { once } from 'node:events'
+import { mkdtempSync, readFileSync, writeFileSync } from 'node:fs'
+import os from 'node:os'
+import path from 'node:path'
+import autocannon from 'autocannon'
+import pg from 'pg'
+import { BENCH_SECRET } from './bench-secrets.js'
+import { runClaimBench, type ClaimResult } from './claim-bench.js'
+import { runPollBench, type PollBenchResult } from './poll-bench.js'
+
+const root = path.resolve(import.meta.dirname, '..')
+const args = process.argv.slice(2)
+const quick = args.includes('--quick')
+const durationArg = args.indexOf('--duration')
+const durationS = durationArg >= 0 ? Number(args[durationArg + 1]) : quick ? 3 : 10
+const part = args.find((arg) => !arg.startsWith('--') && !/^\d+$/.test(arg)) ?? 'all'
+const baseUrl = process.env.BENCH_DATABASE_URL || 'postgres://postgres@127.0.0.1:5432/test'
+const CONNECTIONS = 50
+const STATUSES = ['created', 'funded', 'delivered', 'disputed', 'resolved']
+
+interface LoadResult {
+  name: string
+  requests: number
+  rps: number
+  p50: number
+  p99: number
+  non2xx: number
+  errors: number
+  peakRssMb?: number
+}
+
+async function withSchema<T>(run: (url: string) => Promise<T>): Promise<T> {
+  const schema = `bench_${randomBytes(4).toString('hex')}`
+  const admin = new pg.Client({ connectionString: baseUrl })
+  await admin.connect()
+  await admin.query(`create schema ${schema}`)
+  await admin.query(`create table ${schema}.bench_minimal (delivery_id text primary key, body text not null)`)
+  const url = new URL(baseUrl)
+  url.searchParams.set('options', `-c search_path=${schema}`)
+  try {
+    return await run(url.toString())
+  } finally {
+    await admin.query(`drop schema ${schema} cascade`)
+    await admin.end()
+  }
+}
+
+async function startServer(kind: string, env: Record<string, string>): Promise<{ child: ChildProcess; port: number }> {
+  // BENCH_CPU_PROF=dir writes a V8 profile of each server (summarize with bench/profile-summary.ts)
+  const profile = process.env.BENCH_CPU_PROF ? ['--cpu-prof', `--cpu-prof-dir=${process.env.BENCH_CPU_PROF}`] : []
+  const child = spawn(process.execPath, [...profile, '--import', 'tsx', path.join(root, 'bench/server.ts'), kind], {
+    cwd: root,
+    env: { PATH: process.env.PATH, HOME: process.env.HOME, ...env },
+    stdio: ['ignore', 'pipe', 'inherit'],
+  })
+  const port = await new Promise<number>((resolve, reject) => {
+    let output = ''
+    child.stdout!.on('data', (chunk) => {
+      output += chunk
+      const match = /\{"port":"?(\d+)"?\}/.exec(output)
+      if (match) resolve(Number(match[1]))
+    })
+    child.once('exit', (code) => reject(new Error(`${kind} server exited with ${code}`)))
+  })
+  return { child, port }
+}
+
+// The real receiver as it ships: the compiled CLI's `serve` (npm run build), remote mode, poller off,
+// logging on at info (to a pipe this process drains). Orders and seen deliveries are seeded once it has
+// migrated.
+async function startService(url: string, seed: { orders: number; seen: number }): Promise<{ child: ChildProcess; port: number }> {
+  execFileSync('npm', ['run', 'build', '--silent'], { cwd: root, stdio: 'ignore' })
+  const profile = process.env.BENCH_CPU_PROF ? ['--cpu-prof', `--cpu-prof-dir=${process.env.BENCH_CPU_PROF}`] : []
+  // the flags the Docker image runs with (NODE_OPTIONS there); BENCH_NODE_FLAGS overrides them
+  const nodeFlags = (process.env.BENCH_NODE_FLAGS ?? '--max-semi-space-size=8').split(' ').filter(Boolean)
+  const child = spawn(process.execPath, [...profile, ...nodeFlags, path.join(root, 'dist/src/cli.js'), 'serve'], {
+    cwd: root,
+    env: {
+      PATH: process.env.PATH,
+      HOME: process.env.HOME,
+      DATABASE_URL: url,
+      PORT: '0',
+      POLL_ENABLED: 'false',
+      LOG_LEVEL: 'info',
+      PARTNER_API_BASE_URL: 'http://127.0.0.1:1',
+      PARTNER_API_KEY_ID: 'pk_bench',
+      PARTNER_API_SECRET: 'bench-api-secret-0123456789abcdef',
+      WEBHOOK_SECRETS: BENCH_SECRET,
+    },
+    stdio: ['ignore', 'pipe', 'inherit'],
+  })
+  const port = await new Promise<number>((resolve, reject) => {
+    let buffer = ''
+    child.stdout!.on('data', (chunk) => {
+      buffer += chunk
+      const match = /"url":"http:\/\/127\.0\.0\.1:(\d+)"[^\n]*"msg":"service listening"/.exec(buffer)
+      if (match) {
+        buffer = ''
+        resolve(Number(match[1]))
+      } else if (buffer.length > 100_000) buffer = buffer.slice(-1000)
+    })
+    child.once('exit', (code) => reject(new Error(`service exited with ${code}`)))
+  })
+  const client = new pg.Client({ connectionString: url })
+  await client.connect()
+  await client.query(`insert into orders (external_reference) select 'bench-' || i from generate_series(1, $1::int) i on conflict do nothing`, [seed.orders])
+  await client.query(
+    `insert into webhook_deliveries (delivery_id, event_type, outcome, raw_body)
+     select 'seen-' || i, 'trade.created', 'applied', '{}' from generate_series(1, $1::int) i on conflict do nothing`,
+    [seed.seen],
+  )
+  await client.end()
+  return { child, port }
+}
+
+function peakRssMb(pid: number): number {
+  const status = readFileSync(`/proc/${pid}/status`, 'utf8')
+  const kb = Number(/VmHWM:\s+(\d+)/.exec(status)?.[1] ?? 0)
+  return Math.round(kb / 1024)
+}
+
+type BodyFactory = (index: number) => { body: string; deliveryId: string }
+
+async function load(name: string, port: number, makeBody: BodyFactory, seconds = durationS): Promise<LoadResult> {
+  let counter = 0
+  const result = await autocannon({
+    url: `http://127.0.0.1:${port}`,
+    connections: CONNECTIONS,
+    pipelining: 1,
+    duration: seconds,
+    requests: [
+      {
+        method: 'POST',
+        path: '/webhooks/partner',
+        setupRequest: ((request: Record<string, unknown>) => {
+          const { body, deliveryId } = makeBody(counter++)
+          request.body = body
+          request.headers = {
+            'content-type': 'application/json',
+            'x-partner-delivery-id': deliveryId,
+            'x-partner-signature': `sha256=${createHmac('sha256', BENCH_SECRET).update(body).digest('hex')}`,
+          }
+          return request
+        }) as never,
+      },
+    ],
+  })
+  return {
+    name,
+    requests: result.requests.total,
+    rps: Math.round(result.requests.average),
+    p50: result.latency.p50,
+    p99: result.latency.p99,
+    non2xx: result.non2xx,
+    errors: result.errors,
+  }
+}
+
+const run = `r${Date.now().toString(36)}`
+// distinct deliveries that match existing orders, each order climbing the lifecycle one status per pass
+const matched =
+  (orders: number): BodyFactory =>
+  (index) => {
+    const order = (index % orders) + 1
+    const status = STATUSES[Math.min(Math.floor(index / orders), STATUSES.length - 1)]!
+    return {
+      deliveryId: `${run}-m-${index}`,
+      body: JSON.stringify({ trade_id: `trd-${order}`, reference: `R-${order}`, status, external_reference: `bench-${order}` }),
+    }
+  }
+const seen =
+  (count: number): BodyFactory =>
+  (index) => ({
+    deliveryId: `seen-${(index % count) + 1}`,
+    body: JSON.stringify({ trade_id: 't', reference: 'R', status: 'funded', external_reference: 'bench-1' }),
+  })
+const unmatched: BodyFactory = (index) => ({
+  deliveryId: `${run}-u-${index}`,
+  body: JSON.stringify({ trade_id: `trd-u-${index}`, reference: 'R', status: 'funded', external_reference: `nobody-${index}` }),
+})
+
+async function warmUp(port: number, makeBody: BodyFactory): Promise<void> {
+  await load('warm-up', port, makeBody, 1)
+}
+
+async function measured(kind: string, env: Record<string, string>, name: string, makeBody: BodyFactory, rss = false) {
+  const { child, port } =
+    kind === 'service'
+      ? await startService(env.BENCH_DATABASE_URL!, { orders: Number(env.BENCH_ORDERS ?? 0), seen: Number(env.BENCH_SEEN_DELIVERIES ?? 0) })
+      : await startServer(kind, env)
+  try {
+    await warmUp(port, makeBody)
+    const result = await load(name, port, makeBody)
+    if (rss) result.peakRssMb = peakRssMb(child.pid!)
+    return result
+  } finally {
+    child.kill('SIGINT')
+    await once(child, 'exit')
+  }
+}
+
+function pgbench(url: string): LoadResult {
+  const parsed = new URL(url)
+  const schema = /search_path=(\w+)/.exec(decodeURIComponent(parsed.search))?.[1] ?? 'public'
+  const script = path.join(mkdtempSync(path.join(os.tmpdir(), 'pgbench-')), 'insert.sql')
+  writeFileSync(script, `insert into ${schema}.bench_minimal (delivery_id, body) values (md5(random()::text || clock_timestamp()::text), 'x');\n`)
+  const output = execFileSync(
+    'pgbench',
+    ['-n', '-c', String(CONNECTIONS), '-j', '2', '-T', String(durationS), '-f', script, '-h', parsed.hostname, '-p', parsed.port || '5432', '-U', decodeURIComponent(parsed.username) || 'postgres', parsed.pathname.slice(1)],
+    { encoding: 'utf8' },
+  )
+  const tps = Number(/tps = ([\d.]+)/.exec(output)?.[1] ?? 0)
+  const latency = Number(/latency average = ([\d.]+) ms/.exec(output)?.[1] ?? 0)
+  return { name: 'pgbench single-row insert (commits/s)', requests: Math.round(tps * durationS), rps: Math.round(tps), p50: latency, p99: Number.NaN, non2xx: 0, errors: 0 }
+}
+
+async function ingestBench(): Promise<LoadResult[]> {
+  return withSchema(async (url) => {
+    const orders = 40_000
+    const results: LoadResult[] = []
+    results.push(await measured('bare', {}, 'bare Express 5 route', unmatched))
+    results.push(await measured('minimal', { BENCH_DATABASE_URL: url }, 'minimal verify + insert', unmatched))
+    results.push(
+      await measured('service', { BENCH_DATABASE_URL: url, BENCH_ORDERS: String(orders), BENCH_SEEN_DELIVERIES: '5000' }, 'full ingest (matched, applied)', matched(orders), true),
+    )
+    results.push(await measured('service', { BENCH_DATABASE_URL: url }, 'full ingest: duplicates', seen(5_000)))
+    results.push(await measured('service', { BENCH_DATABASE_URL: url }, 'full ingest: unmatched', unmatched))
+    results.push(pgbench(url))
+    return results
+  })
+}
+
+async function pgliteBench(): Promise<LoadResult[]> {
+  const dataDir = mkdtempSync(path.join(os.tmpdir(), 'bench-pglite-'))
+  const orders = 20_000
+  return [
+    await measured('full', { BENCH_DATA_DIR: dataDir, BENCH_ORDERS: String(orders), BENCH_SEEN_DELIVERIES: '5000' }, 'PGlite: full ingest (matched)', matched(orders), true),
+  ]
+}
+
+function table(rows: string[][]): string {
+  return [rows[0]!, rows[0]!.map(() => '---'), ...rows.slice(1)].map((row) => `| ${row.join(' | ')} |`).join('\n')
+}
+
+function ratio(a: number | undefined, b: number | undefined): string {
+  return a && b ? (a / b).toFixed(2) : 'n/a'
+}
+
+async function main(): Promise<void> {
+  const report: Record<string, unknown> = {
+    date: new Date().toISOString(),
+    node: process.version,
+    cpus: `${os.cpus().length} × ${os.cpus()[0]?.model ?? '?'}`,
+    durationS,
+  }
+  const sections: string[] = [
+    `# Benchmark results\n\n${report.date}, Node ${report.node}, ${report.cpus}, ${durationS} s per load run, ${CONNECTIONS} connections.`,
+  ]
+  let ingest: LoadResult[] = []
+  let pglite: LoadResult[] = []
+  let claim: ClaimResult | undefined
+  let poll: PollBenchResult[] = []
+
+  if (part === 'all' || part === 'ingest') ingest = await ingestBench()
+  if (part === 'all' || part === 'pglite') pglite = await pgliteBench()
+  if (part === 'all' || part === 'claim') claim = await withSchema((url) => runClaimBench(url, { quick }))
+  if (part === 'all' || part === 'poll') poll = await withSchema((url) => runPollBench(url, { quick }))
+  if (part === 'soak') {
+    const { runSoak } = await import('./soak.js')
+    await runSoak({ args })
+    return
+  }
+
+  const byName = (name: string) => [...ingest, ...pglite].find((row) => row.name.startsWith(name))
+  if (ingest.length || pglite.length) {
+    sections.push(
+      '## Ingest\n\n' +
+        table([
+          ['scenario', 'req/s', 'p50 ms', 'p99 ms', 'non-2xx', 'errors', 'peak RSS MB'],
+          ...[...ingest, ...pglite].map((row) => [row.name, String(row.rps), String(row.p50), String(row.p99), String(row.non2xx), String(row.errors), row.peakRssMb === undefined ? '' : String(row.peakRssMb)]),
+        ]),
+    )
+  }
+  const full = byName('full ingest (matched')
+  const minimal = byName('minimal')
+  const duplicates = byName('full ingest: duplicates')
+  const targets: string[][] = [['target', 'measured', 'met']]
+  if (full && minimal) {
+    targets.push(['full ingest ≥ 0.9× minimal handler', `${ratio(full.rps, minimal.rps)}×`, full.rps >= 0.9 * minimal.rps ? 'yes' : 'no'])
+    targets.push(['full ingest p99 < 25 ms', `${full.p99} ms`, full.p99 < 25 ? 'yes' : 'no'])
+    if (duplicates) targets.push(['duplicates ≥ 1.5× minimal handler', `${ratio(duplicates.rps, minimal.rps)}×`, duplicates.rps >= 1.5 * minimal.rps ? 'yes' : 'no'])
+    targets.push(['peak RSS < 200 MB', `${full.peakRssMb} MB`, (full.peakRssMb ?? 0) < 200 ? 'yes' : 'no'])
+    const bare = byName('bare')
+    const pgb = byName('pgbench')
+    sections.push(
+      `Ratios: full / minimal ${ratio(full.rps, minimal.rps)}, duplicates / minimal ${ratio(duplicates?.rps, minimal.rps)}, ` +
+        `minimal / bare Express ${ratio(minimal.rps, bare?.rps)}, full / pgbench commits ${ratio(full.rps, pgb?.rps)}.`,
+    )
+  }
+  if (claim) {
+    sections.push(
+      '## Claim\n\n' +
+        table([
+          ['orders in table', 'due', 'median claim of 100 (ms)'],
+          ...claim.sizes.map((size) => [size.orders.toLocaleString('en'), size.due.toLocaleString('en'), size.medianMs.toFixed(2)]),
+        ]) +
+        `\n\nPlan of the claim at ${claim.sizes.at(-1)!.orders.toLocaleString('en')} orders:\n\n\`\`\`\n${claim.plan}\n\`\`\``,
+    )
+    const [small, large] = claim.sizes
+    if (small && large) targets.push([`claim at ${large.orders.toLocaleString('en')} within 2× of ${small.orders.toLocaleString('en')}`, `${ratio(large.medianMs, small.medianMs)}×`, large.medianMs <= 2 * small.medianMs ? 'yes' : 'no'])
+  }
+  if (poll.length) {
+    sections.push(
+      '## Poll (against the in-process sandbox)\n\n' +
+        table([['POLL_CONCURRENCY', 'orders', 'seconds', 'orders reconciled/s'], ...poll.map((row) => [String(row.concurrency), String(row.orders), row.seconds.toFixed(2), String(Math.round(row.perSecond))])]),
+    )
+  }
+  if (targets.length > 1) sections.splice(1, 0, `## Targets\n\n${table(targets)}`)
+
+  Object.assign(report, { ingest, pglite, claim, poll, targets })
+  const markdown = `${sections.join('\n\n')}\n`
+  process.stdout.write(markdown)
+  const suffix = part === 'all' && !quick ? 'latest' : `latest-${part}${quick ? '-quick' : ''}`
+  writeFileSync(path.join(root, `bench/results/${suffix}.md`), markdown)
+  writeFileSync(path.join(root, `bench/results/${suffix}.json`), `${JSON.stringify(report, null, 2)}\n`)
+}
+
+await main()

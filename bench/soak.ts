@@ -1,0 +1,137 @@
+// `npm run bench -- soak [--duration 600] [--rate N]`: the real receiver on Postgres at half its
+// measured maximum rate, with a Postgres restart in the middle. Reports answers by status, memory growth
+// and lost deliveries: every delivery answered 200 must be in the database (must be zero lost).
+import { execFileSync, spawn } from 'node:child_process'
+import { createHmac, randomBytes } from 'node:crypto'
+import { once } from 'node:events'
+import { readFileSync, writeFileSync } from 'node:fs'
+import path from 'node:path'
+import autocannon from 'autocannon'
+import pg from 'pg'
+import { BENCH_SECRET } from './bench-secrets.js'
+
+const root = path.resolve(import.meta.dirname, '..')
+
+function flag(args: string[], name: string): number | undefined {
+  const index = args.indexOf(name)
+  return index >= 0 ? Number(args[index + 1]) : undefined
+}
+
+function rssMb(pid: number): number {
+  return Math.round(Number(/VmRSS:\s+(\d+)/.exec(readFileSync(`/proc/${pid}/status`, 'utf8'))?.[1] ?? 0) / 1024)
+}
+
+export async function runSoak({ args }: { args: string[] }): Promise<void> {
+  const durationS = flag(args, '--duration') ?? 600
+  const baseUrl = process.env.BENCH_DATABASE_URL || 'postgres://postgres@127.0.0.1:5432/test'
+  const schema = `soak_${randomBytes(4).toString('hex')}`
+  const admin = new pg.Client({ connectionString: baseUrl })
+  await admin.connect()
+  await admin.query(`create schema ${schema}`)
+  await admin.end()
+  const url = new URL(baseUrl)
+  url.searchParams.set('options', `-c search_path=${schema}`)
+  const orders = 50_000
+
+  const child = spawn(process.execPath, ['--import', 'tsx', path.join(root, 'bench/server.ts'), 'full'], {
+    cwd: root,
+    env: { PATH: process.env.PATH, HOME: process.env.HOME, BENCH_DATABASE_URL: url.toString(), BENCH_ORDERS: String(orders) },
+    stdio: ['ignore', 'pipe', 'inherit'],
+  })
+  const port = await new Promise<number>((resolve, reject) => {
+    child.stdout!.on('data', (chunk) => {
+      const match = /"port":"?(\d+)/.exec(String(chunk))
+      if (match) resolve(Number(match[1]))
+    })
+    child.once('exit', (code) => reject(new Error(`server exited with ${code}`)))
+  })
+
+  const statuses = ['created', 'funded', 'delivered', 'disputed', 'resolved']
+  const answered200: string[] = []
+  const byStatus: Record<string, number> = {}
+  let counter = 0
+  const drive = (seconds: number, overallRate?: number) =>
+    autocannon({
+      url: `http://127.0.0.1:${port}`,
+      connections: 50,
+      duration: seconds,
+      ...(overallRate ? { overallRate } : {}),
+      requests: [
+        {
+          method: 'POST',
+          path: '/webhooks/partner',
+          setupRequest: ((request: Record<string, unknown>, context: Record<string, unknown>) => {
+            const index = counter++
+            const order = (index % orders) + 1
+            const deliveryId = `soak-${index}`
+            const body = JSON.stringify({
+              trade_id: `trd-${order}`,
+              reference: `R-${order}`,
+              status: statuses[Math.min(Math.floor(index / orders), statuses.length - 1)],
+              external_reference: `bench-${order}`,
+            })
+            context.deliveryId = deliveryId
+            request.body = body
+            request.headers = {
+              'content-type': 'application/json',
+              'x-partner-delivery-id': deliveryId,
+              'x-partner-signature': `sha256=${createHmac('sha256', BENCH_SECRET).update(body).digest('hex')}`,
+            }
+            return request
+          }) as never,
+          onResponse: ((status: number, _body: string, context: Record<string, unknown>) => {
+            byStatus[status] = (byStatus[status] ?? 0) + 1
+            if (status === 200) answered200.push(String(context.deliveryId))
+          }) as never,
+        },
+      ],
+    })
+
+  try {
+    const maxRate = flag(args, '--rate') ?? Math.round((await drive(5)).requests.average)
+    const rate = Math.max(1, Math.round(maxRate / 2))
+    answered200.length = 0
+    for (const key of Object.keys(byStatus)) delete byStatus[key]
+    const rssStart = rssMb(child.pid!)
+    process.stdout.write(`soak: ${durationS} s at ${rate} req/s (half of ${maxRate}); Postgres restarts at ${Math.round(durationS / 2)} s\n`)
+    const version = execFileSync('ls', ['/etc/postgresql'], { encoding: 'utf8' }).trim().split('\n')[0]!
+    const restart = setTimeout(() => {
+      process.stdout.write('soak: restarting Postgres\n')
+      execFileSync('pg_ctlcluster', ['--skip-systemctl-redirect', version, 'main', 'restart'])
+    }, (durationS / 2) * 1000)
+    const result = await drive(durationS, rate)
+    clearTimeout(restart)
+    const rssEnd = rssMb(child.pid!)
+
+    const check = new pg.Client({ connectionString: url.toString() })
+    await check.connect()
+    const stored = await check.query('select count(*)::int as n from webhook_deliveries where delivery_id = any($1)', [answered200])
+    await check.end()
+    const lost = answered200.length - stored.rows[0].n
+    const report = [
+      '# Soak',
+      '',
+      `${new Date().toISOString()}: ${durationS} s at ${rate} req/s with a Postgres restart at ${Math.round(durationS / 2)} s.`,
+      '',
+      '| measure | value |',
+      '| --- | --- |',
+      `| requests | ${result.requests.total} |`,
+      `| answers by status | ${Object.entries(byStatus).map(([status, count]) => `${status}: ${count}`).join(', ')} |`,
+      `| connection errors / timeouts | ${result.errors} / ${result.timeouts} |`,
+      `| RSS start → end | ${rssStart} MB → ${rssEnd} MB |`,
+      `| answered 200 | ${answered200.length} |`,
+      `| answered 200 but not stored (lost) | ${lost} |`,
+      '',
+    ].join('\n')
+    process.stdout.write(report)
+    writeFileSync(path.join(root, 'bench/results/soak.md'), report)
+    if (lost !== 0) process.exitCode = 1
+  } finally {
+    child.kill('SIGTERM')
+    await once(child, 'exit')
+    const cleanup = new pg.Client({ connectionString: baseUrl })
+    await cleanup.connect()
+    await cleanup.query(`drop schema if exists ${schema} cascade`)
+    await cleanup.end()
+  }
+}

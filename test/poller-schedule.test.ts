@@ -1,0 +1,133 @@
+// When an order comes due, as the trades service, the webhooks and the poller leave it: after an API
+// call it expects a webhook and is polled EXPECTED_WEBHOOK_S later unless one came; after any observation
+// it is polled STALE_AFTER_S later; a terminal order never.
+import { afterAll, beforeAll, beforeEach, describe, expect, it } from 'vitest'
+import { applyObservation } from '../src/orders/apply-observation.js'
+import { openTradeForOrder } from '../src/trades/open-trade-for-order.js'
+import { runTradeOperation } from '../src/trades/run-trade-operation.js'
+import type { TradeDeps } from '../src/trades/trade-deps.js'
+import { FakeClock } from './helpers/fake-clock.js'
+import { testLogger } from './helpers/log-sink.js'
+import { fakeTradeApi } from './helpers/partner-api-fake-client.js'
+import { tradeRecord } from './helpers/partner-api-fixtures.js'
+import { type CountingFetcher, countingFetcher, orderByReference } from './helpers/reconcile-orders.js'
+import { type TestPoller, testPoller } from './helpers/reconcile-poller.js'
+import { createTestDatabase, type TestDatabase } from './helpers/test-database.js'
+
+const EXPECTED_WEBHOOK_S = 600
+const STALE_AFTER_S = 21_600
+
+describe('when an order is due', () => {
+  let database: TestDatabase
+  let clock: FakeClock
+  let trades: TradeDeps
+  let fetcher: CountingFetcher
+  let poller: TestPoller
+  let start: number
+
+  beforeAll(async () => {
+    database = await createTestDatabase()
+  })
+  afterAll(async () => {
+    await database.close()
+  })
+  beforeEach(async () => {
+    await database.db.deleteFrom('orders').execute()
+    clock = new FakeClock()
+    start = clock.now()
+    trades = {
+      db: database.db,
+      client: fakeTradeApi({
+        createTrade: async (request) =>
+          tradeRecord({
+            trade_id: 'tr_1',
+            external_reference: request.external_reference,
+            status: 'created',
+          }),
+        fundTrade: async () =>
+          tradeRecord({ trade_id: 'tr_1', external_reference: 'order-1', status: 'funded' }),
+      }),
+      clock,
+      logger: testLogger(),
+      settings: { expectedWebhookS: EXPECTED_WEBHOOK_S, staleAfterS: STALE_AFTER_S },
+    }
+    fetcher = countingFetcher(() => 'funded')
+    poller = testPoller({ db: database.db, fetcher, clock, settings: { staleAfterS: STALE_AFTER_S } })
+  })
+
+  const at = async (s: number) => clock.advance(start + s * 1000 - clock.now())
+  const polledAt = async (s: number) => {
+    await at(s)
+    return (await poller.runOnce()).claimed === 1
+  }
+  const webhook = (status: string) =>
+    applyObservation(
+      database.db,
+      {
+        target: { externalReference: 'order-1' },
+        tradeId: 'tr_1',
+        externalReference: 'order-1',
+        status,
+        source: 'webhook',
+        deliveryId: `dlv_${status}`,
+        observedAt: new Date(clock.now()),
+      },
+      { staleAfterS: STALE_AFTER_S },
+    )
+
+  async function openAndFund() {
+    await openTradeForOrder(trades, 'order-1', {
+      title: 'Bicycle',
+      amount: '10.00',
+      currency: 'EUR',
+      seller_id: 's',
+    })
+    await at(100)
+    await runTradeOperation(trades, 'order-1', { kind: 'fund' })
+  }
+
+  it('is EXPECTED_WEBHOOK_S after an API call when no webhook follows', async () => {
+    await openAndFund()
+    expect(await polledAt(100 + EXPECTED_WEBHOOK_S - 1)).toBe(false)
+    expect(await polledAt(100 + EXPECTED_WEBHOOK_S)).toBe(true)
+    expect(fetcher.calls).toEqual(['tr_1'])
+    // polled: next due STALE_AFTER_S after the poll
+    const order = await orderByReference(database.db, 'order-1')
+    expect(new Date(order.nextPollAt!).getTime()).toBe(
+      start + (100 + EXPECTED_WEBHOOK_S + STALE_AFTER_S) * 1000,
+    )
+  })
+
+  it('is STALE_AFTER_S after a webhook that moved the order after the API call, not EXPECTED_WEBHOOK_S', async () => {
+    await openAndFund()
+    await at(110)
+    expect((await webhook('delivered')).outcome).toBe('applied')
+    expect(await polledAt(100 + EXPECTED_WEBHOOK_S)).toBe(false)
+    expect(await polledAt(110 + STALE_AFTER_S - 1)).toBe(false)
+    expect(await polledAt(110 + STALE_AFTER_S)).toBe(true)
+  })
+
+  it('is STALE_AFTER_S after a webhook that confirmed what the API call answered', async () => {
+    await openAndFund()
+    await at(105)
+    expect((await webhook('funded')).outcome).toBe('duplicate_effect')
+    expect(await polledAt(100 + EXPECTED_WEBHOOK_S)).toBe(false)
+    expect(await polledAt(105 + STALE_AFTER_S)).toBe(true)
+  })
+
+  it('is never, once a webhook brought a terminal status', async () => {
+    await openAndFund()
+    await at(120)
+    expect((await webhook('released')).outcome).toBe('applied')
+    expect((await orderByReference(database.db, 'order-1')).nextPollAt).toBeNull()
+    expect(await polledAt(100 + EXPECTED_WEBHOOK_S)).toBe(false)
+    expect(await polledAt(10 * 365 * 86_400)).toBe(false)
+    expect(fetcher.calls).toEqual([])
+  })
+
+  it('is never before the order has a trade', async () => {
+    await database.db.insertInto('orders').values({ externalReference: 'order-1' }).execute()
+    expect((await orderByReference(database.db, 'order-1')).nextPollAt).toBeNull()
+    expect(await polledAt(10 * 365 * 86_400)).toBe(false)
+  })
+})
