@@ -10,6 +10,7 @@ export type ErrorCode =
   | 'not_found'
   | 'method_not_allowed'
   | 'request_timeout'
+  | 'header_too_large'
   | 'internal_error'
 
 export class AppError extends Error {

@@ -1,9 +1,11 @@
 // Listening and stopping. The timeouts cut off clients that send headers or bodies byte by byte;
 // stop() refuses new connections, lets in-flight requests finish, then closes what is left.
 import { once } from 'node:events'
-import http from 'node:http'
+import http, { STATUS_CODES } from 'node:http'
+import type { Duplex } from 'node:stream'
 import type { AddressInfo } from 'node:net'
 import type { Express } from 'express'
+import { type ErrorCode, errorBody } from './app-error.js'
 
 export interface ServerTimeouts {
   headersTimeoutMs: number
@@ -33,9 +35,13 @@ export async function listen(
       headersTimeout: timeouts.headersTimeoutMs,
       requestTimeout: timeouts.requestTimeoutMs,
       keepAliveTimeout: timeouts.keepAliveTimeoutMs,
+      // Node enforces the two timeouts above on this interval (30 s by default): check often enough
+      // that a client trickling bytes is cut off close to its deadline
+      connectionsCheckingInterval: Math.max(100, Math.min(1_000, timeouts.headersTimeoutMs / 2)),
     },
     app,
   )
+  server.on('clientError', answerClientError)
   server.listen(port, host)
   await once(server, 'listening')
   const address = server.address() as AddressInfo
@@ -51,4 +57,24 @@ export async function listen(
       clearTimeout(timer)
     },
   }
+}
+
+// Requests Node's parser refuses before the app sees them (headers over 16 KB, malformed HTTP, a client
+// too slow to finish) still get the one error shape, then the connection is closed.
+function answerClientError(error: Error & { code?: string }, socket: Duplex): void {
+  if (error.code === 'ECONNRESET' || !socket.writable) {
+    socket.destroy()
+    return
+  }
+  const [status, code, message]: [number, ErrorCode, string] =
+    error.code === 'HPE_HEADER_OVERFLOW'
+      ? [431, 'header_too_large', 'The request headers are larger than 16 KB']
+      : error.code === 'ERR_HTTP_REQUEST_TIMEOUT'
+        ? [408, 'request_timeout', 'The request was not received in time']
+        : [400, 'invalid_payload', 'The request is not valid HTTP']
+  const body = JSON.stringify(errorBody(code, message))
+  socket.end(
+    `HTTP/1.1 ${status} ${STATUS_CODES[status]}\r\nContent-Type: application/json\r\n` +
+      `Content-Length: ${Buffer.byteLength(body)}\r\nConnection: close\r\n\r\n${body}`,
+  )
 }

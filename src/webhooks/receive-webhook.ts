@@ -38,7 +38,7 @@ export async function receiveWebhook(deps: ReceiveDeps, delivery: IncomingDelive
   if (!verifySignature(deps.secrets, delivery.rawBody, delivery.signature)) {
     logger.warn(
       {
-        deliveryId: printable(delivery.deliveryId),
+        ...loggableDeliveryId(delivery.deliveryId),
         bodyLength: delivery.rawBody.length,
         bodySha256: createHash('sha256').update(delivery.rawBody).digest('hex'),
         signaturePresent: delivery.signature !== undefined,
@@ -121,6 +121,10 @@ async function storing<T>(work: () => Promise<T>): Promise<T> {
   }
 }
 
-function printable(value: string | undefined): string | undefined {
-  return value === undefined ? undefined : value.replace(/[^\x20-\x7e]/g, '?').slice(0, 200)
+// An unverified request's delivery id is attacker-controlled: it is logged as is only when it looks
+// like an id, never when it could carry a signature or a secret (then only its hash is logged).
+export function loggableDeliveryId(value: string | undefined): { deliveryId?: string; deliveryIdSha256?: string } {
+  if (value === undefined) return {}
+  if (/^[A-Za-z0-9_\-:.]{1,100}$/.test(value) && !/[0-9a-fA-F]{64}/.test(value)) return { deliveryId: value }
+  return { deliveryIdSha256: createHash('sha256').update(value).digest('hex').slice(0, 16) }
 }

@@ -5,7 +5,7 @@ import { Router } from 'express'
 import getRawBody from 'raw-body'
 import type { Metrics } from '../metrics/metrics.js'
 import { AppError } from '../http/app-error.js'
-import { type ReceiveDeps, receiveWebhook } from './receive-webhook.js'
+import { loggableDeliveryId, type ReceiveDeps, receiveWebhook } from './receive-webhook.js'
 
 export interface WebhookRouteDeps extends ReceiveDeps {
   path: string
@@ -39,7 +39,7 @@ export function webhookRoutes(deps: WebhookRouteDeps): Router {
       deps.metrics?.deliveries.inc({ outcome })
       deps.metrics?.ingestSeconds.observe({ outcome }, Number(process.hrtime.bigint() - started) / 1e9)
       deps.logger.info(
-        { deliveryId, outcome, ...(result.duplicate ? {} : { eventType: result.eventType }) },
+        { ...loggableDeliveryId(deliveryId), outcome, ...(result.duplicate ? {} : { eventType: result.eventType }) },
         'webhook received',
       )
       res.json(result.duplicate ? { received: true, duplicate: true } : { received: true })
@@ -47,7 +47,7 @@ export function webhookRoutes(deps: WebhookRouteDeps): Router {
       if (error instanceof AppError) {
         if (error.code === 'invalid_signature') deps.metrics?.signatureFailures.inc()
         deps.metrics?.deliveries.inc({ outcome: 'rejected' })
-        if (error.status === 503) deps.logger.error({ deliveryId, err: error.cause }, 'webhook not stored')
+        if (error.status === 503) deps.logger.error({ ...loggableDeliveryId(deliveryId), err: error.cause }, 'webhook not stored')
       }
       throw error
     }
