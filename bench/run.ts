@@ -2,14 +2,14 @@
 // Everything is measured side by side in one run and reported as ratios against baselines measured in
 // the same run (never as timed assertions in tests). Results: bench/results/latest.md and latest.json.
 import { execFileSync, spawn, type ChildProcess } from 'node:child_process'
-import { createHmac, randomBytes } from 'node:crypto'
+import { randomBytes } from 'node:crypto'
 import { once } from 'node:events'
 import { mkdtempSync, readFileSync, writeFileSync } from 'node:fs'
 import os from 'node:os'
 import path from 'node:path'
 import autocannon from 'autocannon'
 import pg from 'pg'
-import { BENCH_SECRET } from './bench-secrets.js'
+import { BENCH_SECRET, deliveryHeaders } from './bench-secrets.js'
 import { runClaimBench, type ClaimResult } from './claim-bench.js'
 import { runPollBench, type PollBenchResult } from './poll-bench.js'
 
@@ -140,11 +140,7 @@ async function load(name: string, port: number, makeBody: BodyFactory, seconds =
         setupRequest: ((request: Record<string, unknown>) => {
           const { body, deliveryId } = makeBody(counter++)
           request.body = body
-          request.headers = {
-            'content-type': 'application/json',
-            'x-partner-delivery-id': deliveryId,
-            'x-partner-signature': `sha256=${createHmac('sha256', BENCH_SECRET).update(body).digest('hex')}`,
-          }
+          request.headers = deliveryHeaders(body, deliveryId)
           return request
         }) as never,
       },

@@ -2,13 +2,13 @@
 // measured maximum rate, with a Postgres restart in the middle. Reports answers by status, memory growth
 // and lost deliveries: every delivery answered 200 must be in the database (must be zero lost).
 import { execFileSync, spawn } from 'node:child_process'
-import { createHmac, randomBytes } from 'node:crypto'
+import { randomBytes } from 'node:crypto'
 import { once } from 'node:events'
 import { readFileSync, writeFileSync } from 'node:fs'
 import path from 'node:path'
 import autocannon from 'autocannon'
 import pg from 'pg'
-import { BENCH_SECRET } from './bench-secrets.js'
+import { deliveryHeaders } from './bench-secrets.js'
 
 const root = path.resolve(import.meta.dirname, '..')
 
@@ -72,11 +72,7 @@ export async function runSoak({ args }: { args: string[] }): Promise<void> {
             })
             context.deliveryId = deliveryId
             request.body = body
-            request.headers = {
-              'content-type': 'application/json',
-              'x-partner-delivery-id': deliveryId,
-              'x-partner-signature': `sha256=${createHmac('sha256', BENCH_SECRET).update(body).digest('hex')}`,
-            }
+            request.headers = deliveryHeaders(body, deliveryId)
             return request
           }) as never,
           onResponse: ((status: number, _body: string, context: Record<string, unknown>) => {
