@@ -169,12 +169,16 @@ const matched =
       body: JSON.stringify({ trade_id: `trd-${order}`, reference: `R-${order}`, status, external_reference: `bench-${order}` }),
     }
   }
+// retries of deliveries already stored: each names its own order, as the platform's retries do
 const seen =
   (count: number): BodyFactory =>
-  (index) => ({
-    deliveryId: `seen-${(index % count) + 1}`,
-    body: JSON.stringify({ trade_id: 't', reference: 'R', status: 'funded', external_reference: 'bench-1' }),
-  })
+  (index) => {
+    const k = (index % count) + 1
+    return {
+      deliveryId: `seen-${k}`,
+      body: JSON.stringify({ trade_id: `trd-${k}`, reference: `R-${k}`, status: 'funded', external_reference: `bench-${k}` }),
+    }
+  }
 const unmatched: BodyFactory = (index) => ({
   deliveryId: `${run}-u-${index}`,
   body: JSON.stringify({ trade_id: `trd-u-${index}`, reference: 'R', status: 'funded', external_reference: `nobody-${index}` }),
@@ -224,7 +228,9 @@ async function ingestBench(): Promise<LoadResult[]> {
     results.push(
       await measured('service', { BENCH_DATABASE_URL: url, BENCH_ORDERS: String(orders), BENCH_SEEN_DELIVERIES: '5000' }, 'full ingest (matched, applied)', matched(orders), true),
     )
-    results.push(await measured('service', { BENCH_DATABASE_URL: url }, 'full ingest: duplicates', seen(5_000)))
+    results.push(
+      await measured('service', { BENCH_DATABASE_URL: url, BENCH_ORDERS: '5000', BENCH_SEEN_DELIVERIES: '5000' }, 'full ingest: duplicates', seen(5_000)),
+    )
     results.push(await measured('service', { BENCH_DATABASE_URL: url }, 'full ingest: unmatched', unmatched))
     results.push(pgbench(url))
     return results

@@ -29,6 +29,10 @@ export interface Config {
     readonly path: string
     readonly secrets: readonly string[]
     readonly bodyLimitBytes: number
+    /** Group commit: most deliveries written by one statement (1: each alone). */
+    readonly batchMax: number
+    /** Group commit: statements in flight at once (1 on PGlite, which has one connection). */
+    readonly batchStatements: number
   }
   readonly partner: {
     /** local: no platform configured, the sandbox runs in-process; remote: a real platform. */
@@ -102,6 +106,7 @@ const EnvSchema = z.object({
     .default('/webhooks/partner'),
   WEBHOOK_SECRETS: secretList.optional(),
   WEBHOOK_BODY_LIMIT: byteSize.default(256 * 1024),
+  WEBHOOK_BATCH_MAX: positiveInt.max(1_000).default(100),
   PARTNER_ENV: z.enum(['sandbox', 'live']).default('sandbox'),
   PARTNER_KIND: z.enum(['marketplace', 'merchant']).default('marketplace'),
   PARTNER_API_BASE_URL: z.url({ protocol: /^https?$/, error: 'must be an http(s) URL' }).optional(),
@@ -211,6 +216,9 @@ export function parseConfig(
       path: values.WEBHOOK_PATH,
       secrets: values.WEBHOOK_SECRETS?.length ? values.WEBHOOK_SECRETS : [generated!.webhookSecret],
       bodyLimitBytes: values.WEBHOOK_BODY_LIMIT,
+      batchMax: values.WEBHOOK_BATCH_MAX,
+      // half the pool: the other half stays free for the poller, API calls and health checks
+      batchStatements: values.DATABASE_URL ? Math.max(1, Math.floor(values.DATABASE_POOL_SIZE / 2)) : 1,
     },
     partner: {
       mode,

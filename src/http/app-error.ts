@@ -6,6 +6,7 @@ export type ErrorCode =
   | 'invalid_payload'
   | 'unsupported_media_type'
   | 'database_unavailable'
+  | 'overloaded'
   | 'not_ready'
   | 'not_found'
   | 'method_not_allowed'

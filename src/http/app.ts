@@ -33,6 +33,7 @@ export function createApp(deps: AppDeps): Express {
       ...deps,
       path: deps.config.webhook.path,
       bodyLimitBytes: deps.config.webhook.bodyLimitBytes,
+      batch: { maxBatch: deps.config.webhook.batchMax, maxInFlight: deps.config.webhook.batchStatements },
       secrets: deps.config.webhook.secrets,
       settings: { staleAfterS: deps.config.poll.staleAfterS },
     }),

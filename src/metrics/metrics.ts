@@ -14,6 +14,7 @@ export interface Metrics {
   readonly deliveries: Counter<'outcome'>
   readonly signatureFailures: Counter
   readonly ingestSeconds: Histogram<'outcome'>
+  readonly ingestBatchSize: Histogram
   readonly pollResults: Counter<'result'>
 }
 
@@ -37,6 +38,12 @@ export function createMetrics(sources: MetricsSources = {}, { defaultMetrics = t
     help: 'Time from the end of the request body to the answer, by outcome',
     labelNames: ['outcome'] as const,
     buckets: [0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5],
+    registers: [registry],
+  })
+  const ingestBatchSize = new Histogram({
+    name: 'webhook_ingest_batch_size',
+    help: 'Trade-event deliveries written by one statement and one commit (group commit)',
+    buckets: [1, 2, 5, 10, 20, 50, 100, 200, 500],
     registers: [registry],
   })
   const pollResults = new Counter({
@@ -89,5 +96,5 @@ export function createMetrics(sources: MetricsSources = {}, { defaultMetrics = t
     })
   }
 
-  return { registry, deliveries, signatureFailures, ingestSeconds, pollResults }
+  return { registry, deliveries, signatureFailures, ingestSeconds, ingestBatchSize, pollResults }
 }

@@ -4,8 +4,11 @@
 // rank rules cannot diverge. The statement locks the order row (FOR UPDATE: concurrent observations
 // of one order queue on it and each decides on the row as the previous one left it), decides the
 // outcome in SQL with the same table as decideTransition() in trade-status.ts, updates the order,
-// appends the history row and, for a webhook, records the delivery: all in one round trip, so a
-// webhook costs one statement and one commit.
+// appends the history row and, for a webhook, records the delivery: all in one round trip.
+//
+// The statement takes a set of observations (one JSON parameter), so concurrent webhook deliveries
+// share one statement and one commit (the group commit in webhooks/group-commit.ts); a poll or an API
+// answer is a set of one.
 //
 // Deduplication: a webhook's delivery row is inserted ON CONFLICT (delivery_id) DO NOTHING, and the
 // order update and history insert only happen when that insert did. Two replicas receiving the same
@@ -62,24 +65,36 @@ export async function applyObservation(
   observation: Observation,
   settings: ObservationSettings,
 ): Promise<ObservationResult> {
-  const { rows } = await observationStatement(observation, settings).execute(db)
-  return toResult(rows[0], observation)
-}
-
-/** Records a webhook delivery and applies its observation; `duplicate` when the delivery id was seen. */
-export async function recordDeliveryAndApply(
-  db: Executor,
-  delivery: DeliveryRecord,
-  observation: Observation,
-  settings: ObservationSettings,
-): Promise<ObservationResult | 'duplicate'> {
-  const { rows } = await observationStatement(observation, settings, delivery).execute(db)
-  const row = rows[0]
-  if (!row?.inserted) return 'duplicate'
+  const [row] = await runStatement(db, [{ observation }], settings)
   return toResult(row, observation)
 }
 
+/** A webhook delivery with the observation it carries, for recordDeliveriesAndApply. */
+export interface DeliveryObservation {
+  delivery: DeliveryRecord
+  observation: Observation & { target: { externalReference: string } }
+}
+
+/**
+ * Records webhook deliveries and applies their observations, all in one statement (a group commit of
+ * concurrent deliveries). Each result is `duplicate` when its delivery id was seen. The deliveries
+ * must name distinct orders and distinct delivery ids: one statement cannot update a row twice.
+ */
+export async function recordDeliveriesAndApply(
+  db: Executor,
+  items: readonly DeliveryObservation[],
+  settings: ObservationSettings,
+): Promise<(ObservationResult | 'duplicate')[]> {
+  if (items.length === 0) return []
+  const rows = await runStatement(db, items, settings)
+  return items.map((item, index) => {
+    const row = rows[index]
+    return row?.inserted ? toResult(row, item.observation) : 'duplicate'
+  })
+}
+
 interface StatementRow {
+  n: number
   inserted: boolean
   outcome: ObservationOutcome | null
   orderId: number | null
@@ -97,110 +112,158 @@ function toResult(row: StatementRow | undefined, observation: Observation): Obse
   }
 }
 
-function targetCondition(target: ObservationTarget): RawBuilder<unknown> {
-  if ('externalReference' in target) return sql`o.external_reference = ${target.externalReference}::text`
-  if ('tradeId' in target) return sql`o.trade_id = ${target.tradeId}::text`
-  if (target.leaseToken !== undefined) {
-    return sql`o.id = ${target.orderId}::int and o.poll_lease_token = ${target.leaseToken}::text`
-  }
-  return sql`o.id = ${target.orderId}::int`
+type TargetKind = 'externalReference' | 'tradeId' | 'orderId' | 'lease'
+
+function targetOf(target: ObservationTarget): { kind: TargetKind; key: string; lease: string | null } {
+  if ('externalReference' in target) return { kind: 'externalReference', key: target.externalReference, lease: null }
+  if ('tradeId' in target) return { kind: 'tradeId', key: target.tradeId, lease: null }
+  if (target.leaseToken !== undefined) return { kind: 'lease', key: String(target.orderId), lease: target.leaseToken }
+  return { kind: 'orderId', key: String(target.orderId), lease: null }
 }
 
-export function observationStatement(
-  observation: Observation,
-  { staleAfterS }: ObservationSettings,
-  delivery?: DeliveryRecord,
-): RawBuilder<StatementRow> {
-  const rank = statusRank(observation.status)
-  const known = rank !== undefined
-  const terminal = isTerminalStatus(observation.status)
-  const now = observation.observedAt
-  const status = observation.status
-  const tradeId = observation.tradeId
-  const releasesLease = 'orderId' in observation.target && observation.target.leaseToken !== undefined
-  const nextPoll = sql`${now}::timestamptz + make_interval(secs => ${staleAfterS}::int)`
+const TARGET_CONDITIONS: Record<TargetKind, RawBuilder<unknown>> = {
+  externalReference: sql`o.external_reference = i.target`,
+  tradeId: sql`o.trade_id = i.target`,
+  orderId: sql`o.id = i.target::int`,
+  lease: sql`o.id = i.target::int and o.poll_lease_token = i.lease`,
+}
 
-  // decision: the same table as decideTransition(), on the locked row; trade_mismatch guards an
-  // order already linked to another trade
+async function runStatement(
+  db: Executor,
+  items: readonly { observation: Observation; delivery?: DeliveryRecord }[],
+  settings: ObservationSettings,
+): Promise<StatementRow[]> {
+  const kinds = new Set(items.map((item) => targetOf(item.observation.target).kind))
+  const withDelivery = new Set(items.map((item) => item.delivery !== undefined))
+  if (kinds.size !== 1 || withDelivery.size !== 1) throw new Error('one statement takes one kind of target, all with or all without a delivery')
+  const input = items.map(({ observation, delivery }, n) => {
+    const target = targetOf(observation.target)
+    return {
+      n,
+      target: target.key,
+      lease: target.lease,
+      trade_id: observation.tradeId,
+      trade_reference: observation.tradeReference ?? null,
+      external_reference: observation.externalReference ?? null,
+      status: observation.status,
+      rank: statusRank(observation.status) ?? null,
+      terminal: isTerminalStatus(observation.status),
+      source: observation.source,
+      history_delivery_id: observation.deliveryId ?? null,
+      observed_at: observation.observedAt.toISOString(),
+      delivery_id: delivery?.deliveryId ?? null,
+      event_type: delivery?.eventType ?? null,
+      raw_body: delivery?.rawBody ?? null,
+    }
+  })
+  const [kind] = kinds
+  const [hasDelivery] = withDelivery
+  const { rows } = await observationStatement(JSON.stringify(input), kind!, hasDelivery!, settings).execute(db)
+  return rows
+}
+
+// The statement for a set of observations of one target kind. The input is one JSON parameter (a
+// row per observation), so a batch of 1 and a batch of 100 share one prepared statement.
+function observationStatement(
+  input: string,
+  kind: TargetKind,
+  withDelivery: boolean,
+  { staleAfterS }: ObservationSettings,
+): RawBuilder<StatementRow> {
+  const releasesLease = kind === 'lease'
+
+  // decision: the same table as decideTransition(), on the row as locked (the lateral subquery locks
+  // one order per input row, in input order); trade_mismatch guards an order linked to another trade
   const decision = sql`
     decision as (
-      select o.id, o.trade_status as from_status,
+      select i.n, o.id, o.trade_status as from_status,
         case
-          when o.trade_id is not null and o.trade_id <> ${tradeId}::text then 'trade_mismatch'
-          when o.trade_status = ${status}::text then 'duplicate_effect'
+          when o.trade_id is not null and o.trade_id <> i.trade_id then 'trade_mismatch'
+          when o.trade_status = i.status then 'duplicate_effect'
           when o.is_terminal then 'stale'
           when o.trade_status is null then 'applied'
-          when ${known}::boolean and ${rank ?? 0}::int <= o.status_rank then 'stale'
+          when i.rank is not null and i.rank <= o.status_rank then 'stale'
           else 'applied'
         end as outcome
-      from orders o
-      where ${targetCondition(observation.target)}
-        ${
-          // a delivery id already stored changes nothing: do not even wait for the order's lock
-          delivery
-            ? sql`and not exists (select 1 from webhook_deliveries w where w.delivery_id = ${delivery.deliveryId}::text)`
-            : sql``
-        }
-      for update
+      from input i
+      cross join lateral (
+        select o.id, o.trade_id, o.trade_status, o.is_terminal, o.status_rank
+        from orders o
+        where ${TARGET_CONDITIONS[kind]}
+          ${
+            // a delivery id already stored changes nothing: do not even wait for the order's lock
+            withDelivery
+              ? sql`and not exists (select 1 from webhook_deliveries w where w.delivery_id = i.delivery_id)`
+              : sql``
+          }
+        for update
+      ) o
     )`
 
-  const deliveryInsert = delivery
+  // a webhook's effects happen only if its delivery row was new
+  const deliveryInsert = withDelivery
     ? sql`,
     delivery as (
       insert into webhook_deliveries
         (delivery_id, received_at, event_type, trade_id, external_reference, observed_status, outcome, order_id, raw_body, applied_at)
-      select ${delivery.deliveryId}::text, ${now}::timestamptz, ${delivery.eventType}::text, ${tradeId}::text,
-        ${observation.externalReference ?? null}::text, ${status}::text, coalesce(d.outcome, 'unmatched'), d.id,
-        ${delivery.rawBody}::text, case when d.outcome = 'applied' then ${now}::timestamptz end
-      from (select 1) as one left join decision d on true
+      select i.delivery_id, i.observed_at, i.event_type, i.trade_id, i.external_reference, i.status,
+        coalesce(d.outcome, 'unmatched'), d.id, i.raw_body, case when d.outcome = 'applied' then i.observed_at end
+      from input i left join decision d on d.n = i.n
       on conflict (delivery_id) do nothing
       returning delivery_id
     )`
     : sql``
-  // a webhook's effects happen only if its delivery row was new
-  const gate = delivery ? sql`and exists (select 1 from delivery)` : sql``
+  const effective = withDelivery
+    ? sql`select d.*, i.status, i.rank, i.terminal, i.source, i.trade_id, i.trade_reference, i.history_delivery_id, i.observed_at
+        from decision d join input i on i.n = d.n join delivery x on x.delivery_id = i.delivery_id`
+    : sql`select d.*, i.status, i.rank, i.terminal, i.source, i.trade_id, i.trade_reference, i.history_delivery_id, i.observed_at
+        from decision d join input i on i.n = d.n`
 
   return sql<StatementRow>`${sql.raw(PREPARED)}
-    with ${decision}${deliveryInsert},
+    with input as (
+      select * from json_to_recordset(${input}::json) as i(
+        n int, target text, lease text, trade_id text, trade_reference text, external_reference text, status text,
+        rank int, terminal boolean, source text, history_delivery_id text, observed_at timestamptz,
+        delivery_id text, event_type text, raw_body text)
+    ),
+    ${decision}${deliveryInsert},
+    effective as (${effective}),
     moved as (
       update orders o set
-        trade_status = case when d.outcome = 'applied' then ${status}::text else o.trade_status end,
-        status_rank = case when d.outcome = 'applied' and ${known}::boolean then ${rank ?? 0}::int else o.status_rank end,
-        is_terminal = case when d.outcome = 'applied' then ${terminal}::boolean else o.is_terminal end,
-        status_source = case when d.outcome = 'applied' then ${observation.source}::text else o.status_source end,
-        status_changed_at = case when d.outcome = 'applied' then ${now}::timestamptz else o.status_changed_at end,
-        trade_id = coalesce(o.trade_id, ${tradeId}::text),
-        trade_reference = coalesce(o.trade_reference, ${observation.tradeReference ?? null}::text),
+        trade_status = case when e.outcome = 'applied' then e.status else o.trade_status end,
+        status_rank = case when e.outcome = 'applied' and e.rank is not null then e.rank else o.status_rank end,
+        is_terminal = case when e.outcome = 'applied' then e.terminal else o.is_terminal end,
+        status_source = case when e.outcome = 'applied' then e.source else o.status_source end,
+        status_changed_at = case when e.outcome = 'applied' then e.observed_at else o.status_changed_at end,
+        trade_id = coalesce(o.trade_id, e.trade_id),
+        trade_reference = coalesce(o.trade_reference, e.trade_reference),
         trade_create_state = 'created',
         next_poll_at = case
-          when (d.outcome = 'applied' and ${terminal}::boolean) or (d.outcome <> 'applied' and o.is_terminal) then null
-          when d.outcome = 'applied' and not ${known}::boolean then ${now}::timestamptz
-          when d.outcome in ('applied', 'duplicate_effect') or ${releasesLease}::boolean then ${nextPoll}
+          when (e.outcome = 'applied' and e.terminal) or (e.outcome <> 'applied' and o.is_terminal) then null
+          when e.outcome = 'applied' and e.rank is null then e.observed_at
+          when e.outcome in ('applied', 'duplicate_effect') or ${releasesLease}::boolean
+            then e.observed_at + make_interval(secs => ${staleAfterS}::int)
           else o.next_poll_at
         end,
         ${
           releasesLease
-            ? sql`poll_lease_token = null, poll_lease_expires_at = null, last_polled_at = ${now}::timestamptz, poll_attempts = 0,`
+            ? sql`poll_lease_token = null, poll_lease_expires_at = null, last_polled_at = e.observed_at, poll_attempts = 0,`
             : sql``
         }
-        version = o.version + case when d.outcome = 'applied' then 1 else 0 end,
-        updated_at = ${now}::timestamptz
-      from decision d
-      where o.id = d.id
-        and (d.outcome in ('applied', 'duplicate_effect') or ${releasesLease}::boolean)
-        ${gate}
-      returning o.id
+        version = o.version + case when e.outcome = 'applied' then 1 else 0 end,
+        updated_at = e.observed_at
+      from effective e
+      where o.id = e.id and (e.outcome in ('applied', 'duplicate_effect') or ${releasesLease}::boolean)
     ),
     history as (
       insert into order_status_history (order_id, from_status, to_status, source, delivery_id, recorded_at)
-      select d.id, d.from_status, ${status}::text, ${observation.source}::text, ${observation.deliveryId ?? null}::text, ${now}::timestamptz
-      from decision d
-      where d.outcome = 'applied' ${gate}
-      returning order_id
+      select e.id, e.from_status, e.status, e.source, e.history_delivery_id, e.observed_at
+      from effective e
+      where e.outcome = 'applied'
     )
-    select
-      ${delivery ? sql`exists (select 1 from delivery)` : sql`true`} as inserted,
-      d.outcome, d.id as order_id, d.from_status,
-      (select count(*) from moved) + (select count(*) from history) as writes
-    from (select 1) as one left join decision d on true`
+    select i.n,
+      ${withDelivery ? sql`exists (select 1 from delivery x where x.delivery_id = i.delivery_id)` : sql`true`} as inserted,
+      d.outcome, d.id as order_id, d.from_status
+    from input i left join decision d on d.n = i.n
+    order by i.n`
 }

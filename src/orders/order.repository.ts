@@ -137,6 +137,17 @@ export async function orderExists(db: Executor, externalReference: string): Prom
   return row !== undefined
 }
 
+/** Which of these external references name an existing order (one query for a whole batch). */
+export async function existingOrderReferences(db: Executor, externalReferences: readonly string[]): Promise<Set<string>> {
+  if (externalReferences.length === 0) return new Set()
+  const rows = await db
+    .selectFrom('orders')
+    .select('externalReference')
+    .where('externalReference', 'in', [...externalReferences])
+    .execute()
+  return new Set(rows.map((row) => row.externalReference))
+}
+
 export async function findOrderByTradeId(db: Executor, tradeId: string): Promise<Order | undefined> {
   const row = await db.selectFrom('orders').selectAll().where('tradeId', '=', tradeId).executeTakeFirst()
   return row && toOrder(row)

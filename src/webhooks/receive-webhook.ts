@@ -7,10 +7,10 @@ import type { Clock } from '../clock.js'
 import type { Database } from '../db/database.js'
 import { AppError } from '../http/app-error.js'
 import type { Logger } from '../logger.js'
-import { type ObservationSettings, recordDeliveryAndApply } from '../orders/apply-observation.js'
-import { applyParkedDeliveries, orderExists } from '../orders/order.repository.js'
+import type { ObservationSettings } from '../orders/apply-observation.js'
 import { type DeliveryOutcome, recordDelivery, updateDeliveryOutcome } from './delivery.repository.js'
 import { handlerFor } from './event-handlers.js'
+import { type GroupCommit, IngestOverloadedError } from './group-commit.js'
 import { classifyDelivery, PayloadError, parseBody } from './parse-delivery.js'
 import { verifySignature } from './verify-signature.js'
 
@@ -20,6 +20,8 @@ export interface ReceiveDeps {
   clock: Clock
   secrets: readonly string[]
   settings: ObservationSettings
+  /** Writes trade events, grouping concurrent ones into one statement (group-commit.ts). */
+  writer: GroupCommit
 }
 
 export interface IncomingDelivery {
@@ -64,10 +66,9 @@ export async function receiveWebhook(deps: ReceiveDeps, delivery: IncomingDelive
   const receivedAt = new Date(deps.clock.now())
   return storing(async () => {
     if (event.kind === 'trade') {
-      const result = await recordDeliveryAndApply(
-        deps.db,
-        { deliveryId, eventType: event.eventType, rawBody: parsed.text },
-        {
+      const result = await deps.writer.write({
+        delivery: { deliveryId, eventType: event.eventType, rawBody: parsed.text },
+        observation: {
           target: { externalReference: event.externalReference },
           tradeId: event.tradeId,
           tradeReference: event.tradeReference,
@@ -77,13 +78,8 @@ export async function receiveWebhook(deps: ReceiveDeps, delivery: IncomingDelive
           deliveryId,
           observedAt: receivedAt,
         },
-        deps.settings,
-      )
+      })
       if (result === 'duplicate') return { duplicate: true }
-      if (result.outcome === 'unmatched' && (await orderExists(deps.db, event.externalReference))) {
-        // the order was created while this statement ran: give the parked delivery its chance
-        await applyParkedDeliveries(deps.db, event.externalReference, deps.settings)
-      }
       if (result.outcome === 'trade_mismatch') {
         logger.warn({ deliveryId, orderId: result.orderId }, 'webhook trade id differs from the order’s trade')
       }
@@ -117,6 +113,9 @@ async function storing<T>(work: () => Promise<T>): Promise<T> {
   try {
     return await work()
   } catch (error) {
+    if (error instanceof IngestOverloadedError) {
+      throw new AppError(503, 'overloaded', 'Too many deliveries are waiting to be stored; retry later', { cause: error })
+    }
     throw new AppError(503, 'database_unavailable', 'The delivery could not be stored; retry later', { cause: error })
   }
 }

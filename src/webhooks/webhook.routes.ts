@@ -5,15 +5,24 @@ import { Router } from 'express'
 import getRawBody from 'raw-body'
 import type { Metrics } from '../metrics/metrics.js'
 import { AppError } from '../http/app-error.js'
+import { GroupCommit } from './group-commit.js'
 import { loggableDeliveryId, type ReceiveDeps, receiveWebhook } from './receive-webhook.js'
 
-export interface WebhookRouteDeps extends ReceiveDeps {
+export interface WebhookRouteDeps extends Omit<ReceiveDeps, 'writer'> {
   path: string
   bodyLimitBytes: number
+  /** Group commit: most deliveries per statement, and statements in flight at once. */
+  batch: { maxBatch: number; maxInFlight: number }
   metrics?: Metrics | undefined
 }
 
-export function webhookRoutes(deps: WebhookRouteDeps): Router {
+export function webhookRoutes(routeDeps: WebhookRouteDeps): Router {
+  const writer = new GroupCommit(routeDeps, {
+    ...routeDeps.batch,
+    maxQueued: Math.max(1_000, routeDeps.batch.maxBatch * routeDeps.batch.maxInFlight * 4),
+    onBatch: (size) => routeDeps.metrics?.ingestBatchSize.observe(size),
+  })
+  const deps = { ...routeDeps, writer }
   const router = Router()
   router.post(deps.path, async (req, res) => {
     const deliveryId = req.get('x-partner-delivery-id')
@@ -47,7 +56,8 @@ export function webhookRoutes(deps: WebhookRouteDeps): Router {
       if (error instanceof AppError) {
         if (error.code === 'invalid_signature') deps.metrics?.signatureFailures.inc()
         deps.metrics?.deliveries.inc({ outcome: 'rejected' })
-        if (error.status === 503) deps.logger.error({ ...loggableDeliveryId(deliveryId), err: error.cause }, 'webhook not stored')
+        if (error.code === 'database_unavailable') deps.logger.error({ ...loggableDeliveryId(deliveryId), err: error.cause }, 'webhook not stored')
+        if (error.code === 'overloaded') deps.logger.warn({ ...loggableDeliveryId(deliveryId) }, 'webhook refused: ingest queue full')
       }
       throw error
     }

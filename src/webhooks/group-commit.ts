@@ -1,0 +1,184 @@
+// Group commit of trade-event deliveries.
+//
+// Written one by one, every delivery costs a statement, a round trip, a wake-up of a Postgres backend
+// and a WAL flush, and under a burst those per-statement costs are the limit. Here a delivery waits
+// only while `maxInFlight` statements are already running; the next statement takes every delivery
+// that queued meanwhile (up to `maxBatch`) and writes them together: one statement, one commit. Each
+// delivery is answered only after the statement holding it committed. One delivery at a time is
+// written at once, alone: grouping adds no wait when there is nothing to group.
+//
+// A batch never holds two deliveries for one order, nor one delivery id twice, nor an order or a
+// delivery id that a statement in flight holds: one statement cannot update a row twice, and this way
+// the statements of one process never queue on each other's row locks. What is held back goes in the
+// next batch, in arrival order, so one order's deliveries are written in the order they arrived.
+//
+// A delivery parked as unmatched is looked at again once its statement committed: if its order was
+// created meanwhile (and so missed the parked row), it is applied now, before the answer.
+//
+// If a batch fails for a reason other than the database being away (a deadlock with another replica,
+// or a delivery the statement cannot take), its deliveries are written again one by one, so one bad
+// delivery cannot fail its neighbours.
+import type { Kysely } from 'kysely'
+import { isDatabaseUnavailable } from '../db/database-errors.js'
+import type { Database } from '../db/database.js'
+import type { Logger } from '../logger.js'
+import {
+  type DeliveryObservation,
+  type ObservationResult,
+  type ObservationSettings,
+  recordDeliveriesAndApply,
+} from '../orders/apply-observation.js'
+import { applyParkedDeliveries, existingOrderReferences } from '../orders/order.repository.js'
+
+export interface GroupCommitOptions {
+  /** Most deliveries in one statement; 1 writes each delivery alone. */
+  maxBatch: number
+  /** Statements running at once (database connections the ingest may hold). */
+  maxInFlight: number
+  /** Deliveries allowed to wait; beyond this a delivery is refused at once (the sender retries). */
+  maxQueued: number
+  /** Called with the size of every statement written, for metrics. */
+  onBatch?: (size: number) => void
+}
+
+export type WriteResult = ObservationResult | 'duplicate'
+
+export class IngestOverloadedError extends Error {
+  override name = 'IngestOverloadedError'
+}
+
+interface Pending {
+  item: DeliveryObservation
+  resolve: (result: WriteResult) => void
+  reject: (error: unknown) => void
+}
+
+export class GroupCommit {
+  private queue: Pending[] = []
+  private inFlight = 0
+  private scheduled = false
+  // orders and delivery ids held by a statement in flight
+  private readonly busyOrders = new Set<string>()
+  private readonly busyDeliveries = new Set<string>()
+
+  private readonly db: Kysely<Database>
+  private readonly settings: ObservationSettings
+  private readonly logger: Logger
+
+  constructor(
+    deps: { db: Kysely<Database>; settings: ObservationSettings; logger: Logger },
+    private readonly options: GroupCommitOptions,
+  ) {
+    this.db = deps.db
+    this.settings = deps.settings
+    this.logger = deps.logger
+  }
+
+  /** Records the delivery and applies its observation; settles once its statement committed. */
+  write(item: DeliveryObservation): Promise<WriteResult> {
+    if (this.queue.length >= this.options.maxQueued) {
+      return Promise.reject(new IngestOverloadedError(`${this.queue.length} deliveries are already waiting to be stored`))
+    }
+    return new Promise<WriteResult>((resolve, reject) => {
+      this.queue.push({ item, resolve, reject })
+      this.schedule()
+    })
+  }
+
+  /** Deliveries waiting for a statement, and statements in flight (for tests and metrics). */
+  get pending(): { queued: number; inFlight: number } {
+    return { queued: this.queue.length, inFlight: this.inFlight }
+  }
+
+  // setImmediate: every request whose body finished in this turn of the event loop joins the batch
+  private schedule(): void {
+    if (this.scheduled || this.inFlight >= this.options.maxInFlight || this.queue.length === 0) return
+    this.scheduled = true
+    setImmediate(() => {
+      this.scheduled = false
+      this.flush()
+    })
+  }
+
+  private flush(): void {
+    while (this.inFlight < this.options.maxInFlight && this.queue.length > 0) {
+      const batch = this.takeBatch()
+      if (batch.length === 0) return // everything waiting is held by statements in flight
+      this.inFlight++
+      void this.run(batch).finally(() => {
+        this.inFlight--
+        for (const { item } of batch) {
+          this.busyOrders.delete(item.observation.target.externalReference)
+          this.busyDeliveries.delete(item.delivery.deliveryId)
+        }
+        this.schedule()
+      })
+    }
+  }
+
+  private takeBatch(): Pending[] {
+    const batch: Pending[] = []
+    const rest: Pending[] = []
+    // an order with a delivery held back keeps its later deliveries back too (arrival order)
+    const heldOrders = new Set<string>()
+    for (const pending of this.queue) {
+      const order = pending.item.observation.target.externalReference
+      const deliveryId = pending.item.delivery.deliveryId
+      const free = !this.busyOrders.has(order) && !heldOrders.has(order) && !this.busyDeliveries.has(deliveryId)
+      if (batch.length < this.options.maxBatch && free) {
+        this.busyOrders.add(order)
+        this.busyDeliveries.add(deliveryId)
+        batch.push(pending)
+      } else {
+        heldOrders.add(order)
+        rest.push(pending)
+      }
+    }
+    this.queue = rest
+    return batch
+  }
+
+  private async run(batch: Pending[]): Promise<void> {
+    try {
+      await this.writeBatch(batch)
+    } catch (error) {
+      if (batch.length === 1 || isDatabaseUnavailable(error)) {
+        for (const pending of batch) pending.reject(error)
+        return
+      }
+      for (const pending of batch) {
+        try {
+          await this.writeBatch([pending])
+        } catch (alone) {
+          pending.reject(alone)
+        }
+      }
+    }
+  }
+
+  private async writeBatch(batch: Pending[]): Promise<void> {
+    this.options.onBatch?.(batch.length)
+    const results = await recordDeliveriesAndApply(
+      this.db,
+      batch.map((pending) => pending.item),
+      this.settings,
+    )
+    await this.applyLateParked(batch, results)
+    batch.forEach((pending, index) => pending.resolve(results[index]!))
+  }
+
+  private async applyLateParked(batch: Pending[], results: WriteResult[]): Promise<void> {
+    const parked = batch
+      .filter((_, index) => results[index] !== 'duplicate' && (results[index] as ObservationResult).outcome === 'unmatched')
+      .map((pending) => pending.item.observation.target.externalReference)
+    if (parked.length === 0) return
+    try {
+      for (const reference of await existingOrderReferences(this.db, parked)) {
+        await applyParkedDeliveries(this.db, reference, this.settings)
+      }
+    } catch (error) {
+      // the deliveries are stored (parked) and answered 200; `deliveries reapply` applies them later
+      this.logger.warn({ err: error, parked: parked.length }, 'parked deliveries not applied yet; run `deliveries reapply` on them')
+    }
+  }
+}
