@@ -33,6 +33,8 @@ export interface Config {
     readonly batchMax: number
     /** Group commit: statements in flight at once (1 on PGlite, which has one connection). */
     readonly batchStatements: number
+    /** Stored delivery ids remembered per process, so their retries skip the database (0: none). */
+    readonly seenCacheSize: number
   }
   readonly partner: {
     /** local: no platform configured, the sandbox runs in-process; remote: a real platform. */
@@ -107,6 +109,7 @@ const EnvSchema = z.object({
   WEBHOOK_SECRETS: secretList.optional(),
   WEBHOOK_BODY_LIMIT: byteSize.default(256 * 1024),
   WEBHOOK_BATCH_MAX: positiveInt.max(1_000).default(100),
+  WEBHOOK_SEEN_CACHE: z.coerce.number().int().min(0).max(10_000_000).default(100_000),
   PARTNER_ENV: z.enum(['sandbox', 'live']).default('sandbox'),
   PARTNER_KIND: z.enum(['marketplace', 'merchant']).default('marketplace'),
   PARTNER_API_BASE_URL: z.url({ protocol: /^https?$/, error: 'must be an http(s) URL' }).optional(),
@@ -218,6 +221,7 @@ export function parseConfig(
       bodyLimitBytes: values.WEBHOOK_BODY_LIMIT,
       batchMax: values.WEBHOOK_BATCH_MAX,
       // half the pool: the other half stays free for the poller, API calls and health checks
+      seenCacheSize: values.WEBHOOK_SEEN_CACHE,
       batchStatements: values.DATABASE_URL ? Math.max(1, Math.floor(values.DATABASE_POOL_SIZE / 2)) : 1,
     },
     partner: {

@@ -34,6 +34,7 @@ export function createApp(deps: AppDeps): Express {
       path: deps.config.webhook.path,
       bodyLimitBytes: deps.config.webhook.bodyLimitBytes,
       batch: { maxBatch: deps.config.webhook.batchMax, maxInFlight: deps.config.webhook.batchStatements },
+      seenCapacity: deps.config.webhook.seenCacheSize,
       secrets: deps.config.webhook.secrets,
       settings: { staleAfterS: deps.config.poll.staleAfterS },
     }),

@@ -12,6 +12,7 @@ import { type DeliveryOutcome, recordDelivery, updateDeliveryOutcome } from './d
 import { handlerFor } from './event-handlers.js'
 import { type GroupCommit, IngestOverloadedError } from './group-commit.js'
 import { classifyDelivery, PayloadError, parseBody } from './parse-delivery.js'
+import type { SeenDeliveries } from './seen-deliveries.js'
 import { verifySignature } from './verify-signature.js'
 
 export interface ReceiveDeps {
@@ -22,6 +23,8 @@ export interface ReceiveDeps {
   settings: ObservationSettings
   /** Writes trade events, grouping concurrent ones into one statement (group-commit.ts). */
   writer: GroupCommit
+  /** Delivery ids known to be stored: their retries are answered without the database. */
+  seen: SeenDeliveries
 }
 
 export interface IncomingDelivery {
@@ -54,6 +57,8 @@ export async function receiveWebhook(deps: ReceiveDeps, delivery: IncomingDelive
   if (deliveryId === undefined || !DELIVERY_ID.test(deliveryId)) {
     throw new AppError(400, 'invalid_payload', 'X-Partner-Delivery-Id must be 1 to 200 printable ASCII characters')
   }
+  // a retry of a delivery this process saw stored: nothing to write, nothing to read
+  if (deps.seen.has(deliveryId)) return { duplicate: true }
   let parsed: ReturnType<typeof parseBody>
   try {
     parsed = parseBody(delivery.rawBody)
@@ -62,49 +67,59 @@ export async function receiveWebhook(deps: ReceiveDeps, delivery: IncomingDelive
     throw error
   }
 
-  const event = classifyDelivery(parsed.body)
   const receivedAt = new Date(deps.clock.now())
-  return storing(async () => {
-    if (event.kind === 'trade') {
-      const result = await deps.writer.write({
-        delivery: { deliveryId, eventType: event.eventType, rawBody: parsed.text },
-        observation: {
-          target: { externalReference: event.externalReference },
-          tradeId: event.tradeId,
-          tradeReference: event.tradeReference,
-          externalReference: event.externalReference,
-          status: event.status,
-          source: 'webhook',
-          deliveryId,
-          observedAt: receivedAt,
-        },
-      })
-      if (result === 'duplicate') return { duplicate: true }
-      if (result.outcome === 'trade_mismatch') {
-        logger.warn({ deliveryId, orderId: result.orderId }, 'webhook trade id differs from the order’s trade')
-      }
-      return { duplicate: false, outcome: result.outcome, eventType: event.eventType }
-    }
+  const result = await storing(() => store(deps, deliveryId, parsed, receivedAt))
+  deps.seen.add(deliveryId)
+  return result
+}
 
-    const outcome: DeliveryOutcome = event.kind === 'invalid' ? 'invalid' : 'ignored'
-    const inserted = await recordDelivery(deps.db, {
-      deliveryId,
-      eventType: event.eventType,
-      rawBody: parsed.text,
-      outcome,
-      receivedAt,
+async function store(
+  deps: ReceiveDeps,
+  deliveryId: string,
+  parsed: { text: string; body: Record<string, unknown> },
+  receivedAt: Date,
+): Promise<ReceiveResult> {
+  const { logger } = deps
+  const event = classifyDelivery(parsed.body)
+  if (event.kind === 'trade') {
+    const result = await deps.writer.write({
+      delivery: { deliveryId, eventType: event.eventType, rawBody: parsed.text },
+      observation: {
+        target: { externalReference: event.externalReference },
+        tradeId: event.tradeId,
+        tradeReference: event.tradeReference,
+        externalReference: event.externalReference,
+        status: event.status,
+        source: 'webhook',
+        deliveryId,
+        observedAt: receivedAt,
+      },
     })
-    if (!inserted) return { duplicate: true }
-    if (event.kind === 'invalid') {
-      logger.warn({ deliveryId, eventType: event.eventType, problem: event.problem }, 'webhook payload invalid')
-      return { duplicate: false, outcome, eventType: event.eventType }
+    if (result === 'duplicate') return { duplicate: true }
+    if (result.outcome === 'trade_mismatch') {
+      logger.warn({ deliveryId, orderId: result.orderId }, 'webhook trade id differs from the order’s trade')
     }
-    const handler = handlerFor(event.eventType)
-    if (!handler) return { duplicate: false, outcome, eventType: event.eventType }
-    const handled = await handler({ db: deps.db, logger, deliveryId, eventType: event.eventType, body: parsed.body })
-    if (handled === 'applied') await updateDeliveryOutcome(deps.db, deliveryId, 'applied', receivedAt)
-    return { duplicate: false, outcome: handled, eventType: event.eventType }
+    return { duplicate: false, outcome: result.outcome, eventType: event.eventType }
+  }
+
+  const outcome: DeliveryOutcome = event.kind === 'invalid' ? 'invalid' : 'ignored'
+  const inserted = await recordDelivery(deps.db, {
+    deliveryId,
+    eventType: event.eventType,
+    rawBody: parsed.text,
+    outcome,
+    receivedAt,
   })
+  if (!inserted) return { duplicate: true }
+  if (event.kind === 'invalid') {
+    logger.warn({ deliveryId, eventType: event.eventType, problem: event.problem }, 'webhook payload invalid')
+    return { duplicate: false, outcome, eventType: event.eventType }
+  }
+  const handler = handlerFor(event.eventType)
+  if (!handler) return { duplicate: false, outcome, eventType: event.eventType }
+  const handled = await handler({ db: deps.db, logger, deliveryId, eventType: event.eventType, body: parsed.body })
+  if (handled === 'applied') await updateDeliveryOutcome(deps.db, deliveryId, 'applied', receivedAt)
+  return { duplicate: false, outcome: handled, eventType: event.eventType }
 }
 
 // Whatever goes wrong while storing, the answer is 503: the platform retries, and the statement

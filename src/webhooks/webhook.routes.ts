@@ -7,12 +7,15 @@ import type { Metrics } from '../metrics/metrics.js'
 import { AppError } from '../http/app-error.js'
 import { GroupCommit } from './group-commit.js'
 import { loggableDeliveryId, type ReceiveDeps, receiveWebhook } from './receive-webhook.js'
+import { SeenDeliveries } from './seen-deliveries.js'
 
-export interface WebhookRouteDeps extends Omit<ReceiveDeps, 'writer'> {
+export interface WebhookRouteDeps extends Omit<ReceiveDeps, 'writer' | 'seen'> {
   path: string
   bodyLimitBytes: number
   /** Group commit: most deliveries per statement, and statements in flight at once. */
   batch: { maxBatch: number; maxInFlight: number }
+  /** How many stored delivery ids to remember, so their retries skip the database (0: none). */
+  seenCapacity: number
   metrics?: Metrics | undefined
 }
 
@@ -22,7 +25,7 @@ export function webhookRoutes(routeDeps: WebhookRouteDeps): Router {
     maxQueued: Math.max(1_000, routeDeps.batch.maxBatch * routeDeps.batch.maxInFlight * 4),
     onBatch: (size) => routeDeps.metrics?.ingestBatchSize.observe(size),
   })
-  const deps = { ...routeDeps, writer }
+  const deps = { ...routeDeps, writer, seen: new SeenDeliveries(routeDeps.seenCapacity) }
   const router = Router()
   router.post(deps.path, async (req, res) => {
     const deliveryId = req.get('x-partner-delivery-id')
