@@ -1,0 +1,221 @@
+// Group commit of webhook deliveries (src/webhooks/group-commit.ts) and the per-process memory of
+// stored delivery ids (src/webhooks/seen-deliveries.ts), on PGlite and on Postgres.
+import { randomUUID } from 'node:crypto'
+import { sql } from 'kysely'
+import request from 'supertest'
+import { afterAll, beforeAll, describe, expect, it } from 'vitest'
+import { systemClock } from '../src/clock.js'
+import { openDatabase } from '../src/db/open-database.js'
+import { createApp } from '../src/http/app.js'
+import { createMetrics } from '../src/metrics/metrics.js'
+import type { DeliveryObservation } from '../src/orders/apply-observation.js'
+import { createOrder, findOrderByExternalReference, orderHistory } from '../src/orders/order.repository.js'
+import { GroupCommit, IngestOverloadedError } from '../src/webhooks/group-commit.js'
+import { SeenDeliveries } from '../src/webhooks/seen-deliveries.js'
+import { testLogger } from './helpers/log-sink.js'
+import { startTcpProxy } from './helpers/tcp-proxy.js'
+import { testConfig } from './helpers/test-config.js'
+import { createTestDatabase, describePostgres, type TestDatabase } from './helpers/test-database.js'
+import { sendWebhook, tradePayload } from './helpers/webhook-delivery.js'
+
+const config = testConfig({ LOG_LEVEL: 'warn' })
+const settings = { staleAfterS: config.poll.staleAfterS }
+
+function delivery(externalReference: string, status: string, deliveryId = `gc-${randomUUID()}`): DeliveryObservation {
+  const body = tradePayload(externalReference, status)
+  return {
+    delivery: { deliveryId, eventType: `trade.${status}`, rawBody: JSON.stringify(body) },
+    observation: {
+      target: { externalReference },
+      tradeId: body.trade_id,
+      tradeReference: body.reference,
+      externalReference,
+      status,
+      source: 'webhook',
+      deliveryId,
+      observedAt: new Date(),
+    },
+  }
+}
+
+describe('group commit', () => {
+  let database: TestDatabase
+  beforeAll(async () => {
+    database = await createTestDatabase()
+  })
+  afterAll(async () => {
+    await database.close()
+  })
+
+  const writer = (options: { maxBatch?: number; maxQueued?: number } = {}) => {
+    const batches: number[] = []
+    const group = new GroupCommit(
+      { db: database.db, settings, logger: testLogger() },
+      { maxBatch: options.maxBatch ?? 100, maxInFlight: 1, maxQueued: options.maxQueued ?? 1_000, onBatch: (size) => batches.push(size) },
+    )
+    return { group, batches }
+  }
+
+  it('writes deliveries that arrive together in one statement, each settled with its own outcome', async () => {
+    for (const ref of ['gc-a', 'gc-b', 'gc-c']) await createOrder(database.db, { externalReference: ref })
+    const { group, batches } = writer()
+    const results = await Promise.all([
+      group.write(delivery('gc-a', 'funded')),
+      group.write(delivery('gc-b', 'created')),
+      group.write(delivery('gc-nobody', 'funded')),
+    ])
+    expect(batches).toEqual([3])
+    expect(results.map((result) => (result === 'duplicate' ? result : result.outcome))).toEqual(['applied', 'applied', 'unmatched'])
+    expect((await findOrderByExternalReference(database.db, 'gc-a'))?.tradeStatus).toBe('funded')
+    expect((await findOrderByExternalReference(database.db, 'gc-b'))?.tradeStatus).toBe('created')
+    expect((await findOrderByExternalReference(database.db, 'gc-c'))?.tradeStatus).toBeNull()
+  })
+
+  it('puts two deliveries for one order in separate statements, in arrival order', async () => {
+    const { order } = await createOrder(database.db, { externalReference: 'gc-order' })
+    await createOrder(database.db, { externalReference: 'gc-other' })
+    const { group, batches } = writer()
+    const results = await Promise.all([
+      group.write(delivery('gc-order', 'created')),
+      group.write(delivery('gc-order', 'funded')),
+      group.write(delivery('gc-other', 'funded')),
+    ])
+    expect(batches).toEqual([2, 1])
+    expect(results.map((result) => (result === 'duplicate' ? result : result.outcome))).toEqual(['applied', 'applied', 'applied'])
+    const history = await orderHistory(database.db, order.id)
+    expect(history.map((row) => `${row.fromStatus}->${row.toStatus}`)).toEqual(['null->created', 'created->funded'])
+  })
+
+  it('stores a delivery id sent twice at once one time; the second is a duplicate', async () => {
+    const { order } = await createOrder(database.db, { externalReference: 'gc-twice' })
+    const { group, batches } = writer()
+    const item = delivery('gc-twice', 'funded', `gc-twice-${randomUUID()}`)
+    const results = await Promise.all([group.write(item), group.write(item)])
+    expect(batches).toEqual([1, 1])
+    expect(results[0]).toMatchObject({ outcome: 'applied' })
+    expect(results[1]).toBe('duplicate')
+    expect(await orderHistory(database.db, order.id)).toHaveLength(1)
+  })
+
+  it('takes at most maxBatch deliveries per statement', async () => {
+    const refs = Array.from({ length: 7 }, (_, i) => `gc-max-${i}`)
+    for (const ref of refs) await createOrder(database.db, { externalReference: ref })
+    const { group, batches } = writer({ maxBatch: 3 })
+    await Promise.all(refs.map((ref) => group.write(delivery(ref, 'funded'))))
+    expect(batches).toEqual([3, 3, 1])
+  })
+
+  it('refuses a delivery at once when maxQueued deliveries are waiting, and writes the others', async () => {
+    const { group } = writer({ maxQueued: 2 })
+    const first = group.write(delivery('gc-full-1', 'funded'))
+    const second = group.write(delivery('gc-full-2', 'funded'))
+    await expect(group.write(delivery('gc-full-3', 'funded'))).rejects.toBeInstanceOf(IngestOverloadedError)
+    expect(await first).toMatchObject({ outcome: 'unmatched' })
+    expect(await second).toMatchObject({ outcome: 'unmatched' })
+  })
+
+  it('fails only the delivery the statement cannot take; its neighbours in the batch are stored', async () => {
+    // a trigger stands for a delivery the database refuses (a constraint a fork adds, say)
+    await sql.raw(`create function refuse_poison() returns trigger language plpgsql as $$
+        begin
+          if new.delivery_id like 'poison-%' then raise exception 'refused by the test'; end if;
+          return new;
+        end $$`).execute(database.db)
+    await sql.raw('create trigger refuse_poison before insert on webhook_deliveries for each row execute function refuse_poison()').execute(database.db)
+    try {
+      const refs = Array.from({ length: 5 }, (_, i) => `gc-poison-${i}`)
+      for (const ref of refs) await createOrder(database.db, { externalReference: ref })
+      const { group, batches } = writer()
+      const settled = await Promise.allSettled(
+        refs.map((ref, i) => group.write(delivery(ref, 'funded', i === 2 ? `poison-${randomUUID()}` : `ok-${randomUUID()}`))),
+      )
+      expect(batches).toEqual([5, 1, 1, 1, 1, 1])
+      expect(settled.map((result) => result.status)).toEqual(['fulfilled', 'fulfilled', 'rejected', 'fulfilled', 'fulfilled'])
+      for (const [i, ref] of refs.entries()) {
+        expect((await findOrderByExternalReference(database.db, ref))?.tradeStatus).toBe(i === 2 ? null : 'funded')
+      }
+    } finally {
+      await sql.raw('drop trigger refuse_poison on webhook_deliveries').execute(database.db)
+    }
+  })
+})
+
+describe('the memory of stored delivery ids', () => {
+  it('forgets the least recently seen id first', () => {
+    const seen = new SeenDeliveries(2)
+    seen.add('a')
+    seen.add('b')
+    seen.add('a')
+    seen.add('c')
+    expect([seen.has('a'), seen.has('b'), seen.has('c'), seen.size]).toEqual([true, false, true, 2])
+  })
+
+  it('remembers nothing at capacity 0', () => {
+    const seen = new SeenDeliveries(0)
+    seen.add('a')
+    expect(seen.has('a')).toBe(false)
+  })
+})
+
+describePostgres('group commit through the receiver (Postgres)', () => {
+  let database: TestDatabase
+  beforeAll(async () => {
+    database = await createTestDatabase({ poolSize: 4 })
+  })
+  afterAll(async () => {
+    await database.close()
+  })
+
+  it('answers each of 60 concurrent deliveries only after its statement committed, in fewer statements than deliveries', async () => {
+    const metrics = createMetrics({}, { defaultMetrics: false })
+    const app = createApp({ config, db: database.db, logger: testLogger(config.webhook.secrets), clock: systemClock, metrics })
+    const refs = Array.from({ length: 60 }, (_, i) => `gc-http-${i}`)
+    for (const ref of refs) await createOrder(database.db, { externalReference: ref })
+    const seenOnAnswer = await Promise.all(
+      refs.map(async (ref) => {
+        const response = await sendWebhook(app, { body: tradePayload(ref, 'funded') })
+        expect(response.status).toBe(200)
+        // the answer came: the order must already show the change
+        return (await findOrderByExternalReference(database.db, ref))?.tradeStatus
+      }),
+    )
+    expect(seenOnAnswer).toEqual(Array(60).fill('funded'))
+    const scrape = (await request(app).get('/metrics')).text
+    const count = Number(/^webhook_ingest_batch_size_count (\d+)/m.exec(scrape)?.[1])
+    const sum = Number(/^webhook_ingest_batch_size_sum (\d+)/m.exec(scrape)?.[1])
+    expect(sum).toBe(60)
+    expect(count).toBeLessThan(60)
+  })
+
+  it('answers a retry of a stored delivery while the database is away, and 503 for a delivery it has not seen', async () => {
+    const target = new URL(database.url!)
+    const proxy = await startTcpProxy({ host: target.hostname, port: Number(target.port || 5432) })
+    const handle = openDatabase({ databaseUrl: proxy.rewrite(database.url!), poolSize: 2, logger: testLogger() })
+    const forgetful = openDatabase({ databaseUrl: proxy.rewrite(database.url!), poolSize: 2, logger: testLogger() })
+    try {
+      await createOrder(database.db, { externalReference: 'gc-away' })
+      const logger = testLogger(config.webhook.secrets)
+      const app = createApp({ config, db: handle.db, logger, clock: systemClock })
+      const noMemory = testConfig({ LOG_LEVEL: 'warn', WEBHOOK_SEEN_CACHE: '0' })
+      const appWithout = createApp({ config: noMemory, db: forgetful.db, logger, clock: systemClock })
+      const body = tradePayload('gc-away', 'funded')
+      const deliveryId = `gc-away-${randomUUID()}`
+      expect((await sendWebhook(app, { body, deliveryId })).status).toBe(200)
+      expect((await sendWebhook(appWithout, { body, deliveryId })).body).toEqual({ received: true, duplicate: true })
+
+      proxy.cut()
+      const retry = await sendWebhook(app, { body, deliveryId })
+      expect([retry.status, retry.body]).toEqual([200, { received: true, duplicate: true }])
+      const unseen = await sendWebhook(app, { body, deliveryId: `gc-away-${randomUUID()}` })
+      expect([unseen.status, unseen.body.error?.code]).toEqual([503, 'database_unavailable'])
+      // without the memory the retry needs the database, so it cannot be answered 200
+      const retryWithout = await sendWebhook(appWithout, { body, deliveryId })
+      expect(retryWithout.status).toBe(503)
+    } finally {
+      proxy.restore()
+      await handle.close()
+      await forgetful.close()
+      await proxy.close()
+    }
+  })
+})
