@@ -18,9 +18,13 @@ const args = process.argv.slice(2)
 const quick = args.includes('--quick')
 const durationArg = args.indexOf('--duration')
 const durationS = durationArg >= 0 ? Number(args[durationArg + 1]) : quick ? 3 : 10
+const roundsArg = args.indexOf('--rounds')
+const rounds = roundsArg >= 0 ? Number(args[roundsArg + 1]) : quick ? 1 : 2
 const part = args.find((arg) => !arg.startsWith('--') && !/^\d+$/.test(arg)) ?? 'all'
 const baseUrl = process.env.BENCH_DATABASE_URL || 'postgres://postgres@127.0.0.1:5432/test'
 const CONNECTIONS = 50
+// every run of the rounds, for the JSON report
+const allRuns: LoadResult[] = []
 // more than a run can send, so no delivery id repeats
 const SEEN_ELSEWHERE = 400_000
 const STATUSES = ['created', 'funded', 'delivered', 'disputed', 'resolved']
@@ -76,7 +80,6 @@ async function startServer(kind: string, env: Record<string, string>): Promise<{
 // logging on at info (to a pipe this process drains). Orders and seen deliveries are seeded once it has
 // migrated.
 async function startService(url: string, seed: { orders: number; seen: number }): Promise<{ child: ChildProcess; port: number }> {
-  execFileSync('npm', ['run', 'build', '--silent'], { cwd: root, stdio: 'ignore' })
   const profile = process.env.BENCH_CPU_PROF ? ['--cpu-prof', `--cpu-prof-dir=${process.env.BENCH_CPU_PROF}`] : []
   // the flags the Docker image runs with (NODE_OPTIONS there); BENCH_NODE_FLAGS overrides them
   const nodeFlags = (process.env.BENCH_NODE_FLAGS ?? '--max-semi-space-size=8').split(' ').filter(Boolean)
@@ -169,11 +172,11 @@ async function load(name: string, port: number, makeBody: BodyFactory, seconds =
 
 const run = `r${Date.now().toString(36)}`
 // distinct deliveries that match existing orders, each order climbing the lifecycle one status per pass
-const matched = (orders: number): BodyFactory => {
+const matched = (orders: number, offset = 0): BodyFactory => {
   let first: number | undefined
   return (index) => {
     first ??= index
-    const order = ((index - first) % orders) + 1
+    const order = offset + ((index - first) % orders) + 1
     const status = STATUSES[Math.min(Math.floor((index - first) / orders), STATUSES.length - 1)]!
     return {
       deliveryId: `${run}-m-${index}`,
@@ -233,15 +236,36 @@ function pgbench(url: string): LoadResult {
   return { name: 'pgbench single-row insert (commits/s)', requests: Math.round(tps * durationS), rps: Math.round(tps), p50: latency, p99: Number.NaN, non2xx: 0, errors: 0 }
 }
 
+// The minimal handler and the full ingest, the two sides of the headline ratio, run `rounds` times in
+// turn and each keeps its best run: on a shared machine noise only ever slows a run down.
+function best(runs: LoadResult[]): LoadResult {
+  return runs.reduce((a, b) => (b.rps > a.rps ? b : a))
+}
+
 async function ingestBench(): Promise<LoadResult[]> {
+  execFileSync('npm', ['run', 'build', '--silent'], { cwd: root, stdio: 'ignore' })
   return withSchema(async (url) => {
     const orders = 40_000
     const results: LoadResult[] = []
     results.push(await measured('bare', {}, 'bare Express 5 route', unmatched))
-    results.push(await measured('minimal', { BENCH_DATABASE_URL: url }, 'minimal verify + insert', unmatched))
-    results.push(
-      await measured('service', { BENCH_DATABASE_URL: url, BENCH_ORDERS: String(orders), BENCH_SEEN_DELIVERIES: '5000' }, 'full ingest (matched, applied)', matched(orders), true),
-    )
+    const minimalRuns: LoadResult[] = []
+    const fullRuns: LoadResult[] = []
+    for (let round = 0; round < rounds; round++) {
+      minimalRuns.push(await measured('minimal', { BENCH_DATABASE_URL: url }, 'minimal verify + insert', unmatched))
+      // each round its own orders, so every round climbs the same lifecycle
+      fullRuns.push(
+        await measured(
+          'service',
+          { BENCH_DATABASE_URL: url, BENCH_ORDERS: String(orders * rounds), BENCH_SEEN_DELIVERIES: '5000' },
+          'full ingest (matched, applied)',
+          matched(orders, round * orders),
+          true,
+        ),
+      )
+    }
+    const fullBest = best(fullRuns)
+    results.push(best(minimalRuns), { ...fullBest, peakRssMb: Math.max(...fullRuns.map((run) => run.peakRssMb ?? 0)) })
+    allRuns.push(...minimalRuns, ...fullRuns)
     // retries of 5,000 deliveries over and over: from the warm-up on, this replica has seen each stored
     results.push(
       await measured('service', { BENCH_DATABASE_URL: url, BENCH_ORDERS: '5000', BENCH_SEEN_DELIVERIES: '5000' }, 'full ingest: duplicates', seen(5_000)),
@@ -285,7 +309,8 @@ async function main(): Promise<void> {
     durationS,
   }
   const sections: string[] = [
-    `# Benchmark results\n\n${report.date}, Node ${report.node}, ${report.cpus}, ${durationS} s per load run, ${CONNECTIONS} connections.`,
+    `# Benchmark results\n\n${report.date}, Node ${report.node}, ${report.cpus}, ${durationS} s per load run, ${CONNECTIONS} connections; ` +
+      `minimal and full ingest: best of ${rounds} rounds run in turn.`,
   ]
   let ingest: LoadResult[] = []
   let pglite: LoadResult[] = []
@@ -356,7 +381,7 @@ async function main(): Promise<void> {
   }
   if (targets.length > 1) sections.splice(1, 0, `## Targets\n\n${table(targets)}`)
 
-  Object.assign(report, { ingest, pglite, claim, poll, targets })
+  Object.assign(report, { rounds, ingest, roundRuns: allRuns, pglite, claim, poll, targets })
   const markdown = `${sections.join('\n\n')}\n`
   process.stdout.write(markdown)
   const suffix = part === 'all' && !quick ? 'latest' : `latest-${part}${quick ? '-quick' : ''}`
