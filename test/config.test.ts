@@ -31,8 +31,12 @@ describe('configuration', () => {
       PARTNER_ENV: 'staging',
       LOG_LEVEL: 'loud',
       DATABASE_URL: 'mysql://nope',
+      WEBHOOK_BATCH_MAX: '0',
+      WEBHOOK_SEEN_CACHE: '-1',
     })
     for (const name of [
+      'WEBHOOK_BATCH_MAX',
+      'WEBHOOK_SEEN_CACHE',
       'PORT',
       'POLL_CONCURRENCY',
       'WEBHOOK_BODY_LIMIT',
@@ -126,6 +130,14 @@ describe('configuration', () => {
     expect(config.poll.enabled).toBe(false)
     expect(config.port).toBe(8080)
     expect(Object.isFrozen(config.webhook.secrets)).toBe(true)
+    // group commit: half the Postgres pool writes deliveries; PGlite has one connection
+    expect(config.webhook.batchStatements).toBe(1)
+    expect(parseConfig({ ...remoteEnv, DATABASE_URL: 'postgres://db/x', DATABASE_POOL_SIZE: '10' }).webhook).toMatchObject({
+      batchMax: 100,
+      batchStatements: 5,
+      seenCacheSize: 100_000,
+    })
+    expect(parseConfig({ ...remoteEnv, DATABASE_URL: 'postgres://db/x', DATABASE_POOL_SIZE: '1' }).webhook.batchStatements).toBe(1)
     expect(() => {
       ;(config as { port: number }).port = 1
     }).toThrow(TypeError)
