@@ -125,6 +125,33 @@ describe('when an order is due', () => {
     expect(fetcher.calls).toEqual([])
   })
 
+  it('is EXPECTED_WEBHOOK_S after an API call made while a poll of the order was in flight', async () => {
+    await openAndFund()
+    // the API is called (and reschedules the order) while the poll's GET is under way
+    const pollStart = 100 + EXPECTED_WEBHOOK_S
+    poller = testPoller({
+      db: database.db,
+      fetcher: countingFetcher(async () => {
+        await at(pollStart + 5)
+        await runTradeOperation(trades, 'order-1', { kind: 'fund' })
+        return 'funded'
+      }),
+      clock,
+      settings: { staleAfterS: STALE_AFTER_S },
+    })
+    expect(await polledAt(pollStart)).toBe(true)
+    // the poll's write-back does not push the API call's poll out to STALE_AFTER_S
+    const order = await orderByReference(database.db, 'order-1')
+    expect(new Date(order.nextPollAt!).getTime()).toBe(start + (pollStart + 5 + EXPECTED_WEBHOOK_S) * 1000)
+  })
+
+  it('is STALE_AFTER_S after a poll when nothing rescheduled the order meanwhile', async () => {
+    await openAndFund()
+    expect(await polledAt(100 + EXPECTED_WEBHOOK_S)).toBe(true)
+    const order = await orderByReference(database.db, 'order-1')
+    expect(new Date(order.nextPollAt!).getTime()).toBe(start + (100 + EXPECTED_WEBHOOK_S + STALE_AFTER_S) * 1000)
+  })
+
   it('is never before the order has a trade', async () => {
     await database.db.insertInto('orders').values({ externalReference: 'order-1' }).execute()
     expect((await orderByReference(database.db, 'order-1')).nextPollAt).toBeNull()

@@ -242,7 +242,14 @@ function observationStatement(
           when (e.outcome = 'applied' and e.terminal) or (e.outcome <> 'applied' and o.is_terminal) then null
           when e.outcome = 'applied' and e.rank is null then e.observed_at
           when e.outcome in ('applied', 'duplicate_effect') or ${releasesLease}::boolean
-            then e.observed_at + make_interval(secs => ${staleAfterS}::int)
+            then ${
+              releasesLease
+                ? // a poll's claim set next_poll_at to the lease's end: if it differs now, an API call or a
+                  // webhook rescheduled the order while the poll ran, and the earlier time stands
+                  sql`least(e.observed_at + make_interval(secs => ${staleAfterS}::int),
+                      case when o.next_poll_at is distinct from o.poll_lease_expires_at then o.next_poll_at end)`
+                : sql`e.observed_at + make_interval(secs => ${staleAfterS}::int)`
+            }
           else o.next_poll_at
         end,
         ${

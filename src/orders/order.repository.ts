@@ -45,20 +45,20 @@ function toOrder(row: Selectable<OrdersTable>): Order {
  */
 export async function createOrder(
   db: Kysely<Database>,
-  { externalReference }: { externalReference: string },
+  { externalReference, now = () => new Date() }: { externalReference: string; now?: () => Date },
   settings: ObservationSettings = DEFAULT_OBSERVATION_SETTINGS,
 ): Promise<{ order: Order; appliedDeliveries: number }> {
   let applied: number
   try {
     applied = await db.transaction().execute(async (trx) => {
       await trx.insertInto('orders').values({ externalReference }).execute()
-      return applyParkedDeliveries(trx, externalReference, settings)
+      return applyParkedDeliveries(trx, externalReference, settings, now)
     })
   } catch (error) {
     if ((error as { code?: string }).code === '23505') throw new OrderExistsError(externalReference)
     throw error
   }
-  applied += await applyParkedDeliveries(db, externalReference, settings)
+  applied += await applyParkedDeliveries(db, externalReference, settings, now)
   const order = await findOrderByExternalReference(db, externalReference)
   if (!order) throw new Error(`Order ${externalReference} vanished right after it was created`)
   return { order, appliedDeliveries: applied }
@@ -73,6 +73,7 @@ export async function applyParkedDeliveries(
   db: Executor,
   externalReference: string,
   settings: ObservationSettings,
+  now: () => Date = () => new Date(),
 ): Promise<number> {
   const run = async (trx: Transaction<Database>) => {
     const order = await trx
@@ -92,6 +93,7 @@ export async function applyParkedDeliveries(
       .skipLocked()
       .execute()
     for (const delivery of parked) {
+      const appliedAt = now()
       const result = await applyObservation(
         trx,
         {
@@ -102,13 +104,13 @@ export async function applyParkedDeliveries(
           status: delivery.observedStatus ?? '',
           source: 'webhook',
           deliveryId: delivery.deliveryId,
-          observedAt: new Date(),
+          observedAt: appliedAt,
         },
         settings,
       )
       await trx
         .updateTable('webhookDeliveries')
-        .set({ outcome: result.outcome, orderId: order.id, appliedAt: result.outcome === 'applied' ? new Date() : null })
+        .set({ outcome: result.outcome, orderId: order.id, appliedAt: result.outcome === 'applied' ? appliedAt : null })
         .where('deliveryId', '=', delivery.deliveryId)
         .execute()
     }

@@ -20,7 +20,13 @@ export async function rescheduleAfterError(
 ): Promise<boolean> {
   const result = await db
     .updateTable('orders')
-    .set({ nextPollAt, pollLeaseToken: null, pollLeaseExpiresAt: null })
+    .set((eb) => ({
+      // an earlier time set while the poll ran (an API call rescheduled the order) stands
+      nextPollAt: sql<Date>`least(${nextPollAt}::timestamptz,
+        case when ${eb.ref('nextPollAt')} is distinct from ${eb.ref('pollLeaseExpiresAt')} then ${eb.ref('nextPollAt')} end)`,
+      pollLeaseToken: null,
+      pollLeaseExpiresAt: null,
+    }))
     .where('id', '=', orderId)
     .where('pollLeaseToken', '=', leaseToken)
     .executeTakeFirst()

@@ -32,7 +32,7 @@ export async function openTradeForOrder(
   const { db, client, clock, logger, settings } = deps
   let order = await findOrderByExternalReference(db, externalReference)
   if (!order) {
-    await createOrder(db, { externalReference })
+    await createOrder(db, { externalReference, now: () => new Date(clock.now()) }, { staleAfterS: settings.staleAfterS })
     order = await findOrderByExternalReference(db, externalReference)
     if (!order) throw new Error(`Order ${externalReference} vanished right after it was created`)
   }

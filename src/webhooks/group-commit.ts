@@ -170,11 +170,16 @@ export class GroupCommit {
   private async applyLateParked(batch: Pending[], results: WriteResult[]): Promise<void> {
     const parked = batch
       .filter((_, index) => results[index] !== 'duplicate' && (results[index] as ObservationResult).outcome === 'unmatched')
-      .map((pending) => pending.item.observation.target.externalReference)
+      .map((pending) => pending.item.observation)
     if (parked.length === 0) return
     try {
-      for (const reference of await existingOrderReferences(this.db, parked)) {
-        await applyParkedDeliveries(this.db, reference, this.settings)
+      const existing = await existingOrderReferences(
+        this.db,
+        parked.map((observation) => observation.target.externalReference),
+      )
+      for (const observation of parked.filter((each) => existing.has(each.target.externalReference))) {
+        // the clock's time of the delivery that found the order: "now", as the service's clock tells it
+        await applyParkedDeliveries(this.db, observation.target.externalReference, this.settings, () => observation.observedAt)
       }
     } catch (error) {
       // the deliveries are stored (parked) and answered 200; `deliveries reapply` applies them later
