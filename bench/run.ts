@@ -103,14 +103,16 @@ async function startService(url: string, seed: { orders: number; seen: number })
   })
   const port = await new Promise<number>((resolve, reject) => {
     let buffer = ''
-    child.stdout!.on('data', (chunk) => {
+    const read = (chunk: Buffer) => {
       buffer += chunk
       const match = /"url":"http:\/\/127\.0\.0\.1:(\d+)"[^\n]*"msg":"service listening"/.exec(buffer)
       if (match) {
-        buffer = ''
+        // from here on the log lines are only drained: this process is also the load generator
+        child.stdout!.off('data', read).on('data', () => {})
         resolve(Number(match[1]))
       } else if (buffer.length > 100_000) buffer = buffer.slice(-1000)
-    })
+    }
+    child.stdout!.on('data', read)
     child.once('exit', (code) => reject(new Error(`service exited with ${code}`)))
   })
   const client = new pg.Client({ connectionString: url })
