@@ -335,7 +335,7 @@ async function main(): Promise<void> {
       '## Ingest\n\n' +
         table([
           ['scenario', 'req/s', 'p50 ms', 'p99 ms', 'non-2xx', 'errors', 'peak RSS MB'],
-          ...[...ingest, ...pglite].map((row) => [row.name, String(row.rps), String(row.p50), String(row.p99), String(row.non2xx), String(row.errors), row.peakRssMb === undefined ? '' : String(row.peakRssMb)]),
+          ...[...ingest, ...pglite].map((row) => [row.name, String(row.rps), String(row.p50), Number.isNaN(row.p99) ? '' : String(row.p99), String(row.non2xx), String(row.errors), row.peakRssMb === undefined ? '' : String(row.peakRssMb)]),
         ]),
     )
   }
