@@ -1,14 +1,17 @@
-// `npm run bench -- soak [--duration 600] [--rate N]`: the real receiver on Postgres at half its
-// measured maximum rate, with a Postgres restart in the middle. Reports answers by status, memory growth
-// and lost deliveries: every delivery answered 200 must be in the database (must be zero lost).
-import { execFileSync, spawn } from 'node:child_process'
+// `npm run bench -- soak [--duration 600] [--rate N]`: the real receiver (compiled, as the image runs it)
+// on Postgres at half its measured maximum rate, with a Postgres restart in the middle. Reports answers
+// by status, lost deliveries (every delivery answered 200 must be in the database: zero lost) and memory
+// over time: RSS from /proc and the V8 heap in use from the receiver's own /metrics, sampled every tenth
+// of the run, so a leak (a heap that keeps growing) can be told from a heap that grew once and stayed.
+import { execFileSync } from 'node:child_process'
 import { randomBytes } from 'node:crypto'
 import { once } from 'node:events'
-import { readFileSync, writeFileSync } from 'node:fs'
+import { writeFileSync } from 'node:fs'
 import path from 'node:path'
 import autocannon from 'autocannon'
 import pg from 'pg'
 import { deliveryHeaders } from './bench-secrets.js'
+import { rssMb, startService } from './service-process.js'
 
 const root = path.resolve(import.meta.dirname, '..')
 
@@ -17,8 +20,9 @@ function flag(args: string[], name: string): number | undefined {
   return index >= 0 ? Number(args[index + 1]) : undefined
 }
 
-function rssMb(pid: number): number {
-  return Math.round(Number(/VmRSS:\s+(\d+)/.exec(readFileSync(`/proc/${pid}/status`, 'utf8'))?.[1] ?? 0) / 1024)
+async function heapUsedMb(port: number): Promise<number> {
+  const text = await (await fetch(`http://127.0.0.1:${port}/metrics`)).text()
+  return Math.round(Number(/^nodejs_heap_size_used_bytes (\S+)/m.exec(text)?.[1] ?? 0) / 1024 / 1024)
 }
 
 export async function runSoak({ args }: { args: string[] }): Promise<void> {
@@ -33,18 +37,8 @@ export async function runSoak({ args }: { args: string[] }): Promise<void> {
   url.searchParams.set('options', `-c search_path=${schema}`)
   const orders = 50_000
 
-  const child = spawn(process.execPath, ['--import', 'tsx', path.join(root, 'bench/server.ts'), 'full'], {
-    cwd: root,
-    env: { PATH: process.env.PATH, HOME: process.env.HOME, BENCH_DATABASE_URL: url.toString(), BENCH_ORDERS: String(orders) },
-    stdio: ['ignore', 'pipe', 'inherit'],
-  })
-  const port = await new Promise<number>((resolve, reject) => {
-    child.stdout!.on('data', (chunk) => {
-      const match = /"port":"?(\d+)/.exec(String(chunk))
-      if (match) resolve(Number(match[1]))
-    })
-    child.once('exit', (code) => reject(new Error(`server exited with ${code}`)))
-  })
+  execFileSync('npm', ['run', 'build', '--silent'], { cwd: root, stdio: 'ignore' })
+  const { child, port } = await startService(url.toString(), { orders, seen: 0 })
 
   const statuses = ['created', 'funded', 'delivered', 'disputed', 'resolved']
   const answered200: string[] = []
@@ -95,8 +89,15 @@ export async function runSoak({ args }: { args: string[] }): Promise<void> {
       process.stdout.write('soak: restarting Postgres\n')
       execFileSync('pg_ctlcluster', ['--skip-systemctl-redirect', version, 'main', 'restart'])
     }, (durationS / 2) * 1000)
+    const samples: { atS: number; rssMb: number; heapUsedMb: number }[] = []
+    const sample = async (atS: number) => {
+      samples.push({ atS, rssMb: rssMb(child.pid!), heapUsedMb: await heapUsedMb(port).catch(() => Number.NaN) })
+    }
+    await sample(0)
+    const sampling = setInterval(() => void sample(Math.round(samples.length * durationS / 10)), (durationS / 10) * 1000)
     const result = await drive(durationS, rate)
     clearTimeout(restart)
+    clearInterval(sampling)
     const rssEnd = rssMb(child.pid!)
 
     const check = new pg.Client({ connectionString: url.toString() })
@@ -117,6 +118,12 @@ export async function runSoak({ args }: { args: string[] }): Promise<void> {
       `| RSS start → end | ${rssStart} MB → ${rssEnd} MB |`,
       `| answered 200 | ${answered200.length} |`,
       `| answered 200 but not stored (lost) | ${lost} |`,
+      '',
+      '## Memory over the run',
+      '',
+      '| second | RSS MB | V8 heap used MB |',
+      '| --- | --- | --- |',
+      ...samples.map((row) => `| ${row.atS} | ${row.rssMb} | ${row.heapUsedMb} |`),
       '',
     ].join('\n')
     process.stdout.write(report)

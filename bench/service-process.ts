@@ -1,0 +1,75 @@
+// The real receiver as a benchmark drives it: the compiled CLI's `serve` (run `npm run build` first) in its
+// own process, and its memory as /proc tells it. Shared by the ingest benchmark and the soak.
+import { type ChildProcess, spawn } from 'node:child_process'
+import { readFileSync } from 'node:fs'
+import path from 'node:path'
+import pg from 'pg'
+import { BENCH_SECRET } from './bench-secrets.js'
+
+const root = path.resolve(import.meta.dirname, '..')
+
+// The real receiver as it ships: the compiled CLI's `serve` (npm run build), remote mode, poller off,
+// logging on at info (to a pipe this process drains). Orders and seen deliveries are seeded once it has
+// migrated.
+export async function startService(url: string, seed: { orders: number; seen: number }): Promise<{ child: ChildProcess; port: number }> {
+  const profile = process.env.BENCH_CPU_PROF ? ['--cpu-prof', `--cpu-prof-dir=${process.env.BENCH_CPU_PROF}`] : []
+  // the flags the Docker image runs with (NODE_OPTIONS there); BENCH_NODE_FLAGS overrides them
+  const nodeFlags = (process.env.BENCH_NODE_FLAGS ?? '--max-semi-space-size=8').split(' ').filter(Boolean)
+  const child = spawn(process.execPath, [...profile, ...nodeFlags, path.join(root, 'dist/src/cli.js'), 'serve'], {
+    cwd: root,
+    env: {
+      PATH: process.env.PATH,
+      HOME: process.env.HOME,
+      DATABASE_URL: url,
+      PORT: '0',
+      POLL_ENABLED: 'false',
+      LOG_LEVEL: 'info',
+      PARTNER_API_BASE_URL: 'http://127.0.0.1:1',
+      PARTNER_API_KEY_ID: 'pk_bench',
+      PARTNER_API_SECRET: 'bench-api-secret-0123456789abcdef',
+      WEBHOOK_SECRETS: BENCH_SECRET,
+      // tuning experiments: these pass through from the bench's environment
+      ...pick(process.env, ['DATABASE_POOL_SIZE', 'WEBHOOK_BATCH_MAX', 'WEBHOOK_SEEN_CACHE']),
+    },
+    stdio: ['ignore', 'pipe', 'inherit'],
+  })
+  const port = await new Promise<number>((resolve, reject) => {
+    let buffer = ''
+    const read = (chunk: Buffer) => {
+      buffer += chunk
+      const match = /"url":"http:\/\/127\.0\.0\.1:(\d+)"[^\n]*"msg":"service listening"/.exec(buffer)
+      if (match) {
+        // from here on the log lines are only drained: this process is also the load generator
+        child.stdout!.off('data', read).on('data', () => {})
+        resolve(Number(match[1]))
+      } else if (buffer.length > 100_000) buffer = buffer.slice(-1000)
+    }
+    child.stdout!.on('data', read)
+    child.once('exit', (code) => reject(new Error(`service exited with ${code}`)))
+  })
+  const client = new pg.Client({ connectionString: url })
+  await client.connect()
+  await client.query(`insert into orders (external_reference) select 'bench-' || i from generate_series(1, $1::int) i on conflict do nothing`, [seed.orders])
+  await client.query(
+    `insert into webhook_deliveries (delivery_id, event_type, outcome, raw_body)
+     select 'seen-' || i, 'trade.created', 'applied', '{}' from generate_series(1, $1::int) i on conflict do nothing`,
+    [seed.seen],
+  )
+  await client.end()
+  return { child, port }
+}
+
+function pick(env: NodeJS.ProcessEnv, names: string[]): Record<string, string> {
+  return Object.fromEntries(names.filter((name) => env[name] !== undefined).map((name) => [name, env[name]!]))
+}
+
+export function peakRssMb(pid: number): number {
+  const status = readFileSync(`/proc/${pid}/status`, 'utf8')
+  const kb = Number(/VmHWM:\s+(\d+)/.exec(status)?.[1] ?? 0)
+  return Math.round(kb / 1024)
+}
+
+/** Resident memory now, in MB. */
+export function rssMb(pid: number): number {
+  return Math.round(Number(/VmRSS:\s+(\d+)/.exec(readFileSync(`/proc/${pid}/status`, 'utf8'))?.[1] ?? 0) / 1024)
+}
