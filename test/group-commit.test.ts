@@ -105,6 +105,18 @@ describe('group commit', () => {
     expect(batches).toEqual([3, 3, 1])
   })
 
+  it('closes a statement once its bodies pass 4 MB, so large deliveries arriving together split', async () => {
+    const { group, batches } = writer()
+    const large = (i: number) => {
+      const item = delivery(`gc-large-${i}`, 'funded')
+      const body = { ...tradePayload(`gc-large-${i}`, 'funded'), padding: 'x'.repeat(1_500_000) }
+      return { ...item, delivery: { ...item.delivery, rawBody: JSON.stringify(body) } }
+    }
+    const results = await Promise.all([0, 1, 2, 3, 4].map((i) => group.write(large(i))))
+    expect(batches).toEqual([3, 2])
+    expect(results.every((result) => result !== 'duplicate' && result.outcome === 'unmatched')).toBe(true)
+  })
+
   it('refuses a delivery at once when maxQueued deliveries are waiting, and writes the others', async () => {
     const { group } = writer({ maxQueued: 2 })
     const first = group.write(delivery('gc-full-1', 'funded'))

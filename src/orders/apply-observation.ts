@@ -86,10 +86,12 @@ export async function recordDeliveriesAndApply(
   settings: ObservationSettings,
 ): Promise<(ObservationResult | 'duplicate')[]> {
   if (items.length === 0) return []
-  const rows = await runStatement(db, items, settings)
+  const rows = new Map((await runStatement(db, items, settings)).map((row) => [row.n, row]))
   return items.map((item, index) => {
-    const row = rows[index]
-    return row?.inserted ? toResult(row, item.observation) : 'duplicate'
+    const row = rows.get(index)
+    // never call a delivery a duplicate without the statement's word for it
+    if (!row) throw new Error(`the ingest statement returned no row for delivery ${item.delivery.deliveryId}`)
+    return row.inserted ? toResult(row, item.observation) : 'duplicate'
   })
 }
 

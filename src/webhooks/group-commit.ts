@@ -43,6 +43,9 @@ export interface GroupCommitOptions {
 
 export type WriteResult = ObservationResult | 'duplicate'
 
+// a statement's JSON parameter stays a few MB even when large bodies arrive together
+const MAX_BATCH_BODY_LENGTH = 4 * 1024 * 1024
+
 export class IngestOverloadedError extends Error {
   override name = 'IngestOverloadedError'
 }
@@ -121,13 +124,16 @@ export class GroupCommit {
     const rest: Pending[] = []
     // an order with a delivery held back keeps its later deliveries back too (arrival order)
     const heldOrders = new Set<string>()
+    let bodyLength = 0
     for (const pending of this.queue) {
       const order = pending.item.observation.target.externalReference
       const deliveryId = pending.item.delivery.deliveryId
       const free = !this.busyOrders.has(order) && !heldOrders.has(order) && !this.busyDeliveries.has(deliveryId)
-      if (batch.length < this.options.maxBatch && free) {
+      const room = batch.length < this.options.maxBatch && (batch.length === 0 || bodyLength < MAX_BATCH_BODY_LENGTH)
+      if (room && free) {
         this.busyOrders.add(order)
         this.busyDeliveries.add(deliveryId)
+        bodyLength += pending.item.delivery.rawBody.length
         batch.push(pending)
       } else {
         heldOrders.add(order)
