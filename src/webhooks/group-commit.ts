@@ -88,11 +88,6 @@ export class GroupCommit {
     })
   }
 
-  /** Deliveries waiting for a statement, and statements in flight (for tests and metrics). */
-  get pending(): { queued: number; inFlight: number } {
-    return { queued: this.queue.length, inFlight: this.inFlight }
-  }
-
   // setImmediate: every request whose body finished in this turn of the event loop joins the batch
   private schedule(): void {
     if (this.scheduled || this.inFlight >= this.options.maxInFlight || this.queue.length === 0) return
