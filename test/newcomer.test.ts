@@ -1,7 +1,7 @@
 // What a newcomer does after cloning: `npm start`, then the commands the banner prints, with the built CLI.
 import { execFileSync } from 'node:child_process'
 import { once } from 'node:events'
-import { existsSync, mkdtempSync } from 'node:fs'
+import { existsSync, mkdtempSync, readFileSync } from 'node:fs'
 import { tmpdir } from 'node:os'
 import path from 'node:path'
 import { afterAll, beforeAll, describe, expect, it } from 'vitest'
@@ -20,6 +20,9 @@ describe('a newcomer’s first minutes, with the built CLI', () => {
     // what `npm run build` does: the test runs the CLI as the Docker image and the bin entry do
     execFileSync(process.execPath, [path.join(root, 'node_modules/typescript/bin/tsc'), '-p', 'tsconfig.build.json'], { cwd: root })
     expect(existsSync(path.join(root, 'dist/src/cli.js'))).toBe(true)
+    // the package's bin entry is that file
+    const bin = (JSON.parse(readFileSync(path.join(root, 'package.json'), 'utf8')) as { bin: Record<string, string> }).bin
+    expect(bin['partner-escrow']).toBe('dist/src/cli.js')
     env.SANDBOX_PORT = String(await freePort())
     service = spawnCli(['serve'], env, { built: true })
     service.stdout!.on('data', (chunk) => {
