@@ -7,7 +7,6 @@ import type { Clock } from '../clock.js'
 import type { Database } from '../db/database.js'
 import { AppError } from '../http/app-error.js'
 import type { Logger } from '../logger.js'
-import type { ObservationSettings } from '../orders/apply-observation.js'
 import { type DeliveryOutcome, recordDelivery, updateDeliveryOutcome } from './delivery.repository.js'
 import { handlerFor } from './event-handlers.js'
 import { type GroupCommit, IngestOverloadedError } from './group-commit.js'
@@ -20,7 +19,6 @@ export interface ReceiveDeps {
   logger: Logger
   clock: Clock
   secrets: readonly string[]
-  settings: ObservationSettings
   /** Writes trade events, grouping concurrent ones into one statement (group-commit.ts). */
   writer: GroupCommit
   /** Delivery ids known to be stored: their retries are answered without the database. */

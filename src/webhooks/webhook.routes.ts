@@ -5,6 +5,7 @@ import { Router } from 'express'
 import getRawBody from 'raw-body'
 import type { Metrics } from '../metrics/metrics.js'
 import { AppError } from '../http/app-error.js'
+import type { ObservationSettings } from '../orders/apply-observation.js'
 import { GroupCommit } from './group-commit.js'
 import { loggableDeliveryId, type ReceiveDeps, receiveWebhook } from './receive-webhook.js'
 import { SeenDeliveries } from './seen-deliveries.js'
@@ -12,6 +13,8 @@ import { SeenDeliveries } from './seen-deliveries.js'
 export interface WebhookRouteDeps extends Omit<ReceiveDeps, 'writer' | 'seen'> {
   path: string
   bodyLimitBytes: number
+  /** STALE_AFTER_S, for the statement that applies a delivery to its order. */
+  settings: ObservationSettings
   /** Group commit: most deliveries per statement, and statements in flight at once. */
   batch: { maxBatch: number; maxInFlight: number }
   /** How many stored delivery ids to remember, so their retries skip the database (0: none). */
