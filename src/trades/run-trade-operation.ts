@@ -57,7 +57,7 @@ export async function runTradeOperation<O extends TradeOperation>(
 
   let result: TradeOperationResults[TradeOperation['kind']]
   try {
-    result = await call(client, tradeId, operation)
+    result = await callTradeApi(client, tradeId, operation)
   } catch (error) {
     // it may have taken effect: let the poller find out soon rather than after STALE_AFTER_S
     if (isOutcomeUnknown(error)) await schedulePoll()
@@ -88,7 +88,8 @@ export async function runTradeOperation<O extends TradeOperation>(
   return result as TradeOperationResults[O['kind']]
 }
 
-function call(
+/** The platform call behind an operation, and nothing else (no order, no observation). */
+export function callTradeApi(
   client: PartnerTradeApi,
   tradeId: string,
   operation: TradeOperation,

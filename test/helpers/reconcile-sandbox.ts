@@ -14,7 +14,7 @@ import { createSandbox, type Sandbox } from '../../src/sandbox/create-sandbox.js
 import { seededRandom } from '../../src/sandbox/seeded-random.js'
 import type { Faults } from '../../src/sandbox/webhook-dispatcher.js'
 import { openTradeForOrder } from '../../src/trades/open-trade-for-order.js'
-import { runTradeOperation, type TradeOperation } from '../../src/trades/run-trade-operation.js'
+import { callTradeApi, runTradeOperation, type TradeOperation } from '../../src/trades/run-trade-operation.js'
 import type { TradeDeps } from '../../src/trades/trade-deps.js'
 import { testLogger } from './log-sink.js'
 import { TEST_API_KEY_ID, TEST_API_SECRET, TEST_WEBHOOK_SECRET, testConfig } from './test-config.js'
@@ -185,27 +185,7 @@ async function take(
   { by, operation }: Step,
 ): Promise<unknown> {
   if (by === 'partner') return runTradeOperation(loop.trades, reference, operation)
-  const client = loop.client
-  switch (operation.kind) {
-    case 'fund':
-      return client.fundTrade(tradeId)
-    case 'deliver':
-      return client.deliverTrade(tradeId)
-    case 'release':
-      return client.releaseTrade(tradeId)
-    case 'cancel':
-      return client.cancelTrade(tradeId)
-    case 'deliver_milestone':
-      return client.deliverMilestone(tradeId, operation.milestoneId)
-    case 'release_milestone':
-      return client.releaseMilestone(tradeId, operation.milestoneId)
-    case 'dispute':
-      return client.openDispute(tradeId, operation.request)
-    case 'proposal':
-      return client.createProposal(tradeId, operation.request)
-    case 'respond':
-      return client.respondToProposal(tradeId, operation.proposalId, operation.request)
-  }
+  return callTradeApi(loop.client, tradeId, operation)
 }
 
 /** A clock `offsetMs` ahead of real time: the poller "later", while the platform signs on real time. */
