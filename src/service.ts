@@ -14,6 +14,7 @@ import { createMetrics } from './metrics/metrics.js'
 import { createPartnerApiClient } from './partner-api/create-partner-api-client.js'
 import { createPoller, dueOrderStats, type Poller, pollerSettings } from './reconcile/poller.js'
 import { createSandbox } from './sandbox/create-sandbox.js'
+import { sandboxStateFile } from './sandbox/sandbox-state.js'
 
 export interface RunningService {
   readonly url: string
@@ -85,6 +86,7 @@ export async function startService({
         webhookSecret: config.webhook.secrets[0]!,
         webhookUrl: `${server.url}${config.webhook.path}`,
         partnerKind: config.partner.kind,
+        stateFile: sandboxStateFile(config.dataDir),
         clock,
         logger,
       })

@@ -55,6 +55,13 @@ function printTrade(trade: TradeRecord, json: boolean | undefined, extra: Record
   else write(`${trade.external_reference}: trade ${trade.trade_id} (${trade.reference}) is ${trade.status}\n`)
 }
 
+// the ids are what `trades milestone deliver|release` takes
+function printMilestones(trade: TradeRecord): void {
+  for (const item of trade.milestones ?? []) {
+    write(`  milestone ${item.milestone_id} ${item.title} ${item.amount}: ${item.status}\n`)
+  }
+}
+
 export function parseMilestone(spec: string): MilestoneInput {
   const colon = spec.lastIndexOf(':')
   const title = spec.slice(0, colon).trim()
@@ -117,6 +124,7 @@ export function registerTradesCommands(program: Command): void {
         },
       )
       printTrade(trade, options.json)
+      if (!options.json) printMilestones(trade)
     })
 
   for (const kind of ['fund', 'deliver', 'release', 'cancel'] as const) {
@@ -142,7 +150,14 @@ export function registerTradesCommands(program: Command): void {
       .action(async (reference: string, milestoneId: string, options: { json?: boolean }) => {
         const kind = step === 'deliver' ? 'deliver_milestone' : 'release_milestone'
         const trade = await withTradeDeps((deps) => runTradeOperation(deps, reference, { kind, milestoneId }))
-        printTrade(trade, options.json)
+        if (options.json) {
+          printJson({ trade })
+          return
+        }
+        // the milestone first: it is what the command moved (the trade stays funded until the last release)
+        const moved = trade.milestones?.find((item) => item.milestone_id === milestoneId)
+        if (moved) write(`${reference}: milestone ${moved.milestone_id} (${moved.title}) is ${moved.status}\n`)
+        printTrade(trade, false)
       })
   }
 
@@ -158,9 +173,7 @@ export function registerTradesCommands(program: Command): void {
         return
       }
       write(`${reference}: trade ${trade.trade_id} (${trade.reference}) is ${trade.status} on the platform\n`)
-      for (const item of trade.milestones ?? []) {
-        write(`  milestone ${item.milestone_id} ${item.title} ${item.amount}: ${item.status}\n`)
-      }
+      printMilestones(trade)
       if (trade.dispute) write(`  dispute ${trade.dispute.dispute_id}: ${trade.dispute.status}\n`)
       write(`local order: ${JSON.stringify(order)}\n`)
     })

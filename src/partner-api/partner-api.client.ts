@@ -37,6 +37,18 @@ import {
 
 export const PARTNER_API_PREFIX = '/api/partner/v1'
 
+// The targets each logger has announced at info: the service builds a client per forwarded command
+// with its own logger, and one "ready" line per target and process is what an operator wants to read.
+const announced = new WeakMap<Logger, Set<string>>()
+
+function firstAnnouncement(logger: Logger, target: string): boolean {
+  const targets = announced.get(logger) ?? new Set<string>()
+  announced.set(logger, targets)
+  if (targets.has(target)) return false
+  targets.add(target)
+  return true
+}
+
 export interface RetryOptions {
   /** Attempts of a GET in all, the first included. */
   maxAttempts: number
@@ -126,7 +138,8 @@ export class PartnerApiClient {
     this.random = options.random ?? Math.random
     this.nonce = options.nonce ?? newNonce
     this.retry = { ...DEFAULT_RETRY, ...options.retry }
-    this.logger.info(
+    const level = firstAnnouncement(this.logger, `${this.env} ${this.baseUrl}`) ? 'info' : 'debug'
+    this.logger[level](
       { env: this.env, kind: this.kind, baseUrl: this.baseUrl, timeoutMs: this.timeoutMs },
       'partner api client ready',
     )

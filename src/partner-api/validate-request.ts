@@ -1,8 +1,17 @@
 // Checks every request against what the spec states (and the gaps we fill, README "Partner API")
-// before anything is sent. A failure throws PartnerValidationError naming the field at fault, e.g.
-// `reason`, `split_buyer_pct` or `milestones.0.amount`. Values are sent as given, never rewritten.
+// before anything is sent; the field rules the sandbox shares are in field-rules.ts. A failure throws
+// PartnerValidationError naming the field at fault, e.g. `reason`, `split_buyer_pct` or
+// `milestones.0.amount`. Values are sent as given, never rewritten.
 import { type ZodType, z } from 'zod'
 import type { PartnerKind } from '../config.js'
+import {
+  DECIMAL,
+  isLongEnoughReason,
+  isPercentage,
+  isPositiveDecimal,
+  MIN_DISPUTE_REASON_LENGTH,
+  PHONE,
+} from './field-rules.js'
 import { PartnerValidationError } from './partner-api-error.js'
 import type {
   CreateProposalRequest,
@@ -10,13 +19,6 @@ import type {
   OpenDisputeRequest,
   RespondToProposalRequest,
 } from './types.js'
-
-export const MIN_DISPUTE_REASON_LENGTH = 20
-
-// "12.50", "3", "0.5": no sign, no exponent, no thousands separators
-const DECIMAL = /^\d+(\.\d+)?$/
-// international format: a plus sign, then digits only (E.164: at most 15)
-const PHONE = /^\+\d{4,15}$/
 
 const requiredText = () =>
   z
@@ -28,7 +30,7 @@ const optionalText = () => z.string({ error: 'must be a string' }).optional()
 const positiveAmount = () =>
   requiredText()
     .regex(DECIMAL, 'must be a decimal amount such as "12.50"')
-    .refine((value) => /[1-9]/.test(value), 'must be greater than zero')
+    .refine(isPositiveDecimal, 'must be greater than zero')
 
 const party = z.enum(['buyer', 'seller'], {
   error: (issue) => (issue.input === undefined ? 'is required (buyer or seller)' : 'must be buyer or seller'),
@@ -59,7 +61,7 @@ function createTradeSchema(kind: PartnerKind) {
     buyer_name: optionalText(),
     buyer_phone: optionalText().refine(
       (value) => value === undefined || PHONE.test(value),
-      'must be in international format: a leading + and digits only, e.g. +4915112345678',
+      'must be in international format: a leading +, then 7 to 15 digits, e.g. +4915112345678',
     ),
     external_reference: requiredText(),
     milestones: z
@@ -72,10 +74,7 @@ function createTradeSchema(kind: PartnerKind) {
 const openDisputeSchema = z.strictObject({
   reason: z
     .string({ error: (issue) => (issue.input === undefined ? 'is required' : 'must be a string') })
-    .refine(
-      (value) => [...value.trim()].length >= MIN_DISPUTE_REASON_LENGTH,
-      `must be at least ${MIN_DISPUTE_REASON_LENGTH} characters`,
-    ),
+    .refine(isLongEnoughReason, `must be at least ${MIN_DISPUTE_REASON_LENGTH} characters`),
   category: optionalText(),
   party,
 })
@@ -100,7 +99,7 @@ const createProposalSchema = z
           path: ['split_buyer_pct'],
           message: 'is required for outcome split',
         })
-      } else if (!DECIMAL.test(pct) || Number(pct) > 100) {
+      } else if (!isPercentage(pct)) {
         context.addIssue({
           code: 'custom',
           path: ['split_buyer_pct'],

@@ -11,6 +11,7 @@ import { createLogger, type Logger } from '../logger.js'
 import type { TradeRecord } from '../partner-api/types.js'
 import { SandboxAuthenticator } from './sandbox-auth.js'
 import { SandboxError, SandboxPlatform } from './sandbox-platform.js'
+import { readSandboxState, writeSandboxState } from './sandbox-state.js'
 import { type DeliveryAttempt, type Faults, NO_FAULTS, WebhookDispatcher } from './webhook-dispatcher.js'
 
 export interface SandboxOptions {
@@ -26,6 +27,11 @@ export interface SandboxOptions {
   timestampWindowS?: number
   refundDelayMs?: number
   faults?: Partial<Faults>
+  /**
+   * Where the trades, the reference counter and undelivered webhooks are kept across restarts
+   * (sandbox-state.ts); read at creation, rewritten after every change. Without one, all is in memory.
+   */
+  stateFile?: string
   clock?: Clock
   logger?: Logger
   fetch?: typeof fetch
@@ -54,6 +60,8 @@ export interface Sandbox {
   trades(): TradeRecord[]
   /** Sends a seller onboarding event (`seller.{status}`), as the control endpoint does. */
   sellerStatus(sellerId: string, status: string): void
+  /** Sends a buyer onboarding event (`buyer.{status}`); marketplace partners only, as the spec says. */
+  buyerStatus(buyerId: string, status: string): void
 }
 
 const API = '/api/partner/v1'
@@ -75,6 +83,10 @@ export function createSandbox(options: SandboxOptions): Sandbox {
     retryMaxDelayMs: settings.retryMaxDelayMs,
     attemptTimeoutMs: settings.attemptTimeoutMs,
     faults: { ...NO_FAULTS, ...options.faults },
+    // inside a request the route saves once at its end
+    onPendingChange: () => {
+      if (handling === 0) saveInBackground()
+    },
   })
   const platform = new SandboxPlatform({
     clock,
@@ -93,8 +105,35 @@ export function createSandbox(options: SandboxOptions): Sandbox {
         trade.status,
       ),
     scheduleRefund: (tradeId) =>
-      dispatcher.track(clock.sleep(settings.refundDelayMs).then(() => platform.refund(tradeId))),
+      dispatcher.track(
+        clock.sleep(settings.refundDelayMs).then(() => {
+          if (closed) return
+          platform.refund(tradeId)
+          saveInBackground()
+        }),
+      ),
   })
+
+  // state persistence: restore what a previous run saved, then save after every change
+  let closed = false
+  let handling = 0
+  const save = () => {
+    if (!options.stateFile || closed) return
+    writeSandboxState(options.stateFile, { ...platform.snapshot(), pendingWebhooks: dispatcher.pending() })
+  }
+  // a save outside a request (a delivery settled, a refund) has no one to answer: it is logged
+  const saveInBackground = () => {
+    try {
+      save()
+    } catch (error) {
+      logger.error({ err: error }, 'sandbox state not saved')
+    }
+  }
+  const saved = options.stateFile ? readSandboxState(options.stateFile) : undefined
+  if (saved) {
+    platform.restore(saved)
+    dispatcher.resume(saved.pendingWebhooks)
+  }
   const keys = new Map([[options.keyId, options.apiSecret]])
   const auth = new SandboxAuthenticator(() => keys, settings.timestampWindowS, clock)
 
@@ -128,8 +167,17 @@ export function createSandbox(options: SandboxOptions): Sandbox {
     next()
   })
 
+  // every API operation but GET may change the state: it is on disk before the answer goes out
   const route = (handler: (req: Request) => unknown, status = 200) => (req: Request, res: Response) => {
-    res.status(status).json(handler(req))
+    handling++
+    let result: unknown
+    try {
+      result = handler(req)
+    } finally {
+      handling--
+    }
+    if (req.method !== 'GET') save()
+    res.status(status).json(result)
   }
   const id = (req: Request, name: string) => String(req.params[name])
   app.post(`${API}/trades/`, route((req) => platform.create(req.body), 201))
@@ -177,6 +225,10 @@ export function createSandbox(options: SandboxOptions): Sandbox {
     sendSellerStatus(String(req.params.sellerId), status)
     res.status(202).json({ queued: true })
   })
+  app.post('/sandbox/buyers/:buyerId/status', (req, res) => {
+    sendBuyerStatus(String(req.params.buyerId), req.body?.status)
+    res.status(202).json({ queued: true })
+  })
 
   app.use((req, res) => {
     res.status(404).json({ error: { code: 'not_found', message: `No route for ${req.method} ${req.path}` } })
@@ -201,6 +253,20 @@ export function createSandbox(options: SandboxOptions): Sandbox {
     dispatcher.send(`seller.${status}`, { event: `seller.${status}`, seller_id: sellerId, status }, null, status)
   }
 
+  // The spec's third event kind: "only for Marketplace partners with KYC-gated buyers". Its payload is
+  // not shown; it mirrors the seller event.
+  function sendBuyerStatus(buyerId: string, status: unknown): void {
+    if (partnerKind !== 'marketplace') {
+      throw new SandboxError(409, 'not_marketplace', 'Buyer onboarding events exist only for Marketplace partners')
+    }
+    if (typeof status !== 'string' || !ONBOARDING_STATUS.test(status)) {
+      throw new SandboxError(422, 'validation_failed', 'status must be a word such as verified', [
+        { field: 'status', message: 'is required: lowercase letters, digits and _, at most 64' },
+      ])
+    }
+    dispatcher.send(`buyer.${status}`, { event: `buyer.${status}`, buyer_id: buyerId, status }, null, status)
+  }
+
   let server: http.Server | undefined
   return {
     app,
@@ -212,6 +278,9 @@ export function createSandbox(options: SandboxOptions): Sandbox {
       return `http://${host}:${(server.address() as AddressInfo).port}`
     },
     close: async () => {
+      // nothing more is sent or saved: what was undelivered is in the state file for the next start
+      closed = true
+      dispatcher.stop()
       if (!server) return
       const closing = new Promise<void>((resolve) => server!.close(() => resolve()))
       server.closeAllConnections()
@@ -227,8 +296,11 @@ export function createSandbox(options: SandboxOptions): Sandbox {
     trade: (tradeId) => platform.get(tradeId),
     trades: () => platform.list(),
     sellerStatus: sendSellerStatus,
+    buyerStatus: sendBuyerStatus,
   }
 }
+
+const ONBOARDING_STATUS = /^[a-z0-9_]{1,64}$/
 
 const authMessages = {
   missing_auth_headers: 'X-Partner-Key-Id, X-Partner-Timestamp, X-Partner-Nonce and X-Partner-Signature are required',

@@ -5,6 +5,14 @@
 // Every status change is reported to `onStatusChange` (the webhook dispatcher).
 import { randomBytes } from 'node:crypto'
 import type { Clock } from '../clock.js'
+import {
+  isLongEnoughReason,
+  isPercentage,
+  isPositiveDecimal,
+  MIN_DISPUTE_REASON_LENGTH,
+  PHONE,
+  percentageComplement,
+} from '../partner-api/field-rules.js'
 import type {
   DisputeRecord,
   MilestoneRecord,
@@ -35,7 +43,6 @@ function validationFailed(fields: { field: string; message: string }[]): Sandbox
   return new SandboxError(422, 'validation_failed', `Invalid fields: ${fields.map((f) => f.field).join(', ')}`, fields)
 }
 
-const DECIMAL = /^\d+(\.\d+)?$/
 const PARTIES = ['buyer', 'seller']
 const OUTCOMES = ['buyer_win', 'seller_win', 'split']
 
@@ -46,7 +53,16 @@ function nonEmptyString(value: unknown): value is string {
 }
 
 function positiveDecimal(value: unknown): boolean {
-  return typeof value === 'string' && DECIMAL.test(value) && Number(value) > 0
+  return typeof value === 'string' && isPositiveDecimal(value)
+}
+
+/** What a restart needs to carry on where it stopped (sandbox-state.ts keeps it in a file). */
+export interface PlatformState {
+  /** The number in the last reference given (TRD-000042 → 42). */
+  sequence: number
+  trades: TradeRecord[]
+  /** Trades that were ever funded: a cancel refunds them. */
+  funded: string[]
 }
 
 export class SandboxPlatform {
@@ -81,6 +97,22 @@ export class SandboxPlatform {
     return [...this.trades.values()].map((trade) => structuredClone(trade))
   }
 
+  snapshot(): PlatformState {
+    return { sequence: this.sequence, trades: this.list(), funded: [...this.funded] }
+  }
+
+  /** Takes over a saved state; a cancelled trade still owed its refund gets it again. */
+  restore(state: PlatformState): void {
+    this.sequence = state.sequence
+    this.trades.clear()
+    for (const trade of state.trades) this.trades.set(trade.trade_id, structuredClone(trade))
+    this.funded.clear()
+    for (const tradeId of state.funded) this.funded.add(tradeId)
+    for (const trade of this.trades.values()) {
+      if (trade.status === 'cancelled' && this.funded.has(trade.trade_id)) this.options.scheduleRefund(trade.trade_id)
+    }
+  }
+
   private setStatus(trade: TradeRecord, status: string): void {
     trade.status = status
     trade.updated_at = this.now()
@@ -99,8 +131,8 @@ export class SandboxPlatform {
     } else if (body.seller_id === undefined && this.options.partnerKind() === 'marketplace') {
       problems.push({ field: 'seller_id', message: 'is required for Marketplace partners' })
     }
-    if (body.buyer_phone !== undefined && !(typeof body.buyer_phone === 'string' && /^\+\d{6,15}$/.test(body.buyer_phone))) {
-      problems.push({ field: 'buyer_phone', message: 'must be in international format with a leading plus sign' })
+    if (body.buyer_phone !== undefined && !(typeof body.buyer_phone === 'string' && PHONE.test(body.buyer_phone))) {
+      problems.push({ field: 'buyer_phone', message: 'must be in international format: a leading +, then 7 to 15 digits' })
     }
     if (body.buyer_name !== undefined && typeof body.buyer_name !== 'string') {
       problems.push({ field: 'buyer_name', message: 'must be a string' })
@@ -236,8 +268,8 @@ export class SandboxPlatform {
   openDispute(tradeId: string, body: Body): DisputeRecord {
     const trade = this.live(tradeId)
     const problems: { field: string; message: string }[] = []
-    if (!(typeof body.reason === 'string' && body.reason.trim().length >= 20)) {
-      problems.push({ field: 'reason', message: 'is required and must be at least 20 characters' })
+    if (!(typeof body.reason === 'string' && isLongEnoughReason(body.reason))) {
+      problems.push({ field: 'reason', message: `is required and must be at least ${MIN_DISPUTE_REASON_LENGTH} characters` })
     }
     if (!PARTIES.includes(body.party as string)) problems.push({ field: 'party', message: 'is required: buyer or seller' })
     if (body.category !== undefined && typeof body.category !== 'string') {
@@ -268,7 +300,7 @@ export class SandboxPlatform {
     if (!PARTIES.includes(body.party as string)) problems.push({ field: 'party', message: 'is required: buyer or seller' })
     if (body.outcome === 'split') {
       const pct = body.split_buyer_pct
-      if (!(typeof pct === 'string' && DECIMAL.test(pct) && Number(pct) >= 0 && Number(pct) <= 100)) {
+      if (!(typeof pct === 'string' && isPercentage(pct))) {
         problems.push({ field: 'split_buyer_pct', message: 'is required for a split: a decimal between 0 and 100' })
       }
     }
@@ -310,7 +342,8 @@ export class SandboxPlatform {
       trade.dispute!.status = 'resolved'
       const buyerPct =
         proposal.outcome === 'buyer_win' ? '100' : proposal.outcome === 'seller_win' ? '0' : proposal.split_buyer_pct!
-      trade.resolution = { outcome: proposal.outcome, buyer_pct: buyerPct, seller_pct: String(100 - Number(buyerPct)) }
+      // decimal arithmetic: 100 - 99.99 is exactly 0.01, never a binary float's 0.010000000000005116
+      trade.resolution = { outcome: proposal.outcome, buyer_pct: buyerPct, seller_pct: percentageComplement(buyerPct) }
       // accepting splits the funds at once: there is no separate release step
       this.setStatus(trade, 'resolved')
     } else {

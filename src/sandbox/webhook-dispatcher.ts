@@ -50,9 +50,12 @@ export interface DispatcherOptions {
   faults: Faults
   /** At most this many attempts are kept in the log (oldest dropped first). */
   logLimit?: number
+  /** Called whenever an event starts or stops waiting for delivery, so the caller can save `pending()`. */
+  onPendingChange?: () => void
 }
 
-interface PendingEvent {
+/** An event not yet delivered (nor given up): what a restarted sandbox sends again. */
+export interface PendingEvent {
   eventId: string
   event: string
   tradeId: string | null
@@ -69,6 +72,9 @@ export class WebhookDispatcher {
   private readonly inFlight = new Set<Promise<void>>()
   // events held back by the reorder fault, released after the trade's next event
   private readonly held = new Map<string, PendingEvent[]>()
+  // every event from send() until it is delivered or given up, held ones included
+  private readonly undelivered = new Map<string, PendingEvent>()
+  private stopped = false
 
   constructor(private readonly options: DispatcherOptions) {
     this.faults = { ...options.faults }
@@ -93,6 +99,25 @@ export class WebhookDispatcher {
     else this.failingTrades.delete(tradeId)
   }
 
+  /** Events waiting for delivery, oldest first. */
+  pending(): PendingEvent[] {
+    return [...this.undelivered.values()].map((pending) => ({ ...pending }))
+  }
+
+  /** Sends events a previous run left undelivered, each from its first attempt and without faults. */
+  resume(events: readonly PendingEvent[]): void {
+    for (const pending of events) {
+      this.undelivered.set(pending.eventId, { ...pending })
+      this.track(this.deliver({ ...pending }, 0))
+    }
+    if (events.length > 0) this.options.onPendingChange?.()
+  }
+
+  /** No further attempt starts; what is undelivered stays in pending(). */
+  stop(): void {
+    this.stopped = true
+  }
+
   /** Queues one event (a JSON body) for delivery; returns at once. */
   send(event: string, body: Record<string, unknown>, tradeId: string | null, status: string | null): void {
     const pending: PendingEvent = { eventId: randomUUID(), event, tradeId, status, body: JSON.stringify(body) }
@@ -105,6 +130,8 @@ export class WebhookDispatcher {
       this.releaseHeld(tradeId)
       return
     }
+    this.undelivered.set(pending.eventId, pending)
+    this.options.onPendingChange?.()
     if (reorder && tradeId !== null) {
       const queue = this.held.get(tradeId) ?? []
       queue.push(pending)
@@ -141,14 +168,23 @@ export class WebhookDispatcher {
   private async deliver(pending: PendingEvent, initialDelayMs: number): Promise<void> {
     if (initialDelayMs > 0) await this.options.clock.sleep(initialDelayMs)
     for (let attempt = 1; attempt <= MAX_ATTEMPTS; attempt++) {
+      if (this.stopped) return
       const outcome = await this.attempt(pending, attempt)
-      if (outcome === 'delivered') return
+      if (outcome === 'delivered') return this.settle(pending)
       if (attempt < MAX_ATTEMPTS) {
         const delay = Math.min(this.options.retryBaseDelayMs * 2 ** (attempt - 1), this.options.retryMaxDelayMs)
         await this.options.clock.sleep(delay)
       }
     }
     this.options.logger.warn({ eventId: pending.eventId, event: pending.event }, 'sandbox webhook given up after 6 attempts')
+    this.settle(pending)
+  }
+
+  private settle(pending: PendingEvent): void {
+    // a stopped dispatcher's state was saved with this event pending: a restart sends it again
+    if (this.stopped) return
+    this.undelivered.delete(pending.eventId)
+    this.options.onPendingChange?.()
   }
 
   private async attempt(pending: PendingEvent, attempt: number): Promise<AttemptResult> {

@@ -1,0 +1,140 @@
+// The local sandbox's memory across restarts: its trades (milestones, disputes and proposals live in
+// the trade record), the reference counter, which trades were funded, and the webhooks not yet
+// delivered, in one JSON file in DATA_DIR. It is the platform's state, so it stays out of the receiver's
+// database: deleting the file is resetting the platform, as with a fresh sandbox account.
+//
+// Written after every change: a temporary file (mode 0600), flushed to disk, then renamed over the
+// old one, so a crash leaves either the old state or the new one, never half of one.
+import { closeSync, fsyncSync, mkdirSync, openSync, readFileSync, renameSync, rmSync, writeSync } from 'node:fs'
+import path from 'node:path'
+import { z } from 'zod'
+import type { TradeRecord } from '../partner-api/types.js'
+import type { PlatformState } from './sandbox-platform.js'
+import type { PendingEvent } from './webhook-dispatcher.js'
+
+export interface SandboxState extends PlatformState {
+  pendingWebhooks: PendingEvent[]
+}
+
+const STATE_VERSION = 1
+
+/** Where local mode keeps the sandbox's state; none for an in-memory DATA_DIR. */
+export function sandboxStateFile(dataDir: string): string | undefined {
+  return dataDir.startsWith('memory://') ? undefined : path.join(dataDir, 'sandbox-state.json')
+}
+
+export class SandboxStateError extends Error {
+  override name = 'SandboxStateError'
+}
+
+const text = z.string()
+const nullableText = z.string().nullable()
+const party = z.enum(['buyer', 'seller'])
+const outcome = z.enum(['buyer_win', 'seller_win', 'split'])
+
+const proposalSchema = z.object({
+  proposal_id: text,
+  trade_id: text,
+  outcome,
+  split_buyer_pct: nullableText,
+  party,
+  status: z.enum(['pending', 'accepted', 'rejected']),
+  created_at: text,
+})
+
+const tradeSchema = z.object({
+  trade_id: text,
+  reference: text,
+  status: text,
+  external_reference: text,
+  title: text,
+  amount: text,
+  currency: text,
+  seller_id: text,
+  buyer_name: nullableText,
+  buyer_phone: nullableText,
+  milestones: z
+    .array(
+      z.object({
+        milestone_id: text,
+        title: text,
+        amount: text,
+        status: z.enum(['pending', 'delivered', 'released']),
+      }),
+    )
+    .nullable(),
+  dispute: z
+    .object({
+      dispute_id: text,
+      trade_id: text,
+      party,
+      reason: text,
+      category: nullableText,
+      status: z.enum(['open', 'resolved']),
+      proposals: z.array(proposalSchema),
+      created_at: text,
+    })
+    .nullable(),
+  resolution: z.object({ outcome, buyer_pct: text, seller_pct: text }).nullable(),
+  created_at: text,
+  updated_at: text,
+}) satisfies z.ZodType<TradeRecord>
+
+const stateSchema = z.object({
+  version: z.literal(STATE_VERSION),
+  sequence: z.number().int().nonnegative(),
+  trades: z.array(tradeSchema),
+  funded: z.array(text),
+  pendingWebhooks: z.array(
+    z.object({ eventId: text, event: text, tradeId: nullableText, status: nullableText, body: text }),
+  ),
+})
+
+/** The saved state, or undefined when there is none yet; a file that cannot be read is an error. */
+export function readSandboxState(file: string): SandboxState | undefined {
+  let contents: string
+  try {
+    contents = readFileSync(file, 'utf8')
+  } catch (error) {
+    if ((error as NodeJS.ErrnoException).code === 'ENOENT') return undefined
+    throw new SandboxStateError(`Cannot read the sandbox state file ${file}`, { cause: error })
+  }
+  let parsed: unknown
+  try {
+    parsed = JSON.parse(contents)
+  } catch (error) {
+    throw new SandboxStateError(`The sandbox state file ${file} is not JSON; ${resetHint}`, { cause: error })
+  }
+  const result = stateSchema.safeParse(parsed)
+  if (!result.success) {
+    const issue = result.error.issues[0]!
+    const where = issue.path.length > 0 ? issue.path.map(String).join('.') : '(file)'
+    throw new SandboxStateError(`The sandbox state file ${file} is not valid at ${where}: ${issue.message}; ${resetHint}`)
+  }
+  const { version: _version, ...state } = result.data
+  return state
+}
+
+const resetHint = 'move it away to start the sandbox empty (its trades are then forgotten)'
+
+/** Replaces the file atomically: write a temporary file, flush it, rename it over the old one. */
+export function writeSandboxState(file: string, state: SandboxState): void {
+  mkdirSync(path.dirname(file), { recursive: true })
+  const temporary = `${file}.${process.pid}.tmp`
+  const contents = `${JSON.stringify({ version: STATE_VERSION, ...state })}\n`
+  try {
+    // a leftover from a crash is removed first, so the file is created anew with mode 0600
+    rmSync(temporary, { force: true })
+    const descriptor = openSync(temporary, 'wx', 0o600)
+    try {
+      writeSync(descriptor, contents)
+      fsyncSync(descriptor)
+    } finally {
+      closeSync(descriptor)
+    }
+    renameSync(temporary, file)
+  } catch (error) {
+    rmSync(temporary, { force: true })
+    throw new SandboxStateError(`Cannot write the sandbox state file ${file}`, { cause: error })
+  }
+}

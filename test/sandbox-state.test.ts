@@ -1,0 +1,174 @@
+// The sandbox's state file: what one sandbox saved, the next one created over the same file carries on
+// with: its trades, the reference counter, a refund still owed, and webhooks not yet delivered.
+import { mkdirSync, mkdtempSync, readdirSync, readFileSync, statSync, writeFileSync } from 'node:fs'
+import { tmpdir } from 'node:os'
+import path from 'node:path'
+import { describe, expect, it } from 'vitest'
+import type { Clock } from '../src/clock.js'
+import { systemClock } from '../src/clock.js'
+import { PartnerApiClient } from '../src/partner-api/partner-api.client.js'
+import { createSandbox, type Sandbox } from '../src/sandbox/create-sandbox.js'
+import { readSandboxState, SandboxStateError, sandboxStateFile } from '../src/sandbox/sandbox-state.js'
+import { FakeClock } from './helpers/fake-clock.js'
+import { rememberSecret, testLogger } from './helpers/log-sink.js'
+import { startRecordingReceiver } from './helpers/sandbox-receiver.js'
+
+const keyId = 'pk_sandbox_state'
+const apiSecret = 'sandbox-state-api-secret-0123456789ab'
+const webhookSecret = 'sandbox-state-webhook-secret-012345'
+rememberSecret(apiSecret, webhookSecret)
+
+function clientFor(base: string, clock: Clock): PartnerApiClient {
+  return new PartnerApiClient({
+    baseUrl: base,
+    keyId,
+    secret: apiSecret,
+    env: 'sandbox',
+    kind: 'marketplace',
+    timeoutMs: 5_000,
+    clock,
+    logger: testLogger([apiSecret]),
+  })
+}
+
+const trade = (external_reference: string) => ({
+  title: 'Bike',
+  amount: '120.00',
+  currency: 'EUR',
+  seller_id: 's-1',
+  external_reference,
+})
+
+function stateFileIn(prefix: string): string {
+  return path.join(mkdtempSync(path.join(tmpdir(), prefix)), 'nested', 'sandbox-state.json')
+}
+
+describe('sandbox state across a restart', () => {
+  it('keeps trades, milestones, disputes, proposals, the reference counter, an owed refund and undelivered webhooks', async () => {
+    const stateFile = stateFileIn('sandbox-state-')
+    // first run: no receiver, and a clock that never moves, so every webhook and the refund stay pending
+    const frozen = new FakeClock(Date.now())
+    const first = createSandbox({ keyId, apiSecret, webhookSecret, stateFile, clock: frozen, logger: testLogger() })
+    const firstClient = clientFor(await first.listen(0), frozen)
+    const plain = await firstClient.createTrade(trade('state-1'))
+    await firstClient.fundTrade(plain.trade_id)
+    await firstClient.deliverTrade(plain.trade_id)
+    const staged = await firstClient.createTrade({
+      ...trade('state-2'),
+      milestones: [
+        { title: 'Frame', amount: '70.00' },
+        { title: 'Wheels', amount: '50.00' },
+      ],
+    })
+    await firstClient.fundTrade(staged.trade_id)
+    await firstClient.deliverMilestone(staged.trade_id, staged.milestones![0]!.milestone_id)
+    const disputed = await firstClient.createTrade(trade('state-3'))
+    await firstClient.fundTrade(disputed.trade_id)
+    await firstClient.openDispute(disputed.trade_id, { reason: 'The frame arrived bent and scratched', party: 'buyer' })
+    const proposal = await firstClient.createProposal(disputed.trade_id, {
+      outcome: 'split',
+      split_buyer_pct: '99.99',
+      party: 'seller',
+    })
+    const cancelled = await firstClient.createTrade(trade('state-4'))
+    await firstClient.fundTrade(cancelled.trade_id)
+    await firstClient.cancelTrade(cancelled.trade_id)
+    const before = first.trades()
+    await first.close()
+
+    expect(statSync(stateFile).mode & 0o777).toBe(0o600)
+    expect(readdirSync(path.dirname(stateFile))).toEqual(['sandbox-state.json'])
+    const saved = readSandboxState(stateFile)!
+    expect(saved.sequence).toBe(4)
+    expect(saved.trades).toEqual(before)
+    // 3 + 2 + 3 + 3 status changes, none delivered
+    expect(saved.pendingWebhooks).toHaveLength(11)
+
+    // second run over the same file, with a receiver
+    const receiver = await startRecordingReceiver(webhookSecret)
+    const second = createSandbox({
+      keyId,
+      apiSecret,
+      webhookSecret,
+      stateFile,
+      webhookUrl: receiver.url,
+      refundDelayMs: 5,
+      logger: testLogger(),
+    })
+    try {
+      const secondClient = clientFor(await second.listen(0), systemClock)
+      expect(await secondClient.getTrade(plain.trade_id)).toEqual(before.find((t) => t.trade_id === plain.trade_id))
+      // the counter carries on: no second TRD-000001
+      expect((await secondClient.createTrade(trade('state-5'))).reference).toBe('TRD-000005')
+      // the milestone trade goes on from where it stopped
+      await secondClient.releaseMilestone(staged.trade_id, staged.milestones![0]!.milestone_id)
+      const answered = await secondClient.respondToProposal(disputed.trade_id, proposal.proposal_id, {
+        accept: true,
+        party: 'buyer',
+      })
+      expect(answered.trade.resolution).toEqual({ outcome: 'split', buyer_pct: '99.99', seller_pct: '0.01' })
+      await second.idle()
+      // the refund the first run owed was made
+      expect(second.trade(cancelled.trade_id).status).toBe('refunded')
+      // the webhooks the first run could not deliver arrived, signed, each once
+      const received = receiver.received.map((webhook) => `${webhook.body.external_reference}:${webhook.body.status}`)
+      for (const event of saved.pendingWebhooks) {
+        const body = JSON.parse(event.body) as { external_reference: string; status: string }
+        expect(received.filter((entry) => entry === `${body.external_reference}:${body.status}`)).toHaveLength(1)
+      }
+      expect(received).toEqual(expect.arrayContaining(['state-4:refunded', 'state-3:resolved', 'state-5:created']))
+      expect(receiver.received.every((webhook) => webhook.signatureValid)).toBe(true)
+    } finally {
+      await second.close()
+      await receiver.close()
+    }
+    // once delivered, nothing is pending any more
+    const after = readSandboxState(stateFile)!
+    expect(after.pendingWebhooks).toEqual([])
+    expect(after.sequence).toBe(5)
+    expect(after.trades.find((t) => t.trade_id === cancelled.trade_id)?.status).toBe('refunded')
+  })
+
+  it('starts empty without a state file, and creates one on the first change', async () => {
+    const stateFile = stateFileIn('sandbox-state-new-')
+    const sandbox = createSandbox({ keyId, apiSecret, webhookSecret, stateFile, logger: testLogger() })
+    try {
+      expect(sandbox.trades()).toEqual([])
+      expect(readSandboxState(stateFile)).toBeUndefined()
+      const created = await clientFor(await sandbox.listen(0), systemClock).createTrade(trade('new-1'))
+      expect(created.reference).toBe('TRD-000001')
+      expect(readSandboxState(stateFile)?.trades.map((t) => t.trade_id)).toEqual([created.trade_id])
+    } finally {
+      await sandbox.close()
+    }
+  })
+
+  it('refuses to start over a state file it cannot read, naming it and keeping it as it was', () => {
+    const stateFile = stateFileIn('sandbox-state-bad-')
+    mkdirSync(path.dirname(stateFile))
+    const start = () => createSandbox({ keyId, apiSecret, webhookSecret, stateFile, logger: testLogger() })
+    for (const contents of ['{"version":1,"sequence":', '{"version":1,"sequence":-1,"trades":[],"funded":[],"pendingWebhooks":[]}']) {
+      writeFileSync(stateFile, contents)
+      expect(start).toThrow(SandboxStateError)
+      expect(start).toThrow(stateFile)
+      expect(start).toThrow(/move it away/)
+      expect(readFileSync(stateFile, 'utf8')).toBe(contents)
+    }
+  })
+
+  it('keeps nothing for an in-memory DATA_DIR, and a file in DATA_DIR otherwise', () => {
+    expect(sandboxStateFile('memory://')).toBeUndefined()
+    expect(sandboxStateFile('/srv/escrow/data')).toBe('/srv/escrow/data/sandbox-state.json')
+  })
+})
+
+describe('a sandbox without a state file', () => {
+  it('forgets its trades when it is created again (tests, the demo, `cli sandbox`)', async () => {
+    const make = (): Sandbox => createSandbox({ keyId, apiSecret, webhookSecret, logger: testLogger() })
+    const first = make()
+    await clientFor(await first.listen(0), systemClock).createTrade(trade('memory-1'))
+    expect(first.trades()).toHaveLength(1)
+    await first.close()
+    expect(make().trades()).toEqual([])
+  })
+})
