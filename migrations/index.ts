@@ -2,7 +2,9 @@
 // the compiled dist/ and inside the Docker image. Add a new file here with the next number.
 import type { Migration } from 'kysely/migration'
 import * as initial from './0001_initial.js'
+import * as visitedStatusesAndBodyHash from './0002_visited_statuses_and_body_hash.js'
 
 export const migrations: Record<string, Migration> = {
   '0001_initial': initial,
+  '0002_visited_statuses_and_body_hash': visitedStatusesAndBodyHash,
 }

@@ -1,6 +1,6 @@
 // Group commit of webhook deliveries (src/webhooks/group-commit.ts) and the per-process memory of
 // stored delivery ids (src/webhooks/seen-deliveries.ts), on PGlite and on Postgres.
-import { randomUUID } from 'node:crypto'
+import { createHash, randomUUID } from 'node:crypto'
 import { sql } from 'kysely'
 import request from 'supertest'
 import { afterAll, beforeAll, describe, expect, it } from 'vitest'
@@ -23,8 +23,9 @@ const settings = { staleAfterS: config.poll.staleAfterS }
 
 function delivery(externalReference: string, status: string, deliveryId = `gc-${randomUUID()}`): DeliveryObservation {
   const body = tradePayload(externalReference, status)
+  const rawBody = JSON.stringify(body)
   return {
-    delivery: { deliveryId, eventType: `trade.${status}`, rawBody: JSON.stringify(body) },
+    delivery: { deliveryId, eventType: `trade.${status}`, rawBody, bodySha256: createHash('sha256').update(rawBody).digest('hex') },
     observation: {
       target: { externalReference },
       tradeId: body.trade_id,
@@ -155,17 +156,23 @@ describe('group commit', () => {
 describe('the memory of stored delivery ids', () => {
   it('forgets the least recently seen id first', () => {
     const seen = new SeenDeliveries(2)
-    seen.add('a')
-    seen.add('b')
-    seen.add('a')
-    seen.add('c')
-    expect([seen.has('a'), seen.has('b'), seen.has('c'), seen.size]).toEqual([true, false, true, 2])
+    seen.add('a', 'aa')
+    seen.add('b', 'bb')
+    seen.add('a', 'aa')
+    seen.add('c', 'cc')
+    expect([seen.has('a', 'aa'), seen.has('b', 'bb'), seen.has('c', 'cc'), seen.size]).toEqual([true, false, true, 2])
+  })
+
+  it('knows a delivery by its id and its body: the same id with another body is not seen', () => {
+    const seen = new SeenDeliveries(10)
+    seen.add('a', 'aa')
+    expect([seen.has('a', 'aa'), seen.has('a', 'ab')]).toEqual([true, false])
   })
 
   it('remembers nothing at capacity 0', () => {
     const seen = new SeenDeliveries(0)
-    seen.add('a')
-    expect(seen.has('a')).toBe(false)
+    seen.add('a', 'aa')
+    expect(seen.has('a', 'aa')).toBe(false)
   })
 })
 

@@ -1,11 +1,31 @@
+import fc from 'fast-check'
 import { describe, expect, it } from 'vitest'
-import { decideTransition, isTerminalStatus, statusRank, TRADE_STATUSES } from '../src/orders/trade-status.js'
+import {
+  decideTransition,
+  isTerminalStatus,
+  type OrderStatusState,
+  statusRank,
+  TRADE_STATUSES,
+  type TransitionSource,
+} from '../src/orders/trade-status.js'
 
-const at = (status: string | null) => ({
+const at = (status: string | null, visited: string[] = status === null ? [] : [status]): OrderStatusState => ({
   status,
   rank: status === null ? 0 : (statusRank(status) ?? 20),
   terminal: status !== null && isTerminalStatus(status),
+  visited,
 })
+
+/** The order after an observation, as the model says (what the SQL must also do). */
+function observe(state: OrderStatusState, status: string, source: TransitionSource): OrderStatusState {
+  if (decideTransition(state, status, source) !== 'applied') return state
+  return {
+    status,
+    rank: statusRank(status) ?? state.rank,
+    terminal: isTerminalStatus(status),
+    visited: [...state.visited, status],
+  }
+}
 
 describe('the trade-status model', () => {
   it('ranks the lifecycle in order and marks the end states terminal', () => {
@@ -22,60 +42,69 @@ describe('the trade-status model', () => {
   })
 
   it.each([
-    [null, 'funded', 'applied'],
-    ['funded', 'delivered', 'applied'],
-    ['delivered', 'funded', 'stale'],
-    ['funded', 'funded', 'duplicate_effect'],
-    ['released', 'released', 'duplicate_effect'],
-    ['released', 'disputed', 'stale'],
-    ['cancelled', 'refunded', 'applied'],
-    ['funded', 'on_hold', 'applied'],
-    ['on_hold', 'funded', 'stale'],
-    ['on_hold', 'delivered', 'applied'],
-    ['resolved', 'on_hold', 'stale'],
-  ] as const)('from %s, observing %s is %s', (current, observed, outcome) => {
-    expect(decideTransition(at(current), observed)).toBe(outcome)
+    [at(null), 'funded', 'webhook', 'applied'],
+    [at('funded'), 'delivered', 'webhook', 'applied'],
+    [at('delivered'), 'funded', 'poll', 'stale'],
+    [at('funded'), 'funded', 'webhook', 'duplicate_effect'],
+    [at('released'), 'released', 'webhook', 'duplicate_effect'],
+    [at('released'), 'disputed', 'poll', 'stale'],
+    [at('cancelled'), 'refunded', 'webhook', 'applied'],
+    // an unknown status: a webhook's is held back (and polled), the platform's own answer applies
+    [at('funded'), 'on_hold', 'webhook', 'unknown_status'],
+    [at(null), 'on_hold', 'webhook', 'unknown_status'],
+    [at('funded'), 'on_hold', 'poll', 'applied'],
+    [at('funded'), 'on_hold', 'api', 'applied'],
+    [at('resolved'), 'on_hold', 'poll', 'stale'],
+    // after an unknown status (rank kept from funded): a higher known status follows, a lower one is stale
+    [at('on_hold', ['funded', 'on_hold']), 'delivered', 'webhook', 'applied'],
+    [at('on_hold', ['funded', 'on_hold']), 'funded', 'webhook', 'stale'],
+    [at('on_hold', ['funded', 'on_hold']), 'on_hold', 'webhook', 'duplicate_effect'],
+    // never back to a status the order has left, even an unknown one, even from the platform
+    [at('paused', ['funded', 'on_hold', 'paused']), 'on_hold', 'poll', 'stale'],
+    [at('delivered', ['funded', 'on_hold', 'delivered']), 'on_hold', 'poll', 'stale'],
+  ] as const)('from %o, observing %s from a %s is %s', (current, observed, source, outcome) => {
+    expect(decideTransition(current, observed, source)).toBe(outcome)
   })
 })
 
-describe('the SQL decision of applyObservation', () => {
-  const cases: [string | null, string][] = [
-    [null, 'funded'],
-    ['funded', 'delivered'],
-    ['delivered', 'funded'],
-    ['funded', 'funded'],
-    ['released', 'released'],
-    ['released', 'disputed'],
-    ['cancelled', 'refunded'],
-    ['funded', 'on_hold'],
-    ['on_hold', 'funded'],
-    ['on_hold', 'delivered'],
-  ]
+const STATUSES = ['created', 'funded', 'delivered', 'disputed', 'cancelled', 'refunded', 'released', 'on_hold', 'milestone_funded']
+const SOURCES: TransitionSource[] = ['webhook', 'poll', 'api']
 
-  it('decides every case as decideTransition does', async () => {
+describe('the SQL decision of applyObservation', () => {
+  it('decides every sequence of observations as decideTransition does, and never revisits a status', async () => {
     const { createTestDatabase } = await import('./helpers/test-database.js')
     const { applyObservation } = await import('../src/orders/apply-observation.js')
-    const { createOrder } = await import('../src/orders/order.repository.js')
+    const { createOrder, findOrderByExternalReference, orderHistory } = await import('../src/orders/order.repository.js')
     const database = await createTestDatabase()
+    let run = 0
     try {
-      for (const [index, [current, observed]] of cases.entries()) {
-        const ref = `decide-${index}`
-        const { order } = await createOrder(database.db, { externalReference: ref })
-        const observe = (status: string) =>
-          applyObservation(
-            database.db,
-            { target: { orderId: order.id }, tradeId: `t-${index}`, status, source: 'poll', observedAt: new Date() },
-            { staleAfterS: 60 },
-          )
-        // reach `current` through its predecessors, as a real order would
-        const path = current === 'on_hold' ? ['funded', 'on_hold'] : current === null ? [] : [current]
-        for (const status of path) expect((await observe(status)).outcome).toBe('applied')
-        const expected = decideTransition(
-          { status: current, rank: statusRank(current === 'on_hold' ? 'funded' : (current ?? '')) ?? 0, terminal: current !== null && isTerminalStatus(current) },
-          observed,
-        )
-        expect((await observe(observed)).outcome, `${current} -> ${observed}`).toBe(expected)
-      }
+      await fc.assert(
+        fc.asyncProperty(
+          fc.array(fc.record({ status: fc.constantFrom(...STATUSES), source: fc.constantFrom(...SOURCES) }), {
+            minLength: 1,
+            maxLength: 14,
+          }),
+          async (observations) => {
+            const { order } = await createOrder(database.db, { externalReference: `decide-${++run}` })
+            let model = at(null)
+            for (const { status, source } of observations) {
+              const expected = decideTransition(model, status, source)
+              const result = await applyObservation(
+                database.db,
+                { target: { orderId: order.id }, tradeId: `t-${run}`, status, source, observedAt: new Date() },
+                { staleAfterS: 60 },
+              )
+              expect(result.outcome, `${model.status} -> ${status} (${source})`).toBe(expected)
+              model = observe(model, status, source)
+            }
+            const stored = await findOrderByExternalReference(database.db, `decide-${run}`)
+            expect(stored?.tradeStatus ?? null).toBe(model.status)
+            const entered = (await orderHistory(database.db, order.id)).map((change) => change.toStatus)
+            expect(new Set(entered).size).toBe(entered.length)
+          },
+        ),
+        { numRuns: 60 },
+      )
     } finally {
       await database.close()
     }

@@ -3,17 +3,39 @@ import type { Command } from 'commander'
 import { InvalidArgumentError } from 'commander'
 import { applyObservation } from '../orders/apply-observation.js'
 import { findOrderByExternalReference } from '../orders/order.repository.js'
-import { type DeliveryOutcome, findDelivery, listDeliveries, updateDeliveryOutcome } from '../webhooks/delivery.repository.js'
+import {
+  countBodiesOfDelivery,
+  type DeliveryOutcome,
+  findDelivery,
+  listDeliveries,
+  updateDeliveryOutcome,
+} from '../webhooks/delivery.repository.js'
 import { classifyDelivery, parseBody } from '../webhooks/parse-delivery.js'
 import { positiveInteger } from './cli-arguments.js'
 import { printJson, printTable, setExitCode, withDatabase, write, writeError } from './cli-context.js'
 
-const OUTCOMES: DeliveryOutcome[] = ['applied', 'duplicate_effect', 'stale', 'unmatched', 'ignored', 'invalid', 'trade_mismatch']
+const OUTCOMES: DeliveryOutcome[] = [
+  'applied',
+  'duplicate_effect',
+  'stale',
+  'unknown_status',
+  'unmatched',
+  'ignored',
+  'invalid',
+  'trade_mismatch',
+]
 
 function outcome(value: string): string {
   if (!(OUTCOMES as string[]).includes(value)) throw new InvalidArgumentError(`must be one of ${OUTCOMES.join(', ')}`)
   return value
 }
+
+function sha256Prefix(value: string): string {
+  if (!/^[0-9a-fA-F]{4,64}$/.test(value)) throw new InvalidArgumentError('must be 4 to 64 hex digits of the body’s SHA-256')
+  return value.toLowerCase()
+}
+
+const BODY_OPTION = ['--body-sha256 <hex>', 'when the id was reused for several bodies: the one whose SHA-256 starts so'] as const
 
 export function registerDeliveriesCommands(program: Command): void {
   const deliveries = program.command('deliveries').description('webhook deliveries as received: list, show, reapply')
@@ -34,6 +56,7 @@ export function registerDeliveriesCommands(program: Command): void {
               delivery: delivery.deliveryId,
               received: delivery.receivedAt,
               event: delivery.eventType,
+              body: delivery.bodySha256.slice(0, 12),
               reference: delivery.externalReference,
               outcome: delivery.outcome,
             })),
@@ -46,22 +69,26 @@ export function registerDeliveriesCommands(program: Command): void {
     .command('show')
     .description('show one delivery, with its raw body (an operator view: it is never logged)')
     .argument('<delivery-id>', 'the X-Partner-Delivery-Id')
+    .option(...BODY_OPTION, sha256Prefix)
     .option('--json', 'print as JSON')
-    .action(async (deliveryId: string, options: { json?: boolean }) => {
+    .action(async (deliveryId: string, options: { json?: boolean; bodySha256?: string }) => {
       await withDatabase(async ({ db }) => {
-        const delivery = await findDelivery(db, deliveryId)
+        const delivery = await findDelivery(db, deliveryId, options.bodySha256)
         if (!delivery) {
-          writeError(`No delivery ${deliveryId}\n`)
+          writeError(`No delivery ${deliveryId}${options.bodySha256 ? ` with body SHA-256 ${options.bodySha256}…` : ''}\n`)
           setExitCode(1)
           return
         }
-        if (options.json) printJson(delivery)
-        else
+        const bodies = await countBodiesOfDelivery(db, deliveryId)
+        if (options.json) printJson({ ...delivery, bodiesUnderThisId: bodies })
+        else {
           write(
             Object.entries(delivery)
               .map(([key, value]) => `${key.padEnd(18)} ${value instanceof Date ? value.toISOString() : (value ?? '-')}`)
               .join('\n') + '\n',
           )
+          if (bodies > 1) write(`(this id was reused: ${bodies} bodies stored; pick one with --body-sha256, see \`deliveries list\`)\n`)
+        }
       })
     })
 
@@ -69,10 +96,11 @@ export function registerDeliveriesCommands(program: Command): void {
     .command('reapply')
     .description('re-run the effect of a stored trade delivery (after an operator fixed a mapping or created the order)')
     .argument('<delivery-id>', 'the X-Partner-Delivery-Id')
+    .option(...BODY_OPTION, sha256Prefix)
     .option('--json', 'print the result as JSON')
-    .action(async (deliveryId: string, options: { json?: boolean }) => {
+    .action(async (deliveryId: string, options: { json?: boolean; bodySha256?: string }) => {
       await withDatabase(async ({ db, config }) => {
-        const delivery = await findDelivery(db, deliveryId)
+        const delivery = await findDelivery(db, deliveryId, options.bodySha256)
         if (!delivery) {
           writeError(`No delivery ${deliveryId}\n`)
           setExitCode(1)
@@ -102,7 +130,7 @@ export function registerDeliveriesCommands(program: Command): void {
               { staleAfterS: config.poll.staleAfterS },
             )
           : { outcome: 'unmatched' as const, orderId: null, fromStatus: null, toStatus: null }
-        await updateDeliveryOutcome(db, deliveryId, result.outcome, result.outcome === 'applied' ? now : null)
+        await updateDeliveryOutcome(db, delivery, result.outcome, result.outcome === 'applied' ? now : null)
         if (options.json) printJson({ deliveryId, ...result })
         else write(`${deliveryId}: ${result.outcome}${result.toStatus ? ` (order status ${result.toStatus})` : ''}\n`)
       })

@@ -13,6 +13,8 @@ export interface OrdersTable {
   tradeReference: string | null
   tradeStatus: string | null
   statusRank: Generated<number>
+  /** Every status the order has had (none may be entered twice). */
+  visitedStatuses: Generated<string[]>
   isTerminal: Generated<boolean>
   statusSource: string | null
   statusChangedAt: Timestamp | null
@@ -39,6 +41,8 @@ export interface WebhookDeliveriesTable {
   outcome: string
   orderId: number | null
   rawBody: string
+  /** SHA-256 (hex) of the exact body: with deliveryId, the primary key. */
+  bodySha256: string
   appliedAt: Timestamp | null
 }
 

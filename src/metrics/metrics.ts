@@ -24,7 +24,7 @@ export function createMetrics(sources: MetricsSources = {}, { defaultMetrics = t
 
   const deliveries = new Counter({
     name: 'webhook_deliveries_total',
-    help: 'Webhook deliveries answered, by outcome (applied, duplicate, duplicate_effect, stale, unmatched, ignored, invalid, rejected)',
+    help: 'Webhook deliveries answered, by outcome (applied, duplicate, duplicate_effect, stale, unknown_status, id_reused, unmatched, ignored, invalid, rejected)',
     labelNames: ['outcome'] as const,
     registers: [registry],
   })

@@ -10,9 +10,12 @@
 // share one statement and one commit (the group commit in webhooks/group-commit.ts); a poll or an API
 // answer is a set of one.
 //
-// Deduplication: a webhook's delivery row is inserted ON CONFLICT (delivery_id) DO NOTHING, and the
-// order update and history insert only happen when that insert did. Two replicas receiving the same
-// delivery at once: one inserts and applies, the other's insert conflicts and changes nothing.
+// Deduplication: a delivery is its id AND its body (SHA-256 of the exact bytes). A webhook's delivery
+// row is inserted ON CONFLICT (delivery_id, body_sha256) DO NOTHING, and the order update and history
+// insert only happen when that insert did. Two replicas receiving the same delivery at once: one
+// inserts and applies, the other's insert conflicts and changes nothing. The same id with another body
+// is a new delivery (a reused id): stored, applied by the status rules, and reported as `reused` when
+// a row with that id and another body was already committed when the statement began.
 import { type Kysely, type RawBuilder, sql, type Transaction } from 'kysely'
 import type { Database } from '../db/database.js'
 import { PREPARED } from '../db/open-database.js'
@@ -38,11 +41,20 @@ export interface ObservationSettings {
 }
 
 /**
- * applied: the order moved. duplicate_effect: it already had this status. stale: a lower rank, or a
- * change to a terminal order. unmatched: no such order (yet). lease_lost: a poll whose claim expired
- * and was taken by another replica. trade_mismatch: the order is linked to another trade.
+ * applied: the order moved. duplicate_effect: it already had this status. stale: a lower rank, a
+ * status the order had before, or a change to a terminal order. unknown_status: a webhook named a
+ * status the table does not know: the order is not moved but polled at once. unmatched: no such
+ * order (yet). lease_lost: a poll whose claim expired and was taken by another replica.
+ * trade_mismatch: the order is linked to another trade.
  */
-export type ObservationOutcome = 'applied' | 'duplicate_effect' | 'stale' | 'unmatched' | 'lease_lost' | 'trade_mismatch'
+export type ObservationOutcome =
+  | 'applied'
+  | 'duplicate_effect'
+  | 'stale'
+  | 'unknown_status'
+  | 'unmatched'
+  | 'lease_lost'
+  | 'trade_mismatch'
 
 export interface ObservationResult {
   outcome: ObservationOutcome
@@ -55,7 +67,10 @@ export interface ObservationResult {
 export interface DeliveryRecord {
   deliveryId: string
   eventType: string
+  /** The exact body received, as text (verified UTF-8, byte-order mark kept). */
   rawBody: string
+  /** SHA-256 (hex) of the exact bytes received: with the delivery id, what makes a delivery unique. */
+  bodySha256: string
 }
 
 type Executor = Kysely<Database> | Transaction<Database>
@@ -75,29 +90,34 @@ export interface DeliveryObservation {
   observation: Observation & { target: { externalReference: string } }
 }
 
+/** A stored delivery's effect; idReused: its id was already stored with another body. */
+export type DeliveryResult = ObservationResult & { idReused: boolean }
+
 /**
  * Records webhook deliveries and applies their observations, all in one statement (a group commit of
- * concurrent deliveries). Each result is `duplicate` when its delivery id was seen. The deliveries
- * must name distinct orders and distinct delivery ids: one statement cannot update a row twice.
+ * concurrent deliveries). Each result is `duplicate` when the same delivery id with the same body was
+ * stored. The deliveries must name distinct orders and distinct delivery ids: one statement cannot
+ * update a row twice, and a reused id is only told apart from a delivery stored before the statement.
  */
 export async function recordDeliveriesAndApply(
   db: Executor,
   items: readonly DeliveryObservation[],
   settings: ObservationSettings,
-): Promise<(ObservationResult | 'duplicate')[]> {
+): Promise<(DeliveryResult | 'duplicate')[]> {
   if (items.length === 0) return []
   const rows = new Map((await runStatement(db, items, settings)).map((row) => [row.n, row]))
   return items.map((item, index) => {
     const row = rows.get(index)
     // never call a delivery a duplicate without the statement's word for it
     if (!row) throw new Error(`the ingest statement returned no row for delivery ${item.delivery.deliveryId}`)
-    return row.inserted ? toResult(row, item.observation) : 'duplicate'
+    return row.inserted ? { ...toResult(row, item.observation), idReused: row.reused } : 'duplicate'
   })
 }
 
 interface StatementRow {
   n: number
   inserted: boolean
+  reused: boolean
   outcome: ObservationOutcome | null
   orderId: number | null
   fromStatus: string | null
@@ -156,6 +176,7 @@ async function runStatement(
       delivery_id: delivery?.deliveryId ?? null,
       event_type: delivery?.eventType ?? null,
       raw_body: delivery?.rawBody ?? null,
+      body_sha256: delivery?.bodySha256 ?? null,
     }
   })
   const [kind] = kinds
@@ -175,7 +196,8 @@ function observationStatement(
   const releasesLease = kind === 'lease'
 
   // decision: the same table as decideTransition(), on the row as locked (the lateral subquery locks
-  // one order per input row, in input order); trade_mismatch guards an order linked to another trade
+  // one order per input row, in input order, and reads its visited statuses as the last commit left
+  // them); trade_mismatch guards an order linked to another trade
   const decision = sql`
     decision as (
       select i.n, o.id, o.trade_status as from_status,
@@ -183,19 +205,22 @@ function observationStatement(
           when o.trade_id is not null and o.trade_id <> i.trade_id then 'trade_mismatch'
           when o.trade_status = i.status then 'duplicate_effect'
           when o.is_terminal then 'stale'
+          when i.status = any(o.visited_statuses) then 'stale'
+          when i.rank is null then case when i.source = 'webhook' then 'unknown_status' else 'applied' end
           when o.trade_status is null then 'applied'
-          when i.rank is not null and i.rank <= o.status_rank then 'stale'
+          when i.rank <= o.status_rank then 'stale'
           else 'applied'
         end as outcome
       from input i
       cross join lateral (
-        select o.id, o.trade_id, o.trade_status, o.is_terminal, o.status_rank
+        select o.id, o.trade_id, o.trade_status, o.is_terminal, o.status_rank, o.visited_statuses
         from orders o
         where ${TARGET_CONDITIONS[kind]}
           ${
-            // a delivery id already stored changes nothing: do not even wait for the order's lock
+            // a delivery already stored changes nothing: do not even wait for the order's lock
             withDelivery
-              ? sql`and not exists (select 1 from webhook_deliveries w where w.delivery_id = i.delivery_id)`
+              ? sql`and not exists (select 1 from webhook_deliveries w
+                  where w.delivery_id = i.delivery_id and w.body_sha256 = i.body_sha256)`
               : sql``
           }
         for update
@@ -207,17 +232,19 @@ function observationStatement(
     ? sql`,
     delivery as (
       insert into webhook_deliveries
-        (delivery_id, received_at, event_type, trade_id, external_reference, observed_status, outcome, order_id, raw_body, applied_at)
-      select i.delivery_id, i.observed_at, i.event_type, i.trade_id, i.external_reference, i.status,
+        (delivery_id, body_sha256, received_at, event_type, trade_id, external_reference, observed_status, outcome,
+         order_id, raw_body, applied_at)
+      select i.delivery_id, i.body_sha256, i.observed_at, i.event_type, i.trade_id, i.external_reference, i.status,
         coalesce(d.outcome, 'unmatched'), d.id, i.raw_body, case when d.outcome = 'applied' then i.observed_at end
       from input i left join decision d on d.n = i.n
-      on conflict (delivery_id) do nothing
-      returning delivery_id
+      on conflict (delivery_id, body_sha256) do nothing
+      returning delivery_id, body_sha256
     )`
     : sql``
   const effective = withDelivery
     ? sql`select d.*, i.status, i.rank, i.terminal, i.source, i.trade_id, i.trade_reference, i.history_delivery_id, i.observed_at
-        from decision d join input i on i.n = d.n join delivery x on x.delivery_id = i.delivery_id`
+        from decision d join input i on i.n = d.n
+        join delivery x on x.delivery_id = i.delivery_id and x.body_sha256 = i.body_sha256`
     : sql`select d.*, i.status, i.rank, i.terminal, i.source, i.trade_id, i.trade_reference, i.history_delivery_id, i.observed_at
         from decision d join input i on i.n = d.n`
 
@@ -226,7 +253,7 @@ function observationStatement(
       select * from json_to_recordset(${input}::json) as i(
         n int, target text, lease text, trade_id text, trade_reference text, external_reference text, status text,
         rank int, terminal boolean, source text, history_delivery_id text, observed_at timestamptz,
-        delivery_id text, event_type text, raw_body text)
+        delivery_id text, event_type text, raw_body text, body_sha256 text)
     ),
     ${decision}${deliveryInsert},
     effective as (${effective}),
@@ -235,6 +262,8 @@ function observationStatement(
         trade_status = case when e.outcome = 'applied' then e.status else o.trade_status end,
         status_rank = case when e.outcome = 'applied' and e.rank is not null then e.rank else o.status_rank end,
         is_terminal = case when e.outcome = 'applied' then e.terminal else o.is_terminal end,
+        visited_statuses = case when e.outcome = 'applied' then array_append(o.visited_statuses, e.status)
+          else o.visited_statuses end,
         status_source = case when e.outcome = 'applied' then e.source else o.status_source end,
         status_changed_at = case when e.outcome = 'applied' then e.observed_at else o.status_changed_at end,
         trade_id = coalesce(o.trade_id, e.trade_id),
@@ -242,7 +271,8 @@ function observationStatement(
         trade_create_state = 'created',
         next_poll_at = case
           when (e.outcome = 'applied' and e.terminal) or (e.outcome <> 'applied' and o.is_terminal) then null
-          when e.outcome = 'applied' and e.rank is null then e.observed_at
+          -- a webhook's unknown status: poll the trade now (least() skips a null next_poll_at)
+          when e.outcome = 'unknown_status' then least(o.next_poll_at, e.observed_at)
           when e.outcome in ('applied', 'duplicate_effect') or ${releasesLease}::boolean
             then ${
               releasesLease
@@ -262,7 +292,7 @@ function observationStatement(
         version = o.version + case when e.outcome = 'applied' then 1 else 0 end,
         updated_at = e.observed_at
       from effective e
-      where o.id = e.id and (e.outcome in ('applied', 'duplicate_effect') or ${releasesLease}::boolean)
+      where o.id = e.id and (e.outcome in ('applied', 'duplicate_effect', 'unknown_status') or ${releasesLease}::boolean)
     ),
     history as (
       insert into order_status_history (order_id, from_status, to_status, source, delivery_id, recorded_at)
@@ -271,7 +301,17 @@ function observationStatement(
       where e.outcome = 'applied'
     )
     select i.n,
-      ${withDelivery ? sql`exists (select 1 from delivery x where x.delivery_id = i.delivery_id)` : sql`true`} as inserted,
+      ${
+        withDelivery
+          ? sql`exists (select 1 from delivery x where x.delivery_id = i.delivery_id and x.body_sha256 = i.body_sha256)`
+          : sql`true`
+      } as inserted,
+      ${
+        // the statement's snapshot: rows committed before it began (its own insert is not among them)
+        withDelivery
+          ? sql`exists (select 1 from webhook_deliveries w where w.delivery_id = i.delivery_id and w.body_sha256 <> i.body_sha256)`
+          : sql`false`
+      } as reused,
       d.outcome, d.id as order_id, d.from_status
     from input i left join decision d on d.n = i.n
     order by i.n`

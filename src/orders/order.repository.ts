@@ -5,6 +5,7 @@
 import type { Kysely, Selectable, Transaction } from 'kysely'
 import type { Database, OrdersTable } from '../db/database.js'
 import { applyObservation, type ObservationResult, type ObservationSettings } from './apply-observation.js'
+import { parseJsonText } from '../webhooks/parse-delivery.js'
 import type { ObservationSource, Order, StatusChange, TradeCreateState } from './order.js'
 
 type Executor = Kysely<Database> | Transaction<Database>
@@ -84,7 +85,7 @@ export async function applyParkedDeliveries(
     if (!order) return 0
     const parked = await trx
       .selectFrom('webhookDeliveries')
-      .select(['deliveryId', 'tradeId', 'observedStatus', 'receivedAt', 'rawBody'])
+      .select(['deliveryId', 'bodySha256', 'tradeId', 'observedStatus', 'receivedAt', 'rawBody'])
       .where('externalReference', '=', externalReference)
       .where('outcome', '=', 'unmatched')
       .orderBy('receivedAt')
@@ -112,6 +113,7 @@ export async function applyParkedDeliveries(
         .updateTable('webhookDeliveries')
         .set({ outcome: result.outcome, orderId: order.id, appliedAt: result.outcome === 'applied' ? appliedAt : null })
         .where('deliveryId', '=', delivery.deliveryId)
+        .where('bodySha256', '=', delivery.bodySha256)
         .execute()
     }
     return parked.length
@@ -122,7 +124,7 @@ export async function applyParkedDeliveries(
 // the parked row keeps the raw body; its reference field is read back from it
 function tradeReferenceOf(rawBody: string): string | null {
   try {
-    const reference = (JSON.parse(rawBody) as { reference?: unknown }).reference
+    const reference = (parseJsonText(rawBody) as { reference?: unknown }).reference
     return typeof reference === 'string' ? reference : null
   } catch {
     return null

@@ -4,7 +4,9 @@
 // the rest is our assumption (README, "The status model"). Each known status has a rank and a
 // terminal flag. Glossary:
 // - observation: a status seen for a trade, by webhook, poll or API answer;
-// - stale: an observation ranked below the order's status, or any change to a terminal order;
+// - stale: an observation ranked below the order's status, a status the order has had before, or any
+//   change to a terminal order;
+// - unknown status: one this table does not know (see decideTransition for what it may do);
 // - duplicate effect: an observation equal to the order's status (a retry or replay): a no-op.
 
 export interface StatusInfo {
@@ -33,25 +35,44 @@ export function isTerminalStatus(status: string): boolean {
   return Object.hasOwn(TRADE_STATUSES, status) && TRADE_STATUSES[status]!.terminal
 }
 
-export type TransitionOutcome = 'applied' | 'duplicate_effect' | 'stale'
+/**
+ * applied: the order moves. duplicate_effect: it has this status already. stale: a lower rank, a change
+ * to a terminal order, or a status the order has had before. unknown_status: a webhook names a status
+ * this table does not know: recorded, and the order is polled at once, but not moved.
+ */
+export type TransitionOutcome = 'applied' | 'duplicate_effect' | 'stale' | 'unknown_status'
+
+/** Where an observation comes from; only the platform's answers to our signed calls may set an unknown status. */
+export type TransitionSource = 'webhook' | 'poll' | 'api'
 
 export interface OrderStatusState {
   status: string | null
   rank: number
   terminal: boolean
+  /** Every status the order has had, the current one included. */
+  visited: readonly string[]
 }
 
 /**
- * What observing `observed` does to an order in `current`. The SQL of apply-observation.ts makes the
- * same decision inside the database (so concurrent deliveries decide on the locked row); this is its
- * readable statement, and the tests hold the two to the same table.
- * An unknown status takes the order's current rank: it moves a non-terminal order, never its rank.
+ * What observing `observed` (from `source`) does to an order in `current`. The SQL of
+ * apply-observation.ts makes the same decision inside the database (so concurrent deliveries decide
+ * on the locked row); this is its readable statement, and the tests hold the two to the same table.
+ *
+ * The rules, which together mean an order's history never revisits a status it has left:
+ * - a known status moves the order only up in rank, and a terminal order never moves;
+ * - no status is entered twice (a known one cannot be, by rank; an unknown one is checked by name);
+ * - an unknown status is the platform's word only when it answers our own signed request (a poll or an
+ *   API answer): a webhook's body carries no time and its delivery id is unsigned, so a captured body
+ *   can be replayed under a fresh id at any moment. A webhook's unknown status triggers a poll instead;
+ * - an unknown status keeps the order's rank, so any known status ranked above the last known one
+ *   still follows it (an order is never stuck on an unknown status).
  */
-export function decideTransition(current: OrderStatusState, observed: string): TransitionOutcome {
+export function decideTransition(current: OrderStatusState, observed: string, source: TransitionSource): TransitionOutcome {
   if (current.status === observed) return 'duplicate_effect'
   if (current.terminal) return 'stale'
-  if (current.status === null) return 'applied'
+  if (current.visited.includes(observed)) return 'stale'
   const rank = statusRank(observed)
-  if (rank === undefined) return 'applied'
+  if (rank === undefined) return source === 'webhook' ? 'unknown_status' : 'applied'
+  if (current.status === null) return 'applied'
   return rank > current.rank ? 'applied' : 'stale'
 }

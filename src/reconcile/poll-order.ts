@@ -61,6 +61,8 @@ const POLL_RESULT_OF: Record<ObservationOutcome, PollResultKind> = {
   applied: 'applied',
   duplicate_effect: 'unchanged',
   stale: 'stale',
+  // a webhook's word only: a poll's unknown status is applied (the platform's own answer), never held back
+  unknown_status: 'unchanged',
   // the claim's lease ran out and another replica claimed the order since
   lease_lost: 'lease_lost',
   // the order row is gone (deleted while it was polled): nothing of ours was written

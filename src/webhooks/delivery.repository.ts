@@ -7,6 +7,7 @@ export type DeliveryOutcome =
   | 'applied'
   | 'duplicate_effect'
   | 'stale'
+  | 'unknown_status'
   | 'unmatched'
   | 'ignored'
   | 'invalid'
@@ -15,6 +16,8 @@ export type DeliveryOutcome =
 
 export interface StoredDelivery {
   deliveryId: string
+  /** SHA-256 (hex) of the exact body; several bodies under one id are several deliveries (a reused id). */
+  bodySha256: string
   receivedAt: Date
   eventType: string
   tradeId: string | null
@@ -30,31 +33,79 @@ function toDelivery(row: Selectable<WebhookDeliveriesTable>): StoredDelivery {
   return { ...row, outcome: row.outcome as DeliveryOutcome }
 }
 
-/** Stores a delivery that changes no order (ignored, invalid). Returns false for a seen delivery id. */
+/** A delivery is its id and its body's hash (the table's primary key). */
+export interface DeliveryKey {
+  deliveryId: string
+  bodySha256: string
+}
+
+/**
+ * Stores a delivery that changes no order (ignored, invalid). inserted: false when this id with this
+ * body is stored already (a duplicate). idReused: the id was stored before with another body.
+ */
 export async function recordDelivery(
   db: Kysely<Database>,
-  delivery: { deliveryId: string; eventType: string; rawBody: string; outcome: DeliveryOutcome; receivedAt: Date },
-): Promise<boolean> {
+  delivery: DeliveryKey & { eventType: string; rawBody: string; outcome: DeliveryOutcome; receivedAt: Date },
+): Promise<{ inserted: boolean; idReused: boolean }> {
   const result = await db
     .insertInto('webhookDeliveries')
     .values(delivery)
-    .onConflict((oc) => oc.column('deliveryId').doNothing())
+    .onConflict((oc) => oc.columns(['deliveryId', 'bodySha256']).doNothing())
     .executeTakeFirst()
-  return Number(result.numInsertedOrUpdatedRows ?? 0) > 0
+  const inserted = Number(result.numInsertedOrUpdatedRows ?? 0) > 0
+  if (!inserted) return { inserted, idReused: false }
+  const other = await db
+    .selectFrom('webhookDeliveries')
+    .select('deliveryId')
+    .where('deliveryId', '=', delivery.deliveryId)
+    .where('bodySha256', '<>', delivery.bodySha256)
+    .executeTakeFirst()
+  return { inserted, idReused: other !== undefined }
 }
 
 export async function updateDeliveryOutcome(
   db: Kysely<Database>,
-  deliveryId: string,
+  { deliveryId, bodySha256 }: DeliveryKey,
   outcome: DeliveryOutcome,
   appliedAt: Date | null,
 ): Promise<void> {
-  await db.updateTable('webhookDeliveries').set({ outcome, appliedAt }).where('deliveryId', '=', deliveryId).execute()
+  await db
+    .updateTable('webhookDeliveries')
+    .set({ outcome, appliedAt })
+    .where('deliveryId', '=', deliveryId)
+    .where('bodySha256', '=', bodySha256)
+    .execute()
 }
 
-export async function findDelivery(db: Kysely<Database>, deliveryId: string): Promise<StoredDelivery | undefined> {
-  const row = await db.selectFrom('webhookDeliveries').selectAll().where('deliveryId', '=', deliveryId).executeTakeFirst()
+/**
+ * The delivery stored under this id: the first one stored, or the one whose body has this SHA-256
+ * (a prefix of its hex is enough) when the id was reused.
+ */
+export async function findDelivery(
+  db: Kysely<Database>,
+  deliveryId: string,
+  bodySha256?: string,
+): Promise<StoredDelivery | undefined> {
+  let query = db
+    .selectFrom('webhookDeliveries')
+    .selectAll()
+    .where('deliveryId', '=', deliveryId)
+    .orderBy('receivedAt')
+    .orderBy('bodySha256')
+    .limit(1)
+  if (bodySha256 !== undefined) query = query.where('bodySha256', 'like', `${bodySha256.toLowerCase().replace(/[^0-9a-f]/g, '')}%`)
+  const row = await query.executeTakeFirst()
   return row && toDelivery(row)
+}
+
+/** How many bodies are stored under this delivery id (more than one: the id was reused). */
+export async function countBodiesOfDelivery(db: Kysely<Database>, deliveryId: string): Promise<number> {
+  const row = await db
+    .selectFrom('webhookDeliveries')
+    .select((eb) => eb.fn.countAll<string>().as('bodies'))
+    .where('deliveryId', '=', deliveryId)
+    .executeTakeFirstOrThrow()
+  return Number(row.bodies)
 }
 
 export async function listDeliveries(
@@ -63,9 +114,10 @@ export async function listDeliveries(
 ): Promise<Omit<StoredDelivery, 'rawBody'>[]> {
   let query = db
     .selectFrom('webhookDeliveries')
-    .select(['deliveryId', 'receivedAt', 'eventType', 'tradeId', 'externalReference', 'observedStatus', 'outcome', 'orderId', 'appliedAt'])
+    .select(['deliveryId', 'bodySha256', 'receivedAt', 'eventType', 'tradeId', 'externalReference', 'observedStatus', 'outcome', 'orderId', 'appliedAt'])
     .orderBy('receivedAt', 'desc')
     .orderBy('deliveryId')
+    .orderBy('bodySha256')
     .limit(limit)
   if (outcome) query = query.where('outcome', '=', outcome)
   const rows = await query.execute()

@@ -8,8 +8,9 @@
 // written at once, alone: grouping adds no wait when there is nothing to group.
 //
 // A batch never holds two deliveries for one order, nor one delivery id twice, nor an order or a
-// delivery id that a statement in flight holds: one statement cannot update a row twice, and this way
-// the statements of one process never queue on each other's row locks. What is held back goes in the
+// delivery id that a statement in flight holds: one statement cannot update a row twice, this way
+// the statements of one process never queue on each other's row locks, and a delivery id reused with
+// another body is written after the first, so its statement sees it and reports the reuse. What is held back goes in the
 // next batch, in arrival order, so one order's deliveries are written in the order they arrived.
 //
 // A delivery parked as unmatched is looked at again once its statement committed: if its order was
@@ -24,7 +25,7 @@ import type { Database } from '../db/database.js'
 import type { Logger } from '../logger.js'
 import {
   type DeliveryObservation,
-  type ObservationResult,
+  type DeliveryResult,
   type ObservationSettings,
   recordDeliveriesAndApply,
 } from '../orders/apply-observation.js'
@@ -41,7 +42,7 @@ export interface GroupCommitOptions {
   onBatch?: (size: number) => void
 }
 
-export type WriteResult = ObservationResult | 'duplicate'
+export type WriteResult = DeliveryResult | 'duplicate'
 
 // a statement's JSON parameter stays a few MB even when large bodies arrive together
 const MAX_BATCH_BODY_LENGTH = 4 * 1024 * 1024
@@ -170,7 +171,7 @@ export class GroupCommit {
 
   private async applyLateParked(batch: Pending[], results: WriteResult[]): Promise<void> {
     const parked = batch
-      .filter((_, index) => results[index] !== 'duplicate' && (results[index] as ObservationResult).outcome === 'unmatched')
+      .filter((_, index) => results[index] !== 'duplicate' && (results[index] as DeliveryResult).outcome === 'unmatched')
       .map((pending) => pending.item.observation)
     if (parked.length === 0) return
     try {

@@ -20,9 +20,15 @@ export class PayloadError extends Error {
   override name = 'PayloadError'
 }
 
-const decoder = new TextDecoder('utf-8', { fatal: true })
+// ignoreBOM: a leading byte-order mark stays in the text, so the text stored is the exact bytes the
+// signature covered (valid UTF-8 decodes and encodes back byte for byte; fatal refuses anything else)
+const decoder = new TextDecoder('utf-8', { fatal: true, ignoreBOM: true })
+const BYTE_ORDER_MARK = '\ufeff'
 
-/** Decodes and parses the body; throws PayloadError when it is not UTF-8 JSON holding an object. */
+/**
+ * Decodes and parses the body; throws PayloadError when it is not UTF-8 JSON holding an object.
+ * `text` is the whole body, byte-order mark included: Buffer.from(text) is the body received.
+ */
 export function parseBody(rawBody: Buffer): { text: string; body: Record<string, unknown> } {
   let text: string
   try {
@@ -32,7 +38,7 @@ export function parseBody(rawBody: Buffer): { text: string; body: Record<string,
   }
   let body: unknown
   try {
-    body = JSON.parse(text)
+    body = parseJsonText(text)
   } catch {
     throw new PayloadError('The body is not valid JSON')
   }
@@ -69,4 +75,9 @@ export function classifyDelivery(body: Record<string, unknown>): ParsedDelivery 
 
 function isShortString(value: unknown): value is string {
   return typeof value === 'string' && value.length > 0 && value.length <= 200
+}
+
+/** JSON.parse of a body's text; a leading byte-order mark is not part of the JSON (RFC 8259 §8.1). */
+export function parseJsonText(text: string): unknown {
+  return JSON.parse(text.startsWith(BYTE_ORDER_MARK) ? text.slice(BYTE_ORDER_MARK.length) : text)
 }

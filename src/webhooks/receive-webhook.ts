@@ -1,5 +1,7 @@
 // The ingest: verify, parse, then record and apply in one statement. Glossary:
-// - delivery: one POST from the platform, named by X-Partner-Delivery-Id (unique per attempt);
+// - delivery: one POST from the platform, named by X-Partner-Delivery-Id (unique per attempt) and
+//   told apart by its body's SHA-256: a retry repeats both (a duplicate); the same id with another
+//   verified body is a reused id, stored and applied like any new delivery, and reported;
 // - unmatched: a trade event whose external_reference has no order yet; parked, applied on creation.
 import { createHash } from 'node:crypto'
 import type { Kysely } from 'kysely'
@@ -31,7 +33,9 @@ export interface IncomingDelivery {
   rawBody: Buffer
 }
 
-export type ReceiveResult = { duplicate: true } | { duplicate: false; outcome: DeliveryOutcome; eventType: string }
+export type ReceiveResult =
+  | { duplicate: true }
+  | { duplicate: false; outcome: DeliveryOutcome; eventType: string; idReused: boolean }
 
 const DELIVERY_ID = /^[\x21-\x7e]{1,200}$/
 
@@ -55,8 +59,9 @@ export async function receiveWebhook(deps: ReceiveDeps, delivery: IncomingDelive
   if (deliveryId === undefined || !DELIVERY_ID.test(deliveryId)) {
     throw new AppError(400, 'invalid_payload', 'X-Partner-Delivery-Id must be 1 to 200 printable ASCII characters')
   }
+  const bodySha256 = createHash('sha256').update(delivery.rawBody).digest('hex')
   // a retry of a delivery this process saw stored: nothing to write, nothing to read
-  if (deps.seen.has(deliveryId)) return { duplicate: true }
+  if (deps.seen.has(deliveryId, bodySha256)) return { duplicate: true }
   let parsed: ReturnType<typeof parseBody>
   try {
     parsed = parseBody(delivery.rawBody)
@@ -66,14 +71,22 @@ export async function receiveWebhook(deps: ReceiveDeps, delivery: IncomingDelive
   }
 
   const receivedAt = new Date(deps.clock.now())
-  const result = await storing(() => store(deps, deliveryId, parsed, receivedAt))
-  deps.seen.add(deliveryId)
+  const result = await storing(() => store(deps, { deliveryId, bodySha256 }, parsed, receivedAt))
+  deps.seen.add(deliveryId, bodySha256)
+  if (!result.duplicate && result.idReused) {
+    // the sender reused an id for another body (a platform fault, or a replay of a captured id):
+    // stored and applied as any new delivery; the hash tells the bodies apart without logging one
+    logger.warn(
+      { deliveryId, bodySha256, eventType: result.eventType, outcome: result.outcome },
+      'webhook delivery id reused with a different body',
+    )
+  }
   return result
 }
 
 async function store(
   deps: ReceiveDeps,
-  deliveryId: string,
+  { deliveryId, bodySha256 }: { deliveryId: string; bodySha256: string },
   parsed: { text: string; body: Record<string, unknown> },
   receivedAt: Date,
 ): Promise<ReceiveResult> {
@@ -81,7 +94,7 @@ async function store(
   const event = classifyDelivery(parsed.body)
   if (event.kind === 'trade') {
     const result = await deps.writer.write({
-      delivery: { deliveryId, eventType: event.eventType, rawBody: parsed.text },
+      delivery: { deliveryId, bodySha256, eventType: event.eventType, rawBody: parsed.text },
       observation: {
         target: { externalReference: event.externalReference },
         tradeId: event.tradeId,
@@ -97,12 +110,13 @@ async function store(
     if (result.outcome === 'trade_mismatch') {
       logger.warn({ deliveryId, orderId: result.orderId }, 'webhook trade id differs from the order’s trade')
     }
-    return { duplicate: false, outcome: result.outcome, eventType: event.eventType }
+    return { duplicate: false, outcome: result.outcome, eventType: event.eventType, idReused: result.idReused }
   }
 
   const outcome: DeliveryOutcome = event.kind === 'invalid' ? 'invalid' : 'ignored'
-  const inserted = await recordDelivery(deps.db, {
+  const { inserted, idReused } = await recordDelivery(deps.db, {
     deliveryId,
+    bodySha256,
     eventType: event.eventType,
     rawBody: parsed.text,
     outcome,
@@ -111,13 +125,13 @@ async function store(
   if (!inserted) return { duplicate: true }
   if (event.kind === 'invalid') {
     logger.warn({ deliveryId, eventType: event.eventType, problem: event.problem }, 'webhook payload invalid')
-    return { duplicate: false, outcome, eventType: event.eventType }
+    return { duplicate: false, outcome, eventType: event.eventType, idReused }
   }
   const handler = handlerFor(event.eventType)
-  if (!handler) return { duplicate: false, outcome, eventType: event.eventType }
+  if (!handler) return { duplicate: false, outcome, eventType: event.eventType, idReused }
   const handled = await handler({ db: deps.db, logger, deliveryId, eventType: event.eventType, body: parsed.body })
-  if (handled === 'applied') await updateDeliveryOutcome(deps.db, deliveryId, 'applied', receivedAt)
-  return { duplicate: false, outcome: handled, eventType: event.eventType }
+  if (handled === 'applied') await updateDeliveryOutcome(deps.db, { deliveryId, bodySha256 }, 'applied', receivedAt)
+  return { duplicate: false, outcome: handled, eventType: event.eventType, idReused }
 }
 
 // Whatever goes wrong while storing, the answer is 503: the platform retries, and the statement

@@ -51,7 +51,8 @@ export function webhookRoutes(routeDeps: WebhookRouteDeps): Router {
     try {
       const result = await receiveWebhook(deps, { deliveryId, signature: req.get('x-partner-signature'), rawBody })
       const outcome = result.duplicate ? 'duplicate' : result.outcome
-      deps.metrics?.deliveries.inc({ outcome })
+      // a reused id is counted apart (its stored outcome, the status rules', is in the log and the row)
+      deps.metrics?.deliveries.inc({ outcome: !result.duplicate && result.idReused ? 'id_reused' : outcome })
       deps.metrics?.ingestSeconds.observe({ outcome }, Number(process.hrtime.bigint() - started) / 1e9)
       deps.logger.info(
         { ...loggableDeliveryId(deliveryId), outcome, ...(result.duplicate ? {} : { eventType: result.eventType }) },
