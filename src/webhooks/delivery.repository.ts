@@ -1,6 +1,6 @@
 // Queries on stored webhook deliveries (the trade-event insert lives in orders/apply-observation.ts,
 // which records the delivery and its effect in one statement).
-import type { Kysely, Selectable } from 'kysely'
+import { type Kysely, type Selectable, sql } from 'kysely'
 import type { Database, WebhookDeliveriesTable } from '../db/database.js'
 
 export type DeliveryOutcome =
@@ -29,8 +29,17 @@ export interface StoredDelivery {
   rawBody: string
 }
 
-function toDelivery(row: Selectable<WebhookDeliveriesTable>): StoredDelivery {
-  return { ...row, outcome: row.outcome as DeliveryOutcome }
+// raw_body holds the exact bytes received as UTF-8 text (the ingest decodes without stripping a
+// byte-order mark). Read as text, a driver may strip a leading mark on the way back (PGlite does), so
+// the body is read as its bytes and decoded here, mark kept.
+const rawBodyBytes = sql<Uint8Array>`convert_to(raw_body, 'UTF8')`.as('rawBodyBytes')
+const exactText = new TextDecoder('utf-8', { ignoreBOM: true })
+
+function toDelivery({
+  rawBodyBytes: bytes,
+  ...row
+}: Omit<Selectable<WebhookDeliveriesTable>, 'rawBody'> & { rawBodyBytes: Uint8Array }): StoredDelivery {
+  return { ...row, rawBody: exactText.decode(bytes), outcome: row.outcome as DeliveryOutcome }
 }
 
 /** A delivery is its id and its body's hash (the table's primary key). */
@@ -88,7 +97,19 @@ export async function findDelivery(
 ): Promise<StoredDelivery | undefined> {
   let query = db
     .selectFrom('webhookDeliveries')
-    .selectAll()
+    .select([
+      'deliveryId',
+      'bodySha256',
+      'receivedAt',
+      'eventType',
+      'tradeId',
+      'externalReference',
+      'observedStatus',
+      'outcome',
+      'orderId',
+      'appliedAt',
+      rawBodyBytes,
+    ])
     .where('deliveryId', '=', deliveryId)
     .orderBy('receivedAt')
     .orderBy('bodySha256')

@@ -1,0 +1,163 @@
+// The status rules as a sender sees them, through the HTTP contract: an unknown status from a webhook
+// never moves an order (it makes the order due for a poll), no status is entered twice, and no sequence
+// of signed deliveries, replayed under fresh or reused ids in any order, makes an order oscillate.
+import { randomUUID } from 'node:crypto'
+import type { Express } from 'express'
+import fc from 'fast-check'
+import { afterAll, beforeAll, describe, expect, it } from 'vitest'
+import { createApp } from '../src/http/app.js'
+import { createOrder, findOrderByExternalReference, orderHistory } from '../src/orders/order.repository.js'
+import { isTerminalStatus, statusRank } from '../src/orders/trade-status.js'
+import { FakeClock } from './helpers/fake-clock.js'
+import { testLogger } from './helpers/log-sink.js'
+import { countingFetcher } from './helpers/reconcile-orders.js'
+import { testPoller } from './helpers/reconcile-poller.js'
+import { testConfig } from './helpers/test-config.js'
+import { createTestDatabase, type TestDatabase } from './helpers/test-database.js'
+import { sendWebhook, tradePayload } from './helpers/webhook-delivery.js'
+
+const config = testConfig({ LOG_LEVEL: 'warn' })
+const KNOWN = ['created', 'funded', 'delivered', 'disputed', 'cancelled', 'refunded', 'released', 'resolved']
+const UNKNOWN = ['milestone_delivered', 'milestone_funded', 'on_hold']
+
+describe('the status rules over HTTP', () => {
+  let database: TestDatabase
+  let app: Express
+  let clock: FakeClock
+
+  beforeAll(async () => {
+    database = await createTestDatabase()
+    clock = new FakeClock()
+    app = createApp({ config, db: database.db, logger: testLogger(config.webhook.secrets), clock })
+  })
+  afterAll(async () => {
+    await database.close()
+  })
+
+  // the body is the same for every send of a status: what a replayer holding a captured delivery has
+  const body = (ref: string, status: string) => JSON.stringify(tradePayload(ref, status, `tr_${ref}`))
+  const send = async (ref: string, status: string, deliveryId = `dlv-${randomUUID()}`) => {
+    const response = await sendWebhook(app, { body: body(ref, status), deliveryId })
+    expect(response.status, JSON.stringify(response.body)).toBe(200)
+    return response.body as { received: true; duplicate?: true }
+  }
+  const outcomeOf = async (deliveryId: string) =>
+    (await database.db.selectFrom('webhookDeliveries').select('outcome').where('deliveryId', '=', deliveryId).executeTakeFirstOrThrow())
+      .outcome
+  const statusesEntered = async (ref: string) => {
+    const order = await findOrderByExternalReference(database.db, ref)
+    return (await orderHistory(database.db, order!.id)).map((change) => change.toStatus)
+  }
+
+  it('keeps an order where it is when webhooks name statuses the table does not know, replayed under fresh ids', async () => {
+    const ref = 'issue-repro'
+    await createOrder(database.db, { externalReference: ref })
+    await send(ref, 'funded')
+    await send(ref, 'delivered')
+    await clock.advance(1_000)
+    const unknown: string[] = []
+    for (const status of ['milestone_delivered', 'milestone_funded', 'milestone_delivered', 'milestone_funded']) {
+      const id = `dlv-${randomUUID()}`
+      unknown.push(id)
+      await send(ref, status, id)
+    }
+    for (const id of unknown) expect(await outcomeOf(id)).toBe('unknown_status')
+    const order = await findOrderByExternalReference(database.db, ref)
+    expect(order?.tradeStatus).toBe('delivered')
+    // due for a poll at once: the platform's own answer decides
+    expect(order?.nextPollAt?.getTime()).toBe(clock.now())
+    const later = `dlv-${randomUUID()}`
+    await send(ref, 'delivered', later)
+    expect(await outcomeOf(later)).toBe('duplicate_effect')
+    await send(ref, 'released')
+    expect(await statusesEntered(ref)).toEqual(['funded', 'delivered', 'released'])
+  })
+
+  it('lets the poll set an unknown status, never twice, and a known status of higher rank follow it', async () => {
+    const ref = 'polled-unknown'
+    await createOrder(database.db, { externalReference: ref })
+    await send(ref, 'funded')
+    await send(ref, 'milestone_delivered')
+    const answers = ['milestone_delivered']
+    const fetcher = countingFetcher(() => answers.shift() ?? 'milestone_delivered')
+    const poller = testPoller({ db: database.db, fetcher, clock })
+    expect((await poller.runOnce()).polled).toBeGreaterThanOrEqual(1)
+    expect(fetcher.calls).toContain(`tr_${ref}`)
+    expect((await findOrderByExternalReference(database.db, ref))?.tradeStatus).toBe('milestone_delivered')
+    // a poll's unknown status is the platform's word: not polled again at once (no hot loop)
+    expect((await findOrderByExternalReference(database.db, ref))!.nextPollAt!.getTime()).toBeGreaterThan(clock.now())
+
+    await send(ref, 'milestone_funded') // unknown, from a webhook: held back
+    await send(ref, 'delivered') // known, above funded: follows the unknown status
+    expect((await findOrderByExternalReference(database.db, ref))?.tradeStatus).toBe('delivered')
+    // the platform answering the old unknown status again cannot move the order back to it
+    await clock.advance(config.poll.staleAfterS * 1000 + 1)
+    const again = testPoller({ db: database.db, fetcher: countingFetcher(() => 'milestone_delivered'), clock })
+    await again.runOnce()
+    expect(again.reported.find((result) => result.externalReference === ref)?.result).toBe('stale')
+    expect(await statusesEntered(ref)).toEqual(['funded', 'milestone_delivered', 'delivered'])
+  })
+
+  it('never revisits a status, and ends at the first terminal or else the highest known status, whatever the deliveries (property)', async () => {
+    let run = 0
+    const ids = new Set<string>()
+    await fc.assert(
+      fc.asyncProperty(
+        fc.array(
+          fc.record({
+            status: fc.constantFrom(...KNOWN, ...UNKNOWN),
+            // a small pool of ids per run: fresh ids, retries (same id, same body) and reused ids (same id,
+            // another body) all occur
+            id: fc.nat(5),
+          }),
+          { minLength: 1, maxLength: 12 },
+        ),
+        fc.boolean(),
+        async (deliveries, concurrent) => {
+          const ref = `prop-${++run}`
+          await createOrder(database.db, { externalReference: ref })
+          const idOf = (n: number) => `prop-${run}-${n}`
+          if (concurrent) await Promise.all(deliveries.map(({ status, id }) => send(ref, status, idOf(id))))
+          else for (const { status, id } of deliveries) await send(ref, status, idOf(id))
+          for (const { id } of deliveries) ids.add(idOf(id))
+
+          const entered = await statusesEntered(ref)
+          expect(new Set(entered).size, `history ${entered.join(' → ')}`).toBe(entered.length)
+          const final = (await findOrderByExternalReference(database.db, ref))?.tradeStatus ?? null
+          const observed = deliveries.map((each) => each.status)
+          const terminals = observed.filter(isTerminalStatus)
+          const known = observed.filter((status) => statusRank(status) !== undefined)
+          const highest = known.length === 0 ? null : known.reduce((a, b) => (statusRank(b)! > statusRank(a)! ? b : a))
+          // in arrival order the first terminal status wins; sent at once, any of them may have come first
+          if (terminals.length > 0) {
+            if (concurrent) expect(terminals).toContain(final)
+            else expect(final).toBe(terminals[0])
+          } else expect(final).toBe(highest)
+          // the history only climbs, and only through statuses the table knows (webhooks alone)
+          const ranks = entered.map((status) => statusRank(status))
+          expect(ranks.every((rank) => rank !== undefined)).toBe(true)
+          expect([...(ranks as number[])].sort((a, b) => a - b)).toEqual(ranks)
+          // every distinct (id, body) is stored once
+          const rows = await database.db
+            .selectFrom('webhookDeliveries')
+            .select(['deliveryId', 'bodySha256'])
+            .where('externalReference', '=', ref)
+            .execute()
+          const distinct = new Set(deliveries.map(({ status, id }) => `${idOf(id)} ${status}`))
+          expect(rows.length).toBe(distinct.size)
+        },
+      ),
+      { numRuns: database.url ? 60 : 40 },
+    )
+    const outcomes = await database.db
+      .selectFrom('webhookDeliveries')
+      .select(['outcome', (eb) => eb.fn.countAll<string>().as('deliveries')])
+      .where('externalReference', 'like', 'prop-%')
+      .groupBy('outcome')
+      .orderBy('outcome')
+      .execute()
+    process.stdout.write(
+      `status property: ${run} runs, ${ids.size} delivery ids, stored outcomes ${outcomes.map((row) => `${row.outcome}=${row.deliveries}`).join(' ')}\n`,
+    )
+  })
+})
