@@ -6,6 +6,7 @@ import { type Clock, systemClock } from './clock.js'
 import type { Config } from './config.js'
 import { migrateToLatest } from './db/migrate.js'
 import { type DatabaseHandle, openDatabase } from './db/open-database.js'
+import { pingDatabase } from './db/ping-database.js'
 import { createApp } from './http/app.js'
 import { listen } from './http/server.js'
 import { advertiseLocalService, createLocalCliToken } from './local/local-cli.js'
@@ -15,6 +16,7 @@ import { createPartnerApiClient } from './partner-api/create-partner-api-client.
 import { createPoller, dueOrderStats, type Poller, pollerSettings } from './reconcile/poller.js'
 import { createSandbox } from './sandbox/create-sandbox.js'
 import { sandboxStateFile } from './sandbox/sandbox-state.js'
+import { countParkedDeliveries } from './webhooks/delivery.repository.js'
 
 export interface RunningService {
   readonly url: string
@@ -58,7 +60,12 @@ export async function startService({
     logger.info({ applied, database: database.kind }, 'migrations applied')
 
     const metrics = config.metrics.enabled
-      ? createMetrics({ poolStats: database.poolStats, dueOrders: () => dueOrderStats(database.db, clock) })
+      ? createMetrics({
+          poolStats: database.poolStats,
+          databaseUp: () => pingDatabase(database.db),
+          dueOrders: () => dueOrderStats(database.db, clock),
+          parkedDeliveries: () => countParkedDeliveries(database.db, new Date(clock.now())),
+        })
       : undefined
     // embedded PGlite belongs to this process: operator commands are forwarded here (src/local)
     const ownsDataDir = database.kind === 'pglite' && !config.dataDir.startsWith('memory://')
@@ -104,7 +111,7 @@ export async function startService({
         logger,
         settings: pollerSettings(config.poll),
         replica: `${hostname()}:${process.pid}`,
-        ...(metrics ? { onPollResult: ({ result }) => metrics.pollResults.inc({ result }) } : {}),
+        ...(metrics ? metrics.pollerHooks(clock) : {}),
       })
       poller.start()
       const running = poller

@@ -1,12 +1,42 @@
 // Prometheus metrics (prom-client), one registry per service instance so tests can build several.
 // What the receiver and the poller record, and what is read from the database at scrape time.
+// deploy/prometheus/alerts.yml and deploy/grafana/partner-escrow.json use these names (a test checks).
 import { Counter, collectDefaultMetrics, Gauge, Histogram, Registry } from 'prom-client'
+import type { Clock } from '../clock.js'
+import { POLL_RESULTS, type PollResult, type RunSummary } from '../reconcile/poller.js'
+
+/** Every label value of webhook_deliveries_total, created at 0 so a rate over a quiet service is 0, not absent. */
+const DELIVERY_OUTCOMES = [
+  'applied',
+  'duplicate',
+  'id_reused',
+  'duplicate_effect',
+  'stale',
+  'unknown_status',
+  'unmatched',
+  'ignored',
+  'invalid',
+  'trade_mismatch',
+  'rejected',
+] as const
+
+/** A scrape never waits longer than this on the database (Prometheus' own scrape timeout is 10 s). */
+export const SCRAPE_READ_TIMEOUT_MS = 2_000
 
 export interface MetricsSources {
+  /** Resolves when the database answers a trivial query: database_up. */
+  databaseUp?: () => Promise<unknown>
   /** Orders due for a poll now, and how long the oldest has waited. */
   dueOrders?: () => Promise<{ ordersDue: number; oldestDueAgeS: number }>
+  /** Deliveries parked as unmatched (no order for their reference yet), and the age of the oldest. */
+  parkedDeliveries?: () => Promise<{ parked: number; oldestParkedAgeS: number }>
   /** Database connections: in use, idle, and callers waiting for one. */
   poolStats?: () => { total: number; idle: number; waiting: number }
+}
+
+export interface PollerHooks {
+  onPollResult(result: PollResult): void
+  onCycle(summary: RunSummary): void
 }
 
 export interface Metrics {
@@ -16,18 +46,29 @@ export interface Metrics {
   readonly ingestSeconds: Histogram<'outcome'>
   readonly ingestBatchSize: Histogram
   readonly pollResults: Counter<'result'>
+  /**
+   * For createPoller on a replica that runs it: counts polls and records when a cycle last finished.
+   * Until this is called, poller_last_cycle_timestamp_seconds has no sample (a replica without a poller
+   * must not look like a stalled one); from the call on, it starts at the call's time, so a first cycle
+   * that never ends is noticed too.
+   */
+  pollerHooks(clock: Clock): PollerHooks
 }
 
-export function createMetrics(sources: MetricsSources = {}, { defaultMetrics = true } = {}): Metrics {
+export function createMetrics(
+  sources: MetricsSources = {},
+  { defaultMetrics = true, readTimeoutMs = SCRAPE_READ_TIMEOUT_MS } = {},
+): Metrics {
   const registry = new Registry()
   if (defaultMetrics) collectDefaultMetrics({ register: registry })
 
   const deliveries = new Counter({
     name: 'webhook_deliveries_total',
-    help: 'Webhook deliveries answered, by outcome (applied, duplicate, duplicate_effect, stale, unknown_status, id_reused, unmatched, ignored, invalid, rejected)',
+    help: `Webhook deliveries answered, by outcome (${DELIVERY_OUTCOMES.join(', ')})`,
     labelNames: ['outcome'] as const,
     registers: [registry],
   })
+  for (const outcome of DELIVERY_OUTCOMES) deliveries.inc({ outcome }, 0)
   const signatureFailures = new Counter({
     name: 'webhook_signature_failures_total',
     help: 'Webhook deliveries refused with 401 because the signature was missing, malformed or wrong',
@@ -52,31 +93,44 @@ export function createMetrics(sources: MetricsSources = {}, { defaultMetrics = t
     labelNames: ['result'] as const,
     registers: [registry],
   })
+  for (const result of POLL_RESULTS) pollResults.inc({ result }, 0)
+  let lastCycleS: number | undefined
+  new OptionalGauge(() => lastCycleS, {
+    name: 'poller_last_cycle_timestamp_seconds',
+    help: "Unix time at which this replica's poller last finished a cycle (empty cycles too); no sample where no poller runs",
+    registers: [registry],
+  })
 
-  const dueOrders = sources.dueOrders
-  if (dueOrders) {
-    // one query per scrape feeds both gauges
-    let pending: Promise<{ ordersDue: number; oldestDueAgeS: number }> | undefined
-    const read = () => {
-      pending ??= dueOrders().finally(() => {
-        pending = undefined
-      })
-      return pending
-    }
+  const { databaseUp, dueOrders, parkedDeliveries } = sources
+  if (databaseUp) {
+    const read = tolerantRead(databaseUp, readTimeoutMs)
     new Gauge({
-      name: 'poller_orders_due',
-      help: 'Orders whose next poll time has passed',
+      name: 'database_up',
+      help: `1 when the database answered a query at scrape time (within ${readTimeoutMs} ms), 0 when not`,
       registers: [registry],
       async collect() {
-        this.set((await read()).ordersDue)
+        this.set((await read()) === undefined ? 0 : 1)
       },
     })
-    new Gauge({
-      name: 'poller_oldest_due_age_seconds',
-      help: 'How long the longest-waiting due order has been due',
-      registers: [registry],
-      async collect() {
-        this.set((await read()).oldestDueAgeS)
+  }
+  if (dueOrders) {
+    scrapeTimeGauges(registry, tolerantRead(dueOrders, readTimeoutMs), {
+      ordersDue: { name: 'poller_orders_due', help: 'Orders whose next poll time has passed' },
+      oldestDueAgeS: {
+        name: 'poller_oldest_due_age_seconds',
+        help: 'How long the longest-waiting due order has been due',
+      },
+    })
+  }
+  if (parkedDeliveries) {
+    scrapeTimeGauges(registry, tolerantRead(parkedDeliveries, readTimeoutMs), {
+      parked: {
+        name: 'webhook_parked_deliveries',
+        help: 'Deliveries parked as unmatched: no order has their external reference yet',
+      },
+      oldestParkedAgeS: {
+        name: 'webhook_oldest_parked_age_seconds',
+        help: 'How long the oldest parked delivery has waited for its order; 0 when none is parked',
       },
     })
   }
@@ -96,5 +150,92 @@ export function createMetrics(sources: MetricsSources = {}, { defaultMetrics = t
     })
   }
 
-  return { registry, deliveries, signatureFailures, ingestSeconds, ingestBatchSize, pollResults }
+  let hooks: PollerHooks | undefined
+  return {
+    registry,
+    deliveries,
+    signatureFailures,
+    ingestSeconds,
+    ingestBatchSize,
+    pollResults,
+    pollerHooks(clock) {
+      hooks ??= (() => {
+        lastCycleS = clock.now() / 1000
+        return {
+          onPollResult: ({ result }) => pollResults.inc({ result }),
+          onCycle: (summary) => {
+            lastCycleS = summary.finishedAt.getTime() / 1000
+          },
+        }
+      })()
+      return hooks
+    },
+  }
+}
+
+/**
+ * A gauge whose value is read at scrape time and that has no sample while the value is unknown
+ * (undefined), where prom-client would show 0: a made-up 0 would resolve an alert, an old value hold one.
+ */
+class OptionalGauge extends Gauge {
+  readonly #read: () => Promise<number | undefined> | number | undefined
+
+  constructor(
+    read: () => Promise<number | undefined> | number | undefined,
+    configuration: { name: string; help: string; registers: Registry[] },
+  ) {
+    super(configuration)
+    this.#read = read
+  }
+
+  override async get(): ReturnType<Gauge['get']> {
+    const current = await this.#read()
+    if (current !== undefined) this.set(current)
+    const metric = await super.get()
+    return current === undefined ? { ...metric, values: [] } : metric
+  }
+}
+
+/**
+ * Wraps a database read for a scrape: undefined instead of an error, and after `timeoutMs` at most, so
+ * /metrics keeps answering (database_up 0) while the database is down or hangs. A read still running is
+ * shared by the next scrape instead of starting another, so a hung database does not pile up queries.
+ */
+function tolerantRead<T>(read: () => Promise<T>, timeoutMs: number): () => Promise<T | undefined> {
+  let inFlight: Promise<T> | undefined
+  return async () => {
+    inFlight ??= read().finally(() => {
+      inFlight = undefined
+    })
+    let timer: NodeJS.Timeout | undefined
+    const timeout = new Promise<undefined>((resolve) => {
+      timer = setTimeout(resolve, timeoutMs, undefined)
+    })
+    try {
+      return await Promise.race([inFlight, timeout])
+    } catch {
+      return undefined
+    } finally {
+      clearTimeout(timer)
+    }
+  }
+}
+
+/** Several gauges fed by one read per scrape; none has a sample when the read failed. */
+function scrapeTimeGauges<Key extends string>(
+  registry: Registry,
+  read: () => Promise<Record<Key, number> | undefined>,
+  gauges: Record<Key, { name: string; help: string }>,
+): void {
+  // the gauges of one scrape are collected together: one read feeds them all
+  let scrape: Promise<Record<Key, number> | undefined> | undefined
+  const shared = () => {
+    scrape ??= read().finally(() => {
+      scrape = undefined
+    })
+    return scrape
+  }
+  for (const key of Object.keys(gauges) as Key[]) {
+    new OptionalGauge(async () => (await shared())?.[key], { ...gauges[key], registers: [registry] })
+  }
 }

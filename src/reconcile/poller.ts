@@ -61,6 +61,8 @@ export interface PollerDeps {
   random?: () => number
   /** Called once per poll with its result: the metrics hook (count by `result.result`). */
   onPollResult?: (result: PollResult) => void
+  /** Called after every cycle that finished (empty ones too): the metrics hook that shows the loop is alive. */
+  onCycle?: (summary: RunSummary) => void
 }
 
 export interface Poller {
@@ -77,6 +79,15 @@ export function createPoller(deps: PollerDeps): Poller {
   const { clock, logger, settings } = deps
   const backoff = settings.backoff ?? DEFAULT_BACKOFF
   const cycleDeps = { ...deps, settings: { ...settings, backoff } }
+  const runCycle = async (options: { signal: AbortSignal; recordEmpty?: boolean }) => {
+    const summary = await runReconcileCycle(cycleDeps, options)
+    try {
+      deps.onCycle?.(summary)
+    } catch (error) {
+      logger.warn({ err: error }, 'onCycle hook threw')
+    }
+    return summary
+  }
   let controller: AbortController | undefined
   let loop: Promise<void> | undefined
   const onceRuns = new Set<Promise<RunSummary>>()
@@ -99,7 +110,7 @@ export function createPoller(deps: PollerDeps): Poller {
     while (!signal.aborted) {
       let summary: RunSummary | undefined
       try {
-        summary = await runReconcileCycle(cycleDeps, { signal })
+        summary = await runCycle({ signal })
         unauthorizedInARow = summary.stoppedReason === 'unauthorized' ? unauthorizedInARow + 1 : 0
       } catch (error) {
         // the database is down or refused: nothing is lost, claims not written back come due after the lease
@@ -143,7 +154,7 @@ export function createPoller(deps: PollerDeps): Poller {
       controller = undefined
     },
     runOnce() {
-      const run = runReconcileCycle(cycleDeps, { signal: stopSignal(), recordEmpty: true })
+      const run = runCycle({ signal: stopSignal(), recordEmpty: true })
       onceRuns.add(run)
       void run.finally(() => onceRuns.delete(run)).catch(() => {})
       return run

@@ -144,3 +144,24 @@ export async function listDeliveries(
   const rows = await query.execute()
   return rows.map((row) => ({ ...row, outcome: row.outcome as DeliveryOutcome }))
 }
+
+export interface ParkedDeliveryStats {
+  /** Deliveries parked as unmatched: their external reference has no order yet. */
+  parked: number
+  /** Seconds since the oldest parked delivery was received; 0 when none is parked. */
+  oldestParkedAgeS: number
+}
+
+/** One query over the partial index webhook_deliveries_unmatched_idx: what the parked-delivery metrics report. */
+export async function countParkedDeliveries(db: Kysely<Database>, now: Date): Promise<ParkedDeliveryStats> {
+  const row = await db
+    .selectFrom('webhookDeliveries')
+    .select((eb) => [eb.fn.countAll<string>().as('parked'), eb.fn.min('receivedAt').as('oldest')])
+    .where('outcome', '=', 'unmatched')
+    .executeTakeFirstOrThrow()
+  const oldest = row.oldest === null ? null : new Date(row.oldest)
+  return {
+    parked: Number(row.parked),
+    oldestParkedAgeS: oldest ? Math.max(0, (now.getTime() - oldest.getTime()) / 1000) : 0,
+  }
+}
