@@ -120,7 +120,6 @@ describe('alert rules and dashboard', () => {
     ]) {
       expect(used.has(name), `${name} is used`).toBe(true)
     }
-    console.log(`${used.size} metric names in ${expressions.length} expressions, all of ${exported.size} exported`)
   })
 
   it('finds a renamed metric, a misspelt one inside a function, and a syntax error', async () => {
@@ -182,7 +181,6 @@ describePromtool('promtool', () => {
     const alerts = alertRules().map((rule) => rule.alert)
     expect([...fired].sort()).toEqual([...alerts].sort())
     expect([...quiet].sort()).toEqual([...alerts].sort())
-    console.log(`promtool: ${tests.tests.length} rule tests, ${cases.length} checks over ${alerts.length} alerts`)
   })
 })
 
