@@ -1,12 +1,20 @@
 import request from 'supertest'
 import { afterAll, beforeAll, describe, expect, it } from 'vitest'
+import type { Kysely } from 'kysely'
+import type { Database } from '../src/db/database.js'
 import { systemClock } from '../src/clock.js'
+import { openDatabase } from '../src/db/open-database.js'
+import { pingDatabase } from '../src/db/ping-database.js'
 import { createApp } from '../src/http/app.js'
 import { createMetrics } from '../src/metrics/metrics.js'
 import { createOrder } from '../src/orders/order.repository.js'
+import { dueOrderStats } from '../src/reconcile/poller.js'
+import { countParkedDeliveries } from '../src/webhooks/delivery.repository.js'
+import { FakeClock } from './helpers/fake-clock.js'
 import { testLogger } from './helpers/log-sink.js'
+import { startTcpProxy } from './helpers/tcp-proxy.js'
 import { testConfig } from './helpers/test-config.js'
-import { createTestDatabase, type TestDatabase } from './helpers/test-database.js'
+import { createTestDatabase, describePostgres, type TestDatabase } from './helpers/test-database.js'
 import { sendWebhook, tradePayload } from './helpers/webhook-delivery.js'
 
 describe('GET /metrics', () => {
@@ -48,4 +56,125 @@ describe('GET /metrics', () => {
     const app = createApp({ config, db: database.db, logger: testLogger(), clock: systemClock, metrics })
     expect((await request(app).get('/metrics')).status).toBe(404)
   })
+
+  it('reports parked deliveries and the age of the oldest from the database, and 0 once their order exists', async () => {
+    const clock = new FakeClock()
+    const metrics = createMetrics(databaseSources(database.db, clock), { defaultMetrics: false })
+    const app = createApp({ config: testConfig(), db: database.db, logger: testLogger(), clock, metrics })
+    let scrape = await (await request(app).get('/metrics')).text
+    expect(scrape).toMatch(/^webhook_parked_deliveries 0$/m)
+    expect(scrape).toMatch(/^webhook_oldest_parked_age_seconds 0$/m)
+    expect(scrape).toMatch(/^database_up 1$/m)
+
+    expect((await sendWebhook(app, { body: tradePayload('parked-1', 'funded') })).status).toBe(200)
+    await clock.advance(60_000)
+    expect((await sendWebhook(app, { body: tradePayload('parked-2', 'funded') })).status).toBe(200)
+    await clock.advance(30_000)
+    scrape = (await request(app).get('/metrics')).text
+    expect(scrape).toMatch(/^webhook_parked_deliveries 2$/m)
+    expect(scrape).toMatch(/^webhook_oldest_parked_age_seconds 90$/m)
+
+    // creating the orders applies what was parked for them
+    await createOrder(database.db, { externalReference: 'parked-1' })
+    await createOrder(database.db, { externalReference: 'parked-2' })
+    scrape = (await request(app).get('/metrics')).text
+    expect(scrape).toMatch(/^webhook_parked_deliveries 0$/m)
+    expect(scrape).toMatch(/^webhook_oldest_parked_age_seconds 0$/m)
+  })
+
+  it('keeps answering with database_up 0 and no database gauges when the database is gone', async () => {
+    const spare = await createTestDatabase()
+    const metrics = createMetrics(databaseSources(spare.db, systemClock), { defaultMetrics: false })
+    const app = createApp({ config: testConfig(), db: spare.db, logger: testLogger(), clock: systemClock, metrics })
+    expect((await request(app).get('/metrics')).text).toMatch(/^database_up 1$/m)
+    await spare.close()
+
+    const response = await request(app).get('/metrics')
+    expect(response.status).toBe(200)
+    expect(response.text).toMatch(/^database_up 0$/m)
+    expectNoSample(response.text, ['poller_orders_due', 'poller_oldest_due_age_seconds', 'webhook_parked_deliveries', 'webhook_oldest_parked_age_seconds'])
+    // the families stay declared: a scrape without the database is the same shape, minus the unknown values
+    expect(response.text).toContain('# TYPE webhook_oldest_parked_age_seconds gauge')
+  })
+
+  it('answers within the read timeout when a database read hangs, and does not start a second read meanwhile', async () => {
+    let reads = 0
+    const hanging = () => {
+      reads++
+      return new Promise<never>(() => {})
+    }
+    const metrics = createMetrics(
+      { databaseUp: hanging, parkedDeliveries: hanging, dueOrders: hanging },
+      { defaultMetrics: false, readTimeoutMs: 200 },
+    )
+    const app = createApp({ config: testConfig(), db: database.db, logger: testLogger(), clock: systemClock, metrics })
+    for (let scrape = 0; scrape < 3; scrape++) {
+      const response = await request(app).get('/metrics')
+      expect(response.status).toBe(200)
+      expect(response.text).toMatch(/^database_up 0$/m)
+      expectNoSample(response.text, ['poller_orders_due', 'webhook_parked_deliveries'])
+    }
+    // one read per source, still hanging, shared by every later scrape
+    expect(reads).toBe(3)
+  })
+
+  it('has no poller cycle sample until a poller reports, then the time its last cycle finished', async () => {
+    const clock = new FakeClock()
+    const metrics = createMetrics({}, { defaultMetrics: false })
+    expectNoSample(await metrics.registry.metrics(), ['poller_last_cycle_timestamp_seconds'])
+    const hooks = metrics.pollerHooks(clock)
+    const started = clock.now() / 1000
+    expect(await metrics.registry.metrics()).toMatch(new RegExp(`^poller_last_cycle_timestamp_seconds ${started}$`, 'm'))
+    hooks.onPollResult({ result: 'applied', orderId: 1, externalReference: 'o-1', tradeId: 't-1', fromStatus: null, toStatus: 'funded' })
+    await clock.advance(45_000)
+    hooks.onCycle({ finishedAt: new Date(clock.now()) } as Parameters<typeof hooks.onCycle>[0])
+    const scrape = await metrics.registry.metrics()
+    expect(scrape).toMatch(new RegExp(`^poller_last_cycle_timestamp_seconds ${started + 45}$`, 'm'))
+    expect(scrape).toMatch(/^poller_polls_total\{result="applied"\} 1$/m)
+    // every result is there from the start, so a rate over a quiet poller is 0 rather than absent
+    expect(scrape).toMatch(/^poller_polls_total\{result="unauthorized"\} 0$/m)
+    expect(scrape).toMatch(/^webhook_deliveries_total\{outcome="rejected"\} 0$/m)
+  })
 })
+
+describePostgres('GET /metrics while Postgres is cut off (Postgres)', () => {
+  it('answers 200 with database_up 0, and 1 again once the database is back', async () => {
+    const database = await createTestDatabase()
+    const target = new URL(database.url!)
+    const proxy = await startTcpProxy({ host: target.hostname, port: Number(target.port || 5432) })
+    const viaProxy = openDatabase({ databaseUrl: proxy.rewrite(database.url!), poolSize: 2 })
+    try {
+      const metrics = createMetrics(databaseSources(viaProxy.db, systemClock), { defaultMetrics: false })
+      const app = createApp({ config: testConfig(), db: viaProxy.db, logger: testLogger(), clock: systemClock, metrics })
+      expect((await request(app).get('/metrics')).text).toMatch(/^webhook_parked_deliveries 0$/m)
+
+      proxy.cut()
+      const down = await request(app).get('/metrics')
+      expect(down.status).toBe(200)
+      expect(down.text).toMatch(/^database_up 0$/m)
+      expectNoSample(down.text, ['poller_orders_due', 'webhook_parked_deliveries'])
+
+      proxy.restore()
+      const back = await request(app).get('/metrics')
+      expect(back.text).toMatch(/^database_up 1$/m)
+      expect(back.text).toMatch(/^webhook_parked_deliveries 0$/m)
+    } finally {
+      await viaProxy.close()
+      await proxy.close()
+      await database.close()
+    }
+  })
+})
+
+/** The scrape-time sources as src/service.ts wires them. */
+function databaseSources(db: Kysely<Database>, clock: { now(): number }) {
+  return {
+    databaseUp: () => pingDatabase(db),
+    dueOrders: () => dueOrderStats(db, { now: () => clock.now(), sleep: async () => {} }),
+    parkedDeliveries: () => countParkedDeliveries(db, new Date(clock.now())),
+  }
+}
+
+function expectNoSample(scrape: string, names: string[]): void {
+  for (const name of names) expect(scrape, name).not.toMatch(new RegExp(`^${name}(\\{| )`, 'm'))
+}

@@ -40,6 +40,10 @@ describe('the poller in the service', () => {
     let metrics = await (await fetch(`${service.url}/metrics`)).text()
     expect(metrics).toMatch(/^poller_orders_due 1$/m)
     expect(metrics).toMatch(/^poller_oldest_due_age_seconds 90$/m)
+    // the first cycle finished at the clock's start; the database gauges are wired
+    expect(metrics).toMatch(new RegExp(`^poller_last_cycle_timestamp_seconds ${clock.now() / 1000}$`, 'm'))
+    expect(metrics).toMatch(/^database_up 1$/m)
+    expect(metrics).toMatch(/^webhook_parked_deliveries 0$/m)
 
     await clock.advance(30_000)
     await eventually(
@@ -52,6 +56,7 @@ describe('the poller in the service', () => {
     metrics = await (await fetch(`${service.url}/metrics`)).text()
     expect(metrics).toMatch(/^poller_polls_total\{result="applied"\} 1$/m)
     expect(metrics).toMatch(/^poller_orders_due 0$/m)
+    expect(metrics).toMatch(new RegExp(`^poller_last_cycle_timestamp_seconds ${clock.now() / 1000}$`, 'm'))
 
     const running = service
     service = undefined
@@ -65,5 +70,9 @@ describe('the poller in the service', () => {
     const config = testConfig({ PORT: '0', POLL_ENABLED: 'false' })
     service = await startService({ config, logger: testLogger(), clock: new FakeClock() })
     expect(service.poller).toBeUndefined()
+    // no poller, no cycle time: this replica must not look like a stalled poller to the alert
+    const metrics = await (await fetch(`${service.url}/metrics`)).text()
+    expect(metrics).toContain('# TYPE poller_last_cycle_timestamp_seconds gauge')
+    expect(metrics).not.toMatch(/^poller_last_cycle_timestamp_seconds /m)
   })
 })

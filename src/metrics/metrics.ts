@@ -103,13 +103,16 @@ export function createMetrics(
 
   const { databaseUp, dueOrders, parkedDeliveries } = sources
   if (databaseUp) {
-    const read = tolerantRead(databaseUp, readTimeoutMs)
+    const answered = tolerantRead(async () => {
+      await databaseUp()
+      return true
+    }, readTimeoutMs)
     new Gauge({
       name: 'database_up',
       help: `1 when the database answered a query at scrape time (within ${readTimeoutMs} ms), 0 when not`,
       registers: [registry],
       async collect() {
-        this.set((await read()) === undefined ? 0 : 1)
+        this.set((await answered()) ? 1 : 0)
       },
     })
   }
