@@ -503,9 +503,12 @@ describe('the poller', () => {
       poller.start()
       await eventually(() => clock.pendingSleepers === 1, 'the poller sleeps after the failure')
       expect(fetcher.calls).toEqual([])
+      // a failed cycle is not a finished one: the stalled-poller metric must not move
+      expect(poller.cycles).toEqual([])
       await clock.advance(30_000)
       await eventually(() => fetcher.calls.length === 1 && clock.pendingSleepers === 1, 'the next cycle')
       expect((await orderByReference(database.db, 'a')).tradeStatus).toBe('delivered')
+      expect(poller.cycles.map((cycle) => [cycle.finishedAt.getTime(), cycle.polled])).toEqual([[clock.now(), 1]])
       await poller.stop()
     })
   })

@@ -9,6 +9,7 @@ import {
   type Poller,
   type PollerSettings,
   type PollResult,
+  type RunSummary,
 } from '../../src/reconcile/poller.js'
 import { testLogger } from './log-sink.js'
 
@@ -24,6 +25,8 @@ export const TEST_POLLER_SETTINGS: PollerSettings = {
 export interface TestPoller extends Poller {
   /** Every result onPollResult reported, in order. */
   readonly reported: PollResult[]
+  /** Every cycle onCycle reported as finished, in order. */
+  readonly cycles: RunSummary[]
 }
 
 export function testPoller({
@@ -44,6 +47,7 @@ export function testPoller({
   logger?: Logger
 }): TestPoller {
   const reported: PollResult[] = []
+  const cycles: RunSummary[] = []
   const poller = createPoller({
     db,
     fetcher,
@@ -53,8 +57,9 @@ export function testPoller({
     random,
     settings: { ...TEST_POLLER_SETTINGS, ...settings },
     onPollResult: (result) => reported.push(result),
+    onCycle: (summary) => cycles.push(summary),
   })
-  return Object.assign(poller, { reported })
+  return Object.assign(poller, { reported, cycles })
 }
 
 /** A promise with its resolve and reject outside, to hold a fake platform call open. */
