@@ -207,7 +207,7 @@ class OptionalGauge extends Gauge {
 function tolerantRead<T>(read: () => Promise<T>, timeoutMs: number): () => Promise<T | undefined> {
   let inFlight: Promise<T> | undefined
   return async () => {
-    inFlight ??= read().finally(() => {
+    inFlight ??= Promise.resolve().then(read).finally(() => {
       inFlight = undefined
     })
     let timer: NodeJS.Timeout | undefined
