@@ -46,14 +46,19 @@ export function isOutcomeUnknown(error: unknown): boolean {
 }
 
 /**
- * The platform answered with a success status but a body that is not what the endpoint returns (not JSON,
- * or missing the record's id). The call may well have taken effect, so it counts as an unknown outcome.
+ * The platform answered with a success status but a body that is not what the endpoint returns: not JSON,
+ * or a field we rely on missing or mistyped (`field` names it, e.g. `trade.status`; the body is never
+ * copied into the error, so no log line carries it). The call may well have taken effect, so it counts as
+ * an unknown outcome, not as a refusal.
  */
 export class PartnerInvalidResponseError extends PartnerNetworkError {
   override name = 'PartnerInvalidResponseError'
+  readonly code = 'invalid_response'
   constructor(
     message: string,
     readonly status: number,
+    /** Path of the first field at fault, or `(body)` when the body is not a JSON object. */
+    readonly field: string,
   ) {
     super(message)
   }

@@ -1,27 +1,17 @@
-// The typed client for the platform's eleven partner endpoints (spec section 4), signing every request
-// (section 5, src/partner-api/sign-request.ts).
+// The typed client for the platform's eleven partner endpoints (spec section 4).
 //
-// Every request is validated before it is sent (PartnerValidationError), bounded by a timeout
-// (PartnerTimeoutError) and answered with a typed record or a typed error (PartnerApiError: the platform
-// refused; PartnerNetworkError: no usable answer came). Only GET is retried on its own: a POST carries no
-// idempotency key, so a second send could create or move a trade twice; the caller decides (see
-// src/trades/open-trade-for-order.ts).
-import type { Clock } from '../clock.js'
+// Every request is validated before it is sent (PartnerValidationError, validate-request.ts); the
+// transport (partner-api-transport.ts) signs it, bounds it by a timeout, retries only a GET, and answers
+// the record checked against its schema (responses.ts) or a typed error (partner-api-error.ts).
 import type { PartnerEnv, PartnerKind } from '../config.js'
 import type { Logger } from '../logger.js'
-import {
-  PartnerApiError,
-  PartnerInvalidResponseError,
-  PartnerNetworkError,
-  PartnerTimeoutError,
-} from './partner-api-error.js'
-import { newNonce, signRequest } from './sign-request.js'
+import { type CallOptions, PartnerApiTransport, type TransportOptions } from './partner-api-transport.js'
+import { disputeSchema, proposalSchema, respondResultSchema, tradeSchema } from './responses.js'
 import type {
   CreateProposalRequest,
   CreateTradeRequest,
   DisputeRecord,
   OpenDisputeRequest,
-  PlatformErrorBody,
   ProposalRecord,
   RespondResult,
   RespondToProposalRequest,
@@ -35,7 +25,7 @@ import {
   validateRespondToProposal,
 } from './validate-request.js'
 
-export const PARTNER_API_PREFIX = '/api/partner/v1'
+export type { CallOptions, RetryOptions } from './partner-api-transport.js'
 
 // The targets each logger has announced at info: the service builds a client per forwarded command
 // with its own logger, and one "ready" line per target and process is what an operator wants to read.
@@ -49,135 +39,64 @@ function firstAnnouncement(logger: Logger, target: string): boolean {
   return true
 }
 
-export interface RetryOptions {
-  /** Attempts of a GET in all, the first included. */
-  maxAttempts: number
-  baseDelayMs: number
-  maxDelayMs: number
-  /** A Retry-After longer than this is not waited out inside the call: the 429/503 is thrown instead. */
-  maxRetryAfterMs: number
-}
-
-export const DEFAULT_RETRY: RetryOptions = {
-  maxAttempts: 4,
-  baseDelayMs: 200,
-  maxDelayMs: 5_000,
-  maxRetryAfterMs: 60_000,
-}
-
-export interface PartnerApiClientOptions {
-  /** The platform's {base_url}; a path prefix (https://gw.example/partner) is kept and signed. */
-  baseUrl: string
-  keyId: string
-  secret: string
+export interface PartnerApiClientOptions extends TransportOptions {
   env: PartnerEnv
   kind: PartnerKind
-  /** Per attempt: from sending the request to the last byte of the answer. */
-  timeoutMs: number
-  clock: Clock
-  logger: Logger
-  fetch?: typeof fetch
-  /** Jitter source in [0, 1); tests pass a fixed value. */
-  random?: () => number
-  /** Nonce source; defaults to 16 random bytes, hex. */
-  nonce?: () => string
-  retry?: Partial<RetryOptions>
-}
-
-export interface CallOptions {
-  /** Aborts the call (and any backoff wait); the call rejects with the signal's reason. */
-  signal?: AbortSignal
-}
-
-type Method = 'GET' | 'POST'
-
-interface RawAnswer {
-  status: number
-  headers: Headers
-  text: string
 }
 
 export class PartnerApiClient {
   readonly env: PartnerEnv
   readonly kind: PartnerKind
   readonly baseUrl: string
-  private readonly origin: string
-  private readonly pathPrefix: string
-  private readonly keyId: string
-  private readonly secret: string
-  private readonly timeoutMs: number
-  private readonly clock: Clock
-  private readonly logger: Logger
-  private readonly fetch: typeof fetch
-  private readonly random: () => number
-  private readonly nonce: () => string
-  private readonly retry: RetryOptions
+  private readonly transport: PartnerApiTransport
 
   constructor(options: PartnerApiClientOptions) {
-    let base: URL
-    try {
-      base = new URL(options.baseUrl)
-    } catch (error) {
-      throw new Error(`Partner API base URL "${options.baseUrl}" is not a URL`, { cause: error })
-    }
-    if (base.protocol !== 'http:' && base.protocol !== 'https:') {
-      throw new Error(`Partner API base URL "${options.baseUrl}" must be http(s)`)
-    }
-    if (!(options.timeoutMs > 0)) throw new Error('Partner API timeoutMs must be a positive number')
+    this.transport = new PartnerApiTransport(options)
     this.env = options.env
     this.kind = options.kind
-    this.origin = base.origin
-    this.pathPrefix = base.pathname.replace(/\/+$/, '')
-    this.baseUrl = `${this.origin}${this.pathPrefix}`
-    this.keyId = options.keyId
-    this.secret = options.secret
-    this.timeoutMs = options.timeoutMs
-    this.clock = options.clock
-    this.logger = options.logger
-    this.fetch = options.fetch ?? globalThis.fetch
-    this.random = options.random ?? Math.random
-    this.nonce = options.nonce ?? newNonce
-    this.retry = { ...DEFAULT_RETRY, ...options.retry }
-    const level = firstAnnouncement(this.logger, `${this.env} ${this.baseUrl}`) ? 'info' : 'debug'
-    this.logger[level](
-      { env: this.env, kind: this.kind, baseUrl: this.baseUrl, timeoutMs: this.timeoutMs },
+    this.baseUrl = this.transport.baseUrl
+    const level = firstAnnouncement(options.logger, `${this.env} ${this.baseUrl}`) ? 'info' : 'debug'
+    options.logger[level](
+      { env: this.env, kind: this.kind, baseUrl: this.baseUrl, timeoutMs: this.transport.timeoutMs },
       'partner api client ready',
     )
   }
 
   async createTrade(request: CreateTradeRequest, options?: CallOptions): Promise<TradeRecord> {
     const body = validateCreateTrade(request, this.kind)
-    return this.call('POST', '/trades/', body, parseTrade, options)
+    return this.transport.call('POST', '/trades/', body, tradeSchema, options)
   }
 
   /** The polling operation: retried on network errors, timeouts, 429 and 5xx. */
   async getTrade(tradeId: string, options?: CallOptions): Promise<TradeRecord> {
-    return this.call('GET', tradePath(tradeId), undefined, parseTrade, options)
+    return this.transport.call('GET', tradePath(tradeId), undefined, tradeSchema, options)
   }
 
   async fundTrade(tradeId: string, options?: CallOptions): Promise<TradeRecord> {
-    return this.call('POST', `${tradePath(tradeId)}fund/`, {}, parseTrade, options)
+    return this.transport.call('POST', `${tradePath(tradeId)}fund/`, {}, tradeSchema, options)
   }
 
   async deliverTrade(tradeId: string, options?: CallOptions): Promise<TradeRecord> {
-    return this.call('POST', `${tradePath(tradeId)}deliver/`, {}, parseTrade, options)
+    return this.transport.call('POST', `${tradePath(tradeId)}deliver/`, {}, tradeSchema, options)
   }
 
   async releaseTrade(tradeId: string, options?: CallOptions): Promise<TradeRecord> {
-    return this.call('POST', `${tradePath(tradeId)}release/`, {}, parseTrade, options)
+    return this.transport.call('POST', `${tradePath(tradeId)}release/`, {}, tradeSchema, options)
   }
 
   async cancelTrade(tradeId: string, options?: CallOptions): Promise<TradeRecord> {
-    return this.call('POST', `${tradePath(tradeId)}cancel/`, {}, parseTrade, options)
+    return this.transport.call('POST', `${tradePath(tradeId)}cancel/`, {}, tradeSchema, options)
   }
 
   /** Answers the whole trade record (the spec allows a milestone or a trade record; we chose the trade). */
   async deliverMilestone(tradeId: string, milestoneId: string, options?: CallOptions): Promise<TradeRecord> {
-    return this.call('POST', `${milestonePath(tradeId, milestoneId)}deliver/`, {}, parseTrade, options)
+    const path = `${milestonePath(tradeId, milestoneId)}deliver/`
+    return this.transport.call('POST', path, {}, tradeSchema, options)
   }
 
   async releaseMilestone(tradeId: string, milestoneId: string, options?: CallOptions): Promise<TradeRecord> {
-    return this.call('POST', `${milestonePath(tradeId, milestoneId)}release/`, {}, parseTrade, options)
+    const path = `${milestonePath(tradeId, milestoneId)}release/`
+    return this.transport.call('POST', path, {}, tradeSchema, options)
   }
 
   async openDispute(
@@ -186,7 +105,7 @@ export class PartnerApiClient {
     options?: CallOptions,
   ): Promise<DisputeRecord> {
     const path = `${tradePath(tradeId)}dispute/`
-    return this.call('POST', path, validateOpenDispute(request), parseDispute, options)
+    return this.transport.call('POST', path, validateOpenDispute(request), disputeSchema, options)
   }
 
   async createProposal(
@@ -195,7 +114,7 @@ export class PartnerApiClient {
     options?: CallOptions,
   ): Promise<ProposalRecord> {
     const path = `${tradePath(tradeId)}proposals/`
-    return this.call('POST', path, validateCreateProposal(request), parseProposal, options)
+    return this.transport.call('POST', path, validateCreateProposal(request), proposalSchema, options)
   }
 
   async respondToProposal(
@@ -205,139 +124,7 @@ export class PartnerApiClient {
     options?: CallOptions,
   ): Promise<RespondResult> {
     const path = `${tradePath(tradeId)}proposals/${segment('proposal_id', proposalId)}/respond/`
-    return this.call('POST', path, validateRespondToProposal(request), parseRespondResult, options)
-  }
-
-  private async call<T>(
-    method: Method,
-    apiPath: string,
-    payload: object | undefined,
-    parse: (body: unknown) => T | undefined,
-    { signal }: CallOptions = {},
-  ): Promise<T> {
-    const url = new URL(this.origin)
-    url.pathname = `${this.pathPrefix}${PARTNER_API_PREFIX}${apiPath}`
-    // the signed path is the path as sent, prefix included
-    const path = url.pathname
-    // serialized once: these exact bytes are signed and sent
-    const body = payload === undefined ? undefined : JSON.stringify(payload)
-    const maxAttempts = method === 'GET' ? Math.max(1, this.retry.maxAttempts) : 1
-
-    for (let attempt = 1; ; attempt++) {
-      signal?.throwIfAborted()
-      let answer: RawAnswer
-      try {
-        answer = await this.send(method, url, path, body, attempt, signal)
-      } catch (error) {
-        const transient = error instanceof PartnerNetworkError || error instanceof PartnerTimeoutError
-        if (!transient || attempt >= maxAttempts) throw error
-        await this.clock.sleep(this.backoffMs(attempt), signal)
-        continue
-      }
-
-      if (answer.status >= 200 && answer.status < 300) return this.parseSuccess(method, path, answer, parse)
-
-      const error = toApiError(method, path, answer)
-      const retryable = answer.status === 429 || answer.status >= 500
-      if (!retryable || attempt >= maxAttempts) throw error
-      const retryAfterMs = parseRetryAfter(answer.headers.get('retry-after'), this.clock.now())
-      if (retryAfterMs !== undefined && retryAfterMs > this.retry.maxRetryAfterMs) throw error
-      await this.clock.sleep(retryAfterMs ?? this.backoffMs(attempt), signal)
-    }
-  }
-
-  /** One signed attempt with a fresh timestamp and nonce, bounded by the timeout. */
-  private async send(
-    method: Method,
-    url: URL,
-    path: string,
-    body: string | undefined,
-    attempt: number,
-    callerSignal: AbortSignal | undefined,
-  ): Promise<RawAnswer> {
-    const headers: Record<string, string> = {
-      ...signRequest({
-        method,
-        path,
-        timestamp: Math.floor(this.clock.now() / 1000),
-        nonce: this.nonce(),
-        body: body ?? '',
-        keyId: this.keyId,
-        secret: this.secret,
-      }),
-      Accept: 'application/json',
-    }
-    if (body !== undefined) headers['Content-Type'] = 'application/json'
-
-    // the timer runs on the injected clock, so a test times a call out by advancing a fake clock
-    const timeout = new AbortController()
-    const finished = new AbortController()
-    this.clock.sleep(this.timeoutMs, finished.signal).then(
-      () => timeout.abort(),
-      () => {},
-    )
-    const signal = callerSignal ? AbortSignal.any([timeout.signal, callerSignal]) : timeout.signal
-    const startedAt = this.clock.now()
-    const log = (fields: Record<string, unknown>) =>
-      this.logger.debug(
-        { method, path, attempt, durationMs: this.clock.now() - startedAt, ...fields },
-        'partner api call',
-      )
-    try {
-      // redirect: manual, so a signed body is never re-sent to another address
-      const response = await this.fetch(url, { method, headers, body, signal, redirect: 'manual' })
-      const text = await response.text()
-      log({ status: response.status })
-      return { status: response.status, headers: response.headers, text }
-    } catch (error) {
-      if (timeout.signal.aborted) {
-        log({ error: 'timeout' })
-        throw new PartnerTimeoutError(
-          `${method} ${path}: no answer within ${this.timeoutMs} ms`,
-          this.timeoutMs,
-        )
-      }
-      if (callerSignal?.aborted) {
-        log({ error: 'aborted' })
-        throw callerSignal.reason
-      }
-      const reason = describeNetworkError(error)
-      log({ error: 'network', reason })
-      throw new PartnerNetworkError(`${method} ${path} failed: ${reason}`, { cause: error })
-    } finally {
-      finished.abort()
-    }
-  }
-
-  private parseSuccess<T>(
-    method: Method,
-    path: string,
-    answer: RawAnswer,
-    parse: (body: unknown) => T | undefined,
-  ): T {
-    let json: unknown
-    try {
-      json = JSON.parse(answer.text)
-    } catch {
-      throw new PartnerInvalidResponseError(
-        `${method} ${path}: the platform answered ${answer.status} with a body that is not JSON`,
-        answer.status,
-      )
-    }
-    const parsed = parse(json)
-    if (parsed === undefined) {
-      throw new PartnerInvalidResponseError(
-        `${method} ${path}: the platform answered ${answer.status} with a body that is not the expected record`,
-        answer.status,
-      )
-    }
-    return parsed
-  }
-
-  /** Capped exponential backoff with equal jitter: half the step fixed, half random. */
-  private backoffMs(attempt: number): number {
-    const step = Math.min(this.retry.maxDelayMs, this.retry.baseDelayMs * 2 ** (attempt - 1))
-    return Math.round(step / 2 + (this.random() * step) / 2)
+    return this.transport.call('POST', path, validateRespondToProposal(request), respondResultSchema, options)
   }
 }
 
@@ -351,72 +138,4 @@ function tradePath(tradeId: string): string {
 
 function milestonePath(tradeId: string, milestoneId: string): string {
   return `${tradePath(tradeId)}milestones/${segment('milestone_id', milestoneId)}/`
-}
-
-function toApiError(method: Method, path: string, answer: RawAnswer): PartnerApiError {
-  let body: unknown = answer.text
-  try {
-    body = JSON.parse(answer.text)
-  } catch {
-    // not JSON (a proxy's HTML page): keep the text
-  }
-  const platform = isPlatformErrorBody(body) ? body.error : undefined
-  const code = platform?.code ?? `http_${answer.status}`
-  const detail = platform?.message ? `: ${platform.message}` : ''
-  return new PartnerApiError(
-    answer.status,
-    code,
-    `${method} ${path} answered ${answer.status} ${code}${detail}`,
-    body,
-  )
-}
-
-function isPlatformErrorBody(body: unknown): body is PlatformErrorBody {
-  if (!isObject(body) || !isObject(body.error)) return false
-  return typeof body.error.code === 'string' && typeof body.error.message === 'string'
-}
-
-/** Retry-After as delay-seconds or an HTTP-date, in ms from now; undefined when absent or unreadable. */
-export function parseRetryAfter(value: string | null, nowMs: number): number | undefined {
-  if (value === null) return undefined
-  const trimmed = value.trim()
-  if (/^\d+$/.test(trimmed)) return Number(trimmed) * 1000
-  const date = Date.parse(trimmed)
-  if (Number.isNaN(date)) return undefined
-  return Math.max(0, date - nowMs)
-}
-
-function describeNetworkError(error: unknown): string {
-  if (!(error instanceof Error)) return String(error)
-  const cause = error.cause as { code?: string; message?: string } | undefined
-  return cause?.code ?? cause?.message ?? error.message
-}
-
-function isObject(value: unknown): value is Record<string, unknown> {
-  return typeof value === 'object' && value !== null && !Array.isArray(value)
-}
-
-// Minimal shape checks: the spec does not show response bodies, so we insist only on what we use.
-function parseTrade(body: unknown): TradeRecord | undefined {
-  if (!isObject(body)) return undefined
-  const ok =
-    typeof body.trade_id === 'string' && typeof body.status === 'string' && typeof body.reference === 'string'
-  return ok ? (body as unknown as TradeRecord) : undefined
-}
-
-function parseDispute(body: unknown): DisputeRecord | undefined {
-  return isObject(body) && typeof body.dispute_id === 'string'
-    ? (body as unknown as DisputeRecord)
-    : undefined
-}
-
-function parseProposal(body: unknown): ProposalRecord | undefined {
-  return isObject(body) && typeof body.proposal_id === 'string'
-    ? (body as unknown as ProposalRecord)
-    : undefined
-}
-
-function parseRespondResult(body: unknown): RespondResult | undefined {
-  if (!isObject(body) || !parseProposal(body.proposal) || !parseTrade(body.trade)) return undefined
-  return body as unknown as RespondResult
 }

@@ -1,5 +1,19 @@
 // The platform's wire format, as the spec gives it and as we fill its gaps (README, "Partner API").
 // Field names are the platform's own (snake_case): these objects are what goes over the wire.
+import type { z } from 'zod'
+import type {
+  disputeSchema,
+  fullDisputeSchema,
+  fullMilestoneSchema,
+  fullProposalSchema,
+  fullRespondResultSchema,
+  fullTradeSchema,
+  milestoneSchema,
+  platformErrorBodySchema,
+  proposalSchema,
+  respondResultSchema,
+  tradeSchema,
+} from './responses.js'
 
 export type Party = 'buyer' | 'seller'
 export type ProposalOutcome = 'buyer_win' | 'seller_win' | 'split'
@@ -22,53 +36,20 @@ export interface CreateTradeRequest {
   milestones?: MilestoneInput[]
 }
 
-export interface MilestoneRecord {
-  milestone_id: string
-  title: string
-  amount: string
-  status: 'pending' | 'delivered' | 'released'
-}
-
-export interface ProposalRecord {
-  proposal_id: string
-  trade_id: string
-  outcome: ProposalOutcome
-  split_buyer_pct: string | null
-  party: Party
-  status: 'pending' | 'accepted' | 'rejected'
-  created_at: string
-}
-
-export interface DisputeRecord {
-  dispute_id: string
-  trade_id: string
-  party: Party
-  reason: string
-  category: string | null
-  status: 'open' | 'resolved'
-  proposals: ProposalRecord[]
-  created_at: string
-}
-
-export interface TradeRecord {
-  trade_id: string
-  reference: string
-  status: string
-  external_reference: string
-  title: string
-  amount: string
-  currency: string
-  seller_id: string
-  buyer_name: string | null
-  buyer_phone: string | null
-  /** null for a single deliver/release trade. */
-  milestones: MilestoneRecord[] | null
-  dispute: DisputeRecord | null
-  /** Set once an accepted proposal split the funds: percentages as decimal strings. */
-  resolution: { outcome: ProposalOutcome; buyer_pct: string; seller_pct: string } | null
-  created_at: string
-  updated_at: string
-}
+// Records the platform answers: inferred from the schemas in responses.ts, so the two cannot drift. The
+// plain names are what the client returns (only the fields we rely on are sure to be there); the Full
+// names are the whole records as the README documents them and the sandbox answers them.
+export type MilestoneRecord = z.infer<typeof milestoneSchema>
+export type ProposalRecord = z.infer<typeof proposalSchema>
+export type DisputeRecord = z.infer<typeof disputeSchema>
+export type TradeRecord = z.infer<typeof tradeSchema>
+export type RespondResult = z.infer<typeof respondResultSchema>
+export type FullMilestoneRecord = z.infer<typeof fullMilestoneSchema>
+export type FullProposalRecord = z.infer<typeof fullProposalSchema>
+export type FullDisputeRecord = z.infer<typeof fullDisputeSchema>
+export type FullTradeRecord = z.infer<typeof fullTradeSchema>
+export type FullRespondResult = z.infer<typeof fullRespondResultSchema>
+export type PlatformErrorBody = z.infer<typeof platformErrorBodySchema>
 
 export interface OpenDisputeRequest {
   reason: string
@@ -86,14 +67,4 @@ export interface CreateProposalRequest {
 export interface RespondToProposalRequest {
   accept: boolean
   party: Party
-}
-
-export interface RespondResult {
-  proposal: ProposalRecord
-  trade: TradeRecord
-}
-
-/** The platform's error body: `{"error":{"code","message","fields"?}}`. */
-export interface PlatformErrorBody {
-  error: { code: string; message: string; fields?: { field: string; message: string }[] }
 }

@@ -13,14 +13,15 @@ import {
   PHONE,
   percentageComplement,
 } from '../partner-api/field-rules.js'
+// the sandbox answers the full records; the client insists only on the fields it relies on
 import type {
-  DisputeRecord,
-  MilestoneRecord,
+  FullDisputeRecord as DisputeRecord,
+  FullMilestoneRecord as MilestoneRecord,
   Party,
   ProposalOutcome,
-  ProposalRecord,
-  RespondResult,
-  TradeRecord,
+  FullProposalRecord as ProposalRecord,
+  FullRespondResult as RespondResult,
+  FullTradeRecord as TradeRecord,
 } from '../partner-api/types.js'
 
 export const HOUSE_SELLER_ID = 'house_seller'

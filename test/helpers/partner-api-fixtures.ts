@@ -1,9 +1,10 @@
 // Platform records as the partner API answers them (src/partner-api/types.ts), for fake platforms in tests.
+// the full records, as the sandbox answers them; the client needs only the fields it relies on
 import type {
-  DisputeRecord,
-  ProposalRecord,
-  RespondResult,
-  TradeRecord,
+  FullDisputeRecord as DisputeRecord,
+  FullProposalRecord as ProposalRecord,
+  FullRespondResult as RespondResult,
+  FullTradeRecord as TradeRecord,
 } from '../../src/partner-api/types.js'
 
 export function tradeRecord(overrides: Partial<TradeRecord> = {}): TradeRecord {

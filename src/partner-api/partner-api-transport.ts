@@ -1,0 +1,267 @@
+// One signed call of the partner API (spec section 5): sign, send, time out, retry, and turn the answer into
+// a checked record or a typed error (partner-api-error.ts).
+//
+// Only GET is retried: on network errors, timeouts, 429 and 5xx, with capped exponential backoff and equal
+// jitter, or after the answer's Retry-After. A POST carries no idempotency key, so a second send could
+// create or move a trade twice; the caller decides (see src/trades/open-trade-for-order.ts).
+import type { z } from 'zod'
+import type { Clock } from '../clock.js'
+import type { Logger } from '../logger.js'
+import {
+  PartnerApiError,
+  PartnerInvalidResponseError,
+  PartnerNetworkError,
+  PartnerTimeoutError,
+} from './partner-api-error.js'
+import { checkResponse, platformErrorBodySchema } from './responses.js'
+import { newNonce, signRequest } from './sign-request.js'
+
+export const PARTNER_API_PREFIX = '/api/partner/v1'
+
+export interface RetryOptions {
+  /** Attempts of a GET in all, the first included. */
+  maxAttempts: number
+  baseDelayMs: number
+  maxDelayMs: number
+  /** A Retry-After longer than this is not waited out inside the call: the 429/503 is thrown instead. */
+  maxRetryAfterMs: number
+}
+
+export const DEFAULT_RETRY: RetryOptions = {
+  maxAttempts: 4,
+  baseDelayMs: 200,
+  maxDelayMs: 5_000,
+  maxRetryAfterMs: 60_000,
+}
+
+export interface TransportOptions {
+  /** The platform's {base_url}; a path prefix (https://gw.example/partner) is kept and signed. */
+  baseUrl: string
+  keyId: string
+  secret: string
+  /** Per attempt: from sending the request to the last byte of the answer. */
+  timeoutMs: number
+  clock: Clock
+  logger: Logger
+  fetch?: typeof fetch
+  /** Jitter source in [0, 1); tests pass a fixed value. */
+  random?: () => number
+  /** Nonce source; defaults to 16 random bytes, hex. */
+  nonce?: () => string
+  retry?: Partial<RetryOptions>
+}
+
+export interface CallOptions {
+  /** Aborts the call (and any backoff wait); the call rejects with the signal's reason. */
+  signal?: AbortSignal
+}
+
+export type Method = 'GET' | 'POST'
+
+interface RawAnswer {
+  status: number
+  headers: Headers
+  text: string
+}
+
+export class PartnerApiTransport {
+  readonly baseUrl: string
+  readonly timeoutMs: number
+  private readonly origin: string
+  private readonly pathPrefix: string
+  private readonly keyId: string
+  private readonly secret: string
+  private readonly clock: Clock
+  private readonly logger: Logger
+  private readonly fetch: typeof fetch
+  private readonly random: () => number
+  private readonly nonce: () => string
+  private readonly retry: RetryOptions
+
+  constructor(options: TransportOptions) {
+    let base: URL
+    try {
+      base = new URL(options.baseUrl)
+    } catch (error) {
+      throw new Error(`Partner API base URL "${options.baseUrl}" is not a URL`, { cause: error })
+    }
+    if (base.protocol !== 'http:' && base.protocol !== 'https:') {
+      throw new Error(`Partner API base URL "${options.baseUrl}" must be http(s)`)
+    }
+    if (!(options.timeoutMs > 0)) throw new Error('Partner API timeoutMs must be a positive number')
+    this.origin = base.origin
+    this.pathPrefix = base.pathname.replace(/\/+$/, '')
+    this.baseUrl = `${this.origin}${this.pathPrefix}`
+    this.keyId = options.keyId
+    this.secret = options.secret
+    this.timeoutMs = options.timeoutMs
+    this.clock = options.clock
+    this.logger = options.logger
+    this.fetch = options.fetch ?? globalThis.fetch
+    this.random = options.random ?? Math.random
+    this.nonce = options.nonce ?? newNonce
+    this.retry = { ...DEFAULT_RETRY, ...options.retry }
+  }
+
+  /** Sends `payload` (JSON) to `apiPath` under the API prefix and answers the 2xx body checked by `schema`. */
+  async call<T>(
+    method: Method,
+    apiPath: string,
+    payload: object | undefined,
+    schema: z.ZodType<T>,
+    { signal }: CallOptions = {},
+  ): Promise<T> {
+    const url = new URL(this.origin)
+    url.pathname = `${this.pathPrefix}${PARTNER_API_PREFIX}${apiPath}`
+    // the signed path is the path as sent, prefix included
+    const path = url.pathname
+    // serialized once: these exact bytes are signed and sent
+    const body = payload === undefined ? undefined : JSON.stringify(payload)
+    const maxAttempts = method === 'GET' ? Math.max(1, this.retry.maxAttempts) : 1
+
+    for (let attempt = 1; ; attempt++) {
+      signal?.throwIfAborted()
+      let answer: RawAnswer
+      try {
+        answer = await this.send(method, url, path, body, attempt, signal)
+      } catch (error) {
+        const transient = error instanceof PartnerNetworkError || error instanceof PartnerTimeoutError
+        if (!transient || attempt >= maxAttempts) throw error
+        await this.clock.sleep(this.backoffMs(attempt), signal)
+        continue
+      }
+
+      if (answer.status >= 200 && answer.status < 300) return parseSuccess(method, path, answer, schema)
+
+      const error = toApiError(method, path, answer)
+      const retryable = answer.status === 429 || answer.status >= 500
+      if (!retryable || attempt >= maxAttempts) throw error
+      const retryAfterMs = parseRetryAfter(answer.headers.get('retry-after'), this.clock.now())
+      if (retryAfterMs !== undefined && retryAfterMs > this.retry.maxRetryAfterMs) throw error
+      await this.clock.sleep(retryAfterMs ?? this.backoffMs(attempt), signal)
+    }
+  }
+
+  /** One signed attempt with a fresh timestamp and nonce, bounded by the timeout. */
+  private async send(
+    method: Method,
+    url: URL,
+    path: string,
+    body: string | undefined,
+    attempt: number,
+    callerSignal: AbortSignal | undefined,
+  ): Promise<RawAnswer> {
+    const headers: Record<string, string> = {
+      ...signRequest({
+        method,
+        path,
+        timestamp: Math.floor(this.clock.now() / 1000),
+        nonce: this.nonce(),
+        body: body ?? '',
+        keyId: this.keyId,
+        secret: this.secret,
+      }),
+      Accept: 'application/json',
+    }
+    if (body !== undefined) headers['Content-Type'] = 'application/json'
+
+    // the timer runs on the injected clock, so a test times a call out by advancing a fake clock
+    const timeout = new AbortController()
+    const finished = new AbortController()
+    this.clock.sleep(this.timeoutMs, finished.signal).then(
+      () => timeout.abort(),
+      () => {},
+    )
+    const signal = callerSignal ? AbortSignal.any([timeout.signal, callerSignal]) : timeout.signal
+    const startedAt = this.clock.now()
+    const log = (fields: Record<string, unknown>) =>
+      this.logger.debug(
+        { method, path, attempt, durationMs: this.clock.now() - startedAt, ...fields },
+        'partner api call',
+      )
+    try {
+      // redirect: manual, so a signed body is never re-sent to another address
+      const response = await this.fetch(url, { method, headers, body, signal, redirect: 'manual' })
+      const text = await response.text()
+      log({ status: response.status })
+      return { status: response.status, headers: response.headers, text }
+    } catch (error) {
+      if (timeout.signal.aborted) {
+        log({ error: 'timeout' })
+        throw new PartnerTimeoutError(
+          `${method} ${path}: no answer within ${this.timeoutMs} ms`,
+          this.timeoutMs,
+        )
+      }
+      if (callerSignal?.aborted) {
+        log({ error: 'aborted' })
+        throw callerSignal.reason
+      }
+      const reason = describeNetworkError(error)
+      log({ error: 'network', reason })
+      throw new PartnerNetworkError(`${method} ${path} failed: ${reason}`, { cause: error })
+    } finally {
+      finished.abort()
+    }
+  }
+
+  /** Capped exponential backoff with equal jitter: half the step fixed, half random. */
+  private backoffMs(attempt: number): number {
+    const step = Math.min(this.retry.maxDelayMs, this.retry.baseDelayMs * 2 ** (attempt - 1))
+    return Math.round(step / 2 + (this.random() * step) / 2)
+  }
+}
+
+function parseSuccess<T>(method: Method, path: string, answer: RawAnswer, schema: z.ZodType<T>): T {
+  const invalid = (field: string, problem: string) =>
+    new PartnerInvalidResponseError(
+      `${method} ${path}: the platform answered ${answer.status} with a body that is not the expected record ` +
+        `(${field} ${problem})`,
+      answer.status,
+      field,
+    )
+  let json: unknown
+  try {
+    json = JSON.parse(answer.text)
+  } catch {
+    throw invalid('(body)', 'is not JSON')
+  }
+  const checked = checkResponse(schema, json)
+  if (!checked.ok) throw invalid(checked.problem.field, checked.problem.message)
+  return checked.value
+}
+
+function toApiError(method: Method, path: string, answer: RawAnswer): PartnerApiError {
+  let body: unknown = answer.text
+  try {
+    body = JSON.parse(answer.text)
+  } catch {
+    // not JSON (a proxy's HTML page): keep the text
+  }
+  const parsed = platformErrorBodySchema.safeParse(body)
+  const platform = parsed.success ? parsed.data.error : undefined
+  const code = platform?.code ?? `http_${answer.status}`
+  const detail = platform?.message ? `: ${platform.message}` : ''
+  return new PartnerApiError(
+    answer.status,
+    code,
+    `${method} ${path} answered ${answer.status} ${code}${detail}`,
+    body,
+  )
+}
+
+/** Retry-After as delay-seconds or an HTTP-date, in ms from now; undefined when absent or unreadable. */
+export function parseRetryAfter(value: string | null, nowMs: number): number | undefined {
+  if (value === null) return undefined
+  const trimmed = value.trim()
+  if (/^\d+$/.test(trimmed)) return Number(trimmed) * 1000
+  const date = Date.parse(trimmed)
+  if (Number.isNaN(date)) return undefined
+  return Math.max(0, date - nowMs)
+}
+
+function describeNetworkError(error: unknown): string {
+  if (!(error instanceof Error)) return String(error)
+  const cause = error.cause as { code?: string; message?: string } | undefined
+  return cause?.code ?? cause?.message ?? error.message
+}

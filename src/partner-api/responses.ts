@@ -1,0 +1,127 @@
+// What the platform answers, as zod schemas; the record types in types.ts are inferred from them.
+//
+// The spec shows only four fields of a trade (trade_id, reference, status, external_reference) and only the
+// id of a dispute or proposal; the rest of each record is our assumption (README, "Partner API client"),
+// answered in full by the sandbox. Two rules keep a partner in production working when the platform
+// changes its answers:
+// - tolerant: objects are loose (a field the platform adds is accepted and kept), fields the spec does not
+//   show may be absent, and every enum-like field is an open string (we never branch on them; the trade
+//   status has its own model for unknown values, src/orders/trade-status.ts);
+// - strict where we rely on a field: the ids we store or address calls with, and the trade status. A field
+//   that is present must have its documented type, so the typed record never lies.
+import { z } from 'zod'
+
+const text = z.string()
+const nullableText = z.string().nullable()
+
+// Full records: what the sandbox answers and the README documents.
+
+export const fullMilestoneSchema = z.looseObject({
+  milestone_id: text,
+  title: text,
+  amount: text,
+  /** pending, delivered, released */
+  status: text,
+})
+
+export const fullProposalSchema = z.looseObject({
+  proposal_id: text,
+  trade_id: text,
+  /** buyer_win, seller_win, split */
+  outcome: text,
+  split_buyer_pct: nullableText,
+  /** buyer, seller */
+  party: text,
+  /** pending, accepted, rejected */
+  status: text,
+  created_at: text,
+})
+
+export const fullDisputeSchema = z.looseObject({
+  dispute_id: text,
+  trade_id: text,
+  /** buyer, seller */
+  party: text,
+  reason: text,
+  category: nullableText,
+  /** open, resolved */
+  status: text,
+  proposals: z.array(fullProposalSchema),
+  created_at: text,
+})
+
+/** Set once an accepted proposal split the funds: percentages as decimal strings. */
+const fullResolutionSchema = z.looseObject({ outcome: text, buyer_pct: text, seller_pct: text })
+
+export const fullTradeSchema = z.looseObject({
+  trade_id: text,
+  reference: text,
+  /** an open set: src/orders/trade-status.ts handles a status it does not know */
+  status: text,
+  external_reference: text,
+  title: text,
+  amount: text,
+  currency: text,
+  seller_id: text,
+  buyer_name: nullableText,
+  buyer_phone: nullableText,
+  /** null for a single deliver/release trade */
+  milestones: z.array(fullMilestoneSchema).nullable(),
+  dispute: fullDisputeSchema.nullable(),
+  resolution: fullResolutionSchema.nullable(),
+  created_at: text,
+  updated_at: text,
+})
+
+export const fullRespondResultSchema = z.looseObject({ proposal: fullProposalSchema, trade: fullTradeSchema })
+
+// Received records: what the client accepts. Everything beyond the fields we rely on may be absent.
+
+export const milestoneSchema = fullMilestoneSchema.partial().required({ milestone_id: true })
+
+export const proposalSchema = fullProposalSchema.partial().required({ proposal_id: true })
+
+export const disputeSchema = fullDisputeSchema
+  .extend({ proposals: z.array(proposalSchema) })
+  .partial()
+  .required({ dispute_id: true })
+
+export const tradeSchema = fullTradeSchema
+  .extend({
+    milestones: z.array(milestoneSchema).nullable(),
+    dispute: disputeSchema.nullable(),
+    resolution: fullResolutionSchema.partial().nullable(),
+  })
+  .partial()
+  // the four fields the spec shows and every observation of a trade is made of
+  .required({ trade_id: true, reference: true, status: true, external_reference: true })
+
+export const respondResultSchema = z.looseObject({ proposal: proposalSchema, trade: tradeSchema })
+
+/** The platform's error body, `{"error":{"code","message","fields"?}}`: only code and message are used. */
+export const platformErrorBodySchema = z.looseObject({ error: z.looseObject({ code: text, message: text }) })
+
+/** The first field of an answer that is missing or mistyped, as a path such as `trade.status`. */
+export interface ResponseProblem {
+  field: string
+  message: string
+}
+
+/** Checks a parsed JSON answer; never echoes a value of the body, only where it is wrong. */
+export function checkResponse<T>(
+  schema: z.ZodType<T>,
+  body: unknown,
+): { ok: true; value: T } | { ok: false; problem: ResponseProblem } {
+  const result = schema.safeParse(body, {
+    error: (issue) =>
+      issue.input === undefined
+        ? 'is missing'
+        : issue.code === 'invalid_type'
+          ? `must be ${issue.expected}`
+          : undefined,
+  })
+  if (result.success) return { ok: true, value: result.data }
+  const issue = result.error.issues[0]!
+  if (issue.path.length === 0) return { ok: false, problem: { field: '(body)', message: 'must be an object' } }
+  return { ok: false, problem: { field: issue.path.map(String).join('.'), message: issue.message } }
+}
