@@ -1,0 +1,199 @@
+// What the client accepts from the platform: a field or an enum value the platform adds never breaks a call
+// (and is kept in the record), while a missing or mistyped field we rely on is an invalid_response naming
+// the field, never the body.
+import { describe, expect, it } from 'vitest'
+import { PartnerApiClient, type PartnerApiClientOptions } from '../src/partner-api/partner-api.client.js'
+import { isOutcomeUnknown, PartnerInvalidResponseError } from '../src/partner-api/partner-api-error.js'
+import { FakeClock } from './helpers/fake-clock.js'
+import { logLines, testLogger } from './helpers/log-sink.js'
+import { scriptedFetch } from './helpers/partner-api-fake-fetch.js'
+import { disputeRecord, proposalRecord, respondResult, tradeRecord } from './helpers/partner-api-fixtures.js'
+
+const SECRET = 'apisec_responses_test_0b7d2e9f4a1c'
+const logger = testLogger([SECRET])
+
+function clientAnswering(body: unknown, overrides: Partial<PartnerApiClientOptions> = {}) {
+  const scripted = scriptedFetch(() => ({ status: 200, body }))
+  const api = new PartnerApiClient({
+    baseUrl: 'http://platform.test',
+    keyId: 'pk_responses',
+    secret: SECRET,
+    env: 'sandbox',
+    kind: 'marketplace',
+    timeoutMs: 5_000,
+    clock: new FakeClock(),
+    logger,
+    random: () => 0.5,
+    fetch: scripted.fetch,
+    ...overrides,
+  })
+  return { api, calls: scripted.calls }
+}
+
+const createRequest = {
+  title: 'Used bicycle',
+  amount: '120.00',
+  currency: 'EUR',
+  seller_id: 'seller_1',
+  external_reference: 'order-1',
+}
+
+const added = { platform_added_field: { nested: [1, 'two'] } }
+
+const proposalWithAdditions = { ...proposalRecord(), ...added, party: 'platform_mediator', status: 'expired' }
+const disputeWithAdditions = {
+  ...disputeRecord(),
+  ...added,
+  status: 'escalated',
+  proposals: [proposalWithAdditions],
+}
+const tradeWithAdditions = {
+  ...tradeRecord(),
+  ...added,
+  status: 'on_hold',
+  milestones: [{ milestone_id: 'ms_1', title: 'Frame', amount: '70.00', status: 'frozen', ...added }],
+  dispute: disputeWithAdditions,
+  resolution: { outcome: 'mediated', buyer_pct: '40', seller_pct: '60', ...added },
+}
+
+describe('PartnerApiClient answers: tolerant of what the platform adds', () => {
+  it.each([
+    ['a trade record (GET)', tradeWithAdditions, (api: PartnerApiClient) => api.getTrade('tr_1')],
+    ['a trade record (create)', tradeWithAdditions, (api: PartnerApiClient) => api.createTrade(createRequest)],
+    [
+      'a trade record (milestone release)',
+      tradeWithAdditions,
+      (api: PartnerApiClient) => api.releaseMilestone('tr_1', 'ms_1'),
+    ],
+    [
+      'a dispute record',
+      disputeWithAdditions,
+      (api: PartnerApiClient) =>
+        api.openDispute('tr_1', { reason: 'The frame arrived bent and scratched', party: 'buyer' }),
+    ],
+    [
+      'a proposal record',
+      proposalWithAdditions,
+      (api: PartnerApiClient) => api.createProposal('tr_1', { outcome: 'buyer_win', party: 'seller' }),
+    ],
+    [
+      'a respond result',
+      { ...added, proposal: proposalWithAdditions, trade: tradeWithAdditions },
+      (api: PartnerApiClient) => api.respondToProposal('tr_1', 'pr_1', { accept: true, party: 'buyer' }),
+    ],
+  ])('accepts %s with unknown fields and enum values, and keeps them all', async (_kind, body, run) => {
+    const { api } = clientAnswering(body)
+    // deep equality: every added field and unknown value survives, at every level
+    expect(await run(api)).toEqual(body)
+  })
+
+  it('accepts a trade record with only the four fields the spec shows', async () => {
+    const minimal = { trade_id: 'tr_1', reference: 'TRD-0001', status: 'funded', external_reference: 'order-1' }
+    const { api } = clientAnswering(minimal)
+    expect(await api.fundTrade('tr_1')).toEqual(minimal)
+  })
+
+  it('accepts a dispute and a proposal that carry only their id', async () => {
+    expect(
+      await clientAnswering({ dispute_id: 'dp_9' }).api.openDispute('tr_1', {
+        reason: 'The frame arrived bent and scratched',
+        party: 'seller',
+      }),
+    ).toEqual({ dispute_id: 'dp_9' })
+    expect(
+      await clientAnswering({ proposal_id: 'pr_9' }).api.createProposal('tr_1', {
+        outcome: 'seller_win',
+        party: 'buyer',
+      }),
+    ).toEqual({ proposal_id: 'pr_9' })
+  })
+})
+
+describe('PartnerApiClient answers: strict on the fields we rely on', () => {
+  const withoutField = <T extends object>(record: T, field: keyof T) => {
+    const copy: Partial<T> = { ...record }
+    delete copy[field]
+    return copy
+  }
+  const marker = 'marker-value-never-logged'
+  const trade = tradeRecord({ title: marker })
+
+  const respond = (api: PartnerApiClient) => api.respondToProposal('tr_1', 'pr_1', { accept: true, party: 'buyer' })
+  const cases: [string, unknown, (api: PartnerApiClient) => Promise<unknown>, string, RegExp][] = [
+    ['a trade without status', withoutField(trade, 'status'), (api) => api.getTrade('tr_1'), 'status', /is missing/],
+    ['a trade whose status is a number', { ...trade, status: 20 }, (api) => api.fundTrade('tr_1'), 'status', /must be string/],
+    ['a trade without trade_id', withoutField(trade, 'trade_id'), (api) => api.createTrade(createRequest), 'trade_id', /is missing/],
+    ['a trade without reference', withoutField(trade, 'reference'), (api) => api.deliverTrade('tr_1'), 'reference', /is missing/],
+    [
+      'a trade without external_reference',
+      withoutField(trade, 'external_reference'),
+      (api) => api.releaseTrade('tr_1'),
+      'external_reference',
+      /is missing/,
+    ],
+    [
+      'a milestone without its id',
+      { ...trade, milestones: [{ title: marker, amount: '70.00', status: 'pending' }] },
+      (api) => api.deliverMilestone('tr_1', 'ms_1'),
+      'milestones.0.milestone_id',
+      /is missing/,
+    ],
+    [
+      'a trade whose optional amount is present but a number',
+      { ...trade, amount: 120 },
+      (api) => api.cancelTrade('tr_1'),
+      'amount',
+      /must be string/,
+    ],
+    [
+      'a dispute without dispute_id',
+      withoutField(disputeRecord({ reason: marker }), 'dispute_id'),
+      (api) => api.openDispute('tr_1', { reason: 'The frame arrived bent and scratched', party: 'buyer' }),
+      'dispute_id',
+      /is missing/,
+    ],
+    [
+      'a proposal whose proposal_id is a number',
+      { ...proposalRecord(), proposal_id: 7 },
+      (api) => api.createProposal('tr_1', { outcome: 'buyer_win', party: 'seller' }),
+      'proposal_id',
+      /must be string/,
+    ],
+    [
+      'a respond result whose trade has no status',
+      { ...respondResult(), trade: withoutField(trade, 'status') },
+      respond,
+      'trade.status',
+      /is missing/,
+    ],
+    ['a respond result without its proposal', { trade }, respond, 'proposal', /is missing/],
+    ['a JSON array instead of a record', [trade], (api) => api.getTrade('tr_1'), '(body)', /must be an object/],
+    ['JSON null', null, (api) => api.getTrade('tr_1'), '(body)', /must be an object/],
+  ]
+
+  it.each(cases)('answers invalid_response naming the field for %s', async (_kind, body, run, field, problem) => {
+    const before = logLines.length
+    const { api, calls } = clientAnswering(body)
+    const error = (await run(api).catch((e) => e)) as PartnerInvalidResponseError
+    expect(error).toBeInstanceOf(PartnerInvalidResponseError)
+    expect(error).toMatchObject({ code: 'invalid_response', status: 200, field })
+    expect(error.message).toContain(`(${field} `)
+    expect(error.message).toMatch(problem)
+    // the call may have taken effect: never a refusal
+    expect(isOutcomeUnknown(error)).toBe(true)
+    // neither the error nor any log line carries the body
+    expect(error.message).not.toContain(marker)
+    expect(logLines.slice(before).join('')).not.toContain(marker)
+    // a GET answered with a bad record is not sent again: the platform answered, and would answer the same
+    expect(calls).toHaveLength(1)
+  })
+
+  it('answers invalid_response for a 2xx body that is not JSON, with the body left out of the message', async () => {
+    const error = await clientAnswering('<html>marker-value-never-logged</html>')
+      .api.getTrade('tr_1')
+      .catch((e) => e)
+    expect(error).toMatchObject({ code: 'invalid_response', field: '(body)' })
+    expect(error.message).toContain('is not JSON')
+    expect(error.message).not.toContain('marker-value-never-logged')
+  })
+})

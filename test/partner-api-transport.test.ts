@@ -1,0 +1,110 @@
+// The transport's retry rules on their own (the client's tests cover them through the endpoints): what is
+// retried, how long it waits, and what is never sent twice. Waits run on a FakeClock, so nothing sleeps.
+import { describe, expect, it } from 'vitest'
+import { z } from 'zod'
+import { PartnerApiError } from '../src/partner-api/partner-api-error.js'
+import {
+  parseRetryAfter,
+  PartnerApiTransport,
+  type TransportOptions,
+} from '../src/partner-api/partner-api-transport.js'
+import { FakeClock } from './helpers/fake-clock.js'
+import { testLogger } from './helpers/log-sink.js'
+import { type FetchStep, scriptedFetch, settleWithClock } from './helpers/partner-api-fake-fetch.js'
+
+const TIMEOUT_MS = 9_999
+const SECRET = 'apisec_transport_test_3e8a1f6c'
+const record = z.looseObject({ id: z.string() })
+const ok: FetchStep = { status: 200, body: { id: 'x' } }
+
+function transport(script: FetchStep[], overrides: Partial<TransportOptions> = {}) {
+  const clock = new FakeClock(Date.parse('2026-01-01T00:00:00Z'))
+  const scripted = scriptedFetch(script)
+  const sender = new PartnerApiTransport({
+    baseUrl: 'http://platform.test',
+    keyId: 'pk_transport',
+    secret: SECRET,
+    timeoutMs: TIMEOUT_MS,
+    clock,
+    logger: testLogger([SECRET]),
+    random: () => 0.5,
+    fetch: scripted.fetch,
+    ...overrides,
+  })
+  const waits = () => clock.sleeps.filter((ms) => ms !== TIMEOUT_MS)
+  return { sender, clock, calls: scripted.calls, waits }
+}
+
+describe('PartnerApiTransport retry rules', () => {
+  it('gives a GET four attempts by default, then throws the last 5xx', async () => {
+    const { sender, clock, calls, waits } = transport(Array(5).fill({ status: 503 }))
+    const error = await settleWithClock(clock, sender.call('GET', '/x/', undefined, record), TIMEOUT_MS).catch(
+      (e) => e,
+    )
+    expect(error).toBeInstanceOf(PartnerApiError)
+    expect(error).toMatchObject({ status: 503, code: 'http_503' })
+    expect(calls).toHaveLength(4)
+    // 200 ms doubling, equal jitter at random 0.5: three quarters of each step
+    expect(waits()).toEqual([150, 300, 600])
+  })
+
+  it.each([
+    ['a 500', { status: 500 }],
+    ['a 502 from a proxy', { status: 502, body: '<html>Bad gateway</html>' }],
+    ['a 429 without Retry-After', { status: 429 }],
+    ['a 503 with an unreadable Retry-After', { status: 503, headers: { 'retry-after': 'soon' } }],
+    ['a reset connection', { networkError: 'ECONNRESET' }],
+  ] as [string, FetchStep][])('retries a GET after %s on the backoff', async (_kind, first) => {
+    const { sender, clock, calls, waits } = transport([first, ok])
+    expect(await settleWithClock(clock, sender.call('GET', '/x/', undefined, record), TIMEOUT_MS)).toEqual({
+      id: 'x',
+    })
+    expect(calls).toHaveLength(2)
+    expect(waits()).toEqual([150])
+  })
+
+  it('waits out a Retry-After equal to its limit, and throws at once above it', async () => {
+    const limit = { retry: { maxRetryAfterMs: 10_000 } }
+    const within = transport([{ status: 429, headers: { 'retry-after': '10' } }, ok], limit)
+    await settleWithClock(within.clock, within.sender.call('GET', '/x/', undefined, record), TIMEOUT_MS)
+    expect(within.waits()).toEqual([10_000])
+
+    const beyond = transport([{ status: 429, headers: { 'retry-after': '11' } }, ok], limit)
+    const error = await beyond.sender.call('GET', '/x/', undefined, record).catch((e) => e)
+    expect(error).toMatchObject({ status: 429 })
+    expect(beyond.calls).toHaveLength(1)
+    expect(beyond.waits()).toEqual([])
+  })
+
+  it.each([
+    ['a 429 with Retry-After: 1', { status: 429, headers: { 'retry-after': '1' } }],
+    ['a 500', { status: 500 }],
+    ['a reset connection', { networkError: 'ECONNRESET' }],
+  ] as [string, FetchStep][])('never sends a POST twice, even after %s', async (_kind, first) => {
+    const { sender, calls, waits } = transport([first, ok])
+    await expect(sender.call('POST', '/x/', {}, record)).rejects.toThrow()
+    expect(calls).toHaveLength(1)
+    expect(waits()).toEqual([])
+  })
+
+  it.each([400, 401, 403, 404, 409, 422])('does not retry a GET answered %i', async (status) => {
+    const { sender, calls } = transport([{ status }, ok])
+    await expect(sender.call('GET', '/x/', undefined, record)).rejects.toMatchObject({ status })
+    expect(calls).toHaveLength(1)
+  })
+})
+
+describe('parseRetryAfter', () => {
+  const now = Date.parse('2026-01-01T00:00:00Z')
+  it.each([
+    ['2', 2_000],
+    [' 0 ', 0],
+    ['Thu, 01 Jan 2026 00:00:05 GMT', 5_000],
+    // a date already past: retry now, never a negative wait
+    ['Wed, 31 Dec 2025 23:59:00 GMT', 0],
+    ['soon', undefined],
+    [null, undefined],
+  ])('reads %j as %j ms', (value, expected) => {
+    expect(parseRetryAfter(value, now)).toBe(expected)
+  })
+})
