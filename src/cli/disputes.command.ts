@@ -29,7 +29,7 @@ export function registerDisputesCommands(program: Command): void {
           }),
         )
         if (options.json) printJson({ dispute })
-        else write(`${reference}: dispute ${dispute.dispute_id} opened by the ${dispute.party} (${dispute.status})\n`)
+        else write(`${reference}: dispute ${dispute.dispute_id} opened by the ${dispute.party ?? '?'} (${dispute.status ?? '?'})\n`)
       },
     )
 }

@@ -33,7 +33,7 @@ export function registerProposalsCommands(program: Command): void {
           }),
         )
         if (options.json) printJson({ proposal })
-        else write(`${reference}: proposal ${proposal.proposal_id} (${proposal.outcome}) is ${proposal.status}\n`)
+        else write(`${reference}: proposal ${proposal.proposal_id} (${proposal.outcome ?? '?'}) is ${proposal.status ?? '?'}\n`)
       },
     )
 
@@ -63,7 +63,7 @@ export function registerProposalsCommands(program: Command): void {
         if (options.json) printJson(result)
         else {
           write(
-            `${reference}: proposal ${result.proposal.proposal_id} is ${result.proposal.status}; ` +
+            `${reference}: proposal ${result.proposal.proposal_id} is ${result.proposal.status ?? '?'}; ` +
               `trade ${result.trade.trade_id} is ${result.trade.status}\n`,
           )
         }

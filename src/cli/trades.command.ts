@@ -58,7 +58,7 @@ function printTrade(trade: TradeRecord, json: boolean | undefined, extra: Record
 // the ids are what `trades milestone deliver|release` takes
 function printMilestones(trade: TradeRecord): void {
   for (const item of trade.milestones ?? []) {
-    write(`  milestone ${item.milestone_id} ${item.title} ${item.amount}: ${item.status}\n`)
+    write(`  milestone ${item.milestone_id} ${item.title ?? '?'} ${item.amount ?? '?'}: ${item.status ?? '?'}\n`)
   }
 }
 
@@ -174,7 +174,7 @@ export function registerTradesCommands(program: Command): void {
       }
       write(`${reference}: trade ${trade.trade_id} (${trade.reference}) is ${trade.status} on the platform\n`)
       printMilestones(trade)
-      if (trade.dispute) write(`  dispute ${trade.dispute.dispute_id}: ${trade.dispute.status}\n`)
+      if (trade.dispute) write(`  dispute ${trade.dispute.dispute_id}: ${trade.dispute.status ?? '?'}\n`)
       write(`local order: ${JSON.stringify(order)}\n`)
     })
 }
