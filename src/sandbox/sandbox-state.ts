@@ -8,7 +8,7 @@
 import { closeSync, fsyncSync, mkdirSync, openSync, readFileSync, renameSync, rmSync, writeSync } from 'node:fs'
 import path from 'node:path'
 import { z } from 'zod'
-import type { TradeRecord } from '../partner-api/types.js'
+import type { FullTradeRecord as TradeRecord } from '../partner-api/types.js'
 import type { PlatformState } from './sandbox-platform.js'
 import type { PendingEvent } from './webhook-dispatcher.js'
 
