@@ -3,9 +3,10 @@
 import { runCommandLine } from './cli/run-cli.js'
 import { forwardToLocalService } from './local/local-cli.js'
 
-const [major] = process.versions.node.split('.').map(Number)
-if ((major ?? 0) < 22) {
-  console.error(`Node.js 22 or newer is required (this is ${process.version}); see README.md`)
+// 20.19 is the oldest Node the dependencies support (see "Supported Node.js versions" in README.md)
+const [major = 0, minor = 0] = process.versions.node.split('.').map(Number)
+if (major < 20 || (major === 20 && minor < 19)) {
+  console.error(`Node.js 20.19 or newer is required (this is ${process.version}); see README.md`)
   process.exit(2)
 }
 
