@@ -1,5 +1,6 @@
 // `serve`: load config, start the service, stop it cleanly on SIGTERM/SIGINT.
 import { type Config, ConfigError, configSecrets, loadConfig } from './config.js'
+import { loggableError } from './db/database-errors.js'
 import { createLogger } from './logger.js'
 import { startService } from './service.js'
 
@@ -23,7 +24,6 @@ export async function main(): Promise<void> {
     logger.info({ file: config.localSecretsFile }, 'local mode: generated secrets are kept in this file')
   }
   const service = await startService({ config, logger })
-  if (service.sandboxUrl) process.stdout.write(localModeBanner(config, service.url, service.sandboxUrl))
 
   let stopping = false
   const stop = async (signal: string) => {
@@ -41,6 +41,18 @@ export async function main(): Promise<void> {
   }
   process.once('SIGTERM', () => void stop('SIGTERM'))
   process.once('SIGINT', () => void stop('SIGINT'))
+
+  // an unreachable database is waited for (prepare-database.ts); what waiting cannot fix ends the process
+  try {
+    await service.ready
+  } catch (error) {
+    if (stopping) return
+    stopping = true
+    logger.error({ err: loggableError(error) }, 'start-up failed')
+    await service.stop()
+    process.exit(1)
+  }
+  if (service.sandboxUrl) process.stdout.write(localModeBanner(config, service.url, service.sandboxUrl))
 }
 
 /** What a newcomer sees after `npm start`: where things are and what to type next (README quick start). */

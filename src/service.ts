@@ -1,12 +1,16 @@
-// Wires the parts into the running service: database, migrations, HTTP app, the poller, and in local
+// Wires the parts into the running service: database, HTTP app, migrations, the poller, and in local
 // mode the command forwarding of src/local. Every part registers how to stop it; stop() runs those in
 // reverse (the poller, started last, stops first: no poll writes into a closing database).
+//
+// The HTTP listener opens before the database is known to be there: while Postgres is unreachable at
+// start-up the service retries (prepare-database.ts), /readyz answers 503 and deliveries get 503 (the
+// platform retries them); once migrated, the poller starts and the service is ready.
 import { hostname } from 'node:os'
 import { type Clock, systemClock } from './clock.js'
 import type { Config } from './config.js'
-import { migrateToLatest } from './db/migrate.js'
 import { type DatabaseHandle, openDatabase } from './db/open-database.js'
 import { pingDatabase } from './db/ping-database.js'
+import { prepareDatabase } from './db/prepare-database.js'
 import { createApp } from './http/app.js'
 import { listen } from './http/server.js'
 import { advertiseLocalService, createLocalCliToken } from './local/local-cli.js'
@@ -21,7 +25,9 @@ import { countParkedDeliveries } from './webhooks/delivery.repository.js'
 export interface RunningService {
   readonly url: string
   readonly database: DatabaseHandle
-  /** The reconciliation poller; undefined when POLL_ENABLED=false. */
+  /** Settles once the database is migrated and the poller started; rejects if that cannot happen. */
+  readonly ready: Promise<void>
+  /** The reconciliation poller, once ready; undefined when POLL_ENABLED=false. */
   readonly poller: Poller | undefined
   /** Local mode only: the in-process sandbox platform's URL. */
   readonly sandboxUrl: string | undefined
@@ -56,9 +62,7 @@ export async function startService({
       logger,
     })
     stops.push({ name: 'database', stop: () => database.close() })
-    const { applied } = await migrateToLatest(database.db)
-    logger.info({ applied, database: database.kind }, 'migrations applied')
-
+    let ready = false
     const metrics = config.metrics.enabled
       ? createMetrics({
           poolStats: database.poolStats,
@@ -70,7 +74,7 @@ export async function startService({
     // embedded PGlite belongs to this process: operator commands are forwarded here (src/local)
     const ownsDataDir = database.kind === 'pglite' && !config.dataDir.startsWith('memory://')
     const localCliToken = ownsDataDir ? createLocalCliToken() : undefined
-    const app = createApp({ config, db: database.db, logger, clock, metrics, localCliToken })
+    const app = createApp({ config, db: database.db, logger, clock, metrics, localCliToken, isReady: () => ready })
     const server = await listen(app, { port: config.port, host: config.host })
     stops.push({ name: 'http server', stop: () => server.stop(config.shutdownTimeoutMs) })
     if (localCliToken) {
@@ -79,10 +83,7 @@ export async function startService({
         stop: advertiseLocalService(config.dataDir, server.url, localCliToken),
       })
     }
-    logger.info(
-      { url: server.url, database: database.kind, webhookPath: config.webhook.path },
-      'service listening',
-    )
+    logger.info({ url: server.url, database: database.kind }, 'http listener open; waiting for the database')
 
     // local mode: no platform is configured, so the sandbox plays it in this process (never for live)
     let sandboxUrl: string | undefined
@@ -103,22 +104,45 @@ export async function startService({
     }
 
     let poller: Poller | undefined
-    if (config.poll.enabled) {
-      poller = createPoller({
-        db: database.db,
-        fetcher: createPartnerApiClient(config, { logger, clock, ...(sandboxUrl ? { baseUrl: sandboxUrl } : {}) }),
-        clock,
-        logger,
-        settings: pollerSettings(config.poll),
-        replica: `${hostname()}:${process.pid}`,
-        ...(metrics ? metrics.pollerHooks(clock) : {}),
-      })
-      poller.start()
-      const running = poller
-      stops.push({ name: 'poller', stop: () => running.stop() })
-    }
+    const startUp = new AbortController()
+    stops.push({ name: 'database start-up', stop: () => startUp.abort() })
+    const whenReady = (async () => {
+      const { applied } = await prepareDatabase({ db: database.db, logger, clock, signal: startUp.signal })
+      logger.info({ applied, database: database.kind }, 'migrations applied')
+      if (startUp.signal.aborted) return
+      if (config.poll.enabled) {
+        poller = createPoller({
+          db: database.db,
+          fetcher: createPartnerApiClient(config, { logger, clock, ...(sandboxUrl ? { baseUrl: sandboxUrl } : {}) }),
+          clock,
+          logger,
+          settings: pollerSettings(config.poll),
+          replica: `${hostname()}:${process.pid}`,
+          ...(metrics ? metrics.pollerHooks(clock) : {}),
+        })
+        poller.start()
+        const running = poller
+        stops.push({ name: 'poller', stop: () => running.stop() })
+      }
+      ready = true
+      logger.info(
+        { url: server.url, database: database.kind, webhookPath: config.webhook.path },
+        'service listening',
+      )
+    })()
+    // the caller awaits `ready`; this keeps a failure before it does from being an unhandled rejection
+    whenReady.catch(() => {})
 
-    return { url: server.url, database, poller, sandboxUrl, stop: stopAll }
+    return {
+      url: server.url,
+      database,
+      ready: whenReady,
+      get poller() {
+        return poller
+      },
+      sandboxUrl,
+      stop: stopAll,
+    }
   } catch (error) {
     await stopAll()
     throw error

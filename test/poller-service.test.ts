@@ -29,6 +29,7 @@ describe('the poller in the service', () => {
     const logger = testLogger([TEST_API_SECRET, TEST_WEBHOOK_SECRET])
     const config = testConfig({ PARTNER_API_BASE_URL: platform.url, PORT: '0', POLL_INTERVAL_S: '30' })
     service = await startService({ config, logger, clock })
+    await service.ready
     expect(service.poller?.running).toBe(true)
     // the first cycle found nothing and the poller sleeps its interval
     await eventually(() => clock.sleeps.includes(30_000), 'the poller sleeps')
@@ -69,6 +70,7 @@ describe('the poller in the service', () => {
   it('does not start the poller when POLL_ENABLED=false', async () => {
     const config = testConfig({ PORT: '0', POLL_ENABLED: 'false' })
     service = await startService({ config, logger: testLogger(), clock: new FakeClock() })
+    await service.ready
     expect(service.poller).toBeUndefined()
     // no poller, no cycle time: this replica must not look like a stalled poller to the alert
     const metrics = await (await fetch(`${service.url}/metrics`)).text()

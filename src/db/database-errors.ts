@@ -1,29 +1,130 @@
-// Which errors mean "the database is not there right now" (answer 503, the sender retries) rather than
-// a bug in our SQL.
+// The one place that decides what a database error means for whoever asked:
+// - unavailable: the database is not there right now (connection refused, reset or cut, a timeout,
+//   SQLSTATE class 08 connection exception, 53 insufficient resources, 57P operator intervention such as
+//   a shutdown or pg_terminate_backend, 57014 a statement cancelled by its timeout, 40 a transaction
+//   rolled back to break a deadlock or serialization conflict). Try again later: HTTP 503.
+// - overloaded: our own ingest queue is full. Also "try again later": HTTP 503 `overloaded`.
+// - refused_data: the database refused the input as data (class 22 data exception, e.g. 22P02 for a
+//   lone surrogate in a JSON string or 22P05 for \u0000; 23 integrity constraint; 54 program limit such
+//   as a value too large to index). The sender's fault: retrying cannot help, so never a 503.
+// - failure: anything else (our SQL or code is wrong): HTTP 500, logged.
+//
+// Postgres errors carry `detail`, `where`, `internalQuery` and sometimes a message quoting the value it
+// refused: for a refused delivery those hold the delivery's fields. Log lines use describeDatabaseError(),
+// which keeps only the code, its class and a fixed message.
+
+export type DatabaseErrorKind = 'unavailable' | 'overloaded' | 'refused_data' | 'failure'
+
+/** The ingest queue is full: the caller is asked to retry later. */
+export class IngestOverloadedError extends Error {
+  override name = 'IngestOverloadedError'
+}
+
 const UNAVAILABLE_NODE_CODES = new Set([
   'ECONNREFUSED',
   'ECONNRESET',
+  'ECONNABORTED',
   'EPIPE',
   'ETIMEDOUT',
   'ENOTFOUND',
+  'EAI_AGAIN',
   'EHOSTUNREACH',
+  'ENETUNREACH',
+  'ENETDOWN',
 ])
 
-export function isDatabaseUnavailable(error: unknown): boolean {
-  for (let current = error; current instanceof Error; current = current.cause) {
-    const code = (current as { code?: unknown }).code
-    if (typeof code === 'string') {
-      if (UNAVAILABLE_NODE_CODES.has(code)) return true
-      // SQLSTATE class 08 (connection exception), 57P0x (shutdown), 53xxx (insufficient resources)
-      if (/^(08|57P0|53)/.test(code)) return true
+// pg and PGlite report a lost or missing connection with these messages and no code
+const UNAVAILABLE_MESSAGES =
+  /Connection terminated|timeout exceeded when trying to connect|Client has encountered a connection error|Query read timeout|PGlite is closed|Connection ended|Cannot use a pool after calling end|Client was closed and is not queryable/i
+
+/** What each SQLSTATE class means, in a fixed message: the log shows this, never Postgres's own text. */
+const SQLSTATE_CLASSES: Record<string, { kind: DatabaseErrorKind; message: string }> = {
+  '08': { kind: 'unavailable', message: 'connection exception' },
+  '53': { kind: 'unavailable', message: 'insufficient resources' },
+  '57': { kind: 'failure', message: 'operator intervention' },
+  '40': { kind: 'unavailable', message: 'transaction rolled back (deadlock or serialization conflict)' },
+  '22': { kind: 'refused_data', message: 'data exception: the database refused a value' },
+  '23': { kind: 'refused_data', message: 'integrity constraint violation' },
+  '54': { kind: 'refused_data', message: 'program limit exceeded: a value is too large' },
+}
+
+export interface DatabaseErrorDescription {
+  kind: DatabaseErrorKind
+  /** SQLSTATE (e.g. 22P02) or Node's error code (e.g. ECONNREFUSED), when there is one. */
+  code?: string
+  /** The SQLSTATE class (its first two characters). */
+  sqlstateClass?: string
+  /** A fixed message: never text from the database that could quote the input. */
+  message: string
+}
+
+const SQLSTATE = /^[0-9A-Z]{5}$/
+
+function sqlstateKind(code: string): DatabaseErrorKind {
+  // 57P01 admin shutdown (pg_terminate_backend), 57P02 crash shutdown, 57P03 starting up, 57014 a
+  // statement timeout; 57000 and the rest of class 57 are not an outage
+  if (code.startsWith('57P') || code === '57014') return 'unavailable'
+  return SQLSTATE_CLASSES[code.slice(0, 2)]?.kind ?? 'failure'
+}
+
+/** Classifies an error from the database layer (walking `cause` and an AggregateError's errors). */
+export function describeDatabaseError(error: unknown): DatabaseErrorDescription {
+  for (const current of errorChain(error)) {
+    if (current instanceof IngestOverloadedError) {
+      return { kind: 'overloaded', message: 'the ingest queue is full' }
     }
-    if (
-      /Connection terminated|timeout exceeded when trying to connect|Client has encountered a connection error|Query read timeout|PGlite is closed|Connection ended/i.test(
-        current.message,
-      )
-    ) {
-      return true
+    const code = (current as { code?: unknown }).code
+    if (typeof code === 'string' && UNAVAILABLE_NODE_CODES.has(code)) {
+      return { kind: 'unavailable', code, message: 'the database cannot be reached' }
+    }
+    if (typeof code === 'string' && SQLSTATE.test(code) && isDatabaseReport(current)) {
+      const sqlstateClass = code.slice(0, 2)
+      const kind = sqlstateKind(code)
+      const message =
+        kind === 'unavailable' && sqlstateClass === '57'
+          ? 'the database ended or cancelled the statement (shutdown, terminated backend or timeout)'
+          : (SQLSTATE_CLASSES[sqlstateClass]?.message ?? 'the database refused the statement')
+      return { kind, code, sqlstateClass, message }
+    }
+    if (UNAVAILABLE_MESSAGES.test(current.message)) {
+      return { kind: 'unavailable', message: 'the database connection was lost or timed out' }
     }
   }
-  return false
+  return { kind: 'failure', message: 'the statement failed' }
+}
+
+export function isDatabaseUnavailable(error: unknown): boolean {
+  return describeDatabaseError(error).kind === 'unavailable'
+}
+
+export function isRefusedData(error: unknown): boolean {
+  return describeDatabaseError(error).kind === 'refused_data'
+}
+
+/**
+ * What a log line may say about an error: for a database's report, only its classification (the report
+ * may quote the delivery); for anything else (a bug), the error itself, stack included.
+ */
+export function loggableError(error: unknown): unknown {
+  for (const current of errorChain(error)) {
+    const code = (current as { code?: unknown }).code
+    if (isDatabaseReport(current) || (typeof code === 'string' && UNAVAILABLE_NODE_CODES.has(code))) {
+      return describeDatabaseError(error)
+    }
+  }
+  const description = describeDatabaseError(error)
+  return description.kind === 'failure' ? error : description
+}
+
+// pg's DatabaseError and PGlite's error both carry the server's `severity` beside the SQLSTATE
+function isDatabaseReport(error: Error): boolean {
+  const fields = error as { severity?: unknown; code?: unknown }
+  return typeof fields.code === 'string' && SQLSTATE.test(fields.code) && typeof fields.severity === 'string'
+}
+
+function* errorChain(error: unknown, depth = 0): Generator<Error> {
+  if (!(error instanceof Error) || depth > 8) return
+  yield error
+  if (error instanceof AggregateError) for (const inner of error.errors) yield* errorChain(inner, depth + 1)
+  yield* errorChain(error.cause, depth + 1)
 }

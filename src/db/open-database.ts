@@ -8,6 +8,7 @@ import { PGlite } from '@electric-sql/pglite'
 import { CamelCasePlugin, Kysely, PGliteDialect, PostgresDialect } from 'kysely'
 import pg from 'pg'
 import type { Logger } from '../logger.js'
+import { describeDatabaseError } from './database-errors.js'
 import type { Database } from './database.js'
 
 export type DatabaseKind = 'postgres' | 'pglite'
@@ -38,20 +39,36 @@ export const PREPARED = '/* prepared */'
 
 // The hot-path statements (the webhook ingest) are large; preparing them once per connection saves
 // their planning on every delivery. The name is a hash of the text, so each distinct text gets its own.
-class PreparingClient extends pg.Client {
-  override query(...args: unknown[]): never {
-    const [text, values] = args
-    if (typeof text === 'string' && text.startsWith(PREPARED) && (values === undefined || Array.isArray(values))) {
-      const name = `p_${createHash('sha1').update(text).digest('hex').slice(0, 16)}`
-      return (super.query as (...a: unknown[]) => never)({ name, text, values })
+//
+// Every client listens for 'error' from the moment it exists. pg's pool listens only while a client is
+// idle; a checked-out client whose connection drops (pg_terminate_backend, a failover, a proxy cutting
+// it) emits 'error' with nobody listening, and Node ends the process on an unhandled 'error' event. The
+// statement running on it fails on its own (the caller answers 503) and the pool discards the client
+// on release, so the listener only has to record what happened.
+function preparingClient(onConnectionError: (error: Error) => void): typeof pg.Client {
+  return class PreparingClient extends pg.Client {
+    constructor(config?: string | pg.ClientConfig) {
+      super(config)
+      this.on('error', onConnectionError)
     }
-    return (super.query as (...a: unknown[]) => never)(...args)
+
+    override query(...args: unknown[]): never {
+      const [text, values] = args
+      if (typeof text === 'string' && text.startsWith(PREPARED) && (values === undefined || Array.isArray(values))) {
+        const name = `p_${createHash('sha1').update(text).digest('hex').slice(0, 16)}`
+        return (super.query as (...a: unknown[]) => never)({ name, text, values })
+      }
+      return (super.query as (...a: unknown[]) => never)(...args)
+    }
   }
 }
 
 function openPostgres(databaseUrl: string, { poolSize = 10, logger }: OpenDatabaseOptions): DatabaseHandle {
+  const connectionLost = (error: Error) => {
+    logger?.warn({ err: describeDatabaseError(error) }, 'database connection lost')
+  }
   const pool = new pg.Pool({
-    Client: PreparingClient,
+    Client: preparingClient(connectionLost),
     connectionString: databaseUrl,
     max: poolSize,
     connectionTimeoutMillis: 5_000,
@@ -60,13 +77,9 @@ function openPostgres(databaseUrl: string, { poolSize = 10, logger }: OpenDataba
     query_timeout: 15_000,
     keepAlive: true,
   })
-  // an idle client that loses its connection emits 'error' on the pool; unhandled, it kills the process
-  pool.on('error', (error) => {
-    logger?.warn(
-      { err: { message: error.message, code: (error as { code?: string }).code } },
-      'database connection lost',
-    )
-  })
+  // an idle client that loses its connection is removed and reported on the pool as well; its own
+  // listener above has logged it already, and without a listener here the pool's 'error' would be fatal
+  pool.on('error', () => {})
   const db = new Kysely<Database>({
     dialect: new PostgresDialect({ pool }),
     plugins: [new CamelCasePlugin()],

@@ -19,6 +19,8 @@ export interface AppDeps {
   clock: Clock
   /** Prometheus metrics; GET config.metrics.path serves them when given. */
   metrics?: Metrics | undefined
+  /** False while the service waits for its database at start-up: /readyz and deliveries answer 503. */
+  isReady?: () => boolean
   /** Local mode on embedded PGlite: run forwarded operator commands (src/local/local-cli.ts). */
   localCliToken?: string | undefined
 }

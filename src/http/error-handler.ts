@@ -1,5 +1,5 @@
 import type { ErrorRequestHandler, RequestHandler } from 'express'
-import { isDatabaseUnavailable } from '../db/database-errors.js'
+import { describeDatabaseError, loggableError } from '../db/database-errors.js'
 import type { Logger } from '../logger.js'
 import { AppError, errorBody } from './app-error.js'
 
@@ -17,9 +17,15 @@ export function errorHandler(logger: Logger): ErrorRequestHandler {
       res.status(error.status).json(errorBody(error.code, error.message))
       return
     }
-    if (isDatabaseUnavailable(error)) {
-      logger.warn({ err: summarize(error), path: req.path }, 'database unavailable')
+    const database = describeDatabaseError(error)
+    if (database.kind === 'unavailable' || database.kind === 'overloaded') {
+      logger.warn({ err: database, path: req.path }, 'database unavailable')
       res.status(503).json(errorBody('database_unavailable', 'The database is unavailable; retry later'))
+      return
+    }
+    if (database.kind === 'refused_data') {
+      logger.warn({ err: database, path: req.path }, 'request data refused by the database')
+      res.status(400).json(errorBody('invalid_payload', 'The database refused the request’s data'))
       return
     }
     // errors raised by Express's own body parsers and raw-body carry a status and a type
@@ -30,12 +36,7 @@ export function errorHandler(logger: Logger): ErrorRequestHandler {
       res.status(status).json(errorBody(code, (error as Error).message))
       return
     }
-    logger.error({ err: error, path: req.path }, 'unhandled error')
+    logger.error({ err: loggableError(error), path: req.path }, 'unhandled error')
     res.status(500).json(errorBody('internal_error', 'Internal error'))
   }
-}
-
-function summarize(error: unknown): { message: string; code?: string } {
-  const err = error as { message?: string; code?: string }
-  return { message: err.message ?? String(error), ...(err.code ? { code: err.code } : {}) }
 }

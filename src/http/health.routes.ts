@@ -1,4 +1,5 @@
-// /healthz: the process answers. /readyz: the database answers and every migration is applied.
+// /healthz: the process answers. /readyz: the service finished starting (its database came up and was
+// migrated), the database answers now, and every migration is applied.
 import { Router } from 'express'
 import { type Kysely, sql } from 'kysely'
 import type { Database } from '../db/database.js'
@@ -7,7 +8,7 @@ import { errorBody } from './app-error.js'
 
 const READY_CHECK_TIMEOUT_MS = 2_000
 
-export function healthRoutes({ db }: { db: Kysely<Database> }): Router {
+export function healthRoutes({ db, isReady }: { db: Kysely<Database>; isReady?: (() => boolean) | undefined }): Router {
   const router = Router()
   // migrations never go back once applied, so a positive answer is kept
   let migrationsCurrent = false
@@ -17,6 +18,10 @@ export function healthRoutes({ db }: { db: Kysely<Database> }): Router {
   })
 
   router.get('/readyz', async (_req, res) => {
+    if (isReady && !isReady()) {
+      res.status(503).json(errorBody('not_ready', 'Starting: waiting for the database to answer and be migrated'))
+      return
+    }
     try {
       await withTimeout(sql`select 1`.execute(db), READY_CHECK_TIMEOUT_MS)
       if (!migrationsCurrent)

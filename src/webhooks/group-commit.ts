@@ -17,10 +17,11 @@
 // created meanwhile (and so missed the parked row), it is applied now, before the answer.
 //
 // If a batch fails for a reason other than the database being away (a deadlock with another replica,
-// or a delivery the statement cannot take), its deliveries are written again one by one, so one bad
-// delivery cannot fail its neighbours.
+// or a delivery whose data the database refuses: one refused value fails the whole statement), its
+// deliveries are written again one by one, so one bad delivery cannot fail its neighbours; the bad one
+// alone is rejected with the database's error, which receive-webhook.ts classifies.
 import type { Kysely } from 'kysely'
-import { isDatabaseUnavailable } from '../db/database-errors.js'
+import { IngestOverloadedError, isDatabaseUnavailable, loggableError } from '../db/database-errors.js'
 import type { Database } from '../db/database.js'
 import type { Logger } from '../logger.js'
 import {
@@ -46,10 +47,6 @@ export type WriteResult = DeliveryResult | 'duplicate'
 
 // a statement's JSON parameter stays a few MB even when large bodies arrive together
 const MAX_BATCH_BODY_LENGTH = 4 * 1024 * 1024
-
-export class IngestOverloadedError extends Error {
-  override name = 'IngestOverloadedError'
-}
 
 interface Pending {
   item: DeliveryObservation
@@ -185,7 +182,7 @@ export class GroupCommit {
       }
     } catch (error) {
       // the deliveries are stored (parked) and answered 200; `deliveries reapply` applies them later
-      this.logger.warn({ err: error, parked: parked.length }, 'parked deliveries not applied yet; run `deliveries reapply` on them')
+      this.logger.warn({ err: loggableError(error), parked: parked.length }, 'parked deliveries not applied yet; run `deliveries reapply` on them')
     }
   }
 }

@@ -6,12 +6,13 @@
 import { createHash } from 'node:crypto'
 import type { Kysely } from 'kysely'
 import type { Clock } from '../clock.js'
+import { type DatabaseErrorDescription, describeDatabaseError } from '../db/database-errors.js'
 import type { Database } from '../db/database.js'
 import { AppError } from '../http/app-error.js'
 import type { Logger } from '../logger.js'
 import { type DeliveryOutcome, recordDelivery, updateDeliveryOutcome } from './delivery.repository.js'
 import { handlerFor } from './event-handlers.js'
-import { type GroupCommit, IngestOverloadedError } from './group-commit.js'
+import type { GroupCommit } from './group-commit.js'
 import { classifyDelivery, PayloadError, parseBody } from './parse-delivery.js'
 import type { SeenDeliveries } from './seen-deliveries.js'
 import { verifySignature } from './verify-signature.js'
@@ -71,7 +72,10 @@ export async function receiveWebhook(deps: ReceiveDeps, delivery: IncomingDelive
   }
 
   const receivedAt = new Date(deps.clock.now())
-  const result = await storing(() => store(deps, { deliveryId, bodySha256 }, parsed, receivedAt))
+  const result = await storing(
+    () => store(deps, { deliveryId, bodySha256 }, parsed, receivedAt),
+    (reason) => storeRefused(deps, { deliveryId, bodySha256 }, parsed, receivedAt, reason),
+  )
   deps.seen.add(deliveryId, bodySha256)
   if (!result.duplicate && result.idReused) {
     // the sender reused an id for another body (a platform fault, or a replay of a captured id):
@@ -82,6 +86,30 @@ export async function receiveWebhook(deps: ReceiveDeps, delivery: IncomingDelive
     )
   }
   return result
+}
+
+// The database refused a value of this verified delivery (a lone surrogate in a field, say): the data is
+// the sender's, so a retry would be refused again. It is kept as `invalid` with what is always storable:
+// the delivery id, the event type made well-formed (an unpaired surrogate or a NUL becomes U+FFFD) and
+// the raw body, whose JSON escapes (\ud800) are plain ASCII text. Nothing is applied to an order.
+async function storeRefused(
+  deps: ReceiveDeps,
+  key: { deliveryId: string; bodySha256: string },
+  parsed: { text: string; body: Record<string, unknown> },
+  receivedAt: Date,
+  reason: DatabaseErrorDescription,
+): Promise<ReceiveResult> {
+  const eventType = storableText(classifyDelivery(parsed.body).eventType)
+  const { inserted, idReused } = await recordDelivery(deps.db, {
+    ...key,
+    eventType,
+    rawBody: parsed.text,
+    outcome: 'invalid',
+    receivedAt,
+  })
+  if (!inserted) return { duplicate: true }
+  deps.logger.warn({ deliveryId: key.deliveryId, err: reason }, 'webhook payload refused by the database; stored as invalid')
+  return { duplicate: false, outcome: 'invalid', eventType, idReused }
 }
 
 async function store(
@@ -134,17 +162,42 @@ async function store(
   return { duplicate: false, outcome: handled, eventType: event.eventType, idReused }
 }
 
-// Whatever goes wrong while storing, the answer is 503: the platform retries, and the statement
-// either committed whole or not at all.
-async function storing<T>(work: () => Promise<T>): Promise<T> {
+const UNSTORABLE = /[\ud800-\udbff](?![\udc00-\udfff])|(?<![\ud800-\udbff])[\udc00-\udfff]|\u0000/g
+
+function storableText(text: string): string {
+  return text.replace(UNSTORABLE, '\ufffd')
+}
+
+// What the database's error means decides the answer (database-errors.ts): unavailable or overloaded is
+// a 503 (the platform retries, and the statement either committed whole or not at all); data it refused
+// is the sender's, stored as invalid, or a 400 if even that is refused; anything else is a bug (500).
+async function storing<T>(
+  work: () => Promise<T>,
+  storeRefused: (reason: DatabaseErrorDescription) => Promise<T>,
+): Promise<T> {
   try {
     return await work()
   } catch (error) {
-    if (error instanceof IngestOverloadedError) {
-      throw new AppError(503, 'overloaded', 'Too many deliveries are waiting to be stored; retry later', { cause: error })
+    const reason = describeDatabaseError(error)
+    if (reason.kind !== 'refused_data') throw storeError(error)
+    try {
+      return await storeRefused(reason)
+    } catch (again) {
+      if (describeDatabaseError(again).kind !== 'refused_data') throw storeError(again)
+      throw new AppError(400, 'invalid_payload', 'The database refused the delivery’s data', { cause: again })
     }
-    throw new AppError(503, 'database_unavailable', 'The delivery could not be stored; retry later', { cause: error })
   }
+}
+
+function storeError(error: unknown): unknown {
+  const { kind } = describeDatabaseError(error)
+  if (kind === 'overloaded') {
+    return new AppError(503, 'overloaded', 'Too many deliveries are waiting to be stored; retry later', { cause: error })
+  }
+  if (kind === 'unavailable') {
+    return new AppError(503, 'database_unavailable', 'The delivery could not be stored; retry later', { cause: error })
+  }
+  return error
 }
 
 // An unverified request's delivery id is attacker-controlled: it is logged as is only when it looks

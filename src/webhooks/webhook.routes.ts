@@ -4,6 +4,7 @@
 import { Router } from 'express'
 import getRawBody from 'raw-body'
 import type { Metrics } from '../metrics/metrics.js'
+import { loggableError } from '../db/database-errors.js'
 import { AppError } from '../http/app-error.js'
 import type { ObservationSettings } from '../orders/apply-observation.js'
 import { GroupCommit } from './group-commit.js'
@@ -20,6 +21,8 @@ export interface WebhookRouteDeps extends Omit<ReceiveDeps, 'writer' | 'seen'> {
   /** How many stored delivery ids to remember, so their retries skip the database (0: none). */
   seenCapacity: number
   metrics?: Metrics | undefined
+  /** False while the service waits for its database at start-up. */
+  isReady?: (() => boolean) | undefined
 }
 
 export function webhookRoutes(routeDeps: WebhookRouteDeps): Router {
@@ -32,6 +35,12 @@ export function webhookRoutes(routeDeps: WebhookRouteDeps): Router {
   const router = Router()
   router.post(deps.path, async (req, res) => {
     const deliveryId = req.get('x-partner-delivery-id')
+    if (deps.isReady && !deps.isReady()) {
+      // before the body is read: the connection is closed rather than drained
+      res.set('Connection', 'close')
+      deps.metrics?.deliveries.inc({ outcome: 'rejected' })
+      throw new AppError(503, 'database_unavailable', 'The service is starting and its database is not ready; retry later')
+    }
     let rawBody: Buffer
     try {
       rawBody = await getRawBody(req, {
@@ -63,7 +72,7 @@ export function webhookRoutes(routeDeps: WebhookRouteDeps): Router {
       if (error instanceof AppError) {
         if (error.code === 'invalid_signature') deps.metrics?.signatureFailures.inc()
         deps.metrics?.deliveries.inc({ outcome: 'rejected' })
-        if (error.code === 'database_unavailable') deps.logger.error({ ...loggableDeliveryId(deliveryId), err: error.cause }, 'webhook not stored')
+        if (error.code === 'database_unavailable') deps.logger.error({ ...loggableDeliveryId(deliveryId), err: loggableError(error.cause) }, 'webhook not stored')
         if (error.code === 'overloaded') deps.logger.warn({ ...loggableDeliveryId(deliveryId) }, 'webhook refused: ingest queue full')
       }
       throw error

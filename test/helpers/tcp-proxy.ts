@@ -1,19 +1,23 @@
-// A TCP proxy in front of Postgres that a test can cut: `cut()` drops every open connection and refuses
-// new ones until `restore()`. It stands for a database that goes away and comes back.
+// A TCP proxy in front of Postgres that a test can cut: `cut()` drops every open connection (with a FIN,
+// or an RST when asked) and refuses new ones until `restore()`. It stands for a database that goes away
+// and comes back; started with `open: false` it stands for one that is not there yet.
 import net from 'node:net'
 
 export interface TcpProxy {
   readonly port: number
   /** The target URL rewritten to go through the proxy. */
   rewrite(url: string): string
-  cut(): void
+  cut(options?: { reset?: boolean }): void
   restore(): void
   close(): Promise<void>
 }
 
-export async function startTcpProxy(target: { host: string; port: number }): Promise<TcpProxy> {
+export async function startTcpProxy(
+  target: { host: string; port: number },
+  { open: openAtStart = true } = {},
+): Promise<TcpProxy> {
   const sockets = new Set<net.Socket>()
-  let open = true
+  let open = openAtStart
   const server = net.createServer((client) => {
     if (!open) {
       client.destroy()
@@ -43,9 +47,12 @@ export async function startTcpProxy(target: { host: string; port: number }): Pro
       parsed.port = String(port)
       return parsed.toString()
     },
-    cut: () => {
+    cut: ({ reset = false } = {}) => {
       open = false
-      for (const socket of sockets) socket.destroy()
+      for (const socket of sockets) {
+        if (reset) socket.resetAndDestroy()
+        else socket.destroy()
+      }
       sockets.clear()
     },
     restore: () => {
