@@ -162,10 +162,10 @@ async function store(
   return { duplicate: false, outcome: handled, eventType: event.eventType, idReused }
 }
 
-const UNSTORABLE = /[\ud800-\udbff](?![\udc00-\udfff])|(?<![\ud800-\udbff])[\udc00-\udfff]|\u0000/g
+const LONE_SURROGATE = /[\ud800-\udbff](?![\udc00-\udfff])|(?<![\ud800-\udbff])[\udc00-\udfff]/g
 
 function storableText(text: string): string {
-  return text.replace(UNSTORABLE, '\ufffd')
+  return text.replace(LONE_SURROGATE, '\ufffd').replaceAll('\0', '\ufffd')
 }
 
 // What the database's error means decides the answer (database-errors.ts): unavailable or overloaded is

@@ -1,0 +1,238 @@
+// Outage or bad data (src/db/database-errors.ts): input the database refuses is the sender's fault (400,
+// or stored as `invalid` when signed), never a 503; only real unavailability is a 503. On PGlite and on
+// Postgres, with real errors from the database rather than made-up ones.
+import { randomBytes } from 'node:crypto'
+import { sql } from 'kysely'
+import { afterAll, beforeAll, describe, expect, it } from 'vitest'
+import { systemClock } from '../src/clock.js'
+import { describeDatabaseError, IngestOverloadedError } from '../src/db/database-errors.js'
+import { openDatabase } from '../src/db/open-database.js'
+import { createApp } from '../src/http/app.js'
+import { createOrder, findOrderByExternalReference } from '../src/orders/order.repository.js'
+import { freePort } from './helpers/cli-process.js'
+import { logLines, testLogger } from './helpers/log-sink.js'
+import { startTcpProxy } from './helpers/tcp-proxy.js'
+import { testConfig } from './helpers/test-config.js'
+import { createTestDatabase, describePostgres, type TestDatabase } from './helpers/test-database.js'
+import { sendWebhook } from './helpers/webhook-delivery.js'
+
+const config = testConfig({ LOG_LEVEL: 'warn' })
+const FIELDS = ['trade_id', 'reference', 'status', 'external_reference', 'event'] as const
+
+// Bodies are written as JSON text: JSON.stringify would keep a lone surrogate escaped the same way, but
+// the escapes are spelled out here so the table shows exactly what the platform would send.
+function body(externalReference: string, override: Partial<Record<(typeof FIELDS)[number] | 'note', string>> = {}): string {
+  const fields: Record<string, string> = {
+    event: '"trade.funded"',
+    trade_id: `"trd_${externalReference}"`,
+    reference: '"REF-1"',
+    status: '"funded"',
+    external_reference: `"${externalReference}"`,
+    ...override,
+  }
+  return `{${Object.entries(fields)
+    .map(([name, value]) => `"${name}":${value}`)
+    .join(',')}}`
+}
+
+interface Case {
+  name: string
+  /** The value for `field`, as JSON text. */
+  value: string
+  field: (typeof FIELDS)[number] | 'note'
+  /** What the receiver answers: stored with this outcome (200) or refused (400). */
+  expected: 'invalid' | 'applied' | 400
+}
+
+const CASES: Case[] = [
+  // the event keeps its trade. prefix, so the delivery is still read as a trade event
+  ...FIELDS.flatMap((field): Case[] => {
+    const text = (inner: string) => `"${field === 'event' ? 'trade.' : ''}${inner}"`
+    return [
+      { name: `a lone high surrogate in ${field}`, field, value: text('x\\ud800y'), expected: 'invalid' },
+      { name: `a lone low surrogate in ${field}`, field, value: text('\\udfff'), expected: 'invalid' },
+      { name: `a reversed surrogate pair in ${field}`, field, value: text('\\udc00\\ud800'), expected: 'invalid' },
+      { name: `an escaped NUL in ${field}`, field, value: text('a\\u0000b'), expected: 400 },
+    ]
+  }),
+  ...(['trade_id', 'status', 'external_reference'] as const).flatMap((field): Case[] => [
+    { name: `a huge number as ${field}`, field, value: '1e400', expected: 'invalid' },
+    { name: `a 40-digit integer as ${field}`, field, value: '1234567890123456789012345678901234567890', expected: 'invalid' },
+  ]),
+  { name: 'a lone surrogate in a field the receiver does not read', field: 'note', value: '"\\ud800"', expected: 'applied' },
+  { name: 'a huge number in a field the receiver does not read', field: 'note', value: '-1e999999', expected: 'applied' },
+  { name: 'an escaped NUL in a field the receiver does not read', field: 'note', value: '"\\u0000"', expected: 400 },
+]
+
+for (const kind of ['pglite', 'postgres'] as const) {
+  const describeKind = kind === 'postgres' ? describePostgres : describe
+  describeKind(`input the database refuses, on ${kind === 'postgres' ? 'Postgres (Postgres)' : 'PGlite'}`, () => {
+    let database: TestDatabase
+    let app: ReturnType<typeof createApp>
+    beforeAll(async () => {
+      database = await createTestDatabase({ kind })
+      app = createApp({ config, db: database.db, logger: testLogger(config.webhook.secrets), clock: systemClock })
+    })
+    afterAll(async () => {
+      await database.close()
+    })
+
+    it.each(CASES)('$name: $expected, never 503, and the order does not move', async ({ field, value, expected }) => {
+      const reference = `refused-${randomBytes(4).toString('hex')}`
+      await createOrder(database.db, { externalReference: reference })
+      const deliveryId = `dlv_${randomBytes(6).toString('hex')}`
+      const response = await sendWebhook(app, { body: body(reference, { [field]: value }), deliveryId })
+      const stored = await database.db.selectFrom('webhookDeliveries').select(['outcome', 'rawBody']).where('deliveryId', '=', deliveryId).executeTakeFirst()
+      const order = await findOrderByExternalReference(database.db, reference)
+      if (expected === 400) {
+        expect([response.status, response.body.error?.code]).toEqual([400, 'invalid_payload'])
+        expect(stored).toBeUndefined()
+        expect(order?.tradeStatus).toBeNull()
+        return
+      }
+      expect(response.status).toBe(200)
+      expect(stored?.outcome).toBe(expected)
+      // the stored body is the body as received, escapes and all
+      expect(stored?.rawBody).toBe(body(reference, { [field]: value }))
+      expect(order?.tradeStatus).toBe(expected === 'applied' ? 'funded' : null)
+      // a retry of it is a duplicate, not a second attempt at the refused write
+      const retry = await sendWebhook(app, { body: body(reference, { [field]: value }), deliveryId })
+      expect([retry.status, retry.body.duplicate]).toEqual([200, true])
+    })
+
+    it('stores the good deliveries that arrive together with a refused one', async () => {
+      const references = Array.from({ length: 12 }, (_, i) => `together-${i}-${randomBytes(3).toString('hex')}`)
+      for (const reference of references) await createOrder(database.db, { externalReference: reference })
+      const responses = await Promise.all(
+        references.map((reference, i) =>
+          sendWebhook(app, { body: body(reference, i % 4 === 1 ? { status: '"\\ud800"' } : {}), deliveryId: `together-${reference}` }),
+        ),
+      )
+      expect(responses.map((response) => response.status)).toEqual(references.map(() => 200))
+      for (const [i, reference] of references.entries()) {
+        const stored = await database.db.selectFrom('webhookDeliveries').select('outcome').where('deliveryId', '=', `together-${reference}`).executeTakeFirst()
+        const order = await findOrderByExternalReference(database.db, reference)
+        expect([stored?.outcome, order?.tradeStatus]).toEqual(i % 4 === 1 ? ['invalid', null] : ['applied', 'funded'])
+      }
+    })
+
+    it('logs a refusal with its code and class only, never the database’s context holding the fields', async () => {
+      const marker = `marker${randomBytes(4).toString('hex')}`
+      const reference = `logged-${randomBytes(4).toString('hex')}`
+      await createOrder(database.db, { externalReference: reference })
+      const before = logLines.length
+      const response = await sendWebhook(app, { body: body(reference, { trade_id: `"${marker}\\ud800"` }) })
+      expect(response.status).toBe(200)
+      const lines = logLines.slice(before).join('')
+      expect(lines).toContain('"code":"22P02"')
+      expect(lines).toContain('"sqlstateClass":"22"')
+      expect(lines).not.toContain(marker)
+      expect(lines).not.toMatch(/JSON data|where|detail|internalQuery|params/)
+    })
+
+    it('classifies real errors from the database: refused data, our own bugs, an overloaded queue', async () => {
+      const failure = async (statement: Promise<unknown>) => {
+        try {
+          await statement
+        } catch (error) {
+          return describeDatabaseError(error)
+        }
+        throw new Error('the statement did not fail')
+      }
+      const dup = `dup-${randomBytes(4).toString('hex')}`
+      const insert = () =>
+        database.db.insertInto('webhookDeliveries').values({ deliveryId: dup, eventType: 'x', rawBody: '{}', outcome: 'ignored' }).execute()
+      await insert()
+      const table: [string, () => Promise<unknown>, string, string][] = [
+        ['a lone surrogate read from JSON', () => sql`select * from json_to_recordset(${JSON.stringify([{ a: '\ud800' }])}::json) as i(a text)`.execute(database.db), 'refused_data', '22P02'],
+        ['a NUL in a text parameter', () => sql`select ${'a\u0000b'}::text`.execute(database.db), 'refused_data', '22021'],
+        ['a number out of range', () => sql`select ${'99999999999'}::int`.execute(database.db), 'refused_data', '22003'],
+        ['a division by zero', () => sql`select 1 / ${0}::int`.execute(database.db), 'refused_data', '22012'],
+        ['a duplicate key', insert, 'refused_data', '23505'],
+        ['a missing table (our bug)', () => sql`select * from no_such_table`.execute(database.db), 'failure', '42P01'],
+        ['a syntax error (our bug)', () => sql`select from from`.execute(database.db), 'failure', '42601'],
+      ]
+      for (const [name, statement, expectedKind, code] of table) {
+        expect(await failure(statement()), name).toMatchObject({ kind: expectedKind, code })
+      }
+      expect(describeDatabaseError(new IngestOverloadedError('full'))).toMatchObject({ kind: 'overloaded' })
+      expect(describeDatabaseError(new TypeError('x is undefined'))).toMatchObject({ kind: 'failure' })
+    })
+  })
+}
+
+describePostgres('only real unavailability answers 503 (Postgres)', () => {
+  let database: TestDatabase
+  beforeAll(async () => {
+    database = await createTestDatabase()
+  })
+  afterAll(async () => {
+    await database.close()
+  })
+
+  it('classifies a refused connection, a terminated backend, a statement timeout and a cut connection as unavailable', async () => {
+    const closed = openDatabase({ databaseUrl: `postgres://postgres@127.0.0.1:${await freePort()}/test`, poolSize: 1 })
+    try {
+      const refused = await sql`select 1`.execute(closed.db).catch((error: unknown) => error)
+      expect(describeDatabaseError(refused)).toMatchObject({ kind: 'unavailable', code: 'ECONNREFUSED' })
+    } finally {
+      await closed.close()
+    }
+    const timedOut = await database.db
+      .transaction()
+      .execute(async (trx) => {
+        await sql`set local statement_timeout = 50`.execute(trx)
+        await sql`select pg_sleep(5)`.execute(trx)
+      })
+      .catch((error: unknown) => error)
+    expect(describeDatabaseError(timedOut)).toMatchObject({ kind: 'unavailable', code: '57014' })
+
+    // last: the terminated connection leaves the pool
+    const terminated = await database.db
+      .connection()
+      .execute((connection) => sql`select pg_terminate_backend(pg_backend_pid())`.execute(connection))
+      .catch((error: unknown) => error)
+    expect(describeDatabaseError(terminated)).toMatchObject({ kind: 'unavailable', code: '57P01' })
+    const target = new URL(database.url!)
+    const proxy = await startTcpProxy({ host: target.hostname, port: Number(target.port || 5432) })
+    const viaProxy = openDatabase({ databaseUrl: proxy.rewrite(database.url!), poolSize: 1 })
+    try {
+      const running = sql`select pg_sleep(5)`.execute(viaProxy.db).catch((error: unknown) => error)
+      await new Promise((resolve) => setTimeout(resolve, 200))
+      proxy.cut({ reset: true })
+      expect(describeDatabaseError(await running)).toMatchObject({ kind: 'unavailable' })
+    } finally {
+      await viaProxy.close()
+      await proxy.close()
+    }
+  })
+
+  it('answers 503 only while the database is away, 500 for a bug, 400 or invalid for refused data', async () => {
+    const target = new URL(database.url!)
+    const proxy = await startTcpProxy({ host: target.hostname, port: Number(target.port || 5432) })
+    const handle = openDatabase({ databaseUrl: proxy.rewrite(database.url!), poolSize: 2 })
+    const unmigrated = await createTestDatabase({ migrate: false })
+    try {
+      const logger = testLogger(config.webhook.secrets)
+      const app = createApp({ config, db: handle.db, logger, clock: systemClock })
+      await createOrder(database.db, { externalReference: 'only-503' })
+      const good = () => sendWebhook(app, { body: body('only-503') })
+      expect((await good()).status).toBe(200)
+      expect((await sendWebhook(app, { body: body('only-503', { status: '"\\ud800"' }) })).status).toBe(200)
+      proxy.cut()
+      const away = await good()
+      expect([away.status, away.body.error?.code]).toEqual([503, 'database_unavailable'])
+      proxy.restore()
+      expect((await good()).status).toBe(200)
+      // a database without our tables is a deployment bug, not an outage: 500, and the platform's
+      // retries do not hide it
+      const broken = createApp({ config, db: unmigrated.db, logger, clock: systemClock })
+      const bug = await sendWebhook(broken, { body: body('only-503') })
+      expect([bug.status, bug.body.error?.code]).toEqual([500, 'internal_error'])
+    } finally {
+      await handle.close()
+      await proxy.close()
+      await unmigrated.close()
+    }
+  })
+})

@@ -1,0 +1,300 @@
+// The compiled `serve` as a child process on Postgres, through database outages: backends terminated
+// and connections cut (FIN and RST) under load, and a start while Postgres cannot be reached. The
+// process must stay up, keep every delivery it answered 200, answer 503 otherwise, and heal by itself.
+import { type ChildProcess, execFileSync } from 'node:child_process'
+import { once } from 'node:events'
+import { randomBytes } from 'node:crypto'
+import path from 'node:path'
+import { sql } from 'kysely'
+import pg from 'pg'
+import { afterAll, beforeAll, expect, it } from 'vitest'
+import { spawnCli } from './helpers/cli-process.js'
+import { startTcpProxy, type TcpProxy } from './helpers/tcp-proxy.js'
+import { TEST_API_KEY_ID, TEST_API_SECRET, TEST_WEBHOOK_SECRET } from './helpers/test-config.js'
+import { createTestDatabase, describePostgres, postgresUrl, type TestDatabase } from './helpers/test-database.js'
+import { signBody, tradePayload } from './helpers/webhook-delivery.js'
+
+const root = path.resolve(import.meta.dirname, '..')
+const ORDERS = 4_000
+
+/** A running child with every stdout line kept (parsed when it is JSON) and its exit watched. */
+function watchChild(child: ChildProcess) {
+  const lines: string[] = []
+  let stderr = ''
+  let buffer = ''
+  child.stdout!.on('data', (chunk: Buffer) => {
+    buffer += chunk
+    const parts = buffer.split('\n')
+    buffer = parts.pop()!
+    lines.push(...parts.filter((line) => line.length > 0))
+  })
+  child.stderr!.on('data', (chunk) => {
+    stderr += chunk
+  })
+  const entries = () =>
+    lines.flatMap((line) => {
+      try {
+        return [JSON.parse(line) as Record<string, unknown>]
+      } catch {
+        return []
+      }
+    })
+  return {
+    lines,
+    entries,
+    stderr: () => stderr,
+    alive: () => child.exitCode === null && child.signalCode === null,
+    async waitFor(msg: string, timeoutMs = 60_000): Promise<Record<string, unknown>> {
+      const deadline = Date.now() + timeoutMs
+      for (;;) {
+        const found = entries().find((entry) => entry.msg === msg)
+        if (found) return found
+        if (child.exitCode !== null || child.signalCode !== null) throw new Error(`exited before "${msg}":\n${stderr}`)
+        if (Date.now() > deadline) throw new Error(`no "${msg}" within ${timeoutMs} ms:\n${lines.slice(-20).join('\n')}`)
+        await sleep(50)
+      }
+    },
+  }
+}
+
+const sleep = (ms: number) => new Promise((resolve) => setTimeout(resolve, ms))
+
+async function eventually<T>(what: string, check: () => Promise<T | undefined>, timeoutMs = 60_000): Promise<T> {
+  const deadline = Date.now() + timeoutMs
+  for (;;) {
+    const value = await check()
+    if (value !== undefined) return value
+    if (Date.now() > deadline) throw new Error(`${what}: not within ${timeoutMs} ms`)
+    await sleep(100)
+  }
+}
+
+function withApplicationName(url: string, name: string): string {
+  const parsed = new URL(url)
+  parsed.searchParams.set('application_name', name)
+  return parsed.toString()
+}
+
+describePostgres('the compiled serve through database outages (Postgres)', () => {
+  let database: TestDatabase
+  const children: ChildProcess[] = []
+  const proxies: TcpProxy[] = []
+
+  beforeAll(async () => {
+    // the process under test is the one the image runs: dist/, built as `npm run build` builds it
+    execFileSync(process.execPath, [path.join(root, 'node_modules/typescript/bin/tsc'), '-p', 'tsconfig.build.json'], { cwd: root })
+    database = await createTestDatabase()
+    await sql`insert into orders (external_reference) select 'outage-' || g from generate_series(0, ${ORDERS - 1}) g`.execute(database.db)
+  }, 180_000)
+
+  afterAll(async () => {
+    for (const child of children) {
+      if (child.exitCode === null && child.signalCode === null) {
+        child.kill('SIGTERM')
+        await once(child, 'exit')
+      }
+    }
+    for (const proxy of proxies) await proxy.close()
+    await database?.close()
+  })
+
+  const target = () => {
+    const url = new URL(postgresUrl!)
+    return { host: url.hostname, port: Number(url.port || 5432) }
+  }
+
+  async function startServe(databaseUrl: string) {
+    const child = spawnCli(
+      ['serve'],
+      {
+        DATABASE_URL: databaseUrl,
+        PORT: '0',
+        LOG_LEVEL: 'info',
+        PARTNER_API_BASE_URL: 'http://127.0.0.1:1',
+        PARTNER_API_KEY_ID: TEST_API_KEY_ID,
+        PARTNER_API_SECRET: TEST_API_SECRET,
+        WEBHOOK_SECRETS: TEST_WEBHOOK_SECRET,
+      },
+      { built: true },
+    )
+    children.push(child)
+    return { child, watch: watchChild(child) }
+  }
+
+  const post = (url: string, deliveryId: string, body: string) =>
+    fetch(`${url}/webhooks/partner`, {
+      method: 'POST',
+      headers: { 'content-type': 'application/json', 'x-partner-delivery-id': deliveryId, 'x-partner-signature': signBody(body) },
+      body,
+      signal: AbortSignal.timeout(60_000),
+    })
+
+  it('stays up through terminated backends and cut connections under load, keeps every 200, and heals', async () => {
+    const applicationName = `outage_${randomBytes(4).toString('hex')}`
+    const proxy = await startTcpProxy(target())
+    proxies.push(proxy)
+    const { child, watch } = await startServe(withApplicationName(proxy.rewrite(database.url!), applicationName))
+    const url = String((await watch.waitFor('service listening')).url)
+
+    interface Answer {
+      id: string
+      order: string
+      sentAt: number
+      status: number | 'network error'
+    }
+    const answers: Answer[] = []
+    const inFlight = new Set<Promise<void>>()
+    let sent = 0
+    let loading = true
+    // about 100 deliveries a second, each for its own order (a delivery's effect: that order is funded)
+    const load = (async () => {
+      while (loading) {
+        const n = sent++
+        const order = `outage-${n % ORDERS}`
+        const id = `outage-${n}-${randomBytes(4).toString('hex')}`
+        const body = JSON.stringify(tradePayload(order, 'funded'))
+        const sentAt = Date.now()
+        const request = post(url, id, body)
+          .then(async (response) => {
+            await response.arrayBuffer()
+            answers.push({ id, order, sentAt, status: response.status })
+          })
+          .catch(() => {
+            answers.push({ id, order, sentAt, status: 'network error' })
+          })
+        inFlight.add(request)
+        void request.finally(() => inFlight.delete(request))
+        await sleep(10)
+      }
+    })()
+
+    const admin = new pg.Client({ connectionString: postgresUrl })
+    await admin.connect()
+    const rounds: { fault: string; terminated?: number; healMs: number }[] = []
+    const faults = ['terminate backends', 'cut (FIN)', 'terminate backends', 'cut (RST)', 'terminate backends', 'cut (FIN)']
+    try {
+      await sleep(1_000)
+      for (const fault of faults) {
+        // load runs for a while, then the fault
+        await sleep(1_500)
+        let terminated: number | undefined
+        if (fault === 'terminate backends') {
+          // only this process's backends: they carry its application_name
+          const { rows } = await admin.query(
+            'select count(*) filter (where pg_terminate_backend(pid)) as n from pg_stat_activity where application_name = $1',
+            [applicationName],
+          )
+          terminated = Number(rows[0].n)
+        } else {
+          proxy.cut({ reset: fault === 'cut (RST)' })
+          await sleep(1_000)
+          proxy.restore()
+        }
+        const faultEnd = Date.now()
+        // healed: a delivery sent after the fault was answered 200
+        await eventually(
+          `200 again after ${fault}`,
+          async () => {
+            if (!watch.alive()) throw new Error(`the process exited after ${fault}:\n${watch.stderr()}`)
+            return answers.some((answer) => answer.sentAt >= faultEnd && answer.status === 200) ? true : undefined
+          },
+          30_000,
+        )
+        const firstOk = Math.min(
+          ...answers.filter((answer) => answer.sentAt >= faultEnd && answer.status === 200).map((answer) => answer.sentAt),
+        )
+        rounds.push({ fault, ...(terminated !== undefined ? { terminated } : {}), healMs: firstOk - faultEnd })
+        expect(watch.alive(), `the process is up after ${fault}`).toBe(true)
+      }
+    } finally {
+      loading = false
+      await load
+      await Promise.all([...inFlight])
+      await admin.end()
+    }
+
+    expect(watch.alive()).toBe(true)
+    expect(watch.stderr()).not.toMatch(/Unhandled|uncaught/i)
+    // every line the process wrote is JSON
+    expect(watch.lines.filter((line) => !line.startsWith('{'))).toEqual([])
+
+    const byStatus = (status: Answer['status']) => answers.filter((answer) => answer.status === status)
+    const ok = byStatus(200)
+    const unavailable = byStatus(503)
+    expect(answers.length).toBe(sent)
+    expect(ok.length + unavailable.length, 'only 200 and 503, no other answer and no network error').toBe(sent)
+    expect(unavailable.length, 'the faults were felt').toBeGreaterThan(0)
+    expect(rounds.filter((round) => (round.terminated ?? 0) > 0).length, 'backends were terminated').toBeGreaterThan(0)
+
+    // every delivery answered 200 is stored, and its effect is there: its order is funded
+    const stored = new Map<string, string>()
+    for (let i = 0; i < ok.length; i += 1_000) {
+      const rows = await database.db
+        .selectFrom('webhookDeliveries')
+        .select(['deliveryId', 'outcome'])
+        .where('deliveryId', 'in', ok.slice(i, i + 1_000).map((answer) => answer.id))
+        .execute()
+      for (const row of rows) stored.set(row.deliveryId, row.outcome)
+    }
+    const lost = ok.filter((answer) => !stored.has(answer.id))
+    expect(lost).toEqual([])
+    expect([...new Set(stored.values())].filter((outcome) => outcome !== 'applied' && outcome !== 'duplicate_effect')).toEqual([])
+    const funded = new Set(
+      (
+        await database.db
+          .selectFrom('orders')
+          .select('externalReference')
+          .where('tradeStatus', '=', 'funded')
+          .where('externalReference', 'in', [...new Set(ok.map((answer) => answer.order))])
+          .execute()
+      ).map((row) => row.externalReference),
+    )
+    expect(ok.filter((answer) => !funded.has(answer.order))).toEqual([])
+
+    console.warn(
+      `database outages under load: ${rounds.length} rounds, ${sent} deliveries, ${ok.length} answered 200, ` +
+        `${unavailable.length} answered 503, lost ${lost.length}; ` +
+        rounds.map((round) => `${round.fault}${round.terminated !== undefined ? ` (${round.terminated} backends)` : ''}: 200 again after ${round.healMs} ms`).join('; '),
+    )
+    child.kill('SIGTERM')
+    const [code] = await once(child, 'exit')
+    expect(code).toBe(0)
+  }, 240_000)
+
+  it('starts while Postgres cannot be reached: stays up, logs JSON, /readyz 503 then 200, then ingests', async () => {
+    const proxy = await startTcpProxy(target(), { open: false })
+    proxies.push(proxy)
+    const { child, watch } = await startServe(proxy.rewrite(database.url!))
+    const url = String((await watch.waitFor('http listener open; waiting for the database')).url)
+    // several attempts, each logged as JSON, while nothing answers
+    await eventually('three start-up retries', async () =>
+      watch.entries().filter((entry) => entry.msg === 'database not available at start-up; retrying').length >= 3 ? true : undefined,
+    )
+    expect(watch.alive()).toBe(true)
+    expect((await fetch(`${url}/healthz`)).status).toBe(200)
+    const notReady = await fetch(`${url}/readyz`)
+    expect(notReady.status).toBe(503)
+    expect(((await notReady.json()) as { error: { code: string } }).error.code).toBe('not_ready')
+    const early = await post(url, `early-${randomBytes(4).toString('hex')}`, JSON.stringify(tradePayload('outage-1', 'created')))
+    expect(early.status).toBe(503)
+    expect(((await early.json()) as { error: { code: string } }).error.code).toBe('database_unavailable')
+
+    const opened = Date.now()
+    proxy.restore()
+    await eventually('/readyz answers 200', async () => ((await fetch(`${url}/readyz`)).status === 200 ? true : undefined))
+    const readyAfterMs = Date.now() - opened
+    const id = `late-${randomBytes(4).toString('hex')}`
+    const response = await post(url, id, JSON.stringify(tradePayload('outage-2', 'created')))
+    expect(response.status).toBe(200)
+    expect(await database.db.selectFrom('webhookDeliveries').select('outcome').where('deliveryId', '=', id).executeTakeFirst()).toBeDefined()
+
+    const retries = watch.entries().filter((entry) => entry.msg === 'database not available at start-up; retrying')
+    expect(watch.lines.filter((line) => !line.startsWith('{'))).toEqual([])
+    expect(watch.stderr()).toBe('')
+    for (const retry of retries) expect(retry).toMatchObject({ level: 40, err: { kind: 'unavailable' } })
+    console.warn(`start while Postgres was unreachable: ${retries.length} retries logged, ready ${readyAfterMs} ms after it came back`)
+    child.kill('SIGTERM')
+    const [code] = await once(child, 'exit')
+    expect(code).toBe(0)
+  }, 180_000)
+})
