@@ -1,8 +1,11 @@
 // The one place that decides what a database error means for whoever asked:
 // - unavailable: the database is not there right now (connection refused, reset or cut, a timeout,
 //   SQLSTATE class 08 connection exception, 53 insufficient resources, 57P operator intervention such as
-//   a shutdown or pg_terminate_backend, 57014 a statement cancelled by its timeout, 40 a transaction
-//   rolled back to break a deadlock or serialization conflict). Try again later: HTTP 503.
+//   a shutdown or pg_terminate_backend, 57014 a statement cancelled by its timeout). Try again later:
+//   HTTP 503.
+// - conflict: class 40, the database rolled the transaction back to break a deadlock or a serialization
+//   conflict with another replica. Written again it succeeds (group-commit.ts does so); if it still
+//   fails, "try again later" is the truth: HTTP 503.
 // - overloaded: our own ingest queue is full. Also "try again later": HTTP 503 `overloaded`.
 // - refused_data: the database refused the input as data (class 22 data exception, e.g. 22P02 for a
 //   lone surrogate in a JSON string or 22P05 for \u0000; 23 integrity constraint; 54 program limit such
@@ -13,7 +16,7 @@
 // refused: for a refused delivery those hold the delivery's fields. Log lines use describeDatabaseError(),
 // which keeps only the code, its class and a fixed message.
 
-export type DatabaseErrorKind = 'unavailable' | 'overloaded' | 'refused_data' | 'failure'
+export type DatabaseErrorKind = 'unavailable' | 'conflict' | 'overloaded' | 'refused_data' | 'failure'
 
 /** The ingest queue is full: the caller is asked to retry later. */
 export class IngestOverloadedError extends Error {
@@ -42,7 +45,7 @@ const SQLSTATE_CLASSES: Record<string, { kind: DatabaseErrorKind; message: strin
   '08': { kind: 'unavailable', message: 'connection exception' },
   '53': { kind: 'unavailable', message: 'insufficient resources' },
   '57': { kind: 'failure', message: 'operator intervention' },
-  '40': { kind: 'unavailable', message: 'transaction rolled back (deadlock or serialization conflict)' },
+  '40': { kind: 'conflict', message: 'transaction rolled back (deadlock or serialization conflict)' },
   '22': { kind: 'refused_data', message: 'data exception: the database refused a value' },
   '23': { kind: 'refused_data', message: 'integrity constraint violation' },
   '54': { kind: 'refused_data', message: 'program limit exceeded: a value is too large' },

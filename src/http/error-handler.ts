@@ -18,7 +18,7 @@ export function errorHandler(logger: Logger): ErrorRequestHandler {
       return
     }
     const database = describeDatabaseError(error)
-    if (database.kind === 'unavailable' || database.kind === 'overloaded') {
+    if (database.kind === 'unavailable' || database.kind === 'conflict' || database.kind === 'overloaded') {
       logger.warn({ err: database, path: req.path }, 'database unavailable')
       res.status(503).json(errorBody('database_unavailable', 'The database is unavailable; retry later'))
       return

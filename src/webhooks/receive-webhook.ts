@@ -168,9 +168,10 @@ function storableText(text: string): string {
   return text.replace(LONE_SURROGATE, '\ufffd').replaceAll('\0', '\ufffd')
 }
 
-// What the database's error means decides the answer (database-errors.ts): unavailable or overloaded is
-// a 503 (the platform retries, and the statement either committed whole or not at all); data it refused
-// is the sender's, stored as invalid, or a 400 if even that is refused; anything else is a bug (500).
+// What the database's error means decides the answer (database-errors.ts): unavailable, overloaded or a
+// conflict that persisted is a 503 (the platform retries, and the statement either committed whole or not
+// at all); data it refused is the sender's, stored as invalid, or a 400 if even that is refused; anything
+// else is a bug (500).
 async function storing<T>(
   work: () => Promise<T>,
   storeRefused: (reason: DatabaseErrorDescription) => Promise<T>,
@@ -194,7 +195,7 @@ function storeError(error: unknown): unknown {
   if (kind === 'overloaded') {
     return new AppError(503, 'overloaded', 'Too many deliveries are waiting to be stored; retry later', { cause: error })
   }
-  if (kind === 'unavailable') {
+  if (kind === 'unavailable' || kind === 'conflict') {
     return new AppError(503, 'database_unavailable', 'The delivery could not be stored; retry later', { cause: error })
   }
   return error
