@@ -2,6 +2,7 @@
 // the configured secrets themselves are censored wherever they appear, so a careless log call cannot
 // leak one.
 import pino, { type Logger } from 'pino'
+import { loggableError } from './db/database-errors.js'
 
 export type { Logger }
 
@@ -44,6 +45,9 @@ export function createLogger({ level, pretty = false, secrets = [], destination 
     level,
     base: { service: 'partner-escrow' },
     redact: { paths: REDACTED_PATHS, censor: '[redacted]' },
+    // a database's error report can quote what was sent (Postgres's detail and where, PGlite's params):
+    // whatever logs an error, only its classification is written
+    serializers: { err: (error: unknown) => pino.stdSerializers.err(loggableError(error) as Error) },
   }
   if (censorable.length) {
     // last line of defence: a secret that slipped into a message or a field is blanked out

@@ -155,6 +155,15 @@ for (const kind of ['pglite', 'postgres'] as const) {
       for (const [name, statement, expectedKind, code] of table) {
         expect(await failure(statement()), name).toMatchObject({ kind: expectedKind, code })
       }
+      // whatever logs a database's error report, the logger writes its classification only
+      const secretValue = `secret${randomBytes(4).toString('hex')}`
+      const report = await sql`select ${secretValue}::int`.execute(database.db).catch((error: unknown) => error)
+      const before = logLines.length
+      testLogger().error({ err: new Error('reading the orders failed', { cause: report }) }, 'a careless log call')
+      const line = logLines.slice(before).join('')
+      expect(line).toContain('"code":"22P02"')
+      expect(line).toContain('reading the orders failed')
+      expect(line).not.toContain(secretValue)
       expect(describeDatabaseError(new IngestOverloadedError('full'))).toMatchObject({ kind: 'overloaded' })
       expect(describeDatabaseError(new TypeError('x is undefined'))).toMatchObject({ kind: 'failure' })
     })

@@ -106,17 +106,19 @@ export function isRefusedData(error: unknown): boolean {
 
 /**
  * What a log line may say about an error: for a database's report, only its classification (the report
- * may quote the delivery); for anything else (a bug), the error itself, stack included.
+ * may quote the delivery), with the message of our own error that wrapped it; for anything else (a bug),
+ * the error itself, stack included. The logger applies this to every `err` it is given.
  */
 export function loggableError(error: unknown): unknown {
-  for (const current of errorChain(error)) {
+  if (!(error instanceof Error)) return error
+  const fromDatabase = [...errorChain(error)].some((current) => {
     const code = (current as { code?: unknown }).code
-    if (isDatabaseReport(current) || (typeof code === 'string' && UNAVAILABLE_NODE_CODES.has(code))) {
-      return describeDatabaseError(error)
-    }
-  }
+    return isDatabaseReport(current) || (typeof code === 'string' && UNAVAILABLE_NODE_CODES.has(code))
+  })
   const description = describeDatabaseError(error)
-  return description.kind === 'failure' ? error : description
+  if (!fromDatabase && description.kind === 'failure') return error
+  const wrapped = !isDatabaseReport(error) && !UNAVAILABLE_MESSAGES.test(error.message)
+  return { ...description, ...(wrapped && fromDatabase ? { context: error.message } : {}) }
 }
 
 // pg's DatabaseError and PGlite's error both carry the server's `severity` beside the SQLSTATE
