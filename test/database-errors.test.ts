@@ -141,7 +141,7 @@ for (const kind of ['pglite', 'postgres'] as const) {
       }
       const dup = `dup-${randomBytes(4).toString('hex')}`
       const insert = () =>
-        database.db.insertInto('webhookDeliveries').values({ deliveryId: dup, eventType: 'x', rawBody: '{}', outcome: 'ignored' }).execute()
+        database.db.insertInto('webhookDeliveries').values({ deliveryId: dup, bodySha256: '0'.repeat(64), eventType: 'x', rawBody: '{}', outcome: 'ignored' }).execute()
       await insert()
       const table: [string, () => Promise<unknown>, string, string][] = [
         ['a lone surrogate read from JSON', () => sql`select * from json_to_recordset(${JSON.stringify([{ a: '\ud800' }])}::json) as i(a text)`.execute(database.db), 'refused_data', '22P02'],
