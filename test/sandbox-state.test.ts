@@ -156,6 +156,42 @@ describe('sandbox state across a restart', () => {
     }
   })
 
+  it('sends nothing and writes nothing when it cannot listen, e.g. beside a sandbox running over the same file', async () => {
+    const stateFile = stateFileIn('sandbox-state-taken-')
+    const frozen = new FakeClock(Date.now())
+    const first = createSandbox({ keyId, apiSecret, webhookSecret, stateFile, clock: frozen, logger: testLogger() })
+    const base = await first.listen(0)
+    const firstClient = clientFor(base, frozen)
+    const { trade_id: tradeId } = await firstClient.createTrade(trade('taken-1'))
+    await firstClient.fundTrade(tradeId)
+    await firstClient.cancelTrade(tradeId)
+    const contents = readFileSync(stateFile, 'utf8')
+    expect(readSandboxState(stateFile)!.pendingWebhooks).toHaveLength(3)
+
+    const receiver = await startRecordingReceiver(webhookSecret)
+    const second = createSandbox({
+      keyId,
+      apiSecret,
+      webhookSecret,
+      stateFile,
+      webhookUrl: receiver.url,
+      refundDelayMs: 1,
+      logger: testLogger(),
+    })
+    try {
+      await expect(second.listen(Number(new URL(base).port))).rejects.toThrow(/EADDRINUSE/)
+      // idle() waits for the restored refund timer too: it found the sandbox closed and did nothing
+      await second.idle()
+      expect(second.trade(tradeId).status).toBe('cancelled')
+      expect(second.deliveryLog).toEqual([])
+      expect(receiver.received).toEqual([])
+      expect(readFileSync(stateFile, 'utf8')).toBe(contents)
+    } finally {
+      await first.close()
+      await receiver.close()
+    }
+  })
+
   it('keeps nothing for an in-memory DATA_DIR, and a file in DATA_DIR otherwise', () => {
     expect(sandboxStateFile('memory://')).toBeUndefined()
     expect(sandboxStateFile('/srv/escrow/data')).toBe('/srv/escrow/data/sandbox-state.json')

@@ -12,7 +12,13 @@ import type { FullTradeRecord as TradeRecord } from '../partner-api/types.js'
 import { SandboxAuthenticator } from './sandbox-auth.js'
 import { SandboxError, SandboxPlatform } from './sandbox-platform.js'
 import { readSandboxState, writeSandboxState } from './sandbox-state.js'
-import { type DeliveryAttempt, type Faults, NO_FAULTS, WebhookDispatcher } from './webhook-dispatcher.js'
+import {
+  type DeliveryAttempt,
+  type Faults,
+  NO_FAULTS,
+  type PendingEvent,
+  WebhookDispatcher,
+} from './webhook-dispatcher.js'
 
 export interface SandboxOptions {
   keyId: string
@@ -117,9 +123,15 @@ export function createSandbox(options: SandboxOptions): Sandbox {
   // state persistence: restore what a previous run saved, then save after every change
   let closed = false
   let handling = 0
+  // restored webhooks are sent again once this sandbox listens: one that cannot (its port taken, perhaps
+  // by a sandbox already running over the same file) must neither send them nor write the file under it
+  let unsent: PendingEvent[] = []
   const save = () => {
     if (!options.stateFile || closed) return
-    writeSandboxState(options.stateFile, { ...platform.snapshot(), pendingWebhooks: dispatcher.pending() })
+    writeSandboxState(options.stateFile, {
+      ...platform.snapshot(),
+      pendingWebhooks: [...unsent, ...dispatcher.pending()],
+    })
   }
   // a save outside a request (a delivery settled, a refund) has no one to answer: it is logged
   const saveInBackground = () => {
@@ -132,7 +144,7 @@ export function createSandbox(options: SandboxOptions): Sandbox {
   const saved = options.stateFile ? readSandboxState(options.stateFile) : undefined
   if (saved) {
     platform.restore(saved)
-    dispatcher.resume(saved.pendingWebhooks)
+    unsent = saved.pendingWebhooks
   }
   const keys = new Map([[options.keyId, options.apiSecret]])
   const auth = new SandboxAuthenticator(() => keys, settings.timestampWindowS, clock)
@@ -274,7 +286,16 @@ export function createSandbox(options: SandboxOptions): Sandbox {
     listen: async (port, host = '127.0.0.1') => {
       server = http.createServer(app)
       server.listen(port, host)
-      await once(server, 'listening')
+      try {
+        await once(server, 'listening')
+      } catch (error) {
+        closed = true
+        dispatcher.stop()
+        server = undefined
+        throw error
+      }
+      dispatcher.resume(unsent)
+      unsent = []
       return `http://${host}:${(server.address() as AddressInfo).port}`
     },
     close: async () => {

@@ -133,6 +133,13 @@ export function writeSandboxState(file: string, state: SandboxState): void {
       closeSync(descriptor)
     }
     renameSync(temporary, file)
+    // the rename itself is on disk only once the directory is
+    const directory = openSync(path.dirname(file), 'r')
+    try {
+      fsyncSync(directory)
+    } finally {
+      closeSync(directory)
+    }
   } catch (error) {
     rmSync(temporary, { force: true })
     throw new SandboxStateError(`Cannot write the sandbox state file ${file}`, { cause: error })
