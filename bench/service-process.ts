@@ -11,7 +11,7 @@ const root = path.resolve(import.meta.dirname, '..')
 // The real receiver as it ships: the compiled CLI's `serve` (npm run build), remote mode, poller off,
 // logging on at info (to a pipe this process drains). Orders and seen deliveries are seeded once it has
 // migrated.
-export async function startService(url: string, seed: { orders: number; seen: number }): Promise<{ child: ChildProcess; port: number }> {
+export async function startService(url: string, seed: { orders: number; seen: number }): Promise<{ child: ChildProcess; port: number; adminPort: number }> {
   const profile = process.env.BENCH_CPU_PROF ? ['--cpu-prof', `--cpu-prof-dir=${process.env.BENCH_CPU_PROF}`] : []
   // the flags the Docker image runs with (NODE_OPTIONS there); BENCH_NODE_FLAGS overrides them
   const nodeFlags = (process.env.BENCH_NODE_FLAGS ?? '--max-semi-space-size=8').split(' ').filter(Boolean)
@@ -22,6 +22,7 @@ export async function startService(url: string, seed: { orders: number; seen: nu
       HOME: process.env.HOME,
       DATABASE_URL: url,
       PORT: '0',
+      ADMIN_PORT: '0',
       POLL_ENABLED: 'false',
       LOG_LEVEL: 'info',
       PARTNER_API_BASE_URL: 'http://127.0.0.1:1',
@@ -33,15 +34,15 @@ export async function startService(url: string, seed: { orders: number; seen: nu
     },
     stdio: ['ignore', 'pipe', 'inherit'],
   })
-  const port = await new Promise<number>((resolve, reject) => {
+  const [port, adminPort] = await new Promise<[number, number]>((resolve, reject) => {
     let buffer = ''
     const read = (chunk: Buffer) => {
       buffer += chunk
-      const match = /"url":"http:\/\/127\.0\.0\.1:(\d+)"[^\n]*"msg":"service listening"/.exec(buffer)
+      const match = /"url":"http:\/\/127\.0\.0\.1:(\d+)","adminUrl":"http:\/\/127\.0\.0\.1:(\d+)"[^\n]*"msg":"service listening"/.exec(buffer)
       if (match) {
         // from here on the log lines are only drained: this process is also the load generator
         child.stdout!.off('data', read).on('data', () => {})
-        resolve(Number(match[1]))
+        resolve([Number(match[1]), Number(match[2])])
       } else if (buffer.length > 100_000) buffer = buffer.slice(-1000)
     }
     child.stdout!.on('data', read)
@@ -56,7 +57,7 @@ export async function startService(url: string, seed: { orders: number; seen: nu
     [seed.seen],
   )
   await client.end()
-  return { child, port }
+  return { child, port, adminPort }
 }
 
 function pick(env: NodeJS.ProcessEnv, names: string[]): Record<string, string> {

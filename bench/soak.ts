@@ -20,8 +20,8 @@ function flag(args: string[], name: string): number | undefined {
   return index >= 0 ? Number(args[index + 1]) : undefined
 }
 
-async function heapUsedMb(port: number): Promise<number> {
-  const text = await (await fetch(`http://127.0.0.1:${port}/metrics`)).text()
+async function heapUsedMb(adminPort: number): Promise<number> {
+  const text = await (await fetch(`http://127.0.0.1:${adminPort}/metrics`)).text()
   return Math.round(Number(/^nodejs_heap_size_used_bytes (\S+)/m.exec(text)?.[1] ?? 0) / 1024 / 1024)
 }
 
@@ -38,7 +38,7 @@ export async function runSoak({ args }: { args: string[] }): Promise<void> {
   const orders = 50_000
 
   execFileSync('npm', ['run', 'build', '--silent'], { cwd: root, stdio: 'ignore' })
-  const { child, port } = await startService(url.toString(), { orders, seen: 0 })
+  const { child, port, adminPort } = await startService(url.toString(), { orders, seen: 0 })
 
   const statuses = ['created', 'funded', 'delivered', 'disputed', 'resolved']
   const answered200: string[] = []
@@ -91,7 +91,7 @@ export async function runSoak({ args }: { args: string[] }): Promise<void> {
     }, (durationS / 2) * 1000)
     const samples: { atS: number; rssMb: number; heapUsedMb: number }[] = []
     const sample = async (atS: number) => {
-      samples.push({ atS, rssMb: rssMb(child.pid!), heapUsedMb: await heapUsedMb(port).catch(() => Number.NaN) })
+      samples.push({ atS, rssMb: rssMb(child.pid!), heapUsedMb: await heapUsedMb(adminPort).catch(() => Number.NaN) })
     }
     await sample(0)
     const sampling = setInterval(() => void sample(Math.round(samples.length * durationS / 10)), (durationS / 10) * 1000)

@@ -17,8 +17,18 @@ export type PartnerKind = 'marketplace' | 'merchant'
 export type LogLevel = 'fatal' | 'error' | 'warn' | 'info' | 'debug' | 'trace' | 'silent'
 
 export interface Config {
+  /** The public listener: the webhook path, /healthz and /readyz, nothing else. */
   readonly port: number
   readonly host: string
+  /** The operator listener: metrics and the local command endpoint (loopback unless set otherwise). */
+  readonly admin: { readonly port: number; readonly host: string }
+  /** Caps on the public listener, so unauthenticated clients cannot hold the process's memory. */
+  readonly limits: {
+    /** Open connections at once; past it new connections are dropped. */
+    readonly maxConnections: number
+    /** Request body bytes being read or held at once; past it a request gets 503 before its body is read. */
+    readonly maxInflightBodyBytes: number
+  }
   readonly databaseUrl: string | undefined
   readonly databasePoolSize: number
   readonly dataDir: string
@@ -55,7 +65,11 @@ export interface Config {
     readonly staleAfterS: number
   }
   readonly metrics: { readonly enabled: boolean; readonly path: string }
-  readonly sandbox: { readonly port: number }
+  readonly sandbox: {
+    readonly port: number
+    /** Bearer token of the sandbox's /sandbox/* control endpoints; undefined: they refuse every call. */
+    readonly controlToken: string | undefined
+  }
   /** Where local mode keeps its generated secrets; undefined in remote mode. */
   readonly localSecretsFile: string | undefined
 }
@@ -93,6 +107,10 @@ const secretList = z.string().transform((value) =>
 const EnvSchema = z.object({
   PORT: port.default(3000),
   HOST: z.string().min(1).default('127.0.0.1'),
+  ADMIN_PORT: port.default(3001),
+  ADMIN_HOST: z.string().min(1).default('127.0.0.1'),
+  MAX_CONNECTIONS: positiveInt.max(1_000_000).default(1_000),
+  MAX_INFLIGHT_BODY_BYTES: byteSize.default(16 * 1024 * 1024),
   DATABASE_URL: z
     .string()
     .regex(/^postgres(ql)?:\/\//, 'must be a postgres:// or postgresql:// URL')
@@ -128,6 +146,7 @@ const EnvSchema = z.object({
     .regex(/^\/[\w\-./]*$/, 'must be a path starting with /')
     .default('/metrics'),
   SANDBOX_PORT: port.default(4010),
+  SANDBOX_CONTROL_TOKEN: z.string().optional(),
 })
 
 type Env = Record<string, string | undefined>
@@ -152,6 +171,7 @@ export interface LocalSecrets {
   webhookSecret: string
   apiKeyId: string
   apiSecret: string
+  sandboxControlToken: string
 }
 
 /**
@@ -184,6 +204,12 @@ export function parseConfig(
   if (rawEnv.WEBHOOK_SECRETS !== undefined && values.WEBHOOK_SECRETS?.length === 0) {
     problems.push('WEBHOOK_SECRETS: is set but holds no secret')
   }
+  if (values.SANDBOX_CONTROL_TOKEN !== undefined && values.SANDBOX_CONTROL_TOKEN.length < MIN_SECRET_LENGTH) {
+    problems.push(`SANDBOX_CONTROL_TOKEN: is shorter than ${MIN_SECRET_LENGTH} characters`)
+  }
+  if (values.MAX_INFLIGHT_BODY_BYTES < values.WEBHOOK_BODY_LIMIT) {
+    problems.push('MAX_INFLIGHT_BODY_BYTES: must be at least WEBHOOK_BODY_LIMIT (one largest body must fit)')
+  }
   if (values.PARTNER_API_SECRET !== undefined && values.PARTNER_API_SECRET.length < MIN_SECRET_LENGTH) {
     problems.push(`PARTNER_API_SECRET: is shorter than ${MIN_SECRET_LENGTH} characters`)
   }
@@ -209,6 +235,11 @@ export function parseConfig(
   const config: Config = {
     port: values.PORT,
     host: values.HOST,
+    admin: { port: values.ADMIN_PORT, host: values.ADMIN_HOST },
+    limits: {
+      maxConnections: values.MAX_CONNECTIONS,
+      maxInflightBodyBytes: values.MAX_INFLIGHT_BODY_BYTES,
+    },
     databaseUrl: values.DATABASE_URL,
     databasePoolSize: values.DATABASE_POOL_SIZE,
     dataDir,
@@ -242,7 +273,14 @@ export function parseConfig(
       staleAfterS: values.STALE_AFTER_S,
     },
     metrics: { enabled: values.METRICS_ENABLED, path: values.METRICS_PATH },
-    sandbox: { port: values.SANDBOX_PORT },
+    sandbox: {
+      port: values.SANDBOX_PORT,
+      // local mode with its secrets given: a token per process (set SANDBOX_CONTROL_TOKEN to call them)
+      controlToken:
+        values.SANDBOX_CONTROL_TOKEN ??
+        generated?.sandboxControlToken ??
+        (mode === 'local' ? randomBytes(32).toString('hex') : undefined),
+    },
     localSecretsFile: generated ? localSecretsPath(dataDir) : undefined,
   }
   return deepFreeze(config)
@@ -260,9 +298,11 @@ export function localSecretsPath(dataDir: string): string {
 /** Reads the local-mode secrets from DATA_DIR, generating them on first use (file mode 0600). */
 export function readLocalSecrets(dataDir: string): LocalSecrets {
   const file = localSecretsPath(dataDir)
+  let stored: Partial<LocalSecrets> = {}
   try {
-    const stored = JSON.parse(readFileSync(file, 'utf8')) as Partial<LocalSecrets>
-    if (stored.webhookSecret && stored.apiKeyId && stored.apiSecret) return stored as LocalSecrets
+    stored = JSON.parse(readFileSync(file, 'utf8')) as Partial<LocalSecrets>
+    if (stored.webhookSecret && stored.apiKeyId && stored.apiSecret && stored.sandboxControlToken)
+      return stored as LocalSecrets
   } catch (error) {
     if ((error as NodeJS.ErrnoException).code !== 'ENOENT') {
       throw new Error(`Cannot read the local secrets file ${file}; delete it to generate new secrets`, {
@@ -270,19 +310,26 @@ export function readLocalSecrets(dataDir: string): LocalSecrets {
       })
     }
   }
+  // a file written before a secret existed keeps the secrets it has (the receiver's data was signed with them)
+  const complete = stored.webhookSecret && stored.apiKeyId && stored.apiSecret
   const secrets: LocalSecrets = {
-    webhookSecret: randomBytes(32).toString('hex'),
-    apiKeyId: `pk_sandbox_${randomBytes(6).toString('hex')}`,
-    apiSecret: randomBytes(32).toString('hex'),
+    webhookSecret: complete ? stored.webhookSecret! : randomBytes(32).toString('hex'),
+    apiKeyId: complete ? stored.apiKeyId! : `pk_sandbox_${randomBytes(6).toString('hex')}`,
+    apiSecret: complete ? stored.apiSecret! : randomBytes(32).toString('hex'),
+    sandboxControlToken: randomBytes(32).toString('hex'),
   }
-  mkdirSync(dataDir, { recursive: true })
+  mkdirSync(dataDir, { recursive: true, mode: 0o700 })
   writeFileSync(file, `${JSON.stringify(secrets, null, 2)}\n`, { mode: 0o600 })
   return secrets
 }
 
 /** Every configured secret, for the log redaction and the tests that prove no log line holds one. */
 export function configSecrets(config: Config): string[] {
-  return [...config.webhook.secrets, config.partner.secret]
+  return [
+    ...config.webhook.secrets,
+    config.partner.secret,
+    ...(config.sandbox.controlToken ? [config.sandbox.controlToken] : []),
+  ]
 }
 
 function deepFreeze<T>(value: T): T {

@@ -52,11 +52,12 @@ export async function main(): Promise<void> {
     await service.stop()
     process.exit(1)
   }
-  if (service.sandboxUrl) process.stdout.write(localModeBanner(config, service.url, service.sandboxUrl))
+  if (service.sandboxUrl)
+    process.stdout.write(localModeBanner(config, service.url, service.sandboxUrl, service.adminUrl))
 }
 
 /** What a newcomer sees after `npm start`: where things are and what to type next (README quick start). */
-export function localModeBanner(config: Config, url: string, sandboxUrl: string): string {
+export function localModeBanner(config: Config, url: string, sandboxUrl: string, adminUrl: string): string {
   const seller = config.partner.kind === 'marketplace' ? ' --seller seller-1' : ''
   const database = config.databaseUrl ? 'Postgres' : `embedded PGlite in ${config.dataDir}`
   return [
@@ -64,7 +65,7 @@ export function localModeBanner(config: Config, url: string, sandboxUrl: string)
     'partner-escrow is running in LOCAL SANDBOX MODE: no platform is configured, a simulated one runs here.',
     `  receiver  ${url}${config.webhook.path}   (${database})`,
     `  sandbox   ${sandboxUrl}/api/partner/v1/   (the platform: signed API and webhooks)`,
-    ...(config.metrics.enabled ? [`  metrics   ${url}${config.metrics.path}`] : []),
+    ...(config.metrics.enabled ? [`  metrics   ${adminUrl}${config.metrics.path}   (operator listener)`] : []),
     '',
     'Try next, in another terminal:',
     '  npm run cli -- orders create --external-reference order-1',

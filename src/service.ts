@@ -11,6 +11,7 @@ import type { Config } from './config.js'
 import { type DatabaseHandle, openDatabase } from './db/open-database.js'
 import { pingDatabase } from './db/ping-database.js'
 import { prepareDatabase } from './db/prepare-database.js'
+import { createAdminApp } from './http/admin-app.js'
 import { createApp } from './http/app.js'
 import { listen } from './http/server.js'
 import { advertiseLocalService, createLocalCliToken } from './local/local-cli.js'
@@ -23,7 +24,10 @@ import { sandboxStateFile } from './sandbox/sandbox-state.js'
 import { countParkedDeliveries } from './webhooks/delivery.repository.js'
 
 export interface RunningService {
+  /** The public listener: the webhook path, /healthz, /readyz. */
   readonly url: string
+  /** The operator listener: metrics and, in local mode, the command endpoint. */
+  readonly adminUrl: string
   readonly database: DatabaseHandle
   /** Settles once the database is migrated and the poller started; rejects if that cannot happen. */
   readonly ready: Promise<void>
@@ -74,16 +78,26 @@ export async function startService({
     // embedded PGlite belongs to this process: operator commands are forwarded here (src/local)
     const ownsDataDir = database.kind === 'pglite' && !config.dataDir.startsWith('memory://')
     const localCliToken = ownsDataDir ? createLocalCliToken() : undefined
-    const app = createApp({ config, db: database.db, logger, clock, metrics, localCliToken, isReady: () => ready })
-    const server = await listen(app, { port: config.port, host: config.host })
+    const app = createApp({ config, db: database.db, logger, clock, metrics, isReady: () => ready })
+    const server = await listen(app, {
+      port: config.port,
+      host: config.host,
+      maxConnections: config.limits.maxConnections,
+      onConnectionDropped: () => metrics?.requestsRefused.inc({ reason: 'max_connections' }),
+    })
     stops.push({ name: 'http server', stop: () => server.stop(config.shutdownTimeoutMs) })
+    const adminServer = await listen(
+      createAdminApp({ config, db: database.db, logger, metrics, localCliToken }),
+      { port: config.admin.port, host: config.admin.host },
+    )
+    stops.push({ name: 'operator http server', stop: () => adminServer.stop(config.shutdownTimeoutMs) })
     if (localCliToken) {
       stops.push({
         name: 'local command file',
-        stop: advertiseLocalService(config.dataDir, server.url, localCliToken),
+        stop: advertiseLocalService(config.dataDir, { url: server.url, adminUrl: adminServer.url }, localCliToken),
       })
     }
-    logger.info({ url: server.url, database: database.kind }, 'http listener open; waiting for the database')
+    logger.info({ url: server.url, adminUrl: adminServer.url, database: database.kind }, 'http listener open; waiting for the database')
 
     // local mode: no platform is configured, so the sandbox plays it in this process (never for live)
     let sandboxUrl: string | undefined
@@ -93,6 +107,7 @@ export async function startService({
         apiSecret: config.partner.secret,
         webhookSecret: config.webhook.secrets[0]!,
         webhookUrl: `${server.url}${config.webhook.path}`,
+        controlToken: config.sandbox.controlToken,
         partnerKind: config.partner.kind,
         stateFile: sandboxStateFile(config.dataDir),
         clock,
@@ -126,7 +141,7 @@ export async function startService({
       }
       ready = true
       logger.info(
-        { url: server.url, database: database.kind, webhookPath: config.webhook.path },
+        { url: server.url, adminUrl: adminServer.url, database: database.kind, webhookPath: config.webhook.path },
         'service listening',
       )
     })()
@@ -135,6 +150,7 @@ export async function startService({
 
     return {
       url: server.url,
+      adminUrl: adminServer.url,
       database,
       ready: whenReady,
       get poller() {

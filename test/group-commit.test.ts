@@ -6,6 +6,7 @@ import request from 'supertest'
 import { afterAll, beforeAll, describe, expect, it } from 'vitest'
 import { systemClock } from '../src/clock.js'
 import { openDatabase } from '../src/db/open-database.js'
+import { createAdminApp } from '../src/http/admin-app.js'
 import { createApp } from '../src/http/app.js'
 import { createMetrics } from '../src/metrics/metrics.js'
 import type { DeliveryObservation } from '../src/orders/apply-observation.js'
@@ -200,7 +201,8 @@ describePostgres('group commit through the receiver (Postgres)', () => {
       }),
     )
     expect(seenOnAnswer).toEqual(Array(60).fill('funded'))
-    const scrape = (await request(app).get('/metrics')).text
+    const admin = createAdminApp({ config, db: database.db, logger: testLogger(config.webhook.secrets), metrics })
+    const scrape = (await request(admin).get('/metrics')).text
     const count = Number(/^webhook_ingest_batch_size_count (\d+)/m.exec(scrape)?.[1])
     const sum = Number(/^webhook_ingest_batch_size_sum (\d+)/m.exec(scrape)?.[1])
     expect(sum).toBe(60)

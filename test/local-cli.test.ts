@@ -8,7 +8,7 @@ import { freePort, runCli, spawnCli, waitForLogLine } from './helpers/cli-proces
 
 describe('operator commands while `npm start` owns the embedded database', () => {
   const dataDir = mkdtempSync(path.join(tmpdir(), 'local-cli-'))
-  const env = { DATA_DIR: dataDir, PORT: '0', POLL_ENABLED: 'false', SANDBOX_PORT: '0' }
+  const env = { DATA_DIR: dataDir, PORT: '0', ADMIN_PORT: '0', POLL_ENABLED: 'false', SANDBOX_PORT: '0' }
   let service: ReturnType<typeof spawnCli>
   let url: string
 

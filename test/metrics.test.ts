@@ -5,6 +5,7 @@ import type { Database } from '../src/db/database.js'
 import { systemClock } from '../src/clock.js'
 import { openDatabase } from '../src/db/open-database.js'
 import { pingDatabase } from '../src/db/ping-database.js'
+import { createAdminApp } from '../src/http/admin-app.js'
 import { createApp } from '../src/http/app.js'
 import { createMetrics } from '../src/metrics/metrics.js'
 import { createOrder } from '../src/orders/order.repository.js'
@@ -17,7 +18,7 @@ import { testConfig } from './helpers/test-config.js'
 import { createTestDatabase, describePostgres, type TestDatabase } from './helpers/test-database.js'
 import { sendWebhook, tradePayload } from './helpers/webhook-delivery.js'
 
-describe('GET /metrics', () => {
+describe('GET /metrics, on the operator listener', () => {
   let database: TestDatabase
   beforeAll(async () => {
     database = await createTestDatabase()
@@ -33,12 +34,15 @@ describe('GET /metrics', () => {
       { defaultMetrics: false },
     )
     const app = createApp({ config, db: database.db, logger: testLogger(), clock: systemClock, metrics })
+    const admin = createAdminApp({ config, db: database.db, logger: testLogger(), metrics })
     await createOrder(database.db, { externalReference: 'm-1' })
     await sendWebhook(app, { body: tradePayload('m-1', 'funded') })
     await sendWebhook(app, { body: tradePayload('m-1', 'funded') })
     await sendWebhook(app, { body: tradePayload('m-1', 'funded'), signature: 'sha256=00' })
 
-    const response = await request(app).get('/metrics')
+    // the public app (what the platform reaches) does not serve it
+    expect((await request(app).get('/metrics')).status).toBe(404)
+    const response = await request(admin).get('/metrics')
     expect(response.status).toBe(200)
     expect(response.headers['content-type']).toContain('text/plain')
     expect(response.text).toContain('webhook_deliveries_total{outcome="applied"} 1')
@@ -54,14 +58,16 @@ describe('GET /metrics', () => {
     const metrics = createMetrics({}, { defaultMetrics: false })
     const config = testConfig({ METRICS_ENABLED: 'false' })
     const app = createApp({ config, db: database.db, logger: testLogger(), clock: systemClock, metrics })
-    expect((await request(app).get('/metrics')).status).toBe(404)
+    const admin = createAdminApp({ config, db: database.db, logger: testLogger(), metrics })
+    expect((await request(admin).get('/metrics')).status).toBe(404)
   })
 
   it('reports parked deliveries and the age of the oldest from the database, and 0 once their order exists', async () => {
     const clock = new FakeClock()
     const metrics = createMetrics(databaseSources(database.db, clock), { defaultMetrics: false })
     const app = createApp({ config: testConfig(), db: database.db, logger: testLogger(), clock, metrics })
-    let scrape = await (await request(app).get('/metrics')).text
+    const admin = createAdminApp({ config: testConfig(), db: database.db, logger: testLogger(), metrics })
+    let scrape = await (await request(admin).get('/metrics')).text
     expect(scrape).toMatch(/^webhook_parked_deliveries 0$/m)
     expect(scrape).toMatch(/^webhook_oldest_parked_age_seconds 0$/m)
     expect(scrape).toMatch(/^database_up 1$/m)
@@ -70,14 +76,14 @@ describe('GET /metrics', () => {
     await clock.advance(60_000)
     expect((await sendWebhook(app, { body: tradePayload('parked-2', 'funded') })).status).toBe(200)
     await clock.advance(30_000)
-    scrape = (await request(app).get('/metrics')).text
+    scrape = (await request(admin).get('/metrics')).text
     expect(scrape).toMatch(/^webhook_parked_deliveries 2$/m)
     expect(scrape).toMatch(/^webhook_oldest_parked_age_seconds 90$/m)
 
     // creating the orders applies what was parked for them
     await createOrder(database.db, { externalReference: 'parked-1' })
     await createOrder(database.db, { externalReference: 'parked-2' })
-    scrape = (await request(app).get('/metrics')).text
+    scrape = (await request(admin).get('/metrics')).text
     expect(scrape).toMatch(/^webhook_parked_deliveries 0$/m)
     expect(scrape).toMatch(/^webhook_oldest_parked_age_seconds 0$/m)
   })
@@ -86,10 +92,11 @@ describe('GET /metrics', () => {
     const spare = await createTestDatabase()
     const metrics = createMetrics(databaseSources(spare.db, systemClock), { defaultMetrics: false })
     const app = createApp({ config: testConfig(), db: spare.db, logger: testLogger(), clock: systemClock, metrics })
-    expect((await request(app).get('/metrics')).text).toMatch(/^database_up 1$/m)
+    const admin = createAdminApp({ config: testConfig(), db: spare.db, logger: testLogger(), metrics })
+    expect((await request(admin).get('/metrics')).text).toMatch(/^database_up 1$/m)
     await spare.close()
 
-    const response = await request(app).get('/metrics')
+    const response = await request(admin).get('/metrics')
     expect(response.status).toBe(200)
     expect(response.text).toMatch(/^database_up 0$/m)
     expectNoSample(response.text, ['poller_orders_due', 'poller_oldest_due_age_seconds', 'webhook_parked_deliveries', 'webhook_oldest_parked_age_seconds'])
@@ -108,8 +115,9 @@ describe('GET /metrics', () => {
       { defaultMetrics: false, readTimeoutMs: 200 },
     )
     const app = createApp({ config: testConfig(), db: database.db, logger: testLogger(), clock: systemClock, metrics })
+    const admin = createAdminApp({ config: testConfig(), db: database.db, logger: testLogger(), metrics })
     for (let scrape = 0; scrape < 3; scrape++) {
-      const response = await request(app).get('/metrics')
+      const response = await request(admin).get('/metrics')
       expect(response.status).toBe(200)
       expect(response.text).toMatch(/^database_up 0$/m)
       expectNoSample(response.text, ['poller_orders_due', 'webhook_parked_deliveries'])
@@ -146,16 +154,17 @@ describePostgres('GET /metrics while Postgres is cut off (Postgres)', () => {
     try {
       const metrics = createMetrics(databaseSources(viaProxy.db, systemClock), { defaultMetrics: false })
       const app = createApp({ config: testConfig(), db: viaProxy.db, logger: testLogger(), clock: systemClock, metrics })
-      expect((await request(app).get('/metrics')).text).toMatch(/^webhook_parked_deliveries 0$/m)
+      const admin = createAdminApp({ config: testConfig(), db: viaProxy.db, logger: testLogger(), metrics })
+      expect((await request(admin).get('/metrics')).text).toMatch(/^webhook_parked_deliveries 0$/m)
 
       proxy.cut()
-      const down = await request(app).get('/metrics')
+      const down = await request(admin).get('/metrics')
       expect(down.status).toBe(200)
       expect(down.text).toMatch(/^database_up 0$/m)
       expectNoSample(down.text, ['poller_orders_due', 'webhook_parked_deliveries'])
 
       proxy.restore()
-      const back = await request(app).get('/metrics')
+      const back = await request(admin).get('/metrics')
       expect(back.text).toMatch(/^database_up 1$/m)
       expect(back.text).toMatch(/^webhook_parked_deliveries 0$/m)
     } finally {

@@ -11,7 +11,7 @@ const root = path.resolve(import.meta.dirname, '..')
 
 describe('a newcomer’s first minutes, with the built CLI', () => {
   const dataDir = mkdtempSync(path.join(tmpdir(), 'newcomer-'))
-  const env: Record<string, string> = { DATA_DIR: dataDir, PORT: '0' }
+  const env: Record<string, string> = { DATA_DIR: dataDir, PORT: '0', ADMIN_PORT: '0' }
   let service: ReturnType<typeof spawnCli>
   let banner = ''
   let url = ''

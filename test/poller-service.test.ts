@@ -38,7 +38,7 @@ describe('the poller in the service', () => {
     await insertOrders(service.database.db, [
       { externalReference: 'svc-1', nextPollAt: new Date(clock.now() - 90_000) },
     ])
-    let metrics = await (await fetch(`${service.url}/metrics`)).text()
+    let metrics = await (await fetch(`${service.adminUrl}/metrics`)).text()
     expect(metrics).toMatch(/^poller_orders_due 1$/m)
     expect(metrics).toMatch(/^poller_oldest_due_age_seconds 90$/m)
     // the first cycle finished at the clock's start; the database gauges are wired
@@ -54,7 +54,7 @@ describe('the poller in the service', () => {
     expect(
       platform.requests.map((request) => [request.method, request.path, request.signatureValid]),
     ).toEqual([['GET', '/api/partner/v1/trades/tr_svc-1/', true]])
-    metrics = await (await fetch(`${service.url}/metrics`)).text()
+    metrics = await (await fetch(`${service.adminUrl}/metrics`)).text()
     expect(metrics).toMatch(/^poller_polls_total\{result="applied"\} 1$/m)
     expect(metrics).toMatch(/^poller_orders_due 0$/m)
     expect(metrics).toMatch(new RegExp(`^poller_last_cycle_timestamp_seconds ${clock.now() / 1000}$`, 'm'))

@@ -75,6 +75,7 @@ describePostgres('reliability under database and process faults (Postgres)', () 
     const env = {
       DATABASE_URL: database.url!,
       PORT: '0',
+      ADMIN_PORT: '0',
       POLL_ENABLED: 'false',
       LOG_LEVEL: 'warn',
       PARTNER_API_BASE_URL: 'http://127.0.0.1:1',

@@ -26,6 +26,7 @@ describe('secrets and privileges', () => {
   it('never writes a secret or a signature to its output, whatever it receives', async () => {
     const env = {
       PORT: '0',
+      ADMIN_PORT: '0',
       POLL_ENABLED: 'true',
       POLL_INTERVAL_S: '1',
       LOG_LEVEL: 'debug',

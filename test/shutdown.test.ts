@@ -53,6 +53,7 @@ describe('graceful shutdown', () => {
     const child = spawnCli(['serve'], {
       DATA_DIR: dataDir,
       PORT: '0',
+      ADMIN_PORT: '0',
       SANDBOX_PORT: String(await freePort()),
       POLL_ENABLED: 'false',
     })

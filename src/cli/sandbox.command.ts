@@ -3,7 +3,7 @@
 import { type Command, InvalidArgumentError, Option } from 'commander'
 import { loadConfig } from '../config.js'
 import { createSandbox } from '../sandbox/create-sandbox.js'
-import { cliLogger, write } from './cli-context.js'
+import { cliLogger, UsageError, write } from './cli-context.js'
 
 function rate(value: string): number {
   const parsed = Number(value)
@@ -61,6 +61,13 @@ export function registerSandboxCommand(program: Command): void {
     .addOption(option('--seed <n>', 'seed of the fault injection', 'SANDBOX_SEED').argParser(count).default(1))
     .action(async (flags: SandboxFlags) => {
       const config = loadConfig()
+      // the simulator signs webhooks with the configured secret: under live, that would be the live one
+      if (config.partner.env === 'live') {
+        throw new UsageError(
+          'The sandbox does not run with PARTNER_ENV=live: it would sign webhooks with the live webhook secret. ' +
+            'Run it with PARTNER_ENV=sandbox (the default) and the sandbox key pair.',
+        )
+      }
       const logger = cliLogger(config)
       const host = config.host === '0.0.0.0' ? '127.0.0.1' : config.host
       const sandbox = createSandbox({
@@ -69,6 +76,7 @@ export function registerSandboxCommand(program: Command): void {
         webhookSecret: flags.webhookSecret ?? config.webhook.secrets[0]!,
         webhookUrl: flags.webhookUrl ?? `http://${host}:${config.port}${config.webhook.path}`,
         partnerKind: flags.partnerKind ?? config.partner.kind,
+        controlToken: config.sandbox.controlToken,
         retryBaseDelayMs: flags.retryBaseDelayMs,
         attemptTimeoutMs: flags.attemptTimeoutMs,
         timestampWindowS: flags.timestampWindowS,
@@ -87,6 +95,11 @@ export function registerSandboxCommand(program: Command): void {
       write(`sandbox platform listening on ${url} (partner API at ${url}/api/partner/v1/)\n`)
       write(`webhooks go to ${flags.webhookUrl ?? `http://${host}:${config.port}${config.webhook.path}`}\n`)
       write(`key id ${flags.keyId ?? config.partner.keyId}; secrets as configured (not shown). Ctrl-C stops it.\n`)
+      write(
+        config.sandbox.controlToken
+          ? `control endpoints ${url}/sandbox/* need Authorization: Bearer <${config.localSecretsFile ? `sandboxControlToken in ${config.localSecretsFile}` : 'SANDBOX_CONTROL_TOKEN'}>\n`
+          : 'control endpoints /sandbox/* are off: set SANDBOX_CONTROL_TOKEN to use them\n',
+      )
       await new Promise<void>((resolve) => {
         process.once('SIGINT', resolve)
         process.once('SIGTERM', resolve)

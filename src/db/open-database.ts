@@ -10,6 +10,7 @@ import pg from 'pg'
 import type { Logger } from '../logger.js'
 import { describeDatabaseError } from './database-errors.js'
 import type { Database } from './database.js'
+import { makeDirectoryPrivate } from './private-directory.js'
 
 export type DatabaseKind = 'postgres' | 'pglite'
 
@@ -97,6 +98,8 @@ function openPglite({ dataDir = 'memory://' }: OpenDatabaseOptions): DatabaseHan
   const location = inMemory ? dataDir : path.join(dataDir, 'pglite')
   let unlock = () => {}
   if (!inMemory) {
+    // the data directory holds the database and local mode's secrets: 0700, files 0600, whatever the umask
+    makeDirectoryPrivate(dataDir)
     mkdirSync(location, { recursive: true })
     unlock = lockDataDirectory(location)
   }

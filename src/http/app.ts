@@ -1,15 +1,16 @@
-// The Express application, built from its dependencies; it never listens (see server.ts).
+// The public Express application, what the platform reaches: the webhook path, /healthz and /readyz,
+// nothing else (metrics and operator endpoints are on the operator listener, admin-app.ts). Built from
+// its dependencies; it never listens (see server.ts).
 import express, { type Express } from 'express'
 import type { Kysely } from 'kysely'
 import type { Clock } from '../clock.js'
 import type { Config } from '../config.js'
 import type { Database } from '../db/database.js'
-import { localCliRoutes } from '../local/local-cli.js'
 import type { Logger } from '../logger.js'
 import type { Metrics } from '../metrics/metrics.js'
 import { errorHandler, notFoundHandler } from './error-handler.js'
 import { healthRoutes } from './health.routes.js'
-import { metricsRoutes } from './metrics.routes.js'
+import { InflightBodyBudget, reserveBodyBytes } from './inflight-body-budget.js'
 import { webhookRoutes } from '../webhooks/webhook.routes.js'
 
 export interface AppDeps {
@@ -17,12 +18,10 @@ export interface AppDeps {
   db: Kysely<Database>
   logger: Logger
   clock: Clock
-  /** Prometheus metrics; GET config.metrics.path serves them when given. */
+  /** Prometheus metrics the webhook routes record into (served by the operator listener). */
   metrics?: Metrics | undefined
   /** False while the service waits for its database at start-up: /readyz and deliveries answer 503. */
   isReady?: () => boolean
-  /** Local mode on embedded PGlite: run forwarded operator commands (src/local/local-cli.ts). */
-  localCliToken?: string | undefined
 }
 
 export function createApp(deps: AppDeps): Express {
@@ -30,6 +29,12 @@ export function createApp(deps: AppDeps): Express {
   app.disable('x-powered-by')
   app.set('trust proxy', false)
   app.use(healthRoutes(deps))
+  // body bytes are reserved before a byte is read, so held-open bodies cannot grow the process's memory
+  const budget = new InflightBodyBudget(deps.config.limits.maxInflightBodyBytes)
+  app.post(
+    deps.config.webhook.path,
+    reserveBodyBytes({ budget, bodyLimitBytes: deps.config.webhook.bodyLimitBytes, metrics: deps.metrics }),
+  )
   app.use(
     webhookRoutes({
       ...deps,
@@ -41,15 +46,6 @@ export function createApp(deps: AppDeps): Express {
       settings: { staleAfterS: deps.config.poll.staleAfterS },
     }),
   )
-  if (deps.metrics && deps.config.metrics.enabled) app.use(metricsRoutes({ metrics: deps.metrics, path: deps.config.metrics.path }))
-  if (deps.localCliToken) {
-    app.use(
-      localCliRoutes({
-        token: deps.localCliToken,
-        context: { config: deps.config, db: deps.db, logger: deps.logger },
-      }),
-    )
-  }
   app.use(notFoundHandler())
   app.use(errorHandler(deps.logger))
   return app

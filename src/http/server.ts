@@ -28,7 +28,20 @@ export interface RunningServer {
 
 export async function listen(
   app: Express,
-  { port, host, timeouts = DEFAULT_TIMEOUTS }: { port: number; host: string; timeouts?: ServerTimeouts },
+  {
+    port,
+    host,
+    timeouts = DEFAULT_TIMEOUTS,
+    maxConnections,
+    onConnectionDropped,
+  }: {
+    port: number
+    host: string
+    timeouts?: ServerTimeouts
+    /** Open connections at once; Node drops new ones past it (each holds buffers and a parser). */
+    maxConnections?: number
+    onConnectionDropped?: () => void
+  },
 ): Promise<RunningServer> {
   const server = http.createServer(
     {
@@ -42,6 +55,8 @@ export async function listen(
     app,
   )
   server.on('clientError', answerClientError)
+  if (maxConnections !== undefined) server.maxConnections = maxConnections
+  if (onConnectionDropped) server.on('drop', onConnectionDropped)
   server.listen(port, host)
   await once(server, 'listening')
   const address = server.address() as AddressInfo

@@ -1,6 +1,7 @@
 // Local mode runs on embedded PGlite, which one process owns. So that operator commands still work
-// while `npm start` runs, the service writes DATA_DIR/serve.json (its URL and a random token, mode
-// 0600) and runs forwarded command lines itself, against its own database, returning their output.
+// while `npm start` runs, the service writes DATA_DIR/serve.json (its URLs and a random token, mode
+// 0600) and runs forwarded command lines itself, on its operator listener (adminUrl), against its own
+// database, returning their output.
 // With DATABASE_URL set (Postgres) nothing is forwarded: every process opens its own pool.
 import { createHash, randomBytes, timingSafeEqual } from 'node:crypto'
 import { readFileSync, rmSync, writeFileSync } from 'node:fs'
@@ -25,7 +26,10 @@ export const LOCAL_CLI_PATH = '/_local/cli'
 
 interface ServiceFile {
   pid: number
+  /** The public listener (webhooks, health). */
   url: string
+  /** The operator listener, where LOCAL_CLI_PATH is served. */
+  adminUrl: string
   token: string
 }
 
@@ -38,9 +42,13 @@ export function createLocalCliToken(): string {
 }
 
 /** Writes serve.json for the running service; the returned function removes it. */
-export function advertiseLocalService(dataDir: string, url: string, token: string): () => void {
+export function advertiseLocalService(
+  dataDir: string,
+  { url, adminUrl }: { url: string; adminUrl: string },
+  token: string,
+): () => void {
   const file = serviceFilePath(dataDir)
-  const contents: ServiceFile = { pid: process.pid, url, token }
+  const contents: ServiceFile = { pid: process.pid, url, adminUrl, token }
   writeFileSync(file, `${JSON.stringify(contents)}\n`, { mode: 0o600 })
   return () => rmSync(file, { force: true })
 }
@@ -96,16 +104,17 @@ export async function forwardToLocalService(args: string[]): Promise<number | un
     throw error
   }
   if (config.databaseUrl || config.dataDir.startsWith('memory://')) return undefined
-  let service: ServiceFile
+  let service: Omit<ServiceFile, 'adminUrl'> & { adminUrl?: string }
   try {
-    service = JSON.parse(readFileSync(serviceFilePath(config.dataDir), 'utf8')) as ServiceFile
+    service = JSON.parse(readFileSync(serviceFilePath(config.dataDir), 'utf8')) as typeof service
     process.kill(service.pid, 0)
   } catch {
     return undefined // no running service: open the database here
   }
   let response: Response
   try {
-    response = await fetch(`${service.url}${LOCAL_CLI_PATH}`, {
+    // a serve.json without adminUrl was written by an older service, which served commands on `url`
+    response = await fetch(`${service.adminUrl ?? service.url}${LOCAL_CLI_PATH}`, {
       method: 'POST',
       headers: { 'content-type': 'application/json', authorization: `Bearer ${service.token}` },
       body: JSON.stringify({ args }),

@@ -46,6 +46,8 @@ export interface Metrics {
   readonly ingestSeconds: Histogram<'outcome'>
   readonly ingestBatchSize: Histogram
   readonly pollResults: Counter<'result'>
+  /** Requests or connections the public listener refused to protect its memory, by reason. */
+  readonly requestsRefused: Counter<'reason'>
   /**
    * For createPoller on a replica that runs it: counts polls and records when a cycle last finished.
    * Until this is called, poller_last_cycle_timestamp_seconds has no sample (a replica without a poller
@@ -100,6 +102,14 @@ export function createMetrics(
     help: "Unix time at which this replica's poller last finished a cycle (empty cycles too); no sample where no poller runs",
     registers: [registry],
   })
+
+  const requestsRefused = new Counter({
+    name: 'http_requests_refused_total',
+    help: 'Public listener: requests answered 503 past the in-flight body budget (body_budget) and connections dropped past MAX_CONNECTIONS (max_connections)',
+    labelNames: ['reason'] as const,
+    registers: [registry],
+  })
+  for (const reason of ['body_budget', 'max_connections']) requestsRefused.inc({ reason }, 0)
 
   const { databaseUp, dueOrders, parkedDeliveries } = sources
   if (databaseUp) {
@@ -161,6 +171,7 @@ export function createMetrics(
     ingestSeconds,
     ingestBatchSize,
     pollResults,
+    requestsRefused,
     pollerHooks(clock) {
       hooks ??= (() => {
         lastCycleS = clock.now() / 1000

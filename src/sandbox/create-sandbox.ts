@@ -2,6 +2,7 @@
 // of sandbox-platform.ts) and its webhooks (webhook-dispatcher.ts), in one Express app that runs in
 // this process (tests, the demo, `npm start` in local mode) or on its own (`npm run cli -- sandbox`).
 // It is a development tool: it imports nothing of the receiver.
+import { createHash, timingSafeEqual } from 'node:crypto'
 import { once } from 'node:events'
 import http from 'node:http'
 import type { AddressInfo } from 'node:net'
@@ -26,6 +27,8 @@ export interface SandboxOptions {
   webhookSecret: string
   /** Where webhooks go; without one, every attempt fails (as if no webhook were registered). */
   webhookUrl?: string
+  /** Bearer token of the /sandbox/* control endpoints; without one they refuse every call. */
+  controlToken?: string | undefined
   partnerKind?: 'marketplace' | 'merchant'
   retryBaseDelayMs?: number
   retryMaxDelayMs?: number
@@ -213,7 +216,26 @@ export function createSandbox(options: SandboxOptions): Sandbox {
     route((req) => platform.respond(id(req, 'id'), id(req, 'proposalId'), req.body)),
   )
 
-  // control endpoints: sandbox only, unsigned
+  // control endpoints: sandbox only, not signed like the API but behind a bearer token, and only under a
+  // loopback Host name, so a web page cannot reach them through DNS rebinding
+  app.use('/sandbox', (req, res, next) => {
+    if (!isLoopbackHost(req.get('host'))) {
+      res.status(403).json({
+        error: { code: 'forbidden_host', message: 'Control endpoints answer only to localhost, 127.0.0.1 or [::1]' },
+      })
+      return
+    }
+    if (!options.controlToken || !sameToken(req.get('authorization')?.replace(/^Bearer /, '') ?? '', options.controlToken)) {
+      res.status(401).json({
+        error: {
+          code: 'invalid_control_token',
+          message: 'Control endpoints need Authorization: Bearer <sandboxControlToken of DATA_DIR/local-secrets.json or SANDBOX_CONTROL_TOKEN>',
+        },
+      })
+      return
+    }
+    next()
+  })
   app.use('/sandbox', express.json())
   app.get('/sandbox/deliveries', (_req, res) => {
     res.json(dispatcher.log)
@@ -330,6 +352,18 @@ const authMessages = {
   invalid_signature: 'The signature does not match the request',
   replayed_nonce: 'The nonce was already used within the window',
 } as const
+
+const LOOPBACK_HOST = /^(localhost|127(\.\d{1,3}){3}|\[::1\])(:\d{1,5})?$/i
+
+function isLoopbackHost(host: string | undefined): boolean {
+  return host !== undefined && LOOPBACK_HOST.test(host)
+}
+
+function sameToken(presented: string, expected: string): boolean {
+  // equal-length digests: the comparison takes the same time whatever was presented
+  const digest = (value: string) => createHash('sha256').update(value).digest()
+  return timingSafeEqual(digest(presented), digest(expected))
+}
 
 function definedOnly<T extends object>(value: T): Partial<T> {
   return Object.fromEntries(Object.entries(value).filter(([, v]) => v !== undefined)) as Partial<T>

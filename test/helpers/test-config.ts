@@ -15,6 +15,8 @@ export function testConfig(env: Record<string, string> = {}): Config {
     PARTNER_API_SECRET: TEST_API_SECRET,
     WEBHOOK_SECRETS: TEST_WEBHOOK_SECRET,
     DATA_DIR: 'memory://',
+    // the operator listener on a free port, as PORT: '0' does for the public one
+    ADMIN_PORT: '0',
     LOG_LEVEL: 'debug',
     ...env,
   })

@@ -1,0 +1,29 @@
+// Embedded PGlite writes its files through Node's fs with the modes Postgres's emulation asks for
+// (0666 files, 0777 directories), so only the process umask stands between the database and other
+// users of the machine. Whatever umask the process was started with, a directory PGlite owns is made
+// private: the umask becomes 077 for the rest of the process, so files created later (WAL segments,
+// new relations) are 0600 and directories 0700, and what an earlier run left is tightened the same way.
+import { chmodSync, lstatSync, mkdirSync, readdirSync } from 'node:fs'
+import path from 'node:path'
+
+export function makeDirectoryPrivate(directory: string): void {
+  try {
+    process.umask(0o077)
+  } catch (error) {
+    // worker threads cannot change the umask; the chmod below still covers what exists now
+    if ((error as NodeJS.ErrnoException).code !== 'ERR_WORKER_UNSUPPORTED_OPERATION') throw error
+  }
+  mkdirSync(directory, { recursive: true, mode: 0o700 })
+  tighten(directory)
+}
+
+function tighten(entry: string): void {
+  const stats = lstatSync(entry)
+  if (stats.isSymbolicLink()) return // chmod would change the target, which may lie elsewhere
+  if (stats.isDirectory()) {
+    if ((stats.mode & 0o777) !== 0o700) chmodSync(entry, 0o700)
+    for (const name of readdirSync(entry)) tighten(path.join(entry, name))
+  } else if ((stats.mode & 0o777 & ~0o600) !== 0) {
+    chmodSync(entry, stats.mode & 0o600)
+  }
+}

@@ -1,0 +1,61 @@
+// A budget of request body bytes being read or held at once (MAX_INFLIGHT_BODY_BYTES). A request
+// reserves its Content-Length, or the whole body limit when it announces none (chunked), before a byte
+// of its body is read, and gives it back when its answer is sent or its connection closes. Past the
+// budget it is answered 503 `overloaded` at once and its connection closed: clients that open many
+// requests and never finish their bodies hold at most the budget, not the process's memory.
+import type { RequestHandler } from 'express'
+import type { Metrics } from '../metrics/metrics.js'
+import { errorBody } from './app-error.js'
+
+export class InflightBodyBudget {
+  private reserved = 0
+
+  constructor(readonly capacityBytes: number) {}
+
+  /** Takes `bytes` from the budget; false (and nothing taken) when they do not fit. */
+  tryReserve(bytes: number): boolean {
+    if (this.reserved + bytes > this.capacityBytes) return false
+    this.reserved += bytes
+    return true
+  }
+
+  release(bytes: number): void {
+    this.reserved -= bytes
+  }
+
+  get reservedBytes(): number {
+    return this.reserved
+  }
+}
+
+export function reserveBodyBytes({
+  budget,
+  bodyLimitBytes,
+  metrics,
+}: {
+  budget: InflightBodyBudget
+  bodyLimitBytes: number
+  metrics?: Metrics | undefined
+}): RequestHandler {
+  return (req, res, next) => {
+    const announced = req.headers['content-length']
+    const length = announced === undefined ? undefined : Number(announced)
+    // a malformed length or one over the limit is refused by the body reader (400, 413) without reading
+    if (length !== undefined && !(Number.isSafeInteger(length) && length >= 0 && length <= bodyLimitBytes)) {
+      next()
+      return
+    }
+    const bytes = length ?? bodyLimitBytes
+    if (!budget.tryReserve(bytes)) {
+      metrics?.requestsRefused.inc({ reason: 'body_budget' })
+      res.set('Connection', 'close')
+      res.set('Retry-After', '1')
+      res
+        .status(503)
+        .json(errorBody('overloaded', 'Too many request bodies are being received at once; retry later'))
+      return
+    }
+    res.once('close', () => budget.release(bytes))
+    next()
+  }
+}
