@@ -11,11 +11,14 @@ describe('operator commands while `npm start` owns the embedded database', () =>
   const env = { DATA_DIR: dataDir, PORT: '0', ADMIN_PORT: '0', POLL_ENABLED: 'false', SANDBOX_PORT: '0' }
   let service: ReturnType<typeof spawnCli>
   let url: string
+  let adminUrl: string
 
   beforeAll(async () => {
     env.SANDBOX_PORT = String(await freePort())
     service = spawnCli(['serve'], env)
-    url = String((await waitForLogLine(service, 'service listening', 60_000)).url)
+    const listening = await waitForLogLine(service, 'service listening', 60_000)
+    url = String(listening.url)
+    adminUrl = String(listening.adminUrl)
   })
   afterAll(async () => {
     service.kill('SIGTERM')
@@ -34,8 +37,24 @@ describe('operator commands while `npm start` owns the embedded database', () =>
     expect(JSON.parse(result.stdout)).toEqual({ applied: [] })
   })
 
+  it('serves the command endpoint on the operator listener only, advertised in serve.json', async () => {
+    const advertised = JSON.parse(readFileSync(path.join(dataDir, 'serve.json'), 'utf8'))
+    expect(advertised).toMatchObject({ pid: service.pid, url, adminUrl })
+    const { token } = advertised
+    const call = (base: string) =>
+      fetch(`${base}/_local/cli`, {
+        method: 'POST',
+        headers: { 'content-type': 'application/json', authorization: `Bearer ${token}` },
+        body: JSON.stringify({ args: ['migrate', '--json'] }),
+      })
+    expect((await call(url)).status).toBe(404)
+    const response = await call(adminUrl)
+    expect(response.status).toBe(200)
+    expect(((await response.json()) as { code: number }).code).toBe(0)
+  })
+
   it('refuses a forwarded command without the token of serve.json', async () => {
-    const response = await fetch(`${url}/_local/cli`, {
+    const response = await fetch(`${adminUrl}/_local/cli`, {
       method: 'POST',
       headers: { 'content-type': 'application/json', authorization: 'Bearer not-the-token' },
       body: JSON.stringify({ args: ['migrate'] }),
@@ -46,7 +65,7 @@ describe('operator commands while `npm start` owns the embedded database', () =>
 
   it('refuses to run a command that is not an operator command, even with the token', async () => {
     const { token } = JSON.parse(readFileSync(path.join(dataDir, 'serve.json'), 'utf8'))
-    const response = await fetch(`${url}/_local/cli`, {
+    const response = await fetch(`${adminUrl}/_local/cli`, {
       method: 'POST',
       headers: { 'content-type': 'application/json', authorization: `Bearer ${token}` },
       body: JSON.stringify({ args: ['serve'] }),

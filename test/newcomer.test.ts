@@ -15,6 +15,7 @@ describe('a newcomer’s first minutes, with the built CLI', () => {
   let service: ReturnType<typeof spawnCli>
   let banner = ''
   let url = ''
+  let adminUrl = ''
 
   beforeAll(async () => {
     // what `npm run build` does: the test runs the CLI as the Docker image and the bin entry do
@@ -28,7 +29,9 @@ describe('a newcomer’s first minutes, with the built CLI', () => {
     service.stdout!.on('data', (chunk) => {
       banner += chunk
     })
-    url = String((await waitForLogLine(service, 'service listening', 60_000)).url)
+    const listening = await waitForLogLine(service, 'service listening', 60_000)
+    url = String(listening.url)
+    adminUrl = String(listening.adminUrl)
     while (!banner.includes('npm run demo')) await new Promise((resolve) => setTimeout(resolve, 20))
   }, 120_000)
 
@@ -41,6 +44,7 @@ describe('a newcomer’s first minutes, with the built CLI', () => {
     expect(banner).toContain('LOCAL SANDBOX MODE')
     expect(banner).toContain(`receiver  ${url}/webhooks/partner`)
     expect(banner).toContain(`sandbox   http://127.0.0.1:${env.SANDBOX_PORT}/api/partner/v1/`)
+    expect(banner).toContain(`metrics   ${adminUrl}/metrics`)
   })
 
   it('runs every command the banner prints, as printed', async () => {
@@ -63,9 +67,10 @@ describe('a newcomer’s first minutes, with the built CLI', () => {
     expect(outputs[2]).toMatch(/trade\s+trd_\w+ TRD-\d+/)
   })
 
-  it('serves /readyz and Prometheus metrics on the same port', async () => {
+  it('serves /readyz on the public port and Prometheus metrics on the operator port only', async () => {
     expect((await fetch(`${url}/readyz`)).status).toBe(200)
-    const metrics = await (await fetch(`${url}/metrics`)).text()
+    expect((await fetch(`${url}/metrics`)).status).toBe(404)
+    const metrics = await (await fetch(`${adminUrl}/metrics`)).text()
     expect(metrics).toContain('# TYPE webhook_deliveries_total counter')
     expect(metrics).toContain('poller_orders_due')
   })
