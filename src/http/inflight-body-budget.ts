@@ -55,7 +55,11 @@ export function reserveBodyBytes({
         .json(errorBody('overloaded', 'Too many request bodies are being received at once; retry later'))
       return
     }
-    res.once('close', () => budget.release(bytes))
+    metrics?.inflightBodyBytes.inc(bytes)
+    res.once('close', () => {
+      budget.release(bytes)
+      metrics?.inflightBodyBytes.dec(bytes)
+    })
     next()
   }
 }

@@ -48,6 +48,8 @@ export interface Metrics {
   readonly pollResults: Counter<'result'>
   /** Requests or connections the public listener refused to protect its memory, by reason. */
   readonly requestsRefused: Counter<'reason'>
+  /** Body bytes reserved by requests being read or held now (MAX_INFLIGHT_BODY_BYTES is the cap). */
+  readonly inflightBodyBytes: Gauge
   /**
    * For createPoller on a replica that runs it: counts polls and records when a cycle last finished.
    * Until this is called, poller_last_cycle_timestamp_seconds has no sample (a replica without a poller
@@ -110,6 +112,11 @@ export function createMetrics(
     registers: [registry],
   })
   for (const reason of ['body_budget', 'max_connections']) requestsRefused.inc({ reason }, 0)
+  const inflightBodyBytes = new Gauge({
+    name: 'http_inflight_body_bytes',
+    help: 'Public listener: request body bytes reserved by requests being read or answered now (at most MAX_INFLIGHT_BODY_BYTES)',
+    registers: [registry],
+  })
 
   const { databaseUp, dueOrders, parkedDeliveries } = sources
   if (databaseUp) {
@@ -172,6 +179,7 @@ export function createMetrics(
     ingestBatchSize,
     pollResults,
     requestsRefused,
+    inflightBodyBytes,
     pollerHooks(clock) {
       hooks ??= (() => {
         lastCycleS = clock.now() / 1000
