@@ -84,7 +84,7 @@ describe('memory under 400 stalled bodies, with the built CLI', () => {
     const refusedCount = await refused()
     const growth = peak - baseline
     const bound = 2 * BUDGET + PER_PROCESS_ALLOWANCE
-    console.log(
+    console.warn(
       `RSS growth under ${CONNECTIONS} stalled 256 KB bodies: ${(growth / MB).toFixed(1)} MB ` +
         `(baseline ${(baseline / MB).toFixed(1)} MB, budget ${BUDGET / MB} MB, bound ${bound / MB} MB; ` +
         `${refusedCount} refused with 503 before their bodies were read)`,

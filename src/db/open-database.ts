@@ -93,7 +93,7 @@ function openPostgres(databaseUrl: string, { poolSize = 10, logger }: OpenDataba
   }
 }
 
-function openPglite({ dataDir = 'memory://' }: OpenDatabaseOptions): DatabaseHandle {
+function openPglite({ dataDir = 'memory://', logger }: OpenDatabaseOptions): DatabaseHandle {
   const inMemory = dataDir.startsWith('memory://')
   const location = inMemory ? dataDir : path.join(dataDir, 'pglite')
   let unlock = () => {}
@@ -104,6 +104,15 @@ function openPglite({ dataDir = 'memory://' }: OpenDatabaseOptions): DatabaseHan
     unlock = lockDataDirectory(location)
   }
   const pglite = new PGlite(location)
+  // PGlite unpacks a new database with its own modes (0666), past the umask: tighten once it is ready
+  // (until then the 0700 directory keeps others out)
+  if (!inMemory) {
+    pglite.waitReady
+      .then(() => makeDirectoryPrivate(dataDir))
+      .catch((error: unknown) =>
+        logger?.warn({ err: error, dataDir }, 'cannot make the embedded database files private'),
+      )
+  }
   const db = new Kysely<Database>({
     dialect: new PGliteDialect({ pglite }),
     plugins: [new CamelCasePlugin()],

@@ -1,8 +1,8 @@
-// Embedded PGlite writes its files through Node's fs with the modes Postgres's emulation asks for
-// (0666 files, 0777 directories), so only the process umask stands between the database and other
-// users of the machine. Whatever umask the process was started with, a directory PGlite owns is made
-// private: the umask becomes 077 for the rest of the process, so files created later (WAL segments,
-// new relations) are 0600 and directories 0700, and what an earlier run left is tightened the same way.
+// Embedded PGlite writes its files through Node's fs: a new database is unpacked with the modes of its
+// archive (0666 files), and later files (WAL segments, new relations) get the process umask. Whatever
+// umask the process was started with, a directory PGlite owns is made private: the umask becomes 077
+// for the rest of the process, so files created later are 0600 and directories 0700, and what exists
+// (unpacked, or left by an earlier run) is tightened the same way.
 import { chmodSync, lstatSync, mkdirSync, readdirSync } from 'node:fs'
 import path from 'node:path'
 
@@ -18,6 +18,14 @@ export function makeDirectoryPrivate(directory: string): void {
 }
 
 function tighten(entry: string): void {
+  try {
+    tightenEntry(entry)
+  } catch (error) {
+    if ((error as NodeJS.ErrnoException).code !== 'ENOENT') throw error // else removed while we walk
+  }
+}
+
+function tightenEntry(entry: string): void {
   const stats = lstatSync(entry)
   if (stats.isSymbolicLink()) return // chmod would change the target, which may lie elsewhere
   if (stats.isDirectory()) {
