@@ -142,4 +142,35 @@ describe('configuration', () => {
       ;(config as { port: number }).port = 1
     }).toThrow(TypeError)
   })
+
+  it('puts the operator listener on 127.0.0.1:3001 by default and caps the public one', () => {
+    const config = parseConfig(remoteEnv)
+    expect(config.admin).toEqual({ port: 3001, host: '127.0.0.1' })
+    expect(config.limits).toEqual({ maxConnections: 1_000, maxInflightBodyBytes: 16 * 1024 * 1024 })
+    expect(config.sandbox.controlToken).toBeUndefined()
+    const set = parseConfig({
+      ...remoteEnv,
+      ADMIN_PORT: '0',
+      ADMIN_HOST: '10.0.0.5',
+      MAX_CONNECTIONS: '50',
+      MAX_INFLIGHT_BODY_BYTES: '4mb',
+    })
+    expect(set.admin).toEqual({ port: 0, host: '10.0.0.5' })
+    expect(set.limits).toEqual({ maxConnections: 50, maxInflightBodyBytes: 4 * 1024 * 1024 })
+    const problems = problemsOf({
+      ...remoteEnv,
+      ADMIN_PORT: '70000',
+      MAX_CONNECTIONS: '0',
+    })
+    for (const name of ['ADMIN_PORT', 'MAX_CONNECTIONS']) {
+      expect(problems.some((problem) => problem.startsWith(`${name}:`)), `${name} is named`).toBe(true)
+    }
+    expect(problemsOf({ ...remoteEnv, SANDBOX_CONTROL_TOKEN: 'short' })).toEqual([
+      'SANDBOX_CONTROL_TOKEN: is shorter than 24 characters',
+    ])
+    // one largest body must fit in the budget
+    expect(problemsOf({ ...remoteEnv, MAX_INFLIGHT_BODY_BYTES: '100kb' })).toEqual([
+      'MAX_INFLIGHT_BODY_BYTES: must be at least WEBHOOK_BODY_LIMIT (one largest body must fit)',
+    ])
+  })
 })

@@ -1,0 +1,135 @@
+// The sandbox's /sandbox/* control endpoints change what the simulated platform does (faults, a receiver
+// that is down, seller events): they need the control token, and answer only under a loopback Host name,
+// so a web page cannot drive them through DNS rebinding. `cli sandbox` never runs under PARTNER_ENV=live.
+import http from 'node:http'
+import { mkdtempSync, readFileSync } from 'node:fs'
+import { tmpdir } from 'node:os'
+import path from 'node:path'
+import { afterAll, beforeAll, describe, expect, it } from 'vitest'
+import { parseConfig } from '../src/config.js'
+import { createSandbox, type Sandbox } from '../src/sandbox/create-sandbox.js'
+import { runCli } from './helpers/cli-process.js'
+import { rememberSecret, testLogger } from './helpers/log-sink.js'
+
+const keyId = 'pk_sandbox_control'
+const apiSecret = 'sandbox-control-api-secret-0123456789'
+const webhookSecret = 'sandbox-control-webhook-secret-012345'
+const controlToken = 'sandbox-control-token-0123456789abcdef'
+rememberSecret(apiSecret, webhookSecret, controlToken)
+
+function control(
+  base: string,
+  method: string,
+  pathname: string,
+  { token, host, body }: { token?: string; host?: string; body?: unknown } = {},
+): Promise<{ status: number; body: { error?: { code: string } } & Record<string, unknown> }> {
+  const url = new URL(pathname, base)
+  const payload = body === undefined ? '' : JSON.stringify(body)
+  return new Promise((resolve, reject) => {
+    const request = http.request(
+      url,
+      {
+        method,
+        headers: {
+          host: host ?? url.host,
+          'content-type': 'application/json',
+          'content-length': Buffer.byteLength(payload),
+          ...(token === undefined ? {} : { authorization: `Bearer ${token}` }),
+        },
+      },
+      (response) => {
+        let text = ''
+        response.on('data', (chunk) => (text += chunk))
+        response.on('end', () => resolve({ status: response.statusCode!, body: JSON.parse(text) }))
+      },
+    )
+    request.on('error', reject)
+    request.end(payload)
+  })
+}
+
+describe('sandbox control endpoints', () => {
+  let sandbox: Sandbox
+  let base: string
+  let unguarded: Sandbox
+  let unguardedBase: string
+
+  beforeAll(async () => {
+    const logger = testLogger([apiSecret, webhookSecret, controlToken])
+    sandbox = createSandbox({ keyId, apiSecret, webhookSecret, controlToken, logger })
+    base = await sandbox.listen(0)
+    unguarded = createSandbox({ keyId, apiSecret, webhookSecret, logger })
+    unguardedBase = await unguarded.listen(0)
+  })
+  afterAll(async () => {
+    await sandbox.close()
+    await unguarded.close()
+  })
+
+  it('refuses every call without the control token, or with another one, and changes nothing', async () => {
+    for (const token of [undefined, 'not-the-token', `${controlToken}x`, '']) {
+      const faults = await control(base, 'POST', '/sandbox/faults', { token, body: { dropRate: 1 } })
+      expect(faults.status).toBe(401)
+      expect(faults.body.error?.code).toBe('invalid_control_token')
+      expect((await control(base, 'GET', '/sandbox/deliveries', { token })).status).toBe(401)
+    }
+    const current = await control(base, 'POST', '/sandbox/faults', { token: controlToken, body: {} })
+    expect(current.status).toBe(200)
+    expect(current.body.dropRate).toBe(0)
+  })
+
+  it('runs a call with the token under a loopback Host name', async () => {
+    const port = new URL(base).port
+    for (const host of [`127.0.0.1:${port}`, `localhost:${port}`, `[::1]:${port}`, 'localhost']) {
+      const response = await control(base, 'GET', '/sandbox/trades', { token: controlToken, host })
+      expect(response.status, host).toBe(200)
+    }
+    const faults = await control(base, 'POST', '/sandbox/faults', { token: controlToken, body: { dropRate: 0.5 } })
+    expect(faults.status).toBe(200)
+    expect(faults.body.dropRate).toBe(0.5)
+  })
+
+  it('refuses another Host name even with the token (DNS rebinding)', async () => {
+    const port = new URL(base).port
+    for (const host of [`attacker.example:${port}`, `127.0.0.1.attacker.example:${port}`, 'localhost.attacker.example', `10.0.0.1:${port}`]) {
+      const response = await control(base, 'POST', '/sandbox/receiver-down', { token: controlToken, host, body: { down: true } })
+      expect(response.status, host).toBe(403)
+      expect(response.body.error?.code).toBe('forbidden_host')
+    }
+  })
+
+  it('refuses every call when no control token is configured', async () => {
+    const response = await control(unguardedBase, 'GET', '/sandbox/trades', { token: 'anything' })
+    expect(response.status).toBe(401)
+  })
+})
+
+describe('the sandbox control token in local mode', () => {
+  it('is generated once into local-secrets.json beside the other local secrets, and kept', () => {
+    const dataDir = mkdtempSync(path.join(tmpdir(), 'sandbox-token-'))
+    const first = parseConfig({ DATA_DIR: dataDir })
+    const second = parseConfig({ DATA_DIR: dataDir })
+    expect(first.sandbox.controlToken).toMatch(/^[0-9a-f]{64}$/)
+    expect(second.sandbox.controlToken).toBe(first.sandbox.controlToken)
+    const stored = JSON.parse(readFileSync(path.join(dataDir, 'local-secrets.json'), 'utf8'))
+    expect(stored.sandboxControlToken).toBe(first.sandbox.controlToken)
+    expect(parseConfig({ DATA_DIR: dataDir, SANDBOX_CONTROL_TOKEN: controlToken }).sandbox.controlToken).toBe(controlToken)
+  })
+})
+
+describe('`cli sandbox` under PARTNER_ENV=live', () => {
+  it('refuses to start, saying why, with exit code 2', async () => {
+    const result = await runCli(['sandbox', '--port', '0'], {
+      PARTNER_ENV: 'live',
+      PARTNER_LIVE_API_BASE_URL: 'https://platform.example/',
+      PARTNER_LIVE_API_KEY_ID: 'pk_live_1',
+      PARTNER_LIVE_API_SECRET: apiSecret,
+      WEBHOOK_SECRETS: webhookSecret,
+      DATA_DIR: 'memory://',
+    })
+    expect(result.code).toBe(2)
+    expect(result.stderr).toContain('PARTNER_ENV=live')
+    expect(result.stdout).not.toContain('listening')
+    expect(`${result.stdout}${result.stderr}`).not.toContain(webhookSecret)
+  })
+})
