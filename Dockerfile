@@ -16,6 +16,8 @@ ENV NODE_ENV=production \
     NODE_OPTIONS=--max-semi-space-size=8 \
     HOST=0.0.0.0 \
     PORT=3000 \
+    ADMIN_HOST=127.0.0.1 \
+    ADMIN_PORT=3001 \
     DATA_DIR=/app/data
 WORKDIR /app
 COPY package.json package-lock.json ./
@@ -23,6 +25,7 @@ RUN npm ci --omit=dev && npm cache clean --force
 COPY --from=build /app/dist ./dist
 RUN mkdir -p /app/data && chown node:node /app/data
 USER node
+# the public listener; the operator listener (ADMIN_PORT) stays on 127.0.0.1 unless ADMIN_HOST says otherwise
 EXPOSE 3000
 HEALTHCHECK --interval=10s --timeout=3s --start-period=20s --retries=3 \
   CMD ["node", "-e", "fetch('http://127.0.0.1:' + (process.env.PORT || 3000) + '/healthz').then((r) => process.exit(r.ok ? 0 : 1), () => process.exit(1))"]
