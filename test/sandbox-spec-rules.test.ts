@@ -23,6 +23,7 @@ import { eventually } from './helpers/reconcile-poller.js'
 import { TEST_API_KEY_ID, TEST_API_SECRET, TEST_WEBHOOK_SECRET, testConfig } from './helpers/test-config.js'
 import { createTestDatabase, type TestDatabase } from './helpers/test-database.js'
 
+const CONTROL_TOKEN = 'sandbox-spec-control-token-0123456789'
 const tenEmoji = '😀'.repeat(10)
 const tenFlags = '🇩🇪'.repeat(10)
 const tenFamilies = '👨‍👩‍👧'.repeat(10)
@@ -227,6 +228,7 @@ describe('buyer onboarding events (buyer.{status})', () => {
       apiSecret: TEST_API_SECRET,
       webhookSecret: TEST_WEBHOOK_SECRET,
       webhookUrl: `${receiver.url}${config.webhook.path}`,
+      controlToken: CONTROL_TOKEN,
       logger: testLogger(),
     })
     base = await sandbox.listen(0)
@@ -240,7 +242,7 @@ describe('buyer onboarding events (buyer.{status})', () => {
   it('are sent from the control endpoint, signed, and stored by the receiver as ignored', async () => {
     const response = await fetch(`${base}/sandbox/buyers/b-42/status`, {
       method: 'POST',
-      headers: { 'content-type': 'application/json' },
+      headers: { 'content-type': 'application/json', authorization: `Bearer ${CONTROL_TOKEN}` },
       body: '{"status":"verified"}',
     })
     expect(response.status).toBe(202)
@@ -266,7 +268,7 @@ describe('buyer onboarding events (buyer.{status})', () => {
     for (const body of ['{}', '{"status":""}', '{"status":"Verified Now"}']) {
       const response = await fetch(`${base}/sandbox/buyers/b-42/status`, {
         method: 'POST',
-        headers: { 'content-type': 'application/json' },
+        headers: { 'content-type': 'application/json', authorization: `Bearer ${CONTROL_TOKEN}` },
         body,
       })
       expect(response.status, body).toBe(422)
@@ -280,13 +282,14 @@ describe('buyer onboarding events (buyer.{status})', () => {
       apiSecret: TEST_API_SECRET,
       webhookSecret: TEST_WEBHOOK_SECRET,
       partnerKind: 'merchant',
+      controlToken: CONTROL_TOKEN,
       logger: testLogger(),
     })
     const merchantBase = await merchant.listen(0)
     try {
       const response = await fetch(`${merchantBase}/sandbox/buyers/b-1/status`, {
         method: 'POST',
-        headers: { 'content-type': 'application/json' },
+        headers: { 'content-type': 'application/json', authorization: `Bearer ${CONTROL_TOKEN}` },
         body: '{"status":"verified"}',
       })
       expect(response.status).toBe(409)
