@@ -85,7 +85,8 @@ describe('operator commands while `npm start` owns the embedded database', () =>
     const result = await runCli(['migrate', '--json'], { ...env, DATA_DIR: other })
     expect(result.code).toBe(0)
     expect(JSON.parse(result.stdout)).toEqual({ applied: [] })
-  })
+    // a service start and a command, each opening PGlite: slow on a busy machine
+  }, 120_000)
 
   it('ignores a serve.json left by a process that no longer runs', async () => {
     const other = mkdtempSync(path.join(tmpdir(), 'local-cli-stale-'))
