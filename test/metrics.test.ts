@@ -57,7 +57,6 @@ describe('GET /metrics, on the operator listener', () => {
   it('is not served when metrics are switched off', async () => {
     const metrics = createMetrics({}, { defaultMetrics: false })
     const config = testConfig({ METRICS_ENABLED: 'false' })
-    const app = createApp({ config, db: database.db, logger: testLogger(), clock: systemClock, metrics })
     const admin = createAdminApp({ config, db: database.db, logger: testLogger(), metrics })
     expect((await request(admin).get('/metrics')).status).toBe(404)
   })
@@ -91,7 +90,6 @@ describe('GET /metrics, on the operator listener', () => {
   it('keeps answering with database_up 0 and no database gauges when the database is gone', async () => {
     const spare = await createTestDatabase()
     const metrics = createMetrics(databaseSources(spare.db, systemClock), { defaultMetrics: false })
-    const app = createApp({ config: testConfig(), db: spare.db, logger: testLogger(), clock: systemClock, metrics })
     const admin = createAdminApp({ config: testConfig(), db: spare.db, logger: testLogger(), metrics })
     expect((await request(admin).get('/metrics')).text).toMatch(/^database_up 1$/m)
     await spare.close()
@@ -114,7 +112,6 @@ describe('GET /metrics, on the operator listener', () => {
       { databaseUp: hanging, parkedDeliveries: hanging, dueOrders: hanging },
       { defaultMetrics: false, readTimeoutMs: 200 },
     )
-    const app = createApp({ config: testConfig(), db: database.db, logger: testLogger(), clock: systemClock, metrics })
     const admin = createAdminApp({ config: testConfig(), db: database.db, logger: testLogger(), metrics })
     for (let scrape = 0; scrape < 3; scrape++) {
       const response = await request(admin).get('/metrics')
@@ -153,7 +150,6 @@ describePostgres('GET /metrics while Postgres is cut off (Postgres)', () => {
     const viaProxy = openDatabase({ databaseUrl: proxy.rewrite(database.url!), poolSize: 2 })
     try {
       const metrics = createMetrics(databaseSources(viaProxy.db, systemClock), { defaultMetrics: false })
-      const app = createApp({ config: testConfig(), db: viaProxy.db, logger: testLogger(), clock: systemClock, metrics })
       const admin = createAdminApp({ config: testConfig(), db: viaProxy.db, logger: testLogger(), metrics })
       expect((await request(admin).get('/metrics')).text).toMatch(/^webhook_parked_deliveries 0$/m)
 
