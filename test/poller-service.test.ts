@@ -73,7 +73,7 @@ describe('the poller in the service', () => {
     await service.ready
     expect(service.poller).toBeUndefined()
     // no poller, no cycle time: this replica must not look like a stalled poller to the alert
-    const metrics = await (await fetch(`${service.url}/metrics`)).text()
+    const metrics = await (await fetch(`${service.adminUrl}/metrics`)).text()
     expect(metrics).toContain('# TYPE poller_last_cycle_timestamp_seconds gauge')
     expect(metrics).not.toMatch(/^poller_last_cycle_timestamp_seconds /m)
   })
