@@ -109,6 +109,7 @@ describePostgres('the compiled serve through database outages (Postgres)', () =>
       {
         DATABASE_URL: databaseUrl,
         PORT: '0',
+        ADMIN_PORT: '0',
         LOG_LEVEL: 'info',
         PARTNER_API_BASE_URL: 'http://127.0.0.1:1',
         PARTNER_API_KEY_ID: TEST_API_KEY_ID,

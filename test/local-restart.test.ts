@@ -9,7 +9,7 @@ import { freePort, runCli, spawnCli, waitForLogLine } from './helpers/cli-proces
 
 describe('local mode across a restart', () => {
   const dataDir = mkdtempSync(path.join(tmpdir(), 'local-restart-'))
-  const env: Record<string, string> = { DATA_DIR: dataDir, PORT: '0', POLL_ENABLED: 'false' }
+  const env: Record<string, string> = { DATA_DIR: dataDir, PORT: '0', ADMIN_PORT: '0', POLL_ENABLED: 'false' }
   let service: ReturnType<typeof spawnCli> | undefined
 
   async function start() {
