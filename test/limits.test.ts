@@ -26,6 +26,7 @@ describe('limits of the public listener', () => {
       }),
       logger: testLogger([TEST_API_SECRET, TEST_WEBHOOK_SECRET]),
     })
+    await service.ready
     port = Number(new URL(service.url).port)
   })
   afterAll(async () => {
@@ -84,6 +85,7 @@ describe('limits of the public listener', () => {
       config: testConfig({ PORT: '0', POLL_ENABLED: 'false', MAX_CONNECTIONS: '8' }),
       logger: testLogger([TEST_API_SECRET, TEST_WEBHOOK_SECRET]),
     })
+    await capped.ready
     try {
       const cappedPort = Number(new URL(capped.url).port)
       const sockets = await Promise.all(

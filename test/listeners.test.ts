@@ -19,6 +19,7 @@ describe('the public and the operator listener', () => {
 
   it('serves the webhook path and health publicly, metrics only on the operator listener bound to 127.0.0.1', async () => {
     service = await startService({ config: testConfig({ PORT: '0', POLL_ENABLED: 'false' }), logger: logger() })
+    await service.ready
     expect(service.adminUrl).toMatch(/^http:\/\/127\.0\.0\.1:\d+$/)
     expect(service.adminUrl).not.toBe(service.url)
 
@@ -60,6 +61,7 @@ describePostgres('metrics while the database is down (Postgres)', () => {
       config: testConfig({ PORT: '0', POLL_ENABLED: 'false', DATABASE_URL: proxy.rewrite(database.url!) }),
       logger: logger(),
     })
+    await service.ready
     let scrape = await (await fetch(`${service.adminUrl}/metrics`)).text()
     expect(scrape).toMatch(/^poller_orders_due 1$/m)
     expect(scrape).toMatch(/^database_up 1$/m)
