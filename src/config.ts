@@ -33,7 +33,8 @@ export interface Config {
   readonly databasePoolSize: number
   readonly dataDir: string
   readonly logLevel: LogLevel
-  readonly logPretty: boolean
+  /** Human-readable log lines; undefined (LOG_PRETTY unset): on a terminal in local mode only. */
+  readonly logPretty: boolean | undefined
   readonly shutdownTimeoutMs: number
   readonly webhook: {
     readonly path: string
@@ -118,7 +119,7 @@ const EnvSchema = z.object({
   DATABASE_POOL_SIZE: positiveInt.max(200).default(10),
   DATA_DIR: z.string().min(1).default('./data'),
   LOG_LEVEL: z.enum(['fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent']).default('info'),
-  LOG_PRETTY: booleanString.default(false),
+  LOG_PRETTY: booleanString.optional(),
   SHUTDOWN_TIMEOUT_MS: positiveInt.default(10_000),
   WEBHOOK_PATH: z
     .string()

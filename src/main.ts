@@ -1,8 +1,11 @@
 // `serve`: load config, start the service, stop it cleanly on SIGTERM/SIGINT.
+//
+// Stopping is bounded: whatever stdout does (a `| tee` interrupted by the same Ctrl-C, a full pipe), the
+// process is gone within SHUTDOWN_TIMEOUT_MS, and a second signal exits at once.
 import { type Config, ConfigError, configSecrets, loadConfig } from './config.js'
 import { loggableError } from './db/database-errors.js'
-import { createLogger } from './logger.js'
-import { startService } from './service.js'
+import { createLogger, exitProcess, flushLogger } from './logger.js'
+import { type RunningService, startService } from './service.js'
 
 export async function main(): Promise<void> {
   let config: Config
@@ -15,33 +18,51 @@ export async function main(): Promise<void> {
     }
     throw error
   }
+  ignoreBrokenOutput()
+  const local = config.partner.mode === 'local'
   const logger = createLogger({
     level: config.logLevel,
-    pretty: config.logPretty,
+    // a person at a terminal reads local mode; anything else (a pipe, a container) gets JSON lines
+    pretty: config.logPretty ?? (local && process.stdout.isTTY === true),
     secrets: configSecrets(config),
   })
   if (config.localSecretsFile) {
     logger.info({ file: config.localSecretsFile }, 'local mode: generated secrets are kept in this file')
   }
-  const service = await startService({ config, logger })
 
+  // set once started; a signal during the first start (PGlite's initdb) exits without it
+  const running: { service?: RunningService } = {}
   let stopping = false
   const stop = async (signal: string) => {
-    if (stopping) return
+    if (stopping) {
+      logger.warn({ signal }, 'second signal: exiting without waiting')
+      exitProcess(logger, 130)
+    }
     stopping = true
+    const deadline = Date.now() + config.shutdownTimeoutMs
+    // the bound holds even if a part never stops (or is still starting); unref'd, it keeps nothing alive
+    setTimeout(() => {
+      logger.error({ timeoutMs: config.shutdownTimeoutMs }, 'shutdown did not finish in time: exiting')
+      exitProcess(logger, 1)
+    }, config.shutdownTimeoutMs).unref()
     logger.info({ signal }, 'shutting down')
+    let code = 0
     try {
-      await service.stop()
+      await running.service?.stop()
       logger.info('stopped')
-      process.exit(0)
     } catch (error) {
       logger.error({ err: error }, 'shutdown failed')
-      process.exit(1)
+      code = 1
     }
+    await flushLogger(logger, Math.max(0, deadline - Date.now()))
+    exitProcess(logger, code)
   }
-  process.once('SIGTERM', () => void stop('SIGTERM'))
-  process.once('SIGINT', () => void stop('SIGINT'))
+  // registered before the (possibly long) first start, so Ctrl-C during it is honoured too
+  process.on('SIGTERM', () => void stop('SIGTERM'))
+  process.on('SIGINT', () => void stop('SIGINT'))
 
+  const service = await startService({ config, logger })
+  running.service = service
   // an unreachable database is waited for (prepare-database.ts); what waiting cannot fix ends the process
   try {
     await service.ready
@@ -50,10 +71,20 @@ export async function main(): Promise<void> {
     stopping = true
     logger.error({ err: loggableError(error) }, 'start-up failed')
     await service.stop()
-    process.exit(1)
+    await flushLogger(logger, config.shutdownTimeoutMs)
+    exitProcess(logger, 1)
   }
   if (service.sandboxUrl)
     process.stdout.write(localModeBanner(config, service.url, service.sandboxUrl, service.adminUrl))
+}
+
+// A reader that went away (EPIPE) is not the service's failure: the lines are lost, the service goes on.
+function ignoreBrokenOutput(): void {
+  for (const stream of [process.stdout, process.stderr]) {
+    stream.on('error', (error: NodeJS.ErrnoException) => {
+      if (error.code !== 'EPIPE') throw error
+    })
+  }
 }
 
 /** What a newcomer sees after `npm start`: where things are and what to type next (README quick start). */

@@ -8,7 +8,7 @@
 import { hostname } from 'node:os'
 import { type Clock, systemClock } from './clock.js'
 import type { Config } from './config.js'
-import { type DatabaseHandle, openDatabase } from './db/open-database.js'
+import { type DatabaseHandle, embeddedDatabaseExists, openDatabase } from './db/open-database.js'
 import { pingDatabase } from './db/ping-database.js'
 import { prepareDatabase } from './db/prepare-database.js'
 import { createAdminApp } from './http/admin-app.js'
@@ -59,6 +59,10 @@ export async function startService({
   }
 
   try {
+    if (!config.databaseUrl && !embeddedDatabaseExists(config.dataDir)) {
+      // PGlite's initdb runs once, silently, for several seconds: say so
+      logger.info({ dataDir: config.dataDir }, 'initialising the embedded database (first start only)')
+    }
     const database = openDatabase({
       databaseUrl: config.databaseUrl,
       dataDir: config.dataDir,
@@ -85,12 +89,13 @@ export async function startService({
       maxConnections: config.limits.maxConnections,
       onConnectionDropped: () => metrics?.requestsRefused.inc({ reason: 'max_connections' }),
     })
-    stops.push({ name: 'http server', stop: () => server.stop(config.shutdownTimeoutMs) })
+    // half of SHUTDOWN_TIMEOUT_MS for requests in flight, the rest for stopping the parts after it
+    stops.push({ name: 'http server', stop: () => server.stop(Math.floor(config.shutdownTimeoutMs / 2)) })
     const adminServer = await listen(
       createAdminApp({ config, db: database.db, logger, metrics, localCliToken }),
       { port: config.admin.port, host: config.admin.host },
     )
-    stops.push({ name: 'operator http server', stop: () => adminServer.stop(config.shutdownTimeoutMs) })
+    stops.push({ name: 'operator http server', stop: () => adminServer.stop(Math.floor(config.shutdownTimeoutMs / 2)) })
     if (localCliToken) {
       stops.push({
         name: 'local command file',

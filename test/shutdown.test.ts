@@ -1,4 +1,5 @@
 import { once } from 'node:events'
+import { connect } from 'node:net'
 import { mkdtempSync } from 'node:fs'
 import { tmpdir } from 'node:os'
 import path from 'node:path'
@@ -68,4 +69,59 @@ describe('graceful shutdown', () => {
       child.kill('SIGKILL')
     }
   })
+
+  // `npm start 2>&1 | tee log` and Ctrl-C: the terminal interrupts tee too, so every later log line
+  // meets a pipe nobody reads. The bound is generous (a correctness bound: without it the process never exits).
+  it('exits on SIGINT within SHUTDOWN_TIMEOUT_MS although the reader of its output went away', async () => {
+    const shutdownTimeoutMs = 2_000
+    const child = spawnCli(['serve'], {
+      DATA_DIR: mkdtempSync(path.join(tmpdir(), 'serve-pipe-')),
+      PORT: '0',
+      SANDBOX_PORT: String(await freePort()),
+      POLL_ENABLED: 'false',
+      SHUTDOWN_TIMEOUT_MS: String(shutdownTimeoutMs),
+    })
+    try {
+      await waitForLogLine(child, 'sandbox platform listening', 60_000)
+      child.stdout!.destroy()
+      child.stderr!.destroy()
+      const exited = once(child, 'exit')
+      child.kill('SIGINT')
+      const outcome = await Promise.race([
+        exited.then(([code, signal]) => ({ code, signal })),
+        new Promise((resolve) => setTimeout(() => resolve('still running'), shutdownTimeoutMs + 20_000)),
+      ])
+      expect(outcome).toEqual({ code: 0, signal: null })
+    } finally {
+      child.kill('SIGKILL')
+    }
+  }, 120_000)
+
+  it('exits at once on a second signal while the first is still waiting for a request', async () => {
+    const child = spawnCli(['serve'], {
+      DATA_DIR: mkdtempSync(path.join(tmpdir(), 'serve-twice-')),
+      PORT: '0',
+      SANDBOX_PORT: String(await freePort()),
+      POLL_ENABLED: 'false',
+      SHUTDOWN_TIMEOUT_MS: '120000',
+    })
+    try {
+      const { url } = await waitForLogLine(child, 'service listening', 60_000)
+      // a request whose headers never finish keeps the first shutdown waiting (until the headers timeout)
+      const socket = connect(Number(new URL(String(url)).port), '127.0.0.1')
+      await once(socket, 'connect')
+      socket.write('POST /webhooks/partner HTTP/1.1\r\nHost: localhost\r\n')
+      socket.on('error', () => {})
+      const exited = once(child, 'exit')
+      child.kill('SIGINT')
+      await waitForLogLine(child, 'shutting down', 30_000)
+      child.kill('SIGINT')
+      // 130: the second signal's exit; a first shutdown that finished on its own would exit 0
+      const [code] = await exited
+      expect(code).toBe(130)
+      socket.destroy()
+    } finally {
+      child.kill('SIGKILL')
+    }
+  }, 120_000)
 })

@@ -2,7 +2,7 @@
 // otherwise embedded PGlite persisted in a directory (or in memory for tests). PGlite is a single
 // connection; Kysely's PGliteDialect queues transactions on it, so they never interleave.
 import { createHash } from 'node:crypto'
-import { closeSync, mkdirSync, openSync, readFileSync, rmSync, writeSync } from 'node:fs'
+import { closeSync, existsSync, mkdirSync, openSync, readFileSync, rmSync, writeSync } from 'node:fs'
 import path from 'node:path'
 import { PGlite } from '@electric-sql/pglite'
 import { CamelCasePlugin, Kysely, PGliteDialect, PostgresDialect } from 'kysely'
@@ -91,6 +91,11 @@ function openPostgres(databaseUrl: string, { poolSize = 10, logger }: OpenDataba
     poolStats: () => ({ total: pool.totalCount, idle: pool.idleCount, waiting: pool.waitingCount }),
     close: () => db.destroy(),
   }
+}
+
+/** False until PGlite initialised DATA_DIR (its first start, which takes seconds). */
+export function embeddedDatabaseExists(dataDir: string): boolean {
+  return dataDir.startsWith('memory://') || existsSync(path.join(dataDir, 'pglite', 'PG_VERSION'))
 }
 
 function openPglite({ dataDir = 'memory://', logger }: OpenDatabaseOptions): DatabaseHandle {
