@@ -1,7 +1,7 @@
 #!/usr/bin/env node
 // Entry point of `npm run cli -- <command>`, `npm start` (serve) and the `partner-escrow` bin.
 import { runCommandLine } from './cli/run-cli.js'
-import { forwardToLocalService } from './local/local-cli.js'
+import { forwardToLocalService, RunningServiceError } from './local/running-service.js'
 
 // 20.19 is the oldest Node the dependencies support (see "Supported Node.js versions" in README.md)
 const [major = 0, minor = 0] = process.versions.node.split('.').map(Number)
@@ -10,7 +10,20 @@ if (major < 20 || (major === 20 && minor < 19)) {
   process.exit(2)
 }
 
+// `... | head`: a reader that went away is no failure of the command
+for (const stream of [process.stdout, process.stderr]) {
+  stream.on('error', (error: NodeJS.ErrnoException) => {
+    if (error.code !== 'EPIPE') throw error
+  })
+}
+
 const args = process.argv.slice(2)
-// while `npm start` holds the embedded database, operator commands are run by that process
-const forwarded = await forwardToLocalService(args)
-process.exitCode = forwarded ?? (await runCommandLine(args))
+try {
+  // while a service runs from DATA_DIR, commands that need the database are run by that process
+  const forwarded = await forwardToLocalService(args)
+  process.exitCode = forwarded ?? (await runCommandLine(args))
+} catch (error) {
+  if (!(error instanceof RunningServiceError)) throw error
+  process.stderr.write(`${error.message}\n`)
+  process.exitCode = 2
+}

@@ -1,5 +1,5 @@
-// Wires the parts into the running service: database, HTTP app, migrations, the poller, and in local
-// mode the command forwarding of src/local. Every part registers how to stop it; stop() runs those in
+// Wires the parts into the running service: database, HTTP app, migrations, the poller, and the
+// command forwarding of src/local. Every part registers how to stop it; stop() runs those in
 // reverse (the poller, started last, stops first: no poll writes into a closing database).
 //
 // The HTTP listener opens before the database is known to be there: while Postgres is unreachable at
@@ -14,7 +14,8 @@ import { prepareDatabase } from './db/prepare-database.js'
 import { createAdminApp } from './http/admin-app.js'
 import { createApp } from './http/app.js'
 import { listen } from './http/server.js'
-import { advertiseLocalService, createLocalCliToken } from './local/local-cli.js'
+import { createLocalCliToken } from './local/local-cli.js'
+import { advertiseLocalService, databaseIdentity } from './local/running-service.js'
 import type { Logger } from './logger.js'
 import { createMetrics } from './metrics/metrics.js'
 import { createPartnerApiClient } from './partner-api/create-partner-api-client.js'
@@ -79,9 +80,9 @@ export async function startService({
           parkedDeliveries: () => countParkedDeliveries(database.db, new Date(clock.now())),
         })
       : undefined
-    // embedded PGlite belongs to this process: operator commands are forwarded here (src/local)
-    const ownsDataDir = database.kind === 'pglite' && !config.dataDir.startsWith('memory://')
-    const localCliToken = ownsDataDir ? createLocalCliToken() : undefined
+    // a second terminal's commands are run here (operator listener), on this database, in every mode (src/local)
+    const advertised = !config.dataDir.startsWith('memory://')
+    const localCliToken = advertised ? createLocalCliToken() : undefined
     const app = createApp({ config, db: database.db, logger, clock, metrics, isReady: () => ready })
     const server = await listen(app, {
       port: config.port,
@@ -96,12 +97,6 @@ export async function startService({
       { port: config.admin.port, host: config.admin.host },
     )
     stops.push({ name: 'operator http server', stop: () => adminServer.stop(Math.floor(config.shutdownTimeoutMs / 2)) })
-    if (localCliToken) {
-      stops.push({
-        name: 'local command file',
-        stop: advertiseLocalService(config.dataDir, { url: server.url, adminUrl: adminServer.url }, localCliToken),
-      })
-    }
     logger.info({ url: server.url, adminUrl: adminServer.url, database: database.kind }, 'http listener open; waiting for the database')
 
     // local mode: no platform is configured, so the sandbox plays it in this process (never for live)
@@ -121,6 +116,20 @@ export async function startService({
       sandboxUrl = await sandbox.listen(config.sandbox.port, '127.0.0.1')
       stops.push({ name: 'sandbox', stop: () => sandbox.close() })
       logger.info({ url: sandboxUrl }, 'sandbox platform listening')
+    }
+
+    if (localCliToken) {
+      stops.push({
+        name: 'serve.json',
+        stop: advertiseLocalService(config.dataDir, {
+          url: server.url,
+          adminUrl: adminServer.url,
+          token: localCliToken,
+          webhookUrl: `${server.url}${config.webhook.path}`,
+          sandboxUrl,
+          database: databaseIdentity(config),
+        }),
+      })
     }
 
     let poller: Poller | undefined

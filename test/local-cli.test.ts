@@ -98,4 +98,40 @@ describe('operator commands while `npm start` owns the embedded database', () =>
     expect(result.code).toBe(0)
     expect(JSON.parse(result.stdout).applied.length).toBeGreaterThan(0)
   })
+
+  it('records in serve.json where the service listens and which database it uses, without credentials', () => {
+    const service = JSON.parse(readFileSync(path.join(dataDir, 'serve.json'), 'utf8'))
+    expect(service).toMatchObject({
+      pid: service.pid,
+      url,
+      webhookUrl: `${url}/webhooks/partner`,
+      sandboxUrl: `http://127.0.0.1:${env.SANDBOX_PORT}`,
+      database: { kind: 'pglite', location: dataDir },
+    })
+  })
+
+  it('refuses a command whose DATABASE_URL names another database than the running service’s, writing nothing', async () => {
+    const result = await runCli(['orders', 'create', '--external-reference', 'elsewhere-1'], {
+      ...env,
+      DATABASE_URL: 'postgres://someone:hunter2-not-shown@db.example:5433/orders',
+    })
+    expect(result.code).toBe(2)
+    expect(result.stderr).toContain(`uses embedded PGlite in ${dataDir}`)
+    expect(result.stderr).toContain('Postgres db.example:5433/orders')
+    expect(result.stderr).toContain('[wrong_database]')
+    expect(result.stderr).not.toContain('hunter2')
+    expect(result.stderr.trim().split('\n')).toHaveLength(1)
+    const shown = await runCli(['orders', 'show', 'elsewhere-1'], env)
+    expect(shown.code).toBe(1)
+  })
+
+  it('sends `webhook send` without --url to the running service’s receiver', async () => {
+    const body = path.join(dataDir, 'body.json')
+    writeFileSync(body, '{"trade_id":"trd_x","reference":"R-X","status":"funded","external_reference":"nobody"}')
+    // no PORT here: the receiver's port comes from serve.json
+    const result = await runCli(['webhook', 'send', '--file', body, '--json'], { DATA_DIR: dataDir })
+    expect(result.stderr).toBe('')
+    expect(result.code).toBe(0)
+    expect(JSON.parse(result.stdout)).toMatchObject({ status: 200, body: { received: true } })
+  })
 })

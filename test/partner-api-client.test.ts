@@ -6,8 +6,10 @@ import {
   PartnerApiError,
   PartnerInvalidResponseError,
   PartnerNetworkError,
+  PartnerNotSentError,
   PartnerTimeoutError,
 } from '../src/partner-api/partner-api-error.js'
+import { freePort } from './helpers/cli-process.js'
 import { FakeClock } from './helpers/fake-clock.js'
 import { logEntries, logLines, rememberSecret, testLogger } from './helpers/log-sink.js'
 import { scriptedFetch, settleWithClock } from './helpers/partner-api-fake-fetch.js'
@@ -378,13 +380,16 @@ describe('PartnerApiClient errors', () => {
     expect(calls).toHaveLength(2)
   })
 
-  it('answers PartnerNetworkError when nothing listens at the base URL', async () => {
-    const error = await client({ baseUrl: 'http://127.0.0.1:1', clock: systemClock })
+  it('answers PartnerNotSentError when nothing listens at the base URL: the outcome is known, nothing happened', async () => {
+    const baseUrl = `http://127.0.0.1:${await freePort()}`
+    const error = await client({ baseUrl, clock: systemClock })
       .fundTrade('tr_1')
       .catch((e) => e)
+    expect(error).toBeInstanceOf(PartnerNotSentError)
+    expect(error).toMatchObject({ reason: 'ECONNREFUSED', url: baseUrl })
+    // still a network error for the GET retry rule
     expect(error).toBeInstanceOf(PartnerNetworkError)
-    expect(error).not.toBeInstanceOf(PartnerTimeoutError)
-    expect(isOutcomeUnknown(error)).toBe(true)
+    expect(isOutcomeUnknown(error)).toBe(false)
   })
 
   it('answers PartnerApiError with the platform code, status and field list of a 422', async () => {

@@ -12,7 +12,7 @@ import pino from 'pino'
 import { type Config, configSecrets, loadConfig } from '../config.js'
 import type { Database } from '../db/database.js'
 import { migrateToLatest } from '../db/migrate.js'
-import { openDatabase } from '../db/open-database.js'
+import { embeddedDatabaseExists, openDatabase } from '../db/open-database.js'
 import { createLogger, type Logger } from '../logger.js'
 
 export interface CliContext {
@@ -27,8 +27,9 @@ export class UsageError extends Error {
 }
 
 export function cliLogger(config: Config): Logger {
-  // CLI commands log warnings only unless LOG_LEVEL asks for more, and always to stderr
-  const level = config.logLevel === 'info' ? 'warn' : config.logLevel
+  // a command tells its person what went wrong in its own words; log lines (JSON, to stderr) only for
+  // errors, unless LOG_LEVEL asks for more
+  const level = config.logLevel === 'info' ? 'error' : config.logLevel
   return createLogger({ level, secrets: configSecrets(config), destination: pino.destination(2) })
 }
 
@@ -70,6 +71,13 @@ export async function withDatabase<T>(
   if (inService) return run(inService)
   const config = loadConfig()
   const logger = cliLogger(config)
+  if (!config.databaseUrl && !embeddedDatabaseExists(config.dataDir)) {
+    // a second terminal without the service's DATABASE_URL would otherwise start a new database unnoticed
+    writeError(
+      `Note: no DATABASE_URL and no running service in ${config.dataDir}: creating a new embedded database there ` +
+        '(set DATABASE_URL to use Postgres).\n',
+    )
+  }
   const database = openDatabase({
     databaseUrl: config.databaseUrl,
     dataDir: config.dataDir,

@@ -6,6 +6,7 @@ import { createPartnerApiClient } from '../partner-api/create-partner-api-client
 import {
   isOutcomeUnknown,
   PartnerApiError,
+  PartnerNotSentError,
   PartnerValidationError,
 } from '../partner-api/partner-api-error.js'
 import type { CreateTradeRequest, MilestoneInput, TradeRecord } from '../partner-api/types.js'
@@ -46,6 +47,13 @@ function explainFailure(error: unknown, unknownOutcome: string): unknown {
     return new Error(`The platform refused (${error.status} ${error.code})${detail}${fields}`)
   }
   if (error instanceof TradeOperationError) return new Error(`${error.message} [${error.code}]`)
+  if (error instanceof PartnerNotSentError) {
+    return new Error(
+      `Could not reach the platform at ${error.url} (${error.reason}): nothing was sent and the order is ` +
+        'unchanged. In local mode the sandbox runs inside `npm start`: start it, then run this again; ' +
+        'otherwise check PARTNER_API_BASE_URL. [not_sent]',
+    )
+  }
   if (isOutcomeUnknown(error)) return new Error(`${(error as Error).message}. ${unknownOutcome}`)
   return error
 }

@@ -5,6 +5,7 @@ import { createHmac, randomUUID } from 'node:crypto'
 import { readFileSync } from 'node:fs'
 import type { Command } from 'commander'
 import { loadConfig } from '../config.js'
+import { findRunningService } from '../local/running-service.js'
 import { printJson, setExitCode, UsageError, write, writeError } from './cli-context.js'
 
 interface SignOptions {
@@ -56,7 +57,7 @@ export function registerWebhookCommands(program: Command): void {
     .requiredOption('--file <path>', 'the JSON body to send')
     .option(
       '--url <url>',
-      'receiver URL (default: this service’s webhook URL from HOST, PORT and WEBHOOK_PATH)',
+      'receiver URL (default: the running service’s, from DATA_DIR/serve.json; else from HOST, PORT and WEBHOOK_PATH)',
     )
     .option('--secret <secret>', 'webhook secret (default: the service’s first WEBHOOK_SECRETS entry)')
     .option('--delivery-id <id>', 'X-Partner-Delivery-Id to use (default: a fresh one)')
@@ -85,8 +86,11 @@ export function registerWebhookCommands(program: Command): void {
     })
 }
 
+// the running service's receiver (DATA_DIR/serve.json), else where this environment says it listens
 function defaultWebhookUrl(): string {
   const config = loadConfig()
+  const running = findRunningService(config.dataDir)
+  if (running) return running.webhookUrl
   const host = config.host === '0.0.0.0' || config.host === '::' ? '127.0.0.1' : config.host
   return `http://${host}:${config.port}${config.webhook.path}`
 }

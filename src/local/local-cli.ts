@@ -1,56 +1,14 @@
-// Local mode runs on embedded PGlite, which one process owns. So that operator commands still work
-// while `npm start` runs, the service writes DATA_DIR/serve.json (its URLs and a random token, mode
-// 0600) and runs forwarded command lines itself, on its operator listener (adminUrl), against its own
-// database, returning their output.
-// With DATABASE_URL set (Postgres) nothing is forwarded: every process opens its own pool.
+// The service side of src/local/running-service.ts: POST /_local/cli runs a command line forwarded by a
+// second terminal, in this process, against this process's database, and returns its output.
 import { createHash, randomBytes, timingSafeEqual } from 'node:crypto'
-import { readFileSync, rmSync, writeFileSync } from 'node:fs'
-import path from 'node:path'
 import express, { Router } from 'express'
 import type { CliContext } from '../cli/cli-context.js'
 import { runCommandLine } from '../cli/run-cli.js'
-import { type Config, ConfigError, loadConfig } from '../config.js'
 import { AppError } from '../http/app-error.js'
-
-/** Commands that need the database; the rest (serve, sandbox, demo, webhook, help) run where typed. */
-const FORWARDED_COMMANDS = new Set([
-  'orders',
-  'deliveries',
-  'trades',
-  'disputes',
-  'proposals',
-  'reconcile',
-  'migrate',
-])
-export const LOCAL_CLI_PATH = '/_local/cli'
-
-interface ServiceFile {
-  pid: number
-  /** The public listener (webhooks, health). */
-  url: string
-  /** The operator listener, where LOCAL_CLI_PATH is served. */
-  adminUrl: string
-  token: string
-}
-
-function serviceFilePath(dataDir: string): string {
-  return path.join(dataDir, 'serve.json')
-}
+import { FORWARDED_COMMANDS, LOCAL_CLI_PATH } from './running-service.js'
 
 export function createLocalCliToken(): string {
   return randomBytes(32).toString('hex')
-}
-
-/** Writes serve.json for the running service; the returned function removes it. */
-export function advertiseLocalService(
-  dataDir: string,
-  { url, adminUrl }: { url: string; adminUrl: string },
-  token: string,
-): () => void {
-  const file = serviceFilePath(dataDir)
-  const contents: ServiceFile = { pid: process.pid, url, adminUrl, token }
-  writeFileSync(file, `${JSON.stringify(contents)}\n`, { mode: 0o600 })
-  return () => rmSync(file, { force: true })
 }
 
 /** The service side: POST /_local/cli {args} with the bearer token runs the command line in-process. */
@@ -89,47 +47,3 @@ export function localCliRoutes({ token, context }: { token: string; context: Cli
   return router
 }
 
-/**
- * The command side: when the command needs the database and a local service owns it, ask that service
- * to run it. Returns the exit code, or undefined to run the command here.
- */
-export async function forwardToLocalService(args: string[]): Promise<number | undefined> {
-  if (!FORWARDED_COMMANDS.has(args[0] ?? '') || args.includes('--help') || args.includes('-h'))
-    return undefined
-  let config: Config
-  try {
-    config = loadConfig()
-  } catch (error) {
-    if (error instanceof ConfigError) return undefined // reported by the normal path
-    throw error
-  }
-  if (config.databaseUrl || config.dataDir.startsWith('memory://')) return undefined
-  let service: Omit<ServiceFile, 'adminUrl'> & { adminUrl?: string }
-  try {
-    service = JSON.parse(readFileSync(serviceFilePath(config.dataDir), 'utf8')) as typeof service
-    process.kill(service.pid, 0)
-  } catch {
-    return undefined // no running service: open the database here
-  }
-  let response: Response
-  try {
-    // a serve.json without adminUrl was written by an older service, which served commands on `url`
-    response = await fetch(`${service.adminUrl ?? service.url}${LOCAL_CLI_PATH}`, {
-      method: 'POST',
-      headers: { 'content-type': 'application/json', authorization: `Bearer ${service.token}` },
-      body: JSON.stringify({ args }),
-    })
-  } catch {
-    return undefined
-  }
-  if (!response.ok) {
-    process.stderr.write(
-      `The running service refused the command (${response.status}): ${await response.text()}\n`,
-    )
-    return 1
-  }
-  const result = (await response.json()) as { code: number; stdout: string; stderr: string }
-  process.stdout.write(result.stdout)
-  process.stderr.write(result.stderr)
-  return result.code
-}

@@ -19,6 +19,22 @@ export class PartnerNetworkError extends Error {
   override name = 'PartnerNetworkError'
 }
 
+/**
+ * No connection could be made (refused, or the host name did not resolve): the request never left, so its
+ * outcome is known: nothing happened on the platform.
+ */
+export class PartnerNotSentError extends PartnerNetworkError {
+  override name = 'PartnerNotSentError'
+  constructor(
+    message: string,
+    readonly url: string,
+    readonly reason: string,
+    options?: ErrorOptions,
+  ) {
+    super(message, options)
+  }
+}
+
 export class PartnerTimeoutError extends Error {
   override name = 'PartnerTimeoutError'
   constructor(
@@ -42,6 +58,7 @@ export class PartnerValidationError extends Error {
 
 /** True when the outcome of the call is unknown: it may have reached the platform and taken effect. */
 export function isOutcomeUnknown(error: unknown): boolean {
+  if (error instanceof PartnerNotSentError) return false
   return error instanceof PartnerNetworkError || error instanceof PartnerTimeoutError
 }
 

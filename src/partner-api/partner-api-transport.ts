@@ -11,6 +11,7 @@ import {
   PartnerApiError,
   PartnerInvalidResponseError,
   PartnerNetworkError,
+  PartnerNotSentError,
   PartnerTimeoutError,
 } from './partner-api-error.js'
 import { checkResponse, platformErrorBodySchema } from './responses.js'
@@ -199,6 +200,11 @@ export class PartnerApiTransport {
       }
       const reason = describeNetworkError(error)
       log({ error: 'network', reason })
+      if (NOT_SENT_CODES.has(reason)) {
+        throw new PartnerNotSentError(`${method} ${path} was not sent: ${reason}`, this.baseUrl, reason, {
+          cause: error,
+        })
+      }
       throw new PartnerNetworkError(`${method} ${path} failed: ${reason}`, { cause: error })
     } finally {
       finished.abort()
@@ -259,6 +265,10 @@ export function parseRetryAfter(value: string | null, nowMs: number): number | u
   if (Number.isNaN(date)) return undefined
   return Math.max(0, date - nowMs)
 }
+
+// failures before a connection existed: not one byte of the request went out ('bad port': a port fetch
+// refuses to connect to at all)
+const NOT_SENT_CODES = new Set(['ECONNREFUSED', 'ENOTFOUND', 'EAI_AGAIN', 'bad port'])
 
 function describeNetworkError(error: unknown): string {
   if (!(error instanceof Error)) return String(error)

@@ -71,7 +71,8 @@ export async function openTradeForOrder(
         'trade create outcome unknown: the order is not sent a second create on its own',
       )
     } else {
-      // refused (by validation or by the platform): this create made nothing. Back to where it was, so a
+      // refused (by validation or by the platform) or never sent (no connection could be made): this
+      // create made nothing. Back to where it was, so a
       // refused --retry does not erase the evidence of an earlier create that may have worked.
       await setTradeCreateState(db, order.id, previousState === 'created' ? 'none' : previousState)
     }

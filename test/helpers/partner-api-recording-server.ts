@@ -46,9 +46,12 @@ export function expectedSignature(
 export async function startRecordingServer({
   secret,
   answer = (request) => ({ status: 200, body: recordForPath(request.path) }),
+  port: wantedPort = 0,
 }: {
   secret: string
   answer?: (request: RecordedRequest) => PlannedAnswer
+  /** A fixed port, e.g. one a client already tried while nothing listened there. */
+  port?: number
 }): Promise<RecordingServer> {
   const requests: RecordedRequest[] = []
   const server = createServer((req, res) => {
@@ -70,7 +73,7 @@ export async function startRecordingServer({
       res.end(text)
     })
   })
-  await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve))
+  await new Promise<void>((resolve) => server.listen(wantedPort, '127.0.0.1', resolve))
   const { port } = server.address() as AddressInfo
   return {
     url: `http://127.0.0.1:${port}`,

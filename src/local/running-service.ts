@@ -1,0 +1,141 @@
+// How a second terminal finds the running service, the same way in every mode. Every `serve` writes
+// DATA_DIR/serve.json (mode 0600): its pid, the URL and a random token of its command endpoint, where its
+// receiver and sandbox listen, and which database it uses (the kind and a non-secret fingerprint: host,
+// port and database name, never the user or password). A CLI command that needs the database is run by
+// that service, against its own database (embedded PGlite belongs to one process; on Postgres this spares
+// the second terminal the service's environment). A CLI whose DATABASE_URL names another database than the
+// running service's is refused: that is the "wrong database" a second terminal must never write to.
+import { mkdirSync, readFileSync, rmSync, writeFileSync } from 'node:fs'
+import path from 'node:path'
+import { type Config, ConfigError, loadConfig } from '../config.js'
+
+/** Commands that need the database; the rest (serve, sandbox, demo, webhook, help) run where typed. */
+export const FORWARDED_COMMANDS = new Set([
+  'orders',
+  'deliveries',
+  'trades',
+  'disputes',
+  'proposals',
+  'reconcile',
+  'migrate',
+])
+export const LOCAL_CLI_PATH = '/_local/cli'
+
+export interface ServiceFile {
+  pid: number
+  /** The public listener (webhooks, health). */
+  url: string
+  /** The operator listener, where the command endpoint (LOCAL_CLI_PATH) is served. */
+  adminUrl: string
+  token: string
+  /** The receiver's webhook URL, the default of `webhook send`. */
+  webhookUrl: string
+  /** Local mode: the in-process sandbox platform. */
+  sandboxUrl?: string | undefined
+  database: DatabaseIdentity
+}
+
+export interface DatabaseIdentity {
+  kind: 'postgres' | 'pglite'
+  /** Postgres: host:port/database (no credentials); PGlite: the data directory. */
+  location: string
+}
+
+/** Which database a config points at, in words safe to print and to store. */
+export function databaseIdentity(config: Pick<Config, 'databaseUrl' | 'dataDir'>): DatabaseIdentity {
+  if (!config.databaseUrl) return { kind: 'pglite', location: config.dataDir }
+  try {
+    const url = new URL(config.databaseUrl)
+    const database = decodeURIComponent(url.pathname.replace(/^\//, '')) || '(default database)'
+    return { kind: 'postgres', location: `${url.hostname}:${url.port || '5432'}/${database}` }
+  } catch {
+    return { kind: 'postgres', location: '(unparsable DATABASE_URL)' }
+  }
+}
+
+function describe(identity: DatabaseIdentity): string {
+  return identity.kind === 'pglite' ? `embedded PGlite in ${identity.location}` : `Postgres ${identity.location}`
+}
+
+function serviceFilePath(dataDir: string): string {
+  return path.join(dataDir, 'serve.json')
+}
+
+
+/** Writes serve.json for the running service; the returned function removes it. */
+export function advertiseLocalService(dataDir: string, service: Omit<ServiceFile, 'pid'>): () => void {
+  const file = serviceFilePath(dataDir)
+  const contents: ServiceFile = { pid: process.pid, ...service }
+  mkdirSync(dataDir, { recursive: true })
+  writeFileSync(file, `${JSON.stringify(contents)}\n`, { mode: 0o600 })
+  return () => rmSync(file, { force: true })
+}
+
+/** The service running from this DATA_DIR, if any (a serve.json whose process is gone is ignored). */
+export function findRunningService(dataDir: string): ServiceFile | undefined {
+  if (dataDir.startsWith('memory://')) return undefined
+  try {
+    const service = JSON.parse(readFileSync(serviceFilePath(dataDir), 'utf8')) as ServiceFile
+    process.kill(service.pid, 0)
+    return service
+  } catch {
+    return undefined
+  }
+}
+
+/** The CLI cannot use the running service (another database named, or it does not answer): nothing is run. */
+export class RunningServiceError extends Error {
+  override name = 'RunningServiceError'
+}
+
+/**
+ * The command side: when the command needs the database and a service runs from DATA_DIR, ask that service
+ * to run it. Returns the exit code, or undefined to run the command here (no service running).
+ */
+export async function forwardToLocalService(args: string[]): Promise<number | undefined> {
+  if (!FORWARDED_COMMANDS.has(args[0] ?? '') || args.includes('--help') || args.includes('-h'))
+    return undefined
+  let config: Config
+  try {
+    config = loadConfig()
+  } catch (error) {
+    if (error instanceof ConfigError) return undefined // reported by the normal path
+    throw error
+  }
+  const service = findRunningService(config.dataDir)
+  if (!service) return undefined
+  const mine = databaseIdentity(config)
+  const matches = service.database.kind === mine.kind && service.database.location === mine.location
+  if (config.databaseUrl && !matches) {
+    throw new RunningServiceError(
+      `The service running from ${config.dataDir} (pid ${service.pid}) uses ` +
+        `${describe(service.database)}, but DATABASE_URL here names ${describe(mine)}. ` +
+        'Unset DATABASE_URL to run the command in the running service, or set DATA_DIR to another directory. ' +
+        '[wrong_database]',
+    )
+  }
+  let response: Response
+  try {
+    response = await fetch(`${service.adminUrl}${LOCAL_CLI_PATH}`, {
+      method: 'POST',
+      headers: { 'content-type': 'application/json', authorization: `Bearer ${service.token}` },
+      body: JSON.stringify({ args }),
+    })
+  } catch (error) {
+    throw new RunningServiceError(
+      `The service running from ${config.dataDir} (pid ${service.pid}) does not answer at ` +
+        `${service.adminUrl} (${(error as Error & { cause?: { code?: string } }).cause?.code ?? (error as Error).message}). ` +
+        'Try again once it is up, or stop it. [service_unreachable]',
+    )
+  }
+  if (!response.ok) {
+    process.stderr.write(
+      `The running service refused the command (${response.status}): ${await response.text()}\n`,
+    )
+    return 1
+  }
+  const result = (await response.json()) as { code: number; stdout: string; stderr: string }
+  process.stdout.write(result.stdout)
+  process.stderr.write(result.stderr)
+  return result.code
+}

@@ -1,0 +1,101 @@
+// A second terminal next to `npm start`: it must reach the running service's database and platform, or
+// say what to set; never write somewhere else unnoticed. A refused connection to the platform sent nothing.
+import { once } from 'node:events'
+import { existsSync, mkdtempSync } from 'node:fs'
+import { tmpdir } from 'node:os'
+import path from 'node:path'
+import { afterAll, beforeAll, expect, it } from 'vitest'
+import type { CliContext } from '../src/cli/cli-context.js'
+import { runCommandLine } from '../src/cli/run-cli.js'
+import { findOrderByExternalReference } from '../src/orders/order.repository.js'
+import { freePort, runCli, spawnCli, waitForLogLine } from './helpers/cli-process.js'
+import { testLogger } from './helpers/log-sink.js'
+import { tradeRecord } from './helpers/partner-api-fixtures.js'
+import { startRecordingServer } from './helpers/partner-api-recording-server.js'
+import { TEST_API_SECRET, testConfig } from './helpers/test-config.js'
+import { createTestDatabase, describePostgres, type TestDatabase } from './helpers/test-database.js'
+
+async function cli(context: CliContext, ...args: string[]) {
+  let stdout = ''
+  let stderr = ''
+  const code = await runCommandLine(args, {
+    stdout: { write: (text: string) => (stdout += text) },
+    stderr: { write: (text: string) => (stderr += text) },
+    exitCode: 0,
+    context,
+  })
+  return { code, stdout, stderr }
+}
+
+it('treats a refused connection as not sent: the order stays as it was and can be opened later', async () => {
+  const database = await createTestDatabase()
+  const port = await freePort()
+  try {
+    const config = testConfig({ PARTNER_API_BASE_URL: `http://127.0.0.1:${port}` })
+    const context = { config, logger: testLogger([TEST_API_SECRET]), db: database.db }
+    const open = () =>
+      cli(context, 'trades', 'open', 'second-1', '--title', 'Chair', '--amount', '10.00', '--currency', 'EUR', '--seller', 's_1')
+
+    const refused = await open()
+    expect(refused.code).toBe(1)
+    expect(refused.stderr).toContain('nothing was sent')
+    expect(refused.stderr).toContain('[not_sent]')
+    // one line for a person: no stack, no log line
+    expect(refused.stderr.trim().split('\n')).toHaveLength(1)
+    expect((await findOrderByExternalReference(database.db, 'second-1'))?.tradeCreateState).toBe('none')
+
+    // the platform comes up: the same command works, without --retry
+    const platform = await startRecordingServer({
+      secret: TEST_API_SECRET,
+      port,
+      answer: () => ({ status: 201, body: tradeRecord({ trade_id: 'tr_second_1', external_reference: 'second-1' }) }),
+    })
+    try {
+      const opened = await open()
+      expect(opened.stderr).toBe('')
+      expect(opened.code).toBe(0)
+      expect((await findOrderByExternalReference(database.db, 'second-1'))?.tradeId).toBe('tr_second_1')
+    } finally {
+      await platform.close()
+    }
+  } finally {
+    await database.close()
+  }
+})
+
+describePostgres('a second terminal next to a service on Postgres (Postgres)', () => {
+  let database: TestDatabase
+  let service: ReturnType<typeof spawnCli>
+  const dataDir = mkdtempSync(path.join(tmpdir(), 'second-terminal-'))
+
+  beforeAll(async () => {
+    database = await createTestDatabase({ kind: 'postgres' })
+    service = spawnCli(['serve'], {
+      DATA_DIR: dataDir,
+      DATABASE_URL: database.url!,
+      PORT: '0',
+      SANDBOX_PORT: String(await freePort()),
+      POLL_ENABLED: 'false',
+    })
+    await waitForLogLine(service, 'sandbox platform listening', 60_000)
+  }, 90_000)
+  afterAll(async () => {
+    service.kill('SIGTERM')
+    await once(service, 'exit')
+    await database.close()
+  })
+
+  it('runs commands without DATABASE_URL or SANDBOX_PORT in the service, on its Postgres', async () => {
+    const env = { DATA_DIR: dataDir }
+    const created = await runCli(['orders', 'create', '--external-reference', 'pg-order-1'], env)
+    expect(created.stderr).toBe('')
+    expect(created.code).toBe(0)
+    const opened = await runCli(['trades', 'open', 'pg-order-1', '--title', 'Lamp', '--amount', '5.00', '--currency', 'EUR', '--seller', 's_1'], env)
+    expect(opened.stderr).toBe('')
+    expect(opened.code).toBe(0)
+    const order = await findOrderByExternalReference(database.db, 'pg-order-1')
+    expect(order?.tradeId).toMatch(/^trd_/)
+    // nothing was written to an embedded database beside it
+    expect(existsSync(path.join(dataDir, 'pglite'))).toBe(false)
+  })
+})
