@@ -1,4 +1,4 @@
-// `npm run bench [-- ingest|claim|poll|pglite|soak] [--quick] [--duration S]`
+// `npm run bench [-- ingest|claim|poll|pglite|cli|soak] [--quick] [--duration S]`
 // Everything is measured side by side in one run and reported as ratios against baselines measured in
 // the same run (never as timed assertions in tests). Results: bench/results/latest.md and latest.json.
 import { execFileSync, spawn, type ChildProcess } from 'node:child_process'
@@ -263,6 +263,11 @@ async function main(): Promise<void> {
   if (part === 'all' || part === 'pglite') pglite = await pgliteBench()
   if (part === 'all' || part === 'claim') claim = await withSchema((url) => runClaimBench(url, { quick }))
   if (part === 'all' || part === 'poll') poll = await withSchema((url) => runPollBench(url, { quick }))
+  if (part === 'cli') {
+    // CLI start-up alone: bench/cli-startup.ts writes its own results
+    await (await import('./cli-startup.js')).benchCliStartup()
+    return
+  }
   if (part === 'soak') {
     const { runSoak } = await import('./soak.js')
     await runSoak({ args })

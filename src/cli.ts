@@ -1,7 +1,10 @@
 #!/usr/bin/env node
 // Entry point of `npm run cli -- <command>`, `npm start` (serve) and the `partner-escrow` bin.
-import { runCommandLine } from './cli/run-cli.js'
-import { forwardToLocalService, RunningServiceError } from './local/running-service.js'
+import module from 'node:module'
+
+// V8's compile cache (Node 22.1+; absent on 20) makes each later start of the CLI skip compiling its modules
+;(module as { enableCompileCache?: () => unknown }).enableCompileCache?.()
+const { forwardToLocalService, RunningServiceError } = await import('./local/running-service.js')
 
 // 20.19 is the oldest Node the dependencies support (see "Supported Node.js versions" in README.md)
 const [major = 0, minor = 0] = process.versions.node.split('.').map(Number)
@@ -21,7 +24,8 @@ const args = process.argv.slice(2)
 try {
   // while a service runs from DATA_DIR, commands that need the database are run by that process
   const forwarded = await forwardToLocalService(args)
-  process.exitCode = forwarded ?? (await runCommandLine(args))
+  // the command tree is loaded only when the command runs here
+  process.exitCode = forwarded ?? (await (await import('./cli/run-cli.js')).runCommandLine(args))
 } catch (error) {
   if (!(error instanceof RunningServiceError)) throw error
   process.stderr.write(`${error.message}\n`)

@@ -8,12 +8,9 @@
 import { AsyncLocalStorage } from 'node:async_hooks'
 
 import type { Kysely } from 'kysely'
-import pino from 'pino'
-import { type Config, configSecrets, loadConfig } from '../config.js'
+import type { Config } from '../config.js'
 import type { Database } from '../db/database.js'
-import { migrateToLatest } from '../db/migrate.js'
-import { embeddedDatabaseExists, openDatabase } from '../db/open-database.js'
-import { createLogger, type Logger } from '../logger.js'
+import type { Logger } from '../logger.js'
 
 export interface CliContext {
   config: Config
@@ -26,7 +23,13 @@ export class UsageError extends Error {
   override name = 'UsageError'
 }
 
-export function cliLogger(config: Config): Logger {
+export async function cliLogger(config: Config): Promise<Logger> {
+  // loaded here: `--help` and forwarded commands never log
+  const [{ default: pino }, { createLogger }, { configSecrets }] = await Promise.all([
+    import('pino'),
+    import('../logger.js'),
+    import('../config.js'),
+  ])
   // a command tells its person what went wrong in its own words; log lines (JSON, to stderr) only for
   // errors, unless LOG_LEVEL asks for more
   const level = config.logLevel === 'info' ? 'error' : config.logLevel
@@ -69,8 +72,14 @@ export async function withDatabase<T>(
 ): Promise<T> {
   const inService = scope.getStore()?.context
   if (inService) return run(inService)
+  // loaded here, not at start-up: `--help` and forwarded commands never need a database driver
+  const [{ loadConfig }, { migrateToLatest }, { embeddedDatabaseExists, openDatabase }] = await Promise.all([
+    import('../config.js'),
+    import('../db/migrate.js'),
+    import('../db/open-database.js'),
+  ])
   const config = loadConfig()
-  const logger = cliLogger(config)
+  const logger = await cliLogger(config)
   if (!config.databaseUrl && !embeddedDatabaseExists(config.dataDir)) {
     // a second terminal without the service's DATABASE_URL would otherwise start a new database unnoticed
     writeError(

@@ -1,16 +1,7 @@
 // `deliveries list|show|reapply`: the webhooks as received, and re-running one's effect.
 import type { Command } from 'commander'
 import { InvalidArgumentError } from 'commander'
-import { applyObservation } from '../orders/apply-observation.js'
-import { findOrderByExternalReference } from '../orders/order.repository.js'
-import {
-  countBodiesOfDelivery,
-  type DeliveryOutcome,
-  findDelivery,
-  listDeliveries,
-  updateDeliveryOutcome,
-} from '../webhooks/delivery.repository.js'
-import { classifyDelivery, parseBody } from '../webhooks/parse-delivery.js'
+import type { DeliveryOutcome } from '../webhooks/delivery.repository.js'
 import { positiveInteger } from './cli-arguments.js'
 import { printJson, printTable, setExitCode, withDatabase, write, writeError } from './cli-context.js'
 
@@ -47,6 +38,7 @@ export function registerDeliveriesCommands(program: Command): void {
     .option('--limit <n>', 'how many', positiveInteger, 50)
     .option('--json', 'print as JSON')
     .action(async (options: { outcome?: string; limit: number; json?: boolean }) => {
+      const { listDeliveries } = await import('../webhooks/delivery.repository.js')
       await withDatabase(async ({ db }) => {
         const found = await listDeliveries(db, { outcome: options.outcome, limit: options.limit })
         if (options.json) printJson(found)
@@ -72,6 +64,7 @@ export function registerDeliveriesCommands(program: Command): void {
     .option(...BODY_OPTION, sha256Prefix)
     .option('--json', 'print as JSON')
     .action(async (deliveryId: string, options: { json?: boolean; bodySha256?: string }) => {
+      const { countBodiesOfDelivery, findDelivery } = await import('../webhooks/delivery.repository.js')
       await withDatabase(async ({ db }) => {
         const delivery = await findDelivery(db, deliveryId, options.bodySha256)
         if (!delivery) {
@@ -99,6 +92,18 @@ export function registerDeliveriesCommands(program: Command): void {
     .option(...BODY_OPTION, sha256Prefix)
     .option('--json', 'print the result as JSON')
     .action(async (deliveryId: string, options: { json?: boolean; bodySha256?: string }) => {
+      const [
+        { applyObservation },
+        { findOrderByExternalReference },
+        { countBodiesOfDelivery, findDelivery, updateDeliveryOutcome },
+        { classifyDelivery, parseBody },
+      ] =
+        await Promise.all([
+          import('../orders/apply-observation.js'),
+          import('../orders/order.repository.js'),
+          import('../webhooks/delivery.repository.js'),
+          import('../webhooks/parse-delivery.js'),
+        ])
       await withDatabase(async ({ db, config }) => {
         const delivery = await findDelivery(db, deliveryId, options.bodySha256)
         if (!delivery) {

@@ -1,5 +1,4 @@
 import type { Command } from 'commander'
-import { formatDemoReport, runDemo } from '../demo/run-demo.js'
 import { positiveInteger } from './cli-arguments.js'
 import { setExitCode, write } from './cli-context.js'
 
@@ -11,6 +10,7 @@ export function registerDemoCommand(program: Command): void {
     .option('--seed <n>', 'seed of the injected faults', positiveInteger, 7)
     .option('--json', 'print the report as JSON')
     .action(async (options: { trades: number; seed: number; json?: boolean }) => {
+      const { formatDemoReport, runDemo } = await import('../demo/run-demo.js')
       const report = await runDemo({ trades: options.trades, seed: options.seed, out: options.json ? process.stderr : process.stdout })
       write(options.json ? `${JSON.stringify(report, null, 2)}\n` : formatDemoReport(report))
       // the demo is a check too: any order that does not match the platform fails it

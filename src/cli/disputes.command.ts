@@ -1,7 +1,6 @@
 // `disputes open`: open a dispute on an order's trade, naming the acting party (the API never infers it).
 import type { Command } from 'commander'
 import type { Party } from '../partner-api/types.js'
-import { runTradeOperation } from '../trades/run-trade-operation.js'
 import { printJson, write } from './cli-context.js'
 import { withTradeDeps } from './trades.command.js'
 
@@ -18,6 +17,7 @@ export function registerDisputesCommands(program: Command): void {
     .option('--json', 'print the dispute record as JSON')
     .action(
       async (reference: string, options: { party: string; reason: string; category?: string; json?: boolean }) => {
+        const { runTradeOperation } = await import('../trades/run-trade-operation.js')
         const dispute = await withTradeDeps((deps) =>
           runTradeOperation(deps, reference, {
             kind: 'dispute',

@@ -1,5 +1,4 @@
 import type { Command } from 'commander'
-import { migrateToLatest } from '../db/migrate.js'
 import { printJson, withDatabase, write } from './cli-context.js'
 
 export function registerMigrateCommand(program: Command): void {
@@ -8,6 +7,7 @@ export function registerMigrateCommand(program: Command): void {
     .description('apply every pending database migration (safe to run from several replicas at once)')
     .option('--json', 'print the result as JSON')
     .action(async (options: { json?: boolean }) => {
+      const { migrateToLatest } = await import('../db/migrate.js')
       const { applied } = await withDatabase(({ db }) => migrateToLatest(db), { migrate: false })
       if (options.json) printJson({ applied })
       else write(applied.length ? `applied: ${applied.join(', ')}\n` : 'migrations are current\n')

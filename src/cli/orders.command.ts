@@ -1,12 +1,5 @@
 // `orders create|show|list`: the partner's orders as the service keeps them.
 import type { Command } from 'commander'
-import {
-  createOrder,
-  findOrderByExternalReference,
-  listOrders,
-  OrderExistsError,
-  orderHistory,
-} from '../orders/order.repository.js'
 import { positiveInteger } from './cli-arguments.js'
 import { printJson, printTable, setExitCode, withDatabase, write, writeError } from './cli-context.js'
 
@@ -19,6 +12,7 @@ export function registerOrdersCommands(program: Command): void {
     .requiredOption('--external-reference <ref>', 'the order’s own id, sent to the platform as external_reference')
     .option('--json', 'print the order as JSON')
     .action(async (options: { externalReference: string; json?: boolean }) => {
+      const { createOrder, OrderExistsError } = await import('../orders/order.repository.js')
       await withDatabase(async ({ db, config }) => {
         try {
           const { order, appliedDeliveries } = await createOrder(
@@ -45,6 +39,7 @@ export function registerOrdersCommands(program: Command): void {
     .argument('<external-reference>', 'the order’s external reference')
     .option('--json', 'print as JSON')
     .action(async (externalReference: string, options: { json?: boolean }) => {
+      const { findOrderByExternalReference, orderHistory } = await import('../orders/order.repository.js')
       await withDatabase(async ({ db }) => {
         const order = await findOrderByExternalReference(db, externalReference)
         if (!order) {
@@ -87,6 +82,7 @@ export function registerOrdersCommands(program: Command): void {
     .option('--limit <n>', 'how many', positiveInteger, 50)
     .option('--json', 'print as JSON')
     .action(async (options: { limit: number; json?: boolean }) => {
+      const { listOrders } = await import('../orders/order.repository.js')
       await withDatabase(async ({ db }) => {
         const found = await listOrders(db, { limit: options.limit })
         if (options.json) printJson(found)

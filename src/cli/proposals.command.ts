@@ -2,7 +2,6 @@
 // and the other accepts (accepting splits the funds at once; no release step follows).
 import type { Command } from 'commander'
 import type { Party, ProposalOutcome } from '../partner-api/types.js'
-import { runTradeOperation } from '../trades/run-trade-operation.js'
 import { printJson, UsageError, write } from './cli-context.js'
 import { withTradeDeps } from './trades.command.js'
 
@@ -22,6 +21,7 @@ export function registerProposalsCommands(program: Command): void {
         reference: string,
         options: { party: string; outcome: string; splitBuyerPct?: string; json?: boolean },
       ) => {
+        const { runTradeOperation } = await import('../trades/run-trade-operation.js')
         const proposal = await withTradeDeps((deps) =>
           runTradeOperation(deps, reference, {
             kind: 'proposal',
@@ -53,6 +53,7 @@ export function registerProposalsCommands(program: Command): void {
         options: { party: string; accept?: boolean; reject?: boolean; json?: boolean },
       ) => {
         if (options.accept === options.reject) throw new UsageError('Give exactly one of --accept or --reject')
+        const { runTradeOperation } = await import('../trades/run-trade-operation.js')
         const result = await withTradeDeps((deps) =>
           runTradeOperation(deps, reference, {
             kind: 'respond',

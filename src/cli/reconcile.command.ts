@@ -4,11 +4,7 @@
 // the poll schedule.
 import { hostname } from 'node:os'
 import type { Command } from 'commander'
-import { systemClock } from '../clock.js'
-import { createPartnerApiClient } from '../partner-api/create-partner-api-client.js'
-import { requeueOrders } from '../reconcile/poll-schedule.repository.js'
-import { createPoller, pollerSettings, type RunSummary } from '../reconcile/poller.js'
-import { listRuns } from '../reconcile/reconcile-run.repository.js'
+import type { RunSummary } from '../reconcile/poller.js'
 import {
   printJson,
   printTable,
@@ -63,6 +59,11 @@ function parseLimit(value: string | undefined): number {
 }
 
 async function runOnce(json: boolean | undefined): Promise<void> {
+  const [{ systemClock }, { createPartnerApiClient }, { createPoller, pollerSettings }] = await Promise.all([
+    import('../clock.js'),
+    import('../partner-api/create-partner-api-client.js'),
+    import('../reconcile/poller.js'),
+  ])
   const summary = await withDatabase(async ({ config, logger, db }) => {
     const clock = systemClock
     const poller = createPoller({
@@ -98,6 +99,7 @@ function printSummary(summary: RunSummary): void {
 }
 
 async function report(limit: number, json: boolean | undefined): Promise<void> {
+  const { listRuns } = await import('../reconcile/reconcile-run.repository.js')
   const runs = await withDatabase(({ db }) => listRuns(db, limit))
   if (json) {
     printJson(runs)
@@ -121,6 +123,10 @@ async function report(limit: number, json: boolean | undefined): Promise<void> {
 }
 
 async function requeue(externalReferences: string[] | undefined, json: boolean | undefined): Promise<void> {
+  const [{ systemClock }, { requeueOrders }] = await Promise.all([
+    import('../clock.js'),
+    import('../reconcile/poll-schedule.repository.js'),
+  ])
   const results = await withDatabase(({ db }) =>
     requeueOrders(db, {
       ...(externalReferences ? { externalReferences } : {}),

@@ -1,7 +1,6 @@
 // Parses and runs one command line; the exit code it returns is the contract of every command:
 // 0 done, 1 failed (not found, refused by the platform, ...), 2 bad arguments or configuration.
 import { CommanderError } from 'commander'
-import { ConfigError } from '../config.js'
 import { type CliScope, runInScope, UsageError, writeError } from './cli-context.js'
 import { buildProgram } from './program.js'
 
@@ -18,7 +17,8 @@ export async function runCommandLine(args: string[], cliScope?: CliScope): Promi
       return cliScope ? cliScope.exitCode : Number(process.exitCode ?? 0)
     } catch (error) {
       if (error instanceof CommanderError) return error.exitCode === 0 ? 0 : 2
-      if (error instanceof UsageError || error instanceof ConfigError) {
+      // ConfigError by name: importing config.js here would load zod for `--help` too
+      if (error instanceof UsageError || (error instanceof Error && error.name === 'ConfigError')) {
         writeError(`${error.message}\n`)
         return 2
       }

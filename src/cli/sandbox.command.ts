@@ -1,8 +1,6 @@
 // `sandbox`: the platform simulator on its own port, for a receiver configured against it
 // (PARTNER_API_BASE_URL=http://127.0.0.1:4010). Every option also reads an environment variable.
 import { type Command, InvalidArgumentError, Option } from 'commander'
-import { loadConfig } from '../config.js'
-import { createSandbox } from '../sandbox/create-sandbox.js'
 import { cliLogger, UsageError, write } from './cli-context.js'
 
 function rate(value: string): number {
@@ -60,6 +58,11 @@ export function registerSandboxCommand(program: Command): void {
     .addOption(option('--delay-ms <ms>', 'how long a delayed webhook waits', 'SANDBOX_DELAY_MS').argParser(count).default(0))
     .addOption(option('--seed <n>', 'seed of the fault injection', 'SANDBOX_SEED').argParser(count).default(1))
     .action(async (flags: SandboxFlags) => {
+      // loaded when run, so that other commands do not pay for the sandbox's modules
+      const [{ loadConfig }, { createSandbox }] = await Promise.all([
+        import('../config.js'),
+        import('../sandbox/create-sandbox.js'),
+      ])
       const config = loadConfig()
       // the simulator signs webhooks with the configured secret: under live, that would be the live one
       if (config.partner.env === 'live') {
@@ -68,7 +71,7 @@ export function registerSandboxCommand(program: Command): void {
             'Run it with PARTNER_ENV=sandbox (the default) and the sandbox key pair.',
         )
       }
-      const logger = cliLogger(config)
+      const logger = await cliLogger(config)
       const host = config.host === '0.0.0.0' ? '127.0.0.1' : config.host
       const sandbox = createSandbox({
         keyId: flags.keyId ?? config.partner.keyId,

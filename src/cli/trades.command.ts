@@ -1,8 +1,6 @@
 // `trades ...`: create and move the platform trade of one of your orders (named by its external reference).
 // The platform is the configured one, or the in-process sandbox in local mode.
 import type { Command } from 'commander'
-import { systemClock } from '../clock.js'
-import { createPartnerApiClient } from '../partner-api/create-partner-api-client.js'
 import {
   isOutcomeUnknown,
   PartnerApiError,
@@ -10,9 +8,6 @@ import {
   PartnerValidationError,
 } from '../partner-api/partner-api-error.js'
 import type { CreateTradeRequest, MilestoneInput, TradeRecord } from '../partner-api/types.js'
-import { getTradeForOrder } from '../trades/get-trade-for-order.js'
-import { openTradeForOrder } from '../trades/open-trade-for-order.js'
-import { runTradeOperation } from '../trades/run-trade-operation.js'
 import type { TradeDeps } from '../trades/trade-deps.js'
 import { TradeOperationError } from '../trades/trade-operation-error.js'
 import { printJson, UsageError, withDatabase, write } from './cli-context.js'
@@ -26,6 +21,10 @@ export async function withTradeDeps<T>(
   run: (deps: TradeDeps) => Promise<T>,
   { unknownOutcome = 'The platform may or may not have done it: check with `trades get`.' } = {},
 ): Promise<T> {
+  const [{ systemClock }, { createPartnerApiClient }] = await Promise.all([
+    import('../clock.js'),
+    import('../partner-api/create-partner-api-client.js'),
+  ])
   return withDatabase(async ({ config, logger, db }) => {
     const clock = systemClock
     const client = createPartnerApiClient(config, { logger, clock })
@@ -123,6 +122,7 @@ export function registerTradesCommands(program: Command): void {
         ...(options.buyerPhone !== undefined && { buyer_phone: options.buyerPhone }),
         ...(options.milestone.length > 0 && { milestones: options.milestone.map(parseMilestone) }),
       }
+      const { openTradeForOrder } = await import('../trades/open-trade-for-order.js')
       const trade = await withTradeDeps(
         (deps) => openTradeForOrder(deps, reference, request, { retry: options.retry === true }),
         {
@@ -142,6 +142,7 @@ export function registerTradesCommands(program: Command): void {
       .argument('<reference>', 'the order’s external reference')
       .option('--json', 'print the trade record as JSON')
       .action(async (reference: string, options: { json?: boolean }) => {
+        const { runTradeOperation } = await import('../trades/run-trade-operation.js')
         const trade = await withTradeDeps((deps) => runTradeOperation(deps, reference, { kind }))
         printTrade(trade, options.json)
       })
@@ -157,6 +158,7 @@ export function registerTradesCommands(program: Command): void {
       .option('--json', 'print the trade record as JSON')
       .action(async (reference: string, milestoneId: string, options: { json?: boolean }) => {
         const kind = step === 'deliver' ? 'deliver_milestone' : 'release_milestone'
+        const { runTradeOperation } = await import('../trades/run-trade-operation.js')
         const trade = await withTradeDeps((deps) => runTradeOperation(deps, reference, { kind, milestoneId }))
         if (options.json) {
           printJson({ trade })
@@ -175,6 +177,7 @@ export function registerTradesCommands(program: Command): void {
     .argument('<reference>', 'the order’s external reference')
     .option('--json', 'print the platform’s trade record and the local order as JSON')
     .action(async (reference: string, options: { json?: boolean }) => {
+      const { getTradeForOrder } = await import('../trades/get-trade-for-order.js')
       const { order, trade } = await withTradeDeps((deps) => getTradeForOrder(deps, reference))
       if (options.json) {
         printJson({ order, trade })

@@ -4,7 +4,7 @@
 import { createHmac, randomUUID } from 'node:crypto'
 import { readFileSync } from 'node:fs'
 import type { Command } from 'commander'
-import { loadConfig } from '../config.js'
+import type { Config } from '../config.js'
 import { findRunningService } from '../local/running-service.js'
 import { printJson, setExitCode, UsageError, write, writeError } from './cli-context.js'
 
@@ -15,14 +15,19 @@ interface SignOptions {
   json?: boolean
 }
 
-function signedHeaders(options: SignOptions): { body: Buffer; headers: Record<string, string> } {
+// the config (zod and all) is loaded only by the commands that run
+async function loadConfig(): Promise<Config> {
+  return (await import('../config.js')).loadConfig()
+}
+
+async function signedHeaders(options: SignOptions): Promise<{ body: Buffer; headers: Record<string, string> }> {
   let body: Buffer
   try {
     body = readFileSync(options.file)
   } catch (error) {
     throw new UsageError(`Cannot read --file ${options.file}: ${(error as Error).message}`)
   }
-  const secret = options.secret ?? loadConfig().webhook.secrets[0]!
+  const secret = options.secret ?? (await loadConfig()).webhook.secrets[0]!
   // raw bytes: the signature covers the exact body as it will be sent
   const signature = `sha256=${createHmac('sha256', secret).update(body).digest('hex')}`
   return {
@@ -45,8 +50,8 @@ export function registerWebhookCommands(program: Command): void {
     .option('--secret <secret>', 'webhook secret (default: the service’s first WEBHOOK_SECRETS entry)')
     .option('--delivery-id <id>', 'X-Partner-Delivery-Id to use (default: a fresh one)')
     .option('--json', 'print the headers as JSON')
-    .action((options: SignOptions) => {
-      const { headers } = signedHeaders(options)
+    .action(async (options: SignOptions) => {
+      const { headers } = await signedHeaders(options)
       if (options.json) printJson(headers)
       else for (const [name, value] of Object.entries(headers)) write(`${name}: ${value}\n`)
     })
@@ -63,9 +68,9 @@ export function registerWebhookCommands(program: Command): void {
     .option('--delivery-id <id>', 'X-Partner-Delivery-Id to use (default: a fresh one)')
     .option('--json', 'print the answer as JSON')
     .action(async (options: SignOptions & { url?: string }) => {
-      const url = options.url ?? defaultWebhookUrl()
+      const url = options.url ?? (await defaultWebhookUrl())
       if (!/^https?:\/\//.test(url)) throw new UsageError(`--url must be an http(s) URL, got ${url}`)
-      const { body, headers } = signedHeaders(options)
+      const { body, headers } = await signedHeaders(options)
       let response: Response
       try {
         response = await fetch(url, { method: 'POST', headers, body, signal: AbortSignal.timeout(10_000) })
@@ -87,8 +92,8 @@ export function registerWebhookCommands(program: Command): void {
 }
 
 // the running service's receiver (DATA_DIR/serve.json), else where this environment says it listens
-function defaultWebhookUrl(): string {
-  const config = loadConfig()
+async function defaultWebhookUrl(): Promise<string> {
+  const config = await loadConfig()
   const running = findRunningService(config.dataDir)
   if (running) return running.webhookUrl
   const host = config.host === '0.0.0.0' || config.host === '::' ? '127.0.0.1' : config.host

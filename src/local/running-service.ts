@@ -7,7 +7,7 @@
 // running service's is refused: that is the "wrong database" a second terminal must never write to.
 import { mkdirSync, readFileSync, rmSync, writeFileSync } from 'node:fs'
 import path from 'node:path'
-import { type Config, ConfigError, loadConfig } from '../config.js'
+import type { Config } from '../config.js'
 
 /** Commands that need the database; the rest (serve, sandbox, demo, webhook, help) run where typed. */
 export const FORWARDED_COMMANDS = new Set([
@@ -95,6 +95,8 @@ export class RunningServiceError extends Error {
 export async function forwardToLocalService(args: string[]): Promise<number | undefined> {
   if (!FORWARDED_COMMANDS.has(args[0] ?? '') || args.includes('--help') || args.includes('-h'))
     return undefined
+  // loaded only for a command that may be forwarded: `--help` does not pay for it
+  const { ConfigError, loadConfig } = await import('../config.js')
   let config: Config
   try {
     config = loadConfig()
