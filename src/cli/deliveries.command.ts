@@ -95,7 +95,7 @@ export function registerDeliveriesCommands(program: Command): void {
       const [
         { applyObservation },
         { findOrderByExternalReference },
-        { countBodiesOfDelivery, findDelivery, updateDeliveryOutcome },
+        { findDelivery, updateDeliveryOutcome },
         { classifyDelivery, parseBody },
       ] =
         await Promise.all([
