@@ -1,5 +1,6 @@
 import { describe, expect, it } from 'vitest'
 import { formatDemoReport, runDemo } from '../src/demo/run-demo.js'
+import { runCli } from './helpers/cli-process.js'
 import { testLogger } from './helpers/log-sink.js'
 
 describe('the demo', () => {
@@ -12,5 +13,17 @@ describe('the demo', () => {
     expect(report.rows.find((row) => row.kind === 'receiver down')?.healedByPoller).toBe(10)
     expect(report.webhooks.dropped).toBeGreaterThan(0)
     expect(formatDemoReport(report)).toContain('Every order matches the platform.')
-  })
+  }, 180_000)
+
+  it('reads well when piped: it says what it does from the start, in lines, with no redrawn bar', async () => {
+    const result = await runCli(['demo', '--trades', '10'], {})
+    expect(result.code, result.stderr).toBe(0)
+    const lines = result.stdout.split('\n')
+    expect(lines[0]).toBe('demo: starting 10 trades…')
+    expect(lines).toContain('trades: 5/10')
+    expect(lines).toContain('trades: 10/10')
+    expect(result.stdout).not.toContain('\r')
+    expect(result.stdout).toMatch(/^webhooks: \d+ events sent by the sandbox; \d+ deliveries dropped/m)
+    expect(result.stdout).toContain('Every order matches the platform.')
+  }, 180_000)
 })

@@ -19,7 +19,7 @@ describe('operator commands while `npm start` owns the embedded database', () =>
     const listening = await waitForLogLine(service, 'service listening', 60_000)
     url = String(listening.url)
     adminUrl = String(listening.adminUrl)
-  })
+  }, 120_000)
   afterAll(async () => {
     service.kill('SIGTERM')
     await once(service, 'exit')
@@ -97,13 +97,14 @@ describe('operator commands while `npm start` owns the embedded database', () =>
     const result = await runCli(['migrate', '--json'], { ...env, DATA_DIR: other })
     expect(result.code).toBe(0)
     expect(JSON.parse(result.stdout).applied.length).toBeGreaterThan(0)
-  })
+   }, 120_000)
 
   it('records in serve.json where the service listens and which database it uses, without credentials', () => {
     const service = JSON.parse(readFileSync(path.join(dataDir, 'serve.json'), 'utf8'))
     expect(service).toMatchObject({
       pid: service.pid,
       url,
+      adminUrl,
       webhookUrl: `${url}/webhooks/partner`,
       sandboxUrl: `http://127.0.0.1:${env.SANDBOX_PORT}`,
       database: { kind: 'pglite', location: dataDir },

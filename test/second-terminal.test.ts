@@ -78,7 +78,7 @@ describePostgres('a second terminal next to a service on Postgres (Postgres)', (
       POLL_ENABLED: 'false',
     })
     await waitForLogLine(service, 'sandbox platform listening', 60_000)
-  }, 90_000)
+  }, 120_000)
   afterAll(async () => {
     service.kill('SIGTERM')
     await once(service, 'exit')

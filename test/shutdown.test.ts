@@ -68,7 +68,7 @@ describe('graceful shutdown', () => {
     } finally {
       child.kill('SIGKILL')
     }
-  })
+   }, 120_000)
 
   // `npm start 2>&1 | tee log` and Ctrl-C: the terminal interrupts tee too, so every later log line
   // meets a pipe nobody reads. The bound is generous (a correctness bound: without it the process never exits).

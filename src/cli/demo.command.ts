@@ -10,8 +10,11 @@ export function registerDemoCommand(program: Command): void {
     .option('--seed <n>', 'seed of the injected faults', positiveInteger, 7)
     .option('--json', 'print the report as JSON')
     .action(async (options: { trades: number; seed: number; json?: boolean }) => {
+      const out = options.json ? process.stderr : process.stdout
+      // at once, before the demo's modules load (seconds under tsx)
+      out.write(`demo: starting ${options.trades} trades…\n`)
       const { formatDemoReport, runDemo } = await import('../demo/run-demo.js')
-      const report = await runDemo({ trades: options.trades, seed: options.seed, out: options.json ? process.stderr : process.stdout })
+      const report = await runDemo({ trades: options.trades, seed: options.seed, out })
       write(options.json ? `${JSON.stringify(report, null, 2)}\n` : formatDemoReport(report))
       // the demo is a check too: any order that does not match the platform fails it
       if (report.mismatches.length > 0) setExitCode(1)

@@ -41,8 +41,8 @@ export interface DemoReport {
 export interface DemoOptions {
   trades?: number
   seed?: number
-  /** Where the progress bar and table go. */
-  out?: NodeJS.WriteStream
+  /** Where the progress lines go. */
+  out?: NodeJS.WritableStream & { isTTY?: boolean }
   logger?: Logger
 }
 
@@ -64,6 +64,9 @@ export async function runDemo({ trades = 50, seed = 7, out = process.stdout, log
     METRICS_ENABLED: 'false',
   })
   const clock: Clock = systemClock
+  const say = (text: string) => out.write(`${text}\n`)
+  const startedAt = Date.now()
+  say('demo: creating a throwaway in-memory database (PGlite initialises it: a few seconds)…')
   const database: DatabaseHandle = openDatabase({ dataDir: 'memory://' })
   let sandbox: Sandbox | undefined
   let receiver: Awaited<ReturnType<typeof listen>> | undefined
@@ -96,6 +99,7 @@ export async function runDemo({ trades = 50, seed = 7, out = process.stdout, log
       settings: { expectedWebhookS: config.poll.expectedWebhookS, staleAfterS: config.poll.staleAfterS },
     }
 
+    say(`demo: database ready after ${((Date.now() - startedAt) / 1000).toFixed(1)} s; ${trades} trades against the sandbox, with faults (seed ${seed})`)
     const plan = Array.from({ length: trades }, (_, index) => ({
       reference: `demo-${String(index + 1).padStart(3, '0')}`,
       kind: KINDS[index % KINDS.length]!,
@@ -111,7 +115,9 @@ export async function runDemo({ trades = 50, seed = 7, out = process.stdout, log
       )
     }
     bar.done()
+    say('demo: waiting for the sandbox to finish its webhook retries…')
     await sandbox.idle()
+    say('demo: reconciling: the poller fetches every order still open, as it would after STALE_AFTER_S')
 
     // the poller runs as it would once STALE_AFTER_S had passed: every order still open is due
     const later: Clock = { now: () => Date.now() + (config.poll.staleAfterS + 1) * 1000, sleep: clock.sleep }
@@ -127,10 +133,13 @@ export async function runDemo({ trades = 50, seed = 7, out = process.stdout, log
     for (;;) {
       const summary = await poller.runOnce()
       pollCycles++
+      say(`demo: poll cycle ${pollCycles}: ${summary.claimed} orders polled`)
       if (summary.claimed === 0 || pollCycles > 10) break
     }
 
-    return await compare(deps, sandbox, plan, pollCycles)
+    const report = await compare(deps, sandbox, plan, pollCycles)
+    say(`demo: done in ${((Date.now() - startedAt) / 1000).toFixed(1)} s`)
+    return report
   } finally {
     await sandbox?.close()
     await receiver?.stop(1_000)
@@ -256,8 +265,9 @@ export function formatDemoReport(report: DemoReport): string {
     format(widths.map((width) => '-'.repeat(width))),
     ...lines.map(format),
     '',
-    `webhook events ${webhooks.sent}: ${webhooks.dropped} dropped, ${webhooks.duplicated} duplicated, ` +
-      `${webhooks.failedAttempts} failed attempts; poller cycles: ${report.pollCycles}`,
+    `webhooks: ${webhooks.sent} events sent by the sandbox; ${webhooks.dropped} deliveries dropped, ` +
+      `${webhooks.duplicated} duplicated, ${webhooks.failedAttempts} attempts failed (and were retried)`,
+    `poller: ${report.pollCycles} cycle(s) until no order was left due`,
     report.mismatches.length === 0
       ? 'Every order matches the platform.'
       : `MISMATCH: ${report.mismatches.map((m) => `${m.reference} order=${m.order} platform=${m.platform}`).join('; ')}`,
