@@ -1,3 +1,4 @@
+import { createServer, type AddressInfo } from 'node:net'
 import { afterAll, beforeAll, describe, expect, it } from 'vitest'
 import { systemClock } from '../src/clock.js'
 import { PartnerApiClient, type PartnerApiClientOptions } from '../src/partner-api/partner-api.client.js'
@@ -9,7 +10,6 @@ import {
   PartnerNotSentError,
   PartnerTimeoutError,
 } from '../src/partner-api/partner-api-error.js'
-import { freePort } from './helpers/cli-process.js'
 import { FakeClock } from './helpers/fake-clock.js'
 import { logEntries, logLines, rememberSecret, testLogger } from './helpers/log-sink.js'
 import { scriptedFetch, settleWithClock } from './helpers/partner-api-fake-fetch.js'
@@ -381,7 +381,12 @@ describe('PartnerApiClient errors', () => {
   })
 
   it('answers PartnerNotSentError when nothing listens at the base URL: the outcome is known, nothing happened', async () => {
-    const baseUrl = `http://127.0.0.1:${await freePort()}`
+    // a port that was just free: nothing listens there
+    const probe = createServer()
+    await new Promise<void>((resolve) => probe.listen(0, '127.0.0.1', resolve))
+    const { port } = probe.address() as AddressInfo
+    await new Promise<void>((resolve) => probe.close(() => resolve()))
+    const baseUrl = `http://127.0.0.1:${port}`
     const error = await client({ baseUrl, clock: systemClock })
       .fundTrade('tr_1')
       .catch((e) => e)
