@@ -33,7 +33,7 @@ describe('a newcomer’s first minutes, with the built CLI', () => {
     url = String(listening.url)
     adminUrl = String(listening.adminUrl)
     while (!banner.includes('npm run demo')) await new Promise((resolve) => setTimeout(resolve, 20))
-  }, 120_000)
+  }, 300_000)
 
   afterAll(async () => {
     service.kill('SIGTERM')
