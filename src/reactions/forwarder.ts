@@ -1,0 +1,160 @@
+// The built-in forwarder: a reaction handler that POSTs each event to the partner's own system
+// (FORWARD_URL), signed per the Standard Webhooks specification (https://www.standardwebhooks.com), so
+// the receiver verifies it with any Standard Webhooks library and deduplicates by `webhook-id`.
+//
+// - webhook-id: the event id, the same on every retry of the event;
+// - webhook-timestamp: unix seconds when this attempt is sent (a retry is signed afresh);
+// - webhook-signature: `v1,<base64 HMAC-SHA256(key, "<id>.<timestamp>.<body>")>`, the key being the
+//   base64-decoded part of FORWARD_SECRET (`whsec_<base64>`).
+// A 2xx answer is success; any other answer, a redirect, a timeout or no connection throws a
+// ForwardError, and the dispatcher retries the job. No error or log line holds the body, the secret or
+// the signature.
+import { createHmac } from 'node:crypto'
+import { type Clock, systemClock } from '../clock.js'
+import { forwardedPayload, type ReactionHandler } from './reaction-event.js'
+
+export const WEBHOOK_SECRET_PREFIX = 'whsec_'
+/** The specification asks for secrets of 24 to 64 bytes; fewer is refused. */
+export const MIN_WEBHOOK_SECRET_BYTES = 24
+
+const SECRET_FORM = `${WEBHOOK_SECRET_PREFIX}<base64 of ${MIN_WEBHOOK_SECRET_BYTES}+ bytes>`
+
+// standard base64 with its padding, as the specification's libraries decode it
+const BASE64 = /^(?:[A-Za-z0-9+/]{4})*(?:[A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=)?$/
+
+/** The key bytes of a `whsec_<base64>` secret; undefined when it is not one or is shorter than 24 bytes. */
+export function decodeWebhookSecret(secret: string): Buffer | undefined {
+  if (!secret.startsWith(WEBHOOK_SECRET_PREFIX)) return undefined
+  const encoded = secret.slice(WEBHOOK_SECRET_PREFIX.length)
+  if (!BASE64.test(encoded)) return undefined
+  const key = Buffer.from(encoded, 'base64')
+  return key.length >= MIN_WEBHOOK_SECRET_BYTES ? key : undefined
+}
+
+/**
+ * The `webhook-signature` value for one attempt: `v1,<base64>`. Pure; `secret` is the `whsec_...` form.
+ * Throws when the secret is not a valid one (config.ts refuses such a secret at start-up).
+ */
+export function signStandardWebhook(secret: string, id: string, timestamp: number, body: string): string {
+  const key = decodeWebhookSecret(secret)
+  if (!key) throw new Error(`the secret is not ${SECRET_FORM}`)
+  return `v1,${createHmac('sha256', key).update(`${id}.${timestamp}.${body}`).digest('base64')}`
+}
+
+export type ForwardErrorCode = 'forward_failed' | 'forward_timeout' | 'forward_unreachable' | 'forward_aborted'
+
+export class ForwardError extends Error {
+  override name = 'ForwardError'
+  constructor(
+    readonly code: ForwardErrorCode,
+    message: string,
+    /** The receiver's answer, for forward_failed. */
+    readonly status?: number,
+    options?: ErrorOptions,
+  ) {
+    super(message, options)
+  }
+}
+
+export interface ForwarderOptions {
+  /** FORWARD_URL */
+  url: string
+  /** FORWARD_SECRET, `whsec_<base64>` */
+  secret: string
+  /** Per attempt: from sending the request to its answer's status line. */
+  timeoutMs: number
+  fetch?: typeof fetch
+  clock?: Clock
+}
+
+export function createForwarder({
+  url,
+  secret,
+  timeoutMs,
+  fetch: fetchImplementation = fetch,
+  clock = systemClock,
+}: ForwarderOptions): ReactionHandler {
+  const target = new URL(url)
+  if (target.protocol !== 'http:' && target.protocol !== 'https:') {
+    throw new Error('the forward URL must be an http(s) URL')
+  }
+  if (!decodeWebhookSecret(secret)) {
+    throw new Error(`the forward secret is not ${SECRET_FORM}`)
+  }
+  if (!(timeoutMs > 0)) throw new Error('the forward timeout must be a positive number of milliseconds')
+  // errors and logs name the receiver by origin only: a path or query may carry a token of its own
+  const receiver = target.origin
+
+  return async function forward(event, { signal, attempt, logger }) {
+    const body = JSON.stringify(forwardedPayload(event))
+    const timestamp = Math.floor(clock.now() / 1000)
+    const headers = {
+      'content-type': 'application/json',
+      'webhook-id': event.eventId,
+      'webhook-timestamp': String(timestamp),
+      'webhook-signature': signStandardWebhook(secret, event.eventId, timestamp, body),
+    }
+
+    // the timer runs on the injected clock, so a test can time an attempt out without waiting
+    const timeout = new AbortController()
+    const finished = new AbortController()
+    clock.sleep(timeoutMs, finished.signal).then(
+      () => timeout.abort(),
+      () => {},
+    )
+    const startedAt = clock.now()
+    const log = (fields: Record<string, unknown>) =>
+      logger.debug(
+        { eventId: event.eventId, type: event.type, attempt, receiver, durationMs: clock.now() - startedAt, ...fields },
+        'reaction forwarded',
+      )
+    try {
+      // redirect: manual, so a signed event is never sent on to an address nobody configured
+      const response = await fetchImplementation(target, {
+        method: 'POST',
+        headers,
+        body,
+        redirect: 'manual',
+        signal: AbortSignal.any([timeout.signal, signal]),
+      })
+      // the answer's body is not ours to read; dropping it frees the connection
+      await response.body?.cancel().catch(() => {})
+      log({ status: response.status })
+      if (response.status < 200 || response.status > 299) {
+        const redirect = response.status >= 300 && response.status <= 399 ? ' (redirects are not followed)' : ''
+        throw new ForwardError(
+          'forward_failed',
+          `the forward receiver ${receiver} answered ${response.status}${redirect}`,
+          response.status,
+        )
+      }
+    } catch (error) {
+      if (error instanceof ForwardError) throw error
+      if (timeout.signal.aborted) {
+        log({ error: 'timeout' })
+        const message = `the forward receiver ${receiver} did not answer within ${timeoutMs} ms`
+        throw new ForwardError('forward_timeout', message)
+      }
+      if (signal.aborted) {
+        log({ error: 'aborted' })
+        const message = `forwarding to ${receiver} was stopped (lease ended or shutting down)`
+        throw new ForwardError('forward_aborted', message, undefined, { cause: signal.reason })
+      }
+      const reason = describeNetworkError(error)
+      log({ error: 'unreachable', reason })
+      const message = `the forward receiver ${receiver} is unreachable: ${reason}`
+      throw new ForwardError('forward_unreachable', message, undefined, { cause: error })
+    } finally {
+      finished.abort()
+    }
+  }
+}
+
+// fetch wraps the socket's error (ECONNREFUSED, ENOTFOUND ...) in a TypeError('fetch failed'); its code
+// is what an operator needs
+function describeNetworkError(error: unknown): string {
+  const cause = (error as { cause?: { code?: unknown; message?: unknown } } | undefined)?.cause
+  if (typeof cause?.code === 'string') return cause.code
+  if (typeof cause?.message === 'string') return cause.message
+  return error instanceof Error ? error.message : String(error)
+}

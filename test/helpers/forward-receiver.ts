@@ -1,0 +1,59 @@
+// A local HTTP receiver for forwarder tests: records every request as it arrived (headers and raw body)
+// and answers with whatever the test scripts: a status, a redirect, or no answer at all.
+import http from 'node:http'
+import type { AddressInfo } from 'node:net'
+
+export interface ReceivedRequest {
+  method: string
+  url: string
+  headers: Record<string, string>
+  rawBody: string
+}
+
+/** A status, a redirect to a location, or 'hang' (never answer: a timeout or an abort must end it). */
+export type ReceiverAnswer = number | { status: number; location: string } | 'hang'
+
+export interface ForwardReceiver {
+  url: string
+  received: ReceivedRequest[]
+  /** Resolves once `count` requests have arrived (body included). */
+  waitFor(count: number): Promise<void>
+  close(): Promise<void>
+}
+
+export async function startForwardReceiver(
+  answer: (request: ReceivedRequest, count: number) => ReceiverAnswer = () => 204,
+): Promise<ForwardReceiver> {
+  const received: ReceivedRequest[] = []
+  const waiters: { count: number; resolve: () => void }[] = []
+  const server = http.createServer((req, res) => {
+    const chunks: Buffer[] = []
+    req.on('data', (chunk: Buffer) => chunks.push(chunk))
+    req.on('end', () => {
+      const request: ReceivedRequest = {
+        method: req.method ?? '',
+        url: req.url ?? '',
+        headers: Object.fromEntries(Object.entries(req.headers).map(([name, value]) => [name, String(value)])),
+        rawBody: Buffer.concat(chunks).toString('utf8'),
+      }
+      received.push(request)
+      for (const waiter of waiters.filter((w) => w.count <= received.length)) waiter.resolve()
+      const reply = answer(request, received.length)
+      if (reply === 'hang') return
+      if (typeof reply === 'number') res.writeHead(reply).end()
+      else res.writeHead(reply.status, { location: reply.location }).end()
+    })
+  })
+  await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve))
+  return {
+    url: `http://127.0.0.1:${(server.address() as AddressInfo).port}/hooks/escrow`,
+    received,
+    waitFor: (count) =>
+      received.length >= count ? Promise.resolve() : new Promise((resolve) => waiters.push({ count, resolve })),
+    close: () =>
+      new Promise<void>((resolve) => {
+        server.closeAllConnections()
+        server.close(() => resolve())
+      }),
+  }
+}

@@ -1,0 +1,244 @@
+// The built-in forwarder against a real local HTTP receiver, its requests verified with the
+// `standardwebhooks` package (the specification's reference library for JavaScript, not our code).
+import { randomBytes } from 'node:crypto'
+import http from 'node:http'
+import type { AddressInfo } from 'node:net'
+import { Webhook, WebhookVerificationError } from 'standardwebhooks'
+import { afterEach, describe, expect, it } from 'vitest'
+import {
+  createForwarder,
+  decodeWebhookSecret,
+  ForwardError,
+  signStandardWebhook,
+} from '../src/reactions/forwarder.js'
+import { forwardedPayload, type HandlerContext, type ReactionEvent } from '../src/reactions/reaction-event.js'
+import { FakeClock } from './helpers/fake-clock.js'
+import { type ForwardReceiver, startForwardReceiver } from './helpers/forward-receiver.js'
+import { rememberSecret, testLogger } from './helpers/log-sink.js'
+
+const SECRET = `whsec_${randomBytes(32).toString('base64')}`
+const OTHER_SECRET = `whsec_${randomBytes(32).toString('base64')}`
+rememberSecret(SECRET.slice('whsec_'.length), OTHER_SECRET.slice('whsec_'.length))
+
+const logger = testLogger([SECRET.slice('whsec_'.length)])
+
+const event: ReactionEvent = {
+  eventId: '0b7e7c1e-4c8a-4a51-9d0e-5a3c2f1d9e01',
+  type: 'trade.funded',
+  orderId: 42,
+  externalReference: 'order-ref-private-1234',
+  tradeId: 'trd_abc123',
+  from: 'created',
+  to: 'funded',
+  source: 'webhook',
+  sequence: 2,
+  occurredAt: new Date('2026-11-23T01:02:03.456Z'),
+}
+
+function context(overrides: Partial<HandlerContext> = {}): HandlerContext {
+  return { signal: new AbortController().signal, attempt: 1, logger, ...overrides }
+}
+
+const receivers: ForwardReceiver[] = []
+async function receiver(...args: Parameters<typeof startForwardReceiver>): Promise<ForwardReceiver> {
+  const started = await startForwardReceiver(...args)
+  receivers.push(started)
+  return started
+}
+afterEach(async () => {
+  await Promise.all(receivers.splice(0).map((r) => r.close()))
+})
+
+/** The error a forward attempt threw, failing the test when it did not throw. */
+async function failureOf(attempt: Promise<void>): Promise<ForwardError> {
+  const error = await attempt.then(
+    () => undefined,
+    (thrown: unknown) => thrown,
+  )
+  expect(error, 'the forward attempt throws').toBeInstanceOf(ForwardError)
+  const forwardError = error as ForwardError
+  // no body, secret or signature in what the dispatcher stores and logs
+  for (const value of [SECRET.slice('whsec_'.length), event.externalReference, event.tradeId, 'v1,']) {
+    expect(forwardError.message).not.toContain(value)
+  }
+  return forwardError
+}
+
+describe('signStandardWebhook', () => {
+  it('matches the specification libraries’ test vector', () => {
+    expect(
+      signStandardWebhook(
+        'whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw',
+        'msg_p5jXN8AQM9LWM0D4loKWxJek',
+        1614265330,
+        '{"test": 2432232314}',
+      ),
+    ).toBe('v1,g0hM9SsE+OTPJTGt/tmIKtSyZlE3uFJELVlNIOLJ1OE=')
+  })
+
+  it('accepts only whsec_ and the padded base64 of at least 24 bytes', () => {
+    expect(decodeWebhookSecret(`whsec_${Buffer.alloc(24, 7).toString('base64')}`)).toHaveLength(24)
+    expect(decodeWebhookSecret(`whsec_${Buffer.alloc(23, 7).toString('base64')}`)).toBeUndefined()
+    expect(decodeWebhookSecret(Buffer.alloc(32, 7).toString('base64'))).toBeUndefined()
+    expect(decodeWebhookSecret('whsec_not base64 at all, but long enough!!')).toBeUndefined()
+    expect(decodeWebhookSecret(`whsec_${Buffer.alloc(32, 7).toString('base64').replace(/=+$/, '')}`)).toBeUndefined()
+    expect(() => signStandardWebhook('whsec_short', 'id', 1, '{}')).toThrow(/whsec_/)
+  })
+})
+
+describe('the forwarder', () => {
+  it('POSTs the event as a Standard Webhooks payload that the standardwebhooks library verifies', async () => {
+    const target = await receiver()
+    const forward = createForwarder({ url: target.url, secret: SECRET, timeoutMs: 5_000 })
+
+    await forward(event, context())
+
+    expect(target.received).toHaveLength(1)
+    const [request] = target.received
+    expect(request!.method).toBe('POST')
+    expect(request!.url).toBe('/hooks/escrow')
+    expect(request!.headers['content-type']).toBe('application/json')
+    expect(request!.headers['webhook-id']).toBe(event.eventId)
+    expect(request!.headers['webhook-signature']).toMatch(/^v1,[A-Za-z0-9+/]{43}=$/)
+    rememberSecret(request!.headers['webhook-signature']!.slice(3))
+    const sentAt = Number(request!.headers['webhook-timestamp'])
+    expect(Math.abs(sentAt - Date.now() / 1000)).toBeLessThan(300)
+
+    // verify() checks the signature and the timestamp window, and returns the parsed body
+    const verified = new Webhook(SECRET).verify(request!.rawBody, request!.headers)
+    expect(verified).toEqual({
+      type: 'trade.funded',
+      timestamp: '2026-11-23T01:02:03.456Z',
+      data: {
+        event_id: event.eventId,
+        order_id: 42,
+        external_reference: 'order-ref-private-1234',
+        trade_id: 'trd_abc123',
+        from: 'created',
+        to: 'funded',
+        source: 'webhook',
+        sequence: 2,
+        occurred_at: '2026-11-23T01:02:03.456Z',
+      },
+    })
+    expect(JSON.parse(request!.rawBody)).toEqual(forwardedPayload(event))
+  })
+
+  it('sends requests that fail verification under another secret or with a changed body', async () => {
+    const target = await receiver()
+    await createForwarder({ url: target.url, secret: SECRET, timeoutMs: 5_000 })(event, context())
+    const [request] = target.received
+
+    expect(() => new Webhook(OTHER_SECRET).verify(request!.rawBody, request!.headers)).toThrow(
+      WebhookVerificationError,
+    )
+    const tampered = request!.rawBody.replace('"sequence":2', '"sequence":3')
+    expect(tampered).not.toBe(request!.rawBody)
+    expect(() => new Webhook(SECRET).verify(tampered, request!.headers)).toThrow(WebhookVerificationError)
+  })
+
+  it('keeps the webhook-id of an event on every attempt and signs each attempt with a fresh timestamp', async () => {
+    const clock = new FakeClock(Date.now())
+    const target = await receiver((_request, count) => (count === 1 ? 503 : 200))
+    const forward = createForwarder({ url: target.url, secret: SECRET, timeoutMs: 5_000, clock })
+
+    const first = await failureOf(forward(event, context({ attempt: 1 })))
+    expect(first).toMatchObject({ code: 'forward_failed', status: 503 })
+    await clock.advance(90_000)
+    await forward(event, context({ attempt: 2 }))
+
+    const [one, two] = target.received
+    expect(two!.headers['webhook-id']).toBe(one!.headers['webhook-id'])
+    expect(Number(two!.headers['webhook-timestamp']) - Number(one!.headers['webhook-timestamp'])).toBe(90)
+    expect(two!.headers['webhook-signature']).not.toBe(one!.headers['webhook-signature'])
+    expect(two!.rawBody).toBe(one!.rawBody)
+    for (const request of [one!, two!]) {
+      expect(() => new Webhook(SECRET).verify(request.rawBody, request.headers)).not.toThrow()
+    }
+  })
+
+  it('gives each event its own webhook-id', async () => {
+    const target = await receiver()
+    const forward = createForwarder({ url: target.url, secret: SECRET, timeoutMs: 5_000 })
+    const next = { ...event, eventId: '5f0c6b3a-1d2e-4f60-8a7b-9c0d1e2f3a4b', sequence: 3, to: 'delivered' }
+    await forward(event, context())
+    await forward({ ...next, type: 'trade.delivered' }, context())
+    expect(target.received.map((request) => request.headers['webhook-id'])).toEqual([event.eventId, next.eventId])
+  })
+
+  it('throws forward_failed with the status when the receiver answers 500', async () => {
+    const target = await receiver(() => 500)
+    const forward = createForwarder({ url: target.url, secret: SECRET, timeoutMs: 5_000 })
+    const error = await failureOf(forward(event, context()))
+    expect(error).toMatchObject({ code: 'forward_failed', status: 500 })
+    expect(error.message).toContain('answered 500')
+  })
+
+  it('treats a 302 as a failure and never follows it', async () => {
+    const elsewhere = await receiver()
+    const target = await receiver(() => ({ status: 302, location: elsewhere.url }))
+    const forward = createForwarder({ url: target.url, secret: SECRET, timeoutMs: 5_000 })
+
+    const error = await failureOf(forward(event, context()))
+
+    expect(error).toMatchObject({ code: 'forward_failed', status: 302 })
+    expect(error.message).toContain('redirects are not followed')
+    expect(target.received).toHaveLength(1)
+    expect(elsewhere.received).toHaveLength(0)
+  })
+
+  it('throws forward_timeout when the receiver does not answer within the timeout', async () => {
+    const clock = new FakeClock(Date.now())
+    const target = await receiver(() => 'hang')
+    const forward = createForwarder({ url: target.url, secret: SECRET, timeoutMs: 10_000, clock })
+
+    // failureOf listens at once: the attempt rejects while the clock advances
+    const failure = failureOf(forward(event, context()))
+    await target.waitFor(1)
+    await clock.advance(10_000)
+
+    expect(await failure).toMatchObject({ code: 'forward_timeout' })
+  })
+
+  it('times out on the real clock too', async () => {
+    const target = await receiver(() => 'hang')
+    const forward = createForwarder({ url: target.url, secret: SECRET, timeoutMs: 200 })
+    const error = await failureOf(forward(event, context()))
+    expect(error).toMatchObject({ code: 'forward_timeout' })
+    expect(error.message).toContain('200 ms')
+  })
+
+  it('stops when the handler’s signal is aborted (lease ended, shutdown)', async () => {
+    const target = await receiver(() => 'hang')
+    const forward = createForwarder({ url: target.url, secret: SECRET, timeoutMs: 60_000 })
+    const controller = new AbortController()
+
+    const failure = failureOf(forward(event, context({ signal: controller.signal })))
+    await target.waitFor(1)
+    controller.abort(new Error('shutting down'))
+
+    expect(await failure).toMatchObject({ code: 'forward_aborted' })
+  })
+
+  it('throws forward_unreachable when nothing listens, naming the receiver by origin only', async () => {
+    const closed = http.createServer()
+    await new Promise<void>((resolve) => closed.listen(0, '127.0.0.1', resolve))
+    const { port } = closed.address() as AddressInfo
+    await new Promise<void>((resolve) => closed.close(() => resolve()))
+    const url = `http://127.0.0.1:${port}/hooks/escrow?token=a-token-in-the-query-0001`
+    const forward = createForwarder({ url, secret: SECRET, timeoutMs: 5_000 })
+
+    const error = await failureOf(forward(event, context()))
+
+    expect(error).toMatchObject({ code: 'forward_unreachable' })
+    expect(error.message).toContain(`http://127.0.0.1:${port}`)
+    expect(error.message).toContain('ECONNREFUSED')
+    expect(error.message).not.toContain('a-token-in-the-query')
+  })
+
+  it('refuses a secret that is not whsec_<base64 of 24+ bytes> and a URL that is not http(s)', () => {
+    const plain = 'plain-secret-of-enough-length-000'
+    expect(() => createForwarder({ url: 'http://127.0.0.1/', secret: plain, timeoutMs: 1 })).toThrow(/whsec_/)
+    expect(() => createForwarder({ url: 'ftp://127.0.0.1/', secret: SECRET, timeoutMs: 1 })).toThrow(/http/)
+  })
+})
