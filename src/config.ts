@@ -9,6 +9,7 @@ import { mkdirSync, readFileSync, writeFileSync } from 'node:fs'
 import path from 'node:path'
 import bytes from 'bytes'
 import { z } from 'zod'
+import { decodeWebhookSecret, MIN_WEBHOOK_SECRET_BYTES, WEBHOOK_SECRET_PREFIX } from './reactions/forwarder.js'
 
 export const MIN_SECRET_LENGTH = 24
 
@@ -66,6 +67,21 @@ export interface Config {
     readonly staleAfterS: number
   }
   readonly metrics: { readonly enabled: boolean; readonly path: string }
+  readonly reactions: {
+    /** Calls of one (event, handler) in all before the job is failed (dead letter). */
+    readonly maxAttempts: number
+    /** Handlers running at once per replica. */
+    readonly concurrency: number
+  }
+  /** The built-in forwarder; undefined when FORWARD_URL is unset. */
+  readonly forward:
+    | {
+        readonly url: string
+        /** `whsec_<base64>`, the Standard Webhooks form */
+        readonly secret: string
+        readonly timeoutMs: number
+      }
+    | undefined
   readonly sandbox: {
     readonly port: number
     /** Bearer token of the sandbox's /sandbox/* control endpoints; undefined: they refuse every call. */
@@ -148,6 +164,11 @@ const EnvSchema = z.object({
     .default('/metrics'),
   SANDBOX_PORT: port.default(4010),
   SANDBOX_CONTROL_TOKEN: z.string().optional(),
+  REACTION_MAX_ATTEMPTS: positiveInt.max(1_000).default(10),
+  REACTION_CONCURRENCY: positiveInt.max(256).default(8),
+  FORWARD_URL: z.url({ protocol: /^https?$/, error: 'must be an http(s) URL' }).optional(),
+  FORWARD_SECRET: z.string().optional(),
+  FORWARD_TIMEOUT_MS: positiveInt.default(10_000),
 })
 
 type Env = Record<string, string | undefined>
@@ -213,6 +234,17 @@ export function parseConfig(
   }
   if (values.PARTNER_API_SECRET !== undefined && values.PARTNER_API_SECRET.length < MIN_SECRET_LENGTH) {
     problems.push(`PARTNER_API_SECRET: is shorter than ${MIN_SECRET_LENGTH} characters`)
+  }
+  if (values.FORWARD_SECRET !== undefined && !decodeWebhookSecret(values.FORWARD_SECRET)) {
+    const form = `${WEBHOOK_SECRET_PREFIX} followed by the base64 of at least ${MIN_WEBHOOK_SECRET_BYTES} random bytes`
+    problems.push(`FORWARD_SECRET: must be ${form}`)
+  }
+  if (values.FORWARD_URL !== undefined && values.FORWARD_SECRET === undefined) {
+    problems.push('FORWARD_SECRET: required when FORWARD_URL is set')
+  }
+  if (values.FORWARD_SECRET !== undefined && values.FORWARD_URL === undefined) {
+    // refused rather than ignored: a secret nobody uses is also one the log redaction would not know
+    problems.push('FORWARD_SECRET: is set but FORWARD_URL is not (set both to forward, or neither)')
   }
   if (mode === 'remote') {
     if (!values.WEBHOOK_SECRETS?.length)
@@ -282,6 +314,11 @@ export function parseConfig(
         generated?.sandboxControlToken ??
         (mode === 'local' ? randomBytes(32).toString('hex') : undefined),
     },
+    reactions: { maxAttempts: values.REACTION_MAX_ATTEMPTS, concurrency: values.REACTION_CONCURRENCY },
+    forward:
+      values.FORWARD_URL === undefined
+        ? undefined
+        : { url: values.FORWARD_URL, secret: values.FORWARD_SECRET!, timeoutMs: values.FORWARD_TIMEOUT_MS },
     localSecretsFile: generated ? localSecretsPath(dataDir) : undefined,
   }
   return deepFreeze(config)
@@ -326,10 +363,13 @@ export function readLocalSecrets(dataDir: string): LocalSecrets {
 
 /** Every configured secret, for the log redaction and the tests that prove no log line holds one. */
 export function configSecrets(config: Config): string[] {
+  // the forward secret's base64 part is the key itself, and censoring it censors the whsec_ form too
+  const forwardKey = config.forward?.secret.slice(WEBHOOK_SECRET_PREFIX.length)
   return [
     ...config.webhook.secrets,
     config.partner.secret,
     ...(config.sandbox.controlToken ? [config.sandbox.controlToken] : []),
+    ...(forwardKey ? [forwardKey] : []),
   ]
 }
 

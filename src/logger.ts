@@ -19,6 +19,8 @@ const REDACTED_PATHS = [
   'headers["X-Partner-Signature"]',
   '*.headers["x-partner-signature"]',
   '*.headers["X-Partner-Signature"]',
+  'headers["webhook-signature"]',
+  '*.headers["webhook-signature"]',
   'signature',
   '*.signature',
   'secret',

@@ -2,7 +2,8 @@ import { mkdtempSync, readFileSync, statSync } from 'node:fs'
 import { tmpdir } from 'node:os'
 import path from 'node:path'
 import { describe, expect, it } from 'vitest'
-import { ConfigError, parseConfig } from '../src/config.js'
+import { ConfigError, configSecrets, parseConfig } from '../src/config.js'
+import { createLogger } from '../src/logger.js'
 
 const LONG_SECRET = 'a-webhook-secret-of-enough-length-000'
 const remoteEnv = {
@@ -172,5 +173,74 @@ describe('configuration', () => {
     expect(problemsOf({ ...remoteEnv, MAX_INFLIGHT_BODY_BYTES: '100kb' })).toEqual([
       'MAX_INFLIGHT_BODY_BYTES: must be at least WEBHOOK_BODY_LIMIT (one largest body must fit)',
     ])
+  })
+
+  describe('reactions and the forwarder', () => {
+    const forwardSecret = `whsec_${Buffer.alloc(32, 9).toString('base64')}`
+
+    it('has reaction defaults and no forwarder unless FORWARD_URL is set', () => {
+      const config = parseConfig(remoteEnv)
+      expect(config.reactions).toEqual({ maxAttempts: 10, concurrency: 8 })
+      expect(config.forward).toBeUndefined()
+      expect(parseConfig({ ...remoteEnv, REACTION_MAX_ATTEMPTS: '3', REACTION_CONCURRENCY: '2' }).reactions).toEqual({
+        maxAttempts: 3,
+        concurrency: 2,
+      })
+    })
+
+    it('parses FORWARD_URL, FORWARD_SECRET and FORWARD_TIMEOUT_MS', () => {
+      const env = { ...remoteEnv, FORWARD_URL: 'https://erp.internal/hooks/escrow', FORWARD_SECRET: forwardSecret }
+      expect(parseConfig(env).forward).toEqual({
+        url: 'https://erp.internal/hooks/escrow',
+        secret: forwardSecret,
+        timeoutMs: 10_000,
+      })
+      expect(parseConfig({ ...env, FORWARD_TIMEOUT_MS: '2500' }).forward?.timeoutMs).toBe(2500)
+    })
+
+    it('refuses a forward URL that is not http(s), a missing or malformed secret, and bad numbers', () => {
+      expect(problemsOf({ ...remoteEnv, FORWARD_URL: 'https://erp.internal/hook' })).toEqual([
+        'FORWARD_SECRET: required when FORWARD_URL is set',
+      ])
+      expect(problemsOf({ ...remoteEnv, FORWARD_SECRET: forwardSecret })).toEqual([
+        'FORWARD_SECRET: is set but FORWARD_URL is not (set both to forward, or neither)',
+      ])
+      const malformed = [
+        LONG_SECRET, // no whsec_ prefix
+        `whsec_${Buffer.alloc(16, 9).toString('base64')}`, // 16 bytes: too short a key
+        'whsec_this is not base64 but is long enough to pass a length check',
+      ]
+      for (const secret of malformed) {
+        expect(problemsOf({ ...remoteEnv, FORWARD_URL: 'https://erp.internal/hook', FORWARD_SECRET: secret })).toEqual([
+          'FORWARD_SECRET: must be whsec_ followed by the base64 of at least 24 random bytes',
+        ])
+      }
+      const problems = problemsOf({
+        ...remoteEnv,
+        FORWARD_URL: 'ftp://erp.internal/hook',
+        FORWARD_SECRET: forwardSecret,
+        FORWARD_TIMEOUT_MS: '0',
+        REACTION_MAX_ATTEMPTS: 'many',
+        REACTION_CONCURRENCY: '0',
+      })
+      for (const name of ['FORWARD_URL', 'FORWARD_TIMEOUT_MS', 'REACTION_MAX_ATTEMPTS', 'REACTION_CONCURRENCY']) {
+        expect(problems.some((problem) => problem.startsWith(`${name}:`)), `${name} is named`).toBe(true)
+      }
+      expect(problems.join('\n')).not.toContain(forwardSecret.slice('whsec_'.length))
+    })
+
+    it('counts the forward secret among the secrets no log line may show', () => {
+      const config = parseConfig({ ...remoteEnv, FORWARD_URL: 'http://127.0.0.1:9/hook', FORWARD_SECRET: forwardSecret })
+      const lines: string[] = []
+      const logger = createLogger({
+        level: 'info',
+        secrets: configSecrets(config),
+        destination: { write: (line: string) => lines.push(line) },
+      })
+      logger.info({ careless: forwardSecret }, `a careless line with ${forwardSecret.slice('whsec_'.length)}`)
+      expect(lines).toHaveLength(1)
+      expect(lines[0]).not.toContain(forwardSecret.slice('whsec_'.length))
+      expect(lines[0]).toContain('[redacted]')
+    })
   })
 })
