@@ -13,6 +13,8 @@ const processFiles = testFiles.filter((file) => readFileSync(file, 'utf8').inclu
 export default defineConfig({
   test: {
     setupFiles: ['test/helpers/setup.ts'],
+    // one initialised and one migrated PGlite, made once and loaded by every test file's createTestDatabase()
+    globalSetup: ['test/helpers/pglite-template.ts'],
     // A bound on a hang, not a measure of speed: these machines are shared, and a test that passes in 5 s
     // quiet took over 30 s under a load of 25 on 2 cores. What a test checks is behaviour, never its time.
     testTimeout: 300_000,

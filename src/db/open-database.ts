@@ -20,6 +20,8 @@ export interface DatabaseHandle {
   /** Pool use for metrics; PGlite reports its one connection. */
   poolStats(): { total: number; idle: number; waiting: number }
   close(): Promise<void>
+  /** PGlite only: the whole data directory as a gzipped tarball, which `pgliteTemplate` starts from. */
+  dumpDataDir?(): Promise<Blob>
 }
 
 export interface OpenDatabaseOptions {
@@ -27,6 +29,8 @@ export interface OpenDatabaseOptions {
   databaseUrl?: string | undefined
   /** PGlite's data directory; 'memory://' for a throwaway database. */
   dataDir?: string
+  /** A `dumpDataDir()` tarball for PGlite to start from instead of initialising an empty cluster (tests). */
+  pgliteTemplate?: Blob | undefined
   poolSize?: number
   logger?: Logger
 }
@@ -98,7 +102,7 @@ export function embeddedDatabaseExists(dataDir: string): boolean {
   return dataDir.startsWith('memory://') || existsSync(path.join(dataDir, 'pglite', 'PG_VERSION'))
 }
 
-function openPglite({ dataDir = 'memory://', logger }: OpenDatabaseOptions): DatabaseHandle {
+function openPglite({ dataDir = 'memory://', logger, pgliteTemplate }: OpenDatabaseOptions): DatabaseHandle {
   const inMemory = dataDir.startsWith('memory://')
   const location = inMemory ? dataDir : path.join(dataDir, 'pglite')
   let unlock = () => {}
@@ -108,7 +112,7 @@ function openPglite({ dataDir = 'memory://', logger }: OpenDatabaseOptions): Dat
     mkdirSync(location, { recursive: true })
     unlock = lockDataDirectory(location)
   }
-  const pglite = new PGlite(location)
+  const pglite = new PGlite(location, pgliteTemplate ? { loadDataDir: pgliteTemplate } : {})
   // PGlite unpacks a new database with its own modes (0666), past the umask: tighten once it is ready
   // (until then the 0700 directory keeps others out)
   if (!inMemory) {
@@ -126,6 +130,10 @@ function openPglite({ dataDir = 'memory://', logger }: OpenDatabaseOptions): Dat
     db,
     kind: 'pglite',
     poolStats: () => ({ total: 1, idle: 1, waiting: 0 }),
+    dumpDataDir: async () => {
+      await pglite.waitReady
+      return pglite.dumpDataDir('gzip')
+    },
     close: async () => {
       await db.destroy()
       if (!pglite.closed) await pglite.close()

@@ -1,8 +1,9 @@
 // A fresh, migrated database for one test file: in-memory PGlite by default, or a throwaway schema in
 // the Postgres named by TEST_DATABASE_URL (the CI runs the suite both ways).
 import { randomBytes } from 'node:crypto'
+import { readFileSync } from 'node:fs'
 import pg from 'pg'
-import { describe } from 'vitest'
+import { afterAll, beforeAll, describe, inject } from 'vitest'
 import { migrateToLatest } from '../../src/db/migrate.js'
 import { type DatabaseHandle, openDatabase } from '../../src/db/open-database.js'
 import type { Logger } from '../../src/logger.js'
@@ -24,19 +25,55 @@ export interface TestDatabase extends DatabaseHandle {
   openAnother(): DatabaseHandle
 }
 
+export interface TestDatabaseOptions {
+  kind?: 'postgres' | 'pglite'
+  logger?: Logger
+  migrate?: boolean
+  poolSize?: number
+}
+
+/**
+ * The database of the enclosing describe() (or file): created before its tests, closed after them.
+ * The returned object stands for it from inside tests and hooks.
+ */
+export function useTestDatabase(options: TestDatabaseOptions = {}): TestDatabase {
+  let current: TestDatabase | undefined
+  beforeAll(async () => {
+    current = await createTestDatabase(options)
+  })
+  afterAll(async () => {
+    await current?.close()
+    current = undefined
+  })
+  const database = (): TestDatabase => {
+    if (!current) throw new Error('useTestDatabase(): the database exists only inside tests and their hooks')
+    return current
+  }
+  return {
+    get db() {
+      return database().db
+    },
+    get kind() {
+      return database().kind
+    },
+    get url() {
+      return database().url
+    },
+    poolStats: () => database().poolStats(),
+    openAnother: () => database().openAnother(),
+    close: () => database().close(),
+  }
+}
+
 export async function createTestDatabase({
   kind = postgresUrl ? 'postgres' : 'pglite',
   logger,
   migrate = true,
   poolSize = 10,
-}: {
-  kind?: 'postgres' | 'pglite'
-  logger?: Logger
-  migrate?: boolean
-  poolSize?: number
-} = {}): Promise<TestDatabase> {
+}: TestDatabaseOptions = {}): Promise<TestDatabase> {
   if (kind === 'pglite') {
-    const handle = openDatabase({ dataDir: 'memory://' })
+    const handle = openDatabase({ dataDir: 'memory://', pgliteTemplate: pgliteTemplate(migrate) })
+    // the template holds every migration (or none); the migrator is still asked, and finds nothing to do
     if (migrate) await migrateToLatest(handle.db)
     return {
       ...handle,
@@ -67,6 +104,18 @@ export async function createTestDatabase({
       await cleanup.end()
     },
   }
+}
+
+// read once per test file; the tarballs are made by helpers/pglite-template.ts (globalSetup)
+const templates = new Map<boolean, Blob>()
+function pgliteTemplate(migrated: boolean): Blob {
+  let template = templates.get(migrated)
+  if (!template) {
+    const paths = inject('pgliteTemplates')
+    template = new Blob([readFileSync(migrated ? paths.migrated : paths.empty)])
+    templates.set(migrated, template)
+  }
+  return template
 }
 
 function withSearchPath(url: string, schema: string): string {
