@@ -1,16 +1,9 @@
 import { sql } from 'kysely'
-import { afterAll, beforeAll, describe, expect, it } from 'vitest'
-import { createTestDatabase, type TestDatabase } from './helpers/test-database.js'
+import { describe, expect, it } from 'vitest'
+import { useTestDatabase } from './helpers/test-database.js'
 
 describe('the database layer', () => {
-  let database: TestDatabase
-
-  beforeAll(async () => {
-    database = await createTestDatabase()
-  })
-  afterAll(async () => {
-    await database.close()
-  })
+  const database = useTestDatabase()
 
   it('runs 50 concurrent read-modify-write transactions without interleaving them', async () => {
     const { db } = database

@@ -3,7 +3,7 @@
 import { createHash, randomUUID } from 'node:crypto'
 import { sql } from 'kysely'
 import request from 'supertest'
-import { afterAll, beforeAll, describe, expect, it } from 'vitest'
+import { describe, expect, it } from 'vitest'
 import { systemClock } from '../src/clock.js'
 import { openDatabase } from '../src/db/open-database.js'
 import { createAdminApp } from '../src/http/admin-app.js'
@@ -17,7 +17,7 @@ import { SeenDeliveries } from '../src/webhooks/seen-deliveries.js'
 import { testLogger } from './helpers/log-sink.js'
 import { startTcpProxy } from './helpers/tcp-proxy.js'
 import { testConfig } from './helpers/test-config.js'
-import { createTestDatabase, describePostgres, type TestDatabase } from './helpers/test-database.js'
+import { describePostgres, useTestDatabase } from './helpers/test-database.js'
 import { sendWebhook, tradePayload } from './helpers/webhook-delivery.js'
 
 const config = testConfig({ LOG_LEVEL: 'warn' })
@@ -42,13 +42,7 @@ function delivery(externalReference: string, status: string, deliveryId = `gc-${
 }
 
 describe('group commit', () => {
-  let database: TestDatabase
-  beforeAll(async () => {
-    database = await createTestDatabase()
-  })
-  afterAll(async () => {
-    await database.close()
-  })
+  const database = useTestDatabase()
 
   const writer = (options: { maxBatch?: number; maxQueued?: number } = {}) => {
     const batches: number[] = []
@@ -179,13 +173,7 @@ describe('the memory of stored delivery ids', () => {
 })
 
 describePostgres('group commit through the receiver (Postgres)', () => {
-  let database: TestDatabase
-  beforeAll(async () => {
-    database = await createTestDatabase({ poolSize: 4 })
-  })
-  afterAll(async () => {
-    await database.close()
-  })
+  const database = useTestDatabase({ poolSize: 4 })
 
   it('answers each of 60 concurrent deliveries only after its statement committed, in fewer statements than deliveries', async () => {
     const metrics = createMetrics({}, { defaultMetrics: false })

@@ -1,5 +1,5 @@
 import request from 'supertest'
-import { afterAll, beforeAll, describe, expect, it } from 'vitest'
+import { describe, expect, it } from 'vitest'
 import { systemClock } from '../src/clock.js'
 import { migrateToLatest } from '../src/db/migrate.js'
 import { openDatabase } from '../src/db/open-database.js'
@@ -7,20 +7,13 @@ import { createApp } from '../src/http/app.js'
 import { testLogger } from './helpers/log-sink.js'
 import { startTcpProxy } from './helpers/tcp-proxy.js'
 import { testConfig } from './helpers/test-config.js'
-import { createTestDatabase, describePostgres, type TestDatabase } from './helpers/test-database.js'
+import { createTestDatabase, describePostgres, useTestDatabase } from './helpers/test-database.js'
 
 const config = testConfig()
 const logger = testLogger()
 
 describe('health and the error contract', () => {
-  let database: TestDatabase
-
-  beforeAll(async () => {
-    database = await createTestDatabase()
-  })
-  afterAll(async () => {
-    await database.close()
-  })
+  const database = useTestDatabase()
 
   const app = () => createApp({ config, db: database.db, logger, clock: systemClock })
 

@@ -1,5 +1,5 @@
 import request from 'supertest'
-import { afterAll, beforeAll, describe, expect, it } from 'vitest'
+import { describe, expect, it } from 'vitest'
 import type { Kysely } from 'kysely'
 import type { Database } from '../src/db/database.js'
 import { systemClock } from '../src/clock.js'
@@ -15,17 +15,11 @@ import { FakeClock } from './helpers/fake-clock.js'
 import { testLogger } from './helpers/log-sink.js'
 import { startTcpProxy } from './helpers/tcp-proxy.js'
 import { testConfig } from './helpers/test-config.js'
-import { createTestDatabase, describePostgres, type TestDatabase } from './helpers/test-database.js'
+import { createTestDatabase, describePostgres, useTestDatabase } from './helpers/test-database.js'
 import { sendWebhook, tradePayload } from './helpers/webhook-delivery.js'
 
 describe('GET /metrics, on the operator listener', () => {
-  let database: TestDatabase
-  beforeAll(async () => {
-    database = await createTestDatabase()
-  })
-  afterAll(async () => {
-    await database.close()
-  })
+  const database = useTestDatabase()
 
   it('counts deliveries by outcome, signature failures and ingest latency, and reads the due orders', async () => {
     const config = testConfig()

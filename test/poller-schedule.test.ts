@@ -1,7 +1,7 @@
 // When an order comes due, as the trades service, the webhooks and the poller leave it: after an API
 // call it expects a webhook and is polled EXPECTED_WEBHOOK_S later unless one came; after any observation
 // it is polled STALE_AFTER_S later; a terminal order never.
-import { afterAll, beforeAll, beforeEach, describe, expect, it } from 'vitest'
+import { beforeEach, describe, expect, it } from 'vitest'
 import { applyObservation } from '../src/orders/apply-observation.js'
 import { openTradeForOrder } from '../src/trades/open-trade-for-order.js'
 import { runTradeOperation } from '../src/trades/run-trade-operation.js'
@@ -12,25 +12,19 @@ import { fakeTradeApi } from './helpers/partner-api-fake-client.js'
 import { tradeRecord } from './helpers/partner-api-fixtures.js'
 import { type CountingFetcher, countingFetcher, orderByReference } from './helpers/reconcile-orders.js'
 import { type TestPoller, testPoller } from './helpers/reconcile-poller.js'
-import { createTestDatabase, type TestDatabase } from './helpers/test-database.js'
+import { useTestDatabase } from './helpers/test-database.js'
 
 const EXPECTED_WEBHOOK_S = 600
 const STALE_AFTER_S = 21_600
 
 describe('when an order is due', () => {
-  let database: TestDatabase
+  const database = useTestDatabase()
   let clock: FakeClock
   let trades: TradeDeps
   let fetcher: CountingFetcher
   let poller: TestPoller
   let start: number
 
-  beforeAll(async () => {
-    database = await createTestDatabase()
-  })
-  afterAll(async () => {
-    await database.close()
-  })
   beforeEach(async () => {
     await database.db.deleteFrom('orders').execute()
     clock = new FakeClock()

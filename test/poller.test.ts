@@ -1,4 +1,4 @@
-import { afterAll, beforeAll, beforeEach, describe, expect, it } from 'vitest'
+import { beforeEach, describe, expect, it } from 'vitest'
 import { PartnerNetworkError } from '../src/partner-api/partner-api-error.js'
 import { claimDueOrders } from '../src/reconcile/claim-due-orders.js'
 import { dueOrderStats } from '../src/reconcile/poller.js'
@@ -7,22 +7,16 @@ import { FakeClock } from './helpers/fake-clock.js'
 import { logEntries } from './helpers/log-sink.js'
 import { countingFetcher, insertOrders, orderByReference, platformError } from './helpers/reconcile-orders.js'
 import { deferred, eventually, testPoller } from './helpers/reconcile-poller.js'
-import { createTestDatabase, type TestDatabase } from './helpers/test-database.js'
+import { useTestDatabase } from './helpers/test-database.js'
 
 const STALE_AFTER_S = 21_600
 
 describe('the poller', () => {
-  let database: TestDatabase
+  const database = useTestDatabase()
   let clock: FakeClock
   const now = () => new Date(clock.now())
   const fromNow = (s: number) => new Date(clock.now() + s * 1000)
 
-  beforeAll(async () => {
-    database = await createTestDatabase()
-  })
-  afterAll(async () => {
-    await database.close()
-  })
   beforeEach(async () => {
     clock = new FakeClock()
     await database.db.deleteFrom('orders').execute()

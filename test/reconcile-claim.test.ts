@@ -9,19 +9,13 @@ import {
   rescheduleAfterError,
 } from '../src/reconcile/poll-schedule.repository.js'
 import { dueOrders, insertManyDueOrders, insertOrders, orderByReference } from './helpers/reconcile-orders.js'
-import { createTestDatabase, describePostgres, type TestDatabase } from './helpers/test-database.js'
+import { createTestDatabase, describePostgres, type TestDatabase, useTestDatabase } from './helpers/test-database.js'
 
 const NOW = new Date('2026-03-01T12:00:00Z')
 const seconds = (s: number) => new Date(NOW.getTime() + s * 1000)
 
 describe('claiming due orders', () => {
-  let database: TestDatabase
-  beforeAll(async () => {
-    database = await createTestDatabase()
-  })
-  afterAll(async () => {
-    await database.close()
-  })
+  const database = useTestDatabase()
   beforeEach(async () => {
     await database.db.deleteFrom('orders').execute()
   })
