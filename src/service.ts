@@ -23,6 +23,8 @@ import { createPoller, dueOrderStats, type Poller, pollerSettings } from './reco
 import { createSandbox } from './sandbox/create-sandbox.js'
 import { sandboxStateFile } from './sandbox/sandbox-state.js'
 import { countParkedDeliveries } from './webhooks/delivery.repository.js'
+import { createEventHandlers } from './webhooks/event-handlers.js'
+import { registerEventHandlers } from './webhooks/partner-event-handlers.js'
 
 export interface RunningService {
   /** The public listener: the webhook path, /healthz, /readyz. */
@@ -83,7 +85,9 @@ export async function startService({
     // a second terminal's commands are run here (operator listener), on this database, in every mode (src/local)
     const advertised = !config.dataDir.startsWith('memory://')
     const localCliToken = advertised ? createLocalCliToken() : undefined
-    const app = createApp({ config, db: database.db, logger, clock, metrics, isReady: () => ready })
+    const eventHandlers = createEventHandlers()
+    registerEventHandlers(eventHandlers)
+    const app = createApp({ config, db: database.db, logger, clock, metrics, eventHandlers, isReady: () => ready })
     const server = await listen(app, {
       port: config.port,
       host: config.host,

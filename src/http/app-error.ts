@@ -12,6 +12,8 @@ export type ErrorCode =
   | 'method_not_allowed'
   | 'request_timeout'
   | 'header_too_large'
+  | 'event_handler_failed'
+  | 'invalid_command_token'
   | 'internal_error'
 
 export class AppError extends Error {

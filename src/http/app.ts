@@ -11,6 +11,7 @@ import type { Metrics } from '../metrics/metrics.js'
 import { errorHandler, notFoundHandler } from './error-handler.js'
 import { healthRoutes } from './health.routes.js'
 import { InflightBodyBudget, reserveBodyBytes } from './inflight-body-budget.js'
+import { createEventHandlers, type EventHandlers } from '../webhooks/event-handlers.js'
 import { webhookRoutes } from '../webhooks/webhook.routes.js'
 
 export interface AppDeps {
@@ -22,6 +23,8 @@ export interface AppDeps {
   metrics?: Metrics | undefined
   /** False while the service waits for its database at start-up: /readyz and deliveries answer 503. */
   isReady?: () => boolean
+  /** Seller and buyer event handlers (service.ts registers the fork's); none when not given. */
+  eventHandlers?: EventHandlers | undefined
 }
 
 export function createApp(deps: AppDeps): Express {
@@ -38,6 +41,7 @@ export function createApp(deps: AppDeps): Express {
   app.use(
     webhookRoutes({
       ...deps,
+      eventHandlers: deps.eventHandlers ?? createEventHandlers(),
       path: deps.config.webhook.path,
       bodyLimitBytes: deps.config.webhook.bodyLimitBytes,
       batch: { maxBatch: deps.config.webhook.batchMax, maxInFlight: deps.config.webhook.batchStatements },

@@ -1,7 +1,9 @@
-// Where a fork handles the events the platform sends besides trade status changes. The spec shows no
-// payload for seller.{status} and buyer.{status}, so by default they are stored (outcome `ignored`,
-// raw body kept) and nothing else happens. Fill in a handler to act on them: it runs after the
-// delivery is stored; it receives the parsed body and the database, and may return 'applied'.
+// Handlers for the events the platform sends besides trade status changes (trade events go through the
+// status model, and a fork reacts to them in src/reactions). The spec shows no payload for
+// seller.{status} and buyer.{status}, so without a handler they are stored (outcome `ignored`, raw body
+// kept) and nothing else happens. A registry is an instance the composition root builds (service.ts)
+// and gives to the app, so two apps in one process (tests, the demo) never share handlers; a fork
+// registers its handlers in partner-event-handlers.ts.
 import type { Kysely } from 'kysely'
 import type { Database } from '../db/database.js'
 import type { Logger } from '../logger.js'
@@ -14,15 +16,39 @@ export interface EventContext {
   body: Record<string, unknown>
 }
 
+/** Runs after the delivery is stored; 'applied' becomes the delivery's stored outcome. */
 export type EventHandler = (context: EventContext) => Promise<'applied' | 'ignored'>
 
-/** Event kind prefix (the part before the first dot) → handler. */
-export const eventHandlers: Record<string, EventHandler | undefined> = {
-  seller: undefined,
-  buyer: undefined,
+/** The event families a handler may be registered for. */
+export type EventFamily = 'seller' | 'buyer'
+
+/**
+ * What `on` accepts, as Octokit's webhooks do: a family ('seller': every seller.* event) or one event
+ * type ('seller.approved').
+ */
+export type EventName = EventFamily | `${EventFamily}.${string}`
+
+export interface EventHandlers {
+  on(event: EventName, handler: EventHandler): void
+  /** The handlers an event type runs, in registration order (none for trade events). */
+  handlersFor(eventType: string): readonly EventHandler[]
 }
 
-export function handlerFor(eventType: string): EventHandler | undefined {
-  const kind = eventType.split('.', 1)[0] ?? ''
-  return Object.hasOwn(eventHandlers, kind) ? eventHandlers[kind] : undefined
+const FAMILIES: ReadonlySet<string> = new Set<EventFamily>(['seller', 'buyer'])
+
+export function createEventHandlers(): EventHandlers {
+  const registered: { event: EventName; handler: EventHandler }[] = []
+  return {
+    on(event, handler) {
+      // the type says as much; this catches a plain-JavaScript caller or a cast
+      if (!FAMILIES.has(event.split('.', 1)[0]!)) throw new TypeError(`Not an event family: ${event}`)
+      registered.push({ event, handler })
+    },
+    handlersFor(eventType) {
+      const family = eventType.split('.', 1)[0]!
+      if (!FAMILIES.has(family)) return []
+      return registered.filter(({ event }) => event === family || event === eventType).map(({ handler }) => handler)
+    },
+  }
 }
+

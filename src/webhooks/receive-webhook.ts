@@ -6,12 +6,12 @@
 import { createHash } from 'node:crypto'
 import type { Kysely } from 'kysely'
 import type { Clock } from '../clock.js'
-import { type DatabaseErrorDescription, describeDatabaseError } from '../db/database-errors.js'
+import { type DatabaseErrorDescription, describeDatabaseError, loggableError } from '../db/database-errors.js'
 import type { Database } from '../db/database.js'
 import { AppError } from '../http/app-error.js'
 import type { Logger } from '../logger.js'
 import { type DeliveryOutcome, recordDelivery, updateDeliveryOutcome } from './delivery.repository.js'
-import { handlerFor } from './event-handlers.js'
+import type { EventHandlers } from './event-handlers.js'
 import type { GroupCommit } from './group-commit.js'
 import { classifyDelivery, PayloadError, parseBody } from './parse-delivery.js'
 import type { SeenDeliveries } from './seen-deliveries.js'
@@ -26,6 +26,8 @@ export interface ReceiveDeps {
   writer: GroupCommit
   /** Delivery ids known to be stored: their retries are answered without the database. */
   seen: SeenDeliveries
+  /** The fork's seller and buyer event handlers (event-handlers.ts). */
+  eventHandlers: EventHandlers
 }
 
 export interface IncomingDelivery {
@@ -72,11 +74,14 @@ export async function receiveWebhook(deps: ReceiveDeps, delivery: IncomingDelive
   }
 
   const receivedAt = new Date(deps.clock.now())
-  const result = await storing(
+  let result = await storing(
     () => store(deps, { deliveryId, bodySha256 }, parsed, receivedAt),
     (reason) => storeRefused(deps, { deliveryId, bodySha256 }, parsed, receivedAt, reason),
   )
   deps.seen.add(deliveryId, bodySha256)
+  if (!result.duplicate && result.outcome === 'ignored') {
+    result = await runEventHandlers(deps, { deliveryId, bodySha256 }, parsed.body, result, receivedAt)
+  }
   if (!result.duplicate && result.idReused) {
     // the sender reused an id for another body (a platform fault, or a replay of a captured id):
     // stored and applied as any new delivery; the hash tells the bodies apart without logging one
@@ -153,13 +158,38 @@ async function store(
   if (!inserted) return { duplicate: true }
   if (event.kind === 'invalid') {
     logger.warn({ deliveryId, eventType: event.eventType, problem: event.problem }, 'webhook payload invalid')
-    return { duplicate: false, outcome, eventType: event.eventType, idReused }
   }
-  const handler = handlerFor(event.eventType)
-  if (!handler) return { duplicate: false, outcome, eventType: event.eventType, idReused }
-  const handled = await handler({ db: deps.db, logger, deliveryId, eventType: event.eventType, body: parsed.body })
-  if (handled === 'applied') await updateDeliveryOutcome(deps.db, { deliveryId, bodySha256 }, 'applied', receivedAt)
-  return { duplicate: false, outcome: handled, eventType: event.eventType, idReused }
+  return { duplicate: false, outcome, eventType: event.eventType, idReused }
+}
+
+// Runs once the delivery is stored, outside `storing`: whatever a handler throws (its own database
+// error included) is the handler's failure, not an outage. A 503 would promise a retry that cannot
+// help (the retry is a duplicate of the stored delivery), so it is a 500 `event_handler_failed`, logged
+// with the delivery id and the event type, and the delivery stays stored as `ignored`.
+async function runEventHandlers(
+  deps: ReceiveDeps,
+  key: { deliveryId: string; bodySha256: string },
+  body: Record<string, unknown>,
+  stored: ReceiveResult & { duplicate: false },
+  receivedAt: Date,
+): Promise<ReceiveResult> {
+  const handlers = deps.eventHandlers.handlersFor(stored.eventType)
+  if (handlers.length === 0) return stored
+  const context = { db: deps.db, logger: deps.logger, deliveryId: key.deliveryId, eventType: stored.eventType, body }
+  try {
+    let outcome: 'applied' | 'ignored' = 'ignored'
+    for (const handler of handlers) {
+      if ((await handler(context)) === 'applied') outcome = 'applied'
+    }
+    if (outcome === 'applied') await updateDeliveryOutcome(deps.db, key, 'applied', receivedAt)
+    return { ...stored, outcome }
+  } catch (error) {
+    deps.logger.error(
+      { deliveryId: key.deliveryId, eventType: stored.eventType, err: loggableError(error) },
+      'webhook event handler failed; the delivery stays stored as ignored',
+    )
+    throw new AppError(500, 'event_handler_failed', `The handler for ${stored.eventType} failed`)
+  }
 }
 
 const LONE_SURROGATE = /[\ud800-\udbff](?![\udc00-\udfff])|(?<![\ud800-\udbff])[\udc00-\udfff]/g
