@@ -1,22 +1,13 @@
 import type { Command } from 'commander'
 import { describe, expect, it } from 'vitest'
 import { buildProgram } from '../src/cli/program.js'
-import { runCommandLine } from '../src/cli/run-cli.js'
+import { runCommandWith } from './helpers/cli-in-process.js'
 
 function commandPaths(command: Command, prefix: string[] = []): string[][] {
   return command.commands.flatMap((sub) => [[...prefix, sub.name()], ...commandPaths(sub, [...prefix, sub.name()])])
 }
 
-async function run(args: string[]) {
-  let stdout = ''
-  let stderr = ''
-  const code = await runCommandLine(args, {
-    stdout: { write: (text: string) => (stdout += text) },
-    stderr: { write: (text: string) => (stderr += text) },
-    exitCode: 0,
-  })
-  return { code, stdout, stderr }
-}
+const run = (args: string[]) => runCommandWith(args)
 
 describe('the command line', () => {
   const paths = commandPaths(buildProgram())

@@ -13,7 +13,7 @@ import { freePort } from './helpers/cli-process.js'
 import { logLines, testLogger } from './helpers/log-sink.js'
 import { startTcpProxy } from './helpers/tcp-proxy.js'
 import { testConfig } from './helpers/test-config.js'
-import { createTestDatabase, describePostgres, type TestDatabase } from './helpers/test-database.js'
+import { createTestDatabase, describePostgres, type TestDatabase, useTestDatabase } from './helpers/test-database.js'
 import { sendWebhook } from './helpers/webhook-delivery.js'
 
 const config = testConfig({ LOG_LEVEL: 'warn' })
@@ -171,13 +171,7 @@ for (const kind of ['pglite', 'postgres'] as const) {
 }
 
 describePostgres('only real unavailability answers 503 (Postgres)', () => {
-  let database: TestDatabase
-  beforeAll(async () => {
-    database = await createTestDatabase()
-  })
-  afterAll(async () => {
-    await database.close()
-  })
+  const database = useTestDatabase()
 
   it('classifies a refused connection, a terminated backend, a statement timeout and a cut connection as unavailable', async () => {
     const closed = openDatabase({ databaseUrl: `postgres://postgres@127.0.0.1:${await freePort()}/test`, poolSize: 1 })

@@ -4,7 +4,6 @@ import { createHmac } from 'node:crypto'
 import fc from 'fast-check'
 import { afterAll, beforeAll, describe, expect, it } from 'vitest'
 import type { CliContext } from '../src/cli/cli-context.js'
-import { runCommandLine } from '../src/cli/run-cli.js'
 import { systemClock } from '../src/clock.js'
 import { createApp } from '../src/http/app.js'
 import { listen, type RunningServer } from '../src/http/server.js'
@@ -18,6 +17,7 @@ import {
 import { PartnerApiClient } from '../src/partner-api/partner-api.client.js'
 import { PartnerValidationError } from '../src/partner-api/partner-api-error.js'
 import { createSandbox, type Sandbox } from '../src/sandbox/create-sandbox.js'
+import { runCommandWith } from './helpers/cli-in-process.js'
 import { logEntries, testLogger } from './helpers/log-sink.js'
 import { eventually } from './helpers/reconcile-poller.js'
 import { TEST_API_KEY_ID, TEST_API_SECRET, TEST_WEBHOOK_SECRET, testConfig } from './helpers/test-config.js'
@@ -323,16 +323,8 @@ describe('the trades commands against the sandbox', () => {
     await database.close()
   })
 
-  async function cli(...args: string[]) {
-    let stdout = ''
-    let stderr = ''
-    const code = await runCommandLine(args, {
-      stdout: { write: (text: string) => (stdout += text) },
-      stderr: { write: (text: string) => (stderr += text) },
-      exitCode: 0,
-      context,
-    })
-    return { code, stdout, stderr }
+  function cli(...args: string[]) {
+    return runCommandWith(args, context)
   }
 
   it('print the milestone ids on open, and each milestone’s new status after deliver and release', async () => {

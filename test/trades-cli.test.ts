@@ -2,8 +2,8 @@
 // and exit-code contract as a real process) against a local platform that checks every signature.
 import { afterAll, beforeAll, beforeEach, describe, expect, it } from 'vitest'
 import type { CliContext } from '../src/cli/cli-context.js'
-import { runCommandLine } from '../src/cli/run-cli.js'
 import { findOrderByExternalReference } from '../src/orders/order.repository.js'
+import { runCommandWith } from './helpers/cli-in-process.js'
 import { testLogger } from './helpers/log-sink.js'
 import { recordForPath, tradeRecord } from './helpers/partner-api-fixtures.js'
 import {
@@ -47,16 +47,8 @@ beforeEach(() => {
   answer = undefined
 })
 
-async function cli(...args: string[]) {
-  let stdout = ''
-  let stderr = ''
-  const code = await runCommandLine(args, {
-    stdout: { write: (text: string) => (stdout += text) },
-    stderr: { write: (text: string) => (stderr += text) },
-    exitCode: 0,
-    context,
-  })
-  return { code, stdout, stderr }
+function cli(...args: string[]) {
+  return runCommandWith(args, context)
 }
 
 const open = (ref: string, ...extra: string[]) =>
