@@ -86,7 +86,7 @@ export async function receiveWebhook(deps: ReceiveDeps, delivery: IncomingDelive
     // the sender reused an id for another body (a platform fault, or a replay of a captured id):
     // stored and applied as any new delivery; the hash tells the bodies apart without logging one
     logger.warn(
-      { deliveryId, bodySha256, eventType: result.eventType, outcome: result.outcome },
+      { ...loggableDeliveryId(deliveryId), bodySha256, eventType: result.eventType, outcome: result.outcome },
       'webhook delivery id reused with a different body',
     )
   }
