@@ -5,9 +5,11 @@
 import { type Config, ConfigError, configSecrets, loadConfig } from './config.js'
 import { loggableError } from './db/database-errors.js'
 import { createLogger, exitProcess, flushLogger } from './logger.js'
+import type { LocalCommandRunner } from './local/local-cli.js'
 import { type RunningService, startService } from './service.js'
 
-export async function main(): Promise<void> {
+/** `runCommand`: how the service runs a second terminal's command line (given by the CLI that calls this). */
+export async function main({ runCommand }: { runCommand: LocalCommandRunner }): Promise<void> {
   let config: Config
   try {
     config = loadConfig()
@@ -61,7 +63,7 @@ export async function main(): Promise<void> {
   process.on('SIGTERM', () => void stop('SIGTERM'))
   process.on('SIGINT', () => void stop('SIGINT'))
 
-  const service = await startService({ config, logger })
+  const service = await startService({ config, logger, runCommand })
   running.service = service
   // an unreachable database is waited for (prepare-database.ts); what waiting cannot fix ends the process
   try {

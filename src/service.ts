@@ -14,7 +14,7 @@ import { prepareDatabase } from './db/prepare-database.js'
 import { createAdminApp } from './http/admin-app.js'
 import { createApp } from './http/app.js'
 import { listen } from './http/server.js'
-import { createLocalCliToken } from './local/local-cli.js'
+import { createLocalCliToken, type LocalCommandRunner, localCliRoutes } from './local/local-cli.js'
 import { advertiseLocalService, databaseIdentity } from './local/running-service.js'
 import type { Logger } from './logger.js'
 import { createMetrics } from './metrics/metrics.js'
@@ -45,10 +45,13 @@ export async function startService({
   config,
   logger,
   clock = systemClock,
+  runCommand,
 }: {
   config: Config
   logger: Logger
   clock?: Clock
+  /** Runs a second terminal's command line here (the entry point's, src/cli/run-cli.ts); none: no endpoint. */
+  runCommand?: LocalCommandRunner | undefined
 }): Promise<RunningService> {
   const stops: { name: string; stop: () => Promise<void> | void }[] = []
   const stopAll = async () => {
@@ -84,7 +87,7 @@ export async function startService({
       : undefined
     // a second terminal's commands are run here (operator listener), on this database, in every mode (src/local)
     const advertised = !config.dataDir.startsWith('memory://')
-    const localCliToken = advertised ? createLocalCliToken() : undefined
+    const localCliToken = advertised && runCommand ? createLocalCliToken() : undefined
     const eventHandlers = createEventHandlers()
     registerEventHandlers(eventHandlers)
     const app = createApp({ config, db: database.db, logger, clock, metrics, eventHandlers, isReady: () => ready })
@@ -97,7 +100,16 @@ export async function startService({
     // half of SHUTDOWN_TIMEOUT_MS for requests in flight, the rest for stopping the parts after it
     stops.push({ name: 'http server', stop: () => server.stop(Math.floor(config.shutdownTimeoutMs / 2)) })
     const adminServer = await listen(
-      createAdminApp({ config, db: database.db, logger, metrics, localCliToken }),
+      createAdminApp({
+        config,
+        db: database.db,
+        logger,
+        metrics,
+        routes:
+          localCliToken && runCommand
+            ? [localCliRoutes({ token: localCliToken, context: { config, db: database.db, logger }, runCommand })]
+            : [],
+      }),
       { port: config.admin.port, host: config.admin.host },
     )
     stops.push({ name: 'operator http server', stop: () => adminServer.stop(Math.floor(config.shutdownTimeoutMs / 2)) })

@@ -1,6 +1,7 @@
 import type { Command } from 'commander'
 import { describe, expect, it } from 'vitest'
 import { buildProgram } from '../src/cli/program.js'
+import { runCapturedCommandLine } from '../src/cli/run-cli.js'
 import { runCommandWith } from './helpers/cli-in-process.js'
 
 function commandPaths(command: Command, prefix: string[] = []): string[][] {
@@ -10,7 +11,7 @@ function commandPaths(command: Command, prefix: string[] = []): string[][] {
 const run = (args: string[]) => runCommandWith(args)
 
 describe('the command line', () => {
-  const paths = commandPaths(buildProgram())
+  const paths = commandPaths(buildProgram(runCapturedCommandLine))
 
   it('has every command the operator guide names', () => {
     const names = paths.map((path) => path.join(' '))

@@ -60,7 +60,7 @@ describe('operator commands while `npm start` owns the embedded database', () =>
       body: JSON.stringify({ args: ['migrate'] }),
     })
     expect(response.status).toBe(401)
-    expect(((await response.json()) as { error: { code: string } }).error.code).toBe('invalid_signature')
+    expect(((await response.json()) as { error: { code: string } }).error.code).toBe('invalid_command_token')
   })
 
   it('refuses to run a command that is not an operator command, even with the token', async () => {

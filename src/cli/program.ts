@@ -1,5 +1,6 @@
 // The command tree. Each group lives in its own *.command.ts file and registers itself here.
 import { Command, type OutputConfiguration } from 'commander'
+import type { LocalCommandRunner } from '../local/local-cli.js'
 import { registerDeliveriesCommands } from './deliveries.command.js'
 import { registerDisputesCommands } from './disputes.command.js'
 import { registerDemoCommand } from './demo.command.js'
@@ -12,7 +13,11 @@ import { registerServeCommand } from './serve.command.js'
 import { registerTradesCommands } from './trades.command.js'
 import { registerWebhookCommands } from './webhook.command.js'
 
-export function buildProgram(output?: OutputConfiguration): Command {
+/**
+ * `runCommand` is how `serve` runs a second terminal's command lines: given by the caller (run-cli.ts),
+ * so that nothing the service loads imports the command tree back.
+ */
+export function buildProgram(runCommand: LocalCommandRunner, output?: OutputConfiguration): Command {
   const program = new Command()
     .name('partner-escrow')
     .description('Integration backend for the escrow trade platform: webhooks, API client, poller, sandbox')
@@ -21,7 +26,7 @@ export function buildProgram(output?: OutputConfiguration): Command {
     // src/cli.ts turns them into exit code 2
     .exitOverride()
   if (output) program.configureOutput(output)
-  registerServeCommand(program)
+  registerServeCommand(program, runCommand)
   registerMigrateCommand(program)
   registerWebhookCommands(program)
   registerReconcileCommands(program)

@@ -1,12 +1,13 @@
 // Parses and runs one command line; the exit code it returns is the contract of every command:
 // 0 done, 1 failed (not found, refused by the platform, ...), 2 bad arguments or configuration.
 import { CommanderError } from 'commander'
-import { type CliScope, runInScope, UsageError, writeError } from './cli-context.js'
+import { type CliContext, type CliScope, runInScope, UsageError, writeError } from './cli-context.js'
 import { buildProgram } from './program.js'
 
 export async function runCommandLine(args: string[], cliScope?: CliScope): Promise<number> {
   const run = async (): Promise<number> => {
     const program = buildProgram(
+      runCapturedCommandLine,
       cliScope && {
         writeOut: (text) => cliScope.stdout.write(text),
         writeErr: (text) => cliScope.stderr.write(text),
@@ -27,4 +28,20 @@ export async function runCommandLine(args: string[], cliScope?: CliScope): Promi
     }
   }
   return cliScope ? runInScope(cliScope, run) : run()
+}
+
+/** A command line run inside the service (a second terminal's, src/local/local-cli.ts), output captured. */
+export async function runCapturedCommandLine(
+  args: string[],
+  context: CliContext,
+): Promise<{ code: number; stdout: string; stderr: string }> {
+  let stdout = ''
+  let stderr = ''
+  const code = await runCommandLine(args, {
+    stdout: { write: (text: string) => (stdout += text) },
+    stderr: { write: (text: string) => (stderr += text) },
+    exitCode: 0,
+    context,
+  })
+  return { code, stdout, stderr }
 }

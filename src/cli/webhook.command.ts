@@ -1,11 +1,12 @@
 // `webhook sign` prints the headers the platform would send for a body; `webhook send` delivers it
 // like a platform test delivery. Without --secret they use the service's own first webhook secret
 // (in local mode, the generated one), so nothing secret has to be typed on a command line.
-import { createHmac, randomUUID } from 'node:crypto'
+import { randomUUID } from 'node:crypto'
 import { readFileSync } from 'node:fs'
 import type { Command } from 'commander'
 import type { Config } from '../config.js'
 import { findRunningService } from '../local/running-service.js'
+import { signWebhookBody } from '../webhooks/verify-signature.js'
 import { printJson, setExitCode, UsageError, write, writeError } from './cli-context.js'
 
 interface SignOptions {
@@ -28,8 +29,9 @@ async function signedHeaders(options: SignOptions): Promise<{ body: Buffer; head
     throw new UsageError(`Cannot read --file ${options.file}: ${(error as Error).message}`)
   }
   const secret = options.secret ?? (await loadConfig()).webhook.secrets[0]!
-  // raw bytes: the signature covers the exact body as it will be sent
-  const signature = `sha256=${createHmac('sha256', secret).update(body).digest('hex')}`
+  // raw bytes: the signature covers the exact body as it will be sent; signed by the receiver's own pair
+  // of verifySignature, so `webhook send` cannot drift from what the receiver accepts
+  const signature = signWebhookBody(secret, body)
   return {
     body,
     headers: {

@@ -1,11 +1,10 @@
 // The operator Express application, on its own listener (ADMIN_PORT, bound to 127.0.0.1 by default):
-// Prometheus metrics and, in local mode, the command endpoint the CLI forwards to. Whoever can reach
-// the public webhook URL reaches none of this.
-import express, { type Express } from 'express'
+// Prometheus metrics and the routes the composition root gives it (service.ts: the command endpoint the
+// CLI forwards to). Whoever can reach the public webhook URL reaches none of this.
+import express, { type Express, type Router } from 'express'
 import type { Kysely } from 'kysely'
 import type { Config } from '../config.js'
 import type { Database } from '../db/database.js'
-import { localCliRoutes } from '../local/local-cli.js'
 import type { Logger } from '../logger.js'
 import type { Metrics } from '../metrics/metrics.js'
 import { errorHandler, notFoundHandler } from './error-handler.js'
@@ -13,12 +12,13 @@ import { metricsRoutes } from './metrics.routes.js'
 
 export interface AdminAppDeps {
   config: Config
+  /** The service's database, for operator routes that read it. */
   db: Kysely<Database>
   logger: Logger
   /** Prometheus metrics; GET config.metrics.path serves them when given and enabled. */
   metrics?: Metrics | undefined
-  /** Local mode on embedded PGlite: run forwarded operator commands (src/local/local-cli.ts). */
-  localCliToken?: string | undefined
+  /** More operator routes (the local command endpoint, src/local/local-cli.ts), after the metrics. */
+  routes?: readonly Router[] | undefined
 }
 
 export function createAdminApp(deps: AdminAppDeps): Express {
@@ -28,14 +28,7 @@ export function createAdminApp(deps: AdminAppDeps): Express {
   if (deps.metrics && deps.config.metrics.enabled) {
     app.use(metricsRoutes({ metrics: deps.metrics, path: deps.config.metrics.path }))
   }
-  if (deps.localCliToken) {
-    app.use(
-      localCliRoutes({
-        token: deps.localCliToken,
-        context: { config: deps.config, db: deps.db, logger: deps.logger },
-      }),
-    )
-  }
+  for (const routes of deps.routes ?? []) app.use(routes)
   app.use(notFoundHandler())
   app.use(errorHandler(deps.logger))
   return app

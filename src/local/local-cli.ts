@@ -1,9 +1,10 @@
 // The service side of src/local/running-service.ts: POST /_local/cli runs a command line forwarded by a
-// second terminal, in this process, against this process's database, and returns its output.
+// second terminal, in this process, against this process's database, and returns its output. The
+// command line is run by a function the entry point gives it (src/cli/run-cli.ts), not an import: the
+// service does not depend on the CLI that starts it.
 import { createHash, randomBytes, timingSafeEqual } from 'node:crypto'
 import express, { Router } from 'express'
 import type { CliContext } from '../cli/cli-context.js'
-import { runCommandLine } from '../cli/run-cli.js'
 import { AppError } from '../http/app-error.js'
 import { FORWARDED_COMMANDS, LOCAL_CLI_PATH } from './running-service.js'
 
@@ -11,8 +12,22 @@ export function createLocalCliToken(): string {
   return randomBytes(32).toString('hex')
 }
 
+/** Runs one command line against `context` (this process's database), its output captured. */
+export type LocalCommandRunner = (
+  args: string[],
+  context: CliContext,
+) => Promise<{ code: number; stdout: string; stderr: string }>
+
 /** The service side: POST /_local/cli {args} with the bearer token runs the command line in-process. */
-export function localCliRoutes({ token, context }: { token: string; context: CliContext }): Router {
+export function localCliRoutes({
+  token,
+  context,
+  runCommand,
+}: {
+  token: string
+  context: CliContext
+  runCommand: LocalCommandRunner
+}): Router {
   const router = Router()
   const expected = createHash('sha256').update(token).digest()
   router.post(LOCAL_CLI_PATH, express.json({ limit: '64kb' }), async (req, res) => {
@@ -20,7 +35,7 @@ export function localCliRoutes({ token, context }: { token: string; context: Cli
       .update(req.get('authorization')?.replace(/^Bearer /, '') ?? '')
       .digest()
     if (!timingSafeEqual(presented, expected)) {
-      throw new AppError(401, 'invalid_signature', 'A local command needs the token from DATA_DIR/serve.json')
+      throw new AppError(401, 'invalid_command_token', 'A local command needs the token from DATA_DIR/serve.json')
     }
     const args: unknown = req.body?.args
     if (
@@ -34,15 +49,7 @@ export function localCliRoutes({ token, context }: { token: string; context: Cli
         `args must be a command line starting with one of: ${[...FORWARDED_COMMANDS].join(', ')}`,
       )
     }
-    let stdout = ''
-    let stderr = ''
-    const code = await runCommandLine(args as string[], {
-      stdout: { write: (text: string) => (stdout += text) },
-      stderr: { write: (text: string) => (stderr += text) },
-      exitCode: 0,
-      context,
-    })
-    res.json({ code, stdout, stderr })
+    res.json(await runCommand(args as string[], context))
   })
   return router
 }
