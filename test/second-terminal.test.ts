@@ -6,8 +6,8 @@ import { tmpdir } from 'node:os'
 import path from 'node:path'
 import { afterAll, beforeAll, expect, it } from 'vitest'
 import type { CliContext } from '../src/cli/cli-context.js'
-import { runCommandLine } from '../src/cli/run-cli.js'
 import { findOrderByExternalReference } from '../src/orders/order.repository.js'
+import { runCommandWith } from './helpers/cli-in-process.js'
 import { freePort, runCli, spawnCli, waitForLogLine } from './helpers/cli-process.js'
 import { testLogger } from './helpers/log-sink.js'
 import { tradeRecord } from './helpers/partner-api-fixtures.js'
@@ -15,17 +15,7 @@ import { startRecordingServer } from './helpers/partner-api-recording-server.js'
 import { TEST_API_SECRET, testConfig } from './helpers/test-config.js'
 import { createTestDatabase, describePostgres, type TestDatabase } from './helpers/test-database.js'
 
-async function cli(context: CliContext, ...args: string[]) {
-  let stdout = ''
-  let stderr = ''
-  const code = await runCommandLine(args, {
-    stdout: { write: (text: string) => (stdout += text) },
-    stderr: { write: (text: string) => (stderr += text) },
-    exitCode: 0,
-    context,
-  })
-  return { code, stdout, stderr }
-}
+const cli = (context: CliContext, ...args: string[]) => runCommandWith(args, context)
 
 it('treats a refused connection as not sent: the order stays as it was and can be opened later', async () => {
   const database = await createTestDatabase()

@@ -30,10 +30,13 @@ export async function runCommandLine(args: string[], cliScope?: CliScope): Promi
   return cliScope ? runInScope(cliScope, run) : run()
 }
 
-/** A command line run inside the service (a second terminal's, src/local/local-cli.ts), output captured. */
+/**
+ * A command line with its output captured: inside the service (a second terminal's, src/local/local-cli.ts)
+ * with the service's `context`; without one, the command opens what it needs itself.
+ */
 export async function runCapturedCommandLine(
   args: string[],
-  context: CliContext,
+  context?: CliContext,
 ): Promise<{ code: number; stdout: string; stderr: string }> {
   let stdout = ''
   let stderr = ''
@@ -41,7 +44,7 @@ export async function runCapturedCommandLine(
     stdout: { write: (text: string) => (stdout += text) },
     stderr: { write: (text: string) => (stderr += text) },
     exitCode: 0,
-    context,
+    ...(context ? { context } : {}),
   })
   return { code, stdout, stderr }
 }
