@@ -1,6 +1,7 @@
 // `sandbox`: the platform simulator on its own port, for a receiver configured against it
 // (PARTNER_API_BASE_URL=http://127.0.0.1:4010). Every option also reads an environment variable.
 import { type Command, InvalidArgumentError, Option } from 'commander'
+import type { Faults } from '../sandbox/webhook-dispatcher.js'
 import { cliLogger, UsageError, write } from './cli-context.js'
 
 function rate(value: string): number {
@@ -15,7 +16,8 @@ function count(value: string): number {
   return parsed
 }
 
-interface SandboxFlags {
+// the fault flags are the dispatcher's Faults, one for one
+interface SandboxFlags extends Faults {
   port?: number
   host: string
   webhookUrl?: string
@@ -27,12 +29,6 @@ interface SandboxFlags {
   attemptTimeoutMs: number
   timestampWindowS: number
   refundDelayMs: number
-  dropRate: number
-  duplicateRate: number
-  reorderRate: number
-  delayRate: number
-  delayMs: number
-  seed: number
 }
 
 export function registerSandboxCommand(program: Command): void {
