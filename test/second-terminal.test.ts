@@ -64,14 +64,19 @@ describePostgres('a second terminal next to a service on Postgres (Postgres)', (
       DATA_DIR: dataDir,
       DATABASE_URL: database.url!,
       PORT: '0',
+      // the operator listener too: its default port may be another test's or service's
+      ADMIN_PORT: '0',
       SANDBOX_PORT: String(await freePort()),
       POLL_ENABLED: 'false',
     })
     await waitForLogLine(service, 'sandbox platform listening', 60_000)
   }, 120_000)
   afterAll(async () => {
-    service.kill('SIGTERM')
-    await once(service, 'exit')
+    // a service that failed to start has already exited: no exit event would come
+    if (service.exitCode === null) {
+      service.kill('SIGTERM')
+      await once(service, 'exit')
+    }
     await database.close()
   })
 
