@@ -82,8 +82,11 @@ async function seed(db: Kysely<Database>, orders: number, seen: number): Promise
       on conflict do nothing`.execute(db)
   }
   if (seen > 0) {
-    await sql`insert into webhook_deliveries (delivery_id, event_type, outcome, raw_body)
-      select 'seen-' || i, 'trade.created', 'applied', '{}' from generate_series(1, ${seen}::int) i
+    // the exact body the bench's retries send (run.ts, seen()): a delivery is its id and its body's hash
+    await sql`insert into webhook_deliveries (delivery_id, event_type, outcome, raw_body, body_sha256)
+      select 'seen-' || i, 'trade.funded', 'applied', body, encode(sha256(convert_to(body, 'UTF8')), 'hex')
+      from generate_series(1, ${seen}::int) i,
+        lateral (select '{"trade_id":"trd-' || i || '","reference":"R-' || i || '","status":"funded","external_reference":"bench-' || i || '"}' as body) seen
       on conflict do nothing`.execute(db)
   }
 }

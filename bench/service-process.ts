@@ -52,8 +52,12 @@ export async function startService(url: string, seed: { orders: number; seen: nu
   await client.connect()
   await client.query(`insert into orders (external_reference) select 'bench-' || i from generate_series(1, $1::int) i on conflict do nothing`, [seed.orders])
   await client.query(
-    `insert into webhook_deliveries (delivery_id, event_type, outcome, raw_body)
-     select 'seen-' || i, 'trade.created', 'applied', '{}' from generate_series(1, $1::int) i on conflict do nothing`,
+    // the exact body the bench's retries send (run.ts, seen()): a delivery is its id and its body's hash
+    `insert into webhook_deliveries (delivery_id, event_type, outcome, raw_body, body_sha256)
+     select 'seen-' || i, 'trade.funded', 'applied', body, encode(sha256(convert_to(body, 'UTF8')), 'hex')
+     from generate_series(1, $1::int) i,
+       lateral (select '{"trade_id":"trd-' || i || '","reference":"R-' || i || '","status":"funded","external_reference":"bench-' || i || '"}' as body) seen
+     on conflict do nothing`,
     [seed.seen],
   )
   await client.end()
