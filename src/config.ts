@@ -87,6 +87,11 @@ export interface Config {
     /** Bearer token of the sandbox's /sandbox/* control endpoints; undefined: they refuse every call. */
     readonly controlToken: string | undefined
   }
+  /**
+   * The operator console's token (ADMIN_TOKEN; in local mode generated and kept with the local secrets).
+   * Undefined: no token is configured and the console is off.
+   */
+  readonly adminToken: string | undefined
   /** Where local mode keeps its generated secrets; undefined in remote mode. */
   readonly localSecretsFile: string | undefined
 }
@@ -169,6 +174,7 @@ const EnvSchema = z.object({
   FORWARD_URL: z.url({ protocol: /^https?$/, error: 'must be an http(s) URL' }).optional(),
   FORWARD_SECRET: z.string().optional(),
   FORWARD_TIMEOUT_MS: positiveInt.default(10_000),
+  ADMIN_TOKEN: z.string().optional(),
 })
 
 type Env = Record<string, string | undefined>
@@ -194,6 +200,7 @@ export interface LocalSecrets {
   apiKeyId: string
   apiSecret: string
   sandboxControlToken: string
+  adminToken: string
 }
 
 /**
@@ -228,6 +235,9 @@ export function parseConfig(
   }
   if (values.SANDBOX_CONTROL_TOKEN !== undefined && values.SANDBOX_CONTROL_TOKEN.length < MIN_SECRET_LENGTH) {
     problems.push(`SANDBOX_CONTROL_TOKEN: is shorter than ${MIN_SECRET_LENGTH} characters`)
+  }
+  if (values.ADMIN_TOKEN !== undefined && values.ADMIN_TOKEN.length < MIN_SECRET_LENGTH) {
+    problems.push(`ADMIN_TOKEN: is shorter than ${MIN_SECRET_LENGTH} characters`)
   }
   if (values.MAX_INFLIGHT_BODY_BYTES < values.WEBHOOK_BODY_LIMIT) {
     problems.push('MAX_INFLIGHT_BODY_BYTES: must be at least WEBHOOK_BODY_LIMIT (one largest body must fit)')
@@ -319,6 +329,11 @@ export function parseConfig(
       values.FORWARD_URL === undefined
         ? undefined
         : { url: values.FORWARD_URL, secret: values.FORWARD_SECRET!, timeoutMs: values.FORWARD_TIMEOUT_MS },
+    // local mode with its secrets given: a token per process, shown in the start-up banner
+    adminToken:
+      values.ADMIN_TOKEN ??
+      generated?.adminToken ??
+      (mode === 'local' ? randomBytes(32).toString('hex') : undefined),
     localSecretsFile: generated ? localSecretsPath(dataDir) : undefined,
   }
   return deepFreeze(config)
@@ -339,7 +354,13 @@ export function readLocalSecrets(dataDir: string): LocalSecrets {
   let stored: Partial<LocalSecrets> = {}
   try {
     stored = JSON.parse(readFileSync(file, 'utf8')) as Partial<LocalSecrets>
-    if (stored.webhookSecret && stored.apiKeyId && stored.apiSecret && stored.sandboxControlToken)
+    if (
+      stored.webhookSecret &&
+      stored.apiKeyId &&
+      stored.apiSecret &&
+      stored.sandboxControlToken &&
+      stored.adminToken
+    )
       return stored as LocalSecrets
   } catch (error) {
     if ((error as NodeJS.ErrnoException).code !== 'ENOENT') {
@@ -354,7 +375,8 @@ export function readLocalSecrets(dataDir: string): LocalSecrets {
     webhookSecret: complete ? stored.webhookSecret! : randomBytes(32).toString('hex'),
     apiKeyId: complete ? stored.apiKeyId! : `pk_sandbox_${randomBytes(6).toString('hex')}`,
     apiSecret: complete ? stored.apiSecret! : randomBytes(32).toString('hex'),
-    sandboxControlToken: randomBytes(32).toString('hex'),
+    sandboxControlToken: stored.sandboxControlToken ?? randomBytes(32).toString('hex'),
+    adminToken: randomBytes(32).toString('hex'),
   }
   mkdirSync(dataDir, { recursive: true, mode: 0o700 })
   writeFileSync(file, `${JSON.stringify(secrets, null, 2)}\n`, { mode: 0o600 })
@@ -370,6 +392,7 @@ export function configSecrets(config: Config): string[] {
     config.partner.secret,
     ...(config.sandbox.controlToken ? [config.sandbox.controlToken] : []),
     ...(forwardKey ? [forwardKey] : []),
+    ...(config.adminToken ? [config.adminToken] : []),
   ]
 }
 

@@ -99,6 +99,9 @@ export function localModeBanner(config: Config, url: string, sandboxUrl: string,
     `  receiver  ${url}${config.webhook.path}   (${database})`,
     `  sandbox   ${sandboxUrl}/api/partner/v1/   (the platform: signed API and webhooks)`,
     ...(config.metrics.enabled ? [`  metrics   ${adminUrl}${config.metrics.path}   (operator listener)`] : []),
+    ...(config.adminToken
+      ? [`  console   ${adminUrl}/console/   (log in with the admin token: ${config.adminToken})`]
+      : []),
     '',
     'Try next, in another terminal:',
     '  npm run cli -- orders create --external-reference order-1',

@@ -19,7 +19,7 @@ import { advertiseLocalService, databaseIdentity } from './local/running-service
 import type { Logger } from './logger.js'
 import { createMetrics } from './metrics/metrics.js'
 import { createPartnerApiClient } from './partner-api/create-partner-api-client.js'
-import { createPoller, dueOrderStats, type Poller, pollerSettings } from './reconcile/poller.js'
+import { createPoller, dueOrderStats, type Poller, pollerSettings, type RunSummary } from './reconcile/poller.js'
 import { createSandbox } from './sandbox/create-sandbox.js'
 import { sandboxStateFile } from './sandbox/sandbox-state.js'
 import { countParkedDeliveries } from './webhooks/delivery.repository.js'
@@ -99,6 +99,8 @@ export async function startService({
     })
     // half of SHUTDOWN_TIMEOUT_MS for requests in flight, the rest for stopping the parts after it
     stops.push({ name: 'http server', stop: () => server.stop(Math.floor(config.shutdownTimeoutMs / 2)) })
+    // the console's "run one cycle now": a one-off poller like `reconcile --once`, once the database is ready
+    let reconcileOnce: (() => Promise<RunSummary>) | undefined
     const adminServer = await listen(
       createAdminApp({
         config,
@@ -109,6 +111,8 @@ export async function startService({
           localCliToken && runCommand
             ? [localCliRoutes({ token: localCliToken, context: { config, db: database.db, logger }, runCommand })]
             : [],
+        clock,
+        reconcileOnce: async () => (ready && reconcileOnce ? reconcileOnce() : undefined),
       }),
       { port: config.admin.port, host: config.admin.host },
     )
@@ -148,6 +152,16 @@ export async function startService({
       })
     }
 
+    const fetcher = createPartnerApiClient(config, { logger, clock, ...(sandboxUrl ? { baseUrl: sandboxUrl } : {}) })
+    reconcileOnce = () =>
+      createPoller({
+        db: database.db,
+        fetcher,
+        clock,
+        logger,
+        settings: pollerSettings(config.poll),
+        replica: `console:${hostname()}:${process.pid}`,
+      }).runOnce()
     let poller: Poller | undefined
     const startUp = new AbortController()
     stops.push({ name: 'database start-up', stop: () => startUp.abort() })
@@ -158,7 +172,7 @@ export async function startService({
       if (config.poll.enabled) {
         poller = createPoller({
           db: database.db,
-          fetcher: createPartnerApiClient(config, { logger, clock, ...(sandboxUrl ? { baseUrl: sandboxUrl } : {}) }),
+          fetcher,
           clock,
           logger,
           settings: pollerSettings(config.poll),

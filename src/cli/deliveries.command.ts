@@ -92,18 +92,10 @@ export function registerDeliveriesCommands(program: Command): void {
     .option(...BODY_OPTION, sha256Prefix)
     .option('--json', 'print the result as JSON')
     .action(async (deliveryId: string, options: { json?: boolean; bodySha256?: string }) => {
-      const [
-        { applyObservation },
-        { findOrderByExternalReference },
-        { findDelivery, updateDeliveryOutcome },
-        { classifyDelivery, parseBody },
-      ] =
-        await Promise.all([
-          import('../orders/apply-observation.js'),
-          import('../orders/order.repository.js'),
-          import('../webhooks/delivery.repository.js'),
-          import('../webhooks/parse-delivery.js'),
-        ])
+      const [{ findDelivery }, { reapplyDelivery }] = await Promise.all([
+        import('../webhooks/delivery.repository.js'),
+        import('../webhooks/reapply-delivery.js'),
+      ])
       await withDatabase(async ({ db, config }) => {
         const delivery = await findDelivery(db, deliveryId, options.bodySha256)
         if (!delivery) {
@@ -111,32 +103,14 @@ export function registerDeliveriesCommands(program: Command): void {
           setExitCode(1)
           return
         }
-        const event = classifyDelivery(parseBody(Buffer.from(delivery.rawBody)).body)
-        if (event.kind !== 'trade') {
-          writeError(`Delivery ${deliveryId} is a ${event.eventType} event: only trade events have an effect to re-run\n`)
+        const result = await reapplyDelivery(db, delivery, { staleAfterS: config.poll.staleAfterS }, new Date())
+        if (result.kind === 'not_a_trade_event') {
+          writeError(`Delivery ${deliveryId} is a ${result.eventType} event: only trade events have an effect to re-run\n`)
           setExitCode(1)
           return
         }
-        const order = await findOrderByExternalReference(db, event.externalReference)
-        const now = new Date()
-        const result = order
-          ? await applyObservation(
-              db,
-              {
-                target: { orderId: order.id },
-                tradeId: event.tradeId,
-                tradeReference: event.tradeReference,
-                externalReference: event.externalReference,
-                status: event.status,
-                source: 'webhook',
-                deliveryId,
-                observedAt: now,
-              },
-              { staleAfterS: config.poll.staleAfterS },
-            )
-          : { outcome: 'unmatched' as const, orderId: null, fromStatus: null, toStatus: null }
-        await updateDeliveryOutcome(db, delivery, result.outcome, result.outcome === 'applied' ? now : null)
-        if (options.json) printJson({ deliveryId, ...result })
+        const { kind: _kind, ...shown } = result
+        if (options.json) printJson({ deliveryId, ...shown })
         else write(`${deliveryId}: ${result.outcome}${result.toStatus ? ` (order status ${result.toStatus})` : ''}\n`)
       })
     })

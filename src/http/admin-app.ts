@@ -1,12 +1,16 @@
 // The operator Express application, on its own listener (ADMIN_PORT, bound to 127.0.0.1 by default):
-// Prometheus metrics and the routes the composition root gives it (service.ts: the command endpoint the
-// CLI forwards to). Whoever can reach the public webhook URL reaches none of this.
+// Prometheus metrics, the operator console (/console/, when ADMIN_TOKEN is set) and the routes the
+// composition root gives it (service.ts: the command endpoint the CLI forwards to). Whoever can reach the
+// public webhook URL reaches none of this.
 import express, { type Express, type Router } from 'express'
 import type { Kysely } from 'kysely'
+import { type Clock, systemClock } from '../clock.js'
 import type { Config } from '../config.js'
+import { CONSOLE_PATH, consoleRoutes } from '../console/console.routes.js'
 import type { Database } from '../db/database.js'
 import type { Logger } from '../logger.js'
 import type { Metrics } from '../metrics/metrics.js'
+import type { RunSummary } from '../reconcile/poller.js'
 import { errorHandler, notFoundHandler } from './error-handler.js'
 import { metricsRoutes } from './metrics.routes.js'
 
@@ -19,6 +23,9 @@ export interface AdminAppDeps {
   metrics?: Metrics | undefined
   /** More operator routes (the local command endpoint, src/local/local-cli.ts), after the metrics. */
   routes?: readonly Router[] | undefined
+  clock?: Clock
+  /** The console's "run one reconcile cycle now"; answers undefined while the service is not ready. */
+  reconcileOnce?: (() => Promise<RunSummary | undefined>) | undefined
 }
 
 export function createAdminApp(deps: AdminAppDeps): Express {
@@ -27,6 +34,20 @@ export function createAdminApp(deps: AdminAppDeps): Express {
   app.set('trust proxy', false)
   if (deps.metrics && deps.config.metrics.enabled) {
     app.use(metricsRoutes({ metrics: deps.metrics, path: deps.config.metrics.path }))
+  }
+  if (deps.config.adminToken) {
+    app.use(
+      consoleRoutes({
+        token: deps.config.adminToken,
+        db: deps.db,
+        logger: deps.logger,
+        clock: deps.clock ?? systemClock,
+        metrics: deps.metrics,
+        staleAfterS: deps.config.poll.staleAfterS,
+        reconcileOnce: deps.reconcileOnce,
+      }),
+    )
+    app.get('/', (_req, res) => res.redirect(`${CONSOLE_PATH}/`))
   }
   for (const routes of deps.routes ?? []) app.use(routes)
   app.use(notFoundHandler())

@@ -216,3 +216,52 @@ export async function schedulePollAfterApiCall(db: Executor, orderId: number, at
     .where('isTerminal', '=', false)
     .execute()
 }
+
+// The operator console's queries (indexes: migrations/0003_console_indexes.ts).
+
+export async function findOrderById(db: Executor, id: number): Promise<Order | undefined> {
+  const row = await db.selectFrom('orders').selectAll().where('id', '=', id).executeTakeFirst()
+  return row && toOrder(row)
+}
+
+export interface OrderFilter {
+  externalReference?: string | undefined
+  tradeId?: string | undefined
+  status?: string | undefined
+  /** Only orders flagged for an operator (any flag). */
+  needsAttention?: boolean | undefined
+}
+
+/** The search query itself (exported so a test can EXPLAIN it): newest order first, keyset on id. */
+export function searchOrdersQuery(db: Executor, filter: OrderFilter, { beforeId, limit }: { beforeId?: number | undefined; limit: number }) {
+  let query = db.selectFrom('orders').selectAll().orderBy('id', 'desc').limit(limit)
+  if (filter.externalReference) query = query.where('externalReference', '=', filter.externalReference)
+  if (filter.tradeId) query = query.where('tradeId', '=', filter.tradeId)
+  if (filter.status) query = query.where('tradeStatus', '=', filter.status)
+  if (filter.needsAttention) query = query.where('attention', 'is not', null)
+  if (beforeId !== undefined) query = query.where('id', '<', beforeId)
+  return query
+}
+
+/** One page of orders, newest first; `nextBeforeId` is set when more follow. */
+export async function searchOrders(
+  db: Executor,
+  filter: OrderFilter,
+  { beforeId, limit }: { beforeId?: number | undefined; limit: number },
+): Promise<{ orders: Order[]; nextBeforeId: number | undefined }> {
+  const rows = await searchOrdersQuery(db, filter, { beforeId, limit: limit + 1 }).execute()
+  const orders = rows.slice(0, limit).map(toOrder)
+  return { orders, nextBeforeId: rows.length > limit ? orders.at(-1)?.id : undefined }
+}
+
+/** Orders flagged for an operator, counted by flag (trade_not_found, ...). */
+export async function countOrdersNeedingAttention(db: Executor): Promise<{ attention: string; orders: number }[]> {
+  const rows = await db
+    .selectFrom('orders')
+    .select((eb) => ['attention', eb.fn.countAll<string>().as('orders')])
+    .where('attention', 'is not', null)
+    .groupBy('attention')
+    .orderBy('attention')
+    .execute()
+  return rows.map((row) => ({ attention: row.attention ?? '', orders: Number(row.orders) }))
+}

@@ -165,3 +165,181 @@ export async function countParkedDeliveries(db: Kysely<Database>, now: Date): Pr
     oldestParkedAgeS: oldest ? Math.max(0, (now.getTime() - oldest.getTime()) / 1000) : 0,
   }
 }
+
+// The operator console's queries. Each filter has an index (migrations/0003_console_indexes.ts) and
+// pages are keyset-paginated on (received_at, delivery_id, body_sha256), newest first, so page 1,000
+// costs what page 1 does.
+
+export const DELIVERY_OUTCOMES: readonly DeliveryOutcome[] = [
+  'applied',
+  'duplicate_effect',
+  'stale',
+  'unknown_status',
+  'unmatched',
+  'ignored',
+  'invalid',
+  'trade_mismatch',
+  'lease_lost',
+]
+
+export interface DeliveryFilter {
+  tradeId?: string | undefined
+  externalReference?: string | undefined
+  deliveryId?: string | undefined
+  outcome?: DeliveryOutcome | undefined
+  eventType?: string | undefined
+  /** Received at or after. */
+  from?: Date | undefined
+  /** Received before. */
+  to?: Date | undefined
+}
+
+/**
+ * Where the next page starts: the last row of this one. receivedAt is the stored time as text, to the
+ * microsecond: a JavaScript Date keeps milliseconds and would skip or repeat rows within one.
+ */
+export interface DeliveryCursor {
+  receivedAt: string
+  deliveryId: string
+  bodySha256: string
+}
+
+const exactReceivedAt = sql<string>`to_char(received_at at time zone 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"')`
+
+export type DeliverySummary = Omit<StoredDelivery, 'rawBody'>
+
+const SUMMARY_COLUMNS = [
+  'deliveryId',
+  'bodySha256',
+  'receivedAt',
+  'eventType',
+  'tradeId',
+  'externalReference',
+  'observedStatus',
+  'outcome',
+  'orderId',
+  'appliedAt',
+] as const
+
+function filteredDeliveries(db: Kysely<Database>, filter: DeliveryFilter) {
+  let query = db.selectFrom('webhookDeliveries')
+  if (filter.tradeId) query = query.where('tradeId', '=', filter.tradeId)
+  if (filter.externalReference) query = query.where('externalReference', '=', filter.externalReference)
+  if (filter.deliveryId) query = query.where('deliveryId', '=', filter.deliveryId)
+  if (filter.outcome) query = query.where('outcome', '=', filter.outcome)
+  if (filter.eventType) query = query.where('eventType', '=', filter.eventType)
+  if (filter.from) query = query.where('receivedAt', '>=', filter.from)
+  if (filter.to) query = query.where('receivedAt', '<', filter.to)
+  return query
+}
+
+/** The search query itself (exported so a test can EXPLAIN it). */
+export function searchDeliveriesQuery(
+  db: Kysely<Database>,
+  filter: DeliveryFilter,
+  { after, limit }: { after?: DeliveryCursor | undefined; limit: number },
+) {
+  let query = filteredDeliveries(db, filter)
+    .select([...SUMMARY_COLUMNS, exactReceivedAt.as('cursorTime')])
+    .orderBy('receivedAt', 'desc')
+    .orderBy('deliveryId', 'desc')
+    .orderBy('bodySha256', 'desc')
+    .limit(limit)
+  if (after) {
+    // the first condition bounds the index range; the row comparison settles ties within one instant
+    const time = sql<Date>`${after.receivedAt}::timestamptz`
+    query = query
+      .where('receivedAt', '<=', time)
+      .where(sql<boolean>`(received_at, delivery_id, body_sha256) < (${time}, ${after.deliveryId}, ${after.bodySha256})`)
+  }
+  return query
+}
+
+/** One page of deliveries matching the filter, newest first; `next` is set when more follow. */
+export async function searchDeliveries(
+  db: Kysely<Database>,
+  filter: DeliveryFilter,
+  { after, limit }: { after?: DeliveryCursor | undefined; limit: number },
+): Promise<{ deliveries: DeliverySummary[]; next: DeliveryCursor | undefined }> {
+  const rows = await searchDeliveriesQuery(db, filter, { after, limit: limit + 1 }).execute()
+  const page = rows.slice(0, limit)
+  const deliveries = page.map(({ cursorTime: _cursorTime, ...row }) => ({
+    ...row,
+    receivedAt: new Date(row.receivedAt),
+    appliedAt: row.appliedAt === null ? null : new Date(row.appliedAt),
+    outcome: row.outcome as DeliveryOutcome,
+  }))
+  const last = page.at(-1)
+  return {
+    deliveries,
+    next:
+      rows.length > limit && last
+        ? { receivedAt: last.cursorTime, deliveryId: last.deliveryId, bodySha256: last.bodySha256 }
+        : undefined,
+  }
+}
+
+export interface OutcomeCount {
+  outcome: DeliveryOutcome
+  deliveries: number
+  /** Of those, how many name an external reference that has an order now (re-applying can move it). */
+  withOrder: number
+}
+
+/** What a bulk re-apply of this filter would touch: counts by current outcome (its dry run). */
+export async function countDeliveriesByOutcome(db: Kysely<Database>, filter: DeliveryFilter): Promise<OutcomeCount[]> {
+  const rows = await filteredDeliveries(db, filter)
+    .leftJoin('orders', 'orders.externalReference', 'webhookDeliveries.externalReference')
+    .select((eb) => [
+      'webhookDeliveries.outcome',
+      eb.fn.countAll<string>().as('deliveries'),
+      eb.fn.count<string>('orders.id').as('withOrder'),
+    ])
+    .groupBy('webhookDeliveries.outcome')
+    .orderBy('webhookDeliveries.outcome')
+    .execute()
+  return rows.map((row) => ({
+    outcome: row.outcome as DeliveryOutcome,
+    deliveries: Number(row.deliveries),
+    withOrder: Number(row.withOrder),
+  }))
+}
+
+/** The deliveries a bulk re-apply runs, oldest first (statuses are applied in the order received). */
+export async function listDeliveriesToReapply(
+  db: Kysely<Database>,
+  filter: DeliveryFilter,
+  limit: number,
+): Promise<StoredDelivery[]> {
+  const rows = await filteredDeliveries(db, filter)
+    .select([...SUMMARY_COLUMNS, rawBodyBytes])
+    .orderBy('receivedAt')
+    .orderBy('deliveryId')
+    .orderBy('bodySha256')
+    .limit(limit)
+    .execute()
+  return rows.map(toDelivery)
+}
+
+export interface DeliveriesPerMinute {
+  minute: Date
+  outcome: DeliveryOutcome
+  deliveries: number
+}
+
+/** Deliveries received since `since`, counted per minute and outcome (a range scan of received_at). */
+export async function countDeliveriesPerMinute(db: Kysely<Database>, since: Date): Promise<DeliveriesPerMinute[]> {
+  const minute = sql<Date>`date_trunc('minute', received_at)`
+  const rows = await db
+    .selectFrom('webhookDeliveries')
+    .select((eb) => [minute.as('minute'), 'outcome', eb.fn.countAll<string>().as('deliveries')])
+    .where('receivedAt', '>=', since)
+    .groupBy([minute, 'outcome'])
+    .orderBy(minute)
+    .execute()
+  return rows.map((row) => ({
+    minute: new Date(row.minute),
+    outcome: row.outcome as DeliveryOutcome,
+    deliveries: Number(row.deliveries),
+  }))
+}

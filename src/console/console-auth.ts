@@ -1,0 +1,140 @@
+// Who may use the operator console, and proof that a form was posted from the console's own page.
+//
+// One secret, ADMIN_TOKEN, accepted three ways: `Authorization: Bearer <token>` (scripts), HTTP basic
+// auth with the token as password and any user name (the name is who the action log records), or the
+// login page, which keeps a random session id in an HttpOnly, SameSite=Strict cookie. Sessions live in
+// this process's memory: a restart logs everyone out, which is the safe direction.
+//
+// CSRF: every POST carries a token in a hidden field. A session's is random; a bearer or basic caller's
+// is an HMAC of who they are under a per-process key (a browser sends basic credentials on its own, so
+// basic auth needs the token as much as a cookie does).
+import { createHash, createHmac, randomBytes, timingSafeEqual } from 'node:crypto'
+import type { Request } from 'express'
+
+export const SESSION_COOKIE = 'console_session'
+const SESSION_TTL_MS = 12 * 60 * 60 * 1000
+/** Sessions kept at most; the oldest is dropped past it (each needs the token, so this is only a bound). */
+const MAX_SESSIONS = 1_000
+
+export interface Operator {
+  /** Who the action log names: the login page's name, the basic-auth user name, or "bearer token". */
+  name: string
+  via: 'session' | 'basic' | 'bearer'
+  /** The CSRF token this operator's forms carry. */
+  csrfToken: string
+  sessionId?: string
+}
+
+interface Session {
+  name: string
+  csrfToken: string
+  expiresAt: number
+}
+
+export interface ConsoleAuth {
+  /** The operator behind this request, or undefined (the caller answers 401). */
+  authenticate(req: Request): Operator | undefined
+  /** Checks a token typed on the login page; on success, a new session id for the cookie. */
+  login(token: string, name: string): string | undefined
+  logout(sessionId: string): void
+  /** Constant-time check of a posted CSRF token against the operator's. */
+  csrfTokenMatches(operator: Operator, posted: unknown): boolean
+}
+
+function digest(value: string): Buffer {
+  return createHash('sha256').update(value, 'utf8').digest()
+}
+
+/** Equal-length digests, compared in constant time: the token's length leaks nothing either. */
+function sameSecret(candidate: string, expected: Buffer): boolean {
+  return timingSafeEqual(digest(candidate), expected)
+}
+
+export function readCookie(req: Request, name: string): string | undefined {
+  const header = req.headers.cookie
+  if (!header) return undefined
+  for (const part of header.split(';')) {
+    const separator = part.indexOf('=')
+    if (separator > 0 && part.slice(0, separator).trim() === name) return part.slice(separator + 1).trim()
+  }
+  return undefined
+}
+
+/** A name for the action log: printable, short. */
+function operatorName(name: string, fallback: string): string {
+  // eslint-disable-next-line no-control-regex
+  const cleaned = name.replace(/[\u0000-\u001f\u007f]/g, '').trim().slice(0, 64)
+  return cleaned === '' ? fallback : cleaned
+}
+
+export function createConsoleAuth({ token, now = () => Date.now() }: { token: string; now?: () => number }): ConsoleAuth {
+  const expected = digest(token)
+  const csrfKey = randomBytes(32)
+  const sessions = new Map<string, Session>()
+  const derivedCsrf = (identity: string) => createHmac('sha256', csrfKey).update(identity).digest('hex')
+
+  const fromSession = (req: Request): Operator | undefined => {
+    const sessionId = readCookie(req, SESSION_COOKIE)
+    if (!sessionId || !/^[0-9a-f]{64}$/.test(sessionId)) return undefined
+    const session = sessions.get(sessionId)
+    if (!session) return undefined
+    if (session.expiresAt <= now()) {
+      sessions.delete(sessionId)
+      return undefined
+    }
+    return { name: session.name, via: 'session', csrfToken: session.csrfToken, sessionId }
+  }
+
+  return {
+    authenticate(req) {
+      const header = req.headers.authorization
+      if (header) {
+        const [scheme, value = ''] = header.trim().split(/\s+/, 2)
+        if (scheme?.toLowerCase() === 'bearer' && sameSecret(value, expected)) {
+          return { name: 'bearer token', via: 'bearer', csrfToken: derivedCsrf('bearer') }
+        }
+        if (scheme?.toLowerCase() === 'basic') {
+          const decoded = Buffer.from(value, 'base64').toString('utf8')
+          const separator = decoded.indexOf(':')
+          if (separator >= 0 && sameSecret(decoded.slice(separator + 1), expected)) {
+            const name = operatorName(decoded.slice(0, separator), 'basic auth')
+            return { name, via: 'basic', csrfToken: derivedCsrf(`basic:${name}`) }
+          }
+        }
+        // a wrong Authorization header is not rescued by a cookie: the caller meant the header
+        return undefined
+      }
+      return fromSession(req)
+    },
+    login(candidate, name) {
+      if (!sameSecret(candidate, expected)) return undefined
+      const sessionId = randomBytes(32).toString('hex')
+      sessions.set(sessionId, {
+        name: operatorName(name, 'console login'),
+        csrfToken: randomBytes(32).toString('hex'),
+        expiresAt: now() + SESSION_TTL_MS,
+      })
+      while (sessions.size > MAX_SESSIONS) sessions.delete(sessions.keys().next().value!)
+      return sessionId
+    },
+    logout(sessionId) {
+      sessions.delete(sessionId)
+    },
+    csrfTokenMatches(operator, posted) {
+      if (typeof posted !== 'string' || posted.length !== operator.csrfToken.length) return false
+      return timingSafeEqual(Buffer.from(posted), Buffer.from(operator.csrfToken))
+    },
+  }
+}
+
+/**
+ * A browser tells where a POST came from: Sec-Fetch-Site (same-origin, or none when typed) and Origin.
+ * Either, when present, must name this console; clients that send neither (curl) still need the token.
+ */
+export function requestFromOwnOrigin(req: Request): boolean {
+  const site = req.headers['sec-fetch-site']
+  if (site !== undefined && site !== 'same-origin' && site !== 'none') return false
+  const origin = req.headers.origin
+  if (origin !== undefined && origin !== `${req.protocol}://${req.headers.host ?? ''}`) return false
+  return true
+}

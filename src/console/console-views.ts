@@ -1,0 +1,450 @@
+// The console's pages, as typed functions of their data. hono/html's `html` tag escapes every
+// interpolated value (text and attribute alike) unless it is itself a template: a delivery's
+// attacker-chosen id, reference or body can only ever show as text. Nothing here writes raw().
+import { html } from 'hono/html'
+import type { Order, StatusChange } from '../orders/order.js'
+import type { ReconcileRun } from '../reconcile/reconcile-run.repository.js'
+import type { RunSummary } from '../reconcile/poller.js'
+import {
+  DELIVERY_OUTCOMES,
+  type DeliveriesPerMinute,
+  type DeliveryCursor,
+  type DeliveryFilter,
+  type DeliverySummary,
+  type OutcomeCount,
+  type StoredDelivery,
+} from '../webhooks/delivery.repository.js'
+import type { Operator } from './console-auth.js'
+
+export type Html = ReturnType<typeof html>
+
+export const CONSOLE_PATH = '/console'
+
+const time = (value: Date | null | undefined) => (value ? value.toISOString().replace('.000Z', 'Z') : '—')
+const age = (seconds: number) =>
+  seconds < 90 ? `${Math.round(seconds)} s` : seconds < 5400 ? `${Math.round(seconds / 60)} min` : `${(seconds / 3600).toFixed(1)} h`
+
+export function deliveryPath(delivery: { deliveryId: string; bodySha256: string }): string {
+  return `${CONSOLE_PATH}/deliveries/${encodeURIComponent(delivery.deliveryId)}/${delivery.bodySha256}`
+}
+export const orderPath = (id: number) => `${CONSOLE_PATH}/orders/${id}`
+
+export function layout(title: string, operator: Operator | undefined, body: Html): Html {
+  return html`<!doctype html>
+<html lang="en">
+<head>
+<meta charset="utf-8">
+<meta name="viewport" content="width=device-width, initial-scale=1">
+<title>${title} · partner-escrow console</title>
+<link rel="stylesheet" href="${CONSOLE_PATH}/console.css">
+</head>
+<body>
+<header>
+  <strong>partner-escrow</strong>
+  ${
+    operator
+      ? html`<nav>
+    <a href="${CONSOLE_PATH}/">Overview</a>
+    <a href="${CONSOLE_PATH}/deliveries">Deliveries</a>
+    <a href="${CONSOLE_PATH}/orders">Orders</a>
+    <a href="${CONSOLE_PATH}/reconcile">Reconcile</a>
+  </nav>
+  <form method="post" action="${CONSOLE_PATH}/logout" class="logout">
+    <span>${operator.name}</span>
+    <input type="hidden" name="csrf" value="${operator.csrfToken}">
+    <button type="submit">Log out</button>
+  </form>`
+      : ''
+  }
+</header>
+<main>
+<h1>${title}</h1>
+${body}
+</main>
+</body>
+</html>`
+}
+
+export function loginPage(problem?: string): Html {
+  return layout(
+    'Log in',
+    undefined,
+    html`${problem ? html`<p class="problem">${problem}</p>` : ''}
+<form method="post" action="${CONSOLE_PATH}/login" class="login">
+  <label>Admin token <input type="password" name="token" autocomplete="current-password" required autofocus></label>
+  <label>Your name (for the action log) <input type="text" name="name" maxlength="64"></label>
+  <button type="submit">Log in</button>
+</form>
+<p class="hint">The token is ADMIN_TOKEN; in local mode, <code>adminToken</code> in DATA_DIR/local-secrets.json (the start-up banner prints it once).</p>`,
+  )
+}
+
+export function messagePage(title: string, operator: Operator | undefined, message: string): Html {
+  return layout(title, operator, html`<p class="problem">${message}</p>`)
+}
+
+export interface OverviewData {
+  perMinute: DeliveriesPerMinute[]
+  since: Date
+  signatureFailures: number | undefined
+  ordersDue: number
+  oldestDueAgeS: number
+  parked: number
+  oldestParkedAgeS: number
+  attention: { attention: string; orders: number }[]
+  runs: ReconcileRun[]
+  actions: readonly ActionRecord[]
+}
+
+export interface ActionRecord {
+  at: Date
+  operator: string
+  action: string
+  result: string
+}
+
+export function overviewPage(operator: Operator, data: OverviewData): Html {
+  const needsHuman: Html[] = []
+  const flagged = data.attention.reduce((sum, row) => sum + row.orders, 0)
+  if (flagged > 0) {
+    needsHuman.push(
+      html`<li><a href="${CONSOLE_PATH}/orders?attention=1">${flagged} order(s) flagged</a>
+        (${data.attention.map((row) => `${row.attention}: ${row.orders}`).join(', ')}):
+        the platform does not know their trade. <a href="${CONSOLE_PATH}/orders/requeue">Requeue them</a> once fixed.</li>`,
+    )
+  }
+  if (data.parked > 0) {
+    needsHuman.push(
+      html`<li><a href="${CONSOLE_PATH}/deliveries?outcome=unmatched">${data.parked} parked deliveries</a> (oldest ${age(data.oldestParkedAgeS)}):
+        webhooks for external references with no order; create the orders, or re-apply.</li>`,
+    )
+  }
+  const hourTotals = new Map<string, number>()
+  for (const row of data.perMinute) hourTotals.set(row.outcome, (hourTotals.get(row.outcome) ?? 0) + row.deliveries)
+  for (const outcome of ['trade_mismatch', 'unknown_status', 'invalid'] as const) {
+    const count = hourTotals.get(outcome) ?? 0
+    if (count > 0) {
+      needsHuman.push(
+        html`<li><a href="${CONSOLE_PATH}/deliveries?outcome=${outcome}">${count} ${outcome} deliveries</a> in the last hour.</li>`,
+      )
+    }
+  }
+  const stopped = data.runs.find((run) => run.stoppedReason === 'unauthorized')
+  if (stopped) {
+    needsHuman.push(html`<li>Reconcile run ${stopped.id} was refused by the platform (401): check the API credentials.</li>`)
+  }
+  if (data.signatureFailures) {
+    needsHuman.push(html`<li>${data.signatureFailures} webhook signature failures since start: check WEBHOOK_SECRETS.</li>`)
+  }
+
+  const minutes = [...new Set(data.perMinute.map((row) => row.minute.getTime()))].sort((a, b) => b - a)
+  const outcomes = DELIVERY_OUTCOMES.filter((outcome) => hourTotals.has(outcome))
+  const countAt = (minute: number, outcome: string) =>
+    data.perMinute.find((row) => row.minute.getTime() === minute && row.outcome === outcome)?.deliveries ?? 0
+
+  return layout(
+    'Overview',
+    operator,
+    html`<section class="${needsHuman.length ? 'attention' : 'calm'}">
+  <h2>Needs a human</h2>
+  ${needsHuman.length ? html`<ul>${needsHuman}</ul>` : html`<p>Nothing: no flagged orders, no parked deliveries, no refused runs.</p>`}
+</section>
+<section class="cards">
+  <div><span class="figure">${data.ordersDue}</span> orders due to poll<br>oldest due ${age(data.oldestDueAgeS)}</div>
+  <div><span class="figure">${data.parked}</span> parked deliveries</div>
+  <div><span class="figure">${flagged}</span> flagged orders</div>
+  <div><span class="figure">${data.signatureFailures ?? '—'}</span> signature failures since start</div>
+</section>
+<section>
+  <h2>Deliveries per minute, last hour</h2>
+  ${
+    minutes.length === 0
+      ? html`<p>No delivery since ${time(data.since)}.</p>`
+      : html`<table>
+    <thead><tr><th>minute (UTC)</th>${outcomes.map((outcome) => html`<th>${outcome}</th>`)}</tr></thead>
+    <tbody>${minutes.map(
+      (minute) =>
+        html`<tr><td>${new Date(minute).toISOString().slice(11, 16)}</td>${outcomes.map((outcome) => html`<td class="number">${countAt(minute, outcome) || ''}</td>`)}</tr>`,
+    )}</tbody>
+    <tfoot><tr><th>hour</th>${outcomes.map((outcome) => html`<th class="number">${hourTotals.get(outcome)}</th>`)}</tr></tfoot>
+  </table>`
+  }
+</section>
+<section>
+  <h2>Last reconcile runs</h2>
+  ${runsTable(data.runs)}
+</section>
+<section>
+  <h2>Console actions since start</h2>
+  ${
+    data.actions.length === 0
+      ? html`<p>None.</p>`
+      : html`<table><thead><tr><th>when</th><th>who</th><th>action</th><th>result</th></tr></thead>
+    <tbody>${data.actions.map((action) => html`<tr><td>${time(action.at)}</td><td>${action.operator}</td><td>${action.action}</td><td>${action.result}</td></tr>`)}</tbody></table>`
+  }
+</section>`,
+  )
+}
+
+function runsTable(runs: ReconcileRun[]): Html {
+  if (runs.length === 0) return html`<p>No reconcile run yet.</p>`
+  return html`<table>
+<thead><tr><th>run</th><th>replica</th><th>started</th><th>seconds</th><th>polled</th><th>changed</th><th>errors</th><th>stopped</th></tr></thead>
+<tbody>${runs.map(
+    (run) =>
+      html`<tr><td>${run.id}</td><td>${run.replica}</td><td>${time(run.startedAt)}</td><td class="number">${
+        run.finishedAt ? ((run.finishedAt.getTime() - run.startedAt.getTime()) / 1000).toFixed(1) : 'running'
+      }</td><td class="number">${run.polled}</td><td class="number">${run.changed}</td><td class="number">${run.errors}</td><td>${run.stoppedReason ?? ''}</td></tr>`,
+  )}</tbody></table>`
+}
+
+/** The filter as query-string fields, for links and hidden inputs. */
+export function filterFields(filter: DeliveryFilter): [string, string][] {
+  const fields: [string, string][] = []
+  if (filter.tradeId) fields.push(['trade', filter.tradeId])
+  if (filter.externalReference) fields.push(['reference', filter.externalReference])
+  if (filter.deliveryId) fields.push(['delivery', filter.deliveryId])
+  if (filter.outcome) fields.push(['outcome', filter.outcome])
+  if (filter.eventType) fields.push(['event', filter.eventType])
+  if (filter.from) fields.push(['from', filter.from.toISOString()])
+  if (filter.to) fields.push(['to', filter.to.toISOString()])
+  return fields
+}
+
+const queryString = (fields: [string, string][]) => new URLSearchParams(fields).toString()
+const hiddenFields = (fields: [string, string][]) =>
+  fields.map(([name, value]) => html`<input type="hidden" name="${name}" value="${value}">`)
+
+function filterForm(filter: DeliveryFilter): Html {
+  const input = (name: string, label: string, value: string | undefined, type = 'text') =>
+    html`<label>${label} <input type="${type}" name="${name}" value="${value ?? ''}"></label>`
+  return html`<form method="get" action="${CONSOLE_PATH}/deliveries" class="filter">
+  ${input('reference', 'External reference', filter.externalReference)}
+  ${input('trade', 'Trade id', filter.tradeId)}
+  ${input('delivery', 'Delivery id', filter.deliveryId)}
+  ${input('event', 'Event kind', filter.eventType)}
+  <label>Outcome <select name="outcome"><option value="">any</option>${DELIVERY_OUTCOMES.map(
+    (outcome) => html`<option value="${outcome}" ${filter.outcome === outcome ? 'selected' : ''}>${outcome}</option>`,
+  )}</select></label>
+  ${input('from', 'Received from (UTC)', filter.from?.toISOString())}
+  ${input('to', 'until (UTC)', filter.to?.toISOString())}
+  <button type="submit">Search</button>
+</form>`
+}
+
+export function encodeCursor(cursor: DeliveryCursor): string {
+  return Buffer.from(JSON.stringify([cursor.receivedAt, cursor.deliveryId, cursor.bodySha256])).toString('base64url')
+}
+
+export function deliveriesPage(
+  operator: Operator,
+  { filter, deliveries, next }: { filter: DeliveryFilter; deliveries: DeliverySummary[]; next: DeliveryCursor | undefined },
+): Html {
+  const fields = filterFields(filter)
+  return layout(
+    'Deliveries',
+    operator,
+    html`${filterForm(filter)}
+<p class="actions"><a href="${CONSOLE_PATH}/deliveries/reapply?${queryString(fields)}">Bulk re-apply these… (dry run first)</a></p>
+${
+  deliveries.length === 0
+    ? html`<p>No delivery matches.</p>`
+    : html`<table class="deliveries">
+<thead><tr><th>received (UTC)</th><th>delivery</th><th>event</th><th>external reference</th><th>trade</th><th>status</th><th>outcome</th></tr></thead>
+<tbody>${deliveries.map(
+        (delivery) => html`<tr>
+  <td>${time(delivery.receivedAt)}</td>
+  <td><a href="${deliveryPath(delivery)}">${delivery.deliveryId}</a></td>
+  <td>${delivery.eventType}</td>
+  <td>${delivery.externalReference ?? '—'}</td>
+  <td>${delivery.tradeId ?? '—'}</td>
+  <td>${delivery.observedStatus ?? '—'}</td>
+  <td><span class="outcome ${delivery.outcome}">${delivery.outcome}</span></td>
+</tr>`,
+      )}</tbody></table>`
+}
+${next ? html`<p><a rel="next" href="${CONSOLE_PATH}/deliveries?${queryString([...fields, ['after', encodeCursor(next)]])}">Older →</a></p>` : ''}`,
+  )
+}
+
+/** A body shown as text: JSON re-indented (a view only; the stored bytes are untouched). */
+function prettyBody(rawBody: string): string {
+  try {
+    return JSON.stringify(JSON.parse(rawBody), null, 2)
+  } catch {
+    return rawBody
+  }
+}
+
+export function deliveryPage(
+  operator: Operator,
+  { delivery, order, bodies }: { delivery: StoredDelivery; order: Order | undefined; bodies: number },
+): Html {
+  return layout(
+    'Delivery',
+    operator,
+    html`<dl class="fields">
+  <dt>X-Partner-Delivery-Id</dt><dd><code>${delivery.deliveryId}</code></dd>
+  <dt>Body SHA-256</dt><dd><code>${delivery.bodySha256}</code>${bodies > 1 ? html` (this id was reused: ${bodies} bodies stored)` : ''}</dd>
+  <dt>Received</dt><dd>${time(delivery.receivedAt)}</dd>
+  <dt>Event kind</dt><dd>${delivery.eventType}</dd>
+  <dt>Outcome</dt><dd><span class="outcome ${delivery.outcome}">${delivery.outcome}</span>${delivery.appliedAt ? html` (applied ${time(delivery.appliedAt)})` : ''}</dd>
+  <dt>Trade</dt><dd>${delivery.tradeId ?? '—'} ${delivery.observedStatus ? html`reporting <strong>${delivery.observedStatus}</strong>` : ''}</dd>
+  <dt>External reference</dt><dd>${delivery.externalReference ?? '—'}</dd>
+  <dt>Order</dt><dd>${order ? html`<a href="${orderPath(order.id)}">#${order.id} ${order.externalReference}</a> (now ${order.tradeStatus ?? 'no status'})` : 'none'}</dd>
+</dl>
+<p class="hint">Headers: the service keeps the delivery id (above) and the verified body; the signature and other headers are not stored.</p>
+<form method="get" action="${deliveryPath(delivery)}/reapply"><button type="submit">Re-apply…</button></form>
+<h2>Raw body</h2>
+<pre class="body">${prettyBody(delivery.rawBody)}</pre>`,
+  )
+}
+
+export function confirmPage(
+  operator: Operator,
+  { title, question, action, fields, actionId, button }: {
+    title: string
+    question: Html
+    action: string
+    fields: [string, string][]
+    actionId: string
+    button: string
+  },
+): Html {
+  return layout(
+    title,
+    operator,
+    html`<div class="confirm">${question}</div>
+<form method="post" action="${action}">
+  ${hiddenFields(fields)}
+  <input type="hidden" name="action_id" value="${actionId}">
+  <input type="hidden" name="csrf" value="${operator.csrfToken}">
+  <button type="submit" class="danger">${button}</button>
+  <a href="${CONSOLE_PATH}/">Cancel</a>
+</form>`,
+  )
+}
+
+export function resultPage(operator: Operator, title: string, record: ActionRecord, repeated: boolean, links: Html = html``): Html {
+  return layout(
+    title,
+    operator,
+    html`${repeated ? html`<p class="problem">This action was already carried out; nothing was done again.</p>` : ''}
+<p class="result">${record.result}</p>
+<p class="hint">${record.action}, by ${record.operator} at ${time(record.at)}.</p>
+${links}`,
+  )
+}
+
+export function bulkDryRunText(counts: OutcomeCount[], limit: number): Html {
+  const total = counts.reduce((sum, row) => sum + row.deliveries, 0)
+  return html`<p><strong>Dry run:</strong> ${total} deliveries match${total > limit ? html` (the oldest ${limit} are re-applied per run; run it again for the rest)` : ''}.</p>
+<table><thead><tr><th>outcome now</th><th>deliveries</th><th>with an order now</th><th>what re-applying does</th></tr></thead>
+<tbody>${counts.map(
+    (row) => html`<tr><td>${row.outcome}</td><td class="number">${row.deliveries}</td><td class="number">${row.withOrder}</td><td>${
+      row.outcome === 'unmatched'
+        ? `${row.withOrder} can now be applied to their order; ${row.deliveries - row.withOrder} stay parked`
+        : row.outcome === 'ignored' || row.outcome === 'invalid'
+          ? 'nothing: not trade events'
+          : 'applied again: a status the order already has changes nothing'
+    }</td></tr>`,
+  )}</tbody></table>`
+}
+
+export function ordersPage(
+  operator: Operator,
+  { orders, nextLink, filter }: { orders: Order[]; nextLink: string | undefined; filter: { reference?: string | undefined; trade?: string | undefined; status?: string | undefined; attention: boolean } },
+): Html {
+  return layout(
+    'Orders',
+    operator,
+    html`<form method="get" action="${CONSOLE_PATH}/orders" class="filter">
+  <label>External reference <input name="reference" value="${filter.reference ?? ''}"></label>
+  <label>Trade id <input name="trade" value="${filter.trade ?? ''}"></label>
+  <label>Status <input name="status" value="${filter.status ?? ''}"></label>
+  <label><input type="checkbox" name="attention" value="1" ${filter.attention ? 'checked' : ''}> flagged only</label>
+  <button type="submit">Search</button>
+</form>
+<p class="actions"><a href="${CONSOLE_PATH}/orders/requeue">Requeue every order flagged trade_not_found…</a></p>
+${
+  orders.length === 0
+    ? html`<p>No order matches.</p>`
+    : html`<table><thead><tr><th>order</th><th>external reference</th><th>trade</th><th>status</th><th>source</th><th>next poll (UTC)</th><th>attempts</th><th>attention</th></tr></thead>
+<tbody>${orders.map(
+        (order) => html`<tr>
+  <td><a href="${orderPath(order.id)}">#${order.id}</a></td><td>${order.externalReference}</td><td>${order.tradeId ?? '—'}</td>
+  <td>${order.tradeStatus ?? '—'}</td><td>${order.statusSource ?? '—'}</td><td>${time(order.nextPollAt)}</td>
+  <td class="number">${order.pollAttempts}</td><td>${order.attention ? html`<span class="outcome attention">${order.attention}</span>` : ''}</td>
+</tr>`,
+      )}</tbody></table>`
+}
+${nextLink ? html`<p><a rel="next" href="${nextLink}">Older →</a></p>` : ''}`,
+  )
+}
+
+export function orderPage(
+  operator: Operator,
+  { order, history, deliveries }: { order: Order; history: StatusChange[]; deliveries: DeliverySummary[] },
+): Html {
+  return layout(
+    `Order #${order.id}`,
+    operator,
+    html`<dl class="fields">
+  <dt>External reference</dt><dd>${order.externalReference}</dd>
+  <dt>Trade</dt><dd>${order.tradeId ?? '—'} ${order.tradeReference ? html`(${order.tradeReference})` : ''} · create ${order.tradeCreateState}</dd>
+  <dt>Status</dt><dd><strong>${order.tradeStatus ?? 'none yet'}</strong> ${order.statusSource ? html`by ${order.statusSource} at ${time(order.statusChangedAt)}` : ''}</dd>
+  <dt>Poll schedule</dt><dd>${order.nextPollAt ? html`next poll ${time(order.nextPollAt)}` : 'not scheduled'} · ${order.pollAttempts} failed attempts</dd>
+  <dt>Attention</dt><dd>${
+    order.attention
+      ? html`<span class="outcome attention">${order.attention}</span>
+      <form method="get" action="${CONSOLE_PATH}/orders/requeue" class="inline"><input type="hidden" name="reference" value="${order.externalReference}"><button type="submit">Requeue…</button></form>`
+      : 'none'
+  }</dd>
+  <dt>Created</dt><dd>${time(order.createdAt)}</dd>
+</dl>
+<h2>Timeline</h2>
+${
+  history.length === 0
+    ? html`<p>No status change yet.</p>`
+    : html`<table><thead><tr><th>when (UTC)</th><th>from</th><th>to</th><th>channel</th><th>delivery</th></tr></thead>
+<tbody>${history.map(
+        (change) => html`<tr><td>${time(change.recordedAt)}</td><td>${change.fromStatus ?? '—'}</td><td>${change.toStatus}</td><td>${change.source}</td><td>${change.deliveryId ?? ''}</td></tr>`,
+      )}</tbody></table>`
+}
+<h2>Deliveries for this reference</h2>
+${
+  deliveries.length === 0
+    ? html`<p>None.</p>`
+    : html`<table><thead><tr><th>received (UTC)</th><th>delivery</th><th>status</th><th>outcome</th></tr></thead>
+<tbody>${deliveries.map(
+        (delivery) => html`<tr><td>${time(delivery.receivedAt)}</td><td><a href="${deliveryPath(delivery)}">${delivery.deliveryId}</a></td><td>${delivery.observedStatus ?? '—'}</td><td>${delivery.outcome}</td></tr>`,
+      )}</tbody></table>`
+}`,
+  )
+}
+
+export function reconcilePage(operator: Operator, { runs, actionId, available }: { runs: ReconcileRun[]; actionId: string; available: boolean }): Html {
+  return layout(
+    'Reconcile',
+    operator,
+    html`${
+      available
+        ? html`<form method="post" action="${CONSOLE_PATH}/reconcile/run" class="confirm">
+  <p>Run one reconcile cycle now: claim the orders that are due, poll the platform for each, apply what it answers. Safe beside the running poller (claims are leased).</p>
+  <input type="hidden" name="action_id" value="${actionId}">
+  <input type="hidden" name="csrf" value="${operator.csrfToken}">
+  <button type="submit" class="danger">Run one cycle now</button>
+</form>`
+        : html`<p class="problem">Not available until the service is ready.</p>`
+    }
+<h2>Last runs</h2>
+${runsTable(runs)}`,
+  )
+}
+
+export function cycleResult(summary: RunSummary): string {
+  return (
+    `run ${summary.runId ?? '-'}: claimed ${summary.claimed}, polled ${summary.polled}, changed ${summary.changed}, errors ${summary.errors}` +
+    (summary.stoppedReason ? `; stopped: ${summary.stoppedReason}` : '')
+  )
+}

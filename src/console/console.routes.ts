@@ -1,0 +1,477 @@
+// The operator console: server-rendered pages on the operator listener (never the public one), for the
+// person on call. Reading pages are GETs; every action is a GET confirm page, then a POST that carries
+// the CSRF token and a one-time action id (posting the same form twice does the action once), and is
+// logged with who did it.
+//
+// The SQL lives with the tables (webhooks/delivery.repository.ts, orders/order.repository.ts,
+// reconcile/*.repository.ts); this file only calls it. Reactions (retry or skip a failed reaction) get
+// their page and actions here once reactions are stored.
+import { randomBytes } from 'node:crypto'
+import express, { type Request, type Response, Router } from 'express'
+import helmet from 'helmet'
+import { html } from 'hono/html'
+import type { Kysely } from 'kysely'
+import { z } from 'zod'
+import type { Clock } from '../clock.js'
+import type { Database } from '../db/database.js'
+import type { Logger } from '../logger.js'
+import type { Metrics } from '../metrics/metrics.js'
+import { countOrdersNeedingAttention, findOrderById, findOrderByExternalReference, orderHistory, searchOrders } from '../orders/order.repository.js'
+import { countDueOrders, requeueOrders, TRADE_NOT_FOUND } from '../reconcile/poll-schedule.repository.js'
+import type { RunSummary } from '../reconcile/poller.js'
+import { listRuns } from '../reconcile/reconcile-run.repository.js'
+import {
+  countBodiesOfDelivery,
+  countDeliveriesByOutcome,
+  countDeliveriesPerMinute,
+  countParkedDeliveries,
+  DELIVERY_OUTCOMES,
+  type DeliveryCursor,
+  type DeliveryFilter,
+  findDelivery,
+  listDeliveriesToReapply,
+  searchDeliveries,
+} from '../webhooks/delivery.repository.js'
+import { reapplyDelivery } from '../webhooks/reapply-delivery.js'
+import { createConsoleAuth, type Operator, requestFromOwnOrigin, SESSION_COOKIE } from './console-auth.js'
+import { CONSOLE_CSS } from './console-styles.js'
+import {
+  type ActionRecord,
+  bulkDryRunText,
+  CONSOLE_PATH,
+  confirmPage,
+  cycleResult,
+  deliveriesPage,
+  deliveryPage,
+  deliveryPath,
+  filterFields,
+  type Html,
+  loginPage,
+  messagePage,
+  orderPage,
+  ordersPage,
+  overviewPage,
+  reconcilePage,
+  resultPage,
+} from './console-views.js'
+
+export { CONSOLE_PATH }
+
+/** Most deliveries one bulk re-apply runs (oldest first); the dry run says when more match. */
+export const BULK_REAPPLY_LIMIT = 1_000
+const PAGE_SIZE = 50
+/** Actions remembered for the repeat check and the overview's log. */
+const REMEMBERED_ACTIONS = 1_000
+
+export interface ConsoleDeps {
+  /** ADMIN_TOKEN. */
+  token: string
+  db: Kysely<Database>
+  logger: Logger
+  clock: Clock
+  metrics?: Metrics | undefined
+  staleAfterS: number
+  /** Runs one reconcile cycle now; answers undefined while the service is not ready to. */
+  reconcileOnce?: (() => Promise<RunSummary | undefined>) | undefined
+}
+
+const text = z
+  .string()
+  .trim()
+  .max(512)
+  .optional()
+  .transform((value) => (value === '' ? undefined : value))
+
+// datetime-local inputs send no zone: the console's times are all UTC
+const instant = text.transform((value, context) => {
+  if (value === undefined) return undefined
+  const date = new Date(/^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}(:\d{2}(\.\d+)?)?$/.test(value) ? `${value}Z` : value)
+  if (Number.isNaN(date.getTime())) {
+    context.addIssue({ code: 'custom', message: `"${value}" is not a time such as 2026-11-23T03:00Z` })
+    return z.NEVER
+  }
+  return date
+})
+
+const FilterQuery = z.object({
+  trade: text,
+  reference: text,
+  delivery: text,
+  event: text,
+  outcome: z
+    .enum(['', ...DELIVERY_OUTCOMES])
+    .optional()
+    .transform((value) => (value === '' ? undefined : value)),
+  from: instant,
+  to: instant,
+  after: text,
+})
+
+class BadInput extends Error {}
+
+function optionalText(value: unknown): string | undefined {
+  const parsed = text.safeParse(value)
+  if (!parsed.success) throw new BadInput('reference: must be one text value')
+  return parsed.data
+}
+
+function parseFilter(source: unknown): { filter: DeliveryFilter; after: DeliveryCursor | undefined } {
+  const parsed = FilterQuery.safeParse(source)
+  if (!parsed.success) throw new BadInput(parsed.error.issues.map((issue) => `${issue.path.join('.')}: ${issue.message}`).join('; '))
+  const query = parsed.data
+  let after: DeliveryCursor | undefined
+  if (query.after) {
+    try {
+      const [receivedAt, deliveryId, bodySha256] = JSON.parse(Buffer.from(query.after, 'base64url').toString('utf8')) as unknown[]
+      if (
+        typeof receivedAt !== 'string' ||
+        Number.isNaN(Date.parse(receivedAt)) ||
+        typeof deliveryId !== 'string' ||
+        typeof bodySha256 !== 'string'
+      )
+        throw new Error('bad cursor')
+      after = { receivedAt, deliveryId, bodySha256 }
+    } catch {
+      throw new BadInput('after: not a page cursor from this console')
+    }
+  }
+  return {
+    filter: {
+      tradeId: query.trade,
+      externalReference: query.reference,
+      deliveryId: query.delivery,
+      outcome: query.outcome,
+      eventType: query.event,
+      from: query.from,
+      to: query.to,
+    },
+    after,
+  }
+}
+
+export function consoleRoutes(deps: ConsoleDeps): Router {
+  const { db, logger, clock } = deps
+  const auth = createConsoleAuth({ token: deps.token, now: () => clock.now() })
+  const done = new Map<string, ActionRecord>()
+  const router = Router()
+
+  router.use(
+    CONSOLE_PATH,
+    helmet({
+      contentSecurityPolicy: {
+        useDefaults: false,
+        directives: {
+          defaultSrc: ["'self'"],
+          scriptSrc: ["'none'"],
+          styleSrc: ["'self'"],
+          imgSrc: ["'self'"],
+          formAction: ["'self'"],
+          frameAncestors: ["'none'"],
+          baseUri: ["'none'"],
+          objectSrc: ["'none'"],
+        },
+      },
+      frameguard: { action: 'deny' },
+      referrerPolicy: { policy: 'no-referrer' },
+      // loopback over plain HTTP: HSTS would pin a name to https it does not serve
+      strictTransportSecurity: false,
+    }),
+    (_req, res, next) => {
+      res.setHeader('Cache-Control', 'no-store')
+      next()
+    },
+  )
+
+  const send = async (res: Response, page: Html, status = 200) => {
+    res.status(status).type('html').send(String(await page))
+  }
+
+  const remember = (actionId: string, operator: Operator, action: string, result: string): ActionRecord => {
+    const record = { at: new Date(clock.now()), operator: operator.name, action, result }
+    done.set(actionId, record)
+    while (done.size > REMEMBERED_ACTIONS) done.delete(done.keys().next().value!)
+    logger.info({ operator: operator.name, via: operator.via, action, result }, 'console action')
+    return record
+  }
+  const newActionId = () => randomBytes(16).toString('hex')
+
+  router.get(`${CONSOLE_PATH}/console.css`, (_req, res) => {
+    res.type('css').send(CONSOLE_CSS)
+  })
+
+  const form = express.urlencoded({ extended: false, limit: '16kb', parameterLimit: 50 })
+
+  router.get(`${CONSOLE_PATH}/login`, async (_req, res) => send(res, loginPage()))
+  router.post(`${CONSOLE_PATH}/login`, form, async (req, res) => {
+    if (!requestFromOwnOrigin(req)) return send(res, messagePage('Refused', undefined, 'This form was posted from another site.'), 403)
+    const body = (req.body ?? {}) as Record<string, unknown>
+    const sessionId =
+      typeof body.token === 'string' ? auth.login(body.token, typeof body.name === 'string' ? body.name : '') : undefined
+    if (!sessionId) {
+      logger.warn({ path: req.path }, 'console login refused: wrong token')
+      return send(res, loginPage('Wrong token.'), 401)
+    }
+    res.cookie(SESSION_COOKIE, sessionId, { httpOnly: true, sameSite: 'strict', path: CONSOLE_PATH })
+    res.redirect(303, `${CONSOLE_PATH}/`)
+  })
+
+  // everything below needs the token; a POST also needs its form's CSRF token and our own origin
+  router.use(CONSOLE_PATH, form, async (req, res, next) => {
+    const operator = auth.authenticate(req)
+    if (!operator) {
+      res.setHeader('WWW-Authenticate', 'Bearer realm="partner-escrow console"')
+      return send(res, loginPage(), 401)
+    }
+    if (req.method !== 'GET' && req.method !== 'HEAD') {
+      const csrf = (req.body as Record<string, unknown> | undefined)?.csrf
+      if (!requestFromOwnOrigin(req) || !auth.csrfTokenMatches(operator, csrf)) {
+        logger.warn({ operator: operator.name, path: req.path }, 'console action refused: CSRF check failed')
+        return send(res, messagePage('Refused', operator, 'This action lacks a valid form token (CSRF); reload the page and try again.'), 403)
+      }
+    }
+    res.locals.operator = operator
+    next()
+  })
+  const operatorOf = (res: Response) => res.locals.operator as Operator
+  const bodyOf = (req: Request) => (req.body ?? {}) as Record<string, unknown>
+  const actionIdOf = (req: Request) => {
+    const id = bodyOf(req).action_id
+    if (typeof id !== 'string' || !/^[0-9a-f]{32}$/.test(id)) throw new BadInput('action_id: missing; start the action from its confirm page')
+    return id
+  }
+
+  router.post(`${CONSOLE_PATH}/logout`, (req, res) => {
+    const operator = operatorOf(res)
+    if (operator.sessionId) auth.logout(operator.sessionId)
+    res.clearCookie(SESSION_COOKIE, { path: CONSOLE_PATH })
+    res.redirect(303, `${CONSOLE_PATH}/login`)
+  })
+
+  router.get(CONSOLE_PATH, (_req, res) => res.redirect(`${CONSOLE_PATH}/`))
+  router.get(`${CONSOLE_PATH}/`, async (_req, res) => {
+    const now = new Date(clock.now())
+    const since = new Date(now.getTime() - 60 * 60 * 1000)
+    const [perMinute, due, parked, attention, runs] = await Promise.all([
+      countDeliveriesPerMinute(db, since),
+      countDueOrders(db, now),
+      countParkedDeliveries(db, now),
+      countOrdersNeedingAttention(db),
+      listRuns(db, 10),
+    ])
+    const signatureFailures = deps.metrics ? (await deps.metrics.signatureFailures.get()).values.reduce((sum, value) => sum + value.value, 0) : undefined
+    await send(
+      res,
+      overviewPage(operatorOf(res), {
+        perMinute,
+        since,
+        signatureFailures,
+        ...due,
+        ...parked,
+        attention,
+        runs,
+        actions: [...done.values()].reverse().slice(0, 20),
+      }),
+    )
+  })
+
+  router.get(`${CONSOLE_PATH}/deliveries`, async (req, res) => {
+    const { filter, after } = parseFilter(req.query)
+    const page = await searchDeliveries(db, filter, { after, limit: PAGE_SIZE })
+    await send(res, deliveriesPage(operatorOf(res), { filter, ...page }))
+  })
+
+  router.get(`${CONSOLE_PATH}/deliveries/reapply`, async (req, res) => {
+    const { filter } = parseFilter(req.query)
+    if (!filter.from && !filter.to) throw new BadInput('a bulk re-apply needs a time range: give "from", "to" or both')
+    const counts = await countDeliveriesByOutcome(db, filter)
+    await send(
+      res,
+      confirmPage(operatorOf(res), {
+        title: 'Bulk re-apply',
+        question: bulkDryRunText(counts, BULK_REAPPLY_LIMIT),
+        action: `${CONSOLE_PATH}/deliveries/reapply`,
+        fields: filterFields(filter),
+        actionId: newActionId(),
+        button: 'Re-apply them',
+      }),
+    )
+  })
+  router.post(`${CONSOLE_PATH}/deliveries/reapply`, async (req, res) => {
+    const operator = operatorOf(res)
+    const actionId = actionIdOf(req)
+    const { filter } = parseFilter(bodyOf(req))
+    if (!filter.from && !filter.to) throw new BadInput('a bulk re-apply needs a time range: give "from", "to" or both')
+    const previous = done.get(actionId)
+    if (previous) return send(res, resultPage(operator, 'Bulk re-apply', previous, true))
+    const deliveries = await listDeliveriesToReapply(db, filter, BULK_REAPPLY_LIMIT)
+    const tally = new Map<string, number>()
+    const now = new Date(clock.now())
+    for (const delivery of deliveries) {
+      const result = await reapplyDelivery(db, delivery, { staleAfterS: deps.staleAfterS }, now)
+      const key = result.kind === 'reapplied' ? result.outcome : 'not a trade event'
+      tally.set(key, (tally.get(key) ?? 0) + 1)
+    }
+    const summary = [...tally].map(([outcome, count]) => `${outcome} ${count}`).join(', ')
+    const record = remember(
+      actionId,
+      operator,
+      `bulk re-apply (${filterFields(filter).map(([name, value]) => `${name}=${value}`).join(' ')})`,
+      `${deliveries.length} deliveries re-applied${summary ? `: ${summary}` : ''}`,
+    )
+    await send(res, resultPage(operator, 'Bulk re-apply', record, false))
+  })
+
+  const loadDelivery = async (req: Request) => {
+    const { deliveryId, bodySha256 } = req.params as { deliveryId: string; bodySha256: string }
+    if (!/^[0-9a-f]{64}$/.test(bodySha256)) return undefined
+    return findDelivery(db, deliveryId, bodySha256)
+  }
+
+  router.get(`${CONSOLE_PATH}/deliveries/:deliveryId/:bodySha256`, async (req, res) => {
+    const delivery = await loadDelivery(req)
+    if (!delivery) return send(res, messagePage('Not found', operatorOf(res), 'No such delivery.'), 404)
+    const [order, bodies] = await Promise.all([
+      delivery.orderId !== null
+        ? findOrderById(db, delivery.orderId)
+        : delivery.externalReference !== null
+          ? findOrderByExternalReference(db, delivery.externalReference)
+          : undefined,
+      countBodiesOfDelivery(db, delivery.deliveryId),
+    ])
+    await send(res, deliveryPage(operatorOf(res), { delivery, order, bodies }))
+  })
+
+  router.get(`${CONSOLE_PATH}/deliveries/:deliveryId/:bodySha256/reapply`, async (req, res) => {
+    const delivery = await loadDelivery(req)
+    if (!delivery) return send(res, messagePage('Not found', operatorOf(res), 'No such delivery.'), 404)
+    await send(
+      res,
+      confirmPage(operatorOf(res), {
+        title: 'Re-apply a delivery',
+        question: html`Re-apply delivery <code>${delivery.deliveryId}</code> (${delivery.eventType}, outcome now ${delivery.outcome})
+          to the order of <code>${delivery.externalReference ?? '—'}</code>? A status the order already has changes nothing.`,
+        action: `${deliveryPath(delivery)}/reapply`,
+        fields: [],
+        actionId: newActionId(),
+        button: 'Re-apply',
+      }),
+    )
+  })
+  router.post(`${CONSOLE_PATH}/deliveries/:deliveryId/:bodySha256/reapply`, async (req, res) => {
+    const operator = operatorOf(res)
+    const actionId = actionIdOf(req)
+    const previous = done.get(actionId)
+    if (previous) return send(res, resultPage(operator, 'Re-apply a delivery', previous, true))
+    const delivery = await loadDelivery(req)
+    if (!delivery) return send(res, messagePage('Not found', operator, 'No such delivery.'), 404)
+    const result = await reapplyDelivery(db, delivery, { staleAfterS: deps.staleAfterS }, new Date(clock.now()))
+    const record = remember(
+      actionId,
+      operator,
+      `re-apply delivery ${delivery.deliveryId}`,
+      result.kind === 'reapplied'
+        ? `${result.outcome}${result.toStatus ? ` (order status ${result.toStatus})` : ''}`
+        : `nothing to re-apply: a ${result.eventType} event`,
+    )
+    await send(res, resultPage(operator, 'Re-apply a delivery', record, false, html`<p><a href="${deliveryPath(delivery)}">Back to the delivery</a></p>`))
+  })
+
+  const OrdersQuery = z.object({
+    reference: text,
+    trade: text,
+    status: text,
+    attention: text,
+    before: z.coerce.number().int().positive().optional(),
+  })
+  router.get(`${CONSOLE_PATH}/orders`, async (req, res) => {
+    const parsed = OrdersQuery.safeParse(req.query)
+    if (!parsed.success) throw new BadInput(parsed.error.issues.map((issue) => `${issue.path.join('.')}: ${issue.message}`).join('; '))
+    const query = parsed.data
+    const filter = { reference: query.reference, trade: query.trade, status: query.status, attention: query.attention === '1' }
+    const { orders, nextBeforeId } = await searchOrders(
+      db,
+      { externalReference: filter.reference, tradeId: filter.trade, status: filter.status, needsAttention: filter.attention },
+      { beforeId: query.before, limit: PAGE_SIZE },
+    )
+    const nextFields: [string, string][] = Object.entries(query).flatMap(([name, value]) =>
+      name === 'before' || value === undefined ? [] : [[name, String(value)] as [string, string]],
+    )
+    const nextLink =
+      nextBeforeId === undefined
+        ? undefined
+        : `${CONSOLE_PATH}/orders?${new URLSearchParams([...nextFields, ['before', String(nextBeforeId)]]).toString()}`
+    await send(res, ordersPage(operatorOf(res), { orders, nextLink, filter }))
+  })
+
+  router.get(`${CONSOLE_PATH}/orders/requeue`, async (req, res) => {
+    const reference = optionalText(req.query.reference)
+    const operator = operatorOf(res)
+    const flagged = reference ? undefined : (await countOrdersNeedingAttention(db)).find((row) => row.attention === TRADE_NOT_FOUND)?.orders ?? 0
+    await send(
+      res,
+      confirmPage(operator, {
+        title: 'Requeue flagged orders',
+        question: reference
+          ? html`Clear the flag of order <code>${reference}</code> and make it due for a poll now?`
+          : html`Clear the flag of every order flagged ${TRADE_NOT_FOUND} (<strong>${flagged}</strong> now) and make them due for a poll now?`,
+        action: `${CONSOLE_PATH}/orders/requeue`,
+        fields: reference ? [['reference', reference]] : [],
+        actionId: newActionId(),
+        button: 'Requeue',
+      }),
+    )
+  })
+  router.post(`${CONSOLE_PATH}/orders/requeue`, async (req, res) => {
+    const operator = operatorOf(res)
+    const actionId = actionIdOf(req)
+    const previous = done.get(actionId)
+    if (previous) return send(res, resultPage(operator, 'Requeue flagged orders', previous, true))
+    const reference = optionalText(bodyOf(req).reference)
+    const results = await requeueOrders(db, { ...(reference ? { externalReferences: [reference] } : {}), now: new Date(clock.now()) })
+    const requeued = results.filter((result) => result.outcome === 'requeued').length
+    const record = remember(
+      actionId,
+      operator,
+      reference ? `requeue order ${reference}` : `requeue every order flagged ${TRADE_NOT_FOUND}`,
+      `${requeued} due now, ${results.length - requeued} cleared but not pollable${reference && results.length === 0 ? ' (no such order)' : ''}`,
+    )
+    await send(res, resultPage(operator, 'Requeue flagged orders', record, false))
+  })
+
+  router.get(`${CONSOLE_PATH}/orders/:id`, async (req, res) => {
+    const id = Number(req.params.id)
+    const order = Number.isSafeInteger(id) && id > 0 ? await findOrderById(db, id) : undefined
+    if (!order) return send(res, messagePage('Not found', operatorOf(res), 'No such order.'), 404)
+    const [history, deliveries] = await Promise.all([
+      orderHistory(db, order.id),
+      searchDeliveries(db, { externalReference: order.externalReference }, { limit: PAGE_SIZE }),
+    ])
+    await send(res, orderPage(operatorOf(res), { order, history, deliveries: deliveries.deliveries }))
+  })
+
+  router.get(`${CONSOLE_PATH}/reconcile`, async (_req, res) => {
+    const runs = await listRuns(db, 20)
+    await send(res, reconcilePage(operatorOf(res), { runs, actionId: newActionId(), available: deps.reconcileOnce !== undefined }))
+  })
+  router.post(`${CONSOLE_PATH}/reconcile/run`, async (req, res) => {
+    const operator = operatorOf(res)
+    const actionId = actionIdOf(req)
+    const previous = done.get(actionId)
+    if (previous) return send(res, resultPage(operator, 'Reconcile', previous, true))
+    const summary = await deps.reconcileOnce?.()
+    if (!summary) return send(res, messagePage('Reconcile', operator, 'Not available until the service is ready; try again shortly.'), 503)
+    const record = remember(actionId, operator, 'run one reconcile cycle', cycleResult(summary))
+    await send(res, resultPage(operator, 'Reconcile', record, false, html`<p><a href="${CONSOLE_PATH}/reconcile">Back to the runs</a></p>`))
+  })
+
+  router.use(CONSOLE_PATH, async (req, res) => {
+    await send(res, messagePage('Not found', operatorOf(res), `No console page at ${req.path}.`), 404)
+  })
+
+  router.use(CONSOLE_PATH, async (error: unknown, _req: Request, res: Response, next: (error: unknown) => void) => {
+    if (!(error instanceof BadInput)) return next(error)
+    await send(res, messagePage('Bad request', res.locals.operator as Operator | undefined, error.message), 400)
+  })
+
+  return router
+}
