@@ -100,7 +100,7 @@ export async function startService({
     // half of SHUTDOWN_TIMEOUT_MS for requests in flight, the rest for stopping the parts after it
     stops.push({ name: 'http server', stop: () => server.stop(Math.floor(config.shutdownTimeoutMs / 2)) })
     // the console's "run one cycle now": a one-off poller like `reconcile --once`, once the database is ready
-    let reconcileOnce: (() => Promise<RunSummary>) | undefined
+    const consoleActions: { reconcileOnce?: () => Promise<RunSummary> } = {}
     const adminServer = await listen(
       createAdminApp({
         config,
@@ -112,7 +112,7 @@ export async function startService({
             ? [localCliRoutes({ token: localCliToken, context: { config, db: database.db, logger }, runCommand })]
             : [],
         clock,
-        reconcileOnce: async () => (ready && reconcileOnce ? reconcileOnce() : undefined),
+        reconcileOnce: async () => (ready && consoleActions.reconcileOnce ? consoleActions.reconcileOnce() : undefined),
       }),
       { port: config.admin.port, host: config.admin.host },
     )
@@ -153,7 +153,7 @@ export async function startService({
     }
 
     const fetcher = createPartnerApiClient(config, { logger, clock, ...(sandboxUrl ? { baseUrl: sandboxUrl } : {}) })
-    reconcileOnce = () =>
+    consoleActions.reconcileOnce = () =>
       createPoller({
         db: database.db,
         fetcher,

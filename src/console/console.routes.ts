@@ -247,7 +247,6 @@ export function consoleRoutes(deps: ConsoleDeps): Router {
     res.redirect(303, `${CONSOLE_PATH}/login`)
   })
 
-  router.get(CONSOLE_PATH, (_req, res) => res.redirect(`${CONSOLE_PATH}/`))
   router.get(`${CONSOLE_PATH}/`, async (_req, res) => {
     const now = new Date(clock.now())
     const since = new Date(now.getTime() - 60 * 60 * 1000)

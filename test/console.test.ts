@@ -1,0 +1,309 @@
+// The operator console over HTTP (supertest against the operator app): who gets in, what a forged form
+// gets, the headers every page carries, hostile delivery text shown as text, and each action's effect.
+import type { Express } from 'express'
+import request from 'supertest'
+import { afterAll, beforeAll, describe, expect, it } from 'vitest'
+import { systemClock } from '../src/clock.js'
+import { createAdminApp } from '../src/http/admin-app.js'
+import { createApp } from '../src/http/app.js'
+import { findOrderByExternalReference, orderHistory } from '../src/orders/order.repository.js'
+import { createPoller } from '../src/reconcile/poller.js'
+import { findDelivery, recordDelivery } from '../src/webhooks/delivery.repository.js'
+import { testLogger } from './helpers/log-sink.js'
+import { fakeTradeApi } from './helpers/partner-api-fake-client.js'
+import { testConfig } from './helpers/test-config.js'
+import { createTestDatabase, type TestDatabase } from './helpers/test-database.js'
+import { sendWebhook, tradePayload } from './helpers/webhook-delivery.js'
+
+const TOKEN = 'console-token-0123456789abcdef0123'
+const HOSTILE_ID = '"><img/src=x/onerror=alert(1)><script>alert(2)</script>'
+const HOSTILE_REFERENCE = '<script>window.pwned=1</script>'
+
+const GET_PAGES = [
+  '/console/',
+  '/console/deliveries',
+  '/console/deliveries?reference=x',
+  '/console/deliveries/reapply?from=2026-01-01T00:00Z',
+  `/console/deliveries/d/${'0'.repeat(64)}`,
+  `/console/deliveries/d/${'0'.repeat(64)}/reapply`,
+  '/console/orders',
+  '/console/orders/1',
+  '/console/orders/requeue',
+  '/console/reconcile',
+  '/console/no-such-page',
+]
+const POST_ACTIONS = [
+  '/console/deliveries/reapply',
+  `/console/deliveries/d/${'0'.repeat(64)}/reapply`,
+  '/console/orders/requeue',
+  '/console/reconcile/run',
+  '/console/logout',
+]
+
+const basic = (user: string, password: string) => `Basic ${Buffer.from(`${user}:${password}`).toString('base64')}`
+
+/** The hidden fields of the one action form on a confirm page. */
+function formFields(page: string): Record<string, string> {
+  const form = /<form method="post"[^>]*>([\s\S]*?)<\/form>/.exec(page.replace(/<header>[\s\S]*?<\/header>/, ''))
+  if (!form) throw new Error(`no action form in: ${page.slice(0, 400)}`)
+  const fields: Record<string, string> = {}
+  for (const match of form[1]!.matchAll(/<input type="hidden" name="([^"]+)" value="([^"]*)">/g)) {
+    fields[match[1]!] = match[2]!.replace(/&quot;/g, '"').replace(/&lt;/g, '<').replace(/&gt;/g, '>').replace(/&#39;/g, "'").replace(/&amp;/g, '&')
+  }
+  return fields
+}
+
+describe('operator console', () => {
+  let database: TestDatabase
+  let app: Express
+  let admin: Express
+  const fetcher = fakeTradeApi()
+
+  beforeAll(async () => {
+    database = await createTestDatabase()
+    const config = testConfig({ ADMIN_TOKEN: TOKEN })
+    const logger = testLogger([TOKEN])
+    app = createApp({ config, db: database.db, logger, clock: systemClock })
+    admin = createAdminApp({
+      config,
+      db: database.db,
+      logger,
+      reconcileOnce: () =>
+        createPoller({
+          db: database.db,
+          fetcher,
+          clock: systemClock,
+          logger,
+          settings: { intervalS: 1, batchSize: 10, concurrency: 2, staleAfterS: 3600, leaseS: 60 },
+          replica: 'console-test',
+        }).runOnce(),
+    })
+  })
+  afterAll(async () => {
+    await database.close()
+  })
+
+  const bearer = (call: request.Test) => call.set('Authorization', `Bearer ${TOKEN}`)
+
+  describe('access', () => {
+    it('answers every page and every action with 401 and the login page without the token', async () => {
+      for (const path of GET_PAGES) {
+        const response = await request(admin).get(path)
+        expect(response.status, path).toBe(401)
+        expect(response.headers['www-authenticate'], path).toContain('Bearer')
+        expect(response.text, path).toContain('name="token"')
+      }
+      for (const path of POST_ACTIONS) {
+        const response = await request(admin).post(path).type('form').send({ csrf: 'x', action_id: '0'.repeat(32) })
+        expect(response.status, path).toBe(401)
+      }
+    })
+
+    it('refuses a wrong bearer token, a wrong basic password, and a forged session cookie', async () => {
+      expect((await request(admin).get('/console/').set('Authorization', `Bearer ${TOKEN}x`)).status).toBe(401)
+      expect((await request(admin).get('/console/').set('Authorization', basic('ops', 'nope'))).status).toBe(401)
+      expect((await request(admin).get('/console/').set('Cookie', `console_session=${'a'.repeat(64)}`)).status).toBe(401)
+    })
+
+    it('lets in a bearer token, and basic auth with the token as password under any user name', async () => {
+      expect((await bearer(request(admin).get('/console/'))).status).toBe(200)
+      const response = await request(admin).get('/console/').set('Authorization', basic('alice', TOKEN))
+      expect(response.status).toBe(200)
+      expect(response.text).toContain('alice')
+    })
+
+    it('logs in through the login page with an HttpOnly, SameSite=Strict session cookie, and out again', async () => {
+      const wrong = await request(admin).post('/console/login').type('form').send({ token: 'wrong', name: 'bob' })
+      expect(wrong.status).toBe(401)
+      expect(wrong.headers['set-cookie']).toBeUndefined()
+
+      const login = await request(admin).post('/console/login').type('form').send({ token: TOKEN, name: 'bob' })
+      expect(login.status).toBe(303)
+      const cookie = String(login.headers['set-cookie'])
+      expect(cookie).toMatch(/^console_session=[0-9a-f]{64}/)
+      expect(cookie).toContain('HttpOnly')
+      expect(cookie).toContain('SameSite=Strict')
+      const session = cookie.split(';')[0]!
+      const page = await request(admin).get('/console/').set('Cookie', session)
+      expect(page.status).toBe(200)
+      expect(page.text).toContain('bob')
+
+      const csrf = /name="csrf" value="([0-9a-f]+)"/.exec(page.text)![1]
+      const logout = await request(admin).post('/console/logout').set('Cookie', session).type('form').send({ csrf })
+      expect(logout.status).toBe(303)
+      expect((await request(admin).get('/console/').set('Cookie', session)).status).toBe(401)
+    })
+
+    it('is not served at all without an ADMIN_TOKEN (remote mode)', async () => {
+      const off = createAdminApp({ config: testConfig(), db: database.db, logger: testLogger() })
+      expect((await request(off).get('/console/')).status).toBe(404)
+    })
+  })
+
+  it('sends the security headers and no-store on every page, the login page included', async () => {
+    for (const response of [await request(admin).get('/console/login'), await bearer(request(admin).get('/console/'))]) {
+      const csp = String(response.headers['content-security-policy'])
+      expect(csp).toContain("default-src 'self'")
+      expect(csp).toContain("script-src 'none'")
+      expect(csp).toContain("frame-ancestors 'none'")
+      expect(csp).not.toContain('unsafe-inline')
+      expect(response.headers['x-frame-options']).toBe('DENY')
+      expect(response.headers['x-content-type-options']).toBe('nosniff')
+      expect(response.headers['referrer-policy']).toBe('no-referrer')
+      expect(response.headers['cache-control']).toBe('no-store')
+    }
+  })
+
+  it('shows a delivery whose id, reference and body hold markup as text, on the search and the delivery page', async () => {
+    const body = { ...tradePayload(HOSTILE_REFERENCE, 'funded'), note: '</pre><script>alert(3)</script>' }
+    expect((await sendWebhook(app, { body, deliveryId: HOSTILE_ID })).status).toBe(200)
+    const stored = await findDelivery(database.db, HOSTILE_ID)
+    expect(stored?.outcome).toBe('unmatched')
+
+    const search = await bearer(request(admin).get('/console/deliveries').query({ reference: HOSTILE_REFERENCE }))
+    expect(search.status).toBe(200)
+    const page = await bearer(request(admin).get(`/console/deliveries/${encodeURIComponent(HOSTILE_ID)}/${stored!.bodySha256}`))
+    expect(page.status).toBe(200)
+    for (const text of [search.text, page.text]) {
+      expect(text).not.toContain('<script>')
+      expect(text).not.toContain('<img')
+      expect(text).toContain('&lt;script&gt;window.pwned=1&lt;/script&gt;')
+    }
+    expect(page.text).toContain('&lt;/pre&gt;&lt;script&gt;alert(3)&lt;/script&gt;')
+    expect(page.text).toContain('&quot;&gt;&lt;img/src=x/onerror=alert(1)&gt;')
+  })
+
+  describe('actions', () => {
+    it('re-applies a parked delivery once its order exists, once however often the form is posted', async () => {
+      expect((await sendWebhook(app, { body: tradePayload('late-1', 'funded'), deliveryId: 'dlv-late-1' })).status).toBe(200)
+      // the order appears without the parked pass (a fork's own system created it)
+      await database.db.insertInto('orders').values({ externalReference: 'late-1' }).execute()
+      const delivery = await findDelivery(database.db, 'dlv-late-1')
+      const path = `/console/deliveries/dlv-late-1/${delivery!.bodySha256}/reapply`
+
+      const confirm = await bearer(request(admin).get(path))
+      expect(confirm.status).toBe(200)
+      const fields = formFields(confirm.text)
+      const first = await bearer(request(admin).post(path)).type('form').send(fields)
+      expect(first.status).toBe(200)
+      expect(first.text).toContain('applied (order status funded)')
+      const again = await bearer(request(admin).post(path)).type('form').send(fields)
+      expect(again.text).toContain('already carried out')
+
+      const order = await findOrderByExternalReference(database.db, 'late-1')
+      expect(order?.tradeStatus).toBe('funded')
+      expect(await orderHistory(database.db, order!.id)).toHaveLength(1)
+      expect((await findDelivery(database.db, 'dlv-late-1'))?.outcome).toBe('applied')
+      // the action is on the overview, with who did it
+      expect((await bearer(request(admin).get('/console/'))).text).toContain('re-apply delivery dlv-late-1')
+    })
+
+    it('refuses an action without the CSRF token, with another one, or from another origin, and changes nothing', async () => {
+      expect((await sendWebhook(app, { body: tradePayload('late-2', 'funded'), deliveryId: 'dlv-late-2' })).status).toBe(200)
+      await database.db.insertInto('orders').values({ externalReference: 'late-2' }).execute()
+      const delivery = await findDelivery(database.db, 'dlv-late-2')
+      const path = `/console/deliveries/dlv-late-2/${delivery!.bodySha256}/reapply`
+      const fields = formFields((await bearer(request(admin).get(path))).text)
+      const { csrf, ...withoutCsrf } = fields
+
+      const refusals = [
+        bearer(request(admin).post(path)).type('form').send(withoutCsrf),
+        bearer(request(admin).post(path)).type('form').send({ ...withoutCsrf, csrf: 'f'.repeat(csrf!.length) }),
+        bearer(request(admin).post(path)).set('Origin', 'http://evil.example').type('form').send(fields),
+        bearer(request(admin).post(path)).set('Sec-Fetch-Site', 'cross-site').type('form').send(fields),
+        // basic auth is sent by browsers on their own: its forms need the token as much
+        request(admin).post(path).set('Authorization', basic('ops', TOKEN)).type('form').send(withoutCsrf),
+      ]
+      for (const refusal of refusals) expect((await refusal).status).toBe(403)
+      expect((await findDelivery(database.db, 'dlv-late-2'))?.outcome).toBe('unmatched')
+    })
+
+    it('bulk re-applies by filter and time range after a dry run that counts what would change', async () => {
+      const from = new Date()
+      for (const reference of ['bulk-1', 'bulk-2', 'bulk-3']) {
+        expect((await sendWebhook(app, { body: tradePayload(reference, 'funded') })).status).toBe(200)
+      }
+      await database.db.insertInto('orders').values([{ externalReference: 'bulk-1' }, { externalReference: 'bulk-2' }]).execute()
+
+      const noRange = await bearer(request(admin).get('/console/deliveries/reapply').query({ outcome: 'unmatched' }))
+      expect(noRange.status).toBe(400)
+
+      const query = { outcome: 'unmatched', from: from.toISOString() }
+      const dryRun = await bearer(request(admin).get('/console/deliveries/reapply').query(query))
+      expect(dryRun.status).toBe(200)
+      expect(dryRun.text).toContain('3 deliveries match')
+      expect(dryRun.text).toContain('2 can now be applied to their order; 1 stay parked')
+      // a dry run changes nothing
+      expect((await findOrderByExternalReference(database.db, 'bulk-1'))?.tradeStatus).toBeNull()
+
+      const run = await bearer(request(admin).post('/console/deliveries/reapply')).type('form').send(formFields(dryRun.text))
+      expect(run.status).toBe(200)
+      expect(run.text).toContain('3 deliveries re-applied: applied 2, unmatched 1')
+      expect((await findOrderByExternalReference(database.db, 'bulk-2'))?.tradeStatus).toBe('funded')
+    })
+
+    it('requeues the orders flagged trade_not_found', async () => {
+      await database.db
+        .insertInto('orders')
+        .values({ externalReference: 'flagged-1', tradeId: 'trd_flagged-1', attention: 'trade_not_found' })
+        .execute()
+      const overview = await bearer(request(admin).get('/console/'))
+      expect(overview.text).toContain('order(s) flagged')
+      const confirm = await bearer(request(admin).get('/console/orders/requeue'))
+      expect(confirm.text).toContain('<strong>1</strong> now')
+      const done = await bearer(request(admin).post('/console/orders/requeue')).type('form').send(formFields(confirm.text))
+      expect(done.text).toContain('1 due now')
+      const order = await findOrderByExternalReference(database.db, 'flagged-1')
+      expect(order?.attention).toBeNull()
+      expect(order?.nextPollAt).not.toBeNull()
+    })
+
+    it('runs one reconcile cycle now and lists it among the runs', async () => {
+      const page = await bearer(request(admin).get('/console/reconcile'))
+      const run = await bearer(request(admin).post('/console/reconcile/run')).type('form').send(formFields(page.text))
+      expect(run.status).toBe(200)
+      expect(run.text).toMatch(/run \d+: claimed 1, polled 1/)
+      expect(fetcher.calls.some((call) => call.method === 'getTrade' && call.args[0] === 'trd_flagged-1')).toBe(true)
+      expect((await bearer(request(admin).get('/console/reconcile'))).text).toContain('console-test')
+    })
+  })
+
+  it('pages through deliveries received in the same microsecond without skipping or repeating one', async () => {
+    const receivedAt = new Date('2026-01-02T03:04:05.678Z')
+    for (let index = 0; index < 120; index++) {
+      await recordDelivery(database.db, {
+        deliveryId: `page-${String(index).padStart(3, '0')}`,
+        bodySha256: index.toString(16).padStart(64, '0'),
+        eventType: 'seller.updated',
+        rawBody: '{}',
+        outcome: 'ignored',
+        receivedAt,
+      })
+    }
+    const seen: string[] = []
+    let next: string | undefined = '/console/deliveries?event=seller.updated'
+    while (next) {
+      const response = await bearer(request(admin).get(next))
+      expect(response.status).toBe(200)
+      seen.push(...[...response.text.matchAll(/>(page-\d{3})<\/a>/g)].map((match) => match[1]!))
+      next = /<a rel="next" href="([^"]+)"/.exec(response.text)?.[1]?.replace(/&amp;/g, '&')
+    }
+    expect(seen).toHaveLength(120)
+    expect(new Set(seen).size).toBe(120)
+  })
+
+  it('answers a bad filter with 400 and says which field', async () => {
+    const response = await bearer(request(admin).get('/console/deliveries').query({ from: 'yesterday' }))
+    expect(response.status).toBe(400)
+    expect(response.text).toContain('is not a time')
+    const cursor = await bearer(request(admin).get('/console/deliveries').query({ after: 'garbage' }))
+    expect(cursor.status).toBe(400)
+  })
+
+  it('shows an order with its timeline and the channel of each change', async () => {
+    const order = await findOrderByExternalReference(database.db, 'late-1')
+    const page = await bearer(request(admin).get(`/console/orders/${order!.id}`))
+    expect(page.status).toBe(200)
+    expect(page.text).toMatch(/<td>—<\/td><td>funded<\/td><td>webhook<\/td><td>dlv-late-1<\/td>/)
+  })
+})
