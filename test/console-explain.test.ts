@@ -1,0 +1,87 @@
+// The console's searches read indexes, not the table: EXPLAIN on Postgres over a table large enough
+// (and spread over a month) that the planner would otherwise choose a sequential scan.
+import { CompiledQuery, sql } from 'kysely'
+import { afterAll, beforeAll, expect, it } from 'vitest'
+import { searchOrdersQuery } from '../src/orders/order.repository.js'
+import { type DeliveryFilter, searchDeliveriesQuery } from '../src/webhooks/delivery.repository.js'
+import { createTestDatabase, describePostgres, type TestDatabase } from './helpers/test-database.js'
+
+const DELIVERIES = 50_000
+const ORDERS = 10_000
+
+interface PlanNode {
+  'Node Type': string
+  'Relation Name'?: string
+  'Index Name'?: string
+  Plans?: PlanNode[]
+}
+
+function nodesOf(plan: PlanNode): PlanNode[] {
+  return [plan, ...(plan.Plans ?? []).flatMap(nodesOf)]
+}
+
+describePostgres('console search queries (Postgres)', () => {
+  let database: TestDatabase
+
+  async function plan(query: { compile(): CompiledQuery }): Promise<PlanNode[]> {
+    const compiled = query.compile()
+    const result = await database.db.executeQuery<{ 'QUERY PLAN': [{ Plan: PlanNode }] }>(
+      CompiledQuery.raw(`explain (format json) ${compiled.sql}`, [...compiled.parameters]),
+    )
+    return nodesOf(result.rows[0]!['QUERY PLAN'][0].Plan)
+  }
+
+  beforeAll(async () => {
+    database = await createTestDatabase()
+    // a month of deliveries; 1 in 100 is trade_mismatch, 1 in 50 is a seller event
+    await sql`
+      insert into webhook_deliveries (delivery_id, body_sha256, received_at, event_type, trade_id, external_reference,
+                                      observed_status, outcome, raw_body)
+      select 'dlv-' || i, md5(i::text) || md5(i::text), now() - (i * interval '50 seconds'),
+             case when i % 50 = 0 then 'seller.updated' else 'trade.funded' end,
+             'trd-' || (i % ${ORDERS}), 'order-' || (i % ${ORDERS}), 'funded',
+             case when i % 100 = 0 then 'trade_mismatch' else 'applied' end, '{}'
+      from generate_series(1, ${DELIVERIES}) as i`.execute(database.db)
+    await sql`
+      insert into orders (external_reference, trade_id, trade_status, attention, next_poll_at)
+      select 'order-' || i, 'trd-' || i, case when i % 100 = 0 then 'disputed' else 'funded' end,
+             case when i % 500 = 0 then 'trade_not_found' end, now() + (i * interval '1 minute')
+      from generate_series(0, ${ORDERS - 1}) as i`.execute(database.db)
+    await sql`analyze webhook_deliveries`.execute(database.db)
+    await sql`analyze orders`.execute(database.db)
+  }, 120_000)
+  afterAll(async () => {
+    await database?.close()
+  })
+
+  const deliverySearches: [string, DeliveryFilter, string][] = [
+    ['external reference', { externalReference: 'order-42' }, 'webhook_deliveries_reference_idx'],
+    ['trade id', { tradeId: 'trd-42' }, 'webhook_deliveries_trade_idx'],
+    ['delivery id', { deliveryId: 'dlv-42' }, 'webhook_deliveries_pkey'],
+    ['outcome', { outcome: 'trade_mismatch' }, 'webhook_deliveries_outcome_idx'],
+    ['event kind', { eventType: 'seller.updated' }, 'webhook_deliveries_event_type_idx'],
+    ['time range', { from: new Date(Date.now() - 3_600_000) }, 'webhook_deliveries_received_idx'],
+  ]
+
+  for (const [name, filter, index] of deliverySearches) {
+    it(`searches deliveries by ${name} through ${index}, on the first page and a later one`, async () => {
+      for (const after of [undefined, { receivedAt: new Date(Date.now() - 86_400_000).toISOString(), deliveryId: 'dlv-9', bodySha256: 'f'.repeat(64) }]) {
+        const nodes = await plan(searchDeliveriesQuery(database.db, filter, { after, limit: 51 }))
+        expect(nodes.filter((node) => node['Node Type'] === 'Seq Scan')).toEqual([])
+        expect(nodes.map((node) => node['Index Name'])).toContain(index)
+      }
+    })
+  }
+
+  it('lists orders by status and the flagged ones through their indexes', async () => {
+    for (const [filter, index] of [
+      [{ status: 'disputed' }, 'orders_status_idx'],
+      [{ needsAttention: true }, 'orders_attention_idx'],
+      [{ externalReference: 'order-42' }, 'orders_external_reference_key'],
+    ] as const) {
+      const nodes = await plan(searchOrdersQuery(database.db, filter, { limit: 51 }))
+      expect(nodes.filter((node) => node['Node Type'] === 'Seq Scan')).toEqual([])
+      expect(nodes.map((node) => node['Index Name'])).toContain(index)
+    }
+  })
+})
