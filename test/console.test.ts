@@ -149,7 +149,7 @@ describe('operator console', () => {
       expect(csp).not.toContain('unsafe-inline')
       expect(response.headers['x-frame-options']).toBe('DENY')
       expect(response.headers['x-content-type-options']).toBe('nosniff')
-      expect(response.headers['referrer-policy']).toBe('no-referrer')
+      expect(response.headers['referrer-policy']).toBe('same-origin')
       expect(response.headers['cache-control']).toBe('no-store')
     }
   })
@@ -305,5 +305,26 @@ describe('operator console', () => {
     const page = await bearer(request(admin).get(`/console/orders/${order!.id}`))
     expect(page.status).toBe(200)
     expect(page.text).toMatch(/<td>—<\/td><td>funded<\/td><td>webhook<\/td><td>dlv-late-1<\/td>/)
+  })
+})
+
+describe('ADMIN_TOKEN', () => {
+  it('is generated once in local mode, kept with the local secrets, and checked for length when given', async () => {
+    const { mkdtempSync, readFileSync, rmSync } = await import('node:fs')
+    const { tmpdir } = await import('node:os')
+    const { join } = await import('node:path')
+    const { parseConfig, configSecrets } = await import('../src/config.js')
+    const dataDir = mkdtempSync(join(tmpdir(), 'console-config-'))
+    try {
+      const first = parseConfig({ DATA_DIR: dataDir })
+      expect(first.adminToken).toMatch(/^[0-9a-f]{64}$/)
+      expect(parseConfig({ DATA_DIR: dataDir }).adminToken).toBe(first.adminToken)
+      expect(JSON.parse(readFileSync(join(dataDir, 'local-secrets.json'), 'utf8')).adminToken).toBe(first.adminToken)
+      expect(configSecrets(first)).toContain(first.adminToken)
+      expect(() => parseConfig({ DATA_DIR: dataDir, ADMIN_TOKEN: 'short' })).toThrow(/ADMIN_TOKEN: is shorter than 24/)
+      expect(testConfig().adminToken).toBeUndefined()
+    } finally {
+      rmSync(dataDir, { recursive: true, force: true })
+    }
   })
 })

@@ -294,7 +294,7 @@ export function deliveryPage(
   <dt>Order</dt><dd>${order ? html`<a href="${orderPath(order.id)}">#${order.id} ${order.externalReference}</a> (now ${order.tradeStatus ?? 'no status'})` : 'none'}</dd>
 </dl>
 <p class="hint">Headers: the service keeps the delivery id (above) and the verified body; the signature and other headers are not stored.</p>
-<form method="get" action="${deliveryPath(delivery)}/reapply"><button type="submit">Re-apply…</button></form>
+<p class="actions"><a href="${deliveryPath(delivery)}/reapply">Re-apply…</a></p>
 <h2>Raw body</h2>
 <pre class="body">${prettyBody(delivery.rawBody)}</pre>`,
   )

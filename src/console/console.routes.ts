@@ -172,7 +172,8 @@ export function consoleRoutes(deps: ConsoleDeps): Router {
         },
       },
       frameguard: { action: 'deny' },
-      referrerPolicy: { policy: 'no-referrer' },
+      // same-origin, not no-referrer: under no-referrer Chromium posts forms with Origin: null
+      referrerPolicy: { policy: 'same-origin' },
       // loopback over plain HTTP: HSTS would pin a name to https it does not serve
       strictTransportSecurity: false,
     }),
