@@ -74,6 +74,17 @@ describe('a newcomer’s first minutes, with the built CLI', () => {
     expect(metrics).toContain('# TYPE webhook_deliveries_total counter')
     expect(metrics).toContain('poller_orders_due')
   })
+
+  it('prints the operator console and its token, which opens the console on the operator port only', async () => {
+    const line = new RegExp(`console   ${adminUrl}/console/ .*admin token: ([0-9a-f]{64})`).exec(banner)
+    expect(line, banner).not.toBeNull()
+    const token = line![1]!
+    expect((await fetch(`${adminUrl}/console/`)).status).toBe(401)
+    const overview = await fetch(`${adminUrl}/console/`, { headers: { Authorization: `Bearer ${token}` } })
+    expect(overview.status).toBe(200)
+    expect(await overview.text()).toContain('Needs a human')
+    expect((await fetch(`${url}/console/`, { headers: { Authorization: `Bearer ${token}` } })).status).toBe(404)
+  })
 })
 
 // the banner's commands use double quotes for one argument with spaces; nothing fancier
