@@ -77,6 +77,13 @@ export async function startService({
     })
     stops.push({ name: 'database', stop: () => database.close() })
     let ready = false
+    let markReady!: () => void
+    let markFailed!: (error: unknown) => void
+    const databaseReady = new Promise<void>((resolve, reject) => {
+      markReady = resolve
+      markFailed = reject
+    })
+    databaseReady.catch(() => {})
     const metrics = config.metrics.enabled
       ? createMetrics({
           poolStats: database.poolStats,
@@ -109,7 +116,14 @@ export async function startService({
         metrics,
         routes:
           localCliToken && runCommand
-            ? [localCliRoutes({ token: localCliToken, context: { config, db: database.db, logger }, runCommand })]
+            ? [
+                localCliRoutes({
+                  token: localCliToken,
+                  context: { config, db: database.db, logger },
+                  runCommand,
+                  whenReady: databaseReady,
+                }),
+              ]
             : [],
         clock,
         reconcileOnce: async () => (ready && consoleActions.reconcileOnce ? consoleActions.reconcileOnce() : undefined),
@@ -189,8 +203,7 @@ export async function startService({
         'service listening',
       )
     })()
-    // the caller awaits `ready`; this keeps a failure before it does from being an unhandled rejection
-    whenReady.catch(() => {})
+    whenReady.then(markReady, markFailed)
 
     return {
       url: server.url,

@@ -23,10 +23,15 @@ export function localCliRoutes({
   token,
   context,
   runCommand,
+  whenReady,
+  readyWaitMs = 120_000,
 }: {
   token: string
   context: CliContext
   runCommand: LocalCommandRunner
+  /** Settles once the database is migrated: serve.json is written before that, on a first start. */
+  whenReady: Promise<void>
+  readyWaitMs?: number
 }): Router {
   const router = Router()
   const expected = createHash('sha256').update(token).digest()
@@ -49,8 +54,26 @@ export function localCliRoutes({
         `args must be a command line starting with one of: ${[...FORWARDED_COMMANDS].join(', ')}`,
       )
     }
+    // a command sent during a first start waits for the migrations instead of meeting missing tables
+    if (!(await settlesWithin(whenReady, readyWaitMs))) {
+      throw new AppError(503, 'not_ready', 'The service is still preparing its database; try again in a moment')
+    }
     res.json(await runCommand(args as string[], context))
   })
   return router
 }
 
+
+async function settlesWithin(promise: Promise<void>, ms: number): Promise<boolean> {
+  let timer: NodeJS.Timeout | undefined
+  const timeout = new Promise<false>((resolve) => {
+    timer = setTimeout(() => resolve(false), ms)
+  })
+  try {
+    return await Promise.race([promise.then(() => true as const), timeout])
+  } catch {
+    return false
+  } finally {
+    clearTimeout(timer)
+  }
+}
