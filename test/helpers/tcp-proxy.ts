@@ -1,6 +1,6 @@
-// A TCP proxy in front of Postgres that a test can cut: `cut()` drops every open connection (with a FIN,
-// or an RST when asked) and refuses new ones until `restore()`. It stands for a database that goes away
-// and comes back; started with `open: false` it stands for one that is not there yet.
+// A TCP proxy in front of Postgres or RabbitMQ that a test can cut: `cut()` drops every open connection
+// (with a FIN, or an RST when asked) and refuses new ones until `restore()`. It stands for a database or a
+// broker that goes away and comes back; started with `open: false` it stands for one that is not there yet.
 import net from 'node:net'
 
 export interface TcpProxy {
@@ -9,6 +9,11 @@ export interface TcpProxy {
   rewrite(url: string): string
   cut(options?: { reset?: boolean }): void
   restore(): void
+  /**
+   * The open connections go silent: no byte passes either way, and no RST or FIN either, as when a peer
+   * or a network path dies without a word. New connections pass.
+   */
+  stall(): void
   close(): Promise<void>
 }
 
@@ -57,6 +62,9 @@ export async function startTcpProxy(
     },
     restore: () => {
       open = true
+    },
+    stall: () => {
+      for (const socket of sockets) socket.pause()
     },
     close: async () => {
       open = false

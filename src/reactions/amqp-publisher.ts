@@ -1,0 +1,275 @@
+// The built-in RabbitMQ publisher: a reaction handler that publishes each event to a durable topic
+// exchange of the partner's broker (AMQP_URL, AMQP_EXCHANGE), for order and ledger systems that read a
+// queue rather than take HTTP calls.
+//
+// - routing key: the event's type, `trade.<status>`, so a queue binds `trade.*` or `trade.funded`;
+// - message_id: the event id, the same on every retry: a consumer deduplicates by it;
+// - body: the forwarder's Standard Webhooks-shaped JSON (forwardedPayload), persistent (delivery mode 2).
+// The channel is a confirm channel: the handler resolves only once the broker confirmed the message, so
+// the job is done only when the broker holds it. A nack, no connection, a lost connection or no confirm
+// within the timeout throws an AmqpPublishError, and the dispatcher retries the job with backoff; the
+// dispatcher also keeps one order's events in sequence, since it runs the next only after this one.
+//
+// One connection and one channel, opened on first use and opened again on the next call after either
+// closed: a broker that goes away fails the calls in flight and never the process (every connection and
+// channel has its 'error' and 'close' listeners). No error or log line holds the URL's credentials.
+import amqp, { type ChannelModel, type ConfirmChannel } from 'amqplib'
+import type { Logger } from '../logger.js'
+import { forwardedPayload, type ReactionHandler } from './reaction-event.js'
+
+export type AmqpPublishErrorCode =
+  | 'amqp_unreachable'
+  | 'amqp_refused'
+  | 'amqp_nacked'
+  | 'amqp_timeout'
+  | 'amqp_aborted'
+  | 'amqp_closed'
+
+export class AmqpPublishError extends Error {
+  override name = 'AmqpPublishError'
+  constructor(
+    readonly code: AmqpPublishErrorCode,
+    message: string,
+    options?: ErrorOptions,
+  ) {
+    super(message, options)
+  }
+}
+
+export interface AmqpPublisherOptions {
+  /** AMQP_URL, amqp:// or amqps:// */
+  url: string
+  /** AMQP_EXCHANGE: a durable topic exchange, declared on every new channel */
+  exchange: string
+  logger: Logger
+  /** Per call: to open the connection, and from publishing to the broker's confirm. */
+  timeoutMs?: number
+  /** amqplib's connect, replaceable in tests. */
+  connect?: (url: string, socketOptions: object) => Promise<ChannelModel>
+}
+
+export interface AmqpPublisher {
+  handler: ReactionHandler
+  /** Closes the connection; later calls of the handler throw amqp_closed. */
+  close(): Promise<void>
+}
+
+interface Link {
+  connection: ChannelModel
+  channel: ConfirmChannel
+}
+
+const DEFAULT_TIMEOUT_MS = 10_000
+
+/** The broker as errors and logs name it: scheme, host, port and vhost, never the user or password. */
+export function describeBroker(url: string): string {
+  const parsed = new URL(url)
+  const vhost = parsed.pathname.length > 1 ? parsed.pathname : ''
+  return `${parsed.protocol}//${parsed.host}${vhost}`
+}
+
+export function createAmqpPublisher({
+  url,
+  exchange,
+  logger,
+  timeoutMs = DEFAULT_TIMEOUT_MS,
+  connect = amqp.connect,
+}: AmqpPublisherOptions): AmqpPublisher {
+  const parsed = new URL(url)
+  if (parsed.protocol !== 'amqp:' && parsed.protocol !== 'amqps:') {
+    throw new Error('the AMQP URL must be an amqp:// or amqps:// URL')
+  }
+  if (!(timeoutMs > 0)) throw new Error('the AMQP timeout must be a positive number of milliseconds')
+  const broker = describeBroker(url)
+  const log = logger.child({ component: 'amqp-publisher', broker, exchange })
+
+  // every caller waits on the one link being opened, so an outage costs one connection attempt per
+  // round of retries, not one per job in flight
+  let link: Promise<Link> | undefined
+  let closed = false
+
+  function forget(opened: Promise<Link>) {
+    if (link === opened) link = undefined
+  }
+
+  // `lost` forgets this link when its connection or channel closes, so the next call opens a new one
+  async function open(lost: () => void): Promise<Link> {
+    let connection: ChannelModel
+    try {
+      connection = await connect(url, {
+        // bounds the TCP connect and the AMQP handshake; amqplib clears it once the connection is open
+        timeout: timeoutMs,
+        clientProperties: { connection_name: 'partner-escrow reactions' },
+      })
+    } catch (error) {
+      throw new AmqpPublishError(
+        'amqp_unreachable',
+        `the broker ${broker} is unreachable: ${describeError(error)}`,
+        { cause: error },
+      )
+    }
+    // a broker that closes the connection (restart, management "close connection", lost socket) emits
+    // 'error' and 'close': without these listeners Node would throw the error and stop the process
+    connection.on('error', (error: Error) => log.warn({ reason: describeError(error) }, 'AMQP connection error'))
+    connection.on('close', () => {
+      lost()
+      if (!closed) log.warn('AMQP connection closed; the next publish opens a new one')
+    })
+    connection.on('blocked', (reason: string) => log.warn({ reason }, 'the broker blocked publishing'))
+    connection.on('unblocked', () => log.info('the broker unblocked publishing'))
+    try {
+      const channel = await connection.createConfirmChannel()
+      channel.on('error', (error: Error) => log.warn({ reason: describeError(error) }, 'AMQP channel error'))
+      channel.on('close', () => {
+        lost()
+        // a channel closed by the broker (e.g. a refused declaration) leaves the connection open: close it
+        // too, so the next call starts from a clean connection
+        if (!closed) connection.close().catch(() => {})
+      })
+      try {
+        await channel.assertExchange(exchange, 'topic', { durable: true })
+      } catch (error) {
+        throw new AmqpPublishError(
+          'amqp_refused',
+          `the broker ${broker} refused the topic exchange "${exchange}": ${describeError(error)}`,
+          { cause: error },
+        )
+      }
+      log.info('AMQP connection open, exchange declared')
+      return { connection, channel }
+    } catch (error) {
+      await connection.close().catch(() => {})
+      if (error instanceof AmqpPublishError) throw error
+      throw new AmqpPublishError(
+        'amqp_unreachable',
+        `no channel on the broker ${broker}: ${describeError(error)}`,
+        { cause: error },
+      )
+    }
+  }
+
+  function currentLink(): Promise<Link> {
+    if (link) return link
+    const opening: Promise<Link> = open(() => forget(opening))
+    link = opening
+    // a failed attempt is forgotten at once: the next call (the dispatcher's retry) tries again
+    opening.catch(() => forget(opening))
+    return opening
+  }
+
+  const handler: ReactionHandler = async function publish(event, { signal, attempt, logger: jobLogger }) {
+    if (closed) throw new AmqpPublishError('amqp_closed', 'the AMQP publisher is closed (shutting down)')
+    const startedAt = Date.now()
+    const deadline = AbortSignal.timeout(timeoutMs)
+    const stop = AbortSignal.any([signal, deadline])
+    const done = (fields: Record<string, unknown>) =>
+      jobLogger.debug(
+        { eventId: event.eventId, type: event.type, attempt, broker, durationMs: Date.now() - startedAt, ...fields },
+        'reaction published',
+      )
+    const failure = (error: unknown): AmqpPublishError => {
+      if (error instanceof AmqpPublishError) return error
+      if (signal.aborted) {
+        return new AmqpPublishError('amqp_aborted', `publishing to ${broker} was stopped (lease ended or shutting down)`, {
+          cause: signal.reason,
+        })
+      }
+      if (deadline.aborted) {
+        return new AmqpPublishError('amqp_timeout', `the broker ${broker} did not confirm within ${timeoutMs} ms`)
+      }
+      return new AmqpPublishError('amqp_unreachable', `publishing to ${broker} failed: ${describeError(error)}`, {
+        cause: error,
+      })
+    }
+
+    const using = currentLink()
+    try {
+      const { channel } = await untilStopped(using, stop)
+      const body = Buffer.from(JSON.stringify(forwardedPayload(event)))
+      await untilStopped(
+        new Promise<void>((resolve, reject) => {
+          // publish throws at once when the channel is already closed; the callback gets the broker's
+          // ack (no error), its nack, or 'channel closed' when the channel went away unconfirmed
+          channel.publish(
+            exchange,
+            event.type,
+            body,
+            {
+              persistent: true,
+              messageId: event.eventId,
+              contentType: 'application/json',
+              contentEncoding: 'utf-8',
+              type: event.type,
+              // AMQP timestamps are whole seconds
+              timestamp: Math.floor(event.occurredAt.getTime() / 1000),
+              appId: 'partner-escrow',
+              headers: { order_id: event.orderId, sequence: event.sequence },
+            },
+            (error: unknown) => {
+              if (error === null || error === undefined) resolve()
+              else if (error instanceof Error && error.message === 'channel closed') reject(error)
+              else reject(new AmqpPublishError('amqp_nacked', `the broker ${broker} refused (nacked) the message`))
+            },
+          )
+        }),
+        stop,
+      )
+      done({ confirmed: true })
+    } catch (error) {
+      const thrown = failure(error)
+      done({ error: thrown.code })
+      // no confirm in time: a connection that went silent (no RST) only closes after missed heartbeats;
+      // drop it, so the retry opens a fresh one (calls in flight on it fail and are retried too)
+      if (thrown.code === 'amqp_timeout' && link === using) {
+        forget(using)
+        using.then(({ connection }) => connection.close()).catch(() => {})
+      }
+      throw thrown
+    }
+  }
+
+  async function close() {
+    closed = true
+    const current = link
+    link = undefined
+    if (!current) return
+    try {
+      const { connection } = await current
+      await connection.close()
+    } catch {
+      // never opened, or already gone: nothing to close
+    }
+  }
+
+  return { handler, close }
+}
+
+// resolves or rejects with `work`, or rejects when `stop` aborts first; `work` still settles on its own
+function untilStopped<T>(work: Promise<T>, stop: AbortSignal): Promise<T> {
+  if (stop.aborted) {
+    work.catch(() => {})
+    return Promise.reject(stop.reason)
+  }
+  return new Promise<T>((resolve, reject) => {
+    const onAbort = () => reject(stop.reason)
+    stop.addEventListener('abort', onAbort, { once: true })
+    work.then(
+      (value) => {
+        stop.removeEventListener('abort', onAbort)
+        resolve(value)
+      },
+      (error: unknown) => {
+        stop.removeEventListener('abort', onAbort)
+        reject(error)
+      },
+    )
+  })
+}
+
+// amqplib's errors name the socket's code (ECONNREFUSED ...) or the broker's reply text; neither holds
+// the URL or its credentials
+function describeError(error: unknown): string {
+  const code = (error as { code?: unknown } | undefined)?.code
+  const message = error instanceof Error ? error.message : String(error)
+  return typeof code === 'string' && !message.includes(code) ? `${code} ${message}` : message
+}

@@ -1,0 +1,376 @@
+// The built-in RabbitMQ publisher against the real broker (TEST_AMQP_URL): every event confirmed is
+// received, in per-order sequence, deduplicated by message_id; a cut connection and a broker down at
+// start-up fail calls (the dispatcher retries them) and never the process. Connections that a test cuts
+// go through a TCP proxy the test owns; the consumer connects straight to the broker.
+import net from 'node:net'
+import { afterEach, describe, expect, it } from 'vitest'
+import {
+  AmqpPublishError,
+  type AmqpPublisher,
+  createAmqpPublisher,
+  describeBroker,
+} from '../src/reactions/amqp-publisher.js'
+import { forwardedPayload, type HandlerContext, type ReactionEvent } from '../src/reactions/reaction-event.js'
+import { amqpUrl, describeRabbitMq, startConsumer, type TestConsumer, uniqueName } from './helpers/amqp-broker.js'
+import { logLines, rememberSecret, testLogger } from './helpers/log-sink.js'
+import { startTcpProxy, type TcpProxy } from './helpers/tcp-proxy.js'
+
+const logger = testLogger()
+const STATUSES = ['funded', 'shipped', 'delivered', 'accepted', 'released']
+
+function eventOf(orderId: number, sequence: number): ReactionEvent {
+  const to = STATUSES[(sequence - 1) % STATUSES.length]!
+  return {
+    // stable and unique per (order, sequence), as the outbox's uuid is
+    eventId: `00000000-0000-4000-8000-${String(orderId).padStart(6, '0')}${String(sequence).padStart(6, '0')}`,
+    type: `trade.${to}`,
+    orderId,
+    externalReference: `order-${orderId}`,
+    tradeId: `trd_${orderId}`,
+    from: sequence === 1 ? 'created' : STATUSES[(sequence - 2) % STATUSES.length]!,
+    to,
+    source: 'webhook',
+    sequence,
+    occurredAt: new Date(Date.UTC(2026, 10, 23, 1, 0, 0) + orderId * 1000 + sequence),
+  }
+}
+
+function context(overrides: Partial<HandlerContext> = {}): HandlerContext {
+  return { signal: new AbortController().signal, attempt: 1, logger, ...overrides }
+}
+
+/** The error a call threw, failing the test when it did not throw one of ours. */
+async function failureOf(call: Promise<void>): Promise<AmqpPublishError> {
+  const error = await call.then(
+    () => undefined,
+    (thrown: unknown) => thrown,
+  )
+  expect(error, 'the publish throws').toBeInstanceOf(AmqpPublishError)
+  return error as AmqpPublishError
+}
+
+/**
+ * Calls the handler until it resolves, as the dispatcher does with a job that threw (with a short
+ * backoff here), counting the failures by code.
+ */
+async function publishUntilConfirmed(
+  publisher: AmqpPublisher,
+  event: ReactionEvent,
+  failures: Map<string, number>,
+): Promise<void> {
+  for (let attempt = 1; ; attempt += 1) {
+    try {
+      await publisher.handler(event, context({ attempt }))
+      return
+    } catch (error) {
+      if (!(error instanceof AmqpPublishError)) throw error
+      failures.set(error.code, (failures.get(error.code) ?? 0) + 1)
+      if (attempt > 1_000) throw error
+      await new Promise((resolve) => setTimeout(resolve, Math.min(500, 20 * attempt)))
+    }
+  }
+}
+
+/** Publishes `perOrder` events of each of `orders` orders: each order's in sequence, all orders at once. */
+async function publishOrders(
+  publisher: AmqpPublisher,
+  { orders, perOrder, failures, onConfirmed }: {
+    orders: number
+    perOrder: number
+    failures: Map<string, number>
+    onConfirmed?: (count: number) => void
+  },
+): Promise<void> {
+  let confirmed = 0
+  await Promise.all(
+    Array.from({ length: orders }, async (_, index) => {
+      for (let sequence = 1; sequence <= perOrder; sequence += 1) {
+        await publishUntilConfirmed(publisher, eventOf(index + 1, sequence), failures)
+        confirmed += 1
+        onConfirmed?.(confirmed)
+      }
+    }),
+  )
+}
+
+interface Delivery {
+  distinct: number
+  duplicates: number
+  /** Orders whose first deliveries of each event were not 1, 2, 3 ... in arrival order. */
+  outOfSequence: number[]
+}
+
+/** Deduplicates by message_id (first delivery wins), as a consumer does, and checks each order's sequence. */
+function summarize(consumer: TestConsumer, orders: number, perOrder: number): Delivery {
+  const seen = new Set<string>()
+  const sequences = new Map<number, number[]>()
+  let duplicates = 0
+  for (const message of consumer.received) {
+    if (seen.has(message.messageId)) {
+      duplicates += 1
+      continue
+    }
+    seen.add(message.messageId)
+    const { data } = JSON.parse(message.body) as { data: { order_id: number; sequence: number } }
+    sequences.set(data.order_id, [...(sequences.get(data.order_id) ?? []), data.sequence])
+  }
+  const expected = Array.from({ length: perOrder }, (_, index) => index + 1)
+  const outOfSequence: number[] = []
+  for (let orderId = 1; orderId <= orders; orderId += 1) {
+    if (JSON.stringify(sequences.get(orderId)) !== JSON.stringify(expected)) outOfSequence.push(orderId)
+  }
+  return { distinct: seen.size, duplicates, outOfSequence }
+}
+
+function allIds(orders: number, perOrder: number): Set<string> {
+  const ids = new Set<string>()
+  for (let orderId = 1; orderId <= orders; orderId += 1)
+    for (let sequence = 1; sequence <= perOrder; sequence += 1) ids.add(eventOf(orderId, sequence).eventId)
+  return ids
+}
+
+const distinctIds = (received: { messageId: string }[]) => new Set(received.map((message) => message.messageId))
+
+const cleanups: (() => Promise<void>)[] = []
+afterEach(async () => {
+  for (const cleanup of cleanups.splice(0).reverse()) await cleanup()
+})
+
+async function consumer(options: Parameters<typeof startConsumer>[0]): Promise<TestConsumer> {
+  const started = await startConsumer(options)
+  cleanups.push(() => started.close())
+  return started
+}
+function publisher(options: Partial<Parameters<typeof createAmqpPublisher>[0]> & { exchange: string }): AmqpPublisher {
+  const created = createAmqpPublisher({ url: amqpUrl!, logger, ...options })
+  cleanups.push(() => created.close())
+  return created
+}
+async function proxy(): Promise<TcpProxy> {
+  const url = new URL(amqpUrl!)
+  const started = await startTcpProxy({ host: url.hostname, port: Number(url.port || 5672) })
+  cleanups.push(() => started.close())
+  return started
+}
+
+describe('the AMQP publisher, without a broker', () => {
+  it('names the broker without its user or password', () => {
+    expect(describeBroker('amqps://partner:s3cret-Passw0rd@mq.example.com:5671/escrow')).toBe(
+      'amqps://mq.example.com:5671/escrow',
+    )
+    expect(describeBroker('amqp://guest:guest@127.0.0.1')).toBe('amqp://127.0.0.1')
+  })
+
+  it('refuses a URL that is not amqp:// or amqps://', () => {
+    expect(() => createAmqpPublisher({ url: 'http://127.0.0.1:5672', exchange: 'x', logger })).toThrow(
+      'amqp:// or amqps://',
+    )
+  })
+
+  it('fails with amqp_unreachable when nothing listens, and no error or log line holds the password', async () => {
+    const password = 'never-logged-Passw0rd-8321'
+    rememberSecret(password)
+    const closedPort = await new Promise<number>((resolve) => {
+      const server = net.createServer().listen(0, '127.0.0.1', () => {
+        const { port } = server.address() as net.AddressInfo
+        server.close(() => resolve(port))
+      })
+    })
+    const unreachable = createAmqpPublisher({
+      url: `amqp://partner:${password}@127.0.0.1:${closedPort}/`,
+      exchange: 'partner-escrow',
+      logger,
+    })
+    const error = await failureOf(unreachable.handler(eventOf(1, 1), context()))
+    expect(error.code).toBe('amqp_unreachable')
+    expect(error.message).toContain(`amqp://127.0.0.1:${closedPort}`)
+    expect(error.message).toContain('ECONNREFUSED')
+    expect(`${error.message} ${String(error.cause)}`).not.toContain(password)
+    await unreachable.close()
+    expect(logLines.join('')).not.toContain(password)
+  })
+
+  it('stops at once on an aborted signal: amqp_aborted', async () => {
+    const aborted = createAmqpPublisher({ url: 'amqp://127.0.0.1:1', exchange: 'partner-escrow', logger })
+    const controller = new AbortController()
+    controller.abort(new Error('lease ended'))
+    const error = await failureOf(aborted.handler(eventOf(1, 1), context({ signal: controller.signal })))
+    expect(error.code).toBe('amqp_aborted')
+    await aborted.close()
+  })
+
+  it('times out against a server that accepts and never answers: the call throws, retryable', async () => {
+    const sockets = new Set<net.Socket>()
+    const silent = net.createServer((socket) => sockets.add(socket.on('error', () => {})))
+    await new Promise<void>((resolve) => silent.listen(0, '127.0.0.1', resolve))
+    const { port } = silent.address() as net.AddressInfo
+    const stuck = createAmqpPublisher({ url: `amqp://127.0.0.1:${port}`, exchange: 'x', logger, timeoutMs: 300 })
+    const error = await failureOf(stuck.handler(eventOf(1, 1), context()))
+    expect(['amqp_timeout', 'amqp_unreachable']).toContain(error.code)
+    await stuck.close()
+    for (const socket of sockets) socket.destroy()
+    await new Promise<void>((resolve) => silent.close(() => resolve()))
+  })
+})
+
+describeRabbitMq('the AMQP publisher (RabbitMQ)', () => {
+  it('publishes a confirmed, persistent message: routing key trade.<status>, message_id, the forwarder JSON', async () => {
+    const exchange = uniqueName('test-exchange')
+    // the publisher declares the exchange: the consumer only binds to it once it exists
+    const amqp = publisher({ exchange })
+    await amqp.handler(eventOf(7, 1), context())
+    const listening = await consumer({ exchange, pattern: 'trade.*', declareExchange: false })
+    const event = eventOf(7, 2)
+    await amqp.handler(event, context())
+    await listening.waitFor((received) => received.length === 1)
+    const [message] = listening.received
+    expect(message).toMatchObject({
+      messageId: event.eventId,
+      routingKey: 'trade.shipped',
+      deliveryMode: 2,
+      contentType: 'application/json',
+      headers: { order_id: 7, sequence: 2 },
+    })
+    expect(JSON.parse(message!.body)).toEqual(forwardedPayload(event))
+  })
+
+  it('throws amqp_nacked when the broker refuses the message (a full queue that rejects publishes)', async () => {
+    const exchange = uniqueName('test-exchange')
+    const listening = await consumer({ exchange })
+    const full = uniqueName('test-full-queue')
+    await listening.channel.assertQueue(full, {
+      exclusive: true,
+      arguments: { 'x-max-length': 0, 'x-overflow': 'reject-publish' },
+    })
+    await listening.channel.bindQueue(full, exchange, '#')
+    const amqp = publisher({ exchange })
+    const error = await failureOf(amqp.handler(eventOf(1, 1), context()))
+    expect(error.code).toBe('amqp_nacked')
+    // the channel stays usable: once the queue no longer refuses, the retry is confirmed
+    await listening.channel.deleteQueue(full)
+    await amqp.handler(eventOf(1, 1), context({ attempt: 2 }))
+    // the consumer's own queue took the nacked copy too (a nack says some queue refused it): the retry is
+    // a duplicate there, which message_id deduplicates
+    await listening.waitFor((received) => received.length === 2)
+    expect(distinctIds(listening.received)).toEqual(new Set([eventOf(1, 1).eventId]))
+  })
+
+  it('throws amqp_refused when the exchange exists with another type, and never crashes', async () => {
+    const exchange = uniqueName('test-exchange')
+    await consumer({ exchange, exchangeType: 'direct' })
+    const amqp = publisher({ exchange })
+    const error = await failureOf(amqp.handler(eventOf(1, 1), context()))
+    expect(error.code).toBe('amqp_refused')
+    expect(error.message).toContain(exchange)
+    // and again: every call opens a fresh connection and is refused the same way
+    expect((await failureOf(amqp.handler(eventOf(1, 1), context()))).code).toBe('amqp_refused')
+  })
+
+  it('after close(), calls throw amqp_closed', async () => {
+    const amqp = publisher({ exchange: uniqueName('test-exchange') })
+    await amqp.close()
+    expect((await failureOf(amqp.handler(eventOf(1, 1), context()))).code).toBe('amqp_closed')
+  })
+
+  it('10,000 events over 500 orders: every id received, in per-order sequence, exactly once after dedup', async () => {
+    const orders = 500
+    const perOrder = 20
+    const exchange = uniqueName('test-exchange')
+    const listening = await consumer({ exchange })
+    const amqp = publisher({ exchange })
+    const failures = new Map<string, number>()
+    const startedAt = performance.now()
+    await publishOrders(amqp, { orders, perOrder, failures })
+    const publishedMs = performance.now() - startedAt
+    const expected = allIds(orders, perOrder)
+    await listening.waitFor((received) => distinctIds(received).size === expected.size)
+    const delivery = summarize(listening, orders, perOrder)
+    process.stdout.write(
+      `AMQP: ${expected.size} events over ${orders} orders published and confirmed in ${Math.round(publishedMs)} ms ` +
+        `(${Math.round(expected.size / (publishedMs / 1000))}/s); received ${listening.received.length}, ` +
+        `${delivery.distinct} distinct, ${delivery.duplicates} duplicates; failed calls ${JSON.stringify(Object.fromEntries(failures))}\n`,
+    )
+    expect([...distinctIds(listening.received)].sort()).toEqual([...expected].sort())
+    expect(delivery.outOfSequence).toEqual([])
+  })
+
+  it('the connection cut mid-run: nothing lost, in sequence, the process up, publishing resumes', async () => {
+    const orders = 100
+    const perOrder = 20
+    const exchange = uniqueName('test-exchange')
+    const listening = await consumer({ exchange })
+    const cuttable = await proxy()
+    const amqp = publisher({ exchange, url: cuttable.rewrite(amqpUrl!), timeoutMs: 5_000 })
+    const failures = new Map<string, number>()
+    let cutAt: number | undefined
+    const cuts: Promise<void>[] = []
+    const startedAt = performance.now()
+    await publishOrders(amqp, {
+      orders,
+      perOrder,
+      failures,
+      onConfirmed: (confirmed) => {
+        // cut twice: a quarter and half-way through, each outage long enough for calls to fail
+        if (confirmed === 500 || confirmed === 1_000) {
+          cutAt ??= confirmed
+          cuttable.cut()
+          cuts.push(new Promise((resolve) => setTimeout(resolve, 300)).then(() => cuttable.restore()))
+        }
+      },
+    })
+    await Promise.all(cuts)
+    const publishedMs = performance.now() - startedAt
+    const expected = allIds(orders, perOrder)
+    await listening.waitFor((received) => distinctIds(received).size === expected.size)
+    const delivery = summarize(listening, orders, perOrder)
+    process.stdout.write(
+      `AMQP, connection cut twice: ${expected.size} events confirmed in ${Math.round(publishedMs)} ms; ` +
+        `failed calls retried ${JSON.stringify(Object.fromEntries(failures))}; received ${listening.received.length}, ` +
+        `${delivery.distinct} distinct, ${delivery.duplicates} duplicates\n`,
+    )
+    expect(cutAt).toBe(500)
+    // the cuts did fail calls in flight (the test would prove nothing otherwise) ...
+    expect([...failures.values()].reduce((sum, count) => sum + count, 0)).toBeGreaterThan(0)
+    for (const code of failures.keys()) expect(['amqp_unreachable', 'amqp_timeout']).toContain(code)
+    // ... and nothing was lost or reordered
+    expect([...distinctIds(listening.received)].sort()).toEqual([...expected].sort())
+    expect(delivery.outOfSequence).toEqual([])
+    // publishing goes on after the run on the re-opened connection
+    await amqp.handler(eventOf(orders + 1, 1), context())
+    await listening.waitFor((received) => received.some((message) => message.messageId === eventOf(orders + 1, 1).eventId))
+  })
+
+  it('no confirm within the timeout (the connection gone silent): amqp_timeout, and the retry opens a new one', async () => {
+    const exchange = uniqueName('test-exchange')
+    const listening = await consumer({ exchange })
+    const silent = await proxy()
+    const amqp = publisher({ exchange, url: silent.rewrite(amqpUrl!), timeoutMs: 2_000 })
+    const failures = new Map<string, number>()
+    await publishUntilConfirmed(amqp, eventOf(1, 1), failures)
+    silent.stall()
+    const error = await failureOf(amqp.handler(eventOf(1, 2), context()))
+    expect(error.code).toBe('amqp_timeout')
+    // the stalled connection never answers again: only a new one can carry the retry
+    await publishUntilConfirmed(amqp, eventOf(1, 2), failures)
+    await listening.waitFor((received) => distinctIds(received).size === 2)
+    expect([...distinctIds(listening.received)]).toEqual([eventOf(1, 1).eventId, eventOf(1, 2).eventId])
+  })
+
+  it('the broker down at start-up: calls fail (retryable) until it is back, then are confirmed', async () => {
+    const exchange = uniqueName('test-exchange')
+    const listening = await consumer({ exchange })
+    const gate = await proxy()
+    gate.cut()
+    const amqp = publisher({ exchange, url: gate.rewrite(amqpUrl!) })
+    for (let attempt = 1; attempt <= 3; attempt += 1) {
+      const error = await failureOf(amqp.handler(eventOf(1, 1), context({ attempt })))
+      expect(error.code).toBe('amqp_unreachable')
+    }
+    expect(listening.received).toEqual([])
+    gate.restore()
+    await amqp.handler(eventOf(1, 1), context({ attempt: 4 }))
+    await amqp.handler(eventOf(1, 2), context())
+    await listening.waitFor((received) => received.length === 2)
+    expect(listening.received.map((message) => message.messageId)).toEqual([eventOf(1, 1).eventId, eventOf(1, 2).eventId])
+  })
+})
