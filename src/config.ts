@@ -82,6 +82,17 @@ export interface Config {
         readonly timeoutMs: number
       }
     | undefined
+  /** The built-in RabbitMQ publisher; undefined when AMQP_URL is unset. */
+  readonly amqp:
+    | {
+        /** amqp:// or amqps://, credentials included: never logged (see describeBroker) */
+        readonly url: string
+        /** a durable topic exchange */
+        readonly exchange: string
+        /** per publish: to connect, and from publishing to the broker's confirm */
+        readonly timeoutMs: number
+      }
+    | undefined
   readonly sandbox: {
     readonly port: number
     /** Bearer token of the sandbox's /sandbox/* control endpoints; undefined: they refuse every call. */
@@ -175,7 +186,28 @@ const EnvSchema = z.object({
   FORWARD_SECRET: z.string().optional(),
   FORWARD_TIMEOUT_MS: positiveInt.default(10_000),
   ADMIN_TOKEN: z.string().optional(),
+  // the message names the form only: the value holds a password
+  AMQP_URL: z
+    .string()
+    .refine(isAmqpUrl, 'must be an amqp:// or amqps:// URL (amqp://user:password@host:5672/vhost)')
+    .optional(),
+  // RabbitMQ's names: up to 255 of these characters; amq.* belongs to the broker
+  AMQP_EXCHANGE: z
+    .string()
+    .regex(/^[A-Za-z0-9_.:-]{1,255}$/, 'must be 1 to 255 letters, digits, "-", "_", "." or ":"')
+    .refine((name) => !name.startsWith('amq.'), 'must not start with "amq." (reserved by the broker)')
+    .default('partner-escrow'),
+  AMQP_TIMEOUT_MS: positiveInt.default(10_000),
 })
+
+function isAmqpUrl(value: string): boolean {
+  try {
+    const url = new URL(value)
+    return (url.protocol === 'amqp:' || url.protocol === 'amqps:') && url.hostname !== ''
+  } catch {
+    return false
+  }
+}
 
 type Env = Record<string, string | undefined>
 
@@ -334,6 +366,10 @@ export function parseConfig(
       values.ADMIN_TOKEN ??
       generated?.adminToken ??
       (mode === 'local' ? randomBytes(32).toString('hex') : undefined),
+    amqp:
+      values.AMQP_URL === undefined
+        ? undefined
+        : { url: values.AMQP_URL, exchange: values.AMQP_EXCHANGE, timeoutMs: values.AMQP_TIMEOUT_MS },
     localSecretsFile: generated ? localSecretsPath(dataDir) : undefined,
   }
   return deepFreeze(config)
@@ -393,7 +429,21 @@ export function configSecrets(config: Config): string[] {
     ...(config.sandbox.controlToken ? [config.sandbox.controlToken] : []),
     ...(forwardKey ? [forwardKey] : []),
     ...(config.adminToken ? [config.adminToken] : []),
+    ...(config.amqp ? urlPasswords(config.amqp.url) : []),
   ]
+}
+
+// the password as written in the URL (percent-encoded) and as sent to the broker
+function urlPasswords(url: string): string[] {
+  const { password } = new URL(url)
+  if (!password) return []
+  let decoded = password
+  try {
+    decoded = decodeURIComponent(password)
+  } catch {
+    // a malformed escape: the written form is the one to censor
+  }
+  return decoded === password ? [password] : [password, decoded]
 }
 
 function deepFreeze<T>(value: T): T {

@@ -243,4 +243,56 @@ describe('configuration', () => {
       expect(lines[0]).toContain('[redacted]')
     })
   })
+
+  describe('the RabbitMQ publisher', () => {
+    const amqpUrl = 'amqps://escrow:p%40ss-word-of-the-broker@mq.internal:5671/partner'
+
+    it('is off unless AMQP_URL is set; AMQP_EXCHANGE defaults to partner-escrow', () => {
+      expect(parseConfig(remoteEnv).amqp).toBeUndefined()
+      expect(parseConfig({ ...remoteEnv, AMQP_URL: amqpUrl }).amqp).toEqual({
+        url: amqpUrl,
+        exchange: 'partner-escrow',
+        timeoutMs: 10_000,
+      })
+      const custom = parseConfig({
+        ...remoteEnv,
+        AMQP_URL: 'amqp://127.0.0.1',
+        AMQP_EXCHANGE: 'erp.orders:escrow',
+        AMQP_TIMEOUT_MS: '2500',
+      })
+      expect(custom.amqp).toEqual({ url: 'amqp://127.0.0.1', exchange: 'erp.orders:escrow', timeoutMs: 2500 })
+    })
+
+    it('refuses a URL that is not amqp(s), a bad exchange name and a bad timeout, never echoing the URL', () => {
+      for (const url of ['https://escrow:p%40ss-word-of-the-broker@mq.internal', 'amqp//escrow:p%40ss-word-of-the-broker', 'not a url']) {
+        const problems = problemsOf({ ...remoteEnv, AMQP_URL: url })
+        expect(problems).toEqual([
+          'AMQP_URL: must be an amqp:// or amqps:// URL (amqp://user:password@host:5672/vhost)',
+        ])
+        expect(problems.join('\n')).not.toContain('p%40ss')
+      }
+      for (const exchange of ['amq.topic', 'with space', 'x'.repeat(256)]) {
+        const problems = problemsOf({ ...remoteEnv, AMQP_URL: amqpUrl, AMQP_EXCHANGE: exchange })
+        expect(problems).toHaveLength(1)
+        expect(problems[0]).toMatch(/^AMQP_EXCHANGE: /)
+      }
+      expect(problemsOf({ ...remoteEnv, AMQP_URL: amqpUrl, AMQP_TIMEOUT_MS: '0' })[0]).toMatch(/^AMQP_TIMEOUT_MS: /)
+    })
+
+    it('counts the URL password, as written and decoded, among the secrets no log line may show', () => {
+      const config = parseConfig({ ...remoteEnv, AMQP_URL: amqpUrl })
+      expect(configSecrets(config)).toEqual(expect.arrayContaining(['p%40ss-word-of-the-broker', 'p@ss-word-of-the-broker']))
+      const lines: string[] = []
+      const logger = createLogger({
+        level: 'info',
+        secrets: configSecrets(config),
+        destination: { write: (line: string) => lines.push(line) },
+      })
+      logger.info({ careless: amqpUrl }, 'a careless line with p@ss-word-of-the-broker')
+      expect(lines[0]).not.toContain('ss-word-of-the-broker')
+      expect(configSecrets(parseConfig({ ...remoteEnv, AMQP_URL: 'amqp://mq.internal' }))).toEqual(
+        configSecrets(parseConfig(remoteEnv)),
+      )
+    })
+  })
 })
