@@ -146,9 +146,9 @@ function publisher(options: Partial<Parameters<typeof createAmqpPublisher>[0]> &
   cleanups.push(() => created.close())
   return created
 }
-async function proxy(): Promise<TcpProxy> {
+async function proxy({ open = true } = {}): Promise<TcpProxy> {
   const url = new URL(amqpUrl!)
-  const started = await startTcpProxy({ host: url.hostname, port: Number(url.port || 5672) })
+  const started = await startTcpProxy({ host: url.hostname, port: Number(url.port || 5672) }, { open })
   cleanups.push(() => started.close())
   return started
 }
@@ -310,10 +310,10 @@ describeRabbitMq('the AMQP publisher (RabbitMQ)', () => {
       perOrder,
       failures,
       onConfirmed: (confirmed) => {
-        // cut twice: a quarter and half-way through, each outage long enough for calls to fail
+        // cut twice, a quarter (FIN) and half-way (RST) through, each outage long enough for calls to fail
         if (confirmed === 500 || confirmed === 1_000) {
           cutAt ??= confirmed
-          cuttable.cut()
+          cuttable.cut({ reset: confirmed === 1_000 })
           cuts.push(new Promise((resolve) => setTimeout(resolve, 300)).then(() => cuttable.restore()))
         }
       },
@@ -359,8 +359,7 @@ describeRabbitMq('the AMQP publisher (RabbitMQ)', () => {
   it('the broker down at start-up: calls fail (retryable) until it is back, then are confirmed', async () => {
     const exchange = uniqueName('test-exchange')
     const listening = await consumer({ exchange })
-    const gate = await proxy()
-    gate.cut()
+    const gate = await proxy({ open: false })
     const amqp = publisher({ exchange, url: gate.rewrite(amqpUrl!) })
     for (let attempt = 1; attempt <= 3; attempt += 1) {
       const error = await failureOf(amqp.handler(eventOf(1, 1), context({ attempt })))
