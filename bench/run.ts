@@ -1,4 +1,4 @@
-// `npm run bench [-- ingest|claim|poll|pglite|cli|soak] [--quick] [--duration S]`
+// `npm run bench [-- ingest|claim|poll|pglite|cli|console|soak] [--quick] [--duration S]`
 // Everything is measured side by side in one run and reported as ratios against baselines measured in
 // the same run (never as timed assertions in tests). Results: bench/results/latest.md and latest.json.
 import { execFileSync, spawn, type ChildProcess } from 'node:child_process'
@@ -266,6 +266,11 @@ async function main(): Promise<void> {
   if (part === 'cli') {
     // CLI start-up alone: bench/cli-startup.ts writes its own results
     await (await import('./cli-startup.js')).benchCliStartup()
+    return
+  }
+  if (part === 'console') {
+    // console page timings: bench/console-bench.ts writes its own results
+    await (await import('./console-bench.js')).benchConsolePages({ quick })
     return
   }
   if (part === 'soak') {
