@@ -8,6 +8,7 @@ import { createLogger } from '../src/logger.js'
 import { PartnerApiClient } from '../src/partner-api/partner-api.client.js'
 import { createPoller } from '../src/reconcile/poller.js'
 import { createSandbox } from '../src/sandbox/create-sandbox.js'
+import { NO_REACTION_HANDLERS } from '../src/orders/apply-observation.js'
 
 export interface PollBenchResult {
   concurrency: number
@@ -54,7 +55,7 @@ export async function runPollBench(url: string, { quick }: { quick: boolean }): 
         fetcher: client,
         clock: systemClock,
         logger,
-        settings: { intervalS: 1, concurrency, batchSize: orders, staleAfterS: 21_600, leaseS: 300 },
+        settings: { intervalS: 1, concurrency, batchSize: orders, staleAfterS: 21_600, handlersFor: NO_REACTION_HANDLERS, leaseS: 300 },
         replica: `bench-${concurrency}`,
       })
       const started = process.hrtime.bigint()

@@ -1,5 +1,5 @@
-// Wires the parts into the running service: database, HTTP app, migrations, the poller, and the
-// command forwarding of src/local. Every part registers how to stop it; stop() runs those in
+// Wires the parts into the running service: database, HTTP app, migrations, the poller, the reaction
+// dispatcher, and the command forwarding of src/local. Every part registers how to stop it; stop() runs those in
 // reverse (the poller, started last, stops first: no poll writes into a closing database).
 //
 // The HTTP listener opens before the database is known to be there: while Postgres is unreachable at
@@ -19,6 +19,8 @@ import { advertiseLocalService, databaseIdentity } from './local/running-service
 import type { Logger } from './logger.js'
 import { createMetrics } from './metrics/metrics.js'
 import { createPartnerApiClient } from './partner-api/create-partner-api-client.js'
+import { configuredReactions } from './reactions/configured-reactions.js'
+import { createDispatcher, DEFAULT_DISPATCHER_SETTINGS, type Dispatcher } from './reactions/dispatcher.js'
 import { createPoller, dueOrderStats, type Poller, pollerSettings, type RunSummary } from './reconcile/poller.js'
 import { createSandbox } from './sandbox/create-sandbox.js'
 import { sandboxStateFile } from './sandbox/sandbox-state.js'
@@ -36,6 +38,8 @@ export interface RunningService {
   readonly ready: Promise<void>
   /** The reconciliation poller, once ready; undefined when POLL_ENABLED=false. */
   readonly poller: Poller | undefined
+  /** The reaction dispatcher, once ready. */
+  readonly dispatcher: Dispatcher | undefined
   /** Local mode only: the in-process sandbox platform's URL. */
   readonly sandboxUrl: string | undefined
   stop(): Promise<void>
@@ -96,8 +100,20 @@ export async function startService({
     const advertised = !config.dataDir.startsWith('memory://')
     const localCliToken = advertised && runCommand ? createLocalCliToken() : undefined
     const eventHandlers = createEventHandlers()
+    // the reaction handlers (the forwarder, the fork's own): the app, the poller, the console, forwarded
+    // commands and the dispatcher share them
+    const reactions = configuredReactions(config, { clock })
     registerEventHandlers(eventHandlers)
-    const app = createApp({ config, db: database.db, logger, clock, metrics, eventHandlers, isReady: () => ready })
+    const app = createApp({
+      config,
+      db: database.db,
+      logger,
+      clock,
+      metrics,
+      eventHandlers,
+      reactions,
+      isReady: () => ready,
+    })
     const server = await listen(app, {
       port: config.port,
       host: config.host,
@@ -119,7 +135,7 @@ export async function startService({
             ? [
                 localCliRoutes({
                   token: localCliToken,
-                  context: { config, db: database.db, logger },
+                  context: { config, db: database.db, logger, reactions },
                   runCommand,
                   whenReady: databaseReady,
                 }),
@@ -127,6 +143,7 @@ export async function startService({
             : [],
         clock,
         reconcileOnce: async () => (ready && consoleActions.reconcileOnce ? consoleActions.reconcileOnce() : undefined),
+        reactions,
       }),
       { port: config.admin.port, host: config.admin.host },
     )
@@ -173,10 +190,11 @@ export async function startService({
         fetcher,
         clock,
         logger,
-        settings: pollerSettings(config.poll),
+        settings: pollerSettings(config.poll, reactions.handlersFor),
         replica: `console:${hostname()}:${process.pid}`,
       }).runOnce()
     let poller: Poller | undefined
+    let dispatcher: Dispatcher | undefined
     const startUp = new AbortController()
     stops.push({ name: 'database start-up', stop: () => startUp.abort() })
     const whenReady = (async () => {
@@ -189,7 +207,7 @@ export async function startService({
           fetcher,
           clock,
           logger,
-          settings: pollerSettings(config.poll),
+          settings: pollerSettings(config.poll, reactions.handlersFor),
           replica: `${hostname()}:${process.pid}`,
           ...(metrics ? metrics.pollerHooks(clock) : {}),
         })
@@ -197,6 +215,24 @@ export async function startService({
         const running = poller
         stops.push({ name: 'poller', stop: () => running.stop() })
       }
+      // every replica runs one; stopped first (stops run in reverse), before the database
+      dispatcher = createDispatcher({
+        db: database.db,
+        handler: reactions.handler,
+        clock,
+        logger,
+        listen: database.listen,
+        settings: {
+          ...DEFAULT_DISPATCHER_SETTINGS,
+          concurrency: config.reactions.concurrency,
+          maxAttempts: config.reactions.maxAttempts,
+          // the other half is the HTTP listeners'
+          shutdownTimeoutMs: Math.floor(config.shutdownTimeoutMs / 2),
+        },
+      })
+      await dispatcher.start()
+      const reacting = dispatcher
+      stops.push({ name: 'reaction dispatcher', stop: () => reacting.stop() })
       ready = true
       logger.info(
         { url: server.url, adminUrl: adminServer.url, database: database.kind, webhookPath: config.webhook.path },
@@ -212,6 +248,9 @@ export async function startService({
       ready: whenReady,
       get poller() {
         return poller
+      },
+      get dispatcher() {
+        return dispatcher
       },
       sandboxUrl,
       stop: stopAll,

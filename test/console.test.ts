@@ -14,6 +14,7 @@ import { fakeTradeApi } from './helpers/partner-api-fake-client.js'
 import { testConfig } from './helpers/test-config.js'
 import { createTestDatabase, type TestDatabase } from './helpers/test-database.js'
 import { sendWebhook, tradePayload } from './helpers/webhook-delivery.js'
+import { NO_REACTION_HANDLERS } from '../src/orders/apply-observation.js'
 
 const TOKEN = 'console-token-0123456789abcdef0123'
 const HOSTILE_ID = '"><img/src=x/onerror=alert(1)><script>alert(2)</script>'
@@ -74,7 +75,7 @@ describe('operator console', () => {
           fetcher,
           clock: systemClock,
           logger,
-          settings: { intervalS: 1, batchSize: 10, concurrency: 2, staleAfterS: 3600, leaseS: 60 },
+          settings: { intervalS: 1, batchSize: 10, concurrency: 2, staleAfterS: 3600, handlersFor: NO_REACTION_HANDLERS, leaseS: 60 },
           replica: 'console-test',
         }).runOnce(),
     })

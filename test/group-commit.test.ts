@@ -19,9 +19,10 @@ import { startTcpProxy } from './helpers/tcp-proxy.js'
 import { testConfig } from './helpers/test-config.js'
 import { describePostgres, useTestDatabase } from './helpers/test-database.js'
 import { sendWebhook, tradePayload } from './helpers/webhook-delivery.js'
+import { NO_REACTION_HANDLERS } from '../src/orders/apply-observation.js'
 
 const config = testConfig({ LOG_LEVEL: 'warn' })
-const settings = { staleAfterS: config.poll.staleAfterS }
+const settings = { staleAfterS: config.poll.staleAfterS, handlersFor: NO_REACTION_HANDLERS }
 
 function delivery(externalReference: string, status: string, deliveryId = `gc-${randomUUID()}`): DeliveryObservation {
   const body = tradePayload(externalReference, status)

@@ -13,6 +13,7 @@ import { tradeRecord } from './helpers/partner-api-fixtures.js'
 import { type CountingFetcher, countingFetcher, orderByReference } from './helpers/reconcile-orders.js'
 import { type TestPoller, testPoller } from './helpers/reconcile-poller.js'
 import { useTestDatabase } from './helpers/test-database.js'
+import { NO_REACTION_HANDLERS } from '../src/orders/apply-observation.js'
 
 const EXPECTED_WEBHOOK_S = 600
 const STALE_AFTER_S = 21_600
@@ -43,7 +44,7 @@ describe('when an order is due', () => {
       }),
       clock,
       logger: testLogger(),
-      settings: { expectedWebhookS: EXPECTED_WEBHOOK_S, staleAfterS: STALE_AFTER_S },
+      settings: { expectedWebhookS: EXPECTED_WEBHOOK_S, staleAfterS: STALE_AFTER_S, handlersFor: NO_REACTION_HANDLERS },
     }
     fetcher = countingFetcher(() => 'funded')
     poller = testPoller({ db: database.db, fetcher, clock, settings: { staleAfterS: STALE_AFTER_S } })
@@ -66,7 +67,7 @@ describe('when an order is due', () => {
         deliveryId: `dlv_${status}`,
         observedAt: new Date(clock.now()),
       },
-      { staleAfterS: STALE_AFTER_S },
+      { staleAfterS: STALE_AFTER_S, handlersFor: NO_REACTION_HANDLERS },
     )
 
   async function openAndFund() {

@@ -1,5 +1,6 @@
 import fc from 'fast-check'
 import { describe, expect, it } from 'vitest'
+import { NO_REACTION_HANDLERS } from '../src/orders/apply-observation.js'
 import {
   decideTransition,
   isTerminalStatus,
@@ -92,7 +93,7 @@ describe('the SQL decision of applyObservation', () => {
               const result = await applyObservation(
                 database.db,
                 { target: { orderId: order.id }, tradeId: `t-${run}`, status, source, observedAt: new Date() },
-                { staleAfterS: 60 },
+                { staleAfterS: 60, handlersFor: NO_REACTION_HANDLERS },
               )
               expect(result.outcome, `${model.status} -> ${status} (${source})`).toBe(expected)
               model = observe(model, status, source)

@@ -18,6 +18,7 @@ import { fakeTradeApi } from './helpers/partner-api-fake-client.js'
 import { tradeRecord } from './helpers/partner-api-fixtures.js'
 import { startRecordingServer } from './helpers/partner-api-recording-server.js'
 import { createTestDatabase, type TestDatabase } from './helpers/test-database.js'
+import { NO_REACTION_HANDLERS } from '../src/orders/apply-observation.js'
 
 const SECRET = 'apisec_trades_test_9d8c7b6a5f4e3d2c1b0a'
 const EXPECTED_WEBHOOK_S = 600
@@ -43,7 +44,7 @@ function deps(client: PartnerTradeApi, clock = new FakeClock()): TradeDeps & { c
     client,
     clock,
     logger,
-    settings: { expectedWebhookS: EXPECTED_WEBHOOK_S, staleAfterS: STALE_AFTER_S },
+    settings: { expectedWebhookS: EXPECTED_WEBHOOK_S, staleAfterS: STALE_AFTER_S, handlersFor: NO_REACTION_HANDLERS },
   }
 }
 
@@ -165,7 +166,7 @@ describe('openTradeForOrder', () => {
         deliveryId: `dlv_${ref}`,
         observedAt: new Date(),
       },
-      { staleAfterS: STALE_AFTER_S },
+      { staleAfterS: STALE_AFTER_S, handlersFor: NO_REACTION_HANDLERS },
     )
     expect(await order(ref)).toMatchObject({ tradeId: 'tr_from_webhook', tradeReference: 'TRD-WH' })
     const refused = await openTradeForOrder(deps(client), ref, request, { retry: true }).catch((e) => e)

@@ -11,12 +11,18 @@ import type { Kysely } from 'kysely'
 import type { Config } from '../config.js'
 import type { Database } from '../db/database.js'
 import type { Logger } from '../logger.js'
+import type { ReactionRouting } from '../reactions/reaction-registry.js'
 
 export interface CliContext {
   config: Config
   logger: Logger
   db: Kysely<Database>
+  /** The service's reaction handlers; when absent, the ones its config names (configured-reactions.ts). */
+  reactions?: ReactionRouting | undefined
 }
+
+/** What a command runs with: a command that moves an order enqueues the jobs of these reactions. */
+export type CommandContext = CliContext & { reactions: ReactionRouting }
 
 /** A usage error: printed without a stack, exit code 2. */
 export class UsageError extends Error {
@@ -40,7 +46,7 @@ export interface CliScope {
   stdout: { write(text: string): unknown }
   stderr: { write(text: string): unknown }
   exitCode: number
-  /** Present when the command runs inside the service: its database, config and logger. */
+  /** Present when the command runs inside the service: its database, config, logger and reactions. */
   context?: CliContext
 }
 
@@ -67,17 +73,23 @@ export function setExitCode(code: number): void {
 }
 
 export async function withDatabase<T>(
-  run: (context: CliContext) => Promise<T>,
+  run: (context: CommandContext) => Promise<T>,
   { migrate = true }: { migrate?: boolean } = {},
 ): Promise<T> {
   const inService = scope.getStore()?.context
-  if (inService) return run(inService)
+  if (inService) {
+    if (inService.reactions) return run({ ...inService, reactions: inService.reactions })
+    const { configuredReactions } = await import('../reactions/configured-reactions.js')
+    return run({ ...inService, reactions: configuredReactions(inService.config) })
+  }
   // loaded here, not at start-up: `--help` and forwarded commands never need a database driver
-  const [{ loadConfig }, { migrateToLatest }, { embeddedDatabaseExists, openDatabase }] = await Promise.all([
-    import('../config.js'),
-    import('../db/migrate.js'),
-    import('../db/open-database.js'),
-  ])
+  const [{ loadConfig }, { migrateToLatest }, { embeddedDatabaseExists, openDatabase }, { configuredReactions }] =
+    await Promise.all([
+      import('../config.js'),
+      import('../db/migrate.js'),
+      import('../db/open-database.js'),
+      import('../reactions/configured-reactions.js'),
+    ])
   const config = loadConfig()
   const logger = await cliLogger(config)
   if (!config.databaseUrl && !embeddedDatabaseExists(config.dataDir)) {
@@ -95,7 +107,7 @@ export async function withDatabase<T>(
   })
   try {
     if (migrate) await migrateToLatest(database.db)
-    return await run({ config, logger, db: database.db })
+    return await run({ config, logger, db: database.db, reactions: configuredReactions(config) })
   } finally {
     await database.close()
   }

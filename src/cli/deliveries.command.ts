@@ -96,14 +96,19 @@ export function registerDeliveriesCommands(program: Command): void {
         import('../webhooks/delivery.repository.js'),
         import('../webhooks/reapply-delivery.js'),
       ])
-      await withDatabase(async ({ db, config }) => {
+      await withDatabase(async ({ db, config, reactions }) => {
         const delivery = await findDelivery(db, deliveryId, options.bodySha256)
         if (!delivery) {
           writeError(`No delivery ${deliveryId}\n`)
           setExitCode(1)
           return
         }
-        const result = await reapplyDelivery(db, delivery, { staleAfterS: config.poll.staleAfterS }, new Date())
+        const result = await reapplyDelivery(
+          db,
+          delivery,
+          { staleAfterS: config.poll.staleAfterS, handlersFor: reactions.handlersFor },
+          new Date(),
+        )
         if (result.kind === 'not_a_trade_event') {
           writeError(`Delivery ${deliveryId} is a ${result.eventType} event: only trade events have an effect to re-run\n`)
           setExitCode(1)

@@ -13,12 +13,12 @@ export function registerOrdersCommands(program: Command): void {
     .option('--json', 'print the order as JSON')
     .action(async (options: { externalReference: string; json?: boolean }) => {
       const { createOrder, OrderExistsError } = await import('../orders/order.repository.js')
-      await withDatabase(async ({ db, config }) => {
+      await withDatabase(async ({ db, config, reactions }) => {
         try {
           const { order, appliedDeliveries } = await createOrder(
             db,
             { externalReference: options.externalReference },
-            { staleAfterS: config.poll.staleAfterS },
+            { staleAfterS: config.poll.staleAfterS, handlersFor: reactions.handlersFor },
           )
           if (options.json) printJson({ ...order, appliedDeliveries })
           else {

@@ -64,14 +64,14 @@ async function runOnce(json: boolean | undefined): Promise<void> {
     import('../partner-api/create-partner-api-client.js'),
     import('../reconcile/poller.js'),
   ])
-  const summary = await withDatabase(async ({ config, logger, db }) => {
+  const summary = await withDatabase(async ({ config, logger, db, reactions }) => {
     const clock = systemClock
     const poller = createPoller({
       db,
       fetcher: createPartnerApiClient(config, { logger, clock }),
       clock,
       logger,
-      settings: pollerSettings(config.poll),
+      settings: pollerSettings(config.poll, reactions.handlersFor),
       replica: `cli:${hostname()}:${process.pid}`,
     })
     return poller.runOnce()

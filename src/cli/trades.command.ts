@@ -25,11 +25,11 @@ export async function withTradeDeps<T>(
     import('../clock.js'),
     import('../partner-api/create-partner-api-client.js'),
   ])
-  return withDatabase(async ({ config, logger, db }) => {
+  return withDatabase(async ({ config, logger, db, reactions }) => {
     const clock = systemClock
     const client = createPartnerApiClient(config, { logger, clock })
     try {
-      return await run({ db, client, clock, logger, settings: config.poll })
+      return await run({ db, client, clock, logger, settings: { ...config.poll, handlersFor: reactions.handlersFor } })
     } catch (error) {
       throw explainFailure(error, unknownOutcome)
     }

@@ -71,6 +71,8 @@ export interface ConsoleDeps {
   clock: Clock
   metrics?: Metrics | undefined
   staleAfterS: number
+  /** The reaction handlers a re-applied delivery enqueues jobs for (the registry's handlersFor). */
+  handlersFor: (type: string) => readonly string[]
   /** Runs one reconcile cycle now; answers undefined while the service is not ready to. */
   reconcileOnce?: (() => Promise<RunSummary | undefined>) | undefined
 }
@@ -307,7 +309,7 @@ export function consoleRoutes(deps: ConsoleDeps): Router {
     const tally = new Map<string, number>()
     const now = new Date(clock.now())
     for (const delivery of deliveries) {
-      const result = await reapplyDelivery(db, delivery, { staleAfterS: deps.staleAfterS }, now)
+      const result = await reapplyDelivery(db, delivery, { staleAfterS: deps.staleAfterS, handlersFor: deps.handlersFor }, now)
       const key = result.kind === 'reapplied' ? result.outcome : 'not a trade event'
       tally.set(key, (tally.get(key) ?? 0) + 1)
     }
@@ -364,7 +366,7 @@ export function consoleRoutes(deps: ConsoleDeps): Router {
     if (previous) return send(res, resultPage(operator, 'Re-apply a delivery', previous, true))
     const delivery = await loadDelivery(req)
     if (!delivery) return send(res, messagePage('Not found', operator, 'No such delivery.'), 404)
-    const result = await reapplyDelivery(db, delivery, { staleAfterS: deps.staleAfterS }, new Date(clock.now()))
+    const result = await reapplyDelivery(db, delivery, { staleAfterS: deps.staleAfterS, handlersFor: deps.handlersFor }, new Date(clock.now()))
     const record = remember(
       actionId,
       operator,

@@ -54,6 +54,31 @@ export interface OrderStatusHistoryTable {
   source: string
   deliveryId: string | null
   recordedAt: GeneratedTimestamp
+  /** The event's stable id (uuid): every reaction handler's idempotency key. */
+  eventId: Generated<string>
+  /** The order's version after this transition: 1, 2, 3 ... per order. */
+  sequence: number | null
+  tradeId: string | null
+  externalReference: string | null
+}
+
+/** One (event, handler): see src/reactions/reaction-job.repository.ts. */
+export interface ReactionJobsTable {
+  id: GeneratedAlways<string>
+  eventId: string
+  orderId: number
+  sequence: number
+  handler: string
+  /** pending | running | done | failed | skipped */
+  state: Generated<string>
+  attempts: Generated<number>
+  runAt: Timestamp
+  leaseToken: string | null
+  leaseExpiresAt: Timestamp | null
+  lastError: string | null
+  createdAt: GeneratedTimestamp
+  updatedAt: GeneratedTimestamp
+  finishedAt: Timestamp | null
 }
 
 export interface ReconcileRunsTable {
@@ -72,4 +97,5 @@ export interface Database {
   webhookDeliveries: WebhookDeliveriesTable
   orderStatusHistory: OrderStatusHistoryTable
   reconcileRuns: ReconcileRunsTable
+  reactionJobs: ReactionJobsTable
 }

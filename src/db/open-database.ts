@@ -4,6 +4,7 @@
 import { createHash } from 'node:crypto'
 import { closeSync, existsSync, mkdirSync, openSync, readFileSync, rmSync, writeSync } from 'node:fs'
 import path from 'node:path'
+import { setTimeout as delay } from 'node:timers/promises'
 import { PGlite } from '@electric-sql/pglite'
 import { CamelCasePlugin, Kysely, PGliteDialect, PostgresDialect } from 'kysely'
 import pg from 'pg'
@@ -22,6 +23,13 @@ export interface DatabaseHandle {
   close(): Promise<void>
   /** PGlite only: the whole data directory as a gzipped tarball, which `pgliteTemplate` starts from. */
   dumpDataDir?(): Promise<Blob>
+  /**
+   * Calls `onNotify` for every NOTIFY on `channel` (delivered on the notifier's commit), and also after a
+   * lost connection is back (notifications sent meanwhile are gone: the caller should look). Postgres:
+   * a dedicated connection outside the pool that reconnects with backoff and never throws; PGlite: its
+   * own listen. Resolves to the function that stops listening.
+   */
+  listen(channel: string, onNotify: () => void): Promise<() => Promise<void>>
 }
 
 export interface OpenDatabaseOptions {
@@ -93,9 +101,62 @@ function openPostgres(databaseUrl: string, { poolSize = 10, logger }: OpenDataba
     db,
     kind: 'postgres',
     poolStats: () => ({ total: pool.totalCount, idle: pool.idleCount, waiting: pool.waitingCount }),
+    listen: async (channel, onNotify) => listenOnPostgres(databaseUrl, channel, onNotify, logger),
     close: () => db.destroy(),
   }
 }
+
+// LISTEN needs a session of its own for as long as it listens: a pooled client would be handed to other
+// queries. The loop connects, listens and waits for the connection's end; every failure (Postgres down,
+// the connection cut) is logged and retried with a doubling delay capped at 30 s, so a listener never
+// ends the process. After each (re)connect onNotify runs once: what was committed while no connection
+// listened is found by looking.
+function listenOnPostgres(
+  databaseUrl: string,
+  channel: string,
+  onNotify: () => void,
+  logger: Logger | undefined,
+): () => Promise<void> {
+  const stopping = new AbortController()
+  let client: pg.Client | undefined
+  const run = async () => {
+    let failures = 0
+    while (!stopping.signal.aborted) {
+      const connection = new pg.Client({ connectionString: databaseUrl, keepAlive: true, connectionTimeoutMillis: 5_000 })
+      client = connection
+      const ended = new Promise<void>((resolve) => {
+        connection.on('end', resolve)
+        connection.on('error', (error) => {
+          if (!stopping.signal.aborted) logger?.warn({ err: describeDatabaseError(error) }, 'notification listener connection lost')
+          resolve()
+        })
+      })
+      connection.on('notification', (message) => {
+        if (message.channel === channel) onNotify()
+      })
+      try {
+        await connection.connect()
+        await connection.query(`LISTEN ${connection.escapeIdentifier(channel)}`)
+        failures = 0
+        onNotify()
+        await ended
+      } catch (error) {
+        if (!stopping.signal.aborted) logger?.warn({ err: describeDatabaseError(error) }, 'notification listener cannot connect')
+      }
+      connection.end().catch(() => {})
+      if (stopping.signal.aborted) break
+      failures += 1
+      await delay(Math.min(30_000, 250 * 2 ** Math.min(failures, 7)), undefined, { signal: stopping.signal }).catch(() => {})
+    }
+  }
+  const running = run()
+  return async () => {
+    stopping.abort()
+    await client?.end().catch(() => {})
+    await running
+  }
+}
+
 
 /** False until PGlite initialised DATA_DIR (its first start, which takes seconds). */
 export function embeddedDatabaseExists(dataDir: string): boolean {
@@ -133,6 +194,13 @@ function openPglite({ dataDir = 'memory://', logger, pgliteTemplate }: OpenDatab
     dumpDataDir: async () => {
       await pglite.waitReady
       return pglite.dumpDataDir('gzip')
+    },
+    // one process, one connection: the statement's NOTIFY reaches this same session on commit
+    listen: async (channel, onNotify) => {
+      const unlisten = await pglite.listen(channel, () => onNotify())
+      return async () => {
+        if (!pglite.closed) await unlisten()
+      }
     },
     close: async () => {
       await db.destroy()

@@ -18,6 +18,7 @@ import { openTradeForOrder } from '../trades/open-trade-for-order.js'
 import { runTradeOperation } from '../trades/run-trade-operation.js'
 import type { TradeDeps } from '../trades/trade-deps.js'
 import { progressBar } from './progress-bar.js'
+import { NO_REACTION_HANDLERS } from '../orders/apply-observation.js'
 
 export type DemoKind = 'plain' | 'milestone' | 'cancelled' | 'disputed' | 'receiver down'
 
@@ -96,7 +97,11 @@ export async function runDemo({ trades = 50, seed = 7, out = process.stdout, log
       client,
       clock,
       logger: log,
-      settings: { expectedWebhookS: config.poll.expectedWebhookS, staleAfterS: config.poll.staleAfterS },
+      settings: {
+        expectedWebhookS: config.poll.expectedWebhookS,
+        staleAfterS: config.poll.staleAfterS,
+        handlersFor: NO_REACTION_HANDLERS,
+      },
     }
 
     say(`demo: database ready after ${((Date.now() - startedAt) / 1000).toFixed(1)} s; ${trades} trades against the sandbox, with faults (seed ${seed})`)
@@ -126,7 +131,7 @@ export async function runDemo({ trades = 50, seed = 7, out = process.stdout, log
       fetcher: client,
       clock: later,
       logger: log,
-      settings: { intervalS: 1, concurrency: 8, batchSize: 100, staleAfterS: config.poll.staleAfterS, leaseS: 60 },
+      settings: { intervalS: 1, concurrency: 8, batchSize: 100, staleAfterS: config.poll.staleAfterS, handlersFor: NO_REACTION_HANDLERS, leaseS: 60 },
       replica: 'demo',
     })
     let pollCycles = 0

@@ -10,6 +10,8 @@ import { CONSOLE_PATH, consoleRoutes } from '../console/console.routes.js'
 import type { Database } from '../db/database.js'
 import type { Logger } from '../logger.js'
 import type { Metrics } from '../metrics/metrics.js'
+import { NO_REACTION_HANDLERS } from '../orders/apply-observation.js'
+import type { ReactionRouting } from '../reactions/reaction-registry.js'
 import type { RunSummary } from '../reconcile/poller.js'
 import { errorHandler, notFoundHandler } from './error-handler.js'
 import { metricsRoutes } from './metrics.routes.js'
@@ -26,6 +28,8 @@ export interface AdminAppDeps {
   clock?: Clock
   /** The console's "run one reconcile cycle now"; answers undefined while the service is not ready. */
   reconcileOnce?: (() => Promise<RunSummary | undefined>) | undefined
+  /** The reaction handlers: a delivery the console re-applies enqueues their jobs (none when absent). */
+  reactions?: ReactionRouting | undefined
 }
 
 export function createAdminApp(deps: AdminAppDeps): Express {
@@ -44,6 +48,7 @@ export function createAdminApp(deps: AdminAppDeps): Express {
         clock: deps.clock ?? systemClock,
         metrics: deps.metrics,
         staleAfterS: deps.config.poll.staleAfterS,
+        handlersFor: deps.reactions?.handlersFor ?? NO_REACTION_HANDLERS,
         reconcileOnce: deps.reconcileOnce,
       }),
     )

@@ -8,6 +8,8 @@ import type { Config } from '../config.js'
 import type { Database } from '../db/database.js'
 import type { Logger } from '../logger.js'
 import type { Metrics } from '../metrics/metrics.js'
+import { NO_REACTION_HANDLERS } from '../orders/apply-observation.js'
+import type { ReactionRouting } from '../reactions/reaction-registry.js'
 import { errorHandler, notFoundHandler } from './error-handler.js'
 import { healthRoutes } from './health.routes.js'
 import { InflightBodyBudget, reserveBodyBytes } from './inflight-body-budget.js'
@@ -25,6 +27,8 @@ export interface AppDeps {
   isReady?: () => boolean
   /** Seller and buyer event handlers (service.ts registers the fork's); none when not given. */
   eventHandlers?: EventHandlers | undefined
+  /** The reaction handlers: every observation the app applies enqueues their jobs (none when absent). */
+  reactions?: ReactionRouting | undefined
 }
 
 export function createApp(deps: AppDeps): Express {
@@ -47,7 +51,7 @@ export function createApp(deps: AppDeps): Express {
       batch: { maxBatch: deps.config.webhook.batchMax, maxInFlight: deps.config.webhook.batchStatements },
       seenCapacity: deps.config.webhook.seenCacheSize,
       secrets: deps.config.webhook.secrets,
-      settings: { staleAfterS: deps.config.poll.staleAfterS },
+      settings: { staleAfterS: deps.config.poll.staleAfterS, handlersFor: deps.reactions?.handlersFor ?? NO_REACTION_HANDLERS },
     }),
   )
   app.use(notFoundHandler())

@@ -10,6 +10,12 @@
 // share one statement and one commit (the group commit in webhooks/group-commit.ts); a poll or an API
 // answer is a set of one.
 //
+// Reactions (the transactional outbox): the history row of an applied transition IS the event (a stable
+// event_id, the order's sequence = its version after the move), and when reaction handlers are registered
+// for 'trade.<status>' the statement also inserts one reaction_jobs row per handler and calls
+// pg_notify('reaction_jobs'), which Postgres delivers on commit. So a transition, its event and its jobs
+// commit together or not at all. With no handlers for any row, neither part is in the statement.
+//
 // Deduplication: a delivery is its id AND its body (SHA-256 of the exact bytes). A webhook's delivery
 // row is inserted ON CONFLICT (delivery_id, body_sha256) DO NOTHING, and the order update and history
 // insert only happen when that insert did. Two replicas receiving the same delivery at once: one
@@ -38,7 +44,15 @@ export interface Observation {
 export interface ObservationSettings {
   /** After any observation a non-terminal order is polled again this many seconds later. */
   staleAfterS: number
+  /**
+   * The names of the reaction handlers registered for an event type ('trade.<status>'): the statement
+   * enqueues a job for each. Only the names matter here (the registry's handlersFor).
+   */
+  handlersFor: (type: string) => readonly string[]
 }
+
+/** Routing for a service without reaction handlers (and for tests of the status rules alone). */
+export const NO_REACTION_HANDLERS: ObservationSettings['handlersFor'] = () => []
 
 /**
  * applied: the order moved. duplicate_effect: it already had this status. stale: a lower rank, a
@@ -158,8 +172,11 @@ async function runStatement(
   const kinds = new Set(items.map((item) => targetOf(item.observation.target).kind))
   const withDelivery = new Set(items.map((item) => item.delivery !== undefined))
   if (kinds.size !== 1 || withDelivery.size !== 1) throw new Error('one statement takes one kind of target, all with or all without a delivery')
+  let withReactions = false
   const input = items.map(({ observation, delivery }, n) => {
     const target = targetOf(observation.target)
+    const handlers = settings.handlersFor(`trade.${observation.status}`)
+    if (handlers.length > 0) withReactions = true
     return {
       n,
       target: target.key,
@@ -177,11 +194,13 @@ async function runStatement(
       event_type: delivery?.eventType ?? null,
       raw_body: delivery?.rawBody ?? null,
       body_sha256: delivery?.bodySha256 ?? null,
+      // names are [a-z0-9_.-]+ (the registry checks), so a comma joins them unambiguously
+      handlers: handlers.length > 0 ? handlers.join(',') : null,
     }
   })
   const [kind] = kinds
   const [hasDelivery] = withDelivery
-  const { rows } = await observationStatement(JSON.stringify(input), kind!, hasDelivery!, settings).execute(db)
+  const { rows } = await observationStatement(JSON.stringify(input), kind!, hasDelivery!, withReactions, settings).execute(db)
   return rows
 }
 
@@ -191,6 +210,7 @@ function observationStatement(
   input: string,
   kind: TargetKind,
   withDelivery: boolean,
+  withReactions: boolean,
   { staleAfterS }: ObservationSettings,
 ): RawBuilder<StatementRow> {
   const releasesLease = kind === 'lease'
@@ -200,7 +220,8 @@ function observationStatement(
   // them); trade_mismatch guards an order linked to another trade
   const decision = sql`
     decision as (
-      select i.n, o.id, o.trade_status as from_status,
+      select i.n, o.id, o.trade_status as from_status, o.version, o.external_reference as order_reference,
+        coalesce(o.trade_id, i.trade_id) as event_trade_id,
         case
           when o.trade_id is not null and o.trade_id <> i.trade_id then 'trade_mismatch'
           when o.trade_status = i.status then 'duplicate_effect'
@@ -213,7 +234,8 @@ function observationStatement(
         end as outcome
       from input i
       cross join lateral (
-        select o.id, o.trade_id, o.trade_status, o.is_terminal, o.status_rank, o.visited_statuses
+        select o.id, o.trade_id, o.trade_status, o.is_terminal, o.status_rank, o.visited_statuses, o.version,
+          o.external_reference
         from orders o
         where ${TARGET_CONDITIONS[kind]}
           ${
@@ -242,10 +264,12 @@ function observationStatement(
     )`
     : sql``
   const effective = withDelivery
-    ? sql`select d.*, i.status, i.rank, i.terminal, i.source, i.trade_id, i.trade_reference, i.history_delivery_id, i.observed_at
+    ? sql`select d.*, i.status, i.rank, i.terminal, i.source, i.trade_id, i.trade_reference, i.history_delivery_id, i.observed_at,
+          i.handlers
         from decision d join input i on i.n = d.n
         join delivery x on x.delivery_id = i.delivery_id and x.body_sha256 = i.body_sha256`
-    : sql`select d.*, i.status, i.rank, i.terminal, i.source, i.trade_id, i.trade_reference, i.history_delivery_id, i.observed_at
+    : sql`select d.*, i.status, i.rank, i.terminal, i.source, i.trade_id, i.trade_reference, i.history_delivery_id, i.observed_at,
+          i.handlers
         from decision d join input i on i.n = d.n`
 
   return sql<StatementRow>`${sql.raw(PREPARED)}
@@ -253,7 +277,7 @@ function observationStatement(
       select * from json_to_recordset(${input}::json) as i(
         n int, target text, lease text, trade_id text, trade_reference text, external_reference text, status text,
         rank int, terminal boolean, source text, history_delivery_id text, observed_at timestamptz,
-        delivery_id text, event_type text, raw_body text, body_sha256 text)
+        delivery_id text, event_type text, raw_body text, body_sha256 text, handlers text)
     ),
     ${decision}${deliveryInsert},
     effective as (${effective}),
@@ -295,11 +319,32 @@ function observationStatement(
       where o.id = e.id and (e.outcome in ('applied', 'duplicate_effect', 'unknown_status') or ${releasesLease}::boolean)
     ),
     history as (
-      insert into order_status_history (order_id, from_status, to_status, source, delivery_id, recorded_at)
-      select e.id, e.from_status, e.status, e.source, e.history_delivery_id, e.observed_at
+      -- the sequence is the order's version after the move (the update above adds exactly 1); one
+      -- statement never names an order twice, so the locked row's version + 1 is that version
+      insert into order_status_history
+        (order_id, from_status, to_status, source, delivery_id, recorded_at, sequence, trade_id, external_reference)
+      select e.id, e.from_status, e.status, e.source, e.history_delivery_id, e.observed_at, e.version + 1,
+        e.event_trade_id, e.order_reference
       from effective e
       where e.outcome = 'applied'
-    )
+      ${withReactions ? sql`returning event_id, order_id, sequence` : sql``}
+    )${
+      withReactions
+        ? sql`,
+    jobs as (
+      insert into reaction_jobs (event_id, order_id, sequence, handler, run_at)
+      select h.event_id, h.order_id, h.sequence, handler.name, e.observed_at
+      from history h
+      join effective e on e.id = h.order_id
+      cross join lateral unnest(string_to_array(e.handlers, ',')) as handler(name)
+      returning 1
+    ),
+    -- delivered on commit, once per transaction however many rows; a select CTE runs only when used
+    notified as (
+      select pg_notify('reaction_jobs', '') from (select 1 from jobs limit 1) j
+    )`
+        : sql``
+    }
     select i.n,
       ${
         withDelivery
@@ -313,6 +358,7 @@ function observationStatement(
           : sql`false`
       } as reused,
       d.outcome, d.id as order_id, d.from_status
+      ${withReactions ? sql`, (select count(*) from notified) as notified` : sql``}
     from input i left join decision d on d.n = i.n
     order by i.n`
 }

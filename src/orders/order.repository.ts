@@ -4,14 +4,22 @@
 // statement) and keeps the exported functions: nothing else in the service reads the orders table.
 import type { Kysely, Selectable, Transaction } from 'kysely'
 import type { Database, OrdersTable } from '../db/database.js'
-import { applyObservation, type ObservationResult, type ObservationSettings } from './apply-observation.js'
+import {
+  applyObservation,
+  NO_REACTION_HANDLERS,
+  type ObservationResult,
+  type ObservationSettings,
+} from './apply-observation.js'
 import { parseJsonText } from '../webhooks/parse-delivery.js'
 import type { ObservationSource, Order, StatusChange, TradeCreateState } from './order.js'
 
 type Executor = Kysely<Database> | Transaction<Database>
 
-/** STALE_AFTER_S's default; callers with a Config pass { staleAfterS: config.poll.staleAfterS }. */
-export const DEFAULT_OBSERVATION_SETTINGS: ObservationSettings = { staleAfterS: 21_600 }
+/**
+ * STALE_AFTER_S's default and no reaction handlers: for tests. The service's callers pass
+ * { staleAfterS: config.poll.staleAfterS, handlersFor: reactions.handlersFor }.
+ */
+export const DEFAULT_OBSERVATION_SETTINGS: ObservationSettings = { staleAfterS: 21_600, handlersFor: NO_REACTION_HANDLERS }
 
 export class OrderExistsError extends Error {
   readonly code = 'order_exists'

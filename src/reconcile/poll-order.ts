@@ -77,6 +77,8 @@ export interface PollOrderDeps {
   clock: Clock
   logger: Logger
   staleAfterS: number
+  /** The reaction handlers to enqueue for an applied status (the registry's handlersFor). */
+  handlersFor: (type: string) => readonly string[]
   backoff: BackoffSettings
   random: () => number
 }
@@ -127,7 +129,7 @@ export async function pollOrder(
         source: 'poll',
         observedAt: new Date(clock.now()),
       },
-      { staleAfterS: deps.staleAfterS },
+      { staleAfterS: deps.staleAfterS, handlersFor: deps.handlersFor },
     )
     const result = POLL_RESULT_OF[applied.outcome]
     if (applied.outcome === 'trade_mismatch') {

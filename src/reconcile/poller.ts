@@ -33,18 +33,25 @@ export interface PollerSettings {
   batchSize: number
   /** STALE_AFTER_S: passed to applyObservation, which reschedules a polled order this much later. */
   staleAfterS: number
+  /** The reaction handlers to enqueue for a status a poll applies (the registry's handlersFor). */
+  handlersFor: (type: string) => readonly string[]
   leaseS: number
   /** Error backoff per order; DEFAULT_BACKOFF (30 s doubling to 1 h) when absent. */
   backoff?: BackoffSettings
 }
 
 /** The poller's settings from the POLL_* and STALE_AFTER_S variables. */
-export function pollerSettings(poll: Config['poll'], leaseS = DEFAULT_LEASE_S): PollerSettings {
+export function pollerSettings(
+  poll: Config['poll'],
+  handlersFor: PollerSettings['handlersFor'],
+  leaseS = DEFAULT_LEASE_S,
+): PollerSettings {
   return {
     intervalS: poll.intervalS,
     concurrency: poll.concurrency,
     batchSize: poll.batchSize,
     staleAfterS: poll.staleAfterS,
+    handlersFor,
     leaseS,
   }
 }

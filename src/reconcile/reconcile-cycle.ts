@@ -28,6 +28,8 @@ export interface CycleSettings {
   batchSize: number
   concurrency: number
   staleAfterS: number
+  /** The reaction handlers to enqueue for an applied status (the registry's handlersFor). */
+  handlersFor: (type: string) => readonly string[]
   /** How long a claim is this replica's alone; a cycle should finish well inside it. */
   leaseS: number
   backoff?: BackoffSettings
@@ -107,6 +109,7 @@ export async function runReconcileCycle(
     clock,
     logger,
     staleAfterS: settings.staleAfterS,
+    handlersFor: settings.handlersFor,
     backoff: settings.backoff ?? DEFAULT_BACKOFF,
     random: deps.random ?? Math.random,
   }

@@ -32,7 +32,7 @@ export async function openTradeForOrder(
   const { db, client, clock, logger, settings } = deps
   let order = await findOrderByExternalReference(db, externalReference)
   if (!order) {
-    await createOrder(db, { externalReference, now: () => new Date(clock.now()) }, { staleAfterS: settings.staleAfterS })
+    await createOrder(db, { externalReference, now: () => new Date(clock.now()) }, settings)
     order = await findOrderByExternalReference(db, externalReference)
     if (!order) throw new Error(`Order ${externalReference} vanished right after it was created`)
   }
@@ -91,7 +91,7 @@ export async function openTradeForOrder(
       source: 'api',
       observedAt: new Date(now),
     },
-    { staleAfterS: settings.staleAfterS },
+    settings,
   )
   await markTradeCreated(db, order.id, new Date(now + settings.expectedWebhookS * 1000))
   logger.info(

@@ -77,7 +77,7 @@ export async function runTradeOperation<O extends TradeOperation>(
         source: 'api',
         observedAt: new Date(clock.now()),
       },
-      { staleAfterS: settings.staleAfterS },
+      settings,
     )
   }
   await schedulePoll()

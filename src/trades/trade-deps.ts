@@ -2,6 +2,7 @@ import type { Kysely } from 'kysely'
 import type { Clock } from '../clock.js'
 import type { Database } from '../db/database.js'
 import type { Logger } from '../logger.js'
+import type { ObservationSettings } from '../orders/apply-observation.js'
 import type { PartnerApiClient } from '../partner-api/partner-api.client.js'
 
 /** The platform calls the trades service makes: the client, or a fake of it in a test. */
@@ -26,5 +27,5 @@ export interface TradeDeps {
   clock: Clock
   logger: Logger
   /** From config.poll: when to poll after an API call, and the staleness rule of applyObservation. */
-  settings: { expectedWebhookS: number; staleAfterS: number }
+  settings: { expectedWebhookS: number } & ObservationSettings
 }

@@ -12,12 +12,14 @@ import {
   type RunSummary,
 } from '../../src/reconcile/poller.js'
 import { testLogger } from './log-sink.js'
+import { NO_REACTION_HANDLERS } from '../../src/orders/apply-observation.js'
 
 export const TEST_POLLER_SETTINGS: PollerSettings = {
   intervalS: 30,
   concurrency: 4,
   batchSize: 100,
   staleAfterS: 21_600,
+  handlersFor: NO_REACTION_HANDLERS,
   leaseS: 300,
   backoff: { baseS: 30, capS: 3_600 },
 }

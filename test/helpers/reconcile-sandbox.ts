@@ -18,6 +18,7 @@ import { callTradeApi, runTradeOperation, type TradeOperation } from '../../src/
 import type { TradeDeps } from '../../src/trades/trade-deps.js'
 import { testLogger } from './log-sink.js'
 import { TEST_API_KEY_ID, TEST_API_SECRET, TEST_WEBHOOK_SECRET, testConfig } from './test-config.js'
+import { NO_REACTION_HANDLERS } from '../../src/orders/apply-observation.js'
 
 export interface PlatformLoop {
   config: Config
@@ -62,7 +63,7 @@ export async function startPlatformLoop(
     sandboxUrl,
     receiver,
     client,
-    trades: { db, client, clock: systemClock, logger, settings: config.poll },
+    trades: { db, client, clock: systemClock, logger, settings: { ...config.poll, handlersFor: NO_REACTION_HANDLERS } },
     close: async () => {
       await receiver.stop(1_000)
       await sandbox.close()

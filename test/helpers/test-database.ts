@@ -60,6 +60,7 @@ export function useTestDatabase(options: TestDatabaseOptions = {}): TestDatabase
       return database().url
     },
     poolStats: () => database().poolStats(),
+    listen: (channel, onNotify) => database().listen(channel, onNotify),
     openAnother: () => database().openAnother(),
     close: () => database().close(),
   }

@@ -1,0 +1,302 @@
+// The dispatcher: runs the reaction jobs (reaction-job.repository.ts) on every replica of `serve`.
+//
+// A loop claims as many due jobs as it has free slots (REACTION_CONCURRENCY), runs each handler with an
+// AbortSignal, and writes the outcome back under the claim's lease token: done; or, after a throw,
+// pending again after an exponential backoff with jitter (reconcile/backoff-delay.ts); or, once the
+// job has used REACTION_MAX_ATTEMPTS, failed (the dead letter), which holds back that order's later
+// events for that handler until an operator retries or skips it.
+//
+// When it looks: at once when a commit enqueued jobs (the observation statement's NOTIFY, passed in as
+// `listen`), when one of its own handlers finished (a slot is free, and that order's next event may now
+// be claimable), at the earliest future run_at (a backoff ending, a lease running out), and at least
+// every `safetyIntervalMs` (a notification lost with a connection, another replica's completion).
+//
+// A handler is aborted shortly before its lease ends: past it, another replica may claim the job again.
+// Stop: no more claims; running handlers get up to `shutdownTimeoutMs` to finish, then are aborted and
+// their leases given back (pending, due now, the interrupted attempt not counted).
+import { randomUUID } from 'node:crypto'
+import type { Kysely } from 'kysely'
+import type { Clock } from '../clock.js'
+import type { Database } from '../db/database.js'
+import type { Logger } from '../logger.js'
+import { type BackoffSettings, backoffDelayS } from '../reconcile/backoff-delay.js'
+import {
+  type ClaimedJob,
+  claimReactionJobs,
+  completeJob,
+  failJob,
+  nextRunAt,
+  releaseJobs,
+  retryJobLater,
+} from './reaction-job.repository.js'
+import type { ReactionHandler } from './reaction-event.js'
+
+export const REACTION_CHANNEL = 'reaction_jobs'
+
+export interface DispatcherSettings {
+  /** REACTION_CONCURRENCY: handlers running at once in this process. */
+  concurrency: number
+  /** REACTION_MAX_ATTEMPTS: calls of one (event, handler) before it is failed. */
+  maxAttempts: number
+  /** How long a claim belongs to this process; the handler is aborted a little before it ends. */
+  leaseMs: number
+  backoff: BackoffSettings
+  /** The longest the loop sleeps without looking. */
+  safetyIntervalMs: number
+  /** How long stop() lets running handlers finish before aborting them. */
+  shutdownTimeoutMs: number
+}
+
+export const DEFAULT_DISPATCHER_SETTINGS: Omit<DispatcherSettings, 'concurrency' | 'maxAttempts'> = {
+  leaseMs: 5 * 60_000,
+  backoff: { baseS: 5, capS: 3_600 },
+  safetyIntervalMs: 30_000,
+  shutdownTimeoutMs: 10_000,
+}
+
+export type AttemptResult = 'done' | 'retry' | 'failed' | 'released' | 'lease_lost'
+
+export interface DispatcherDeps {
+  db: Kysely<Database>
+  /** The registry's lookup by name (a job whose handler is no longer registered fails like a throw). */
+  handler: (name: string) => ReactionHandler | undefined
+  clock: Clock
+  logger: Logger
+  settings: DispatcherSettings
+  /** Subscribes to the jobs channel (DatabaseHandle.listen); absent: timers only. */
+  listen?: (channel: string, onNotify: () => void) => Promise<() => Promise<void>>
+  /** Jitter source in [0, 1). */
+  random?: () => number
+  /** Metrics hooks. */
+  onAttempt?: (handler: string, result: AttemptResult) => void
+  /** A first attempt started: seconds since the transition committed. */
+  onFirstStart?: (handler: string, latencyS: number) => void
+}
+
+export interface Dispatcher {
+  start(): Promise<void>
+  stop(): Promise<void>
+  /** Look for due jobs now (what a NOTIFY does). */
+  wake(): void
+  /** Handlers running right now. */
+  readonly running: number
+}
+
+const MAX_ERROR_LENGTH = 2_000
+
+export function createDispatcher(deps: DispatcherDeps): Dispatcher {
+  const { db, clock, logger, settings } = deps
+  const random = deps.random ?? Math.random
+  const running = new Map<string, { job: ClaimedJob; abort: AbortController; done: Promise<void> }>()
+  let stopping: AbortController | undefined
+  let loop: Promise<void> | undefined
+  let unlisten: (() => Promise<void>) | undefined
+  // a wake that arrives while the loop is busy is kept, so the loop looks again before it sleeps
+  let woken = false
+  let interruptSleep: (() => void) | undefined
+
+  const wake = () => {
+    woken = true
+    interruptSleep?.()
+  }
+
+  const report = (handler: string, result: AttemptResult) => {
+    try {
+      deps.onAttempt?.(handler, result)
+    } catch (error) {
+      logger.warn({ err: error }, 'onAttempt hook threw')
+    }
+  }
+
+  const runJob = async (job: ClaimedJob, abort: AbortController, stopSignal: AbortSignal) => {
+    const { event } = job
+    const log = logger.child({ jobId: job.id, handler: job.handler, eventId: event.eventId, attempt: job.attempt })
+    const lease = { id: job.id, leaseToken: job.leaseToken }
+    // abort a little before the lease ends: past it another replica may claim the job again
+    const margin = Math.min(5_000, settings.leaseMs / 10)
+    const leaseTimer = new AbortController()
+    clock.sleep(Math.max(0, job.leaseExpiresAt.getTime() - margin - clock.now()), leaseTimer.signal).then(
+      () => abort.abort(new Error('the job lease is about to end')),
+      () => {},
+    )
+    try {
+      const handler = deps.handler(job.handler)
+      if (job.attempt === 1) {
+        try {
+          deps.onFirstStart?.(job.handler, Math.max(0, (clock.now() - job.createdAt.getTime()) / 1000))
+        } catch (error) {
+          log.warn({ err: error }, 'onFirstStart hook threw')
+        }
+      }
+      let failure: unknown
+      if (!handler) {
+        failure = new Error(`no reaction handler named ${job.handler} is registered`)
+      } else if (job.attempt > settings.maxAttempts) {
+        // the last allowed attempt's process died or overran its lease: do not call it again
+        failure = new Error(`attempt ${job.attempt - 1} of ${settings.maxAttempts} did not finish within its lease`)
+      } else {
+        try {
+          await handler(event, { signal: abort.signal, attempt: job.attempt, logger: log })
+        } catch (error) {
+          failure = error ?? new Error('the handler threw without a reason')
+        }
+      }
+      const now = new Date(clock.now())
+      if (failure === undefined) {
+        const written = await completeJob(db, { ...lease, now })
+        report(job.handler, written ? 'done' : 'lease_lost')
+        if (!written) log.warn('reaction handled, but its lease had been taken over: the job ran again elsewhere')
+        return
+      }
+      if (stopSignal.aborted && abort.signal.aborted) {
+        // stopped by shutdown, not failed: stop() gives the lease back
+        return
+      }
+      const message = describeFailure(failure)
+      const attemptsLeft = job.attempt < settings.maxAttempts && handler !== undefined
+      if (attemptsLeft) {
+        const delayS = backoffDelayS(job.attempt, settings.backoff, random)
+        const runAt = new Date(now.getTime() + delayS * 1000)
+        const written = await retryJobLater(db, { ...lease, now, runAt, error: message })
+        report(job.handler, written ? 'retry' : 'lease_lost')
+        log.warn({ error: message, retryInS: Math.round(delayS) }, 'reaction handler failed; retrying later')
+      } else {
+        const written = await failJob(db, { ...lease, now, error: message })
+        report(job.handler, written ? 'failed' : 'lease_lost')
+        log.error(
+          { error: message, attempts: job.attempt },
+          'reaction handler failed for the last time: the job is failed until retried or skipped',
+        )
+      }
+    } catch (error) {
+      // the write-back failed (database down): the lease runs out and the job is claimed again
+      log.warn({ err: error }, 'could not record a reaction job outcome; it runs again after its lease')
+    } finally {
+      leaseTimer.abort()
+    }
+  }
+
+  const startJob = (job: ClaimedJob, stopSignal: AbortSignal) => {
+    const abort = new AbortController()
+    const entry = { job, abort, done: Promise.resolve() }
+    entry.done = runJob(job, abort, stopSignal).finally(() => {
+      running.delete(job.id)
+      wake()
+    })
+    running.set(job.id, entry)
+  }
+
+  const sleep = async (ms: number, signal: AbortSignal) => {
+    if (woken || ms <= 0) return
+    const interrupt = new AbortController()
+    interruptSleep = () => interrupt.abort()
+    try {
+      await clock.sleep(ms, AbortSignal.any([signal, interrupt.signal]))
+    } catch {
+      // woken or stopping: the loop decides
+    } finally {
+      interruptSleep = undefined
+    }
+  }
+
+  const runLoop = async (signal: AbortSignal) => {
+    let failures = 0
+    while (!signal.aborted) {
+      woken = false
+      let delayMs = settings.safetyIntervalMs
+      try {
+        const free = settings.concurrency - running.size
+        if (free > 0) {
+          const now = new Date(clock.now())
+          const jobs = await claimReactionJobs(db, {
+            now,
+            limit: free,
+            leaseMs: settings.leaseMs,
+            leaseToken: randomUUID(),
+          })
+          if (signal.aborted) {
+            // claimed as stop began: not started, given back at once
+            await releaseJobs(db, { ids: jobs.map((job) => job.id), leaseToken: jobs[0]?.leaseToken ?? '', now })
+            break
+          }
+          for (const job of jobs) startJob(job, signal)
+          // every slot taken: more may be due; the next finish wakes the loop
+          if (jobs.length === free) continue
+          const next = await nextRunAt(db, now)
+          if (next) delayMs = Math.min(delayMs, Math.max(1, next.getTime() - clock.now()))
+        }
+        failures = 0
+      } catch (error) {
+        failures += 1
+        delayMs = Math.min(settings.safetyIntervalMs, 500 * 2 ** Math.min(failures, 6))
+        logger.warn({ err: error, retryInMs: delayMs }, 'reaction dispatcher could not claim jobs; trying again')
+      }
+      await sleep(delayMs, signal)
+    }
+  }
+
+  return {
+    get running() {
+      return running.size
+    },
+    wake,
+    async start() {
+      if (loop) return
+      stopping = new AbortController()
+      if (deps.listen) {
+        try {
+          unlisten = await deps.listen(REACTION_CHANNEL, wake)
+        } catch (error) {
+          logger.warn({ err: error }, 'cannot listen for reaction notifications; looking on timers only')
+        }
+      }
+      logger.info(
+        { concurrency: settings.concurrency, maxAttempts: settings.maxAttempts, leaseMs: settings.leaseMs },
+        'reaction dispatcher started',
+      )
+      loop = runLoop(stopping.signal)
+    },
+    async stop() {
+      if (!loop || !stopping) return
+      stopping.abort(new Error('reaction dispatcher stopping'))
+      interruptSleep?.()
+      await loop
+      await unlisten?.().catch((error: unknown) => logger.warn({ err: error }, 'stopping the notification listener failed'))
+      unlisten = undefined
+      // handlers in flight get the shutdown timeout to finish; then they are aborted and their leases returned
+      const inFlight = [...running.values()]
+      if (inFlight.length > 0) {
+        const grace = new AbortController()
+        await Promise.race([
+          Promise.allSettled(inFlight.map((entry) => entry.done)),
+          clock.sleep(settings.shutdownTimeoutMs, grace.signal).catch(() => {}),
+        ])
+        grace.abort()
+        const unfinished = [...running.values()]
+        for (const entry of unfinished) entry.abort.abort(new Error('the service is shutting down'))
+        const byToken = new Map<string, string[]>()
+        for (const { job } of unfinished) byToken.set(job.leaseToken, [...(byToken.get(job.leaseToken) ?? []), job.id])
+        const now = new Date(clock.now())
+        for (const [leaseToken, ids] of byToken) {
+          await releaseJobs(db, { ids, leaseToken, now }).catch((error: unknown) =>
+            logger.warn({ err: error }, 'could not give back reaction leases; they run out on their own'),
+          )
+        }
+        // let aborted handlers unwind (they write nothing: a stopped job's lease is already given back)
+        await Promise.race([
+          Promise.allSettled(unfinished.map((entry) => entry.done)),
+          clock.sleep(1_000).catch(() => {}),
+        ])
+        if (unfinished.length > 0) logger.warn({ jobs: unfinished.length }, 'reaction handlers stopped before finishing; their jobs run again')
+      }
+      loop = undefined
+      stopping = undefined
+      logger.info('reaction dispatcher stopped')
+    },
+  }
+}
+
+function describeFailure(error: unknown): string {
+  const message = error instanceof Error ? `${error.name}: ${error.message}` : String(error)
+  return message.length > MAX_ERROR_LENGTH ? `${message.slice(0, MAX_ERROR_LENGTH)}…` : message
+}

@@ -1,0 +1,392 @@
+// Every query on reaction_jobs: one row per (event, handler), inserted by the observation statement
+// (src/orders/apply-observation.ts) in the same commit as the transition. Row types never leave this file.
+//
+// States: pending (waiting for run_at) → running (claimed: a lease token and its end) → done, or back to
+// pending with a later run_at after a throw, or failed after the last attempt (the dead letter). An
+// operator moves a failed job back to pending (retry) or to skipped.
+//
+// The claim is the poller's pattern (reconcile/claim-due-orders.ts): FOR UPDATE SKIP LOCKED and, in the
+// same statement, a lease. A claimed job's run_at is set to its lease end, so "pending and due" and
+// "running but its lease ran out" are one condition, run_at <= now, on one partial index. A job is only
+// claimable when no job of the same (order, handler) with a smaller sequence is unfinished (not done or
+// skipped): one order's events reach one handler strictly in order, and a failed job holds back the rest.
+// Every write-back of a claimed job checks its lease token: a dispatcher whose lease ran out (and whose
+// job was claimed again) cannot overwrite what the newer claim writes.
+import { type Kysely, sql } from 'kysely'
+import type { Database } from '../db/database.js'
+import type { ReactionEvent } from './reaction-event.js'
+
+export type ReactionJobState = 'pending' | 'running' | 'done' | 'failed' | 'skipped'
+export const REACTION_JOB_STATES: readonly ReactionJobState[] = ['pending', 'running', 'done', 'failed', 'skipped']
+
+export interface ClaimedJob {
+  id: string
+  handler: string
+  /** This claim's attempt: 1 on the first call, counting claims whose dispatcher died mid-handler. */
+  attempt: number
+  leaseToken: string
+  leaseExpiresAt: Date
+  /** When the transition committed (the job's insert), for the commit-to-handler latency. */
+  createdAt: Date
+  event: ReactionEvent
+}
+
+export interface ClaimOptions {
+  /** The clock's now: a parameter rather than SQL now(), so an injected clock decides what is due. */
+  now: Date
+  limit: number
+  leaseMs: number
+  leaseToken: string
+}
+
+/** Claims up to `limit` due jobs (oldest run_at first) and returns them with their events. */
+export async function claimReactionJobs(db: Kysely<Database>, options: ClaimOptions): Promise<ClaimedJob[]> {
+  const claimed = await claimReactionJobsQuery(db, options).execute()
+  if (claimed.length === 0) return []
+  const events = await db
+    .selectFrom('orderStatusHistory')
+    .select(['eventId', 'orderId', 'fromStatus', 'toStatus', 'source', 'sequence', 'tradeId', 'externalReference', 'recordedAt'])
+    .where('eventId', 'in', [...new Set(claimed.map((job) => job.eventId))])
+    .execute()
+  const byId = new Map(events.map((row) => [row.eventId, row]))
+  return claimed.map((job) => {
+    const row = byId.get(job.eventId)
+    // the job and its event are written by one statement; a missing event is a broken database
+    if (!row) throw new Error(`reaction job ${job.id} names event ${job.eventId}, which does not exist`)
+    return {
+      id: String(job.id),
+      handler: job.handler,
+      attempt: job.attempts,
+      leaseToken: options.leaseToken,
+      leaseExpiresAt: new Date(job.leaseExpiresAt!),
+      createdAt: new Date(job.createdAt),
+      event: toEvent(row),
+    }
+  })
+}
+
+/** The claim statement itself, unexecuted: what a plan check (EXPLAIN) compiles. */
+export function claimReactionJobsQuery(db: Kysely<Database>, { now, limit, leaseMs, leaseToken }: ClaimOptions) {
+  const leaseEnd = new Date(now.getTime() + leaseMs)
+  return (
+    db
+      // materialized: the locked set is computed once, before the update joins it
+      .with(
+        (cte) => cte('due').materialized(),
+        (qb) =>
+          qb
+            .selectFrom('reactionJobs as job')
+            .select('job.id')
+            .where('job.state', 'in', ['pending', 'running'])
+            .where('job.runAt', '<=', now)
+            .where(({ not, exists, selectFrom }) =>
+              not(
+                exists(
+                  selectFrom('reactionJobs as earlier')
+                    .select(sql.lit(1).as('one'))
+                    .whereRef('earlier.orderId', '=', 'job.orderId')
+                    .whereRef('earlier.handler', '=', 'job.handler')
+                    .whereRef('earlier.sequence', '<', 'job.sequence')
+                    .where('earlier.state', 'not in', ['done', 'skipped']),
+                ),
+              ),
+            )
+            .orderBy('job.runAt')
+            .orderBy('job.id')
+            .limit(limit)
+            .forUpdate()
+            .skipLocked(),
+      )
+      .updateTable('reactionJobs')
+      .from('due')
+      .set((eb) => ({
+        state: 'running',
+        leaseToken,
+        leaseExpiresAt: leaseEnd,
+        runAt: leaseEnd,
+        attempts: eb('reactionJobs.attempts', '+', 1),
+        updatedAt: now,
+      }))
+      .whereRef('reactionJobs.id', '=', 'due.id')
+      .returning([
+        'reactionJobs.id',
+        'reactionJobs.eventId',
+        'reactionJobs.handler',
+        'reactionJobs.attempts',
+        'reactionJobs.leaseExpiresAt',
+        'reactionJobs.createdAt',
+      ])
+  )
+}
+
+interface Lease {
+  id: string
+  leaseToken: string
+  now: Date
+}
+
+/** The handler succeeded. False when the lease was lost (the job was claimed again meanwhile). */
+export async function completeJob(db: Kysely<Database>, { id, leaseToken, now }: Lease): Promise<boolean> {
+  const result = await leased(db, id, leaseToken)
+    .set({ state: 'done', leaseToken: null, leaseExpiresAt: null, lastError: null, finishedAt: now, updatedAt: now })
+    .executeTakeFirst()
+  return result.numUpdatedRows > 0n
+}
+
+/** The handler threw and has attempts left: pending again at `runAt`. */
+export async function retryJobLater(
+  db: Kysely<Database>,
+  { id, leaseToken, now, runAt, error }: Lease & { runAt: Date; error: string },
+): Promise<boolean> {
+  const result = await leased(db, id, leaseToken)
+    .set({ state: 'pending', runAt, leaseToken: null, leaseExpiresAt: null, lastError: error, updatedAt: now })
+    .executeTakeFirst()
+  return result.numUpdatedRows > 0n
+}
+
+/** The handler threw on its last attempt: the dead letter, until an operator retries or skips it. */
+export async function failJob(
+  db: Kysely<Database>,
+  { id, leaseToken, now, error }: Lease & { error: string },
+): Promise<boolean> {
+  const result = await leased(db, id, leaseToken)
+    .set({ state: 'failed', leaseToken: null, leaseExpiresAt: null, lastError: error, finishedAt: now, updatedAt: now })
+    .executeTakeFirst()
+  return result.numUpdatedRows > 0n
+}
+
+/**
+ * Gives back leases whose handler did not finish (shutdown): pending and due now, the interrupted claim's
+ * attempt taken back (the handler was stopped, it did not fail).
+ */
+export async function releaseJobs(db: Kysely<Database>, { ids, leaseToken, now }: { ids: readonly string[]; leaseToken: string; now: Date }): Promise<number> {
+  if (ids.length === 0) return 0
+  const result = await db
+    .updateTable('reactionJobs')
+    .set((eb) => ({
+      state: 'pending',
+      runAt: now,
+      leaseToken: null,
+      leaseExpiresAt: null,
+      attempts: eb('attempts', '-', 1),
+      updatedAt: now,
+    }))
+    .where('id', 'in', [...ids])
+    .where('leaseToken', '=', leaseToken)
+    .where('state', '=', 'running')
+    .executeTakeFirst()
+  return Number(result.numUpdatedRows)
+}
+
+function leased(db: Kysely<Database>, id: string, leaseToken: string) {
+  return db.updateTable('reactionJobs').where('id', '=', id).where('leaseToken', '=', leaseToken).where('state', '=', 'running')
+}
+
+/**
+ * When the dispatcher must look again: the earliest run_at after `now` among pending and running jobs (a
+ * backoff ending, a lease running out). Jobs due already but held back by an earlier unfinished job of
+ * their order are not counted: what frees them (that job finishing) wakes the dispatcher itself.
+ */
+export async function nextRunAt(db: Kysely<Database>, now: Date): Promise<Date | null> {
+  const row = await db
+    .selectFrom('reactionJobs')
+    .select((eb) => eb.fn.min('runAt').as('next'))
+    .where('state', 'in', ['pending', 'running'])
+    .where('runAt', '>', now)
+    .executeTakeFirstOrThrow()
+  return row.next === null ? null : new Date(row.next)
+}
+
+// --- the operator's view (the `reactions` CLI) ---
+
+export interface ReactionJob {
+  id: string
+  eventId: string
+  orderId: number
+  externalReference: string | null
+  type: string
+  sequence: number
+  handler: string
+  state: ReactionJobState
+  attempts: number
+  runAt: Date
+  leaseExpiresAt: Date | null
+  lastError: string | null
+  createdAt: Date
+  updatedAt: Date
+  finishedAt: Date | null
+}
+
+function jobsWithEvents(db: Kysely<Database>) {
+  return db
+    .selectFrom('reactionJobs as job')
+    .innerJoin('orderStatusHistory as event', 'event.eventId', 'job.eventId')
+    .select([
+      'job.id',
+      'job.eventId',
+      'job.orderId',
+      'event.externalReference',
+      'event.toStatus',
+      'job.sequence',
+      'job.handler',
+      'job.state',
+      'job.attempts',
+      'job.runAt',
+      'job.leaseExpiresAt',
+      'job.lastError',
+      'job.createdAt',
+      'job.updatedAt',
+      'job.finishedAt',
+    ])
+}
+
+type JobRow = Awaited<ReturnType<ReturnType<typeof jobsWithEvents>['executeTakeFirstOrThrow']>>
+
+function toJob(row: JobRow): ReactionJob {
+  return {
+    id: String(row.id),
+    eventId: row.eventId,
+    orderId: row.orderId,
+    externalReference: row.externalReference,
+    type: `trade.${row.toStatus}`,
+    sequence: row.sequence,
+    handler: row.handler,
+    state: row.state as ReactionJobState,
+    attempts: row.attempts,
+    runAt: new Date(row.runAt),
+    leaseExpiresAt: row.leaseExpiresAt === null ? null : new Date(row.leaseExpiresAt),
+    lastError: row.lastError,
+    createdAt: new Date(row.createdAt),
+    updatedAt: new Date(row.updatedAt),
+    finishedAt: row.finishedAt === null ? null : new Date(row.finishedAt),
+  }
+}
+
+export async function listJobs(
+  db: Kysely<Database>,
+  { state, handler, limit = 100 }: { state?: ReactionJobState; handler?: string; limit?: number } = {},
+): Promise<ReactionJob[]> {
+  let query = jobsWithEvents(db)
+  if (state) query = query.where('job.state', '=', state)
+  if (handler) query = query.where('job.handler', '=', handler)
+  // newest first: what an operator looks at is what just happened
+  const rows = await query.orderBy('job.id', 'desc').limit(limit).execute()
+  return rows.map(toJob)
+}
+
+export async function findJob(db: Kysely<Database>, id: string): Promise<(ReactionJob & { event: ReactionEvent }) | undefined> {
+  const job = await jobsWithEvents(db).where('job.id', '=', id).executeTakeFirst()
+  if (!job) return undefined
+  const event = await db
+    .selectFrom('orderStatusHistory')
+    .select(['eventId', 'orderId', 'fromStatus', 'toStatus', 'source', 'sequence', 'tradeId', 'externalReference', 'recordedAt'])
+    .where('eventId', '=', job.eventId)
+    .executeTakeFirstOrThrow()
+  return { ...toJob(job), event: toEvent(event) }
+}
+
+export type OperatorResult = 'retried' | 'skipped' | 'not_found' | 'not_allowed'
+
+/**
+ * An operator's retry: a failed (or backing-off pending) job runs again now, with its attempts counted
+ * from zero. A running, done or skipped job is not touched.
+ */
+export async function retryJob(db: Kysely<Database>, id: string, now: Date): Promise<{ result: OperatorResult; state?: ReactionJobState }> {
+  const updated = await db
+    .updateTable('reactionJobs')
+    .set({ state: 'pending', runAt: now, attempts: 0, finishedAt: null, updatedAt: now })
+    .where('id', '=', id)
+    .where('state', 'in', ['failed', 'pending'])
+    .returning('id')
+    .executeTakeFirst()
+  if (updated) return { result: 'retried' }
+  return refusal(db, id)
+}
+
+/** Every failed job back to pending now; returns their ids. */
+export async function retryFailedJobs(db: Kysely<Database>, now: Date): Promise<string[]> {
+  const rows = await db
+    .updateTable('reactionJobs')
+    .set({ state: 'pending', runAt: now, attempts: 0, finishedAt: null, updatedAt: now })
+    .where('state', '=', 'failed')
+    .returning('id')
+    .execute()
+  return rows.map((row) => String(row.id)).sort((a, b) => Number(a) - Number(b))
+}
+
+/** An operator gives up on a failed or pending job: skipped, so the order's later events proceed. */
+export async function skipJob(db: Kysely<Database>, id: string, now: Date): Promise<{ result: OperatorResult; state?: ReactionJobState }> {
+  const updated = await db
+    .updateTable('reactionJobs')
+    .set({ state: 'skipped', leaseToken: null, leaseExpiresAt: null, finishedAt: now, updatedAt: now })
+    .where('id', '=', id)
+    .where('state', 'in', ['failed', 'pending'])
+    .returning('id')
+    .executeTakeFirst()
+  if (updated) return { result: 'skipped' }
+  return refusal(db, id)
+}
+
+async function refusal(db: Kysely<Database>, id: string): Promise<{ result: OperatorResult; state?: ReactionJobState }> {
+  const row = await db.selectFrom('reactionJobs').select('state').where('id', '=', id).executeTakeFirst()
+  return row ? { result: 'not_allowed', state: row.state as ReactionJobState } : { result: 'not_found' }
+}
+
+export interface ReactionJobStats {
+  pending: number
+  running: number
+  failed: number
+  /** Seconds since the oldest job still to run (pending or running) was enqueued; 0 when none. */
+  oldestPendingAgeS: number
+}
+
+/**
+ * The metrics' gauges. Counts only the states the partial indexes hold (pending, running, failed): done
+ * and skipped jobs grow without bound, and their rate is the attempts counter's.
+ */
+export async function reactionJobStats(db: Kysely<Database>, now: Date): Promise<ReactionJobStats> {
+  const rows = await db
+    .selectFrom('reactionJobs')
+    .select((eb) => ['state', eb.fn.countAll<string>().as('count'), eb.fn.min('createdAt').as('oldest')])
+    .where('state', 'in', ['pending', 'running', 'failed'])
+    .groupBy('state')
+    .execute()
+  const stats: ReactionJobStats = { pending: 0, running: 0, failed: 0, oldestPendingAgeS: 0 }
+  let oldest: number | undefined
+  for (const row of rows) {
+    stats[row.state as 'pending' | 'running' | 'failed'] = Number(row.count)
+    if (row.state !== 'failed' && row.oldest !== null) {
+      const at = new Date(row.oldest).getTime()
+      oldest = oldest === undefined ? at : Math.min(oldest, at)
+    }
+  }
+  if (oldest !== undefined) stats.oldestPendingAgeS = Math.max(0, (now.getTime() - oldest) / 1000)
+  return stats
+}
+
+interface EventRow {
+  eventId: string
+  orderId: number
+  fromStatus: string | null
+  toStatus: string
+  source: string
+  sequence: number | null
+  tradeId: string | null
+  externalReference: string | null
+  recordedAt: Date | string
+}
+
+function toEvent(row: EventRow): ReactionEvent {
+  return {
+    eventId: row.eventId,
+    type: `trade.${row.toStatus}`,
+    orderId: row.orderId,
+    externalReference: row.externalReference ?? '',
+    tradeId: row.tradeId ?? '',
+    from: row.fromStatus,
+    to: row.toStatus,
+    source: row.source,
+    sequence: row.sequence ?? 0,
+    occurredAt: new Date(row.recordedAt),
+  }
+}

@@ -1,0 +1,63 @@
+// The reaction handlers of one service instance (Octokit-style: an instance, never a module-level list).
+// `on('trade.funded', 'ship-goods', handler)` runs a handler for one status; `on('trade.*', 'ledger', h)`
+// for every transition. Each (event, handler name) is one job: the name is stored with the job, so it is
+// what must stay stable across deploys (renaming a handler orphans its unfinished jobs). Pure: imports
+// nothing of ours but types.
+import type { ReactionHandler } from './reaction-event.js'
+
+/** What the observation statement needs: the names to enqueue a job for. */
+export interface ReactionRouting {
+  /** The names (sorted) of the handlers whose pattern matches `type` ('trade.<status>'). */
+  handlersFor(type: string): readonly string[]
+}
+
+export interface ReactionRegistry extends ReactionRouting {
+  /** Registers `handler` under a unique `name` ([a-z0-9_.-]+) for 'trade.<status>' or 'trade.*'. */
+  on(pattern: string, name: string, handler: ReactionHandler): ReactionRegistry
+  /** The handler registered under `name`; undefined when none is (a job left by a removed handler). */
+  handler(name: string): ReactionHandler | undefined
+  /** Every registered name, sorted. */
+  readonly names: readonly string[]
+}
+
+const NAME = /^[a-z0-9_.-]+$/
+const PATTERN = /^trade\.(\*|[a-z0-9_]+)$/
+
+export function createReactionRegistry(): ReactionRegistry {
+  const entries = new Map<string, { pattern: string; handler: ReactionHandler }>()
+  // handlersFor runs for every observation on the ingest path: cache its answer per type
+  const byType = new Map<string, readonly string[]>()
+  const registry: ReactionRegistry = {
+    on(pattern, name, handler) {
+      if (!PATTERN.test(pattern)) {
+        throw new Error(`reaction pattern ${JSON.stringify(pattern)} must be 'trade.<status>' or 'trade.*'`)
+      }
+      if (!NAME.test(name)) throw new Error(`reaction handler name ${JSON.stringify(name)} must match [a-z0-9_.-]+`)
+      if (entries.has(name)) throw new Error(`a reaction handler named ${name} is already registered`)
+      if (typeof handler !== 'function') throw new Error(`reaction handler ${name} is not a function`)
+      entries.set(name, { pattern, handler })
+      byType.clear()
+      return registry
+    },
+    handlersFor(type) {
+      let names = byType.get(type)
+      if (!names) {
+        names = Object.freeze(
+          [...entries]
+            .filter(([, entry]) => entry.pattern === 'trade.*' ? type.startsWith('trade.') : entry.pattern === type)
+            .map(([name]) => name)
+            .sort(),
+        )
+        byType.set(type, names)
+      }
+      return names
+    },
+    handler(name) {
+      return entries.get(name)?.handler
+    },
+    get names() {
+      return [...entries.keys()].sort()
+    },
+  }
+  return registry
+}

@@ -1,0 +1,223 @@
+// The outbox: every transition writes its event (the history row) and its reaction jobs in the statement
+// that moves the order, whatever brought the transition; stale, duplicate and no-op observations write none.
+import { randomBytes } from 'node:crypto'
+import type { Express } from 'express'
+import { sql } from 'kysely'
+import { afterAll, beforeAll, describe, expect, it } from 'vitest'
+import { systemClock } from '../src/clock.js'
+import { createApp } from '../src/http/app.js'
+import { applyObservation } from '../src/orders/apply-observation.js'
+import { createOrder, findOrderByExternalReference } from '../src/orders/order.repository.js'
+import { FORWARDER_HANDLER } from '../src/reactions/configured-reactions.js'
+import { createReactionRegistry } from '../src/reactions/reaction-registry.js'
+import { runCommand } from './helpers/cli-in-process.js'
+import { testLogger } from './helpers/log-sink.js'
+import { testPoller } from './helpers/reconcile-poller.js'
+import { testConfig } from './helpers/test-config.js'
+import { createTestDatabase, type TestDatabase } from './helpers/test-database.js'
+import { sendWebhook, tradePayload } from './helpers/webhook-delivery.js'
+
+const config = testConfig()
+const noop = async () => {}
+const reactions = createReactionRegistry()
+  .on('trade.funded', 'ship-goods', noop)
+  .on('trade.*', 'ledger', noop)
+const settings = { staleAfterS: 3_600, handlersFor: reactions.handlersFor }
+
+describe('the reaction outbox', () => {
+  let database: TestDatabase
+  let app: Express
+  let counter = 0
+  const reference = () => `outbox-${++counter}`
+
+  const eventsOf = (orderId: number) =>
+    database.db
+      .selectFrom('orderStatusHistory')
+      .select(['eventId', 'sequence', 'fromStatus', 'toStatus', 'source', 'tradeId', 'externalReference'])
+      .where('orderId', '=', orderId)
+      .orderBy('id')
+      .execute()
+  const jobsOf = (orderId: number) =>
+    database.db
+      .selectFrom('reactionJobs')
+      .select(['eventId', 'sequence', 'handler', 'state', 'attempts'])
+      .where('orderId', '=', orderId)
+      .orderBy('sequence')
+      .orderBy('handler')
+      .execute()
+  const orderOf = async (ref: string) => (await findOrderByExternalReference(database.db, ref))!
+
+  beforeAll(async () => {
+    database = await createTestDatabase()
+    app = createApp({ config, db: database.db, logger: testLogger(config.webhook.secrets), clock: systemClock, reactions })
+  })
+  afterAll(async () => {
+    await database.close()
+  })
+
+  it('writes one event per webhook transition, numbered 1, 2, 3 per order, with a job per matching handler', async () => {
+    const ref = reference()
+    const { order } = await createOrder(database.db, { externalReference: ref }, settings)
+    for (const status of ['created', 'funded', 'delivered']) {
+      expect((await sendWebhook(app, { body: tradePayload(ref, status) })).status).toBe(200)
+    }
+    const events = await eventsOf(order.id)
+    expect(events).toMatchObject([
+      { sequence: 1, fromStatus: null, toStatus: 'created', source: 'webhook', tradeId: `trd_${ref}`, externalReference: ref },
+      { sequence: 2, fromStatus: 'created', toStatus: 'funded', tradeId: `trd_${ref}`, externalReference: ref },
+      { sequence: 3, fromStatus: 'funded', toStatus: 'delivered', tradeId: `trd_${ref}`, externalReference: ref },
+    ])
+    expect(new Set(events.map((event) => event.eventId)).size).toBe(3)
+    for (const event of events) expect(event.eventId).toMatch(/^[0-9a-f-]{36}$/)
+    const [created, funded, delivered] = events
+    expect(await jobsOf(order.id)).toEqual([
+      { eventId: created!.eventId, sequence: 1, handler: 'ledger', state: 'pending', attempts: 0 },
+      { eventId: funded!.eventId, sequence: 2, handler: 'ledger', state: 'pending', attempts: 0 },
+      { eventId: funded!.eventId, sequence: 2, handler: 'ship-goods', state: 'pending', attempts: 0 },
+      { eventId: delivered!.eventId, sequence: 3, handler: 'ledger', state: 'pending', attempts: 0 },
+    ])
+  })
+
+  it('writes no event and no job for a duplicate delivery, a repeated status or a stale one', async () => {
+    const ref = reference()
+    const { order } = await createOrder(database.db, { externalReference: ref }, settings)
+    const funded = tradePayload(ref, 'funded')
+    expect((await sendWebhook(app, { body: funded, deliveryId: `dlv-${ref}` })).status).toBe(200)
+    // the same delivery again, the same status under a new id, a lower rank, a status already left
+    expect((await sendWebhook(app, { body: funded, deliveryId: `dlv-${ref}` })).status).toBe(200)
+    expect((await sendWebhook(app, { body: funded })).status).toBe(200)
+    expect((await sendWebhook(app, { body: tradePayload(ref, 'created') })).status).toBe(200)
+    const poll = { target: { orderId: order.id }, tradeId: `trd_${ref}`, source: 'poll' as const, observedAt: new Date() }
+    expect((await applyObservation(database.db, { ...poll, status: 'funded' }, settings)).outcome).toBe('duplicate_effect')
+    expect(await eventsOf(order.id)).toHaveLength(1)
+    expect(await jobsOf(order.id)).toHaveLength(2)
+  })
+
+  it('enqueues nothing when no handler matches, and the event is written all the same', async () => {
+    const ref = reference()
+    const { order } = await createOrder(database.db, { externalReference: ref }, settings)
+    const onlyFunded = createReactionRegistry().on('trade.funded', 'ship-goods', noop)
+    const result = await applyObservation(
+      database.db,
+      { target: { orderId: order.id }, tradeId: `trd_${ref}`, status: 'created', source: 'api', observedAt: new Date() },
+      { staleAfterS: 3_600, handlersFor: onlyFunded.handlersFor },
+    )
+    expect(result.outcome).toBe('applied')
+    expect(await eventsOf(order.id)).toMatchObject([{ sequence: 1, toStatus: 'created', source: 'api' }])
+    expect(await jobsOf(order.id)).toEqual([])
+  })
+
+  it('a parked delivery applied when its order is created, and a poll, enqueue jobs like a webhook', async () => {
+    const ref = reference()
+    expect((await sendWebhook(app, { body: tradePayload(ref, 'funded') })).status).toBe(200)
+    const { order, appliedDeliveries } = await createOrder(database.db, { externalReference: ref }, settings)
+    expect(appliedDeliveries).toBe(1)
+    await database.db.updateTable('orders').set({ nextPollAt: new Date(Date.now() - 1_000) }).where('id', '=', order.id).execute()
+    const fetcher = {
+      getTrade: async () => ({ ...tradePayload(ref, 'delivered'), amount: '1.00', currency: 'EUR' }) as never,
+    }
+    const poller = testPoller({ db: database.db, fetcher, clock: systemClock, settings: { handlersFor: reactions.handlersFor } })
+    expect((await poller.runOnce()).changed).toBe(1)
+    expect((await jobsOf(order.id)).map((job) => [job.sequence, job.handler])).toEqual([
+      [1, 'ledger'],
+      [1, 'ship-goods'],
+      [2, 'ledger'],
+    ])
+    expect((await eventsOf(order.id)).map((event) => event.source)).toEqual(['webhook', 'poll'])
+  })
+
+  it('a CLI command that moves an order enqueues the jobs of the handlers the config names (the forwarder)', async () => {
+    const forwarding = testConfig({
+      FORWARD_URL: 'http://127.0.0.1:1/hooks',
+      FORWARD_SECRET: `whsec_${randomBytes(32).toString('base64')}`,
+    })
+    const ref = reference()
+    expect((await sendWebhook(app, { body: tradePayload(ref, 'funded') })).status).toBe(200)
+    const { code, stderr } = await runCommand(['orders', 'create', '--external-reference', ref], database.db, forwarding)
+    expect(stderr).toBe('')
+    expect(code).toBe(0)
+    expect((await jobsOf((await orderOf(ref)).id)).map((job) => job.handler)).toEqual([FORWARDER_HANDLER])
+  })
+
+  it('commits a transition, its event and its jobs together or not at all', async () => {
+    const ref = reference()
+    const { order } = await createOrder(database.db, { externalReference: ref }, settings)
+    // test-only: the jobs insert, the statement's last write, fails
+    await sql`create function refuse_reaction_job() returns trigger language plpgsql as
+      $$ begin raise exception 'refused by the test'; end $$`.execute(database.db)
+    await sql`create trigger refuse_reaction_job before insert on reaction_jobs
+      for each row execute function refuse_reaction_job()`.execute(database.db)
+    try {
+      await expect(
+        applyObservation(
+          database.db,
+          { target: { orderId: order.id }, tradeId: `trd_${ref}`, status: 'funded', source: 'api', observedAt: new Date() },
+          settings,
+        ),
+      ).rejects.toThrow(/refused by the test/)
+    } finally {
+      await sql`drop trigger refuse_reaction_job on reaction_jobs`.execute(database.db)
+      await sql`drop function refuse_reaction_job()`.execute(database.db)
+    }
+    expect(await orderOf(ref)).toMatchObject({ tradeStatus: null, tradeId: null })
+    expect(await eventsOf(order.id)).toEqual([])
+    expect(await jobsOf(order.id)).toEqual([])
+    // and the same observation, the trigger gone, commits all three
+    await applyObservation(
+      database.db,
+      { target: { orderId: order.id }, tradeId: `trd_${ref}`, status: 'funded', source: 'api', observedAt: new Date() },
+      settings,
+    )
+    expect(await orderOf(ref)).toMatchObject({ tradeStatus: 'funded' })
+    expect(await eventsOf(order.id)).toHaveLength(1)
+    expect(await jobsOf(order.id)).toHaveLength(2)
+  })
+
+  it('notifies listeners on commit when jobs were enqueued, and not when none were', async () => {
+    let notified = 0
+    const unlisten = await database.listen('reaction_jobs', () => notified++)
+    try {
+      const settle = async () => {
+        // a Postgres notification travels on another connection: give it a generous bound
+        for (let i = 0; i < 200 && notified === 0; i++) await new Promise((resolve) => setTimeout(resolve, 10))
+      }
+      await settle()
+      notified = 0 // the Postgres listener looks once when it connects
+      const ref = reference()
+      const { order } = await createOrder(database.db, { externalReference: ref }, settings)
+      const observe = (status: string, handlersFor = settings.handlersFor) =>
+        applyObservation(
+          database.db,
+          { target: { orderId: order.id }, tradeId: `trd_${ref}`, status, source: 'api', observedAt: new Date() },
+          { staleAfterS: 3_600, handlersFor },
+        )
+      await observe('created', () => [])
+      await new Promise((resolve) => setTimeout(resolve, 200))
+      // on Postgres another test file's commit in the same database may notify the channel meanwhile
+      if (database.kind === 'pglite') expect(notified).toBe(0)
+      notified = 0
+      await observe('funded')
+      await settle()
+      expect(notified).toBeGreaterThanOrEqual(1)
+    } finally {
+      await unlisten()
+    }
+  })
+})
+
+describe('the registry', () => {
+  it('answers the sorted names whose pattern matches, and refuses bad patterns, names and duplicates', () => {
+    const registry = createReactionRegistry()
+      .on('trade.*', 'ledger', noop)
+      .on('trade.funded', 'ship-goods', noop)
+      .on('trade.funded', 'analytics', noop)
+    expect(registry.handlersFor('trade.funded')).toEqual(['analytics', 'ledger', 'ship-goods'])
+    expect(registry.handlersFor('trade.released')).toEqual(['ledger'])
+    expect(registry.handlersFor('order.funded')).toEqual([])
+    expect(() => registry.on('trade.funded', 'ledger', noop)).toThrow(/already registered/)
+    expect(() => registry.on('funded', 'x', noop)).toThrow(/pattern/)
+    expect(() => registry.on('trade.fund*', 'x', noop)).toThrow(/pattern/)
+    expect(() => registry.on('trade.funded', 'Ship Goods', noop)).toThrow(/name/)
+    expect(() => registry.on('trade.funded', 'a,b', noop)).toThrow(/name/)
+  })
+})
