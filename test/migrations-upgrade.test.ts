@@ -49,3 +49,45 @@ describe('migration 0002 on a database with data', () => {
     }
   })
 })
+
+describe('migration 0003 on a database with data', () => {
+  it('gives every old history row an event id, its sequence within its order and the order identifiers', async () => {
+    const database = await createTestDatabase({ migrate: false })
+    try {
+      const { rows } = await sql<{ schema: string }>`select current_schema() as schema`.execute(database.db)
+      const migrator = new Migrator({
+        db: database.db,
+        provider: { getMigrations: async () => migrations },
+        migrationTableSchema: rows[0]!.schema,
+      })
+      expect((await migrator.migrateTo('0002_visited_statuses_and_body_hash')).error).toBeUndefined()
+      await sql`insert into orders (external_reference, trade_id, trade_status, status_rank, version)
+        values ('old-1', 'tr-1', 'delivered', 30, 3), ('old-2', 'tr-2', 'funded', 20, 1)`.execute(database.db)
+      // interleaved: the sequence counts within each order, in the order rows were written
+      await sql`insert into order_status_history (order_id, from_status, to_status, source)
+        select o.id, s.from_status, s.to_status, 'webhook'
+        from (values ('old-1', null, 'funded', 1), ('old-2', null, 'funded', 2), ('old-1', 'funded', 'on_hold', 3),
+                     ('old-1', 'on_hold', 'delivered', 4)) s(ref, from_status, to_status, position)
+        join orders o on o.external_reference = s.ref
+        order by s.position`.execute(database.db)
+
+      expect((await migrateToLatest(database.db)).applied).toContain('0003_reaction_outbox')
+
+      const history = await database.db
+        .selectFrom('orderStatusHistory')
+        .select(['eventId', 'sequence', 'toStatus', 'tradeId', 'externalReference'])
+        .orderBy('id')
+        .execute()
+      expect(history.map((row) => [row.externalReference, row.tradeId, row.sequence, row.toStatus])).toEqual([
+        ['old-1', 'tr-1', 1, 'funded'],
+        ['old-2', 'tr-2', 1, 'funded'],
+        ['old-1', 'tr-1', 2, 'on_hold'],
+        ['old-1', 'tr-1', 3, 'delivered'],
+      ])
+      expect(new Set(history.map((row) => row.eventId)).size).toBe(4)
+      expect(await database.db.selectFrom('reactionJobs').selectAll().execute()).toEqual([])
+    } finally {
+      await database.close()
+    }
+  })
+})

@@ -283,10 +283,12 @@ export function createDispatcher(deps: DispatcherDeps): Dispatcher {
           )
         }
         // let aborted handlers unwind (they write nothing: a stopped job's lease is already given back)
+        const unwind = new AbortController()
         await Promise.race([
           Promise.allSettled(unfinished.map((entry) => entry.done)),
-          clock.sleep(1_000).catch(() => {}),
+          clock.sleep(1_000, unwind.signal).catch(() => {}),
         ])
+        unwind.abort()
         if (unfinished.length > 0) logger.warn({ jobs: unfinished.length }, 'reaction handlers stopped before finishing; their jobs run again')
       }
       loop = undefined

@@ -299,7 +299,10 @@ export async function retryJob(db: Kysely<Database>, id: string, now: Date): Pro
     .where('state', 'in', ['failed', 'pending'])
     .returning('id')
     .executeTakeFirst()
-  if (updated) return { result: 'retried' }
+  if (updated) {
+    await notifyDispatchers(db)
+    return { result: 'retried' }
+  }
   return refusal(db, id)
 }
 
@@ -311,6 +314,7 @@ export async function retryFailedJobs(db: Kysely<Database>, now: Date): Promise<
     .where('state', '=', 'failed')
     .returning('id')
     .execute()
+  if (rows.length > 0) await notifyDispatchers(db)
   return rows.map((row) => String(row.id)).sort((a, b) => Number(a) - Number(b))
 }
 
@@ -323,8 +327,17 @@ export async function skipJob(db: Kysely<Database>, id: string, now: Date): Prom
     .where('state', 'in', ['failed', 'pending'])
     .returning('id')
     .executeTakeFirst()
-  if (updated) return { result: 'skipped' }
+  if (updated) {
+    // the order's next event for this handler may be claimable now
+    await notifyDispatchers(db)
+    return { result: 'skipped' }
+  }
   return refusal(db, id)
+}
+
+/** Wakes every replica's dispatcher (as the observation statement does when it enqueues jobs). */
+async function notifyDispatchers(db: Kysely<Database>): Promise<void> {
+  await sql`select pg_notify('reaction_jobs', '')`.execute(db)
 }
 
 async function refusal(db: Kysely<Database>, id: string): Promise<{ result: OperatorResult; state?: ReactionJobState }> {

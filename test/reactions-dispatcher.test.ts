@@ -1,0 +1,274 @@
+// The dispatcher: runs each (event, handler) job, wakes on the commit's notification, retries a throwing
+// handler with backoff until the dead letter, keeps one order's events in sequence per handler, takes a
+// job back whose lease ran out, and gives leases back when it stops. Time is a fake clock throughout:
+// only the clock moves backoffs and leases, so nothing here depends on the machine's speed.
+import { CompiledQuery, sql } from 'kysely'
+import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest'
+import { applyObservation } from '../src/orders/apply-observation.js'
+import { createOrder } from '../src/orders/order.repository.js'
+import { createDispatcher, type Dispatcher, type DispatcherSettings } from '../src/reactions/dispatcher.js'
+import type { ReactionEvent, ReactionHandler } from '../src/reactions/reaction-event.js'
+import {
+  claimReactionJobs,
+  claimReactionJobsQuery,
+  completeJob,
+  failJob,
+  retryJob,
+  skipJob,
+} from '../src/reactions/reaction-job.repository.js'
+import { createReactionRegistry, type ReactionRegistry } from '../src/reactions/reaction-registry.js'
+import { backoffDelayS } from '../src/reconcile/backoff-delay.js'
+import { FakeClock } from './helpers/fake-clock.js'
+import { testLogger } from './helpers/log-sink.js'
+import { eventually } from './helpers/reconcile-poller.js'
+import { createTestDatabase, describePostgres, type TestDatabase } from './helpers/test-database.js'
+
+const SETTINGS: DispatcherSettings = {
+  concurrency: 4,
+  maxAttempts: 3,
+  leaseMs: 60_000,
+  backoff: { baseS: 10, capS: 1_000 },
+  safetyIntervalMs: 30_000,
+  shutdownTimeoutMs: 5_000,
+}
+const HALF = () => 0.5
+
+describe('the reaction dispatcher', () => {
+  let database: TestDatabase
+  let clock: FakeClock
+  let dispatcher: Dispatcher | undefined
+  let counter = 0
+
+  beforeAll(async () => {
+    database = await createTestDatabase()
+  })
+  afterEach(async () => {
+    await dispatcher?.stop()
+    dispatcher = undefined
+    await database.db.deleteFrom('reactionJobs').execute()
+  })
+  afterAll(async () => {
+    await database.close()
+  })
+
+  const start = async (reactions: ReactionRegistry, settings: Partial<DispatcherSettings> = {}) => {
+    clock = new FakeClock(Date.now())
+    dispatcher = createDispatcher({
+      db: database.db,
+      handler: reactions.handler,
+      clock,
+      logger: testLogger(),
+      listen: database.listen,
+      settings: { ...SETTINGS, ...settings },
+      random: HALF,
+    })
+    await dispatcher.start()
+    return dispatcher
+  }
+
+  /** Moves an order through `statuses` (API answers), enqueuing the registry's jobs. */
+  const transitions = async (reactions: ReactionRegistry, statuses: string[], ref = `dispatch-${++counter}`) => {
+    const { order } = await createOrder(database.db, { externalReference: ref })
+    for (const status of statuses) {
+      const result = await applyObservation(
+        database.db,
+        { target: { orderId: order.id }, tradeId: `trd_${ref}`, status, source: 'api', observedAt: new Date(clock.now()) },
+        { staleAfterS: 3_600, handlersFor: reactions.handlersFor },
+      )
+      expect(result.outcome).toBe('applied')
+    }
+    return order.id
+  }
+
+  const jobs = (orderId: number, handler: string) =>
+    database.db
+      .selectFrom('reactionJobs')
+      .select(['id', 'sequence', 'state', 'attempts', 'runAt', 'lastError', 'leaseToken'])
+      .where('orderId', '=', orderId)
+      .where('handler', '=', handler)
+      .orderBy('sequence')
+      .execute()
+
+  /** The loop is asleep (its one timer) and no handler runs: what it does next, only the clock decides. */
+  const idle = () => eventually(() => dispatcher!.running === 0 && clock.pendingSleepers === 1, 'the dispatcher is idle')
+
+  it('hands each event to its handlers as soon as the commit notifies, with no clock moving', async () => {
+    const seen: { handler: string; event: ReactionEvent; attempt: number }[] = []
+    const record =
+      (handler: string): ReactionHandler =>
+      async (event, { attempt }) => {
+        seen.push({ handler, event, attempt })
+      }
+    const reactions = createReactionRegistry().on('trade.funded', 'ship-goods', record('ship-goods')).on('trade.*', 'ledger', record('ledger'))
+    await start(reactions)
+    const orderId = await transitions(reactions, ['created', 'funded'], 'notified-1')
+    await eventually(() => seen.length === 3, 'three jobs ran')
+    const ledger = seen.filter((call) => call.handler === 'ledger')
+    expect(ledger.map((call) => [call.event.sequence, call.event.type, call.event.from, call.event.to])).toEqual([
+      [1, 'trade.created', null, 'created'],
+      [2, 'trade.funded', 'created', 'funded'],
+    ])
+    const shipped = seen.find((call) => call.handler === 'ship-goods')!
+    expect(shipped).toMatchObject({ attempt: 1, event: { orderId, externalReference: 'notified-1', tradeId: 'trd_notified-1', source: 'api' } })
+    expect(shipped.event.eventId).toBe(ledger[1]!.event.eventId)
+    await eventually(async () => (await jobs(orderId, 'ledger')).every((job) => job.state === 'done'), 'the jobs are done')
+    expect(await jobs(orderId, 'ship-goods')).toMatchObject([{ state: 'done', attempts: 1, leaseToken: null }])
+  })
+
+  it('retries a throwing handler after the backoff, fails it after the last attempt, and holds back that order for that handler until retried', async () => {
+    let failing = true
+    const flakyCalls: { sequence: number; attempt: number }[] = []
+    const ledger: number[] = []
+    const reactions = createReactionRegistry()
+      .on('trade.*', 'flaky', async (event, { attempt }) => {
+        flakyCalls.push({ sequence: event.sequence, attempt })
+        if (failing) throw new Error(`the partner system is down (attempt ${attempt})`)
+      })
+      .on('trade.*', 'ledger', async (event) => {
+        ledger.push(event.sequence)
+      })
+    await start(reactions)
+    const startedAt = clock.now()
+    const orderId = await transitions(reactions, ['created', 'funded'])
+
+    await eventually(async () => (await jobs(orderId, 'flaky'))[0]!.attempts === 1 && (await jobs(orderId, 'flaky'))[0]!.state === 'pending', 'the first attempt failed')
+    let [first, second] = await jobs(orderId, 'flaky')
+    expect(new Date(first!.runAt).getTime()).toBe(startedAt + backoffDelayS(1, SETTINGS.backoff, HALF) * 1000)
+    expect(first!.lastError).toBe('Error: the partner system is down (attempt 1)')
+    // the later event waits behind it, untouched; the other handler is not held back
+    expect(second).toMatchObject({ state: 'pending', attempts: 0 })
+    await eventually(() => ledger.length === 2, 'the ledger saw both events')
+    expect(ledger).toEqual([1, 2])
+
+    await idle()
+    await clock.advance(backoffDelayS(1, SETTINGS.backoff, HALF) * 1000)
+    await eventually(async () => (await jobs(orderId, 'flaky'))[0]!.attempts === 2 && (await jobs(orderId, 'flaky'))[0]!.state === 'pending', 'the second attempt failed')
+    await idle()
+    await clock.advance(backoffDelayS(2, SETTINGS.backoff, HALF) * 1000)
+    await eventually(async () => (await jobs(orderId, 'flaky'))[0]!.state === 'failed', 'the job is failed')
+    ;[first, second] = await jobs(orderId, 'flaky')
+    expect(first).toMatchObject({ attempts: 3, lastError: 'Error: the partner system is down (attempt 3)' })
+    expect(second).toMatchObject({ state: 'pending', attempts: 0 })
+    expect(flakyCalls).toEqual([
+      { sequence: 1, attempt: 1 },
+      { sequence: 1, attempt: 2 },
+      { sequence: 1, attempt: 3 },
+    ])
+
+    // a day later it is still held back: a failed job is the dead letter, not retried on its own
+    await idle()
+    await clock.advance(86_400_000)
+    await idle()
+    expect((await jobs(orderId, 'flaky')).map((job) => job.state)).toEqual(['failed', 'pending'])
+
+    // the operator retries it once the partner system is back: both run, in order
+    failing = false
+    expect(await retryJob(database.db, first!.id, new Date(clock.now()))).toEqual({ result: 'retried' })
+    await eventually(async () => (await jobs(orderId, 'flaky')).every((job) => job.state === 'done'), 'both jobs are done')
+    expect(flakyCalls.slice(3)).toEqual([
+      { sequence: 1, attempt: 1 },
+      { sequence: 2, attempt: 1 },
+    ])
+  })
+
+  it('lets the order proceed when the operator skips its failed job', async () => {
+    const calls: number[] = []
+    const reactions = createReactionRegistry().on('trade.*', 'picky', async (event) => {
+      calls.push(event.sequence)
+      if (event.sequence === 1) throw new Error('refused')
+    })
+    await start(reactions, { maxAttempts: 1 })
+    const orderId = await transitions(reactions, ['created', 'funded', 'delivered'])
+    await eventually(async () => (await jobs(orderId, 'picky'))[0]!.state === 'failed', 'the first job is failed')
+    await idle()
+    expect(calls).toEqual([1])
+    const [failed] = await jobs(orderId, 'picky')
+    expect(await skipJob(database.db, failed!.id, new Date(clock.now()))).toEqual({ result: 'skipped' })
+    await eventually(async () => (await jobs(orderId, 'picky')).filter((job) => job.state === 'done').length === 2, 'the rest ran')
+    expect(calls).toEqual([1, 2, 3])
+    expect(await skipJob(database.db, failed!.id, new Date(clock.now()))).toEqual({ result: 'not_allowed', state: 'skipped' })
+    expect(await retryJob(database.db, '999999999', new Date(clock.now()))).toEqual({ result: 'not_found' })
+  })
+
+  it('runs a job again when the lease of a dispatcher that died mid-handler runs out', async () => {
+    const calls: { sequence: number; attempt: number }[] = []
+    const reactions = createReactionRegistry().on('trade.*', 'ledger', async (event, { attempt }) => {
+      calls.push({ sequence: event.sequence, attempt })
+    })
+    clock = new FakeClock(Date.now())
+    const orderId = await transitions(reactions, ['created'])
+    // a replica claims it and dies: nothing writes the job back
+    const [claimed] = await claimReactionJobs(database.db, { now: new Date(clock.now()), limit: 10, leaseMs: 60_000, leaseToken: 'dead-replica' })
+    expect(claimed).toMatchObject({ handler: 'ledger', attempt: 1 })
+    dispatcher = createDispatcher({
+      db: database.db,
+      handler: reactions.handler,
+      clock,
+      logger: testLogger(),
+      listen: database.listen,
+      settings: SETTINGS,
+      random: HALF,
+    })
+    await dispatcher.start()
+    await idle()
+    expect(calls).toEqual([])
+    await clock.advance(60_000)
+    await eventually(() => calls.length === 1, 'the job ran again')
+    expect(calls).toEqual([{ sequence: 1, attempt: 2 }])
+    await eventually(async () => (await jobs(orderId, 'ledger'))[0]!.state === 'done', 'the job is done')
+    // the dead replica's late write-back is refused by its token
+    const late = { id: claimed!.id, leaseToken: 'dead-replica', now: new Date(clock.now()) }
+    expect(await completeJob(database.db, late)).toBe(false)
+    expect(await failJob(database.db, { ...late, error: 'late' })).toBe(false)
+    expect(await jobs(orderId, 'ledger')).toMatchObject([{ state: 'done', attempts: 2, lastError: null }])
+  })
+
+  it('on stop, lets a running handler finish within the timeout, then aborts it and gives its lease back', async () => {
+    let signalSeen: AbortSignal | undefined
+    const reactions = createReactionRegistry().on('trade.*', 'slow', async (_event, { signal }) => {
+      signalSeen = signal
+      await new Promise((_resolve, reject) => signal.addEventListener('abort', () => reject(signal.reason)))
+    })
+    await start(reactions)
+    const orderId = await transitions(reactions, ['created'])
+    await eventually(() => signalSeen !== undefined, 'the handler started')
+    expect(await jobs(orderId, 'slow')).toMatchObject([{ state: 'running', attempts: 1 }])
+    const running = dispatcher!
+    dispatcher = undefined
+    const stopped = running.stop()
+    // stop waits for the handler on the clock's shutdown timeout
+    await eventually(() => clock.sleeps.includes(SETTINGS.shutdownTimeoutMs), 'stop waits for the handler')
+    expect(signalSeen!.aborted).toBe(false)
+    await clock.advance(SETTINGS.shutdownTimeoutMs)
+    await stopped
+    expect(signalSeen!.aborted).toBe(true)
+    expect(await jobs(orderId, 'slow')).toMatchObject([{ state: 'pending', attempts: 0, leaseToken: null }])
+  })
+})
+
+describePostgres('the reaction claim (Postgres)', () => {
+  let database: TestDatabase
+  beforeAll(async () => {
+    database = await createTestDatabase()
+    // 200,000 finished jobs and 1,000 due ones: a claim must not read the finished ones
+    await sql`insert into reaction_jobs (event_id, order_id, sequence, handler, state, run_at)
+      select gen_random_uuid(), n / 20, n % 20, 'ledger', case when n <= 200000 then 'done' else 'pending' end,
+        now() - interval '1 hour'
+      from generate_series(1, 201000) n`.execute(database.db)
+    await sql`analyze reaction_jobs`.execute(database.db)
+  })
+  afterAll(async () => {
+    await database.close()
+  })
+
+  it('walks the due index and checks the order on the unfinished index, never scanning the table', async () => {
+    const query = claimReactionJobsQuery(database.db, { now: new Date(), limit: 8, leaseMs: 60_000, leaseToken: 'plan' }).compile()
+    const explained = await database.db.executeQuery<{ 'QUERY PLAN': string }>(
+      CompiledQuery.raw(`explain ${query.sql}`, [...query.parameters]),
+    )
+    const plan = explained.rows.map((row) => row['QUERY PLAN']).join('\n')
+    expect(plan).toMatch(/Index Scan using reaction_jobs_due_idx on reaction_jobs job/)
+    expect(plan).toMatch(/reaction_jobs_unfinished_idx on reaction_jobs earlier/)
+    expect(plan).not.toMatch(/Seq Scan/)
+  })
+})
