@@ -163,7 +163,7 @@ describePostgres('two replicas dispatching 10,000 transitions (Postgres)', () =>
     }
     expect(byReplica.get('replica-a')).toBeGreaterThan(0)
     expect(byReplica.get('replica-b')).toBeGreaterThan(0)
-    console.log(
+    console.warn(
       `reactions, two replicas: ${transitions} transitions over ${ORDERS} orders committed in ${committedAt - startedAt} ms; ` +
         `${2 * transitions} jobs finished ${finishedAt - startedAt} ms after the first commit ` +
         `(${Math.round((2 * transitions) / ((finishedAt - startedAt) / 1000))} jobs/s); handler calls ${calls.flaky + calls.recorder} ` +
