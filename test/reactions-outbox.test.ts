@@ -8,6 +8,7 @@ import { systemClock } from '../src/clock.js'
 import { createApp } from '../src/http/app.js'
 import { applyObservation } from '../src/orders/apply-observation.js'
 import { createOrder, findOrderByExternalReference } from '../src/orders/order.repository.js'
+import { hasReached } from '../src/orders/trade-status.js'
 import { FORWARDER_HANDLER } from '../src/reactions/configured-reactions.js'
 import { createReactionRegistry } from '../src/reactions/reaction-registry.js'
 import { runCommand } from './helpers/cli-in-process.js'
@@ -219,5 +220,15 @@ describe('the registry', () => {
     expect(() => registry.on('trade.fund*', 'x', noop)).toThrow(/pattern/)
     expect(() => registry.on('trade.funded', 'Ship Goods', noop)).toThrow(/name/)
     expect(() => registry.on('trade.funded', 'a,b', noop)).toThrow(/name/)
+  })
+})
+
+describe('hasReached, for handlers of orders that jumped', () => {
+  it('compares ranks: a jump to released has reached funded, created has not, unknown statuses only themselves', () => {
+    expect(hasReached({ to: 'released' }, 'funded')).toBe(true)
+    expect(hasReached({ to: 'funded' }, 'funded')).toBe(true)
+    expect(hasReached({ to: 'created' }, 'funded')).toBe(false)
+    expect(hasReached({ to: 'step_4' }, 'funded')).toBe(false)
+    expect(hasReached({ to: 'step_4' }, 'step_4')).toBe(true)
   })
 })

@@ -76,3 +76,17 @@ export function decideTransition(current: OrderStatusState, observed: string, so
   if (current.status === null) return 'applied'
   return rank > current.rank ? 'applied' : 'stale'
 }
+
+/**
+ * Whether a transition to `event.to` is at or past `status` in rank: for a reaction handler that needs
+ * "at least funded" although missed webhooks can make an order jump (created → released emits one event,
+ * `trade.released`, and no `trade.funded`). Rank is the flow's order, not proof of every step: cancelled
+ * and refunded rank above funded yet may follow a trade that was never funded, so a handler that moves
+ * goods checks `event.to` too. An unknown status has reached only itself.
+ */
+export function hasReached(event: { readonly to: string }, status: string): boolean {
+  const reached = statusRank(event.to)
+  const wanted = statusRank(status)
+  if (reached === undefined || wanted === undefined) return event.to === status
+  return reached >= wanted
+}
