@@ -7,6 +7,7 @@ import { registerDemoCommand } from './demo.command.js'
 import { registerMigrateCommand } from './migrate.command.js'
 import { registerOrdersCommands } from './orders.command.js'
 import { registerProposalsCommands } from './proposals.command.js'
+import { registerReactionsCommands } from './reactions.command.js'
 import { registerReconcileCommands } from './reconcile.command.js'
 import { registerSandboxCommand } from './sandbox.command.js'
 import { registerServeCommand } from './serve.command.js'
@@ -32,6 +33,7 @@ export function buildProgram(runCommand: LocalCommandRunner, output?: OutputConf
   registerReconcileCommands(program)
   registerOrdersCommands(program)
   registerDeliveriesCommands(program)
+  registerReactionsCommands(program)
   registerTradesCommands(program)
   registerDisputesCommands(program)
   registerProposalsCommands(program)

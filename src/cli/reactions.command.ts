@@ -1,0 +1,156 @@
+// `reactions list|show|retry|skip`: the reaction jobs (one per event and handler) and the operator's
+// way out of the dead letter. A failed job holds back its order's later events for its handler: retry it
+// once the cause is fixed, or skip it to let them through.
+import { Command, InvalidArgumentError, Option } from 'commander'
+import { positiveInteger } from './cli-arguments.js'
+import { printJson, printTable, setExitCode, UsageError, withDatabase, write, writeError } from './cli-context.js'
+
+const STATES = ['pending', 'running', 'failed', 'done', 'skipped'] as const
+type State = (typeof STATES)[number]
+
+function jobId(value: string): string {
+  // a bigint identity: digits only, so a typo is a usage error rather than a database error
+  if (!/^[1-9]\d{0,18}$/.test(value)) throw new InvalidArgumentError('must be a job id (a positive whole number)')
+  return value
+}
+
+export function registerReactionsCommands(program: Command): void {
+  const reactions = program
+    .command('reactions')
+    .description('reaction jobs (one per transition and handler): list, show, retry, skip')
+
+  reactions
+    .command('list')
+    .description('list reaction jobs, newest first')
+    .addOption(new Option('--state <state>', 'only jobs in this state').choices(STATES))
+    .option('--handler <name>', 'only jobs of this handler')
+    .option('--limit <n>', 'how many', positiveInteger, 50)
+    .option('--json', 'print as JSON')
+    .action(async (options: { state?: State; handler?: string; limit: number; json?: boolean }) => {
+      const { listJobs } = await import('../reactions/reaction-job.repository.js')
+      await withDatabase(async ({ db }) => {
+        const jobs = await listJobs(db, {
+          limit: options.limit,
+          ...(options.state ? { state: options.state } : {}),
+          ...(options.handler ? { handler: options.handler } : {}),
+        })
+        if (options.json) {
+          printJson(jobs)
+          return
+        }
+        printTable(
+          jobs.map((job) => ({
+            id: job.id,
+            order: job.externalReference === null ? null : printable(job.externalReference),
+            seq: job.sequence,
+            type: printable(job.type),
+            handler: job.handler,
+            state: job.state,
+            attempts: job.attempts,
+            next: job.state === 'pending' || job.state === 'running' ? job.runAt : null,
+            error: job.lastError === null ? null : oneLine(job.lastError),
+          })),
+          '(no reaction jobs)',
+        )
+      })
+    })
+
+  reactions
+    .command('show')
+    .description('show one reaction job with its event and last error')
+    .argument('<id>', 'the job id (from reactions list)', jobId)
+    .option('--json', 'print as JSON')
+    .action(async (id: string, options: { json?: boolean }) => {
+      const { findJob } = await import('../reactions/reaction-job.repository.js')
+      await withDatabase(async ({ db }) => {
+        const job = await findJob(db, id)
+        if (!job) {
+          writeError(`No reaction job ${id}\n`)
+          setExitCode(1)
+          return
+        }
+        if (options.json) {
+          printJson(job)
+          return
+        }
+        const { event } = job
+        write(
+          [
+            `job        ${job.id}: ${job.handler} for ${printable(event.type)}`,
+            `state      ${job.state} after ${job.attempts} attempt(s)`,
+            `next run   ${job.state === 'pending' || job.state === 'running' ? job.runAt.toISOString() : '-'}`,
+            `finished   ${job.finishedAt?.toISOString() ?? '-'}`,
+            `event      ${event.eventId}`,
+            `order      ${printable(event.externalReference)} (id ${event.orderId}), sequence ${event.sequence}`,
+            `trade      ${printable(event.tradeId) || '-'}`,
+            `move       ${printable(event.from ?? '(none)')} -> ${printable(event.to)} by ${event.source} at ${event.occurredAt.toISOString()}`,
+            `last error ${job.lastError === null ? '-' : oneLine(job.lastError)}`,
+          ].join('\n') + '\n',
+        )
+      })
+    })
+
+  reactions
+    .command('retry')
+    .description('run a failed (or waiting) job again now, its attempts counted afresh; --failed: every failed job')
+    .argument('[id]', 'the job id (from reactions list)', jobId)
+    .option('--failed', 'retry every failed job')
+    .option('--json', 'print as JSON')
+    .action(async (id: string | undefined, options: { failed?: boolean; json?: boolean }) => {
+      if ((id === undefined) === (options.failed === undefined)) {
+        throw new UsageError('reactions retry needs a job id or --failed (not both)')
+      }
+      const { retryFailedJobs, retryJob } = await import('../reactions/reaction-job.repository.js')
+      await withDatabase(async ({ db }) => {
+        const now = new Date()
+        if (id === undefined) {
+          const ids = await retryFailedJobs(db, now)
+          if (options.json) printJson({ retried: ids })
+          else write(ids.length === 0 ? 'no failed reaction jobs\n' : `retrying ${ids.length} job(s): ${ids.join(', ')}\n`)
+          return
+        }
+        report(id, await retryJob(db, id, now), 'retried', options.json)
+      })
+    })
+
+  reactions
+    .command('skip')
+    .description('give up on a failed (or waiting) job: its order’s later events for its handler proceed')
+    .argument('<id>', 'the job id (from reactions list)', jobId)
+    .option('--json', 'print as JSON')
+    .action(async (id: string, options: { json?: boolean }) => {
+      const { skipJob } = await import('../reactions/reaction-job.repository.js')
+      await withDatabase(async ({ db }) => {
+        report(id, await skipJob(db, id, new Date()), 'skipped', options.json)
+      })
+    })
+}
+
+function report(
+  id: string,
+  outcome: { result: 'retried' | 'skipped' | 'not_found' | 'not_allowed'; state?: string },
+  done: 'retried' | 'skipped',
+  json: boolean | undefined,
+): void {
+  if (json) printJson({ id, ...outcome })
+  if (outcome.result === done) {
+    if (!json) write(done === 'retried' ? `job ${id} runs again now\n` : `job ${id} skipped\n`)
+    return
+  }
+  setExitCode(1)
+  if (json) return
+  if (outcome.result === 'not_found') writeError(`No reaction job ${id}\n`)
+  else writeError(`Job ${id} is ${outcome.state}: only a failed or pending job can be ${done}\n`)
+}
+
+/** A stored error on one line, for a table cell or a field (an error text may hold newlines). */
+function oneLine(text: string): string {
+  const flat = printable(text.replace(/\s+/g, ' '))
+  return flat.length > 120 ? `${flat.slice(0, 119)}…` : flat
+}
+
+/** Text that came from outside (the platform, a receiver's answer) shown without terminal control codes. */
+function printable(text: string): string {
+  // eslint-disable-next-line no-control-regex
+  return text.replace(/[\u0000-\u001f\u007f-\u009f]/g, (char) => `\\u${char.charCodeAt(0).toString(16).padStart(4, '0')}`)
+}

@@ -1,0 +1,94 @@
+// `reactions list|show|retry|skip` against a database holding jobs in every state.
+import { afterAll, beforeAll, describe, expect, it } from 'vitest'
+import { applyObservation } from '../src/orders/apply-observation.js'
+import { createOrder } from '../src/orders/order.repository.js'
+import { claimReactionJobs, completeJob, failJob } from '../src/reactions/reaction-job.repository.js'
+import { createReactionRegistry } from '../src/reactions/reaction-registry.js'
+import { runCommand } from './helpers/cli-in-process.js'
+import { createTestDatabase, type TestDatabase } from './helpers/test-database.js'
+
+describe('the reactions command', () => {
+  let database: TestDatabase
+  const ids: Record<string, string> = {}
+  const run = (...args: string[]) => runCommand(['reactions', ...args], database.db)
+  const stateOf = async (id: string) =>
+    (await database.db.selectFrom('reactionJobs').select('state').where('id', '=', id).executeTakeFirstOrThrow()).state
+
+  beforeAll(async () => {
+    database = await createTestDatabase()
+    const reactions = createReactionRegistry().on('trade.*', 'ledger', async () => {}).on('trade.funded', 'ship-goods', async () => {})
+    const { order } = await createOrder(database.db, { externalReference: 'cli-1' })
+    const now = new Date('2026-05-01T10:00:00Z')
+    for (const status of ['created', 'funded']) {
+      await applyObservation(
+        database.db,
+        { target: { orderId: order.id }, tradeId: 'trd_cli-1', status, source: 'webhook', observedAt: now },
+        { staleAfterS: 3_600, handlersFor: reactions.handlersFor },
+      )
+    }
+    // ledger seq 1 done, ship-goods failed with a two-line error, ledger seq 2 still pending
+    const claimed = await claimReactionJobs(database.db, { now, limit: 10, leaseMs: 60_000, leaseToken: 'cli' })
+    for (const job of claimed) ids[`${job.handler}-${job.event.sequence}`] = job.id
+    await completeJob(database.db, { id: ids['ledger-1']!, leaseToken: 'cli', now })
+    await failJob(database.db, { id: ids['ship-goods-2']!, leaseToken: 'cli', now, error: 'Error: warehouse said no\n\u001b[31mred\u001b[0m' })
+    const pending = await database.db.selectFrom('reactionJobs').select('id').where('state', '=', 'pending').executeTakeFirstOrThrow()
+    ids['ledger-2'] = String(pending.id)
+  })
+  afterAll(async () => {
+    await database.close()
+  })
+
+  it('lists jobs newest first, filtered by state and handler, as a table or JSON', async () => {
+    const all = await run('list')
+    expect(all.code).toBe(0)
+    const lines = all.stdout.trim().split('\n')
+    expect(lines[0]).toMatch(/^id\s+order\s+seq\s+type\s+handler\s+state\s+attempts\s+next\s+error$/)
+    expect(lines).toHaveLength(4)
+    const failed = await run('list', '--state', 'failed', '--json')
+    expect(JSON.parse(failed.stdout)).toMatchObject([
+      { id: ids['ship-goods-2'], handler: 'ship-goods', state: 'failed', attempts: 1, type: 'trade.funded', sequence: 2, externalReference: 'cli-1' },
+    ])
+    // the error is one line, its control codes shown escaped
+    const table = await run('list', '--state', 'failed')
+    expect(table.stdout).toContain('Error: warehouse said no \\u001b[31mred\\u001b[0m')
+    expect(table.stdout).not.toContain('\u001b')
+    const ledger = JSON.parse((await run('list', '--handler', 'ledger', '--json')).stdout) as { state: string }[]
+    expect(ledger.map((job) => job.state)).toEqual(['pending', 'done'])
+    expect((await run('list', '--handler', 'nobody')).stdout).toBe('(no reaction jobs)\n')
+    const bad = await run('list', '--state', 'lost')
+    expect(bad.code).toBe(2)
+    expect(bad.stderr).toContain('Allowed choices are pending, running, failed, done, skipped')
+  })
+
+  it('shows one job with its event', async () => {
+    const shown = await run('show', ids['ship-goods-2']!)
+    expect(shown.code).toBe(0)
+    expect(shown.stdout).toContain(`job        ${ids['ship-goods-2']}: ship-goods for trade.funded`)
+    expect(shown.stdout).toContain('state      failed after 1 attempt(s)')
+    expect(shown.stdout).toContain('order      cli-1')
+    expect(shown.stdout).toContain('move       created -> funded by webhook at 2026-05-01T10:00:00.000Z')
+    const json = JSON.parse((await run('show', ids['ship-goods-2']!, '--json')).stdout)
+    expect(json.event).toMatchObject({ type: 'trade.funded', from: 'created', to: 'funded', sequence: 2, tradeId: 'trd_cli-1' })
+    const missing = await run('show', '987654')
+    expect(missing).toMatchObject({ code: 1, stderr: 'No reaction job 987654\n' })
+    expect((await run('show', 'abc')).code).toBe(2)
+  })
+
+  it('retries a failed job, refuses a finished one, and needs exactly one of an id and --failed', async () => {
+    expect(await run('retry', ids['ledger-1']!)).toMatchObject({ code: 1, stderr: `Job ${ids['ledger-1']} is done: only a failed or pending job can be retried\n` })
+    expect((await run('retry')).code).toBe(2)
+    expect((await run('retry', ids['ship-goods-2']!, '--failed')).code).toBe(2)
+    const all = await run('retry', '--failed', '--json')
+    expect(JSON.parse(all.stdout)).toEqual({ retried: [ids['ship-goods-2']] })
+    expect(await stateOf(ids['ship-goods-2']!)).toBe('pending')
+    expect((await run('retry', '--failed')).stdout).toBe('no failed reaction jobs\n')
+    expect(await run('retry', ids['ship-goods-2']!)).toMatchObject({ code: 0, stdout: `job ${ids['ship-goods-2']} runs again now\n` })
+  })
+
+  it('skips a pending job and refuses to skip a done one', async () => {
+    expect(await run('skip', ids['ledger-2']!)).toMatchObject({ code: 0, stdout: `job ${ids['ledger-2']} skipped\n` })
+    expect(await stateOf(ids['ledger-2']!)).toBe('skipped')
+    expect((await run('skip', ids['ledger-1']!)).code).toBe(1)
+    expect((await run('skip', '987654')).stderr).toBe('No reaction job 987654\n')
+  })
+})
