@@ -21,6 +21,7 @@ import { createMetrics } from './metrics/metrics.js'
 import { createPartnerApiClient } from './partner-api/create-partner-api-client.js'
 import { configuredReactions } from './reactions/configured-reactions.js'
 import { createDispatcher, DEFAULT_DISPATCHER_SETTINGS, type Dispatcher } from './reactions/dispatcher.js'
+import { reactionJobStats } from './reactions/reaction-job.repository.js'
 import { createPoller, dueOrderStats, type Poller, pollerSettings, type RunSummary } from './reconcile/poller.js'
 import { createSandbox } from './sandbox/create-sandbox.js'
 import { sandboxStateFile } from './sandbox/sandbox-state.js'
@@ -94,6 +95,7 @@ export async function startService({
           databaseUp: () => pingDatabase(database.db),
           dueOrders: () => dueOrderStats(database.db, clock),
           parkedDeliveries: () => countParkedDeliveries(database.db, new Date(clock.now())),
+          reactionJobs: () => reactionJobStats(database.db, new Date(clock.now())),
         })
       : undefined
     // a second terminal's commands are run here (operator listener), on this database, in every mode (src/local)
@@ -226,9 +228,11 @@ export async function startService({
           ...DEFAULT_DISPATCHER_SETTINGS,
           concurrency: config.reactions.concurrency,
           maxAttempts: config.reactions.maxAttempts,
+          leaseMs: config.reactions.leaseS * 1000,
           // the other half is the HTTP listeners'
           shutdownTimeoutMs: Math.floor(config.shutdownTimeoutMs / 2),
         },
+        ...(metrics ? metrics.reactionHooks(reactions.names) : {}),
       })
       await dispatcher.start()
       const reacting = dispatcher

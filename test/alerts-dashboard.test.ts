@@ -84,6 +84,7 @@ async function exportedNames(): Promise<Set<string>> {
     dueOrders: async () => ({ ordersDue: 1, oldestDueAgeS: 30 }),
     parkedDeliveries: async () => ({ parked: 1, oldestParkedAgeS: 60 }),
     poolStats: () => ({ total: 2, idle: 1, waiting: 0 }),
+    reactionJobs: async () => ({ pending: 1, running: 0, failed: 1, oldestPendingAgeS: 5 }),
   })
   const scrape = await metrics.registry.metrics()
   const names = new Set<string>()
@@ -117,6 +118,7 @@ describe('alert rules and dashboard', () => {
       'webhook_oldest_parked_age_seconds',
       'database_up',
       'poller_last_cycle_timestamp_seconds',
+      'reaction_jobs_failed',
     ]) {
       expect(used.has(name), `${name} is used`).toBe(true)
     }
@@ -145,6 +147,7 @@ describe('alert rules and dashboard', () => {
       'PartnerEscrowOldestDueOrderLate',
       'PartnerEscrowPollerStalled',
       'PartnerEscrowPartnerApiUnauthorized',
+      'PartnerEscrowReactionsFailed',
     ])
     for (const rule of rules) {
       expect(['critical', 'warning'], rule.alert).toContain(rule.labels?.severity)
@@ -167,7 +170,7 @@ describePromtool('promtool', () => {
     if (!promtool) throw new Error('promtool is required in CI: .ci/run installs Debian\'s prometheus package')
     const run = (...args: string[]) =>
       execFileSync(promtool, args, { cwd: 'deploy/prometheus', encoding: 'utf8', stdio: ['ignore', 'pipe', 'pipe'] })
-    expect(run('check', 'rules', 'alerts.yml')).toMatch(/SUCCESS: 8 rules found/)
+    expect(run('check', 'rules', 'alerts.yml')).toMatch(/SUCCESS: 9 rules found/)
     expect(run('check', 'config', 'prometheus.yml')).toMatch(/SUCCESS/)
     const output = run('test', 'rules', 'alerts.test.yml')
     expect(output).toMatch(/SUCCESS/)

@@ -2,7 +2,8 @@
 import { afterAll, beforeAll, describe, expect, it } from 'vitest'
 import { applyObservation } from '../src/orders/apply-observation.js'
 import { createOrder } from '../src/orders/order.repository.js'
-import { claimReactionJobs, completeJob, failJob } from '../src/reactions/reaction-job.repository.js'
+import { createMetrics } from '../src/metrics/metrics.js'
+import { claimReactionJobs, completeJob, failJob, reactionJobStats } from '../src/reactions/reaction-job.repository.js'
 import { createReactionRegistry } from '../src/reactions/reaction-registry.js'
 import { runCommand } from './helpers/cli-in-process.js'
 import { createTestDatabase, type TestDatabase } from './helpers/test-database.js'
@@ -36,6 +37,23 @@ describe('the reactions command', () => {
   })
   afterAll(async () => {
     await database.close()
+  })
+
+  it('counts pending, running and failed jobs and the age of the oldest to run for the metrics', async () => {
+    const now = new Date('2026-05-01T10:05:00Z')
+    const createdAt = await database.db.selectFrom('reactionJobs').select('createdAt').where('id', '=', ids['ledger-2']!).executeTakeFirstOrThrow()
+    const stats = await reactionJobStats(database.db, now)
+    expect(stats).toEqual({
+      pending: 1,
+      running: 0,
+      failed: 1,
+      oldestPendingAgeS: Math.max(0, (now.getTime() - new Date(createdAt.createdAt).getTime()) / 1000),
+    })
+    const metrics = createMetrics({ reactionJobs: () => reactionJobStats(database.db, now) }, { defaultMetrics: false })
+    const scrape = await metrics.registry.metrics()
+    expect(scrape).toMatch(/^reaction_jobs_pending 1$/m)
+    expect(scrape).toMatch(/^reaction_jobs_running 0$/m)
+    expect(scrape).toMatch(/^reaction_jobs_failed 1$/m)
   })
 
   it('lists jobs newest first, filtered by state and handler, as a table or JSON', async () => {

@@ -48,6 +48,13 @@ describe('reactions in the service', () => {
     for (let i = 0; i < 500 && (await job()).state !== 'done'; i++) await new Promise((resolve) => setTimeout(resolve, 10))
     expect(await job()).toEqual({ handler: 'forwarder', state: 'done' })
     expect(service.dispatcher?.running).toBe(0)
+    const scrape = await (await fetch(`${service.adminUrl}${config.metrics.path}`)).text()
+    expect(scrape).toMatch(/^reaction_attempts_total\{handler="forwarder",result="done"\} 1$/m)
+    expect(scrape).toMatch(/^reaction_attempts_total\{handler="forwarder",result="failed"\} 0$/m)
+    expect(scrape).toMatch(/^reaction_latency_seconds_count\{handler="forwarder"\} 1$/m)
+    expect(scrape).toMatch(/^reaction_jobs_pending 0$/m)
+    expect(scrape).toMatch(/^reaction_jobs_failed 0$/m)
+    expect(scrape).toMatch(/^reaction_oldest_pending_age_seconds 0$/m)
     await service.stop()
     service = undefined
   })

@@ -3,6 +3,7 @@
 // deploy/prometheus/alerts.yml and deploy/grafana/partner-escrow.json use these names (a test checks).
 import { Counter, collectDefaultMetrics, Gauge, Histogram, Registry } from 'prom-client'
 import type { Clock } from '../clock.js'
+import type { AttemptResult } from '../reactions/dispatcher.js'
 import { POLL_RESULTS, type PollResult, type RunSummary } from '../reconcile/poller.js'
 
 /** Every label value of webhook_deliveries_total, created at 0 so a rate over a quiet service is 0, not absent. */
@@ -32,7 +33,17 @@ export interface MetricsSources {
   parkedDeliveries?: () => Promise<{ parked: number; oldestParkedAgeS: number }>
   /** Database connections: in use, idle, and callers waiting for one. */
   poolStats?: () => { total: number; idle: number; waiting: number }
+  /** Reaction jobs still to run or failed, and the age of the oldest still to run. */
+  reactionJobs?: () => Promise<{ pending: number; running: number; failed: number; oldestPendingAgeS: number }>
 }
+
+export interface ReactionHooks {
+  onAttempt(handler: string, result: AttemptResult): void
+  onFirstStart(handler: string, latencyS: number): void
+}
+
+/** The results of reaction_attempts_total created at 0 for every handler (lease_lost and released stay rare). */
+const ATTEMPT_RESULTS: readonly AttemptResult[] = ['done', 'retry', 'failed']
 
 export interface PollerHooks {
   onPollResult(result: PollResult): void
@@ -57,6 +68,8 @@ export interface Metrics {
    * that never ends is noticed too.
    */
   pollerHooks(clock: Clock): PollerHooks
+  /** For createDispatcher: attempts by handler and result, and the commit-to-handler latency. */
+  reactionHooks(handlers: readonly string[]): ReactionHooks
 }
 
 export function createMetrics(
@@ -118,7 +131,21 @@ export function createMetrics(
     registers: [registry],
   })
 
-  const { databaseUp, dueOrders, parkedDeliveries } = sources
+  const reactionAttempts = new Counter({
+    name: 'reaction_attempts_total',
+    help: 'Reaction handler calls by handler and result: done, retry (threw, runs again after a backoff), failed (threw on the last attempt), released (stopped by shutdown), lease_lost',
+    labelNames: ['handler', 'result'] as const,
+    registers: [registry],
+  })
+  const reactionLatency = new Histogram({
+    name: 'reaction_latency_seconds',
+    help: "Time from a transition's commit to the first call of a handler for it, by handler",
+    labelNames: ['handler'] as const,
+    buckets: [0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60],
+    registers: [registry],
+  })
+
+  const { databaseUp, dueOrders, parkedDeliveries, reactionJobs } = sources
   if (databaseUp) {
     const answered = tolerantRead(async () => {
       await databaseUp()
@@ -154,6 +181,20 @@ export function createMetrics(
       },
     })
   }
+  if (reactionJobs) {
+    scrapeTimeGauges(registry, tolerantRead(reactionJobs, readTimeoutMs), {
+      pending: { name: 'reaction_jobs_pending', help: 'Reaction jobs waiting to run (due, or after a backoff)' },
+      running: { name: 'reaction_jobs_running', help: 'Reaction jobs claimed by a replica now' },
+      failed: {
+        name: 'reaction_jobs_failed',
+        help: "Reaction jobs failed after their last attempt (dead letter): each holds back its order's later events for its handler",
+      },
+      oldestPendingAgeS: {
+        name: 'reaction_oldest_pending_age_seconds',
+        help: 'How long ago the oldest reaction job still to run was enqueued; 0 when none',
+      },
+    })
+  }
   const poolStats = sources.poolStats
   if (poolStats) {
     new Gauge({
@@ -180,6 +221,15 @@ export function createMetrics(
     pollResults,
     requestsRefused,
     inflightBodyBytes,
+    reactionHooks(handlers) {
+      for (const handler of handlers) {
+        for (const result of ATTEMPT_RESULTS) reactionAttempts.inc({ handler, result }, 0)
+      }
+      return {
+        onAttempt: (handler, result) => reactionAttempts.inc({ handler, result }),
+        onFirstStart: (handler, latencyS) => reactionLatency.observe({ handler }, latencyS),
+      }
+    },
     pollerHooks(clock) {
       hooks ??= (() => {
         lastCycleS = clock.now() / 1000

@@ -150,6 +150,7 @@ export function createDispatcher(deps: DispatcherDeps): Dispatcher {
       }
       if (stopSignal.aborted && abort.signal.aborted) {
         // stopped by shutdown, not failed: stop() gives the lease back
+        report(job.handler, 'released')
         return
       }
       const message = describeFailure(failure)
