@@ -72,6 +72,8 @@ export interface Config {
     readonly maxAttempts: number
     /** Handlers running at once per replica. */
     readonly concurrency: number
+    /** How long a claimed job belongs to its replica: a replica that died mid-handler gives it up after this. */
+    readonly leaseS: number
   }
   /** The built-in forwarder; undefined when FORWARD_URL is unset. */
   readonly forward:
@@ -182,6 +184,7 @@ const EnvSchema = z.object({
   SANDBOX_CONTROL_TOKEN: z.string().optional(),
   REACTION_MAX_ATTEMPTS: positiveInt.max(1_000).default(10),
   REACTION_CONCURRENCY: positiveInt.max(256).default(8),
+  REACTION_LEASE_S: positiveInt.max(86_400).default(300),
   FORWARD_URL: z.url({ protocol: /^https?$/, error: 'must be an http(s) URL' }).optional(),
   FORWARD_SECRET: z.string().optional(),
   FORWARD_TIMEOUT_MS: positiveInt.default(10_000),
@@ -356,7 +359,11 @@ export function parseConfig(
         generated?.sandboxControlToken ??
         (mode === 'local' ? randomBytes(32).toString('hex') : undefined),
     },
-    reactions: { maxAttempts: values.REACTION_MAX_ATTEMPTS, concurrency: values.REACTION_CONCURRENCY },
+    reactions: {
+      maxAttempts: values.REACTION_MAX_ATTEMPTS,
+      concurrency: values.REACTION_CONCURRENCY,
+      leaseS: values.REACTION_LEASE_S,
+    },
     forward:
       values.FORWARD_URL === undefined
         ? undefined

@@ -180,12 +180,16 @@ describe('configuration', () => {
 
     it('has reaction defaults and no forwarder unless FORWARD_URL is set', () => {
       const config = parseConfig(remoteEnv)
-      expect(config.reactions).toEqual({ maxAttempts: 10, concurrency: 8 })
+      expect(config.reactions).toEqual({ maxAttempts: 10, concurrency: 8, leaseS: 300 })
       expect(config.forward).toBeUndefined()
-      expect(parseConfig({ ...remoteEnv, REACTION_MAX_ATTEMPTS: '3', REACTION_CONCURRENCY: '2' }).reactions).toEqual({
+      expect(
+        parseConfig({ ...remoteEnv, REACTION_MAX_ATTEMPTS: '3', REACTION_CONCURRENCY: '2', REACTION_LEASE_S: '30' }).reactions,
+      ).toEqual({
         maxAttempts: 3,
         concurrency: 2,
+        leaseS: 30,
       })
+      expect(problemsOf({ ...remoteEnv, REACTION_LEASE_S: '0' }).some((problem) => problem.startsWith('REACTION_LEASE_S:'))).toBe(true)
     })
 
     it('parses FORWARD_URL, FORWARD_SECRET and FORWARD_TIMEOUT_MS', () => {

@@ -4,6 +4,7 @@
 // only the clock moves backoffs and leases, so nothing here depends on the machine's speed.
 import { CompiledQuery, sql } from 'kysely'
 import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest'
+import { openDatabase } from '../src/db/open-database.js'
 import { applyObservation } from '../src/orders/apply-observation.js'
 import { createOrder } from '../src/orders/order.repository.js'
 import { createDispatcher, type Dispatcher, type DispatcherSettings } from '../src/reactions/dispatcher.js'
@@ -270,5 +271,34 @@ describePostgres('the reaction claim (Postgres)', () => {
     expect(plan).toMatch(/Index Scan using reaction_jobs_due_idx on reaction_jobs job/)
     expect(plan).toMatch(/reaction_jobs_unfinished_idx on reaction_jobs earlier/)
     expect(plan).not.toMatch(/Seq Scan/)
+  })
+})
+
+describePostgres('the notification listener (Postgres)', () => {
+  it('reconnects after its connection is cut, without an unhandled error, and hears the next commit', async () => {
+    const database = await createTestDatabase()
+    const name = `listener-${Date.now()}-${process.pid}`
+    const url = new URL(database.url!)
+    url.searchParams.set('application_name', name)
+    const handle = openDatabase({ databaseUrl: url.toString(), poolSize: 1, logger: testLogger() })
+    let notified = 0
+    const unlisten = await handle.listen('reaction_jobs', () => notified++)
+    const backends = async () =>
+      (await sql<{ pid: number }>`select pid from pg_stat_activity where application_name = ${name}`.execute(database.db)).rows
+    try {
+      await eventually(async () => (await backends()).length === 1 && notified === 1, 'the listener is connected')
+      // cut it as a failover or a proxy would: only this test's listener backend
+      await sql`select pg_terminate_backend(pid) from pg_stat_activity where application_name = ${name}`.execute(database.db)
+      // back, and it looks once on reconnecting
+      await eventually(() => notified >= 2, 'the listener reconnected', 60_000)
+      await eventually(async () => (await backends()).length === 1, 'one listener backend again')
+      const before = notified
+      await sql`select pg_notify('reaction_jobs', '')`.execute(database.db)
+      await eventually(() => notified > before, 'the notification after the reconnect arrived')
+    } finally {
+      await unlisten()
+      await handle.close()
+      await database.close()
+    }
   })
 })

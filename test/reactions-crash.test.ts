@@ -1,0 +1,127 @@
+// The compiled `serve` killed with SIGKILL while reaction handlers (the forwarder) run (Postgres): after a
+// restart every event is handled, and the receiver sees each webhook-id at least once and, deduplicated by
+// it, every transition exactly once.
+import { randomBytes } from 'node:crypto'
+import { once } from 'node:events'
+import { mkdtempSync, rmSync } from 'node:fs'
+import http from 'node:http'
+import type { AddressInfo } from 'node:net'
+import { tmpdir } from 'node:os'
+import path from 'node:path'
+import type { ChildProcess } from 'node:child_process'
+import { afterAll, beforeAll, expect, it } from 'vitest'
+import { applyObservation } from '../src/orders/apply-observation.js'
+import { createOrder } from '../src/orders/order.repository.js'
+import { FORWARDER_HANDLER } from '../src/reactions/configured-reactions.js'
+import { spawnCli, waitForLogLine } from './helpers/cli-process.js'
+import { rememberSecret } from './helpers/log-sink.js'
+import { eventually } from './helpers/reconcile-poller.js'
+import { TEST_API_KEY_ID, TEST_API_SECRET, TEST_WEBHOOK_SECRET } from './helpers/test-config.js'
+import { createTestDatabase, describePostgres, type TestDatabase } from './helpers/test-database.js'
+
+const ORDERS = 60
+const STATUSES = ['created', 'funded', 'delivered']
+
+describePostgres('the compiled serve killed mid-handler (Postgres)', () => {
+  let database: TestDatabase
+  let receiver: http.Server
+  let receiverUrl: string
+  const received: string[] = []
+  const dataDir = mkdtempSync(path.join(tmpdir(), 'reactions-crash-'))
+  const children: ChildProcess[] = []
+
+  beforeAll(async () => {
+    database = await createTestDatabase()
+    // answers each forward after 50 ms, so handlers are in flight when the process is killed
+    receiver = http.createServer((req, res) => {
+      req.resume()
+      req.on('end', () => {
+        received.push(String(req.headers['webhook-id']))
+        setTimeout(() => res.writeHead(204).end(), 50)
+      })
+    })
+    await new Promise<void>((resolve) => receiver.listen(0, '127.0.0.1', resolve))
+    receiverUrl = `http://127.0.0.1:${(receiver.address() as AddressInfo).port}/hooks`
+  })
+  afterAll(async () => {
+    for (const child of children) if (child.exitCode === null) child.kill('SIGKILL')
+    receiver.closeAllConnections()
+    await new Promise<void>((resolve) => receiver.close(() => resolve()))
+    await database.close()
+    rmSync(dataDir, { recursive: true, force: true })
+  })
+
+  it('hands every event over after a restart, each webhook-id at least once and every transition once by it', async () => {
+    // the transitions commit before the service runs: their jobs wait in the outbox
+    for (let i = 0; i < ORDERS; i++) {
+      const { order } = await createOrder(database.db, { externalReference: `crash-${i}` })
+      for (const status of STATUSES) {
+        await applyObservation(
+          database.db,
+          { target: { orderId: order.id }, tradeId: `trd_crash-${i}`, status, source: 'api', observedAt: new Date() },
+          { staleAfterS: 3_600, handlersFor: () => [FORWARDER_HANDLER] },
+        )
+      }
+    }
+    const events = await database.db.selectFrom('orderStatusHistory').select('eventId').execute()
+    expect(events).toHaveLength(ORDERS * STATUSES.length)
+
+    const secret = `whsec_${randomBytes(32).toString('base64')}`
+    rememberSecret(secret.slice('whsec_'.length))
+    const env = {
+      DATABASE_URL: database.url!,
+      DATA_DIR: dataDir,
+      PORT: '0',
+      ADMIN_PORT: '0',
+      PARTNER_API_BASE_URL: 'http://127.0.0.1:1',
+      PARTNER_API_KEY_ID: TEST_API_KEY_ID,
+      PARTNER_API_SECRET: TEST_API_SECRET,
+      WEBHOOK_SECRETS: TEST_WEBHOOK_SECRET,
+      POLL_ENABLED: 'false',
+      FORWARD_URL: receiverUrl,
+      FORWARD_SECRET: secret,
+      REACTION_CONCURRENCY: '4',
+      // the killed process's claims come back after this
+      REACTION_LEASE_S: '2',
+    }
+    const first = spawnCli(['serve'], env, { built: true })
+    children.push(first)
+    await waitForLogLine(first, 'service listening', 120_000)
+    await eventually(() => received.length >= 20, 'the first process forwarded some events', 120_000)
+    first.kill('SIGKILL')
+    await once(first, 'exit')
+    const beforeRestart = received.length
+    const claimedByTheDead = await database.db
+      .selectFrom('reactionJobs')
+      .select((eb) => eb.fn.countAll<string>().as('n'))
+      .where('state', '=', 'running')
+      .executeTakeFirstOrThrow()
+
+    const second = spawnCli(['serve'], env, { built: true })
+    children.push(second)
+    await waitForLogLine(second, 'service listening', 120_000)
+    const unfinished = async () =>
+      Number(
+        (
+          await database.db
+            .selectFrom('reactionJobs')
+            .select((eb) => eb.fn.countAll<string>().as('n'))
+            .where('state', '<>', 'done')
+            .executeTakeFirstOrThrow()
+        ).n,
+      )
+    await eventually(async () => (await unfinished()) === 0, 'every job is done', 240_000)
+    second.kill('SIGTERM')
+    await once(second, 'exit')
+
+    const ids = new Set(events.map((event) => event.eventId))
+    const seen = new Set(received)
+    expect([...seen].sort()).toEqual([...ids].sort())
+    expect(received.length).toBeGreaterThanOrEqual(ids.size)
+    console.warn(
+      `reactions, SIGKILL mid-handler: ${ids.size} events; ${beforeRestart} forwards before the kill with ` +
+        `${claimedByTheDead.n} jobs left running by the dead process; ${received.length} forwards in all ` +
+        `(${received.length - ids.size} repeats, each with its webhook-id), ${seen.size} distinct`,
+    )
+  })
+})
