@@ -50,7 +50,7 @@ describe('migration 0002 on a database with data', () => {
   })
 })
 
-describe('migration 0003 on a database with data', () => {
+describe('migration 0004 on a database with data', () => {
   it('gives every old history row an event id, its sequence within its order and the order identifiers', async () => {
     const database = await createTestDatabase({ migrate: false })
     try {
@@ -60,7 +60,7 @@ describe('migration 0003 on a database with data', () => {
         provider: { getMigrations: async () => migrations },
         migrationTableSchema: rows[0]!.schema,
       })
-      expect((await migrator.migrateTo('0002_visited_statuses_and_body_hash')).error).toBeUndefined()
+      expect((await migrator.migrateTo('0003_console_indexes')).error).toBeUndefined()
       await sql`insert into orders (external_reference, trade_id, trade_status, status_rank, version)
         values ('old-1', 'tr-1', 'delivered', 30, 3), ('old-2', 'tr-2', 'funded', 20, 1)`.execute(database.db)
       // interleaved: the sequence counts within each order, in the order rows were written
@@ -71,7 +71,7 @@ describe('migration 0003 on a database with data', () => {
         join orders o on o.external_reference = s.ref
         order by s.position`.execute(database.db)
 
-      expect((await migrateToLatest(database.db)).applied).toContain('0003_reaction_outbox')
+      expect((await migrateToLatest(database.db)).applied).toContain('0004_reaction_outbox')
 
       const history = await database.db
         .selectFrom('orderStatusHistory')
