@@ -104,7 +104,9 @@ export async function startService({
     const eventHandlers = createEventHandlers()
     // the reaction handlers (the forwarder, the fork's own): the app, the poller, the console, forwarded
     // commands and the dispatcher share them
-    const reactions = configuredReactions(config, { clock })
+    const reactions = configuredReactions(config, { clock, logger })
+    // closed after the dispatcher stopped (stops run in reverse): no handler is publishing by then
+    stops.push({ name: 'reaction handlers', stop: () => reactions.close() })
     registerEventHandlers(eventHandlers)
     const app = createApp({
       config,

@@ -80,7 +80,7 @@ export async function withDatabase<T>(
   if (inService) {
     if (inService.reactions) return run({ ...inService, reactions: inService.reactions })
     const { configuredReactions } = await import('../reactions/configured-reactions.js')
-    return run({ ...inService, reactions: configuredReactions(inService.config) })
+    return run({ ...inService, reactions: configuredReactions(inService.config, { logger: inService.logger }) })
   }
   // loaded here, not at start-up: `--help` and forwarded commands never need a database driver
   const [{ loadConfig }, { migrateToLatest }, { embeddedDatabaseExists, openDatabase }, { configuredReactions }] =
@@ -107,7 +107,7 @@ export async function withDatabase<T>(
   })
   try {
     if (migrate) await migrateToLatest(database.db)
-    return await run({ config, logger, db: database.db, reactions: configuredReactions(config) })
+    return await run({ config, logger, db: database.db, reactions: configuredReactions(config, { logger }) })
   } finally {
     await database.close()
   }

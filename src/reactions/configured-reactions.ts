@@ -1,21 +1,45 @@
 // The reaction handlers the service runs, from its config: the built-in forwarder when FORWARD_URL is
-// set, then the fork's own (partner-handlers.ts). `serve` runs them; a CLI command that moves an order
-// needs the same names, so the jobs it enqueues are the ones the service's dispatcher will run.
+// set, the RabbitMQ publisher when AMQP_URL is, then the fork's own (partner-handlers.ts). `serve` runs
+// them; a CLI command that moves an order needs the same names, so the jobs it enqueues are the ones the
+// service's dispatcher will run.
 import type { Clock } from '../clock.js'
 import type { Config } from '../config.js'
+import type { Logger } from '../logger.js'
+import { createAmqpPublisher } from './amqp-publisher.js'
 import { createForwarder } from './forwarder.js'
 import { registerPartnerHandlers } from './partner-handlers.js'
 import { createReactionRegistry, type ReactionRegistry } from './reaction-registry.js'
 
 /** The forwarder's handler name: stored with its jobs, so it never changes. */
 export const FORWARDER_HANDLER = 'forwarder'
+/** The RabbitMQ publisher's handler name, stored with its jobs as well. */
+export const AMQP_HANDLER = 'amqp'
 
-export function configuredReactions(config: Config, { clock }: { clock?: Clock } = {}): ReactionRegistry {
+export interface ConfiguredReactions extends ReactionRegistry {
+  /** Closes what the built-in handlers keep open (the broker connection): once the dispatcher stopped. */
+  close(): Promise<void>
+}
+
+export function configuredReactions(
+  config: Config,
+  { clock, logger }: { clock?: Clock; logger: Logger },
+): ConfiguredReactions {
   const reactions = createReactionRegistry()
+  const closers: (() => Promise<void>)[] = []
   if (config.forward) {
     const { url, secret, timeoutMs } = config.forward
     reactions.on('trade.*', FORWARDER_HANDLER, createForwarder({ url, secret, timeoutMs, ...(clock ? { clock } : {}) }))
   }
+  if (config.amqp) {
+    // it connects on its first event, so a CLI command that only enqueues jobs never opens a connection
+    const publisher = createAmqpPublisher({ ...config.amqp, logger })
+    reactions.on('trade.*', AMQP_HANDLER, publisher.handler)
+    closers.push(publisher.close)
+  }
   registerPartnerHandlers(reactions)
-  return reactions
+  return Object.assign(reactions, {
+    close: async () => {
+      await Promise.all(closers.map((close) => close()))
+    },
+  })
 }
