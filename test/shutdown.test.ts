@@ -77,6 +77,7 @@ describe('graceful shutdown', () => {
     const child = spawnCli(['serve'], {
       DATA_DIR: mkdtempSync(path.join(tmpdir(), 'serve-pipe-')),
       PORT: '0',
+      ADMIN_PORT: '0',
       SANDBOX_PORT: String(await freePort()),
       POLL_ENABLED: 'false',
       SHUTDOWN_TIMEOUT_MS: String(shutdownTimeoutMs),
@@ -104,6 +105,7 @@ describe('graceful shutdown', () => {
     const child = spawnCli(['serve'], {
       DATA_DIR: mkdtempSync(path.join(tmpdir(), 'serve-twice-')),
       PORT: '0',
+      ADMIN_PORT: '0',
       SANDBOX_PORT: String(await freePort()),
       POLL_ENABLED: 'false',
       SHUTDOWN_TIMEOUT_MS: '120000',
