@@ -112,7 +112,10 @@ describe('the reaction dispatcher', () => {
     const shipped = seen.find((call) => call.handler === 'ship-goods')!
     expect(shipped).toMatchObject({ attempt: 1, event: { orderId, externalReference: 'notified-1', tradeId: 'trd_notified-1', source: 'api' } })
     expect(shipped.event.eventId).toBe(ledger[1]!.event.eventId)
-    await eventually(async () => (await jobs(orderId, 'ledger')).every((job) => job.state === 'done'), 'the jobs are done')
+    // a handler's call is recorded before its job is marked done: wait for every job of both handlers
+    const allDone = async () =>
+      [...(await jobs(orderId, 'ledger')), ...(await jobs(orderId, 'ship-goods'))].every((job) => job.state === 'done')
+    await eventually(allDone, 'the jobs are done')
     expect(await jobs(orderId, 'ship-goods')).toMatchObject([{ state: 'done', attempts: 1, leaseToken: null }])
   })
 
