@@ -12,6 +12,7 @@ import pg from 'pg'
 import { deliveryHeaders } from './bench-secrets.js'
 import { runClaimBench, type ClaimResult } from './claim-bench.js'
 import { runPollBench, type PollBenchResult } from './poll-bench.js'
+import { runReactionsBench, type ReactionsBenchResult } from './reactions-bench.js'
 import { peakRssMb, startService } from './service-process.js'
 
 const root = path.resolve(import.meta.dirname, '..')
@@ -29,6 +30,9 @@ const allRuns: LoadResult[] = []
 // more than a run can send, so no delivery id repeats
 const SEEN_ELSEWHERE = 400_000
 const STATUSES = ['created', 'funded', 'delivered', 'disputed', 'resolved']
+// the forwarder's secret in the runs with one reaction handler registered
+const FORWARD_SECRET = `whsec_${randomBytes(32).toString('base64')}`
+const WITH_HANDLER = 'full ingest, one reaction handler (forwarder)'
 
 interface LoadResult {
   name: string
@@ -150,7 +154,11 @@ async function warmUp(port: number, makeBody: BodyFactory): Promise<void> {
 async function measured(kind: string, env: Record<string, string>, name: string, makeBody: BodyFactory, rss = false) {
   const { child, port } =
     kind === 'service'
-      ? await startService(env.BENCH_DATABASE_URL!, { orders: Number(env.BENCH_ORDERS ?? 0), seen: Number(env.BENCH_SEEN_DELIVERIES ?? 0) })
+      ? await startService(
+          env.BENCH_DATABASE_URL!,
+          { orders: Number(env.BENCH_ORDERS ?? 0), seen: Number(env.BENCH_SEEN_DELIVERIES ?? 0) },
+          env.FORWARD_URL ? { FORWARD_URL: env.FORWARD_URL, FORWARD_SECRET: FORWARD_SECRET } : {},
+        )
       : await startServer(kind, env)
   try {
     await warmUp(port, makeBody)
@@ -184,30 +192,43 @@ function best(runs: LoadResult[]): LoadResult {
   return runs.reduce((a, b) => (b.rps > a.rps ? b : a))
 }
 
-async function ingestBench(): Promise<LoadResult[]> {
+// reactionsOnly: the three runs the reactions target needs (minimal, full, full with a handler), alone
+async function ingestBench({ reactionsOnly = false } = {}): Promise<LoadResult[]> {
   execFileSync('npm', ['run', 'build', '--silent'], { cwd: root, stdio: 'ignore' })
   return withSchema(async (url) => {
     const orders = 40_000
     const results: LoadResult[] = []
-    results.push(await measured('bare', {}, 'bare Express 5 route', unmatched))
+    if (!reactionsOnly) results.push(await measured('bare', {}, 'bare Express 5 route', unmatched))
+    // the forwarder's far end, in its own process: every transition of the handler runs is POSTed there
+    const receiver = await startServer('receiver', {})
     const minimalRuns: LoadResult[] = []
     const fullRuns: LoadResult[] = []
-    for (let round = 0; round < rounds; round++) {
-      minimalRuns.push(await measured('minimal', { BENCH_DATABASE_URL: url }, 'minimal verify + insert', unmatched))
-      // each round its own orders, so every round climbs the same lifecycle
-      fullRuns.push(
-        await measured(
-          'service',
-          { BENCH_DATABASE_URL: url, BENCH_ORDERS: String(orders * rounds), BENCH_SEEN_DELIVERIES: '5000' },
-          'full ingest (matched, applied)',
-          matched(orders, round * orders),
-          true,
-        ),
-      )
+    const handlerRuns: LoadResult[] = []
+    // each round and variant its own orders, so every run climbs the same lifecycle
+    const seeded = { BENCH_DATABASE_URL: url, BENCH_ORDERS: String(orders * rounds * 2), BENCH_SEEN_DELIVERIES: '5000' }
+    try {
+      for (let round = 0; round < rounds; round++) {
+        minimalRuns.push(await measured('minimal', { BENCH_DATABASE_URL: url }, 'minimal verify + insert', unmatched))
+        fullRuns.push(await measured('service', seeded, 'full ingest (matched, applied)', matched(orders, round * orders), true))
+        handlerRuns.push(
+          await measured(
+            'service',
+            { ...seeded, FORWARD_URL: `http://127.0.0.1:${receiver.port}/forward` },
+            WITH_HANDLER,
+            matched(orders, (rounds + round) * orders),
+            true,
+          ),
+        )
+      }
+    } finally {
+      receiver.child.kill('SIGINT')
+      await once(receiver.child, 'exit')
     }
     const fullBest = best(fullRuns)
     results.push(best(minimalRuns), { ...fullBest, peakRssMb: Math.max(...fullRuns.map((run) => run.peakRssMb ?? 0)) })
-    allRuns.push(...minimalRuns, ...fullRuns)
+    results.push(best(handlerRuns))
+    allRuns.push(...minimalRuns, ...fullRuns, ...handlerRuns)
+    if (reactionsOnly) return results
     // retries of 5,000 deliveries over and over: from the warm-up on, this replica has seen each stored
     results.push(
       await measured('service', { BENCH_DATABASE_URL: url, BENCH_ORDERS: '5000', BENCH_SEEN_DELIVERIES: '5000' }, 'full ingest: duplicates', seen(5_000)),
@@ -258,11 +279,15 @@ async function main(): Promise<void> {
   let pglite: LoadResult[] = []
   let claim: ClaimResult | undefined
   let poll: PollBenchResult[] = []
+  let reactions: ReactionsBenchResult | undefined
 
   if (part === 'all' || part === 'ingest') ingest = await ingestBench()
   if (part === 'all' || part === 'pglite') pglite = await pgliteBench()
   if (part === 'all' || part === 'claim') claim = await withSchema((url) => runClaimBench(url, { quick }))
   if (part === 'all' || part === 'poll') poll = await withSchema((url) => runPollBench(url, { quick }))
+  // alone, the reactions section also runs the ingest it compares (minimal, full, full with a handler)
+  if (part === 'reactions') ingest = await ingestBench({ reactionsOnly: true })
+  if (part === 'all' || part === 'reactions') reactions = await withSchema((url) => runReactionsBench(url, { quick }))
   if (part === 'cli') {
     // CLI start-up alone: bench/cli-startup.ts writes its own results
     await (await import('./cli-startup.js')).benchCliStartup()
@@ -331,9 +356,38 @@ async function main(): Promise<void> {
         table([['POLL_CONCURRENCY', 'orders', 'seconds', 'orders reconciled/s'], ...poll.map((row) => [String(row.concurrency), String(row.orders), row.seconds.toFixed(2), String(Math.round(row.perSecond))])]),
     )
   }
+  const withHandler = byName(WITH_HANDLER, true)
+  if (full && withHandler && minimal) {
+    const without = full.rps / minimal.rps
+    const withOne = withHandler.rps / minimal.rps
+    targets.push([
+      'ingest ratio with one reaction handler ≥ 0.9× without',
+      `${withOne.toFixed(2)} / ${without.toFixed(2)} = ${(withOne / without).toFixed(2)}×`,
+      withOne >= 0.9 * without ? 'yes' : 'no',
+    ])
+  }
+  if (reactions) {
+    const { latency, dispatch } = reactions
+    sections.push(
+      '## Reactions\n\n' +
+        table([
+          ['measure', 'value'],
+          ['commit-to-handler latency p50 (one transition at a time)', `${latency.p50Ms} ms`],
+          ['commit-to-handler latency p99', `${latency.p99Ms} ms`],
+          ['commit-to-handler latency max', `${latency.maxMs} ms (${latency.samples} samples)`],
+          [`dispatch, no-op handler (${dispatch.jobs} jobs over ${dispatch.orders} orders, concurrency ${dispatch.concurrency})`, `${dispatch.oursPerSecond} jobs/s`],
+          [`graphile-worker 0.17, no-op task (${dispatch.jobs} jobs, concurrency ${dispatch.concurrency})`, `${dispatch.graphilePerSecond} jobs/s`],
+        ]),
+    )
+    targets.push([
+      'dispatch ≥ 1.0× graphile-worker (no-op)',
+      `${ratio(dispatch.oursPerSecond, dispatch.graphilePerSecond)}×`,
+      dispatch.oursPerSecond >= dispatch.graphilePerSecond ? 'yes' : 'no',
+    ])
+  }
   if (targets.length > 1) sections.splice(1, 0, `## Targets\n\n${table(targets)}`)
 
-  Object.assign(report, { rounds, ingest, roundRuns: allRuns, pglite, claim, poll, targets })
+  Object.assign(report, { rounds, ingest, roundRuns: allRuns, pglite, claim, poll, reactions, targets })
   const markdown = `${sections.join('\n\n')}\n`
   process.stdout.write(markdown)
   const suffix = part === 'all' && !quick ? 'latest' : `latest-${part}${quick ? '-quick' : ''}`

@@ -2,6 +2,7 @@
 //   bare     Express 5 answering 200 (the framework's limit)
 //   minimal  raw body, HMAC check, one INSERT ... ON CONFLICT DO NOTHING (the least a durable receiver does)
 //   full     the real service's app: verify, dedup, apply, history, logging on (to /dev/null)
+//   receiver the far end of the forwarder: reads each request and answers 204 (a partner's fast endpoint)
 // Prints {"port":N} on stdout once listening.
 import { createHmac, timingSafeEqual } from 'node:crypto'
 import express from 'express'
@@ -29,6 +30,12 @@ async function main(): Promise<void> {
     app = express()
     app.post('/webhooks/partner', (_req, res) => {
       res.json({ received: true })
+    })
+  } else if (kind === 'receiver') {
+    app = express()
+    app.post('/forward', (req, res) => {
+      req.resume()
+      req.once('end', () => res.status(204).end())
     })
   } else if (kind === 'minimal') {
     const pool = new pg.Pool({ connectionString: databaseUrl, max: poolSize })

@@ -11,7 +11,12 @@ const root = path.resolve(import.meta.dirname, '..')
 // The real receiver as it ships: the compiled CLI's `serve` (npm run build), remote mode, poller off,
 // logging on at info (to a pipe this process drains). Orders and seen deliveries are seeded once it has
 // migrated.
-export async function startService(url: string, seed: { orders: number; seen: number }): Promise<{ child: ChildProcess; port: number; adminPort: number }> {
+export async function startService(
+  url: string,
+  seed: { orders: number; seen: number },
+  /** More of the service's environment, e.g. FORWARD_URL and FORWARD_SECRET to run with a reaction handler. */
+  extraEnv: Record<string, string> = {},
+): Promise<{ child: ChildProcess; port: number; adminPort: number }> {
   const profile = process.env.BENCH_CPU_PROF ? ['--cpu-prof', `--cpu-prof-dir=${process.env.BENCH_CPU_PROF}`] : []
   // the flags the Docker image runs with (NODE_OPTIONS there); BENCH_NODE_FLAGS overrides them
   const nodeFlags = (process.env.BENCH_NODE_FLAGS ?? '--max-semi-space-size=8').split(' ').filter(Boolean)
@@ -31,6 +36,7 @@ export async function startService(url: string, seed: { orders: number; seen: nu
       WEBHOOK_SECRETS: BENCH_SECRET,
       // tuning experiments: these pass through from the bench's environment
       ...pick(process.env, ['DATABASE_POOL_SIZE', 'WEBHOOK_BATCH_MAX', 'WEBHOOK_SEEN_CACHE']),
+      ...extraEnv,
     },
     stdio: ['ignore', 'pipe', 'inherit'],
   })
