@@ -12,6 +12,13 @@ describe('the demo', () => {
     // the receiver-down trades' refunds reach their orders only through the poller
     expect(report.rows.find((row) => row.kind === 'receiver down')?.healedByPoller).toBe(10)
     expect(report.webhooks.dropped).toBeGreaterThan(0)
+    // every transition reached the forwarder's receiver, signature verified, once by webhook-id
+    for (const row of report.rows) {
+      expect(row.transitions, `${row.kind} has transitions`).toBeGreaterThan(row.orders)
+      expect(row.forwarded, `${row.kind}: forwarded events`).toBe(row.transitions)
+    }
+    expect(report.forward).toMatchObject({ invalid: 0, stillPending: 0 })
+    expect(report.forward.requests).toBeGreaterThanOrEqual(report.rows.reduce((sum, row) => sum + row.transitions, 0))
     expect(formatDemoReport(report)).toContain('Every order matches the platform.')
   }, 180_000)
 
@@ -25,5 +32,6 @@ describe('the demo', () => {
     expect(result.stdout).not.toContain('\r')
     expect(result.stdout).toMatch(/^webhooks: \d+ events sent by the sandbox; \d+ deliveries dropped/m)
     expect(result.stdout).toContain('Every order matches the platform.')
+    expect(result.stdout).toMatch(/^forwarder: (\d+) of \1 transitions received, signature verified, once each by webhook-id \(\d+ requests, \d+ repeats, 0 refused\)$/m)
   }, 180_000)
 })

@@ -16,7 +16,9 @@ export function registerDemoCommand(program: Command): void {
       const { formatDemoReport, runDemo } = await import('../demo/run-demo.js')
       const report = await runDemo({ trades: options.trades, seed: options.seed, out })
       write(options.json ? `${JSON.stringify(report, null, 2)}\n` : formatDemoReport(report))
-      // the demo is a check too: any order that does not match the platform fails it
-      if (report.mismatches.length > 0) setExitCode(1)
+      // the demo is a check too: an order that does not match the platform, or a transition the forwarder's
+      // receiver did not get once, fails it
+      const unforwarded = report.rows.some((row) => row.forwarded !== row.transitions) || report.forward.invalid > 0
+      if (report.mismatches.length > 0 || unforwarded) setExitCode(1)
     })
 }

@@ -2,7 +2,9 @@
 // through their lifecycle by the API client; the sandbox drops, repeats, reorders and delays their
 // webhooks, and a few trades' webhooks fail every attempt. Then the poller reconciles, and the run
 // checks that every order matches the platform, and says which converged by webhook and which the
-// poller healed.
+// poller healed. Every transition is also forwarded (the built-in reaction handler) to a local receiver
+// that verifies its Standard Webhooks signature and deduplicates by webhook-id, as a partner's system would.
+import { randomBytes } from 'node:crypto'
 import { type Clock, systemClock } from '../clock.js'
 import { migrateToLatest } from '../db/migrate.js'
 import { type DatabaseHandle, openDatabase } from '../db/open-database.js'
@@ -12,13 +14,17 @@ import { createLogger, type Logger } from '../logger.js'
 import { findOrderByExternalReference, orderHistory } from '../orders/order.repository.js'
 import { PartnerApiClient } from '../partner-api/partner-api.client.js'
 import { parseConfig } from '../config.js'
+import { createDispatcher, DEFAULT_DISPATCHER_SETTINGS, type Dispatcher } from '../reactions/dispatcher.js'
+import { createForwarder } from '../reactions/forwarder.js'
+import { reactionJobStats } from '../reactions/reaction-job.repository.js'
+import { createReactionRegistry } from '../reactions/reaction-registry.js'
 import { createPoller } from '../reconcile/poller.js'
 import { createSandbox, type Sandbox } from '../sandbox/create-sandbox.js'
 import { openTradeForOrder } from '../trades/open-trade-for-order.js'
 import { runTradeOperation } from '../trades/run-trade-operation.js'
 import type { TradeDeps } from '../trades/trade-deps.js'
+import { type DemoForwardReceiver, startForwardReceiver } from './forward-receiver.js'
 import { progressBar } from './progress-bar.js'
-import { NO_REACTION_HANDLERS } from '../orders/apply-observation.js'
 
 export type DemoKind = 'plain' | 'milestone' | 'cancelled' | 'disputed' | 'receiver down'
 
@@ -30,6 +36,10 @@ export interface DemoRow {
   byWebhook: number
   healedByPoller: number
   matching: number
+  /** Transitions of these orders (status history rows: one event each). */
+  transitions: number
+  /** Events the local receiver verified and counted once by webhook-id. */
+  forwarded: number
 }
 
 export interface DemoReport {
@@ -37,6 +47,7 @@ export interface DemoReport {
   mismatches: { reference: string; order: string | null; platform: string }[]
   webhooks: { sent: number; dropped: number; duplicated: number; failedAttempts: number }
   pollCycles: number
+  forward: { requests: number; duplicates: number; invalid: number; stillPending: number }
 }
 
 export interface DemoOptions {
@@ -55,7 +66,10 @@ const SECRETS = {
 }
 
 export async function runDemo({ trades = 50, seed = 7, out = process.stdout, logger }: DemoOptions = {}): Promise<DemoReport> {
-  const log = logger ?? createLogger({ level: 'error', secrets: [SECRETS.apiSecret, SECRETS.webhookSecret] })
+  // a fresh secret each run, as FORWARD_SECRET would be (whsec_ and the base64 of 32 random bytes)
+  const forwardKey = randomBytes(32).toString('base64')
+  const forwardSecret = `whsec_${forwardKey}`
+  const log = logger ?? createLogger({ level: 'error', secrets: [SECRETS.apiSecret, SECRETS.webhookSecret, forwardKey] })
   const config = parseConfig({
     PARTNER_API_BASE_URL: 'http://127.0.0.1:1',
     PARTNER_API_KEY_ID: SECRETS.keyId,
@@ -71,9 +85,29 @@ export async function runDemo({ trades = 50, seed = 7, out = process.stdout, log
   const database: DatabaseHandle = openDatabase({ dataDir: 'memory://' })
   let sandbox: Sandbox | undefined
   let receiver: Awaited<ReturnType<typeof listen>> | undefined
+  let forwardReceiver: DemoForwardReceiver | undefined
+  let dispatcher: Dispatcher | undefined
   try {
     await migrateToLatest(database.db)
-    receiver = await listen(createApp({ config, db: database.db, logger: log, clock }), { port: 0, host: '127.0.0.1' })
+    forwardReceiver = await startForwardReceiver(forwardSecret)
+    const reactions = createReactionRegistry().on(
+      'trade.*',
+      'forwarder',
+      createForwarder({ url: forwardReceiver.url, secret: forwardSecret, timeoutMs: 5_000 }),
+    )
+    // the poller below runs STALE_AFTER_S ahead (see `later`), and the jobs of what it applies are due at
+    // its time: the dispatcher keeps that time from the start, so every job is due when it is enqueued
+    const later: Clock = { now: () => Date.now() + (config.poll.staleAfterS + 1) * 1000, sleep: clock.sleep }
+    dispatcher = createDispatcher({
+      db: database.db,
+      handler: reactions.handler,
+      clock: later,
+      logger: log,
+      listen: database.listen,
+      settings: { ...DEFAULT_DISPATCHER_SETTINGS, concurrency: 8, maxAttempts: 10 },
+    })
+    await dispatcher.start()
+    receiver = await listen(createApp({ config, db: database.db, logger: log, clock, reactions }), { port: 0, host: '127.0.0.1' })
     sandbox = createSandbox({
       ...SECRETS,
       webhookUrl: `${receiver.url}${config.webhook.path}`,
@@ -100,7 +134,7 @@ export async function runDemo({ trades = 50, seed = 7, out = process.stdout, log
       settings: {
         expectedWebhookS: config.poll.expectedWebhookS,
         staleAfterS: config.poll.staleAfterS,
-        handlersFor: NO_REACTION_HANDLERS,
+        handlersFor: reactions.handlersFor,
       },
     }
 
@@ -125,13 +159,19 @@ export async function runDemo({ trades = 50, seed = 7, out = process.stdout, log
     say('demo: reconciling: the poller fetches every order still open, as it would after STALE_AFTER_S')
 
     // the poller runs as it would once STALE_AFTER_S had passed: every order still open is due
-    const later: Clock = { now: () => Date.now() + (config.poll.staleAfterS + 1) * 1000, sleep: clock.sleep }
     const poller = createPoller({
       db: database.db,
       fetcher: client,
       clock: later,
       logger: log,
-      settings: { intervalS: 1, concurrency: 8, batchSize: 100, staleAfterS: config.poll.staleAfterS, handlersFor: NO_REACTION_HANDLERS, leaseS: 60 },
+      settings: {
+        intervalS: 1,
+        concurrency: 8,
+        batchSize: 100,
+        staleAfterS: config.poll.staleAfterS,
+        leaseS: 60,
+        handlersFor: reactions.handlersFor,
+      },
       replica: 'demo',
     })
     let pollCycles = 0
@@ -142,13 +182,31 @@ export async function runDemo({ trades = 50, seed = 7, out = process.stdout, log
       if (summary.claimed === 0 || pollCycles > 10) break
     }
 
-    const report = await compare(deps, sandbox, plan, pollCycles)
+    say('demo: waiting for the forwarder to hand every transition to the local receiver…')
+    const stillPending = await forwarded(database, later, 30_000)
+    await dispatcher.stop()
+    dispatcher = undefined
+
+    const report = await compare(deps, sandbox, plan, pollCycles, forwardReceiver, stillPending)
     say(`demo: done in ${((Date.now() - startedAt) / 1000).toFixed(1)} s`)
     return report
   } finally {
+    await dispatcher?.stop()
     await sandbox?.close()
     await receiver?.stop(1_000)
+    await forwardReceiver?.close()
     await database.close()
+  }
+}
+
+/** Waits (up to `boundMs`) until no reaction job is left to run; answers how many still are. */
+async function forwarded(database: DatabaseHandle, clock: Clock, boundMs: number): Promise<number> {
+  const until = Date.now() + boundMs
+  for (;;) {
+    const stats = await reactionJobStats(database.db, new Date(clock.now()))
+    const left = stats.pending + stats.running
+    if (left === 0 || Date.now() > until) return left
+    await new Promise((resolve) => setTimeout(resolve, 50))
   }
 }
 
@@ -209,10 +267,20 @@ async function compare(
   sandbox: Sandbox,
   plan: { reference: string; kind: DemoKind }[],
   pollCycles: number,
+  forwardReceiver: DemoForwardReceiver,
+  stillPending: number,
 ): Promise<DemoReport> {
   const rows = new Map<DemoKind, DemoRow>(
-    KINDS.map((kind) => [kind, { kind, orders: 0, byApiAnswer: 0, byWebhook: 0, healedByPoller: 0, matching: 0 }]),
+    KINDS.map((kind) => [
+      kind,
+      { kind, orders: 0, byApiAnswer: 0, byWebhook: 0, healedByPoller: 0, matching: 0, transitions: 0, forwarded: 0 },
+    ]),
   )
+  const forwardedByReference = new Map<string, number>()
+  for (const event of forwardReceiver.events) {
+    const reference = event.data.external_reference
+    forwardedByReference.set(reference, (forwardedByReference.get(reference) ?? 0) + 1)
+  }
   const mismatches: DemoReport['mismatches'] = []
   for (const { reference, kind } of plan) {
     const row = rows.get(kind)!
@@ -221,7 +289,10 @@ async function compare(
     row.orders++
     if (order?.tradeStatus === platform) row.matching++
     else mismatches.push({ reference, order: order?.tradeStatus ?? null, platform })
-    const last = (await orderHistory(deps.db, order!.id)).at(-1)
+    const history = await orderHistory(deps.db, order!.id)
+    row.transitions += history.length
+    row.forwarded += forwardedByReference.get(reference) ?? 0
+    const last = history.at(-1)
     if (last?.source === 'poll') row.healedByPoller++
     else if (last?.source === 'webhook') row.byWebhook++
     else row.byApiAnswer++
@@ -237,11 +308,12 @@ async function compare(
       failedAttempts: log.filter((attempt) => attempt.result === 'failed' || attempt.result === 'timeout').length,
     },
     pollCycles,
+    forward: { ...forwardReceiver.stats, stillPending },
   }
 }
 
 export function formatDemoReport(report: DemoReport): string {
-  const header = ['kind', 'orders', 'by API answer', 'by webhook', 'healed by poller', 'match platform']
+  const header = ['kind', 'orders', 'by API answer', 'by webhook', 'healed by poller', 'match platform', 'forwarded events']
   const lines = report.rows.map((row) => [
     row.kind,
     String(row.orders),
@@ -249,6 +321,7 @@ export function formatDemoReport(report: DemoReport): string {
     String(row.byWebhook),
     String(row.healedByPoller),
     `${row.matching}/${row.orders}`,
+    `${row.forwarded}/${row.transitions}`,
   ])
   const total = report.rows.reduce(
     (sum, row) => ({
@@ -257,10 +330,20 @@ export function formatDemoReport(report: DemoReport): string {
       byWebhook: sum.byWebhook + row.byWebhook,
       healed: sum.healed + row.healedByPoller,
       matching: sum.matching + row.matching,
+      transitions: sum.transitions + row.transitions,
+      forwarded: sum.forwarded + row.forwarded,
     }),
-    { orders: 0, byApi: 0, byWebhook: 0, healed: 0, matching: 0 },
+    { orders: 0, byApi: 0, byWebhook: 0, healed: 0, matching: 0, transitions: 0, forwarded: 0 },
   )
-  lines.push(['all', String(total.orders), String(total.byApi), String(total.byWebhook), String(total.healed), `${total.matching}/${total.orders}`])
+  lines.push([
+    'all',
+    String(total.orders),
+    String(total.byApi),
+    String(total.byWebhook),
+    String(total.healed),
+    `${total.matching}/${total.orders}`,
+    `${total.forwarded}/${total.transitions}`,
+  ])
   const widths = header.map((title, i) => Math.max(title.length, ...lines.map((line) => line[i]!.length)))
   const format = (cells: string[]) => cells.map((cell, i) => cell.padEnd(widths[i]!)).join('  ')
   const { webhooks } = report
@@ -273,6 +356,9 @@ export function formatDemoReport(report: DemoReport): string {
     `webhooks: ${webhooks.sent} events sent by the sandbox; ${webhooks.dropped} deliveries dropped, ` +
       `${webhooks.duplicated} duplicated, ${webhooks.failedAttempts} attempts failed (and were retried)`,
     `poller: ${report.pollCycles} cycle(s) until no order was left due`,
+    `forwarder: ${total.forwarded} of ${total.transitions} transitions received, signature verified, once each by webhook-id ` +
+      `(${report.forward.requests} requests, ${report.forward.duplicates} repeats, ${report.forward.invalid} refused` +
+      `${report.forward.stillPending ? `, ${report.forward.stillPending} still pending` : ''})`,
     report.mismatches.length === 0
       ? 'Every order matches the platform.'
       : `MISMATCH: ${report.mismatches.map((m) => `${m.reference} order=${m.order} platform=${m.platform}`).join('; ')}`,
