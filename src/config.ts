@@ -5,7 +5,7 @@
 // needs no environment at all; its secrets are generated once and kept in DATA_DIR (the file is named
 // in the start-up log, the values never are). With a real platform configured, every secret is required.
 import { randomBytes } from 'node:crypto'
-import { mkdirSync, readFileSync, writeFileSync } from 'node:fs'
+import { linkSync, mkdirSync, readFileSync, renameSync, unlinkSync, writeFileSync } from 'node:fs'
 import path from 'node:path'
 import bytes from 'bytes'
 import { z } from 'zod'
@@ -394,6 +394,8 @@ export function localSecretsPath(dataDir: string): string {
 /** Reads the local-mode secrets from DATA_DIR, generating them on first use (file mode 0600). */
 export function readLocalSecrets(dataDir: string): LocalSecrets {
   const file = localSecretsPath(dataDir)
+  const written = writeLocalSecretsOnce(dataDir, file)
+  if (written) return written
   let stored: Partial<LocalSecrets> = {}
   try {
     stored = JSON.parse(readFileSync(file, 'utf8')) as Partial<LocalSecrets>
@@ -421,9 +423,36 @@ export function readLocalSecrets(dataDir: string): LocalSecrets {
     sandboxControlToken: stored.sandboxControlToken ?? randomBytes(32).toString('hex'),
     adminToken: randomBytes(32).toString('hex'),
   }
-  mkdirSync(dataDir, { recursive: true, mode: 0o700 })
-  writeFileSync(file, `${JSON.stringify(secrets, null, 2)}\n`, { mode: 0o600 })
+  // an older file missing a newer secret: replace it whole (rename), never leave it half-written
+  const temporary = `${file}.${process.pid}.${randomBytes(4).toString('hex')}.tmp`
+  writeFileSync(temporary, `${JSON.stringify(secrets, null, 2)}\n`, { mode: 0o600 })
+  renameSync(temporary, file)
   return secrets
+}
+
+// First use: two commands started at once (or a command beside `serve`) must agree on one set of secrets
+// and never read a half-written file. The file is written whole under a temporary name, then linked into
+// place, which fails if another process got there first: then its file is the one, and is read instead.
+function writeLocalSecretsOnce(dataDir: string, file: string): LocalSecrets | undefined {
+  mkdirSync(dataDir, { recursive: true, mode: 0o700 })
+  const secrets: LocalSecrets = {
+    webhookSecret: randomBytes(32).toString('hex'),
+    apiKeyId: `pk_sandbox_${randomBytes(6).toString('hex')}`,
+    apiSecret: randomBytes(32).toString('hex'),
+    sandboxControlToken: randomBytes(32).toString('hex'),
+    adminToken: randomBytes(32).toString('hex'),
+  }
+  const temporary = `${file}.${process.pid}.${randomBytes(4).toString('hex')}.tmp`
+  writeFileSync(temporary, `${JSON.stringify(secrets, null, 2)}\n`, { mode: 0o600 })
+  try {
+    linkSync(temporary, file)
+    return secrets
+  } catch (error) {
+    if ((error as NodeJS.ErrnoException).code === 'EEXIST') return undefined
+    throw error
+  } finally {
+    unlinkSync(temporary)
+  }
 }
 
 /** Every configured secret, for the log redaction and the tests that prove no log line holds one. */
