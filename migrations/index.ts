@@ -5,10 +5,12 @@ import * as initial from './0001_initial.js'
 import * as visitedStatusesAndBodyHash from './0002_visited_statuses_and_body_hash.js'
 import * as consoleIndexes from './0003_console_indexes.js'
 import * as reactionOutbox from './0004_reaction_outbox.js'
+import * as consoleReactionIndexes from './0005_console_reaction_indexes.js'
 
 export const migrations: Record<string, Migration> = {
   '0001_initial': initial,
   '0002_visited_statuses_and_body_hash': visitedStatusesAndBodyHash,
   '0003_console_indexes': consoleIndexes,
   '0004_reaction_outbox': reactionOutbox,
+  '0005_console_reaction_indexes': consoleReactionIndexes,
 }

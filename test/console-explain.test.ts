@@ -3,11 +3,18 @@
 import { CompiledQuery, sql } from 'kysely'
 import { afterAll, beforeAll, expect, it } from 'vitest'
 import { searchOrdersQuery } from '../src/orders/order.repository.js'
+import {
+  countFailedJobsByHandlerQuery,
+  jobsOfEventsQuery,
+  type ReactionJobFilter,
+  searchJobsQuery,
+} from '../src/reactions/reaction-job.repository.js'
 import { type DeliveryFilter, searchDeliveriesQuery } from '../src/webhooks/delivery.repository.js'
 import { createTestDatabase, describePostgres, type TestDatabase } from './helpers/test-database.js'
 
 const DELIVERIES = 50_000
 const ORDERS = 10_000
+const EVENTS = 30_000
 
 interface PlanNode {
   'Node Type': string
@@ -47,8 +54,26 @@ describePostgres('console search queries (Postgres)', () => {
       select 'order-' || i, 'trd-' || i, case when i % 100 = 0 then 'disputed' else 'funded' end,
              case when i % 500 = 0 then 'trade_not_found' end, now() + (i * interval '1 minute')
       from generate_series(0, ${ORDERS - 1}) as i`.execute(database.db)
+    // an event per order and status, and two handlers' jobs for each: mostly done, 1 in 1,000 failed, 1 in
+    // 200 pending; a third handler subscribed to one event in 500
+    await sql`
+      insert into order_status_history (order_id, from_status, to_status, source, sequence, trade_id, external_reference, recorded_at)
+      select (i % ${ORDERS}) + 1, 'created', 'funded', 'webhook', 1 + i / ${ORDERS}, 'trd-' || (i % ${ORDERS}), 'order-' || (i % ${ORDERS}),
+             now() - (i * interval '1 minute')
+      from generate_series(0, ${EVENTS - 1}) as i`.execute(database.db)
+    await sql`
+      insert into reaction_jobs (event_id, order_id, sequence, handler, state, attempts, run_at, created_at)
+      select h.event_id, h.order_id, h.sequence, handler.name,
+             case when h.id % 1000 = 0 then 'failed' when h.id % 200 = 0 then 'pending' else 'done' end, 1,
+             h.recorded_at, h.recorded_at
+      from order_status_history h
+      cross join (values ('ledger'), ('crm-sync'), ('rare')) as handler(name)
+      where handler.name <> 'rare' or h.id % 500 = 0
+      order by h.id`.execute(database.db)
     await sql`analyze webhook_deliveries`.execute(database.db)
     await sql`analyze orders`.execute(database.db)
+    await sql`analyze order_status_history`.execute(database.db)
+    await sql`analyze reaction_jobs`.execute(database.db)
   }, 120_000)
   afterAll(async () => {
     await database?.close()
@@ -83,5 +108,32 @@ describePostgres('console search queries (Postgres)', () => {
       expect(nodes.filter((node) => node['Node Type'] === 'Seq Scan')).toEqual([])
       expect(nodes.map((node) => node['Index Name'])).toContain(index)
     }
+  })
+
+  const reactionLists: [string, ReactionJobFilter, string][] = [
+    ['failed', { state: 'failed' }, 'reaction_jobs_state_idx'],
+    ['pending', { state: 'pending' }, 'reaction_jobs_state_idx'],
+    ['a handler', { handler: 'rare' }, 'reaction_jobs_handler_idx'],
+    ['a handler and a state', { handler: 'rare', state: 'failed' }, 'reaction_jobs_'],
+    ['every state', {}, 'reaction_jobs_pkey'],
+  ]
+  for (const [name, filter, index] of reactionLists) {
+    it(`lists reaction jobs by ${name} through ${index}, with their events by event id, on the first page and a later one`, async () => {
+      for (const beforeId of [undefined, '20000']) {
+        const nodes = await plan(searchJobsQuery(database.db, filter, { beforeId, limit: 51 }))
+        expect(nodes.filter((node) => node['Node Type'] === 'Seq Scan')).toEqual([])
+        expect(nodes.some((node) => node['Index Name']?.startsWith(index))).toBe(true)
+        expect(nodes.map((node) => node['Index Name'])).toContain('order_status_history_event_id_key')
+      }
+    })
+  }
+
+  it("finds an order's reactions by event id and counts the failed ones through indexes", async () => {
+    const events = await sql<{ eventId: string }>`select event_id from order_status_history where order_id = 42`.execute(database.db)
+    const byEvent = await plan(jobsOfEventsQuery(database.db, events.rows.map((row) => row.eventId)))
+    expect(byEvent.filter((node) => node['Node Type'] === 'Seq Scan')).toEqual([])
+    expect(byEvent.map((node) => node['Index Name'])).toContain('reaction_jobs_event_handler_key')
+    const failed = await plan(countFailedJobsByHandlerQuery(database.db))
+    expect(failed.filter((node) => node['Node Type'] === 'Seq Scan')).toEqual([])
   })
 })

@@ -14,7 +14,9 @@ import { fakeTradeApi } from './helpers/partner-api-fake-client.js'
 import { testConfig } from './helpers/test-config.js'
 import { createTestDatabase, type TestDatabase } from './helpers/test-database.js'
 import { sendWebhook, tradePayload } from './helpers/webhook-delivery.js'
-import { NO_REACTION_HANDLERS } from '../src/orders/apply-observation.js'
+import { applyObservation, NO_REACTION_HANDLERS } from '../src/orders/apply-observation.js'
+import { createOrder } from '../src/orders/order.repository.js'
+import { createReactionRegistry } from '../src/reactions/reaction-registry.js'
 
 const TOKEN = 'console-token-0123456789abcdef0123'
 const HOSTILE_ID = '"><img/src=x/onerror=alert(1)><script>alert(2)</script>'
@@ -31,6 +33,12 @@ const GET_PAGES = [
   '/console/orders/1',
   '/console/orders/requeue',
   '/console/reconcile',
+  '/console/reactions',
+  '/console/reactions?state=failed',
+  '/console/reactions/1',
+  '/console/reactions/1/retry',
+  '/console/reactions/1/skip',
+  '/console/reactions/retry-failed',
   '/console/no-such-page',
 ]
 const POST_ACTIONS = [
@@ -38,6 +46,9 @@ const POST_ACTIONS = [
   `/console/deliveries/d/${'0'.repeat(64)}/reapply`,
   '/console/orders/requeue',
   '/console/reconcile/run',
+  '/console/reactions/1/retry',
+  '/console/reactions/1/skip',
+  '/console/reactions/retry-failed',
   '/console/logout',
 ]
 
@@ -306,6 +317,175 @@ describe('operator console', () => {
     const page = await bearer(request(admin).get(`/console/orders/${order!.id}`))
     expect(page.status).toBe(200)
     expect(page.text).toMatch(/<td>—<\/td><td>funded<\/td><td>webhook<\/td><td>dlv-late-1<\/td>/)
+  })
+})
+
+describe('operator console: reactions', () => {
+  let database: TestDatabase
+  let admin: Express
+  const jobs: Record<string, string> = {}
+  const HOSTILE_ERROR = 'Error: CRM said <script>window.pwned=5</script>\n    at "><img src=x onerror=alert(6)>'
+  const bearer = (call: request.Test) => call.set('Authorization', `Bearer ${TOKEN}`)
+  const stateOf = async (id: string) =>
+    (await database.db.selectFrom('reactionJobs').select(['state', 'attempts']).where('id', '=', id).executeTakeFirstOrThrow())
+  /** What a dispatcher leaves after the last attempt threw (written directly: the claim is the dispatcher's). */
+  const fail = async (id: string, error: string) => {
+    await database.db
+      .updateTable('reactionJobs')
+      .set({ state: 'failed', attempts: 5, lastError: error, finishedAt: new Date() })
+      .where('id', '=', id)
+      .execute()
+  }
+
+  beforeAll(async () => {
+    database = await createTestDatabase()
+    admin = createAdminApp({ config: testConfig({ ADMIN_TOKEN: TOKEN }), db: database.db, logger: testLogger([TOKEN]) })
+    const reactions = createReactionRegistry().on('trade.*', 'ledger', async () => {}).on('trade.funded', 'crm-sync', async () => {})
+    for (const reference of ['react-1', 'react-2', 'react-3']) {
+      const { order } = await createOrder(database.db, { externalReference: reference })
+      for (const status of ['created', 'funded']) {
+        await applyObservation(
+          database.db,
+          { target: { orderId: order.id }, tradeId: `trd_${reference}`, status, source: 'webhook', observedAt: new Date() },
+          { staleAfterS: 3_600, handlersFor: reactions.handlersFor },
+        )
+      }
+    }
+    const rows = await database.db
+      .selectFrom('reactionJobs as job')
+      .innerJoin('orderStatusHistory as event', 'event.eventId', 'job.eventId')
+      .select(['job.id', 'job.handler', 'job.sequence', 'event.externalReference'])
+      .execute()
+    for (const row of rows) jobs[`${row.externalReference}/${row.handler}/${row.sequence}`] = String(row.id)
+    expect(Object.keys(jobs)).toHaveLength(9)
+    await database.db.updateTable('reactionJobs').set({ state: 'done', attempts: 1, finishedAt: new Date() }).where('handler', '=', 'ledger').execute()
+    await fail(jobs['react-1/crm-sync/2']!, HOSTILE_ERROR)
+    await fail(jobs['react-2/crm-sync/2']!, 'Error: CRM unavailable (503)')
+  })
+  afterAll(async () => {
+    await database.close()
+  })
+
+  it('puts failed reactions at the top of the overview, with the ones still to run and the oldest age', async () => {
+    const page = await bearer(request(admin).get('/console/'))
+    expect(page.status).toBe(200)
+    const attention = /<section class="attention">([\s\S]*?)<\/section>/.exec(page.text)?.[1]
+    expect(attention).toContain('2 failed reaction(s)</a>')
+    expect(attention).toContain('crm-sync: 2')
+    expect(page.text).toMatch(/<span class="figure">1<\/span> <a href="\/console\/reactions\?state=pending">reactions to run<\/a><br>oldest \d+ s/)
+  })
+
+  it('lists reactions by state and by handler, newest first, the last error shown as text', async () => {
+    const failed = await bearer(request(admin).get('/console/reactions').query({ state: 'failed' }))
+    expect(failed.status).toBe(200)
+    const listed = [...failed.text.matchAll(/<a href="\/console\/reactions\/(\d+)">/g)].map((match) => match[1])
+    expect(listed).toEqual([jobs['react-2/crm-sync/2'], jobs['react-1/crm-sync/2']])
+    expect(failed.text).not.toContain('<script>window.pwned')
+    expect(failed.text).toContain('Error: CRM said &lt;script&gt;window.pwned=5&lt;/script&gt;')
+    expect(failed.text).toContain('Retry every failed reaction (2)')
+
+    const ledger = await bearer(request(admin).get('/console/reactions').query({ handler: 'ledger', state: 'done' }))
+    expect([...ledger.text.matchAll(/<td>ledger<\/td>/g)]).toHaveLength(6)
+    expect(ledger.text).not.toContain('<td>crm-sync</td>')
+
+    expect((await bearer(request(admin).get('/console/reactions').query({ state: 'lost' }))).status).toBe(400)
+    expect((await bearer(request(admin).get('/console/reactions').query({ before: '1 or 1=1' }))).status).toBe(400)
+  })
+
+  it('pages through every job without skipping or repeating one', async () => {
+    const seen: string[] = []
+    let next: string | undefined = '/console/reactions'
+    let pages = 0
+    while (next) {
+      const response = await bearer(request(admin).get(next))
+      expect(response.status).toBe(200)
+      pages++
+      seen.push(...[...response.text.matchAll(/<td><a href="\/console\/reactions\/(\d+)">/g)].map((match) => match[1]!))
+      next = /<a rel="next" href="([^"]+)"/.exec(response.text)?.[1]?.replace(/&amp;/g, '&')
+    }
+    expect(pages).toBe(1)
+    expect(seen).toEqual(Object.values(jobs).sort((a, b) => Number(b) - Number(a)))
+  })
+
+  it('shows a job: its event, handler, attempts, state and the whole last error escaped', async () => {
+    const page = await bearer(request(admin).get(`/console/reactions/${jobs['react-1/crm-sync/2']}`))
+    expect(page.status).toBe(200)
+    expect(page.text).toContain('<strong>crm-sync</strong>')
+    expect(page.text).toContain('<strong>trade.funded</strong>')
+    expect(page.text).toContain('after 5 attempt(s)')
+    expect(page.text).toContain('react-1</a>, sequence 2')
+    expect(page.text).not.toContain('<img')
+    expect(page.text).toContain('&quot;&gt;&lt;img src=x onerror=alert(6)&gt;')
+    expect(page.text).toContain('/retry">Retry now…</a>')
+    expect((await bearer(request(admin).get('/console/reactions/999999'))).status).toBe(404)
+    expect((await bearer(request(admin).get('/console/reactions/abc'))).status).toBe(404)
+  })
+
+  it("shows on an order's timeline the reactions each status change caused", async () => {
+    const order = await findOrderByExternalReference(database.db, 'react-1')
+    const page = await bearer(request(admin).get(`/console/orders/${order!.id}`))
+    const rows = [...page.text.matchAll(/<tr><td>[^<]*<\/td><td>[^<]*<\/td><td>(created|funded)<\/td>[\s\S]*?<\/tr>/g)].map((match) => match[0])
+    expect(rows).toHaveLength(2)
+    expect(rows[0]).toContain(`<a href="/console/reactions/${jobs['react-1/ledger/1']}">ledger</a> <span class="outcome done">done</span>`)
+    expect(rows[0]).not.toContain('crm-sync')
+    expect(rows[1]).toContain('ledger</a> <span class="outcome done">done</span>')
+    expect(rows[1]).toContain(`<a href="/console/reactions/${jobs['react-1/crm-sync/2']}">crm-sync</a> <span class="outcome failed">failed</span>`)
+  })
+
+  it('retries a failed reaction once however often the form is posted, and refuses one that is done', async () => {
+    const id = jobs['react-1/crm-sync/2']!
+    const confirm = await bearer(request(admin).get(`/console/reactions/${id}/retry`))
+    expect(confirm.status).toBe(200)
+    expect(confirm.text).toContain('now failed after 5 attempt(s)')
+    const fields = formFields(confirm.text)
+    const first = await bearer(request(admin).post(`/console/reactions/${id}/retry`)).type('form').send(fields)
+    expect(first.status).toBe(200)
+    expect(first.text).toContain(`job ${id} runs again now`)
+    expect(await stateOf(id)).toEqual({ state: 'pending', attempts: 0 })
+    // the dispatcher ran it meanwhile; the same form again does nothing
+    await database.db.updateTable('reactionJobs').set({ state: 'done', attempts: 1 }).where('id', '=', id).execute()
+    const again = await bearer(request(admin).post(`/console/reactions/${id}/retry`)).type('form').send(fields)
+    expect(again.text).toContain('already carried out')
+    expect(await stateOf(id)).toEqual({ state: 'done', attempts: 1 })
+    // a new form on a done job: refused by the CLI's own rule
+    const late = await bearer(request(admin).post(`/console/reactions/${id}/retry`)).type('form').send({ ...fields, action_id: 'a'.repeat(32) })
+    expect(late.status).toBe(409)
+    expect(late.text).toContain(`job ${id} is done: only a failed or pending job can be retried`)
+    expect(await stateOf(id)).toEqual({ state: 'done', attempts: 1 })
+  })
+
+  it('refuses a retry or a skip without the CSRF token and changes nothing', async () => {
+    const id = jobs['react-2/crm-sync/2']!
+    for (const verb of ['retry', 'skip']) {
+      const { csrf: _csrf, ...fields } = formFields((await bearer(request(admin).get(`/console/reactions/${id}/${verb}`))).text)
+      const refused = await request(admin).post(`/console/reactions/${id}/${verb}`).set('Authorization', basic('ops', TOKEN)).type('form').send(fields)
+      expect(refused.status).toBe(403)
+    }
+    expect((await stateOf(id)).state).toBe('failed')
+  })
+
+  it('skips a failed reaction, and lists both actions on the overview with who did them', async () => {
+    const id = jobs['react-2/crm-sync/2']!
+    const confirm = await request(admin).get(`/console/reactions/${id}/skip`).set('Authorization', basic('erin', TOKEN))
+    const done = await request(admin).post(`/console/reactions/${id}/skip`).set('Authorization', basic('erin', TOKEN)).type('form').send(formFields(confirm.text))
+    expect(done.status).toBe(200)
+    expect(done.text).toContain(`job ${id} skipped`)
+    expect((await stateOf(id)).state).toBe('skipped')
+    const overview = (await bearer(request(admin).get('/console/'))).text
+    expect(overview).toMatch(new RegExp(`<td>erin</td><td>skip reaction ${id}</td><td>job ${id} skipped</td>`))
+    expect(overview).toContain(`<td>retry reaction ${jobs['react-1/crm-sync/2']}</td>`)
+    expect(overview).not.toContain('failed reaction(s)')
+  })
+
+  it('retries every failed reaction after a confirm page that counts them', async () => {
+    await fail(jobs['react-3/crm-sync/2']!, 'Error: timeout')
+    const confirm = await bearer(request(admin).get('/console/reactions/retry-failed'))
+    expect(confirm.text).toContain('<strong>1</strong> now')
+    const fields = formFields(confirm.text)
+    const run = await bearer(request(admin).post('/console/reactions/retry-failed')).type('form').send(fields)
+    expect(run.text).toContain(`1 job(s) run again now: ${jobs['react-3/crm-sync/2']}`)
+    expect((await stateOf(jobs['react-3/crm-sync/2']!)).state).toBe('pending')
+    expect((await bearer(request(admin).post('/console/reactions/retry-failed')).type('form').send(fields)).text).toContain('already carried out')
   })
 })
 

@@ -23,7 +23,9 @@ td.number, th.number { text-align: right; font-variant-numeric: tabular-nums; }
 .outcome { padding: 0 .35rem; border-radius: 3px; background: #eef1f5; }
 .outcome.applied { background: #e3f4e8; color: var(--good); }
 .outcome.unmatched, .outcome.attention, .outcome.stale { background: #fff1d6; color: var(--warn); }
-.outcome.trade_mismatch, .outcome.invalid, .outcome.unknown_status { background: #fde4e2; color: var(--bad); }
+.outcome.trade_mismatch, .outcome.invalid, .outcome.unknown_status, .outcome.failed { background: #fde4e2; color: var(--bad); }
+.outcome.done { background: #e3f4e8; color: var(--good); }
+.outcome.pending, .outcome.running { background: #e6eefb; color: var(--accent); }
 form.filter { display: flex; flex-wrap: wrap; gap: .5rem 1rem; align-items: end; background: #fff; border: 1px solid var(--line); padding: .7rem; border-radius: 6px; }
 form.filter label { display: flex; flex-direction: column; font-size: .85rem; color: var(--muted); }
 form.login { display: flex; flex-direction: column; gap: .7rem; max-width: 360px; }

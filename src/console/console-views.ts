@@ -3,6 +3,8 @@
 // attacker-chosen id, reference or body can only ever show as text. Nothing here writes raw().
 import { html } from 'hono/html'
 import type { Order, StatusChange } from '../orders/order.js'
+import type { EventReaction, ReactionJob, ReactionJobFilter, ReactionJobState } from '../reactions/reaction-job.repository.js'
+import type { ReactionEvent } from '../reactions/reaction-event.js'
 import type { ReconcileRun } from '../reconcile/reconcile-run.repository.js'
 import type { RunSummary } from '../reconcile/poller.js'
 import {
@@ -28,6 +30,7 @@ export function deliveryPath(delivery: { deliveryId: string; bodySha256: string 
   return `${CONSOLE_PATH}/deliveries/${encodeURIComponent(delivery.deliveryId)}/${delivery.bodySha256}`
 }
 export const orderPath = (id: number) => `${CONSOLE_PATH}/orders/${id}`
+export const reactionPath = (id: string) => `${CONSOLE_PATH}/reactions/${id}`
 
 export function layout(title: string, operator: Operator | undefined, body: Html): Html {
   return html`<!doctype html>
@@ -47,6 +50,7 @@ export function layout(title: string, operator: Operator | undefined, body: Html
     <a href="${CONSOLE_PATH}/">Overview</a>
     <a href="${CONSOLE_PATH}/deliveries">Deliveries</a>
     <a href="${CONSOLE_PATH}/orders">Orders</a>
+    <a href="${CONSOLE_PATH}/reactions">Reactions</a>
     <a href="${CONSOLE_PATH}/reconcile">Reconcile</a>
   </nav>
   <form method="post" action="${CONSOLE_PATH}/logout" class="logout">
@@ -92,6 +96,8 @@ export interface OverviewData {
   parked: number
   oldestParkedAgeS: number
   attention: { attention: string; orders: number }[]
+  reactions: { pending: number; running: number; failed: number; oldestPendingAgeS: number }
+  failedByHandler: { handler: string; jobs: number }[]
   runs: ReconcileRun[]
   actions: readonly ActionRecord[]
 }
@@ -111,6 +117,13 @@ export function overviewPage(operator: Operator, data: OverviewData): Html {
       html`<li><a href="${CONSOLE_PATH}/orders?attention=1">${flagged} order(s) flagged</a>
         (${data.attention.map((row) => `${row.attention}: ${row.orders}`).join(', ')}):
         the platform does not know their trade. <a href="${CONSOLE_PATH}/orders/requeue">Requeue them</a> once fixed.</li>`,
+    )
+  }
+  if (data.reactions.failed > 0) {
+    needsHuman.push(
+      html`<li><a href="${CONSOLE_PATH}/reactions?state=failed">${data.reactions.failed} failed reaction(s)</a>
+        (${data.failedByHandler.map((row) => `${row.handler}: ${row.jobs}`).join(', ')}): each holds back its order's later events
+        for its handler. Fix the cause, then retry them (or skip one).</li>`,
     )
   }
   if (data.parked > 0) {
@@ -147,12 +160,14 @@ export function overviewPage(operator: Operator, data: OverviewData): Html {
     operator,
     html`<section class="${needsHuman.length ? 'attention' : 'calm'}">
   <h2>Needs a human</h2>
-  ${needsHuman.length ? html`<ul>${needsHuman}</ul>` : html`<p>Nothing: no flagged orders, no parked deliveries, no refused runs.</p>`}
+  ${needsHuman.length ? html`<ul>${needsHuman}</ul>` : html`<p>Nothing: no flagged orders, no failed reactions, no parked deliveries, no refused runs.</p>`}
 </section>
 <section class="cards">
   <div><span class="figure">${data.ordersDue}</span> orders due to poll<br>oldest due ${age(data.oldestDueAgeS)}</div>
   <div><span class="figure">${data.parked}</span> parked deliveries</div>
   <div><span class="figure">${flagged}</span> flagged orders</div>
+  <div><span class="figure">${data.reactions.pending + data.reactions.running}</span> <a href="${CONSOLE_PATH}/reactions?state=pending">reactions to run</a><br>oldest ${age(data.reactions.oldestPendingAgeS)}</div>
+  <div><span class="figure">${data.reactions.failed}</span> <a href="${CONSOLE_PATH}/reactions?state=failed">failed reactions</a></div>
   <div><span class="figure">${data.signatureFailures ?? '—'}</span> signature failures since start</div>
 </section>
 <section>
@@ -384,7 +399,7 @@ ${nextLink ? html`<p><a rel="next" href="${nextLink}">Older →</a></p>` : ''}`,
 
 export function orderPage(
   operator: Operator,
-  { order, history, deliveries }: { order: Order; history: StatusChange[]; deliveries: DeliverySummary[] },
+  { order, history, reactions, deliveries }: { order: Order; history: StatusChange[]; reactions: EventReaction[]; deliveries: DeliverySummary[] },
 ): Html {
   return layout(
     `Order #${order.id}`,
@@ -406,9 +421,11 @@ export function orderPage(
 ${
   history.length === 0
     ? html`<p>No status change yet.</p>`
-    : html`<table><thead><tr><th>when (UTC)</th><th>from</th><th>to</th><th>channel</th><th>delivery</th></tr></thead>
+    : html`<table class="timeline"><thead><tr><th>when (UTC)</th><th>from</th><th>to</th><th>channel</th><th>delivery</th><th>reactions caused</th></tr></thead>
 <tbody>${history.map(
-        (change) => html`<tr><td>${time(change.recordedAt)}</td><td>${change.fromStatus ?? '—'}</td><td>${change.toStatus}</td><td>${change.source}</td><td>${change.deliveryId ?? ''}</td></tr>`,
+        (change) => html`<tr><td>${time(change.recordedAt)}</td><td>${change.fromStatus ?? '—'}</td><td>${change.toStatus}</td><td>${change.source}</td><td>${change.deliveryId ?? ''}</td><td>${reactionLinks(
+          reactions.filter((job) => job.eventId === change.eventId),
+        )}</td></tr>`,
       )}</tbody></table>`
 }
 <h2>Deliveries for this reference</h2>
@@ -446,5 +463,88 @@ export function cycleResult(summary: RunSummary): string {
   return (
     `run ${summary.runId ?? '-'}: claimed ${summary.claimed}, polled ${summary.polled}, changed ${summary.changed}, errors ${summary.errors}` +
     (summary.stoppedReason ? `; stopped: ${summary.stoppedReason}` : '')
+  )
+}
+
+function reactionLinks(jobs: EventReaction[]): Html {
+  if (jobs.length === 0) return html`—`
+  return html`${jobs.map(
+    (job, index) =>
+      html`${index > 0 ? ', ' : ''}<a href="${reactionPath(job.id)}">${job.handler}</a> <span class="outcome ${job.state}">${job.state}</span>`,
+  )}`
+}
+
+const REACTION_STATES_SHOWN: readonly ReactionJobState[] = ['failed', 'pending', 'running', 'done', 'skipped']
+
+export function reactionsPage(
+  operator: Operator,
+  { filter, jobs, nextLink, failed }: { filter: ReactionJobFilter; jobs: ReactionJob[]; nextLink: string | undefined; failed: number },
+): Html {
+  return layout(
+    'Reactions',
+    operator,
+    html`<form method="get" action="${CONSOLE_PATH}/reactions" class="filter">
+  <label>State <select name="state"><option value="">any</option>${REACTION_STATES_SHOWN.map(
+    (state) => html`<option value="${state}" ${filter.state === state ? 'selected' : ''}>${state}</option>`,
+  )}</select></label>
+  <label>Handler <input name="handler" value="${filter.handler ?? ''}"></label>
+  <button type="submit">Search</button>
+</form>
+<p class="hint">One job per (status change, handler), newest first. A failed job holds back its order's later events for its handler until it is retried or skipped.</p>
+${failed > 0 ? html`<p class="actions"><a href="${CONSOLE_PATH}/reactions/retry-failed">Retry every failed reaction (${failed})…</a></p>` : ''}
+${
+  jobs.length === 0
+    ? html`<p>No reaction job matches.</p>`
+    : html`<table class="reactions"><thead><tr><th>job</th><th>created (UTC)</th><th>order</th><th>event</th><th>handler</th><th>state</th><th>attempts</th><th>next run (UTC)</th><th>last error</th></tr></thead>
+<tbody>${jobs.map(
+        (job) => html`<tr>
+  <td><a href="${reactionPath(job.id)}">${job.id}</a></td><td>${time(job.createdAt)}</td>
+  <td><a href="${orderPath(job.orderId)}">${job.externalReference ?? `#${job.orderId}`}</a></td>
+  <td>${job.type} <span class="hint">#${job.sequence}</span></td><td>${job.handler}</td>
+  <td><span class="outcome ${job.state}">${job.state}</span></td><td class="number">${job.attempts}</td>
+  <td>${job.state === 'pending' || job.state === 'running' ? time(job.runAt) : ''}</td>
+  <td class="error">${job.lastError === null ? '' : shortError(job.lastError)}</td>
+</tr>`,
+      )}</tbody></table>`
+}
+${nextLink ? html`<p><a rel="next" href="${nextLink}">Older →</a></p>` : ''}`,
+  )
+}
+
+/** An error's first line, shortened: the job's page shows it whole. */
+function shortError(error: string): string {
+  const line = error.split('\n', 1)[0]!
+  return line.length > 120 ? `${line.slice(0, 119)}…` : line
+}
+
+export function reactionPage(operator: Operator, job: ReactionJob & { event: ReactionEvent }): Html {
+  const { event } = job
+  const actionable = job.state === 'failed' || job.state === 'pending'
+  return layout(
+    `Reaction ${job.id}`,
+    operator,
+    html`<dl class="fields">
+  <dt>Handler</dt><dd><strong>${job.handler}</strong></dd>
+  <dt>State</dt><dd><span class="outcome ${job.state}">${job.state}</span> after ${job.attempts} attempt(s)${job.finishedAt ? html` · finished ${time(job.finishedAt)}` : ''}</dd>
+  <dt>Runs</dt><dd>${
+    job.state === 'pending'
+      ? html`next at ${time(job.runAt)}`
+      : job.state === 'running'
+        ? html`now, leased until ${time(job.leaseExpiresAt)}`
+        : 'no more'
+  }</dd>
+  <dt>Event</dt><dd><code>${event.eventId}</code> <strong>${event.type}</strong></dd>
+  <dt>Order</dt><dd><a href="${orderPath(event.orderId)}">#${event.orderId} ${event.externalReference}</a>, sequence ${event.sequence}</dd>
+  <dt>Trade</dt><dd>${event.tradeId || '—'}</dd>
+  <dt>Move</dt><dd>${event.from ?? '(none)'} → ${event.to} by ${event.source} at ${time(event.occurredAt)}</dd>
+  <dt>Enqueued</dt><dd>${time(job.createdAt)} · updated ${time(job.updatedAt)}</dd>
+</dl>
+${
+  actionable
+    ? html`<p class="actions"><a href="${reactionPath(job.id)}/retry">Retry now…</a> · <a href="${reactionPath(job.id)}/skip">Skip…</a></p>`
+    : ''
+}
+<h2>Last error</h2>
+${job.lastError === null ? html`<p>None.</p>` : html`<pre class="body error">${job.lastError}</pre>`}`,
   )
 }

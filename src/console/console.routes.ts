@@ -4,8 +4,9 @@
 // logged with who did it.
 //
 // The SQL lives with the tables (webhooks/delivery.repository.ts, orders/order.repository.ts,
-// reconcile/*.repository.ts); this file only calls it. Reactions (retry or skip a failed reaction) get
-// their page and actions here once reactions are stored.
+// reconcile/*.repository.ts, reactions/reaction-job.repository.ts); this file only calls it. Each action
+// calls the same function as its CLI command (deliveries reapply, reconcile --requeue/--once, reactions
+// retry/skip), so the console and the CLI cannot disagree on what an action does.
 import { randomBytes } from 'node:crypto'
 import express, { type Request, type Response, Router } from 'express'
 import helmet from 'helmet'
@@ -20,6 +21,17 @@ import { countOrdersNeedingAttention, findOrderById, findOrderByExternalReferenc
 import { countDueOrders, requeueOrders, TRADE_NOT_FOUND } from '../reconcile/poll-schedule.repository.js'
 import type { RunSummary } from '../reconcile/poller.js'
 import { listRuns } from '../reconcile/reconcile-run.repository.js'
+import {
+  countFailedJobsByHandler,
+  findJob,
+  jobsOfEvents,
+  REACTION_JOB_STATES,
+  reactionJobStats,
+  retryFailedJobs,
+  retryJob,
+  searchJobs,
+  skipJob,
+} from '../reactions/reaction-job.repository.js'
 import {
   countBodiesOfDelivery,
   countDeliveriesByOutcome,
@@ -51,6 +63,9 @@ import {
   orderPage,
   ordersPage,
   overviewPage,
+  reactionPage,
+  reactionPath,
+  reactionsPage,
   reconcilePage,
   resultPage,
 } from './console-views.js'
@@ -253,11 +268,13 @@ export function consoleRoutes(deps: ConsoleDeps): Router {
   router.get(`${CONSOLE_PATH}/`, async (_req, res) => {
     const now = new Date(clock.now())
     const since = new Date(now.getTime() - 60 * 60 * 1000)
-    const [perMinute, due, parked, attention, runs] = await Promise.all([
+    const [perMinute, due, parked, attention, reactions, failedByHandler, runs] = await Promise.all([
       countDeliveriesPerMinute(db, since),
       countDueOrders(db, now),
       countParkedDeliveries(db, now),
       countOrdersNeedingAttention(db),
+      reactionJobStats(db, now),
+      countFailedJobsByHandler(db),
       listRuns(db, 10),
     ])
     const signatureFailures = deps.metrics ? (await deps.metrics.signatureFailures.get()).values.reduce((sum, value) => sum + value.value, 0) : undefined
@@ -270,6 +287,8 @@ export function consoleRoutes(deps: ConsoleDeps): Router {
         ...due,
         ...parked,
         attention,
+        reactions,
+        failedByHandler,
         runs,
         actions: [...done.values()].reverse().slice(0, 20),
       }),
@@ -448,8 +467,146 @@ export function consoleRoutes(deps: ConsoleDeps): Router {
       orderHistory(db, order.id),
       searchDeliveries(db, { externalReference: order.externalReference }, { limit: PAGE_SIZE }),
     ])
-    await send(res, orderPage(operatorOf(res), { order, history, deliveries: deliveries.deliveries }))
+    const reactions = await jobsOfEvents(
+      db,
+      history.map((change) => change.eventId),
+    )
+    await send(res, orderPage(operatorOf(res), { order, history, reactions, deliveries: deliveries.deliveries }))
   })
+
+  // --- reactions: the jobs, and the operator's way out of the dead letter (the `reactions` CLI's functions) ---
+
+  const ReactionsQuery = z.object({
+    state: z
+      .enum(['', ...REACTION_JOB_STATES])
+      .optional()
+      .transform((value) => (value === '' ? undefined : value)),
+    handler: text,
+    before: z.string().regex(/^[1-9]\d{0,18}$/, 'not a page cursor from this console').optional(),
+  })
+  router.get(`${CONSOLE_PATH}/reactions`, async (req, res) => {
+    const parsed = ReactionsQuery.safeParse(req.query)
+    if (!parsed.success) throw new BadInput(parsed.error.issues.map((issue) => `${issue.path.join('.')}: ${issue.message}`).join('; '))
+    const { state, handler, before } = parsed.data
+    const filter = { state, handler }
+    const [{ jobs, nextBeforeId }, stats] = await Promise.all([
+      searchJobs(db, filter, { beforeId: before, limit: PAGE_SIZE }),
+      reactionJobStats(db, new Date(clock.now())),
+    ])
+    const fields: [string, string][] = [
+      ...(state ? [['state', state] as [string, string]] : []),
+      ...(handler ? [['handler', handler] as [string, string]] : []),
+    ]
+    const nextLink =
+      nextBeforeId === undefined ? undefined : `${CONSOLE_PATH}/reactions?${new URLSearchParams([...fields, ['before', nextBeforeId]]).toString()}`
+    await send(res, reactionsPage(operatorOf(res), { filter, jobs, nextLink, failed: stats.failed }))
+  })
+
+  router.get(`${CONSOLE_PATH}/reactions/retry-failed`, async (_req, res) => {
+    const operator = operatorOf(res)
+    const failed = (await reactionJobStats(db, new Date(clock.now()))).failed
+    await send(
+      res,
+      confirmPage(operator, {
+        title: 'Retry every failed reaction',
+        question: html`Run every failed reaction job (<strong>${failed}</strong> now) again now, their attempts counted afresh?
+          Do it once the cause is fixed: a handler that still fails comes back failed after its attempts.`,
+        action: `${CONSOLE_PATH}/reactions/retry-failed`,
+        fields: [],
+        actionId: newActionId(),
+        button: 'Retry them',
+      }),
+    )
+  })
+  router.post(`${CONSOLE_PATH}/reactions/retry-failed`, async (req, res) => {
+    const operator = operatorOf(res)
+    const actionId = actionIdOf(req)
+    const previous = done.get(actionId)
+    if (previous) return send(res, resultPage(operator, 'Retry every failed reaction', previous, true))
+    const ids = await retryFailedJobs(db, new Date(clock.now()))
+    const record = remember(
+      actionId,
+      operator,
+      'retry every failed reaction',
+      ids.length === 0 ? 'no failed reaction jobs' : `${ids.length} job(s) run again now: ${ids.slice(0, 20).join(', ')}${ids.length > 20 ? ', …' : ''}`,
+    )
+    await send(res, resultPage(operator, 'Retry every failed reaction', record, false, html`<p><a href="${CONSOLE_PATH}/reactions?state=pending">The pending reactions</a></p>`))
+  })
+
+  const jobIdOf = (req: Request): string | undefined => {
+    const { id } = req.params as { id: string }
+    return /^[1-9]\d{0,18}$/.test(id) ? id : undefined
+  }
+
+  router.get(`${CONSOLE_PATH}/reactions/:id`, async (req, res) => {
+    const id = jobIdOf(req)
+    const job = id === undefined ? undefined : await findJob(db, id)
+    if (!job) return send(res, messagePage('Not found', operatorOf(res), 'No such reaction job.'), 404)
+    await send(res, reactionPage(operatorOf(res), job))
+  })
+
+  const REACTION_ACTIONS = {
+    retry: {
+      title: 'Retry a reaction',
+      question: 'run it again now, its attempts counted afresh',
+      button: 'Retry now',
+      run: retryJob,
+      done: 'retried',
+    },
+    skip: {
+      title: 'Skip a reaction',
+      question: "give up on it: it is never run again, and its order's later events for its handler go ahead",
+      button: 'Skip it',
+      run: skipJob,
+      done: 'skipped',
+    },
+  } as const
+  for (const [verb, action] of Object.entries(REACTION_ACTIONS)) {
+    router.get(`${CONSOLE_PATH}/reactions/:id/${verb}`, async (req, res) => {
+      const operator = operatorOf(res)
+      const id = jobIdOf(req)
+      const job = id === undefined ? undefined : await findJob(db, id)
+      if (!job) return send(res, messagePage('Not found', operator, 'No such reaction job.'), 404)
+      await send(
+        res,
+        confirmPage(operator, {
+          title: action.title,
+          question: html`Reaction job <code>${job.id}</code>: <strong>${job.handler}</strong> for ${job.type} of order
+            <code>${job.externalReference ?? `#${job.orderId}`}</code>, now ${job.state} after ${job.attempts} attempt(s). ${action.question}?`,
+          action: `${reactionPath(job.id)}/${verb}`,
+          fields: [],
+          actionId: newActionId(),
+          button: action.button,
+        }),
+      )
+    })
+    router.post(`${CONSOLE_PATH}/reactions/:id/${verb}`, async (req, res) => {
+      const operator = operatorOf(res)
+      const actionId = actionIdOf(req)
+      const previous = done.get(actionId)
+      if (previous) return send(res, resultPage(operator, action.title, previous, true))
+      const id = jobIdOf(req)
+      if (id === undefined) return send(res, messagePage('Not found', operator, 'No such reaction job.'), 404)
+      const outcome = await action.run(db, id, new Date(clock.now()))
+      const record = remember(
+        actionId,
+        operator,
+        `${verb} reaction ${id}`,
+        outcome.result === action.done
+          ? verb === 'retry'
+            ? `job ${id} runs again now`
+            : `job ${id} skipped`
+          : outcome.result === 'not_found'
+            ? `no reaction job ${id}`
+            : `job ${id} is ${outcome.state}: only a failed or pending job can be ${action.done}`,
+      )
+      await send(
+        res,
+        resultPage(operator, action.title, record, false, html`<p><a href="${reactionPath(id)}">Back to the job</a></p>`),
+        outcome.result === action.done ? 200 : outcome.result === 'not_found' ? 404 : 409,
+      )
+    })
+  }
 
   router.get(`${CONSOLE_PATH}/reconcile`, async (_req, res) => {
     const runs = await listRuns(db, 20)

@@ -173,7 +173,7 @@ export async function listOrders(db: Executor, { limit = 50, offset = 0 }: { lim
 export async function orderHistory(db: Executor, orderId: number): Promise<StatusChange[]> {
   const rows = await db
     .selectFrom('orderStatusHistory')
-    .select(['fromStatus', 'toStatus', 'source', 'deliveryId', 'recordedAt'])
+    .select(['eventId', 'fromStatus', 'toStatus', 'source', 'deliveryId', 'recordedAt'])
     .where('orderId', '=', orderId)
     .orderBy('id')
     .execute()

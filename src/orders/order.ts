@@ -25,6 +25,8 @@ export interface Order {
 }
 
 export interface StatusChange {
+  /** The event's id: each reaction handler's idempotency key, and the key of its reaction jobs. */
+  eventId: string
   fromStatus: string | null
   toStatus: string
   source: ObservationSource

@@ -403,3 +403,74 @@ function toEvent(row: EventRow): ReactionEvent {
     occurredAt: new Date(row.recordedAt),
   }
 }
+
+// --- the operator console's reads (src/console) ---
+
+export interface ReactionJobFilter {
+  state?: ReactionJobState | undefined
+  handler?: string | undefined
+}
+
+/**
+ * The console's list query itself (exported so a test can EXPLAIN it): newest first, keyset on id (page
+ * 1,000 costs what page 1 does). By state through reaction_jobs_state_idx, by handler through
+ * reaction_jobs_handler_idx (migrations/0005_console_reaction_indexes.ts).
+ */
+export function searchJobsQuery(db: Kysely<Database>, filter: ReactionJobFilter, { beforeId, limit }: { beforeId?: string | undefined; limit: number }) {
+  let query = jobsWithEvents(db)
+  if (filter.state) query = query.where('job.state', '=', filter.state)
+  if (filter.handler) query = query.where('job.handler', '=', filter.handler)
+  if (beforeId) query = query.where('job.id', '<', beforeId)
+  return query.orderBy('job.id', 'desc').limit(limit)
+}
+
+/** One page of jobs, newest first, and the id to continue before when there are more. */
+export async function searchJobs(
+  db: Kysely<Database>,
+  filter: ReactionJobFilter,
+  { beforeId, limit }: { beforeId?: string | undefined; limit: number },
+): Promise<{ jobs: ReactionJob[]; nextBeforeId: string | undefined }> {
+  const rows = await searchJobsQuery(db, filter, { beforeId, limit: limit + 1 }).execute()
+  const jobs = rows.slice(0, limit).map(toJob)
+  return { jobs, nextBeforeId: rows.length > limit ? jobs.at(-1)!.id : undefined }
+}
+
+export interface EventReaction {
+  id: string
+  eventId: string
+  handler: string
+  state: ReactionJobState
+  attempts: number
+}
+
+/** The query behind jobsOfEvents, for a plan check: one lookup per event in reaction_jobs_event_handler_key. */
+export function jobsOfEventsQuery(db: Kysely<Database>, eventIds: readonly string[]) {
+  return db
+    .selectFrom('reactionJobs')
+    .select(['id', 'eventId', 'handler', 'state', 'attempts'])
+    .where('eventId', 'in', [...eventIds])
+    .orderBy('id')
+}
+
+/** The reactions that status changes (events) caused: an order's timeline. */
+export async function jobsOfEvents(db: Kysely<Database>, eventIds: readonly string[]): Promise<EventReaction[]> {
+  if (eventIds.length === 0) return []
+  const rows = await jobsOfEventsQuery(db, eventIds).execute()
+  return rows.map((row) => ({ ...row, id: String(row.id), state: row.state as ReactionJobState }))
+}
+
+/** The query behind countFailedJobsByHandler, for a plan check (reaction_jobs_state_idx). */
+export function countFailedJobsByHandlerQuery(db: Kysely<Database>) {
+  return db
+    .selectFrom('reactionJobs')
+    .select((eb) => ['handler', eb.fn.countAll<string>().as('jobs')])
+    .where('state', '=', 'failed')
+    .groupBy('handler')
+    .orderBy('handler')
+}
+
+/** The handlers of the failed jobs and how many each has (the overview's "needs a human"). */
+export async function countFailedJobsByHandler(db: Kysely<Database>): Promise<{ handler: string; jobs: number }[]> {
+  const rows = await countFailedJobsByHandlerQuery(db).execute()
+  return rows.map((row) => ({ handler: row.handler, jobs: Number(row.jobs) }))
+}
