@@ -37,6 +37,8 @@ export interface Config {
   /** Human-readable log lines; undefined (LOG_PRETTY unset): on a terminal in local mode only. */
   readonly logPretty: boolean | undefined
   readonly shutdownTimeoutMs: number
+  /** SHUTDOWN_DRAIN_DELAY_MS: on a signal, /readyz answers 503 this long before the service stops taking work. */
+  readonly shutdownDrainDelayMs: number
   readonly webhook: {
     readonly path: string
     readonly secrets: readonly string[]
@@ -155,6 +157,7 @@ const EnvSchema = z.object({
   LOG_LEVEL: z.enum(['fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent']).default('info'),
   LOG_PRETTY: booleanString.optional(),
   SHUTDOWN_TIMEOUT_MS: positiveInt.default(10_000),
+  SHUTDOWN_DRAIN_DELAY_MS: z.coerce.number().int().min(0).max(120_000).default(0),
   WEBHOOK_PATH: z
     .string()
     .regex(/^\/[\w\-./]*$/, 'must be a path starting with /')
@@ -324,6 +327,7 @@ export function parseConfig(
     logLevel: values.LOG_LEVEL,
     logPretty: values.LOG_PRETTY,
     shutdownTimeoutMs: values.SHUTDOWN_TIMEOUT_MS,
+    shutdownDrainDelayMs: values.SHUTDOWN_DRAIN_DELAY_MS,
     webhook: {
       path: values.WEBHOOK_PATH,
       secrets: values.WEBHOOK_SECRETS?.length ? values.WEBHOOK_SECRETS : [generated!.webhookSecret],

@@ -1,7 +1,10 @@
 // `serve`: load config, start the service, stop it cleanly on SIGTERM/SIGINT.
 //
-// Stopping is bounded: whatever stdout does (a `| tee` interrupted by the same Ctrl-C, a full pipe), the
-// process is gone within SHUTDOWN_TIMEOUT_MS, and a second signal exits at once.
+// Stopping drains first (service.ts): /readyz answers 503 at once, the service goes on serving for
+// SHUTDOWN_DRAIN_DELAY_MS so a load balancer notices, then stops taking work, finishes what is in flight
+// and gives back its leases. It is bounded: whatever stdout does (a `| tee` interrupted by the same
+// Ctrl-C, a full pipe), the process is gone within SHUTDOWN_DRAIN_DELAY_MS + SHUTDOWN_TIMEOUT_MS, and a
+// second signal exits at once (130).
 import { type Config, ConfigError, configSecrets, loadConfig } from './config.js'
 import { loggableError } from './db/database-errors.js'
 import { createLogger, exitProcess, flushLogger } from './logger.js'
@@ -41,16 +44,19 @@ export async function main({ runCommand }: { runCommand: LocalCommandRunner }): 
       exitProcess(logger, 130)
     }
     stopping = true
-    const deadline = Date.now() + config.shutdownTimeoutMs
+    // the drain delay (SHUTDOWN_DRAIN_DELAY_MS, /readyz answering 503 while the service still serves) comes
+    // before the bound on stopping
+    const boundMs = config.shutdownDrainDelayMs + config.shutdownTimeoutMs
+    const deadline = Date.now() + boundMs
     // the bound holds even if a part never stops (or is still starting); unref'd, it keeps nothing alive
     setTimeout(() => {
-      logger.error({ timeoutMs: config.shutdownTimeoutMs }, 'shutdown did not finish in time: exiting')
+      logger.error({ timeoutMs: boundMs }, 'shutdown did not finish in time: exiting')
       exitProcess(logger, 1)
-    }, config.shutdownTimeoutMs).unref()
+    }, boundMs).unref()
     logger.info({ signal }, 'shutting down')
     let code = 0
     try {
-      await running.service?.stop()
+      await running.service?.stop({ drainDelayMs: config.shutdownDrainDelayMs })
       logger.info('stopped')
     } catch (error) {
       logger.error({ err: error }, 'shutdown failed')

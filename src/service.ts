@@ -1,6 +1,12 @@
 // Wires the parts into the running service: database, HTTP app, migrations, the poller, the reaction
-// dispatcher, and the command forwarding of src/local. Every part registers how to stop it; stop() runs those in
-// reverse (the poller, started last, stops first: no poll writes into a closing database).
+// dispatcher, and the command forwarding of src/local. Every part registers how to stop it.
+//
+// stop() drains, then closes: /readyz answers 503 at once (a load balancer stops sending work here) and,
+// after SHUTDOWN_DRAIN_DELAY_MS (time for its health checks to notice), the parts that take work stop
+// together: the public listener refuses new connections and lets requests in flight finish, the poller
+// stops claiming and gives its unpolled claims back, the reaction dispatcher stops claiming, lets running
+// handlers finish and gives back the leases of those that could not. Then the other parts stop in
+// reverse order of start, the database last.
 //
 // The HTTP listener opens before the database is known to be there: while Postgres is unreachable at
 // start-up the service retries (prepare-database.ts), /readyz answers 503 and deliveries get 503 (the
@@ -43,7 +49,8 @@ export interface RunningService {
   readonly dispatcher: Dispatcher | undefined
   /** Local mode only: the in-process sandbox platform's URL. */
   readonly sandboxUrl: string | undefined
-  stop(): Promise<void>
+  /** Drains (see above; the delay only once the service was ready), then stops every part. */
+  stop(options?: { drainDelayMs?: number }): Promise<void>
 }
 
 export async function startService({
@@ -58,15 +65,26 @@ export async function startService({
   /** Runs a second terminal's command line here (the entry point's, src/cli/run-cli.ts); none: no endpoint. */
   runCommand?: LocalCommandRunner | undefined
 }): Promise<RunningService> {
-  const stops: { name: string; stop: () => Promise<void> | void }[] = []
-  const stopAll = async () => {
-    for (const { name, stop } of stops.reverse()) {
-      try {
-        await stop()
-      } catch (error) {
-        logger.error({ err: error, part: name }, 'stop failed')
-      }
+  // `takesWork`: stopped first, all at once, when the drain ends
+  const stops: { name: string; stop: () => Promise<void> | void; takesWork?: boolean }[] = []
+  let draining = false
+  let ready = false
+  const stopPart = async ({ name, stop }: { name: string; stop: () => Promise<void> | void }) => {
+    try {
+      await stop()
+    } catch (error) {
+      logger.error({ err: error, part: name }, 'stop failed')
     }
+  }
+  const stopAll = async ({ drainDelayMs = 0 }: { drainDelayMs?: number } = {}) => {
+    draining = true
+    if (ready && drainDelayMs > 0) {
+      logger.info({ drainDelayMs }, 'draining: /readyz answers 503; still serving until the load balancer notices')
+      await new Promise((resolve) => setTimeout(resolve, drainDelayMs))
+    }
+    const parts = stops.splice(0).reverse()
+    await Promise.all(parts.filter((part) => part.takesWork).map(stopPart))
+    for (const part of parts.filter((part) => !part.takesWork)) await stopPart(part)
   }
 
   try {
@@ -81,7 +99,6 @@ export async function startService({
       logger,
     })
     stops.push({ name: 'database', stop: () => database.close() })
-    let ready = false
     let markReady!: () => void
     let markFailed!: (error: unknown) => void
     const databaseReady = new Promise<void>((resolve, reject) => {
@@ -117,6 +134,7 @@ export async function startService({
       eventHandlers,
       reactions,
       isReady: () => ready,
+      isDraining: () => draining,
     })
     const server = await listen(app, {
       port: config.port,
@@ -124,8 +142,13 @@ export async function startService({
       maxConnections: config.limits.maxConnections,
       onConnectionDropped: () => metrics?.requestsRefused.inc({ reason: 'max_connections' }),
     })
-    // half of SHUTDOWN_TIMEOUT_MS for requests in flight, the rest for stopping the parts after it
-    stops.push({ name: 'http server', stop: () => server.stop(Math.floor(config.shutdownTimeoutMs / 2)) })
+    // half of SHUTDOWN_TIMEOUT_MS for requests in flight (while the poller and the dispatcher stop beside
+    // it), the rest for stopping the parts after it
+    stops.push({
+      name: 'http server',
+      stop: () => server.stop(Math.floor(config.shutdownTimeoutMs / 2)),
+      takesWork: true,
+    })
     // the console's "run one cycle now": a one-off poller like `reconcile --once`, once the database is ready
     const consoleActions: { reconcileOnce?: () => Promise<RunSummary> } = {}
     const adminServer = await listen(
@@ -200,11 +223,11 @@ export async function startService({
     let poller: Poller | undefined
     let dispatcher: Dispatcher | undefined
     const startUp = new AbortController()
-    stops.push({ name: 'database start-up', stop: () => startUp.abort() })
+    stops.push({ name: 'database start-up', stop: () => startUp.abort(), takesWork: true })
     const whenReady = (async () => {
       const { applied } = await prepareDatabase({ db: database.db, logger, clock, signal: startUp.signal })
       logger.info({ applied, database: database.kind }, 'migrations applied')
-      if (startUp.signal.aborted) return
+      if (startUp.signal.aborted || draining) return
       if (config.poll.enabled) {
         poller = createPoller({
           db: database.db,
@@ -217,7 +240,7 @@ export async function startService({
         })
         poller.start()
         const running = poller
-        stops.push({ name: 'poller', stop: () => running.stop() })
+        stops.push({ name: 'poller', stop: () => running.stop(), takesWork: true })
       }
       // every replica runs one; stopped first (stops run in reverse), before the database
       dispatcher = createDispatcher({
@@ -231,14 +254,14 @@ export async function startService({
           concurrency: config.reactions.concurrency,
           maxAttempts: config.reactions.maxAttempts,
           leaseMs: config.reactions.leaseS * 1000,
-          // the other half is the HTTP listeners'
+          // stopped beside the public listener, which has the same half; the other half is for the parts after
           shutdownTimeoutMs: Math.floor(config.shutdownTimeoutMs / 2),
         },
         ...(metrics ? metrics.reactionHooks(reactions.names) : {}),
       })
       await dispatcher.start()
       const reacting = dispatcher
-      stops.push({ name: 'reaction dispatcher', stop: () => reacting.stop() })
+      stops.push({ name: 'reaction dispatcher', stop: () => reacting.stop(), takesWork: true })
       ready = true
       logger.info(
         { url: server.url, adminUrl: adminServer.url, database: database.kind, webhookPath: config.webhook.path },

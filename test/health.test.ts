@@ -29,6 +29,21 @@ describe('health and the error contract', () => {
     expect(response.body).toEqual({ status: 'ready' })
   })
 
+  it('answers /readyz 503 once draining, while other requests are still served, each closing its connection', async () => {
+    let draining = false
+    const drainable = createApp({ config, db: database.db, logger, clock: systemClock, isDraining: () => draining })
+    const before = await request(drainable).get('/readyz')
+    expect(before.status).toBe(200)
+    draining = true
+    const during = await request(drainable).get('/readyz')
+    expect(during.status).toBe(503)
+    expect(during.body.error.code).toBe('not_ready')
+    expect(during.body.error.message).toMatch(/shutting down/i)
+    const health = await request(drainable).get('/healthz')
+    expect(health.status).toBe(200)
+    expect(health.headers.connection).toBe('close')
+  })
+
   it('answers unknown routes 404 in the error shape', async () => {
     const response = await request(app()).post('/no/such/route').send({ a: 1 })
     expect(response.status).toBe(404)

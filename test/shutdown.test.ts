@@ -70,6 +70,39 @@ describe('graceful shutdown', () => {
     }
    }, 120_000)
 
+  // A load balancer's view of a SIGTERM: /readyz turns 503 at once while the service still serves (the
+  // drain delay), then the process stops and exits 0. The delay is long so the checks below fit in it on a
+  // loaded machine; nothing here measures it.
+  it('drains on SIGTERM: /readyz answers 503 at once, requests are still served, then it exits 0', async () => {
+    const child = spawnCli(['serve'], {
+      DATA_DIR: mkdtempSync(path.join(tmpdir(), 'serve-drain-')),
+      PORT: '0',
+      ADMIN_PORT: '0',
+      SANDBOX_PORT: String(await freePort()),
+      POLL_ENABLED: 'false',
+      SHUTDOWN_DRAIN_DELAY_MS: '8000',
+    })
+    try {
+      const { url } = await waitForLogLine(child, 'service listening', 60_000)
+      expect((await fetch(`${String(url)}/readyz`)).status).toBe(200)
+      const exited = once(child, 'exit')
+      const draining = waitForLogLine(child, 'draining: /readyz answers 503; still serving until the load balancer notices', 30_000)
+      child.kill('SIGTERM')
+      await draining
+      const ready = await fetch(`${String(url)}/readyz`)
+      expect(ready.status).toBe(503)
+      expect(((await ready.json()) as { error: { code: string } }).error.code).toBe('not_ready')
+      const health = await fetch(`${String(url)}/healthz`)
+      expect(health.status).toBe(200)
+      expect(health.headers.get('connection')).toBe('close')
+      const [code] = await exited
+      expect(code).toBe(0)
+      await expect(fetch(`${String(url)}/healthz`)).rejects.toThrow()
+    } finally {
+      child.kill('SIGKILL')
+    }
+  }, 120_000)
+
   // `npm start 2>&1 | tee log` and Ctrl-C: the terminal interrupts tee too, so every later log line
   // meets a pipe nobody reads. The bound is generous (a correctness bound: without it the process never exits).
   it('exits on SIGINT within SHUTDOWN_TIMEOUT_MS although the reader of its output went away', async () => {

@@ -25,6 +25,11 @@ export interface AppDeps {
   metrics?: Metrics | undefined
   /** False while the service waits for its database at start-up: /readyz and deliveries answer 503. */
   isReady?: () => boolean
+  /**
+   * True once a signal arrived: /readyz answers 503 so a load balancer stops sending work here, while
+   * requests that still arrive are served (each answer closes its connection, so none is reused).
+   */
+  isDraining?: () => boolean
   /** Seller and buyer event handlers (service.ts registers the fork's); none when not given. */
   eventHandlers?: EventHandlers | undefined
   /** The reaction handlers: every observation the app applies enqueues their jobs (none when absent). */
@@ -35,6 +40,13 @@ export function createApp(deps: AppDeps): Express {
   const app = express()
   app.disable('x-powered-by')
   app.set('trust proxy', false)
+  if (deps.isDraining) {
+    const isDraining = deps.isDraining
+    app.use((_req, res, next) => {
+      if (isDraining()) res.setHeader('Connection', 'close')
+      next()
+    })
+  }
   app.use(healthRoutes(deps))
   // body bytes are reserved before a byte is read, so held-open bodies cannot grow the process's memory
   const budget = new InflightBodyBudget(deps.config.limits.maxInflightBodyBytes)

@@ -1,5 +1,6 @@
 // /healthz: the process answers. /readyz: the service finished starting (its database came up and was
-// migrated), the database answers now, and every migration is applied.
+// migrated), the database answers now, every migration is applied, and the service is not draining (a
+// signal arrived: a load balancer must stop sending it work while it finishes what it has).
 import { Router } from 'express'
 import { type Kysely, sql } from 'kysely'
 import type { Database } from '../db/database.js'
@@ -8,7 +9,15 @@ import { errorBody } from './app-error.js'
 
 const READY_CHECK_TIMEOUT_MS = 2_000
 
-export function healthRoutes({ db, isReady }: { db: Kysely<Database>; isReady?: (() => boolean) | undefined }): Router {
+export function healthRoutes({
+  db,
+  isReady,
+  isDraining,
+}: {
+  db: Kysely<Database>
+  isReady?: (() => boolean) | undefined
+  isDraining?: (() => boolean) | undefined
+}): Router {
   const router = Router()
   // migrations never go back once applied, so a positive answer is kept
   let migrationsCurrent = false
@@ -18,6 +27,10 @@ export function healthRoutes({ db, isReady }: { db: Kysely<Database>; isReady?: 
   })
 
   router.get('/readyz', async (_req, res) => {
+    if (isDraining?.()) {
+      res.status(503).json(errorBody('not_ready', 'Shutting down: finishing the work in hand, taking no more'))
+      return
+    }
     if (isReady && !isReady()) {
       res.status(503).json(errorBody('not_ready', 'Starting: waiting for the database to answer and be migrated'))
       return
