@@ -1,6 +1,7 @@
 // The operator console in a real browser (Debian's headless Chromium driven by playwright-core): log
 // in, find a delivery by external reference, open it, re-apply it, dry-run a bulk re-apply then run it,
-// and open a delivery full of markup without any of it running. Screenshots go to test-results/.
+// retry a failed reaction from the overview, and open a delivery full of markup without any of it running.
+// Screenshots go to test-results/.
 import { existsSync, mkdirSync } from 'node:fs'
 import type { Server } from 'node:http'
 import type { AddressInfo } from 'node:net'
@@ -11,7 +12,9 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest'
 import { systemClock } from '../src/clock.js'
 import { createAdminApp } from '../src/http/admin-app.js'
 import { createApp } from '../src/http/app.js'
-import { findOrderByExternalReference } from '../src/orders/order.repository.js'
+import { applyObservation } from '../src/orders/apply-observation.js'
+import { createOrder, findOrderByExternalReference } from '../src/orders/order.repository.js'
+import { createReactionRegistry } from '../src/reactions/reaction-registry.js'
 import { findDelivery } from '../src/webhooks/delivery.repository.js'
 import { testLogger } from './helpers/log-sink.js'
 import { testConfig } from './helpers/test-config.js'
@@ -70,6 +73,20 @@ describeBrowser('operator console in headless Chromium', () => {
         { externalReference: 'bulk-b' },
         { externalReference: 'flagged-1', tradeId: 'trd_flagged-1', attention: 'trade_not_found' },
       ])
+      .execute()
+
+    // a reaction whose last attempt threw: what a dispatcher leaves in the dead letter (written directly)
+    const reactions = createReactionRegistry().on('trade.funded', 'crm-sync', async () => {})
+    const { order: reacting } = await createOrder(database.db, { externalReference: 'react-1' })
+    await applyObservation(
+      database.db,
+      { target: { orderId: reacting.id }, tradeId: 'trd_react-1', status: 'funded', source: 'webhook', observedAt: new Date() },
+      { staleAfterS: 3_600, handlersFor: reactions.handlersFor },
+    )
+    await database.db
+      .updateTable('reactionJobs')
+      .set({ state: 'failed', attempts: 8, finishedAt: new Date(), lastError: 'Error: CRM answered 503 <b>Service Unavailable</b>' })
+      .where('orderId', '=', reacting.id)
       .execute()
 
     browser = await chromium.launch({
@@ -139,6 +156,28 @@ describeBrowser('operator console in headless Chromium', () => {
     expect(await page.textContent('div.confirm')).toContain('0 can now be applied to their order; 4 stay parked')
   }, 60_000)
 
+  it('retries a failed reaction from the overview: confirmed, then pending again', async () => {
+    await page.goto(`${base}/console/`)
+    await Promise.all([page.waitForURL(/\/reactions\?state=failed$/), page.click('section.attention >> text=1 failed reaction(s)')])
+    const rows = page.locator('table.reactions tbody tr')
+    expect(await rows.count()).toBe(1)
+    expect(await rows.first().textContent()).toContain('crm-sync')
+    await Promise.all([page.waitForURL(/\/reactions\/\d+$/), rows.first().locator('td').first().locator('a').click()])
+    expect(await page.textContent('dl.fields')).toContain('failed after 8 attempt(s)')
+    // the error is text: its markup is shown, not rendered
+    expect(await page.textContent('pre.error')).toBe('Error: CRM answered 503 <b>Service Unavailable</b>')
+    expect(await page.locator('pre.error b').count()).toBe(0)
+    await shot('reaction-failed')
+    await Promise.all([page.waitForURL(/\/retry$/), page.click('text=Retry now…')])
+    await Promise.all([page.waitForURL(/\/retry$/), page.click('button.danger')])
+    expect(await page.textContent('p.result')).toMatch(/^job \d+ runs again now$/)
+    await Promise.all([page.waitForURL(/\/reactions\/\d+$/), page.click('text=Back to the job')])
+    expect(await page.textContent('dl.fields')).toContain('pending after 0 attempt(s)')
+    await shot('reaction-retried')
+    const job = await database.db.selectFrom('reactionJobs').select(['state', 'attempts']).executeTakeFirstOrThrow()
+    expect(job).toEqual({ state: 'pending', attempts: 0 })
+  }, 60_000)
+
   it('shows a delivery full of markup as text: no script runs, no element is injected', async () => {
     const stored = await findDelivery(database.db, HOSTILE_ID)
     await page.goto(`${base}/console/deliveries?${new URLSearchParams({ reference: HOSTILE_REFERENCE })}`)
@@ -157,6 +196,7 @@ describeBrowser('operator console in headless Chromium', () => {
     await page.goto(`${base}/console/`)
     const log = await page.textContent('main')
     expect(log).toContain('re-apply delivery dlv-browser-1')
+    expect(log).toMatch(/retry reaction \d+/)
     expect(log).toContain('Dana on call')
     await shot('overview-after-actions')
   }, 60_000)

@@ -166,7 +166,9 @@ export function overviewPage(operator: Operator, data: OverviewData): Html {
   <div><span class="figure">${data.ordersDue}</span> orders due to poll<br>oldest due ${age(data.oldestDueAgeS)}</div>
   <div><span class="figure">${data.parked}</span> parked deliveries</div>
   <div><span class="figure">${flagged}</span> flagged orders</div>
-  <div><span class="figure">${data.reactions.pending + data.reactions.running}</span> <a href="${CONSOLE_PATH}/reactions?state=pending">reactions to run</a><br>oldest ${age(data.reactions.oldestPendingAgeS)}</div>
+  <div><span class="figure">${data.reactions.pending + data.reactions.running}</span> <a href="${CONSOLE_PATH}/reactions?state=pending">reactions to run</a><br>${
+    data.reactions.pending + data.reactions.running > 0 ? `oldest ${age(data.reactions.oldestPendingAgeS)}` : 'none waiting'
+  }</div>
   <div><span class="figure">${data.reactions.failed}</span> <a href="${CONSOLE_PATH}/reactions?state=failed">failed reactions</a></div>
   <div><span class="figure">${data.signatureFailures ?? '—'}</span> signature failures since start</div>
 </section>
