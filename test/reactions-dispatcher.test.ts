@@ -265,8 +265,8 @@ describePostgres('the reaction claim (Postgres)', () => {
     await database.close()
   })
 
-  it('walks the due index and checks the order on the unfinished index, never scanning the table', async () => {
-    const query = claimReactionJobsQuery(database.db, { now: new Date(), limit: 8, leaseMs: 60_000, leaseToken: 'plan' }).compile()
+  it('walks the due index in order and checks the order on the unfinished index, never scanning or sorting a table', async () => {
+    const query = claimReactionJobsQuery({ now: new Date(), limit: 8, leaseMs: 60_000, leaseToken: 'plan' }).compile(database.db)
     const explained = await database.db.executeQuery<{ 'QUERY PLAN': string }>(
       CompiledQuery.raw(`explain ${query.sql}`, [...query.parameters]),
     )
@@ -274,6 +274,10 @@ describePostgres('the reaction claim (Postgres)', () => {
     expect(plan).toMatch(/Index Scan using reaction_jobs_due_idx on reaction_jobs job/)
     expect(plan).toMatch(/reaction_jobs_unfinished_idx on reaction_jobs earlier/)
     expect(plan).not.toMatch(/Seq Scan/)
+    // the due index gives the order: no sort of every due job before the limit (that is O(backlog) a claim)
+    expect(plan).not.toMatch(/Sort|Hash/)
+    // the events of the claimed jobs are looked up by id, not joined over the whole history
+    expect(plan).toMatch(/order_status_history_event_id_key on order_status_history/)
   })
 })
 

@@ -22,8 +22,8 @@ import type { Logger } from '../logger.js'
 import { type BackoffSettings, backoffDelayS } from '../reconcile/backoff-delay.js'
 import {
   type ClaimedJob,
-  claimReactionJobs,
-  completeJob,
+  claimReactionJobsAndNext,
+  completeJobs,
   failJob,
   nextRunAt,
   releaseJobs,
@@ -100,6 +100,43 @@ export function createDispatcher(deps: DispatcherDeps): Dispatcher {
     interruptSleep?.()
   }
 
+  // handlers running now (a finished handler's job may still wait for its write-back, in `running`):
+  // what the claim fills up to REACTION_CONCURRENCY
+  let handlersBusy = 0
+
+  // Successes are written back in groups: each one joins the next write, which starts once the current
+  // one is answered (at once when none runs), so one UPDATE marks every job that finished meanwhile done.
+  let toComplete: { id: string; leaseToken: string; written: (done: boolean) => void; failed: (error: unknown) => void }[] = []
+  let completing = false
+  const flushCompletions = async () => {
+    completing = true
+    try {
+      while (toComplete.length > 0) {
+        const group = toComplete
+        toComplete = []
+        try {
+          const written = await completeJobs(db, group, new Date(clock.now()))
+          for (const job of group) job.written(written.has(job.id))
+        } catch (error) {
+          for (const job of group) job.failed(error)
+        }
+        // the orders' next events may be claimable now
+        wake()
+      }
+    } finally {
+      completing = false
+    }
+  }
+  const complete = (lease: { id: string; leaseToken: string }) =>
+    new Promise<boolean>((written, failed) => {
+      toComplete.push({ ...lease, written, failed })
+      // setImmediate: the handlers finishing in this turn of the event loop join the same write
+      if (!completing) {
+        completing = true
+        setImmediate(() => void flushCompletions())
+      }
+    })
+
   const report = (handler: string, result: AttemptResult) => {
     try {
       deps.onAttempt?.(handler, result)
@@ -112,6 +149,14 @@ export function createDispatcher(deps: DispatcherDeps): Dispatcher {
     const { event } = job
     const log = logger.child({ jobId: job.id, handler: job.handler, eventId: event.eventId, attempt: job.attempt })
     const lease = { id: job.id, leaseToken: job.leaseToken }
+    let handlerRunning = true
+    // the handler's slot is free as soon as it returns: the next claim need not wait for the write-back
+    const handlerDone = () => {
+      if (!handlerRunning) return
+      handlerRunning = false
+      handlersBusy -= 1
+      wake()
+    }
     // abort a little before the lease ends: past it another replica may claim the job again
     const margin = Math.min(5_000, settings.leaseMs / 10)
     const leaseTimer = new AbortController()
@@ -141,13 +186,14 @@ export function createDispatcher(deps: DispatcherDeps): Dispatcher {
           failure = error ?? new Error('the handler threw without a reason')
         }
       }
-      const now = new Date(clock.now())
+      handlerDone()
       if (failure === undefined) {
-        const written = await completeJob(db, { ...lease, now })
+        const written = await complete(lease)
         report(job.handler, written ? 'done' : 'lease_lost')
         if (!written) log.warn('reaction handled, but its lease had been taken over: the job ran again elsewhere')
         return
       }
+      const now = new Date(clock.now())
       if (stopSignal.aborted && abort.signal.aborted) {
         // stopped by shutdown, not failed: stop() gives the lease back
         report(job.handler, 'released')
@@ -173,6 +219,7 @@ export function createDispatcher(deps: DispatcherDeps): Dispatcher {
       // the write-back failed (database down): the lease runs out and the job is claimed again
       log.warn({ err: error }, 'could not record a reaction job outcome; it runs again after its lease')
     } finally {
+      handlerDone()
       leaseTimer.abort()
     }
   }
@@ -180,6 +227,7 @@ export function createDispatcher(deps: DispatcherDeps): Dispatcher {
   const startJob = (job: ClaimedJob, stopSignal: AbortSignal) => {
     const abort = new AbortController()
     const entry = { job, abort, done: Promise.resolve() }
+    handlersBusy += 1
     entry.done = runJob(job, abort, stopSignal).finally(() => {
       running.delete(job.id)
       wake()
@@ -206,10 +254,10 @@ export function createDispatcher(deps: DispatcherDeps): Dispatcher {
       woken = false
       let delayMs = settings.safetyIntervalMs
       try {
-        const free = settings.concurrency - running.size
+        const free = settings.concurrency - handlersBusy
         if (free > 0) {
           const now = new Date(clock.now())
-          const jobs = await claimReactionJobs(db, {
+          const { jobs, nextRunAt: nextAfterClaim } = await claimReactionJobsAndNext(db, {
             now,
             limit: free,
             leaseMs: settings.leaseMs,
@@ -221,9 +269,10 @@ export function createDispatcher(deps: DispatcherDeps): Dispatcher {
             break
           }
           for (const job of jobs) startJob(job, signal)
-          // every slot taken: more may be due; the next finish wakes the loop
+          // every slot taken: the next handler to return wakes the loop. Fewer: the claim said when the
+          // next job not claimed is due (a claim of none does not, so ask)
           if (jobs.length === free) continue
-          const next = await nextRunAt(db, now)
+          const next = nextAfterClaim === undefined ? await nextRunAt(db, now) : nextAfterClaim
           if (next) delayMs = Math.min(delayMs, Math.max(1, next.getTime() - clock.now()))
         }
         failures = 0

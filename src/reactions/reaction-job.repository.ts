@@ -14,6 +14,7 @@
 // job was claimed again) cannot overwrite what the newer claim writes.
 import { type Kysely, sql } from 'kysely'
 import type { Database } from '../db/database.js'
+import { PREPARED } from '../db/open-database.js'
 import type { ReactionEvent } from './reaction-event.js'
 
 export type ReactionJobState = 'pending' | 'running' | 'done' | 'failed' | 'skipped'
@@ -39,84 +40,97 @@ export interface ClaimOptions {
   leaseToken: string
 }
 
-/** Claims up to `limit` due jobs (oldest run_at first) and returns them with their events. */
+/**
+ * Claims up to `limit` due jobs (oldest run_at first) and returns them with their events: one statement,
+ * one round trip (the claim's update returns each job's event, joined from the history).
+ */
 export async function claimReactionJobs(db: Kysely<Database>, options: ClaimOptions): Promise<ClaimedJob[]> {
-  const claimed = await claimReactionJobsQuery(db, options).execute()
-  if (claimed.length === 0) return []
-  const events = await db
-    .selectFrom('orderStatusHistory')
-    .select(['eventId', 'orderId', 'fromStatus', 'toStatus', 'source', 'sequence', 'tradeId', 'externalReference', 'recordedAt'])
-    .where('eventId', 'in', [...new Set(claimed.map((job) => job.eventId))])
-    .execute()
-  const byId = new Map(events.map((row) => [row.eventId, row]))
-  return claimed.map((job) => {
-    const row = byId.get(job.eventId)
-    // the job and its event are written by one statement; a missing event is a broken database
-    if (!row) throw new Error(`reaction job ${job.id} names event ${job.eventId}, which does not exist`)
-    return {
-      id: String(job.id),
-      handler: job.handler,
-      attempt: job.attempts,
-      leaseToken: options.leaseToken,
-      leaseExpiresAt: new Date(job.leaseExpiresAt!),
-      createdAt: new Date(job.createdAt),
-      event: toEvent(row),
-    }
-  })
+  return (await claimReactionJobsAndNext(db, options)).jobs
 }
 
-/** The claim statement itself, unexecuted: what a plan check (EXPLAIN) compiles. */
-export function claimReactionJobsQuery(db: Kysely<Database>, { now, limit, leaseMs, leaseToken }: ClaimOptions) {
+/**
+ * The claim, and when the dispatcher must look again if it claimed fewer than `limit`: the earliest
+ * run_at after `now` among the jobs it did not claim (as nextRunAt(), read by the same statement).
+ * `nextRunAt` is undefined when nothing was claimed: ask nextRunAt() then.
+ */
+export async function claimReactionJobsAndNext(
+  db: Kysely<Database>,
+  options: ClaimOptions,
+): Promise<{ jobs: ClaimedJob[]; nextRunAt: Date | null | undefined }> {
+  const { rows } = await claimReactionJobsQuery(options).execute(db)
+  const [first] = rows
+  const nextRunAt = first === undefined ? undefined : first.nextRunAt === null ? null : new Date(first.nextRunAt)
+  const jobs = rows.map((row) => {
+    // the job and its event are written by one statement; a missing event is a broken database
+    if (row.toStatus === null) throw new Error(`reaction job ${row.id} names event ${row.eventId}, which does not exist`)
+    return {
+      id: String(row.id),
+      handler: row.handler,
+      attempt: row.attempts,
+      leaseToken: options.leaseToken,
+      leaseExpiresAt: new Date(row.leaseExpiresAt),
+      createdAt: new Date(row.createdAt),
+      event: toEvent({ ...row, toStatus: row.toStatus }),
+    }
+  })
+  return { jobs, nextRunAt }
+}
+
+interface ClaimedRow extends Omit<EventRow, 'toStatus'> {
+  id: string | number
+  handler: string
+  attempts: number
+  leaseExpiresAt: Date | string
+  createdAt: Date | string
+  /** null only when the job's event is missing (left join) */
+  toStatus: string | null
+  nextRunAt: Date | string | null
+}
+
+/**
+ * The claim statement itself, unexecuted: what a plan check (EXPLAIN) compiles. Prepared on Postgres
+ * (it runs on every wake-up of every replica): parsed and planned once per connection.
+ * The locked set is materialized, computed once before the update joins it; the event is joined to
+ * that set (not to the updated table), so a job whose event were missing still shows up, and fails loudly.
+ */
+export function claimReactionJobsQuery({ now, limit, leaseMs, leaseToken }: ClaimOptions) {
   const leaseEnd = new Date(now.getTime() + leaseMs)
-  return (
-    db
-      // materialized: the locked set is computed once, before the update joins it
-      .with(
-        (cte) => cte('due').materialized(),
-        (qb) =>
-          qb
-            .selectFrom('reactionJobs as job')
-            .select('job.id')
-            .where('job.state', 'in', ['pending', 'running'])
-            .where('job.runAt', '<=', now)
-            .where(({ not, exists, selectFrom }) =>
-              not(
-                exists(
-                  selectFrom('reactionJobs as earlier')
-                    .select(sql.lit(1).as('one'))
-                    .whereRef('earlier.orderId', '=', 'job.orderId')
-                    .whereRef('earlier.handler', '=', 'job.handler')
-                    .whereRef('earlier.sequence', '<', 'job.sequence')
-                    .where('earlier.state', 'not in', ['done', 'skipped']),
-                ),
-              ),
-            )
-            .orderBy('job.runAt')
-            .orderBy('job.id')
-            .limit(limit)
-            .forUpdate()
-            .skipLocked(),
-      )
-      .updateTable('reactionJobs')
-      .from('due')
-      .set((eb) => ({
-        state: 'running',
-        leaseToken,
-        leaseExpiresAt: leaseEnd,
-        runAt: leaseEnd,
-        attempts: eb('reactionJobs.attempts', '+', 1),
-        updatedAt: now,
-      }))
-      .whereRef('reactionJobs.id', '=', 'due.id')
-      .returning([
-        'reactionJobs.id',
-        'reactionJobs.eventId',
-        'reactionJobs.handler',
-        'reactionJobs.attempts',
-        'reactionJobs.leaseExpiresAt',
-        'reactionJobs.createdAt',
-      ])
-  )
+  return sql<ClaimedRow>`${sql.raw(PREPARED)}
+    with due as materialized (
+      select job.id, job.event_id
+      from reaction_jobs job
+      where job.state in ('pending', 'running')
+        and job.run_at <= ${now}
+        and not exists (
+          select 1 from reaction_jobs earlier
+          where earlier.order_id = job.order_id
+            and earlier.handler = job.handler
+            and earlier.sequence < job.sequence
+            and earlier.state not in ('done', 'skipped')
+        )
+      order by job.run_at
+      limit ${limit}
+      for update skip locked
+    )
+    update reaction_jobs set
+      state = 'running',
+      lease_token = ${leaseToken},
+      lease_expires_at = ${leaseEnd},
+      run_at = ${leaseEnd},
+      attempts = reaction_jobs.attempts + 1,
+      updated_at = ${now}
+    from due left join lateral (
+      -- limit 1 (event_id is unique anyway) keeps this a lookup per claimed job on the event_id index,
+      -- never a join over the whole history
+      select * from order_status_history history where history.event_id = due.event_id limit 1
+    ) event on true
+    where reaction_jobs.id = due.id
+    returning reaction_jobs.id, reaction_jobs.handler, reaction_jobs.attempts, reaction_jobs.lease_expires_at,
+      reaction_jobs.created_at, due.event_id, event.order_id, event.from_status, event.to_status, event.source,
+      event.sequence, event.trade_id, event.external_reference, event.recorded_at,
+      -- not correlated: evaluated once (an InitPlan), on the snapshot before this update
+      (select min(later.run_at) from reaction_jobs later
+        where later.state in ('pending', 'running') and later.run_at > ${now}) as next_run_at`
 }
 
 interface Lease {
@@ -127,10 +141,27 @@ interface Lease {
 
 /** The handler succeeded. False when the lease was lost (the job was claimed again meanwhile). */
 export async function completeJob(db: Kysely<Database>, { id, leaseToken, now }: Lease): Promise<boolean> {
-  const result = await leased(db, id, leaseToken)
-    .set({ state: 'done', leaseToken: null, leaseExpiresAt: null, lastError: null, finishedAt: now, updatedAt: now })
-    .executeTakeFirst()
-  return result.numUpdatedRows > 0n
+  return (await completeJobs(db, [{ id, leaseToken }], now)).has(id)
+}
+
+/**
+ * Several handlers succeeded: one statement marks them all done (the dispatcher's group of completions).
+ * Returns the ids written; a job missing from it had lost its lease (claimed again meanwhile).
+ */
+export async function completeJobs(
+  db: Kysely<Database>,
+  leases: readonly { id: string; leaseToken: string }[],
+  now: Date,
+): Promise<Set<string>> {
+  if (leases.length === 0) return new Set()
+  const input = JSON.stringify(leases.map((lease) => ({ id: lease.id, lease_token: lease.leaseToken })))
+  const { rows } = await sql<{ id: string | number }>`${sql.raw(PREPARED)}
+    update reaction_jobs job set
+      state = 'done', lease_token = null, lease_expires_at = null, last_error = null, finished_at = ${now}, updated_at = ${now}
+    from json_to_recordset(${input}::json) as done(id bigint, lease_token text)
+    where job.id = done.id and job.lease_token = done.lease_token and job.state = 'running'
+    returning job.id`.execute(db)
+  return new Set(rows.map((row) => String(row.id)))
 }
 
 /** The handler threw and has attempts left: pending again at `runAt`. */
