@@ -1,11 +1,23 @@
 import { describe, expect, it } from 'vitest'
-import { formatDemoReport, runDemo } from '../src/demo/run-demo.js'
+import {
+  DEMO_ELSEWHERE_REFERENCE,
+  DEMO_FAILING_HANDLER,
+  DEMO_UNKNOWN_TRADE_REFERENCE,
+  type DemoReport,
+  formatDemoReport,
+  runDemo,
+} from '../src/demo/run-demo.js'
 import { runCli } from './helpers/cli-process.js'
 import { testLogger } from './helpers/log-sink.js'
 
 describe('the demo', () => {
   it('runs 50 trades of every kind through faults and ends with every order matching the platform', async () => {
-    const report = await runDemo({ trades: 50, seed: 7, out: process.stderr, logger: testLogger() })
+    const report = await runDemo({ trades: 50, seed: 7, out: process.stderr, logger: testLogger(), keepConsole: true })
+    try {
+      await leavesSomethingWorthLookingAt(report)
+    } finally {
+      await report.console?.close()
+    }
     expect(report.mismatches).toEqual([])
     expect(report.rows.map((row) => row.kind)).toEqual(['plain', 'milestone', 'cancelled', 'disputed', 'receiver down'])
     expect(report.rows.reduce((sum, row) => sum + row.matching, 0)).toBe(50)
@@ -35,3 +47,48 @@ describe('the demo', () => {
     expect(result.stdout).toMatch(/^forwarder: (\d+) of \1 transitions received, signature verified, once each by webhook-id \(\d+ requests, \d+ repeats, 0 refused\)$/m)
   }, 180_000)
 })
+
+/**
+ * The console the demo keeps open shows what needs a human (failed reactions, a parked delivery, a flagged
+ * order), and retrying the failed reactions there works: the handler's service is back after the run.
+ */
+async function leavesSomethingWorthLookingAt(report: DemoReport): Promise<void> {
+  expect(report.console).toBeDefined()
+  const { url, token } = report.console!
+  const get = async (path: string) => {
+    const response = await fetch(new URL(path, url), { headers: { Authorization: `Bearer ${token}` } })
+    expect(response.status, path).toBe(200)
+    return response.text()
+  }
+  expect(report.leftForOperator.failedReactions).toBeGreaterThan(0)
+  expect(report.leftForOperator.parkedReferences).toEqual([DEMO_ELSEWHERE_REFERENCE])
+  expect(report.leftForOperator.flaggedReferences).toEqual([DEMO_UNKNOWN_TRADE_REFERENCE])
+  const overview = await get('/console/')
+  const attention = /<section class="attention">([\s\S]*?)<\/section>/.exec(overview)?.[1] ?? ''
+  expect(attention).toContain(`${report.leftForOperator.failedReactions} failed reaction(s)</a>`)
+  expect(attention).toContain(`${DEMO_FAILING_HANDLER}: ${report.leftForOperator.failedReactions}`)
+  expect(attention).toContain('1 parked deliveries</a>')
+  expect(attention).toContain('1 order(s) flagged</a>')
+  expect(formatDemoReport(report)).toContain('left for an operator')
+
+  const confirm = await get('/console/reactions/retry-failed')
+  const fields = Object.fromEntries(
+    [...confirm.replace(/<header>[\s\S]*?<\/header>/, '').matchAll(/<input type="hidden" name="([^"]+)" value="([^"]*)">/g)].map((match) => [match[1]!, match[2]!]),
+  )
+  const retried = await fetch(new URL('/console/reactions/retry-failed', url), {
+    method: 'POST',
+    headers: { Authorization: `Bearer ${token}`, 'Content-Type': 'application/x-www-form-urlencoded' },
+    body: new URLSearchParams(fields).toString(),
+  })
+  expect(retried.status).toBe(200)
+  expect(await retried.text()).toContain(`${report.leftForOperator.failedReactions} job(s) run again now`)
+  // the dispatcher, still running, now succeeds: the handler's jobs end done
+  const until = Date.now() + 60_000
+  for (;;) {
+    const page = await get(`/console/reactions?handler=${DEMO_FAILING_HANDLER}`)
+    const states = [...page.matchAll(/<span class="outcome (\w+)">/g)].map((match) => match[1])
+    if (states.length > 0 && states.every((state) => state === 'done')) break
+    if (Date.now() > until) throw new Error(`${DEMO_FAILING_HANDLER} jobs not done after a retry: ${states.join(', ')}`)
+    await new Promise((resolve) => setTimeout(resolve, 100))
+  }
+}

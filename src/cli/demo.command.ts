@@ -9,16 +9,44 @@ export function registerDemoCommand(program: Command): void {
     .option('--trades <n>', 'how many trades', positiveInteger, 50)
     .option('--seed <n>', 'seed of the injected faults', positiveInteger, 7)
     .option('--json', 'print the report as JSON')
-    .action(async (options: { trades: number; seed: number; json?: boolean }) => {
+    .option('--console', 'afterwards, keep the operator console open on what the run left (the default on a terminal)')
+    .option('--no-console', 'end as soon as the report is printed (the default when piped)')
+    .option('--console-port <n>', 'the console\'s port (default: a free one)', positiveInteger)
+    .action(async (options: { trades: number; seed: number; json?: boolean; console?: boolean; consolePort?: number }) => {
       const out = options.json ? process.stderr : process.stdout
       // at once, before the demo's modules load (seconds under tsx)
       out.write(`demo: starting ${options.trades} trades…\n`)
       const { formatDemoReport, runDemo } = await import('../demo/run-demo.js')
-      const report = await runDemo({ trades: options.trades, seed: options.seed, out })
-      write(options.json ? `${JSON.stringify(report, null, 2)}\n` : formatDemoReport(report))
+      const keepConsole = options.console ?? (process.stdout.isTTY === true && !options.json)
+      const report = await runDemo({
+        trades: options.trades,
+        seed: options.seed,
+        out,
+        keepConsole,
+        // a free port unless told: a service started with npm start may hold ADMIN_PORT
+        consolePort: options.consolePort ?? 0,
+      })
+      const { console: demoConsole, ...printed } = report
+      write(options.json ? `${JSON.stringify(printed, null, 2)}\n` : formatDemoReport(report))
       // the demo is a check too: an order that does not match the platform, or a transition the forwarder's
       // receiver did not get once, fails it
       const unforwarded = report.rows.some((row) => row.forwarded !== row.transitions) || report.forward.invalid > 0
       if (report.mismatches.length > 0 || unforwarded) setExitCode(1)
+      if (demoConsole) {
+        out.write(
+          [
+            '',
+            `console   ${demoConsole.url}   (log in with the admin token: ${demoConsole.token})`,
+            '          what this run left is under "Needs a human": retry the failed reactions, re-apply or inspect the',
+            '          parked delivery, look at the flagged order. The database is in memory: Ctrl-C ends it all.',
+            '',
+          ].join('\n'),
+        )
+        await new Promise<void>((resolve) => {
+          process.once('SIGINT', resolve)
+          process.once('SIGTERM', resolve)
+        })
+        await demoConsole.close()
+      }
     })
 }

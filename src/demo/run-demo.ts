@@ -4,22 +4,33 @@
 // checks that every order matches the platform, and says which converged by webhook and which the
 // poller healed. Every transition is also forwarded (the built-in reaction handler) to a local receiver
 // that verifies its Standard Webhooks signature and deduplicates by webhook-id, as a partner's system would.
+//
+// It also leaves what an operator meets in real life, for the console (`keepConsole`: the operator listener
+// stays up after the table, with the dispatcher and the sandbox): the disputes' second handler,
+// notify-seller, calls a service that is down for the whole run, so its jobs end failed (and the service is
+// back once the table is printed: retrying them works); a trade opened on the platform by another system,
+// whose webhook is parked for want of an order; and an order imported with a trade id the platform does not
+// know, which the poller flags trade_not_found.
+import type { AddressInfo } from 'node:net'
 import { randomBytes } from 'node:crypto'
 import { type Clock, systemClock } from '../clock.js'
 import { migrateToLatest } from '../db/migrate.js'
 import { type DatabaseHandle, openDatabase } from '../db/open-database.js'
+import { createAdminApp } from '../http/admin-app.js'
 import { createApp } from '../http/app.js'
 import { listen } from '../http/server.js'
 import { createLogger, type Logger } from '../logger.js'
-import { findOrderByExternalReference, orderHistory } from '../orders/order.repository.js'
+import { applyObservation } from '../orders/apply-observation.js'
+import { createOrder, findOrderByExternalReference, orderHistory, schedulePollAfterApiCall } from '../orders/order.repository.js'
 import { PartnerApiClient } from '../partner-api/partner-api.client.js'
 import { parseConfig } from '../config.js'
 import { createDispatcher, DEFAULT_DISPATCHER_SETTINGS, type Dispatcher } from '../reactions/dispatcher.js'
 import { createForwarder } from '../reactions/forwarder.js'
-import { reactionJobStats } from '../reactions/reaction-job.repository.js'
+import { countFailedJobsByHandler, reactionJobStats } from '../reactions/reaction-job.repository.js'
 import { createReactionRegistry } from '../reactions/reaction-registry.js'
 import { createPoller } from '../reconcile/poller.js'
 import { createSandbox, type Sandbox } from '../sandbox/create-sandbox.js'
+import { searchDeliveries } from '../webhooks/delivery.repository.js'
 import { openTradeForOrder } from '../trades/open-trade-for-order.js'
 import { runTradeOperation } from '../trades/run-trade-operation.js'
 import type { TradeDeps } from '../trades/trade-deps.js'
@@ -48,7 +59,23 @@ export interface DemoReport {
   webhooks: { sent: number; dropped: number; duplicated: number; failedAttempts: number }
   pollCycles: number
   forward: { requests: number; duplicates: number; invalid: number; stillPending: number }
+  /** What the run left for an operator: the console's "needs a human". */
+  leftForOperator: { failedReactions: number; parkedReferences: string[]; flaggedReferences: string[] }
+  /** With keepConsole: where the console is, its token, and how to end it all. */
+  console?: DemoConsole
 }
+
+export interface DemoConsole {
+  url: string
+  token: string
+  /** Stops the console, the dispatcher and the sandbox, and closes the database. */
+  close(): Promise<void>
+}
+
+/** The failing reaction handler and the other system's trade and order the demo leaves behind. */
+export const DEMO_FAILING_HANDLER = 'notify-seller'
+export const DEMO_ELSEWHERE_REFERENCE = 'demo-opened-elsewhere'
+export const DEMO_UNKNOWN_TRADE_REFERENCE = 'demo-imported-unknown-trade'
 
 export interface DemoOptions {
   trades?: number
@@ -56,6 +83,13 @@ export interface DemoOptions {
   /** Where the progress lines go. */
   out?: NodeJS.WritableStream & { isTTY?: boolean }
   logger?: Logger
+  /**
+   * Keep the operator console up after the report (on 127.0.0.1), with the
+   * dispatcher and the sandbox, until the returned console is closed.
+   */
+  keepConsole?: boolean
+  /** The console's port with keepConsole; 0 picks a free one. */
+  consolePort?: number
 }
 
 const KINDS: DemoKind[] = ['plain', 'milestone', 'cancelled', 'disputed', 'receiver down']
@@ -65,11 +99,19 @@ const SECRETS = {
   webhookSecret: 'demo-webhook-secret-not-for-production-01',
 }
 
-export async function runDemo({ trades = 50, seed = 7, out = process.stdout, logger }: DemoOptions = {}): Promise<DemoReport> {
+export async function runDemo({
+  trades = 50,
+  seed = 7,
+  out = process.stdout,
+  logger,
+  keepConsole = false,
+  consolePort = 0,
+}: DemoOptions = {}): Promise<DemoReport> {
   // a fresh secret each run, as FORWARD_SECRET would be (whsec_ and the base64 of 32 random bytes)
   const forwardKey = randomBytes(32).toString('base64')
   const forwardSecret = `whsec_${forwardKey}`
-  const log = logger ?? createLogger({ level: 'error', secrets: [SECRETS.apiSecret, SECRETS.webhookSecret, forwardKey] })
+  const adminToken = randomBytes(24).toString('hex')
+  const log = logger ?? createLogger({ level: 'error', secrets: [SECRETS.apiSecret, SECRETS.webhookSecret, forwardKey, adminToken] })
   const config = parseConfig({
     PARTNER_API_BASE_URL: 'http://127.0.0.1:1',
     PARTNER_API_KEY_ID: SECRETS.keyId,
@@ -77,6 +119,7 @@ export async function runDemo({ trades = 50, seed = 7, out = process.stdout, log
     WEBHOOK_SECRETS: SECRETS.webhookSecret,
     DATA_DIR: 'memory://',
     METRICS_ENABLED: 'false',
+    ADMIN_TOKEN: adminToken,
   })
   const clock: Clock = systemClock
   const say = (text: string) => out.write(`${text}\n`)
@@ -87,14 +130,18 @@ export async function runDemo({ trades = 50, seed = 7, out = process.stdout, log
   let receiver: Awaited<ReturnType<typeof listen>> | undefined
   let forwardReceiver: DemoForwardReceiver | undefined
   let dispatcher: Dispatcher | undefined
+  let consoleServer: Awaited<ReturnType<typeof listen>> | undefined
+  let kept = false
   try {
     await migrateToLatest(database.db)
     forwardReceiver = await startForwardReceiver(forwardSecret)
-    const reactions = createReactionRegistry().on(
-      'trade.*',
-      'forwarder',
-      createForwarder({ url: forwardReceiver.url, secret: forwardSecret, timeoutMs: 5_000 }),
-    )
+    // the seller notification service is down for the whole run, and back once the report is made
+    const notifyService = { up: false }
+    const reactions = createReactionRegistry()
+      .on('trade.*', 'forwarder', createForwarder({ url: forwardReceiver.url, secret: forwardSecret, timeoutMs: 5_000 }))
+      .on('trade.disputed', DEMO_FAILING_HANDLER, async () => {
+        if (!notifyService.up) throw new Error('seller notification service answered 503 Service Unavailable (down for the whole demo run)')
+      })
     // the poller below runs STALE_AFTER_S ahead (see `later`), and the jobs of what it applies are due at
     // its time: the dispatcher keeps that time from the start, so every job is due when it is enqueued
     const later: Clock = { now: () => Date.now() + (config.poll.staleAfterS + 1) * 1000, sleep: clock.sleep }
@@ -104,7 +151,8 @@ export async function runDemo({ trades = 50, seed = 7, out = process.stdout, log
       clock: later,
       logger: log,
       listen: database.listen,
-      settings: { ...DEFAULT_DISPATCHER_SETTINGS, concurrency: 8, maxAttempts: 10 },
+      // short backoffs, so a handler that keeps failing reaches the dead letter within the run
+      settings: { ...DEFAULT_DISPATCHER_SETTINGS, concurrency: 8, maxAttempts: 5, backoff: { baseS: 0.1, capS: 1 } },
     })
     await dispatcher.start()
     receiver = await listen(createApp({ config, db: database.db, logger: log, clock, reactions }), { port: 0, host: '127.0.0.1' })
@@ -143,6 +191,7 @@ export async function runDemo({ trades = 50, seed = 7, out = process.stdout, log
       reference: `demo-${String(index + 1).padStart(3, '0')}`,
       kind: KINDS[index % KINDS.length]!,
     }))
+    say(`demo: ${DEMO_FAILING_HANDLER}, a second reaction to disputes, calls a service that is down for this run: its jobs end failed (logged as errors), for the console`)
     const bar = progressBar(plan.length, out, 'trades')
     // a handful at a time, as a partner's traffic would arrive
     for (let start = 0; start < plan.length; start += 5) {
@@ -156,6 +205,7 @@ export async function runDemo({ trades = 50, seed = 7, out = process.stdout, log
     bar.done()
     say('demo: waiting for the sandbox to finish its webhook retries…')
     await sandbox.idle()
+    await leaveWorkForAnOperator(deps, sandbox, client)
     say('demo: reconciling: the poller fetches every order still open, as it would after STALE_AFTER_S')
 
     // the poller runs as it would once STALE_AFTER_S had passed: every order still open is due
@@ -189,14 +239,79 @@ export async function runDemo({ trades = 50, seed = 7, out = process.stdout, log
 
     const report = await compare(deps, sandbox, plan, pollCycles, forwardReceiver, stillPending)
     say(`demo: done in ${((Date.now() - startedAt) / 1000).toFixed(1)} s`)
-    return report
+    if (!keepConsole) return report
+
+    // the console, on what the run left; the notification service is back, so a retry succeeds
+    notifyService.up = true
+    dispatcher = createDispatcher({
+      db: database.db,
+      handler: reactions.handler,
+      clock: later,
+      logger: log,
+      listen: database.listen,
+      settings: { ...DEFAULT_DISPATCHER_SETTINGS, concurrency: 8, maxAttempts: 5, backoff: { baseS: 0.1, capS: 1 } },
+    })
+    await dispatcher.start()
+    consoleServer = await listen(
+      // on the real clock (the times it shows); a retried job is due at once for the dispatcher, which runs ahead
+      createAdminApp({ config, db: database.db, logger: log, clock, reactions, reconcileOnce: () => poller.runOnce() }),
+      { port: consolePort, host: '127.0.0.1' },
+    )
+    const port = (consoleServer.server.address() as AddressInfo).port
+    kept = true
+    const running = { dispatcher, sandbox, receiver, forwardReceiver, consoleServer }
+    return {
+      ...report,
+      console: {
+        url: `http://127.0.0.1:${port}/console/`,
+        token: adminToken,
+        close: async () => {
+          await running.consoleServer.stop(1_000)
+          await running.dispatcher.stop()
+          await running.sandbox.close()
+          await running.receiver.stop(1_000)
+          await running.forwardReceiver.close()
+          await database.close()
+        },
+      },
+    }
   } finally {
-    await dispatcher?.stop()
-    await sandbox?.close()
-    await receiver?.stop(1_000)
-    await forwardReceiver?.close()
-    await database.close()
+    if (!kept) {
+      await consoleServer?.stop(1_000)
+      await dispatcher?.stop()
+      await sandbox?.close()
+      await receiver?.stop(1_000)
+      await forwardReceiver?.close()
+      await database.close()
+    }
   }
+}
+
+/**
+ * What an operator meets in real life, made after the lifecycles with the sandbox's faults off (so it is
+ * the same whatever the seed): a trade another system opened for a reference with no order here (its
+ * webhook is parked), and an order imported with a trade id the platform does not know (the poller
+ * flags it trade_not_found).
+ */
+async function leaveWorkForAnOperator(deps: TradeDeps, sandbox: Sandbox, client: PartnerApiClient): Promise<void> {
+  sandbox.setFaults({ dropRate: 0, duplicateRate: 0, reorderRate: 0, delayRate: 0 })
+  await client.createTrade({
+    title: 'Opened by another system',
+    amount: '15.00',
+    currency: 'EUR',
+    seller_id: 'seller-demo',
+    external_reference: DEMO_ELSEWHERE_REFERENCE,
+  })
+  await sandbox.idle()
+  const { order } = await createOrder(deps.db, { externalReference: DEMO_UNKNOWN_TRADE_REFERENCE }, deps.settings)
+  const now = new Date(deps.clock.now())
+  // as an import from an older system would link it: the trade id it had, which the platform does not know
+  await applyObservation(
+    deps.db,
+    { target: { orderId: order.id }, tradeId: 'trd_imported_0000', status: 'created', source: 'api', observedAt: now },
+    deps.settings,
+  )
+  await schedulePollAfterApiCall(deps.db, order.id, now)
 }
 
 /** Waits (up to `boundMs`) until no reaction job is left to run; answers how many still are. */
@@ -298,7 +413,16 @@ async function compare(
     else row.byApiAnswer++
   }
   const log = sandbox.deliveryLog
+  const failed = await countFailedJobsByHandler(deps.db)
+  const parked = await searchDeliveries(deps.db, { externalReference: DEMO_ELSEWHERE_REFERENCE, outcome: 'unmatched' }, { limit: 1 })
+  const flagged = await findOrderByExternalReference(deps.db, DEMO_UNKNOWN_TRADE_REFERENCE)
+  const leftForOperator = {
+    failedReactions: failed.reduce((sum, row) => sum + row.jobs, 0),
+    parkedReferences: parked.deliveries.length > 0 ? [DEMO_ELSEWHERE_REFERENCE] : [],
+    flaggedReferences: flagged?.attention ? [DEMO_UNKNOWN_TRADE_REFERENCE] : [],
+  }
   return {
+    leftForOperator,
     rows: [...rows.values()].filter((row) => row.orders > 0),
     mismatches,
     webhooks: {
@@ -359,6 +483,10 @@ export function formatDemoReport(report: DemoReport): string {
     `forwarder: ${total.forwarded} of ${total.transitions} transitions received, signature verified, once each by webhook-id ` +
       `(${report.forward.requests} requests, ${report.forward.duplicates} repeats, ${report.forward.invalid} refused` +
       `${report.forward.stillPending ? `, ${report.forward.stillPending} still pending` : ''})`,
+    `left for an operator (the console's "needs a human"): ${report.leftForOperator.failedReactions} failed ${DEMO_FAILING_HANDLER} reaction(s) ` +
+      `(its service was down for the run and is back: retry them), ${report.leftForOperator.parkedReferences.length} parked delivery ` +
+      `(${DEMO_ELSEWHERE_REFERENCE}: a trade another system opened), ${report.leftForOperator.flaggedReferences.length} flagged order ` +
+      `(${DEMO_UNKNOWN_TRADE_REFERENCE}: a trade id the platform does not know)`,
     report.mismatches.length === 0
       ? 'Every order matches the platform.'
       : `MISMATCH: ${report.mismatches.map((m) => `${m.reference} order=${m.order} platform=${m.platform}`).join('; ')}`,
