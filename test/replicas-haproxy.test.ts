@@ -301,9 +301,9 @@ describeReplicas('three replicas behind HAProxy: a kill and a rolling restart un
 
     await drive
     await sandbox.idle()
-    // the platform's status for every trade, then: every order there, every reaction done and forwarded
-    const platform = new Map(sandbox.trades().map((trade) => [trade.external_reference, trade.status]))
+    // every order at its trade's status on the platform, every reaction done
     const mismatched = async () => {
+      const platform = new Map(sandbox.trades().map((trade) => [trade.external_reference, trade.status]))
       const orders = await database.db.selectFrom('orders').select(['externalReference', 'tradeStatus']).execute()
       return orders.filter((order) => platform.get(order.externalReference) !== order.tradeStatus)
     }
@@ -335,7 +335,6 @@ describeReplicas('three replicas behind HAProxy: a kill and a rolling restart un
     const inDrain = (line: LbLine) => line.atMs >= drainStartedMs - 1_000 && line.atMs <= drainEndedMs + 1_000
     const fiveHundreds = lb.filter((line) => line.status >= 500 && line.status !== 503)
     const unavailable = lb.filter((line) => line.status === 503)
-    expect(lb.length).toBeGreaterThan(TRADES * 4)
     expect(fiveHundreds, JSON.stringify(fiveHundreds)).toEqual([])
     expect(unavailable.filter((line) => !inDrain(line)), JSON.stringify(unavailable)).toEqual([])
     const answered = lb.filter((line) => line.status === 200)
@@ -348,6 +347,8 @@ describeReplicas('three replicas behind HAProxy: a kill and a rolling restart un
     const delivered = attempts.filter((attempt) => attempt.result === 'delivered')
     const failed = attempts.filter((attempt) => attempt.result === 'failed' || attempt.result === 'timeout')
     const duplicatesSent = attempts.filter((attempt) => attempt.result === 'duplicate')
+    expect(delivered.length).toBeGreaterThanOrEqual(TRADES * 3)
+    expect(lb.length).toBeGreaterThanOrEqual(delivered.length)
     expect(delivered.every((attempt) => attempt.httpStatus === 200)).toBe(true)
     expect(failed.filter((attempt) => attempt.httpStatus !== 503 || !inDrain({ atMs: Date.parse(attempt.at) } as LbLine))).toEqual([])
 
@@ -410,7 +411,7 @@ describeReplicas('three replicas behind HAProxy: a kill and a rolling restart un
         `  reactions: ${events.size} events, ${forwarded.length} forwards (${forwarded.length - events.size} repeats), ` +
           `${reactionTakeovers} jobs claimed again after their lease ran out (the killed replica's), none while it ran`,
         `  poll claims by replica: ${JSON.stringify(claimsBy('poll'))}; overlapping: 0; ` +
-          `poll leases left after the graceful stops: ${leftPoll.length} (all the killed replica's)`,
+          `poll leases left after the graceful stops: ${leftPoll.length} (each, if any, the killed replica's)`,
       ].join('\n'),
     )
   })
