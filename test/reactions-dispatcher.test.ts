@@ -227,6 +227,30 @@ describe('the reaction dispatcher', () => {
     expect(await jobs(orderId, 'ledger')).toMatchObject([{ state: 'done', attempts: 2, lastError: null }])
   })
 
+  it('aborts a handler still running a little before its lease ends, and counts it as a failed attempt', async () => {
+    const signals: AbortSignal[] = []
+    const reactions = createReactionRegistry().on('trade.*', 'stuck', async (_event, { signal }) => {
+      signals.push(signal)
+      await new Promise((_resolve, reject) => signal.addEventListener('abort', () => reject(signal.reason)))
+    })
+    await start(reactions)
+    const orderId = await transitions(reactions, ['created', 'funded'], `stuck-${++counter}`)
+    const other = await transitions(reactions, ['created'], `stuck-${++counter}`)
+    await eventually(() => signals.length === 2, 'both orders’ first handlers started')
+    // the lease is 60 s; the margin is 5 s (a tenth of the lease, at most 5 s)
+    await clock.advance(SETTINGS.leaseMs - 5_001)
+    expect(signals.map((signal) => signal.aborted)).toEqual([false, false])
+    await clock.advance(1)
+    await eventually(() => signals.length === 2 && signals.every((signal) => signal.aborted), 'both handlers aborted')
+    for (const id of [orderId, other]) {
+      await eventually(async () => (await jobs(id, 'stuck'))[0]!.state === 'pending', 'the attempt is written back')
+      expect((await jobs(id, 'stuck'))[0]).toMatchObject({ state: 'pending', attempts: 1, leaseToken: null })
+      expect((await jobs(id, 'stuck'))[0]!.lastError).toMatch(/lease is about to end/)
+    }
+    // the order's second event waits behind the first
+    expect((await jobs(orderId, 'stuck'))[1]).toMatchObject({ state: 'pending', attempts: 0 })
+  })
+
   it('on stop, lets a running handler finish within the timeout, then aborts it and gives its lease back', async () => {
     let signalSeen: AbortSignal | undefined
     const reactions = createReactionRegistry().on('trade.*', 'slow', async (_event, { signal }) => {

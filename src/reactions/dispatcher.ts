@@ -84,6 +84,15 @@ export interface Dispatcher {
 
 const MAX_ERROR_LENGTH = 2_000
 
+interface Claim {
+  /** A job of this claim has ended (handled and written back, or given up). */
+  jobEnded(): void
+}
+
+// reasons for aborts that end a wait (an abort without one builds a DOMException and its stack each time)
+const ALL_JOBS_ENDED = new Error('every job of the claim ended')
+const WOKEN = new Error('woken')
+
 export function createDispatcher(deps: DispatcherDeps): Dispatcher {
   const { db, clock, logger, settings } = deps
   const random = deps.random ?? Math.random
@@ -145,7 +154,7 @@ export function createDispatcher(deps: DispatcherDeps): Dispatcher {
     }
   }
 
-  const runJob = async (job: ClaimedJob, abort: AbortController, stopSignal: AbortSignal) => {
+  const runJob = async (job: ClaimedJob, abort: AbortController, stopSignal: AbortSignal, claim: Claim) => {
     const { event } = job
     const log = logger.child({ jobId: job.id, handler: job.handler, eventId: event.eventId, attempt: job.attempt })
     const lease = { id: job.id, leaseToken: job.leaseToken }
@@ -157,13 +166,6 @@ export function createDispatcher(deps: DispatcherDeps): Dispatcher {
       handlersBusy -= 1
       wake()
     }
-    // abort a little before the lease ends: past it another replica may claim the job again
-    const margin = Math.min(5_000, settings.leaseMs / 10)
-    const leaseTimer = new AbortController()
-    clock.sleep(Math.max(0, job.leaseExpiresAt.getTime() - margin - clock.now()), leaseTimer.signal).then(
-      () => abort.abort(new Error('the job lease is about to end')),
-      () => {},
-    )
     try {
       const handler = deps.handler(job.handler)
       if (job.attempt === 1) {
@@ -220,15 +222,38 @@ export function createDispatcher(deps: DispatcherDeps): Dispatcher {
       log.warn({ err: error }, 'could not record a reaction job outcome; it runs again after its lease')
     } finally {
       handlerDone()
-      leaseTimer.abort()
+      claim.jobEnded()
     }
   }
 
-  const startJob = (job: ClaimedJob, stopSignal: AbortSignal) => {
+  // One lease timer per claim (its jobs share the lease's end), not one per job: a handler still running
+  // a little before the lease ends is aborted, since past it another replica may claim the job again.
+  const leaseWatch = (jobs: readonly ClaimedJob[]): Claim => {
+    const [first] = jobs
+    let left = jobs.length
+    const timer = new AbortController()
+    if (first) {
+      const margin = Math.min(5_000, settings.leaseMs / 10)
+      clock.sleep(Math.max(0, first.leaseExpiresAt.getTime() - margin - clock.now()), timer.signal).then(
+        () => {
+          for (const job of jobs) running.get(job.id)?.abort.abort(new Error('the job lease is about to end'))
+        },
+        () => {},
+      )
+    }
+    return {
+      jobEnded: () => {
+        left -= 1
+        if (left === 0) timer.abort(ALL_JOBS_ENDED)
+      },
+    }
+  }
+
+  const startJob = (job: ClaimedJob, stopSignal: AbortSignal, claim: Claim) => {
     const abort = new AbortController()
     const entry = { job, abort, done: Promise.resolve() }
     handlersBusy += 1
-    entry.done = runJob(job, abort, stopSignal).finally(() => {
+    entry.done = runJob(job, abort, stopSignal, claim).finally(() => {
       running.delete(job.id)
       wake()
     })
@@ -238,7 +263,7 @@ export function createDispatcher(deps: DispatcherDeps): Dispatcher {
   const sleep = async (ms: number, signal: AbortSignal) => {
     if (woken || ms <= 0) return
     const interrupt = new AbortController()
-    interruptSleep = () => interrupt.abort()
+    interruptSleep = () => interrupt.abort(WOKEN)
     try {
       await clock.sleep(ms, AbortSignal.any([signal, interrupt.signal]))
     } catch {
@@ -268,7 +293,8 @@ export function createDispatcher(deps: DispatcherDeps): Dispatcher {
             await releaseJobs(db, { ids: jobs.map((job) => job.id), leaseToken: jobs[0]?.leaseToken ?? '', now })
             break
           }
-          for (const job of jobs) startJob(job, signal)
+          const claim = leaseWatch(jobs)
+          for (const job of jobs) startJob(job, signal, claim)
           // every slot taken: the next handler to return wakes the loop. Fewer: the claim said when the
           // next job not claimed is due (a claim of none does not, so ask)
           if (jobs.length === free) continue

@@ -41,6 +41,9 @@ export function signStandardWebhook(secret: string, id: string, timestamp: numbe
   return `v1,${createHmac('sha256', key).update(`${id}.${timestamp}.${body}`).digest('base64')}`
 }
 
+// the reason the attempt's timer is stopped with (an abort without one builds a DOMException each time)
+const ATTEMPT_ENDED = new Error('the forward attempt ended')
+
 export type ForwardErrorCode = 'forward_failed' | 'forward_timeout' | 'forward_unreachable' | 'forward_aborted'
 
 export class ForwardError extends Error {
@@ -145,7 +148,7 @@ export function createForwarder({
       const message = `the forward receiver ${receiver} is unreachable: ${reason}`
       throw new ForwardError('forward_unreachable', message, undefined, { cause: error })
     } finally {
-      finished.abort()
+      finished.abort(ATTEMPT_ENDED)
     }
   }
 }
