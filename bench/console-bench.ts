@@ -1,6 +1,6 @@
 // `npm run bench -- console [--quick]`: every operator console page timed over HTTP with 1,000,000 stored
-// deliveries (100,000 with --quick) and 100,000 orders in Postgres, a month of traffic. Target: every page
-// under 100 ms. Writes bench/results/latest-console(.quick).md and .json.
+// deliveries and as many reaction jobs (100,000 each with --quick) and 100,000 orders in Postgres, a month
+// of traffic. Target: every page under 100 ms. Writes bench/results/latest-console(.quick).md and .json.
 import { randomBytes } from 'node:crypto'
 import { writeFileSync } from 'node:fs'
 import type { Server } from 'node:http'
@@ -22,6 +22,9 @@ export async function benchConsolePages({ quick }: { quick: boolean }): Promise<
   const baseUrl = process.env.BENCH_DATABASE_URL || 'postgres://postgres@127.0.0.1:5432/test'
   const deliveries = quick ? 100_000 : 1_000_000
   const orders = 100_000
+  // two handlers per status change: as many reaction jobs as deliveries
+  const events = deliveries / 2
+  const reactionJobs = events * 2
   const schema = `bench_console_${randomBytes(4).toString('hex')}`
   const admin = new pg.Client({ connectionString: baseUrl })
   await admin.connect()
@@ -55,9 +58,26 @@ export async function benchConsolePages({ quick }: { quick: boolean }): Promise<
                case when i % 1000 = 0 then 'trade_not_found' end,
                case when i % 1000 = 0 then null else now() + (i * interval '1 second') end
         from generate_series(0, ${orders - 1}) as i`)
+      // the status changes (events) of the month, each order's in sequence, and two handlers' jobs for each:
+      // almost all done, 1 in 2,000 events' crm-sync job failed, the last 1 in 500 still pending
       await seeder.query(`
-        insert into order_status_history (order_id, from_status, to_status, source, delivery_id)
-        select i, 'created', 'funded', 'webhook', 'dlv-' || i from generate_series(1, ${orders}) as i`)
+        insert into order_status_history (order_id, from_status, to_status, source, delivery_id, sequence, trade_id,
+                                          external_reference, recorded_at)
+        select (i % ${orders}) + 1, 'created', 'funded', 'webhook', 'dlv-' || i, 1 + i / ${orders},
+               'trd-' || (i % ${orders}), 'order-' || (i % ${orders}),
+               now() - ((${events} - i) * (interval '30 days' / ${events}))
+        from generate_series(0, ${events - 1}) as i`)
+      await seeder.query(`
+        insert into reaction_jobs (event_id, order_id, sequence, handler, state, attempts, run_at, last_error,
+                                   created_at, updated_at, finished_at)
+        select h.event_id, h.order_id, h.sequence, handler.name,
+               case when handler.name = 'crm-sync' and h.id % 2000 = 0 then 'failed'
+                    when h.id > ${events} - ${events / 500} then 'pending' else 'done' end,
+               case when handler.name = 'crm-sync' and h.id % 2000 = 0 then 8 else 1 end, h.recorded_at,
+               case when handler.name = 'crm-sync' and h.id % 2000 = 0 then 'Error: CRM answered 503' end,
+               h.recorded_at, h.recorded_at, h.recorded_at
+        from order_status_history h cross join (values ('ledger'), ('crm-sync')) as handler(name)
+        order by h.id, handler.name`)
       await seeder.query('analyze')
     } finally {
       await seeder.end()
@@ -91,6 +111,12 @@ export async function benchConsolePages({ quick }: { quick: boolean }): Promise<
       if (!next) break
       deep = next.replace(/&amp;/g, '&')
     }
+    let deepReactions = '/console/reactions'
+    for (let page = 0; page < 100; page++) {
+      const next = /<a rel="next" href="([^"]+)"/.exec(await get(deepReactions))?.[1]
+      if (!next) break
+      deepReactions = next.replace(/&amp;/g, '&')
+    }
     const hourAgo = new Date(Date.now() - 3_600_000).toISOString()
     const pages: [string, string][] = [
       ['overview', '/console/'],
@@ -107,10 +133,20 @@ export async function benchConsolePages({ quick }: { quick: boolean }): Promise<
       ['orders, newest', '/console/orders'],
       ['orders flagged', '/console/orders?attention=1'],
       ['orders by status (disputed)', '/console/orders?status=disputed'],
-      ['an order', '/console/orders/4243'],
+      ['an order (its timeline with reactions)', '/console/orders/4243'],
+      ['reactions, newest', '/console/reactions'],
+      ['reactions, 100 pages deep', deepReactions],
+      ['reactions failed', '/console/reactions?state=failed'],
+      ['reactions pending', '/console/reactions?state=pending'],
+      ['reactions of a handler (crm-sync)', '/console/reactions?handler=crm-sync'],
+      ['reactions failed of a handler', '/console/reactions?state=failed&handler=crm-sync'],
+      ['a reaction job', `/console/reactions/${(await sql<{ id: string }>`select id from reaction_jobs where state = 'failed' order by id limit 1`.execute(database.db)).rows[0]!.id}`],
+      ['retry every failed: confirm page', '/console/reactions/retry-failed'],
       ['reconcile', '/console/reconcile'],
     ]
     const rounds = quick ? 10 : 30
+    const { loadavg } = await import('node:os')
+    const loadAtStart = loadavg()[0]!
     const results: { page: string; path: string; medianMs: number; p95Ms: number }[] = []
     for (const [name, page] of pages) {
       await get(page)
@@ -128,11 +164,12 @@ export async function benchConsolePages({ quick }: { quick: boolean }): Promise<
         p95Ms: timings[Math.min(timings.length - 1, Math.ceil(timings.length * 0.95) - 1)]!,
       })
     }
+    const loadAtEnd = loadavg()[0]!
     const slowest = Math.max(...results.map((result) => result.medianMs))
     const markdown = [
       `# Operator console pages (${new Date().toISOString()})`,
       '',
-      `${deliveries.toLocaleString('en')} deliveries over 30 days and ${orders.toLocaleString('en')} orders in Postgres (seeded in ${seedS.toFixed(0)} s); each page fetched over HTTP with a bearer token, ${rounds} times after one warm-up; load average at the start ${(await import('node:os')).loadavg()[0]!.toFixed(1)}.`,
+      `${deliveries.toLocaleString('en')} deliveries over 30 days, ${orders.toLocaleString('en')} orders and ${reactionJobs.toLocaleString('en')} reaction jobs (two handlers for each of ${events.toLocaleString('en')} status changes; ${(events / 2000).toLocaleString('en')} failed, ${(reactionJobs / 500).toLocaleString('en')} pending) in Postgres (seeded in ${seedS.toFixed(0)} s); each page fetched over HTTP with a bearer token, ${rounds} times after one warm-up; load average ${loadAtStart.toFixed(1)} when the timing started, ${loadAtEnd.toFixed(1)} when it ended (2 cores).`,
       '',
       '| page | median ms | p95 ms |',
       '|---|---|---|',
@@ -144,7 +181,7 @@ export async function benchConsolePages({ quick }: { quick: boolean }): Promise<
     process.stdout.write(markdown)
     const suffix = `latest-console${quick ? '-quick' : ''}`
     writeFileSync(path.join(root, `bench/results/${suffix}.md`), markdown)
-    writeFileSync(path.join(root, `bench/results/${suffix}.json`), `${JSON.stringify({ deliveries, orders, rounds, seedS, results }, null, 2)}\n`)
+    writeFileSync(path.join(root, `bench/results/${suffix}.json`), `${JSON.stringify({ deliveries, orders, reactionJobs, rounds, seedS, loadAverage: { atStart: loadAtStart, atEnd: loadAtEnd }, results }, null, 2)}\n`)
   } finally {
     await new Promise((resolve) => (server ? server.close(resolve) : resolve(undefined)))
     await database.close()
