@@ -10,6 +10,8 @@
 // ForwardError, and the dispatcher retries the job. No error or log line holds the body, the secret or
 // the signature.
 import { createHmac } from 'node:crypto'
+import http from 'node:http'
+import https from 'node:https'
 import { type Clock, systemClock } from '../clock.js'
 import { forwardedPayload, type ReactionHandler } from './reaction-event.js'
 
@@ -66,6 +68,7 @@ export interface ForwarderOptions {
   secret: string
   /** Per attempt: from sending the request to its answer's status line. */
   timeoutMs: number
+  /** Sends through this fetch instead of node:http (whose keep-alive requests cost a fraction of fetch's CPU). */
   fetch?: typeof fetch
   clock?: Clock
 }
@@ -74,7 +77,7 @@ export function createForwarder({
   url,
   secret,
   timeoutMs,
-  fetch: fetchImplementation = fetch,
+  fetch: fetchImplementation,
   clock = systemClock,
 }: ForwarderOptions): ReactionHandler {
   const target = new URL(url)
@@ -87,6 +90,7 @@ export function createForwarder({
   if (!(timeoutMs > 0)) throw new Error('the forward timeout must be a positive number of milliseconds')
   // errors and logs name the receiver by origin only: a path or query may carry a token of its own
   const receiver = target.origin
+  const post = fetchImplementation ? postWithFetch(fetchImplementation) : postWithHttp(target)
 
   return async function forward(event, { signal, attempt, logger }) {
     const body = JSON.stringify(forwardedPayload(event))
@@ -112,24 +116,11 @@ export function createForwarder({
         'reaction forwarded',
       )
     try {
-      // redirect: manual, so a signed event is never sent on to an address nobody configured
-      const response = await fetchImplementation(target, {
-        method: 'POST',
-        headers,
-        body,
-        redirect: 'manual',
-        signal: AbortSignal.any([timeout.signal, signal]),
-      })
-      // the answer's body is not ours to read; dropping it frees the connection
-      await response.body?.cancel().catch(() => {})
-      log({ status: response.status })
-      if (response.status < 200 || response.status > 299) {
-        const redirect = response.status >= 300 && response.status <= 399 ? ' (redirects are not followed)' : ''
-        throw new ForwardError(
-          'forward_failed',
-          `the forward receiver ${receiver} answered ${response.status}${redirect}`,
-          response.status,
-        )
+      const status = await post(target, headers, body, AbortSignal.any([timeout.signal, signal]))
+      log({ status })
+      if (status < 200 || status > 299) {
+        const redirect = status >= 300 && status <= 399 ? ' (redirects are not followed)' : ''
+        throw new ForwardError('forward_failed', `the forward receiver ${receiver} answered ${status}${redirect}`, status)
       }
     } catch (error) {
       if (error instanceof ForwardError) throw error
@@ -153,9 +144,47 @@ export function createForwarder({
   }
 }
 
+/** Sends one POST; resolves to the answer's status once its status line arrived. Never follows a redirect. */
+type Post = (target: URL, headers: Record<string, string>, body: string, signal: AbortSignal) => Promise<number>
+
+// node:http with a keep-alive agent per forwarder: http.request never follows redirects; the answer's body
+// is not ours to read, and draining it returns the socket to the agent
+function postWithHttp(target: URL): Post {
+  const transport = target.protocol === 'https:' ? https : http
+  const agent = new transport.Agent({ keepAlive: true })
+  return (url, headers, body, signal) =>
+    new Promise<number>((resolve, reject) => {
+      const request = transport.request(
+        url,
+        { method: 'POST', headers: { ...headers, 'content-length': String(Buffer.byteLength(body)) }, agent, signal },
+        (response) => {
+          // an abort after the status line destroys the answer: nothing waits for it any more
+          response.on('error', () => {})
+          response.resume()
+          resolve(response.statusCode ?? 0)
+        },
+      )
+      request.on('error', reject)
+      request.end(body)
+    })
+}
+
+function postWithFetch(fetchImplementation: typeof fetch): Post {
+  return async (target, headers, body, signal) => {
+    // redirect: manual, so a signed event is never sent on to an address nobody configured
+    const response = await fetchImplementation(target, { method: 'POST', headers, body, redirect: 'manual', signal })
+    // the answer's body is not ours to read; dropping it frees the connection
+    await response.body?.cancel().catch(() => {})
+    return response.status
+  }
+}
+
+// node:http's socket errors carry their code (ECONNREFUSED, ENOTFOUND ...);
 // fetch wraps the socket's error (ECONNREFUSED, ENOTFOUND ...) in a TypeError('fetch failed'); its code
 // is what an operator needs
 function describeNetworkError(error: unknown): string {
+  const code = (error as { code?: unknown } | undefined)?.code
+  if (typeof code === 'string' && code !== 'ABORT_ERR') return code
   const cause = (error as { cause?: { code?: unknown; message?: unknown } } | undefined)?.cause
   if (typeof cause?.code === 'string') return cause.code
   if (typeof cause?.message === 'string') return cause.message
