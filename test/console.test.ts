@@ -452,6 +452,11 @@ describe('operator console: reactions', () => {
     expect(late.status).toBe(409)
     expect(late.text).toContain(`job ${id} is done: only a failed or pending job can be retried`)
     expect(await stateOf(id)).toEqual({ state: 'done', attempts: 1 })
+    // and its confirm page says so rather than offering the button
+    const refused = await bearer(request(admin).get(`/console/reactions/${id}/skip`))
+    expect(refused.status).toBe(409)
+    expect(refused.text).toContain(`Job ${id} is done: only a failed or pending job can be skipped.`)
+    expect(refused.text).not.toContain('name="action_id"')
   })
 
   it('refuses a retry or a skip without the CSRF token and changes nothing', async () => {

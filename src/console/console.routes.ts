@@ -567,6 +567,9 @@ export function consoleRoutes(deps: ConsoleDeps): Router {
       const id = jobIdOf(req)
       const job = id === undefined ? undefined : await findJob(db, id)
       if (!job) return send(res, messagePage('Not found', operator, 'No such reaction job.'), 404)
+      if (job.state !== 'failed' && job.state !== 'pending') {
+        return send(res, messagePage(action.title, operator, `Job ${job.id} is ${job.state}: only a failed or pending job can be ${action.done}.`), 409)
+      }
       await send(
         res,
         confirmPage(operator, {
