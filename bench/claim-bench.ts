@@ -5,7 +5,7 @@ import { sql } from 'kysely'
 import pg from 'pg'
 import { migrateToLatest } from '../src/db/migrate.js'
 import { openDatabase } from '../src/db/open-database.js'
-import { claimDueOrdersQuery } from '../src/reconcile/claim-due-orders.js'
+import { claimDueOrdersQuery } from '../src/orders/poll-schedule.repository.js'
 
 export interface ClaimResult {
   sizes: { orders: number; due: number; medianMs: number }[]

@@ -55,7 +55,7 @@ export async function runPollBench(url: string, { quick }: { quick: boolean }): 
         fetcher: client,
         clock: systemClock,
         logger,
-        settings: { intervalS: 1, concurrency, batchSize: orders, staleAfterS: 21_600, handlersFor: NO_REACTION_HANDLERS, leaseS: 300 },
+        settings: { intervalS: 1, concurrency, batchSize: orders, observation: { staleAfterS: 21_600, handlersFor: NO_REACTION_HANDLERS }, leaseS: 300 },
         replica: `bench-${concurrency}`,
       })
       const started = process.hrtime.bigint()

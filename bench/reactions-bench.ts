@@ -14,7 +14,7 @@ import { migrateToLatest } from '../src/db/migrate.js'
 import { openDatabase } from '../src/db/open-database.js'
 import { createLogger } from '../src/logger.js'
 import { applyObservation } from '../src/orders/apply-observation.js'
-import { createOrder } from '../src/orders/order.repository.js'
+import { createOrder } from '../src/orders/create-order.js'
 import { createDispatcher, DEFAULT_DISPATCHER_SETTINGS } from '../src/reactions/dispatcher.js'
 import { createReactionRegistry } from '../src/reactions/reaction-registry.js'
 
@@ -86,7 +86,7 @@ export async function runReactionsBench(url: string, { quick }: { quick: boolean
       const samples = quick ? 100 : 400
       for (let i = 0; i < samples; i++) {
         const reference = `lat-${i}`
-        const { order } = await createOrder(database.db, { externalReference: reference })
+        const { order } = await createOrder(database.db, { externalReference: reference, now: () => new Date() }, settings)
         const before = done
         const handled = new Promise<void>((resolve) => {
           onDone = () => done > before && resolve()
@@ -108,7 +108,7 @@ export async function runReactionsBench(url: string, { quick }: { quick: boolean
     const jobs = orders * STATUSES.length
     const references = Array.from({ length: orders }, (_, i) => `thr-${i}`)
     await inParallel(references, 8, async (reference) => {
-      const { order } = await createOrder(database.db, { externalReference: reference })
+      const { order } = await createOrder(database.db, { externalReference: reference, now: () => new Date() }, settings)
       for (const status of STATUSES) await move(order.id, reference, status)
     })
     const oursPerSecond = await (async () => {

@@ -6,6 +6,7 @@ import * as visitedStatusesAndBodyHash from './0002_visited_statuses_and_body_ha
 import * as consoleIndexes from './0003_console_indexes.js'
 import * as reactionOutbox from './0004_reaction_outbox.js'
 import * as consoleReactionIndexes from './0005_console_reaction_indexes.js'
+import * as deliveryTradeReference from './0006_delivery_trade_reference.js'
 
 export const migrations: Record<string, Migration> = {
   '0001_initial': initial,
@@ -13,4 +14,5 @@ export const migrations: Record<string, Migration> = {
   '0003_console_indexes': consoleIndexes,
   '0004_reaction_outbox': reactionOutbox,
   '0005_console_reaction_indexes': consoleReactionIndexes,
+  '0006_delivery_trade_reference': deliveryTradeReference,
 }

@@ -24,6 +24,7 @@ import { createLocalCliToken, type LocalCommandRunner, localCliRoutes } from './
 import { advertiseLocalService, databaseIdentity } from './local/running-service.js'
 import type { Logger } from './logger.js'
 import { createMetrics } from './metrics/metrics.js'
+import { observationSettings } from './orders/observations.js'
 import { createPartnerApiClient } from './partner-api/create-partner-api-client.js'
 import { configuredReactions } from './reactions/configured-reactions.js'
 import { createDispatcher, DEFAULT_DISPATCHER_SETTINGS, type Dispatcher } from './reactions/dispatcher.js'
@@ -32,6 +33,7 @@ import { createPoller, dueOrderStats, type Poller, pollerSettings, type RunSumma
 import { createSandbox } from './sandbox/create-sandbox.js'
 import { sandboxStateFile } from './sandbox/sandbox-state.js'
 import { countParkedDeliveries } from './webhooks/delivery.repository.js'
+import { createDeliveryIngest } from './webhooks/delivery-ingest.js'
 import { createEventHandlers } from './webhooks/event-handlers.js'
 import { registerEventHandlers } from './webhooks/partner-event-handlers.js'
 
@@ -125,6 +127,8 @@ export async function startService({
     // closed after the dispatcher stopped (stops run in reverse): no handler is publishing by then
     stops.push({ name: 'reaction handlers', stop: () => reactions.close() })
     registerEventHandlers(eventHandlers)
+    // STALE_AFTER_S and the reaction handlers, bound once: every observation this process applies uses them
+    const observation = observationSettings(config.poll, reactions.handlersFor)
     const app = createApp({
       config,
       db: database.db,
@@ -133,6 +137,7 @@ export async function startService({
       metrics,
       eventHandlers,
       reactions,
+      ingest: createDeliveryIngest({ config, db: database.db, logger, settings: observation, metrics }),
       isReady: () => ready,
       isDraining: () => draining,
     })
@@ -217,7 +222,7 @@ export async function startService({
         fetcher,
         clock,
         logger,
-        settings: pollerSettings(config.poll, reactions.handlersFor),
+        settings: pollerSettings(config.poll, observation),
         replica: `console:${hostname()}:${process.pid}`,
       }).runOnce()
     let poller: Poller | undefined
@@ -234,7 +239,7 @@ export async function startService({
           fetcher,
           clock,
           logger,
-          settings: pollerSettings(config.poll, reactions.handlersFor),
+          settings: pollerSettings(config.poll, observation),
           replica: `${hostname()}:${process.pid}`,
           ...(metrics ? metrics.pollerHooks(clock) : {}),
         })

@@ -86,7 +86,7 @@ describe('operator console', () => {
           fetcher,
           clock: systemClock,
           logger,
-          settings: { intervalS: 1, batchSize: 10, concurrency: 2, staleAfterS: 3600, handlersFor: NO_REACTION_HANDLERS, leaseS: 60 },
+          settings: { intervalS: 1, batchSize: 10, concurrency: 2, observation: { staleAfterS: 3600, handlersFor: NO_REACTION_HANDLERS }, leaseS: 60 },
           replica: 'console-test',
         }).runOnce(),
     })

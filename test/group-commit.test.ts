@@ -10,7 +10,8 @@ import { createAdminApp } from '../src/http/admin-app.js'
 import { createApp } from '../src/http/app.js'
 import { createMetrics } from '../src/metrics/metrics.js'
 import type { DeliveryObservation } from '../src/orders/apply-observation.js'
-import { createOrder, findOrderByExternalReference, orderHistory } from '../src/orders/order.repository.js'
+import { findOrderByExternalReference, orderHistory } from '../src/orders/order.repository.js'
+import { createOrder } from './helpers/orders.js'
 import { IngestOverloadedError } from '../src/db/database-errors.js'
 import { GroupCommit } from '../src/webhooks/group-commit.js'
 import { SeenDeliveries } from '../src/webhooks/seen-deliveries.js'
@@ -20,6 +21,8 @@ import { testConfig } from './helpers/test-config.js'
 import { describePostgres, useTestDatabase } from './helpers/test-database.js'
 import { sendWebhook, tradePayload } from './helpers/webhook-delivery.js'
 import { NO_REACTION_HANDLERS } from '../src/orders/apply-observation.js'
+import { webhookObservation } from '../src/orders/observations.js'
+import { ingestDeliveries } from '../src/webhooks/parked-deliveries.js'
 
 const config = testConfig({ LOG_LEVEL: 'warn' })
 const settings = { staleAfterS: config.poll.staleAfterS, handlersFor: NO_REACTION_HANDLERS }
@@ -29,16 +32,11 @@ function delivery(externalReference: string, status: string, deliveryId = `gc-${
   const rawBody = JSON.stringify(body)
   return {
     delivery: { deliveryId, eventType: `trade.${status}`, rawBody, bodySha256: createHash('sha256').update(rawBody).digest('hex') },
-    observation: {
-      target: { externalReference },
-      tradeId: body.trade_id,
-      tradeReference: body.reference,
-      externalReference,
-      status,
-      source: 'webhook',
+    observation: webhookObservation(
+      { externalReference, tradeId: body.trade_id, tradeReference: body.reference, status },
       deliveryId,
-      observedAt: new Date(),
-    },
+      new Date(),
+    ),
   }
 }
 
@@ -48,7 +46,7 @@ describe('group commit', () => {
   const writer = (options: { maxBatch?: number; maxQueued?: number } = {}) => {
     const batches: number[] = []
     const group = new GroupCommit(
-      { db: database.db, settings, logger: testLogger() },
+      ingestDeliveries({ db: database.db, settings, logger: testLogger() }),
       { maxBatch: options.maxBatch ?? 100, maxInFlight: 1, maxQueued: options.maxQueued ?? 1_000, onBatch: (size) => batches.push(size) },
     )
     return { group, batches }

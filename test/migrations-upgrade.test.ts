@@ -4,6 +4,7 @@ import { Migrator } from 'kysely/migration'
 import { describe, expect, it } from 'vitest'
 import { migrations } from '../migrations/index.js'
 import { migrateToLatest } from '../src/db/migrate.js'
+import { createOrder } from './helpers/orders.js'
 import { createTestDatabase } from './helpers/test-database.js'
 
 describe('migration 0002 on a database with data', () => {
@@ -86,6 +87,47 @@ describe('migration 0004 on a database with data', () => {
       ])
       expect(new Set(history.map((row) => row.eventId)).size).toBe(4)
       expect(await database.db.selectFrom('reactionJobs').selectAll().execute()).toEqual([])
+    } finally {
+      await database.close()
+    }
+  })
+})
+
+describe('migration 0006 on a database with data', () => {
+  it('gives parked deliveries the trade reference their body carries, and a later order applies it from the column', async () => {
+    const database = await createTestDatabase({ migrate: false })
+    try {
+      const { rows } = await sql<{ schema: string }>`select current_schema() as schema`.execute(database.db)
+      const migrator = new Migrator({
+        db: database.db,
+        provider: { getMigrations: async () => migrations },
+        migrationTableSchema: rows[0]!.schema,
+      })
+      expect((await migrator.migrateTo('0005_console_reaction_indexes')).error).toBeUndefined()
+      const parked = JSON.stringify({ event: 'trade.funded', reference: 'TRD-OLD', external_reference: 'late-1' })
+      await sql`insert into webhook_deliveries
+          (delivery_id, body_sha256, event_type, trade_id, external_reference, observed_status, outcome, raw_body)
+        values ('p-1', 'h1', 'trade.funded', 'tr-old', 'late-1', 'funded', 'unmatched', ${parked}),
+               ('p-2', 'h2', 'trade.funded', 'tr-bad', 'late-2', 'funded', 'unmatched', 'not json'),
+               ('a-1', 'h3', 'trade.funded', 'tr-a', 'other', 'funded', 'applied', ${parked})`.execute(database.db)
+
+      expect((await migrateToLatest(database.db)).applied).toContain('0006_delivery_trade_reference')
+
+      const stored = await database.db
+        .selectFrom('webhookDeliveries')
+        .select(['deliveryId', 'tradeReference'])
+        .orderBy('deliveryId')
+        .execute()
+      expect(stored).toEqual([
+        { deliveryId: 'a-1', tradeReference: null },
+        { deliveryId: 'p-1', tradeReference: 'TRD-OLD' },
+        { deliveryId: 'p-2', tradeReference: null },
+      ])
+      // the body is no longer read: the order takes the reference from the column
+      await sql`update webhook_deliveries set raw_body = '' where delivery_id = 'p-1'`.execute(database.db)
+      const { order, appliedDeliveries } = await createOrder(database.db, { externalReference: 'late-1' })
+      expect(appliedDeliveries).toBe(1)
+      expect(order).toMatchObject({ tradeId: 'tr-old', tradeReference: 'TRD-OLD', tradeStatus: 'funded' })
     } finally {
       await database.close()
     }

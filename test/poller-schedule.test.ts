@@ -44,10 +44,10 @@ describe('when an order is due', () => {
       }),
       clock,
       logger: testLogger(),
-      settings: { expectedWebhookS: EXPECTED_WEBHOOK_S, staleAfterS: STALE_AFTER_S, handlersFor: NO_REACTION_HANDLERS },
+      settings: { expectedWebhookS: EXPECTED_WEBHOOK_S, observation: { staleAfterS: STALE_AFTER_S, handlersFor: NO_REACTION_HANDLERS } },
     }
     fetcher = countingFetcher(() => 'funded')
-    poller = testPoller({ db: database.db, fetcher, clock, settings: { staleAfterS: STALE_AFTER_S } })
+    poller = testPoller({ db: database.db, fetcher, clock, settings: { observation: { staleAfterS: STALE_AFTER_S, handlersFor: NO_REACTION_HANDLERS } } })
   })
 
   const at = async (s: number) => clock.advance(start + s * 1000 - clock.now())
@@ -132,7 +132,7 @@ describe('when an order is due', () => {
         return 'funded'
       }),
       clock,
-      settings: { staleAfterS: STALE_AFTER_S },
+      settings: { observation: { staleAfterS: STALE_AFTER_S, handlersFor: NO_REACTION_HANDLERS } },
     })
     expect(await polledAt(pollStart)).toBe(true)
     // the poll's write-back does not push the API call's poll out to STALE_AFTER_S

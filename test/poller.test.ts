@@ -1,6 +1,6 @@
 import { beforeEach, describe, expect, it } from 'vitest'
 import { PartnerNetworkError } from '../src/partner-api/partner-api-error.js'
-import { claimDueOrders } from '../src/reconcile/claim-due-orders.js'
+import { claimDueOrders } from '../src/orders/poll-schedule.repository.js'
 import { dueOrderStats } from '../src/reconcile/poller.js'
 import { UNAUTHORIZED_MESSAGE } from '../src/reconcile/reconcile-cycle.js'
 import { FakeClock } from './helpers/fake-clock.js'

@@ -4,7 +4,7 @@
 // broker down at start-up the service starts and ingests, and the messages follow once it is back.
 // The broker is reached through a TCP proxy the test owns; the consumer connects straight to it.
 import { afterEach, expect, it } from 'vitest'
-import { createOrder } from '../src/orders/order.repository.js'
+import { createOrder } from './helpers/orders.js'
 import { AMQP_HANDLER } from '../src/reactions/configured-reactions.js'
 import { type RunningService, startService } from '../src/service.js'
 import { amqpUrl, describeRabbitMq, startConsumer, type TestConsumer, uniqueName } from './helpers/amqp-broker.js'

@@ -1,7 +1,7 @@
 // `reactions list|show|retry|skip` against a database holding jobs in every state.
 import { afterAll, beforeAll, describe, expect, it } from 'vitest'
 import { applyObservation } from '../src/orders/apply-observation.js'
-import { createOrder } from '../src/orders/order.repository.js'
+import { createOrder } from './helpers/orders.js'
 import { createMetrics } from '../src/metrics/metrics.js'
 import { claimReactionJobs, completeJob, failJob, reactionJobStats } from '../src/reactions/reaction-job.repository.js'
 import { createReactionRegistry } from '../src/reactions/reaction-registry.js'

@@ -6,7 +6,7 @@ import { CompiledQuery, sql } from 'kysely'
 import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest'
 import { openDatabase } from '../src/db/open-database.js'
 import { applyObservation } from '../src/orders/apply-observation.js'
-import { createOrder } from '../src/orders/order.repository.js'
+import { createOrder } from './helpers/orders.js'
 import { createDispatcher, type Dispatcher, type DispatcherSettings } from '../src/reactions/dispatcher.js'
 import type { ReactionEvent, ReactionHandler } from '../src/reactions/reaction-event.js'
 import {

@@ -7,7 +7,8 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest'
 import { systemClock } from '../src/clock.js'
 import { createApp } from '../src/http/app.js'
 import { applyObservation } from '../src/orders/apply-observation.js'
-import { createOrder, findOrderByExternalReference } from '../src/orders/order.repository.js'
+import { findOrderByExternalReference } from '../src/orders/order.repository.js'
+import { createOrder } from './helpers/orders.js'
 import { hasReached } from '../src/orders/trade-status.js'
 import { FORWARDER_HANDLER } from '../src/reactions/configured-reactions.js'
 import { createReactionRegistry } from '../src/reactions/reaction-registry.js'
@@ -117,7 +118,7 @@ describe('the reaction outbox', () => {
     const fetcher = {
       getTrade: async () => ({ ...tradePayload(ref, 'delivered'), amount: '1.00', currency: 'EUR' }) as never,
     }
-    const poller = testPoller({ db: database.db, fetcher, clock: systemClock, settings: { handlersFor: reactions.handlersFor } })
+    const poller = testPoller({ db: database.db, fetcher, clock: systemClock, settings: { observation: settings } })
     expect((await poller.runOnce()).changed).toBe(1)
     expect((await jobsOf(order.id)).map((job) => [job.sequence, job.handler])).toEqual([
       [1, 'ledger'],

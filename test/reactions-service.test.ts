@@ -2,7 +2,7 @@
 // the dispatcher starts once the database is ready and stops with the service.
 import { randomBytes } from 'node:crypto'
 import { afterEach, describe, expect, it } from 'vitest'
-import { createOrder } from '../src/orders/order.repository.js'
+import { createOrder } from './helpers/orders.js'
 import type { RunningService } from '../src/service.js'
 import { startService } from '../src/service.js'
 import { type ForwardReceiver, startForwardReceiver } from './helpers/forward-receiver.js'

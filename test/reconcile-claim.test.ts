@@ -1,13 +1,13 @@
 import { CompiledQuery } from 'kysely'
 import { afterAll, beforeAll, beforeEach, describe, expect, it } from 'vitest'
-import { claimDueOrders, claimDueOrdersQuery } from '../src/reconcile/claim-due-orders.js'
+import { claimDueOrders, claimDueOrdersQuery } from '../src/orders/poll-schedule.repository.js'
 import {
   countDueOrders,
   flagTradeNotFound,
   releaseClaims,
   requeueOrders,
   rescheduleAfterError,
-} from '../src/reconcile/poll-schedule.repository.js'
+} from '../src/orders/poll-schedule.repository.js'
 import { dueOrders, insertManyDueOrders, insertOrders, orderByReference } from './helpers/reconcile-orders.js'
 import { createTestDatabase, describePostgres, type TestDatabase, useTestDatabase } from './helpers/test-database.js'
 

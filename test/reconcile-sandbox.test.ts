@@ -3,6 +3,7 @@
 // the platform, and the history says which changes came by poll.
 import { afterEach, describe, expect, it } from 'vitest'
 import { systemClock } from '../src/clock.js'
+import { observationSettings } from '../src/orders/observations.js'
 import { createPartnerApiClient } from '../src/partner-api/create-partner-api-client.js'
 import type { RunSummary } from '../src/reconcile/poller.js'
 import { testPoller } from './helpers/reconcile-poller.js'
@@ -50,7 +51,7 @@ describe('the poller against the sandbox platform', () => {
       fetcher: createPartnerApiClient(config, { logger: loop!.logger, clock: systemClock }),
       // every order that is not terminal is due STALE_AFTER_S after its last observation at the latest
       clock: clockAhead((config.poll.staleAfterS + 60) * 1000),
-      settings: { batchSize: 50, concurrency: 8, staleAfterS: config.poll.staleAfterS },
+      settings: { batchSize: 50, concurrency: 8, observation: observationSettings(config.poll) },
     })
     const runs: RunSummary[] = []
     for (;;) {

@@ -75,7 +75,8 @@ describe('the SQL decision of applyObservation', () => {
   it('decides every sequence of observations as decideTransition does, and never revisits a status', async () => {
     const { createTestDatabase } = await import('./helpers/test-database.js')
     const { applyObservation } = await import('../src/orders/apply-observation.js')
-    const { createOrder, findOrderByExternalReference, orderHistory } = await import('../src/orders/order.repository.js')
+    const { findOrderByExternalReference, orderHistory } = await import('../src/orders/order.repository.js')
+    const { createOrder } = await import('./helpers/orders.js')
     const database = await createTestDatabase()
     let run = 0
     try {

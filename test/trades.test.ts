@@ -1,6 +1,7 @@
 import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest'
 import { applyObservation } from '../src/orders/apply-observation.js'
-import { createOrder, findOrderByExternalReference, startTradeCreate } from '../src/orders/order.repository.js'
+import { findOrderByExternalReference, startTradeCreate } from '../src/orders/order.repository.js'
+import { createOrder } from './helpers/orders.js'
 import { PartnerApiClient } from '../src/partner-api/partner-api.client.js'
 import {
   PartnerApiError,
@@ -44,7 +45,7 @@ function deps(client: PartnerTradeApi, clock = new FakeClock()): TradeDeps & { c
     client,
     clock,
     logger,
-    settings: { expectedWebhookS: EXPECTED_WEBHOOK_S, staleAfterS: STALE_AFTER_S, handlersFor: NO_REACTION_HANDLERS },
+    settings: { expectedWebhookS: EXPECTED_WEBHOOK_S, observation: { staleAfterS: STALE_AFTER_S, handlersFor: NO_REACTION_HANDLERS } },
   }
 }
 
@@ -138,7 +139,7 @@ describe('openTradeForOrder', () => {
   it('refuses a second open of an order left pending by a crash mid-call, unless retried', async () => {
     const ref = reference()
     await createOrder(database.db, { externalReference: ref })
-    expect(await startTradeCreate(database.db, (await order(ref)).id, 'none')).toBe(true)
+    expect(await startTradeCreate(database.db, (await order(ref)).id, 'none', new Date())).toBe(true)
     const client = fakeTradeApi()
     await expect(openTradeForOrder(deps(client), ref, request)).rejects.toMatchObject({ code: 'trade_create_unknown' })
     expect(client.calls).toHaveLength(0)

@@ -92,9 +92,10 @@ export function registerDeliveriesCommands(program: Command): void {
     .option(...BODY_OPTION, sha256Prefix)
     .option('--json', 'print the result as JSON')
     .action(async (deliveryId: string, options: { json?: boolean; bodySha256?: string }) => {
-      const [{ findDelivery }, { reapplyDelivery }] = await Promise.all([
+      const [{ findDelivery }, { reapplyDelivery }, { observationSettings }] = await Promise.all([
         import('../webhooks/delivery.repository.js'),
-        import('../webhooks/reapply-delivery.js'),
+        import('../webhooks/parked-deliveries.js'),
+        import('../orders/observations.js'),
       ])
       await withDatabase(async ({ db, config, reactions }) => {
         const delivery = await findDelivery(db, deliveryId, options.bodySha256)
@@ -106,7 +107,7 @@ export function registerDeliveriesCommands(program: Command): void {
         const result = await reapplyDelivery(
           db,
           delivery,
-          { staleAfterS: config.poll.staleAfterS, handlersFor: reactions.handlersFor },
+          observationSettings(config.poll, reactions.handlersFor),
           new Date(),
         )
         if (result.kind === 'not_a_trade_event') {

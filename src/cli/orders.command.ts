@@ -12,13 +12,17 @@ export function registerOrdersCommands(program: Command): void {
     .requiredOption('--external-reference <ref>', 'the order’s own id, sent to the platform as external_reference')
     .option('--json', 'print the order as JSON')
     .action(async (options: { externalReference: string; json?: boolean }) => {
-      const { createOrder, OrderExistsError } = await import('../orders/order.repository.js')
+      const [{ createOrder }, { OrderExistsError }, { observationSettings }] = await Promise.all([
+        import('../orders/create-order.js'),
+        import('../orders/order.repository.js'),
+        import('../orders/observations.js'),
+      ])
       await withDatabase(async ({ db, config, reactions }) => {
         try {
           const { order, appliedDeliveries } = await createOrder(
             db,
-            { externalReference: options.externalReference },
-            { staleAfterS: config.poll.staleAfterS, handlersFor: reactions.handlersFor },
+            { externalReference: options.externalReference, now: () => new Date() },
+            observationSettings(config.poll, reactions.handlersFor),
           )
           if (options.json) printJson({ ...order, appliedDeliveries })
           else {

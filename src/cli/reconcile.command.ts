@@ -59,11 +59,13 @@ function parseLimit(value: string | undefined): number {
 }
 
 async function runOnce(json: boolean | undefined): Promise<void> {
-  const [{ systemClock }, { createPartnerApiClient }, { createPoller, pollerSettings }] = await Promise.all([
-    import('../clock.js'),
-    import('../partner-api/create-partner-api-client.js'),
-    import('../reconcile/poller.js'),
-  ])
+  const [{ systemClock }, { createPartnerApiClient }, { createPoller, pollerSettings }, { observationSettings }] =
+    await Promise.all([
+      import('../clock.js'),
+      import('../partner-api/create-partner-api-client.js'),
+      import('../reconcile/poller.js'),
+      import('../orders/observations.js'),
+    ])
   const summary = await withDatabase(async ({ config, logger, db, reactions }) => {
     const clock = systemClock
     const poller = createPoller({
@@ -71,7 +73,7 @@ async function runOnce(json: boolean | undefined): Promise<void> {
       fetcher: createPartnerApiClient(config, { logger, clock }),
       clock,
       logger,
-      settings: pollerSettings(config.poll, reactions.handlersFor),
+      settings: pollerSettings(config.poll, observationSettings(config.poll, reactions.handlersFor)),
       replica: `cli:${hostname()}:${process.pid}`,
     })
     return poller.runOnce()
@@ -125,7 +127,7 @@ async function report(limit: number, json: boolean | undefined): Promise<void> {
 async function requeue(externalReferences: string[] | undefined, json: boolean | undefined): Promise<void> {
   const [{ systemClock }, { requeueOrders }] = await Promise.all([
     import('../clock.js'),
-    import('../reconcile/poll-schedule.repository.js'),
+    import('../orders/poll-schedule.repository.js'),
   ])
   const results = await withDatabase(({ db }) =>
     requeueOrders(db, {

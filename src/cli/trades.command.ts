@@ -21,15 +21,20 @@ export async function withTradeDeps<T>(
   run: (deps: TradeDeps) => Promise<T>,
   { unknownOutcome = 'The platform may or may not have done it: check with `trades get`.' } = {},
 ): Promise<T> {
-  const [{ systemClock }, { createPartnerApiClient }] = await Promise.all([
+  const [{ systemClock }, { createPartnerApiClient }, { observationSettings }] = await Promise.all([
     import('../clock.js'),
     import('../partner-api/create-partner-api-client.js'),
+    import('../orders/observations.js'),
   ])
   return withDatabase(async ({ config, logger, db, reactions }) => {
     const clock = systemClock
     const client = createPartnerApiClient(config, { logger, clock })
     try {
-      return await run({ db, client, clock, logger, settings: { ...config.poll, handlersFor: reactions.handlersFor } })
+      return await run({ db, client, clock, logger, settings: {
+          expectedWebhookS: config.poll.expectedWebhookS,
+          observation: observationSettings(config.poll, reactions.handlersFor),
+        },
+      })
     } catch (error) {
       throw explainFailure(error, unknownOutcome)
     }

@@ -18,7 +18,7 @@ import type { Database } from '../db/database.js'
 import type { Logger } from '../logger.js'
 import type { Metrics } from '../metrics/metrics.js'
 import { countOrdersNeedingAttention, findOrderById, findOrderByExternalReference, orderHistory, searchOrders } from '../orders/order.repository.js'
-import { countDueOrders, requeueOrders, TRADE_NOT_FOUND } from '../reconcile/poll-schedule.repository.js'
+import { countDueOrders, requeueOrders, TRADE_NOT_FOUND } from '../orders/poll-schedule.repository.js'
 import type { RunSummary } from '../reconcile/poller.js'
 import { listRuns } from '../reconcile/reconcile-run.repository.js'
 import {
@@ -44,7 +44,7 @@ import {
   listDeliveriesToReapply,
   searchDeliveries,
 } from '../webhooks/delivery.repository.js'
-import { reapplyDelivery } from '../webhooks/reapply-delivery.js'
+import { reapplyDelivery } from '../webhooks/parked-deliveries.js'
 import { createConsoleAuth, type Operator, requestFromOwnOrigin, SESSION_COOKIE } from './console-auth.js'
 import { CONSOLE_CSS } from './console-styles.js'
 import {

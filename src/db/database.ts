@@ -36,6 +36,8 @@ export interface WebhookDeliveriesTable {
   receivedAt: GeneratedTimestamp
   eventType: string
   tradeId: string | null
+  /** A trade event's `reference` field, as parsed at ingest (migrations/0006). */
+  tradeReference: string | null
   externalReference: string | null
   observedStatus: string | null
   outcome: string

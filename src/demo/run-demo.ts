@@ -21,7 +21,9 @@ import { createApp } from '../http/app.js'
 import { listen } from '../http/server.js'
 import { createLogger, type Logger } from '../logger.js'
 import { applyObservation } from '../orders/apply-observation.js'
-import { createOrder, findOrderByExternalReference, orderHistory, schedulePollAfterApiCall } from '../orders/order.repository.js'
+import { createOrder } from '../orders/create-order.js'
+import { findOrderByExternalReference, orderHistory } from '../orders/order.repository.js'
+import { schedulePollAfterApiCall } from '../orders/poll-schedule.repository.js'
 import { PartnerApiClient } from '../partner-api/partner-api.client.js'
 import { parseConfig } from '../config.js'
 import { createDispatcher, DEFAULT_DISPATCHER_SETTINGS, type Dispatcher } from '../reactions/dispatcher.js'
@@ -30,6 +32,7 @@ import { countFailedJobsByHandler, reactionJobStats } from '../reactions/reactio
 import { createReactionRegistry } from '../reactions/reaction-registry.js'
 import { createPoller } from '../reconcile/poller.js'
 import { createSandbox, type Sandbox } from '../sandbox/create-sandbox.js'
+import { apiObservation, observationSettings } from '../orders/observations.js'
 import { searchDeliveries } from '../webhooks/delivery.repository.js'
 import { openTradeForOrder } from '../trades/open-trade-for-order.js'
 import { runTradeOperation } from '../trades/run-trade-operation.js'
@@ -174,16 +177,13 @@ export async function runDemo({
       clock,
       logger: log,
     })
+    const observation = observationSettings(config.poll, reactions.handlersFor)
     const deps: TradeDeps = {
       db: database.db,
       client,
       clock,
       logger: log,
-      settings: {
-        expectedWebhookS: config.poll.expectedWebhookS,
-        staleAfterS: config.poll.staleAfterS,
-        handlersFor: reactions.handlersFor,
-      },
+      settings: { expectedWebhookS: config.poll.expectedWebhookS, observation },
     }
 
     say(`demo: database ready after ${((Date.now() - startedAt) / 1000).toFixed(1)} s; ${trades} trades against the sandbox, with faults (seed ${seed})`)
@@ -218,9 +218,8 @@ export async function runDemo({
         intervalS: 1,
         concurrency: 8,
         batchSize: 100,
-        staleAfterS: config.poll.staleAfterS,
+        observation,
         leaseS: 60,
-        handlersFor: reactions.handlersFor,
       },
       replica: 'demo',
     })
@@ -303,15 +302,23 @@ async function leaveWorkForAnOperator(deps: TradeDeps, sandbox: Sandbox, client:
     external_reference: DEMO_ELSEWHERE_REFERENCE,
   })
   await sandbox.idle()
-  const { order } = await createOrder(deps.db, { externalReference: DEMO_UNKNOWN_TRADE_REFERENCE }, deps.settings)
   const now = new Date(deps.clock.now())
+  const { order } = await createOrder(
+    deps.db,
+    { externalReference: DEMO_UNKNOWN_TRADE_REFERENCE, now: () => now },
+    deps.settings.observation,
+  )
   // as an import from an older system would link it: the trade id it had, which the platform does not know
   await applyObservation(
     deps.db,
-    { target: { orderId: order.id }, tradeId: 'trd_imported_0000', status: 'created', source: 'api', observedAt: now },
-    deps.settings,
+    apiObservation(
+      { orderId: order.id, externalReference: DEMO_UNKNOWN_TRADE_REFERENCE },
+      { trade_id: 'trd_imported_0000', status: 'created' },
+      now,
+    ),
+    deps.settings.observation,
   )
-  await schedulePollAfterApiCall(deps.db, order.id, now)
+  await schedulePollAfterApiCall(deps.db, order.id, { at: now, now })
 }
 
 /** Waits (up to `boundMs`) until no reaction job is left to run; answers how many still are. */

@@ -8,11 +8,12 @@ import type { Config } from '../config.js'
 import type { Database } from '../db/database.js'
 import type { Logger } from '../logger.js'
 import type { Metrics } from '../metrics/metrics.js'
-import { NO_REACTION_HANDLERS } from '../orders/apply-observation.js'
+import { observationSettings } from '../orders/observations.js'
 import type { ReactionRouting } from '../reactions/reaction-registry.js'
 import { errorHandler, notFoundHandler } from './error-handler.js'
 import { healthRoutes } from './health.routes.js'
 import { InflightBodyBudget, reserveBodyBytes } from './inflight-body-budget.js'
+import { createDeliveryIngest, type DeliveryIngest } from '../webhooks/delivery-ingest.js'
 import { createEventHandlers, type EventHandlers } from '../webhooks/event-handlers.js'
 import { webhookRoutes } from '../webhooks/webhook.routes.js'
 
@@ -34,6 +35,8 @@ export interface AppDeps {
   eventHandlers?: EventHandlers | undefined
   /** The reaction handlers: every observation the app applies enqueues their jobs (none when absent). */
   reactions?: ReactionRouting | undefined
+  /** The group commit and the memory of stored ids (service.ts makes them); made here when absent. */
+  ingest?: DeliveryIngest | undefined
 }
 
 export function createApp(deps: AppDeps): Express {
@@ -54,16 +57,17 @@ export function createApp(deps: AppDeps): Express {
     deps.config.webhook.path,
     reserveBodyBytes({ budget, bodyLimitBytes: deps.config.webhook.bodyLimitBytes, metrics: deps.metrics }),
   )
+  const ingest =
+    deps.ingest ??
+    createDeliveryIngest({ ...deps, settings: observationSettings(deps.config.poll, deps.reactions?.handlersFor) })
   app.use(
     webhookRoutes({
       ...deps,
+      ...ingest,
       eventHandlers: deps.eventHandlers ?? createEventHandlers(),
       path: deps.config.webhook.path,
       bodyLimitBytes: deps.config.webhook.bodyLimitBytes,
-      batch: { maxBatch: deps.config.webhook.batchMax, maxInFlight: deps.config.webhook.batchStatements },
-      seenCapacity: deps.config.webhook.seenCacheSize,
       secrets: deps.config.webhook.secrets,
-      settings: { staleAfterS: deps.config.poll.staleAfterS, handlersFor: deps.reactions?.handlersFor ?? NO_REACTION_HANDLERS },
     }),
   )
   app.use(notFoundHandler())

@@ -28,7 +28,7 @@ import { PREPARED } from '../db/open-database.js'
 import type { ObservationSource } from './order.js'
 import { isTerminalStatus, statusRank } from './trade-status.js'
 
-export type ObservationTarget = { externalReference: string } | { tradeId: string } | { orderId: number; leaseToken?: string }
+export type ObservationTarget = { externalReference: string } | { orderId: number; leaseToken?: string }
 
 export interface Observation {
   target: ObservationTarget
@@ -148,18 +148,16 @@ function toResult(row: StatementRow | undefined, observation: Observation): Obse
   }
 }
 
-type TargetKind = 'externalReference' | 'tradeId' | 'orderId' | 'lease'
+type TargetKind = 'externalReference' | 'orderId' | 'lease'
 
 function targetOf(target: ObservationTarget): { kind: TargetKind; key: string; lease: string | null } {
   if ('externalReference' in target) return { kind: 'externalReference', key: target.externalReference, lease: null }
-  if ('tradeId' in target) return { kind: 'tradeId', key: target.tradeId, lease: null }
   if (target.leaseToken !== undefined) return { kind: 'lease', key: String(target.orderId), lease: target.leaseToken }
   return { kind: 'orderId', key: String(target.orderId), lease: null }
 }
 
 const TARGET_CONDITIONS: Record<TargetKind, RawBuilder<unknown>> = {
   externalReference: sql`o.external_reference = i.target`,
-  tradeId: sql`o.trade_id = i.target`,
   orderId: sql`o.id = i.target::int`,
   lease: sql`o.id = i.target::int and o.poll_lease_token = i.lease`,
 }
@@ -254,9 +252,10 @@ function observationStatement(
     ? sql`,
     delivery as (
       insert into webhook_deliveries
-        (delivery_id, body_sha256, received_at, event_type, trade_id, external_reference, observed_status, outcome,
-         order_id, raw_body, applied_at)
-      select i.delivery_id, i.body_sha256, i.observed_at, i.event_type, i.trade_id, i.external_reference, i.status,
+        (delivery_id, body_sha256, received_at, event_type, trade_id, trade_reference, external_reference,
+         observed_status, outcome, order_id, raw_body, applied_at)
+      select i.delivery_id, i.body_sha256, i.observed_at, i.event_type, i.trade_id, i.trade_reference, i.external_reference,
+        i.status,
         coalesce(d.outcome, 'unmatched'), d.id, i.raw_body, case when d.outcome = 'applied' then i.observed_at end
       from input i left join decision d on d.n = i.n
       on conflict (delivery_id, body_sha256) do nothing

@@ -1,25 +1,14 @@
 // Every query on the partner's orders and their status history. Row types never leave this file.
 //
-// A fork that keeps orders in its own tables replaces this module (and apply-observation.ts's
-// statement) and keeps the exported functions: nothing else in the service reads the orders table.
+// A fork that keeps orders in its own tables replaces the SQL of src/orders (this module,
+// poll-schedule.repository.ts and apply-observation.ts's statement) and keeps the exported functions:
+// nothing outside src/orders reads or writes the orders table.
 import type { Kysely, Selectable, Transaction } from 'kysely'
 import type { Database, OrdersTable } from '../db/database.js'
-import {
-  applyObservation,
-  NO_REACTION_HANDLERS,
-  type ObservationResult,
-  type ObservationSettings,
-} from './apply-observation.js'
-import { parseJsonText } from '../webhooks/parse-delivery.js'
+import type { ObservationResult } from './apply-observation.js'
 import type { ObservationSource, Order, StatusChange, TradeCreateState } from './order.js'
 
 type Executor = Kysely<Database> | Transaction<Database>
-
-/**
- * STALE_AFTER_S's default and no reaction handlers: for tests. The service's callers pass
- * { staleAfterS: config.poll.staleAfterS, handlersFor: reactions.handlersFor }.
- */
-export const DEFAULT_OBSERVATION_SETTINGS: ObservationSettings = { staleAfterS: 21_600, handlersFor: NO_REACTION_HANDLERS }
 
 export class OrderExistsError extends Error {
   readonly code = 'order_exists'
@@ -47,106 +36,19 @@ function toOrder(row: Selectable<OrdersTable>): Order {
   }
 }
 
-/**
- * Creates an order and applies, in the same transaction, every webhook parked for its reference.
- * A second pass after the commit catches a delivery parked while the transaction ran (see
- * applyParkedDeliveries: between the two passes, no parked delivery can be missed).
- */
-export async function createOrder(
-  db: Kysely<Database>,
-  { externalReference, now = () => new Date() }: { externalReference: string; now?: () => Date },
-  settings: ObservationSettings = DEFAULT_OBSERVATION_SETTINGS,
-): Promise<{ order: Order; appliedDeliveries: number }> {
-  let applied: number
+/** Inserts a new order (no trade yet); OrderExistsError when the reference is taken. */
+export async function insertOrder(db: Executor, externalReference: string): Promise<void> {
   try {
-    applied = await db.transaction().execute(async (trx) => {
-      await trx.insertInto('orders').values({ externalReference }).execute()
-      return applyParkedDeliveries(trx, externalReference, settings, now)
-    })
+    await db.insertInto('orders').values({ externalReference }).execute()
   } catch (error) {
     if ((error as { code?: string }).code === '23505') throw new OrderExistsError(externalReference)
     throw error
-  }
-  applied += await applyParkedDeliveries(db, externalReference, settings, now)
-  const order = await findOrderByExternalReference(db, externalReference)
-  if (!order) throw new Error(`Order ${externalReference} vanished right after it was created`)
-  return { order, appliedDeliveries: applied }
-}
-
-/**
- * Applies the deliveries parked as `unmatched` for a reference, oldest first, if its order exists.
- * Each parked row is locked (SKIP LOCKED: a concurrent pass takes the others) and given the outcome
- * that applying it had. Returns how many were processed.
- */
-export async function applyParkedDeliveries(
-  db: Executor,
-  externalReference: string,
-  settings: ObservationSettings,
-  now: () => Date = () => new Date(),
-): Promise<number> {
-  const run = async (trx: Transaction<Database>) => {
-    const order = await trx
-      .selectFrom('orders')
-      .select('id')
-      .where('externalReference', '=', externalReference)
-      .executeTakeFirst()
-    if (!order) return 0
-    const parked = await trx
-      .selectFrom('webhookDeliveries')
-      .select(['deliveryId', 'bodySha256', 'tradeId', 'observedStatus', 'receivedAt', 'rawBody'])
-      .where('externalReference', '=', externalReference)
-      .where('outcome', '=', 'unmatched')
-      .orderBy('receivedAt')
-      .orderBy('deliveryId')
-      .forUpdate()
-      .skipLocked()
-      .execute()
-    for (const delivery of parked) {
-      const appliedAt = now()
-      const result = await applyObservation(
-        trx,
-        {
-          target: { orderId: order.id },
-          tradeId: delivery.tradeId ?? '',
-          tradeReference: tradeReferenceOf(delivery.rawBody),
-          externalReference,
-          status: delivery.observedStatus ?? '',
-          source: 'webhook',
-          deliveryId: delivery.deliveryId,
-          observedAt: appliedAt,
-        },
-        settings,
-      )
-      await trx
-        .updateTable('webhookDeliveries')
-        .set({ outcome: result.outcome, orderId: order.id, appliedAt: result.outcome === 'applied' ? appliedAt : null })
-        .where('deliveryId', '=', delivery.deliveryId)
-        .where('bodySha256', '=', delivery.bodySha256)
-        .execute()
-    }
-    return parked.length
-  }
-  return db.isTransaction ? run(db as Transaction<Database>) : db.transaction().execute(run)
-}
-
-// the parked row keeps the raw body; its reference field is read back from it
-function tradeReferenceOf(rawBody: string): string | null {
-  try {
-    const reference = (parseJsonText(rawBody) as { reference?: unknown }).reference
-    return typeof reference === 'string' ? reference : null
-  } catch {
-    return null
   }
 }
 
 export async function findOrderByExternalReference(db: Executor, externalReference: string): Promise<Order | undefined> {
   const row = await db.selectFrom('orders').selectAll().where('externalReference', '=', externalReference).executeTakeFirst()
   return row && toOrder(row)
-}
-
-export async function orderExists(db: Executor, externalReference: string): Promise<boolean> {
-  const row = await db.selectFrom('orders').select('id').where('externalReference', '=', externalReference).executeTakeFirst()
-  return row !== undefined
 }
 
 /** Which of these external references name an existing order (one query for a whole batch). */
@@ -158,11 +60,6 @@ export async function existingOrderReferences(db: Executor, externalReferences: 
     .where('externalReference', 'in', [...externalReferences])
     .execute()
   return new Set(rows.map((row) => row.externalReference))
-}
-
-export async function findOrderByTradeId(db: Executor, tradeId: string): Promise<Order | undefined> {
-  const row = await db.selectFrom('orders').selectAll().where('tradeId', '=', tradeId).executeTakeFirst()
-  return row && toOrder(row)
 }
 
 export async function listOrders(db: Executor, { limit = 50, offset = 0 }: { limit?: number; offset?: number } = {}): Promise<Order[]> {
@@ -188,10 +85,15 @@ export type { ObservationResult }
  * Marks a create as in flight, only if the order is still in `previousState` and has no trade: two
  * operators opening the same order at once cannot both send a create. Returns whether it was marked.
  */
-export async function startTradeCreate(db: Executor, orderId: number, previousState: TradeCreateState): Promise<boolean> {
+export async function startTradeCreate(
+  db: Executor,
+  orderId: number,
+  previousState: TradeCreateState,
+  now: Date,
+): Promise<boolean> {
   const result = await db
     .updateTable('orders')
-    .set({ tradeCreateState: 'pending', updatedAt: new Date() })
+    .set({ tradeCreateState: 'pending', updatedAt: now })
     .where('id', '=', orderId)
     .where('tradeCreateState', '=', previousState)
     .where('tradeId', 'is', null)
@@ -199,31 +101,21 @@ export async function startTradeCreate(db: Executor, orderId: number, previousSt
   return Number(result.numUpdatedRows) === 1
 }
 
-export async function setTradeCreateState(db: Executor, orderId: number, state: TradeCreateState): Promise<void> {
-  await db.updateTable('orders').set({ tradeCreateState: state, updatedAt: new Date() }).where('id', '=', orderId).execute()
+export async function setTradeCreateState(db: Executor, orderId: number, state: TradeCreateState, now: Date): Promise<void> {
+  await db.updateTable('orders').set({ tradeCreateState: state, updatedAt: now }).where('id', '=', orderId).execute()
 }
 
 /** After a successful create: linked, and due for a poll if no webhook comes by `nextPollAt`. */
-export async function markTradeCreated(db: Executor, orderId: number, nextPollAt: Date): Promise<void> {
+export async function markTradeCreated(db: Executor, orderId: number, { nextPollAt, now }: { nextPollAt: Date; now: Date }): Promise<void> {
   await db
     .updateTable('orders')
-    .set({ tradeCreateState: 'created', nextPollAt, updatedAt: new Date() })
+    .set({ tradeCreateState: 'created', nextPollAt, updatedAt: now })
     .where('id', '=', orderId)
     .where('tradeId', 'is not', null)
     .where('isTerminal', '=', false)
     .execute()
 }
 
-/** After an API call: the order expects a webhook; poll at `at` if none moved it first. */
-export async function schedulePollAfterApiCall(db: Executor, orderId: number, at: Date): Promise<void> {
-  await db
-    .updateTable('orders')
-    .set({ nextPollAt: at, updatedAt: new Date() })
-    .where('id', '=', orderId)
-    .where('tradeId', 'is not', null)
-    .where('isTerminal', '=', false)
-    .execute()
-}
 
 // The operator console's queries (indexes: migrations/0003_console_indexes.ts).
 

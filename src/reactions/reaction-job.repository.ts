@@ -5,7 +5,7 @@
 // pending with a later run_at after a throw, or failed after the last attempt (the dead letter). An
 // operator moves a failed job back to pending (retry) or to skipped.
 //
-// The claim is the poller's pattern (reconcile/claim-due-orders.ts): FOR UPDATE SKIP LOCKED and, in the
+// The claim is the poller's pattern (orders/poll-schedule.repository.ts): FOR UPDATE SKIP LOCKED and, in the
 // same statement, a lease. A claimed job's run_at is set to its lease end, so "pending and due" and
 // "running but its lease ran out" are one condition, run_at <= now, on one partial index. A job is only
 // claimable when no job of the same (order, handler) with a smaller sequence is unfinished (not done or

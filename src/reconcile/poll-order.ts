@@ -15,12 +15,12 @@ import type { Kysely } from 'kysely'
 import type { Clock } from '../clock.js'
 import type { Database } from '../db/database.js'
 import type { Logger } from '../logger.js'
-import { applyObservation, type ObservationOutcome } from '../orders/apply-observation.js'
+import { applyObservation, type ObservationOutcome, type ObservationSettings } from '../orders/apply-observation.js'
+import { pollObservation } from '../orders/observations.js'
 import { PartnerApiError } from '../partner-api/partner-api-error.js'
 import type { TradeRecord } from '../partner-api/types.js'
 import { type BackoffSettings, backoffDelayS } from './backoff-delay.js'
-import type { ClaimedOrder } from './claim-due-orders.js'
-import { flagTradeNotFound, rescheduleAfterError } from './poll-schedule.repository.js'
+import { type ClaimedOrder, flagTradeNotFound, rescheduleAfterError } from '../orders/poll-schedule.repository.js'
 
 /** The one platform call the poller makes: PartnerApiClient in production, a fake in tests. */
 export interface TradeFetcher {
@@ -76,9 +76,8 @@ export interface PollOrderDeps {
   fetcher: TradeFetcher
   clock: Clock
   logger: Logger
-  staleAfterS: number
-  /** The reaction handlers to enqueue for an applied status (the registry's handlersFor). */
-  handlersFor: (type: string) => readonly string[]
+  /** STALE_AFTER_S and the reaction handlers, as the observation statement applies a poll's answer. */
+  observation: ObservationSettings
   backoff: BackoffSettings
   random: () => number
 }
@@ -120,16 +119,8 @@ export async function pollOrder(
   try {
     const applied = await applyObservation(
       db,
-      {
-        target: { orderId: order.orderId, leaseToken },
-        tradeId: trade.trade_id,
-        tradeReference: trade.reference,
-        externalReference: trade.external_reference,
-        status: trade.status,
-        source: 'poll',
-        observedAt: new Date(clock.now()),
-      },
-      { staleAfterS: deps.staleAfterS, handlersFor: deps.handlersFor },
+      pollObservation({ orderId: order.orderId, leaseToken }, trade, new Date(clock.now())),
+      deps.observation,
     )
     const result = POLL_RESULT_OF[applied.outcome]
     if (applied.outcome === 'trade_mismatch') {

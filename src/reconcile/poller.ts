@@ -7,14 +7,15 @@ import type { Clock } from '../clock.js'
 import type { Config } from '../config.js'
 import type { Database } from '../db/database.js'
 import type { Logger } from '../logger.js'
+import type { ObservationSettings } from '../orders/apply-observation.js'
 import { type BackoffSettings, DEFAULT_BACKOFF } from './backoff-delay.js'
 import type { PollResult, TradeFetcher } from './poll-order.js'
-import { countDueOrders, type DueOrderStats } from './poll-schedule.repository.js'
+import { countDueOrders, type DueOrderStats } from '../orders/poll-schedule.repository.js'
 import { type RunSummary, runReconcileCycle } from './reconcile-cycle.js'
 
 export type { PollResult, PollResultKind, TradeFetcher } from './poll-order.js'
 export { POLL_RESULTS } from './poll-order.js'
-export type { DueOrderStats } from './poll-schedule.repository.js'
+export type { DueOrderStats } from '../orders/poll-schedule.repository.js'
 export type { RunSummary, StoppedReason } from './reconcile-cycle.js'
 
 /**
@@ -31,27 +32,20 @@ export interface PollerSettings {
   concurrency: number
   /** POLL_BATCH_SIZE: orders claimed per cycle. */
   batchSize: number
-  /** STALE_AFTER_S: passed to applyObservation, which reschedules a polled order this much later. */
-  staleAfterS: number
-  /** The reaction handlers to enqueue for a status a poll applies (the registry's handlersFor). */
-  handlersFor: (type: string) => readonly string[]
+  /** STALE_AFTER_S and the reaction handlers, as a poll's answer is applied (observations.ts). */
+  observation: ObservationSettings
   leaseS: number
   /** Error backoff per order; DEFAULT_BACKOFF (30 s doubling to 1 h) when absent. */
   backoff?: BackoffSettings
 }
 
-/** The poller's settings from the POLL_* and STALE_AFTER_S variables. */
-export function pollerSettings(
-  poll: Config['poll'],
-  handlersFor: PollerSettings['handlersFor'],
-  leaseS = DEFAULT_LEASE_S,
-): PollerSettings {
+/** The poller's settings from the POLL_* variables, with the observation settings bound once. */
+export function pollerSettings(poll: Config['poll'], observation: ObservationSettings, leaseS = DEFAULT_LEASE_S): PollerSettings {
   return {
     intervalS: poll.intervalS,
     concurrency: poll.concurrency,
     batchSize: poll.batchSize,
-    staleAfterS: poll.staleAfterS,
-    handlersFor,
+    observation,
     leaseS,
   }
 }

@@ -9,8 +9,8 @@ import type { Kysely } from 'kysely'
 import type { Clock } from '../clock.js'
 import type { Database } from '../db/database.js'
 import type { Logger } from '../logger.js'
+import type { ObservationSettings } from '../orders/apply-observation.js'
 import { type BackoffSettings, DEFAULT_BACKOFF } from './backoff-delay.js'
-import { type ClaimedOrder, claimDueOrders } from './claim-due-orders.js'
 import {
   POLL_RESULTS,
   type PollResult,
@@ -18,7 +18,7 @@ import {
   pollOrder,
   type TradeFetcher,
 } from './poll-order.js'
-import { releaseClaims } from './poll-schedule.repository.js'
+import { type ClaimedOrder, claimDueOrders, releaseClaims } from '../orders/poll-schedule.repository.js'
 import { finishRun, startRun } from './reconcile-run.repository.js'
 
 export const UNAUTHORIZED_MESSAGE =
@@ -27,9 +27,8 @@ export const UNAUTHORIZED_MESSAGE =
 export interface CycleSettings {
   batchSize: number
   concurrency: number
-  staleAfterS: number
-  /** The reaction handlers to enqueue for an applied status (the registry's handlersFor). */
-  handlersFor: (type: string) => readonly string[]
+  /** STALE_AFTER_S and the reaction handlers, as a poll's answer is applied. */
+  observation: ObservationSettings
   /** How long a claim is this replica's alone; a cycle should finish well inside it. */
   leaseS: number
   backoff?: BackoffSettings
@@ -108,8 +107,7 @@ export async function runReconcileCycle(
     fetcher: deps.fetcher,
     clock,
     logger,
-    staleAfterS: settings.staleAfterS,
-    handlersFor: settings.handlersFor,
+    observation: settings.observation,
     backoff: settings.backoff ?? DEFAULT_BACKOFF,
     random: deps.random ?? Math.random,
   }

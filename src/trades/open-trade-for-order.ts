@@ -9,8 +9,9 @@
 //            carries the order's external_reference links the trade, or an operator retries on purpose
 //   created  the platform answered with the trade, now linked
 import { applyObservation } from '../orders/apply-observation.js'
+import { createOrder } from '../orders/create-order.js'
+import { apiObservation } from '../orders/observations.js'
 import {
-  createOrder,
   findOrderByExternalReference,
   markTradeCreated,
   setTradeCreateState,
@@ -32,7 +33,7 @@ export async function openTradeForOrder(
   const { db, client, clock, logger, settings } = deps
   let order = await findOrderByExternalReference(db, externalReference)
   if (!order) {
-    await createOrder(db, { externalReference, now: () => new Date(clock.now()) }, settings)
+    await createOrder(db, { externalReference, now: () => new Date(clock.now()) }, settings.observation)
     order = await findOrderByExternalReference(db, externalReference)
     if (!order) throw new Error(`Order ${externalReference} vanished right after it was created`)
   }
@@ -52,7 +53,7 @@ export async function openTradeForOrder(
     )
   }
   // compare-and-set: of two concurrent opens only one moves the order to pending
-  const claimed = await startTradeCreate(db, order.id, previousState)
+  const claimed = await startTradeCreate(db, order.id, previousState, new Date(clock.now()))
   if (!claimed) {
     throw new TradeOperationError(
       'trade_create_unknown',
@@ -65,7 +66,7 @@ export async function openTradeForOrder(
     trade = await client.createTrade({ ...request, external_reference: externalReference })
   } catch (error) {
     if (isOutcomeUnknown(error)) {
-      await setTradeCreateState(db, order.id, 'unknown')
+      await setTradeCreateState(db, order.id, 'unknown', new Date(clock.now()))
       logger.warn(
         { externalReference, orderId: order.id, err: error },
         'trade create outcome unknown: the order is not sent a second create on its own',
@@ -74,7 +75,7 @@ export async function openTradeForOrder(
       // refused (by validation or by the platform) or never sent (no connection could be made): this
       // create made nothing. Back to where it was, so a
       // refused --retry does not erase the evidence of an earlier create that may have worked.
-      await setTradeCreateState(db, order.id, previousState === 'created' ? 'none' : previousState)
+      await setTradeCreateState(db, order.id, previousState === 'created' ? 'none' : previousState, new Date(clock.now()))
     }
     throw error
   }
@@ -82,18 +83,10 @@ export async function openTradeForOrder(
   const now = clock.now()
   await applyObservation(
     db,
-    {
-      target: { orderId: order.id },
-      tradeId: trade.trade_id,
-      tradeReference: trade.reference,
-      externalReference,
-      status: trade.status,
-      source: 'api',
-      observedAt: new Date(now),
-    },
-    settings,
+    apiObservation({ orderId: order.id, externalReference }, trade, new Date(now)),
+    settings.observation,
   )
-  await markTradeCreated(db, order.id, new Date(now + settings.expectedWebhookS * 1000))
+  await markTradeCreated(db, order.id, { nextPollAt: new Date(now + settings.expectedWebhookS * 1000), now: new Date(now) })
   logger.info(
     { externalReference, orderId: order.id, tradeId: trade.trade_id, status: trade.status },
     'trade created for order',

@@ -2,7 +2,9 @@
 // platform answered (an observation with source `api`) and a poll EXPECTED_WEBHOOK_S later, in case the
 // webhook that should follow never comes.
 import { applyObservation } from '../orders/apply-observation.js'
-import { findOrderByExternalReference, schedulePollAfterApiCall } from '../orders/order.repository.js'
+import { apiObservation } from '../orders/observations.js'
+import { findOrderByExternalReference } from '../orders/order.repository.js'
+import { schedulePollAfterApiCall } from '../orders/poll-schedule.repository.js'
 import { isOutcomeUnknown } from '../partner-api/partner-api-error.js'
 import type {
   CreateProposalRequest,
@@ -53,7 +55,10 @@ export async function runTradeOperation<O extends TradeOperation>(
   }
   const tradeId = order.tradeId
   const schedulePoll = () =>
-    schedulePollAfterApiCall(db, order.id, new Date(clock.now() + settings.expectedWebhookS * 1000))
+    schedulePollAfterApiCall(db, order.id, {
+      at: new Date(clock.now() + settings.expectedWebhookS * 1000),
+      now: new Date(clock.now()),
+    })
 
   let result: TradeOperationResults[TradeOperation['kind']]
   try {
@@ -68,16 +73,8 @@ export async function runTradeOperation<O extends TradeOperation>(
   if (trade) {
     await applyObservation(
       db,
-      {
-        target: { orderId: order.id },
-        tradeId: trade.trade_id,
-        tradeReference: trade.reference,
-        externalReference,
-        status: trade.status,
-        source: 'api',
-        observedAt: new Date(clock.now()),
-      },
-      settings,
+      apiObservation({ orderId: order.id, externalReference }, trade, new Date(clock.now())),
+      settings.observation,
     )
   }
   await schedulePoll()

@@ -26,6 +26,6 @@ export interface TradeDeps {
   client: PartnerTradeApi
   clock: Clock
   logger: Logger
-  /** From config.poll: when to poll after an API call, and the staleness rule of applyObservation. */
-  settings: { expectedWebhookS: number } & ObservationSettings
+  /** EXPECTED_WEBHOOK_S: when to poll after an API call; and how its answer is applied (observations.ts). */
+  settings: { expectedWebhookS: number; observation: ObservationSettings }
 }

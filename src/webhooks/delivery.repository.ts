@@ -1,6 +1,6 @@
-// Queries on stored webhook deliveries (the trade-event insert lives in orders/apply-observation.ts,
-// which records the delivery and its effect in one statement).
-import { type Kysely, type Selectable, sql } from 'kysely'
+// Every query on stored webhook deliveries but one: the trade-event insert lives in
+// orders/apply-observation.ts, which records the delivery and its effect in one statement.
+import { type Kysely, type Selectable, sql, type Transaction } from 'kysely'
 import type { Database, WebhookDeliveriesTable } from '../db/database.js'
 
 export type DeliveryOutcome =
@@ -21,6 +21,8 @@ export interface StoredDelivery {
   receivedAt: Date
   eventType: string
   tradeId: string | null
+  /** A trade event's `reference` field, as the ingest parsed it. */
+  tradeReference: string | null
   externalReference: string | null
   observedStatus: string | null
   outcome: DeliveryOutcome
@@ -41,6 +43,21 @@ function toDelivery({
 }: Omit<Selectable<WebhookDeliveriesTable>, 'rawBody'> & { rawBodyBytes: Uint8Array }): StoredDelivery {
   return { ...row, rawBody: exactText.decode(bytes), outcome: row.outcome as DeliveryOutcome }
 }
+
+// every column but the raw body
+const SUMMARY_COLUMNS = [
+  'deliveryId',
+  'bodySha256',
+  'receivedAt',
+  'eventType',
+  'tradeId',
+  'tradeReference',
+  'externalReference',
+  'observedStatus',
+  'outcome',
+  'orderId',
+  'appliedAt',
+] as const
 
 /** A delivery is its id and its body's hash (the table's primary key). */
 export interface DeliveryKey {
@@ -72,15 +89,15 @@ export async function recordDelivery(
   return { inserted, idReused: other !== undefined }
 }
 
+/** A delivery's effect, once known (applied later, re-applied, or by an event handler). */
 export async function updateDeliveryOutcome(
-  db: Kysely<Database>,
+  db: Kysely<Database> | Transaction<Database>,
   { deliveryId, bodySha256 }: DeliveryKey,
-  outcome: DeliveryOutcome,
-  appliedAt: Date | null,
+  { outcome, appliedAt, orderId }: { outcome: DeliveryOutcome; appliedAt: Date | null; orderId?: number | null },
 ): Promise<void> {
   await db
     .updateTable('webhookDeliveries')
-    .set({ outcome, appliedAt })
+    .set({ outcome, appliedAt, ...(orderId != null ? { orderId } : {}) })
     .where('deliveryId', '=', deliveryId)
     .where('bodySha256', '=', bodySha256)
     .execute()
@@ -97,19 +114,7 @@ export async function findDelivery(
 ): Promise<StoredDelivery | undefined> {
   let query = db
     .selectFrom('webhookDeliveries')
-    .select([
-      'deliveryId',
-      'bodySha256',
-      'receivedAt',
-      'eventType',
-      'tradeId',
-      'externalReference',
-      'observedStatus',
-      'outcome',
-      'orderId',
-      'appliedAt',
-      rawBodyBytes,
-    ])
+    .select([...SUMMARY_COLUMNS, rawBodyBytes])
     .where('deliveryId', '=', deliveryId)
     .orderBy('receivedAt')
     .orderBy('bodySha256')
@@ -135,7 +140,7 @@ export async function listDeliveries(
 ): Promise<Omit<StoredDelivery, 'rawBody'>[]> {
   let query = db
     .selectFrom('webhookDeliveries')
-    .select(['deliveryId', 'bodySha256', 'receivedAt', 'eventType', 'tradeId', 'externalReference', 'observedStatus', 'outcome', 'orderId', 'appliedAt'])
+    .select(SUMMARY_COLUMNS)
     .orderBy('receivedAt', 'desc')
     .orderBy('deliveryId')
     .orderBy('bodySha256')
@@ -143,6 +148,26 @@ export async function listDeliveries(
   if (outcome) query = query.where('outcome', '=', outcome)
   const rows = await query.execute()
   return rows.map((row) => ({ ...row, outcome: row.outcome as DeliveryOutcome }))
+}
+
+/** A trade event parked as unmatched, as the parked-delivery passes apply it. */
+export type ParkedDelivery = Pick<StoredDelivery, 'deliveryId' | 'bodySha256' | 'tradeId' | 'tradeReference' | 'observedStatus'>
+
+/**
+ * Locks the deliveries parked for this reference, oldest first. SKIP LOCKED: a concurrent pass takes
+ * the others, and each parked row is applied by exactly one pass.
+ */
+export async function lockParkedDeliveries(trx: Transaction<Database>, externalReference: string): Promise<ParkedDelivery[]> {
+  return trx
+    .selectFrom('webhookDeliveries')
+    .select(['deliveryId', 'bodySha256', 'tradeId', 'tradeReference', 'observedStatus'])
+    .where('externalReference', '=', externalReference)
+    .where('outcome', '=', 'unmatched')
+    .orderBy('receivedAt')
+    .orderBy('deliveryId')
+    .forUpdate()
+    .skipLocked()
+    .execute()
 }
 
 export interface ParkedDeliveryStats {
@@ -207,19 +232,6 @@ export interface DeliveryCursor {
 const exactReceivedAt = sql<string>`to_char(received_at at time zone 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"')`
 
 export type DeliverySummary = Omit<StoredDelivery, 'rawBody'>
-
-const SUMMARY_COLUMNS = [
-  'deliveryId',
-  'bodySha256',
-  'receivedAt',
-  'eventType',
-  'tradeId',
-  'externalReference',
-  'observedStatus',
-  'outcome',
-  'orderId',
-  'appliedAt',
-] as const
 
 function filteredDeliveries(db: Kysely<Database>, filter: DeliveryFilter) {
   let query = db.selectFrom('webhookDeliveries')

@@ -13,24 +13,16 @@
 // another body is written after the first, so its statement sees it and reports the reuse. What is held back goes in the
 // next batch, in arrival order, so one order's deliveries are written in the order they arrived.
 //
-// A delivery parked as unmatched is looked at again once its statement committed: if its order was
-// created meanwhile (and so missed the parked row), it is applied now, before the answer.
+// What a batch's statement does is the `write` function it is given (parked-deliveries.ts's
+// ingestDeliveries in the service): this class only groups, orders and retries.
 //
 // If a batch fails for a reason other than the database being away (a deadlock with another replica,
 // or a delivery whose data the database refuses: one refused value fails the whole statement), its
 // deliveries are written again one by one, so one bad delivery cannot fail its neighbours; the bad one
 // alone is rejected with the database's error, which receive-webhook.ts classifies.
-import type { Kysely } from 'kysely'
-import { IngestOverloadedError, isDatabaseUnavailable, loggableError } from '../db/database-errors.js'
-import type { Database } from '../db/database.js'
-import type { Logger } from '../logger.js'
-import {
-  type DeliveryObservation,
-  type DeliveryResult,
-  type ObservationSettings,
-  recordDeliveriesAndApply,
-} from '../orders/apply-observation.js'
-import { applyParkedDeliveries, existingOrderReferences } from '../orders/order.repository.js'
+import { IngestOverloadedError, isDatabaseUnavailable } from '../db/database-errors.js'
+import type { DeliveryObservation } from '../orders/apply-observation.js'
+import type { WriteResult } from './parked-deliveries.js'
 
 export interface GroupCommitOptions {
   /** Most deliveries in one statement; 1 writes each delivery alone. */
@@ -43,7 +35,12 @@ export interface GroupCommitOptions {
   onBatch?: (size: number) => void
 }
 
-export type WriteResult = DeliveryResult | 'duplicate'
+export type { WriteResult }
+
+/** Records one delivery and applies its observation (what receive-webhook.ts is given). */
+export interface DeliveryWriter {
+  write(item: DeliveryObservation): Promise<WriteResult>
+}
 
 // a statement's JSON parameter stays a few MB even when large bodies arrive together
 const MAX_BATCH_BODY_LENGTH = 4 * 1024 * 1024
@@ -54,7 +51,7 @@ interface Pending {
   reject: (error: unknown) => void
 }
 
-export class GroupCommit {
+export class GroupCommit implements DeliveryWriter {
   private queue: Pending[] = []
   private inFlight = 0
   private scheduled = false
@@ -62,18 +59,11 @@ export class GroupCommit {
   private readonly busyOrders = new Set<string>()
   private readonly busyDeliveries = new Set<string>()
 
-  private readonly db: Kysely<Database>
-  private readonly settings: ObservationSettings
-  private readonly logger: Logger
-
   constructor(
-    deps: { db: Kysely<Database>; settings: ObservationSettings; logger: Logger },
+    /** Writes one batch in one statement; answers a result per item, in order. */
+    private readonly writeItems: (items: readonly DeliveryObservation[]) => Promise<WriteResult[]>,
     private readonly options: GroupCommitOptions,
-  ) {
-    this.db = deps.db
-    this.settings = deps.settings
-    this.logger = deps.logger
-  }
+  ) {}
 
   /** Records the delivery and applies its observation; settles once its statement committed. */
   write(item: DeliveryObservation): Promise<WriteResult> {
@@ -157,32 +147,7 @@ export class GroupCommit {
 
   private async writeBatch(batch: Pending[]): Promise<void> {
     this.options.onBatch?.(batch.length)
-    const results = await recordDeliveriesAndApply(
-      this.db,
-      batch.map((pending) => pending.item),
-      this.settings,
-    )
-    await this.applyLateParked(batch, results)
+    const results = await this.writeItems(batch.map((pending) => pending.item))
     batch.forEach((pending, index) => pending.resolve(results[index]!))
-  }
-
-  private async applyLateParked(batch: Pending[], results: WriteResult[]): Promise<void> {
-    const parked = batch
-      .filter((_, index) => results[index] !== 'duplicate' && (results[index] as DeliveryResult).outcome === 'unmatched')
-      .map((pending) => pending.item.observation)
-    if (parked.length === 0) return
-    try {
-      const existing = await existingOrderReferences(
-        this.db,
-        parked.map((observation) => observation.target.externalReference),
-      )
-      for (const observation of parked.filter((each) => existing.has(each.target.externalReference))) {
-        // the clock's time of the delivery that found the order: "now", as the service's clock tells it
-        await applyParkedDeliveries(this.db, observation.target.externalReference, this.settings, () => observation.observedAt)
-      }
-    } catch (error) {
-      // the deliveries are stored (parked) and answered 200; `deliveries reapply` applies them later
-      this.logger.warn({ err: loggableError(error), parked: parked.length }, 'parked deliveries not applied yet; run `deliveries reapply` on them')
-    }
   }
 }

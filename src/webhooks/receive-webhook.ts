@@ -10,9 +10,10 @@ import { type DatabaseErrorDescription, describeDatabaseError, loggableError } f
 import type { Database } from '../db/database.js'
 import { AppError } from '../http/app-error.js'
 import type { Logger } from '../logger.js'
+import { webhookObservation } from '../orders/observations.js'
 import { type DeliveryOutcome, recordDelivery, updateDeliveryOutcome } from './delivery.repository.js'
 import type { EventHandlers } from './event-handlers.js'
-import type { GroupCommit } from './group-commit.js'
+import type { DeliveryWriter } from './group-commit.js'
 import { classifyDelivery, PayloadError, parseBody } from './parse-delivery.js'
 import type { SeenDeliveries } from './seen-deliveries.js'
 import { verifySignature } from './verify-signature.js'
@@ -23,7 +24,7 @@ export interface ReceiveDeps {
   clock: Clock
   secrets: readonly string[]
   /** Writes trade events, grouping concurrent ones into one statement (group-commit.ts). */
-  writer: GroupCommit
+  writer: DeliveryWriter
   /** Delivery ids known to be stored: their retries are answered without the database. */
   seen: SeenDeliveries
   /** The fork's seller and buyer event handlers (event-handlers.ts). */
@@ -128,16 +129,7 @@ async function store(
   if (event.kind === 'trade') {
     const result = await deps.writer.write({
       delivery: { deliveryId, bodySha256, eventType: event.eventType, rawBody: parsed.text },
-      observation: {
-        target: { externalReference: event.externalReference },
-        tradeId: event.tradeId,
-        tradeReference: event.tradeReference,
-        externalReference: event.externalReference,
-        status: event.status,
-        source: 'webhook',
-        deliveryId,
-        observedAt: receivedAt,
-      },
+      observation: webhookObservation(event, deliveryId, receivedAt),
     })
     if (result === 'duplicate') return { duplicate: true }
     if (result.outcome === 'trade_mismatch') {
@@ -181,7 +173,7 @@ async function runEventHandlers(
     for (const handler of handlers) {
       if ((await handler(context)) === 'applied') outcome = 'applied'
     }
-    if (outcome === 'applied') await updateDeliveryOutcome(deps.db, key, 'applied', receivedAt)
+    if (outcome === 'applied') await updateDeliveryOutcome(deps.db, key, { outcome: 'applied', appliedAt: receivedAt })
     return { ...stored, outcome }
   } catch (error) {
     deps.logger.error(

@@ -6,32 +6,18 @@ import getRawBody from 'raw-body'
 import type { Metrics } from '../metrics/metrics.js'
 import { loggableError } from '../db/database-errors.js'
 import { AppError } from '../http/app-error.js'
-import type { ObservationSettings } from '../orders/apply-observation.js'
-import { GroupCommit } from './group-commit.js'
 import { loggableDeliveryId, type ReceiveDeps, receiveWebhook } from './receive-webhook.js'
-import { SeenDeliveries } from './seen-deliveries.js'
 
-export interface WebhookRouteDeps extends Omit<ReceiveDeps, 'writer' | 'seen'> {
+/** The writer (group commit) and the memory of stored ids come made (delivery-ingest.ts). */
+export interface WebhookRouteDeps extends ReceiveDeps {
   path: string
   bodyLimitBytes: number
-  /** STALE_AFTER_S, for the statement that applies a delivery to its order. */
-  settings: ObservationSettings
-  /** Group commit: most deliveries per statement, and statements in flight at once. */
-  batch: { maxBatch: number; maxInFlight: number }
-  /** How many stored delivery ids to remember, so their retries skip the database (0: none). */
-  seenCapacity: number
   metrics?: Metrics | undefined
   /** False while the service waits for its database at start-up. */
   isReady?: (() => boolean) | undefined
 }
 
-export function webhookRoutes(routeDeps: WebhookRouteDeps): Router {
-  const writer = new GroupCommit(routeDeps, {
-    ...routeDeps.batch,
-    maxQueued: Math.max(1_000, routeDeps.batch.maxBatch * routeDeps.batch.maxInFlight * 4),
-    onBatch: (size) => routeDeps.metrics?.ingestBatchSize.observe(size),
-  })
-  const deps = { ...routeDeps, writer, seen: new SeenDeliveries(routeDeps.seenCapacity) }
+export function webhookRoutes(deps: WebhookRouteDeps): Router {
   const router = Router()
   router.post(deps.path, async (req, res) => {
     const deliveryId = req.get('x-partner-delivery-id')

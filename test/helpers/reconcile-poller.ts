@@ -12,14 +12,13 @@ import {
   type RunSummary,
 } from '../../src/reconcile/poller.js'
 import { testLogger } from './log-sink.js'
-import { NO_REACTION_HANDLERS } from '../../src/orders/apply-observation.js'
+import { TEST_OBSERVATION_SETTINGS } from './orders.js'
 
 export const TEST_POLLER_SETTINGS: PollerSettings = {
   intervalS: 30,
   concurrency: 4,
   batchSize: 100,
-  staleAfterS: 21_600,
-  handlersFor: NO_REACTION_HANDLERS,
+  observation: TEST_OBSERVATION_SETTINGS,
   leaseS: 300,
   backoff: { baseS: 30, capS: 3_600 },
 }

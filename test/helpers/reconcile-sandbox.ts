@@ -18,7 +18,7 @@ import { callTradeApi, runTradeOperation, type TradeOperation } from '../../src/
 import type { TradeDeps } from '../../src/trades/trade-deps.js'
 import { testLogger } from './log-sink.js'
 import { TEST_API_KEY_ID, TEST_API_SECRET, TEST_WEBHOOK_SECRET, testConfig } from './test-config.js'
-import { NO_REACTION_HANDLERS } from '../../src/orders/apply-observation.js'
+import { TEST_OBSERVATION_SETTINGS } from './orders.js'
 
 export interface PlatformLoop {
   config: Config
@@ -63,7 +63,7 @@ export async function startPlatformLoop(
     sandboxUrl,
     receiver,
     client,
-    trades: { db, client, clock: systemClock, logger, settings: { ...config.poll, handlersFor: NO_REACTION_HANDLERS } },
+    trades: { db, client, clock: systemClock, logger, settings: { expectedWebhookS: config.poll.expectedWebhookS, observation: TEST_OBSERVATION_SETTINGS } },
     close: async () => {
       await receiver.stop(1_000)
       await sandbox.close()

@@ -1,0 +1,24 @@
+// Creating an order: inserted, and every webhook parked for its reference applied in the same
+// transaction. A second pass after the commit catches a delivery parked while the transaction ran
+// (its statement could not see the uncommitted order): between the two passes none is missed.
+import type { Kysely } from 'kysely'
+import type { Database } from '../db/database.js'
+import { applyParkedDeliveries } from '../webhooks/parked-deliveries.js'
+import type { ObservationSettings } from './apply-observation.js'
+import type { Order } from './order.js'
+import { findOrderByExternalReference, insertOrder } from './order.repository.js'
+
+export async function createOrder(
+  db: Kysely<Database>,
+  { externalReference, now }: { externalReference: string; now: () => Date },
+  settings: ObservationSettings,
+): Promise<{ order: Order; appliedDeliveries: number }> {
+  let applied = await db.transaction().execute(async (trx) => {
+    await insertOrder(trx, externalReference)
+    return applyParkedDeliveries(trx, externalReference, settings, now)
+  })
+  applied += await applyParkedDeliveries(db, externalReference, settings, now)
+  const order = await findOrderByExternalReference(db, externalReference)
+  if (!order) throw new Error(`Order ${externalReference} vanished right after it was created`)
+  return { order, appliedDeliveries: applied }
+}

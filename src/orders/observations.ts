@@ -1,0 +1,93 @@
+// What the service learned about a trade, in the one shape the observation statement takes: one
+// constructor per source, so the four ways a status arrives cannot drift apart. The time is the
+// caller's clock's (an injected clock in tests and the demo), never read here.
+import type { Observation, ObservationSettings } from './apply-observation.js'
+import { NO_REACTION_HANDLERS } from './apply-observation.js'
+
+/** What the platform says of a trade, in its own field names (a webhook's body, an API answer). */
+export interface TradeFacts {
+  trade_id: string
+  reference?: string | null | undefined
+  external_reference?: string | null | undefined
+  status: string
+}
+
+/**
+ * The settings every observation is applied with, bound once where the service is put together:
+ * STALE_AFTER_S (a non-terminal order is polled again this long after any observation) and the
+ * reaction handlers whose jobs an applied status enqueues.
+ */
+export function observationSettings(
+  poll: { staleAfterS: number },
+  handlersFor: ObservationSettings['handlersFor'] = NO_REACTION_HANDLERS,
+): ObservationSettings {
+  return { staleAfterS: poll.staleAfterS, handlersFor }
+}
+
+/** A webhook's trade event, matched to its order by external reference in the ingest statement. */
+export function webhookObservation(
+  event: { externalReference: string; tradeId: string; tradeReference: string | null; status: string },
+  deliveryId: string,
+  receivedAt: Date,
+): Observation & { target: { externalReference: string } } {
+  return {
+    target: { externalReference: event.externalReference },
+    tradeId: event.tradeId,
+    tradeReference: event.tradeReference,
+    externalReference: event.externalReference,
+    status: event.status,
+    source: 'webhook',
+    deliveryId,
+    observedAt: receivedAt,
+  }
+}
+
+/** A stored trade delivery applied after its own statement (parked, or re-applied by an operator). */
+export function storedDeliveryObservation(
+  delivery: {
+    deliveryId: string
+    externalReference: string
+    tradeId: string | null
+    tradeReference: string | null
+    observedStatus: string | null
+  },
+  orderId: number,
+  at: Date,
+): Observation {
+  return {
+    target: { orderId },
+    tradeId: delivery.tradeId ?? '',
+    tradeReference: delivery.tradeReference,
+    externalReference: delivery.externalReference,
+    status: delivery.observedStatus ?? '',
+    source: 'webhook',
+    deliveryId: delivery.deliveryId,
+    observedAt: at,
+  }
+}
+
+/** A poll's answer, written back only under the claim's lease. */
+export function pollObservation(claim: { orderId: number; leaseToken: string }, trade: TradeFacts, at: Date): Observation {
+  return {
+    target: { orderId: claim.orderId, leaseToken: claim.leaseToken },
+    tradeId: trade.trade_id,
+    tradeReference: trade.reference ?? null,
+    externalReference: trade.external_reference ?? null,
+    status: trade.status,
+    source: 'poll',
+    observedAt: at,
+  }
+}
+
+/** The trade record a partner API call answered (create, fund, release, ...) for one of our orders. */
+export function apiObservation(order: { orderId: number; externalReference: string }, trade: TradeFacts, at: Date): Observation {
+  return {
+    target: { orderId: order.orderId },
+    tradeId: trade.trade_id,
+    tradeReference: trade.reference ?? null,
+    externalReference: order.externalReference,
+    status: trade.status,
+    source: 'api',
+    observedAt: at,
+  }
+}

@@ -1,0 +1,141 @@
+// Parked deliveries and re-applying: one home for every time a stored trade delivery is applied after
+// its own statement.
+//
+// A trade event whose external_reference has no order yet is stored as `unmatched` (parked). It is
+// applied later, from its stored columns (never by parsing its raw body again):
+// - when its order is created: createOrder (orders/create-order.ts) runs applyParkedDeliveries in the
+//   creating transaction and once more after the commit, so a delivery parked while that transaction ran
+//   is not missed;
+// - when a delivery was parked by a statement that ran while its order was being created: the ingest's
+//   late pass (ingestDeliveries below) looks again once the statement committed;
+// - when an operator re-applies it (`deliveries reapply`, the console): reapplyDelivery, which also
+//   re-runs a delivery that was applied, stale or a mismatch. Applying is idempotent: a status the order
+//   already has is a duplicate_effect and changes nothing.
+import type { Kysely, Transaction } from 'kysely'
+import { loggableError } from '../db/database-errors.js'
+import type { Database } from '../db/database.js'
+import type { Logger } from '../logger.js'
+import {
+  applyObservation,
+  type DeliveryObservation,
+  type DeliveryResult,
+  type ObservationSettings,
+  recordDeliveriesAndApply,
+} from '../orders/apply-observation.js'
+import { existingOrderReferences, findOrderByExternalReference } from '../orders/order.repository.js'
+import { storedDeliveryObservation } from '../orders/observations.js'
+import {
+  type DeliveryOutcome,
+  lockParkedDeliveries,
+  type StoredDelivery,
+  updateDeliveryOutcome,
+} from './delivery.repository.js'
+
+type Executor = Kysely<Database> | Transaction<Database>
+
+/**
+ * Applies the deliveries parked for a reference, oldest first, if its order exists; each parked row is
+ * given the outcome that applying it had. Returns how many were processed.
+ */
+export async function applyParkedDeliveries(
+  db: Executor,
+  externalReference: string,
+  settings: ObservationSettings,
+  now: () => Date,
+): Promise<number> {
+  const run = async (trx: Transaction<Database>) => {
+    const order = await findOrderByExternalReference(trx, externalReference)
+    if (!order) return 0
+    const parked = await lockParkedDeliveries(trx, externalReference)
+    for (const delivery of parked) {
+      const appliedAt = now()
+      const result = await applyObservation(
+        trx,
+        storedDeliveryObservation({ ...delivery, externalReference }, order.id, appliedAt),
+        settings,
+      )
+      await updateDeliveryOutcome(trx, delivery, {
+        outcome: result.outcome,
+        orderId: order.id,
+        appliedAt: result.outcome === 'applied' ? appliedAt : null,
+      })
+    }
+    return parked.length
+  }
+  return db.isTransaction ? run(db as Transaction<Database>) : db.transaction().execute(run)
+}
+
+export type WriteResult = DeliveryResult | 'duplicate'
+
+/**
+ * The ingest's write of a batch of trade deliveries (what the group commit runs): records and applies
+ * them in one statement, then looks again at the ones it parked. If an order named by one of those was
+ * created while the statement ran (and so missed the parked row), its parked deliveries are applied now,
+ * before the answer. If that fails, the deliveries stay stored (parked) and answered 200: `deliveries
+ * reapply` applies them later.
+ */
+export function ingestDeliveries(deps: { db: Kysely<Database>; settings: ObservationSettings; logger: Logger }) {
+  return async (items: readonly DeliveryObservation[]): Promise<WriteResult[]> => {
+    const results = await recordDeliveriesAndApply(deps.db, items, deps.settings)
+    const parked = items
+      .filter((_, index) => results[index] !== 'duplicate' && (results[index] as DeliveryResult).outcome === 'unmatched')
+      .map((item) => item.observation)
+    if (parked.length === 0) return results
+    try {
+      const existing = await existingOrderReferences(
+        deps.db,
+        parked.map((observation) => observation.target.externalReference),
+      )
+      for (const observation of parked.filter((each) => existing.has(each.target.externalReference))) {
+        // the clock's time of the delivery that found the order: "now", as the service's clock tells it
+        await applyParkedDeliveries(deps.db, observation.target.externalReference, deps.settings, () => observation.observedAt)
+      }
+    } catch (error) {
+      deps.logger.warn(
+        { err: loggableError(error), parked: parked.length },
+        'parked deliveries not applied yet; run `deliveries reapply` on them',
+      )
+    }
+    return results
+  }
+}
+
+export type ReapplyResult =
+  | {
+      kind: 'reapplied'
+      outcome: DeliveryOutcome
+      orderId: number | null
+      fromStatus: string | null
+      toStatus: string | null
+    }
+  /** Not a trade event (ignored, or invalid when stored): there is no effect to re-run. */
+  | { kind: 'not_a_trade_event'; eventType: string }
+
+/** Re-runs a stored delivery's effect on its order (the order matched by its external reference now). */
+export async function reapplyDelivery(
+  db: Kysely<Database>,
+  delivery: StoredDelivery,
+  settings: ObservationSettings,
+  now: Date,
+): Promise<ReapplyResult> {
+  const { externalReference } = delivery
+  if (externalReference === null || delivery.tradeId === null || delivery.observedStatus === null) {
+    return { kind: 'not_a_trade_event', eventType: delivery.eventType }
+  }
+  const order = await findOrderByExternalReference(db, externalReference)
+  const result = order
+    ? await applyObservation(db, storedDeliveryObservation({ ...delivery, externalReference }, order.id, now), settings)
+    : { outcome: 'unmatched' as const, orderId: null, fromStatus: null, toStatus: null }
+  await updateDeliveryOutcome(db, delivery, {
+    outcome: result.outcome,
+    orderId: result.orderId,
+    appliedAt: result.outcome === 'applied' ? now : null,
+  })
+  return {
+    kind: 'reapplied',
+    outcome: result.outcome,
+    orderId: result.orderId,
+    fromStatus: result.fromStatus,
+    toStatus: result.toStatus,
+  }
+}

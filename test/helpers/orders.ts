@@ -1,0 +1,18 @@
+// Creating orders in tests: src's createOrder with the observation settings most tests need (the
+// service's defaults, no reaction handlers) and the wall clock, unless a test names its own.
+import type { Kysely } from 'kysely'
+import type { Database } from '../../src/db/database.js'
+import type { ObservationSettings } from '../../src/orders/apply-observation.js'
+import { createOrder as createOrderWith } from '../../src/orders/create-order.js'
+import { observationSettings } from '../../src/orders/observations.js'
+
+/** STALE_AFTER_S's default (21,600 s) and no reaction handlers. */
+export const TEST_OBSERVATION_SETTINGS: ObservationSettings = observationSettings({ staleAfterS: 21_600 })
+
+export function createOrder(
+  db: Kysely<Database>,
+  { externalReference, now = () => new Date() }: { externalReference: string; now?: () => Date },
+  settings: ObservationSettings = TEST_OBSERVATION_SETTINGS,
+) {
+  return createOrderWith(db, { externalReference, now }, settings)
+}
