@@ -15,7 +15,7 @@ import { testConfig } from './helpers/test-config.js'
 import { createTestDatabase, type TestDatabase } from './helpers/test-database.js'
 import { sendWebhook, tradePayload } from './helpers/webhook-delivery.js'
 import { applyObservation, NO_REACTION_HANDLERS } from '../src/orders/apply-observation.js'
-import { createOrder } from '../src/orders/order.repository.js'
+import { createOrder } from './helpers/orders.js'
 import { createReactionRegistry } from '../src/reactions/reaction-registry.js'
 
 const TOKEN = 'console-token-0123456789abcdef0123'

@@ -17,6 +17,7 @@ import type { Clock } from '../clock.js'
 import type { Database } from '../db/database.js'
 import type { Logger } from '../logger.js'
 import type { Metrics } from '../metrics/metrics.js'
+import type { ObservationSettings } from '../orders/apply-observation.js'
 import { countOrdersNeedingAttention, findOrderById, findOrderByExternalReference, orderHistory, searchOrders } from '../orders/order.repository.js'
 import { countDueOrders, requeueOrders, TRADE_NOT_FOUND } from '../orders/poll-schedule.repository.js'
 import type { RunSummary } from '../reconcile/poller.js'
@@ -85,9 +86,8 @@ export interface ConsoleDeps {
   logger: Logger
   clock: Clock
   metrics?: Metrics | undefined
-  staleAfterS: number
-  /** The reaction handlers a re-applied delivery enqueues jobs for (the registry's handlersFor). */
-  handlersFor: (type: string) => readonly string[]
+  /** STALE_AFTER_S and the reaction handlers, as a re-applied delivery is applied (observations.ts). */
+  observation: ObservationSettings
   /** Runs one reconcile cycle now; answers undefined while the service is not ready to. */
   reconcileOnce?: (() => Promise<RunSummary | undefined>) | undefined
 }
@@ -328,7 +328,7 @@ export function consoleRoutes(deps: ConsoleDeps): Router {
     const tally = new Map<string, number>()
     const now = new Date(clock.now())
     for (const delivery of deliveries) {
-      const result = await reapplyDelivery(db, delivery, { staleAfterS: deps.staleAfterS, handlersFor: deps.handlersFor }, now)
+      const result = await reapplyDelivery(db, delivery, deps.observation, now)
       const key = result.kind === 'reapplied' ? result.outcome : 'not a trade event'
       tally.set(key, (tally.get(key) ?? 0) + 1)
     }
@@ -385,7 +385,7 @@ export function consoleRoutes(deps: ConsoleDeps): Router {
     if (previous) return send(res, resultPage(operator, 'Re-apply a delivery', previous, true))
     const delivery = await loadDelivery(req)
     if (!delivery) return send(res, messagePage('Not found', operator, 'No such delivery.'), 404)
-    const result = await reapplyDelivery(db, delivery, { staleAfterS: deps.staleAfterS, handlersFor: deps.handlersFor }, new Date(clock.now()))
+    const result = await reapplyDelivery(db, delivery, deps.observation, new Date(clock.now()))
     const record = remember(
       actionId,
       operator,

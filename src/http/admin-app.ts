@@ -10,7 +10,7 @@ import { CONSOLE_PATH, consoleRoutes } from '../console/console.routes.js'
 import type { Database } from '../db/database.js'
 import type { Logger } from '../logger.js'
 import type { Metrics } from '../metrics/metrics.js'
-import { NO_REACTION_HANDLERS } from '../orders/apply-observation.js'
+import { observationSettings } from '../orders/observations.js'
 import type { ReactionRouting } from '../reactions/reaction-registry.js'
 import type { RunSummary } from '../reconcile/poller.js'
 import { errorHandler, notFoundHandler } from './error-handler.js'
@@ -47,8 +47,7 @@ export function createAdminApp(deps: AdminAppDeps): Express {
         logger: deps.logger,
         clock: deps.clock ?? systemClock,
         metrics: deps.metrics,
-        staleAfterS: deps.config.poll.staleAfterS,
-        handlersFor: deps.reactions?.handlersFor ?? NO_REACTION_HANDLERS,
+        observation: observationSettings(deps.config.poll, deps.reactions?.handlersFor),
         reconcileOnce: deps.reconcileOnce,
       }),
     )
