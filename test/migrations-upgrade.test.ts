@@ -7,17 +7,23 @@ import { migrateToLatest } from '../src/db/migrate.js'
 import { createOrder } from './helpers/orders.js'
 import { createTestDatabase } from './helpers/test-database.js'
 
+/** A test database with the migrations up to and including `name` applied, and no later one. */
+async function databaseMigratedTo(name: string) {
+  const database = await createTestDatabase({ migrate: false })
+  const { rows } = await sql<{ schema: string }>`select current_schema() as schema`.execute(database.db)
+  const migrator = new Migrator({
+    db: database.db,
+    provider: { getMigrations: async () => migrations },
+    migrationTableSchema: rows[0]!.schema,
+  })
+  expect((await migrator.migrateTo(name)).error).toBeUndefined()
+  return database
+}
+
 describe('migration 0002 on a database with data', () => {
   it('fills visited statuses from the history and body hashes from the stored bodies, and keys deliveries on both', async () => {
-    const database = await createTestDatabase({ migrate: false })
+    const database = await databaseMigratedTo('0001_initial')
     try {
-      const { rows } = await sql<{ schema: string }>`select current_schema() as schema`.execute(database.db)
-      const migrator = new Migrator({
-        db: database.db,
-        provider: { getMigrations: async () => migrations },
-        migrationTableSchema: rows[0]!.schema,
-      })
-      expect((await migrator.migrateTo('0001_initial')).error).toBeUndefined()
       await sql`insert into orders (external_reference, trade_id, trade_status, status_rank)
         values ('old-1', 'tr-1', 'delivered', 30), ('old-2', null, null, 0)`.execute(database.db)
       await sql`insert into order_status_history (order_id, from_status, to_status, source)
@@ -53,15 +59,8 @@ describe('migration 0002 on a database with data', () => {
 
 describe('migration 0004 on a database with data', () => {
   it('gives every old history row an event id, its sequence within its order and the order identifiers', async () => {
-    const database = await createTestDatabase({ migrate: false })
+    const database = await databaseMigratedTo('0003_console_indexes')
     try {
-      const { rows } = await sql<{ schema: string }>`select current_schema() as schema`.execute(database.db)
-      const migrator = new Migrator({
-        db: database.db,
-        provider: { getMigrations: async () => migrations },
-        migrationTableSchema: rows[0]!.schema,
-      })
-      expect((await migrator.migrateTo('0003_console_indexes')).error).toBeUndefined()
       await sql`insert into orders (external_reference, trade_id, trade_status, status_rank, version)
         values ('old-1', 'tr-1', 'delivered', 30, 3), ('old-2', 'tr-2', 'funded', 20, 1)`.execute(database.db)
       // interleaved: the sequence counts within each order, in the order rows were written
@@ -95,15 +94,8 @@ describe('migration 0004 on a database with data', () => {
 
 describe('migration 0006 on a database with data', () => {
   it('gives parked deliveries the trade reference their body carries, and a later order applies it from the column', async () => {
-    const database = await createTestDatabase({ migrate: false })
+    const database = await databaseMigratedTo('0005_console_reaction_indexes')
     try {
-      const { rows } = await sql<{ schema: string }>`select current_schema() as schema`.execute(database.db)
-      const migrator = new Migrator({
-        db: database.db,
-        provider: { getMigrations: async () => migrations },
-        migrationTableSchema: rows[0]!.schema,
-      })
-      expect((await migrator.migrateTo('0005_console_reaction_indexes')).error).toBeUndefined()
       const parked = JSON.stringify({ event: 'trade.funded', reference: 'TRD-OLD', external_reference: 'late-1' })
       await sql`insert into webhook_deliveries
           (delivery_id, body_sha256, event_type, trade_id, external_reference, observed_status, outcome, raw_body)
