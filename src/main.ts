@@ -1,8 +1,8 @@
 // `serve`: load config, start the service, stop it cleanly on SIGTERM/SIGINT.
 //
-// Stopping drains first (service.ts): /readyz answers 503 at once, the service goes on serving for
-// SHUTDOWN_DRAIN_DELAY_MS so a load balancer notices, then stops taking work, finishes what is in flight
-// and gives back its leases. It is bounded: whatever stdout does (a `| tee` interrupted by the same
+// Stopping drains first (service.ts): /readyz answers 503 and the poller and the reaction dispatcher stop
+// claiming at once; requests are still served for SHUTDOWN_DRAIN_DELAY_MS so a load balancer notices; what
+// is in flight finishes and unfinished claims are given back. It is bounded: whatever stdout does (a `| tee` interrupted by the same
 // Ctrl-C, a full pipe), the process is gone within SHUTDOWN_DRAIN_DELAY_MS + SHUTDOWN_TIMEOUT_MS, and a
 // second signal exits at once (130).
 import { type Config, ConfigError, configSecrets, loadConfig } from './config.js'

@@ -1,12 +1,12 @@
 // Wires the parts into the running service: database, HTTP app, migrations, the poller, the reaction
 // dispatcher, and the command forwarding of src/local. Every part registers how to stop it.
 //
-// stop() drains, then closes: /readyz answers 503 at once (a load balancer stops sending work here) and,
-// after SHUTDOWN_DRAIN_DELAY_MS (time for its health checks to notice), the parts that take work stop
-// together: the public listener refuses new connections and lets requests in flight finish, the poller
-// stops claiming and gives its unpolled claims back, the reaction dispatcher stops claiming, lets running
-// handlers finish and gives back the leases of those that could not. Then the other parts stop in
-// reverse order of start, the database last.
+// stop() drains, then closes. At once: /readyz answers 503 (a load balancer stops sending requests here),
+// the poller stops claiming and gives its unpolled claims back, and the reaction dispatcher stops claiming,
+// lets running handlers finish and gives back the leases of those that could not: what they leave, other
+// replicas take at once. After SHUTDOWN_DRAIN_DELAY_MS (time for the balancer's health checks to notice)
+// the public listener refuses new connections and lets requests in flight finish. Then the other parts stop
+// in reverse order of start, the database last.
 //
 // The HTTP listener opens before the database is known to be there: while Postgres is unreachable at
 // start-up the service retries (prepare-database.ts), /readyz answers 503 and deliveries get 503 (the
@@ -67,8 +67,8 @@ export async function startService({
   /** Runs a second terminal's command line here (the entry point's, src/cli/run-cli.ts); none: no endpoint. */
   runCommand?: LocalCommandRunner | undefined
 }): Promise<RunningService> {
-  // `takesWork`: stopped first, all at once, when the drain ends
-  const stops: { name: string; stop: () => Promise<void> | void; takesWork?: boolean }[] = []
+  // `takesWork`: stopped first: the claims at once, the requests when the drain delay ends
+  const stops: { name: string; stop: () => Promise<void> | void; takesWork?: 'claims' | 'requests' }[] = []
   let draining = false
   let ready = false
   const stopPart = async ({ name, stop }: { name: string; stop: () => Promise<void> | void }) => {
@@ -80,12 +80,13 @@ export async function startService({
   }
   const stopAll = async ({ drainDelayMs = 0 }: { drainDelayMs?: number } = {}) => {
     draining = true
+    const parts = stops.splice(0).reverse()
+    const claimsStopped = Promise.all(parts.filter((part) => part.takesWork === 'claims').map(stopPart))
     if (ready && drainDelayMs > 0) {
       logger.info({ drainDelayMs }, 'draining: /readyz answers 503; still serving until the load balancer notices')
       await new Promise((resolve) => setTimeout(resolve, drainDelayMs))
     }
-    const parts = stops.splice(0).reverse()
-    await Promise.all(parts.filter((part) => part.takesWork).map(stopPart))
+    await Promise.all([claimsStopped, ...parts.filter((part) => part.takesWork === 'requests').map(stopPart)])
     for (const part of parts.filter((part) => !part.takesWork)) await stopPart(part)
   }
 
@@ -147,12 +148,12 @@ export async function startService({
       maxConnections: config.limits.maxConnections,
       onConnectionDropped: () => metrics?.requestsRefused.inc({ reason: 'max_connections' }),
     })
-    // half of SHUTDOWN_TIMEOUT_MS for requests in flight (while the poller and the dispatcher stop beside
-    // it), the rest for stopping the parts after it
+    // half of SHUTDOWN_TIMEOUT_MS for requests in flight (after the drain delay; the poller and the
+    // dispatcher stop from the signal on), the rest for stopping the parts after it
     stops.push({
       name: 'http server',
       stop: () => server.stop(Math.floor(config.shutdownTimeoutMs / 2)),
-      takesWork: true,
+      takesWork: 'requests',
     })
     // the console's "run one cycle now": a one-off poller like `reconcile --once`, once the database is ready
     const consoleActions: { reconcileOnce?: () => Promise<RunSummary> } = {}
@@ -228,7 +229,7 @@ export async function startService({
     let poller: Poller | undefined
     let dispatcher: Dispatcher | undefined
     const startUp = new AbortController()
-    stops.push({ name: 'database start-up', stop: () => startUp.abort(), takesWork: true })
+    stops.push({ name: 'database start-up', stop: () => startUp.abort(), takesWork: 'claims' })
     const whenReady = (async () => {
       const { applied } = await prepareDatabase({ db: database.db, logger, clock, signal: startUp.signal })
       logger.info({ applied, database: database.kind }, 'migrations applied')
@@ -245,7 +246,7 @@ export async function startService({
         })
         poller.start()
         const running = poller
-        stops.push({ name: 'poller', stop: () => running.stop(), takesWork: true })
+        stops.push({ name: 'poller', stop: () => running.stop(), takesWork: 'claims' })
       }
       // every replica runs one; stopped first (stops run in reverse), before the database
       dispatcher = createDispatcher({
@@ -259,14 +260,14 @@ export async function startService({
           concurrency: config.reactions.concurrency,
           maxAttempts: config.reactions.maxAttempts,
           leaseMs: config.reactions.leaseS * 1000,
-          // stopped beside the public listener, which has the same half; the other half is for the parts after
+          // from the signal on, beside the public listener, which has the same half after the drain delay
           shutdownTimeoutMs: Math.floor(config.shutdownTimeoutMs / 2),
         },
         ...(metrics ? metrics.reactionHooks(reactions.names) : {}),
       })
       await dispatcher.start()
       const reacting = dispatcher
-      stops.push({ name: 'reaction dispatcher', stop: () => reacting.stop(), takesWork: true })
+      stops.push({ name: 'reaction dispatcher', stop: () => reacting.stop(), takesWork: 'claims' })
       ready = true
       logger.info(
         { url: server.url, adminUrl: adminServer.url, database: database.kind, webhookPath: config.webhook.path },
