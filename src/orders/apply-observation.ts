@@ -12,9 +12,14 @@
 //
 // Reactions (the transactional outbox): the history row of an applied transition IS the event (a stable
 // event_id, the order's sequence = its version after the move), and when reaction handlers are registered
-// for 'trade.<status>' the statement also inserts one reaction_jobs row per handler and calls
-// pg_notify('reaction_jobs'), which Postgres delivers on commit. So a transition, its event and its jobs
-// commit together or not at all. With no handlers for any row, neither part is in the statement.
+// for 'trade.<status>' the statement also inserts one reaction_jobs row per handler. So a transition, its
+// event and its jobs commit together or not at all. With no handlers for any row, no job part is in the
+// statement. The dispatchers are woken by pg_notify('reaction_jobs'): inside an outer transaction the
+// statement calls it itself (delivered when that transaction commits); on its own (its own transaction,
+// the webhook ingest and every other hot path) it is sent right after the commit, in a statement of its
+// own, coalesced: a NOTIFY in a committing transaction holds Postgres's notification lock through the
+// commit's WAL flush, which serializes every such commit (measured: 5 concurrent writers committing 20
+// rows each, 350-420 commits/s with the NOTIFY inside against 630-790 without or with it after).
 //
 // Deduplication: a delivery is its id AND its body (SHA-256 of the exact bytes). A webhook's delivery
 // row is inserted ON CONFLICT (delivery_id, body_sha256) DO NOTHING, and the order update and history
@@ -135,6 +140,37 @@ interface StatementRow {
   outcome: ObservationOutcome | null
   orderId: number | null
   fromStatus: string | null
+  /** Jobs the statement enqueued (every row tells the same count), when it leaves the NOTIFY to its caller. */
+  enqueued?: number | string | null
+}
+
+// One coalesced notifier per database handle: a NOTIFY asked for while one is on its way is sent once
+// more after it (so every commit is followed by a NOTIFY sent after it), however many were asked for.
+// A lost NOTIFY (the database away) only delays the dispatchers until their next look.
+const notifiers = new WeakMap<object, () => void>()
+
+function notifyDispatchersSoon(db: Executor): void {
+  let notify = notifiers.get(db)
+  if (!notify) {
+    let sending = false
+    let again = false
+    notify = () => {
+      if (sending) {
+        again = true
+        return
+      }
+      sending = true
+      void (async () => {
+        do {
+          again = false
+          await sql`select pg_notify('reaction_jobs', '')`.execute(db).catch(() => {})
+        } while (again)
+        sending = false
+      })()
+    }
+    notifiers.set(db, notify)
+  }
+  notify()
 }
 
 function toResult(row: StatementRow | undefined, observation: Observation): ObservationResult {
@@ -198,7 +234,10 @@ async function runStatement(
   })
   const [kind] = kinds
   const [hasDelivery] = withDelivery
-  const { rows } = await observationStatement(JSON.stringify(input), kind!, hasDelivery!, withReactions, settings).execute(db)
+  // on its own, the statement is its own transaction: notify after its commit instead of inside it
+  const notifyAfter = withReactions && !db.isTransaction
+  const { rows } = await observationStatement(JSON.stringify(input), kind!, hasDelivery!, withReactions, notifyAfter, settings).execute(db)
+  if (notifyAfter && rows.some((row) => Number(row.enqueued ?? 0) > 0)) notifyDispatchersSoon(db)
   return rows
 }
 
@@ -209,6 +248,7 @@ function observationStatement(
   kind: TargetKind,
   withDelivery: boolean,
   withReactions: boolean,
+  notifyAfter: boolean,
   { staleAfterS }: ObservationSettings,
 ): RawBuilder<StatementRow> {
   const releasesLease = kind === 'lease'
@@ -337,11 +377,15 @@ function observationStatement(
       join effective e on e.id = h.order_id
       cross join lateral unnest(string_to_array(e.handlers, ',')) as handler(name)
       returning 1
-    ),
+    )${
+      notifyAfter
+        ? sql``
+        : sql`,
     -- delivered on commit, once per transaction however many rows; a select CTE runs only when used
     notified as (
       select pg_notify('reaction_jobs', '') from (select 1 from jobs limit 1) j
     )`
+    }`
         : sql``
     }
     select i.n,
@@ -357,7 +401,7 @@ function observationStatement(
           : sql`false`
       } as reused,
       d.outcome, d.id as order_id, d.from_status
-      ${withReactions ? sql`, (select count(*) from notified) as notified` : sql``}
+      ${withReactions ? (notifyAfter ? sql`, (select count(*) from jobs) as enqueued` : sql`, (select count(*) from notified) as notified`) : sql``}
     from input i left join decision d on d.n = i.n
     order by i.n`
 }
