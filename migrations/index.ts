@@ -7,6 +7,7 @@ import * as consoleIndexes from './0003_console_indexes.js'
 import * as reactionOutbox from './0004_reaction_outbox.js'
 import * as consoleReactionIndexes from './0005_console_reaction_indexes.js'
 import * as deliveryTradeReference from './0006_delivery_trade_reference.js'
+import * as retention from './0007_retention.js'
 
 export const migrations: Record<string, Migration> = {
   '0001_initial': initial,
@@ -15,4 +16,5 @@ export const migrations: Record<string, Migration> = {
   '0004_reaction_outbox': reactionOutbox,
   '0005_console_reaction_indexes': consoleReactionIndexes,
   '0006_delivery_trade_reference': deliveryTradeReference,
+  '0007_retention': retention,
 }

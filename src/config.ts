@@ -107,6 +107,17 @@ export interface Config {
    * Undefined: no token is configured and the console is off.
    */
   readonly adminToken: string | undefined
+  /** What is deleted by age, and how often (src/retention/prune.ts). */
+  readonly retention: {
+    /** RETENTION_DAYS: raw bodies of deliveries older than this are emptied (the row stays). */
+    readonly bodyDays: number
+    /** DELIVERY_RETENTION_DAYS: delivery rows and done reaction jobs older than this are deleted. */
+    readonly deliveryDays: number
+    /** PRUNE_INTERVAL_S: time between two pruning passes of a replica. */
+    readonly intervalS: number
+    /** PRUNE_BATCH_SIZE: rows per delete or update statement. */
+    readonly batchSize: number
+  }
   /** Where local mode keeps its generated secrets; undefined in remote mode. */
   readonly localSecretsFile: string | undefined
 }
@@ -204,6 +215,11 @@ const EnvSchema = z.object({
     .refine((name) => !name.startsWith('amq.'), 'must not start with "amq." (reserved by the broker)')
     .default('partner-escrow'),
   AMQP_TIMEOUT_MS: positiveInt.default(10_000),
+  // a century: a larger number is a typo, and would overflow the cut-off date
+  RETENTION_DAYS: positiveInt.max(36_500).default(30),
+  DELIVERY_RETENTION_DAYS: positiveInt.max(36_500).default(90),
+  PRUNE_INTERVAL_S: positiveInt.max(604_800).default(3_600),
+  PRUNE_BATCH_SIZE: positiveInt.max(100_000).default(1_000),
 })
 
 function isAmqpUrl(value: string): boolean {
@@ -279,6 +295,12 @@ export function parseConfig(
   }
   if (values.MAX_INFLIGHT_BODY_BYTES < values.WEBHOOK_BODY_LIMIT) {
     problems.push('MAX_INFLIGHT_BODY_BYTES: must be at least WEBHOOK_BODY_LIMIT (one largest body must fit)')
+  }
+  if (values.DELIVERY_RETENTION_DAYS < values.RETENTION_DAYS) {
+    // a row deleted before its body is due: the body setting would mean nothing
+    problems.push(
+      `DELIVERY_RETENTION_DAYS: must be at least RETENTION_DAYS (${values.DELIVERY_RETENTION_DAYS} < ${values.RETENTION_DAYS}): a delivery row outlives its body`,
+    )
   }
   if (values.PARTNER_API_SECRET !== undefined && values.PARTNER_API_SECRET.length < MIN_SECRET_LENGTH) {
     problems.push(`PARTNER_API_SECRET: is shorter than ${MIN_SECRET_LENGTH} characters`)
@@ -381,6 +403,12 @@ export function parseConfig(
       values.AMQP_URL === undefined
         ? undefined
         : { url: values.AMQP_URL, exchange: values.AMQP_EXCHANGE, timeoutMs: values.AMQP_TIMEOUT_MS },
+    retention: {
+      bodyDays: values.RETENTION_DAYS,
+      deliveryDays: values.DELIVERY_RETENTION_DAYS,
+      intervalS: values.PRUNE_INTERVAL_S,
+      batchSize: values.PRUNE_BATCH_SIZE,
+    },
     localSecretsFile: generated ? localSecretsPath(dataDir) : undefined,
   }
   return deepFreeze(config)

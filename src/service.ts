@@ -1,12 +1,12 @@
 // Wires the parts into the running service: database, HTTP app, migrations, the poller, the reaction
-// dispatcher, and the command forwarding of src/local. Every part registers how to stop it.
+// dispatcher, retention's pruner, and the command forwarding of src/local. Every part registers how to stop it.
 //
 // stop() drains, then closes. At once: /readyz answers 503 (a load balancer stops sending requests here),
 // the poller stops claiming and gives its unpolled claims back, and the reaction dispatcher stops claiming,
 // lets running handlers finish and gives back the leases of those that could not: what they leave, other
-// replicas take at once. After SHUTDOWN_DRAIN_DELAY_MS (time for the balancer's health checks to notice)
-// the public listener refuses new connections and lets requests in flight finish. Then the other parts stop
-// in reverse order of start, the database last.
+// replicas take at once; the pruner stops between two batches. After SHUTDOWN_DRAIN_DELAY_MS (time for
+// the balancer's health checks to notice) the public listener refuses new connections and lets requests in
+// flight finish. Then the other parts stop in reverse order of start, the database last.
 //
 // The HTTP listener opens before the database is known to be there: while Postgres is unreachable at
 // start-up the service retries (prepare-database.ts), /readyz answers 503 and deliveries get 503 (the
@@ -30,9 +30,10 @@ import { configuredReactions } from './reactions/configured-reactions.js'
 import { createDispatcher, DEFAULT_DISPATCHER_SETTINGS, type Dispatcher } from './reactions/dispatcher.js'
 import { reactionJobStats } from './reactions/reaction-job.repository.js'
 import { createPoller, dueOrderStats, type Poller, pollerSettings, type RunSummary } from './reconcile/poller.js'
+import { createPruner, type Pruner, prunerSettings } from './retention/prune.js'
 import { createSandbox } from './sandbox/create-sandbox.js'
 import { sandboxStateFile } from './sandbox/sandbox-state.js'
-import { countParkedDeliveries } from './webhooks/delivery.repository.js'
+import { countParkedDeliveries, oldestDeliveryReceivedAt } from './webhooks/delivery.repository.js'
 import { createDeliveryIngest } from './webhooks/delivery-ingest.js'
 import { createEventHandlers } from './webhooks/event-handlers.js'
 import { registerEventHandlers } from './webhooks/partner-event-handlers.js'
@@ -49,6 +50,8 @@ export interface RunningService {
   readonly poller: Poller | undefined
   /** The reaction dispatcher, once ready. */
   readonly dispatcher: Dispatcher | undefined
+  /** Retention's pruning loop, once ready (on Postgres one replica at a time prunes). */
+  readonly pruner: Pruner | undefined
   /** Local mode only: the in-process sandbox platform's URL. */
   readonly sandboxUrl: string | undefined
   /** Drains (see above; the delay only once the service was ready), then stops every part. */
@@ -116,6 +119,7 @@ export async function startService({
           dueOrders: () => dueOrderStats(database.db, clock),
           parkedDeliveries: () => countParkedDeliveries(database.db, new Date(clock.now())),
           reactionJobs: () => reactionJobStats(database.db, new Date(clock.now())),
+          oldestDelivery: () => oldestDeliveryReceivedAt(database.db),
         })
       : undefined
     // a second terminal's commands are run here (operator listener), on this database, in every mode (src/local)
@@ -228,6 +232,7 @@ export async function startService({
       }).runOnce()
     let poller: Poller | undefined
     let dispatcher: Dispatcher | undefined
+    let pruner: Pruner | undefined
     const startUp = new AbortController()
     stops.push({ name: 'database start-up', stop: () => startUp.abort(), takesWork: 'claims' })
     const whenReady = (async () => {
@@ -268,6 +273,19 @@ export async function startService({
       await dispatcher.start()
       const reacting = dispatcher
       stops.push({ name: 'reaction dispatcher', stop: () => reacting.stop(), takesWork: 'claims' })
+      // every replica runs the loop; the advisory lock lets one prune at a time. Stopped at the signal, between batches.
+      pruner = createPruner({
+        db: database.db,
+        kind: database.kind,
+        clock,
+        logger,
+        settings: prunerSettings(config.retention),
+        onPruned: metrics?.retentionHooks.onPruned,
+        onPass: metrics ? (_result, finishedAt) => metrics.retentionHooks.onPass(finishedAt) : undefined,
+      })
+      pruner.start()
+      const pruning = pruner
+      stops.push({ name: 'pruner', stop: () => pruning.stop(), takesWork: 'claims' })
       ready = true
       logger.info(
         { url: server.url, adminUrl: adminServer.url, database: database.kind, webhookPath: config.webhook.path },
@@ -286,6 +304,9 @@ export async function startService({
       },
       get dispatcher() {
         return dispatcher
+      },
+      get pruner() {
+        return pruner
       },
       sandboxUrl,
       stop: stopAll,

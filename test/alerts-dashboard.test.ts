@@ -85,7 +85,10 @@ async function exportedNames(): Promise<Set<string>> {
     parkedDeliveries: async () => ({ parked: 1, oldestParkedAgeS: 60 }),
     poolStats: () => ({ total: 2, idle: 1, waiting: 0 }),
     reactionJobs: async () => ({ pending: 1, running: 0, failed: 1, oldestPendingAgeS: 5 }),
+    oldestDelivery: async () => new Date(0),
   })
+  // a pass finished: the last-pass gauge has a sample
+  metrics.retentionHooks.onPass(new Date(0))
   const scrape = await metrics.registry.metrics()
   const names = new Set<string>()
   for (const [, name, type] of scrape.matchAll(/^# TYPE (\S+) (\S+)$/gm)) {
@@ -119,6 +122,9 @@ describe('alert rules and dashboard', () => {
       'database_up',
       'poller_last_cycle_timestamp_seconds',
       'reaction_jobs_failed',
+      'retention_rows_pruned_total',
+      'webhook_oldest_delivery_timestamp_seconds',
+      'retention_last_pass_timestamp_seconds',
     ]) {
       expect(used.has(name), `${name} is used`).toBe(true)
     }

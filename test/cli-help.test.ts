@@ -30,6 +30,7 @@ describe('the command line', () => {
       'deliveries list',
       'deliveries show',
       'deliveries reapply',
+      'prune',
       'reactions list',
       'reactions show',
       'reactions retry',

@@ -192,6 +192,27 @@ describe('configuration', () => {
       expect(problemsOf({ ...remoteEnv, REACTION_LEASE_S: '0' }).some((problem) => problem.startsWith('REACTION_LEASE_S:'))).toBe(true)
     })
 
+    it('has retention defaults and refuses a delivery retention shorter than the body retention', () => {
+      expect(parseConfig(remoteEnv).retention).toEqual({ bodyDays: 30, deliveryDays: 90, intervalS: 3_600, batchSize: 1_000 })
+      expect(
+        parseConfig({ ...remoteEnv, RETENTION_DAYS: '7', DELIVERY_RETENTION_DAYS: '7', PRUNE_INTERVAL_S: '60', PRUNE_BATCH_SIZE: '500' })
+          .retention,
+      ).toEqual({ bodyDays: 7, deliveryDays: 7, intervalS: 60, batchSize: 500 })
+      expect(problemsOf({ ...remoteEnv, RETENTION_DAYS: '60', DELIVERY_RETENTION_DAYS: '30' })).toEqual([
+        'DELIVERY_RETENTION_DAYS: must be at least RETENTION_DAYS (30 < 60): a delivery row outlives its body',
+      ])
+      for (const [name, value] of [
+        ['RETENTION_DAYS', '0'],
+        ['RETENTION_DAYS', '1.5'],
+        ['DELIVERY_RETENTION_DAYS', '-90'],
+        ['DELIVERY_RETENTION_DAYS', 'ninety'],
+        ['PRUNE_INTERVAL_S', '0'],
+        ['PRUNE_BATCH_SIZE', '0'],
+      ] as const) {
+        expect(problemsOf({ ...remoteEnv, [name]: value }).some((problem) => problem.startsWith(`${name}:`)), `${name}=${value}`).toBe(true)
+      }
+    })
+
     it('parses FORWARD_URL, FORWARD_SECRET and FORWARD_TIMEOUT_MS', () => {
       const env = { ...remoteEnv, FORWARD_URL: 'https://erp.internal/hooks/escrow', FORWARD_SECRET: forwardSecret }
       expect(parseConfig(env).forward).toEqual({

@@ -261,7 +261,7 @@ describe('buyer onboarding events (buyer.{status})', () => {
       .where('deliveryId', '=', attempt!.deliveryId!)
       .executeTakeFirstOrThrow()
     expect(row).toMatchObject({ outcome: 'ignored', eventType: 'buyer.verified' })
-    expect(JSON.parse(row.rawBody)).toEqual({ event: 'buyer.verified', buyer_id: 'b-42', status: 'verified' })
+    expect(JSON.parse(row.rawBody!)).toEqual({ event: 'buyer.verified', buyer_id: 'b-42', status: 'verified' })
   })
 
   it('refuses a status that is not one word', async () => {

@@ -65,7 +65,7 @@ export function registerDeliveriesCommands(program: Command): void {
     .option('--json', 'print as JSON')
     .action(async (deliveryId: string, options: { json?: boolean; bodySha256?: string }) => {
       const { countBodiesOfDelivery, findDelivery } = await import('../webhooks/delivery.repository.js')
-      await withDatabase(async ({ db }) => {
+      await withDatabase(async ({ db, config }) => {
         const delivery = await findDelivery(db, deliveryId, options.bodySha256)
         if (!delivery) {
           writeError(`No delivery ${deliveryId}${options.bodySha256 ? ` with body SHA-256 ${options.bodySha256}…` : ''}\n`)
@@ -73,11 +73,17 @@ export function registerDeliveriesCommands(program: Command): void {
           return
         }
         const bodies = await countBodiesOfDelivery(db, deliveryId)
-        if (options.json) printJson({ ...delivery, bodiesUnderThisId: bodies })
+        // rawBody null: pruned by retention (the row and its hash stay)
+        const pruned = delivery.rawBody === null ? { bodyPrunedAfterDays: config.retention.bodyDays } : {}
+        if (options.json) printJson({ ...delivery, ...pruned, bodiesUnderThisId: bodies })
         else {
+          const prunedNote = `(pruned: raw bodies are kept ${config.retention.bodyDays} days)`
           write(
             Object.entries(delivery)
-              .map(([key, value]) => `${key.padEnd(18)} ${value instanceof Date ? value.toISOString() : (value ?? '-')}`)
+              .map(([key, value]) => {
+                const shown = key === 'rawBody' && value === null ? prunedNote : value
+                return `${key.padEnd(18)} ${shown instanceof Date ? shown.toISOString() : (shown ?? '-')}`
+              })
               .join('\n') + '\n',
           )
           if (bodies > 1) write(`(this id was reused: ${bodies} bodies stored; pick one with --body-sha256, see \`deliveries list\`)\n`)

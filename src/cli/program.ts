@@ -7,6 +7,7 @@ import { registerDemoCommand } from './demo.command.js'
 import { registerMigrateCommand } from './migrate.command.js'
 import { registerOrdersCommands } from './orders.command.js'
 import { registerProposalsCommands } from './proposals.command.js'
+import { registerPruneCommand } from './prune.command.js'
 import { registerReactionsCommands } from './reactions.command.js'
 import { registerReconcileCommands } from './reconcile.command.js'
 import { registerSandboxCommand } from './sandbox.command.js'
@@ -33,6 +34,7 @@ export function buildProgram(runCommand: LocalCommandRunner, output?: OutputConf
   registerReconcileCommands(program)
   registerOrdersCommands(program)
   registerDeliveriesCommands(program)
+  registerPruneCommand(program)
   registerReactionsCommands(program)
   registerTradesCommands(program)
   registerDisputesCommands(program)

@@ -295,7 +295,12 @@ function prettyBody(rawBody: string): string {
 
 export function deliveryPage(
   operator: Operator,
-  { delivery, order, bodies }: { delivery: StoredDelivery; order: Order | undefined; bodies: number },
+  {
+    delivery,
+    order,
+    bodies,
+    bodyRetentionDays,
+  }: { delivery: StoredDelivery; order: Order | undefined; bodies: number; bodyRetentionDays?: number | undefined },
 ): Html {
   return layout(
     'Delivery',
@@ -313,7 +318,11 @@ export function deliveryPage(
 <p class="hint">Headers: the service keeps the delivery id (above) and the verified body; the signature and other headers are not stored.</p>
 <p class="actions"><a href="${deliveryPath(delivery)}/reapply">Re-apply…</a></p>
 <h2>Raw body</h2>
-<pre class="body">${prettyBody(delivery.rawBody)}</pre>`,
+${
+  delivery.rawBody === null
+    ? html`<p class="hint">Pruned: raw bodies are kept ${bodyRetentionDays === undefined ? 'for RETENTION_DAYS' : `${bodyRetentionDays} days`} after receipt. The row and its body hash stay, so a retry of this delivery is still a duplicate.</p>`
+    : html`<pre class="body">${prettyBody(delivery.rawBody)}</pre>`
+}`,
   )
 }
 

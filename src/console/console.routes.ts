@@ -88,6 +88,8 @@ export interface ConsoleDeps {
   metrics?: Metrics | undefined
   /** STALE_AFTER_S and the reaction handlers, as a re-applied delivery is applied (observations.ts). */
   observation: ObservationSettings
+  /** RETENTION_DAYS, named on the page of a delivery whose body was pruned. */
+  bodyRetentionDays?: number | undefined
   /** Runs one reconcile cycle now; answers undefined while the service is not ready to. */
   reconcileOnce?: (() => Promise<RunSummary | undefined>) | undefined
 }
@@ -359,7 +361,7 @@ export function consoleRoutes(deps: ConsoleDeps): Router {
           : undefined,
       countBodiesOfDelivery(db, delivery.deliveryId),
     ])
-    await send(res, deliveryPage(operatorOf(res), { delivery, order, bodies }))
+    await send(res, deliveryPage(operatorOf(res), { delivery, order, bodies, bodyRetentionDays: deps.bodyRetentionDays }))
   })
 
   router.get(`${CONSOLE_PATH}/deliveries/:deliveryId/:bodySha256/reapply`, async (req, res) => {

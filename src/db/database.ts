@@ -42,7 +42,8 @@ export interface WebhookDeliveriesTable {
   observedStatus: string | null
   outcome: string
   orderId: number | null
-  rawBody: string
+  /** null: pruned after RETENTION_DAYS (src/retention); the row and its hash stay */
+  rawBody: string | null
   /** SHA-256 (hex) of the exact body: with deliveryId, the primary key. */
   bodySha256: string
   appliedAt: Timestamp | null
@@ -83,6 +84,13 @@ export interface ReactionJobsTable {
   finishedAt: Timestamp | null
 }
 
+/** How far each pruning task has come: see src/retention/retention-progress.repository.ts. */
+export interface RetentionProgressTable {
+  task: string
+  doneThrough: Timestamp
+  updatedAt: GeneratedTimestamp
+}
+
 export interface ReconcileRunsTable {
   id: GeneratedAlways<number>
   replica: string
@@ -100,4 +108,5 @@ export interface Database {
   orderStatusHistory: OrderStatusHistoryTable
   reconcileRuns: ReconcileRunsTable
   reactionJobs: ReactionJobsTable
+  retentionProgress: RetentionProgressTable
 }

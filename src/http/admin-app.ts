@@ -48,6 +48,7 @@ export function createAdminApp(deps: AdminAppDeps): Express {
         clock: deps.clock ?? systemClock,
         metrics: deps.metrics,
         observation: observationSettings(deps.config.poll, deps.reactions?.handlersFor),
+        bodyRetentionDays: deps.config.retention.bodyDays,
         reconcileOnce: deps.reconcileOnce,
       }),
     )

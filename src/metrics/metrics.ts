@@ -35,6 +35,17 @@ export interface MetricsSources {
   poolStats?: () => { total: number; idle: number; waiting: number }
   /** Reaction jobs still to run or failed, and the age of the oldest still to run. */
   reactionJobs?: () => Promise<{ pending: number; running: number; failed: number; oldestPendingAgeS: number }>
+  /** When the oldest delivery row still stored was received; null when none is. */
+  oldestDelivery?: () => Promise<Date | null>
+}
+
+/** What retention prunes: the label values of retention_rows_pruned_total (src/retention/prune.ts). */
+const PRUNED_KINDS = ['body', 'delivery', 'reaction_job'] as const
+
+export interface RetentionHooks {
+  onPruned(kind: (typeof PRUNED_KINDS)[number], rows: number): void
+  /** A pass that held the lock finished (whether or not it pruned anything). */
+  onPass(finishedAt: Date): void
 }
 
 export interface ReactionHooks {
@@ -70,6 +81,8 @@ export interface Metrics {
   pollerHooks(clock: Clock): PollerHooks
   /** For createDispatcher: attempts by handler and result, and the commit-to-handler latency. */
   reactionHooks(handlers: readonly string[]): ReactionHooks
+  /** For the pruner: rows pruned by kind, and when this replica last finished a pass. */
+  readonly retentionHooks: RetentionHooks
 }
 
 export function createMetrics(
@@ -145,7 +158,36 @@ export function createMetrics(
     registers: [registry],
   })
 
-  const { databaseUp, dueOrders, parkedDeliveries, reactionJobs } = sources
+  const rowsPruned = new Counter({
+    name: 'retention_rows_pruned_total',
+    help: 'Rows pruned by retention, by what: body (a raw body emptied), delivery (a delivery row deleted), reaction_job (a done job deleted)',
+    labelNames: ['what'] as const,
+    registers: [registry],
+  })
+  for (const what of PRUNED_KINDS) rowsPruned.inc({ what }, 0)
+  let lastPruneS: number | undefined
+  new OptionalGauge(() => lastPruneS, {
+    name: 'retention_last_pass_timestamp_seconds',
+    help: 'Unix time at which this replica last finished a pruning pass (one replica at a time holds the lock); no sample before the first',
+    registers: [registry],
+  })
+
+  const { databaseUp, dueOrders, parkedDeliveries, reactionJobs, oldestDelivery } = sources
+  if (oldestDelivery) {
+    const read = tolerantRead(oldestDelivery, readTimeoutMs)
+    new OptionalGauge(
+      async () => {
+        const oldest = await read()
+        // none stored: no sample (an empty table is not an old row)
+        return oldest ? oldest.getTime() / 1000 : undefined
+      },
+      {
+        name: 'webhook_oldest_delivery_timestamp_seconds',
+        help: 'Unix time at which the oldest delivery row still stored was received (parked ones included): time() minus it is the retention actually kept',
+        registers: [registry],
+      },
+    )
+  }
   if (databaseUp) {
     const answered = tolerantRead(async () => {
       await databaseUp()
@@ -221,6 +263,12 @@ export function createMetrics(
     pollResults,
     requestsRefused,
     inflightBodyBytes,
+    retentionHooks: {
+      onPruned: (what, rows) => rowsPruned.inc({ what }, rows),
+      onPass: (finishedAt) => {
+        lastPruneS = finishedAt.getTime() / 1000
+      },
+    },
     reactionHooks(handlers) {
       for (const handler of handlers) {
         for (const result of ATTEMPT_RESULTS) reactionAttempts.inc({ handler, result }, 0)

@@ -505,3 +505,63 @@ export async function countFailedJobsByHandler(db: Kysely<Database>): Promise<{ 
   const rows = await countFailedJobsByHandlerQuery(db).execute()
   return rows.map((row) => ({ handler: row.handler, jobs: Number(row.jobs) }))
 }
+
+// Retention (src/retention/prune.ts): done jobs older than DELIVERY_RETENTION_DAYS are deleted in
+// batches that walk the primary key; pending, running, failed and skipped jobs are never deleted by age
+// (a failed one waits for an operator; a skipped one records an operator's decision). The ordering check
+// of the claim counts a missing job as finished, so deleting done ones changes no claim.
+
+export interface DoneJobBatch {
+  /** Jobs deleted. */
+  deleted: number
+  /** The last id looked at: where the next batch starts. Undefined when no job is past `afterId`. */
+  lastId: string | undefined
+  /** The walk reached jobs created at or after `before` (or the end): no batch after this one is needed. */
+  finished: boolean
+}
+
+/**
+ * Looks at the next `limit` jobs by id after `afterId` and deletes those done before `before`. Ids grow
+ * with creation time and a job finishes after it is created, so the walk ends at the first job created
+ * at or after `before`.
+ */
+export async function deleteDoneJobsBefore(
+  db: Kysely<Database>,
+  { before, afterId, limit }: { before: Date; afterId: string | undefined; limit: number },
+): Promise<DoneJobBatch> {
+  const result = await sql<{ lastId: string | null; lastCreatedAt: Date | string | null; scanned: string; deleted: string }>`
+    with scanned as (
+      select id, state, finished_at, created_at from reaction_jobs
+      where id > ${afterId ?? '0'}::bigint
+      order by id
+      limit ${limit}
+    ), deleted as (
+      delete from reaction_jobs r using scanned s
+      where r.id = s.id and s.state = 'done' and s.finished_at < ${before} and r.state = 'done'
+      returning r.id
+    )
+    select
+      (select max(id)::text from scanned) as last_id,
+      (select max(created_at) from scanned) as last_created_at,
+      (select count(*) from scanned) as scanned,
+      (select count(*) from deleted) as deleted`.execute(db)
+  const row = result.rows[0]!
+  const scanned = Number(row.scanned)
+  const reachedYoung = row.lastCreatedAt !== null && new Date(row.lastCreatedAt).getTime() >= before.getTime()
+  return {
+    deleted: Number(row.deleted),
+    lastId: row.lastId ?? undefined,
+    finished: scanned < limit || reachedYoung,
+  }
+}
+
+/** What deleteDoneJobsBefore would delete in all (a dry run). */
+export async function countDoneJobsBefore(db: Kysely<Database>, before: Date): Promise<number> {
+  const row = await db
+    .selectFrom('reactionJobs')
+    .select((eb) => eb.fn.countAll<string>().as('jobs'))
+    .where('state', '=', 'done')
+    .where('finishedAt', '<', before)
+    .executeTakeFirstOrThrow()
+  return Number(row.jobs)
+}

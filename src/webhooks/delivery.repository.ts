@@ -28,20 +28,21 @@ export interface StoredDelivery {
   outcome: DeliveryOutcome
   orderId: number | null
   appliedAt: Date | null
-  rawBody: string
+  /** null: pruned RETENTION_DAYS after receipt (src/retention); the row and its hash stay. */
+  rawBody: string | null
 }
 
 // raw_body holds the exact bytes received as UTF-8 text (the ingest decodes without stripping a
 // byte-order mark). Read as text, a driver may strip a leading mark on the way back (PGlite does), so
 // the body is read as its bytes and decoded here, mark kept.
-const rawBodyBytes = sql<Uint8Array>`convert_to(raw_body, 'UTF8')`.as('rawBodyBytes')
+const rawBodyBytes = sql<Uint8Array | null>`convert_to(raw_body, 'UTF8')`.as('rawBodyBytes')
 const exactText = new TextDecoder('utf-8', { ignoreBOM: true })
 
 function toDelivery({
   rawBodyBytes: bytes,
   ...row
-}: Omit<Selectable<WebhookDeliveriesTable>, 'rawBody'> & { rawBodyBytes: Uint8Array }): StoredDelivery {
-  return { ...row, rawBody: exactText.decode(bytes), outcome: row.outcome as DeliveryOutcome }
+}: Omit<Selectable<WebhookDeliveriesTable>, 'rawBody'> & { rawBodyBytes: Uint8Array | null }): StoredDelivery {
+  return { ...row, rawBody: bytes === null ? null : exactText.decode(bytes), outcome: row.outcome as DeliveryOutcome }
 }
 
 // every column but the raw body
@@ -354,4 +355,107 @@ export async function countDeliveriesPerMinute(db: Kysely<Database>, since: Date
     outcome: row.outcome as DeliveryOutcome,
     deliveries: Number(row.deliveries),
   }))
+}
+
+// Retention (src/retention/prune.ts runs these in small batches). Both passes walk
+// webhook_deliveries_received_idx oldest first from `from` (the caller moves it to the newest row of the
+// batch before, so rows kept behind it are not read again) and pick rows by ctid: one index range scan
+// and one TID scan per batch. Parked (unmatched) deliveries are never pruned by age: their order may
+// still come, and their body is what applies then.
+
+export interface PruneBatchOptions {
+  /** Rows received before this are pruned. */
+  before: Date
+  /** Start of the walk: rows received earlier are not looked at (an earlier batch dealt with them). */
+  from: Date | undefined
+  limit: number
+}
+
+export interface PruneBatchResult {
+  rows: number
+  /** The newest received_at in the batch: where the next batch starts. Undefined when none. */
+  through: Date | undefined
+}
+
+function walkedRange(db: Kysely<Database>, { before, from }: PruneBatchOptions) {
+  let query = db
+    .selectFrom('webhookDeliveries')
+    .where('receivedAt', '<', before)
+    .where('outcome', '<>', 'unmatched')
+  if (from) query = query.where('receivedAt', '>=', from)
+  return query
+}
+
+function batchResult(rows: { receivedAt: Date | string }[]): PruneBatchResult {
+  let through: number | undefined
+  for (const row of rows) {
+    const at = new Date(row.receivedAt).getTime()
+    through = through === undefined ? at : Math.max(through, at)
+  }
+  return { rows: rows.length, through: through === undefined ? undefined : new Date(through) }
+}
+
+/**
+ * The next batch's rows (their ctid), oldest first: exported so a test can EXPLAIN it (an index range
+ * scan of received_at, never the whole table).
+ */
+export function prunableDeliveriesQuery(db: Kysely<Database>, options: PruneBatchOptions, what: 'rows' | 'bodies') {
+  let query = walkedRange(db, options)
+  if (what === 'bodies') query = query.where('rawBody', 'is not', null)
+  return query.select(sql<string>`ctid`.as('ctid')).orderBy('receivedAt').limit(options.limit)
+}
+
+/** Deletes up to `limit` delivery rows received before `before`, oldest first; parked ones stay. */
+export async function deleteDeliveriesBefore(db: Kysely<Database>, options: PruneBatchOptions): Promise<PruneBatchResult> {
+  const batch = prunableDeliveriesQuery(db, options, 'rows')
+  const rows = await db
+    .deleteFrom('webhookDeliveries')
+    .where(sql<boolean>`ctid = any(array(${batch}))`)
+    // checked again on the row as it is now: a parked delivery matched meanwhile is still not one to keep
+    .where('outcome', '<>', 'unmatched')
+    .returning('receivedAt')
+    .execute()
+  return batchResult(rows)
+}
+
+/**
+ * Empties the raw body (null) of up to `limit` deliveries received before `before`, oldest first; the
+ * row, its body hash (the deduplication key) and its outcome stay. Parked deliveries keep their body.
+ */
+export async function pruneDeliveryBodiesBefore(db: Kysely<Database>, options: PruneBatchOptions): Promise<PruneBatchResult> {
+  const batch = prunableDeliveriesQuery(db, options, 'bodies')
+  const rows = await db
+    .updateTable('webhookDeliveries')
+    .set({ rawBody: null })
+    .where(sql<boolean>`ctid = any(array(${batch}))`)
+    .where('outcome', '<>', 'unmatched')
+    .returning('receivedAt')
+    .execute()
+  return batchResult(rows)
+}
+
+/** What deleteDeliveriesBefore would delete in all (a dry run). */
+export async function countDeliveriesBefore(db: Kysely<Database>, before: Date): Promise<number> {
+  const row = await walkedRange(db, { before, from: undefined, limit: 0 })
+    .select((eb) => eb.fn.countAll<string>().as('rows'))
+    .executeTakeFirstOrThrow()
+  return Number(row.rows)
+}
+
+/** What pruneDeliveryBodiesBefore would empty from `from` on (a dry run). */
+export async function countDeliveryBodiesBefore(db: Kysely<Database>, before: Date, from: Date | undefined): Promise<number> {
+  const row = await walkedRange(db, { before, from, limit: 0 })
+    .where('rawBody', 'is not', null)
+    .select((eb) => eb.fn.countAll<string>().as('rows'))
+    .executeTakeFirstOrThrow()
+  return Number(row.rows)
+}
+
+/** When the oldest delivery row still stored was received (parked ones included); null when none is. */
+export async function oldestDeliveryReceivedAt(db: Kysely<Database>): Promise<Date | null> {
+  const row = await db
+    .selectFrom('webhookDeliveries')
+    .select((eb) => eb.fn.min('receivedAt').as('oldest'))
+    .executeTakeFirstOrThrow()
+  return row.oldest === null ? null : new Date(row.oldest)
 }

@@ -1,0 +1,45 @@
+// `prune [--dry-run]`: one retention pass now, as `serve` runs on its interval (src/retention/prune.ts).
+// On Postgres it takes the same advisory lock as the replicas: while one of them is pruning, this says so
+// and exits 1 rather than prune alongside it.
+import type { Command } from 'commander'
+import { printJson, setExitCode, withDatabase, write, writeError } from './cli-context.js'
+
+export function registerPruneCommand(program: Command): void {
+  program
+    .command('prune')
+    .description(
+      'delete what retention says is old: raw bodies after RETENTION_DAYS, delivery rows and done reaction jobs after DELIVERY_RETENTION_DAYS (never order history or parked deliveries)',
+    )
+    .option('--dry-run', 'count what a pass would prune now, change nothing')
+    .option('--json', 'print the result as JSON')
+    .action(async (options: { dryRun?: boolean; json?: boolean }) => {
+      const [{ runPrunePass, prunerSettings }, { systemClock }] = await Promise.all([
+        import('../retention/prune.js'),
+        import('../clock.js'),
+      ])
+      await withDatabase(async ({ db, config, logger }) => {
+        const result = await runPrunePass(
+          { db, kind: config.databaseUrl ? 'postgres' : 'pglite', clock: systemClock, logger },
+          prunerSettings(config.retention),
+          { dryRun: options.dryRun === true },
+        )
+        if (!result.ran) {
+          writeError('Another replica is pruning now (it holds the retention lock): nothing done; try again later\n')
+          setExitCode(1)
+          return
+        }
+        if (options.json) {
+          printJson(result)
+          return
+        }
+        const verb = result.dryRun ? 'would prune' : 'pruned'
+        write(
+          [
+            `${verb}: ${result.counts.body} raw bodies (received before ${result.bodiesBefore.toISOString()}, ${config.retention.bodyDays} days)`,
+            `${verb}: ${result.counts.delivery} delivery rows (received before ${result.deliveriesBefore.toISOString()}, ${config.retention.deliveryDays} days)`,
+            `${verb}: ${result.counts.reaction_job} done reaction jobs (finished before ${result.deliveriesBefore.toISOString()})`,
+          ].join('\n') + '\n',
+        )
+      })
+    })
+}

@@ -1,0 +1,290 @@
+// Retention: what the service deletes by age, and how, so storage stays bounded over years.
+//
+// - raw body: emptied (null) RETENTION_DAYS after receipt; the delivery row stays, with its body hash,
+//   so a retry of it is still a duplicate and `deliveries show` says the body was pruned.
+// - delivery row: deleted DELIVERY_RETENTION_DAYS after receipt. From then on its id is forgotten: see
+//   the README's "Retention" for why a replay that late is harmless.
+// - done reaction job: deleted DELIVERY_RETENTION_DAYS after it finished.
+// - never by age: order_status_history (the outbox and the audit trail), parked (unmatched) deliveries,
+//   and reaction jobs that are pending, running, failed or skipped.
+//
+// A pass runs the three tasks one after the other in batches of `batchSize` rows with a pause between
+// batches, so it never holds many row locks or a long transaction and ingest keeps its latency. On
+// Postgres one replica at a time prunes: a pass takes a session advisory lock with a try-lock on one
+// pinned connection and gives it back at the end; a replica that finds it taken skips its pass. PGlite
+// is one process with one connection: no lock, and no connection held between batches.
+import type { Kysely } from 'kysely'
+import { sql } from 'kysely'
+import type { Clock } from '../clock.js'
+import type { Database } from '../db/database.js'
+import type { DatabaseKind } from '../db/open-database.js'
+import type { Logger } from '../logger.js'
+import { countDoneJobsBefore, deleteDoneJobsBefore } from '../reactions/reaction-job.repository.js'
+import {
+  countDeliveriesBefore,
+  countDeliveryBodiesBefore,
+  deleteDeliveriesBefore,
+  pruneDeliveryBodiesBefore,
+} from '../webhooks/delivery.repository.js'
+import { findProgress, recordProgress } from './retention-progress.repository.js'
+
+const DAY_MS = 86_400_000
+
+/** The advisory lock key of the pruning pass ("prun" in ASCII): one pass at a time across replicas. */
+export const PRUNE_LOCK_KEY = 0x7072756e
+
+export type PrunedKind = 'body' | 'delivery' | 'reaction_job'
+export const PRUNED_KINDS: readonly PrunedKind[] = ['body', 'delivery', 'reaction_job']
+
+export interface RetentionSettings {
+  /** RETENTION_DAYS: raw bodies older than this are emptied. */
+  bodyDays: number
+  /** DELIVERY_RETENTION_DAYS: delivery rows and done reaction jobs older than this are deleted. */
+  deliveryDays: number
+  /** Rows per statement. */
+  batchSize: number
+  /** Sleep between two batches: room for ingest and for autovacuum. */
+  pauseMs: number
+}
+
+export const DEFAULT_BATCH_SIZE = 1_000
+export const DEFAULT_PAUSE_MS = 50
+
+export interface PruneCounts {
+  body: number
+  delivery: number
+  reaction_job: number
+}
+
+export interface PruneResult {
+  /** false: another replica held the lock, nothing was done (or counted). */
+  ran: boolean
+  dryRun: boolean
+  /** Rows pruned, or in a dry run the rows a pass would prune now. */
+  counts: PruneCounts
+  /** Bodies received before this are pruned; rows and done jobs before deliveriesBefore are deleted. */
+  bodiesBefore: Date
+  deliveriesBefore: Date
+  /** The pass stopped early on shutdown (what it did is kept; the next pass goes on from there). */
+  interrupted: boolean
+}
+
+export interface PruneDeps {
+  db: Kysely<Database>
+  kind: DatabaseKind
+  clock: Clock
+  logger?: Logger | undefined
+  /** Called after every batch with the rows it pruned: the metrics counter. */
+  onPruned?: ((kind: PrunedKind, rows: number) => void) | undefined
+}
+
+export function retentionCutoffs(settings: Pick<RetentionSettings, 'bodyDays' | 'deliveryDays'>, now: number) {
+  return {
+    bodiesBefore: new Date(now - settings.bodyDays * DAY_MS),
+    deliveriesBefore: new Date(now - settings.deliveryDays * DAY_MS),
+  }
+}
+
+/**
+ * One pruning pass. In a dry run it only counts what a pass would prune now (no lock, no change).
+ * `signal` stops it between batches.
+ */
+export async function runPrunePass(
+  deps: PruneDeps,
+  settings: RetentionSettings,
+  { dryRun = false, signal }: { dryRun?: boolean; signal?: AbortSignal } = {},
+): Promise<PruneResult> {
+  if (!Number.isInteger(settings.batchSize) || settings.batchSize < 1) {
+    throw new RangeError(`retention batch size must be a positive integer, not ${settings.batchSize}`)
+  }
+  const cutoffs = retentionCutoffs(settings, deps.clock.now())
+  if (dryRun) {
+    const bodyMark = await findProgress(deps.db, 'delivery_bodies')
+    const [delivery, body, reactionJob] = await Promise.all([
+      countDeliveriesBefore(deps.db, cutoffs.deliveriesBefore),
+      countDeliveryBodiesBefore(deps.db, cutoffs.bodiesBefore, latest(bodyMark, cutoffs.deliveriesBefore)),
+      countDoneJobsBefore(deps.db, cutoffs.deliveriesBefore),
+    ])
+    return { ran: true, dryRun, counts: { body, delivery, reaction_job: reactionJob }, ...cutoffs, interrupted: false }
+  }
+  if (deps.kind === 'pglite') return prune(deps, deps.db, settings, cutoffs, signal)
+  return deps.db.connection().execute(async (connection) => {
+    const { rows } = await sql<{ locked: boolean }>`select pg_try_advisory_lock(${PRUNE_LOCK_KEY}::bigint) as locked`.execute(
+      connection,
+    )
+    if (!rows[0]?.locked) {
+      deps.logger?.debug('retention: another replica is pruning; this pass is skipped')
+      return { ran: false, dryRun, counts: { body: 0, delivery: 0, reaction_job: 0 }, ...cutoffs, interrupted: false }
+    }
+    try {
+      return await prune(deps, connection, settings, cutoffs, signal)
+    } finally {
+      await sql`select pg_advisory_unlock(${PRUNE_LOCK_KEY}::bigint)`.execute(connection)
+    }
+  })
+}
+
+async function prune(
+  deps: PruneDeps,
+  db: Kysely<Database>,
+  settings: RetentionSettings,
+  cutoffs: ReturnType<typeof retentionCutoffs>,
+  signal: AbortSignal | undefined,
+): Promise<PruneResult> {
+  const { clock } = deps
+  const counts: PruneCounts = { body: 0, delivery: 0, reaction_job: 0 }
+  const limit = settings.batchSize
+  const stopped = () => signal?.aborted === true
+  const pause = async () => {
+    if (settings.pauseMs > 0 && !stopped()) await clock.sleep(settings.pauseMs, signal).catch(() => {})
+  }
+  const count = (kind: PrunedKind, rows: number) => {
+    counts[kind] += rows
+    if (rows > 0) deps.onPruned?.(kind, rows)
+  }
+
+  // delivery rows first: their bodies need no emptying
+  let from: Date | undefined
+  for (;;) {
+    if (stopped()) return done(true)
+    const batch = await deleteDeliveriesBefore(db, { before: cutoffs.deliveriesBefore, from, limit })
+    count('delivery', batch.rows)
+    if (batch.rows < limit) break
+    from = batch.through
+    await pause()
+  }
+
+  const mark = await findProgress(db, 'delivery_bodies')
+  from = latest(mark, cutoffs.deliveriesBefore)
+  let through: Date = from
+  try {
+    for (;;) {
+      if (stopped()) return done(true)
+      const batch = await pruneDeliveryBodiesBefore(db, { before: cutoffs.bodiesBefore, from, limit })
+      count('body', batch.rows)
+      if (batch.rows < limit) {
+        through = cutoffs.bodiesBefore
+        break
+      }
+      // every body it may prune received before the batch's newest row is pruned now
+      through = from = batch.through ?? from
+      await pause()
+    }
+  } finally {
+    if (through) await recordProgress(db, 'delivery_bodies', through, new Date(clock.now()))
+  }
+
+  let afterId: string | undefined
+  for (;;) {
+    if (stopped()) return done(true)
+    const batch = await deleteDoneJobsBefore(db, { before: cutoffs.deliveriesBefore, afterId, limit })
+    count('reaction_job', batch.deleted)
+    if (batch.finished || batch.lastId === undefined) break
+    afterId = batch.lastId
+    await pause()
+  }
+  return done(false)
+
+  function done(interrupted: boolean): PruneResult {
+    if (counts.body + counts.delivery + counts.reaction_job > 0 || interrupted) {
+      deps.logger?.info({ pruned: counts, interrupted }, 'retention: pass finished')
+    }
+    return { ran: true, dryRun: false, counts, ...cutoffs, interrupted }
+  }
+}
+
+function latest(a: Date | undefined, b: Date): Date {
+  return a && a.getTime() > b.getTime() ? a : b
+}
+
+export interface Pruner {
+  /** Starts the loop: a first pass after `firstDelayMs`, then one every `intervalMs`. */
+  start(): void
+  /** Stops between two batches and waits for the pass in flight. */
+  stop(): Promise<void>
+  /** Runs one pass now (unless one is running, which it waits for instead). */
+  runOnce(): Promise<PruneResult>
+  /** The last finished pass, for the metrics. */
+  readonly lastPass: PruneResult | undefined
+}
+
+export interface PrunerDeps extends PruneDeps {
+  settings: RetentionSettings & { intervalMs: number; firstDelayMs: number }
+  /** Called after every pass that held the lock: the metrics' last-pass time. */
+  onPass?: ((result: PruneResult, finishedAt: Date) => void) | undefined
+}
+
+/** The pruner's settings from the RETENTION_* and PRUNE_* variables. */
+export function prunerSettings(retention: {
+  bodyDays: number
+  deliveryDays: number
+  intervalS: number
+  batchSize: number
+}): PrunerDeps['settings'] {
+  const intervalMs = retention.intervalS * 1000
+  return {
+    bodyDays: retention.bodyDays,
+    deliveryDays: retention.deliveryDays,
+    batchSize: retention.batchSize,
+    pauseMs: DEFAULT_PAUSE_MS,
+    intervalMs,
+    // soon after start-up (a replica restarted more often than the interval still prunes), not at once
+    firstDelayMs: Math.min(intervalMs, 60_000),
+  }
+}
+
+export function createPruner(deps: PrunerDeps): Pruner {
+  const { clock, logger, settings } = deps
+  const controller = new AbortController()
+  let loop: Promise<void> | undefined
+  let running: Promise<PruneResult> | undefined
+  let lastPass: PruneResult | undefined
+
+  const runOnce = () => {
+    running ??= runPrunePass(deps, settings, { signal: controller.signal })
+      .then((result) => {
+        if (result.ran) {
+          lastPass = result
+          deps.onPass?.(result, new Date(clock.now()))
+        }
+        return result
+      })
+      .finally(() => {
+        running = undefined
+      })
+    return running
+  }
+
+  const runLoop = async () => {
+    let wait = settings.firstDelayMs
+    while (!controller.signal.aborted) {
+      try {
+        await clock.sleep(wait, controller.signal)
+      } catch {
+        return
+      }
+      wait = settings.intervalMs
+      try {
+        await runOnce()
+      } catch (error) {
+        // the database is away or a statement failed: the next pass tries again
+        if (!controller.signal.aborted) logger?.warn({ err: error }, 'retention: pass failed')
+      }
+    }
+  }
+
+  return {
+    start() {
+      loop ??= runLoop()
+    },
+    async stop() {
+      controller.abort()
+      await loop
+      await running?.catch(() => {})
+    },
+    runOnce,
+    get lastPass() {
+      return lastPass
+    },
+  }
+}

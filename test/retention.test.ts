@@ -1,0 +1,406 @@
+// Retention: what a pruning pass removes, what it never touches, and how it shares the work between
+// replicas. Rows are written with their ages relative to a fake clock's "now".
+import { CompiledQuery, type Kysely, sql } from 'kysely'
+import pg from 'pg'
+import { afterEach, beforeEach, describe, expect, it } from 'vitest'
+import type { Database } from '../src/db/database.js'
+import { PRUNE_LOCK_KEY, type PruneDeps, type RetentionSettings, runPrunePass } from '../src/retention/prune.js'
+import { startService, type RunningService } from '../src/service.js'
+import {
+  findDelivery,
+  prunableDeliveriesQuery,
+  recordDelivery,
+} from '../src/webhooks/delivery.repository.js'
+import request from 'supertest'
+import { createAdminApp } from '../src/http/admin-app.js'
+import { runCommand } from './helpers/cli-in-process.js'
+import { FakeClock } from './helpers/fake-clock.js'
+import { testLogger } from './helpers/log-sink.js'
+import { eventually } from './helpers/reconcile-poller.js'
+import { testConfig } from './helpers/test-config.js'
+import { createTestDatabase, describePostgres, type TestDatabase, useTestDatabase } from './helpers/test-database.js'
+
+const DAY = 86_400_000
+const SETTINGS: RetentionSettings = { bodyDays: 30, deliveryDays: 90, batchSize: 2, pauseMs: 0 }
+
+interface Seeded {
+  id: string
+  ageDays: number
+  outcome?: string
+}
+
+async function seedDeliveries(db: Kysely<Database>, now: number, deliveries: Seeded[]): Promise<void> {
+  await db
+    .insertInto('webhookDeliveries')
+    .values(
+      deliveries.map(({ id, ageDays, outcome = 'applied' }) => ({
+        deliveryId: id,
+        bodySha256: `sha-${id}`,
+        receivedAt: new Date(now - ageDays * DAY),
+        eventType: 'trade.funded',
+        externalReference: `ref-${id}`,
+        outcome,
+        rawBody: `{"id":"${id}"}`,
+      })),
+    )
+    .execute()
+}
+
+async function deliveryRows(db: Kysely<Database>) {
+  const rows = await db.selectFrom('webhookDeliveries').select(['deliveryId', 'rawBody']).orderBy('deliveryId').execute()
+  return Object.fromEntries(rows.map((row) => [row.deliveryId, row.rawBody === null ? 'pruned' : 'body']))
+}
+
+async function seedJobs(db: Kysely<Database>, now: number, jobs: { state: string; ageDays: number }[]) {
+  await db
+    .insertInto('reactionJobs')
+    .values(
+      jobs.map(({ state, ageDays }, index) => ({
+        eventId: `00000000-0000-4000-8000-${String(index).padStart(12, '0')}`,
+        orderId: 1,
+        sequence: index + 1,
+        handler: 'forward',
+        state,
+        runAt: new Date(now - ageDays * DAY),
+        createdAt: new Date(now - ageDays * DAY),
+        finishedAt: state === 'done' || state === 'skipped' ? new Date(now - ageDays * DAY) : null,
+      })),
+    )
+    .execute()
+}
+
+async function jobStates(db: Kysely<Database>) {
+  const rows = await db.selectFrom('reactionJobs').select(['state', 'createdAt']).orderBy('id').execute()
+  return rows.map((row) => row.state)
+}
+
+describe('retention pass', () => {
+  const database = useTestDatabase()
+  let clock: FakeClock
+  let deps: PruneDeps
+  beforeEach(async () => {
+    clock = new FakeClock(Date.parse('2026-06-01T00:00:00Z'))
+    deps = { db: database.db, kind: database.kind, clock }
+    await sql`truncate webhook_deliveries, reaction_jobs, order_status_history, retention_progress`.execute(database.db)
+  })
+
+  it('empties old bodies, deletes old rows and done jobs, and keeps history, parked deliveries and unfinished jobs', async () => {
+    const now = clock.now()
+    await seedDeliveries(database.db, now, [
+      { id: 'd-001', ageDays: 1 },
+      { id: 'd-029', ageDays: 29.9 },
+      { id: 'd-031a', ageDays: 31 },
+      { id: 'd-031b', ageDays: 31 },
+      { id: 'd-031c', ageDays: 31 },
+      { id: 'd-089', ageDays: 89.9 },
+      { id: 'd-091a', ageDays: 91 },
+      { id: 'd-091b', ageDays: 91 },
+      { id: 'd-091c', ageDays: 91 },
+      { id: 'd-400', ageDays: 400 },
+      { id: 'parked-040', ageDays: 40, outcome: 'unmatched' },
+      { id: 'parked-400', ageDays: 400, outcome: 'unmatched' },
+    ])
+    await database.db
+      .insertInto('orderStatusHistory')
+      .values({ orderId: 1, toStatus: 'funded', source: 'webhook', recordedAt: new Date(now - 400 * DAY) })
+      .execute()
+    await seedJobs(database.db, now, [
+      { state: 'done', ageDays: 400 },
+      { state: 'pending', ageDays: 300 },
+      { state: 'failed', ageDays: 300 },
+      { state: 'skipped', ageDays: 300 },
+      { state: 'done', ageDays: 91 },
+      { state: 'done', ageDays: 89 },
+      { state: 'done', ageDays: 1 },
+    ])
+
+    const result = await runPrunePass(deps, SETTINGS)
+
+    // batches of 2: several batches per task, ties in received_at included
+    expect(result).toMatchObject({ ran: true, interrupted: false, counts: { body: 4, delivery: 4, reaction_job: 2 } })
+    expect(await deliveryRows(database.db)).toEqual({
+      'd-001': 'body',
+      'd-029': 'body',
+      'd-031a': 'pruned',
+      'd-031b': 'pruned',
+      'd-031c': 'pruned',
+      'd-089': 'pruned',
+      'parked-040': 'body',
+      'parked-400': 'body',
+    })
+    expect(await jobStates(database.db)).toEqual(['pending', 'failed', 'skipped', 'done', 'done'])
+    const history = await database.db.selectFrom('orderStatusHistory').select('toStatus').execute()
+    expect(history).toEqual([{ toStatus: 'funded' }])
+
+    // a second pass finds nothing more
+    expect((await runPrunePass(deps, SETTINGS)).counts).toEqual({ body: 0, delivery: 0, reaction_job: 0 })
+  })
+
+  it('keeps deduplicating a delivery whose body was pruned, and forgets one whose row was deleted', async () => {
+    const now = clock.now()
+    await seedDeliveries(database.db, now, [
+      { id: 'd-031', ageDays: 31 },
+      { id: 'd-091', ageDays: 91 },
+    ])
+    await runPrunePass(deps, SETTINGS)
+
+    const pruned = await findDelivery(database.db, 'd-031')
+    expect(pruned).toMatchObject({ deliveryId: 'd-031', rawBody: null, outcome: 'applied' })
+    const retry = { eventType: 'trade.funded', rawBody: '{"id":"d-031"}', outcome: 'ignored' as const, receivedAt: new Date(now) }
+    // a retry of the 31-day delivery: the same id and body hash, still a duplicate
+    expect(await recordDelivery(database.db, { deliveryId: 'd-031', bodySha256: 'sha-d-031', ...retry })).toEqual({
+      inserted: false,
+      idReused: false,
+    })
+    // past DELIVERY_RETENTION_DAYS the id is forgotten: a replay is stored as new (the status rules decide its effect)
+    expect(await findDelivery(database.db, 'd-091')).toBeUndefined()
+    expect(await recordDelivery(database.db, { deliveryId: 'd-091', bodySha256: 'sha-d-091', ...retry })).toEqual({
+      inserted: true,
+      idReused: false,
+    })
+  })
+
+  it('counts in a dry run and changes nothing', async () => {
+    const now = clock.now()
+    await seedDeliveries(database.db, now, [
+      { id: 'd-001', ageDays: 1 },
+      { id: 'd-031', ageDays: 31 },
+      { id: 'd-091', ageDays: 91 },
+      { id: 'parked-400', ageDays: 400, outcome: 'unmatched' },
+    ])
+    await seedJobs(database.db, now, [
+      { state: 'done', ageDays: 91 },
+      { state: 'failed', ageDays: 91 },
+    ])
+    const before = await deliveryRows(database.db)
+
+    const result = await runPrunePass(deps, SETTINGS, { dryRun: true })
+
+    expect(result).toMatchObject({ ran: true, dryRun: true, counts: { body: 1, delivery: 1, reaction_job: 1 } })
+    expect(await deliveryRows(database.db)).toEqual(before)
+    expect(await jobStates(database.db)).toEqual(['done', 'failed'])
+    const progress = await database.db.selectFrom('retentionProgress').selectAll().execute()
+    expect(progress).toEqual([])
+  })
+
+  it('starts the body pass where the last one stopped, and prunes bodies as they come of age', async () => {
+    const now = clock.now()
+    await seedDeliveries(database.db, now, [
+      { id: 'd-031', ageDays: 31 },
+      { id: 'd-020', ageDays: 20 },
+    ])
+    expect((await runPrunePass(deps, SETTINGS)).counts.body).toBe(1)
+    const mark = await database.db.selectFrom('retentionProgress').select('doneThrough').executeTakeFirstOrThrow()
+    expect(new Date(mark.doneThrough).getTime()).toBe(now - 30 * DAY)
+
+    await clock.advance(11 * DAY)
+    expect((await runPrunePass(deps, SETTINGS)).counts.body).toBe(1)
+    expect(await deliveryRows(database.db)).toEqual({ 'd-020': 'pruned', 'd-031': 'pruned' })
+  })
+
+  it('stops between batches when its signal is aborted, keeping what it did', async () => {
+    const now = clock.now()
+    await seedDeliveries(
+      database.db,
+      now,
+      Array.from({ length: 6 }, (_, index) => ({ id: `d-${index}`, ageDays: 100 + index })),
+    )
+    const controller = new AbortController()
+    const pass = runPrunePass(deps, { ...SETTINGS, pauseMs: 1_000 }, { signal: controller.signal })
+    await eventually(() => clock.sleeps.length > 0, 'the pass pauses after its first batch')
+    controller.abort()
+    const result = await pass
+    expect(result).toMatchObject({ interrupted: true, counts: { delivery: 2 } })
+    expect(Object.keys(await deliveryRows(database.db))).toHaveLength(4)
+  })
+})
+
+describe('a delivery whose body was pruned', () => {
+  const database = useTestDatabase()
+  const TOKEN = 'retention-console-token-0123456789abcdef'
+  const config = testConfig({ ADMIN_TOKEN: TOKEN, RETENTION_DAYS: '14', DELIVERY_RETENTION_DAYS: '60' })
+
+  beforeEach(async () => {
+    await sql`truncate webhook_deliveries, retention_progress`.execute(database.db)
+    const clock = new FakeClock(Date.now())
+    await seedDeliveries(database.db, clock.now(), [{ id: 'd-020', ageDays: 20 }])
+    await runPrunePass({ db: database.db, kind: database.kind, clock }, { ...SETTINGS, bodyDays: 14, deliveryDays: 60 })
+  })
+
+  it('says so in `deliveries show`, naming the retention, and can still be re-applied', async () => {
+    const stored = await findDelivery(database.db, 'd-020')
+    expect(stored?.rawBody).toBeNull()
+
+    const text = await runCommand(['deliveries', 'show', 'd-020'], database.db, config)
+    expect(text.code).toBe(0)
+    expect(text.stdout).toMatch(/rawBody\s+\(pruned: raw bodies are kept 14 days\)/)
+    const json = await runCommand(['deliveries', 'show', 'd-020', '--json'], database.db, config)
+    expect(JSON.parse(json.stdout)).toMatchObject({ deliveryId: 'd-020', rawBody: null, bodyPrunedAfterDays: 14 })
+    // re-applying works from the stored columns, not the body: a pruned body does not stop it
+    await database.db
+      .updateTable('webhookDeliveries')
+      .set({ tradeId: 'trd-20', observedStatus: 'funded' })
+      .where('deliveryId', '=', 'd-020')
+      .execute()
+    const reapply = await runCommand(['deliveries', 'reapply', 'd-020', '--json'], database.db, config)
+    expect(reapply.code).toBe(0)
+    expect(JSON.parse(reapply.stdout)).toMatchObject({ deliveryId: 'd-020', outcome: 'unmatched' })
+  })
+
+  it('shows the console page with a note instead of the body', async () => {
+    // the console route looks a delivery up by id and a 64-hex body hash
+    const hash = 'a'.repeat(64)
+    await database.db.updateTable('webhookDeliveries').set({ bodySha256: hash }).where('deliveryId', '=', 'd-020').execute()
+    const admin = createAdminApp({ config, db: database.db, logger: testLogger([TOKEN]) })
+    const page = await request(admin).get(`/console/deliveries/d-020/${hash}`).set('Authorization', `Bearer ${TOKEN}`)
+    expect(page.status).toBe(200)
+    expect(page.text).toContain('Pruned: raw bodies are kept 14 days after receipt')
+    expect(page.text).not.toContain('class="body"')
+  })
+})
+
+describe('serve', () => {
+  let service: RunningService | undefined
+  let database: TestDatabase | undefined
+  afterEach(async () => {
+    await service?.stop()
+    await database?.close()
+    service = undefined
+    database = undefined
+  })
+
+  it('prunes on its interval and reports it in /metrics', async () => {
+    const clock = new FakeClock(Date.parse('2026-06-01T00:00:00Z'))
+    database = await createTestDatabase()
+    const env: Record<string, string> = { PORT: '0', POLL_ENABLED: 'false', PRUNE_INTERVAL_S: '5' }
+    if (database.url) env.DATABASE_URL = database.url
+    service = await startService({ config: testConfig(env), logger: testLogger(), clock })
+    await service.ready
+    const db = service.database.db
+    const seededAt = clock.now()
+    await seedDeliveries(db, seededAt, [
+      { id: 'd-001', ageDays: 1 },
+      { id: 'd-091', ageDays: 91 },
+    ])
+
+    // the first pass comes one interval after start-up (5 s: shorter than the 60 s cap)
+    await eventually(() => clock.sleeps.includes(5_000), 'the pruner waits its interval')
+    await clock.advance(5_000)
+    await eventually(() => service?.pruner?.lastPass !== undefined, 'the first pass finishes')
+    expect(await deliveryRows(db)).toEqual({ 'd-001': 'body' })
+
+    const first = service.pruner?.lastPass
+    const metrics = await (await fetch(`${service.adminUrl}/metrics`)).text()
+    expect(metrics).toMatch(/^retention_rows_pruned_total\{what="delivery"\} 1$/m)
+    expect(metrics).toMatch(/^retention_rows_pruned_total\{what="body"\} 0$/m)
+    expect(metrics).toMatch(new RegExp(`^webhook_oldest_delivery_timestamp_seconds ${(seededAt - DAY) / 1000}$`, 'm'))
+    expect(metrics).toMatch(new RegExp(`^retention_last_pass_timestamp_seconds ${clock.now() / 1000}$`, 'm'))
+
+    // and again one interval later
+    await seedDeliveries(db, clock.now(), [{ id: 'd-095', ageDays: 95 }])
+    await eventually(() => clock.sleeps.filter((ms) => ms === 5_000).length >= 2, 'the pruner waits again')
+    await clock.advance(5_000)
+    await eventually(() => service?.pruner?.lastPass?.counts.delivery === 1 && service.pruner.lastPass !== first, 'the next pass finishes')
+    expect(await deliveryRows(db)).toEqual({ 'd-001': 'body' })
+
+    const running = service
+    service = undefined
+    await running.stop()
+  })
+})
+
+describePostgres('retention on several replicas (Postgres)', () => {
+  const database = useTestDatabase()
+
+  it('prunes on one replica at a time: a pass that finds the lock taken does nothing', async () => {
+    await sql`truncate webhook_deliveries, reaction_jobs, retention_progress`.execute(database.db)
+    const clock = new FakeClock(Date.parse('2026-06-01T00:00:00Z'))
+    await seedDeliveries(
+      database.db,
+      clock.now(),
+      Array.from({ length: 6 }, (_, index) => ({ id: `d-${index}`, ageDays: 100 + index })),
+    )
+    const first = { db: database.db, kind: 'postgres' as const, clock }
+    const other = database.openAnother()
+    try {
+      // the first replica's pass holds the lock while it pauses between batches (on the fake clock)
+      const pass = runPrunePass(first, { ...SETTINGS, pauseMs: 1_000 })
+      await eventually(() => clock.sleeps.length > 0, 'the first pass pauses after a batch')
+      const second = await runPrunePass({ db: other.db, kind: 'postgres', clock }, SETTINGS)
+      expect(second).toMatchObject({ ran: false, counts: { body: 0, delivery: 0, reaction_job: 0 } })
+      expect(Object.keys(await deliveryRows(database.db))).toHaveLength(4)
+
+      let settled = false
+      void pass.finally(() => {
+        settled = true
+      })
+      while (!settled) {
+        await clock.advance(1_000)
+        await new Promise((resolve) => setTimeout(resolve, 5))
+      }
+      expect(await pass).toMatchObject({ ran: true, counts: { delivery: 6 } })
+      // released after the pass: the other replica gets it now
+      expect(await runPrunePass({ db: other.db, kind: 'postgres', clock }, SETTINGS)).toMatchObject({ ran: true })
+    } finally {
+      await other.close()
+    }
+  })
+
+  it('gives the lock back when a pass fails', async () => {
+    const clock = new FakeClock()
+    const failing = { db: database.db, kind: 'postgres' as const, clock }
+    // a statement fails mid-pass (here: the table is not there)
+    await sql`alter table webhook_deliveries rename to webhook_deliveries_away`.execute(database.db)
+    try {
+      await expect(runPrunePass(failing, SETTINGS)).rejects.toThrow(/webhook_deliveries/)
+    } finally {
+      await sql`alter table webhook_deliveries_away rename to webhook_deliveries`.execute(database.db)
+    }
+    const client = new pg.Client({ connectionString: database.url })
+    await client.connect()
+    try {
+      const held = await client.query(
+        `select count(*)::int as held from pg_locks
+         where locktype = 'advisory' and objid = $1 and database = (select oid from pg_database where datname = current_database())`,
+        [PRUNE_LOCK_KEY],
+      )
+      expect(held.rows[0].held).toBe(0)
+    } finally {
+      await client.end()
+    }
+  })
+
+  it('reads a batch off the received_at index, not the whole table', async () => {
+    await sql`truncate webhook_deliveries`.execute(database.db)
+    await sql`
+      insert into webhook_deliveries (delivery_id, body_sha256, received_at, event_type, outcome, raw_body)
+      select 'dlv-' || i, md5(i::text), now() - (i * interval '3 minutes'), 'trade.funded',
+             case when i % 100 = 0 then 'unmatched' else 'applied' end, '{}'
+      from generate_series(1, 60000) as i`.execute(database.db)
+    await sql`analyze webhook_deliveries`.execute(database.db)
+    const now = Date.now()
+    for (const what of ['rows', 'bodies'] as const) {
+      const compiled = prunableDeliveriesQuery(
+        database.db,
+        { before: new Date(now - (what === 'rows' ? 90 : 30) * DAY), from: undefined, limit: 1_000 },
+        what,
+      ).compile()
+      const result = await database.db.executeQuery<{ 'QUERY PLAN': [{ Plan: PlanNode }] }>(
+        CompiledQuery.raw(`explain (format json) ${compiled.sql}`, [...compiled.parameters]),
+      )
+      const nodes = nodesOf(result.rows[0]!['QUERY PLAN'][0].Plan)
+      expect(nodes.map((node) => node['Index Name']).filter(Boolean)).toContain('webhook_deliveries_received_idx')
+      expect(nodes.map((node) => node['Node Type'])).not.toContain('Seq Scan')
+    }
+  })
+})
+
+interface PlanNode {
+  'Node Type': string
+  'Index Name'?: string
+  Plans?: PlanNode[]
+}
+
+function nodesOf(plan: PlanNode): PlanNode[] {
+  return [plan, ...(plan.Plans ?? []).flatMap(nodesOf)]
+}
