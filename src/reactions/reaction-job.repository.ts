@@ -128,9 +128,13 @@ export function claimReactionJobsQuery({ now, limit, leaseMs, leaseToken }: Clai
     returning reaction_jobs.id, reaction_jobs.handler, reaction_jobs.attempts, reaction_jobs.lease_expires_at,
       reaction_jobs.created_at, due.event_id, event.order_id, event.from_status, event.to_status, event.source,
       event.sequence, event.trade_id, event.external_reference, event.recorded_at,
-      -- not correlated: evaluated once (an InitPlan), on the snapshot before this update
-      (select min(later.run_at) from reaction_jobs later
-        where later.state in ('pending', 'running') and later.run_at > ${now}) as next_run_at`
+      -- only when the claim did not fill every slot (a full claim's dispatcher looks again when a handler
+      -- returns); not correlated, so evaluated once (an InitPlan), on the snapshot before this update. Its walk
+      -- from now crosses the entries that recently finished jobs left behind, so it is skipped when not needed
+      case when (select count(*) from due) < ${limit} then
+        (select min(later.run_at) from reaction_jobs later
+          where later.state in ('pending', 'running') and later.run_at > ${now})
+      end as next_run_at`
 }
 
 interface Lease {
