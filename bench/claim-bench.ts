@@ -14,7 +14,10 @@ export interface ClaimResult {
 
 const ROLLBACK = new Error('rollback: measure without consuming the due orders')
 
-export async function runClaimBench(url: string, { quick }: { quick: boolean }): Promise<ClaimResult> {
+export async function runClaimBench(
+  url: string,
+  { quick, sizes: orderCounts }: { quick: boolean; sizes?: readonly number[] },
+): Promise<ClaimResult> {
   const database = openDatabase({ databaseUrl: url, poolSize: 2 })
   const client = new pg.Client({ connectionString: url })
   await client.connect()
@@ -22,7 +25,7 @@ export async function runClaimBench(url: string, { quick }: { quick: boolean }):
     await migrateToLatest(database.db)
     const sizes: ClaimResult['sizes'] = []
     let plan = ''
-    for (const orders of quick ? [10_000, 100_000] : [10_000, 1_000_000]) {
+    for (const orders of orderCounts ?? (quick ? [10_000, 100_000] : [10_000, 1_000_000])) {
       await sql`truncate orders restart identity cascade`.execute(database.db)
       // 1% due now, 20% due later, the rest terminal (next_poll_at null: outside the partial index)
       await sql`

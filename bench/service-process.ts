@@ -16,11 +16,13 @@ export async function startService(
   seed: { orders: number; seen: number },
   /** More of the service's environment, e.g. FORWARD_URL and FORWARD_SECRET to run with a reaction handler. */
   extraEnv: Record<string, string> = {},
+  /** The compiled tree to run (a private copy keeps a long run's code fixed while dist/ is rebuilt). */
+  dist = path.join(root, 'dist'),
 ): Promise<{ child: ChildProcess; port: number; adminPort: number }> {
   const profile = process.env.BENCH_CPU_PROF ? ['--cpu-prof', `--cpu-prof-dir=${process.env.BENCH_CPU_PROF}`] : []
   // the flags the Docker image runs with (NODE_OPTIONS there); BENCH_NODE_FLAGS overrides them
   const nodeFlags = (process.env.BENCH_NODE_FLAGS ?? '--max-semi-space-size=8').split(' ').filter(Boolean)
-  const child = spawn(process.execPath, [...profile, ...nodeFlags, path.join(root, 'dist/src/cli.js'), 'serve'], {
+  const child = spawn(process.execPath, [...profile, ...nodeFlags, path.join(dist, 'src/cli.js'), 'serve'], {
     cwd: root,
     env: {
       PATH: process.env.PATH,
@@ -84,3 +86,13 @@ export function peakRssMb(pid: number): number {
 export function rssMb(pid: number): number {
   return Math.round(Number(/VmRSS:\s+(\d+)/.exec(readFileSync(`/proc/${pid}/status`, 'utf8'))?.[1] ?? 0) / 1024)
 }
+
+/** CPU time (user + system) the process has used so far, in ms, as /proc tells it. */
+export function cpuMs(pid: number): number {
+  // the fields after the command's closing parenthesis: utime and stime are the 12th and 13th
+  const fields = readFileSync(`/proc/${pid}/stat`, 'utf8').split(') ')[1]!.split(' ')
+  return ((Number(fields[11]) + Number(fields[12])) * 1000) / CLOCK_TICKS
+}
+
+// USER_HZ: 100 on every Linux this runs on
+const CLOCK_TICKS = 100
