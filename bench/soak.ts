@@ -1,4 +1,4 @@
-// `npm run bench -- soak [--duration 600] [--rate N]`: the real receiver (compiled, as the image runs it)
+// `npm run bench -- soak [--duration 600] [--rate N] [--no-restart]`: the real receiver (compiled, as the image runs it)
 // on Postgres at half its measured maximum rate, with a Postgres restart in the middle. Reports answers
 // by status, lost deliveries (every delivery answered 200 must be in the database: zero lost) and memory
 // over time: RSS from /proc and the V8 heap in use from the receiver's own /metrics, sampled every tenth
@@ -7,11 +7,12 @@ import { execFileSync } from 'node:child_process'
 import { randomBytes } from 'node:crypto'
 import { once } from 'node:events'
 import { writeFileSync } from 'node:fs'
+import os from 'node:os'
 import path from 'node:path'
 import autocannon from 'autocannon'
 import pg from 'pg'
 import { deliveryHeaders } from './bench-secrets.js'
-import { rssMb, startService } from './service-process.js'
+import { peakRssMb, rssMb, startService } from './service-process.js'
 
 const root = path.resolve(import.meta.dirname, '..')
 
@@ -83,12 +84,17 @@ export async function runSoak({ args }: { args: string[] }): Promise<void> {
     answered200.length = 0
     for (const key of Object.keys(byStatus)) delete byStatus[key]
     const rssStart = rssMb(child.pid!)
-    process.stdout.write(`soak: ${durationS} s at ${rate} req/s (half of ${maxRate}); Postgres restarts at ${Math.round(durationS / 2)} s\n`)
+    // --no-restart: memory alone, on a Postgres that others share and that must not be restarted
+    const restarts = !args.includes('--no-restart')
+    const restartNote = restarts ? `Postgres restarts at ${Math.round(durationS / 2)} s` : 'no Postgres restart'
+    process.stdout.write(`soak: ${durationS} s at ${rate} req/s (half of ${maxRate}); ${restartNote}\n`)
     const version = execFileSync('ls', ['/etc/postgresql'], { encoding: 'utf8' }).trim().split('\n')[0]!
-    const restart = setTimeout(() => {
-      process.stdout.write('soak: restarting Postgres\n')
-      execFileSync('pg_ctlcluster', ['--skip-systemctl-redirect', version, 'main', 'restart'])
-    }, (durationS / 2) * 1000)
+    const restart = restarts
+      ? setTimeout(() => {
+          process.stdout.write('soak: restarting Postgres\n')
+          execFileSync('pg_ctlcluster', ['--skip-systemctl-redirect', version, 'main', 'restart'])
+        }, (durationS / 2) * 1000)
+      : undefined
     const samples: { atS: number; rssMb: number; heapUsedMb: number }[] = []
     const sample = async (atS: number) => {
       samples.push({ atS, rssMb: rssMb(child.pid!), heapUsedMb: await heapUsedMb(adminPort).catch(() => Number.NaN) })
@@ -99,6 +105,7 @@ export async function runSoak({ args }: { args: string[] }): Promise<void> {
     clearTimeout(restart)
     clearInterval(sampling)
     const rssEnd = rssMb(child.pid!)
+    const rssPeak = peakRssMb(child.pid!)
 
     const check = new pg.Client({ connectionString: url.toString() })
     await check.connect()
@@ -108,7 +115,7 @@ export async function runSoak({ args }: { args: string[] }): Promise<void> {
     const report = [
       '# Soak',
       '',
-      `${new Date().toISOString()}: ${durationS} s at ${rate} req/s with a Postgres restart at ${Math.round(durationS / 2)} s.`,
+      `${new Date().toISOString()}: ${durationS} s at ${rate} req/s, ${restartNote}; load average at the end ${os.loadavg().map((value) => value.toFixed(2)).join(', ')}.`,
       '',
       '| measure | value |',
       '| --- | --- |',
@@ -116,6 +123,7 @@ export async function runSoak({ args }: { args: string[] }): Promise<void> {
       `| answers by status | ${Object.entries(byStatus).map(([status, count]) => `${status}: ${count}`).join(', ')} |`,
       `| connection errors / timeouts | ${result.errors} / ${result.timeouts} |`,
       `| RSS start → end | ${rssStart} MB → ${rssEnd} MB |`,
+      `| peak RSS (VmHWM, the whole run) | ${rssPeak} MB |`,
       `| answered 200 | ${answered200.length} |`,
       `| answered 200 but not stored (lost) | ${lost} |`,
       '',

@@ -1,0 +1,89 @@
+// A/B of the receiver's own CPU per request between two compiled trees (`npx tsx bench/ab-cpu.ts distA distB
+// [pairs] [requests]`): each round starts one service from each tree in turn on the same seeded schema and
+// sends it a fixed number of retries of stored deliveries (the path that is all Node: verify, hash, the
+// memory of stored ids, log, metrics, answer) and then of new matched deliveries, and reads the process's
+// user + system time from /proc. CPU time per request, unlike req/s, is the process's own work: what else
+// runs on a shared machine slows the run but does not add to it (much), and the rounds alternate.
+import { once } from 'node:events'
+import { randomBytes } from 'node:crypto'
+import autocannon from 'autocannon'
+import pg from 'pg'
+import { deliveryHeaders } from './bench-secrets.js'
+import { cpuMs, startService } from './service-process.js'
+
+const [distA, distB, pairsArg, requestsArg] = process.argv.slice(2)
+if (!distA || !distB) throw new Error('usage: ab-cpu.ts distA distB [pairs] [requests]')
+const pairs = Number(pairsArg ?? 3)
+const requests = Number(requestsArg ?? 6000)
+const baseUrl = process.env.BENCH_DATABASE_URL || 'postgres://postgres@127.0.0.1:5432/test'
+const run = `ab${randomBytes(3).toString('hex')}`
+let sequence = 0
+
+async function fire(port: number, make: (index: number) => { body: string; deliveryId: string }, amount: number) {
+  const result = await autocannon({
+    url: `http://127.0.0.1:${port}`,
+    connections: 50,
+    amount,
+    requests: [
+      {
+        method: 'POST',
+        path: '/webhooks/partner',
+        setupRequest: ((request: Record<string, unknown>) => {
+          const { body, deliveryId } = make(sequence++)
+          request.body = body
+          request.headers = deliveryHeaders(body, deliveryId)
+          return request
+        }) as never,
+      },
+    ],
+  })
+  if (result.non2xx || result.errors) throw new Error(`non-2xx ${result.non2xx}, errors ${result.errors}`)
+}
+
+const seen = (index: number) => {
+  const k = (index % 5000) + 1
+  const body = JSON.stringify({ trade_id: `trd-${k}`, reference: `R-${k}`, status: 'funded', external_reference: `bench-${k}` })
+  return { deliveryId: `seen-${k}`, body }
+}
+const STATUSES = ['created', 'funded', 'delivered', 'disputed', 'resolved']
+const matched = (index: number) => {
+  const order = (index % 100_000) + 1
+  const status = STATUSES[Math.min(Math.floor(index / 100_000), 4)]!
+  return { deliveryId: `${run}-m-${index}`, body: JSON.stringify({ trade_id: `trd-${order}`, reference: `R-${order}`, status, external_reference: `bench-${order}` }) }
+}
+
+const schema = `bench_${randomBytes(4).toString('hex')}`
+const admin = new pg.Client({ connectionString: baseUrl })
+await admin.connect()
+await admin.query(`create schema ${schema}`)
+const url = new URL(baseUrl)
+url.searchParams.set('options', `-c search_path=${schema}`)
+const results: Record<string, { duplicates: number[]; matched: number[] }> = { A: { duplicates: [], matched: [] }, B: { duplicates: [], matched: [] } }
+try {
+  for (let pair = 0; pair < pairs; pair++) {
+    for (const [name, dist] of pair % 2 === 0 ? [['A', distA], ['B', distB]] : [['B', distB], ['A', distA]]) {
+      const { child, port } = await startService(url.toString(), { orders: 100_000, seen: 5000 }, {}, dist)
+      try {
+        await fire(port, seen, 3000) // warm-up
+        let before = cpuMs(child.pid!)
+        await fire(port, seen, requests)
+        results[name!]!.duplicates.push(Math.round(((cpuMs(child.pid!) - before) * 1000) / requests))
+        await fire(port, matched, 1000) // warm-up
+        before = cpuMs(child.pid!)
+        await fire(port, matched, requests)
+        results[name!]!.matched.push(Math.round(((cpuMs(child.pid!) - before) * 1000) / requests))
+      } finally {
+        child.kill('SIGINT')
+        await once(child, 'exit')
+      }
+    }
+  }
+} finally {
+  await admin.query(`drop schema ${schema} cascade`)
+  await admin.end()
+}
+const median = (values: number[]) => [...values].sort((a, b) => a - b)[Math.floor(values.length / 2)]!
+for (const name of ['A', 'B']) {
+  const { duplicates, matched: applied } = results[name]!
+  console.log(`${name}: CPU µs/request, duplicates ${duplicates.join(' ')} (median ${median(duplicates)}); new matched ${applied.join(' ')} (median ${median(applied)})`)
+}
