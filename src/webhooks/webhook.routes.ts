@@ -1,7 +1,7 @@
 // POST {WEBHOOK_PATH}: the raw body is captured with raw-body under the size limit (a Content-Length
 // over it is refused before a byte is read; a streamed body is cut off at the limit), then handed to
 // receiveWebhook. Answers follow the contract table in README.md.
-import { Router } from 'express'
+import { type Response, Router } from 'express'
 import getRawBody from 'raw-body'
 import type { Metrics } from '../metrics/metrics.js'
 import { loggableError } from '../db/database-errors.js'
@@ -15,6 +15,17 @@ export interface WebhookRouteDeps extends ReceiveDeps {
   metrics?: Metrics | undefined
   /** False while the service waits for its database at start-up. */
   isReady?: (() => boolean) | undefined
+}
+
+// The two answers a stored delivery gets, encoded once: Express's res.json would stringify, look up the
+// content type and hash an ETag for every delivery (a sender never revalidates a POST's answer)
+const JSON_CONTENT_TYPE = 'application/json; charset=utf-8'
+const RECEIVED = Buffer.from(JSON.stringify({ received: true }))
+const RECEIVED_DUPLICATE = Buffer.from(JSON.stringify({ received: true, duplicate: true }))
+
+function answer(res: Response, body: Buffer): void {
+  res.writeHead(200, { 'Content-Type': JSON_CONTENT_TYPE, 'Content-Length': body.length })
+  res.end(body)
 }
 
 export function webhookRoutes(deps: WebhookRouteDeps): Router {
@@ -53,7 +64,7 @@ export function webhookRoutes(deps: WebhookRouteDeps): Router {
         { ...loggableDeliveryId(deliveryId), outcome, ...(result.duplicate ? {} : { eventType: result.eventType }) },
         'webhook received',
       )
-      res.json(result.duplicate ? { received: true, duplicate: true } : { received: true })
+      answer(res, result.duplicate ? RECEIVED_DUPLICATE : RECEIVED)
     } catch (error) {
       if (error instanceof AppError) {
         if (error.code === 'invalid_signature') deps.metrics?.signatureFailures.inc()
