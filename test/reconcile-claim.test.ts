@@ -99,6 +99,16 @@ describe('claiming due orders', () => {
     expect((await orderByReference(database.db, 'a')).pollLeaseToken).toBe('second')
   })
 
+  it('does not claim an order a webhook made due again while its lease runs, until the lease ends', async () => {
+    await insertOrders(database.db, [{ externalReference: 'a', nextPollAt: seconds(-1) }])
+    expect(await claimDueOrders(database.db, { now: NOW, limit: 10, leaseS: 60, leaseToken: 'first' })).toHaveLength(1)
+    // an observation reschedules the order (STALE_AFTER_S shorter than the poll) while the lease runs
+    await database.db.updateTable('orders').set({ nextPollAt: seconds(5) }).where('externalReference', '=', 'a').execute()
+    expect(await claimDueOrders(database.db, { now: seconds(30), limit: 10, leaseS: 60, leaseToken: 'x' })).toEqual([])
+    const after = await claimDueOrders(database.db, { now: seconds(60), limit: 10, leaseS: 60, leaseToken: 'second' })
+    expect(after.map((order) => order.externalReference)).toEqual(['a'])
+  })
+
   it('writes a backoff or a 404 flag only under the lease token that claimed the order', async () => {
     const [id] = await insertOrders(database.db, [{ externalReference: 'a', nextPollAt: seconds(-1) }])
     await claimDueOrders(database.db, { now: NOW, limit: 10, leaseS: 60, leaseToken: 'mine' })

@@ -72,6 +72,9 @@ export function claimDueOrdersQuery(db: Kysely<Database>, { now, limit, leaseS, 
             // the invariant already keeps these out of the index; the check makes "never claimed" certain
             .where('tradeId', 'is not', null)
             .where('isTerminal', '=', false)
+            // an observation may bring next_poll_at forward while a poll holds the lease (a webhook
+            // reschedules the order): a live lease is still its claim's alone
+            .where((eb) => eb.or([eb('pollLeaseExpiresAt', 'is', null), eb('pollLeaseExpiresAt', '<=', now)]))
             .orderBy('nextPollAt')
             .limit(limit)
             .forUpdate()
