@@ -1,4 +1,4 @@
-// `npm run bench [-- ingest|claim|poll|pglite|growth|cli|console|soak] [--quick] [--duration S]`
+// `npm run bench [-- ingest|claim|poll|pglite|growth|cli|console|reactions|prune|soak] [--quick] [--duration S]`
 // Everything is measured side by side in one run and reported as ratios against baselines measured in
 // the same run (never as timed assertions in tests). Results: bench/results/latest.md and latest.json.
 import { execFileSync, spawn, type ChildProcess } from 'node:child_process'
@@ -374,6 +374,18 @@ async function main(): Promise<void> {
   if (part === 'console') {
     // console page timings: bench/console-bench.ts writes its own results
     await (await import('./console-bench.js')).benchConsolePages({ quick })
+    return
+  }
+  if (part === 'prune') {
+    // ingest while serve prunes a million old deliveries: bench/prune-bench.ts writes its own results
+    execFileSync('npm', ['run', 'build', '--silent'], { cwd: root, stdio: 'ignore' })
+    const { runPruneBench } = await import('./prune-bench.js')
+    const orders = 40_000
+    // one factory for every run: each goes on up the lifecycle where the last stopped
+    const bodies = matched(orders)
+    await withSchema((url) =>
+      runPruneBench({ url, quick, durationS, orders, load: (name, port, seconds) => load(name, port, bodies, seconds) }),
+    )
     return
   }
   if (part === 'soak') {
