@@ -87,7 +87,8 @@ export async function runPruneBench({ url, quick, durationS, orders, load }: Pru
           await lock.query('vacuum analyze webhook_deliveries')
           await lock.query('checkpoint')
         }
-        await load('warm-up', service.port, 1)
+        // longer than the other benches' warm-up: the held-off run comes first on a fresh process
+        await load('warm-up', service.port, 5)
         without.push(await load(`round ${round + 1}: ingest, pruner held off`, service.port, durationS))
         await lock.query('select pg_advisory_unlock($1::bigint)', [PRUNE_LOCK_KEY])
         // the pruner's next tick (within a second) takes the lock: the load starts once it has pruned a batch
