@@ -221,15 +221,9 @@ export async function startService({
     }
 
     const fetcher = createPartnerApiClient(config, { logger, clock, ...(sandboxUrl ? { baseUrl: sandboxUrl } : {}) })
-    consoleActions.reconcileOnce = () =>
-      createPoller({
-        db: database.db,
-        fetcher,
-        clock,
-        logger,
-        settings: pollerSettings(config.poll, observation),
-        replica: `console:${hostname()}:${process.pid}`,
-      }).runOnce()
+    const pollerOf = (replica: string, hooks = {}) =>
+      createPoller({ db: database.db, fetcher, clock, logger, settings: pollerSettings(config.poll, observation), replica, ...hooks })
+    consoleActions.reconcileOnce = () => pollerOf(`console:${hostname()}:${process.pid}`).runOnce()
     let poller: Poller | undefined
     let dispatcher: Dispatcher | undefined
     let pruner: Pruner | undefined
@@ -240,15 +234,7 @@ export async function startService({
       logger.info({ applied, database: database.kind }, 'migrations applied')
       if (startUp.signal.aborted || draining) return
       if (config.poll.enabled) {
-        poller = createPoller({
-          db: database.db,
-          fetcher,
-          clock,
-          logger,
-          settings: pollerSettings(config.poll, observation),
-          replica: `${hostname()}:${process.pid}`,
-          ...(metrics ? metrics.pollerHooks(clock) : {}),
-        })
+        poller = pollerOf(`${hostname()}:${process.pid}`, metrics ? metrics.pollerHooks(clock) : {})
         poller.start()
         const running = poller
         stops.push({ name: 'poller', stop: () => running.stop(), takesWork: 'claims' })

@@ -1,23 +1,15 @@
 // `deliveries list|show|reapply`: the webhooks as received, and re-running one's effect.
 import type { Command } from 'commander'
 import { InvalidArgumentError } from 'commander'
-import type { DeliveryOutcome } from '../webhooks/delivery.repository.js'
+import { DELIVERY_OUTCOMES } from '../webhooks/delivery-outcome.js'
 import { positiveInteger } from './cli-arguments.js'
 import { printJson, printTable, setExitCode, withDatabase, write, writeError } from './cli-context.js'
 
-const OUTCOMES: DeliveryOutcome[] = [
-  'applied',
-  'duplicate_effect',
-  'stale',
-  'unknown_status',
-  'unmatched',
-  'ignored',
-  'invalid',
-  'trade_mismatch',
-]
+// a poll's lease_lost is never a webhook's
+const OUTCOMES: readonly string[] = DELIVERY_OUTCOMES.filter((outcome) => outcome !== 'lease_lost')
 
 function outcome(value: string): string {
-  if (!(OUTCOMES as string[]).includes(value)) throw new InvalidArgumentError(`must be one of ${OUTCOMES.join(', ')}`)
+  if (!OUTCOMES.includes(value)) throw new InvalidArgumentError(`must be one of ${OUTCOMES.join(', ')}`)
   return value
 }
 

@@ -148,16 +148,20 @@ export async function runDemo({
     // the poller below runs STALE_AFTER_S ahead (see `later`), and the jobs of what it applies are due at
     // its time: the dispatcher keeps that time from the start, so every job is due when it is enqueued
     const later: Clock = { now: () => Date.now() + (config.poll.staleAfterS + 1) * 1000, sleep: clock.sleep }
-    dispatcher = createDispatcher({
-      db: database.db,
-      handler: reactions.handler,
-      clock: later,
-      logger: log,
-      listen: database.listen,
-      // short backoffs, so a handler that keeps failing reaches the dead letter within the run
-      settings: { ...DEFAULT_DISPATCHER_SETTINGS, concurrency: 8, maxAttempts: 5, backoff: { baseS: 0.1, capS: 1 } },
-    })
-    await dispatcher.start()
+    const startDispatcher = async () => {
+      const started = createDispatcher({
+        db: database.db,
+        handler: reactions.handler,
+        clock: later,
+        logger: log,
+        listen: database.listen,
+        // short backoffs, so a handler that keeps failing reaches the dead letter within the run
+        settings: { ...DEFAULT_DISPATCHER_SETTINGS, concurrency: 8, maxAttempts: 5, backoff: { baseS: 0.1, capS: 1 } },
+      })
+      await started.start()
+      return started
+    }
+    dispatcher = await startDispatcher()
     receiver = await listen(createApp({ config, db: database.db, logger: log, clock, reactions }), { port: 0, host: '127.0.0.1' })
     sandbox = createSandbox({
       ...SECRETS,
@@ -242,15 +246,7 @@ export async function runDemo({
 
     // the console, on what the run left; the notification service is back, so a retry succeeds
     notifyService.up = true
-    dispatcher = createDispatcher({
-      db: database.db,
-      handler: reactions.handler,
-      clock: later,
-      logger: log,
-      listen: database.listen,
-      settings: { ...DEFAULT_DISPATCHER_SETTINGS, concurrency: 8, maxAttempts: 5, backoff: { baseS: 0.1, capS: 1 } },
-    })
-    await dispatcher.start()
+    dispatcher = await startDispatcher()
     consoleServer = await listen(
       // on the real clock (the times it shows); a retried job is due at once for the dispatcher, which runs ahead
       createAdminApp({ config, db: database.db, logger: log, clock, reactions, reconcileOnce: () => poller.runOnce() }),

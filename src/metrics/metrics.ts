@@ -5,19 +5,13 @@ import { Counter, collectDefaultMetrics, Gauge, Histogram, Registry } from 'prom
 import type { Clock } from '../clock.js'
 import type { AttemptResult } from '../reactions/dispatcher.js'
 import { POLL_RESULTS, type PollResult, type RunSummary } from '../reconcile/poller.js'
+import { DELIVERY_OUTCOMES as STORED_OUTCOMES } from '../webhooks/delivery-outcome.js'
 
 /** Every label value of webhook_deliveries_total, created at 0 so a rate over a quiet service is 0, not absent. */
 const DELIVERY_OUTCOMES = [
-  'applied',
+  ...STORED_OUTCOMES.filter((outcome) => outcome !== 'lease_lost'),
   'duplicate',
   'id_reused',
-  'duplicate_effect',
-  'stale',
-  'unknown_status',
-  'unmatched',
-  'ignored',
-  'invalid',
-  'trade_mismatch',
   'rejected',
 ] as const
 

@@ -2,17 +2,9 @@
 // orders/apply-observation.ts, which records the delivery and its effect in one statement.
 import { type Kysely, type Selectable, sql, type Transaction } from 'kysely'
 import type { Database, WebhookDeliveriesTable } from '../db/database.js'
+import type { DeliveryOutcome } from './delivery-outcome.js'
 
-export type DeliveryOutcome =
-  | 'applied'
-  | 'duplicate_effect'
-  | 'stale'
-  | 'unknown_status'
-  | 'unmatched'
-  | 'ignored'
-  | 'invalid'
-  | 'trade_mismatch'
-  | 'lease_lost'
+export { DELIVERY_OUTCOMES, type DeliveryOutcome } from './delivery-outcome.js'
 
 export interface StoredDelivery {
   deliveryId: string
@@ -195,18 +187,6 @@ export async function countParkedDeliveries(db: Kysely<Database>, now: Date): Pr
 // The operator console's queries. Each filter has an index (migrations/0003_console_indexes.ts) and
 // pages are keyset-paginated on (received_at, delivery_id, body_sha256), newest first, so page 1,000
 // costs what page 1 does.
-
-export const DELIVERY_OUTCOMES: readonly DeliveryOutcome[] = [
-  'applied',
-  'duplicate_effect',
-  'stale',
-  'unknown_status',
-  'unmatched',
-  'ignored',
-  'invalid',
-  'trade_mismatch',
-  'lease_lost',
-]
 
 export interface DeliveryFilter {
   tradeId?: string | undefined

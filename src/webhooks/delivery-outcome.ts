@@ -1,0 +1,17 @@
+// What a stored delivery did, in one list with no imports: the CLI validates `--outcome` against it
+// without loading the database code, and the metrics create their label values from it.
+
+export const DELIVERY_OUTCOMES = [
+  'applied',
+  'duplicate_effect',
+  'stale',
+  'unknown_status',
+  'unmatched',
+  'ignored',
+  'invalid',
+  'trade_mismatch',
+  // a poll's outcome, in the type because a delivery's is the observation's; never a webhook's
+  'lease_lost',
+] as const
+
+export type DeliveryOutcome = (typeof DELIVERY_OUTCOMES)[number]
