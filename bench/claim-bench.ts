@@ -12,6 +12,7 @@ export interface ClaimResult {
   plan: string
 }
 
+const CHUNK = 1_000_000
 const ROLLBACK = new Error('rollback: measure without consuming the due orders')
 
 export async function runClaimBench(
@@ -28,15 +29,18 @@ export async function runClaimBench(
     for (const orders of orderCounts ?? (quick ? [10_000, 100_000] : [10_000, 1_000_000])) {
       await sql`truncate orders restart identity cascade`.execute(database.db)
       // 1% due now, 20% due later, the rest terminal (next_poll_at null: outside the partial index)
-      await sql`
-        insert into orders (external_reference, trade_id, trade_status, status_rank, is_terminal, next_poll_at)
-        select 'c-' || i, 't-' || i,
-          case when i % 100 < 21 then 'funded' else 'released' end,
-          case when i % 100 < 21 then 20 else 60 end,
-          i % 100 >= 21,
-          case when i % 100 = 0 then now() - (i % 1000) * interval '1 second'
-               when i % 100 < 21 then now() + interval '1 hour' end
-        from generate_series(1, ${orders}::int) i`.execute(database.db)
+      // in chunks: one statement per million rows stays within the connection's read timeout
+      for (let from = 1; from <= orders; from += CHUNK) {
+        await sql`
+          insert into orders (external_reference, trade_id, trade_status, status_rank, is_terminal, next_poll_at)
+          select 'c-' || i, 't-' || i,
+            case when i % 100 < 21 then 'funded' else 'released' end,
+            case when i % 100 < 21 then 20 else 60 end,
+            i % 100 >= 21,
+            case when i % 100 = 0 then now() - (i % 1000) * interval '1 second'
+                 when i % 100 < 21 then now() + interval '1 hour' end
+          from generate_series(${from}::int, ${Math.min(orders, from + CHUNK - 1)}::int) i`.execute(database.db)
+      }
       await sql`analyze orders`.execute(database.db)
       const timings: number[] = []
       const options = { now: new Date(), limit: 100, leaseS: 300, leaseToken: randomUUID() }

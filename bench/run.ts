@@ -324,7 +324,11 @@ async function growthRuns(dist: string): Promise<GrowthResult> {
       )
     }
     allRuns.push(...empty, ...grown)
-    return { seed, empty, grown, dedup: await explainDedupLookups(url) }
+    // on stderr as soon as measured: a later part that fails does not take these with it
+    process.stderr.write(`growth: ${JSON.stringify({ seed, empty, grown })}\n`)
+    const dedup = await explainDedupLookups(url)
+    process.stderr.write(`growth: dedup lookups index-only: ${dedup.indexOnly}\n${dedup.plans}\n`)
+    return { seed, empty, grown, dedup }
   })
   const claim = await withSchema((url) => runClaimBench(url, { quick, sizes: [10_000, claimOrders] }))
   return { ...result, claim }
