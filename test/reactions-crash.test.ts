@@ -11,6 +11,7 @@ import path from 'node:path'
 import type { ChildProcess } from 'node:child_process'
 import { afterAll, beforeAll, expect, it } from 'vitest'
 import { applyObservation } from '../src/orders/apply-observation.js'
+import { unfinishedReactionJobs } from './helpers/reaction-jobs.js'
 import { createOrder } from './helpers/orders.js'
 import { FORWARDER_HANDLER } from '../src/reactions/configured-reactions.js'
 import { spawnCli, waitForLogLine } from './helpers/cli-process.js'
@@ -100,17 +101,7 @@ describePostgres('the compiled serve killed mid-handler (Postgres)', () => {
     const second = spawnCli(['serve'], env, { built: true })
     children.push(second)
     await waitForLogLine(second, 'service listening', 120_000)
-    const unfinished = async () =>
-      Number(
-        (
-          await database.db
-            .selectFrom('reactionJobs')
-            .select((eb) => eb.fn.countAll<string>().as('n'))
-            .where('state', '<>', 'done')
-            .executeTakeFirstOrThrow()
-        ).n,
-      )
-    await eventually(async () => (await unfinished()) === 0, 'every job is done', 240_000)
+    await eventually(async () => (await unfinishedReactionJobs(database.db)) === 0, 'every job is done', 240_000)
     second.kill('SIGTERM')
     await once(second, 'exit')
 

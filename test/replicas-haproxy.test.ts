@@ -24,6 +24,7 @@ import path from 'node:path'
 import { sql } from 'kysely'
 import { afterAll, beforeAll, describe, expect, it } from 'vitest'
 import { systemClock } from '../src/clock.js'
+import { unfinishedReactionJobs } from './helpers/reaction-jobs.js'
 import { createOrder } from './helpers/orders.js'
 import { PartnerApiClient } from '../src/partner-api/partner-api.client.js'
 import { createSandbox, type Sandbox } from '../src/sandbox/create-sandbox.js'
@@ -310,17 +311,7 @@ describeReplicas('three replicas behind HAProxy: a kill and a rolling restart un
       return orders.filter((order) => platform.get(order.externalReference) !== order.tradeStatus)
     }
     await eventually(async () => (await mismatched()).length === 0, 'every order is at its platform status', 240_000)
-    const unfinishedJobs = async () =>
-      Number(
-        (
-          await database.db
-            .selectFrom('reactionJobs')
-            .select((eb) => eb.fn.countAll<string>().as('n'))
-            .where('state', '<>', 'done')
-            .executeTakeFirstOrThrow()
-        ).n,
-      )
-    await eventually(async () => (await unfinishedJobs()) === 0, 'every reaction job is done', 240_000)
+    await eventually(async () => (await unfinishedReactionJobs(database.db)) === 0, 'every reaction job is done', 240_000)
 
     // the others stop as a deploy would stop them
     for (const proc of [replicas[2]!, restarted]) {

@@ -1,0 +1,13 @@
+// Waiting on reaction jobs in tests that run the service: how many are not done yet.
+import type { Kysely } from 'kysely'
+import type { Database } from '../../src/db/database.js'
+
+/** Reaction jobs in any state but done (pending, running, failed, skipped). */
+export async function unfinishedReactionJobs(db: Kysely<Database>): Promise<number> {
+  const row = await db
+    .selectFrom('reactionJobs')
+    .select((eb) => eb.fn.countAll<string>().as('n'))
+    .where('state', '<>', 'done')
+    .executeTakeFirstOrThrow()
+  return Number(row.n)
+}
