@@ -229,49 +229,52 @@ export async function startService({
     let pruner: Pruner | undefined
     const startUp = new AbortController()
     stops.push({ name: 'database start-up', stop: () => startUp.abort(), takesWork: 'claims' })
+    // a loop that claims work: started, and stopped at the signal (its claims given back), before the database
+    const runLoop = async <T extends { start(): void | Promise<void>; stop(): Promise<void> }>(name: string, loop: T) => {
+      await loop.start()
+      stops.push({ name, stop: () => loop.stop(), takesWork: 'claims' })
+      return loop
+    }
     const whenReady = (async () => {
       const { applied } = await prepareDatabase({ db: database.db, logger, clock, signal: startUp.signal })
       logger.info({ applied, database: database.kind }, 'migrations applied')
       if (startUp.signal.aborted || draining) return
       if (config.poll.enabled) {
-        poller = pollerOf(`${hostname()}:${process.pid}`, metrics ? metrics.pollerHooks(clock) : {})
-        poller.start()
-        const running = poller
-        stops.push({ name: 'poller', stop: () => running.stop(), takesWork: 'claims' })
+        poller = await runLoop('poller', pollerOf(`${hostname()}:${process.pid}`, metrics ? metrics.pollerHooks(clock) : {}))
       }
-      // every replica runs one; stopped first (stops run in reverse), before the database
-      dispatcher = createDispatcher({
-        db: database.db,
-        handler: reactions.handler,
-        clock,
-        logger,
-        listen: database.listen,
-        settings: {
-          ...DEFAULT_DISPATCHER_SETTINGS,
-          concurrency: config.reactions.concurrency,
-          maxAttempts: config.reactions.maxAttempts,
-          leaseMs: config.reactions.leaseS * 1000,
-          // from the signal on, beside the public listener, which has the same half after the drain delay
-          shutdownTimeoutMs: Math.floor(config.shutdownTimeoutMs / 2),
-        },
-        ...(metrics ? metrics.reactionHooks(reactions.names) : {}),
-      })
-      await dispatcher.start()
-      const reacting = dispatcher
-      stops.push({ name: 'reaction dispatcher', stop: () => reacting.stop(), takesWork: 'claims' })
+      // every replica runs one
+      dispatcher = await runLoop(
+        'reaction dispatcher',
+        createDispatcher({
+          db: database.db,
+          handler: reactions.handler,
+          clock,
+          logger,
+          listen: database.listen,
+          settings: {
+            ...DEFAULT_DISPATCHER_SETTINGS,
+            concurrency: config.reactions.concurrency,
+            maxAttempts: config.reactions.maxAttempts,
+            leaseMs: config.reactions.leaseS * 1000,
+            // from the signal on, beside the public listener, which has the same half after the drain delay
+            shutdownTimeoutMs: Math.floor(config.shutdownTimeoutMs / 2),
+          },
+          ...(metrics ? metrics.reactionHooks(reactions.names) : {}),
+        }),
+      )
       // every replica runs the loop; the advisory lock lets one prune at a time. Stopped at the signal, between batches.
-      pruner = createPruner({
-        db: database.db,
-        kind: database.kind,
-        clock,
-        logger,
-        settings: prunerSettings(config.retention),
-        onPruned: metrics?.retentionHooks.onPruned,
-        onPass: metrics ? (_result, finishedAt) => metrics.retentionHooks.onPass(finishedAt) : undefined,
-      })
-      pruner.start()
-      const pruning = pruner
-      stops.push({ name: 'pruner', stop: () => pruning.stop(), takesWork: 'claims' })
+      pruner = await runLoop(
+        'pruner',
+        createPruner({
+          db: database.db,
+          kind: database.kind,
+          clock,
+          logger,
+          settings: prunerSettings(config.retention),
+          onPruned: metrics?.retentionHooks.onPruned,
+          onPass: metrics ? (_result, finishedAt) => metrics.retentionHooks.onPass(finishedAt) : undefined,
+        }),
+      )
       ready = true
       logger.info(
         { url: server.url, adminUrl: adminServer.url, database: database.kind, webhookPath: config.webhook.path },

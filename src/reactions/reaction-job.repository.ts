@@ -322,6 +322,9 @@ export async function findJob(db: Kysely<Database>, id: string): Promise<(Reacti
 
 export type OperatorResult = 'retried' | 'skipped' | 'not_found' | 'not_allowed'
 
+// what an operator's retry writes: pending now, attempts counted from zero
+const retried = (now: Date) => ({ state: 'pending' as const, runAt: now, attempts: 0, finishedAt: null, updatedAt: now })
+
 /**
  * An operator's retry: a failed (or backing-off pending) job runs again now, with its attempts counted
  * from zero. A running, done or skipped job is not touched.
@@ -329,7 +332,7 @@ export type OperatorResult = 'retried' | 'skipped' | 'not_found' | 'not_allowed'
 export async function retryJob(db: Kysely<Database>, id: string, now: Date): Promise<{ result: OperatorResult; state?: ReactionJobState }> {
   const updated = await db
     .updateTable('reactionJobs')
-    .set({ state: 'pending', runAt: now, attempts: 0, finishedAt: null, updatedAt: now })
+    .set(retried(now))
     .where('id', '=', id)
     .where('state', 'in', ['failed', 'pending'])
     .returning('id')
@@ -345,7 +348,7 @@ export async function retryJob(db: Kysely<Database>, id: string, now: Date): Pro
 export async function retryFailedJobs(db: Kysely<Database>, now: Date): Promise<string[]> {
   const rows = await db
     .updateTable('reactionJobs')
-    .set({ state: 'pending', runAt: now, attempts: 0, finishedAt: null, updatedAt: now })
+    .set(retried(now))
     .where('state', '=', 'failed')
     .returning('id')
     .execute()
