@@ -15,7 +15,7 @@ import type { Database } from '../src/db/database.js'
 import { migrateToLatest } from '../src/db/migrate.js'
 import { openDatabase } from '../src/db/open-database.js'
 import { type Kysely, sql } from 'kysely'
-import { createApp } from '../src/http/app.js'
+import { type App, createApp } from '../src/http/app.js'
 import { listen } from '../src/http/server.js'
 import { createLogger } from '../src/logger.js'
 import { BENCH_SECRET } from './bench-secrets.js'
@@ -25,22 +25,25 @@ const databaseUrl = process.env.BENCH_DATABASE_URL || undefined
 const poolSize = 10
 
 async function main(): Promise<void> {
-  let app: express.Express
+  let app: App
   if (kind === 'bare') {
-    app = express()
-    app.post('/webhooks/partner', (_req, res) => {
+    const bare = express()
+    bare.post('/webhooks/partner', (_req, res) => {
       res.json({ received: true })
     })
+    app = bare
   } else if (kind === 'receiver') {
-    app = express()
-    app.post('/forward', (req, res) => {
+    const receiver = express()
+    receiver.post('/forward', (req, res) => {
       req.resume()
       req.once('end', () => res.status(204).end())
     })
+    app = receiver
   } else if (kind === 'minimal') {
     const pool = new pg.Pool({ connectionString: databaseUrl, max: poolSize })
-    app = express()
-    app.post('/webhooks/partner', async (req, res) => {
+    const minimal = express()
+    app = minimal
+    minimal.post('/webhooks/partner', async (req, res) => {
       const body = await getRawBody(req, { limit: 256 * 1024 })
       const header = req.get('x-partner-signature') ?? ''
       const expected = createHmac('sha256', BENCH_SECRET).update(body).digest()

@@ -6,12 +6,11 @@ import { existsSync, mkdirSync } from 'node:fs'
 import type { Server } from 'node:http'
 import type { AddressInfo } from 'node:net'
 import path from 'node:path'
-import type { Express } from 'express'
 import { type Browser, chromium, type Page } from 'playwright-core'
 import { afterAll, beforeAll, describe, expect, it } from 'vitest'
 import { systemClock } from '../src/clock.js'
 import { createAdminApp } from '../src/http/admin-app.js'
-import { createApp } from '../src/http/app.js'
+import { type App, createApp } from '../src/http/app.js'
 import { applyObservation } from '../src/orders/apply-observation.js'
 import { findOrderByExternalReference } from '../src/orders/order.repository.js'
 import { createOrder } from './helpers/orders.js'
@@ -36,7 +35,7 @@ if (!existsSync(CHROMIUM) && !process.env.CI) {
 
 describeBrowser('operator console in headless Chromium', () => {
   let database: TestDatabase
-  let app: Express
+  let app: App
   let server: Server
   let base: string
   let browser: Browser

@@ -5,7 +5,7 @@ import request from 'supertest'
 import { afterAll, beforeAll, describe, expect, it } from 'vitest'
 import { systemClock } from '../src/clock.js'
 import { createAdminApp } from '../src/http/admin-app.js'
-import { createApp } from '../src/http/app.js'
+import { type App, createApp } from '../src/http/app.js'
 import { findOrderByExternalReference, orderHistory } from '../src/orders/order.repository.js'
 import { createPoller } from '../src/reconcile/poller.js'
 import { findDelivery, recordDelivery } from '../src/webhooks/delivery.repository.js'
@@ -67,7 +67,7 @@ function formFields(page: string): Record<string, string> {
 
 describe('operator console', () => {
   let database: TestDatabase
-  let app: Express
+  let app: App
   let admin: Express
   const fetcher = fakeTradeApi()
 

@@ -1,8 +1,7 @@
 import { sign as octokitSign } from '@octokit/webhooks-methods'
-import type { Express } from 'express'
 import { describe, expect, it } from 'vitest'
 import { systemClock } from '../src/clock.js'
-import { createApp } from '../src/http/app.js'
+import { type App, createApp } from '../src/http/app.js'
 import { createEventHandlers, type EventHandler, type EventName } from '../src/webhooks/event-handlers.js'
 import { signWebhookBody, verifySignature } from '../src/webhooks/verify-signature.js'
 import { testLogger } from './helpers/log-sink.js'
@@ -51,7 +50,7 @@ describe('event handlers given to the app', () => {
         .where('deliveryId', '=', deliveryId)
         .executeTakeFirstOrThrow()
     ).outcome
-  const appWith = (register?: (events: ReturnType<typeof createEventHandlers>) => void): Express => {
+  const appWith = (register?: (events: ReturnType<typeof createEventHandlers>) => void): App => {
     const eventHandlers = createEventHandlers()
     register?.(eventHandlers)
     return createApp({ config, db: database.db, logger: testLogger(config.webhook.secrets), clock: systemClock, eventHandlers })

@@ -1,7 +1,6 @@
-import type { Express } from 'express'
 import { afterAll, beforeAll, expect, it } from 'vitest'
 import { systemClock } from '../src/clock.js'
-import { createApp } from '../src/http/app.js'
+import { type App, createApp } from '../src/http/app.js'
 import { findOrderByExternalReference, orderHistory } from '../src/orders/order.repository.js'
 import { createOrder } from './helpers/orders.js'
 import { statusRank } from '../src/orders/trade-status.js'
@@ -26,7 +25,7 @@ function shuffled<T>(items: T[], seed: number): T[] {
 
 describePostgres('ingest under concurrency (Postgres)', () => {
   let database: TestDatabase
-  let app: Express
+  let app: App
 
   beforeAll(async () => {
     database = await createTestDatabase({ poolSize: 20 })

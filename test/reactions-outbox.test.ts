@@ -1,11 +1,10 @@
 // The outbox: every transition writes its event (the history row) and its reaction jobs in the statement
 // that moves the order, whatever brought the transition; stale, duplicate and no-op observations write none.
 import { randomBytes } from 'node:crypto'
-import type { Express } from 'express'
 import { sql } from 'kysely'
 import { afterAll, beforeAll, describe, expect, it } from 'vitest'
 import { systemClock } from '../src/clock.js'
-import { createApp } from '../src/http/app.js'
+import { type App, createApp } from '../src/http/app.js'
 import { applyObservation } from '../src/orders/apply-observation.js'
 import { findOrderByExternalReference } from '../src/orders/order.repository.js'
 import { createOrder } from './helpers/orders.js'
@@ -28,7 +27,7 @@ const settings = { staleAfterS: 3_600, handlersFor: reactions.handlersFor }
 
 describe('the reaction outbox', () => {
   let database: TestDatabase
-  let app: Express
+  let app: App
   let counter = 0
   const reference = () => `outbox-${++counter}`
 

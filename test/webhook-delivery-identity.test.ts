@@ -2,11 +2,10 @@
 // the same id with another verified body is a reused id, stored and applied; and the body stored is the
 // bytes received, byte-order mark and all.
 import { createHash, createHmac, randomUUID } from 'node:crypto'
-import type { Express } from 'express'
 import fc from 'fast-check'
 import { type KyselyPlugin, sql } from 'kysely'
 import { afterAll, beforeAll, describe, expect, it } from 'vitest'
-import { createApp } from '../src/http/app.js'
+import { type App, createApp } from '../src/http/app.js'
 import { createMetrics, type Metrics } from '../src/metrics/metrics.js'
 import { findOrderByExternalReference, orderHistory } from '../src/orders/order.repository.js'
 import { createOrder } from './helpers/orders.js'
@@ -22,7 +21,7 @@ const sha256 = (bytes: string | Buffer) => createHash('sha256').update(bytes).di
 
 describe('a delivery is its id and its body', () => {
   let database: TestDatabase
-  let app: Express
+  let app: App
   let metrics: Metrics
   let clock: FakeClock
   // every statement the app sends, to tell a retry answered from memory from one that asked the database
@@ -197,7 +196,7 @@ describe('a delivery is its id and its body', () => {
 
 describePostgres('a delivery received by two replicas at once (Postgres)', () => {
   let database: TestDatabase
-  let replicas: Express[]
+  let replicas: App[]
   let closeOther: () => Promise<void>
 
   beforeAll(async () => {

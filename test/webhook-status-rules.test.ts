@@ -2,10 +2,9 @@
 // never moves an order (it makes the order due for a poll), no status is entered twice, and no sequence
 // of signed deliveries, replayed under fresh or reused ids in any order, makes an order oscillate.
 import { randomUUID } from 'node:crypto'
-import type { Express } from 'express'
 import fc from 'fast-check'
 import { afterAll, beforeAll, describe, expect, it } from 'vitest'
-import { createApp } from '../src/http/app.js'
+import { type App, createApp } from '../src/http/app.js'
 import { findOrderByExternalReference, orderHistory } from '../src/orders/order.repository.js'
 import { createOrder } from './helpers/orders.js'
 import { isTerminalStatus, statusRank } from '../src/orders/trade-status.js'
@@ -23,7 +22,7 @@ const UNKNOWN = ['milestone_delivered', 'milestone_funded', 'on_hold']
 
 describe('the status rules over HTTP', () => {
   let database: TestDatabase
-  let app: Express
+  let app: App
   let clock: FakeClock
 
   beforeAll(async () => {

@@ -1,9 +1,9 @@
 import { execFileSync } from 'node:child_process'
+import request from 'supertest'
 import { sign as octokitSign } from '@octokit/webhooks-methods'
-import type { Express } from 'express'
 import { afterAll, beforeAll, beforeEach, describe, expect, it } from 'vitest'
 import { systemClock } from '../src/clock.js'
-import { createApp } from '../src/http/app.js'
+import { type App, createApp } from '../src/http/app.js'
 import { findOrderByExternalReference, orderHistory } from '../src/orders/order.repository.js'
 import { createOrder } from './helpers/orders.js'
 import { rememberSecret, testLogger } from './helpers/log-sink.js'
@@ -17,7 +17,7 @@ const config = testConfig({ WEBHOOK_SECRETS: `${TEST_WEBHOOK_SECRET},${NEXT_SECR
 
 describe('the webhook contract', () => {
   let database: TestDatabase
-  let app: Express
+  let app: App
   let counter = 0
   const reference = () => `order-${++counter}`
 
@@ -55,6 +55,28 @@ describe('the webhook contract', () => {
     expect(await orderHistory(database.db, order!.id)).toMatchObject([
       { fromStatus: null, toStatus: 'funded', source: 'webhook', deliveryId: `dlv-${ref}` },
     ])
+  })
+
+  // the exact path skips Express; the variants Express matches reach the same endpoint through it
+  it.each(['/webhooks/partner?attempt=2', '/webhooks/partner/', '/Webhooks/Partner'])(
+    'applies a delivery POSTed to %s like one to the exact path, and refuses one unsigned there too',
+    async (path) => {
+      const ref = reference()
+      await createOrder(database.db, { externalReference: ref })
+      const response = await sendWebhook(app, { body: tradePayload(ref, 'funded'), path })
+      expect(response.status).toBe(200)
+      expect(response.body).toEqual({ received: true })
+      expect(await findOrderByExternalReference(database.db, ref)).toMatchObject({ tradeStatus: 'funded' })
+      const unsigned = await sendWebhook(app, { body: tradePayload(ref, 'delivered'), path, signature: null })
+      expect(unsigned.status).toBe(401)
+      expect(unsigned.body).toEqual({ error: { code: 'invalid_signature', message: expect.any(String) } })
+    },
+  )
+
+  it('answers 404 in the error shape to other methods on the webhook path', async () => {
+    const response = await request(app).get('/webhooks/partner')
+    expect(response.status).toBe(404)
+    expect(response.body).toMatchObject({ error: { code: 'not_found' } })
   })
 
   it('answers 200 duplicate and stores nothing new for a seen delivery id', async () => {

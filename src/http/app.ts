@@ -1,7 +1,10 @@
-// The public Express application, what the platform reaches: the webhook path, /healthz and /readyz,
-// nothing else (metrics and operator endpoints are on the operator listener, admin-app.ts). Built from
-// its dependencies; it never listens (see server.ts).
-import express, { type Express } from 'express'
+// The public application, what the platform reaches: the webhook path, /healthz and /readyz, nothing
+// else (metrics and operator endpoints are on the operator listener, admin-app.ts). Built from its
+// dependencies; it never listens (see server.ts). POST to the webhook path goes straight to its endpoint
+// on Node's own request and response (webhook-endpoint.ts: the hot path, without Express's per-request
+// work); everything else to Express.
+import type { IncomingMessage, ServerResponse } from 'node:http'
+import express from 'express'
 import type { Kysely } from 'kysely'
 import type { Clock } from '../clock.js'
 import type { Config } from '../config.js'
@@ -12,10 +15,10 @@ import { observationSettings } from '../orders/observations.js'
 import type { ReactionRouting } from '../reactions/reaction-registry.js'
 import { errorHandler, notFoundHandler } from './error-handler.js'
 import { healthRoutes } from './health.routes.js'
-import { InflightBodyBudget, reserveBodyBytes } from './inflight-body-budget.js'
+import { InflightBodyBudget } from './inflight-body-budget.js'
 import { createDeliveryIngest, type DeliveryIngest } from '../webhooks/delivery-ingest.js'
 import { createEventHandlers, type EventHandlers } from '../webhooks/event-handlers.js'
-import { webhookRoutes } from '../webhooks/webhook.routes.js'
+import { webhookEndpoint } from '../webhooks/webhook-endpoint.js'
 
 export interface AppDeps {
   config: Config
@@ -39,7 +42,25 @@ export interface AppDeps {
   ingest?: DeliveryIngest | undefined
 }
 
-export function createApp(deps: AppDeps): Express {
+/** A request listener for Node's http server (and supertest). */
+export type App = (req: IncomingMessage, res: ServerResponse) => void
+
+export function createApp(deps: AppDeps): App {
+  const ingest =
+    deps.ingest ??
+    createDeliveryIngest({ ...deps, settings: observationSettings(deps.config.poll, deps.reactions?.handlersFor) })
+  const path = deps.config.webhook.path
+  const webhook = webhookEndpoint({
+    ...deps,
+    ...ingest,
+    eventHandlers: deps.eventHandlers ?? createEventHandlers(),
+    path,
+    bodyLimitBytes: deps.config.webhook.bodyLimitBytes,
+    // body bytes are reserved before a byte is read, so held-open bodies cannot grow the process's memory
+    budget: new InflightBodyBudget(deps.config.limits.maxInflightBodyBytes),
+    secrets: deps.config.webhook.secrets,
+  })
+
   const app = express()
   app.disable('x-powered-by')
   app.set('trust proxy', false)
@@ -51,26 +72,20 @@ export function createApp(deps: AppDeps): Express {
     })
   }
   app.use(healthRoutes(deps))
-  // body bytes are reserved before a byte is read, so held-open bodies cannot grow the process's memory
-  const budget = new InflightBodyBudget(deps.config.limits.maxInflightBodyBytes)
-  app.post(
-    deps.config.webhook.path,
-    reserveBodyBytes({ budget, bodyLimitBytes: deps.config.webhook.bodyLimitBytes, metrics: deps.metrics }),
-  )
-  const ingest =
-    deps.ingest ??
-    createDeliveryIngest({ ...deps, settings: observationSettings(deps.config.poll, deps.reactions?.handlersFor) })
-  app.use(
-    webhookRoutes({
-      ...deps,
-      ...ingest,
-      eventHandlers: deps.eventHandlers ?? createEventHandlers(),
-      path: deps.config.webhook.path,
-      bodyLimitBytes: deps.config.webhook.bodyLimitBytes,
-      secrets: deps.config.webhook.secrets,
-    }),
-  )
+  // the path as Express matches it (a trailing slash, another letter case): the same endpoint
+  app.post(path, (req, res) => webhook(req, res))
   app.use(notFoundHandler())
   app.use(errorHandler(deps.logger))
-  return app
+
+  // the exact path, as the platform is configured to send it, skips Express
+  return (req, res) => {
+    if (req.method === 'POST' && pathOf(req.url) === path) webhook(req, res)
+    else app(req, res)
+  }
+}
+
+function pathOf(url: string | undefined): string {
+  if (url === undefined) return ''
+  const query = url.indexOf('?')
+  return query === -1 ? url : url.slice(0, query)
 }

@@ -1,7 +1,7 @@
 import type { ErrorRequestHandler, RequestHandler } from 'express'
 import { describeDatabaseError, loggableError } from '../db/database-errors.js'
 import type { Logger } from '../logger.js'
-import { AppError, errorBody } from './app-error.js'
+import { AppError, type ErrorBody, errorBody } from './app-error.js'
 
 export function notFoundHandler(): RequestHandler {
   return (req, res) => {
@@ -9,34 +9,36 @@ export function notFoundHandler(): RequestHandler {
   }
 }
 
-/** Turns every error into {"error":{"code","message"}}; never a stack trace in the body. */
+/**
+ * What an error is answered with: {"error":{"code","message"}}, never a stack trace in the body. Logs the
+ * errors an operator must see (the database's, and anything unexpected: a 500).
+ */
+export function errorAnswer(error: unknown, logger: Logger, path: string): { status: number; body: ErrorBody } {
+  if (error instanceof AppError) return { status: error.status, body: errorBody(error.code, error.message) }
+  const database = describeDatabaseError(error)
+  if (database.kind === 'unavailable' || database.kind === 'conflict' || database.kind === 'overloaded') {
+    logger.warn({ err: database, path }, 'database unavailable')
+    return { status: 503, body: errorBody('database_unavailable', 'The database is unavailable; retry later') }
+  }
+  if (database.kind === 'refused_data') {
+    logger.warn({ err: database, path }, 'request data refused by the database')
+    return { status: 400, body: errorBody('invalid_payload', 'The database refused the request’s data') }
+  }
+  // errors raised by Express's own body parsers and raw-body carry a status and a type
+  const status = (error as { status?: unknown }).status
+  if (typeof status === 'number' && status >= 400 && status < 500) {
+    const code = status === 413 ? 'payload_too_large' : status === 408 ? 'request_timeout' : 'invalid_payload'
+    return { status, body: errorBody(code, (error as Error).message) }
+  }
+  logger.error({ err: loggableError(error), path }, 'unhandled error')
+  return { status: 500, body: errorBody('internal_error', 'Internal error') }
+}
+
+/** Express's last middleware: every error in the one shape (errorAnswer). */
 export function errorHandler(logger: Logger): ErrorRequestHandler {
   return (error, req, res, next) => {
     if (res.headersSent) return next(error)
-    if (error instanceof AppError) {
-      res.status(error.status).json(errorBody(error.code, error.message))
-      return
-    }
-    const database = describeDatabaseError(error)
-    if (database.kind === 'unavailable' || database.kind === 'conflict' || database.kind === 'overloaded') {
-      logger.warn({ err: database, path: req.path }, 'database unavailable')
-      res.status(503).json(errorBody('database_unavailable', 'The database is unavailable; retry later'))
-      return
-    }
-    if (database.kind === 'refused_data') {
-      logger.warn({ err: database, path: req.path }, 'request data refused by the database')
-      res.status(400).json(errorBody('invalid_payload', 'The database refused the request’s data'))
-      return
-    }
-    // errors raised by Express's own body parsers and raw-body carry a status and a type
-    const status = (error as { status?: unknown }).status
-    if (typeof status === 'number' && status >= 400 && status < 500) {
-      const code =
-        status === 413 ? 'payload_too_large' : status === 408 ? 'request_timeout' : 'invalid_payload'
-      res.status(status).json(errorBody(code, (error as Error).message))
-      return
-    }
-    logger.error({ err: loggableError(error), path: req.path }, 'unhandled error')
-    res.status(500).json(errorBody('internal_error', 'Internal error'))
+    const { status, body } = errorAnswer(error, logger, req.path)
+    res.status(status).json(body)
   }
 }

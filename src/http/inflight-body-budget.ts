@@ -3,9 +3,10 @@
 // of its body is read, and gives it back when its answer is sent or its connection closes. Past the
 // budget it is answered 503 `overloaded` at once and its connection closed: clients that open many
 // requests and never finish their bodies hold at most the budget, not the process's memory.
-import type { RequestHandler } from 'express'
+import type { IncomingMessage, ServerResponse } from 'node:http'
 import type { Metrics } from '../metrics/metrics.js'
 import { errorBody } from './app-error.js'
+import { writeJson } from './json-answer.js'
 
 export class InflightBodyBudget {
   private reserved = 0
@@ -28,38 +29,31 @@ export class InflightBodyBudget {
   }
 }
 
-export function reserveBodyBytes({
-  budget,
-  bodyLimitBytes,
-  metrics,
-}: {
-  budget: InflightBodyBudget
-  bodyLimitBytes: number
-  metrics?: Metrics | undefined
-}): RequestHandler {
-  return (req, res, next) => {
-    const announced = req.headers['content-length']
-    const length = announced === undefined ? undefined : Number(announced)
-    // a malformed length or one over the limit is refused by the body reader (400, 413) without reading
-    if (length !== undefined && !(Number.isSafeInteger(length) && length >= 0 && length <= bodyLimitBytes)) {
-      next()
-      return
-    }
-    const bytes = length ?? bodyLimitBytes
-    if (!budget.tryReserve(bytes)) {
-      metrics?.requestsRefused.inc({ reason: 'body_budget' })
-      res.set('Connection', 'close')
-      res.set('Retry-After', '1')
-      res
-        .status(503)
-        .json(errorBody('overloaded', 'Too many request bodies are being received at once; retry later'))
-      return
-    }
-    metrics?.inflightBodyBytes.inc(bytes)
-    res.once('close', () => {
-      budget.release(bytes)
-      metrics?.inflightBodyBytes.dec(bytes)
-    })
-    next()
+/**
+ * Reserves the request's body bytes before a byte is read; they are given back when its answer is sent or
+ * its connection closes. False: the budget is spent, and the request was answered 503 `overloaded`.
+ */
+export function reserveBodyBytes(
+  req: IncomingMessage,
+  res: ServerResponse,
+  { budget, bodyLimitBytes, metrics }: { budget: InflightBodyBudget; bodyLimitBytes: number; metrics?: Metrics | undefined },
+): boolean {
+  const announced = req.headers['content-length']
+  const length = announced === undefined ? undefined : Number(announced)
+  // a malformed length or one over the limit is refused by the body reader (400, 413) without reading
+  if (length !== undefined && !(Number.isSafeInteger(length) && length >= 0 && length <= bodyLimitBytes)) return true
+  const bytes = length ?? bodyLimitBytes
+  if (!budget.tryReserve(bytes)) {
+    metrics?.requestsRefused.inc({ reason: 'body_budget' })
+    res.setHeader('Connection', 'close')
+    res.setHeader('Retry-After', '1')
+    writeJson(res, 503, errorBody('overloaded', 'Too many request bodies are being received at once; retry later'))
+    return false
   }
+  metrics?.inflightBodyBytes.inc(bytes)
+  res.once('close', () => {
+    budget.release(bytes)
+    metrics?.inflightBodyBytes.dec(bytes)
+  })
+  return true
 }

@@ -4,7 +4,6 @@ import { once } from 'node:events'
 import http, { STATUS_CODES } from 'node:http'
 import type { Duplex } from 'node:stream'
 import type { AddressInfo } from 'node:net'
-import type { Express } from 'express'
 import { type ErrorCode, errorBody } from './app-error.js'
 
 export interface ServerTimeouts {
@@ -27,7 +26,7 @@ export interface RunningServer {
 }
 
 export async function listen(
-  app: Express,
+  app: http.RequestListener,
   {
     port,
     host,

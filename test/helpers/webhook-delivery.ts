@@ -1,6 +1,6 @@
 // Signing and sending webhooks as the platform does, for tests.
 import { createHmac, randomUUID } from 'node:crypto'
-import type { Express } from 'express'
+import type { App } from '../../src/http/app.js'
 import request from 'supertest'
 import { rememberSecret } from './log-sink.js'
 import { TEST_WEBHOOK_SECRET } from './test-config.js'
@@ -24,7 +24,7 @@ export interface SendOptions {
 }
 
 /** POSTs a signed delivery through supertest; `signature: null` sends none, a string sends that. */
-export function sendWebhook(app: Express, options: SendOptions) {
+export function sendWebhook(app: App, options: SendOptions) {
   const raw =
     typeof options.body === 'string' || Buffer.isBuffer(options.body) ? options.body : JSON.stringify(options.body)
   // superagent would re-serialize a Buffer sent as JSON; bytes go as they are under another type

@@ -1,0 +1,113 @@
+// POST {WEBHOOK_PATH}, on Node's own request and response: the platform's one hot path does not go through
+// Express (its router, its request and response prototypes, res.json's ETag cost more than the rest of a
+// duplicate's answer; bench/results/latest.md). app.ts sends the exact path here first and mounts the same
+// endpoint in Express for the variants Express also matches (a trailing slash, another letter case).
+//
+// The body's bytes are reserved in the in-flight budget, then read with raw-body under the size limit (a
+// Content-Length over it is refused before a byte is read; a streamed body is cut off at the limit), then
+// handed to receiveWebhook. Answers follow the contract table in README.md; errors get the one error shape
+// (errorAnswer, as Express's error middleware gives).
+import type { IncomingMessage, ServerResponse } from 'node:http'
+import getRawBody from 'raw-body'
+import { loggableError } from '../db/database-errors.js'
+import { AppError } from '../http/app-error.js'
+import { errorAnswer } from '../http/error-handler.js'
+import { type InflightBodyBudget, reserveBodyBytes } from '../http/inflight-body-budget.js'
+import { writeJson } from '../http/json-answer.js'
+import type { Metrics } from '../metrics/metrics.js'
+import { loggableDeliveryId, type ReceiveDeps, receiveWebhook } from './receive-webhook.js'
+
+/** The writer (group commit) and the memory of stored ids come made (delivery-ingest.ts). */
+export interface WebhookEndpointDeps extends ReceiveDeps {
+  path: string
+  bodyLimitBytes: number
+  /** MAX_INFLIGHT_BODY_BYTES, shared by every request of the listener. */
+  budget: InflightBodyBudget
+  metrics?: Metrics | undefined
+  /** False while the service waits for its database at start-up. */
+  isReady?: (() => boolean) | undefined
+  /** True once a signal arrived: every answer closes its connection. */
+  isDraining?: (() => boolean) | undefined
+}
+
+export type WebhookEndpoint = (req: IncomingMessage, res: ServerResponse) => void
+
+// The two answers a stored delivery gets, encoded once
+const RECEIVED = Buffer.from(JSON.stringify({ received: true }))
+const RECEIVED_DUPLICATE = Buffer.from(JSON.stringify({ received: true, duplicate: true }))
+
+export function webhookEndpoint(deps: WebhookEndpointDeps): WebhookEndpoint {
+  const { logger, metrics } = deps
+  // prom-client finds a labelled child by hashing its labels on every call: each outcome's is kept
+  const counted = memo((outcome: string) => metrics?.deliveries.labels({ outcome }))
+  const timed = memo((outcome: string) => metrics?.ingestSeconds.labels({ outcome }))
+
+  const receive = async (req: IncomingMessage, res: ServerResponse, deliveryId: string | undefined) => {
+    if (deps.isReady && !deps.isReady()) {
+      // before the body is read: the connection is closed rather than drained
+      res.setHeader('Connection', 'close')
+      throw new AppError(503, 'database_unavailable', 'The service is starting and its database is not ready; retry later')
+    }
+    let rawBody: Buffer
+    try {
+      rawBody = await getRawBody(req, { length: req.headers['content-length'], limit: deps.bodyLimitBytes })
+    } catch (error) {
+      // close the connection rather than read (and discard) the rest of an oversized body
+      res.setHeader('Connection', 'close')
+      if ((error as { status?: number }).status === 413) {
+        throw new AppError(413, 'payload_too_large', `The body is larger than ${deps.bodyLimitBytes} bytes`)
+      }
+      throw new AppError(400, 'invalid_payload', 'The body could not be read', { cause: error })
+    }
+    const started = process.hrtime.bigint()
+    const signature = req.headers['x-partner-signature']
+    const result = await receiveWebhook(deps, { deliveryId, signature: typeof signature === 'string' ? signature : undefined, rawBody })
+    const outcome = result.duplicate ? 'duplicate' : result.outcome
+    // a reused id is counted apart (its stored outcome, the status rules', is in the log and the row)
+    counted(!result.duplicate && result.idReused ? 'id_reused' : outcome)?.inc()
+    timed(outcome)?.observe(Number(process.hrtime.bigint() - started) / 1e9)
+    logger.info(
+      { ...loggableDeliveryId(deliveryId), outcome, ...(result.duplicate ? {} : { eventType: result.eventType }) },
+      'webhook received',
+    )
+    writeJson(res, 200, result.duplicate ? RECEIVED_DUPLICATE : RECEIVED)
+  }
+
+  const refused = (error: unknown, res: ServerResponse, deliveryId: string | undefined) => {
+    counted('rejected')?.inc()
+    if (error instanceof AppError) {
+      if (error.code === 'invalid_signature') metrics?.signatureFailures.inc()
+      if (error.code === 'database_unavailable' && error.cause !== undefined) {
+        logger.error({ ...loggableDeliveryId(deliveryId), err: loggableError(error.cause) }, 'webhook not stored')
+      }
+      if (error.code === 'overloaded') logger.warn({ ...loggableDeliveryId(deliveryId) }, 'webhook refused: ingest queue full')
+    }
+    if (res.headersSent) {
+      res.destroy()
+      return
+    }
+    const { status, body } = errorAnswer(error, logger, deps.path)
+    writeJson(res, status, body)
+  }
+
+  return (req, res) => {
+    if (deps.isDraining?.()) res.setHeader('Connection', 'close')
+    // body bytes are reserved before a byte is read, so held-open bodies cannot grow the process's memory
+    if (!reserveBodyBytes(req, res, deps)) return
+    const header = req.headers['x-partner-delivery-id']
+    const deliveryId = typeof header === 'string' ? header : undefined
+    receive(req, res, deliveryId).catch((error: unknown) => refused(error, res, deliveryId))
+  }
+}
+
+function memo<T>(make: (key: string) => T): (key: string) => T {
+  const made = new Map<string, T>()
+  return (key) => {
+    let value = made.get(key)
+    if (value === undefined) {
+      value = make(key)
+      made.set(key, value)
+    }
+    return value
+  }
+}
