@@ -163,6 +163,8 @@ export function embeddedDatabaseExists(dataDir: string): boolean {
   return dataDir.startsWith('memory://') || existsSync(path.join(dataDir, 'pglite', 'PG_VERSION'))
 }
 
+const PGLITE_SHARED_BUFFERS = '32MB'
+
 function openPglite({ dataDir = 'memory://', logger, pgliteTemplate }: OpenDatabaseOptions): DatabaseHandle {
   const inMemory = dataDir.startsWith('memory://')
   const location = inMemory ? dataDir : path.join(dataDir, 'pglite')
@@ -173,7 +175,12 @@ function openPglite({ dataDir = 'memory://', logger, pgliteTemplate }: OpenDatab
     mkdirSync(location, { recursive: true })
     unlock = lockDataDirectory(location)
   }
-  const pglite = new PGlite(location, pgliteTemplate ? { loadDataDir: pgliteTemplate } : {})
+  const pglite = new PGlite(location, {
+    ...(pgliteTemplate ? { loadDataDir: pgliteTemplate } : {}),
+    // Postgres's default cache (128 MB) becomes resident in this process as it fills; the embedded
+    // database is local mode's and the tests', with data measured in megabytes (bench/local-memory.ts)
+    startParams: [...PGlite.defaultStartParams, '-c', `shared_buffers=${PGLITE_SHARED_BUFFERS}`],
+  })
   // PGlite unpacks a new database with its own modes (0666), past the umask: tighten once it is ready
   // (until then the 0700 directory keeps others out)
   if (!inMemory) {
