@@ -38,9 +38,7 @@ const RECEIVED_DUPLICATE = Buffer.from(JSON.stringify({ received: true, duplicat
 
 export function webhookEndpoint(deps: WebhookEndpointDeps): WebhookEndpoint {
   const { logger, metrics } = deps
-  // prom-client finds a labelled child by hashing its labels on every call: each outcome's is kept
-  const counted = memo((outcome: string) => metrics?.deliveries.labels({ outcome }))
-  const timed = memo((outcome: string) => metrics?.ingestSeconds.labels({ outcome }))
+  const counted = (outcome: string) => metrics?.deliveries.inc({ outcome })
 
   const receive = async (req: IncomingMessage, res: ServerResponse, deliveryId: string | undefined) => {
     if (deps.isReady && !deps.isReady()) {
@@ -64,8 +62,8 @@ export function webhookEndpoint(deps: WebhookEndpointDeps): WebhookEndpoint {
     const result = await receiveWebhook(deps, { deliveryId, signature: typeof signature === 'string' ? signature : undefined, rawBody })
     const outcome = result.duplicate ? 'duplicate' : result.outcome
     // a reused id is counted apart (its stored outcome, the status rules', is in the log and the row)
-    counted(!result.duplicate && result.idReused ? 'id_reused' : outcome)?.inc()
-    timed(outcome)?.observe(Number(process.hrtime.bigint() - started) / 1e9)
+    counted(!result.duplicate && result.idReused ? 'id_reused' : outcome)
+    metrics?.ingestSeconds.observe({ outcome }, Number(process.hrtime.bigint() - started) / 1e9)
     logger.info(
       { ...loggableDeliveryId(deliveryId), outcome, ...(result.duplicate ? {} : { eventType: result.eventType }) },
       'webhook received',
@@ -74,7 +72,7 @@ export function webhookEndpoint(deps: WebhookEndpointDeps): WebhookEndpoint {
   }
 
   const refused = (error: unknown, res: ServerResponse, deliveryId: string | undefined) => {
-    counted('rejected')?.inc()
+    counted('rejected')
     if (error instanceof AppError) {
       if (error.code === 'invalid_signature') metrics?.signatureFailures.inc()
       if (error.code === 'database_unavailable' && error.cause !== undefined) {
@@ -97,17 +95,5 @@ export function webhookEndpoint(deps: WebhookEndpointDeps): WebhookEndpoint {
     const header = req.headers['x-partner-delivery-id']
     const deliveryId = typeof header === 'string' ? header : undefined
     receive(req, res, deliveryId).catch((error: unknown) => refused(error, res, deliveryId))
-  }
-}
-
-function memo<T>(make: (key: string) => T): (key: string) => T {
-  const made = new Map<string, T>()
-  return (key) => {
-    let value = made.get(key)
-    if (value === undefined) {
-      value = make(key)
-      made.set(key, value)
-    }
-    return value
   }
 }
