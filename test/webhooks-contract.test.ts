@@ -6,7 +6,7 @@ import { systemClock } from '../src/clock.js'
 import { type App, createApp } from '../src/http/app.js'
 import { findOrderByExternalReference, orderHistory } from '../src/orders/order.repository.js'
 import { createOrder } from './helpers/orders.js'
-import { rememberSecret, testLogger } from './helpers/log-sink.js'
+import { logEntries, rememberSecret, testLogger } from './helpers/log-sink.js'
 import { TEST_WEBHOOK_SECRET, testConfig } from './helpers/test-config.js'
 import { createTestDatabase, type TestDatabase } from './helpers/test-database.js'
 import { sendWebhook, signBody, tradePayload } from './helpers/webhook-delivery.js'
@@ -72,6 +72,25 @@ describe('the webhook contract', () => {
       expect(unsigned.body).toEqual({ error: { code: 'invalid_signature', message: expect.any(String) } })
     },
   )
+
+  // the line every delivery writes skips pino's redaction by path (webhook-endpoint.ts): what it holds
+  it('writes one line per delivery that never holds a secret or a signature, even sent as the delivery id', async () => {
+    const ref = reference()
+    await createOrder(database.db, { externalReference: ref })
+    const signatureLike = signBody('{"another":"body"}').slice('sha256='.length)
+    for (const deliveryId of [NEXT_SECRET, signatureLike, `plain-${ref}`]) {
+      const response = await sendWebhook(app, { body: tradePayload(ref, 'funded'), deliveryId })
+      expect(response.status).toBe(200)
+    }
+    const lines = logEntries().filter((entry) => entry.msg === 'webhook received').slice(-3)
+    expect(lines).toMatchObject([
+      { deliveryId: '[redacted]', outcome: 'applied', eventType: 'trade.funded' },
+      { deliveryIdSha256: expect.stringMatching(/^[0-9a-f]{16}$/), outcome: 'duplicate_effect' },
+      { deliveryId: `plain-${ref}`, outcome: 'duplicate_effect' },
+    ])
+    expect(JSON.stringify(lines)).not.toContain(signatureLike)
+    expect(JSON.stringify(lines)).not.toContain(NEXT_SECRET)
+  })
 
   it('answers 404 in the error shape to other methods on the webhook path', async () => {
     const response = await request(app).get('/webhooks/partner')
