@@ -4,6 +4,9 @@
 // memory of stored ids, log, metrics, answer) and then of new matched deliveries, and reads the process's
 // user + system time from /proc. CPU time per request, unlike req/s, is the process's own work: what else
 // runs on a shared machine slows the run but does not add to it (much), and the rounds alternate.
+// AB_HANDLER=noop: the services run with one in-process no-op reaction handler (bench/serve-noop-handler.mjs;
+// both trees must have that seam) and the new matched deliveries' CPU is read once every job they enqueued is
+// done: the figure is then the ingest's and the dispatch's per transition.
 import { once } from 'node:events'
 import { randomBytes } from 'node:crypto'
 import autocannon from 'autocannon'
@@ -16,6 +19,7 @@ if (!distA || !distB) throw new Error('usage: ab-cpu.ts distA distB [pairs] [req
 const pairs = Number(pairsArg ?? 3)
 const requests = Number(requestsArg ?? 6000)
 const baseUrl = process.env.BENCH_DATABASE_URL || 'postgres://postgres@127.0.0.1:5432/test'
+const noopHandler = process.env.AB_HANDLER === 'noop'
 const run = `ab${randomBytes(3).toString('hex')}`
 let sequence = 0
 
@@ -58,19 +62,36 @@ await admin.connect()
 await admin.query(`create schema ${schema}`)
 const url = new URL(baseUrl)
 url.searchParams.set('options', `-c search_path=${schema}`)
+// with a handler: waits until every reaction job enqueued so far is done (the dispatch's CPU is counted too)
+const jobsDone = async () => {
+  if (!noopHandler) return
+  const client = new pg.Client({ connectionString: url.toString() })
+  await client.connect()
+  try {
+    for (;;) {
+      const { rows } = await client.query(`select count(*)::int as left from reaction_jobs where state in ('pending', 'running')`)
+      if (rows[0].left === 0) return
+      await new Promise((resolve) => setTimeout(resolve, 20))
+    }
+  } finally {
+    await client.end()
+  }
+}
 const results: Record<string, { duplicates: number[]; matched: number[] }> = { A: { duplicates: [], matched: [] }, B: { duplicates: [], matched: [] } }
 try {
   for (let pair = 0; pair < pairs; pair++) {
     for (const [name, dist] of pair % 2 === 0 ? [['A', distA], ['B', distB]] : [['B', distB], ['A', distA]]) {
-      const { child, port } = await startService(url.toString(), { orders: 100_000, seen: 5000 }, {}, dist)
+      const { child, port } = await startService(url.toString(), { orders: 100_000, seen: 5000 }, {}, dist, { noopHandler })
       try {
         await fire(port, seen, 3000) // warm-up
         let before = cpuMs(child.pid!)
         await fire(port, seen, requests)
         results[name!]!.duplicates.push(Math.round(((cpuMs(child.pid!) - before) * 1000) / requests))
         await fire(port, matched, 1000) // warm-up
+        await jobsDone()
         before = cpuMs(child.pid!)
         await fire(port, matched, requests)
+        await jobsDone()
         results[name!]!.matched.push(Math.round(((cpuMs(child.pid!) - before) * 1000) / requests))
       } finally {
         child.kill('SIGINT')

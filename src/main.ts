@@ -9,10 +9,20 @@ import { type Config, ConfigError, configSecrets, loadConfig } from './config.js
 import { loggableError } from './db/database-errors.js'
 import { createLogger, exitProcess, flushLogger } from './logger.js'
 import type { LocalCommandRunner } from './local/local-cli.js'
+import type { ReactionRegistry } from './reactions/reaction-registry.js'
 import { type RunningService, startService } from './service.js'
 
-/** `runCommand`: how the service runs a second terminal's command line (given by the CLI that calls this). */
-export async function main({ runCommand }: { runCommand: LocalCommandRunner }): Promise<void> {
+/**
+ * `runCommand`: how the service runs a second terminal's command line (given by the CLI that calls this).
+ * `registerReactions`: reaction handlers a program that runs `serve` itself registers in code.
+ */
+export async function main({
+  runCommand,
+  registerReactions,
+}: {
+  runCommand: LocalCommandRunner
+  registerReactions?: (reactions: ReactionRegistry) => void
+}): Promise<void> {
   let config: Config
   try {
     config = loadConfig()
@@ -69,7 +79,7 @@ export async function main({ runCommand }: { runCommand: LocalCommandRunner }): 
   process.on('SIGTERM', () => void stop('SIGTERM'))
   process.on('SIGINT', () => void stop('SIGINT'))
 
-  const service = await startService({ config, logger, runCommand })
+  const service = await startService({ config, logger, runCommand, registerReactions })
   running.service = service
   // an unreachable database is waited for (prepare-database.ts); what waiting cannot fix ends the process
   try {

@@ -28,6 +28,7 @@ import { observationSettings } from './orders/observations.js'
 import { createPartnerApiClient } from './partner-api/create-partner-api-client.js'
 import { configuredReactions } from './reactions/configured-reactions.js'
 import { createDispatcher, DEFAULT_DISPATCHER_SETTINGS, type Dispatcher } from './reactions/dispatcher.js'
+import type { ReactionRegistry } from './reactions/reaction-registry.js'
 import { reactionJobStats } from './reactions/reaction-job.repository.js'
 import { createPoller, dueOrderStats, type Poller, pollerSettings, type RunSummary } from './reconcile/poller.js'
 import { createPruner, type Pruner, prunerSettings } from './retention/prune.js'
@@ -63,12 +64,15 @@ export async function startService({
   logger,
   clock = systemClock,
   runCommand,
+  registerReactions,
 }: {
   config: Config
   logger: Logger
   clock?: Clock
   /** Runs a second terminal's command line here (the entry point's, src/cli/run-cli.ts); none: no endpoint. */
   runCommand?: LocalCommandRunner | undefined
+  /** Reaction handlers registered in code beside the configured ones and partner-handlers.ts. */
+  registerReactions?: ((reactions: ReactionRegistry) => void) | undefined
 }): Promise<RunningService> {
   // `takesWork`: stopped first: the claims at once, the requests when the drain delay ends
   const stops: { name: string; stop: () => Promise<void> | void; takesWork?: 'claims' | 'requests' }[] = []
@@ -128,7 +132,7 @@ export async function startService({
     const eventHandlers = createEventHandlers()
     // the reaction handlers (the forwarder, the fork's own): the app, the poller, the console, forwarded
     // commands and the dispatcher share them
-    const reactions = configuredReactions(config, { clock, logger })
+    const reactions = configuredReactions(config, { clock, logger, register: registerReactions })
     // closed after the dispatcher stopped (stops run in reverse): no handler is publishing by then
     stops.push({ name: 'reaction handlers', stop: () => reactions.close() })
     registerEventHandlers(eventHandlers)

@@ -1,5 +1,6 @@
 // The reaction handlers the service runs, from its config: the built-in forwarder when FORWARD_URL is
-// set, the RabbitMQ publisher when AMQP_URL is, then the fork's own (partner-handlers.ts). `serve` runs
+// set, the RabbitMQ publisher when AMQP_URL is, then the fork's own (partner-handlers.ts), then those of
+// a program that starts the service itself (`register`, e.g. the ingest benchmark's no-op). `serve` runs
 // them; a CLI command that moves an order needs the same names, so the jobs it enqueues are the ones the
 // service's dispatcher will run.
 import type { Clock } from '../clock.js'
@@ -22,7 +23,16 @@ export interface ConfiguredReactions extends ReactionRegistry {
 
 export function configuredReactions(
   config: Config,
-  { clock, logger }: { clock?: Clock; logger: Logger },
+  {
+    clock,
+    logger,
+    register,
+  }: {
+    clock?: Clock
+    logger: Logger
+    /** More handlers, registered in code by a program that starts the service itself. */
+    register?: ((reactions: ReactionRegistry) => void) | undefined
+  },
 ): ConfiguredReactions {
   const reactions = createReactionRegistry()
   const closers: (() => Promise<void>)[] = []
@@ -37,6 +47,7 @@ export function configuredReactions(
     closers.push(publisher.close)
   }
   registerPartnerHandlers(reactions)
+  register?.(reactions)
   return Object.assign(reactions, {
     close: async () => {
       await Promise.all(closers.map((close) => close()))

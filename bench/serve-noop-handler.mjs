@@ -1,0 +1,17 @@
+// `serve` of a compiled tree with one in-process reaction handler registered that does nothing: the ingest
+// benchmark's "one handler registered" without a second process at the far end (the forwarder's run has
+// one). Run as `node bench/serve-noop-handler.mjs <dist>`; the environment is serve's. Plain JavaScript, so
+// the measured process runs the compiled code alone, as `node dist/src/cli.js serve` does.
+import path from 'node:path'
+import process from 'node:process'
+import { pathToFileURL } from 'node:url'
+
+const dist = process.argv[2]
+if (!dist) throw new Error('usage: serve-noop-handler.mjs <dist>')
+const load = (file) => import(pathToFileURL(path.join(path.resolve(dist), file)).href)
+const { main } = await load('src/main.js')
+const { runCapturedCommandLine } = await load('src/cli/run-cli.js')
+await main({
+  runCommand: runCapturedCommandLine,
+  registerReactions: (reactions) => reactions.on('trade.*', 'noop', async () => {}),
+})
