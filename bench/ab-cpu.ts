@@ -6,7 +6,9 @@
 // runs on a shared machine slows the run but does not add to it (much), and the rounds alternate.
 // AB_HANDLER=noop: the services run with one in-process no-op reaction handler (bench/serve-noop-handler.mjs;
 // both trees must have that seam) and the new matched deliveries' CPU is read once every job they enqueued is
-// done: the figure is then the ingest's and the dispatch's per transition.
+// done: the figure is then the ingest's and the dispatch's per transition. AB_HANDLER=noop-b: only B's
+// services run with it (what one handler costs, with the same tree as A and B). AB_B_ENV='NAME=value ...':
+// more of B's environment (a setting's effect, with the same tree as A and B).
 import { once } from 'node:events'
 import { randomBytes } from 'node:crypto'
 import autocannon from 'autocannon'
@@ -19,7 +21,9 @@ if (!distA || !distB) throw new Error('usage: ab-cpu.ts distA distB [pairs] [req
 const pairs = Number(pairsArg ?? 3)
 const requests = Number(requestsArg ?? 6000)
 const baseUrl = process.env.BENCH_DATABASE_URL || 'postgres://postgres@127.0.0.1:5432/test'
-const noopHandler = process.env.AB_HANDLER === 'noop'
+const handlerIn = (name: string) => process.env.AB_HANDLER === 'noop' || (process.env.AB_HANDLER === 'noop-b' && name === 'B')
+const noopHandler = handlerIn('A') || handlerIn('B')
+const envB = Object.fromEntries((process.env.AB_B_ENV ?? '').split(' ').filter(Boolean).map((pair) => pair.split('=') as [string, string]))
 const run = `ab${randomBytes(3).toString('hex')}`
 let sequence = 0
 
@@ -71,17 +75,41 @@ const jobsDone = async () => {
     for (;;) {
       const { rows } = await client.query(`select count(*)::int as left from reaction_jobs where state in ('pending', 'running')`)
       if (rows[0].left === 0) return
-      await new Promise((resolve) => setTimeout(resolve, 20))
+      await new Promise((resolve) => setTimeout(resolve, 100))
     }
   } finally {
     await client.end()
   }
 }
-const results: Record<string, { duplicates: number[]; matched: number[] }> = { A: { duplicates: [], matched: [] }, B: { duplicates: [], matched: [] } }
+// Postgres's side of the matched deliveries: the CPU of this database's backends (the service's pool and
+// listener; not the WAL writer's or the checkpointer's) and its commits, per request
+const backendCpu = async () => {
+  const { rows } = await admin.query(`select pid from pg_stat_activity where datname = current_database() and pid <> pg_backend_pid()`)
+  const cpu = new Map<number, number>()
+  for (const { pid } of rows as { pid: number }[]) {
+    try {
+      cpu.set(pid, cpuMs(pid))
+    } catch {
+      // ended meanwhile
+    }
+  }
+  return cpu
+}
+const commits = async () => {
+  await admin.query('select pg_stat_force_next_flush()').catch(() => {})
+  const { rows } = await admin.query(`select xact_commit::float8 as n from pg_stat_database where datname = current_database()`)
+  return Number(rows[0].n)
+}
+const results: Record<string, { duplicates: number[]; matched: number[]; pgMatched: number[]; commitsMatched: number[] }> = {
+  A: { duplicates: [], matched: [], pgMatched: [], commitsMatched: [] },
+  B: { duplicates: [], matched: [], pgMatched: [], commitsMatched: [] },
+}
 try {
   for (let pair = 0; pair < pairs; pair++) {
     for (const [name, dist] of pair % 2 === 0 ? [['A', distA], ['B', distB]] : [['B', distB], ['A', distA]]) {
-      const { child, port } = await startService(url.toString(), { orders: 100_000, seen: 5000 }, {}, dist, { noopHandler })
+      const { child, port } = await startService(url.toString(), { orders: 100_000, seen: 5000 }, name === 'B' ? envB : {}, dist, {
+        noopHandler: handlerIn(name!),
+      })
       try {
         await fire(port, seen, 3000) // warm-up
         let before = cpuMs(child.pid!)
@@ -90,9 +118,17 @@ try {
         await fire(port, matched, 1000) // warm-up
         await jobsDone()
         before = cpuMs(child.pid!)
+        const backendsBefore = await backendCpu()
+        const commitsBefore = await commits()
         await fire(port, matched, requests)
         await jobsDone()
         results[name!]!.matched.push(Math.round(((cpuMs(child.pid!) - before) * 1000) / requests))
+        const commitsAfter = await commits()
+        let backendMs = 0
+        for (const [pid, after] of await backendCpu()) backendMs += after - (backendsBefore.get(pid) ?? 0)
+        results[name!]!.pgMatched.push(Math.round((backendMs * 1000) / requests))
+        // less the two statements of each look of jobsDone()
+        results[name!]!.commitsMatched.push(Number(((commitsAfter - commitsBefore) / requests).toFixed(2)))
       } finally {
         child.kill('SIGINT')
         await once(child, 'exit')
@@ -105,6 +141,9 @@ try {
 }
 const median = (values: number[]) => [...values].sort((a, b) => a - b)[Math.floor(values.length / 2)]!
 for (const name of ['A', 'B']) {
-  const { duplicates, matched: applied } = results[name]!
-  console.log(`${name}: CPU µs/request, duplicates ${duplicates.join(' ')} (median ${median(duplicates)}); new matched ${applied.join(' ')} (median ${median(applied)})`)
+  const { duplicates, matched: applied, pgMatched, commitsMatched } = results[name]!
+  console.log(
+    `${name}: CPU µs/request, duplicates ${duplicates.join(' ')} (median ${median(duplicates)}); new matched ${applied.join(' ')} (median ${median(applied)}); ` +
+      `new matched, Postgres backends ${pgMatched.join(' ')} (median ${median(pgMatched)}), commits/request ${commitsMatched.join(' ')}`,
+  )
 }
