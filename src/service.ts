@@ -11,6 +11,7 @@
 // The HTTP listener opens before the database is known to be there: while Postgres is unreachable at
 // start-up the service retries (prepare-database.ts), /readyz answers 503 and deliveries get 503 (the
 // platform retries them); once migrated, the poller starts and the service is ready.
+import { randomUUID } from 'node:crypto'
 import { hostname } from 'node:os'
 import { type Clock, systemClock } from './clock.js'
 import type { Config } from './config.js'
@@ -24,6 +25,7 @@ import { createLocalCliToken, type LocalCommandRunner, localCliRoutes } from './
 import { advertiseLocalService, databaseIdentity } from './local/running-service.js'
 import type { Logger } from './logger.js'
 import { createMetrics } from './metrics/metrics.js'
+import { createDispatcherNotifier } from './orders/apply-observation.js'
 import { observationSettings } from './orders/observations.js'
 import { createPartnerApiClient } from './partner-api/create-partner-api-client.js'
 import { configuredReactions } from './reactions/configured-reactions.js'
@@ -136,8 +138,17 @@ export async function startService({
     // closed after the dispatcher stopped (stops run in reverse): no handler is publishing by then
     stops.push({ name: 'reaction handlers', stop: () => reactions.close() })
     registerEventHandlers(eventHandlers)
-    // STALE_AFTER_S and the reaction handlers, bound once: every observation this process applies uses them
-    const observation = observationSettings(config.poll, reactions.handlersFor)
+    // After this process's own commit that enqueued jobs, its dispatcher is woken at once (no NOTIFY round
+    // trip) and the NOTIFY, for the other replicas, names this process: its own listener ignores it.
+    let dispatcher: Dispatcher | undefined
+    const notifyToken = randomUUID()
+    const notifyOtherReplicas = createDispatcherNotifier(database.db, notifyToken)
+    const onJobsEnqueued = () => {
+      dispatcher?.wake()
+      notifyOtherReplicas()
+    }
+    // STALE_AFTER_S, the reaction handlers and the wake, bound once: every observation this process applies uses them
+    const observation = observationSettings(config.poll, reactions.handlersFor, onJobsEnqueued)
     const app = createApp({
       config,
       db: database.db,
@@ -229,7 +240,6 @@ export async function startService({
       createPoller({ db: database.db, fetcher, clock, logger, settings: pollerSettings(config.poll, observation), replica, ...hooks })
     consoleActions.reconcileOnce = () => pollerOf(`console:${hostname()}:${process.pid}`).runOnce()
     let poller: Poller | undefined
-    let dispatcher: Dispatcher | undefined
     let pruner: Pruner | undefined
     const startUp = new AbortController()
     stops.push({ name: 'database start-up', stop: () => startUp.abort(), takesWork: 'claims' })
@@ -254,7 +264,10 @@ export async function startService({
           handler: reactions.handler,
           clock,
           logger,
-          listen: database.listen,
+          listen: (channel, onNotify) =>
+            database.listen(channel, (payload) => {
+              if (payload !== notifyToken) onNotify()
+            }),
           settings: {
             ...DEFAULT_DISPATCHER_SETTINGS,
             concurrency: config.reactions.concurrency,

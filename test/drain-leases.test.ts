@@ -1,5 +1,6 @@
 // SIGTERM gives leases back (Postgres): the compiled `serve` holds poll claims (the platform's GETs never
-// answer) and reaction leases (the forward receiver never answers) when it gets SIGTERM. Once it has
+// answer) and reaction leases (the forward receiver never answers; more jobs are claimed than there are
+// slots, so some wait unstarted) when it gets SIGTERM. Once it has
 // exited 0, no order and no job is leased any more: the orders are due again at the time they were due, the
 // jobs pending and due now, neither with the interrupted attempt counted. Another replica can take them at
 // once instead of waiting for the leases (300 s here) to run out.
@@ -117,7 +118,10 @@ describePostgres('SIGTERM gives the leases back (Postgres)', () => {
       const leasedOrders = await database.db.selectFrom('orders').select('id').where('pollLeaseToken', 'is not', null).execute()
       const runningJobs = await database.db.selectFrom('reactionJobs').select('id').where('state', '=', 'running').execute()
       expect(leasedOrders).toHaveLength(DUE_ORDERS)
-      expect(runningJobs).toHaveLength(CONCURRENCY)
+      // the dispatcher claims ahead of its slots (up to 4 × REACTION_CONCURRENCY): every job is leased,
+      // and only as many handlers run as there are slots; the others wait in the process, unstarted
+      expect(runningJobs).toHaveLength(JOB_ORDERS)
+      expect(receiver.requests).toHaveLength(CONCURRENCY)
 
       const exited = once(child, 'exit')
       child.kill('SIGTERM')

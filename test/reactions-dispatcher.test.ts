@@ -251,6 +251,49 @@ describe('the reaction dispatcher', () => {
     expect((await jobs(orderId, 'stuck'))[1]).toMatchObject({ state: 'pending', attempts: 0 })
   })
 
+  it('claims ahead of its slots but runs no more handlers at once than its concurrency; a waiting job whose lease is about to end is given back unstarted', async () => {
+    let runningNow = 0
+    let most = 0
+    const calls: { attempt: number; finish: () => void }[] = []
+    const reactions = createReactionRegistry().on('trade.*', 'gate', async (_event, { signal, attempt }) => {
+      runningNow += 1
+      most = Math.max(most, runningNow)
+      try {
+        await new Promise<void>((resolve, reject) => {
+          calls.push({ attempt, finish: resolve })
+          signal.addEventListener('abort', () => reject(signal.reason))
+        })
+      } finally {
+        runningNow -= 1
+      }
+    })
+    // three jobs due before the dispatcher starts: its first claim takes them all
+    clock = new FakeClock(Date.now() - 1_000)
+    for (let i = 0; i < 3; i++) await transitions(reactions, ['created'], `gate-${++counter}`)
+    await start(reactions, { concurrency: 1 })
+    await eventually(() => calls.length === 1, 'one handler started')
+    // all three jobs are leased by one claim; one handler runs, two jobs wait in the process
+    const leased = () => database.db.selectFrom('reactionJobs').select('id').where('handler', '=', 'gate').where('state', '=', 'running').execute()
+    expect(await leased()).toHaveLength(3)
+    // the claim's lease is about to end: the running handler is aborted (its attempt counted, retried later),
+    // the two waiting jobs are given back unstarted, and claimed again at once
+    await clock.advance(SETTINGS.leaseMs - 5_000)
+    await eventually(() => calls.length === 2, 'a job given back is claimed again and started')
+    expect(calls[1]!.attempt).toBe(1)
+    calls[1]!.finish()
+    await eventually(() => calls.length === 3, 'the last one started')
+    expect(calls[2]!.attempt).toBe(1)
+    calls[2]!.finish()
+    await eventually(async () => (await leased()).length === 0, 'nothing is leased')
+    const states = await database.db.selectFrom('reactionJobs').select(['state', 'attempts']).where('handler', '=', 'gate').orderBy('id').execute()
+    expect(states).toEqual([
+      { state: 'pending', attempts: 1 },
+      { state: 'done', attempts: 1 },
+      { state: 'done', attempts: 1 },
+    ])
+    expect(most).toBe(1)
+  })
+
   it('on stop, lets a running handler finish within the timeout, then aborts it and gives its lease back', async () => {
     let signalSeen: AbortSignal | undefined
     const reactions = createReactionRegistry().on('trade.*', 'slow', async (_event, { signal }) => {

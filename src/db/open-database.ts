@@ -27,9 +27,10 @@ export interface DatabaseHandle {
    * Calls `onNotify` for every NOTIFY on `channel` (delivered on the notifier's commit), and also after a
    * lost connection is back (notifications sent meanwhile are gone: the caller should look). Postgres:
    * a dedicated connection outside the pool that reconnects with backoff and never throws; PGlite: its
-   * own listen. Resolves to the function that stops listening.
+   * own listen. Resolves to the function that stops listening. `payload` is the NOTIFY's; undefined
+   * after a reconnect.
    */
-  listen(channel: string, onNotify: () => void): Promise<() => Promise<void>>
+  listen(channel: string, onNotify: (payload?: string) => void): Promise<() => Promise<void>>
 }
 
 export interface OpenDatabaseOptions {
@@ -114,7 +115,7 @@ function openPostgres(databaseUrl: string, { poolSize = 10, logger }: OpenDataba
 function listenOnPostgres(
   databaseUrl: string,
   channel: string,
-  onNotify: () => void,
+  onNotify: (payload?: string) => void,
   logger: Logger | undefined,
 ): () => Promise<void> {
   const stopping = new AbortController()
@@ -132,7 +133,7 @@ function listenOnPostgres(
         })
       })
       connection.on('notification', (message) => {
-        if (message.channel === channel) onNotify()
+        if (message.channel === channel) onNotify(message.payload)
       })
       try {
         await connection.connect()
@@ -204,7 +205,7 @@ function openPglite({ dataDir = 'memory://', logger, pgliteTemplate }: OpenDatab
     },
     // one process, one connection: the statement's NOTIFY reaches this same session on commit
     listen: async (channel, onNotify) => {
-      const unlisten = await pglite.listen(channel, () => onNotify())
+      const unlisten = await pglite.listen(channel, (payload) => onNotify(payload))
       return async () => {
         if (!pglite.closed) await unlisten()
       }

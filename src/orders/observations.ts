@@ -14,14 +14,16 @@ export interface TradeFacts {
 
 /**
  * The settings every observation is applied with, bound once where the service is put together:
- * STALE_AFTER_S (a non-terminal order is polled again this long after any observation) and the
- * reaction handlers whose jobs an applied status enqueues.
+ * STALE_AFTER_S (a non-terminal order is polled again this long after any observation), the
+ * reaction handlers whose jobs an applied status enqueues, and what wakes the dispatchers after a
+ * commit that enqueued some (absent: a NOTIFY).
  */
 export function observationSettings(
   poll: { staleAfterS: number },
   handlersFor: ObservationSettings['handlersFor'] = NO_REACTION_HANDLERS,
+  onJobsEnqueued?: () => void,
 ): ObservationSettings {
-  return { staleAfterS: poll.staleAfterS, handlersFor }
+  return { staleAfterS: poll.staleAfterS, handlersFor, ...(onJobsEnqueued ? { onJobsEnqueued } : {}) }
 }
 
 /** A webhook's trade event, matched to its order by external reference in the ingest statement. */

@@ -1,7 +1,7 @@
 // The dispatcher: runs the reaction jobs (reaction-job.repository.ts) on every replica of `serve`.
 //
-// A loop claims as many due jobs as it has free slots (REACTION_CONCURRENCY), runs each handler with an
-// AbortSignal, and writes the outcome back under the claim's lease token: done; or, after a throw,
+// A loop claims due jobs, runs each handler with an AbortSignal (at most REACTION_CONCURRENCY at once),
+// and writes the outcome back under the claim's lease token: done; or, after a throw,
 // pending again after an exponential backoff with jitter (reconcile/backoff-delay.ts); or, once the
 // job has used REACTION_MAX_ATTEMPTS, failed (the dead letter), which holds back that order's later
 // events for that handler until an operator retries or skips it.
@@ -56,6 +56,13 @@ export const DEFAULT_DISPATCHER_SETTINGS: Omit<DispatcherSettings, 'concurrency'
 
 export type AttemptResult = 'done' | 'retry' | 'failed' | 'released' | 'lease_lost'
 
+// Under load one claim takes up to this many times REACTION_CONCURRENCY jobs (less those it holds): the
+// jobs beyond the free slots wait here, in claim order, and start as handlers return. Fewer, bigger claims
+// and completion writes per event (measured with a no-op handler at concurrency 8: the claims of 8 were
+// about a third of the statements per event). A job still waiting when its lease is about to end, or at
+// shutdown, is given back unstarted (its attempt taken back).
+const CLAIM_AHEAD = 4
+
 export interface DispatcherDeps {
   db: Kysely<Database>
   /** The registry's lookup by name (a job whose handler is no longer registered fails like a throw). */
@@ -85,6 +92,8 @@ export interface Dispatcher {
 const MAX_ERROR_LENGTH = 2_000
 
 interface Claim {
+  /** Aborted when the claim's lease is about to end (and, for the jobs still running, at shutdown). */
+  abort: AbortController
   /** A job of this claim has ended (handled and written back, or given up). */
   jobEnded(): void
 }
@@ -112,6 +121,10 @@ export function createDispatcher(deps: DispatcherDeps): Dispatcher {
   // handlers running now (a finished handler's job may still wait for its write-back, in `running`):
   // what the claim fills up to REACTION_CONCURRENCY
   let handlersBusy = 0
+  // claimed jobs waiting for a free slot (at most (CLAIM_AHEAD - 1) × concurrency, see above)
+  const waiting: { job: ClaimedJob; claim: Claim }[] = []
+  // the last claim took all it could: more jobs may be due than it took
+  let lastClaimFull = false
 
   // Successes are written back in groups: each one joins the next write, which starts once the current
   // one is answered (at once when none runs), so one UPDATE marks every job that finished meanwhile done.
@@ -154,17 +167,24 @@ export function createDispatcher(deps: DispatcherDeps): Dispatcher {
     }
   }
 
-  const runJob = async (job: ClaimedJob, abort: AbortController, stopSignal: AbortSignal, claim: Claim) => {
+  const runJob = async (job: ClaimedJob, stopSignal: AbortSignal, claim: Claim) => {
     const { event } = job
-    const log = logger.child({ jobId: job.id, handler: job.handler, eventId: event.eventId, attempt: job.attempt })
+    const { abort } = claim
+    // the job's logger is made when something logs (most jobs log nothing)
+    let jobLog: Logger | undefined
+    const log = () =>
+      (jobLog ??= logger.child({ jobId: job.id, handler: job.handler, eventId: event.eventId, attempt: job.attempt }))
     const lease = { id: job.id, leaseToken: job.leaseToken }
     let handlerRunning = true
-    // the handler's slot is free as soon as it returns: the next claim need not wait for the write-back
+    // the handler's slot is free as soon as it returns: the next claim need not wait for the write-back.
+    // That is worth a look only when the last claim took every free slot (more may be due); after one that
+    // did not, what becomes due wakes the loop itself (a commit, a completion's write, a timer)
     const handlerDone = () => {
       if (!handlerRunning) return
       handlerRunning = false
       handlersBusy -= 1
-      wake()
+      startWaiting(stopSignal)
+      if (lastClaimFull) wake()
     }
     try {
       const handler = deps.handler(job.handler)
@@ -172,7 +192,7 @@ export function createDispatcher(deps: DispatcherDeps): Dispatcher {
         try {
           deps.onFirstStart?.(job.handler, Math.max(0, (clock.now() - job.createdAt.getTime()) / 1000))
         } catch (error) {
-          log.warn({ err: error }, 'onFirstStart hook threw')
+          log().warn({ err: error }, 'onFirstStart hook threw')
         }
       }
       let failure: unknown
@@ -183,7 +203,13 @@ export function createDispatcher(deps: DispatcherDeps): Dispatcher {
         failure = new Error(`attempt ${job.attempt - 1} of ${settings.maxAttempts} did not finish within its lease`)
       } else {
         try {
-          await handler(event, { signal: abort.signal, attempt: job.attempt, logger: log })
+          await handler(event, {
+            signal: abort.signal,
+            attempt: job.attempt,
+            get logger() {
+              return log()
+            },
+          })
         } catch (error) {
           failure = error ?? new Error('the handler threw without a reason')
         }
@@ -192,7 +218,7 @@ export function createDispatcher(deps: DispatcherDeps): Dispatcher {
       if (failure === undefined) {
         const written = await complete(lease)
         report(job.handler, written ? 'done' : 'lease_lost')
-        if (!written) log.warn('reaction handled, but its lease had been taken over: the job ran again elsewhere')
+        if (!written) log().warn('reaction handled, but its lease had been taken over: the job ran again elsewhere')
         return
       }
       const now = new Date(clock.now())
@@ -207,19 +233,21 @@ export function createDispatcher(deps: DispatcherDeps): Dispatcher {
         const delayS = backoffDelayS(job.attempt, settings.backoff, random)
         const runAt = new Date(now.getTime() + delayS * 1000)
         const written = await retryJobLater(db, { ...lease, now, runAt, error: message })
+        // the loop's next look: the retry's run_at
+        wake()
         report(job.handler, written ? 'retry' : 'lease_lost')
-        log.warn({ error: message, retryInS: Math.round(delayS) }, 'reaction handler failed; retrying later')
+        log().warn({ error: message, retryInS: Math.round(delayS) }, 'reaction handler failed; retrying later')
       } else {
         const written = await failJob(db, { ...lease, now, error: message })
         report(job.handler, written ? 'failed' : 'lease_lost')
-        log.error(
+        log().error(
           { error: message, attempts: job.attempt },
           'reaction handler failed for the last time: the job is failed until retried or skipped',
         )
       }
     } catch (error) {
       // the write-back failed (database down): the lease runs out and the job is claimed again
-      log.warn({ err: error }, 'could not record a reaction job outcome; it runs again after its lease')
+      log().warn({ err: error }, 'could not record a reaction job outcome; it runs again after its lease')
     } finally {
       handlerDone()
       claim.jobEnded()
@@ -228,20 +256,21 @@ export function createDispatcher(deps: DispatcherDeps): Dispatcher {
 
   // One lease timer per claim (its jobs share the lease's end), not one per job: a handler still running
   // a little before the lease ends is aborted, since past it another replica may claim the job again.
+  // The jobs of a claim also share one AbortController: what aborts one of them (the lease's end, the
+  // shutdown) aborts every one still running.
   const leaseWatch = (jobs: readonly ClaimedJob[]): Claim => {
     const [first] = jobs
     let left = jobs.length
     const timer = new AbortController()
+    const abort = new AbortController()
     if (first) {
-      const margin = Math.min(5_000, settings.leaseMs / 10)
-      clock.sleep(Math.max(0, first.leaseExpiresAt.getTime() - margin - clock.now()), timer.signal).then(
-        () => {
-          for (const job of jobs) running.get(job.id)?.abort.abort(new Error('the job lease is about to end'))
-        },
+      clock.sleep(Math.max(0, first.leaseExpiresAt.getTime() - leaseMargin - clock.now()), timer.signal).then(
+        () => abort.abort(new Error('the job lease is about to end')),
         () => {},
       )
     }
     return {
+      abort,
       jobEnded: () => {
         left -= 1
         if (left === 0) timer.abort(ALL_JOBS_ENDED)
@@ -249,13 +278,43 @@ export function createDispatcher(deps: DispatcherDeps): Dispatcher {
     }
   }
 
+  const leaseMargin = Math.min(5_000, settings.leaseMs / 10)
+
+  // a free slot takes the next waiting job; one whose lease is about to end is given back unstarted
+  const startWaiting = (stopSignal: AbortSignal) => {
+    while (handlersBusy < settings.concurrency && waiting.length > 0 && !stopSignal.aborted) {
+      const { job, claim } = waiting.shift()!
+      if (job.leaseExpiresAt.getTime() - leaseMargin > clock.now()) {
+        startJob(job, stopSignal, claim)
+      } else {
+        giveBack([{ job, claim }])
+      }
+    }
+  }
+
+  // claimed jobs never started: pending again and due now, their attempt taken back
+  const giveBack = (jobs: readonly { job: ClaimedJob; claim: Claim }[]) => {
+    const byToken = new Map<string, string[]>()
+    for (const { job } of jobs) byToken.set(job.leaseToken, [...(byToken.get(job.leaseToken) ?? []), job.id])
+    const now = new Date(clock.now())
+    const released = Promise.all(
+      [...byToken].map(([leaseToken, ids]) =>
+        releaseJobs(db, { ids, leaseToken, now }).catch((error: unknown) =>
+          logger.warn({ err: error }, 'could not give back reaction leases; they run out on their own'),
+        ),
+      ),
+    )
+    for (const { claim } of jobs) claim.jobEnded()
+    // due again now: the loop looks (after a stop it is gone, and this does nothing)
+    return released.then(wake)
+  }
+
+  // (a job that ended wakes the loop through what it wrote: the completion's group write, a retry)
   const startJob = (job: ClaimedJob, stopSignal: AbortSignal, claim: Claim) => {
-    const abort = new AbortController()
-    const entry = { job, abort, done: Promise.resolve() }
+    const entry = { job, abort: claim.abort, done: Promise.resolve() }
     handlersBusy += 1
-    entry.done = runJob(job, abort, stopSignal, claim).finally(() => {
+    entry.done = runJob(job, stopSignal, claim).finally(() => {
       running.delete(job.id)
-      wake()
     })
     running.set(job.id, entry)
   }
@@ -279,8 +338,9 @@ export function createDispatcher(deps: DispatcherDeps): Dispatcher {
       woken = false
       let delayMs = settings.safetyIntervalMs
       try {
-        const free = settings.concurrency - handlersBusy
-        if (free > 0) {
+        // room for as many as a free slot each, and ahead of the slots while handlers run (see CLAIM_AHEAD)
+        const free = settings.concurrency * CLAIM_AHEAD - handlersBusy - waiting.length
+        if (free > 0 && handlersBusy < settings.concurrency) {
           const now = new Date(clock.now())
           const { jobs, nextRunAt: nextAfterClaim } = await claimReactionJobsAndNext(db, {
             now,
@@ -293,11 +353,17 @@ export function createDispatcher(deps: DispatcherDeps): Dispatcher {
             await releaseJobs(db, { ids: jobs.map((job) => job.id), leaseToken: jobs[0]?.leaseToken ?? '', now })
             break
           }
-          const claim = leaseWatch(jobs)
-          for (const job of jobs) startJob(job, signal, claim)
+          lastClaimFull = jobs.length === free
+          if (jobs.length > 0) {
+            const claim = leaseWatch(jobs)
+            for (const job of jobs) {
+              if (handlersBusy < settings.concurrency) startJob(job, signal, claim)
+              else waiting.push({ job, claim })
+            }
+          }
           // every slot taken: the next handler to return wakes the loop. Fewer: the claim said when the
           // next job not claimed is due (a claim of none does not, so ask)
-          if (jobs.length === free) continue
+          if (lastClaimFull) continue
           const next = nextAfterClaim === undefined ? await nextRunAt(db, now) : nextAfterClaim
           if (next) delayMs = Math.min(delayMs, Math.max(1, next.getTime() - clock.now()))
         }
@@ -339,6 +405,8 @@ export function createDispatcher(deps: DispatcherDeps): Dispatcher {
       await loop
       await unlisten?.().catch((error: unknown) => logger.warn({ err: error }, 'stopping the notification listener failed'))
       unlisten = undefined
+      // claimed but never started: given back at once, for other replicas to take
+      await giveBack(waiting.splice(0))
       // handlers in flight get the shutdown timeout to finish; then they are aborted and their leases returned
       const inFlight = [...running.values()]
       if (inFlight.length > 0) {
