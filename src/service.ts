@@ -29,7 +29,7 @@ import { createDispatcherNotifier } from './orders/apply-observation.js'
 import { observationSettings } from './orders/observations.js'
 import { createPartnerApiClient } from './partner-api/create-partner-api-client.js'
 import { configuredReactions } from './reactions/configured-reactions.js'
-import { createDispatcher, DEFAULT_DISPATCHER_SETTINGS, type Dispatcher } from './reactions/dispatcher.js'
+import { createDispatcher, DEFAULT_DISPATCHER_SETTINGS, type Dispatcher, REACTION_CHANNEL } from './reactions/dispatcher.js'
 import type { ReactionRegistry } from './reactions/reaction-registry.js'
 import { reactionJobStats } from './reactions/reaction-job.repository.js'
 import { createPoller, dueOrderStats, type Poller, pollerSettings, type RunSummary } from './reconcile/poller.js'
@@ -139,13 +139,16 @@ export async function startService({
     stops.push({ name: 'reaction handlers', stop: () => reactions.close() })
     registerEventHandlers(eventHandlers)
     // After this process's own commit that enqueued jobs, its dispatcher is woken at once (no NOTIFY round
-    // trip) and the NOTIFY, for the other replicas, names this process: its own listener ignores it.
+    // trip). The NOTIFY is for the other replicas: it names this process (its own listener ignores it), and
+    // it is sent only while another process listens (looked up every few seconds) or while this one drains.
     let dispatcher: Dispatcher | undefined
     const notifyToken = randomUUID()
     const notifyOtherReplicas = createDispatcherNotifier(database.db, notifyToken)
+    const otherReplicas = watchOtherListeners(database, REACTION_CHANNEL, logger)
+    stops.push({ name: 'replica watch', stop: otherReplicas.stop })
     const onJobsEnqueued = () => {
       dispatcher?.wake()
-      notifyOtherReplicas()
+      if (draining || otherReplicas.present()) notifyOtherReplicas()
     }
     // STALE_AFTER_S, the reaction handlers and the wake, bound once: every observation this process applies uses them
     const observation = observationSettings(config.poll, reactions.handlersFor, onJobsEnqueued)
@@ -321,4 +324,38 @@ export async function startService({
     await stopAll()
     throw error
   }
+}
+
+// How often a replica looks for the other processes listening for reaction jobs.
+const LISTENER_LOOK_INTERVAL_MS = 5_000
+
+/**
+ * Whether another process listens on `channel`, looked up every few seconds. Until the first answer, and
+ * whenever a look fails, the answer is yes: a NOTIFY too many costs a statement, one too few a replica's wake.
+ */
+function watchOtherListeners(
+  database: DatabaseHandle,
+  channel: string,
+  logger: Logger,
+): { present(): boolean; stop(): void } {
+  let present = true
+  let failing = false
+  const look = () => {
+    database.otherListeners(channel).then(
+      (sessions) => {
+        // undefined: it cannot tell
+        present = sessions === undefined || sessions > 0
+        failing = false
+      },
+      (error: unknown) => {
+        present = true
+        if (!failing) logger.debug({ err: error }, 'cannot count the other replicas listening; notifying them all the same')
+        failing = true
+      },
+    )
+  }
+  look()
+  const timer = setInterval(look, LISTENER_LOOK_INTERVAL_MS)
+  timer.unref()
+  return { present: () => present, stop: () => clearInterval(timer) }
 }

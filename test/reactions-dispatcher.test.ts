@@ -349,6 +349,27 @@ describePostgres('the reaction claim (Postgres)', () => {
 })
 
 describePostgres('the notification listener (Postgres)', () => {
+  it('counts the listeners of other processes on a channel, never its own', async () => {
+    const database = await createTestDatabase()
+    const another = database.openAnother()
+    // a channel of this test's own: other test files' listeners share the database
+    const channel = `count_${Date.now()}_${process.pid}`
+    try {
+      // not listening itself yet: it cannot tell its own listener from others
+      expect(await database.otherListeners(channel)).toBeUndefined()
+      const unlisten = await database.listen(channel, () => {})
+      await eventually(async () => (await database.otherListeners(channel)) === 0, 'its own listener is connected and not counted')
+      const unlistenAnother = await another.listen(channel, () => {})
+      await eventually(async () => (await database.otherListeners(channel)) === 1, 'the other process’s listener is counted')
+      await unlistenAnother()
+      await eventually(async () => (await database.otherListeners(channel)) === 0, 'gone once it stopped listening')
+      await unlisten()
+    } finally {
+      await another.close()
+      await database.close()
+    }
+  })
+
   it('reconnects after its connection is cut, without an unhandled error, and hears the next commit', async () => {
     const database = await createTestDatabase()
     const name = `listener-${Date.now()}-${process.pid}`

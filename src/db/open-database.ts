@@ -31,7 +31,17 @@ export interface DatabaseHandle {
    * after a reconnect.
    */
   listen(channel: string, onNotify: (payload?: string) => void): Promise<() => Promise<void>>
+  /**
+   * How many sessions of other processes listen on `channel` (this handle's own listeners not counted):
+   * Postgres: the listener connections of every handle name themselves (application_name); undefined
+   * when that cannot tell (this handle's own listener is not connected, or is not found under that name,
+   * e.g. DATABASE_URL sets application_name). PGlite: 0, no other process can open its data directory.
+   */
+  otherListeners(channel: string): Promise<number | undefined>
 }
+
+// what every listener connection calls itself in pg_stat_activity, so other processes can count them
+const listenerName = (channel: string) => `partner-escrow listen ${channel}`.slice(0, 63)
 
 export interface OpenDatabaseOptions {
   /** postgres:// URL; when absent, embedded PGlite is used. */
@@ -98,11 +108,24 @@ function openPostgres(databaseUrl: string, { poolSize = 10, logger }: OpenDataba
     dialect: new PostgresDialect({ pool }),
     plugins: [new CamelCasePlugin()],
   })
+  // the backend pids of this handle's listener connections
+  const ownListeners = new Set<number>()
   return {
     db,
     kind: 'postgres',
     poolStats: () => ({ total: pool.totalCount, idle: pool.idleCount, waiting: pool.waitingCount }),
-    listen: async (channel, onNotify) => listenOnPostgres(databaseUrl, channel, onNotify, logger),
+    listen: async (channel, onNotify) => listenOnPostgres(databaseUrl, channel, onNotify, logger, ownListeners),
+    otherListeners: async (channel) => {
+      if (ownListeners.size === 0) return undefined
+      const { rows } = await pool.query<{ own: number; others: number }>(
+        `select count(*) filter (where pid = any($2::int[]))::int as own,
+           count(*) filter (where not (pid = any($2::int[])))::int as others
+         from pg_stat_activity where datname = current_database() and application_name = $1`,
+        [listenerName(channel), [...ownListeners]],
+      )
+      const [row] = rows
+      return row && row.own > 0 ? row.others : undefined
+    },
     close: () => db.destroy(),
   }
 }
@@ -117,13 +140,19 @@ function listenOnPostgres(
   channel: string,
   onNotify: (payload?: string) => void,
   logger: Logger | undefined,
+  ownListeners: Set<number>,
 ): () => Promise<void> {
   const stopping = new AbortController()
   let client: pg.Client | undefined
   const run = async () => {
     let failures = 0
     while (!stopping.signal.aborted) {
-      const connection = new pg.Client({ connectionString: databaseUrl, keepAlive: true, connectionTimeoutMillis: 5_000 })
+      const connection = new pg.Client({
+        connectionString: databaseUrl,
+        keepAlive: true,
+        connectionTimeoutMillis: 5_000,
+        application_name: listenerName(channel),
+      })
       client = connection
       const ended = new Promise<void>((resolve) => {
         connection.on('end', resolve)
@@ -137,6 +166,8 @@ function listenOnPostgres(
       })
       try {
         await connection.connect()
+        const pid = (connection as unknown as { processID: number | null }).processID
+        if (pid !== null) ownListeners.add(pid)
         await connection.query(`LISTEN ${connection.escapeIdentifier(channel)}`)
         failures = 0
         onNotify()
@@ -144,6 +175,8 @@ function listenOnPostgres(
       } catch (error) {
         if (!stopping.signal.aborted) logger?.warn({ err: describeDatabaseError(error) }, 'notification listener cannot connect')
       }
+      const pid = (connection as unknown as { processID: number | null }).processID
+      if (pid !== null) ownListeners.delete(pid)
       connection.end().catch(() => {})
       if (stopping.signal.aborted) break
       failures += 1
@@ -204,6 +237,7 @@ function openPglite({ dataDir = 'memory://', logger, pgliteTemplate }: OpenDatab
       return pglite.dumpDataDir('gzip')
     },
     // one process, one connection: the statement's NOTIFY reaches this same session on commit
+    otherListeners: async () => 0,
     listen: async (channel, onNotify) => {
       const unlisten = await pglite.listen(channel, (payload) => onNotify(payload))
       return async () => {

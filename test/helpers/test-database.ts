@@ -61,6 +61,7 @@ export function useTestDatabase(options: TestDatabaseOptions = {}): TestDatabase
     },
     poolStats: () => database().poolStats(),
     listen: (channel, onNotify) => database().listen(channel, onNotify),
+    otherListeners: (channel) => database().otherListeners(channel),
     openAnother: () => database().openAnother(),
     close: () => database().close(),
   }
