@@ -258,7 +258,9 @@ async function ingestBench({ reactionsOnly = false } = {}): Promise<LoadResult[]
         result.cpuUsPerRequest = Math.round(((cpuMs(child.pid!) - cpuBefore) * 1000) / Math.max(1, result.requests))
         result.peakRssMb = peakRssMb(child.pid!)
         const after = await jobCounts()
-        handlerBacklog.set(result, { jobs: after.jobs - before.jobs, notDone: after.notDone - before.notDone })
+        // not done when the load ended: all of them, the warm-up's included (a difference goes negative when
+        // the load's first moments finish the warm-up's jobs)
+        handlerBacklog.set(result, { jobs: after.jobs - before.jobs, notDone: after.notDone })
         return result
       } finally {
         child.kill('SIGINT')
