@@ -23,7 +23,7 @@ const requests = Number(requestsArg ?? 6000)
 const baseUrl = process.env.BENCH_DATABASE_URL || 'postgres://postgres@127.0.0.1:5432/test'
 const handlerIn = (name: string) => process.env.AB_HANDLER === 'noop' || (process.env.AB_HANDLER === 'noop-b' && name === 'B')
 const noopHandler = handlerIn('A') || handlerIn('B')
-const envB = Object.fromEntries((process.env.AB_B_ENV ?? '').split(' ').filter(Boolean).map((pair) => pair.split('=') as [string, string]))
+const envB = Object.fromEntries((process.env.AB_B_ENV ?? '').split(' ').filter(Boolean).map((pair) => [pair.slice(0, pair.indexOf('=')), pair.slice(pair.indexOf('=') + 1)]))
 const run = `ab${randomBytes(3).toString('hex')}`
 let sequence = 0
 
