@@ -13,12 +13,15 @@ export interface GrowthSeed {
 }
 
 const CHUNK = 1_000_000
+// transitions stored per seeded order (its history, the reactions' outbox)
+const HISTORY_PER_ORDER = 5
 const STATUSES = `array['created', 'funded', 'delivered', 'disputed', 'resolved']`
 
 /**
  * Adds `deliveries` stored deliveries and `orders` orders to a migrated schema (the bench's own orders,
  * bench-1.., among them): deliveries spread over the orders and five statuses, most applied, some
- * unmatched and a few of other event types, received one every 100 ms up to now.
+ * unmatched and a few of other event types, received one every 100 ms up to now; and five transitions of
+ * history per order.
  */
 export async function seedGrowth(url: string, { deliveries, orders }: { deliveries: number; orders: number }): Promise<GrowthSeed> {
   const client = new pg.Client({ connectionString: url })
@@ -47,8 +50,24 @@ export async function seedGrowth(url: string, { deliveries, orders }: { deliveri
       )
       process.stderr.write(`growth: ${to.toLocaleString('en')} deliveries stored (${Math.round((Date.now() - started) / 1000)} s)\n`)
     }
+    // each order's history as the ingest leaves it: five transitions, each with its event id (random, the
+    // column's default) and sequence; in chunks of orders, each statement within the read timeout
+    const perChunk = CHUNK / HISTORY_PER_ORDER
+    for (let from = 1; from <= orders; from += perChunk) {
+      await client.query(
+        `insert into order_status_history (order_id, from_status, to_status, source, delivery_id, recorded_at,
+           sequence, trade_id, external_reference)
+         select o.id, case when n = 1 then null else (${STATUSES})[n - 1] end, (${STATUSES})[n], 'webhook',
+           'h-' || o.id || '-' || n, now() - interval '1 day' + n * interval '1 minute', n, 'trd-g-' || o.id,
+           o.external_reference
+         from orders o, generate_series(1, ${HISTORY_PER_ORDER}) n
+         where o.id between $1 and $2`,
+        [from, from + perChunk - 1],
+      )
+    }
     await client.query('vacuum analyze webhook_deliveries')
     await client.query('vacuum analyze orders')
+    await client.query('vacuum analyze order_status_history')
     // the seed leaves gigabytes of dirty buffers and WAL behind it: flushed now, not by the checkpoint that
     // would otherwise fall inside the measured run (a table that grew over months carries no such debt)
     await client.query('checkpoint')

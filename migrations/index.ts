@@ -8,6 +8,7 @@ import * as reactionOutbox from './0004_reaction_outbox.js'
 import * as consoleReactionIndexes from './0005_console_reaction_indexes.js'
 import * as deliveryTradeReference from './0006_delivery_trade_reference.js'
 import * as retention from './0007_retention.js'
+import * as timeOrderedEventIds from './0008_time_ordered_event_ids.js'
 
 export const migrations: Record<string, Migration> = {
   '0001_initial': initial,
@@ -17,4 +18,5 @@ export const migrations: Record<string, Migration> = {
   '0005_console_reaction_indexes': consoleReactionIndexes,
   '0006_delivery_trade_reference': deliveryTradeReference,
   '0007_retention': retention,
+  '0008_time_ordered_event_ids': timeOrderedEventIds,
 }

@@ -125,3 +125,38 @@ describe('migration 0006 on a database with data', () => {
     }
   })
 })
+
+describe('migration 0008 on a database with data', () => {
+  it('gives new transitions event ids in time order (UUID version 7) and keeps the stored ones', async () => {
+    const database = await databaseMigratedTo('0007_retention')
+    try {
+      const { order } = await createOrder(database.db, { externalReference: 'uuid-1' })
+      await sql`insert into order_status_history (order_id, to_status, source, sequence) values (${order.id}, 'funded', 'webhook', 1)`.execute(database.db)
+      const [old] = (await sql<{ eventId: string }>`select event_id from order_status_history`.execute(database.db)).rows
+      expect(old!.eventId).toMatch(/^[0-9a-f]{8}-[0-9a-f]{4}-4[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}$/)
+
+      expect((await migrateToLatest(database.db)).applied).toContain('0008_time_ordered_event_ids')
+
+      const before = Date.now()
+      for (const [sequence, status] of [[2, 'delivered'], [3, 'released']] as const) {
+        await sql`insert into order_status_history (order_id, to_status, source, sequence) values (${order.id}, ${status}, 'webhook', ${sequence})`.execute(database.db)
+        await new Promise((resolve) => setTimeout(resolve, 5))
+      }
+      const after = Date.now()
+      const ids = (await sql<{ eventId: string }>`select event_id from order_status_history order by id`.execute(database.db)).rows.map((row) => row.eventId)
+      expect(ids[0]).toBe(old!.eventId)
+      const added = ids.slice(1)
+      for (const id of added) {
+        // version 7, the RFC 9562 variant, and the first 48 bits the insert's time in milliseconds
+        expect(id).toMatch(/^[0-9a-f]{8}-[0-9a-f]{4}-7[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}$/)
+        const millis = Number.parseInt(id.replaceAll('-', '').slice(0, 12), 16)
+        expect(millis).toBeGreaterThanOrEqual(before - 1000)
+        expect(millis).toBeLessThanOrEqual(after + 1000)
+      }
+      // in the order they were written, as a btree on event_id sees them
+      expect([...added].sort()).toEqual(added)
+    } finally {
+      await database.close()
+    }
+  })
+})
