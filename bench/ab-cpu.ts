@@ -11,9 +11,8 @@
 // more of B's environment (a setting's effect, with the same tree as A and B).
 import { once } from 'node:events'
 import { randomBytes } from 'node:crypto'
-import autocannon from 'autocannon'
 import pg from 'pg'
-import { deliveryHeaders } from './bench-secrets.js'
+import { type MakeDelivery, sendDeliveries } from './send-deliveries.js'
 import { cpuMs, startService } from './service-process.js'
 
 const [distA, distB, pairsArg, requestsArg] = process.argv.slice(2)
@@ -27,26 +26,8 @@ const envB = Object.fromEntries((process.env.AB_B_ENV ?? '').split(' ').filter(B
 const run = `ab${randomBytes(3).toString('hex')}`
 let sequence = 0
 
-async function fire(port: number, make: (index: number) => { body: string; deliveryId: string }, amount: number) {
-  const result = await autocannon({
-    url: `http://127.0.0.1:${port}`,
-    connections: 50,
-    amount,
-    requests: [
-      {
-        method: 'POST',
-        path: '/webhooks/partner',
-        setupRequest: ((request: Record<string, unknown>) => {
-          const { body, deliveryId } = make(sequence++)
-          request.body = body
-          request.headers = deliveryHeaders(body, deliveryId)
-          return request
-        }) as never,
-      },
-    ],
-  })
-  if (result.non2xx || result.errors) throw new Error(`non-2xx ${result.non2xx}, errors ${result.errors}`)
-}
+// one counter for the whole run: no delivery id repeats across rounds
+const fire = (port: number, make: MakeDelivery, amount: number) => sendDeliveries(port, () => make(sequence++), amount)
 
 const seen = (index: number) => {
   const k = (index % 5000) + 1
