@@ -39,8 +39,8 @@ const RECEIVED_DUPLICATE = Buffer.from(JSON.stringify({ received: true, duplicat
 export function webhookEndpoint(deps: WebhookEndpointDeps): WebhookEndpoint {
   const { logger, metrics } = deps
   // The one line every delivery writes holds only fields built here (a delivery id that could carry a
-  // secret is logged as its hash), so it skips pino's redaction by path: a quarter of a duplicate's CPU
-  // (bench/results/latest.md). Configured secrets are still blanked out of it (logger.ts).
+  // secret is logged as its hash), so it skips pino's redaction by path: about a tenth of a duplicate's
+  // CPU (bench/results/latest.md). Configured secrets are still blanked out of it (logger.ts).
   const deliveryLog = logger.child({}, { redact: [] })
   const counted = (outcome: string) => metrics?.deliveries.inc({ outcome })
 
