@@ -9,6 +9,7 @@ import * as consoleReactionIndexes from './0005_console_reaction_indexes.js'
 import * as deliveryTradeReference from './0006_delivery_trade_reference.js'
 import * as retention from './0007_retention.js'
 import * as timeOrderedEventIds from './0008_time_ordered_event_ids.js'
+import * as reactionStreams from './0009_reaction_streams.js'
 
 export const migrations: Record<string, Migration> = {
   '0001_initial': initial,
@@ -19,4 +20,5 @@ export const migrations: Record<string, Migration> = {
   '0006_delivery_trade_reference': deliveryTradeReference,
   '0007_retention': retention,
   '0008_time_ordered_event_ids': timeOrderedEventIds,
+  '0009_reaction_streams': reactionStreams,
 }

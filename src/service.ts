@@ -265,6 +265,7 @@ export async function startService({
         createDispatcher({
           db: database.db,
           handler: reactions.handler,
+          streams: reactions,
           clock,
           logger,
           listen: (channel, onNotify) =>

@@ -57,6 +57,7 @@ describe('the reaction dispatcher', () => {
     dispatcher = createDispatcher({
       db: database.db,
       handler: reactions.handler,
+      streams: reactions,
       clock,
       logger: testLogger(),
       listen: database.listen,

@@ -27,6 +27,8 @@ export interface OrdersTable {
   lastPolledAt: Timestamp | null
   attention: string | null
   version: Generated<number>
+  /** The stream position (xid8, as text) of the order's latest event (migrations/0009). */
+  lastEventPosition: string | null
   createdAt: GeneratedTimestamp
   updatedAt: GeneratedTimestamp
 }
@@ -63,6 +65,20 @@ export interface OrderStatusHistoryTable {
   sequence: number | null
   tradeId: string | null
   externalReference: string | null
+  /** Where the event stands in the handlers' streams (xid8, as text); null before migrations/0009. */
+  streamPosition: string | null
+}
+
+/** One handler's place in the history: see src/reactions/reaction-stream.repository.ts. */
+export interface ReactionStreamsTable {
+  handler: string
+  /** The last (position, history id) taken; xid8 as text. */
+  position: string
+  historyId: string
+  leaseToken: string | null
+  leaseExpiresAt: Timestamp | null
+  createdAt: GeneratedTimestamp
+  updatedAt: GeneratedTimestamp
 }
 
 /** One (event, handler): see src/reactions/reaction-job.repository.ts. */
@@ -108,5 +124,6 @@ export interface Database {
   orderStatusHistory: OrderStatusHistoryTable
   reconcileRuns: ReconcileRunsTable
   reactionJobs: ReactionJobsTable
+  reactionStreams: ReactionStreamsTable
   retentionProgress: RetentionProgressTable
 }

@@ -276,6 +276,9 @@ function observationStatement(
   const decision = sql`
     decision as (
       select i.n, o.id, o.trade_status as from_status, o.version, o.external_reference as order_reference,
+        -- the event's place in the reaction streams: this transaction's id, or the order's previous event's
+        -- place when that is larger, so one order's events never go backwards (migrations/0009)
+        greatest(pg_current_xact_id(), o.last_event_position) as stream_position,
         coalesce(o.trade_id, i.trade_id) as event_trade_id,
         case
           when o.trade_id is not null and o.trade_id <> i.trade_id then 'trade_mismatch'
@@ -290,7 +293,7 @@ function observationStatement(
       from input i
       cross join lateral (
         select o.id, o.trade_id, o.trade_status, o.is_terminal, o.status_rank, o.visited_statuses, o.version,
-          o.external_reference
+          o.external_reference, o.last_event_position
         from orders o
         where ${TARGET_CONDITIONS[kind]}
           ${
@@ -370,6 +373,7 @@ function observationStatement(
             : sql``
         }
         version = o.version + case when e.outcome = 'applied' then 1 else 0 end,
+        last_event_position = case when e.outcome = 'applied' then e.stream_position else o.last_event_position end,
         updated_at = e.observed_at
       from effective e
       where o.id = e.id and (e.outcome in ('applied', 'duplicate_effect', 'unknown_status') or ${releasesLease}::boolean)
@@ -378,22 +382,20 @@ function observationStatement(
       -- the sequence is the order's version after the move (the update above adds exactly 1); one
       -- statement never names an order twice, so the locked row's version + 1 is that version
       insert into order_status_history
-        (order_id, from_status, to_status, source, delivery_id, recorded_at, sequence, trade_id, external_reference)
+        (order_id, from_status, to_status, source, delivery_id, recorded_at, sequence, trade_id, external_reference,
+         stream_position)
       select e.id, e.from_status, e.status, e.source, e.history_delivery_id, e.observed_at, e.version + 1,
-        e.event_trade_id, e.order_reference
+        e.event_trade_id, e.order_reference, e.stream_position
       from effective e
       where e.outcome = 'applied'
-      ${withReactions ? sql`returning event_id, order_id, sequence` : sql``}
+      ${withReactions ? sql`returning order_id` : sql``}
     )${
       withReactions
         ? sql`,
+    -- the events some handler takes: the dispatchers read them from the history (their streams), and
+    -- are only told that there are some
     jobs as (
-      insert into reaction_jobs (event_id, order_id, sequence, handler, run_at)
-      select h.event_id, h.order_id, h.sequence, handler.name, e.observed_at
-      from history h
-      join effective e on e.id = h.order_id
-      cross join lateral unnest(string_to_array(e.handlers, ',')) as handler(name)
-      returning 1
+      select 1 from history h join effective e on e.id = h.order_id where e.handlers is not null
     )${
       notifyAfter
         ? sql``

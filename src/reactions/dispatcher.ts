@@ -30,6 +30,8 @@ import {
   retryJobLater,
 } from './reaction-job.repository.js'
 import type { ReactionHandler } from './reaction-event.js'
+import { ensureReactionStreams } from './reaction-stream.repository.js'
+import { createStreamWorker, type StreamWorker } from './stream-worker.js'
 
 export const REACTION_CHANNEL = 'reaction_jobs'
 
@@ -70,6 +72,11 @@ export interface DispatcherDeps {
   clock: Clock
   logger: Logger
   settings: DispatcherSettings
+  /**
+   * The handlers whose streams this dispatcher reads (stream-worker.ts): their names and which types each
+   * takes (the registry). Absent: only the job rows are run (tests of the job loop alone).
+   */
+  streams?: { readonly names: readonly string[]; handlersFor(type: string): readonly string[] } | undefined
   /** Subscribes to the jobs channel (DatabaseHandle.listen); absent: timers only. */
   listen?: (channel: string, onNotify: () => void) => Promise<() => Promise<void>>
   /** Jitter source in [0, 1). */
@@ -102,6 +109,37 @@ interface Claim {
 const ALL_JOBS_ENDED = new Error('every job of the claim ended')
 const WOKEN = new Error('woken')
 
+/** A loop's sleep that a wake ends early; a wake that comes while the loop is busy is kept for its next sleep. */
+function createWaker(clock: Clock) {
+  let woken = false
+  let interrupt: (() => void) | undefined
+  return {
+    wake() {
+      woken = true
+      interrupt?.()
+    },
+    /** Called as the loop starts a round: what wakes it from here on ends its next sleep. */
+    reset() {
+      woken = false
+    },
+    async sleep(ms: number, signal: AbortSignal) {
+      if (woken || ms <= 0 || signal.aborted) return
+      const controller = new AbortController()
+      interrupt = () => controller.abort(WOKEN)
+      try {
+        await clock.sleep(ms, AbortSignal.any([signal, controller.signal]))
+      } catch {
+        // woken or stopping: the loop decides
+      } finally {
+        interrupt = undefined
+      }
+    },
+  }
+}
+
+// a stream with nothing readable but events still in flight looks again after this, doubling up to a second
+const WITHHELD_FIRST_MS = 2
+
 export function createDispatcher(deps: DispatcherDeps): Dispatcher {
   const { db, clock, logger, settings } = deps
   const random = deps.random ?? Math.random
@@ -109,13 +147,13 @@ export function createDispatcher(deps: DispatcherDeps): Dispatcher {
   let stopping: AbortController | undefined
   let loop: Promise<void> | undefined
   let unlisten: (() => Promise<void>) | undefined
-  // a wake that arrives while the loop is busy is kept, so the loop looks again before it sleeps
-  let woken = false
-  let interruptSleep: (() => void) | undefined
+  // the job loop's, and one per stream
+  const jobWaker = createWaker(clock)
+  let streams: { worker: StreamWorker; waker: ReturnType<typeof createWaker>; loop: Promise<void> }[] = []
 
   const wake = () => {
-    woken = true
-    interruptSleep?.()
+    jobWaker.wake()
+    for (const stream of streams) stream.waker.wake()
   }
 
   // handlers running now (a finished handler's job may still wait for its write-back, in `running`):
@@ -319,23 +357,35 @@ export function createDispatcher(deps: DispatcherDeps): Dispatcher {
     running.set(job.id, entry)
   }
 
-  const sleep = async (ms: number, signal: AbortSignal) => {
-    if (woken || ms <= 0) return
-    const interrupt = new AbortController()
-    interruptSleep = () => interrupt.abort(WOKEN)
-    try {
-      await clock.sleep(ms, AbortSignal.any([signal, interrupt.signal]))
-    } catch {
-      // woken or stopping: the loop decides
-    } finally {
-      interruptSleep = undefined
+  const streamLoop = async (worker: StreamWorker, waker: ReturnType<typeof createWaker>, signal: AbortSignal) => {
+    let failures = 0
+    let withheldMs = WITHHELD_FIRST_MS
+    while (!signal.aborted) {
+      waker.reset()
+      let delayMs = settings.safetyIntervalMs
+      try {
+        const { full, withheld } = await worker.batch(signal)
+        failures = 0
+        if (full) continue
+        if (withheld) {
+          delayMs = withheldMs
+          withheldMs = Math.min(1_000, withheldMs * 2)
+        } else {
+          withheldMs = WITHHELD_FIRST_MS
+        }
+      } catch (error) {
+        failures += 1
+        delayMs = Math.min(settings.safetyIntervalMs, 500 * 2 ** Math.min(failures, 6))
+        logger.warn({ err: error, retryInMs: delayMs }, 'reaction dispatcher could not read a handler stream; trying again')
+      }
+      await waker.sleep(delayMs, signal)
     }
   }
 
   const runLoop = async (signal: AbortSignal) => {
     let failures = 0
     while (!signal.aborted) {
-      woken = false
+      jobWaker.reset()
       let delayMs = settings.safetyIntervalMs
       try {
         // room for as many as a free slot each, and ahead of the slots while handlers run (see CLAIM_AHEAD)
@@ -373,13 +423,13 @@ export function createDispatcher(deps: DispatcherDeps): Dispatcher {
         delayMs = Math.min(settings.safetyIntervalMs, 500 * 2 ** Math.min(failures, 6))
         logger.warn({ err: error, retryInMs: delayMs }, 'reaction dispatcher could not claim jobs; trying again')
       }
-      await sleep(delayMs, signal)
+      await jobWaker.sleep(delayMs, signal)
     }
   }
 
   return {
     get running() {
-      return running.size
+      return running.size + streams.reduce((sum, stream) => sum + stream.worker.running, 0)
     },
     wake,
     async start() {
@@ -392,16 +442,60 @@ export function createDispatcher(deps: DispatcherDeps): Dispatcher {
           logger.warn({ err: error }, 'cannot listen for reaction notifications; looking on timers only')
         }
       }
+      const stopSignal = stopping.signal
+      const names = deps.streams?.names ?? []
+      if (names.length > 0) {
+        // a handler new in this deploy starts after the events already committed; retried until the database answers
+        for (let failures = 0; ; failures += 1) {
+          try {
+            await ensureReactionStreams(db, names, new Date(clock.now()))
+            break
+          } catch (error) {
+            if (stopSignal.aborted) return
+            const delayMs = Math.min(settings.safetyIntervalMs, 500 * 2 ** Math.min(failures, 6))
+            logger.warn({ err: error, retryInMs: delayMs }, 'could not create the reaction streams; trying again')
+            await clock.sleep(delayMs, stopSignal).catch(() => {})
+          }
+        }
+      }
+      const leaseToken = randomUUID()
+      streams = names.map((name) => {
+        const worker = createStreamWorker({
+          db,
+          name,
+          handler: deps.handler(name),
+          takes: (type) => deps.streams!.handlersFor(type).includes(name),
+          clock,
+          logger,
+          settings,
+          leaseToken,
+          random,
+          report,
+          onFirstStart: deps.onFirstStart,
+          jobsWritten: () => jobWaker.wake(),
+          describeFailure,
+        })
+        const waker = createWaker(clock)
+        return { worker, waker, loop: streamLoop(worker, waker, stopSignal) }
+      })
       logger.info(
-        { concurrency: settings.concurrency, maxAttempts: settings.maxAttempts, leaseMs: settings.leaseMs },
+        { concurrency: settings.concurrency, maxAttempts: settings.maxAttempts, leaseMs: settings.leaseMs, streams: names },
         'reaction dispatcher started',
       )
-      loop = runLoop(stopping.signal)
+      loop = runLoop(stopSignal)
     },
     async stop() {
       if (!loop || !stopping) return
       stopping.abort(new Error('reaction dispatcher stopping'))
-      interruptSleep?.()
+      wake()
+      // each stream's batch gives its handlers the shutdown timeout, writes what finished, and its lease is given back
+      await Promise.all(
+        streams.map(async (stream) => {
+          await stream.loop
+          await stream.worker.release().catch((error: unknown) => logger.warn({ err: error }, 'could not give back a reaction stream lease; it runs out on its own'))
+        }),
+      )
+      streams = []
       await loop
       await unlisten?.().catch((error: unknown) => logger.warn({ err: error }, 'stopping the notification listener failed'))
       unlisten = undefined

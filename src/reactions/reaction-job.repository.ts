@@ -16,6 +16,7 @@ import { type Kysely, sql } from 'kysely'
 import type { Database } from '../db/database.js'
 import { PREPARED } from '../db/open-database.js'
 import type { ReactionEvent } from './reaction-event.js'
+import { reactionStreamBacklog } from './reaction-stream.repository.js'
 
 export type ReactionJobState = 'pending' | 'running' | 'done' | 'failed' | 'skipped'
 export const REACTION_JOB_STATES: readonly ReactionJobState[] = ['pending', 'running', 'done', 'failed', 'skipped']
@@ -384,10 +385,11 @@ async function refusal(db: Kysely<Database>, id: string): Promise<{ result: Oper
 }
 
 export interface ReactionJobStats {
+  /** Job rows waiting to run (a retry's backoff, behind an earlier job), and the events the streams have not taken yet. */
   pending: number
   running: number
   failed: number
-  /** Seconds since the oldest job still to run (pending or running) was enqueued; 0 when none. */
+  /** Seconds since the oldest job or stream event still to run was committed; 0 when none. */
   oldestPendingAgeS: number
 }
 
@@ -411,6 +413,10 @@ export async function reactionJobStats(db: Kysely<Database>, now: Date): Promise
       oldest = oldest === undefined ? at : Math.min(oldest, at)
     }
   }
+  // the events committed and not yet read by their handler's stream are pending too
+  const backlog = await reactionStreamBacklog(db)
+  stats.pending += backlog.events
+  if (backlog.oldest) oldest = oldest === undefined ? backlog.oldest.getTime() : Math.min(oldest, backlog.oldest.getTime())
   if (oldest !== undefined) stats.oldestPendingAgeS = Math.max(0, (now.getTime() - oldest) / 1000)
   return stats
 }

@@ -1,0 +1,248 @@
+// Every query on reaction_streams: one row per handler, its place in the status history (migrations/0009).
+//
+// A handler's new events are read from the history, in stream order (position, then history id), from just
+// after the (position, history id) its row holds, and only below the reading snapshot's xmin: every
+// transaction whose id is below it has ended, so nothing can still appear behind what was read. One order's
+// events have non-decreasing positions, so they come in sequence order.
+//
+// One replica at a time reads a handler's stream: the read takes (or renews) the row's lease, and the
+// write-back of what the batch did (the job rows of its events and the new place) is one statement that
+// only happens under the same lease token. A replica that dies mid-batch wrote nothing: once its lease ends
+// another one reads the same events again (at least once, as with every job).
+import { type Kysely, sql } from 'kysely'
+import type { Database } from '../db/database.js'
+import { PREPARED } from '../db/open-database.js'
+import type { ReactionEvent } from './reaction-event.js'
+
+/** A place in the history: the events after it are still to be taken. */
+export interface StreamPlace {
+  position: string
+  historyId: string
+}
+
+/** One event read from a handler's stream, with its place. */
+export interface StreamEvent extends StreamPlace {
+  event: ReactionEvent
+  /** When the transition was recorded (its history row's recorded_at), for the commit-to-handler latency. */
+  recordedAt: Date
+  /** The event already has a job row for this handler (a batch cut short by a shutdown wrote it): skip it. */
+  taken: boolean
+}
+
+/**
+ * Gives each named handler a stream row, starting after every event already committed: a handler that
+ * appears in a deploy takes the transitions from then on (a stream that exists is left as it is).
+ */
+export async function ensureReactionStreams(db: Kysely<Database>, handlers: readonly string[], now: Date): Promise<void> {
+  if (handlers.length === 0) return
+  // (xmin, 0): every position below xmin is committed and left behind; a position at or above it may
+  // still be in flight, and is taken
+  await sql`
+    insert into reaction_streams (handler, position, history_id, created_at, updated_at)
+    select handler, pg_snapshot_xmin(pg_current_snapshot()), 0, ${now}, ${now}
+    from unnest(${[...handlers]}::text[]) as handler
+    on conflict (handler) do nothing`.execute(db)
+}
+
+export interface StreamRead {
+  /** False: another replica holds this stream's lease (or the stream does not exist). */
+  leased: boolean
+  /** The events read, in stream order (every type: the caller keeps the handler's). */
+  events: StreamEvent[]
+  /** The place the batch started from. */
+  from: StreamPlace | undefined
+  /** Events after the read ones are committed or in flight at or above the snapshot's xmin: look again soon. */
+  withheld: boolean
+}
+
+interface StreamRow {
+  fromPosition: string
+  fromHistoryId: string | number
+  position: string | null
+  historyId: string | number | null
+  eventId: string | null
+  orderId: number | null
+  fromStatus: string | null
+  toStatus: string | null
+  source: string | null
+  sequence: number | null
+  tradeId: string | null
+  externalReference: string | null
+  recordedAt: Date | string | null
+  taken: boolean | null
+  withheld: boolean
+}
+
+/**
+ * Takes (or renews) the lease of `handler`'s stream until `leaseEnd` and reads up to `limit` events after
+ * its place. One statement: the lease is only taken when it is free, run out, or already this token's.
+ */
+export async function readReactionStream(
+  db: Kysely<Database>,
+  { handler, leaseToken, now, leaseEnd, limit }: { handler: string; leaseToken: string; now: Date; leaseEnd: Date; limit: number },
+): Promise<StreamRead> {
+  const { rows } = await sql<StreamRow>`${sql.raw(PREPARED)}
+    with stream as (
+      update reaction_streams set lease_token = ${leaseToken}, lease_expires_at = ${leaseEnd}, updated_at = ${now}
+      where handler = ${handler}
+        and (lease_token is null or lease_token = ${leaseToken} or lease_expires_at <= ${now})
+      returning position, history_id
+    ), place as materialized (
+      select s.position, s.history_id,
+        -- events visible at or past the snapshot's xmin, which a later read takes (one index probe)
+        exists (select 1 from order_status_history w
+          where w.stream_position >= pg_snapshot_xmin(pg_current_snapshot())
+            and (w.stream_position, w.id) > (s.position, s.history_id)) as withheld
+      from stream s
+    )
+    select p.position::text as from_position, p.history_id as from_history_id, p.withheld,
+      h.stream_position::text as position, h.id as history_id, h.event_id, h.order_id, h.from_status, h.to_status,
+      h.source, h.sequence, h.trade_id, h.external_reference, h.recorded_at,
+      exists (select 1 from reaction_jobs j where j.event_id = h.event_id and j.handler = ${handler}) as taken
+    from place p left join lateral (
+      select * from order_status_history h
+      where h.stream_position is not null
+        and (h.stream_position, h.id) > (p.position, p.history_id)
+        and h.stream_position < pg_snapshot_xmin(pg_current_snapshot())
+      order by h.stream_position, h.id
+      limit ${limit}
+    ) h on true
+    order by h.stream_position, h.id`.execute(db)
+  const [first] = rows
+  if (!first) return { leased: false, events: [], from: undefined, withheld: false }
+  const events: StreamEvent[] = []
+  for (const row of rows) {
+    if (row.position === null || row.historyId === null || row.toStatus === null) continue
+    const recordedAt = new Date(row.recordedAt!)
+    events.push({
+      position: row.position,
+      historyId: String(row.historyId),
+      recordedAt,
+      taken: row.taken === true,
+      event: {
+        eventId: row.eventId!,
+        type: `trade.${row.toStatus}`,
+        orderId: row.orderId!,
+        externalReference: row.externalReference ?? '',
+        tradeId: row.tradeId ?? '',
+        from: row.fromStatus,
+        to: row.toStatus,
+        source: row.source!,
+        sequence: row.sequence ?? 0,
+        occurredAt: recordedAt,
+      },
+    })
+  }
+  return {
+    leased: true,
+    events,
+    from: { position: first.fromPosition, historyId: String(first.fromHistoryId) },
+    withheld: first.withheld === true,
+  }
+}
+
+/** The orders among `orderIds` with an unfinished job of `handler`: their new events wait behind it. */
+export async function ordersWithUnfinishedJobs(db: Kysely<Database>, handler: string, orderIds: readonly number[]): Promise<Set<number>> {
+  if (orderIds.length === 0) return new Set()
+  const { rows } = await sql<{ orderId: number }>`${sql.raw(PREPARED)}
+    select distinct order_id from reaction_jobs
+    where handler = ${handler} and order_id = any(${[...orderIds]}::int[]) and state not in ('done', 'skipped')`.execute(db)
+  return new Set(rows.map((row) => row.orderId))
+}
+
+/** What a batch did with one event: the job row it leaves. */
+export interface StreamOutcome {
+  event: ReactionEvent
+  /** done: handled. pending: to run at runAt (a retry after a throw, or waiting behind an earlier job). failed: the dead letter. */
+  state: 'done' | 'pending' | 'failed'
+  attempts: number
+  runAt: Date
+  lastError: string | null
+  /** When the transition committed: the job's created_at. */
+  createdAt: Date
+}
+
+/**
+ * Writes a batch back: its events' job rows and the stream's new place, in one statement, only while
+ * `leaseToken` still holds the stream (the lease is renewed to `leaseEnd`). False: the lease was lost and
+ * nothing was written (another replica reads the batch again).
+ */
+export async function writeReactionStream(
+  db: Kysely<Database>,
+  {
+    handler,
+    leaseToken,
+    place,
+    outcomes,
+    now,
+    leaseEnd,
+  }: { handler: string; leaseToken: string; place: StreamPlace; outcomes: readonly StreamOutcome[]; now: Date; leaseEnd: Date },
+): Promise<boolean> {
+  const input = JSON.stringify(
+    outcomes.map(({ event, state, attempts, runAt, lastError, createdAt }) => ({
+      event_id: event.eventId,
+      order_id: event.orderId,
+      sequence: event.sequence,
+      state,
+      attempts,
+      run_at: runAt.toISOString(),
+      last_error: lastError,
+      created_at: createdAt.toISOString(),
+    })),
+  )
+  const { rows } = await sql<{ moved: boolean }>`${sql.raw(PREPARED)}
+    with moved as (
+      update reaction_streams set position = ${place.position}::xid8, history_id = ${place.historyId}::bigint,
+        lease_expires_at = ${leaseEnd}, updated_at = ${now}
+      where handler = ${handler} and lease_token = ${leaseToken}
+      returning 1
+    ), jobs as (
+      insert into reaction_jobs (event_id, order_id, sequence, handler, state, attempts, run_at, last_error,
+        created_at, updated_at, finished_at)
+      select o.event_id, o.order_id, o.sequence, ${handler}, o.state, o.attempts, o.run_at, o.last_error,
+        o.created_at, ${now}, case when o.state = 'pending' then null else ${now}::timestamptz end
+      from json_to_recordset(${input}::json) as o(event_id uuid, order_id int, sequence int, state text, attempts int,
+        run_at timestamptz, last_error text, created_at timestamptz)
+      where exists (select 1 from moved)
+      on conflict (event_id, handler) do nothing
+      returning 1
+    )
+    select exists (select 1 from moved) as moved, (select count(*) from jobs) as jobs`.execute(db)
+  return rows[0]?.moved === true
+}
+
+/** Gives a stream's lease back (shutdown): another replica may read it at once. */
+export async function releaseReactionStream(db: Kysely<Database>, handler: string, leaseToken: string): Promise<void> {
+  await db
+    .updateTable('reactionStreams')
+    .set({ leaseToken: null, leaseExpiresAt: null })
+    .where('handler', '=', handler)
+    .where('leaseToken', '=', leaseToken)
+    .execute()
+}
+
+export interface StreamBacklog {
+  /** Events committed and not yet taken by their handler, summed over the streams (of every type: an upper bound). */
+  events: number
+  /** When the oldest of them committed; undefined when none. */
+  oldest: Date | undefined
+}
+
+/**
+ * What the streams have not taken yet: for each stream, the history after its place (counted up to
+ * `cap` per stream, so a long backlog costs a bounded walk).
+ */
+export async function reactionStreamBacklog(db: Kysely<Database>, cap = 100_000): Promise<StreamBacklog> {
+  const { rows } = await sql<{ events: string | number; oldest: Date | string | null }>`
+    select coalesce(sum(b.events), 0) as events, min(b.oldest) as oldest
+    from reaction_streams s cross join lateral (
+      select count(*) as events, min(h.recorded_at) as oldest from (
+        select h.recorded_at from order_status_history h
+        where h.stream_position is not null and (h.stream_position, h.id) > (s.position, s.history_id)
+        order by h.stream_position, h.id
+        limit ${cap}
+      ) h
+    ) b`.execute(db)
+  const row = rows[0]
+  return { events: Number(row?.events ?? 0), oldest: row?.oldest ? new Date(row.oldest) : undefined }
+}
