@@ -1,8 +1,8 @@
 // Reactions, on Postgres, in one run:
 // - commit-to-handler latency: one transition at a time into an idle dispatcher, from the moment the
 //   statement's commit is answered to the moment the handler is called (the NOTIFY path);
-// - dispatch throughput: N jobs of a no-op handler waiting, then the dispatcher started and timed until
-//   every one is done; against graphile-worker running a no-op task over N waiting jobs on the same
+// - dispatch throughput: N events of a no-op handler waiting in its stream, then the dispatcher started and
+//   timed until every one is done; against graphile-worker running a no-op task over N waiting jobs on the same
 //   Postgres, with the same concurrency, in the same process.
 // Our jobs are spread over many orders (strict order per order and handler holds each order's next job
 // back until the previous one is done); graphile-worker's run in its fastest mode, without named queues.
@@ -56,6 +56,7 @@ export async function runReactionsBench(url: string, { quick }: { quick: boolean
       createDispatcher({
         db: database.db,
         handler: reactions.handler,
+        streams: reactions,
         clock: systemClock,
         logger,
         listen: database.listen,

@@ -236,11 +236,19 @@ async function ingestBench({ reactionsOnly = false } = {}): Promise<LoadResult[]
     const seeded = { BENCH_DATABASE_URL: url, BENCH_ORDERS: String(orders * rounds * 3), BENCH_SEEN_DELIVERIES: '5000' }
     // the compiled service with one in-process handler that does nothing (bench/serve-noop-handler.mjs): what
     // one registered handler costs the ingest, without the forwarder's HTTP request at both ends
-    const jobCounts = async () => {
+    // one handler's jobs: its rows, and the events its stream has not taken yet (each a job not done)
+    const jobCounts = async (handler: string) => {
       const client = new pg.Client({ connectionString: url })
       await client.connect()
       try {
-        const { rows } = await client.query(`select count(*)::int as jobs, count(*) filter (where state <> 'done')::int as not_done from reaction_jobs`)
+        const { rows } = await client.query(
+          `select (select count(*)::int from reaction_jobs where handler = $1) + backlog.events as jobs,
+             (select count(*)::int from reaction_jobs where handler = $1 and state <> 'done') + backlog.events as not_done
+           from (select coalesce((select count(*)::int from reaction_streams s join order_status_history h
+             on h.stream_position is not null and (h.stream_position, h.id) > (s.position, s.history_id)
+             where s.handler = $1), 0) as events) backlog`,
+          [handler],
+        )
         return { jobs: rows[0].jobs as number, notDone: rows[0].not_done as number }
       } catch {
         return { jobs: 0, notDone: 0 } // not migrated yet
@@ -248,16 +256,30 @@ async function ingestBench({ reactionsOnly = false } = {}): Promise<LoadResult[]
         await client.end()
       }
     }
+    // each run's handler starts with the run: a stream left by an earlier round would first take every event
+    // committed since (the other runs' too), as a handler registered again resumes where it stopped
+    const freshStream = async (handler: string) => {
+      const client = new pg.Client({ connectionString: url })
+      await client.connect()
+      try {
+        await client.query('delete from reaction_streams where handler = $1', [handler])
+      } catch {
+        // not migrated yet: no stream
+      } finally {
+        await client.end()
+      }
+    }
     const measuredNoop = async (makeBody: BodyFactory) => {
+      await freshStream('noop')
       const { child, port } = await startService(url, { orders: orders * rounds * 3, seen: 5000 }, {}, undefined, { noopHandler: true })
       try {
         await warmUp(port, makeBody)
         const cpuBefore = cpuMs(child.pid!)
-        const before = await jobCounts()
+        const before = await jobCounts('noop')
         const result = await load(WITH_NOOP_HANDLER, port, makeBody)
         result.cpuUsPerRequest = Math.round(((cpuMs(child.pid!) - cpuBefore) * 1000) / Math.max(1, result.requests))
         result.peakRssMb = peakRssMb(child.pid!)
-        const after = await jobCounts()
+        const after = await jobCounts('noop')
         // not done when the load ended: all of them, the warm-up's included (a difference goes negative when
         // the load's first moments finish the warm-up's jobs)
         handlerBacklog.set(result, { jobs: after.jobs - before.jobs, notDone: after.notDone })
@@ -273,7 +295,8 @@ async function ingestBench({ reactionsOnly = false } = {}): Promise<LoadResult[]
         fullRuns.push(await measured('service', seeded, 'full ingest (matched, applied)', matched(orders, round * orders), true))
         noopRuns.push(await measuredNoop(matched(orders, (rounds + round) * orders)))
         // (counted after the service stopped: its drain gave the unfinished leases back; the warm-up's jobs included)
-        const before = await jobCounts()
+        await freshStream('forwarder')
+        const before = await jobCounts('forwarder')
         const forwarded = await measured(
           'service',
           { ...seeded, FORWARD_URL: `http://127.0.0.1:${receiver.port}/forward` },
@@ -281,7 +304,7 @@ async function ingestBench({ reactionsOnly = false } = {}): Promise<LoadResult[]
           matched(orders, (2 * rounds + round) * orders),
           true,
         )
-        const after = await jobCounts()
+        const after = await jobCounts('forwarder')
         handlerBacklog.set(forwarded, { jobs: after.jobs - before.jobs, notDone: after.notDone - before.notDone })
         handlerRuns.push(forwarded)
       }

@@ -3,20 +3,15 @@
 // job back whose lease ran out, and gives leases back when it stops. Time is a fake clock throughout:
 // only the clock moves backoffs and leases, so nothing here depends on the machine's speed.
 import { CompiledQuery, sql } from 'kysely'
-import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest'
+import { afterAll, afterEach, beforeAll, beforeEach, describe, expect, it } from 'vitest'
 import { openDatabase } from '../src/db/open-database.js'
 import { applyObservation } from '../src/orders/apply-observation.js'
 import { createOrder } from './helpers/orders.js'
 import { createDispatcher, type Dispatcher, type DispatcherSettings } from '../src/reactions/dispatcher.js'
 import type { ReactionEvent, ReactionHandler } from '../src/reactions/reaction-event.js'
-import {
-  claimReactionJobs,
-  claimReactionJobsQuery,
-  completeJob,
-  failJob,
-  retryJob,
-  skipJob,
-} from '../src/reactions/reaction-job.repository.js'
+import { claimReactionJobsQuery, retryJob, skipJob } from '../src/reactions/reaction-job.repository.js'
+import { ensureReactionStreams, readReactionStream, writeReactionStream } from '../src/reactions/reaction-stream.repository.js'
+import { HANDOFF_MS } from '../src/reactions/stream-worker.js'
 import { createReactionRegistry, type ReactionRegistry } from '../src/reactions/reaction-registry.js'
 import { backoffDelayS } from '../src/reconcile/backoff-delay.js'
 import { FakeClock } from './helpers/fake-clock.js'
@@ -39,21 +34,27 @@ describe('the reaction dispatcher', () => {
   let clock: FakeClock
   let dispatcher: Dispatcher | undefined
   let counter = 0
+  let streams = 0
 
   beforeAll(async () => {
     database = await createTestDatabase()
+  })
+  beforeEach(() => {
+    clock = new FakeClock(Date.now())
   })
   afterEach(async () => {
     await dispatcher?.stop()
     dispatcher = undefined
     await database.db.deleteFrom('reactionJobs').execute()
+    await database.db.deleteFrom('reactionStreams').execute()
   })
   afterAll(async () => {
     await database.close()
   })
 
+  /** Starts a dispatcher for the registry: its streams begin after what is committed, unless made before (`streamsNow`). */
   const start = async (reactions: ReactionRegistry, settings: Partial<DispatcherSettings> = {}) => {
-    clock = new FakeClock(Date.now())
+    streams = reactions.names.length
     dispatcher = createDispatcher({
       db: database.db,
       handler: reactions.handler,
@@ -91,8 +92,12 @@ describe('the reaction dispatcher', () => {
       .orderBy('sequence')
       .execute()
 
-  /** The loop is asleep (its one timer) and no handler runs: what it does next, only the clock decides. */
-  const idle = () => eventually(() => dispatcher!.running === 0 && clock.pendingSleepers === 1, 'the dispatcher is idle')
+  /** The streams begin here: the transitions committed from now on are theirs, even before the dispatcher starts. */
+  const streamsNow = (reactions: ReactionRegistry) => ensureReactionStreams(database.db, reactions.names, new Date(clock.now()))
+
+  /** The job loop and every stream are asleep (a timer each) and no handler runs: what happens next, only the clock decides. */
+  const idle = () =>
+    eventually(() => dispatcher!.running === 0 && clock.pendingSleepers === 1 + streams, 'the dispatcher is idle')
 
   it('hands each event to its handlers as soon as the commit notifies, with no clock moving', async () => {
     const seen: { handler: string; event: ReactionEvent; attempt: number }[] = []
@@ -136,7 +141,7 @@ describe('the reaction dispatcher', () => {
     const startedAt = clock.now()
     const orderId = await transitions(reactions, ['created', 'funded'])
 
-    await eventually(async () => (await jobs(orderId, 'flaky'))[0]!.attempts === 1 && (await jobs(orderId, 'flaky'))[0]!.state === 'pending', 'the first attempt failed')
+    await eventually(async () => (await jobs(orderId, 'flaky')).length === 2 && (await jobs(orderId, 'flaky'))[0]!.attempts === 1, 'the first attempt failed')
     let [first, second] = await jobs(orderId, 'flaky')
     expect(new Date(first!.runAt).getTime()).toBe(startedAt + backoffDelayS(1, SETTINGS.backoff, HALF) * 1000)
     expect(first!.lastError).toBe('Error: the partner system is down (attempt 1)')
@@ -184,7 +189,7 @@ describe('the reaction dispatcher', () => {
     })
     await start(reactions, { maxAttempts: 1 })
     const orderId = await transitions(reactions, ['created', 'funded', 'delivered'])
-    await eventually(async () => (await jobs(orderId, 'picky'))[0]!.state === 'failed', 'the first job is failed')
+    await eventually(async () => (await jobs(orderId, 'picky'))[0]?.state === 'failed', 'the first job is failed')
     await idle()
     expect(calls).toEqual([1])
     const [failed] = await jobs(orderId, 'picky')
@@ -195,37 +200,35 @@ describe('the reaction dispatcher', () => {
     expect(await retryJob(database.db, '999999999', new Date(clock.now()))).toEqual({ result: 'not_found' })
   })
 
-  it('runs a job again when the lease of a dispatcher that died mid-handler runs out', async () => {
+  it('reads a stream again when the lease of a dispatcher that died mid-batch runs out', async () => {
     const calls: { sequence: number; attempt: number }[] = []
     const reactions = createReactionRegistry().on('trade.*', 'ledger', async (event, { attempt }) => {
       calls.push({ sequence: event.sequence, attempt })
     })
-    clock = new FakeClock(Date.now())
+    await streamsNow(reactions)
     const orderId = await transitions(reactions, ['created'])
-    // a replica claims it and dies: nothing writes the job back
-    const [claimed] = await claimReactionJobs(database.db, { now: new Date(clock.now()), limit: 10, leaseMs: 60_000, leaseToken: 'dead-replica' })
-    expect(claimed).toMatchObject({ handler: 'ledger', attempt: 1 })
-    dispatcher = createDispatcher({
-      db: database.db,
-      handler: reactions.handler,
-      clock,
-      logger: testLogger(),
-      listen: database.listen,
-      settings: SETTINGS,
-      random: HALF,
-    })
-    await dispatcher.start()
+    // a replica reads the event and dies: nothing writes its batch back
+    const now = new Date(clock.now())
+    const dead = await readReactionStream(database.db, { handler: 'ledger', leaseToken: 'dead-replica', now, leaseEnd: new Date(now.getTime() + 60_000), limit: 10 })
+    expect(dead.events.map((entry) => entry.event.sequence)).toEqual([1])
+    await start(reactions)
     await idle()
     expect(calls).toEqual([])
     await clock.advance(60_000)
-    await eventually(() => calls.length === 1, 'the job ran again')
-    expect(calls).toEqual([{ sequence: 1, attempt: 2 }])
-    await eventually(async () => (await jobs(orderId, 'ledger'))[0]!.state === 'done', 'the job is done')
+    await eventually(() => calls.length === 1, 'the event ran again')
+    expect(calls).toEqual([{ sequence: 1, attempt: 1 }])
+    await eventually(async () => (await jobs(orderId, 'ledger'))[0]?.state === 'done', 'the job is done')
     // the dead replica's late write-back is refused by its token
-    const late = { id: claimed!.id, leaseToken: 'dead-replica', now: new Date(clock.now()) }
-    expect(await completeJob(database.db, late)).toBe(false)
-    expect(await failJob(database.db, { ...late, error: 'late' })).toBe(false)
-    expect(await jobs(orderId, 'ledger')).toMatchObject([{ state: 'done', attempts: 2, lastError: null }])
+    const late = await writeReactionStream(database.db, {
+      handler: 'ledger',
+      leaseToken: 'dead-replica',
+      place: dead.events[0]!,
+      outcomes: [],
+      now: new Date(clock.now()),
+      leaseEnd: new Date(clock.now() + 60_000),
+    })
+    expect(late).toBeUndefined()
+    expect(await jobs(orderId, 'ledger')).toMatchObject([{ state: 'done', attempts: 1, lastError: null }])
   })
 
   it('aborts a handler still running a little before its lease ends, and counts it as a failed attempt', async () => {
@@ -234,9 +237,11 @@ describe('the reaction dispatcher', () => {
       signals.push(signal)
       await new Promise((_resolve, reject) => signal.addEventListener('abort', () => reject(signal.reason)))
     })
-    await start(reactions)
+    // both orders' events in the dispatcher's first batch
+    await streamsNow(reactions)
     const orderId = await transitions(reactions, ['created', 'funded'], `stuck-${++counter}`)
     const other = await transitions(reactions, ['created'], `stuck-${++counter}`)
+    await start(reactions)
     await eventually(() => signals.length === 2, 'both orders’ first handlers started')
     // the lease is 60 s; the margin is 5 s (a tenth of the lease, at most 5 s)
     await clock.advance(SETTINGS.leaseMs - 5_001)
@@ -244,7 +249,7 @@ describe('the reaction dispatcher', () => {
     await clock.advance(1)
     await eventually(() => signals.length === 2 && signals.every((signal) => signal.aborted), 'both handlers aborted')
     for (const id of [orderId, other]) {
-      await eventually(async () => (await jobs(id, 'stuck'))[0]!.state === 'pending', 'the attempt is written back')
+      await eventually(async () => (await jobs(id, 'stuck'))[0]?.state === 'pending', 'the attempt is written back')
       expect((await jobs(id, 'stuck'))[0]).toMatchObject({ state: 'pending', attempts: 1, leaseToken: null })
       expect((await jobs(id, 'stuck'))[0]!.lastError).toMatch(/lease is about to end/)
     }
@@ -252,46 +257,64 @@ describe('the reaction dispatcher', () => {
     expect((await jobs(orderId, 'stuck'))[1]).toMatchObject({ state: 'pending', attempts: 0 })
   })
 
-  it('claims ahead of its slots but runs no more handlers at once than its concurrency; a waiting job whose lease is about to end is given back unstarted', async () => {
+  it('hands a slow handler to the job loop, runs no more handlers at once than its concurrency, and gives back a claimed job still waiting when its lease is about to end', async () => {
     let runningNow = 0
     let most = 0
-    const calls: { attempt: number; finish: () => void }[] = []
-    const reactions = createReactionRegistry().on('trade.*', 'gate', async (_event, { signal, attempt }) => {
+    const calls: { sequence: string; attempt: number; finish: () => void }[] = []
+    const reactions = createReactionRegistry().on('trade.*', 'gate', async (event, { signal, attempt }) => {
       runningNow += 1
       most = Math.max(most, runningNow)
       try {
         await new Promise<void>((resolve, reject) => {
-          calls.push({ attempt, finish: resolve })
+          calls.push({ sequence: event.externalReference, attempt, finish: resolve })
           signal.addEventListener('abort', () => reject(signal.reason))
         })
       } finally {
         runningNow -= 1
       }
     })
-    // three jobs due before the dispatcher starts: its first claim takes them all
-    clock = new FakeClock(Date.now() - 1_000)
-    for (let i = 0; i < 3; i++) await transitions(reactions, ['created'], `gate-${++counter}`)
-    await start(reactions, { concurrency: 1 })
+    // three orders' events in the first batch; one slot
+    await streamsNow(reactions)
+    const orders: number[] = []
+    const byReference = new Map<string, number>()
+    for (let i = 0; i < 3; i++) {
+      const reference = `gate-${++counter}`
+      orders.push(await transitions(reactions, ['created'], reference))
+      byReference.set(reference, orders.at(-1)!)
+    }
+    // (a retry's backoff longer than the test: only the jobs below are due)
+    await start(reactions, { concurrency: 1, backoff: { baseS: 3_600, capS: 3_600 } })
     await eventually(() => calls.length === 1, 'one handler started')
-    // all three jobs are leased by one claim; one handler runs, two jobs wait in the process
-    const leased = () => database.db.selectFrom('reactionJobs').select('id').where('handler', '=', 'gate').where('state', '=', 'running').execute()
-    expect(await leased()).toHaveLength(3)
-    // the claim's lease is about to end: the running handler is aborted (its attempt counted, retried later),
-    // the two waiting jobs are given back unstarted, and claimed again at once
-    await clock.advance(SETTINGS.leaseMs - 5_000)
-    await eventually(() => calls.length === 2, 'a job given back is claimed again and started')
-    expect(calls[1]!.attempt).toBe(1)
-    calls[1]!.finish()
-    await eventually(() => calls.length === 3, 'the last one started')
-    expect(calls[2]!.attempt).toBe(1)
-    calls[2]!.finish()
-    await eventually(async () => (await leased()).length === 0, 'nothing is leased')
-    const states = await database.db.selectFrom('reactionJobs').select(['state', 'attempts']).where('handler', '=', 'gate').orderBy('id').execute()
-    expect(states).toEqual([
-      { state: 'pending', attempts: 1 },
-      { state: 'done', attempts: 1 },
-      { state: 'done', attempts: 1 },
+    const states = () =>
+      database.db.selectFrom('reactionJobs').select(['orderId', 'state', 'attempts']).where('handler', '=', 'gate').orderBy('orderId').execute()
+    expect(await states()).toEqual([])
+    // the batch does not wait for it: the running one is handed off, the two others left to the job loop
+    await clock.advance(HANDOFF_MS)
+    await eventually(async () => (await states()).length === 3, 'the batch is written back')
+    expect(await states()).toEqual([
+      { orderId: orders[0], state: 'running', attempts: 1 },
+      { orderId: orders[1], state: 'pending', attempts: 0 },
+      { orderId: orders[2], state: 'pending', attempts: 0 },
     ])
+    // no slot: the job loop waits for the stuck handler, which is aborted shortly before its lease ends
+    await clock.advance(SETTINGS.leaseMs - 5_000 - HANDOFF_MS)
+    // its slot free, one claim leases both jobs: one runs, one waits in the process
+    await eventually(() => calls.length === 2, 'a claimed job started')
+    expect(calls[1]!.attempt).toBe(1)
+    expect(byReference.get(calls[1]!.sequence)).not.toBe(orders[0])
+    await eventually(async () => (await states()).filter((job) => job.state === 'running').length === 2, 'both jobs are leased')
+    // that claim's lease is about to end: the running one is aborted (its attempt counted), the waiting one is
+    // given back unstarted (not counted), claimed again at once and started
+    await clock.advance(SETTINGS.leaseMs - 5_000)
+    await eventually(() => calls.length === 3, 'the job given back is claimed again and started')
+    expect(calls[2]!.attempt).toBe(1)
+    expect(new Set(calls.map((call) => call.sequence)).size).toBe(3)
+    calls[2]!.finish()
+    await eventually(async () => (await states()).every((job) => job.state !== 'running'), 'nothing is leased')
+    const final = new Map((await states()).map((job) => [job.orderId, job]))
+    expect(final.get(orders[0]!)).toMatchObject({ state: 'pending', attempts: 1 })
+    expect(final.get(byReference.get(calls[1]!.sequence)!)).toMatchObject({ state: 'pending', attempts: 1 })
+    expect(final.get(byReference.get(calls[2]!.sequence)!)).toMatchObject({ state: 'done', attempts: 1 })
     expect(most).toBe(1)
   })
 
@@ -304,10 +327,12 @@ describe('the reaction dispatcher', () => {
     await start(reactions)
     const orderId = await transitions(reactions, ['created'])
     await eventually(() => signalSeen !== undefined, 'the handler started')
-    expect(await jobs(orderId, 'slow')).toMatchObject([{ state: 'running', attempts: 1 }])
     const running = dispatcher!
     dispatcher = undefined
     const stopped = running.stop()
+    // its batch is written back at once, the handler's job as running
+    await eventually(async () => (await jobs(orderId, 'slow'))[0]?.state === 'running', 'the job is handed off')
+    expect(await jobs(orderId, 'slow')).toMatchObject([{ state: 'running', attempts: 1 }])
     // stop waits for the handler on the clock's shutdown timeout
     await eventually(() => clock.sleeps.includes(SETTINGS.shutdownTimeoutMs), 'stop waits for the handler')
     expect(signalSeen!.aborted).toBe(false)

@@ -25,8 +25,8 @@ export interface StreamEvent extends StreamPlace {
   event: ReactionEvent
   /** When the transition was recorded (its history row's recorded_at), for the commit-to-handler latency. */
   recordedAt: Date
-  /** The event already has a job row for this handler (a batch cut short by a shutdown wrote it): skip it. */
-  taken: boolean
+  /** An unfinished job of the same order and handler holds it back (it waits behind that job). */
+  held: boolean
 }
 
 /**
@@ -69,22 +69,27 @@ interface StreamRow {
   tradeId: string | null
   externalReference: string | null
   recordedAt: Date | string | null
-  taken: boolean | null
+  held: boolean | null
   withheld: boolean
 }
 
 /**
- * Takes (or renews) the lease of `handler`'s stream until `leaseEnd` and reads up to `limit` events after
- * its place. One statement: the lease is only taken when it is free, run out, or already this token's.
+ * Reads up to `limit` events after `handler`'s place, under its lease: taken when free or run out, renewed
+ * to `leaseEnd` when less than half of it is left. One statement; while the lease has more than half left it
+ * writes nothing (no commit to flush: the read on every wake-up of a busy stream stays a read).
  */
 export async function readReactionStream(
   db: Kysely<Database>,
   { handler, leaseToken, now, leaseEnd, limit }: { handler: string; leaseToken: string; now: Date; leaseEnd: Date; limit: number },
 ): Promise<StreamRead> {
+  const renewBefore = new Date(now.getTime() + (leaseEnd.getTime() - now.getTime()) / 2)
   const { rows } = await sql<StreamRow>`${sql.raw(PREPARED)}
-    with stream as (
+    with kept as (
+      select position, history_id from reaction_streams
+      where handler = ${handler} and lease_token = ${leaseToken} and lease_expires_at > ${renewBefore}
+    ), taken as (
       update reaction_streams set lease_token = ${leaseToken}, lease_expires_at = ${leaseEnd}, updated_at = ${now}
-      where handler = ${handler}
+      where handler = ${handler} and not exists (select 1 from kept)
         and (lease_token is null or lease_token = ${leaseToken} or lease_expires_at <= ${now})
       returning position, history_id
     ), place as materialized (
@@ -93,12 +98,14 @@ export async function readReactionStream(
         exists (select 1 from order_status_history w
           where w.stream_position >= pg_snapshot_xmin(pg_current_snapshot())
             and (w.stream_position, w.id) > (s.position, s.history_id)) as withheld
-      from stream s
+      from (select * from kept union all select * from taken) s
     )
     select p.position::text as from_position, p.history_id as from_history_id, p.withheld,
       h.stream_position::text as position, h.id as history_id, h.event_id, h.order_id, h.from_status, h.to_status,
       h.source, h.sequence, h.trade_id, h.external_reference, h.recorded_at,
-      exists (select 1 from reaction_jobs j where j.event_id = h.event_id and j.handler = ${handler}) as taken
+      -- an unfinished job of this order and handler: the event waits behind it (the unfinished index)
+      exists (select 1 from reaction_jobs j
+        where j.order_id = h.order_id and j.handler = ${handler} and j.state not in ('done', 'skipped')) as held
     from place p left join lateral (
       select * from order_status_history h
       where h.stream_position is not null
@@ -118,7 +125,7 @@ export async function readReactionStream(
       position: row.position,
       historyId: String(row.historyId),
       recordedAt,
-      taken: row.taken === true,
+      held: row.held === true,
       event: {
         eventId: row.eventId!,
         type: `trade.${row.toStatus}`,
@@ -141,31 +148,28 @@ export async function readReactionStream(
   }
 }
 
-/** The orders among `orderIds` with an unfinished job of `handler`: their new events wait behind it. */
-export async function ordersWithUnfinishedJobs(db: Kysely<Database>, handler: string, orderIds: readonly number[]): Promise<Set<number>> {
-  if (orderIds.length === 0) return new Set()
-  const { rows } = await sql<{ orderId: number }>`${sql.raw(PREPARED)}
-    select distinct order_id from reaction_jobs
-    where handler = ${handler} and order_id = any(${[...orderIds]}::int[]) and state not in ('done', 'skipped')`.execute(db)
-  return new Set(rows.map((row) => row.orderId))
-}
-
 /** What a batch did with one event: the job row it leaves. */
 export interface StreamOutcome {
   event: ReactionEvent
-  /** done: handled. pending: to run at runAt (a retry after a throw, or waiting behind an earlier job). failed: the dead letter. */
-  state: 'done' | 'pending' | 'failed'
+  /**
+   * done: handled. pending: to run at runAt (a retry after a throw, or not run: behind an earlier job, or not
+   * started). failed: the dead letter. running: its handler still runs, under the stream's lease (handed off).
+   */
+  state: 'done' | 'pending' | 'failed' | 'running'
   attempts: number
   runAt: Date
   lastError: string | null
-  /** When the transition committed: the job's created_at. */
+  /** When the transition was recorded: the job's created_at. */
   createdAt: Date
+  /** running: the lease the row is written under. */
+  leaseToken?: string
+  leaseExpiresAt?: Date
 }
 
 /**
  * Writes a batch back: its events' job rows and the stream's new place, in one statement, only while
- * `leaseToken` still holds the stream (the lease is renewed to `leaseEnd`). False: the lease was lost and
- * nothing was written (another replica reads the batch again).
+ * `leaseToken` still holds the stream (the lease is renewed to `leaseEnd`). Returns the running rows' ids by
+ * event id; undefined when the lease was lost and nothing was written (another replica reads the batch again).
  */
 export async function writeReactionStream(
   db: Kysely<Database>,
@@ -177,9 +181,9 @@ export async function writeReactionStream(
     now,
     leaseEnd,
   }: { handler: string; leaseToken: string; place: StreamPlace; outcomes: readonly StreamOutcome[]; now: Date; leaseEnd: Date },
-): Promise<boolean> {
+): Promise<Map<string, string> | undefined> {
   const input = JSON.stringify(
-    outcomes.map(({ event, state, attempts, runAt, lastError, createdAt }) => ({
+    outcomes.map(({ event, state, attempts, runAt, lastError, createdAt, leaseToken: jobLease, leaseExpiresAt }) => ({
       event_id: event.eventId,
       order_id: event.orderId,
       sequence: event.sequence,
@@ -188,9 +192,12 @@ export async function writeReactionStream(
       run_at: runAt.toISOString(),
       last_error: lastError,
       created_at: createdAt.toISOString(),
+      lease_token: jobLease ?? null,
+      lease_expires_at: leaseExpiresAt?.toISOString() ?? null,
     })),
   )
-  const { rows } = await sql<{ moved: boolean }>`${sql.raw(PREPARED)}
+  // (the nested keys come back camelCased, as every result's do)
+  const { rows } = await sql<{ moved: boolean; running: { eventId: string; id: string | number }[] | null }>`${sql.raw(PREPARED)}
     with moved as (
       update reaction_streams set position = ${place.position}::xid8, history_id = ${place.historyId}::bigint,
         lease_expires_at = ${leaseEnd}, updated_at = ${now}
@@ -198,17 +205,21 @@ export async function writeReactionStream(
       returning 1
     ), jobs as (
       insert into reaction_jobs (event_id, order_id, sequence, handler, state, attempts, run_at, last_error,
-        created_at, updated_at, finished_at)
+        lease_token, lease_expires_at, created_at, updated_at, finished_at)
       select o.event_id, o.order_id, o.sequence, ${handler}, o.state, o.attempts, o.run_at, o.last_error,
-        o.created_at, ${now}, case when o.state = 'pending' then null else ${now}::timestamptz end
+        o.lease_token, o.lease_expires_at, o.created_at, ${now},
+        case when o.state in ('done', 'failed') then ${now}::timestamptz end
       from json_to_recordset(${input}::json) as o(event_id uuid, order_id int, sequence int, state text, attempts int,
-        run_at timestamptz, last_error text, created_at timestamptz)
+        run_at timestamptz, last_error text, created_at timestamptz, lease_token text, lease_expires_at timestamptz)
       where exists (select 1 from moved)
       on conflict (event_id, handler) do nothing
-      returning 1
+      returning id, event_id, state
     )
-    select exists (select 1 from moved) as moved, (select count(*) from jobs) as jobs`.execute(db)
-  return rows[0]?.moved === true
+    select exists (select 1 from moved) as moved,
+      (select json_agg(json_build_object('event_id', event_id, 'id', id)) from jobs where state = 'running') as running`.execute(db)
+  const row = rows[0]
+  if (row?.moved !== true) return undefined
+  return new Map((row.running ?? []).map((job) => [job.eventId, String(job.id)]))
 }
 
 /** Gives a stream's lease back (shutdown): another replica may read it at once. */

@@ -7,28 +7,32 @@
 // - done: the handler returned;
 // - pending, after a backoff: it threw and has attempts left (the job loop of dispatcher.ts runs it again);
 // - failed: it threw on its last attempt (REACTION_MAX_ATTEMPTS of 1);
-// - pending, due now and attempts 0: an event behind an earlier one of its order that has not succeeded,
-//   in this batch or as an unfinished job; the job loop runs it once that one is done or skipped.
-// A handler still running shortly before the lease ends is aborted (it counts as a throw), so the write-back
-// happens under the lease. At shutdown the handlers get the shutdown timeout, then are aborted; the place
-// stops before the first event not finished, and those after it that did finish are written as done (a
-// later read skips an event that already has a job row).
+// - pending, due now, attempts 0: not started, or behind an earlier event of its order that has not
+//   succeeded (in this batch, or an unfinished job); the job loop runs it once nothing holds it back.
+// The batch does not wait for a slow handler: when the batch has run for HANDOFF_MS (or the service stops),
+// it is written back as it stands. A handler still running is written as a running job under the stream's
+// lease token (what a claim writes), and writes its own outcome to that row when it returns, as a claimed job
+// does; the stream reads on. So one stuck call holds back its own order, not the stream.
+// A handler still running shortly before its lease ends is aborted (it counts as a throw). At shutdown the
+// running handlers get the shutdown timeout, then are aborted and their jobs given back (pending, due now).
 import type { Kysely } from 'kysely'
 import type { Clock } from '../clock.js'
 import type { Database } from '../db/database.js'
 import type { Logger } from '../logger.js'
 import { backoffDelayS } from '../reconcile/backoff-delay.js'
-import type { AttemptResult, DispatcherSettings } from './dispatcher.js'
+import type { AttemptResult, DispatcherSettings, Slots } from './dispatcher.js'
 import type { ReactionHandler } from './reaction-event.js'
+import { completeJob, failJob, releaseJobs, retryJobLater } from './reaction-job.repository.js'
 import {
-  ordersWithUnfinishedJobs,
   readReactionStream,
   releaseReactionStream,
   type StreamEvent,
   type StreamOutcome,
-  type StreamPlace,
   writeReactionStream,
 } from './reaction-stream.repository.js'
+
+/** How long a batch waits for its handlers before it hands the ones still running to the job loop. */
+export const HANDOFF_MS = 250
 
 export interface StreamWorkerDeps {
   db: Kysely<Database>
@@ -43,77 +47,86 @@ export interface StreamWorkerDeps {
   random: () => number
   report: (handler: string, result: AttemptResult) => void
   onFirstStart?: ((handler: string, latencyS: number) => void) | undefined
-  /** Pending job rows were written: the job loop must look. */
+  /** Job rows were written that the job loop may run. */
   jobsWritten: () => void
+  /** The process's handler slots (REACTION_CONCURRENCY), shared with the job loop. */
+  slots: Slots
   describeFailure: (error: unknown) => string
 }
 
 export interface BatchResult {
   /** The stream gave as many events as asked: there may be more right away. */
   full: boolean
-  /** Another replica holds the stream. */
-  elsewhere: boolean
+  /** Events read (of any type). */
+  read: number
   /** Events are committed after the place but not readable yet (an older transaction is still open). */
   withheld: boolean
 }
 
-type Finished = { outcome: StreamOutcome } | undefined
+/** A first attempt's outcome; undefined: stopped by the shutdown (its job is given back). */
+type Finished = StreamOutcome | undefined
 
 export function createStreamWorker(deps: StreamWorkerDeps) {
   const { db, name, clock, logger, settings, leaseToken } = deps
   const batchSize = Math.max(64, 8 * settings.concurrency)
   const leaseMargin = Math.min(5_000, settings.leaseMs / 10)
   let running = 0
+  // handed-off handlers still running (each holds its slot until it returns)
+  const handedOff = new Set<Promise<void>>()
 
-  /** Runs one event's first attempt; undefined when it was stopped by the shutdown (nothing to write). */
+  /** Runs one event's first attempt, in a slot the caller took (given back when the handler returns). */
   const attempt = async (entry: StreamEvent, signal: AbortSignal, stopSignal: AbortSignal): Promise<Finished> => {
     const { event } = entry
-    const now = () => new Date(clock.now())
     let log: Logger | undefined
-    const logger_ = () => (log ??= logger.child({ handler: name, eventId: event.eventId, attempt: 1 }))
+    const jobLog = () => (log ??= logger.child({ handler: name, eventId: event.eventId, attempt: 1 }))
     try {
       deps.onFirstStart?.(name, Math.max(0, (clock.now() - entry.recordedAt.getTime()) / 1000))
     } catch (error) {
-      logger_().warn({ err: error }, 'onFirstStart hook threw')
+      jobLog().warn({ err: error }, 'onFirstStart hook threw')
     }
     let failure: unknown
-    if (!deps.handler) {
-      failure = new Error(`no reaction handler named ${name} is registered`)
-    } else {
-      running += 1
-      try {
-        await deps.handler(event, {
-          signal,
-          attempt: 1,
-          get logger() {
-            return logger_()
-          },
-        })
-      } catch (error) {
-        failure = error ?? new Error('the handler threw without a reason')
-      } finally {
-        running -= 1
-      }
+    running += 1
+    try {
+      if (!deps.handler) throw new Error(`no reaction handler named ${name} is registered`)
+      await deps.handler(event, {
+        signal,
+        attempt: 1,
+        get logger() {
+          return jobLog()
+        },
+      })
+    } catch (error) {
+      failure = error ?? new Error('the handler threw without a reason')
+    } finally {
+      running -= 1
+      deps.slots.give()
     }
-    const base = { event, createdAt: entry.recordedAt, lastError: null, runAt: now() }
-    if (failure === undefined) {
-      deps.report(name, 'done')
-      return { outcome: { ...base, state: 'done', attempts: 1 } }
-    }
-    if (stopSignal.aborted && signal.aborted) {
-      deps.report(name, 'released')
-      return undefined
-    }
+    const base = { event, createdAt: entry.recordedAt, lastError: null, runAt: new Date(clock.now()) }
+    if (failure === undefined) return { ...base, state: 'done', attempts: 1 }
+    if (stopSignal.aborted && signal.aborted) return undefined
     const message = deps.describeFailure(failure)
     if (1 < settings.maxAttempts && deps.handler) {
       const delayS = backoffDelayS(1, settings.backoff, deps.random)
-      deps.report(name, 'retry')
-      logger_().warn({ error: message, retryInS: Math.round(delayS) }, 'reaction handler failed; retrying later')
-      return { outcome: { ...base, state: 'pending', attempts: 1, lastError: message, runAt: new Date(clock.now() + delayS * 1000) } }
+      jobLog().warn({ error: message, retryInS: Math.round(delayS) }, 'reaction handler failed; retrying later')
+      return { ...base, state: 'pending', attempts: 1, lastError: message, runAt: new Date(clock.now() + delayS * 1000) }
     }
-    deps.report(name, 'failed')
-    logger_().error({ error: message, attempts: 1 }, 'reaction handler failed for the last time: the job is failed until retried or skipped')
-    return { outcome: { ...base, state: 'failed', attempts: 1, lastError: message } }
+    jobLog().error({ error: message, attempts: 1 }, 'reaction handler failed for the last time: the job is failed until retried or skipped')
+    return { ...base, state: 'failed', attempts: 1, lastError: message }
+  }
+
+  const reportOutcome = (finished: Finished) =>
+    deps.report(name, finished === undefined ? 'released' : finished.state === 'pending' ? 'retry' : finished.state === 'failed' ? 'failed' : 'done')
+
+  /** A handed-off handler returned: its outcome goes to its job row, as a claimed job's does. */
+  const writeHandedOff = async (id: string, finished: Finished) => {
+    const now = new Date(clock.now())
+    const lease = { id, leaseToken, now }
+    let written: boolean
+    if (finished === undefined) written = (await releaseJobs(db, { ids: [id], leaseToken, now })) > 0
+    else if (finished.state === 'done') written = await completeJob(db, lease)
+    else if (finished.state === 'pending') written = await retryJobLater(db, { ...lease, runAt: finished.runAt, error: finished.lastError ?? '' })
+    else written = await failJob(db, { ...lease, error: finished.lastError ?? '' })
+    deps.report(name, written ? (finished === undefined ? 'released' : finished.state === 'pending' ? 'retry' : finished.state === 'failed' ? 'failed' : 'done') : 'lease_lost')
   }
 
   /** Reads, runs and writes back one batch. */
@@ -121,11 +134,9 @@ export function createStreamWorker(deps: StreamWorkerDeps) {
     const started = clock.now()
     const leaseEnd = new Date(started + settings.leaseMs)
     const read = await readReactionStream(db, { handler: name, leaseToken, now: new Date(started), leaseEnd, limit: batchSize })
-    if (!read.leased || !read.from) return { full: false, elsewhere: true, withheld: false }
-    if (read.events.length === 0) return { full: false, elsewhere: false, withheld: read.withheld }
+    if (!read.leased || read.events.length === 0) return { full: false, read: 0, withheld: read.withheld }
 
-    const mine = read.events.filter((entry) => !entry.taken && deps.takes(entry.event.type))
-    const blocked = await ordersWithUnfinishedJobs(db, name, [...new Set(mine.map((entry) => entry.event.orderId))])
+    const mine = read.events.filter((entry) => deps.takes(entry.event.type))
     // one chain per order, in stream order (= sequence order within an order)
     const chains = new Map<number, StreamEvent[]>()
     for (const entry of mine) {
@@ -134,74 +145,114 @@ export function createStreamWorker(deps: StreamWorkerDeps) {
       else chains.set(entry.event.orderId, [entry])
     }
 
-    // aborted shortly before the lease ends, and at shutdown once the handlers had their time
+    // the handlers' abort: shortly before the lease ends, and at shutdown once they had their time
     const abort = new AbortController()
-    const timer = new AbortController()
-    clock.sleep(Math.max(0, leaseEnd.getTime() - leaseMargin - clock.now()), timer.signal).then(
+    const timers = new AbortController()
+    clock.sleep(Math.max(0, leaseEnd.getTime() - leaseMargin - clock.now()), timers.signal).then(
       () => abort.abort(new Error('the stream lease is about to end')),
       () => {},
     )
     const onStop = () => {
-      clock.sleep(settings.shutdownTimeoutMs, timer.signal).then(
+      clock.sleep(settings.shutdownTimeoutMs, timers.signal).then(
         () => abort.abort(new Error('the service is shutting down')),
         () => {},
       )
     }
-    stopSignal.addEventListener('abort', onStop, { once: true })
+    if (stopSignal.aborted) onStop()
+    else stopSignal.addEventListener('abort', onStop, { once: true })
 
     const results = new Map<string, Finished>()
-    const waitBehind = (entry: StreamEvent): Finished => ({
-      outcome: { event: entry.event, state: 'pending', attempts: 0, runAt: new Date(clock.now()), lastError: null, createdAt: entry.recordedAt },
-    })
+    // the attempt of each event whose handler is running
+    const inFlight = new Map<string, Promise<Finished>>()
+    let writingBack = false
+    // a lane waiting for a slot stops waiting when the batch is written back
+    const handoff = new AbortController()
     const runChain = async (chain: StreamEvent[]) => {
-      let held = blocked.has(chain[0]!.event.orderId)
+      if (chain[0]!.held) return
       for (const entry of chain) {
-        if (held) {
-          results.set(entry.event.eventId, waitBehind(entry))
-          continue
+        if (writingBack || stopSignal.aborted) return
+        if (!(await deps.slots.whenFree(handoff.signal))) return
+        if (writingBack || stopSignal.aborted) {
+          deps.slots.give()
+          return
         }
-        if (stopSignal.aborted) return
-        const finished = await attempt(entry, abort.signal, stopSignal)
+        const call = attempt(entry, abort.signal, stopSignal)
+        inFlight.set(entry.event.eventId, call)
+        const finished = await call
+        if (writingBack) return
+        inFlight.delete(entry.event.eventId)
         results.set(entry.event.eventId, finished)
-        if (finished === undefined) return
-        if (finished.outcome.state !== 'done') held = true
+        if (finished?.state !== 'done') return
       }
     }
-    try {
-      // at most REACTION_CONCURRENCY chains at once
-      const queue = [...chains.values()]
-      const lanes = Array.from({ length: Math.min(settings.concurrency, queue.length) }, async () => {
-        for (let chain = queue.shift(); chain; chain = queue.shift()) await runChain(chain)
-      })
-      await Promise.all(lanes)
-    } finally {
-      timer.abort()
-      stopSignal.removeEventListener('abort', onStop)
-    }
+    const queue = [...chains.values()]
+    const all = Promise.all(
+      Array.from({ length: Math.min(settings.concurrency, queue.length) }, async () => {
+        for (let chain = queue.shift(); chain && !writingBack; chain = queue.shift()) await runChain(chain)
+      }),
+    )
+    await Promise.race([
+      all,
+      clock.sleep(HANDOFF_MS, AbortSignal.any([handoff.signal, stopSignal])).catch(() => {}),
+    ])
+    handoff.abort()
+    writingBack = true
 
-    // the place: after the last event read, or (stopped) just before the first event of the handler not finished
-    let place: StreamPlace = read.events.at(-1)!
-    const firstUnfinished = mine.find((entry) => results.get(entry.event.eventId) === undefined)
-    if (firstUnfinished) {
-      const index = read.events.indexOf(firstUnfinished)
-      place = index === 0 ? read.from : read.events[index - 1]!
-    }
-    const outcomes = [...results.values()].flatMap((finished) => (finished ? [finished.outcome] : []))
+    // every event of the handler gets its row: its outcome; running (handed off); or pending, due now
     const now = clock.now()
-    const written = await writeReactionStream(db, {
-      handler: name,
-      leaseToken,
-      place,
-      outcomes,
-      now: new Date(now),
-      leaseEnd: new Date(now + settings.leaseMs),
+    const outcomes: StreamOutcome[] = mine.map((entry) => {
+      const { eventId } = entry.event
+      const finished = results.get(eventId)
+      if (finished) return finished
+      const base = { event: entry.event, createdAt: entry.recordedAt, lastError: null }
+      if (inFlight.has(eventId)) return { ...base, state: 'running', attempts: 1, runAt: leaseEnd, leaseExpiresAt: leaseEnd, leaseToken }
+      return { ...base, state: 'pending', attempts: 0, runAt: new Date(now) }
     })
-    if (!written) {
+    // (a handler stopped by the shutdown before it returned made no attempt: pending, due now, as above)
+    for (const finished of results.values()) reportOutcome(finished)
+    let ids: Map<string, string> | undefined
+    try {
+      ids = await writeReactionStream(db, {
+        handler: name,
+        leaseToken,
+        place: read.events.at(-1)!,
+        outcomes,
+        now: new Date(now),
+        leaseEnd: new Date(now + settings.leaseMs),
+      })
+    } finally {
+      // handlers still running own their rows from here (or, the write lost, run out with the lease)
+      const settle = async () => {
+        try {
+          for (const [eventId, call] of inFlight) {
+            const finished = await call
+            const id = ids?.get(eventId)
+            if (id) await writeHandedOff(id, finished)
+          }
+        } catch (error) {
+          logger.warn({ err: error, handler: name }, 'could not record a reaction job outcome; it runs again after its lease')
+        } finally {
+          timers.abort()
+          stopSignal.removeEventListener('abort', onStop)
+        }
+      }
+      if (inFlight.size === 0) {
+        timers.abort()
+        stopSignal.removeEventListener('abort', onStop)
+      } else {
+        const done: Promise<void> = settle().finally(() => {
+          handedOff.delete(done)
+          deps.jobsWritten()
+        })
+        handedOff.add(done)
+      }
+    }
+    if (!ids) {
       logger.warn({ handler: name, events: outcomes.length }, 'reaction stream lease was taken over: the batch runs again elsewhere')
-    } else if (outcomes.some((outcome) => outcome.state === 'pending')) {
+    } else if (outcomes.some((outcome) => outcome.state !== 'done')) {
       deps.jobsWritten()
     }
-    return { full: read.events.length === batchSize && !firstUnfinished, elsewhere: !written, withheld: read.withheld }
+    return { full: read.events.length === batchSize, read: read.events.length, withheld: read.withheld }
   }
 
   return {
@@ -210,6 +261,8 @@ export function createStreamWorker(deps: StreamWorkerDeps) {
     get running() {
       return running
     },
+    /** Waits for the handed-off handlers to end and write their outcome (stop: they are aborted after the shutdown timeout). */
+    settled: () => Promise.all([...handedOff]).then(() => {}),
     /** Gives the lease back (shutdown). */
     release: () => releaseReactionStream(db, name, leaseToken),
   }
