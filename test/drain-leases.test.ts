@@ -1,6 +1,6 @@
 // SIGTERM gives leases back (Postgres): the compiled `serve` holds poll claims (the platform's GETs never
-// answer) and reaction leases (the forward receiver never answers; more jobs are claimed than there are
-// slots, so some wait unstarted) when it gets SIGTERM. Once it has
+// answer) and reaction leases (the forward receiver never answers: its stream hands the running handlers off
+// as leased jobs, and leaves the events beyond its slots to the job loop, which has no slot) when it gets SIGTERM. Once it has
 // exited 0, no order and no job is leased any more: the orders are due again at the time they were due, the
 // jobs pending and due now, neither with the interrupted attempt counted. Another replica can take them at
 // once instead of waiting for the leases (300 s here) to run out.
@@ -15,6 +15,7 @@ import { afterAll, beforeAll, expect, it } from 'vitest'
 import { applyObservation } from '../src/orders/apply-observation.js'
 import { createOrder } from './helpers/orders.js'
 import { FORWARDER_HANDLER } from '../src/reactions/configured-reactions.js'
+import { ensureReactionStreams } from '../src/reactions/reaction-stream.repository.js'
 import { spawnCli, waitForLogLine } from './helpers/cli-process.js'
 import { rememberSecret } from './helpers/log-sink.js'
 import { insertOrders } from './helpers/reconcile-orders.js'
@@ -68,6 +69,8 @@ describePostgres('SIGTERM gives the leases back (Postgres)', () => {
       database.db,
       Array.from({ length: DUE_ORDERS }, (_, i) => ({ externalReference: `due-${i}`, nextPollAt: new Date(dueAt.getTime() + i) })),
     )
+    // the forwarder's stream begins before these transitions (as it would have begun at an earlier start)
+    await ensureReactionStreams(database.db, [FORWARDER_HANDLER], new Date())
     for (let i = 0; i < JOB_ORDERS; i++) {
       const { order } = await createOrder(database.db, { externalReference: `job-${i}` })
       await applyObservation(
@@ -116,11 +119,11 @@ describePostgres('SIGTERM gives the leases back (Postgres)', () => {
         120_000,
       )
       const leasedOrders = await database.db.selectFrom('orders').select('id').where('pollLeaseToken', 'is not', null).execute()
-      const runningJobs = await database.db.selectFrom('reactionJobs').select('id').where('state', '=', 'running').execute()
       expect(leasedOrders).toHaveLength(DUE_ORDERS)
-      // the dispatcher claims ahead of its slots (up to 4 × REACTION_CONCURRENCY): every job is leased,
-      // and only as many handlers run as there are slots; the others wait in the process, unstarted
-      expect(runningJobs).toHaveLength(JOB_ORDERS)
+      // the stream's batch does not wait for them: the running handlers are handed off as leased jobs, the
+      // other events left pending for the job loop, which has no free slot
+      const jobsIn = async (state: string) => (await database.db.selectFrom('reactionJobs').select('id').where('state', '=', state).execute()).length
+      await eventually(async () => (await jobsIn('running')) === CONCURRENCY && (await jobsIn('pending')) === JOB_ORDERS - CONCURRENCY, 'the batch is handed off', 60_000)
       expect(receiver.requests).toHaveLength(CONCURRENCY)
 
       const exited = once(child, 'exit')

@@ -3,7 +3,8 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest'
 import { applyObservation } from '../src/orders/apply-observation.js'
 import { createOrder } from './helpers/orders.js'
 import { createMetrics } from '../src/metrics/metrics.js'
-import { claimReactionJobs, completeJob, failJob, reactionJobStats } from '../src/reactions/reaction-job.repository.js'
+import { reactionJobStats } from '../src/reactions/reaction-job.repository.js'
+import { ensureReactionStreams, readReactionStream, type StreamOutcome, writeReactionStream } from '../src/reactions/reaction-stream.repository.js'
 import { createReactionRegistry } from '../src/reactions/reaction-registry.js'
 import { runCommand } from './helpers/cli-in-process.js'
 import { createTestDatabase, type TestDatabase } from './helpers/test-database.js'
@@ -18,6 +19,7 @@ describe('the reactions command', () => {
   beforeAll(async () => {
     database = await createTestDatabase()
     const reactions = createReactionRegistry().on('trade.*', 'ledger', async () => {}).on('trade.funded', 'ship-goods', async () => {})
+    await ensureReactionStreams(database.db, reactions.names, new Date())
     const { order } = await createOrder(database.db, { externalReference: 'cli-1' })
     const now = new Date('2026-05-01T10:00:00Z')
     for (const status of ['created', 'funded']) {
@@ -27,13 +29,32 @@ describe('the reactions command', () => {
         { staleAfterS: 3_600, handlersFor: reactions.handlersFor },
       )
     }
-    // ledger seq 1 done, ship-goods failed with a two-line error, ledger seq 2 still pending
-    const claimed = await claimReactionJobs(database.db, { now, limit: 10, leaseMs: 60_000, leaseToken: 'cli' })
-    for (const job of claimed) ids[`${job.handler}-${job.event.sequence}`] = job.id
-    await completeJob(database.db, { id: ids['ledger-1']!, leaseToken: 'cli', now })
-    await failJob(database.db, { id: ids['ship-goods-2']!, leaseToken: 'cli', now, error: 'Error: warehouse said no\n\u001b[31mred\u001b[0m' })
-    const pending = await database.db.selectFrom('reactionJobs').select('id').where('state', '=', 'pending').executeTakeFirstOrThrow()
-    ids['ledger-2'] = String(pending.id)
+    // as the streams' batches write them: ledger seq 1 done, ledger seq 2 still pending (behind a retry, say),
+    // ship-goods failed with a two-line error
+    const outcome = {
+      ledger: (sequence: number): Omit<StreamOutcome, 'event' | 'createdAt'> =>
+        sequence === 1 ? { state: 'done', attempts: 1, runAt: now, lastError: null } : { state: 'pending', attempts: 0, runAt: now, lastError: null },
+      'ship-goods': (): Omit<StreamOutcome, 'event' | 'createdAt'> => ({
+        state: 'failed',
+        attempts: 1,
+        runAt: now,
+        lastError: 'Error: warehouse said no\n\u001b[31mred\u001b[0m',
+      }),
+    }
+    for (const handler of ['ledger', 'ship-goods'] as const) {
+      const { events } = await readReactionStream(database.db, { handler, leaseToken: 'cli', now, leaseEnd: new Date(now.getTime() + 60_000), limit: 10 })
+      const mine = events.filter((entry) => reactions.handlersFor(entry.event.type).includes(handler))
+      await writeReactionStream(database.db, {
+        handler,
+        leaseToken: 'cli',
+        place: events.at(-1)!,
+        outcomes: mine.map((entry) => ({ event: entry.event, createdAt: now, ...outcome[handler](entry.event.sequence) })),
+        now,
+        leaseEnd: new Date(now.getTime() + 60_000),
+      })
+    }
+    const rows = await database.db.selectFrom('reactionJobs').select(['id', 'handler', 'sequence']).execute()
+    for (const row of rows) ids[`${row.handler}-${row.sequence}`] = String(row.id)
   })
   afterAll(async () => {
     await database.close()

@@ -14,6 +14,7 @@ import { applyObservation } from '../src/orders/apply-observation.js'
 import { unfinishedReactionJobs } from './helpers/reaction-jobs.js'
 import { createOrder } from './helpers/orders.js'
 import { FORWARDER_HANDLER } from '../src/reactions/configured-reactions.js'
+import { ensureReactionStreams } from '../src/reactions/reaction-stream.repository.js'
 import { spawnCli, waitForLogLine } from './helpers/cli-process.js'
 import { rememberSecret } from './helpers/log-sink.js'
 import { eventually } from './helpers/reconcile-poller.js'
@@ -53,7 +54,8 @@ describePostgres('the compiled serve killed mid-handler (Postgres)', () => {
   })
 
   it('hands every event over after a restart, each webhook-id at least once and every transition once by it', async () => {
-    // the transitions commit before the service runs: their jobs wait in the outbox
+    // the transitions commit before the service runs, after the forwarder's stream began: they wait in it
+    await ensureReactionStreams(database.db, [FORWARDER_HANDLER], new Date())
     for (let i = 0; i < ORDERS; i++) {
       const { order } = await createOrder(database.db, { externalReference: `crash-${i}` })
       for (const status of STATUSES) {

@@ -1,5 +1,6 @@
-// The outbox: every transition writes its event (the history row) and its reaction jobs in the statement
-// that moves the order, whatever brought the transition; stale, duplicate and no-op observations write none.
+// The outbox: every transition writes its event (the history row, with its place in the handlers' streams)
+// in the statement that moves the order, whatever brought the transition; stale, duplicate and no-op
+// observations write none. Each handler's stream then gives it the events of its types, in order.
 import { randomBytes } from 'node:crypto'
 import { sql } from 'kysely'
 import { afterAll, beforeAll, describe, expect, it } from 'vitest'
@@ -11,6 +12,7 @@ import { createOrder } from './helpers/orders.js'
 import { hasReached } from '../src/orders/trade-status.js'
 import { FORWARDER_HANDLER } from '../src/reactions/configured-reactions.js'
 import { createReactionRegistry } from '../src/reactions/reaction-registry.js'
+import { ensureReactionStreams, readReactionStream } from '../src/reactions/reaction-stream.repository.js'
 import { runCommand } from './helpers/cli-in-process.js'
 import { testLogger } from './helpers/log-sink.js'
 import { testPoller } from './helpers/reconcile-poller.js'
@@ -38,25 +40,38 @@ describe('the reaction outbox', () => {
       .where('orderId', '=', orderId)
       .orderBy('id')
       .execute()
-  const jobsOf = (orderId: number) =>
-    database.db
-      .selectFrom('reactionJobs')
-      .select(['eventId', 'sequence', 'handler', 'state', 'attempts'])
-      .where('orderId', '=', orderId)
-      .orderBy('sequence')
-      .orderBy('handler')
-      .execute()
+  /** What each handler's stream gives it of this order (read without moving the stream: nothing runs here). */
+  const jobsOf = async (orderId: number, routing = reactions, handlers = reactions.names) => {
+    const taken: { eventId: string; sequence: number; handler: string }[] = []
+    for (const handler of handlers) {
+      const now = new Date()
+      const { events } = await readReactionStream(database.db, {
+        handler,
+        leaseToken: 'outbox-test',
+        now,
+        leaseEnd: new Date(now.getTime() + 60_000),
+        limit: 10_000,
+      })
+      for (const { event } of events) {
+        if (event.orderId === orderId && routing.handlersFor(event.type).includes(handler)) {
+          taken.push({ eventId: event.eventId, sequence: event.sequence, handler })
+        }
+      }
+    }
+    return taken.sort((a, b) => a.sequence - b.sequence || a.handler.localeCompare(b.handler))
+  }
   const orderOf = async (ref: string) => (await findOrderByExternalReference(database.db, ref))!
 
   beforeAll(async () => {
     database = await createTestDatabase()
+    await ensureReactionStreams(database.db, [...reactions.names, FORWARDER_HANDLER], new Date())
     app = createApp({ config, db: database.db, logger: testLogger(config.webhook.secrets), clock: systemClock, reactions })
   })
   afterAll(async () => {
     await database.close()
   })
 
-  it('writes one event per webhook transition, numbered 1, 2, 3 per order, with a job per matching handler', async () => {
+  it('writes one event per webhook transition, numbered 1, 2, 3 per order, which each matching handler’s stream gives it', async () => {
     const ref = reference()
     const { order } = await createOrder(database.db, { externalReference: ref }, settings)
     for (const status of ['created', 'funded', 'delivered']) {
@@ -72,10 +87,10 @@ describe('the reaction outbox', () => {
     for (const event of events) expect(event.eventId).toMatch(/^[0-9a-f-]{36}$/)
     const [created, funded, delivered] = events
     expect(await jobsOf(order.id)).toEqual([
-      { eventId: created!.eventId, sequence: 1, handler: 'ledger', state: 'pending', attempts: 0 },
-      { eventId: funded!.eventId, sequence: 2, handler: 'ledger', state: 'pending', attempts: 0 },
-      { eventId: funded!.eventId, sequence: 2, handler: 'ship-goods', state: 'pending', attempts: 0 },
-      { eventId: delivered!.eventId, sequence: 3, handler: 'ledger', state: 'pending', attempts: 0 },
+      { eventId: created!.eventId, sequence: 1, handler: 'ledger' },
+      { eventId: funded!.eventId, sequence: 2, handler: 'ledger' },
+      { eventId: funded!.eventId, sequence: 2, handler: 'ship-goods' },
+      { eventId: delivered!.eventId, sequence: 3, handler: 'ledger' },
     ])
   })
 
@@ -94,7 +109,7 @@ describe('the reaction outbox', () => {
     expect(await jobsOf(order.id)).toHaveLength(2)
   })
 
-  it('enqueues nothing when no handler matches, and the event is written all the same', async () => {
+  it('gives a handler nothing of a type it does not take, and the event is written all the same', async () => {
     const ref = reference()
     const { order } = await createOrder(database.db, { externalReference: ref }, settings)
     const onlyFunded = createReactionRegistry().on('trade.funded', 'ship-goods', noop)
@@ -105,10 +120,10 @@ describe('the reaction outbox', () => {
     )
     expect(result.outcome).toBe('applied')
     expect(await eventsOf(order.id)).toMatchObject([{ sequence: 1, toStatus: 'created', source: 'api' }])
-    expect(await jobsOf(order.id)).toEqual([])
+    expect(await jobsOf(order.id, onlyFunded, ['ship-goods'])).toEqual([])
   })
 
-  it('a parked delivery applied when its order is created, and a poll, enqueue jobs like a webhook', async () => {
+  it('a parked delivery applied when its order is created, and a poll, reach the handlers like a webhook', async () => {
     const ref = reference()
     expect((await sendWebhook(app, { body: tradePayload(ref, 'funded') })).status).toBe(200)
     const { order, appliedDeliveries } = await createOrder(database.db, { externalReference: ref }, settings)
@@ -127,7 +142,7 @@ describe('the reaction outbox', () => {
     expect((await eventsOf(order.id)).map((event) => event.source)).toEqual(['webhook', 'poll'])
   })
 
-  it('a CLI command that moves an order enqueues the jobs of the handlers the config names (the forwarder)', async () => {
+  it('a CLI command that moves an order writes the event the forwarder’s stream gives it', async () => {
     const forwarding = testConfig({
       FORWARD_URL: 'http://127.0.0.1:1/hooks',
       FORWARD_SECRET: `whsec_${randomBytes(32).toString('base64')}`,
@@ -137,16 +152,17 @@ describe('the reaction outbox', () => {
     const { code, stderr } = await runCommand(['orders', 'create', '--external-reference', ref], database.db, forwarding)
     expect(stderr).toBe('')
     expect(code).toBe(0)
-    expect((await jobsOf((await orderOf(ref)).id)).map((job) => job.handler)).toEqual([FORWARDER_HANDLER])
+    const forwarder = createReactionRegistry().on('trade.*', FORWARDER_HANDLER, noop)
+    expect((await jobsOf((await orderOf(ref)).id, forwarder, [FORWARDER_HANDLER])).map((job) => job.handler)).toEqual([FORWARDER_HANDLER])
   })
 
-  it('commits a transition, its event and its jobs together or not at all', async () => {
+  it('commits a transition and its event together or not at all', async () => {
     const ref = reference()
     const { order } = await createOrder(database.db, { externalReference: ref }, settings)
-    // test-only: the jobs insert, the statement's last write, fails
+    // test-only: the event's insert, the statement's last write, fails
     await sql`create function refuse_reaction_job() returns trigger language plpgsql as
       $$ begin raise exception 'refused by the test'; end $$`.execute(database.db)
-    await sql`create trigger refuse_reaction_job before insert on reaction_jobs
+    await sql`create trigger refuse_reaction_job before insert on order_status_history
       for each row execute function refuse_reaction_job()`.execute(database.db)
     try {
       await expect(
@@ -157,13 +173,13 @@ describe('the reaction outbox', () => {
         ),
       ).rejects.toThrow(/refused by the test/)
     } finally {
-      await sql`drop trigger refuse_reaction_job on reaction_jobs`.execute(database.db)
+      await sql`drop trigger refuse_reaction_job on order_status_history`.execute(database.db)
       await sql`drop function refuse_reaction_job()`.execute(database.db)
     }
     expect(await orderOf(ref)).toMatchObject({ tradeStatus: null, tradeId: null })
     expect(await eventsOf(order.id)).toEqual([])
     expect(await jobsOf(order.id)).toEqual([])
-    // and the same observation, the trigger gone, commits all three
+    // and the same observation, the trigger gone, commits both, and both handlers' streams give the event
     await applyObservation(
       database.db,
       { target: { orderId: order.id }, tradeId: `trd_${ref}`, status: 'funded', source: 'api', observedAt: new Date() },
@@ -174,7 +190,7 @@ describe('the reaction outbox', () => {
     expect(await jobsOf(order.id)).toHaveLength(2)
   })
 
-  it('notifies listeners on commit when jobs were enqueued, and not when none were', async () => {
+  it('notifies listeners on commit when a handler takes the event, and not when none does', async () => {
     let notified = 0
     const unlisten = await database.listen('reaction_jobs', () => notified++)
     try {

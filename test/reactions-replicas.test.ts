@@ -11,6 +11,7 @@ import { createOrder } from './helpers/orders.js'
 import { createDispatcher, type Dispatcher } from '../src/reactions/dispatcher.js'
 import type { ReactionEvent } from '../src/reactions/reaction-event.js'
 import { createReactionRegistry } from '../src/reactions/reaction-registry.js'
+import { reactionStreamBacklog } from '../src/reactions/reaction-stream.repository.js'
 import { testLogger } from './helpers/log-sink.js'
 import { eventually } from './helpers/reconcile-poller.js'
 import { createTestDatabase, describePostgres, type TestDatabase } from './helpers/test-database.js'
@@ -92,6 +93,7 @@ describePostgres('two replicas dispatching 10,000 transitions (Postgres)', () =>
       const dispatcher = createDispatcher({
         db: handle.db,
         handler: reactions.handler,
+        streams: reactions,
         clock: systemClock,
         logger: testLogger(),
         listen: handle.listen,
@@ -127,6 +129,7 @@ describePostgres('two replicas dispatching 10,000 transitions (Postgres)', () =>
       )
     }
     const committedAt = Date.now()
+    // jobs to run, and events the streams have not taken yet
     const unfinished = async () =>
       Number(
         (
@@ -136,7 +139,7 @@ describePostgres('two replicas dispatching 10,000 transitions (Postgres)', () =>
             .where('state', 'in', ['pending', 'running'])
             .executeTakeFirstOrThrow()
         ).n,
-      )
+      ) + (await reactionStreamBacklog(database.db)).events
     await eventually(async () => (await unfinished()) === 0, 'every job finished', 600_000)
     const finishedAt = Date.now()
 

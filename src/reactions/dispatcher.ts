@@ -422,8 +422,10 @@ export function createDispatcher(deps: DispatcherDeps): Dispatcher {
       let delayMs = settings.safetyIntervalMs
       let wallClock = false
       try {
-        const { full, read, withheld } = await worker.batch(signal)
+        const { full, read, withheld, heldUntil } = await worker.batch(signal)
         failures = 0
+        // another replica holds the stream: look again when its lease runs out (it may have died)
+        if (heldUntil) delayMs = Math.min(delayMs, Math.max(1, heldUntil.getTime() - clock.now() + 1))
         if (full) continue
         if (read > 0) {
           // the next read gathers what commits meanwhile: fewer, larger batches while events keep coming

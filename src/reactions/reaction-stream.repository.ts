@@ -47,6 +47,8 @@ export async function ensureReactionStreams(db: Kysely<Database>, handlers: read
 export interface StreamRead {
   /** False: another replica holds this stream's lease (or the stream does not exist). */
   leased: boolean
+  /** Not leased: when the other replica's lease runs out (undefined: no such stream). */
+  heldUntil?: Date | undefined
   /** The events read, in stream order (every type: the caller keeps the handler's). */
   events: StreamEvent[]
   /** The place the batch started from. */
@@ -116,7 +118,11 @@ export async function readReactionStream(
     ) h on true
     order by h.stream_position, h.id`.execute(db)
   const [first] = rows
-  if (!first) return { leased: false, events: [], from: undefined, withheld: false }
+  if (!first) {
+    const stream = await db.selectFrom('reactionStreams').select('leaseExpiresAt').where('handler', '=', handler).executeTakeFirst()
+    const heldUntil = stream?.leaseExpiresAt ? new Date(stream.leaseExpiresAt) : undefined
+    return { leased: false, heldUntil, events: [], from: undefined, withheld: false }
+  }
   const events: StreamEvent[] = []
   for (const row of rows) {
     if (row.position === null || row.historyId === null || row.toStatus === null) continue

@@ -61,6 +61,8 @@ export interface BatchResult {
   read: number
   /** Events are committed after the place but not readable yet (an older transaction is still open). */
   withheld: boolean
+  /** Another replica holds the stream until then. */
+  heldUntil?: Date | undefined
 }
 
 /** A first attempt's outcome; undefined: stopped by the shutdown (its job is given back). */
@@ -134,7 +136,7 @@ export function createStreamWorker(deps: StreamWorkerDeps) {
     const started = clock.now()
     const leaseEnd = new Date(started + settings.leaseMs)
     const read = await readReactionStream(db, { handler: name, leaseToken, now: new Date(started), leaseEnd, limit: batchSize })
-    if (!read.leased || read.events.length === 0) return { full: false, read: 0, withheld: read.withheld }
+    if (!read.leased || read.events.length === 0) return { full: false, read: 0, withheld: read.withheld, heldUntil: read.heldUntil }
 
     const mine = read.events.filter((entry) => deps.takes(entry.event.type))
     // one chain per order, in stream order (= sequence order within an order)
@@ -223,12 +225,15 @@ export function createStreamWorker(deps: StreamWorkerDeps) {
     } finally {
       // handlers still running own their rows from here (or, the write lost, run out with the lease)
       const settle = async () => {
+        let stopped = 0
         try {
           for (const [eventId, call] of inFlight) {
             const finished = await call
+            if (finished === undefined) stopped += 1
             const id = ids?.get(eventId)
             if (id) await writeHandedOff(id, finished)
           }
+          if (stopped > 0) logger.warn({ handler: name, jobs: stopped }, 'reaction handlers stopped before finishing; their jobs run again')
         } catch (error) {
           logger.warn({ err: error, handler: name }, 'could not record a reaction job outcome; it runs again after its lease')
         } finally {
