@@ -15,6 +15,7 @@ import { applyObservation } from '../src/orders/apply-observation.js'
 import { findOrderByExternalReference } from '../src/orders/order.repository.js'
 import { createOrder } from './helpers/orders.js'
 import { createReactionRegistry } from '../src/reactions/reaction-registry.js'
+import { writeJobRows } from './helpers/reaction-jobs.js'
 import { findDelivery } from '../src/webhooks/delivery.repository.js'
 import { testLogger } from './helpers/log-sink.js'
 import { testConfig } from './helpers/test-config.js'
@@ -83,6 +84,7 @@ describeBrowser('operator console in headless Chromium', () => {
       { target: { orderId: reacting.id }, tradeId: 'trd_react-1', status: 'funded', source: 'webhook', observedAt: new Date() },
       { staleAfterS: 3_600, handlersFor: reactions.handlersFor },
     )
+    await writeJobRows(database.db, reactions)
     await database.db
       .updateTable('reactionJobs')
       .set({ state: 'failed', attempts: 8, finishedAt: new Date(), lastError: 'Error: CRM answered 503 <b>Service Unavailable</b>' })

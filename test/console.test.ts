@@ -17,6 +17,7 @@ import { sendWebhook, tradePayload } from './helpers/webhook-delivery.js'
 import { applyObservation, NO_REACTION_HANDLERS } from '../src/orders/apply-observation.js'
 import { createOrder } from './helpers/orders.js'
 import { createReactionRegistry } from '../src/reactions/reaction-registry.js'
+import { writeJobRows } from './helpers/reaction-jobs.js'
 
 const TOKEN = 'console-token-0123456789abcdef0123'
 const HOSTILE_ID = '"><img/src=x/onerror=alert(1)><script>alert(2)</script>'
@@ -351,6 +352,7 @@ describe('operator console: reactions', () => {
         )
       }
     }
+    await writeJobRows(database.db, reactions)
     const rows = await database.db
       .selectFrom('reactionJobs as job')
       .innerJoin('orderStatusHistory as event', 'event.eventId', 'job.eventId')

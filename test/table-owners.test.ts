@@ -16,6 +16,7 @@ const OWNERS: Record<string, { owner: string[]; alsoReadBy?: Record<string, stri
     owner: ['src/orders/order.repository.ts', 'src/orders/apply-observation.ts'],
     alsoReadBy: {
       'src/reactions/reaction-job.repository.ts': 'a history row is the reaction event: jobs read it (the outbox)',
+      'src/reactions/reaction-stream.repository.ts': 'each handler reads the history as its stream of events',
     },
   },
   webhook_deliveries: {
@@ -23,9 +24,10 @@ const OWNERS: Record<string, { owner: string[]; alsoReadBy?: Record<string, stri
     owner: ['src/webhooks/delivery.repository.ts', 'src/orders/apply-observation.ts'],
   },
   reaction_jobs: {
-    // the observation statement enqueues an applied transition's jobs in the same statement
-    owner: ['src/reactions/reaction-job.repository.ts', 'src/orders/apply-observation.ts'],
+    // a stream's batch writes its events' jobs in the statement that moves the stream on
+    owner: ['src/reactions/reaction-job.repository.ts', 'src/reactions/reaction-stream.repository.ts'],
   },
+  reaction_streams: { owner: ['src/reactions/reaction-stream.repository.ts'] },
   reconcile_runs: { owner: ['src/reconcile/reconcile-run.repository.ts'] },
 }
 

@@ -152,6 +152,7 @@ export async function runDemo({
       const started = createDispatcher({
         db: database.db,
         handler: reactions.handler,
+        streams: reactions,
         clock: later,
         logger: log,
         listen: database.listen,

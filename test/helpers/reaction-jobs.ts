@@ -15,3 +15,21 @@ export async function unfinishedReactionJobs(db: Kysely<Database>): Promise<numb
     .executeTakeFirstOrThrow()
   return Number(row.n) + (await reactionStreamBacklog(db)).events
 }
+
+/**
+ * The job rows the handlers' streams would write for every event in the history (one per event and matching
+ * handler, in event order), pending and not yet attempted: what a test of the operator's views starts from.
+ * The streams themselves are not moved (no dispatcher runs in such a test).
+ */
+export async function writeJobRows(db: Kysely<Database>, routing: { handlersFor(type: string): readonly string[] }, now = new Date()): Promise<void> {
+  const events = await db.selectFrom('orderStatusHistory').select(['eventId', 'orderId', 'sequence', 'toStatus']).orderBy('id').execute()
+  for (const event of events) {
+    for (const handler of routing.handlersFor(`trade.${event.toStatus}`)) {
+      await db
+        .insertInto('reactionJobs')
+        .values({ eventId: event.eventId, orderId: event.orderId, sequence: event.sequence ?? 0, handler, runAt: now, createdAt: now, updatedAt: now })
+        .onConflict((conflict) => conflict.columns(['eventId', 'handler']).doNothing())
+        .execute()
+    }
+  }
+}
