@@ -190,9 +190,9 @@ function createWaker(clock: Clock) {
 // this, doubling up to a second; a busy stream is woken sooner by the commits themselves
 const WITHHELD_FIRST_MS = 10
 // after a batch that was not full, the stream reads again this much later (not sooner, however many commits
-// wake it): measured with a no-op handler at about 2,000 events/s, reading on every wake made batches of a
-// few events, each a read and a write-back commit
-const GATHER_MS = 5
+// wake it): with a no-op handler at about 2,000 events/s, reading on every wake made batches of a few
+// events, each a read and a write-back commit
+const GATHER_MS = 10
 
 export function createDispatcher(deps: DispatcherDeps): Dispatcher {
   const { db, clock, logger, settings } = deps

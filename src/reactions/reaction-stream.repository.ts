@@ -173,7 +173,8 @@ export interface StreamOutcome {
 }
 
 /**
- * Writes a batch back: its events' job rows and the stream's new place, in one statement, only while
+ * Writes a batch back: its events' job rows (the handled ones from their history ids, the others from
+ * `outcomes`) and the stream's new place, in one statement, only while
  * `leaseToken` still holds the stream (the lease is renewed to `leaseEnd`). Returns the running rows' ids by
  * event id; undefined when the lease was lost and nothing was written (another replica reads the batch again).
  */
@@ -186,7 +187,17 @@ export async function writeReactionStream(
     outcomes,
     now,
     leaseEnd,
-  }: { handler: string; leaseToken: string; place: StreamPlace; outcomes: readonly StreamOutcome[]; now: Date; leaseEnd: Date },
+    done = [],
+  }: {
+    handler: string
+    leaseToken: string
+    place: StreamPlace
+    outcomes: readonly StreamOutcome[]
+    now: Date
+    leaseEnd: Date
+    /** The history ids of the events handled on this first attempt: their done jobs are made from the history rows. */
+    done?: readonly string[]
+  },
 ): Promise<Map<string, string> | undefined> {
   const input = JSON.stringify(
     outcomes.map(({ event, state, attempts, runAt, lastError, createdAt, leaseToken: jobLease, leaseExpiresAt }) => ({
@@ -213,11 +224,17 @@ export async function writeReactionStream(
       insert into reaction_jobs (event_id, order_id, sequence, handler, state, attempts, run_at, last_error,
         lease_token, lease_expires_at, created_at, updated_at, finished_at)
       select o.event_id, o.order_id, o.sequence, ${handler}, o.state, o.attempts, o.run_at, o.last_error,
-        o.lease_token, o.lease_expires_at, o.created_at, ${now},
+        o.lease_token, o.lease_expires_at, o.created_at, ${now}::timestamptz,
         case when o.state in ('done', 'failed') then ${now}::timestamptz end
       from json_to_recordset(${input}::json) as o(event_id uuid, order_id int, sequence int, state text, attempts int,
         run_at timestamptz, last_error text, created_at timestamptz, lease_token text, lease_expires_at timestamptz)
       where exists (select 1 from moved)
+      union all
+      -- the bulk of a batch: its handled events, by history id (no row of theirs is sent)
+      select h.event_id, h.order_id, h.sequence, ${handler}, 'done', 1, ${now}::timestamptz, null::text, null::text, null::timestamptz,
+        h.recorded_at, ${now}::timestamptz, ${now}::timestamptz
+      from order_status_history h
+      where h.id = any(${`{${done.join(',')}}`}::bigint[]) and exists (select 1 from moved)
       on conflict (event_id, handler) do nothing
       returning id, event_id, state
     )

@@ -202,14 +202,21 @@ export function createStreamWorker(deps: StreamWorkerDeps) {
 
     // every event of the handler gets its row: its outcome; running (handed off); or pending, due now
     const now = clock.now()
-    const outcomes: StreamOutcome[] = mine.map((entry) => {
+    const rowOf = (entry: StreamEvent, finished: Finished): StreamOutcome => {
       const { eventId } = entry.event
-      const finished = results.get(eventId)
       if (finished) return finished
       const base = { event: entry.event, createdAt: entry.recordedAt, lastError: null }
       if (inFlight.has(eventId)) return { ...base, state: 'running', attempts: 1, runAt: leaseEnd, leaseExpiresAt: leaseEnd, leaseToken }
       return { ...base, state: 'pending', attempts: 0, runAt: new Date(now) }
-    })
+    }
+    const done: string[] = []
+    const outcomes: StreamOutcome[] = []
+    for (const entry of mine) {
+      const { eventId } = entry.event
+      const finished = results.get(eventId)
+      if (finished?.state === 'done') done.push(entry.historyId)
+      else outcomes.push(rowOf(entry, finished))
+    }
     // (a handler stopped by the shutdown before it returned made no attempt: pending, due now, as above)
     for (const finished of results.values()) reportOutcome(finished)
     let ids: Map<string, string> | undefined
@@ -219,6 +226,7 @@ export function createStreamWorker(deps: StreamWorkerDeps) {
         leaseToken,
         place: read.events.at(-1)!,
         outcomes,
+        done,
         now: new Date(now),
         leaseEnd: new Date(now + settings.leaseMs),
       })
@@ -253,8 +261,8 @@ export function createStreamWorker(deps: StreamWorkerDeps) {
       }
     }
     if (!ids) {
-      logger.warn({ handler: name, events: outcomes.length }, 'reaction stream lease was taken over: the batch runs again elsewhere')
-    } else if (outcomes.some((outcome) => outcome.state !== 'done')) {
+      logger.warn({ handler: name, events: outcomes.length + done.length }, 'reaction stream lease was taken over: the batch runs again elsewhere')
+    } else if (outcomes.length > 0) {
       deps.jobsWritten()
     }
     return { full: read.events.length === batchSize, read: read.events.length, withheld: read.withheld }
