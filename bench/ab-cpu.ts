@@ -47,14 +47,16 @@ await admin.connect()
 await admin.query(`create schema ${schema}`)
 const url = new URL(baseUrl)
 url.searchParams.set('options', `-c search_path=${schema}`)
-// with a handler: waits until every reaction job enqueued so far is done (the dispatch's CPU is counted too)
+// with a handler: waits until every reaction job so far is done, and every event taken by its stream (the dispatch's CPU is counted too)
 const jobsDone = async () => {
   if (!noopHandler) return
   const client = new pg.Client({ connectionString: url.toString() })
   await client.connect()
   try {
     for (;;) {
-      const { rows } = await client.query(`select count(*)::int as left from reaction_jobs where state in ('pending', 'running')`)
+      const { rows } = await client.query(`select (select count(*)::int from reaction_jobs where state in ('pending', 'running'))
+           + coalesce((select count(*)::int from reaction_streams s join order_status_history h
+               on h.stream_position is not null and (h.stream_position, h.id) > (s.position, s.history_id)), 0) as left`)
       if (rows[0].left === 0) return
       await new Promise((resolve) => setTimeout(resolve, 100))
     }
