@@ -21,7 +21,6 @@ const pairs = Number(pairsArg ?? 3)
 const requests = Number(requestsArg ?? 6000)
 const baseUrl = process.env.BENCH_DATABASE_URL || 'postgres://postgres@127.0.0.1:5432/test'
 const handlerIn = (name: string) => process.env.AB_HANDLER === 'noop' || (process.env.AB_HANDLER === 'noop-b' && name === 'B')
-const noopHandler = handlerIn('A') || handlerIn('B')
 const envB = Object.fromEntries((process.env.AB_B_ENV ?? '').split(' ').filter(Boolean).map((pair) => [pair.slice(0, pair.indexOf('=')), pair.slice(pair.indexOf('=') + 1)]))
 const run = `ab${randomBytes(3).toString('hex')}`
 let sequence = 0
@@ -48,8 +47,8 @@ await admin.query(`create schema ${schema}`)
 const url = new URL(baseUrl)
 url.searchParams.set('options', `-c search_path=${schema}`)
 // with a handler: waits until every reaction job so far is done, and every event taken by its stream (the dispatch's CPU is counted too)
-const jobsDone = async () => {
-  if (!noopHandler) return
+const jobsDone = async (name: string) => {
+  if (!handlerIn(name)) return
   const client = new pg.Client({ connectionString: url.toString() })
   await client.connect()
   try {
@@ -90,6 +89,9 @@ const results: Record<string, { duplicates: number[]; matched: number[]; pgMatch
 try {
   for (let pair = 0; pair < pairs; pair++) {
     for (const [name, dist] of pair % 2 === 0 ? [['A', distA], ['B', distB]] : [['B', distB], ['A', distA]]) {
+      // a handler's stream left by an earlier round would first take every event committed since (the other
+      // tree's too): each service with the handler starts it afresh
+      await admin.query(`delete from ${schema}.reaction_streams`).catch(() => {})
       const { child, port } = await startService(url.toString(), { orders: 100_000, seen: 5000 }, name === 'B' ? envB : {}, dist, {
         noopHandler: handlerIn(name!),
       })
@@ -99,12 +101,12 @@ try {
         await fire(port, seen, requests)
         results[name!]!.duplicates.push(Math.round(((cpuMs(child.pid!) - before) * 1000) / requests))
         await fire(port, matched, 1000) // warm-up
-        await jobsDone()
+        await jobsDone(name!)
         before = cpuMs(child.pid!)
         const backendsBefore = await backendCpu()
         const commitsBefore = await commits()
         await fire(port, matched, requests)
-        await jobsDone()
+        await jobsDone(name!)
         results[name!]!.matched.push(Math.round(((cpuMs(child.pid!) - before) * 1000) / requests))
         const commitsAfter = await commits()
         let backendMs = 0

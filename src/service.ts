@@ -147,7 +147,8 @@ export async function startService({
     const otherReplicas = watchOtherListeners(database, REACTION_CHANNEL, logger)
     stops.push({ name: 'replica watch', stop: otherReplicas.stop })
     const onJobsEnqueued = () => {
-      dispatcher?.wake()
+      // its own commit brought events: the streams read them (no job row became due, so the job loop sleeps on)
+      dispatcher?.wakeStreams()
       if (draining || otherReplicas.present()) notifyOtherReplicas()
     }
     // STALE_AFTER_S, the reaction handlers and the wake, bound once: every observation this process applies uses them

@@ -91,8 +91,10 @@ export interface DispatcherDeps {
 export interface Dispatcher {
   start(): Promise<void>
   stop(): Promise<void>
-  /** Look for due jobs now (what a NOTIFY does). */
+  /** Look for due jobs and new events now (what a NOTIFY does). */
   wake(): void
+  /** Read the streams now: a commit of this process brought events (no job became due by it). */
+  wakeStreams(): void
   /** Handlers running right now. */
   readonly running: number
 }
@@ -205,9 +207,12 @@ export function createDispatcher(deps: DispatcherDeps): Dispatcher {
   const jobWaker = createWaker(clock)
   let streams: { worker: StreamWorker; waker: ReturnType<typeof createWaker>; loop: Promise<void> }[] = []
 
+  const wakeStreams = () => {
+    for (const stream of streams) stream.waker.wake()
+  }
   const wake = () => {
     jobWaker.wake()
-    for (const stream of streams) stream.waker.wake()
+    wakeStreams()
   }
 
   // handlers running now, the streams' and the claimed jobs' (a finished handler's job may still wait for its
@@ -498,6 +503,7 @@ export function createDispatcher(deps: DispatcherDeps): Dispatcher {
       return running.size + streams.reduce((sum, stream) => sum + stream.worker.running, 0)
     },
     wake,
+    wakeStreams,
     async start() {
       if (loop) return
       stopping = new AbortController()
