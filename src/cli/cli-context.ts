@@ -21,7 +21,7 @@ export interface CliContext {
   reactions?: ReactionRouting | undefined
 }
 
-/** What a command runs with: a command that moves an order enqueues the jobs of these reactions. */
+/** What a command runs with: a command that moves an order wakes the dispatchers when these reactions take its event. */
 export type CommandContext = CliContext & { reactions: ReactionRouting }
 
 /** A usage error: printed without a stack, exit code 2. */

@@ -28,7 +28,7 @@ export interface AdminAppDeps {
   clock?: Clock
   /** The console's "run one reconcile cycle now"; answers undefined while the service is not ready. */
   reconcileOnce?: (() => Promise<RunSummary | undefined>) | undefined
-  /** The reaction handlers: a delivery the console re-applies enqueues their jobs (none when absent). */
+  /** The reaction handlers: whether a delivery the console re-applies brings events for them (none when absent). */
   reactions?: ReactionRouting | undefined
 }
 

@@ -36,7 +36,7 @@ export interface AppDeps {
   isDraining?: () => boolean
   /** Seller and buyer event handlers (service.ts registers the fork's); none when not given. */
   eventHandlers?: EventHandlers | undefined
-  /** The reaction handlers: every observation the app applies enqueues their jobs (none when absent). */
+  /** The reaction handlers: whether an observation the app applies brings events for them (none when absent). */
   reactions?: ReactionRouting | undefined
   /** The group commit and the memory of stored ids (service.ts makes them); made here when absent. */
   ingest?: DeliveryIngest | undefined

@@ -11,10 +11,9 @@
 // answer is a set of one.
 //
 // Reactions (the transactional outbox): the history row of an applied transition IS the event (a stable
-// event_id, the order's sequence = its version after the move), and when reaction handlers are registered
-// for 'trade.<status>' the statement also inserts one reaction_jobs row per handler. So a transition, its
-// event and its jobs commit together or not at all. With no handlers for any row, no job part is in the
-// statement. The dispatchers are woken by pg_notify('reaction_jobs'): inside an outer transaction the
+// event_id, the order's sequence = its version after the move, its place in the handlers' streams). So a
+// transition and its event commit together or not at all; each handler reads the events from the history
+// (src/reactions/reaction-stream.repository.ts), and the statement writes nothing else for them. The dispatchers are woken by pg_notify('reaction_jobs'): inside an outer transaction the
 // statement calls it itself (delivered when that transaction commits); on its own (its own transaction,
 // the webhook ingest and every other hot path) the settings' onJobsEnqueued runs right after the commit
 // (the service wakes its own dispatcher at once and sends the NOTIFY for the other replicas), or else
@@ -51,12 +50,12 @@ export interface ObservationSettings {
   /** After any observation a non-terminal order is polled again this many seconds later. */
   staleAfterS: number
   /**
-   * The names of the reaction handlers registered for an event type ('trade.<status>'): the statement
-   * enqueues a job for each. Only the names matter here (the registry's handlersFor).
+   * The names of the reaction handlers registered for an event type ('trade.<status>'): when there are any,
+   * the dispatchers are woken after the commit. Only the names matter here (the registry's handlersFor).
    */
   handlersFor: (type: string) => readonly string[]
   /**
-   * Called right after a statement that is its own transaction committed jobs: what wakes the dispatchers
+   * Called right after a statement that is its own transaction committed events a handler takes: what wakes the dispatchers
    * (the service wakes its own directly and NOTIFYs the other replicas). Absent: a NOTIFY after the commit.
    */
   onJobsEnqueued?: () => void
@@ -146,7 +145,7 @@ interface StatementRow {
   outcome: ObservationOutcome | null
   orderId: number | null
   fromStatus: string | null
-  /** Jobs the statement enqueued (every row tells the same count), when it leaves the NOTIFY to its caller. */
+  /** Events of the statement that a handler takes (every row tells the same count), when it leaves the NOTIFY to its caller. */
   enqueued?: number | string | null
 }
 

@@ -15,8 +15,8 @@ export interface TradeFacts {
 /**
  * The settings every observation is applied with, bound once where the service is put together:
  * STALE_AFTER_S (a non-terminal order is polled again this long after any observation), the
- * reaction handlers whose jobs an applied status enqueues, and what wakes the dispatchers after a
- * commit that enqueued some (absent: a NOTIFY).
+ * reaction handlers that take an applied status's event, and what wakes the dispatchers after a commit
+ * that wrote some (absent: a NOTIFY).
  */
 export function observationSettings(
   poll: { staleAfterS: number },

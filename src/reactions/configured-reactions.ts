@@ -1,8 +1,8 @@
 // The reaction handlers the service runs, from its config: the built-in forwarder when FORWARD_URL is
 // set, the RabbitMQ publisher when AMQP_URL is, then the fork's own (partner-handlers.ts), then those of
 // a program that starts the service itself (`register`, e.g. the ingest benchmark's no-op). `serve` runs
-// them; a CLI command that moves an order needs the same names, so the jobs it enqueues are the ones the
-// service's dispatcher will run.
+// them; a CLI command that moves an order uses the same names to tell whether a handler takes its event
+// (and wake the dispatchers); the events themselves reach the handlers through their streams.
 import type { Clock } from '../clock.js'
 import type { Config } from '../config.js'
 import type { Logger } from '../logger.js'

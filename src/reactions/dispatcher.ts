@@ -1,13 +1,16 @@
-// The dispatcher: runs the reaction jobs (reaction-job.repository.ts) on every replica of `serve`.
+// The dispatcher, on every replica of `serve`: one loop per handler's stream (stream-worker.ts: every
+// event's first attempt, on the replica that holds the stream's lease), and the job loop below, which runs
+// the jobs the streams wrote for later (reaction-job.repository.ts: retries, events held back behind an
+// earlier one, handlers handed off). REACTION_CONCURRENCY bounds the handlers of both together (createSlots).
 //
-// A loop claims due jobs, runs each handler with an AbortSignal (at most REACTION_CONCURRENCY at once),
+// The job loop claims due jobs, runs each handler with an AbortSignal (at most REACTION_CONCURRENCY at once),
 // and writes the outcome back under the claim's lease token: done; or, after a throw,
 // pending again after an exponential backoff with jitter (reconcile/backoff-delay.ts); or, once the
 // job has used REACTION_MAX_ATTEMPTS, failed (the dead letter), which holds back that order's later
 // events for that handler until an operator retries or skips it.
 //
-// When it looks: at once when a commit enqueued jobs (the observation statement's NOTIFY, passed in as
-// `listen`), when one of its own handlers finished (a slot is free, and that order's next event may now
+// When it looks: at once when a stream wrote jobs to run, on a NOTIFY (another replica's commit, an
+// operator's retry or skip; passed in as `listen`), when one of its own handlers finished (a slot is free, and that order's next event may now
 // be claimable), at the earliest future run_at (a backoff ending, a lease running out), and at least
 // every `safetyIntervalMs` (a notification lost with a connection, another replica's completion).
 //

@@ -1,5 +1,6 @@
-// Every query on reaction_jobs: one row per (event, handler), inserted by the observation statement
-// (src/orders/apply-observation.ts) in the same commit as the transition. Row types never leave this file.
+// The queries on reaction_jobs: one row per (event, handler), written by the handler's stream once it has made
+// the first attempt (reaction-stream.repository.ts writes them). This file is the rest: the retries' claim and
+// write-backs, and the operator's views. Row types never leave this file.
 //
 // States: pending (waiting for run_at) → running (claimed: a lease token and its end) → done, or back to
 // pending with a later run_at after a throw, or failed after the last attempt (the dead letter). An
@@ -374,7 +375,7 @@ export async function skipJob(db: Kysely<Database>, id: string, now: Date): Prom
   return refusal(db, id)
 }
 
-/** Wakes every replica's dispatcher (as the observation statement does when it enqueues jobs). */
+/** Wakes every replica's dispatcher (as the observation statement does when it writes an event a handler takes). */
 async function notifyDispatchers(db: Kysely<Database>): Promise<void> {
   await sql`select pg_notify('reaction_jobs', '')`.execute(db)
 }
