@@ -236,8 +236,9 @@ export async function runDemo({
       if (summary.claimed === 0 || pollCycles > 10) break
     }
 
+    // (a few seconds here; on a machine busy with other work a minute and more, so the bound is generous)
     say('demo: waiting for the forwarder to hand every transition to the local receiver…')
-    const stillPending = await forwarded(database, later, 30_000)
+    const stillPending = await forwarded(database, later, 90_000)
     await dispatcher.stop()
     dispatcher = undefined
 
