@@ -116,8 +116,9 @@ export function createStreamWorker(deps: StreamWorkerDeps) {
     return { ...base, state: 'failed', attempts: 1, lastError: message }
   }
 
-  const reportOutcome = (finished: Finished) =>
-    deps.report(name, finished === undefined ? 'released' : finished.state === 'pending' ? 'retry' : finished.state === 'failed' ? 'failed' : 'done')
+  /** What an attempt's outcome counts as in the metrics. */
+  const resultOf = (finished: Finished): AttemptResult =>
+    finished === undefined ? 'released' : finished.state === 'pending' ? 'retry' : finished.state === 'failed' ? 'failed' : 'done'
 
   /** A handed-off handler returned: its outcome goes to its job row, as a claimed job's does. */
   const writeHandedOff = async (id: string, finished: Finished) => {
@@ -128,7 +129,7 @@ export function createStreamWorker(deps: StreamWorkerDeps) {
     else if (finished.state === 'done') written = await completeJob(db, lease)
     else if (finished.state === 'pending') written = await retryJobLater(db, { ...lease, runAt: finished.runAt, error: finished.lastError ?? '' })
     else written = await failJob(db, { ...lease, error: finished.lastError ?? '' })
-    deps.report(name, written ? (finished === undefined ? 'released' : finished.state === 'pending' ? 'retry' : finished.state === 'failed' ? 'failed' : 'done') : 'lease_lost')
+    deps.report(name, written ? resultOf(finished) : 'lease_lost')
   }
 
   /** Reads, runs and writes back one batch. */
@@ -218,7 +219,7 @@ export function createStreamWorker(deps: StreamWorkerDeps) {
       else outcomes.push(rowOf(entry, finished))
     }
     // (a handler stopped by the shutdown before it returned made no attempt: pending, due now, as above)
-    for (const finished of results.values()) reportOutcome(finished)
+    for (const finished of results.values()) deps.report(name, resultOf(finished))
     let ids: Map<string, string> | undefined
     try {
       ids = await writeReactionStream(db, {
