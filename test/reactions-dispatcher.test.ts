@@ -10,7 +10,7 @@ import { createOrder } from './helpers/orders.js'
 import { createDispatcher, type Dispatcher, type DispatcherSettings } from '../src/reactions/dispatcher.js'
 import type { ReactionEvent, ReactionHandler } from '../src/reactions/reaction-event.js'
 import { claimReactionJobsQuery, retryJob, skipJob } from '../src/reactions/reaction-job.repository.js'
-import { ensureReactionStreams, readReactionStream, writeReactionStream } from '../src/reactions/reaction-stream.repository.js'
+import { ensureReactionStreams, readReactionStream, readReactionStreamQuery, writeReactionStream } from '../src/reactions/reaction-stream.repository.js'
 import { HANDOFF_MS } from '../src/reactions/stream-worker.js'
 import { createReactionRegistry, type ReactionRegistry } from '../src/reactions/reaction-registry.js'
 import { backoffDelayS } from '../src/reconcile/backoff-delay.js'
@@ -422,4 +422,52 @@ describePostgres('the notification listener (Postgres)', () => {
       await database.close()
     }
   })
+})
+
+describePostgres('the stream read (Postgres)', () => {
+  let database: TestDatabase
+  beforeAll(async () => {
+    database = await createTestDatabase()
+    // 200,000 events in the streams (their places spread below the snapshot's xmin, as committed events are),
+    // 20,000 from before them (no place), and a stream that has read them all: the busy stream's usual read.
+    // The statistics are those of the empty table, as on a history growing faster than autovacuum analyzes it.
+    await sql`analyze order_status_history`.execute(database.db)
+    await sql`insert into orders (external_reference) select 'plan-' || n from generate_series(1, 1000) n`.execute(database.db)
+    await sql`insert into order_status_history (order_id, from_status, to_status, source, sequence, stream_position)
+      select o.id, 'created', 'funded', 'webhook', n / 1000,
+        case when n > 20000 then (1 + (n - 20001) * (x.xmin - 2) / 200000)::text::xid8 end
+      from generate_series(1, 220000) n
+      join orders o on o.external_reference = 'plan-' || (n % 1000 + 1)
+      cross join (select pg_snapshot_xmin(pg_current_snapshot())::text::bigint as xmin) x`.execute(database.db)
+    await sql`insert into reaction_streams (handler, position, history_id, lease_token, lease_expires_at)
+      select 'ledger', stream_position, id, 'plan', now() + interval '1 hour' from order_status_history
+      where stream_position is not null order by stream_position desc, id desc limit 1`.execute(database.db)
+  }, 120_000)
+  afterAll(async () => {
+    await database?.close()
+  })
+
+  for (const mode of ['force_custom_plan', 'force_generic_plan']) {
+    it(`reads the history and probes for withheld events through the stream index, never scanning it (${mode})`, async () => {
+      const now = new Date()
+      const query = readReactionStreamQuery({ handler: 'ledger', leaseToken: 'plan', now, leaseEnd: new Date(now.getTime() + 60_000), limit: 64 }).compile(
+        database.db,
+      )
+      // the read is a prepared statement: after five runs Postgres may keep a generic plan
+      const plan = await database.db.connection().execute(async (connection) => {
+        await sql`set plan_cache_mode = ${sql.raw(mode)}`.execute(connection)
+        try {
+          const explained = await connection.executeQuery<{ 'QUERY PLAN': string }>(
+            CompiledQuery.raw(`explain ${query.sql.replace(/^\/\* prepared \*\/\s*/, '')}`, [...query.parameters]),
+          )
+          return explained.rows.map((row) => row['QUERY PLAN']).join('\n')
+        } finally {
+          await sql`reset plan_cache_mode`.execute(connection)
+        }
+      })
+      expect(plan).not.toMatch(/Seq Scan on order_status_history/)
+      // the events after the place, and the look past the snapshot's xmin
+      expect(plan.match(/using order_status_history_stream_idx/g)).toHaveLength(2)
+    })
+  }
 })

@@ -75,17 +75,18 @@ interface StreamRow {
   withheld: boolean
 }
 
-/**
- * Reads up to `limit` events after `handler`'s place, under its lease: taken when free or run out, renewed
- * to `leaseEnd` when less than half of it is left. One statement; while the lease has more than half left it
- * writes nothing (no commit to flush: the read on every wake-up of a busy stream stays a read).
- */
-export async function readReactionStream(
-  db: Kysely<Database>,
-  { handler, leaseToken, now, leaseEnd, limit }: { handler: string; leaseToken: string; now: Date; leaseEnd: Date; limit: number },
-): Promise<StreamRead> {
+export interface StreamReadOptions {
+  handler: string
+  leaseToken: string
+  now: Date
+  leaseEnd: Date
+  limit: number
+}
+
+/** The statement of readReactionStream (exported so a test can EXPLAIN it). */
+export function readReactionStreamQuery({ handler, leaseToken, now, leaseEnd, limit }: StreamReadOptions) {
   const renewBefore = new Date(now.getTime() + (leaseEnd.getTime() - now.getTime()) / 2)
-  const { rows } = await sql<StreamRow>`${sql.raw(PREPARED)}
+  return sql<StreamRow>`${sql.raw(PREPARED)}
     with kept as (
       select position, history_id from reaction_streams
       where handler = ${handler} and lease_token = ${leaseToken} and lease_expires_at > ${renewBefore}
@@ -96,10 +97,14 @@ export async function readReactionStream(
       returning position, history_id
     ), place as materialized (
       select s.position, s.history_id,
-        -- events visible at or past the snapshot's xmin, which a later read takes (one index probe)
-        exists (select 1 from order_status_history w
-          where w.stream_position >= pg_snapshot_xmin(pg_current_snapshot())
-            and (w.stream_position, w.id) > (s.position, s.history_id)) as withheld
+        -- events visible at or past the snapshot's xmin, which a later read takes: the first one in stream
+        -- order, one probe of the stream index (as an exists, the planner may guess that many rows match and
+        -- scan the table for the first: on a history whose statistics lag behind, every event of it)
+        (select 1 from order_status_history w
+          where w.stream_position is not null and w.stream_position >= pg_snapshot_xmin(pg_current_snapshot())
+            and (w.stream_position, w.id) > (s.position, s.history_id)
+          order by w.stream_position, w.id
+          limit 1) is not null as withheld
       from (select * from kept union all select * from taken) s
     )
     select p.position::text as from_position, p.history_id as from_history_id, p.withheld,
@@ -116,10 +121,19 @@ export async function readReactionStream(
       order by h.stream_position, h.id
       limit ${limit}
     ) h on true
-    order by h.stream_position, h.id`.execute(db)
+    order by h.stream_position, h.id`
+}
+
+/**
+ * Reads up to `limit` events after `handler`'s place, under its lease: taken when free or run out, renewed
+ * to `leaseEnd` when less than half of it is left. One statement; while the lease has more than half left it
+ * writes nothing (no commit to flush: the read on every wake-up of a busy stream stays a read).
+ */
+export async function readReactionStream(db: Kysely<Database>, options: StreamReadOptions): Promise<StreamRead> {
+  const { rows } = await readReactionStreamQuery(options).execute(db)
   const [first] = rows
   if (!first) {
-    const stream = await db.selectFrom('reactionStreams').select('leaseExpiresAt').where('handler', '=', handler).executeTakeFirst()
+    const stream = await db.selectFrom('reactionStreams').select('leaseExpiresAt').where('handler', '=', options.handler).executeTakeFirst()
     const heldUntil = stream?.leaseExpiresAt ? new Date(stream.leaseExpiresAt) : undefined
     return { leased: false, heldUntil, events: [], from: undefined, withheld: false }
   }
