@@ -140,7 +140,8 @@ export async function startService({
     registerEventHandlers(eventHandlers)
     // After this process's own commit that enqueued jobs, its dispatcher is woken at once (no NOTIFY round
     // trip). The NOTIFY is for the other replicas: it names this process (its own listener ignores it), and
-    // it is sent only while another process listens (looked up every few seconds) or while this one drains.
+    // it is sent only while this one drains, or while another process listens (looked up every few seconds)
+    // and may hold a handler's stream (new events create no job: only a stream's holder has work to do).
     let dispatcher: Dispatcher | undefined
     const notifyToken = randomUUID()
     const notifyOtherReplicas = createDispatcherNotifier(database.db, notifyToken)
@@ -149,7 +150,7 @@ export async function startService({
     const onJobsEnqueued = () => {
       // its own commit brought events: the streams read them (no job row became due, so the job loop sleeps on)
       dispatcher?.wakeStreams()
-      if (draining || otherReplicas.present()) notifyOtherReplicas()
+      if (draining || (otherReplicas.present() && !dispatcher?.holdsEveryStream())) notifyOtherReplicas()
     }
     // STALE_AFTER_S, the reaction handlers and the wake, bound once: every observation this process applies uses them
     const observation = observationSettings(config.poll, reactions.handlersFor, onJobsEnqueued)

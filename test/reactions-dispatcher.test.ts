@@ -200,7 +200,7 @@ describe('the reaction dispatcher', () => {
     expect(await retryJob(database.db, '999999999', new Date(clock.now()))).toEqual({ result: 'not_found' })
   })
 
-  it('reads a stream again when the lease of a dispatcher that died mid-batch runs out', async () => {
+  it('reads a stream again when the lease of a dispatcher that died mid-batch runs out (and says which streams it holds)', async () => {
     const calls: { sequence: number; attempt: number }[] = []
     const reactions = createReactionRegistry().on('trade.*', 'ledger', async (event, { attempt }) => {
       calls.push({ sequence: event.sequence, attempt })
@@ -214,9 +214,12 @@ describe('the reaction dispatcher', () => {
     await start(reactions)
     await idle()
     expect(calls).toEqual([])
+    // another replica holds the stream: this one's commits must wake it (the service's NOTIFY)
+    expect(dispatcher!.holdsEveryStream()).toBe(false)
     await clock.advance(60_000)
     await eventually(() => calls.length === 1, 'the event ran again')
     expect(calls).toEqual([{ sequence: 1, attempt: 1 }])
+    expect(dispatcher!.holdsEveryStream()).toBe(true)
     await eventually(async () => (await jobs(orderId, 'ledger'))[0]?.state === 'done', 'the job is done')
     // the dead replica's late write-back is refused by its token
     const late = await writeReactionStream(database.db, {
@@ -229,6 +232,9 @@ describe('the reaction dispatcher', () => {
     })
     expect(late).toBeUndefined()
     expect(await jobs(orderId, 'ledger')).toMatchObject([{ state: 'done', attempts: 1, lastError: null }])
+    // stopped, it gives the lease back and holds nothing
+    await dispatcher!.stop()
+    expect(dispatcher!.holdsEveryStream()).toBe(false)
   })
 
   it('aborts a handler still running a little before its lease ends, and counts it as a failed attempt', async () => {

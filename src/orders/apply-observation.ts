@@ -167,7 +167,7 @@ export function createDispatcherNotifier(db: Executor, payload = ''): () => void
     void (async () => {
       do {
         again = false
-        await sql`select pg_notify('reaction_jobs', ${payload})`.execute(db).catch(() => {})
+        await sql`${sql.raw(PREPARED)} select pg_notify('reaction_jobs', ${payload})`.execute(db).catch(() => {})
       } while (again)
       sending = false
     })()

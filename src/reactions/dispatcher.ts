@@ -98,6 +98,11 @@ export interface Dispatcher {
   wake(): void
   /** Read the streams now: a commit of this process brought events (no job became due by it). */
   wakeStreams(): void
+  /**
+   * Whether this process holds the lease of every handler's stream (as of each stream's last read): then
+   * no other replica reads new events, and none needs waking for them.
+   */
+  holdsEveryStream(): boolean
   /** Handlers running right now. */
   readonly running: number
 }
@@ -507,6 +512,7 @@ export function createDispatcher(deps: DispatcherDeps): Dispatcher {
     },
     wake,
     wakeStreams,
+    holdsEveryStream: () => streams.length > 0 && streams.every((stream) => stream.worker.leased),
     async start() {
       if (loop) return
       stopping = new AbortController()

@@ -73,6 +73,8 @@ export function createStreamWorker(deps: StreamWorkerDeps) {
   const batchSize = Math.max(64, 8 * settings.concurrency)
   const leaseMargin = Math.min(5_000, settings.leaseMs / 10)
   let running = 0
+  // whether the last read found this process holding the stream's lease
+  let leased = false
   // handed-off handlers still running (each holds its slot until it returns)
   const handedOff = new Set<Promise<void>>()
 
@@ -137,6 +139,7 @@ export function createStreamWorker(deps: StreamWorkerDeps) {
     const started = clock.now()
     const leaseEnd = new Date(started + settings.leaseMs)
     const read = await readReactionStream(db, { handler: name, leaseToken, now: new Date(started), leaseEnd, limit: batchSize })
+    leased = read.leased
     if (!read.leased || read.events.length === 0) return { full: false, read: 0, withheld: read.withheld, heldUntil: read.heldUntil }
 
     const mine = read.events.filter((entry) => deps.takes(entry.event.type))
@@ -262,6 +265,7 @@ export function createStreamWorker(deps: StreamWorkerDeps) {
       }
     }
     if (!ids) {
+      leased = false
       logger.warn({ handler: name, events: outcomes.length + done.length }, 'reaction stream lease was taken over: the batch runs again elsewhere')
     } else if (outcomes.length > 0) {
       deps.jobsWritten()
@@ -271,6 +275,10 @@ export function createStreamWorker(deps: StreamWorkerDeps) {
 
   return {
     batch,
+    /** Whether this process held the stream's lease at its last read (and did not lose it writing back). */
+    get leased() {
+      return leased
+    },
     /** Handlers of this stream running now. */
     get running() {
       return running
@@ -278,7 +286,10 @@ export function createStreamWorker(deps: StreamWorkerDeps) {
     /** Waits for the handed-off handlers to end and write their outcome (stop: they are aborted after the shutdown timeout). */
     settled: () => Promise.all([...handedOff]).then(() => {}),
     /** Gives the lease back (shutdown). */
-    release: () => releaseReactionStream(db, name, leaseToken),
+    release: () => {
+      leased = false
+      return releaseReactionStream(db, name, leaseToken)
+    },
   }
 }
 
