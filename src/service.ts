@@ -124,7 +124,7 @@ export async function startService({
           databaseUp: () => pingDatabase(database.db),
           dueOrders: () => dueOrderStats(database.db, clock),
           parkedDeliveries: () => countParkedDeliveries(database.db, new Date(clock.now())),
-          reactionJobs: () => reactionJobStats(database.db, new Date(clock.now())),
+          reactionJobs: () => reactionJobStats(database.db, new Date(clock.now()), reactions.names),
           oldestDelivery: () => oldestDeliveryReceivedAt(database.db),
         })
       : undefined

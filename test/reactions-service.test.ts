@@ -1,6 +1,7 @@
 // The reactions inside `serve`: the composition root registers the forwarder when FORWARD_URL is set, and
 // the dispatcher starts once the database is ready and stops with the service.
 import { randomBytes } from 'node:crypto'
+import { sql } from 'kysely'
 import { afterEach, describe, expect, it } from 'vitest'
 import { createOrder } from './helpers/orders.js'
 import type { RunningService } from '../src/service.js'
@@ -28,6 +29,8 @@ describe('reactions in the service', () => {
     service = await startService({ config, logger: testLogger([TEST_API_SECRET, TEST_WEBHOOK_SECRET]) })
     await service.ready
     const { db } = service.database
+    // the stream of a handler a later deploy removed: it stays where it stopped, and nothing reads on
+    await sql`insert into reaction_streams (handler, position, history_id) values ('retired', '0'::xid8, 0)`.execute(db)
     await createOrder(db, { externalReference: 'svc-forward' })
     const body = JSON.stringify(tradePayload('svc-forward', 'funded'))
     const response = await fetch(`${service.url}${config.webhook.path}`, {
@@ -53,6 +56,7 @@ describe('reactions in the service', () => {
     expect(scrape).toMatch(/^reaction_attempts_total\{handler="forwarder",result="done"\} 1$/m)
     expect(scrape).toMatch(/^reaction_attempts_total\{handler="forwarder",result="failed"\} 0$/m)
     expect(scrape).toMatch(/^reaction_latency_seconds_count\{handler="forwarder"\} 1$/m)
+    // the removed handler's unread event is no one's work: it counts neither as pending nor in the age
     expect(scrape).toMatch(/^reaction_jobs_pending 0$/m)
     expect(scrape).toMatch(/^reaction_jobs_failed 0$/m)
     expect(scrape).toMatch(/^reaction_oldest_pending_age_seconds 0$/m)

@@ -92,6 +92,8 @@ export interface ConsoleDeps {
   bodyRetentionDays?: number | undefined
   /** Runs one reconcile cycle now; answers undefined while the service is not ready to. */
   reconcileOnce?: (() => Promise<RunSummary | undefined>) | undefined
+  /** The registered reaction handlers: only their streams' unread events count as pending (undefined: every stream's). */
+  reactionHandlers?: readonly string[] | undefined
 }
 
 const text = z
@@ -275,7 +277,7 @@ export function consoleRoutes(deps: ConsoleDeps): Router {
       countDueOrders(db, now),
       countParkedDeliveries(db, now),
       countOrdersNeedingAttention(db),
-      reactionJobStats(db, now),
+      reactionJobStats(db, now, deps.reactionHandlers),
       countFailedJobsByHandler(db),
       listRuns(db, 10),
     ])
@@ -493,7 +495,7 @@ export function consoleRoutes(deps: ConsoleDeps): Router {
     const filter = { state, handler }
     const [{ jobs, nextBeforeId }, stats] = await Promise.all([
       searchJobs(db, filter, { beforeId: before, limit: PAGE_SIZE }),
-      reactionJobStats(db, new Date(clock.now())),
+      reactionJobStats(db, new Date(clock.now()), deps.reactionHandlers),
     ])
     const fields: [string, string][] = [
       ...(state ? [['state', state] as [string, string]] : []),
@@ -506,7 +508,7 @@ export function consoleRoutes(deps: ConsoleDeps): Router {
 
   router.get(`${CONSOLE_PATH}/reactions/retry-failed`, async (_req, res) => {
     const operator = operatorOf(res)
-    const failed = (await reactionJobStats(db, new Date(clock.now()))).failed
+    const failed = (await reactionJobStats(db, new Date(clock.now()), deps.reactionHandlers)).failed
     await send(
       res,
       confirmPage(operator, {

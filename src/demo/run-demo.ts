@@ -238,7 +238,7 @@ export async function runDemo({
 
     // (a few seconds here; on a machine busy with other work a minute and more, so the bound is generous)
     say('demo: waiting for the forwarder to hand every transition to the local receiver…')
-    const stillPending = await forwarded(database, later, 90_000)
+    const stillPending = await forwarded(database, later, reactions.names, 90_000)
     await dispatcher.stop()
     dispatcher = undefined
 
@@ -320,10 +320,10 @@ async function leaveWorkForAnOperator(deps: TradeDeps, sandbox: Sandbox, client:
 }
 
 /** Waits (up to `boundMs`) until no reaction job is left to run; answers how many still are. */
-async function forwarded(database: DatabaseHandle, clock: Clock, boundMs: number): Promise<number> {
+async function forwarded(database: DatabaseHandle, clock: Clock, handlers: readonly string[], boundMs: number): Promise<number> {
   const until = Date.now() + boundMs
   for (;;) {
-    const stats = await reactionJobStats(database.db, new Date(clock.now()))
+    const stats = await reactionJobStats(database.db, new Date(clock.now()), handlers)
     const left = stats.pending + stats.running
     if (left === 0 || Date.now() > until) return left
     await new Promise((resolve) => setTimeout(resolve, 50))

@@ -29,7 +29,8 @@ export interface AdminAppDeps {
   /** The console's "run one reconcile cycle now"; answers undefined while the service is not ready. */
   reconcileOnce?: (() => Promise<RunSummary | undefined>) | undefined
   /** The reaction handlers: whether a delivery the console re-applies brings events for them (none when absent). */
-  reactions?: ReactionRouting | undefined
+  /** The registered handlers: their routing, and their names (whose streams' backlog the console counts). */
+  reactions?: (ReactionRouting & { readonly names?: readonly string[] }) | undefined
 }
 
 export function createAdminApp(deps: AdminAppDeps): Express {
@@ -50,6 +51,7 @@ export function createAdminApp(deps: AdminAppDeps): Express {
         observation: observationSettings(deps.config.poll, deps.reactions?.handlersFor),
         bodyRetentionDays: deps.config.retention.bodyDays,
         reconcileOnce: deps.reconcileOnce,
+        reactionHandlers: deps.reactions?.names,
       }),
     )
     app.get('/', (_req, res) => res.redirect(`${CONSOLE_PATH}/`))

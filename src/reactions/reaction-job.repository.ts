@@ -396,9 +396,11 @@ export interface ReactionJobStats {
 
 /**
  * The metrics' gauges. Counts only the states the partial indexes hold (pending, running, failed): done
- * and skipped jobs grow without bound, and their rate is the attempts counter's.
+ * and skipped jobs grow without bound, and their rate is the attempts counter's. The events the streams
+ * have not read yet count as pending: those of `handlers` (the registered ones) when given, else of every
+ * stream, a removed handler's too.
  */
-export async function reactionJobStats(db: Kysely<Database>, now: Date): Promise<ReactionJobStats> {
+export async function reactionJobStats(db: Kysely<Database>, now: Date, handlers?: readonly string[]): Promise<ReactionJobStats> {
   const rows = await db
     .selectFrom('reactionJobs')
     .select((eb) => ['state', eb.fn.countAll<string>().as('count'), eb.fn.min('createdAt').as('oldest')])
@@ -415,7 +417,7 @@ export async function reactionJobStats(db: Kysely<Database>, now: Date): Promise
     }
   }
   // the events committed and not yet read by their handler's stream are pending too
-  const backlog = await reactionStreamBacklog(db)
+  const backlog = await reactionStreamBacklog(db, { handlers })
   stats.pending += backlog.events
   if (backlog.oldest) oldest = oldest === undefined ? backlog.oldest.getTime() : Math.min(oldest, backlog.oldest.getTime())
   if (oldest !== undefined) stats.oldestPendingAgeS = Math.max(0, (now.getTime() - oldest) / 1000)

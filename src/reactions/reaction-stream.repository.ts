@@ -278,9 +278,14 @@ export interface StreamBacklog {
 
 /**
  * What the streams have not taken yet: for each stream, the history after its place (counted up to
- * `cap` per stream, so a long backlog costs a bounded walk).
+ * `cap` per stream, so a long backlog costs a bounded walk). With `handlers`, only their streams: a
+ * removed handler's stream keeps its place, and nothing will ever read what follows it.
  */
-export async function reactionStreamBacklog(db: Kysely<Database>, cap = 100_000): Promise<StreamBacklog> {
+export async function reactionStreamBacklog(
+  db: Kysely<Database>,
+  { cap = 100_000, handlers }: { cap?: number; handlers?: readonly string[] | undefined } = {},
+): Promise<StreamBacklog> {
+  const only = handlers ? sql`where s.handler = any(${[...handlers]}::text[])` : sql``
   const { rows } = await sql<{ events: string | number; oldest: Date | string | null }>`
     select coalesce(sum(b.events), 0) as events, min(b.oldest) as oldest
     from reaction_streams s cross join lateral (
@@ -290,7 +295,8 @@ export async function reactionStreamBacklog(db: Kysely<Database>, cap = 100_000)
         order by h.stream_position, h.id
         limit ${cap}
       ) h
-    ) b`.execute(db)
+    ) b
+    ${only}`.execute(db)
   const row = rows[0]
   return { events: Number(row?.events ?? 0), oldest: row?.oldest ? new Date(row.oldest) : undefined }
 }
