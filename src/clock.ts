@@ -1,7 +1,5 @@
 // Time comes from here, so tests of backoff, leases and timestamp windows advance a fake clock instead
 // of sleeping.
-import { setTimeout as delay } from 'node:timers/promises'
-
 export interface Clock {
   /** Milliseconds since the Unix epoch. */
   now(): number
@@ -11,7 +9,22 @@ export interface Clock {
 
 export const systemClock: Clock = {
   now: () => Date.now(),
-  sleep: async (ms, signal) => {
-    await delay(ms, undefined, signal ? { signal } : undefined)
-  },
+  // by hand rather than timers/promises' setTimeout, which makes an AbortError (and its stack) on every
+  // abort: the reaction streams end two sleeps per batch that way
+  sleep: (ms, signal) =>
+    new Promise<void>((resolve, reject) => {
+      if (signal?.aborted) {
+        reject(signal.reason)
+        return
+      }
+      const onAbort = () => {
+        clearTimeout(timer)
+        reject(signal!.reason)
+      }
+      const timer = setTimeout(() => {
+        signal?.removeEventListener('abort', onAbort)
+        resolve()
+      }, ms)
+      signal?.addEventListener('abort', onAbort, { once: true })
+    }),
 }

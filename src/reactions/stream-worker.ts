@@ -65,6 +65,9 @@ export interface BatchResult {
   heldUntil?: Date | undefined
 }
 
+// what ends a batch's own timers and its wait for a slot (a reason given, so no DOMException is made each time)
+const BATCH_WRITTEN_BACK = new Error('the batch is written back')
+
 /** A first attempt's outcome; undefined: stopped by the shutdown (its job is given back). */
 type Finished = StreamOutcome | undefined
 
@@ -201,7 +204,7 @@ export function createStreamWorker(deps: StreamWorkerDeps) {
       all,
       clock.sleep(HANDOFF_MS, AbortSignal.any([handoff.signal, stopSignal])).catch(() => {}),
     ])
-    handoff.abort()
+    handoff.abort(BATCH_WRITTEN_BACK)
     writingBack = true
 
     // every event of the handler gets its row: its outcome; running (handed off); or pending, due now
@@ -249,12 +252,12 @@ export function createStreamWorker(deps: StreamWorkerDeps) {
         } catch (error) {
           logger.warn({ err: error, handler: name }, 'could not record a reaction job outcome; it runs again after its lease')
         } finally {
-          timers.abort()
+          timers.abort(BATCH_WRITTEN_BACK)
           stopSignal.removeEventListener('abort', onStop)
         }
       }
       if (inFlight.size === 0) {
-        timers.abort()
+        timers.abort(BATCH_WRITTEN_BACK)
         stopSignal.removeEventListener('abort', onStop)
       } else {
         const done: Promise<void> = settle().finally(() => {
