@@ -1,0 +1,43 @@
+// The embedded database prepares the statements marked PREPARED once and runs them with EXECUTE, their
+// values as literals: every value must come back exactly as sent, whatever characters it holds, and a value
+// that cannot be a literal still runs (unprepared).
+import { sql } from 'kysely'
+import { afterAll, beforeAll, describe, expect, it } from 'vitest'
+import { type DatabaseHandle, openDatabase, PREPARED } from '../src/db/open-database.js'
+
+describe('prepared statements on PGlite', () => {
+  let database: DatabaseHandle
+  beforeAll(() => {
+    database = openDatabase({ dataDir: 'memory://' })
+  })
+  afterAll(async () => {
+    await database.close()
+  })
+
+  const prepared = async () =>
+    (await sql<{ statement: string }>`select statement from pg_prepared_statements`.execute(database.db)).rows.map((row) => row.statement)
+
+  it('prepares a marked statement once and gives every value back as sent', async () => {
+    const texts = ["it's", '$v$', "$v$'); select 1; --", '$v$$vx$ \\ \\\\ \'\'', 'naïve ☃ \u2028', '', 'a'.repeat(20_000)]
+    for (const text of texts) {
+      const { rows } = await sql<{ text: string; n: number; yes: boolean; at: Date; none: string | null }>`${sql.raw(PREPARED)}
+        select ${text}::text as text, ${42}::int as n, ${true}::boolean as yes, ${new Date('2026-11-23T12:00:00.123Z')}::timestamptz as at,
+          ${null}::text as none`.execute(database.db)
+      expect(rows).toEqual([{ text, n: 42, yes: true, at: new Date('2026-11-23T12:00:00.123Z'), none: null }])
+    }
+    // one prepared statement for every run of the same text
+    expect((await prepared()).filter((statement) => statement.includes('as none'))).toHaveLength(1)
+  })
+
+  it('runs a marked statement whose value cannot be a literal, unprepared', async () => {
+    const { rows } = await sql<{ n: number }>`${sql.raw(PREPARED)} select cardinality(${[1, 2, 3]}::int[]) as n`.execute(database.db)
+    expect(rows).toEqual([{ n: 3 }])
+    expect((await prepared()).filter((statement) => statement.includes('cardinality'))).toEqual([])
+  })
+
+  it('runs an unmarked statement as it is', async () => {
+    const { rows } = await sql<{ unmarked: string }>`select ${'plain'}::text as unmarked`.execute(database.db)
+    expect(rows).toEqual([{ unmarked: 'plain' }])
+    expect((await prepared()).filter((statement) => statement.includes('unmarked'))).toEqual([])
+  })
+})
