@@ -28,8 +28,10 @@ export interface AdminAppDeps {
   clock?: Clock
   /** The console's "run one reconcile cycle now"; answers undefined while the service is not ready. */
   reconcileOnce?: (() => Promise<RunSummary | undefined>) | undefined
-  /** The reaction handlers: whether a delivery the console re-applies brings events for them (none when absent). */
-  /** The registered handlers: their routing, and their names (whose streams' backlog the console counts). */
+  /**
+   * The reaction handlers: whether a delivery the console re-applies brings events for them (none when
+   * absent), and their names (only the registered handlers' streams count as pending).
+   */
   reactions?: (ReactionRouting & { readonly names?: readonly string[] }) | undefined
 }
 
