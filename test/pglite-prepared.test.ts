@@ -35,6 +35,20 @@ describe('prepared statements on PGlite', () => {
     expect((await prepared()).filter((statement) => statement.includes('cardinality'))).toEqual([])
   })
 
+  it('meets a NUL or a lone surrogate as the unprepared statement does', async () => {
+    const outcome = (marked: boolean, text: string) =>
+      sql<{ refusedOrNot: string }>`${sql.raw(marked ? PREPARED : '')} select ${text}::text as refused_or_not`
+        .execute(database.db)
+        .then(
+          ({ rows }) => ({ value: rows[0]?.refusedOrNot }),
+          (error: { code?: string }) => ({ code: error.code }),
+        )
+    for (const text of ['before\u0000after', 'lone \uD800 high', 'lone \uDC00 low']) {
+      expect(await outcome(true, text)).toEqual(await outcome(false, text))
+    }
+    expect((await prepared()).filter((statement) => statement.includes('refused_or_not'))).toEqual([])
+  })
+
   it('runs an unmarked statement as it is', async () => {
     const { rows } = await sql<{ unmarked: string }>`select ${'plain'}::text as unmarked`.execute(database.db)
     expect(rows).toEqual([{ unmarked: 'plain' }])

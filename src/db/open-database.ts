@@ -94,8 +94,8 @@ const preparedName = (text: string) => `p_${createHash('sha1').update(text).dige
  * it. Parsing and planning the ingest statement took 1.3 ms of the embedded database's time on every group
  * (bench/results/latest.md). EXECUTE takes no bound parameters, so the values go in as dollar-quoted
  * literals, which no character can end early (a value holding the tag gets a longer one). A statement with
- * a value of another kind than text, number, boolean, date or null, or one that cannot be prepared, runs
- * as before. Statements inside a transaction go through PGlite's transaction object, unprepared.
+ * a value of another kind than text, number, boolean, date or null, with a text holding a NUL or a lone
+ * surrogate, or one that cannot be prepared, runs as before. Statements inside a transaction go through PGlite's transaction object, unprepared.
  */
 function preparingPglite(pglite: PGlite): PGlite {
   // text → its prepared name; null: not preparable, sent as it is
@@ -126,12 +126,18 @@ function preparingPglite(pglite: PGlite): PGlite {
   })
 }
 
+const LONE_SURROGATE = /[\uD800-\uDBFF](?![\uDC00-\uDFFF])|(?<![\uD800-\uDBFF])[\uDC00-\uDFFF]/
+
 /** A value as an SQL literal of unknown type (the prepared statement's parameter types it); undefined: not one of ours. */
 function literalOf(value: unknown): string | undefined {
   if (value === null || value === undefined) return 'null'
   let text: string
-  if (typeof value === 'string') text = value
-  else if (typeof value === 'number' || typeof value === 'bigint' || typeof value === 'boolean') text = String(value)
+  // a NUL would end the statement's text early, and a lone surrogate would be re-encoded without a word:
+  // such a value goes as a bound parameter, and meets the database's own refusal
+  if (typeof value === 'string') {
+    if (value.includes('\u0000') || LONE_SURROGATE.test(value)) return undefined
+    text = value
+  } else if (typeof value === 'number' || typeof value === 'bigint' || typeof value === 'boolean') text = String(value)
   else if (value instanceof Date) text = value.toISOString()
   else return undefined
   let tag = '$v$'
