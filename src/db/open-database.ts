@@ -95,7 +95,9 @@ const preparedName = (text: string) => `p_${createHash('sha1').update(text).dige
  * (bench/results/latest.md). EXECUTE takes no bound parameters, so the values go in as dollar-quoted
  * literals, which no character can end early (a value holding the tag gets a longer one). A statement with
  * a value of another kind than text, number, boolean, date or null, with a text holding a NUL or a lone
- * surrogate, or one that cannot be prepared, runs as before. Statements inside a transaction go through PGlite's transaction object, unprepared.
+ * surrogate, or one that cannot be prepared, runs as before. Statements inside a transaction go through
+ * PGlite's transaction object, unprepared. Kysely runs one statement at a time on PGlite's one connection,
+ * so a text is never prepared twice at once.
  */
 function preparingPglite(pglite: PGlite): PGlite {
   // text → its prepared name; null: not preparable, sent as it is
@@ -141,7 +143,7 @@ function literalOf(value: unknown): string | undefined {
   else if (value instanceof Date) text = value.toISOString()
   else return undefined
   let tag = '$v$'
-  while (text.includes(tag)) tag = `$v${createHash('sha1').update(tag + text).digest('hex').slice(0, 8)}$`
+  for (let n = 1; text.includes(tag); n++) tag = `$v${n}$`
   return `${tag}${text}${tag}`
 }
 
