@@ -476,4 +476,22 @@ describePostgres('the stream read (Postgres)', () => {
       expect(plan.match(/using order_status_history_stream_idx/g)).toHaveLength(2)
     })
   }
+
+  it('keeps one generic plan for the read instead of planning each one anew', async () => {
+    const plans = await database.db.connection().execute(async (connection) => {
+      for (let read = 0; read < 10; read++) {
+        const now = new Date()
+        await readReactionStream(connection, { handler: 'ledger', leaseToken: 'plan', now, leaseEnd: new Date(now.getTime() + 60_000), limit: 64 })
+      }
+      // the protocol-level statement this connection prepared for the read, and how its runs were planned
+      const { rows } = await sql<{ genericPlans: string; customPlans: string }>`
+        select generic_plans::text, custom_plans::text from pg_prepared_statements
+        where not from_sql and statement like '%reaction_streams%' and statement like '%lateral%'`.execute(connection)
+      return rows
+    })
+    expect(plans).toHaveLength(1)
+    // Postgres plans the first five runs for their values, then keeps the generic plan if it is no dearer
+    expect(Number(plans[0]!.customPlans)).toBeLessThanOrEqual(5)
+    expect(Number(plans[0]!.genericPlans)).toBeGreaterThanOrEqual(5)
+  })
 })

@@ -119,7 +119,9 @@ export function readReactionStreamQuery({ handler, leaseToken, now, leaseEnd, li
         and (h.stream_position, h.id) > (p.position, p.history_id)
         and h.stream_position < pg_snapshot_xmin(pg_current_snapshot())
       order by h.stream_position, h.id
-      limit ${limit}
+      -- a constant, not a parameter: with the limit unknown, Postgres kept planning each read anew (a custom
+      -- plan on every bind, about 300 µs of a 700 µs read); with it known, it keeps one generic plan
+      limit ${sql.lit(Math.trunc(limit))}
     ) h on true
     order by h.stream_position, h.id`
 }
