@@ -137,28 +137,38 @@ export function createSlots(size: number, onFree: () => void = () => {}) {
     take() {
       busy += 1
     },
+    /** Gives a slot back: to the longest waiting stream if one waits (it stays taken), else free. */
     give() {
-      busy -= 1
       const waiter = waiters.shift()
-      if (waiter) waiter()
-      else onFree()
-    },
-    /** Resolves once a slot is free (taken by the caller from then on); `signal` gives up waiting. */
-    async whenFree(signal: AbortSignal): Promise<boolean> {
-      while (busy >= size) {
-        if (signal.aborted) return false
-        await new Promise<void>((resolve) => {
-          const done = () => {
-            signal.removeEventListener('abort', done)
-            resolve()
-          }
-          waiters.push(done)
-          signal.addEventListener('abort', done, { once: true })
-        })
+      if (waiter) {
+        waiter()
+        return
       }
-      if (signal.aborted) return false
+      busy -= 1
+      onFree()
+    },
+    /** Takes a slot if one is free and nobody waits for one (no promise made): false, call whenFree. */
+    tryTake(): boolean {
+      if (busy >= size || waiters.length > 0) return false
       busy += 1
       return true
+    },
+    /** Resolves true once a slot is the caller's (first come, first served); false when `signal` gives up waiting. */
+    whenFree(signal: AbortSignal): Promise<boolean> {
+      if (signal.aborted) return Promise.resolve(false)
+      if (slots.tryTake()) return Promise.resolve(true)
+      return new Promise<boolean>((resolve) => {
+        const served = () => {
+          signal.removeEventListener('abort', gaveUp)
+          resolve(true)
+        }
+        const gaveUp = () => {
+          waiters.splice(waiters.indexOf(served), 1)
+          resolve(false)
+        }
+        waiters.push(served)
+        signal.addEventListener('abort', gaveUp, { once: true })
+      })
     },
   }
   return slots

@@ -51,15 +51,11 @@ export interface StreamRead {
   heldUntil?: Date | undefined
   /** The events read, in stream order (every type: the caller keeps the handler's). */
   events: StreamEvent[]
-  /** The place the batch started from. */
-  from: StreamPlace | undefined
   /** Events after the read ones are committed or in flight at or above the snapshot's xmin: look again soon. */
   withheld: boolean
 }
 
 interface StreamRow {
-  fromPosition: string
-  fromHistoryId: string | number
   position: string | null
   historyId: string | number | null
   eventId: string | null
@@ -107,7 +103,7 @@ export function readReactionStreamQuery({ handler, leaseToken, now, leaseEnd, li
           limit 1) is not null as withheld
       from (select * from kept union all select * from taken) s
     )
-    select p.position::text as from_position, p.history_id as from_history_id, p.withheld,
+    select p.withheld,
       h.stream_position::text as position, h.id as history_id, h.event_id, h.order_id, h.from_status, h.to_status,
       h.source, h.sequence, h.trade_id, h.external_reference, h.recorded_at,
       -- an unfinished job of this order and handler: the event waits behind it (the unfinished index)
@@ -137,7 +133,7 @@ export async function readReactionStream(db: Kysely<Database>, options: StreamRe
   if (!first) {
     const stream = await db.selectFrom('reactionStreams').select('leaseExpiresAt').where('handler', '=', options.handler).executeTakeFirst()
     const heldUntil = stream?.leaseExpiresAt ? new Date(stream.leaseExpiresAt) : undefined
-    return { leased: false, heldUntil, events: [], from: undefined, withheld: false }
+    return { leased: false, heldUntil, events: [], withheld: false }
   }
   const events: StreamEvent[] = []
   for (const row of rows) {
@@ -162,12 +158,7 @@ export async function readReactionStream(db: Kysely<Database>, options: StreamRe
       },
     })
   }
-  return {
-    leased: true,
-    events,
-    from: { position: first.fromPosition, historyId: String(first.fromHistoryId) },
-    withheld: first.withheld === true,
-  }
+  return { leased: true, events, withheld: first.withheld === true }
 }
 
 /** What a batch did with one event: the job row it leaves. */

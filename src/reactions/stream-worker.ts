@@ -68,8 +68,11 @@ export interface BatchResult {
 // what ends a batch's own timers and its wait for a slot (a reason given, so no DOMException is made each time)
 const BATCH_WRITTEN_BACK = new Error('the batch is written back')
 
+// a first attempt that succeeded: its job row is made from the history (nothing of it is kept)
+const DONE = { state: 'done' } as const
+
 /** A first attempt's outcome; undefined: stopped by the shutdown (its job is given back). */
-type Finished = StreamOutcome | undefined
+type Finished = typeof DONE | StreamOutcome | undefined
 
 export function createStreamWorker(deps: StreamWorkerDeps) {
   const { db, name, clock, logger, settings, leaseToken } = deps
@@ -108,9 +111,9 @@ export function createStreamWorker(deps: StreamWorkerDeps) {
       running -= 1
       deps.slots.give()
     }
-    const base = { event, createdAt: entry.recordedAt, lastError: null, runAt: new Date(clock.now()) }
-    if (failure === undefined) return { ...base, state: 'done', attempts: 1 }
+    if (failure === undefined) return DONE
     if (stopSignal.aborted && signal.aborted) return undefined
+    const base = { event, createdAt: entry.recordedAt, lastError: null, runAt: new Date(clock.now()) }
     const message = deps.describeFailure(failure)
     if (1 < settings.maxAttempts && deps.handler) {
       const delayS = backoffDelayS(1, settings.backoff, deps.random)
@@ -180,7 +183,7 @@ export function createStreamWorker(deps: StreamWorkerDeps) {
       if (chain[0]!.held) return
       for (const entry of chain) {
         if (writingBack || stopSignal.aborted) return
-        if (!(await deps.slots.whenFree(handoff.signal))) return
+        if (!deps.slots.tryTake() && !(await deps.slots.whenFree(handoff.signal))) return
         if (writingBack || stopSignal.aborted) {
           deps.slots.give()
           return
@@ -209,7 +212,7 @@ export function createStreamWorker(deps: StreamWorkerDeps) {
 
     // every event of the handler gets its row: its outcome; running (handed off); or pending, due now
     const now = clock.now()
-    const rowOf = (entry: StreamEvent, finished: Finished): StreamOutcome => {
+    const rowOf = (entry: StreamEvent, finished: StreamOutcome | undefined): StreamOutcome => {
       const { eventId } = entry.event
       if (finished) return finished
       const base = { event: entry.event, createdAt: entry.recordedAt, lastError: null }
