@@ -38,7 +38,7 @@ export function configuredReactions(
   const closers: (() => Promise<void>)[] = []
   if (config.forward) {
     const { url, secret, timeoutMs } = config.forward
-    reactions.on('trade.*', FORWARDER_HANDLER, createForwarder({ url, secret, timeoutMs, ...(clock ? { clock } : {}) }))
+    reactions.on('trade.*', FORWARDER_HANDLER, createForwarder({ url, secret, timeoutMs, logger, ...(clock ? { clock } : {}) }))
   }
   if (config.amqp) {
     // it connects on its first event, so a CLI command that only enqueues jobs never opens a connection

@@ -13,6 +13,7 @@ import { createHmac } from 'node:crypto'
 import http from 'node:http'
 import https from 'node:https'
 import { type Clock, systemClock } from '../clock.js'
+import type { Logger } from '../logger.js'
 import { forwardedPayload, type ReactionHandler } from './reaction-event.js'
 
 export const WEBHOOK_SECRET_PREFIX = 'whsec_'
@@ -40,8 +41,11 @@ export function decodeWebhookSecret(secret: string): Buffer | undefined {
 export function signStandardWebhook(secret: string, id: string, timestamp: number, body: string): string {
   const key = decodeWebhookSecret(secret)
   if (!key) throw new Error(`the secret is not ${SECRET_FORM}`)
-  return `v1,${createHmac('sha256', key).update(`${id}.${timestamp}.${body}`).digest('base64')}`
+  return signWithKey(key, id, timestamp, body)
 }
+
+const signWithKey = (key: Buffer, id: string, timestamp: number, body: string) =>
+  `v1,${createHmac('sha256', key).update(`${id}.${timestamp}.${body}`).digest('base64')}`
 
 // the reason the attempt's timer is stopped with (an abort without one builds a DOMException each time)
 const ATTEMPT_ENDED = new Error('the forward attempt ended')
@@ -71,6 +75,11 @@ export interface ForwarderOptions {
   /** Sends through this fetch instead of node:http (whose keep-alive requests cost a fraction of fetch's CPU). */
   fetch?: typeof fetch
   clock?: Clock
+  /**
+   * The service's logger: when it does not log debug lines, an attempt makes no logger of its own (the
+   * handler context's is made on first use). Without it, every attempt logs through its context's.
+   */
+  logger?: Logger
 }
 
 export function createForwarder({
@@ -79,44 +88,56 @@ export function createForwarder({
   timeoutMs,
   fetch: fetchImplementation,
   clock = systemClock,
+  logger: serviceLogger,
 }: ForwarderOptions): ReactionHandler {
   const target = new URL(url)
   if (target.protocol !== 'http:' && target.protocol !== 'https:') {
     throw new Error('the forward URL must be an http(s) URL')
   }
-  if (!decodeWebhookSecret(secret)) {
+  const key = decodeWebhookSecret(secret)
+  if (!key) {
     throw new Error(`the forward secret is not ${SECRET_FORM}`)
   }
   if (!(timeoutMs > 0)) throw new Error('the forward timeout must be a positive number of milliseconds')
   // errors and logs name the receiver by origin only: a path or query may carry a token of its own
   const receiver = target.origin
   const post = fetchImplementation ? postWithFetch(fetchImplementation) : postWithHttp(target)
+  const logsAttempts = serviceLogger?.isLevelEnabled('debug') ?? true
 
-  return async function forward(event, { signal, attempt, logger }) {
+  return async function forward(event, context) {
+    const { signal, attempt } = context
     const body = JSON.stringify(forwardedPayload(event))
     const timestamp = Math.floor(clock.now() / 1000)
     const headers = {
       'content-type': 'application/json',
       'webhook-id': event.eventId,
       'webhook-timestamp': String(timestamp),
-      'webhook-signature': signStandardWebhook(secret, event.eventId, timestamp, body),
+      'webhook-signature': signWithKey(key, event.eventId, timestamp, body),
     }
 
-    // the timer runs on the injected clock, so a test can time an attempt out without waiting
-    const timeout = new AbortController()
-    const finished = new AbortController()
-    clock.sleep(timeoutMs, finished.signal).then(
-      () => timeout.abort(),
-      () => {},
-    )
     const startedAt = clock.now()
-    const log = (fields: Record<string, unknown>) =>
-      logger.debug(
+    const log = (fields: Record<string, unknown>) => {
+      if (!logsAttempts) return
+      context.logger.debug(
         { eventId: event.eventId, type: event.type, attempt, receiver, durationMs: clock.now() - startedAt, ...fields },
         'reaction forwarded',
       )
+    }
+    const sent = post(target, headers, body, signal)
+    // the timer runs on the injected clock, so a test can time an attempt out without waiting. One
+    // controller an attempt, to end the timer: signals combined per attempt (AbortSignal.any) cost more
+    // CPU than the request (bench/results/latest.md)
+    const finished = new AbortController()
+    let timedOut = false
+    clock.sleep(timeoutMs, finished.signal).then(
+      () => {
+        timedOut = true
+        sent.cancel()
+      },
+      () => {},
+    )
     try {
-      const status = await post(target, headers, body, AbortSignal.any([timeout.signal, signal]))
+      const status = await sent.answer
       log({ status })
       if (status < 200 || status > 299) {
         const redirect = status >= 300 && status <= 399 ? ' (redirects are not followed)' : ''
@@ -124,7 +145,7 @@ export function createForwarder({
       }
     } catch (error) {
       if (error instanceof ForwardError) throw error
-      if (timeout.signal.aborted) {
+      if (timedOut) {
         log({ error: 'timeout' })
         const message = `the forward receiver ${receiver} did not answer within ${timeoutMs} ms`
         throw new ForwardError('forward_timeout', message)
@@ -144,17 +165,28 @@ export function createForwarder({
   }
 }
 
-/** Sends one POST; resolves to the answer's status once its status line arrived. Never follows a redirect. */
-type Post = (target: URL, headers: Record<string, string>, body: string, signal: AbortSignal) => Promise<number>
+/**
+ * Sends one POST: `answer` resolves to the answer's status once its status line arrived; `cancel` ends the
+ * request (the attempt timed out), and `signal` does too. Never follows a redirect.
+ */
+type Post = (
+  target: URL,
+  headers: Record<string, string>,
+  body: string,
+  signal: AbortSignal,
+) => { answer: Promise<number>; cancel: () => void }
+
+const TIMED_OUT = new Error('the forward attempt timed out')
 
 // node:http with a keep-alive agent per forwarder: http.request never follows redirects; the answer's body
 // is not ours to read, and draining it returns the socket to the agent
 function postWithHttp(target: URL): Post {
   const transport = target.protocol === 'https:' ? https : http
   const agent = new transport.Agent({ keepAlive: true })
-  return (url, headers, body, signal) =>
-    new Promise<number>((resolve, reject) => {
-      const request = transport.request(
+  return (url, headers, body, signal) => {
+    let request: http.ClientRequest | undefined
+    const answer = new Promise<number>((resolve, reject) => {
+      request = transport.request(
         url,
         { method: 'POST', headers: { ...headers, 'content-length': String(Buffer.byteLength(body)) }, agent, signal },
         (response) => {
@@ -167,15 +199,27 @@ function postWithHttp(target: URL): Post {
       request.on('error', reject)
       request.end(body)
     })
+    return { answer, cancel: () => request?.destroy(TIMED_OUT) }
+  }
 }
 
 function postWithFetch(fetchImplementation: typeof fetch): Post {
-  return async (target, headers, body, signal) => {
-    // redirect: manual, so a signed event is never sent on to an address nobody configured
-    const response = await fetchImplementation(target, { method: 'POST', headers, body, redirect: 'manual', signal })
-    // the answer's body is not ours to read; dropping it frees the connection
-    await response.body?.cancel().catch(() => {})
-    return response.status
+  return (target, headers, body, signal) => {
+    const timeout = new AbortController()
+    const send = async () => {
+      // redirect: manual, so a signed event is never sent on to an address nobody configured
+      const response = await fetchImplementation(target, {
+        method: 'POST',
+        headers,
+        body,
+        redirect: 'manual',
+        signal: AbortSignal.any([timeout.signal, signal]),
+      })
+      // the answer's body is not ours to read; dropping it frees the connection
+      await response.body?.cancel().catch(() => {})
+      return response.status
+    }
+    return { answer: send(), cancel: () => timeout.abort(TIMED_OUT) }
   }
 }
 
