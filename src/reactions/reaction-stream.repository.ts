@@ -115,9 +115,10 @@ export function readReactionStreamQuery({ handler, leaseToken, now, leaseEnd, li
         and (h.stream_position, h.id) > (p.position, p.history_id)
         and h.stream_position < pg_snapshot_xmin(pg_current_snapshot())
       order by h.stream_position, h.id
-      -- a constant, not a parameter: with the limit unknown, Postgres kept planning each read anew (a custom
-      -- plan on every bind, about 300 µs of a 700 µs read); with it known, it keeps one generic plan
-      limit ${sql.lit(Math.trunc(limit))}
+      -- a parameter, so Postgres plans each read for its values (a custom plan, about 300 µs a read): a
+      -- generic plan is kept for the connection's life, and one made while reaction_jobs was still empty
+      -- walked every job of the handler on each read (bench/results/latest.md, "Dispatch on its own")
+      limit ${limit}
     ) h on true
     order by h.stream_position, h.id`
 }

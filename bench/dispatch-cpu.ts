@@ -1,0 +1,130 @@
+// What one no-op reaction handler's dispatch costs per event on its own, without the ingest beside it
+// (`npx tsx bench/dispatch-cpu.ts distA distB [pairs] [events]`). Each round ingests `events` new transitions
+// through a service without handlers, then starts the tree's service with the no-op handler
+// (bench/serve-noop-handler.mjs), rewinds its stream to just before those transitions and times the drain
+// until each has its done job: twice, and only the second drain is counted (the first warms the JIT up).
+// Reported per event: the service's CPU (its main thread apart) and the CPU of the service's Postgres backends.
+// A and B alternate within each pair, as in ab-cpu.ts.
+import { once } from 'node:events'
+import { randomBytes } from 'node:crypto'
+import { readFileSync } from 'node:fs'
+import pg from 'pg'
+import { sendDeliveries } from './send-deliveries.js'
+import { cpuMs, startService } from './service-process.js'
+
+const [distA, distB, pairsArg, eventsArg] = process.argv.slice(2)
+if (!distA || !distB) throw new Error('usage: dispatch-cpu.ts distA distB [pairs] [events]')
+const pairs = Number(pairsArg ?? 3)
+const events = Number(eventsArg ?? 40_000)
+const baseUrl = process.env.BENCH_DATABASE_URL || 'postgres://postgres@127.0.0.1:5432/test'
+const ORDERS = 20_000
+const STATUSES = ['funded', 'delivered', 'disputed', 'resolved', 'released']
+
+const schema = `dispatch_${randomBytes(4).toString('hex')}`
+const admin = new pg.Client({ connectionString: baseUrl })
+await admin.connect()
+await admin.query(`create schema ${schema}`)
+const url = new URL(baseUrl)
+url.searchParams.set('options', `-c search_path=${schema}`)
+
+// the process's main thread's CPU (/proc's task of the same id), in ms
+const mainThreadMs = (pid: number) => {
+  const fields = readFileSync(`/proc/${pid}/task/${pid}/stat`, 'utf8').split(') ')[1]!.split(' ')
+  return (Number(fields[11]) + Number(fields[12])) * 10
+}
+const backendsMs = async () => {
+  const { rows } = await admin.query<{ pid: number }>(`select pid from pg_stat_activity where datname = current_database() and pid <> pg_backend_pid() and backend_type = 'client backend'`)
+  let ms = 0
+  for (const { pid } of rows) {
+    try {
+      ms += cpuMs(pid)
+    } catch {
+      // ended meanwhile
+    }
+  }
+  return ms
+}
+
+let sequence = 0
+const ingest = async (dist: string) => {
+  const { child, port } = await startService(url.toString(), { orders: ORDERS, seen: 0 }, {}, dist)
+  try {
+    const first = sequence
+    await sendDeliveries(
+      port,
+      () => {
+        const index = sequence++ - first
+        const order = (index % ORDERS) + 1
+        const status = STATUSES[Math.floor(index / ORDERS) % STATUSES.length]
+        const body = JSON.stringify({ trade_id: `trd-${order}`, reference: `R-${order}`, status, external_reference: `bench-${order}` })
+        return { deliveryId: `${schema}-${sequence}`, body }
+      },
+      events,
+    )
+  } finally {
+    child.kill('SIGINT')
+    await once(child, 'exit')
+  }
+}
+
+// rewinds the no-op handler's stream to just before the last `events` transitions and waits until each has its done job
+const drain = async () => {
+  const { rows } = await admin.query<{ position: string; id: string }>(
+    `select stream_position::text as position, id::text from ${schema}.order_status_history
+     where stream_position is not null order by stream_position desc, id desc offset $1 limit 1`,
+    [events],
+  )
+  const from = rows[0] ?? { position: '0', id: '0' }
+  await admin.query(`truncate ${schema}.reaction_jobs`)
+  await admin.query(`update ${schema}.reaction_streams set position = $1::xid8, history_id = $2 where handler = 'noop'`, [from.position, from.id])
+  await admin.query(`notify reaction_jobs`)
+  for (;;) {
+    const { rows: counted } = await admin.query<{ done: number }>(`select count(*)::int as done from ${schema}.reaction_jobs where handler = 'noop' and state = 'done'`)
+    if (counted[0]!.done >= events) return
+    await new Promise((resolve) => setTimeout(resolve, 50))
+  }
+}
+
+const results: Record<string, { service: number[]; main: number[]; postgres: number[] }> = {
+  A: { service: [], main: [], postgres: [] },
+  B: { service: [], main: [], postgres: [] },
+}
+try {
+  for (let pair = 0; pair < pairs; pair++) {
+    for (const [name, dist] of pair % 2 === 0 ? [['A', distA], ['B', distB]] : [['B', distB], ['A', distA]]) {
+      await admin.query(`delete from ${schema}.reaction_streams`).catch(() => {})
+      await ingest(dist!)
+      const { child } = await startService(url.toString(), { orders: ORDERS, seen: 0 }, {}, dist, { noopHandler: true })
+      try {
+        // its stream exists once the dispatcher started
+        for (;;) {
+          const { rows } = await admin.query(`select 1 from ${schema}.reaction_streams where handler = 'noop'`)
+          if (rows.length > 0) break
+          await new Promise((resolve) => setTimeout(resolve, 50))
+        }
+        await drain()
+        const service = cpuMs(child.pid!)
+        const main = mainThreadMs(child.pid!)
+        const postgres = await backendsMs()
+        await drain()
+        results[name!]!.service.push(Math.round(((cpuMs(child.pid!) - service) * 1000) / events))
+        results[name!]!.main.push(Math.round(((mainThreadMs(child.pid!) - main) * 1000) / events))
+        results[name!]!.postgres.push(Math.round((((await backendsMs()) - postgres) * 1000) / events))
+      } finally {
+        child.kill('SIGINT')
+        await once(child, 'exit')
+      }
+    }
+  }
+} finally {
+  await admin.query(`drop schema ${schema} cascade`)
+  await admin.end()
+}
+const median = (values: number[]) => [...values].sort((a, b) => a - b)[Math.floor(values.length / 2)]!
+for (const name of ['A', 'B']) {
+  const { service, main, postgres } = results[name]!
+  console.log(
+    `${name}: CPU µs/event of a warm drain: service ${service.join(' ')} (median ${median(service)}), its main thread ${main.join(' ')} ` +
+      `(median ${median(main)}); Postgres's backends ${postgres.join(' ')} (median ${median(postgres)})`,
+  )
+}
