@@ -125,8 +125,8 @@ export function createForwarder({
     }
     const sent = post(target, headers, body, signal)
     // the timer runs on the injected clock, so a test can time an attempt out without waiting. One
-    // controller an attempt, to end the timer: signals combined per attempt (AbortSignal.any) cost more
-    // CPU than the request (bench/results/latest.md)
+    // controller an attempt, to end the timer: three signals and AbortSignal.any took about 25 µs of an
+    // attempt's 90-130 µs of CPU (bench/results/latest.md)
     const finished = new AbortController()
     let timedOut = false
     clock.sleep(timeoutMs, finished.signal).then(
