@@ -13,13 +13,13 @@ import { once } from 'node:events'
 import { randomBytes } from 'node:crypto'
 import pg from 'pg'
 import { type MakeDelivery, sendDeliveries } from './send-deliveries.js'
+import { backendCpu, backendCpuSince, createBenchSchema, median, pairOrder } from './ab-rounds.js'
 import { cpuMs, startService } from './service-process.js'
 
 const [distA, distB, pairsArg, requestsArg] = process.argv.slice(2)
 if (!distA || !distB) throw new Error('usage: ab-cpu.ts distA distB [pairs] [requests]')
 const pairs = Number(pairsArg ?? 3)
 const requests = Number(requestsArg ?? 6000)
-const baseUrl = process.env.BENCH_DATABASE_URL || 'postgres://postgres@127.0.0.1:5432/test'
 const handlerIn = (name: string) => process.env.AB_HANDLER === 'noop' || (process.env.AB_HANDLER === 'noop-b' && name === 'B')
 const envB = Object.fromEntries((process.env.AB_B_ENV ?? '').split(' ').filter(Boolean).map((pair) => [pair.slice(0, pair.indexOf('=')), pair.slice(pair.indexOf('=') + 1)]))
 const run = `ab${randomBytes(3).toString('hex')}`
@@ -40,16 +40,11 @@ const matched = (index: number) => {
   return { deliveryId: `${run}-m-${index}`, body: JSON.stringify({ trade_id: `trd-${order}`, reference: `R-${order}`, status, external_reference: `bench-${order}` }) }
 }
 
-const schema = `bench_${randomBytes(4).toString('hex')}`
-const admin = new pg.Client({ connectionString: baseUrl })
-await admin.connect()
-await admin.query(`create schema ${schema}`)
-const url = new URL(baseUrl)
-url.searchParams.set('options', `-c search_path=${schema}`)
+const { admin, url, schema, drop } = await createBenchSchema('bench')
 // with a handler: waits until every reaction job so far is done, and every event taken by its stream (the dispatch's CPU is counted too)
 const jobsDone = async (name: string) => {
   if (!handlerIn(name)) return
-  const client = new pg.Client({ connectionString: url.toString() })
+  const client = new pg.Client({ connectionString: url })
   await client.connect()
   try {
     for (;;) {
@@ -63,20 +58,8 @@ const jobsDone = async (name: string) => {
     await client.end()
   }
 }
-// Postgres's side of the matched deliveries: the CPU of this database's backends (the service's pool and
-// listener; not the WAL writer's or the checkpointer's) and its commits, per request
-const backendCpu = async () => {
-  const { rows } = await admin.query(`select pid from pg_stat_activity where datname = current_database() and pid <> pg_backend_pid()`)
-  const cpu = new Map<number, number>()
-  for (const { pid } of rows as { pid: number }[]) {
-    try {
-      cpu.set(pid, cpuMs(pid))
-    } catch {
-      // ended meanwhile
-    }
-  }
-  return cpu
-}
+// Postgres's side of the matched deliveries: the CPU of the service's backends (backendCpu) and the
+// database's commits, per request
 const commits = async () => {
   await admin.query('select pg_stat_force_next_flush()').catch(() => {})
   const { rows } = await admin.query(`select xact_commit::float8 as n from pg_stat_database where datname = current_database()`)
@@ -88,32 +71,31 @@ const results: Record<string, { duplicates: number[]; matched: number[]; pgMatch
 }
 try {
   for (let pair = 0; pair < pairs; pair++) {
-    for (const [name, dist] of pair % 2 === 0 ? [['A', distA], ['B', distB]] : [['B', distB], ['A', distA]]) {
+    for (const [name, dist] of pairOrder(pair, distA, distB)) {
       // a handler's stream left by an earlier round would first take every event committed since (the other
       // tree's too): each service with the handler starts it afresh
       await admin.query(`delete from ${schema}.reaction_streams`).catch(() => {})
-      const { child, port } = await startService(url.toString(), { orders: 100_000, seen: 5000 }, name === 'B' ? envB : {}, dist, {
-        noopHandler: handlerIn(name!),
+      const { child, port } = await startService(url, { orders: 100_000, seen: 5000 }, name === 'B' ? envB : {}, dist, {
+        noopHandler: handlerIn(name),
       })
       try {
         await fire(port, seen, 3000) // warm-up
         let before = cpuMs(child.pid!)
         await fire(port, seen, requests)
-        results[name!]!.duplicates.push(Math.round(((cpuMs(child.pid!) - before) * 1000) / requests))
+        results[name]!.duplicates.push(Math.round(((cpuMs(child.pid!) - before) * 1000) / requests))
         await fire(port, matched, 1000) // warm-up
-        await jobsDone(name!)
+        await jobsDone(name)
         before = cpuMs(child.pid!)
-        const backendsBefore = await backendCpu()
+        const backendsBefore = await backendCpu(admin)
         const commitsBefore = await commits()
         await fire(port, matched, requests)
-        await jobsDone(name!)
-        results[name!]!.matched.push(Math.round(((cpuMs(child.pid!) - before) * 1000) / requests))
+        await jobsDone(name)
+        results[name]!.matched.push(Math.round(((cpuMs(child.pid!) - before) * 1000) / requests))
         const commitsAfter = await commits()
-        let backendMs = 0
-        for (const [pid, after] of await backendCpu()) backendMs += after - (backendsBefore.get(pid) ?? 0)
-        results[name!]!.pgMatched.push(Math.round((backendMs * 1000) / requests))
+        const backendMs = await backendCpuSince(admin, backendsBefore)
+        results[name]!.pgMatched.push(Math.round((backendMs * 1000) / requests))
         // less the two statements of each look of jobsDone()
-        results[name!]!.commitsMatched.push(Number(((commitsAfter - commitsBefore) / requests).toFixed(2)))
+        results[name]!.commitsMatched.push(Number(((commitsAfter - commitsBefore) / requests).toFixed(2)))
       } finally {
         child.kill('SIGINT')
         await once(child, 'exit')
@@ -121,10 +103,8 @@ try {
     }
   }
 } finally {
-  await admin.query(`drop schema ${schema} cascade`)
-  await admin.end()
+  await drop()
 }
-const median = (values: number[]) => [...values].sort((a, b) => a - b)[Math.floor(values.length / 2)]!
 for (const name of ['A', 'B']) {
   const { duplicates, matched: applied, pgMatched, commitsMatched } = results[name]!
   console.log(

@@ -6,9 +6,7 @@
 // Reported per event: the service's CPU (its main thread apart) and the CPU of the service's Postgres backends.
 // A and B alternate within each pair, as in ab-cpu.ts.
 import { once } from 'node:events'
-import { randomBytes } from 'node:crypto'
-import { readFileSync } from 'node:fs'
-import pg from 'pg'
+import { backendCpu, backendCpuSince, createBenchSchema, median, pairOrder } from './ab-rounds.js'
 import { sendDeliveries } from './send-deliveries.js'
 import { cpuMs, startService } from './service-process.js'
 
@@ -16,38 +14,16 @@ const [distA, distB, pairsArg, eventsArg] = process.argv.slice(2)
 if (!distA || !distB) throw new Error('usage: dispatch-cpu.ts distA distB [pairs] [events]')
 const pairs = Number(pairsArg ?? 3)
 const events = Number(eventsArg ?? 40_000)
-const baseUrl = process.env.BENCH_DATABASE_URL || 'postgres://postgres@127.0.0.1:5432/test'
 const ORDERS = 20_000
 const STATUSES = ['funded', 'delivered', 'disputed', 'resolved', 'released']
 
-const schema = `dispatch_${randomBytes(4).toString('hex')}`
-const admin = new pg.Client({ connectionString: baseUrl })
-await admin.connect()
-await admin.query(`create schema ${schema}`)
-const url = new URL(baseUrl)
-url.searchParams.set('options', `-c search_path=${schema}`)
+const { admin, url, schema, drop } = await createBenchSchema('dispatch')
 
-// the process's main thread's CPU (/proc's task of the same id), in ms
-const mainThreadMs = (pid: number) => {
-  const fields = readFileSync(`/proc/${pid}/task/${pid}/stat`, 'utf8').split(') ')[1]!.split(' ')
-  return (Number(fields[11]) + Number(fields[12])) * 10
-}
-const backendsMs = async () => {
-  const { rows } = await admin.query<{ pid: number }>(`select pid from pg_stat_activity where datname = current_database() and pid <> pg_backend_pid() and backend_type = 'client backend'`)
-  let ms = 0
-  for (const { pid } of rows) {
-    try {
-      ms += cpuMs(pid)
-    } catch {
-      // ended meanwhile
-    }
-  }
-  return ms
-}
-
+// the process's main thread's CPU: its task of the same id
+const mainThreadMs = (pid: number) => cpuMs(pid, pid)
 let sequence = 0
 const ingest = async (dist: string) => {
-  const { child, port } = await startService(url.toString(), { orders: ORDERS, seen: 0 }, {}, dist)
+  const { child, port } = await startService(url, { orders: ORDERS, seen: 0 }, {}, dist)
   try {
     const first = sequence
     await sendDeliveries(
@@ -91,10 +67,10 @@ const results: Record<string, { service: number[]; main: number[]; postgres: num
 }
 try {
   for (let pair = 0; pair < pairs; pair++) {
-    for (const [name, dist] of pair % 2 === 0 ? [['A', distA], ['B', distB]] : [['B', distB], ['A', distA]]) {
+    for (const [name, dist] of pairOrder(pair, distA, distB)) {
       await admin.query(`delete from ${schema}.reaction_streams`).catch(() => {})
-      await ingest(dist!)
-      const { child } = await startService(url.toString(), { orders: ORDERS, seen: 0 }, {}, dist, { noopHandler: true })
+      await ingest(dist)
+      const { child } = await startService(url, { orders: ORDERS, seen: 0 }, {}, dist, { noopHandler: true })
       try {
         // its stream exists once the dispatcher started
         for (;;) {
@@ -105,11 +81,11 @@ try {
         await drain()
         const service = cpuMs(child.pid!)
         const main = mainThreadMs(child.pid!)
-        const postgres = await backendsMs()
+        const postgres = await backendCpu(admin)
         await drain()
-        results[name!]!.service.push(Math.round(((cpuMs(child.pid!) - service) * 1000) / events))
-        results[name!]!.main.push(Math.round(((mainThreadMs(child.pid!) - main) * 1000) / events))
-        results[name!]!.postgres.push(Math.round((((await backendsMs()) - postgres) * 1000) / events))
+        results[name]!.service.push(Math.round(((cpuMs(child.pid!) - service) * 1000) / events))
+        results[name]!.main.push(Math.round(((mainThreadMs(child.pid!) - main) * 1000) / events))
+        results[name]!.postgres.push(Math.round(((await backendCpuSince(admin, postgres)) * 1000) / events))
       } finally {
         child.kill('SIGINT')
         await once(child, 'exit')
@@ -117,10 +93,8 @@ try {
     }
   }
 } finally {
-  await admin.query(`drop schema ${schema} cascade`)
-  await admin.end()
+  await drop()
 }
-const median = (values: number[]) => [...values].sort((a, b) => a - b)[Math.floor(values.length / 2)]!
 for (const name of ['A', 'B']) {
   const { service, main, postgres } = results[name]!
   console.log(

@@ -90,10 +90,11 @@ export function rssMb(pid: number): number {
   return Math.round(Number(/VmRSS:\s+(\d+)/.exec(readFileSync(`/proc/${pid}/status`, 'utf8'))?.[1] ?? 0) / 1024)
 }
 
-/** CPU time (user + system) the process has used so far, in ms, as /proc tells it. */
-export function cpuMs(pid: number): number {
+/** CPU time (user + system) the process (or only its thread `thread`) has used so far, in ms, as /proc tells it. */
+export function cpuMs(pid: number, thread?: number): number {
   // the fields after the command's closing parenthesis: utime and stime are the 12th and 13th
-  const fields = readFileSync(`/proc/${pid}/stat`, 'utf8').split(') ')[1]!.split(' ')
+  const stat = thread === undefined ? `/proc/${pid}/stat` : `/proc/${pid}/task/${thread}/stat`
+  const fields = readFileSync(stat, 'utf8').split(') ')[1]!.split(' ')
   return ((Number(fields[11]) + Number(fields[12])) * 1000) / CLOCK_TICKS
 }
 

@@ -1,0 +1,75 @@
+// What the A/B benchmarks of two compiled trees share (ab-cpu.ts, dispatch-cpu.ts): a schema of their own on
+// the bench database, the pairs' alternating order, Postgres's CPU for the service's connections, a median.
+import { randomBytes } from 'node:crypto'
+import pg from 'pg'
+import { cpuMs } from './service-process.js'
+
+export interface BenchSchema {
+  /** Connected to the bench database (not in the schema). */
+  admin: pg.Client
+  /** The bench database with the schema as its search_path: what the services are started with. */
+  url: string
+  schema: string
+  drop: () => Promise<void>
+}
+
+/** A new schema named `<prefix>_<random>` on BENCH_DATABASE_URL (default: the local `test` database). */
+export async function createBenchSchema(prefix: string): Promise<BenchSchema> {
+  const baseUrl = process.env.BENCH_DATABASE_URL || 'postgres://postgres@127.0.0.1:5432/test'
+  const schema = `${prefix}_${randomBytes(4).toString('hex')}`
+  const admin = new pg.Client({ connectionString: baseUrl })
+  await admin.connect()
+  await admin.query(`create schema ${schema}`)
+  const url = new URL(baseUrl)
+  url.searchParams.set('options', `-c search_path=${schema}`)
+  return {
+    admin,
+    url: url.toString(),
+    schema,
+    drop: async () => {
+      await admin.query(`drop schema ${schema} cascade`)
+      await admin.end()
+    },
+  }
+}
+
+/** The trees of one pair, in turn: A first in even pairs, B first in odd ones. */
+export function pairOrder(pair: number, distA: string, distB: string): ['A' | 'B', string][] {
+  return pair % 2 === 0
+    ? [
+        ['A', distA],
+        ['B', distB],
+      ]
+    : [
+        ['B', distB],
+        ['A', distA],
+      ]
+}
+
+/**
+ * The CPU (ms) each client backend of the database has used so far, by pid: the service's pool and listener,
+ * not `admin`'s own, autovacuum's, the WAL writer's or the checkpointer's.
+ */
+export async function backendCpu(admin: pg.Client): Promise<Map<number, number>> {
+  const { rows } = await admin.query<{ pid: number }>(
+    `select pid from pg_stat_activity where datname = current_database() and pid <> pg_backend_pid() and backend_type = 'client backend'`,
+  )
+  const cpu = new Map<number, number>()
+  for (const { pid } of rows) {
+    try {
+      cpu.set(pid, cpuMs(pid))
+    } catch {
+      // ended meanwhile
+    }
+  }
+  return cpu
+}
+
+/** The CPU (ms) the backends of `before` and those started since used from `before` to now. */
+export async function backendCpuSince(admin: pg.Client, before: Map<number, number>): Promise<number> {
+  let ms = 0
+  for (const [pid, after] of await backendCpu(admin)) ms += after - (before.get(pid) ?? 0)
+  return ms
+}
+
+export const median = (values: number[]) => [...values].sort((a, b) => a - b)[Math.floor(values.length / 2)]!
