@@ -491,6 +491,12 @@ describePostgres('the stream read (Postgres)', () => {
       // job of the handler (done ones, as many as retention keeps)
       expect(plan).toMatch(/(using|on) reaction_jobs_unfinished_idx/)
       expect(plan).not.toMatch(/reaction_jobs_handler_idx|Seq Scan on reaction_jobs/)
+      // and probed by the event's order: a check of the handler alone reads each of its unfinished jobs on
+      // every read, and with statistics behind the table Postgres took the handler index for it, every done job
+      const lines = plan.split('\n')
+      const jobScans = lines.flatMap((line, index) => (/ on reaction_jobs j\b/.test(line) ? [lines[index + 1]!.trim()] : []))
+      expect(jobScans.length).toBeGreaterThan(0)
+      for (const condition of jobScans) expect(condition).toMatch(/^Index Cond: \(\(order_id = h\.order_id\) AND \(handler = /)
     })
   }
 })

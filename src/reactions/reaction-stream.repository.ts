@@ -106,9 +106,7 @@ export function readReactionStreamQuery({ handler, leaseToken, now, leaseEnd, li
     select p.withheld,
       h.stream_position::text as position, h.id as history_id, h.event_id, h.order_id, h.from_status, h.to_status,
       h.source, h.sequence, h.trade_id, h.external_reference, h.recorded_at,
-      -- an unfinished job of this order and handler: the event waits behind it (the unfinished index)
-      exists (select 1 from reaction_jobs j
-        where j.order_id = h.order_id and j.handler = ${handler} and j.state not in ('done', 'skipped')) as held
+      u.order_id is not null as held
     from place p left join lateral (
       select * from order_status_history h
       where h.stream_position is not null
@@ -120,6 +118,15 @@ export function readReactionStreamQuery({ handler, leaseToken, now, leaseEnd, li
       -- walked every job of the handler on each read (bench/results/latest.md, "Dispatch on its own")
       limit ${limit}
     ) h on true
+    -- an unfinished job of this order and handler: the event waits behind it. One probe of the unfinished
+    -- index per event, by order: as an exists, Postgres may instead collect every unfinished job of the handler
+    -- once per read, and on statistics that lag behind a growing reaction_jobs it did so through the handler
+    -- index, walking each of the handler's done jobs on every read (5 ms for 20,000 of them)
+    left join lateral (
+      select j.order_id from reaction_jobs j
+      where j.order_id = h.order_id and j.handler = ${handler} and j.state not in ('done', 'skipped')
+      limit 1
+    ) u on true
     order by h.stream_position, h.id`
 }
 
