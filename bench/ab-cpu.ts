@@ -8,7 +8,8 @@
 // both trees must have that seam) and the new matched deliveries' CPU is read once every job they enqueued is
 // done: the figure is then the ingest's and the dispatch's per transition. AB_HANDLER=noop-b: only B's
 // services run with it (what one handler costs, with the same tree as A and B). AB_B_ENV='NAME=value ...':
-// more of B's environment (a setting's effect, with the same tree as A and B).
+// more of B's environment (a setting's effect, with the same tree as A and B). AB_B_NODE_FLAGS='--flag ...':
+// Node's flags for B's services (A's are BENCH_NODE_FLAGS or the image's).
 import { once } from 'node:events'
 import { randomBytes } from 'node:crypto'
 import pg from 'pg'
@@ -77,6 +78,7 @@ try {
       await admin.query(`delete from ${schema}.reaction_streams`).catch(() => {})
       const { child, port } = await startService(url, { orders: 100_000, seen: 5000 }, name === 'B' ? envB : {}, dist, {
         noopHandler: handlerIn(name),
+        ...(name === 'B' && process.env.AB_B_NODE_FLAGS !== undefined ? { nodeFlags: process.env.AB_B_NODE_FLAGS } : {}),
       })
       try {
         await fire(port, seen, 3000) // warm-up

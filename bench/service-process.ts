@@ -18,12 +18,15 @@ export async function startService(
   extraEnv: Record<string, string> = {},
   /** The compiled tree to run (a private copy keeps a long run's code fixed while dist/ is rebuilt). */
   dist = path.join(root, 'dist'),
-  /** noopHandler: one in-process reaction handler registered for every transition, doing nothing. */
-  { noopHandler = false }: { noopHandler?: boolean } = {},
+  /**
+   * noopHandler: one in-process reaction handler registered for every transition, doing nothing.
+   * nodeFlags: Node's flags for this process (default: BENCH_NODE_FLAGS, else the image's).
+   */
+  { noopHandler = false, nodeFlags: flags }: { noopHandler?: boolean; nodeFlags?: string } = {},
 ): Promise<{ child: ChildProcess; port: number; adminPort: number }> {
   const profile = process.env.BENCH_CPU_PROF ? ['--cpu-prof', `--cpu-prof-dir=${process.env.BENCH_CPU_PROF}`] : []
   // the flags the Docker image runs with (NODE_OPTIONS there); BENCH_NODE_FLAGS overrides them
-  const nodeFlags = (process.env.BENCH_NODE_FLAGS ?? '--max-semi-space-size=8').split(' ').filter(Boolean)
+  const nodeFlags = (flags ?? process.env.BENCH_NODE_FLAGS ?? '--max-semi-space-size=8').split(' ').filter(Boolean)
   const entry = noopHandler ? [path.join(root, 'bench/serve-noop-handler.mjs'), dist] : [path.join(dist, 'src/cli.js'), 'serve']
   const child = spawn(process.execPath, [...profile, ...nodeFlags, ...entry], {
     cwd: root,
