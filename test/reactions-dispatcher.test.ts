@@ -2,9 +2,10 @@
 // handler with backoff until the dead letter, keeps one order's events in sequence per handler, takes a
 // job back whose lease ran out, and gives leases back when it stops. Time is a fake clock throughout:
 // only the clock moves backoffs and leases, so nothing here depends on the machine's speed.
-import { CompiledQuery, sql } from 'kysely'
+import { CompiledQuery, type Kysely, sql } from 'kysely'
 import { afterAll, afterEach, beforeAll, beforeEach, describe, expect, it } from 'vitest'
 import { openDatabase } from '../src/db/open-database.js'
+import type { Database } from '../src/db/database.js'
 import { applyObservation } from '../src/orders/apply-observation.js'
 import { createOrder } from './helpers/orders.js'
 import { createDispatcher, type Dispatcher, type DispatcherSettings } from '../src/reactions/dispatcher.js'
@@ -430,29 +431,60 @@ describePostgres('the notification listener (Postgres)', () => {
   })
 })
 
+// 200,000 events in the streams (their places spread below the snapshot's xmin, as committed events are),
+// 20,000 from before them (no place), a stream that has read them all (the busy stream's usual read) and
+// 50,000 done jobs of its handler. No statistics are taken: they are those of the empty tables, as on tables
+// growing faster than autovacuum analyzes them.
+async function seedStreamHistory(db: Kysely<Database>): Promise<void> {
+  await sql`insert into orders (external_reference) select 'plan-' || n from generate_series(1, 1000) n`.execute(db)
+  await sql`insert into order_status_history (order_id, from_status, to_status, source, sequence, stream_position)
+    select o.id, 'created', 'funded', 'webhook', n / 1000,
+      case when n > 20000 then (1 + (n - 20001) * (x.xmin - 2) / 200000)::text::xid8 end
+    from generate_series(1, 220000) n
+    join orders o on o.external_reference = 'plan-' || (n % 1000 + 1)
+    cross join (select pg_snapshot_xmin(pg_current_snapshot())::text::bigint as xmin) x`.execute(db)
+  await sql`insert into reaction_streams (handler, position, history_id, lease_token, lease_expires_at)
+    select 'ledger', stream_position, id, 'plan', now() + interval '1 hour' from order_status_history
+    where stream_position is not null order by stream_position desc, id desc limit 1`.execute(db)
+  await sql`insert into reaction_jobs (event_id, order_id, sequence, handler, state, attempts, run_at, finished_at)
+    select event_id, order_id, sequence, 'ledger', 'done', 1, now(), now() from order_status_history
+    where stream_position is not null limit 50000`.execute(db)
+}
+
+/** The stream read as a prepared statement, and EXECUTE's arguments for it (expressions: the values as literals). */
+function preparedRead(db: Kysely<Database>): { prepare: string; execute: string } {
+  const now = new Date()
+  const query = readReactionStreamQuery({ handler: 'ledger', leaseToken: 'plan', now, leaseEnd: new Date(now.getTime() + 60_000), limit: 64 }).compile(db)
+  const literal = (value: unknown) =>
+    typeof value === 'number' ? String(value) : `'${(value instanceof Date ? value.toISOString() : String(value)).replaceAll("'", "''")}'`
+  return {
+    prepare: `prepare plan_read as ${query.sql.replace(/^\/\* prepared \*\/\s*/, '')}`,
+    execute: `execute plan_read(${query.parameters.map(literal).join(', ')})`,
+  }
+}
+
+/** The shape every plan of the read must have, on any statistics. */
+function expectStreamReadPlan(plan: string): void {
+  expect(plan).not.toMatch(/Seq Scan on order_status_history/)
+  // the events after the place, and the look past the snapshot's xmin
+  expect(plan.match(/using order_status_history_stream_idx/g)).toHaveLength(2)
+  // whether an event waits behind an unfinished job: the unfinished jobs' index, never a walk of every
+  // job of the handler (done ones, as many as retention keeps)
+  expect(plan).toMatch(/(using|on) reaction_jobs_unfinished_idx/)
+  expect(plan).not.toMatch(/reaction_jobs_handler_idx|Seq Scan on reaction_jobs/)
+  // and probed by the event's order: a check of the handler alone reads each of its unfinished jobs on every
+  // read, and with statistics behind the table Postgres took the handler index for it, every done job
+  const lines = plan.split('\n')
+  const jobScans = lines.flatMap((line, index) => (/ on reaction_jobs j\b/.test(line) ? [lines[index + 1]!.trim()] : []))
+  expect(jobScans.length).toBeGreaterThan(0)
+  for (const condition of jobScans) expect(condition).toMatch(/^Index Cond: \(\(order_id = h\.order_id\) AND \(handler = /)
+}
+
 describePostgres('the stream read (Postgres)', () => {
   let database: TestDatabase
   beforeAll(async () => {
     database = await createTestDatabase()
-    // 200,000 events in the streams (their places spread below the snapshot's xmin, as committed events are),
-    // 20,000 from before them (no place), and a stream that has read them all: the busy stream's usual read.
-    // The statistics are those of the empty table, as on a history growing faster than autovacuum analyzes it.
-    await sql`analyze order_status_history`.execute(database.db)
-    await sql`insert into orders (external_reference) select 'plan-' || n from generate_series(1, 1000) n`.execute(database.db)
-    await sql`insert into order_status_history (order_id, from_status, to_status, source, sequence, stream_position)
-      select o.id, 'created', 'funded', 'webhook', n / 1000,
-        case when n > 20000 then (1 + (n - 20001) * (x.xmin - 2) / 200000)::text::xid8 end
-      from generate_series(1, 220000) n
-      join orders o on o.external_reference = 'plan-' || (n % 1000 + 1)
-      cross join (select pg_snapshot_xmin(pg_current_snapshot())::text::bigint as xmin) x`.execute(database.db)
-    await sql`insert into reaction_streams (handler, position, history_id, lease_token, lease_expires_at)
-      select 'ledger', stream_position, id, 'plan', now() + interval '1 hour' from order_status_history
-      where stream_position is not null order by stream_position desc, id desc limit 1`.execute(database.db)
-    // and the handler's done jobs, over the statistics of an empty reaction_jobs as well
-    await sql`analyze reaction_jobs`.execute(database.db)
-    await sql`insert into reaction_jobs (event_id, order_id, sequence, handler, state, attempts, run_at, finished_at)
-      select event_id, order_id, sequence, 'ledger', 'done', 1, now(), now() from order_status_history
-      where stream_position is not null limit 50000`.execute(database.db)
+    await seedStreamHistory(database.db)
   }, 120_000)
   afterAll(async () => {
     await database?.close()
@@ -460,43 +492,43 @@ describePostgres('the stream read (Postgres)', () => {
 
   for (const mode of ['force_custom_plan', 'force_generic_plan']) {
     it(`reads the history and probes for withheld events through the stream index, never scanning it (${mode})`, async () => {
-      const now = new Date()
-      const query = readReactionStreamQuery({ handler: 'ledger', leaseToken: 'plan', now, leaseEnd: new Date(now.getTime() + 60_000), limit: 64 }).compile(
-        database.db,
-      )
-      // the read is a prepared statement: after five runs Postgres may keep a generic plan. Prepared here
-      // too, so the generic plan is the one a parameter's unknown value gives
-      const text = query.sql.replace(/^\/\* prepared \*\/\s*/, '')
-      // EXECUTE's arguments are expressions, not bound parameters: the values as literals
-      const literal = (value: unknown) =>
-        typeof value === 'number' ? String(value) : `'${(value instanceof Date ? value.toISOString() : String(value)).replaceAll("'", "''")}'`
-      const values = query.parameters.map(literal).join(', ')
+      // the read is a prepared statement: Postgres may keep a generic plan for it. Prepared here too, so the
+      // generic plan is the one a parameter's unknown value gives
+      const read = preparedRead(database.db)
       const plan = await database.db.connection().execute(async (connection) => {
         await sql`set plan_cache_mode = ${sql.raw(mode)}`.execute(connection)
-        await connection.executeQuery(CompiledQuery.raw(`prepare plan_read as ${text}`))
+        await connection.executeQuery(CompiledQuery.raw(read.prepare))
         try {
-          const explained = await connection.executeQuery<{ 'QUERY PLAN': string }>(
-            CompiledQuery.raw(`explain execute plan_read(${values})`),
-          )
+          const explained = await connection.executeQuery<{ 'QUERY PLAN': string }>(CompiledQuery.raw(`explain ${read.execute}`))
           return explained.rows.map((row) => row['QUERY PLAN']).join('\n')
         } finally {
           await sql`deallocate plan_read`.execute(connection)
           await sql`reset plan_cache_mode`.execute(connection)
         }
       })
-      expect(plan).not.toMatch(/Seq Scan on order_status_history/)
-      // the events after the place, and the look past the snapshot's xmin
-      expect(plan.match(/using order_status_history_stream_idx/g)).toHaveLength(2)
-      // whether an event waits behind an unfinished job: the unfinished jobs' index, never a walk of every
-      // job of the handler (done ones, as many as retention keeps)
-      expect(plan).toMatch(/(using|on) reaction_jobs_unfinished_idx/)
-      expect(plan).not.toMatch(/reaction_jobs_handler_idx|Seq Scan on reaction_jobs/)
-      // and probed by the event's order: a check of the handler alone reads each of its unfinished jobs on
-      // every read, and with statistics behind the table Postgres took the handler index for it, every done job
-      const lines = plan.split('\n')
-      const jobScans = lines.flatMap((line, index) => (/ on reaction_jobs j\b/.test(line) ? [lines[index + 1]!.trim()] : []))
-      expect(jobScans.length).toBeGreaterThan(0)
-      for (const condition of jobScans) expect(condition).toMatch(/^Index Cond: \(\(order_id = h\.order_id\) AND \(handler = /)
+      expectStreamReadPlan(plan)
     })
   }
+
+  it('keeps that shape in a generic plan made while the tables were empty, used after they filled', async () => {
+    // a connection keeps a prepared statement's generic plan for its life: one made on a new deploy's empty
+    // tables still reads the streams once they hold millions of rows (inserts do not make Postgres plan
+    // again). With the batch limit a constant in the statement, this plan read the history through a bitmap
+    // scan and a sort of everything after the place
+    const fresh = await createTestDatabase()
+    try {
+      const read = preparedRead(fresh.db)
+      const plan = await fresh.db.connection().execute(async (connection) => {
+        await sql`set plan_cache_mode = force_generic_plan`.execute(connection)
+        await connection.executeQuery(CompiledQuery.raw(read.prepare))
+        await connection.executeQuery(CompiledQuery.raw(read.execute))
+        await seedStreamHistory(connection)
+        const explained = await connection.executeQuery<{ 'QUERY PLAN': string }>(CompiledQuery.raw(`explain (analyze, timing off) ${read.execute}`))
+        return explained.rows.map((row) => row['QUERY PLAN']).join('\n')
+      })
+      expectStreamReadPlan(plan)
+    } finally {
+      await fresh.close()
+    }
+  }, 120_000)
 })

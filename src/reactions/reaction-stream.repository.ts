@@ -113,9 +113,10 @@ export function readReactionStreamQuery({ handler, leaseToken, now, leaseEnd, li
         and (h.stream_position, h.id) > (p.position, p.history_id)
         and h.stream_position < pg_snapshot_xmin(pg_current_snapshot())
       order by h.stream_position, h.id
-      -- a parameter, so Postgres plans each read for its values (a custom plan, about 300 µs a read): a
-      -- generic plan is kept for the connection's life, and one made while reaction_jobs was still empty
-      -- walked every job of the handler on each read (bench/results/latest.md, "Dispatch on its own")
+      -- a parameter, not a constant. A generic plan is kept for the connection's life: with a known limit, one
+      -- made while the history was nearly empty took every event after the place through a bitmap scan and
+      -- sorted them, on every read of a backlog. With the limit unknown even that plan walks the stream index
+      -- in order; the price is that Postgres mostly plans each read anew (a custom plan, 0.3-1 ms a read)
       limit ${limit}
     ) h on true
     -- an unfinished job of this order and handler: the event waits behind it. One probe of the unfinished
