@@ -26,7 +26,7 @@ export async function startService(
 ): Promise<{ child: ChildProcess; port: number; adminPort: number }> {
   const profile = process.env.BENCH_CPU_PROF ? ['--cpu-prof', `--cpu-prof-dir=${process.env.BENCH_CPU_PROF}`] : []
   // the flags the Docker image runs with (NODE_OPTIONS there); BENCH_NODE_FLAGS overrides them
-  const nodeFlags = (flags ?? process.env.BENCH_NODE_FLAGS ?? '--max-semi-space-size=8').split(' ').filter(Boolean)
+  const nodeFlags = (flags ?? process.env.BENCH_NODE_FLAGS ?? '--max-semi-space-size=8 --max-old-space-size=512').split(' ').filter(Boolean)
   const entry = noopHandler ? [path.join(root, 'bench/serve-noop-handler.mjs'), dist] : [path.join(dist, 'src/cli.js'), 'serve']
   const child = spawn(process.execPath, [...profile, ...nodeFlags, ...entry], {
     cwd: root,
