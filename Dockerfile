@@ -12,9 +12,9 @@ RUN npm run build
 # Runtime stage: production dependencies and the compiled code only, as the unprivileged `node` user.
 FROM node:24-slim AS runtime
 # a smaller young generation, and an old-space ceiling of 512 MB: with a ceiling that low V8 lets the old
-# generation grow about 1.4 times its live size between full collections instead of 4 times, and under load
-# the peak RSS stays near 150 MB instead of 210-270 MB (README, "Memory"). The live heap is 50-65 MB; the
-# bodies in flight are bounded by MAX_INFLIGHT_BODY_BYTES (16 MB)
+# generation grow at most about 1.4 times its live size between full collections instead of 4 times, and
+# under load the peak RSS stayed at 150-165 MB instead of 211-270 MB (README, "Memory"). The live heap is
+# 50-65 MB; the bodies in flight are bounded by MAX_INFLIGHT_BODY_BYTES (16 MB)
 ENV NODE_ENV=production \
     NODE_OPTIONS="--max-semi-space-size=8 --max-old-space-size=512" \
     HOST=0.0.0.0 \

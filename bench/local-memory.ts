@@ -1,7 +1,7 @@
-// `npx tsx bench/local-memory.ts [seconds]`: the resident memory of local mode, what `npm start` runs (the
-// service, the poller and the sandbox on embedded PGlite, through tsx), sampled every 500 ms from /proc:
-// once on a fresh DATA_DIR (the first start initialises the database) and once more on the same directory
-// (every later start). Reports the peak (VmHWM) and the RSS at the end of the idle period.
+// `npx tsx bench/local-memory.ts [seconds]`: the resident memory of local mode, what `npm start` runs
+// (`node --import tsx src/cli.ts serve`: the service, the poller and the sandbox on embedded PGlite),
+// sampled every 500 ms from /proc: once on a fresh DATA_DIR (the first start initialises the database) and
+// once more on the same directory (every later start). Reports the peak (VmHWM) and the RSS at the end of the idle period.
 import { spawn } from 'node:child_process'
 import { once } from 'node:events'
 import { mkdtempSync, rmSync } from 'node:fs'
