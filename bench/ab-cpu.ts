@@ -10,12 +10,11 @@
 // services run with it (what one handler costs, with the same tree as A and B). AB_B_ENV='NAME=value ...':
 // more of B's environment (a setting's effect, with the same tree as A and B). AB_B_NODE_FLAGS='--flag ...':
 // Node's flags for B's services (A's are BENCH_NODE_FLAGS or the image's).
-import { once } from 'node:events'
 import { randomBytes } from 'node:crypto'
 import pg from 'pg'
 import { type MakeDelivery, sendDeliveries } from './send-deliveries.js'
-import { backendCpu, backendCpuSince, createBenchSchema, median, pairOrder } from './ab-rounds.js'
-import { cpuMs, startService } from './service-process.js'
+import { backendCpu, backendCpuSince, createBenchSchema, inAlternatingPairs, median } from './ab-rounds.js'
+import { cpuMs, startService, stopService } from './service-process.js'
 
 const [distA, distB, pairsArg, requestsArg] = process.argv.slice(2)
 if (!distA || !distB) throw new Error('usage: ab-cpu.ts distA distB [pairs] [requests]')
@@ -41,7 +40,8 @@ const matched = (index: number) => {
   return { deliveryId: `${run}-m-${index}`, body: JSON.stringify({ trade_id: `trd-${order}`, reference: `R-${order}`, status, external_reference: `bench-${order}` }) }
 }
 
-const { admin, url, schema, drop } = await createBenchSchema('bench')
+const bench = await createBenchSchema('bench')
+const { admin, url, schema } = bench
 // with a handler: waits until every reaction job so far is done, and every event taken by its stream (the dispatch's CPU is counted too)
 const jobsDone = async (name: string) => {
   if (!handlerIn(name)) return
@@ -70,43 +70,36 @@ const results: Record<string, { duplicates: number[]; matched: number[]; pgMatch
   A: { duplicates: [], matched: [], pgMatched: [], commitsMatched: [] },
   B: { duplicates: [], matched: [], pgMatched: [], commitsMatched: [] },
 }
-try {
-  for (let pair = 0; pair < pairs; pair++) {
-    for (const [name, dist] of pairOrder(pair, distA, distB)) {
-      // a handler's stream left by an earlier round would first take every event committed since (the other
-      // tree's too): each service with the handler starts it afresh
-      await admin.query(`delete from ${schema}.reaction_streams`).catch(() => {})
-      const { child, port } = await startService(url, { orders: 100_000, seen: 5000 }, name === 'B' ? envB : {}, dist, {
-        noopHandler: handlerIn(name),
-        ...(name === 'B' && process.env.AB_B_NODE_FLAGS !== undefined ? { nodeFlags: process.env.AB_B_NODE_FLAGS } : {}),
-      })
-      try {
-        await fire(port, seen, 3000) // warm-up
-        let before = cpuMs(child.pid!)
-        await fire(port, seen, requests)
-        results[name]!.duplicates.push(Math.round(((cpuMs(child.pid!) - before) * 1000) / requests))
-        await fire(port, matched, 1000) // warm-up
-        await jobsDone(name)
-        before = cpuMs(child.pid!)
-        const backendsBefore = await backendCpu(admin)
-        const commitsBefore = await commits()
-        await fire(port, matched, requests)
-        await jobsDone(name)
-        results[name]!.matched.push(Math.round(((cpuMs(child.pid!) - before) * 1000) / requests))
-        const commitsAfter = await commits()
-        const backendMs = await backendCpuSince(admin, backendsBefore)
-        results[name]!.pgMatched.push(Math.round((backendMs * 1000) / requests))
-        // less the two statements of each look of jobsDone()
-        results[name]!.commitsMatched.push(Number(((commitsAfter - commitsBefore) / requests).toFixed(2)))
-      } finally {
-        child.kill('SIGINT')
-        await once(child, 'exit')
-      }
-    }
+await inAlternatingPairs({ pairs, distA, distB, schema: bench }, async (name, dist) => {
+  // a handler's stream left by an earlier round would first take every event committed since (the other
+  // tree's too): each service with the handler starts it afresh
+  await admin.query(`delete from ${schema}.reaction_streams`).catch(() => {})
+  const { child, port } = await startService(url, { orders: 100_000, seen: 5000 }, name === 'B' ? envB : {}, dist, {
+    noopHandler: handlerIn(name),
+    ...(name === 'B' && process.env.AB_B_NODE_FLAGS !== undefined ? { nodeFlags: process.env.AB_B_NODE_FLAGS } : {}),
+  })
+  try {
+    await fire(port, seen, 3000) // warm-up
+    let before = cpuMs(child.pid!)
+    await fire(port, seen, requests)
+    results[name]!.duplicates.push(Math.round(((cpuMs(child.pid!) - before) * 1000) / requests))
+    await fire(port, matched, 1000) // warm-up
+    await jobsDone(name)
+    before = cpuMs(child.pid!)
+    const backendsBefore = await backendCpu(admin)
+    const commitsBefore = await commits()
+    await fire(port, matched, requests)
+    await jobsDone(name)
+    results[name]!.matched.push(Math.round(((cpuMs(child.pid!) - before) * 1000) / requests))
+    const commitsAfter = await commits()
+    const backendMs = await backendCpuSince(admin, backendsBefore)
+    results[name]!.pgMatched.push(Math.round((backendMs * 1000) / requests))
+    // less the two statements of each look of jobsDone()
+    results[name]!.commitsMatched.push(Number(((commitsAfter - commitsBefore) / requests).toFixed(2)))
+  } finally {
+    await stopService(child)
   }
-} finally {
-  await drop()
-}
+})
 for (const name of ['A', 'B']) {
   const { duplicates, matched: applied, pgMatched, commitsMatched } = results[name]!
   console.log(

@@ -1,5 +1,5 @@
 // What the A/B benchmarks of two compiled trees share (ab-cpu.ts, dispatch-cpu.ts): a schema of their own on
-// the bench database, the pairs' alternating order, Postgres's CPU for the service's connections, a median.
+// the bench database, the rounds of alternating pairs, Postgres's CPU for the service's connections, a median.
 import { randomBytes } from 'node:crypto'
 import pg from 'pg'
 import { cpuMs } from './service-process.js'
@@ -34,7 +34,7 @@ export async function createBenchSchema(prefix: string): Promise<BenchSchema> {
 }
 
 /** The trees of one pair, in turn: A first in even pairs, B first in odd ones. */
-export function pairOrder(pair: number, distA: string, distB: string): ['A' | 'B', string][] {
+function pairOrder(pair: number, distA: string, distB: string): ['A' | 'B', string][] {
   return pair % 2 === 0
     ? [
         ['A', distA],
@@ -44,6 +44,23 @@ export function pairOrder(pair: number, distA: string, distB: string): ['A' | 'B
         ['B', distB],
         ['A', distA],
       ]
+}
+
+/**
+ * Runs `round` once for each tree of each of `pairs` pairs, the trees in turn (pairOrder), then drops the
+ * bench schema, also when a round fails.
+ */
+export async function inAlternatingPairs(
+  { pairs, distA, distB, schema }: { pairs: number; distA: string; distB: string; schema: BenchSchema },
+  round: (name: 'A' | 'B', dist: string) => Promise<void>,
+): Promise<void> {
+  try {
+    for (let pair = 0; pair < pairs; pair++) {
+      for (const [name, dist] of pairOrder(pair, distA, distB)) await round(name, dist)
+    }
+  } finally {
+    await schema.drop()
+  }
 }
 
 /**

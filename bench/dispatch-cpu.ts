@@ -5,10 +5,9 @@
 // until each has its done job: twice, and only the second drain is counted (the first warms the JIT up).
 // Reported per event: the service's CPU (its main thread apart) and the CPU of the service's Postgres backends.
 // A and B alternate within each pair, as in ab-cpu.ts.
-import { once } from 'node:events'
-import { backendCpu, backendCpuSince, createBenchSchema, median, pairOrder } from './ab-rounds.js'
+import { backendCpu, backendCpuSince, createBenchSchema, inAlternatingPairs, median } from './ab-rounds.js'
 import { sendDeliveries } from './send-deliveries.js'
-import { cpuMs, startService } from './service-process.js'
+import { cpuMs, startService, stopService } from './service-process.js'
 
 const [distA, distB, pairsArg, eventsArg] = process.argv.slice(2)
 if (!distA || !distB) throw new Error('usage: dispatch-cpu.ts distA distB [pairs] [events]')
@@ -17,7 +16,8 @@ const events = Number(eventsArg ?? 40_000)
 const ORDERS = 20_000
 const STATUSES = ['funded', 'delivered', 'disputed', 'resolved', 'released']
 
-const { admin, url, schema, drop } = await createBenchSchema('dispatch')
+const bench = await createBenchSchema('dispatch')
+const { admin, url, schema } = bench
 
 // the process's main thread's CPU: its task of the same id
 const mainThreadMs = (pid: number) => cpuMs(pid, pid)
@@ -38,8 +38,7 @@ const ingest = async (dist: string) => {
       events,
     )
   } finally {
-    child.kill('SIGINT')
-    await once(child, 'exit')
+    await stopService(child)
   }
 }
 
@@ -65,36 +64,29 @@ const results: Record<string, { service: number[]; main: number[]; postgres: num
   A: { service: [], main: [], postgres: [] },
   B: { service: [], main: [], postgres: [] },
 }
-try {
-  for (let pair = 0; pair < pairs; pair++) {
-    for (const [name, dist] of pairOrder(pair, distA, distB)) {
-      await admin.query(`delete from ${schema}.reaction_streams`).catch(() => {})
-      await ingest(dist)
-      const { child } = await startService(url, { orders: ORDERS, seen: 0 }, {}, dist, { noopHandler: true })
-      try {
-        // its stream exists once the dispatcher started
-        for (;;) {
-          const { rows } = await admin.query(`select 1 from ${schema}.reaction_streams where handler = 'noop'`)
-          if (rows.length > 0) break
-          await new Promise((resolve) => setTimeout(resolve, 50))
-        }
-        await drain()
-        const service = cpuMs(child.pid!)
-        const main = mainThreadMs(child.pid!)
-        const postgres = await backendCpu(admin)
-        await drain()
-        results[name]!.service.push(Math.round(((cpuMs(child.pid!) - service) * 1000) / events))
-        results[name]!.main.push(Math.round(((mainThreadMs(child.pid!) - main) * 1000) / events))
-        results[name]!.postgres.push(Math.round(((await backendCpuSince(admin, postgres)) * 1000) / events))
-      } finally {
-        child.kill('SIGINT')
-        await once(child, 'exit')
-      }
+await inAlternatingPairs({ pairs, distA, distB, schema: bench }, async (name, dist) => {
+  await admin.query(`delete from ${schema}.reaction_streams`).catch(() => {})
+  await ingest(dist)
+  const { child } = await startService(url, { orders: ORDERS, seen: 0 }, {}, dist, { noopHandler: true })
+  try {
+    // its stream exists once the dispatcher started
+    for (;;) {
+      const { rows } = await admin.query(`select 1 from ${schema}.reaction_streams where handler = 'noop'`)
+      if (rows.length > 0) break
+      await new Promise((resolve) => setTimeout(resolve, 50))
     }
+    await drain()
+    const service = cpuMs(child.pid!)
+    const main = mainThreadMs(child.pid!)
+    const postgres = await backendCpu(admin)
+    await drain()
+    results[name]!.service.push(Math.round(((cpuMs(child.pid!) - service) * 1000) / events))
+    results[name]!.main.push(Math.round(((mainThreadMs(child.pid!) - main) * 1000) / events))
+    results[name]!.postgres.push(Math.round(((await backendCpuSince(admin, postgres)) * 1000) / events))
+  } finally {
+    await stopService(child)
   }
-} finally {
-  await drop()
-}
+})
 for (const name of ['A', 'B']) {
   const { service, main, postgres } = results[name]!
   console.log(

@@ -9,6 +9,7 @@ import os from 'node:os'
 import path from 'node:path'
 import autocannon from 'autocannon'
 import pg from 'pg'
+import { createBenchSchema } from './ab-rounds.js'
 import { deliveryHeaders } from './bench-secrets.js'
 import { runClaimBench, type ClaimResult } from './claim-bench.js'
 import { explainDedupLookups, type GrowthSeed, seedGrowth } from './growth-bench.js'
@@ -28,7 +29,6 @@ const partArg = args.find((arg) => !arg.startsWith('--') && !/^\d+$/.test(arg)) 
 const parts = new Set(partArg.split(','))
 const part = parts.size === 1 ? partArg : 'several'
 const runs = (name: string) => part === 'all' || parts.has(name)
-const baseUrl = process.env.BENCH_DATABASE_URL || 'postgres://postgres@127.0.0.1:5432/test'
 const CONNECTIONS = 50
 // every run of the rounds, for the JSON report
 const allRuns: LoadResult[] = []
@@ -57,18 +57,12 @@ interface LoadResult {
 }
 
 async function withSchema<T>(run: (url: string) => Promise<T>): Promise<T> {
-  const schema = `bench_${randomBytes(4).toString('hex')}`
-  const admin = new pg.Client({ connectionString: baseUrl })
-  await admin.connect()
-  await admin.query(`create schema ${schema}`)
-  await admin.query(`create table ${schema}.bench_minimal (delivery_id text primary key, body text not null)`)
-  const url = new URL(baseUrl)
-  url.searchParams.set('options', `-c search_path=${schema}`)
+  const bench = await createBenchSchema('bench')
+  await bench.admin.query(`create table ${bench.schema}.bench_minimal (delivery_id text primary key, body text not null)`)
   try {
-    return await run(url.toString())
+    return await run(bench.url)
   } finally {
-    await admin.query(`drop schema ${schema} cascade`)
-    await admin.end()
+    await bench.drop()
   }
 }
 

@@ -1,6 +1,7 @@
 // The real receiver as a benchmark drives it: the compiled CLI's `serve` (run `npm run build` first) in its
 // own process, and its memory as /proc tells it. Shared by the ingest benchmark and the soak.
 import { type ChildProcess, spawn } from 'node:child_process'
+import { once } from 'node:events'
 import { readFileSync } from 'node:fs'
 import path from 'node:path'
 import pg from 'pg'
@@ -76,6 +77,12 @@ export async function startService(
   )
   await client.end()
   return { child, port, adminPort }
+}
+
+/** Stops a service startService started, as Ctrl-C does, and waits until it has exited. */
+export async function stopService(child: ChildProcess): Promise<void> {
+  child.kill('SIGINT')
+  await once(child, 'exit')
 }
 
 function pick(env: NodeJS.ProcessEnv, names: string[]): Record<string, string> {
