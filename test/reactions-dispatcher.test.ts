@@ -433,8 +433,8 @@ describePostgres('the notification listener (Postgres)', () => {
 
 // 200,000 events in the streams (their places spread below the snapshot's xmin, as committed events are),
 // 20,000 from before them (no place), a stream that has read them all (the busy stream's usual read) and
-// 50,000 done jobs of its handler. No statistics are taken: they are those of the empty tables, as on tables
-// growing faster than autovacuum analyzes them.
+// 50,000 done jobs of its handler. No statistics are taken after: as on tables growing faster than autovacuum
+// analyzes them.
 async function seedStreamHistory(db: Kysely<Database>): Promise<void> {
   await sql`insert into orders (external_reference) select 'plan-' || n from generate_series(1, 1000) n`.execute(db)
   await sql`insert into order_status_history (order_id, from_status, to_status, source, sequence, stream_position)
@@ -484,6 +484,9 @@ describePostgres('the stream read (Postgres)', () => {
   let database: TestDatabase
   beforeAll(async () => {
     database = await createTestDatabase()
+    // the statistics are those of the empty tables
+    await sql`analyze order_status_history`.execute(database.db)
+    await sql`analyze reaction_jobs`.execute(database.db)
     await seedStreamHistory(database.db)
   }, 120_000)
   afterAll(async () => {
