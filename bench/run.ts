@@ -41,7 +41,7 @@ const WITH_HANDLER = 'full ingest, one reaction handler (forwarder)'
 const WITH_NOOP_HANDLER = 'full ingest, one reaction handler (in-process no-op)'
 // per run with a handler: the jobs its deliveries enqueued and how many were not done when its load ended
 // (a dispatch that falls behind flatters the ingest rate)
-const handlerBacklog = new Map<LoadResult, { jobs: number; notDone: number }>()
+const handlerBacklog = new Map<LoadResult, { jobs: number; notDone: number; batches: number }>()
 
 interface LoadResult {
   name: string
@@ -237,15 +237,17 @@ async function ingestBench({ reactionsOnly = false } = {}): Promise<LoadResult[]
       try {
         const { rows } = await client.query(
           `select (select count(*)::int from reaction_jobs where handler = $1) + backlog.events as jobs,
-             (select count(*)::int from reaction_jobs where handler = $1 and state <> 'done') + backlog.events as not_done
+             (select count(*)::int from reaction_jobs where handler = $1 and state <> 'done') + backlog.events as not_done,
+             -- a stream's write-back stamps its batch's rows with one updated_at: the batches that made done jobs
+             (select count(distinct updated_at)::int from reaction_jobs where handler = $1 and state = 'done') as batches
            from (select coalesce((select count(*)::int from reaction_streams s join order_status_history h
              on h.stream_position is not null and (h.stream_position, h.id) > (s.position, s.history_id)
              where s.handler = $1), 0) as events) backlog`,
           [handler],
         )
-        return { jobs: rows[0].jobs as number, notDone: rows[0].not_done as number }
+        return { jobs: rows[0].jobs as number, notDone: rows[0].not_done as number, batches: rows[0].batches as number }
       } catch {
-        return { jobs: 0, notDone: 0 } // not migrated yet
+        return { jobs: 0, notDone: 0, batches: 0 } // not migrated yet
       } finally {
         await client.end()
       }
@@ -276,7 +278,7 @@ async function ingestBench({ reactionsOnly = false } = {}): Promise<LoadResult[]
         const after = await jobCounts('noop')
         // not done when the load ended: all of them, the warm-up's included (a difference goes negative when
         // the load's first moments finish the warm-up's jobs)
-        handlerBacklog.set(result, { jobs: after.jobs - before.jobs, notDone: after.notDone })
+        handlerBacklog.set(result, { jobs: after.jobs - before.jobs, notDone: after.notDone, batches: after.batches - before.batches })
         return result
       } finally {
         child.kill('SIGINT')
@@ -299,7 +301,7 @@ async function ingestBench({ reactionsOnly = false } = {}): Promise<LoadResult[]
           true,
         )
         const after = await jobCounts('forwarder')
-        handlerBacklog.set(forwarded, { jobs: after.jobs - before.jobs, notDone: after.notDone - before.notDone })
+        handlerBacklog.set(forwarded, { jobs: after.jobs - before.jobs, notDone: after.notDone - before.notDone, batches: after.batches - before.batches })
         handlerRuns.push(forwarded)
       }
     } finally {
@@ -546,7 +548,8 @@ async function main(): Promise<void> {
     const without = full.rps / minimal.rps
     const withOne = withHandler.rps / minimal.rps
     const backlog = handlerBacklog.get(withHandler)
-    const behind = backlog ? ` (jobs not done when the load ended: ${backlog.notDone.toLocaleString('en')} of ${backlog.jobs.toLocaleString('en')})` : ''
+    const perBatch = backlog && backlog.batches > 0 ? `; ${backlog.batches.toLocaleString('en')} stream batches, ${Math.round((backlog.jobs - backlog.notDone) / backlog.batches)} events each on average` : ''
+    const behind = backlog ? ` (jobs not done when the load ended: ${backlog.notDone.toLocaleString('en')} of ${backlog.jobs.toLocaleString('en')}${perBatch})` : ''
     targets.push([target, `${withOne.toFixed(2)} / ${without.toFixed(2)} = ${(withOne / without).toFixed(2)}×${behind}`, withOne >= 0.9 * without ? 'yes' : 'no'])
   }
   if (reactions) {
