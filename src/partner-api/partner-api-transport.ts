@@ -4,6 +4,7 @@
 // Only GET is retried: on network errors, timeouts, 429 and 5xx, with capped exponential backoff and equal
 // jitter, or after the answer's Retry-After. A POST carries no idempotency key, so a second send could
 // create or move a trade twice; the caller decides (see src/trades/open-trade-for-order.ts).
+import { anySignal } from 'any-signal'
 import type { z } from 'zod'
 import type { Clock } from '../clock.js'
 import type { Logger } from '../logger.js'
@@ -173,7 +174,8 @@ export class PartnerApiTransport {
       () => timeout.abort(),
       () => {},
     )
-    const signal = callerSignal ? AbortSignal.any([timeout.signal, callerSignal]) : timeout.signal
+    // (anySignal, not AbortSignal.any: see eslint.config.js)
+    const signal = anySignal([timeout.signal, callerSignal])
     const startedAt = this.clock.now()
     const log = (fields: Record<string, unknown>) =>
       this.logger.debug(
@@ -208,6 +210,7 @@ export class PartnerApiTransport {
       throw new PartnerNetworkError(`${method} ${path} failed: ${reason}`, { cause: error })
     } finally {
       finished.abort()
+      signal.clear()
     }
   }
 

@@ -14,6 +14,7 @@
 // closed: a broker that goes away fails the calls in flight and never the process (every connection and
 // channel has its 'error' and 'close' listeners). No error or log line holds the URL's credentials.
 import amqp, { type ChannelModel, type ConfirmChannel } from 'amqplib'
+import { anySignal } from 'any-signal'
 import type { Logger } from '../logger.js'
 import { forwardedPayload, type ReactionHandler } from './reaction-event.js'
 
@@ -161,7 +162,7 @@ export function createAmqpPublisher({
     if (closed) throw new AmqpPublishError('amqp_closed', 'the AMQP publisher is closed (shutting down)')
     const startedAt = Date.now()
     const deadline = AbortSignal.timeout(timeoutMs)
-    const stop = AbortSignal.any([signal, deadline])
+    const stop = anySignal([signal, deadline])
     const done = (fields: Record<string, unknown>) =>
       jobLogger.debug(
         { eventId: event.eventId, type: event.type, attempt, broker, durationMs: Date.now() - startedAt, ...fields },
@@ -225,6 +226,8 @@ export function createAmqpPublisher({
         using.then(({ connection }) => connection.close()).catch(() => {})
       }
       throw thrown
+    } finally {
+      stop.clear()
     }
   }
 

@@ -19,6 +19,7 @@
 // their leases given back (pending, due now, the interrupted attempt not counted).
 import { randomUUID } from 'node:crypto'
 import { setTimeout as setTimeoutPromise } from 'node:timers/promises'
+import { anySignal } from 'any-signal'
 import type { Kysely } from 'kysely'
 import type { Clock } from '../clock.js'
 import type { Database } from '../db/database.js'
@@ -194,13 +195,15 @@ function createWaker(clock: Clock) {
       if (woken || ms <= 0 || signal.aborted) return
       const controller = new AbortController()
       interrupt = () => controller.abort(WOKEN)
+      // (anySignal, not AbortSignal.any: see eslint.config.js)
+      const both = anySignal([signal, controller.signal])
       try {
-        const both = AbortSignal.any([signal, controller.signal])
         await (wallClock ? setTimeoutPromise(ms, undefined, { signal: both }) : clock.sleep(ms, both))
       } catch {
         // woken or stopping: the loop decides
       } finally {
         interrupt = undefined
+        both.clear()
       }
     },
   }

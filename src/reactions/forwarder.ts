@@ -12,6 +12,7 @@
 import { createHmac } from 'node:crypto'
 import http from 'node:http'
 import https from 'node:https'
+import { anySignal } from 'any-signal'
 import { type Clock, systemClock } from '../clock.js'
 import type { Logger } from '../logger.js'
 import { forwardedPayload, type ReactionHandler } from './reaction-event.js'
@@ -207,17 +208,16 @@ function postWithFetch(fetchImplementation: typeof fetch): Post {
   return (target, headers, body, signal) => {
     const timeout = new AbortController()
     const send = async () => {
-      // redirect: manual, so a signed event is never sent on to an address nobody configured
-      const response = await fetchImplementation(target, {
-        method: 'POST',
-        headers,
-        body,
-        redirect: 'manual',
-        signal: AbortSignal.any([timeout.signal, signal]),
-      })
-      // the answer's body is not ours to read; dropping it frees the connection
-      await response.body?.cancel().catch(() => {})
-      return response.status
+      const timeoutOrAbort = anySignal([timeout.signal, signal])
+      try {
+        // redirect: manual, so a signed event is never sent on to an address nobody configured
+        const response = await fetchImplementation(target, { method: 'POST', headers, body, redirect: 'manual', signal: timeoutOrAbort })
+        // the answer's body is not ours to read; dropping it frees the connection
+        await response.body?.cancel().catch(() => {})
+        return response.status
+      } finally {
+        timeoutOrAbort.clear()
+      }
     }
     return { answer: send(), cancel: () => timeout.abort(TIMED_OUT) }
   }

@@ -15,6 +15,7 @@
 // does; the stream reads on. So one stuck call holds back its own order, not the stream.
 // A handler still running shortly before its lease ends is aborted (it counts as a throw). At shutdown the
 // running handlers get the shutdown timeout, then are aborted and their jobs given back (pending, due now).
+import { anySignal } from 'any-signal'
 import type { Kysely } from 'kysely'
 import type { Clock } from '../clock.js'
 import type { Database } from '../db/database.js'
@@ -205,11 +206,10 @@ export function createStreamWorker(deps: StreamWorkerDeps) {
         for (let chain = queue.shift(); chain && !writingBack; chain = queue.shift()) await runChain(chain)
       }),
     )
-    await Promise.race([
-      all,
-      clock.sleep(HANDOFF_MS, AbortSignal.any([handoff.signal, stopSignal])).catch(() => {}),
-    ])
+    const handoffOrStop = anySignal([handoff.signal, stopSignal])
+    await Promise.race([all, clock.sleep(HANDOFF_MS, handoffOrStop).catch(() => {})])
     handoff.abort(BATCH_WRITTEN_BACK)
+    handoffOrStop.clear()
     writingBack = true
 
     // every event of the handler gets its row: its outcome; running (handed off); or pending, due now
