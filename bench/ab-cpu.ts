@@ -13,7 +13,7 @@
 import { randomBytes } from 'node:crypto'
 import pg from 'pg'
 import { type MakeDelivery, sendDeliveries } from './send-deliveries.js'
-import { backendCpu, backendCpuSince, createBenchSchema, inAlternatingPairs, median } from './ab-rounds.js'
+import { backendCpu, backendCpuSince, createBenchSchema, environmentOfB, inAlternatingPairs, median } from './ab-rounds.js'
 import { cpuMs, startService, stopService } from './service-process.js'
 
 const [distA, distB, pairsArg, requestsArg] = process.argv.slice(2)
@@ -21,7 +21,7 @@ if (!distA || !distB) throw new Error('usage: ab-cpu.ts distA distB [pairs] [req
 const pairs = Number(pairsArg ?? 3)
 const requests = Number(requestsArg ?? 6000)
 const handlerIn = (name: string) => process.env.AB_HANDLER === 'noop' || (process.env.AB_HANDLER === 'noop-b' && name === 'B')
-const envB = Object.fromEntries((process.env.AB_B_ENV ?? '').split(' ').filter(Boolean).map((pair) => [pair.slice(0, pair.indexOf('=')), pair.slice(pair.indexOf('=') + 1)]))
+const envB = environmentOfB()
 const run = `ab${randomBytes(3).toString('hex')}`
 let sequence = 0
 

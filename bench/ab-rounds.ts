@@ -90,3 +90,9 @@ export async function backendCpuSince(admin: pg.Client, before: Map<number, numb
 }
 
 export const median = (values: number[]) => [...values].sort((a, b) => a - b)[Math.floor(values.length / 2)]!
+
+/** AB_B_ENV='NAME=value NAME=value': more of B's environment (a setting's effect, with one tree as A and B). */
+export function environmentOfB(): Record<string, string> {
+  const pairs = (process.env.AB_B_ENV ?? '').split(' ').filter(Boolean)
+  return Object.fromEntries(pairs.map((pair) => [pair.slice(0, pair.indexOf('=')), pair.slice(pair.indexOf('=') + 1)]))
+}

@@ -4,8 +4,9 @@
 // (bench/serve-noop-handler.mjs), rewinds its stream to just before those transitions and times the drain
 // until each has its done job: twice, and only the second drain is counted (the first warms the JIT up).
 // Reported per event: the service's CPU (its main thread apart) and the CPU of the service's Postgres backends.
-// A and B alternate within each pair, as in ab-cpu.ts.
-import { backendCpu, backendCpuSince, createBenchSchema, inAlternatingPairs, median } from './ab-rounds.js'
+// A and B alternate within each pair, as in ab-cpu.ts. AB_B_ENV='NAME=value ...': more of the environment of B's
+// service with the handler (a setting's effect, with the same tree as A and B).
+import { backendCpu, backendCpuSince, createBenchSchema, environmentOfB, inAlternatingPairs, median } from './ab-rounds.js'
 import { sendDeliveries } from './send-deliveries.js'
 import { cpuMs, startService, stopService } from './service-process.js'
 
@@ -67,7 +68,7 @@ const results: Record<string, { service: number[]; main: number[]; postgres: num
 await inAlternatingPairs({ pairs, distA, distB, schema: bench }, async (name, dist) => {
   await admin.query(`delete from ${schema}.reaction_streams`).catch(() => {})
   await ingest(dist)
-  const { child } = await startService(url, { orders: ORDERS, seen: 0 }, {}, dist, { noopHandler: true })
+  const { child } = await startService(url, { orders: ORDERS, seen: 0 }, name === 'B' ? environmentOfB() : {}, dist, { noopHandler: true })
   try {
     // its stream exists once the dispatcher started
     for (;;) {
