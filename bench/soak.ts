@@ -1,8 +1,11 @@
-// `npm run bench -- soak [--duration 600] [--rate N] [--no-restart]`: the real receiver (compiled, as the image runs it)
+// `npm run bench -- soak [--duration 600] [--rate N] [--no-restart] [--handler]`: the real receiver (compiled, as the image runs it)
 // on Postgres at half its measured maximum rate, with a Postgres restart in the middle. Reports answers
 // by status, lost deliveries (every delivery answered 200 must be in the database: zero lost) and memory
 // over time: RSS from /proc and the V8 heap in use from the receiver's own /metrics, sampled every tenth
 // of the run, so a leak (a heap that keeps growing) can be told from a heap that grew once and stayed.
+// --handler: the receiver runs one in-process no-op reaction handler (bench/serve-noop-handler.mjs), so its
+// dispatcher reads and writes back a stream batch every few milliseconds for the whole run; the report, then
+// bench/results/soak-handler.md, also counts the events handled.
 import { execFileSync } from 'node:child_process'
 import { randomBytes } from 'node:crypto'
 import { once } from 'node:events'
@@ -36,10 +39,13 @@ export async function runSoak({ args }: { args: string[] }): Promise<void> {
   await admin.end()
   const url = new URL(baseUrl)
   url.searchParams.set('options', `-c search_path=${schema}`)
-  const orders = 50_000
 
   execFileSync('npm', ['run', 'build', '--silent'], { cwd: root, stdio: 'ignore' })
-  const { child, port, adminPort } = await startService(url.toString(), { orders, seen: 0 })
+  const withHandler = args.includes('--handler')
+  // each order takes five transitions; with the handler, enough orders that every delivery of a run moves one
+  // (the first million are each an order's first), so the dispatcher has events to the end
+  const orders = withHandler ? 1_000_000 : 50_000
+  const { child, port, adminPort } = await startService(url.toString(), { orders, seen: 0 }, {}, undefined, { noopHandler: withHandler })
 
   const statuses = ['created', 'funded', 'delivered', 'disputed', 'resolved']
   const answered200: string[] = []
@@ -110,12 +116,20 @@ export async function runSoak({ args }: { args: string[] }): Promise<void> {
     const check = new pg.Client({ connectionString: url.toString() })
     await check.connect()
     const stored = await check.query('select count(*)::int as n from webhook_deliveries where delivery_id = any($1)', [answered200])
+    // with the handler: its done jobs, and the transitions it has not taken yet when the load ended
+    const handled = withHandler
+      ? (
+          await check.query(`select (select count(*)::int from reaction_jobs where handler = 'noop' and state = 'done') as done,
+             (select count(*)::int from reaction_streams s join order_status_history h on h.stream_position is not null
+               and (h.stream_position, h.id) > (s.position, s.history_id) where s.handler = 'noop') as waiting`)
+        ).rows[0]
+      : undefined
     await check.end()
     const lost = answered200.length - stored.rows[0].n
     const report = [
       '# Soak',
       '',
-      `${new Date().toISOString()}: ${durationS} s at ${rate} req/s, ${restartNote}; load average at the end ${os.loadavg().map((value) => value.toFixed(2)).join(', ')}.`,
+      `${new Date().toISOString()}: ${durationS} s at ${rate} req/s, ${restartNote}${withHandler ? ', one no-op reaction handler' : ''}; load average at the end ${os.loadavg().map((value) => value.toFixed(2)).join(', ')}.`,
       '',
       '| measure | value |',
       '| --- | --- |',
@@ -126,6 +140,7 @@ export async function runSoak({ args }: { args: string[] }): Promise<void> {
       `| peak RSS (VmHWM, the whole run) | ${rssPeak} MB |`,
       `| answered 200 | ${answered200.length} |`,
       `| answered 200 but not stored (lost) | ${lost} |`,
+      ...(handled ? [`| reaction events handled by the no-op handler / not yet taken at the end | ${handled.done} / ${handled.waiting} |`] : []),
       '',
       '## Memory over the run',
       '',
@@ -135,7 +150,7 @@ export async function runSoak({ args }: { args: string[] }): Promise<void> {
       '',
     ].join('\n')
     process.stdout.write(report)
-    writeFileSync(path.join(root, 'bench/results/soak.md'), report)
+    writeFileSync(path.join(root, withHandler ? 'bench/results/soak-handler.md' : 'bench/results/soak.md'), report)
     if (lost !== 0) process.exitCode = 1
   } finally {
     child.kill('SIGTERM')

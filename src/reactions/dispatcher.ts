@@ -217,12 +217,12 @@ const WITHHELD_FIRST_MS = 10
 // handler at about 2,000 events/s, reading on every wake made batches of a few events, each a read and a
 // write-back commit. Under a heavy load the wait grows, and so do the batches: about 180 events each at 7,000
 // a second, where batches of at most 64 read every 10 ms cost 14 µs more of the service's and Postgres's CPU
-// per event (bench/ab-cpu.ts). One transition at a time still waits GATHER_MS at most
+// per event (bench/ab-cpu.ts). One transition at a time still waits about GATHER_MS
 const GATHER_MS = 10
 const GATHER_PER_EVENT_MS = 1 / 8
 const GATHER_MAX_MS = 30
 /** How long the stream waits before its next read, after a batch of `read` events that was not full. */
-export const gatherMs = (read: number) => Math.min(GATHER_MAX_MS, GATHER_MS + read * GATHER_PER_EVENT_MS)
+const gatherMs = (read: number) => Math.min(GATHER_MAX_MS, GATHER_MS + read * GATHER_PER_EVENT_MS)
 
 export function createDispatcher(deps: DispatcherDeps): Dispatcher {
   const { db, clock, logger, settings } = deps
