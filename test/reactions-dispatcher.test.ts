@@ -126,6 +126,27 @@ describe('the reaction dispatcher', () => {
     expect(await jobs(orderId, 'ship-goods')).toMatchObject([{ state: 'done', attempts: 1, leaseToken: null }])
   })
 
+  it('runs a dozen handlers under its one stop signal without a listener warning', async () => {
+    // each stream's sleeps and batches listen to the dispatcher's stop signal while they last: a dozen streams
+    // are more than Node's default of 10 listeners, which Node would report as a possible leak
+    const warnings: string[] = []
+    const onWarning = (warning: Error) => warnings.push(`${warning.name}: ${warning.message}`)
+    process.on('warning', onWarning)
+    try {
+      const calls: string[] = []
+      let reactions = createReactionRegistry()
+      for (let i = 1; i <= 12; i++) reactions = reactions.on('trade.*', `handler-${i}`, async () => void calls.push(`handler-${i}`))
+      await start(reactions)
+      await transitions(reactions, ['created', 'funded'])
+      await eventually(() => calls.length === 24, 'every handler took both events')
+      await idle()
+      await new Promise((resolve) => setImmediate(resolve))
+    } finally {
+      process.off('warning', onWarning)
+    }
+    expect(warnings.filter((warning) => warning.startsWith('MaxListenersExceededWarning'))).toEqual([])
+  })
+
   it('retries a throwing handler after the backoff, fails it after the last attempt, and holds back that order for that handler until retried', async () => {
     let failing = true
     const flakyCalls: { sequence: number; attempt: number }[] = []

@@ -43,7 +43,7 @@ describe('the poller against the sandbox platform', () => {
   }
 
   /** Runs cycles, as the service would after STALE_AFTER_S, until a cycle finds its batch not full. */
-  async function pollUntilDone(): Promise<RunSummary[]> {
+  async function pollUntilDone({ concurrency = 8 } = {}): Promise<RunSummary[]> {
     const config = loop!.config
     const poller = testPoller({
       db: database!.db,
@@ -51,7 +51,7 @@ describe('the poller against the sandbox platform', () => {
       fetcher: createPartnerApiClient(config, { logger: loop!.logger, clock: systemClock }),
       // every order that is not terminal is due STALE_AFTER_S after its last observation at the latest
       clock: clockAhead((config.poll.staleAfterS + 60) * 1000),
-      settings: { batchSize: 50, concurrency: 8, observation: observationSettings(config.poll) },
+      settings: { batchSize: 50, concurrency, observation: observationSettings(config.poll) },
     })
     const runs: RunSummary[] = []
     for (;;) {
@@ -130,5 +130,33 @@ describe('the poller against the sandbox platform', () => {
     const history = await historyBySource()
     expect(history.some((row) => row.source === 'webhook')).toBe(false)
     expect(history.filter((row) => row.source === 'poll')).toHaveLength(behind.length)
+  }, 60_000)
+  it('polls 32 orders at once under its one stop signal without a listener warning', async () => {
+    // each call listens to the poller's stop signal while it runs: 32 at once is more than Node's default of
+    // 10 listeners, which Node would report as a possible leak on every start
+    const warnings: string[] = []
+    const onWarning = (warning: Error) => warnings.push(`${warning.name}: ${warning.message}`)
+    process.on('warning', onWarning)
+    try {
+      database = await createTestDatabase()
+      loop = await startPlatformLoop(database.db, { dropRate: 0.3, seed: 8 })
+      await runRandomLifecycles(loop, { count: 150, prefix: 'wide', seed: 8 })
+      await loop.sandbox.idle()
+      const platform = new Map(loop.sandbox.trades().map((trade) => [trade.trade_id, trade.status]))
+
+      const runs = await pollUntilDone({ concurrency: 32 })
+      expect(runs.reduce((sum, run) => sum + run.errors, 0)).toBe(0)
+      // the first cycle's batch keeps all 32 lanes busy at its start
+      expect(runs[0]!.claimed).toBeGreaterThan(32)
+      const after = await localOrders()
+      for (const [tradeId, status] of platform) {
+        expect({ tradeId, status: after.get(tradeId)?.tradeStatus }).toEqual({ tradeId, status })
+      }
+      // (a warning is emitted on the next tick)
+      await new Promise((resolve) => setImmediate(resolve))
+    } finally {
+      process.off('warning', onWarning)
+    }
+    expect(warnings.filter((warning) => warning.startsWith('MaxListenersExceededWarning'))).toEqual([])
   }, 60_000)
 })

@@ -18,6 +18,7 @@
 // Stop: no more claims; running handlers get up to `shutdownTimeoutMs` to finish, then are aborted and
 // their leases given back (pending, due now, the interrupted attempt not counted).
 import { randomUUID } from 'node:crypto'
+import { setMaxListeners } from 'node:events'
 import { setTimeout as setTimeoutPromise } from 'node:timers/promises'
 import { anySignal } from 'any-signal'
 import type { Kysely } from 'kysely'
@@ -536,6 +537,9 @@ export function createDispatcher(deps: DispatcherDeps): Dispatcher {
     async start() {
       if (loop) return
       stopping = new AbortController()
+      // each stream's sleep and batch and the job loop's sleep listen to it while they last (anySignal): with a
+      // handful of handlers that is more than Node's default of 10 listeners, and none is kept
+      setMaxListeners(0, stopping.signal)
       if (deps.listen) {
         try {
           unlisten = await deps.listen(REACTION_CHANNEL, wake)

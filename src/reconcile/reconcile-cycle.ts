@@ -5,6 +5,7 @@
 // when the platform answers 401 (our credentials are wrong: polling the rest would get 401 too and could
 // get the key locked, so one clear error is logged instead) or when the caller's signal aborts (shutdown).
 import { randomUUID } from 'node:crypto'
+import { setMaxListeners } from 'node:events'
 import type { Kysely } from 'kysely'
 import type { Clock } from '../clock.js'
 import type { Database } from '../db/database.js'
@@ -91,6 +92,9 @@ export async function runReconcileCycle(
   const runId = claimed.length > 0 || recordEmpty ? await startRun(db, { replica, startedAt }) : null
 
   const stop = new AbortController()
+  // each partner API call of the cycle listens to it while it runs (anySignal), POLL_CONCURRENCY at once: more
+  // than Node's default of 10 listeners is expected here, and each one is removed when its call ends
+  setMaxListeners(0, stop.signal)
   let stoppedReason: StoppedReason | null = null
   const onAbort = () => {
     stoppedReason ??= 'shutdown'
