@@ -16,6 +16,7 @@ import { HANDOFF_MS } from '../src/reactions/stream-worker.js'
 import { createReactionRegistry, type ReactionRegistry } from '../src/reactions/reaction-registry.js'
 import { backoffDelayS } from '../src/reconcile/backoff-delay.js'
 import { FakeClock } from './helpers/fake-clock.js'
+import { processWarningsDuring } from './helpers/process-warnings.js'
 import { testLogger } from './helpers/log-sink.js'
 import { eventually } from './helpers/reconcile-poller.js'
 import { createTestDatabase, describePostgres, type TestDatabase } from './helpers/test-database.js'
@@ -129,10 +130,7 @@ describe('the reaction dispatcher', () => {
   it('runs a dozen handlers under its one stop signal without a listener warning', async () => {
     // each stream's sleeps and batches listen to the dispatcher's stop signal while they last: a dozen streams
     // are more than Node's default of 10 listeners, which Node would report as a possible leak
-    const warnings: string[] = []
-    const onWarning = (warning: Error) => warnings.push(`${warning.name}: ${warning.message}`)
-    process.on('warning', onWarning)
-    try {
+    const warnings = await processWarningsDuring(async () => {
       const calls: string[] = []
       let reactions = createReactionRegistry()
       for (let i = 1; i <= 12; i++) reactions = reactions.on('trade.*', `handler-${i}`, async () => void calls.push(`handler-${i}`))
@@ -140,10 +138,7 @@ describe('the reaction dispatcher', () => {
       await transitions(reactions, ['created', 'funded'])
       await eventually(() => calls.length === 24, 'every handler took both events')
       await idle()
-      await new Promise((resolve) => setImmediate(resolve))
-    } finally {
-      process.off('warning', onWarning)
-    }
+    })
     expect(warnings.filter((warning) => warning.startsWith('MaxListenersExceededWarning'))).toEqual([])
   })
 

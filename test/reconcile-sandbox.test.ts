@@ -6,6 +6,7 @@ import { systemClock } from '../src/clock.js'
 import { observationSettings } from '../src/orders/observations.js'
 import { createPartnerApiClient } from '../src/partner-api/create-partner-api-client.js'
 import type { RunSummary } from '../src/reconcile/poller.js'
+import { processWarningsDuring } from './helpers/process-warnings.js'
 import { testPoller } from './helpers/reconcile-poller.js'
 import {
   clockAhead,
@@ -131,13 +132,11 @@ describe('the poller against the sandbox platform', () => {
     expect(history.some((row) => row.source === 'webhook')).toBe(false)
     expect(history.filter((row) => row.source === 'poll')).toHaveLength(behind.length)
   }, 60_000)
+
   it('polls 32 orders at once under its one stop signal without a listener warning', async () => {
-    // each call listens to the poller's stop signal while it runs: 32 at once is more than Node's default of
-    // 10 listeners, which Node would report as a possible leak on every start
-    const warnings: string[] = []
-    const onWarning = (warning: Error) => warnings.push(`${warning.name}: ${warning.message}`)
-    process.on('warning', onWarning)
-    try {
+    // each call listens to the poll cycle's stop signal while it runs: 32 at once is more than Node's default
+    // of 10 listeners, which Node would report as a possible leak on every cycle
+    const warnings = await processWarningsDuring(async () => {
       database = await createTestDatabase()
       loop = await startPlatformLoop(database.db, { dropRate: 0.3, seed: 8 })
       await runRandomLifecycles(loop, { count: 150, prefix: 'wide', seed: 8 })
@@ -152,11 +151,7 @@ describe('the poller against the sandbox platform', () => {
       for (const [tradeId, status] of platform) {
         expect({ tradeId, status: after.get(tradeId)?.tradeStatus }).toEqual({ tradeId, status })
       }
-      // (a warning is emitted on the next tick)
-      await new Promise((resolve) => setImmediate(resolve))
-    } finally {
-      process.off('warning', onWarning)
-    }
+    })
     expect(warnings.filter((warning) => warning.startsWith('MaxListenersExceededWarning'))).toEqual([])
   }, 60_000)
 })
