@@ -22,7 +22,9 @@ export default defineConfig({
     pool: 'forks',
     projects: [
       { extends: true, test: { name: 'in-process', include: ['test/**/*.test.ts'], exclude: processFiles } },
-      { extends: true, test: { name: 'process', include: processFiles } },
+      // and dist/ compiled once before its files run (test/helpers/build-dist.ts; added to the global setup
+      // above, which runs only for a project with a test file in the run)
+      { extends: true, test: { name: 'process', include: processFiles, globalSetup: ['test/helpers/build-dist.ts'] } },
     ],
   },
 })

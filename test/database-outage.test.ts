@@ -1,10 +1,9 @@
 // The compiled `serve` as a child process on Postgres, through database outages: backends terminated
 // and connections cut (FIN and RST) under load, and a start while Postgres cannot be reached. The
 // process must stay up, keep every delivery it answered 200, answer 503 otherwise, and heal by itself.
-import { type ChildProcess, execFileSync } from 'node:child_process'
+import type { ChildProcess } from 'node:child_process'
 import { once } from 'node:events'
 import { randomBytes } from 'node:crypto'
-import path from 'node:path'
 import { sql } from 'kysely'
 import pg from 'pg'
 import { afterAll, beforeAll, expect, it } from 'vitest'
@@ -14,7 +13,6 @@ import { TEST_API_KEY_ID, TEST_API_SECRET, TEST_WEBHOOK_SECRET } from './helpers
 import { createTestDatabase, describePostgres, postgresUrl, type TestDatabase } from './helpers/test-database.js'
 import { signBody, tradePayload } from './helpers/webhook-delivery.js'
 
-const root = path.resolve(import.meta.dirname, '..')
 const ORDERS = 4_000
 
 /** A running child with every stdout line kept (parsed when it is JSON) and its exit watched. */
@@ -81,8 +79,7 @@ describePostgres('the compiled serve through database outages (Postgres)', () =>
   const proxies: TcpProxy[] = []
 
   beforeAll(async () => {
-    // the process under test is the one the image runs: dist/, built as `npm run build` builds it
-    execFileSync(process.execPath, [path.join(root, 'node_modules/typescript/bin/tsc'), '-p', 'tsconfig.build.json'], { cwd: root })
+    // the process under test is the one the image runs: dist/, built once for the process tests (helpers/build-dist.ts)
     database = await createTestDatabase()
     await sql`insert into orders (external_reference) select 'outage-' || g from generate_series(0, ${ORDERS - 1}) g`.execute(database.db)
   }, 180_000)

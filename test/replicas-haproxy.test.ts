@@ -101,7 +101,6 @@ describeReplicas('three replicas behind HAProxy: a kill and a rolling restart un
 
   beforeAll(async () => {
     if (!haproxyInstalled) throw new Error(`${HAPROXY} is required in CI: .ci/run installs Debian's haproxy package`)
-    if (!existsSync(path.join(root, 'dist/src/cli.js'))) throw new Error('dist/ is missing: run `npm run build` first')
     database = await createTestDatabase()
     schema = new URL(database.url!).searchParams.get('options')!.replace('-c search_path=', '')
     // every claim of an order's poll lease and of a reaction job's lease, by whom, over which lease
