@@ -2,7 +2,8 @@
 //   bare     Express 5 answering 200 (the framework's limit)
 //   minimal  raw body, HMAC check, one INSERT ... ON CONFLICT DO NOTHING (the least a durable receiver does)
 //   full     the real service's app: verify, dedup, apply, history, logging on (to /dev/null)
-//   receiver the far end of the forwarder: reads each request and answers 204 (a partner's fast endpoint)
+//   receiver the far end of the forwarder: reads each request and answers 204 (a partner's fast endpoint),
+//            on node:http alone
 // Prints {"port":N} on stdout once listening.
 import { createHmac, timingSafeEqual } from 'node:crypto'
 import express from 'express'
@@ -33,12 +34,15 @@ async function main(): Promise<void> {
     })
     app = bare
   } else if (kind === 'receiver') {
-    const receiver = express()
-    receiver.post('/forward', (req, res) => {
+    // node:http without Express: it stands for a system on another machine, so it takes as little as it can
+    // of the two cores the service shares with it
+    app = (req, res) => {
       req.resume()
-      req.once('end', () => res.status(204).end())
-    })
-    app = receiver
+      req.once('end', () => {
+        res.statusCode = req.method === 'POST' && req.url === '/forward' ? 204 : 404
+        res.end()
+      })
+    }
   } else if (kind === 'minimal') {
     const pool = new pg.Pool({ connectionString: databaseUrl, max: poolSize })
     const minimal = express()

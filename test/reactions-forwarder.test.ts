@@ -1,6 +1,7 @@
 // The built-in forwarder against a real local HTTP receiver, its requests verified with the
 // `standardwebhooks` package (the specification's reference library for JavaScript, not our code).
 import { randomBytes } from 'node:crypto'
+import { getEventListeners } from 'node:events'
 import http from 'node:http'
 import type { AddressInfo } from 'node:net'
 import { Webhook, WebhookVerificationError } from 'standardwebhooks'
@@ -218,6 +219,23 @@ describe('the forwarder', () => {
     controller.abort(new Error('shutting down'))
 
     expect(await failure).toMatchObject({ code: 'forward_aborted' })
+  })
+
+  it('ends every attempt: nothing left listening on the handler’s signal, connections kept alive', async () => {
+    // every third answer a 500 with a body of 100 kB, which the forwarder drains and does not read
+    const target = await receiver((_request, count) => (count % 3 === 0 ? { status: 500, body: 'x'.repeat(100_000) } : 204))
+    const forward = createForwarder({ url: target.url, secret: SECRET, timeoutMs: 5_000 })
+    const signal = new AbortController().signal
+    for (let sequence = 1; sequence <= 12; sequence++) {
+      await forward({ ...event, sequence }, context({ signal })).catch((error: unknown) => {
+        expect(error).toMatchObject({ code: 'forward_failed', status: 500 })
+      })
+    }
+    expect(target.received).toHaveLength(12)
+    expect(getEventListeners(signal, 'abort')).toHaveLength(0)
+    // an attempt's end aborts its own request's signal, after the answer is drained: the connections stay open
+    // (undici's pool opens a second one on the second request, then takes turns)
+    expect(target.connections).toBeLessThanOrEqual(2)
   })
 
   it('throws forward_unreachable when nothing listens, naming the receiver by origin only', async () => {

@@ -10,7 +10,6 @@
 // ForwardError, and the dispatcher retries the job. No error or log line holds the body, the secret or
 // the signature.
 import { createHmac } from 'node:crypto'
-import { anySignal } from 'any-signal'
 import { Pool } from 'undici'
 import { type Clock, systemClock } from '../clock.js'
 import type { Logger } from '../logger.js'
@@ -70,7 +69,7 @@ export interface ForwarderOptions {
   url: string
   /** FORWARD_SECRET, `whsec_<base64>` */
   secret: string
-  /** Per attempt: from sending the request to its answer's status line. */
+  /** Per attempt: from sending the request to the end of its answer (a body is drained, not read). */
   timeoutMs: number
   /** Sends through this fetch instead of undici's connection pool (whose requests cost a fraction of fetch's CPU). */
   fetch?: typeof fetch
@@ -123,21 +122,24 @@ export function createForwarder({
         'reaction forwarded',
       )
     }
-    const sent = post(target, headers, body, signal)
-    // the timer runs on the injected clock, so a test can time an attempt out without waiting. One
-    // controller an attempt, to end the timer: three signals and AbortSignal.any took about 25 µs of an
-    // attempt's 90-130 µs of CPU (bench/results/latest.md)
-    const finished = new AbortController()
+    // one controller an attempt ends its request: the handler's signal (lease ended, shutdown) or the
+    // timeout aborts it, and the attempt's end stops the timer. The timer runs on the injected clock, so a
+    // test can time an attempt out without waiting. (Three controllers an attempt and a signal combining two of
+    // them cost 105-121 µs of CPU per forwarded event, against 74-89 µs with one: bench/results/latest.md)
+    const attemptEnd = new AbortController()
+    const onAbort = () => attemptEnd.abort(signal.reason)
+    if (signal.aborted) onAbort()
+    else signal.addEventListener('abort', onAbort, { once: true })
     let timedOut = false
-    clock.sleep(timeoutMs, finished.signal).then(
+    clock.sleep(timeoutMs, attemptEnd.signal).then(
       () => {
         timedOut = true
-        sent.cancel()
+        attemptEnd.abort(TIMED_OUT)
       },
       () => {},
     )
     try {
-      const status = await sent.answer
+      const status = await post(target, headers, body, attemptEnd.signal)
       log({ status })
       if (status < 200 || status > 299) {
         const redirect = status >= 300 && status <= 399 ? ' (redirects are not followed)' : ''
@@ -160,60 +162,41 @@ export function createForwarder({
       const message = `the forward receiver ${receiver} is unreachable: ${reason}`
       throw new ForwardError('forward_unreachable', message, undefined, { cause: error })
     } finally {
-      finished.abort(ATTEMPT_ENDED)
+      signal.removeEventListener('abort', onAbort)
+      attemptEnd.abort(ATTEMPT_ENDED)
     }
   }
 }
 
 /**
- * Sends one POST: `answer` resolves to the answer's status once its status line arrived; `cancel` ends the
- * request (the attempt timed out), and `signal` does too. Never follows a redirect.
+ * Sends one POST and resolves to the answer's status once its body is drained; `signal` ends the request
+ * (the attempt timed out, or the handler's signal was aborted). Never follows a redirect.
  */
-type Post = (
-  target: URL,
-  headers: Record<string, string>,
-  body: string,
-  signal: AbortSignal,
-) => { answer: Promise<number>; cancel: () => void }
+type Post = (target: URL, headers: Record<string, string>, body: string, signal: AbortSignal) => Promise<number>
 
 const TIMED_OUT = new Error('the forward attempt timed out')
 
 // undici's connection pool to the receiver's origin, one per forwarder, its connections kept alive: a forwarded
 // event costs about 68 µs of CPU, against 90 µs through node:http's keep-alive agent (bench/results/latest.md).
-// A redirect is an answer like any other, never followed. The answer counts from its status line: its body is
-// not ours to read, and draining it returns the connection to the pool
+// A redirect is an answer like any other, never followed. The answer's body is not ours to read: draining it
+// returns the connection to the pool
 function postWithPool(target: URL): Post {
   const pool = new Pool(target.origin)
-  return (url, headers, body, signal) => {
-    const cancelled = new AbortController()
-    const cancelledOrAborted = anySignal([cancelled.signal, signal])
-    const answer = pool
-      .request({ path: `${url.pathname}${url.search}`, method: 'POST', headers, body, signal: cancelledOrAborted })
-      .then(({ statusCode, body: response }) => {
-        response.dump().catch(() => {})
-        return statusCode
-      })
-      .finally(() => cancelledOrAborted.clear())
-    return { answer, cancel: () => cancelled.abort(TIMED_OUT) }
+  return async (url, headers, body, signal) => {
+    const { statusCode, body: response } = await pool.request({ path: `${url.pathname}${url.search}`, method: 'POST', headers, body, signal })
+    // drained before the attempt ends: its end aborts the signal, which would close a connection still reading
+    await response.dump().catch(() => {})
+    return statusCode
   }
 }
 
 function postWithFetch(fetchImplementation: typeof fetch): Post {
-  return (target, headers, body, signal) => {
-    const timeout = new AbortController()
-    const send = async () => {
-      const timeoutOrAbort = anySignal([timeout.signal, signal])
-      try {
-        // redirect: manual, so a signed event is never sent on to an address nobody configured
-        const response = await fetchImplementation(target, { method: 'POST', headers, body, redirect: 'manual', signal: timeoutOrAbort })
-        // the answer's body is not ours to read; dropping it frees the connection
-        await response.body?.cancel().catch(() => {})
-        return response.status
-      } finally {
-        timeoutOrAbort.clear()
-      }
-    }
-    return { answer: send(), cancel: () => timeout.abort(TIMED_OUT) }
+  return async (target, headers, body, signal) => {
+    // redirect: manual, so a signed event is never sent on to an address nobody configured
+    const response = await fetchImplementation(target, { method: 'POST', headers, body, redirect: 'manual', signal })
+    // the answer's body is not ours to read; dropping it frees the connection
+    await response.body?.cancel().catch(() => {})
+    return response.status
   }
 }
 

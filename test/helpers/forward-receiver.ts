@@ -10,12 +10,14 @@ export interface ReceivedRequest {
   rawBody: string
 }
 
-/** A status, a redirect to a location, or 'hang' (never answer: a timeout or an abort must end it). */
-export type ReceiverAnswer = number | { status: number; location: string } | 'hang'
+/** A status, a redirect to a location, a status with a body, or 'hang' (never answer: a timeout or an abort must end it). */
+export type ReceiverAnswer = number | { status: number; location: string } | { status: number; body: string } | 'hang'
 
 export interface ForwardReceiver {
   url: string
   received: ReceivedRequest[]
+  /** TCP connections the forwarder opened so far. */
+  readonly connections: number
   /** Resolves once `count` requests have arrived (body included). */
   waitFor(count: number): Promise<void>
   close(): Promise<void>
@@ -41,11 +43,19 @@ export async function startForwardReceiver(
       const reply = answer(request, received.length)
       if (reply === 'hang') return
       if (typeof reply === 'number') res.writeHead(reply).end()
-      else res.writeHead(reply.status, { location: reply.location }).end()
+      else if ('location' in reply) res.writeHead(reply.status, { location: reply.location }).end()
+      else res.writeHead(reply.status, { 'content-type': 'text/plain' }).end(reply.body)
     })
+  })
+  let connections = 0
+  server.on('connection', () => {
+    connections += 1
   })
   await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve))
   return {
+    get connections() {
+      return connections
+    },
     url: `http://127.0.0.1:${(server.address() as AddressInfo).port}/hooks/escrow`,
     received,
     waitFor: (count) =>
