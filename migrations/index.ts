@@ -10,6 +10,7 @@ import * as deliveryTradeReference from './0006_delivery_trade_reference.js'
 import * as retention from './0007_retention.js'
 import * as timeOrderedEventIds from './0008_time_ordered_event_ids.js'
 import * as reactionStreams from './0009_reaction_streams.js'
+import * as doneJobsOutOfTheStateIndex from './0010_done_jobs_out_of_the_state_index.js'
 
 export const migrations: Record<string, Migration> = {
   '0001_initial': initial,
@@ -21,4 +22,5 @@ export const migrations: Record<string, Migration> = {
   '0007_retention': retention,
   '0008_time_ordered_event_ids': timeOrderedEventIds,
   '0009_reaction_streams': reactionStreams,
+  '0010_done_jobs_out_of_the_state_index': doneJobsOutOfTheStateIndex,
 }

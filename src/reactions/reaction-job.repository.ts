@@ -460,8 +460,9 @@ export interface ReactionJobFilter {
 
 /**
  * The console's list query itself (exported so a test can EXPLAIN it): newest first, keyset on id (page
- * 1,000 costs what page 1 does). By state through reaction_jobs_state_idx, by handler through
- * reaction_jobs_handler_idx (migrations/0005_console_reaction_indexes.ts).
+ * 1,000 costs what page 1 does). By state through reaction_jobs_state_idx, done jobs excepted (nearly every
+ * row is one: the primary key, backwards), by handler through reaction_jobs_handler_idx
+ * (migrations/0005_console_reaction_indexes.ts, 0010_done_jobs_out_of_the_state_index.ts).
  */
 export function searchJobsQuery(db: Kysely<Database>, filter: ReactionJobFilter, { beforeId, limit }: { beforeId?: string | undefined; limit: number }) {
   let query = jobsWithEvents(db)
