@@ -79,7 +79,7 @@ export function createStreamWorker(deps: StreamWorkerDeps) {
   const { db, name, clock, logger, settings, leaseToken } = deps
   // large enough that a batch's own cost (two statements, a commit) is small beside its events' under a heavy
   // load (dispatcher.ts's gatherMs); a batch reads its events' rows at once, about 0.5 kB each
-  const batchSize = Math.max(256, 8 * settings.concurrency)
+  const batchSize = Math.max(512, 8 * settings.concurrency)
   const leaseMargin = Math.min(5_000, settings.leaseMs / 10)
   let running = 0
   // whether the last read found this process holding the stream's lease
