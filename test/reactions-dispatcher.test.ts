@@ -142,6 +142,39 @@ describe('the reaction dispatcher', () => {
     expect(warnings.filter((warning) => warning.startsWith('MaxListenersExceededWarning'))).toEqual([])
   })
 
+  it('runs more than ten handlers at once under one batch or claim signal without a listener warning', async () => {
+    // a stream's batch gives all its handlers one signal, and a claim all its jobs one: a handler that listens to
+    // it (the forwarder does) puts REACTION_CONCURRENCY listeners on it, past Node's default of 10
+    const orders = 16
+    let started = 0
+    const calls: number[] = []
+    let release: () => void = () => {}
+    let released = new Promise<void>((resolve) => (release = resolve))
+    const warnings = await processWarningsDuring(async () => {
+      const reactions = createReactionRegistry().on('trade.created', 'listening', async (_event, { signal, attempt }) => {
+        const onAbort = () => {}
+        signal.addEventListener('abort', onAbort)
+        started += 1
+        if (started % orders === 0) release()
+        await released
+        signal.removeEventListener('abort', onAbort)
+        calls.push(attempt)
+        // the first attempts throw: their retries come back through the job loop, claimed together
+        if (attempt === 1) throw new Error('not yet')
+      })
+      await streamsNow(reactions)
+      for (let i = 0; i < orders; i++) await transitions(reactions, ['created'])
+      await start(reactions, { concurrency: orders })
+      await eventually(() => calls.length === orders, 'every first attempt ran, all at once')
+      released = new Promise<void>((resolve) => (release = resolve))
+      await idle()
+      await clock.advance(backoffDelayS(1, SETTINGS.backoff, HALF) * 1000)
+      await eventually(() => calls.length === 2 * orders, 'every retry ran, all at once')
+    })
+    expect(calls.filter((attempt) => attempt === 2)).toHaveLength(orders)
+    expect(warnings.filter((warning) => warning.startsWith('MaxListenersExceededWarning'))).toEqual([])
+  })
+
   it('retries a throwing handler after the backoff, fails it after the last attempt, and holds back that order for that handler until retried', async () => {
     let failing = true
     const flakyCalls: { sequence: number; attempt: number }[] = []

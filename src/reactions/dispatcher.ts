@@ -394,6 +394,8 @@ export function createDispatcher(deps: DispatcherDeps): Dispatcher {
     let left = jobs.length
     const timer = new AbortController()
     const abort = new AbortController()
+    // every job of the claim gets this signal, up to REACTION_CONCURRENCY handlers at once, and may listen to it
+    setMaxListeners(0, abort.signal)
     if (first) {
       clock.sleep(Math.max(0, first.leaseExpiresAt.getTime() - leaseMargin - clock.now()), timer.signal).then(
         () => abort.abort(new Error('the job lease is about to end')),

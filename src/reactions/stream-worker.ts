@@ -15,6 +15,7 @@
 // does; the stream reads on. So one stuck call holds back its own order, not the stream.
 // A handler still running shortly before its lease ends is aborted (it counts as a throw). At shutdown the
 // running handlers get the shutdown timeout, then are aborted and their jobs given back (pending, due now).
+import { setMaxListeners } from 'node:events'
 import { anySignal } from 'any-signal'
 import type { Kysely } from 'kysely'
 import type { Clock } from '../clock.js'
@@ -162,6 +163,8 @@ export function createStreamWorker(deps: StreamWorkerDeps) {
 
     // the handlers' abort: shortly before the lease ends, and at shutdown once they had their time
     const abort = new AbortController()
+    // every handler of the batch gets this signal, up to REACTION_CONCURRENCY at once, and may listen to it
+    setMaxListeners(0, abort.signal)
     const timers = new AbortController()
     clock.sleep(Math.max(0, leaseEnd.getTime() - leaseMargin - clock.now()), timers.signal).then(
       () => abort.abort(new Error('the stream lease is about to end')),
