@@ -401,6 +401,15 @@ export interface ReactionJobStats {
  * stream, a removed handler's too.
  */
 export async function reactionJobStats(db: Kysely<Database>, now: Date, handlers?: readonly string[]): Promise<ReactionJobStats> {
+  // one snapshot for the job rows and the streams' backlog: a stream's write-back turns backlog into job rows in
+  // one commit, and read in two statements with that commit between them its events were counted in neither
+  return db
+    .transaction()
+    .setIsolationLevel('repeatable read')
+    .execute((trx) => jobStatsIn(trx, now, handlers))
+}
+
+async function jobStatsIn(db: Kysely<Database>, now: Date, handlers: readonly string[] | undefined): Promise<ReactionJobStats> {
   const rows = await db
     .selectFrom('reactionJobs')
     .select((eb) => ['state', eb.fn.countAll<string>().as('count'), eb.fn.min('createdAt').as('oldest')])
