@@ -121,8 +121,11 @@ describe('the reaction dispatcher', () => {
     expect(shipped).toMatchObject({ attempt: 1, event: { orderId, externalReference: 'notified-1', tradeId: 'trd_notified-1', source: 'api' } })
     expect(shipped.event.eventId).toBe(ledger[1]!.event.eventId)
     // a handler's call is recorded before its job is marked done: wait for every job of both handlers
-    const allDone = async () =>
-      [...(await jobs(orderId, 'ledger')), ...(await jobs(orderId, 'ship-goods'))].every((job) => job.state === 'done')
+    // (all three: before a stream's write-back there are no rows, and every() of none is true)
+    const allDone = async () => {
+      const rows = [...(await jobs(orderId, 'ledger')), ...(await jobs(orderId, 'ship-goods'))]
+      return rows.length === 3 && rows.every((job) => job.state === 'done')
+    }
     await eventually(allDone, 'the jobs are done')
     expect(await jobs(orderId, 'ship-goods')).toMatchObject([{ state: 'done', attempts: 1, leaseToken: null }])
   })
