@@ -46,8 +46,10 @@ export function signStandardWebhook(secret: string, id: string, timestamp: numbe
 const signWithKey = (key: Buffer, id: string, timestamp: number, body: string) =>
   `v1,${createHmac('sha256', key).update(`${id}.${timestamp}.${body}`).digest('base64')}`
 
-// the reason the attempt's timer is stopped with (an abort without one builds a DOMException each time)
+// the reasons an attempt's controller is aborted with (an abort without one builds a DOMException each time):
+// it ended (the timer stops), or it timed out (the request stops)
 const ATTEMPT_ENDED = new Error('the forward attempt ended')
+const TIMED_OUT = new Error('the forward attempt timed out')
 
 export type ForwardErrorCode = 'forward_failed' | 'forward_timeout' | 'forward_unreachable' | 'forward_aborted'
 
@@ -173,8 +175,6 @@ export function createForwarder({
  * (the attempt timed out, or the handler's signal was aborted). Never follows a redirect.
  */
 type Post = (target: URL, headers: Record<string, string>, body: string, signal: AbortSignal) => Promise<number>
-
-const TIMED_OUT = new Error('the forward attempt timed out')
 
 // undici's connection pool to the receiver's origin, one per forwarder, its connections kept alive: a forwarded
 // event costs about 68 µs of CPU, against 90 µs through node:http's keep-alive agent (bench/results/latest.md).

@@ -1,26 +1,17 @@
 // Waiting on reactions in tests that run the service: how many are not done yet.
 import type { Kysely } from 'kysely'
 import type { Database } from '../../src/db/database.js'
-import { reactionStreamBacklog } from '../../src/reactions/reaction-stream.repository.js'
+import { reactionJobStats } from '../../src/reactions/reaction-job.repository.js'
 
 /**
- * Reaction jobs in any state but done (pending, running, failed, skipped), and the events committed that a
- * handler's stream has not taken yet, from one snapshot (as reactionJobStats reads them): counted in two
- * statements with a stream's write-back committed between them, its events were in neither, and the count said
- * 0 with 164 jobs still to run (test/reactions-crash.test.ts failed 4 times in 11).
+ * Reaction jobs pending, running or failed, and the events committed that a handler's stream has not taken
+ * yet: the service's own count (reactionJobStats), which reads them from one snapshot. Counted in two
+ * statements, a stream's write-back committed between them put its events in neither, and the count said 0
+ * with 164 jobs still to run (test/reactions-crash.test.ts failed 4 times in 11).
  */
 export async function unfinishedReactionJobs(db: Kysely<Database>): Promise<number> {
-  return db
-    .transaction()
-    .setIsolationLevel('repeatable read')
-    .execute(async (trx) => {
-      const row = await trx
-        .selectFrom('reactionJobs')
-        .select((eb) => eb.fn.countAll<string>().as('n'))
-        .where('state', '<>', 'done')
-        .executeTakeFirstOrThrow()
-      return Number(row.n) + (await reactionStreamBacklog(trx)).events
-    })
+  const { pending, running, failed } = await reactionJobStats(db, new Date())
+  return pending + running + failed
 }
 
 /**
