@@ -9,8 +9,9 @@
 // - failed: it threw on its last attempt (REACTION_MAX_ATTEMPTS of 1);
 // - pending, due now, attempts 0: not started, or behind an earlier event of its order that has not
 //   succeeded (in this batch, or an unfinished job); the job loop runs it once nothing holds it back.
-// The batch does not wait for a slow handler: when the batch has run for HANDOFF_MS (or the service stops),
-// it is written back as it stands. A handler still running is written as a running job under the stream's
+// The batch does not wait for a slow handler: when none of its handlers has returned for HANDOFF_MS, or it has
+// waited BATCH_MAX_MS, or the service stops, it is written back as it stands (and the next batch sized by what
+// its slots got through: nextBatchLimit). A handler still running is written as a running job under the stream's
 // lease token (what a claim writes), and writes its own outcome to that row when it returns, as a claimed job
 // does; the stream reads on. So one stuck call holds back its own order, not the stream.
 // A handler still running shortly before its lease ends is aborted (it counts as a throw). At shutdown the
@@ -33,8 +34,33 @@ import {
   writeReactionStream,
 } from './reaction-stream.repository.js'
 
-/** How long a batch waits for its handlers before it hands the ones still running to the job loop. */
+/** How long a batch waits with none of its handlers returning before it hands the ones still running to the job loop. */
 export const HANDOFF_MS = 250
+/** The longest a batch waits for its handlers, however many keep returning (less with a lease under 20 s). */
+export const BATCH_MAX_MS = 5_000
+// The share of the batch's longest wait a batch is sized to fill at the last batch's pace (nextBatchLimit)
+const PACE_SHARE = 3 / 4
+
+/**
+ * How many events the next batch reads. Events a batch's slots never reached before it was written back go to
+ * the job loop, which claims each and writes its outcome with statements of its own (at 8 slots and a receiver
+ * answering in 5 ms, a batch that waited 250 ms in all left about 8,800 of 20,000 events to it: bench/forward-drain.ts). So after a batch that its longest wait cut
+ * short with events its slots never reached, the next reads what its slots finished at this batch's pace in
+ * PACE_SHARE of that wait; after a full batch that finished, as many again at most, up to that pace. Not after
+ * one written back only because an order waited behind its own slow call: more slots would not have helped it.
+ */
+export function nextBatchLimit(
+  limit: number,
+  batch: { read: number; mine: number; finished: number; elapsedMs: number; allFinished: boolean; unreached: boolean },
+  bounds: { min: number; max: number; waitMs: number },
+): number {
+  const { read, mine, finished, elapsedMs, allFinished, unreached } = batch
+  if (!(allFinished ? read === limit : unreached)) return limit
+  // events read (of any type) per event of the handler's types, at the pace its slots finished them
+  const paced = mine === 0 ? Infinity : (finished * (read / mine) * bounds.waitMs * PACE_SHARE) / Math.max(1, elapsedMs)
+  const next = allFinished ? Math.min(2 * limit, paced) : paced
+  return Math.max(bounds.min, Math.min(bounds.max, Math.floor(next)))
+}
 
 export interface StreamWorkerDeps {
   db: Kysely<Database>
@@ -81,6 +107,9 @@ export function createStreamWorker(deps: StreamWorkerDeps) {
   // large enough that a batch's own cost (two statements, a commit) is small beside its events' under a heavy
   // load (dispatcher.ts's gatherMs); a batch reads its events' rows at once, about 0.5 kB each
   const batchSize = Math.max(512, 8 * settings.concurrency)
+  const bounds = { min: settings.concurrency, max: batchSize, waitMs: Math.min(BATCH_MAX_MS, settings.leaseMs / 4) }
+  // what the next batch reads (nextBatchLimit): batchSize until a batch's slots fall behind
+  let limit = batchSize
   const leaseMargin = Math.min(5_000, settings.leaseMs / 10)
   let running = 0
   // whether the last read found this process holding the stream's lease
@@ -148,7 +177,8 @@ export function createStreamWorker(deps: StreamWorkerDeps) {
   const batch = async (stopSignal: AbortSignal): Promise<BatchResult> => {
     const started = clock.now()
     const leaseEnd = new Date(started + settings.leaseMs)
-    const read = await readReactionStream(db, { handler: name, leaseToken, now: new Date(started), leaseEnd, limit: batchSize })
+    const asked = limit
+    const read = await readReactionStream(db, { handler: name, leaseToken, now: new Date(started), leaseEnd, limit: asked })
     leased = read.leased
     if (!read.leased || read.events.length === 0) return { full: false, read: 0, withheld: read.withheld, heldUntil: read.heldUntil }
 
@@ -210,10 +240,36 @@ export function createStreamWorker(deps: StreamWorkerDeps) {
       }),
     )
     const handoffOrStop = anySignal([handoff.signal, stopSignal])
-    await Promise.race([all, clock.sleep(HANDOFF_MS, handoffOrStop).catch(() => {})])
+    const runFrom = clock.now()
+    // written back when every handler returned, or none did for HANDOFF_MS, or after the longest wait
+    const stalledOrCut = async () => {
+      for (let returned = -1; returned < results.size; ) {
+        returned = results.size
+        const left = bounds.waitMs - (clock.now() - runFrom)
+        if (left <= 0) return
+        await clock.sleep(Math.min(HANDOFF_MS, left), handoffOrStop)
+      }
+    }
+    const allFinished = await Promise.race([
+      all.then(() => true),
+      stalledOrCut().then(
+        () => false,
+        () => false,
+      ),
+    ])
     handoff.abort(BATCH_WRITTEN_BACK)
     handoffOrStop.clear()
     writingBack = true
+    if (!stopSignal.aborted) {
+      // an order's first event not done yet that no slot reached (not behind its own failure or slow call)
+      const unreached = [...chains.values()].some((chain) => {
+        if (chain[0]!.held) return false
+        const next = chain.find((entry) => results.get(entry.event.eventId)?.state !== 'done')
+        return next !== undefined && !results.has(next.event.eventId) && !inFlight.has(next.event.eventId)
+      })
+      const finished = results.size
+      limit = nextBatchLimit(asked, { read: read.events.length, mine: mine.length, finished, elapsedMs: clock.now() - runFrom, allFinished, unreached }, bounds)
+    }
 
     // every event of the handler gets its row: its outcome; running (handed off); or pending, due now
     const now = clock.now()
@@ -281,11 +337,15 @@ export function createStreamWorker(deps: StreamWorkerDeps) {
     } else if (outcomes.length > 0) {
       deps.jobsWritten()
     }
-    return { full: read.events.length === batchSize, read: read.events.length, withheld: read.withheld }
+    return { full: read.events.length === asked, read: read.events.length, withheld: read.withheld }
   }
 
   return {
     batch,
+    /** How many events the next batch reads. */
+    get limit() {
+      return limit
+    },
     /** Whether this process held the stream's lease at its last read (and did not lose it writing back). */
     get leased() {
       return leased

@@ -1,0 +1,174 @@
+// A handler stream's batch: it waits while its handlers keep returning (up to BATCH_MAX_MS), and is written back
+// HANDOFF_MS after the last one returned. Its size follows its slots: after a batch cut short with events its
+// slots never reached (those go to the job loop, a statement each), the next reads what the slots finished at
+// that pace in three quarters of the wait; after full batches that finished it grows back, at most doubling.
+// An order waiting behind its own slow call is not the slots' fault and changes nothing. Time is a fake
+// clock: only the test decides when a handler returns and when the wait is over.
+import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest'
+import { applyObservation } from '../src/orders/apply-observation.js'
+import { createSlots } from '../src/reactions/dispatcher.js'
+import type { ReactionHandler } from '../src/reactions/reaction-event.js'
+import { createReactionRegistry } from '../src/reactions/reaction-registry.js'
+import { ensureReactionStreams } from '../src/reactions/reaction-stream.repository.js'
+import { BATCH_MAX_MS, createStreamWorker, HANDOFF_MS, nextBatchLimit } from '../src/reactions/stream-worker.js'
+import { FakeClock } from './helpers/fake-clock.js'
+import { testLogger } from './helpers/log-sink.js'
+import { createOrder } from './helpers/orders.js'
+import { eventually } from './helpers/reconcile-poller.js'
+import { createTestDatabase, type TestDatabase } from './helpers/test-database.js'
+
+const CONCURRENCY = 2
+const SETTINGS = {
+  concurrency: CONCURRENCY,
+  maxAttempts: 3,
+  leaseMs: 60_000,
+  backoff: { baseS: 10, capS: 1_000 },
+  safetyIntervalMs: 30_000,
+  shutdownTimeoutMs: 5_000,
+}
+
+describe('the size of a reaction stream batch', () => {
+  let database: TestDatabase
+  let counter = 0
+
+  beforeAll(async () => {
+    database = await createTestDatabase()
+  })
+  afterEach(async () => {
+    await database.db.deleteFrom('reactionJobs').execute()
+    await database.db.deleteFrom('reactionStreams').execute()
+  })
+  afterAll(async () => {
+    await database.close()
+  })
+
+  /** A handler whose calls return when the test says (or at once, once opened). */
+  const gatedHandler = () => {
+    const waiting: { reference: string; finish: () => void }[] = []
+    let open = false
+    const handler: ReactionHandler = async (event) => {
+      if (open) return
+      await new Promise<void>((finish) => waiting.push({ reference: event.externalReference, finish }))
+    }
+    return {
+      handler,
+      waiting,
+      open: () => {
+        open = true
+        for (const call of waiting.splice(0)) call.finish()
+      },
+    }
+  }
+
+  const setUp = async (handler: ReactionHandler) => {
+    const clock = new FakeClock(Date.now())
+    const reactions = createReactionRegistry().on('trade.*', 'gate', handler)
+    await ensureReactionStreams(database.db, reactions.names, new Date(clock.now()))
+    /** `count` orders created, one event each, committed after the stream's place. */
+    const transitions = async (count: number) => {
+      for (let i = 0; i < count; i++) {
+        const { order } = await createOrder(database.db, { externalReference: `batch-${++counter}` })
+        const result = await applyObservation(
+          database.db,
+          { target: { orderId: order.id }, tradeId: `trd_batch_${counter}`, status: 'created', source: 'api', observedAt: new Date(clock.now()) },
+          { staleAfterS: 3_600, handlersFor: reactions.handlersFor },
+        )
+        expect(result.outcome).toBe('applied')
+      }
+    }
+    const worker = createStreamWorker({
+      db: database.db,
+      name: 'gate',
+      handler,
+      takes: () => true,
+      clock,
+      logger: testLogger(),
+      settings: SETTINGS,
+      leaseToken: 'lease-batches',
+      random: () => 0.5,
+      report: () => {},
+      jobsWritten: () => {},
+      slots: createSlots(CONCURRENCY),
+      describeFailure: String,
+    })
+    const stop = new AbortController()
+    return { clock, transitions, worker, batch: () => worker.batch(stop.signal) }
+  }
+
+  it('waits while its handlers keep returning, reads fewer after its longest wait cut it short, then grows back', async () => {
+    const gate = gatedHandler()
+    const { clock, transitions, worker, batch } = await setUp(gate.handler)
+    await transitions(100)
+
+    // the first batch reads them all; each HANDOFF_MS its two slots finish a call each, so it keeps waiting
+    // until BATCH_MAX_MS: 40 finished, 2 running, 58 never reached
+    const first = batch()
+    for (let waited = 0; waited < BATCH_MAX_MS; waited += HANDOFF_MS) {
+      await eventually(() => gate.waiting.length === CONCURRENCY, 'both slots are busy')
+      for (const call of gate.waiting.splice(0)) call.finish()
+      await eventually(() => gate.waiting.length === CONCURRENCY, 'both slots are busy again')
+      await clock.advance(HANDOFF_MS)
+    }
+    expect(await first).toMatchObject({ read: 100, full: false })
+    // 40 finished in 5 s: 30 (40 × 3/4) in the next batch
+    expect(worker.limit).toBe(30)
+    gate.open()
+    await worker.settled()
+
+    await transitions(100)
+    // full batches that finish in time double, up to what is there
+    expect(await batch()).toMatchObject({ read: 30, full: true })
+    expect(await batch()).toMatchObject({ read: 60, full: true })
+    expect(await batch()).toMatchObject({ read: 10, full: false })
+    // a batch that was not full gives no reason to read more
+    expect(worker.limit).toBe(120)
+    const jobs = await database.db.selectFrom('reactionJobs').select(['state', 'attempts']).where('handler', '=', 'gate').execute()
+    // the first batch's 58 never started went to the job loop (pending, due now); every later one was done in its batch
+    expect(jobs.filter((job) => job.state === 'pending' && job.attempts === 0)).toHaveLength(58)
+    expect(jobs.filter((job) => job.state === 'done')).toHaveLength(40 + CONCURRENCY + 100)
+  })
+
+  it('keeps its size when only an order waiting behind its own slow call held it, HANDOFF_MS after the others returned', async () => {
+    const gate = gatedHandler()
+    const { clock, transitions, worker, batch } = await setUp(gate.handler)
+    await transitions(6)
+    // every order's call but one returns in the first HANDOFF_MS
+    const first = batch()
+    for (let finished = 0; finished < 5; finished++) {
+      await eventually(() => gate.waiting.length > 0, 'a call is waiting')
+      gate.waiting.shift()!.finish()
+    }
+    await eventually(() => gate.waiting.length === 1, 'the last call is running')
+    await clock.advance(HANDOFF_MS)
+    // handlers returned in that wait: the batch waits on
+    await clock.advance(HANDOFF_MS - 1)
+    expect(await Promise.race([first, new Promise((resolve) => setTimeout(resolve, 50, 'waiting'))])).toBe('waiting')
+    // none returned for HANDOFF_MS: written back, the slow call handed off
+    await clock.advance(1)
+    expect(await first).toMatchObject({ read: 6 })
+    expect(worker.limit).toBe(512)
+    const running = await database.db.selectFrom('reactionJobs').select('id').where('handler', '=', 'gate').where('state', '=', 'running').execute()
+    expect(running).toHaveLength(1)
+    gate.open()
+    await worker.settled()
+  })
+})
+
+describe('nextBatchLimit', () => {
+  const bounds = { min: 8, max: 512, waitMs: BATCH_MAX_MS }
+  const cut = { elapsedMs: BATCH_MAX_MS, allFinished: false, unreached: true }
+  it('sizes the batch to the pace of the slots within three quarters of the longest wait', () => {
+    // 8 slots and a receiver answering in 100 ms: 400 of 512 finished when the wait ran out
+    expect(nextBatchLimit(512, { read: 512, mine: 512, finished: 400, ...cut }, bounds)).toBe(300)
+    // the next, 300 finished in 3,750 ms: it stays there rather than doubling
+    expect(nextBatchLimit(300, { read: 300, mine: 300, finished: 300, elapsedMs: 3_750, allFinished: true, unreached: false }, bounds)).toBe(300)
+    // a handler of one type in four: the events read scale with what it takes
+    expect(nextBatchLimit(512, { read: 512, mine: 128, finished: 40, ...cut }, bounds)).toBe(120)
+    // nothing finished: one event a slot
+    expect(nextBatchLimit(512, { read: 512, mine: 512, finished: 0, ...cut }, bounds)).toBe(8)
+    // a fast handler: doubles back to the most a batch reads
+    expect(nextBatchLimit(300, { read: 300, mine: 300, finished: 300, elapsedMs: 3, allFinished: true, unreached: false }, bounds)).toBe(512)
+    // no event of its types: full and finished, doubles
+    expect(nextBatchLimit(64, { read: 64, mine: 0, finished: 0, elapsedMs: 1, allFinished: true, unreached: false }, bounds)).toBe(128)
+  })
+})
