@@ -122,6 +122,7 @@ async function drain(dist: string, concurrency: number, answerMs: number): Promi
       const cpuBefore = cpuMs(child.pid!)
       await receiver.all(backlog)
       const seconds = (performance.now() - receiver.first!) / 1000
+      if (process.env.DRAIN_DEBUG) console.error(`first forward ${new Date(Date.now() - seconds * 1000).toISOString()}, last ${new Date().toISOString()}`)
       const cpu = cpuMs(child.pid!) - cpuBefore
       return {
         dist,
@@ -155,6 +156,10 @@ async function jobRowUpdates(schema: { admin: { query: (text: string, values: un
 
 async function batchesOf(schema: { admin: { query: (text: string) => Promise<{ rows: { at: Date }[] }> }; schema: string }) {
   const { rows } = await schema.admin.query(`select distinct updated_at as at from ${schema.schema}.reaction_jobs where state = 'done' order by 1`)
+  if (process.env.DRAIN_DEBUG) {
+    const detail = await schema.admin.query(`select updated_at as at, count(*)::int as n, count(*) filter (where attempts = 1)::int as a1 from ${schema.schema}.reaction_jobs where state = 'done' group by 1 order by 1`)
+    console.error(detail.rows.map((row) => `${(row as unknown as { at: Date }).at.toISOString().slice(17, 23)} ${(row as unknown as { n: number }).n}`).join('\n'))
+  }
   const gaps = rows.slice(1).map((row, i) => row.at.getTime() - rows[i]!.at.getTime()).sort((a, b) => a - b)
   return { batches: rows.length, medianGapMs: gaps[Math.floor(gaps.length / 2)] ?? 0 }
 }

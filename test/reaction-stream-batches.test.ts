@@ -162,6 +162,8 @@ describe('nextBatchLimit', () => {
     expect(nextBatchLimit(512, { read: 512, mine: 512, finished: 400, ...cut }, bounds)).toBe(300)
     // the next, 300 finished in 3,750 ms: it stays there rather than doubling
     expect(nextBatchLimit(300, { read: 300, mine: 300, finished: 300, elapsedMs: 3_750, allFinished: true, unreached: false }, bounds)).toBe(300)
+    // 300 finished in 4,500 ms, its last orders' events on a few slots: no smaller for that
+    expect(nextBatchLimit(300, { read: 300, mine: 300, finished: 300, elapsedMs: 4_500, allFinished: true, unreached: false }, bounds)).toBe(300)
     // a handler of one type in four: the events read scale with what it takes
     expect(nextBatchLimit(512, { read: 512, mine: 128, finished: 40, ...cut }, bounds)).toBe(120)
     // nothing finished: one event a slot

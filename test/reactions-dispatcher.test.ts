@@ -377,6 +377,45 @@ describe('the reaction dispatcher', () => {
     expect(most).toBe(1)
   })
 
+  it('claims a due job as soon as a stream batch gives back the slot the job loop found taken, with no clock moving', async () => {
+    const calls: { reference: string; attempt: number; finish: () => void }[] = []
+    let failing = true
+    const reactions = createReactionRegistry().on('trade.*', 'gate', async (event, { attempt }) => {
+      if (failing) {
+        calls.push({ reference: event.externalReference, attempt, finish: () => {} })
+        throw new Error('the partner system is down')
+      }
+      await new Promise<void>((finish) => calls.push({ reference: event.externalReference, attempt, finish }))
+    })
+    // one slot, one attempt: the first order's job is failed at once
+    await start(reactions, { concurrency: 1, maxAttempts: 1 })
+    const failedReference = `slot-a-${++counter}`
+    const failedOrder = await transitions(reactions, ['created'], failedReference)
+    await eventually(async () => (await jobs(failedOrder, 'gate'))[0]?.state === 'failed', 'the job is failed')
+    try {
+      // a second order's event: the stream's batch runs it, holding the only slot
+      failing = false
+      const otherReference = `slot-b-${++counter}`
+      await transitions(reactions, ['created'], otherReference)
+      await eventually(() => calls.length === 2, 'the stream runs the second event')
+      // the operator retries the failed job meanwhile: the job loop wakes and finds the slot taken
+      const [failed] = await jobs(failedOrder, 'gate')
+      expect(await retryJob(database.db, failed!.id, new Date(clock.now()))).toEqual({ result: 'retried' })
+      await new Promise((resolve) => setTimeout(resolve, 100))
+      expect(calls).toHaveLength(2)
+      // the batch ends and gives the slot back: the job loop claims the retried job at once
+      calls[1]!.finish()
+      await eventually(() => calls.length === 3, 'the retried job started')
+      // (a retried job starts its attempts afresh)
+      expect(calls[2]).toMatchObject({ reference: failedReference, attempt: 1 })
+      calls[2]!.finish()
+    } finally {
+      // (a call left waiting would hold the dispatcher's stop)
+      for (const call of calls) call.finish()
+    }
+    await eventually(async () => (await jobs(failedOrder, 'gate'))[0]?.state === 'done', 'the retried job is done')
+  })
+
   it('on stop, lets a running handler finish within the timeout, then aborts it and gives its lease back', async () => {
     let signalSeen: AbortSignal | undefined
     const reactions = createReactionRegistry().on('trade.*', 'slow', async (_event, { signal }) => {

@@ -246,11 +246,19 @@ export function createDispatcher(deps: DispatcherDeps): Dispatcher {
     wakeStreams()
   }
 
+  // the job loop's last look found no free slot and claimed nothing
+  let claimSkipped = false
   // handlers running now, the streams' and the claimed jobs' (a finished handler's job may still wait for its
   // write-back, in `running`): at most REACTION_CONCURRENCY in all
-  // a slot a stream's handler gave back may start a claimed job waiting for one
+  // a slot a stream's handler gave back may start a claimed job waiting for one, and wakes a job loop that
+  // found every slot taken and so did not claim (else the jobs due meanwhile would wait for its safety interval)
   const slots = createSlots(settings.concurrency, () => {
-    if (stopping && !stopping.signal.aborted && waiting.length > 0) startWaiting(stopping.signal)
+    if (!stopping || stopping.signal.aborted) return
+    if (waiting.length > 0) startWaiting(stopping.signal)
+    if (claimSkipped) {
+      claimSkipped = false
+      jobWaker.wake()
+    }
   })
   // claimed jobs waiting for a free slot (at most (CLAIM_AHEAD - 1) × concurrency, see above)
   const waiting: { job: ClaimedJob; claim: Claim }[] = []
@@ -494,6 +502,7 @@ export function createDispatcher(deps: DispatcherDeps): Dispatcher {
       try {
         // room for as many as a free slot each, and ahead of the slots while handlers run (see CLAIM_AHEAD)
         const free = settings.concurrency * CLAIM_AHEAD - slots.busy - waiting.length
+        claimSkipped = slots.free === 0
         if (free > 0 && slots.free > 0) {
           const now = new Date(clock.now())
           const { jobs, nextRunAt: nextAfterClaim } = await claimReactionJobsAndNext(db, {

@@ -42,12 +42,13 @@ export const BATCH_MAX_MS = 5_000
 const PACE_SHARE = 3 / 4
 
 /**
- * How many events the next batch reads. Events a batch's slots never reached before it was written back go to
- * the job loop, which claims each and writes its outcome with statements of its own (at 8 slots and a receiver
- * answering in 5 ms, a batch that waited 250 ms in all left about 8,800 of 20,000 events to it: bench/forward-drain.ts). So after a batch that its longest wait cut
- * short with events its slots never reached, the next reads what its slots finished at this batch's pace in
- * PACE_SHARE of that wait; after a full batch that finished, as many again at most, up to that pace. Not after
- * one written back only because an order waited behind its own slow call: more slots would not have helped it.
+ * How many events the next batch reads. Events a batch's slots never reached go to the job loop, which claims
+ * each and writes its outcome with statements of its own: with 8 slots, a receiver answering in 5 ms and a
+ * batch that waited 250 ms in all, about 8,800 of 20,000 events went that way (bench/forward-drain.ts). So
+ * after a batch that its longest wait cut short with events its slots never reached, the next reads what its
+ * slots finished at this batch's pace in PACE_SHARE of that wait. After a full batch that finished, the next
+ * reads more, up to that pace and twice as many at most. Not after one written back only because an order
+ * waited behind its own slow call: more slots would not have helped it.
  */
 export function nextBatchLimit(
   limit: number,
@@ -58,7 +59,9 @@ export function nextBatchLimit(
   if (!(allFinished ? read === limit : unreached)) return limit
   // events read (of any type) per event of the handler's types, at the pace its slots finished them
   const paced = mine === 0 ? Infinity : (finished * (read / mine) * bounds.waitMs * PACE_SHARE) / Math.max(1, elapsedMs)
-  const next = allFinished ? Math.min(2 * limit, paced) : paced
+  // a batch that finished never shrinks the next: its pace counts the end, where the last orders' events run
+  // one after another on a few slots (at 100 ms an answer, shrinking on it spiralled down to 45 events a batch)
+  const next = allFinished ? Math.max(limit, Math.min(2 * limit, paced)) : paced
   return Math.max(bounds.min, Math.min(bounds.max, Math.floor(next)))
 }
 
