@@ -11,7 +11,8 @@
 //
 // When it looks: at once when a stream wrote jobs to run, on a NOTIFY (another replica's commit, an
 // operator's retry or skip; passed in as `listen`), when one of its own handlers finished (a slot is free, and that order's next event may now
-// be claimable), at the earliest future run_at (a backoff ending, a lease running out), and at least
+// be claimable), when a stream's handler gives back a slot after the loop found none free, at the earliest
+// future run_at (a backoff ending, a lease running out), and at least
 // every `safetyIntervalMs` (a notification lost with a connection, another replica's completion).
 //
 // A handler is aborted shortly before its lease ends: past it, another replica may claim the job again.
