@@ -4,7 +4,8 @@
 // receiver in this process that answers 204 after --answer-ms, and REACTION_CONCURRENCY slots. Timed from the
 // first forward to the last new `webhook-id`. Also read: the service's CPU per event, and how many job rows
 // were updated after they were written (a claim or an outcome of the job loop, or a handed-off handler's
-// outcome): 0 when every event was done in its stream batch's one write-back.
+// outcome): 0 when every event was done in its stream batch's one write-back. DRAIN_DEBUG=1 also prints the
+// first and last forward's time and each write-back's time (seconds) and done jobs.
 import { once } from 'node:events'
 import { createServer } from 'node:http'
 import type { AddressInfo } from 'node:net'
