@@ -45,10 +45,11 @@ const PACE_SHARE = 3 / 4
  * How many events the next batch reads. Events a batch's slots never reached go to the job loop, which claims
  * each and writes its outcome with statements of its own: with 8 slots, a receiver answering in 5 ms and a
  * batch that waited 250 ms in all, about 8,500 of 20,000 events went that way (bench/forward-drain.ts). So
- * after a batch that its longest wait cut short with events its slots never reached, the next reads what its
- * slots finished at this batch's pace in PACE_SHARE of that wait. After a full batch that finished, the next
- * reads more, up to that pace and twice as many at most. Not after one written back only because an order
- * waited behind its own slow call: more slots would not have helped it.
+ * after a batch written back (its longest wait over, or none of its handlers returning for HANDOFF_MS) with
+ * events its slots never reached, the next reads what its slots finished at this batch's pace in PACE_SHARE
+ * of the longest wait. After a full batch that finished, the next reads more, up to that pace and twice as
+ * many at most. Not after one written back only because an order waited behind its own slow call: more slots
+ * would not have helped it.
  */
 export function nextBatchLimit(
   limit: number,
