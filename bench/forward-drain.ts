@@ -17,7 +17,8 @@ import { createLogger } from '../src/logger.js'
 import { applyObservation } from '../src/orders/apply-observation.js'
 import { createOrder } from '../src/orders/create-order.js'
 import { FORWARDER_HANDLER } from '../src/reactions/configured-reactions.js'
-import { createBenchSchema } from './ab-rounds.js'
+import { type BenchSchema, createBenchSchema, median } from './ab-rounds.js'
+import { inParallel } from './reactions-bench.js'
 import { cpuMs, startService, stopService } from './service-process.js'
 
 const root = path.resolve(import.meta.dirname, '..')
@@ -85,24 +86,18 @@ async function commitBacklog(url: string, count: number) {
   const database = openDatabase({ databaseUrl: url, poolSize: 8, logger: createLogger({ level: 'silent' }) })
   const settings = { staleAfterS: 21_600, handlersFor: () => [FORWARDER_HANDLER] }
   const orders = Math.ceil(count / STATUSES.length)
-  let next = 0
   try {
-    await Promise.all(
-      Array.from({ length: 8 }, async () => {
-        for (let i = next++; i < orders; i = next++) {
-          const reference = `drain-${i}`
-          const { order } = await createOrder(database.db, { externalReference: reference, now: () => new Date() }, settings)
-          for (const status of STATUSES) {
-            const result = await applyObservation(
-              database.db,
-              { target: { orderId: order.id }, tradeId: `trd-${reference}`, status, source: 'api', observedAt: new Date() },
-              settings,
-            )
-            if (result.outcome !== 'applied') throw new Error(`${reference} → ${status}: ${result.outcome}`)
-          }
-        }
-      }),
-    )
+    await inParallel(Array.from({ length: orders }, (_, i) => `drain-${i}`), 8, async (reference) => {
+      const { order } = await createOrder(database.db, { externalReference: reference, now: () => new Date() }, settings)
+      for (const status of STATUSES) {
+        const result = await applyObservation(
+          database.db,
+          { target: { orderId: order.id }, tradeId: `trd-${reference}`, status, source: 'api', observedAt: new Date() },
+          settings,
+        )
+        if (result.outcome !== 'applied') throw new Error(`${reference} → ${status}: ${result.outcome}`)
+      }
+    })
   } finally {
     await database.close()
   }
@@ -147,22 +142,22 @@ async function drain(dist: string, concurrency: number, answerMs: number): Promi
   }
 }
 
-async function jobRowUpdates(schema: { admin: { query: (text: string, values: unknown[]) => Promise<{ rows: { updates: string }[] }> }; schema: string }) {
-  const { rows } = await schema.admin.query(
+async function jobRowUpdates({ admin, schema }: BenchSchema) {
+  const { rows } = await admin.query<{ updates: string }>(
     `select coalesce(sum(n_tup_upd), 0) as updates from pg_stat_user_tables where schemaname = $1 and relname = 'reaction_jobs'`,
-    [schema.schema],
+    [schema],
   )
   return Number(rows[0]!.updates)
 }
 
-async function batchesOf(schema: { admin: { query: (text: string) => Promise<{ rows: { at: Date }[] }> }; schema: string }) {
-  const { rows } = await schema.admin.query(`select distinct updated_at as at from ${schema.schema}.reaction_jobs where state = 'done' order by 1`)
-  if (process.env.DRAIN_DEBUG) {
-    const detail = await schema.admin.query(`select updated_at as at, count(*)::int as n, count(*) filter (where attempts = 1)::int as a1 from ${schema.schema}.reaction_jobs where state = 'done' group by 1 order by 1`)
-    console.error(detail.rows.map((row) => `${(row as unknown as { at: Date }).at.toISOString().slice(17, 23)} ${(row as unknown as { n: number }).n}`).join('\n'))
-  }
-  const gaps = rows.slice(1).map((row, i) => row.at.getTime() - rows[i]!.at.getTime()).sort((a, b) => a - b)
-  return { batches: rows.length, medianGapMs: gaps[Math.floor(gaps.length / 2)] ?? 0 }
+/** Distinct updated_at among done jobs (one per stream write-back, and one per outcome written apart), and the median gap. */
+async function batchesOf({ admin, schema }: BenchSchema) {
+  const { rows } = await admin.query<{ at: Date; done: number }>(
+    `select updated_at as at, count(*)::int as done from ${schema}.reaction_jobs where state = 'done' group by 1 order by 1`,
+  )
+  if (process.env.DRAIN_DEBUG) console.error(rows.map((row) => `${row.at.toISOString().slice(17, 23)} ${row.done}`).join('\n'))
+  const gaps = rows.slice(1).map((row, i) => row.at.getTime() - rows[i]!.at.getTime())
+  return { batches: rows.length, medianGapMs: gaps.length > 0 ? median(gaps) : 0 }
 }
 
 const results: DrainResult[] = []

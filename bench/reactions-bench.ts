@@ -31,7 +31,7 @@ function percentile(sorted: number[], p: number): number {
 }
 
 /** Runs `work` over `items` with at most `limit` at once. */
-async function inParallel<T>(items: T[], limit: number, work: (item: T) => Promise<void>): Promise<void> {
+export async function inParallel<T>(items: T[], limit: number, work: (item: T) => Promise<void>): Promise<void> {
   let next = 0
   await Promise.all(
     Array.from({ length: limit }, async () => {
