@@ -145,8 +145,6 @@ interface StatementRow {
   outcome: ObservationOutcome | null
   orderId: number | null
   fromStatus: string | null
-  /** Events of the statement that a handler takes (every row tells the same count), when it leaves the NOTIFY to its caller. */
-  enqueued?: number | string | null
 }
 
 /**
@@ -219,10 +217,16 @@ async function runStatement(
   const kinds = new Set(items.map((item) => targetOf(item.observation.target).kind))
   const withDelivery = new Set(items.map((item) => item.delivery !== undefined))
   if (kinds.size !== 1 || withDelivery.size !== 1) throw new Error('one statement takes one kind of target, all with or all without a delivery')
+  // on its own, the statement is its own transaction: the wake comes after its commit, decided here from the
+  // rows it applied (the same statement as with no handler at all); inside an outer transaction the statement
+  // sends the NOTIFY itself, delivered at that commit
+  const notifyInside = db.isTransaction
   let withReactions = false
+  const reacting: boolean[] = []
   const input = items.map(({ observation, delivery }, n) => {
     const target = targetOf(observation.target)
     const handlers = settings.handlersFor(`trade.${observation.status}`)
+    reacting.push(handlers.length > 0)
     if (handlers.length > 0) withReactions = true
     return {
       n,
@@ -242,15 +246,14 @@ async function runStatement(
       raw_body: delivery?.rawBody ?? null,
       body_sha256: delivery?.bodySha256 ?? null,
       // names are [a-z0-9_.-]+ (the registry checks), so a comma joins them unambiguously
-      handlers: handlers.length > 0 ? handlers.join(',') : null,
+      handlers: notifyInside && handlers.length > 0 ? handlers.join(',') : null,
     }
   })
   const [kind] = kinds
   const [hasDelivery] = withDelivery
-  // on its own, the statement is its own transaction: notify after its commit instead of inside it
-  const notifyAfter = withReactions && !db.isTransaction
-  const { rows } = await observationStatement(JSON.stringify(input), kind!, hasDelivery!, withReactions, notifyAfter, settings).execute(db)
-  if (notifyAfter && rows.some((row) => Number(row.enqueued ?? 0) > 0)) {
+  const { rows } = await observationStatement(JSON.stringify(input), kind!, hasDelivery!, withReactions && notifyInside, settings).execute(db)
+  // a transition some handler takes was committed: an applied outcome whose delivery (if any) was new
+  if (withReactions && !notifyInside && rows.some((row) => row.outcome === 'applied' && row.inserted && reacting[row.n])) {
     if (settings.onJobsEnqueued) settings.onJobsEnqueued()
     else notifyDispatchersSoon(db)
   }
@@ -263,8 +266,8 @@ function observationStatement(
   input: string,
   kind: TargetKind,
   withDelivery: boolean,
-  withReactions: boolean,
-  notifyAfter: boolean,
+  /** Inside an outer transaction, with events some handler takes: the statement sends the NOTIFY itself. */
+  notifies: boolean,
   { staleAfterS }: ObservationSettings,
 ): RawBuilder<StatementRow> {
   const releasesLease = kind === 'lease'
@@ -387,23 +390,19 @@ function observationStatement(
         e.event_trade_id, e.order_reference, e.stream_position
       from effective e
       where e.outcome = 'applied'
-      ${withReactions ? sql`returning order_id` : sql``}
+      ${notifies ? sql`returning order_id` : sql``}
     )${
-      withReactions
+      notifies
         ? sql`,
     -- the events some handler takes: the dispatchers read them from the history (their streams), and
     -- are only told that there are some
     jobs as (
       select 1 from history h join effective e on e.id = h.order_id where e.handlers is not null
-    )${
-      notifyAfter
-        ? sql``
-        : sql`,
+    ),
     -- delivered on commit, once per transaction however many rows; a select CTE runs only when used
     notified as (
       select pg_notify('reaction_jobs', '') from (select 1 from jobs limit 1) j
     )`
-    }`
         : sql``
     }
     select i.n,
@@ -419,7 +418,7 @@ function observationStatement(
           : sql`false`
       } as reused,
       d.outcome, d.id as order_id, d.from_status
-      ${withReactions ? (notifyAfter ? sql`, (select count(*) from jobs) as enqueued` : sql`, (select count(*) from notified) as notified`) : sql``}
+      ${notifies ? sql`, (select count(*) from notified) as notified` : sql``}
     from input i left join decision d on d.n = i.n
     order by i.n`
 }
