@@ -43,7 +43,7 @@ export interface RetentionHooks {
 }
 
 export interface ReactionHooks {
-  onAttempt(handler: string, result: AttemptResult): void
+  onAttempt(handler: string, result: AttemptResult, count?: number): void
   onFirstStart(handler: string, latencyS: number): void
 }
 
@@ -283,7 +283,7 @@ export function createMetrics(
         for (const result of ATTEMPT_RESULTS) reactionAttempts.inc({ handler, result }, 0)
       }
       return {
-        onAttempt: (handler, result) => reactionAttempts.inc({ handler, result }),
+        onAttempt: (handler, result, count = 1) => reactionAttempts.inc({ handler, result }, count),
         onFirstStart: (handler, latencyS) => reactionLatency.observe({ handler }, latencyS),
       }
     },

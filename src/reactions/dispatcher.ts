@@ -88,8 +88,8 @@ export interface DispatcherDeps {
   listen?: (channel: string, onNotify: () => void) => Promise<() => Promise<void>>
   /** Jitter source in [0, 1). */
   random?: () => number
-  /** Metrics hooks. */
-  onAttempt?: (handler: string, result: AttemptResult) => void
+  /** Metrics hooks. `count` attempts of `handler` ended with `result` (a stream's batch reports its attempts together). */
+  onAttempt?: (handler: string, result: AttemptResult, count?: number) => void
   /** A first attempt started: seconds since the transition committed. */
   onFirstStart?: (handler: string, latencyS: number) => void
 }
@@ -299,9 +299,9 @@ export function createDispatcher(deps: DispatcherDeps): Dispatcher {
       }
     })
 
-  const report = (handler: string, result: AttemptResult) => {
+  const report = (handler: string, result: AttemptResult, count = 1) => {
     try {
-      deps.onAttempt?.(handler, result)
+      deps.onAttempt?.(handler, result, count)
     } catch (error) {
       logger.warn({ err: error }, 'onAttempt hook threw')
     }

@@ -77,7 +77,8 @@ export interface StreamWorkerDeps {
   settings: DispatcherSettings
   leaseToken: string
   random: () => number
-  report: (handler: string, result: AttemptResult) => void
+  /** Counts `count` attempts of `handler` that ended so (1 when not given). */
+  report: (handler: string, result: AttemptResult, count?: number) => void
   onFirstStart?: ((handler: string, latencyS: number) => void) | undefined
   /** Job rows were written that the job loop may run. */
   jobsWritten: () => void
@@ -293,7 +294,13 @@ export function createStreamWorker(deps: StreamWorkerDeps) {
       else outcomes.push(rowOf(entry, finished))
     }
     // (a handler stopped by the shutdown before it returned made no attempt: pending, due now, as above)
-    for (const finished of results.values()) deps.report(name, resultOf(finished))
+    // counted by result: one metrics update per result a batch, not one per event
+    const counts = new Map<AttemptResult, number>()
+    for (const finished of results.values()) {
+      const result = resultOf(finished)
+      counts.set(result, (counts.get(result) ?? 0) + 1)
+    }
+    for (const [result, count] of counts) deps.report(name, result, count)
     let ids: Map<string, string> | undefined
     try {
       ids = await writeReactionStream(db, {
