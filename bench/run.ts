@@ -16,6 +16,7 @@ import { explainDedupLookups, type GrowthSeed, seedGrowth } from './growth-bench
 import { runPollBench, type PollBenchResult } from './poll-bench.js'
 import { runReactionsBench, type ReactionsBenchResult } from './reactions-bench.js'
 import { cpuMs, peakRssMb, startService } from './service-process.js'
+import { describeBound, type HistogramQuantiles, histogramQuantiles, reactionLatencyBuckets } from './histogram-quantiles.js'
 
 const root = path.resolve(import.meta.dirname, '..')
 const args = process.argv.slice(2)
@@ -42,6 +43,8 @@ const WITH_NOOP_HANDLER = 'full ingest, one reaction handler (in-process no-op)'
 // per run with a handler: the jobs its deliveries enqueued and how many were not done when its load ended
 // (a dispatch that falls behind flatters the ingest rate)
 const handlerBacklog = new Map<LoadResult, { jobs: number; notDone: number; batches: number }>()
+// the no-op handler's commit-to-handler latency during its load run, from the service's own histogram
+const loadLatency = new Map<LoadResult, HistogramQuantiles>()
 
 interface LoadResult {
   name: string
@@ -267,18 +270,21 @@ async function ingestBench({ reactionsOnly = false } = {}): Promise<LoadResult[]
     }
     const measuredNoop = async (makeBody: BodyFactory) => {
       await freshStream('noop')
-      const { child, port } = await startService(url, { orders: orders * rounds * 3, seen: 5000 }, {}, undefined, { noopHandler: true })
+      const { child, port, adminPort } = await startService(url, { orders: orders * rounds * 3, seen: 5000 }, {}, undefined, { noopHandler: true })
       try {
         await warmUp(port, makeBody)
         const cpuBefore = cpuMs(child.pid!)
         const before = await jobCounts('noop')
+        const latencyBefore = await reactionLatencyBuckets(adminPort, 'noop')
         const result = await load(WITH_NOOP_HANDLER, port, makeBody)
+        const latencyAfter = await reactionLatencyBuckets(adminPort, 'noop')
         result.cpuUsPerRequest = Math.round(((cpuMs(child.pid!) - cpuBefore) * 1000) / Math.max(1, result.requests))
         result.peakRssMb = peakRssMb(child.pid!)
         const after = await jobCounts('noop')
         // not done when the load ended: all of them, the warm-up's included (a difference goes negative when
         // the load's first moments finish the warm-up's jobs)
         handlerBacklog.set(result, { jobs: after.jobs - before.jobs, notDone: after.notDone, batches: after.batches - before.batches })
+        loadLatency.set(result, histogramQuantiles(latencyBefore, latencyAfter))
         return result
       } finally {
         child.kill('SIGINT')
@@ -551,6 +557,15 @@ async function main(): Promise<void> {
     const perBatch = backlog && backlog.batches > 0 ? `; ${backlog.batches.toLocaleString('en')} stream batches, ${Math.round((backlog.jobs - backlog.notDone) / backlog.batches)} events each on average` : ''
     const behind = backlog ? ` (jobs not done when the load ended: ${backlog.notDone.toLocaleString('en')} of ${backlog.jobs.toLocaleString('en')}${perBatch})` : ''
     targets.push([target, `${withOne.toFixed(2)} / ${without.toFixed(2)} = ${(withOne / without).toFixed(2)}×${behind}`, withOne >= 0.9 * without ? 'yes' : 'no'])
+    // what a transition waits for its handler while the ingest runs flat out, beside the one-at-a-time figure
+    const latency = loadLatency.get(withHandler)
+    if (latency && latency.samples > 0) {
+      targets.push([
+        'commit-to-handler p99 < 50 ms during that load (no-op handler)',
+        `p50 ${describeBound(latency.p50UpToS, latency)}, p99 ${describeBound(latency.p99UpToS, latency)} (${latency.samples.toLocaleString('en')} transitions; the service's histogram buckets)`,
+        latency.p99UpToS < 0.05 ? 'yes' : 'no',
+      ])
+    }
   }
   if (reactions) {
     const { latency, dispatch } = reactions
