@@ -61,9 +61,9 @@ export async function runReactionsBench(url: string, { quick }: { quick: boolean
         logger,
         listen: database.listen,
         settings: { ...DEFAULT_DISPATCHER_SETTINGS, concurrency: CONCURRENCY, maxAttempts: 10 },
-        onAttempt: (_handler, result) => {
+        onAttempt: (_handler, result, count = 1) => {
           if (result === 'done') {
-            done++
+            done += count
             onDone?.()
           }
         },
