@@ -563,7 +563,8 @@ async function main(): Promise<void> {
       targets.push([
         'commit-to-handler p99 < 50 ms during that load (no-op handler)',
         `p50 ${describeBound(latency.p50UpToS, latency)}, p99 ${describeBound(latency.p99UpToS, latency)} (${latency.samples.toLocaleString('en')} transitions; the service's histogram buckets)`,
-        latency.p99UpToS < 0.05 ? 'yes' : 'no',
+        // (the bucket bound: a p99 in the bucket up to 50 ms is under the target at the histogram's resolution)
+        latency.p99UpToS <= 0.05 ? 'yes' : 'no',
       ])
     }
   }

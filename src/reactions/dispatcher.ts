@@ -217,14 +217,13 @@ const WITHHELD_FIRST_MS = 10
 // After a batch that was not full, the stream reads again GATHER_MS later, and GATHER_PER_EVENT_MS longer for
 // each event that batch read, up to GATHER_MAX_MS (not sooner, however many commits wake it). With a no-op
 // handler at about 2,000 events/s, reading on every wake made batches of a few events, each a read and a
-// write-back commit. Under a heavy load the wait grows, and so do the batches. Batches of at most 64 read every
-// 10 ms cost 14 µs more of the service's and Postgres's CPU per event than up to 256 at most 30 ms apart (about
-// 180 events each at 7,000 a second); those cost 6 µs more of the service's and 3 µs more of Postgres's than up
-// to 512 at most 60 ms apart (291 each at 5,100 a second; bench/ab-cpu.ts, bench/results/latest.md). One
-// transition at a time still waits about GATHER_MS
+// write-back commit. Under a heavy load the wait grows, and so do the batches. The longest wait bounds what a
+// transition waits for its handler under load: at 60 ms, a no-op handler's commit-to-handler p99 was 70-80 ms
+// during a full-speed ingest of 7,500 transitions a second, and 35-45 ms at 20 ms (226 events a batch instead of
+// 338; README.md, Benchmarks). One transition at a time still waits about GATHER_MS
 const GATHER_MS = 10
 const GATHER_PER_EVENT_MS = 1 / 8
-const GATHER_MAX_MS = 60
+const GATHER_MAX_MS = 20
 /** How long the stream waits before its next read, after a batch of `read` events that was not full. */
 const gatherMs = (read: number) => Math.min(GATHER_MAX_MS, GATHER_MS + read * GATHER_PER_EVENT_MS)
 
