@@ -60,7 +60,7 @@ describe('the size of a reaction stream batch', () => {
     }
   }
 
-  const setUp = async (handler: ReactionHandler) => {
+  const setUp = async (handler: ReactionHandler, report: (handler: string, result: string, count?: number) => void = () => {}) => {
     const clock = new FakeClock(Date.now())
     const reactions = createReactionRegistry().on('trade.*', 'gate', handler)
     await ensureReactionStreams(database.db, reactions.names, new Date(clock.now()))
@@ -86,7 +86,7 @@ describe('the size of a reaction stream batch', () => {
       settings: SETTINGS,
       leaseToken: 'lease-batches',
       random: () => 0.5,
-      report: () => {},
+      report,
       jobsWritten: () => {},
       slots: createSlots(CONCURRENCY),
       describeFailure: String,
@@ -126,6 +126,22 @@ describe('the size of a reaction stream batch', () => {
     // the first batch's 58 never started went to the job loop (pending, due now); every later one was done in its batch
     expect(jobs.filter((job) => job.state === 'pending' && job.attempts === 0)).toHaveLength(58)
     expect(jobs.filter((job) => job.state === 'done')).toHaveLength(40 + CONCURRENCY + 100)
+  })
+
+  it('reports every attempt of a batch to the metrics, counted by result', async () => {
+    // a batch reports its attempts together (one call per result): the counts add up to its events
+    const reported = new Map<string, number>()
+    let calls = 0
+    const { transitions, batch } = await setUp(
+      async () => {
+        calls += 1
+        if (calls % 4 === 0) throw new Error('every fourth call fails')
+      },
+      (handler, result, count = 1) => reported.set(`${handler} ${result}`, (reported.get(`${handler} ${result}`) ?? 0) + count),
+    )
+    await transitions(10)
+    expect(await batch()).toMatchObject({ read: 10 })
+    expect(Object.fromEntries(reported)).toEqual({ 'gate done': 8, 'gate retry': 2 })
   })
 
   it('keeps its size when only an order waiting behind its own slow call held it, HANDOFF_MS after the others returned', async () => {
