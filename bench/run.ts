@@ -172,7 +172,7 @@ async function warmUp(port: number, makeBody: WarmedFactory): Promise<void> {
 }
 
 async function measured(kind: string, env: Record<string, string>, name: string, makeBody: BodyFactory, rss = false, dist?: string) {
-  const { child, port } =
+  const server: { child: ChildProcess; port: number; adminPort?: number } =
     kind === 'service'
       ? await startService(
           env.BENCH_DATABASE_URL!,
@@ -181,11 +181,16 @@ async function measured(kind: string, env: Record<string, string>, name: string,
           dist,
         )
       : await startServer(kind, env)
+  const { child, port, adminPort } = server
   try {
     await warmUp(port, makeBody)
     // the server's own CPU per request: unlike req/s, barely moved by what else runs on the machine
     const cpuBefore = cpuMs(child.pid!)
+    // the forwarder's commit-to-handler latency during the load, as the no-op handler's (measuredNoop)
+    const forwards = env.FORWARD_URL !== undefined && adminPort !== undefined
+    const latencyBefore = forwards ? await reactionLatencyBuckets(adminPort, 'forwarder') : []
     const result = await load(name, port, makeBody)
+    if (forwards) loadLatency.set(result, histogramQuantiles(latencyBefore, await reactionLatencyBuckets(adminPort, 'forwarder')))
     result.cpuUsPerRequest = Math.round(((cpuMs(child.pid!) - cpuBefore) * 1000) / Math.max(1, result.requests))
     if (rss) result.peakRssMb = peakRssMb(child.pid!)
     return result
@@ -560,9 +565,11 @@ async function main(): Promise<void> {
     // what a transition waits for its handler while the ingest runs flat out, beside the one-at-a-time figure
     const latency = loadLatency.get(withHandler)
     if (latency && latency.samples > 0) {
+      // a handler behind when the load ended has not started its last events: they are not in the histogram yet
+      const started = backlog ? ` of ${backlog.jobs.toLocaleString('en')}: those whose handler had started when the load ended` : ''
       targets.push([
-        'commit-to-handler p99 < 50 ms during that load (no-op handler)',
-        `p50 ${describeBound(latency.p50UpToS, latency)}, p99 ${describeBound(latency.p99UpToS, latency)} (${latency.samples.toLocaleString('en')} transitions; the service's histogram buckets)`,
+        `commit-to-handler p99 < 50 ms during that load (${scenario === WITH_NOOP_HANDLER ? 'no-op handler' : 'forwarder'})`,
+        `p50 ${describeBound(latency.p50UpToS, latency)}, p99 ${describeBound(latency.p99UpToS, latency)} (${latency.samples.toLocaleString('en')} transitions${started}; the service's histogram buckets)`,
         // (the bucket bound: a p99 in the bucket up to 50 ms is under the target at the histogram's resolution)
         latency.p99UpToS <= 0.05 ? 'yes' : 'no',
       ])
