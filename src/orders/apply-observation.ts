@@ -221,13 +221,11 @@ async function runStatement(
   // rows it applied (the same statement as with no handler at all); inside an outer transaction the statement
   // sends the NOTIFY itself, delivered at that commit
   const notifyInside = db.isTransaction
-  let withReactions = false
   const reacting: boolean[] = []
   const input = items.map(({ observation, delivery }, n) => {
     const target = targetOf(observation.target)
     const handlers = settings.handlersFor(`trade.${observation.status}`)
     reacting.push(handlers.length > 0)
-    if (handlers.length > 0) withReactions = true
     return {
       n,
       target: target.key,
@@ -251,6 +249,7 @@ async function runStatement(
   })
   const [kind] = kinds
   const [hasDelivery] = withDelivery
+  const withReactions = reacting.includes(true)
   const { rows } = await observationStatement(JSON.stringify(input), kind!, hasDelivery!, withReactions && notifyInside, settings).execute(db)
   // a transition some handler takes was committed: an applied outcome whose delivery (if any) was new
   if (withReactions && !notifyInside && rows.some((row) => row.outcome === 'applied' && row.inserted && reacting[row.n])) {
