@@ -31,6 +31,13 @@ export async function reactionLatencyBuckets(adminPort: number, handler: string)
   return parseBuckets(await response.text(), 'reaction_latency_seconds', handler)
 }
 
+/** Runs `work` and gives what `handler`'s reaction_latency_seconds histogram took in meanwhile. */
+export async function reactionLatencyDuring<T>(adminPort: number, handler: string, work: () => Promise<T>): Promise<[T, HistogramQuantiles]> {
+  const before = await reactionLatencyBuckets(adminPort, handler)
+  const result = await work()
+  return [result, histogramQuantiles(before, await reactionLatencyBuckets(adminPort, handler))]
+}
+
 export function histogramQuantiles(before: Buckets, after: Buckets): HistogramQuantiles {
   const earlier = new Map(before)
   const counts = after.map(([bound, count]) => [bound, count - (earlier.get(bound) ?? 0)] as const)

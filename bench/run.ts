@@ -16,7 +16,7 @@ import { explainDedupLookups, type GrowthSeed, seedGrowth } from './growth-bench
 import { runPollBench, type PollBenchResult } from './poll-bench.js'
 import { runReactionsBench, type ReactionsBenchResult } from './reactions-bench.js'
 import { cpuMs, peakRssMb, startService } from './service-process.js'
-import { describeBound, type HistogramQuantiles, histogramQuantiles, reactionLatencyBuckets } from './histogram-quantiles.js'
+import { describeBound, type HistogramQuantiles, reactionLatencyDuring } from './histogram-quantiles.js'
 
 const root = path.resolve(import.meta.dirname, '..')
 const args = process.argv.slice(2)
@@ -43,7 +43,8 @@ const WITH_NOOP_HANDLER = 'full ingest, one reaction handler (in-process no-op)'
 // per run with a handler: the jobs its deliveries enqueued and how many were not done when its load ended
 // (a dispatch that falls behind flatters the ingest rate)
 const handlerBacklog = new Map<LoadResult, { jobs: number; notDone: number; batches: number }>()
-// the no-op handler's commit-to-handler latency during its load run, from the service's own histogram
+// a handler's commit-to-handler latency during its load run (the no-op handler's, the forwarder's), from the
+// service's own histogram
 const loadLatency = new Map<LoadResult, HistogramQuantiles>()
 
 interface LoadResult {
@@ -186,11 +187,11 @@ async function measured(kind: string, env: Record<string, string>, name: string,
     await warmUp(port, makeBody)
     // the server's own CPU per request: unlike req/s, barely moved by what else runs on the machine
     const cpuBefore = cpuMs(child.pid!)
+    const run = () => load(name, port, makeBody)
     // the forwarder's commit-to-handler latency during the load, as the no-op handler's (measuredNoop)
     const forwards = env.FORWARD_URL !== undefined && adminPort !== undefined
-    const latencyBefore = forwards ? await reactionLatencyBuckets(adminPort, 'forwarder') : []
-    const result = await load(name, port, makeBody)
-    if (forwards) loadLatency.set(result, histogramQuantiles(latencyBefore, await reactionLatencyBuckets(adminPort, 'forwarder')))
+    const [result, latency] = forwards ? await reactionLatencyDuring(adminPort, 'forwarder', run) : [await run(), undefined]
+    if (latency) loadLatency.set(result, latency)
     result.cpuUsPerRequest = Math.round(((cpuMs(child.pid!) - cpuBefore) * 1000) / Math.max(1, result.requests))
     if (rss) result.peakRssMb = peakRssMb(child.pid!)
     return result
@@ -280,16 +281,14 @@ async function ingestBench({ reactionsOnly = false } = {}): Promise<LoadResult[]
         await warmUp(port, makeBody)
         const cpuBefore = cpuMs(child.pid!)
         const before = await jobCounts('noop')
-        const latencyBefore = await reactionLatencyBuckets(adminPort, 'noop')
-        const result = await load(WITH_NOOP_HANDLER, port, makeBody)
-        const latencyAfter = await reactionLatencyBuckets(adminPort, 'noop')
+        const [result, latency] = await reactionLatencyDuring(adminPort, 'noop', () => load(WITH_NOOP_HANDLER, port, makeBody))
         result.cpuUsPerRequest = Math.round(((cpuMs(child.pid!) - cpuBefore) * 1000) / Math.max(1, result.requests))
         result.peakRssMb = peakRssMb(child.pid!)
         const after = await jobCounts('noop')
         // not done when the load ended: all of them, the warm-up's included (a difference goes negative when
         // the load's first moments finish the warm-up's jobs)
         handlerBacklog.set(result, { jobs: after.jobs - before.jobs, notDone: after.notDone, batches: after.batches - before.batches })
-        loadLatency.set(result, histogramQuantiles(latencyBefore, latencyAfter))
+        loadLatency.set(result, latency)
         return result
       } finally {
         child.kill('SIGINT')
