@@ -11,6 +11,7 @@ import * as retention from './0007_retention.js'
 import * as timeOrderedEventIds from './0008_time_ordered_event_ids.js'
 import * as reactionStreams from './0009_reaction_streams.js'
 import * as doneJobsOutOfTheStateIndex from './0010_done_jobs_out_of_the_state_index.js'
+import * as reactionStreamBatches from './0011_reaction_stream_batches.js'
 
 export const migrations: Record<string, Migration> = {
   '0001_initial': initial,
@@ -23,4 +24,5 @@ export const migrations: Record<string, Migration> = {
   '0008_time_ordered_event_ids': timeOrderedEventIds,
   '0009_reaction_streams': reactionStreams,
   '0010_done_jobs_out_of_the_state_index': doneJobsOutOfTheStateIndex,
+  '0011_reaction_stream_batches': reactionStreamBatches,
 }

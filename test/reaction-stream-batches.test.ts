@@ -15,6 +15,7 @@ import { FakeClock } from './helpers/fake-clock.js'
 import { testLogger } from './helpers/log-sink.js'
 import { createOrder } from './helpers/orders.js'
 import { eventually } from './helpers/reconcile-poller.js'
+import { reactionRecords } from './helpers/reaction-jobs.js'
 import { createTestDatabase, type TestDatabase } from './helpers/test-database.js'
 
 const CONCURRENCY = 2
@@ -36,6 +37,7 @@ describe('the size of a reaction stream batch', () => {
   })
   afterEach(async () => {
     await database.db.deleteFrom('reactionJobs').execute()
+    await database.db.deleteFrom('reactionStreamBatches').execute()
     await database.db.deleteFrom('reactionStreams').execute()
   })
   afterAll(async () => {
@@ -122,7 +124,7 @@ describe('the size of a reaction stream batch', () => {
     expect(await batch()).toMatchObject({ read: 10, full: false })
     // a batch that was not full gives no reason to read more
     expect(worker.limit).toBe(120)
-    const jobs = await database.db.selectFrom('reactionJobs').select(['state', 'attempts']).where('handler', '=', 'gate').execute()
+    const jobs = await reactionRecords(database.db, 'gate')
     // the first batch's 58 never started went to the job loop (pending, due now); every later one was done in its batch
     expect(jobs.filter((job) => job.state === 'pending' && job.attempts === 0)).toHaveLength(58)
     expect(jobs.filter((job) => job.state === 'done')).toHaveLength(40 + CONCURRENCY + 100)

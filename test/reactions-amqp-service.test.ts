@@ -12,6 +12,7 @@ import { testLogger } from './helpers/log-sink.js'
 import { startTcpProxy, type TcpProxy } from './helpers/tcp-proxy.js'
 import { TEST_API_SECRET, TEST_WEBHOOK_SECRET, testConfig } from './helpers/test-config.js'
 import { createTestDatabase, postgresUrl, type TestDatabase } from './helpers/test-database.js'
+import { reactionRecords } from './helpers/reaction-jobs.js'
 import { signBody, tradePayload } from './helpers/webhook-delivery.js'
 
 const ORDERS = 20
@@ -126,14 +127,10 @@ describeRabbitMq('RabbitMQ publishing in the service (RabbitMQ)', () => {
         `${consumer.received.length} messages received once it was back, ${firstDeliveries.size} distinct\n`,
     )
     // every amqp job ends done
-    const states = await db
-      .selectFrom('reactionJobs')
-      .select(['state'])
-      .where('handler', '=', AMQP_HANDLER)
-      .execute()
+    const states = await reactionRecords(db, AMQP_HANDLER)
     for (let waited = 0; states.some((job) => job.state !== 'done') && waited < 30_000; waited += 50) {
       await new Promise((resolve) => setTimeout(resolve, 50))
-      states.splice(0, states.length, ...(await db.selectFrom('reactionJobs').select(['state']).where('handler', '=', AMQP_HANDLER).execute()))
+      states.splice(0, states.length, ...(await reactionRecords(db, AMQP_HANDLER)))
     }
     expect(states.map((job) => job.state)).toEqual(history.map(() => 'done'))
     await service.stop()

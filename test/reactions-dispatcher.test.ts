@@ -18,6 +18,7 @@ import { backoffDelayS } from '../src/reconcile/backoff-delay.js'
 import { FakeClock } from './helpers/fake-clock.js'
 import { processWarningsDuring } from './helpers/process-warnings.js'
 import { testLogger } from './helpers/log-sink.js'
+import { reactionRecords } from './helpers/reaction-jobs.js'
 import { eventually } from './helpers/reconcile-poller.js'
 import { createTestDatabase, describePostgres, type TestDatabase } from './helpers/test-database.js'
 
@@ -48,6 +49,7 @@ describe('the reaction dispatcher', () => {
     await dispatcher?.stop()
     dispatcher = undefined
     await database.db.deleteFrom('reactionJobs').execute()
+    await database.db.deleteFrom('reactionStreamBatches').execute()
     await database.db.deleteFrom('reactionStreams').execute()
   })
   afterAll(async () => {
@@ -85,14 +87,20 @@ describe('the reaction dispatcher', () => {
     return order.id
   }
 
-  const jobs = (orderId: number, handler: string) =>
-    database.db
+  // the order's jobs of a handler by sequence: the rows, and the events done on their first attempt (no row:
+  // recorded with their stream batch, id null)
+  const jobs = async (orderId: number, handler: string) => {
+    const rows = await database.db
       .selectFrom('reactionJobs')
       .select(['id', 'sequence', 'state', 'attempts', 'runAt', 'lastError', 'leaseToken'])
       .where('orderId', '=', orderId)
       .where('handler', '=', handler)
-      .orderBy('sequence')
       .execute()
+    const firstAttempts = (await reactionRecords(database.db, handler))
+      .filter((record) => record.orderId === orderId && record.attempts === 1 && !rows.some((row) => row.sequence === record.sequence))
+      .map(({ sequence }) => ({ id: null, sequence, state: 'done', attempts: 1, runAt: null, lastError: null, leaseToken: null }))
+    return [...rows, ...firstAttempts].sort((a, b) => a.sequence - b.sequence)
+  }
 
   /** The streams begin here: the transitions committed from now on are theirs, even before the dispatcher starts. */
   const streamsNow = (reactions: ReactionRegistry) => ensureReactionStreams(database.db, reactions.names, new Date(clock.now()))
@@ -196,7 +204,7 @@ describe('the reaction dispatcher', () => {
 
     await eventually(async () => (await jobs(orderId, 'flaky')).length === 2 && (await jobs(orderId, 'flaky'))[0]!.attempts === 1, 'the first attempt failed')
     let [first, second] = await jobs(orderId, 'flaky')
-    expect(new Date(first!.runAt).getTime()).toBe(startedAt + backoffDelayS(1, SETTINGS.backoff, HALF) * 1000)
+    expect(new Date(first!.runAt!).getTime()).toBe(startedAt + backoffDelayS(1, SETTINGS.backoff, HALF) * 1000)
     expect(first!.lastError).toBe('Error: the partner system is down (attempt 1)')
     // the later event waits behind it, untouched; the other handler is not held back
     expect(second).toMatchObject({ state: 'pending', attempts: 0 })
@@ -226,7 +234,7 @@ describe('the reaction dispatcher', () => {
 
     // the operator retries it once the partner system is back: both run, in order
     failing = false
-    expect(await retryJob(database.db, first!.id, new Date(clock.now()))).toEqual({ result: 'retried' })
+    expect(await retryJob(database.db, first!.id!, new Date(clock.now()))).toEqual({ result: 'retried' })
     await eventually(async () => (await jobs(orderId, 'flaky')).every((job) => job.state === 'done'), 'both jobs are done')
     expect(flakyCalls.slice(3)).toEqual([
       { sequence: 1, attempt: 1 },
@@ -246,10 +254,10 @@ describe('the reaction dispatcher', () => {
     await idle()
     expect(calls).toEqual([1])
     const [failed] = await jobs(orderId, 'picky')
-    expect(await skipJob(database.db, failed!.id, new Date(clock.now()))).toEqual({ result: 'skipped' })
+    expect(await skipJob(database.db, failed!.id!, new Date(clock.now()))).toEqual({ result: 'skipped' })
     await eventually(async () => (await jobs(orderId, 'picky')).filter((job) => job.state === 'done').length === 2, 'the rest ran')
     expect(calls).toEqual([1, 2, 3])
-    expect(await skipJob(database.db, failed!.id, new Date(clock.now()))).toEqual({ result: 'not_allowed', state: 'skipped' })
+    expect(await skipJob(database.db, failed!.id!, new Date(clock.now()))).toEqual({ result: 'not_allowed', state: 'skipped' })
     expect(await retryJob(database.db, '999999999', new Date(clock.now()))).toEqual({ result: 'not_found' })
   })
 
@@ -400,7 +408,7 @@ describe('the reaction dispatcher', () => {
       await eventually(() => calls.length === 2, 'the stream runs the second event')
       // the operator retries the failed job meanwhile: the job loop wakes and finds the slot taken
       const [failed] = await jobs(failedOrder, 'gate')
-      expect(await retryJob(database.db, failed!.id, new Date(clock.now()))).toEqual({ result: 'retried' })
+      expect(await retryJob(database.db, failed!.id!, new Date(clock.now()))).toEqual({ result: 'retried' })
       await new Promise((resolve) => setTimeout(resolve, 100))
       expect(calls).toHaveLength(2)
       // the batch ends and gives the slot back: the job loop claims the retried job at once

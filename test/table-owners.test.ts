@@ -27,7 +27,14 @@ const OWNERS: Record<string, { owner: string[]; alsoReadBy?: Record<string, stri
     // a stream's batch writes its events' jobs in the statement that moves the stream on
     owner: ['src/reactions/reaction-job.repository.ts', 'src/reactions/reaction-stream.repository.ts'],
   },
-  reaction_streams: { owner: ['src/reactions/reaction-stream.repository.ts'] },
+  reaction_streams: {
+    owner: ['src/reactions/reaction-stream.repository.ts'],
+    alsoReadBy: { 'src/reactions/reaction-job.repository.ts': "an event's first attempt is found in its handler's stream batches" },
+  },
+  reaction_stream_batches: {
+    // a stream's write-back records its first attempts that succeeded; the operator's views read them
+    owner: ['src/reactions/reaction-stream.repository.ts', 'src/reactions/reaction-job.repository.ts'],
+  },
   reconcile_runs: { owner: ['src/reconcile/reconcile-run.repository.ts'] },
 }
 

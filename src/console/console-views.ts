@@ -481,7 +481,10 @@ function reactionLinks(jobs: EventReaction[]): Html {
   if (jobs.length === 0) return html`—`
   return html`${jobs.map(
     (job, index) =>
-      html`${index > 0 ? ', ' : ''}<a href="${reactionPath(job.id)}">${job.handler}</a> <span class="outcome ${job.state}">${job.state}</span>`,
+      html`${index > 0 ? ', ' : ''}${
+        // handled on its first attempt: no job row, nothing to open
+        job.id === null ? job.handler : html`<a href="${reactionPath(job.id)}">${job.handler}</a>`
+      } <span class="outcome ${job.state}">${job.state}</span>`,
   )}`
 }
 
@@ -501,7 +504,7 @@ export function reactionsPage(
   <label>Handler <input name="handler" value="${filter.handler ?? ''}"></label>
   <button type="submit">Search</button>
 </form>
-<p class="hint">One job per (status change, handler), newest first. A failed job holds back its order's later events for its handler until it is retried or skipped.</p>
+<p class="hint">The jobs of (status change, handler) that needed more than one look, newest first: a retry, a dead letter, an event held back, a handler that ran long, and the operator's actions. A change its handler took on the first attempt leaves no job: it shows as done on its order's page and in <code>reactions list --state done</code>. A failed job holds back its order's later events for its handler until it is retried or skipped.</p>
 ${failed > 0 ? html`<p class="actions"><a href="${CONSOLE_PATH}/reactions/retry-failed">Retry every failed reaction (${failed})…</a></p>` : ''}
 ${
   jobs.length === 0

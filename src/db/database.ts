@@ -81,6 +81,20 @@ export interface ReactionStreamsTable {
   updatedAt: GeneratedTimestamp
 }
 
+/** A stream batch and the events its handler took on their first attempt (migrations/0011). */
+export interface ReactionStreamBatchesTable {
+  id: GeneratedAlways<string>
+  handler: string
+  /** The stream's place after the batch; xid8 as text. */
+  toPosition: string
+  toHistoryId: string
+  /** History ids of the events done on their first attempt. */
+  done: string[]
+  /** How many (done.length). */
+  events: number
+  finishedAt: Timestamp
+}
+
 /** One (event, handler): see src/reactions/reaction-job.repository.ts. */
 export interface ReactionJobsTable {
   id: GeneratedAlways<string>
@@ -125,5 +139,6 @@ export interface Database {
   reconcileRuns: ReconcileRunsTable
   reactionJobs: ReactionJobsTable
   reactionStreams: ReactionStreamsTable
+  reactionStreamBatches: ReactionStreamBatchesTable
   retentionProgress: RetentionProgressTable
 }

@@ -299,16 +299,127 @@ function toJob(row: JobRow): ReactionJob {
   }
 }
 
+/** A job in the operator's list; id null: an event its handler took on the first attempt (no job row). */
+export type ListedJob = Omit<ReactionJob, 'id'> & { id: string | null }
+
 export async function listJobs(
   db: Kysely<Database>,
   { state, handler, limit = 100 }: { state?: ReactionJobState; handler?: string; limit?: number } = {},
-): Promise<ReactionJob[]> {
+): Promise<ListedJob[]> {
   let query = jobsWithEvents(db)
   if (state) query = query.where('job.state', '=', state)
   if (handler) query = query.where('job.handler', '=', handler)
   // newest first: what an operator looks at is what just happened
-  const rows = await query.orderBy('job.id', 'desc').limit(limit).execute()
-  return rows.map(toJob)
+  const rows: ListedJob[] = (await query.orderBy('job.id', 'desc').limit(limit).execute()).map(toJob)
+  if (state !== undefined && state !== 'done') return rows
+  // the done first attempts are listed beside the rows, the latest change of each first
+  const firstAttempts = await listFirstAttemptsDone(db, { handler, limit })
+  const changed = (job: ListedJob) => (job.finishedAt ?? job.updatedAt).getTime()
+  return [...rows, ...firstAttempts].sort((a, b) => changed(b) - changed(a)).slice(0, limit)
+}
+
+// --- the record of first attempts that succeeded (migrations/0011_reaction_stream_batches.ts) ---
+// A stream batch writes no job row for an event its handler took on the first attempt: the batch's row holds
+// the event's history id. Such an event is done, after one attempt, when its batch was written back. A job
+// row of the same (event, handler), where one exists, is the record instead (an operator's action on it).
+
+/** The events handled on their first attempt in the newest `limit` batches (of `handler`), newest first. */
+export async function listFirstAttemptsDone(
+  db: Kysely<Database>,
+  { handler, limit }: { handler?: string | undefined; limit: number },
+): Promise<ListedJob[]> {
+  const ofHandler = handler === undefined ? sql`` : sql`where handler = ${handler}`
+  const { rows } = await sql<FirstAttemptRow>`
+    select h.event_id, h.order_id, h.external_reference, h.to_status, h.sequence, b.handler, h.recorded_at, b.finished_at
+    from (select id, handler, done, finished_at from reaction_stream_batches ${ofHandler} order by id desc limit ${limit}) b
+    cross join lateral unnest(b.done) with ordinality as d(history_id, n)
+    join order_status_history h on h.id = d.history_id
+    where not exists (select 1 from reaction_jobs j where j.event_id = h.event_id and j.handler = b.handler)
+    order by b.id desc, d.n desc
+    limit ${limit}`.execute(db)
+  return rows.map(firstAttemptJob)
+}
+
+interface FirstAttemptRow {
+  eventId: string
+  orderId: number
+  externalReference: string | null
+  toStatus: string
+  sequence: number | null
+  handler: string
+  recordedAt: Date | string
+  finishedAt: Date | string
+}
+
+function firstAttemptJob(row: FirstAttemptRow): ListedJob {
+  const finishedAt = new Date(row.finishedAt)
+  return {
+    id: null,
+    eventId: row.eventId,
+    orderId: row.orderId,
+    externalReference: row.externalReference,
+    type: `trade.${row.toStatus}`,
+    sequence: row.sequence ?? 0,
+    handler: row.handler,
+    state: 'done',
+    attempts: 1,
+    runAt: finishedAt,
+    leaseExpiresAt: null,
+    lastError: null,
+    createdAt: new Date(row.recordedAt),
+    updatedAt: finishedAt,
+    finishedAt,
+  }
+}
+
+/**
+ * The done first attempts of these events, by handler: for each event and each handler's stream, the first
+ * batch whose place is at or after the event's (one probe of reaction_stream_batches_place_idx) holds it
+ * when its handler took it on the first attempt.
+ */
+export function firstAttemptsOfEventsQuery(eventIds: readonly string[]) {
+  return sql<{ eventId: string; handler: string }>`
+    select h.event_id, s.handler
+    from order_status_history h
+    cross join reaction_streams s
+    cross join lateral (
+      select b.done from reaction_stream_batches b
+      where b.handler = s.handler and (b.to_position, b.to_history_id) >= (h.stream_position, h.id)
+      order by b.to_position, b.to_history_id
+      limit 1
+    ) b
+    where h.event_id = any(${[...eventIds]}::uuid[]) and h.stream_position is not null and h.id = any(b.done)
+      and not exists (select 1 from reaction_jobs j where j.event_id = h.event_id and j.handler = s.handler)
+    order by h.id, s.handler`
+}
+
+/** How many events were handled on the first attempt in batches written back before `before`. */
+async function countFirstAttemptsDoneBefore(db: Kysely<Database>, before: Date): Promise<number> {
+  const row = await db
+    .selectFrom('reactionStreamBatches')
+    .select((eb) => eb.fn.coalesce(eb.fn.sum<string>('events'), eb.lit(0)).as('events'))
+    .where('finishedAt', '<', before)
+    .executeTakeFirstOrThrow()
+  return Number(row.events)
+}
+
+/**
+ * Deletes up to `limit` batch records written back before `before` (oldest first); returns the events they
+ * recorded. Fewer than `limit` batches deleted: none is left to delete.
+ */
+export async function deleteFirstAttemptsDoneBefore(
+  db: Kysely<Database>,
+  { before, limit }: { before: Date; limit: number },
+): Promise<{ batches: number; events: number }> {
+  const { rows } = await sql<{ batches: string; events: string | null }>`
+    with deleted as (
+      delete from reaction_stream_batches where id in (
+        select id from reaction_stream_batches where finished_at < ${before} order by id limit ${limit}
+      )
+      returning events
+    )
+    select count(*) as batches, sum(events) as events from deleted`.execute(db)
+  return { batches: Number(rows[0]?.batches ?? 0), events: Number(rows[0]?.events ?? 0) }
 }
 
 export async function findJob(db: Kysely<Database>, id: string): Promise<(ReactionJob & { event: ReactionEvent }) | undefined> {
@@ -493,7 +604,8 @@ export async function searchJobs(
 }
 
 export interface EventReaction {
-  id: string
+  /** null: handled on the first attempt, recorded with its stream batch (no job row). */
+  id: string | null
   eventId: string
   handler: string
   state: ReactionJobState
@@ -509,11 +621,14 @@ export function jobsOfEventsQuery(db: Kysely<Database>, eventIds: readonly strin
     .orderBy('id')
 }
 
-/** The reactions that status changes (events) caused: an order's timeline. */
+/** The reactions that status changes (events) caused: an order's timeline (job rows, then first attempts done). */
 export async function jobsOfEvents(db: Kysely<Database>, eventIds: readonly string[]): Promise<EventReaction[]> {
   if (eventIds.length === 0) return []
-  const rows = await jobsOfEventsQuery(db, eventIds).execute()
-  return rows.map((row) => ({ ...row, id: String(row.id), state: row.state as ReactionJobState }))
+  const [rows, firstAttempts] = await Promise.all([jobsOfEventsQuery(db, eventIds).execute(), firstAttemptsOfEventsQuery(eventIds).execute(db)])
+  return [
+    ...rows.map((row) => ({ ...row, id: String(row.id), state: row.state as ReactionJobState })),
+    ...firstAttempts.rows.map((row) => ({ id: null, eventId: row.eventId, handler: row.handler, state: 'done' as const, attempts: 1 })),
+  ]
 }
 
 /** The query behind countFailedJobsByHandler, for a plan check (reaction_jobs_state_idx). */
@@ -581,7 +696,7 @@ export async function deleteDoneJobsBefore(
   }
 }
 
-/** What deleteDoneJobsBefore would delete in all (a dry run). */
+/** What deleteDoneJobsBefore and deleteFirstAttemptsDoneBefore would delete in all, counted in events (a dry run). */
 export async function countDoneJobsBefore(db: Kysely<Database>, before: Date): Promise<number> {
   const row = await db
     .selectFrom('reactionJobs')
@@ -589,5 +704,5 @@ export async function countDoneJobsBefore(db: Kysely<Database>, before: Date): P
     .where('state', '=', 'done')
     .where('finishedAt', '<', before)
     .executeTakeFirstOrThrow()
-  return Number(row.jobs)
+  return Number(row.jobs) + (await countFirstAttemptsDoneBefore(db, before))
 }

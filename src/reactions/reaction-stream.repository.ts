@@ -191,8 +191,9 @@ export interface StreamOutcome {
 }
 
 /**
- * Writes a batch back: its events' job rows (the handled ones from their history ids, the others from
- * `outcomes`) and the stream's new place, in one statement, only while
+ * Writes a batch back: the record of its events handled on the first attempt (one reaction_stream_batches
+ * row holding their history ids), the job rows of the others (`outcomes`) and the stream's new place, in
+ * one statement, only while
  * `leaseToken` still holds the stream (the lease is renewed to `leaseEnd`). Returns the running rows' ids by
  * event id; undefined when the lease was lost and nothing was written (another replica reads the batch again).
  */
@@ -213,7 +214,7 @@ export async function writeReactionStream(
     outcomes: readonly StreamOutcome[]
     now: Date
     leaseEnd: Date
-    /** The history ids of the events handled on this first attempt: their done jobs are made from the history rows. */
+    /** The history ids of the events handled on this first attempt: recorded in the batch's row, with no job row. */
     done?: readonly string[]
   },
 ): Promise<Map<string, string> | undefined> {
@@ -247,14 +248,13 @@ export async function writeReactionStream(
       from json_to_recordset(${input}::json) as o(event_id uuid, order_id int, sequence int, state text, attempts int,
         run_at timestamptz, last_error text, created_at timestamptz, lease_token text, lease_expires_at timestamptz)
       where exists (select 1 from moved)
-      union all
-      -- the bulk of a batch: its handled events, by history id (no row of theirs is sent)
-      select h.event_id, h.order_id, h.sequence, ${handler}, 'done', 1, ${now}::timestamptz, null::text, null::text, null::timestamptz,
-        h.recorded_at, ${now}::timestamptz, ${now}::timestamptz
-      from order_status_history h
-      where h.id = any(${`{${done.join(',')}}`}::bigint[]) and exists (select 1 from moved)
       on conflict (event_id, handler) do nothing
       returning id, event_id, state
+    ), batch as (
+      -- the bulk of a batch, its events handled on the first attempt: one row for all of them (migrations/0011)
+      insert into reaction_stream_batches (handler, to_position, to_history_id, done, events, finished_at)
+      select ${handler}, ${place.position}::xid8, ${place.historyId}::bigint, ${`{${done.join(',')}}`}::bigint[], ${done.length}::int, ${now}::timestamptz
+      where ${done.length}::int > 0 and exists (select 1 from moved)
     )
     select exists (select 1 from moved) as moved,
       (select json_agg(json_build_object('event_id', event_id, 'id', id)) from jobs where state = 'running') as running`.execute(db)

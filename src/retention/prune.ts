@@ -4,7 +4,8 @@
 //   so a retry of it is still a duplicate and `deliveries show` says the body was pruned.
 // - delivery row: deleted DELIVERY_RETENTION_DAYS after receipt. From then on its id is forgotten: see
 //   the README's "Retention" for why a replay that late is harmless.
-// - done reaction job: deleted DELIVERY_RETENTION_DAYS after it finished.
+// - done reaction job: deleted DELIVERY_RETENTION_DAYS after it finished (a first attempt's record, kept per
+//   stream batch, with its batch).
 // - never by age: order_status_history (the outbox and the audit trail), parked (unmatched) deliveries,
 //   and reaction jobs that are pending, running, failed or skipped.
 //
@@ -19,7 +20,7 @@ import type { Clock } from '../clock.js'
 import type { Database } from '../db/database.js'
 import type { DatabaseKind } from '../db/open-database.js'
 import type { Logger } from '../logger.js'
-import { countDoneJobsBefore, deleteDoneJobsBefore } from '../reactions/reaction-job.repository.js'
+import { countDoneJobsBefore, deleteDoneJobsBefore, deleteFirstAttemptsDoneBefore } from '../reactions/reaction-job.repository.js'
 import {
   countDeliveriesBefore,
   countDeliveryBodiesBefore,
@@ -181,6 +182,14 @@ async function prune(
     count('reaction_job', batch.deleted)
     if (batch.finished || batch.lastId === undefined) break
     afterId = batch.lastId
+    await pause()
+  }
+  // the first attempts that succeeded, recorded per stream batch: counted as the jobs they stand for
+  for (;;) {
+    if (stopped()) return done(true)
+    const batch = await deleteFirstAttemptsDoneBefore(db, { before: cutoffs.deliveriesBefore, limit })
+    count('reaction_job', batch.events)
+    if (batch.batches < limit) break
     await pause()
   }
   return done(false)

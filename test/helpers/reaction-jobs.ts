@@ -1,5 +1,5 @@
 // Waiting on reactions in tests that run the service: how many are not done yet.
-import type { Kysely } from 'kysely'
+import { type Kysely, sql } from 'kysely'
 import type { Database } from '../../src/db/database.js'
 import { reactionJobStats } from '../../src/reactions/reaction-job.repository.js'
 
@@ -30,4 +30,30 @@ export async function writeJobRows(db: Kysely<Database>, routing: { handlersFor(
         .execute()
     }
   }
+}
+
+export interface ReactionRecord {
+  eventId: string
+  orderId: number
+  sequence: number
+  handler: string
+  state: string
+  attempts: number
+}
+
+/**
+ * Every (event, handler) the reactions have a record of: the job rows, and the events handled on their first
+ * attempt, which have none (their stream batch holds them: migrations/0011_reaction_stream_batches.ts).
+ */
+export async function reactionRecords(db: Kysely<Database>, handler?: string): Promise<ReactionRecord[]> {
+  const ofHandler = (column: string) => (handler === undefined ? sql`true` : sql`${sql.ref(column)} = ${handler}`)
+  const { rows } = await sql<ReactionRecord>`
+    select j.event_id, j.order_id, j.sequence, j.handler, j.state, j.attempts from reaction_jobs j where ${ofHandler('j.handler')}
+    union all
+    select h.event_id, h.order_id, h.sequence, b.handler, 'done', 1
+    from reaction_stream_batches b cross join lateral unnest(b.done) as d(history_id)
+    join order_status_history h on h.id = d.history_id
+    where ${ofHandler('b.handler')}
+      and not exists (select 1 from reaction_jobs j where j.event_id = h.event_id and j.handler = b.handler)`.execute(db)
+  return rows
 }
