@@ -245,13 +245,14 @@ async function ingestBench({ reactionsOnly = false } = {}): Promise<LoadResult[]
       await client.connect()
       try {
         const { rows } = await client.query(
-          `select (select count(*)::int from reaction_jobs where handler = $1) + backlog.events as jobs,
+          `select (select count(*)::int from reaction_jobs where handler = $1) + batches.events + backlog.events as jobs,
              (select count(*)::int from reaction_jobs where handler = $1 and state <> 'done') + backlog.events as not_done,
-             -- a stream's write-back stamps its batch's rows with one updated_at: the batches that made done jobs
-             (select count(distinct updated_at)::int from reaction_jobs where handler = $1 and state = 'done') as batches
+             -- the stream batches that recorded first attempts done (one row each, no job rows)
+             batches.batches
            from (select coalesce((select count(*)::int from reaction_streams s join order_status_history h
              on h.stream_position is not null and (h.stream_position, h.id) > (s.position, s.history_id)
-             where s.handler = $1), 0) as events) backlog`,
+             where s.handler = $1), 0) as events) backlog,
+             (select count(*)::int as batches, coalesce(sum(events), 0)::int as events from reaction_stream_batches where handler = $1) batches`,
           [handler],
         )
         return { jobs: rows[0].jobs as number, notDone: rows[0].not_done as number, batches: rows[0].batches as number }
