@@ -21,7 +21,7 @@ export function registerReactionsCommands(program: Command): void {
 
   reactions
     .command('list')
-    .description('list reaction jobs, newest first')
+    .description('list reaction jobs, newest first (with --state done or no state, also the events done on their first attempt: no job id)')
     .addOption(new Option('--state <state>', 'only jobs in this state').choices(STATES))
     .option('--handler <name>', 'only jobs of this handler')
     .option('--limit <n>', 'how many', positiveInteger, 50)

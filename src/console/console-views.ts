@@ -504,7 +504,7 @@ export function reactionsPage(
   <label>Handler <input name="handler" value="${filter.handler ?? ''}"></label>
   <button type="submit">Search</button>
 </form>
-<p class="hint">The jobs of (status change, handler) that needed more than one look, newest first: a retry, a dead letter, an event held back, a handler that ran long, and the operator's actions. A change its handler took on the first attempt leaves no job: it shows as done on its order's page and in <code>reactions list --state done</code>. A failed job holds back its order's later events for its handler until it is retried or skipped.</p>
+<p class="hint">The jobs of (status change, handler) that needed more than one look, newest first: a retry, a dead letter, an event held back, a handler that ran long, and the operator's actions. A change its handler took on the first attempt leaves no job: see <a href="${CONSOLE_PATH}/reactions/first-attempts${filter.handler ? `?${new URLSearchParams({ handler: filter.handler }).toString()}` : ''}">done on the first attempt</a>, and its order's page. A failed job holds back its order's later events for its handler until it is retried or skipped.</p>
 ${failed > 0 ? html`<p class="actions"><a href="${CONSOLE_PATH}/reactions/retry-failed">Retry every failed reaction (${failed})…</a></p>` : ''}
 ${
   jobs.length === 0
@@ -518,6 +518,35 @@ ${
   <td><span class="outcome ${job.state}">${job.state}</span></td><td class="number">${job.attempts}</td>
   <td>${job.state === 'pending' || job.state === 'running' ? time(job.runAt) : ''}</td>
   <td class="error">${job.lastError === null ? '' : shortError(job.lastError)}</td>
+</tr>`,
+      )}</tbody></table>`
+}
+${nextLink ? html`<p><a rel="next" href="${nextLink}">Older →</a></p>` : ''}`,
+  )
+}
+
+/** The changes their handler took on the first attempt: no job row, recorded with their stream batch. */
+export function firstAttemptsPage(
+  operator: Operator,
+  { handler, jobs, nextLink }: { handler: string | undefined; jobs: Omit<ReactionJob, 'id'>[]; nextLink: string | undefined },
+): Html {
+  return layout(
+    'Reactions done on the first attempt',
+    operator,
+    html`<form method="get" action="${CONSOLE_PATH}/reactions/first-attempts" class="filter">
+  <label>Handler <input name="handler" value="${handler ?? ''}"></label>
+  <button type="submit">Search</button>
+</form>
+<p class="hint">Status changes their handler took and handled on its first call, newest first. Each is recorded with the stream batch that ran it (no job row): done, after one attempt, when the batch was written back. <a href="${CONSOLE_PATH}/reactions">The jobs</a> hold everything else.</p>
+${
+  jobs.length === 0
+    ? html`<p>None recorded${handler ? ' for this handler' : ''}.</p>`
+    : html`<table class="reactions"><thead><tr><th>done (UTC)</th><th>changed (UTC)</th><th>order</th><th>event</th><th>handler</th></tr></thead>
+<tbody>${jobs.map(
+        (job) => html`<tr>
+  <td>${time(job.finishedAt)}</td><td>${time(job.createdAt)}</td>
+  <td><a href="${orderPath(job.orderId)}">${job.externalReference ?? `#${job.orderId}`}</a></td>
+  <td>${job.type} <span class="hint">#${job.sequence}</span> <code>${job.eventId}</code></td><td>${job.handler}</td>
 </tr>`,
       )}</tbody></table>`
 }

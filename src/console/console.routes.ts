@@ -25,7 +25,10 @@ import { listRuns } from '../reconcile/reconcile-run.repository.js'
 import {
   countFailedJobsByHandler,
   findJob,
+  formatFirstAttemptCursor,
   jobsOfEvents,
+  listFirstAttemptsDone,
+  parseFirstAttemptCursor,
   REACTION_JOB_STATES,
   reactionJobStats,
   retryFailedJobs,
@@ -66,6 +69,7 @@ import {
   overviewPage,
   reactionPage,
   reactionPath,
+  firstAttemptsPage,
   reactionsPage,
   reconcilePage,
   resultPage,
@@ -504,6 +508,33 @@ export function consoleRoutes(deps: ConsoleDeps): Router {
     const nextLink =
       nextBeforeId === undefined ? undefined : `${CONSOLE_PATH}/reactions?${new URLSearchParams([...fields, ['before', nextBeforeId]]).toString()}`
     await send(res, reactionsPage(operatorOf(res), { filter, jobs, nextLink, failed: stats.failed }))
+  })
+
+  const FirstAttemptsQuery = z.object({
+    handler: text,
+    before: z
+      .string()
+      .optional()
+      .transform((value, context) => {
+        if (value === undefined) return undefined
+        const cursor = parseFirstAttemptCursor(value)
+        if (!cursor) context.addIssue({ code: 'custom', message: 'not a page cursor from this console' })
+        return cursor
+      }),
+  })
+  router.get(`${CONSOLE_PATH}/reactions/first-attempts`, async (req, res) => {
+    const parsed = FirstAttemptsQuery.safeParse(req.query)
+    if (!parsed.success) throw new BadInput(parsed.error.issues.map((issue) => `${issue.path.join('.')}: ${issue.message}`).join('; '))
+    const { handler, before } = parsed.data
+    const page = await listFirstAttemptsDone(db, { handler, before, limit: PAGE_SIZE + 1 })
+    const jobs = page.slice(0, PAGE_SIZE)
+    const next = page.length > PAGE_SIZE ? jobs.at(-1)!.cursor : undefined
+    const fields: [string, string][] = handler ? [['handler', handler]] : []
+    const nextLink =
+      next === undefined
+        ? undefined
+        : `${CONSOLE_PATH}/reactions/first-attempts?${new URLSearchParams([...fields, ['before', formatFirstAttemptCursor(next)]]).toString()}`
+    await send(res, firstAttemptsPage(operatorOf(res), { handler, jobs, nextLink }))
   })
 
   router.get(`${CONSOLE_PATH}/reactions/retry-failed`, async (_req, res) => {

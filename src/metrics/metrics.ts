@@ -169,7 +169,7 @@ export function createMetrics(
 
   const rowsPruned = new Counter({
     name: 'retention_rows_pruned_total',
-    help: 'Rows pruned by retention, by what: body (a raw body emptied), delivery (a delivery row deleted), reaction_job (a done job deleted)',
+    help: 'Rows pruned by retention, by what: body (a raw body emptied), delivery (a delivery row deleted), reaction_job (a done job deleted, or a first attempt done, with its stream batch record)',
     labelNames: ['what'] as const,
     registers: [registry],
   })

@@ -313,7 +313,7 @@ export async function listJobs(
   const rows: ListedJob[] = (await query.orderBy('job.id', 'desc').limit(limit).execute()).map(toJob)
   if (state !== undefined && state !== 'done') return rows
   // the done first attempts are listed beside the rows, the latest change of each first
-  const firstAttempts = await listFirstAttemptsDone(db, { handler, limit })
+  const firstAttempts = (await listFirstAttemptsDone(db, { handler, limit })).map(({ cursor: _cursor, ...job }) => job)
   const changed = (job: ListedJob) => (job.finishedAt ?? job.updatedAt).getTime()
   return [...rows, ...firstAttempts].sort((a, b) => changed(b) - changed(a)).slice(0, limit)
 }
@@ -323,21 +323,45 @@ export async function listJobs(
 // the event's history id. Such an event is done, after one attempt, when its batch was written back. A job
 // row of the same (event, handler), where one exists, is the record instead (an operator's action on it).
 
-/** The events handled on their first attempt in the newest `limit` batches (of `handler`), newest first. */
+/** Where a list of first attempts goes on: before this event of this batch (`<batch id>.<place in it>`). */
+export interface FirstAttemptCursor {
+  batchId: string
+  n: number
+}
+
+/** Reads a cursor as the console writes it (`<batch id>.<place in it>`); undefined when it is not one. */
+export function parseFirstAttemptCursor(text: string): FirstAttemptCursor | undefined {
+  const match = /^([1-9]\d{0,18})\.([1-9]\d{0,5})$/.exec(text)
+  return match ? { batchId: match[1]!, n: Number(match[2]) } : undefined
+}
+
+export const formatFirstAttemptCursor = ({ batchId, n }: FirstAttemptCursor) => `${batchId}.${n}`
+
+/**
+ * The events handled on their first attempt (of `handler`), newest batch first and, within a batch, the last
+ * event first; from before `before` when given. Reads at most `limit` batches (each holds at least one).
+ */
 export async function listFirstAttemptsDone(
   db: Kysely<Database>,
-  { handler, limit }: { handler?: string | undefined; limit: number },
-): Promise<ListedJob[]> {
-  const ofHandler = handler === undefined ? sql`` : sql`where handler = ${handler}`
-  const { rows } = await sql<FirstAttemptRow>`
-    select h.event_id, h.order_id, h.external_reference, h.to_status, h.sequence, b.handler, h.recorded_at, b.finished_at
-    from (select id, handler, done, finished_at from reaction_stream_batches ${ofHandler} order by id desc limit ${limit}) b
+  { handler, limit, before }: { handler?: string | undefined; limit: number; before?: FirstAttemptCursor | undefined },
+): Promise<(ListedJob & { cursor: FirstAttemptCursor })[]> {
+  const ofHandler = handler === undefined ? sql`true` : sql`handler = ${handler}`
+  const fromBatch = before === undefined ? sql`true` : sql`id <= ${before.batchId}::bigint`
+  const inBatch = before === undefined ? sql`true` : sql`(b.id, d.n) < (${before.batchId}::bigint, ${before.n}::bigint)`
+  const { rows } = await sql<FirstAttemptRow & { batchId: string | number; n: string | number }>`
+    select b.id as batch_id, d.n, h.event_id, h.order_id, h.external_reference, h.to_status, h.sequence, b.handler,
+      h.recorded_at, b.finished_at
+    from (
+      select id, handler, done, finished_at from reaction_stream_batches where ${ofHandler} and ${fromBatch}
+      order by id desc limit ${limit}
+    ) b
     cross join lateral unnest(b.done) with ordinality as d(history_id, n)
     join order_status_history h on h.id = d.history_id
-    where not exists (select 1 from reaction_jobs j where j.event_id = h.event_id and j.handler = b.handler)
+    where ${inBatch}
+      and not exists (select 1 from reaction_jobs j where j.event_id = h.event_id and j.handler = b.handler)
     order by b.id desc, d.n desc
     limit ${limit}`.execute(db)
-  return rows.map(firstAttemptJob)
+  return rows.map((row) => ({ ...firstAttemptJob(row), cursor: { batchId: String(row.batchId), n: Number(row.n) } }))
 }
 
 interface FirstAttemptRow {

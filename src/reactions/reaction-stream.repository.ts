@@ -6,7 +6,8 @@
 // events have non-decreasing positions, so they come in sequence order.
 //
 // One replica at a time reads a handler's stream: the read takes (or renews) the row's lease, and the
-// write-back of what the batch did (the job rows of its events and the new place) is one statement that
+// write-back of what the batch did (the record of its first attempts done, the job rows of its other events,
+// and the new place) is one statement that
 // only happens under the same lease token. A replica that dies mid-batch wrote nothing: once its lease ends
 // another one reads the same events again (at least once, as with every job).
 import { type Kysely, sql } from 'kysely'

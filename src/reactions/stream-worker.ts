@@ -3,8 +3,9 @@
 //
 // A batch: read up to `batchSize` events after the stream's place, keep those of the handler's types, run
 // them (one order's events one after another, in sequence order; different orders at once, at most
-// REACTION_CONCURRENCY), and write back in one statement a job row per event and the new place:
-// - done: the handler returned;
+// REACTION_CONCURRENCY), and write back in one statement what became of each event and the new place. An event
+// whose handler returned gets no job row: the batch's row in reaction_stream_batches lists them (migrations/0011).
+// Every other event gets a job row:
 // - pending, after a backoff: it threw and has attempts left (the job loop of dispatcher.ts runs it again);
 // - failed: it threw on its last attempt (REACTION_MAX_ATTEMPTS of 1);
 // - pending, due now, attempts 0: not started, or behind an earlier event of its order that has not
@@ -101,7 +102,7 @@ export interface BatchResult {
 // what ends a batch's own timers and its wait for a slot (a reason given, so no DOMException is made each time)
 const BATCH_WRITTEN_BACK = new Error('the batch is written back')
 
-// a first attempt that succeeded: its job row is made from the history (nothing of it is kept)
+// a first attempt that succeeded: recorded by its history id in the batch's row (nothing of it is kept)
 const DONE = { state: 'done' } as const
 
 /** A first attempt's outcome; undefined: stopped by the shutdown (its job is given back). */
@@ -276,7 +277,7 @@ export function createStreamWorker(deps: StreamWorkerDeps) {
       limit = nextBatchLimit(asked, { read: read.events.length, mine: mine.length, finished, elapsedMs: clock.now() - runFrom, allFinished, unreached }, bounds)
     }
 
-    // every event of the handler gets its row: its outcome; running (handed off); or pending, due now
+    // every event of the handler not done gets its job row: its outcome; running (handed off); or pending, due now
     const now = clock.now()
     const rowOf = (entry: StreamEvent, finished: StreamOutcome | undefined): StreamOutcome => {
       const { eventId } = entry.event
