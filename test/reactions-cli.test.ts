@@ -124,6 +124,27 @@ describe('the reactions command', () => {
     expect(await run('retry', ids['ship-goods-2']!)).toMatchObject({ code: 0, stdout: `job ${ids['ship-goods-2']} runs again now\n` })
   })
 
+  it('lists an event its handler took on the first attempt: done, with no job id', async () => {
+    const now = new Date('2026-05-01T11:00:00Z')
+    await ensureReactionStreams(database.db, ['audit'], now)
+    const { order } = await createOrder(database.db, { externalReference: 'cli-first' })
+    await applyObservation(
+      database.db,
+      { target: { orderId: order.id }, tradeId: 'trd_cli-first', status: 'created', source: 'poll', observedAt: now },
+      { staleAfterS: 3_600, handlersFor: () => ['audit'] },
+    )
+    const lease = { handler: 'audit', leaseToken: 'cli', now, leaseEnd: new Date(now.getTime() + 60_000) }
+    const { events } = await readReactionStream(database.db, { ...lease, limit: 10 })
+    expect(events).toHaveLength(1)
+    await writeReactionStream(database.db, { ...lease, place: events[0]!, outcomes: [], done: [events[0]!.historyId] })
+    const listed = JSON.parse((await run('list', '--state', 'done', '--handler', 'audit', '--json')).stdout)
+    expect(listed).toMatchObject([{ id: null, eventId: events[0]!.event.eventId, handler: 'audit', state: 'done', attempts: 1, externalReference: 'cli-first' }])
+    const table = (await run('list', '--handler', 'audit')).stdout.trim().split('\n')
+    expect(table[1]).toMatch(/^-\s+cli-first\s+1\s+trade\.created\s+audit\s+done\s+1\s+-\s+-$/)
+    // not a job: the other states do not list it
+    expect((await run('list', '--state', 'pending', '--handler', 'audit')).stdout).toBe('(no reaction jobs)\n')
+  })
+
   it('skips a pending job and refuses to skip a done one', async () => {
     expect(await run('skip', ids['ledger-2']!)).toMatchObject({ code: 0, stdout: `job ${ids['ledger-2']} skipped\n` })
     expect(await stateOf(ids['ledger-2']!)).toBe('skipped')

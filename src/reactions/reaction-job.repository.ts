@@ -428,22 +428,33 @@ async function countFirstAttemptsDoneBefore(db: Kysely<Database>, before: Date):
 }
 
 /**
- * Deletes up to `limit` batch records written back before `before` (oldest first); returns the events they
- * recorded. Fewer than `limit` batches deleted: none is left to delete.
+ * Looks at the oldest `limit` batch records and deletes those written back before `before`; returns how many
+ * batches and events it deleted, and whether the walk is over. Batches are written back in id order, so the
+ * walk ends at the first one written back at or after `before` (the oldest left are young) or at the end of
+ * the table: a pass with nothing to delete reads one page of the primary key, not the whole table.
  */
 export async function deleteFirstAttemptsDoneBefore(
   db: Kysely<Database>,
   { before, limit }: { before: Date; limit: number },
-): Promise<{ batches: number; events: number }> {
-  const { rows } = await sql<{ batches: string; events: string | null }>`
-    with deleted as (
-      delete from reaction_stream_batches where id in (
-        select id from reaction_stream_batches where finished_at < ${before} order by id limit ${limit}
-      )
-      returning events
+): Promise<{ batches: number; events: number; finished: boolean }> {
+  const { rows } = await sql<{ scanned: string; young: string; batches: string; events: string | null }>`
+    with scanned as (
+      select id, finished_at, events from reaction_stream_batches order by id limit ${limit}
+    ), deleted as (
+      delete from reaction_stream_batches b using scanned s
+      where b.id = s.id and s.finished_at < ${before}
+      returning s.events
     )
-    select count(*) as batches, sum(events) as events from deleted`.execute(db)
-  return { batches: Number(rows[0]?.batches ?? 0), events: Number(rows[0]?.events ?? 0) }
+    select (select count(*) from scanned) as scanned,
+      (select count(*) from scanned where finished_at >= ${before}) as young,
+      (select count(*) from deleted) as batches,
+      (select sum(events) from deleted) as events`.execute(db)
+  const row = rows[0]!
+  return {
+    batches: Number(row.batches),
+    events: Number(row.events ?? 0),
+    finished: Number(row.scanned) < limit || Number(row.young) > 0,
+  }
 }
 
 export async function findJob(db: Kysely<Database>, id: string): Promise<(ReactionJob & { event: ReactionEvent }) | undefined> {

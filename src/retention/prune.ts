@@ -189,7 +189,7 @@ async function prune(
     if (stopped()) return done(true)
     const batch = await deleteFirstAttemptsDoneBefore(db, { before: cutoffs.deliveriesBefore, limit })
     count('reaction_job', batch.events)
-    if (batch.batches < limit) break
+    if (batch.finished) break
     await pause()
   }
   return done(false)
