@@ -15,7 +15,7 @@ import { runClaimBench, type ClaimResult } from './claim-bench.js'
 import { explainDedupLookups, type GrowthSeed, seedGrowth } from './growth-bench.js'
 import { runPollBench, type PollBenchResult } from './poll-bench.js'
 import { runReactionsBench, type ReactionsBenchResult } from './reactions-bench.js'
-import { cpuMs, peakRssMb, startService } from './service-process.js'
+import { clusterCpuMs, cpuMs, peakRssMb, postmasterPid, startService } from './service-process.js'
 import { describeBound, type HistogramQuantiles, reactionLatencyDuring } from './histogram-quantiles.js'
 
 const root = path.resolve(import.meta.dirname, '..')
@@ -58,11 +58,24 @@ interface LoadResult {
   peakRssMb?: number
   /** The server's CPU time (user + system) per answered request over the measured run, in µs. */
   cpuUsPerRequest?: number
+  /** The Postgres cluster's CPU time per answered request over the measured run (every process of it), in µs. */
+  postgresCpuUsPerRequest?: number
+}
+
+// the Postgres cluster the benchmark's schemas live in, when it runs on this machine (its CPU is read from /proc)
+let postmaster: number | undefined
+/** Starts a reading of the cluster's CPU; the returned function gives the µs per request since. */
+function clusterCpuFrom(): (requests: number) => number | undefined {
+  if (postmaster === undefined) return () => undefined
+  const pid = postmaster
+  const before = clusterCpuMs(pid)
+  return (requests) => Math.round(((clusterCpuMs(pid) - before) * 1000) / Math.max(1, requests))
 }
 
 async function withSchema<T>(run: (url: string) => Promise<T>): Promise<T> {
   const bench = await createBenchSchema('bench')
   await bench.admin.query(`create table ${bench.schema}.bench_minimal (delivery_id text primary key, body text not null)`)
+  postmaster ??= await postmasterPid(bench.url)
   try {
     return await run(bench.url)
   } finally {
@@ -187,12 +200,14 @@ async function measured(kind: string, env: Record<string, string>, name: string,
     await warmUp(port, makeBody)
     // the server's own CPU per request: unlike req/s, barely moved by what else runs on the machine
     const cpuBefore = cpuMs(child.pid!)
+    const clusterCpu = kind === 'bare' ? () => undefined : clusterCpuFrom()
     const run = () => load(name, port, makeBody)
     // the forwarder's commit-to-handler latency during the load, as the no-op handler's (measuredNoop)
     const forwards = env.FORWARD_URL !== undefined && adminPort !== undefined
     const [result, latency] = forwards ? await reactionLatencyDuring(adminPort, 'forwarder', run) : [await run(), undefined]
     if (latency) loadLatency.set(result, latency)
     result.cpuUsPerRequest = Math.round(((cpuMs(child.pid!) - cpuBefore) * 1000) / Math.max(1, result.requests))
+    result.postgresCpuUsPerRequest = clusterCpu(result.requests)
     if (rss) result.peakRssMb = peakRssMb(child.pid!)
     return result
   } finally {
@@ -282,8 +297,10 @@ async function ingestBench({ reactionsOnly = false } = {}): Promise<LoadResult[]
         await warmUp(port, makeBody)
         const cpuBefore = cpuMs(child.pid!)
         const before = await jobCounts('noop')
+        const clusterCpu = clusterCpuFrom()
         const [result, latency] = await reactionLatencyDuring(adminPort, 'noop', () => load(WITH_NOOP_HANDLER, port, makeBody))
         result.cpuUsPerRequest = Math.round(((cpuMs(child.pid!) - cpuBefore) * 1000) / Math.max(1, result.requests))
+        result.postgresCpuUsPerRequest = clusterCpu(result.requests)
         result.peakRssMb = peakRssMb(child.pid!)
         const after = await jobCounts('noop')
         // not done when the load ended: all of them, the warm-up's included (a difference goes negative when
@@ -487,7 +504,7 @@ async function main(): Promise<void> {
     sections.push(
       '## Ingest\n\n' +
         table([
-          ['scenario', 'req/s', 'p50 ms', 'p99 ms', 'non-2xx', 'errors', 'peak RSS MB', 'server CPU µs/request'],
+          ['scenario', 'req/s', 'p50 ms', 'p99 ms', 'non-2xx', 'errors', 'peak RSS MB', 'server CPU µs/request', 'Postgres CPU µs/request'],
           ...[...ingest, ...pglite].map((row) => [
             row.name,
             String(row.rps),
@@ -497,6 +514,7 @@ async function main(): Promise<void> {
             String(row.errors),
             row.peakRssMb === undefined ? '' : String(row.peakRssMb),
             row.cpuUsPerRequest === undefined ? '' : String(row.cpuUsPerRequest),
+            row.postgresCpuUsPerRequest === undefined ? '' : String(row.postgresCpuUsPerRequest),
           ]),
         ]),
     )

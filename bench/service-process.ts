@@ -2,7 +2,7 @@
 // own process, and its memory as /proc tells it. Shared by the ingest benchmark and the soak.
 import { type ChildProcess, spawn } from 'node:child_process'
 import { once } from 'node:events'
-import { readFileSync } from 'node:fs'
+import { readdirSync, readFileSync } from 'node:fs'
 import path from 'node:path'
 import pg from 'pg'
 import { BENCH_SECRET } from './bench-secrets.js'
@@ -106,6 +106,42 @@ export function cpuMs(pid: number, thread?: number): number {
   const stat = thread === undefined ? `/proc/${pid}/stat` : `/proc/${pid}/task/${thread}/stat`
   const fields = readFileSync(stat, 'utf8').split(') ')[1]!.split(' ')
   return ((Number(fields[11]) + Number(fields[12])) * 1000) / CLOCK_TICKS
+}
+
+/**
+ * The CPU (ms) the whole Postgres cluster has used so far: the postmaster's own, its ended children's (which it
+ * reaped: autovacuum workers, backends that closed) and its live children's (backends, the WAL writer, the
+ * checkpointer). A difference of two readings is what the cluster did meanwhile, whichever process did it.
+ */
+export function clusterCpuMs(postmaster: number): number {
+  const stat = (pid: number) => readFileSync(`/proc/${pid}/stat`, 'utf8').split(') ')[1]!.split(' ')
+  const own = stat(postmaster)
+  // utime, stime, cutime, cstime: the 12th to 15th fields; the parent's pid is the 2nd after the command
+  let ticks = Number(own[11]) + Number(own[12]) + Number(own[13]) + Number(own[14])
+  for (const entry of readdirSync('/proc')) {
+    if (!/^\d+$/.test(entry)) continue
+    try {
+      const fields = stat(Number(entry))
+      if (Number(fields[1]) === postmaster) ticks += Number(fields[11]) + Number(fields[12])
+    } catch {
+      // ended meanwhile (its time is now the postmaster's cutime)
+    }
+  }
+  return (ticks * 1000) / CLOCK_TICKS
+}
+
+/** The postmaster's pid of the cluster behind `url` (its data directory's postmaster.pid; needs a superuser and the same machine). */
+export async function postmasterPid(url: string): Promise<number | undefined> {
+  const client = new pg.Client({ connectionString: url })
+  await client.connect()
+  try {
+    const { rows } = await client.query<{ data_directory: string }>('show data_directory')
+    return Number(readFileSync(path.join(rows[0]!.data_directory, 'postmaster.pid'), 'utf8').split('\n')[0])
+  } catch {
+    return undefined
+  } finally {
+    await client.end()
+  }
 }
 
 // USER_HZ: 100 on every Linux this runs on
