@@ -4,7 +4,6 @@
 import { sql } from 'kysely'
 import request from 'supertest'
 import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest'
-import { applyObservation } from '../src/orders/apply-observation.js'
 import { createSlots } from '../src/reactions/dispatcher.js'
 import type { ReactionHandler } from '../src/reactions/reaction-event.js'
 import {
@@ -21,7 +20,8 @@ import { createAdminApp } from '../src/http/admin-app.js'
 import { runPrunePass } from '../src/retention/prune.js'
 import { FakeClock } from './helpers/fake-clock.js'
 import { testLogger } from './helpers/log-sink.js'
-import { createOrder } from './helpers/orders.js'
+import { moveNewOrder } from './helpers/orders.js'
+import { clearReactions } from './helpers/reaction-jobs.js'
 import { testConfig } from './helpers/test-config.js'
 import { createTestDatabase, describePostgres, type TestDatabase } from './helpers/test-database.js'
 
@@ -42,9 +42,7 @@ describe('reactions done on the first attempt', () => {
     database = await createTestDatabase()
   })
   afterEach(async () => {
-    await database.db.deleteFrom('reactionJobs').execute()
-    await database.db.deleteFrom('reactionStreamBatches').execute()
-    await database.db.deleteFrom('reactionStreams').execute()
+    await clearReactions(database.db)
   })
   afterAll(async () => {
     await database.close()
@@ -79,17 +77,10 @@ describe('reactions done on the first attempt', () => {
     const workers = [worker('ledger', ledger), worker('flaky', flaky)]
     /** One order moved through `statuses`; its history rows' event ids, in order. */
     const order = async (statuses: string[]) => {
-      const { order } = await createOrder(database.db, { externalReference: `first-${++counter}` })
-      for (const status of statuses) {
-        const result = await applyObservation(
-          database.db,
-          { target: { orderId: order.id }, tradeId: `trd_first_${counter}`, status, source: 'api', observedAt: new Date(clock.now()) },
-          { staleAfterS: 3_600, handlersFor: reactions.handlersFor },
-        )
-        expect(result.outcome).toBe('applied')
-      }
-      const history = await database.db.selectFrom('orderStatusHistory').select('eventId').where('orderId', '=', order.id).orderBy('id').execute()
-      return { orderId: order.id, eventIds: history.map((row) => row.eventId) }
+      const now = () => new Date(clock.now())
+      const orderId = await moveNewOrder(database.db, { externalReference: `first-${++counter}`, statuses, handlersFor: reactions.handlersFor, now })
+      const history = await database.db.selectFrom('orderStatusHistory').select('eventId').where('orderId', '=', orderId).orderBy('id').execute()
+      return { orderId, eventIds: history.map((row) => row.eventId) }
     }
     /** Every worker reads and runs one batch. */
     const batches = async () => {

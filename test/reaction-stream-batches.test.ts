@@ -5,7 +5,6 @@
 // An order waiting behind its own slow call is not the slots' fault and changes nothing. Time is a fake
 // clock: only the test decides when a handler returns and when the wait is over.
 import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest'
-import { applyObservation } from '../src/orders/apply-observation.js'
 import { createSlots } from '../src/reactions/dispatcher.js'
 import type { ReactionHandler } from '../src/reactions/reaction-event.js'
 import { createReactionRegistry } from '../src/reactions/reaction-registry.js'
@@ -13,9 +12,9 @@ import { ensureReactionStreams } from '../src/reactions/reaction-stream.reposito
 import { BATCH_MAX_MS, createStreamWorker, HANDOFF_MS, nextBatchLimit } from '../src/reactions/stream-worker.js'
 import { FakeClock } from './helpers/fake-clock.js'
 import { testLogger } from './helpers/log-sink.js'
-import { createOrder } from './helpers/orders.js'
+import { moveNewOrder } from './helpers/orders.js'
 import { eventually } from './helpers/reconcile-poller.js'
-import { reactionRecords } from './helpers/reaction-jobs.js'
+import { clearReactions, reactionRecords } from './helpers/reaction-jobs.js'
 import { createTestDatabase, type TestDatabase } from './helpers/test-database.js'
 
 const CONCURRENCY = 2
@@ -36,9 +35,7 @@ describe('the size of a reaction stream batch', () => {
     database = await createTestDatabase()
   })
   afterEach(async () => {
-    await database.db.deleteFrom('reactionJobs').execute()
-    await database.db.deleteFrom('reactionStreamBatches').execute()
-    await database.db.deleteFrom('reactionStreams').execute()
+    await clearReactions(database.db)
   })
   afterAll(async () => {
     await database.close()
@@ -69,13 +66,7 @@ describe('the size of a reaction stream batch', () => {
     /** `count` orders created, one event each, committed after the stream's place. */
     const transitions = async (count: number) => {
       for (let i = 0; i < count; i++) {
-        const { order } = await createOrder(database.db, { externalReference: `batch-${++counter}` })
-        const result = await applyObservation(
-          database.db,
-          { target: { orderId: order.id }, tradeId: `trd_batch_${counter}`, status: 'created', source: 'api', observedAt: new Date(clock.now()) },
-          { staleAfterS: 3_600, handlersFor: reactions.handlersFor },
-        )
-        expect(result.outcome).toBe('applied')
+        await moveNewOrder(database.db, { externalReference: `batch-${++counter}`, statuses: ['created'], handlersFor: reactions.handlersFor, now: () => new Date(clock.now()) })
       }
     }
     const worker = createStreamWorker({

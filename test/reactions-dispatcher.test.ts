@@ -6,8 +6,7 @@ import { CompiledQuery, type Kysely, sql } from 'kysely'
 import { afterAll, afterEach, beforeAll, beforeEach, describe, expect, it } from 'vitest'
 import { openDatabase } from '../src/db/open-database.js'
 import type { Database } from '../src/db/database.js'
-import { applyObservation } from '../src/orders/apply-observation.js'
-import { createOrder } from './helpers/orders.js'
+import { moveNewOrder } from './helpers/orders.js'
 import { createDispatcher, type Dispatcher, type DispatcherSettings } from '../src/reactions/dispatcher.js'
 import type { ReactionEvent, ReactionHandler } from '../src/reactions/reaction-event.js'
 import { claimReactionJobsQuery, retryJob, skipJob } from '../src/reactions/reaction-job.repository.js'
@@ -18,7 +17,7 @@ import { backoffDelayS } from '../src/reconcile/backoff-delay.js'
 import { FakeClock } from './helpers/fake-clock.js'
 import { processWarningsDuring } from './helpers/process-warnings.js'
 import { testLogger } from './helpers/log-sink.js'
-import { reactionRecords } from './helpers/reaction-jobs.js'
+import { clearReactions, reactionRecords } from './helpers/reaction-jobs.js'
 import { eventually } from './helpers/reconcile-poller.js'
 import { createTestDatabase, describePostgres, type TestDatabase } from './helpers/test-database.js'
 
@@ -48,9 +47,7 @@ describe('the reaction dispatcher', () => {
   afterEach(async () => {
     await dispatcher?.stop()
     dispatcher = undefined
-    await database.db.deleteFrom('reactionJobs').execute()
-    await database.db.deleteFrom('reactionStreamBatches').execute()
-    await database.db.deleteFrom('reactionStreams').execute()
+    await clearReactions(database.db)
   })
   afterAll(async () => {
     await database.close()
@@ -74,18 +71,8 @@ describe('the reaction dispatcher', () => {
   }
 
   /** Moves an order through `statuses` (API answers), enqueuing the registry's jobs. */
-  const transitions = async (reactions: ReactionRegistry, statuses: string[], ref = `dispatch-${++counter}`) => {
-    const { order } = await createOrder(database.db, { externalReference: ref })
-    for (const status of statuses) {
-      const result = await applyObservation(
-        database.db,
-        { target: { orderId: order.id }, tradeId: `trd_${ref}`, status, source: 'api', observedAt: new Date(clock.now()) },
-        { staleAfterS: 3_600, handlersFor: reactions.handlersFor },
-      )
-      expect(result.outcome).toBe('applied')
-    }
-    return order.id
-  }
+  const transitions = (reactions: ReactionRegistry, statuses: string[], ref = `dispatch-${++counter}`) =>
+    moveNewOrder(database.db, { externalReference: ref, statuses, handlersFor: reactions.handlersFor, now: () => new Date(clock.now()) })
 
   // the order's jobs of a handler by sequence: the rows, and the events done on their first attempt (no row:
   // recorded with their stream batch, id null)

@@ -1,8 +1,9 @@
 // Creating orders in tests: src's createOrder with the observation settings most tests need (the
 // service's defaults, no reaction handlers) and the wall clock, unless a test names its own.
 import type { Kysely } from 'kysely'
+import { expect } from 'vitest'
 import type { Database } from '../../src/db/database.js'
-import type { ObservationSettings } from '../../src/orders/apply-observation.js'
+import { applyObservation, type ObservationSettings } from '../../src/orders/apply-observation.js'
 import { createOrder as createOrderWith } from '../../src/orders/create-order.js'
 import { observationSettings } from '../../src/orders/observations.js'
 
@@ -15,4 +16,24 @@ export function createOrder(
   settings: ObservationSettings = TEST_OBSERVATION_SETTINGS,
 ) {
   return createOrderWith(db, { externalReference, now }, settings)
+}
+
+/**
+ * A new order moved through `statuses` by API answers at `now`, each applied (every move writes its event for
+ * `handlersFor`'s handlers); returns the order's id.
+ */
+export async function moveNewOrder(
+  db: Kysely<Database>,
+  { externalReference, statuses, handlersFor, now }: { externalReference: string; statuses: readonly string[]; handlersFor: (type: string) => readonly string[]; now: () => Date },
+): Promise<number> {
+  const { order } = await createOrder(db, { externalReference })
+  for (const status of statuses) {
+    const result = await applyObservation(
+      db,
+      { target: { orderId: order.id }, tradeId: `trd_${externalReference}`, status, source: 'api', observedAt: now() },
+      { staleAfterS: 3_600, handlersFor },
+    )
+    expect(result.outcome).toBe('applied')
+  }
+  return order.id
 }

@@ -57,3 +57,10 @@ export async function reactionRecords(db: Kysely<Database>, handler?: string): P
       and not exists (select 1 from reaction_jobs j where j.event_id = h.event_id and j.handler = b.handler)`.execute(db)
   return rows
 }
+
+/** Empties the reactions' tables (jobs, batch records, streams) between tests. */
+export async function clearReactions(db: Kysely<Database>): Promise<void> {
+  await db.deleteFrom('reactionJobs').execute()
+  await db.deleteFrom('reactionStreamBatches').execute()
+  await db.deleteFrom('reactionStreams').execute()
+}
