@@ -116,10 +116,12 @@ export async function runSoak({ args }: { args: string[] }): Promise<void> {
     const check = new pg.Client({ connectionString: url.toString() })
     await check.connect()
     const stored = await check.query('select count(*)::int as n from webhook_deliveries where delivery_id = any($1)', [answered200])
-    // with the handler: its done jobs, and the transitions it has not taken yet when the load ended
+    // with the handler: its done jobs (a first attempt that succeeded is counted in its stream batch's record,
+    // migrations/0011), and the transitions it has not taken yet when the load ended
     const handled = withHandler
       ? (
-          await check.query(`select (select count(*)::int from reaction_jobs where handler = 'noop' and state = 'done') as done,
+          await check.query(`select (select count(*)::int from reaction_jobs where handler = 'noop' and state = 'done')
+               + (select coalesce(sum(events), 0)::int from reaction_stream_batches where handler = 'noop') as done,
              (select count(*)::int from reaction_streams s join order_status_history h on h.stream_position is not null
                and (h.stream_position, h.id) > (s.position, s.history_id) where s.handler = 'noop') as waiting`)
         ).rows[0]
