@@ -357,7 +357,9 @@ export function parseConfig(
       batchMax: values.WEBHOOK_BATCH_MAX,
       // half the pool: the other half stays free for the poller, API calls and health checks
       seenCacheSize: values.WEBHOOK_SEEN_CACHE,
-      batchStatements: values.DATABASE_URL ? Math.max(1, Math.floor(values.DATABASE_POOL_SIZE / 2)) : 1,
+      // embedded PGlite runs one statement at a time on its own thread: a second one waiting there keeps it
+      // busy while this thread answers the first one's deliveries and gathers the next
+      batchStatements: values.DATABASE_URL ? Math.max(1, Math.floor(values.DATABASE_POOL_SIZE / 2)) : 2,
     },
     partner: {
       mode,

@@ -5,12 +5,12 @@ import { createHash } from 'node:crypto'
 import { closeSync, existsSync, mkdirSync, openSync, readFileSync, rmSync, writeSync } from 'node:fs'
 import path from 'node:path'
 import { setTimeout as delay } from 'node:timers/promises'
-import { PGlite } from '@electric-sql/pglite'
 import { CamelCasePlugin, Kysely, PGliteDialect, PostgresDialect } from 'kysely'
 import pg from 'pg'
 import type { Logger } from '../logger.js'
 import { describeDatabaseError } from './database-errors.js'
 import type { Database } from './database.js'
+import { PgliteThread } from './pglite-thread.js'
 import { makeDirectoryPrivate } from './private-directory.js'
 
 export type DatabaseKind = 'postgres' | 'pglite'
@@ -99,10 +99,10 @@ const preparedName = (text: string) => `p_${createHash('sha1').update(text).dige
  * PGlite's transaction object, unprepared. Kysely runs one statement at a time on PGlite's one connection,
  * so a text is never prepared twice at once.
  */
-function preparingPglite(pglite: PGlite): PGlite {
+function preparingPglite(pglite: PgliteThread): PgliteThread {
   // text → its prepared name; null: not preparable, sent as it is
   const names = new Map<string, string | null>()
-  const query: PGlite['query'] = async (text, params, options) => {
+  const query: PgliteThread['query'] = async (text, params, options) => {
     const values = params ?? []
     const literals = text.startsWith(PREPARED) ? values.map(literalOf) : undefined
     if (!literals || literals.includes(undefined)) return pglite.query(text, params, options)
@@ -269,11 +269,14 @@ function openPglite({ dataDir = 'memory://', logger, pgliteTemplate }: OpenDatab
     mkdirSync(location, { recursive: true })
     unlock = lockDataDirectory(location)
   }
-  const pglite = new PGlite(location, {
-    ...(pgliteTemplate ? { loadDataDir: pgliteTemplate } : {}),
+  // on a thread of its own, so the database's work does not hold up the requests (pglite-thread.ts)
+  const pglite = new PgliteThread({
+    location,
+    template: pgliteTemplate,
     // Postgres's default cache (128 MB) becomes resident in this process as it fills; the embedded
     // database is local mode's and the tests', with data measured in megabytes (bench/local-memory.ts)
-    startParams: [...PGlite.defaultStartParams, '-c', `shared_buffers=${PGLITE_SHARED_BUFFERS}`],
+    startParams: ['-c', `shared_buffers=${PGLITE_SHARED_BUFFERS}`],
+    logger,
   })
   // PGlite unpacks a new database with its own modes (0666), past the umask: tighten once it is ready
   // (until then the 0700 directory keeps others out)
@@ -294,7 +297,7 @@ function openPglite({ dataDir = 'memory://', logger, pgliteTemplate }: OpenDatab
     poolStats: () => ({ total: 1, idle: 1, waiting: 0 }),
     dumpDataDir: async () => {
       await pglite.waitReady
-      return pglite.dumpDataDir('gzip')
+      return pglite.dumpDataDir()
     },
     // one process, one connection: the statement's NOTIFY reaches this same session on commit
     otherListeners: async () => 0,

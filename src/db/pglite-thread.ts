@@ -1,0 +1,237 @@
+// Embedded PGlite on a thread of its own (pglite-worker.ts), behind the part of PGlite's interface that
+// Kysely's PGliteDialect and open-database.ts use: query, transaction, listen, dumpDataDir, close.
+//
+// PGlite runs Postgres as WebAssembly in the thread that calls it. In local mode that was the thread
+// serving HTTP, and under a full-speed ingest the database's work was two thirds of it (bench/results/
+// latest.md): one core did everything while the other waited. On its own thread the database takes the
+// second core, and the HTTP thread only passes it statements and rows.
+//
+// What crosses between the threads is copied (structured clone): parameters, rows, and errors rebuilt from
+// their fields (code, severity, detail ...), so database-errors.ts reads them as it reads PGlite's own.
+// A query's options cross too, but only rowMode: parsers and serializers are functions, which cannot.
+// If the thread stops (a crash, an abort of the WebAssembly), every statement waiting and every later one
+// fails with "PGlite is closed", which the service answers as unavailable (503), and one error is logged.
+import { createRequire } from 'node:module'
+import { pathToFileURL } from 'node:url'
+import { Worker } from 'node:worker_threads'
+import type { Logger } from '../logger.js'
+
+/** What the worker starts from (its workerData). */
+export interface PgliteWorkerData {
+  /** 'memory://' or the directory PGlite keeps its cluster in. */
+  location: string
+  /** Postgres settings after PGlite's own (`-c name=value` pairs). */
+  startParams: string[]
+  /** A gzipped tarball of a data directory to start from (PGlite's loadDataDir). */
+  template?: ArrayBuffer | undefined
+}
+
+export type PgliteRequest = { id: number } & (
+  | { op: 'query'; sql: string; params: unknown[]; rowMode: 'array' | 'object' | undefined; tx: number | undefined }
+  | { op: 'begin' }
+  | { op: 'end'; tx: number; commit: boolean }
+  | { op: 'listen'; channel: string }
+  | { op: 'unlisten'; listen: number }
+  | { op: 'dump' }
+  | { op: 'close' }
+)
+
+type WithoutId<T> = T extends unknown ? Omit<T, 'id'> : never
+
+export interface SerializedError {
+  name: string
+  message: string
+  fields: Record<string, unknown>
+}
+
+type WorkerMessage =
+  | { id: number; result?: unknown; error?: SerializedError }
+  | { notify: number; payload: string }
+  | { ready: true }
+  | { failed: SerializedError }
+
+export interface QueryResults<T> {
+  rows: T[]
+  affectedRows?: number
+  fields: { name: string; dataTypeID: number }[]
+}
+
+export interface QueryOptions {
+  rowMode?: 'array' | 'object'
+}
+
+export interface PgliteTransaction {
+  query<T>(sql: string, params?: unknown[], options?: QueryOptions): Promise<QueryResults<T>>
+  rollback(): Promise<void>
+}
+
+export interface PgliteThreadOptions {
+  location: string
+  startParams: string[]
+  template?: Blob | undefined
+  logger?: Logger | undefined
+  /** The worker's script, pglite-worker's by default (a test gives one that stops, to see what follows). */
+  script?: URL | undefined
+}
+
+// the message database-errors.ts counts as "the database is not there" (503)
+const CLOSED_MESSAGE = 'PGlite is closed'
+
+function rebuildError({ name, message, fields }: SerializedError): Error {
+  const error = new Error(message)
+  Object.assign(error, fields)
+  error.name = name
+  return error
+}
+
+// the worker's file beside this one: .js when compiled; .ts when the service runs from source, and then the
+// worker first registers tsx's loader (a loader given to the process does not reach a worker on Node 20)
+function startWorker(data: PgliteWorkerData, transferList: ArrayBuffer[], script: URL | undefined): Worker {
+  if (script || !import.meta.url.endsWith('.ts')) {
+    return new Worker(script ?? new URL('./pglite-worker.js', import.meta.url), { workerData: data, transferList })
+  }
+  const require = createRequire(import.meta.url)
+  // the package's ESM entry beside the CommonJS one that require resolves to (tsx's exports map names both)
+  const tsx = pathToFileURL(require.resolve('tsx/esm/api')).href.replace(/\.cjs$/, '.mjs')
+  const source = new URL('./pglite-worker.ts', import.meta.url).href
+  const bootstrap = `import(${JSON.stringify(tsx)}).then(({ register }) => { register(); return import(${JSON.stringify(source)}) })`
+  return new Worker(bootstrap, { eval: true, workerData: data, transferList })
+}
+
+export class PgliteThread {
+  closed = false
+  ready = false
+  readonly waitReady: Promise<void>
+  private worker: Worker | undefined
+  private nextId = 1
+  private readonly pending = new Map<number, { resolve: (value: unknown) => void; reject: (error: Error) => void }>()
+  private readonly notifications = new Map<number, (payload: string) => void>()
+  private stopReason: Error | undefined
+
+  constructor(private readonly options: PgliteThreadOptions) {
+    this.waitReady = this.start()
+    // a start that fails is reported to whoever waits; this keeps it from being an unhandled rejection
+    this.waitReady.catch(() => {})
+  }
+
+  private async start(): Promise<void> {
+    const { location, startParams, template, logger, script } = this.options
+    const templateBytes = template ? await template.arrayBuffer() : undefined
+    const worker = startWorker({ location, startParams, template: templateBytes }, templateBytes ? [templateBytes] : [], script)
+    this.worker = worker
+    // the thread keeps the process alive only while a call waits on it, as a database connection would
+    worker.unref()
+    const started = new Promise<void>((resolve, reject) => {
+      worker.on('message', (message: WorkerMessage) => {
+        if ('id' in message) this.settle(message)
+        else if ('notify' in message) this.notifications.get(message.notify)?.(message.payload)
+        else if ('ready' in message) resolve()
+        else reject(rebuildError(message.failed))
+      })
+      const stopped = (reason: string) => {
+        const wasOpen = !this.closed
+        this.closed = true
+        this.stopReason = new Error(`${CLOSED_MESSAGE}: the embedded database's thread ${reason}`)
+        reject(this.stopReason)
+        for (const { reject: fail } of this.pending.values()) fail(this.stopReason)
+        this.pending.clear()
+        this.worker?.unref()
+        if (wasOpen) logger?.error({ reason }, 'the embedded database stopped')
+      }
+      // the worker's own error is not logged: a message from inside the database may quote the data
+      worker.on('error', (error) => stopped(`failed (${error.name})`))
+      worker.on('exit', (code) => stopped(`exited with code ${code}`))
+    })
+    try {
+      await started
+    } catch (error) {
+      // a database that cannot start leaves no thread behind: every call fails with the reason
+      this.closed = true
+      this.stopReason = error as Error
+      await worker.terminate()
+      throw error
+    }
+    this.ready = true
+  }
+
+  private settle(message: { id: number; result?: unknown; error?: SerializedError }): void {
+    const waiting = this.pending.get(message.id)
+    if (!waiting) return
+    this.pending.delete(message.id)
+    if (this.pending.size === 0) this.worker?.unref()
+    if (message.error) waiting.reject(rebuildError(message.error))
+    else waiting.resolve(message.result)
+  }
+
+  private async call<T>(request: WithoutId<PgliteRequest>): Promise<T> {
+    if (!this.ready) await this.waitReady
+    if (this.closed) throw this.stopReason ?? new Error(CLOSED_MESSAGE)
+    const worker = this.worker!
+    const id = this.nextId++
+    return new Promise<T>((resolve, reject) => {
+      try {
+        // throws (DataCloneError) for a value that cannot be copied to the thread, such as a function
+        worker.postMessage({ ...request, id })
+      } catch (error) {
+        reject(error as Error)
+        return
+      }
+      if (this.pending.size === 0) worker.ref()
+      this.pending.set(id, { resolve: resolve as (value: unknown) => void, reject })
+    })
+  }
+
+  query<T>(sql: string, params?: unknown[], options?: QueryOptions): Promise<QueryResults<T>> {
+    return this.queryIn(undefined, sql, params, options)
+  }
+
+  private queryIn<T>(tx: number | undefined, sql: string, params: unknown[] = [], options?: QueryOptions): Promise<QueryResults<T>> {
+    return this.call({ op: 'query', sql, params, rowMode: options?.rowMode, tx })
+  }
+
+  /** Runs `callback` in one transaction: committed when it resolves, rolled back when it throws. */
+  async transaction<T>(callback: (tx: PgliteTransaction) => Promise<T>): Promise<T> {
+    const id = await this.call<number>({ op: 'begin' })
+    let rolledBack = false
+    const tx: PgliteTransaction = {
+      query: (sql, params, options) => this.queryIn(id, sql, params, options),
+      rollback: async () => {
+        rolledBack = true
+        await this.call({ op: 'end', tx: id, commit: false })
+      },
+    }
+    let result: T
+    try {
+      result = await callback(tx)
+    } catch (error) {
+      if (!rolledBack) await this.call({ op: 'end', tx: id, commit: false }).catch(() => {})
+      throw error
+    }
+    if (!rolledBack) await this.call({ op: 'end', tx: id, commit: true })
+    return result
+  }
+
+  /** Calls `onNotify` with every NOTIFY's payload on `channel`; resolves to the function that stops it. */
+  async listen(channel: string, onNotify: (payload: string) => void): Promise<() => Promise<void>> {
+    const id = await this.call<number>({ op: 'listen', channel })
+    this.notifications.set(id, onNotify)
+    return async () => {
+      this.notifications.delete(id)
+      if (!this.closed) await this.call({ op: 'unlisten', listen: id })
+    }
+  }
+
+  /** The data directory as a gzipped tarball (a template for `template`). */
+  async dumpDataDir(): Promise<Blob> {
+    const bytes = await this.call<Uint8Array>({ op: 'dump' })
+    return new Blob([bytes])
+  }
+
+  async close(): Promise<void> {
+    if (this.closed) return
+    await this.call({ op: 'close' })
+    this.closed = true
+    this.stopReason = new Error(CLOSED_MESSAGE)
+    await this.worker?.terminate()
+  }
+}
