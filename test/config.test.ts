@@ -131,8 +131,9 @@ describe('configuration', () => {
     expect(config.poll.enabled).toBe(false)
     expect(config.port).toBe(8080)
     expect(Object.isFrozen(config.webhook.secrets)).toBe(true)
-    // group commit: half the Postgres pool writes deliveries; PGlite has one connection
-    expect(config.webhook.batchStatements).toBe(1)
+    // group commit: half the Postgres pool writes deliveries; PGlite has one connection, and a second
+    // statement waits on its thread while the first one's deliveries are answered
+    expect(config.webhook.batchStatements).toBe(2)
     expect(parseConfig({ ...remoteEnv, DATABASE_URL: 'postgres://db/x', DATABASE_POOL_SIZE: '10' }).webhook).toMatchObject({
       batchMax: 100,
       batchStatements: 5,
