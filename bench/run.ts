@@ -200,7 +200,8 @@ async function measured(kind: string, env: Record<string, string>, name: string,
     await warmUp(port, makeBody)
     // the server's own CPU per request: unlike req/s, barely moved by what else runs on the machine
     const cpuBefore = cpuMs(child.pid!)
-    const clusterCpu = kind === 'bare' ? () => undefined : clusterCpuFrom()
+    // the Postgres cluster's CPU, where the server uses it (not the bare route's, nor embedded PGlite's)
+    const clusterCpu = env.BENCH_DATABASE_URL ? clusterCpuFrom() : () => undefined
     const run = () => load(name, port, makeBody)
     // the forwarder's commit-to-handler latency during the load, as the no-op handler's (measuredNoop)
     const forwards = env.FORWARD_URL !== undefined && adminPort !== undefined
