@@ -54,10 +54,13 @@ describe('the poller in the service', () => {
     expect(
       platform.requests.map((request) => [request.method, request.path, request.signatureValid]),
     ).toEqual([['GET', '/api/partner/v1/trades/tr_svc-1/', true]])
+    // the order moves before its cycle ends: the cycle's time is set once the cycle is over
+    const lastCycle = new RegExp(`^poller_last_cycle_timestamp_seconds ${clock.now() / 1000}$`, 'm')
+    await eventually(async () => lastCycle.test(await (await fetch(`${service!.adminUrl}/metrics`)).text()), 'the cycle ends')
     metrics = await (await fetch(`${service.adminUrl}/metrics`)).text()
     expect(metrics).toMatch(/^poller_polls_total\{result="applied"\} 1$/m)
     expect(metrics).toMatch(/^poller_orders_due 0$/m)
-    expect(metrics).toMatch(new RegExp(`^poller_last_cycle_timestamp_seconds ${clock.now() / 1000}$`, 'm'))
+    expect(metrics).toMatch(lastCycle)
 
     const running = service
     service = undefined
