@@ -3,7 +3,7 @@
 // operator's views (the CLI's list, an order's timeline, the console, retention) read it from there.
 import { sql } from 'kysely'
 import request from 'supertest'
-import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest'
+import { afterEach, describe, expect, it } from 'vitest'
 import { createSlots } from '../src/reactions/dispatcher.js'
 import type { ReactionHandler } from '../src/reactions/reaction-event.js'
 import {
@@ -21,31 +21,18 @@ import { runPrunePass } from '../src/retention/prune.js'
 import { FakeClock } from './helpers/fake-clock.js'
 import { testLogger } from './helpers/log-sink.js'
 import { moveNewOrder } from './helpers/orders.js'
-import { clearReactions } from './helpers/reaction-jobs.js'
+import { clearReactions, TEST_DISPATCHER_SETTINGS } from './helpers/reaction-jobs.js'
 import { testConfig } from './helpers/test-config.js'
-import { createTestDatabase, describePostgres, type TestDatabase } from './helpers/test-database.js'
+import { describePostgres, useTestDatabase } from './helpers/test-database.js'
 
-const SETTINGS = {
-  concurrency: 4,
-  maxAttempts: 3,
-  leaseMs: 60_000,
-  backoff: { baseS: 10, capS: 1_000 },
-  safetyIntervalMs: 30_000,
-  shutdownTimeoutMs: 5_000,
-}
+const SETTINGS = TEST_DISPATCHER_SETTINGS
 
 describe('reactions done on the first attempt', () => {
-  let database: TestDatabase
+  const database = useTestDatabase()
   let counter = 0
 
-  beforeAll(async () => {
-    database = await createTestDatabase()
-  })
   afterEach(async () => {
     await clearReactions(database.db)
-  })
-  afterAll(async () => {
-    await database.close()
   })
 
   /** Two handlers of every transition, each with its stream worker: `ledger` always returns, `flaky` throws on `trade.funded`. */

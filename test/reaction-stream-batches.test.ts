@@ -4,7 +4,7 @@
 // that pace in three quarters of the wait; after full batches that finished it grows back, at most doubling.
 // An order waiting behind its own slow call is not the slots' fault and changes nothing. Time is a fake
 // clock: only the test decides when a handler returns and when the wait is over.
-import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest'
+import { afterEach, describe, expect, it } from 'vitest'
 import { createSlots } from '../src/reactions/dispatcher.js'
 import type { ReactionHandler } from '../src/reactions/reaction-event.js'
 import { createReactionRegistry } from '../src/reactions/reaction-registry.js'
@@ -14,31 +14,18 @@ import { FakeClock } from './helpers/fake-clock.js'
 import { testLogger } from './helpers/log-sink.js'
 import { moveNewOrder } from './helpers/orders.js'
 import { eventually } from './helpers/reconcile-poller.js'
-import { clearReactions, reactionRecords } from './helpers/reaction-jobs.js'
-import { createTestDatabase, type TestDatabase } from './helpers/test-database.js'
+import { clearReactions, reactionRecords, TEST_DISPATCHER_SETTINGS } from './helpers/reaction-jobs.js'
+import { useTestDatabase } from './helpers/test-database.js'
 
 const CONCURRENCY = 2
-const SETTINGS = {
-  concurrency: CONCURRENCY,
-  maxAttempts: 3,
-  leaseMs: 60_000,
-  backoff: { baseS: 10, capS: 1_000 },
-  safetyIntervalMs: 30_000,
-  shutdownTimeoutMs: 5_000,
-}
+const SETTINGS = { ...TEST_DISPATCHER_SETTINGS, concurrency: CONCURRENCY }
 
 describe('the size of a reaction stream batch', () => {
-  let database: TestDatabase
+  const database = useTestDatabase()
   let counter = 0
 
-  beforeAll(async () => {
-    database = await createTestDatabase()
-  })
   afterEach(async () => {
     await clearReactions(database.db)
-  })
-  afterAll(async () => {
-    await database.close()
   })
 
   /** A handler whose calls return when the test says (or at once, once opened). */

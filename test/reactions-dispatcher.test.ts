@@ -17,30 +17,20 @@ import { backoffDelayS } from '../src/reconcile/backoff-delay.js'
 import { FakeClock } from './helpers/fake-clock.js'
 import { processWarningsDuring } from './helpers/process-warnings.js'
 import { testLogger } from './helpers/log-sink.js'
-import { clearReactions, reactionRecords } from './helpers/reaction-jobs.js'
+import { clearReactions, reactionRecords, TEST_DISPATCHER_SETTINGS } from './helpers/reaction-jobs.js'
 import { eventually } from './helpers/reconcile-poller.js'
-import { createTestDatabase, describePostgres, type TestDatabase } from './helpers/test-database.js'
+import { createTestDatabase, describePostgres, type TestDatabase, useTestDatabase } from './helpers/test-database.js'
 
-const SETTINGS: DispatcherSettings = {
-  concurrency: 4,
-  maxAttempts: 3,
-  leaseMs: 60_000,
-  backoff: { baseS: 10, capS: 1_000 },
-  safetyIntervalMs: 30_000,
-  shutdownTimeoutMs: 5_000,
-}
+const SETTINGS = TEST_DISPATCHER_SETTINGS
 const HALF = () => 0.5
 
 describe('the reaction dispatcher', () => {
-  let database: TestDatabase
+  const database = useTestDatabase()
   let clock: FakeClock
   let dispatcher: Dispatcher | undefined
   let counter = 0
   let streams = 0
 
-  beforeAll(async () => {
-    database = await createTestDatabase()
-  })
   beforeEach(() => {
     clock = new FakeClock(Date.now())
   })
@@ -48,9 +38,6 @@ describe('the reaction dispatcher', () => {
     await dispatcher?.stop()
     dispatcher = undefined
     await clearReactions(database.db)
-  })
-  afterAll(async () => {
-    await database.close()
   })
 
   /** Starts a dispatcher for the registry: its streams begin after what is committed, unless made before (`streamsNow`). */

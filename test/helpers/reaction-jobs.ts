@@ -1,7 +1,21 @@
-// Waiting on reactions in tests that run the service: how many are not done yet.
+// Reactions in tests: a dispatcher's settings, and what the reactions' tables hold (how many are not done yet).
 import { type Kysely, sql } from 'kysely'
 import type { Database } from '../../src/db/database.js'
+import type { DispatcherSettings } from '../../src/reactions/dispatcher.js'
 import { reactionJobStats } from '../../src/reactions/reaction-job.repository.js'
+
+/**
+ * A dispatcher's settings in tests: a lease and a backoff long enough that nothing is retried or taken back
+ * unless the test moves its clock there.
+ */
+export const TEST_DISPATCHER_SETTINGS: DispatcherSettings = {
+  concurrency: 4,
+  maxAttempts: 3,
+  leaseMs: 60_000,
+  backoff: { baseS: 10, capS: 1_000 },
+  safetyIntervalMs: 30_000,
+  shutdownTimeoutMs: 5_000,
+}
 
 /**
  * Reaction jobs pending, running or failed, and the events committed that a handler's stream has not taken
