@@ -44,7 +44,7 @@ interface DrainResult {
   eventsPerSecond: number
   cpuUsPerEvent: number
   jobRowUpdates: number
-  /** Write-backs that made done jobs (a batch stamps its rows with one updated_at), and the median gap between them. */
+  /** Write-backs that recorded done events (batchesOf), and the median gap between them. */
   batches: number
   medianGapMs: number
 }
@@ -150,10 +150,17 @@ async function jobRowUpdates({ admin, schema }: BenchSchema) {
   return Number(rows[0]!.updates)
 }
 
-/** Distinct updated_at among done jobs (one per stream write-back, and one per outcome written apart), and the median gap. */
+/**
+ * The write-backs that recorded done events, and the median gap between them: each stream batch's record
+ * (reaction_stream_batches, one row a batch since migrations/0011) and each distinct updated_at among done
+ * job rows (an outcome the job loop or a handed-off handler wrote).
+ */
 async function batchesOf({ admin, schema }: BenchSchema) {
   const { rows } = await admin.query<{ at: Date; done: number }>(
-    `select updated_at as at, count(*)::int as done from ${schema}.reaction_jobs where state = 'done' group by 1 order by 1`,
+    `select finished_at as at, events as done from ${schema}.reaction_stream_batches where cardinality(done) > 0
+     union all
+     select updated_at, count(*)::int from ${schema}.reaction_jobs where state = 'done' group by 1
+     order by 1`,
   )
   if (process.env.DRAIN_DEBUG) console.error(rows.map((row) => `${row.at.toISOString().slice(17, 23)} ${row.done}`).join('\n'))
   const gaps = rows.slice(1).map((row, i) => row.at.getTime() - rows[i]!.at.getTime())

@@ -201,6 +201,48 @@ describe('the forwarder', () => {
     expect(await failure).toMatchObject({ code: 'forward_timeout' })
   })
 
+  it('times out each of several attempts at its own deadline, and leaves no timer once none is waiting', async () => {
+    const clock = new FakeClock(Date.now())
+    const target = await receiver(() => 'hang')
+    const forward = createForwarder({ url: target.url, secret: SECRET, timeoutMs: 10_000, clock })
+
+    const first = failureOf(forward(event, context()))
+    await target.waitFor(1)
+    await clock.advance(4_000)
+    let secondEnded = false
+    const second = failureOf(forward({ ...event, sequence: 3 }, context())).finally(() => (secondEnded = true))
+    await target.waitFor(2)
+
+    await clock.advance(6_000)
+    expect(await first).toMatchObject({ code: 'forward_timeout' })
+    expect(secondEnded, 'the second attempt has 4 s left').toBe(false)
+    await clock.advance(4_000)
+    expect(await second).toMatchObject({ code: 'forward_timeout' })
+    expect(clock.pendingSleepers).toBe(0)
+  })
+
+  it('leaves no timer once its attempts are answered', async () => {
+    const clock = new FakeClock(Date.now())
+    const target = await receiver(() => 204)
+    const forward = createForwarder({ url: target.url, secret: SECRET, timeoutMs: 10_000, clock })
+
+    await Promise.all([1, 2, 3].map((sequence) => forward({ ...event, sequence }, context())))
+
+    expect(target.received).toHaveLength(3)
+    expect(clock.pendingSleepers).toBe(0)
+  })
+
+  it('sends nothing when the handler’s signal is aborted before the attempt', async () => {
+    const target = await receiver(() => 204)
+    const forward = createForwarder({ url: target.url, secret: SECRET, timeoutMs: 5_000 })
+    const controller = new AbortController()
+    controller.abort(new Error('shutting down'))
+
+    expect(await failureOf(forward(event, context({ signal: controller.signal })))).toMatchObject({ code: 'forward_aborted' })
+    await forward({ ...event, eventId: 'the-next-event' }, context())
+    expect(target.received.map((request) => request.headers['webhook-id'])).toEqual(['the-next-event'])
+  })
+
   it('times out on the real clock too', async () => {
     const target = await receiver(() => 'hang')
     const forward = createForwarder({ url: target.url, secret: SECRET, timeoutMs: 200 })

@@ -46,10 +46,10 @@ export function signStandardWebhook(secret: string, id: string, timestamp: numbe
 const signWithKey = (key: Buffer, id: string, timestamp: number, body: string) =>
   `v1,${createHmac('sha256', key).update(`${id}.${timestamp}.${body}`).digest('base64')}`
 
-// the reasons an attempt's controller is aborted with (an abort without one builds a DOMException each time):
-// it ended (the timer stops), or it timed out (the request stops)
-const ATTEMPT_ENDED = new Error('the forward attempt ended')
+// the reasons a request or the deadlines' timer is stopped with (an abort without one builds a DOMException
+// each time): the attempt timed out (the request stops), or no attempt is left (the timer stops)
 const TIMED_OUT = new Error('the forward attempt timed out')
+const NO_ATTEMPT_LEFT = new Error('no forward attempt is waiting')
 
 export type ForwardErrorCode = 'forward_failed' | 'forward_timeout' | 'forward_unreachable' | 'forward_aborted'
 
@@ -102,7 +102,8 @@ export function createForwarder({
   if (!(timeoutMs > 0)) throw new Error('the forward timeout must be a positive number of milliseconds')
   // errors and logs name the receiver by origin only: a path or query may carry a token of its own
   const receiver = target.origin
-  const post = fetchImplementation ? postWithFetch(fetchImplementation) : postWithPool(target)
+  const post = fetchImplementation ? postWithFetch(fetchImplementation, target) : postWithPool(target)
+  const deadlines = createDeadlines(clock, timeoutMs)
   const logsAttempts = serviceLogger?.isLevelEnabled('debug') ?? true
 
   return async function forward(event, context) {
@@ -124,24 +125,21 @@ export function createForwarder({
         'reaction forwarded',
       )
     }
-    // one controller an attempt ends its request: the handler's signal (lease ended, shutdown) or the
-    // timeout aborts it, and the attempt's end stops the timer. The timer runs on the injected clock, so a
-    // test can time an attempt out without waiting. (Three controllers an attempt and a signal combining two of
-    // them cost 105-121 µs of CPU per forwarded event, against 74-89 µs with one: bench/results/latest.md)
-    const attemptEnd = new AbortController()
-    const onAbort = () => attemptEnd.abort(signal.reason)
+    // the request ends at its answer, or when the handler's signal is aborted (lease ended, shutdown), or at
+    // its deadline. The deadlines share one timer on the injected clock, so a test can time an attempt out
+    // without waiting. (A timer and an AbortController per attempt, and the pool's promise API with its answer
+    // stream, cost 23 µs of CPU per forwarded event: a median 133 µs against 110 in bench/results/forward-drain.md)
+    const request = post(headers, body)
+    const onAbort = () => request.abort(signal.reason)
     if (signal.aborted) onAbort()
     else signal.addEventListener('abort', onAbort, { once: true })
     let timedOut = false
-    clock.sleep(timeoutMs, attemptEnd.signal).then(
-      () => {
-        timedOut = true
-        attemptEnd.abort(TIMED_OUT)
-      },
-      () => {},
-    )
+    const deadline = deadlines.add(() => {
+      timedOut = true
+      request.abort(TIMED_OUT)
+    })
     try {
-      const status = await post(target, headers, body, attemptEnd.signal)
+      const status = await request.answer
       log({ status })
       if (status < 200 || status > 299) {
         const redirect = status >= 300 && status <= 399 ? ' (redirects are not followed)' : ''
@@ -165,38 +163,130 @@ export function createForwarder({
       throw new ForwardError('forward_unreachable', message, undefined, { cause: error })
     } finally {
       signal.removeEventListener('abort', onAbort)
-      attemptEnd.abort(ATTEMPT_ENDED)
+      deadlines.delete(deadline)
     }
   }
 }
 
 /**
- * Sends one POST and resolves to the answer's status once its body is drained; `signal` ends the request
- * (the attempt timed out, or the handler's signal was aborted). Never follows a redirect.
+ * The attempts' deadlines, all `timeoutMs` after their start, on one timer: with one timeout for all, the
+ * attempt that started first is the first to time out, so the timer only ever waits for the oldest. It stops
+ * when no attempt is left and starts again with the next.
  */
-type Post = (target: URL, headers: Record<string, string>, body: string, signal: AbortSignal) => Promise<number>
+function createDeadlines(clock: Clock, timeoutMs: number) {
+  interface Deadline {
+    at: number
+    expire: () => void
+  }
+  // in the order the attempts started (a Set keeps insertion order), so in the order of their deadlines
+  const waiting = new Set<Deadline>()
+  let idle: AbortController | undefined
 
-// undici's connection pool to the receiver's origin, one per forwarder, its connections kept alive: a forwarded
-// event costs about 68 µs of CPU, against 90 µs through node:http's keep-alive agent (bench/results/latest.md).
-// A redirect is an answer like any other, never followed. The answer's body is not ours to read: draining it
-// returns the connection to the pool
-function postWithPool(target: URL): Post {
-  const pool = new Pool(target.origin)
-  return async (url, headers, body, signal) => {
-    const { statusCode, body: response } = await pool.request({ path: `${url.pathname}${url.search}`, method: 'POST', headers, body, signal })
-    // drained before the attempt ends: its end aborts the signal, which would close a connection still reading
-    await response.dump().catch(() => {})
-    return statusCode
+  const watch = async (stop: AbortSignal) => {
+    for (let oldest = first(waiting); oldest; oldest = first(waiting)) {
+      const wait = oldest.at - clock.now()
+      if (wait > 0) {
+        if (!(await clock.sleep(wait, stop).then(() => true, () => false))) return
+        continue
+      }
+      waiting.delete(oldest)
+      oldest.expire()
+    }
+    if (idle?.signal === stop) idle = undefined
+  }
+
+  return {
+    add(expire: () => void): Deadline {
+      const deadline = { at: clock.now() + timeoutMs, expire }
+      waiting.add(deadline)
+      if (!idle) {
+        idle = new AbortController()
+        void watch(idle.signal)
+      }
+      return deadline
+    },
+    delete(deadline: Deadline): void {
+      if (!waiting.delete(deadline) || waiting.size > 0) return
+      idle?.abort(NO_ATTEMPT_LEFT)
+      idle = undefined
+    },
   }
 }
 
-function postWithFetch(fetchImplementation: typeof fetch): Post {
-  return async (target, headers, body, signal) => {
-    // redirect: manual, so a signed event is never sent on to an address nobody configured
-    const response = await fetchImplementation(target, { method: 'POST', headers, body, redirect: 'manual', signal })
-    // the answer's body is not ours to read; dropping it frees the connection
-    await response.body?.cancel().catch(() => {})
-    return response.status
+const first = <T>(set: Set<T>): T | undefined => set.values().next().value
+
+/**
+ * One POST on its way: `answer` resolves to the answer's status once its body is drained, and rejects when
+ * the request fails or `abort` is called first (the attempt timed out, or the handler's signal was aborted).
+ * Never follows a redirect.
+ */
+interface PostRequest {
+  answer: Promise<number>
+  abort: (reason: unknown) => void
+}
+type Post = (headers: Record<string, string>, body: string) => PostRequest
+
+// undici's connection pool to the receiver's origin, one per forwarder, its connections kept alive, driven
+// through its dispatch interface: no answer stream, promise wrapper or async resource per request. A forwarded
+// event costs about 68 µs of CPU through the pool's request(), against 90 µs through node:http's keep-alive
+// agent (bench/results/latest.md). A redirect is an answer like any other, never followed. The answer's body is
+// not ours to read: it is let through and dropped, which returns the connection to the pool
+function postWithPool(target: URL): Post {
+  const pool = new Pool(target.origin)
+  const path = `${target.pathname}${target.search}`
+  return (headers, body) => {
+    let settle: { resolve: (status: number) => void; reject: (error: unknown) => void } | undefined
+    const answer = new Promise<number>((resolve, reject) => (settle = { resolve, reject }))
+    let status = 0
+    // undici's abort of the request on its connection, from the moment it is on one
+    let abortRequest: ((reason: Error) => void) | undefined
+    let abortedWith: Error | undefined
+    const end = (outcome: 'resolve' | 'reject', value: unknown) => {
+      const settled = settle
+      settle = undefined
+      if (outcome === 'resolve') settled?.resolve(value as number)
+      else settled?.reject(value)
+    }
+    pool.dispatch(
+      { path, method: 'POST', headers, body },
+      {
+        onConnect(abort: (reason: Error) => void) {
+          if (abortedWith) abort(abortedWith)
+          else abortRequest = abort
+        },
+        onHeaders(statusCode: number) {
+          status = statusCode
+          return true
+        },
+        onData: () => true,
+        onComplete: () => end('resolve', status),
+        onError: (error: Error) => end('reject', error),
+      },
+    )
+    return {
+      answer,
+      // the attempt ends at once; the request, once on a connection, is stopped there (its connection closed)
+      abort(reason) {
+        if (!settle) return
+        abortedWith = reason instanceof Error ? reason : new Error(String(reason))
+        end('reject', reason)
+        abortRequest?.(abortedWith)
+      },
+    }
+  }
+}
+
+function postWithFetch(fetchImplementation: typeof fetch, target: URL): Post {
+  return (headers, body) => {
+    const controller = new AbortController()
+    const send = async () => {
+      // redirect: manual, so a signed event is never sent on to an address nobody configured
+      const response = await fetchImplementation(target, { method: 'POST', headers, body, redirect: 'manual', signal: controller.signal })
+      // the answer's body is not ours to read; dropping it frees the connection
+      await response.body?.cancel().catch(() => {})
+      return response.status
+    }
+    return { answer: send(), abort: (reason) => controller.abort(reason) }
   }
 }
 
