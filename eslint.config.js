@@ -13,7 +13,8 @@ export default tseslint.config(
   js.configs.recommended,
   ...tseslint.configs.recommended,
   {
-    files: ['**/*.ts'],
+    // src/**/*.mjs: the embedded database's worker, plain JavaScript (src/db/pglite-worker.mjs)
+    files: ['**/*.ts', 'src/**/*.mjs'],
     languageOptions: { globals: { ...globals.node } },
     rules: {
       '@typescript-eslint/no-unused-vars': ['error', { argsIgnorePattern: '^_', varsIgnorePattern: '^_' }],

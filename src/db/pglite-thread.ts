@@ -1,4 +1,4 @@
-// Embedded PGlite on a thread of its own (pglite-worker.ts), behind the part of PGlite's interface that
+// Embedded PGlite on a thread of its own (pglite-worker.mjs), behind the part of PGlite's interface that
 // Kysely's PGliteDialect and open-database.ts use: query, transaction, listen, dumpDataDir, close.
 //
 // PGlite runs Postgres as WebAssembly in the thread that calls it. In local mode that was the thread
@@ -11,8 +11,6 @@
 // A query's options cross too, but only rowMode: parsers and serializers are functions, which cannot.
 // If the thread stops (a crash, an abort of the WebAssembly), every statement waiting and every later one
 // fails with "PGlite is closed", which the service answers as unavailable (503), and one error is logged.
-import { createRequire } from 'node:module'
-import { pathToFileURL } from 'node:url'
 import { Worker } from 'node:worker_threads'
 import type { Logger } from '../logger.js'
 
@@ -84,18 +82,10 @@ function rebuildError({ name, message, fields }: SerializedError): Error {
   return error
 }
 
-// the worker's file beside this one: .js when compiled; .ts when the service runs from source, and then the
-// worker first registers tsx's loader (a loader given to the process does not reach a worker on Node 20)
+// the worker's file beside this one, in src/ and in dist/ alike: plain JavaScript, so that it runs without a
+// loader from source too (pglite-worker.mjs says why)
 function startWorker(data: PgliteWorkerData, transferList: ArrayBuffer[], script: URL | undefined): Worker {
-  if (script || !import.meta.url.endsWith('.ts')) {
-    return new Worker(script ?? new URL('./pglite-worker.js', import.meta.url), { workerData: data, transferList })
-  }
-  const require = createRequire(import.meta.url)
-  // the package's ESM entry beside the CommonJS one that require resolves to (tsx's exports map names both)
-  const tsx = pathToFileURL(require.resolve('tsx/esm/api')).href.replace(/\.cjs$/, '.mjs')
-  const source = new URL('./pglite-worker.ts', import.meta.url).href
-  const bootstrap = `import(${JSON.stringify(tsx)}).then(({ register }) => { register(); return import(${JSON.stringify(source)}) })`
-  return new Worker(bootstrap, { eval: true, workerData: data, transferList })
+  return new Worker(script ?? new URL('./pglite-worker.mjs', import.meta.url), { workerData: data, transferList })
 }
 
 export class PgliteThread {

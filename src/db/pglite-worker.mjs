@@ -1,3 +1,4 @@
+// @ts-check
 // The embedded database's own thread (started by pglite-thread.ts). PGlite is Postgres compiled to
 // WebAssembly: on the thread that serves HTTP, every statement it runs holds up every request. Here it
 // runs beside that thread, and the two share nothing but these messages:
@@ -7,35 +8,46 @@
 //   { id, op: 'listen', channel }                   → { id, result: listenId }; then { notify: listenId, payload }
 //   { id, op: 'unlisten', listen }, { id, op: 'dump' } (→ a gzipped tarball's bytes), { id, op: 'close' }
 // It answers { ready: true } once the database is up, or { failed } if it cannot start.
+//
+// Plain JavaScript, its types in JSDoc (checked by tsc): as TypeScript, run from source, it needed tsx's
+// loader registered again inside it (a loader given to the process does not reach a worker on Node 20), and
+// with that second tsx a later `npm start` peaked at 394-396 MB instead of 339-360 (README, "Local mode").
+/** @import { Transaction } from '@electric-sql/pglite' */
+/** @import { MessagePort } from 'node:worker_threads' */
+/** @import { PgliteRequest, PgliteWorkerData, SerializedError } from './pglite-thread.js' */
 import { parentPort, workerData } from 'node:worker_threads'
-import { PGlite, type Transaction } from '@electric-sql/pglite'
-import type { PgliteRequest, PgliteWorkerData, SerializedError } from './pglite-thread.js'
+import { PGlite } from '@electric-sql/pglite'
 
-const port = parentPort!
-const { location, startParams, template } = workerData as PgliteWorkerData
+const port = /** @type {MessagePort} */ (parentPort)
+const { location, startParams, template } = /** @type {PgliteWorkerData} */ (workerData)
 
 const pglite = new PGlite(location, {
   ...(template ? { loadDataDir: new Blob([template]) } : {}),
   startParams: [...PGlite.defaultStartParams, ...startParams],
 })
 
-// an open transaction: its PGlite handle and the function that ends it (true commits)
-interface OpenTransaction {
-  tx: Transaction
-  end: (commit: boolean) => void
-  ended: Promise<void>
-}
-const transactions = new Map<number, OpenTransaction>()
-const listeners = new Map<number, () => Promise<void>>()
+/**
+ * An open transaction: its PGlite handle and the function that ends it (true commits).
+ * @typedef {{ tx: Transaction, end: (commit: boolean) => void, ended: Promise<void> }} OpenTransaction
+ */
+/** @type {Map<number, OpenTransaction>} */
+const transactions = new Map()
+/** @type {Map<number, () => Promise<void>>} */
+const listeners = new Map()
 let nextId = 1
 
 // the rollback's reason inside PGlite's transaction(): thrown to make it roll back, not reported
 const ROLLBACK = Symbol('rollback')
 
-function serializeError(error: unknown): SerializedError {
+/**
+ * @param {unknown} error
+ * @returns {SerializedError}
+ */
+function serializeError(error) {
   if (error instanceof Error) {
     // PGlite's database errors carry the server's fields (code, severity, detail ...) as own properties
-    const fields: Record<string, unknown> = {}
+    /** @type {Record<string, unknown>} */
+    const fields = {}
     for (const [key, value] of Object.entries(error)) {
       if (value === null || ['string', 'number', 'boolean'].includes(typeof value)) fields[key] = value
     }
@@ -44,7 +56,11 @@ function serializeError(error: unknown): SerializedError {
   return { name: 'Error', message: String(error), fields: {} }
 }
 
-async function handle(request: PgliteRequest): Promise<unknown> {
+/**
+ * @param {PgliteRequest} request
+ * @returns {Promise<unknown>}
+ */
+async function handle(request) {
   switch (request.op) {
     case 'query': {
       const target = request.tx === undefined ? pglite : transactions.get(request.tx)?.tx
@@ -82,13 +98,18 @@ async function handle(request: PgliteRequest): Promise<unknown> {
   }
 }
 
-// Resolves with the transaction's id once PGlite is inside it (it holds the database: other statements
-// wait their turn). The transaction ends when 'end' comes: committed, or rolled back.
-function begin(): Promise<number> {
+/**
+ * Resolves with the transaction's id once PGlite is inside it (it holds the database: other statements
+ * wait their turn). The transaction ends when 'end' comes: committed, or rolled back.
+ * @returns {Promise<number>}
+ */
+function begin() {
   const id = nextId++
-  return new Promise<number>((resolve, reject) => {
-    let end!: (commit: boolean) => void
-    const decided = new Promise<boolean>((settle) => (end = settle))
+  return new Promise((resolve, reject) => {
+    /** @type {(commit: boolean) => void} */
+    let end
+    /** @type {Promise<boolean>} */
+    const decided = new Promise((settle) => (end = settle))
     let begun = false
     const ended = pglite
       .transaction(async (tx) => {
@@ -99,26 +120,26 @@ function begin(): Promise<number> {
       })
       .then(
         () => {},
-        (error: unknown) => {
+        (/** @type {unknown} */ error) => {
           if (error !== ROLLBACK) throw error
         },
       )
       .finally(() => transactions.delete(id))
     // a BEGIN that failed never entered the callback: the caller learns it from 'begin'
-    ended.catch((error: unknown) => {
+    ended.catch((/** @type {unknown} */ error) => {
       if (!begun) reject(error)
     })
   })
 }
 
-port.on('message', (request: PgliteRequest) => {
+port.on('message', (/** @type {PgliteRequest} */ request) => {
   handle(request).then(
     (result) => port.postMessage({ id: request.id, result }),
-    (error: unknown) => port.postMessage({ id: request.id, error: serializeError(error) }),
+    (/** @type {unknown} */ error) => port.postMessage({ id: request.id, error: serializeError(error) }),
   )
 })
 
 pglite.waitReady.then(
   () => port.postMessage({ ready: true }),
-  (error: unknown) => port.postMessage({ failed: serializeError(error) }),
+  (/** @type {unknown} */ error) => port.postMessage({ failed: serializeError(error) }),
 )
