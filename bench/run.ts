@@ -60,6 +60,29 @@ interface LoadResult {
   cpuUsPerRequest?: number
   /** The Postgres cluster's CPU time per answered request over the measured run (every process of it), in µs. */
   postgresCpuUsPerRequest?: number
+  /** This process's CPU time per answered request over the measured run: the load generator's, in µs. */
+  loadCpuUsPerRequest?: number
+  /** The forward receiver's CPU time per answered request over the measured run (the runs with the forwarder), in µs. */
+  receiverCpuUsPerRequest?: number
+}
+
+/**
+ * The CPU of every process a run measured, per request, and the share of the machine's cores that kept busy at
+ * the run's rate (no Postgres cluster for the bare route, and PGlite's is inside the server; pgbench has no server).
+ */
+function machineCpu(row: LoadResult): [string, string] {
+  if (row.cpuUsPerRequest === undefined || row.loadCpuUsPerRequest === undefined) return ['', '']
+  const total = row.cpuUsPerRequest + (row.postgresCpuUsPerRequest ?? 0) + row.loadCpuUsPerRequest + (row.receiverCpuUsPerRequest ?? 0)
+  return [String(total), `${Math.round((total * row.rps) / (os.cpus().length * 10_000))} %`]
+}
+
+/** Starts a reading of this process's CPU (it generates the load); the returned function gives the µs per request since. */
+function loadCpuFrom(): (requests: number) => number {
+  const before = process.cpuUsage()
+  return (requests) => {
+    const { user, system } = process.cpuUsage(before)
+    return Math.round((user + system) / Math.max(1, requests))
+  }
 }
 
 // the Postgres cluster the benchmark's schemas live in, when it runs on this machine (its CPU is read from /proc)
@@ -185,7 +208,16 @@ async function warmUp(port: number, makeBody: WarmedFactory): Promise<void> {
   }
 }
 
-async function measured(kind: string, env: Record<string, string>, name: string, makeBody: BodyFactory, rss = false, dist?: string) {
+async function measured(
+  kind: string,
+  env: Record<string, string>,
+  name: string,
+  makeBody: BodyFactory,
+  rss = false,
+  dist?: string,
+  /** The forward receiver's process, whose CPU over the run is read too. */
+  receiverPid?: number,
+) {
   const server: { child: ChildProcess; port: number; adminPort?: number } =
     kind === 'service'
       ? await startService(
@@ -202,6 +234,8 @@ async function measured(kind: string, env: Record<string, string>, name: string,
     const cpuBefore = cpuMs(child.pid!)
     // the Postgres cluster's CPU, where the server uses it (not the bare route's, nor embedded PGlite's)
     const clusterCpu = env.BENCH_DATABASE_URL ? clusterCpuFrom() : () => undefined
+    const loadCpu = loadCpuFrom()
+    const receiverCpuBefore = receiverPid === undefined ? 0 : cpuMs(receiverPid)
     const run = () => load(name, port, makeBody)
     // the forwarder's commit-to-handler latency during the load, as the no-op handler's (measuredNoop)
     const forwards = env.FORWARD_URL !== undefined && adminPort !== undefined
@@ -209,6 +243,10 @@ async function measured(kind: string, env: Record<string, string>, name: string,
     if (latency) loadLatency.set(result, latency)
     result.cpuUsPerRequest = Math.round(((cpuMs(child.pid!) - cpuBefore) * 1000) / Math.max(1, result.requests))
     result.postgresCpuUsPerRequest = clusterCpu(result.requests)
+    result.loadCpuUsPerRequest = loadCpu(result.requests)
+    if (receiverPid !== undefined) {
+      result.receiverCpuUsPerRequest = Math.round(((cpuMs(receiverPid) - receiverCpuBefore) * 1000) / Math.max(1, result.requests))
+    }
     if (rss) result.peakRssMb = peakRssMb(child.pid!)
     return result
   } finally {
@@ -299,9 +337,11 @@ async function ingestBench({ reactionsOnly = false } = {}): Promise<LoadResult[]
         const cpuBefore = cpuMs(child.pid!)
         const before = await jobCounts('noop')
         const clusterCpu = clusterCpuFrom()
+        const loadCpu = loadCpuFrom()
         const [result, latency] = await reactionLatencyDuring(adminPort, 'noop', () => load(WITH_NOOP_HANDLER, port, makeBody))
         result.cpuUsPerRequest = Math.round(((cpuMs(child.pid!) - cpuBefore) * 1000) / Math.max(1, result.requests))
         result.postgresCpuUsPerRequest = clusterCpu(result.requests)
+        result.loadCpuUsPerRequest = loadCpu(result.requests)
         result.peakRssMb = peakRssMb(child.pid!)
         const after = await jobCounts('noop')
         // not done when the load ended: all of them, the warm-up's included (a difference goes negative when
@@ -328,6 +368,8 @@ async function ingestBench({ reactionsOnly = false } = {}): Promise<LoadResult[]
           WITH_HANDLER,
           matched(orders, (2 * rounds + round) * orders),
           true,
+          undefined,
+          receiver.child.pid,
         )
         const after = await jobCounts('forwarder')
         handlerBacklog.set(forwarded, { jobs: after.jobs - before.jobs, notDone: after.notDone - before.notDone, batches: after.batches - before.batches })
@@ -515,7 +557,21 @@ async function main(): Promise<void> {
     sections.push(
       '## Ingest\n\n' +
         table([
-          ['scenario', 'req/s', 'p50 ms', 'p99 ms', 'non-2xx', 'errors', 'peak RSS MB', 'server CPU µs/request', 'Postgres CPU µs/request'],
+          [
+            'scenario',
+            'req/s',
+            'p50 ms',
+            'p99 ms',
+            'non-2xx',
+            'errors',
+            'peak RSS MB',
+            'server CPU µs/request',
+            'Postgres CPU µs/request',
+            'load generator CPU µs/request',
+            'forward receiver CPU µs/request',
+            'the four together µs/request',
+            `of the ${os.cpus().length} cores busy`,
+          ],
           ...[...ingest, ...pglite].map((row) => [
             row.name,
             String(row.rps),
@@ -526,6 +582,9 @@ async function main(): Promise<void> {
             row.peakRssMb === undefined ? '' : String(row.peakRssMb),
             row.cpuUsPerRequest === undefined ? '' : String(row.cpuUsPerRequest),
             row.postgresCpuUsPerRequest === undefined ? '' : String(row.postgresCpuUsPerRequest),
+            row.loadCpuUsPerRequest === undefined ? '' : String(row.loadCpuUsPerRequest),
+            row.receiverCpuUsPerRequest === undefined ? '' : String(row.receiverCpuUsPerRequest),
+            ...machineCpu(row),
           ]),
         ]),
     )
