@@ -21,7 +21,7 @@ import { runPrunePass } from '../src/retention/prune.js'
 import { FakeClock } from './helpers/fake-clock.js'
 import { testLogger } from './helpers/log-sink.js'
 import { moveNewOrder } from './helpers/orders.js'
-import { clearReactions, TEST_DISPATCHER_SETTINGS } from './helpers/reaction-jobs.js'
+import { clearReactions, TEST_DISPATCHER_SETTINGS, untilEventsReadable } from './helpers/reaction-jobs.js'
 import { testConfig } from './helpers/test-config.js'
 import { describePostgres, useTestDatabase } from './helpers/test-database.js'
 
@@ -67,6 +67,7 @@ describe('reactions done on the first attempt', () => {
       const now = () => new Date(clock.now())
       const orderId = await moveNewOrder(database.db, { externalReference: `first-${++counter}`, statuses, handlersFor: reactions.handlersFor, now })
       const history = await database.db.selectFrom('orderStatusHistory').select('eventId').where('orderId', '=', orderId).orderBy('id').execute()
+      await untilEventsReadable(database.db)
       return { orderId, eventIds: history.map((row) => row.eventId) }
     }
     /** Every worker reads and runs one batch. */

@@ -14,7 +14,7 @@ import { FakeClock } from './helpers/fake-clock.js'
 import { testLogger } from './helpers/log-sink.js'
 import { moveNewOrder } from './helpers/orders.js'
 import { eventually } from './helpers/reconcile-poller.js'
-import { clearReactions, reactionRecords, TEST_DISPATCHER_SETTINGS } from './helpers/reaction-jobs.js'
+import { clearReactions, reactionRecords, TEST_DISPATCHER_SETTINGS, untilEventsReadable } from './helpers/reaction-jobs.js'
 import { useTestDatabase } from './helpers/test-database.js'
 
 const CONCURRENCY = 2
@@ -50,11 +50,12 @@ describe('the size of a reaction stream batch', () => {
     const clock = new FakeClock(Date.now())
     const reactions = createReactionRegistry().on('trade.*', 'gate', handler)
     await ensureReactionStreams(database.db, reactions.names, new Date(clock.now()))
-    /** `count` orders created, one event each, committed after the stream's place. */
+    /** `count` orders created, one event each, committed after the stream's place (and readable by it). */
     const transitions = async (count: number) => {
       for (let i = 0; i < count; i++) {
         await moveNewOrder(database.db, { externalReference: `batch-${++counter}`, statuses: ['created'], handlersFor: reactions.handlersFor, now: () => new Date(clock.now()) })
       }
+      await untilEventsReadable(database.db)
     }
     const worker = createStreamWorker({
       db: database.db,

@@ -17,7 +17,7 @@ import { backoffDelayS } from '../src/reconcile/backoff-delay.js'
 import { FakeClock } from './helpers/fake-clock.js'
 import { processWarningsDuring } from './helpers/process-warnings.js'
 import { testLogger } from './helpers/log-sink.js'
-import { clearReactions, reactionRecords, TEST_DISPATCHER_SETTINGS } from './helpers/reaction-jobs.js'
+import { clearReactions, reactionRecords, TEST_DISPATCHER_SETTINGS, untilEventsReadable } from './helpers/reaction-jobs.js'
 import { eventually } from './helpers/reconcile-poller.js'
 import { createTestDatabase, describePostgres, type TestDatabase, useTestDatabase } from './helpers/test-database.js'
 
@@ -58,8 +58,12 @@ describe('the reaction dispatcher', () => {
   }
 
   /** Moves an order through `statuses` (API answers), enqueuing the registry's jobs. */
-  const transitions = (reactions: ReactionRegistry, statuses: string[], ref = `dispatch-${++counter}`) =>
-    moveNewOrder(database.db, { externalReference: ref, statuses, handlersFor: reactions.handlersFor, now: () => new Date(clock.now()) })
+  // an order moved through `statuses`, its events readable by the streams before the test goes on
+  const transitions = async (reactions: ReactionRegistry, statuses: string[], ref = `dispatch-${++counter}`) => {
+    const orderId = await moveNewOrder(database.db, { externalReference: ref, statuses, handlersFor: reactions.handlersFor, now: () => new Date(clock.now()) })
+    await untilEventsReadable(database.db)
+    return orderId
+  }
 
   // the order's jobs of a handler by sequence: the rows, and the events done on their first attempt (no row:
   // recorded with their stream batch, id null)

@@ -18,6 +18,25 @@ export const TEST_DISPATCHER_SETTINGS: DispatcherSettings = {
 }
 
 /**
+ * Waits until a stream can read every event in the history. A stream reads only events below its snapshot's
+ * xmin, and on Postgres that xmin is the whole cluster's: a transaction open in another database (another test
+ * file's, another suite's run beside this one) withholds the events committed after it began, until it ends.
+ * A test that reads a batch right after writing its transitions waits here first, rather than reading fewer
+ * events than it wrote. (On PGlite nothing else is open, and it returns at once.)
+ */
+export async function untilEventsReadable(db: Kysely<Database>, timeoutMs = 30_000): Promise<void> {
+  const deadline = Date.now() + timeoutMs
+  for (;;) {
+    const { rows } = await sql<{ withheld: boolean }>`
+      select exists (select 1 from order_status_history
+        where stream_position is not null and stream_position >= pg_snapshot_xmin(pg_current_snapshot())) as withheld`.execute(db)
+    if (!rows[0]!.withheld) return
+    if (Date.now() > deadline) throw new Error(`events stayed withheld for ${timeoutMs} ms: a transaction in the cluster stayed open`)
+    await new Promise((resolve) => setTimeout(resolve, 10))
+  }
+}
+
+/**
  * Reaction jobs pending, running or failed, and the events committed that a handler's stream has not taken
  * yet: the service's own count (reactionJobStats), which reads them from one snapshot. Counted in two
  * statements, a stream's write-back committed between them put its events in neither, and the count said 0
