@@ -76,6 +76,12 @@ function machineCpu(row: LoadResult): [string, string] {
   return [String(total), `${Math.round((total * row.rps) / (os.cpus().length * 10_000))} %`]
 }
 
+/** Starts a reading of process `pid`'s CPU (/proc); the returned function gives the µs per request since. */
+function processCpuFrom(pid: number): (requests: number) => number {
+  const before = cpuMs(pid)
+  return (requests) => Math.round(((cpuMs(pid) - before) * 1000) / Math.max(1, requests))
+}
+
 /** Starts a reading of this process's CPU (it generates the load); the returned function gives the µs per request since. */
 function loadCpuFrom(): (requests: number) => number {
   const before = process.cpuUsage()
@@ -231,22 +237,20 @@ async function measured(
   try {
     await warmUp(port, makeBody)
     // the server's own CPU per request: unlike req/s, barely moved by what else runs on the machine
-    const cpuBefore = cpuMs(child.pid!)
+    const serverCpu = processCpuFrom(child.pid!)
     // the Postgres cluster's CPU, where the server uses it (not the bare route's, nor embedded PGlite's)
     const clusterCpu = env.BENCH_DATABASE_URL ? clusterCpuFrom() : () => undefined
     const loadCpu = loadCpuFrom()
-    const receiverCpuBefore = receiverPid === undefined ? 0 : cpuMs(receiverPid)
+    const receiverCpu = receiverPid === undefined ? undefined : processCpuFrom(receiverPid)
     const run = () => load(name, port, makeBody)
     // the forwarder's commit-to-handler latency during the load, as the no-op handler's (measuredNoop)
     const forwards = env.FORWARD_URL !== undefined && adminPort !== undefined
     const [result, latency] = forwards ? await reactionLatencyDuring(adminPort, 'forwarder', run) : [await run(), undefined]
     if (latency) loadLatency.set(result, latency)
-    result.cpuUsPerRequest = Math.round(((cpuMs(child.pid!) - cpuBefore) * 1000) / Math.max(1, result.requests))
+    result.cpuUsPerRequest = serverCpu(result.requests)
     result.postgresCpuUsPerRequest = clusterCpu(result.requests)
     result.loadCpuUsPerRequest = loadCpu(result.requests)
-    if (receiverPid !== undefined) {
-      result.receiverCpuUsPerRequest = Math.round(((cpuMs(receiverPid) - receiverCpuBefore) * 1000) / Math.max(1, result.requests))
-    }
+    result.receiverCpuUsPerRequest = receiverCpu?.(result.requests)
     if (rss) result.peakRssMb = peakRssMb(child.pid!)
     return result
   } finally {
@@ -334,12 +338,12 @@ async function ingestBench({ reactionsOnly = false } = {}): Promise<LoadResult[]
       const { child, port, adminPort } = await startService(url, { orders: orders * rounds * 3, seen: 5000 }, {}, undefined, { noopHandler: true })
       try {
         await warmUp(port, makeBody)
-        const cpuBefore = cpuMs(child.pid!)
+        const serverCpu = processCpuFrom(child.pid!)
         const before = await jobCounts('noop')
         const clusterCpu = clusterCpuFrom()
         const loadCpu = loadCpuFrom()
         const [result, latency] = await reactionLatencyDuring(adminPort, 'noop', () => load(WITH_NOOP_HANDLER, port, makeBody))
-        result.cpuUsPerRequest = Math.round(((cpuMs(child.pid!) - cpuBefore) * 1000) / Math.max(1, result.requests))
+        result.cpuUsPerRequest = serverCpu(result.requests)
         result.postgresCpuUsPerRequest = clusterCpu(result.requests)
         result.loadCpuUsPerRequest = loadCpu(result.requests)
         result.peakRssMb = peakRssMb(child.pid!)

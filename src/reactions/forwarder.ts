@@ -235,18 +235,18 @@ function postWithPool(target: URL): Post {
   const pool = new Pool(target.origin)
   const path = `${target.pathname}${target.search}`
   return (headers, body) => {
-    let settle: { resolve: (status: number) => void; reject: (error: unknown) => void } | undefined
-    const answer = new Promise<number>((resolve, reject) => (settle = { resolve, reject }))
+    let resolve!: (status: number) => void
+    let reject!: (error: unknown) => void
+    const answer = new Promise<number>((onAnswer, onError) => {
+      resolve = onAnswer
+      reject = onError
+    })
+    // the answer came, the request failed, or the attempt was aborted: a promise settles once
+    let ended = false
     let status = 0
     // undici's abort of the request on its connection, from the moment it is on one
     let abortRequest: ((reason: Error) => void) | undefined
     let abortedWith: Error | undefined
-    const end = (outcome: 'resolve' | 'reject', value: unknown) => {
-      const settled = settle
-      settle = undefined
-      if (outcome === 'resolve') settled?.resolve(value as number)
-      else settled?.reject(value)
-    }
     pool.dispatch(
       { path, method: 'POST', headers, body },
       {
@@ -259,17 +259,24 @@ function postWithPool(target: URL): Post {
           return true
         },
         onData: () => true,
-        onComplete: () => end('resolve', status),
-        onError: (error: Error) => end('reject', error),
+        onComplete: () => {
+          ended = true
+          resolve(status)
+        },
+        onError: (error: Error) => {
+          ended = true
+          reject(error)
+        },
       },
     )
     return {
       answer,
       // the attempt ends at once; the request, once on a connection, is stopped there (its connection closed)
       abort(reason) {
-        if (!settle) return
+        if (ended) return
+        ended = true
         abortedWith = reason instanceof Error ? reason : new Error(String(reason))
-        end('reject', reason)
+        reject(reason)
         abortRequest?.(abortedWith)
       },
     }
