@@ -14,28 +14,41 @@ export interface HistogramQuantiles {
   lastBoundS: number
 }
 
-/** The buckets of `name` for one handler label from the text exposition format. */
-export function parseBuckets(text: string, name: string, handler: string): Buckets {
-  const buckets: Buckets = []
+/**
+ * The buckets of `name` from the text exposition format: of the series with the label `only` (`handler="noop"`),
+ * or, without it, every series's summed (the ingest's histogram across its outcomes).
+ */
+export function parseBuckets(text: string, name: string, only?: string): Buckets {
+  const sums = new Map<number, number>()
   const line = new RegExp(`^${name}_bucket\\{(?:[^}]*,)?le="([^"]+)"(?:,[^}]*)?\\} (\\d+)`, 'gm')
   for (const match of text.matchAll(line)) {
-    if (!match[0].includes(`handler="${handler}"`)) continue
-    buckets.push([match[1] === '+Inf' ? Infinity : Number(match[1]), Number(match[2])])
+    if (only !== undefined && !match[0].includes(only)) continue
+    const bound = match[1] === '+Inf' ? Infinity : Number(match[1])
+    sums.set(bound, (sums.get(bound) ?? 0) + Number(match[2]))
   }
-  return buckets.sort((a, b) => a[0] - b[0])
+  return [...sums].sort((a, b) => a[0] - b[0])
 }
 
-/** The reaction_latency_seconds buckets of `handler`, scraped from the service's admin port. */
-export async function reactionLatencyBuckets(adminPort: number, handler: string): Promise<Buckets> {
+async function scrapeBuckets(adminPort: number, name: string, only?: string): Promise<Buckets> {
   const response = await fetch(`http://127.0.0.1:${adminPort}/metrics`)
-  return parseBuckets(await response.text(), 'reaction_latency_seconds', handler)
+  return parseBuckets(await response.text(), name, only)
 }
 
-/** Runs `work` and gives what `handler`'s reaction_latency_seconds histogram took in meanwhile. */
-export async function reactionLatencyDuring<T>(adminPort: number, handler: string, work: () => Promise<T>): Promise<[T, HistogramQuantiles]> {
-  const before = await reactionLatencyBuckets(adminPort, handler)
+/** Runs `work` and gives what the histogram `name` (its series with the label `only`, or all) took meanwhile. */
+export async function histogramDuring<T>(adminPort: number, name: string, only: string | undefined, work: () => Promise<T>): Promise<[T, HistogramQuantiles]> {
+  const before = await scrapeBuckets(adminPort, name, only)
   const result = await work()
-  return [result, histogramQuantiles(before, await reactionLatencyBuckets(adminPort, handler))]
+  return [result, histogramQuantiles(before, await scrapeBuckets(adminPort, name, only))]
+}
+
+/** Runs `work` and gives what `handler`'s reaction_latency_seconds histogram took meanwhile. */
+export function reactionLatencyDuring<T>(adminPort: number, handler: string, work: () => Promise<T>): Promise<[T, HistogramQuantiles]> {
+  return histogramDuring(adminPort, 'reaction_latency_seconds', `handler="${handler}"`, work)
+}
+
+/** Runs `work` and gives what webhook_ingest_duration_seconds took meanwhile, every outcome together. */
+export function ingestDurationDuring<T>(adminPort: number, work: () => Promise<T>): Promise<[T, HistogramQuantiles]> {
+  return histogramDuring(adminPort, 'webhook_ingest_duration_seconds', undefined, work)
 }
 
 export function histogramQuantiles(before: Buckets, after: Buckets): HistogramQuantiles {

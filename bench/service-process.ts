@@ -79,6 +79,30 @@ export async function startService(
   return { child, port, adminPort }
 }
 
+/**
+ * One of bench/server.ts's servers (bare, minimal, full, receiver) in its own process, from source; its port
+ * once it listens.
+ */
+export async function startBenchServer(kind: string, env: Record<string, string>): Promise<{ child: ChildProcess; port: number }> {
+  // BENCH_CPU_PROF=dir writes a V8 profile of each server (summarize with bench/profile-summary.ts)
+  const profile = process.env.BENCH_CPU_PROF ? ['--cpu-prof', `--cpu-prof-dir=${process.env.BENCH_CPU_PROF}`] : []
+  const child = spawn(process.execPath, [...profile, '--import', 'tsx', path.join(root, 'bench/server.ts'), kind], {
+    cwd: root,
+    env: { PATH: process.env.PATH, HOME: process.env.HOME, ...env },
+    stdio: ['ignore', 'pipe', 'inherit'],
+  })
+  const port = await new Promise<number>((resolve, reject) => {
+    let output = ''
+    child.stdout!.on('data', (chunk) => {
+      output += chunk
+      const match = /\{"port":"?(\d+)"?\}/.exec(output)
+      if (match) resolve(Number(match[1]))
+    })
+    child.once('exit', (code) => reject(new Error(`${kind} server exited with ${code}`)))
+  })
+  return { child, port }
+}
+
 /** Stops a service startService started, as Ctrl-C does, and waits until it has exited. */
 export async function stopService(child: ChildProcess): Promise<void> {
   child.kill('SIGINT')

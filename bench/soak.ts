@@ -6,6 +6,8 @@
 // --handler: the receiver runs one in-process no-op reaction handler (bench/serve-noop-handler.mjs), so its
 // dispatcher reads and writes back a stream batch every few milliseconds for the whole run; the report, then
 // bench/results/soak-handler.md, also counts the events handled.
+// --forward: the receiver's handler is the forwarder instead, POSTing every transition to bench/server.ts's
+// receiver in its own process (signed per Standard Webhooks); the report is bench/results/soak-forward.md.
 import { execFileSync } from 'node:child_process'
 import { randomBytes } from 'node:crypto'
 import { once } from 'node:events'
@@ -15,7 +17,7 @@ import path from 'node:path'
 import autocannon from 'autocannon'
 import pg from 'pg'
 import { deliveryHeaders } from './bench-secrets.js'
-import { peakRssMb, rssMb, startService } from './service-process.js'
+import { peakRssMb, rssMb, startBenchServer, startService } from './service-process.js'
 
 const root = path.resolve(import.meta.dirname, '..')
 
@@ -41,11 +43,18 @@ export async function runSoak({ args }: { args: string[] }): Promise<void> {
   url.searchParams.set('options', `-c search_path=${schema}`)
 
   execFileSync('npm', ['run', 'build', '--silent'], { cwd: root, stdio: 'ignore' })
-  const withHandler = args.includes('--handler')
+  const forward = args.includes('--forward')
+  // the handler whose events are counted: the in-process no-op, or the forwarder
+  const handler = forward ? 'forwarder' : args.includes('--handler') ? 'noop' : undefined
+  const withHandler = handler !== undefined
+  const receiver = forward ? await startBenchServer('receiver', {}) : undefined
+  const forwardEnv: Record<string, string> = receiver
+    ? { FORWARD_URL: `http://127.0.0.1:${receiver.port}/forward`, FORWARD_SECRET: `whsec_${randomBytes(32).toString('base64')}` }
+    : {}
   // each order takes five transitions; with the handler, enough orders that every delivery of a run moves one
   // (the first million are each an order's first), so the dispatcher has events to the end
   const orders = withHandler ? 1_000_000 : 50_000
-  const { child, port, adminPort } = await startService(url.toString(), { orders, seen: 0 }, {}, undefined, { noopHandler: withHandler })
+  const { child, port, adminPort } = await startService(url.toString(), { orders, seen: 0 }, forwardEnv, undefined, { noopHandler: handler === 'noop' })
 
   const statuses = ['created', 'funded', 'delivered', 'disputed', 'resolved']
   const answered200: string[] = []
@@ -120,10 +129,14 @@ export async function runSoak({ args }: { args: string[] }): Promise<void> {
     // migrations/0011), and the transitions it has not taken yet when the load ended
     const handled = withHandler
       ? (
-          await check.query(`select (select count(*)::int from reaction_jobs where handler = 'noop' and state = 'done')
-               + (select coalesce(sum(events), 0)::int from reaction_stream_batches where handler = 'noop') as done,
+          await check.query(
+            `select (select count(*)::int from reaction_jobs where handler = $1 and state = 'done')
+               + (select coalesce(sum(events), 0)::int from reaction_stream_batches where handler = $1) as done,
+             (select count(*)::int from reaction_jobs where handler = $1 and state <> 'done') as retrying,
              (select count(*)::int from reaction_streams s join order_status_history h on h.stream_position is not null
-               and (h.stream_position, h.id) > (s.position, s.history_id) where s.handler = 'noop') as waiting`)
+               and (h.stream_position, h.id) > (s.position, s.history_id) where s.handler = $1) as waiting`,
+            [handler],
+          )
         ).rows[0]
       : undefined
     await check.end()
@@ -131,7 +144,7 @@ export async function runSoak({ args }: { args: string[] }): Promise<void> {
     const report = [
       '# Soak',
       '',
-      `${new Date().toISOString()}: ${durationS} s at ${rate} req/s, ${restartNote}${withHandler ? ', one no-op reaction handler' : ''}; load average at the end ${os.loadavg().map((value) => value.toFixed(2)).join(', ')}.`,
+      `${new Date().toISOString()}: ${durationS} s at ${rate} req/s, ${restartNote}${handler === 'noop' ? ', one no-op reaction handler' : handler === 'forwarder' ? ', the forwarder as the one reaction handler (a receiver answering 204 at once)' : ''}; load average at the end ${os.loadavg().map((value) => value.toFixed(2)).join(', ')}.`,
       '',
       '| measure | value |',
       '| --- | --- |',
@@ -142,7 +155,9 @@ export async function runSoak({ args }: { args: string[] }): Promise<void> {
       `| peak RSS (VmHWM, the whole run) | ${rssPeak} MB |`,
       `| answered 200 | ${answered200.length} |`,
       `| answered 200 but not stored (lost) | ${lost} |`,
-      ...(handled ? [`| reaction events handled by the no-op handler / not yet taken at the end | ${handled.done} / ${handled.waiting} |`] : []),
+      ...(handled
+        ? [`| reaction events handled by the ${handler === 'noop' ? 'no-op handler' : 'forwarder'} / failed and retrying / not yet taken at the end | ${handled.done} / ${handled.retrying} / ${handled.waiting} |`]
+        : []),
       '',
       '## Memory over the run',
       '',
@@ -152,11 +167,16 @@ export async function runSoak({ args }: { args: string[] }): Promise<void> {
       '',
     ].join('\n')
     process.stdout.write(report)
-    writeFileSync(path.join(root, withHandler ? 'bench/results/soak-handler.md' : 'bench/results/soak.md'), report)
+    const file = handler === 'noop' ? 'soak-handler.md' : handler === 'forwarder' ? 'soak-forward.md' : 'soak.md'
+    writeFileSync(path.join(root, 'bench/results', file), report)
     if (lost !== 0) process.exitCode = 1
   } finally {
     child.kill('SIGTERM')
     await once(child, 'exit')
+    if (receiver) {
+      receiver.child.kill('SIGINT')
+      await once(receiver.child, 'exit')
+    }
     const cleanup = new pg.Client({ connectionString: baseUrl })
     await cleanup.connect()
     await cleanup.query(`drop schema if exists ${schema} cascade`)

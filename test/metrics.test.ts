@@ -43,6 +43,8 @@ describe('GET /metrics, on the operator listener', () => {
     expect(response.text).toContain('webhook_deliveries_total{outcome="duplicate_effect"} 1')
     expect(response.text).toContain('webhook_signature_failures_total 1')
     expect(response.text).toContain('webhook_ingest_duration_seconds_count{outcome="applied"} 1')
+    // a 15-ms objective at the 99th percentile is a bucket's edge
+    expect(response.text).toMatch(/webhook_ingest_duration_seconds_bucket\{le="0.015",outcome="applied"\} \d+\n/)
     expect(response.text).toContain('poller_orders_due 3')
     expect(response.text).toContain('poller_oldest_due_age_seconds 42')
     expect(response.text).toMatch(/database_pool_connections\{state="idle"\} \d+/)

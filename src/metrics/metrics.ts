@@ -105,7 +105,8 @@ export function createMetrics(
     name: 'webhook_ingest_duration_seconds',
     help: 'Time from the end of the request body to the answer, by outcome',
     labelNames: ['outcome'] as const,
-    buckets: [0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5],
+    // 7.5 and 15 ms: a latency objective of 15 ms at the 99th percentile can be read off a bucket's edge
+    buckets: [0.001, 0.0025, 0.005, 0.0075, 0.01, 0.015, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5],
     registers: [registry],
   })
   const ingestBatchSize = new Histogram({
