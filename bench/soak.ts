@@ -54,7 +54,12 @@ export async function runSoak({ args }: { args: string[] }): Promise<void> {
   // each order takes five transitions; with the handler, enough orders that every delivery of a run moves one
   // (the first million are each an order's first), so the dispatcher has events to the end
   const orders = withHandler ? 1_000_000 : 50_000
-  const { child, port, adminPort } = await startService(url.toString(), { orders, seen: 0 }, forwardEnv, undefined, { noopHandler: handler === 'noop' })
+  const { child, port, adminPort } = await startService(url.toString(), { orders, seen: 0 }, forwardEnv, undefined, {
+    noopHandler: handler === 'noop',
+  }).catch((error: unknown) => {
+    receiver?.child.kill('SIGINT') // else its process would keep this one alive
+    throw error
+  })
 
   const statuses = ['created', 'funded', 'delivered', 'disputed', 'resolved']
   const answered200: string[] = []
