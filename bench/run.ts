@@ -72,6 +72,8 @@ interface LoadResult {
    * answer): the buckets its median and 99th percentile fell in ("≤ 15 ms").
    */
   serviceLatency?: { p50: string; p99: string }
+  /** A run on a fixed schedule (paced-load.ts): the deliveries a second it sent. */
+  sentRps?: number
 }
 
 /**
@@ -133,7 +135,7 @@ async function withServiceLatency(adminPort: number, send: () => Promise<LoadRes
 // `rate` deliveries a second on a fixed schedule for the run's length, over as many connections as the closed loop
 async function paced(name: string, port: number, makeBody: BodyFactory, rate: number): Promise<LoadResult> {
   const result = await pacedLoad(port, { rate, seconds: durationS, connections: CONNECTIONS, makeBody: () => makeBody(sequence++) })
-  return { name, requests: result.answered, rps: result.rps, p50: result.p50Ms, p99: result.p99Ms, non2xx: result.non2xx, errors: result.unanswered }
+  return { name, requests: result.answered, rps: result.rps, p50: result.p50Ms, p99: result.p99Ms, non2xx: result.non2xx, errors: result.unanswered, sentRps: rate }
 }
 
 // one sequence for the whole run: the measured run never repeats a warm-up's delivery ids
@@ -643,7 +645,7 @@ async function main(): Promise<void> {
       const answered = pacedRun.errors === 0 && pacedRun.non2xx === 0
       targets.push([
         "full ingest p99 < 15 ms at 1.5× the minimal handler's rate, sent on a fixed schedule",
-        `${pacedRun.p99} ms, p50 ${pacedRun.p50} ms, ${pacedRun.rps} req/s answered of ${Math.round(1.5 * minimal.rps)} sent` +
+        `${pacedRun.p99} ms, p50 ${pacedRun.p50} ms, ${pacedRun.rps} req/s answered of ${pacedRun.sentRps} sent` +
           `${pacedRun.serviceLatency ? `; in the service ${pacedRun.serviceLatency.p99}` : ''}; ${pacedRun.errors} unanswered, ${pacedRun.non2xx} non-2xx` +
           `${pacedBare ? `; the bare route on the same schedule: p99 ${pacedBare.p99} ms, p50 ${pacedBare.p50} ms` : ''}`,
         pacedRun.p99 < 15 && answered ? 'yes' : 'no',

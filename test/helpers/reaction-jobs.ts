@@ -3,6 +3,7 @@ import { type Kysely, sql } from 'kysely'
 import type { Database } from '../../src/db/database.js'
 import type { DispatcherSettings } from '../../src/reactions/dispatcher.js'
 import { reactionJobStats } from '../../src/reactions/reaction-job.repository.js'
+import { eventually } from './reconcile-poller.js'
 
 /**
  * A dispatcher's settings in tests: a lease and a backoff long enough that nothing is retried or taken back
@@ -25,15 +26,13 @@ export const TEST_DISPATCHER_SETTINGS: DispatcherSettings = {
  * events than it wrote. (On PGlite nothing else is open, and it returns at once.)
  */
 export async function untilEventsReadable(db: Kysely<Database>, timeoutMs = 30_000): Promise<void> {
-  const deadline = Date.now() + timeoutMs
-  for (;;) {
+  const readable = async () => {
     const { rows } = await sql<{ withheld: boolean }>`
       select exists (select 1 from order_status_history
         where stream_position is not null and stream_position >= pg_snapshot_xmin(pg_current_snapshot())) as withheld`.execute(db)
-    if (!rows[0]!.withheld) return
-    if (Date.now() > deadline) throw new Error(`events stayed withheld for ${timeoutMs} ms: a transaction in the cluster stayed open`)
-    await new Promise((resolve) => setTimeout(resolve, 10))
+    return !rows[0]!.withheld
   }
+  await eventually(readable, 'no transaction in the cluster withholds the events', timeoutMs)
 }
 
 /**
