@@ -1,7 +1,8 @@
 // `npx tsx bench/local-memory.ts [seconds]`: the resident memory of local mode, what `npm start` runs
 // (`node --import tsx src/cli.ts serve`: the service, the poller and the sandbox on embedded PGlite),
 // sampled every 500 ms from /proc: once on a fresh DATA_DIR (the first start initialises the database) and
-// once more on the same directory (every later start). Reports the peak (VmHWM) and the RSS at the end of the idle period.
+// once more on the same directory (every later start). Reports the peak (VmHWM), the RSS 1 s after the service
+// said it was listening, and the RSS at the end of the idle period.
 import { spawn } from 'node:child_process'
 import { once } from 'node:events'
 import { mkdtempSync, rmSync } from 'node:fs'
@@ -12,7 +13,7 @@ import { peakRssMb, rssMb } from './service-process.js'
 const root = path.resolve(import.meta.dirname, '..')
 const seconds = Number(process.argv[2] ?? 60)
 
-async function sample(dataDir: string): Promise<{ readyS: number; peakMb: number; idleMb: number }> {
+async function sample(dataDir: string): Promise<{ readyS: number; peakMb: number; listeningMb: number; idleMb: number }> {
   const child = spawn(process.execPath, ['--import', 'tsx', path.join(root, 'src/cli.ts'), 'serve'], {
     cwd: root,
     env: { PATH: process.env.PATH, HOME: process.env.HOME, DATA_DIR: dataDir, PORT: '0', ADMIN_PORT: '0', SANDBOX_PORT: '0', LOG_LEVEL: 'info' },
@@ -24,15 +25,17 @@ async function sample(dataDir: string): Promise<{ readyS: number; peakMb: number
     if (Number.isNaN(readyS) && chunk.toString().includes('"msg":"service listening"')) readyS = (Date.now() - started) / 1000
   })
   let idleMb = 0
+  let listeningMb = Number.NaN
   while (Date.now() - started < seconds * 1000) {
     await new Promise((resolve) => setTimeout(resolve, 500))
     if (child.exitCode !== null) throw new Error(`serve exited with ${child.exitCode}`)
     idleMb = rssMb(child.pid!)
+    if (Number.isNaN(listeningMb) && Date.now() - started >= (readyS + 1) * 1000) listeningMb = idleMb
   }
   const peakMb = peakRssMb(child.pid!)
   child.kill('SIGTERM')
   await once(child, 'exit')
-  return { readyS, peakMb, idleMb }
+  return { readyS, peakMb, listeningMb, idleMb }
 }
 
 const dataDir = mkdtempSync(path.join(tmpdir(), 'local-memory-'))

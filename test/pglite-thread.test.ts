@@ -93,6 +93,24 @@ describe('PGlite on its own thread', () => {
     expect(rows).toEqual([{ n: 2 }])
   })
 
+  it('collects its garbage on request, keeping its data and open transactions, and refuses once closed', async () => {
+    const db = start()
+    await db.query('create table t (id int)')
+    let release!: () => void
+    const held = new Promise<void>((resolve) => (release = resolve))
+    const open = db.transaction(async (tx) => {
+      await tx.query('insert into t values (1)')
+      await held
+      await tx.query('insert into t values (2)')
+    })
+    await db.collectGarbage()
+    release()
+    await open
+    expect((await db.query<{ n: number }>('select count(*)::int as n from t', [], { rowMode: 'object' })).rows).toEqual([{ n: 2 }])
+    await db.close()
+    await expect(db.collectGarbage()).rejects.toThrow('PGlite is closed')
+  })
+
   it('keeps the serving thread free while a statement runs', async () => {
     const db = start()
     await db.waitReady

@@ -23,6 +23,8 @@ export interface DatabaseHandle {
   close(): Promise<void>
   /** PGlite only: the whole data directory as a gzipped tarball, which `pgliteTemplate` starts from. */
   dumpDataDir?(): Promise<Blob>
+  /** PGlite only: a full garbage collection on its thread, which frees what the database's start left there. */
+  collectGarbage?(): Promise<void>
   /**
    * Calls `onNotify` for every NOTIFY on `channel` (delivered on the notifier's commit), and also after a
    * lost connection is back (notifications sent meanwhile are gone: the caller should look). Postgres:
@@ -295,6 +297,7 @@ function openPglite({ dataDir = 'memory://', logger, pgliteTemplate }: OpenDatab
     db,
     kind: 'pglite',
     poolStats: () => ({ total: 1, idle: 1, waiting: 0 }),
+    collectGarbage: () => pglite.collectGarbage(),
     dumpDataDir: async () => {
       await pglite.waitReady
       return pglite.dumpDataDir()

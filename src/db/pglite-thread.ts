@@ -1,5 +1,6 @@
 // Embedded PGlite on a thread of its own (pglite-worker.mjs), behind the part of PGlite's interface that
-// Kysely's PGliteDialect and open-database.ts use: query, transaction, listen, dumpDataDir, close.
+// Kysely's PGliteDialect and open-database.ts use: query, transaction, listen, dumpDataDir, close; and
+// collectGarbage, which frees what the database's start left on its thread.
 //
 // PGlite runs Postgres as WebAssembly in the thread that calls it. In local mode that was the thread
 // serving HTTP, and under a full-speed ingest the database's work was two thirds of it (bench/results/
@@ -32,6 +33,7 @@ export type PgliteRequest = { id: number } & (
   | { op: 'unlisten'; listen: number }
   | { op: 'dump' }
   | { op: 'close' }
+  | { op: 'collect' }
 )
 
 type WithoutId<T> = T extends unknown ? Omit<T, 'id'> : never
@@ -215,6 +217,11 @@ export class PgliteThread {
   async dumpDataDir(): Promise<Blob> {
     const bytes = await this.call<Uint8Array>({ op: 'dump' })
     return new Blob([bytes])
+  }
+
+  /** A full garbage collection on the database's thread (what its start left behind). */
+  async collectGarbage(): Promise<void> {
+    await this.call({ op: 'collect' })
   }
 
   async close(): Promise<void> {

@@ -9,24 +9,48 @@ export interface StalledClient {
   closed: boolean
 }
 
-export async function openStalledBodies({
-  port,
-  connections,
-  contentLength,
-  sentBytes,
-  path = '/webhooks/partner',
-}: {
+interface StalledOptions {
   port: number
   connections: number
   contentLength: number
   sentBytes: number
   path?: string
-}): Promise<StalledClient[]> {
+}
+
+/** Each client sends a webhook's headers and `sentBytes` of its body at once, then stalls. */
+export async function openStalledBodies(options: StalledOptions): Promise<StalledClient[]> {
+  const heads = await openStalledHeads(options)
+  return Promise.all(heads.map(async (head) => (await head.sendPart(), head)))
+}
+
+/**
+ * Each client sends a webhook's headers only; `sendPart()` sends `sentBytes` of its body, unless the server
+ * has answered (a request refused at its headers) or closed the socket. Resolves once every client is
+ * connected and has written its headers.
+ */
+export async function openStalledHeads({
+  port,
+  connections,
+  contentLength,
+  sentBytes,
+  path = '/webhooks/partner',
+}: StalledOptions): Promise<(StalledClient & { sendPart(): Promise<void> })[]> {
   const part = Buffer.alloc(sentBytes, 'a')
   return Promise.all(
     Array.from({ length: connections }, (_, index) => {
       const socket = net.connect(port, '127.0.0.1')
-      const client: StalledClient = { socket, status: undefined, closed: false }
+      const client = {
+        socket,
+        status: undefined as number | undefined,
+        closed: false,
+        // resolved once the part is handed to the kernel, or the server closed the socket on it
+        sendPart: () =>
+          new Promise<void>((resolve) => {
+            if (client.status !== undefined || client.closed) return resolve()
+            socket.once('close', () => resolve())
+            socket.write(part, () => resolve())
+          }),
+      }
       let head = ''
       socket.on('data', (chunk) => {
         head += chunk.toString('latin1')
@@ -37,15 +61,14 @@ export async function openStalledBodies({
       socket.on('close', () => {
         client.closed = true
       })
-      return new Promise<StalledClient>((resolve) => {
+      return new Promise<typeof client>((resolve) => {
         socket.once('connect', () => {
           socket.write(
             `POST ${path} HTTP/1.1\r\nHost: 127.0.0.1:${port}\r\nContent-Type: application/json\r\n` +
               `Content-Length: ${contentLength}\r\nX-Partner-Delivery-Id: stall-${index}\r\n` +
               `X-Partner-Signature: sha256=${'0'.repeat(64)}\r\n\r\n`,
+            () => resolve(client),
           )
-          // resolved once the part is handed to the kernel, or the server closed the socket on it
-          socket.write(part, () => resolve(client))
         })
         socket.once('close', () => resolve(client))
       })
@@ -58,4 +81,21 @@ export async function residentBytes(pid: number): Promise<number> {
   const { readFile } = await import('node:fs/promises')
   const status = await readFile(`/proc/${pid}/status`, 'utf8')
   return Number(/VmRSS:\s+(\d+)/.exec(status)?.[1] ?? Number.NaN) * 1024
+}
+
+/**
+ * Resident memory once it holds steady: two readings a second apart within 2 MB of each other (at most
+ * 30 s), the larger of the two. A baseline taken while a start's garbage is still being freed would let
+ * a later growth hide behind the fall.
+ */
+export async function steadyResidentBytes(pid: number): Promise<number> {
+  const deadline = Date.now() + 30_000
+  let before = await residentBytes(pid)
+  for (;;) {
+    await new Promise((resolve) => setTimeout(resolve, 1_000))
+    const now = await residentBytes(pid)
+    if (Math.abs(now - before) <= 2 * 1024 * 1024) return Math.max(before, now)
+    if (Date.now() > deadline) throw new Error(`resident memory did not settle: ${before} then ${now} bytes`)
+    before = now
+  }
 }
