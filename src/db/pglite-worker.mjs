@@ -32,10 +32,18 @@ const pglite = new PGlite(location, {
 // Starting the database leaves garbage behind on this thread (its files unpacked, the WebAssembly loaded):
 // 150-190 MB resident that V8 keeps until it decides the thread is idle, 16 s after a start on Node 24.
 // The service asks for it to be collected once its start is done ('collect'). The collector is taken from a
-// context made while it is exposed; the flag is set back at once, so no other context gets it.
-setFlagsFromString('--expose-gc')
-const collectGarbage = /** @type {() => void} */ (runInNewContext('gc'))
-setFlagsFromString('--no-expose-gc')
+// context made while it is exposed; the flag is set back at once, so no other context gets it (unless the
+// process was started with --expose-gc: then this thread has it already and the flag is left alone).
+const collectGarbage = /** @type {() => void} */ (globalThis.gc ?? exposedCollector())
+
+function exposedCollector() {
+  setFlagsFromString('--expose-gc')
+  try {
+    return runInNewContext('gc')
+  } finally {
+    setFlagsFromString('--no-expose-gc')
+  }
+}
 
 /**
  * An open transaction: its PGlite handle and the function that ends it (true commits).
