@@ -7,6 +7,7 @@ import { reactionJobStats } from '../src/reactions/reaction-job.repository.js'
 import { ensureReactionStreams, readReactionStream, type StreamOutcome, writeReactionStream } from '../src/reactions/reaction-stream.repository.js'
 import { createReactionRegistry } from '../src/reactions/reaction-registry.js'
 import { runCommand } from './helpers/cli-in-process.js'
+import { untilEventsReadable } from './helpers/reaction-jobs.js'
 import { createTestDatabase, type TestDatabase } from './helpers/test-database.js'
 
 describe('the reactions command', () => {
@@ -41,6 +42,8 @@ describe('the reactions command', () => {
         lastError: 'Error: warehouse said no\n\u001b[31mred\u001b[0m',
       }),
     }
+    // a transaction of another suite on the same server withholds the events from the reads until it ends
+    await untilEventsReadable(database.db)
     for (const handler of ['ledger', 'ship-goods'] as const) {
       const { events } = await readReactionStream(database.db, { handler, leaseToken: 'cli', now, leaseEnd: new Date(now.getTime() + 60_000), limit: 10 })
       const mine = events.filter((entry) => reactions.handlersFor(entry.event.type).includes(handler))
@@ -134,6 +137,8 @@ describe('the reactions command', () => {
       { staleAfterS: 3_600, handlersFor: () => ['audit'] },
     )
     const lease = { handler: 'audit', leaseToken: 'cli', now, leaseEnd: new Date(now.getTime() + 60_000) }
+    // a transaction of another suite on the same server withholds the event from the read until it ends
+    await untilEventsReadable(database.db)
     const { events } = await readReactionStream(database.db, { ...lease, limit: 10 })
     expect(events).toHaveLength(1)
     await writeReactionStream(database.db, { ...lease, place: events[0]!, outcomes: [], done: [events[0]!.historyId] })

@@ -15,6 +15,7 @@ import { createReactionRegistry } from '../src/reactions/reaction-registry.js'
 import { ensureReactionStreams, readReactionStream } from '../src/reactions/reaction-stream.repository.js'
 import { runCommand } from './helpers/cli-in-process.js'
 import { testLogger } from './helpers/log-sink.js'
+import { untilEventsReadable } from './helpers/reaction-jobs.js'
 import { testPoller } from './helpers/reconcile-poller.js'
 import { testConfig } from './helpers/test-config.js'
 import { createTestDatabase, type TestDatabase } from './helpers/test-database.js'
@@ -42,6 +43,8 @@ describe('the reaction outbox', () => {
       .execute()
   /** What each handler's stream gives it of this order (read without moving the stream: nothing runs here). */
   const jobsOf = async (orderId: number, routing = reactions, handlers = reactions.names) => {
+    // a transaction of another suite on the same server withholds the events from the reads until it ends
+    await untilEventsReadable(database.db)
     const taken: { eventId: string; sequence: number; handler: string }[] = []
     for (const handler of handlers) {
       const now = new Date()
