@@ -63,6 +63,11 @@ interface LoadResult {
   cpuUsPerRequest?: number
   /** The Postgres cluster's CPU time per answered request over the measured run (every process of it), in µs. */
   postgresCpuUsPerRequest?: number
+  /**
+   * The WAL the Postgres cluster wrote per answered request over the measured run, in bytes: what each delivery
+   * costs the log that every commit flushes (and what sizes max_wal_size and the disk behind it).
+   */
+  walBytesPerRequest?: number
   /** This process's CPU time per answered request over the measured run: the load generator's, in µs. */
   loadCpuUsPerRequest?: number
   /** The forward receiver's CPU time per answered request over the measured run (the runs with the forwarder), in µs. */
@@ -218,6 +223,21 @@ async function warmUp(port: number, makeBody: WarmedFactory): Promise<void> {
   }
 }
 
+/** Starts a reading of the cluster's WAL position; the returned function gives the bytes per request written since. */
+async function clusterWalFrom(url: string): Promise<(requests: number) => Promise<number>> {
+  const position = async () => {
+    const client = new pg.Client({ connectionString: url })
+    await client.connect()
+    try {
+      return BigInt((await client.query<{ lsn: string }>('select pg_wal_lsn_diff(pg_current_wal_lsn(), \'0/0\')::text as lsn')).rows[0]!.lsn)
+    } finally {
+      await client.end()
+    }
+  }
+  const before = await position()
+  return async (requests) => Math.round(Number((await position()) - before) / Math.max(1, requests))
+}
+
 async function measured(
   kind: string,
   env: Record<string, string>,
@@ -255,6 +275,7 @@ async function measured(
     const serverCpu = processCpuFrom(child.pid!)
     // the Postgres cluster's CPU, where the server uses it (not the bare route's, nor embedded PGlite's)
     const clusterCpu = env.BENCH_DATABASE_URL ? clusterCpuFrom() : () => undefined
+    const clusterWal = env.BENCH_DATABASE_URL ? await clusterWalFrom(env.BENCH_DATABASE_URL) : undefined
     const loadCpu = loadCpuFrom()
     const receiverCpu = receiverPid === undefined ? undefined : processCpuFrom(receiverPid)
     const send = () => (pace === undefined ? load(name, port, makeBody) : paced(name, port, makeBody, pace))
@@ -267,6 +288,7 @@ async function measured(
     result.postgresCpuUsPerRequest = clusterCpu(result.requests)
     result.loadCpuUsPerRequest = loadCpu(result.requests)
     result.receiverCpuUsPerRequest = receiverCpu?.(result.requests)
+    result.walBytesPerRequest = await clusterWal?.(result.requests)
     if (rss) result.peakRssMb = peakRssMb(child.pid!)
     return result
   } finally {
@@ -358,11 +380,13 @@ async function ingestBench({ reactionsOnly = false } = {}): Promise<LoadResult[]
         const serverCpu = processCpuFrom(child.pid!)
         const before = await jobCounts('noop')
         const clusterCpu = clusterCpuFrom()
+        const clusterWal = await clusterWalFrom(url)
         const loadCpu = loadCpuFrom()
         const [result, latency] = await reactionLatencyDuring(adminPort, 'noop', () => withServiceLatency(adminPort, () => load(WITH_NOOP_HANDLER, port, makeBody)))
         result.cpuUsPerRequest = serverCpu(result.requests)
         result.postgresCpuUsPerRequest = clusterCpu(result.requests)
         result.loadCpuUsPerRequest = loadCpu(result.requests)
+        result.walBytesPerRequest = await clusterWal(result.requests)
         result.peakRssMb = peakRssMb(child.pid!)
         const after = await jobCounts('noop')
         // not done when the load ended: all of them, the warm-up's included (a difference goes negative when
@@ -423,7 +447,10 @@ async function ingestBench({ reactionsOnly = false } = {}): Promise<LoadResult[]
       ),
     )
     results.push(await measured('service', { BENCH_DATABASE_URL: url }, 'full ingest: unmatched', unmatched))
-    results.push(pgbench(url))
+    const pgbenchWal = await clusterWalFrom(url)
+    const inserts = pgbench(url)
+    inserts.walBytesPerRequest = await pgbenchWal(inserts.requests)
+    results.push(inserts)
     return results
   })
 }
@@ -606,6 +633,7 @@ async function main(): Promise<void> {
             'peak RSS MB',
             'server CPU µs/request',
             'Postgres CPU µs/request',
+            'Postgres WAL bytes/request',
             'load generator CPU µs/request',
             'forward receiver CPU µs/request',
             'the four together µs/request',
@@ -622,6 +650,7 @@ async function main(): Promise<void> {
             row.peakRssMb === undefined ? '' : String(row.peakRssMb),
             row.cpuUsPerRequest === undefined ? '' : String(row.cpuUsPerRequest),
             row.postgresCpuUsPerRequest === undefined ? '' : String(row.postgresCpuUsPerRequest),
+            row.walBytesPerRequest === undefined ? '' : row.walBytesPerRequest.toLocaleString('en'),
             row.loadCpuUsPerRequest === undefined ? '' : String(row.loadCpuUsPerRequest),
             row.receiverCpuUsPerRequest === undefined ? '' : String(row.receiverCpuUsPerRequest),
             ...machineCpu(row),
