@@ -4,19 +4,15 @@
 // claiming at once; requests are still served for SHUTDOWN_DRAIN_DELAY_MS so a load balancer notices; what
 // is in flight finishes and unfinished claims are given back. It is bounded: whatever stdout does (a `| tee` interrupted by the same
 // Ctrl-C, a full pipe), the process is gone within SHUTDOWN_DRAIN_DELAY_MS + SHUTDOWN_TIMEOUT_MS, and a
-// second signal exits at once (130). Under `npm start` one Ctrl-C arrives twice: the terminal sends it to npm
-// and to this process, and npm passes its own copy on (the script `exec`s node, so that a signal sent to npm
-// alone reaches the service instead of leaving it running without its parent). The same signal again within
-// SAME_SIGNAL_MS of the first is that copy, not a second request.
+// second signal exits at once (130); the same signal again within a second is npm's copy of a Ctrl-C, not a
+// second one (stop-signals.ts).
 import { type Config, ConfigError, configSecrets, loadConfig } from './config.js'
 import { loggableError } from './db/database-errors.js'
 import { createLogger, exitProcess, flushLogger } from './logger.js'
 import type { LocalCommandRunner } from './local/local-cli.js'
 import type { ReactionRegistry } from './reactions/reaction-registry.js'
 import { type RunningService, startService } from './service.js'
-
-/** How soon the same signal again counts as a copy of the first (npm's, see above) rather than a second one. */
-const SAME_SIGNAL_MS = 1_000
+import { onStopSignals, type StopSignal } from './stop-signals.js'
 
 /**
  * `runCommand`: how the service runs a second terminal's command line (given by the CLI that calls this).
@@ -54,15 +50,14 @@ export async function main({
   // set once started; a signal during the first start (PGlite's initdb) exits without it
   const running: { service?: RunningService } = {}
   let stopping = false
-  let first: { signal: string; at: number } | undefined
-  const stop = async (signal: string) => {
-    if (stopping) {
-      if (first && first.signal === signal && performance.now() - first.at < SAME_SIGNAL_MS) return
-      logger.warn({ signal }, 'second signal: exiting without waiting')
-      exitProcess(logger, 130)
-    }
+  const exitAtOnce = (signal: StopSignal) => {
+    logger.warn({ signal }, 'second signal: exiting without waiting')
+    exitProcess(logger, 130)
+  }
+  const stop = async (signal: StopSignal) => {
+    // a failed start is already stopping: a signal then is a second one
+    if (stopping) exitAtOnce(signal)
     stopping = true
-    first = { signal, at: performance.now() }
     // the drain delay (SHUTDOWN_DRAIN_DELAY_MS, /readyz answering 503 while the service still serves) comes
     // before the bound on stopping
     const boundMs = config.shutdownDrainDelayMs + config.shutdownTimeoutMs
@@ -85,8 +80,7 @@ export async function main({
     exitProcess(logger, code)
   }
   // registered before the (possibly long) first start, so Ctrl-C during it is honoured too
-  process.on('SIGTERM', () => void stop('SIGTERM'))
-  process.on('SIGINT', () => void stop('SIGINT'))
+  onStopSignals((signal) => void stop(signal), exitAtOnce)
 
   const service = await startService({ config, logger, runCommand, registerReactions })
   running.service = service

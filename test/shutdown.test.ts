@@ -154,7 +154,7 @@ describe('graceful shutdown', () => {
       child.kill('SIGINT')
       const firstAt = Date.now()
       await waitForLogLine(child, 'shutting down', 30_000)
-      // the same signal within a second of the first is taken for npm's copy of it (npm-start-signals.test.ts)
+      // the same signal within a second of the first is taken for npm's copy of it (npm-scripts-signals.test.ts)
       await new Promise((resolve) => setTimeout(resolve, Math.max(0, firstAt + 1_100 - Date.now())))
       child.kill('SIGINT')
       // 130: the second signal's exit; a first shutdown that finished on its own would exit 0

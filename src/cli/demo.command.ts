@@ -1,5 +1,6 @@
 import type { Command } from 'commander'
 import { positiveInteger } from './cli-arguments.js'
+import { untilStopSignal } from '../stop-signals.js'
 import { setExitCode, write } from './cli-context.js'
 
 export function registerDemoCommand(program: Command): void {
@@ -42,10 +43,7 @@ export function registerDemoCommand(program: Command): void {
             '',
           ].join('\n'),
         )
-        await new Promise<void>((resolve) => {
-          process.once('SIGINT', resolve)
-          process.once('SIGTERM', resolve)
-        })
+        await untilStopSignal()
         await demoConsole.close()
       }
     })

@@ -2,6 +2,7 @@
 // (PARTNER_API_BASE_URL=http://127.0.0.1:4010). Every option also reads an environment variable.
 import { type Command, InvalidArgumentError, Option } from 'commander'
 import type { Faults } from '../sandbox/webhook-dispatcher.js'
+import { untilStopSignal } from '../stop-signals.js'
 import { cliLogger, UsageError, write } from './cli-context.js'
 
 function rate(value: string): number {
@@ -99,10 +100,7 @@ export function registerSandboxCommand(program: Command): void {
           ? `control endpoints ${url}/sandbox/* need Authorization: Bearer <${config.localSecretsFile ? `sandboxControlToken in ${config.localSecretsFile}` : 'SANDBOX_CONTROL_TOKEN'}>\n`
           : 'control endpoints /sandbox/* are off: set SANDBOX_CONTROL_TOKEN to use them\n',
       )
-      await new Promise<void>((resolve) => {
-        process.once('SIGINT', resolve)
-        process.once('SIGTERM', resolve)
-      })
+      await untilStopSignal()
       await sandbox.close()
     })
 }

@@ -1,0 +1,47 @@
+// The signals that stop a long-running command: `serve` (main.ts), the demo's console and `sandbox`.
+//
+// Under `npm start` and `npm run` one Ctrl-C arrives twice: the terminal sends it to every process of the
+// foreground group, npm's and ours, and npm passes its own copy on to its child. The package's scripts `exec`
+// node, so that npm's child is this process: a signal sent to npm alone (a supervisor, `kill <pid>`) then
+// reaches it, where a shell in between died of it and left this process running. The same signal again
+// within SAME_SIGNAL_MS of the first is that copy, not a second request to stop.
+
+/** How soon the same signal again counts as a copy of the first (npm's) rather than a second one. */
+export const SAME_SIGNAL_MS = 1_000
+
+export type StopSignal = 'SIGINT' | 'SIGTERM'
+
+/**
+ * Calls `onStop` for the first SIGINT or SIGTERM, and `onSecond` for any later one that is not the first's
+ * copy. Returns what takes the listeners off again.
+ */
+export function onStopSignals(onStop: (signal: StopSignal) => void, onSecond: (signal: StopSignal) => void): () => void {
+  let first: { signal: StopSignal; at: number } | undefined
+  const handle = (signal: StopSignal) => {
+    if (first === undefined) {
+      first = { signal, at: performance.now() }
+      onStop(signal)
+    } else if (signal !== first.signal || performance.now() - first.at >= SAME_SIGNAL_MS) {
+      onSecond(signal)
+    }
+  }
+  process.on('SIGINT', handle)
+  process.on('SIGTERM', handle)
+  return () => {
+    process.off('SIGINT', handle)
+    process.off('SIGTERM', handle)
+  }
+}
+
+/**
+ * Resolves on the first SIGINT or SIGTERM. A second signal (not the first's copy) ends the process as that
+ * signal does by default, whatever the command is still doing.
+ */
+export function untilStopSignal(): Promise<StopSignal> {
+  return new Promise((resolve) => {
+    const off = onStopSignals(resolve, (signal) => {
+      off()
+      process.kill(process.pid, signal)
+    })
+  })
+}
