@@ -6,6 +6,7 @@ import path from 'node:path'
 import express from 'express'
 import { describe, expect, it } from 'vitest'
 import { listen } from '../src/http/server.js'
+import { SAME_SIGNAL_MS } from '../src/stop-signals.js'
 import { freePort, spawnCli, waitForLogLine } from './helpers/cli-process.js'
 
 describe('graceful shutdown', () => {
@@ -154,8 +155,8 @@ describe('graceful shutdown', () => {
       child.kill('SIGINT')
       const firstAt = Date.now()
       await waitForLogLine(child, 'shutting down', 30_000)
-      // the same signal within a second of the first is taken for npm's copy of it (npm-scripts-signals.test.ts)
-      await new Promise((resolve) => setTimeout(resolve, Math.max(0, firstAt + 1_100 - Date.now())))
+      // the same signal soon after the first is taken for npm's copy of it (npm-scripts-signals.test.ts)
+      await new Promise((resolve) => setTimeout(resolve, Math.max(0, firstAt + SAME_SIGNAL_MS + 100 - Date.now())))
       child.kill('SIGINT')
       // 130: the second signal's exit; a first shutdown that finished on its own would exit 0
       const [code] = await exited

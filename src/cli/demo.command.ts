@@ -1,6 +1,6 @@
 import type { Command } from 'commander'
-import { positiveInteger } from './cli-arguments.js'
 import { untilStopSignal } from '../stop-signals.js'
+import { positiveInteger } from './cli-arguments.js'
 import { setExitCode, write } from './cli-context.js'
 
 export function registerDemoCommand(program: Command): void {
