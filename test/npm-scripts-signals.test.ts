@@ -51,7 +51,9 @@ async function started(script: Script, { ownGroup }: { ownGroup: boolean }) {
       output += chunk
     })
   }
-  const exited = once(npm, 'exit') as Promise<[number | null, NodeJS.Signals | null]>
+  // 'close', not 'exit': npm can exit before this process has read the last lines from the pipe it shares
+  // with the command (which holds its end until it exits too)
+  const exited = once(npm, 'close') as Promise<[number | null, NodeJS.Signals | null]>
   const since = Date.now()
   while (!output.includes(script.ready)) {
     if (npm.exitCode !== null || Date.now() - since > 120_000) throw new Error(`it did not start:\n${output}`)
