@@ -5,6 +5,7 @@ import module from 'node:module'
 // V8's compile cache (Node 22.1+; absent on 20) makes each later start of the CLI skip compiling its modules
 ;(module as { enableCompileCache?: () => unknown }).enableCompileCache?.()
 const { forwardToLocalService, RunningServiceError } = await import('./local/running-service.js')
+const { stopSignalReceived } = await import('./stop-signals.js')
 
 // 20.19 is the oldest Node the dependencies support (see "Supported Node.js versions" in README.md)
 const [major = 0, minor = 0] = process.versions.node.split('.').map(Number)
@@ -31,3 +32,6 @@ try {
   process.stderr.write(`${error.message}\n`)
   process.exitCode = 2
 }
+// a command that ran until a stop signal (`sandbox`, the demo's console) ends here, its handlers still up (see
+// stopSignalReceived); its output is written synchronously, so nothing is cut off
+if (stopSignalReceived()) process.exit()

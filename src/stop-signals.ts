@@ -11,6 +11,18 @@ export const SAME_SIGNAL_MS = 1_000
 
 export type StopSignal = 'SIGINT' | 'SIGTERM'
 
+let received: StopSignal | undefined
+
+/**
+ * The first stop signal this process received, if any. A command it stopped ends the process with
+ * `process.exit` once it is done (cli.ts) rather than by letting the event loop run dry: Node 22 and 24 take
+ * the signal handlers down several milliseconds before such a process is gone, and npm's copy of a Ctrl-C
+ * arriving then ended it by SIGINT after a complete, graceful stop.
+ */
+export function stopSignalReceived(): StopSignal | undefined {
+  return received
+}
+
 /**
  * Calls `onStop` for the first SIGINT or SIGTERM, and `onSecond` for any later one that is not the first's
  * copy. Returns what takes the listeners off again.
@@ -20,6 +32,7 @@ export function onStopSignals(onStop: (signal: StopSignal) => void, onSecond: (s
   const handle = (signal: StopSignal) => {
     if (first === undefined) {
       first = { signal, at: performance.now() }
+      received ??= signal
       onStop(signal)
     } else if (signal !== first.signal || performance.now() - first.at >= SAME_SIGNAL_MS) {
       onSecond(signal)

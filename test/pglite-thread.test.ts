@@ -140,6 +140,14 @@ describe('PGlite on its own thread', () => {
     expect(stops[0]).toMatchObject({ level: 50, reason: 'exited with code 7' })
   })
 
+  it('runs under a watch mode that posts its own messages on the same channel', async () => {
+    const db = start({ script: new URL('./helpers/watched-pglite-worker.mjs', import.meta.url) })
+    await db.waitReady
+    const { rows } = await db.query<{ n: number }>('select 1 as n', [], { rowMode: 'object' })
+    expect(rows).toEqual([{ n: 1 }])
+    expect(db.closed).toBe(false)
+  })
+
   it('rejects the start when the template is not a data directory, and every call after it with the same reason', async () => {
     const db = start({ template: new Blob(['not a tarball']) })
     await expect(db.waitReady).rejects.toThrow('PGlite failed to initialize properly')

@@ -49,6 +49,8 @@ type WorkerMessage =
   | { notify: number; payload: string }
   | { ready: true }
   | { failed: SerializedError }
+  // Node's watch mode (`npm run dev`) has every thread post the files it imports to its parent, since Node 24
+  | { 'watch:import': string[] }
 
 export interface QueryResults<T> {
   rows: T[]
@@ -118,7 +120,7 @@ export class PgliteThread {
         if ('id' in message) this.settle(message)
         else if ('notify' in message) this.notifications.get(message.notify)?.(message.payload)
         else if ('ready' in message) resolve()
-        else reject(rebuildError(message.failed))
+        else if ('failed' in message) reject(rebuildError(message.failed))
       })
       const stopped = (reason: string) => {
         const wasOpen = !this.closed
