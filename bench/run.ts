@@ -43,6 +43,12 @@ const WITH_HANDLER = 'full ingest, one reaction handler (forwarder)'
 const WITH_NOOP_HANDLER = 'full ingest, one reaction handler (in-process no-op)'
 const PACED = "full ingest at 1.5× the minimal handler's rate, sent on a fixed schedule (open loop)"
 const PACED_BARE = 'bare Express 5 route at the same rate, on the same schedule'
+// the forwarder at its target's rate: whether it keeps up, and how soon each transition reaches it, at a rate
+// the service can sustain (at full speed a closed loop leaves the handler only what the ingest does not take)
+// (and at the minimal handler's own rate, where the two cores have room to spare)
+const FORWARDER_PACES = [1.3, 1] as const
+const pacedForwarder = (pace: number) =>
+  `full ingest, one reaction handler (forwarder), at ${pace === 1 ? '' : `${pace}× `}the minimal handler's rate, sent on a fixed schedule (open loop)`
 // per run with a handler: the jobs its deliveries enqueued and how many were not done when its load ended
 // (a dispatch that falls behind flatters the ingest rate)
 const handlerBacklog = new Map<LoadResult, { jobs: number; notDone: number; batches: number }>()
@@ -331,9 +337,10 @@ async function ingestBench({ reactionsOnly = false } = {}): Promise<LoadResult[]
     const fullRuns: LoadResult[] = []
     const noopRuns: LoadResult[] = []
     const handlerRuns: LoadResult[] = []
+    const pacedForwarderRuns: LoadResult[] = []
     // each round and variant its own orders, so every run climbs the same lifecycle
-    // (and one more set for the paced run)
-    const seeded = { BENCH_DATABASE_URL: url, BENCH_ORDERS: String(orders * (rounds * 3 + 1)), BENCH_SEEN_DELIVERIES: '5000' }
+    // (and one more set for each paced run, the forwarder's and the ingest's)
+    const seeded = { BENCH_DATABASE_URL: url, BENCH_ORDERS: String(orders * (rounds * 3 + 1 + FORWARDER_PACES.length)), BENCH_SEEN_DELIVERIES: '5000' }
     // the compiled service with one in-process handler that does nothing (bench/serve-noop-handler.mjs): what
     // one registered handler costs the ingest, without the forwarder's HTTP request at both ends
     // one handler's jobs: its rows, and the events its stream has not taken yet (each a job not done)
@@ -418,13 +425,27 @@ async function ingestBench({ reactionsOnly = false } = {}): Promise<LoadResult[]
         handlerBacklog.set(forwarded, { jobs: after.jobs - before.jobs, notDone: after.notDone - before.notDone, batches: after.batches - before.batches })
         handlerRuns.push(forwarded)
       }
+      for (const [i, pace] of FORWARDER_PACES.entries()) {
+        await freshStream('forwarder')
+        const before = await jobCounts('forwarder')
+        const paced = await measured(
+          'service',
+          { ...seeded, FORWARD_URL: `http://127.0.0.1:${receiver.port}/forward` },
+          pacedForwarder(pace),
+          matched(orders, (3 * rounds + 1 + i) * orders),
+          { receiverPid: receiver.child.pid, pace: Math.round(pace * best(minimalRuns).rps) },
+        )
+        const after = await jobCounts('forwarder')
+        handlerBacklog.set(paced, { jobs: after.jobs - before.jobs, notDone: after.notDone - before.notDone, batches: after.batches - before.batches })
+        pacedForwarderRuns.push(paced)
+      }
     } finally {
       receiver.child.kill('SIGINT')
       await once(receiver.child, 'exit')
     }
     const fullBest = best(fullRuns)
     results.push(best(minimalRuns), { ...fullBest, peakRssMb: Math.max(...fullRuns.map((run) => run.peakRssMb ?? 0)) })
-    results.push(best(noopRuns), best(handlerRuns))
+    results.push(best(noopRuns), best(handlerRuns), ...pacedForwarderRuns)
     allRuns.push(...minimalRuns, ...fullRuns, ...noopRuns, ...handlerRuns)
     if (reactionsOnly) return results
     // the rate of the throughput target, sent as the platform sends: each delivery when it is due, whether or not
@@ -744,6 +765,23 @@ async function main(): Promise<void> {
         latency.p99UpToS <= 0.05 ? 'yes' : 'no',
       ])
     }
+  }
+  for (const pace of FORWARDER_PACES) {
+    const paced = byName(pacedForwarder(pace), true)
+    const latency = paced && loadLatency.get(paced)
+    if (!paced || !latency || latency.samples === 0) continue
+    const backlog = handlerBacklog.get(paced)
+    const answered = paced.errors === 0 && paced.non2xx === 0
+    const behind = backlog ? `; jobs not done when the load ended: ${backlog.notDone.toLocaleString('en')} of ${backlog.jobs.toLocaleString('en')}` : ''
+    targets.push([
+      pace === 1
+        ? "beside it, not a target of its own: the same at the minimal handler's own rate (forwarder)"
+        : `commit-to-handler p99 < 50 ms at ${pace}× the minimal handler's rate, sent on a fixed schedule (forwarder)`,
+      `p50 ${describeBound(latency.p50UpToS, latency)}, p99 ${describeBound(latency.p99UpToS, latency)} ` +
+        `(${latency.samples.toLocaleString('en')} transitions; the service's histogram buckets); ` +
+        `${paced.rps} req/s answered of ${paced.sentRps} sent, ingest p99 ${paced.p99} ms${behind}`,
+      latency.p99UpToS <= 0.05 && answered ? 'yes' : 'no',
+    ])
   }
   if (reactions) {
     const { latency, dispatch } = reactions
