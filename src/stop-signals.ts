@@ -15,8 +15,8 @@ let received: StopSignal | undefined
 
 /**
  * The first stop signal this process received, if any. A command it stopped ends the process with
- * `process.exit` once it is done (cli.ts) rather than by letting the event loop run dry: Node 22 and 24 take
- * the signal handlers down several milliseconds before such a process is gone, and npm's copy of a Ctrl-C
+ * `process.exit` once it is done (cli.ts) rather than by letting the event loop run dry: Node (20, 22 and 24)
+ * takes the signal handlers down a few milliseconds before such a process is gone, and npm's copy of a Ctrl-C
  * arriving then ended it by SIGINT after a complete, graceful stop.
  */
 export function stopSignalReceived(): StopSignal | undefined {

@@ -116,7 +116,7 @@ describe.each(Object.entries(SCRIPTS))('%s, stopped', (_name, script) => {
     ['by Ctrl-C (SIGINT to the whole process group)', true, (npmPid: number) => process.kill(-npmPid, 'SIGINT')],
     // npm's copy of the Ctrl-C may reach its child at any point of the child's stop, its exit included: sent
     // again every millisecond for most of SAME_SIGNAL_MS, one of them finds the child exiting (a complete stop
-    // then ended by SIGINT, on Node 22 and 24, when the command let its event loop run dry)
+    // then ended by SIGINT, on Node 20, 22 and 24 alike, when the command let its event loop run dry)
     [
       'by Ctrl-C, with copies of it until the command has exited',
       true,
