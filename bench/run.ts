@@ -367,12 +367,14 @@ async function ingestBench({ reactionsOnly = false } = {}): Promise<LoadResult[]
       }
     }
     // each run's handler starts with the run: a stream left by an earlier round would first take every event
-    // committed since (the other runs' too), as a handler registered again resumes where it stopped
+    // committed since (the other runs' too), as a handler registered again resumes where it stopped; and the
+    // jobs an earlier run left not done would be run in this one, beside its own events
     const freshStream = async (handler: string) => {
       const client = new pg.Client({ connectionString: url })
       await client.connect()
       try {
         await client.query('delete from reaction_streams where handler = $1', [handler])
+        await client.query(`delete from reaction_jobs where handler = $1 and state <> 'done'`, [handler])
       } catch {
         // not migrated yet: no stream
       } finally {
