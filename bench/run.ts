@@ -408,38 +408,29 @@ async function ingestBench({ reactionsOnly = false } = {}): Promise<LoadResult[]
         await once(child, 'exit')
       }
     }
+    // the forwarder as the one handler, its stream fresh, and the jobs its deliveries enqueued (counted after the
+    // service stopped: its drain gave the unfinished leases back; the warm-up's jobs included)
+    const measuredForwarder = async (name: string, makeBody: BodyFactory, options: { rss?: boolean; pace?: number }) => {
+      await freshStream('forwarder')
+      const before = await jobCounts('forwarder')
+      const forwarded = await measured('service', { ...seeded, FORWARD_URL: `http://127.0.0.1:${receiver.port}/forward` }, name, makeBody, {
+        ...options,
+        receiverPid: receiver.child.pid,
+      })
+      const after = await jobCounts('forwarder')
+      handlerBacklog.set(forwarded, { jobs: after.jobs - before.jobs, notDone: after.notDone - before.notDone, batches: after.batches - before.batches })
+      return forwarded
+    }
     try {
       for (let round = 0; round < rounds; round++) {
         minimalRuns.push(await measured('minimal', { BENCH_DATABASE_URL: url }, 'minimal verify + insert', unmatched))
         fullRuns.push(await measured('service', seeded, 'full ingest (matched, applied)', matched(orders, round * orders), { rss: true }))
         noopRuns.push(await measuredNoop(matched(orders, (rounds + round) * orders)))
-        // (counted after the service stopped: its drain gave the unfinished leases back; the warm-up's jobs included)
-        await freshStream('forwarder')
-        const before = await jobCounts('forwarder')
-        const forwarded = await measured(
-          'service',
-          { ...seeded, FORWARD_URL: `http://127.0.0.1:${receiver.port}/forward` },
-          WITH_HANDLER,
-          matched(orders, (2 * rounds + round) * orders),
-          { rss: true, receiverPid: receiver.child.pid },
-        )
-        const after = await jobCounts('forwarder')
-        handlerBacklog.set(forwarded, { jobs: after.jobs - before.jobs, notDone: after.notDone - before.notDone, batches: after.batches - before.batches })
-        handlerRuns.push(forwarded)
+        handlerRuns.push(await measuredForwarder(WITH_HANDLER, matched(orders, (2 * rounds + round) * orders), { rss: true }))
       }
       for (const [i, pace] of FORWARDER_PACES.entries()) {
-        await freshStream('forwarder')
-        const before = await jobCounts('forwarder')
-        const paced = await measured(
-          'service',
-          { ...seeded, FORWARD_URL: `http://127.0.0.1:${receiver.port}/forward` },
-          pacedForwarder(pace),
-          matched(orders, (3 * rounds + 1 + i) * orders),
-          { receiverPid: receiver.child.pid, pace: Math.round(pace * best(minimalRuns).rps) },
-        )
-        const after = await jobCounts('forwarder')
-        handlerBacklog.set(paced, { jobs: after.jobs - before.jobs, notDone: after.notDone - before.notDone, batches: after.batches - before.batches })
-        pacedForwarderRuns.push(paced)
+        const rate = Math.round(pace * best(minimalRuns).rps)
+        pacedForwarderRuns.push(await measuredForwarder(pacedForwarder(pace), matched(orders, (3 * rounds + 1 + i) * orders), { pace: rate }))
       }
     } finally {
       receiver.child.kill('SIGINT')
