@@ -55,15 +55,97 @@ export function createLogger({ level, pretty = false, secrets = [], destination 
     // whatever logs an error, only its classification is written
     serializers: { err: (error: unknown) => pino.stdSerializers.err(loggableError(error) as Error) },
   }
-  if (censorable.length) {
-    // last line of defence: a secret that slipped into a message or a field is blanked out
-    options.hooks = { streamWrite: (line) => censorSecrets(line, censorable) }
-  }
+  // last line of defence: a secret that slipped into a message or a field is blanked out
+  const censor = censorable.length ? (line: string) => censorSecrets(line, censorable) : undefined
   const human = pretty && !destination ? humanReadableStdout() : undefined
-  if (human) return pino(options, human)
   // stdout is written asynchronously: lines logged while a write is under way go out together in the
-  // next one (one syscall for many lines under load); pino flushes what is left when the process exits
-  return pino(options, destination ?? pino.destination({ dest: 1, sync: false }))
+  // next one (one syscall for many lines under load); flushLogger waits for what is left
+  const stdout = destination || human ? undefined : pino.destination({ dest: 1, sync: false })
+  const asyncOutput = stdout && asyncStdoutOutput(stdout)
+  if (asyncOutput) {
+    options.hooks = {
+      streamWrite: (line) => {
+        asyncOutput.given()
+        return censor ? censor(line) : line
+      },
+    }
+  } else if (censor) {
+    options.hooks = { streamWrite: censor }
+  }
+  const logger = pino(options, destination ?? human ?? stdout)
+  const output = asyncOutput ?? (human ? processStdoutOutput : undefined)
+  if (output) outputs.set(logger, output)
+  return logger
+}
+
+/**
+ * A wait until what a logger was given so far is written to stdout: `done` is called once (false: the reader
+ * went away and the rest is lost), unless the returned function stops the wait first.
+ */
+interface StdoutOutput {
+  whenWritten: (done: (written: boolean) => void) => () => void
+}
+
+// the loggers createLogger made that write to stdout, for flushLogger
+const outputs = new WeakMap<Logger, StdoutOutput>()
+
+// pino's asynchronous stdout writer (sonic-boom). Its own flush(callback) calls back at once when it buffers
+// nothing on purpose (minLength 0, ours), even while a write is under way and lines wait behind it: an exit
+// then lost the last lines, "stopped" among them, whenever stdout was slower than the stop (a loaded
+// machine, a reader that fell behind). It emits 'drain' once all it was given is written; the stream-write
+// hook marks each line given. A reader that went away (EPIPE) ends the wait too: pino drops every line after it.
+function asyncStdoutOutput(stream: NodeJS.EventEmitter) {
+  let unwritten = false
+  let gone = false
+  const waiting = new Set<(written: boolean) => void>()
+  const settle = () => {
+    unwritten = false
+    for (const done of waiting) done(!gone)
+    waiting.clear()
+  }
+  stream.on('drain', settle)
+  // the rule main.ts has for process.stdout: a reader that went away is not the service's failure
+  stream.on('error', (error: NodeJS.ErrnoException) => {
+    if (error.code !== 'EPIPE') throw error
+    gone = true
+    settle()
+  })
+  return {
+    given: () => {
+      unwritten = !gone
+    },
+    whenWritten: (done: (written: boolean) => void) => {
+      if (!unwritten) {
+        done(!gone)
+        return () => {}
+      }
+      waiting.add(done)
+      return () => waiting.delete(done)
+    },
+  }
+}
+
+// The human-readable lines go through process.stdout, which holds them while a pipe is full: a process.exit
+// then drops them. Its 'error' (EPIPE, main.ts ignores it) or 'close' ends the wait as lost.
+const processStdoutOutput: StdoutOutput = {
+  whenWritten: (done) => {
+    const stdout = process.stdout
+    if (stdout.writableLength === 0 || stdout.destroyed) {
+      done(!stdout.destroyed)
+      return () => {}
+    }
+    const written = () => finish(true)
+    const lost = () => finish(false)
+    const stop = () => {
+      stdout.off('drain', written).off('error', lost).off('close', lost)
+    }
+    const finish = (allWritten: boolean) => {
+      stop()
+      done(allWritten)
+    }
+    stdout.on('drain', written).on('error', lost).on('close', lost)
+    return stop
+  },
 }
 
 // One line per event for a person at a terminal, written synchronously in order with the banner. pino-pretty
@@ -89,9 +171,22 @@ function humanReadableStdout(): pino.DestinationStream | undefined {
  * gone): never longer. Resolves true when everything was written.
  */
 export function flushLogger(logger: Logger, timeoutMs: number): Promise<boolean> {
+  const output = outputs.get(logger)
   return new Promise((resolve) => {
-    const timer = setTimeout(() => resolve(false), timeoutMs)
+    let stopWaiting = () => {}
+    const timer = setTimeout(() => {
+      stopWaiting()
+      resolve(false)
+    }, timeoutMs)
     timer.unref()
+    if (output) {
+      stopWaiting = output.whenWritten((written) => {
+        clearTimeout(timer)
+        resolve(written)
+      })
+      return
+    }
+    // a destination of the caller's (tests): pino's own flush
     try {
       logger.flush((error) => {
         clearTimeout(timer)
