@@ -33,5 +33,9 @@ try {
   process.exitCode = 2
 }
 // a command that ran until a stop signal (`sandbox`, the demo's console) ends here, its handlers still up (see
-// stopSignalReceived); its output is written synchronously, so nothing is cut off
-if (stopSignalReceived()) process.exit()
+// stopSignalReceived), once stdout and stderr took what it wrote (a pipe or socket whose reader is behind holds
+// it, and the exit would drop it), for 5 s at most
+if (stopSignalReceived()) {
+  await (await import('./logger.js')).stdioWritten(5_000)
+  process.exit()
+}

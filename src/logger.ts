@@ -125,30 +125,54 @@ function asyncStdoutOutput(stream: NodeJS.EventEmitter) {
   }
 }
 
-// The human-readable lines go through process.stdout, which holds them while a pipe is full: a process.exit
-// then drops them. Its 'error' (EPIPE, main.ts ignores it) or 'close' ends the wait as lost.
-const processStdoutOutput: StdoutOutput = {
-  whenWritten: (done) => {
-    const stdout = process.stdout
-    if (stdout.writableLength === 0 || stdout.destroyed) {
-      done(!stdout.destroyed)
-      return () => {}
-    }
-    const written = () => finish(true)
-    const lost = () => finish(false)
-    const stop = () => {
-      stdout.off('drain', written).off('error', lost).off('close', lost)
-    }
-    const finish = (allWritten: boolean) => {
-      stop()
-      done(allWritten)
-    }
-    stdout.on('drain', written).on('error', lost).on('close', lost)
-    return stop
-  },
+// The human-readable lines go through process.stdout
+const processStdoutOutput: StdoutOutput = { whenWritten: (done) => whenStreamWritten(process.stdout, done) }
+
+// process.stdout and stderr hold what a full pipe or socket has not taken yet (an exit then drops it): `done` once
+// they hold nothing; as lost on their 'error' (EPIPE, which main.ts and cli.ts ignore) or 'close'
+function whenStreamWritten(stream: NodeJS.WriteStream, done: (written: boolean) => void): () => void {
+  if (stream.writableLength === 0 || stream.destroyed) {
+    done(!stream.destroyed)
+    return () => {}
+  }
+  const written = () => finish(true)
+  const lost = () => finish(false)
+  const stop = () => {
+    stream.off('drain', written).off('error', lost).off('close', lost)
+  }
+  const finish = (allWritten: boolean) => {
+    stop()
+    done(allWritten)
+  }
+  stream.on('drain', written).on('error', lost).on('close', lost)
+  return stop
 }
 
-// One line per event for a person at a terminal, written synchronously in order with the banner. pino-pretty
+// a wait of the whenWritten kind, given up after timeoutMs (false)
+function boundedWait(whenWritten: StdoutOutput['whenWritten'], timeoutMs: number): Promise<boolean> {
+  return new Promise((resolve) => {
+    const timer = setTimeout(() => {
+      stopWaiting()
+      resolve(false)
+    }, timeoutMs)
+    timer.unref()
+    const stopWaiting = whenWritten((written) => {
+      clearTimeout(timer)
+      resolve(written)
+    })
+  })
+}
+
+/**
+ * Waits until process.stdout and stderr have written all they were given, or `timeoutMs` passed: what a command
+ * that ends by process.exit calls first. Resolves true when everything was written.
+ */
+export async function stdioWritten(timeoutMs: number): Promise<boolean> {
+  const each = [process.stdout, process.stderr].map((stream) => boundedWait((done) => whenStreamWritten(stream, done), timeoutMs))
+  return (await Promise.all(each)).every(Boolean)
+}
+
+// One line per event for a person at a terminal, through process.stdout in order with the banner. pino-pretty
 // is a development dependency: without it (an install that left those out) the lines stay JSON.
 function humanReadableStdout(): pino.DestinationStream | undefined {
   let format: (line: string) => string
@@ -172,31 +196,16 @@ function humanReadableStdout(): pino.DestinationStream | undefined {
  */
 export function flushLogger(logger: Logger, timeoutMs: number): Promise<boolean> {
   const output = outputs.get(logger)
-  return new Promise((resolve) => {
-    let stopWaiting = () => {}
-    const timer = setTimeout(() => {
-      stopWaiting()
-      resolve(false)
-    }, timeoutMs)
-    timer.unref()
-    if (output) {
-      stopWaiting = output.whenWritten((written) => {
-        clearTimeout(timer)
-        resolve(written)
-      })
-      return
-    }
-    // a destination of the caller's (tests): pino's own flush
+  if (output) return boundedWait(output.whenWritten, timeoutMs)
+  // a destination of the caller's (tests): pino's own flush
+  return boundedWait((done) => {
     try {
-      logger.flush((error) => {
-        clearTimeout(timer)
-        resolve(!error)
-      })
+      logger.flush((error) => done(!error))
     } catch {
-      clearTimeout(timer)
-      resolve(false)
+      done(false)
     }
-  })
+    return () => {}
+  }, timeoutMs)
 }
 
 /**

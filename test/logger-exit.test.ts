@@ -1,6 +1,7 @@
-// The last log lines of a process that ends by exitProcess (serve's stop, a failed start): flushLogger must wait
-// until stdout took them, however slowly its reader reads, and must not wait for a reader that went away. Run in
-// a process of its own, on a real pipe: an exit drops whatever Node still holds for stdout.
+// The last lines of a process that ends by exiting: serve's stop and failed start (flushLogger, then exitProcess)
+// and a CLI command stopped by a signal (stdioWritten, then process.exit). The wait must last until stdout took
+// them, however slowly its reader reads, and not for a reader that went away. Run in a process of its own, on a
+// real pipe: an exit drops whatever Node still holds for stdout.
 import { spawn } from 'node:child_process'
 import { once } from 'node:events'
 import path from 'node:path'
@@ -12,7 +13,7 @@ const LINES = 2_000
 
 // stdout is read only once the child waits for its lines to be written and `readAfterMs` more have passed (a
 // reader that fell behind: 2 MB is far more than a pipe holds); `read: false`, the reader is gone before a line
-function burstThenExit(format: 'json' | 'pretty', { read = true, readAfterMs = 300 } = {}) {
+function burstThenExit(format: 'json' | 'pretty' | 'stdio', { read = true, readAfterMs = 300 } = {}) {
   const child = spawn(process.execPath, ['--import', 'tsx', 'test/helpers/log-burst-then-exit.ts', String(LINES), format], {
     cwd: root,
     env: childEnv({}),
@@ -38,10 +39,11 @@ function burstThenExit(format: 'json' | 'pretty', { read = true, readAfterMs = 3
 
 const count = (text: string, pattern: RegExp) => text.match(pattern)?.length ?? 0
 
-describe('the last log lines before an exit', () => {
+describe('the last lines before an exit', () => {
   it.each([
     ['JSON lines (pino on stdout)', 'json', /"msg":"burst"/g, /"msg":"the last line"/g],
     ['human-readable lines (LOG_PRETTY)', 'pretty', /INFO: burst/g, /INFO: the last line/g],
+    ["a command's own output (process.stdout)", 'stdio', /^burst \d+ x/gm, /^the last line$/gm],
   ] as const)('%s: all of them reach a reader that fell behind', async (_name, format, burst, last) => {
     const { code, signal, stdout, stderr } = await burstThenExit(format)
     expect({ code, signal }, stderr).toEqual({ code: 0, signal: null })
@@ -50,7 +52,7 @@ describe('the last log lines before an exit', () => {
     expect(stderr).toContain('{"written":true}')
   }, 120_000)
 
-  it.each(['json', 'pretty'] as const)('%s: a reader that went away ends the wait, as lost', async (format) => {
+  it.each(['json', 'pretty', 'stdio'] as const)('%s: a reader that went away ends the wait, as lost', async (format) => {
     // the wait's own bound is 120 s: a wait that missed the broken pipe outlasts the test's timeout
     const { code, signal, stderr } = await burstThenExit(format, { read: false })
     expect({ code, signal }, stderr).toEqual({ code: 0, signal: null })
