@@ -76,7 +76,7 @@ export interface Metrics {
    * that never ends is noticed too.
    */
   pollerHooks(clock: Clock): PollerHooks
-  /** For createDispatcher: attempts by handler and result, and the commit-to-handler latency. */
+  /** For createDispatcher: attempts by handler and result, and the latency from a transition to its handler. */
   reactionHooks(handlers: readonly string[]): ReactionHooks
   /** For the pruner: rows pruned by kind, and when this replica last finished a pass. */
   readonly retentionHooks: RetentionHooks
@@ -162,7 +162,8 @@ export function createMetrics(
   })
   const reactionLatency = new Histogram({
     name: 'reaction_latency_seconds',
-    help: "Time from a transition's commit to the first call of a handler for it, by handler",
+    // from recorded_at, not the commit: a replica does not learn when another one committed
+    help: "Time from a transition's observation (its history row's recorded_at: the webhook's or poll answer's receipt, before its commit) to the first call of a handler for it, by handler",
     labelNames: ['handler'] as const,
     buckets: [0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60],
     registers: [registry],
