@@ -62,11 +62,13 @@ export async function main({
     // before the bound on stopping
     const boundMs = config.shutdownDrainDelayMs + config.shutdownTimeoutMs
     const deadline = Date.now() + boundMs
-    // the bound holds even if a part never stops (or is still starting); unref'd, it keeps nothing alive
+    // the bound holds even if a part never stops (or is still starting); unref'd, it keeps nothing alive. Its
+    // last tenth (a second at most) is for writing out the line that says why the exit is 1.
+    const lineMs = Math.min(1_000, boundMs / 10)
     setTimeout(() => {
       logger.error({ timeoutMs: boundMs }, 'shutdown did not finish in time: exiting')
-      exitProcess(logger, 1)
-    }, boundMs).unref()
+      void flushLogger(logger, lineMs).then(() => exitProcess(logger, 1))
+    }, boundMs - lineMs).unref()
     logger.info({ signal }, 'shutting down')
     let code = 0
     try {

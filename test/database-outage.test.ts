@@ -100,10 +100,11 @@ describePostgres('the compiled serve through database outages (Postgres)', () =>
     return { host: url.hostname, port: Number(url.port || 5432) }
   }
 
-  async function startServe(databaseUrl: string) {
+  async function startServe(databaseUrl: string, env: Record<string, string> = {}) {
     const child = spawnCli(
       ['serve'],
       {
+        ...env,
         DATABASE_URL: databaseUrl,
         PORT: '0',
         ADMIN_PORT: '0',
@@ -295,4 +296,30 @@ describePostgres('the compiled serve through database outages (Postgres)', () =>
     const [code] = await once(child, 'exit')
     expect(code).toBe(0)
   }, 180_000)
+
+  // A database that goes silent mid-statement holds the stop (the pool cannot close with a statement in flight):
+  // the bound ends it, and its last line says why, written out before the exit
+  it('a stop held past its bound by a silent database exits 1, and its last line says so', async () => {
+    const proxy = await startTcpProxy(target())
+    proxies.push(proxy)
+    const shutdownTimeoutMs = 2_000
+    const { child, watch } = await startServe(proxy.rewrite(database.url!), { SHUTDOWN_TIMEOUT_MS: String(shutdownTimeoutMs), POLL_ENABLED: 'false' })
+    const url = String((await watch.waitFor('service listening')).url)
+    await eventually('/readyz answers 200', async () => ((await fetch(`${url}/readyz`)).status === 200 ? true : undefined))
+    proxy.stall()
+    // its statement never gets an answer
+    const held = post(url, `held-${randomBytes(4).toString('hex')}`, JSON.stringify(tradePayload('outage-3', 'created'))).then(
+      (response) => response.status,
+      () => 'no answer',
+    )
+    await sleep(500)
+    // 'close': every line it wrote is read
+    const closed = once(child, 'close') as Promise<[number | null, NodeJS.Signals | null]>
+    child.kill('SIGTERM')
+    const [code, signal] = await closed
+    expect({ code, signal }).toEqual({ code: 1, signal: null })
+    expect(watch.entries().filter((entry) => entry.msg === 'shutdown did not finish in time: exiting')).toHaveLength(1)
+    expect(watch.lines.at(-1)).toContain('shutdown did not finish in time: exiting')
+    expect(['no answer', 503]).toContain(await held)
+  }, 120_000)
 })
