@@ -29,9 +29,13 @@ function burstThenExit(format: 'json' | 'pretty' | 'stdio', { read = true, readA
   } else {
     child.stdout.destroy()
   }
+  let resuming = false
   child.stderr.on('data', (chunk) => {
     stderr += chunk
-    if (read && stderr.includes('waiting\n')) setTimeout(() => child.stdout.resume(), readAfterMs)
+    if (read && !resuming && stderr.includes('waiting\n')) {
+      resuming = true
+      setTimeout(() => child.stdout.resume(), readAfterMs)
+    }
   })
   const closed = once(child, 'close') as Promise<[number | null, NodeJS.Signals | null]>
   return closed.then(([code, signal]) => ({ code, signal, stdout, stderr }))
