@@ -6,6 +6,7 @@ import module from 'node:module'
 ;(module as { enableCompileCache?: () => unknown }).enableCompileCache?.()
 const { forwardToLocalService, RunningServiceError } = await import('./local/running-service.js')
 const { stopSignalReceived } = await import('./stop-signals.js')
+const { ignoreGoneOutput } = await import('./output-gone.js')
 
 // 20.19 is the oldest Node the dependencies support (see "Supported Node.js versions" in README.md)
 const [major = 0, minor = 0] = process.versions.node.split('.').map(Number)
@@ -14,12 +15,8 @@ if (major < 20 || (major === 20 && minor < 19)) {
   process.exit(2)
 }
 
-// `... | head`: a reader that went away is no failure of the command
-for (const stream of [process.stdout, process.stderr]) {
-  stream.on('error', (error: NodeJS.ErrnoException) => {
-    if (error.code !== 'EPIPE') throw error
-  })
-}
+// `... | head`, a closed terminal: a reader that went away is no failure of the command
+ignoreGoneOutput()
 
 const args = process.argv.slice(2)
 try {

@@ -7,6 +7,7 @@
 import { createRequire } from 'node:module'
 import pino, { type Logger } from 'pino'
 import { loggableError } from './db/database-errors.js'
+import { isOutputGone } from './output-gone.js'
 
 export type { Logger }
 
@@ -93,8 +94,10 @@ const outputs = new WeakMap<Logger, StdoutOutput>()
 // nothing on purpose (minLength 0, ours), even while a write is under way and lines wait behind it: an exit
 // then lost the last lines, "stopped" among them, whenever stdout was slower than the stop (a loaded
 // machine, a reader that fell behind). It emits 'drain' once all it was given is written; the stream-write
-// hook marks each line given. A reader that went away (EPIPE) ends the wait too: pino drops every line after it.
-function asyncStdoutOutput(stream: NodeJS.EventEmitter) {
+// hook marks each line given. A reader that went away (output-gone.ts) ends the wait too, and the writer is made
+// to drop every line: pino does so itself on EPIPE, not on a closed terminal's EIO, after which the writer kept
+// all that was logged to try it again (and a SIGTERM then left the process running).
+function asyncStdoutOutput(stream: ReturnType<typeof pino.destination>) {
   let unwritten = false
   let gone = false
   const waiting = new Set<(written: boolean) => void>()
@@ -106,8 +109,11 @@ function asyncStdoutOutput(stream: NodeJS.EventEmitter) {
   stream.on('drain', settle)
   // the rule main.ts has for process.stdout: a reader that went away is not the service's failure
   stream.on('error', (error: NodeJS.ErrnoException) => {
-    if (error.code !== 'EPIPE') throw error
+    if (!isOutputGone(error)) throw error
     gone = true
+    stream.write = () => true
+    stream.flushSync = () => {}
+    stream.end = () => {}
     settle()
   })
   return {
@@ -129,7 +135,7 @@ function asyncStdoutOutput(stream: NodeJS.EventEmitter) {
 const processStdoutOutput: StdoutOutput = { whenWritten: (done) => whenStreamWritten(process.stdout, done) }
 
 // process.stdout and stderr hold what a full pipe or socket has not taken yet (an exit then drops it): `done` once
-// they hold nothing; as lost on their 'error' (EPIPE, which main.ts and cli.ts ignore) or 'close'
+// they hold nothing; as lost on their 'error' (a reader gone, which main.ts and cli.ts ignore) or 'close'
 function whenStreamWritten(stream: NodeJS.WriteStream, done: (written: boolean) => void): () => void {
   if (stream.writableLength === 0 || stream.destroyed) {
     done(!stream.destroyed)

@@ -1,4 +1,4 @@
-// `serve`: load config, start the service, stop it cleanly on SIGTERM/SIGINT.
+// `serve`: load config, start the service, stop it cleanly on SIGTERM, SIGINT or SIGHUP (stop-signals.ts).
 //
 // Stopping drains first (service.ts): /readyz answers 503 and the poller and the reaction dispatcher stop
 // claiming at once; requests are still served for SHUTDOWN_DRAIN_DELAY_MS so a load balancer notices; what
@@ -9,6 +9,7 @@
 import { type Config, ConfigError, configSecrets, loadConfig } from './config.js'
 import { loggableError } from './db/database-errors.js'
 import { createLogger, exitProcess, flushLogger } from './logger.js'
+import { ignoreGoneOutput } from './output-gone.js'
 import type { LocalCommandRunner } from './local/local-cli.js'
 import type { ReactionRegistry } from './reactions/reaction-registry.js'
 import { type RunningService, startService } from './service.js'
@@ -35,7 +36,8 @@ export async function main({
     }
     throw error
   }
-  ignoreBrokenOutput()
+  // a reader that went away (a pipe's, a closed terminal's) is not the service's failure: the lines are lost
+  ignoreGoneOutput()
   const local = config.partner.mode === 'local'
   const logger = createLogger({
     level: config.logLevel,
@@ -99,15 +101,6 @@ export async function main({
   }
   if (service.sandboxUrl)
     process.stdout.write(localModeBanner(config, service.url, service.sandboxUrl, service.adminUrl))
-}
-
-// A reader that went away (EPIPE) is not the service's failure: the lines are lost, the service goes on.
-function ignoreBrokenOutput(): void {
-  for (const stream of [process.stdout, process.stderr]) {
-    stream.on('error', (error: NodeJS.ErrnoException) => {
-      if (error.code !== 'EPIPE') throw error
-    })
-  }
 }
 
 /** What a newcomer sees after `npm start`: where things are and what to type next (README quick start). */

@@ -5,11 +5,18 @@
 // node, so that npm's child is this process: a signal sent to npm alone (a supervisor, `kill <pid>`) then
 // reaches it, where a shell in between died of it and left this process running. The same signal again
 // within SAME_SIGNAL_MS of the first is that copy, not a second request to stop.
+//
+// SIGHUP (the terminal was closed, the ssh connection dropped) stops like SIGTERM. Left to Node, it ended the
+// process at once, with no drain; and `nohup` does not keep a Node process alive, since Node sets an ignored
+// SIGHUP back to its default when it starts. To keep a service running past its terminal, run it detached from it
+// (a supervisor, `setsid`): README.md, "Stopping".
 
 /** How soon the same signal again counts as a copy of the first (npm's) rather than a second one. */
 export const SAME_SIGNAL_MS = 1_000
 
-export type StopSignal = 'SIGINT' | 'SIGTERM'
+export type StopSignal = 'SIGINT' | 'SIGTERM' | 'SIGHUP'
+
+const STOP_SIGNALS: readonly StopSignal[] = ['SIGINT', 'SIGTERM', 'SIGHUP']
 
 let received: StopSignal | undefined
 
@@ -24,7 +31,7 @@ export function stopSignalReceived(): StopSignal | undefined {
 }
 
 /**
- * Calls `onStop` for the first SIGINT or SIGTERM, and `onSecond` for any later one that is not the first's
+ * Calls `onStop` for the first SIGINT, SIGTERM or SIGHUP, and `onSecond` for any later one that is not the first's
  * copy. Returns what takes the listeners off again.
  */
 export function onStopSignals(onStop: (signal: StopSignal) => void, onSecond: (signal: StopSignal) => void): () => void {
@@ -38,16 +45,14 @@ export function onStopSignals(onStop: (signal: StopSignal) => void, onSecond: (s
       onSecond(signal)
     }
   }
-  process.on('SIGINT', handle)
-  process.on('SIGTERM', handle)
+  for (const signal of STOP_SIGNALS) process.on(signal, handle)
   return () => {
-    process.off('SIGINT', handle)
-    process.off('SIGTERM', handle)
+    for (const signal of STOP_SIGNALS) process.off(signal, handle)
   }
 }
 
 /**
- * Resolves on the first SIGINT or SIGTERM. A second signal (not the first's copy) ends the process as that
+ * Resolves on the first SIGINT, SIGTERM or SIGHUP. A second signal (not the first's copy) ends the process as that
  * signal does by default, whatever the command is still doing.
  */
 export function untilStopSignal(): Promise<StopSignal> {

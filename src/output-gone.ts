@@ -1,0 +1,51 @@
+// stdout and stderr whose reader went away: a pipe's reader that ended (`| head`, a `| tee` stopped by the same
+// Ctrl-C: EPIPE) or a terminal that was closed (EIO: its window gone, the ssh connection dropped). What is
+// written after it is lost; it is no failure of the command or of the service, which go on (or stop, on the
+// SIGHUP a closed terminal sends: stop-signals.ts).
+import { closeSync, openSync } from 'node:fs'
+import { isatty } from 'node:tty'
+
+const GONE = new Set(['EPIPE', 'EIO'])
+
+/** Whether a write failed because nobody reads the output any more. */
+export function isOutputGone(error: NodeJS.ErrnoException): boolean {
+  return error.code !== undefined && GONE.has(error.code)
+}
+
+// the standard descriptors that were a terminal when ignoreGoneOutput was called; undefined before
+let terminals: number[] | undefined
+
+/**
+ * Makes a write to process.stdout or stderr that finds its reader gone no error (any other still throws), and
+ * an exit after the terminal was closed an exit like any other (detachFromClosedTerminal). Once per process.
+ */
+export function ignoreGoneOutput(): void {
+  if (terminals) return
+  terminals = [0, 1, 2].filter((fd) => isatty(fd))
+  for (const stream of [process.stdout, process.stderr]) {
+    stream.on('error', (error: NodeJS.ErrnoException) => {
+      if (!isOutputGone(error)) throw error
+    })
+  }
+  process.once('exit', detachFromClosedTerminal)
+}
+
+/**
+ * Node sets a terminal's modes back as it exits, and Node 20 aborts there (SIGABRT, at times SIGSEGV) when the
+ * terminal is gone (22 and 24 do not): a process that stopped cleanly on SIGHUP ended as a crash. A closed
+ * terminal no longer answers as one (isatty is false), so each standard descriptor that was a terminal and is no
+ * more is opened again on /dev/null, which Node then leaves alone. Nothing could be written to it any more anyway.
+ */
+function detachFromClosedTerminal(): void {
+  for (const fd of terminals ?? []) {
+    if (isatty(fd)) continue
+    try {
+      closeSync(fd)
+      // the lowest free descriptor: the one just closed
+      const reopened = openSync('/dev/null', fd === 0 ? 'r' : 'w')
+      if (reopened !== fd) closeSync(reopened)
+    } catch {
+      // nothing better to do on the way out
+    }
+  }
+}
