@@ -33,6 +33,11 @@ export interface Config {
   readonly databaseUrl: string | undefined
   readonly databasePoolSize: number
   readonly dataDir: string
+  /**
+   * DATA_DIR_MIN_FREE: with the embedded database on disk, deliveries are answered 503 while DATA_DIR's file
+   * system has less free space than this (db/storage-guard.ts); 0: no guard.
+   */
+  readonly dataDirMinFreeBytes: number
   readonly logLevel: LogLevel
   /** Human-readable log lines; undefined (LOG_PRETTY unset): on a terminal in local mode only. */
   readonly logPretty: boolean | undefined
@@ -165,6 +170,8 @@ const EnvSchema = z.object({
     .optional(),
   DATABASE_POOL_SIZE: positiveInt.max(200).default(10),
   DATA_DIR: z.string().min(1).default('./data'),
+  // 0 turns the guard off
+  DATA_DIR_MIN_FREE: z.union([z.literal('0').transform(() => 0), byteSize]).default(128 * 1024 * 1024),
   LOG_LEVEL: z.enum(['fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent']).default('info'),
   LOG_PRETTY: booleanString.optional(),
   SHUTDOWN_TIMEOUT_MS: positiveInt.default(10_000),
@@ -346,6 +353,7 @@ export function parseConfig(
     databaseUrl: values.DATABASE_URL,
     databasePoolSize: values.DATABASE_POOL_SIZE,
     dataDir,
+    dataDirMinFreeBytes: values.DATA_DIR_MIN_FREE,
     logLevel: values.LOG_LEVEL,
     logPretty: values.LOG_PRETTY,
     shutdownTimeoutMs: values.SHUTDOWN_TIMEOUT_MS,

@@ -18,6 +18,7 @@ import type { Config } from './config.js'
 import { type DatabaseHandle, embeddedDatabaseExists, openDatabase } from './db/open-database.js'
 import { pingDatabase } from './db/ping-database.js'
 import { prepareDatabase } from './db/prepare-database.js'
+import { watchStorage } from './db/storage-guard.js'
 import { createAdminApp } from './http/admin-app.js'
 import { createApp } from './http/app.js'
 import { listen } from './http/server.js'
@@ -111,6 +112,12 @@ export async function startService({
       logger,
     })
     stops.push({ name: 'database', stop: () => database.close() })
+    // the embedded database on disk: deliveries are refused while its disk is almost full (db/storage-guard.ts)
+    const storage =
+      !config.databaseUrl && !config.dataDir.startsWith('memory://') && config.dataDirMinFreeBytes > 0
+        ? watchStorage({ directory: config.dataDir, minFreeBytes: config.dataDirMinFreeBytes, logger })
+        : undefined
+    if (storage) stops.push({ name: 'storage guard', stop: () => storage.stop() })
     let markReady!: () => void
     let markFailed!: (error: unknown) => void
     const databaseReady = new Promise<void>((resolve, reject) => {
@@ -126,6 +133,7 @@ export async function startService({
           parkedDeliveries: () => countParkedDeliveries(database.db, new Date(clock.now())),
           reactionJobs: () => reactionJobStats(database.db, new Date(clock.now()), reactions.names),
           oldestDelivery: () => oldestDeliveryReceivedAt(database.db),
+          ...(storage ? { dataDirStorage: { freeBytes: () => storage.freeBytes, minFreeBytes: storage.minFreeBytes } } : {}),
         })
       : undefined
     // a second terminal's commands are run here (operator listener), on this database, in every mode (src/local)
@@ -165,6 +173,7 @@ export async function startService({
       ingest: createDeliveryIngest({ config, db: database.db, logger, settings: observation, metrics }),
       isReady: () => ready,
       isDraining: () => draining,
+      storageLow: storage && (() => storage.low),
     })
     const server = await listen(app, {
       port: config.port,

@@ -86,6 +86,7 @@ async function exportedNames(): Promise<Set<string>> {
     poolStats: () => ({ total: 2, idle: 1, waiting: 0 }),
     reactionJobs: async () => ({ pending: 1, running: 0, failed: 1, oldestPendingAgeS: 5 }),
     oldestDelivery: async () => new Date(0),
+    dataDirStorage: { freeBytes: () => 1, minFreeBytes: 1 },
   })
   // a pass finished: the last-pass gauge has a sample
   metrics.retentionHooks.onPass(new Date(0))
@@ -147,6 +148,7 @@ describe('alert rules and dashboard', () => {
     expect(rules.map((rule) => rule.alert)).toEqual([
       'PartnerEscrowDown',
       'PartnerEscrowDatabaseDown',
+      'PartnerEscrowDataDirFull',
       'PartnerEscrowWebhookSignatureFailures',
       'PartnerEscrowWebhooksSilent',
       'PartnerEscrowParkedDeliveriesOld',
@@ -177,7 +179,7 @@ describePromtool('promtool', () => {
     if (!promtool) throw new Error('promtool is required in CI: .ci/run installs Debian\'s prometheus package')
     const run = (...args: string[]) =>
       execFileSync(promtool, args, { cwd: 'deploy/prometheus', encoding: 'utf8', stdio: ['ignore', 'pipe', 'pipe'] })
-    expect(run('check', 'rules', 'alerts.yml')).toMatch(/SUCCESS: 10 rules found/)
+    expect(run('check', 'rules', 'alerts.yml')).toMatch(/SUCCESS: 11 rules found/)
     expect(run('check', 'config', 'prometheus.yml')).toMatch(/SUCCESS/)
     const output = run('test', 'rules', 'alerts.test.yml')
     expect(output).toMatch(/SUCCESS/)

@@ -7,6 +7,7 @@ import { createApp } from '../src/http/app.js'
 import { testLogger } from './helpers/log-sink.js'
 import { startTcpProxy } from './helpers/tcp-proxy.js'
 import { testConfig } from './helpers/test-config.js'
+import { signBody, tradePayload } from './helpers/webhook-delivery.js'
 import { createTestDatabase, describePostgres, useTestDatabase } from './helpers/test-database.js'
 
 const config = testConfig()
@@ -42,6 +43,31 @@ describe('health and the error contract', () => {
     const health = await request(drainable).get('/healthz')
     expect(health.status).toBe(200)
     expect(health.headers.connection).toBe('close')
+  })
+
+  it('answers /readyz and deliveries 503 while the data directory is almost full, and takes them again after', async () => {
+    let low = true
+    const guarded = createApp({ config, db: database.db, logger, clock: systemClock, storageLow: () => low })
+    const ready = await request(guarded).get('/readyz')
+    expect(ready.status).toBe(503)
+    expect(ready.body.error).toMatchObject({ code: 'not_ready', message: expect.stringContaining('DATA_DIR_MIN_FREE') })
+    const body = JSON.stringify(tradePayload('storage-low-1', 'funded'))
+    const post = () =>
+      request(guarded)
+        .post(config.webhook.path)
+        .set('content-type', 'application/json')
+        .set('x-partner-delivery-id', 'storage-low-1')
+        .set('x-partner-signature', signBody(body))
+        .send(body)
+    const refused = await post()
+    expect(refused.status).toBe(503)
+    expect(refused.body.error.code).toBe('storage_low')
+    low = false
+    expect((await request(guarded).get('/readyz')).status).toBe(200)
+    const taken = await post()
+    expect(taken.status).toBe(200)
+    // the refused one was not stored: this is its first time in
+    expect(taken.body).toEqual({ received: true })
   })
 
   it('answers unknown routes 404 in the error shape', async () => {

@@ -9,8 +9,7 @@ import { tmpdir } from 'node:os'
 import path from 'node:path'
 import { randomUUID } from 'node:crypto'
 import { afterAll, describe, expect, it } from 'vitest'
-import { spawnCli, waitForLogLine } from './helpers/cli-process.js'
-import { TEST_API_KEY_ID, TEST_API_SECRET, TEST_WEBHOOK_SECRET } from './helpers/test-config.js'
+import { receiverEnv, spawnCli, waitForLogLine } from './helpers/cli-process.js'
 import { signBody, tradePayload } from './helpers/webhook-delivery.js'
 
 const SENDERS = 8
@@ -25,20 +24,7 @@ describe('the compiled serve on PGlite, killed mid-ingest (SIGKILL)', () => {
   })
 
   async function start() {
-    const child = spawnCli(
-      ['serve'],
-      {
-        DATA_DIR: dataDir,
-        PORT: '0',
-        ADMIN_PORT: '0',
-        POLL_ENABLED: 'false',
-        PARTNER_API_BASE_URL: 'http://127.0.0.1:9',
-        PARTNER_API_KEY_ID: TEST_API_KEY_ID,
-        PARTNER_API_SECRET: TEST_API_SECRET,
-        WEBHOOK_SECRETS: TEST_WEBHOOK_SECRET,
-      },
-      { built: true },
-    )
+    const child = spawnCli(['serve'], receiverEnv(dataDir), { built: true })
     children.push(child)
     const { url } = await waitForLogLine(child, 'service listening', 120_000)
     return { child, url: String(url) }

@@ -12,8 +12,7 @@ import { mkdtempSync } from 'node:fs'
 import { tmpdir } from 'node:os'
 import path from 'node:path'
 import { afterAll, describe, expect, it } from 'vitest'
-import { childEnv, freePort } from './helpers/cli-process.js'
-import { TEST_API_KEY_ID, TEST_API_SECRET, TEST_WEBHOOK_SECRET } from './helpers/test-config.js'
+import { childEnv, freePort, receiverEnv } from './helpers/cli-process.js'
 import { signBody, tradePayload } from './helpers/webhook-delivery.js'
 
 const root = path.resolve(import.meta.dirname, '..')
@@ -40,16 +39,10 @@ describe.skipIf(!hasPython)('the compiled serve when its terminal is closed', ()
   async function start(mode: Mode, logPretty: boolean) {
     const port = await freePort()
     const env = {
-      DATA_DIR: mkdtempSync(path.join(tmpdir(), 'terminal-hangup-')),
+      ...receiverEnv(mkdtempSync(path.join(tmpdir(), 'terminal-hangup-'))),
       PORT: String(port),
-      ADMIN_PORT: '0',
-      POLL_ENABLED: 'false',
       LOG_PRETTY: String(logPretty),
       SHUTDOWN_DRAIN_DELAY_MS: String(DRAIN_DELAY_MS),
-      PARTNER_API_BASE_URL: 'http://127.0.0.1:9',
-      PARTNER_API_KEY_ID: TEST_API_KEY_ID,
-      PARTNER_API_SECRET: TEST_API_SECRET,
-      WEBHOOK_SECRETS: TEST_WEBHOOK_SECRET,
     }
     const helper = spawn('python3', [onATerminal, mode, process.execPath, path.join(root, 'dist/src/cli.js'), 'serve'], {
       cwd: root,

@@ -10,8 +10,9 @@
 // What crosses between the threads is copied (structured clone): parameters, rows, and errors rebuilt from
 // their fields (code, severity, detail ...), so database-errors.ts reads them as it reads PGlite's own.
 // A query's options cross too, but only rowMode: parsers and serializers are functions, which cannot.
-// If the thread stops (a crash, an abort of the WebAssembly), every statement waiting and every later one
-// fails with "PGlite is closed", which the service answers as unavailable (503), and one error is logged.
+// If the thread stops (a crash, an abort of the WebAssembly, a write-ahead log it could not write), every
+// statement waiting and every later one fails with "PGlite is closed", which the service answers as
+// unavailable (503), and one error is logged.
 import { Worker } from 'node:worker_threads'
 import type { Logger } from '../logger.js'
 
@@ -79,6 +80,14 @@ export interface PgliteThreadOptions {
 // the message database-errors.ts counts as "the database is not there" (503)
 const CLOSED_MESSAGE = 'PGlite is closed'
 
+// A write-ahead log segment PGlite could not write (no space left on the disk): Postgres stops there (PANIC) and
+// starts again from its log; PGlite (0.5) answers this one statement with the error and then runs in a loop on
+// the next, answering nothing (measured on a full 60 MB tmpfs). The thread is closed at this error instead: the
+// statements fail at once (503), and what was committed is in DATA_DIR for the next start.
+function isWalWriteFailure({ message, fields }: SerializedError): boolean {
+  return fields.code === '53100' && message.includes('pg_wal/')
+}
+
 function rebuildError({ name, message, fields }: SerializedError): Error {
   const error = new Error(message)
   Object.assign(error, fields)
@@ -101,6 +110,8 @@ export class PgliteThread {
   private readonly pending = new Map<number, { resolve: (value: unknown) => void; reject: (error: Error) => void }>()
   private readonly notifications = new Map<number, (payload: string) => void>()
   private stopReason: Error | undefined
+  // closes the thread for good: every statement waiting and every later one fails with the reason
+  private fail: ((reason: string) => void) | undefined
 
   constructor(private readonly options: PgliteThreadOptions) {
     this.waitReady = this.start()
@@ -132,6 +143,10 @@ export class PgliteThread {
         this.worker?.unref()
         if (wasOpen) logger?.error({ reason }, 'the embedded database stopped')
       }
+      this.fail = (reason) => {
+        stopped(reason)
+        void worker.terminate()
+      }
       // the worker's own error is not logged: a message from inside the database may quote the data
       worker.on('error', (error) => stopped(`failed (${error.name})`))
       worker.on('exit', (code) => stopped(`exited with code ${code}`))
@@ -153,8 +168,12 @@ export class PgliteThread {
     if (!waiting) return
     this.pending.delete(message.id)
     if (this.pending.size === 0) this.worker?.unref()
-    if (message.error) waiting.reject(rebuildError(message.error))
-    else waiting.resolve(message.result)
+    if (message.error) {
+      waiting.reject(rebuildError(message.error))
+      if (isWalWriteFailure(message.error)) this.fail?.('could not write its write-ahead log (is the disk full?)')
+    } else {
+      waiting.resolve(message.result)
+    }
   }
 
   private async call<T>(request: WithoutId<PgliteRequest>): Promise<T> {

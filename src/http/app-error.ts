@@ -7,6 +7,7 @@ export type ErrorCode =
   | 'unsupported_media_type'
   | 'database_unavailable'
   | 'overloaded'
+  | 'storage_low'
   | 'not_ready'
   | 'not_found'
   | 'method_not_allowed'

@@ -34,6 +34,11 @@ export interface AppDeps {
    * requests that still arrive are served (each answer closes its connection, so none is reused).
    */
   isDraining?: () => boolean
+  /**
+   * The embedded database's data directory is almost full (db/storage-guard.ts): deliveries and /readyz answer
+   * 503 until space is freed.
+   */
+  storageLow?: (() => boolean) | undefined
   /** Seller and buyer event handlers (service.ts registers the fork's); none when not given. */
   eventHandlers?: EventHandlers | undefined
   /** The reaction handlers: whether an observation the app applies brings events for them (none when absent). */

@@ -1,6 +1,7 @@
 // /healthz: the process answers. /readyz: the service finished starting (its database came up and was
-// migrated), the database answers now, every migration is applied, and the service is not draining (a
-// signal arrived: a load balancer must stop sending it work while it finishes what it has).
+// migrated), the database answers now, every migration is applied, the service is not draining (a signal
+// arrived: a load balancer must stop sending it work while it finishes what it has), and the embedded
+// database's disk is not almost full (db/storage-guard.ts).
 import { Router } from 'express'
 import { type Kysely, sql } from 'kysely'
 import type { Database } from '../db/database.js'
@@ -13,10 +14,12 @@ export function healthRoutes({
   db,
   isReady,
   isDraining,
+  storageLow,
 }: {
   db: Kysely<Database>
   isReady?: (() => boolean) | undefined
   isDraining?: (() => boolean) | undefined
+  storageLow?: (() => boolean) | undefined
 }): Router {
   const router = Router()
   // migrations never go back once applied, so a positive answer is kept
@@ -45,6 +48,10 @@ export function healthRoutes({
     }
     if (!migrationsCurrent) {
       res.status(503).json(errorBody('not_ready', 'Migrations are pending; run `npm run cli -- migrate`'))
+      return
+    }
+    if (storageLow?.()) {
+      res.status(503).json(errorBody('not_ready', 'The data directory is almost full (DATA_DIR_MIN_FREE): deliveries are refused until space is freed'))
       return
     }
     res.json({ status: 'ready' })

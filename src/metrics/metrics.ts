@@ -31,6 +31,8 @@ export interface MetricsSources {
   reactionJobs?: () => Promise<{ pending: number; running: number; failed: number; oldestPendingAgeS: number }>
   /** When the oldest delivery row still stored was received; null when none is. */
   oldestDelivery?: () => Promise<Date | null>
+  /** The embedded database's data directory: its free space in bytes (undefined until read) and the minimum. */
+  dataDirStorage?: { freeBytes: () => number | undefined; minFreeBytes: number }
 }
 
 /** What retention prunes: the label values of retention_rows_pruned_total (src/retention/prune.ts). */
@@ -131,11 +133,11 @@ export function createMetrics(
 
   const requestsRefused = new Counter({
     name: 'http_requests_refused_total',
-    help: 'Public listener: requests answered 503 past the in-flight body budget (body_budget) and connections dropped past MAX_CONNECTIONS (max_connections)',
+    help: 'Public listener: requests answered 503 past the in-flight body budget (body_budget) or while the embedded database\'s data directory is almost full (storage_low), and connections dropped past MAX_CONNECTIONS (max_connections)',
     labelNames: ['reason'] as const,
     registers: [registry],
   })
-  for (const reason of ['body_budget', 'max_connections']) requestsRefused.inc({ reason }, 0)
+  for (const reason of ['body_budget', 'max_connections', 'storage_low']) requestsRefused.inc({ reason }, 0)
   let inflightBytes = 0
   const inflightBodyBytes = {
     inc: (bytes: number) => {
@@ -183,7 +185,19 @@ export function createMetrics(
     registers: [registry],
   })
 
-  const { databaseUp, dueOrders, parkedDeliveries, reactionJobs, oldestDelivery } = sources
+  const { databaseUp, dueOrders, parkedDeliveries, reactionJobs, oldestDelivery, dataDirStorage } = sources
+  if (dataDirStorage) {
+    new OptionalGauge(dataDirStorage.freeBytes, {
+      name: 'data_dir_free_bytes',
+      help: 'Free space of the file system the embedded database (PGlite) keeps its data on, read every second; no sample before the first reading',
+      registers: [registry],
+    })
+    new Gauge({
+      name: 'data_dir_min_free_bytes',
+      help: 'DATA_DIR_MIN_FREE: under it deliveries are answered 503 (storage_low) and /readyz turns 503',
+      registers: [registry],
+    }).set(dataDirStorage.minFreeBytes)
+  }
   if (oldestDelivery) {
     const read = tolerantRead(oldestDelivery, readTimeoutMs)
     new OptionalGauge(

@@ -28,6 +28,8 @@ export interface WebhookEndpointDeps extends ReceiveDeps {
   isReady?: (() => boolean) | undefined
   /** True once a signal arrived: every answer closes its connection. */
   isDraining?: (() => boolean) | undefined
+  /** True while the embedded database's disk is almost full (db/storage-guard.ts). */
+  storageLow?: (() => boolean) | undefined
 }
 
 export type WebhookEndpoint = (req: IncomingMessage, res: ServerResponse) => void
@@ -49,6 +51,10 @@ export function webhookEndpoint(deps: WebhookEndpointDeps): WebhookEndpoint {
       // before the body is read: the connection is closed rather than drained
       res.setHeader('Connection', 'close')
       throw new AppError(503, 'database_unavailable', 'The service is starting and its database is not ready; retry later')
+    }
+    if (deps.storageLow?.()) {
+      res.setHeader('Connection', 'close')
+      throw new AppError(503, 'storage_low', "The service's data directory is almost full; retry later")
     }
     let rawBody: Buffer
     try {
@@ -82,6 +88,7 @@ export function webhookEndpoint(deps: WebhookEndpointDeps): WebhookEndpoint {
       if (error.code === 'database_unavailable' && error.cause !== undefined) {
         logger.error({ ...loggableDeliveryId(deliveryId), err: loggableError(error.cause) }, 'webhook not stored')
       }
+      if (error.code === 'storage_low') metrics?.requestsRefused.inc({ reason: 'storage_low' })
       if (error.code === 'overloaded') logger.warn({ ...loggableDeliveryId(deliveryId) }, 'webhook refused: ingest queue full')
     }
     if (res.headersSent) {

@@ -3,7 +3,23 @@ import { type ChildProcess, spawn } from 'node:child_process'
 import { once } from 'node:events'
 import path from 'node:path'
 
+import { TEST_API_KEY_ID, TEST_API_SECRET, TEST_WEBHOOK_SECRET } from './test-config.js'
+
 const root = path.resolve(import.meta.dirname, '../..')
+
+/** `serve` on PGlite in `dataDir`, on ports of its own, as the receiver alone: no poller, no platform there. */
+export function receiverEnv(dataDir: string): Record<string, string> {
+  return {
+    DATA_DIR: dataDir,
+    PORT: '0',
+    ADMIN_PORT: '0',
+    POLL_ENABLED: 'false',
+    PARTNER_API_BASE_URL: 'http://127.0.0.1:9',
+    PARTNER_API_KEY_ID: TEST_API_KEY_ID,
+    PARTNER_API_SECRET: TEST_API_SECRET,
+    WEBHOOK_SECRETS: TEST_WEBHOOK_SECRET,
+  }
+}
 
 export interface CliResult {
   code: number | null
