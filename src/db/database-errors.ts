@@ -38,7 +38,7 @@ const UNAVAILABLE_NODE_CODES = new Set([
 
 // pg and PGlite report a lost or missing connection with these messages and no code
 const UNAVAILABLE_MESSAGES =
-  /Connection terminated|timeout exceeded when trying to connect|Client has encountered a connection error|Query read timeout|PGlite is closed|Connection ended|Cannot use a pool after calling end|Client was closed and is not queryable/i
+  /Connection terminated|timeout exceeded when trying to connect|Client has encountered a connection error|Query read timeout|PGlite is closed|PGlite instance is already closed|Connection ended|Cannot use a pool after calling end|Client was closed and is not queryable/i
 
 /** What each SQLSTATE class means, in a fixed message: the log shows this, never Postgres's own text. */
 const SQLSTATE_CLASSES: Record<string, { kind: DatabaseErrorKind; message: string }> = {

@@ -10,6 +10,7 @@
 import type { IncomingMessage, ServerResponse } from 'node:http'
 import getRawBody from 'raw-body'
 import { loggableError } from '../db/database-errors.js'
+import { limitLines } from '../limit-lines.js'
 import { AppError } from '../http/app-error.js'
 import { errorAnswer } from '../http/error-handler.js'
 import { type InflightBodyBudget, reserveBodyBytes } from '../http/inflight-body-budget.js'
@@ -45,6 +46,9 @@ export function webhookEndpoint(deps: WebhookEndpointDeps): WebhookEndpoint {
   // CPU (bench/results/latest.md). Configured secrets are still blanked out of it (logger.ts).
   const deliveryLog = logger.child({}, { redact: [] })
   const counted = (outcome: string) => metrics?.deliveries.inc({ outcome })
+  // lines an outage or an overload writes for every refused delivery: one a second at most (limit-lines.ts)
+  const notStored = limitLines((fields: object) => logger.error(fields, 'webhook not stored'))
+  const queueFull = limitLines((fields: object) => logger.warn(fields, 'webhook refused: ingest queue full'))
 
   const receive = async (req: IncomingMessage, res: ServerResponse, deliveryId: string | undefined) => {
     if (deps.isReady && !deps.isReady()) {
@@ -86,10 +90,10 @@ export function webhookEndpoint(deps: WebhookEndpointDeps): WebhookEndpoint {
     if (error instanceof AppError) {
       if (error.code === 'invalid_signature') metrics?.signatureFailures.inc()
       if (error.code === 'database_unavailable' && error.cause !== undefined) {
-        logger.error({ ...loggableDeliveryId(deliveryId), err: loggableError(error.cause) }, 'webhook not stored')
+        notStored({ ...loggableDeliveryId(deliveryId), err: loggableError(error.cause) })
       }
       if (error.code === 'storage_low') metrics?.requestsRefused.inc({ reason: 'storage_low' })
-      if (error.code === 'overloaded') logger.warn({ ...loggableDeliveryId(deliveryId) }, 'webhook refused: ingest queue full')
+      if (error.code === 'overloaded') queueFull(loggableDeliveryId(deliveryId))
     }
     if (res.headersSent) {
       res.destroy()

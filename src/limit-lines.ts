@@ -1,0 +1,43 @@
+// A log line that a fault can make thousands of times a second (every delivery refused while the database is
+// away, or while the ingest queue is full). The first of each interval is written at once; the rest are
+// counted, and the last of them is written at the end of the interval with `suppressed`: how many more like it
+// were not written. So a stretch of refusals costs one line a second, and none goes unaccounted for. The
+// metrics count every one (webhook_deliveries_total{outcome="rejected"}).
+
+/** Written lines carry `suppressed` when others like them were counted instead of written since the last. */
+export type LimitedFields<F> = F & { suppressed?: number }
+
+export function limitLines<F extends object>(
+  write: (fields: LimitedFields<F>) => void,
+  { intervalMs = 1_000, now = () => Date.now() }: { intervalMs?: number; now?: () => number } = {},
+): (fields: F) => void {
+  // the end of the interval that began with the last line written
+  let intervalEnd = -Infinity
+  // calls since the last line written, the last of them held to be written at the interval's end
+  let counted = 0
+  let held: F | undefined
+  let timer: NodeJS.Timeout | undefined
+
+  const writeHeld = () => {
+    timer = undefined
+    const fields = held!
+    const suppressed = counted - 1
+    held = undefined
+    counted = 0
+    intervalEnd = now() + intervalMs
+    write(suppressed > 0 ? { ...fields, suppressed } : fields)
+  }
+
+  return (fields) => {
+    const at = now()
+    if (at >= intervalEnd && timer === undefined) {
+      intervalEnd = at + intervalMs
+      write(fields)
+      return
+    }
+    counted += 1
+    held = fields
+    // unref'd: a line held back does not keep the process alive (an exit loses at most a second's count)
+    timer ??= setTimeout(writeHeld, Math.max(0, intervalEnd - at)).unref()
+  }
+}

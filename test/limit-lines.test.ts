@@ -1,0 +1,66 @@
+// A log line a fault repeats for every request (every delivery refused in an outage): one a second at most,
+// and every one accounted for, written or counted in a written one's `suppressed`.
+import { afterEach, beforeEach, describe, expect, it, vi } from 'vitest'
+import { systemClock } from '../src/clock.js'
+import { openDatabase } from '../src/db/open-database.js'
+import { createApp } from '../src/http/app.js'
+import { limitLines } from '../src/limit-lines.js'
+import { logLines, testLogger } from './helpers/log-sink.js'
+import { testConfig } from './helpers/test-config.js'
+import { sendWebhook, tradePayload } from './helpers/webhook-delivery.js'
+
+describe('limitLines', () => {
+  beforeEach(() => {
+    vi.useFakeTimers()
+  })
+  afterEach(() => {
+    vi.useRealTimers()
+  })
+
+  it('writes the first of each second at once and the last of the rest at its end, with how many it stands for', () => {
+    const written: { n: number; suppressed?: number }[] = []
+    const line = limitLines((fields: { n: number }) => written.push(fields))
+    line({ n: 1 })
+    expect(written).toEqual([{ n: 1 }])
+    for (let n = 2; n <= 10; n += 1) line({ n })
+    expect(written).toHaveLength(1)
+    vi.advanceTimersByTime(1_000)
+    expect(written).toEqual([{ n: 1 }, { n: 10, suppressed: 8 }])
+    // the interval began again with that line: one more within it waits for its end
+    line({ n: 11 })
+    expect(written).toHaveLength(2)
+    vi.advanceTimersByTime(1_000)
+    expect(written.at(-1)).toEqual({ n: 11 })
+    // after a quiet interval the next is written at once
+    vi.advanceTimersByTime(5_000)
+    line({ n: 12 })
+    expect(written.at(-1)).toEqual({ n: 12 })
+    const accounted = written.reduce((sum, fields) => sum + 1 + (fields.suppressed ?? 0), 0)
+    expect(accounted).toBe(12)
+  })
+})
+
+describe('the webhook endpoint with its database gone', () => {
+  it('answers every delivery 503 and writes "webhook not stored" once a second, counting the rest', async () => {
+    const config = testConfig()
+    const database = openDatabase({ dataDir: 'memory://' })
+    await database.close()
+    const app = createApp({ config, db: database.db, logger: testLogger(config.webhook.secrets), clock: systemClock })
+    const before = logLines.length
+    const started = Date.now()
+    const answers = await Promise.all(
+      Array.from({ length: 40 }, (_, index) => sendWebhook(app, { body: tradePayload(`gone-${index}`, 'funded'), deliveryId: `gone-${index}` })),
+    )
+    const elapsedS = (Date.now() - started) / 1_000
+    expect(answers.map((answer) => [answer.status, answer.body.error?.code])).toEqual(Array(40).fill([503, 'database_unavailable']))
+    // the last of them is written at the end of its second
+    await new Promise((resolve) => setTimeout(resolve, 1_100))
+    const lines = logLines
+      .slice(before)
+      .map((line) => JSON.parse(line) as { msg: string; deliveryId?: string; suppressed?: number })
+      .filter((line) => line.msg === 'webhook not stored')
+    expect(lines.every((line) => line.deliveryId?.startsWith('gone-'))).toBe(true)
+    expect(lines.reduce((sum, line) => sum + 1 + (line.suppressed ?? 0), 0)).toBe(40)
+    expect(lines.length).toBeLessThanOrEqual(2 + Math.ceil(elapsedS))
+  })
+})
