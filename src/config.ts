@@ -9,6 +9,7 @@ import { linkSync, mkdirSync, readFileSync, renameSync, unlinkSync, writeFileSyn
 import path from 'node:path'
 import bytes from 'bytes'
 import { z } from 'zod'
+import { DEFAULT_LOG_BUFFER_LIMIT } from './logger.js'
 import { decodeWebhookSecret, MIN_WEBHOOK_SECRET_BYTES, WEBHOOK_SECRET_PREFIX } from './reactions/forwarder.js'
 
 export const MIN_SECRET_LENGTH = 24
@@ -41,6 +42,8 @@ export interface Config {
   readonly logLevel: LogLevel
   /** Human-readable log lines; undefined (LOG_PRETTY unset): on a terminal in local mode only. */
   readonly logPretty: boolean | undefined
+  /** LOG_BUFFER_LIMIT: the most log output held in memory while stdout's reader is behind (logger.ts). */
+  readonly logBufferLimitBytes: number
   readonly shutdownTimeoutMs: number
   /** SHUTDOWN_DRAIN_DELAY_MS: on a signal, /readyz answers 503 this long before the service stops taking work. */
   readonly shutdownDrainDelayMs: number
@@ -174,6 +177,7 @@ const EnvSchema = z.object({
   DATA_DIR_MIN_FREE: z.union([z.literal('0').transform(() => 0), byteSize]).default(128 * 1024 * 1024),
   LOG_LEVEL: z.enum(['fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent']).default('info'),
   LOG_PRETTY: booleanString.optional(),
+  LOG_BUFFER_LIMIT: byteSize.default(DEFAULT_LOG_BUFFER_LIMIT),
   SHUTDOWN_TIMEOUT_MS: positiveInt.default(10_000),
   SHUTDOWN_DRAIN_DELAY_MS: z.coerce.number().int().min(0).max(120_000).default(0),
   WEBHOOK_PATH: z
@@ -356,6 +360,7 @@ export function parseConfig(
     dataDirMinFreeBytes: values.DATA_DIR_MIN_FREE,
     logLevel: values.LOG_LEVEL,
     logPretty: values.LOG_PRETTY,
+    logBufferLimitBytes: values.LOG_BUFFER_LIMIT,
     shutdownTimeoutMs: values.SHUTDOWN_TIMEOUT_MS,
     shutdownDrainDelayMs: values.SHUTDOWN_DRAIN_DELAY_MS,
     webhook: {

@@ -44,9 +44,49 @@ export interface LoggerOptions {
   secrets?: readonly string[]
   /** Where lines go; defaults to stdout. Tests pass a capture stream. */
   destination?: pino.DestinationStream
+  /**
+   * LOG_BUFFER_LIMIT: the most stdout holds in memory while its reader is slower than the lines come (a reader
+   * that stopped reading, a log shipper stuck); lines past it are dropped and counted (droppedLogLines).
+   */
+  bufferLimitBytes?: number
 }
 
-export function createLogger({ level, pretty = false, secrets = [], destination }: LoggerOptions): Logger {
+/** LOG_BUFFER_LIMIT's default. */
+export const DEFAULT_LOG_BUFFER_LIMIT = 16 * 1024 * 1024
+
+// Lines dropped because stdout held LOG_BUFFER_LIMIT already. Before the limit, a reader that stopped reading
+// (`npm start | less` left on one page, a stuck log shipper) grew the process by every line: 75 MB in a minute
+// of duplicate deliveries, without end. /metrics shows the count (log_lines_dropped_total); a warning line says
+// how many once stdout takes lines again.
+let droppedLines = 0
+
+/** Log lines dropped so far in this process because stdout did not take them (LOG_BUFFER_LIMIT). */
+export function droppedLogLines(): number {
+  return droppedLines
+}
+
+// counts a dropped line, and has `logger` say how many once `stream` has written what it held
+function countDrops(stream: NodeJS.EventEmitter, logger: () => Logger | undefined) {
+  let unreported = 0
+  stream.on('drain', () => {
+    if (unreported === 0) return
+    const lines = unreported
+    unreported = 0
+    logger()?.warn({ lines }, 'log lines dropped: stdout did not take them as fast as they came (LOG_BUFFER_LIMIT)')
+  })
+  return () => {
+    droppedLines += 1
+    unreported += 1
+  }
+}
+
+export function createLogger({
+  level,
+  pretty = false,
+  secrets = [],
+  destination,
+  bufferLimitBytes = DEFAULT_LOG_BUFFER_LIMIT,
+}: LoggerOptions): Logger {
   const censorable = secrets.filter((secret) => secret.length > 0)
   const options: pino.LoggerOptions = {
     level,
@@ -58,11 +98,16 @@ export function createLogger({ level, pretty = false, secrets = [], destination 
   }
   // last line of defence: a secret that slipped into a message or a field is blanked out
   const censor = censorable.length ? (line: string) => censorSecrets(line, censorable) : undefined
-  const human = pretty && !destination ? humanReadableStdout() : undefined
+  // the logger being made, for the line that reports dropped ones
+  const made: { logger?: Logger } = {}
+  const human = pretty && !destination ? humanReadableStdout(bufferLimitBytes, () => made.logger) : undefined
   // stdout is written asynchronously: lines logged while a write is under way go out together in the
-  // next one (one syscall for many lines under load); flushLogger waits for what is left
-  const stdout = destination || human ? undefined : pino.destination({ dest: 1, sync: false })
+  // next one (one syscall for many lines under load); flushLogger waits for what is left. What it holds is
+  // bounded: past the limit a line is dropped ('drop')
+  const stdout = destination || human ? undefined : pino.destination({ dest: 1, sync: false, maxLength: bufferLimitBytes })
   const asyncOutput = stdout && asyncStdoutOutput(stdout)
+  // after the output's own 'drain' listener, so a wait it ends does not miss the warning written on 'drain'
+  if (stdout) stdout.on('drop', countDrops(stdout, () => made.logger))
   if (asyncOutput) {
     options.hooks = {
       streamWrite: (line) => {
@@ -74,6 +119,7 @@ export function createLogger({ level, pretty = false, secrets = [], destination 
     options.hooks = { streamWrite: censor }
   }
   const logger = pino(options, destination ?? human ?? stdout)
+  made.logger = logger
   const output = asyncOutput ?? (human ? processStdoutOutput : undefined)
   if (output) outputs.set(logger, output)
   return logger
@@ -180,7 +226,7 @@ export async function stdioWritten(timeoutMs: number): Promise<boolean> {
 
 // One line per event for a person at a terminal, through process.stdout in order with the banner. pino-pretty
 // is a development dependency: without it (an install that left those out) the lines stay JSON.
-function humanReadableStdout(): pino.DestinationStream | undefined {
+function humanReadableStdout(limitBytes: number, logger: () => Logger | undefined): pino.DestinationStream | undefined {
   let format: (line: string) => string
   try {
     const { prettyFactory } = createRequire(import.meta.url)('pino-pretty') as typeof import('pino-pretty')
@@ -193,7 +239,13 @@ function humanReadableStdout(): pino.DestinationStream | undefined {
   } catch {
     return undefined
   }
-  return { write: (line: string) => process.stdout.write(format(line)) }
+  const dropped = countDrops(process.stdout, logger)
+  return {
+    write: (line: string) => {
+      if (process.stdout.writableLength >= limitBytes) dropped()
+      else process.stdout.write(format(line))
+    },
+  }
 }
 
 /**

@@ -44,6 +44,7 @@ export async function main({
     // a person at a terminal reads local mode; anything else (a pipe, a container) gets JSON lines
     pretty: config.logPretty ?? (local && process.stdout.isTTY === true),
     secrets: configSecrets(config),
+    bufferLimitBytes: config.logBufferLimitBytes,
   })
   if (config.localSecretsFile) {
     logger.info({ file: config.localSecretsFile }, 'local mode: generated secrets are kept in this file')

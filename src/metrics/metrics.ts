@@ -2,6 +2,7 @@
 // What the receiver and the poller record, and what is read from the database at scrape time.
 // deploy/prometheus/alerts.yml and deploy/grafana/partner-escrow.json use these names (a test checks).
 import { Counter, collectDefaultMetrics, Gauge, Histogram, Registry } from 'prom-client'
+import { droppedLogLines } from '../logger.js'
 import type { Clock } from '../clock.js'
 import type { AttemptResult } from '../reactions/dispatcher.js'
 import { POLL_RESULTS, type PollResult, type RunSummary } from '../reconcile/poller.js'
@@ -186,6 +187,17 @@ export function createMetrics(
   })
 
   const { databaseUp, dueOrders, parkedDeliveries, reactionJobs, oldestDelivery, dataDirStorage } = sources
+  let droppedReported = 0
+  new Counter({
+    name: 'log_lines_dropped_total',
+    help: 'Log lines this process dropped because stdout held LOG_BUFFER_LIMIT already (its reader behind or stopped)',
+    registers: [registry],
+    collect() {
+      const dropped = droppedLogLines()
+      this.inc(dropped - droppedReported)
+      droppedReported = dropped
+    },
+  })
   if (dataDirStorage) {
     new OptionalGauge(dataDirStorage.freeBytes, {
       name: 'data_dir_free_bytes',
