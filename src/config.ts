@@ -144,14 +144,17 @@ const booleanString = z
 const port = z.coerce.number().int().min(0).max(65535)
 const positiveInt = z.coerce.number().int().positive()
 
-const byteSize = z.string().transform((value, ctx) => {
-  const parsed = bytes.parse(value)
-  if (parsed === null || !Number.isFinite(parsed) || parsed <= 0) {
-    ctx.addIssue({ code: 'custom', message: `"${value}" is not a size such as 256kb` })
-    return z.NEVER
-  }
-  return parsed
-})
+// a size such as 256kb; with zeroAllowed, 0 too (what turns a guard off)
+const sizeOf = (zeroAllowed: boolean) =>
+  z.string().transform((value, ctx) => {
+    const parsed = bytes.parse(value)
+    if (parsed === null || !Number.isFinite(parsed) || parsed < 0 || (parsed === 0 && !zeroAllowed)) {
+      ctx.addIssue({ code: 'custom', message: `"${value}" is not a size such as 256kb${zeroAllowed ? ' (or 0)' : ''}` })
+      return z.NEVER
+    }
+    return parsed
+  })
+const byteSize = sizeOf(false)
 
 const secretList = z.string().transform((value) =>
   value
@@ -174,7 +177,7 @@ const EnvSchema = z.object({
   DATABASE_POOL_SIZE: positiveInt.max(200).default(10),
   DATA_DIR: z.string().min(1).default('./data'),
   // 0 turns the guard off
-  DATA_DIR_MIN_FREE: z.union([z.literal('0').transform(() => 0), byteSize]).default(128 * 1024 * 1024),
+  DATA_DIR_MIN_FREE: sizeOf(true).default(128 * 1024 * 1024),
   LOG_LEVEL: z.enum(['fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent']).default('info'),
   LOG_PRETTY: booleanString.optional(),
   LOG_BUFFER_LIMIT: byteSize.default(DEFAULT_LOG_BUFFER_LIMIT),

@@ -176,6 +176,18 @@ describe('configuration', () => {
     ])
   })
 
+  it('guards the data directory with 128 MB free and bounds the log buffer at 16 MB by default; 0 turns the guard off', () => {
+    const config = parseConfig(remoteEnv)
+    expect([config.dataDirMinFreeBytes, config.logBufferLimitBytes]).toEqual([128 * 1024 * 1024, 16 * 1024 * 1024])
+    const set = parseConfig({ ...remoteEnv, DATA_DIR_MIN_FREE: '1gb', LOG_BUFFER_LIMIT: '256kb' })
+    expect([set.dataDirMinFreeBytes, set.logBufferLimitBytes]).toEqual([1024 * 1024 * 1024, 256 * 1024])
+    expect(parseConfig({ ...remoteEnv, DATA_DIR_MIN_FREE: '0' }).dataDirMinFreeBytes).toBe(0)
+    expect(problemsOf({ ...remoteEnv, DATA_DIR_MIN_FREE: 'lots', LOG_BUFFER_LIMIT: '0' })).toEqual([
+      'DATA_DIR_MIN_FREE: "lots" is not a size such as 256kb (or 0)',
+      'LOG_BUFFER_LIMIT: "0" is not a size such as 256kb',
+    ])
+  })
+
   describe('reactions and the forwarder', () => {
     const forwardSecret = `whsec_${Buffer.alloc(32, 9).toString('base64')}`
 
