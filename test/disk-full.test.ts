@@ -119,7 +119,11 @@ describe.skipIf(!canMount)('the compiled serve on PGlite when its disk fills up'
     expect(full.unanswered).toBe(0)
     expect(full.stored.length).toBeGreaterThan(0)
     expect(new Set(full.answers.map((answer) => `${answer.status} ${answer.code ?? ''}`.trim()))).toEqual(new Set(['200', '503 database_unavailable']))
-    expect(await readyz(first.url)).toMatchObject({ status: 503, code: 'not_ready' })
+    expect(await readyz(first.url)).toEqual({
+      status: 503,
+      code: 'not_ready',
+      message: 'The embedded database stopped (its thread could not write its write-ahead log (is the disk full?)); restart the service',
+    })
     first.child.kill('SIGTERM')
     expect((await first.exited)[0]).toBe(0)
 

@@ -79,6 +79,13 @@ export interface PgliteThreadOptions {
 
 // the message database-errors.ts counts as "the database is not there" (503)
 const CLOSED_MESSAGE = 'PGlite is closed'
+const STOPPED_PREFIX = `${CLOSED_MESSAGE}: the embedded database's thread `
+
+/** Why the embedded database's thread stopped, when `error` is a statement's failure for that reason. */
+export function embeddedDatabaseStopReason(error: unknown): string | undefined {
+  const message = error instanceof Error ? error.message : undefined
+  return message?.startsWith(STOPPED_PREFIX) ? message.slice(STOPPED_PREFIX.length) : undefined
+}
 
 // A write-ahead log segment PGlite could not write (no space left on the disk): Postgres stops there (PANIC) and
 // starts again from its log; PGlite (0.5) answers this one statement with the error and then runs in a loop on
@@ -136,7 +143,8 @@ export class PgliteThread {
       const stopped = (reason: string) => {
         const wasOpen = !this.closed
         this.closed = true
-        this.stopReason = new Error(`${CLOSED_MESSAGE}: the embedded database's thread ${reason}`)
+        // the first reason stands: the exit that follows an error, a close or the thread's own close says less
+        this.stopReason ??= new Error(`${STOPPED_PREFIX}${reason}`)
         reject(this.stopReason)
         for (const { reject: fail } of this.pending.values()) fail(this.stopReason)
         this.pending.clear()

@@ -6,6 +6,7 @@ import { Router } from 'express'
 import { type Kysely, sql } from 'kysely'
 import type { Database } from '../db/database.js'
 import { migrationsAreCurrent } from '../db/migrate.js'
+import { embeddedDatabaseStopReason } from '../db/pglite-thread.js'
 import { errorBody } from './app-error.js'
 
 const READY_CHECK_TIMEOUT_MS = 2_000
@@ -42,8 +43,11 @@ export function healthRoutes({
       await withTimeout(sql`select 1`.execute(db), READY_CHECK_TIMEOUT_MS)
       if (!migrationsCurrent)
         migrationsCurrent = await withTimeout(migrationsAreCurrent(db), READY_CHECK_TIMEOUT_MS)
-    } catch {
-      res.status(503).json(errorBody('not_ready', 'The database does not answer'))
+    } catch (error) {
+      // the embedded database's thread stopped for good (a crash, a full disk): waiting will not bring it back
+      const stopped = embeddedDatabaseStopReason(error)
+      const message = stopped ? `The embedded database stopped (its thread ${stopped}); restart the service` : 'The database does not answer'
+      res.status(503).json(errorBody('not_ready', message))
       return
     }
     if (!migrationsCurrent) {
