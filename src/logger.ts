@@ -142,7 +142,7 @@ const outputs = new WeakMap<Logger, StdoutOutput>()
 // machine, a reader that fell behind). It emits 'drain' once all it was given is written; the stream-write
 // hook marks each line given. A reader that went away (output-gone.ts) ends the wait too, and the writer is made
 // to drop every line: pino does so itself on EPIPE, not on a closed terminal's EIO, after which the writer kept
-// all that was logged to try it again (and a SIGTERM then left the process running).
+// all that was logged to try it again (and a SIGTERM then did not end the process, still there 14 s later).
 function asyncStdoutOutput(stream: ReturnType<typeof pino.destination>) {
   let unwritten = false
   let gone = false
