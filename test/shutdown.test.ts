@@ -1,5 +1,4 @@
 import { once } from 'node:events'
-import { connect } from 'node:net'
 import { mkdtempSync } from 'node:fs'
 import { tmpdir } from 'node:os'
 import path from 'node:path'
@@ -135,22 +134,20 @@ describe('graceful shutdown', () => {
     }
   }, 120_000)
 
-  it('exits at once on a second signal while the first is still waiting for a request', async () => {
+  it('exits at once on a second signal while the first is still draining', async () => {
     const child = spawnCli(['serve'], {
       DATA_DIR: mkdtempSync(path.join(tmpdir(), 'serve-twice-')),
       PORT: '0',
       ADMIN_PORT: '0',
       SANDBOX_PORT: String(await freePort()),
       POLL_ENABLED: 'false',
+      // the first stop waits out the drain delay whatever else happens: a request held open (the headers
+      // timeout, 10 s) was too short on a loaded machine, where the second signal came after the stop had ended
+      SHUTDOWN_DRAIN_DELAY_MS: '100000',
       SHUTDOWN_TIMEOUT_MS: '120000',
     })
     try {
-      const { url } = await waitForLogLine(child, 'service listening', 60_000)
-      // a request whose headers never finish keeps the first shutdown waiting (until the headers timeout)
-      const socket = connect(Number(new URL(String(url)).port), '127.0.0.1')
-      await once(socket, 'connect')
-      socket.write('POST /webhooks/partner HTTP/1.1\r\nHost: localhost\r\n')
-      socket.on('error', () => {})
+      await waitForLogLine(child, 'service listening', 60_000)
       const exited = once(child, 'exit')
       child.kill('SIGINT')
       const firstAt = Date.now()
@@ -161,7 +158,6 @@ describe('graceful shutdown', () => {
       // 130: the second signal's exit; a first shutdown that finished on its own would exit 0
       const [code] = await exited
       expect(code).toBe(130)
-      socket.destroy()
     } finally {
       child.kill('SIGKILL')
     }
