@@ -106,7 +106,7 @@ export function createLogger({
   // bounded: past the limit a line is dropped ('drop')
   const stdout = destination || human ? undefined : pino.destination({ dest: 1, sync: false, maxLength: bufferLimitBytes })
   const asyncOutput = stdout && asyncStdoutOutput(stdout)
-  // after the output's own 'drain' listener, so a wait it ends does not miss the warning written on 'drain'
+  // a wait for stdout ends at the 'drain' this warning is written on: an exit right then loses it (/metrics has the count)
   if (stdout) stdout.on('drop', countDrops(stdout, () => made.logger))
   if (asyncOutput) {
     options.hooks = {
