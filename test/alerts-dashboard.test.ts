@@ -80,7 +80,7 @@ const SERIES_SUFFIXES: Record<string, string[]> = {
  */
 async function exportedNames(): Promise<Set<string>> {
   const metrics = createMetrics({
-    databaseUp: async () => undefined,
+    databaseUp: async () => ({ readOnly: false }),
     dueOrders: async () => ({ ordersDue: 1, oldestDueAgeS: 30 }),
     parkedDeliveries: async () => ({ parked: 1, oldestParkedAgeS: 60 }),
     poolStats: () => ({ total: 2, idle: 1, waiting: 0 }),
@@ -121,6 +121,7 @@ describe('alert rules and dashboard', () => {
       'nodejs_eventloop_lag_p99_seconds',
       'webhook_oldest_parked_age_seconds',
       'database_up',
+      'database_read_only',
       'poller_last_cycle_timestamp_seconds',
       'reaction_jobs_failed',
       'retention_rows_pruned_total',
@@ -148,6 +149,7 @@ describe('alert rules and dashboard', () => {
     expect(rules.map((rule) => rule.alert)).toEqual([
       'PartnerEscrowDown',
       'PartnerEscrowDatabaseDown',
+      'PartnerEscrowDatabaseReadOnly',
       'PartnerEscrowDataDirFull',
       'PartnerEscrowWebhookSignatureFailures',
       'PartnerEscrowWebhooksSilent',
@@ -179,7 +181,7 @@ describePromtool('promtool', () => {
     if (!promtool) throw new Error('promtool is required in CI: .ci/run installs Debian\'s prometheus package')
     const run = (...args: string[]) =>
       execFileSync(promtool, args, { cwd: 'deploy/prometheus', encoding: 'utf8', stdio: ['ignore', 'pipe', 'pipe'] })
-    expect(run('check', 'rules', 'alerts.yml')).toMatch(/SUCCESS: 11 rules found/)
+    expect(run('check', 'rules', 'alerts.yml')).toMatch(/SUCCESS: 12 rules found/)
     expect(run('check', 'config', 'prometheus.yml')).toMatch(/SUCCESS/)
     const output = run('test', 'rules', 'alerts.test.yml')
     expect(output).toMatch(/SUCCESS/)

@@ -131,7 +131,7 @@ for (const kind of ['pglite', 'postgres'] as const) {
       expect(lines).not.toMatch(/JSON data|where|detail|internalQuery|params/)
     })
 
-    it('classifies real errors from the database: refused data, our own bugs, an overloaded queue', async () => {
+    it('classifies real errors from the database: refused data, a read-only database, our own bugs, an overloaded queue', async () => {
       const failure = async (statement: Promise<unknown>) => {
         try {
           await statement
@@ -150,6 +150,16 @@ for (const kind of ['pglite', 'postgres'] as const) {
         ['a number out of range', () => sql`select ${'99999999999'}::int`.execute(database.db), 'refused_data', '22003'],
         ['a division by zero', () => sql`select 1 / ${0}::int`.execute(database.db), 'refused_data', '22012'],
         ['a duplicate key', insert, 'refused_data', '23505'],
+        [
+          'a write while the database is read-only (a standby, a failover)',
+          () =>
+            database.db.transaction().execute(async (trx) => {
+              await sql`set transaction read only`.execute(trx)
+              await sql`update orders set updated_at = now() where false`.execute(trx)
+            }),
+          'unavailable',
+          '25006',
+        ],
         ['a missing table (our bug)', () => sql`select * from no_such_table`.execute(database.db), 'failure', '42P01'],
         ['a syntax error (our bug)', () => sql`select from from`.execute(database.db), 'failure', '42601'],
       ]

@@ -297,6 +297,84 @@ describePostgres('the compiled serve through database outages (Postgres)', () =>
     expect(code).toBe(0)
   }, 180_000)
 
+  // A failover reaches the service as a database that takes no writes: its connections land on a standby, or
+  // the primary is set read-only (some hosted Postgres services do so when its disk fills). Every write then
+  // fails with 25006. Made here with a database of the test's own, set read-only and its backends ended.
+  it('a database that turns read-only: 503 and /readyz 503 saying so, database_read_only 1, then heals with nothing lost', async () => {
+    const name = `escrow_ro_${randomBytes(4).toString('hex')}`
+    const admin = new pg.Client({ connectionString: postgresUrl })
+    await admin.connect()
+    await admin.query(`create database ${name}`)
+    const own = new URL(postgresUrl!)
+    own.pathname = `/${name}`
+    const endBackends = () => admin.query('select pg_terminate_backend(pid) from pg_stat_activity where datname = $1', [name])
+    try {
+      const { child, watch } = await startServe(own.toString(), { POLL_INTERVAL_S: '1' })
+      const { url, adminUrl } = (await watch.waitFor('service listening')) as { url: string; adminUrl: string }
+      // the orders the deliveries are for (serve migrated the database before listening)
+      const seed = new pg.Client({ connectionString: own.toString() })
+      await seed.connect()
+      await seed.query(`insert into orders (external_reference) select 'ro-' || g from generate_series(0, 29) g`)
+      await seed.end()
+      const order = (n: number) => `ro-${n}`
+      const deliver = async (id: string, n: number) => {
+        const response = await post(url, id, JSON.stringify(tradePayload(order(n), 'funded')))
+        return { status: response.status, code: response.status === 200 ? undefined : ((await response.json()) as { error: { code: string } }).error.code }
+      }
+      const metric = async (name: string) => new RegExp(`^${name} (\\d+)$`, 'm').exec(await (await fetch(`${adminUrl}/metrics`)).text())?.[1]
+      for (let n = 0; n < 10; n++) expect((await deliver(`ro-before-${n}`, n)).status).toBe(200)
+      expect(await metric('database_read_only')).toBe('0')
+
+      await admin.query(`alter database ${name} set default_transaction_read_only = on`)
+      await endBackends()
+      // the pool's connections are made again, read-only: every delivery is answered 503 until it takes writes
+      await eventually('a delivery answered 503', async () => ((await deliver(`ro-probe-${randomBytes(4).toString('hex')}`, 99)).status === 503 ? true : undefined))
+      const refused = await Promise.all(Array.from({ length: 20 }, (_, n) => deliver(`ro-during-${n}`, 10 + n)))
+      expect(refused).toEqual(Array.from({ length: 20 }, () => ({ status: 503, code: 'database_unavailable' })))
+      const notReady = await fetch(`${url}/readyz`)
+      expect(notReady.status).toBe(503)
+      expect(((await notReady.json()) as { error: { message: string } }).error.message).toMatch(/read-only/)
+      expect(await metric('database_read_only')).toBe('1')
+      expect(await metric('database_up')).toBe('1')
+      // the refusals are logged as the database's state (code 25006), rate-limited, never as an unhandled error
+      const notStored = watch.entries().filter((entry) => entry.msg === 'webhook not stored')
+      expect(notStored.length).toBeGreaterThan(0)
+      expect(notStored[0]).toMatchObject({ err: { kind: 'unavailable', code: '25006' } })
+      expect(watch.entries().filter((entry) => entry.msg === 'unhandled error')).toEqual([])
+
+      await admin.query(`alter database ${name} reset default_transaction_read_only`)
+      await endBackends()
+      const writable = Date.now()
+      await eventually('/readyz answers 200', async () => ((await fetch(`${url}/readyz`)).status === 200 ? true : undefined))
+      const readyAfterMs = Date.now() - writable
+      // the platform's retries of the refused deliveries are taken, and each order is funded once
+      const retried = await Promise.all(Array.from({ length: 20 }, (_, n) => deliver(`ro-during-${n}`, 10 + n)))
+      expect(retried.map((answer) => answer.status)).toEqual(Array.from({ length: 20 }, () => 200))
+      expect(await metric('database_read_only')).toBe('0')
+      const check = new pg.Client({ connectionString: own.toString() })
+      await check.connect()
+      try {
+        const { rows } = await check.query<{ reference: string; funded: number }>(
+          `select o.external_reference as reference, count(h.*)::int as funded from orders o
+             left join order_status_history h on h.order_id = o.id and h.to_status = 'funded'
+           where o.external_reference like 'ro-%' and o.external_reference <> 'ro-99' group by 1 order by 1`,
+        )
+        expect(rows).toHaveLength(30)
+        expect(rows.filter((row) => row.funded !== 1)).toEqual([])
+      } finally {
+        await check.end()
+      }
+      expect(watch.alive()).toBe(true)
+      console.warn(`a read-only database: 20 of 20 deliveries answered 503, /readyz 200 again ${readyAfterMs} ms after it took writes`)
+      child.kill('SIGTERM')
+      const [code] = await once(child, 'exit')
+      expect(code).toBe(0)
+    } finally {
+      await admin.query(`drop database if exists ${name} with (force)`)
+      await admin.end()
+    }
+  }, 120_000)
+
   // A database that goes silent mid-statement holds the stop (the pool cannot close with a statement in flight):
   // the bound ends it, and its last line says why, written out before the exit
   it('a stop held past its bound by a silent database exits 1, and its last line says so', async () => {

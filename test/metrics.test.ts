@@ -66,6 +66,7 @@ describe('GET /metrics, on the operator listener', () => {
     expect(scrape).toMatch(/^webhook_parked_deliveries 0$/m)
     expect(scrape).toMatch(/^webhook_oldest_parked_age_seconds 0$/m)
     expect(scrape).toMatch(/^database_up 1$/m)
+    expect(scrape).toMatch(/^database_read_only 0$/m)
 
     expect((await sendWebhook(app, { body: tradePayload('parked-1', 'funded') })).status).toBe(200)
     await clock.advance(60_000)
@@ -93,7 +94,7 @@ describe('GET /metrics, on the operator listener', () => {
     const response = await request(admin).get('/metrics')
     expect(response.status).toBe(200)
     expect(response.text).toMatch(/^database_up 0$/m)
-    expectNoSample(response.text, ['poller_orders_due', 'poller_oldest_due_age_seconds', 'webhook_parked_deliveries', 'webhook_oldest_parked_age_seconds'])
+    expectNoSample(response.text, ['database_read_only', 'poller_orders_due', 'poller_oldest_due_age_seconds', 'webhook_parked_deliveries', 'webhook_oldest_parked_age_seconds'])
     // the families stay declared: a scrape without the database is the same shape, minus the unknown values
     expect(response.text).toContain('# TYPE webhook_oldest_parked_age_seconds gauge')
   })

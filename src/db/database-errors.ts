@@ -1,8 +1,9 @@
 // The one place that decides what a database error means for whoever asked:
 // - unavailable: the database is not there right now (connection refused, reset or cut, a timeout,
 //   SQLSTATE class 08 connection exception, 53 insufficient resources, 57P operator intervention such as
-//   a shutdown or pg_terminate_backend, 57014 a statement cancelled by its timeout). Try again later:
-//   HTTP 503.
+//   a shutdown or pg_terminate_backend, 57014 a statement cancelled by its timeout, 25006 a write refused
+//   because the database is read-only: a standby, a failover under way, or default_transaction_read_only,
+//   which some hosted Postgres services set when its disk fills). Try again later: HTTP 503.
 // - conflict: class 40, the database rolled the transaction back to break a deadlock or a serialization
 //   conflict with another replica. Written again it succeeds (group-commit.ts does so); if it still
 //   fails, "try again later" is the truth: HTTP 503.
@@ -63,11 +64,22 @@ export interface DatabaseErrorDescription {
 
 const SQLSTATE = /^[0-9A-Z]{5}$/
 
+/** 25006 read_only_sql_transaction: the database takes no writes now (the rest of class 25 is our bug). */
+const READ_ONLY = '25006'
+
 function sqlstateKind(code: string): DatabaseErrorKind {
   // 57P01 admin shutdown (pg_terminate_backend), 57P02 crash shutdown, 57P03 starting up, 57014 a
   // statement timeout; 57000 and the rest of class 57 are not an outage
-  if (code.startsWith('57P') || code === '57014') return 'unavailable'
+  if (code.startsWith('57P') || code === '57014' || code === READ_ONLY) return 'unavailable'
   return SQLSTATE_CLASSES[code.slice(0, 2)]?.kind ?? 'failure'
+}
+
+function sqlstateMessage(code: string, kind: DatabaseErrorKind): string {
+  if (code === READ_ONLY) return 'the database is read-only (a standby, a failover under way, or default_transaction_read_only)'
+  const sqlstateClass = code.slice(0, 2)
+  if (kind === 'unavailable' && sqlstateClass === '57')
+    return 'the database ended or cancelled the statement (shutdown, terminated backend or timeout)'
+  return SQLSTATE_CLASSES[sqlstateClass]?.message ?? 'the database refused the statement'
 }
 
 /** Classifies an error from the database layer (walking `cause` and an AggregateError's errors). */
@@ -83,11 +95,7 @@ export function describeDatabaseError(error: unknown): DatabaseErrorDescription 
     if (typeof code === 'string' && SQLSTATE.test(code) && isDatabaseReport(current)) {
       const sqlstateClass = code.slice(0, 2)
       const kind = sqlstateKind(code)
-      const message =
-        kind === 'unavailable' && sqlstateClass === '57'
-          ? 'the database ended or cancelled the statement (shutdown, terminated backend or timeout)'
-          : (SQLSTATE_CLASSES[sqlstateClass]?.message ?? 'the database refused the statement')
-      return { kind, code, sqlstateClass, message }
+      return { kind, code, sqlstateClass, message: sqlstateMessage(code, kind) }
     }
     if (UNAVAILABLE_MESSAGES.test(current.message)) {
       return { kind: 'unavailable', message: 'the database connection was lost or timed out' }

@@ -1,12 +1,13 @@
 // /healthz: the process answers. /readyz: the service finished starting (its database came up and was
-// migrated), the database answers now, every migration is applied, the service is not draining (a signal
-// arrived: a load balancer must stop sending it work while it finishes what it has), and the embedded
-// database's disk is not almost full (db/storage-guard.ts).
+// migrated), the database answers now and takes writes (not a read-only standby), every migration is
+// applied, the service is not draining (a signal arrived: a load balancer must stop sending it work while
+// it finishes what it has), and the embedded database's disk is not almost full (db/storage-guard.ts).
 import { Router } from 'express'
-import { type Kysely, sql } from 'kysely'
+import type { Kysely } from 'kysely'
 import type { Database } from '../db/database.js'
 import { migrationsAreCurrent } from '../db/migrate.js'
 import { embeddedDatabaseStopReason } from '../db/pglite-thread.js'
+import { type DatabaseState, pingDatabase } from '../db/ping-database.js'
 import { errorBody } from './app-error.js'
 
 const READY_CHECK_TIMEOUT_MS = 2_000
@@ -39,8 +40,9 @@ export function healthRoutes({
       res.status(503).json(errorBody('not_ready', 'Starting: waiting for the database to answer and be migrated'))
       return
     }
+    let state: DatabaseState
     try {
-      await withTimeout(sql`select 1`.execute(db), READY_CHECK_TIMEOUT_MS)
+      state = await withTimeout(pingDatabase(db), READY_CHECK_TIMEOUT_MS)
       if (!migrationsCurrent)
         migrationsCurrent = await withTimeout(migrationsAreCurrent(db), READY_CHECK_TIMEOUT_MS)
     } catch (error) {
@@ -52,6 +54,11 @@ export function healthRoutes({
     }
     if (!migrationsCurrent) {
       res.status(503).json(errorBody('not_ready', 'Migrations are pending; run `npm run cli -- migrate`'))
+      return
+    }
+    if (state.readOnly) {
+      const message = 'The database is read-only (a standby, a failover under way, or default_transaction_read_only): deliveries are refused until it takes writes'
+      res.status(503).json(errorBody('not_ready', message))
       return
     }
     if (storageLow?.()) {

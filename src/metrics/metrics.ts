@@ -4,6 +4,7 @@
 import { Counter, collectDefaultMetrics, Gauge, Histogram, Registry } from 'prom-client'
 import { droppedLogLines } from '../logger.js'
 import type { Clock } from '../clock.js'
+import type { DatabaseState } from '../db/ping-database.js'
 import type { AttemptResult } from '../reactions/dispatcher.js'
 import { POLL_RESULTS, type PollResult, type RunSummary } from '../reconcile/poller.js'
 import { DELIVERY_OUTCOMES as STORED_OUTCOMES } from '../webhooks/delivery-outcome.js'
@@ -20,8 +21,8 @@ const DELIVERY_OUTCOMES = [
 export const SCRAPE_READ_TIMEOUT_MS = 2_000
 
 export interface MetricsSources {
-  /** Resolves when the database answers a trivial query: database_up. */
-  databaseUp?: () => Promise<unknown>
+  /** Resolves when the database answers a trivial query (database_up), with whether it takes writes (database_read_only). */
+  databaseUp?: () => Promise<DatabaseState>
   /** Orders due for a poll now, and how long the oldest has waited. */
   dueOrders?: () => Promise<{ ordersDue: number; oldestDueAgeS: number }>
   /** Deliveries parked as unmatched (no order for their reference yet), and the age of the oldest. */
@@ -226,17 +227,30 @@ export function createMetrics(
     )
   }
   if (databaseUp) {
-    const answered = tolerantRead(async () => {
-      await databaseUp()
-      return true
-    }, readTimeoutMs)
+    const answered = tolerantRead(databaseUp, readTimeoutMs)
+    // both gauges of one scrape are fed by one query
+    let scrape: Promise<DatabaseState | undefined> | undefined
+    const state = () => {
+      scrape ??= answered().finally(() => {
+        scrape = undefined
+      })
+      return scrape
+    }
     new Gauge({
       name: 'database_up',
       help: `1 when the database answered a query at scrape time (within ${readTimeoutMs} ms), 0 when not`,
       registers: [registry],
       async collect() {
-        this.set((await answered()) ? 1 : 0)
+        this.set((await state()) ? 1 : 0)
       },
+    })
+    new OptionalGauge(async () => {
+      const current = await state()
+      return current && Number(current.readOnly)
+    }, {
+      name: 'database_read_only',
+      help: '1 when the database takes no writes (a standby, a failover under way, default_transaction_read_only): webhooks are answered 503; no sample when it did not answer',
+      registers: [registry],
     })
   }
   if (dueOrders) {
