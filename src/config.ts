@@ -9,6 +9,7 @@ import { linkSync, mkdirSync, readFileSync, renameSync, unlinkSync, writeFileSyn
 import path from 'node:path'
 import bytes from 'bytes'
 import { z } from 'zod'
+import { dataDirProblem } from './data-dir.js'
 import { DEFAULT_LOG_BUFFER_LIMIT } from './logger.js'
 import { decodeWebhookSecret, MIN_WEBHOOK_SECRET_BYTES, WEBHOOK_SECRET_PREFIX } from './reactions/forwarder.js'
 
@@ -432,9 +433,19 @@ export function parseConfig(
   return deepFreeze(config)
 }
 
-/** Reads process.env: the only place in the service that does. */
+/**
+ * Reads process.env: the only place in the service that does. A DATA_DIR the service will write (the embedded
+ * database's, or local mode's secrets and sandbox state) is created here, or refused with its reason.
+ */
 export function loadConfig(): Config {
-  return parseConfig(process.env)
+  const config = parseConfig(process.env)
+  if (!config.dataDir.startsWith('memory://') && (!config.databaseUrl || config.partner.mode === 'local')) usableDataDir(config.dataDir)
+  return config
+}
+
+function usableDataDir(dataDir: string): void {
+  const problem = dataDirProblem(dataDir)
+  if (problem) throw new ConfigError([`DATA_DIR: ${problem}; set DATA_DIR to a directory this user can write`])
 }
 
 export function localSecretsPath(dataDir: string): string {
@@ -443,6 +454,7 @@ export function localSecretsPath(dataDir: string): string {
 
 /** Reads the local-mode secrets from DATA_DIR, generating them on first use (file mode 0600). */
 export function readLocalSecrets(dataDir: string): LocalSecrets {
+  usableDataDir(dataDir)
   const file = localSecretsPath(dataDir)
   const written = writeLocalSecretsOnce(dataDir, file)
   if (written) return written

@@ -23,6 +23,7 @@ import { createAdminApp } from './http/admin-app.js'
 import { createApp } from './http/app.js'
 import { listen } from './http/server.js'
 import { createLocalCliToken, type LocalCommandRunner, localCliRoutes } from './local/local-cli.js'
+import { dataDirProblem } from './data-dir.js'
 import { advertiseLocalService, databaseIdentity } from './local/running-service.js'
 import type { Logger } from './logger.js'
 import { createMetrics } from './metrics/metrics.js'
@@ -136,8 +137,14 @@ export async function startService({
           ...(storage ? { dataDirStorage: { freeBytes: () => storage.freeBytes, minFreeBytes: storage.minFreeBytes } } : {}),
         })
       : undefined
-    // a second terminal's commands are run here (operator listener), on this database, in every mode (src/local)
-    const advertised = !config.dataDir.startsWith('memory://')
+    // a second terminal's commands are run here (operator listener), on this database, in every mode (src/local).
+    // On Postgres DATA_DIR holds nothing else: one this process cannot write (a read-only root file system in a
+    // container) costs that convenience only, and a second terminal's commands run on their own
+    const dataDirUnusable = config.dataDir.startsWith('memory://') ? undefined : dataDirProblem(config.dataDir)
+    if (dataDirUnusable) {
+      logger.warn({ problem: dataDirUnusable }, 'DATA_DIR cannot be written: serve.json is not written, and commands in a second terminal run on their own')
+    }
+    const advertised = !config.dataDir.startsWith('memory://') && !dataDirUnusable
     const localCliToken = advertised && runCommand ? createLocalCliToken() : undefined
     const eventHandlers = createEventHandlers()
     // the reaction handlers (the forwarder, the fork's own): the app, the poller, the console, forwarded

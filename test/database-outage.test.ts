@@ -4,6 +4,9 @@
 import type { ChildProcess } from 'node:child_process'
 import { once } from 'node:events'
 import { randomBytes } from 'node:crypto'
+import { mkdtempSync, writeFileSync } from 'node:fs'
+import { tmpdir } from 'node:os'
+import path from 'node:path'
 import { sql } from 'kysely'
 import pg from 'pg'
 import { afterAll, beforeAll, expect, it } from 'vitest'
@@ -373,6 +376,26 @@ describePostgres('the compiled serve through database outages (Postgres)', () =>
       await admin.query(`drop database if exists ${name} with (force)`)
       await admin.end()
     }
+  }, 120_000)
+
+  // On Postgres DATA_DIR holds only serve.json, which lets a second terminal's commands run in the service: a
+  // container with a read-only root file system and the default DATA_DIR must still run
+  it('a DATA_DIR it cannot write does not stop serve on Postgres: one warning, deliveries taken, exit 0', async () => {
+    const file = path.join(mkdtempSync(path.join(tmpdir(), 'outage-data-dir-')), 'a-file')
+    writeFileSync(file, 'not a directory')
+    const { child, watch } = await startServe(database.url!, { DATA_DIR: path.join(file, 'data'), POLL_ENABLED: 'false' })
+    const url = String((await watch.waitFor('service listening')).url)
+    const response = await post(url, `dir-${randomBytes(4).toString('hex')}`, JSON.stringify(tradePayload('outage-4', 'created')))
+    expect(response.status).toBe(200)
+    const warnings = watch.entries().filter((entry) => entry.level === 40)
+    expect(warnings).toHaveLength(1)
+    expect(warnings[0]).toMatchObject({
+      msg: 'DATA_DIR cannot be written: serve.json is not written, and commands in a second terminal run on their own',
+      problem: `${path.join(file, 'data')} cannot be used: a file is in the way (not a directory) (ENOTDIR)`,
+    })
+    child.kill('SIGTERM')
+    const [code] = await once(child, 'exit')
+    expect(code).toBe(0)
   }, 120_000)
 
   // A database that goes silent mid-statement holds the stop (the pool cannot close with a statement in flight):

@@ -1,0 +1,58 @@
+// DATA_DIR is checked before anything is written to it, so that a directory the service cannot use stops it
+// at once with its real reason. Node's recursive mkdir reports a parent on a read-only file system as
+// ENOENT ("no such file or directory"), which sent an operator looking for a missing path; the reason is
+// found by creating the first missing directory on its own.
+import { accessSync, constants, mkdirSync, statSync } from 'node:fs'
+import path from 'node:path'
+
+const REASONS: Record<string, string> = {
+  EROFS: 'its file system is read-only',
+  EACCES: 'permission denied to this user',
+  EPERM: 'permission denied to this user',
+  ENOTDIR: 'a file is in the way (not a directory)',
+  EEXIST: 'a file is in the way (not a directory)',
+  ENOSPC: 'no space left on its device',
+  EDQUOT: 'the disk quota is used up',
+  ELOOP: 'a symbolic link loop is in the way',
+  ENAMETOOLONG: 'the path is too long',
+}
+
+/**
+ * Creates `directory` (mode 0700) if it is missing, and says why it cannot be used when it cannot (it cannot
+ * be created, is not a directory, or this user cannot write into it); undefined when it can.
+ */
+export function dataDirProblem(directory: string): string | undefined {
+  try {
+    mkdirSync(directory, { recursive: true, mode: 0o700 })
+    if (!statSync(directory).isDirectory()) return `${directory} is ${REASONS.ENOTDIR}`
+    accessSync(directory, constants.W_OK | constants.X_OK)
+    return undefined
+  } catch (error) {
+    const code = realCause(directory, error)
+    return `${directory} cannot be used: ${REASONS[code] ?? code} (${code})`
+  }
+}
+
+// the code of the first step that fails when each missing directory is created on its own
+function realCause(directory: string, error: unknown): string {
+  const code = (error as NodeJS.ErrnoException).code ?? 'unknown error'
+  if (code !== 'ENOENT') return code
+  const missing: string[] = []
+  for (let current = path.resolve(directory); ; current = path.dirname(current)) {
+    try {
+      statSync(current)
+      break
+    } catch {
+      missing.unshift(current)
+      if (path.dirname(current) === current) break
+    }
+  }
+  for (const step of missing) {
+    try {
+      mkdirSync(step, { mode: 0o700 })
+    } catch (stepError) {
+      return (stepError as NodeJS.ErrnoException).code ?? code
+    }
+  }
+  return code
+}

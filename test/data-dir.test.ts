@@ -1,0 +1,56 @@
+// A DATA_DIR the service cannot write stops `serve` and the CLI before anything starts, with exit 2 and the
+// directory's real reason (src/data-dir.ts). A read-only file system used to be reported as "ENOENT: no such
+// file or directory, mkdir", Node's recursive mkdir's word for it, after the listener had opened.
+import { spawnSync } from 'node:child_process'
+import { mkdtempSync, rmSync, writeFileSync } from 'node:fs'
+import { tmpdir } from 'node:os'
+import path from 'node:path'
+import { afterAll, describe, expect, it } from 'vitest'
+import { receiverEnv, runCli } from './helpers/cli-process.js'
+
+const scratch = mkdtempSync(path.join(tmpdir(), 'data-dir-'))
+// a read-only file system of the test's own: mounting one needs root (CI runs as root; skipped otherwise)
+const readOnly = path.join(scratch, 'read-only')
+const canMountReadOnly = (() => {
+  spawnSync('mkdir', ['-p', readOnly])
+  return spawnSync('mount', ['-t', 'tmpfs', '-o', 'size=1m,ro', 'tmpfs', readOnly]).status === 0
+})()
+
+afterAll(() => {
+  if (canMountReadOnly) spawnSync('umount', ['-l', readOnly])
+  rmSync(scratch, { recursive: true, force: true })
+})
+
+const localMode = (dataDir: string) => ({ DATA_DIR: dataDir, PORT: '0', ADMIN_PORT: '0', SANDBOX_PORT: '0' })
+const refusal = (directory: string, reason: string) =>
+  `Invalid configuration:\n  - DATA_DIR: ${directory} cannot be used: ${reason}; set DATA_DIR to a directory this user can write\n`
+
+describe('a DATA_DIR the service cannot write', () => {
+  it('a file in the way: serve (local mode and embedded database) and a CLI command exit 2 naming it', async () => {
+    const file = path.join(scratch, 'a-file')
+    writeFileSync(file, 'not a directory')
+    const directory = path.join(file, 'data')
+    const reason = 'a file is in the way (not a directory) (ENOTDIR)'
+    for (const [args, env] of [
+      [['serve'], localMode(directory)],
+      [['serve'], receiverEnv(directory)],
+      [['orders', 'list'], receiverEnv(directory)],
+    ] as const) {
+      const result = await runCli([...args], env, { built: true })
+      expect({ code: result.code, stderr: result.stderr, stdout: result.stdout }, args.join(' ')).toEqual({
+        code: 2,
+        stderr: refusal(directory, reason),
+        stdout: '',
+      })
+    }
+  })
+
+  it.skipIf(!canMountReadOnly)('a read-only file system: exit 2 with that reason, not "no such file or directory"', async () => {
+    for (const directory of [readOnly, path.join(readOnly, 'data', 'deeper')]) {
+      for (const env of [localMode(directory), receiverEnv(directory)]) {
+        const result = await runCli(['serve'], env, { built: true })
+        expect({ code: result.code, stderr: result.stderr }).toEqual({ code: 2, stderr: refusal(directory, 'its file system is read-only (EROFS)') })
+      }
+    }
+  })
+})
