@@ -4,6 +4,7 @@ import { type Kysely, sql } from 'kysely'
 import { type MigrationResultSet, Migrator } from 'kysely/migration'
 import { migrations } from '../../migrations/index.js'
 import type { Database } from './database.js'
+import { describeDatabaseError } from './database-errors.js'
 
 // The migrator's own tables live in the connection's current schema, named explicitly: left unnamed,
 // Kysely accepts a table of that name in ANY schema, so a second app (or test schema) in the same
@@ -21,11 +22,44 @@ export interface MigrationReport {
   applied: string[]
 }
 
+// The migrator's lock is a session's advisory lock, which Kysely takes and gives back as two statements on one
+// connection. Behind a pooler in transaction mode (PgBouncer) two statements outside a transaction may run on
+// two server sessions: the lock stayed with the first, and every later start waited on it (an hour, Kysely's
+// lock_timeout; our statement timeout ended it first as "Query read timeout"). Given a transaction, the
+// migrator takes the lock, runs the migrations and gives it back inside it, on the one session the pooler keeps
+// for it. A failed migration throws inside it, so the transaction is rolled back, as before. Processes that
+// migrate at once wait for each other on a transaction lock taken first, and find the work done.
+/** The advisory lock key that orders processes migrating at once ("migr" in ASCII). */
+const MIGRATION_LOCK_KEY = 0x6d696772
+
+class MigrationFailed extends Error {
+  constructor(readonly outcome: MigrationResultSet) {
+    super('a migration failed')
+  }
+}
+
 export async function migrateToLatest(db: Kysely<Database>): Promise<MigrationReport> {
-  const { error, results }: MigrationResultSet = await (await createMigrator(db)).migrateToLatest()
+  let outcome: MigrationResultSet
+  try {
+    outcome = await db.transaction().execute(async (trx) => {
+      // first, a lock of the transaction's own: the migrator creates its tables before taking its lock, and two
+      // processes creating them at once inside transactions would leave one aborted (its error caught, the
+      // transaction unusable)
+      await sql`select pg_advisory_xact_lock(${MIGRATION_LOCK_KEY}::bigint)`.execute(trx)
+      const result = await (await createMigrator(trx)).migrateToLatest()
+      if (result.error) throw new MigrationFailed(result)
+      return result
+    })
+  } catch (error) {
+    outcome = error instanceof MigrationFailed ? error.outcome : { error, results: undefined }
+  }
+  const { error, results } = outcome
   if (error) {
     const failed = results?.find((result) => result.status === 'Error')?.migrationName
-    throw new Error(`Migration ${failed ?? '(before any migration ran)'} failed`, { cause: error })
+    // what failed, in words safe to print: a database's report only by its class and code (it may quote data)
+    const database = describeDatabaseError(error)
+    const reason = database.code ? `${database.message} (${database.code})` : error instanceof Error ? error.message : String(error)
+    throw new Error(`Migration ${failed ?? '(before any migration ran)'} failed: ${reason}`, { cause: error })
   }
   return { applied: (results ?? []).filter((r) => r.status === 'Success').map((r) => r.migrationName) }
 }

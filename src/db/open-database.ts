@@ -66,12 +66,28 @@ export const PREPARED = '/* prepared */'
 // The hot-path statements (the webhook ingest) are large; preparing them once per connection saves
 // their planning on every delivery. The name is a hash of the text, so each distinct text gets its own.
 //
+// Behind a connection pooler in transaction mode (PgBouncer before 1.21, or without max_prepared_statements)
+// a client's statements run on whichever server session the pooler lends it for each transaction, and a
+// session never has the statements another one prepared: Postgres answers 42P05 (already exists) or 26000 (does
+// not exist), before running anything. Every delivery was answered 500 there. The first such answer turns
+// preparing off for the pool's clients (one warning says why), and its statement is sent again unnamed when no
+// transaction was open (a transaction the error aborted fails as any failed statement does).
+//
 // Every client listens for 'error' from the moment it exists. pg's pool listens only while a client is
 // idle; a checked-out client whose connection drops (pg_terminate_backend, a failover, a proxy cutting
 // it) emits 'error' with nobody listening, and Node ends the process on an unhandled 'error' event. The
 // statement running on it fails on its own (the caller answers 503) and the pool discards the client
 // on release, so the listener only has to record what happened.
-function preparingClient(onConnectionError: (error: Error) => void): typeof pg.Client {
+const NAMED_STATEMENT_LOST = new Set(['42P05', '26000'])
+
+interface PreparingHooks {
+  onConnectionError: (error: Error) => void
+  /** Once: named statements failed as through a pooler in transaction mode; none is prepared from now on. */
+  onPreparingOff: (code: string) => void
+}
+
+function preparingClient({ onConnectionError, onPreparingOff }: PreparingHooks): typeof pg.Client {
+  let preparing = true
   return class PreparingClient extends pg.Client {
     constructor(config?: string | pg.ClientConfig) {
       super(config)
@@ -80,11 +96,22 @@ function preparingClient(onConnectionError: (error: Error) => void): typeof pg.C
 
     override query(...args: unknown[]): never {
       const [text, values] = args
-      if (typeof text === 'string' && text.startsWith(PREPARED) && (values === undefined || Array.isArray(values))) {
-        const name = preparedName(text)
-        return (super.query as (...a: unknown[]) => never)({ name, text, values })
+      const query = super.query as (...a: unknown[]) => never
+      if (preparing && args.length <= 2 && typeof text === 'string' && text.startsWith(PREPARED) && (values === undefined || Array.isArray(values))) {
+        const outsideTransaction = this.getTransactionStatus() !== 'T'
+        const named = query.call(this, { name: preparedName(text), text, values }) as Promise<unknown>
+        return named.catch((error: unknown) => {
+          const code = (error as { code?: unknown }).code
+          if (typeof code !== 'string' || !NAMED_STATEMENT_LOST.has(code)) throw error
+          if (preparing) {
+            preparing = false
+            onPreparingOff(code)
+          }
+          if (!outsideTransaction) throw error
+          return query.call(this, text, values)
+        }) as never
       }
-      return (super.query as (...a: unknown[]) => never)(...args)
+      return query.call(this, ...args)
     }
   }
 }
@@ -153,8 +180,14 @@ function openPostgres(databaseUrl: string, { poolSize = 10, logger }: OpenDataba
   const connectionLost = (error: Error) => {
     logger?.warn({ err: describeDatabaseError(error) }, 'database connection lost')
   }
+  const preparingOff = (code: string) => {
+    logger?.warn(
+      { code },
+      'named prepared statements fail on this database connection (a pooler in transaction mode?): statements are no longer prepared',
+    )
+  }
   const pool = new pg.Pool({
-    Client: preparingClient(connectionLost),
+    Client: preparingClient({ onConnectionError: connectionLost, onPreparingOff: preparingOff }),
     connectionString: databaseUrl,
     max: poolSize,
     connectionTimeoutMillis: 5_000,

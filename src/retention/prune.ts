@@ -34,6 +34,9 @@ const DAY_MS = 86_400_000
 /** The advisory lock key of the pruning pass ("prun" in ASCII): one pass at a time across replicas. */
 export const PRUNE_LOCK_KEY = 0x7072756e
 
+// said once per process: the lock given back was not held by the session giving it back
+let lockMovedReported = false
+
 export type PrunedKind = 'body' | 'delivery' | 'reaction_job'
 export const PRUNED_KINDS: readonly PrunedKind[] = ['body', 'delivery', 'reaction_job']
 
@@ -120,7 +123,17 @@ export async function runPrunePass(
     try {
       return await prune(deps, connection, settings, cutoffs, signal)
     } finally {
-      await sql`select pg_advisory_unlock(${PRUNE_LOCK_KEY}::bigint)`.execute(connection)
+      const { rows: released } = await sql<{ released: boolean }>`select pg_advisory_unlock(${PRUNE_LOCK_KEY}::bigint) as released`.execute(
+        connection,
+      )
+      // the session that took the lock is not this one: a pooler in transaction mode lends each statement a
+      // session of its own, and the one that took it keeps it (other passes skip) until the pooler closes it
+      if (released[0]?.released !== true && !lockMovedReported) {
+        lockMovedReported = true
+        deps.logger?.warn(
+          'retention: the pruning lock was taken on another database session than the one giving it back (DATABASE_URL reaches a pooler in transaction mode?): passes may be skipped until the pooler closes that session; a session-mode pool keeps it',
+        )
+      }
     }
   })
 }

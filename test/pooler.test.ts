@@ -1,0 +1,204 @@
+// The compiled `serve` and CLI behind PgBouncer in transaction mode, the pooler most hosted Postgres services put
+// in front: every transaction may run on another server session. Named prepared statements made every
+// delivery a 500 there (42P05: "prepared statement already exists"); they now turn themselves off. The
+// pooler is Debian's pgbouncer, started by the test on a port of its own (CI installs it; skipped elsewhere
+// when it is missing). The test's database is one of its own: the pooler drops the `options` a test schema
+// is chosen by.
+import { type ChildProcess, execFileSync, spawn } from 'node:child_process'
+import { randomBytes } from 'node:crypto'
+import { once } from 'node:events'
+import { mkdtempSync, writeFileSync } from 'node:fs'
+import { createServer, type Server } from 'node:http'
+import type { AddressInfo } from 'node:net'
+import { tmpdir } from 'node:os'
+import path from 'node:path'
+import pg from 'pg'
+import { afterAll, beforeAll, expect, it } from 'vitest'
+import { freePort, runCli, spawnCli } from './helpers/cli-process.js'
+import { TEST_API_KEY_ID, TEST_API_SECRET, TEST_WEBHOOK_SECRET } from './helpers/test-config.js'
+import { describePostgres, postgresUrl } from './helpers/test-database.js'
+import { signBody, tradePayload } from './helpers/webhook-delivery.js'
+
+const pgbouncer = (() => {
+  try {
+    return execFileSync('sh', ['-c', 'command -v pgbouncer'], { encoding: 'utf8' }).trim() || undefined
+  } catch {
+    return undefined
+  }
+})()
+if (!pgbouncer && postgresUrl && !process.env.CI) {
+  console.warn('pgbouncer is not installed: the connection pooler tests are SKIPPED; CI runs them (apt-get install pgbouncer).')
+}
+const describePooler = pgbouncer || process.env.CI ? describePostgres : describePostgres.skip
+const ORDERS = 100
+
+describePooler('behind PgBouncer in transaction mode (Postgres)', () => {
+  const name = `escrow_pool_${randomBytes(4).toString('hex')}`
+  const direct = new URL(postgresUrl!)
+  direct.pathname = `/${name}`
+  let pooled: URL
+  let pooler: ChildProcess
+  let admin: pg.Client
+  const children: ChildProcess[] = []
+
+  beforeAll(async () => {
+    if (!pgbouncer) throw new Error('pgbouncer is required in CI: .ci/run installs Debian\'s pgbouncer package')
+    admin = new pg.Client({ connectionString: postgresUrl })
+    await admin.connect()
+    await admin.query(`create database ${name}`)
+    const port = await freePort()
+    const directory = mkdtempSync(path.join(tmpdir(), 'pooler-'))
+    const config = path.join(directory, 'pgbouncer.ini')
+    writeFileSync(path.join(directory, 'users.txt'), `"${direct.username || 'postgres'}" ""\n`)
+    writeFileSync(
+      config,
+      [
+        '[databases]',
+        `* = host=${direct.hostname} port=${direct.port || 5432}`,
+        '[pgbouncer]',
+        'listen_addr = 127.0.0.1',
+        `listen_port = ${port}`,
+        'unix_socket_dir =',
+        'auth_type = trust',
+        `auth_file = ${path.join(directory, 'users.txt')}`,
+        'pool_mode = transaction',
+        // a few server sessions taken in turn: a client's statements land on different ones
+        'default_pool_size = 3',
+        'server_round_robin = 1',
+        'ignore_startup_parameters = extra_float_digits,options,application_name',
+      ].join('\n'),
+    )
+    // pgbouncer refuses to run as root: it takes another identity then
+    pooler = spawn(pgbouncer!, [...(process.getuid?.() === 0 ? ['-u', 'nobody'] : []), config], { stdio: ['ignore', 'ignore', 'pipe'] })
+    await new Promise<void>((resolve, reject) => {
+      let log = ''
+      pooler.stderr!.on('data', (chunk: Buffer) => {
+        log += chunk
+        if (log.includes('process up')) resolve()
+      })
+      pooler.once('exit', (code) => reject(new Error(`pgbouncer exited with ${code}:\n${log}`)))
+    })
+    pooled = new URL(direct)
+    pooled.hostname = '127.0.0.1'
+    pooled.port = String(port)
+  }, 60_000)
+
+  afterAll(async () => {
+    for (const child of children) if (child.exitCode === null && child.signalCode === null) child.kill('SIGKILL')
+    pooler?.kill('SIGTERM')
+    if (pooler && pooler.exitCode === null) await once(pooler, 'exit')
+    await admin?.query(`drop database if exists ${name} with (force)`)
+    await admin?.end()
+  })
+
+  const env = (extra: Record<string, string> = {}) => ({
+    DATABASE_URL: pooled.toString(),
+    DATA_DIR: mkdtempSync(path.join(tmpdir(), 'pooler-data-')),
+    PORT: '0',
+    ADMIN_PORT: '0',
+    LOG_LEVEL: 'info',
+    POLL_ENABLED: 'false',
+    PARTNER_API_BASE_URL: 'http://127.0.0.1:1',
+    PARTNER_API_KEY_ID: TEST_API_KEY_ID,
+    PARTNER_API_SECRET: TEST_API_SECRET,
+    WEBHOOK_SECRETS: TEST_WEBHOOK_SECRET,
+    ...extra,
+  })
+
+  it('migrates, takes every delivery, applies each once and forwards each transition', async () => {
+    // the partner's receiver of forwarded events
+    const forwarded = new Set<string>()
+    const receiver: Server = createServer((request, response) => {
+      forwarded.add(String(request.headers['webhook-id']))
+      request.resume().on('end', () => response.writeHead(204).end())
+    })
+    receiver.listen(0, '127.0.0.1')
+    await once(receiver, 'listening')
+    const forwardUrl = `http://127.0.0.1:${(receiver.address() as AddressInfo).port}/events`
+    const forwardSecret = `whsec_${randomBytes(32).toString('base64')}`
+
+    const child = spawnCli(['serve'], env({ FORWARD_URL: forwardUrl, FORWARD_SECRET: forwardSecret }), { built: true })
+    children.push(child)
+    const lines: Record<string, unknown>[] = []
+    let buffer = ''
+    child.stdout!.on('data', (chunk: Buffer) => {
+      buffer += chunk
+      const parts = buffer.split('\n')
+      buffer = parts.pop()!
+      for (const line of parts) if (line.startsWith('{')) lines.push(JSON.parse(line) as Record<string, unknown>)
+    })
+    let stderr = ''
+    child.stderr!.on('data', (chunk) => (stderr += chunk))
+    const listening = async () => {
+      for (;;) {
+        const found = lines.find((line) => line.msg === 'service listening')
+        if (found) return String(found.url)
+        if (child.exitCode !== null) throw new Error(`serve exited ${child.exitCode}:\n${stderr}`)
+        await new Promise((resolve) => setTimeout(resolve, 50))
+      }
+    }
+    const url = await listening()
+    const seed = new pg.Client({ connectionString: direct.toString() })
+    await seed.connect()
+    await seed.query(`insert into orders (external_reference) select 'pool-' || g from generate_series(0, ${ORDERS - 1}) g`)
+
+    const deliver = async (n: number) => {
+      const body = JSON.stringify(tradePayload(`pool-${n % ORDERS}`, n < ORDERS ? 'funded' : 'delivered'))
+      const response = await fetch(`${url}/webhooks/partner`, {
+        method: 'POST',
+        headers: { 'content-type': 'application/json', 'x-partner-delivery-id': `pool-${n}`, 'x-partner-signature': signBody(body) },
+        body,
+      })
+      return response.status
+    }
+    // two rounds of one delivery per order, 20 at a time: each order funded, then delivered
+    const statuses: number[] = []
+    for (let round = 0; round < 2; round++) {
+      for (let start = round * ORDERS; start < (round + 1) * ORDERS; start += 20) {
+        statuses.push(...(await Promise.all(Array.from({ length: 20 }, (_, i) => deliver(start + i)))))
+      }
+    }
+    expect(statuses.filter((status) => status !== 200)).toEqual([])
+
+    const { rows } = await seed.query<{ outcome: string; n: number }>(
+      `select outcome, count(*)::int as n from webhook_deliveries group by outcome`,
+    )
+    expect(rows).toEqual([{ outcome: 'applied', n: 2 * ORDERS }])
+    const history = await seed.query<{ to_status: string; n: number }>(
+      `select to_status, count(*)::int as n from order_status_history group by to_status order by to_status`,
+    )
+    expect(history.rows).toEqual([
+      { to_status: 'delivered', n: ORDERS },
+      { to_status: 'funded', n: ORDERS },
+    ])
+    await seed.end()
+    // every transition reaches the partner's receiver
+    for (let waited = 0; forwarded.size < 2 * ORDERS && waited < 60_000; waited += 100) await new Promise((resolve) => setTimeout(resolve, 100))
+    expect(forwarded.size).toBe(2 * ORDERS)
+
+    const warnings = lines.filter((line) => line.level === 40)
+    expect(warnings.map((line) => line.msg)).toEqual([
+      'named prepared statements fail on this database connection (a pooler in transaction mode?): statements are no longer prepared',
+    ])
+    expect(lines.filter((line) => Number(line.level) >= 50)).toEqual([])
+    child.kill('SIGTERM')
+    const [code] = await once(child, 'exit')
+    expect(code).toBe(0)
+    receiver.close()
+  }, 180_000)
+
+  // Kysely's migrator takes a session's advisory lock and gives it back as two statements: the pooler sent them
+  // to two sessions, the lock stayed with the first, and the next start waited on it until its statement timed
+  // out ("Migration (before any migration ran) failed")
+  it('starts again and again: each migration run takes and gives back its lock on one session', async () => {
+    const runs = []
+    for (let run = 0; run < 4; run++) runs.push(await runCli(['migrate'], env(), { built: true }))
+    expect(runs.map((result) => ({ code: result.code, stderr: result.stderr }))).toEqual(Array.from({ length: 4 }, () => ({ code: 0, stderr: '' })))
+    expect(runs.map((result) => result.stdout)).toEqual(Array.from({ length: 4 }, () => 'migrations are current\n'))
+    const held = await admin.query(
+      `select count(*)::int as n from pg_locks l join pg_database d on d.oid = l.database where l.locktype = 'advisory' and d.datname = $1`,
+      [name],
+    )
+    expect(held.rows[0].n).toBe(0)
+  }, 120_000)
+})
