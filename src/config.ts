@@ -260,6 +260,27 @@ function selectPartnerVariables(env: Env): Env {
   return picked
 }
 
+// What an env file can slip into a value that nobody meant, and that would otherwise surface far away (every
+// API request refused 401, every delivery 401, "database \"escrow\r\" does not exist"): a carriage return from
+// a file saved with Windows line endings, and quotes, which `docker run --env-file` and systemd keep as part of
+// the value. Named without the value, which may be a secret.
+// eslint-disable-next-line no-control-regex -- control characters are what it looks for
+const CONTROL_CHARACTER = /[\u0000-\u001f\u007f]/
+const QUOTED = /^(["']).*\1$/s
+
+function garbledValues(env: Env): string[] {
+  const problems: string[] = []
+  const perEnvironment = ['SANDBOX', 'LIVE'].flatMap((which) => ['API_BASE_URL', 'API_KEY_ID', 'API_SECRET'].map((name) => `PARTNER_${which}_${name}`))
+  for (const name of [...Object.keys(EnvSchema.shape), ...perEnvironment]) {
+    const value = env[name]
+    if (value === undefined) continue
+    if (value.includes('\r')) problems.push(`${name}: holds a carriage return (an env file saved with Windows line endings?)`)
+    else if (CONTROL_CHARACTER.test(value)) problems.push(`${name}: holds a control character (a tab, a line break)`)
+    else if (QUOTED.test(value)) problems.push(`${name}: is wrapped in quotes, which are kept as part of the value (docker run --env-file and systemd keep them): remove them`)
+  }
+  return problems
+}
+
 function withoutEmptyValues(env: Env): Env {
   return Object.fromEntries(Object.entries(env).filter(([, value]) => value !== undefined && value !== ''))
 }
@@ -281,6 +302,9 @@ export function parseConfig(
   localSecrets: (dataDir: string) => LocalSecrets = readLocalSecrets,
 ): Config {
   const env = withoutEmptyValues(selectPartnerVariables(rawEnv))
+  // by the names as set (a PARTNER_SANDBOX_* value is copied to its PARTNER_* name above)
+  const garbled = garbledValues(withoutEmptyValues(rawEnv))
+  if (garbled.length > 0) throw new ConfigError(garbled)
   const parsed = EnvSchema.safeParse(env)
   if (!parsed.success) {
     throw new ConfigError(

@@ -24,6 +24,28 @@ function problemsOf(env: Record<string, string>): string[] {
 }
 
 describe('configuration', () => {
+  it('refuses what an env file slips into a value (a carriage return, a control character, quotes), naming the variable and never the value', () => {
+    const secret = 'an-api-secret-of-enough-length-0000'
+    const problems = problemsOf({
+      ...remoteEnv,
+      PARTNER_API_SECRET: `${secret}\r`,
+      WEBHOOK_SECRETS: `"${LONG_SECRET}"`,
+      PARTNER_LIVE_API_KEY_ID: "'pk_live_2'",
+      DATABASE_URL: 'postgres://db/escrow\r',
+      LOG_LEVEL: 'info\t',
+    })
+    expect(problems).toEqual([
+      'DATABASE_URL: holds a carriage return (an env file saved with Windows line endings?)',
+      'LOG_LEVEL: holds a control character (a tab, a line break)',
+      'WEBHOOK_SECRETS: is wrapped in quotes, which are kept as part of the value (docker run --env-file and systemd keep them): remove them',
+      'PARTNER_API_SECRET: holds a carriage return (an env file saved with Windows line endings?)',
+      "PARTNER_LIVE_API_KEY_ID: is wrapped in quotes, which are kept as part of the value (docker run --env-file and systemd keep them): remove them",
+    ])
+    expect(problems.join('\n')).not.toContain(secret)
+    // the same values without what slipped in are taken
+    expect(parseConfig({ ...remoteEnv, PARTNER_API_SECRET: secret, WEBHOOK_SECRETS: LONG_SECRET }).partner.secret).toBe(secret)
+  })
+
   it('names every bad variable in one error', () => {
     const problems = problemsOf({
       PORT: 'eighty',
