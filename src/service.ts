@@ -24,6 +24,7 @@ import { createApp } from './http/app.js'
 import { listen } from './http/server.js'
 import { createLocalCliToken, type LocalCommandRunner, localCliRoutes } from './local/local-cli.js'
 import { dataDirProblem } from './data-dir.js'
+import { describeListenError } from './http/listen-error.js'
 import { advertiseLocalService, databaseIdentity } from './local/running-service.js'
 import type { Logger } from './logger.js'
 import { createMetrics } from './metrics/metrics.js'
@@ -218,7 +219,7 @@ export async function startService({
         reconcileOnce: async () => (ready && consoleActions.reconcileOnce ? consoleActions.reconcileOnce() : undefined),
         reactions,
       }),
-      { port: config.admin.port, host: config.admin.host },
+      { port: config.admin.port, host: config.admin.host, settings: { port: 'ADMIN_PORT', host: 'ADMIN_HOST' } },
     )
     stops.push({ name: 'operator http server', stop: () => adminServer.stop(Math.floor(config.shutdownTimeoutMs / 2)) })
     logger.info({ url: server.url, adminUrl: adminServer.url, database: database.kind }, 'http listener open; waiting for the database')
@@ -237,7 +238,11 @@ export async function startService({
         clock,
         logger,
       })
-      sandboxUrl = await sandbox.listen(config.sandbox.port, '127.0.0.1')
+      sandboxUrl = await sandbox
+        .listen(config.sandbox.port, '127.0.0.1')
+        .catch((error: unknown) => {
+          throw describeListenError(error, { portSetting: 'SANDBOX_PORT', hostSetting: 'the sandbox host', port: config.sandbox.port, host: '127.0.0.1' })
+        })
       stops.push({ name: 'sandbox', stop: () => sandbox.close() })
       logger.info({ url: sandboxUrl }, 'sandbox platform listening')
     }

@@ -5,6 +5,7 @@ import http, { STATUS_CODES } from 'node:http'
 import type { Duplex } from 'node:stream'
 import type { AddressInfo } from 'node:net'
 import { type ErrorCode, errorBody } from './app-error.js'
+import { describeListenError } from './listen-error.js'
 
 export interface ServerTimeouts {
   headersTimeoutMs: number
@@ -33,6 +34,7 @@ export async function listen(
     timeouts = DEFAULT_TIMEOUTS,
     maxConnections,
     onConnectionDropped,
+    settings = { port: 'PORT', host: 'HOST' },
   }: {
     port: number
     host: string
@@ -40,6 +42,8 @@ export async function listen(
     /** Open connections at once; Node drops new ones past it (each holds buffers and a parser). */
     maxConnections?: number
     onConnectionDropped?: () => void
+    /** The variables that chose the port and host, named when the listener cannot open (PORT, HOST). */
+    settings?: { port: string; host: string }
   },
 ): Promise<RunningServer> {
   const server = http.createServer(
@@ -57,7 +61,11 @@ export async function listen(
   if (maxConnections !== undefined) server.maxConnections = maxConnections
   if (onConnectionDropped) server.on('drop', onConnectionDropped)
   server.listen(port, host)
-  await once(server, 'listening')
+  try {
+    await once(server, 'listening')
+  } catch (error) {
+    throw describeListenError(error, { portSetting: settings.port, hostSetting: settings.host, port, host })
+  }
   const address = server.address() as AddressInfo
   const shownHost = address.family === 'IPv6' ? `[${address.address}]` : address.address
   return {

@@ -1,0 +1,26 @@
+// A listener that cannot open says which setting to change. Node's own words ("listen EADDRINUSE: address
+// already in use 127.0.0.1:3000") name neither the variable nor what to do, and a newcomer whose port 3000 is
+// taken by another program met exactly that under `npm start`.
+
+/** Where a listener was asked to open: the variables that chose it, and their values. */
+export interface ListenTarget {
+  portSetting: string
+  hostSetting: string
+  port: number
+  host: string
+}
+
+/** The listen failure in words that name the setting, or the error itself when it is none of the known ones. */
+export function describeListenError(error: unknown, { portSetting, hostSetting, port, host }: ListenTarget): Error {
+  const code = (error as NodeJS.ErrnoException | undefined)?.code
+  const where = `${host}:${port}`
+  const reason =
+    code === 'EADDRINUSE'
+      ? `${portSetting}=${port}: another process already listens on ${where}; stop it, or set ${portSetting} to a free port`
+      : code === 'EACCES'
+        ? `${portSetting}=${port}: this user may not listen on ${where} (ports under 1024 need privileges); set ${portSetting} to 1024 or above`
+        : code === 'EADDRNOTAVAIL' || code === 'ENOTFOUND' || code === 'EAI_AGAIN'
+          ? `${hostSetting}=${host}: no such address on this machine (${code}); set ${hostSetting} to one of its addresses, such as 127.0.0.1 or 0.0.0.0`
+          : undefined
+  return reason ? new Error(reason, { cause: error }) : (error as Error)
+}
