@@ -40,6 +40,15 @@ describe('a listener that cannot open', () => {
     }
   })
 
+  it('names --port when `sandbox --port` is held by another process', async () => {
+    const busy = await takePort()
+    const result = await runCli(['sandbox', '--port', String(busy)], { DATA_DIR: mkdtempSync(path.join(tmpdir(), 'listen-')) }, { built: true })
+    expect({ code: result.code, stderr: result.stderr }).toEqual({
+      code: 1,
+      stderr: `--port=${busy}: another process already listens on 127.0.0.1:${busy}; stop it, or set --port to a free port\n`,
+    })
+  })
+
   it('names HOST when it is no address of this machine', async () => {
     // 192.0.2.0/24 is reserved for documentation: no machine has it
     const env = { DATA_DIR: mkdtempSync(path.join(tmpdir(), 'listen-')), HOST: '192.0.2.1', PORT: String(await freePort()) }
