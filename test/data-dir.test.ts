@@ -45,6 +45,26 @@ describe('a DATA_DIR the service cannot write', () => {
     }
   })
 
+  it('an embedded database whose files are damaged: serve exits 1 saying so and what to do', async () => {
+    const directory = path.join(scratch, 'damaged')
+    // made and migrated by a first command, then its control file is lost
+    expect((await runCli(['migrate'], receiverEnv(directory), { built: true })).code).toBe(0)
+    rmSync(path.join(directory, 'pglite', 'global', 'pg_control'))
+    const result = await runCli(['serve'], receiverEnv(directory), { built: true })
+    expect(result.code).toBe(1)
+    const failed = result.stdout
+      .split('\n')
+      .filter((line) => line.startsWith('{'))
+      .map((line) => JSON.parse(line) as { msg: string; err?: { message: string } })
+      .find((line) => line.msg === 'start-up failed')
+    expect(failed?.err?.message).toMatch(
+      new RegExp(
+        `^Migration \\(before any migration ran\\) failed: the embedded database could not start from ${path.join(directory, 'pglite')} \\(.+\\): ` +
+          'its files may be damaged or written by another version; restore DATA_DIR from a backup, or move it aside to start an empty one$',
+      ),
+    )
+  })
+
   it.skipIf(!canMountReadOnly)('a read-only file system: exit 2 with that reason, not "no such file or directory"', async () => {
     for (const directory of [readOnly, path.join(readOnly, 'data', 'deeper')]) {
       for (const env of [localMode(directory), receiverEnv(directory)]) {

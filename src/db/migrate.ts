@@ -59,7 +59,8 @@ export async function migrateToLatest(db: Kysely<Database>): Promise<MigrationRe
     // what failed, in words safe to print: a database's report only by its class and code (it may quote data)
     const database = describeDatabaseError(error)
     const reason = database.code ? `${database.message} (${database.code})` : error instanceof Error ? error.message : String(error)
-    throw new Error(`Migration ${failed ?? '(before any migration ran)'} failed: ${reason}`, { cause: error })
+    // a database's report stays the cause (its log line shows the code); any other error's message is in this one
+    throw new Error(`Migration ${failed ?? '(before any migration ran)'} failed: ${reason}`, database.code ? { cause: error } : {})
   }
   return { applied: (results ?? []).filter((r) => r.status === 'Success').map((r) => r.migrationName) }
 }

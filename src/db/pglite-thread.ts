@@ -102,6 +102,16 @@ function rebuildError({ name, message, fields }: SerializedError): Error {
   return error
 }
 
+// A database that cannot start from its directory says so, and what to do: PGlite's own word for damaged
+// files (a control file removed, a directory copied half-way) is "Aborted(). Build with -sASSERTIONS for more
+// info.", which came out as a failed migration
+function startFailure(location: string, error: Error): Error {
+  if (location.startsWith('memory://')) return error
+  return new Error(
+    `the embedded database could not start from ${location} (${error.message}): its files may be damaged or written by another version; restore DATA_DIR from a backup, or move it aside to start an empty one`,
+  )
+}
+
 // the worker's file beside this one, in src/ and in dist/ alike: plain JavaScript, so that it runs without a
 // loader from source too (pglite-worker.mjs says why)
 function startWorker(data: PgliteWorkerData, transferList: ArrayBuffer[], script: URL | undefined): Worker {
@@ -138,7 +148,7 @@ export class PgliteThread {
         if ('id' in message) this.settle(message)
         else if ('notify' in message) this.notifications.get(message.notify)?.(message.payload)
         else if ('ready' in message) resolve()
-        else if ('failed' in message) reject(rebuildError(message.failed))
+        else if ('failed' in message) reject(startFailure(location, rebuildError(message.failed)))
       })
       const stopped = (reason: string) => {
         const wasOpen = !this.closed
