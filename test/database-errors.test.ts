@@ -201,6 +201,39 @@ describePostgres('only real unavailability answers 503 (Postgres)', () => {
       .catch((error: unknown) => error)
     expect(describeDatabaseError(timedOut)).toMatchObject({ kind: 'unavailable', code: '57014' })
 
+    // what a wrong DATABASE_URL gets: said in words that point at it, and never 503 (waiting will not fix it)
+    const own = new URL(database.url!)
+    for (const [change, code, message] of [
+      [(url: URL) => (url.username = 'no_such_user'), '28000', /refused the login: check the user and password of DATABASE_URL/],
+      [(url: URL) => (url.pathname = '/no_such_database'), '3D000', /the database named in DATABASE_URL does not exist/],
+    ] as const) {
+      const wrong = new URL(own)
+      change(wrong)
+      const handle = openDatabase({ databaseUrl: wrong.toString(), poolSize: 1 })
+      try {
+        const refused = await sql`select 1`.execute(handle.db).catch((error: unknown) => error)
+        expect(describeDatabaseError(refused)).toMatchObject({ kind: 'failure', code, message: expect.stringMatching(message) })
+      } finally {
+        await handle.close()
+      }
+    }
+
+    const role = `escrow_nobody_${randomBytes(3).toString('hex')}`
+    await sql.raw(`create role ${role}`).execute(database.db)
+    try {
+      const denied = await database.db
+        .transaction()
+        .execute(async (trx) => {
+          const { rows } = await sql<{ schema: string }>`select current_schema() as schema`.execute(trx)
+          await sql.raw(`set local role ${role}`).execute(trx)
+          await sql.raw(`select 1 from ${rows[0]!.schema}.orders limit 1`).execute(trx)
+        })
+        .catch((error: unknown) => error)
+      expect(describeDatabaseError(denied)).toMatchObject({ kind: 'failure', code: '42501', message: expect.stringMatching(/^permission denied: the user of DATABASE_URL/) })
+    } finally {
+      await sql.raw(`drop role ${role}`).execute(database.db)
+    }
+
     // last: the terminated connection leaves the pool
     const terminated = await database.db
       .connection()

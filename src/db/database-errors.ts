@@ -50,6 +50,9 @@ const SQLSTATE_CLASSES: Record<string, { kind: DatabaseErrorKind; message: strin
   '22': { kind: 'refused_data', message: 'data exception: the database refused a value' },
   '23': { kind: 'refused_data', message: 'integrity constraint violation' },
   '54': { kind: 'refused_data', message: 'program limit exceeded: a value is too large' },
+  // what an operator's DATABASE_URL gets wrong: said so, rather than "refused the statement"
+  '28': { kind: 'failure', message: 'the database refused the login: check the user and password of DATABASE_URL' },
+  '3D': { kind: 'failure', message: 'the database named in DATABASE_URL does not exist' },
 }
 
 export interface DatabaseErrorDescription {
@@ -76,6 +79,7 @@ function sqlstateKind(code: string): DatabaseErrorKind {
 
 function sqlstateMessage(code: string, kind: DatabaseErrorKind): string {
   if (code === READ_ONLY) return 'the database is read-only (a standby, a failover under way, or default_transaction_read_only)'
+  if (code === '42501') return 'permission denied: the user of DATABASE_URL lacks a privilege this statement needs (it creates and uses the tables of its schema)'
   const sqlstateClass = code.slice(0, 2)
   if (kind === 'unavailable' && sqlstateClass === '57')
     return 'the database ended or cancelled the statement (shutdown, terminated backend or timeout)'
