@@ -209,7 +209,7 @@ export async function startService({
             ? [
                 localCliRoutes({
                   token: localCliToken,
-                  context: { config, db: database.db, logger, reactions },
+                  context: { config, db: database.db, holdLock: database.holdLock, logger, reactions },
                   runCommand,
                   whenReady: databaseReady,
                 }),
@@ -311,7 +311,7 @@ export async function startService({
         'pruner',
         createPruner({
           db: database.db,
-          kind: database.kind,
+          holdLock: database.holdLock,
           clock,
           logger,
           settings: prunerSettings(config.retention),

@@ -163,7 +163,7 @@ describe('reactions done on the first attempt', () => {
     const cutoff = new Date(clock.now() - 30 * 86_400_000)
     // ledger 2 + flaky 1 (its funded call failed: a job row, pending)
     expect(await countDoneJobsBefore(database.db, cutoff)).toBe(3)
-    const result = await runPrunePass({ db: database.db, kind: database.kind, clock }, { bodyDays: 30, deliveryDays: 30, batchSize: 1, pauseMs: 0 })
+    const result = await runPrunePass({ db: database.db, holdLock: database.holdLock, clock }, { bodyDays: 30, deliveryDays: 30, batchSize: 1, pauseMs: 0 })
     expect(result.counts.reaction_job).toBe(3)
     expect(await database.db.selectFrom('reactionStreamBatches').select('events').orderBy('handler').execute()).toEqual([{ events: 1 }, { events: 1 }])
   })

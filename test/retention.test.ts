@@ -80,7 +80,7 @@ describe('retention pass', () => {
   let deps: PruneDeps
   beforeEach(async () => {
     clock = new FakeClock(Date.parse('2026-06-01T00:00:00Z'))
-    deps = { db: database.db, kind: database.kind, clock }
+    deps = { db: database.db, holdLock: database.holdLock, clock }
     await sql`truncate webhook_deliveries, reaction_jobs, order_status_history, retention_progress`.execute(database.db)
   })
 
@@ -224,7 +224,7 @@ describe('a delivery whose body was pruned', () => {
     await sql`truncate webhook_deliveries, retention_progress`.execute(database.db)
     const clock = new FakeClock(Date.now())
     await seedDeliveries(database.db, clock.now(), [{ id: 'd-020', ageDays: 20 }])
-    await runPrunePass({ db: database.db, kind: database.kind, clock }, { ...SETTINGS, bodyDays: 14, deliveryDays: 60 })
+    await runPrunePass({ db: database.db, holdLock: database.holdLock, clock }, { ...SETTINGS, bodyDays: 14, deliveryDays: 60 })
   })
 
   it('says so in `deliveries show`, naming the retention, and can still be re-applied', async () => {
@@ -320,13 +320,13 @@ describePostgres('retention on several replicas (Postgres)', () => {
       clock.now(),
       Array.from({ length: 6 }, (_, index) => ({ id: `d-${index}`, ageDays: 100 + index })),
     )
-    const first = { db: database.db, kind: 'postgres' as const, clock }
+    const first = { db: database.db, holdLock: database.holdLock, clock }
     const other = database.openAnother()
     try {
       // the first replica's pass holds the lock while it pauses between batches (on the fake clock)
       const pass = runPrunePass(first, { ...SETTINGS, pauseMs: 1_000 })
       await eventually(() => clock.sleeps.length > 0, 'the first pass pauses after a batch')
-      const second = await runPrunePass({ db: other.db, kind: 'postgres', clock }, SETTINGS)
+      const second = await runPrunePass({ db: other.db, holdLock: other.holdLock, clock }, SETTINGS)
       expect(second).toMatchObject({ ran: false, counts: { body: 0, delivery: 0, reaction_job: 0 } })
       expect(Object.keys(await deliveryRows(database.db))).toHaveLength(4)
 
@@ -340,7 +340,7 @@ describePostgres('retention on several replicas (Postgres)', () => {
       }
       expect(await pass).toMatchObject({ ran: true, counts: { delivery: 6 } })
       // released after the pass: the other replica gets it now
-      expect(await runPrunePass({ db: other.db, kind: 'postgres', clock }, SETTINGS)).toMatchObject({ ran: true })
+      expect(await runPrunePass({ db: other.db, holdLock: other.holdLock, clock }, SETTINGS)).toMatchObject({ ran: true })
     } finally {
       await other.close()
     }
@@ -348,7 +348,7 @@ describePostgres('retention on several replicas (Postgres)', () => {
 
   it('gives the lock back when a pass fails', async () => {
     const clock = new FakeClock()
-    const failing = { db: database.db, kind: 'postgres' as const, clock }
+    const failing = { db: database.db, holdLock: database.holdLock, clock }
     // a statement fails mid-pass (here: the table is not there)
     await sql`alter table webhook_deliveries rename to webhook_deliveries_away`.execute(database.db)
     try {

@@ -10,6 +10,7 @@ import { AsyncLocalStorage } from 'node:async_hooks'
 import type { Kysely } from 'kysely'
 import type { Config } from '../config.js'
 import type { Database } from '../db/database.js'
+import type { DatabaseHandle } from '../db/open-database.js'
 import type { Logger } from '../logger.js'
 import type { ReactionRouting } from '../reactions/reaction-registry.js'
 
@@ -17,6 +18,8 @@ export interface CliContext {
   config: Config
   logger: Logger
   db: Kysely<Database>
+  /** The database handle's advisory lock held in a transaction of its own (open-database.ts); `prune` needs it. */
+  holdLock?: DatabaseHandle['holdLock'] | undefined
   /** The service's reaction handlers; when absent, the ones its config names (configured-reactions.ts). */
   reactions?: ReactionRouting | undefined
 }
@@ -107,7 +110,7 @@ export async function withDatabase<T>(
   })
   try {
     if (migrate) await migrateToLatest(database.db)
-    return await run({ config, logger, db: database.db, reactions: configuredReactions(config, { logger }) })
+    return await run({ config, logger, db: database.db, holdLock: database.holdLock, reactions: configuredReactions(config, { logger }) })
   } finally {
     await database.close()
   }

@@ -17,9 +17,10 @@ export function registerPruneCommand(program: Command): void {
         import('../retention/prune.js'),
         import('../clock.js'),
       ])
-      await withDatabase(async ({ db, config, logger }) => {
+      await withDatabase(async ({ db, holdLock, config, logger }) => {
+        if (!holdLock) throw new Error('prune runs on a database handle (its lock keeps one pass at a time)')
         const result = await runPrunePass(
-          { db, kind: config.databaseUrl ? 'postgres' : 'pglite', clock: systemClock, logger },
+          { db, holdLock, clock: systemClock, logger },
           prunerSettings(config.retention),
           { dryRun: options.dryRun === true },
         )

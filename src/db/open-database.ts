@@ -40,6 +40,15 @@ export interface DatabaseHandle {
    * e.g. DATABASE_URL sets application_name). PGlite: 0, no other process can open its data directory.
    */
   otherListeners(channel: string): Promise<number | undefined>
+  /**
+   * Takes the advisory lock `key` if no other session holds it, in a transaction of its own on a connection
+   * outside the pool, open until the returned release is called: resolves to that release, or to undefined when
+   * another session holds the lock. The open transaction keeps one server session behind a pooler in transaction
+   * mode, where a session's lock taken and given back as two statements stayed with a pooled session. The
+   * connection's end gives the lock back too (a crash, a terminated backend). PGlite: always granted, nothing
+   * else can open its data directory.
+   */
+  holdLock(key: number): Promise<(() => Promise<void>) | undefined>
 }
 
 // what every listener connection calls itself in pg_stat_activity, so other processes can count them
@@ -221,7 +230,30 @@ function openPostgres(databaseUrl: string, { poolSize = 10, logger }: OpenDataba
       const [row] = rows
       return row && row.own > 0 ? row.others : undefined
     },
+    holdLock: (key) => holdLockOnPostgres(databaseUrl, key, logger),
     close: () => db.destroy(),
+  }
+}
+
+async function holdLockOnPostgres(databaseUrl: string, key: number, logger: Logger | undefined): Promise<(() => Promise<void>) | undefined> {
+  const client = new pg.Client({ connectionString: databaseUrl, keepAlive: true, connectionTimeoutMillis: 5_000 })
+  // a connection lost while the lock is held gives the lock back with it; its release then has nothing to do
+  client.on('error', (error) => logger?.warn({ err: describeDatabaseError(error) }, 'lock connection lost'))
+  try {
+    await client.connect()
+    await client.query('begin')
+    const { rows } = await client.query<{ locked: boolean }>('select pg_try_advisory_xact_lock($1::bigint) as locked', [key])
+    if (rows[0]?.locked !== true) {
+      await client.end()
+      return undefined
+    }
+  } catch (error) {
+    await client.end().catch(() => {})
+    throw error
+  }
+  return async () => {
+    await client.query('commit').catch(() => {})
+    await client.end().catch(() => {})
   }
 }
 
@@ -337,6 +369,7 @@ function openPglite({ dataDir = 'memory://', logger, pgliteTemplate }: OpenDatab
     },
     // one process, one connection: the statement's NOTIFY reaches this same session on commit
     otherListeners: async () => 0,
+    holdLock: async () => async () => {},
     listen: async (channel, onNotify) => {
       const unlisten = await pglite.listen(channel, (payload) => onNotify(payload))
       return async () => {

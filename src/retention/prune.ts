@@ -11,14 +11,16 @@
 //
 // A pass runs the three tasks one after the other in batches of `batchSize` rows with a pause between
 // batches, so it never holds many row locks or a long transaction and ingest keeps its latency. On
-// Postgres one replica at a time prunes: a pass takes a session advisory lock with a try-lock on one
-// pinned connection and gives it back at the end; a replica that finds it taken skips its pass. PGlite
-// is one process with one connection: no lock, and no connection held between batches.
+// Postgres one replica at a time prunes: a pass takes an advisory lock with a try-lock, in a transaction of
+// its own on a connection outside the pool that stays open for the pass (the database handle's holdLock), and
+// gives it back at the end; a replica that finds it taken skips its pass. The batches run on the pool. (The
+// lock used to be a session's, taken and given back as two statements on a pinned pool connection: behind a
+// pooler in transaction mode the two could land on two server sessions, and the lock stayed with the first.)
+// PGlite is one process with one connection: the lock is always granted.
 import type { Kysely } from 'kysely'
-import { sql } from 'kysely'
 import type { Clock } from '../clock.js'
 import type { Database } from '../db/database.js'
-import type { DatabaseKind } from '../db/open-database.js'
+import type { DatabaseHandle } from '../db/open-database.js'
 import type { Logger } from '../logger.js'
 import { countDoneJobsBefore, deleteDoneJobsBefore, deleteFirstAttemptsDoneBefore } from '../reactions/reaction-job.repository.js'
 import {
@@ -33,9 +35,6 @@ const DAY_MS = 86_400_000
 
 /** The advisory lock key of the pruning pass ("prun" in ASCII): one pass at a time across replicas. */
 export const PRUNE_LOCK_KEY = 0x7072756e
-
-// said once per process: the lock given back was not held by the session giving it back
-let lockMovedReported = false
 
 export type PrunedKind = 'body' | 'delivery' | 'reaction_job'
 export const PRUNED_KINDS: readonly PrunedKind[] = ['body', 'delivery', 'reaction_job']
@@ -75,7 +74,8 @@ export interface PruneResult {
 
 export interface PruneDeps {
   db: Kysely<Database>
-  kind: DatabaseKind
+  /** The database handle's lock: one pass at a time across replicas (open-database.ts). */
+  holdLock: DatabaseHandle['holdLock']
   clock: Clock
   logger?: Logger | undefined
   /** Called after every batch with the rows it pruned: the metrics counter. */
@@ -111,31 +111,18 @@ export async function runPrunePass(
     ])
     return { ran: true, dryRun, counts: { body, delivery, reaction_job: reactionJob }, ...cutoffs, interrupted: false }
   }
-  if (deps.kind === 'pglite') return prune(deps, deps.db, settings, cutoffs, signal)
-  return deps.db.connection().execute(async (connection) => {
-    const { rows } = await sql<{ locked: boolean }>`select pg_try_advisory_lock(${PRUNE_LOCK_KEY}::bigint) as locked`.execute(
-      connection,
-    )
-    if (!rows[0]?.locked) {
-      deps.logger?.debug('retention: another replica is pruning; this pass is skipped')
-      return { ran: false, dryRun, counts: { body: 0, delivery: 0, reaction_job: 0 }, ...cutoffs, interrupted: false }
-    }
-    try {
-      return await prune(deps, connection, settings, cutoffs, signal)
-    } finally {
-      const { rows: released } = await sql<{ released: boolean }>`select pg_advisory_unlock(${PRUNE_LOCK_KEY}::bigint) as released`.execute(
-        connection,
-      )
-      // the session that took the lock is not this one: a pooler in transaction mode lends each statement a
-      // session of its own, and the one that took it keeps it (other passes skip) until the pooler closes it
-      if (released[0]?.released !== true && !lockMovedReported) {
-        lockMovedReported = true
-        deps.logger?.warn(
-          'retention: the pruning lock was taken on another database session than the one giving it back (DATABASE_URL reaches a pooler in transaction mode?): passes may be skipped until the pooler closes that session; a session-mode pool keeps it',
-        )
-      }
-    }
-  })
+  // one replica at a time: the lock is held in a transaction of its own for the pass, and the batches run on
+  // the pool, each its own short transaction
+  const release = await deps.holdLock(PRUNE_LOCK_KEY)
+  if (!release) {
+    deps.logger?.debug('retention: another replica is pruning; this pass is skipped')
+    return { ran: false, dryRun, counts: { body: 0, delivery: 0, reaction_job: 0 }, ...cutoffs, interrupted: false }
+  }
+  try {
+    return await prune(deps, deps.db, settings, cutoffs, signal)
+  } finally {
+    await release()
+  }
 }
 
 async function prune(

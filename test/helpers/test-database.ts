@@ -62,6 +62,7 @@ export function useTestDatabase(options: TestDatabaseOptions = {}): TestDatabase
     poolStats: () => database().poolStats(),
     listen: (channel, onNotify) => database().listen(channel, onNotify),
     otherListeners: (channel) => database().otherListeners(channel),
+    holdLock: (key) => database().holdLock(key),
     openAnother: () => database().openAnother(),
     close: () => database().close(),
   }
