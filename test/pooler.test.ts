@@ -34,8 +34,8 @@ const ORDERS = 100
 
 describePooler('behind PgBouncer in transaction mode (Postgres)', () => {
   const name = `escrow_pool_${randomBytes(4).toString('hex')}`
-  const direct = new URL(postgresUrl!)
-  direct.pathname = `/${name}`
+  // made in beforeAll: a skipped describe still runs its body, without TEST_DATABASE_URL
+  let direct: URL
   let pooled: URL
   let pooler: ChildProcess
   let admin: pg.Client
@@ -43,6 +43,8 @@ describePooler('behind PgBouncer in transaction mode (Postgres)', () => {
 
   beforeAll(async () => {
     if (!pgbouncer) throw new Error('pgbouncer is required in CI: .ci/run installs Debian\'s pgbouncer package')
+    direct = new URL(postgresUrl!)
+    direct.pathname = `/${name}`
     admin = new pg.Client({ connectionString: postgresUrl })
     await admin.connect()
     await admin.query(`create database ${name}`)
