@@ -178,10 +178,13 @@ describePooler('behind PgBouncer in transaction mode (Postgres)', () => {
     for (let waited = 0; forwarded.size < 2 * ORDERS && waited < 60_000; waited += 100) await new Promise((resolve) => setTimeout(resolve, 100))
     expect(forwarded.size).toBe(2 * ORDERS)
 
-    const warnings = lines.filter((line) => line.level === 40)
-    expect(warnings.map((line) => line.msg)).toEqual([
-      'named prepared statements fail on this database connection (a pooler in transaction mode?): statements are no longer prepared',
-    ])
+    // one warning at most, and only this one: whether a named statement meets a session without it first depends
+    // on which sessions the pooler lent (it did in every run here, and every delivery was a 500 before)
+    const warnings = lines.filter((line) => line.level === 40).map((line) => line.msg)
+    expect(warnings.length).toBeLessThanOrEqual(1)
+    for (const warning of warnings) {
+      expect(warning).toBe('named prepared statements fail on this database connection (a pooler in transaction mode?): statements are no longer prepared')
+    }
     expect(lines.filter((line) => Number(line.level) >= 50)).toEqual([])
     child.kill('SIGTERM')
     const [code] = await once(child, 'exit')
