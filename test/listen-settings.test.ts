@@ -7,7 +7,7 @@ import { createServer, type Server } from 'node:net'
 import { tmpdir } from 'node:os'
 import path from 'node:path'
 import { afterAll, describe, expect, it } from 'vitest'
-import { describeListenError } from '../src/http/listen-error.js'
+import { describeListenError } from '../src/listen-error.js'
 import { freePort, runCli } from './helpers/cli-process.js'
 
 const taken: Server[] = []

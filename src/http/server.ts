@@ -5,7 +5,7 @@ import http, { STATUS_CODES } from 'node:http'
 import type { Duplex } from 'node:stream'
 import type { AddressInfo } from 'node:net'
 import { type ErrorCode, errorBody } from './app-error.js'
-import { describeListenError } from './listen-error.js'
+import { describeListenError } from '../listen-error.js'
 
 export interface ServerTimeouts {
   headersTimeoutMs: number

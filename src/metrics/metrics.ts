@@ -227,15 +227,8 @@ export function createMetrics(
     )
   }
   if (databaseUp) {
-    const answered = tolerantRead(databaseUp, readTimeoutMs)
     // both gauges of one scrape are fed by one query
-    let scrape: Promise<DatabaseState | undefined> | undefined
-    const state = () => {
-      scrape ??= answered().finally(() => {
-        scrape = undefined
-      })
-      return scrape
-    }
+    const state = onePerScrape(tolerantRead(databaseUp, readTimeoutMs))
     new Gauge({
       name: 'database_up',
       help: `1 when the database answered a query at scrape time (within ${readTimeoutMs} ms), 0 when not`,
@@ -392,6 +385,17 @@ function tolerantRead<T>(read: () => Promise<T>, timeoutMs: number): () => Promi
   }
 }
 
+/** `read`, shared by every caller while one is under way: the gauges of one scrape, collected together, read once. */
+function onePerScrape<T>(read: () => Promise<T>): () => Promise<T> {
+  let scrape: Promise<T> | undefined
+  return () => {
+    scrape ??= read().finally(() => {
+      scrape = undefined
+    })
+    return scrape
+  }
+}
+
 /** Several gauges fed by one read per scrape; none has a sample when the read failed. */
 function scrapeTimeGauges<Key extends string>(
   registry: Registry,
@@ -399,13 +403,7 @@ function scrapeTimeGauges<Key extends string>(
   gauges: Record<Key, { name: string; help: string }>,
 ): void {
   // the gauges of one scrape are collected together: one read feeds them all
-  let scrape: Promise<Record<Key, number> | undefined> | undefined
-  const shared = () => {
-    scrape ??= read().finally(() => {
-      scrape = undefined
-    })
-    return scrape
-  }
+  const shared = onePerScrape(read)
   for (const key of Object.keys(gauges) as Key[]) {
     new OptionalGauge(async () => (await shared())?.[key], { ...gauges[key], registers: [registry] })
   }
