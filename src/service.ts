@@ -24,6 +24,7 @@ import { createApp } from './http/app.js'
 import { listen } from './http/server.js'
 import { createLocalCliToken, type LocalCommandRunner, localCliRoutes } from './local/local-cli.js'
 import { dataDirProblem } from './data-dir.js'
+import { describeListenError } from './listen-error.js'
 import { advertiseLocalService, databaseIdentity } from './local/running-service.js'
 import type { Logger } from './logger.js'
 import { createMetrics } from './metrics/metrics.js'
@@ -237,7 +238,11 @@ export async function startService({
         clock,
         logger,
       })
-      sandboxUrl = await sandbox.listen(config.sandbox.port, '127.0.0.1')
+      sandboxUrl = await sandbox
+        .listen(config.sandbox.port, '127.0.0.1')
+        .catch((error: unknown) => {
+          throw describeListenError(error, { portSetting: 'SANDBOX_PORT', hostSetting: 'the sandbox host', port: config.sandbox.port, host: '127.0.0.1' })
+        })
       stops.push({ name: 'sandbox', stop: () => sandbox.close() })
       logger.info({ url: sandboxUrl }, 'sandbox platform listening')
     }

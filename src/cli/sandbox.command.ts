@@ -4,6 +4,7 @@ import { type Command, InvalidArgumentError, Option } from 'commander'
 import type { Faults } from '../sandbox/webhook-dispatcher.js'
 import { untilStopSignal } from '../stop-signals.js'
 import { cliLogger, UsageError, write } from './cli-context.js'
+import { describeListenError } from '../listen-error.js'
 
 function rate(value: string): number {
   const parsed = Number(value)
@@ -91,9 +92,10 @@ export function registerSandboxCommand(program: Command): void {
         },
         logger,
       })
-      const url = await sandbox.listen(flags.port ?? config.sandbox.port, flags.host, {
-        port: flags.port === undefined ? 'SANDBOX_PORT' : '--port',
-        host: '--host',
+      const port = flags.port ?? config.sandbox.port
+      const url = await sandbox.listen(port, flags.host).catch((error: unknown) => {
+        const portSetting = flags.port === undefined ? 'SANDBOX_PORT' : '--port'
+        throw describeListenError(error, { portSetting, hostSetting: '--host', port, host: flags.host ?? '127.0.0.1' })
       })
       write(`sandbox platform listening on ${url} (partner API at ${url}/api/partner/v1/)\n`)
       write(`webhooks go to ${flags.webhookUrl ?? `http://${host}:${config.port}${config.webhook.path}`}\n`)

@@ -8,7 +8,6 @@ import http from 'node:http'
 import type { AddressInfo } from 'node:net'
 import express, { type Express, type Request, type Response } from 'express'
 import { type Clock, systemClock } from '../clock.js'
-import { describeListenError } from '../listen-error.js'
 import { createLogger, type Logger } from '../logger.js'
 import type { FullTradeRecord as TradeRecord } from '../partner-api/types.js'
 import { SandboxAuthenticator } from './sandbox-auth.js'
@@ -58,8 +57,7 @@ export const SANDBOX_DEFAULTS = {
 export interface Sandbox {
   readonly app: Express
   readonly deliveryLog: readonly DeliveryAttempt[]
-  /** A failure to open names `settings` (SANDBOX_PORT and SANDBOX_HOST unless given) and what to do (listen-error.ts). */
-  listen(port: number, host?: string, settings?: { port: string; host: string }): Promise<string>
+  listen(port: number, host?: string): Promise<string>
   close(): Promise<void>
   setWebhookUrl(url: string | undefined): void
   setFaults(faults: Partial<Faults>): void
@@ -307,7 +305,7 @@ export function createSandbox(options: SandboxOptions): Sandbox {
   return {
     app,
     deliveryLog: dispatcher.log,
-    listen: async (port, host = '127.0.0.1', settings = { port: 'SANDBOX_PORT', host: 'SANDBOX_HOST' }) => {
+    listen: async (port, host = '127.0.0.1') => {
       server = http.createServer(app)
       server.listen(port, host)
       try {
@@ -316,7 +314,7 @@ export function createSandbox(options: SandboxOptions): Sandbox {
         closed = true
         dispatcher.stop()
         server = undefined
-        throw describeListenError(error, { portSetting: settings.port, hostSetting: settings.host, port, host })
+        throw error
       }
       dispatcher.resume(unsent)
       unsent = []
