@@ -271,7 +271,7 @@ async function measured(
   const server: { child: ChildProcess; port: number; adminPort?: number } =
     kind === 'service'
       ? await startService(
-          env.BENCH_DATABASE_URL!,
+          env.BENCH_DATA_DIR ? { dataDir: env.BENCH_DATA_DIR } : env.BENCH_DATABASE_URL!,
           { orders: Number(env.BENCH_ORDERS ?? 0), seen: Number(env.BENCH_SEEN_DELIVERIES ?? 0) },
           env.FORWARD_URL ? { FORWARD_URL: env.FORWARD_URL, FORWARD_SECRET: FORWARD_SECRET } : {},
           dist,
@@ -472,8 +472,9 @@ async function ingestBench({ reactionsOnly = false } = {}): Promise<LoadResult[]
   })
 }
 
-// best of `rounds` runs, as the Postgres ingest it is compared with; each round its own orders in one data
-// directory, so every run climbs the same lifecycle
+// best of `rounds` runs, as the Postgres ingest it is compared with, and as that one the compiled `serve`
+// (here on embedded PGlite, as `npm start` runs it); each round its own orders in one data directory, so every
+// run climbs the same lifecycle
 async function pgliteBench(): Promise<LoadResult[]> {
   const dataDir = mkdtempSync(path.join(os.tmpdir(), 'bench-pglite-'))
   const orders = 20_000
@@ -481,7 +482,7 @@ async function pgliteBench(): Promise<LoadResult[]> {
   const pgliteRuns: LoadResult[] = []
   try {
     for (let round = 0; round < rounds; round++) {
-      pgliteRuns.push(await measured('full', env, 'PGlite: full ingest (matched)', matched(orders, round * orders), { rss: true }))
+      pgliteRuns.push(await measured('service', env, 'PGlite: full ingest (matched)', matched(orders, round * orders), { rss: true }))
     }
   } finally {
     rmSync(dataDir, { recursive: true, force: true })

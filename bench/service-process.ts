@@ -4,16 +4,18 @@ import { type ChildProcess, spawn } from 'node:child_process'
 import { once } from 'node:events'
 import { readdirSync, readFileSync } from 'node:fs'
 import path from 'node:path'
+import { CompiledQuery } from 'kysely'
 import pg from 'pg'
 import { BENCH_SECRET } from './bench-secrets.js'
 
 const root = path.resolve(import.meta.dirname, '..')
 
-// The real receiver as it ships: the compiled CLI's `serve` (npm run build), remote mode, poller off,
-// logging on at info (to a pipe this process drains). Orders and seen deliveries are seeded once it has
-// migrated.
+// The real receiver as it ships: the compiled CLI's `serve` (npm run build), poller off, logging on at info
+// (to a pipe this process drains). On Postgres (a URL) in remote mode, its orders and seen deliveries seeded
+// once it has migrated; on embedded PGlite ({ dataDir }), as `npm start` runs it, that directory seeded
+// before it starts (PGlite is one process's).
 export async function startService(
-  url: string,
+  database: string | { dataDir: string },
   seed: { orders: number; seen: number },
   /** More of the service's environment, e.g. FORWARD_URL and FORWARD_SECRET to run with a reaction handler. */
   extraEnv: Record<string, string> = {},
@@ -28,13 +30,14 @@ export async function startService(
   const profile = process.env.BENCH_CPU_PROF ? ['--cpu-prof', `--cpu-prof-dir=${process.env.BENCH_CPU_PROF}`] : []
   // the flags the Docker image runs with (NODE_OPTIONS there); BENCH_NODE_FLAGS overrides them
   const nodeFlags = (flags ?? process.env.BENCH_NODE_FLAGS ?? '--max-semi-space-size=8 --max-old-space-size=512').split(' ').filter(Boolean)
+  if (typeof database !== 'string') await seedPglite(database.dataDir, seed)
   const entry = noopHandler ? [path.join(root, 'bench/serve-noop-handler.mjs'), dist] : [path.join(dist, 'src/cli.js'), 'serve']
   const child = spawn(process.execPath, [...profile, ...nodeFlags, ...entry], {
     cwd: root,
     env: {
       PATH: process.env.PATH,
       HOME: process.env.HOME,
-      DATABASE_URL: url,
+      ...(typeof database === 'string' ? { DATABASE_URL: database } : { DATA_DIR: database.dataDir }),
       PORT: '0',
       ADMIN_PORT: '0',
       POLL_ENABLED: 'false',
@@ -63,10 +66,21 @@ export async function startService(
     child.stdout!.on('data', read)
     child.once('exit', (code) => reject(new Error(`service exited with ${code}`)))
   })
-  const client = new pg.Client({ connectionString: url })
-  await client.connect()
-  await client.query(`insert into orders (external_reference) select 'bench-' || i from generate_series(1, $1::int) i on conflict do nothing`, [seed.orders])
-  await client.query(
+  if (typeof database === 'string') {
+    const client = new pg.Client({ connectionString: database })
+    await client.connect()
+    await seedTables((text, values) => client.query(text, values), seed)
+    await client.end()
+  }
+  return { child, port, adminPort }
+}
+
+type Query = (text: string, values: unknown[]) => Promise<unknown>
+
+// orders bench-1..N to match, and deliveries seen-1..M for the duplicate path
+async function seedTables(query: Query, seed: { orders: number; seen: number }): Promise<void> {
+  await query(`insert into orders (external_reference) select 'bench-' || i from generate_series(1, $1::int) i on conflict do nothing`, [seed.orders])
+  await query(
     // the exact body the bench's retries send (run.ts, seen()): a delivery is its id and its body's hash
     `insert into webhook_deliveries (delivery_id, event_type, outcome, raw_body, body_sha256)
      select 'seen-' || i, 'trade.funded', 'applied', body, encode(sha256(convert_to(body, 'UTF8')), 'hex')
@@ -75,8 +89,19 @@ export async function startService(
      on conflict do nothing`,
     [seed.seen],
   )
-  await client.end()
-  return { child, port, adminPort }
+}
+
+// an embedded database made and seeded here, then closed, for the service to start on
+async function seedPglite(dataDir: string, seed: { orders: number; seen: number }): Promise<void> {
+  const { openDatabase } = await import('../src/db/open-database.js')
+  const { migrateToLatest } = await import('../src/db/migrate.js')
+  const database = openDatabase({ dataDir })
+  try {
+    await migrateToLatest(database.db)
+    await seedTables((text, values) => database.db.executeQuery(CompiledQuery.raw(text, values)), seed)
+  } finally {
+    await database.close()
+  }
 }
 
 /**
