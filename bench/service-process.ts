@@ -105,7 +105,7 @@ async function seedPglite(dataDir: string, seed: { orders: number; seen: number 
 }
 
 /**
- * One of bench/server.ts's servers (bare, minimal, full, receiver) in its own process, from source; its port
+ * One of bench/server.ts's servers (bare, minimal, receiver) in its own process, from source; its port
  * once it listens.
  */
 export async function startBenchServer(kind: string, env: Record<string, string>): Promise<{ child: ChildProcess; port: number }> {
