@@ -33,6 +33,8 @@ export interface Config {
     readonly maxInflightBodyBytes: number
   }
   readonly databaseUrl: string | undefined
+  /** The LISTEN connection's URL when it is not databaseUrl (a direct one beside a pooler in transaction mode). */
+  readonly databaseListenUrl: string | undefined
   readonly databasePoolSize: number
   readonly dataDir: string
   /**
@@ -172,6 +174,10 @@ const EnvSchema = z.object({
   MAX_CONNECTIONS: positiveInt.max(1_000_000).default(1_000),
   MAX_INFLIGHT_BODY_BYTES: byteSize.default(16 * 1024 * 1024),
   DATABASE_URL: z
+    .string()
+    .regex(/^postgres(ql)?:\/\//, 'must be a postgres:// or postgresql:// URL')
+    .optional(),
+  DATABASE_LISTEN_URL: z
     .string()
     .regex(/^postgres(ql)?:\/\//, 'must be a postgres:// or postgresql:// URL')
     .optional(),
@@ -332,6 +338,9 @@ export function parseConfig(
   if (values.ADMIN_TOKEN !== undefined && values.ADMIN_TOKEN.length < MIN_SECRET_LENGTH) {
     problems.push(`ADMIN_TOKEN: is shorter than ${MIN_SECRET_LENGTH} characters`)
   }
+  if (values.DATABASE_LISTEN_URL !== undefined && values.DATABASE_URL === undefined) {
+    problems.push('DATABASE_LISTEN_URL: is set but DATABASE_URL is not (it is the direct connection beside a pooled DATABASE_URL)')
+  }
   if (values.MAX_INFLIGHT_BODY_BYTES < values.WEBHOOK_BODY_LIMIT) {
     problems.push('MAX_INFLIGHT_BODY_BYTES: must be at least WEBHOOK_BODY_LIMIT (one largest body must fit)')
   }
@@ -383,6 +392,7 @@ export function parseConfig(
       maxInflightBodyBytes: values.MAX_INFLIGHT_BODY_BYTES,
     },
     databaseUrl: values.DATABASE_URL,
+    databaseListenUrl: values.DATABASE_LISTEN_URL,
     databasePoolSize: values.DATABASE_POOL_SIZE,
     dataDir,
     dataDirMinFreeBytes: values.DATA_DIR_MIN_FREE,

@@ -109,6 +109,7 @@ export async function startService({
     }
     const database = openDatabase({
       databaseUrl: config.databaseUrl,
+      listenUrl: config.databaseListenUrl,
       dataDir: config.dataDir,
       poolSize: config.databasePoolSize,
       logger,
@@ -131,6 +132,7 @@ export async function startService({
       ? createMetrics({
           poolStats: database.poolStats,
           databaseUp: () => pingDatabase(database.db),
+          ...(database.notificationsHeard ? { notificationsHeard: database.notificationsHeard } : {}),
           dueOrders: () => dueOrderStats(database.db, clock),
           parkedDeliveries: () => countParkedDeliveries(database.db, new Date(clock.now())),
           reactionJobs: () => reactionJobStats(database.db, new Date(clock.now()), reactions.names),

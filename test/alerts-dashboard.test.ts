@@ -87,6 +87,7 @@ async function exportedNames(): Promise<Set<string>> {
     reactionJobs: async () => ({ pending: 1, running: 0, failed: 1, oldestPendingAgeS: 5 }),
     oldestDelivery: async () => new Date(0),
     dataDirStorage: { freeBytes: () => 1, minFreeBytes: 1 },
+    notificationsHeard: () => true,
   })
   // a pass finished: the last-pass gauge has a sample
   metrics.retentionHooks.onPass(new Date(0))
@@ -159,6 +160,7 @@ describe('alert rules and dashboard', () => {
       'PartnerEscrowPruningStalled',
       'PartnerEscrowPartnerApiUnauthorized',
       'PartnerEscrowReactionsFailed',
+      'PartnerEscrowNotificationsNotHeard',
     ])
     for (const rule of rules) {
       expect(['critical', 'warning'], rule.alert).toContain(rule.labels?.severity)
@@ -181,7 +183,7 @@ describePromtool('promtool', () => {
     if (!promtool) throw new Error('promtool is required in CI: .ci/run installs Debian\'s prometheus package')
     const run = (...args: string[]) =>
       execFileSync(promtool, args, { cwd: 'deploy/prometheus', encoding: 'utf8', stdio: ['ignore', 'pipe', 'pipe'] })
-    expect(run('check', 'rules', 'alerts.yml')).toMatch(/SUCCESS: 12 rules found/)
+    expect(run('check', 'rules', 'alerts.yml')).toMatch(/SUCCESS: 13 rules found/)
     expect(run('check', 'config', 'prometheus.yml')).toMatch(/SUCCESS/)
     const output = run('test', 'rules', 'alerts.test.yml')
     expect(output).toMatch(/SUCCESS/)

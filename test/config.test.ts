@@ -210,6 +210,22 @@ describe('configuration', () => {
     ])
   })
 
+  it('takes DATABASE_LISTEN_URL beside DATABASE_URL only, as a postgres URL', () => {
+    const pooled = 'postgres://app@pooler:6432/escrow'
+    const direct = 'postgres://app@db:5432/escrow'
+    expect(parseConfig({ ...remoteEnv, DATABASE_URL: pooled, DATABASE_LISTEN_URL: direct })).toMatchObject({
+      databaseUrl: pooled,
+      databaseListenUrl: direct,
+    })
+    expect(parseConfig({ ...remoteEnv, DATABASE_URL: pooled }).databaseListenUrl).toBeUndefined()
+    expect(problemsOf({ ...remoteEnv, DATABASE_LISTEN_URL: direct })).toEqual([
+      'DATABASE_LISTEN_URL: is set but DATABASE_URL is not (it is the direct connection beside a pooled DATABASE_URL)',
+    ])
+    expect(problemsOf({ ...remoteEnv, DATABASE_URL: pooled, DATABASE_LISTEN_URL: 'db:5432' })).toEqual([
+      'DATABASE_LISTEN_URL: must be a postgres:// or postgresql:// URL',
+    ])
+  })
+
   describe('reactions and the forwarder', () => {
     const forwardSecret = `whsec_${Buffer.alloc(32, 9).toString('base64')}`
 

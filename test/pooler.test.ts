@@ -107,19 +107,9 @@ describePooler('behind PgBouncer in transaction mode (Postgres)', () => {
     ...extra,
   })
 
-  it('migrates, takes every delivery, applies each once and forwards each transition', async () => {
-    // the partner's receiver of forwarded events
-    const forwarded = new Set<string>()
-    const receiver: Server = createServer((request, response) => {
-      forwarded.add(String(request.headers['webhook-id']))
-      request.resume().on('end', () => response.writeHead(204).end())
-    })
-    receiver.listen(0, '127.0.0.1')
-    await once(receiver, 'listening')
-    const forwardUrl = `http://127.0.0.1:${(receiver.address() as AddressInfo).port}/events`
-    const forwardSecret = `whsec_${randomBytes(32).toString('base64')}`
-
-    const child = spawnCli(['serve'], env({ FORWARD_URL: forwardUrl, FORWARD_SECRET: forwardSecret }), { built: true })
+  // the compiled `serve`, its log lines parsed as they come, once it listens
+  const startServe = async (extra: Record<string, string>) => {
+    const child = spawnCli(['serve'], env(extra), { built: true })
     children.push(child)
     const lines: Record<string, unknown>[] = []
     let buffer = ''
@@ -131,28 +121,59 @@ describePooler('behind PgBouncer in transaction mode (Postgres)', () => {
     })
     let stderr = ''
     child.stderr!.on('data', (chunk) => (stderr += chunk))
-    const listening = async () => {
-      for (;;) {
-        const found = lines.find((line) => line.msg === 'service listening')
-        if (found) return String(found.url)
-        if (child.exitCode !== null) throw new Error(`serve exited ${child.exitCode}:\n${stderr}`)
-        await new Promise((resolve) => setTimeout(resolve, 50))
-      }
+    for (;;) {
+      const found = lines.find((line) => line.msg === 'service listening')
+      if (found) return { child, lines, url: String(found.url), adminUrl: String(found.adminUrl) }
+      if (child.exitCode !== null) throw new Error(`serve exited ${child.exitCode}:\n${stderr}`)
+      await new Promise((resolve) => setTimeout(resolve, 50))
     }
-    const url = await listening()
+  }
+
+  // database_notifications_heard once the listener's probe is answered (10 s at most after its connect)
+  const notificationsHeard = async (adminUrl: string) => {
+    for (let waited = 0; waited < 30_000; waited += 200) {
+      const sample = /^database_notifications_heard (\d)$/m.exec(await (await fetch(`${adminUrl}/metrics`)).text())
+      if (sample) return Number(sample[1])
+      await new Promise((resolve) => setTimeout(resolve, 200))
+    }
+    return undefined
+  }
+
+  // the partner's receiver of forwarded events: the ids it got, in order
+  const startReceiver = async () => {
+    const forwarded: string[] = []
+    const receiver: Server = createServer((request, response) => {
+      forwarded.push(String(request.headers['webhook-id']))
+      request.resume().on('end', () => response.writeHead(204).end())
+    })
+    receiver.listen(0, '127.0.0.1')
+    await once(receiver, 'listening')
+    const forwarding = {
+      FORWARD_URL: `http://127.0.0.1:${(receiver.address() as AddressInfo).port}/events`,
+      FORWARD_SECRET: `whsec_${randomBytes(32).toString('base64')}`,
+    }
+    return { forwarded, forwarding, close: () => receiver.close() }
+  }
+
+  const deliverTo = async (url: string, n: number, reference: string, status: string) => {
+    const body = JSON.stringify(tradePayload(reference, status))
+    const response = await fetch(`${url}/webhooks/partner`, {
+      method: 'POST',
+      headers: { 'content-type': 'application/json', 'x-partner-delivery-id': `pool-${n}`, 'x-partner-signature': signBody(body) },
+      body,
+    })
+    return response.status
+  }
+
+  it('migrates, takes every delivery, applies each once and forwards each transition', async () => {
+    const receiver = await startReceiver()
+    // with its listener on a direct connection, as README advises behind such a pooler
+    const { child, lines, url, adminUrl } = await startServe({ ...receiver.forwarding, DATABASE_LISTEN_URL: direct.toString() })
     const seed = new pg.Client({ connectionString: direct.toString() })
     await seed.connect()
     await seed.query(`insert into orders (external_reference) select 'pool-' || g from generate_series(0, ${ORDERS - 1}) g`)
 
-    const deliver = async (n: number) => {
-      const body = JSON.stringify(tradePayload(`pool-${n % ORDERS}`, n < ORDERS ? 'funded' : 'delivered'))
-      const response = await fetch(`${url}/webhooks/partner`, {
-        method: 'POST',
-        headers: { 'content-type': 'application/json', 'x-partner-delivery-id': `pool-${n}`, 'x-partner-signature': signBody(body) },
-        body,
-      })
-      return response.status
-    }
+    const deliver = (n: number) => deliverTo(url, n, `pool-${n % ORDERS}`, n < ORDERS ? 'funded' : 'delivered')
     // two rounds of one delivery per order, 20 at a time: each order funded, then delivered
     const statuses: number[] = []
     for (let round = 0; round < 2; round++) {
@@ -175,8 +196,11 @@ describePooler('behind PgBouncer in transaction mode (Postgres)', () => {
     ])
     await seed.end()
     // every transition reaches the partner's receiver
-    for (let waited = 0; forwarded.size < 2 * ORDERS && waited < 60_000; waited += 100) await new Promise((resolve) => setTimeout(resolve, 100))
-    expect(forwarded.size).toBe(2 * ORDERS)
+    const count = () => new Set(receiver.forwarded).size
+    for (let waited = 0; count() < 2 * ORDERS && waited < 60_000; waited += 100) await new Promise((resolve) => setTimeout(resolve, 100))
+    expect(count()).toBe(2 * ORDERS)
+    // the listener on DATABASE_LISTEN_URL hears what is sent through the pooler
+    expect(await notificationsHeard(adminUrl)).toBe(1)
 
     // one warning at most, and only this one: whether a named statement meets a session without it first depends
     // on which sessions the pooler lent (it did in every run here, and every delivery was a 500 before)
@@ -191,6 +215,69 @@ describePooler('behind PgBouncer in transaction mode (Postgres)', () => {
     expect(code).toBe(0)
     receiver.close()
   }, 180_000)
+
+  // LISTEN through the pooler: the pooler lends the listening session to others once its statement is done,
+  // and no notification reaches the listener (0 of 10 by hand). The replica finds out from its own probe
+  it('without DATABASE_LISTEN_URL, a replica finds that its listener hears nothing, and says so once', async () => {
+    const { child, lines, adminUrl } = await startServe({})
+    expect(await notificationsHeard(adminUrl)).toBe(0)
+    const deaf = lines.filter((line) => String(line.msg).startsWith('notifications sent through DATABASE_URL do not reach'))
+    expect(deaf.map((line) => ({ level: line.level, msg: line.msg }))).toEqual([
+      {
+        level: 40,
+        msg: "notifications sent through DATABASE_URL do not reach this replica's listener (a connection pooler in transaction mode?): other replicas' commits wake it only at its next look, 30 s at most; set DATABASE_LISTEN_URL to a direct connection",
+      },
+    ])
+    child.kill('SIGTERM')
+    expect((await once(child, 'exit'))[0]).toBe(0)
+  }, 90_000)
+
+  // Two replicas, each with its listener on a direct connection: the one that holds the forwarder's stream
+  // learns of the other's commits from their NOTIFY. Without it, it looks only every 30 s: each delivery below
+  // is sent once the one before was forwarded (that look just over), so it would wait for the next look
+  it('with DATABASE_LISTEN_URL, a transition committed by one replica wakes the replica that holds its stream', async () => {
+    const seed = new pg.Client({ connectionString: direct.toString() })
+    await seed.connect()
+    // a failed case leaves it open until afterAll drops the database under it
+    seed.on('error', () => {})
+    await seed.query(`insert into orders (external_reference) select 'wake-' || g from generate_series(0, 2) g`)
+    const receiver = await startReceiver()
+    const settings = { ...receiver.forwarding, DATABASE_LISTEN_URL: direct.toString() }
+    const holder = await startServe(settings)
+    // the first replica took the forwarder's stream (its lease lasts REACTION_LEASE_S, 300 s, renewed as it reads)
+    const leaseHolder = async () => {
+      const { rows } = await seed.query<{ token: string }>(
+        `select lease_token as token from reaction_streams where handler = 'forwarder' and lease_expires_at > now()`,
+      )
+      return rows[0]?.token
+    }
+    let holderToken: string | undefined
+    for (let waited = 0; !holderToken && waited < 30_000; waited += 100) {
+      holderToken = await leaseHolder()
+      if (!holderToken) await new Promise((resolve) => setTimeout(resolve, 100))
+    }
+    expect(holderToken).toBeDefined()
+    const other = await startServe(settings)
+    expect(await notificationsHeard(holder.adminUrl)).toBe(1)
+    const waits: number[] = []
+    for (let n = 0; n < 3; n++) {
+      const before = receiver.forwarded.length
+      const sent = Date.now()
+      expect(await deliverTo(other.url, 1_000 + n, `wake-${n}`, 'funded')).toBe(200)
+      // far below the 30 s between looks, far above a wake's milliseconds
+      while (receiver.forwarded.length === before && Date.now() - sent < 15_000) await new Promise((resolve) => setTimeout(resolve, 20))
+      waits.push(receiver.forwarded.length > before ? Date.now() - sent : Number.POSITIVE_INFINITY)
+    }
+    expect(waits.filter((wait) => wait > 15_000)).toEqual([])
+    // the holder forwarded them: the stream's lease never moved to the other replica
+    expect(await leaseHolder()).toBe(holderToken)
+    await seed.end()
+    for (const replica of [other, holder]) {
+      replica.child.kill('SIGTERM')
+      expect((await once(replica.child, 'exit'))[0]).toBe(0)
+    }
+    receiver.close()
+  }, 120_000)
 
   // Kysely's migrator takes a session's advisory lock and gives it back as two statements: the pooler sent them
   // to two sessions, the lock stayed with the first, and the next start waited on it until its statement timed

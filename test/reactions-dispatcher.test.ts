@@ -488,12 +488,19 @@ describePostgres('the notification listener (Postgres)', () => {
     const handle = openDatabase({ databaseUrl: url.toString(), poolSize: 1, logger: testLogger() })
     let notified = 0
     const unlisten = await handle.listen('reaction_jobs', () => notified++)
+    // the listener's backend: the pool's connection has the URL's name too (the listener's probe goes through it)
     const backends = async () =>
-      (await sql<{ pid: number }>`select pid from pg_stat_activity where application_name = ${name}`.execute(database.db)).rows
+      (
+        await sql<{ pid: number }>`select pid from pg_stat_activity where application_name = ${name} and query like 'LISTEN %'`.execute(
+          database.db,
+        )
+      ).rows
     try {
       await eventually(async () => (await backends()).length === 1 && notified === 1, 'the listener is connected')
       // cut it as a failover or a proxy would: only this test's listener backend
-      await sql`select pg_terminate_backend(pid) from pg_stat_activity where application_name = ${name}`.execute(database.db)
+      await sql`select pg_terminate_backend(pid) from pg_stat_activity where application_name = ${name} and query like 'LISTEN %'`.execute(
+        database.db,
+      )
       // back, and it looks once on reconnecting
       await eventually(() => notified >= 2, 'the listener reconnected', 60_000)
       await eventually(async () => (await backends()).length === 1, 'one listener backend again')

@@ -1,11 +1,11 @@
 // One Kysely instance for the whole process: real Postgres through a pg Pool when a URL is given,
 // otherwise embedded PGlite persisted in a directory (or in memory for tests). PGlite is a single
 // connection; Kysely's PGliteDialect queues transactions on it, so they never interleave.
-import { createHash } from 'node:crypto'
+import { createHash, randomUUID } from 'node:crypto'
 import { closeSync, existsSync, mkdirSync, openSync, readFileSync, rmSync, writeSync } from 'node:fs'
 import path from 'node:path'
 import { setTimeout as delay } from 'node:timers/promises'
-import { CamelCasePlugin, Kysely, PGliteDialect, PostgresDialect } from 'kysely'
+import { CamelCasePlugin, Kysely, PGliteDialect, PostgresDialect, sql } from 'kysely'
 import pg from 'pg'
 import type { Logger } from '../logger.js'
 import { describeDatabaseError } from './database-errors.js'
@@ -41,6 +41,14 @@ export interface DatabaseHandle {
    */
   otherListeners(channel: string): Promise<number | undefined>
   /**
+   * Postgres: whether the listener hears what is sent through the pool. Each time a listener (re)connects, it
+   * sends itself a NOTIFY through the pool and waits LISTENER_PROBE_MS for it: true once it came, false when it
+   * did not (a connection pooler in transaction mode lends the LISTEN's session to others, and no notification
+   * reaches it: DATABASE_LISTEN_URL), undefined before the first answer or when the NOTIFY could not be sent.
+   * PGlite: absent (its own listen, in its one process).
+   */
+  notificationsHeard?(): boolean | undefined
+  /**
    * Takes the advisory lock `key` if no other session holds it, in a transaction of its own on a connection
    * outside the pool, open until the returned release is called: resolves to that release, or to undefined when
    * another session holds the lock. The open transaction keeps one server session behind a pooler in transaction
@@ -52,11 +60,20 @@ export interface DatabaseHandle {
 }
 
 // what every listener connection calls itself in pg_stat_activity, so other processes can count them
+/** How long a listener waits for its probe, the NOTIFY it sends itself through the pool on each (re)connect. */
+export const LISTENER_PROBE_MS = 10_000
+const PROBE_PREFIX = 'listener-probe:'
+
 const listenerName = (channel: string) => `partner-escrow listen ${channel}`.slice(0, 63)
 
 export interface OpenDatabaseOptions {
   /** postgres:// URL; when absent, embedded PGlite is used. */
   databaseUrl?: string | undefined
+  /**
+   * Postgres: the URL of the LISTEN connection (DATABASE_LISTEN_URL), a direct one where databaseUrl goes
+   * through a connection pooler in transaction mode; databaseUrl when absent.
+   */
+  listenUrl?: string | undefined
   /** PGlite's data directory; 'memory://' for a throwaway database. */
   dataDir?: string
   /** A `dumpDataDir()` tarball for PGlite to start from instead of initialising an empty cluster (tests). */
@@ -185,7 +202,7 @@ function literalOf(value: unknown): string | undefined {
   return `${tag}${text}${tag}`
 }
 
-function openPostgres(databaseUrl: string, { poolSize = 10, logger }: OpenDatabaseOptions): DatabaseHandle {
+function openPostgres(databaseUrl: string, { poolSize = 10, logger, listenUrl }: OpenDatabaseOptions): DatabaseHandle {
   const connectionLost = (error: Error) => {
     logger?.warn({ err: describeDatabaseError(error) }, 'database connection lost')
   }
@@ -214,11 +231,37 @@ function openPostgres(databaseUrl: string, { poolSize = 10, logger }: OpenDataba
   })
   // the backend pids of this handle's listener connections
   const ownListeners = new Set<number>()
+  // the last probe's answer (notificationsHeard), and whether the warning of a deaf listener was written
+  let hearing: boolean | undefined
+  let warnedDeaf = false
   return {
     db,
     kind: 'postgres',
     poolStats: () => ({ total: pool.totalCount, idle: pool.idleCount, waiting: pool.waitingCount }),
-    listen: async (channel, onNotify) => listenOnPostgres(databaseUrl, channel, onNotify, logger, ownListeners),
+    listen: async (channel, onNotify) =>
+      listenOnPostgres({
+        url: listenUrl ?? databaseUrl,
+        channel,
+        onNotify,
+        logger,
+        ownListeners,
+        sendProbe: async (payload) => {
+          await sql`select pg_notify(${channel}, ${payload})`.execute(db)
+        },
+        onProbe: (heard) => {
+          hearing = heard
+          if (!heard && !warnedDeaf) {
+            warnedDeaf = true
+            logger?.warn(
+              { probeMs: LISTENER_PROBE_MS, direct: listenUrl !== undefined },
+              listenUrl === undefined
+                ? "notifications sent through DATABASE_URL do not reach this replica's listener (a connection pooler in transaction mode?): other replicas' commits wake it only at its next look, 30 s at most; set DATABASE_LISTEN_URL to a direct connection"
+                : "notifications sent through DATABASE_URL do not reach the listener on DATABASE_LISTEN_URL: are the two URLs the same database? other replicas' commits wake this one only at its next look, 30 s at most",
+            )
+          }
+        },
+      }),
+    notificationsHeard: () => hearing,
     otherListeners: async (channel) => {
       if (ownListeners.size === 0) return undefined
       const { rows } = await pool.query<{ own: number; others: number }>(
@@ -262,20 +305,32 @@ async function holdLockOnPostgres(databaseUrl: string, key: number, logger: Logg
 // the connection cut) is logged and retried with a doubling delay capped at 30 s, so a listener never
 // ends the process. After each (re)connect onNotify runs once: what was committed while no connection
 // listened is found by looking.
-function listenOnPostgres(
-  databaseUrl: string,
-  channel: string,
-  onNotify: (payload?: string) => void,
-  logger: Logger | undefined,
-  ownListeners: Set<number>,
-): () => Promise<void> {
+function listenOnPostgres({
+  url,
+  channel,
+  onNotify,
+  logger,
+  ownListeners,
+  sendProbe,
+  onProbe,
+}: {
+  url: string
+  channel: string
+  onNotify: (payload?: string) => void
+  logger: Logger | undefined
+  ownListeners: Set<number>
+  /** Sends a NOTIFY with this payload on the channel the way the replicas send theirs (through the pool). */
+  sendProbe: (payload: string) => Promise<void>
+  /** Whether the probe came back within LISTENER_PROBE_MS. */
+  onProbe: (heard: boolean) => void
+}): () => Promise<void> {
   const stopping = new AbortController()
   let client: pg.Client | undefined
   const run = async () => {
     let failures = 0
     while (!stopping.signal.aborted) {
       const connection = new pg.Client({
-        connectionString: databaseUrl,
+        connectionString: url,
         keepAlive: true,
         connectionTimeoutMillis: 5_000,
         application_name: listenerName(channel),
@@ -288,8 +343,15 @@ function listenOnPostgres(
           resolve()
         })
       })
+      // a probe's payload is no wake-up, this listener's or another replica's
+      let probe: { payload: string; heard: () => void } | undefined
       connection.on('notification', (message) => {
-        if (message.channel === channel) onNotify(message.payload)
+        if (message.channel !== channel) return
+        if (message.payload?.startsWith(PROBE_PREFIX)) {
+          if (message.payload === probe?.payload) probe.heard()
+          return
+        }
+        onNotify(message.payload)
       })
       try {
         await connection.connect()
@@ -298,6 +360,21 @@ function listenOnPostgres(
         await connection.query(`LISTEN ${connection.escapeIdentifier(channel)}`)
         failures = 0
         onNotify()
+        const payload = `${PROBE_PREFIX}${randomUUID()}`
+        const heard = new Promise<boolean>((resolve) => (probe = { payload, heard: () => resolve(true) }))
+        void Promise.race([
+          heard,
+          // a NOTIFY that could not be sent (the database away) tells nothing
+          sendProbe(payload).then(
+            () => delay(LISTENER_PROBE_MS, false, { signal: stopping.signal }),
+            () => undefined,
+          ),
+          ended.then(() => undefined),
+        ])
+          .then((answer) => {
+            if (answer !== undefined && !stopping.signal.aborted) onProbe(answer)
+          })
+          .catch(() => {})
         await ended
       } catch (error) {
         if (!stopping.signal.aborted) logger?.warn({ err: describeDatabaseError(error) }, 'notification listener cannot connect')

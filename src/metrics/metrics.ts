@@ -27,6 +27,8 @@ export interface MetricsSources {
   dueOrders?: () => Promise<{ ordersDue: number; oldestDueAgeS: number }>
   /** Deliveries parked as unmatched (no order for their reference yet), and the age of the oldest. */
   parkedDeliveries?: () => Promise<{ parked: number; oldestParkedAgeS: number }>
+  /** Whether the listener hears notifications sent through the pool (DatabaseHandle.notificationsHeard); Postgres only. */
+  notificationsHeard?: () => boolean | undefined
   /** Database connections: in use, idle, and callers waiting for one. */
   poolStats?: () => { total: number; idle: number; waiting: number }
   /** Reaction jobs still to run or failed, and the age of the oldest still to run. */
@@ -243,6 +245,17 @@ export function createMetrics(
     }, {
       name: 'database_read_only',
       help: '1 when the database takes no writes (a standby, a failover under way, default_transaction_read_only): webhooks are answered 503; no sample when it did not answer',
+      registers: [registry],
+    })
+  }
+  const notificationsHeard = sources.notificationsHeard
+  if (notificationsHeard) {
+    new OptionalGauge(() => {
+      const heard = notificationsHeard()
+      return heard === undefined ? undefined : Number(heard)
+    }, {
+      name: 'database_notifications_heard',
+      help: "1 when this replica's listener heard the NOTIFY it sent itself through the pool on its last (re)connect, 0 when it did not within 10 s (a pooler in transaction mode: set DATABASE_LISTEN_URL); no sample before the first answer",
       registers: [registry],
     })
   }
