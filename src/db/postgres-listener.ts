@@ -1,0 +1,112 @@
+// A replica's one LISTEN connection on Postgres (DatabaseHandle.listen): outside the pool, reconnecting with
+// backoff, and probing on each (re)connect whether what is sent through the pool reaches it (behind a
+// connection pooler in transaction mode nothing does: DATABASE_LISTEN_URL).
+import { randomUUID } from 'node:crypto'
+import { setTimeout as delay } from 'node:timers/promises'
+import pg from 'pg'
+import type { Logger } from '../logger.js'
+import { describeDatabaseError } from './database-errors.js'
+
+/** How long a listener waits for its probe, the NOTIFY it sends itself through the pool on each (re)connect. */
+export const LISTENER_PROBE_MS = 10_000
+// a probe's payload: no wake-up, for this listener or another replica's
+const PROBE_PREFIX = 'listener-probe:'
+
+// what every listener connection calls itself in pg_stat_activity, so other processes can count them
+export const listenerName = (channel: string) => `partner-escrow listen ${channel}`.slice(0, 63)
+
+// LISTEN needs a session of its own for as long as it listens: a pooled client would be handed to other
+// queries. The loop connects, listens and waits for the connection's end; every failure (Postgres down,
+// the connection cut) is logged and retried with a doubling delay capped at 30 s, so a listener never
+// ends the process. After each (re)connect onNotify runs once: what was committed while no connection
+// listened is found by looking. Then the listener sends itself a probe through the pool (sendProbe) and
+// reports whether it came within LISTENER_PROBE_MS (onProbe); a probe's payload is never a wake-up.
+export function listenOnPostgres({
+  url,
+  channel,
+  onNotify,
+  logger,
+  ownListeners,
+  sendProbe,
+  onProbe,
+}: {
+  url: string
+  channel: string
+  onNotify: (payload?: string) => void
+  logger: Logger | undefined
+  ownListeners: Set<number>
+  /** Sends a NOTIFY with this payload on the channel the way the replicas send theirs (through the pool). */
+  sendProbe: (payload: string) => Promise<void>
+  /** Whether the probe came back within LISTENER_PROBE_MS. */
+  onProbe: (heard: boolean) => void
+}): () => Promise<void> {
+  const stopping = new AbortController()
+  let client: pg.Client | undefined
+  const run = async () => {
+    let failures = 0
+    while (!stopping.signal.aborted) {
+      const connection = new pg.Client({
+        connectionString: url,
+        keepAlive: true,
+        connectionTimeoutMillis: 5_000,
+        application_name: listenerName(channel),
+      })
+      client = connection
+      const ended = new Promise<void>((resolve) => {
+        connection.on('end', resolve)
+        connection.on('error', (error) => {
+          if (!stopping.signal.aborted) logger?.warn({ err: describeDatabaseError(error) }, 'notification listener connection lost')
+          resolve()
+        })
+      })
+      // a probe's payload is no wake-up, this listener's or another replica's
+      let probe: { payload: string; heard: () => void } | undefined
+      connection.on('notification', (message) => {
+        if (message.channel !== channel) return
+        if (message.payload?.startsWith(PROBE_PREFIX)) {
+          if (message.payload === probe?.payload) probe.heard()
+          return
+        }
+        onNotify(message.payload)
+      })
+      try {
+        await connection.connect()
+        const pid = (connection as unknown as { processID: number | null }).processID
+        if (pid !== null) ownListeners.add(pid)
+        await connection.query(`LISTEN ${connection.escapeIdentifier(channel)}`)
+        failures = 0
+        onNotify()
+        const payload = `${PROBE_PREFIX}${randomUUID()}`
+        const heard = new Promise<boolean>((resolve) => (probe = { payload, heard: () => resolve(true) }))
+        void Promise.race([
+          heard,
+          // a NOTIFY that could not be sent (the database away) tells nothing
+          sendProbe(payload).then(
+            () => delay(LISTENER_PROBE_MS, false, { signal: stopping.signal }),
+            () => undefined,
+          ),
+          ended.then(() => undefined),
+        ])
+          .then((answer) => {
+            if (answer !== undefined && !stopping.signal.aborted) onProbe(answer)
+          })
+          .catch(() => {})
+        await ended
+      } catch (error) {
+        if (!stopping.signal.aborted) logger?.warn({ err: describeDatabaseError(error) }, 'notification listener cannot connect')
+      }
+      const pid = (connection as unknown as { processID: number | null }).processID
+      if (pid !== null) ownListeners.delete(pid)
+      connection.end().catch(() => {})
+      if (stopping.signal.aborted) break
+      failures += 1
+      await delay(Math.min(30_000, 250 * 2 ** Math.min(failures, 7)), undefined, { signal: stopping.signal }).catch(() => {})
+    }
+  }
+  const running = run()
+  return async () => {
+    stopping.abort()
+    await client?.end().catch(() => {})
+    await running
+  }
+}
