@@ -8,13 +8,12 @@ import { type ChildProcess, execFileSync, spawn } from 'node:child_process'
 import { randomBytes } from 'node:crypto'
 import { once } from 'node:events'
 import { mkdtempSync, writeFileSync } from 'node:fs'
-import { createServer, type Server } from 'node:http'
-import type { AddressInfo } from 'node:net'
 import { tmpdir } from 'node:os'
 import path from 'node:path'
 import pg from 'pg'
 import { afterAll, beforeAll, expect, it } from 'vitest'
 import { freePort, runCli, spawnCli } from './helpers/cli-process.js'
+import { type ForwardReceiver, startForwardReceiver } from './helpers/forward-receiver.js'
 import { TEST_API_KEY_ID, TEST_API_SECRET, TEST_WEBHOOK_SECRET } from './helpers/test-config.js'
 import { describePostgres, postgresUrl } from './helpers/test-database.js'
 import { signBody, tradePayload } from './helpers/webhook-delivery.js'
@@ -139,21 +138,11 @@ describePooler('behind PgBouncer in transaction mode (Postgres)', () => {
     return undefined
   }
 
-  // the partner's receiver of forwarded events: the ids it got, in order
-  const startReceiver = async () => {
-    const forwarded: string[] = []
-    const receiver: Server = createServer((request, response) => {
-      forwarded.push(String(request.headers['webhook-id']))
-      request.resume().on('end', () => response.writeHead(204).end())
-    })
-    receiver.listen(0, '127.0.0.1')
-    await once(receiver, 'listening')
-    const forwarding = {
-      FORWARD_URL: `http://127.0.0.1:${(receiver.address() as AddressInfo).port}/events`,
-      FORWARD_SECRET: `whsec_${randomBytes(32).toString('base64')}`,
-    }
-    return { forwarded, forwarding, close: () => receiver.close() }
-  }
+  // the forwarder's settings, posting to the partner's receiver
+  const forwardingTo = (receiver: ForwardReceiver) => ({
+    FORWARD_URL: receiver.url,
+    FORWARD_SECRET: `whsec_${randomBytes(32).toString('base64')}`,
+  })
 
   const deliverTo = async (url: string, n: number, reference: string, status: string) => {
     const body = JSON.stringify(tradePayload(reference, status))
@@ -166,9 +155,9 @@ describePooler('behind PgBouncer in transaction mode (Postgres)', () => {
   }
 
   it('migrates, takes every delivery, applies each once and forwards each transition', async () => {
-    const receiver = await startReceiver()
+    const receiver = await startForwardReceiver()
     // with its listener on a direct connection, as README advises behind such a pooler
-    const { child, lines, url, adminUrl } = await startServe({ ...receiver.forwarding, DATABASE_LISTEN_URL: direct.toString() })
+    const { child, lines, url, adminUrl } = await startServe({ ...forwardingTo(receiver), DATABASE_LISTEN_URL: direct.toString() })
     const seed = new pg.Client({ connectionString: direct.toString() })
     await seed.connect()
     await seed.query(`insert into orders (external_reference) select 'pool-' || g from generate_series(0, ${ORDERS - 1}) g`)
@@ -196,7 +185,7 @@ describePooler('behind PgBouncer in transaction mode (Postgres)', () => {
     ])
     await seed.end()
     // every transition reaches the partner's receiver
-    const count = () => new Set(receiver.forwarded).size
+    const count = () => new Set(receiver.received.map((request) => request.headers['webhook-id'])).size
     for (let waited = 0; count() < 2 * ORDERS && waited < 60_000; waited += 100) await new Promise((resolve) => setTimeout(resolve, 100))
     expect(count()).toBe(2 * ORDERS)
     // the listener on DATABASE_LISTEN_URL hears what is sent through the pooler
@@ -213,7 +202,7 @@ describePooler('behind PgBouncer in transaction mode (Postgres)', () => {
     child.kill('SIGTERM')
     const [code] = await once(child, 'exit')
     expect(code).toBe(0)
-    receiver.close()
+    await receiver.close()
   }, 180_000)
 
   // LISTEN through the pooler: the pooler lends the listening session to others once its statement is done,
@@ -241,8 +230,8 @@ describePooler('behind PgBouncer in transaction mode (Postgres)', () => {
     // a failed case leaves it open until afterAll drops the database under it
     seed.on('error', () => {})
     await seed.query(`insert into orders (external_reference) select 'wake-' || g from generate_series(0, 2) g`)
-    const receiver = await startReceiver()
-    const settings = { ...receiver.forwarding, DATABASE_LISTEN_URL: direct.toString() }
+    const receiver = await startForwardReceiver()
+    const settings = { ...forwardingTo(receiver), DATABASE_LISTEN_URL: direct.toString() }
     const holder = await startServe(settings)
     // the first replica took the forwarder's stream (its lease lasts REACTION_LEASE_S, 300 s, renewed as it reads)
     const leaseHolder = async () => {
@@ -261,12 +250,12 @@ describePooler('behind PgBouncer in transaction mode (Postgres)', () => {
     expect(await notificationsHeard(holder.adminUrl)).toBe(1)
     const waits: number[] = []
     for (let n = 0; n < 3; n++) {
-      const before = receiver.forwarded.length
+      const before = receiver.received.length
       const sent = Date.now()
       expect(await deliverTo(other.url, 1_000 + n, `wake-${n}`, 'funded')).toBe(200)
       // far below the 30 s between looks, far above a wake's milliseconds
-      while (receiver.forwarded.length === before && Date.now() - sent < 15_000) await new Promise((resolve) => setTimeout(resolve, 20))
-      waits.push(receiver.forwarded.length > before ? Date.now() - sent : Number.POSITIVE_INFINITY)
+      while (receiver.received.length === before && Date.now() - sent < 15_000) await new Promise((resolve) => setTimeout(resolve, 20))
+      waits.push(receiver.received.length > before ? Date.now() - sent : Number.POSITIVE_INFINITY)
     }
     expect(waits.filter((wait) => wait > 15_000)).toEqual([])
     // the holder forwarded them: the stream's lease never moved to the other replica
@@ -276,7 +265,7 @@ describePooler('behind PgBouncer in transaction mode (Postgres)', () => {
       replica.child.kill('SIGTERM')
       expect((await once(replica.child, 'exit'))[0]).toBe(0)
     }
-    receiver.close()
+    await receiver.close()
   }, 120_000)
 
   // Kysely's migrator takes a session's advisory lock and gives it back as two statements: the pooler sent them

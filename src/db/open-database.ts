@@ -59,7 +59,6 @@ export interface DatabaseHandle {
   holdLock(key: number): Promise<(() => Promise<void>) | undefined>
 }
 
-
 export interface OpenDatabaseOptions {
   /** postgres:// URL; when absent, embedded PGlite is used. */
   databaseUrl?: string | undefined
@@ -293,7 +292,6 @@ async function holdLockOnPostgres(databaseUrl: string, key: number, logger: Logg
     await client.end().catch(() => {})
   }
 }
-
 
 /** False until PGlite initialised DATA_DIR (its first start, which takes seconds). */
 export function embeddedDatabaseExists(dataDir: string): boolean {
