@@ -10,6 +10,7 @@ import path from 'node:path'
 import bytes from 'bytes'
 import { z } from 'zod'
 import { dataDirProblem } from './data-dir.js'
+import { DEFAULT_STATEMENT_TIMEOUT_MS } from './db/statement-timeout.js'
 import { DEFAULT_LOG_BUFFER_LIMIT } from './logger.js'
 import { decodeWebhookSecret, MIN_WEBHOOK_SECRET_BYTES, WEBHOOK_SECRET_PREFIX } from './reactions/forwarder.js'
 
@@ -36,6 +37,11 @@ export interface Config {
   /** The LISTEN connection's URL when it is not databaseUrl (a direct one beside a pooler in transaction mode). */
   readonly databaseListenUrl: string | undefined
   readonly databasePoolSize: number
+  /**
+   * Postgres: the database cancels a statement of the service's after this (statement_timeout); the client
+   * stops waiting 1 s later.
+   */
+  readonly databaseStatementTimeoutMs: number
   readonly dataDir: string
   /**
    * DATA_DIR_MIN_FREE: with the embedded database on disk, deliveries are answered 503 while DATA_DIR's file
@@ -182,6 +188,7 @@ const EnvSchema = z.object({
     .regex(/^postgres(ql)?:\/\//, 'must be a postgres:// or postgresql:// URL')
     .optional(),
   DATABASE_POOL_SIZE: positiveInt.max(200).default(10),
+  DATABASE_STATEMENT_TIMEOUT_MS: positiveInt.min(100).max(3_600_000).default(DEFAULT_STATEMENT_TIMEOUT_MS),
   DATA_DIR: z.string().min(1).default('./data'),
   // 0 turns the guard off
   DATA_DIR_MIN_FREE: sizeOf(true).default(128 * 1024 * 1024),
@@ -394,6 +401,7 @@ export function parseConfig(
     databaseUrl: values.DATABASE_URL,
     databaseListenUrl: values.DATABASE_LISTEN_URL,
     databasePoolSize: values.DATABASE_POOL_SIZE,
+    databaseStatementTimeoutMs: values.DATABASE_STATEMENT_TIMEOUT_MS,
     dataDir,
     dataDirMinFreeBytes: values.DATA_DIR_MIN_FREE,
     logLevel: values.LOG_LEVEL,

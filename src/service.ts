@@ -18,6 +18,7 @@ import type { Config } from './config.js'
 import { type DatabaseHandle, embeddedDatabaseExists, openDatabase } from './db/open-database.js'
 import { pingDatabase } from './db/ping-database.js'
 import { prepareDatabase } from './db/prepare-database.js'
+import { checkStatementTimeout } from './db/statement-timeout.js'
 import { watchStorage } from './db/storage-guard.js'
 import { createAdminApp } from './http/admin-app.js'
 import { createApp } from './http/app.js'
@@ -112,6 +113,7 @@ export async function startService({
       listenUrl: config.databaseListenUrl,
       dataDir: config.dataDir,
       poolSize: config.databasePoolSize,
+      statementTimeoutMs: config.databaseStatementTimeoutMs,
       logger,
     })
     stops.push({ name: 'database', stop: () => database.close() })
@@ -280,6 +282,7 @@ export async function startService({
     const whenReady = (async () => {
       const { applied } = await prepareDatabase({ db: database.db, logger, clock, signal: startUp.signal })
       logger.info({ applied, database: database.kind }, 'migrations applied')
+      await checkStatementTimeout(database, logger)
       if (startUp.signal.aborted || draining) return
       if (config.poll.enabled) {
         poller = await runLoop('poller', pollerOf(`${hostname()}:${process.pid}`, metrics ? metrics.pollerHooks(clock) : {}))

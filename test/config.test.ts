@@ -226,6 +226,17 @@ describe('configuration', () => {
     ])
   })
 
+  it('takes DATABASE_STATEMENT_TIMEOUT_MS from 100 ms to an hour, 14 s by default', () => {
+    expect(parseConfig(remoteEnv).databaseStatementTimeoutMs).toBe(14_000)
+    expect(parseConfig({ ...remoteEnv, DATABASE_STATEMENT_TIMEOUT_MS: '2500' }).databaseStatementTimeoutMs).toBe(2_500)
+    expect(problemsOf({ ...remoteEnv, DATABASE_STATEMENT_TIMEOUT_MS: '50' }).map((problem) => problem.split(':')[0])).toEqual([
+      'DATABASE_STATEMENT_TIMEOUT_MS',
+    ])
+    expect(problemsOf({ ...remoteEnv, DATABASE_STATEMENT_TIMEOUT_MS: '14s' }).map((problem) => problem.split(':')[0])).toEqual([
+      'DATABASE_STATEMENT_TIMEOUT_MS',
+    ])
+  })
+
   describe('reactions and the forwarder', () => {
     const forwardSecret = `whsec_${Buffer.alloc(32, 9).toString('base64')}`
 

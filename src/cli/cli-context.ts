@@ -106,6 +106,7 @@ export async function withDatabase<T>(
     databaseUrl: config.databaseUrl,
     dataDir: config.dataDir,
     poolSize: 2,
+    statementTimeoutMs: config.databaseStatementTimeoutMs,
     logger,
   })
   try {

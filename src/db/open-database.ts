@@ -12,6 +12,7 @@ import type { Database } from './database.js'
 import { PgliteThread } from './pglite-thread.js'
 import { LISTENER_PROBE_MS, listenerName, listenOnPostgres } from './postgres-listener.js'
 import { makeDirectoryPrivate } from './private-directory.js'
+import { DEFAULT_STATEMENT_TIMEOUT_MS, STATEMENT_ANSWER_GRACE_MS } from './statement-timeout.js'
 
 export type DatabaseKind = 'postgres' | 'pglite'
 
@@ -49,6 +50,12 @@ export interface DatabaseHandle {
    */
   notificationsHeard?(): boolean | undefined
   /**
+   * Postgres: the statement_timeout the database applies to the pool's statements (ms, 0: none), beside the one
+   * asked for. They differ behind a connection pooler that refuses or drops the startup parameter: there the
+   * role's own setting (ALTER ROLE … SET statement_timeout) is what bounds a statement. PGlite: absent.
+   */
+  statementTimeoutInEffect?(): Promise<{ ms: number; wanted: number }>
+  /**
    * Takes the advisory lock `key` if no other session holds it, in a transaction of its own on a connection
    * outside the pool, open until the returned release is called: resolves to that release, or to undefined when
    * another session holds the lock. The open transaction keeps one server session behind a pooler in transaction
@@ -72,6 +79,12 @@ export interface OpenDatabaseOptions {
   /** A `dumpDataDir()` tarball for PGlite to start from instead of initialising an empty cluster (tests). */
   pgliteTemplate?: Blob | undefined
   poolSize?: number
+  /**
+   * Postgres: the database cancels a statement of the pool's that runs longer than this (statement_timeout,
+   * sent when each connection starts), and the client stops waiting for an answer STATEMENT_ANSWER_GRACE_MS
+   * later. Default DEFAULT_STATEMENT_TIMEOUT_MS.
+   */
+  statementTimeoutMs?: number
   logger?: Logger
 }
 
@@ -103,13 +116,15 @@ interface PreparingHooks {
   onConnectionError: (error: Error) => void
   /** Once: named statements failed as through a pooler in transaction mode; none is prepared from now on. */
   onPreparingOff: (code: string) => void
+  /** The startup parameters each new connection sends besides the pool's own (statement_timeout). */
+  startupParameters: () => pg.ClientConfig
 }
 
-function preparingClient({ onConnectionError, onPreparingOff }: PreparingHooks): typeof pg.Client {
+function preparingClient({ onConnectionError, onPreparingOff, startupParameters }: PreparingHooks): typeof pg.Client {
   let preparing = true
   return class PreparingClient extends pg.Client {
     constructor(config?: string | pg.ClientConfig) {
-      super(config)
+      super(typeof config === 'object' ? { ...config, ...startupParameters() } : config)
       this.on('error', onConnectionError)
     }
 
@@ -195,7 +210,23 @@ function literalOf(value: unknown): string | undefined {
   return `${tag}${text}${tag}`
 }
 
-function openPostgres(databaseUrl: string, { poolSize = 10, logger, listenUrl }: OpenDatabaseOptions): DatabaseHandle {
+// A statement that outlives the client's wait used to run on after its caller had answered 503: a delivery
+// held up by a lock another session kept (an operator's open transaction) was written once the lock went, after
+// the platform had been told to send it again, and the pool's connection stayed behind the statement, so the
+// next statements given that connection waited and failed too. The database now cancels the statement itself
+// (statement_timeout, a startup parameter of every connection), so a 503 leaves nothing behind, and the
+// connection is free again at once.
+//
+// A connection pooler may refuse that startup parameter (PgBouncer: 08P01 "unsupported startup parameter"); the
+// pool's connections then start without it, and the service says so at start-up (statementTimeoutInEffect).
+const refusesStartupTimeout = (error: unknown) =>
+  (error as { code?: unknown }).code === '08P01' && /statement_timeout/.test((error as Error).message)
+
+function openPostgres(
+  databaseUrl: string,
+  { poolSize = 10, logger, listenUrl, statementTimeoutMs = DEFAULT_STATEMENT_TIMEOUT_MS }: OpenDatabaseOptions,
+): DatabaseHandle {
+  let timeoutOnConnect = true
   const connectionLost = (error: Error) => {
     logger?.warn({ err: describeDatabaseError(error) }, 'database connection lost')
   }
@@ -205,21 +236,36 @@ function openPostgres(databaseUrl: string, { poolSize = 10, logger, listenUrl }:
       'named prepared statements fail on this database connection (a pooler in transaction mode?): statements are no longer prepared',
     )
   }
+  const Client = preparingClient({
+    onConnectionError: connectionLost,
+    onPreparingOff: preparingOff,
+    startupParameters: () => (timeoutOnConnect ? { statement_timeout: statementTimeoutMs } : {}),
+  })
   const pool = new pg.Pool({
-    Client: preparingClient({ onConnectionError: connectionLost, onPreparingOff: preparingOff }),
+    Client,
     connectionString: databaseUrl,
     max: poolSize,
     connectionTimeoutMillis: 5_000,
     idleTimeoutMillis: 30_000,
     // a statement stuck behind a dead connection must fail fast so the caller can answer 503
-    query_timeout: 15_000,
+    query_timeout: statementTimeoutMs + STATEMENT_ANSWER_GRACE_MS,
     keepAlive: true,
   })
   // an idle client that loses its connection is removed and reported on the pool as well; its own
   // listener above has logged it already, and without a listener here the pool's 'error' would be fatal
   pool.on('error', () => {})
+  // a connection refused for its statement_timeout is made again without it, and so is every later one
+  const connect = async () => {
+    try {
+      return await pool.connect()
+    } catch (error) {
+      if (!refusesStartupTimeout(error)) throw error
+      timeoutOnConnect = false
+      return pool.connect()
+    }
+  }
   const db = new Kysely<Database>({
-    dialect: new PostgresDialect({ pool }),
+    dialect: new PostgresDialect({ pool: { connect, end: () => pool.end(), options: pool.options, Client } }),
     plugins: [new CamelCasePlugin()],
   })
   // the backend pids of this handle's listener connections
@@ -255,6 +301,10 @@ function openPostgres(databaseUrl: string, { poolSize = 10, logger, listenUrl }:
         },
       }),
     notificationsHeard: () => hearing,
+    statementTimeoutInEffect: async () => {
+      const { rows } = await sql<{ ms: number }>`select setting::int as ms from pg_settings where name = 'statement_timeout'`.execute(db)
+      return { ms: rows[0]?.ms ?? 0, wanted: statementTimeoutMs }
+    },
     otherListeners: async (channel) => {
       if (ownListeners.size === 0) return undefined
       const { rows } = await pool.query<{ own: number; others: number }>(
