@@ -213,7 +213,7 @@ export async function startService({
             ? [
                 localCliRoutes({
                   token: localCliToken,
-                  context: { config, db: database.db, holdLock: database.holdLock, logger, reactions },
+                  context: { config, db: database.db, holdLock: database.holdLock, withoutTimeouts: database.withoutTimeouts, logger, reactions },
                   runCommand,
                   whenReady: databaseReady,
                 }),
@@ -280,7 +280,7 @@ export async function startService({
       return loop
     }
     const whenReady = (async () => {
-      const { applied } = await prepareDatabase({ db: database.db, logger, clock, signal: startUp.signal })
+      const { applied } = await prepareDatabase({ database, logger, clock, signal: startUp.signal })
       logger.info({ applied, database: database.kind }, 'migrations applied')
       await checkStatementTimeout(database, logger)
       if (startUp.signal.aborted || draining) return

@@ -5,9 +5,14 @@
 // by hand), and the pool's connections it held made the next statements given them wait and fail too.
 import type { ChildProcess } from 'node:child_process'
 import { once } from 'node:events'
+import { mkdtempSync } from 'node:fs'
+import { tmpdir } from 'node:os'
+import path from 'node:path'
 import { sql } from 'kysely'
+import { Migrator } from 'kysely/migration'
 import pg from 'pg'
 import { afterAll, beforeAll, expect, it } from 'vitest'
+import { migrations } from '../migrations/index.js'
 import { spawnCli, waitForLogLine } from './helpers/cli-process.js'
 import { TEST_API_KEY_ID, TEST_API_SECRET, TEST_WEBHOOK_SECRET } from './helpers/test-config.js'
 import { createTestDatabase, describePostgres, type TestDatabase } from './helpers/test-database.js'
@@ -15,6 +20,33 @@ import { signBody, tradePayload } from './helpers/webhook-delivery.js'
 
 const APPLICATION = 'statement-timeout-serve'
 const HELD = 10
+
+const serveEnv = (databaseUrl: string) => ({
+  DATABASE_URL: databaseUrl,
+  DATABASE_STATEMENT_TIMEOUT_MS: '1500',
+  DATA_DIR: mkdtempSync(path.join(tmpdir(), 'statement-timeout-')),
+  PORT: '0',
+  ADMIN_PORT: '0',
+  LOG_LEVEL: 'info',
+  POLL_ENABLED: 'false',
+  PARTNER_API_BASE_URL: 'http://127.0.0.1:1',
+  PARTNER_API_KEY_ID: TEST_API_KEY_ID,
+  PARTNER_API_SECRET: TEST_API_SECRET,
+  WEBHOOK_SECRETS: TEST_WEBHOOK_SECRET,
+})
+
+/** Every JSON line the child writes to stdout, parsed. */
+function logLinesOf(child: ChildProcess): Record<string, unknown>[] {
+  const lines: Record<string, unknown>[] = []
+  let buffer = ''
+  child.stdout!.on('data', (chunk: Buffer) => {
+    buffer += chunk
+    const parts = buffer.split('\n')
+    buffer = parts.pop()!
+    for (const line of parts) if (line.startsWith('{')) lines.push(JSON.parse(line) as Record<string, unknown>)
+  })
+  return lines
+}
 
 describePostgres('statements held up by another session (Postgres, the compiled serve)', () => {
   let database: TestDatabase
@@ -61,26 +93,8 @@ describePostgres('statements held up by another session (Postgres, the compiled 
   it('answers 503, leaves nothing to be written later, and frees its connections while the lock is still held', async () => {
     const url = new URL(database.url!)
     url.searchParams.set('application_name', APPLICATION)
-    child = spawnCli(
-      ['serve'],
-      {
-        DATABASE_URL: url.toString(),
-        DATABASE_STATEMENT_TIMEOUT_MS: '1500',
-        PORT: '0',
-        ADMIN_PORT: '0',
-        LOG_LEVEL: 'info',
-        POLL_ENABLED: 'false',
-        PARTNER_API_BASE_URL: 'http://127.0.0.1:1',
-        PARTNER_API_KEY_ID: TEST_API_KEY_ID,
-        PARTNER_API_SECRET: TEST_API_SECRET,
-        WEBHOOK_SECRETS: TEST_WEBHOOK_SECRET,
-      },
-      { built: true },
-    )
-    const lines: Record<string, unknown>[] = []
-    child.stdout!.on('data', (chunk: Buffer) => {
-      for (const line of chunk.toString().split('\n')) if (line.startsWith('{')) lines.push(JSON.parse(line) as Record<string, unknown>)
-    })
+    child = spawnCli(['serve'], serveEnv(url.toString()), { built: true })
+    const lines = logLinesOf(child)
     const serviceUrl = String((await waitForLogLine(child, 'service listening', 60_000)).url)
 
     // an operator's session keeps the held orders locked
@@ -121,5 +135,54 @@ describePostgres('statements held up by another session (Postgres, the compiled 
     expect(new Set(errors.map((line) => `${String(line.msg)} ${(line.err as { code?: string }).code}`))).toEqual(new Set(['webhook not stored 57014']))
     child.kill('SIGTERM')
     expect((await once(child, 'exit'))[0]).toBe(0)
+  }, 180_000)
+
+  // The migrations run on a connection of their own without the timeout: one may index a large table for
+  // minutes, or wait for a lock, as here. Before, the statement was ended (by the client's wait, 15 s), and the
+  // start-up tried again and again, each time cancelled again, for as long as the migration needed longer
+  it('runs a migration that waits longer than the statement timeout to its end, at the first attempt', async () => {
+    const old = await createTestDatabase({ migrate: false })
+    const operator = new pg.Client({ connectionString: old.url })
+    let upgrading: ChildProcess | undefined
+    try {
+      const { rows } = await sql<{ schema: string }>`select current_schema() as schema`.execute(old.db)
+      const migrator = new Migrator({ db: old.db, provider: { getMigrations: async () => migrations }, migrationTableSchema: rows[0]!.schema })
+      expect((await migrator.migrateTo('0009_reaction_streams')).error).toBeUndefined()
+      // an operator's open transaction reads reaction_jobs: migration 0010 replaces one of its indexes, which waits
+      await operator.connect()
+      await operator.query('begin')
+      await operator.query('select count(*) from reaction_jobs')
+
+      const url = new URL(old.url!)
+      url.searchParams.set('application_name', `${APPLICATION}-upgrade`)
+      upgrading = spawnCli(['serve'], serveEnv(url.toString()), { built: true })
+      const lines = logLinesOf(upgrading)
+      // the migration waits on the lock, and goes on waiting for twice the statement timeout (read by another
+      // session: one in a transaction sees pg_stat_activity as it was at the transaction's first look)
+      const migrationWaits = async () => {
+        const { rows: waiting } = await watcher.query<{ n: number }>(
+          `select count(*)::int as n from pg_stat_activity where application_name = $1 and wait_event_type = 'Lock'`,
+          [`${APPLICATION}-upgrade`],
+        )
+        return waiting[0]!.n === 1
+      }
+      for (let waited = 0; !(await migrationWaits()); waited += 100) {
+        if (waited > 60_000) throw new Error(`the migration never waited on the lock:\n${JSON.stringify(lines)}`)
+        await new Promise((resolve) => setTimeout(resolve, 100))
+      }
+      await new Promise((resolve) => setTimeout(resolve, 3_000))
+      expect(await migrationWaits()).toBe(true)
+      await operator.query('commit')
+
+      const applied = await waitForLogLine(upgrading, 'migrations applied', 60_000)
+      expect(applied.applied).toEqual(['0010_done_jobs_out_of_the_state_index', '0011_reaction_stream_batches'])
+      expect(lines.filter((line) => line.msg === 'database not available at start-up; retrying')).toEqual([])
+      upgrading.kill('SIGTERM')
+      expect((await once(upgrading, 'exit'))[0]).toBe(0)
+    } finally {
+      if (upgrading && upgrading.exitCode === null && upgrading.signalCode === null) upgrading.kill('SIGKILL')
+      await operator.end()
+      await old.close()
+    }
   }, 180_000)
 })

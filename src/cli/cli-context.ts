@@ -20,6 +20,8 @@ export interface CliContext {
   db: Kysely<Database>
   /** The database handle's advisory lock held in a transaction of its own (open-database.ts); `prune` needs it. */
   holdLock?: DatabaseHandle['holdLock'] | undefined
+  /** Runs the migrations where no statement timeout ends them (open-database.ts); `migrate` uses it. */
+  withoutTimeouts?: DatabaseHandle['withoutTimeouts'] | undefined
   /** The service's reaction handlers; when absent, the ones its config names (configured-reactions.ts). */
   reactions?: ReactionRouting | undefined
 }
@@ -110,8 +112,15 @@ export async function withDatabase<T>(
     logger,
   })
   try {
-    if (migrate) await migrateToLatest(database.db)
-    return await run({ config, logger, db: database.db, holdLock: database.holdLock, reactions: configuredReactions(config, { logger }) })
+    if (migrate) await database.withoutTimeouts(migrateToLatest)
+    return await run({
+      config,
+      logger,
+      db: database.db,
+      holdLock: database.holdLock,
+      withoutTimeouts: database.withoutTimeouts,
+      reactions: configuredReactions(config, { logger }),
+    })
   } finally {
     await database.close()
   }

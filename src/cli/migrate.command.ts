@@ -8,7 +8,10 @@ export function registerMigrateCommand(program: Command): void {
     .option('--json', 'print the result as JSON')
     .action(async (options: { json?: boolean }) => {
       const { migrateToLatest } = await import('../db/migrate.js')
-      const { applied } = await withDatabase(({ db }) => migrateToLatest(db), { migrate: false })
+      const { applied } = await withDatabase(
+        ({ db, withoutTimeouts }) => (withoutTimeouts ? withoutTimeouts(migrateToLatest) : migrateToLatest(db)),
+        { migrate: false },
+      )
       if (options.json) printJson({ applied })
       else write(applied.length ? `applied: ${applied.join(', ')}\n` : 'migrations are current\n')
     })

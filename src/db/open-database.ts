@@ -64,6 +64,12 @@ export interface DatabaseHandle {
    * else can open its data directory.
    */
   holdLock(key: number): Promise<(() => Promise<void>) | undefined>
+  /**
+   * Runs `work` where no timeout of the service's ends a statement, for the migrations, which may rewrite or index
+   * a large table for minutes: on Postgres a connection of its own, opened for it and closed after, without the
+   * pool's statement_timeout and its wait for an answer. PGlite: on `db`, where no statement is bounded.
+   */
+  withoutTimeouts<T>(work: (db: Kysely<Database>) => Promise<T>): Promise<T>
 }
 
 export interface OpenDatabaseOptions {
@@ -317,6 +323,22 @@ function openPostgres(
       return row && row.own > 0 ? row.others : undefined
     },
     holdLock: (key) => holdLockOnPostgres(databaseUrl, key, logger),
+    withoutTimeouts: async (work) => {
+      const single = new pg.Pool({
+        Client: preparingClient({ onConnectionError: connectionLost, onPreparingOff: preparingOff, startupParameters: () => ({}) }),
+        connectionString: databaseUrl,
+        max: 1,
+        connectionTimeoutMillis: 5_000,
+        keepAlive: true,
+      })
+      single.on('error', () => {})
+      const unbounded = new Kysely<Database>({ dialect: new PostgresDialect({ pool: single }), plugins: [new CamelCasePlugin()] })
+      try {
+        return await work(unbounded)
+      } finally {
+        await unbounded.destroy()
+      }
+    },
     close: () => db.destroy(),
   }
 }
@@ -394,6 +416,7 @@ function openPglite({ dataDir = 'memory://', logger, pgliteTemplate }: OpenDatab
     // one process, one connection: the statement's NOTIFY reaches this same session on commit
     otherListeners: async () => 0,
     holdLock: async () => async () => {},
+    withoutTimeouts: (work) => work(db),
     listen: async (channel, onNotify) => {
       const unlisten = await pglite.listen(channel, (payload) => onNotify(payload))
       return async () => {

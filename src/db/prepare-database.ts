@@ -2,25 +2,25 @@
 // way, the network not up): migrate, and while the database is unavailable try again with capped,
 // jittered backoff, one JSON log line per attempt. Anything else (a failed migration, a refused
 // password, a database that does not exist) is thrown: retrying cannot fix it.
-import type { Kysely } from 'kysely'
 import type { Clock } from '../clock.js'
 import type { Logger } from '../logger.js'
 import { backoffDelayS, type BackoffSettings } from '../reconcile/backoff-delay.js'
 import { describeDatabaseError } from './database-errors.js'
-import type { Database } from './database.js'
+import type { DatabaseHandle } from './open-database.js'
 import { type MigrationReport, migrateToLatest } from './migrate.js'
 
 export const START_UP_BACKOFF: BackoffSettings = { baseS: 0.5, capS: 10 }
 
 export async function prepareDatabase({
-  db,
+  database,
   logger,
   clock,
   signal,
   backoff = START_UP_BACKOFF,
   random = Math.random,
 }: {
-  db: Kysely<Database>
+  /** The migrations run where no statement timeout ends them (withoutTimeouts). */
+  database: Pick<DatabaseHandle, 'withoutTimeouts'>
   logger: Logger
   clock: Clock
   /** Aborted when the service stops before the database came up. */
@@ -30,7 +30,7 @@ export async function prepareDatabase({
 }): Promise<MigrationReport> {
   for (let attempt = 1; ; attempt++) {
     try {
-      return await migrateToLatest(db)
+      return await database.withoutTimeouts(migrateToLatest)
     } catch (error) {
       const reason = describeDatabaseError(error)
       if (reason.kind !== 'unavailable' || signal.aborted) throw error

@@ -63,6 +63,7 @@ export function useTestDatabase(options: TestDatabaseOptions = {}): TestDatabase
     listen: (channel, onNotify) => database().listen(channel, onNotify),
     otherListeners: (channel) => database().otherListeners(channel),
     holdLock: (key) => database().holdLock(key),
+    withoutTimeouts: (work) => database().withoutTimeouts(work),
     openAnother: () => database().openAnother(),
     close: () => database().close(),
   }
