@@ -42,12 +42,12 @@ export async function migrateToLatest(db: Kysely<Database>): Promise<MigrationRe
   let outcome: MigrationResultSet
   try {
     outcome = await db.transaction().execute(async (trx) => {
-      // first, a lock of the transaction's own: the migrator creates its tables before taking its lock, and two
-      // processes creating them at once inside transactions would leave one aborted (its error caught, the
-      // transaction unusable)
       // no statement_timeout, the role's or the database's included: a migration may index a large table for
       // minutes, and a process waiting here for another's migrations waits until they are done
       await sql`set local statement_timeout = 0`.execute(trx)
+      // then a lock of the transaction's own: the migrator creates its tables before taking its lock, and two
+      // processes creating them at once inside transactions would leave one aborted (its error caught, the
+      // transaction unusable)
       await sql`select pg_advisory_xact_lock(${MIGRATION_LOCK_KEY}::bigint)`.execute(trx)
       const result = await (await createMigrator(trx)).migrateToLatest()
       if (result.error) throw new MigrationFailed(result)
