@@ -12,9 +12,8 @@ import { tmpdir } from 'node:os'
 import path from 'node:path'
 import pg from 'pg'
 import { afterAll, beforeAll, expect, it } from 'vitest'
-import { freePort, runCli, spawnCli } from './helpers/cli-process.js'
+import { freePort, jsonLogLines, receiverEnv, runCli, spawnCli } from './helpers/cli-process.js'
 import { type ForwardReceiver, startForwardReceiver } from './helpers/forward-receiver.js'
-import { TEST_API_KEY_ID, TEST_API_SECRET, TEST_WEBHOOK_SECRET } from './helpers/test-config.js'
 import { describePostgres, postgresUrl } from './helpers/test-database.js'
 import { signBody, tradePayload } from './helpers/webhook-delivery.js'
 
@@ -98,16 +97,8 @@ describePooler('behind PgBouncer in transaction mode (Postgres)', () => {
   })
 
   const env = (extra: Record<string, string> = {}) => ({
+    ...receiverEnv(mkdtempSync(path.join(tmpdir(), 'pooler-data-'))),
     DATABASE_URL: pooled.toString(),
-    DATA_DIR: mkdtempSync(path.join(tmpdir(), 'pooler-data-')),
-    PORT: '0',
-    ADMIN_PORT: '0',
-    LOG_LEVEL: 'info',
-    POLL_ENABLED: 'false',
-    PARTNER_API_BASE_URL: 'http://127.0.0.1:1',
-    PARTNER_API_KEY_ID: TEST_API_KEY_ID,
-    PARTNER_API_SECRET: TEST_API_SECRET,
-    WEBHOOK_SECRETS: TEST_WEBHOOK_SECRET,
     ...extra,
   })
 
@@ -115,14 +106,7 @@ describePooler('behind PgBouncer in transaction mode (Postgres)', () => {
   const startServe = async (extra: Record<string, string>) => {
     const child = spawnCli(['serve'], env(extra), { built: true })
     children.push(child)
-    const lines: Record<string, unknown>[] = []
-    let buffer = ''
-    child.stdout!.on('data', (chunk: Buffer) => {
-      buffer += chunk
-      const parts = buffer.split('\n')
-      buffer = parts.pop()!
-      for (const line of parts) if (line.startsWith('{')) lines.push(JSON.parse(line) as Record<string, unknown>)
-    })
+    const lines = jsonLogLines(child)
     let stderr = ''
     child.stderr!.on('data', (chunk) => (stderr += chunk))
     for (;;) {

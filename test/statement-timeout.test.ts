@@ -13,8 +13,7 @@ import { Migrator } from 'kysely/migration'
 import pg from 'pg'
 import { afterAll, beforeAll, expect, it } from 'vitest'
 import { migrations } from '../migrations/index.js'
-import { spawnCli, waitForLogLine } from './helpers/cli-process.js'
-import { TEST_API_KEY_ID, TEST_API_SECRET, TEST_WEBHOOK_SECRET } from './helpers/test-config.js'
+import { jsonLogLines, receiverEnv, spawnCli, waitForLogLine } from './helpers/cli-process.js'
 import { createTestDatabase, describePostgres, type TestDatabase } from './helpers/test-database.js'
 import { signBody, tradePayload } from './helpers/webhook-delivery.js'
 
@@ -22,31 +21,10 @@ const APPLICATION = 'statement-timeout-serve'
 const HELD = 10
 
 const serveEnv = (databaseUrl: string) => ({
+  ...receiverEnv(mkdtempSync(path.join(tmpdir(), 'statement-timeout-'))),
   DATABASE_URL: databaseUrl,
   DATABASE_STATEMENT_TIMEOUT_MS: '1500',
-  DATA_DIR: mkdtempSync(path.join(tmpdir(), 'statement-timeout-')),
-  PORT: '0',
-  ADMIN_PORT: '0',
-  LOG_LEVEL: 'info',
-  POLL_ENABLED: 'false',
-  PARTNER_API_BASE_URL: 'http://127.0.0.1:1',
-  PARTNER_API_KEY_ID: TEST_API_KEY_ID,
-  PARTNER_API_SECRET: TEST_API_SECRET,
-  WEBHOOK_SECRETS: TEST_WEBHOOK_SECRET,
 })
-
-/** Every JSON line the child writes to stdout, parsed. */
-function logLinesOf(child: ChildProcess): Record<string, unknown>[] {
-  const lines: Record<string, unknown>[] = []
-  let buffer = ''
-  child.stdout!.on('data', (chunk: Buffer) => {
-    buffer += chunk
-    const parts = buffer.split('\n')
-    buffer = parts.pop()!
-    for (const line of parts) if (line.startsWith('{')) lines.push(JSON.parse(line) as Record<string, unknown>)
-  })
-  return lines
-}
 
 describePostgres('statements held up by another session (Postgres, the compiled serve)', () => {
   let database: TestDatabase
@@ -94,7 +72,7 @@ describePostgres('statements held up by another session (Postgres, the compiled 
     const url = new URL(database.url!)
     url.searchParams.set('application_name', APPLICATION)
     child = spawnCli(['serve'], serveEnv(url.toString()), { built: true })
-    const lines = logLinesOf(child)
+    const lines = jsonLogLines(child)
     const serviceUrl = String((await waitForLogLine(child, 'service listening', 60_000)).url)
 
     // an operator's session keeps the held orders locked
@@ -156,7 +134,7 @@ describePostgres('statements held up by another session (Postgres, the compiled 
       const url = new URL(old.url!)
       url.searchParams.set('application_name', `${APPLICATION}-upgrade`)
       upgrading = spawnCli(['serve'], serveEnv(url.toString()), { built: true })
-      const lines = logLinesOf(upgrading)
+      const lines = jsonLogLines(upgrading)
       // the migration waits on the lock, and goes on waiting for twice the statement timeout (read by another
       // session: one in a transaction sees pg_stat_activity as it was at the transaction's first look)
       const migrationWaits = async () => {

@@ -101,6 +101,19 @@ export function waitForLogLine(
   })
 }
 
+/** Every JSON line the child writes to stdout from now on, parsed, in a list that grows as they come. */
+export function jsonLogLines(child: ChildProcess): Record<string, unknown>[] {
+  const lines: Record<string, unknown>[] = []
+  let buffer = ''
+  child.stdout!.on('data', (chunk: Buffer) => {
+    buffer += chunk
+    const parts = buffer.split('\n')
+    buffer = parts.pop()!
+    for (const line of parts) if (line.startsWith('{')) lines.push(JSON.parse(line) as Record<string, unknown>)
+  })
+  return lines
+}
+
 /** A port nothing listens on right now, for a child that must be told its port in advance. */
 export async function freePort(): Promise<number> {
   const { createServer } = await import('node:net')
