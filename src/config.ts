@@ -12,6 +12,7 @@ import { z } from 'zod'
 import { dataDirProblem } from './data-dir.js'
 import { DEFAULT_STATEMENT_TIMEOUT_MS } from './db/statement-timeout.js'
 import { DEFAULT_LOG_BUFFER_LIMIT } from './logger.js'
+import { DEFAULT_MAX_ANSWER_BYTES } from './partner-api/partner-api-transport.js'
 import { decodeWebhookSecret, MIN_WEBHOOK_SECRET_BYTES, WEBHOOK_SECRET_PREFIX } from './reactions/forwarder.js'
 
 export const MIN_SECRET_LENGTH = 24
@@ -76,6 +77,8 @@ export interface Config {
     readonly keyId: string
     readonly secret: string
     readonly timeoutMs: number
+    /** The most of an answer's body read (PARTNER_API_ANSWER_LIMIT); past it the call fails, the rest unread. */
+    readonly maxAnswerBytes: number
   }
   readonly poll: {
     readonly enabled: boolean
@@ -211,6 +214,7 @@ const EnvSchema = z.object({
   PARTNER_API_KEY_ID: z.string().min(1).optional(),
   PARTNER_API_SECRET: z.string().optional(),
   PARTNER_API_TIMEOUT_MS: positiveInt.default(10_000),
+  PARTNER_API_ANSWER_LIMIT: byteSize.default(DEFAULT_MAX_ANSWER_BYTES),
   POLL_ENABLED: booleanString.default(true),
   POLL_INTERVAL_S: positiveInt.default(30),
   POLL_CONCURRENCY: positiveInt.max(256).default(8),
@@ -428,6 +432,7 @@ export function parseConfig(
       keyId: values.PARTNER_API_KEY_ID ?? generated!.apiKeyId,
       secret: values.PARTNER_API_SECRET ?? generated!.apiSecret,
       timeoutMs: values.PARTNER_API_TIMEOUT_MS,
+      maxAnswerBytes: values.PARTNER_API_ANSWER_LIMIT,
     },
     poll: {
       enabled: values.POLL_ENABLED,

@@ -209,6 +209,14 @@ describe('configuration', () => {
       'LOG_BUFFER_LIMIT: "0" is not a size such as 256kb',
     ])
   })
+  it('reads at most 1 MiB of a platform answer by default (PARTNER_API_ANSWER_LIMIT), never an unbounded one', () => {
+    expect(parseConfig(remoteEnv).partner.maxAnswerBytes).toBe(1024 * 1024)
+    expect(parseConfig({ ...remoteEnv, PARTNER_API_ANSWER_LIMIT: '8mb' }).partner.maxAnswerBytes).toBe(8 * 1024 * 1024)
+    expect(problemsOf({ ...remoteEnv, PARTNER_API_ANSWER_LIMIT: '0' })).toEqual([
+      'PARTNER_API_ANSWER_LIMIT: "0" is not a size such as 256kb',
+    ])
+  })
+
 
   it('takes DATABASE_LISTEN_URL beside DATABASE_URL only, as a postgres URL', () => {
     const pooled = 'postgres://app@pooler:6432/escrow'

@@ -22,5 +22,6 @@ export function createPartnerApiClient(
     env: config.partner.env,
     kind: config.partner.kind,
     timeoutMs: config.partner.timeoutMs,
+    maxAnswerBytes: config.partner.maxAnswerBytes,
   })
 }

@@ -4,7 +4,14 @@
 // Only GET is retried: on network errors, timeouts, 429 and 5xx, with capped exponential backoff and equal
 // jitter, or after the answer's Retry-After. A POST carries no idempotency key, so a second send could
 // create or move a trade twice; the caller decides (see src/trades/open-trade-for-order.ts).
+//
+// An answer is read up to `maxAnswerBytes` and no further: past it the connection is closed and the call
+// fails with PartnerInvalidResponseError, so an answer without an end (a proxy's stream, a broken gateway)
+// cannot fill the process's memory within the timeout.
+import { Readable } from 'node:stream'
+import type { ReadableStream as NodeReadableStream } from 'node:stream/web'
 import { anySignal } from 'any-signal'
+import getRawBody from 'raw-body'
 import type { z } from 'zod'
 import type { Clock } from '../clock.js'
 import type { Logger } from '../logger.js'
@@ -43,6 +50,8 @@ export interface TransportOptions {
   secret: string
   /** Per attempt: from sending the request to the last byte of the answer. */
   timeoutMs: number
+  /** The most of an answer's body read, decoded; 1 MiB by default. */
+  maxAnswerBytes?: number
   clock: Clock
   logger: Logger
   fetch?: typeof fetch
@@ -60,6 +69,9 @@ export interface CallOptions {
 
 export type Method = 'GET' | 'POST'
 
+/** A trade record is a few kB; an answer larger than this is not one. */
+export const DEFAULT_MAX_ANSWER_BYTES = 1024 * 1024
+
 interface RawAnswer {
   status: number
   headers: Headers
@@ -69,6 +81,7 @@ interface RawAnswer {
 export class PartnerApiTransport {
   readonly baseUrl: string
   readonly timeoutMs: number
+  readonly maxAnswerBytes: number
   private readonly origin: string
   private readonly pathPrefix: string
   private readonly keyId: string
@@ -91,12 +104,15 @@ export class PartnerApiTransport {
       throw new Error(`Partner API base URL "${options.baseUrl}" must be http(s)`)
     }
     if (!(options.timeoutMs > 0)) throw new Error('Partner API timeoutMs must be a positive number')
+    const maxAnswerBytes = options.maxAnswerBytes ?? DEFAULT_MAX_ANSWER_BYTES
+    if (!(maxAnswerBytes > 0)) throw new Error('Partner API maxAnswerBytes must be a positive number')
     this.origin = base.origin
     this.pathPrefix = base.pathname.replace(/\/+$/, '')
     this.baseUrl = `${this.origin}${this.pathPrefix}`
     this.keyId = options.keyId
     this.secret = options.secret
     this.timeoutMs = options.timeoutMs
+    this.maxAnswerBytes = maxAnswerBytes
     this.clock = options.clock
     this.logger = options.logger
     this.fetch = options.fetch ?? globalThis.fetch
@@ -127,7 +143,10 @@ export class PartnerApiTransport {
       try {
         answer = await this.send(method, url, path, body, attempt, signal)
       } catch (error) {
-        const transient = error instanceof PartnerNetworkError || error instanceof PartnerTimeoutError
+        // an answer too large to read is not sent again: it would be as large the next time
+        const transient =
+          (error instanceof PartnerNetworkError && !(error instanceof PartnerInvalidResponseError)) ||
+          error instanceof PartnerTimeoutError
         if (!transient || attempt >= maxAttempts) throw error
         await this.clock.sleep(this.backoffMs(attempt), signal)
         continue
@@ -185,10 +204,20 @@ export class PartnerApiTransport {
     try {
       // redirect: manual, so a signed body is never re-sent to another address
       const response = await this.fetch(url, { method, headers, body, signal, redirect: 'manual' })
-      const text = await response.text()
+      const text = await readAnswer(response, this.maxAnswerBytes)
+      if (text === undefined) {
+        log({ status: response.status, error: 'answer too large' })
+        throw new PartnerInvalidResponseError(
+          `${method} ${path}: the platform answered ${response.status} with a body larger than ` +
+            `${this.maxAnswerBytes.toLocaleString('en-US')} bytes, the most this client reads; the rest was not read`,
+          response.status,
+          '(body)',
+        )
+      }
       log({ status: response.status })
       return { status: response.status, headers: response.headers, text }
     } catch (error) {
+      if (error instanceof PartnerInvalidResponseError) throw error
       if (timeout.signal.aborted) {
         log({ error: 'timeout' })
         throw new PartnerTimeoutError(
@@ -218,6 +247,23 @@ export class PartnerApiTransport {
   private backoffMs(attempt: number): number {
     const step = Math.min(this.retry.maxDelayMs, this.retry.baseDelayMs * 2 ** (attempt - 1))
     return Math.round(step / 2 + (this.random() * step) / 2)
+  }
+}
+
+/**
+ * The answer's body as text (UTF-8, as `response.text()` decodes it), or undefined once it passes `limit`
+ * bytes: then reading stops there and the connection is closed.
+ */
+async function readAnswer(response: Response, limit: number): Promise<string | undefined> {
+  if (!response.body) return ''
+  const stream = Readable.fromWeb(response.body as NodeReadableStream)
+  try {
+    return await getRawBody(stream, { limit, encoding: 'utf-8' })
+  } catch (error) {
+    if ((error as { type?: string }).type === 'entity.too.large') return undefined
+    throw error
+  } finally {
+    stream.destroy()
   }
 }
 
