@@ -8,6 +8,7 @@ import { createRequire } from 'node:module'
 import pino, { type Logger } from 'pino'
 import { loggableError } from './db/database-errors.js'
 import { isOutputGone } from './output-gone.js'
+import { printableLines } from './printable.js'
 
 export type { Logger }
 
@@ -227,7 +228,7 @@ export async function stdioWritten(timeoutMs: number): Promise<boolean> {
 // One line per event for a person at a terminal, through process.stdout in order with the banner. pino-pretty
 // is a development dependency: without it (an install that left those out) the lines stay JSON.
 function humanReadableStdout(limitBytes: number, logger: () => Logger | undefined): pino.DestinationStream | undefined {
-  let format: (line: string) => string
+  let format: (line: string | object) => string
   try {
     const { prettyFactory } = createRequire(import.meta.url)('pino-pretty') as typeof import('pino-pretty')
     format = prettyFactory({
@@ -243,9 +244,30 @@ function humanReadableStdout(limitBytes: number, logger: () => Logger | undefine
   return {
     write: (line: string) => {
       if (process.stdout.writableLength >= limitBytes) dropped()
-      else process.stdout.write(format(line))
+      else process.stdout.write(format(withoutControls(line)))
     },
   }
+}
+
+// pino-pretty undoes JSON's escapes and prints an error's stack as it is, so a control code in text from
+// outside (the platform's error message, a webhook's field) would reach the terminal: each string's controls
+// are shown as \uXXXX first (line feeds and tabs kept, for stacks). Only for the readable lines, which a
+// person reads on a terminal; JSON lines keep every value exact.
+function withoutControls(line: string): Record<string, unknown> | string {
+  try {
+    return escapeStrings(JSON.parse(line)) as Record<string, unknown>
+  } catch {
+    return printableLines(line)
+  }
+}
+
+function escapeStrings(value: unknown): unknown {
+  if (typeof value === 'string') return printableLines(value)
+  if (Array.isArray(value)) return value.map(escapeStrings)
+  if (value !== null && typeof value === 'object') {
+    return Object.fromEntries(Object.entries(value).map(([key, inner]) => [printableLines(key), escapeStrings(inner)]))
+  }
+  return value
 }
 
 /**

@@ -13,6 +13,7 @@ import type { Database } from '../db/database.js'
 import type { DatabaseHandle } from '../db/open-database.js'
 import type { Logger } from '../logger.js'
 import type { ReactionRouting } from '../reactions/reaction-registry.js'
+import { printable, printableLines } from '../printable.js'
 
 export interface CliContext {
   config: Config
@@ -61,14 +62,19 @@ export function runInScope<T>(cliScope: CliScope, run: () => Promise<T>): Promis
   return scope.run(cliScope, run)
 }
 
-/** Writes command output (stdout, or the captured output when run inside the service). */
-export function write(text: string): void {
-  ;(scope.getStore()?.stdout ?? process.stdout).write(text)
+/** A template whose every value is printable(): `escaped\`${trade.trade_id} is ${trade.status}\n\``. */
+export function escaped(strings: TemplateStringsArray, ...values: unknown[]): string {
+  return strings.reduce((text, literal, i) => text + printable(String(values[i - 1])) + literal)
 }
 
-/** Writes a message for the operator (stderr, or captured). */
+/** Writes command output (stdout, or the captured output when run inside the service), its controls escaped. */
+export function write(text: string): void {
+  ;(scope.getStore()?.stdout ?? process.stdout).write(printableLines(text))
+}
+
+/** Writes a message for the operator (stderr, or captured), its controls escaped. */
 export function writeError(text: string): void {
-  ;(scope.getStore()?.stderr ?? process.stderr).write(text)
+  ;(scope.getStore()?.stderr ?? process.stderr).write(printableLines(text))
 }
 
 export function setExitCode(code: number): void {
@@ -138,7 +144,7 @@ export function printTable(rows: Record<string, unknown>[], empty = '(none)'): v
   }
   const columns = Object.keys(rows[0]!)
   const cell = (value: unknown) =>
-    value === null || value === undefined ? '-' : value instanceof Date ? value.toISOString() : String(value)
+    value === null || value === undefined ? '-' : value instanceof Date ? value.toISOString() : printable(String(value))
   const widths = columns.map((column) =>
     Math.max(column.length, ...rows.map((row) => cell(row[column]).length)),
   )

@@ -2,6 +2,7 @@
 import type { Command } from 'commander'
 import { InvalidArgumentError } from 'commander'
 import { DELIVERY_OUTCOMES } from '../webhooks/delivery-outcome.js'
+import { printable } from '../printable.js'
 import { positiveInteger } from './cli-arguments.js'
 import { printJson, printTable, setExitCode, withDatabase, write, writeError } from './cli-context.js'
 
@@ -73,8 +74,9 @@ export function registerDeliveriesCommands(program: Command): void {
           write(
             Object.entries(delivery)
               .map(([key, value]) => {
-                const shown = key === 'rawBody' && value === null ? prunedNote : value
-                return `${key.padEnd(18)} ${shown instanceof Date ? shown.toISOString() : (shown ?? '-')}`
+                if (key === 'rawBody') return `${key.padEnd(18)} ${value === null ? prunedNote : value}`
+                // a field on its line; the raw body, last, keeps its own lines
+                return `${key.padEnd(18)} ${value instanceof Date ? value.toISOString() : printable(String(value ?? '-'))}`
               })
               .join('\n') + '\n',
           )

@@ -1,7 +1,7 @@
 // `disputes open`: open a dispute on an order's trade, naming the acting party (the API never infers it).
 import type { Command } from 'commander'
 import type { Party } from '../partner-api/types.js'
-import { printJson, write } from './cli-context.js'
+import { escaped, printJson, write } from './cli-context.js'
 import { withTradeDeps } from './trades.command.js'
 
 export function registerDisputesCommands(program: Command): void {
@@ -29,7 +29,7 @@ export function registerDisputesCommands(program: Command): void {
           }),
         )
         if (options.json) printJson({ dispute })
-        else write(`${reference}: dispute ${dispute.dispute_id} opened by the ${dispute.party ?? '?'} (${dispute.status ?? '?'})\n`)
+        else write(escaped`${reference}: dispute ${dispute.dispute_id} opened by the ${dispute.party ?? '?'} (${dispute.status ?? '?'})\n`)
       },
     )
 }

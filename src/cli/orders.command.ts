@@ -1,5 +1,6 @@
 // `orders create|show|list`: the partner's orders as the service keeps them.
 import type { Command } from 'commander'
+import { printable } from '../printable.js'
 import { positiveInteger } from './cli-arguments.js'
 import { printJson, printTable, setExitCode, withDatabase, write, writeError } from './cli-context.js'
 
@@ -47,7 +48,7 @@ export function registerOrdersCommands(program: Command): void {
       await withDatabase(async ({ db }) => {
         const order = await findOrderByExternalReference(db, externalReference)
         if (!order) {
-          writeError(`No order with external reference ${externalReference}\n`)
+          writeError(`No order with external reference ${printable(externalReference)}\n`)
           setExitCode(1)
           return
         }
@@ -58,9 +59,9 @@ export function registerOrdersCommands(program: Command): void {
         }
         write(
           [
-            `order      ${order.externalReference} (id ${order.id})`,
-            `status     ${order.tradeStatus ?? '-'}${order.statusSource ? ` (by ${order.statusSource})` : ''}`,
-            `trade      ${order.tradeId ?? '-'} ${order.tradeReference ?? ''}`.trimEnd(),
+            `order      ${printable(order.externalReference)} (id ${order.id})`,
+            `status     ${printable(order.tradeStatus ?? '-')}${order.statusSource ? ` (by ${order.statusSource})` : ''}`,
+            `trade      ${printable(order.tradeId ?? '-')} ${printable(order.tradeReference ?? '')}`.trimEnd(),
             `create     ${order.tradeCreateState}`,
             `next poll  ${order.nextPollAt?.toISOString() ?? '-'}`,
             ...(order.attention ? [`attention  ${order.attention}`] : []),

@@ -2,7 +2,7 @@
 // and the other accepts (accepting splits the funds at once; no release step follows).
 import type { Command } from 'commander'
 import type { Party, ProposalOutcome } from '../partner-api/types.js'
-import { printJson, UsageError, write } from './cli-context.js'
+import { escaped, printJson, UsageError, write } from './cli-context.js'
 import { withTradeDeps } from './trades.command.js'
 
 export function registerProposalsCommands(program: Command): void {
@@ -33,7 +33,7 @@ export function registerProposalsCommands(program: Command): void {
           }),
         )
         if (options.json) printJson({ proposal })
-        else write(`${reference}: proposal ${proposal.proposal_id} (${proposal.outcome ?? '?'}) is ${proposal.status ?? '?'}\n`)
+        else write(escaped`${reference}: proposal ${proposal.proposal_id} (${proposal.outcome ?? '?'}) is ${proposal.status ?? '?'}\n`)
       },
     )
 
@@ -64,8 +64,8 @@ export function registerProposalsCommands(program: Command): void {
         if (options.json) printJson(result)
         else {
           write(
-            `${reference}: proposal ${result.proposal.proposal_id} is ${result.proposal.status ?? '?'}; ` +
-              `trade ${result.trade.trade_id} is ${result.trade.status}\n`,
+            escaped`${reference}: proposal ${result.proposal.proposal_id} is ${result.proposal.status ?? '?'}; ` +
+              escaped`trade ${result.trade.trade_id} is ${result.trade.status}\n`,
           )
         }
       },

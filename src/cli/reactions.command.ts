@@ -2,6 +2,7 @@
 // way out of the dead letter. A failed job holds back its order's later events for its handler: retry it
 // once the cause is fixed, or skip it to let them through.
 import { Command, InvalidArgumentError, Option } from 'commander'
+import { printable } from '../printable.js'
 import { positiveInteger } from './cli-arguments.js'
 import { printJson, printTable, setExitCode, UsageError, withDatabase, write, writeError } from './cli-context.js'
 
@@ -147,10 +148,4 @@ function report(
 function oneLine(text: string): string {
   const flat = printable(text.replace(/\s+/g, ' '))
   return flat.length > 120 ? `${flat.slice(0, 119)}…` : flat
-}
-
-/** Text that came from outside (the platform, a receiver's answer) shown without terminal control codes. */
-function printable(text: string): string {
-  // eslint-disable-next-line no-control-regex
-  return text.replace(/[\u0000-\u001f\u007f-\u009f]/g, (char) => `\\u${char.charCodeAt(0).toString(16).padStart(4, '0')}`)
 }

@@ -10,7 +10,7 @@ import {
 import type { CreateTradeRequest, MilestoneInput, TradeRecord } from '../partner-api/types.js'
 import type { TradeDeps } from '../trades/trade-deps.js'
 import { TradeOperationError } from '../trades/trade-operation-error.js'
-import { printJson, UsageError, withDatabase, write } from './cli-context.js'
+import { escaped, printJson, UsageError, withDatabase, write } from './cli-context.js'
 
 /**
  * Runs a command with the trades service wired from the config, and turns its failures into the CLI's
@@ -64,13 +64,13 @@ function explainFailure(error: unknown, unknownOutcome: string): unknown {
 
 function printTrade(trade: TradeRecord, json: boolean | undefined, extra: Record<string, unknown> = {}): void {
   if (json) printJson({ ...extra, trade })
-  else write(`${trade.external_reference}: trade ${trade.trade_id} (${trade.reference}) is ${trade.status}\n`)
+  else write(escaped`${trade.external_reference}: trade ${trade.trade_id} (${trade.reference}) is ${trade.status}\n`)
 }
 
 // the ids are what `trades milestone deliver|release` takes
 function printMilestones(trade: TradeRecord): void {
   for (const item of trade.milestones ?? []) {
-    write(`  milestone ${item.milestone_id} ${item.title ?? '?'} ${item.amount ?? '?'}: ${item.status ?? '?'}\n`)
+    write(escaped`  milestone ${item.milestone_id} ${item.title ?? '?'} ${item.amount ?? '?'}: ${item.status ?? '?'}\n`)
   }
 }
 
@@ -171,7 +171,7 @@ export function registerTradesCommands(program: Command): void {
         }
         // the milestone first: it is what the command moved (the trade stays funded until the last release)
         const moved = trade.milestones?.find((item) => item.milestone_id === milestoneId)
-        if (moved) write(`${reference}: milestone ${moved.milestone_id} (${moved.title}) is ${moved.status}\n`)
+        if (moved) write(escaped`${reference}: milestone ${moved.milestone_id} (${moved.title}) is ${moved.status}\n`)
         printTrade(trade, false)
       })
   }
@@ -188,9 +188,9 @@ export function registerTradesCommands(program: Command): void {
         printJson({ order, trade })
         return
       }
-      write(`${reference}: trade ${trade.trade_id} (${trade.reference}) is ${trade.status} on the platform\n`)
+      write(escaped`${reference}: trade ${trade.trade_id} (${trade.reference}) is ${trade.status} on the platform\n`)
       printMilestones(trade)
-      if (trade.dispute) write(`  dispute ${trade.dispute.dispute_id}: ${trade.dispute.status ?? '?'}\n`)
+      if (trade.dispute) write(escaped`  dispute ${trade.dispute.dispute_id}: ${trade.dispute.status ?? '?'}\n`)
       write(`local order: ${JSON.stringify(order)}\n`)
     })
 }

@@ -1,0 +1,141 @@
+// Text from outside shown by the CLI: a webhook's fields and raw body, the platform's trade record. A
+// terminal acts on control codes (ESC sequences retitle the window, clear the screen, recolour or hide
+// text; a carriage return or a line feed forges a line), so none reaches the output as it is.
+import { spawn } from 'node:child_process'
+import { once } from 'node:events'
+import path from 'node:path'
+import { afterAll, beforeAll, describe, expect, it } from 'vitest'
+import { systemClock } from '../src/clock.js'
+import { createApp } from '../src/http/app.js'
+import { runCommand, runCommandWith } from './helpers/cli-in-process.js'
+import { childEnv } from './helpers/cli-process.js'
+import { testLogger } from './helpers/log-sink.js'
+import { tradeRecord } from './helpers/partner-api-fixtures.js'
+import { type RecordingServer, startRecordingServer } from './helpers/partner-api-recording-server.js'
+import { TEST_API_SECRET, testConfig } from './helpers/test-config.js'
+import { createTestDatabase, type TestDatabase } from './helpers/test-database.js'
+import { sendWebhook } from './helpers/webhook-delivery.js'
+
+// every control a terminal acts on, but the line feed and tab our own output is laid out with
+// eslint-disable-next-line no-control-regex
+const TERMINAL_CONTROL = /[\u0000-\u0008\u000b-\u001f\u007f-\u009f]/
+
+// an OSC that retitles the window, a CSI that clears the screen, its one-byte C1 form, a carriage return
+// and a line feed followed by what would read as a row or a field of its own
+const STATUS = 'funded\u001b]0;owned\u0007\u001b[2J\u009b31m'
+const REFERENCE = 'esc-1\rforged-order  released\nforged-row  released'
+const TRADE_REFERENCE = 'TRD-1\u0085\u007fforged'
+
+function expectNoControl(output: string) {
+  expect(output).not.toMatch(TERMINAL_CONTROL)
+  expect(output.split('\n').some((line) => line.startsWith('forged'))).toBe(false)
+}
+
+describe('the CLI shows text from outside without its control codes', () => {
+  let database: TestDatabase
+  let platform: RecordingServer
+  const config = testConfig()
+  const run = (...args: string[]) => runCommand(args, database.db, config)
+
+  beforeAll(async () => {
+    database = await createTestDatabase()
+    const app = createApp({ config, db: database.db, logger: testLogger(), clock: systemClock })
+    const body = JSON.stringify({ trade_id: 'trd_esc-1', reference: TRADE_REFERENCE, status: STATUS, external_reference: REFERENCE })
+    const stored = await sendWebhook(app, { body, deliveryId: 'dlv-esc-1' })
+    expect(stored.status).toBe(200)
+    // the order is made for the parked delivery, which is then applied to it
+    expect((await run('orders', 'create', '--external-reference', REFERENCE)).code).toBe(0)
+  })
+  afterAll(async () => {
+    await platform?.close()
+    await database.close()
+  })
+
+  it('orders list and show: every control shown as \\uXXXX, no forged line', async () => {
+    const list = await run('orders', 'list')
+    expect(list.code).toBe(0)
+    expectNoControl(list.stdout)
+    expect(list.stdout).toContain('esc-1\\u000dforged-order  released\\u000aforged-row  released')
+
+    const show = await run('orders', 'show', REFERENCE)
+    expect(show.code).toBe(0)
+    expectNoControl(show.stdout)
+    // a status the service does not know is stored with the delivery, not applied to the order
+    expect(show.stdout).toContain('trade      trd_esc-1 TRD-1\\u0085\\u007fforged')
+
+    const missing = await run('orders', 'show', 'nope\u001b[2J')
+    expect(missing.code).toBe(1)
+    expect(missing.stderr).toBe('No order with external reference nope\\u001b[2J\n')
+  })
+
+  it('deliveries list and show, the raw body included', async () => {
+    const list = await run('deliveries', 'list')
+    expectNoControl(list.stdout)
+    expect(list.stdout).toContain('trade.funded\\u001b]0;owned\\u0007\\u001b[2J\\u009b31m')
+
+    const show = await run('deliveries', 'show', 'dlv-esc-1')
+    expect(show.code).toBe(0)
+    expectNoControl(show.stdout)
+    // the body as received: JSON escapes the C0 controls itself; DEL and the C1 controls it leaves are shown
+    expect(show.stdout).toContain('"reference":"TRD-1\\u0085\\u007fforged"')
+  })
+
+  it('--json keeps the values exact: the escapes are JSON’s own', async () => {
+    const show = await run('orders', 'show', REFERENCE, '--json')
+    expectNoControl(show.stdout)
+    expect(JSON.parse(show.stdout)).toMatchObject({ externalReference: REFERENCE, tradeReference: TRADE_REFERENCE })
+    const delivery = await run('deliveries', 'show', 'dlv-esc-1', '--json')
+    expectNoControl(delivery.stdout)
+    expect(JSON.parse(delivery.stdout)).toMatchObject({ eventType: `trade.${STATUS}`, externalReference: REFERENCE })
+  })
+
+  it('trades get: the platform’s record', async () => {
+    platform = await startRecordingServer({
+      secret: TEST_API_SECRET,
+      answer: () => ({
+        status: 200,
+        body: tradeRecord({
+          trade_id: 'trd_esc-1',
+          reference: TRADE_REFERENCE,
+          status: STATUS,
+          external_reference: REFERENCE,
+          milestones: [{ milestone_id: 'm_1', title: 'frame\nforged-milestone', amount: '1.00', status: 'pending' }],
+        }),
+      }),
+    })
+    const context = { config: testConfig({ PARTNER_API_BASE_URL: platform.url }), logger: testLogger([TEST_API_SECRET]), db: database.db }
+    const get = await runCommandWith(['trades', 'get', REFERENCE], context)
+    expect(get.code).toBe(0)
+    expectNoControl(get.stdout)
+    expect(get.stdout).toContain('milestone m_1 frame\\u000aforged-milestone 1.00: pending')
+  })
+})
+
+describe('the readable log lines (LOG_PRETTY) show text from outside without its control codes', () => {
+  it('in a field, and in an error’s message and stack, which pino-pretty prints as they are', async () => {
+    const script = [
+      "import { createLogger, exitProcess, flushLogger } from './src/logger.ts'",
+      'const logger = createLogger({ level: "info", pretty: true })',
+      `const error = new Error(${JSON.stringify(`the platform said: ${STATUS}`)})`,
+      `logger.warn({ eventType: ${JSON.stringify(`trade.${STATUS}`)}, err: error }, 'webhook payload invalid')`,
+      'await flushLogger(logger, 10_000)',
+      'exitProcess(logger, 0)',
+    ].join('\n')
+    const child = spawn(process.execPath, ['--import', 'tsx', '--input-type=module', '-e', script], {
+      cwd: path.resolve(import.meta.dirname, '..'),
+      env: childEnv({}),
+      stdio: ['ignore', 'pipe', 'inherit'],
+    })
+    let stdout = ''
+    child.stdout.on('data', (chunk) => {
+      stdout += chunk
+    })
+    const [code] = await once(child, 'close')
+    expect(code).toBe(0)
+    expect(stdout).toContain('WARN: webhook payload invalid')
+    expect(stdout).not.toMatch(TERMINAL_CONTROL)
+    // the stack as it is, but for its controls; the message as JSON, its backslashes escaped once more
+    expect(stdout).toContain('Error: the platform said: funded\\u001b]0;owned\\u0007\\u001b[2J\\u009b31m\n')
+    expect(stdout).toContain('"message": "the platform said: funded\\\\u001b]0;owned\\\\u0007\\\\u001b[2J\\\\u009b31m"')
+  })
+})
