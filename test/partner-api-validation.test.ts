@@ -56,6 +56,9 @@ describe('request validation (nothing is sent when it fails)', () => {
     ['amount is zero', { amount: '0.00' }, 'amount'],
     ['currency is empty', { currency: '' }, 'currency'],
     ['external_reference is missing', { external_reference: undefined }, 'external_reference'],
+    // the platform echoes it in every webhook and answer, where a longer one is refused
+    ['external_reference is 201 characters', { external_reference: 'o'.repeat(201) }, 'external_reference'],
+    ['external_reference holds a NUL', { external_reference: 'order-1\u0000' }, 'external_reference'],
     ['seller_id is missing for a marketplace partner', { seller_id: undefined }, 'seller_id'],
     ['buyer_phone lacks the leading plus', { buyer_phone: '004915112345678' }, 'buyer_phone'],
     ['buyer_phone holds spaces', { buyer_phone: '+49 151 12345678' }, 'buyer_phone'],

@@ -70,6 +70,36 @@ describe('the poller in the service', () => {
     expect(running.poller?.running).toBe(false)
   })
 
+  it('backs an order off, storing nothing, when the platform answers a status no webhook could carry', async () => {
+    // 3,000 characters: more than an index entry holds (orders_status_idx), and more than a webhook may carry
+    platform = await startRecordingServer({
+      secret: TEST_API_SECRET,
+      answer: () => ({ status: 200, body: tradeRecord({ trade_id: 'tr_svc-long', status: 'x'.repeat(3_000), external_reference: 'svc-long' }) }),
+    })
+    const clock = new FakeClock()
+    const config = testConfig({ PARTNER_API_BASE_URL: platform.url, PORT: '0', POLL_INTERVAL_S: '30' })
+    service = await startService({ config, logger: testLogger([TEST_API_SECRET, TEST_WEBHOOK_SECRET]), clock })
+    await service.ready
+    await eventually(() => clock.sleeps.includes(30_000), 'the poller sleeps')
+    await insertOrders(service.database.db, [{ externalReference: 'svc-long', nextPollAt: new Date(clock.now() - 1_000) }])
+
+    await clock.advance(30_000)
+    await eventually(
+      async () => (await orderByReference(service!.database.db, 'svc-long')).pollLeaseToken === null,
+      'the poll is written back',
+    )
+    const order = await orderByReference(service.database.db, 'svc-long')
+    // unchanged, its lease given up, and due again after the first backoff (15 to 30 s), not at once
+    expect(order).toMatchObject({ tradeStatus: 'funded', pollAttempts: 1 })
+    const dueInMs = new Date(order.nextPollAt!).getTime() - clock.now()
+    expect(dueInMs).toBeGreaterThanOrEqual(15_000)
+    expect(dueInMs).toBeLessThanOrEqual(30_000)
+    const metrics = await (await fetch(`${service.adminUrl}/metrics`)).text()
+    expect(metrics).toMatch(/^poller_polls_total\{result="error"\} 1$/m)
+    const failure = logEntries().find((entry) => entry.msg === 'reconcile cycle done with errors: those orders back off')
+    expect(JSON.stringify(failure)).toContain('(status must be at most 200 characters)')
+  })
+
   it('does not start the poller when POLL_ENABLED=false', async () => {
     const config = testConfig({ PORT: '0', POLL_ENABLED: 'false' })
     service = await startService({ config, logger: testLogger(), clock: new FakeClock() })

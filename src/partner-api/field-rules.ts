@@ -5,6 +5,13 @@
 
 export const MIN_DISPUTE_REASON_LENGTH = 20
 
+/**
+ * A trade's id, reference, status and external reference, as the service stores and indexes them (orders,
+ * their history, the deliveries): at most this many UTF-16 units, whichever way they came (a webhook, an
+ * API answer, a poll).
+ */
+export const TRADE_FACT_MAX_LENGTH = 200
+
 // "12.50", "3", "0.5": no sign, no exponent, no thousands separators
 export const DECIMAL = /^\d+(\.\d+)?$/
 

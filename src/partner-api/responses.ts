@@ -10,9 +10,19 @@
 // - strict where we rely on a field: the ids we store or address calls with, and the trade status. A field
 //   that is present must have its documented type, so the typed record never lies.
 import { z } from 'zod'
+import { TRADE_FACT_MAX_LENGTH } from './field-rules.js'
 
 const text = z.string()
 const nullableText = z.string().nullable()
+
+// The four fields every observation of a trade is made of are stored and indexed: an answer is held to the
+// rule a webhook's payload is (src/webhooks/parse-delivery.ts), so a poll or an operation cannot store what
+// a delivery could not. A NUL is refused as Postgres's text cannot hold one.
+const tradeFact = z
+  .string()
+  .min(1, 'must not be empty')
+  .max(TRADE_FACT_MAX_LENGTH, `must be at most ${TRADE_FACT_MAX_LENGTH} characters`)
+  .refine((value) => !value.includes('\u0000'), 'must not hold a NUL character')
 
 // Full records: what the sandbox answers and the README documents.
 
@@ -54,11 +64,11 @@ export const fullDisputeSchema = z.looseObject({
 const fullResolutionSchema = z.looseObject({ outcome: text, buyer_pct: text, seller_pct: text })
 
 export const fullTradeSchema = z.looseObject({
-  trade_id: text,
-  reference: text,
+  trade_id: tradeFact,
+  reference: tradeFact,
   /** an open set: src/orders/trade-status.ts handles a status it does not know */
-  status: text,
-  external_reference: text,
+  status: tradeFact,
+  external_reference: tradeFact,
   title: text,
   amount: text,
   currency: text,

@@ -3,6 +3,7 @@
 // The platform's trade payload is four fields (trade_id, reference, status, external_reference); the
 // event kind is `trade.{status}`. A body with an `event` string names its own kind (seller.*, buyer.*,
 // or kinds we do not know). The spec does not show those payloads, so they are kept raw.
+import { TRADE_FACT_MAX_LENGTH } from '../partner-api/field-rules.js'
 
 export type ParsedDelivery =
   | {
@@ -61,7 +62,11 @@ export function classifyDelivery(body: Record<string, unknown>): ParsedDelivery 
   if (!isShortString(externalReference)) problems.push('external_reference')
   if (reference !== undefined && reference !== null && !isShortString(reference)) problems.push('reference')
   if (problems.length > 0) {
-    return { kind: 'invalid', eventType, problem: `missing or not a non-empty string (≤ 200 characters): ${problems.join(', ')}` }
+    return {
+      kind: 'invalid',
+      eventType,
+      problem: `missing or not a non-empty string (≤ ${TRADE_FACT_MAX_LENGTH} characters): ${problems.join(', ')}`,
+    }
   }
   return {
     kind: 'trade',
@@ -74,7 +79,7 @@ export function classifyDelivery(body: Record<string, unknown>): ParsedDelivery 
 }
 
 function isShortString(value: unknown): value is string {
-  return typeof value === 'string' && value.length > 0 && value.length <= 200
+  return typeof value === 'string' && value.length > 0 && value.length <= TRADE_FACT_MAX_LENGTH
 }
 
 /** JSON.parse of a body's text; a leading byte-order mark is not part of the JSON (RFC 8259 §8.1). */
