@@ -29,6 +29,19 @@ describe('orders and deliveries commands', () => {
     expect(JSON.parse(result.stdout)).toMatchObject({ externalReference: 'cli-1', tradeStatus: 'funded', appliedDeliveries: 1 })
   })
 
+  it('refuses with exit 2 a reference no webhook could carry: over 200 characters, empty, or holding a NUL', async () => {
+    for (const reference of ['r'.repeat(201), '', 'order\u0000-1']) {
+      const result = await run('orders', 'create', '--external-reference', reference)
+      expect(result.code).toBe(2)
+      expect(result.stderr).toBe(
+        'Invalid order: external_reference: must be 1 to 200 characters without a NUL, as every webhook for the order carries it\n',
+      )
+    }
+    expect((await run('orders', 'create', '--external-reference', 'r'.repeat(200))).code).toBe(0)
+    const orders = JSON.parse((await run('orders', 'list', '--json')).stdout) as { externalReference: string }[]
+    expect(orders.map((order) => order.externalReference.length)).not.toContain(201)
+  })
+
   it('refuses a second order with the same reference with exit 1', async () => {
     const result = await run('orders', 'create', '--external-reference', 'cli-1')
     expect(result.code).toBe(1)

@@ -89,6 +89,15 @@ describe('trades open', () => {
     expect(server.requests.length).toBe(before)
   })
 
+  it('exits 2 for an order reference over 200 characters, creating no order and sending nothing', async () => {
+    const before = server.requests.length
+    const result = await open('o'.repeat(201))
+    expect(result.code).toBe(2)
+    expect(result.stderr).toContain('external_reference: must be 1 to 200 characters')
+    expect(server.requests.length).toBe(before)
+    expect(await findOrderByExternalReference(database.db, 'o'.repeat(201))).toBeUndefined()
+  })
+
   it('exits 2 on a malformed --milestone or a missing required option', async () => {
     const badMilestone = await open(reference(), '--milestone', 'Frame-70')
     expect(badMilestone.code).toBe(2)

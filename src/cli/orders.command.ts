@@ -2,7 +2,7 @@
 import type { Command } from 'commander'
 import { printable } from '../printable.js'
 import { positiveInteger } from './cli-arguments.js'
-import { printJson, printTable, setExitCode, withDatabase, write, writeError } from './cli-context.js'
+import { printJson, printTable, setExitCode, UsageError, withDatabase, write, writeError } from './cli-context.js'
 
 export function registerOrdersCommands(program: Command): void {
   const orders = program.command('orders').description('the partner’s orders: create, show, list')
@@ -13,10 +13,11 @@ export function registerOrdersCommands(program: Command): void {
     .requiredOption('--external-reference <ref>', 'the order’s own id, sent to the platform as external_reference')
     .option('--json', 'print the order as JSON')
     .action(async (options: { externalReference: string; json?: boolean }) => {
-      const [{ createOrder }, { OrderExistsError }, { observationSettings }] = await Promise.all([
+      const [{ createOrder }, { OrderExistsError }, { observationSettings }, { PartnerValidationError }] = await Promise.all([
         import('../orders/create-order.js'),
         import('../orders/order.repository.js'),
         import('../orders/observations.js'),
+        import('../partner-api/partner-api-error.js'),
       ])
       await withDatabase(async ({ db, config, reactions }) => {
         try {
@@ -31,6 +32,7 @@ export function registerOrdersCommands(program: Command): void {
             if (appliedDeliveries > 0) write(`applied ${appliedDeliveries} parked webhook(s): status ${order.tradeStatus}\n`)
           }
         } catch (error) {
+          if (error instanceof PartnerValidationError) throw new UsageError(`Invalid order: ${error.message}`)
           if (!(error instanceof OrderExistsError)) throw error
           writeError(`${error.message}\n`)
           setExitCode(1)

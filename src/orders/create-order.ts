@@ -3,6 +3,8 @@
 // (its statement could not see the uncommitted order): between the two passes none is missed.
 import type { Kysely } from 'kysely'
 import type { Database } from '../db/database.js'
+import { isTradeFact, TRADE_FACT_MAX_LENGTH } from '../partner-api/field-rules.js'
+import { PartnerValidationError } from '../partner-api/partner-api-error.js'
 import { applyParkedDeliveries } from '../webhooks/parked-deliveries.js'
 import type { ObservationSettings } from './apply-observation.js'
 import type { Order } from './order.js'
@@ -13,6 +15,13 @@ export async function createOrder(
   { externalReference, now }: { externalReference: string; now: () => Date },
   settings: ObservationSettings,
 ): Promise<{ order: Order; appliedDeliveries: number }> {
+  // the platform echoes it in every webhook for the order, where a longer one is refused
+  if (!isTradeFact(externalReference)) {
+    throw new PartnerValidationError(
+      'external_reference',
+      `must be 1 to ${TRADE_FACT_MAX_LENGTH} characters without a NUL, as every webhook for the order carries it`,
+    )
+  }
   let applied = await db.transaction().execute(async (trx) => {
     await insertOrder(trx, externalReference)
     return applyParkedDeliveries(trx, externalReference, settings, now)

@@ -12,6 +12,11 @@ export const MIN_DISPUTE_REASON_LENGTH = 20
  */
 export const TRADE_FACT_MAX_LENGTH = 200
 
+/** A non-empty string of at most TRADE_FACT_MAX_LENGTH units without a NUL (Postgres's text cannot hold one). */
+export function isTradeFact(value: unknown): value is string {
+  return typeof value === 'string' && value.length > 0 && value.length <= TRADE_FACT_MAX_LENGTH && !value.includes('\u0000')
+}
+
 // "12.50", "3", "0.5": no sign, no exponent, no thousands separators
 export const DECIMAL = /^\d+(\.\d+)?$/
 

@@ -3,7 +3,7 @@
 // The platform's trade payload is four fields (trade_id, reference, status, external_reference); the
 // event kind is `trade.{status}`. A body with an `event` string names its own kind (seller.*, buyer.*,
 // or kinds we do not know). The spec does not show those payloads, so they are kept raw.
-import { TRADE_FACT_MAX_LENGTH } from '../partner-api/field-rules.js'
+import { isTradeFact, TRADE_FACT_MAX_LENGTH } from '../partner-api/field-rules.js'
 
 export type ParsedDelivery =
   | {
@@ -57,10 +57,10 @@ export function classifyDelivery(body: Record<string, unknown>): ParsedDelivery 
   const { trade_id: tradeId, reference, status, external_reference: externalReference } = body
   const eventType = typeof event === 'string' ? event.slice(0, 200) : typeof status === 'string' ? `trade.${status}` : 'trade.unknown'
   const problems: string[] = []
-  if (!isShortString(tradeId)) problems.push('trade_id')
-  if (!isShortString(status)) problems.push('status')
-  if (!isShortString(externalReference)) problems.push('external_reference')
-  if (reference !== undefined && reference !== null && !isShortString(reference)) problems.push('reference')
+  if (!isTradeFact(tradeId)) problems.push('trade_id')
+  if (!isTradeFact(status)) problems.push('status')
+  if (!isTradeFact(externalReference)) problems.push('external_reference')
+  if (reference !== undefined && reference !== null && !isTradeFact(reference)) problems.push('reference')
   if (problems.length > 0) {
     return {
       kind: 'invalid',
@@ -76,10 +76,6 @@ export function classifyDelivery(body: Record<string, unknown>): ParsedDelivery 
     status: status as string,
     externalReference: externalReference as string,
   }
-}
-
-function isShortString(value: unknown): value is string {
-  return typeof value === 'string' && value.length > 0 && value.length <= TRADE_FACT_MAX_LENGTH
 }
 
 /** JSON.parse of a body's text; a leading byte-order mark is not part of the JSON (RFC 8259 §8.1). */
