@@ -108,10 +108,16 @@ async function seedPglite(dataDir: string, seed: { orders: number; seen: number 
   const database = openDatabase({ dataDir })
   try {
     await migrateToLatest(database.db)
-    await seedTables(async (text, values) => {
+    const added = await seedTables(async (text, values) => {
       const result = await database.db.executeQuery(CompiledQuery.raw(text, values))
       return { rowCount: Number(result.numAffectedRows ?? 0) }
     }, seed)
+    // the same debt paid before the start as on Postgres (startService)
+    if (added > 0) {
+      await database.db.executeQuery(CompiledQuery.raw('vacuum analyze orders'))
+      await database.db.executeQuery(CompiledQuery.raw('vacuum analyze webhook_deliveries'))
+      await database.db.executeQuery(CompiledQuery.raw('checkpoint'))
+    }
   } finally {
     await database.close()
   }
