@@ -69,16 +69,7 @@ export async function startService(
   if (typeof database === 'string') {
     const client = new pg.Client({ connectionString: database })
     await client.connect()
-    const added = await seedTables((text, values) => client.query(text, values), seed)
-    if (added > 0) {
-      // a table just filled in bulk carries work a table grown over months does not: autovacuum's insert
-      // threshold and analyze, the hint bits of rows never read, the checkpoint of the seed's dirty pages. Done
-      // now, before the warm-up, not inside the measured run (as the growth part does after its seed;
-      // bench/results/latest.md, "morning round": 2 alternating pairs, full/minimal 1.47 -> 1.72 and 1.34 -> 1.57)
-      await client.query('vacuum analyze orders')
-      await client.query('vacuum analyze webhook_deliveries')
-      await client.query('checkpoint')
-    }
+    await seedTables((text, values) => client.query(text, values), seed)
     await client.end()
   }
   return { child, port, adminPort }
@@ -86,8 +77,8 @@ export async function startService(
 
 type Query = (text: string, values: unknown[]) => Promise<{ rowCount?: number | null }>
 
-// orders bench-1..N to match, and deliveries seen-1..M for the duplicate path; answers the rows added
-async function seedTables(query: Query, seed: { orders: number; seen: number }): Promise<number> {
+// orders bench-1..N to match, and deliveries seen-1..M for the duplicate path
+async function seedTables(query: Query, seed: { orders: number; seen: number }): Promise<void> {
   const orders = await query(`insert into orders (external_reference) select 'bench-' || i from generate_series(1, $1::int) i on conflict do nothing`, [seed.orders])
   const seen = await query(
     // the exact body the bench's retries send (run.ts, seen()): a delivery is its id and its body's hash
@@ -98,7 +89,14 @@ async function seedTables(query: Query, seed: { orders: number; seen: number }):
      on conflict do nothing`,
     [seed.seen],
   )
-  return (orders.rowCount ?? 0) + (seen.rowCount ?? 0)
+  if ((orders.rowCount ?? 0) + (seen.rowCount ?? 0) === 0) return
+  // a table just filled in bulk carries work a table grown over months does not: autovacuum's insert
+  // threshold and analyze, the hint bits of rows never read, the checkpoint of the seed's dirty pages. Done
+  // now, before the warm-up, not inside the measured run (as the growth part does after its seed;
+  // bench/results/latest.md, "morning round": 2 alternating pairs, full/minimal 1.47 -> 1.72 and 1.34 -> 1.57)
+  await query('vacuum analyze orders', [])
+  await query('vacuum analyze webhook_deliveries', [])
+  await query('checkpoint', [])
 }
 
 // an embedded database made and seeded here, then closed, for the service to start on
@@ -108,16 +106,10 @@ async function seedPglite(dataDir: string, seed: { orders: number; seen: number 
   const database = openDatabase({ dataDir })
   try {
     await migrateToLatest(database.db)
-    const added = await seedTables(async (text, values) => {
+    await seedTables(async (text, values) => {
       const result = await database.db.executeQuery(CompiledQuery.raw(text, values))
       return { rowCount: Number(result.numAffectedRows ?? 0) }
     }, seed)
-    // the same debt paid before the start as on Postgres (startService)
-    if (added > 0) {
-      await database.db.executeQuery(CompiledQuery.raw('vacuum analyze orders'))
-      await database.db.executeQuery(CompiledQuery.raw('vacuum analyze webhook_deliveries'))
-      await database.db.executeQuery(CompiledQuery.raw('checkpoint'))
-    }
   } finally {
     await database.close()
   }

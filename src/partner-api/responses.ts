@@ -18,7 +18,7 @@ const nullableText = z.string().nullable()
 // The four fields every observation of a trade is made of are stored and indexed: an answer is held to the
 // rule a webhook's payload is (src/webhooks/parse-delivery.ts), so a poll or an operation cannot store what
 // a delivery could not. A NUL is refused as Postgres's text cannot hold one.
-const tradeFact = z
+export const tradeFact = z
   .string()
   .min(1, 'must not be empty')
   .max(TRADE_FACT_MAX_LENGTH, `must be at most ${TRADE_FACT_MAX_LENGTH} characters`)

@@ -11,9 +11,9 @@ import {
   isPositiveDecimal,
   MIN_DISPUTE_REASON_LENGTH,
   PHONE,
-  TRADE_FACT_MAX_LENGTH,
 } from './field-rules.js'
 import { PartnerValidationError } from './partner-api-error.js'
+import { tradeFact } from './responses.js'
 import type {
   CreateProposalRequest,
   CreateTradeRequest,
@@ -64,10 +64,8 @@ function createTradeSchema(kind: PartnerKind) {
       (value) => value === undefined || PHONE.test(value),
       'must be in international format: a leading +, then 7 to 15 digits, e.g. +4915112345678',
     ),
-    // the platform echoes it in every webhook and answer, where a longer one is refused (field-rules.ts)
-    external_reference: requiredText()
-      .refine((value) => value.length <= TRADE_FACT_MAX_LENGTH, `must be at most ${TRADE_FACT_MAX_LENGTH} characters`)
-      .refine((value) => !value.includes('\u0000'), 'must not hold a NUL character'),
+    // the platform echoes it in every webhook and answer, where a longer one is refused (responses.ts)
+    external_reference: requiredText().pipe(tradeFact),
     milestones: z
       .array(milestone, { error: 'must be an array of {title, amount}' })
       .min(1, 'must hold at least one milestone when present (omit it for a single deliver/release trade)')
