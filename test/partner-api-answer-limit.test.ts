@@ -1,13 +1,17 @@
 // The platform's answer is read up to PARTNER_API_ANSWER_LIMIT and no further. A real HTTP server plays the
 // platform, so the bytes it got written before the client closed the connection are counted on the wire.
 import { once } from 'node:events'
+import { mkdtempSync, rmSync } from 'node:fs'
 import { createServer, type Server } from 'node:http'
 import type { AddressInfo } from 'node:net'
+import { tmpdir } from 'node:os'
+import path from 'node:path'
 import { gzipSync } from 'node:zlib'
 import { afterEach, describe, expect, it } from 'vitest'
 import { systemClock } from '../src/clock.js'
 import { createPartnerApiClient } from '../src/partner-api/create-partner-api-client.js'
 import { PartnerInvalidResponseError } from '../src/partner-api/partner-api-error.js'
+import { receiverEnv, runCli } from './helpers/cli-process.js'
 import { testLogger } from './helpers/log-sink.js'
 import { tradeRecord } from './helpers/partner-api-fixtures.js'
 import { TEST_API_SECRET, testConfig } from './helpers/test-config.js'
@@ -126,5 +130,47 @@ describe('an answer within PARTNER_API_ANSWER_LIMIT', () => {
     await expect(client(atLimit, { PARTNER_API_ANSWER_LIMIT: '16383b' }).getTrade('tr_1')).rejects.toThrow(
       'with a body larger than 16,383 bytes',
     )
+  })
+})
+
+describe('the compiled CLI against a platform whose answer has no end', () => {
+  it('trades get exits 1 naming the limit, having read about 1 MiB of a 256 MiB answer', async () => {
+    const created = JSON.stringify(tradeRecord({ trade_id: 'tr_big', external_reference: 'big-1' }))
+    let written = 0
+    let closed = 0
+    server = createServer((request, response) => {
+      if (request.method === 'POST') {
+        response.writeHead(201, { 'content-type': 'application/json' }).end(created)
+        return
+      }
+      const size = 256 * MiB
+      const chunk = Buffer.alloc(64 * 1024, ' ')
+      response.writeHead(200, { 'content-type': 'application/json', 'content-length': size })
+      response.on('close', () => closed++)
+      const pump = () => {
+        while (written < size && !response.destroyed) {
+          written += chunk.length
+          if (!response.write(chunk)) return
+        }
+        if (written >= size) response.end()
+      }
+      response.on('drain', pump)
+      pump()
+    })
+    server.listen(0, '127.0.0.1')
+    await once(server, 'listening')
+    const dataDir = mkdtempSync(path.join(tmpdir(), 'answer-limit-'))
+    try {
+      const env = { ...receiverEnv(dataDir), PARTNER_API_BASE_URL: `http://127.0.0.1:${(server.address() as AddressInfo).port}` }
+      const open = ['trades', 'open', 'big-1', '--title', 'Chair', '--amount', '10.00', '--currency', 'EUR', '--seller', 's_1']
+      expect((await runCli(open, env, { built: true })).code).toBe(0)
+      const get = await runCli(['trades', 'get', 'big-1'], env, { built: true })
+      expect(get.code).toBe(1)
+      expect(get.stderr).toContain('the platform answered 200 with a body larger than 1,048,576 bytes')
+      await expect.poll(() => closed).toBe(1)
+      expect(written).toBeLessThan(32 * MiB)
+    } finally {
+      rmSync(dataDir, { recursive: true, force: true })
+    }
   })
 })
