@@ -6,6 +6,7 @@ import { tmpdir } from 'node:os'
 import path from 'node:path'
 import { afterAll, beforeAll, describe, expect, it } from 'vitest'
 import { runCli } from './helpers/cli-process.js'
+import { answerEndlessly, MiB } from './helpers/endless-answer.js'
 import { rememberSecret } from './helpers/log-sink.js'
 
 const secret = 'cli-webhook-secret-0123456789abcdef'
@@ -52,6 +53,12 @@ describe('webhook send', () => {
       })
       req.on('end', () => {
         received.push({ headers: req.headers, body: data })
+        if (req.url === '/endless') {
+          return answerEndlessly(res, (written) => {
+            endless.written = written
+            endless.closed++
+          })
+        }
         const status = req.url === '/refuse' ? 401 : 200
         res.writeHead(status, { 'content-type': 'application/json' }).end(JSON.stringify({ received: status === 200 }))
       })
@@ -60,9 +67,11 @@ describe('webhook send', () => {
     url = `http://127.0.0.1:${(server.address() as AddressInfo).port}`
   })
   afterAll(() => {
+    server.closeAllConnections()
     server.close()
   })
 
+  const endless = { written: 0, closed: 0 }
   it('delivers the exact bytes with a valid signature and prints the answer', async () => {
     const result = await runCli(['webhook', 'send', '--url', `${url}/hook`, '--file', bodyFile, '--secret', secret, '--json'], env)
     expect(result.code).toBe(0)
@@ -77,6 +86,17 @@ describe('webhook send', () => {
     const result = await runCli(['webhook', 'send', '--url', `${url}/refuse`, '--file', bodyFile, '--secret', secret], env)
     expect(result.code).toBe(1)
     expect(result.stdout).toMatch(/^401 dlv_cli_/)
+  })
+
+  it('reads at most 1 MiB of an answer and exits 1 naming that, instead of holding a body without end', async () => {
+    const result = await runCli(['webhook', 'send', '--url', `${url}/endless`, '--file', bodyFile, '--secret', secret], env)
+    expect(result.code).toBe(1)
+    expect(result.stderr).toContain(
+      `${url}/endless answered 200 with a body larger than 1,048,576 bytes, the most this command reads; the rest was not read`,
+    )
+    // the connection was closed with most of the answer unsent: the limit plus what the kernel's buffers hold
+    await expect.poll(() => endless.closed).toBe(1)
+    expect(endless.written).toBeLessThan(32 * MiB)
   })
 
   it('exits 1 with a message when nothing listens at the URL, and 2 for a URL that is not http', async () => {

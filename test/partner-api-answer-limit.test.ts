@@ -12,11 +12,10 @@ import { systemClock } from '../src/clock.js'
 import { createPartnerApiClient } from '../src/partner-api/create-partner-api-client.js'
 import { PartnerInvalidResponseError } from '../src/partner-api/partner-api-error.js'
 import { receiverEnv, runCli } from './helpers/cli-process.js'
+import { answerEndlessly, MiB } from './helpers/endless-answer.js'
 import { testLogger } from './helpers/log-sink.js'
 import { tradeRecord } from './helpers/partner-api-fixtures.js'
 import { TEST_API_SECRET, testConfig } from './helpers/test-config.js'
-
-const MiB = 1024 * 1024
 
 interface Platform {
   url: string
@@ -43,21 +42,7 @@ async function platform({ status = 200, size, gzip = false }: { status?: number;
       response.end(body)
       return
     }
-    response.writeHead(status, { 'content-type': 'application/json', 'content-length': size })
-    const chunk = Buffer.alloc(64 * 1024, ' ')
-    let written = 0
-    response.on('close', () => answered.written.push(written))
-    // written as the reader takes it: what the socket holds unread is bounded by the kernel's buffers
-    const pump = () => {
-      while (written < size && !response.destroyed) {
-        const piece = chunk.subarray(0, Math.min(chunk.length, size - written))
-        written += piece.length
-        if (!response.write(piece)) return
-      }
-      if (written >= size) response.end()
-    }
-    response.on('drain', pump)
-    pump()
+    answerEndlessly(response, (written) => answered.written.push(written), { size, status })
   })
   server.listen(0, '127.0.0.1')
   await once(server, 'listening')
@@ -143,19 +128,10 @@ describe('the compiled CLI against a platform whose answer has no end', () => {
         response.writeHead(201, { 'content-type': 'application/json' }).end(created)
         return
       }
-      const size = 256 * MiB
-      const chunk = Buffer.alloc(64 * 1024, ' ')
-      response.writeHead(200, { 'content-type': 'application/json', 'content-length': size })
-      response.on('close', () => closed++)
-      const pump = () => {
-        while (written < size && !response.destroyed) {
-          written += chunk.length
-          if (!response.write(chunk)) return
-        }
-        if (written >= size) response.end()
-      }
-      response.on('drain', pump)
-      pump()
+      answerEndlessly(response, (bytes) => {
+        written = bytes
+        closed++
+      })
     })
     server.listen(0, '127.0.0.1')
     await once(server, 'listening')

@@ -1,8 +1,11 @@
 import { createHmac } from 'node:crypto'
+import http from 'node:http'
+import type { AddressInfo } from 'node:net'
 import { afterAll, beforeAll, describe, expect, it } from 'vitest'
 import { systemClock } from '../src/clock.js'
 import { PartnerApiClient } from '../src/partner-api/partner-api.client.js'
 import { createSandbox, type Sandbox } from '../src/sandbox/create-sandbox.js'
+import { answerEndlessly, MiB } from './helpers/endless-answer.js'
 import { FakeClock } from './helpers/fake-clock.js'
 import { rememberSecret, testLogger } from './helpers/log-sink.js'
 import { startRecordingReceiver } from './helpers/sandbox-receiver.js'
@@ -161,6 +164,29 @@ describe('sandbox webhook delivery', () => {
       expect(sandbox.deliveryLog.map((attempt) => attempt.attempt)).toEqual([1, 2, 3, 4, 5, 6])
     } finally {
       await receiver.close()
+    }
+  })
+
+  it('reads a receiver\'s answer only so far: a 200 with a body without end counts as delivered, its connection closed', async () => {
+    let written = -1
+    const server = http.createServer((request, response) => {
+      request.resume()
+      request.on('end', () => answerEndlessly(response, (bytes) => (written = bytes)))
+    })
+    await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve))
+    const webhookUrl = `http://127.0.0.1:${(server.address() as AddressInfo).port}/hook`
+    const sandbox = createSandbox({ keyId, apiSecret, webhookSecret, webhookUrl, logger: testLogger() })
+    try {
+      sandbox.sellerStatus('s-1', 'verified')
+      await sandbox.idle()
+      expect(sandbox.deliveryLog).toMatchObject([{ attempt: 1, result: 'delivered', httpStatus: 200 }])
+      // the connection was closed with most of the 256 MiB unsent: what was written is what the kernel's
+      // buffers hold beyond the little the sandbox read
+      await waitFor(() => written >= 0)
+      expect(written).toBeLessThan(32 * MiB)
+    } finally {
+      server.closeAllConnections()
+      server.close()
     }
   })
 

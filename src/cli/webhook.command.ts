@@ -5,9 +5,13 @@ import { randomUUID } from 'node:crypto'
 import { readFileSync } from 'node:fs'
 import type { Command } from 'commander'
 import type { Config } from '../config.js'
+import { readAnswer } from '../http/read-answer.js'
 import { findRunningService } from '../local/running-service.js'
 import { signWebhookBody } from '../webhooks/verify-signature.js'
 import { printJson, setExitCode, UsageError, write, writeError } from './cli-context.js'
+
+// a receiver's answer is a short status document; past this it is not read further
+const MAX_ANSWER_BYTES = 1024 * 1024
 
 interface SignOptions {
   secret?: string
@@ -81,7 +85,22 @@ export function registerWebhookCommands(program: Command): void {
         setExitCode(1)
         return
       }
-      const text = await response.text()
+      let text: string | undefined
+      try {
+        text = await readAnswer(response, MAX_ANSWER_BYTES)
+      } catch (error) {
+        writeError(`Could not read the answer of ${url}: ${(error as Error).cause ?? (error as Error).message}\n`)
+        setExitCode(1)
+        return
+      }
+      if (text === undefined) {
+        writeError(
+          `${url} answered ${response.status} with a body larger than ${MAX_ANSWER_BYTES.toLocaleString('en-US')} ` +
+            'bytes, the most this command reads; the rest was not read\n',
+        )
+        setExitCode(1)
+        return
+      }
       const answer = {
         status: response.status,
         deliveryId: headers['X-Partner-Delivery-Id'],

@@ -8,12 +8,10 @@
 // An answer is read up to `maxAnswerBytes` and no further: past it the connection is closed and the call
 // fails with PartnerInvalidResponseError, so an answer without an end (a proxy's stream, a broken gateway)
 // cannot fill the process's memory within the timeout.
-import { Readable } from 'node:stream'
-import type { ReadableStream as NodeReadableStream } from 'node:stream/web'
 import { anySignal } from 'any-signal'
-import getRawBody from 'raw-body'
 import type { z } from 'zod'
 import type { Clock } from '../clock.js'
+import { readAnswer } from '../http/read-answer.js'
 import type { Logger } from '../logger.js'
 import {
   PartnerApiError,
@@ -247,23 +245,6 @@ export class PartnerApiTransport {
   private backoffMs(attempt: number): number {
     const step = Math.min(this.retry.maxDelayMs, this.retry.baseDelayMs * 2 ** (attempt - 1))
     return Math.round(step / 2 + (this.random() * step) / 2)
-  }
-}
-
-/**
- * The answer's body as text (UTF-8, as `response.text()` decodes it), or undefined once it passes `limit`
- * bytes: then reading stops there and the connection is closed.
- */
-async function readAnswer(response: Response, limit: number): Promise<string | undefined> {
-  if (!response.body) return ''
-  const stream = Readable.fromWeb(response.body as NodeReadableStream)
-  try {
-    return await getRawBody(stream, { limit, encoding: 'utf-8' })
-  } catch (error) {
-    if ((error as { type?: string }).type === 'entity.too.large') return undefined
-    throw error
-  } finally {
-    stream.destroy()
   }
 }
 

@@ -4,10 +4,14 @@
 // Faults are injected from a seeded random source, so a run repeats exactly for a seed.
 import { createHmac, randomUUID } from 'node:crypto'
 import type { Clock } from '../clock.js'
+import { readAnswer } from '../http/read-answer.js'
 import type { Logger } from '../logger.js'
 import { seededRandom } from './seeded-random.js'
 
 export const MAX_ATTEMPTS = 6
+
+// a receiver's answer is read this far at most (a receiver may answer with a body that never ends)
+const MAX_ANSWER_BYTES = 64 * 1024
 
 export interface Faults {
   /** Share of events never delivered at all. */
@@ -208,13 +212,14 @@ export class WebhookDispatcher {
       })
     try {
       const response = await post()
-      await response.arrayBuffer()
+      // only the status counts; a body past the bound is not read, and its connection is closed
+      await readAnswer(response, MAX_ANSWER_BYTES)
       const result: AttemptResult = response.ok ? 'delivered' : 'failed'
       this.record(pending, deliveryId, attempt, result, response.status)
       if (result === 'delivered' && this.random() < this.faults.duplicateRate) {
         // a network-level duplicate: the same delivery id arrives twice
         const again = await post().catch(() => undefined)
-        await again?.arrayBuffer().catch(() => undefined)
+        if (again) await readAnswer(again, MAX_ANSWER_BYTES).catch(() => undefined)
         this.record(pending, deliveryId, attempt, 'duplicate', again?.status)
       }
       return result
