@@ -98,6 +98,48 @@ describe('sandbox control endpoints', () => {
     }
   })
 
+  it('answers a body it cannot use with a 4xx naming the problem, and changes nothing', async () => {
+    const raw = (pathname: string, payload: string, contentType = 'application/json') =>
+      fetch(new URL(pathname, base), {
+        method: 'POST',
+        headers: { 'content-type': contentType, authorization: `Bearer ${controlToken}` },
+        body: payload,
+      }).then(async (response) => ({ status: response.status, body: (await response.json()) as { error: { code: string; fields?: { field: string }[] } } }))
+    const before = await control(base, 'POST', '/sandbox/faults', { token: controlToken, body: {} })
+    for (const [pathname, payload] of [['/sandbox/faults', '{'], ['/sandbox/receiver-down', 'null'], ['/sandbox/sellers/s-1/status', '"verified"']]) {
+      const answer = await raw(pathname!, payload!)
+      expect([answer.status, answer.body.error.code], `${pathname} ${payload}`).toEqual([400, 'invalid_json'])
+    }
+    expect((await raw('/sandbox/faults', '{}', 'application/json; charset=latin-9')).body.error.code).toBe('invalid_body')
+    // a share outside 0..1, a string, a typo'd name: each named, none applied
+    const faults = await control(base, 'POST', '/sandbox/faults', {
+      token: controlToken,
+      body: { dropRate: 7, duplicateRate: '0.5', drop_rate: 0.1, seed: 1.5, reorderRate: 0.2 },
+    })
+    expect(faults.status).toBe(422)
+    expect(faults.body.error?.code).toBe('validation_failed')
+    expect((faults.body.error as { fields: { field: string }[] }).fields.map((field) => field.field)).toEqual(['dropRate', 'duplicateRate', 'drop_rate', 'seed'])
+    expect((await control(base, 'POST', '/sandbox/faults', { token: controlToken, body: {} })).body).toEqual(before.body)
+
+    const down = await control(base, 'POST', '/sandbox/receiver-down', { token: controlToken, body: { down: 'yes' } })
+    expect([down.status, down.body.error?.code]).toEqual([422, 'validation_failed'])
+    // an onboarding event's status is a word and its id has no control codes, for sellers as for buyers
+    const sent = sandbox.deliveryLog.length
+    for (const [pathname, status] of [
+      ['/sandbox/sellers/s-1/status', 'verified\u001b]0;owned\u0007'],
+      ['/sandbox/sellers/s-1/status', 42],
+      [`/sandbox/sellers/${encodeURIComponent('s\u001b[2J')}/status`, 'verified'],
+      [`/sandbox/buyers/${encodeURIComponent('b\n1')}/status`, 'verified'],
+    ] as const) {
+      const refused = await control(base, 'POST', pathname, { token: controlToken, body: { status } })
+      expect([refused.status, refused.body.error?.code], pathname).toEqual([422, 'validation_failed'])
+    }
+    await sandbox.idle()
+    expect(sandbox.deliveryLog.length).toBe(sent)
+    const fine = await control(base, 'POST', '/sandbox/sellers/s-1/status', { token: controlToken, body: { status: 'verified' } })
+    expect(fine.status).toBe(202)
+  })
+
   it('refuses every call when no control token is configured', async () => {
     const response = await control(unguardedBase, 'GET', '/sandbox/trades', { token: 'anything' })
     expect(response.status).toBe(401)

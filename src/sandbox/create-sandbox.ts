@@ -10,6 +10,7 @@ import express, { type Express, type Request, type Response } from 'express'
 import { type Clock, systemClock } from '../clock.js'
 import { createLogger, type Logger } from '../logger.js'
 import type { FullTradeRecord as TradeRecord } from '../partner-api/types.js'
+import { printable } from '../printable.js'
 import { SandboxAuthenticator } from './sandbox-auth.js'
 import { SandboxError, SandboxPlatform } from './sandbox-platform.js'
 import { readSandboxState, writeSandboxState } from './sandbox-state.js'
@@ -248,15 +249,17 @@ export function createSandbox(options: SandboxOptions): Sandbox {
     res.json(dispatcher.currentFaults)
   })
   app.post('/sandbox/receiver-down', (req, res) => {
-    dispatcher.setReceiverDown(req.body?.down === true)
-    res.json({ down: req.body?.down === true })
+    const down: unknown = req.body?.down
+    if (typeof down !== 'boolean') {
+      throw new SandboxError(422, 'validation_failed', 'down must be true or false', [
+        { field: 'down', message: 'is required: true or false' },
+      ])
+    }
+    dispatcher.setReceiverDown(down)
+    res.json({ down })
   })
   app.post('/sandbox/sellers/:sellerId/status', (req, res) => {
-    const status = req.body?.status
-    if (typeof status !== 'string' || status.length === 0) {
-      throw new SandboxError(422, 'validation_failed', 'status is required', [{ field: 'status', message: 'is required' }])
-    }
-    sendSellerStatus(String(req.params.sellerId), status)
+    sendSellerStatus(String(req.params.sellerId), req.body?.status)
     res.status(202).json({ queued: true })
   })
   app.post('/sandbox/buyers/:buyerId/status', (req, res) => {
@@ -274,16 +277,27 @@ export function createSandbox(options: SandboxOptions): Sandbox {
       })
       return
     }
-    const status = (error as { status?: number }).status
+    // what express.json refused in a control call's body: not JSON (nor an object or array), too large, or
+    // in a charset or encoding it does not read
+    const { status, type } = error as { status?: number; type?: string }
     if (status === 413) {
       res.status(413).json({ error: { code: 'payload_too_large', message: 'The body is too large' } })
+      return
+    }
+    if (type === 'entity.parse.failed') {
+      res.status(400).json({ error: { code: 'invalid_json', message: 'The body is not a JSON object' } })
+      return
+    }
+    if (status !== undefined && status >= 400 && status < 500) {
+      res.status(status).json({ error: { code: 'invalid_body', message: 'The body cannot be read: send JSON in UTF-8' } })
       return
     }
     logger.error({ err: error }, 'sandbox error')
     res.status(500).json({ error: { code: 'internal_error', message: 'Internal error' } })
   })
 
-  function sendSellerStatus(sellerId: string, status: string): void {
+  function sendSellerStatus(sellerId: string, status: unknown): void {
+    checkOnboardingEvent('seller', sellerId, status)
     dispatcher.send(`seller.${status}`, { event: `seller.${status}`, seller_id: sellerId, status }, null, status)
   }
 
@@ -293,11 +307,7 @@ export function createSandbox(options: SandboxOptions): Sandbox {
     if (partnerKind !== 'marketplace') {
       throw new SandboxError(409, 'not_marketplace', 'Buyer onboarding events exist only for Marketplace partners')
     }
-    if (typeof status !== 'string' || !ONBOARDING_STATUS.test(status)) {
-      throw new SandboxError(422, 'validation_failed', 'status must be a word such as verified', [
-        { field: 'status', message: 'is required: lowercase letters, digits and _, at most 64' },
-      ])
-    }
+    checkOnboardingEvent('buyer', buyerId, status)
     dispatcher.send(`buyer.${status}`, { event: `buyer.${status}`, buyer_id: buyerId, status }, null, status)
   }
 
@@ -344,6 +354,19 @@ export function createSandbox(options: SandboxOptions): Sandbox {
 }
 
 const ONBOARDING_STATUS = /^[a-z0-9_]{1,64}$/
+// a seller or buyer id as the platform would issue one: no control codes, as long as a trade's fields at most
+const isOnboardingId = (id: string) => id.length >= 1 && id.length <= 200 && printable(id) === id
+
+function checkOnboardingEvent(party: 'seller' | 'buyer', id: string, status: unknown): asserts status is string {
+  const fields: { field: string; message: string }[] = []
+  if (!isOnboardingId(id)) fields.push({ field: `${party}_id`, message: 'must be 1 to 200 characters without control codes' })
+  if (typeof status !== 'string' || !ONBOARDING_STATUS.test(status)) {
+    fields.push({ field: 'status', message: 'is required: lowercase letters, digits and _, at most 64' })
+  }
+  if (fields.length > 0) {
+    throw new SandboxError(422, 'validation_failed', `Invalid ${party} event: ${fields.map((f) => f.field).join(', ')}`, fields)
+  }
+}
 
 const authMessages = {
   missing_auth_headers: 'X-Partner-Key-Id, X-Partner-Timestamp, X-Partner-Nonce and X-Partner-Signature are required',
@@ -369,12 +392,30 @@ function definedOnly<T extends object>(value: T): Partial<T> {
   return Object.fromEntries(Object.entries(value).filter(([, v]) => v !== undefined)) as Partial<T>
 }
 
+const FAULT_RULES: Record<keyof Faults, { test: (value: number) => boolean; message: string }> = {
+  dropRate: { test: (value) => value >= 0 && value <= 1, message: 'must be a share between 0 and 1' },
+  duplicateRate: { test: (value) => value >= 0 && value <= 1, message: 'must be a share between 0 and 1' },
+  reorderRate: { test: (value) => value >= 0 && value <= 1, message: 'must be a share between 0 and 1' },
+  delayRate: { test: (value) => value >= 0 && value <= 1, message: 'must be a share between 0 and 1' },
+  delayMs: { test: (value) => Number.isSafeInteger(value) && value >= 0, message: 'must be a whole number of ms' },
+  seed: { test: (value) => Number.isSafeInteger(value) && value >= 0, message: 'must be a whole number' },
+}
+
+/** The fault settings a control call names; every key must be one of them, with a valid value, or nothing changes. */
 function pickFaults(body: unknown): Partial<Faults> {
+  if (Array.isArray(body)) {
+    throw new SandboxError(400, 'invalid_json', 'The body must be a JSON object of fault settings')
+  }
   const picked: Partial<Faults> = {}
-  const source = (body ?? {}) as Record<string, unknown>
-  for (const key of ['dropRate', 'duplicateRate', 'reorderRate', 'delayRate', 'delayMs', 'seed'] as const) {
-    const value = source[key]
-    if (typeof value === 'number' && Number.isFinite(value) && value >= 0) picked[key] = value
+  const fields: { field: string; message: string }[] = []
+  for (const [key, value] of Object.entries((body ?? {}) as Record<string, unknown>)) {
+    const rule = Object.hasOwn(FAULT_RULES, key) ? FAULT_RULES[key as keyof Faults] : undefined
+    if (!rule) fields.push({ field: key, message: `is not a fault setting (${Object.keys(FAULT_RULES).join(', ')})` })
+    else if (typeof value !== 'number' || !rule.test(value)) fields.push({ field: key, message: rule.message })
+    else picked[key as keyof Faults] = value
+  }
+  if (fields.length > 0) {
+    throw new SandboxError(422, 'validation_failed', `Invalid fault settings: ${fields.map((f) => f.field).join(', ')}`, fields)
   }
   return picked
 }
