@@ -22,7 +22,7 @@ function control(
   method: string,
   pathname: string,
   { token, host, body }: { token?: string; host?: string; body?: unknown } = {},
-): Promise<{ status: number; body: { error?: { code: string } } & Record<string, unknown> }> {
+): Promise<{ status: number; body: { error?: { code: string; fields?: { field: string }[] } } & Record<string, unknown> }> {
   const url = new URL(pathname, base)
   const payload = body === undefined ? '' : JSON.stringify(body)
   return new Promise((resolve, reject) => {
@@ -111,6 +111,10 @@ describe('sandbox control endpoints', () => {
       expect([answer.status, answer.body.error.code], `${pathname} ${payload}`).toEqual([400, 'invalid_json'])
     }
     expect((await raw('/sandbox/faults', '{}', 'application/json; charset=latin-9')).body.error.code).toBe('invalid_body')
+    expect(await raw('/sandbox/sellers/%ZZ/status', '{"status":"verified"}')).toMatchObject({
+      status: 400,
+      body: { error: { code: 'invalid_request' } },
+    })
     // a share outside 0..1, a string, a typo'd name: each named, none applied
     const faults = await control(base, 'POST', '/sandbox/faults', {
       token: controlToken,
@@ -118,7 +122,7 @@ describe('sandbox control endpoints', () => {
     })
     expect(faults.status).toBe(422)
     expect(faults.body.error?.code).toBe('validation_failed')
-    expect((faults.body.error as { fields: { field: string }[] }).fields.map((field) => field.field)).toEqual(['dropRate', 'duplicateRate', 'drop_rate', 'seed'])
+    expect(faults.body.error?.fields?.map((field) => field.field)).toEqual(['dropRate', 'duplicateRate', 'drop_rate', 'seed'])
     expect((await control(base, 'POST', '/sandbox/faults', { token: controlToken, body: {} })).body).toEqual(before.body)
 
     const down = await control(base, 'POST', '/sandbox/receiver-down', { token: controlToken, body: { down: 'yes' } })

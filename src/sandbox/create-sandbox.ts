@@ -277,8 +277,9 @@ export function createSandbox(options: SandboxOptions): Sandbox {
       })
       return
     }
-    // what express.json refused in a control call's body: not JSON (nor an object or array), too large, or
-    // in a charset or encoding it does not read
+    // what express.json refused in a control call's body (its errors have a type): not JSON (nor an object or
+    // array), too large, or in a charset or encoding it does not read; else what the router refused (a path
+    // whose percent-encoding does not decode)
     const { status, type } = error as { status?: number; type?: string }
     if (status === 413) {
       res.status(413).json({ error: { code: 'payload_too_large', message: 'The body is too large' } })
@@ -289,7 +290,11 @@ export function createSandbox(options: SandboxOptions): Sandbox {
       return
     }
     if (status !== undefined && status >= 400 && status < 500) {
-      res.status(status).json({ error: { code: 'invalid_body', message: 'The body cannot be read: send JSON in UTF-8' } })
+      res.status(status).json({
+        error: type
+          ? { code: 'invalid_body', message: 'The body cannot be read: send JSON in UTF-8' }
+          : { code: 'invalid_request', message: `The request cannot be read: ${(error as Error).message}` },
+      })
       return
     }
     logger.error({ err: error }, 'sandbox error')
