@@ -575,10 +575,11 @@ export function configSecrets(config: Config): string[] {
     ...(forwardKey ? [forwardKey] : []),
     ...(config.adminToken ? [config.adminToken] : []),
     ...(config.amqp ? urlPasswords(config.amqp.url) : []),
+    ...(config.forward ? urlPasswords(config.forward.url) : []),
   ]
 }
 
-// the password as written in the URL (percent-encoded) and as sent to the broker
+// the password as written in the URL (percent-encoded) and as sent to the broker or the forward receiver
 function urlPasswords(url: string): string[] {
   const { password } = new URL(url)
   if (!password) return []

@@ -337,6 +337,12 @@ describe('configuration', () => {
       expect(lines[0]).not.toContain(forwardSecret.slice('whsec_'.length))
       expect(lines[0]).toContain('[redacted]')
     })
+
+    it('counts the password of FORWARD_URL, as written and decoded, among the secrets no log line may show', () => {
+      const url = 'https://escrow:p%40ss-word-of-the-receiver@erp.internal/hooks/escrow'
+      const config = parseConfig({ ...remoteEnv, FORWARD_URL: url, FORWARD_SECRET: forwardSecret })
+      expect(configSecrets(config)).toEqual(expect.arrayContaining(['p%40ss-word-of-the-receiver', 'p@ss-word-of-the-receiver']))
+    })
   })
 
   describe('the RabbitMQ publisher', () => {

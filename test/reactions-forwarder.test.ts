@@ -175,6 +175,30 @@ describe('the forwarder', () => {
     expect(error.message).toContain('answered 500')
   })
 
+  it('sends the user and password of the URL as Basic authorization, and names the receiver without them', async () => {
+    // a receiver behind Basic authentication, as an internal endpoint often is
+    const expected = `Basic ${Buffer.from('escrow:p@ss word:1').toString('base64')}`
+    const target = await receiver((request) => (request.headers.authorization === expected ? 204 : 401))
+    const url = new URL(target.url)
+    url.username = 'escrow'
+    url.password = 'p@ss word:1'
+    const forward = createForwarder({ url: url.toString(), secret: SECRET, timeoutMs: 5_000 })
+
+    await forward(event, context())
+
+    expect(target.received).toHaveLength(1)
+    expect(target.received[0]!.headers.authorization).toBe(expected)
+    expect(target.received[0]!.url).toBe('/hooks/escrow')
+    const unauthorized = await receiver(() => 401)
+    const refused = new URL(unauthorized.url)
+    refused.username = 'escrow'
+    refused.password = 'p@ss word:1'
+    const error = await failureOf(createForwarder({ url: refused.toString(), secret: SECRET, timeoutMs: 5_000 })(event, context()))
+    expect(error.message).toContain(`answered 401`)
+    expect(error.message).not.toContain('escrow:')
+    expect(error.message).not.toContain('ss%20word')
+  })
+
   it('treats a 302 as a failure and never follows it', async () => {
     const elsewhere = await receiver()
     const target = await receiver(() => ({ status: 302, location: elsewhere.url }))

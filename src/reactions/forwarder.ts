@@ -102,6 +102,9 @@ export function createForwarder({
   if (!(timeoutMs > 0)) throw new Error('the forward timeout must be a positive number of milliseconds')
   // errors and logs name the receiver by origin only: a path or query may carry a token of its own
   const receiver = target.origin
+  // a user and password in the URL are sent as Basic authorization, as curl does: neither the origin the pool
+  // connects to nor the path it sends holds them, so they would be dropped and every event answered 401
+  const authorization = basicAuthorization(target)
   const post = fetchImplementation ? postWithFetch(fetchImplementation, target) : postWithPool(target)
   const deadlines = createDeadlines(clock, timeoutMs)
   const logsAttempts = serviceLogger?.isLevelEnabled('debug') ?? true
@@ -115,6 +118,7 @@ export function createForwarder({
       'webhook-id': event.eventId,
       'webhook-timestamp': String(timestamp),
       'webhook-signature': signWithKey(key, event.eventId, timestamp, body),
+      ...(authorization ? { authorization } : {}),
     }
 
     const startedAt = clock.now()
@@ -166,6 +170,20 @@ export function createForwarder({
       deadlines.delete(deadline)
     }
   }
+}
+
+/** `Basic <base64 of user:password>` from the URL's user and password (percent-decoded); undefined without them. */
+function basicAuthorization(target: URL): string | undefined {
+  if (!target.username && !target.password) return undefined
+  const decode = (part: string) => {
+    try {
+      return decodeURIComponent(part)
+    } catch {
+      // a malformed escape: sent as written
+      return part
+    }
+  }
+  return `Basic ${Buffer.from(`${decode(target.username)}:${decode(target.password)}`).toString('base64')}`
 }
 
 /**
