@@ -1,6 +1,7 @@
 // The built-in forwarder against a real local HTTP receiver, its requests verified with the
 // `standardwebhooks` package (the specification's reference library for JavaScript, not our code).
 import { randomBytes } from 'node:crypto'
+import diagnosticsChannel from 'node:diagnostics_channel'
 import { getEventListeners } from 'node:events'
 import http from 'node:http'
 import type { AddressInfo } from 'node:net'
@@ -10,9 +11,11 @@ import {
   createForwarder,
   decodeWebhookSecret,
   ForwardError,
+  MAX_DRAINED_BYTES,
   signStandardWebhook,
 } from '../src/reactions/forwarder.js'
 import { forwardedPayload, type HandlerContext, type ReactionEvent } from '../src/reactions/reaction-event.js'
+import { MiB } from './helpers/endless-answer.js'
 import { FakeClock } from './helpers/fake-clock.js'
 import { type ForwardReceiver, startForwardReceiver } from './helpers/forward-receiver.js'
 import { rememberSecret, testLogger } from './helpers/log-sink.js'
@@ -197,6 +200,51 @@ describe('the forwarder', () => {
     expect(error.message).toContain(`answered 401`)
     expect(error.message).not.toContain('escrow:')
     expect(error.message).not.toContain('ss%20word')
+  })
+
+  it('takes a 2xx as the answer however long its body: drained up to 1 MiB, then its connection closed', async () => {
+    const target = await receiver(() => ({ status: 200, bodyBytes: 256 * MiB }))
+    const forward = createForwarder({ url: target.url, secret: SECRET, timeoutMs: 60_000 })
+
+    await forward(event, context())
+
+    expect(target.received).toHaveLength(1)
+    // what was written is the little drained plus what the two sockets' kernel buffers hold
+    await expect.poll(() => target.bodyBytesWritten.length).toBe(1)
+    expect(target.bodyBytesWritten[0]).toBeLessThan(32 * MiB)
+    // a body of up to the bound is drained to its end and the connection kept for the next events (undici's
+    // pool opens a second one on the second request, then takes turns)
+    const short = await receiver(() => ({ status: 200, bodyBytes: MAX_DRAINED_BYTES }))
+    const keeps = createForwarder({ url: short.url, secret: SECRET, timeoutMs: 60_000 })
+    for (let sequence = 1; sequence <= 6; sequence++) await keeps({ ...event, sequence }, context())
+    expect(short.connections).toBeLessThanOrEqual(2)
+  })
+
+  it('takes the status of an answer whose body is still coming at the deadline: 2xx done, 500 failed, not timed out', async () => {
+    const clock = new FakeClock(Date.now())
+    for (const [status, outcome] of [
+      [200, undefined],
+      [500, 'forward_failed'],
+    ] as const) {
+      const target = await receiver(() => ({ status, bodyStalls: true }))
+      const headersReceived = new Promise<void>((resolve) => {
+        const onHeaders = () => {
+          diagnosticsChannel.unsubscribe('undici:request:headers', onHeaders)
+          resolve()
+        }
+        diagnosticsChannel.subscribe('undici:request:headers', onHeaders)
+      })
+      const forward = createForwarder({ url: target.url, secret: SECRET, timeoutMs: 10_000, clock })
+      const attempt = forward(event, context()).then(
+        () => undefined,
+        (error: unknown) => (error as ForwardError).code,
+      )
+      // the deadline passes once the forwarder has the answer's head (undici reports it on this channel)
+      await headersReceived
+      await clock.advance(10_000)
+      expect(await attempt, `answered ${status}`).toBe(outcome)
+      expect(clock.pendingSleepers).toBe(0)
+    }
   })
 
   it('treats a 302 as a failure and never follows it', async () => {

@@ -7,7 +7,9 @@
 // - webhook-signature: `v1,<base64 HMAC-SHA256(key, "<id>.<timestamp>.<body>")>`, the key being the
 //   base64-decoded part of FORWARD_SECRET (`whsec_<base64>`).
 // A 2xx answer is success; any other answer, a redirect, a timeout or no connection throws a
-// ForwardError, and the dispatcher retries the job. No error or log line holds the body, the secret or
+// ForwardError, and the dispatcher retries the job. The answer's status is its outcome, as the specification
+// has it: its body is drained, not read, and a body that passes MAX_DRAINED_BYTES or is still coming at the
+// attempt's deadline has its connection closed, the status standing. No error or log line holds the body, the secret or
 // the signature.
 import { createHmac } from 'node:crypto'
 import { Pool } from 'undici'
@@ -49,6 +51,10 @@ const signWithKey = (key: Buffer, id: string, timestamp: number, body: string) =
 // the reasons a request or the deadlines' timer is stopped with (an abort without one builds a DOMException
 // each time): the attempt timed out (the request stops), or no attempt is left (the timer stops)
 const TIMED_OUT = new Error('the forward attempt timed out')
+const BODY_TOO_LONG = new Error('the forward answer has a body longer than it is worth draining')
+
+/** The most of an answer's body drained to keep its connection (an error page is tens of kB); past it the connection is closed. */
+export const MAX_DRAINED_BYTES = 1024 * 1024
 const NO_ATTEMPT_LEFT = new Error('no forward attempt is waiting')
 
 export type ForwardErrorCode = 'forward_failed' | 'forward_timeout' | 'forward_unreachable' | 'forward_aborted'
@@ -71,7 +77,10 @@ export interface ForwarderOptions {
   url: string
   /** FORWARD_SECRET, `whsec_<base64>` */
   secret: string
-  /** Per attempt: from sending the request to the end of its answer (a body is drained, not read). */
+  /**
+   * Per attempt: from sending the request to the end of its answer. An answer whose status came in time stands
+   * even if its body is still coming then (its connection is closed).
+   */
   timeoutMs: number
   /** Sends through this fetch instead of undici's connection pool (whose requests cost a fraction of fetch's CPU). */
   fetch?: typeof fetch
@@ -235,8 +244,9 @@ const first = <T>(set: Set<T>): T | undefined => set.values().next().value
 
 /**
  * One POST on its way: `answer` resolves to the answer's status once its body is drained, and rejects when
- * the request fails or `abort` is called first (the attempt timed out, or the handler's signal was aborted).
- * Never follows a redirect.
+ * the request fails or `abort` is called before the answer's head came (the attempt timed out, or the
+ * handler's signal was aborted). Once the head came, its status is the answer however the body ends: drained
+ * to its end, cut past MAX_DRAINED_BYTES, aborted, or its connection lost. Never follows a redirect.
  */
 interface PostRequest {
   answer: Promise<number>
@@ -261,7 +271,15 @@ function postWithPool(target: URL): Post {
     })
     // the answer came, the request failed, or the attempt was aborted: a promise settles once
     let ended = false
+    // the answer's status, once its head came (0 before)
     let status = 0
+    let drained = 0
+    const end = (error: unknown) => {
+      if (ended) return
+      ended = true
+      if (status === 0) reject(error)
+      else resolve(status)
+    }
     // undici's abort of the request on its connection, from the moment it is on one
     let abortRequest: ((reason: Error) => void) | undefined
     let abortedWith: Error | undefined
@@ -276,15 +294,13 @@ function postWithPool(target: URL): Post {
           status = statusCode
           return true
         },
-        onData: () => true,
-        onComplete: () => {
-          ended = true
-          resolve(status)
+        onData: (chunk: Buffer) => {
+          drained += chunk.length
+          if (drained > MAX_DRAINED_BYTES) abortRequest?.(BODY_TOO_LONG)
+          return true
         },
-        onError: (error: Error) => {
-          ended = true
-          reject(error)
-        },
+        onComplete: () => end(undefined),
+        onError: (error: Error) => end(error),
       },
     )
     return {
@@ -292,9 +308,8 @@ function postWithPool(target: URL): Post {
       // the attempt ends at once; the request, once on a connection, is stopped there (its connection closed)
       abort(reason) {
         if (ended) return
-        ended = true
         abortedWith = reason instanceof Error ? reason : new Error(String(reason))
-        reject(reason)
+        end(reason)
         abortRequest?.(abortedWith)
       },
     }

@@ -2,6 +2,7 @@
 // and answers with whatever the test scripts: a status, a redirect, or no answer at all.
 import http from 'node:http'
 import type { AddressInfo } from 'node:net'
+import { answerEndlessly } from './endless-answer.js'
 
 export interface ReceivedRequest {
   method: string
@@ -10,14 +11,26 @@ export interface ReceivedRequest {
   rawBody: string
 }
 
-/** A status, a redirect to a location, a status with a body, or 'hang' (never answer: a timeout or an abort must end it). */
-export type ReceiverAnswer = number | { status: number; location: string } | { status: number; body: string } | 'hang'
+/**
+ * A status, a redirect to a location, a status with a body, a status with a body of `bodyBytes` written as fast
+ * as it is read, a status whose body stalls after its first byte, or 'hang' (never answer: a timeout or an
+ * abort must end it).
+ */
+export type ReceiverAnswer =
+  | number
+  | { status: number; location: string }
+  | { status: number; body: string }
+  | { status: number; bodyBytes: number }
+  | { status: number; bodyStalls: true }
+  | 'hang'
 
 export interface ForwardReceiver {
   url: string
   received: ReceivedRequest[]
   /** TCP connections the forwarder opened so far. */
   readonly connections: number
+  /** For each `bodyBytes` answer that ended, or whose connection closed first: the bytes of its body written by then. */
+  readonly bodyBytesWritten: number[]
   /** Resolves once `count` requests have arrived (body included). */
   waitFor(count: number): Promise<void>
   close(): Promise<void>
@@ -27,6 +40,7 @@ export async function startForwardReceiver(
   answer: (request: ReceivedRequest, count: number) => ReceiverAnswer = () => 204,
 ): Promise<ForwardReceiver> {
   const received: ReceivedRequest[] = []
+  const bodyBytesWritten: number[] = []
   const waiters: { count: number; resolve: () => void }[] = []
   const server = http.createServer((req, res) => {
     const chunks: Buffer[] = []
@@ -44,6 +58,8 @@ export async function startForwardReceiver(
       if (reply === 'hang') return
       if (typeof reply === 'number') res.writeHead(reply).end()
       else if ('location' in reply) res.writeHead(reply.status, { location: reply.location }).end()
+      else if ('bodyBytes' in reply) answerEndlessly(res, (written) => bodyBytesWritten.push(written), { size: reply.bodyBytes, status: reply.status })
+      else if ('bodyStalls' in reply) res.writeHead(reply.status, { 'content-length': 1024 }).write(' ')
       else res.writeHead(reply.status, { 'content-type': 'text/plain' }).end(reply.body)
     })
   })
@@ -58,6 +74,7 @@ export async function startForwardReceiver(
     },
     url: `http://127.0.0.1:${(server.address() as AddressInfo).port}/hooks/escrow`,
     received,
+    bodyBytesWritten,
     waitFor: (count) =>
       received.length >= count ? Promise.resolve() : new Promise((resolve) => waiters.push({ count, resolve })),
     close: () =>
