@@ -186,6 +186,25 @@ describe('operator console', () => {
     expect(page.text).toContain('&quot;&gt;&lt;img/src=x/onerror=alert(1)&gt;')
   })
 
+  it('shows a deeply nested body as sent rather than re-indented, so its page stays the size of the body', async () => {
+    const nested = `${'['.repeat(3_000)}${']'.repeat(3_000)}`
+    const raw = JSON.stringify(tradePayload('nested-body', 'funded')).replace(/}$/, `,"nested":${nested}}`)
+    expect((await sendWebhook(app, { body: raw, deliveryId: 'dlv-nested-body' })).status).toBe(200)
+    const stored = await findDelivery(database.db, 'dlv-nested-body')
+
+    const page = await bearer(request(admin).get(`/console/deliveries/dlv-nested-body/${stored!.bodySha256}`))
+    expect(page.status).toBe(200)
+    // re-indented, every one of its 6,000 lines would be indented up to 6,000 spaces: 18 MB
+    expect(page.text.length).toBeLessThan(raw.length + 20_000)
+    expect(page.text).toContain(`&quot;nested&quot;:${nested}}`)
+
+    const shallow = { ...tradePayload('shallow-body', 'funded'), nested: [[[{ a: 1 }]]] }
+    expect((await sendWebhook(app, { body: shallow, deliveryId: 'dlv-shallow-body' })).status).toBe(200)
+    const shallowStored = await findDelivery(database.db, 'dlv-shallow-body')
+    const shallowPage = await bearer(request(admin).get(`/console/deliveries/dlv-shallow-body/${shallowStored!.bodySha256}`))
+    expect(shallowPage.text).toContain('\n  &quot;trade_id&quot;: &quot;trd_shallow-body&quot;,\n')
+  })
+
   describe('actions', () => {
     it('re-applies a parked delivery once its order exists, once however often the form is posted', async () => {
       expect((await sendWebhook(app, { body: tradePayload('late-1', 'funded'), deliveryId: 'dlv-late-1' })).status).toBe(200)

@@ -284,10 +284,24 @@ ${next ? html`<p><a rel="next" href="${CONSOLE_PATH}/deliveries?${queryString([.
   )
 }
 
+/**
+ * Deeper than this, a body is shown as sent: each level indents every line below it, so a signed body of
+ * 126 kB nested 3,500 deep would re-indent to a page of 441 MB.
+ */
+const PRETTY_MAX_DEPTH = 16
+
+/** Whether a parsed JSON value holds objects or arrays more than `depth` deep (looking no deeper). */
+function nestsDeeperThan(value: unknown, depth: number): boolean {
+  if (value === null || typeof value !== 'object') return false
+  if (depth === 0) return true
+  return Object.values(value).some((child) => nestsDeeperThan(child, depth - 1))
+}
+
 /** A body shown as text: JSON re-indented (a view only; the stored bytes are untouched). */
 function prettyBody(rawBody: string): string {
   try {
-    return JSON.stringify(JSON.parse(rawBody), null, 2)
+    const value: unknown = JSON.parse(rawBody)
+    return nestsDeeperThan(value, PRETTY_MAX_DEPTH) ? rawBody : JSON.stringify(value, null, 2)
   } catch {
     return rawBody
   }
