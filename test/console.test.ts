@@ -1,13 +1,13 @@
 // The operator console over HTTP (supertest against the operator app): who gets in, what a forged form
 // gets, the headers every page carries, hostile delivery text shown as text, and each action's effect.
-import type { Express } from 'express'
+import express, { type Express } from 'express'
 import request from 'supertest'
 import { afterAll, beforeAll, describe, expect, it } from 'vitest'
 import { systemClock } from '../src/clock.js'
 import { createAdminApp } from '../src/http/admin-app.js'
 import { type App, createApp } from '../src/http/app.js'
 import { findOrderByExternalReference, orderHistory } from '../src/orders/order.repository.js'
-import { createPoller } from '../src/reconcile/poller.js'
+import { createPoller, type RunSummary } from '../src/reconcile/poller.js'
 import { findDelivery, recordDelivery } from '../src/webhooks/delivery.repository.js'
 import { testLogger } from './helpers/log-sink.js'
 import { fakeTradeApi } from './helpers/partner-api-fake-client.js'
@@ -297,6 +297,47 @@ describe('operator console', () => {
       expect(run.text).toMatch(/run \d+: claimed 1, polled 1/)
       expect(fetcher.calls.some((call) => call.method === 'getTrade' && call.args[0] === 'trd_flagged-1')).toBe(true)
       expect((await bearer(request(admin).get('/console/reconcile'))).text).toContain('console-test')
+    })
+
+    it('runs a form posted twice at once (a double click) once, the second post waiting for the first', async () => {
+      let cycles = 0
+      const finishCycles: (() => void)[] = []
+      let cycleStarted!: () => void
+      const started = new Promise<void>((resolve) => (cycleStarted = resolve))
+      const held = express()
+      let secondReceived: Promise<void> | undefined
+      held.use((req, _res, next) => {
+        // the second post's body is read by the time its 'end' comes; the console's checks follow within a turn
+        if (cycles > 0) secondReceived = new Promise((resolve) => req.on('end', () => setImmediate(() => setImmediate(resolve))))
+        next()
+      })
+      held.use(
+        createAdminApp({
+          config: testConfig({ ADMIN_TOKEN: TOKEN }),
+          db: database.db,
+          logger: testLogger([TOKEN]),
+          reconcileOnce: async () => {
+            cycles++
+            cycleStarted()
+            await new Promise<void>((resolve) => finishCycles.push(resolve))
+            const at = new Date()
+            return { runId: cycles, replica: 'held', startedAt: at, finishedAt: at, claimed: 0, polled: 0, changed: 0, errors: 0, released: 0, results: {} as RunSummary['results'], stoppedReason: null }
+          },
+        }),
+      )
+      const fields = formFields((await bearer(request(held).get('/console/reconcile'))).text)
+      const post = () => bearer(request(held).post('/console/reconcile/run')).type('form').send(fields).then((response) => response)
+      const first = post()
+      await started
+      const second = post()
+      while (!secondReceived) await new Promise((resolve) => setImmediate(resolve))
+      await secondReceived
+      for (const finish of finishCycles) finish()
+      const answers = await Promise.all([first, second])
+      expect(cycles).toBe(1)
+      expect(answers.map((answer) => answer.status)).toEqual([200, 200])
+      expect(answers[1]!.text).toContain('This action was already carried out; nothing was done again.')
+      expect(answers[1]!.text).toContain('run 1: claimed 0')
     })
   })
 

@@ -265,6 +265,16 @@ export function consoleRoutes(deps: ConsoleDeps): Router {
     if (typeof id !== 'string' || !/^[0-9a-f]{32}$/.test(id)) throw new BadInput('action_id: missing; start the action from its confirm page')
     return id
   }
+  // A repeat of an action id finds the first post's record in `done`; one that comes while the first is
+  // still being carried out (a double click: the browser drops the first answer, not its work) waits for it.
+  const underWay = new Map<string, Promise<void>>()
+  const oneAtATime = (action: (req: Request, res: Response) => Promise<unknown>) => async (req: Request, res: Response) => {
+    const actionId = actionIdOf(req)
+    while (underWay.has(actionId)) await underWay.get(actionId)
+    const running = action(req, res).finally(() => underWay.delete(actionId))
+    underWay.set(actionId, running.then(() => undefined, () => undefined))
+    await running
+  }
 
   router.post(`${CONSOLE_PATH}/logout`, (req, res) => {
     const operator = operatorOf(res)
@@ -325,7 +335,7 @@ export function consoleRoutes(deps: ConsoleDeps): Router {
       }),
     )
   })
-  router.post(`${CONSOLE_PATH}/deliveries/reapply`, async (req, res) => {
+  router.post(`${CONSOLE_PATH}/deliveries/reapply`, oneAtATime(async (req, res) => {
     const operator = operatorOf(res)
     const actionId = actionIdOf(req)
     const { filter } = parseFilter(bodyOf(req))
@@ -348,7 +358,7 @@ export function consoleRoutes(deps: ConsoleDeps): Router {
       `${deliveries.length} deliveries re-applied${summary ? `: ${summary}` : ''}`,
     )
     await send(res, resultPage(operator, 'Bulk re-apply', record, false))
-  })
+  }))
 
   const loadDelivery = async (req: Request) => {
     const { deliveryId, bodySha256 } = req.params as { deliveryId: string; bodySha256: string }
@@ -386,7 +396,7 @@ export function consoleRoutes(deps: ConsoleDeps): Router {
       }),
     )
   })
-  router.post(`${CONSOLE_PATH}/deliveries/:deliveryId/:bodySha256/reapply`, async (req, res) => {
+  router.post(`${CONSOLE_PATH}/deliveries/:deliveryId/:bodySha256/reapply`, oneAtATime(async (req, res) => {
     const operator = operatorOf(res)
     const actionId = actionIdOf(req)
     const previous = done.get(actionId)
@@ -403,7 +413,7 @@ export function consoleRoutes(deps: ConsoleDeps): Router {
         : `nothing to re-apply: a ${result.eventType} event`,
     )
     await send(res, resultPage(operator, 'Re-apply a delivery', record, false, html`<p><a href="${deliveryPath(delivery)}">Back to the delivery</a></p>`))
-  })
+  }))
 
   const OrdersQuery = z.object({
     reference: text,
@@ -450,7 +460,7 @@ export function consoleRoutes(deps: ConsoleDeps): Router {
       }),
     )
   })
-  router.post(`${CONSOLE_PATH}/orders/requeue`, async (req, res) => {
+  router.post(`${CONSOLE_PATH}/orders/requeue`, oneAtATime(async (req, res) => {
     const operator = operatorOf(res)
     const actionId = actionIdOf(req)
     const previous = done.get(actionId)
@@ -465,7 +475,7 @@ export function consoleRoutes(deps: ConsoleDeps): Router {
       `${requeued} due now, ${results.length - requeued} cleared but not pollable${reference && results.length === 0 ? ' (no such order)' : ''}`,
     )
     await send(res, resultPage(operator, 'Requeue flagged orders', record, false))
-  })
+  }))
 
   router.get(`${CONSOLE_PATH}/orders/:id`, async (req, res) => {
     const id = Number(req.params.id)
@@ -553,7 +563,7 @@ export function consoleRoutes(deps: ConsoleDeps): Router {
       }),
     )
   })
-  router.post(`${CONSOLE_PATH}/reactions/retry-failed`, async (req, res) => {
+  router.post(`${CONSOLE_PATH}/reactions/retry-failed`, oneAtATime(async (req, res) => {
     const operator = operatorOf(res)
     const actionId = actionIdOf(req)
     const previous = done.get(actionId)
@@ -566,7 +576,7 @@ export function consoleRoutes(deps: ConsoleDeps): Router {
       ids.length === 0 ? 'no failed reaction jobs' : `${ids.length} job(s) run again now: ${ids.slice(0, 20).join(', ')}${ids.length > 20 ? ', …' : ''}`,
     )
     await send(res, resultPage(operator, 'Retry every failed reaction', record, false, html`<p><a href="${CONSOLE_PATH}/reactions?state=pending">The pending reactions</a></p>`))
-  })
+  }))
 
   const jobIdOf = (req: Request): string | undefined => {
     const { id } = req.params as { id: string }
@@ -618,7 +628,7 @@ export function consoleRoutes(deps: ConsoleDeps): Router {
         }),
       )
     })
-    router.post(`${CONSOLE_PATH}/reactions/:id/${verb}`, async (req, res) => {
+    router.post(`${CONSOLE_PATH}/reactions/:id/${verb}`, oneAtATime(async (req, res) => {
       const operator = operatorOf(res)
       const actionId = actionIdOf(req)
       const previous = done.get(actionId)
@@ -643,14 +653,14 @@ export function consoleRoutes(deps: ConsoleDeps): Router {
         resultPage(operator, action.title, record, false, html`<p><a href="${reactionPath(id)}">Back to the job</a></p>`),
         outcome.result === action.done ? 200 : outcome.result === 'not_found' ? 404 : 409,
       )
-    })
+    }))
   }
 
   router.get(`${CONSOLE_PATH}/reconcile`, async (_req, res) => {
     const runs = await listRuns(db, 20)
     await send(res, reconcilePage(operatorOf(res), { runs, actionId: newActionId(), available: deps.reconcileOnce !== undefined }))
   })
-  router.post(`${CONSOLE_PATH}/reconcile/run`, async (req, res) => {
+  router.post(`${CONSOLE_PATH}/reconcile/run`, oneAtATime(async (req, res) => {
     const operator = operatorOf(res)
     const actionId = actionIdOf(req)
     const previous = done.get(actionId)
@@ -659,7 +669,7 @@ export function consoleRoutes(deps: ConsoleDeps): Router {
     if (!summary) return send(res, messagePage('Reconcile', operator, 'Not available until the service is ready; try again shortly.'), 503)
     const record = remember(actionId, operator, 'run one reconcile cycle', cycleResult(summary))
     await send(res, resultPage(operator, 'Reconcile', record, false, html`<p><a href="${CONSOLE_PATH}/reconcile">Back to the runs</a></p>`))
-  })
+  }))
 
   router.use(CONSOLE_PATH, async (req, res) => {
     await send(res, messagePage('Not found', operatorOf(res), `No console page at ${req.path}.`), 404)
