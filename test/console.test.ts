@@ -373,6 +373,30 @@ describe('operator console', () => {
     expect(cursor.status).toBe(400)
   })
 
+  it('answers an id no row can have with 404, and a page cursor or search text no row can match with 400 naming the field', async () => {
+    // orders.id is an integer and reaction_jobs.id a bigint; Postgres text holds no NUL
+    for (const path of ['/console/orders/2147483648', '/console/reactions/9223372036854775808', '/console/reactions/9999999999999999999/retry', `/console/deliveries/a%00b/${'0'.repeat(64)}`]) {
+      const response = await bearer(request(admin).get(path))
+      expect(response.status, path).toBe(404)
+      expect(response.text, path).toContain('<p class="problem">No such')
+    }
+    const cases: [string, Record<string, string>, string][] = [
+      ['/console/orders', { before: '2147483648' }, 'before: '],
+      ['/console/reactions', { before: '9223372036854775808' }, 'before: not a page cursor from this console'],
+      ['/console/deliveries', { reference: 'a\u0000b' }, 'reference: must not hold a NUL character'],
+      ['/console/orders', { status: '\u0000' }, 'status: must not hold a NUL character'],
+      ['/console/reactions', { handler: 'x\u0000' }, 'handler: must not hold a NUL character'],
+      ['/console/reactions/first-attempts', { handler: 'x\u0000' }, 'handler: must not hold a NUL character'],
+      ['/console/orders/requeue', { reference: '\u0000' }, 'reference: must not hold a NUL character'],
+    ]
+    for (const [path, query, problem] of cases) {
+      const response = await bearer(request(admin).get(path).query(query))
+      expect(response.status, path).toBe(400)
+      expect(response.type, path).toBe('text/html')
+      expect(response.text, path).toContain(problem)
+    }
+  })
+
   it('shows an order with its timeline and the channel of each change', async () => {
     const order = await findOrderByExternalReference(database.db, 'late-1')
     const page = await bearer(request(admin).get(`/console/orders/${order!.id}`))

@@ -104,6 +104,8 @@ const text = z
   .string()
   .trim()
   .max(512)
+  // Postgres text cannot hold a NUL, so no stored value has one
+  .refine((value) => !value.includes('\u0000'), 'must not hold a NUL character')
   .optional()
   .transform((value) => (value === '' ? undefined : value))
 
@@ -134,9 +136,14 @@ const FilterQuery = z.object({
 
 class BadInput extends Error {}
 
+// orders.id is a Postgres integer and reaction_jobs.id a bigint: a larger id names no row, and the
+// database would refuse it as a parameter
+const ORDER_ID_MAX = 2 ** 31 - 1
+const isJobId = (value: string) => /^[1-9]\d{0,18}$/.test(value) && BigInt(value) <= 2n ** 63n - 1n
+
 function optionalText(value: unknown): string | undefined {
   const parsed = text.safeParse(value)
-  if (!parsed.success) throw new BadInput('reference: must be one text value')
+  if (!parsed.success) throw new BadInput(`reference: ${parsed.error.issues.map((issue) => issue.message).join('; ')}`)
   return parsed.data
 }
 
@@ -362,7 +369,7 @@ export function consoleRoutes(deps: ConsoleDeps): Router {
 
   const loadDelivery = async (req: Request) => {
     const { deliveryId, bodySha256 } = req.params as { deliveryId: string; bodySha256: string }
-    if (!/^[0-9a-f]{64}$/.test(bodySha256)) return undefined
+    if (!/^[0-9a-f]{64}$/.test(bodySha256) || deliveryId.includes('\u0000')) return undefined
     return findDelivery(db, deliveryId, bodySha256)
   }
 
@@ -420,7 +427,7 @@ export function consoleRoutes(deps: ConsoleDeps): Router {
     trade: text,
     status: text,
     attention: text,
-    before: z.coerce.number().int().positive().optional(),
+    before: z.coerce.number().int().positive().max(ORDER_ID_MAX).optional(),
   })
   router.get(`${CONSOLE_PATH}/orders`, async (req, res) => {
     const parsed = OrdersQuery.safeParse(req.query)
@@ -479,7 +486,7 @@ export function consoleRoutes(deps: ConsoleDeps): Router {
 
   router.get(`${CONSOLE_PATH}/orders/:id`, async (req, res) => {
     const id = Number(req.params.id)
-    const order = Number.isSafeInteger(id) && id > 0 ? await findOrderById(db, id) : undefined
+    const order = Number.isSafeInteger(id) && id > 0 && id <= ORDER_ID_MAX ? await findOrderById(db, id) : undefined
     if (!order) return send(res, messagePage('Not found', operatorOf(res), 'No such order.'), 404)
     const [history, deliveries] = await Promise.all([
       orderHistory(db, order.id),
@@ -500,7 +507,7 @@ export function consoleRoutes(deps: ConsoleDeps): Router {
       .optional()
       .transform((value) => (value === '' ? undefined : value)),
     handler: text,
-    before: z.string().regex(/^[1-9]\d{0,18}$/, 'not a page cursor from this console').optional(),
+    before: z.string().refine(isJobId, 'not a page cursor from this console').optional(),
   })
   router.get(`${CONSOLE_PATH}/reactions`, async (req, res) => {
     const parsed = ReactionsQuery.safeParse(req.query)
@@ -580,7 +587,7 @@ export function consoleRoutes(deps: ConsoleDeps): Router {
 
   const jobIdOf = (req: Request): string | undefined => {
     const { id } = req.params as { id: string }
-    return /^[1-9]\d{0,18}$/.test(id) ? id : undefined
+    return isJobId(id) ? id : undefined
   }
 
   router.get(`${CONSOLE_PATH}/reactions/:id`, async (req, res) => {
