@@ -247,6 +247,9 @@ describe('operator console', () => {
         request(admin).post(path).set('Authorization', basic('ops', TOKEN)).type('form').send(withoutCsrf),
       ]
       for (const refusal of refusals) expect((await refusal).status).toBe(403)
+      // a form in a charset the console does not read
+      const utf7 = await bearer(request(admin).post(path)).set('Content-Type', 'application/x-www-form-urlencoded; charset=utf-7').send('a=1')
+      expect([utf7.status, utf7.body.error?.code]).toEqual([415, 'unsupported_media_type'])
       expect((await findDelivery(database.db, 'dlv-late-2'))?.outcome).toBe('unmatched')
     })
 
@@ -388,6 +391,17 @@ describe('operator console', () => {
       ['/console/reactions', { handler: 'x\u0000' }, 'handler: must not hold a NUL character'],
       ['/console/reactions/first-attempts', { handler: 'x\u0000' }, 'handler: must not hold a NUL character'],
       ['/console/orders/requeue', { reference: '\u0000' }, 'reference: must not hold a NUL character'],
+      // hand-made delivery page cursors: a NUL in the id, a day that does not exist, a time the console never writes
+      ...[
+        ['2026-11-27T08:00:00.000000Z', 'a\u0000b', 'f'.repeat(64)],
+        ['2026-02-31T08:00:00.000000Z', 'dlv-1', 'f'.repeat(64)],
+        ['Fri, 27 Nov 2026 08:00:00 GMT', 'dlv-1', 'f'.repeat(64)],
+        ['2026-11-27T08:00:00.000000Z', 'dlv-1', 'not a digest'],
+      ].map((cursor): [string, Record<string, string>, string] => [
+        '/console/deliveries',
+        { after: Buffer.from(JSON.stringify(cursor)).toString('base64url') },
+        'after: not a page cursor from this console',
+      ]),
     ]
     for (const [path, query, problem] of cases) {
       const response = await bearer(request(admin).get(path).query(query))

@@ -147,6 +147,22 @@ function optionalText(value: unknown): string | undefined {
   return parsed.data
 }
 
+/** A cursor's time as delivery.repository.ts writes it (microseconds, UTC), naming a day that exists. */
+function isCursorTime(value: unknown): value is string {
+  const match = typeof value === 'string' ? /^(\d{4})-(\d{2})-(\d{2})T(\d{2}):(\d{2}):(\d{2})\.\d{6}Z$/.exec(value) : null
+  if (!match) return false
+  const [year, month, day, hour, minute, second] = match.slice(1).map(Number) as [number, number, number, number, number, number]
+  const time = new Date(Date.UTC(year, month - 1, day, hour, minute, second))
+  return (
+    time.getUTCFullYear() === year &&
+    time.getUTCMonth() === month - 1 &&
+    time.getUTCDate() === day &&
+    time.getUTCHours() === hour &&
+    time.getUTCMinutes() === minute &&
+    time.getUTCSeconds() === second
+  )
+}
+
 function parseFilter(source: unknown): { filter: DeliveryFilter; after: DeliveryCursor | undefined } {
   const parsed = FilterQuery.safeParse(source)
   if (!parsed.success) throw new BadInput(parsed.error.issues.map((issue) => `${issue.path.join('.')}: ${issue.message}`).join('; '))
@@ -155,11 +171,13 @@ function parseFilter(source: unknown): { filter: DeliveryFilter; after: Delivery
   if (query.after) {
     try {
       const [receivedAt, deliveryId, bodySha256] = JSON.parse(Buffer.from(query.after, 'base64url').toString('utf8')) as unknown[]
+      // exactly what encodeCursor wrote, so the database is never handed a value it refuses
       if (
-        typeof receivedAt !== 'string' ||
-        Number.isNaN(Date.parse(receivedAt)) ||
+        !isCursorTime(receivedAt) ||
         typeof deliveryId !== 'string' ||
-        typeof bodySha256 !== 'string'
+        deliveryId.includes('\u0000') ||
+        typeof bodySha256 !== 'string' ||
+        !/^[0-9a-f]{64}$/.test(bodySha256)
       )
         throw new Error('bad cursor')
       after = { receivedAt, deliveryId, bodySha256 }

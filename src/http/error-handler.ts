@@ -1,12 +1,19 @@
 import type { ErrorRequestHandler, RequestHandler } from 'express'
 import { describeDatabaseError, loggableError } from '../db/database-errors.js'
 import type { Logger } from '../logger.js'
-import { AppError, type ErrorBody, errorBody } from './app-error.js'
+import { AppError, type ErrorBody, type ErrorCode, errorBody } from './app-error.js'
 
 export function notFoundHandler(): RequestHandler {
   return (req, res) => {
     res.status(404).json(errorBody('not_found', `No route for ${req.method} ${req.path}`))
   }
+}
+
+// the codes of the 4xx statuses that Express's body parsers and raw-body answer with; any other is invalid_payload
+const BODY_ERROR_CODES: Partial<Record<number, ErrorCode>> = {
+  408: 'request_timeout',
+  413: 'payload_too_large',
+  415: 'unsupported_media_type',
 }
 
 /**
@@ -27,7 +34,7 @@ export function errorAnswer(error: unknown, logger: Logger, path: string): { sta
   // errors raised by Express's own body parsers and raw-body carry a status and a type
   const status = (error as { status?: unknown }).status
   if (typeof status === 'number' && status >= 400 && status < 500) {
-    const code = status === 413 ? 'payload_too_large' : status === 408 ? 'request_timeout' : 'invalid_payload'
+    const code = BODY_ERROR_CODES[status] ?? 'invalid_payload'
     return { status, body: errorBody(code, (error as Error).message) }
   }
   logger.error({ err: loggableError(error), path }, 'unhandled error')
