@@ -213,7 +213,7 @@ export async function startService({
             ? [
                 localCliRoutes({
                   token: localCliToken,
-                  context: { config, db: database.db, holdLock: database.holdLock, withoutTimeouts: database.withoutTimeouts, logger, reactions },
+                  context: { config, db: database.db, holdLock: database.holdLock, vacuum: database.vacuum, withoutTimeouts: database.withoutTimeouts, logger, reactions },
                   runCommand,
                   whenReady: databaseReady,
                 }),
@@ -317,6 +317,7 @@ export async function startService({
         createPruner({
           db: database.db,
           holdLock: database.holdLock,
+          vacuum: database.vacuum,
           clock,
           logger,
           settings: prunerSettings(config.retention),

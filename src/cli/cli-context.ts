@@ -21,6 +21,8 @@ export interface CliContext {
   db: Kysely<Database>
   /** The database handle's advisory lock held in a transaction of its own (open-database.ts); `prune` needs it. */
   holdLock?: DatabaseHandle['holdLock'] | undefined
+  /** PGlite: the VACUUM that ends a pruning pass there (open-database.ts); `prune` uses it. */
+  vacuum?: DatabaseHandle['vacuum'] | undefined
   /** Runs the migrations where no statement timeout ends them (open-database.ts); `migrate` uses it. */
   withoutTimeouts?: DatabaseHandle['withoutTimeouts'] | undefined
   /** The service's reaction handlers; when absent, the ones its config names (configured-reactions.ts). */
@@ -124,6 +126,7 @@ export async function withDatabase<T>(
       logger,
       db: database.db,
       holdLock: database.holdLock,
+      vacuum: database.vacuum,
       withoutTimeouts: database.withoutTimeouts,
       reactions: configuredReactions(config, { logger }),
     })

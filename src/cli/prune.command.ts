@@ -17,10 +17,10 @@ export function registerPruneCommand(program: Command): void {
         import('../retention/prune.js'),
         import('../clock.js'),
       ])
-      await withDatabase(async ({ db, holdLock, config, logger }) => {
+      await withDatabase(async ({ db, holdLock, vacuum, config, logger }) => {
         if (!holdLock) throw new Error('prune runs on a database handle (its lock keeps one pass at a time)')
         const result = await runPrunePass(
-          { db, holdLock, clock: systemClock, logger },
+          { db, holdLock, vacuum, clock: systemClock, logger },
           prunerSettings(config.retention),
           { dryRun: options.dryRun === true },
         )

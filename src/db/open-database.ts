@@ -27,6 +27,12 @@ export interface DatabaseHandle {
   /** PGlite only: a full garbage collection on its thread, which frees what the database's start left there. */
   collectGarbage?(): Promise<void>
   /**
+   * PGlite only: a VACUUM of the whole database, which makes the space of deleted and updated rows reusable.
+   * PGlite runs Postgres as one process, without the autovacuum that does this on Postgres: without it, rows
+   * pruned by retention keep their place on disk and the tables grow with every row ever written.
+   */
+  vacuum?(): Promise<void>
+  /**
    * Calls `onNotify` for every NOTIFY on `channel` (delivered on the notifier's commit), and also after a
    * lost connection is back (notifications sent meanwhile are gone: the caller should look). Postgres:
    * a dedicated connection outside the pool that reconnects with backoff and never throws; PGlite: its
@@ -409,6 +415,9 @@ function openPglite({ dataDir = 'memory://', logger, pgliteTemplate }: OpenDatab
     kind: 'pglite',
     poolStats: () => ({ total: 1, idle: 1, waiting: 0 }),
     collectGarbage: () => pglite.collectGarbage(),
+    vacuum: async () => {
+      await sql`vacuum`.execute(db)
+    },
     dumpDataDir: async () => {
       await pglite.waitReady
       return pglite.dumpDataDir()

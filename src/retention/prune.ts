@@ -16,7 +16,9 @@
 // gives it back at the end; a replica that finds it taken skips its pass. The batches run on the pool. (The
 // lock used to be a session's, taken and given back as two statements on a pinned pool connection: behind a
 // pooler in transaction mode the two could land on two server sessions, and the lock stayed with the first.)
-// PGlite is one process with one connection: the lock is always granted.
+// PGlite is one process with one connection: the lock is always granted. It also has no autovacuum, so a pass
+// there ends with a VACUUM (the database handle's vacuum): without it, what a pass deletes keeps its place on
+// disk and DATA_DIR grows with every delivery ever received.
 import type { Kysely } from 'kysely'
 import type { Clock } from '../clock.js'
 import type { Database } from '../db/database.js'
@@ -78,6 +80,8 @@ export interface PruneDeps {
   holdLock: DatabaseHandle['holdLock']
   clock: Clock
   logger?: Logger | undefined
+  /** PGlite: makes the space of what the pass pruned reusable (open-database.ts); Postgres: absent, autovacuum does it. */
+  vacuum?: DatabaseHandle['vacuum'] | undefined
   /** Called after every batch with the rows it pruned: the metrics counter. */
   onPruned?: ((kind: PrunedKind, rows: number) => void) | undefined
 }
@@ -119,7 +123,9 @@ export async function runPrunePass(
     return { ran: false, dryRun, counts: { body: 0, delivery: 0, reaction_job: 0 }, ...cutoffs, interrupted: false }
   }
   try {
-    return await prune(deps, deps.db, settings, cutoffs, signal)
+    const result = await prune(deps, deps.db, settings, cutoffs, signal)
+    if (!result.interrupted) await deps.vacuum?.()
+    return result
   } finally {
     await release()
   }
