@@ -5,6 +5,7 @@ import pg from 'pg'
 import { afterEach, beforeEach, describe, expect, it } from 'vitest'
 import type { Database } from '../src/db/database.js'
 import { PRUNE_LOCK_KEY, type PruneDeps, type RetentionSettings, runPrunePass } from '../src/retention/prune.js'
+import { finishRun, listRuns, startRun } from '../src/reconcile/reconcile-run.repository.js'
 import { startService, type RunningService } from '../src/service.js'
 import {
   findDelivery,
@@ -81,7 +82,7 @@ describe('retention pass', () => {
   beforeEach(async () => {
     clock = new FakeClock(Date.parse('2026-06-01T00:00:00Z'))
     deps = { db: database.db, holdLock: database.holdLock, clock }
-    await sql`truncate webhook_deliveries, reaction_jobs, order_status_history, retention_progress`.execute(database.db)
+    await sql`truncate webhook_deliveries, reaction_jobs, order_status_history, retention_progress, reconcile_runs`.execute(database.db)
   })
 
   it('empties old bodies, deletes old rows and done jobs, and keeps history, parked deliveries and unfinished jobs', async () => {
@@ -133,7 +134,29 @@ describe('retention pass', () => {
     expect(history).toEqual([{ toStatus: 'funded' }])
 
     // a second pass finds nothing more
-    expect((await runPrunePass(deps, SETTINGS)).counts).toEqual({ body: 0, delivery: 0, reaction_job: 0 })
+    expect((await runPrunePass(deps, SETTINGS)).counts).toEqual({ body: 0, delivery: 0, reaction_job: 0, reconcile_run: 0 })
+  })
+
+  // the poller writes a run per cycle that claimed an order: about one per replica every POLL_INTERVAL_S on a
+  // partner with open orders, which no pass deleted before
+  it('deletes the poller\'s reconcile runs older than the delivery retention and keeps the young ones', async () => {
+    const now = clock.now()
+    const ages = [400, 120, 91, 91, 91, 89, 1]
+    for (const [index, ageDays] of ages.entries()) {
+      const runId = await startRun(database.db, { replica: 'host:1', startedAt: new Date(now - ageDays * DAY) })
+      // the newest one never finished: its replica died; the oldest such one goes all the same
+      if (index !== 0 && index !== ages.length - 1) {
+        await finishRun(database.db, runId, { finishedAt: new Date(now - ageDays * DAY + 1_000), polled: 1, changed: 0, errors: 0, stoppedReason: null })
+      }
+    }
+    expect((await runPrunePass(deps, SETTINGS, { dryRun: true })).counts.reconcile_run).toBe(5)
+    expect(await listRuns(database.db, 100)).toHaveLength(7)
+
+    // batches of 2: the walk goes on past full batches and stops at the first young run
+    expect((await runPrunePass(deps, SETTINGS)).counts.reconcile_run).toBe(5)
+    const kept = await listRuns(database.db, 100)
+    expect(kept.map((run) => (now - run.startedAt.getTime()) / DAY)).toEqual([1, 89])
+    expect((await runPrunePass(deps, SETTINGS)).counts.reconcile_run).toBe(0)
   })
 
   it('keeps deduplicating a delivery whose body was pruned, and forgets one whose row was deleted', async () => {
@@ -176,7 +199,7 @@ describe('retention pass', () => {
 
     const result = await runPrunePass(deps, SETTINGS, { dryRun: true })
 
-    expect(result).toMatchObject({ ran: true, dryRun: true, counts: { body: 1, delivery: 1, reaction_job: 1 } })
+    expect(result).toMatchObject({ ran: true, dryRun: true, counts: { body: 1, delivery: 1, reaction_job: 1, reconcile_run: 0 } })
     expect(await deliveryRows(database.db)).toEqual(before)
     expect(await jobStates(database.db)).toEqual(['done', 'failed'])
     const progress = await database.db.selectFrom('retentionProgress').selectAll().execute()

@@ -8,7 +8,7 @@ export function registerPruneCommand(program: Command): void {
   program
     .command('prune')
     .description(
-      'delete what retention says is old: raw bodies after RETENTION_DAYS, delivery rows and done reaction jobs after DELIVERY_RETENTION_DAYS (never order history or parked deliveries)',
+      'delete what retention says is old: raw bodies after RETENTION_DAYS, delivery rows, done reaction jobs and reconcile runs after DELIVERY_RETENTION_DAYS (never order history or parked deliveries)',
     )
     .option('--dry-run', 'count what a pass would prune now, change nothing')
     .option('--json', 'print the result as JSON')
@@ -39,6 +39,7 @@ export function registerPruneCommand(program: Command): void {
             `${verb}: ${result.counts.body} raw bodies (received before ${result.bodiesBefore.toISOString()}, ${config.retention.bodyDays} days)`,
             `${verb}: ${result.counts.delivery} delivery rows (received before ${result.deliveriesBefore.toISOString()}, ${config.retention.deliveryDays} days)`,
             `${verb}: ${result.counts.reaction_job} done reaction jobs (finished before ${result.deliveriesBefore.toISOString()})`,
+            `${verb}: ${result.counts.reconcile_run} reconcile runs (started before ${result.deliveriesBefore.toISOString()})`,
           ].join('\n') + '\n',
         )
       })

@@ -40,7 +40,7 @@ export interface MetricsSources {
 }
 
 /** What retention prunes: the label values of retention_rows_pruned_total (src/retention/prune.ts). */
-const PRUNED_KINDS = ['body', 'delivery', 'reaction_job'] as const
+const PRUNED_KINDS = ['body', 'delivery', 'reaction_job', 'reconcile_run'] as const
 
 export interface RetentionHooks {
   onPruned(kind: (typeof PRUNED_KINDS)[number], rows: number): void
@@ -177,7 +177,7 @@ export function createMetrics(
 
   const rowsPruned = new Counter({
     name: 'retention_rows_pruned_total',
-    help: 'Rows pruned by retention, by what: body (a raw body emptied), delivery (a delivery row deleted), reaction_job (a done job deleted, or a first attempt done, with its stream batch record)',
+    help: 'Rows pruned by retention, by what: body (a raw body emptied), delivery (a delivery row deleted), reaction_job (a done job deleted, or a first attempt done, with its stream batch record), reconcile_run (a poll cycle\'s record deleted)',
     labelNames: ['what'] as const,
     registers: [registry],
   })

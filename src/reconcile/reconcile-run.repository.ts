@@ -1,6 +1,7 @@
 // reconcile_runs: one row per poll cycle that did work (claimed an order) or was stopped, written when the
 // cycle starts and completed when it ends, so a cycle that never finished (the replica died) shows as such.
-import type { Kysely } from 'kysely'
+// Retention deletes a run DELIVERY_RETENTION_DAYS after it started (src/retention/prune.ts).
+import { type Kysely, sql } from 'kysely'
 import type { Database } from '../db/database.js'
 
 export interface RunCounts {
@@ -54,4 +55,39 @@ export async function listRuns(db: Kysely<Database>, limit: number): Promise<Rec
     errors: row.errors,
     stoppedReason: row.stoppedReason,
   }))
+}
+
+/**
+ * Looks at the oldest `limit` runs by id and deletes those started before `before`; returns how many it
+ * deleted, and whether the walk is over. Runs are written in id order as their cycles start, so the walk ends
+ * at the first run started at or after `before` or at the end of the table: a pass with nothing to delete
+ * reads one page of the primary key.
+ */
+export async function deleteRunsBefore(
+  db: Kysely<Database>,
+  { before, limit }: { before: Date; limit: number },
+): Promise<{ deleted: number; finished: boolean }> {
+  const { rows } = await sql<{ scanned: string; young: string; deleted: string }>`
+    with scanned as (
+      select id, started_at from reconcile_runs order by id limit ${limit}
+    ), deleted as (
+      delete from reconcile_runs r using scanned s
+      where r.id = s.id and s.started_at < ${before}
+      returning r.id
+    )
+    select (select count(*) from scanned) as scanned,
+      (select count(*) from scanned where started_at >= ${before}) as young,
+      (select count(*) from deleted) as deleted`.execute(db)
+  const row = rows[0]!
+  return { deleted: Number(row.deleted), finished: Number(row.scanned) < limit || Number(row.young) > 0 }
+}
+
+/** What deleteRunsBefore would delete in all (a dry run). */
+export async function countRunsBefore(db: Kysely<Database>, before: Date): Promise<number> {
+  const row = await db
+    .selectFrom('reconcileRuns')
+    .select((eb) => eb.fn.countAll<string>().as('runs'))
+    .where('startedAt', '<', before)
+    .executeTakeFirstOrThrow()
+  return Number(row.runs)
 }

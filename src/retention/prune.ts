@@ -6,10 +6,12 @@
 //   the README's "Retention" for why a replay that late is harmless.
 // - done reaction job: deleted DELIVERY_RETENTION_DAYS after it finished (a first attempt's record, kept per
 //   stream batch, with its batch).
+// - reconcile run: deleted DELIVERY_RETENTION_DAYS after its cycle started (a row per replica and cycle that
+//   claimed an order: about one every POLL_INTERVAL_S on a partner with open orders, a million a year each).
 // - never by age: order_status_history (the outbox and the audit trail), parked (unmatched) deliveries,
 //   and reaction jobs that are pending, running, failed or skipped.
 //
-// A pass runs the three tasks one after the other in batches of `batchSize` rows with a pause between
+// A pass runs the four tasks one after the other in batches of `batchSize` rows with a pause between
 // batches, so it never holds many row locks or a long transaction and ingest keeps its latency. On
 // Postgres one replica at a time prunes: a pass takes an advisory lock with a try-lock, in a transaction of
 // its own on a connection outside the pool that stays open for the pass (the database handle's holdLock), and
@@ -31,6 +33,7 @@ import {
   deleteDeliveriesBefore,
   pruneDeliveryBodiesBefore,
 } from '../webhooks/delivery.repository.js'
+import { countRunsBefore, deleteRunsBefore } from '../reconcile/reconcile-run.repository.js'
 import { findProgress, recordProgress } from './retention-progress.repository.js'
 
 const DAY_MS = 86_400_000
@@ -38,13 +41,13 @@ const DAY_MS = 86_400_000
 /** The advisory lock key of the pruning pass ("prun" in ASCII): one pass at a time across replicas. */
 export const PRUNE_LOCK_KEY = 0x7072756e
 
-export type PrunedKind = 'body' | 'delivery' | 'reaction_job'
-export const PRUNED_KINDS: readonly PrunedKind[] = ['body', 'delivery', 'reaction_job']
+export type PrunedKind = 'body' | 'delivery' | 'reaction_job' | 'reconcile_run'
+export const PRUNED_KINDS: readonly PrunedKind[] = ['body', 'delivery', 'reaction_job', 'reconcile_run']
 
 export interface RetentionSettings {
   /** RETENTION_DAYS: raw bodies older than this are emptied. */
   bodyDays: number
-  /** DELIVERY_RETENTION_DAYS: delivery rows and done reaction jobs older than this are deleted. */
+  /** DELIVERY_RETENTION_DAYS: delivery rows, done reaction jobs and reconcile runs older than this are deleted. */
   deliveryDays: number
   /** Rows per statement. */
   batchSize: number
@@ -59,6 +62,7 @@ export interface PruneCounts {
   body: number
   delivery: number
   reaction_job: number
+  reconcile_run: number
 }
 
 export interface PruneResult {
@@ -108,19 +112,21 @@ export async function runPrunePass(
   const cutoffs = retentionCutoffs(settings, deps.clock.now())
   if (dryRun) {
     const bodyMark = await findProgress(deps.db, 'delivery_bodies')
-    const [delivery, body, reactionJob] = await Promise.all([
+    const [delivery, body, reactionJob, reconcileRun] = await Promise.all([
       countDeliveriesBefore(deps.db, cutoffs.deliveriesBefore),
       countDeliveryBodiesBefore(deps.db, cutoffs.bodiesBefore, latest(bodyMark, cutoffs.deliveriesBefore)),
       countDoneJobsBefore(deps.db, cutoffs.deliveriesBefore),
+      countRunsBefore(deps.db, cutoffs.deliveriesBefore),
     ])
-    return { ran: true, dryRun, counts: { body, delivery, reaction_job: reactionJob }, ...cutoffs, interrupted: false }
+    const counts = { body, delivery, reaction_job: reactionJob, reconcile_run: reconcileRun }
+    return { ran: true, dryRun, counts, ...cutoffs, interrupted: false }
   }
   // one replica at a time: the lock is held in a transaction of its own for the pass, and the batches run on
   // the pool, each its own short transaction
   const release = await deps.holdLock(PRUNE_LOCK_KEY)
   if (!release) {
     deps.logger?.debug('retention: another replica is pruning; this pass is skipped')
-    return { ran: false, dryRun, counts: { body: 0, delivery: 0, reaction_job: 0 }, ...cutoffs, interrupted: false }
+    return { ran: false, dryRun, counts: { body: 0, delivery: 0, reaction_job: 0, reconcile_run: 0 }, ...cutoffs, interrupted: false }
   }
   try {
     const result = await prune(deps, deps.db, settings, cutoffs, signal)
@@ -139,7 +145,7 @@ async function prune(
   signal: AbortSignal | undefined,
 ): Promise<PruneResult> {
   const { clock } = deps
-  const counts: PruneCounts = { body: 0, delivery: 0, reaction_job: 0 }
+  const counts: PruneCounts = { body: 0, delivery: 0, reaction_job: 0, reconcile_run: 0 }
   const limit = settings.batchSize
   const stopped = () => signal?.aborted === true
   const pause = async () => {
@@ -198,10 +204,17 @@ async function prune(
     if (batch.finished) break
     await pause()
   }
+  for (;;) {
+    if (stopped()) return done(true)
+    const batch = await deleteRunsBefore(db, { before: cutoffs.deliveriesBefore, limit })
+    count('reconcile_run', batch.deleted)
+    if (batch.finished) break
+    await pause()
+  }
   return done(false)
 
   function done(interrupted: boolean): PruneResult {
-    if (counts.body + counts.delivery + counts.reaction_job > 0 || interrupted) {
+    if (counts.body + counts.delivery + counts.reaction_job + counts.reconcile_run > 0 || interrupted) {
       deps.logger?.info({ pruned: counts, interrupted }, 'retention: pass finished')
     }
     return { ran: true, dryRun: false, counts, ...cutoffs, interrupted }
