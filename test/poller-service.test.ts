@@ -23,7 +23,7 @@ describe('the poller in the service', () => {
   it('polls due orders on its interval, counts the results in /metrics, and stops with the service', async () => {
     platform = await startRecordingServer({
       secret: TEST_API_SECRET,
-      answer: () => ({ status: 200, body: tradeRecord({ trade_id: 'tr_svc-1', status: 'delivered' }) }),
+      answer: () => ({ status: 200, body: tradeRecord({ trade_id: 'tr_svc-1', status: 'delivered', external_reference: 'svc-1' }) }),
     })
     const clock = new FakeClock()
     const logger = testLogger([TEST_API_SECRET, TEST_WEBHOOK_SECRET])

@@ -5,6 +5,7 @@ import { dueOrderStats } from '../src/reconcile/poller.js'
 import { UNAUTHORIZED_MESSAGE } from '../src/reconcile/reconcile-cycle.js'
 import { FakeClock } from './helpers/fake-clock.js'
 import { logEntries } from './helpers/log-sink.js'
+import { tradeRecord } from './helpers/partner-api-fixtures.js'
 import { countingFetcher, insertOrders, orderByReference, platformError } from './helpers/reconcile-orders.js'
 import { deferred, eventually, testPoller } from './helpers/reconcile-poller.js'
 import { useTestDatabase } from './helpers/test-database.js'
@@ -135,6 +136,29 @@ describe('the poller', () => {
       const summary = await poller.runOnce()
       expect(summary.results.stale).toBe(1)
       expect((await orderByReference(database.db, 'a')).tradeStatus).toBe('delivered')
+    })
+
+    it('keeps the order as it was when the polled record is another order’s or another trade’s, and counts an error', async () => {
+      await insertOrders(database.db, [
+        { externalReference: 'mine', nextPollAt: fromNow(-1) },
+        { externalReference: 'mine-too', nextPollAt: fromNow(-1) },
+      ])
+      const fetcher = countingFetcher((tradeId) =>
+        tradeId === 'tr_mine'
+          ? tradeRecord({ trade_id: tradeId, reference: 'REF-x', status: 'released', external_reference: 'someone-else' })
+          : tradeRecord({ trade_id: 'tr_other', reference: 'REF-x', status: 'released', external_reference: 'mine-too' }),
+      )
+      const summary = await testPoller({ db: database.db, fetcher, clock }).runOnce()
+
+      expect(summary.results).toMatchObject({ applied: 0, error: 2 })
+      for (const reference of ['mine', 'mine-too']) {
+        const order = await orderByReference(database.db, reference)
+        expect(order, reference).toMatchObject({ tradeStatus: 'funded', tradeId: `tr_${reference}`, isTerminal: false })
+        expect(order.nextPollAt, reference).not.toBeNull()
+        expect(await historyOf(reference)).toEqual([])
+      }
+      const warnings = logEntries().filter((entry) => String(entry.msg).includes('another order'))
+      expect(warnings.map((entry) => entry.answeredExternalReference).sort()).toEqual(['mine-too', 'someone-else'])
     })
 
     it('polls no more than POLL_CONCURRENCY trades at once', async () => {

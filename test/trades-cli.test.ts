@@ -5,7 +5,7 @@ import type { CliContext } from '../src/cli/cli-context.js'
 import { findOrderByExternalReference } from '../src/orders/order.repository.js'
 import { runCommandWith } from './helpers/cli-in-process.js'
 import { testLogger } from './helpers/log-sink.js'
-import { recordForPath, tradeRecord } from './helpers/partner-api-fixtures.js'
+import { recordForPath, respondResult, tradeRecord } from './helpers/partner-api-fixtures.js'
 import {
   type PlannedAnswer,
   type RecordedRequest,
@@ -33,7 +33,7 @@ beforeAll(async () => {
           body: tradeRecord({ trade_id: `tr_${sent.external_reference}`, external_reference: sent.external_reference }),
         }
       }
-      return { status: 200, body: recordForPath(request.path) }
+      return { status: 200, body: recordOfPathTrade(request.path) }
     },
   })
   const config = testConfig({ PARTNER_API_BASE_URL: server.url })
@@ -46,6 +46,18 @@ afterAll(async () => {
 beforeEach(() => {
   answer = undefined
 })
+
+/** What the platform answers on the trade the path names: its own record (the order's reference is the id without tr_). */
+function recordOfPathTrade(path: string): unknown {
+  const tradeId = decodeURIComponent(path.split('/')[5]!)
+  const own = { trade_id: tradeId, external_reference: tradeId.replace(/^tr_/, '') }
+  if (path.endsWith('/respond/')) {
+    const result = respondResult()
+    return { ...result, trade: { ...result.trade, ...own } }
+  }
+  if (path.endsWith('/proposals/') || path.endsWith('/dispute/')) return recordForPath(path)
+  return tradeRecord(own)
+}
 
 function cli(...args: string[]) {
   return runCommandWith(args, context)

@@ -233,6 +233,22 @@ describe('openTradeForOrder', () => {
     expect((await order(ref)).tradeCreateState).toBe('none')
   })
 
+  it('links nothing and marks the create unknown when the platform answers with another order’s trade', async () => {
+    const ref = reference()
+    const client = fakeTradeApi({
+      createTrade: async () => tradeRecord({ trade_id: 'tr_stranger', status: 'released', external_reference: 'someone-else' }),
+    })
+    await expect(openTradeForOrder(deps(client), ref, request)).rejects.toMatchObject({
+      name: 'TradeOperationError',
+      code: 'answer_mismatch',
+      message: expect.stringContaining('--retry'),
+    })
+    const after = await order(ref)
+    expect(after).toMatchObject({ tradeId: null, tradeStatus: null, tradeCreateState: 'unknown' })
+    expect(await history(after.id)).toEqual([])
+    await expect(openTradeForOrder(deps(fakeTradeApi()), ref, request)).rejects.toMatchObject({ code: 'trade_create_unknown' })
+  })
+
   it('refuses to open a trade for an order that already has one', async () => {
     const ref = reference()
     const client = fakeTradeApi()
@@ -337,6 +353,26 @@ describe('runTradeOperation', () => {
     })
     await expect(runTradeOperation(deps(client, clock), ref, { kind: 'release' })).rejects.toBe(failure)
     expect((await order(ref)).nextPollAt?.getTime()).toBe(clock.now() + EXPECTED_WEBHOOK_S * 1000)
+  })
+
+  it('applies nothing, says so and polls soon when an operation answers another trade’s or another order’s record', async () => {
+    const { ref, clock, opened } = await openedOrder()
+    await clock.advance(1_000)
+    const answers = [
+      tradeRecord({ trade_id: 'tr_other', status: 'released', external_reference: ref }),
+      tradeRecord({ trade_id: opened.tradeId!, status: 'released', external_reference: 'someone-else' }),
+    ]
+    for (const answer of answers) {
+      const client = fakeTradeApi({ releaseTrade: async () => answer })
+      await expect(runTradeOperation(deps(client, clock), ref, { kind: 'release' })).rejects.toMatchObject({
+        name: 'TradeOperationError',
+        code: 'answer_mismatch',
+      })
+      const after = await order(ref)
+      expect(after).toMatchObject({ tradeId: opened.tradeId, tradeStatus: 'created' })
+      expect(after.nextPollAt?.getTime()).toBe(clock.now() + EXPECTED_WEBHOOK_S * 1000)
+      expect(await history(after.id)).toEqual([{ fromStatus: null, toStatus: 'created', source: 'api' }])
+    }
   })
 
   it('changes nothing when the platform refuses the operation', async () => {

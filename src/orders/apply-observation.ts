@@ -69,7 +69,8 @@ export const NO_REACTION_HANDLERS: ObservationSettings['handlersFor'] = () => []
  * status the order had before, or a change to a terminal order. unknown_status: a webhook named a
  * status the table does not know: the order is not moved but polled at once. unmatched: no such
  * order (yet). lease_lost: a poll whose claim expired and was taken by another replica.
- * trade_mismatch: the order is linked to another trade.
+ * trade_mismatch: the order is linked to another trade, or the record observed names another external
+ * reference than the order's (a poll or an API call answered a record of another order).
  */
 export type ObservationOutcome =
   | 'applied'
@@ -273,7 +274,8 @@ function observationStatement(
 
   // decision: the same table as decideTransition(), on the row as locked (the lateral subquery locks
   // one order per input row, in input order, and reads its visited statuses as the last commit left
-  // them); trade_mismatch guards an order linked to another trade
+  // them); trade_mismatch guards an order linked to another trade, and one the record's external
+  // reference does not name
   const decision = sql`
     decision as (
       select i.n, o.id, o.trade_status as from_status, o.version, o.external_reference as order_reference,
@@ -283,6 +285,8 @@ function observationStatement(
         coalesce(o.trade_id, i.trade_id) as event_trade_id,
         case
           when o.trade_id is not null and o.trade_id <> i.trade_id then 'trade_mismatch'
+          -- a poll's or an API call's answer whose record is another order's (a webhook is matched by it)
+          when i.external_reference <> o.external_reference then 'trade_mismatch'
           when o.trade_status = i.status then 'duplicate_effect'
           when o.is_terminal then 'stale'
           when i.status = any(o.visited_statuses) then 'stale'

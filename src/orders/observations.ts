@@ -81,13 +81,16 @@ export function pollObservation(claim: { orderId: number; leaseToken: string }, 
   }
 }
 
-/** The trade record a partner API call answered (create, fund, release, ...) for one of our orders. */
+/**
+ * The trade record a partner API call answered (create, fund, release, ...) for one of our orders. The
+ * record's own external reference is kept, so a record of another order is a trade_mismatch, not applied.
+ */
 export function apiObservation(order: { orderId: number; externalReference: string }, trade: TradeFacts, at: Date): Observation {
   return {
     target: { orderId: order.orderId },
     tradeId: trade.trade_id,
     tradeReference: trade.reference ?? null,
-    externalReference: order.externalReference,
+    externalReference: trade.external_reference ?? order.externalReference,
     status: trade.status,
     source: 'api',
     observedAt: at,

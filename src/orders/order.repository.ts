@@ -101,8 +101,14 @@ export async function startTradeCreate(
   return Number(result.numUpdatedRows) === 1
 }
 
+/** Sets the create state of an order still without a trade (one linked meanwhile, by its webhook, stays created). */
 export async function setTradeCreateState(db: Executor, orderId: number, state: TradeCreateState, now: Date): Promise<void> {
-  await db.updateTable('orders').set({ tradeCreateState: state, updatedAt: now }).where('id', '=', orderId).execute()
+  await db
+    .updateTable('orders')
+    .set({ tradeCreateState: state, updatedAt: now })
+    .where('id', '=', orderId)
+    .where('tradeId', 'is', null)
+    .execute()
 }
 
 /** After a successful create: linked, and due for a poll if no webhook comes by `nextPollAt`. */

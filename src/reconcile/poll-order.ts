@@ -4,7 +4,8 @@
 //
 // What each answer does to the order:
 //   200       applied as an observation; applyObservation clears the lease, resets poll_attempts and
-//             reschedules (STALE_AFTER_S later, never for a terminal status), whether or not it changed
+//             reschedules (STALE_AFTER_S later, never for a terminal status), whether or not it changed;
+//             a record of another trade or of another order (its external_reference) is not applied
 //   404       attention=trade_not_found, next_poll_at=null: polling again would answer the same; an
 //             operator looks and requeues (`reconcile --requeue`)
 //   401       nothing written: the cycle stops and gives every claim back (reconcile-cycle.ts)
@@ -67,7 +68,8 @@ const POLL_RESULT_OF: Record<ObservationOutcome, PollResultKind> = {
   lease_lost: 'lease_lost',
   // the order row is gone (deleted while it was polled): nothing of ours was written
   unmatched: 'lease_lost',
-  // the answer is for another trade: counted as an error (the order is rescheduled STALE_AFTER_S later)
+  // the answer is for another trade or another order: counted as an error (the order is rescheduled
+  // STALE_AFTER_S later)
   trade_mismatch: 'error',
 }
 
@@ -124,10 +126,17 @@ export async function pollOrder(
     )
     const result = POLL_RESULT_OF[applied.outcome]
     if (applied.outcome === 'trade_mismatch') {
-      // GET /trades/{id} answered another trade: the platform or our link is wrong; nothing was applied
+      // GET /trades/{id} answered another trade, or a record of another order's: the platform or our link
+      // is wrong; nothing was applied
       logger.warn(
-        { orderId: order.orderId, tradeId: order.tradeId, answeredTradeId: trade.trade_id },
-        'the platform answered a different trade than the one polled: order not changed',
+        {
+          orderId: order.orderId,
+          externalReference: order.externalReference,
+          tradeId: order.tradeId,
+          answeredTradeId: trade.trade_id,
+          answeredExternalReference: trade.external_reference,
+        },
+        'the platform answered a different trade or another order\'s record than the one polled: order not changed',
       )
     }
     logger.debug(

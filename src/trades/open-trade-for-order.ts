@@ -8,6 +8,7 @@
 //   unknown  a create was sent and its answer never came: never sent again on its own; the webhook that
 //            carries the order's external_reference links the trade, or an operator retries on purpose
 //   created  the platform answered with the trade, now linked
+// An answer that is the record of another order (another external_reference) links nothing: `unknown`.
 import { applyObservation } from '../orders/apply-observation.js'
 import { createOrder } from '../orders/create-order.js'
 import { apiObservation } from '../orders/observations.js'
@@ -19,6 +20,7 @@ import {
 } from '../orders/order.repository.js'
 import { isOutcomeUnknown } from '../partner-api/partner-api-error.js'
 import type { CreateTradeRequest, TradeRecord } from '../partner-api/types.js'
+import { answerMismatch } from './run-trade-operation.js'
 import type { TradeDeps } from './trade-deps.js'
 import { TradeOperationError } from './trade-operation-error.js'
 
@@ -81,11 +83,26 @@ export async function openTradeForOrder(
   }
 
   const now = clock.now()
-  await applyObservation(
+  const applied = await applyObservation(
     db,
     apiObservation({ orderId: order.id, externalReference }, trade, new Date(now)),
     settings.observation,
   )
+  if (applied.outcome === 'trade_mismatch') {
+    // the answer is a record of another order: nothing was linked, and whether this create made a trade
+    // is not known, so it is not sent again on its own
+    await setTradeCreateState(db, order.id, 'unknown', new Date(now))
+    logger.warn(
+      { externalReference, orderId: order.id, answeredTradeId: trade.trade_id },
+      'trade create answered with a record of another order: not linked, outcome unknown',
+    )
+    throw answerMismatch(
+      externalReference,
+      'a trade create',
+      trade,
+      'The create is marked unknown: check the platform, then send it again only on purpose with --retry.',
+    )
+  }
   await markTradeCreated(db, order.id, { nextPollAt: new Date(now + settings.expectedWebhookS * 1000), now: new Date(now) })
   logger.info(
     { externalReference, orderId: order.id, tradeId: trade.trade_id, status: trade.status },

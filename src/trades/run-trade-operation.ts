@@ -70,19 +70,37 @@ export async function runTradeOperation<O extends TradeOperation>(
   }
 
   const trade = tradeOf(operation, result)
-  if (trade) {
-    await applyObservation(
-      db,
-      apiObservation({ orderId: order.id, externalReference }, trade, new Date(clock.now())),
-      settings.observation,
-    )
-  }
+  const applied = trade
+    ? await applyObservation(
+        db,
+        apiObservation({ orderId: order.id, externalReference }, trade, new Date(clock.now())),
+        settings.observation,
+      )
+    : undefined
   await schedulePoll()
+  if (trade && applied?.outcome === 'trade_mismatch') {
+    // the operation was sent on our trade, but what came back is not its record: what it did is not known
+    logger.warn(
+      { externalReference, orderId: order.id, tradeId, operation: operation.kind, answeredTradeId: trade.trade_id },
+      'the platform answered a record of another trade or order: order not changed',
+    )
+    throw answerMismatch(externalReference, `trade ${tradeId}`, trade, 'Check with `trades get`; the order is polled soon.')
+  }
   logger.info(
     { externalReference, orderId: order.id, tradeId, operation: operation.kind, status: trade?.status },
     'trade operation done',
   )
   return result as TradeOperationResults[O['kind']]
+}
+
+/** The platform answered a record that is not the order's trade: not applied, and the call's effect unknown. */
+export function answerMismatch(externalReference: string, tradeId: string, trade: TradeRecord, next: string): TradeOperationError {
+  return new TradeOperationError(
+    'answer_mismatch',
+    `The platform answered for order ${externalReference} (${tradeId}) with the record of trade ${trade.trade_id} ` +
+      `for external reference ${trade.external_reference}: another trade or order, so nothing was applied, and ` +
+      `what the call did is not known. ${next}`,
+  )
 }
 
 /** The platform call behind an operation, and nothing else (no order, no observation). */

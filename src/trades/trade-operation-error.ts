@@ -1,4 +1,5 @@
-// Why an order-level trade operation was refused locally, before or instead of calling the platform.
+// Why an order-level trade operation was refused locally, before or instead of calling the platform, or
+// why what the platform answered was not applied.
 export type TradeOperationErrorCode =
   /** No order with this external reference. */
   | 'order_not_found'
@@ -8,6 +9,8 @@ export type TradeOperationErrorCode =
   | 'trade_create_unknown'
   /** The order has no trade yet to run the operation on. */
   | 'no_trade'
+  /** The platform answered with a record of another trade or another order: nothing of it was applied. */
+  | 'answer_mismatch'
 
 export class TradeOperationError extends Error {
   override name = 'TradeOperationError'

@@ -12,21 +12,23 @@ export type FakeTradeApi = PartnerTradeApi & { calls: FakeCall[] }
 
 export function fakeTradeApi(overrides: Partial<PartnerTradeApi> = {}): FakeTradeApi {
   const calls: FakeCall[] = []
+  // a trade's own record: its external reference is the order's (trades are created as tr_<reference>)
+  const own = (tradeId: string, status: string) => tradeRecord({ trade_id: tradeId, status, external_reference: tradeId.replace(/^tr_/, '') })
   const defaults: PartnerTradeApi = {
     createTrade: async (request) =>
       tradeRecord({ trade_id: `tr_${request.external_reference}`, external_reference: request.external_reference }),
-    getTrade: async (tradeId) => tradeRecord({ trade_id: tradeId }),
-    fundTrade: async (tradeId) => tradeRecord({ trade_id: tradeId, status: 'funded' }),
-    deliverTrade: async (tradeId) => tradeRecord({ trade_id: tradeId, status: 'delivered' }),
-    releaseTrade: async (tradeId) => tradeRecord({ trade_id: tradeId, status: 'released' }),
-    cancelTrade: async (tradeId) => tradeRecord({ trade_id: tradeId, status: 'cancelled' }),
-    deliverMilestone: async (tradeId) => tradeRecord({ trade_id: tradeId, status: 'funded' }),
-    releaseMilestone: async (tradeId) => tradeRecord({ trade_id: tradeId, status: 'funded' }),
+    getTrade: async (tradeId) => own(tradeId, 'created'),
+    fundTrade: async (tradeId) => own(tradeId, 'funded'),
+    deliverTrade: async (tradeId) => own(tradeId, 'delivered'),
+    releaseTrade: async (tradeId) => own(tradeId, 'released'),
+    cancelTrade: async (tradeId) => own(tradeId, 'cancelled'),
+    deliverMilestone: async (tradeId) => own(tradeId, 'funded'),
+    releaseMilestone: async (tradeId) => own(tradeId, 'funded'),
     openDispute: async (tradeId, request) => disputeRecord({ trade_id: tradeId, party: request.party }),
     createProposal: async (tradeId, request) => proposalRecord({ trade_id: tradeId, outcome: request.outcome }),
     respondToProposal: async (tradeId, _proposalId, request) => {
       const result = respondResult(request.accept)
-      return { ...result, trade: { ...result.trade, trade_id: tradeId } }
+      return { ...result, trade: { ...result.trade, ...own(tradeId, result.trade.status) } }
     },
   }
   const fake = { calls } as unknown as FakeTradeApi
