@@ -249,6 +249,21 @@ describe('openTradeForOrder', () => {
     await expect(openTradeForOrder(deps(fakeTradeApi()), ref, request)).rejects.toMatchObject({ code: 'trade_create_unknown' })
   })
 
+  it('links nothing and marks the create unknown when the platform answers with a trade another order has', async () => {
+    const first = reference()
+    const second = reference()
+    const sameTrade = fakeTradeApi({
+      createTrade: async (req) => tradeRecord({ trade_id: 'tr_shared', external_reference: req.external_reference }),
+    })
+    await openTradeForOrder(deps(sameTrade), first, request)
+    await expect(openTradeForOrder(deps(sameTrade), second, request)).rejects.toMatchObject({
+      name: 'TradeOperationError',
+      code: 'answer_mismatch',
+    })
+    expect(await order(second)).toMatchObject({ tradeId: null, tradeStatus: null, tradeCreateState: 'unknown' })
+    expect(await order(first)).toMatchObject({ tradeId: 'tr_shared', tradeStatus: 'created' })
+  })
+
   it('refuses to open a trade for an order that already has one', async () => {
     const ref = reference()
     const client = fakeTradeApi()

@@ -70,7 +70,8 @@ export const NO_REACTION_HANDLERS: ObservationSettings['handlersFor'] = () => []
  * status the table does not know: the order is not moved but polled at once. unmatched: no such
  * order (yet). lease_lost: a poll whose claim expired and was taken by another replica.
  * trade_mismatch: the order is linked to another trade, or the record observed names another external
- * reference than the order's (a poll or an API call answered a record of another order).
+ * reference than the order's (a poll or an API call answered a record of another order), or its trade is
+ * already linked to another order.
  */
 export type ObservationOutcome =
   | 'applied'
@@ -287,6 +288,8 @@ function observationStatement(
           when o.trade_id is not null and o.trade_id <> i.trade_id then 'trade_mismatch'
           -- a poll's or an API call's answer whose record is another order's (a webhook is matched by it)
           when i.external_reference <> o.external_reference then 'trade_mismatch'
+          -- the trade is already another order's: linking it here too would break orders_trade_id_key
+          when o.trade_id is null and exists (select 1 from orders x where x.trade_id = i.trade_id) then 'trade_mismatch'
           when o.trade_status = i.status then 'duplicate_effect'
           when o.is_terminal then 'stale'
           when i.status = any(o.visited_statuses) then 'stale'
