@@ -273,7 +273,8 @@ describe('PartnerApiClient retries', () => {
       .getTrade('tr_1')
       .catch((e) => e)
     expect(error).toBeInstanceOf(PartnerApiError)
-    expect(error).toMatchObject({ status: 429, code: 'http_429' })
+    // how long the platform asked for goes with the error, for the poller to wait it out
+    expect(error).toMatchObject({ status: 429, code: 'http_429', retryAfterMs: 3_600_000 })
     expect(calls).toHaveLength(1)
   })
 

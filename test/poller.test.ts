@@ -2,7 +2,7 @@ import { beforeEach, describe, expect, it } from 'vitest'
 import { PartnerNetworkError } from '../src/partner-api/partner-api-error.js'
 import { claimDueOrders } from '../src/orders/poll-schedule.repository.js'
 import { dueOrderStats } from '../src/reconcile/poller.js'
-import { UNAUTHORIZED_MESSAGE } from '../src/reconcile/reconcile-cycle.js'
+import { THROTTLED_MESSAGE, UNAUTHORIZED_MESSAGE } from '../src/reconcile/reconcile-cycle.js'
 import { FakeClock } from './helpers/fake-clock.js'
 import { logEntries } from './helpers/log-sink.js'
 import { tradeRecord } from './helpers/partner-api-fixtures.js'
@@ -301,6 +301,35 @@ describe('the poller', () => {
       expect(errors[0]!.msg).toBe(UNAUTHORIZED_MESSAGE)
     })
 
+    it('stops the cycle at a 429, and neither the order nor the claims given back are due before its Retry-After', async () => {
+      const dueTimes = [fromNow(-50), fromNow(-40), fromNow(-30)]
+      await insertOrders(
+        database.db,
+        dueTimes.map((nextPollAt, i) => ({ externalReference: `o${i}`, nextPollAt })),
+      )
+      // what the client throws once a Retry-After is longer than it waits inside a call: 600 s here
+      const fetcher = countingFetcher(() => Object.assign(platformError(429, 'rate_limited'), { retryAfterMs: 600_000 }))
+      const poller = testPoller({ db: database.db, fetcher, clock, replica: 'replica-429', settings: { concurrency: 1 } })
+
+      const summary = await poller.runOnce()
+
+      expect(fetcher.calls).toEqual(['tr_o0'])
+      expect(summary).toMatchObject({ claimed: 3, polled: 1, released: 2, stoppedReason: 'throttled', throttledUntil: fromNow(600) })
+      const orders = await database.db.selectFrom('orders').selectAll().orderBy('id').execute()
+      // the order polled backs off as after any error (30 s at most here), but no sooner than the 600 s
+      expect(new Date(orders[0]!.nextPollAt!).getTime()).toBe(fromNow(600).getTime())
+      expect(orders[0]!.pollAttempts).toBe(1)
+      // the two not polled: given back, attempt not counted, due at the end of the wait
+      expect(orders.slice(1).map((order) => [new Date(order.nextPollAt!).toISOString(), order.pollAttempts, order.pollLeaseToken])).toEqual([
+        [fromNow(600).toISOString(), 0, null],
+        [fromNow(600).toISOString(), 0, null],
+      ])
+      const run = await database.db.selectFrom('reconcileRuns').selectAll().executeTakeFirstOrThrow()
+      expect(run).toMatchObject({ stoppedReason: 'throttled', polled: 1, errors: 1 })
+      const warnings = logEntries().filter((entry) => entry.replica === 'replica-429' && entry.msg === THROTTLED_MESSAGE)
+      expect(warnings).toHaveLength(1)
+    })
+
     it('aborts the calls in flight when a 401 stops the cycle', async () => {
       await insertOrders(
         database.db,
@@ -453,6 +482,22 @@ describe('the poller', () => {
       // batches of 2, 2 and 1: only the last one, not full, ends in a sleep
       expect(fetcher.calls).toHaveLength(5)
       expect(clock.sleeps).toEqual([30_000])
+      await poller.stop()
+    })
+
+    it('runs no cycle before the Retry-After of a 429 has passed, and then goes on at its interval', async () => {
+      await insertOrders(database.db, [{ externalReference: 'a', nextPollAt: fromNow(-1) }])
+      const fetcher = countingFetcher((_tradeId, call) =>
+        call === 1 ? Object.assign(platformError(429), { retryAfterMs: 300_000 }) : 'funded',
+      )
+      const poller = testPoller({ db: database.db, fetcher, clock, settings: { intervalS: 30 } })
+      poller.start()
+      await eventually(() => clock.pendingSleepers === 1, 'the poller sleeps')
+      expect(clock.sleeps.at(-1)).toBe(300_000)
+      await clock.advance(300_000)
+      await eventually(() => fetcher.calls.length === 2, 'polled again after the wait')
+      await eventually(() => clock.pendingSleepers === 1, 'the poller sleeps')
+      expect(clock.sleeps.at(-1)).toBe(30_000)
       await poller.stop()
     })
 

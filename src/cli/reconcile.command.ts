@@ -86,6 +86,12 @@ async function runOnce(json: boolean | undefined): Promise<void> {
     )
     setExitCode(1)
   }
+  if (summary.stoppedReason === 'throttled') {
+    writeError(
+      `stopped: the platform asked us to slow down (429 or Retry-After); the orders not polled are due again at ${summary.throttledUntil?.toISOString()}\n`,
+    )
+    setExitCode(1)
+  }
 }
 
 function printSummary(summary: RunSummary): void {

@@ -10,6 +10,8 @@ export class PartnerApiError extends Error {
     readonly code: string,
     message: string,
     readonly body: unknown,
+    /** The answer's Retry-After, in ms from when it came: how long the platform asked us to wait. */
+    readonly retryAfterMs?: number,
   ) {
     super(message)
   }

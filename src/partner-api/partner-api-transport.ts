@@ -152,10 +152,10 @@ export class PartnerApiTransport {
 
       if (answer.status >= 200 && answer.status < 300) return parseSuccess(method, path, answer, schema)
 
-      const error = toApiError(method, path, answer)
+      const retryAfterMs = parseRetryAfter(answer.headers.get('retry-after'), this.clock.now())
+      const error = toApiError(method, path, answer, retryAfterMs)
       const retryable = answer.status === 429 || answer.status >= 500
       if (!retryable || attempt >= maxAttempts) throw error
-      const retryAfterMs = parseRetryAfter(answer.headers.get('retry-after'), this.clock.now())
       if (retryAfterMs !== undefined && retryAfterMs > this.retry.maxRetryAfterMs) throw error
       await this.clock.sleep(retryAfterMs ?? this.backoffMs(attempt), signal)
     }
@@ -267,7 +267,7 @@ function parseSuccess<T>(method: Method, path: string, answer: RawAnswer, schema
   return checked.value
 }
 
-function toApiError(method: Method, path: string, answer: RawAnswer): PartnerApiError {
+function toApiError(method: Method, path: string, answer: RawAnswer, retryAfterMs: number | undefined): PartnerApiError {
   let body: unknown = answer.text
   try {
     body = JSON.parse(answer.text)
@@ -283,6 +283,7 @@ function toApiError(method: Method, path: string, answer: RawAnswer): PartnerApi
     code,
     `${method} ${path} answered ${answer.status} ${code}${detail}`,
     body,
+    retryAfterMs,
   )
 }
 

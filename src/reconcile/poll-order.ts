@@ -9,7 +9,8 @@
 //   404       attention=trade_not_found, next_poll_at=null: polling again would answer the same; an
 //             operator looks and requeues (`reconcile --requeue`)
 //   401       nothing written: the cycle stops and gives every claim back (reconcile-cycle.ts)
-//   otherwise next_poll_at = now + exponential backoff with jitter (backoff-delay.ts)
+//   otherwise next_poll_at = now + exponential backoff with jitter (backoff-delay.ts), and no sooner than
+//             the answer's Retry-After; a 429 or a Retry-After also stops the cycle (throttledFor)
 // A write-back whose lease token no longer matches (the lease ran out and another replica claimed the
 // order since) writes nothing: `lease_lost`.
 import type { Kysely } from 'kysely'
@@ -161,6 +162,16 @@ export async function pollOrder(
   }
 }
 
+/**
+ * When the platform asked us to slow down, after the client's own retries: how long it asked for, in ms (its
+ * Retry-After, on any status; 0 for a 429 that did not say). Undefined for any other failure.
+ */
+export function throttledFor(error: unknown): number | undefined {
+  if (!(error instanceof PartnerApiError)) return undefined
+  if (error.retryAfterMs !== undefined) return error.retryAfterMs
+  return error.status === 429 ? 0 : undefined
+}
+
 async function writeBackFailure(
   deps: PollOrderDeps,
   order: ClaimedOrder,
@@ -185,7 +196,8 @@ async function writeBackFailure(
     )
     return { ...base, result: 'not_found', error }
   }
-  const nextPollAt = new Date(now + backoffDelayS(order.pollAttempts, deps.backoff, deps.random) * 1000)
+  const backoffMs = backoffDelayS(order.pollAttempts, deps.backoff, deps.random) * 1000
+  const nextPollAt = new Date(now + Math.max(backoffMs, throttledFor(error) ?? 0))
   const rescheduled = await rescheduleAfterError(db, { orderId: order.orderId, leaseToken, nextPollAt })
   if (!rescheduled) return { ...base, result: 'lease_lost' }
   logger.debug(

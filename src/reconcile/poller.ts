@@ -103,6 +103,8 @@ export function createPoller(deps: PollerDeps): Poller {
       return Math.min(backoff.capS, settings.intervalS * 2 ** unauthorizedInARow) * 1000
     }
     if (summary && summary.stoppedReason === null && summary.claimed >= settings.batchSize) return 0
+    // the platform asked us to wait: no cycle before then
+    if (summary?.throttledUntil) return Math.max(settings.intervalS * 1000, summary.throttledUntil.getTime() - clock.now())
     return settings.intervalS * 1000
   }
 

@@ -4,6 +4,9 @@
 // Stops early, giving every claim it has not finished back (due again as before, attempt not counted),
 // when the platform answers 401 (our credentials are wrong: polling the rest would get 401 too and could
 // get the key locked, so one clear error is logged instead) or when the caller's signal aborts (shutdown).
+// It also stops when the platform asks us to slow down (a 429, or a Retry-After, after the client's own
+// retries): polling the rest would meet the same limit, so their claims are given back due no sooner than
+// the Retry-After, and the poller's next cycle waits for it too (poller.ts).
 import { randomUUID } from 'node:crypto'
 import { setMaxListeners } from 'node:events'
 import type { Kysely } from 'kysely'
@@ -17,6 +20,7 @@ import {
   type PollResult,
   type PollResultKind,
   pollOrder,
+  throttledFor,
   type TradeFetcher,
 } from './poll-order.js'
 import { type ClaimedOrder, claimDueOrders, releaseClaims } from '../orders/poll-schedule.repository.js'
@@ -24,6 +28,8 @@ import { finishRun, startRun } from './reconcile-run.repository.js'
 
 export const UNAUTHORIZED_MESSAGE =
   'partner api rejected our credentials: check PARTNER_API_KEY_ID / PARTNER_API_SECRET / PARTNER_ENV'
+export const THROTTLED_MESSAGE =
+  'the platform asked us to slow down (429 or Retry-After): cycle stopped, the orders not polled are due again after its wait'
 
 export interface CycleSettings {
   batchSize: number
@@ -49,8 +55,8 @@ export interface CycleDeps {
   onPollResult?: (result: PollResult) => void
 }
 
-/** unauthorized: the platform answered 401; shutdown: the caller aborted the cycle. */
-export type StoppedReason = 'unauthorized' | 'shutdown'
+/** unauthorized: the platform answered 401; throttled: it asked us to slow down; shutdown: the caller aborted the cycle. */
+export type StoppedReason = 'unauthorized' | 'throttled' | 'shutdown'
 
 export interface RunSummary {
   /** The reconcile_runs row; null when the cycle found nothing due and `recordEmpty` was off. */
@@ -70,6 +76,8 @@ export interface RunSummary {
   released: number
   results: Record<PollResultKind, number>
   stoppedReason: StoppedReason | null
+  /** Throttled: until when the platform asked us to wait (no later poll of this replica's comes sooner). */
+  throttledUntil: Date | null
 }
 
 export async function runReconcileCycle(
@@ -104,6 +112,8 @@ export async function runReconcileCycle(
   if (signal?.aborted) onAbort()
 
   const unpolled: ClaimedOrder[] = []
+  // (a cast, not a declared type: the workers set it, which narrowing after the declaration would not see)
+  let throttledUntil = null as Date | null
   let firstError: unknown
   let next = 0
   const pollDeps = {
@@ -125,6 +135,16 @@ export async function runReconcileCycle(
       }
       results[result.result]++
       if (result.result === 'error') firstError ??= result.error
+      const throttledMs = result.result === 'error' ? throttledFor(result.error) : undefined
+      if (throttledMs !== undefined) {
+        // the order itself was rescheduled after the wait; the rest go back with it (below)
+        const until = new Date(clock.now() + throttledMs)
+        if (throttledUntil === null || until > throttledUntil) throttledUntil = until
+        if (stoppedReason === null) {
+          stoppedReason = 'throttled'
+          stop.abort(new Error(THROTTLED_MESSAGE))
+        }
+      }
       if (result.result === 'unauthorized') {
         // nothing was written for it: it goes back with the rest
         unpolled.push(order)
@@ -147,7 +167,12 @@ export async function runReconcileCycle(
   }
   unpolled.push(...claimed.slice(next))
 
-  const released = await releaseClaims(db, leaseToken, unpolled)
+  const notBefore = throttledUntil
+  const released = await releaseClaims(
+    db,
+    leaseToken,
+    notBefore ? unpolled.map((order) => (order.dueAt < notBefore ? { ...order, dueAt: notBefore } : order)) : unpolled,
+  )
   const polled = POLL_RESULTS.reduce((sum, kind) => sum + results[kind], 0)
   const summary: RunSummary = {
     runId,
@@ -161,6 +186,7 @@ export async function runReconcileCycle(
     released,
     results,
     stoppedReason,
+    throttledUntil,
   }
   if (runId !== null) {
     await finishRun(db, runId, {
@@ -189,6 +215,8 @@ function logCycle(logger: Logger, summary: RunSummary, firstError: unknown): voi
   }
   if (summary.stoppedReason === 'unauthorized') {
     logger.error(fields, UNAUTHORIZED_MESSAGE)
+  } else if (summary.stoppedReason === 'throttled') {
+    logger.warn({ ...fields, throttledUntil: summary.throttledUntil, err: firstError }, THROTTLED_MESSAGE)
   } else if (summary.results.error > 0) {
     // one line per cycle, not one per order: a platform outage must not flood the log
     logger.warn({ ...fields, err: firstError }, 'reconcile cycle done with errors: those orders back off')
