@@ -140,6 +140,7 @@ export async function startService({
           reactionJobs: () => reactionJobStats(database.db, new Date(clock.now()), reactions.names),
           oldestDelivery: () => oldestDeliveryReceivedAt(database.db),
           ...(storage ? { dataDirStorage: { freeBytes: () => storage.freeBytes, minFreeBytes: storage.minFreeBytes } } : {}),
+          pruneIntervalS: config.retention.intervalS,
         })
       : undefined
     // a second terminal's commands are run here (operator listener), on this database, in every mode (src/local).

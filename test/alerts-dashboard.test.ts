@@ -88,6 +88,7 @@ async function exportedNames(): Promise<Set<string>> {
     oldestDelivery: async () => new Date(0),
     dataDirStorage: { freeBytes: () => 1, minFreeBytes: 1 },
     notificationsHeard: () => true,
+    pruneIntervalS: 3_600,
   })
   // a pass finished: the last-pass gauge has a sample
   metrics.retentionHooks.onPass(new Date(0))
@@ -128,6 +129,7 @@ describe('alert rules and dashboard', () => {
       'retention_rows_pruned_total',
       'webhook_oldest_delivery_timestamp_seconds',
       'retention_last_pass_timestamp_seconds',
+      'retention_interval_seconds',
     ]) {
       expect(used.has(name), `${name} is used`).toBe(true)
     }

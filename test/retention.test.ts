@@ -390,6 +390,9 @@ describePostgres('retention on several replicas (Postgres)', () => {
       await eventually(() => clock.sleeps.length > 0, 'the first pass pauses after a batch')
       const second = await runPrunePass({ db: other.db, holdLock: other.holdLock, clock }, SETTINGS)
       expect(second).toMatchObject({ ran: false, counts: { body: 0, delivery: 0, reaction_job: 0 } })
+      // a dry run says so too (the runbook's check for a pass stuck behind a lock), and counts nothing
+      const dryRun = await runPrunePass({ db: other.db, holdLock: other.holdLock, clock }, SETTINGS, { dryRun: true })
+      expect(dryRun).toMatchObject({ ran: false, dryRun: true })
       expect(Object.keys(await deliveryRows(database.db))).toHaveLength(4)
 
       let settled = false

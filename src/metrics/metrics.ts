@@ -37,6 +37,8 @@ export interface MetricsSources {
   oldestDelivery?: () => Promise<Date | null>
   /** The embedded database's data directory: its free space in bytes (undefined until read) and the minimum. */
   dataDirStorage?: { freeBytes: () => number | undefined; minFreeBytes: number }
+  /** PRUNE_INTERVAL_S: how often this replica tries a pruning pass (the stalled-pruning alert counts in it). */
+  pruneIntervalS?: number
 }
 
 /** What retention prunes: the label values of retention_rows_pruned_total (src/retention/prune.ts). */
@@ -188,6 +190,13 @@ export function createMetrics(
     help: 'Unix time at which this replica last finished a pruning pass (one replica at a time holds the lock); no sample before the first',
     registers: [registry],
   })
+  if (sources.pruneIntervalS !== undefined) {
+    new Gauge({
+      name: 'retention_interval_seconds',
+      help: 'PRUNE_INTERVAL_S: seconds between two pruning passes of this replica',
+      registers: [registry],
+    }).set(sources.pruneIntervalS)
+  }
 
   const { databaseUp, dueOrders, parkedDeliveries, reactionJobs, oldestDelivery, dataDirStorage } = sources
   let droppedReported = 0

@@ -110,7 +110,13 @@ export async function runPrunePass(
     throw new RangeError(`retention batch size must be a positive integer, not ${settings.batchSize}`)
   }
   const cutoffs = retentionCutoffs(settings, deps.clock.now())
+  const notRun = { ran: false, dryRun, counts: { body: 0, delivery: 0, reaction_job: 0, reconcile_run: 0 }, ...cutoffs, interrupted: false }
   if (dryRun) {
+    // a dry run changes nothing, but says whether another replica holds the lock now (a pass stuck behind
+    // a lock or a long transaction holds it for as long): it tries the lock and gives it back at once
+    const probe = await deps.holdLock(PRUNE_LOCK_KEY)
+    if (!probe) return notRun
+    await probe()
     const bodyMark = await findProgress(deps.db, 'delivery_bodies')
     const [delivery, body, reactionJob, reconcileRun] = await Promise.all([
       countDeliveriesBefore(deps.db, cutoffs.deliveriesBefore),
@@ -126,7 +132,7 @@ export async function runPrunePass(
   const release = await deps.holdLock(PRUNE_LOCK_KEY)
   if (!release) {
     deps.logger?.debug('retention: another replica is pruning; this pass is skipped')
-    return { ran: false, dryRun, counts: { body: 0, delivery: 0, reaction_job: 0, reconcile_run: 0 }, ...cutoffs, interrupted: false }
+    return notRun
   }
   try {
     const result = await prune(deps, deps.db, settings, cutoffs, signal)
