@@ -2,6 +2,7 @@
 // and a cap on open connections, each counted in the operator listener's metrics.
 import { once } from 'node:events'
 import net from 'node:net'
+import { sql } from 'kysely'
 import { afterAll, beforeAll, describe, expect, it } from 'vitest'
 import { type RunningService, startService } from '../src/service.js'
 import { testLogger } from './helpers/log-sink.js'
@@ -77,6 +78,63 @@ describe('limits of the public listener', () => {
     for (const client of stalled) client.socket.destroy()
     await expect.poll(() => metric(/^http_inflight_body_bytes (\d+)/m), { timeout: 10_000 }).toBe(0)
     expect((await send()).status).toBe(200)
+  })
+
+  it('gives back the budget of a pipelined request whose connection closed before its turn to be answered', async () => {
+    // a service of its own, whose budget is the body limit: 200 KB held for good leaves no room for a chunked body
+    const own = await startService({
+      config: testConfig({ PORT: '0', POLL_ENABLED: 'false', WEBHOOK_BODY_LIMIT: '256kb', MAX_INFLIGHT_BODY_BYTES: '256kb' }),
+      logger: testLogger([TEST_API_SECRET, TEST_WEBHOOK_SECRET]),
+    })
+    await own.ready
+    const ownMetric = async (line: RegExp) => Number(line.exec(await (await fetch(`${own.adminUrl}/metrics`)).text())?.[1] ?? 0)
+    const delivery = (reference: string) => {
+      const body = JSON.stringify({ trade_id: `tr_${reference}`, status: 'funded', external_reference: reference })
+      return { body, headers: { 'x-partner-signature': signBody(body), 'x-partner-delivery-id': reference } }
+    }
+    try {
+      // the embedded database's one connection, held: the first request on the connection waits for it
+      let letGo = () => {}
+      const gate = new Promise<void>((resolve) => (letGo = resolve))
+      const holding = own.database.db.transaction().execute(async (trx) => {
+        await sql`select 1`.execute(trx)
+        await gate
+      })
+      try {
+        // a whole delivery, and pipelined behind it a 200 KB one whose answer waits for the first's; the
+        // client goes away with both unanswered
+        const first = delivery('pipe-1')
+        const socket = net.connect(Number(new URL(own.url).port), '127.0.0.1')
+        socket.on('error', () => {})
+        await once(socket, 'connect')
+        socket.write(
+          `POST /webhooks/partner HTTP/1.1\r\nHost: x\r\nContent-Length: ${Buffer.byteLength(first.body)}\r\n` +
+            `X-Partner-Signature: ${first.headers['x-partner-signature']}\r\nX-Partner-Delivery-Id: pipe-1\r\n\r\n${first.body}` +
+            `POST /webhooks/partner HTTP/1.1\r\nHost: x\r\nContent-Length: ${200 * KB}\r\n\r\n${'a'.repeat(10)}`,
+        )
+        await expect
+          .poll(() => ownMetric(/^http_inflight_body_bytes (\d+)/m), { timeout: 10_000 })
+          .toBe(Buffer.byteLength(first.body) + 200 * KB)
+        socket.destroy()
+        // the service saw the close: the unfinished body was refused
+        await expect.poll(() => ownMetric(/^webhook_deliveries_total\{outcome="rejected"\} (\d+)/m), { timeout: 10_000 }).toBe(1)
+      } finally {
+        letGo()
+        await holding
+      }
+      // both requests are done: their bytes are back, and a chunked delivery (the whole body limit) fits
+      await expect.poll(() => ownMetric(/^http_inflight_body_bytes (\d+)/m), { timeout: 10_000 }).toBe(0)
+      const next = delivery('pipe-2')
+      const chunked = await fetch(`${own.url}/webhooks/partner`, {
+        method: 'POST',
+        headers: { 'content-type': 'application/json', ...next.headers },
+        body: new Blob([next.body]).stream(),
+        duplex: 'half',
+      } as RequestInit)
+      expect(chunked.status).toBe(200)
+    } finally {
+      await own.stop()
+    }
   })
 
   it('drops connections past MAX_CONNECTIONS and counts them', async () => {

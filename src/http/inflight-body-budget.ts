@@ -4,6 +4,7 @@
 // budget it is answered 503 `overloaded` at once and its connection closed: clients that open many
 // requests and never finish their bodies hold at most the budget, not the process's memory.
 import type { IncomingMessage, ServerResponse } from 'node:http'
+import type { Socket } from 'node:net'
 import type { Metrics } from '../metrics/metrics.js'
 import { errorBody } from './app-error.js'
 import { writeJson } from './json-answer.js'
@@ -51,9 +52,31 @@ export function reserveBodyBytes(
     return false
   }
   metrics?.inflightBodyBytes.inc(bytes)
-  res.once('close', () => {
+  const releases = heldOn(req.socket)
+  const release = () => {
+    if (!releases.delete(release)) return
     budget.release(bytes)
     metrics?.inflightBodyBytes.dec(bytes)
-  })
+  }
+  releases.add(release)
+  res.once('close', release)
   return true
+}
+
+// The releases of each connection's requests not yet answered. An answer queued behind another on a
+// pipelined connection gets the socket only when its turn comes, so when the client goes away first it
+// never emits 'close' (nor 'finish'): its bytes are given back when the connection closes.
+const heldByConnection = new WeakMap<Socket, Set<() => void>>()
+
+function heldOn(socket: Socket): Set<() => void> {
+  let releases = heldByConnection.get(socket)
+  if (releases === undefined) {
+    const created = new Set<() => void>()
+    socket.once('close', () => {
+      for (const release of created) release()
+    })
+    heldByConnection.set(socket, created)
+    releases = created
+  }
+  return releases
 }
