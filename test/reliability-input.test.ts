@@ -73,6 +73,19 @@ describe('arbitrary requests against the webhook route', () => {
     expect((await request(app).get('/healthz')).status).toBe(200)
   })
 
+  it('answers a request target whose path cannot be read with 404 in the error shape', async () => {
+    // an absolute-form target that is no URL: Express's router finds no path in it
+    const socket = net.connect(Number(new URL(app).port), '127.0.0.1')
+    let answer = ''
+    socket.on('data', (chunk) => (answer += chunk))
+    socket.end('POST http://[::1/webhooks/partner HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\nConnection: close\r\n\r\n{}')
+    await new Promise((resolve) => socket.on('close', resolve))
+    const [head = '', body = ''] = answer.split('\r\n\r\n')
+    expect(head).toMatch(/^HTTP\/1\.1 404 /)
+    expect(head).toMatch(/^content-type: application\/json/im)
+    expect(JSON.parse(body)).toEqual({ error: { code: 'not_found', message: expect.any(String) } })
+  })
+
   it('stores a delivery only when its signature verified, whatever the body', async () => {
     await fc.assert(
       fc.asyncProperty(fc.json({ maxDepth: 2 }), fc.boolean(), async (body, signed) => {

@@ -13,9 +13,11 @@ import type { Logger } from '../logger.js'
 import type { Metrics } from '../metrics/metrics.js'
 import { observationSettings } from '../orders/observations.js'
 import type { ReactionRouting } from '../reactions/reaction-registry.js'
+import { errorBody } from './app-error.js'
 import { errorHandler, notFoundHandler } from './error-handler.js'
 import { healthRoutes } from './health.routes.js'
 import { InflightBodyBudget } from './inflight-body-budget.js'
+import { writeJson } from './json-answer.js'
 import { createDeliveryIngest, type DeliveryIngest } from '../webhooks/delivery-ingest.js'
 import { createEventHandlers, type EventHandlers } from '../webhooks/event-handlers.js'
 import { webhookEndpoint } from '../webhooks/webhook-endpoint.js'
@@ -82,11 +84,20 @@ export function createApp(deps: AppDeps): App {
   app.use(notFoundHandler())
   app.use(errorHandler(deps.logger))
 
+  // Express calls its third argument when nothing answered (its types leave the argument out)
+  const handle = app as unknown as (req: IncomingMessage, res: ServerResponse, done: () => void) => void
   // the exact path, as the platform is configured to send it, skips Express
   return (req, res) => {
     if (req.method === 'POST' && pathOf(req.url) === path) webhook(req, res)
-    else app(req, res)
+    else handle(req, res, () => noRoute(res))
   }
+}
+
+// What Express's router falls through to: a target whose path it cannot read (`http://[::1/x`), which no
+// route sees, or an error after the answer began. Express's own answer would be an HTML page.
+function noRoute(res: ServerResponse): void {
+  if (res.headersSent) res.destroy()
+  else writeJson(res, 404, errorBody('not_found', 'No route for this request target'))
 }
 
 function pathOf(url: string | undefined): string {
