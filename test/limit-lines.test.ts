@@ -64,3 +64,32 @@ describe('the webhook endpoint with its database gone', () => {
     expect(lines.length).toBeLessThanOrEqual(2 + Math.ceil(elapsedS))
   })
 })
+
+describe('the webhook endpoint refusing signatures', () => {
+  it('answers every delivery with a wrong signature 401 and writes "webhook signature rejected" once a second, counting the rest', async () => {
+    const config = testConfig()
+    const database = openDatabase({ dataDir: 'memory://' })
+    try {
+      const app = createApp({ config, db: database.db, logger: testLogger(config.webhook.secrets), clock: systemClock })
+      const before = logLines.length
+      const started = Date.now()
+      // anyone who can reach the URL can send these: the log must not grow with them
+      const answers = await Promise.all(
+        Array.from({ length: 40 }, (_, index) => sendWebhook(app, { body: tradePayload(`forged-${index}`, 'funded'), deliveryId: `forged-${index}`, secret: 'not-the-secret-0123456789abcdef' })),
+      )
+      const elapsedS = (Date.now() - started) / 1_000
+      expect(answers.map((answer) => [answer.status, answer.body.error?.code])).toEqual(Array(40).fill([401, 'invalid_signature']))
+      // the last of them is written at the end of its second
+      await new Promise((resolve) => setTimeout(resolve, 1_100))
+      const lines = logLines
+        .slice(before)
+        .map((line) => JSON.parse(line) as { msg: string; deliveryId?: string; suppressed?: number })
+        .filter((line) => line.msg === 'webhook signature rejected')
+      expect(lines.every((line) => line.deliveryId?.startsWith('forged-'))).toBe(true)
+      expect(lines.reduce((sum, line) => sum + 1 + (line.suppressed ?? 0), 0)).toBe(40)
+      expect(lines.length).toBeLessThanOrEqual(2 + Math.ceil(elapsedS))
+    } finally {
+      await database.close()
+    }
+  })
+})

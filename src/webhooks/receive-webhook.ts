@@ -29,6 +29,11 @@ export interface ReceiveDeps {
   seen: SeenDeliveries
   /** The fork's seller and buyer event handlers (event-handlers.ts). */
   eventHandlers: EventHandlers
+  /**
+   * Writes the line of a delivery refused for its signature; the endpoint limits it to one a second
+   * (limit-lines.ts), as anyone who can reach the URL can send a refused delivery. Default: every one.
+   */
+  logRejectedSignature?: ((fields: object) => void) | undefined
 }
 
 export interface IncomingDelivery {
@@ -47,7 +52,8 @@ export async function receiveWebhook(deps: ReceiveDeps, delivery: IncomingDelive
   const { logger } = deps
   // raw bytes: the signature covers the exact body as sent, so nothing is parsed before this check
   if (!verifySignature(deps.secrets, delivery.rawBody, delivery.signature)) {
-    logger.warn(
+    const logRejected = deps.logRejectedSignature ?? ((fields: object) => logger.warn(fields, 'webhook signature rejected'))
+    logRejected(
       {
         ...loggableDeliveryId(delivery.deliveryId),
         bodyLength: delivery.rawBody.length,
@@ -55,7 +61,6 @@ export async function receiveWebhook(deps: ReceiveDeps, delivery: IncomingDelive
         signaturePresent: delivery.signature !== undefined,
         secretsTried: deps.secrets.length,
       },
-      'webhook signature rejected',
     )
     throw new AppError(401, 'invalid_signature', 'Missing, malformed or wrong X-Partner-Signature')
   }

@@ -49,6 +49,11 @@ export function webhookEndpoint(deps: WebhookEndpointDeps): WebhookEndpoint {
   // lines an outage or an overload writes for every refused delivery: one a second at most (limit-lines.ts)
   const notStored = limitLines((fields: object) => logger.error(fields, 'webhook not stored'))
   const queueFull = limitLines((fields: object) => logger.warn(fields, 'webhook refused: ingest queue full'))
+  // and the line of a refused signature, which anyone who can reach the URL can make
+  const receiveDeps: ReceiveDeps = {
+    ...deps,
+    logRejectedSignature: limitLines((fields: object) => logger.warn(fields, 'webhook signature rejected')),
+  }
 
   const receive = async (req: IncomingMessage, res: ServerResponse, deliveryId: string | undefined) => {
     if (deps.isReady && !deps.isReady()) {
@@ -73,7 +78,7 @@ export function webhookEndpoint(deps: WebhookEndpointDeps): WebhookEndpoint {
     }
     const started = process.hrtime.bigint()
     const signature = req.headers['x-partner-signature']
-    const result = await receiveWebhook(deps, { deliveryId, signature: typeof signature === 'string' ? signature : undefined, rawBody })
+    const result = await receiveWebhook(receiveDeps, { deliveryId, signature: typeof signature === 'string' ? signature : undefined, rawBody })
     const outcome = result.duplicate ? 'duplicate' : result.outcome
     // a reused id is counted apart (its stored outcome, the status rules', is in the log and the row)
     counted(!result.duplicate && result.idReused ? 'id_reused' : outcome)
