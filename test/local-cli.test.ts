@@ -37,6 +37,17 @@ describe('operator commands while `npm start` owns the embedded database', () =>
     expect(JSON.parse(result.stdout)).toEqual({ applied: [] })
   })
 
+  it('runs `reactions` and `prune` inside the service too, rather than refusing them as the database’s owner', async () => {
+    const jobs = await runCli(['reactions', 'list', '--json'], env)
+    expect(jobs.stderr).toBe('')
+    expect(jobs.code).toBe(0)
+    expect(JSON.parse(jobs.stdout)).toEqual([])
+    const pass = await runCli(['prune', '--dry-run', '--json'], env)
+    expect(pass.stderr).toBe('')
+    expect(pass.code).toBe(0)
+    expect(JSON.parse(pass.stdout)).toMatchObject({ ran: true, dryRun: true })
+  })
+
   it('serves the command endpoint on the operator listener only, advertised in serve.json', async () => {
     const advertised = JSON.parse(readFileSync(path.join(dataDir, 'serve.json'), 'utf8'))
     expect(advertised).toMatchObject({ pid: service.pid, url, adminUrl })

@@ -93,4 +93,15 @@ describePostgres('a second terminal next to a service on Postgres (Postgres)', (
     // nothing was written to an embedded database beside it
     expect(existsSync(path.join(dataDir, 'pglite'))).toBe(false)
   })
+
+  it('runs `reactions` and `prune` without DATABASE_URL in the service, never in a new embedded database', async () => {
+    const env = { DATA_DIR: dataDir }
+    const jobs = await runCli(['reactions', 'list', '--json'], env)
+    expect(jobs.stderr).toBe('')
+    expect(jobs.code).toBe(0)
+    const pass = await runCli(['prune', '--dry-run', '--json'], env)
+    expect(pass.stderr).toBe('')
+    expect(pass.code).toBe(0)
+    expect(existsSync(path.join(dataDir, 'pglite'))).toBe(false)
+  })
 })

@@ -18,6 +18,8 @@ export const FORWARDED_COMMANDS = new Set([
   'proposals',
   'reconcile',
   'migrate',
+  'reactions',
+  'prune',
 ])
 export const LOCAL_CLI_PATH = '/_local/cli'
 
