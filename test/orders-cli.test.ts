@@ -69,6 +69,16 @@ describe('orders and deliveries commands', () => {
     expect((await run('orders', 'create')).code).toBe(2)
   })
 
+  it('refuses with exit 2 a --limit past the largest exact integer, before the database sees it', async () => {
+    for (const [command, limit] of [['orders', '1e300'], ['deliveries', '1e19'], ['orders', '9007199254740993']] as const) {
+      const result = await run(command, 'list', '--limit', limit)
+      expect(result.code).toBe(2)
+      expect(result.stderr).toContain(`argument '${limit}' is invalid. must be a positive integer`)
+      expect(result.stderr).not.toContain('bigint')
+    }
+    expect((await run('orders', 'list', '--limit', '9007199254740991')).code).toBe(0)
+  })
+
   it('lists orders and deliveries, filtered by outcome', async () => {
     const orders = JSON.parse((await run('orders', 'list', '--json')).stdout)
     expect(orders.map((order: { externalReference: string }) => order.externalReference)).toContain('cli-1')

@@ -3,6 +3,7 @@ import { InvalidArgumentError } from 'commander'
 
 export function positiveInteger(value: string): number {
   const parsed = Number(value)
-  if (!Number.isInteger(parsed) || parsed <= 0) throw new InvalidArgumentError('must be a positive integer')
+  // past 2^53 a number is no longer exact, and 1e300 is no integer the database takes
+  if (!Number.isSafeInteger(parsed) || parsed <= 0) throw new InvalidArgumentError('must be a positive integer')
   return parsed
 }
