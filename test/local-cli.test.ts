@@ -1,10 +1,13 @@
+import { spawn } from 'node:child_process'
 import { once } from 'node:events'
 import { existsSync, mkdtempSync, readFileSync, writeFileSync } from 'node:fs'
 import { tmpdir } from 'node:os'
 import path from 'node:path'
 import { afterAll, beforeAll, describe, expect, it } from 'vitest'
 import { DatabaseInUseError, openDatabase } from '../src/db/open-database.js'
-import { freePort, runCli, spawnCli, waitForLogLine } from './helpers/cli-process.js'
+import { childEnv, freePort, runCli, spawnCli, waitForLogLine } from './helpers/cli-process.js'
+
+const cliEntry = path.resolve(import.meta.dirname, '../dist/src/cli.js')
 
 describe('operator commands while `npm start` owns the embedded database', () => {
   const dataDir = mkdtempSync(path.join(tmpdir(), 'local-cli-'))
@@ -108,7 +111,34 @@ describe('operator commands while `npm start` owns the embedded database', () =>
     const result = await runCli(['migrate', '--json'], { ...env, DATA_DIR: other })
     expect(result.code).toBe(0)
     expect(JSON.parse(result.stdout).applied.length).toBeGreaterThan(0)
-   }, 120_000)
+  }, 120_000)
+
+  it('takes over a serve.json and a database lock left by a dead process that had its own pid (a container’s pid 1)', async () => {
+    const other = mkdtempSync(path.join(tmpdir(), 'local-cli-same-pid-'))
+    // the shell writes its pid as the dead owner's, then becomes the CLI: the same pid, as after a restart
+    const leaveAsDeadOwner = (command: string) =>
+      'mkdir -p "$DATA_DIR/pglite" && printf %s $$ > "$DATA_DIR/pglite/partner-escrow.lock" && ' +
+      `printf '{"pid":%s,"adminUrl":"http://127.0.0.1:9","token":"x","database":{"kind":"pglite","location":"%s"}}' $$ "$DATA_DIR" > "$DATA_DIR/serve.json" && ` +
+      `exec "${process.execPath}" "${cliEntry}" ${command}`
+    const run = async (command: string) => {
+      const childEnvironment = childEnv({ ...env, DATA_DIR: other, SANDBOX_PORT: String(await freePort()) })
+      const child = spawn('/bin/sh', ['-c', leaveAsDeadOwner(command)], { env: childEnvironment })
+      let stderr = ''
+      child.stderr.on('data', (chunk) => (stderr += chunk))
+      return { child, stderr: () => stderr }
+    }
+    const created = await run('orders create --external-reference same-pid-1')
+    const [code] = (await once(created.child, 'exit')) as [number | null]
+    expect(created.stderr()).not.toContain('service_unreachable')
+    expect(created.stderr()).not.toContain('in use by process')
+    expect(code).toBe(0)
+
+    const served = await run('serve')
+    await waitForLogLine(served.child, 'service listening', 60_000)
+    served.child.kill('SIGTERM')
+    await once(served.child, 'exit')
+    expect(served.stderr()).not.toContain('in use by process')
+  }, 120_000)
 
   it('records in serve.json where the service listens and which database it uses, without credentials', () => {
     const service = JSON.parse(readFileSync(path.join(dataDir, 'serve.json'), 'utf8'))

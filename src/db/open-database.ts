@@ -446,6 +446,10 @@ export class DatabaseInUseError extends Error {
 
 // PGlite is one process's database: a second process opening the same directory would corrupt it.
 // A lock file holding the owner's pid refuses that with a clear message; a dead owner's lock is taken over.
+// A lock holding this process's own pid, and not taken here, was left by a dead owner that had the same pid:
+// a container's pid 1 restarted after a crash.
+const locksTakenHere = new Set<string>()
+
 function lockDataDirectory(location: string): () => void {
   const lockFile = path.join(location, 'partner-escrow.lock')
   for (let attempt = 0; attempt < 2; attempt++) {
@@ -453,11 +457,16 @@ function lockDataDirectory(location: string): () => void {
       const fd = openSync(lockFile, 'wx')
       writeSync(fd, String(process.pid))
       closeSync(fd)
-      return () => rmSync(lockFile, { force: true })
+      locksTakenHere.add(lockFile)
+      return () => {
+        locksTakenHere.delete(lockFile)
+        rmSync(lockFile, { force: true })
+      }
     } catch (error) {
       if ((error as NodeJS.ErrnoException).code !== 'EEXIST') throw error
       const owner = Number(readFileSync(lockFile, 'utf8'))
-      if (Number.isInteger(owner) && owner > 0 && processIsAlive(owner)) {
+      const alive = owner === process.pid ? locksTakenHere.has(lockFile) : processIsAlive(owner)
+      if (Number.isInteger(owner) && owner > 0 && alive) {
         throw new DatabaseInUseError(
           `The embedded database in ${location} is in use by process ${owner} (a running \`npm start\`?). ` +
             'Embedded PGlite serves one process: stop that process first, or set DATABASE_URL to share a Postgres.',

@@ -73,11 +73,15 @@ export function advertiseLocalService(dataDir: string, service: Omit<ServiceFile
   return () => rmSync(file, { force: true })
 }
 
-/** The service running from this DATA_DIR, if any (a serve.json whose process is gone is ignored). */
+/**
+ * The service running from this DATA_DIR, if any. A serve.json whose process is gone is ignored, and so is one
+ * naming this process: a dead service's pid given to this one (a container's pid 1 after a crash).
+ */
 export function findRunningService(dataDir: string): ServiceFile | undefined {
   if (dataDir.startsWith('memory://')) return undefined
   try {
     const service = JSON.parse(readFileSync(serviceFilePath(dataDir), 'utf8')) as ServiceFile
+    if (service.pid === process.pid) return undefined
     process.kill(service.pid, 0)
     return service
   } catch {
