@@ -116,6 +116,16 @@ describe('the reactions command', () => {
     expect((await run('show', 'abc')).code).toBe(2)
   })
 
+  it('refuses with exit 2 a job id past the largest bigint, before the database sees it', async () => {
+    for (const command of ['show', 'retry', 'skip']) {
+      const result = await run(command, '9223372036854775808')
+      expect(result.code).toBe(2)
+      expect(result.stderr).toContain('must be a job id')
+      expect(result.stderr).not.toContain('out of range')
+    }
+    expect(await run('show', '9223372036854775807')).toMatchObject({ code: 1, stderr: 'No reaction job 9223372036854775807\n' })
+  })
+
   it('retries a failed job, refuses a finished one, and needs exactly one of an id and --failed', async () => {
     expect(await run('retry', ids['ledger-1']!)).toMatchObject({ code: 1, stderr: `Job ${ids['ledger-1']} is done: only a failed or pending job can be retried\n` })
     expect((await run('retry')).code).toBe(2)
