@@ -79,6 +79,11 @@ export function writeError(text: string): void {
   ;(scope.getStore()?.stderr ?? process.stderr).write(printableLines(text))
 }
 
+/** True when the command runs inside the service (a second terminal's): the process and its signals are the service's. */
+export function runsInService(): boolean {
+  return scope.getStore()?.context !== undefined
+}
+
 export function setExitCode(code: number): void {
   const current = scope.getStore()
   if (current) current.exitCode = code

@@ -8,6 +8,7 @@ import type { RunSummary } from '../reconcile/poller.js'
 import {
   printJson,
   printTable,
+  runsInService,
   setExitCode,
   UsageError,
   withDatabase,
@@ -59,12 +60,13 @@ function parseLimit(value: string | undefined): number {
 }
 
 async function runOnce(json: boolean | undefined): Promise<void> {
-  const [{ systemClock }, { createPartnerApiClient }, { createPoller, pollerSettings }, { observationSettings }] =
+  const [{ systemClock }, { createPartnerApiClient }, { createPoller, pollerSettings }, { observationSettings }, { onStopSignals }] =
     await Promise.all([
       import('../clock.js'),
       import('../partner-api/create-partner-api-client.js'),
       import('../reconcile/poller.js'),
       import('../orders/observations.js'),
+      import('../stop-signals.js'),
     ])
   const summary = await withDatabase(async ({ config, logger, db, reactions }) => {
     const clock = systemClock
@@ -76,7 +78,21 @@ async function runOnce(json: boolean | undefined): Promise<void> {
       settings: pollerSettings(config.poll, observationSettings(config.poll, reactions.handlersFor)),
       replica: `cli:${hostname()}:${process.pid}`,
     })
-    return poller.runOnce()
+    if (runsInService()) return poller.runOnce()
+    // Ctrl-C stops the cycle as a replica's shutdown does: the claims not polled are given back (due again at
+    // once) and the run is recorded as stopped, rather than left leased and "running" for good
+    const off = onStopSignals(
+      () => void poller.stop(),
+      (signal) => {
+        off()
+        process.kill(process.pid, signal)
+      },
+    )
+    try {
+      return await poller.runOnce()
+    } finally {
+      off()
+    }
   })
   if (json) printJson(summary)
   else printSummary(summary)
@@ -85,6 +101,10 @@ async function runOnce(json: boolean | undefined): Promise<void> {
       'stopped: the platform answered 401 (check PARTNER_API_KEY_ID / PARTNER_API_SECRET / PARTNER_ENV)\n',
     )
     setExitCode(1)
+  }
+  if (summary.stoppedReason === 'shutdown') {
+    writeError(`stopped by a signal: the orders not polled were given back, due again now\n`)
+    setExitCode(130)
   }
   if (summary.stoppedReason === 'throttled') {
     writeError(
