@@ -65,7 +65,7 @@ describe('orders and deliveries commands', () => {
     expect((await run('orders', 'show', 'nope')).code).toBe(1)
     const bad = await run('orders', 'list', '--limit', '-3')
     expect(bad.code).toBe(2)
-    expect(bad.stderr).toContain('must be a positive integer')
+    expect(bad.stderr).toContain('must be a whole number from 1 to 10000')
     expect((await run('orders', 'create')).code).toBe(2)
   })
 
@@ -73,10 +73,18 @@ describe('orders and deliveries commands', () => {
     for (const [command, limit] of [['orders', '1e300'], ['deliveries', '1e19'], ['orders', '9007199254740993']] as const) {
       const result = await run(command, 'list', '--limit', limit)
       expect(result.code).toBe(2)
-      expect(result.stderr).toContain(`argument '${limit}' is invalid. must be a positive integer`)
+      expect(result.stderr).toContain(`argument '${limit}' is invalid. must be a whole number from 1 to 10000`)
       expect(result.stderr).not.toContain('bigint')
     }
-    expect((await run('orders', 'list', '--limit', '9007199254740991')).code).toBe(0)
+  })
+
+  it('lists at most 10,000 rows at once: a larger --limit is refused with exit 2, as the listing is held whole in memory', async () => {
+    for (const command of ['orders', 'deliveries', 'reactions']) {
+      const result = await run(command, 'list', '--limit', '10001')
+      expect(result.code).toBe(2)
+      expect(result.stderr).toContain(`argument '10001' is invalid. must be a whole number from 1 to 10000`)
+      expect((await run(command, 'list', '--limit', '10000')).code).toBe(0)
+    }
   })
 
   it('lists orders and deliveries, filtered by outcome', async () => {

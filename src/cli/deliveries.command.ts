@@ -3,7 +3,7 @@ import type { Command } from 'commander'
 import { InvalidArgumentError } from 'commander'
 import { DELIVERY_OUTCOMES } from '../webhooks/delivery-outcome.js'
 import { printable } from '../printable.js'
-import { positiveInteger } from './cli-arguments.js'
+import { listLimit, MAX_LIST_LIMIT } from './cli-arguments.js'
 import { printJson, printTable, setExitCode, withDatabase, write, writeError } from './cli-context.js'
 
 // a poll's lease_lost is never a webhook's
@@ -28,7 +28,7 @@ export function registerDeliveriesCommands(program: Command): void {
     .command('list')
     .description('list deliveries, newest first')
     .option('--outcome <outcome>', `only this outcome (${OUTCOMES.join(', ')})`, outcome)
-    .option('--limit <n>', 'how many', positiveInteger, 50)
+    .option('--limit <n>', `how many (at most ${MAX_LIST_LIMIT})`, listLimit, 50)
     .option('--json', 'print as JSON')
     .action(async (options: { outcome?: string; limit: number; json?: boolean }) => {
       const { listDeliveries } = await import('../webhooks/delivery.repository.js')

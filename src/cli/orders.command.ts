@@ -1,7 +1,7 @@
 // `orders create|show|list`: the partner's orders as the service keeps them.
 import type { Command } from 'commander'
 import { printable } from '../printable.js'
-import { positiveInteger } from './cli-arguments.js'
+import { listLimit, MAX_LIST_LIMIT } from './cli-arguments.js'
 import { printJson, printTable, setExitCode, UsageError, withDatabase, write, writeError } from './cli-context.js'
 
 export function registerOrdersCommands(program: Command): void {
@@ -86,7 +86,7 @@ export function registerOrdersCommands(program: Command): void {
   orders
     .command('list')
     .description('list orders, newest first')
-    .option('--limit <n>', 'how many', positiveInteger, 50)
+    .option('--limit <n>', `how many (at most ${MAX_LIST_LIMIT})`, listLimit, 50)
     .option('--json', 'print as JSON')
     .action(async (options: { limit: number; json?: boolean }) => {
       const { listOrders } = await import('../orders/order.repository.js')

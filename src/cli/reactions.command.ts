@@ -3,7 +3,7 @@
 // once the cause is fixed, or skip it to let them through.
 import { Command, InvalidArgumentError, Option } from 'commander'
 import { printable } from '../printable.js'
-import { positiveInteger } from './cli-arguments.js'
+import { listLimit, MAX_LIST_LIMIT } from './cli-arguments.js'
 import { printJson, printTable, setExitCode, UsageError, withDatabase, write, writeError } from './cli-context.js'
 
 const STATES = ['pending', 'running', 'failed', 'done', 'skipped'] as const
@@ -28,7 +28,7 @@ export function registerReactionsCommands(program: Command): void {
     .description('list reaction jobs, newest first (with --state done or no state, also the events done on their first attempt: no job id)')
     .addOption(new Option('--state <state>', 'only jobs in this state').choices(STATES))
     .option('--handler <name>', 'only jobs of this handler')
-    .option('--limit <n>', 'how many', positiveInteger, 50)
+    .option('--limit <n>', `how many (at most ${MAX_LIST_LIMIT})`, listLimit, 50)
     .option('--json', 'print as JSON')
     .action(async (options: { state?: State; handler?: string; limit: number; json?: boolean }) => {
       const { listJobs } = await import('../reactions/reaction-job.repository.js')
