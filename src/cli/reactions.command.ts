@@ -3,18 +3,16 @@
 // once the cause is fixed, or skip it to let them through.
 import { Command, InvalidArgumentError, Option } from 'commander'
 import { printable } from '../printable.js'
+import { isJobId } from '../reactions/job-id.js'
 import { listLimit, MAX_LIST_LIMIT } from './cli-arguments.js'
 import { printJson, printTable, setExitCode, UsageError, withDatabase, write, writeError } from './cli-context.js'
 
 const STATES = ['pending', 'running', 'failed', 'done', 'skipped'] as const
-const MAX_BIGINT = 2n ** 63n - 1n
 type State = (typeof STATES)[number]
 
 function jobId(value: string): string {
-  // a bigint identity: digits only, at most bigint's largest, so a typo is a usage error rather than a database error
-  if (!/^[1-9]\d{0,18}$/.test(value) || BigInt(value) > MAX_BIGINT) {
-    throw new InvalidArgumentError('must be a job id (a positive whole number)')
-  }
+  // a typo is a usage error rather than a database error
+  if (!isJobId(value)) throw new InvalidArgumentError('must be a job id (a positive whole number)')
   return value
 }
 

@@ -20,6 +20,7 @@ import type { Metrics } from '../metrics/metrics.js'
 import type { ObservationSettings } from '../orders/apply-observation.js'
 import { countOrdersNeedingAttention, findOrderById, findOrderByExternalReference, orderHistory, searchOrders } from '../orders/order.repository.js'
 import { countDueOrders, requeueOrders, TRADE_NOT_FOUND } from '../orders/poll-schedule.repository.js'
+import { isJobId } from '../reactions/job-id.js'
 import type { RunSummary } from '../reconcile/poller.js'
 import { listRuns } from '../reconcile/reconcile-run.repository.js'
 import {
@@ -136,10 +137,9 @@ const FilterQuery = z.object({
 
 class BadInput extends Error {}
 
-// orders.id is a Postgres integer and reaction_jobs.id a bigint: a larger id names no row, and the
-// database would refuse it as a parameter
+// orders.id is a Postgres integer: a larger id names no row, and the database would refuse it as a parameter
+// (a reaction job's id: isJobId)
 const ORDER_ID_MAX = 2 ** 31 - 1
-const isJobId = (value: string) => /^[1-9]\d{0,18}$/.test(value) && BigInt(value) <= 2n ** 63n - 1n
 
 function optionalText(value: unknown): string | undefined {
   const parsed = text.safeParse(value)
@@ -149,18 +149,11 @@ function optionalText(value: unknown): string | undefined {
 
 /** A cursor's time as delivery.repository.ts writes it (microseconds, UTC), naming a day that exists. */
 function isCursorTime(value: unknown): value is string {
-  const match = typeof value === 'string' ? /^(\d{4})-(\d{2})-(\d{2})T(\d{2}):(\d{2}):(\d{2})\.\d{6}Z$/.exec(value) : null
-  if (!match) return false
-  const [year, month, day, hour, minute, second] = match.slice(1).map(Number) as [number, number, number, number, number, number]
-  const time = new Date(Date.UTC(year, month - 1, day, hour, minute, second))
-  return (
-    time.getUTCFullYear() === year &&
-    time.getUTCMonth() === month - 1 &&
-    time.getUTCDate() === day &&
-    time.getUTCHours() === hour &&
-    time.getUTCMinutes() === minute &&
-    time.getUTCSeconds() === second
-  )
+  if (typeof value !== 'string' || !/^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}\.\d{6}Z$/.test(value)) return false
+  // Date rolls Feb 31 over into March: a time that exists comes back as it went in (to the millisecond)
+  const milliseconds = `${value.slice(0, 23)}Z`
+  const time = Date.parse(milliseconds)
+  return !Number.isNaN(time) && new Date(time).toISOString() === milliseconds
 }
 
 function parseFilter(source: unknown): { filter: DeliveryFilter; after: DeliveryCursor | undefined } {

@@ -161,17 +161,25 @@ async function prune(
     counts[kind] += rows
     if (rows > 0) deps.onPruned?.(kind, rows)
   }
+  // runs one task's batches until a batch says it is the last, pausing between them; false: the pass was stopped
+  const walk = async (kind: PrunedKind, batch: () => Promise<{ rows: number; last: boolean }>): Promise<boolean> => {
+    for (;;) {
+      if (stopped()) return false
+      const { rows, last } = await batch()
+      count(kind, rows)
+      if (last) return true
+      await pause()
+    }
+  }
 
   // delivery rows first: their bodies need no emptying
   let from: Date | undefined
-  for (;;) {
-    if (stopped()) return done(true)
+  const deliveries = async () => {
     const batch = await deleteDeliveriesBefore(db, { before: cutoffs.deliveriesBefore, from, limit })
-    count('delivery', batch.rows)
-    if (batch.rows < limit) break
     from = batch.through
-    await pause()
+    return { rows: batch.rows, last: batch.rows < limit }
   }
+  if (!(await walk('delivery', deliveries))) return done(true)
 
   const mark = await findProgress(db, 'delivery_bodies')
   from = latest(mark, cutoffs.deliveriesBefore)
@@ -194,29 +202,23 @@ async function prune(
   }
 
   let afterId: string | undefined
-  for (;;) {
-    if (stopped()) return done(true)
+  const doneJobs = async () => {
     const batch = await deleteDoneJobsBefore(db, { before: cutoffs.deliveriesBefore, afterId, limit })
-    count('reaction_job', batch.deleted)
-    if (batch.finished || batch.lastId === undefined) break
     afterId = batch.lastId
-    await pause()
+    return { rows: batch.deleted, last: batch.finished || batch.lastId === undefined }
   }
   // the first attempts that succeeded, recorded per stream batch: counted as the jobs they stand for
-  for (;;) {
-    if (stopped()) return done(true)
+  const firstAttemptsDone = async () => {
     const batch = await deleteFirstAttemptsDoneBefore(db, { before: cutoffs.deliveriesBefore, limit })
-    count('reaction_job', batch.events)
-    if (batch.finished) break
-    await pause()
+    return { rows: batch.events, last: batch.finished }
   }
-  for (;;) {
-    if (stopped()) return done(true)
+  const runs = async () => {
     const batch = await deleteRunsBefore(db, { before: cutoffs.deliveriesBefore, limit })
-    count('reconcile_run', batch.deleted)
-    if (batch.finished) break
-    await pause()
+    return { rows: batch.deleted, last: batch.finished }
   }
+  if (!(await walk('reaction_job', doneJobs))) return done(true)
+  if (!(await walk('reaction_job', firstAttemptsDone))) return done(true)
+  if (!(await walk('reconcile_run', runs))) return done(true)
   return done(false)
 
   function done(interrupted: boolean): PruneResult {

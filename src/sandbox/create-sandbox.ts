@@ -397,13 +397,19 @@ function definedOnly<T extends object>(value: T): Partial<T> {
   return Object.fromEntries(Object.entries(value).filter(([, v]) => v !== undefined)) as Partial<T>
 }
 
-const FAULT_RULES: Record<keyof Faults, { test: (value: number) => boolean; message: string }> = {
-  dropRate: { test: (value) => value >= 0 && value <= 1, message: 'must be a share between 0 and 1' },
-  duplicateRate: { test: (value) => value >= 0 && value <= 1, message: 'must be a share between 0 and 1' },
-  reorderRate: { test: (value) => value >= 0 && value <= 1, message: 'must be a share between 0 and 1' },
-  delayRate: { test: (value) => value >= 0 && value <= 1, message: 'must be a share between 0 and 1' },
-  delayMs: { test: (value) => Number.isSafeInteger(value) && value >= 0, message: 'must be a whole number of ms' },
-  seed: { test: (value) => Number.isSafeInteger(value) && value >= 0, message: 'must be a whole number' },
+interface FaultRule {
+  test: (value: number) => boolean
+  message: string
+}
+const SHARE: FaultRule = { test: (value) => value >= 0 && value <= 1, message: 'must be a share between 0 and 1' }
+const whole = (message: string): FaultRule => ({ test: (value) => Number.isSafeInteger(value) && value >= 0, message })
+const FAULT_RULES: Record<keyof Faults, FaultRule> = {
+  dropRate: SHARE,
+  duplicateRate: SHARE,
+  reorderRate: SHARE,
+  delayRate: SHARE,
+  delayMs: whole('must be a whole number of ms'),
+  seed: whole('must be a whole number'),
 }
 
 /** The fault settings a control call names; every key must be one of them, with a valid value, or nothing changes. */

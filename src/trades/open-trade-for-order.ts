@@ -20,9 +20,8 @@ import {
 } from '../orders/order.repository.js'
 import { isOutcomeUnknown } from '../partner-api/partner-api-error.js'
 import type { CreateTradeRequest, TradeRecord } from '../partner-api/types.js'
-import { answerMismatch } from './run-trade-operation.js'
 import type { TradeDeps } from './trade-deps.js'
-import { TradeOperationError } from './trade-operation-error.js'
+import { answerMismatch, TradeOperationError } from './trade-operation-error.js'
 
 export type OpenTradeRequest = Omit<CreateTradeRequest, 'external_reference'>
 

@@ -16,7 +16,7 @@ import type {
   TradeRecord,
 } from '../partner-api/types.js'
 import type { PartnerTradeApi, TradeDeps } from './trade-deps.js'
-import { TradeOperationError } from './trade-operation-error.js'
+import { answerMismatch, TradeOperationError } from './trade-operation-error.js'
 
 export type TradeOperation =
   | { kind: 'fund' | 'deliver' | 'release' | 'cancel' }
@@ -91,16 +91,6 @@ export async function runTradeOperation<O extends TradeOperation>(
     'trade operation done',
   )
   return result as TradeOperationResults[O['kind']]
-}
-
-/** The platform answered a record that is not the order's trade: not applied, and the call's effect unknown. */
-export function answerMismatch(externalReference: string, tradeId: string, trade: TradeRecord, next: string): TradeOperationError {
-  return new TradeOperationError(
-    'answer_mismatch',
-    `The platform answered for order ${externalReference} (${tradeId}) with the record of trade ${trade.trade_id} ` +
-      `for external reference ${trade.external_reference}: another trade or order, so nothing was applied, and ` +
-      `what the call did is not known. ${next}`,
-  )
 }
 
 /** The platform call behind an operation, and nothing else (no order, no observation). */

@@ -1,5 +1,7 @@
 // Why an order-level trade operation was refused locally, before or instead of calling the platform, or
 // why what the platform answered was not applied.
+import type { TradeRecord } from '../partner-api/types.js'
+
 export type TradeOperationErrorCode =
   /** No order with this external reference. */
   | 'order_not_found'
@@ -20,4 +22,14 @@ export class TradeOperationError extends Error {
   ) {
     super(message)
   }
+}
+
+/** The platform answered a record that is not the order's trade: not applied, and the call's effect unknown. */
+export function answerMismatch(externalReference: string, tradeId: string, trade: TradeRecord, next: string): TradeOperationError {
+  return new TradeOperationError(
+    'answer_mismatch',
+    `The platform answered for order ${externalReference} (${tradeId}) with the record of trade ${trade.trade_id} ` +
+      `for external reference ${trade.external_reference}: another trade or order, so nothing was applied, and ` +
+      `what the call did is not known. ${next}`,
+  )
 }
