@@ -46,7 +46,8 @@ describe('when an order is due', () => {
       logger: testLogger(),
       settings: { expectedWebhookS: EXPECTED_WEBHOOK_S, observation: { staleAfterS: STALE_AFTER_S, handlersFor: NO_REACTION_HANDLERS } },
     }
-    fetcher = countingFetcher(() => 'funded')
+    // the platform's record of order-1's trade (a record of another order's would flag it for an operator)
+    fetcher = countingFetcher(() => tradeRecord({ trade_id: 'tr_1', external_reference: 'order-1', status: 'funded' }))
     poller = testPoller({ db: database.db, fetcher, clock, settings: { observation: { staleAfterS: STALE_AFTER_S, handlersFor: NO_REACTION_HANDLERS } } })
   })
 
@@ -129,7 +130,7 @@ describe('when an order is due', () => {
       fetcher: countingFetcher(async () => {
         await at(pollStart + 5)
         await runTradeOperation(trades, 'order-1', { kind: 'fund' })
-        return 'funded'
+        return tradeRecord({ trade_id: 'tr_1', external_reference: 'order-1', status: 'funded' })
       }),
       clock,
       settings: { observation: { staleAfterS: STALE_AFTER_S, handlersFor: NO_REACTION_HANDLERS } },

@@ -1,5 +1,6 @@
 import { beforeEach, describe, expect, it } from 'vitest'
 import { PartnerNetworkError } from '../src/partner-api/partner-api-error.js'
+import type { TradeRecord } from '../src/partner-api/types.js'
 import { claimDueOrders } from '../src/orders/poll-schedule.repository.js'
 import { dueOrderStats } from '../src/reconcile/poller.js'
 import { THROTTLED_MESSAGE, UNAUTHORIZED_MESSAGE } from '../src/reconcile/reconcile-cycle.js'
@@ -138,7 +139,7 @@ describe('the poller', () => {
       expect((await orderByReference(database.db, 'a')).tradeStatus).toBe('delivered')
     })
 
-    it('keeps the order as it was when the polled record is another order’s or another trade’s, and counts an error', async () => {
+    it('flags an order whose polled record is another order’s or another trade’s, stops polling it, and warns once', async () => {
       await insertOrders(database.db, [
         { externalReference: 'mine', nextPollAt: fromNow(-1) },
         { externalReference: 'mine-too', nextPollAt: fromNow(-1) },
@@ -148,17 +149,35 @@ describe('the poller', () => {
           ? tradeRecord({ trade_id: tradeId, reference: 'REF-x', status: 'released', external_reference: 'someone-else' })
           : tradeRecord({ trade_id: 'tr_other', reference: 'REF-x', status: 'released', external_reference: 'mine-too' }),
       )
-      const summary = await testPoller({ db: database.db, fetcher, clock }).runOnce()
+      const poller = testPoller({ db: database.db, fetcher, clock })
+      const summary = await poller.runOnce()
 
-      expect(summary.results).toMatchObject({ applied: 0, error: 2 })
+      expect(summary.results).toMatchObject({ applied: 0, error: 0, trade_mismatch: 2 })
+      expect(summary.errors).toBe(2)
       for (const reference of ['mine', 'mine-too']) {
         const order = await orderByReference(database.db, reference)
-        expect(order, reference).toMatchObject({ tradeStatus: 'funded', tradeId: `tr_${reference}`, isTerminal: false })
-        expect(order.nextPollAt, reference).not.toBeNull()
+        expect(order, reference).toMatchObject({
+          tradeStatus: 'funded',
+          tradeId: `tr_${reference}`,
+          isTerminal: false,
+          attention: 'trade_mismatch',
+          nextPollAt: null,
+          pollLeaseToken: null,
+          pollLeaseExpiresAt: null,
+        })
         expect(await historyOf(reference)).toEqual([])
       }
-      const warnings = logEntries().filter((entry) => String(entry.msg).includes('another order'))
-      expect(warnings.map((entry) => entry.answeredExternalReference).sort()).toEqual(['mine-too', 'someone-else'])
+      const warnings = () =>
+        logEntries().filter((entry) => String(entry.msg).includes('another order') && String(entry.externalReference).startsWith('mine'))
+      expect(warnings().map((entry) => entry.answeredExternalReference).sort()).toEqual(['mine-too', 'someone-else'])
+
+      // polled no more: a week of cycles asks the platform nothing and writes no other warning
+      for (let day = 0; day < 7; day++) {
+        await clock.advance(STALE_AFTER_S * 1000 + 1)
+        expect((await poller.runOnce()).claimed).toBe(0)
+      }
+      expect(fetcher.calls.sort()).toEqual(['tr_mine', 'tr_mine-too'])
+      expect(warnings()).toHaveLength(2)
     })
 
     it('polls no more than POLL_CONCURRENCY trades at once', async () => {
@@ -430,6 +449,32 @@ describe('the poller', () => {
       expect(new Date(order.nextPollAt!).toISOString()).toBe(fromNow(60).toISOString())
     })
 
+    it('refuses a late mismatch flag from a replica whose lease ran out', async () => {
+      await insertOrders(database.db, [{ externalReference: 'a', nextPollAt: fromNow(-1) }])
+      const slowAnswer = deferred<TradeRecord>()
+      const slow = testPoller({
+        db: database.db,
+        fetcher: countingFetcher(() => slowAnswer.promise),
+        clock,
+        settings: { leaseS: 60 },
+      })
+      const slowRun = slow.runOnce()
+      await eventually(
+        async () => (await orderByReference(database.db, 'a')).pollLeaseToken !== null,
+        'claimed',
+      )
+      await clock.advance(60_000)
+      const [claimed] = await claimDueOrders(database.db, { now: now(), limit: 10, leaseS: 60, leaseToken: 'newer' })
+      expect(claimed?.externalReference).toBe('a')
+
+      slowAnswer.resolve(tradeRecord({ trade_id: 'tr_a', reference: 'REF-a', status: 'funded', external_reference: 'someone-else' }))
+      const summary = await slowRun
+      expect(summary.results).toMatchObject({ lease_lost: 1, trade_mismatch: 0 })
+      const order = await orderByReference(database.db, 'a')
+      expect(order).toMatchObject({ attention: null, pollLeaseToken: 'newer' })
+      expect(new Date(order.nextPollAt!).toISOString()).toBe(fromNow(60).toISOString())
+    })
+
     it('brings the orders of a replica that died mid-cycle back when the lease runs out', async () => {
       await insertOrders(database.db, [{ externalReference: 'a', nextPollAt: fromNow(-1) }])
       await claimDueOrders(database.db, { now: now(), limit: 10, leaseS: 300, leaseToken: 'died' })
@@ -592,12 +637,14 @@ describe('the poller', () => {
         { externalReference: 'same', nextPollAt: fromNow(-3) },
         { externalReference: 'gone', nextPollAt: fromNow(-2) },
         { externalReference: 'broken', nextPollAt: fromNow(-1) },
+        { externalReference: 'crossed', nextPollAt: fromNow(0) },
       ])
-      const answers: Record<string, string | Error> = {
+      const answers: Record<string, string | Error | TradeRecord> = {
         tr_moved: 'delivered',
         tr_same: 'funded',
         tr_gone: platformError(404),
         tr_broken: platformError(500),
+        tr_crossed: tradeRecord({ trade_id: 'tr_someone', reference: 'REF-s', status: 'funded', external_reference: 'crossed' }),
       }
       const poller = testPoller({
         db: database.db,
@@ -611,6 +658,7 @@ describe('the poller', () => {
         ['same', 'unchanged'],
         ['gone', 'not_found'],
         ['broken', 'error'],
+        ['crossed', 'trade_mismatch'],
       ])
       expect(poller.reported[0]).toMatchObject({
         fromStatus: 'funded',

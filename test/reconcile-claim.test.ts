@@ -3,7 +3,7 @@ import { afterAll, beforeAll, beforeEach, describe, expect, it } from 'vitest'
 import { claimDueOrders, claimDueOrdersQuery } from '../src/orders/poll-schedule.repository.js'
 import {
   countDueOrders,
-  flagTradeNotFound,
+  flagForOperator,
   releaseClaims,
   requeueOrders,
   rescheduleAfterError,
@@ -120,7 +120,7 @@ describe('claiming due orders', () => {
         nextPollAt: seconds(999),
       }),
     ).toBe(false)
-    expect(await flagTradeNotFound(database.db, { orderId: id!, leaseToken: 'other', now: NOW })).toBe(false)
+    expect(await flagForOperator(database.db, { orderId: id!, leaseToken: 'other', now: NOW, attention: 'trade_not_found' })).toBe(false)
     let order = await orderByReference(database.db, 'a')
     expect(order.attention).toBeNull()
     expect(order.pollLeaseToken).toBe('mine')
@@ -137,7 +137,7 @@ describe('claiming due orders', () => {
   it('flags a 404 for an operator, takes it off the schedule, and requeues it on request', async () => {
     const [id] = await insertOrders(database.db, [{ externalReference: 'a', nextPollAt: seconds(-1) }])
     await claimDueOrders(database.db, { now: NOW, limit: 10, leaseS: 60, leaseToken: 'mine' })
-    expect(await flagTradeNotFound(database.db, { orderId: id!, leaseToken: 'mine', now: NOW })).toBe(true)
+    expect(await flagForOperator(database.db, { orderId: id!, leaseToken: 'mine', now: NOW, attention: 'trade_not_found' })).toBe(true)
     let order = await orderByReference(database.db, 'a')
     expect(order).toMatchObject({ attention: 'trade_not_found', nextPollAt: null, pollLeaseToken: null })
 

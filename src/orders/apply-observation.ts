@@ -71,7 +71,8 @@ export const NO_REACTION_HANDLERS: ObservationSettings['handlersFor'] = () => []
  * order (yet). lease_lost: a poll whose claim expired and was taken by another replica.
  * trade_mismatch: the order is linked to another trade, or the record observed names another external
  * reference than the order's (a poll or an API call answered a record of another order), or its trade is
- * already linked to another order.
+ * already linked to another order. The order row is left as it was, a poll's lease included: the poller
+ * flags the order under that lease.
  */
 export type ObservationOutcome =
   | 'applied'
@@ -384,7 +385,10 @@ function observationStatement(
         last_event_position = case when e.outcome = 'applied' then e.stream_position else o.last_event_position end,
         updated_at = e.observed_at
       from effective e
-      where o.id = e.id and (e.outcome in ('applied', 'duplicate_effect', 'unknown_status') or ${releasesLease}::boolean)
+      -- a poll's answer releases its claim, but a record of another trade or order leaves the row as it is:
+      -- the poller flags that order for an operator under the claim's lease (poll-order.ts)
+      where o.id = e.id and (e.outcome in ('applied', 'duplicate_effect', 'unknown_status')
+        or (${releasesLease}::boolean and e.outcome <> 'trade_mismatch'))
     ),
     history as (
       -- the sequence is the order's version after the move (the update above adds exactly 1); one

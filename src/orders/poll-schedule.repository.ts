@@ -100,8 +100,14 @@ export function claimDueOrdersQuery(db: Kysely<Database>, { now, limit, leaseS, 
   )
 }
 
-/** Why an order is waiting for an operator instead of being polled. */
+/**
+ * Why an order is waiting for an operator instead of being polled (orders.attention): trade_not_found, the
+ * platform answered 404 for its trade; trade_mismatch, it answered a record of another trade or of another
+ * order (an external_reference other than the order's). Polling again would get the same answer either way.
+ */
 export const TRADE_NOT_FOUND = 'trade_not_found'
+export const TRADE_MISMATCH = 'trade_mismatch'
+export type AttentionFlag = typeof TRADE_NOT_FOUND | typeof TRADE_MISMATCH
 
 export interface LeaseRef {
   orderId: number
@@ -129,18 +135,18 @@ export async function rescheduleAfterError(
 }
 
 /**
- * The platform does not know the order's trade (404): polling again would get the same answer, so the
+ * A poll whose answer polling again would not change (a 404, or a record of another trade or order): the
  * order leaves the poll schedule and is flagged for an operator (see requeueOrders). False when the lease
- * was lost.
+ * was lost: a replica whose claim ran out writes nothing.
  */
-export async function flagTradeNotFound(
+export async function flagForOperator(
   db: Kysely<Database>,
-  { orderId, leaseToken, now }: LeaseRef & { now: Date },
+  { orderId, leaseToken, now, attention }: LeaseRef & { now: Date; attention: AttentionFlag },
 ): Promise<boolean> {
   const result = await db
     .updateTable('orders')
     .set({
-      attention: TRADE_NOT_FOUND,
+      attention,
       nextPollAt: null,
       pollLeaseToken: null,
       pollLeaseExpiresAt: null,

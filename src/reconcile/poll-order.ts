@@ -5,7 +5,9 @@
 // What each answer does to the order:
 //   200       applied as an observation; applyObservation clears the lease, resets poll_attempts and
 //             reschedules (STALE_AFTER_S later, never for a terminal status), whether or not it changed;
-//             a record of another trade or of another order (its external_reference) is not applied
+//             a record of another trade or of another order (its external_reference) is not applied:
+//             attention=trade_mismatch, next_poll_at=null, as for a 404 (the platform or our link is
+//             wrong, and polling again would answer the same)
 //   404       attention=trade_not_found, next_poll_at=null: polling again would answer the same; an
 //             operator looks and requeues (`reconcile --requeue`)
 //   401       nothing written: the cycle stops and gives every claim back (reconcile-cycle.ts)
@@ -22,7 +24,13 @@ import { pollObservation } from '../orders/observations.js'
 import { PartnerApiError } from '../partner-api/partner-api-error.js'
 import type { TradeRecord } from '../partner-api/types.js'
 import { type BackoffSettings, backoffDelayS } from './backoff-delay.js'
-import { type ClaimedOrder, flagTradeNotFound, rescheduleAfterError } from '../orders/poll-schedule.repository.js'
+import {
+  type ClaimedOrder,
+  flagForOperator,
+  rescheduleAfterError,
+  TRADE_MISMATCH,
+  TRADE_NOT_FOUND,
+} from '../orders/poll-schedule.repository.js'
 
 /** The one platform call the poller makes: PartnerApiClient in production, a fake in tests. */
 export interface TradeFetcher {
@@ -34,6 +42,7 @@ export const POLL_RESULTS = [
   'unchanged',
   'stale',
   'not_found',
+  'trade_mismatch',
   'error',
   'unauthorized',
   'lease_lost',
@@ -41,8 +50,8 @@ export const POLL_RESULTS = [
 
 /**
  * applied: the order moved; unchanged: the platform confirmed what we had; stale: the platform answered a
- * status ranked below ours (kept, see src/orders); not_found: 404, flagged; error: no usable answer,
- * backed off; unauthorized: 401, the cycle stops; lease_lost: another replica owns the order now.
+ * status ranked below ours (kept, see src/orders); not_found: 404, flagged; trade_mismatch: a record of
+ * another trade or order, flagged; error: no usable answer, backed off; unauthorized: 401, the cycle stops; lease_lost: another replica owns the order now.
  */
 export type PollResultKind = (typeof POLL_RESULTS)[number]
 
@@ -69,9 +78,8 @@ const POLL_RESULT_OF: Record<ObservationOutcome, PollResultKind> = {
   lease_lost: 'lease_lost',
   // the order row is gone (deleted while it was polled): nothing of ours was written
   unmatched: 'lease_lost',
-  // the answer is for another trade or another order: counted as an error (the order is rescheduled
-  // STALE_AFTER_S later)
-  trade_mismatch: 'error',
+  // the answer is for another trade or another order: nothing applied, the order is flagged (below)
+  trade_mismatch: 'trade_mismatch',
 }
 
 export interface PollOrderDeps {
@@ -125,20 +133,29 @@ export async function pollOrder(
       pollObservation({ orderId: order.orderId, leaseToken }, trade, new Date(clock.now())),
       deps.observation,
     )
-    const result = POLL_RESULT_OF[applied.outcome]
+    let result = POLL_RESULT_OF[applied.outcome]
     if (applied.outcome === 'trade_mismatch') {
       // GET /trades/{id} answered another trade, or a record of another order's: the platform or our link
-      // is wrong; nothing was applied
-      logger.warn(
-        {
-          orderId: order.orderId,
-          externalReference: order.externalReference,
-          tradeId: order.tradeId,
-          answeredTradeId: trade.trade_id,
-          answeredExternalReference: trade.external_reference,
-        },
-        'the platform answered a different trade or another order\'s record than the one polled: order not changed',
-      )
+      // is wrong; nothing was applied, and polling again would answer the same
+      const flagged = await flagForOperator(db, {
+        orderId: order.orderId,
+        leaseToken,
+        now: new Date(clock.now()),
+        attention: TRADE_MISMATCH,
+      })
+      if (!flagged) result = 'lease_lost'
+      else {
+        logger.warn(
+          {
+            orderId: order.orderId,
+            externalReference: order.externalReference,
+            tradeId: order.tradeId,
+            answeredTradeId: trade.trade_id,
+            answeredExternalReference: trade.external_reference,
+          },
+          'the platform answered a different trade or another order\'s record than the one polled: order not changed, flagged trade_mismatch and no longer polled',
+        )
+      }
     }
     logger.debug(
       {
@@ -188,7 +205,7 @@ async function writeBackFailure(
   }
   const now = clock.now()
   if (error instanceof PartnerApiError && error.status === 404) {
-    const flagged = await flagTradeNotFound(db, { orderId: order.orderId, leaseToken, now: new Date(now) })
+    const flagged = await flagForOperator(db, { orderId: order.orderId, leaseToken, now: new Date(now), attention: TRADE_NOT_FOUND })
     if (!flagged) return { ...base, result: 'lease_lost' }
     logger.warn(
       { orderId: order.orderId, externalReference: order.externalReference, tradeId: order.tradeId },

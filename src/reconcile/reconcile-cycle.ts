@@ -70,7 +70,7 @@ export interface RunSummary {
   polled: number
   /** Polls that moved the order (`applied`). */
   changed: number
-  /** Polls that got no usable answer: error + not_found + unauthorized. */
+  /** Polls that got no usable answer: error + not_found + trade_mismatch + unauthorized. */
   errors: number
   /** Claims given back because the cycle stopped (untried, or refused with 401): due again as before. */
   released: number
@@ -182,7 +182,7 @@ export async function runReconcileCycle(
     claimed: claimed.length,
     polled,
     changed: results.applied,
-    errors: results.error + results.not_found + results.unauthorized,
+    errors: results.error + results.not_found + results.trade_mismatch + results.unauthorized,
     released,
     results,
     stoppedReason,
