@@ -277,20 +277,30 @@ describe('operator console', () => {
       expect((await findOrderByExternalReference(database.db, 'bulk-2'))?.tradeStatus).toBe('funded')
     })
 
-    it('requeues the orders flagged trade_not_found', async () => {
+    it('requeues the flagged orders, trade_not_found and trade_mismatch alike', async () => {
       await database.db
         .insertInto('orders')
-        .values({ externalReference: 'flagged-1', tradeId: 'trd_flagged-1', attention: 'trade_not_found' })
+        .values([
+          { externalReference: 'flagged-1', tradeId: 'trd_flagged-1', attention: 'trade_not_found' },
+          { externalReference: 'flagged-2', tradeId: 'trd_flagged-2', attention: 'trade_mismatch' },
+        ])
         .execute()
       const overview = await bearer(request(admin).get('/console/'))
-      expect(overview.text).toContain('order(s) flagged')
+      expect(overview.text).toContain('2 order(s) flagged')
+      expect(overview.text).toContain('trade_mismatch: 1, trade_not_found: 1')
+      const flagged = await bearer(request(admin).get('/console/orders?attention=1'))
+      expect(flagged.text).toContain('flagged-2')
       const confirm = await bearer(request(admin).get('/console/orders/requeue'))
-      expect(confirm.text).toContain('<strong>1</strong> now')
+      expect(confirm.text).toContain('<strong>2</strong> now')
       const done = await bearer(request(admin).post('/console/orders/requeue')).type('form').send(formFields(confirm.text))
-      expect(done.text).toContain('1 due now')
-      const order = await findOrderByExternalReference(database.db, 'flagged-1')
-      expect(order?.attention).toBeNull()
-      expect(order?.nextPollAt).not.toBeNull()
+      expect(done.text).toContain('2 due now')
+      for (const reference of ['flagged-1', 'flagged-2']) {
+        const order = await findOrderByExternalReference(database.db, reference)
+        expect(order?.attention, reference).toBeNull()
+        expect(order?.nextPollAt, reference).not.toBeNull()
+      }
+      // the next test's cycle polls flagged-1 alone
+      await database.db.deleteFrom('orders').where('externalReference', '=', 'flagged-2').execute()
     })
 
     it('runs one reconcile cycle now and lists it among the runs', async () => {

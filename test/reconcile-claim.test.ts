@@ -151,6 +151,29 @@ describe('claiming due orders', () => {
     expect(new Date(order.nextPollAt!).toISOString()).toBe(seconds(10).toISOString())
   })
 
+  it('requeues every flagged order when no reference is given, whatever its flag', async () => {
+    await insertOrders(database.db, [
+      { externalReference: 'gone', nextPollAt: null },
+      { externalReference: 'crossed', nextPollAt: null },
+      { externalReference: 'fine', nextPollAt: seconds(600) },
+    ])
+    await database.db.updateTable('orders').set({ attention: 'trade_not_found' }).where('externalReference', '=', 'gone').execute()
+    await database.db.updateTable('orders').set({ attention: 'trade_mismatch' }).where('externalReference', '=', 'crossed').execute()
+
+    const requeued = await requeueOrders(database.db, { now: NOW })
+    expect(requeued).toEqual([
+      { externalReference: 'gone', outcome: 'requeued', previousAttention: 'trade_not_found' },
+      { externalReference: 'crossed', outcome: 'requeued', previousAttention: 'trade_mismatch' },
+    ])
+    for (const reference of ['gone', 'crossed']) {
+      const order = await orderByReference(database.db, reference)
+      expect(order.attention, reference).toBeNull()
+      expect(new Date(order.nextPollAt!).toISOString(), reference).toBe(NOW.toISOString())
+    }
+    // an order no one flagged keeps its schedule
+    expect(new Date((await orderByReference(database.db, 'fine')).nextPollAt!).toISOString()).toBe(seconds(600).toISOString())
+  })
+
   it('requeues by reference but leaves a terminal order off the schedule', async () => {
     await insertOrders(database.db, [
       { externalReference: 'done', tradeStatus: 'released', isTerminal: true, nextPollAt: null },

@@ -141,6 +141,35 @@ describe('reconcile --requeue', () => {
     expect((await orderByReference(database.db, 'cli-gone')).tradeStatus).toBe('delivered')
   })
 
+  it('puts an order flagged trade_mismatch back on the schedule, with the orders flagged trade_not_found', async () => {
+    await insertOrders(database.db, [
+      { externalReference: 'cli-crossed', nextPollAt: past(60) },
+      { externalReference: 'cli-gone', nextPollAt: past(30) },
+    ])
+    answer = (request) =>
+      tradeIdOf(request.path) === 'tr_cli-gone'
+        ? { status: 404, body: { error: { code: 'not_found', message: 'no such trade' } } }
+        : { status: 200, body: tradeRecord({ trade_id: 'tr_cli-crossed', external_reference: 'someone-else', status: 'delivered' }) }
+    const once = await cli('reconcile', '--once', '--json')
+    expect(JSON.parse(once.stdout)).toMatchObject({ errors: 2, results: { trade_mismatch: 1, not_found: 1, error: 0 } })
+    expect((await orderByReference(database.db, 'cli-crossed')).attention).toBe('trade_mismatch')
+
+    const result = await cli('reconcile', '--requeue')
+    expect(result.code).toBe(0)
+    expect(result.stdout).toBe('cli-crossed: due now (was trade_mismatch)\ncli-gone: due now (was trade_not_found)\n')
+    answer = delivered
+    await cli('reconcile', '--once')
+    for (const reference of ['cli-crossed', 'cli-gone']) {
+      expect(await orderByReference(database.db, reference), reference).toMatchObject({ tradeStatus: 'delivered', attention: null })
+    }
+  })
+
+  it('says so when no order is flagged', async () => {
+    await insertOrders(database.db, [{ externalReference: 'cli-a', nextPollAt: past(60) }])
+    const result = await cli('reconcile', '--requeue')
+    expect([result.code, result.stdout]).toEqual([0, 'no order is flagged for an operator\n'])
+  })
+
   it('exits 1 naming the references it does not know', async () => {
     await insertOrders(database.db, [{ externalReference: 'cli-a', nextPollAt: null }])
     const result = await cli('reconcile', '--requeue', 'cli-a', 'cli-nope')

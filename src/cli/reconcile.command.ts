@@ -1,7 +1,7 @@
 // `reconcile --once`: one poll cycle now, as a replica of the poller would run it (claims, leases and
 // the run record included, so it is safe beside running services). `reconcile --report`: the latest
-// runs. `reconcile --requeue`: puts orders flagged for an operator (the platform answered 404) back on
-// the poll schedule.
+// runs. `reconcile --requeue`: puts orders flagged for an operator (the platform answered 404, or a record of
+// another trade or order) back on the poll schedule.
 import { hostname } from 'node:os'
 import type { Command } from 'commander'
 import type { RunSummary } from '../reconcile/poller.js'
@@ -36,7 +36,7 @@ export function registerReconcileCommands(program: Command): void {
     .option('--report', 'show the latest reconciliation runs')
     .option(
       '--requeue [references...]',
-      'clear `attention` and make these orders due now (no references: every order flagged trade_not_found)',
+      'clear `attention` and make these orders due now (no references: every flagged order, trade_not_found and trade_mismatch)',
     )
     .option('--limit <n>', `runs to show with --report (1-${MAX_REPORT_LIMIT})`, '20')
     .option('--json', 'print JSON')
@@ -172,7 +172,7 @@ async function requeue(externalReferences: string[] | undefined, json: boolean |
           : `${result.externalReference}: attention cleared; not polled (no trade id or a terminal status)\n`,
       )
     }
-    if (results.length === 0 && !externalReferences) write('no order is flagged trade_not_found\n')
+    if (results.length === 0 && !externalReferences) write('no order is flagged for an operator\n')
   }
   if (missing.length > 0) {
     writeError(`no order with external reference: ${missing.join(', ')}\n`)

@@ -116,7 +116,8 @@ export function overviewPage(operator: Operator, data: OverviewData): Html {
     needsHuman.push(
       html`<li><a href="${CONSOLE_PATH}/orders?attention=1">${flagged} order(s) flagged</a>
         (${data.attention.map((row) => `${row.attention}: ${row.orders}`).join(', ')}):
-        the platform does not know their trade. <a href="${CONSOLE_PATH}/orders/requeue">Requeue them</a> once fixed.</li>`,
+        the platform does not know their trade (trade_not_found) or answered another trade's or order's record
+        (trade_mismatch), and they are no longer polled. <a href="${CONSOLE_PATH}/orders/requeue">Requeue them</a> once fixed.</li>`,
     )
   }
   if (data.reactions.failed > 0) {
@@ -405,7 +406,7 @@ export function ordersPage(
   <label><input type="checkbox" name="attention" value="1" ${filter.attention ? 'checked' : ''}> flagged only</label>
   <button type="submit">Search</button>
 </form>
-<p class="actions"><a href="${CONSOLE_PATH}/orders/requeue">Requeue every order flagged trade_not_found…</a></p>
+<p class="actions"><a href="${CONSOLE_PATH}/orders/requeue">Requeue every flagged order…</a></p>
 ${
   orders.length === 0
     ? html`<p>No order matches.</p>`

@@ -19,7 +19,7 @@ import type { Logger } from '../logger.js'
 import type { Metrics } from '../metrics/metrics.js'
 import type { ObservationSettings } from '../orders/apply-observation.js'
 import { countOrdersNeedingAttention, findOrderById, findOrderByExternalReference, orderHistory, searchOrders } from '../orders/order.repository.js'
-import { countDueOrders, requeueOrders, TRADE_NOT_FOUND } from '../orders/poll-schedule.repository.js'
+import { countDueOrders, requeueOrders } from '../orders/poll-schedule.repository.js'
 import { isJobId } from '../reactions/job-id.js'
 import type { RunSummary } from '../reconcile/poller.js'
 import { listRuns } from '../reconcile/reconcile-run.repository.js'
@@ -463,14 +463,14 @@ export function consoleRoutes(deps: ConsoleDeps): Router {
   router.get(`${CONSOLE_PATH}/orders/requeue`, async (req, res) => {
     const reference = optionalText(req.query.reference)
     const operator = operatorOf(res)
-    const flagged = reference ? undefined : (await countOrdersNeedingAttention(db)).find((row) => row.attention === TRADE_NOT_FOUND)?.orders ?? 0
+    const flagged = reference ? undefined : (await countOrdersNeedingAttention(db)).reduce((sum, row) => sum + row.orders, 0)
     await send(
       res,
       confirmPage(operator, {
         title: 'Requeue flagged orders',
         question: reference
           ? html`Clear the flag of order <code>${reference}</code> and make it due for a poll now?`
-          : html`Clear the flag of every order flagged ${TRADE_NOT_FOUND} (<strong>${flagged}</strong> now) and make them due for a poll now?`,
+          : html`Clear the flag of every flagged order (<strong>${flagged}</strong> now) and make them due for a poll now?`,
         action: `${CONSOLE_PATH}/orders/requeue`,
         fields: reference ? [['reference', reference]] : [],
         actionId: newActionId(),
@@ -489,7 +489,7 @@ export function consoleRoutes(deps: ConsoleDeps): Router {
     const record = remember(
       actionId,
       operator,
-      reference ? `requeue order ${reference}` : `requeue every order flagged ${TRADE_NOT_FOUND}`,
+      reference ? `requeue order ${reference}` : 'requeue every flagged order',
       `${requeued} due now, ${results.length - requeued} cleared but not pollable${reference && results.length === 0 ? ' (no such order)' : ''}`,
     )
     await send(res, resultPage(operator, 'Requeue flagged orders', record, false))

@@ -224,7 +224,9 @@ export interface RequeueResult {
 
 /**
  * The operator's way out of `attention`: clears the flag and makes the order due now (if it has a trade
- * and is not terminal). With no references, every order flagged trade_not_found is requeued.
+ * and is not terminal). With no references, every flagged order is requeued, whatever its flag: one whose
+ * cause is not fixed is flagged again by its next poll (one GET), and one cause (a wrong PARTNER_ENV or base
+ * URL) answers 404 for some trades and may answer another trade's record for others.
  */
 export async function requeueOrders(
   db: Kysely<Database>,
@@ -237,7 +239,7 @@ export async function requeueOrders(
       .select(['id', 'externalReference', 'tradeId', 'isTerminal', 'attention'])
     query = externalReferences
       ? query.where('externalReference', 'in', externalReferences)
-      : query.where('attention', '=', TRADE_NOT_FOUND)
+      : query.where('attention', 'is not', null)
     const orders = await query.orderBy('id').forUpdate().execute()
     const results: RequeueResult[] = []
     for (const order of orders) {
