@@ -460,6 +460,48 @@ describePostgres('retention on several replicas (Postgres)', () => {
   })
 })
 
+describePostgres('retention while deliveries change (Postgres)', () => {
+  const database = useTestDatabase()
+
+  it('prunes the bodies after a batch that came back short because a row changed between its selection and its update', async () => {
+    await sql`truncate webhook_deliveries, retention_progress`.execute(database.db)
+    const clock = new FakeClock(Date.parse('2026-06-01T00:00:00Z'))
+    const deps = { db: database.db, holdLock: database.holdLock, clock }
+    // oldest first: the first batch of 2 is d-35 and d-34
+    await seedDeliveries(database.db, clock.now(), [35, 34, 33, 32, 31].map((ageDays) => ({ id: `d-${ageDays}`, ageDays })))
+
+    // another session changes d-34 (a re-apply records its new outcome) and holds it: the pass's first batch
+    // selects d-34 and then waits for it; once that commits, the row's current version is not the one selected
+    const other = new pg.Client({ connectionString: database.url })
+    await other.connect()
+    try {
+      await other.query('begin')
+      await other.query(`update webhook_deliveries set outcome = 'stale' where delivery_id = 'd-34'`)
+      const pass = runPrunePass(deps, SETTINGS)
+      await eventually(async () => {
+        const { rows } = await sql<{ waiting: number }>`
+          select count(*)::int as waiting from pg_stat_activity
+          where wait_event_type = 'Lock' and query like '%raw_body%' and datname = current_database()`.execute(database.db)
+        return rows[0]!.waiting > 0
+      }, 'the first batch waits for the changed row')
+      await other.query('commit')
+      const first = await pass
+      const second = await runPrunePass(deps, SETTINGS)
+
+      expect([first.counts.body, second.counts.body]).toEqual([5, 0])
+      expect(await deliveryRows(database.db)).toEqual({
+        'd-31': 'pruned',
+        'd-32': 'pruned',
+        'd-33': 'pruned',
+        'd-34': 'pruned',
+        'd-35': 'pruned',
+      })
+    } finally {
+      await other.end()
+    }
+  })
+})
+
 interface PlanNode {
   'Node Type': string
   'Index Name'?: string

@@ -189,12 +189,18 @@ async function prune(
       if (stopped()) return done(true)
       const batch = await pruneDeliveryBodiesBefore(db, { before: cutoffs.bodiesBefore, from, limit })
       count('body', batch.rows)
-      if (batch.rows < limit) {
-        through = cutoffs.bodiesBefore
+      // a row that changed between the batch's selection and its update (a delivery re-applied meanwhile)
+      // kept its body: the mark stays where the batch began, and the next batch (or pass) reads it again.
+      // Before, a batch short for this reason was taken for the end of the range, and the mark jumped to
+      // the cutoff over every body after it, which then stayed until its row was deleted.
+      const skipped = batch.rows < batch.selected
+      if (batch.selected < limit) {
+        // the range is read to its end
+        if (!skipped) through = cutoffs.bodiesBefore
         break
       }
       // every body it may prune received before the batch's newest row is pruned now
-      through = from = batch.through ?? from
+      if (!skipped) through = from = batch.through ?? from
       await pause()
     }
   } finally {

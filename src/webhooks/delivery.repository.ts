@@ -398,20 +398,43 @@ export async function deleteDeliveriesBefore(db: Kysely<Database>, options: Prun
   return batchResult(rows)
 }
 
+export interface BodyPruneBatchResult extends PruneBatchResult {
+  /**
+   * How many rows the batch selected. More than `rows` when a row changed between the selection and the
+   * update (another session updated it meanwhile: the update skips a row whose version is not the one
+   * selected), so its body is still there; fewer than `limit` only when the range was read to its end.
+   */
+  selected: number
+}
+
 /**
  * Empties the raw body (null) of up to `limit` deliveries received before `before`, oldest first; the
  * row, its body hash (the deduplication key) and its outcome stay. Parked deliveries keep their body.
  */
-export async function pruneDeliveryBodiesBefore(db: Kysely<Database>, options: PruneBatchOptions): Promise<PruneBatchResult> {
-  const batch = prunableDeliveriesQuery(db, options, 'bodies')
-  const rows = await db
-    .updateTable('webhookDeliveries')
-    .set({ rawBody: null })
-    .where(sql<boolean>`ctid = any(array(${batch}))`)
-    .where('outcome', '<>', 'unmatched')
-    .returning('receivedAt')
-    .execute()
-  return batchResult(rows)
+export async function pruneDeliveryBodiesBefore(db: Kysely<Database>, options: PruneBatchOptions): Promise<BodyPruneBatchResult> {
+  // one statement, so the count selected and the rows emptied come from the same selection
+  const row = await db
+    .with('batch', () => prunableDeliveriesQuery(db, options, 'bodies'))
+    .with('pruned', (qb) =>
+      qb
+        .updateTable('webhookDeliveries')
+        .set({ rawBody: null })
+        .where(sql<boolean>`ctid = any(array(select ctid from batch))`)
+        .where('outcome', '<>', 'unmatched')
+        .returning('receivedAt'),
+    )
+    .selectFrom('pruned')
+    .select((eb) => [
+      eb.fn.countAll<string>().as('rows'),
+      eb.fn.max('receivedAt').as('through'),
+      sql<string>`(select count(*) from batch)`.as('selected'),
+    ])
+    .executeTakeFirstOrThrow()
+  return {
+    rows: Number(row.rows),
+    through: row.through === null ? undefined : new Date(row.through),
+    selected: Number(row.selected),
+  }
 }
 
 /** What deleteDeliveriesBefore would delete in all (a dry run). */
