@@ -1,3 +1,4 @@
+import { once } from 'node:events'
 import { describe, expect, it } from 'vitest'
 import {
   DEMO_ELSEWHERE_REFERENCE,
@@ -7,10 +8,27 @@ import {
   formatDemoReport,
   runDemo,
 } from '../src/demo/run-demo.js'
-import { runCli } from './helpers/cli-process.js'
+import { runCli, spawnCli } from './helpers/cli-process.js'
 import { testLogger } from './helpers/log-sink.js'
 
 describe('the demo', () => {
+  it('refuses more than 1,000 trades with exit 2 before it starts, as it holds every trade in memory', async () => {
+    for (const trades of ['1001', '100000000']) {
+      const child = spawnCli(['demo', '--trades', trades, '--no-console'], {}, { built: true })
+      let stdout = ''
+      let stderr = ''
+      child.stdout!.on('data', (chunk) => (stdout += chunk))
+      child.stderr!.on('data', (chunk) => (stderr += chunk))
+      // a demo that started runs for minutes: it is stopped, and the test fails, rather than waited for
+      const started = setTimeout(() => child.kill('SIGKILL'), 20_000)
+      const [code] = (await once(child, 'exit')) as [number | null]
+      clearTimeout(started)
+      expect(code, `--trades ${trades}: ${stdout}${stderr}`).toBe(2)
+      expect(stderr).toContain(`argument '${trades}' is invalid. must be a whole number from 1 to 1000`)
+      expect(stdout).toBe('')
+    }
+  }, 60_000)
+
   it('runs 50 trades of every kind through faults and ends with every order matching the platform', async () => {
     const report = await runDemo({ trades: 50, seed: 7, out: process.stderr, logger: testLogger(), keepConsole: true })
     try {

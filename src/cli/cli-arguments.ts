@@ -18,3 +18,17 @@ export function listLimit(value: string): number {
   }
   return parsed
 }
+
+/**
+ * The most trades one demo runs: the demo holds every trade's plan, order and report row, and the sandbox every
+ * trade and webhook, in memory (the database too is in memory). 50 take about 15 s; 1,000 about 5 minutes.
+ */
+export const MAX_DEMO_TRADES = 1_000
+
+export function demoTrades(value: string): number {
+  const parsed = Number(value)
+  if (!Number.isInteger(parsed) || parsed <= 0 || parsed > MAX_DEMO_TRADES) {
+    throw new InvalidArgumentError(`must be a whole number from 1 to ${MAX_DEMO_TRADES}`)
+  }
+  return parsed
+}

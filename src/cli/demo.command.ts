@@ -1,13 +1,13 @@
 import type { Command } from 'commander'
 import { untilStopSignal } from '../stop-signals.js'
-import { positiveInteger } from './cli-arguments.js'
+import { demoTrades, MAX_DEMO_TRADES, positiveInteger } from './cli-arguments.js'
 import { setExitCode, write } from './cli-context.js'
 
 export function registerDemoCommand(program: Command): void {
   program
     .command('demo')
     .description('run ~50 trades of every kind against the sandbox with lost, repeated and reordered webhooks')
-    .option('--trades <n>', 'how many trades', positiveInteger, 50)
+    .option('--trades <n>', `how many trades (at most ${MAX_DEMO_TRADES})`, demoTrades, 50)
     .option('--seed <n>', 'seed of the injected faults', positiveInteger, 7)
     .option('--json', 'print the report as JSON')
     .option('--console', 'afterwards, keep the operator console open on what the run left (the default on a terminal)')
