@@ -6,7 +6,7 @@ import { createHash, randomBytes, timingSafeEqual } from 'node:crypto'
 import express, { Router } from 'express'
 import type { CliContext } from '../cli/cli-context.js'
 import { AppError } from '../http/app-error.js'
-import { FORWARDED_COMMANDS, LOCAL_CLI_PATH } from './running-service.js'
+import { COMMANDS_TAKEN_PREFIX, FORWARDED_COMMANDS, LOCAL_CLI_PATH } from './running-service.js'
 
 export function createLocalCliToken(): string {
   return randomBytes(32).toString('hex')
@@ -51,7 +51,8 @@ export function localCliRoutes({
       throw new AppError(
         400,
         'invalid_payload',
-        `args must be a command line starting with one of: ${[...FORWARDED_COMMANDS].join(', ')}`,
+        // a newer CLI reads the list from this message to tell that this service is older (running-service.ts)
+        `${COMMANDS_TAKEN_PREFIX}${[...FORWARDED_COMMANDS].join(', ')}`,
       )
     }
     // a command sent during a first start waits for the migrations instead of meeting missing tables

@@ -23,6 +23,25 @@ export const FORWARDED_COMMANDS = new Set([
 ])
 export const LOCAL_CLI_PATH = '/_local/cli'
 
+/** How the service refuses a command it does not run (local-cli.ts); every build since forwarding began says so. */
+export const COMMANDS_TAKEN_PREFIX = 'args must be a command line starting with one of: '
+
+/**
+ * The commands a service's 400 answer says it runs, or, for any other answer, every command forwarded (the
+ * refusal was not about the command).
+ */
+function commandsTakenBy(answer: string): ReadonlySet<string> {
+  try {
+    const message = (JSON.parse(answer) as { error?: { message?: unknown } }).error?.message
+    if (typeof message === 'string' && message.startsWith(COMMANDS_TAKEN_PREFIX)) {
+      return new Set(message.slice(COMMANDS_TAKEN_PREFIX.length).split(', '))
+    }
+  } catch {
+    // not the error shape
+  }
+  return FORWARDED_COMMANDS
+}
+
 export interface ServiceFile {
   pid: number
   /** The public listener (webhooks, health). */
@@ -137,9 +156,17 @@ export async function forwardToLocalService(args: string[]): Promise<number | un
     )
   }
   if (!response.ok) {
-    process.stderr.write(
-      `The running service refused the command (${response.status}): ${await response.text()}\n`,
-    )
+    const answer = await response.text()
+    const command = args[0] ?? ''
+    if (response.status === 400 && !commandsTakenBy(answer).has(command)) {
+      // a service started from an older build than this CLI's: its list of commands predates this one
+      process.stderr.write(
+        `The service running from ${config.dataDir} (pid ${service.pid}) is older than this CLI and does not run ` +
+          `\`${command}\`. Restart it with this build, or stop it and run the command alone. [service_too_old]\n`,
+      )
+      return 1
+    }
+    process.stderr.write(`The running service refused the command (${response.status}): ${answer}\n`)
     return 1
   }
   const result = (await response.json()) as { code: number; stdout: string; stderr: string }
