@@ -1,8 +1,10 @@
 // `prune [--dry-run]`: one retention pass now, as `serve` runs on its interval (src/retention/prune.ts).
 // On Postgres it takes the same advisory lock as the replicas: while one of them is pruning, this says so
-// and exits 1 rather than prune alongside it.
+// and exits 1 rather than prune alongside it. Run on its own (no service running, or on Postgres), the first
+// SIGINT, SIGTERM or SIGHUP stops the pass after the batch in flight, as a replica's shutdown does: what it
+// pruned is printed and the exit code is 130; a second one ends the process at once.
 import type { Command } from 'commander'
-import { printJson, setExitCode, withDatabase, write, writeError } from './cli-context.js'
+import { printJson, runsInService, setExitCode, withDatabase, write, writeError } from './cli-context.js'
 
 export function registerPruneCommand(program: Command): void {
   program
@@ -13,17 +15,39 @@ export function registerPruneCommand(program: Command): void {
     .option('--dry-run', 'count what a pass would prune now, change nothing')
     .option('--json', 'print the result as JSON')
     .action(async (options: { dryRun?: boolean; json?: boolean }) => {
-      const [{ runPrunePass, prunerSettings }, { systemClock }] = await Promise.all([
+      const [{ runPrunePass, prunerSettings }, { systemClock }, { onStopSignals }] = await Promise.all([
         import('../retention/prune.js'),
         import('../clock.js'),
+        import('../stop-signals.js'),
       ])
       await withDatabase(async ({ db, holdLock, vacuum, config, logger }) => {
         if (!holdLock) throw new Error('prune runs on a database handle (its lock keeps one pass at a time)')
-        const result = await runPrunePass(
-          { db, holdLock, vacuum, clock: systemClock, logger },
-          prunerSettings(config.retention),
-          { dryRun: options.dryRun === true },
-        )
+        // inside a running service the signals are the service's, and its shutdown stops its own passes
+        const stop = new AbortController()
+        const off = runsInService()
+          ? () => {}
+          : onStopSignals(
+              () => stop.abort(),
+              (signal) => {
+                off()
+                process.kill(process.pid, signal)
+              },
+            )
+        let result: Awaited<ReturnType<typeof runPrunePass>>
+        try {
+          result = await runPrunePass(
+            { db, holdLock, vacuum, clock: systemClock, logger },
+            prunerSettings(config.retention),
+            { dryRun: options.dryRun === true, signal: stop.signal },
+          )
+        } finally {
+          off()
+        }
+        if (result.interrupted) {
+          // each batch is its own transaction: what is counted is done, the next pass goes on from there
+          writeError('stopped by a signal after the batch in flight: what was pruned so far is below; the next pass goes on\n')
+          setExitCode(130)
+        }
         if (!result.ran) {
           writeError('Another replica is pruning now (it holds the retention lock): nothing done; try again later\n')
           setExitCode(1)

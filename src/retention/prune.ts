@@ -159,7 +159,10 @@ async function prune(
   }
   const count = (kind: PrunedKind, rows: number) => {
     counts[kind] += rows
-    if (rows > 0) deps.onPruned?.(kind, rows)
+    if (rows > 0) {
+      deps.onPruned?.(kind, rows)
+      deps.logger?.debug({ kind, rows, pruned: counts }, 'retention: batch pruned')
+    }
   }
   // runs one task's batches until a batch says it is the last, pausing between them; false: the pass was stopped
   const walk = async (kind: PrunedKind, batch: () => Promise<{ rows: number; last: boolean }>): Promise<boolean> => {

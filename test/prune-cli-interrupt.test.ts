@@ -1,0 +1,113 @@
+// `prune` as its own process (the compiled CLI; on embedded PGlite, and on Postgres through DATABASE_URL when
+// TEST_DATABASE_URL is given), stopped by Ctrl-C in the middle of a pass: it stops after the batch in flight,
+// says what it pruned so far, and exits 130; what it said is what was done.
+import { once } from 'node:events'
+import { mkdtempSync } from 'node:fs'
+import { tmpdir } from 'node:os'
+import path from 'node:path'
+import type { Kysely } from 'kysely'
+import { afterAll, expect, it } from 'vitest'
+import type { Database } from '../src/db/database.js'
+import { migrateToLatest } from '../src/db/migrate.js'
+import { type DatabaseHandle, openDatabase } from '../src/db/open-database.js'
+import { receiverEnv, spawnCli } from './helpers/cli-process.js'
+import { createTestDatabase, postgresUrl, type TestDatabase } from './helpers/test-database.js'
+
+const DAY = 86_400_000
+// 200 batches of 10 rows, 50 ms apart: the pass is far from done when the first batch is reported
+const ROWS = 2_000
+const BATCH = 10
+
+const cleanups: (() => Promise<void>)[] = []
+afterAll(async () => {
+  for (const cleanup of cleanups) await cleanup()
+})
+
+async function seedOldDeliveries(db: Kysely<Database>): Promise<void> {
+  const receivedAt = new Date(Date.now() - 100 * DAY)
+  for (let start = 0; start < ROWS; start += 500) {
+    await db
+      .insertInto('webhookDeliveries')
+      .values(
+        Array.from({ length: 500 }, (_, index) => ({
+          deliveryId: `old-${start + index}`,
+          bodySha256: `sha-${start + index}`,
+          receivedAt,
+          eventType: 'trade.funded',
+          externalReference: `ref-${start + index}`,
+          outcome: 'applied',
+          rawBody: '{}',
+        })),
+      )
+      .execute()
+  }
+}
+
+/** A database with ROWS deliveries past DELIVERY_RETENTION_DAYS, and the environment of a CLI run on it alone. */
+async function seeded(kind: 'pglite' | 'postgres'): Promise<{ env: Record<string, string>; reopen: () => DatabaseHandle }> {
+  const dataDir = mkdtempSync(path.join(tmpdir(), 'prune-interrupt-'))
+  if (kind === 'pglite') {
+    const seed = openDatabase({ dataDir })
+    await migrateToLatest(seed.db)
+    await seedOldDeliveries(seed.db)
+    await seed.close()
+    return { env: receiverEnv(dataDir), reopen: () => openDatabase({ dataDir }) }
+  }
+  const database: TestDatabase = await createTestDatabase({ kind: 'postgres' })
+  cleanups.push(() => database.close())
+  await seedOldDeliveries(database.db)
+  return {
+    env: { ...receiverEnv(dataDir), DATABASE_URL: database.url! },
+    reopen: () => openDatabase({ databaseUrl: database.url! }),
+  }
+}
+
+/** Resolves once the child has written a JSON log line with this msg to stderr. */
+function logLine(child: ReturnType<typeof spawnCli>, msg: string): Promise<void> {
+  return new Promise((resolve, reject) => {
+    let buffer = ''
+    child.stderr!.on('data', (chunk: Buffer) => {
+      buffer += chunk
+      if (buffer.split('\n').some((line) => line.startsWith('{') && line.includes(`"msg":"${msg}"`))) resolve()
+    })
+    child.once('exit', (code) => reject(new Error(`exited ${code} before "${msg}":\n${buffer}`)))
+  })
+}
+
+for (const kind of ['pglite', 'postgres'] as const) {
+  const name = kind === 'postgres' ? 'on Postgres through DATABASE_URL (Postgres)' : 'on embedded PGlite'
+  it.skipIf(kind === 'postgres' && !postgresUrl)(
+    `stops after the batch in flight on Ctrl-C, prints what it pruned so far and exits 130, ${name}`,
+    async () => {
+      const { env, reopen } = await seeded(kind)
+      const child = spawnCli(['prune', '--json'], { ...env, PRUNE_BATCH_SIZE: String(BATCH), LOG_LEVEL: 'debug' }, { built: true })
+      let stdout = ''
+      let stderr = ''
+      child.stdout!.on('data', (chunk) => (stdout += chunk))
+      child.stderr!.on('data', (chunk) => (stderr += chunk))
+      await logLine(child, 'retention: batch pruned')
+      child.kill('SIGINT')
+      const [code, signal] = (await once(child, 'exit')) as [number | null, string | null]
+
+      expect({ code, signal }, stderr.slice(-2_000)).toEqual({ code: 130, signal: null })
+      expect(stderr).toContain('stopped by a signal after the batch in flight')
+      const result = JSON.parse(stdout) as { interrupted: boolean; counts: { delivery: number } }
+      expect(result.interrupted).toBe(true)
+      expect(result.counts.delivery).toBeGreaterThanOrEqual(BATCH)
+      expect(result.counts.delivery).toBeLessThan(ROWS)
+      expect(result.counts.delivery % BATCH).toBe(0)
+      const after = reopen()
+      try {
+        const { left } = await after.db
+          .selectFrom('webhookDeliveries')
+          .select((eb) => eb.fn.countAll<string>().as('left'))
+          .executeTakeFirstOrThrow()
+        // what it said it pruned is what is gone
+        expect(Number(left)).toBe(ROWS - result.counts.delivery)
+      } finally {
+        await after.close()
+      }
+    },
+    120_000,
+  )
+}
