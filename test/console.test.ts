@@ -205,6 +205,54 @@ describe('operator console', () => {
     expect(shallowPage.text).toContain('\n  &quot;trade_id&quot;: &quot;trd_shallow-body&quot;,\n')
   })
 
+  it('opens, and re-applies, a delivery whose id is a dot segment (`.`, `..`) through the links a browser follows', async () => {
+    // a browser resolves the href against the page's URL as the WHATWG URL spec says (Node's URL does the same):
+    // a dot segment in the path is removed, even percent-encoded
+    const follow = (from: string, href: string) => {
+      const url = new URL(href.replace(/&amp;/g, '&'), new URL(from, 'http://console.test'))
+      return url.pathname + url.search
+    }
+    const hrefs = (page: string) => [...page.matchAll(/href="([^"]*)"/g)].map((match) => match[1]!)
+    for (const [deliveryId, reference] of [['.', 'dot-one'], ['..', 'dot-two']] as const) {
+      expect((await sendWebhook(app, { body: tradePayload(reference, 'funded'), deliveryId })).status).toBe(200)
+      await database.db.insertInto('orders').values({ externalReference: reference }).execute()
+      const stored = await findDelivery(database.db, deliveryId)
+
+      const searchPath = `/console/deliveries?reference=${reference}`
+      const search = await bearer(request(admin).get(searchPath))
+      const link = hrefs(search.text).find((href) => href.includes(stored!.bodySha256))
+      expect(link, 'a link to the delivery on the search').toBeDefined()
+      const pagePath = follow(searchPath, link!)
+      const page = await bearer(request(admin).get(pagePath))
+      expect(page.status, pagePath).toBe(200)
+      expect(page.text).toContain(`<code>${deliveryId}</code>`)
+      expect(page.text).toContain(stored!.bodySha256)
+
+      const reapplyLink = hrefs(page.text).find((href) => href.includes('reapply'))
+      const confirmPath = follow(pagePath, reapplyLink!)
+      const confirm = await bearer(request(admin).get(confirmPath))
+      expect(confirm.status, confirmPath).toBe(200)
+      const action = follow(confirmPath, /<form method="post" action="([^"]*)"/.exec(confirm.text.replace(/<header>[\s\S]*?<\/header>/, ''))![1]!)
+      const done = await bearer(request(admin).post(action)).type('form').send(formFields(confirm.text))
+      expect(done.status, action).toBe(200)
+      expect(done.text).toContain('applied (order status funded)')
+      expect((await findDelivery(database.db, deliveryId))?.outcome).toBe('applied')
+      const back = hrefs(done.text).find((href) => href.includes(stored!.bodySha256))
+      expect((await bearer(request(admin).get(follow(action, back!)))).status).toBe(200)
+    }
+  })
+
+  it('answers the query address of a delivery without its id or body, or with either twice, 400 naming it', async () => {
+    const sha = '0'.repeat(64)
+    for (const [query, field] of [[`body=${sha}`, 'id'], [`id=a&id=b&body=${sha}`, 'id'], ['id=a', 'body'], [`id=a&body=${sha}&body=${sha}`, 'body']]) {
+      const answer = await bearer(request(admin).get(`/console/delivery?${query}`))
+      expect(answer.status, query).toBe(400)
+      expect(answer.text).toContain(`${field}:`)
+    }
+    expect((await bearer(request(admin).get(`/console/delivery?id=nothing&body=${sha}`))).status).toBe(404)
+    expect((await bearer(request(admin).get(`/console/delivery/reapply?id=a%00b&body=${sha}`))).status).toBe(404)
+  })
+
   describe('actions', () => {
     it('re-applies a parked delivery once its order exists, once however often the form is posted', async () => {
       expect((await sendWebhook(app, { body: tradePayload('late-1', 'funded'), deliveryId: 'dlv-late-1' })).status).toBe(200)

@@ -26,8 +26,18 @@ const time = (value: Date | null | undefined) => (value ? value.toISOString().re
 const age = (seconds: number) =>
   seconds < 90 ? `${Math.round(seconds)} s` : seconds < 5400 ? `${Math.round(seconds / 60)} min` : `${(seconds / 3600).toFixed(1)} h`
 
+// A delivery's id is whatever the platform sent in X-Partner-Delivery-Id: in a path, an id `.` or `..` is a dot
+// segment, which a browser resolves away (even written %2e) before the request is sent. So every link to a
+// delivery carries its id in the query, where nothing resolves it. The path addresses
+// (/deliveries/ID/SHA256[/reapply]) still answer for any other id.
+function deliveryQuery(delivery: { deliveryId: string; bodySha256: string }): string {
+  return new URLSearchParams({ id: delivery.deliveryId, body: delivery.bodySha256 }).toString()
+}
 export function deliveryPath(delivery: { deliveryId: string; bodySha256: string }): string {
-  return `${CONSOLE_PATH}/deliveries/${encodeURIComponent(delivery.deliveryId)}/${delivery.bodySha256}`
+  return `${CONSOLE_PATH}/delivery?${deliveryQuery(delivery)}`
+}
+export function deliveryReapplyPath(delivery: { deliveryId: string; bodySha256: string }): string {
+  return `${CONSOLE_PATH}/delivery/reapply?${deliveryQuery(delivery)}`
 }
 export const orderPath = (id: number) => `${CONSOLE_PATH}/orders/${id}`
 export const reactionPath = (id: string) => `${CONSOLE_PATH}/reactions/${id}`
@@ -331,7 +341,7 @@ export function deliveryPage(
   <dt>Order</dt><dd>${order ? html`<a href="${orderPath(order.id)}">#${order.id} ${order.externalReference}</a> (now ${order.tradeStatus ?? 'no status'})` : 'none'}</dd>
 </dl>
 <p class="hint">Headers: the service keeps the delivery id (above) and the verified body; the signature and other headers are not stored.</p>
-<p class="actions"><a href="${deliveryPath(delivery)}/reapply">Re-apply…</a></p>
+<p class="actions"><a href="${deliveryReapplyPath(delivery)}">Re-apply…</a></p>
 <h2>Raw body</h2>
 ${
   delivery.rawBody === null

@@ -61,6 +61,7 @@ import {
   deliveriesPage,
   deliveryPage,
   deliveryPath,
+  deliveryReapplyPath,
   filterFields,
   firstAttemptsPage,
   type Html,
@@ -136,6 +137,14 @@ const FilterQuery = z.object({
 })
 
 class BadInput extends Error {}
+
+/** The delivery a /delivery?id=ID&body=SHA256 address names: each given once, as text. */
+function deliveryOfQuery(query: Request['query']): { deliveryId: string; bodySha256: string } {
+  const { id, body } = query
+  if (typeof id !== 'string') throw new BadInput('id: one delivery id is needed')
+  if (typeof body !== 'string') throw new BadInput('body: one body SHA-256 is needed')
+  return { deliveryId: id, bodySha256: body }
+}
 
 // orders.id is a Postgres integer: a larger id names no row, and the database would refuse it as a parameter
 // (a reaction job's id: isJobId)
@@ -378,13 +387,18 @@ export function consoleRoutes(deps: ConsoleDeps): Router {
     await send(res, resultPage(operator, 'Bulk re-apply', record, false))
   }))
 
+  // a delivery's address: /delivery?id=ID&body=SHA256 (every link: an id may be a dot segment, see deliveryPath),
+  // or the path /deliveries/ID/SHA256 of before
+  const DELIVERY_PATHS = [`${CONSOLE_PATH}/delivery`, `${CONSOLE_PATH}/deliveries/:deliveryId/:bodySha256`]
+  const REAPPLY_PATHS = DELIVERY_PATHS.map((address) => `${address}/reapply`)
   const loadDelivery = async (req: Request) => {
-    const { deliveryId, bodySha256 } = req.params as { deliveryId: string; bodySha256: string }
+    const { deliveryId, bodySha256 } =
+      req.params.deliveryId === undefined ? deliveryOfQuery(req.query) : (req.params as { deliveryId: string; bodySha256: string })
     if (!/^[0-9a-f]{64}$/.test(bodySha256) || deliveryId.includes('\u0000')) return undefined
     return findDelivery(db, deliveryId, bodySha256)
   }
 
-  router.get(`${CONSOLE_PATH}/deliveries/:deliveryId/:bodySha256`, async (req, res) => {
+  router.get(DELIVERY_PATHS, async (req, res) => {
     const delivery = await loadDelivery(req)
     if (!delivery) return send(res, messagePage('Not found', operatorOf(res), 'No such delivery.'), 404)
     const [order, bodies] = await Promise.all([
@@ -398,7 +412,7 @@ export function consoleRoutes(deps: ConsoleDeps): Router {
     await send(res, deliveryPage(operatorOf(res), { delivery, order, bodies, bodyRetentionDays: deps.bodyRetentionDays }))
   })
 
-  router.get(`${CONSOLE_PATH}/deliveries/:deliveryId/:bodySha256/reapply`, async (req, res) => {
+  router.get(REAPPLY_PATHS, async (req, res) => {
     const delivery = await loadDelivery(req)
     if (!delivery) return send(res, messagePage('Not found', operatorOf(res), 'No such delivery.'), 404)
     await send(
@@ -407,14 +421,14 @@ export function consoleRoutes(deps: ConsoleDeps): Router {
         title: 'Re-apply a delivery',
         question: html`Re-apply delivery <code>${delivery.deliveryId}</code> (${delivery.eventType}, outcome now ${delivery.outcome})
           to the order of <code>${delivery.externalReference ?? '—'}</code>? A status the order already has changes nothing.`,
-        action: `${deliveryPath(delivery)}/reapply`,
+        action: deliveryReapplyPath(delivery),
         fields: [],
         actionId: newActionId(),
         button: 'Re-apply',
       }),
     )
   })
-  router.post(`${CONSOLE_PATH}/deliveries/:deliveryId/:bodySha256/reapply`, oneAtATime(async (req, res) => {
+  router.post(REAPPLY_PATHS, oneAtATime(async (req, res) => {
     const operator = operatorOf(res)
     const actionId = actionIdOf(req)
     const previous = done.get(actionId)
