@@ -1,3 +1,4 @@
+import { sql } from 'kysely'
 import { afterAll, beforeAll, describe, expect, it } from 'vitest'
 import { systemClock } from '../src/clock.js'
 import { createApp } from '../src/http/app.js'
@@ -113,5 +114,34 @@ describe('orders and deliveries commands', () => {
     const seller = await run('deliveries', 'reapply', 'dlv-cli-seller')
     expect(seller.code).toBe(1)
     expect(seller.stderr).toContain('only trade events')
+  })
+
+  it("reapplies all or nothing: when the delivery's new outcome cannot be written, the order does not move either", async () => {
+    const app = createApp({ config, db: database.db, logger: testLogger(), clock: systemClock })
+    await sendWebhook(app, { body: tradePayload('cli-3', 'funded'), deliveryId: 'dlv-cli-3' })
+    // an order created behind the service's back, so the delivery stays parked for a reapply
+    await sql`insert into orders (external_reference) values ('cli-3')`.execute(database.db)
+    await sql`create function refuse_dlv_cli_3() returns trigger language plpgsql as $$
+      begin
+        if new.delivery_id = 'dlv-cli-3' then raise exception 'refused by the test'; end if;
+        return new;
+      end $$`.execute(database.db)
+    await sql`create trigger refuse_dlv_cli_3 before update on webhook_deliveries
+      for each row execute function refuse_dlv_cli_3()`.execute(database.db)
+    try {
+      const failed = await run('deliveries', 'reapply', 'dlv-cli-3')
+      expect(failed.code).toBe(1)
+      expect(failed.stderr).toContain('refused by the test')
+      const order = JSON.parse((await run('orders', 'show', 'cli-3', '--json')).stdout)
+      expect(order).toMatchObject({ tradeStatus: null, history: [] })
+      const delivery = JSON.parse((await run('deliveries', 'show', 'dlv-cli-3', '--json')).stdout)
+      expect(delivery).toMatchObject({ outcome: 'unmatched' })
+    } finally {
+      await sql`drop trigger refuse_dlv_cli_3 on webhook_deliveries`.execute(database.db)
+      await sql`drop function refuse_dlv_cli_3()`.execute(database.db)
+    }
+    const reapplied = await run('deliveries', 'reapply', 'dlv-cli-3', '--json')
+    expect(JSON.parse(reapplied.stdout)).toMatchObject({ outcome: 'applied', toStatus: 'funded' })
+    expect(JSON.parse((await run('deliveries', 'show', 'dlv-cli-3', '--json')).stdout)).toMatchObject({ outcome: 'applied' })
   })
 })

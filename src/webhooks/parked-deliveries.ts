@@ -111,7 +111,11 @@ export type ReapplyResult =
   /** Not a trade event (ignored, or invalid when stored): there is no effect to re-run. */
   | { kind: 'not_a_trade_event'; eventType: string }
 
-/** Re-runs a stored delivery's effect on its order (the order matched by its external reference now). */
+/**
+ * Re-runs a stored delivery's effect on its order (the order matched by its external reference now). The
+ * order's move and the delivery's new outcome commit together: a failure (or a process stopped) between the
+ * two would leave the order moved and the delivery still saying, say, `unmatched`.
+ */
 export async function reapplyDelivery(
   db: Kysely<Database>,
   delivery: StoredDelivery,
@@ -122,14 +126,17 @@ export async function reapplyDelivery(
   if (externalReference === null || delivery.tradeId === null || delivery.observedStatus === null) {
     return { kind: 'not_a_trade_event', eventType: delivery.eventType }
   }
-  const order = await findOrderByExternalReference(db, externalReference)
-  const result = order
-    ? await applyObservation(db, storedDeliveryObservation({ ...delivery, externalReference }, order.id, now), settings)
-    : { outcome: 'unmatched' as const, orderId: null, fromStatus: null, toStatus: null }
-  await updateDeliveryOutcome(db, delivery, {
-    outcome: result.outcome,
-    orderId: result.orderId,
-    appliedAt: result.outcome === 'applied' ? now : null,
+  const result = await db.transaction().execute(async (trx) => {
+    const order = await findOrderByExternalReference(trx, externalReference)
+    const applied = order
+      ? await applyObservation(trx, storedDeliveryObservation({ ...delivery, externalReference }, order.id, now), settings)
+      : { outcome: 'unmatched' as const, orderId: null, fromStatus: null, toStatus: null }
+    await updateDeliveryOutcome(trx, delivery, {
+      outcome: applied.outcome,
+      orderId: applied.orderId,
+      appliedAt: applied.outcome === 'applied' ? now : null,
+    })
+    return applied
   })
   return {
     kind: 'reapplied',
