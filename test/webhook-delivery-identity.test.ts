@@ -120,6 +120,25 @@ describe('a delivery is its id and its body', () => {
     expect(retry.body).toEqual({ received: true, duplicate: true })
   })
 
+  it('counts one reuse when two bodies under one id of an event that changes no order arrive together', async () => {
+    for (let round = 0; round < 5; round++) {
+      const id = `dlv-${randomUUID()}`
+      const reusedBefore = await counted('id_reused')
+      const lines = logEntries().length
+      const answers = await Promise.all(
+        ['seller.verified', 'seller.suspended'].map((event) => sendWebhook(app, { body: { event, seller_id: 's-2' }, deliveryId: id })),
+      )
+      expect(answers.map((answer) => answer.body)).toEqual([{ received: true }, { received: true }])
+      // two bodies stored under the id: the second is the one reuse, however the two interleaved
+      expect(await rowsOf(id)).toHaveLength(2)
+      expect(await counted('id_reused')).toBe(reusedBefore + 1)
+      const warnings = logEntries()
+        .slice(lines)
+        .filter((entry) => entry.msg === 'webhook delivery id reused with a different body' && entry.deliveryId === id)
+      expect(warnings).toHaveLength(1)
+    }
+  })
+
   it('shows each body stored under a reused id with `deliveries show --body-sha256`', async () => {
     const ref = 'reused-cli'
     const id = `dlv-${randomUUID()}`

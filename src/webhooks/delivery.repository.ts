@@ -58,6 +58,9 @@ export interface DeliveryKey {
   bodySha256: string
 }
 
+/** The advisory locks of recordDelivery ("delv" in ASCII), one per delivery id in its second key. */
+const DELIVERY_ID_LOCK_CLASS = 0x64656c76
+
 /**
  * Stores a delivery that changes no order (ignored, invalid). inserted: false when this id with this
  * body is stored already (a duplicate). idReused: the id was stored before with another body.
@@ -66,20 +69,26 @@ export async function recordDelivery(
   db: Kysely<Database>,
   delivery: DeliveryKey & { eventType: string; rawBody: string; outcome: DeliveryOutcome; receivedAt: Date },
 ): Promise<{ inserted: boolean; idReused: boolean }> {
-  const result = await db
-    .insertInto('webhookDeliveries')
-    .values(delivery)
-    .onConflict((oc) => oc.columns(['deliveryId', 'bodySha256']).doNothing())
-    .executeTakeFirst()
-  const inserted = Number(result.numInsertedOrUpdatedRows ?? 0) > 0
-  if (!inserted) return { inserted, idReused: false }
-  const other = await db
-    .selectFrom('webhookDeliveries')
-    .select('deliveryId')
-    .where('deliveryId', '=', delivery.deliveryId)
-    .where('bodySha256', '<>', delivery.bodySha256)
-    .executeTakeFirst()
-  return { inserted, idReused: other !== undefined }
+  return db.transaction().execute(async (trx) => {
+    // One id's bodies are stored one at a time, on every replica: without the lock, two bodies arriving
+    // together both inserted before either looked, each saw the other, and one reuse was reported twice.
+    // With it, the first body stored sees no other and each later one sees those before it.
+    await sql`select pg_advisory_xact_lock(${sql.lit(DELIVERY_ID_LOCK_CLASS)}, hashtext(${delivery.deliveryId}))`.execute(trx)
+    const result = await trx
+      .insertInto('webhookDeliveries')
+      .values(delivery)
+      .onConflict((oc) => oc.columns(['deliveryId', 'bodySha256']).doNothing())
+      .executeTakeFirst()
+    const inserted = Number(result.numInsertedOrUpdatedRows ?? 0) > 0
+    if (!inserted) return { inserted, idReused: false }
+    const other = await trx
+      .selectFrom('webhookDeliveries')
+      .select('deliveryId')
+      .where('deliveryId', '=', delivery.deliveryId)
+      .where('bodySha256', '<>', delivery.bodySha256)
+      .executeTakeFirst()
+    return { inserted, idReused: other !== undefined }
+  })
 }
 
 /** A delivery's effect, once known (applied later, re-applied, or by an event handler). */
