@@ -3,7 +3,7 @@
 // of traffic. Target: every page under 100 ms. Writes bench/results/latest-console(.quick).md and .json.
 import { randomBytes } from 'node:crypto'
 import { writeFileSync } from 'node:fs'
-import type { Server } from 'node:http'
+import { createServer, type Server } from 'node:http'
 import type { AddressInfo } from 'node:net'
 import path from 'node:path'
 import { sql } from 'kysely'
@@ -95,7 +95,7 @@ export async function benchConsolePages({ quick }: { quick: boolean }): Promise<
     })
     const app = createAdminApp({ config, db: database.db, logger: createLogger({ level: 'silent' }) })
     server = await new Promise<Server>((resolve) => {
-      const listening = app.listen(0, '127.0.0.1', () => resolve(listening))
+      const listening = createServer(app).listen(0, '127.0.0.1', () => resolve(listening))
     })
     const base = `http://127.0.0.1:${(server.address() as AddressInfo).port}`
     const get = async (page: string) => {

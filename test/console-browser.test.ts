@@ -3,7 +3,7 @@
 // retry a failed reaction from the overview, and open a delivery full of markup without any of it running.
 // Screenshots go to test-results/.
 import { existsSync, mkdirSync } from 'node:fs'
-import type { Server } from 'node:http'
+import { createServer, type Server } from 'node:http'
 import type { AddressInfo } from 'node:net'
 import path from 'node:path'
 import { type Browser, chromium, type Page } from 'playwright-core'
@@ -52,7 +52,7 @@ describeBrowser('operator console in headless Chromium', () => {
     app = createApp({ config, db: database.db, logger, clock: systemClock })
     const admin = createAdminApp({ config, db: database.db, logger })
     server = await new Promise<Server>((resolve) => {
-      const listening = admin.listen(0, '127.0.0.1', () => resolve(listening))
+      const listening = createServer(admin).listen(0, '127.0.0.1', () => resolve(listening))
     })
     base = `http://127.0.0.1:${(server.address() as AddressInfo).port}`
 

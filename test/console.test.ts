@@ -1,6 +1,6 @@
 // The operator console over HTTP (supertest against the operator app): who gets in, what a forged form
 // gets, the headers every page carries, hostile delivery text shown as text, and each action's effect.
-import express, { type Express } from 'express'
+import express from 'express'
 import request from 'supertest'
 import { afterAll, beforeAll, describe, expect, it } from 'vitest'
 import { systemClock } from '../src/clock.js'
@@ -69,7 +69,7 @@ function formFields(page: string): Record<string, string> {
 describe('operator console', () => {
   let database: TestDatabase
   let app: App
-  let admin: Express
+  let admin: App
   const fetcher = fakeTradeApi()
 
   beforeAll(async () => {
@@ -479,7 +479,7 @@ describe('operator console', () => {
 
 describe('operator console: reactions', () => {
   let database: TestDatabase
-  let admin: Express
+  let admin: App
   const jobs: Record<string, string> = {}
   const HOSTILE_ERROR = 'Error: CRM said <script>window.pwned=5</script>\n    at "><img src=x onerror=alert(6)>'
   const bearer = (call: request.Test) => call.set('Authorization', `Bearer ${TOKEN}`)

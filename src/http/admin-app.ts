@@ -2,7 +2,7 @@
 // Prometheus metrics, the operator console (/console/, when ADMIN_TOKEN is set) and the routes the
 // composition root gives it (service.ts: the command endpoint the CLI forwards to). Whoever can reach the
 // public webhook URL reaches none of this.
-import express, { type Express, type Router } from 'express'
+import express, { type Router } from 'express'
 import type { Kysely } from 'kysely'
 import { type Clock, systemClock } from '../clock.js'
 import type { Config } from '../config.js'
@@ -15,6 +15,7 @@ import type { ReactionRouting } from '../reactions/reaction-registry.js'
 import type { RunSummary } from '../reconcile/poller.js'
 import { errorHandler, notFoundHandler } from './error-handler.js'
 import { metricsRoutes } from './metrics.routes.js'
+import { type App, expressListener, readRequestTarget } from './request-target.js'
 
 export interface AdminAppDeps {
   config: Config
@@ -35,10 +36,12 @@ export interface AdminAppDeps {
   reactions?: (ReactionRouting & { readonly names?: readonly string[] }) | undefined
 }
 
-export function createAdminApp(deps: AdminAppDeps): Express {
+export function createAdminApp(deps: AdminAppDeps): App {
   const app = express()
   app.disable('x-powered-by')
   app.set('trust proxy', false)
+  // <, > and & in an answer's JSON as \u escapes: a 404 echoes the path an outsider sent
+  app.set('json escape', true)
   if (deps.metrics && deps.config.metrics.enabled) {
     app.use(metricsRoutes({ metrics: deps.metrics, path: deps.config.metrics.path }))
   }
@@ -61,5 +64,9 @@ export function createAdminApp(deps: AdminAppDeps): Express {
   for (const routes of deps.routes ?? []) app.use(routes)
   app.use(notFoundHandler())
   app.use(errorHandler(deps.logger))
-  return app
+  // a target Express cannot read, or nothing that answered: a 404 in the error shape, as on the public listener
+  const viaExpress = expressListener(app)
+  return (req, res) => {
+    if (readRequestTarget(req, res)) viaExpress(req, res)
+  }
 }

@@ -3,7 +3,6 @@
 // dependencies; it never listens (see server.ts). POST to the webhook path goes straight to its endpoint
 // on Node's own request and response (webhook-endpoint.ts: the hot path, without Express's per-request
 // work); everything else to Express.
-import type { IncomingMessage, ServerResponse } from 'node:http'
 import express from 'express'
 import type { Kysely } from 'kysely'
 import type { Clock } from '../clock.js'
@@ -13,11 +12,10 @@ import type { Logger } from '../logger.js'
 import type { Metrics } from '../metrics/metrics.js'
 import { observationSettings } from '../orders/observations.js'
 import type { ReactionRouting } from '../reactions/reaction-registry.js'
-import { errorBody } from './app-error.js'
 import { errorHandler, notFoundHandler } from './error-handler.js'
 import { healthRoutes } from './health.routes.js'
 import { InflightBodyBudget } from './inflight-body-budget.js'
-import { writeJson } from './json-answer.js'
+import { type App, expressListener, readRequestTarget } from './request-target.js'
 import { createDeliveryIngest, type DeliveryIngest } from '../webhooks/delivery-ingest.js'
 import { createEventHandlers, type EventHandlers } from '../webhooks/event-handlers.js'
 import { webhookEndpoint } from '../webhooks/webhook-endpoint.js'
@@ -49,8 +47,7 @@ export interface AppDeps {
   ingest?: DeliveryIngest | undefined
 }
 
-/** A request listener for Node's http server (and supertest). */
-export type App = (req: IncomingMessage, res: ServerResponse) => void
+export type { App }
 
 export function createApp(deps: AppDeps): App {
   const ingest =
@@ -71,6 +68,8 @@ export function createApp(deps: AppDeps): App {
   const app = express()
   app.disable('x-powered-by')
   app.set('trust proxy', false)
+  // <, > and & in an answer's JSON as \u escapes: a 404 echoes the path an outsider sent
+  app.set('json escape', true)
   if (deps.isDraining) {
     const isDraining = deps.isDraining
     app.use((_req, res, next) => {
@@ -84,20 +83,13 @@ export function createApp(deps: AppDeps): App {
   app.use(notFoundHandler())
   app.use(errorHandler(deps.logger))
 
-  // Express calls its third argument when nothing answered (its types leave the argument out)
-  const handle = app as unknown as (req: IncomingMessage, res: ServerResponse, done: () => void) => void
+  const viaExpress = expressListener(app)
   // the exact path, as the platform is configured to send it, skips Express
   return (req, res) => {
+    if (!readRequestTarget(req, res)) return
     if (req.method === 'POST' && pathOf(req.url) === path) webhook(req, res)
-    else handle(req, res, () => noRoute(res))
+    else viaExpress(req, res)
   }
-}
-
-// What Express's router falls through to: a target whose path it cannot read (`http://[::1/x`), which no
-// route sees, or an error after the answer began. Express's own answer would be an HTML page.
-function noRoute(res: ServerResponse): void {
-  if (res.headersSent) res.destroy()
-  else writeJson(res, 404, errorBody('not_found', 'No route for this request target'))
 }
 
 function pathOf(url: string | undefined): string {
