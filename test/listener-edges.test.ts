@@ -1,13 +1,18 @@
-// What the compiled `serve` answers before its application would otherwise have a say: a request target
-// Express cannot read on the operator listener (it answered with its own HTML page), and a target Node's
-// legacy URL parser warns about (the warning quoted the outsider's target on the process's stderr).
+// What the compiled `serve` answers before its application would otherwise have a say: a request that waits
+// for `100 Continue` (Node used to write it for every such request, so a client was told to send a body the
+// service then refused), a request target Express cannot read on the operator listener (it answered with
+// its own HTML page), and a target Node's legacy URL parser warns about (the warning quoted the outsider's
+// target on the process's stderr).
 import { once } from 'node:events'
 import net from 'node:net'
 import { afterAll, beforeAll, describe, expect, it } from 'vitest'
 import { spawnCli, waitForLogLine } from './helpers/cli-process.js'
 import { TEST_API_KEY_ID, TEST_API_SECRET, TEST_WEBHOOK_SECRET } from './helpers/test-config.js'
+import { signBody } from './helpers/webhook-delivery.js'
 
+const BODY_LIMIT = 256 * 1024
 const ADMIN_TOKEN = 'admin_token_0123456789abcdef0123456789'
+const WELL_FORMED_SIGNATURE = `sha256=${'0'.repeat(64)}`
 
 interface RawClient {
   write(text: string): void
@@ -63,6 +68,11 @@ function finalAnswer(received: string): { status: number; headers: Record<string
   return { status: Number(/^HTTP\/1\.1 (\d{3}) /.exec(statusLine)?.[1]), headers, body: text.slice(end + 4) }
 }
 
+function webhookHead(port: number, headers: Record<string, string | number>): string {
+  const lines = Object.entries(headers).map(([name, value]) => `${name}: ${value}\r\n`)
+  return `POST /webhooks/partner HTTP/1.1\r\nHost: 127.0.0.1:${port}\r\nContent-Type: application/json\r\n${lines.join('')}\r\n`
+}
+
 describe('the compiled service before its application answers', () => {
   let service: ReturnType<typeof spawnCli>
   let port: number
@@ -82,6 +92,9 @@ describe('the compiled service before its application answers', () => {
         PARTNER_API_SECRET: TEST_API_SECRET,
         WEBHOOK_SECRETS: TEST_WEBHOOK_SECRET,
         ADMIN_TOKEN,
+        WEBHOOK_BODY_LIMIT: String(BODY_LIMIT),
+        // one largest body at a time: a request that announces one and stalls spends the budget
+        MAX_INFLIGHT_BODY_BYTES: String(BODY_LIMIT),
       },
       { built: true },
     )
@@ -97,7 +110,99 @@ describe('the compiled service before its application answers', () => {
     await once(service, 'exit')
   })
 
+  describe('a webhook that waits for 100 Continue', () => {
+    it('is refused 413 payload_too_large, without 100 Continue, when its announced length is past the limit', async () => {
+      const received = await exchange(
+        port,
+        webhookHead(port, {
+          'Content-Length': 10 * 1024 * 1024,
+          'X-Partner-Delivery-Id': 'big-1',
+          'X-Partner-Signature': WELL_FORMED_SIGNATURE,
+          Expect: '100-continue',
+        }),
+      )
+      expect(received).not.toContain('100 Continue')
+      const answer = finalAnswer(received)
+      expect(answer.status).toBe(413)
+      expect(JSON.parse(answer.body)).toEqual({ error: { code: 'payload_too_large', message: expect.any(String) } })
+    })
+
+    it.each([
+      ['no signature header', {}],
+      ['a malformed signature header', { 'X-Partner-Signature': 'sha256=not-hex' }],
+    ])('is refused 401 invalid_signature, without 100 Continue, with %s', async (_case, signature) => {
+      const received = await exchange(
+        port,
+        webhookHead(port, { 'Content-Length': 2, 'X-Partner-Delivery-Id': 'unsigned-1', ...signature, Expect: '100-continue' }),
+      )
+      expect(received).not.toContain('100 Continue')
+      const answer = finalAnswer(received)
+      expect(answer.status).toBe(401)
+      expect(JSON.parse(answer.body)).toEqual({ error: { code: 'invalid_signature', message: expect.any(String) } })
+    })
+
+    it('is told to continue when it will be read, and its body is received', async () => {
+      const body = JSON.stringify({ event: 'seller.verified', seller_id: 's-continue' })
+      const client = await connect(port)
+      client.write(
+        webhookHead(port, {
+          'Content-Length': Buffer.byteLength(body),
+          'X-Partner-Delivery-Id': 'continue-1',
+          'X-Partner-Signature': signBody(body),
+          Expect: '100-continue',
+          Connection: 'close',
+        }),
+      )
+      // nothing of the body is sent before the service asks for it
+      expect(await client.until((received) => received.length > 0)).toBe('HTTP/1.1 100 Continue\r\n\r\n')
+      client.write(body)
+      const answer = finalAnswer(await client.closed)
+      expect(answer.status).toBe(200)
+      expect(JSON.parse(answer.body)).toEqual({ received: true })
+    })
+
+    it('is refused 503 overloaded with Retry-After, without 100 Continue, while the body budget is spent', async () => {
+      // announces the largest body and sends none of it: the whole budget is held
+      const holder = await connect(port)
+      holder.write(webhookHead(port, { 'Content-Length': BODY_LIMIT, 'X-Partner-Delivery-Id': 'hold-1', 'X-Partner-Signature': WELL_FORMED_SIGNATURE }))
+      try {
+        await new Promise((resolve) => setTimeout(resolve, 200))
+        const received = await exchange(
+          port,
+          webhookHead(port, { 'Content-Length': 2, 'X-Partner-Delivery-Id': 'late-1', 'X-Partner-Signature': WELL_FORMED_SIGNATURE, Expect: '100-continue' }),
+        )
+        expect(received).not.toContain('100 Continue')
+        const answer = finalAnswer(received)
+        expect(answer.status).toBe(503)
+        expect(answer.headers['retry-after']).toBe('1')
+        expect(JSON.parse(answer.body)).toEqual({ error: { code: 'overloaded', message: expect.any(String) } })
+      } finally {
+        holder.destroy()
+      }
+    })
+  })
+
   describe('the operator listener', () => {
+    it('answers a path with no route 404 without 100 Continue, and continues a console form it reads', async () => {
+      const refused = await exchange(
+        adminPort,
+        `POST /nothing-here HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 5\r\nExpect: 100-continue\r\n\r\n`,
+      )
+      expect(refused).not.toContain('100 Continue')
+      expect(finalAnswer(refused).status).toBe(404)
+
+      const form = 'token=wrong'
+      const client = await connect(adminPort)
+      client.write(
+        `POST /console/login HTTP/1.1\r\nHost: 127.0.0.1:${adminPort}\r\nOrigin: http://127.0.0.1:${adminPort}\r\n` +
+          `Content-Type: application/x-www-form-urlencoded\r\nContent-Length: ${form.length}\r\n` +
+          `Expect: 100-continue\r\nConnection: close\r\n\r\n`,
+      )
+      expect(await client.until((received) => received.length > 0)).toBe('HTTP/1.1 100 Continue\r\n\r\n')
+      client.write(form)
+      expect(finalAnswer(await client.closed).status).toBe(401)
+    })
+
     it.each(['POST http://[::1/anything', 'GET http://[::1/metrics', 'GET //%zz', 'GET http://host:port/metrics', 'OPTIONS *'])(
       'answers `%s` 404 not_found in the error shape, never HTML',
       async (line) => {

@@ -15,6 +15,7 @@ import type { Kysely } from 'kysely'
 import { z } from 'zod'
 import type { Clock } from '../clock.js'
 import type { Database } from '../db/database.js'
+import { continuingParser } from '../http/expect-continue.js'
 import type { Logger } from '../logger.js'
 import type { Metrics } from '../metrics/metrics.js'
 import type { ObservationSettings } from '../orders/apply-observation.js'
@@ -82,6 +83,8 @@ export { CONSOLE_PATH }
 /** Most deliveries one bulk re-apply runs (oldest first); the dry run says when more match. */
 export const BULK_REAPPLY_LIMIT = 1_000
 const PAGE_SIZE = 50
+// a console form's body at most
+const FORM_LIMIT_BYTES = 16 * 1024
 /** Actions remembered for the repeat check and the overview's log. */
 const REMEMBERED_ACTIONS = 1_000
 
@@ -252,7 +255,8 @@ export function consoleRoutes(deps: ConsoleDeps): Router {
     res.type('css').send(CONSOLE_CSS)
   })
 
-  const form = express.urlencoded({ extended: false, limit: '16kb', parameterLimit: 50 })
+  // a client that sent `Expect: 100-continue` is told to send its form here (http/expect-continue.ts)
+  const form = continuingParser(express.urlencoded({ extended: false, limit: FORM_LIMIT_BYTES, parameterLimit: 50 }), FORM_LIMIT_BYTES)
 
   router.get(`${CONSOLE_PATH}/login`, async (_req, res) => send(res, loginPage()))
   router.post(`${CONSOLE_PATH}/login`, form, async (req, res) => {

@@ -5,6 +5,7 @@ import http, { STATUS_CODES } from 'node:http'
 import type { Duplex } from 'node:stream'
 import type { AddressInfo } from 'node:net'
 import { type ErrorCode, errorBody } from './app-error.js'
+import { checkContinue } from './expect-continue.js'
 import { describeListenError } from '../listen-error.js'
 
 export interface ServerTimeouts {
@@ -57,6 +58,8 @@ export async function listen(
     },
     app,
   )
+  // a request with `Expect: 100-continue` reaches the app unanswered: it says continue when it reads the body
+  server.on('checkContinue', checkContinue(app))
   server.on('clientError', answerClientError)
   if (maxConnections !== undefined) server.maxConnections = maxConnections
   if (onConnectionDropped) server.on('drop', onConnectionDropped)

@@ -6,7 +6,11 @@ import { createHash, randomBytes, timingSafeEqual } from 'node:crypto'
 import express, { Router } from 'express'
 import type { CliContext } from '../cli/cli-context.js'
 import { AppError } from '../http/app-error.js'
+import { continuingParser } from '../http/expect-continue.js'
 import { COMMANDS_TAKEN_PREFIX, FORWARDED_COMMANDS, LOCAL_CLI_PATH } from './running-service.js'
+
+// a forwarded command line's body at most
+const COMMAND_LIMIT_BYTES = 64 * 1024
 
 export function createLocalCliToken(): string {
   return randomBytes(32).toString('hex')
@@ -35,7 +39,9 @@ export function localCliRoutes({
 }): Router {
   const router = Router()
   const expected = createHash('sha256').update(token).digest()
-  router.post(LOCAL_CLI_PATH, express.json({ limit: '64kb' }), async (req, res) => {
+  // a client that sent `Expect: 100-continue` is told to send its body here (http/expect-continue.ts)
+  const json = continuingParser(express.json({ limit: COMMAND_LIMIT_BYTES }), COMMAND_LIMIT_BYTES)
+  router.post(LOCAL_CLI_PATH, json, async (req, res) => {
     const presented = createHash('sha256')
       .update(req.get('authorization')?.replace(/^Bearer /, '') ?? '')
       .digest()

@@ -16,7 +16,7 @@ import type { EventHandlers } from './event-handlers.js'
 import type { DeliveryWriter } from './group-commit.js'
 import { classifyDelivery, PayloadError, parseBody } from './parse-delivery.js'
 import type { SeenDeliveries } from './seen-deliveries.js'
-import { verifySignature } from './verify-signature.js'
+import { signatureHeaderWellFormed, verifySignature } from './verify-signature.js'
 
 export interface ReceiveDeps {
   db: Kysely<Database>
@@ -52,17 +52,10 @@ export async function receiveWebhook(deps: ReceiveDeps, delivery: IncomingDelive
   const { logger } = deps
   // raw bytes: the signature covers the exact body as sent, so nothing is parsed before this check
   if (!verifySignature(deps.secrets, delivery.rawBody, delivery.signature)) {
-    const logRejected = deps.logRejectedSignature ?? ((fields: object) => logger.warn(fields, 'webhook signature rejected'))
-    logRejected(
-      {
-        ...loggableDeliveryId(delivery.deliveryId),
-        bodyLength: delivery.rawBody.length,
-        bodySha256: createHash('sha256').update(delivery.rawBody).digest('hex'),
-        signaturePresent: delivery.signature !== undefined,
-        secretsTried: deps.secrets.length,
-      },
-    )
-    throw new AppError(401, 'invalid_signature', 'Missing, malformed or wrong X-Partner-Signature')
+    throw signatureRejected(deps, delivery, {
+      bodyLength: delivery.rawBody.length,
+      bodySha256: createHash('sha256').update(delivery.rawBody).digest('hex'),
+    })
   }
   const deliveryId = delivery.deliveryId
   if (deliveryId === undefined || !DELIVERY_ID.test(deliveryId)) {
@@ -97,6 +90,36 @@ export async function receiveWebhook(deps: ReceiveDeps, delivery: IncomingDelive
     )
   }
   return result
+}
+
+/**
+ * The refusal, before its body is read, of a delivery whose signature header no body could verify (missing
+ * or malformed), or undefined: for a client that waits for `100 Continue`, so it is not asked for a body
+ * that would be refused anyway. The same answer and line as verifying gives, with the announced length
+ * instead of the body's length and hash.
+ */
+export function refuseBeforeBody(
+  deps: Pick<ReceiveDeps, 'logger' | 'secrets' | 'logRejectedSignature'>,
+  delivery: { deliveryId: string | undefined; signature: string | undefined; announcedLength: string | undefined },
+): AppError | undefined {
+  if (signatureHeaderWellFormed(delivery.signature)) return undefined
+  const length = Number(delivery.announcedLength)
+  return signatureRejected(deps, delivery, { announcedLength: Number.isSafeInteger(length) ? length : null })
+}
+
+function signatureRejected(
+  deps: Pick<ReceiveDeps, 'logger' | 'secrets' | 'logRejectedSignature'>,
+  delivery: { deliveryId: string | undefined; signature: string | undefined },
+  body: object,
+): AppError {
+  const logRejected = deps.logRejectedSignature ?? ((fields: object) => deps.logger.warn(fields, 'webhook signature rejected'))
+  logRejected({
+    ...loggableDeliveryId(delivery.deliveryId),
+    ...body,
+    signaturePresent: delivery.signature !== undefined,
+    secretsTried: deps.secrets.length,
+  })
+  return new AppError(401, 'invalid_signature', 'Missing, malformed or wrong X-Partner-Signature')
 }
 
 // The database refused a value of this verified delivery (a lone surrogate in a field, say): the data is

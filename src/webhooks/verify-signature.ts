@@ -22,6 +22,11 @@ export function verifySignature(secrets: readonly string[], rawBody: Buffer, hea
   return valid
 }
 
+/** Could `header` verify any body at all? False when it is missing or malformed: no body needs reading. */
+export function signatureHeaderWellFormed(header: string | undefined): boolean {
+  return typeof header === 'string' && SIGNATURE_HEADER.test(header.trim())
+}
+
 /** The X-Partner-Signature value for `rawBody`: `sha256=` and the HMAC-SHA256 in lower-case hex. */
 export function signWebhookBody(secret: string, rawBody: Buffer | string): string {
   return `sha256=${createHmac('sha256', secret).update(rawBody).digest('hex')}`

@@ -13,10 +13,11 @@ import { loggableError } from '../db/database-errors.js'
 import { limitLines } from '../limit-lines.js'
 import { AppError } from '../http/app-error.js'
 import { errorAnswer } from '../http/error-handler.js'
+import { awaitsContinue, continueReading } from '../http/expect-continue.js'
 import { type InflightBodyBudget, reserveBodyBytes } from '../http/inflight-body-budget.js'
 import { writeJson } from '../http/json-answer.js'
 import type { Metrics } from '../metrics/metrics.js'
-import { loggableDeliveryId, type ReceiveDeps, receiveWebhook } from './receive-webhook.js'
+import { loggableDeliveryId, type ReceiveDeps, receiveWebhook, refuseBeforeBody } from './receive-webhook.js'
 
 /** The writer (group commit) and the memory of stored ids come made (delivery-ingest.ts). */
 export interface WebhookEndpointDeps extends ReceiveDeps {
@@ -65,9 +66,26 @@ export function webhookEndpoint(deps: WebhookEndpointDeps): WebhookEndpoint {
       res.setHeader('Connection', 'close')
       throw new AppError(503, 'storage_low', "The service's data directory is almost full; retry later")
     }
+    const signature = req.headers['x-partner-signature']
+    const announcedLength = req.headers['content-length']
+    if (awaitsContinue(req)) {
+      // the client sends the body only when told to: what its headers already refuse is refused first,
+      // and the connection closed, as the body may follow anyway
+      const refusal = refuseBeforeBody(receiveDeps, {
+        deliveryId,
+        signature: typeof signature === 'string' ? signature : undefined,
+        announcedLength,
+      })
+      if (refusal) {
+        res.setHeader('Connection', 'close')
+        throw refusal
+      }
+      // a length past the limit is refused by the body reader below, before a byte is read
+      if (!(Number(announcedLength) > deps.bodyLimitBytes)) continueReading(req, res)
+    }
     let rawBody: Buffer
     try {
-      rawBody = await getRawBody(req, { length: req.headers['content-length'], limit: deps.bodyLimitBytes })
+      rawBody = await getRawBody(req, { length: announcedLength, limit: deps.bodyLimitBytes })
     } catch (error) {
       // close the connection rather than read (and discard) the rest of an oversized body
       res.setHeader('Connection', 'close')
@@ -77,7 +95,6 @@ export function webhookEndpoint(deps: WebhookEndpointDeps): WebhookEndpoint {
       throw new AppError(400, 'invalid_payload', 'The body could not be read', { cause: error })
     }
     const started = process.hrtime.bigint()
-    const signature = req.headers['x-partner-signature']
     const result = await receiveWebhook(receiveDeps, { deliveryId, signature: typeof signature === 'string' ? signature : undefined, rawBody })
     const outcome = result.duplicate ? 'duplicate' : result.outcome
     // a reused id is counted apart (its stored outcome, the status rules', is in the log and the row)

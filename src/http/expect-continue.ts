@@ -1,0 +1,41 @@
+// Expect: 100-continue. Node writes `100 Continue` itself, before the application sees the request, unless
+// the server listens for 'checkContinue'; server.ts does, and hands such a request to the application
+// unanswered. Whoever is about to read its body says continue then (continueReading), so a request that
+// is refused from its headers alone (a length past the limit, no signature, the body budget spent, a path
+// with no route) is refused before its client sends the body, and told nothing else.
+import type { IncomingMessage, RequestListener, ServerResponse } from 'node:http'
+
+// the requests whose client waits for `100 Continue` before it sends the body
+const awaiting = new WeakSet<IncomingMessage>()
+
+/** The listener for the server's 'checkContinue': the request goes to `app` with no answer written yet. */
+export function checkContinue(app: RequestListener): RequestListener {
+  return (req, res) => {
+    awaiting.add(req)
+    app(req, res)
+  }
+}
+
+/** True while the client waits for `100 Continue` before it sends the body. */
+export function awaitsContinue(req: IncomingMessage): boolean {
+  return awaiting.has(req)
+}
+
+/** Writes `100 Continue` if the client waits for it: call it when the body is about to be read. */
+export function continueReading(req: IncomingMessage, res: ServerResponse): void {
+  if (awaiting.delete(req)) res.writeContinue()
+}
+
+/**
+ * A body parser (Express's json or urlencoded) that says continue before it reads, unless the announced
+ * length is past its limit: the parser refuses that (413) before a byte is read.
+ */
+export function continuingParser<Req extends IncomingMessage, Res extends ServerResponse, Next>(
+  parser: (req: Req, res: Res, next: Next) => void,
+  limitBytes: number,
+): (req: Req, res: Res, next: Next) => void {
+  return (req, res, next) => {
+    if (!(Number(req.headers['content-length']) > limitBytes)) continueReading(req, res)
+    parser(req, res, next)
+  }
+}
