@@ -229,7 +229,7 @@ const EnvSchema = z.object({
   SANDBOX_PORT: port.default(4010),
   SANDBOX_CONTROL_TOKEN: z.string().optional(),
   REACTION_MAX_ATTEMPTS: positiveInt.max(1_000).default(10),
-  REACTION_CONCURRENCY: positiveInt.max(256).default(8),
+  REACTION_CONCURRENCY: positiveInt.max(256).default(32),
   REACTION_LEASE_S: positiveInt.max(86_400).default(300),
   FORWARD_URL: z.url({ protocol: /^https?$/, error: 'must be an http(s) URL' }).optional(),
   FORWARD_SECRET: z.string().optional(),

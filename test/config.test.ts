@@ -250,7 +250,7 @@ describe('configuration', () => {
 
     it('has reaction defaults and no forwarder unless FORWARD_URL is set', () => {
       const config = parseConfig(remoteEnv)
-      expect(config.reactions).toEqual({ maxAttempts: 10, concurrency: 8, leaseS: 300 })
+      expect(config.reactions).toEqual({ maxAttempts: 10, concurrency: 32, leaseS: 300 })
       expect(config.forward).toBeUndefined()
       expect(
         parseConfig({ ...remoteEnv, REACTION_MAX_ATTEMPTS: '3', REACTION_CONCURRENCY: '2', REACTION_LEASE_S: '30' }).reactions,
