@@ -155,6 +155,12 @@ export function createSandbox(options: SandboxOptions): Sandbox {
 
   const app = express()
   app.disable('x-powered-by')
+  // Date from the sandbox's own clock, the one its timestamp window is checked on (Node would send the
+  // machine's): a client tells from it how far apart the clocks are when a timestamp is refused
+  app.use((_req, res, next) => {
+    res.setHeader('Date', new Date(clock.now()).toUTCString())
+    next()
+  })
   // raw bytes: the signature is recomputed over the body exactly as received
   app.use(API, express.raw({ type: () => true, limit: '1mb' }), (req, res, next) => {
     const rawBody = Buffer.isBuffer(req.body) ? req.body : Buffer.alloc(0)
