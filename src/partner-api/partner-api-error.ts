@@ -12,6 +12,12 @@ export class PartnerApiError extends Error {
     readonly body: unknown,
     /** The answer's Retry-After, in ms from when it came: how long the platform asked us to wait. */
     readonly retryAfterMs?: number,
+    /**
+     * A 401 only: seconds the platform's clock is ahead of this machine's (negative: behind) by the answer's
+     * Date header, set when that is more than CLOCK_OFFSET_THRESHOLD_S (clock-offset.ts): the likely reason
+     * the request was refused, and named in the message.
+     */
+    readonly clockOffsetS?: number,
   ) {
     super(message)
   }

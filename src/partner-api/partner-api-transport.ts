@@ -13,6 +13,7 @@ import type { z } from 'zod'
 import type { Clock } from '../clock.js'
 import { readAnswer } from '../http/read-answer.js'
 import type { Logger } from '../logger.js'
+import { describeClockOffset, isClockOffsetTooLarge, measureClockOffset } from './clock-offset.js'
 import {
   PartnerApiError,
   PartnerInvalidResponseError,
@@ -153,7 +154,7 @@ export class PartnerApiTransport {
       if (answer.status >= 200 && answer.status < 300) return parseSuccess(method, path, answer, schema)
 
       const retryAfterMs = parseRetryAfter(answer.headers.get('retry-after'), this.clock.now())
-      const error = toApiError(method, path, answer, retryAfterMs)
+      const error = toApiError(method, path, answer, retryAfterMs, this.clock.now())
       const retryable = answer.status === 429 || answer.status >= 500
       if (!retryable || attempt >= maxAttempts) throw error
       if (retryAfterMs !== undefined && retryAfterMs > this.retry.maxRetryAfterMs) throw error
@@ -267,7 +268,13 @@ function parseSuccess<T>(method: Method, path: string, answer: RawAnswer, schema
   return checked.value
 }
 
-function toApiError(method: Method, path: string, answer: RawAnswer, retryAfterMs: number | undefined): PartnerApiError {
+function toApiError(
+  method: Method,
+  path: string,
+  answer: RawAnswer,
+  retryAfterMs: number | undefined,
+  nowMs: number,
+): PartnerApiError {
   let body: unknown = answer.text
   try {
     body = JSON.parse(answer.text)
@@ -278,12 +285,17 @@ function toApiError(method: Method, path: string, answer: RawAnswer, retryAfterM
   const platform = parsed.success ? parsed.data.error : undefined
   const code = platform?.code ?? `http_${answer.status}`
   const detail = platform?.message ? `: ${platform.message}` : ''
+  // a refused signature whose answer shows the clocks far apart: the timestamp, not the key, is likely at fault
+  const offsetS = answer.status === 401 ? measureClockOffset(answer.headers.get('date'), nowMs) : undefined
+  const clockOffsetS = isClockOffsetTooLarge(offsetS) ? offsetS : undefined
+  const clock = clockOffsetS === undefined ? '' : `; ${describeClockOffset(clockOffsetS)}`
   return new PartnerApiError(
     answer.status,
     code,
-    `${method} ${path} answered ${answer.status} ${code}${detail}`,
+    `${method} ${path} answered ${answer.status} ${code}${detail}${clock}`,
     body,
     retryAfterMs,
+    clockOffsetS,
   )
 }
 

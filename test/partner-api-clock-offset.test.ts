@@ -1,0 +1,177 @@
+// A machine whose clock drifted is refused with 401 on every call: the refusal says so, from the platform's
+// Date header. Against the real sandbox, offline.
+import { afterAll, beforeAll, describe, expect, it } from 'vitest'
+import { type Clock, systemClock } from '../src/clock.js'
+import {
+  CLOCK_OFFSET_THRESHOLD_S,
+  describeClockOffset,
+  isClockOffsetTooLarge,
+  measureClockOffset,
+} from '../src/partner-api/clock-offset.js'
+import { PartnerApiError } from '../src/partner-api/partner-api-error.js'
+import { PartnerApiClient } from '../src/partner-api/partner-api.client.js'
+import { createSandbox, type Sandbox } from '../src/sandbox/create-sandbox.js'
+import { FakeClock } from './helpers/fake-clock.js'
+import { testLogger } from './helpers/log-sink.js'
+import { scriptedFetch } from './helpers/partner-api-fake-fetch.js'
+import { TEST_API_KEY_ID, TEST_API_SECRET, TEST_WEBHOOK_SECRET } from './helpers/test-config.js'
+
+const TEN_MINUTES_MS = 10 * 60_000
+const logger = testLogger([TEST_API_SECRET, TEST_WEBHOOK_SECRET])
+
+/** This machine's clock, set wrong by `offsetMs`. */
+const clockOff = (offsetMs: number): Clock => ({ now: () => Date.now() + offsetMs, sleep: systemClock.sleep })
+
+/** The error a call rejects with (the test fails when it resolves). */
+async function refusal(call: Promise<unknown>): Promise<PartnerApiError> {
+  const error = await call.then(
+    () => undefined,
+    (reason: unknown) => reason,
+  )
+  expect(error).toBeInstanceOf(PartnerApiError)
+  return error as PartnerApiError
+}
+
+// a signature is 64 hex digits; none may reach a message
+const SIGNATURE = /[0-9a-f]{64}/
+
+describe('measureClockOffset', () => {
+  const now = Date.parse('2026-03-01T12:00:00.300Z')
+
+  it('reads the Date header as seconds the platform is ahead (positive) or behind (negative)', () => {
+    expect(measureClockOffset('Sun, 01 Mar 2026 12:06:52 GMT', now)).toBe(412)
+    expect(measureClockOffset('Sun, 01 Mar 2026 11:50:00 GMT', now)).toBe(-600)
+    // the same second on both sides: no offset (Date cuts to the second, so its middle is compared)
+    expect(measureClockOffset('Sun, 01 Mar 2026 12:00:00 GMT', now)).toBe(0)
+  })
+
+  it('answers undefined without a readable Date', () => {
+    expect(measureClockOffset(null, now)).toBeUndefined()
+    expect(measureClockOffset('yesterday-ish', now)).toBeUndefined()
+  })
+
+  it(`names an offset only beyond ${CLOCK_OFFSET_THRESHOLD_S} s, either way`, () => {
+    expect(isClockOffsetTooLarge(undefined)).toBe(false)
+    expect(isClockOffsetTooLarge(CLOCK_OFFSET_THRESHOLD_S)).toBe(false)
+    expect(isClockOffsetTooLarge(-CLOCK_OFFSET_THRESHOLD_S)).toBe(false)
+    expect(isClockOffsetTooLarge(CLOCK_OFFSET_THRESHOLD_S + 1)).toBe(true)
+    expect(isClockOffsetTooLarge(-CLOCK_OFFSET_THRESHOLD_S - 1)).toBe(true)
+  })
+
+  it('says which clock is ahead and what to check', () => {
+    expect(describeClockOffset(412)).toBe(
+      "the platform's clock is 412 s ahead of this machine's (its Date header): requests are signed with " +
+        "this machine's time, so check its clock (NTP)",
+    )
+    expect(describeClockOffset(-75)).toContain("the platform's clock is 75 s behind this machine's")
+  })
+})
+
+describe('a 401 from the sandbox, through the public client', () => {
+  let sandbox: Sandbox
+  let baseUrl: string
+  const client = (clock: Clock, secret = TEST_API_SECRET) =>
+    new PartnerApiClient({
+      baseUrl,
+      keyId: TEST_API_KEY_ID,
+      secret,
+      env: 'sandbox',
+      kind: 'marketplace',
+      timeoutMs: 5_000,
+      clock,
+      logger,
+    })
+
+  beforeAll(async () => {
+    sandbox = createSandbox({
+      keyId: TEST_API_KEY_ID,
+      apiSecret: TEST_API_SECRET,
+      webhookSecret: TEST_WEBHOOK_SECRET,
+      logger,
+    })
+    baseUrl = await sandbox.listen(0)
+  })
+  afterAll(async () => {
+    await sandbox.close()
+  })
+
+  it("names the offset when this machine's clock is 10 minutes behind", async () => {
+    const error = await refusal(client(clockOff(-TEN_MINUTES_MS)).getTrade('tr_any'))
+    expect(error.status).toBe(401)
+    expect(error.code).toBe('stale_timestamp')
+    // 600 s, give or take the second the Date header is cut to
+    expect(error.clockOffsetS).toBeGreaterThanOrEqual(599)
+    expect(error.clockOffsetS).toBeLessThanOrEqual(601)
+    expect(error.message).toContain(`the platform's clock is ${error.clockOffsetS} s ahead of this machine's`)
+    expect(error.message).toContain('check its clock (NTP)')
+    expect(error.message).not.toContain(TEST_API_SECRET)
+    expect(error.message).not.toMatch(SIGNATURE)
+  })
+
+  it("names the offset the other way when this machine's clock is 10 minutes ahead", async () => {
+    const error = await refusal(client(clockOff(TEN_MINUTES_MS)).getTrade('tr_any'))
+    expect(error.code).toBe('stale_timestamp')
+    expect(error.clockOffsetS).toBeLessThanOrEqual(-599)
+    expect(error.message).toContain(`the platform's clock is ${-error.clockOffsetS!} s behind this machine's`)
+  })
+
+  it('does not mention the clock when the clocks agree and the secret is wrong', async () => {
+    const error = await refusal(client(systemClock, 'apisec_not_the_one_0123456789abcdef0123').getTrade('tr_any'))
+    expect(error.status).toBe(401)
+    expect(error.code).toBe('invalid_signature')
+    expect(error.clockOffsetS).toBeUndefined()
+    expect(error.message).not.toMatch(/clock/i)
+  })
+
+  it('sends its Date from its own clock, the one it checks timestamps on', async () => {
+    const clock = new FakeClock(Date.parse('2026-01-01T00:00:00Z'))
+    const onFakeTime = createSandbox({
+      keyId: TEST_API_KEY_ID,
+      apiSecret: TEST_API_SECRET,
+      webhookSecret: TEST_WEBHOOK_SECRET,
+      clock,
+      logger,
+    })
+    try {
+      const url = await onFakeTime.listen(0)
+      const response = await fetch(`${url}/api/partner/v1/trades/tr_any/`)
+      expect(response.status).toBe(401)
+      expect(response.headers.get('date')).toBe('Thu, 01 Jan 2026 00:00:00 GMT')
+      await response.arrayBuffer()
+    } finally {
+      await onFakeTime.close()
+    }
+  })
+})
+
+describe('a 401 with a Date header, through a scripted answer', () => {
+  const now = Date.parse('2026-03-01T12:00:00.000Z')
+  const clock = { now: () => now, sleep: systemClock.sleep }
+  const answerWith = (status: number, date: string) =>
+    new PartnerApiClient({
+      baseUrl: 'http://platform.test',
+      keyId: TEST_API_KEY_ID,
+      secret: TEST_API_SECRET,
+      env: 'sandbox',
+      kind: 'marketplace',
+      timeoutMs: 5_000,
+      clock,
+      logger,
+      fetch: scriptedFetch([
+        { status, body: { error: { code: 'refused', message: 'No' } }, headers: { date } },
+      ]).fetch,
+    })
+
+  it('does not mention the clock when the offset is within the threshold', async () => {
+    const error = await refusal(answerWith(401, 'Sun, 01 Mar 2026 12:00:45 GMT').getTrade('tr_any'))
+    expect(error.clockOffsetS).toBeUndefined()
+    expect(error.message).toBe('GET /api/partner/v1/trades/tr_any/ answered 401 refused: No')
+  })
+
+  it('does not mention the clock on a refusal other than 401', async () => {
+    const error = await refusal(answerWith(403, 'Sun, 01 Mar 2026 12:30:00 GMT').getTrade('tr_any'))
+    expect(error.clockOffsetS).toBeUndefined()
+    expect(error.message).not.toMatch(/clock/i)
+  })
+})
+
