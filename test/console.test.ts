@@ -382,7 +382,7 @@ describe('operator console', () => {
             cycleStarted()
             await new Promise<void>((resolve) => finishCycles.push(resolve))
             const at = new Date()
-            return { runId: cycles, replica: 'held', startedAt: at, finishedAt: at, claimed: 0, polled: 0, changed: 0, errors: 0, released: 0, results: {} as RunSummary['results'], stoppedReason: null, throttledUntil: null }
+            return { runId: cycles, replica: 'held', startedAt: at, finishedAt: at, claimed: 0, polled: 0, changed: 0, errors: 0, released: 0, results: {} as RunSummary['results'], stoppedReason: null, throttledUntil: null, clockOffsetS: null }
           },
         }),
       )

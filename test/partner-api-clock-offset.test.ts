@@ -1,7 +1,8 @@
 // A machine whose clock drifted is refused with 401 on every call: the refusal says so, from the platform's
-// Date header. Against the real sandbox, offline.
-import { afterAll, beforeAll, describe, expect, it } from 'vitest'
+// Date header, through the client, the poller's log line and the CLI. Against the real sandbox, offline.
+import { afterAll, beforeAll, beforeEach, describe, expect, it } from 'vitest'
 import { type Clock, systemClock } from '../src/clock.js'
+import type { CliContext } from '../src/cli/cli-context.js'
 import {
   CLOCK_OFFSET_THRESHOLD_S,
   describeClockOffset,
@@ -11,10 +12,13 @@ import {
 import { PartnerApiError } from '../src/partner-api/partner-api-error.js'
 import { PartnerApiClient } from '../src/partner-api/partner-api.client.js'
 import { createSandbox, type Sandbox } from '../src/sandbox/create-sandbox.js'
+import { runCommandWith } from './helpers/cli-in-process.js'
 import { FakeClock } from './helpers/fake-clock.js'
-import { testLogger } from './helpers/log-sink.js'
+import { logEntries, testLogger } from './helpers/log-sink.js'
 import { scriptedFetch } from './helpers/partner-api-fake-fetch.js'
-import { TEST_API_KEY_ID, TEST_API_SECRET, TEST_WEBHOOK_SECRET } from './helpers/test-config.js'
+import { insertOrders, orderByReference } from './helpers/reconcile-orders.js'
+import { TEST_API_KEY_ID, TEST_API_SECRET, TEST_WEBHOOK_SECRET, testConfig } from './helpers/test-config.js'
+import { createTestDatabase, type TestDatabase } from './helpers/test-database.js'
 
 const TEN_MINUTES_MS = 10 * 60_000
 const logger = testLogger([TEST_API_SECRET, TEST_WEBHOOK_SECRET])
@@ -172,6 +176,87 @@ describe('a 401 with a Date header, through a scripted answer', () => {
     const error = await refusal(answerWith(403, 'Sun, 01 Mar 2026 12:30:00 GMT').getTrade('tr_any'))
     expect(error.clockOffsetS).toBeUndefined()
     expect(error.message).not.toMatch(/clock/i)
+  })
+})
+
+describe('reconcile --once and trades against the sandbox with this machine 10 minutes behind', () => {
+  let database: TestDatabase
+  let sandbox: Sandbox
+  let context: CliContext
+
+  beforeAll(async () => {
+    database = await createTestDatabase()
+    sandbox = createSandbox({
+      keyId: TEST_API_KEY_ID,
+      apiSecret: TEST_API_SECRET,
+      webhookSecret: TEST_WEBHOOK_SECRET,
+      logger,
+    })
+    const config = testConfig({ PARTNER_API_BASE_URL: await sandbox.listen(0), POLL_CONCURRENCY: '1' })
+    context = { config, logger, db: database.db }
+  })
+  afterAll(async () => {
+    await sandbox.close()
+    await database.close()
+  })
+  beforeEach(async () => {
+    await database.db.deleteFrom('orders').execute()
+    await database.db.deleteFrom('reconcileRuns').execute()
+  })
+
+  // due by either clock
+  const longAgo = () => new Date(Date.now() - 2 * TEN_MINUTES_MS)
+
+  it('reconcile --once stops on the 401 and names the offset in its output and its log line', async () => {
+    await insertOrders(database.db, [
+      { externalReference: 'skew-a', nextPollAt: longAgo() },
+      { externalReference: 'skew-b', nextPollAt: longAgo() },
+    ])
+    const logged = logEntries().length
+    const result = await runCommandWith(['reconcile', '--once', '--json'], {
+      ...context,
+      clock: clockOff(-TEN_MINUTES_MS),
+    })
+    expect(result.code).toBe(1)
+    const summary = JSON.parse(result.stdout) as { stoppedReason: string; clockOffsetS: number }
+    expect(summary.stoppedReason).toBe('unauthorized')
+    expect(summary.clockOffsetS).toBeGreaterThanOrEqual(599)
+    expect(summary.clockOffsetS).toBeLessThanOrEqual(601)
+    expect(result.stderr).toContain(
+      `stopped: the platform answered 401: the platform's clock is ${summary.clockOffsetS} s ahead of this machine's`,
+    )
+    expect(result.stderr).not.toContain('PARTNER_API_SECRET')
+    const line = logEntries()
+      .slice(logged)
+      .find((entry) => entry.stoppedReason === 'unauthorized')
+    expect(line).toMatchObject({ clockOffsetS: summary.clockOffsetS })
+    expect(line?.msg).toContain(`the platform's clock is ${summary.clockOffsetS} s ahead of this machine's`)
+    // the claims were given back, as on any 401
+    expect((await orderByReference(database.db, 'skew-b')).pollLeaseToken).toBeNull()
+  })
+
+  it('reconcile --once names the credentials, not the clock, when the clocks agree', async () => {
+    await insertOrders(database.db, [{ externalReference: 'skew-c', nextPollAt: longAgo() }])
+    const result = await runCommandWith(['reconcile', '--once'], {
+      ...context,
+      config: testConfig({
+        PARTNER_API_BASE_URL: context.config.partner.baseUrl!,
+        PARTNER_API_SECRET: 'apisec_not_the_one_0123456789abcdef0123',
+      }),
+      clock: systemClock,
+    })
+    expect(result.code).toBe(1)
+    expect(result.stderr).toContain('PARTNER_API_KEY_ID / PARTNER_API_SECRET / PARTNER_ENV')
+    expect(result.stderr).not.toMatch(/clock/i)
+  })
+
+  it('a trades command names the offset', async () => {
+    await insertOrders(database.db, [{ externalReference: 'skew-d' }])
+    const result = await runCommandWith(['trades', 'get', 'skew-d'], { ...context, clock: clockOff(-TEN_MINUTES_MS) })
+    expect(result.code).toBe(1)
+    expect(result.stderr).toContain('The platform refused (401 stale_timestamp)')
+    expect(result.stderr).toMatch(/the platform's clock is (599|600|601) s ahead of this machine's/)
+    expect(result.stderr).not.toMatch(SIGNATURE)
   })
 })
 

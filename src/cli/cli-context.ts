@@ -8,6 +8,7 @@
 import { AsyncLocalStorage } from 'node:async_hooks'
 
 import type { Kysely } from 'kysely'
+import type { Clock } from '../clock.js'
 import type { Config } from '../config.js'
 import type { Database } from '../db/database.js'
 import type { DatabaseHandle } from '../db/open-database.js'
@@ -27,6 +28,8 @@ export interface CliContext {
   withoutTimeouts?: DatabaseHandle['withoutTimeouts'] | undefined
   /** The service's reaction handlers; when absent, the ones its config names (configured-reactions.ts). */
   reactions?: ReactionRouting | undefined
+  /** The time partner API calls are signed and scheduled with; the system clock when absent. */
+  clock?: Clock | undefined
 }
 
 /** What a command runs with: a command that moves an order wakes the dispatchers when these reactions take its event. */

@@ -4,6 +4,7 @@
 // another trade or order) back on the poll schedule.
 import { hostname } from 'node:os'
 import type { Command } from 'commander'
+import { describeClockOffset } from '../partner-api/clock-offset.js'
 import type { RunSummary } from '../reconcile/poller.js'
 import {
   printJson,
@@ -68,8 +69,7 @@ async function runOnce(json: boolean | undefined): Promise<void> {
       import('../orders/observations.js'),
       import('../stop-signals.js'),
     ])
-  const summary = await withDatabase(async ({ config, logger, db, reactions }) => {
-    const clock = systemClock
+  const summary = await withDatabase(async ({ config, logger, db, reactions, clock = systemClock }) => {
     const poller = createPoller({
       db,
       fetcher: createPartnerApiClient(config, { logger, clock }),
@@ -98,7 +98,9 @@ async function runOnce(json: boolean | undefined): Promise<void> {
   else printSummary(summary)
   if (summary.stoppedReason === 'unauthorized') {
     writeError(
-      'stopped: the platform answered 401 (check PARTNER_API_KEY_ID / PARTNER_API_SECRET / PARTNER_ENV)\n',
+      summary.clockOffsetS === null
+        ? 'stopped: the platform answered 401 (check PARTNER_API_KEY_ID / PARTNER_API_SECRET / PARTNER_ENV)\n'
+        : `stopped: the platform answered 401: ${describeClockOffset(summary.clockOffsetS)}\n`,
     )
     setExitCode(1)
   }

@@ -1,6 +1,7 @@
 // `trades ...`: create and move the platform trade of one of your orders (named by its external reference).
 // The platform is the configured one, or the in-process sandbox in local mode.
 import type { Command } from 'commander'
+import { describeClockOffset } from '../partner-api/clock-offset.js'
 import {
   isOutcomeUnknown,
   PartnerApiError,
@@ -26,8 +27,7 @@ export async function withTradeDeps<T>(
     import('../partner-api/create-partner-api-client.js'),
     import('../orders/observations.js'),
   ])
-  return withDatabase(async ({ config, logger, db, reactions }) => {
-    const clock = systemClock
+  return withDatabase(async ({ config, logger, db, reactions, clock = systemClock }) => {
     const client = createPartnerApiClient(config, { logger, clock })
     try {
       return await run({ db, client, clock, logger, settings: {
@@ -48,7 +48,8 @@ function explainFailure(error: unknown, unknownOutcome: string): unknown {
       ?.error
     const fields = platform?.fields?.map((field) => `\n  ${field.field}: ${field.message}`).join('') ?? ''
     const detail = platform?.message ? `: ${platform.message}` : ''
-    return new Error(`The platform refused (${error.status} ${error.code})${detail}${fields}`)
+    const clock = error.clockOffsetS === undefined ? '' : `\n  ${describeClockOffset(error.clockOffsetS)}`
+    return new Error(`The platform refused (${error.status} ${error.code})${detail}${clock}${fields}`)
   }
   if (error instanceof TradeOperationError) return new Error(`${error.message} [${error.code}]`)
   if (error instanceof PartnerNotSentError) {

@@ -2,8 +2,9 @@
 // concurrency, write each result back under the claim's lease, record the run.
 //
 // Stops early, giving every claim it has not finished back (due again as before, attempt not counted),
-// when the platform answers 401 (our credentials are wrong: polling the rest would get 401 too and could
-// get the key locked, so one clear error is logged instead) or when the caller's signal aborts (shutdown).
+// when the platform answers 401 (our credentials are wrong, or this machine's clock is, which the answer's
+// Date shows: polling the rest would get 401 too and could get the key locked, so one clear error is logged
+// instead) or when the caller's signal aborts (shutdown).
 // It also stops when the platform asks us to slow down (a 429, or a Retry-After, after the client's own
 // retries): polling the rest would meet the same limit, so their claims are given back due no sooner than
 // the Retry-After, and the poller's next cycle waits for it too (poller.ts).
@@ -14,6 +15,8 @@ import type { Clock } from '../clock.js'
 import type { Database } from '../db/database.js'
 import type { Logger } from '../logger.js'
 import type { ObservationSettings } from '../orders/apply-observation.js'
+import { describeClockOffset } from '../partner-api/clock-offset.js'
+import { PartnerApiError } from '../partner-api/partner-api-error.js'
 import { type BackoffSettings, DEFAULT_BACKOFF } from './backoff-delay.js'
 import {
   POLL_RESULTS,
@@ -28,6 +31,13 @@ import { finishRun, startRun } from './reconcile-run.repository.js'
 
 export const UNAUTHORIZED_MESSAGE =
   'partner api rejected our credentials: check PARTNER_API_KEY_ID / PARTNER_API_SECRET / PARTNER_ENV'
+
+/** The 401's line: the credentials, or the clocks when the platform's answer showed them far apart. */
+export function unauthorizedMessage(clockOffsetS: number | null): string {
+  if (clockOffsetS === null) return UNAUTHORIZED_MESSAGE
+  return `partner api refused our requests (401): ${describeClockOffset(clockOffsetS)}`
+}
+
 export const THROTTLED_MESSAGE =
   'the platform asked us to slow down (429 or Retry-After): cycle stopped, the orders not polled are due again after its wait'
 
@@ -78,6 +88,11 @@ export interface RunSummary {
   stoppedReason: StoppedReason | null
   /** Throttled: until when the platform asked us to wait (no later poll of this replica's comes sooner). */
   throttledUntil: Date | null
+  /**
+   * Unauthorized: seconds the platform's clock is ahead of ours (negative: behind) when its 401 showed them
+   * further apart than CLOCK_OFFSET_THRESHOLD_S (the likely cause), else null.
+   */
+  clockOffsetS: number | null
 }
 
 export async function runReconcileCycle(
@@ -114,6 +129,7 @@ export async function runReconcileCycle(
   const unpolled: ClaimedOrder[] = []
   // (a cast, not a declared type: the workers set it, which narrowing after the declaration would not see)
   let throttledUntil = null as Date | null
+  let clockOffsetS = null as number | null
   let firstError: unknown
   let next = 0
   const pollDeps = {
@@ -150,7 +166,8 @@ export async function runReconcileCycle(
         unpolled.push(order)
         if (stoppedReason === null) {
           stoppedReason = 'unauthorized'
-          stop.abort(new Error(UNAUTHORIZED_MESSAGE))
+          if (result.error instanceof PartnerApiError) clockOffsetS = result.error.clockOffsetS ?? null
+          stop.abort(new Error(unauthorizedMessage(clockOffsetS)))
         }
       }
       try {
@@ -187,6 +204,7 @@ export async function runReconcileCycle(
     results,
     stoppedReason,
     throttledUntil,
+    clockOffsetS,
   }
   if (runId !== null) {
     await finishRun(db, runId, {
@@ -214,7 +232,7 @@ function logCycle(logger: Logger, summary: RunSummary, firstError: unknown): voi
     stoppedReason: summary.stoppedReason,
   }
   if (summary.stoppedReason === 'unauthorized') {
-    logger.error(fields, UNAUTHORIZED_MESSAGE)
+    logger.error({ ...fields, clockOffsetS: summary.clockOffsetS }, unauthorizedMessage(summary.clockOffsetS))
   } else if (summary.stoppedReason === 'throttled') {
     logger.warn({ ...fields, throttledUntil: summary.throttledUntil, err: firstError }, THROTTLED_MESSAGE)
   } else if (summary.results.error > 0) {
