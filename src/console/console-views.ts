@@ -155,7 +155,7 @@ export function overviewPage(operator: Operator, data: OverviewData): Html {
   }
   const stopped = data.runs.find((run) => run.stoppedReason === 'unauthorized')
   if (stopped) {
-    needsHuman.push(html`<li>Reconcile run ${stopped.id} was refused by the platform (401): check the API credentials.</li>`)
+    needsHuman.push(html`<li>Reconcile run ${stopped.id} was refused by the platform (401): check the API credentials, or this machine's clock when the log line names an offset.</li>`)
   }
   if (data.signatureFailures) {
     needsHuman.push(html`<li>${data.signatureFailures} webhook signature failures since start: check WEBHOOK_SECRETS.</li>`)
