@@ -31,6 +31,7 @@ import type { Logger } from './logger.js'
 import { createMetrics } from './metrics/metrics.js'
 import { createDispatcherNotifier } from './orders/apply-observation.js'
 import { observationSettings } from './orders/observations.js'
+import { countOrdersNeedingAttention } from './orders/order.repository.js'
 import { createPartnerApiClient } from './partner-api/create-partner-api-client.js'
 import { configuredReactions } from './reactions/configured-reactions.js'
 import { createDispatcher, DEFAULT_DISPATCHER_SETTINGS, type Dispatcher, REACTION_CHANNEL } from './reactions/dispatcher.js'
@@ -137,6 +138,7 @@ export async function startService({
           ...(database.notificationsHeard ? { notificationsHeard: database.notificationsHeard } : {}),
           dueOrders: () => dueOrderStats(database.db, clock),
           parkedDeliveries: () => countParkedDeliveries(database.db, new Date(clock.now())),
+          ordersNeedingAttention: () => countOrdersNeedingAttention(database.db),
           reactionJobs: () => reactionJobStats(database.db, new Date(clock.now()), reactions.names),
           oldestDelivery: () => oldestDeliveryReceivedAt(database.db),
           ...(storage ? { dataDirStorage: { freeBytes: () => storage.freeBytes, minFreeBytes: storage.minFreeBytes } } : {}),

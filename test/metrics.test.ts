@@ -8,11 +8,16 @@ import { pingDatabase } from '../src/db/ping-database.js'
 import { createAdminApp } from '../src/http/admin-app.js'
 import { createApp } from '../src/http/app.js'
 import { createMetrics } from '../src/metrics/metrics.js'
+import { countOrdersNeedingAttention } from '../src/orders/order.repository.js'
+import { requeueOrders } from '../src/orders/poll-schedule.repository.js'
 import { createOrder } from './helpers/orders.js'
 import { dueOrderStats } from '../src/reconcile/poller.js'
 import { countParkedDeliveries } from '../src/webhooks/delivery.repository.js'
 import { FakeClock } from './helpers/fake-clock.js'
 import { testLogger } from './helpers/log-sink.js'
+import { tradeRecord } from './helpers/partner-api-fixtures.js'
+import { countingFetcher, insertOrders, platformError } from './helpers/reconcile-orders.js'
+import { testPoller } from './helpers/reconcile-poller.js'
 import { startTcpProxy } from './helpers/tcp-proxy.js'
 import { testConfig } from './helpers/test-config.js'
 import { createTestDatabase, describePostgres, useTestDatabase } from './helpers/test-database.js'
@@ -84,6 +89,38 @@ describe('GET /metrics, on the operator listener', () => {
     expect(scrape).toMatch(/^webhook_oldest_parked_age_seconds 0$/m)
   })
 
+  it('reports the orders flagged for an operator by flag, and 0 for each once they are requeued', async () => {
+    const clock = new FakeClock()
+    const metrics = createMetrics(databaseSources(database.db, clock), { defaultMetrics: false })
+    const admin = createAdminApp({ config: testConfig(), db: database.db, logger: testLogger(), metrics })
+    let scrape = (await request(admin).get('/metrics')).text
+    // both flags have a sample before any order has one, so an alert on them can resolve
+    expect(scrape).toMatch(/^orders_needing_attention\{flag="trade_not_found"\} 0$/m)
+    expect(scrape).toMatch(/^orders_needing_attention\{flag="trade_mismatch"\} 0$/m)
+
+    // flagged the way the poller flags them: a 404 for one trade, another order's record for the other
+    await insertOrders(database.db, [
+      { externalReference: 'flag-gone', nextPollAt: new Date(clock.now() - 1_000) },
+      { externalReference: 'flag-crossed', nextPollAt: new Date(clock.now() - 1_000) },
+    ])
+    const fetcher = countingFetcher((tradeId) =>
+      tradeId === 'tr_flag-gone'
+        ? platformError(404, 'not_found')
+        : tradeRecord({ trade_id: tradeId, reference: 'REF-x', status: 'released', external_reference: 'someone-else' }),
+    )
+    const summary = await testPoller({ db: database.db, fetcher, clock }).runOnce()
+    expect(summary.results).toMatchObject({ not_found: 1, trade_mismatch: 1 })
+    scrape = (await request(admin).get('/metrics')).text
+    expect(scrape).toMatch(/^orders_needing_attention\{flag="trade_not_found"\} 1$/m)
+    expect(scrape).toMatch(/^orders_needing_attention\{flag="trade_mismatch"\} 1$/m)
+
+    const requeued = await requeueOrders(database.db, { now: new Date(clock.now()) })
+    expect(requeued.map((order) => order.previousAttention).sort()).toEqual(['trade_mismatch', 'trade_not_found'])
+    scrape = (await request(admin).get('/metrics')).text
+    expect(scrape).toMatch(/^orders_needing_attention\{flag="trade_not_found"\} 0$/m)
+    expect(scrape).toMatch(/^orders_needing_attention\{flag="trade_mismatch"\} 0$/m)
+  })
+
   it('keeps answering with database_up 0 and no database gauges when the database is gone', async () => {
     const spare = await createTestDatabase()
     const metrics = createMetrics(databaseSources(spare.db, systemClock), { defaultMetrics: false })
@@ -94,9 +131,10 @@ describe('GET /metrics, on the operator listener', () => {
     const response = await request(admin).get('/metrics')
     expect(response.status).toBe(200)
     expect(response.text).toMatch(/^database_up 0$/m)
-    expectNoSample(response.text, ['database_read_only', 'poller_orders_due', 'poller_oldest_due_age_seconds', 'webhook_parked_deliveries', 'webhook_oldest_parked_age_seconds'])
+    expectNoSample(response.text, ['database_read_only', 'poller_orders_due', 'poller_oldest_due_age_seconds', 'webhook_parked_deliveries', 'webhook_oldest_parked_age_seconds', 'orders_needing_attention'])
     // the families stay declared: a scrape without the database is the same shape, minus the unknown values
     expect(response.text).toContain('# TYPE webhook_oldest_parked_age_seconds gauge')
+    expect(response.text).toContain('# TYPE orders_needing_attention gauge')
   })
 
   it('answers within the read timeout when a database read hangs, and does not start a second read meanwhile', async () => {
@@ -106,7 +144,7 @@ describe('GET /metrics, on the operator listener', () => {
       return new Promise<never>(() => {})
     }
     const metrics = createMetrics(
-      { databaseUp: hanging, parkedDeliveries: hanging, dueOrders: hanging },
+      { databaseUp: hanging, parkedDeliveries: hanging, dueOrders: hanging, ordersNeedingAttention: hanging },
       { defaultMetrics: false, readTimeoutMs: 200 },
     )
     const admin = createAdminApp({ config: testConfig(), db: database.db, logger: testLogger(), metrics })
@@ -114,10 +152,10 @@ describe('GET /metrics, on the operator listener', () => {
       const response = await request(admin).get('/metrics')
       expect(response.status).toBe(200)
       expect(response.text).toMatch(/^database_up 0$/m)
-      expectNoSample(response.text, ['poller_orders_due', 'webhook_parked_deliveries'])
+      expectNoSample(response.text, ['poller_orders_due', 'webhook_parked_deliveries', 'orders_needing_attention'])
     }
     // one read per source, still hanging, shared by every later scrape
-    expect(reads).toBe(3)
+    expect(reads).toBe(4)
   })
 
   it('has no poller cycle sample until a poller reports, then the time its last cycle finished', async () => {
@@ -174,6 +212,7 @@ function databaseSources(db: Kysely<Database>, clock: { now(): number }) {
     databaseUp: () => pingDatabase(db),
     dueOrders: () => dueOrderStats(db, { now: () => clock.now(), sleep: async () => {} }),
     parkedDeliveries: () => countParkedDeliveries(db, new Date(clock.now())),
+    ordersNeedingAttention: () => countOrdersNeedingAttention(db),
   }
 }
 

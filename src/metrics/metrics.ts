@@ -5,6 +5,7 @@ import { Counter, collectDefaultMetrics, Gauge, Histogram, Registry } from 'prom
 import { droppedLogLines } from '../logger.js'
 import type { Clock } from '../clock.js'
 import type { DatabaseState } from '../db/ping-database.js'
+import { ATTENTION_FLAGS } from '../orders/poll-schedule.repository.js'
 import type { AttemptResult } from '../reactions/dispatcher.js'
 import { POLL_RESULTS, type PollResult, type RunSummary } from '../reconcile/poller.js'
 import { DELIVERY_OUTCOMES as STORED_OUTCOMES } from '../webhooks/delivery-outcome.js'
@@ -25,6 +26,8 @@ export interface MetricsSources {
   databaseUp?: () => Promise<DatabaseState>
   /** Orders due for a poll now, and how long the oldest has waited. */
   dueOrders?: () => Promise<{ ordersDue: number; oldestDueAgeS: number }>
+  /** Orders flagged for an operator (orders.attention), counted by flag; a flag no order has may be left out. */
+  ordersNeedingAttention?: () => Promise<readonly { attention: string; orders: number }[]>
   /** Deliveries parked as unmatched (no order for their reference yet), and the age of the oldest. */
   parkedDeliveries?: () => Promise<{ parked: number; oldestParkedAgeS: number }>
   /** Whether the listener hears notifications sent through the pool (DatabaseHandle.notificationsHeard); Postgres only. */
@@ -277,6 +280,26 @@ export function createMetrics(
       },
     })
   }
+  const ordersNeedingAttention = sources.ordersNeedingAttention
+  if (ordersNeedingAttention) {
+    const read = tolerantRead(ordersNeedingAttention, readTimeoutMs)
+    new OptionalLabelledGauge(
+      async () => {
+        const rows = await read()
+        if (!rows) return undefined
+        // every known flag has a sample, 0 when no order has it: the alert on it ends at 0, not on a missing series
+        const byFlag = new Map<string, number>(ATTENTION_FLAGS.map((flag) => [flag, 0]))
+        for (const row of rows) byFlag.set(row.attention, row.orders)
+        return byFlag
+      },
+      {
+        name: 'orders_needing_attention',
+        help: `Orders flagged for an operator and polled no more until one requeues them (reconcile --requeue), by flag (${ATTENTION_FLAGS.join(', ')})`,
+        labelNames: ['flag'],
+        registers: [registry],
+      },
+    )
+  }
   if (parkedDeliveries) {
     scrapeTimeGauges(registry, tolerantRead(parkedDeliveries, readTimeoutMs), {
       parked: {
@@ -379,6 +402,29 @@ class OptionalGauge extends Gauge {
     if (current !== undefined) this.set(current)
     const metric = await super.get()
     return current === undefined ? { ...metric, values: [] } : metric
+  }
+}
+
+/** OptionalGauge with one label: a sample for each value the read answers, none while the read failed. */
+class OptionalLabelledGauge extends Gauge<string> {
+  readonly #read: () => Promise<ReadonlyMap<string, number> | undefined>
+  readonly #label: string
+
+  constructor(
+    read: () => Promise<ReadonlyMap<string, number> | undefined>,
+    configuration: { name: string; help: string; labelNames: [string]; registers: Registry[] },
+  ) {
+    super(configuration)
+    this.#read = read
+    this.#label = configuration.labelNames[0]
+  }
+
+  override async get(): ReturnType<Gauge['get']> {
+    const current = await this.#read()
+    // a label value the read no longer answers keeps no old sample
+    this.reset()
+    for (const [value, count] of current ?? []) this.set({ [this.#label]: value }, count)
+    return super.get()
   }
 }
 

@@ -160,7 +160,10 @@ export async function searchOrders(
   return { orders, nextBeforeId: rows.length > limit ? orders.at(-1)?.id : undefined }
 }
 
-/** Orders flagged for an operator, counted by flag (trade_not_found, ...). */
+/**
+ * Orders flagged for an operator, counted by flag (trade_not_found, ...): the console's overview and the
+ * orders_needing_attention gauge. One query over the partial index orders_attention_idx.
+ */
 export async function countOrdersNeedingAttention(db: Executor): Promise<{ attention: string; orders: number }[]> {
   const rows = await db
     .selectFrom('orders')

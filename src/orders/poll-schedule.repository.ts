@@ -108,6 +108,8 @@ export function claimDueOrdersQuery(db: Kysely<Database>, { now, limit, leaseS, 
 export const TRADE_NOT_FOUND = 'trade_not_found'
 export const TRADE_MISMATCH = 'trade_mismatch'
 export type AttentionFlag = typeof TRADE_NOT_FOUND | typeof TRADE_MISMATCH
+/** Every flag, for those that list them all (the orders_needing_attention gauge has a sample for each). */
+export const ATTENTION_FLAGS: readonly AttentionFlag[] = [TRADE_NOT_FOUND, TRADE_MISMATCH]
 
 export interface LeaseRef {
   orderId: number
