@@ -83,6 +83,7 @@ async function exportedNames(): Promise<Set<string>> {
     databaseUp: async () => ({ readOnly: false }),
     dueOrders: async () => ({ ordersDue: 1, oldestDueAgeS: 30 }),
     parkedDeliveries: async () => ({ parked: 1, oldestParkedAgeS: 60 }),
+    ordersNeedingAttention: async () => [{ attention: 'trade_not_found', orders: 1 }],
     poolStats: () => ({ total: 2, idle: 1, waiting: 0 }),
     reactionJobs: async () => ({ pending: 1, running: 0, failed: 1, oldestPendingAgeS: 5 }),
     oldestDelivery: async () => new Date(0),
@@ -130,6 +131,7 @@ describe('alert rules and dashboard', () => {
       'webhook_oldest_delivery_timestamp_seconds',
       'retention_last_pass_timestamp_seconds',
       'retention_interval_seconds',
+      'orders_needing_attention',
     ]) {
       expect(used.has(name), `${name} is used`).toBe(true)
     }
@@ -163,6 +165,7 @@ describe('alert rules and dashboard', () => {
       'PartnerEscrowPartnerApiUnauthorized',
       'PartnerEscrowReactionsFailed',
       'PartnerEscrowNotificationsNotHeard',
+      'PartnerEscrowOrdersFlagged',
     ])
     for (const rule of rules) {
       expect(['critical', 'warning'], rule.alert).toContain(rule.labels?.severity)
@@ -185,7 +188,7 @@ describePromtool('promtool', () => {
     if (!promtool) throw new Error('promtool is required in CI: .ci/run installs Debian\'s prometheus package')
     const run = (...args: string[]) =>
       execFileSync(promtool, args, { cwd: 'deploy/prometheus', encoding: 'utf8', stdio: ['ignore', 'pipe', 'pipe'] })
-    expect(run('check', 'rules', 'alerts.yml')).toMatch(/SUCCESS: 13 rules found/)
+    expect(run('check', 'rules', 'alerts.yml')).toMatch(/SUCCESS: 14 rules found/)
     expect(run('check', 'config', 'prometheus.yml')).toMatch(/SUCCESS/)
     const output = run('test', 'rules', 'alerts.test.yml')
     expect(output).toMatch(/SUCCESS/)
