@@ -52,14 +52,20 @@ export function onStopSignals(onStop: (signal: StopSignal) => void, onSecond: (s
 }
 
 /**
- * Resolves on the first SIGINT, SIGTERM or SIGHUP. A second signal (not the first's copy) ends the process as that
- * signal does by default, whatever the command is still doing.
+ * Calls `onStop` for the first SIGINT, SIGTERM or SIGHUP; a second signal (not the first's copy) ends the process
+ * as that signal does by default, whatever the command is still doing. Returns what takes the listeners off.
  */
+export function stopOnSignals(onStop: (signal: StopSignal) => void): () => void {
+  const off = onStopSignals(onStop, (signal) => {
+    off()
+    process.kill(process.pid, signal)
+  })
+  return off
+}
+
+/** Resolves on the first SIGINT, SIGTERM or SIGHUP; a second one ends the process (stopOnSignals). */
 export function untilStopSignal(): Promise<StopSignal> {
   return new Promise((resolve) => {
-    const off = onStopSignals(resolve, (signal) => {
-      off()
-      process.kill(process.pid, signal)
-    })
+    stopOnSignals(resolve)
   })
 }

@@ -6,8 +6,7 @@
 import { once } from 'node:events'
 import net from 'node:net'
 import { afterAll, beforeAll, describe, expect, it } from 'vitest'
-import { spawnCli, waitForLogLine } from './helpers/cli-process.js'
-import { TEST_API_KEY_ID, TEST_API_SECRET, TEST_WEBHOOK_SECRET } from './helpers/test-config.js'
+import { receiverEnv, spawnCli, waitForLogLine } from './helpers/cli-process.js'
 import { signBody } from './helpers/webhook-delivery.js'
 
 const BODY_LIMIT = 256 * 1024
@@ -83,14 +82,7 @@ describe('the compiled service before its application answers', () => {
     service = spawnCli(
       ['serve'],
       {
-        PORT: '0',
-        ADMIN_PORT: '0',
-        DATA_DIR: 'memory://',
-        POLL_ENABLED: 'false',
-        PARTNER_API_BASE_URL: 'http://127.0.0.1:9',
-        PARTNER_API_KEY_ID: TEST_API_KEY_ID,
-        PARTNER_API_SECRET: TEST_API_SECRET,
-        WEBHOOK_SECRETS: TEST_WEBHOOK_SECRET,
+        ...receiverEnv('memory://'),
         ADMIN_TOKEN,
         WEBHOOK_BODY_LIMIT: String(BODY_LIMIT),
         // one largest body at a time: a request that announces one and stalls spends the budget

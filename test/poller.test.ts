@@ -419,39 +419,11 @@ describe('the poller', () => {
       expect(await historyOf('a')).toEqual([{ fromStatus: 'funded', toStatus: 'disputed', source: 'poll' }])
     })
 
-    it('refuses a late error backoff from a replica whose lease ran out', async () => {
+    // order `a` claimed by a replica whose platform answer waits on `slowAnswer`, its lease run out and the order
+    // claimed again with the lease token 'newer'
+    const slowReplicaPastItsLease = async <T extends string | Error | TradeRecord>() => {
       await insertOrders(database.db, [{ externalReference: 'a', nextPollAt: fromNow(-1) }])
-      const slowAnswer = deferred<Error>()
-      const slow = testPoller({
-        db: database.db,
-        fetcher: countingFetcher(() => slowAnswer.promise),
-        clock,
-        settings: { leaseS: 60 },
-      })
-      const slowRun = slow.runOnce()
-      await eventually(
-        async () => (await orderByReference(database.db, 'a')).pollLeaseToken !== null,
-        'claimed',
-      )
-      await clock.advance(60_000)
-      const [claimed] = await claimDueOrders(database.db, {
-        now: now(),
-        limit: 10,
-        leaseS: 60,
-        leaseToken: 'newer',
-      })
-      expect(claimed?.externalReference).toBe('a')
-
-      slowAnswer.resolve(new PartnerNetworkError('timed out late'))
-      expect((await slowRun).results.lease_lost).toBe(1)
-      const order = await orderByReference(database.db, 'a')
-      expect(order.pollLeaseToken).toBe('newer')
-      expect(new Date(order.nextPollAt!).toISOString()).toBe(fromNow(60).toISOString())
-    })
-
-    it('refuses a late mismatch flag from a replica whose lease ran out', async () => {
-      await insertOrders(database.db, [{ externalReference: 'a', nextPollAt: fromNow(-1) }])
-      const slowAnswer = deferred<TradeRecord>()
+      const slowAnswer = deferred<T>()
       const slow = testPoller({
         db: database.db,
         fetcher: countingFetcher(() => slowAnswer.promise),
@@ -466,7 +438,20 @@ describe('the poller', () => {
       await clock.advance(60_000)
       const [claimed] = await claimDueOrders(database.db, { now: now(), limit: 10, leaseS: 60, leaseToken: 'newer' })
       expect(claimed?.externalReference).toBe('a')
+      return { slowAnswer, slowRun }
+    }
 
+    it('refuses a late error backoff from a replica whose lease ran out', async () => {
+      const { slowAnswer, slowRun } = await slowReplicaPastItsLease<Error>()
+      slowAnswer.resolve(new PartnerNetworkError('timed out late'))
+      expect((await slowRun).results.lease_lost).toBe(1)
+      const order = await orderByReference(database.db, 'a')
+      expect(order.pollLeaseToken).toBe('newer')
+      expect(new Date(order.nextPollAt!).toISOString()).toBe(fromNow(60).toISOString())
+    })
+
+    it('refuses a late mismatch flag from a replica whose lease ran out', async () => {
+      const { slowAnswer, slowRun } = await slowReplicaPastItsLease<TradeRecord>()
       slowAnswer.resolve(tradeRecord({ trade_id: 'tr_a', reference: 'REF-a', status: 'funded', external_reference: 'someone-else' }))
       const summary = await slowRun
       expect(summary.results).toMatchObject({ lease_lost: 1, trade_mismatch: 0 })

@@ -11,13 +11,18 @@ export function positiveInteger(value: string): number {
 /** The most rows one listing prints: it is held whole in memory, in the running service when forwarded there. */
 export const MAX_LIST_LIMIT = 10_000
 
-export function listLimit(value: string): number {
-  const parsed = Number(value)
-  if (!Number.isInteger(parsed) || parsed <= 0 || parsed > MAX_LIST_LIMIT) {
-    throw new InvalidArgumentError(`must be a whole number from 1 to ${MAX_LIST_LIMIT}`)
+/** A parser of whole numbers from 1 to `max`: the message names the range. */
+function wholeNumberUpTo(max: number): (value: string) => number {
+  return (value) => {
+    const parsed = Number(value)
+    if (!Number.isInteger(parsed) || parsed <= 0 || parsed > max) {
+      throw new InvalidArgumentError(`must be a whole number from 1 to ${max}`)
+    }
+    return parsed
   }
-  return parsed
 }
+
+export const listLimit = wholeNumberUpTo(MAX_LIST_LIMIT)
 
 /**
  * The most trades one demo runs: the demo holds every trade's plan, order and report row, and the sandbox every
@@ -25,10 +30,4 @@ export function listLimit(value: string): number {
  */
 export const MAX_DEMO_TRADES = 1_000
 
-export function demoTrades(value: string): number {
-  const parsed = Number(value)
-  if (!Number.isInteger(parsed) || parsed <= 0 || parsed > MAX_DEMO_TRADES) {
-    throw new InvalidArgumentError(`must be a whole number from 1 to ${MAX_DEMO_TRADES}`)
-  }
-  return parsed
-}
+export const demoTrades = wholeNumberUpTo(MAX_DEMO_TRADES)

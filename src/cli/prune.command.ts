@@ -15,7 +15,7 @@ export function registerPruneCommand(program: Command): void {
     .option('--dry-run', 'count what a pass would prune now, change nothing')
     .option('--json', 'print the result as JSON')
     .action(async (options: { dryRun?: boolean; json?: boolean }) => {
-      const [{ runPrunePass, prunerSettings }, { systemClock }, { onStopSignals }] = await Promise.all([
+      const [{ runPrunePass, prunerSettings }, { systemClock }, { stopOnSignals }] = await Promise.all([
         import('../retention/prune.js'),
         import('../clock.js'),
         import('../stop-signals.js'),
@@ -24,15 +24,7 @@ export function registerPruneCommand(program: Command): void {
         if (!holdLock) throw new Error('prune runs on a database handle (its lock keeps one pass at a time)')
         // inside a running service the signals are the service's, and its shutdown stops its own passes
         const stop = new AbortController()
-        const off = runsInService()
-          ? () => {}
-          : onStopSignals(
-              () => stop.abort(),
-              (signal) => {
-                off()
-                process.kill(process.pid, signal)
-              },
-            )
+        const off = runsInService() ? () => {} : stopOnSignals(() => stop.abort())
         let result: Awaited<ReturnType<typeof runPrunePass>>
         try {
           result = await runPrunePass(

@@ -61,7 +61,7 @@ function parseLimit(value: string | undefined): number {
 }
 
 async function runOnce(json: boolean | undefined): Promise<void> {
-  const [{ systemClock }, { createPartnerApiClient }, { createPoller, pollerSettings }, { observationSettings }, { onStopSignals }] =
+  const [{ systemClock }, { createPartnerApiClient }, { createPoller, pollerSettings }, { observationSettings }, { stopOnSignals }] =
     await Promise.all([
       import('../clock.js'),
       import('../partner-api/create-partner-api-client.js'),
@@ -81,13 +81,7 @@ async function runOnce(json: boolean | undefined): Promise<void> {
     if (runsInService()) return poller.runOnce()
     // Ctrl-C stops the cycle as a replica's shutdown does: the claims not polled are given back (due again at
     // once) and the run is recorded as stopped, rather than left leased and "running" for good
-    const off = onStopSignals(
-      () => void poller.stop(),
-      (signal) => {
-        off()
-        process.kill(process.pid, signal)
-      },
-    )
+    const off = stopOnSignals(() => void poller.stop())
     try {
       return await poller.runOnce()
     } finally {
