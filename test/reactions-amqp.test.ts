@@ -216,9 +216,10 @@ describe('the AMQP publisher, without a broker', () => {
 describeRabbitMq('the AMQP publisher (RabbitMQ)', () => {
   it('publishes a confirmed, persistent message: routing key trade.<status>, message_id, the forwarder JSON', async () => {
     const exchange = uniqueName('test-exchange')
-    // the publisher declares the exchange: the consumer only binds to it once it exists
+    // the publisher declares the exchange: the consumer only binds to it once it exists (until then the
+    // message is returned, as no queue is bound)
     const amqp = publisher({ exchange })
-    await amqp.handler(eventOf(7, 1), context())
+    expect((await failureOf(amqp.handler(eventOf(7, 1), context()))).code).toBe('amqp_unroutable')
     const listening = await consumer({ exchange, pattern: 'trade.*', declareExchange: false })
     const event = eventOf(7, 2)
     await amqp.handler(event, context())
@@ -229,7 +230,7 @@ describeRabbitMq('the AMQP publisher (RabbitMQ)', () => {
       routingKey: 'trade.shipped',
       deliveryMode: 2,
       contentType: 'application/json',
-      headers: { order_id: 7, sequence: 2 },
+      headers: { order_id: 7, sequence: 2, publish_id: expect.stringMatching(/^[0-9a-f-]{36}$/) },
     })
     expect(JSON.parse(message!.body)).toEqual(forwardedPayload(event))
   })
@@ -253,6 +254,80 @@ describeRabbitMq('the AMQP publisher (RabbitMQ)', () => {
     // a duplicate there, which message_id deduplicates
     await listening.waitFor((received) => received.length === 2)
     expect(distinctIds(listening.received)).toEqual(new Set([eventOf(1, 1).eventId]))
+  })
+
+  it('no queue bound: amqp_unroutable naming the exchange and routing key; once a queue is bound the retry lands in it', async () => {
+    const exchange = uniqueName('test-exchange')
+    const amqp = publisher({ exchange })
+    const event = eventOf(3, 1)
+    for (let attempt = 1; attempt <= 2; attempt += 1) {
+      const error = await failureOf(amqp.handler(event, context({ attempt })))
+      expect(error.code).toBe('amqp_unroutable')
+      expect(error.message).toContain(`no queue is bound to exchange "${exchange}" for routing key trade.funded`)
+    }
+    const listening = await consumer({ exchange, pattern: 'trade.*', declareExchange: false })
+    await amqp.handler(event, context({ attempt: 3 }))
+    await listening.waitFor((received) => received.length === 1)
+    // the returned copies reached no queue: the one message is the retry's
+    await amqp.handler(eventOf(3, 2), context())
+    await listening.waitFor((received) => received.length === 2)
+    expect(listening.received.map((message) => message.messageId)).toEqual([event.eventId, eventOf(3, 2).eventId])
+  })
+
+  it('many publishes in flight on the one channel, the same message_id twice: only the returned ones fail', async () => {
+    const exchange = uniqueName('test-exchange')
+    // a partner that binds trade.funded only: trade.delivered has no queue
+    const listening = await consumer({ exchange, pattern: 'trade.funded' })
+    const amqp = publisher({ exchange })
+    await amqp.handler(eventOf(1, 1), context())
+    const pairs = 200
+    // each pair: two calls for one event id at once, one routed and one not, in both orders, so that a
+    // return matched by message_id (first call in flight with that id) would fail the routed call instead
+    const calls = Array.from({ length: pairs }, (_, index) => {
+      const event = eventOf(100 + index, 1)
+      const routed: ReactionEvent = { ...event, type: 'trade.funded', to: 'funded' }
+      const unroutable: ReactionEvent = { ...event, type: 'trade.delivered', to: 'delivered' }
+      const ordered = index % 2 === 0 ? [routed, unroutable] : [unroutable, routed]
+      return ordered.map((sent) =>
+        amqp.handler(sent, context()).then(
+          () => ({ type: sent.type, outcome: 'confirmed' }),
+          (error: unknown) => ({ type: sent.type, outcome: (error as AmqpPublishError).code }),
+        ),
+      )
+    })
+    const outcomes = await Promise.all(calls.flat())
+    const tally = new Map<string, number>()
+    for (const { type, outcome } of outcomes) tally.set(`${type} ${outcome}`, (tally.get(`${type} ${outcome}`) ?? 0) + 1)
+    expect(Object.fromEntries(tally)).toEqual({
+      'trade.funded confirmed': pairs,
+      'trade.delivered amqp_unroutable': pairs,
+    })
+    await listening.waitFor((received) => received.length === pairs + 1)
+    expect(new Set(listening.received.map((message) => message.routingKey))).toEqual(new Set(['trade.funded']))
+  })
+
+  it('the exchange deleted mid-run: the next publish fails (unroutable once declared again) and is never confirmed as done', async () => {
+    const exchange = uniqueName('test-exchange')
+    const listening = await consumer({ exchange, pattern: 'trade.*' })
+    const amqp = publisher({ exchange })
+    await amqp.handler(eventOf(5, 1), context())
+    await listening.waitFor((received) => received.length === 1)
+    // the partner's side deletes the exchange, and with it the queue's binding (the queue stays)
+    await listening.channel.deleteExchange(exchange)
+    const next = eventOf(5, 2)
+    // the first call finds the exchange gone (the broker closes the channel); the retry declares it again,
+    // bindings-less: the message is returned. None of them may resolve
+    const codes: string[] = []
+    while (!codes.includes('amqp_unroutable')) {
+      if (codes.length >= 20) throw new Error(`no amqp_unroutable after ${codes.join(', ')}`)
+      codes.push((await failureOf(amqp.handler(next, context({ attempt: codes.length + 1 })))).code)
+    }
+    for (const code of codes.slice(0, -1)) expect(code).toBe('amqp_unreachable')
+    // the partner binds its queue again: the retry lands
+    await listening.channel.bindQueue(listening.queue, exchange, 'trade.*')
+    await amqp.handler(next, context({ attempt: codes.length + 1 }))
+    await listening.waitFor((received) => received.length === 2)
+    expect(listening.received.map((message) => message.messageId)).toEqual([eventOf(5, 1).eventId, next.eventId])
   })
 
   it('throws amqp_refused when the exchange exists with another type, and never crashes', async () => {

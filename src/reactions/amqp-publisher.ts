@@ -10,10 +10,18 @@
 // within the timeout throws an AmqpPublishError, and the dispatcher retries the job with backoff; the
 // dispatcher also keeps one order's events in sequence, since it runs the next only after this one.
 //
+// Unroutable: RabbitMQ confirms a message that no queue is bound for, and drops it. So every message is
+// published `mandatory`: the broker then returns it (basic.return) before its confirm, and the call
+// throws amqp_unroutable, retried like any failure until the partner binds a queue (or the job fails).
+// A return carries no delivery tag, and two calls for one event (same message_id) can be in flight on the
+// one channel, so each publish carries its own `publish_id` header, which the return echoes: that, not
+// the message_id, says which call's message came back.
+//
 // One connection and one channel, opened on first use and opened again on the next call after either
 // closed: a broker that goes away fails the calls in flight and never the process (every connection and
 // channel has its 'error' and 'close' listeners). No error or log line holds the URL's credentials.
-import amqp, { type ChannelModel, type ConfirmChannel } from 'amqplib'
+import { randomUUID } from 'node:crypto'
+import amqp, { type ChannelModel, type ConfirmChannel, type Message } from 'amqplib'
 import { anySignal } from 'any-signal'
 import type { Logger } from '../logger.js'
 import { forwardedPayload, type ReactionHandler } from './reaction-event.js'
@@ -22,6 +30,7 @@ export type AmqpPublishErrorCode =
   | 'amqp_unreachable'
   | 'amqp_refused'
   | 'amqp_nacked'
+  | 'amqp_unroutable'
   | 'amqp_timeout'
   | 'amqp_aborted'
   | 'amqp_closed'
@@ -58,6 +67,11 @@ export interface AmqpPublisher {
 interface Link {
   connection: ChannelModel
   channel: ConfirmChannel
+  /**
+   * The publishes on this channel awaiting their confirm, by publish_id: true once the broker returned the
+   * message. The return arrives before the confirm on the same channel, so the confirm's callback reads it.
+   */
+  inFlight: Map<string, boolean>
 }
 
 const DEFAULT_TIMEOUT_MS = 10_000
@@ -121,6 +135,12 @@ export function createAmqpPublisher({
     try {
       const channel = await connection.createConfirmChannel()
       channel.on('error', (error: Error) => log.warn({ reason: describeError(error) }, 'AMQP channel error'))
+      const inFlight = new Map<string, boolean>()
+      channel.on('return', (message: Message) => {
+        const publishId = (message.properties.headers as Record<string, unknown> | undefined)?.publish_id
+        // an unknown id: its call already gave up (timed out, stopped); its retry publishes anew
+        if (typeof publishId === 'string' && inFlight.has(publishId)) inFlight.set(publishId, true)
+      })
       channel.on('close', () => {
         lost()
         // a channel closed by the broker (e.g. a refused declaration) leaves the connection open: close it
@@ -137,7 +157,7 @@ export function createAmqpPublisher({
         )
       }
       log.info('AMQP connection open, exchange declared')
-      return { connection, channel }
+      return { connection, channel, inFlight }
     } catch (error) {
       await connection.close().catch(() => {})
       if (error instanceof AmqpPublishError) throw error
@@ -184,9 +204,13 @@ export function createAmqpPublisher({
     }
 
     const using = currentLink()
+    const publishId = randomUUID()
+    let inFlight: Map<string, boolean> | undefined
     try {
-      const { channel } = await untilStopped(using, stop)
+      const { channel, inFlight: publishes } = await untilStopped(using, stop)
+      inFlight = publishes
       const body = Buffer.from(JSON.stringify(forwardedPayload(event)))
+      publishes.set(publishId, false)
       await untilStopped(
         new Promise<void>((resolve, reject) => {
           // publish throws at once when the channel is already closed; the callback gets the broker's
@@ -196,6 +220,8 @@ export function createAmqpPublisher({
             event.type,
             body,
             {
+              // returned, not dropped, when no queue is bound for the routing key
+              mandatory: true,
               persistent: true,
               messageId: event.eventId,
               contentType: 'application/json',
@@ -204,11 +230,21 @@ export function createAmqpPublisher({
               // AMQP timestamps are whole seconds
               timestamp: Math.floor(event.occurredAt.getTime() / 1000),
               appId: 'partner-escrow',
-              headers: { order_id: event.orderId, sequence: event.sequence },
+              headers: { order_id: event.orderId, sequence: event.sequence, publish_id: publishId },
             },
             (error: unknown) => {
-              if (error === null || error === undefined) resolve()
-              else if (error instanceof Error && error.message === 'channel closed') reject(error)
+              const returned = publishes.get(publishId) === true
+              publishes.delete(publishId)
+              if ((error === null || error === undefined) && !returned) resolve()
+              else if (error === null || error === undefined) {
+                // confirmed, but only as "routed to no queue": the message is gone, the job is not done
+                reject(
+                  new AmqpPublishError(
+                    'amqp_unroutable',
+                    `no queue is bound to exchange "${exchange}" for routing key ${event.type} on ${broker}: the broker returned the message`,
+                  ),
+                )
+              } else if (error instanceof Error && error.message === 'channel closed') reject(error)
               else reject(new AmqpPublishError('amqp_nacked', `the broker ${broker} refused (nacked) the message`))
             },
           )
@@ -227,6 +263,8 @@ export function createAmqpPublisher({
       }
       throw thrown
     } finally {
+      // a call that gave up before its confirm: a late return for it is ignored
+      inFlight?.delete(publishId)
       stop.clear()
     }
   }
