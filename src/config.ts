@@ -12,6 +12,7 @@ import { z } from 'zod'
 import { dataDirProblem } from './data-dir.js'
 import { DEFAULT_STATEMENT_TIMEOUT_MS } from './db/statement-timeout.js'
 import { DEFAULT_LOG_BUFFER_LIMIT } from './logger.js'
+import { TRADE_STATUSES } from './orders/trade-status.js'
 import { DEFAULT_MAX_ANSWER_BYTES } from './partner-api/partner-api-transport.js'
 import { decodeWebhookSecret, MIN_WEBHOOK_SECRET_BYTES, WEBHOOK_SECRET_PREFIX } from './reactions/forwarder.js'
 
@@ -104,6 +105,8 @@ export interface Config {
         /** `whsec_<base64>`, the Standard Webhooks form */
         readonly secret: string
         readonly timeoutMs: number
+        /** FORWARD_EVENTS: the event types it takes, 'trade.<status>' or 'trade.*' (the default) */
+        readonly events: readonly string[]
       }
     | undefined
   /** The built-in RabbitMQ publisher; undefined when AMQP_URL is unset. */
@@ -115,6 +118,8 @@ export interface Config {
         readonly exchange: string
         /** per publish: to connect, and from publishing to the broker's confirm */
         readonly timeoutMs: number
+        /** AMQP_EVENTS: the event types it publishes, 'trade.<status>' or 'trade.*' (the default) */
+        readonly events: readonly string[]
       }
     | undefined
   readonly sandbox: {
@@ -175,6 +180,17 @@ const secretList = z.string().transform((value) =>
     .filter((secret) => secret.length > 0),
 )
 
+// FORWARD_EVENTS, AMQP_EVENTS: which event types a built-in handler takes, e.g. trade.funded,trade.released.
+// Checked against the status table below (eventListProblems), as the schema knows no statuses.
+const eventList = z.string().transform((value) => [
+  ...new Set(
+    value
+      .split(',')
+      .map((pattern) => pattern.trim())
+      .filter((pattern) => pattern.length > 0),
+  ),
+])
+
 const EnvSchema = z.object({
   PORT: port.default(3000),
   HOST: z.string().min(1).default('127.0.0.1'),
@@ -234,6 +250,7 @@ const EnvSchema = z.object({
   FORWARD_URL: z.url({ protocol: /^https?$/, error: 'must be an http(s) URL' }).optional(),
   FORWARD_SECRET: z.string().optional(),
   FORWARD_TIMEOUT_MS: positiveInt.default(10_000),
+  FORWARD_EVENTS: eventList.default(['trade.*']),
   ADMIN_TOKEN: z.string().optional(),
   // the message names the form only: the value holds a password
   AMQP_URL: z
@@ -247,6 +264,7 @@ const EnvSchema = z.object({
     .refine((name) => !name.startsWith('amq.'), 'must not start with "amq." (reserved by the broker)')
     .default('partner-escrow'),
   AMQP_TIMEOUT_MS: positiveInt.default(10_000),
+  AMQP_EVENTS: eventList.default(['trade.*']),
   // a century: a larger number is a typo, and would overflow the cut-off date
   RETENTION_DAYS: positiveInt.max(36_500).default(30),
   DELIVERY_RETENTION_DAYS: positiveInt.max(36_500).default(90),
@@ -264,6 +282,26 @@ function isAmqpUrl(value: string): boolean {
 }
 
 type Env = Record<string, string | undefined>
+
+const EVENT_PATTERN = /^trade\.(\*|[a-z0-9_]+)$/
+
+// A pattern naming a status the table does not know would match no event the service writes from its
+// known statuses, and the handler would quietly receive nothing: refused, with the list to pick from. (An
+// unknown status the platform sends later reaches trade.* only; add it to src/orders/trade-status.ts.)
+function eventListProblems(name: string, patterns: readonly string[]): string[] {
+  const form = 'a comma-separated list of trade.<status>, or trade.* for every event'
+  if (patterns.length === 0) return [`${name}: is set but names no event type (${form})`]
+  const known = Object.keys(TRADE_STATUSES)
+  const problems: string[] = []
+  for (const pattern of patterns) {
+    const shown = JSON.stringify(pattern.length > 60 ? `${pattern.slice(0, 60)}…` : pattern)
+    if (!EVENT_PATTERN.test(pattern)) problems.push(`${name}: ${shown} is not an event type pattern (${form})`)
+    else if (pattern !== 'trade.*' && !Object.hasOwn(TRADE_STATUSES, pattern.slice('trade.'.length))) {
+      problems.push(`${name}: ${shown} matches no event type; the types are ${known.map((status) => `trade.${status}`).join(', ')}`)
+    }
+  }
+  return problems
+}
 
 // PARTNER_ENV picks the key pair: PARTNER_LIVE_API_KEY_ID (or PARTNER_SANDBOX_...) wins over the
 // unprefixed PARTNER_API_KEY_ID, so both pairs can sit in one environment.
@@ -368,6 +406,8 @@ export function parseConfig(
     const form = `${WEBHOOK_SECRET_PREFIX} followed by the base64 of at least ${MIN_WEBHOOK_SECRET_BYTES} random bytes`
     problems.push(`FORWARD_SECRET: must be ${form}`)
   }
+  problems.push(...eventListProblems('FORWARD_EVENTS', values.FORWARD_EVENTS))
+  problems.push(...eventListProblems('AMQP_EVENTS', values.AMQP_EVENTS))
   if (values.FORWARD_URL !== undefined && values.FORWARD_SECRET === undefined) {
     problems.push('FORWARD_SECRET: required when FORWARD_URL is set')
   }
@@ -459,7 +499,12 @@ export function parseConfig(
     forward:
       values.FORWARD_URL === undefined
         ? undefined
-        : { url: values.FORWARD_URL, secret: values.FORWARD_SECRET!, timeoutMs: values.FORWARD_TIMEOUT_MS },
+        : {
+            url: values.FORWARD_URL,
+            secret: values.FORWARD_SECRET!,
+            timeoutMs: values.FORWARD_TIMEOUT_MS,
+            events: values.FORWARD_EVENTS,
+          },
     // local mode with its secrets given: a token per process, shown in the start-up banner
     adminToken:
       values.ADMIN_TOKEN ??
@@ -468,7 +513,12 @@ export function parseConfig(
     amqp:
       values.AMQP_URL === undefined
         ? undefined
-        : { url: values.AMQP_URL, exchange: values.AMQP_EXCHANGE, timeoutMs: values.AMQP_TIMEOUT_MS },
+        : {
+            url: values.AMQP_URL,
+            exchange: values.AMQP_EXCHANGE,
+            timeoutMs: values.AMQP_TIMEOUT_MS,
+            events: values.AMQP_EVENTS,
+          },
     retention: {
       bodyDays: values.RETENTION_DAYS,
       deliveryDays: values.DELIVERY_RETENTION_DAYS,

@@ -289,6 +289,7 @@ describe('configuration', () => {
         url: 'https://erp.internal/hooks/escrow',
         secret: forwardSecret,
         timeoutMs: 10_000,
+        events: ['trade.*'],
       })
       expect(parseConfig({ ...env, FORWARD_TIMEOUT_MS: '2500' }).forward?.timeoutMs).toBe(2500)
     })
@@ -345,6 +346,42 @@ describe('configuration', () => {
     })
   })
 
+  describe('the event types of the built-in handlers (AMQP_EVENTS, FORWARD_EVENTS)', () => {
+    const forwardSecret = `whsec_${Buffer.alloc(32, 9).toString('base64')}`
+    const both = {
+      ...remoteEnv,
+      AMQP_URL: 'amqp://127.0.0.1',
+      FORWARD_URL: 'https://erp.internal/hook',
+      FORWARD_SECRET: forwardSecret,
+    }
+
+    it('takes a comma-separated list of trade.<status> and trade.*, trimmed and without repeats; empty is the default', () => {
+      const config = parseConfig({ ...both, AMQP_EVENTS: ' trade.funded, trade.released,,trade.funded ', FORWARD_EVENTS: 'trade.*' })
+      expect(config.amqp?.events).toEqual(['trade.funded', 'trade.released'])
+      expect(config.forward?.events).toEqual(['trade.*'])
+      expect(Object.isFrozen(config.amqp?.events)).toBe(true)
+      const unset = parseConfig({ ...both, AMQP_EVENTS: '', FORWARD_EVENTS: '' })
+      expect([unset.amqp?.events, unset.forward?.events]).toEqual([['trade.*'], ['trade.*']])
+    })
+
+    it('refuses a list naming no type, a pattern of another form and a status the table does not know, naming the variable', () => {
+      expect(problemsOf({ ...both, AMQP_EVENTS: ' , ' })).toEqual([
+        'AMQP_EVENTS: is set but names no event type (a comma-separated list of trade.<status>, or trade.* for every event)',
+      ])
+      for (const pattern of ['funded', 'trade.Funded', 'trade.fund*', 'trade.#', '*', 'order.funded']) {
+        expect(problemsOf({ ...both, FORWARD_EVENTS: `trade.funded,${pattern}` }), pattern).toEqual([
+          `FORWARD_EVENTS: ${JSON.stringify(pattern)} is not an event type pattern (a comma-separated list of trade.<status>, or trade.* for every event)`,
+        ])
+      }
+      expect(problemsOf({ ...both, AMQP_EVENTS: 'trade.shipped', FORWARD_EVENTS: 'trade.paid' })).toEqual([
+        'FORWARD_EVENTS: "trade.paid" matches no event type; the types are trade.created, trade.funded, trade.delivered, trade.disputed, trade.cancelled, trade.refunded, trade.released, trade.resolved',
+        'AMQP_EVENTS: "trade.shipped" matches no event type; the types are trade.created, trade.funded, trade.delivered, trade.disputed, trade.cancelled, trade.refunded, trade.released, trade.resolved',
+      ])
+      // validated while the handler is off too: a later AMQP_URL must not meet a bad list
+      expect(problemsOf({ ...remoteEnv, AMQP_EVENTS: 'trade.shipped' })[0]).toMatch(/^AMQP_EVENTS: "trade.shipped" matches no event type/)
+    })
+  })
+
   describe('the RabbitMQ publisher', () => {
     const amqpUrl = 'amqps://escrow:p%40ss-word-of-the-broker@mq.internal:5671/partner'
 
@@ -354,6 +391,7 @@ describe('configuration', () => {
         url: amqpUrl,
         exchange: 'partner-escrow',
         timeoutMs: 10_000,
+        events: ['trade.*'],
       })
       const custom = parseConfig({
         ...remoteEnv,
@@ -361,7 +399,7 @@ describe('configuration', () => {
         AMQP_EXCHANGE: 'erp.orders:escrow',
         AMQP_TIMEOUT_MS: '2500',
       })
-      expect(custom.amqp).toEqual({ url: 'amqp://127.0.0.1', exchange: 'erp.orders:escrow', timeoutMs: 2500 })
+      expect(custom.amqp).toEqual({ url: 'amqp://127.0.0.1', exchange: 'erp.orders:escrow', timeoutMs: 2500, events: ['trade.*'] })
     })
 
     it('refuses a URL that is not amqp(s), a bad exchange name and a bad timeout, never echoing the URL', () => {

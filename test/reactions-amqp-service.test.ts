@@ -1,7 +1,8 @@
 // RabbitMQ publishing inside `serve`: with AMQP_URL set the composition root registers the publisher as
 // the `amqp` reaction handler. Transitions ingested as webhooks reach a queue bound to the exchange
 // through the outbox and the dispatcher, each order's in sequence, the event id as message_id; with the
-// broker down at start-up the service starts and ingests, and the messages follow once it is back.
+// broker down at start-up the service starts and ingests, and the messages follow once it is back. With
+// AMQP_EVENTS, only the types named are published.
 // The broker is reached through a TCP proxy the test owns; the consumer connects straight to it.
 import { afterEach, expect, it } from 'vitest'
 import { createOrder } from './helpers/orders.js'
@@ -135,5 +136,58 @@ describeRabbitMq('RabbitMQ publishing in the service (RabbitMQ)', () => {
     expect(states.map((job) => job.state)).toEqual(history.map(() => 'done'))
     await service.stop()
     service = undefined
+  })
+
+  it('with AMQP_EVENTS=trade.funded publishes the funded transitions only, to a queue that takes every key', async () => {
+    const exchange = uniqueName('test-exchange')
+    // bound to every routing key: whatever the service published would arrive here
+    consumer = await startConsumer({ exchange, pattern: '#' })
+    database = postgresUrl ? await createTestDatabase({ migrate: false }) : undefined
+    const config = testConfig({
+      PORT: '0',
+      POLL_ENABLED: 'false',
+      AMQP_URL: amqpUrl!,
+      AMQP_EXCHANGE: exchange,
+      AMQP_EVENTS: 'trade.funded',
+      ...(database?.url ? { DATABASE_URL: database.url } : {}),
+    })
+    service = await startService({ config, logger: testLogger([TEST_API_SECRET, TEST_WEBHOOK_SECRET]) })
+    await service.ready
+    const { db } = service.database
+    const orders = 8
+    for (let index = 1; index <= orders; index += 1) {
+      const reference = `amqp-funded-${index}`
+      await createOrder(db, { externalReference: reference })
+      for (const status of STATUSES) {
+        const body = JSON.stringify(tradePayload(reference, status))
+        const response = await fetch(`${service.url}${config.webhook.path}`, {
+          method: 'POST',
+          headers: {
+            'content-type': 'application/json',
+            'x-partner-delivery-id': `dlv-${reference}-${status}`,
+            'x-partner-signature': signBody(body),
+          },
+          body,
+        })
+        expect(response.status).toBe(200)
+      }
+    }
+    const history = await db.selectFrom('orderStatusHistory').select(['eventId', 'toStatus']).execute()
+    expect(history).toHaveLength(orders * STATUSES.length)
+    const funded = new Set(history.filter((row) => row.toStatus === 'funded').map((row) => row.eventId))
+    expect(funded.size).toBe(orders)
+
+    // every amqp record done, and the queue holds the funded ones
+    let records = await reactionRecords(db, AMQP_HANDLER)
+    for (let waited = 0; records.length < orders || records.some((job) => job.state !== 'done'); waited += 50) {
+      if (waited > 60_000) throw new Error(`amqp records after 60 s: ${JSON.stringify(records.map((job) => job.state))}`)
+      await new Promise((resolve) => setTimeout(resolve, 50))
+      records = await reactionRecords(db, AMQP_HANDLER)
+    }
+    await consumer.waitFor((received) => new Set(received.map((message) => message.messageId)).size >= orders)
+    // the other transitions got no amqp job at all (so none is published later, or retried)
+    expect(new Set(records.map((job) => job.eventId))).toEqual(funded)
+    expect(new Set(consumer.received.map((message) => message.messageId))).toEqual(funded)
+    expect(new Set(consumer.received.map((message) => message.routingKey))).toEqual(new Set(['trade.funded']))
   })
 })

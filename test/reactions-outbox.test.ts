@@ -10,7 +10,7 @@ import { applyObservation } from '../src/orders/apply-observation.js'
 import { findOrderByExternalReference } from '../src/orders/order.repository.js'
 import { createOrder } from './helpers/orders.js'
 import { hasReached } from '../src/orders/trade-status.js'
-import { FORWARDER_HANDLER } from '../src/reactions/configured-reactions.js'
+import { AMQP_HANDLER, configuredReactions, FORWARDER_HANDLER } from '../src/reactions/configured-reactions.js'
 import { createReactionRegistry } from '../src/reactions/reaction-registry.js'
 import { ensureReactionStreams, readReactionStream } from '../src/reactions/reaction-stream.repository.js'
 import { runCommand } from './helpers/cli-in-process.js'
@@ -239,6 +239,35 @@ describe('the registry', () => {
     expect(() => registry.on('trade.fund*', 'x', noop)).toThrow(/pattern/)
     expect(() => registry.on('trade.funded', 'Ship Goods', noop)).toThrow(/name/)
     expect(() => registry.on('trade.funded', 'a,b', noop)).toThrow(/name/)
+  })
+
+  it('registers the built-in handlers for the types of FORWARD_EVENTS and AMQP_EVENTS', async () => {
+    const chosen = testConfig({
+      FORWARD_URL: 'http://127.0.0.1:9/hook',
+      FORWARD_SECRET: `whsec_${Buffer.alloc(32, 9).toString('base64')}`,
+      FORWARD_EVENTS: 'trade.funded,trade.released',
+      AMQP_URL: 'amqp://127.0.0.1:9',
+      AMQP_EVENTS: 'trade.funded',
+    })
+    // the publisher connects on its first event: none is sent here
+    const builtIn = configuredReactions(chosen, { logger: testLogger() })
+    expect(builtIn.handlersFor('trade.funded')).toEqual([AMQP_HANDLER, FORWARDER_HANDLER])
+    expect(builtIn.handlersFor('trade.released')).toEqual([FORWARDER_HANDLER])
+    expect(builtIn.handlersFor('trade.delivered')).toEqual([])
+    await builtIn.close()
+  })
+
+  it('takes a list of patterns for one handler: an event matching any of them, once', () => {
+    const registry = createReactionRegistry()
+      .on(['trade.funded', 'trade.released'], 'crm', noop)
+      .on(['trade.*', 'trade.funded'], 'ledger', noop)
+    expect(registry.handlersFor('trade.funded')).toEqual(['crm', 'ledger'])
+    expect(registry.handlersFor('trade.released')).toEqual(['crm', 'ledger'])
+    expect(registry.handlersFor('trade.delivered')).toEqual(['ledger'])
+    expect(registry.names).toEqual(['crm', 'ledger'])
+    expect(() => registry.on([], 'nothing', noop)).toThrow(/no pattern/)
+    expect(() => registry.on(['trade.funded', 'funded'], 'half', noop)).toThrow(/pattern "funded"/)
+    expect(registry.names).toEqual(['crm', 'ledger'])
   })
 })
 

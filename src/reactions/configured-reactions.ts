@@ -1,8 +1,9 @@
 // The reaction handlers the service runs, from its config: the built-in forwarder when FORWARD_URL is
-// set, the RabbitMQ publisher when AMQP_URL is, then the fork's own (partner-handlers.ts), then those of
-// a program that starts the service itself (`register`, e.g. the ingest benchmark's no-op). `serve` runs
-// them; a CLI command that moves an order uses the same names to tell whether a handler takes its event
-// (and wake the dispatchers); the events themselves reach the handlers through their streams.
+// set (for the types FORWARD_EVENTS names), the RabbitMQ publisher when AMQP_URL is (AMQP_EVENTS), then
+// the fork's own (partner-handlers.ts), then those of a program that starts the service itself
+// (`register`, e.g. the ingest benchmark's no-op). `serve` runs them; a CLI command that moves an order
+// uses the same names to tell whether a handler takes its event (and wake the dispatchers); the events
+// themselves reach the handlers through their streams.
 import type { Clock } from '../clock.js'
 import type { Config } from '../config.js'
 import type { Logger } from '../logger.js'
@@ -37,13 +38,17 @@ export function configuredReactions(
   const reactions = createReactionRegistry()
   const closers: (() => Promise<void>)[] = []
   if (config.forward) {
-    const { url, secret, timeoutMs } = config.forward
-    reactions.on('trade.*', FORWARDER_HANDLER, createForwarder({ url, secret, timeoutMs, logger, ...(clock ? { clock } : {}) }))
+    const { url, secret, timeoutMs, events } = config.forward
+    // FORWARD_EVENTS: an event of another type gets no forwarder job at all
+    reactions.on(events, FORWARDER_HANDLER, createForwarder({ url, secret, timeoutMs, logger, ...(clock ? { clock } : {}) }))
   }
   if (config.amqp) {
     // it connects on its first event, so a CLI command that only enqueues jobs never opens a connection
-    const publisher = createAmqpPublisher({ ...config.amqp, logger })
-    reactions.on('trade.*', AMQP_HANDLER, publisher.handler)
+    const { events, ...settings } = config.amqp
+    const publisher = createAmqpPublisher({ ...settings, logger })
+    // AMQP_EVENTS: a partner that binds only some routing keys publishes only those, since any other
+    // would be returned unroutable and retried until its job fails
+    reactions.on(events, AMQP_HANDLER, publisher.handler)
     closers.push(publisher.close)
   }
   registerPartnerHandlers(reactions)

@@ -1,6 +1,7 @@
 // The reaction handlers of one service instance (Octokit-style: an instance, never a module-level list).
 // `on('trade.funded', 'ship-goods', handler)` runs a handler for one status; `on('trade.*', 'ledger', h)`
-// for every transition. Each (event, handler name) is one job: the name is stored with the job, so it is
+// for every transition; `on(['trade.funded', 'trade.released'], 'crm', h)` for several (still one job per
+// event: a handler's patterns are one set). Each (event, handler name) is one job: the name is stored with the job, so it is
 // what must stay stable across deploys (renaming a handler orphans its unfinished jobs). Pure: imports
 // nothing of ours but types.
 import type { ReactionHandler } from './reaction-event.js'
@@ -12,8 +13,11 @@ export interface ReactionRouting {
 }
 
 export interface ReactionRegistry extends ReactionRouting {
-  /** Registers `handler` under a unique `name` ([a-z0-9_.-]+) for 'trade.<status>' or 'trade.*'. */
-  on(pattern: string, name: string, handler: ReactionHandler): ReactionRegistry
+  /**
+   * Registers `handler` under a unique `name` ([a-z0-9_.-]+) for 'trade.<status>' or 'trade.*', or for a
+   * list of them (an event matching any of them).
+   */
+  on(pattern: string | readonly string[], name: string, handler: ReactionHandler): ReactionRegistry
   /** The handler registered under `name`; undefined when none is (a job left by a removed handler). */
   handler(name: string): ReactionHandler | undefined
   /** Every registered name, sorted. */
@@ -24,18 +28,22 @@ const NAME = /^[a-z0-9_.-]+$/
 const PATTERN = /^trade\.(\*|[a-z0-9_]+)$/
 
 export function createReactionRegistry(): ReactionRegistry {
-  const entries = new Map<string, { pattern: string; handler: ReactionHandler }>()
+  const entries = new Map<string, { patterns: readonly string[]; handler: ReactionHandler }>()
   // handlersFor runs for every observation on the ingest path: cache its answer per type
   const byType = new Map<string, readonly string[]>()
   const registry: ReactionRegistry = {
     on(pattern, name, handler) {
-      if (!PATTERN.test(pattern)) {
-        throw new Error(`reaction pattern ${JSON.stringify(pattern)} must be 'trade.<status>' or 'trade.*'`)
+      const patterns: readonly string[] = typeof pattern === 'string' ? [pattern] : [...pattern]
+      if (patterns.length === 0) throw new Error(`reaction handler ${name} is registered for no pattern`)
+      for (const one of patterns) {
+        if (!PATTERN.test(one)) {
+          throw new Error(`reaction pattern ${JSON.stringify(one)} must be 'trade.<status>' or 'trade.*'`)
+        }
       }
       if (!NAME.test(name)) throw new Error(`reaction handler name ${JSON.stringify(name)} must match [a-z0-9_.-]+`)
       if (entries.has(name)) throw new Error(`a reaction handler named ${name} is already registered`)
       if (typeof handler !== 'function') throw new Error(`reaction handler ${name} is not a function`)
-      entries.set(name, { pattern, handler })
+      entries.set(name, { patterns, handler })
       byType.clear()
       return registry
     },
@@ -44,7 +52,7 @@ export function createReactionRegistry(): ReactionRegistry {
       if (!names) {
         names = Object.freeze(
           [...entries]
-            .filter(([, entry]) => entry.pattern === 'trade.*' ? type.startsWith('trade.') : entry.pattern === type)
+            .filter(([, entry]) => entry.patterns.some((one) => (one === 'trade.*' ? type.startsWith('trade.') : one === type)))
             .map(([name]) => name)
             .sort(),
         )
