@@ -138,6 +138,74 @@ describeRabbitMq('RabbitMQ publishing in the service (RabbitMQ)', () => {
     service = undefined
   })
 
+  it('an event no queue is bound for is retried (amqp_unroutable, counted by code), not lost, and lands once a queue is bound', async () => {
+    const exchange = uniqueName('test-exchange')
+    // the partner has bound trade.funded only, and the service publishes every type (the default)
+    consumer = await startConsumer({ exchange, pattern: 'trade.funded' })
+    database = postgresUrl ? await createTestDatabase({ migrate: false }) : undefined
+    const config = testConfig({
+      PORT: '0',
+      POLL_ENABLED: 'false',
+      AMQP_URL: amqpUrl!,
+      AMQP_EXCHANGE: exchange,
+      ...(database?.url ? { DATABASE_URL: database.url } : {}),
+    })
+    service = await startService({ config, logger: testLogger([TEST_API_SECRET, TEST_WEBHOOK_SECRET]) })
+    await service.ready
+    const { db } = service.database
+    const reference = 'amqp-unroutable-1'
+    await createOrder(db, { externalReference: reference })
+    for (const status of STATUSES) {
+      const body = JSON.stringify(tradePayload(reference, status))
+      const response = await fetch(`${service.url}${config.webhook.path}`, {
+        method: 'POST',
+        headers: {
+          'content-type': 'application/json',
+          'x-partner-delivery-id': `dlv-${reference}-${status}`,
+          'x-partner-signature': signBody(body),
+        },
+        body,
+      })
+      expect(response.status).toBe(200)
+    }
+    const history = await db.selectFrom('orderStatusHistory').select(['eventId', 'sequence']).orderBy('sequence').execute()
+    expect(history).toHaveLength(STATUSES.length)
+
+    // trade.created comes back from the broker: its job waits for a retry, and holds the order's later events
+    const createdJob = () =>
+      db
+        .selectFrom('reactionJobs')
+        .select(['state', 'attempts', 'lastError'])
+        .where('handler', '=', AMQP_HANDLER)
+        .where('eventId', '=', history[0]!.eventId)
+        .executeTakeFirst()
+    let job = await createdJob()
+    for (let waited = 0; !(job && job.attempts > 0); waited += 50) {
+      if (waited > 60_000) throw new Error('the trade.created job never failed')
+      await new Promise((resolve) => setTimeout(resolve, 50))
+      job = await createdJob()
+    }
+    expect(job).toMatchObject({ state: 'pending' })
+    expect(job!.lastError).toContain(`no queue is bound to exchange "${exchange}" for routing key trade.created`)
+    const scrape = await (await fetch(`${service.adminUrl}${config.metrics.path}`)).text()
+    expect(scrape).toMatch(/^reaction_failures_total\{handler="amqp",code="amqp_unroutable"\} [1-9]\d*$/m)
+    expect(scrape).toMatch(/^reaction_attempts_total\{handler="amqp",result="retry"\} [1-9]\d*$/m)
+    expect(consumer.received).toEqual([])
+
+    // the partner binds every key: the retries land, in sequence, and every job ends done
+    await consumer.channel.bindQueue(consumer.queue, exchange, '#')
+    await consumer.waitFor((received) => new Set(received.map((message) => message.messageId)).size === history.length)
+    const firstIds: string[] = []
+    for (const message of consumer.received) if (!firstIds.includes(message.messageId)) firstIds.push(message.messageId)
+    expect(firstIds).toEqual(history.map((row) => row.eventId))
+    let records = await reactionRecords(db, AMQP_HANDLER)
+    for (let waited = 0; records.length < history.length || records.some((record) => record.state !== 'done'); waited += 50) {
+      if (waited > 60_000) throw new Error(`amqp records after 60 s: ${JSON.stringify(records.map((record) => record.state))}`)
+      await new Promise((resolve) => setTimeout(resolve, 50))
+      records = await reactionRecords(db, AMQP_HANDLER)
+    }
+  })
+
   it('with AMQP_EVENTS=trade.funded publishes the funded transitions only, to a queue that takes every key', async () => {
     const exchange = uniqueName('test-exchange')
     // bound to every routing key: whatever the service published would arrive here

@@ -56,6 +56,7 @@ export interface RetentionHooks {
 export interface ReactionHooks {
   onAttempt(handler: string, result: AttemptResult, count?: number): void
   onFirstStart(handler: string, latencyS: number): void
+  onFailure(handler: string, code: string): void
 }
 
 /** The results of reaction_attempts_total created at 0 for every handler (lease_lost and released stay rare). */
@@ -169,6 +170,14 @@ export function createMetrics(
     name: 'reaction_attempts_total',
     help: 'Reaction handler calls by handler and result: done, retry (threw, runs again after a backoff), failed (threw on the last attempt), released (stopped by shutdown), lease_lost',
     labelNames: ['handler', 'result'] as const,
+    registers: [registry],
+  })
+  // beside the attempts by result: a retry says something failed, the code says what (amqp_unroutable: no
+  // queue bound for the routing key, which only the partner's side can fix)
+  const reactionFailures = new Counter({
+    name: 'reaction_failures_total',
+    help: "Reaction handler calls that threw, by handler and the error's code (amqp_unroutable, amqp_unreachable, forward_timeout ...; other for an error without a snake_case code)",
+    labelNames: ['handler', 'code'] as const,
     registers: [registry],
   })
   const reactionLatency = new Histogram({
@@ -365,6 +374,7 @@ export function createMetrics(
       return {
         onAttempt: (handler, result, count = 1) => reactionAttempts.inc({ handler, result }, count),
         onFirstStart: (handler, latencyS) => reactionLatency.observe({ handler }, latencyS),
+        onFailure: (handler, code) => reactionFailures.inc({ handler, code }),
       }
     },
     pollerHooks(clock) {

@@ -92,6 +92,8 @@ export interface DispatcherDeps {
   onAttempt?: (handler: string, result: AttemptResult, count?: number) => void
   /** A first attempt started: seconds since the transition committed. */
   onFirstStart?: (handler: string, latencyS: number) => void
+  /** A call of `handler` threw (or could not be made): the error's code, see failureCode. */
+  onFailure?: (handler: string, code: string) => void
 }
 
 export interface Dispatcher {
@@ -306,6 +308,14 @@ export function createDispatcher(deps: DispatcherDeps): Dispatcher {
     }
   }
 
+  const reportFailure = (handler: string, failure: unknown) => {
+    try {
+      deps.onFailure?.(handler, failureCode(failure))
+    } catch (error) {
+      logger.warn({ err: error }, 'onFailure hook threw')
+    }
+  }
+
   const runJob = async (job: ClaimedJob, stopSignal: AbortSignal, claim: Claim) => {
     const { event } = job
     const { abort } = claim
@@ -367,6 +377,7 @@ export function createDispatcher(deps: DispatcherDeps): Dispatcher {
         return
       }
       const message = describeFailure(failure)
+      reportFailure(job.handler, failure)
       const attemptsLeft = job.attempt < settings.maxAttempts && handler !== undefined
       if (attemptsLeft) {
         const delayS = backoffDelayS(job.attempt, settings.backoff, random)
@@ -590,6 +601,7 @@ export function createDispatcher(deps: DispatcherDeps): Dispatcher {
           leaseToken,
           random,
           report,
+          reportFailure,
           onFirstStart: deps.onFirstStart,
           jobsWritten: () => jobWaker.wake(),
           slots,
@@ -654,6 +666,17 @@ export function createDispatcher(deps: DispatcherDeps): Dispatcher {
       logger.info('reaction dispatcher stopped')
     },
   }
+}
+
+// The code label of reaction_failures_total: a built-in handler's code (amqp_unroutable, forward_timeout
+// ...) or a fork's own of the same snake_case form. Anything else (Node's ECONNRESET, a SQLSTATE, an error
+// without a code) is `other`, so the label keeps a small, closed set of values: its message is in the log
+// line and the job's last_error.
+const FAILURE_CODE = /^[a-z][a-z0-9_]{0,47}$/
+
+export function failureCode(error: unknown): string {
+  const code = (error as { code?: unknown } | null | undefined)?.code
+  return typeof code === 'string' && FAILURE_CODE.test(code) ? code : 'other'
 }
 
 function describeFailure(error: unknown): string {

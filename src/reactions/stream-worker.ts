@@ -80,6 +80,8 @@ export interface StreamWorkerDeps {
   random: () => number
   /** Counts `count` attempts of `handler` that ended so (1 when not given). */
   report: (handler: string, result: AttemptResult, count?: number) => void
+  /** A call threw: counted by its error's code. */
+  reportFailure?: ((handler: string, failure: unknown) => void) | undefined
   onFirstStart?: ((handler: string, latencyS: number) => void) | undefined
   /** Job rows were written that the job loop may run. */
   jobsWritten: () => void
@@ -154,6 +156,7 @@ export function createStreamWorker(deps: StreamWorkerDeps) {
     if (stopSignal.aborted && signal.aborted) return undefined
     const base = { event, createdAt: entry.recordedAt, lastError: null, runAt: new Date(clock.now()) }
     const message = deps.describeFailure(failure)
+    deps.reportFailure?.(name, failure)
     if (1 < settings.maxAttempts && deps.handler) {
       const delayS = backoffDelayS(1, settings.backoff, deps.random)
       jobLog().warn({ error: message, retryInS: Math.round(delayS) }, 'reaction handler failed; retrying later')
