@@ -12,6 +12,7 @@ import * as timeOrderedEventIds from './0008_time_ordered_event_ids.js'
 import * as reactionStreams from './0009_reaction_streams.js'
 import * as doneJobsOutOfTheStateIndex from './0010_done_jobs_out_of_the_state_index.js'
 import * as reactionStreamBatches from './0011_reaction_stream_batches.js'
+import * as reconcileRunClockOffset from './0012_reconcile_run_clock_offset.js'
 
 export const migrations: Record<string, Migration> = {
   '0001_initial': initial,
@@ -25,4 +26,5 @@ export const migrations: Record<string, Migration> = {
   '0009_reaction_streams': reactionStreams,
   '0010_done_jobs_out_of_the_state_index': doneJobsOutOfTheStateIndex,
   '0011_reaction_stream_batches': reactionStreamBatches,
+  '0012_reconcile_run_clock_offset': reconcileRunClockOffset,
 }

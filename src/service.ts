@@ -268,7 +268,12 @@ export async function startService({
       })
     }
 
-    const fetcher = createPartnerApiClient(config, { logger, clock, ...(sandboxUrl ? { baseUrl: sandboxUrl } : {}) })
+    const fetcher = createPartnerApiClient(config, {
+      logger,
+      clock,
+      ...(sandboxUrl ? { baseUrl: sandboxUrl } : {}),
+      ...(metrics ? { onClockOffset: metrics.partnerApiHooks.onClockOffset } : {}),
+    })
     const pollerOf = (replica: string, hooks = {}) =>
       createPoller({ db: database.db, fetcher, clock, logger, settings: pollerSettings(config.poll, observation), replica, ...hooks })
     consoleActions.reconcileOnce = () => pollerOf(`console:${hostname()}:${process.pid}`).runOnce()

@@ -1,6 +1,6 @@
 // A machine whose clock drifted is refused with 401 on every call: the refusal says so, from the platform's
 // Date header, through the client, the poller's log line and the CLI. Against the real sandbox, offline.
-import { afterAll, beforeAll, beforeEach, describe, expect, it } from 'vitest'
+import { afterAll, afterEach, beforeAll, beforeEach, describe, expect, it } from 'vitest'
 import { type Clock, systemClock } from '../src/clock.js'
 import type { CliContext } from '../src/cli/cli-context.js'
 import {
@@ -12,13 +12,17 @@ import {
 import { PartnerApiError } from '../src/partner-api/partner-api-error.js'
 import { PartnerApiClient } from '../src/partner-api/partner-api.client.js'
 import { createSandbox, type Sandbox } from '../src/sandbox/create-sandbox.js'
+import { type RunningService, startService } from '../src/service.js'
 import { runCommandWith } from './helpers/cli-in-process.js'
 import { FakeClock } from './helpers/fake-clock.js'
 import { logEntries, testLogger } from './helpers/log-sink.js'
 import { scriptedFetch } from './helpers/partner-api-fake-fetch.js'
+import { tradeRecord } from './helpers/partner-api-fixtures.js'
+import { type RecordingServer, startRecordingServer } from './helpers/partner-api-recording-server.js'
 import { insertOrders, orderByReference } from './helpers/reconcile-orders.js'
+import { eventually } from './helpers/reconcile-poller.js'
 import { TEST_API_KEY_ID, TEST_API_SECRET, TEST_WEBHOOK_SECRET, testConfig } from './helpers/test-config.js'
-import { createTestDatabase, type TestDatabase } from './helpers/test-database.js'
+import { createTestDatabase, postgresUrl, type TestDatabase } from './helpers/test-database.js'
 
 const TEN_MINUTES_MS = 10 * 60_000
 const logger = testLogger([TEST_API_SECRET, TEST_WEBHOOK_SECRET])
@@ -260,3 +264,87 @@ describe('reconcile --once and trades against the sandbox with this machine 10 m
   })
 })
 
+
+describe('the offset kept: the run record, reconcile --report, the console and /metrics of a service', () => {
+  const ADMIN_TOKEN = 'console-token-0123456789abcdef0123'
+  // the service opens its own embedded database, or this one on Postgres
+  let database: TestDatabase | undefined
+  let platform: RecordingServer | undefined
+  let service: RunningService | undefined
+  beforeAll(async () => {
+    if (postgresUrl) database = await createTestDatabase({ kind: 'postgres' })
+  })
+  afterEach(async () => {
+    await service?.stop()
+    await platform?.close()
+    service = undefined
+    platform = undefined
+  })
+  afterAll(async () => {
+    await database?.close()
+  })
+
+  it("stores the offset of a refused run, says it in words, and gauges every answer's Date", async () => {
+    // 400 ms past a whole second, as a real clock mostly is: the Date header's cut to the second then reads exactly
+    const clock = new FakeClock(Date.parse('2026-01-01T00:00:00.400Z'))
+    const dateIn = (offsetS: number) => new Date(clock.now() + offsetS * 1000).toUTCString()
+    platform = await startRecordingServer({
+      secret: TEST_API_SECRET,
+      answer: (request) =>
+        request.path.includes('tr_clock-ok')
+          ? // answered, with the platform's clock 3 s behind: under the threshold, still gauged
+            { status: 200, body: tradeRecord({ trade_id: 'tr_clock-ok', status: 'funded', external_reference: 'clock-ok' }), headers: { date: dateIn(-3) } }
+          : // refused, with the platform's clock 10 minutes ahead
+            { status: 401, body: { error: { code: 'stale_timestamp', message: 'Timestamp too old' } }, headers: { date: dateIn(600) } },
+    })
+    const config = testConfig({
+      PARTNER_API_BASE_URL: platform.url,
+      PORT: '0',
+      POLL_INTERVAL_S: '30',
+      ADMIN_TOKEN,
+      ...(database ? { DATABASE_URL: database.url! } : { DATA_DIR: 'memory://' }),
+    })
+    service = await startService({ config, logger, clock })
+    await service.ready
+    const db = service.database.db
+    const scrape = async () => (await fetch(`${service!.adminUrl}/metrics`)).text()
+    // no answer read yet: no sample, rather than a made-up 0
+    expect(await scrape()).not.toMatch(/^partner_api_clock_offset_seconds /m)
+    await eventually(() => clock.sleeps.includes(30_000), 'the first cycle is over')
+
+    await insertOrders(db, [{ externalReference: 'clock-ok', tradeId: 'tr_clock-ok', nextPollAt: new Date(clock.now() - 1_000) }])
+    await clock.advance(30_000)
+    await eventually(async () => /^partner_api_clock_offset_seconds -3$/m.test(await scrape()), 'the 200 is gauged')
+
+    await insertOrders(db, [{ externalReference: 'clock-refused', tradeId: 'tr_clock-refused', nextPollAt: new Date(clock.now() - 1_000) }])
+    await clock.advance(30_000)
+    const refused = async () =>
+      db.selectFrom('reconcileRuns').selectAll().where('stoppedReason', '=', 'unauthorized').executeTakeFirst()
+    await eventually(async () => (await refused())?.finishedAt != null, 'the refused run is recorded')
+    expect(await scrape()).toMatch(/^partner_api_clock_offset_seconds 600$/m)
+    const run = (await refused())!
+    expect(run.clockOffsetS).toBe(600)
+    // the run that was answered measured nothing worth keeping
+    const others = await db.selectFrom('reconcileRuns').select('clockOffsetS').where('id', '!=', run.id).execute()
+    expect(others.length).toBeGreaterThan(0)
+    expect(others.every((other) => other.clockOffsetS === null)).toBe(true)
+
+    const words = "the platform's clock is 600 s ahead of this machine's (its Date header)"
+    const report = await runCommandWith(['reconcile', '--report'], { config, logger, db })
+    expect(report.code).toBe(0)
+    expect(report.stdout).toContain(`run ${run.id}: partner api refused our requests (401): ${words}`)
+    expect(report.stdout.match(/clock is/g)).toHaveLength(1)
+    const json = JSON.parse((await runCommandWith(['reconcile', '--report', '--json'], { config, logger, db })).stdout) as {
+      id: number
+      clockOffsetS: number | null
+    }[]
+    expect(json.find((entry) => entry.id === run.id)?.clockOffsetS).toBe(600)
+
+    const consolePage = async (path: string) =>
+      (await fetch(`${service!.adminUrl}${path}`, { headers: { authorization: `Bearer ${ADMIN_TOKEN}` } })).text()
+    // the page escapes the apostrophes
+    const escaped = words.replaceAll("'", '&#39;')
+    expect(await consolePage('/console/reconcile')).toContain(escaped)
+    expect(await consolePage('/console/')).toContain(`Reconcile run ${run.id} was refused by the platform (401): ${escaped}`)
+  })
+})

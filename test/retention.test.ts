@@ -146,7 +146,7 @@ describe('retention pass', () => {
       const runId = await startRun(database.db, { replica: 'host:1', startedAt: new Date(now - ageDays * DAY) })
       // the newest one never finished: its replica died; the oldest such one goes all the same
       if (index !== 0 && index !== ages.length - 1) {
-        await finishRun(database.db, runId, { finishedAt: new Date(now - ageDays * DAY + 1_000), polled: 1, changed: 0, errors: 0, stoppedReason: null })
+        await finishRun(database.db, runId, { finishedAt: new Date(now - ageDays * DAY + 1_000), polled: 1, changed: 0, errors: 0, stoppedReason: null, clockOffsetS: null })
       }
     }
     expect((await runPrunePass(deps, SETTINGS, { dryRun: true })).counts.reconcile_run).toBe(5)

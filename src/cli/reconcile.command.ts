@@ -123,7 +123,10 @@ function printSummary(summary: RunSummary): void {
 }
 
 async function report(limit: number, json: boolean | undefined): Promise<void> {
-  const { listRuns } = await import('../reconcile/reconcile-run.repository.js')
+  const [{ listRuns }, { unauthorizedMessage }] = await Promise.all([
+    import('../reconcile/reconcile-run.repository.js'),
+    import('../reconcile/reconcile-cycle.js'),
+  ])
   const runs = await withDatabase(({ db }) => listRuns(db, limit))
   if (json) {
     printJson(runs)
@@ -144,6 +147,10 @@ async function report(limit: number, json: boolean | undefined): Promise<void> {
     })),
     '(no reconciliation runs yet)',
   )
+  // the words do not fit a column: one line under the table for each run a clock offset explains
+  for (const run of runs) {
+    if (run.clockOffsetS !== null) write(`run ${run.id}: ${unauthorizedMessage(run.clockOffsetS)}\n`)
+  }
 }
 
 async function requeue(externalReferences: string[] | undefined, json: boolean | undefined): Promise<void> {

@@ -3,6 +3,7 @@
 // attacker-chosen id, reference or body can only ever show as text. Nothing here writes raw().
 import { html } from 'hono/html'
 import type { Order, StatusChange } from '../orders/order.js'
+import { describeClockOffset } from '../partner-api/clock-offset.js'
 import type { EventReaction, ReactionJob, ReactionJobFilter, ReactionJobState } from '../reactions/reaction-job.repository.js'
 import type { ReactionEvent } from '../reactions/reaction-event.js'
 import type { ReconcileRun } from '../reconcile/reconcile-run.repository.js'
@@ -155,7 +156,11 @@ export function overviewPage(operator: Operator, data: OverviewData): Html {
   }
   const stopped = data.runs.find((run) => run.stoppedReason === 'unauthorized')
   if (stopped) {
-    needsHuman.push(html`<li>Reconcile run ${stopped.id} was refused by the platform (401): check the API credentials, or this machine's clock when the log line names an offset.</li>`)
+    needsHuman.push(
+      stopped.clockOffsetS === null
+        ? html`<li>Reconcile run ${stopped.id} was refused by the platform (401): check the API credentials (PARTNER_API_KEY_ID, PARTNER_API_SECRET, PARTNER_ENV).</li>`
+        : html`<li>Reconcile run ${stopped.id} was refused by the platform (401): ${describeClockOffset(stopped.clockOffsetS)}.</li>`,
+    )
   }
   if (data.signatureFailures) {
     needsHuman.push(html`<li>${data.signatureFailures} webhook signature failures since start: check WEBHOOK_SECRETS.</li>`)
@@ -222,7 +227,9 @@ function runsTable(runs: ReconcileRun[]): Html {
     (run) =>
       html`<tr><td>${run.id}</td><td>${run.replica}</td><td>${time(run.startedAt)}</td><td class="number">${
         run.finishedAt ? ((run.finishedAt.getTime() - run.startedAt.getTime()) / 1000).toFixed(1) : 'running'
-      }</td><td class="number">${run.polled}</td><td class="number">${run.changed}</td><td class="number">${run.errors}</td><td>${run.stoppedReason ?? ''}</td></tr>`,
+      }</td><td class="number">${run.polled}</td><td class="number">${run.changed}</td><td class="number">${run.errors}</td><td>${run.stoppedReason ?? ''}${
+        run.clockOffsetS === null ? '' : html`<br><span class="problem">${describeClockOffset(run.clockOffsetS)}</span>`
+      }</td></tr>`,
   )}</tbody></table>`
 }
 
@@ -498,7 +505,8 @@ ${runsTable(runs)}`,
 export function cycleResult(summary: RunSummary): string {
   return (
     `run ${summary.runId ?? '-'}: claimed ${summary.claimed}, polled ${summary.polled}, changed ${summary.changed}, errors ${summary.errors}` +
-    (summary.stoppedReason ? `; stopped: ${summary.stoppedReason}` : '')
+    (summary.stoppedReason ? `; stopped: ${summary.stoppedReason}` : '') +
+    (summary.clockOffsetS === null ? '' : ` (${describeClockOffset(summary.clockOffsetS)})`)
   )
 }
 

@@ -130,6 +130,8 @@ export interface ReconcileRunsTable {
   changed: Generated<number>
   errors: Generated<number>
   stoppedReason: string | null
+  /** Seconds the platform's clock was ahead (negative: behind) by the 401 that stopped the run; else null. */
+  clockOffsetS: number | null
 }
 
 export interface Database {

@@ -92,6 +92,12 @@ export interface Metrics {
   reactionHooks(handlers: readonly string[]): ReactionHooks
   /** For the pruner: rows pruned by kind, and when this replica last finished a pass. */
   readonly retentionHooks: RetentionHooks
+  /** For the partner API client (its onClockOffset): the platform's clock against ours, by each answer's Date. */
+  readonly partnerApiHooks: PartnerApiHooks
+}
+
+export interface PartnerApiHooks {
+  onClockOffset(offsetS: number): void
 }
 
 export function createMetrics(
@@ -138,6 +144,14 @@ export function createMetrics(
   new OptionalGauge(() => lastCycleS, {
     name: 'poller_last_cycle_timestamp_seconds',
     help: "Unix time at which this replica's poller last finished a cycle (empty cycles too); no sample where no poller runs",
+    registers: [registry],
+  })
+
+  // the last reading wins: the platform's clock is one clock, and a replica's own clock is what drifts
+  let clockOffsetS: number | undefined
+  new OptionalGauge(() => clockOffsetS, {
+    name: 'partner_api_clock_offset_seconds',
+    help: "Seconds the platform's clock is ahead of this machine's (negative: behind), by the Date header of the last partner API answer this replica read, any status; whole seconds, so 0 or ±1 on two good clocks; no sample before the first answer",
     registers: [registry],
   })
 
@@ -361,6 +375,11 @@ export function createMetrics(
     pollResults,
     requestsRefused,
     inflightBodyBytes,
+    partnerApiHooks: {
+      onClockOffset: (offsetS) => {
+        clockOffsetS = offsetS
+      },
+    },
     retentionHooks: {
       onPruned: (what, rows) => rowsPruned.inc({ what }, rows),
       onPass: (finishedAt) => {

@@ -12,7 +12,7 @@ export function partnerApiBaseUrl(config: Config): string {
 
 export function createPartnerApiClient(
   config: Config,
-  deps: { logger: Logger; clock: Clock } & Partial<Pick<PartnerApiClientOptions, 'fetch' | 'random' | 'retry' | 'baseUrl'>>,
+  deps: { logger: Logger; clock: Clock } & Partial<Pick<PartnerApiClientOptions, 'fetch' | 'random' | 'retry' | 'baseUrl' | 'onClockOffset'>>,
 ): PartnerApiClient {
   return new PartnerApiClient({
     ...deps,

@@ -8,6 +8,10 @@
 // An answer is read up to `maxAnswerBytes` and no further: past it the connection is closed and the call
 // fails with PartnerInvalidResponseError, so an answer without an end (a proxy's stream, a broken gateway)
 // cannot fill the process's memory within the timeout.
+//
+// Every answer's Date header is read against this machine's clock (clock-offset.ts) and handed to
+// `onClockOffset` (the metrics' gauge): a drifting clock shows there before the platform's window refuses
+// our timestamps, and a 401 past the threshold names the offset in its message.
 import { anySignal } from 'any-signal'
 import type { z } from 'zod'
 import type { Clock } from '../clock.js'
@@ -59,6 +63,12 @@ export interface TransportOptions {
   /** Nonce source; defaults to 16 random bytes, hex. */
   nonce?: () => string
   retry?: Partial<RetryOptions>
+  /**
+   * Called with the whole seconds the platform's clock is ahead of this machine's (negative: behind) for each
+   * answer with a readable Date header, whatever its status. Date has whole seconds: on two good clocks this
+   * reads 0 or ±1.
+   */
+  onClockOffset?: (offsetS: number) => void
 }
 
 export interface CallOptions {
@@ -91,6 +101,7 @@ export class PartnerApiTransport {
   private readonly random: () => number
   private readonly nonce: () => string
   private readonly retry: RetryOptions
+  private readonly onClockOffset: ((offsetS: number) => void) | undefined
 
   constructor(options: TransportOptions) {
     let base: URL
@@ -118,6 +129,7 @@ export class PartnerApiTransport {
     this.random = options.random ?? Math.random
     this.nonce = options.nonce ?? newNonce
     this.retry = { ...DEFAULT_RETRY, ...options.retry }
+    this.onClockOffset = options.onClockOffset
   }
 
   /** Sends `payload` (JSON) to `apiPath` under the API prefix and answers the 2xx body checked by `schema`. */
@@ -151,10 +163,11 @@ export class PartnerApiTransport {
         continue
       }
 
+      const offsetS = this.readClockOffset(answer.headers)
       if (answer.status >= 200 && answer.status < 300) return parseSuccess(method, path, answer, schema)
 
       const retryAfterMs = parseRetryAfter(answer.headers.get('retry-after'), this.clock.now())
-      const error = toApiError(method, path, answer, retryAfterMs, this.clock.now())
+      const error = toApiError(method, path, answer, retryAfterMs, offsetS)
       const retryable = answer.status === 429 || answer.status >= 500
       if (!retryable || attempt >= maxAttempts) throw error
       if (retryAfterMs !== undefined && retryAfterMs > this.retry.maxRetryAfterMs) throw error
@@ -242,6 +255,13 @@ export class PartnerApiTransport {
     }
   }
 
+  /** The platform's clock against ours by the answer's Date header (undefined without one), reported to the hook. */
+  private readClockOffset(headers: Headers): number | undefined {
+    const offsetS = measureClockOffset(headers.get('date'), this.clock.now())
+    if (offsetS !== undefined) this.onClockOffset?.(offsetS)
+    return offsetS
+  }
+
   /** Capped exponential backoff with equal jitter: half the step fixed, half random. */
   private backoffMs(attempt: number): number {
     const step = Math.min(this.retry.maxDelayMs, this.retry.baseDelayMs * 2 ** (attempt - 1))
@@ -273,7 +293,7 @@ function toApiError(
   path: string,
   answer: RawAnswer,
   retryAfterMs: number | undefined,
-  nowMs: number,
+  offsetS: number | undefined,
 ): PartnerApiError {
   let body: unknown = answer.text
   try {
@@ -286,8 +306,7 @@ function toApiError(
   const code = platform?.code ?? `http_${answer.status}`
   const detail = platform?.message ? `: ${platform.message}` : ''
   // a refused signature whose answer shows the clocks far apart: the timestamp, not the key, is likely at fault
-  const offsetS = answer.status === 401 ? measureClockOffset(answer.headers.get('date'), nowMs) : undefined
-  const clockOffsetS = isClockOffsetTooLarge(offsetS) ? offsetS : undefined
+  const clockOffsetS = answer.status === 401 && isClockOffsetTooLarge(offsetS) ? offsetS : undefined
   const clock = clockOffsetS === undefined ? '' : `; ${describeClockOffset(clockOffsetS)}`
   return new PartnerApiError(
     answer.status,

@@ -213,6 +213,7 @@ export async function runReconcileCycle(
       changed: summary.changed,
       errors: summary.errors,
       stoppedReason,
+      clockOffsetS,
     })
   }
   logCycle(logger, summary, firstError)

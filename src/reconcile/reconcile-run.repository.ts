@@ -9,6 +9,11 @@ export interface RunCounts {
   changed: number
   errors: number
   stoppedReason: string | null
+  /**
+   * Stopped by a 401 whose Date header showed the platform's clock this many seconds ahead of ours (negative:
+   * behind), past CLOCK_OFFSET_THRESHOLD_S: the likely reason it was refused. Null otherwise.
+   */
+  clockOffsetS: number | null
 }
 
 export interface ReconcileRun extends RunCounts {
@@ -54,6 +59,7 @@ export async function listRuns(db: Kysely<Database>, limit: number): Promise<Rec
     changed: row.changed,
     errors: row.errors,
     stoppedReason: row.stoppedReason,
+    clockOffsetS: row.clockOffsetS,
   }))
 }
 
