@@ -91,8 +91,9 @@ async function exportedNames(): Promise<Set<string>> {
     notificationsHeard: () => true,
     pruneIntervalS: 3_600,
   })
-  // a pass finished: the last-pass gauge has a sample
+  // a pass finished and a partner API answer was read: the gauges that wait for them have a sample
   metrics.retentionHooks.onPass(new Date(0))
+  metrics.partnerApiHooks.onClockOffset(0)
   const scrape = await metrics.registry.metrics()
   const names = new Set<string>()
   for (const [, name, type] of scrape.matchAll(/^# TYPE (\S+) (\S+)$/gm)) {
@@ -116,6 +117,11 @@ describe('alert rules and dashboard', () => {
     }
     const unknown = [...used].filter(([name]) => !exported.has(name) && !PROMETHEUS_SERIES.has(name))
     expect(unknown.map(([name, where]) => `${name} (${[...new Set(where)].join(', ')})`)).toEqual([])
+    // the dashboard, not only the alerts, shows these: an operator looking at a firing alert finds its panel
+    const onDashboard = new Set(dashboardExpressions().flatMap(metricNames))
+    for (const name of ['orders_needing_attention', 'partner_api_clock_offset_seconds']) {
+      expect(onDashboard.has(name), `${name} has a dashboard panel`).toBe(true)
+    }
     // the checks below keep this test honest: it did read the expressions and the scrape
     expect(expressions.length).toBeGreaterThan(20)
     for (const name of [
@@ -132,6 +138,7 @@ describe('alert rules and dashboard', () => {
       'retention_last_pass_timestamp_seconds',
       'retention_interval_seconds',
       'orders_needing_attention',
+      'partner_api_clock_offset_seconds',
     ]) {
       expect(used.has(name), `${name} is used`).toBe(true)
     }
@@ -166,6 +173,7 @@ describe('alert rules and dashboard', () => {
       'PartnerEscrowReactionsFailed',
       'PartnerEscrowNotificationsNotHeard',
       'PartnerEscrowOrdersFlagged',
+      'PartnerEscrowClockOffset',
     ])
     for (const rule of rules) {
       expect(['critical', 'warning'], rule.alert).toContain(rule.labels?.severity)
@@ -188,7 +196,7 @@ describePromtool('promtool', () => {
     if (!promtool) throw new Error('promtool is required in CI: .ci/run installs Debian\'s prometheus package')
     const run = (...args: string[]) =>
       execFileSync(promtool, args, { cwd: 'deploy/prometheus', encoding: 'utf8', stdio: ['ignore', 'pipe', 'pipe'] })
-    expect(run('check', 'rules', 'alerts.yml')).toMatch(/SUCCESS: 14 rules found/)
+    expect(run('check', 'rules', 'alerts.yml')).toMatch(/SUCCESS: 15 rules found/)
     expect(run('check', 'config', 'prometheus.yml')).toMatch(/SUCCESS/)
     const output = run('test', 'rules', 'alerts.test.yml')
     expect(output).toMatch(/SUCCESS/)
