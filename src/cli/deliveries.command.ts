@@ -1,10 +1,16 @@
 // `deliveries list|show|reapply`: the webhooks as received, and re-running one's effect.
+//
+// `reapply` takes one delivery and re-runs it in one transaction, so nothing is ever half-written. Run on its own
+// (not inside a service), it still holds the first SIGINT, SIGTERM or SIGHUP as `prune` and `reconcile --once`
+// do: a signal before the delivery is reapplied stops the command there, one while it is lets it finish (a lock
+// wait on Postgres, or PGlite writing) and print what it did; either way it exits 130. A second signal ends the
+// process at once, and an open transaction is then rolled back.
 import type { Command } from 'commander'
 import { InvalidArgumentError } from 'commander'
 import { DELIVERY_OUTCOMES } from '../webhooks/delivery-outcome.js'
 import { printable } from '../printable.js'
 import { listLimit, MAX_LIST_LIMIT } from './cli-arguments.js'
-import { printJson, printTable, setExitCode, withDatabase, write, writeError } from './cli-context.js'
+import { printJson, printTable, runsInService, setExitCode, withDatabase, write, writeError } from './cli-context.js'
 
 // a poll's lease_lost is never a webhook's
 const OUTCOMES: readonly string[] = DELIVERY_OUTCOMES.filter((outcome) => outcome !== 'lease_lost')
@@ -92,32 +98,56 @@ export function registerDeliveriesCommands(program: Command): void {
     .option(...BODY_OPTION, sha256Prefix)
     .option('--json', 'print the result as JSON')
     .action(async (deliveryId: string, options: { json?: boolean; bodySha256?: string }) => {
-      const [{ findDelivery }, { reapplyDelivery }, { observationSettings }] = await Promise.all([
+      const [{ findDelivery }, { reapplyDelivery }, { observationSettings }, { stopOnSignals }] = await Promise.all([
         import('../webhooks/delivery.repository.js'),
         import('../webhooks/parked-deliveries.js'),
         import('../orders/observations.js'),
+        import('../stop-signals.js'),
       ])
-      await withDatabase(async ({ db, config, reactions }) => {
-        const delivery = await findDelivery(db, deliveryId, options.bodySha256)
-        if (!delivery) {
-          writeError(`No delivery ${deliveryId}\n`)
-          setExitCode(1)
-          return
-        }
-        const result = await reapplyDelivery(
-          db,
-          delivery,
-          observationSettings(config.poll, reactions.handlersFor),
-          new Date(),
-        )
-        if (result.kind === 'not_a_trade_event') {
-          writeError(`Delivery ${deliveryId} is a ${result.eventType} event: only trade events have an effect to re-run\n`)
-          setExitCode(1)
-          return
-        }
-        const { kind: _kind, ...shown } = result
-        if (options.json) printJson({ deliveryId, ...shown })
-        else write(`${deliveryId}: ${result.outcome}${result.toStatus ? ` (order status ${result.toStatus})` : ''}\n`)
-      })
+      // held from before the database opens until it is closed: no signal in between ends the process unannounced
+      let signalled = false
+      const off = runsInService()
+        ? () => {}
+        : stopOnSignals(() => {
+            signalled = true
+            writeError('stopping after the delivery in flight, if any (a second Ctrl-C ends the process now, and rolls its transaction back)\n')
+          })
+      try {
+        await withDatabase(async ({ db, config, reactions, logger }) => {
+          const delivery = await findDelivery(db, deliveryId, options.bodySha256)
+          if (!delivery) {
+            writeError(`No delivery ${deliveryId}\n`)
+            setExitCode(1)
+            return
+          }
+          if (signalled) {
+            writeError(`stopped by a signal before ${deliveryId} was reapplied: nothing done\n`)
+            setExitCode(130)
+            return
+          }
+          // from here the transaction runs to its end whatever signal comes first
+          logger.debug({ deliveryId, bodySha256: delivery.bodySha256 }, 'reapplying a delivery')
+          const result = await reapplyDelivery(
+            db,
+            delivery,
+            observationSettings(config.poll, reactions.handlersFor),
+            new Date(),
+          )
+          if (result.kind === 'not_a_trade_event') {
+            writeError(`Delivery ${deliveryId} is a ${result.eventType} event: only trade events have an effect to re-run\n`)
+            setExitCode(1)
+            return
+          }
+          const { kind: _kind, ...shown } = result
+          if (options.json) printJson({ deliveryId, ...shown })
+          else write(`${deliveryId}: ${result.outcome}${result.toStatus ? ` (order status ${result.toStatus})` : ''}\n`)
+          if (signalled) {
+            writeError(`stopped by a signal after the delivery in flight: ${deliveryId} was reapplied (above)\n`)
+            setExitCode(130)
+          }
+        })
+      } finally {
+        off()
+      }
     })
 }

@@ -1,0 +1,151 @@
+// `deliveries reapply` as its own process (the compiled CLI; on embedded PGlite, and on Postgres through
+// DATABASE_URL when TEST_DATABASE_URL is given), stopped by a signal: the first one lets the delivery in flight
+// finish and be printed, and the exit code is 130; a second one ends the process, its transaction rolled back.
+import { once } from 'node:events'
+import { mkdtempSync } from 'node:fs'
+import { tmpdir } from 'node:os'
+import path from 'node:path'
+import { type Kysely, sql } from 'kysely'
+import pg from 'pg'
+import { afterAll, expect, it } from 'vitest'
+import type { Database } from '../src/db/database.js'
+import { migrateToLatest } from '../src/db/migrate.js'
+import { type DatabaseHandle, openDatabase } from '../src/db/open-database.js'
+import { receiverEnv, spawnCli } from './helpers/cli-process.js'
+import { insertOrders } from './helpers/reconcile-orders.js'
+import { eventually } from './helpers/reconcile-poller.js'
+import { createTestDatabase, postgresUrl, type TestDatabase } from './helpers/test-database.js'
+
+const REFERENCE = 'reapply-1'
+const DELIVERY = 'dlv-reapply-1'
+
+const cleanups: (() => Promise<void>)[] = []
+afterAll(async () => {
+  for (const cleanup of cleanups) await cleanup()
+})
+
+/** An order still `created`, and a `trade.funded` delivery for it parked before it existed. */
+async function seedParkedDelivery(db: Kysely<Database>): Promise<void> {
+  await insertOrders(db, [{ externalReference: REFERENCE, tradeStatus: 'created' }])
+  await db
+    .insertInto('webhookDeliveries')
+    .values({
+      deliveryId: DELIVERY,
+      bodySha256: 'ab'.repeat(32),
+      eventType: 'trade.funded',
+      tradeId: `tr_${REFERENCE}`,
+      tradeReference: null,
+      externalReference: REFERENCE,
+      observedStatus: 'funded',
+      outcome: 'unmatched',
+      orderId: null,
+      rawBody: '{}',
+      appliedAt: null,
+    })
+    .execute()
+}
+
+async function stateAfter(database: DatabaseHandle): Promise<{ outcome: string; status: string | null }> {
+  try {
+    const delivery = await database.db.selectFrom('webhookDeliveries').select('outcome').executeTakeFirstOrThrow()
+    const order = await database.db.selectFrom('orders').select('tradeStatus').executeTakeFirstOrThrow()
+    return { outcome: delivery.outcome, status: order.tradeStatus }
+  } finally {
+    await database.close()
+  }
+}
+
+function outputOf(child: ReturnType<typeof spawnCli>) {
+  const output = { stdout: '', stderr: '' }
+  child.stdout!.on('data', (chunk) => (output.stdout += chunk))
+  child.stderr!.on('data', (chunk) => (output.stderr += chunk))
+  return output
+}
+
+/** Resolves once the child has written `text` to stderr (a line of its own, or a JSON log line's msg). */
+function stderrSays(child: ReturnType<typeof spawnCli>, text: string): Promise<void> {
+  return new Promise((resolve, reject) => {
+    let buffer = ''
+    child.stderr!.on('data', (chunk: Buffer) => {
+      buffer += chunk
+      if (buffer.includes(text)) resolve()
+    })
+    child.once('exit', (code) => reject(new Error(`exited ${code} before "${text}":\n${buffer}`)))
+  })
+}
+
+it('reapplies the delivery in flight, prints it and exits 130 on Ctrl-C, on embedded PGlite', async () => {
+  const dataDir = mkdtempSync(path.join(tmpdir(), 'reapply-interrupt-'))
+  const seed = openDatabase({ dataDir })
+  await migrateToLatest(seed.db)
+  await seedParkedDelivery(seed.db)
+  await seed.close()
+
+  const child = spawnCli(['deliveries', 'reapply', DELIVERY], { ...receiverEnv(dataDir), LOG_LEVEL: 'debug' }, { built: true })
+  const output = outputOf(child)
+  // logged as the transaction starts: the signal lands while it runs or after it, and either way it is finished
+  await stderrSays(child, '"msg":"reapplying a delivery"')
+  child.kill('SIGINT')
+  const [code, signal] = (await once(child, 'exit')) as [number | null, string | null]
+
+  expect({ code, signal }, output.stderr.slice(-2_000)).toEqual({ code: 130, signal: null })
+  expect(output.stdout).toBe(`${DELIVERY}: applied (order status funded)\n`)
+  expect(output.stderr).toContain(`stopped by a signal after the delivery in flight: ${DELIVERY} was reapplied (above)`)
+  // what it said is what was done, and the embedded database opens again
+  expect(await stateAfter(openDatabase({ dataDir }))).toEqual({ outcome: 'applied', status: 'funded' })
+}, 120_000)
+
+// On Postgres the delivery can be held in flight for as long as the test likes: its order's row is locked
+async function heldInFlight(signal: NodeJS.Signals) {
+  const database: TestDatabase = await createTestDatabase({ kind: 'postgres' })
+  cleanups.push(() => database.close())
+  await seedParkedDelivery(database.db)
+  const holder = new pg.Client({ connectionString: database.url! })
+  await holder.connect()
+  cleanups.push(() => holder.end())
+  const holderPid = Number((await holder.query<{ pid: number }>('select pg_backend_pid() as pid')).rows[0]!.pid)
+  await holder.query('begin')
+  await holder.query('select id from orders where external_reference = $1 for update', [REFERENCE])
+
+  const dataDir = mkdtempSync(path.join(tmpdir(), 'reapply-interrupt-'))
+  const child = spawnCli(['deliveries', 'reapply', DELIVERY, '--json'], { ...receiverEnv(dataDir), DATABASE_URL: database.url! }, { built: true })
+  const output = outputOf(child)
+  // the CLI's transaction waits for the order's row: a session blocked by the holder (the database is shared)
+  await eventually(async () => {
+    const { rows } = await sql<{ waiting: string }>`
+      select count(*) as waiting from pg_stat_activity where ${holderPid}::int = any(pg_blocking_pids(pid))`.execute(database.db)
+    return Number(rows[0]!.waiting) > 0
+  }, 'the reapply waits for the locked order')
+  child.kill('SIGINT')
+  await stderrSays(child, 'stopping after the delivery in flight')
+  if (signal !== 'SIGINT') child.kill(signal)
+  // the second signal, if any, came first: the process may be gone before the row is let go
+  const exited = once(child, 'exit') as Promise<[number | null, string | null]>
+  if (signal !== 'SIGINT') await exited
+  await holder.query('commit')
+  const [code, endedBy] = await exited
+  return { code, endedBy, output, state: await stateAfter(openDatabase({ databaseUrl: database.url! })) }
+}
+
+it.skipIf(!postgresUrl)(
+  'waits for the delivery in flight on Ctrl-C, prints it and exits 130, on Postgres (Postgres)',
+  async () => {
+    const { code, endedBy, output, state } = await heldInFlight('SIGINT')
+    expect({ code, endedBy }, output.stderr.slice(-2_000)).toEqual({ code: 130, endedBy: null })
+    expect(JSON.parse(output.stdout)).toMatchObject({ deliveryId: DELIVERY, outcome: 'applied', toStatus: 'funded' })
+    expect(output.stderr).toContain('stopped by a signal after the delivery in flight')
+    expect(state).toEqual({ outcome: 'applied', status: 'funded' })
+  },
+  120_000,
+)
+
+it.skipIf(!postgresUrl)(
+  'ends at a second signal with nothing written: the transaction in flight is rolled back, on Postgres (Postgres)',
+  async () => {
+    const { code, endedBy, output, state } = await heldInFlight('SIGTERM')
+    expect({ code, endedBy }, output.stderr.slice(-2_000)).toEqual({ code: null, endedBy: 'SIGTERM' })
+    expect(output.stdout).toBe('')
+    expect(state).toEqual({ outcome: 'unmatched', status: 'created' })
+  },
+  120_000,
+)
