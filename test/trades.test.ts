@@ -4,6 +4,7 @@ import { findOrderByExternalReference, startTradeCreate } from '../src/orders/or
 import { createOrder } from './helpers/orders.js'
 import { PartnerApiClient } from '../src/partner-api/partner-api.client.js'
 import {
+  PartnerAnswerAbandonedError,
   PartnerApiError,
   PartnerNetworkError,
   PartnerTimeoutError,
@@ -11,7 +12,7 @@ import {
 } from '../src/partner-api/partner-api-error.js'
 import { openTradeForOrder } from '../src/trades/open-trade-for-order.js'
 import { runTradeOperation } from '../src/trades/run-trade-operation.js'
-import type { PartnerTradeApi, TradeDeps } from '../src/trades/trade-deps.js'
+import type { CallGuard, PartnerTradeApi, TradeDeps } from '../src/trades/trade-deps.js'
 import { TradeOperationError } from '../src/trades/trade-operation-error.js'
 import { FakeClock } from './helpers/fake-clock.js'
 import { testLogger } from './helpers/log-sink.js'
@@ -97,6 +98,19 @@ describe('openTradeForOrder', () => {
     })
     await openTradeForOrder(deps(client), ref, request)
     expect(stateDuringCall).toBe('pending')
+  })
+
+  it('sends nothing and sets the order back when a stop comes while the create is being marked pending', async () => {
+    const ref = reference()
+    await createOrder(database.db, { externalReference: ref })
+    const client = fakeTradeApi()
+    // no stop at the first look (before anything is written), a stop at the second (right before sending)
+    let looks = 0
+    const guard: CallGuard = { stopRequested: () => ++looks >= 2, sending: () => new AbortController().signal, settled: () => {} }
+    await expect(openTradeForOrder({ ...deps(client), guard }, ref, request)).rejects.toMatchObject({ code: 'stopped' })
+    expect(looks).toBe(2)
+    expect(client.calls).toEqual([])
+    expect((await order(ref)).tradeCreateState).toBe('none')
   })
 
   it('uses an existing order rather than making a second one', async () => {
@@ -368,6 +382,38 @@ describe('runTradeOperation', () => {
     })
     await expect(runTradeOperation(deps(client, clock), ref, { kind: 'release' })).rejects.toBe(failure)
     expect((await order(ref)).nextPollAt?.getTime()).toBe(clock.now() + EXPECTED_WEBHOOK_S * 1000)
+  })
+
+  it('records a call whose answer the operator stopped waiting for as a timeout: polled soon, the status as it was', async () => {
+    const { ref, clock } = await openedOrder()
+    await clock.advance(1_000)
+    const stop = new AbortController()
+    const client = fakeTradeApi({
+      fundTrade: (_tradeId, options) => {
+        const signal = options!.signal!
+        // the operator's second Ctrl-C, once the call is in flight
+        queueMicrotask(() => stop.abort(new PartnerAnswerAbandonedError('Stopped waiting')))
+        return new Promise((_resolve, reject) => signal.addEventListener('abort', () => reject(signal.reason)))
+      },
+    })
+    const settled: string[] = []
+    const guard: CallGuard = { stopRequested: () => false, sending: () => stop.signal, settled: () => settled.push('settled') }
+    await expect(runTradeOperation({ ...deps(client, clock), guard }, ref, { kind: 'fund' })).rejects.toBeInstanceOf(
+      PartnerAnswerAbandonedError,
+    )
+    expect(settled).toEqual(['settled'])
+    const after = await order(ref)
+    expect(after.tradeStatus).toBe('created')
+    expect(after.nextPollAt?.getTime()).toBe(clock.now() + EXPECTED_WEBHOOK_S * 1000)
+  })
+
+  it('sends nothing when a stop came before the operation was sent', async () => {
+    const { ref, opened } = await openedOrder()
+    const client = fakeTradeApi()
+    const guard: CallGuard = { stopRequested: () => true, sending: () => new AbortController().signal, settled: () => {} }
+    await expect(runTradeOperation({ ...deps(client), guard }, ref, { kind: 'release' })).rejects.toMatchObject({ code: 'stopped' })
+    expect(client.calls).toEqual([])
+    expect(await order(ref)).toMatchObject({ tradeStatus: 'created', nextPollAt: opened.nextPollAt })
   })
 
   it('applies nothing, says so and polls soon when an operation answers another trade’s or another order’s record', async () => {

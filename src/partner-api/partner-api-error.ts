@@ -1,6 +1,7 @@
 // Typed failures of a partner API call. PartnerApiError: the platform answered with an error status.
 // PartnerNetworkError / PartnerTimeoutError: no answer came (the request may or may not have taken
-// effect). PartnerValidationError: refused before anything was sent.
+// effect). PartnerAnswerAbandonedError: the caller stopped waiting for it (as unknown as a timeout).
+// PartnerValidationError: refused before anything was sent.
 
 export class PartnerApiError extends Error {
   override name = 'PartnerApiError'
@@ -53,6 +54,15 @@ export class PartnerTimeoutError extends Error {
   }
 }
 
+/**
+ * The caller stopped waiting for the answer to a request already sent (an operator's second Ctrl-C, see
+ * src/cli/hold-signals-for-call.ts), given as the reason of the call's abort signal. Like a timeout: the
+ * request may have reached the platform and taken effect.
+ */
+export class PartnerAnswerAbandonedError extends Error {
+  override name = 'PartnerAnswerAbandonedError'
+}
+
 export class PartnerValidationError extends Error {
   override name = 'PartnerValidationError'
   constructor(
@@ -67,7 +77,11 @@ export class PartnerValidationError extends Error {
 /** True when the outcome of the call is unknown: it may have reached the platform and taken effect. */
 export function isOutcomeUnknown(error: unknown): boolean {
   if (error instanceof PartnerNotSentError) return false
-  return error instanceof PartnerNetworkError || error instanceof PartnerTimeoutError
+  return (
+    error instanceof PartnerNetworkError ||
+    error instanceof PartnerTimeoutError ||
+    error instanceof PartnerAnswerAbandonedError
+  )
 }
 
 /**

@@ -9,6 +9,12 @@
 //            carries the order's external_reference links the trade, or an operator retries on purpose
 //   created  the platform answered with the trade, now linked
 // An answer that is the record of another order (another external_reference) links nothing: `unknown`.
+// An answer is recorded in one transaction (the observation that links the trade and `created`), whole or not
+// at all.
+//
+// With a CallGuard (the CLI's Ctrl-C): a stop asked for before the create is sent stops it there, nothing
+// sent, the order's state as it was; once it is sent, an operator who stops waiting for the answer leaves the
+// order as a timeout does, `unknown`.
 import { applyObservation } from '../orders/apply-observation.js'
 import { createOrder } from '../orders/create-order.js'
 import { apiObservation } from '../orders/observations.js'
@@ -21,7 +27,7 @@ import {
 import { isOutcomeUnknown } from '../partner-api/partner-api-error.js'
 import type { CreateTradeRequest, TradeRecord } from '../partner-api/types.js'
 import type { TradeDeps } from './trade-deps.js'
-import { answerMismatch, TradeOperationError } from './trade-operation-error.js'
+import { answerMismatch, stoppedBeforeSending, TradeOperationError } from './trade-operation-error.js'
 
 export type OpenTradeRequest = Omit<CreateTradeRequest, 'external_reference'>
 
@@ -31,7 +37,9 @@ export async function openTradeForOrder(
   request: OpenTradeRequest,
   { retry = false }: { retry?: boolean } = {},
 ): Promise<TradeRecord> {
-  const { db, client, clock, logger, settings } = deps
+  const { db, client, clock, logger, settings, guard } = deps
+  const stopped = () => stoppedBeforeSending(externalReference, 'the trade create')
+  if (guard?.stopRequested()) throw stopped()
   let order = await findOrderByExternalReference(db, externalReference)
   if (!order) {
     await createOrder(db, { externalReference, now: () => new Date(clock.now()) }, settings.observation)
@@ -53,6 +61,8 @@ export async function openTradeForOrder(
         'only on purpose with --retry (a second create can make a second trade).',
     )
   }
+  // what the state goes back to when this create made nothing
+  const restoredState = previousState === 'created' ? 'none' : previousState
   // compare-and-set: of two concurrent opens only one moves the order to pending
   const claimed = await startTradeCreate(db, order.id, previousState, new Date(clock.now()))
   if (!claimed) {
@@ -61,11 +71,19 @@ export async function openTradeForOrder(
       `Order ${externalReference} changed while its trade was being opened (another create is in flight?)`,
     )
   }
+  if (guard?.stopRequested()) {
+    // the stop came while the order was being marked: nothing was sent, so back to where it was
+    await setTradeCreateState(db, order.id, restoredState, new Date(clock.now()))
+    throw stopped()
+  }
 
   let trade: TradeRecord
   try {
-    trade = await client.createTrade({ ...request, external_reference: externalReference })
+    const body = { ...request, external_reference: externalReference }
+    trade = await (guard ? client.createTrade(body, { signal: guard.sending() }) : client.createTrade(body))
   } catch (error) {
+    guard?.settled()
+    // a timeout, a lost connection, or the operator who stopped waiting: the trade may exist
     if (isOutcomeUnknown(error)) {
       await setTradeCreateState(db, order.id, 'unknown', new Date(clock.now()))
       logger.warn(
@@ -76,21 +94,33 @@ export async function openTradeForOrder(
       // refused (by validation or by the platform) or never sent (no connection could be made): this
       // create made nothing. Back to where it was, so a
       // refused --retry does not erase the evidence of an earlier create that may have worked.
-      await setTradeCreateState(db, order.id, previousState === 'created' ? 'none' : previousState, new Date(clock.now()))
+      await setTradeCreateState(db, order.id, restoredState, new Date(clock.now()))
     }
     throw error
   }
+  guard?.settled()
 
   const now = clock.now()
-  const applied = await applyObservation(
-    db,
-    apiObservation({ orderId: order.id, externalReference }, trade, new Date(now)),
-    settings.observation,
-  )
+  const orderId = order.id
+  const applied = await db.transaction().execute(async (trx) => {
+    const observed = await applyObservation(
+      trx,
+      apiObservation({ orderId, externalReference }, trade, new Date(now)),
+      settings.observation,
+    )
+    if (observed.outcome === 'trade_mismatch') {
+      // the answer is a record of another order: nothing was linked, and whether this create made a trade
+      // is not known, so it is not sent again on its own
+      await setTradeCreateState(trx, orderId, 'unknown', new Date(now))
+    } else {
+      await markTradeCreated(trx, orderId, {
+        nextPollAt: new Date(now + settings.expectedWebhookS * 1000),
+        now: new Date(now),
+      })
+    }
+    return observed
+  })
   if (applied.outcome === 'trade_mismatch') {
-    // the answer is a record of another order: nothing was linked, and whether this create made a trade
-    // is not known, so it is not sent again on its own
-    await setTradeCreateState(db, order.id, 'unknown', new Date(now))
     logger.warn(
       { externalReference, orderId: order.id, answeredTradeId: trade.trade_id },
       'trade create answered with a record of another order: not linked, outcome unknown',
@@ -102,7 +132,6 @@ export async function openTradeForOrder(
       'The create is marked unknown: check the platform, then send it again only on purpose with --retry.',
     )
   }
-  await markTradeCreated(db, order.id, { nextPollAt: new Date(now + settings.expectedWebhookS * 1000), now: new Date(now) })
   logger.info(
     { externalReference, orderId: order.id, tradeId: trade.trade_id, status: trade.status },
     'trade created for order',

@@ -1,10 +1,15 @@
 // Runs one platform operation on the trade of an order and records what it learned: the trade status the
 // platform answered (an observation with source `api`) and a poll EXPECTED_WEBHOOK_S later, in case the
-// webhook that should follow never comes.
+// webhook that should follow never comes. Both in one transaction: an answer is recorded whole or not at all.
+//
+// With a CallGuard (the CLI's Ctrl-C), a stop asked for before the call is sent stops it there, nothing sent;
+// once sent, only the operator's giving up on the answer ends the wait, and that is recorded as a timeout is
+// (a poll soon), since the operation may have taken effect.
 import { applyObservation } from '../orders/apply-observation.js'
 import { apiObservation } from '../orders/observations.js'
 import { findOrderByExternalReference } from '../orders/order.repository.js'
 import { schedulePollAfterApiCall } from '../orders/poll-schedule.repository.js'
+import type { CallOptions } from '../partner-api/partner-api.client.js'
 import { isOutcomeUnknown } from '../partner-api/partner-api-error.js'
 import type {
   CreateProposalRequest,
@@ -16,7 +21,7 @@ import type {
   TradeRecord,
 } from '../partner-api/types.js'
 import type { PartnerTradeApi, TradeDeps } from './trade-deps.js'
-import { answerMismatch, TradeOperationError } from './trade-operation-error.js'
+import { answerMismatch, stoppedBeforeSending, TradeOperationError } from './trade-operation-error.js'
 
 export type TradeOperation =
   | { kind: 'fund' | 'deliver' | 'release' | 'cancel' }
@@ -43,7 +48,7 @@ export async function runTradeOperation<O extends TradeOperation>(
   externalReference: string,
   operation: O,
 ): Promise<TradeOperationResults[O['kind']]> {
-  const { db, client, clock, logger, settings } = deps
+  const { db, client, clock, logger, settings, guard } = deps
   const order = await findOrderByExternalReference(db, externalReference)
   if (!order) throw new TradeOperationError('order_not_found', `No order with external reference ${externalReference}`)
   if (order.tradeId === null) {
@@ -54,30 +59,39 @@ export async function runTradeOperation<O extends TradeOperation>(
     throw new TradeOperationError('no_trade', `Order ${externalReference} has no trade yet${hint}`)
   }
   const tradeId = order.tradeId
-  const schedulePoll = () =>
-    schedulePollAfterApiCall(db, order.id, {
+  const schedulePoll = (executor: typeof db) =>
+    schedulePollAfterApiCall(executor, order.id, {
       at: new Date(clock.now() + settings.expectedWebhookS * 1000),
       now: new Date(clock.now()),
     })
 
+  if (guard?.stopRequested()) {
+    throw stoppedBeforeSending(externalReference, `the ${operation.kind} call on trade ${tradeId}`)
+  }
   let result: TradeOperationResults[TradeOperation['kind']]
   try {
-    result = await callTradeApi(client, tradeId, operation)
+    result = await callTradeApi(client, tradeId, operation, guard && { signal: guard.sending() })
   } catch (error) {
-    // it may have taken effect: let the poller find out soon rather than after STALE_AFTER_S
-    if (isOutcomeUnknown(error)) await schedulePoll()
+    guard?.settled()
+    // it may have taken effect (a timeout, or the operator stopped waiting): let the poller find out soon
+    // rather than after STALE_AFTER_S
+    if (isOutcomeUnknown(error)) await schedulePoll(db)
     throw error
   }
+  guard?.settled()
 
   const trade = tradeOf(operation, result)
-  const applied = trade
-    ? await applyObservation(
-        db,
-        apiObservation({ orderId: order.id, externalReference }, trade, new Date(clock.now())),
-        settings.observation,
-      )
-    : undefined
-  await schedulePoll()
+  const applied = await db.transaction().execute(async (trx) => {
+    const observed = trade
+      ? await applyObservation(
+          trx,
+          apiObservation({ orderId: order.id, externalReference }, trade, new Date(clock.now())),
+          settings.observation,
+        )
+      : undefined
+    await schedulePoll(trx)
+    return observed
+  })
   if (trade && applied?.outcome === 'trade_mismatch') {
     // the operation was sent on our trade, but what came back is not its record: what it did is not known
     logger.warn(
@@ -98,26 +112,29 @@ export function callTradeApi(
   client: PartnerTradeApi,
   tradeId: string,
   operation: TradeOperation,
+  options?: CallOptions,
 ): Promise<TradeOperationResults[TradeOperation['kind']]> {
+  // passed on only when given (a fake client records the arguments it is called with)
+  const extra = (options ? [options] : []) as [CallOptions?]
   switch (operation.kind) {
     case 'fund':
-      return client.fundTrade(tradeId)
+      return client.fundTrade(tradeId, ...extra)
     case 'deliver':
-      return client.deliverTrade(tradeId)
+      return client.deliverTrade(tradeId, ...extra)
     case 'release':
-      return client.releaseTrade(tradeId)
+      return client.releaseTrade(tradeId, ...extra)
     case 'cancel':
-      return client.cancelTrade(tradeId)
+      return client.cancelTrade(tradeId, ...extra)
     case 'deliver_milestone':
-      return client.deliverMilestone(tradeId, operation.milestoneId)
+      return client.deliverMilestone(tradeId, operation.milestoneId, ...extra)
     case 'release_milestone':
-      return client.releaseMilestone(tradeId, operation.milestoneId)
+      return client.releaseMilestone(tradeId, operation.milestoneId, ...extra)
     case 'dispute':
-      return client.openDispute(tradeId, operation.request)
+      return client.openDispute(tradeId, operation.request, ...extra)
     case 'proposal':
-      return client.createProposal(tradeId, operation.request)
+      return client.createProposal(tradeId, operation.request, ...extra)
     case 'respond':
-      return client.respondToProposal(tradeId, operation.proposalId, operation.request)
+      return client.respondToProposal(tradeId, operation.proposalId, operation.request, ...extra)
   }
 }
 

@@ -21,6 +21,22 @@ export type PartnerTradeApi = Pick<
   | 'respondToProposal'
 >
 
+/**
+ * How an operator's stop reaches a call that may move money or a trade (the CLI's Ctrl-C:
+ * src/cli/hold-signals-for-call.ts). Absent (a service, a test), only the call's timeout ends a wait.
+ */
+export interface CallGuard {
+  /** True once a stop was asked for: asked before anything is written and again right before sending. */
+  stopRequested(): boolean
+  /**
+   * Called as the call is sent; the signal it answers is aborted (with PartnerAnswerAbandonedError) when the
+   * operator stops waiting for the answer: the call then ends as a timeout does, outcome unknown.
+   */
+  sending(): AbortSignal
+  /** The call is over (answered or failed): what is left is recording that locally. */
+  settled(): void
+}
+
 export interface TradeDeps {
   db: Kysely<Database>
   client: PartnerTradeApi
@@ -28,4 +44,5 @@ export interface TradeDeps {
   logger: Logger
   /** EXPECTED_WEBHOOK_S: when to poll after an API call; and how its answer is applied (observations.ts). */
   settings: { expectedWebhookS: number; observation: ObservationSettings }
+  guard?: CallGuard | undefined
 }

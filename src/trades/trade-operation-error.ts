@@ -13,6 +13,8 @@ export type TradeOperationErrorCode =
   | 'no_trade'
   /** The platform answered with a record of another trade or another order: nothing of it was applied. */
   | 'answer_mismatch'
+  /** A stop (the operator's Ctrl-C) came before the call was sent: nothing was sent. */
+  | 'stopped'
 
 export class TradeOperationError extends Error {
   override name = 'TradeOperationError'
@@ -31,5 +33,14 @@ export function answerMismatch(externalReference: string, tradeId: string, trade
     `The platform answered for order ${externalReference} (${tradeId}) with the record of trade ${trade.trade_id} ` +
       `for external reference ${trade.external_reference}: another trade or order, so nothing was applied, and ` +
       `what the call did is not known. ${next}`,
+  )
+}
+
+/** A stop came before the call was sent (CallGuard): nothing sent, the order as it was. */
+export function stoppedBeforeSending(externalReference: string, call: string): TradeOperationError {
+  return new TradeOperationError(
+    'stopped',
+    `Stopped by a signal before ${call} for order ${externalReference} was sent: nothing sent to the platform, ` +
+      'the order as it was',
   )
 }
