@@ -40,6 +40,11 @@ export class UsageError extends Error {
   override name = 'UsageError'
 }
 
+/** A command a stop signal ended before its work was done: printed without a stack, exit code 130. */
+export class StoppedBySignalError extends Error {
+  override name = 'StoppedBySignalError'
+}
+
 export async function cliLogger(config: Config): Promise<Logger> {
   // loaded here: `--help` and forwarded commands never log
   const [{ default: pino }, { createLogger }, { configSecrets }] = await Promise.all([

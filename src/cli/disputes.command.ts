@@ -2,7 +2,7 @@
 import type { Command } from 'commander'
 import type { Party } from '../partner-api/types.js'
 import { escaped, printJson, write } from './cli-context.js'
-import { withTradeDeps } from './trades.command.js'
+import { runTradeCall } from './trades.command.js'
 
 export function registerDisputesCommands(program: Command): void {
   const disputes = program.command('disputes').description('disputes on an order’s trade')
@@ -18,18 +18,21 @@ export function registerDisputesCommands(program: Command): void {
     .action(
       async (reference: string, options: { party: string; reason: string; category?: string; json?: boolean }) => {
         const { runTradeOperation } = await import('../trades/run-trade-operation.js')
-        const dispute = await withTradeDeps((deps) =>
-          runTradeOperation(deps, reference, {
-            kind: 'dispute',
-            request: {
-              reason: options.reason,
-              party: options.party as Party,
-              ...(options.category !== undefined && { category: options.category }),
-            },
-          }),
+        await runTradeCall(
+          (deps) =>
+            runTradeOperation(deps, reference, {
+              kind: 'dispute',
+              request: {
+                reason: options.reason,
+                party: options.party as Party,
+                ...(options.category !== undefined && { category: options.category }),
+              },
+            }),
+          (dispute) => {
+            if (options.json) printJson({ dispute })
+            else write(escaped`${reference}: dispute ${dispute.dispute_id} opened by the ${dispute.party ?? '?'} (${dispute.status ?? '?'})\n`)
+          },
         )
-        if (options.json) printJson({ dispute })
-        else write(escaped`${reference}: dispute ${dispute.dispute_id} opened by the ${dispute.party ?? '?'} (${dispute.status ?? '?'})\n`)
       },
     )
 }

@@ -3,7 +3,7 @@
 import type { Command } from 'commander'
 import type { Party, ProposalOutcome } from '../partner-api/types.js'
 import { escaped, printJson, UsageError, write } from './cli-context.js'
-import { withTradeDeps } from './trades.command.js'
+import { runTradeCall } from './trades.command.js'
 
 export function registerProposalsCommands(program: Command): void {
   const proposals = program.command('proposals').description('proposals that resolve a dispute')
@@ -22,18 +22,21 @@ export function registerProposalsCommands(program: Command): void {
         options: { party: string; outcome: string; splitBuyerPct?: string; json?: boolean },
       ) => {
         const { runTradeOperation } = await import('../trades/run-trade-operation.js')
-        const proposal = await withTradeDeps((deps) =>
-          runTradeOperation(deps, reference, {
-            kind: 'proposal',
-            request: {
-              outcome: options.outcome as ProposalOutcome,
-              party: options.party as Party,
-              ...(options.splitBuyerPct !== undefined && { split_buyer_pct: options.splitBuyerPct }),
-            },
-          }),
+        await runTradeCall(
+          (deps) =>
+            runTradeOperation(deps, reference, {
+              kind: 'proposal',
+              request: {
+                outcome: options.outcome as ProposalOutcome,
+                party: options.party as Party,
+                ...(options.splitBuyerPct !== undefined && { split_buyer_pct: options.splitBuyerPct }),
+              },
+            }),
+          (proposal) => {
+            if (options.json) printJson({ proposal })
+            else write(escaped`${reference}: proposal ${proposal.proposal_id} (${proposal.outcome ?? '?'}) is ${proposal.status ?? '?'}\n`)
+          },
         )
-        if (options.json) printJson({ proposal })
-        else write(escaped`${reference}: proposal ${proposal.proposal_id} (${proposal.outcome ?? '?'}) is ${proposal.status ?? '?'}\n`)
       },
     )
 
@@ -54,20 +57,23 @@ export function registerProposalsCommands(program: Command): void {
       ) => {
         if (options.accept === options.reject) throw new UsageError('Give exactly one of --accept or --reject')
         const { runTradeOperation } = await import('../trades/run-trade-operation.js')
-        const result = await withTradeDeps((deps) =>
-          runTradeOperation(deps, reference, {
-            kind: 'respond',
-            proposalId,
-            request: { accept: options.accept === true, party: options.party as Party },
-          }),
+        await runTradeCall(
+          (deps) =>
+            runTradeOperation(deps, reference, {
+              kind: 'respond',
+              proposalId,
+              request: { accept: options.accept === true, party: options.party as Party },
+            }),
+          (result) => {
+            if (options.json) printJson(result)
+            else {
+              write(
+                escaped`${reference}: proposal ${result.proposal.proposal_id} is ${result.proposal.status ?? '?'}; ` +
+                  escaped`trade ${result.trade.trade_id} is ${result.trade.status}\n`,
+              )
+            }
+          },
         )
-        if (options.json) printJson(result)
-        else {
-          write(
-            escaped`${reference}: proposal ${result.proposal.proposal_id} is ${result.proposal.status ?? '?'}; ` +
-              escaped`trade ${result.trade.trade_id} is ${result.trade.status}\n`,
-          )
-        }
       },
     )
 }

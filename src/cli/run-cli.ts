@@ -1,7 +1,8 @@
 // Parses and runs one command line; the exit code it returns is the contract of every command:
-// 0 done, 1 failed (not found, refused by the platform, ...), 2 bad arguments or configuration.
+// 0 done, 1 failed (not found, refused by the platform, ...), 2 bad arguments or configuration, 130 stopped
+// by a signal.
 import { CommanderError } from 'commander'
-import { type CliContext, type CliScope, runInScope, UsageError, writeError } from './cli-context.js'
+import { type CliContext, type CliScope, runInScope, StoppedBySignalError, UsageError, writeError } from './cli-context.js'
 import { buildProgram } from './program.js'
 
 export async function runCommandLine(args: string[], cliScope?: CliScope): Promise<number> {
@@ -22,6 +23,10 @@ export async function runCommandLine(args: string[], cliScope?: CliScope): Promi
       if (error instanceof UsageError || (error instanceof Error && error.name === 'ConfigError')) {
         writeError(`${error.message}\n`)
         return 2
+      }
+      if (error instanceof StoppedBySignalError) {
+        writeError(`${error.message}\n`)
+        return 130
       }
       writeError(`${error instanceof Error ? error.message : String(error)}\n`)
       return 1

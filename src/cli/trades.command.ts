@@ -4,6 +4,7 @@ import type { Command } from 'commander'
 import { describeClockOffset } from '../partner-api/clock-offset.js'
 import {
   isOutcomeUnknown,
+  PartnerAnswerAbandonedError,
   PartnerApiError,
   PartnerNotSentError,
   PartnerValidationError,
@@ -11,7 +12,23 @@ import {
 import type { CreateTradeRequest, MilestoneInput, TradeRecord } from '../partner-api/types.js'
 import type { TradeDeps } from '../trades/trade-deps.js'
 import { TradeOperationError } from '../trades/trade-operation-error.js'
-import { escaped, printJson, UsageError, withDatabase, write } from './cli-context.js'
+import {
+  escaped,
+  printJson,
+  runsInService,
+  setExitCode,
+  StoppedBySignalError,
+  UsageError,
+  withDatabase,
+  write,
+  writeError,
+} from './cli-context.js'
+import { holdSignalsForCall } from './hold-signals-for-call.js'
+
+interface TradeDepsOptions {
+  /** What to tell the operator when the call's outcome is unknown (a timeout, a lost answer, a second Ctrl-C). */
+  unknownOutcome?: string
+}
 
 /**
  * Runs a command with the trades service wired from the config, and turns its failures into the CLI's
@@ -20,7 +37,9 @@ import { escaped, printJson, UsageError, withDatabase, write } from './cli-conte
  */
 export async function withTradeDeps<T>(
   run: (deps: TradeDeps) => Promise<T>,
-  { unknownOutcome = 'The platform may or may not have done it: check with `trades get`.' } = {},
+  {
+    unknownOutcome = 'The platform may or may not have done it: check with `trades get` (the order is polled soon).',
+  }: TradeDepsOptions = {},
 ): Promise<T> {
   const [{ systemClock }, { createPartnerApiClient }, { observationSettings }] = await Promise.all([
     import('../clock.js'),
@@ -41,7 +60,34 @@ export async function withTradeDeps<T>(
   })
 }
 
+/**
+ * withTradeDeps for a call that may move money or a trade (a POST), then `print` its answer. Run on its own, it
+ * holds stop signals from before the database opens until the answer is printed (hold-signals-for-call.ts): a
+ * first one that came before the answer adds a line and exit code 130 to the answer printed as usual.
+ */
+export async function runTradeCall<T>(
+  run: (deps: TradeDeps) => Promise<T>,
+  print: (result: T) => void,
+  options: TradeDepsOptions = {},
+): Promise<void> {
+  // inside a running service the signals are the service's, and it finishes the command
+  const held = runsInService() ? undefined : holdSignalsForCall()
+  try {
+    const result = await withTradeDeps((deps) => run(held ? { ...deps, guard: held.guard } : deps), options)
+    print(result)
+    if (held?.stopped()) {
+      writeError('stopped by a signal after the call in flight: the platform’s answer is above, recorded locally\n')
+      setExitCode(130)
+    }
+  } finally {
+    held?.off()
+  }
+}
+
 function explainFailure(error: unknown, unknownOutcome: string): unknown {
+  if (error instanceof TradeOperationError && error.code === 'stopped') {
+    return new StoppedBySignalError(`${error.message} [${error.code}]`)
+  }
   if (error instanceof PartnerValidationError) return new UsageError(`Invalid request: ${error.message}`)
   if (error instanceof PartnerApiError) {
     const platform = (error.body as { error?: { message?: string; fields?: { field: string; message: string }[] } })
@@ -59,7 +105,11 @@ function explainFailure(error: unknown, unknownOutcome: string): unknown {
         'otherwise check PARTNER_API_BASE_URL. [not_sent]',
     )
   }
-  if (isOutcomeUnknown(error)) return new Error(`${(error as Error).message}. ${unknownOutcome}`)
+  if (isOutcomeUnknown(error)) {
+    // the same words as a timeout's: the operator's giving up on the answer leaves what a timeout leaves
+    const message = `${(error as Error).message}. ${unknownOutcome}`
+    return error instanceof PartnerAnswerAbandonedError ? new StoppedBySignalError(message) : new Error(message)
+  }
   return error
 }
 
@@ -129,16 +179,18 @@ export function registerTradesCommands(program: Command): void {
         ...(options.milestone.length > 0 && { milestones: options.milestone.map(parseMilestone) }),
       }
       const { openTradeForOrder } = await import('../trades/open-trade-for-order.js')
-      const trade = await withTradeDeps(
+      await runTradeCall(
         (deps) => openTradeForOrder(deps, reference, request, { retry: options.retry === true }),
+        (trade) => {
+          printTrade(trade, options.json)
+          if (!options.json) printMilestones(trade)
+        },
         {
           unknownOutcome:
             'The trade may or may not exist: the order is marked unknown and is linked when the trade’s ' +
             `webhook arrives. Send the create again only on purpose: \`trades open ${reference} ... --retry\`.`,
         },
       )
-      printTrade(trade, options.json)
-      if (!options.json) printMilestones(trade)
     })
 
   for (const kind of ['fund', 'deliver', 'release', 'cancel'] as const) {
@@ -149,8 +201,10 @@ export function registerTradesCommands(program: Command): void {
       .option('--json', 'print the trade record as JSON')
       .action(async (reference: string, options: { json?: boolean }) => {
         const { runTradeOperation } = await import('../trades/run-trade-operation.js')
-        const trade = await withTradeDeps((deps) => runTradeOperation(deps, reference, { kind }))
-        printTrade(trade, options.json)
+        await runTradeCall(
+          (deps) => runTradeOperation(deps, reference, { kind }),
+          (trade) => printTrade(trade, options.json),
+        )
       })
   }
 
@@ -165,15 +219,19 @@ export function registerTradesCommands(program: Command): void {
       .action(async (reference: string, milestoneId: string, options: { json?: boolean }) => {
         const kind = step === 'deliver' ? 'deliver_milestone' : 'release_milestone'
         const { runTradeOperation } = await import('../trades/run-trade-operation.js')
-        const trade = await withTradeDeps((deps) => runTradeOperation(deps, reference, { kind, milestoneId }))
-        if (options.json) {
-          printJson({ trade })
-          return
-        }
-        // the milestone first: it is what the command moved (the trade stays funded until the last release)
-        const moved = trade.milestones?.find((item) => item.milestone_id === milestoneId)
-        if (moved) write(escaped`${reference}: milestone ${moved.milestone_id} (${moved.title}) is ${moved.status}\n`)
-        printTrade(trade, false)
+        await runTradeCall(
+          (deps) => runTradeOperation(deps, reference, { kind, milestoneId }),
+          (trade) => {
+            if (options.json) {
+              printJson({ trade })
+              return
+            }
+            // the milestone first: it is what the command moved (the trade stays funded until the last release)
+            const moved = trade.milestones?.find((item) => item.milestone_id === milestoneId)
+            if (moved) write(escaped`${reference}: milestone ${moved.milestone_id} (${moved.title}) is ${moved.status}\n`)
+            printTrade(trade, false)
+          },
+        )
       })
   }
 

@@ -1,0 +1,78 @@
+// How the commands that POST to the platform (`trades open|fund|deliver|release|cancel|milestone`, `disputes open`,
+// `proposals create|respond`) hold a stop signal (SIGINT, SIGTERM, SIGHUP) when run on their own; inside a
+// service the signals are the service's, which finishes the command.
+//
+// Such a call may move money or a trade, is sent once and carries no idempotency key: a process killed while it is
+// at the platform leaves the operator with no word of what happened. So, as `prune` and `reconcile --once` do:
+//   before the call is sent  the first signal stops the command there: nothing sent, exit 130
+//   while it is in flight    the first signal waits for the answer, which is recorded and printed as usual, exit
+//                            130; a second stops waiting: the call ends as a timeout does (outcome unknown, the
+//                            order left as a timeout leaves it), exit 130
+//   once it has settled      the answer is recorded (one transaction) and printed, exit 130
+// Any other later signal (a second one before the call is sent, a third) ends the process at once, as the other
+// commands' second one does: each local write is one statement or one transaction, rolled back if cut short.
+// A POST is never retried (partner-api-transport.ts), so there is no backoff to cut short: the call in flight is
+// its one attempt, and without a second signal the wait ends at PARTNER_API_TIMEOUT_MS at the latest.
+import { PartnerAnswerAbandonedError } from '../partner-api/partner-api-error.js'
+import { onStopSignals, type StopSignal } from '../stop-signals.js'
+import type { CallGuard } from '../trades/trade-deps.js'
+import { writeError } from './cli-context.js'
+
+export interface HeldSignals {
+  /** What the trade functions consult (src/trades/trade-deps.ts). */
+  guard: CallGuard
+  /** True once a stop signal came. */
+  stopped(): boolean
+  /** Takes the listeners off: from then on a signal does what it does by default. */
+  off(): void
+}
+
+export function holdSignalsForCall(): HeldSignals {
+  let phase: 'before' | 'in_flight' | 'settled' = 'before'
+  let signals = 0
+  const abandon = new AbortController()
+  const off = onStopSignals(
+    () => {
+      signals = 1
+      if (phase === 'before') {
+        writeError('stopping before the call to the platform is sent (a second Ctrl-C ends the process now)\n')
+      } else if (phase === 'in_flight') {
+        writeError(
+          'waiting for the platform’s answer to the call in flight, to record and print it (a second Ctrl-C ' +
+            'stops waiting: what the platform did is then not known)\n',
+        )
+      } else {
+        writeError('the platform has answered: recording and printing its answer, then stopping\n')
+      }
+    },
+    (signal: StopSignal) => {
+      signals += 1
+      if (signals === 2 && phase === 'in_flight') {
+        // the call rejects with this reason, and its caller records it as it records a timeout
+        abandon.abort(new PartnerAnswerAbandonedError('Stopped waiting for the platform’s answer (a second stop signal)'))
+        return
+      }
+      if (signals === 2 && phase === 'settled') {
+        // the answer is known: ending now would throw it away for a few milliseconds' wait
+        writeError('the platform has answered: recording its answer (another Ctrl-C ends the process now, unrecorded)\n')
+        return
+      }
+      off()
+      process.kill(process.pid, signal)
+    },
+  )
+  return {
+    guard: {
+      stopRequested: () => signals > 0,
+      sending: () => {
+        phase = 'in_flight'
+        return abandon.signal
+      },
+      settled: () => {
+        phase = 'settled'
+      },
+    },
+    stopped: () => signals > 0,
+    off,
+  }
+}
