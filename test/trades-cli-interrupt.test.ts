@@ -1,0 +1,243 @@
+// `trades open` and `trades fund` as their own processes (the compiled CLI; on embedded PGlite, and on Postgres
+// through DATABASE_URL when TEST_DATABASE_URL is given), stopped by signals while their POST is at a platform that
+// holds it until the test answers: the call is in flight for certain when the signal is sent. The first signal
+// waits for the answer, which is recorded and printed, exit 130; a second one stops waiting and leaves the order
+// as a timeout does (checked against a run that times out), exit 130.
+import { once } from 'node:events'
+import { mkdtempSync } from 'node:fs'
+import { createServer, type ServerResponse } from 'node:http'
+import type { AddressInfo } from 'node:net'
+import { tmpdir } from 'node:os'
+import path from 'node:path'
+import type { Kysely } from 'kysely'
+import { afterAll, beforeAll, describe, expect, it } from 'vitest'
+import type { Database } from '../src/db/database.js'
+import { migrateToLatest } from '../src/db/migrate.js'
+import { openDatabase } from '../src/db/open-database.js'
+import { receiverEnv, spawnCli } from './helpers/cli-process.js'
+import { tradeRecord } from './helpers/partner-api-fixtures.js'
+import { insertOrders } from './helpers/reconcile-orders.js'
+import { createTestDatabase, postgresUrl } from './helpers/test-database.js'
+
+const DAY = 86_400_000
+// EXPECTED_WEBHOOK_S's default: a call whose outcome is unknown has its order polled this much later
+const EXPECTED_WEBHOOK_MS = 600_000
+const UNKNOWN_CREATE = 'The trade may or may not exist: the order is marked unknown'
+const UNKNOWN_OPERATION = 'The platform may or may not have done it: check with `trades get`'
+
+interface HeldRequest {
+  method: string
+  path: string
+  respond(status: number, body: unknown): void
+  /** Resolves when the client closed the connection without waiting for an answer. */
+  abandoned: Promise<void>
+}
+
+// a platform that takes every request and answers only when the test says so
+const held: HeldRequest[] = []
+const platform = createServer((request, response: ServerResponse) => {
+  request.resume()
+  request.on('end', () => {
+    held.push({
+      method: request.method!,
+      path: request.url!,
+      respond: (status, body) => {
+        response.writeHead(status, { 'content-type': 'application/json' })
+        response.end(JSON.stringify(body))
+      },
+      abandoned: new Promise<void>((resolve) => response.once('close', () => (response.writableEnded ? undefined : resolve()))),
+    })
+    platform.emit('held')
+  })
+})
+let platformUrl: string
+beforeAll(async () => {
+  platform.listen(0, '127.0.0.1')
+  await once(platform, 'listening')
+  platformUrl = `http://127.0.0.1:${(platform.address() as AddressInfo).port}`
+})
+const cleanups: (() => Promise<void>)[] = []
+afterAll(async () => {
+  platform.closeAllConnections()
+  platform.close()
+  for (const cleanup of cleanups) await cleanup()
+})
+
+function started(args: string[], env: Record<string, string>) {
+  const child = spawnCli(args, env, { built: true })
+  const output = { stdout: '', stderr: '' }
+  child.stdout!.on('data', (chunk) => (output.stdout += chunk))
+  child.stderr!.on('data', (chunk) => (output.stderr += chunk))
+  const exited = once(child, 'exit') as Promise<[number | null, string | null]>
+  let ended = false
+  void exited.then(() => (ended = true))
+  const gone = exited.then(() => 'exited' as const)
+  /** The next request the platform holds, failing if the process ends before it sends one. */
+  const request = async (): Promise<HeldRequest> => {
+    while (held.length === 0) {
+      if (ended || (await Promise.race([once(platform, 'held'), gone])) === 'exited') {
+        throw new Error(`exited before its request reached the platform:\n${output.stderr}`)
+      }
+    }
+    return held.shift()!
+  }
+  /** Resolves once the child has written `text` to stderr, failing if it ends first. */
+  const says = async (text: string): Promise<void> => {
+    while (!output.stderr.includes(text)) {
+      if (ended || (await Promise.race([once(child.stderr!, 'data'), gone])) === 'exited') {
+        throw new Error(`exited before "${text}":\n${output.stderr}`)
+      }
+    }
+  }
+  return { child, output, exited, request, says }
+}
+
+const openArgs = (reference: string) => [
+  'trades', 'open', reference, '--title', 'Used bicycle', '--amount', '120.00', '--currency', 'EUR', '--seller', 's_1', '--json',
+]
+
+async function orderState(read: Reader, externalReference: string) {
+  return read((db) =>
+    db
+      .selectFrom('orders')
+      .select(['tradeId', 'tradeStatus', 'tradeCreateState', 'nextPollAt'])
+      .where('externalReference', '=', externalReference)
+      .executeTakeFirstOrThrow(),
+  )
+}
+
+type Reader = <T>(query: (db: Kysely<Database>) => Promise<T>) => Promise<T>
+
+/** A database with the funded-to-be orders, and the environment of a CLI run on it alone. */
+async function seeded(kind: 'pglite' | 'postgres', fundOrders: string[]): Promise<{ env: Record<string, string>; read: Reader }> {
+  const dataDir = mkdtempSync(path.join(tmpdir(), 'trades-interrupt-'))
+  const seed = (db: Kysely<Database>) =>
+    insertOrders(
+      db,
+      fundOrders.map((externalReference) => ({ externalReference, tradeStatus: 'created', nextPollAt: new Date(Date.now() + DAY) })),
+    )
+  const env = { ...receiverEnv(dataDir), PARTNER_API_BASE_URL: platformUrl }
+  if (kind === 'pglite') {
+    const database = openDatabase({ dataDir })
+    await migrateToLatest(database.db)
+    await seed(database.db)
+    await database.close()
+    // the child has exited by the time a test reads: embedded PGlite is one process's at a time
+    const read: Reader = async (query) => {
+      const after = openDatabase({ dataDir })
+      try {
+        return await query(after.db)
+      } finally {
+        await after.close()
+      }
+    }
+    return { env, read }
+  }
+  const database = await createTestDatabase({ kind: 'postgres' })
+  cleanups.push(() => database.close())
+  await seed(database.db)
+  return { env: { ...env, DATABASE_URL: database.url! }, read: (query) => query(database.db) }
+}
+
+for (const kind of ['pglite', 'postgres'] as const) {
+  const name = kind === 'postgres' ? 'on Postgres through DATABASE_URL (Postgres)' : 'on embedded PGlite'
+  describe.skipIf(kind === 'postgres' && !postgresUrl)(`trades commands stopped by a signal, ${name}`, () => {
+    let env: Record<string, string>
+    let read: Reader
+    beforeAll(async () => {
+      ;({ env, read } = await seeded(kind, ['fund-answered', 'fund-abandoned', 'fund-timeout']))
+    })
+
+    it('trades open: the first Ctrl-C waits for the answer, which is printed and recorded, and exits 130', async () => {
+      const run = started(openArgs('open-answered'), env)
+      const request = await run.request()
+      expect(request).toMatchObject({ method: 'POST', path: '/api/partner/v1/trades/' })
+      run.child.kill('SIGINT')
+      await run.says('to the call in flight')
+      request.respond(201, tradeRecord({ trade_id: 'tr_open-answered', external_reference: 'open-answered' }))
+      const [code, endedBy] = await run.exited
+
+      expect({ code, endedBy }, run.output.stderr.slice(-2_000)).toEqual({ code: 130, endedBy: null })
+      expect(JSON.parse(run.output.stdout).trade.trade_id).toBe('tr_open-answered')
+      expect(run.output.stderr).toContain('stopped by a signal after the call in flight')
+      // as on success: linked, created, polled if no webhook comes
+      expect(await orderState(read, 'open-answered')).toMatchObject({
+        tradeId: 'tr_open-answered',
+        tradeStatus: 'created',
+        tradeCreateState: 'created',
+      })
+    })
+
+    it('trades open: a second signal stops waiting, says the outcome is unknown, exits 130, and leaves what a timeout leaves', async () => {
+      const run = started(openArgs('open-abandoned'), env)
+      const request = await run.request()
+      run.child.kill('SIGINT')
+      await run.says('to the call in flight')
+      run.child.kill('SIGTERM')
+      await request.abandoned
+      const [code, endedBy] = await run.exited
+
+      expect({ code, endedBy }, run.output.stderr.slice(-2_000)).toEqual({ code: 130, endedBy: null })
+      expect(run.output.stdout).toBe('')
+      expect(run.output.stderr).toContain('Stopped waiting for the platform’s answer (a second stop signal)')
+      expect(run.output.stderr).toContain(UNKNOWN_CREATE)
+
+      // the same order, timed out instead: the same words and the same state
+      const timedOut = started(openArgs('open-timeout'), { ...env, PARTNER_API_TIMEOUT_MS: '300' })
+      await timedOut.request()
+      const [timeoutCode] = await timedOut.exited
+      expect(timeoutCode, timedOut.output.stderr).toBe(1)
+      expect(timedOut.output.stderr).toContain(UNKNOWN_CREATE)
+      const abandoned = await orderState(read, 'open-abandoned')
+      expect(abandoned).toMatchObject({ tradeId: null, tradeCreateState: 'unknown' })
+      expect(abandoned).toEqual(await orderState(read, 'open-timeout'))
+    })
+
+    it('trades fund: the first Ctrl-C waits for the answer, which is printed and applied, and exits 130', async () => {
+      const run = started(['trades', 'fund', 'fund-answered', '--json'], env)
+      const request = await run.request()
+      expect(request).toMatchObject({ method: 'POST', path: '/api/partner/v1/trades/tr_fund-answered/fund/' })
+      run.child.kill('SIGINT')
+      await run.says('to the call in flight')
+      request.respond(200, tradeRecord({ trade_id: 'tr_fund-answered', external_reference: 'fund-answered', status: 'funded' }))
+      const [code, endedBy] = await run.exited
+
+      expect({ code, endedBy }, run.output.stderr.slice(-2_000)).toEqual({ code: 130, endedBy: null })
+      expect(JSON.parse(run.output.stdout).trade.status).toBe('funded')
+      expect(run.output.stderr).toContain('stopped by a signal after the call in flight')
+      const after = await orderState(read, 'fund-answered')
+      expect(after.tradeStatus).toBe('funded')
+      expect(after.nextPollAt!.getTime()).toBeLessThan(Date.now() + DAY / 2)
+    })
+
+    it('trades fund: a second signal stops waiting, says the outcome is unknown, exits 130, and leaves what a timeout leaves', async () => {
+      const before = Date.now()
+      const run = started(['trades', 'fund', 'fund-abandoned'], env)
+      const request = await run.request()
+      run.child.kill('SIGINT')
+      await run.says('to the call in flight')
+      run.child.kill('SIGTERM')
+      await request.abandoned
+      const [code, endedBy] = await run.exited
+
+      expect({ code, endedBy }, run.output.stderr.slice(-2_000)).toEqual({ code: 130, endedBy: null })
+      expect(run.output.stdout).toBe('')
+      expect(run.output.stderr).toContain('Stopped waiting for the platform’s answer (a second stop signal)')
+      expect(run.output.stderr).toContain(UNKNOWN_OPERATION)
+
+      const timedOut = started(['trades', 'fund', 'fund-timeout'], { ...env, PARTNER_API_TIMEOUT_MS: '300' })
+      await timedOut.request()
+      const [timeoutCode] = await timedOut.exited
+      expect(timeoutCode, timedOut.output.stderr).toBe(1)
+      expect(timedOut.output.stderr).toContain(UNKNOWN_OPERATION)
+      const after = Date.now()
+      // both: status unchanged, polled EXPECTED_WEBHOOK_S after the call rather than a day later
+      for (const reference of ['fund-abandoned', 'fund-timeout']) {
+        const state = await orderState(read, reference)
+        expect(state.tradeStatus, reference).toBe('created')
+        expect(state.nextPollAt!.getTime(), reference).toBeGreaterThanOrEqual(before + EXPECTED_WEBHOOK_MS - 1_000)
+        expect(state.nextPollAt!.getTime(), reference).toBeLessThanOrEqual(after + EXPECTED_WEBHOOK_MS + 1_000)
+      }
+    })
+  })
+}
