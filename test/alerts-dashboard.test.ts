@@ -119,7 +119,15 @@ describe('alert rules and dashboard', () => {
     expect(unknown.map(([name, where]) => `${name} (${[...new Set(where)].join(', ')})`)).toEqual([])
     // the dashboard, not only the alerts, shows these: an operator looking at a firing alert finds its panel
     const onDashboard = new Set(dashboardExpressions().flatMap(metricNames))
-    for (const name of ['orders_needing_attention', 'partner_api_clock_offset_seconds']) {
+    for (const name of [
+      'orders_needing_attention',
+      'partner_api_clock_offset_seconds',
+      'reaction_jobs_pending',
+      'reaction_oldest_pending_age_seconds',
+      'reaction_latency_seconds_bucket',
+      'reaction_attempts_total',
+      'reaction_failures_total',
+    ]) {
       expect(onDashboard.has(name), `${name} has a dashboard panel`).toBe(true)
     }
     // the checks below keep this test honest: it did read the expressions and the scrape
