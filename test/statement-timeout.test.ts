@@ -153,9 +153,8 @@ describePostgres('statements held up by another session (Postgres, the compiled 
       await operator.query('commit')
 
       const applied = await waitForLogLine(upgrading, 'migrations applied', 60_000)
-      // every migration after 0009, the first of them the one that waited
+      // every migration after 0009, in order: the first of them, 0010, the one that waited
       expect(applied.applied).toEqual(Object.keys(migrations).filter((name) => name > '0009_reaction_streams'))
-      expect(applied.applied[0]).toBe('0010_done_jobs_out_of_the_state_index')
       expect(lines.filter((line) => line.msg === 'database not available at start-up; retrying')).toEqual([])
       upgrading.kill('SIGTERM')
       expect((await once(upgrading, 'exit'))[0]).toBe(0)
