@@ -19,6 +19,23 @@ import { signBody, tradePayload } from './helpers/webhook-delivery.js'
 const ORDERS = 20
 const STATUSES = ['created', 'funded', 'delivered', 'released']
 
+/** The platform's webhooks for one order: each of STATUSES in turn, signed, to the running service's webhook URL. */
+async function sendStatuses(webhookUrl: string, reference: string): Promise<void> {
+  for (const status of STATUSES) {
+    const body = JSON.stringify(tradePayload(reference, status))
+    const response = await fetch(webhookUrl, {
+      method: 'POST',
+      headers: {
+        'content-type': 'application/json',
+        'x-partner-delivery-id': `dlv-${reference}-${status}`,
+        'x-partner-signature': signBody(body),
+      },
+      body,
+    })
+    expect(response.status).toBe(200)
+  }
+}
+
 describeRabbitMq('RabbitMQ publishing in the service (RabbitMQ)', () => {
   let service: RunningService | undefined
   let database: TestDatabase | undefined
@@ -55,19 +72,7 @@ describeRabbitMq('RabbitMQ publishing in the service (RabbitMQ)', () => {
       Array.from({ length: ORDERS }, async (_, index) => {
         const reference = `amqp-svc-${index + 1}`
         await createOrder(db, { externalReference: reference })
-        for (const status of STATUSES) {
-          const body = JSON.stringify(tradePayload(reference, status))
-          const response = await fetch(`${service!.url}${config.webhook.path}`, {
-            method: 'POST',
-            headers: {
-              'content-type': 'application/json',
-              'x-partner-delivery-id': `dlv-${reference}-${status}`,
-              'x-partner-signature': signBody(body),
-            },
-            body,
-          })
-          expect(response.status).toBe(200)
-        }
+        await sendStatuses(`${service!.url}${config.webhook.path}`, reference)
       }),
     )
     const history = (
@@ -155,19 +160,7 @@ describeRabbitMq('RabbitMQ publishing in the service (RabbitMQ)', () => {
     const { db } = service.database
     const reference = 'amqp-unroutable-1'
     await createOrder(db, { externalReference: reference })
-    for (const status of STATUSES) {
-      const body = JSON.stringify(tradePayload(reference, status))
-      const response = await fetch(`${service.url}${config.webhook.path}`, {
-        method: 'POST',
-        headers: {
-          'content-type': 'application/json',
-          'x-partner-delivery-id': `dlv-${reference}-${status}`,
-          'x-partner-signature': signBody(body),
-        },
-        body,
-      })
-      expect(response.status).toBe(200)
-    }
+    await sendStatuses(`${service.url}${config.webhook.path}`, reference)
     const history = await db.selectFrom('orderStatusHistory').select(['eventId', 'sequence']).orderBy('sequence').execute()
     expect(history).toHaveLength(STATUSES.length)
 
@@ -226,19 +219,7 @@ describeRabbitMq('RabbitMQ publishing in the service (RabbitMQ)', () => {
     for (let index = 1; index <= orders; index += 1) {
       const reference = `amqp-funded-${index}`
       await createOrder(db, { externalReference: reference })
-      for (const status of STATUSES) {
-        const body = JSON.stringify(tradePayload(reference, status))
-        const response = await fetch(`${service.url}${config.webhook.path}`, {
-          method: 'POST',
-          headers: {
-            'content-type': 'application/json',
-            'x-partner-delivery-id': `dlv-${reference}-${status}`,
-            'x-partner-signature': signBody(body),
-          },
-          body,
-        })
-        expect(response.status).toBe(200)
-      }
+      await sendStatuses(`${service.url}${config.webhook.path}`, reference)
     }
     const history = await db.selectFrom('orderStatusHistory').select(['eventId', 'toStatus']).execute()
     expect(history).toHaveLength(orders * STATUSES.length)

@@ -92,6 +92,30 @@ function started(args: string[], env: Record<string, string>) {
   return { child, output, exited, request, says }
 }
 
+/** Two signals while the call is at the platform: the command stops waiting, says the outcome is unknown, exits 130. */
+async function stopsWaitingAtASecondSignal(run: ReturnType<typeof started>, unknownWords: string): Promise<void> {
+  const request = await run.request()
+  run.child.kill('SIGINT')
+  await run.says('to the call in flight')
+  run.child.kill('SIGTERM')
+  await request.abandoned
+  const [code, endedBy] = await run.exited
+
+  expect({ code, endedBy }, run.output.stderr.slice(-2_000)).toEqual({ code: 130, endedBy: null })
+  expect(run.output.stdout).toBe('')
+  expect(run.output.stderr).toContain('Stopped waiting for the platform’s answer (a second stop signal)')
+  expect(run.output.stderr).toContain(unknownWords)
+}
+
+/** The same call on another order, timed out instead (the platform never answers): exit 1, the same words. */
+async function timesOutWithTheSameWords(args: string[], env: Record<string, string>, unknownWords: string): Promise<void> {
+  const timedOut = started(args, { ...env, PARTNER_API_TIMEOUT_MS: '300' })
+  await timedOut.request()
+  const [timeoutCode] = await timedOut.exited
+  expect(timeoutCode, timedOut.output.stderr).toBe(1)
+  expect(timedOut.output.stderr).toContain(unknownWords)
+}
+
 const openArgs = (reference: string) => [
   'trades', 'open', reference, '--title', 'Used bicycle', '--amount', '120.00', '--currency', 'EUR', '--seller', 's_1', '--json',
 ]
@@ -170,24 +194,10 @@ for (const kind of ['pglite', 'postgres'] as const) {
 
     it('trades open: a second signal stops waiting, says the outcome is unknown, exits 130, and leaves what a timeout leaves', async () => {
       const run = started(openArgs('open-abandoned'), env)
-      const request = await run.request()
-      run.child.kill('SIGINT')
-      await run.says('to the call in flight')
-      run.child.kill('SIGTERM')
-      await request.abandoned
-      const [code, endedBy] = await run.exited
+      await stopsWaitingAtASecondSignal(run, UNKNOWN_CREATE)
 
-      expect({ code, endedBy }, run.output.stderr.slice(-2_000)).toEqual({ code: 130, endedBy: null })
-      expect(run.output.stdout).toBe('')
-      expect(run.output.stderr).toContain('Stopped waiting for the platform’s answer (a second stop signal)')
-      expect(run.output.stderr).toContain(UNKNOWN_CREATE)
-
-      // the same order, timed out instead: the same words and the same state
-      const timedOut = started(openArgs('open-timeout'), { ...env, PARTNER_API_TIMEOUT_MS: '300' })
-      await timedOut.request()
-      const [timeoutCode] = await timedOut.exited
-      expect(timeoutCode, timedOut.output.stderr).toBe(1)
-      expect(timedOut.output.stderr).toContain(UNKNOWN_CREATE)
+      // another order, timed out instead: the same words and the same state
+      await timesOutWithTheSameWords(openArgs('open-timeout'), env, UNKNOWN_CREATE)
       const abandoned = await orderState(read, 'open-abandoned')
       expect(abandoned).toMatchObject({ tradeId: null, tradeCreateState: 'unknown' })
       expect(abandoned).toEqual(await orderState(read, 'open-timeout'))
@@ -213,23 +223,9 @@ for (const kind of ['pglite', 'postgres'] as const) {
     it('trades fund: a second signal stops waiting, says the outcome is unknown, exits 130, and leaves what a timeout leaves', async () => {
       const before = Date.now()
       const run = started(['trades', 'fund', 'fund-abandoned'], env)
-      const request = await run.request()
-      run.child.kill('SIGINT')
-      await run.says('to the call in flight')
-      run.child.kill('SIGTERM')
-      await request.abandoned
-      const [code, endedBy] = await run.exited
+      await stopsWaitingAtASecondSignal(run, UNKNOWN_OPERATION)
 
-      expect({ code, endedBy }, run.output.stderr.slice(-2_000)).toEqual({ code: 130, endedBy: null })
-      expect(run.output.stdout).toBe('')
-      expect(run.output.stderr).toContain('Stopped waiting for the platform’s answer (a second stop signal)')
-      expect(run.output.stderr).toContain(UNKNOWN_OPERATION)
-
-      const timedOut = started(['trades', 'fund', 'fund-timeout'], { ...env, PARTNER_API_TIMEOUT_MS: '300' })
-      await timedOut.request()
-      const [timeoutCode] = await timedOut.exited
-      expect(timeoutCode, timedOut.output.stderr).toBe(1)
-      expect(timedOut.output.stderr).toContain(UNKNOWN_OPERATION)
+      await timesOutWithTheSameWords(['trades', 'fund', 'fund-timeout'], env, UNKNOWN_OPERATION)
       const after = Date.now()
       // both: status unchanged, polled EXPECTED_WEBHOOK_S after the call rather than a day later
       for (const reference of ['fund-abandoned', 'fund-timeout']) {
