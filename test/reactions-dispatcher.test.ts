@@ -7,16 +7,16 @@ import { afterAll, afterEach, beforeAll, beforeEach, describe, expect, it } from
 import { openDatabase } from '../src/db/open-database.js'
 import type { Database } from '../src/db/database.js'
 import { moveNewOrder } from './helpers/orders.js'
-import { createDispatcher, type Dispatcher, type DispatcherSettings } from '../src/reactions/dispatcher.js'
+import { type AttemptResult, createDispatcher, type Dispatcher, type DispatcherDeps, type DispatcherSettings } from '../src/reactions/dispatcher.js'
 import type { ReactionEvent, ReactionHandler } from '../src/reactions/reaction-event.js'
-import { claimReactionJobsQuery, retryJob, skipJob } from '../src/reactions/reaction-job.repository.js'
+import { claimReactionJobs, claimReactionJobsQuery, retryJob, skipJob, skipJobNotTaken } from '../src/reactions/reaction-job.repository.js'
 import { ensureReactionStreams, readReactionStream, readReactionStreamQuery, writeReactionStream } from '../src/reactions/reaction-stream.repository.js'
 import { HANDOFF_MS } from '../src/reactions/stream-worker.js'
 import { createReactionRegistry, type ReactionRegistry } from '../src/reactions/reaction-registry.js'
 import { backoffDelayS } from '../src/reconcile/backoff-delay.js'
 import { FakeClock } from './helpers/fake-clock.js'
 import { processWarningsDuring } from './helpers/process-warnings.js'
-import { testLogger } from './helpers/log-sink.js'
+import { logEntries, testLogger } from './helpers/log-sink.js'
 import { clearReactions, reactionRecords, TEST_DISPATCHER_SETTINGS, untilEventsReadable } from './helpers/reaction-jobs.js'
 import { eventually } from './helpers/reconcile-poller.js'
 import { createTestDatabase, describePostgres, type TestDatabase, useTestDatabase } from './helpers/test-database.js'
@@ -41,7 +41,7 @@ describe('the reaction dispatcher', () => {
   })
 
   /** Starts a dispatcher for the registry: its streams begin after what is committed, unless made before (`streamsNow`). */
-  const start = async (reactions: ReactionRegistry, settings: Partial<DispatcherSettings> = {}) => {
+  const start = async (reactions: ReactionRegistry, settings: Partial<DispatcherSettings> = {}, hooks: Pick<DispatcherDeps, 'onAttempt'> = {}) => {
     streams = reactions.names.length
     dispatcher = createDispatcher({
       db: database.db,
@@ -52,6 +52,7 @@ describe('the reaction dispatcher', () => {
       listen: database.listen,
       settings: { ...SETTINGS, ...settings },
       random: HALF,
+      ...hooks,
     })
     await dispatcher.start()
     return dispatcher
@@ -237,6 +238,108 @@ describe('the reaction dispatcher', () => {
     expect(calls).toEqual([1, 2, 3])
     expect(await skipJob(database.db, failed!.id!, new Date(clock.now()))).toEqual({ result: 'not_allowed', state: 'skipped' })
     expect(await retryJob(database.db, '999999999', new Date(clock.now()))).toEqual({ result: 'not_found' })
+  })
+
+  /**
+   * The service as it ran before a restart: `partner` took trade.delivered and trade.released, and the broker
+   * behind it returned trade.delivered. An order moved created → funded → delivered → released: its delivered
+   * job waits for its retry (one call made) and its released job is held back behind it. Then the dispatcher
+   * stops, for the operator to change the handler's types and start again.
+   */
+  const heldBehindAFailure = async () => {
+    const before = createReactionRegistry().on(['trade.delivered', 'trade.released'], 'partner', async (event) => {
+      if (event.type === 'trade.delivered') throw new Error('no queue is bound for routing key trade.delivered')
+    })
+    await start(before)
+    const orderId = await transitions(before, ['created', 'funded', 'delivered', 'released'])
+    await eventually(async () => (await jobs(orderId, 'partner')).map((job) => job.attempts).join() === '1,0', 'the delivered job failed once')
+    await idle()
+    expect(await jobs(orderId, 'partner')).toMatchObject([
+      { sequence: 3, state: 'pending', attempts: 1, lastError: 'Error: no queue is bound for routing key trade.delivered' },
+      { sequence: 4, state: 'pending', attempts: 0 },
+    ])
+    await dispatcher!.stop()
+    dispatcher = undefined
+    return orderId
+  }
+  const untilRetryDue = () => clock.advance(backoffDelayS(1, SETTINGS.backoff, HALF) * 1000)
+
+  it('skips a held job, uncalled, once its handler no longer takes its type, and then runs the order’s next event', async () => {
+    const orderId = await heldBehindAFailure()
+    const calls: { type: string; attempt: number }[] = []
+    const results: [string, AttemptResult][] = []
+    // restarted with trade.released only (AMQP_EVENTS=trade.released, for the built-in publisher)
+    const after = createReactionRegistry().on('trade.released', 'partner', async (event, { attempt }) => void calls.push({ type: event.type, attempt }))
+    await start(after, {}, { onAttempt: (handler, result) => void results.push([handler, result]) })
+    await idle()
+    await untilRetryDue()
+    await eventually(async () => (await jobs(orderId, 'partner'))[1]?.state === 'done', 'the released job is done')
+
+    const reason = 'handler partner no longer takes trade.delivered (its registration); skipped without running'
+    const [skipped, released] = await jobs(orderId, 'partner')
+    // the claim's attempt is taken back: the handler was called once, before the restart
+    expect(skipped).toMatchObject({ sequence: 3, state: 'skipped', attempts: 1, leaseToken: null })
+    expect(skipped!.lastError).toBe(`${reason}\nthe error before: Error: no queue is bound for routing key trade.delivered`)
+    expect(released).toMatchObject({ sequence: 4, state: 'done', attempts: 1 })
+    expect(calls).toEqual([{ type: 'trade.released', attempt: 1 }])
+    expect(results).toEqual([
+      ['partner', 'skipped'],
+      ['partner', 'done'],
+    ])
+    const warnings = logEntries().filter((entry) => entry.msg === reason)
+    expect(warnings).toHaveLength(1)
+    // the job, its handler and type, and nothing of the event's body (no reference, trade id or statuses)
+    expect(warnings[0]).toMatchObject({ level: 40, jobId: String(skipped!.id), handler: 'partner', type: 'trade.delivered' })
+    expect(Object.keys(warnings[0]!).sort()).toEqual(['attempt', 'eventId', 'handler', 'jobId', 'level', 'msg', 'service', 'time', 'type'])
+  })
+
+  it('runs a held job as before when its handler still takes its type', async () => {
+    const orderId = await heldBehindAFailure()
+    const calls: { type: string; attempt: number }[] = []
+    const after = createReactionRegistry().on(['trade.delivered', 'trade.released'], 'partner', async (event, { attempt }) => void calls.push({ type: event.type, attempt }))
+    await start(after)
+    await idle()
+    await untilRetryDue()
+    await eventually(async () => (await jobs(orderId, 'partner'))[1]?.state === 'done', 'the released job is done')
+    expect(await jobs(orderId, 'partner')).toMatchObject([
+      { sequence: 3, state: 'done', attempts: 2, lastError: null },
+      { sequence: 4, state: 'done', attempts: 1 },
+    ])
+    expect(calls).toEqual([
+      { type: 'trade.delivered', attempt: 2 },
+      { type: 'trade.released', attempt: 1 },
+    ])
+  })
+
+  it('fails a held job whose handler is no longer registered at all, and keeps holding back its order', async () => {
+    const orderId = await heldBehindAFailure()
+    // the handler is gone from the code (renamed or removed): its jobs fail as a throw would, for an operator
+    await start(createReactionRegistry().on('trade.*', 'ledger', async () => {}))
+    await idle()
+    await untilRetryDue()
+    await eventually(async () => (await jobs(orderId, 'partner'))[0]?.state === 'failed', 'the delivered job is failed')
+    await idle()
+    expect(await jobs(orderId, 'partner')).toMatchObject([
+      { sequence: 3, state: 'failed', attempts: 2, lastError: 'Error: no reaction handler named partner is registered' },
+      { sequence: 4, state: 'pending', attempts: 0 },
+    ])
+  })
+
+  it('skips a job not taken any more only under its lease: a claim that lost it writes nothing', async () => {
+    const orderId = await heldBehindAFailure()
+    // the claims' times are their own parameters: no dispatcher runs, and the clock is not needed
+    const due = new Date(clock.now() + backoffDelayS(1, SETTINGS.backoff, HALF) * 1000)
+    const [first] = await claimReactionJobs(database.db, { now: due, limit: 10, leaseMs: 1_000, leaseToken: 'first-claim' })
+    expect(first).toMatchObject({ handler: 'partner', event: { orderId, type: 'trade.delivered' } })
+    // its lease ran out and another dispatcher claimed the job again
+    const later = new Date(due.getTime() + 2_000)
+    const [second] = await claimReactionJobs(database.db, { now: later, limit: 10, leaseMs: 60_000, leaseToken: 'second-claim' })
+    expect(second?.id).toBe(first!.id)
+    const skip = (leaseToken: string) => skipJobNotTaken(database.db, { id: first!.id, leaseToken, now: later, reason: 'not taken' })
+    expect(await skip('first-claim')).toBe(false)
+    expect((await jobs(orderId, 'partner'))[0]).toMatchObject({ state: 'running', attempts: 3, leaseToken: 'second-claim' })
+    expect(await skip('second-claim')).toBe(true)
+    expect((await jobs(orderId, 'partner'))[0]).toMatchObject({ state: 'skipped', attempts: 2, leaseToken: null })
   })
 
   it('reads a stream again when the lease of a dispatcher that died mid-batch runs out (and says which streams it holds)', async () => {

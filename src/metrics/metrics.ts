@@ -59,7 +59,7 @@ export interface ReactionHooks {
   onFailure(handler: string, code: string): void
 }
 
-/** The results of reaction_attempts_total created at 0 for every handler (lease_lost and released stay rare). */
+/** The results of reaction_attempts_total created at 0 for every handler (lease_lost, released and skipped stay rare). */
 const ATTEMPT_RESULTS: readonly AttemptResult[] = ['done', 'retry', 'failed']
 
 export interface PollerHooks {
@@ -182,7 +182,7 @@ export function createMetrics(
 
   const reactionAttempts = new Counter({
     name: 'reaction_attempts_total',
-    help: 'Reaction handler calls by handler and result: done, retry (threw, runs again after a backoff), failed (threw on the last attempt), released (stopped by shutdown), lease_lost',
+    help: 'Reaction handler calls by handler and result: done, retry (threw, runs again after a backoff), failed (threw on the last attempt), released (stopped by shutdown), lease_lost; skipped: a job not called, as its handler no longer takes its type',
     labelNames: ['handler', 'result'] as const,
     registers: [registry],
   })

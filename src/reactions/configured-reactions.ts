@@ -18,6 +18,11 @@ export const FORWARDER_HANDLER = 'forwarder'
 export const AMQP_HANDLER = 'amqp'
 
 export interface ConfiguredReactions extends ReactionRegistry {
+  /**
+   * The setting that chooses the types a built-in handler takes (FORWARD_EVENTS, AMQP_EVENTS); undefined for
+   * a handler registered in code. Named when a job of a type its handler no longer takes is skipped.
+   */
+  typesSetting(name: string): string | undefined
   /** Closes what the built-in handlers keep open (the broker connection): once the dispatcher stopped. */
   close(): Promise<void>
 }
@@ -36,11 +41,13 @@ export function configuredReactions(
   },
 ): ConfiguredReactions {
   const reactions = createReactionRegistry()
+  const typesSettings = new Map<string, string>()
   const closers: (() => Promise<void>)[] = []
   if (config.forward) {
     const { url, secret, timeoutMs, events } = config.forward
     // FORWARD_EVENTS: an event of another type gets no forwarder job at all
     reactions.on(events, FORWARDER_HANDLER, createForwarder({ url, secret, timeoutMs, logger, ...(clock ? { clock } : {}) }))
+    typesSettings.set(FORWARDER_HANDLER, 'FORWARD_EVENTS')
   }
   if (config.amqp) {
     // it connects on its first event, so a CLI command that only enqueues jobs never opens a connection
@@ -49,11 +56,13 @@ export function configuredReactions(
     // AMQP_EVENTS: a partner that binds only some routing keys publishes only those, since any other
     // would be returned unroutable and retried until its job fails
     reactions.on(events, AMQP_HANDLER, publisher.handler)
+    typesSettings.set(AMQP_HANDLER, 'AMQP_EVENTS')
     closers.push(publisher.close)
   }
   registerPartnerHandlers(reactions)
   register?.(reactions)
   return Object.assign(reactions, {
+    typesSetting: (name: string) => typesSettings.get(name),
     close: async () => {
       await Promise.all(closers.map((close) => close()))
     },

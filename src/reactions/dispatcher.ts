@@ -7,7 +7,9 @@
 // and writes the outcome back under the claim's lease token: done; or, after a throw,
 // pending again after an exponential backoff with jitter (reconcile/backoff-delay.ts); or, once the
 // job has used REACTION_MAX_ATTEMPTS, failed (the dead letter), which holds back that order's later
-// events for that handler until an operator retries or skips it.
+// events for that handler until an operator retries or skips it. A job whose handler no longer takes its
+// event's type (FORWARD_EVENTS or AMQP_EVENTS narrowed since it was written) is skipped without a call: the
+// setting already said so, and the order's later events go on.
 //
 // When it looks: at once when a stream wrote jobs to run, on a NOTIFY (another replica's commit, an
 // operator's retry or skip; passed in as `listen`), when one of its own handlers finished (a slot is free, and that order's next event may now
@@ -35,6 +37,7 @@ import {
   nextRunAt,
   releaseJobs,
   retryJobLater,
+  skipJobNotTaken,
 } from './reaction-job.repository.js'
 import type { ReactionHandler } from './reaction-event.js'
 import { ensureReactionStreams } from './reaction-stream.repository.js'
@@ -63,7 +66,8 @@ export const DEFAULT_DISPATCHER_SETTINGS: Omit<DispatcherSettings, 'concurrency'
   shutdownTimeoutMs: 10_000,
 }
 
-export type AttemptResult = 'done' | 'retry' | 'failed' | 'released' | 'lease_lost'
+/** skipped: not called, since the handler no longer takes the job's event type. */
+export type AttemptResult = 'done' | 'retry' | 'failed' | 'released' | 'lease_lost' | 'skipped'
 
 // Under load one claim takes up to this many times REACTION_CONCURRENCY jobs (less those it holds): the
 // jobs beyond the free slots wait here, in claim order, and start as handlers return. Fewer, bigger claims
@@ -81,9 +85,17 @@ export interface DispatcherDeps {
   settings: DispatcherSettings
   /**
    * The handlers whose streams this dispatcher reads (stream-worker.ts): their names and which types each
-   * takes (the registry). Absent: only the job rows are run (tests of the job loop alone).
+   * takes (the registry), which the job loop also asks before it runs a job; `typesSetting` names the setting
+   * behind a handler's types (configured-reactions.ts). Absent: only the job rows are run, every one of them
+   * (tests of the job loop alone).
    */
-  streams?: { readonly names: readonly string[]; handlersFor(type: string): readonly string[] } | undefined
+  streams?:
+    | {
+        readonly names: readonly string[]
+        handlersFor(type: string): readonly string[]
+        typesSetting?(name: string): string | undefined
+      }
+    | undefined
   /** Subscribes to the jobs channel (DatabaseHandle.listen); absent: timers only. */
   listen?: (channel: string, onNotify: () => void) => Promise<() => Promise<void>>
   /** Jitter source in [0, 1). */
@@ -300,6 +312,10 @@ export function createDispatcher(deps: DispatcherDeps): Dispatcher {
       }
     })
 
+  // the registry's answer: the stream reads only the types its handler takes, and the job loop skips a job of
+  // another type (one written before the handler's types were narrowed)
+  const takes = (handler: string, type: string) => deps.streams?.handlersFor(type).includes(handler) ?? true
+
   const report = (handler: string, result: AttemptResult, count = 1) => {
     try {
       deps.onAttempt?.(handler, result, count)
@@ -337,6 +353,12 @@ export function createDispatcher(deps: DispatcherDeps): Dispatcher {
     }
     try {
       const handler = deps.handler(job.handler)
+      // (a handler not registered at all is a removed one: it fails below, as a throw would)
+      if (handler && !takes(job.handler, event.type)) {
+        handlerDone()
+        await skipNotTaken(job, log)
+        return
+      }
       if (job.attempt === 1) {
         try {
           deps.onFirstStart?.(job.handler, Math.max(0, (clock.now() - job.createdAt.getTime()) / 1000))
@@ -402,6 +424,22 @@ export function createDispatcher(deps: DispatcherDeps): Dispatcher {
       handlerDone()
       claim.jobEnded()
     }
+  }
+
+  // the handler is not called: the job is skipped under its lease, with the reason where its last error is kept
+  const skipNotTaken = async (job: ClaimedJob, log: () => Logger) => {
+    const type = job.event.type
+    const setting = deps.streams?.typesSetting?.(job.handler) ?? 'its registration'
+    const reason = `handler ${job.handler} no longer takes ${type} (${setting}); skipped without running`
+    const written = await skipJobNotTaken(db, { id: job.id, leaseToken: job.leaseToken, now: new Date(clock.now()), reason })
+    report(job.handler, written ? 'skipped' : 'lease_lost')
+    if (!written) {
+      log().warn({ type }, 'reaction job not taken by its handler any more, but its lease had been taken over: the job ran again elsewhere')
+      return
+    }
+    log().warn({ type }, reason)
+    // the order's next event for this handler may be claimable now
+    wake()
   }
 
   // One lease timer per claim (its jobs share the lease's end), not one per job: a handler still running
@@ -594,7 +632,7 @@ export function createDispatcher(deps: DispatcherDeps): Dispatcher {
           db,
           name,
           handler: deps.handler(name),
-          takes: (type) => deps.streams!.handlersFor(type).includes(name),
+          takes: (type) => takes(name, type),
           clock,
           logger,
           settings,

@@ -3,8 +3,9 @@
 // write-backs, and the operator's views. Row types never leave this file.
 //
 // States: pending (waiting for run_at) → running (claimed: a lease token and its end) → done, or back to
-// pending with a later run_at after a throw, or failed after the last attempt (the dead letter). An
-// operator moves a failed job back to pending (retry) or to skipped.
+// pending with a later run_at after a throw, or failed after the last attempt (the dead letter), or skipped
+// uncalled when its handler no longer takes its event's type. An operator moves a failed job back to pending
+// (retry) or to skipped.
 //
 // The claim is the poller's pattern (orders/poll-schedule.repository.ts): FOR UPDATE SKIP LOCKED and, in the
 // same statement, a lease. A claimed job's run_at is set to its lease end, so "pending and due" and
@@ -188,6 +189,30 @@ export async function failJob(
 ): Promise<boolean> {
   const result = await leased(db, id, leaseToken)
     .set({ state: 'failed', leaseToken: null, leaseExpiresAt: null, lastError: error, finishedAt: now, updatedAt: now })
+    .executeTakeFirst()
+  return result.numUpdatedRows > 0n
+}
+
+/**
+ * The job's handler no longer takes its event's type (the operator narrowed FORWARD_EVENTS or AMQP_EVENTS,
+ * or a fork its registration): skipped without a call, so the order's later events proceed. `reason` becomes
+ * the last error's first line, the error before it (if any) kept below it; the claim's attempt is taken
+ * back, since the handler was not called. False when the lease was lost.
+ */
+export async function skipJobNotTaken(
+  db: Kysely<Database>,
+  { id, leaseToken, now, reason }: Lease & { reason: string },
+): Promise<boolean> {
+  const result = await leased(db, id, leaseToken)
+    .set((eb) => ({
+      state: 'skipped',
+      leaseToken: null,
+      leaseExpiresAt: null,
+      attempts: eb('attempts', '-', 1),
+      lastError: sql<string>`${reason} || coalesce(${'\nthe error before: '} || ${eb.ref('lastError')}, '')`,
+      finishedAt: now,
+      updatedAt: now,
+    }))
     .executeTakeFirst()
   return result.numUpdatedRows > 0n
 }
@@ -684,7 +709,7 @@ export async function countFailedJobsByHandler(db: Kysely<Database>): Promise<{ 
 
 // Retention (src/retention/prune.ts): done jobs older than DELIVERY_RETENTION_DAYS are deleted in
 // batches that walk the primary key; pending, running, failed and skipped jobs are never deleted by age
-// (a failed one waits for an operator; a skipped one records an operator's decision). The ordering check
+// (a failed one waits for an operator; a skipped one records a decision: an operator's, or a setting's). The ordering check
 // of the claim counts a missing job as finished, so deleting done ones changes no claim.
 
 export interface DoneJobBatch {
