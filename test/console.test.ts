@@ -634,6 +634,9 @@ describe('operator console: reactions', () => {
     expect(done.status).toBe(200)
     expect(done.text).toContain(`job ${id} skipped`)
     expect((await stateOf(id)).state).toBe('skipped')
+    // its last error is kept; on a skipped job it may also be why the dispatcher skipped it (a narrowed AMQP_EVENTS)
+    const page = (await bearer(request(admin).get(`/console/reactions/${id}`))).text
+    expect(page).toContain('<h2>Last error, or why it was skipped</h2>\n<pre class="body error">Error: CRM unavailable (503)</pre>')
     const overview = (await bearer(request(admin).get('/console/'))).text
     expect(overview).toMatch(new RegExp(`<td>erin</td><td>skip reaction ${id}</td><td>job ${id} skipped</td>`))
     expect(overview).toContain(`<td>retry reaction ${jobs['react-1/crm-sync/2']}</td>`)

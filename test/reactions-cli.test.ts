@@ -3,7 +3,7 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest'
 import { applyObservation } from '../src/orders/apply-observation.js'
 import { createOrder } from './helpers/orders.js'
 import { createMetrics } from '../src/metrics/metrics.js'
-import { reactionJobStats } from '../src/reactions/reaction-job.repository.js'
+import { claimReactionJobs, reactionJobStats, skipJobNotTaken } from '../src/reactions/reaction-job.repository.js'
 import { ensureReactionStreams, readReactionStream, type StreamOutcome, writeReactionStream } from '../src/reactions/reaction-stream.repository.js'
 import { createReactionRegistry } from '../src/reactions/reaction-registry.js'
 import { runCommand } from './helpers/cli-in-process.js'
@@ -165,5 +165,39 @@ describe('the reactions command', () => {
     expect(await stateOf(ids['ledger-2']!)).toBe('skipped')
     expect((await run('skip', ids['ledger-1']!)).code).toBe(1)
     expect((await run('skip', '987654')).stderr).toBe('No reaction job 987654\n')
+  })
+
+  it('shows why a job was skipped without a call (its handler no longer takes its type), the error before it too', async () => {
+    const now = new Date('2026-05-01T12:00:00Z')
+    await ensureReactionStreams(database.db, ['amqp'], now)
+    const { order } = await createOrder(database.db, { externalReference: 'cli-narrowed' })
+    await applyObservation(
+      database.db,
+      { target: { orderId: order.id }, tradeId: 'trd_cli-narrowed', status: 'created', source: 'poll', observedAt: now },
+      { staleAfterS: 3_600, handlersFor: () => ['amqp'] },
+    )
+    const lease = { handler: 'amqp', leaseToken: 'cli', now, leaseEnd: new Date(now.getTime() + 60_000) }
+    await untilEventsReadable(database.db)
+    const { events } = await readReactionStream(database.db, { ...lease, limit: 10 })
+    const unroutable = 'AmqpPublishError: no queue is bound to exchange "partner-escrow" for routing key trade.created'
+    await writeReactionStream(database.db, {
+      ...lease,
+      place: events[0]!,
+      outcomes: [{ event: events[0]!.event, createdAt: now, state: 'pending', attempts: 1, runAt: now, lastError: unroutable }],
+    })
+    // the dispatcher of a service restarted with AMQP_EVENTS=trade.funded claims it, and skips it uncalled (the
+    // last test: the claim takes the other pending jobs too)
+    const [job] = (await claimReactionJobs(database.db, { now, limit: 10, leaseMs: 60_000, leaseToken: 'narrowed' })).filter(
+      (claimed) => claimed.handler === 'amqp',
+    )
+    const reason = 'handler amqp no longer takes trade.created (AMQP_EVENTS); skipped without running'
+    expect(await skipJobNotTaken(database.db, { id: job!.id, leaseToken: 'narrowed', now, reason })).toBe(true)
+
+    const shown = await run('show', job!.id)
+    expect(shown.stdout).toContain('state      skipped after 1 attempt(s)')
+    // one line (shortened): the reason first, then what the job had failed with before
+    expect(shown.stdout).toContain(`\nlast error ${reason} (the error before: AmqpPublishError: `)
+    const table = (await run('list', '--state', 'skipped', '--handler', 'amqp')).stdout.trim().split('\n')
+    expect(table[1]).toMatch(/ amqp +skipped +1 +- +handler amqp no longer takes trade\.created \(AMQP_EVENTS\); skipped without running \(the error before: /)
   })
 })

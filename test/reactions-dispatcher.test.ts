@@ -279,7 +279,7 @@ describe('the reaction dispatcher', () => {
     const [skipped, released] = await jobs(orderId, 'partner')
     // the claim's attempt is taken back: the handler was called once, before the restart
     expect(skipped).toMatchObject({ sequence: 3, state: 'skipped', attempts: 1, leaseToken: null })
-    expect(skipped!.lastError).toBe(`${reason}\nthe error before: Error: no queue is bound for routing key trade.delivered`)
+    expect(skipped!.lastError).toBe(`${reason}\n(the error before: Error: no queue is bound for routing key trade.delivered)`)
     expect(released).toMatchObject({ sequence: 4, state: 'done', attempts: 1 })
     expect(calls).toEqual([{ type: 'trade.released', attempt: 1 }])
     expect(results).toEqual([

@@ -620,7 +620,7 @@ ${
     ? html`<p class="actions"><a href="${reactionPath(job.id)}/retry">Retry now…</a> · <a href="${reactionPath(job.id)}/skip">Skip…</a></p>`
     : ''
 }
-<h2>Last error</h2>
+<h2>${job.state === 'skipped' ? 'Last error, or why it was skipped' : 'Last error'}</h2>
 ${job.lastError === null ? html`<p>None.</p>` : html`<pre class="body error">${job.lastError}</pre>`}`,
   )
 }

@@ -196,8 +196,8 @@ export async function failJob(
 /**
  * The job's handler no longer takes its event's type (the operator narrowed FORWARD_EVENTS or AMQP_EVENTS,
  * or a fork its registration): skipped without a call, so the order's later events proceed. `reason` becomes
- * the last error's first line, the error before it (if any) kept below it; the claim's attempt is taken
- * back, since the handler was not called. False when the lease was lost.
+ * the last error's first line, the error before it (if any) kept below it in parentheses; the claim's
+ * attempt is taken back, since the handler was not called. False when the lease was lost.
  */
 export async function skipJobNotTaken(
   db: Kysely<Database>,
@@ -209,7 +209,8 @@ export async function skipJobNotTaken(
       leaseToken: null,
       leaseExpiresAt: null,
       attempts: eb('attempts', '-', 1),
-      lastError: sql<string>`${reason} || coalesce(${'\nthe error before: '} || ${eb.ref('lastError')}, '')`,
+      // on a line of its own, so the console's short form shows the reason; flattened (the CLI) it still reads
+      lastError: sql<string>`${reason} || coalesce(${'\n(the error before: '} || ${eb.ref('lastError')} || ')', '')`,
       finishedAt: now,
       updatedAt: now,
     }))
