@@ -7,6 +7,7 @@ import { tmpdir } from 'node:os'
 import path from 'node:path'
 import { afterAll, describe, expect, it } from 'vitest'
 import { receiverEnv, runCli } from './helpers/cli-process.js'
+import { migratedDataDir } from './helpers/data-dir-template.js'
 
 const scratch = mkdtempSync(path.join(tmpdir(), 'data-dir-'))
 // a read-only file system of the test's own: mounting one needs root (CI runs as root; skipped otherwise)
@@ -46,9 +47,8 @@ describe('a DATA_DIR the service cannot write', () => {
   })
 
   it('an embedded database whose files are damaged: serve exits 1 saying so and what to do', async () => {
-    const directory = path.join(scratch, 'damaged')
-    // made and migrated by a first command, then its control file is lost
-    expect((await runCli(['migrate'], receiverEnv(directory), { built: true })).code).toBe(0)
+    // made and migrated (as by a first start), then its control file is lost
+    const directory = migratedDataDir('data-dir-damaged-')
     rmSync(path.join(directory, 'pglite', 'global', 'pg_control'))
     const result = await runCli(['serve'], receiverEnv(directory), { built: true })
     expect(result.code).toBe(1)

@@ -6,17 +6,16 @@
 // once instead of waiting for the leases (300 s here) to run out.
 import { randomBytes } from 'node:crypto'
 import { once } from 'node:events'
-import { mkdtempSync, rmSync } from 'node:fs'
+import { rmSync } from 'node:fs'
 import http from 'node:http'
 import type { AddressInfo } from 'node:net'
-import { tmpdir } from 'node:os'
-import path from 'node:path'
 import { afterAll, beforeAll, expect, it } from 'vitest'
 import { applyObservation } from '../src/orders/apply-observation.js'
 import { createOrder } from './helpers/orders.js'
 import { FORWARDER_HANDLER } from '../src/reactions/configured-reactions.js'
 import { ensureReactionStreams } from '../src/reactions/reaction-stream.repository.js'
 import { spawnCli, waitForLogLine } from './helpers/cli-process.js'
+import { migratedDataDir } from './helpers/data-dir-template.js'
 import { rememberSecret } from './helpers/log-sink.js'
 import { insertOrders } from './helpers/reconcile-orders.js'
 import { eventually } from './helpers/reconcile-poller.js'
@@ -49,7 +48,7 @@ describePostgres('SIGTERM gives the leases back (Postgres)', () => {
   let database: TestDatabase
   let platform: Awaited<ReturnType<typeof silentServer>>
   let receiver: Awaited<ReturnType<typeof silentServer>>
-  const dataDir = mkdtempSync(path.join(tmpdir(), 'drain-leases-'))
+  const dataDir = migratedDataDir('drain-leases-')
 
   beforeAll(async () => {
     database = await createTestDatabase()

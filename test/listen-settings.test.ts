@@ -2,13 +2,11 @@
 // taken by another process, and a host that is no address of this machine. Node's own words were "listen
 // EADDRINUSE: address already in use 127.0.0.1:3000", which names neither.
 import { once } from 'node:events'
-import { mkdtempSync } from 'node:fs'
 import { createServer, type Server } from 'node:net'
-import { tmpdir } from 'node:os'
-import path from 'node:path'
 import { afterAll, describe, expect, it } from 'vitest'
 import { describeListenError } from '../src/listen-error.js'
 import { freePort, runCli } from './helpers/cli-process.js'
+import { migratedDataDir } from './helpers/data-dir-template.js'
 
 const taken: Server[] = []
 afterAll(() => {
@@ -28,7 +26,7 @@ describe('a listener that cannot open', () => {
     for (const setting of ['PORT', 'ADMIN_PORT', 'SANDBOX_PORT']) {
       const busy = await takePort()
       const env: Record<string, string> = {
-        DATA_DIR: mkdtempSync(path.join(tmpdir(), 'listen-')),
+        DATA_DIR: migratedDataDir('listen-'),
         PORT: String(await freePort()),
         ADMIN_PORT: String(await freePort()),
         SANDBOX_PORT: String(await freePort()),
@@ -42,7 +40,7 @@ describe('a listener that cannot open', () => {
 
   it('names --port when `sandbox --port` is held by another process', async () => {
     const busy = await takePort()
-    const result = await runCli(['sandbox', '--port', String(busy)], { DATA_DIR: mkdtempSync(path.join(tmpdir(), 'listen-')) }, { built: true })
+    const result = await runCli(['sandbox', '--port', String(busy)], { DATA_DIR: migratedDataDir('listen-') }, { built: true })
     expect({ code: result.code, stderr: result.stderr }).toEqual({
       code: 1,
       stderr: `--port=${busy}: another process already listens on 127.0.0.1:${busy}; stop it, or set --port to a free port\n`,
@@ -51,7 +49,7 @@ describe('a listener that cannot open', () => {
 
   it('names HOST when it is no address of this machine', async () => {
     // 192.0.2.0/24 is reserved for documentation: no machine has it
-    const env = { DATA_DIR: mkdtempSync(path.join(tmpdir(), 'listen-')), HOST: '192.0.2.1', PORT: String(await freePort()) }
+    const env = { DATA_DIR: migratedDataDir('listen-'), HOST: '192.0.2.1', PORT: String(await freePort()) }
     const result = await runCli(['serve'], env, { built: true })
     expect(result.code).toBe(1)
     expect(result.stderr).toBe(

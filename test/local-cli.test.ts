@@ -6,11 +6,12 @@ import path from 'node:path'
 import { afterAll, beforeAll, describe, expect, it } from 'vitest'
 import { DatabaseInUseError, openDatabase } from '../src/db/open-database.js'
 import { childEnv, freePort, runCli, spawnCli, waitForLogLine } from './helpers/cli-process.js'
+import { migratedDataDir } from './helpers/data-dir-template.js'
 
 const cliEntry = path.resolve(import.meta.dirname, '../dist/src/cli.js')
 
 describe('operator commands while `npm start` owns the embedded database', () => {
-  const dataDir = mkdtempSync(path.join(tmpdir(), 'local-cli-'))
+  const dataDir = migratedDataDir('local-cli-')
   const env = { DATA_DIR: dataDir, PORT: '0', ADMIN_PORT: '0', POLL_ENABLED: 'false', SANDBOX_PORT: '0' }
   let service: ReturnType<typeof spawnCli>
   let url: string
@@ -89,7 +90,7 @@ describe('operator commands while `npm start` owns the embedded database', () =>
   })
 
   it('removes serve.json on shutdown, after which commands open the database themselves', async () => {
-    const other = mkdtempSync(path.join(tmpdir(), 'local-cli-stop-'))
+    const other = migratedDataDir('local-cli-stop-')
     const child = spawnCli(['serve'], { ...env, DATA_DIR: other, SANDBOX_PORT: String(await freePort()) })
     await waitForLogLine(child, 'service listening', 60_000)
     expect(existsSync(path.join(other, 'serve.json'))).toBe(true)
@@ -114,7 +115,7 @@ describe('operator commands while `npm start` owns the embedded database', () =>
   }, 120_000)
 
   it('takes over a serve.json and a database lock left by a dead process that had its own pid (a container’s pid 1)', async () => {
-    const other = mkdtempSync(path.join(tmpdir(), 'local-cli-same-pid-'))
+    const other = migratedDataDir('local-cli-same-pid-')
     // the shell writes its pid as the dead owner's, then becomes the CLI: the same pid, as after a restart
     const leaveAsDeadOwner = (command: string) =>
       'mkdir -p "$DATA_DIR/pglite" && printf %s $$ > "$DATA_DIR/pglite/partner-escrow.lock" && ' +

@@ -4,12 +4,10 @@
 // crash in local mode ("what was committed is in DATA_DIR"), seen from outside.
 import type { ChildProcess } from 'node:child_process'
 import { once } from 'node:events'
-import { mkdtempSync } from 'node:fs'
-import { tmpdir } from 'node:os'
-import path from 'node:path'
 import { randomUUID } from 'node:crypto'
 import { afterAll, describe, expect, it } from 'vitest'
 import { receiverEnv, spawnCli, waitForLogLine } from './helpers/cli-process.js'
+import { migratedDataDir } from './helpers/data-dir-template.js'
 import { signBody, tradePayload } from './helpers/webhook-delivery.js'
 
 const SENDERS = 8
@@ -17,7 +15,7 @@ const SENDERS = 8
 const BEFORE_KILL = 400
 
 describe('the compiled serve on PGlite, killed mid-ingest (SIGKILL)', () => {
-  const dataDir = mkdtempSync(path.join(tmpdir(), 'local-crash-'))
+  const dataDir = migratedDataDir('local-crash-')
   const children: ChildProcess[] = []
   afterAll(() => {
     for (const child of children) child.kill('SIGKILL')

@@ -1,14 +1,14 @@
 // `npm start` in local mode, stopped and started again over the same DATA_DIR: the in-process sandbox
 // still knows the trades the orders point at, and its references carry on.
 import { once } from 'node:events'
-import { mkdtempSync, statSync } from 'node:fs'
-import { tmpdir } from 'node:os'
+import { statSync } from 'node:fs'
 import path from 'node:path'
 import { afterAll, describe, expect, it } from 'vitest'
 import { freePort, runCli, spawnCli, waitForLogLine } from './helpers/cli-process.js'
+import { migratedDataDir } from './helpers/data-dir-template.js'
 
 describe('local mode across a restart', () => {
-  const dataDir = mkdtempSync(path.join(tmpdir(), 'local-restart-'))
+  const dataDir = migratedDataDir('local-restart-')
   const env: Record<string, string> = { DATA_DIR: dataDir, PORT: '0', ADMIN_PORT: '0', POLL_ENABLED: 'false' }
   let service: ReturnType<typeof spawnCli> | undefined
 

@@ -5,12 +5,12 @@
 // npm exits 0, and no process of it is left running.
 import { spawn } from 'node:child_process'
 import { once } from 'node:events'
-import { mkdtempSync, readFileSync } from 'node:fs'
-import { tmpdir } from 'node:os'
+import { readFileSync } from 'node:fs'
 import path from 'node:path'
 import { describe, expect, it } from 'vitest'
 import { SAME_SIGNAL_MS } from '../src/stop-signals.js'
 import { childEnv, freePort } from './helpers/cli-process.js'
+import { migratedDataDir } from './helpers/data-dir-template.js'
 
 const root = path.resolve(import.meta.dirname, '..')
 
@@ -53,7 +53,7 @@ const SCRIPTS: Record<string, Script> = {
 // its own, as a terminal gives a foreground command
 async function started(script: Script, { ownGroup }: { ownGroup: boolean }) {
   const port = await freePort()
-  const env = { DATA_DIR: mkdtempSync(path.join(tmpdir(), 'npm-script-')), ...script.env(port) }
+  const env = { DATA_DIR: migratedDataDir('npm-script-'), ...script.env(port) }
   const npmCli = process.env.npm_execpath
   const [command, args] = npmCli?.endsWith('.js') ? [process.execPath, [npmCli, ...script.args(port)]] : ['npm', script.args(port)]
   const npm = spawn(command, args, { cwd: root, env: childEnv(env), stdio: 'pipe', detached: ownGroup })

@@ -1,17 +1,16 @@
 // The platform's answer is read up to PARTNER_API_ANSWER_LIMIT and no further. A real HTTP server plays the
 // platform, so the bytes it got written before the client closed the connection are counted on the wire.
 import { once } from 'node:events'
-import { mkdtempSync, rmSync } from 'node:fs'
+import { rmSync } from 'node:fs'
 import { createServer, type Server } from 'node:http'
 import type { AddressInfo } from 'node:net'
-import { tmpdir } from 'node:os'
-import path from 'node:path'
 import { gzipSync } from 'node:zlib'
 import { afterEach, describe, expect, it } from 'vitest'
 import { systemClock } from '../src/clock.js'
 import { createPartnerApiClient } from '../src/partner-api/create-partner-api-client.js'
 import { PartnerInvalidResponseError } from '../src/partner-api/partner-api-error.js'
 import { receiverEnv, runCli } from './helpers/cli-process.js'
+import { migratedDataDir } from './helpers/data-dir-template.js'
 import { answerEndlessly, MiB } from './helpers/endless-answer.js'
 import { testLogger } from './helpers/log-sink.js'
 import { tradeRecord } from './helpers/partner-api-fixtures.js'
@@ -135,7 +134,7 @@ describe('the compiled CLI against a platform whose answer has no end', () => {
     })
     server.listen(0, '127.0.0.1')
     await once(server, 'listening')
-    const dataDir = mkdtempSync(path.join(tmpdir(), 'answer-limit-'))
+    const dataDir = migratedDataDir('answer-limit-')
     try {
       const env = { ...receiverEnv(dataDir), PARTNER_API_BASE_URL: `http://127.0.0.1:${(server.address() as AddressInfo).port}` }
       const open = ['trades', 'open', 'big-1', '--title', 'Chair', '--amount', '10.00', '--currency', 'EUR', '--seller', 's_1']

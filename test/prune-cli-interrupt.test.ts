@@ -2,15 +2,13 @@
 // TEST_DATABASE_URL is given), stopped by Ctrl-C in the middle of a pass: it stops after the batch in flight,
 // says what it pruned so far, and exits 130; what it said is what was done.
 import { once } from 'node:events'
-import { mkdtempSync } from 'node:fs'
-import { tmpdir } from 'node:os'
-import path from 'node:path'
 import type { Kysely } from 'kysely'
 import { afterAll, expect, it } from 'vitest'
 import type { Database } from '../src/db/database.js'
 import { migrateToLatest } from '../src/db/migrate.js'
 import { type DatabaseHandle, openDatabase } from '../src/db/open-database.js'
 import { receiverEnv, spawnCli } from './helpers/cli-process.js'
+import { migratedDataDir } from './helpers/data-dir-template.js'
 import { createTestDatabase, postgresUrl, type TestDatabase } from './helpers/test-database.js'
 
 const DAY = 86_400_000
@@ -45,7 +43,7 @@ async function seedOldDeliveries(db: Kysely<Database>): Promise<void> {
 
 /** A database with ROWS deliveries past DELIVERY_RETENTION_DAYS, and the environment of a CLI run on it alone. */
 async function seeded(kind: 'pglite' | 'postgres'): Promise<{ env: Record<string, string>; reopen: () => DatabaseHandle }> {
-  const dataDir = mkdtempSync(path.join(tmpdir(), 'prune-interrupt-'))
+  const dataDir = migratedDataDir('prune-interrupt-')
   if (kind === 'pglite') {
     const seed = openDatabase({ dataDir })
     await migrateToLatest(seed.db)

@@ -3,11 +3,9 @@
 // it, every transition exactly once.
 import { randomBytes } from 'node:crypto'
 import { once } from 'node:events'
-import { mkdtempSync, rmSync } from 'node:fs'
+import { rmSync } from 'node:fs'
 import http from 'node:http'
 import type { AddressInfo } from 'node:net'
-import { tmpdir } from 'node:os'
-import path from 'node:path'
 import type { ChildProcess } from 'node:child_process'
 import { afterAll, beforeAll, expect, it } from 'vitest'
 import { applyObservation } from '../src/orders/apply-observation.js'
@@ -16,6 +14,7 @@ import { createOrder } from './helpers/orders.js'
 import { FORWARDER_HANDLER } from '../src/reactions/configured-reactions.js'
 import { ensureReactionStreams } from '../src/reactions/reaction-stream.repository.js'
 import { spawnCli, waitForLogLine } from './helpers/cli-process.js'
+import { migratedDataDir } from './helpers/data-dir-template.js'
 import { rememberSecret } from './helpers/log-sink.js'
 import { eventually } from './helpers/reconcile-poller.js'
 import { TEST_API_KEY_ID, TEST_API_SECRET, TEST_WEBHOOK_SECRET } from './helpers/test-config.js'
@@ -29,7 +28,7 @@ describePostgres('the compiled serve killed mid-handler (Postgres)', () => {
   let receiver: http.Server
   let receiverUrl: string
   const received: string[] = []
-  const dataDir = mkdtempSync(path.join(tmpdir(), 'reactions-crash-'))
+  const dataDir = migratedDataDir('reactions-crash-')
   const children: ChildProcess[] = []
 
   beforeAll(async () => {

@@ -1,15 +1,13 @@
 // `reconcile --once` as its own process (the compiled CLI on embedded PGlite), stopped by Ctrl-C while the
 // platform has not answered its polls: what it claimed is given back and its run is recorded as stopped.
 import { once } from 'node:events'
-import { mkdtempSync } from 'node:fs'
 import { createServer, type IncomingMessage } from 'node:http'
 import type { AddressInfo } from 'node:net'
-import { tmpdir } from 'node:os'
-import path from 'node:path'
 import { afterAll, expect, it } from 'vitest'
 import { migrateToLatest } from '../src/db/migrate.js'
 import { openDatabase } from '../src/db/open-database.js'
 import { receiverEnv, spawnCli } from './helpers/cli-process.js'
+import { migratedDataDir } from './helpers/data-dir-template.js'
 import { insertOrders } from './helpers/reconcile-orders.js'
 
 // a platform that takes every poll and never answers it
@@ -24,7 +22,7 @@ afterAll(() => {
 })
 
 it('gives the claimed orders back and records the run as stopped when Ctrl-C ends `reconcile --once`', async () => {
-  const dataDir = mkdtempSync(path.join(tmpdir(), 'reconcile-interrupt-'))
+  const dataDir = migratedDataDir('reconcile-interrupt-')
   const dueSince = new Date(Date.now() - 60_000)
   const seed = openDatabase({ dataDir })
   await migrateToLatest(seed.db)

@@ -2,13 +2,13 @@
 // forwarded (88a7ef1): that service's command endpoint refuses them with a 400. The service here answers as that
 // build's src/local/local-cli.ts did, word for word, so no old build needs to be started.
 import { once } from 'node:events'
-import { mkdtempSync, writeFileSync } from 'node:fs'
+import { writeFileSync } from 'node:fs'
 import { createServer } from 'node:http'
 import type { AddressInfo } from 'node:net'
-import { tmpdir } from 'node:os'
 import path from 'node:path'
 import { afterAll, beforeAll, expect, it } from 'vitest'
 import { receiverEnv, runCli } from './helpers/cli-process.js'
+import { migratedDataDir } from './helpers/data-dir-template.js'
 
 // the commands the service took before 88a7ef1
 const OLD_COMMANDS = ['orders', 'deliveries', 'trades', 'disputes', 'proposals', 'reconcile', 'migrate']
@@ -35,7 +35,7 @@ const oldService = createServer((request, response) => {
     }
   })
 })
-const dataDir = mkdtempSync(path.join(tmpdir(), 'older-service-'))
+const dataDir = migratedDataDir('older-service-')
 
 beforeAll(async () => {
   oldService.listen(0, '127.0.0.1')

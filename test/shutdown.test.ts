@@ -7,6 +7,7 @@ import { describe, expect, it } from 'vitest'
 import { listen } from '../src/http/server.js'
 import { SAME_SIGNAL_MS } from '../src/stop-signals.js'
 import { freePort, spawnCli, waitForLogLine } from './helpers/cli-process.js'
+import { migratedDataDir } from './helpers/data-dir-template.js'
 
 describe('graceful shutdown', () => {
   it('finishes a request in flight, then refuses new connections', async () => {
@@ -75,7 +76,7 @@ describe('graceful shutdown', () => {
   // loaded machine; nothing here measures it.
   it('drains on SIGTERM: /readyz answers 503 at once, requests are still served, then it exits 0', async () => {
     const child = spawnCli(['serve'], {
-      DATA_DIR: mkdtempSync(path.join(tmpdir(), 'serve-drain-')),
+      DATA_DIR: migratedDataDir('serve-drain-'),
       PORT: '0',
       ADMIN_PORT: '0',
       SANDBOX_PORT: String(await freePort()),
@@ -108,7 +109,7 @@ describe('graceful shutdown', () => {
   it('exits on SIGINT within SHUTDOWN_TIMEOUT_MS although the reader of its output went away', async () => {
     const shutdownTimeoutMs = 2_000
     const child = spawnCli(['serve'], {
-      DATA_DIR: mkdtempSync(path.join(tmpdir(), 'serve-pipe-')),
+      DATA_DIR: migratedDataDir('serve-pipe-'),
       PORT: '0',
       ADMIN_PORT: '0',
       SANDBOX_PORT: String(await freePort()),
@@ -136,7 +137,7 @@ describe('graceful shutdown', () => {
 
   it('exits at once on a second signal while the first is still draining', async () => {
     const child = spawnCli(['serve'], {
-      DATA_DIR: mkdtempSync(path.join(tmpdir(), 'serve-twice-')),
+      DATA_DIR: migratedDataDir('serve-twice-'),
       PORT: '0',
       ADMIN_PORT: '0',
       SANDBOX_PORT: String(await freePort()),

@@ -3,12 +3,10 @@
 // dropped and counted (log_lines_dropped_total), and once the reader reads again one warning says how many.
 // Before, every line was kept: 75 MB more resident after 417,000 deliveries, without end.
 import { randomUUID } from 'node:crypto'
-import { mkdtempSync } from 'node:fs'
-import { tmpdir } from 'node:os'
-import path from 'node:path'
 import { afterAll, describe, expect, it } from 'vitest'
 import type { ChildProcess } from 'node:child_process'
 import { freePort, receiverEnv, spawnCli } from './helpers/cli-process.js'
+import { migratedDataDir } from './helpers/data-dir-template.js'
 import { signBody, tradePayload } from './helpers/webhook-delivery.js'
 
 const DELIVERIES = 6_000
@@ -25,7 +23,7 @@ describe('the compiled serve when its stdout is not read', () => {
     ['LOG_PRETTY lines', 'true'],
   ])('holds at most LOG_BUFFER_LIMIT, counts the lines it drops, and says how many once read again (%s)', async (_lines, logPretty) => {
     const adminPort = await freePort()
-    const env = { ...receiverEnv(mkdtempSync(path.join(tmpdir(), 'stdout-stalled-'))), ADMIN_PORT: String(adminPort) }
+    const env = { ...receiverEnv(migratedDataDir('stdout-stalled-')), ADMIN_PORT: String(adminPort) }
     const child = spawnCli(['serve'], { ...env, LOG_BUFFER_LIMIT: '256kb', LOG_PRETTY: logPretty }, { built: true })
     kills.push(() => child.kill('SIGKILL'))
     const url = await Promise.race([

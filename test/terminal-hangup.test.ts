@@ -8,11 +8,10 @@
 // after the terminal was gone aborted in Node's own code (SIGABRT).
 import { type ChildProcess, spawn, spawnSync } from 'node:child_process'
 import { once } from 'node:events'
-import { mkdtempSync } from 'node:fs'
-import { tmpdir } from 'node:os'
 import path from 'node:path'
 import { afterAll, describe, expect, it } from 'vitest'
 import { childEnv, freePort, receiverEnv } from './helpers/cli-process.js'
+import { migratedDataDir } from './helpers/data-dir-template.js'
 import { signBody, tradePayload } from './helpers/webhook-delivery.js'
 
 const root = path.resolve(import.meta.dirname, '..')
@@ -39,7 +38,7 @@ describe.skipIf(!hasPython)('the compiled serve when its terminal is closed', ()
   async function start(mode: Mode, logPretty: boolean) {
     const port = await freePort()
     const env = {
-      ...receiverEnv(mkdtempSync(path.join(tmpdir(), 'terminal-hangup-'))),
+      ...receiverEnv(migratedDataDir('terminal-hangup-')),
       PORT: String(port),
       LOG_PRETTY: String(logPretty),
       SHUTDOWN_DRAIN_DELAY_MS: String(DRAIN_DELAY_MS),

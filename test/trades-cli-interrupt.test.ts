@@ -4,17 +4,15 @@
 // waits for the answer, which is recorded and printed, exit 130; a second one stops waiting and leaves the order
 // as a timeout does (checked against a run that times out), exit 130.
 import { once } from 'node:events'
-import { mkdtempSync } from 'node:fs'
 import { createServer, type ServerResponse } from 'node:http'
 import type { AddressInfo } from 'node:net'
-import { tmpdir } from 'node:os'
-import path from 'node:path'
 import type { Kysely } from 'kysely'
 import { afterAll, beforeAll, describe, expect, it } from 'vitest'
 import type { Database } from '../src/db/database.js'
 import { migrateToLatest } from '../src/db/migrate.js'
 import { openDatabase } from '../src/db/open-database.js'
 import { receiverEnv, spawnCli } from './helpers/cli-process.js'
+import { migratedDataDir } from './helpers/data-dir-template.js'
 import { tradeRecord } from './helpers/partner-api-fixtures.js'
 import { insertOrders } from './helpers/reconcile-orders.js'
 import { createTestDatabase, postgresUrl } from './helpers/test-database.js'
@@ -134,7 +132,7 @@ type Reader = <T>(query: (db: Kysely<Database>) => Promise<T>) => Promise<T>
 
 /** A database with the funded-to-be orders, and the environment of a CLI run on it alone. */
 async function seeded(kind: 'pglite' | 'postgres', fundOrders: string[]): Promise<{ env: Record<string, string>; read: Reader }> {
-  const dataDir = mkdtempSync(path.join(tmpdir(), 'trades-interrupt-'))
+  const dataDir = migratedDataDir('trades-interrupt-')
   const seed = (db: Kysely<Database>) =>
     insertOrders(
       db,
