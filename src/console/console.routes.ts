@@ -15,7 +15,7 @@ import type { Kysely } from 'kysely'
 import { z } from 'zod'
 import type { Clock } from '../clock.js'
 import type { Database } from '../db/database.js'
-import { continuingParser } from '../http/expect-continue.js'
+import { continuingParser, leaveBodyUnread } from '../http/expect-continue.js'
 import type { Logger } from '../logger.js'
 import type { Metrics } from '../metrics/metrics.js'
 import type { ObservationSettings } from '../orders/apply-observation.js'
@@ -272,24 +272,36 @@ export function consoleRoutes(deps: ConsoleDeps): Router {
     res.redirect(303, `${CONSOLE_PATH}/`)
   })
 
-  // everything below needs the token; a POST also needs its form's CSRF token and our own origin
-  router.use(CONSOLE_PATH, form, async (req, res, next) => {
-    const operator = auth.authenticate(req)
-    if (!operator) {
-      res.setHeader('WWW-Authenticate', 'Bearer realm="partner-escrow console"')
-      return send(res, loginPage(), 401)
-    }
-    if (req.method !== 'GET' && req.method !== 'HEAD') {
-      const csrf = (req.body as Record<string, unknown> | undefined)?.csrf
-      if (!requestFromOwnOrigin(req) || !auth.csrfTokenMatches(operator, csrf)) {
-        logger.warn({ operator: operator.name, path: req.path }, 'console action refused: CSRF check failed')
-        return send(res, messagePage('Refused', operator, 'This action lacks a valid form token (CSRF); reload the page and try again.'), 403)
-      }
-    }
-    res.locals.operator = operator
-    next()
-  })
   const operatorOf = (res: Response) => res.locals.operator as Operator
+
+  // Everything below needs the token, which is in the headers: a request without it is refused before its
+  // form is read, and a client waiting for `100 Continue` is not told to send it. Only then is a POST's form
+  // read, for its CSRF token (checked with our own origin).
+  router.use(
+    CONSOLE_PATH,
+    async (req, res, next) => {
+      const operator = auth.authenticate(req)
+      if (!operator) {
+        leaveBodyUnread(req, res)
+        res.setHeader('WWW-Authenticate', 'Bearer realm="partner-escrow console"')
+        return send(res, loginPage(), 401)
+      }
+      res.locals.operator = operator
+      next()
+    },
+    form,
+    async (req, res, next) => {
+      if (req.method !== 'GET' && req.method !== 'HEAD') {
+        const operator = operatorOf(res)
+        const csrf = (req.body as Record<string, unknown> | undefined)?.csrf
+        if (!requestFromOwnOrigin(req) || !auth.csrfTokenMatches(operator, csrf)) {
+          logger.warn({ operator: operator.name, path: req.path }, 'console action refused: CSRF check failed')
+          return send(res, messagePage('Refused', operator, 'This action lacks a valid form token (CSRF); reload the page and try again.'), 403)
+        }
+      }
+      next()
+    },
+  )
   const bodyOf = (req: Request) => (req.body ?? {}) as Record<string, unknown>
   const actionIdOf = (req: Request) => {
     const id = bodyOf(req).action_id

@@ -27,6 +27,15 @@ export function continueReading(req: IncomingMessage, res: ServerResponse): void
 }
 
 /**
+ * Before an answer given from the headers alone (a refusal): the connection is closed after it, so no byte
+ * of a body is read. Node would otherwise read a body its client sent anyway, to discard it; it closes by
+ * itself after a request whose client waited for `100 Continue` and was never told to send.
+ */
+export function leaveBodyUnread(req: IncomingMessage, res: ServerResponse): void {
+  if (req.headers['transfer-encoding'] !== undefined || Number(req.headers['content-length']) > 0) res.setHeader('Connection', 'close')
+}
+
+/**
  * A body parser (Express's json or urlencoded) that says continue before it reads, unless the announced
  * length is past its limit: the parser refuses that (413) before a byte is read.
  */

@@ -3,10 +3,10 @@
 // command line is run by a function the entry point gives it (src/cli/run-cli.ts), not an import: the
 // service does not depend on the CLI that starts it.
 import { createHash, randomBytes, timingSafeEqual } from 'node:crypto'
-import express, { Router } from 'express'
+import express, { type RequestHandler, Router } from 'express'
 import type { CliContext } from '../cli/cli-context.js'
 import { AppError } from '../http/app-error.js'
-import { continuingParser } from '../http/expect-continue.js'
+import { continuingParser, leaveBodyUnread } from '../http/expect-continue.js'
 import { COMMANDS_TAKEN_PREFIX, FORWARDED_COMMANDS, LOCAL_CLI_PATH } from './running-service.js'
 
 // a forwarded command line's body at most
@@ -41,13 +41,18 @@ export function localCliRoutes({
   const expected = createHash('sha256').update(token).digest()
   // a client that sent `Expect: 100-continue` is told to send its body here (http/expect-continue.ts)
   const json = continuingParser(express.json({ limit: COMMAND_LIMIT_BYTES }), COMMAND_LIMIT_BYTES)
-  router.post(LOCAL_CLI_PATH, json, async (req, res) => {
+  // the token is in the headers: a request without it is refused before its body is read (or asked for)
+  const authorized: RequestHandler = (req, res, next) => {
     const presented = createHash('sha256')
       .update(req.get('authorization')?.replace(/^Bearer /, '') ?? '')
       .digest()
     if (!timingSafeEqual(presented, expected)) {
+      leaveBodyUnread(req, res)
       throw new AppError(401, 'invalid_command_token', 'A local command needs the token from DATA_DIR/serve.json')
     }
+    next()
+  }
+  router.post(LOCAL_CLI_PATH, authorized, json, async (req, res) => {
     const args: unknown = req.body?.args
     if (
       !Array.isArray(args) ||
