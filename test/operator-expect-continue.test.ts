@@ -127,9 +127,8 @@ describe('the operator listener reads a body only once the headers authenticate 
       ['an authenticated action', '/console/reactions/retry-failed', { Authorization: `Bearer ${TOKEN}` }],
       ['the login page', '/console/login', {}],
     ])('refuses a form past 16 KB to %s 413, without 100 Continue', async (_case, path, credentials) => {
-      // sent with its head, as a client does that stops waiting: the parser drains a refused body before it answers
-      const form = `pad=${'a'.repeat(16 * 1024)}`
-      const received = await exchange(port, postHead(path, { ...credentials, 'Content-Length': form.length, Expect: '100-continue', Connection: 'close' }) + form)
+      // the head alone: the refusal comes from the announced length, while the client still waits to be told to send
+      const received = await exchange(port, postHead(path, { ...credentials, 'Content-Length': 16 * 1024 + 5, Expect: '100-continue' }))
       expect(received).not.toContain('100 Continue')
       const answer = finalAnswer(received)
       expect(answer.status).toBe(413)

@@ -4,6 +4,7 @@
 // is refused from its headers alone (a length past the limit, no signature, the body budget spent, a path
 // with no route) is refused before its client sends the body, and told nothing else.
 import type { IncomingMessage, RequestListener, ServerResponse } from 'node:http'
+import { AppError } from './app-error.js'
 
 // the requests whose client waits for `100 Continue` before it sends the body
 const awaiting = new WeakSet<IncomingMessage>()
@@ -36,15 +37,21 @@ export function leaveBodyUnread(req: IncomingMessage, res: ServerResponse): void
 }
 
 /**
- * A body parser (Express's json or urlencoded) that says continue before it reads, unless the announced
- * length is past its limit: the parser refuses that (413) before a byte is read.
+ * A body parser (Express's json or urlencoded) that says continue before it reads. A request whose announced
+ * length is past the limit is refused 413 from its headers, the parser not called, and the connection closed
+ * after the answer: the parser would answer only once the refused body had arrived and been discarded, which
+ * a client waiting for `100 Continue` never sends.
  */
-export function continuingParser<Req extends IncomingMessage, Res extends ServerResponse, Next>(
-  parser: (req: Req, res: Res, next: Next) => void,
+export function continuingParser<Req extends IncomingMessage, Res extends ServerResponse>(
+  parser: (req: Req, res: Res, next: (error?: unknown) => void) => void,
   limitBytes: number,
-): (req: Req, res: Res, next: Next) => void {
+): (req: Req, res: Res, next: (error?: unknown) => void) => void {
   return (req, res, next) => {
-    if (!(Number(req.headers['content-length']) > limitBytes)) continueReading(req, res)
+    if (Number(req.headers['content-length']) > limitBytes) {
+      res.setHeader('Connection', 'close')
+      return next(new AppError(413, 'payload_too_large', `The body is larger than ${limitBytes} bytes`))
+    }
+    continueReading(req, res)
     parser(req, res, next)
   }
 }
