@@ -1,14 +1,14 @@
 // A second terminal next to `npm start`: it must reach the running service's database and platform, or
 // say what to set; never write somewhere else unnoticed. A refused connection to the platform sent nothing.
 import { once } from 'node:events'
-import { existsSync } from 'node:fs'
+import { existsSync, mkdtempSync } from 'node:fs'
+import { tmpdir } from 'node:os'
 import path from 'node:path'
 import { afterAll, beforeAll, expect, it } from 'vitest'
 import type { CliContext } from '../src/cli/cli-context.js'
 import { findOrderByExternalReference } from '../src/orders/order.repository.js'
 import { runCommandWith } from './helpers/cli-in-process.js'
 import { freePort, runCli, spawnCli, waitForLogLine } from './helpers/cli-process.js'
-import { migratedDataDir } from './helpers/data-dir-template.js'
 import { testLogger } from './helpers/log-sink.js'
 import { tradeRecord } from './helpers/partner-api-fixtures.js'
 import { startRecordingServer } from './helpers/partner-api-recording-server.js'
@@ -56,7 +56,7 @@ it('treats a refused connection as not sent: the order stays as it was and can b
 describePostgres('a second terminal next to a service on Postgres (Postgres)', () => {
   let database: TestDatabase
   let service: ReturnType<typeof spawnCli>
-  const dataDir = migratedDataDir('second-terminal-')
+  const dataDir = mkdtempSync(path.join(tmpdir(), 'second-terminal-'))
 
   beforeAll(async () => {
     database = await createTestDatabase({ kind: 'postgres' })

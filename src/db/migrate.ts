@@ -29,8 +29,12 @@ export interface MigrationReport {
 // migrator takes the lock, runs the migrations and gives it back inside it, on the one session the pooler keeps
 // for it. A failed migration throws inside it, so the transaction is rolled back, as before. Processes that
 // migrate at once wait for each other on a transaction lock taken first, and find the work done.
-/** The advisory lock key that orders processes migrating at once ("migr" in ASCII). */
-const MIGRATION_LOCK_KEY = 0x6d696772
+/**
+ * The advisory lock key that orders processes migrating at once ("migr" in ASCII). The migrator reads the
+ * catalog of every schema in the database under it (Kysely's introspector), so the tests drop their throwaway
+ * schemas under it too (test/helpers/test-database.ts).
+ */
+export const MIGRATION_LOCK_KEY = 0x6d696772
 
 class MigrationFailed extends Error {
   constructor(readonly outcome: MigrationResultSet) {

@@ -4,7 +4,7 @@ import { randomBytes } from 'node:crypto'
 import { readFileSync } from 'node:fs'
 import pg from 'pg'
 import { afterAll, beforeAll, describe, inject } from 'vitest'
-import { migrateToLatest } from '../../src/db/migrate.js'
+import { MIGRATION_LOCK_KEY, migrateToLatest } from '../../src/db/migrate.js'
 import { type DatabaseHandle, openDatabase } from '../../src/db/open-database.js'
 import type { Logger } from '../../src/logger.js'
 
@@ -104,7 +104,13 @@ export async function createTestDatabase({
       await handle.close()
       const cleanup = new pg.Client({ connectionString: postgresUrl })
       await cleanup.connect()
+      // under the migration lock: a migration reads the catalog of every schema in the database (Kysely's
+      // introspector), and one dropped in the middle of that read failed it with "schema … does not exist"
+      // (3F000), another test file's migration running at the same time
+      await cleanup.query('begin')
+      await cleanup.query('select pg_advisory_xact_lock($1::bigint)', [MIGRATION_LOCK_KEY])
       await cleanup.query(`drop schema if exists ${schema} cascade`)
+      await cleanup.query('commit')
       await cleanup.end()
     },
   }
