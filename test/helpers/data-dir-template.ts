@@ -2,14 +2,23 @@
 // command) as a process and is not about its first start: the copy takes milliseconds where PGlite's initdb
 // takes 6-15 s of a core. The template is made once per run (helpers/pglite-template.ts). A test of what a
 // first start does (initdb, its log line, the modes of new files) takes an empty directory instead.
-import { cpSync, mkdtempSync } from 'node:fs'
+import { cpSync, mkdtempSync, rmSync } from 'node:fs'
 import { tmpdir } from 'node:os'
 import path from 'node:path'
-import { inject } from 'vitest'
+import { afterAll, inject } from 'vitest'
+
+// Each copy is some 40 MB: removed once the test file is done. Registered when this module is first imported,
+// before the file's own hooks, so it runs after them (vitest runs after-hooks last registered first): the
+// file has stopped its processes by then.
+const copies: string[] = []
+afterAll(() => {
+  for (const directory of copies.splice(0)) rmSync(directory, { recursive: true, force: true })
+})
 
 /** A new directory under the system's temporary one, named `prefix…`, holding a migrated embedded database. */
 export function migratedDataDir(prefix: string): string {
   const directory = mkdtempSync(path.join(tmpdir(), prefix))
+  copies.push(directory)
   cpSync(inject('pgliteTemplates').migratedDataDir, directory, { recursive: true })
   return directory
 }
