@@ -87,38 +87,25 @@ describe('the operator listener reads a body only once the headers authenticate 
       expect(answer.headers.connection).toBe('close')
     })
 
-    it('tells an authenticated form to continue, then answers its action once the form is sent', async () => {
-      const form = await confirmFields('/console/reactions/retry-failed')
+    // an authenticated POST that waits for `100 Continue`, checks it came first, then sends the form: all received
+    const postAfterContinue = async (path: string, form: string) => {
       const client = await connect(port)
-      client.write(
-        postHead('/console/reactions/retry-failed', {
-          Authorization: `Bearer ${TOKEN}`,
-          'Content-Length': form.length,
-          Expect: '100-continue',
-          Connection: 'close',
-        }),
-      )
+      client.write(postHead(path, { Authorization: `Bearer ${TOKEN}`, 'Content-Length': form.length, Expect: '100-continue', Connection: 'close' }))
       expect(await client.until((received) => received.length > 0)).toBe(CONTINUE)
       client.write(form)
-      const received = await client.closed
+      return client.closed
+    }
+
+    it('tells an authenticated form to continue, then answers its action once the form is sent', async () => {
+      const form = await confirmFields('/console/reactions/retry-failed')
+      const received = await postAfterContinue('/console/reactions/retry-failed', form)
       expect(received.startsWith(`${CONTINUE}HTTP/1.1 200 OK\r\n`)).toBe(true)
       expect(finalAnswer(received).body).toContain('no failed reaction jobs')
     })
 
     it('tells an authenticated form to continue, then refuses it 403 when its CSRF token is wrong', async () => {
       const form = (await confirmFields('/console/reactions/retry-failed')).replace(/csrf=[0-9a-f]+/, `csrf=${'0'.repeat(64)}`)
-      const client = await connect(port)
-      client.write(
-        postHead('/console/reactions/retry-failed', {
-          Authorization: `Bearer ${TOKEN}`,
-          'Content-Length': form.length,
-          Expect: '100-continue',
-          Connection: 'close',
-        }),
-      )
-      expect(await client.until((received) => received.length > 0)).toBe(CONTINUE)
-      client.write(form)
-      const answer = finalAnswer(await client.closed)
+      const answer = finalAnswer(await postAfterContinue('/console/reactions/retry-failed', form))
       expect(answer.status).toBe(403)
       expect(answer.body).toContain('CSRF')
     })
