@@ -63,6 +63,10 @@ const CASES: Case[] = [
   { name: 'a lone surrogate in a field the receiver does not read', field: 'note', value: '"\\ud800"', expected: 'applied' },
   { name: 'a huge number in a field the receiver does not read', field: 'note', value: '-1e999999', expected: 'applied' },
   { name: 'an escaped NUL in a field the receiver does not read', field: 'note', value: '"\\u0000"', expected: 400 },
+  // an escaped backslash, then `u0000`: text, no NUL (it was refused 400 at every attempt)
+  { name: 'an escaped backslash before u0000 in a field the receiver does not read', field: 'note', value: '"C:\\\\u0000"', expected: 'applied' },
+  { name: 'an escaped backslash before u0000 in reference', field: 'reference', value: '"REF\\\\u0000"', expected: 'applied' },
+  { name: 'an escaped backslash, then an escaped NUL, in a field the receiver does not read', field: 'note', value: '"\\\\\\u0000"', expected: 400 },
 ]
 
 for (const kind of ['pglite', 'postgres'] as const) {

@@ -3,9 +3,8 @@
 // service then refused), a request target Express cannot read on the operator listener (it answered with
 // its own HTML page), and a target Node's legacy URL parser warns about (the warning quoted the outsider's
 // target on the process's stderr).
-import { once } from 'node:events'
 import { afterAll, beforeAll, describe, expect, it } from 'vitest'
-import { receiverEnv, spawnCli, waitForLogLine } from './helpers/cli-process.js'
+import { receiverEnv, spawnCli, waitForLogLine, stopChild } from './helpers/cli-process.js'
 import { connect, exchange, finalAnswer } from './helpers/raw-http-client.js'
 import { signBody } from './helpers/webhook-delivery.js'
 
@@ -44,8 +43,7 @@ describe('the compiled service before its application answers', () => {
   }, 120_000)
 
   afterAll(async () => {
-    service.kill('SIGTERM')
-    await once(service, 'exit')
+    await stopChild(service)
   })
 
   describe('a webhook that waits for 100 Continue', () => {

@@ -1,3 +1,4 @@
+import { type KyselyPlugin, sql } from 'kysely'
 import { describe, expect, it } from 'vitest'
 import { migrations } from '../migrations/index.js'
 import { migrateToLatest, migrationsAreCurrent } from '../src/db/migrate.js'
@@ -14,6 +15,28 @@ describe('migrations', () => {
       expect((await migrateToLatest(database.db)).applied).toEqual(allMigrations)
       expect((await migrateToLatest(database.db)).applied).toEqual([])
       expect(await migrationsAreCurrent(database.db)).toBe(true)
+    } finally {
+      await database.close()
+    }
+  })
+})
+
+describe('migrations on a database older than Postgres 13', () => {
+  it('are refused before any runs, in words that name the version needed', async () => {
+    const database = await createTestDatabase({ migrate: false })
+    // the server's answer to the version asked, as a Postgres 12 would give it
+    const asPostgres12: KyselyPlugin = {
+      transformQuery: (args) => args.node,
+      transformResult: async ({ result }) =>
+        result.rows[0] && 'version' in result.rows[0] ? { ...result, rows: [{ version: 120_018 }] } : result,
+    }
+    try {
+      await expect(migrateToLatest(database.db.withPlugin(asPostgres12))).rejects.toThrow(
+        'Migration (before any migration ran) failed: Postgres 13 or later is needed, and this database is 12: upgrade it, or give DATABASE_URL another',
+      )
+      expect(await migrationsAreCurrent(database.db)).toBe(false)
+      const { rows } = await sql<{ name: string }>`select tablename as name from pg_tables where schemaname = current_schema() and tablename not like 'kysely%'`.execute(database.db)
+      expect(rows).toEqual([])
     } finally {
       await database.close()
     }

@@ -37,6 +37,26 @@ const UNAVAILABLE_NODE_CODES = new Set([
   'ENETDOWN',
 ])
 
+// Node's codes for a server certificate the TLS layer refused (an unknown CA, a self-signed one, a name that
+// does not match, an expired one): the driver cannot tell the database apart from an impostor, and waiting will
+// not change that
+const TLS_CERTIFICATE_CODES = new Set([
+  'UNABLE_TO_VERIFY_LEAF_SIGNATURE',
+  'UNABLE_TO_GET_ISSUER_CERT',
+  'UNABLE_TO_GET_ISSUER_CERT_LOCALLY',
+  'SELF_SIGNED_CERT_IN_CHAIN',
+  'DEPTH_ZERO_SELF_SIGNED_CERT',
+  'CERT_UNTRUSTED',
+  'CERT_HAS_EXPIRED',
+  'CERT_NOT_YET_VALID',
+  'CERT_SIGNATURE_FAILURE',
+  'ERR_TLS_CERT_ALTNAME_INVALID',
+])
+const TLS_CERTIFICATE_REFUSED =
+  "the database's TLS certificate was not accepted: give DATABASE_URL the CA that signed it " +
+  '(sslmode=verify-full&sslrootcert=/path/to/ca.pem, the CA bundle your provider publishes) and the host name on the certificate; ' +
+  "node-postgres verifies under sslmode=require too"
+
 // pg and PGlite report a lost or missing connection with these messages and no code
 const UNAVAILABLE_MESSAGES =
   /Connection terminated|timeout exceeded when trying to connect|Client has encountered a connection error|Query read timeout|PGlite is closed|PGlite instance is already closed|Connection ended|Cannot use a pool after calling end|Client was closed and is not queryable/i
@@ -68,17 +88,29 @@ export interface DatabaseErrorDescription {
 const SQLSTATE = /^[0-9A-Z]{5}$/
 
 /** 25006 read_only_sql_transaction: the database takes no writes now (the rest of class 25 is our bug). */
-const READ_ONLY = '25006'
+export const READ_ONLY = '25006'
+
+/** The SQLSTATE (or Node's code) of the error itself, not of what it wraps; undefined when it has none. */
+export function errorCode(error: unknown): unknown {
+  return (error as { code?: unknown } | null | undefined)?.code
+}
+/**
+ * 55P03 lock_not_available: a lock wait ended at the role's or the database's lock_timeout (a DBA's setting),
+ * another session holding what the statement needed; like a statement timeout, it passes (the rest of class 55
+ * is our bug).
+ */
+const LOCK_TIMEOUT = '55P03'
 
 function sqlstateKind(code: string): DatabaseErrorKind {
   // 57P01 admin shutdown (pg_terminate_backend), 57P02 crash shutdown, 57P03 starting up, 57014 a
   // statement timeout; 57000 and the rest of class 57 are not an outage
-  if (code.startsWith('57P') || code === '57014' || code === READ_ONLY) return 'unavailable'
+  if (code.startsWith('57P') || code === '57014' || code === READ_ONLY || code === LOCK_TIMEOUT) return 'unavailable'
   return SQLSTATE_CLASSES[code.slice(0, 2)]?.kind ?? 'failure'
 }
 
 function sqlstateMessage(code: string, kind: DatabaseErrorKind): string {
   if (code === READ_ONLY) return 'the database is read-only (a standby, a failover under way, or default_transaction_read_only)'
+  if (code === LOCK_TIMEOUT) return "a lock wait ended at the database's lock_timeout: another session held what the statement needed"
   if (code === '42501') return 'permission denied: the user of DATABASE_URL lacks a privilege this statement needs (it creates and uses the tables of its schema)'
   const sqlstateClass = code.slice(0, 2)
   if (kind === 'unavailable' && sqlstateClass === '57')
@@ -95,6 +127,9 @@ export function describeDatabaseError(error: unknown): DatabaseErrorDescription 
     const code = (current as { code?: unknown }).code
     if (typeof code === 'string' && UNAVAILABLE_NODE_CODES.has(code)) {
       return { kind: 'unavailable', code, message: 'the database cannot be reached' }
+    }
+    if (typeof code === 'string' && TLS_CERTIFICATE_CODES.has(code)) {
+      return { kind: 'failure', code, message: TLS_CERTIFICATE_REFUSED }
     }
     if (typeof code === 'string' && SQLSTATE.test(code) && isDatabaseReport(current)) {
       const sqlstateClass = code.slice(0, 2)

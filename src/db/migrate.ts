@@ -1,7 +1,7 @@
 // Kysely's Migrator over the static list in migrations/. On Postgres the migrator takes an advisory
 // lock, so two replicas starting at once apply each migration once; the other waits and finds it done.
-import { type Kysely, sql } from 'kysely'
-import { type MigrationResultSet, Migrator } from 'kysely/migration'
+import { type DatabaseIntrospector, type Kysely, sql, type TableMetadata } from 'kysely'
+import { type Migration, type MigrationResultSet, Migrator } from 'kysely/migration'
 import { migrations } from '../../migrations/index.js'
 import type { Database } from './database.js'
 import { describeDatabaseError } from './database-errors.js'
@@ -10,11 +10,77 @@ import { describeDatabaseError } from './database-errors.js'
 // Kysely accepts a table of that name in ANY schema, so a second app (or test schema) in the same
 // database would make it skip creating its own.
 async function createMigrator(db: Kysely<Database>): Promise<Migrator> {
-  const { rows } = await sql<{ schema: string }>`select current_schema() as schema`.execute(db)
+  const { rows } = await sql<{ schema: string | null }>`select current_schema() as schema`.execute(db)
+  const schema = rows[0]?.schema
+  // none of the search_path's schemas exists: the migrator's first table failed (3F000), and the look it took
+  // after, in the aborted transaction, reported only 25P02
+  if (!schema) throw new NoSchemaError()
   return new Migrator({
-    db,
-    provider: { getMigrations: async () => migrations },
-    migrationTableSchema: rows[0]?.schema ?? 'public',
+    db: withOwnSchemaCatalog(db),
+    provider: { getMigrations: async () => eachInASavepoint },
+    migrationTableSchema: schema,
+  })
+}
+
+// Each migration in a savepoint of the migrations' transaction. The migrator gives its lock back after a failed
+// migration, in a statement the aborted transaction refused (25P02), and that refusal was all it reported: a
+// table of another application's with one of our names (42P07) ended `migrate` with "Migration (before any
+// migration ran) failed: … (25P02)". Rolled back to its savepoint, the transaction takes the migrator's statement,
+// and what failed is the migration's own error, under its name.
+const eachInASavepoint: Record<string, Migration> = Object.fromEntries(
+  Object.entries(migrations).map(([name, migration]) => [
+    name,
+    {
+      ...migration,
+      up: async (db: Kysely<unknown>) => {
+        await sql`savepoint migration`.execute(db)
+        try {
+          await migration.up(db)
+        } catch (error) {
+          // a connection that is gone fails this too: the migration's own error is the one to report
+          await sql`rollback to savepoint migration`.execute(db).catch(() => {})
+          throw error
+        }
+        await sql`release savepoint migration`.execute(db)
+      },
+    },
+  ]),
+)
+
+class NoSchemaError extends Error {
+  constructor() {
+    super("no schema of the connection's search_path exists to create the tables in: create it (CREATE SCHEMA …), or name an existing one in DATABASE_URL (options=-c search_path=…)")
+  }
+}
+
+// The migrator asks the catalog one thing: whether its two tables exist in our schema. Kysely's introspector
+// answers by reading every column of every table in the database, and by resolving each table's name again on
+// the way (pg_get_serial_sequence): a schema or table another application dropped meanwhile failed our start
+// with 3F000 or 42P01, and in a database of thousands of tables each such read took 0.2-0.3 s (5,000 tables of
+// 10 columns, on Postgres 15). `db` as it is, but for an introspector that reads our schema's table names only.
+function withOwnSchemaCatalog(db: Kysely<Database>): Kysely<Database> {
+  const tables = async (): Promise<TableMetadata[]> => {
+    const { rows } = await sql<{ name: string; schema: string; isView: boolean; isForeign: boolean }>`
+      select c.relname as name, n.nspname as schema, c.relkind = 'v' as "isView", c.relkind = 'f' as "isForeign"
+      from pg_catalog.pg_class c join pg_catalog.pg_namespace n on n.oid = c.relnamespace
+      where n.nspname = current_schema() and c.relkind in ('r', 'v', 'p', 'f')`.execute(db.withoutPlugins())
+    // the migrator reads no column
+    return rows.map((row) => ({ ...row, columns: [] }))
+  }
+  const introspection: DatabaseIntrospector = {
+    getSchemas: async () => {
+      const { rows } = await sql<{ name: string }>`select current_schema() as name`.execute(db.withoutPlugins())
+      return rows
+    },
+    getTables: tables,
+  }
+  return new Proxy(db, {
+    get(target, property) {
+      if (property === 'introspection') return introspection
+      // Kysely's own members, on Kysely itself (they read its private fields)
+      const value: unknown = Reflect.get(target, property, target)
+      return typeof value === 'function' ? (value as (...args: unknown[]) => unknown).bind(target) : value
+    },
   })
 }
 
@@ -29,11 +95,7 @@ export interface MigrationReport {
 // migrator takes the lock, runs the migrations and gives it back inside it, on the one session the pooler keeps
 // for it. A failed migration throws inside it, so the transaction is rolled back, as before. Processes that
 // migrate at once wait for each other on a transaction lock taken first, and find the work done.
-/**
- * The advisory lock key that orders processes migrating at once ("migr" in ASCII). The migrator reads the
- * catalog of every schema in the database under it (Kysely's introspector), so the tests drop their throwaway
- * schemas under it too (test/helpers/test-database.ts).
- */
+/** The advisory lock key that orders processes migrating at once ("migr" in ASCII). */
 export const MIGRATION_LOCK_KEY = 0x6d696772
 
 class MigrationFailed extends Error {
@@ -45,14 +107,27 @@ class MigrationFailed extends Error {
 export async function migrateToLatest(db: Kysely<Database>): Promise<MigrationReport> {
   let outcome: MigrationResultSet
   try {
-    outcome = await db.transaction().execute(async (trx) => {
+    // READ COMMITTED whatever the database's default: a process that waited below for another's migrations then
+    // reads what they did, where a snapshot taken before the wait (REPEATABLE READ) saw none of it and applied
+    // them again (25P02)
+    outcome = await db.transaction().setIsolationLevel('read committed').execute(async (trx) => {
       // no statement_timeout, the role's or the database's included: a migration may index a large table for
       // minutes, and a process waiting here for another's migrations waits until they are done
       await sql`set local statement_timeout = 0`.execute(trx)
       // then a lock of the transaction's own: the migrator creates its tables before taking its lock, and two
       // processes creating them at once inside transactions would leave one aborted (its error caught, the
       // transaction unusable)
+      // and waits for it however long another process's migrations take: a lock_timeout the role or the database
+      // has (a DBA's guard against DDL queueing behind their queries) ended that wait, and the start, in as little
+      // as it said. The migrations' own statements keep it.
+      await sql`set local lock_timeout = 0`.execute(trx)
       await sql`select pg_advisory_xact_lock(${MIGRATION_LOCK_KEY}::bigint)`.execute(trx)
+      await sql`set local lock_timeout to default`.execute(trx)
+      await requireSupportedPostgres(trx)
+      await requireUtf8(trx)
+      const applied = await appliedMigrations(trx)
+      await requireCreateWhereMigrationsWait(trx, applied)
+      requireNoNewerMigrations(applied)
       const result = await (await createMigrator(trx)).migrateToLatest()
       if (result.error) throw new MigrationFailed(result)
       return result
@@ -65,11 +140,107 @@ export async function migrateToLatest(db: Kysely<Database>): Promise<MigrationRe
     const failed = results?.find((result) => result.status === 'Error')?.migrationName
     // what failed, in words safe to print: a database's report only by its class and code (it may quote data)
     const database = describeDatabaseError(error)
-    const reason = database.code ? `${database.message} (${database.code})` : error instanceof Error ? error.message : String(error)
+    const reason =
+      database.code === NAME_TAKEN
+        ? nameTaken(error)
+        : database.code
+          ? `${database.message} (${database.code})`
+          : error instanceof Error
+            ? error.message
+            : String(error)
     // a database's report stays the cause (its log line shows the code); any other error's message is in this one
     throw new Error(`Migration ${failed ?? '(before any migration ran)'} failed: ${reason}`, database.code ? { cause: error } : {})
   }
   return { applied: (results ?? []).filter((r) => r.status === 'Success').map((r) => r.migrationName) }
+}
+
+// duplicate_table: a table or index of one of our names is already in the schema, another application's (a
+// schema shared with it) or one made by hand
+const NAME_TAKEN = '42P07'
+
+function nameTaken(error: unknown): string {
+  // the name is one of ours, from the migration's own statement; the rest of the server's words are not printed
+  const name = error instanceof Error ? /^relation "([a-z0-9_]+)" already exists$/.exec(error.message)?.[1] : undefined
+  return (
+    `${name ? `"${name}", which it creates,` : 'a table or index it creates'} is already in the connection's schema, made by something ` +
+    `other than this service's migrations (${NAME_TAKEN}): give the service a schema of its own (options=-c search_path=… in DATABASE_URL)`
+  )
+}
+
+/** The oldest Postgres the migrations and statements run on: 13 (xid8 and pg_current_snapshot, gen_random_uuid). */
+export const OLDEST_POSTGRES = 13
+
+// An older server failed a migration halfway through the list, in the words of a missing function (42883)
+async function requireSupportedPostgres(db: Kysely<Database>): Promise<void> {
+  const { rows } = await sql<{ version: number }>`select current_setting('server_version_num')::int as version`.execute(db)
+  const version = rows[0]?.version ?? 0
+  if (version >= OLDEST_POSTGRES * 10_000) return
+  throw new Error(`Postgres ${OLDEST_POSTGRES} or later is needed, and this database is ${Math.floor(version / 10_000)}: upgrade it, or give DATABASE_URL another`)
+}
+
+/** The names applied in the connection's schema (none before its first migration); undefined: no schema at all. */
+type AppliedMigrations = { names: Set<string> } | undefined
+
+async function appliedMigrations(db: Kysely<Database>): Promise<AppliedMigrations> {
+  const { rows } = await sql<{ schema: string | null; migrated: boolean }>`
+    select current_schema() as schema,
+           exists (select from pg_catalog.pg_class c
+                    where c.relnamespace = current_schema()::regnamespace and c.relname = 'kysely_migration') as migrated`.execute(db)
+  const found = rows[0]
+  if (!found || found.schema === null) return undefined
+  if (!found.migrated) return { names: new Set() }
+  const { rows: applied } = await sql<{ name: string }>`select name from ${sql.id(found.schema, 'kysely_migration')} order by name`.execute(db)
+  return { names: new Set(applied.map((row) => row.name)) }
+}
+
+// A role that may not create tables in its schema (Postgres 15 and later give PUBLIC no CREATE on the public
+// schema; a DBA may give the service's role only the rights to read and write) failed the migrator's first table,
+// and the look it took after, in the aborted transaction, reported only 25P02. Asked only when a migration waits:
+// a role that only reads and writes runs the service once another has migrated.
+async function requireCreateWhereMigrationsWait(db: Kysely<Database>, applied: AppliedMigrations): Promise<void> {
+  // no schema at all: the migrator says so (NoSchemaError)
+  if (!applied) return
+  const waiting = Object.keys(migrations).filter((name) => !applied.names.has(name))
+  if (waiting.length === 0) return
+  const { rows } = await sql<{ quotedSchema: string; role: string; mayCreate: boolean }>`
+    select quote_ident(current_schema()) as "quotedSchema", quote_ident(current_user) as role,
+           has_schema_privilege(current_schema(), 'CREATE') as "mayCreate"`.execute(db)
+  const found = rows[0]
+  if (!found || found.mayCreate) return
+  if (waiting.length === 0) return
+  const { role, quotedSchema: schema } = found
+  throw new Error(
+    `the role ${role} may not create tables in the schema ${schema}, and ${waiting.length} migration${waiting.length === 1 ? '' : 's'} ` +
+      `wait${waiting.length === 1 ? 's' : ''} (${waiting[0]}${waiting.length > 1 ? ' and on' : ''}): GRANT CREATE ON SCHEMA ${schema} TO ${role}, ` +
+      'or run `migrate` once with a DATABASE_URL whose role may, and this one after it',
+  )
+}
+
+// A database that a newer build migrated (a rolling upgrade rolled back, an older replica restarted beside newer
+// ones) was refused by Kysely's migrator as "corrupted migrations: previously executed migration … is missing",
+// which pointed at nothing: every start and command of this build failed so. The names it does not know are told.
+function requireNoNewerMigrations(applied: AppliedMigrations): void {
+  if (!applied) return
+  const unknown = [...applied.names].filter((name) => !Object.hasOwn(migrations, name))
+  if (unknown.length === 0) return
+  const one = unknown.length === 1
+  throw new Error(
+    `this database was migrated by a newer build of the service: ${unknown.join(', ')} ${one ? 'is' : 'are'} applied, and this build ` +
+      `does not have ${one ? 'it' : 'them'}: run that build or a later one, or restore the database from before ${one ? 'it' : 'them'}`,
+  )
+}
+
+// The platform's deliveries are UTF-8 JSON, kept as text. In a database of another encoding (LATIN1, say, a
+// legacy one's) a delivery with a character it lacks (an emoji in a trade's title) could never be stored: it was
+// answered 400 `invalid_payload` however often the platform sent it. Checked at every start, not only the first.
+async function requireUtf8(db: Kysely<Database>): Promise<void> {
+  const { rows } = await sql<{ encoding: string }>`select current_setting('server_encoding') as encoding`.execute(db)
+  const encoding = rows[0]?.encoding ?? 'unknown'
+  if (encoding === 'UTF8') return
+  throw new Error(
+    `the database's encoding is ${encoding}, where the platform's deliveries are UTF-8 (one with a character ${encoding} lacks could not be stored): ` +
+      "give DATABASE_URL a database made with CREATE DATABASE … ENCODING 'UTF8' TEMPLATE template0",
+  )
 }
 
 /** True when every known migration has been applied. */

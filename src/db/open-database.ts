@@ -7,11 +7,12 @@ import path from 'node:path'
 import { CamelCasePlugin, Kysely, PGliteDialect, PostgresDialect, sql } from 'kysely'
 import pg from 'pg'
 import type { Logger } from '../logger.js'
-import { describeDatabaseError } from './database-errors.js'
+import { describeDatabaseError, errorCode, READ_ONLY } from './database-errors.js'
 import type { Database } from './database.js'
 import { PgliteThread } from './pglite-thread.js'
 import { LISTENER_PROBE_MS, listenerName, listenOnPostgres } from './postgres-listener.js'
 import { makeDirectoryPrivate } from './private-directory.js'
+import { SESSION_SETTINGS } from './session-defaults.js'
 import { DEFAULT_STATEMENT_TIMEOUT_MS, STATEMENT_ANSWER_GRACE_MS } from './statement-timeout.js'
 
 export type DatabaseKind = 'postgres' | 'pglite'
@@ -124,6 +125,36 @@ export const PREPARED = '/* prepared */'
 // on release, so the listener only has to record what happened.
 const NAMED_STATEMENT_LOST = new Set(['42P05', '26000'])
 
+// A write refused as read-only (25006) on a connection: the session may have begun while the database was made
+// read-only for maintenance (ALTER DATABASE or ALTER ROLE … SET default_transaction_read_only = on), and keeps that
+// default when the DBA turns it off again. Such connections answered every delivery 503 for as long as they were
+// in use, which under a steady load is for good (the pool closes a connection only once idle for 30 s). Given
+// back, one is closed, not handed out again: the next is a new session with the defaults of now. On a standby
+// (a failover under way) that makes one new connection per refused write, which ends when the writes do.
+//
+// A connection whose answer the client stopped waiting for (pg's `Query read timeout`, STATEMENT_ANSWER_GRACE_MS
+// after the statement timeout: the database did not even answer its cancellation) is closed when given back too.
+// pg leaves the unanswered statement on it, so it used to go back to the pool idle and be handed out again: every
+// later statement given it queued behind the one that never ends, waited its 15 s and failed, and each delivery
+// was answered 503 until the operating system gave up on the connection, hours later, while a new connection
+// would have worked at once.
+type PreparingClientInstance = pg.PoolClient & { refusedWrite?: boolean; answerLost?: boolean }
+
+// the pool's connection, closed on its release when a write was refused on it as read-only or an answer never came
+function readOnlyGoesAway(client: pg.PoolClient): pg.PoolClient {
+  const release = client.release.bind(client)
+  client.release = (destroy?: Error | boolean) => {
+    const { refusedWrite, answerLost } = client as PreparingClientInstance
+    // its socket is closed here: ending the session politely would queue behind what never got through
+    if (answerLost === true) (client as unknown as { connection?: { stream?: { destroy(): void } } }).connection?.stream?.destroy()
+    release(destroy || refusedWrite === true || answerLost === true)
+  }
+  return client
+}
+
+// pg's error when query_timeout ended the wait for an answer (the statement is still on the connection)
+const ANSWER_LOST = 'Query read timeout'
+
 interface PreparingHooks {
   onConnectionError: (error: Error) => void
   /** Once: named statements failed as through a pooler in transaction mode; none is prepared from now on. */
@@ -140,6 +171,12 @@ function preparingClient({ onConnectionError, onPreparingOff, startupParameters 
       this.on('error', onConnectionError)
     }
 
+    /** A write was refused on this connection as read-only (25006): it is not handed out again (readOnlyGoesAway). */
+    refusedWrite = false
+
+    /** The client stopped waiting for an answer on this connection: it is not handed out again (readOnlyGoesAway). */
+    answerLost = false
+
     override query(...args: unknown[]): never {
       const [text, values] = args
       const query = super.query as (...a: unknown[]) => never
@@ -148,16 +185,28 @@ function preparingClient({ onConnectionError, onPreparingOff, startupParameters 
         const named = query.call(this, { name: preparedName(text), text, values }) as Promise<unknown>
         return named.catch((error: unknown) => {
           const code = (error as { code?: unknown }).code
-          if (typeof code !== 'string' || !NAMED_STATEMENT_LOST.has(code)) throw error
+          if (typeof code !== 'string' || !NAMED_STATEMENT_LOST.has(code)) throw this.noted(error)
           if (preparing) {
             preparing = false
             onPreparingOff(code)
           }
           if (!outsideTransaction) throw error
-          return query.call(this, text, values)
+          return (query.call(this, text, values) as Promise<unknown>).catch((again: unknown) => {
+            throw this.noted(again)
+          })
         }) as never
       }
-      return query.call(this, ...args)
+      const result = query.call(this, ...args) as unknown
+      // Kysely's calls return a promise (no callback given); pg's own (a callback, a Submittable) pass through
+      return (result instanceof Promise ? result.catch((error: unknown) => {
+        throw this.noted(error)
+      }) : result) as never
+    }
+
+    private noted(error: unknown): unknown {
+      if (errorCode(error) === READ_ONLY) this.refusedWrite = true
+      if (error instanceof Error && error.message === ANSWER_LOST) this.answerLost = true
+      return error
     }
   }
 }
@@ -266,14 +315,20 @@ function openPostgres(
   // an idle client that loses its connection is removed and reported on the pool as well; its own
   // listener above has logged it already, and without a listener here the pool's 'error' would be fatal
   pool.on('error', () => {})
+  sessionSettingsOnConnect(pool)
   // a connection refused for its statement_timeout is made again without it, and so is every later one
-  const connect = async () => {
+  const capped = connectionCap(pool, poolSize, logger)
+  const connect = async (): Promise<pg.PoolClient> => {
     try {
-      return await pool.connect()
+      return readOnlyGoesAway(await pool.connect())
     } catch (error) {
-      if (!refusesStartupTimeout(error)) throw error
-      timeoutOnConnect = false
-      return pool.connect()
+      if (refusesStartupTimeout(error)) {
+        timeoutOnConnect = false
+        return connect()
+      }
+      // past the server's cap, with connections of our own to wait for: wait for one of them
+      if (capped(error)) return connect()
+      throw error
     }
   }
   const db = new Kysely<Database>({
@@ -338,6 +393,7 @@ function openPostgres(
         keepAlive: true,
       })
       single.on('error', () => {})
+      sessionSettingsOnConnect(single)
       const unbounded = new Kysely<Database>({ dialect: new PostgresDialect({ pool: single }), plugins: [new CamelCasePlugin()] })
       try {
         return await work(unbounded)
@@ -349,6 +405,49 @@ function openPostgres(
   }
 }
 
+// Each connection of the service's own pools starts with the session settings its statements and the driver
+// are written for (session-defaults.ts: READ COMMITTED, ISO dates), whatever a DBA made the database's or the
+// role's defaults: the pool's 'connect' comes before it hands the connection out, and a connection runs its
+// statements in order.
+function sessionSettingsOnConnect(pool: pg.Pool): void {
+  pool.on('connect', (client) => {
+    // a connection that fails here fails its first statement too, which reports it
+    client.query(SESSION_SETTINGS).catch(() => {})
+  })
+}
+
+// 53300: the server opens no more sessions for this role (ALTER ROLE … CONNECTION LIMIT), this database (its
+// CONNECTION LIMIT) or anyone (max_connections, other applications' sessions counted). A pool allowed more than that
+// failed each statement that waited for a connection past the cap, answered 503, though the connections it held
+// were given back moments later. Refused so, the pool keeps the connections it has as its size, and a statement
+// waits for one of them; a minute later it may try to open more again, in case the cap was raised or the other
+// applications' sessions went. Said in a warning each time the size is lowered.
+const TOO_MANY_CONNECTIONS = '53300'
+const CONNECTION_CAP_RETRY_MS = 60_000
+
+/** Whether `error` lowered the pool's size to the connections it has (true: connect again and wait for one). */
+function connectionCap(pool: pg.Pool, poolSize: number, logger: Logger | undefined): (error: unknown) => boolean {
+  const options = pool.options as { max: number }
+  let restore: NodeJS.Timeout | undefined
+  return (error) => {
+    if (errorCode(error) !== TOO_MANY_CONNECTIONS || pool.totalCount === 0) return false
+    // connections still being opened count too: each that fails after lowers the size again, said once a minute
+    options.max = Math.min(options.max, pool.totalCount)
+    if (restore) return true
+    logger?.warn(
+      { code: TOO_MANY_CONNECTIONS, poolSize, keeps: options.max },
+      `the database refused a connection past ${options.max} (the role's or the database's connection limit, or max_connections): ` +
+        `this pool keeps at most ${options.max} of its DATABASE_POOL_SIZE ${poolSize} for a minute, statements waiting for one; ` +
+        'lower DATABASE_POOL_SIZE (for every replica together) or raise the limit',
+    )
+    restore = setTimeout(() => {
+      options.max = poolSize
+      restore = undefined
+    }, CONNECTION_CAP_RETRY_MS).unref()
+    return true
+  }
+}
+
 async function holdLockOnPostgres(databaseUrl: string, key: number, logger: Logger | undefined): Promise<(() => Promise<void>) | undefined> {
   const client = new pg.Client({ connectionString: databaseUrl, keepAlive: true, connectionTimeoutMillis: 5_000 })
   // a connection lost while the lock is held gives the lock back with it; its release then has nothing to do
@@ -356,6 +455,10 @@ async function holdLockOnPostgres(databaseUrl: string, key: number, logger: Logg
   try {
     await client.connect()
     await client.query('begin')
+    // the transaction idles for as long as the lock is held (a pass of batches and pauses): an
+    // idle_in_transaction_session_timeout of the role or the database ended the session, and with it the lock,
+    // in the middle of the pass, and another replica's pass could start beside it
+    await client.query('set local idle_in_transaction_session_timeout = 0')
     const { rows } = await client.query<{ locked: boolean }>('select pg_try_advisory_xact_lock($1::bigint) as locked', [key])
     if (rows[0]?.locked !== true) {
       await client.end()

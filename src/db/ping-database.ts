@@ -1,5 +1,6 @@
 import { type Kysely, sql } from 'kysely'
 import type { Database } from './database.js'
+import { errorCode, READ_ONLY } from './database-errors.js'
 
 /** What a trivial query learns of the database. */
 export interface DatabaseState {
@@ -11,8 +12,20 @@ export interface DatabaseState {
   readOnly: boolean
 }
 
-/** Resolves when the database answers a trivial query; rejects with the driver's error when it does not. */
+/**
+ * Resolves when the database answers a trivial query; rejects with the driver's error when it does not.
+ *
+ * A read-only session answers with the refusal a write gets there (25006), so the connection is closed when given
+ * back (open-database.ts) and the next look is a new session's: one that began while the database was read-only
+ * keeps that default after a DBA turns it off (ALTER DATABASE … SET default_transaction_read_only), and /readyz,
+ * asked every few seconds on the same connection, answered 503 for good.
+ */
 export async function pingDatabase(db: Kysely<Database>): Promise<DatabaseState> {
-  const { rows } = await sql<{ readOnly: string }>`select current_setting('transaction_read_only') as read_only`.execute(db)
-  return { readOnly: rows[0]?.readOnly === 'on' }
+  try {
+    await sql`do $$ begin if current_setting('transaction_read_only') = 'on' then raise sqlstate '25006' using message = 'this session is read-only'; end if; end $$`.execute(db)
+    return { readOnly: false }
+  } catch (error) {
+    if (errorCode(error) === READ_ONLY) return { readOnly: true }
+    throw error
+  }
 }

@@ -6,6 +6,7 @@ import { setTimeout as delay } from 'node:timers/promises'
 import pg from 'pg'
 import type { Logger } from '../logger.js'
 import { describeDatabaseError } from './database-errors.js'
+import { SESSION_SETTINGS } from './session-defaults.js'
 
 /** How long a listener waits for its probe, the NOTIFY it sends itself through the pool on each (re)connect. */
 export const LISTENER_PROBE_MS = 10_000
@@ -73,6 +74,8 @@ export function listenOnPostgres({
         await connection.connect()
         const pid = (connection as unknown as { processID: number | null }).processID
         if (pid !== null) ownListeners.add(pid)
+        // it idles between notifications: no idle_session_timeout of the database's ends it (session-defaults.ts)
+        await connection.query(SESSION_SETTINGS)
         await connection.query(`LISTEN ${connection.escapeIdentifier(channel)}`)
         failures = 0
         onNotify()

@@ -30,6 +30,11 @@ export interface TestDatabaseOptions {
   logger?: Logger
   migrate?: boolean
   poolSize?: number
+  /**
+   * Postgres: settings every connection of the URL starts with, as a database's or a role's a DBA set would
+   * (`{ default_transaction_isolation: 'repeatable read', lock_timeout: '1s' }`).
+   */
+  sessionDefaults?: Partial<Record<'default_transaction_isolation' | 'lock_timeout' | 'idle_in_transaction_session_timeout' | 'DateStyle' | 'IntervalStyle' | 'idle_session_timeout', string>>
 }
 
 /**
@@ -74,6 +79,7 @@ export async function createTestDatabase({
   logger,
   migrate = true,
   poolSize = 10,
+  sessionDefaults = {},
 }: TestDatabaseOptions = {}): Promise<TestDatabase> {
   if (kind === 'pglite') {
     const handle = openDatabase({ dataDir: 'memory://', pgliteTemplate: pgliteTemplate(migrate) })
@@ -93,7 +99,7 @@ export async function createTestDatabase({
   await admin.connect()
   await admin.query(`create schema ${schema}`)
   await admin.end()
-  const url = withSearchPath(postgresUrl, schema)
+  const url = withSessionOptions(postgresUrl, { search_path: schema, ...sessionDefaults })
   const handle = openDatabase({ databaseUrl: url, poolSize, ...(logger ? { logger } : {}) })
   if (migrate) await migrateToLatest(handle.db)
   return {
@@ -104,9 +110,8 @@ export async function createTestDatabase({
       await handle.close()
       const cleanup = new pg.Client({ connectionString: postgresUrl })
       await cleanup.connect()
-      // under the migration lock: a migration reads the catalog of every schema in the database (Kysely's
-      // introspector), and one dropped in the middle of that read failed it with "schema … does not exist"
-      // (3F000), another test file's migration running at the same time
+      // under the migration lock, not in the middle of another test file's migration (which, before it read
+      // only its own schema's catalog, failed with "schema … does not exist", 3F000, when one was dropped)
       await cleanup.query('begin')
       await cleanup.query('select pg_advisory_xact_lock($1::bigint)', [MIGRATION_LOCK_KEY])
       await cleanup.query(`drop schema if exists ${schema} cascade`)
@@ -128,8 +133,12 @@ function pgliteTemplate(migrated: boolean): Blob {
   return template
 }
 
-function withSearchPath(url: string, schema: string): string {
+// the URL with `options` that start each of its connections with these settings (those given)
+function withSessionOptions(url: string, settings: Record<string, string | undefined>): string {
   const parsed = new URL(url)
-  parsed.searchParams.set('options', `-c search_path=${schema}`)
+  const options = Object.entries(settings)
+    .filter(([, value]) => value !== undefined)
+    .map(([name, value]) => `-c ${name}=${value!.replaceAll(' ', '\\ ')}`)
+  parsed.searchParams.set('options', options.join(' '))
   return parsed.toString()
 }
