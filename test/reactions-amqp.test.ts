@@ -2,7 +2,11 @@
 // received, in per-order sequence, deduplicated by message_id; a cut connection and a broker down at
 // start-up fail calls (the dispatcher retries them) and never the process. Connections that a test cuts
 // go through a TCP proxy the test owns; the consumer connects straight to the broker.
+import { execFileSync } from 'node:child_process'
+import { randomBytes } from 'node:crypto'
+import { existsSync } from 'node:fs'
 import net from 'node:net'
+import path from 'node:path'
 import { afterEach, describe, expect, it } from 'vitest'
 import {
   AmqpPublishError,
@@ -151,6 +155,16 @@ async function proxy({ open = true } = {}): Promise<TcpProxy> {
   const started = await startTcpProxy({ host: url.hostname, port: Number(url.port || 5672) }, { open })
   cleanups.push(() => started.close())
   return started
+}
+
+// the broker's own command line (its users and their rights: tests make a user and delete it after); a broker
+// elsewhere (in a container) has none here, and that test is skipped
+function rabbitmqctl(...args: string[]): void {
+  execFileSync('rabbitmqctl', args, { stdio: 'pipe' })
+}
+
+function onPath(command: string): boolean {
+  return (process.env.PATH ?? '').split(path.delimiter).some((directory) => existsSync(path.join(directory, command)))
 }
 
 describe('the AMQP publisher, without a broker', () => {
@@ -339,6 +353,38 @@ describeRabbitMq('the AMQP publisher (RabbitMQ)', () => {
     expect(error.message).toContain(exchange)
     // and again: every call opens a fresh connection and is refused the same way
     expect((await failureOf(amqp.handler(eventOf(1, 1), context()))).code).toBe('amqp_refused')
+  })
+
+  // A broker's administrator often declares the exchanges and gives each application's user only the right to
+  // write to its own: declaring the exchange, even one that exists as asked, takes the configure right. Every
+  // publish of such a user failed with amqp_refused (ACCESS_REFUSED, 403).
+  it.skipIf(!onPath('rabbitmqctl'))('publishes through an exchange its user may write to but not declare; names both rights when it is missing', async () => {
+    const exchange = uniqueName('test-exchange')
+    const listening = await consumer({ exchange, pattern: 'trade.*' })
+    const user = `publisher-${randomBytes(4).toString('hex')}`
+    const password = randomBytes(12).toString('hex')
+    rememberSecret(password)
+    rabbitmqctl('add_user', user, password)
+    cleanups.push(async () => rabbitmqctl('delete_user', user))
+    // configure nothing, write the exchange only, read nothing
+    rabbitmqctl('set_permissions', '-p', '/', user, '^$', `^${exchange}$`, '^$')
+    const url = new URL(amqpUrl!)
+    url.username = user
+    url.password = password
+    const amqp = publisher({ exchange, url: url.toString() })
+    const event = eventOf(3, 1)
+    await amqp.handler(event, context())
+    await listening.waitFor((received) => received.length === 1)
+    expect(listening.received[0]!.messageId).toBe(event.eventId)
+
+    // an exchange that does not exist, which this user may not declare
+    const missing = uniqueName('test-missing-exchange')
+    rabbitmqctl('set_permissions', '-p', '/', user, '^$', `^${missing}$`, '^$')
+    const error = await failureOf(publisher({ exchange: missing, url: url.toString() }).handler(event, context()))
+    expect(error.code).toBe('amqp_refused')
+    expect(error.message).toContain(`the topic exchange "${missing}" does not exist and this user may not declare it (it has no configure right on it)`)
+    // and no log line holds it (rememberSecret above: the file's log sink refuses such a line)
+    expect(error.message).not.toContain(password)
   })
 
   it('after close(), calls throw amqp_closed', async () => {

@@ -113,6 +113,20 @@ describe('openTradeForOrder', () => {
     expect((await order(ref)).tradeCreateState).toBe('none')
   })
 
+  it('keeps the order it created, with no trade, when a stop comes before the create is sent, and says so', async () => {
+    const ref = reference()
+    const client = fakeTradeApi()
+    let looks = 0
+    const guard: CallGuard = { stopRequested: () => ++looks >= 2, sending: () => new AbortController().signal, settled: () => {} }
+    let created = 0
+    const stopped = await openTradeForOrder({ ...deps(client), guard }, ref, request, { onOrderCreated: () => created++ }).catch((e) => e)
+    expect(stopped).toMatchObject({ code: 'stopped' })
+    expect(stopped.message).toMatch(/nothing sent to the platform, the order created locally, with no trade$/)
+    expect(created).toBe(1)
+    expect(client.calls).toEqual([])
+    expect(await order(ref)).toMatchObject({ tradeId: null, tradeCreateState: 'none' })
+  })
+
   it('uses an existing order rather than making a second one', async () => {
     const ref = reference()
     await createOrder(database.db, { externalReference: ref })

@@ -28,6 +28,8 @@ import { holdSignalsForCall } from './hold-signals-for-call.js'
 interface TradeDepsOptions {
   /** What to tell the operator when the call's outcome is unknown (a timeout, a lost answer, a second Ctrl-C). */
   unknownOutcome?: string
+  /** What became of the order when the call could not be sent; asked once it failed. */
+  orderWhenNotSent?: () => string
 }
 
 /**
@@ -39,6 +41,7 @@ export async function withTradeDeps<T>(
   run: (deps: TradeDeps) => Promise<T>,
   {
     unknownOutcome = 'The platform may or may not have done it: check with `trades get` (the order is polled soon).',
+    orderWhenNotSent = () => 'the order is unchanged',
   }: TradeDepsOptions = {},
 ): Promise<T> {
   const [{ systemClock }, { createPartnerApiClient }, { observationSettings }] = await Promise.all([
@@ -55,7 +58,7 @@ export async function withTradeDeps<T>(
         },
       })
     } catch (error) {
-      throw explainFailure(error, unknownOutcome)
+      throw explainFailure(error, { unknownOutcome, orderWhenNotSent })
     }
   })
 }
@@ -84,7 +87,10 @@ export async function runTradeCall<T>(
   }
 }
 
-function explainFailure(error: unknown, unknownOutcome: string): unknown {
+function explainFailure(
+  error: unknown,
+  { unknownOutcome, orderWhenNotSent }: Required<TradeDepsOptions>,
+): unknown {
   if (error instanceof TradeOperationError && error.code === 'stopped') {
     return new StoppedBySignalError(`${error.message} [${error.code}]`)
   }
@@ -98,10 +104,16 @@ function explainFailure(error: unknown, unknownOutcome: string): unknown {
     return new Error(`The platform refused (${error.status} ${error.code})${detail}${clock}${fields}`)
   }
   if (error instanceof TradeOperationError) return new Error(`${error.message} [${error.code}]`)
+  if (error instanceof PartnerNotSentError && error.proxy) {
+    return new Error(
+      `Could not reach the platform at ${error.url} through the proxy ${error.proxy}: ${error.reason}. Nothing ` +
+        `was sent and ${orderWhenNotSent()}; check HTTPS_PROXY / HTTP_PROXY and NO_PROXY. [not_sent]`,
+    )
+  }
   if (error instanceof PartnerNotSentError) {
     return new Error(
-      `Could not reach the platform at ${error.url} (${error.reason}): nothing was sent and the order is ` +
-        'unchanged. In local mode the sandbox runs inside `npm start`: start it, then run this again; ' +
+      `Could not reach the platform at ${error.url} (${error.reason}): nothing was sent and ${orderWhenNotSent()}. ` +
+        'In local mode the sandbox runs inside `npm start`: start it, then run this again; ' +
         'otherwise check PARTNER_API_BASE_URL. [not_sent]',
     )
   }
@@ -179,8 +191,13 @@ export function registerTradesCommands(program: Command): void {
         ...(options.milestone.length > 0 && { milestones: options.milestone.map(parseMilestone) }),
       }
       const { openTradeForOrder } = await import('../trades/open-trade-for-order.js')
+      // a new order is created before the create is sent, and stays when nothing could be sent
+      let orderCreated = false
+      const onOrderCreated = () => {
+        orderCreated = true
+      }
       await runTradeCall(
-        (deps) => openTradeForOrder(deps, reference, request, { retry: options.retry === true }),
+        (deps) => openTradeForOrder(deps, reference, request, { retry: options.retry === true, onOrderCreated }),
         (trade) => {
           printTrade(trade, options.json)
           if (!options.json) printMilestones(trade)
@@ -189,6 +206,11 @@ export function registerTradesCommands(program: Command): void {
           unknownOutcome:
             'The trade may or may not exist: the order is marked unknown and is linked when the trade’s ' +
             `webhook arrives. Send the create again only on purpose: \`trades open ${reference} ... --retry\`.`,
+          orderWhenNotSent: () =>
+            orderCreated
+              ? `no trade was opened, but order ${reference} was created locally: the same command opens its trade ` +
+                'once the platform can be reached'
+              : 'the order is unchanged',
         },
       )
     })

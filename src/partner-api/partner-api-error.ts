@@ -28,19 +28,25 @@ export class PartnerNetworkError extends Error {
   override name = 'PartnerNetworkError'
 }
 
+/** The code of the error a proxy's closing the connection without answering CONNECT fails a call with. */
+export const PROXY_CLOSED_CODE = 'PROXY_CLOSED_WITHOUT_ANSWER'
+
 /**
- * No connection could be made (refused, or the host name did not resolve): the request never left, so its
- * outcome is known: nothing happened on the platform.
+ * No connection could be made (refused, or the host name did not resolve), or the proxy refused the tunnel:
+ * the request never left, so its outcome is known: nothing happened on the platform.
  */
 export class PartnerNotSentError extends PartnerNetworkError {
   override name = 'PartnerNotSentError'
+  /** The proxy the call went to (scheme://host:port), when it went through one. */
+  readonly proxy: string | undefined
   constructor(
     message: string,
     readonly url: string,
     readonly reason: string,
-    options?: ErrorOptions,
+    { proxy, ...options }: ErrorOptions & { proxy?: string } = {},
   ) {
     super(message, options)
+    this.proxy = proxy
   }
 }
 

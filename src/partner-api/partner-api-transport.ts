@@ -24,6 +24,7 @@ import {
   PartnerNetworkError,
   PartnerNotSentError,
   PartnerTimeoutError,
+  PROXY_CLOSED_CODE,
 } from './partner-api-error.js'
 import { checkResponse, platformErrorBodySchema } from './responses.js'
 import { newNonce, signRequest } from './sign-request.js'
@@ -58,6 +59,11 @@ export interface TransportOptions {
   clock: Clock
   logger: Logger
   fetch?: typeof fetch
+  /**
+   * The proxy `fetch` goes through, as scheme://host:port (no credentials): named in the errors, where a
+   * refused connection or a refused tunnel is the proxy's, not the platform's.
+   */
+  proxy?: string
   /** Jitter source in [0, 1); tests pass a fixed value. */
   random?: () => number
   /** Nonce source; defaults to 16 random bytes, hex. */
@@ -98,6 +104,7 @@ export class PartnerApiTransport {
   private readonly clock: Clock
   private readonly logger: Logger
   private readonly fetch: typeof fetch
+  readonly proxy: string | undefined
   private readonly random: () => number
   private readonly nonce: () => string
   private readonly retry: RetryOptions
@@ -126,6 +133,7 @@ export class PartnerApiTransport {
     this.clock = options.clock
     this.logger = options.logger
     this.fetch = options.fetch ?? globalThis.fetch
+    this.proxy = options.proxy
     this.random = options.random ?? Math.random
     this.nonce = options.nonce ?? newNonce
     this.retry = { ...DEFAULT_RETRY, ...options.retry }
@@ -232,8 +240,9 @@ export class PartnerApiTransport {
       if (error instanceof PartnerInvalidResponseError) throw error
       if (timeout.signal.aborted) {
         log({ error: 'timeout' })
+        const through = this.proxy ? ` (through the proxy ${this.proxy})` : ''
         throw new PartnerTimeoutError(
-          `${method} ${path}: no answer within ${this.timeoutMs} ms`,
+          `${method} ${path}: no answer within ${this.timeoutMs} ms${through}`,
           this.timeoutMs,
         )
       }
@@ -241,11 +250,12 @@ export class PartnerApiTransport {
         log({ error: 'aborted' })
         throw callerSignal.reason
       }
-      const reason = describeNetworkError(error)
+      const { reason, notSent } = this.proxy ? describeProxyError(error, this.proxy, url) : describeNetworkError(error)
       log({ error: 'network', reason })
-      if (NOT_SENT_CODES.has(reason)) {
+      if (notSent) {
         throw new PartnerNotSentError(`${method} ${path} was not sent: ${reason}`, this.baseUrl, reason, {
           cause: error,
+          proxy: this.proxy,
         })
       }
       throw new PartnerNetworkError(`${method} ${path} failed: ${reason}`, { cause: error })
@@ -332,8 +342,53 @@ export function parseRetryAfter(value: string | null, nowMs: number): number | u
 // refuses to connect to at all)
 const NOT_SENT_CODES = new Set(['ECONNREFUSED', 'ENOTFOUND', 'EAI_AGAIN', 'bad port'])
 
-function describeNetworkError(error: unknown): string {
-  if (!(error instanceof Error)) return String(error)
+interface NetworkFailure {
+  reason: string
+  /** True when not one byte of the request left this machine. */
+  notSent: boolean
+}
+
+function describeNetworkError(error: unknown): NetworkFailure {
+  if (!(error instanceof Error)) return { reason: String(error), notSent: false }
   const cause = error.cause as { code?: string; message?: string } | undefined
-  return cause?.code ?? cause?.message ?? error.message
+  const reason = cause?.code ?? cause?.message ?? error.message
+  return { reason, notSent: NOT_SENT_CODES.has(reason) }
+}
+
+// undici's words when the proxy answers CONNECT with anything but 200 (a cause or two below fetch's TypeError)
+const TUNNEL_REFUSED = /^Proxy response \((\d+)\) !== 200 when HTTP Tunneling$/
+
+const LOOPBACK = /^(127\.\d+\.\d+\.\d+|localhost|\[::1\])$/i
+
+/**
+ * A failure through a proxy. The client connects to the proxy alone, and the proxy to the platform: a refused
+ * connection is the proxy's, and a refusal of the tunnel (407, 403, 502) means the request never left.
+ */
+function describeProxyError(error: unknown, proxy: string, target: URL): NetworkFailure {
+  const tunnel = causes(error)
+    .map((cause) => TUNNEL_REFUSED.exec(cause.message))
+    .find((match) => match !== null)
+  if (tunnel) {
+    const status = Number(tunnel[1])
+    const hint =
+      status === 407
+        ? 'the proxy wants credentials, or refused the ones in the proxy URL (http://user:password@host:port)'
+        : LOOPBACK.test(target.hostname)
+          ? `${target.hostname} is this machine: add it to NO_PROXY`
+          : `the proxy does not reach ${target.host}, or does not allow it`
+    return { reason: `the proxy ${proxy} answered ${status} to CONNECT ${target.host} (${hint})`, notSent: true }
+  }
+  if (causes(error).some((cause) => (cause as { code?: unknown }).code === PROXY_CLOSED_CODE)) {
+    const hint = 'is it an https:// proxy, or no proxy at all?'
+    return { reason: `the proxy ${proxy} closed the connection without answering CONNECT ${target.host} (${hint})`, notSent: true }
+  }
+  const { reason, notSent } = describeNetworkError(error)
+  if (notSent) return { reason: `could not connect to the proxy ${proxy} (${reason})`, notSent }
+  return { reason: `${reason} (through the proxy ${proxy})`, notSent }
+}
+
+function causes(error: unknown): Error[] {
+  const chain: Error[] = []
+  for (let at = error; at instanceof Error && chain.length < 8; at = at.cause) chain.push(at)
+  return chain
 }

@@ -42,6 +42,11 @@ function firstAnnouncement(logger: Logger, target: string): boolean {
 export interface PartnerApiClientOptions extends TransportOptions {
   env: PartnerEnv
   kind: PartnerKind
+  /**
+   * Set when a proxy is configured (HTTP_PROXY, HTTPS_PROXY): the proxy this client's calls go through, as
+   * scheme://host:port (undefined: none, the base URL bypasses it), and NO_PROXY as set, for the ready line.
+   */
+  proxyRoute?: { proxy: string | undefined; noProxy: string | undefined }
 }
 
 export class PartnerApiClient {
@@ -51,13 +56,20 @@ export class PartnerApiClient {
   private readonly transport: PartnerApiTransport
 
   constructor(options: PartnerApiClientOptions) {
-    this.transport = new PartnerApiTransport(options)
+    this.transport = new PartnerApiTransport({ ...options, proxy: options.proxyRoute?.proxy })
     this.env = options.env
     this.kind = options.kind
     this.baseUrl = this.transport.baseUrl
     const level = firstAnnouncement(options.logger, `${this.env} ${this.baseUrl}`) ? 'info' : 'debug'
+    const route = options.proxyRoute
     options.logger[level](
-      { env: this.env, kind: this.kind, baseUrl: this.baseUrl, timeoutMs: this.transport.timeoutMs },
+      {
+        env: this.env,
+        kind: this.kind,
+        baseUrl: this.baseUrl,
+        timeoutMs: this.transport.timeoutMs,
+        ...(route ? { proxy: route.proxy ?? 'none', noProxy: route.noProxy ?? '' } : {}),
+      },
       'partner api client ready',
     )
   }

@@ -134,6 +134,7 @@ export function createAmqpPublisher({
     connection.on('blocked', (reason: string) => log.warn({ reason }, 'the broker blocked publishing'))
     connection.on('unblocked', () => log.info('the broker unblocked publishing'))
     try {
+      await ensureExchange(connection)
       const channel = await connection.createConfirmChannel()
       channel.on('error', (error: Error) => log.warn({ reason: describeError(error) }, 'AMQP channel error'))
       const inFlight = new Map<string, boolean>()
@@ -148,15 +149,6 @@ export function createAmqpPublisher({
         // too, so the next call starts from a clean connection
         if (!closed) connection.close().catch(() => {})
       })
-      try {
-        await channel.assertExchange(exchange, 'topic', { durable: true })
-      } catch (error) {
-        throw new AmqpPublishError(
-          'amqp_refused',
-          `the broker ${broker} refused the topic exchange "${exchange}": ${describeError(error)}`,
-          { cause: error },
-        )
-      }
       log.info('AMQP connection open, exchange declared')
       return { connection, channel, inFlight }
     } catch (error) {
@@ -165,6 +157,38 @@ export function createAmqpPublisher({
       throw new AmqpPublishError(
         'amqp_unreachable',
         `no channel on the broker ${broker}: ${describeError(error)}`,
+        { cause: error },
+      )
+    }
+  }
+
+  // The exchange is declared on a channel of its own, which a refusal closes (the confirm channel is opened
+  // after). Declaring it takes the user's configure right on it, even where it exists as asked; a broker's
+  // administrator often declares the exchanges and gives each application's user only the right to write to its
+  // own. Refused that right (403), the exchange is looked up instead, which takes none, and used as it is.
+  async function ensureExchange(connection: ChannelModel): Promise<void> {
+    const refused = (error: unknown) =>
+      new AmqpPublishError('amqp_refused', `the broker ${broker} refused the topic exchange "${exchange}": ${describeError(error)}`, { cause: error })
+    const declaring = await connection.createChannel()
+    declaring.on('error', () => {})
+    try {
+      await declaring.assertExchange(exchange, 'topic', { durable: true })
+      await declaring.close()
+      return
+    } catch (error) {
+      if (amqpReplyCode(error) !== ACCESS_REFUSED) throw refused(error)
+    }
+    const looking = await connection.createChannel()
+    looking.on('error', () => {})
+    try {
+      await looking.checkExchange(exchange)
+      await looking.close()
+    } catch (error) {
+      if (amqpReplyCode(error) !== NOT_FOUND) throw refused(error)
+      throw new AmqpPublishError(
+        'amqp_refused',
+        `on the broker ${broker} the topic exchange "${exchange}" does not exist and this user may not declare it ` +
+          '(it has no configure right on it): declare it once with a user that may, or give this one that right',
         { cause: error },
       )
     }
@@ -310,6 +334,15 @@ function untilStopped<T>(work: Promise<T>, stop: AbortSignal): Promise<T> {
 
 // amqplib's errors name the socket's code (ECONNREFUSED ...) or the broker's reply text; neither holds
 // the URL or its credentials
+// AMQP reply codes a refused declaration closes its channel with
+const ACCESS_REFUSED = 403
+const NOT_FOUND = 404
+
+function amqpReplyCode(error: unknown): number | undefined {
+  const code = (error as { code?: unknown } | null)?.code
+  return typeof code === 'number' ? code : undefined
+}
+
 function describeError(error: unknown): string {
   const code = (error as { code?: unknown } | undefined)?.code
   const message = error instanceof Error ? error.message : String(error)

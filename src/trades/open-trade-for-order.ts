@@ -15,6 +15,9 @@
 // With a CallGuard (the CLI's Ctrl-C): a stop asked for before the create is sent stops it there, nothing
 // sent, the order's state as it was; once it is sent, an operator who stops waiting for the answer leaves the
 // order as a timeout does, `unknown`.
+//
+// An order this call created stays, whatever the create then does (creating it applied the webhooks parked for
+// its reference): with nothing sent or the create refused, it is `none`, and the same open sends it.
 import { applyObservation } from '../orders/apply-observation.js'
 import { createOrder } from '../orders/create-order.js'
 import { apiObservation } from '../orders/observations.js'
@@ -31,20 +34,30 @@ import { answerMismatch, stoppedBeforeSending, TradeOperationError } from './tra
 
 export type OpenTradeRequest = Omit<CreateTradeRequest, 'external_reference'>
 
+export interface OpenTradeOptions {
+  /** Send the create although an earlier one may have made the trade (state unknown or pending). */
+  retry?: boolean
+  /** Called when this call created the order, before the create is sent: the order stays if the create fails. */
+  onOrderCreated?: () => void
+}
+
 export async function openTradeForOrder(
   deps: TradeDeps,
   externalReference: string,
   request: OpenTradeRequest,
-  { retry = false }: { retry?: boolean } = {},
+  { retry = false, onOrderCreated }: OpenTradeOptions = {},
 ): Promise<TradeRecord> {
   const { db, client, clock, logger, settings, guard } = deps
-  const stopped = () => stoppedBeforeSending(externalReference, 'the trade create')
+  let orderCreated = false
+  const stopped = () => stoppedBeforeSending(externalReference, 'the trade create', { orderCreated })
   if (guard?.stopRequested()) throw stopped()
   let order = await findOrderByExternalReference(db, externalReference)
   if (!order) {
     await createOrder(db, { externalReference, now: () => new Date(clock.now()) }, settings.observation)
     order = await findOrderByExternalReference(db, externalReference)
     if (!order) throw new Error(`Order ${externalReference} vanished right after it was created`)
+    orderCreated = true
+    onOrderCreated?.()
   }
   if (order.tradeId !== null) {
     throw new TradeOperationError(

@@ -36,11 +36,18 @@ export function answerMismatch(externalReference: string, tradeId: string, trade
   )
 }
 
-/** A stop came before the call was sent (CallGuard): nothing sent, the order as it was. */
-export function stoppedBeforeSending(externalReference: string, call: string): TradeOperationError {
+/**
+ * A stop came before the call was sent (CallGuard): nothing sent, the order as it was, or, when the same call
+ * created it (`trades open` of a new order), created with no trade.
+ */
+export function stoppedBeforeSending(
+  externalReference: string,
+  call: string,
+  { orderCreated = false }: { orderCreated?: boolean } = {},
+): TradeOperationError {
   return new TradeOperationError(
     'stopped',
     `Stopped by a signal before ${call} for order ${externalReference} was sent: nothing sent to the platform, ` +
-      'the order as it was',
+      (orderCreated ? 'the order created locally, with no trade' : 'the order as it was'),
   )
 }
