@@ -19,6 +19,7 @@ import { testLogger } from './helpers/log-sink.js'
 import { startTcpProxy } from './helpers/tcp-proxy.js'
 import { testConfig } from './helpers/test-config.js'
 import { describePostgres, useTestDatabase } from './helpers/test-database.js'
+import { holdOrderRow } from './helpers/order-row-lock.js'
 import { sendWebhook, tradePayload } from './helpers/webhook-delivery.js'
 import { NO_REACTION_HANDLERS } from '../src/orders/apply-observation.js'
 import { webhookObservation } from '../src/orders/observations.js'
@@ -194,6 +195,61 @@ describePostgres('group commit through the receiver (Postgres)', () => {
     const sum = Number(/^webhook_ingest_batch_size_sum (\d+)/m.exec(scrape)?.[1])
     expect(sum).toBe(60)
     expect(count).toBeLessThan(60)
+  })
+
+  it('writes a lone delivery again when another statement linked its trade to another order meanwhile: trade_mismatch, not invalid', async () => {
+    const app = createApp({ config, db: database.db, logger: testLogger(config.webhook.secrets), clock: systemClock })
+    const [first, second] = ['gc-link-first', 'gc-link-second']
+    for (const ref of [first, second]) await createOrder(database.db, { externalReference: ref })
+    // one trade named under two external references (its reference was changed on the platform, say)
+    const tradeId = `trd_${randomUUID()}`
+    const holder = await holdOrderRow(database, first)
+    try {
+      // the first delivery's statement waits for its order, its snapshot taken: the trade is nobody's
+      const firstAnswer = sendWebhook(app, { body: tradePayload(first, 'funded', tradeId), deliveryId: `gc-link-1-${tradeId}` }).then((answer) => answer)
+      await holder.untilBlocked()
+      // a statement beside it links the trade to the second order and commits
+      const secondAnswer = await sendWebhook(app, { body: tradePayload(second, 'funded', tradeId), deliveryId: `gc-link-2-${tradeId}` })
+      expect([secondAnswer.status, secondAnswer.body]).toEqual([200, { received: true }])
+      await holder.release()
+      // the first one's link breaks orders_trade_id_key (23505): written again, it sees the trade is the other order's
+      expect([(await firstAnswer).status, (await firstAnswer).body]).toEqual([200, { received: true }])
+    } finally {
+      await holder.end()
+    }
+    const stored = await database.db.selectFrom('webhookDeliveries').select(['deliveryId', 'outcome', 'tradeId']).where('deliveryId', 'like', `gc-link-%-${tradeId}`).orderBy('deliveryId').execute()
+    expect(stored).toEqual([
+      { deliveryId: `gc-link-1-${tradeId}`, outcome: 'trade_mismatch', tradeId },
+      { deliveryId: `gc-link-2-${tradeId}`, outcome: 'applied', tradeId },
+    ])
+    expect((await findOrderByExternalReference(database.db, first))?.tradeStatus).toBeNull()
+    expect((await findOrderByExternalReference(database.db, second))?.tradeStatus).toBe('funded')
+  })
+
+  it('does not hand out again a connection whose answer never came: the next delivery is stored on a new one', async () => {
+    const target = new URL(database.url!)
+    const proxy = await startTcpProxy({ host: target.hostname, port: Number(target.port || 5432) })
+    // the client stops waiting 1 s after the statement timeout: 2 s here
+    const handle = openDatabase({ databaseUrl: proxy.rewrite(database.url!), poolSize: 2, statementTimeoutMs: 1_000, logger: testLogger() })
+    try {
+      const refs = ['gc-silent-0', 'gc-silent-1', 'gc-silent-2', 'gc-silent-3']
+      for (const ref of refs) await createOrder(database.db, { externalReference: ref })
+      const app = createApp({ config, db: handle.db, logger: testLogger(config.webhook.secrets), clock: systemClock })
+      expect((await sendWebhook(app, { body: tradePayload(refs[0]!, 'funded') })).status).toBe(200)
+      // the pool's one connection goes silent (a peer or a path that died without a word); new ones pass
+      proxy.stall()
+      const unanswered = await sendWebhook(app, { body: tradePayload(refs[1]!, 'funded') })
+      expect([unanswered.status, unanswered.body.error?.code]).toEqual([503, 'database_unavailable'])
+      // it used to go back to the pool and be handed out again: each of these waited for it and was answered 503
+      for (const ref of refs.slice(2)) {
+        const response = await sendWebhook(app, { body: tradePayload(ref, 'funded') })
+        expect([ref, response.status]).toEqual([ref, 200])
+        expect((await findOrderByExternalReference(database.db, ref))?.tradeStatus).toBe('funded')
+      }
+    } finally {
+      await handle.close()
+      await proxy.close()
+    }
   })
 
   it('answers a retry of a stored delivery while the database is away, and 503 for a delivery it has not seen', async () => {

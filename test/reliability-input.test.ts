@@ -15,7 +15,8 @@ import { signBody } from './helpers/webhook-delivery.js'
 
 const config = testConfig()
 // the contract's answers, plus 431 from the HTTP parser for headers over 16 KB (in the same shape)
-const CONTRACT_STATUSES = new Set([200, 400, 401, 404, 413, 431])
+// 405: another method than POST on the webhook path; 415 is a Content-Encoding, which none of these requests sends
+const CONTRACT_STATUSES = new Set([200, 400, 401, 404, 405, 413, 431])
 
 describe('arbitrary requests against the webhook route', () => {
   let database: TestDatabase

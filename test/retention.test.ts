@@ -14,6 +14,10 @@ import {
 } from '../src/webhooks/delivery.repository.js'
 import request from 'supertest'
 import { createAdminApp } from '../src/http/admin-app.js'
+import { createApp } from '../src/http/app.js'
+import { systemClock } from '../src/clock.js'
+import { findOrderByExternalReference } from '../src/orders/order.repository.js'
+import { sendWebhook, tradePayload } from './helpers/webhook-delivery.js'
 import { runCommand } from './helpers/cli-in-process.js'
 import { FakeClock } from './helpers/fake-clock.js'
 import { testLogger } from './helpers/log-sink.js'
@@ -85,7 +89,7 @@ describe('retention pass', () => {
     await sql`truncate webhook_deliveries, reaction_jobs, order_status_history, retention_progress, reconcile_runs`.execute(database.db)
   })
 
-  it('empties old bodies, deletes old rows and done jobs, and keeps history, parked deliveries and unfinished jobs', async () => {
+  it('empties old bodies, parked ones too, deletes old rows and done jobs, and keeps history, parked rows and unfinished jobs', async () => {
     const now = clock.now()
     await seedDeliveries(database.db, now, [
       { id: 'd-001', ageDays: 1 },
@@ -118,7 +122,7 @@ describe('retention pass', () => {
     const result = await runPrunePass(deps, SETTINGS)
 
     // batches of 2: several batches per task, ties in received_at included
-    expect(result).toMatchObject({ ran: true, interrupted: false, counts: { body: 4, delivery: 4, reaction_job: 2 } })
+    expect(result).toMatchObject({ ran: true, interrupted: false, counts: { body: 5, delivery: 4, reaction_job: 2 } })
     expect(await deliveryRows(database.db)).toEqual({
       'd-001': 'body',
       'd-029': 'body',
@@ -126,7 +130,9 @@ describe('retention pass', () => {
       'd-031b': 'pruned',
       'd-031c': 'pruned',
       'd-089': 'pruned',
-      'parked-040': 'body',
+      // a parked delivery keeps its row (its order may still come) but not its body, which applying it never reads;
+      // the body walk starts at DELIVERY_RETENTION_DAYS, so one parked that long before a first pass keeps it
+      'parked-040': 'pruned',
       'parked-400': 'body',
     })
     expect(await jobStates(database.db)).toEqual(['pending', 'failed', 'skipped', 'done', 'done'])
@@ -235,6 +241,33 @@ describe('retention pass', () => {
     const result = await pass
     expect(result).toMatchObject({ interrupted: true, counts: { delivery: 2 } })
     expect(Object.keys(await deliveryRows(database.db))).toHaveLength(4)
+  })
+})
+
+describe('a parked delivery whose body was pruned', () => {
+  const database = useTestDatabase()
+  const config = testConfig()
+
+  it('is applied when its order is created, from its stored columns', async () => {
+    await sql`truncate webhook_deliveries, retention_progress, order_status_history, orders cascade`.execute(database.db)
+    const app = createApp({ config, db: database.db, logger: testLogger(config.webhook.secrets), clock: systemClock })
+    const parked = await sendWebhook(app, { body: tradePayload('parked-order-1', 'funded'), deliveryId: 'dlv-parked-1' })
+    expect(parked.status).toBe(200)
+    expect(await findDelivery(database.db, 'dlv-parked-1')).toMatchObject({ outcome: 'unmatched' })
+
+    // 40 days on: the body goes at 30, the row stays (under 90, and parked)
+    const clock = new FakeClock(Date.now() + 40 * DAY)
+    const result = await runPrunePass({ db: database.db, holdLock: database.holdLock, clock }, SETTINGS)
+    expect(result.counts).toMatchObject({ body: 1, delivery: 0 })
+    expect(await findDelivery(database.db, 'dlv-parked-1')).toMatchObject({ outcome: 'unmatched', rawBody: null })
+
+    const created = await runCommand(['orders', 'create', '--external-reference', 'parked-order-1', '--json'], database.db, config)
+    expect(created.code).toBe(0)
+    expect(await findOrderByExternalReference(database.db, 'parked-order-1')).toMatchObject({
+      tradeStatus: 'funded',
+      tradeId: 'trd_parked-order-1',
+    })
+    expect(await findDelivery(database.db, 'dlv-parked-1')).toMatchObject({ outcome: 'applied' })
   })
 })
 

@@ -5,15 +5,19 @@ import { createHash, createHmac, randomUUID } from 'node:crypto'
 import fc from 'fast-check'
 import { type KyselyPlugin, sql } from 'kysely'
 import { afterAll, beforeAll, describe, expect, it } from 'vitest'
+import { systemClock } from '../src/clock.js'
 import { type App, createApp } from '../src/http/app.js'
 import { createMetrics, type Metrics } from '../src/metrics/metrics.js'
+import { observationSettings } from '../src/orders/observations.js'
 import { findOrderByExternalReference, orderHistory } from '../src/orders/order.repository.js'
+import { createDeliveryIngest } from '../src/webhooks/delivery-ingest.js'
 import { createOrder } from './helpers/orders.js'
 import { FakeClock } from './helpers/fake-clock.js'
 import { runCommand } from './helpers/cli-in-process.js'
 import { logEntries, logLines, testLogger } from './helpers/log-sink.js'
 import { TEST_WEBHOOK_SECRET, testConfig } from './helpers/test-config.js'
 import { createTestDatabase, describePostgres, type TestDatabase } from './helpers/test-database.js'
+import { holdOrderRow } from './helpers/order-row-lock.js'
 import { sendWebhook, tradePayload } from './helpers/webhook-delivery.js'
 
 const config = testConfig({ LOG_LEVEL: 'warn' })
@@ -213,46 +217,105 @@ describe('a delivery is its id and its body', () => {
   })
 })
 
-describePostgres('a delivery received by two replicas at once (Postgres)', () => {
-  let database: TestDatabase
-  let replicas: App[]
-  let closeOther: () => Promise<void>
+// and where a DBA made REPEATABLE READ the database's default: the two replicas' inserts of one delivery failed
+// each other (40001, answered 503) until the service's sessions set READ COMMITTED back
+describe.each([undefined, 'repeatable read'] as const)('transactions by default: %s', (defaultIsolation) => {
+  describePostgres('a delivery received by two replicas at once (Postgres)', () => {
+    let database: TestDatabase
+    let replicas: App[]
+    let closeOther: () => Promise<void>
 
+    beforeAll(async () => {
+      database = await createTestDatabase(defaultIsolation ? { sessionDefaults: { default_transaction_isolation: defaultIsolation } } : {})
+      const other = database.openAnother()
+      closeOther = () => other.close()
+      replicas = [database.db, other.db].map((db) =>
+        createApp({ config, db, logger: testLogger(config.webhook.secrets), clock: new FakeClock() }),
+      )
+    })
+    afterAll(async () => {
+      await closeOther()
+      await database.close()
+    })
+
+    it('stores the same id and body once, and the same id with two bodies twice, each applied by the rules', async () => {
+      for (let round = 0; round < 20; round++) {
+        const ref = `replicas-${round}`
+        await createOrder(database.db, { externalReference: ref })
+        const id = `dlv-${randomUUID()}`
+        const funded = JSON.stringify(tradePayload(ref, 'funded'))
+        const same = await Promise.all(replicas.map((app) => sendWebhook(app, { body: funded, deliveryId: id })))
+        expect(same.map((response) => response.status)).toEqual([200, 200])
+        expect(same.filter((response) => response.body.duplicate === true)).toHaveLength(1)
+
+        const reused = `dlv-${randomUUID()}`
+        const bodies = ['delivered', 'disputed'].map((status) => JSON.stringify(tradePayload(ref, status)))
+        const answers = await Promise.all(replicas.map((app, n) => sendWebhook(app, { body: bodies[n]!, deliveryId: reused })))
+        expect(answers.map((response) => response.body)).toEqual([{ received: true }, { received: true }])
+
+        const rows = await database.db.selectFrom('webhookDeliveries').select('deliveryId').where('externalReference', '=', ref).execute()
+        expect(rows.map((row) => row.deliveryId).sort()).toEqual([id, reused, reused].sort())
+        const order = await findOrderByExternalReference(database.db, ref)
+        // delivered then disputed, or disputed (delivered, lower, then stale): never back down
+        expect(order?.tradeStatus).toBe('disputed')
+        const entered = (await orderHistory(database.db, order!.id)).map((change) => change.toStatus)
+        expect(new Set(entered).size).toBe(entered.length)
+      }
+    })
+  })
+})
+
+describePostgres('two bodies under one id at one process, stored by different paths (Postgres)', () => {
+  let database: TestDatabase
   beforeAll(async () => {
     database = await createTestDatabase()
-    const other = database.openAnother()
-    closeOther = () => other.close()
-    replicas = [database.db, other.db].map((db) =>
-      createApp({ config, db, logger: testLogger(config.webhook.secrets), clock: new FakeClock() }),
-    )
   })
   afterAll(async () => {
-    await closeOther()
     await database.close()
   })
 
-  it('stores the same id and body once, and the same id with two bodies twice, each applied by the rules', async () => {
-    for (let round = 0; round < 20; round++) {
-      const ref = `replicas-${round}`
-      await createOrder(database.db, { externalReference: ref })
-      const id = `dlv-${randomUUID()}`
-      const funded = JSON.stringify(tradePayload(ref, 'funded'))
-      const same = await Promise.all(replicas.map((app) => sendWebhook(app, { body: funded, deliveryId: id })))
-      expect(same.map((response) => response.status)).toEqual([200, 200])
-      expect(same.filter((response) => response.body.duplicate === true)).toHaveLength(1)
+  // the second body is stored in a transaction of its own (recordDelivery), the first by the group commit
+  it.each([
+    ['a seller event', { event: 'seller.verified', seller_id: 's-3' }, 'ignored'],
+    ['a trade event lacking its trade_id', { status: 'released', external_reference: 'same-id-paths' }, 'invalid'],
+  ])('counts one reuse when a trade event and %s arrive together under one id', async (_name, second, outcome) => {
+    const metrics = createMetrics({}, { defaultMetrics: false })
+    const logger = testLogger(config.webhook.secrets)
+    const ingest = createDeliveryIngest({ config, db: database.db, logger, settings: observationSettings(config.poll), metrics })
+    const app = createApp({ config, db: database.db, logger, clock: systemClock, metrics, ingest })
+    const ref = `same-id-paths-${randomUUID()}`
+    await createOrder(database.db, { externalReference: ref })
+    const id = `dlv-${randomUUID()}`
 
-      const reused = `dlv-${randomUUID()}`
-      const bodies = ['delivered', 'disputed'].map((status) => JSON.stringify(tradePayload(ref, status)))
-      const answers = await Promise.all(replicas.map((app, n) => sendWebhook(app, { body: bodies[n]!, deliveryId: reused })))
-      expect(answers.map((response) => response.body)).toEqual([{ received: true }, { received: true }])
+    // another session holds the order, so the trade event's statement is in flight (its snapshot taken) while
+    // the second body arrives
+    const holder = await holdOrderRow(database, ref)
+    try {
+      const trade = sendWebhook(app, { body: tradePayload(ref, 'funded'), deliveryId: id }).then((answer) => answer)
+      await holder.untilBlocked()
 
-      const rows = await database.db.selectFrom('webhookDeliveries').select('deliveryId').where('externalReference', '=', ref).execute()
-      expect(rows.map((row) => row.deliveryId).sort()).toEqual([id, reused, reused].sort())
-      const order = await findOrderByExternalReference(database.db, ref)
-      // delivered then disputed, or disputed (delivered, lower, then stale): never back down
-      expect(order?.tradeStatus).toBe('disputed')
-      const entered = (await orderHistory(database.db, order!.id)).map((change) => change.toStatus)
-      expect(new Set(entered).size).toBe(entered.length)
+      let secondAnswered = false
+      const other = sendWebhook(app, { body: second, deliveryId: id }).then((answer) => {
+        secondAnswered = true
+        return answer
+      })
+      // the second body is stored (it used to be, beside the first in flight) or waits for the first's turn
+      while (!secondAnswered && ingest.turns.waiting(id) < 2) await new Promise((resolve) => setTimeout(resolve, 10))
+      await holder.release()
+
+      const answers = await Promise.all([trade, other])
+      expect(answers.map((answer) => [answer.status, answer.body])).toEqual([
+        [200, { received: true }],
+        [200, { received: true }],
+      ])
+      const rows = await database.db.selectFrom('webhookDeliveries').select('outcome').where('deliveryId', '=', id).orderBy('receivedAt').execute()
+      expect(rows.map((row) => row.outcome).sort()).toEqual(['applied', outcome].sort())
+      const reused = (await metrics.deliveries.get()).values.find((value) => value.labels.outcome === 'id_reused')?.value ?? 0
+      expect(reused).toBe(1)
+      const warnings = logEntries().filter((entry) => entry.msg === 'webhook delivery id reused with a different body' && entry.deliveryId === id)
+      expect(warnings).toHaveLength(1)
+    } finally {
+      await holder.end()
     }
   })
 })

@@ -1,4 +1,5 @@
 import { execFileSync } from 'node:child_process'
+import { gzipSync } from 'node:zlib'
 import request from 'supertest'
 import { sign as octokitSign } from '@octokit/webhooks-methods'
 import { afterAll, beforeAll, beforeEach, describe, expect, it } from 'vitest'
@@ -57,6 +58,24 @@ describe('the webhook contract', () => {
     ])
   })
 
+  // the stored kind keeps 200 UTF-16 units of a longer name: cut between an emoji's two halves, it held a lone
+  // surrogate, which the database refuses, and a well-formed delivery was stored as invalid, its order unmoved
+  it.each([
+    ['a trade event', 'trade.', (ref: string) => tradePayload(ref, 'funded'), 'applied'],
+    ['a seller event', 'seller.', () => ({ seller_id: 's-long' }), 'ignored'],
+  ])('stores %s whose long event name is cut within an emoji as its kind, whole characters only', async (_name, prefix, payload, outcome) => {
+    const ref = reference()
+    await createOrder(database.db, { externalReference: ref })
+    // the emoji's high half is the 200th unit
+    const event = `${prefix}${'x'.repeat(199 - prefix.length)}\u{1F600}`
+    const deliveryId = `dlv-${ref}`
+    const response = await sendWebhook(app, { body: { ...payload(ref), event }, deliveryId })
+    expect([response.status, response.body]).toEqual([200, { received: true }])
+    const stored = await database.db.selectFrom('webhookDeliveries').select(['outcome', 'eventType']).where('deliveryId', '=', deliveryId).executeTakeFirst()
+    expect(stored).toEqual({ outcome, eventType: event.slice(0, 199) })
+    if (outcome === 'applied') expect((await findOrderByExternalReference(database.db, ref))?.tradeStatus).toBe('funded')
+  })
+
   // the exact path skips Express; the variants Express matches reach the same endpoint through it
   it.each(['/webhooks/partner?attempt=2', '/webhooks/partner/', '/Webhooks/Partner'])(
     'applies a delivery POSTed to %s like one to the exact path, and refuses one unsigned there too',
@@ -90,12 +109,6 @@ describe('the webhook contract', () => {
     ])
     expect(JSON.stringify(lines)).not.toContain(signatureLike)
     expect(JSON.stringify(lines)).not.toContain(NEXT_SECRET)
-  })
-
-  it('answers 404 in the error shape to other methods on the webhook path', async () => {
-    const response = await request(app).get('/webhooks/partner')
-    expect(response.status).toBe(404)
-    expect(response.body).toMatchObject({ error: { code: 'not_found' } })
   })
 
   it('answers 200 duplicate and stores nothing new for a seen delivery id', async () => {
@@ -171,6 +184,17 @@ describe('the webhook contract', () => {
     expect(response.status).toBe(400)
     expect(response.body.error.code).toBe('invalid_payload')
     expect(await storedCount()).toBe(before)
+  })
+
+  it('answers 400 for a delivery id with a space, a letter outside ASCII or 201 characters, saying what an id may hold', async () => {
+    for (const deliveryId of ['dlv 1', 'dlv-é', 'd'.repeat(201)]) {
+      const response = await sendWebhook(app, { body: tradePayload(reference(), 'funded'), deliveryId })
+      expect(response.status, deliveryId).toBe(400)
+      expect(response.body.error.code).toBe('invalid_payload')
+      expect(response.body.error.message).toBe('X-Partner-Delivery-Id must be 1 to 200 characters from ! to ~ (printable ASCII, no space)')
+    }
+    expect((await sendWebhook(app, { body: tradePayload(reference(), 'funded'), deliveryId: `!~${'d'.repeat(198)}` })).status).toBe(200)
+    expect(await storedCount()).toBe(before + 1)
   })
 
   it('accepts a body one byte under the limit and refuses one byte over with 413', async () => {
@@ -286,10 +310,46 @@ describe('the webhook contract', () => {
     expect(row.outcome).toBe('stale')
   })
 
-  it('answers 404 in the error shape for other methods on the webhook path', async () => {
-    const { default: request } = await import('supertest')
-    const response = await request(app).get('/webhooks/partner')
-    expect(response.status).toBe(404)
-    expect(response.body.error.code).toBe('not_found')
+  // the signature is over the bytes as sent: an encoded body would verify and then never parse, or be decoded and
+  // never verify; refused before it is read, it is a clear error the sender can act on, and nothing is stored
+  it.each(['gzip', 'deflate, gzip', 'br'])('refuses a body sent with Content-Encoding %s 415, storing nothing', async (encoding) => {
+    const ref = reference()
+    await createOrder(database.db, { externalReference: ref })
+    const encoded = gzipSync(JSON.stringify(tradePayload(ref, 'funded')))
+    const response = await request(app)
+      .post('/webhooks/partner')
+      // bytes go as they are under another type: superagent would serialize a Buffer sent as JSON again
+      .set('Content-Type', 'application/octet-stream')
+      .set('Content-Encoding', encoding)
+      .set('X-Partner-Delivery-Id', `dlv-gzip-${ref}`)
+      .set('X-Partner-Signature', signBody(encoded))
+      .send(encoded)
+    expect(response.status).toBe(415)
+    expect(response.headers['accept-encoding']).toBe('identity')
+    expect(response.body).toEqual({ error: { code: 'unsupported_media_type', message: expect.stringContaining('Content-Encoding') } })
+    expect(await storedCount()).toBe(before)
+    expect(await findOrderByExternalReference(database.db, ref)).toMatchObject({ tradeStatus: null })
+    // identity is no encoding at all
+    const plain = JSON.stringify(tradePayload(ref, 'funded'))
+    const accepted = await request(app)
+      .post('/webhooks/partner')
+      .set('Content-Type', 'application/json')
+      .set('Content-Encoding', 'identity')
+      .set('X-Partner-Delivery-Id', `dlv-identity-${ref}`)
+      .set('X-Partner-Signature', signBody(plain))
+      .send(plain)
+    expect(accepted.status).toBe(200)
+  })
+
+  it('answers another method than POST on the webhook path 405, naming POST in Allow', async () => {
+    for (const method of ['get', 'put', 'delete', 'head'] as const) {
+      const response = await request(app)[method]('/webhooks/partner')
+      expect(response.status).toBe(405)
+      expect(response.headers.allow).toBe('POST')
+      if (method !== 'head') expect(response.body.error.code).toBe('method_not_allowed')
+    }
+    // the same path as Express matches it (a trailing slash), and an unknown path stays 404
+    expect((await request(app).get('/webhooks/partner/')).status).toBe(405)
+    expect((await request(app).get('/webhooks/partnerx')).status).toBe(404)
   })
 })

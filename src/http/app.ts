@@ -12,6 +12,7 @@ import type { Logger } from '../logger.js'
 import type { Metrics } from '../metrics/metrics.js'
 import { observationSettings } from '../orders/observations.js'
 import type { ReactionRouting } from '../reactions/reaction-registry.js'
+import { errorBody } from './app-error.js'
 import { errorHandler, notFoundHandler } from './error-handler.js'
 import { healthRoutes } from './health.routes.js'
 import { InflightBodyBudget } from './inflight-body-budget.js'
@@ -80,6 +81,12 @@ export function createApp(deps: AppDeps): App {
   app.use(healthRoutes(deps))
   // the path as Express matches it (a trailing slash, another letter case): the same endpoint
   app.post(path, (req, res) => webhook(req, res))
+  // another method on the webhook's path (a browser's GET, a probe's HEAD) is told the one it takes: a 404 there
+  // read as if the path were wrong, and sent operators looking for a typo in WEBHOOK_PATH
+  app.all(path, (req, res) => {
+    res.setHeader('Allow', 'POST')
+    res.status(405).json(errorBody('method_not_allowed', `${req.method} is not accepted here: the platform POSTs its webhooks to this path`))
+  })
   app.use(notFoundHandler())
   app.use(errorHandler(deps.logger))
 

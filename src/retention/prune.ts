@@ -8,8 +8,8 @@
 //   stream batch, with its batch).
 // - reconcile run: deleted DELIVERY_RETENTION_DAYS after its cycle started (a row per replica and cycle that
 //   claimed an order: about one every POLL_INTERVAL_S on a partner with open orders, a million a year each).
-// - never by age: order_status_history (the outbox and the audit trail), parked (unmatched) deliveries,
-//   and reaction jobs that are pending, running, failed or skipped.
+// - never by age: order_status_history (the outbox and the audit trail), parked (unmatched) delivery rows
+//   (their bodies are emptied as above: a parked delivery is applied from its columns), and reaction jobs that are pending, running, failed or skipped.
 //
 // A pass runs the four tasks one after the other in batches of `batchSize` rows with a pause between
 // batches, so it never holds many row locks or a long transaction and ingest keeps its latency. On

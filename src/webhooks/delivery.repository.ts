@@ -349,8 +349,10 @@ export async function countDeliveriesPerMinute(db: Kysely<Database>, since: Date
 // Retention (src/retention/prune.ts runs these in small batches). Both passes walk
 // webhook_deliveries_received_idx oldest first from `from` (the caller moves it to the newest row of the
 // batch before, so rows kept behind it are not read again) and pick rows by ctid: one index range scan
-// and one TID scan per batch. Parked (unmatched) deliveries are never pruned by age: their order may
-// still come, and their body is what applies then.
+// and one TID scan per batch. Parked (unmatched) deliveries are never deleted by age: their order may still
+// come. Their bodies are emptied like any other's: a parked delivery is applied from its stored columns, never
+// from its body (parked-deliveries.ts), so keeping the body kept a copy no pass needed, for as long as the
+// order never came (a trade another system opened on the platform: for good).
 
 export interface PruneBatchOptions {
   /** Rows received before this are pruned. */
@@ -366,11 +368,12 @@ export interface PruneBatchResult {
   through: Date | undefined
 }
 
-function walkedRange(db: Kysely<Database>, { before, from }: PruneBatchOptions) {
-  let query = db
-    .selectFrom('webhookDeliveries')
-    .where('receivedAt', '<', before)
-    .where('outcome', '<>', 'unmatched')
+type Pruned = 'rows' | 'bodies'
+
+function walkedRange(db: Kysely<Database>, { before, from }: PruneBatchOptions, what: Pruned) {
+  let query = db.selectFrom('webhookDeliveries').where('receivedAt', '<', before)
+  // a parked row stays; its body goes with the others'
+  if (what === 'rows') query = query.where('outcome', '<>', 'unmatched')
   if (from) query = query.where('receivedAt', '>=', from)
   return query
 }
@@ -388,8 +391,8 @@ function batchResult(rows: { receivedAt: Date | string }[]): PruneBatchResult {
  * The next batch's rows (their ctid), oldest first: exported so a test can EXPLAIN it (an index range
  * scan of received_at, never the whole table).
  */
-export function prunableDeliveriesQuery(db: Kysely<Database>, options: PruneBatchOptions, what: 'rows' | 'bodies') {
-  let query = walkedRange(db, options)
+export function prunableDeliveriesQuery(db: Kysely<Database>, options: PruneBatchOptions, what: Pruned) {
+  let query = walkedRange(db, options, what)
   if (what === 'bodies') query = query.where('rawBody', 'is not', null)
   return query.select(sql<string>`ctid`.as('ctid')).orderBy('receivedAt').limit(options.limit)
 }
@@ -418,7 +421,7 @@ export interface BodyPruneBatchResult extends PruneBatchResult {
 
 /**
  * Empties the raw body (null) of up to `limit` deliveries received before `before`, oldest first; the
- * row, its body hash (the deduplication key) and its outcome stay. Parked deliveries keep their body.
+ * row, its body hash (the deduplication key), its outcome and the columns a parked one is applied from stay.
  */
 export async function pruneDeliveryBodiesBefore(db: Kysely<Database>, options: PruneBatchOptions): Promise<BodyPruneBatchResult> {
   // one statement, so the count selected and the rows emptied come from the same selection
@@ -429,7 +432,6 @@ export async function pruneDeliveryBodiesBefore(db: Kysely<Database>, options: P
         .updateTable('webhookDeliveries')
         .set({ rawBody: null })
         .where(sql<boolean>`ctid = any(array(select ctid from batch))`)
-        .where('outcome', '<>', 'unmatched')
         .returning('receivedAt'),
     )
     .selectFrom('pruned')
@@ -448,7 +450,7 @@ export async function pruneDeliveryBodiesBefore(db: Kysely<Database>, options: P
 
 /** What deleteDeliveriesBefore would delete in all (a dry run). */
 export async function countDeliveriesBefore(db: Kysely<Database>, before: Date): Promise<number> {
-  const row = await walkedRange(db, { before, from: undefined, limit: 0 })
+  const row = await walkedRange(db, { before, from: undefined, limit: 0 }, 'rows')
     .select((eb) => eb.fn.countAll<string>().as('rows'))
     .executeTakeFirstOrThrow()
   return Number(row.rows)
@@ -456,7 +458,7 @@ export async function countDeliveriesBefore(db: Kysely<Database>, before: Date):
 
 /** What pruneDeliveryBodiesBefore would empty from `from` on (a dry run). */
 export async function countDeliveryBodiesBefore(db: Kysely<Database>, before: Date, from: Date | undefined): Promise<number> {
-  const row = await walkedRange(db, { before, from, limit: 0 })
+  const row = await walkedRange(db, { before, from, limit: 0 }, 'bodies')
     .where('rawBody', 'is not', null)
     .select((eb) => eb.fn.countAll<string>().as('rows'))
     .executeTakeFirstOrThrow()

@@ -16,10 +16,11 @@
 // What a batch's statement does is the `write` function it is given (parked-deliveries.ts's
 // ingestDeliveries in the service): this class only groups, orders and retries.
 //
-// If a batch fails for a reason other than the database being away (a deadlock with another replica,
-// or a delivery whose data the database refuses: one refused value fails the whole statement), its
-// deliveries are written again one by one, so one bad delivery cannot fail its neighbours; the bad one
-// alone is rejected with the database's error, which receive-webhook.ts classifies.
+// If a batch fails for a reason other than the database being away (a deadlock with another replica, a
+// unique key another statement took meanwhile, or a delivery whose data the database refuses: one refused
+// value fails the whole statement), its deliveries are written again one by one, a lone one once more, so
+// one bad delivery cannot fail its neighbours; the bad one alone is rejected with the database's error,
+// which receive-webhook.ts classifies.
 import { IngestOverloadedError, isDatabaseUnavailable } from '../db/database-errors.js'
 import type { DeliveryObservation } from '../orders/apply-observation.js'
 import type { WriteResult } from './parked-deliveries.js'
@@ -131,10 +132,13 @@ export class GroupCommit implements DeliveryWriter {
     try {
       await this.writeBatch(batch)
     } catch (error) {
-      if (batch.length === 1 || isDatabaseUnavailable(error)) {
+      if (isDatabaseUnavailable(error)) {
         for (const pending of batch) pending.reject(error)
         return
       }
+      // a batch of one too: on a fresh snapshot it sees what another statement committed while it ran (a trade
+      // that statement linked to another order is a trade_mismatch; its link broke orders_trade_id_key, 23505,
+      // which read as the delivery's own refused data and was stored as invalid, its trade and status dropped)
       for (const pending of batch) {
         try {
           await this.writeBatch([pending])

@@ -47,15 +47,15 @@ export function parseBody(rawBody: Buffer): { text: string; body: Record<string,
     throw new PayloadError('The body must be a JSON object')
   }
   // Postgres text cannot hold NUL; an escaped \u0000 in JSON would decode to one in a field
-  if (text.includes('\u0000') || text.includes('\\u0000')) throw new PayloadError('The body holds a NUL character')
+  if (text.includes('\u0000') || (text.includes('\\u0000') && ESCAPED_NUL.test(text))) throw new PayloadError('The body holds a NUL character')
   return { text, body: body as Record<string, unknown> }
 }
 
 export function classifyDelivery(body: Record<string, unknown>): ParsedDelivery {
   const event = body.event
-  if (typeof event === 'string' && !event.startsWith('trade.')) return { kind: 'other', eventType: event.slice(0, 200) }
+  if (typeof event === 'string' && !event.startsWith('trade.')) return { kind: 'other', eventType: clipped(event) }
   const { trade_id: tradeId, reference, status, external_reference: externalReference } = body
-  const eventType = typeof event === 'string' ? event.slice(0, 200) : typeof status === 'string' ? `trade.${status}` : 'trade.unknown'
+  const eventType = typeof event === 'string' ? clipped(event) : typeof status === 'string' ? `trade.${status}` : 'trade.unknown'
   const problems: string[] = []
   if (!isTradeFact(tradeId)) problems.push('trade_id')
   if (!isTradeFact(status)) problems.push('status')
@@ -76,6 +76,22 @@ export function classifyDelivery(body: Record<string, unknown>): ParsedDelivery 
     status: status as string,
     externalReference: externalReference as string,
   }
+}
+
+// \u0000 as an escape: after an even run of backslashes (none included). After an odd run its backslash is itself
+// escaped, and the text is a backslash and `u0000`, no NUL: such a body (a Windows path, a regular expression in a
+// free-text field) was refused 400 invalid_payload at every attempt, and the platform dropped it
+const ESCAPED_NUL = /(?<!\\)(?:\\\\)*\\u0000/
+
+const EVENT_TYPE_MAX_LENGTH = 200
+
+// The kind stored is the event's first 200 UTF-16 units, never the first half of a character cut from its second:
+// cut between an emoji's two halves, the kind held a lone surrogate, which the database refuses, and a well-formed
+// trade event was stored as invalid, its order unmoved (an event that changes no order was stored with U+FFFD)
+function clipped(event: string): string {
+  if (event.length <= EVENT_TYPE_MAX_LENGTH) return event
+  const cut = event.slice(0, EVENT_TYPE_MAX_LENGTH)
+  return /[\ud800-\udbff]$/.test(cut) ? cut.slice(0, -1) : cut
 }
 
 /** JSON.parse of a body's text; a leading byte-order mark is not part of the JSON (RFC 8259 §8.1). */

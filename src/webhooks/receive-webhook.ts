@@ -11,6 +11,7 @@ import type { Database } from '../db/database.js'
 import { AppError } from '../http/app-error.js'
 import type { Logger } from '../logger.js'
 import { webhookObservation } from '../orders/observations.js'
+import type { DeliveryIdTurns } from './delivery-id-turns.js'
 import { type DeliveryOutcome, recordDelivery, updateDeliveryOutcome } from './delivery.repository.js'
 import type { EventHandlers } from './event-handlers.js'
 import type { DeliveryWriter } from './group-commit.js'
@@ -27,6 +28,8 @@ export interface ReceiveDeps {
   writer: DeliveryWriter
   /** Delivery ids known to be stored: their retries are answered without the database. */
   seen: SeenDeliveries
+  /** Stores the bodies sent under one delivery id one after another, in this process (delivery-id-turns.ts). */
+  turns: DeliveryIdTurns
   /** The fork's seller and buyer event handlers (event-handlers.ts). */
   eventHandlers: EventHandlers
   /**
@@ -59,7 +62,7 @@ export async function receiveWebhook(deps: ReceiveDeps, delivery: IncomingDelive
   }
   const deliveryId = delivery.deliveryId
   if (deliveryId === undefined || !DELIVERY_ID.test(deliveryId)) {
-    throw new AppError(400, 'invalid_payload', 'X-Partner-Delivery-Id must be 1 to 200 printable ASCII characters')
+    throw new AppError(400, 'invalid_payload', 'X-Partner-Delivery-Id must be 1 to 200 characters from ! to ~ (printable ASCII, no space)')
   }
   const bodySha256 = createHash('sha256').update(delivery.rawBody).digest('hex')
   // a retry of a delivery this process saw stored: nothing to write, nothing to read
@@ -73,11 +76,17 @@ export async function receiveWebhook(deps: ReceiveDeps, delivery: IncomingDelive
   }
 
   const receivedAt = new Date(deps.clock.now())
-  let result = await storing(
-    () => store(deps, { deliveryId, bodySha256 }, parsed, receivedAt),
-    (reason) => storeRefused(deps, { deliveryId, bodySha256 }, parsed, receivedAt, reason),
-  )
-  deps.seen.add(deliveryId, bodySha256)
+  // after the bodies sent earlier under this id, whichever way each is stored: so this one sees them (a
+  // reused id is reported once), and a retry that waited behind its first attempt is answered from memory
+  let result = await deps.turns.run(deliveryId, async (): Promise<ReceiveResult> => {
+    if (deps.seen.has(deliveryId, bodySha256)) return { duplicate: true }
+    const stored = await storing(
+      () => store(deps, { deliveryId, bodySha256 }, parsed, receivedAt),
+      (reason) => storeRefused(deps, { deliveryId, bodySha256 }, parsed, receivedAt, reason),
+    )
+    deps.seen.add(deliveryId, bodySha256)
+    return stored
+  })
   if (!result.duplicate && result.outcome === 'ignored') {
     result = await runEventHandlers(deps, { deliveryId, bodySha256 }, parsed.body, result, receivedAt)
   }

@@ -40,6 +40,15 @@ export type WebhookEndpoint = (req: IncomingMessage, res: ServerResponse) => voi
 const RECEIVED = Buffer.from(JSON.stringify({ received: true }))
 const RECEIVED_DUPLICATE = Buffer.from(JSON.stringify({ received: true, duplicate: true }))
 
+/** A Content-Encoding other than none or `identity` (RFC 9110 8.4; any letter case, a list included). */
+function isEncoded(header: string | undefined): boolean {
+  if (header === undefined) return false
+  return header.split(',').some((coding) => {
+    const name = coding.trim().toLowerCase()
+    return name !== '' && name !== 'identity'
+  })
+}
+
 export function webhookEndpoint(deps: WebhookEndpointDeps): WebhookEndpoint {
   const { logger, metrics } = deps
   // The one line every delivery writes holds only fields built here (a delivery id that could carry a
@@ -65,6 +74,13 @@ export function webhookEndpoint(deps: WebhookEndpointDeps): WebhookEndpoint {
     if (deps.storageLow?.()) {
       res.setHeader('Connection', 'close')
       throw new AppError(503, 'storage_low', "The service's data directory is almost full; retry later")
+    }
+    if (isEncoded(req.headers['content-encoding'])) {
+      // the signature is over the bytes as sent: a gzip body verified and then failed to parse (400, and the
+      // platform retried it to the end). Refused before it is read; the sender is told what it may send
+      res.setHeader('Connection', 'close')
+      res.setHeader('Accept-Encoding', 'identity')
+      throw new AppError(415, 'unsupported_media_type', 'A Content-Encoding is not accepted: send the body as signed, unencoded')
     }
     const signature = req.headers['x-partner-signature']
     const announcedLength = req.headers['content-length']
