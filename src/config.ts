@@ -13,10 +13,13 @@ import { dataDirProblem } from './data-dir.js'
 import { DEFAULT_STATEMENT_TIMEOUT_MS } from './db/statement-timeout.js'
 import { DEFAULT_LOG_BUFFER_LIMIT } from './logger.js'
 import { TRADE_STATUSES } from './orders/trade-status.js'
+import type { ProxySettings } from './partner-api/partner-api-proxy.js'
 import { DEFAULT_MAX_ANSWER_BYTES } from './partner-api/partner-api-transport.js'
 import { decodeWebhookSecret, MIN_WEBHOOK_SECRET_BYTES, WEBHOOK_SECRET_PREFIX } from './reactions/forwarder.js'
 
 export const MIN_SECRET_LENGTH = 24
+/** DATA_DIR when unset, relative to the working directory. */
+export const DEFAULT_DATA_DIR = './data'
 
 export type PartnerEnv = 'sandbox' | 'live'
 export type PartnerKind = 'marketplace' | 'merchant'
@@ -80,6 +83,12 @@ export interface Config {
     readonly timeoutMs: number
     /** The most of an answer's body read (PARTNER_API_ANSWER_LIMIT); past it the call fails, the rest unread. */
     readonly maxAnswerBytes: number
+    /**
+     * HTTP_PROXY, HTTPS_PROXY and NO_PROXY (the lower-case name wins, as in curl and undici); undefined when
+     * neither proxy is set, and in local mode. The partner API client's alone: the forwarder and RabbitMQ
+     * connect directly.
+     */
+    readonly proxy: ProxySettings | undefined
   }
   readonly poll: {
     readonly enabled: boolean
@@ -191,6 +200,54 @@ const eventList = z.string().transform((value) => [
   ),
 ])
 
+// HTTP_PROXY, HTTPS_PROXY: http://[user:password@]host:port, or host:port (taken as http://, as curl does);
+// undefined when the value is no such URL, the problem said by the form only (the value may hold a password)
+function proxyUrl(name: string, value: string | undefined, problems: string[]): string | undefined {
+  if (value === undefined) return undefined
+  const url = /^[a-z][a-z0-9+.-]*:\/\//i.test(value) ? value : `http://${value}`
+  const parsed = URL.canParse(url) ? new URL(url) : undefined
+  if (!parsed || (parsed.protocol !== 'http:' && parsed.protocol !== 'https:') || parsed.hostname === '') {
+    problems.push(`${name}: must be an http:// or https:// proxy URL (http://user:password@proxy.example:3128)`)
+    return undefined
+  }
+  return url
+}
+
+// The SSL modes node-postgres knows: another (a typo of one, libpq's `allow`) was taken as TLS with the certificate
+// verified, whatever it said
+const SSL_MODES = ['disable', 'prefer', 'require', 'verify-ca', 'verify-full', 'no-verify']
+
+// DATABASE_URL and DATABASE_LISTEN_URL. A URL node-postgres cannot read failed the start with "Invalid URL" only: a
+// password with a `#` in it, not percent-encoded, or a port past 65535. The problem is told by its form, never the
+// value (it holds the password).
+const databaseUrl = z
+  .string()
+  .regex(/^postgres(ql)?:\/\//, 'must be a postgres:// or postgresql:// URL')
+  .superRefine((value, context) => {
+    const url = readAsNodePostgresDoes(value)
+    if (!url) {
+      context.addIssue({
+        code: 'custom',
+        message:
+          'is not a URL node-postgres can read: percent-encode the user and the password where they hold one of : / ? # [ ] @ % ' +
+          "(encodeURIComponent; `#` is %23), and give a port from 1 to 65535",
+      })
+      return
+    }
+    const sslmode = url.searchParams.get('sslmode')
+    if (sslmode !== null && !SSL_MODES.includes(sslmode))
+      context.addIssue({ code: 'custom', message: `its sslmode is none of ${SSL_MODES.join(', ')} (verify-full with sslrootcert=… to verify the server)` })
+  })
+
+// node-postgres's own reading (pg-connection-string): a space or a stray % is encoded first, and a socket's form
+// without a host (postgres://user@/db?host=/var/run/postgresql) is read with a stand-in one
+function readAsNodePostgresDoes(value: string): URL | undefined {
+  const text = / |%[^a-f0-9]|%[a-f0-9][^a-f0-9]/i.test(value) ? encodeURI(value).replace(/%25(\d\d)/g, '%$1') : value
+  for (const candidate of [text, text.replace('@/', '@___DUMMY___/')])
+    if (URL.canParse(candidate, 'postgres://base')) return new URL(candidate, 'postgres://base')
+  return undefined
+}
+
 const EnvSchema = z.object({
   PORT: port.default(3000),
   HOST: z.string().min(1).default('127.0.0.1'),
@@ -198,17 +255,11 @@ const EnvSchema = z.object({
   ADMIN_HOST: z.string().min(1).default('127.0.0.1'),
   MAX_CONNECTIONS: positiveInt.max(1_000_000).default(1_000),
   MAX_INFLIGHT_BODY_BYTES: byteSize.default(16 * 1024 * 1024),
-  DATABASE_URL: z
-    .string()
-    .regex(/^postgres(ql)?:\/\//, 'must be a postgres:// or postgresql:// URL')
-    .optional(),
-  DATABASE_LISTEN_URL: z
-    .string()
-    .regex(/^postgres(ql)?:\/\//, 'must be a postgres:// or postgresql:// URL')
-    .optional(),
+  DATABASE_URL: databaseUrl.optional(),
+  DATABASE_LISTEN_URL: databaseUrl.optional(),
   DATABASE_POOL_SIZE: positiveInt.max(200).default(10),
   DATABASE_STATEMENT_TIMEOUT_MS: positiveInt.min(100).max(3_600_000).default(DEFAULT_STATEMENT_TIMEOUT_MS),
-  DATA_DIR: z.string().min(1).default('./data'),
+  DATA_DIR: z.string().min(1).default(DEFAULT_DATA_DIR),
   // 0 turns the guard off
   DATA_DIR_MIN_FREE: sizeOf(true).default(128 * 1024 * 1024),
   LOG_LEVEL: z.enum(['fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent']).default('info'),
@@ -231,6 +282,12 @@ const EnvSchema = z.object({
   PARTNER_API_SECRET: z.string().optional(),
   PARTNER_API_TIMEOUT_MS: positiveInt.default(10_000),
   PARTNER_API_ANSWER_LIMIT: byteSize.default(DEFAULT_MAX_ANSWER_BYTES),
+  HTTP_PROXY: z.string().optional(),
+  http_proxy: z.string().optional(),
+  HTTPS_PROXY: z.string().optional(),
+  https_proxy: z.string().optional(),
+  NO_PROXY: z.string().optional(),
+  no_proxy: z.string().optional(),
   POLL_ENABLED: booleanString.default(true),
   POLL_INTERVAL_S: positiveInt.default(30),
   POLL_CONCURRENCY: positiveInt.max(256).default(8),
@@ -282,6 +339,16 @@ function isAmqpUrl(value: string): boolean {
 }
 
 type Env = Record<string, string | undefined>
+
+// the lower-case name wins, as in curl and undici
+function proxySettings(values: z.infer<typeof EnvSchema>, problems: string[]): ProxySettings | undefined {
+  const [httpName, httpValue] = values.http_proxy !== undefined ? ['http_proxy', values.http_proxy] : ['HTTP_PROXY', values.HTTP_PROXY]
+  const [httpsName, httpsValue] = values.https_proxy !== undefined ? ['https_proxy', values.https_proxy] : ['HTTPS_PROXY', values.HTTPS_PROXY]
+  if (httpValue === undefined && httpsValue === undefined) return undefined
+  const httpProxy = proxyUrl(httpName, httpValue, problems)
+  const httpsProxy = proxyUrl(httpsName, httpsValue, problems)
+  return { httpProxy, httpsProxy, noProxy: values.no_proxy ?? values.NO_PROXY }
+}
 
 const EVENT_PATTERN = /^trade\.(\*|[a-z0-9_]+)$/
 
@@ -369,6 +436,9 @@ export function parseConfig(
   const values = parsed.data
   const problems: string[] = []
   const mode = values.PARTNER_API_BASE_URL === undefined ? 'local' : 'remote'
+  // remote mode's alone: local mode calls the sandbox it runs itself, so a proxy set in the shell for other
+  // programs, of whatever kind, is none of its business
+  const proxy = mode === 'remote' ? proxySettings(values, problems) : undefined
 
   if (values.PARTNER_ENV === 'live' && mode === 'local') {
     problems.push('PARTNER_API_BASE_URL: required when PARTNER_ENV=live (live never runs the sandbox)')
@@ -473,6 +543,7 @@ export function parseConfig(
       secret: values.PARTNER_API_SECRET ?? generated!.apiSecret,
       timeoutMs: values.PARTNER_API_TIMEOUT_MS,
       maxAnswerBytes: values.PARTNER_API_ANSWER_LIMIT,
+      proxy,
     },
     poll: {
       enabled: values.POLL_ENABLED,
@@ -626,6 +697,7 @@ export function configSecrets(config: Config): string[] {
     ...(config.adminToken ? [config.adminToken] : []),
     ...(config.amqp ? urlPasswords(config.amqp.url) : []),
     ...(config.forward ? urlPasswords(config.forward.url) : []),
+    ...[config.partner.proxy?.httpProxy, config.partner.proxy?.httpsProxy].flatMap((url) => (url ? urlPasswords(url) : [])),
   ]
 }
 

@@ -6,10 +6,13 @@
 // Ctrl-C, a full pipe), the process is gone within SHUTDOWN_DRAIN_DELAY_MS + SHUTDOWN_TIMEOUT_MS, and a
 // second signal exits at once (130); the same signal again within a second is npm's copy of a Ctrl-C, not a
 // second one (stop-signals.ts).
-import { type Config, ConfigError, configSecrets, loadConfig } from './config.js'
+import path from 'node:path'
+import { type Config, ConfigError, configSecrets, DEFAULT_DATA_DIR, loadConfig } from './config.js'
 import { loggableError } from './db/database-errors.js'
 import { createLogger, exitProcess, flushLogger } from './logger.js'
 import { ignoreGoneOutput } from './output-gone.js'
+import { logProcessWarnings } from './process-warnings.js'
+import { quoteForShell } from './quote-for-shell.js'
 import type { LocalCommandRunner } from './local/local-cli.js'
 import type { ReactionRegistry } from './reactions/reaction-registry.js'
 import { type RunningService, startService } from './service.js'
@@ -46,6 +49,7 @@ export async function main({
     secrets: configSecrets(config),
     bufferLimitBytes: config.logBufferLimitBytes,
   })
+  logProcessWarnings(logger)
   if (config.localSecretsFile) {
     logger.info({ file: config.localSecretsFile }, 'local mode: generated secrets are kept in this file')
   }
@@ -107,6 +111,10 @@ export async function main({
 /** What a newcomer sees after `npm start`: where things are and what to type next (README quick start). */
 export function localModeBanner(config: Config, url: string, sandboxUrl: string, adminUrl: string): string {
   const seller = config.partner.kind === 'marketplace' ? ' --seller seller-1' : ''
+  // Another terminal finds this service by DATA_DIR/serve.json, DATA_DIR being ./data unless set: without the
+  // service's own, the commands would open (or create) a database of their own. Whole, so that it holds from
+  // any working directory.
+  const cli = `${dataDirFor(config.dataDir)}npm run cli --`
   const database = config.databaseUrl ? 'Postgres' : `embedded PGlite in ${config.dataDir}`
   return [
     '',
@@ -119,10 +127,15 @@ export function localModeBanner(config: Config, url: string, sandboxUrl: string,
       : []),
     '',
     'Try next, in another terminal:',
-    '  npm run cli -- orders create --external-reference order-1',
-    `  npm run cli -- trades open order-1 --title "First trade" --amount 25.00 --currency EUR${seller}`,
-    '  npm run cli -- orders show order-1',
+    `  ${cli} orders create --external-reference order-1`,
+    `  ${cli} trades open order-1 --title "First trade" --amount 25.00 --currency EUR${seller}`,
+    `  ${cli} orders show order-1`,
     'Or watch a whole run with lost and repeated webhooks: npm run demo',
     '',
   ].join('\n')
+}
+
+// `DATA_DIR=... ` before a command, or nothing for the default (an in-memory database has no serve.json)
+function dataDirFor(dataDir: string): string {
+  return dataDir === path.resolve(DEFAULT_DATA_DIR) || dataDir.startsWith('memory://') ? '' : `DATA_DIR=${quoteForShell(dataDir)} `
 }

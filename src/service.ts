@@ -13,21 +13,24 @@
 // platform retries them); once migrated, the poller starts and the service is ready.
 import { randomUUID } from 'node:crypto'
 import { hostname } from 'node:os'
+import type { CliContext } from './cli/cli-context.js'
 import { type Clock, systemClock } from './clock.js'
 import type { Config } from './config.js'
 import { type DatabaseHandle, embeddedDatabaseExists, openDatabase } from './db/open-database.js'
 import { pingDatabase } from './db/ping-database.js'
 import { prepareDatabase } from './db/prepare-database.js'
 import { checkStatementTimeout } from './db/statement-timeout.js'
+import { checkSessionDefaults } from './db/session-defaults.js'
 import { watchStorage } from './db/storage-guard.js'
 import { createAdminApp } from './http/admin-app.js'
 import { createApp } from './http/app.js'
 import { listen } from './http/server.js'
 import { createLocalCliToken, type LocalCommandRunner, localCliRoutes } from './local/local-cli.js'
 import { dataDirProblem } from './data-dir.js'
-import { describeListenError } from './listen-error.js'
+import { describeListenError, type ListenTarget } from './listen-error.js'
 import { advertiseLocalService, databaseIdentity } from './local/running-service.js'
 import type { Logger } from './logger.js'
+import { probeListenTargets } from './probe-listen-targets.js'
 import { createMetrics } from './metrics/metrics.js'
 import { createDispatcherNotifier } from './orders/apply-observation.js'
 import { observationSettings } from './orders/observations.js'
@@ -104,7 +107,16 @@ export async function startService({
     for (const part of parts.filter((part) => !part.takesWork)) await stopPart(part)
   }
 
+  // local mode: no platform is configured, so the sandbox plays it in this process (never for live)
+  const runsSandbox = config.partner.mode === 'local' && config.partner.env === 'sandbox'
+  const sandboxTarget: ListenTarget = { portSetting: 'SANDBOX_PORT', hostSetting: 'the sandbox host', port: config.sandbox.port, host: '127.0.0.1' }
   try {
+    // a taken port ends the start before the database is opened or, on a first start, made (PGlite's initdb)
+    await probeListenTargets([
+      { portSetting: 'PORT', hostSetting: 'HOST', port: config.port, host: config.host },
+      { portSetting: 'ADMIN_PORT', hostSetting: 'ADMIN_HOST', port: config.admin.port, host: config.admin.host },
+      ...(runsSandbox ? [sandboxTarget] : []),
+    ])
     if (!config.databaseUrl && !embeddedDatabaseExists(config.dataDir)) {
       // PGlite's initdb runs once, silently, for several seconds: say so
       logger.info({ dataDir: config.dataDir }, 'initialising the embedded database (first start only)')
@@ -205,6 +217,9 @@ export async function startService({
     })
     // the console's "run one cycle now": a one-off poller like `reconcile --once`, once the database is ready
     const consoleActions: { reconcileOnce?: () => Promise<RunSummary> } = {}
+    // what a second terminal's command runs with in this process; its config names the sandbox's own port below,
+    // once it listens (SANDBOX_PORT=0 gave those commands http://127.0.0.1:0 for the platform)
+    const commandContext: CliContext = { config, db: database.db, holdLock: database.holdLock, vacuum: database.vacuum, withoutTimeouts: database.withoutTimeouts, logger, reactions }
     const adminServer = await listen(
       createAdminApp({
         config,
@@ -216,7 +231,7 @@ export async function startService({
             ? [
                 localCliRoutes({
                   token: localCliToken,
-                  context: { config, db: database.db, holdLock: database.holdLock, vacuum: database.vacuum, withoutTimeouts: database.withoutTimeouts, logger, reactions },
+                  context: commandContext,
                   runCommand,
                   whenReady: databaseReady,
                 }),
@@ -231,9 +246,8 @@ export async function startService({
     stops.push({ name: 'operator http server', stop: () => adminServer.stop(Math.floor(config.shutdownTimeoutMs / 2)) })
     logger.info({ url: server.url, adminUrl: adminServer.url, database: database.kind }, 'http listener open; waiting for the database')
 
-    // local mode: no platform is configured, so the sandbox plays it in this process (never for live)
     let sandboxUrl: string | undefined
-    if (config.partner.mode === 'local' && config.partner.env === 'sandbox') {
+    if (runsSandbox) {
       const sandbox = createSandbox({
         keyId: config.partner.keyId,
         apiSecret: config.partner.secret,
@@ -246,12 +260,13 @@ export async function startService({
         logger,
       })
       sandboxUrl = await sandbox
-        .listen(config.sandbox.port, '127.0.0.1')
+        .listen(sandboxTarget.port, sandboxTarget.host)
         .catch((error: unknown) => {
-          throw describeListenError(error, { portSetting: 'SANDBOX_PORT', hostSetting: 'the sandbox host', port: config.sandbox.port, host: '127.0.0.1' })
+          throw describeListenError(error, sandboxTarget)
         })
       stops.push({ name: 'sandbox', stop: () => sandbox.close() })
       logger.info({ url: sandboxUrl }, 'sandbox platform listening')
+      commandContext.config = { ...config, partner: { ...config.partner, baseUrl: sandboxUrl } }
     }
 
     if (localCliToken) {
@@ -291,6 +306,7 @@ export async function startService({
       const { applied } = await prepareDatabase({ database, logger, clock, signal: startUp.signal })
       logger.info({ applied, database: database.kind }, 'migrations applied')
       await checkStatementTimeout(database, logger)
+      await checkSessionDefaults(database, logger)
       if (startUp.signal.aborted || draining) return
       if (config.poll.enabled) {
         poller = await runLoop('poller', pollerOf(`${hostname()}:${process.pid}`, metrics ? metrics.pollerHooks(clock) : {}))

@@ -234,6 +234,34 @@ describe('configuration', () => {
     ])
   })
 
+  // node-postgres failed such a URL at the first connection with "Invalid URL", and took an unknown sslmode as TLS
+  it('refuses a database URL node-postgres cannot read, or an sslmode it does not know, without printing the password', () => {
+    const unreadable =
+      'is not a URL node-postgres can read: percent-encode the user and the password where they hold one of : / ? # [ ] @ % ' +
+      '(encodeURIComponent; `#` is %23), and give a port from 1 to 65535'
+    for (const url of ['postgres://app:s3cr#t@db:5432/escrow', 'postgres://app:s3cret@db:99999/escrow', 'postgres://app:s3cr#t@[db/escrow']) {
+      const problems = problemsOf({ ...remoteEnv, DATABASE_URL: url })
+      expect(problems).toEqual([`DATABASE_URL: ${unreadable}`])
+      expect(problems.join('\n')).not.toContain('s3cr')
+      expect(problemsOf({ ...remoteEnv, DATABASE_URL: 'postgres://app@db/escrow', DATABASE_LISTEN_URL: url })).toEqual([
+        `DATABASE_LISTEN_URL: ${unreadable}`,
+      ])
+    }
+    expect(problemsOf({ ...remoteEnv, DATABASE_URL: 'postgres://app:s3cret@db/escrow?sslmode=verfy-full' })).toEqual([
+      'DATABASE_URL: its sslmode is none of disable, prefer, require, verify-ca, verify-full, no-verify (verify-full with sslrootcert=… to verify the server)',
+    ])
+    // what node-postgres reads: an encoded password, a space it encodes itself, the forms of a Unix socket, each mode
+    for (const url of [
+      'postgres://app:s3cr%23t@db:5432/escrow',
+      'postgres://app:my pass@db/escrow',
+      'postgres://app@/escrow?host=/var/run/postgresql',
+      'postgres:///escrow?host=/var/run/postgresql',
+      'postgresql://app@db/escrow?sslmode=verify-full&sslrootcert=/etc/ssl/db-ca.pem',
+      'postgresql://app@db/escrow?sslmode=disable',
+    ])
+      expect(parseConfig({ ...remoteEnv, DATABASE_URL: url }).databaseUrl).toBe(url)
+  })
+
   it('takes DATABASE_STATEMENT_TIMEOUT_MS from 100 ms to an hour, 14 s by default', () => {
     expect(parseConfig(remoteEnv).databaseStatementTimeoutMs).toBe(14_000)
     expect(parseConfig({ ...remoteEnv, DATABASE_STATEMENT_TIMEOUT_MS: '2500' }).databaseStatementTimeoutMs).toBe(2_500)

@@ -3,7 +3,7 @@
 // retry a failed reaction from the overview, and open a delivery full of markup without any of it running.
 // Screenshots go to test-results/.
 import { existsSync, mkdirSync } from 'node:fs'
-import { createServer, type Server } from 'node:http'
+import { createServer, request as httpRequest, type Server } from 'node:http'
 import type { AddressInfo } from 'node:net'
 import path from 'node:path'
 import { type Browser, chromium, type Page } from 'playwright-core'
@@ -217,5 +217,49 @@ describeBrowser('operator console in headless Chromium', () => {
     await Promise.all([page.waitForURL(/\/delivery\?id=\.\.&/), page.click('text=Back to the delivery')])
     expect(await page.textContent('dl.fields')).toContain('applied')
     expect((await findOrderByExternalReference(database.db, 'browser-dots'))?.tradeStatus).toBe('funded')
+  }, 60_000)
+
+  // A reverse proxy serving the console under a path of its own, taken off before the request reaches us, and
+  // Host rewritten to ours (nginx's proxy_pass by default). The browser's Origin is the proxy's: compared whole
+  // with ours, the login was refused 403; and every link led to /console/…, which the proxy does not serve.
+  it('is used through a reverse proxy that serves it under /tools/escrow: log in, follow the links, log out', async () => {
+    const prefix = '/tools/escrow'
+    const target = new URL(base)
+    const proxy = createServer((req, res) => {
+      if (!req.url?.startsWith(`${prefix}/`)) {
+        res.writeHead(404).end('not the console')
+        return
+      }
+      const upstream = httpRequest(
+        { host: target.hostname, port: target.port, method: req.method, path: req.url.slice(prefix.length), headers: { ...req.headers, host: target.host, 'x-forwarded-prefix': prefix } },
+        (answer) => {
+          res.writeHead(answer.statusCode ?? 502, answer.headers)
+          answer.pipe(res)
+        },
+      )
+      upstream.on('error', () => res.destroy())
+      req.pipe(upstream)
+    })
+    await new Promise<void>((resolve) => proxy.listen(0, '127.0.0.1', resolve))
+    // another host name than the console's own, as a proxy's is
+    const outside = `http://localhost:${(proxy.address() as AddressInfo).port}${prefix}`
+    const context = await browser.newContext()
+    const proxied = await context.newPage()
+    try {
+      expect((await proxied.goto(`${outside}/console/`))?.status()).toBe(401)
+      await proxied.fill('input[name=token]', TOKEN)
+      await proxied.fill('input[name=name]', 'Eve behind the proxy')
+      await Promise.all([proxied.waitForURL(`${outside}/console/`), proxied.click('form.login button')])
+      expect(await proxied.textContent('h1')).toBe('Overview')
+      await Promise.all([proxied.waitForURL(`${outside}/console/deliveries`), proxied.click('nav >> text=Deliveries')])
+      await Promise.all([proxied.waitForURL(new RegExp(`^${outside}/console/delivery\\?id=`)), proxied.click('table.deliveries tbody a >> nth=0')])
+      expect(await proxied.textContent('dl.fields')).toContain('X-Partner-Delivery-Id')
+      await Promise.all([proxied.waitForURL(`${outside}/console/orders`), proxied.click('nav >> text=Orders')])
+      await Promise.all([proxied.waitForURL(`${outside}/console/login`), proxied.click('form.logout button')])
+      expect((await proxied.goto(`${outside}/console/`))?.status()).toBe(401)
+    } finally {
+      await context.close()
+      await new Promise((resolve) => proxy.close(resolve))
+    }
   }, 60_000)
 })

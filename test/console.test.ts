@@ -147,6 +147,36 @@ describe('operator console', () => {
       expect((await request(admin).get('/console/').set('Cookie', session)).status).toBe(401)
     })
 
+    // Behind a reverse proxy that ends TLS and serves the console under a path of its own, taken off before the
+    // request reaches us: the browser's Origin was the proxy's (every form refused 403, the login's included), and
+    // every link, redirect and the cookie's path led to /console/…, which the proxy does not serve
+    it('works behind a reverse proxy that ends TLS and serves it under a path of its own (X-Forwarded-Prefix)', async () => {
+      const proxied = (call: request.Test) =>
+        call.set('X-Forwarded-Prefix', '/tools/escrow').set('Origin', 'https://ops.example.com').set('Sec-Fetch-Site', 'same-origin')
+      const loginPage = await proxied(request(admin).get('/console/login'))
+      expect(loginPage.text).toContain('action="/tools/escrow/console/login"')
+      const login = await proxied(request(admin).post('/console/login')).type('form').send({ token: TOKEN, name: 'carol' })
+      expect(login.status).toBe(303)
+      expect(login.headers.location).toBe('/tools/escrow/console/')
+      expect(String(login.headers['set-cookie'])).toContain('Path=/tools/escrow/console')
+      const session = String(login.headers['set-cookie']).split(';')[0]!
+      const page = await proxied(request(admin).get('/console/')).set('Cookie', session)
+      expect(page.status).toBe(200)
+      const links = [...page.text.matchAll(/(?:href|action)="([^"]*)"/g)].map((match) => match[1]!)
+      expect(links.length).toBeGreaterThan(5)
+      expect(links.filter((link) => !link.startsWith('/tools/escrow/console/'))).toEqual([])
+      expect((await proxied(request(admin).get('/')).set('Cookie', session)).headers.location).toBe('/tools/escrow/console/')
+      const csrf = /name="csrf" value="([0-9a-f]+)"/.exec(page.text)![1]
+      const logout = await proxied(request(admin).post('/console/logout')).set('Cookie', session).type('form').send({ csrf })
+      expect([logout.status, logout.headers.location]).toEqual([303, '/tools/escrow/console/login'])
+
+      // a prefix that is not a plain path is ignored, and an older browser (no Sec-Fetch-Site) from another host refused
+      for (const prefix of ['/x"><script>', '/a/../b', 'tools', '//evil.example'])
+        expect((await request(admin).get('/console/login').set('X-Forwarded-Prefix', prefix)).text).toContain('action="/console/login"')
+      const elsewhere = await request(admin).post('/console/login').set('Origin', 'https://evil.example').type('form').send({ token: TOKEN, name: 'x' })
+      expect(elsewhere.status).toBe(403)
+    })
+
     it('is not served at all without an ADMIN_TOKEN (remote mode)', async () => {
       const off = createAdminApp({ config: testConfig(), db: database.db, logger: testLogger() })
       expect((await request(off).get('/console/')).status).toBe(404)

@@ -6,7 +6,7 @@ import { chmodSync, lstatSync, mkdirSync, mkdtempSync, readdirSync, writeFileSyn
 import { tmpdir } from 'node:os'
 import path from 'node:path'
 import { afterAll, beforeAll, describe, expect, it } from 'vitest'
-import { childEnv, freePort, runCli, waitForLogLine } from './helpers/cli-process.js'
+import { childEnv, freePort, runCli, waitForLogLine, stopChild } from './helpers/cli-process.js'
 
 const root = path.resolve(import.meta.dirname, '..')
 
@@ -52,10 +52,7 @@ describe('file modes of the embedded database, started with umask 000', () => {
   }, 120_000)
 
   afterAll(async () => {
-    if (service.exitCode === null) {
-      service.kill('SIGTERM')
-      await once(service, 'exit')
-    }
+    await stopChild(service)
   })
 
   it('keeps the data directory 0700 and every file 0600, through writes and a shutdown', async () => {

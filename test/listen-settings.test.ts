@@ -1,17 +1,36 @@
 // A listener that cannot open names the variable to change: the compiled `serve` with each of its three ports
 // taken by another process, and a host that is no address of this machine. Node's own words were "listen
-// EADDRINUSE: address already in use 127.0.0.1:3000", which names neither.
+// EADDRINUSE: address already in use 127.0.0.1:3000", which names neither. A taken port is found before the
+// database is opened: a first start used to run PGlite's initdb (and leave its database) before it said so.
 import { once } from 'node:events'
+import { mkdtempSync, readdirSync, rmSync } from 'node:fs'
 import { createServer, type Server } from 'node:net'
+import { tmpdir } from 'node:os'
+import path from 'node:path'
 import { afterAll, describe, expect, it } from 'vitest'
 import { describeListenError } from '../src/listen-error.js'
 import { freePort, runCli } from './helpers/cli-process.js'
 import { migratedDataDir } from './helpers/data-dir-template.js'
 
 const taken: Server[] = []
+const emptyDirs: string[] = []
 afterAll(() => {
   for (const server of taken) server.close()
+  for (const directory of emptyDirs) rmSync(directory, { recursive: true, force: true })
 })
+
+function emptyDataDir(): string {
+  const directory = mkdtempSync(path.join(tmpdir(), 'listen-first-'))
+  emptyDirs.push(directory)
+  return directory
+}
+
+function logMessages(stdout: string): unknown[] {
+  return stdout
+    .split('\n')
+    .filter((line) => line.startsWith('{'))
+    .map((line) => (JSON.parse(line) as { msg: unknown }).msg)
+}
 
 async function takePort(): Promise<number> {
   const server = createServer()
@@ -21,21 +40,66 @@ async function takePort(): Promise<number> {
   return (server.address() as { port: number }).port
 }
 
+
+// `serve` on DATA_DIR with every listener on a free port but `setting`'s, which another process holds
+async function serveWithPortTaken(setting: string, dataDir: string) {
+  const busy = await takePort()
+  const env: Record<string, string> = {
+    DATA_DIR: dataDir,
+    PORT: String(await freePort()),
+    ADMIN_PORT: String(await freePort()),
+    SANDBOX_PORT: String(await freePort()),
+    [setting]: String(busy),
+  }
+  return { busy, result: await runCli(['serve'], env, { built: true }) }
+}
 describe('a listener that cannot open', () => {
   it('names PORT, ADMIN_PORT or SANDBOX_PORT when another process holds it, and exits 1', async () => {
     for (const setting of ['PORT', 'ADMIN_PORT', 'SANDBOX_PORT']) {
-      const busy = await takePort()
-      const env: Record<string, string> = {
-        DATA_DIR: migratedDataDir('listen-'),
-        PORT: String(await freePort()),
-        ADMIN_PORT: String(await freePort()),
-        SANDBOX_PORT: String(await freePort()),
-        [setting]: String(busy),
-      }
-      const result = await runCli(['serve'], env, { built: true })
+      const { busy, result } = await serveWithPortTaken(setting, migratedDataDir('listen-'))
       expect(result.code, setting).toBe(1)
       expect(result.stderr).toBe(`${setting}=${busy}: another process already listens on 127.0.0.1:${busy}; stop it, or set ${setting} to a free port\n`)
     }
+  })
+
+  it('fails a first start before it makes the embedded database: no initdb, no database left in DATA_DIR', async () => {
+    for (const setting of ['PORT', 'ADMIN_PORT', 'SANDBOX_PORT']) {
+      const dataDir = emptyDataDir()
+      const { busy, result } = await serveWithPortTaken(setting, dataDir)
+      expect(result.code, setting).toBe(1)
+      expect(result.stderr).toBe(`${setting}=${busy}: another process already listens on 127.0.0.1:${busy}; stop it, or set ${setting} to a free port\n`)
+      expect(logMessages(result.stdout), setting).not.toContain('initialising the embedded database (first start only)')
+      // the local secrets are made before the ports are known to be free, and the next start keeps using them
+      expect(readdirSync(dataDir), setting).toEqual(['local-secrets.json'])
+    }
+  })
+
+  it('fails a start on Postgres before it connects to the database', async () => {
+    // stands in for Postgres: the test only counts who connects
+    const connections: unknown[] = []
+    const database = createServer((socket) => {
+      connections.push(socket.remoteAddress)
+      socket.destroy()
+    })
+    database.listen(0, '127.0.0.1')
+    await once(database, 'listening')
+    taken.push(database)
+    const busy = await takePort()
+    const dataDir = emptyDataDir()
+    const env = {
+      DATA_DIR: dataDir,
+      DATABASE_URL: `postgres://escrow@127.0.0.1:${(database.address() as { port: number }).port}/escrow`,
+      PORT: String(busy),
+      ADMIN_PORT: String(await freePort()),
+      SANDBOX_PORT: String(await freePort()),
+    }
+    const result = await runCli(['serve'], env, { built: true })
+    expect({ code: result.code, stderr: result.stderr }).toEqual({
+      code: 1,
+      stderr: `PORT=${busy}: another process already listens on 127.0.0.1:${busy}; stop it, or set PORT to a free port\n`,
+    })
+    expect(connections).toEqual([])
+    expect(readdirSync(dataDir)).toEqual(['local-secrets.json'])
   })
 
   it('names --port when `sandbox --port` is held by another process', async () => {
@@ -44,6 +108,29 @@ describe('a listener that cannot open', () => {
     expect({ code: result.code, stderr: result.stderr }).toEqual({
       code: 1,
       stderr: `--port=${busy}: another process already listens on 127.0.0.1:${busy}; stop it, or set --port to a free port\n`,
+    })
+  })
+
+  it('names SANDBOX_PORT when `sandbox` took its port from SANDBOX_PORT and another process holds it', async () => {
+    const busy = await takePort()
+    const result = await runCli(['sandbox'], { DATA_DIR: migratedDataDir('listen-'), SANDBOX_PORT: String(busy) }, { built: true })
+    expect({ code: result.code, stderr: result.stderr }).toEqual({
+      code: 1,
+      stderr: `SANDBOX_PORT=${busy}: another process already listens on 127.0.0.1:${busy}; stop it, or set SANDBOX_PORT to a free port\n`,
+    })
+  })
+
+  it('names SANDBOX_HOST or --host, as it was given, when `sandbox`’s host is no address of this machine', async () => {
+    const port = String(await freePort())
+    const fromEnvironment = await runCli(['sandbox'], { DATA_DIR: migratedDataDir('listen-'), SANDBOX_PORT: port, SANDBOX_HOST: '192.0.2.1' }, { built: true })
+    expect({ code: fromEnvironment.code, stderr: fromEnvironment.stderr }).toEqual({
+      code: 1,
+      stderr: 'SANDBOX_HOST=192.0.2.1: no such address on this machine (EADDRNOTAVAIL); set SANDBOX_HOST to one of its addresses, such as 127.0.0.1 or 0.0.0.0\n',
+    })
+    const fromCommandLine = await runCli(['sandbox', '--port', port, '--host', '192.0.2.1'], { DATA_DIR: migratedDataDir('listen-') }, { built: true })
+    expect({ code: fromCommandLine.code, stderr: fromCommandLine.stderr }).toEqual({
+      code: 1,
+      stderr: '--host=192.0.2.1: no such address on this machine (EADDRNOTAVAIL); set --host to one of its addresses, such as 127.0.0.1 or 0.0.0.0\n',
     })
   })
 

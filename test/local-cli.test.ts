@@ -5,7 +5,7 @@ import { tmpdir } from 'node:os'
 import path from 'node:path'
 import { afterAll, beforeAll, describe, expect, it } from 'vitest'
 import { DatabaseInUseError, openDatabase } from '../src/db/open-database.js'
-import { childEnv, freePort, runCli, spawnCli, waitForLogLine } from './helpers/cli-process.js'
+import { childEnv, freePort, runCli, spawnCli, waitForLogLine, stopChild } from './helpers/cli-process.js'
 import { migratedDataDir } from './helpers/data-dir-template.js'
 
 const cliEntry = path.resolve(import.meta.dirname, '../dist/src/cli.js')
@@ -25,8 +25,7 @@ describe('operator commands while `npm start` owns the embedded database', () =>
     adminUrl = String(listening.adminUrl)
   }, 120_000)
   afterAll(async () => {
-    service.kill('SIGTERM')
-    await once(service, 'exit')
+    await stopChild(service)
   })
 
   it('refuses a second process opening the same embedded database, naming the owner', () => {
@@ -176,5 +175,21 @@ describe('operator commands while `npm start` owns the embedded database', () =>
     expect(result.stderr).toBe('')
     expect(result.code).toBe(0)
     expect(JSON.parse(result.stdout)).toMatchObject({ status: 200, body: { received: true } })
+  })
+
+  // the commands a second terminal runs in the service called the platform at the configured port, 0 itself
+  it('calls the sandbox at the port it was given for SANDBOX_PORT=0, for a command run inside the service', async () => {
+    const other = { ...env, DATA_DIR: migratedDataDir('local-cli-any-port-'), SANDBOX_PORT: '0' }
+    const child = spawnCli(['serve'], other)
+    try {
+      await waitForLogLine(child, 'service listening', 60_000)
+      const opened = await runCli(['trades', 'open', 'any-port-1', '--title', 'Lamp', '--amount', '12.00', '--currency', 'EUR', '--seller', 's-1', '--json'], { DATA_DIR: other.DATA_DIR })
+      expect(opened.stderr).toBe('')
+      expect(opened.code).toBe(0)
+      expect(JSON.parse(opened.stdout)).toMatchObject({ trade: { reference: 'TRD-000001' } })
+    } finally {
+      child.kill('SIGTERM')
+      await once(child, 'exit')
+    }
   })
 })

@@ -4,7 +4,7 @@ import { once } from 'node:events'
 import { statSync } from 'node:fs'
 import path from 'node:path'
 import { afterAll, describe, expect, it } from 'vitest'
-import { freePort, runCli, spawnCli, waitForLogLine } from './helpers/cli-process.js'
+import { freePort, runCli, spawnCli, waitForLogLine, stopChild } from './helpers/cli-process.js'
 import { migratedDataDir } from './helpers/data-dir-template.js'
 
 describe('local mode across a restart', () => {
@@ -25,7 +25,7 @@ describe('local mode across a restart', () => {
     expect(code).toBe(0)
   }
   afterAll(async () => {
-    if (service) await stop()
+    if (service) await stopChild(service)
   })
 
   const open = (reference: string) =>

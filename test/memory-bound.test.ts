@@ -6,9 +6,8 @@
 // The parts are sent once every refusal is answered. A refused client that sends its part anyway has it
 // read and dropped by Node until the socket closes: garbage, whose peak depends on when the collector
 // runs (up to 56 MB of it on Node 24, against 20-30 on Node 20), not memory the process holds.
-import { once } from 'node:events'
 import { afterAll, beforeAll, describe, expect, it } from 'vitest'
-import { spawnCli, waitForLogLine } from './helpers/cli-process.js'
+import { spawnCli, waitForLogLine, stopChild } from './helpers/cli-process.js'
 import { openStalledHeads, residentBytes, type StalledClient, steadyResidentBytes } from './helpers/stalled-bodies.js'
 import { TEST_API_KEY_ID, TEST_API_SECRET, TEST_WEBHOOK_SECRET } from './helpers/test-config.js'
 
@@ -50,8 +49,7 @@ describe('memory under 400 stalled bodies, with the built CLI', () => {
 
   afterAll(async () => {
     for (const client of clients) client.socket.destroy()
-    service.kill('SIGTERM')
-    await once(service, 'exit')
+    await stopChild(service)
   })
 
   it('holds at most the in-flight body budget: the rest are answered 503 before their bodies are read', async () => {

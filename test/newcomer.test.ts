@@ -1,15 +1,17 @@
 // What a newcomer does after cloning: `npm start`, then the commands the banner prints, with the built CLI.
+import { spawn } from 'node:child_process'
 import { once } from 'node:events'
-import { existsSync, mkdtempSync, readFileSync } from 'node:fs'
+import { existsSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs'
 import { tmpdir } from 'node:os'
 import path from 'node:path'
 import { afterAll, beforeAll, describe, expect, it } from 'vitest'
-import { freePort, runCli, spawnCli, waitForLogLine } from './helpers/cli-process.js'
+import { type CliResult, childEnv, freePort, spawnCli, waitForLogLine, stopChild } from './helpers/cli-process.js'
 
 const root = path.resolve(import.meta.dirname, '..')
 
 describe('a newcomer’s first minutes, with the built CLI', () => {
-  const dataDir = mkdtempSync(path.join(tmpdir(), 'newcomer-'))
+  // a space and a quote: the banner's commands quote it for the shell
+  const dataDir = mkdtempSync(path.join(tmpdir(), "newcomer's data dir-"))
   const env: Record<string, string> = { DATA_DIR: dataDir, PORT: '0', ADMIN_PORT: '0' }
   let service: ReturnType<typeof spawnCli>
   let banner = ''
@@ -34,8 +36,8 @@ describe('a newcomer’s first minutes, with the built CLI', () => {
   }, 300_000)
 
   afterAll(async () => {
-    service.kill('SIGTERM')
-    await once(service, 'exit')
+    await stopChild(service)
+    for (const directory of [dataDir, otherTerminal, npmOnPath]) rmSync(directory, { recursive: true, force: true })
   })
 
   it('says it runs in local sandbox mode and where it listens', () => {
@@ -45,19 +47,22 @@ describe('a newcomer’s first minutes, with the built CLI', () => {
     expect(banner).toContain(`metrics   ${adminUrl}/metrics`)
   })
 
-  it('runs every command the banner prints, as printed', async () => {
+  it('runs every command the banner prints, as printed, in a shell of another terminal', async () => {
     const commands = banner
       .split('\n')
       .map((line) => line.trim())
-      .filter((line) => line.startsWith('npm run cli -- '))
+      .filter((line) => line.includes('npm run cli -- '))
     expect(commands).toHaveLength(3)
+    // the service's DATA_DIR is not ./data: the commands carry it, quoted for the shell
+    for (const command of commands) expect(command).toMatch(/^DATA_DIR='[^']*newcomer'\\''s data dir-\w+' npm run cli -- /)
     const outputs: string[] = []
     for (const command of commands) {
-      const args = splitArguments(command.slice('npm run cli -- '.length))
-      const result = await runCli(args, env, { built: true })
+      const result = await runInAnotherTerminal(command)
       expect(result.code, `${command}\n${result.stderr}`).toBe(0)
       outputs.push(result.stdout)
     }
+    // they reached the running service, not a database of their own in the other terminal's ./data
+    expect(existsSync(path.join(otherTerminal, 'data'))).toBe(false)
     expect(outputs[0]).toContain('created order order-1')
     expect(outputs[1]).toMatch(/trd_\w+/)
     // the trade's status came back by the API's answer; its webhook follows
@@ -85,7 +90,30 @@ describe('a newcomer’s first minutes, with the built CLI', () => {
   })
 })
 
-// the banner's commands use double quotes for one argument with spaces; nothing fancier
-function splitArguments(line: string): string[] {
-  return [...line.matchAll(/"([^"]*)"|(\S+)/g)].map((match) => match[1] ?? match[2]!)
+// Another terminal: a POSIX shell with none of the service's environment, in a directory of its own, where
+// `npm run cli -- ARGS` runs the built CLI with ARGS. It stays in that directory (npm would go to the
+// project's root), so a command without the service's DATA_DIR opens its own database there.
+const otherTerminal = mkdtempSync(path.join(tmpdir(), 'newcomer-terminal-'))
+const npmOnPath = mkdtempSync(path.join(tmpdir(), 'newcomer-npm-'))
+writeFileSync(
+  path.join(npmOnPath, 'npm'),
+  `#!/bin/sh\n[ "$1 $2 $3" = "run cli --" ] || exit 64\nshift 3\nexec '${process.execPath}' '${path.join(root, 'dist/src/cli.js')}' "$@"\n`,
+  { mode: 0o755 },
+)
+
+function runInAnotherTerminal(command: string): Promise<CliResult> {
+  const child = spawn('/bin/sh', ['-c', command], {
+    cwd: otherTerminal,
+    env: { ...childEnv({}), PATH: `${npmOnPath}:${process.env.PATH ?? ''}` },
+    stdio: ['ignore', 'pipe', 'pipe'],
+  })
+  let stdout = ''
+  let stderr = ''
+  child.stdout.on('data', (chunk) => {
+    stdout += chunk
+  })
+  child.stderr.on('data', (chunk) => {
+    stderr += chunk
+  })
+  return once(child, 'exit').then(([code]) => ({ code: code as number | null, stdout, stderr }))
 }

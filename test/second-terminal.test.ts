@@ -1,6 +1,5 @@
 // A second terminal next to `npm start`: it must reach the running service's database and platform, or
 // say what to set; never write somewhere else unnoticed. A refused connection to the platform sent nothing.
-import { once } from 'node:events'
 import { existsSync, mkdtempSync } from 'node:fs'
 import { tmpdir } from 'node:os'
 import path from 'node:path'
@@ -8,7 +7,8 @@ import { afterAll, beforeAll, expect, it } from 'vitest'
 import type { CliContext } from '../src/cli/cli-context.js'
 import { findOrderByExternalReference } from '../src/orders/order.repository.js'
 import { runCommandWith } from './helpers/cli-in-process.js'
-import { freePort, runCli, spawnCli, waitForLogLine } from './helpers/cli-process.js'
+import { freePort, runCli, spawnCli, waitForLogLine, stopChild } from './helpers/cli-process.js'
+import { migratedDataDir } from './helpers/data-dir-template.js'
 import { testLogger } from './helpers/log-sink.js'
 import { tradeRecord } from './helpers/partner-api-fixtures.js'
 import { startRecordingServer } from './helpers/partner-api-recording-server.js'
@@ -17,7 +17,7 @@ import { createTestDatabase, describePostgres, type TestDatabase } from './helpe
 
 const cli = (context: CliContext, ...args: string[]) => runCommandWith(args, context)
 
-it('treats a refused connection as not sent: the order stays as it was and can be opened later', async () => {
+it('treats a refused connection as not sent: a new order stays, created with no trade, and the same command opens it later', async () => {
   const database = await createTestDatabase()
   const port = await freePort()
   try {
@@ -28,11 +28,19 @@ it('treats a refused connection as not sent: the order stays as it was and can b
 
     const refused = await open()
     expect(refused.code).toBe(1)
-    expect(refused.stderr).toContain('nothing was sent')
+    expect(refused.stderr).toContain(
+      'nothing was sent and no trade was opened, but order second-1 was created locally: the same command opens its trade',
+    )
+    expect(refused.stderr).not.toContain('unchanged')
     expect(refused.stderr).toContain('[not_sent]')
     // one line for a person: no stack, no log line
     expect(refused.stderr.trim().split('\n')).toHaveLength(1)
     expect((await findOrderByExternalReference(database.db, 'second-1'))?.tradeCreateState).toBe('none')
+
+    // now the order exists: refused again, it is unchanged
+    const again = await open()
+    expect(again.code).toBe(1)
+    expect(again.stderr).toContain('nothing was sent and the order is unchanged')
 
     // the platform comes up: the same command works, without --retry
     const platform = await startRecordingServer({
@@ -51,6 +59,19 @@ it('treats a refused connection as not sent: the order stays as it was and can b
   } finally {
     await database.close()
   }
+})
+
+it('says so when `trades open` with no service running created the order and sent nothing, in a process of its own', async () => {
+  // local mode, no service: the platform is the sandbox at SANDBOX_PORT, where nothing listens
+  const env = { DATA_DIR: migratedDataDir('second-terminal-'), SANDBOX_PORT: String(await freePort()) }
+  const opened = await runCli(['trades', 'open', 'order-3', '--title', 'Desk', '--amount', '80.00', '--currency', 'EUR', '--seller', 's_1'], env, { built: true })
+  expect(opened.code).toBe(1)
+  expect(opened.stderr).toMatch(
+    /^Could not reach the platform at \S+ \(ECONNREFUSED\): nothing was sent and no trade was opened, but order order-3 was created locally: the same command opens its trade once the platform can be reached\. .* \[not_sent\]\n$/,
+  )
+  const shown = await runCli(['orders', 'show', 'order-3'], env, { built: true })
+  expect(shown.code, shown.stderr).toBe(0)
+  expect(shown.stdout).toContain('order-3')
 })
 
 describePostgres('a second terminal next to a service on Postgres (Postgres)', () => {
@@ -72,11 +93,7 @@ describePostgres('a second terminal next to a service on Postgres (Postgres)', (
     await waitForLogLine(service, 'sandbox platform listening', 60_000)
   }, 120_000)
   afterAll(async () => {
-    // a service that failed to start has already exited: no exit event would come
-    if (service.exitCode === null) {
-      service.kill('SIGTERM')
-      await once(service, 'exit')
-    }
+    await stopChild(service)
     await database.close()
   })
 

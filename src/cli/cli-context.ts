@@ -47,15 +47,18 @@ export class StoppedBySignalError extends Error {
 
 export async function cliLogger(config: Config): Promise<Logger> {
   // loaded here: `--help` and forwarded commands never log
-  const [{ default: pino }, { createLogger }, { configSecrets }] = await Promise.all([
+  const [{ default: pino }, { createLogger }, { configSecrets }, { logProcessWarnings }] = await Promise.all([
     import('pino'),
     import('../logger.js'),
     import('../config.js'),
+    import('../process-warnings.js'),
   ])
   // a command tells its person what went wrong in its own words; log lines (JSON, to stderr) only for
   // errors, unless LOG_LEVEL asks for more
   const level = config.logLevel === 'info' ? 'error' : config.logLevel
-  return createLogger({ level, secrets: configSecrets(config), destination: pino.destination(2) })
+  const logger = createLogger({ level, secrets: configSecrets(config), destination: pino.destination(2) })
+  logProcessWarnings(logger)
+  return logger
 }
 
 export interface CliScope {

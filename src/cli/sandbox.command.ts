@@ -55,7 +55,7 @@ export function registerSandboxCommand(program: Command): void {
     .addOption(option('--delay-rate <share>', 'share of webhooks delayed', 'SANDBOX_DELAY_RATE').argParser(rate).default(0))
     .addOption(option('--delay-ms <ms>', 'how long a delayed webhook waits', 'SANDBOX_DELAY_MS').argParser(count).default(0))
     .addOption(option('--seed <n>', 'seed of the fault injection', 'SANDBOX_SEED').argParser(count).default(1))
-    .action(async (flags: SandboxFlags) => {
+    .action(async (flags: SandboxFlags, command: Command) => {
       // loaded when run, so that other commands do not pay for the sandbox's modules
       const [{ loadConfig }, { createSandbox }] = await Promise.all([
         import('../config.js'),
@@ -94,8 +94,14 @@ export function registerSandboxCommand(program: Command): void {
       })
       const port = flags.port ?? config.sandbox.port
       const url = await sandbox.listen(port, flags.host).catch((error: unknown) => {
-        const portSetting = flags.port === undefined ? 'SANDBOX_PORT' : '--port'
-        throw describeListenError(error, { portSetting, hostSetting: '--host', port, host: flags.host ?? '127.0.0.1' })
+        // commander fills an option from its variable too: the source says which one the operator set
+        const setting = (option: string, variable: string) => (command.getOptionValueSource(option) === 'cli' ? `--${option}` : variable)
+        throw describeListenError(error, {
+          portSetting: setting('port', 'SANDBOX_PORT'),
+          hostSetting: setting('host', 'SANDBOX_HOST'),
+          port,
+          host: flags.host,
+        })
       })
       write(`sandbox platform listening on ${url} (partner API at ${url}/api/partner/v1/)\n`)
       write(`webhooks go to ${flags.webhookUrl ?? `http://${host}:${config.port}${config.webhook.path}`}\n`)

@@ -128,13 +128,18 @@ export function createConsoleAuth({ token, now = () => Date.now() }: { token: st
 }
 
 /**
- * A browser tells where a POST came from: Sec-Fetch-Site (same-origin, or none when typed) and Origin.
- * Either, when present, must name this console; clients that send neither (curl) still need the token.
+ * A browser tells where a POST came from: Sec-Fetch-Site (same-origin, or none when typed), which it sets itself
+ * and no page can, settles it. Only a browser that sends none is judged by its Origin, whose host must be this
+ * console's; clients that send neither (curl) still need the token.
+ *
+ * Behind a reverse proxy that ends TLS (https://ops.example.com/ in front of http://127.0.0.1:3001) the browser's
+ * Origin is the proxy's, scheme and often host: compared whole with our own, every form posted through it, the
+ * login's included, was refused 403.
  */
 export function requestFromOwnOrigin(req: Request): boolean {
   const site = req.headers['sec-fetch-site']
-  if (site !== undefined && site !== 'same-origin' && site !== 'none') return false
+  if (site !== undefined) return site === 'same-origin' || site === 'none'
   const origin = req.headers.origin
-  if (origin !== undefined && origin !== `${req.protocol}://${req.headers.host ?? ''}`) return false
-  return true
+  if (origin === undefined) return true
+  return URL.canParse(origin) && new URL(origin).host === (req.headers.host ?? '')
 }

@@ -1,6 +1,7 @@
 // The console's pages, as typed functions of their data. hono/html's `html` tag escapes every
 // interpolated value (text and attribute alike) unless it is itself a template: a delivery's
 // attacker-chosen id, reference or body can only ever show as text. Nothing here writes raw().
+import { AsyncLocalStorage } from 'node:async_hooks'
 import { html } from 'hono/html'
 import type { Order, StatusChange } from '../orders/order.js'
 import { describeClockOffset } from '../partner-api/clock-offset.js'
@@ -21,7 +22,27 @@ import type { Operator } from './console-auth.js'
 
 export type Html = ReturnType<typeof html>
 
+/** Where the console's routes are, on the operator listener. */
 export const CONSOLE_PATH = '/console'
+
+// A reverse proxy may serve the console under a path of its own, taken off before the request reaches us
+// (https://ops.example.com/escrow/console/ → /console/): it says which in X-Forwarded-Prefix (Traefik's
+// StripPrefix does so itself; nginx: proxy_set_header X-Forwarded-Prefix /escrow). Every link, form, redirect
+// and the session cookie's path then begin with it; before, they led to https://ops.example.com/console/…, which
+// the proxy did not serve. A value that is not a plain path (segments of letters, digits and . _ ~ -) is ignored.
+const forwardedPrefix = new AsyncLocalStorage<string>()
+const PLAIN_PATH = /^(\/[A-Za-z0-9._~-]+)+$/
+
+/** Runs `handle` with the prefix the request's proxy gave (none, or one not a plain path: nothing). */
+export function withForwardedPrefix(header: string | string[] | undefined, handle: () => void): void {
+  const prefix = typeof header === 'string' && PLAIN_PATH.test(header) && !header.split('/').some((segment) => segment === '.' || segment === '..') ? header : ''
+  forwardedPrefix.run(prefix, handle)
+}
+
+/** The console's path as the operator's browser sees it: CONSOLE_PATH behind the proxy's prefix, if any. */
+export function consolePath(): string {
+  return `${forwardedPrefix.getStore() ?? ''}${CONSOLE_PATH}`
+}
 
 const time = (value: Date | null | undefined) => (value ? value.toISOString().replace('.000Z', 'Z') : '—')
 const age = (seconds: number) =>
@@ -35,13 +56,13 @@ function deliveryQuery(delivery: { deliveryId: string; bodySha256: string }): st
   return new URLSearchParams({ id: delivery.deliveryId, body: delivery.bodySha256 }).toString()
 }
 export function deliveryPath(delivery: { deliveryId: string; bodySha256: string }): string {
-  return `${CONSOLE_PATH}/delivery?${deliveryQuery(delivery)}`
+  return `${consolePath()}/delivery?${deliveryQuery(delivery)}`
 }
 export function deliveryReapplyPath(delivery: { deliveryId: string; bodySha256: string }): string {
-  return `${CONSOLE_PATH}/delivery/reapply?${deliveryQuery(delivery)}`
+  return `${consolePath()}/delivery/reapply?${deliveryQuery(delivery)}`
 }
-export const orderPath = (id: number) => `${CONSOLE_PATH}/orders/${id}`
-export const reactionPath = (id: string) => `${CONSOLE_PATH}/reactions/${id}`
+export const orderPath = (id: number) => `${consolePath()}/orders/${id}`
+export const reactionPath = (id: string) => `${consolePath()}/reactions/${id}`
 
 export function layout(title: string, operator: Operator | undefined, body: Html): Html {
   return html`<!doctype html>
@@ -50,7 +71,7 @@ export function layout(title: string, operator: Operator | undefined, body: Html
 <meta charset="utf-8">
 <meta name="viewport" content="width=device-width, initial-scale=1">
 <title>${title} · partner-escrow console</title>
-<link rel="stylesheet" href="${CONSOLE_PATH}/console.css">
+<link rel="stylesheet" href="${consolePath()}/console.css">
 </head>
 <body>
 <header>
@@ -58,13 +79,13 @@ export function layout(title: string, operator: Operator | undefined, body: Html
   ${
     operator
       ? html`<nav>
-    <a href="${CONSOLE_PATH}/">Overview</a>
-    <a href="${CONSOLE_PATH}/deliveries">Deliveries</a>
-    <a href="${CONSOLE_PATH}/orders">Orders</a>
-    <a href="${CONSOLE_PATH}/reactions">Reactions</a>
-    <a href="${CONSOLE_PATH}/reconcile">Reconcile</a>
+    <a href="${consolePath()}/">Overview</a>
+    <a href="${consolePath()}/deliveries">Deliveries</a>
+    <a href="${consolePath()}/orders">Orders</a>
+    <a href="${consolePath()}/reactions">Reactions</a>
+    <a href="${consolePath()}/reconcile">Reconcile</a>
   </nav>
-  <form method="post" action="${CONSOLE_PATH}/logout" class="logout">
+  <form method="post" action="${consolePath()}/logout" class="logout">
     <span>${operator.name}</span>
     <input type="hidden" name="csrf" value="${operator.csrfToken}">
     <button type="submit">Log out</button>
@@ -85,7 +106,7 @@ export function loginPage(problem?: string): Html {
     'Log in',
     undefined,
     html`${problem ? html`<p class="problem">${problem}</p>` : ''}
-<form method="post" action="${CONSOLE_PATH}/login" class="login">
+<form method="post" action="${consolePath()}/login" class="login">
   <label>Admin token <input type="password" name="token" autocomplete="current-password" required autofocus></label>
   <label>Your name (for the action log) <input type="text" name="name" maxlength="64"></label>
   <button type="submit">Log in</button>
@@ -125,22 +146,22 @@ export function overviewPage(operator: Operator, data: OverviewData): Html {
   const flagged = data.attention.reduce((sum, row) => sum + row.orders, 0)
   if (flagged > 0) {
     needsHuman.push(
-      html`<li><a href="${CONSOLE_PATH}/orders?attention=1">${flagged} order(s) flagged</a>
+      html`<li><a href="${consolePath()}/orders?attention=1">${flagged} order(s) flagged</a>
         (${data.attention.map((row) => `${row.attention}: ${row.orders}`).join(', ')}):
         the platform does not know their trade (trade_not_found) or answered another trade's or order's record
-        (trade_mismatch), and they are no longer polled. <a href="${CONSOLE_PATH}/orders/requeue">Requeue them</a> once fixed.</li>`,
+        (trade_mismatch), and they are no longer polled. <a href="${consolePath()}/orders/requeue">Requeue them</a> once fixed.</li>`,
     )
   }
   if (data.reactions.failed > 0) {
     needsHuman.push(
-      html`<li><a href="${CONSOLE_PATH}/reactions?state=failed">${data.reactions.failed} failed reaction(s)</a>
+      html`<li><a href="${consolePath()}/reactions?state=failed">${data.reactions.failed} failed reaction(s)</a>
         (${data.failedByHandler.map((row) => `${row.handler}: ${row.jobs}`).join(', ')}): each holds back its order's later events
         for its handler. Fix the cause, then retry them (or skip one).</li>`,
     )
   }
   if (data.parked > 0) {
     needsHuman.push(
-      html`<li><a href="${CONSOLE_PATH}/deliveries?outcome=unmatched">${data.parked} parked deliveries</a> (oldest ${age(data.oldestParkedAgeS)}):
+      html`<li><a href="${consolePath()}/deliveries?outcome=unmatched">${data.parked} parked deliveries</a> (oldest ${age(data.oldestParkedAgeS)}):
         webhooks for external references with no order; create the orders, or re-apply.</li>`,
     )
   }
@@ -150,7 +171,7 @@ export function overviewPage(operator: Operator, data: OverviewData): Html {
     const count = hourTotals.get(outcome) ?? 0
     if (count > 0) {
       needsHuman.push(
-        html`<li><a href="${CONSOLE_PATH}/deliveries?outcome=${outcome}">${count} ${outcome} deliveries</a> in the last hour.</li>`,
+        html`<li><a href="${consolePath()}/deliveries?outcome=${outcome}">${count} ${outcome} deliveries</a> in the last hour.</li>`,
       )
     }
   }
@@ -182,10 +203,10 @@ export function overviewPage(operator: Operator, data: OverviewData): Html {
   <div><span class="figure">${data.ordersDue}</span> orders due to poll<br>oldest due ${age(data.oldestDueAgeS)}</div>
   <div><span class="figure">${data.parked}</span> parked deliveries</div>
   <div><span class="figure">${flagged}</span> flagged orders</div>
-  <div><span class="figure">${data.reactions.pending + data.reactions.running}</span> <a href="${CONSOLE_PATH}/reactions?state=pending">reactions to run</a><br>${
+  <div><span class="figure">${data.reactions.pending + data.reactions.running}</span> <a href="${consolePath()}/reactions?state=pending">reactions to run</a><br>${
     data.reactions.pending + data.reactions.running > 0 ? `oldest ${age(data.reactions.oldestPendingAgeS)}` : 'none waiting'
   }</div>
-  <div><span class="figure">${data.reactions.failed}</span> <a href="${CONSOLE_PATH}/reactions?state=failed">failed reactions</a></div>
+  <div><span class="figure">${data.reactions.failed}</span> <a href="${consolePath()}/reactions?state=failed">failed reactions</a></div>
   <div><span class="figure">${data.signatureFailures ?? '—'}</span> signature failures since start</div>
 </section>
 <section>
@@ -253,7 +274,7 @@ const hiddenFields = (fields: [string, string][]) =>
 function filterForm(filter: DeliveryFilter): Html {
   const input = (name: string, label: string, value: string | undefined, type = 'text') =>
     html`<label>${label} <input type="${type}" name="${name}" value="${value ?? ''}"></label>`
-  return html`<form method="get" action="${CONSOLE_PATH}/deliveries" class="filter">
+  return html`<form method="get" action="${consolePath()}/deliveries" class="filter">
   ${input('reference', 'External reference', filter.externalReference)}
   ${input('trade', 'Trade id', filter.tradeId)}
   ${input('delivery', 'Delivery id', filter.deliveryId)}
@@ -280,7 +301,7 @@ export function deliveriesPage(
     'Deliveries',
     operator,
     html`${filterForm(filter)}
-<p class="actions"><a href="${CONSOLE_PATH}/deliveries/reapply?${queryString(fields)}">Bulk re-apply these… (dry run first)</a></p>
+<p class="actions"><a href="${consolePath()}/deliveries/reapply?${queryString(fields)}">Bulk re-apply these… (dry run first)</a></p>
 ${
   deliveries.length === 0
     ? html`<p>No delivery matches.</p>`
@@ -298,7 +319,7 @@ ${
 </tr>`,
       )}</tbody></table>`
 }
-${next ? html`<p><a rel="next" href="${CONSOLE_PATH}/deliveries?${queryString([...fields, ['after', encodeCursor(next)]])}">Older →</a></p>` : ''}`,
+${next ? html`<p><a rel="next" href="${consolePath()}/deliveries?${queryString([...fields, ['after', encodeCursor(next)]])}">Older →</a></p>` : ''}`,
   )
 }
 
@@ -378,7 +399,7 @@ export function confirmPage(
   <input type="hidden" name="action_id" value="${actionId}">
   <input type="hidden" name="csrf" value="${operator.csrfToken}">
   <button type="submit" class="danger">${button}</button>
-  <a href="${CONSOLE_PATH}/">Cancel</a>
+  <a href="${consolePath()}/">Cancel</a>
 </form>`,
   )
 }
@@ -416,14 +437,14 @@ export function ordersPage(
   return layout(
     'Orders',
     operator,
-    html`<form method="get" action="${CONSOLE_PATH}/orders" class="filter">
+    html`<form method="get" action="${consolePath()}/orders" class="filter">
   <label>External reference <input name="reference" value="${filter.reference ?? ''}"></label>
   <label>Trade id <input name="trade" value="${filter.trade ?? ''}"></label>
   <label>Status <input name="status" value="${filter.status ?? ''}"></label>
   <label><input type="checkbox" name="attention" value="1" ${filter.attention ? 'checked' : ''}> flagged only</label>
   <button type="submit">Search</button>
 </form>
-<p class="actions"><a href="${CONSOLE_PATH}/orders/requeue">Requeue every flagged order…</a></p>
+<p class="actions"><a href="${consolePath()}/orders/requeue">Requeue every flagged order…</a></p>
 ${
   orders.length === 0
     ? html`<p>No order matches.</p>`
@@ -455,7 +476,7 @@ export function orderPage(
   <dt>Attention</dt><dd>${
     order.attention
       ? html`<span class="outcome attention">${order.attention}</span>
-      <form method="get" action="${CONSOLE_PATH}/orders/requeue" class="inline"><input type="hidden" name="reference" value="${order.externalReference}"><button type="submit">Requeue…</button></form>`
+      <form method="get" action="${consolePath()}/orders/requeue" class="inline"><input type="hidden" name="reference" value="${order.externalReference}"><button type="submit">Requeue…</button></form>`
       : 'none'
   }</dd>
   <dt>Created</dt><dd>${time(order.createdAt)}</dd>
@@ -489,7 +510,7 @@ export function reconcilePage(operator: Operator, { runs, actionId, available }:
     operator,
     html`${
       available
-        ? html`<form method="post" action="${CONSOLE_PATH}/reconcile/run" class="confirm">
+        ? html`<form method="post" action="${consolePath()}/reconcile/run" class="confirm">
   <p>Run one reconcile cycle now: claim the orders that are due, poll the platform for each, apply what it answers. Safe beside the running poller (claims are leased).</p>
   <input type="hidden" name="action_id" value="${actionId}">
   <input type="hidden" name="csrf" value="${operator.csrfToken}">
@@ -530,15 +551,15 @@ export function reactionsPage(
   return layout(
     'Reactions',
     operator,
-    html`<form method="get" action="${CONSOLE_PATH}/reactions" class="filter">
+    html`<form method="get" action="${consolePath()}/reactions" class="filter">
   <label>State <select name="state"><option value="">any</option>${REACTION_STATES_SHOWN.map(
     (state) => html`<option value="${state}" ${filter.state === state ? 'selected' : ''}>${state}</option>`,
   )}</select></label>
   <label>Handler <input name="handler" value="${filter.handler ?? ''}"></label>
   <button type="submit">Search</button>
 </form>
-<p class="hint">The jobs of (status change, handler) that needed more than one look, newest first: a retry, a dead letter, an event held back, a handler that ran long, and the operator's actions. A change its handler took on the first attempt leaves no job: see <a href="${CONSOLE_PATH}/reactions/first-attempts${filter.handler ? `?${new URLSearchParams({ handler: filter.handler }).toString()}` : ''}">done on the first attempt</a>, and its order's page. A failed job holds back its order's later events for its handler until it is retried or skipped.</p>
-${failed > 0 ? html`<p class="actions"><a href="${CONSOLE_PATH}/reactions/retry-failed">Retry every failed reaction (${failed})…</a></p>` : ''}
+<p class="hint">The jobs of (status change, handler) that needed more than one look, newest first: a retry, a dead letter, an event held back, a handler that ran long, and the operator's actions. A change its handler took on the first attempt leaves no job: see <a href="${consolePath()}/reactions/first-attempts${filter.handler ? `?${new URLSearchParams({ handler: filter.handler }).toString()}` : ''}">done on the first attempt</a>, and its order's page. A failed job holds back its order's later events for its handler until it is retried or skipped.</p>
+${failed > 0 ? html`<p class="actions"><a href="${consolePath()}/reactions/retry-failed">Retry every failed reaction (${failed})…</a></p>` : ''}
 ${
   jobs.length === 0
     ? html`<p>No reaction job matches.</p>`
@@ -566,11 +587,11 @@ export function firstAttemptsPage(
   return layout(
     'Reactions done on the first attempt',
     operator,
-    html`<form method="get" action="${CONSOLE_PATH}/reactions/first-attempts" class="filter">
+    html`<form method="get" action="${consolePath()}/reactions/first-attempts" class="filter">
   <label>Handler <input name="handler" value="${handler ?? ''}"></label>
   <button type="submit">Search</button>
 </form>
-<p class="hint">Status changes their handler took and handled on its first call, newest first. Each is recorded with the stream batch that ran it (no job row): done, after one attempt, when the batch was written back. <a href="${CONSOLE_PATH}/reactions">The jobs</a> hold everything else.</p>
+<p class="hint">Status changes their handler took and handled on its first call, newest first. Each is recorded with the stream batch that ran it (no job row): done, after one attempt, when the batch was written back. <a href="${consolePath()}/reactions">The jobs</a> hold everything else.</p>
 ${
   jobs.length === 0
     ? html`<p>None recorded${handler ? ' for this handler' : ''}.</p>`

@@ -58,6 +58,7 @@ import {
   bulkDryRunText,
   CONSOLE_PATH,
   confirmPage,
+  consolePath,
   cycleResult,
   deliveriesPage,
   deliveryPage,
@@ -76,6 +77,7 @@ import {
   reactionsPage,
   reconcilePage,
   resultPage,
+  withForwardedPrefix,
 } from './console-views.js'
 
 export { CONSOLE_PATH }
@@ -210,6 +212,8 @@ export function consoleRoutes(deps: ConsoleDeps): Router {
   const done = new Map<string, ActionRecord>()
   const router = Router()
 
+  // the path a reverse proxy serves the console under (consolePath), for everything the request renders
+  router.use(CONSOLE_PATH, (req, _res, next) => withForwardedPrefix(req.headers['x-forwarded-prefix'], next))
   router.use(
     CONSOLE_PATH,
     helmet({
@@ -268,8 +272,8 @@ export function consoleRoutes(deps: ConsoleDeps): Router {
       logger.warn({ path: req.path }, 'console login refused: wrong token')
       return send(res, loginPage('Wrong token.'), 401)
     }
-    res.cookie(SESSION_COOKIE, sessionId, { httpOnly: true, sameSite: 'strict', path: CONSOLE_PATH })
-    res.redirect(303, `${CONSOLE_PATH}/`)
+    res.cookie(SESSION_COOKIE, sessionId, { httpOnly: true, sameSite: 'strict', path: consolePath() })
+    res.redirect(303, `${consolePath()}/`)
   })
 
   const operatorOf = (res: Response) => res.locals.operator as Operator
@@ -322,8 +326,8 @@ export function consoleRoutes(deps: ConsoleDeps): Router {
   router.post(`${CONSOLE_PATH}/logout`, (req, res) => {
     const operator = operatorOf(res)
     if (operator.sessionId) auth.logout(operator.sessionId)
-    res.clearCookie(SESSION_COOKIE, { path: CONSOLE_PATH })
-    res.redirect(303, `${CONSOLE_PATH}/login`)
+    res.clearCookie(SESSION_COOKIE, { path: consolePath() })
+    res.redirect(303, `${consolePath()}/login`)
   })
 
   router.get(`${CONSOLE_PATH}/`, async (_req, res) => {
@@ -371,7 +375,7 @@ export function consoleRoutes(deps: ConsoleDeps): Router {
       confirmPage(operatorOf(res), {
         title: 'Bulk re-apply',
         question: bulkDryRunText(counts, BULK_REAPPLY_LIMIT),
-        action: `${CONSOLE_PATH}/deliveries/reapply`,
+        action: `${consolePath()}/deliveries/reapply`,
         fields: filterFields(filter),
         actionId: newActionId(),
         button: 'Re-apply them',
@@ -486,7 +490,7 @@ export function consoleRoutes(deps: ConsoleDeps): Router {
     const nextLink =
       nextBeforeId === undefined
         ? undefined
-        : `${CONSOLE_PATH}/orders?${new URLSearchParams([...nextFields, ['before', String(nextBeforeId)]]).toString()}`
+        : `${consolePath()}/orders?${new URLSearchParams([...nextFields, ['before', String(nextBeforeId)]]).toString()}`
     await send(res, ordersPage(operatorOf(res), { orders, nextLink, filter }))
   })
 
@@ -501,7 +505,7 @@ export function consoleRoutes(deps: ConsoleDeps): Router {
         question: reference
           ? html`Clear the flag of order <code>${reference}</code> and make it due for a poll now?`
           : html`Clear the flag of every flagged order (<strong>${flagged}</strong> now) and make them due for a poll now?`,
-        action: `${CONSOLE_PATH}/orders/requeue`,
+        action: `${consolePath()}/orders/requeue`,
         fields: reference ? [['reference', reference]] : [],
         actionId: newActionId(),
         button: 'Requeue',
@@ -564,7 +568,7 @@ export function consoleRoutes(deps: ConsoleDeps): Router {
       ...(handler ? [['handler', handler] as [string, string]] : []),
     ]
     const nextLink =
-      nextBeforeId === undefined ? undefined : `${CONSOLE_PATH}/reactions?${new URLSearchParams([...fields, ['before', nextBeforeId]]).toString()}`
+      nextBeforeId === undefined ? undefined : `${consolePath()}/reactions?${new URLSearchParams([...fields, ['before', nextBeforeId]]).toString()}`
     await send(res, reactionsPage(operatorOf(res), { filter, jobs, nextLink, failed: stats.failed }))
   })
 
@@ -591,7 +595,7 @@ export function consoleRoutes(deps: ConsoleDeps): Router {
     const nextLink =
       next === undefined
         ? undefined
-        : `${CONSOLE_PATH}/reactions/first-attempts?${new URLSearchParams([...fields, ['before', formatFirstAttemptCursor(next)]]).toString()}`
+        : `${consolePath()}/reactions/first-attempts?${new URLSearchParams([...fields, ['before', formatFirstAttemptCursor(next)]]).toString()}`
     await send(res, firstAttemptsPage(operatorOf(res), { handler, jobs, nextLink }))
   })
 
@@ -604,7 +608,7 @@ export function consoleRoutes(deps: ConsoleDeps): Router {
         title: 'Retry every failed reaction',
         question: html`Run every failed reaction job (<strong>${failed}</strong> now) again now, their attempts counted afresh?
           Do it once the cause is fixed: a handler that still fails comes back failed after its attempts.`,
-        action: `${CONSOLE_PATH}/reactions/retry-failed`,
+        action: `${consolePath()}/reactions/retry-failed`,
         fields: [],
         actionId: newActionId(),
         button: 'Retry them',
@@ -623,7 +627,7 @@ export function consoleRoutes(deps: ConsoleDeps): Router {
       'retry every failed reaction',
       ids.length === 0 ? 'no failed reaction jobs' : `${ids.length} job(s) run again now: ${ids.slice(0, 20).join(', ')}${ids.length > 20 ? ', …' : ''}`,
     )
-    await send(res, resultPage(operator, 'Retry every failed reaction', record, false, html`<p><a href="${CONSOLE_PATH}/reactions?state=pending">The pending reactions</a></p>`))
+    await send(res, resultPage(operator, 'Retry every failed reaction', record, false, html`<p><a href="${consolePath()}/reactions?state=pending">The pending reactions</a></p>`))
   }))
 
   const jobIdOf = (req: Request): string | undefined => {
@@ -716,7 +720,7 @@ export function consoleRoutes(deps: ConsoleDeps): Router {
     const summary = await deps.reconcileOnce?.()
     if (!summary) return send(res, messagePage('Reconcile', operator, 'Not available until the service is ready; try again shortly.'), 503)
     const record = remember(actionId, operator, 'run one reconcile cycle', cycleResult(summary))
-    await send(res, resultPage(operator, 'Reconcile', record, false, html`<p><a href="${CONSOLE_PATH}/reconcile">Back to the runs</a></p>`))
+    await send(res, resultPage(operator, 'Reconcile', record, false, html`<p><a href="${consolePath()}/reconcile">Back to the runs</a></p>`))
   }))
 
   router.use(CONSOLE_PATH, async (req, res) => {

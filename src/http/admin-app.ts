@@ -6,7 +6,8 @@ import express, { type Router } from 'express'
 import type { Kysely } from 'kysely'
 import { type Clock, systemClock } from '../clock.js'
 import type { Config } from '../config.js'
-import { CONSOLE_PATH, consoleRoutes } from '../console/console.routes.js'
+import { consoleRoutes } from '../console/console.routes.js'
+import { consolePath, withForwardedPrefix } from '../console/console-views.js'
 import type { Database } from '../db/database.js'
 import type { Logger } from '../logger.js'
 import type { Metrics } from '../metrics/metrics.js'
@@ -59,7 +60,7 @@ export function createAdminApp(deps: AdminAppDeps): App {
         reactionHandlers: deps.reactions?.names,
       }),
     )
-    app.get('/', (_req, res) => res.redirect(`${CONSOLE_PATH}/`))
+    app.get('/', (req, res) => withForwardedPrefix(req.headers['x-forwarded-prefix'], () => res.redirect(`${consolePath()}/`)))
   }
   for (const routes of deps.routes ?? []) app.use(routes)
   app.use(notFoundHandler())

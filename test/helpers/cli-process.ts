@@ -1,6 +1,8 @@
 // Runs the CLI as a child process, as an operator would, with tsx (or the built dist/ when asked).
 import { type ChildProcess, spawn } from 'node:child_process'
 import { once } from 'node:events'
+import { mkdtempSync, readFileSync, rmSync } from 'node:fs'
+import { tmpdir } from 'node:os'
 import path from 'node:path'
 
 import { TEST_API_KEY_ID, TEST_API_SECRET, TEST_WEBHOOK_SECRET } from './test-config.js'
@@ -27,6 +29,22 @@ export interface CliResult {
   stderr: string
 }
 
+let defaultDataDir: string | undefined
+
+/**
+ * The DATA_DIR of a child given none: one directory for this test file, where the CLI's own default would be
+ * ./data in the checkout, shared by every file at once. (A command run there by one file met the service file
+ * of another file's `serve` and refused with wrong_database.)
+ */
+function dataDirOfThisFile(): string {
+  if (!defaultDataDir) {
+    const directory = mkdtempSync(path.join(tmpdir(), 'cli-data-dir-'))
+    process.once('exit', () => rmSync(directory, { recursive: true, force: true }))
+    defaultDataDir = directory
+  }
+  return defaultDataDir
+}
+
 /** Environment for a child: no inherited variable of ours, so tests do not depend on the shell. */
 export function childEnv(env: Record<string, string>): NodeJS.ProcessEnv {
   const clean: NodeJS.ProcessEnv = {}
@@ -39,7 +57,11 @@ export function spawnCli(args: string[], env: Record<string, string>, { built = 
   const entry = built
     ? [path.join(root, 'dist/src/cli.js')]
     : ['--import', 'tsx', path.join(root, 'src/cli.ts')]
-  return spawn(process.execPath, [...entry, ...args], { cwd: root, env: childEnv(env), stdio: 'pipe' })
+  return spawn(process.execPath, [...entry, ...args], {
+    cwd: root,
+    env: childEnv({ DATA_DIR: env.DATA_DIR ?? dataDirOfThisFile(), ...env }),
+    stdio: 'pipe',
+  })
 }
 
 export async function runCli(args: string[], env: Record<string, string>, options = {}): Promise<CliResult> {
@@ -54,6 +76,18 @@ export async function runCli(args: string[], env: Record<string, string>, option
   })
   const [code] = (await once(child, 'exit')) as [number | null]
   return { code, stdout, stderr }
+}
+
+/**
+ * Signals a child and waits for it to exit, at once if it has exited already: an `afterAll` that waited for the
+ * 'exit' of a service that had failed to start hung for the whole hook timeout.
+ */
+export async function stopChild(child: ChildProcess, signal: NodeJS.Signals = 'SIGTERM'): Promise<number | null> {
+  if (child.exitCode !== null || child.signalCode !== null) return child.exitCode
+  const exited = once(child, 'exit') as Promise<[number | null]>
+  child.kill(signal)
+  const [code] = await exited
+  return code
 }
 
 /** Resolves with the first JSON log line whose msg matches, failing if the process exits first. */
@@ -114,12 +148,35 @@ export function jsonLogLines(child: ChildProcess): Record<string, unknown>[] {
   return lines
 }
 
-/** A port nothing listens on right now, for a child that must be told its port in advance. */
+/**
+ * A port nothing listens on right now, for a child that must be told its port in advance. It is drawn below the
+ * kernel's ephemeral range: a port from `listen(0)` was handed out again, between a service's stop and its restart,
+ * to another test's listener or outgoing connection, and the restart found it taken.
+ */
 export async function freePort(): Promise<number> {
   const { createServer } = await import('node:net')
-  const server = createServer()
-  await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve))
-  const { port } = server.address() as import('node:net').AddressInfo
-  await new Promise<void>((resolve) => server.close(() => resolve()))
-  return port
+  const below = ephemeralRangeStart()
+  for (;;) {
+    const port = 10_000 + Math.floor(Math.random() * (below - 10_000))
+    const server = createServer()
+    const bound = await new Promise<boolean>((resolve) => {
+      server.once('error', () => resolve(false))
+      server.listen(port, '127.0.0.1', () => resolve(true))
+    })
+    if (!bound) continue
+    await new Promise<void>((resolve) => server.close(() => resolve()))
+    return port
+  }
+}
+
+/** The first port the kernel hands out for `listen(0)` and outgoing connections (Linux; 32768 elsewhere). */
+function ephemeralRangeStart(): number {
+  try {
+    const [low] = readFileSync('/proc/sys/net/ipv4/ip_local_port_range', 'utf8').trim().split(/\s+/)
+    const start = Number(low)
+    if (Number.isInteger(start) && start > 11_000) return start
+  } catch {
+    // not Linux: the IANA range starts at 49152, and 32768 is below it as well as below Linux's default
+  }
+  return 32_768
 }

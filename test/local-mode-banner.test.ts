@@ -1,0 +1,50 @@
+// The start-up banner's commands for another terminal, which finds the service by DATA_DIR/serve.json: they
+// carry the service's DATA_DIR, whole and quoted for the shell, unless it is the default ./data. The commands
+// themselves run, as printed, in test/newcomer.test.ts.
+import { execFileSync } from 'node:child_process'
+import path from 'node:path'
+import { describe, expect, it } from 'vitest'
+import { localModeBanner } from '../src/main.js'
+import { quoteForShell } from '../src/quote-for-shell.js'
+import { testConfig } from './helpers/test-config.js'
+
+function commands(env: Record<string, string>): string[] {
+  const banner = localModeBanner(testConfig(env), 'http://127.0.0.1:3000', 'http://127.0.0.1:4010', 'http://127.0.0.1:3001')
+  return banner
+    .split('\n')
+    .map((line) => line.trim())
+    .filter((line) => line.includes('npm run cli -- '))
+}
+
+describe('the banner’s commands for another terminal', () => {
+  it('are plain `npm run cli -- ...` with the default DATA_DIR, given or not', () => {
+    for (const env of [{ DATA_DIR: './data' }, { DATA_DIR: path.resolve('data') }]) {
+      expect(commands(env)).toHaveLength(3)
+      for (const command of commands(env)) expect(command).toMatch(/^npm run cli -- /)
+    }
+  })
+
+  it('carry another DATA_DIR as a whole path, so they hold from any working directory', () => {
+    for (const command of commands({ DATA_DIR: 'elsewhere/data' })) {
+      expect(command.startsWith(`DATA_DIR=${path.resolve('elsewhere/data')} npm run cli -- `)).toBe(true)
+    }
+  })
+})
+
+describe('quoteForShell', () => {
+  it('leaves a plain path as it is and quotes anything the shell would change', () => {
+    expect(quoteForShell('/tmp/x')).toBe('/tmp/x')
+    expect(quoteForShell('/srv/escrow-1/data_2,a=b@c:d+e%f')).toBe('/srv/escrow-1/data_2,a=b@c:d+e%f')
+    expect(quoteForShell('/tmp/a b')).toBe(`'/tmp/a b'`)
+    expect(quoteForShell(`/tmp/it's`)).toBe(`'/tmp/it'\\''s'`)
+    expect(quoteForShell('~/data')).toBe(`'~/data'`)
+    expect(quoteForShell('')).toBe(`''`)
+  })
+
+  it('gives a POSIX shell back every value as it was', () => {
+    const values = ['/tmp/a b', `it's "here"`, '$HOME and `id` and $(id)', 'back\\slash', 'star *', '~', 'line\nfeed', `'`, '']
+    for (const value of values) {
+      expect(execFileSync('/bin/sh', ['-c', `printf %s ${quoteForShell(value)}`], { encoding: 'utf8' })).toBe(value)
+    }
+  })
+})
