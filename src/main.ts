@@ -73,7 +73,7 @@ export async function main({
     // last tenth (a second at most) is for writing out the line that says why the exit is 1.
     const lineMs = Math.min(1_000, boundMs / 10)
     setTimeout(() => {
-      logger.error({ timeoutMs: boundMs }, 'shutdown did not finish in time: exiting')
+      logger.error({ timeoutMs: boundMs, waitingFor: running.service?.stillStopping() ?? [] }, 'shutdown did not finish in time: exiting')
       void flushLogger(logger, lineMs).then(() => exitProcess(logger, 1))
     }, boundMs - lineMs).unref()
     logger.info({ signal }, 'shutting down')

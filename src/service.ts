@@ -67,6 +67,8 @@ export interface RunningService {
   readonly sandboxUrl: string | undefined
   /** Drains (see above; the delay only once the service was ready), then stops every part. */
   stop(options?: { drainDelayMs?: number }): Promise<void>
+  /** The parts whose stop has begun and not yet ended. */
+  stillStopping(): string[]
 }
 
 export async function startService({
@@ -88,11 +90,16 @@ export async function startService({
   const stops: { name: string; stop: () => Promise<void> | void; takesWork?: 'claims' | 'requests' }[] = []
   let draining = false
   let ready = false
+  // the parts whose stop has begun and not ended: what a stop past its bound names as what it waited for
+  const stopping = new Set<string>()
   const stopPart = async ({ name, stop }: { name: string; stop: () => Promise<void> | void }) => {
+    stopping.add(name)
     try {
       await stop()
     } catch (error) {
       logger.error({ err: error, part: name }, 'stop failed')
+    } finally {
+      stopping.delete(name)
     }
   }
   const stopAll = async ({ drainDelayMs = 0 }: { drainDelayMs?: number } = {}) => {
@@ -375,6 +382,7 @@ export async function startService({
       },
       sandboxUrl,
       stop: stopAll,
+      stillStopping: () => [...stopping],
     }
   } catch (error) {
     await stopAll()

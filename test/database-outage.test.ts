@@ -260,7 +260,7 @@ describePostgres('the compiled serve through database outages (Postgres)', () =>
     )
     child.kill('SIGTERM')
     const [code] = await once(child, 'exit')
-    expect(code, `the stop's last lines:\n${watch.lines.slice(-15).join('\n')}`).toBe(0)
+    expect(code, `the stop's last lines:\n${watch.lines.slice(-15).join('\n')}\n${watch.stderr().slice(-4_000)}`).toBe(0)
   }, 240_000)
 
   it('starts while Postgres cannot be reached: stays up, logs JSON, /readyz 503 then 200, then ingests', async () => {
@@ -436,7 +436,10 @@ describePostgres('the compiled serve through database outages (Postgres)', () =>
     child.kill('SIGTERM')
     const [code, signal] = await closed
     expect({ code, signal }).toEqual({ code: 1, signal: null })
-    expect(watch.entries().filter((entry) => entry.msg === 'shutdown did not finish in time: exiting')).toHaveLength(1)
+    const late = watch.entries().filter((entry) => entry.msg === 'shutdown did not finish in time: exiting')
+    expect(late).toHaveLength(1)
+    // and it names the parts it waited for
+    expect(late[0]!.waitingFor).toEqual(expect.arrayContaining([expect.any(String)]))
     expect(watch.lines.at(-1)).toContain('shutdown did not finish in time: exiting')
     expect(['no answer', 503]).toContain(await held)
   }, 120_000)
