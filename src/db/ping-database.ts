@@ -21,11 +21,20 @@ export interface DatabaseState {
  * asked every few seconds on the same connection, answered 503 for good.
  */
 export async function pingDatabase(db: Kysely<Database>): Promise<DatabaseState> {
-  try {
-    await sql`do $$ begin if current_setting('transaction_read_only') = 'on' then raise sqlstate '25006' using message = 'this session is read-only'; end if; end $$`.execute(db)
-    return { readOnly: false }
-  } catch (error) {
-    if (errorCode(error) === READ_ONLY) return { readOnly: true }
-    throw error
+  // A session that says read-only may be one of several the pool opened while the database was so: each is
+  // closed as it says so, and the next look takes another. A few looks, all read-only, are the database's answer;
+  // one look alone read the pool's leftovers for as many looks as it held of them (a gauge and /readyz saying
+  // read-only while every write succeeded).
+  for (let look = 1; ; look++) {
+    try {
+      await sql`do $$ begin if current_setting('transaction_read_only') = 'on' then raise sqlstate '25006' using message = 'this session is read-only'; end if; end $$`.execute(db)
+      return { readOnly: false }
+    } catch (error) {
+      if (errorCode(error) !== READ_ONLY) throw error
+      if (look === READ_ONLY_LOOKS) return { readOnly: true }
+    }
   }
 }
+
+// sessions asked before the answer is read-only
+const READ_ONLY_LOOKS = 3
