@@ -419,6 +419,39 @@ describePostgres('the compiled serve through database outages (Postgres)', () =>
 
   // A database that goes silent mid-statement holds the stop (the pool cannot close with a statement in flight):
   // the bound ends it, and its last line says why, written out before the exit
+  // The path to the database dies without a word (no FIN, no RST): pg stops waiting for an answer 1 s after the
+  // statement timeout. Such a connection used to go back to the pool and be handed out again, each later statement
+  // queued behind the one that never ends: every delivery 503 until the kernel gave up on the socket, hours later.
+  it('a database path gone silent costs at most one 503 a pooled connection, then every delivery is stored', async () => {
+    const proxy = await startTcpProxy(target())
+    proxies.push(proxy)
+    const poolSize = 3
+    const { child, watch } = await startServe(proxy.rewrite(database.url!), {
+      DATABASE_POOL_SIZE: String(poolSize),
+      DATABASE_STATEMENT_TIMEOUT_MS: '1000',
+      POLL_ENABLED: 'false',
+    })
+    const url = String((await watch.waitFor('service listening')).url)
+    const deliver = async (n: number) => (await post(url, `silent-${n}-${randomBytes(4).toString('hex')}`, JSON.stringify(tradePayload(`outage-${3_000 + n}`, 'funded')))).status
+    expect(await deliver(0)).toBe(200)
+    // every connection open now goes silent; new ones pass
+    proxy.stall()
+    const statuses: number[] = []
+    for (let n = 1; n <= poolSize + 6; n++) statuses.push(await deliver(n))
+    // each silent connection the pool handed out was answered 503 once (after about 2 s) and then closed; the
+    // listener's and the lock's connections are not the pool's. Afterwards, only 200.
+    const firstOk = statuses.indexOf(200)
+    expect(firstOk, `statuses: ${statuses.join(' ')}`).toBeGreaterThanOrEqual(0)
+    expect(firstOk, `statuses: ${statuses.join(' ')}`).toBeLessThanOrEqual(poolSize)
+    expect(statuses.slice(0, firstOk).every((status) => status === 503), `statuses: ${statuses.join(' ')}`).toBe(true)
+    expect(statuses.slice(firstOk), `statuses: ${statuses.join(' ')}`).toEqual(statuses.slice(firstOk).map(() => 200))
+    expect(watch.alive()).toBe(true)
+    console.warn(`a silent database path: ${firstOk} deliveries answered 503, then ${statuses.length - firstOk} of ${statuses.length - firstOk} answered 200`)
+    child.kill('SIGTERM')
+    const [code] = await once(child, 'exit')
+    expect(code, `the stop's last lines:\n${watch.lines.slice(-15).join('\n')}`).toBe(0)
+  }, 120_000)
+
   it('a stop held past its bound by a silent database exits 1, and its last line says so', async () => {
     const proxy = await startTcpProxy(target())
     proxies.push(proxy)
