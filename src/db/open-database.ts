@@ -8,6 +8,7 @@ import { CamelCasePlugin, Kysely, PGliteDialect, PostgresDialect, sql } from 'ky
 import pg from 'pg'
 import type { Logger } from '../logger.js'
 import { describeDatabaseError, errorCode, READ_ONLY } from './database-errors.js'
+import { endWithin } from './end-within.js'
 import type { Database } from './database.js'
 import { PgliteThread } from './pglite-thread.js'
 import { LISTENER_PROBE_MS, listenerName, listenOnPostgres } from './postgres-listener.js'
@@ -383,7 +384,7 @@ function openPostgres(
       const [row] = rows
       return row && row.own > 0 ? row.others : undefined
     },
-    holdLock: (key) => holdLockOnPostgres(databaseUrl, key, logger),
+    holdLock: (key) => holdLockOnPostgres(databaseUrl, key, logger, statementTimeoutMs + STATEMENT_ANSWER_GRACE_MS),
     withoutTimeouts: async (work) => {
       const single = new pg.Pool({
         Client: preparingClient({ onConnectionError: connectionLost, onPreparingOff: preparingOff, startupParameters: () => ({}) }),
@@ -448,8 +449,18 @@ function connectionCap(pool: pg.Pool, poolSize: number, logger: Logger | undefin
   }
 }
 
-async function holdLockOnPostgres(databaseUrl: string, key: number, logger: Logger | undefined): Promise<(() => Promise<void>) | undefined> {
-  const client = new pg.Client({ connectionString: databaseUrl, keepAlive: true, connectionTimeoutMillis: 5_000 })
+// How long giving a lock back waits for the server to see its session out before closing the socket itself.
+const LOCK_END_MS = 1_000
+
+async function holdLockOnPostgres(
+  databaseUrl: string,
+  key: number,
+  logger: Logger | undefined,
+  answerTimeoutMs: number,
+): Promise<(() => Promise<void>) | undefined> {
+  // its statements are short; one with no answer by the pool's own wait is on a connection that died silently: the
+  // lock goes with the session, and giving it back must not wait on it (a prune pass's release held a stop)
+  const client = new pg.Client({ connectionString: databaseUrl, keepAlive: true, connectionTimeoutMillis: 5_000, query_timeout: answerTimeoutMs })
   // a connection lost while the lock is held gives the lock back with it; its release then has nothing to do
   client.on('error', (error) => logger?.warn({ err: describeDatabaseError(error) }, 'lock connection lost'))
   try {
@@ -470,7 +481,7 @@ async function holdLockOnPostgres(databaseUrl: string, key: number, logger: Logg
   }
   return async () => {
     await client.query('commit').catch(() => {})
-    await client.end().catch(() => {})
+    await endWithin(client, LOCK_END_MS)
   }
 }
 

@@ -6,6 +6,7 @@ import { setTimeout as delay } from 'node:timers/promises'
 import pg from 'pg'
 import type { Logger } from '../logger.js'
 import { describeDatabaseError } from './database-errors.js'
+import { endWithin } from './end-within.js'
 import { SESSION_SETTINGS } from './session-defaults.js'
 
 /** How long a listener waits for its probe, the NOTIFY it sends itself through the pool on each (re)connect. */
@@ -116,16 +117,3 @@ export function listenOnPostgres({
 
 // How long a stop waits for the server to see the listener's session out before it closes the socket itself.
 const LISTENER_END_MS = 1_000
-
-// A polite end waits for the server to close the connection: over a path that went silent (no FIN, no RST) that
-// never came, and the service's stop waited for it until its bound and exited 1. Past `ms` the socket is closed.
-async function endWithin(client: pg.Client, ms: number): Promise<void> {
-  const timer = new AbortController()
-  const ended = client.end().then(
-    () => true,
-    () => true,
-  )
-  const done = await Promise.race([ended, delay(ms, false, { signal: timer.signal }).catch(() => true)])
-  timer.abort()
-  if (!done) (client as unknown as { connection?: { stream?: { destroy(): void } } }).connection?.stream?.destroy()
-}

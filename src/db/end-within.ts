@@ -1,0 +1,19 @@
+// Ending a connection of our own (outside the pool) without waiting on a server that no longer answers.
+import { setTimeout as delay } from 'node:timers/promises'
+import type pg from 'pg'
+
+/**
+ * Ends `client` politely, and closes its socket if the server has not seen the session out within `ms`. A polite
+ * end waits for the server to close the connection: over a path that went silent (no FIN, no RST) that never
+ * comes, and a service stop waited for it until its bound and exited 1.
+ */
+export async function endWithin(client: pg.Client, ms: number): Promise<void> {
+  const timer = new AbortController()
+  const ended = client.end().then(
+    () => true,
+    () => true,
+  )
+  const done = await Promise.race([ended, delay(ms, false, { signal: timer.signal }).catch(() => true)])
+  timer.abort()
+  if (!done) (client as unknown as { connection?: { stream?: { destroy(): void } } }).connection?.stream?.destroy()
+}
