@@ -1,7 +1,9 @@
-// The connection that holds a lock outside the pool (a prune pass's, DatabaseHandle.holdLock) over a path that
-// goes silent: giving the lock back must not wait on a server that no longer answers, or a service's stop waits
-// for it until its bound and exits 1.
+// The connections a database handle keeps outside its pool, over a path that goes silent (no byte either way, no
+// FIN, no RST): the one that holds a lock (a prune pass's, DatabaseHandle.holdLock) must give it back without
+// waiting on a server that no longer answers, or a service's stop waits for it until its bound and exits 1; the
+// LISTEN connection must notice that it hears nothing and connect again.
 import pg from 'pg'
+import pino from 'pino'
 import { afterAll, beforeAll, expect, it } from 'vitest'
 import { openDatabase } from '../src/db/open-database.js'
 import { startTcpProxy } from './helpers/tcp-proxy.js'
@@ -9,7 +11,7 @@ import { createTestDatabase, describePostgres, postgresUrl, type TestDatabase } 
 
 const KEY = 0x5eed_10c4
 
-describePostgres('a lock held on a connection of its own (Postgres)', () => {
+describePostgres('connections of their own over a silent path (Postgres)', () => {
   let database: TestDatabase
   beforeAll(async () => {
     database = await createTestDatabase()
@@ -30,7 +32,7 @@ describePostgres('a lock held on a connection of its own (Postgres)', () => {
     }
   }
 
-  it('is given back within seconds when its connection went silent', async () => {
+  it('a lock is given back within seconds when its connection went silent', async () => {
     const target = new URL(database.url!)
     const proxy = await startTcpProxy({ host: target.hostname, port: Number(target.port || 5432) })
     const handle = openDatabase({ databaseUrl: proxy.rewrite(database.url!), poolSize: 1, statementTimeoutMs: 1_000 })
@@ -53,4 +55,44 @@ describePostgres('a lock held on a connection of its own (Postgres)', () => {
       await proxy.close()
     }
   }, 60_000)
+
+  it('a listener whose connection went silent connects again and hears the notifications sent after', async () => {
+    const target = new URL(database.url!)
+    const proxy = await startTcpProxy({ host: target.hostname, port: Number(target.port || 5432) })
+    const lines: { msg?: string }[] = []
+    const logger = pino({ level: 'warn' }, { write: (line: string) => void lines.push(JSON.parse(line) as { msg?: string }) })
+    const handle = openDatabase({ databaseUrl: proxy.rewrite(database.url!), poolSize: 2, statementTimeoutMs: 1_000, listenerCheckMs: 200, logger })
+    const channel = `silent_listener_${process.pid}`
+    const heard: (string | undefined)[] = []
+    const unlisten = await handle.listen(channel, (payload) => heard.push(payload))
+    const notify = async (payload: string) => {
+      const sender = new pg.Client({ connectionString: postgresUrl })
+      await sender.connect()
+      await sender.query('select pg_notify($1, $2)', [channel, payload])
+      await sender.end()
+    }
+    const eventually = async (what: string, check: () => boolean, ms = 30_000) => {
+      const deadline = Date.now() + ms
+      while (!check()) {
+        if (Date.now() > deadline) throw new Error(`${what}: not within ${ms} ms; log: ${JSON.stringify(lines)}`)
+        await new Promise((resolve) => setTimeout(resolve, 50))
+      }
+    }
+    try {
+      await eventually('the first probe heard', () => handle.notificationsHeard?.() === true)
+      await notify('before')
+      await eventually('"before" heard', () => heard.includes('before'))
+      proxy.stall()
+      // a probe (sent through the pool: its silent connections time out, then new ones pass) is not heard in 10 s
+      await eventually('the listener says its connection went silent', () => lines.some((line) => /did not hear its own probe/.test(line.msg ?? '')), 40_000)
+      // connected again: it looks once (a wake without payload), and hears what is sent from now on
+      await eventually('a new connection', () => heard.filter((payload) => payload === undefined).length >= 2)
+      await notify('after')
+      await eventually('"after" heard', () => heard.includes('after'))
+    } finally {
+      await unlisten()
+      await handle.close()
+      await proxy.close()
+    }
+  }, 90_000)
 })

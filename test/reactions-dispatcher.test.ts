@@ -590,7 +590,9 @@ describePostgres('the notification listener (Postgres)', () => {
     url.searchParams.set('application_name', name)
     const handle = openDatabase({ databaseUrl: url.toString(), poolSize: 1, logger: testLogger() })
     let notified = 0
-    const unlisten = await handle.listen('reaction_jobs', () => notified++)
+    // a channel of its own: NOTIFY is per database, and other test files' dispatchers share this one's
+    const channel = `listener_${process.pid}_${Date.now()}`
+    const unlisten = await handle.listen(channel, () => notified++)
     // the listener's backend: the pool's connection has the URL's name too (the listener's probe goes through it)
     const backends = async () =>
       (
@@ -608,7 +610,7 @@ describePostgres('the notification listener (Postgres)', () => {
       await eventually(() => notified >= 2, 'the listener reconnected', 60_000)
       await eventually(async () => (await backends()).length === 1, 'one listener backend again')
       const before = notified
-      await sql`select pg_notify('reaction_jobs', '')`.execute(database.db)
+      await sql`select pg_notify(${channel}, '')`.execute(database.db)
       await eventually(() => notified > before, 'the notification after the reconnect arrived')
     } finally {
       await unlisten()

@@ -99,6 +99,8 @@ export interface OpenDatabaseOptions {
    * later. Default DEFAULT_STATEMENT_TIMEOUT_MS.
    */
   statementTimeoutMs?: number
+  /** Postgres: how often the listener probes a connection that heard its first probe (LISTENER_CHECK_MS; tests). */
+  listenerCheckMs?: number
   logger?: Logger
 }
 
@@ -286,7 +288,7 @@ const refusesStartupTimeout = (error: unknown) =>
 
 function openPostgres(
   databaseUrl: string,
-  { poolSize = 10, logger, listenUrl, statementTimeoutMs = DEFAULT_STATEMENT_TIMEOUT_MS }: OpenDatabaseOptions,
+  { poolSize = 10, logger, listenUrl, statementTimeoutMs = DEFAULT_STATEMENT_TIMEOUT_MS, listenerCheckMs }: OpenDatabaseOptions,
 ): DatabaseHandle {
   let timeoutOnConnect = true
   const connectionLost = (error: Error) => {
@@ -352,6 +354,7 @@ function openPostgres(
         onNotify,
         logger,
         ownListeners,
+        ...(listenerCheckMs !== undefined ? { checkMs: listenerCheckMs } : {}),
         sendProbe: async (payload) => {
           await sql`select pg_notify(${channel}, ${payload})`.execute(db)
         },

@@ -11,6 +11,8 @@ import { SESSION_SETTINGS } from './session-defaults.js'
 
 /** How long a listener waits for its probe, the NOTIFY it sends itself through the pool on each (re)connect. */
 export const LISTENER_PROBE_MS = 10_000
+/** How often a listener that hears its probes sends itself another, to find a connection gone silent. */
+export const LISTENER_CHECK_MS = 30_000
 // a probe's payload: no wake-up, for this listener or another replica's
 const PROBE_PREFIX = 'listener-probe:'
 
@@ -31,6 +33,7 @@ export function listenOnPostgres({
   ownListeners,
   sendProbe,
   onProbe,
+  checkMs = LISTENER_CHECK_MS,
 }: {
   url: string
   channel: string
@@ -39,8 +42,10 @@ export function listenOnPostgres({
   ownListeners: Set<number>
   /** Sends a NOTIFY with this payload on the channel the way the replicas send theirs (through the pool). */
   sendProbe: (payload: string) => Promise<void>
-  /** Whether the probe came back within LISTENER_PROBE_MS. */
+  /** Whether the first probe on a connection came back within LISTENER_PROBE_MS. */
   onProbe: (heard: boolean) => void
+  /** How often a connection that heard its first probe is probed again. Default LISTENER_CHECK_MS. */
+  checkMs?: number
 }): () => Promise<void> {
   const stopping = new AbortController()
   let client: pg.Client | undefined
@@ -80,21 +85,43 @@ export function listenOnPostgres({
         await connection.query(`LISTEN ${connection.escapeIdentifier(channel)}`)
         failures = 0
         onNotify()
-        const payload = `${PROBE_PREFIX}${randomUUID()}`
-        const heard = new Promise<boolean>((resolve) => (probe = { payload, heard: () => resolve(true) }))
-        void Promise.race([
-          heard,
-          // a NOTIFY that could not be sent (the database away) tells nothing
-          sendProbe(payload).then(
-            () => delay(LISTENER_PROBE_MS, false, { signal: stopping.signal }),
-            () => undefined,
-          ),
-          ended.then(() => undefined),
-        ])
-          .then((answer) => {
-            if (answer !== undefined && !stopping.signal.aborted) onProbe(answer)
-          })
-          .catch(() => {})
+        // true: heard; false: sent and not heard within LISTENER_PROBE_MS; undefined: not sent (the database
+        // away), the connection ended or the listener stopped, which tells nothing
+        const probeOnce = async (): Promise<boolean | undefined> => {
+          const payload = `${PROBE_PREFIX}${randomUUID()}`
+          const heard = new Promise<boolean>((resolve) => (probe = { payload, heard: () => resolve(true) }))
+          return Promise.race([
+            heard,
+            sendProbe(payload).then(
+              () => delay(LISTENER_PROBE_MS, false, { signal: stopping.signal, ref: false }),
+              () => undefined,
+            ),
+            ended.then(() => undefined),
+          ]).catch(() => undefined)
+        }
+        void (async () => {
+          const first = await probeOnce()
+          if (first === undefined || stopping.signal.aborted) return
+          onProbe(first)
+          // A connection that heard its first probe is probed again every checkMs: one whose path died without a
+          // word (no FIN, no RST) looks connected and hears nothing, and other replicas' commits woke this one only
+          // at its next look, until the operating system gave up on the connection, hours later. One that never
+          // heard its first (a pooler in transaction mode) is not probed again: onProbe's warning says so once. A
+          // probe that could not be sent tells nothing; the next is sent all the same.
+          if (!first) return
+          for (;;) {
+            const next = await Promise.race([
+              delay(checkMs, true, { signal: stopping.signal, ref: false }).catch(() => false),
+              ended.then(() => false),
+            ])
+            if (!next) return
+            if ((await probeOnce()) === false) break
+          }
+          if (!stopping.signal.aborted) {
+            logger?.warn({ probeMs: LISTENER_PROBE_MS }, 'notification listener did not hear its own probe: its connection went silent; connecting again')
+            ;(connection as unknown as { connection?: { stream?: { destroy(): void } } }).connection?.stream?.destroy()
+          }
+        })()
         await ended
       } catch (error) {
         if (!stopping.signal.aborted) logger?.warn({ err: describeDatabaseError(error) }, 'notification listener cannot connect')
