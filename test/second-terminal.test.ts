@@ -1,8 +1,10 @@
 // A second terminal next to `npm start`: it must reach the running service's database and platform, or
 // say what to set; never write somewhere else unnoticed. A refused connection to the platform sent nothing.
+import { randomBytes } from 'node:crypto'
 import { existsSync, mkdtempSync } from 'node:fs'
 import { tmpdir } from 'node:os'
 import path from 'node:path'
+import { sql } from 'kysely'
 import { afterAll, beforeAll, expect, it } from 'vitest'
 import type { CliContext } from '../src/cli/cli-context.js'
 import { findOrderByExternalReference } from '../src/orders/order.repository.js'
@@ -109,6 +111,30 @@ describePostgres('a second terminal next to a service on Postgres (Postgres)', (
     expect(order?.tradeId).toMatch(/^trd_/)
     // nothing was written to an embedded database beside it
     expect(existsSync(path.join(dataDir, 'pglite'))).toBe(false)
+  })
+
+  it('runs a command whose DATABASE_URL names the service’s database as another role in a process of its own, with that role’s rights', async () => {
+    const role = `escrow_reader_${randomBytes(4).toString('hex')}`
+    await sql.raw(`create role ${role} login`).execute(database.db)
+    try {
+      // it may read the service's tables, not write them
+      const current = (await sql<{ schema: string }>`select current_schema() as schema`.execute(database.db)).rows[0]!.schema
+      await sql.raw(`grant usage on schema ${current} to ${role}; grant select on all tables in schema ${current} to ${role}`).execute(database.db)
+      const asReader = new URL(database.url!)
+      asReader.username = role
+      const env = { DATA_DIR: dataDir, DATABASE_URL: asReader.toString() }
+      await database.db.insertInto('orders').values({ externalReference: 'pg-reader-0' }).execute()
+      const shown = await runCli(['orders', 'show', 'pg-reader-0'], env)
+      expect([shown.code, shown.stderr]).toEqual([0, ''])
+      expect(shown.stdout).toContain('pg-reader-0')
+      // forwarded, the service would have written it with its own role
+      const created = await runCli(['orders', 'create', '--external-reference', 'pg-reader-1'], env)
+      expect(created.code, created.stderr).not.toBe(0)
+      expect(created.stderr).toMatch(/permission denied/)
+      expect(await findOrderByExternalReference(database.db, 'pg-reader-1')).toBeUndefined()
+    } finally {
+      await sql.raw(`drop owned by ${role}; drop role ${role}`).execute(database.db)
+    }
   })
 
   it('runs `reactions` and `prune` without DATABASE_URL in the service, never in a new embedded database', async () => {

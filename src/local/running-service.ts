@@ -6,6 +6,7 @@
 // the second terminal the service's environment). A CLI whose DATABASE_URL names another database than the
 // running service's is refused: that is the "wrong database" a second terminal must never write to.
 import { mkdirSync, readFileSync, rmSync, writeFileSync } from 'node:fs'
+import { userInfo } from 'node:os'
 import path from 'node:path'
 import type { Config } from '../config.js'
 
@@ -60,6 +61,8 @@ export interface DatabaseIdentity {
   kind: 'postgres' | 'pglite'
   /** Postgres: host:port/database (no credentials); PGlite: the data directory. */
   location: string
+  /** Postgres: the role it connects as (the URL's user, else PGUSER, else the OS user's name, as node-postgres). */
+  user?: string
 }
 
 /** Which database a config points at, in words safe to print and to store. */
@@ -68,7 +71,8 @@ export function databaseIdentity(config: Pick<Config, 'databaseUrl' | 'dataDir'>
   try {
     const url = new URL(config.databaseUrl)
     const database = decodeURIComponent(url.pathname.replace(/^\//, '')) || '(default database)'
-    return { kind: 'postgres', location: `${url.hostname}:${url.port || '5432'}/${database}` }
+    const user = decodeURIComponent(url.username) || process.env.PGUSER || userInfo().username
+    return { kind: 'postgres', location: `${url.hostname}:${url.port || '5432'}/${database}`, user }
   } catch {
     return { kind: 'postgres', location: '(unparsable DATABASE_URL)' }
   }
@@ -133,6 +137,9 @@ export async function forwardToLocalService(args: string[]): Promise<number | un
   if (!service) return undefined
   const mine = databaseIdentity(config)
   const matches = service.database.kind === mine.kind && service.database.location === mine.location
+  // the service's database as another role (a DBA's, a read-only one): run here, with that role's rights; the
+  // service would run it with its own. A service file of an older build names no role.
+  if (config.databaseUrl && matches && service.database.user !== undefined && service.database.user !== mine.user) return undefined
   if (config.databaseUrl && !matches) {
     throw new RunningServiceError(
       `The service running from ${config.dataDir} (pid ${service.pid}) uses ` +
