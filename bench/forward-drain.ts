@@ -27,7 +27,8 @@ const option = (name: string, fallback: string) => {
   const at = args.indexOf(`--${name}`)
   return at >= 0 ? args[at + 1]! : fallback
 }
-const optionValues = new Set(['--events', '--concurrency', '--answer-ms', '--runs'].map((name) => args.indexOf(name) + 1))
+// the places of the options' values (an option not given has none: its -1 + 1 took the first argument, a tree, for one)
+const optionValues = new Set(['--events', '--concurrency', '--answer-ms', '--runs'].map((name) => args.indexOf(name)).filter((at) => at >= 0).map((at) => at + 1))
 const dists = args.filter((arg, i) => !arg.startsWith('--') && !optionValues.has(i))
 if (dists.length === 0) dists.push(path.join(root, 'dist'))
 const events = Number(option('events', '20000'))
