@@ -141,6 +141,18 @@ describe('the forwarder', () => {
     expect(() => new Webhook(SECRET).verify(tampered, request!.headers)).toThrow(WebhookVerificationError)
   })
 
+  it('signs the body as the UTF-8 bytes it sends, whatever characters the event holds', async () => {
+    const target = await receiver()
+    const foreign = { ...event, externalReference: 'Bestellung-Müller-東京-😀', tradeId: 'trd_ñ' }
+    await createForwarder({ url: target.url, secret: SECRET, timeoutMs: 5_000 })(foreign, context())
+
+    const [request] = target.received
+    expect(Number(request!.headers['content-length'])).toBe(Buffer.byteLength(request!.rawBody))
+    expect(Buffer.byteLength(request!.rawBody)).toBeGreaterThan(request!.rawBody.length)
+    const verified = new Webhook(SECRET).verify(request!.rawBody, request!.headers) as { data: { external_reference: string } }
+    expect(verified.data.external_reference).toBe('Bestellung-Müller-東京-😀')
+  })
+
   it('keeps the webhook-id of an event on every attempt and signs each attempt with a fresh timestamp', async () => {
     const clock = new FakeClock(Date.now())
     const target = await receiver((_request, count) => (count === 1 ? 503 : 200))
