@@ -347,6 +347,29 @@ describe('the forwarder', () => {
     expect(await failure).toMatchObject({ code: 'forward_aborted' })
   })
 
+  it('stops every attempt on its way when their shared signal is aborted, and leaves nothing listening on it', async () => {
+    const target = await receiver(() => 'hang')
+    const forward = createForwarder({ url: target.url, secret: SECRET, timeoutMs: 60_000 })
+    const controller = new AbortController()
+    const other = new AbortController()
+
+    const stopped = [1, 2, 3].map((sequence) => failureOf(forward({ ...event, sequence }, context({ signal: controller.signal }))))
+    const going = forward({ ...event, sequence: 4 }, context({ signal: other.signal })).then(
+      () => 'answered',
+      (error: unknown) => (error as ForwardError).code,
+    )
+    await target.waitFor(4)
+    controller.abort(new Error('shutting down'))
+
+    for (const failure of await Promise.all(stopped)) expect(failure).toMatchObject({ code: 'forward_aborted' })
+    expect(getEventListeners(controller.signal, 'abort')).toHaveLength(0)
+    // the attempt under another signal runs on until its own signal stops it
+    expect(getEventListeners(other.signal, 'abort')).toHaveLength(1)
+    other.abort(new Error('lease ended'))
+    expect(await going).toBe('forward_aborted')
+    expect(getEventListeners(other.signal, 'abort')).toHaveLength(0)
+  })
+
   it('ends every attempt: nothing left listening on the handler’s signal, connections kept alive', async () => {
     // every third answer a 500 with a body of 100 kB, which the forwarder drains and does not read
     const target = await receiver((_request, count) => (count % 3 === 0 ? { status: 500, body: 'x'.repeat(100_000) } : 204))

@@ -120,6 +120,7 @@ export function createForwarder({
   const authorization = basicAuthorization(target)
   const post = fetchImplementation ? postWithFetch(fetchImplementation, target) : postWithPool(target)
   const deadlines = createDeadlines(clock, timeoutMs)
+  const aborts = createAbortWatch()
   const logsAttempts = serviceLogger?.isLevelEnabled('debug') ?? true
 
   return async function forward(event, context) {
@@ -141,21 +142,17 @@ export function createForwarder({
     if (authorization) headers.push('authorization', authorization)
 
     const startedAt = clock.now()
-    const log = (fields: Record<string, unknown>) => {
-      if (!logsAttempts) return
+    const log = (fields: Record<string, unknown>) =>
       context.logger.debug(
         { eventId: event.eventId, type: event.type, attempt, receiver, durationMs: clock.now() - startedAt, ...fields },
         'reaction forwarded',
       )
-    }
     // the request ends at its answer, or when the handler's signal is aborted (lease ended, shutdown), or at
     // its deadline. The deadlines share one timer on the injected clock, so a test can time an attempt out
     // without waiting. (A timer and an AbortController per attempt, and the pool's promise API with its answer
     // stream, cost 23 µs of CPU per forwarded event: a median 133 µs against 110 in bench/results/forward-drain.md)
     const request = post(headers, body)
-    const onAbort = () => request.abort(signal.reason)
-    if (signal.aborted) onAbort()
-    else signal.addEventListener('abort', onAbort, { once: true })
+    aborts.add(signal, request)
     let timedOut = false
     const deadline = deadlines.add(() => {
       timedOut = true
@@ -163,7 +160,7 @@ export function createForwarder({
     })
     try {
       const status = await request.answer
-      log({ status })
+      if (logsAttempts) log({ status })
       if (status < 200 || status > 299) {
         const redirect = status >= 300 && status <= 399 ? ' (redirects are not followed)' : ''
         throw new ForwardError('forward_failed', `the forward receiver ${receiver} answered ${status}${redirect}`, status)
@@ -171,21 +168,21 @@ export function createForwarder({
     } catch (error) {
       if (error instanceof ForwardError) throw error
       if (timedOut) {
-        log({ error: 'timeout' })
+        if (logsAttempts) log({ error: 'timeout' })
         const message = `the forward receiver ${receiver} did not answer within ${timeoutMs} ms`
         throw new ForwardError('forward_timeout', message)
       }
       if (signal.aborted) {
-        log({ error: 'aborted' })
+        if (logsAttempts) log({ error: 'aborted' })
         const message = `forwarding to ${receiver} was stopped (lease ended or shutting down)`
         throw new ForwardError('forward_aborted', message, undefined, { cause: signal.reason })
       }
       const reason = describeNetworkError(error)
-      log({ error: 'unreachable', reason })
+      if (logsAttempts) log({ error: 'unreachable', reason })
       const message = `the forward receiver ${receiver} is unreachable: ${reason}`
       throw new ForwardError('forward_unreachable', message, undefined, { cause: error })
     } finally {
-      signal.removeEventListener('abort', onAbort)
+      aborts.delete(signal, request)
       deadlines.delete(deadline)
     }
   }
@@ -203,6 +200,45 @@ function basicAuthorization(target: URL): string | undefined {
     }
   }
   return `Basic ${Buffer.from(`${decode(target.username)}:${decode(target.password)}`).toString('base64')}`
+}
+
+/**
+ * The requests on their way, by the handler's signal they stop with: one `abort` listener on a signal while
+ * any of its attempts runs, not one added and removed per attempt (a stream batch gives every one of its
+ * events the same signal). An attempt whose signal is already aborted is stopped at once.
+ */
+function createAbortWatch() {
+  interface Watched {
+    requests: Set<PostRequest>
+    onAbort: () => void
+  }
+  const watched = new WeakMap<AbortSignal, Watched>()
+  return {
+    add(signal: AbortSignal, request: PostRequest): void {
+      if (signal.aborted) {
+        request.abort(signal.reason)
+        return
+      }
+      const entry = watched.get(signal)
+      if (entry) {
+        entry.requests.add(request)
+        return
+      }
+      const requests = new Set([request])
+      const onAbort = () => {
+        watched.delete(signal)
+        for (const each of requests) each.abort(signal.reason)
+      }
+      watched.set(signal, { requests, onAbort })
+      signal.addEventListener('abort', onAbort, { once: true })
+    },
+    delete(signal: AbortSignal, request: PostRequest): void {
+      const entry = watched.get(signal)
+      if (!entry || !entry.requests.delete(request) || entry.requests.size > 0) return
+      watched.delete(signal)
+      signal.removeEventListener('abort', entry.onAbort)
+    },
+  }
 }
 
 /**
@@ -274,56 +310,73 @@ function postWithPool(target: URL): Post {
   const pool = new Pool(target.origin)
   const path = `${target.pathname}${target.search}`
   return (headers, body) => {
-    let resolve!: (status: number) => void
-    let reject!: (error: unknown) => void
-    const answer = new Promise<number>((onAnswer, onError) => {
-      resolve = onAnswer
-      reject = onError
+    const request = new PoolRequest()
+    pool.dispatch({ path, method: 'POST', headers, body }, request)
+    return request
+  }
+}
+
+/**
+ * One request through the pool: both undici's handler of its progress and the attempt's PostRequest, one
+ * object with its methods on the prototype rather than a handler and a request made of closures each time.
+ */
+class PoolRequest implements PostRequest {
+  readonly answer: Promise<number>
+  private resolve!: (status: number) => void
+  private reject!: (error: unknown) => void
+  // the answer came, the request failed, or the attempt was aborted: a promise settles once
+  private ended = false
+  // the answer's status, once its head came (0 before)
+  private status = 0
+  private drained = 0
+  // undici's abort of the request on its connection, from the moment it is on one
+  private abortRequest: ((reason: Error) => void) | undefined
+  private abortedWith: Error | undefined
+
+  constructor() {
+    this.answer = new Promise<number>((resolve, reject) => {
+      this.resolve = resolve
+      this.reject = reject
     })
-    // the answer came, the request failed, or the attempt was aborted: a promise settles once
-    let ended = false
-    // the answer's status, once its head came (0 before)
-    let status = 0
-    let drained = 0
-    const end = (error: unknown) => {
-      if (ended) return
-      ended = true
-      if (status === 0) reject(error)
-      else resolve(status)
-    }
-    // undici's abort of the request on its connection, from the moment it is on one
-    let abortRequest: ((reason: Error) => void) | undefined
-    let abortedWith: Error | undefined
-    pool.dispatch(
-      { path, method: 'POST', headers, body },
-      {
-        onConnect(abort: (reason: Error) => void) {
-          if (abortedWith) abort(abortedWith)
-          else abortRequest = abort
-        },
-        onHeaders(statusCode: number) {
-          status = statusCode
-          return true
-        },
-        onData: (chunk: Buffer) => {
-          drained += chunk.length
-          if (drained > MAX_DRAINED_BYTES) abortRequest?.(BODY_TOO_LONG)
-          return true
-        },
-        onComplete: () => end(undefined),
-        onError: (error: Error) => end(error),
-      },
-    )
-    return {
-      answer,
-      // the attempt ends at once; the request, once on a connection, is stopped there (its connection closed)
-      abort(reason) {
-        if (ended) return
-        abortedWith = reason instanceof Error ? reason : new Error(String(reason))
-        end(reason)
-        abortRequest?.(abortedWith)
-      },
-    }
+  }
+
+  // the attempt ends at once; the request, once on a connection, is stopped there (its connection closed)
+  abort(reason: unknown): void {
+    if (this.ended) return
+    this.abortedWith = reason instanceof Error ? reason : new Error(String(reason))
+    this.end(reason)
+    this.abortRequest?.(this.abortedWith)
+  }
+
+  onConnect(abort: (reason: Error) => void): void {
+    if (this.abortedWith) abort(this.abortedWith)
+    else this.abortRequest = abort
+  }
+
+  onHeaders(statusCode: number): boolean {
+    this.status = statusCode
+    return true
+  }
+
+  onData(chunk: Buffer): boolean {
+    this.drained += chunk.length
+    if (this.drained > MAX_DRAINED_BYTES) this.abortRequest?.(BODY_TOO_LONG)
+    return true
+  }
+
+  onComplete(): void {
+    this.end(undefined)
+  }
+
+  onError(error: Error): void {
+    this.end(error)
+  }
+
+  private end(error: unknown): void {
+    if (this.ended) return
+    this.ended = true
+    if (this.status === 0) this.reject(error)
+    else this.resolve(this.status)
   }
 }
 
