@@ -128,6 +128,28 @@ describe('the forwarder', () => {
     expect(JSON.parse(request!.rawBody)).toEqual(forwardedPayload(event))
   })
 
+  it('sends the same signed request through an injected fetch, headers and body as through its own pool', async () => {
+    const target = await receiver()
+    const seen: { redirect: RequestInit['redirect'] }[] = []
+    const throughFetch: typeof fetch = (input, init) => {
+      seen.push({ redirect: init?.redirect })
+      return fetch(input, init)
+    }
+    const forward = createForwarder({ url: target.url, secret: SECRET, timeoutMs: 5_000, fetch: throughFetch })
+
+    await forward({ ...event, externalReference: 'order-ref-ünïcode-€' }, context())
+
+    expect(seen).toHaveLength(1)
+    expect(seen[0]!.redirect).toBe('manual')
+    const [request] = target.received
+    expect(request!.headers['webhook-id']).toBe(event.eventId)
+    expect(request!.headers['content-type']).toBe('application/json')
+    expect(Number(request!.headers['content-length'])).toBe(Buffer.byteLength(request!.rawBody))
+    rememberSecret(request!.headers['webhook-signature']!.slice(3))
+    const verified = new Webhook(SECRET).verify(request!.rawBody, request!.headers) as { data: { external_reference: string } }
+    expect(verified.data.external_reference).toBe('order-ref-ünïcode-€')
+  })
+
   it('sends requests that fail verification under another secret or with a changed body', async () => {
     const target = await receiver()
     await createForwarder({ url: target.url, secret: SECRET, timeoutMs: 5_000 })(event, context())
