@@ -277,17 +277,21 @@ export async function startService({
     }
 
     if (localCliToken) {
-      stops.push({
-        name: 'serve.json',
-        stop: advertiseLocalService(config.dataDir, {
-          url: server.url,
-          adminUrl: adminServer.url,
-          token: localCliToken,
-          webhookUrl: `${server.url}${config.webhook.path}`,
-          sandboxUrl,
-          database: databaseIdentity(config),
-        }),
+      const advertised = await advertiseLocalService(config.dataDir, {
+        url: server.url,
+        adminUrl: adminServer.url,
+        token: localCliToken,
+        webhookUrl: `${server.url}${config.webhook.path}`,
+        sandboxUrl,
+        database: databaseIdentity(config),
       })
+      stops.push({ name: 'serve.json', stop: advertised.remove })
+      if (advertised.other !== undefined) {
+        logger.warn(
+          { dataDir: config.dataDir, pid: advertised.other },
+          'another service runs from this DATA_DIR and keeps serve.json: commands in a second terminal go to it, not to this one',
+        )
+      }
     }
 
     const fetcher = createPartnerApiClient(config, {

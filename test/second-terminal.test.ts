@@ -1,7 +1,7 @@
 // A second terminal next to `npm start`: it must reach the running service's database and platform, or
 // say what to set; never write somewhere else unnoticed. A refused connection to the platform sent nothing.
 import { randomBytes } from 'node:crypto'
-import { existsSync, mkdtempSync } from 'node:fs'
+import { existsSync, mkdtempSync, readFileSync } from 'node:fs'
 import { tmpdir } from 'node:os'
 import path from 'node:path'
 import { sql } from 'kysely'
@@ -135,6 +135,31 @@ describePostgres('a second terminal next to a service on Postgres (Postgres)', (
     } finally {
       await sql.raw(`drop owned by ${role}; drop role ${role}`).execute(database.db)
     }
+  })
+
+  it('leaves serve.json to the service that wrote it when a second one starts from the same DATA_DIR, and neither removes the other’s', async () => {
+    const file = path.join(dataDir, 'serve.json')
+    const owner = () => (JSON.parse(readFileSync(file, 'utf8')) as { pid: number }).pid
+    expect(owner()).toBe(service.pid)
+    const second = spawnCli(['serve'], {
+      DATA_DIR: dataDir,
+      DATABASE_URL: database.url!,
+      PORT: '0',
+      ADMIN_PORT: '0',
+      SANDBOX_PORT: String(await freePort()),
+      POLL_ENABLED: 'false',
+    })
+    try {
+      const warning = await waitForLogLine(second, 'another service runs from this DATA_DIR and keeps serve.json: commands in a second terminal go to it, not to this one', 60_000)
+      expect(warning.pid).toBe(service.pid)
+      expect(owner()).toBe(service.pid)
+    } finally {
+      await stopChild(second)
+    }
+    // the second's stop left the first's file; a command still runs in the first
+    expect(owner()).toBe(service.pid)
+    const listed = await runCli(['reactions', 'list', '--json'], { DATA_DIR: dataDir })
+    expect([listed.code, listed.stderr]).toEqual([0, ''])
   })
 
   it('runs `reactions` and `prune` without DATABASE_URL in the service, never in a new embedded database', async () => {

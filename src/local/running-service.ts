@@ -87,13 +87,42 @@ function serviceFilePath(dataDir: string): string {
 }
 
 
-/** Writes serve.json for the running service; the returned function removes it. */
-export function advertiseLocalService(dataDir: string, service: Omit<ServiceFile, 'pid'>): () => void {
+/**
+ * Writes serve.json for the running service; `remove` takes it away again. Another live service that advertises
+ * from this DATA_DIR (a second replica on one host, on Postgres) keeps its file: `other` names it and nothing is
+ * written. Two used to overwrite each other's, and the first to stop removed the file of the one still running.
+ */
+export async function advertiseLocalService(
+  dataDir: string,
+  service: Omit<ServiceFile, 'pid'>,
+): Promise<{ remove: () => void; other?: number }> {
+  // a file whose pid now belongs to another process (a container restarted, the pid given again) is no service's
+  const other = findRunningService(dataDir)
+  if (other && (await answersHealth(other.url))) return { remove: () => {}, other: other.pid }
   const file = serviceFilePath(dataDir)
   const contents: ServiceFile = { pid: process.pid, ...service }
   mkdirSync(dataDir, { recursive: true })
   writeFileSync(file, `${JSON.stringify(contents)}\n`, { mode: 0o600 })
-  return () => rmSync(file, { force: true })
+  return {
+    remove: () => {
+      // only its own: another service may have written it since (this one's was removed by hand)
+      try {
+        if ((JSON.parse(readFileSync(file, 'utf8')) as ServiceFile).pid !== process.pid) return
+      } catch {
+        return
+      }
+      rmSync(file, { force: true })
+    },
+  }
+}
+
+// whether a service answers /healthz at `url` within a second
+async function answersHealth(url: string): Promise<boolean> {
+  try {
+    return (await fetch(`${url}/healthz`, { signal: AbortSignal.timeout(1_000) })).ok
+  } catch {
+    return false
+  }
 }
 
 /**
