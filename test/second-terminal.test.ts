@@ -81,9 +81,9 @@ describePostgres('a second terminal next to a service on Postgres (Postgres)', (
   let service: ReturnType<typeof spawnCli>
   const dataDir = mkdtempSync(path.join(tmpdir(), 'second-terminal-'))
 
-  beforeAll(async () => {
-    database = await createTestDatabase({ kind: 'postgres' })
-    service = spawnCli(['serve'], {
+  // a `serve` from dataDir on the test's Postgres
+  const startServe = async () =>
+    spawnCli(['serve'], {
       DATA_DIR: dataDir,
       DATABASE_URL: database.url!,
       PORT: '0',
@@ -92,6 +92,10 @@ describePostgres('a second terminal next to a service on Postgres (Postgres)', (
       SANDBOX_PORT: String(await freePort()),
       POLL_ENABLED: 'false',
     })
+
+  beforeAll(async () => {
+    database = await createTestDatabase({ kind: 'postgres' })
+    service = await startServe()
     await waitForLogLine(service, 'sandbox platform listening', 60_000)
   }, 120_000)
   afterAll(async () => {
@@ -141,14 +145,7 @@ describePostgres('a second terminal next to a service on Postgres (Postgres)', (
     const file = path.join(dataDir, 'serve.json')
     const owner = () => (JSON.parse(readFileSync(file, 'utf8')) as { pid: number }).pid
     expect(owner()).toBe(service.pid)
-    const second = spawnCli(['serve'], {
-      DATA_DIR: dataDir,
-      DATABASE_URL: database.url!,
-      PORT: '0',
-      ADMIN_PORT: '0',
-      SANDBOX_PORT: String(await freePort()),
-      POLL_ENABLED: 'false',
-    })
+    const second = await startServe()
     try {
       const warning = await waitForLogLine(second, 'another service runs from this DATA_DIR and keeps serve.json: commands in a second terminal go to it, not to this one', 60_000)
       expect(warning.pid).toBe(service.pid)

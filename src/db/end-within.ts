@@ -1,4 +1,4 @@
-// Ending a connection of our own (outside the pool) without waiting on a server that no longer answers.
+// Ending a connection without waiting on a server that no longer answers.
 import { setTimeout as delay } from 'node:timers/promises'
 import type pg from 'pg'
 
@@ -15,5 +15,11 @@ export async function endWithin(client: pg.Client, ms: number): Promise<void> {
   )
   const done = await Promise.race([ended, delay(ms, false, { signal: timer.signal }).catch(() => true)])
   timer.abort()
-  if (!done) (client as unknown as { connection?: { stream?: { destroy(): void } } }).connection?.stream?.destroy()
+  if (!done) closeSocket(client)
+}
+
+/** Closes the client's socket at once: no Terminate sent, nothing waited for (pg keeps its socket private). */
+export function closeSocket(client: pg.Client | pg.PoolClient): void {
+  const { connection } = client as unknown as { connection?: { stream?: { destroy(): void } } }
+  connection?.stream?.destroy()
 }

@@ -8,7 +8,7 @@ import { CamelCasePlugin, Kysely, PGliteDialect, PostgresDialect, sql } from 'ky
 import pg from 'pg'
 import type { Logger } from '../logger.js'
 import { describeDatabaseError, errorCode, READ_ONLY } from './database-errors.js'
-import { endWithin } from './end-within.js'
+import { closeSocket, endWithin } from './end-within.js'
 import type { Database } from './database.js'
 import { PgliteThread } from './pglite-thread.js'
 import { LISTENER_PROBE_MS, listenerName, listenOnPostgres } from './postgres-listener.js'
@@ -149,7 +149,7 @@ function readOnlyGoesAway(client: pg.PoolClient): pg.PoolClient {
   client.release = (destroy?: Error | boolean) => {
     const { refusedWrite, answerLost } = client as PreparingClientInstance
     // its socket is closed here: ending the session politely would queue behind what never got through
-    if (answerLost === true) (client as unknown as { connection?: { stream?: { destroy(): void } } }).connection?.stream?.destroy()
+    if (answerLost === true) closeSocket(client)
     release(destroy || refusedWrite === true || answerLost === true)
   }
   return client

@@ -6,7 +6,7 @@ import { setTimeout as delay } from 'node:timers/promises'
 import pg from 'pg'
 import type { Logger } from '../logger.js'
 import { describeDatabaseError } from './database-errors.js'
-import { endWithin } from './end-within.js'
+import { closeSocket, endWithin } from './end-within.js'
 import { SESSION_SETTINGS } from './session-defaults.js'
 
 /** How long a listener waits for its probe, the NOTIFY it sends itself through the pool on each (re)connect. */
@@ -119,7 +119,7 @@ export function listenOnPostgres({
           }
           if (!stopping.signal.aborted) {
             logger?.warn({ probeMs: LISTENER_PROBE_MS }, 'notification listener did not hear its own probe: its connection went silent; connecting again')
-            ;(connection as unknown as { connection?: { stream?: { destroy(): void } } }).connection?.stream?.destroy()
+            closeSocket(connection)
           }
         })()
         await ended
