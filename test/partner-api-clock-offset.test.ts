@@ -20,7 +20,7 @@ import { scriptedFetch } from './helpers/partner-api-fake-fetch.js'
 import { tradeRecord } from './helpers/partner-api-fixtures.js'
 import { type RecordingServer, startRecordingServer } from './helpers/partner-api-recording-server.js'
 import { insertOrders, orderByReference } from './helpers/reconcile-orders.js'
-import { eventually } from './helpers/reconcile-poller.js'
+import { eventually, pollerSleeps, SERVICE_POLL_INTERVAL_MS } from './helpers/reconcile-poller.js'
 import { TEST_API_KEY_ID, TEST_API_SECRET, TEST_WEBHOOK_SECRET, testConfig } from './helpers/test-config.js'
 import { createTestDatabase, postgresUrl, type TestDatabase } from './helpers/test-database.js'
 
@@ -300,7 +300,7 @@ describe('the offset kept: the run record, reconcile --report, the console and /
     const config = testConfig({
       PARTNER_API_BASE_URL: platform.url,
       PORT: '0',
-      POLL_INTERVAL_S: '30',
+      POLL_INTERVAL_S: String(SERVICE_POLL_INTERVAL_MS / 1000),
       ADMIN_TOKEN,
       ...(database ? { DATABASE_URL: database.url! } : { DATA_DIR: 'memory://' }),
     })
@@ -310,14 +310,16 @@ describe('the offset kept: the run record, reconcile --report, the console and /
     const scrape = async () => (await fetch(`${service!.adminUrl}/metrics`)).text()
     // no answer read yet: no sample, rather than a made-up 0
     expect(await scrape()).not.toMatch(/^partner_api_clock_offset_seconds /m)
-    await eventually(() => clock.sleeps.includes(30_000), 'the first cycle is over')
+    await eventually(() => pollerSleeps(clock) === 1, 'the first cycle is over')
 
     await insertOrders(db, [{ externalReference: 'clock-ok', tradeId: 'tr_clock-ok', nextPollAt: new Date(clock.now() - 1_000) }])
-    await clock.advance(30_000)
+    await clock.advance(SERVICE_POLL_INTERVAL_MS)
     await eventually(async () => /^partner_api_clock_offset_seconds -3$/m.test(await scrape()), 'the 200 is gauged')
+    // the gauge moves mid-cycle: time moved before the poller sleeps again would never wake it
+    await eventually(() => pollerSleeps(clock) === 2, 'the second cycle is over')
 
     await insertOrders(db, [{ externalReference: 'clock-refused', tradeId: 'tr_clock-refused', nextPollAt: new Date(clock.now() - 1_000) }])
-    await clock.advance(30_000)
+    await clock.advance(SERVICE_POLL_INTERVAL_MS)
     const refused = async () =>
       db.selectFrom('reconcileRuns').selectAll().where('stoppedReason', '=', 'unauthorized').executeTakeFirst()
     await eventually(async () => (await refused())?.finishedAt != null, 'the refused run is recorded')

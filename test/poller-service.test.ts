@@ -7,7 +7,7 @@ import { logEntries, testLogger } from './helpers/log-sink.js'
 import { tradeRecord } from './helpers/partner-api-fixtures.js'
 import { type RecordingServer, startRecordingServer } from './helpers/partner-api-recording-server.js'
 import { insertOrders, orderByReference } from './helpers/reconcile-orders.js'
-import { eventually } from './helpers/reconcile-poller.js'
+import { eventually, pollerSleeps, SERVICE_POLL_INTERVAL_MS } from './helpers/reconcile-poller.js'
 import { TEST_API_SECRET, TEST_WEBHOOK_SECRET, testConfig } from './helpers/test-config.js'
 
 describe('the poller in the service', () => {
@@ -27,12 +27,12 @@ describe('the poller in the service', () => {
     })
     const clock = new FakeClock()
     const logger = testLogger([TEST_API_SECRET, TEST_WEBHOOK_SECRET])
-    const config = testConfig({ PARTNER_API_BASE_URL: platform.url, PORT: '0', POLL_INTERVAL_S: '30' })
+    const config = testConfig({ PARTNER_API_BASE_URL: platform.url, PORT: '0', POLL_INTERVAL_S: String(SERVICE_POLL_INTERVAL_MS / 1000) })
     service = await startService({ config, logger, clock })
     await service.ready
     expect(service.poller?.running).toBe(true)
     // the first cycle found nothing and the poller sleeps its interval
-    await eventually(() => clock.sleeps.includes(30_000), 'the poller sleeps')
+    await eventually(() => pollerSleeps(clock) === 1, 'the poller sleeps')
     expect(platform.requests).toHaveLength(0)
 
     await insertOrders(service.database.db, [
@@ -46,7 +46,7 @@ describe('the poller in the service', () => {
     expect(metrics).toMatch(/^database_up 1$/m)
     expect(metrics).toMatch(/^webhook_parked_deliveries 0$/m)
 
-    await clock.advance(30_000)
+    await clock.advance(SERVICE_POLL_INTERVAL_MS)
     await eventually(
       async () => (await orderByReference(service!.database.db, 'svc-1')).tradeStatus === 'delivered',
       'the order is polled',
@@ -77,13 +77,13 @@ describe('the poller in the service', () => {
       answer: () => ({ status: 200, body: tradeRecord({ trade_id: 'tr_svc-long', status: 'x'.repeat(3_000), external_reference: 'svc-long' }) }),
     })
     const clock = new FakeClock()
-    const config = testConfig({ PARTNER_API_BASE_URL: platform.url, PORT: '0', POLL_INTERVAL_S: '30' })
+    const config = testConfig({ PARTNER_API_BASE_URL: platform.url, PORT: '0', POLL_INTERVAL_S: String(SERVICE_POLL_INTERVAL_MS / 1000) })
     service = await startService({ config, logger: testLogger([TEST_API_SECRET, TEST_WEBHOOK_SECRET]), clock })
     await service.ready
-    await eventually(() => clock.sleeps.includes(30_000), 'the poller sleeps')
+    await eventually(() => pollerSleeps(clock) === 1, 'the poller sleeps')
     await insertOrders(service.database.db, [{ externalReference: 'svc-long', nextPollAt: new Date(clock.now() - 1_000) }])
 
-    await clock.advance(30_000)
+    await clock.advance(SERVICE_POLL_INTERVAL_MS)
     await eventually(
       async () => (await orderByReference(service!.database.db, 'svc-long')).pollLeaseToken === null,
       'the poll is written back',

@@ -11,6 +11,7 @@ import {
   type PollResult,
   type RunSummary,
 } from '../../src/reconcile/poller.js'
+import type { FakeClock } from './fake-clock.js'
 import { testLogger } from './log-sink.js'
 import { TEST_OBSERVATION_SETTINGS } from './orders.js'
 
@@ -77,6 +78,14 @@ export function deferred<T>(): {
   })
   return { promise, resolve, reject }
 }
+
+/**
+ * POLL_INTERVAL_S for a whole service on a FakeClock: a length no other loop sleeps (the dispatcher's safety
+ * sweep sleeps 30 s), so `pollerSleeps` counts the poller's sleeps alone. Time moved before the poller is
+ * asleep never wakes it: a test waits for its sleep before each `advance`.
+ */
+export const SERVICE_POLL_INTERVAL_MS = 41_000
+export const pollerSleeps = (clock: FakeClock) => clock.sleeps.filter((ms) => ms === SERVICE_POLL_INTERVAL_MS).length
 
 /** Waits (on real time, briefly) until `condition` holds: for tests that wait for background work. */
 export async function eventually(
