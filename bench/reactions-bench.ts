@@ -15,7 +15,8 @@ import { openDatabase } from '../src/db/open-database.js'
 import { createLogger } from '../src/logger.js'
 import { applyObservation } from '../src/orders/apply-observation.js'
 import { createOrder } from '../src/orders/create-order.js'
-import { createDispatcher, DEFAULT_DISPATCHER_SETTINGS } from '../src/reactions/dispatcher.js'
+import { createDispatcher } from '../src/reactions/dispatcher.js'
+import { DEFAULT_DISPATCHER_SETTINGS } from '../src/reactions/dispatcher-settings.js'
 import { createReactionRegistry } from '../src/reactions/reaction-registry.js'
 
 export interface ReactionsBenchResult {

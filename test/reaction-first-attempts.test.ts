@@ -4,7 +4,7 @@
 import { sql } from 'kysely'
 import request from 'supertest'
 import { afterEach, describe, expect, it } from 'vitest'
-import { createSlots } from '../src/reactions/dispatcher.js'
+import { createSlots } from '../src/reactions/handler-slots.js'
 import type { ReactionHandler } from '../src/reactions/reaction-event.js'
 import {
   countDoneJobsBefore,

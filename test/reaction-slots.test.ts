@@ -1,7 +1,7 @@
 // The handler slots (REACTION_CONCURRENCY) the job loop and the streams share: never more taken than there
 // are, and a stream waiting for one is served before a later taker that finds one free.
 import { describe, expect, it } from 'vitest'
-import { createSlots } from '../src/reactions/dispatcher.js'
+import { createSlots } from '../src/reactions/handler-slots.js'
 
 describe('reaction handler slots', () => {
   it('takes a free slot at once and refuses when all are taken', () => {

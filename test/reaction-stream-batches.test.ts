@@ -5,7 +5,7 @@
 // An order waiting behind its own slow call is not the slots' fault and changes nothing. Time is a fake
 // clock: only the test decides when a handler returns and when the wait is over.
 import { afterEach, describe, expect, it } from 'vitest'
-import { createSlots } from '../src/reactions/dispatcher.js'
+import { createSlots } from '../src/reactions/handler-slots.js'
 import type { ReactionHandler } from '../src/reactions/reaction-event.js'
 import { createReactionRegistry } from '../src/reactions/reaction-registry.js'
 import { ensureReactionStreams } from '../src/reactions/reaction-stream.repository.js'

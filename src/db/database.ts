@@ -134,6 +134,9 @@ export interface ReconcileRunsTable {
   clockOffsetS: number | null
 }
 
+/** Which engine a database runs on: a Postgres server, or PGlite embedded in this process. */
+export type DatabaseKind = 'postgres' | 'pglite'
+
 export interface Database {
   orders: OrdersTable
   webhookDeliveries: WebhookDeliveriesTable

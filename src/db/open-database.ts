@@ -9,14 +9,12 @@ import pg from 'pg'
 import type { Logger } from '../logger.js'
 import { describeDatabaseError, errorCode, READ_ONLY } from './database-errors.js'
 import { closeSocket, endWithin } from './end-within.js'
-import type { Database } from './database.js'
+import type { Database, DatabaseKind } from './database.js'
 import { PgliteThread } from './pglite-thread.js'
 import { LISTENER_PROBE_MS, listenerName, listenOnPostgres } from './postgres-listener.js'
 import { makeDirectoryPrivate } from './private-directory.js'
 import { SESSION_SETTINGS } from './session-defaults.js'
 import { DEFAULT_STATEMENT_TIMEOUT_MS, STATEMENT_ANSWER_GRACE_MS } from './statement-timeout.js'
-
-export type DatabaseKind = 'postgres' | 'pglite'
 
 export interface DatabaseHandle {
   readonly db: Kysely<Database>

@@ -11,9 +11,9 @@
 // Each connection of the service's pools sets them before its first statement (open-database.ts). Behind a
 // connection pooler in transaction mode a SET reaches one server session of many: at start-up the service reads
 // the defaults a new session gets and says, once, which to set for the role.
-import { sql } from 'kysely'
+import { type Kysely, sql } from 'kysely'
 import type { Logger } from '../logger.js'
-import type { DatabaseHandle } from './open-database.js'
+import type { Database, DatabaseKind } from './database.js'
 
 /**
  * The statement each new connection of the service's pools, and its listener, runs first. One statement, each
@@ -32,7 +32,7 @@ const WANTED: Record<string, { holds: (value: string) => boolean; remedy: string
   IntervalStyle: { holds: (value) => value === 'postgres', remedy: "IntervalStyle = 'postgres'" },
 }
 
-export async function checkSessionDefaults(database: Pick<DatabaseHandle, 'db' | 'kind'>, logger: Logger): Promise<void> {
+export async function checkSessionDefaults(database: { db: Kysely<Database>; kind: DatabaseKind }, logger: Logger): Promise<void> {
   if (database.kind !== 'postgres') return
   // reset_val: what a session has before any SET of its own (the server's, database's, role's or connection's
   // default); a failed look says nothing of them, and start-up does not wait on it

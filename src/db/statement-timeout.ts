@@ -4,7 +4,6 @@
 // ignore_startup_parameters), only the role's own setting bounds them, and a statement still running when its
 // caller answered 503 may commit later. Said once, at start-up, with what to do.
 import type { Logger } from '../logger.js'
-import type { DatabaseHandle } from './open-database.js'
 
 /** DATABASE_STATEMENT_TIMEOUT_MS's default: with the grace below, a caller has its answer within 15 s. */
 export const DEFAULT_STATEMENT_TIMEOUT_MS = 14_000
@@ -14,7 +13,7 @@ export const DEFAULT_STATEMENT_TIMEOUT_MS = 14_000
  */
 export const STATEMENT_ANSWER_GRACE_MS = 1_000
 
-export async function checkStatementTimeout(database: Pick<DatabaseHandle, 'statementTimeoutInEffect'>, logger: Logger): Promise<void> {
+export async function checkStatementTimeout(database: { statementTimeoutInEffect?(): Promise<{ ms: number; wanted: number }> }, logger: Logger): Promise<void> {
   if (!database.statementTimeoutInEffect) return
   // a failed look says nothing of the setting, and start-up does not wait on it
   const timeout = await database.statementTimeoutInEffect().catch(() => undefined)

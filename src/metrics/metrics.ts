@@ -6,7 +6,7 @@ import { droppedLogLines } from '../logger.js'
 import type { Clock } from '../clock.js'
 import type { DatabaseState } from '../db/ping-database.js'
 import { ATTENTION_FLAGS } from '../orders/poll-schedule.repository.js'
-import type { AttemptResult } from '../reactions/dispatcher.js'
+import type { AttemptResult } from '../reactions/dispatcher-settings.js'
 import { POLL_RESULTS, type PollResult, type RunSummary } from '../reconcile/poller.js'
 import { DELIVERY_OUTCOMES as STORED_OUTCOMES } from '../webhooks/delivery-outcome.js'
 

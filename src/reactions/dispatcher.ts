@@ -28,7 +28,7 @@ import type { Kysely } from 'kysely'
 import type { Clock } from '../clock.js'
 import type { Database } from '../db/database.js'
 import type { Logger } from '../logger.js'
-import { type BackoffSettings, backoffDelayS } from '../reconcile/backoff-delay.js'
+import { backoffDelayS } from '../reconcile/backoff-delay.js'
 import {
   type ClaimedJob,
   claimReactionJobsAndNext,
@@ -41,33 +41,11 @@ import {
 } from './reaction-job.repository.js'
 import type { ReactionHandler } from './reaction-event.js'
 import { ensureReactionStreams } from './reaction-stream.repository.js'
+import type { AttemptResult, DispatcherSettings } from './dispatcher-settings.js'
+import { createSlots } from './handler-slots.js'
 import { createStreamWorker, type StreamWorker } from './stream-worker.js'
 
 export const REACTION_CHANNEL = 'reaction_jobs'
-
-export interface DispatcherSettings {
-  /** REACTION_CONCURRENCY: handlers running at once in this process. */
-  concurrency: number
-  /** REACTION_MAX_ATTEMPTS: calls of one (event, handler) before it is failed. */
-  maxAttempts: number
-  /** How long a claim belongs to this process; the handler is aborted a little before it ends. */
-  leaseMs: number
-  backoff: BackoffSettings
-  /** The longest the loop sleeps without looking. */
-  safetyIntervalMs: number
-  /** How long stop() lets running handlers finish before aborting them. */
-  shutdownTimeoutMs: number
-}
-
-export const DEFAULT_DISPATCHER_SETTINGS: Omit<DispatcherSettings, 'concurrency' | 'maxAttempts'> = {
-  leaseMs: 5 * 60_000,
-  backoff: { baseS: 5, capS: 3_600 },
-  safetyIntervalMs: 30_000,
-  shutdownTimeoutMs: 10_000,
-}
-
-/** skipped: not called, since the handler no longer takes the job's event type. */
-export type AttemptResult = 'done' | 'retry' | 'failed' | 'released' | 'lease_lost' | 'skipped'
 
 // Under load one claim takes up to this many times REACTION_CONCURRENCY jobs (less those it holds): the
 // jobs beyond the free slots wait here, in claim order, and start as handlers return. Fewer, bigger claims
@@ -136,62 +114,6 @@ interface Claim {
 // reasons for aborts that end a wait (an abort without one builds a DOMException and its stack each time)
 const ALL_JOBS_ENDED = new Error('every job of the claim ended')
 const WOKEN = new Error('woken')
-
-/**
- * The handlers this process runs at once (REACTION_CONCURRENCY), shared by the job loop and the streams. The
- * job loop takes a slot when one is free; a stream waits for one (`whenFree`), first come first served.
- */
-export function createSlots(size: number, onFree: () => void = () => {}) {
-  let busy = 0
-  const waiters: (() => void)[] = []
-  const slots = {
-    get busy() {
-      return busy
-    },
-    get free() {
-      return size - busy
-    },
-    take() {
-      busy += 1
-    },
-    /** Gives a slot back: to the longest waiting stream if one waits (it stays taken), else free. */
-    give() {
-      const waiter = waiters.shift()
-      if (waiter) {
-        waiter()
-        return
-      }
-      busy -= 1
-      onFree()
-    },
-    /** Takes a slot if one is free and nobody waits for one (no promise made): false, call whenFree. */
-    tryTake(): boolean {
-      if (busy >= size || waiters.length > 0) return false
-      busy += 1
-      return true
-    },
-    /** Resolves true once a slot is the caller's (first come, first served); false when `signal` gives up waiting. */
-    whenFree(signal: AbortSignal): Promise<boolean> {
-      if (signal.aborted) return Promise.resolve(false)
-      if (slots.tryTake()) return Promise.resolve(true)
-      return new Promise<boolean>((resolve) => {
-        const served = () => {
-          signal.removeEventListener('abort', gaveUp)
-          resolve(true)
-        }
-        const gaveUp = () => {
-          waiters.splice(waiters.indexOf(served), 1)
-          resolve(false)
-        }
-        waiters.push(served)
-        signal.addEventListener('abort', gaveUp, { once: true })
-      })
-    },
-  }
-  return slots
-}
-
-export type Slots = ReturnType<typeof createSlots>
 
 /** A loop's sleep that a wake ends early; a wake that comes while the loop is busy is kept for its next sleep. */
 function createWaker(clock: Clock) {

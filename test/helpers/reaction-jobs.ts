@@ -1,7 +1,7 @@
 // Reactions in tests: a dispatcher's settings, and what the reactions' tables hold (how many are not done yet).
 import { type Kysely, sql } from 'kysely'
 import type { Database } from '../../src/db/database.js'
-import type { DispatcherSettings } from '../../src/reactions/dispatcher.js'
+import type { DispatcherSettings } from '../../src/reactions/dispatcher-settings.js'
 import { reactionJobStats } from '../../src/reactions/reaction-job.repository.js'
 import { eventually } from './reconcile-poller.js'
 
