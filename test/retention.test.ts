@@ -20,7 +20,7 @@ import { findOrderByExternalReference } from '../src/orders/order.repository.js'
 import { sendWebhook, tradePayload } from './helpers/webhook-delivery.js'
 import { runCommand } from './helpers/cli-in-process.js'
 import { FakeClock } from './helpers/fake-clock.js'
-import { testLogger } from './helpers/log-sink.js'
+import { logEntries, testLogger } from './helpers/log-sink.js'
 import { eventually } from './helpers/reconcile-poller.js'
 import { testConfig } from './helpers/test-config.js'
 import { createTestDatabase, describePostgres, type TestDatabase, useTestDatabase } from './helpers/test-database.js'
@@ -143,6 +143,41 @@ describe('retention pass', () => {
     expect((await runPrunePass(deps, SETTINGS)).counts).toEqual({ body: 0, delivery: 0, reaction_job: 0, reconcile_run: 0 })
   })
 
+  it("counts ages by the database's clock when this machine's runs ahead of it, and says so", async () => {
+    // rows received by the database's reckoning 1, 31 and 91 days ago; this machine's clock 400 days ahead
+    const now = Date.now()
+    await seedDeliveries(database.db, now, [
+      { id: 'd-001', ageDays: 1 },
+      { id: 'd-031', ageDays: 31 },
+      { id: 'd-091', ageDays: 91 },
+    ])
+    const logger = testLogger()
+    const ahead = { ...deps, clock: new FakeClock(now + 400 * DAY), logger }
+    const logged = logEntries().length
+
+    const dryRun = await runPrunePass(ahead, SETTINGS, { dryRun: true })
+    expect(dryRun.counts).toMatchObject({ body: 1, delivery: 1 })
+    const result = await runPrunePass(ahead, SETTINGS)
+    expect(result.counts).toMatchObject({ body: 1, delivery: 1 })
+    expect(await deliveryRows(database.db)).toEqual({ 'd-001': 'body', 'd-031': 'pruned' })
+    // the cutoffs are the database's: 90 days before its now, not before this machine's
+    expect(Math.abs(result.deliveriesBefore.getTime() - (now - 90 * DAY))).toBeLessThan(60_000)
+    const warnings = logEntries()
+      .slice(logged)
+      .filter((entry) => String(entry.msg).startsWith("retention: this machine's clock is ahead of the database's"))
+    expect(warnings).toHaveLength(2)
+    expect(warnings[0]!.aheadS).toBeGreaterThan(400 * 86_400 - 60)
+    expect(warnings[0]!.aheadS).toBeLessThan(400 * 86_400 + 60)
+
+    // a clock behind the database's is this machine's own: it prunes later, and says nothing
+    const behind = { ...deps, clock: new FakeClock(now - 2 * DAY), logger }
+    await seedDeliveries(database.db, now, [{ id: 'd-091-again', ageDays: 91 }])
+    const late = await runPrunePass(behind, SETTINGS)
+    expect(late.counts.delivery).toBe(0)
+    expect(late.deliveriesBefore.getTime()).toBe(now - 92 * DAY)
+    expect(logEntries().slice(logged).filter((entry) => entry.level === 40)).toHaveLength(2)
+  })
+
   // the poller writes a run per cycle that claimed an order: about one per replica every POLL_INTERVAL_S on a
   // partner with open orders, which no pass deleted before
   it('deletes the poller\'s reconcile runs older than the delivery retention and keeps the young ones', async () => {
@@ -250,14 +285,14 @@ describe('a parked delivery whose body was pruned', () => {
 
   it('is applied when its order is created, from its stored columns', async () => {
     await sql`truncate webhook_deliveries, retention_progress, order_status_history, orders cascade`.execute(database.db)
-    const app = createApp({ config, db: database.db, logger: testLogger(config.webhook.secrets), clock: systemClock })
+    // received 40 days ago: the body goes at 30, the row stays (under 90, and parked)
+    const clock = new FakeClock(Date.now() - 40 * DAY)
+    const app = createApp({ config, db: database.db, logger: testLogger(config.webhook.secrets), clock })
     const parked = await sendWebhook(app, { body: tradePayload('parked-order-1', 'funded'), deliveryId: 'dlv-parked-1' })
     expect(parked.status).toBe(200)
     expect(await findDelivery(database.db, 'dlv-parked-1')).toMatchObject({ outcome: 'unmatched' })
 
-    // 40 days on: the body goes at 30, the row stays (under 90, and parked)
-    const clock = new FakeClock(Date.now() + 40 * DAY)
-    const result = await runPrunePass({ db: database.db, holdLock: database.holdLock, clock }, SETTINGS)
+    const result = await runPrunePass({ db: database.db, holdLock: database.holdLock, clock: systemClock }, SETTINGS)
     expect(result.counts).toMatchObject({ body: 1, delivery: 0 })
     expect(await findDelivery(database.db, 'dlv-parked-1')).toMatchObject({ outcome: 'unmatched', rawBody: null })
 

@@ -21,7 +21,7 @@
 // PGlite is one process with one connection: the lock is always granted. It also has no autovacuum, so a pass
 // there ends with a VACUUM (the database handle's vacuum): without it, what a pass deletes keeps its place on
 // disk and DATA_DIR grows with every delivery ever received.
-import type { Kysely } from 'kysely'
+import { type Kysely, sql } from 'kysely'
 import type { Clock } from '../clock.js'
 import type { Database } from '../db/database.js'
 import type { DatabaseHandle } from '../db/open-database.js'
@@ -37,6 +37,8 @@ import { countRunsBefore, deleteRunsBefore } from '../reconcile/reconcile-run.re
 import { findProgress, recordProgress } from './retention-progress.repository.js'
 
 const DAY_MS = 86_400_000
+/** How far this machine's clock may run ahead of the database's before a pass says so. */
+const CLOCK_AHEAD_WARN_MS = 60_000
 
 /** The advisory lock key of the pruning pass ("prun" in ASCII): one pass at a time across replicas. */
 export const PRUNE_LOCK_KEY = 0x7072756e
@@ -98,6 +100,24 @@ export function retentionCutoffs(settings: Pick<RetentionSettings, 'bodyDays' | 
 }
 
 /**
+ * The time a pass counts ages from: this machine's clock, or the database's where that is behind it. Deleting
+ * cannot be undone, so a replica whose clock ran ahead (a VM after a pause, a host without NTP) must not delete
+ * what is not yet old by the database's reckoning; a clock behind only prunes a little later.
+ */
+async function passNow(deps: Pick<PruneDeps, 'db' | 'clock' | 'logger'>): Promise<number> {
+  const local = deps.clock.now()
+  const { rows } = await sql<{ now: Date | string }>`select now() as now`.execute(deps.db)
+  const database = new Date(rows[0]!.now).getTime()
+  if (local - database > CLOCK_AHEAD_WARN_MS) {
+    deps.logger?.warn(
+      { aheadS: Math.round((local - database) / 1000) },
+      "retention: this machine's clock is ahead of the database's; the pass counts ages by the database's clock (check this machine's clock: NTP)",
+    )
+  }
+  return Math.min(local, database)
+}
+
+/**
  * One pruning pass. In a dry run it only counts what a pass would prune now (no lock, no change).
  * `signal` stops it between batches.
  */
@@ -109,7 +129,7 @@ export async function runPrunePass(
   if (!Number.isInteger(settings.batchSize) || settings.batchSize < 1) {
     throw new RangeError(`retention batch size must be a positive integer, not ${settings.batchSize}`)
   }
-  const cutoffs = retentionCutoffs(settings, deps.clock.now())
+  const cutoffs = retentionCutoffs(settings, await passNow(deps))
   const notRun = { ran: false, dryRun, counts: { body: 0, delivery: 0, reaction_job: 0, reconcile_run: 0 }, ...cutoffs, interrupted: false }
   if (dryRun) {
     // a dry run changes nothing, but says whether another replica holds the lock now (a pass stuck behind
