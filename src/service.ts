@@ -17,7 +17,7 @@ import type { CliContext } from './cli/cli-context.js'
 import { type Clock, systemClock } from './clock.js'
 import type { Config } from './config.js'
 import { type DatabaseHandle, embeddedDatabaseExists, openDatabase } from './db/open-database.js'
-import { pingDatabase } from './db/ping-database.js'
+import { databaseClockOffsetMs, pingDatabase } from './db/ping-database.js'
 import { prepareDatabase } from './db/prepare-database.js'
 import { checkStatementTimeout } from './db/statement-timeout.js'
 import { checkSessionDefaults } from './db/session-defaults.js'
@@ -155,6 +155,8 @@ export async function startService({
       ? createMetrics({
           poolStats: database.poolStats,
           databaseUp: () => pingDatabase(database.db),
+          // PGlite runs on this machine's own clock
+          ...(database.kind === 'postgres' ? { databaseClockOffset: () => databaseClockOffsetMs(database.db, clock) } : {}),
           ...(database.notificationsHeard ? { notificationsHeard: database.notificationsHeard } : {}),
           dueOrders: () => dueOrderStats(database.db, clock),
           parkedDeliveries: () => countParkedDeliveries(database.db, new Date(clock.now())),

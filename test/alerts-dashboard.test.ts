@@ -89,6 +89,7 @@ async function exportedNames(): Promise<Set<string>> {
     oldestDelivery: async () => new Date(0),
     dataDirStorage: { freeBytes: () => 1, minFreeBytes: 1 },
     notificationsHeard: () => true,
+    databaseClockOffset: async () => 2,
     pruneIntervalS: 3_600,
   })
   // a pass finished and a partner API answer was read: the gauges that wait for them have a sample
@@ -122,6 +123,7 @@ describe('alert rules and dashboard', () => {
     for (const name of [
       'orders_needing_attention',
       'partner_api_clock_offset_seconds',
+      'database_clock_offset_seconds',
       'reaction_jobs_pending',
       'reaction_oldest_pending_age_seconds',
       'reaction_latency_seconds_bucket',
@@ -147,6 +149,7 @@ describe('alert rules and dashboard', () => {
       'retention_interval_seconds',
       'orders_needing_attention',
       'partner_api_clock_offset_seconds',
+      'database_clock_offset_seconds',
     ]) {
       expect(used.has(name), `${name} is used`).toBe(true)
     }
@@ -183,6 +186,7 @@ describe('alert rules and dashboard', () => {
       'PartnerEscrowNotificationsNotHeard',
       'PartnerEscrowOrdersFlagged',
       'PartnerEscrowClockOffset',
+      'PartnerEscrowDatabaseClockOffset',
     ])
     for (const rule of rules) {
       expect(['critical', 'warning'], rule.alert).toContain(rule.labels?.severity)
@@ -205,7 +209,7 @@ describePromtool('promtool', () => {
     if (!promtool) throw new Error('promtool is required in CI: .ci/run installs Debian\'s prometheus package')
     const run = (...args: string[]) =>
       execFileSync(promtool, args, { cwd: 'deploy/prometheus', encoding: 'utf8', stdio: ['ignore', 'pipe', 'pipe'] })
-    expect(run('check', 'rules', 'alerts.yml')).toMatch(/SUCCESS: 16 rules found/)
+    expect(run('check', 'rules', 'alerts.yml')).toMatch(/SUCCESS: 17 rules found/)
     expect(run('check', 'config', 'prometheus.yml')).toMatch(/SUCCESS/)
     const output = run('test', 'rules', 'alerts.test.yml')
     expect(output).toMatch(/SUCCESS/)

@@ -1,5 +1,5 @@
 import request from 'supertest'
-import { describe, expect, it } from 'vitest'
+import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest'
 import type { Kysely } from 'kysely'
 import type { Database } from '../src/db/database.js'
 import { systemClock } from '../src/clock.js'
@@ -8,6 +8,7 @@ import { pingDatabase } from '../src/db/ping-database.js'
 import { createAdminApp } from '../src/http/admin-app.js'
 import { createApp } from '../src/http/app.js'
 import { createMetrics } from '../src/metrics/metrics.js'
+import { type RunningService, startService } from '../src/service.js'
 import { countOrdersNeedingAttention } from '../src/orders/order.repository.js'
 import { requeueOrders } from '../src/orders/poll-schedule.repository.js'
 import { createOrder } from './helpers/orders.js'
@@ -20,7 +21,7 @@ import { countingFetcher, insertOrders, platformError } from './helpers/reconcil
 import { testPoller } from './helpers/reconcile-poller.js'
 import { startTcpProxy } from './helpers/tcp-proxy.js'
 import { testConfig } from './helpers/test-config.js'
-import { createTestDatabase, describePostgres, useTestDatabase } from './helpers/test-database.js'
+import { createTestDatabase, describePostgres, type TestDatabase, useTestDatabase } from './helpers/test-database.js'
 import { sendWebhook, tradePayload } from './helpers/webhook-delivery.js'
 
 describe('GET /metrics, on the operator listener', () => {
@@ -203,6 +204,48 @@ describePostgres('GET /metrics while Postgres is cut off (Postgres)', () => {
       await proxy.close()
       await database.close()
     }
+  })
+})
+
+describe("database_clock_offset_seconds: the database's clock against this replica's", () => {
+  let service: RunningService | undefined
+  afterEach(async () => {
+    await service?.stop()
+    service = undefined
+  })
+  const scrapeOf = async (running: RunningService) => (await fetch(`${running.adminUrl}/metrics`)).text()
+
+  describePostgres('on Postgres (Postgres)', () => {
+    let database: TestDatabase
+    beforeAll(async () => {
+      database = await createTestDatabase({ kind: 'postgres' })
+    })
+    afterAll(async () => {
+      await database.close()
+    })
+
+    it('reads the offset at every scrape: negative when this replica runs ahead', async () => {
+      // this replica's clock 2 minutes ahead of the machine's, which the database shares
+      const ahead = new FakeClock(Date.now() + 120_000)
+      service = await startService({ config: testConfig({ PORT: '0', DATABASE_URL: database.url! }), logger: testLogger(), clock: ahead })
+      await service.ready
+      const offsetOf = (scrape: string) => Number(/^database_clock_offset_seconds (\S+)$/m.exec(scrape)?.[1])
+      const first = offsetOf(await scrapeOf(service))
+      // the fake clock stands still while real time goes on: each scrape reads the database's later time
+      expect(first).toBeLessThan(-100)
+      expect(first).toBeGreaterThan(-120.5)
+      await ahead.advance(60_000)
+      const second = offsetOf(await scrapeOf(service))
+      expect(second).toBeLessThan(first - 50)
+    })
+  })
+
+  it('has no sample on the embedded database, which runs on this machine\'s clock', async () => {
+    service = await startService({ config: testConfig({ PORT: '0', DATA_DIR: 'memory://' }), logger: testLogger(), clock: new FakeClock(Date.now() + 120_000) })
+    await service.ready
+    const scrape = await scrapeOf(service)
+    expect(scrape).toMatch(/^database_up 1$/m)
+    expectNoSample(scrape, ['database_clock_offset_seconds'])
   })
 })
 

@@ -1,4 +1,5 @@
 import { type Kysely, sql } from 'kysely'
+import type { Clock } from '../clock.js'
 import type { Database } from './database.js'
 import { errorCode, READ_ONLY } from './database-errors.js'
 
@@ -38,3 +39,15 @@ export async function pingDatabase(db: Kysely<Database>): Promise<DatabaseState>
 
 // sessions asked before the answer is read-only
 const READ_ONLY_LOOKS = 3
+
+/**
+ * How far the database's clock is ahead of `clock` (negative: behind), in ms: its clock_timestamp() against
+ * the midpoint of the query's round trip here, so off by at most half that round trip. Leases, retention and
+ * the received times compare this machine's clock with rows other replicas wrote by theirs.
+ */
+export async function databaseClockOffsetMs(db: Kysely<Database>, clock: Pick<Clock, 'now'>): Promise<number> {
+  const sent = clock.now()
+  const { rows } = await sql<{ now: Date | string }>`select clock_timestamp() as now`.execute(db)
+  const answered = clock.now()
+  return new Date(rows[0]!.now).getTime() - (sent + answered) / 2
+}

@@ -24,6 +24,8 @@ export const SCRAPE_READ_TIMEOUT_MS = 2_000
 export interface MetricsSources {
   /** Resolves when the database answers a trivial query (database_up), with whether it takes writes (database_read_only). */
   databaseUp?: () => Promise<DatabaseState>
+  /** How far the database's clock is ahead of this replica's, in ms (databaseClockOffsetMs); Postgres only. */
+  databaseClockOffset?: () => Promise<number>
   /** Orders due for a poll now, and how long the oldest has waited. */
   dueOrders?: () => Promise<{ ordersDue: number; oldestDueAgeS: number }>
   /** Orders flagged for an operator (orders.attention), counted by flag; a flag no order has may be left out. */
@@ -280,6 +282,17 @@ export function createMetrics(
     }, {
       name: 'database_read_only',
       help: '1 when the database takes no writes (a standby, a failover under way, default_transaction_read_only): webhooks are answered 503; no sample when it did not answer',
+      registers: [registry],
+    })
+  }
+  if (sources.databaseClockOffset) {
+    const read = tolerantRead(sources.databaseClockOffset, readTimeoutMs)
+    new OptionalGauge(async () => {
+      const offsetMs = await read()
+      return offsetMs === undefined ? undefined : Math.round(offsetMs) / 1000
+    }, {
+      name: 'database_clock_offset_seconds',
+      help: "Seconds the database's clock is ahead of this replica's (negative: behind), read at scrape time (its clock_timestamp() against the middle of the query's round trip here); leases, retention and received times compare clocks of several machines; Postgres only; no sample when the database did not answer",
       registers: [registry],
     })
   }

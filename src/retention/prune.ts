@@ -21,10 +21,11 @@
 // PGlite is one process with one connection: the lock is always granted. It also has no autovacuum, so a pass
 // there ends with a VACUUM (the database handle's vacuum): without it, what a pass deletes keeps its place on
 // disk and DATA_DIR grows with every delivery ever received.
-import { type Kysely, sql } from 'kysely'
+import type { Kysely } from 'kysely'
 import type { Clock } from '../clock.js'
 import type { Database } from '../db/database.js'
 import type { DatabaseHandle } from '../db/open-database.js'
+import { databaseClockOffsetMs } from '../db/ping-database.js'
 import type { Logger } from '../logger.js'
 import { countDoneJobsBefore, deleteDoneJobsBefore, deleteFirstAttemptsDoneBefore } from '../reactions/reaction-job.repository.js'
 import {
@@ -105,16 +106,14 @@ export function retentionCutoffs(settings: Pick<RetentionSettings, 'bodyDays' | 
  * what is not yet old by the database's reckoning; a clock behind only prunes a little later.
  */
 async function passNow(deps: Pick<PruneDeps, 'db' | 'clock' | 'logger'>): Promise<number> {
-  const local = deps.clock.now()
-  const { rows } = await sql<{ now: Date | string }>`select now() as now`.execute(deps.db)
-  const database = new Date(rows[0]!.now).getTime()
-  if (local - database > CLOCK_AHEAD_WARN_MS) {
+  const databaseAheadMs = await databaseClockOffsetMs(deps.db, deps.clock)
+  if (-databaseAheadMs > CLOCK_AHEAD_WARN_MS) {
     deps.logger?.warn(
-      { aheadS: Math.round((local - database) / 1000) },
+      { aheadS: Math.round(-databaseAheadMs / 1000) },
       "retention: this machine's clock is ahead of the database's; the pass counts ages by the database's clock (check this machine's clock: NTP)",
     )
   }
-  return Math.min(local, database)
+  return deps.clock.now() + Math.min(0, databaseAheadMs)
 }
 
 /**
