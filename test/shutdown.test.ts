@@ -16,16 +16,24 @@ describe('graceful shutdown', () => {
     const held = new Promise<void>((resolve) => {
       release = resolve
     })
+    let arrived!: () => void
+    const inHandler = new Promise<void>((resolve) => {
+      arrived = resolve
+    })
     app.get('/slow', async (_req, res) => {
+      arrived()
       await held
       res.json({ finished: true })
     })
     const running = await listen(app, { port: 0, host: '127.0.0.1' })
 
     const inFlight = fetch(`${running.url}/slow`)
-    await new Promise((resolve) => setTimeout(resolve, 50))
+    // in flight: the server is answering it (a fixed 50 ms was not always enough for it to arrive on a loaded
+    // machine, and a connection whose request had not arrived yet is idle, which stop closes at once)
+    await inHandler
     const stopped = running.stop(5_000)
-    await new Promise((resolve) => setTimeout(resolve, 50))
+    // stop has closed the listener before the request is let go (close() stops accepting synchronously)
+    await new Promise((resolve) => setImmediate(resolve))
     release()
 
     const response = await inFlight
