@@ -21,11 +21,12 @@ describePostgres('connections of their own over a silent path (Postgres)', () =>
   })
 
   const heldElsewhere = async () => {
-    const other = new pg.Client({ connectionString: postgresUrl })
+    // a session of the same schema: holdLock's lock is (key, the schema's hash)
+    const other = new pg.Client({ connectionString: database.url })
     await other.connect()
     try {
-      const { rows } = await other.query<{ locked: boolean }>('select pg_try_advisory_lock($1::bigint) as locked', [KEY])
-      if (rows[0]?.locked) await other.query('select pg_advisory_unlock($1::bigint)', [KEY])
+      const { rows } = await other.query<{ locked: boolean }>('select pg_try_advisory_lock($1::int, hashtext(current_schema())) as locked', [KEY])
+      if (rows[0]?.locked) await other.query('select pg_advisory_unlock($1::int, hashtext(current_schema()))', [KEY])
       return rows[0]?.locked !== true
     } finally {
       await other.end()

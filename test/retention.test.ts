@@ -479,6 +479,27 @@ describePostgres('retention on several replicas (Postgres)', () => {
     }
   })
 
+  // advisory locks are the whole database's: a service of another schema in it (a shared database, or another
+  // test file's on Postgres) holding its prune lock made every pass here do nothing (`ran: false`) meanwhile
+  it('prunes while a service in another schema of the same database holds its own prune lock', async () => {
+    await sql`truncate webhook_deliveries, reaction_jobs, retention_progress`.execute(database.db)
+    const clock = new FakeClock(Date.parse('2026-06-01T00:00:00Z'))
+    await seedDeliveries(database.db, clock.now(), [{ id: 'd-100', ageDays: 100 }])
+    const neighbour = await createTestDatabase({ migrate: false })
+    try {
+      const release = await neighbour.holdLock(PRUNE_LOCK_KEY)
+      expect(release).toBeDefined()
+      try {
+        const result = await runPrunePass({ db: database.db, holdLock: database.holdLock, clock }, SETTINGS)
+        expect(result).toMatchObject({ ran: true, counts: { delivery: 1 } })
+      } finally {
+        await release!()
+      }
+    } finally {
+      await neighbour.close()
+    }
+  })
+
   it('gives the lock back when a pass fails', async () => {
     const clock = new FakeClock()
     const failing = { db: database.db, holdLock: database.holdLock, clock }
@@ -494,7 +515,7 @@ describePostgres('retention on several replicas (Postgres)', () => {
     try {
       const held = await client.query(
         `select count(*)::int as held from pg_locks
-         where locktype = 'advisory' and objid = $1 and database = (select oid from pg_database where datname = current_database())`,
+         where locktype = 'advisory' and classid = $1 and objsubid = 2 and database = (select oid from pg_database where datname = current_database())`,
         [PRUNE_LOCK_KEY],
       )
       expect(held.rows[0].held).toBe(0)

@@ -66,8 +66,9 @@ export interface DatabaseHandle {
    * outside the pool, open until the returned release is called: resolves to that release, or to undefined when
    * another session holds the lock. The open transaction keeps one server session behind a pooler in transaction
    * mode, where a session's lock taken and given back as two statements stayed with a pooled session. The
-   * connection's end gives the lock back too (a crash, a terminated backend). PGlite: always granted, nothing
-   * else can open its data directory.
+   * connection's end gives the lock back too (a crash, a terminated backend). Postgres: the lock is the pair
+   * (`key`, hashtext(current_schema())), so a service in another schema of the same database never holds this
+   * one's; `key` fits a 32-bit integer. PGlite: always granted, nothing else can open its data directory.
    */
   holdLock(key: number): Promise<(() => Promise<void>) | undefined>
   /**
@@ -471,7 +472,12 @@ async function holdLockOnPostgres(
     // idle_in_transaction_session_timeout of the role or the database ended the session, and with it the lock,
     // in the middle of the pass, and another replica's pass could start beside it
     await client.query('set local idle_in_transaction_session_timeout = 0')
-    const { rows } = await client.query<{ locked: boolean }>('select pg_try_advisory_xact_lock($1::bigint) as locked', [key])
+    // the lock of this schema's service: advisory locks are the whole database's, and a service in another schema
+    // beside ours (a shared database, README) that held `key` alone made every pass here do nothing meanwhile
+    const { rows } = await client.query<{ locked: boolean }>(
+      'select pg_try_advisory_xact_lock($1::int, hashtext(current_schema())) as locked',
+      [key],
+    )
     if (rows[0]?.locked !== true) {
       await client.end()
       return undefined
