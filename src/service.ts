@@ -18,6 +18,7 @@ import { type Clock, systemClock } from './clock.js'
 import type { Config } from './config.js'
 import { type DatabaseHandle, embeddedDatabaseExists, openDatabase } from './db/open-database.js'
 import { databaseClockOffsetMs, pingDatabase } from './db/ping-database.js'
+import { reactionChannel } from './db/reaction-channel.js'
 import { prepareDatabase } from './db/prepare-database.js'
 import { checkStatementTimeout } from './db/statement-timeout.js'
 import { checkSessionDefaults } from './db/session-defaults.js'
@@ -37,7 +38,7 @@ import { observationSettings } from './orders/observations.js'
 import { countOrdersNeedingAttention } from './orders/order.repository.js'
 import { createPartnerApiClient } from './partner-api/create-partner-api-client.js'
 import { configuredReactions } from './reactions/configured-reactions.js'
-import { createDispatcher, type Dispatcher, REACTION_CHANNEL } from './reactions/dispatcher.js'
+import { createDispatcher, type Dispatcher } from './reactions/dispatcher.js'
 import { DEFAULT_DISPATCHER_SETTINGS } from './reactions/dispatcher-settings.js'
 import type { ReactionRegistry } from './reactions/reaction-registry.js'
 import { reactionJobStats } from './reactions/reaction-job.repository.js'
@@ -190,7 +191,7 @@ export async function startService({
     let dispatcher: Dispatcher | undefined
     const notifyToken = randomUUID()
     const notifyOtherReplicas = createDispatcherNotifier(database.db, notifyToken)
-    const otherReplicas = watchOtherListeners(database, REACTION_CHANNEL, logger)
+    const otherReplicas = watchOtherListeners(database, logger)
     stops.push({ name: 'replica watch', stop: otherReplicas.stop })
     const onJobsEnqueued = () => {
       // its own commit brought events: the streams read them (no job row became due, so the job loop sleeps on)
@@ -404,15 +405,14 @@ const LISTENER_LOOK_INTERVAL_MS = 5_000
  * Whether another process listens on `channel`, looked up every few seconds. Until the first answer, and
  * whenever a look fails, the answer is yes: a NOTIFY too many costs a statement, one too few a replica's wake.
  */
-function watchOtherListeners(
-  database: DatabaseHandle,
-  channel: string,
-  logger: Logger,
-): { present(): boolean; stop(): void } {
+function watchOtherListeners(database: DatabaseHandle, logger: Logger): { present(): boolean; stop(): void } {
   let present = true
   let failing = false
+  // this schema's channel, asked of the database once it answers
+  let channel: string | undefined
+  const others = async () => database.otherListeners((channel ??= await reactionChannel(database.db)))
   const look = () => {
-    database.otherListeners(channel).then(
+    others().then(
       (sessions) => {
         // undefined: it cannot tell
         present = sessions === undefined || sessions > 0

@@ -19,6 +19,7 @@ import { untilEventsReadable } from './helpers/reaction-jobs.js'
 import { testPoller } from './helpers/reconcile-poller.js'
 import { testConfig } from './helpers/test-config.js'
 import { createTestDatabase, type TestDatabase } from './helpers/test-database.js'
+import { reactionChannel } from '../src/db/reaction-channel.js'
 import { sendWebhook, tradePayload } from './helpers/webhook-delivery.js'
 
 const config = testConfig()
@@ -195,7 +196,7 @@ describe('the reaction outbox', () => {
 
   it('notifies listeners on commit when a handler takes the event, and not when none does', async () => {
     let notified = 0
-    const unlisten = await database.listen('reaction_jobs', () => notified++)
+    const unlisten = await database.listen(await reactionChannel(database.db), () => notified++)
     try {
       const settle = async () => {
         // a Postgres notification travels on another connection: give it a generous bound

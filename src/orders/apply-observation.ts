@@ -30,6 +30,7 @@
 import { type Kysely, type RawBuilder, sql, type Transaction } from 'kysely'
 import type { Database } from '../db/database.js'
 import { PREPARED } from '../db/open-database.js'
+import { reactionChannelSql } from '../db/reaction-channel.js'
 import type { ObservationSource } from './order.js'
 import { isTerminalStatus, statusRank } from './trade-status.js'
 
@@ -168,7 +169,7 @@ export function createDispatcherNotifier(db: Executor, payload = ''): () => void
     void (async () => {
       do {
         again = false
-        await sql`${sql.raw(PREPARED)} select pg_notify('reaction_jobs', ${payload})`.execute(db).catch(() => {})
+        await sql`${sql.raw(PREPARED)} select pg_notify(${reactionChannelSql}, ${payload})`.execute(db).catch(() => {})
       } while (again)
       sending = false
     })()
@@ -411,7 +412,7 @@ function observationStatement(
     ),
     -- delivered on commit, once per transaction however many rows; a select CTE runs only when used
     notified as (
-      select pg_notify('reaction_jobs', '') from (select 1 from jobs limit 1) j
+      select pg_notify(${reactionChannelSql}, '') from (select 1 from jobs limit 1) j
     )`
         : sql``
     }

@@ -27,6 +27,7 @@ import { anySignal } from 'any-signal'
 import type { Kysely } from 'kysely'
 import type { Clock } from '../clock.js'
 import type { Database } from '../db/database.js'
+import { reactionChannel } from '../db/reaction-channel.js'
 import type { Logger } from '../logger.js'
 import { backoffDelayS } from '../reconcile/backoff-delay.js'
 import {
@@ -44,8 +45,6 @@ import { ensureReactionStreams } from './reaction-stream.repository.js'
 import type { AttemptResult, DispatcherSettings } from './dispatcher-settings.js'
 import { createSlots } from './handler-slots.js'
 import { createStreamWorker, type StreamWorker } from './stream-worker.js'
-
-export const REACTION_CHANNEL = 'reaction_jobs'
 
 // Under load one claim takes up to this many times REACTION_CONCURRENCY jobs (less those it holds): the
 // jobs beyond the free slots wait here, in claim order, and start as handlers return. Fewer, bigger claims
@@ -526,7 +525,7 @@ export function createDispatcher(deps: DispatcherDeps): Dispatcher {
       setMaxListeners(0, stopping.signal)
       if (deps.listen) {
         try {
-          unlisten = await deps.listen(REACTION_CHANNEL, wake)
+          unlisten = await deps.listen(await reactionChannel(db), wake)
         } catch (error) {
           logger.warn({ err: error }, 'cannot listen for reaction notifications; looking on timers only')
         }

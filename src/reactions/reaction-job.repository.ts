@@ -17,6 +17,7 @@
 import { type Kysely, sql } from 'kysely'
 import type { Database } from '../db/database.js'
 import { PREPARED } from '../db/open-database.js'
+import { reactionChannelSql } from '../db/reaction-channel.js'
 import type { ReactionEvent } from './reaction-event.js'
 import { reactionStreamBacklog } from './reaction-stream.repository.js'
 
@@ -549,7 +550,7 @@ export async function skipJob(db: Kysely<Database>, id: string, now: Date): Prom
 
 /** Wakes every replica's dispatcher (as the observation statement does when it writes an event a handler takes). */
 async function notifyDispatchers(db: Kysely<Database>): Promise<void> {
-  await sql`select pg_notify('reaction_jobs', '')`.execute(db)
+  await sql`select pg_notify(${reactionChannelSql}, '')`.execute(db)
 }
 
 async function refusal(db: Kysely<Database>, id: string): Promise<{ result: OperatorResult; state?: ReactionJobState }> {
