@@ -70,9 +70,10 @@ export async function pacedLoad(
   }
 
   await new Promise<void>((resolve) => {
-    // every millisecond (as near as the timer gets), every request that has fallen due since
+    // every millisecond (as near as the timer gets), every request that has fallen due since: request n is due
+    // at n / rate seconds, so by then n + 1 are due (request 0 at the start)
     const tick = setInterval(() => {
-      const due = Math.min(total, Math.floor(((performance.now() - start) * rate) / 1000))
+      const due = Math.min(total, Math.floor(((performance.now() - start) * rate) / 1000) + 1)
       for (; sent < due; sent++) send(sent, start + (sent * 1000) / rate)
       if (sent === total) {
         clearInterval(tick)
