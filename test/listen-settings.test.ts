@@ -120,6 +120,24 @@ describe('a listener that cannot open', () => {
     })
   })
 
+  it('refuses a `sandbox --port` or `demo --console-port` that is no port with exit 2, before anything starts', async () => {
+    for (const args of [['sandbox', '--port', '99999'], ['demo', '--console', '--console-port', '65536'], ['demo', '--console-port', 'abc']]) {
+      const result = await runCli(args, { DATA_DIR: migratedDataDir('listen-') }, { built: true })
+      expect({ code: result.code, stdout: result.stdout }, args.join(' ')).toEqual({ code: 2, stdout: '' })
+      expect(result.stderr).toContain(`argument '${args.at(-1)}' is invalid. must be a port from 0 to 65535 (0: a free one)`)
+    }
+  })
+
+  it('names --console-port when the demo’s console port is held by another process, before the demo runs', async () => {
+    const busy = await takePort()
+    const result = await runCli(['demo', '--trades', '1', '--console', '--console-port', String(busy)], {}, { built: true })
+    expect({ code: result.code, stdout: result.stdout, stderr: result.stderr }).toEqual({
+      code: 1,
+      stdout: '',
+      stderr: `--console-port=${busy}: another process already listens on 127.0.0.1:${busy}; stop it, or set --console-port to a free port\n`,
+    })
+  })
+
   it('names SANDBOX_HOST or --host, as it was given, when `sandbox`’s host is no address of this machine', async () => {
     const port = String(await freePort())
     const fromEnvironment = await runCli(['sandbox'], { DATA_DIR: migratedDataDir('listen-'), SANDBOX_PORT: port, SANDBOX_HOST: '192.0.2.1' }, { built: true })

@@ -24,6 +24,12 @@ function wholeNumberUpTo(max: number): (value: string) => number {
 
 export const listLimit = wholeNumberUpTo(MAX_LIST_LIMIT)
 
+/** A port to listen on, 0 (a free one) to 65535: Node's own refusal of another came only when it listened. */
+export function portNumber(value: string): number {
+  if (!/^\d{1,5}$/.test(value) || Number(value) > 65_535) throw new InvalidArgumentError('must be a port from 0 to 65535 (0: a free one)')
+  return Number(value)
+}
+
 /**
  * The most trades one demo runs: the demo holds every trade's plan, order and report row, and the sandbox every
  * trade and webhook, in memory (the database too is in memory). 50 take about 15 s; 1,000 about 5 minutes.

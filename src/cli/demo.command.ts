@@ -1,6 +1,6 @@
 import type { Command } from 'commander'
 import { untilStopSignal } from '../stop-signals.js'
-import { demoTrades, MAX_DEMO_TRADES, positiveInteger } from './cli-arguments.js'
+import { demoTrades, MAX_DEMO_TRADES, portNumber, positiveInteger } from './cli-arguments.js'
 import { setExitCode, write } from './cli-context.js'
 
 export function registerDemoCommand(program: Command): void {
@@ -12,13 +12,18 @@ export function registerDemoCommand(program: Command): void {
     .option('--json', 'print the report as JSON')
     .option('--console', 'afterwards, keep the operator console open on what the run left (the default on a terminal)')
     .option('--no-console', 'end as soon as the report is printed (the default when piped)')
-    .option('--console-port <n>', 'the console\'s port (default: a free one)', positiveInteger)
+    .option('--console-port <n>', 'the console\'s port (default: a free one)', portNumber)
     .action(async (options: { trades: number; seed: number; json?: boolean; console?: boolean; consolePort?: number }) => {
       const out = options.json ? process.stderr : process.stdout
+      const keepConsole = options.console ?? (process.stdout.isTTY === true && !options.json)
+      // a console port another process holds is said now, not after the whole run
+      if (keepConsole && options.consolePort) {
+        const { probeListenTargets } = await import('../probe-listen-targets.js')
+        await probeListenTargets([{ portSetting: '--console-port', hostSetting: 'the console host', port: options.consolePort, host: '127.0.0.1' }])
+      }
       // at once, before the demo's modules load (seconds under tsx)
       out.write(`demo: starting ${options.trades} trades…\n`)
       const { formatDemoReport, runDemo } = await import('../demo/run-demo.js')
-      const keepConsole = options.console ?? (process.stdout.isTTY === true && !options.json)
       const report = await runDemo({
         trades: options.trades,
         seed: options.seed,

@@ -3,6 +3,7 @@
 import { type Command, InvalidArgumentError, Option } from 'commander'
 import type { Faults } from '../sandbox/webhook-dispatcher.js'
 import { untilStopSignal } from '../stop-signals.js'
+import { portNumber } from './cli-arguments.js'
 import { cliLogger, UsageError, write } from './cli-context.js'
 import { describeListenError } from '../listen-error.js'
 
@@ -38,7 +39,7 @@ export function registerSandboxCommand(program: Command): void {
   program
     .command('sandbox')
     .description('run the platform simulator: signed partner API and webhooks with retries and faults')
-    .addOption(option('--port <port>', 'port to listen on (default: SANDBOX_PORT, 4010)', 'SANDBOX_PORT').argParser(count))
+    .addOption(option('--port <port>', 'port to listen on (default: SANDBOX_PORT, 4010)', 'SANDBOX_PORT').argParser(portNumber))
     .addOption(option('--host <host>', 'interface to bind', 'SANDBOX_HOST').default('127.0.0.1'))
     .addOption(option('--webhook-url <url>', 'where webhooks go (default: this service’s receiver)', 'SANDBOX_WEBHOOK_URL'))
     .addOption(option('--webhook-secret <secret>', 'webhook signing secret (default: the first WEBHOOK_SECRETS)', 'SANDBOX_WEBHOOK_SECRET'))

@@ -253,7 +253,8 @@ export async function runDemo({
     consoleServer = await listen(
       // on the real clock (the times it shows); a retried job is due at once for the dispatcher, which runs ahead
       createAdminApp({ config, db: database.db, logger: log, clock, reactions, reconcileOnce: () => poller.runOnce() }),
-      { port: consolePort, host: '127.0.0.1' },
+      // the demo command's option, named when the port is taken
+      { port: consolePort, host: '127.0.0.1', settings: { port: '--console-port', host: 'the console host' } },
     )
     const port = (consoleServer.server.address() as AddressInfo).port
     kept = true
