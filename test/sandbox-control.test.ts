@@ -144,6 +144,26 @@ describe('sandbox control endpoints', () => {
     expect(fine.status).toBe(202)
   })
 
+  it('reads a body as JSON whatever its Content-Type: `curl -d` sends a form\'s, and its settings were ignored with a 200', async () => {
+    const post = (pathname: string, payload: string, contentType?: string) =>
+      fetch(new URL(pathname, base), {
+        method: 'POST',
+        headers: { ...(contentType ? { 'content-type': contentType } : {}), authorization: `Bearer ${controlToken}` },
+        body: payload,
+      }).then(async (response) => ({ status: response.status, body: (await response.json()) as Record<string, unknown> & { error?: { code: string } } }))
+    const before = (await control(base, 'POST', '/sandbox/faults', { token: controlToken, body: {} })).body
+    for (const contentType of ['application/x-www-form-urlencoded', 'text/plain', undefined]) {
+      const applied = await post('/sandbox/faults', `{"delayMs":${before.delayMs as number + 25}}`, contentType)
+      expect([applied.status, applied.body.delayMs], String(contentType)).toEqual([200, (before.delayMs as number) + 25])
+      await post('/sandbox/faults', `{"delayMs":${before.delayMs as number}}`, contentType)
+      const unreadable = await post('/sandbox/faults', 'dropRate=1', contentType)
+      expect([unreadable.status, unreadable.body.error?.code], String(contentType)).toEqual([400, 'invalid_json'])
+    }
+    expect((await control(base, 'POST', '/sandbox/faults', { token: controlToken, body: {} })).body).toEqual(before)
+    const down = await post('/sandbox/receiver-down', '{"down":false}', 'application/x-www-form-urlencoded')
+    expect([down.status, down.body.down]).toEqual([200, false])
+  })
+
   it('refuses every call when no control token is configured', async () => {
     const response = await control(unguardedBase, 'GET', '/sandbox/trades', { token: 'anything' })
     expect(response.status).toBe(401)
