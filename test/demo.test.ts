@@ -64,6 +64,17 @@ describe('the demo', () => {
     expect(result.stdout).toContain('Every order matches the platform.')
     expect(result.stdout).toMatch(/^forwarder: (\d+) of \1 transitions received, signature verified, once each by webhook-id \(\d+ requests, \d+ repeats, 0 refused\)$/m)
   }, 180_000)
+
+  it('prints with --json the report alone on stdout, one JSON document: progress and log lines go to stderr', async () => {
+    const result = await runCli(['demo', '--trades', '5', '--json'], {})
+    expect(result.code, result.stderr).toBe(0)
+    const report = JSON.parse(result.stdout) as { mismatches: unknown[]; leftForOperator: { failedReactions: number } }
+    expect(report.mismatches).toEqual([])
+    // the disputed trade's notify-seller job ends failed, which is logged as an error
+    expect(report.leftForOperator.failedReactions).toBe(1)
+    expect(result.stderr).toContain('"msg":"reaction handler failed for the last time')
+    expect(result.stderr.split('\n')[0]).toBe('demo: starting 5 trades…')
+  }, 180_000)
 })
 
 /**

@@ -115,7 +115,14 @@ export async function runDemo({
   const forwardKey = randomBytes(32).toString('base64')
   const forwardSecret = `whsec_${forwardKey}`
   const adminToken = randomBytes(24).toString('hex')
-  const log = logger ?? createLogger({ level: 'error', secrets: [SECRETS.apiSecret, SECRETS.webhookSecret, forwardKey, adminToken] })
+  // the log lines go where the progress lines go: with --json, stdout holds the report alone
+  const log =
+    logger ??
+    createLogger({
+      level: 'error',
+      secrets: [SECRETS.apiSecret, SECRETS.webhookSecret, forwardKey, adminToken],
+      ...(out === process.stdout ? {} : { destination: out }),
+    })
   const config = parseConfig({
     PARTNER_API_BASE_URL: 'http://127.0.0.1:1',
     PARTNER_API_KEY_ID: SECRETS.keyId,
