@@ -464,6 +464,24 @@ describe('operator console', () => {
     expect(cursor.status).toBe(400)
   })
 
+  it('answers a time no column can hold (year 0, past 9999, before year 1) with 400 naming the field, without the database', async () => {
+    for (const [path, query, field] of [
+      ['/console/deliveries', { from: '0000-01-01T00:00' }, 'from: '],
+      ['/console/deliveries', { from: '+275760-09-13T00:00:00.000Z' }, 'from: '],
+      ['/console/deliveries', { to: '+010000-01-01T00:00:00Z' }, 'to: '],
+      ['/console/deliveries', { to: '-000001-01-01T00:00:00Z' }, 'to: '],
+      ['/console/deliveries/reapply', { from: '0000-06-01T00:00' }, 'from: '],
+    ] as const) {
+      const response = await bearer(request(admin).get(path).query(query))
+      expect(response.status, JSON.stringify(query)).toBe(400)
+      expect(response.type, JSON.stringify(query)).toBe('text/html')
+      expect(response.text, JSON.stringify(query)).toContain(field)
+      expect(response.text, JSON.stringify(query)).toContain('years 1 to 9999')
+    }
+    // the bounds themselves are times
+    expect((await bearer(request(admin).get('/console/deliveries').query({ from: '0001-01-01T00:00', to: '9999-12-31T23:59' }))).status).toBe(200)
+  })
+
   it('answers an id no row can have with 404, and a page cursor or search text no row can match with 400 naming the field', async () => {
     // orders.id is an integer and reaction_jobs.id a bigint; Postgres text holds no NUL
     for (const path of ['/console/orders/2147483648', '/console/reactions/9223372036854775808', '/console/reactions/9999999999999999999/retry', `/console/deliveries/a%00b/${'0'.repeat(64)}`]) {

@@ -124,6 +124,13 @@ const instant = text.transform((value, context) => {
     context.addIssue({ code: 'custom', message: `"${value}" is not a time such as 2026-11-23T03:00Z` })
     return z.NEVER
   }
+  // the database reads no year 0 and no year written with a sign (toISOString's form past 9999 and before 1):
+  // such a time came back as its refusal, a JSON invalid_payload that named no field
+  const year = date.getUTCFullYear()
+  if (year < 1 || year > 9999) {
+    context.addIssue({ code: 'custom', message: `"${value}" is outside years 1 to 9999` })
+    return z.NEVER
+  }
   return date
 })
 
