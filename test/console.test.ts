@@ -235,6 +235,42 @@ describe('operator console', () => {
     expect(shallowPage.text).toContain('\n  &quot;trade_id&quot;: &quot;trd_shallow-body&quot;,\n')
   })
 
+  it('re-indents a body without changing what it says: a repeated key, a number past a double, an escape stay as sent', async () => {
+    // JSON.parse and stringify kept the last of two keys, rounded 12345678901234567890, made 1e400 null and 1.50 1.5
+    const raw =
+      '{"trade_id":"trd_faithful","status":"funded","status":"released","external_reference":"faithful-body",' +
+      '"amount":12345678901234567890,"huge":1e400,"price":1.50,"name":"caf\\u00e9","empty":{},"list":[ ],"nested":{"a":[1,{"b":null}]}}'
+    expect((await sendWebhook(app, { body: raw, deliveryId: 'dlv-faithful-body' })).status).toBe(200)
+    const stored = await findDelivery(database.db, 'dlv-faithful-body')
+    const page = await bearer(request(admin).get(`/console/deliveries/dlv-faithful-body/${stored!.bodySha256}`))
+    expect(page.status).toBe(200)
+    const shown = /<pre class="body">([\s\S]*?)<\/pre>/.exec(page.text)![1]!.replace(/&quot;/g, '"')
+    expect(shown).toBe(
+      [
+        '{',
+        '  "trade_id": "trd_faithful",',
+        '  "status": "funded",',
+        '  "status": "released",',
+        '  "external_reference": "faithful-body",',
+        '  "amount": 12345678901234567890,',
+        '  "huge": 1e400,',
+        '  "price": 1.50,',
+        '  "name": "caf\\u00e9",',
+        '  "empty": {},',
+        '  "list": [],',
+        '  "nested": {',
+        '    "a": [',
+        '      1,',
+        '      {',
+        '        "b": null',
+        '      }',
+        '    ]',
+        '  }',
+        '}',
+      ].join('\n'),
+    )
+  })
+
   it('opens, and re-applies, a delivery whose id is a dot segment (`.`, `..`) through the links a browser follows', async () => {
     // a browser resolves the href against the page's URL as the WHATWG URL spec says (Node's URL does the same):
     // a dot segment in the path is removed, even percent-encoded

@@ -329,21 +329,69 @@ ${next ? html`<p><a rel="next" href="${consolePath()}/deliveries?${queryString([
  */
 const PRETTY_MAX_DEPTH = 16
 
-/** Whether a parsed JSON value holds objects or arrays more than `depth` deep (looking no deeper). */
-function nestsDeeperThan(value: unknown, depth: number): boolean {
-  if (value === null || typeof value !== 'object') return false
-  if (depth === 0) return true
-  return Object.values(value).some((child) => nestsDeeperThan(child, depth - 1))
+const JSON_WHITESPACE = ' \t\n\r'
+// where a number, true, false or null ends
+const JSON_DELIMITERS = '{}[],:"' + JSON_WHITESPACE
+
+/**
+ * Valid JSON text laid out as JSON.stringify(value, null, 2) would, token for token as sent: JSON.parse and
+ * JSON.stringify showed a body other than the one received (of two equal keys only the last, 12345678901234567890
+ * rounded to 12345678901234567000, 1e400 as null, 1.50 as 1.5, `\u00e9` decoded). Undefined when objects or
+ * arrays nest deeper than `maxDepth`.
+ */
+function reindentedJson(text: string, maxDepth: number): string | undefined {
+  let out = ''
+  let depth = 0
+  const newline = () => `\n${'  '.repeat(depth)}`
+  for (let i = 0; i < text.length; ) {
+    const c = text[i]!
+    if (c === '"') {
+      let end = i + 1
+      while (text[end] !== '"') end += text[end] === '\\' ? 2 : 1
+      out += text.slice(i, end + 1)
+      i = end + 1
+    } else if (JSON_WHITESPACE.includes(c)) {
+      i++
+    } else if (c === '{' || c === '[') {
+      if (++depth > maxDepth) return undefined
+      let next = i + 1
+      while (JSON_WHITESPACE.includes(text[next]!)) next++
+      if (text[next] === (c === '{' ? '}' : ']')) {
+        depth--
+        out += `${c}${text[next]}`
+        i = next + 1
+      } else {
+        out += c + newline()
+        i++
+      }
+    } else if (c === '}' || c === ']') {
+      depth--
+      out += newline() + c
+      i++
+    } else if (c === ',') {
+      out += `,${newline()}`
+      i++
+    } else if (c === ':') {
+      out += ': '
+      i++
+    } else {
+      let end = i + 1
+      while (end < text.length && !JSON_DELIMITERS.includes(text[end]!)) end++
+      out += text.slice(i, end)
+      i = end
+    }
+  }
+  return out
 }
 
-/** A body shown as text: JSON re-indented (a view only; the stored bytes are untouched). */
+/** A body shown as text: JSON re-indented (a view only; the stored bytes are untouched), anything else as sent. */
 function prettyBody(rawBody: string): string {
   try {
-    const value: unknown = JSON.parse(rawBody)
-    return nestsDeeperThan(value, PRETTY_MAX_DEPTH) ? rawBody : JSON.stringify(value, null, 2)
+    JSON.parse(rawBody)
   } catch {
     return rawBody
   }
+  return reindentedJson(rawBody, PRETTY_MAX_DEPTH) ?? rawBody
 }
 
 export function deliveryPage(
