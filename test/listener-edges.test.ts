@@ -161,6 +161,34 @@ describe('the compiled service before its application answers', () => {
     })
   })
 
+  describe('what Node answered with an empty body', () => {
+    const errorOf = (answer: ReturnType<typeof finalAnswer>) => {
+      expect(answer.headers['content-type']).toMatch(/^application\/json/)
+      expect(answer.headers.connection).toBe('close')
+      return JSON.parse(answer.body) as unknown
+    }
+
+    it.each([
+      ['the webhook', () => port, 'POST /webhooks/partner'],
+      ['the operator listener', () => adminPort, 'GET /metrics'],
+    ])('answers an HTTP/1.1 request without Host on %s 400 invalid_payload in the error shape', async (_listener, listener, line) => {
+      const answer = finalAnswer(await exchange(listener(), `${line} HTTP/1.1\r\nContent-Length: 2\r\nConnection: close\r\n\r\n{}`))
+      expect(answer.status).toBe(400)
+      expect(errorOf(answer)).toEqual({ error: { code: 'invalid_payload', message: expect.stringContaining('Host') } })
+      // HTTP/1.0 has no Host to require
+      const old = finalAnswer(await exchange(port, 'GET /healthz HTTP/1.0\r\n\r\n'))
+      expect(old.status).toBe(200)
+    })
+
+    it('answers an expectation other than 100-continue 417 expectation_failed in the error shape', async () => {
+      const answer = finalAnswer(
+        await exchange(port, webhookHead(port, { 'Content-Length': 2, 'X-Partner-Signature': WELL_FORMED_SIGNATURE, Expect: 'something-else', Connection: 'close' })),
+      )
+      expect(answer.status).toBe(417)
+      expect(errorOf(answer)).toEqual({ error: { code: 'expectation_failed', message: expect.stringContaining('100-continue') } })
+    })
+  })
+
   it('writes nothing of a malformed request target to stderr, on either listener', async () => {
     for (const target of ['http://[::1/webhooks/partner', 'http://evil:x-secret-text/webhooks/partner']) {
       for (const listener of [port, adminPort]) {

@@ -5,6 +5,7 @@ export type ErrorCode =
   | 'payload_too_large'
   | 'invalid_payload'
   | 'unsupported_media_type'
+  | 'expectation_failed'
   | 'database_unavailable'
   | 'overloaded'
   | 'storage_low'

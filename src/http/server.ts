@@ -47,6 +47,7 @@ export async function listen(
     settings?: { port: string; host: string }
   },
 ): Promise<RunningServer> {
+  const listener = requiringHost(app)
   const server = http.createServer(
     {
       headersTimeout: timeouts.headersTimeoutMs,
@@ -55,11 +56,17 @@ export async function listen(
       // Node enforces the two timeouts above on this interval (30 s by default): check often enough
       // that a client trickling bytes is cut off close to its deadline
       connectionsCheckingInterval: Math.max(100, Math.min(1_000, timeouts.headersTimeoutMs / 2)),
+      // checked by requiringHost instead, which answers in the error shape (Node's answer is an empty 400)
+      requireHostHeader: false,
     },
-    app,
+    listener,
   )
   // a request with `Expect: 100-continue` reaches the app unanswered: it says continue when it reads the body
-  server.on('checkContinue', checkContinue(app))
+  server.on('checkContinue', checkContinue(listener))
+  // any other expectation (Node's answer is an empty 417)
+  server.on('checkExpectation', (_req: http.IncomingMessage, res: http.ServerResponse) =>
+    refuseUnread(res, 417, 'expectation_failed', 'Expect: only 100-continue is understood'),
+  )
   server.on('clientError', answerClientError)
   if (maxConnections !== undefined) server.maxConnections = maxConnections
   if (onConnectionDropped) server.on('drop', onConnectionDropped)
@@ -82,6 +89,24 @@ export async function listen(
       clearTimeout(timer)
     },
   }
+}
+
+// An HTTP/1.1 request must name its Host (RFC 9112 3.2); Node's own check answered an empty 400, with no code.
+function requiringHost(app: http.RequestListener): http.RequestListener {
+  return (req, res) => {
+    if (req.httpVersion === '1.1' && req.headers.host === undefined) {
+      refuseUnread(res, 400, 'invalid_payload', 'An HTTP/1.1 request needs a Host header')
+      return
+    }
+    app(req, res)
+  }
+}
+
+/** An answer in the error shape before the body is read: the connection is closed rather than the body read. */
+function refuseUnread(res: http.ServerResponse, status: number, code: ErrorCode, message: string): void {
+  const body = JSON.stringify(errorBody(code, message))
+  res.writeHead(status, { 'Content-Type': 'application/json; charset=utf-8', 'Content-Length': Buffer.byteLength(body), Connection: 'close' })
+  res.end(body)
 }
 
 // Requests Node's parser refuses before the app sees them (headers over 16 KB, malformed HTTP, a client
