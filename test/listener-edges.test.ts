@@ -3,6 +3,7 @@
 // service then refused), a request target Express cannot read on the operator listener (it answered with
 // its own HTML page), and a target Node's legacy URL parser warns about (the warning quoted the outsider's
 // target on the process's stderr).
+import { gzipSync } from 'node:zlib'
 import { afterAll, beforeAll, describe, expect, it } from 'vitest'
 import { receiverEnv, spawnCli, waitForLogLine, stopChild } from './helpers/cli-process.js'
 import { connect, exchange, finalAnswer } from './helpers/raw-http-client.js'
@@ -186,6 +187,22 @@ describe('the compiled service before its application answers', () => {
       )
       expect(answer.status).toBe(417)
       expect(errorOf(answer)).toEqual({ error: { code: 'expectation_failed', message: expect.stringContaining('100-continue') } })
+    })
+
+    it('refuses a webhook sent with a transfer coding besides chunked 501, rather than verify its coded bytes', async () => {
+      // the signature is over the body; a transfer coding (gzip here) is applied after, and Node does not undo it:
+      // the coded bytes were read as the body and refused 401 invalid_signature, as if a secret were wrong
+      const body = JSON.stringify({ event: 'seller.verified', seller_id: 's-coded' })
+      const coded = gzipSync(body)
+      const client = await connect(port)
+      client.write(
+        `POST /webhooks/partner HTTP/1.1\r\nHost: 127.0.0.1:${port}\r\nContent-Type: application/json\r\n` +
+          `Transfer-Encoding: gzip, chunked\r\nX-Partner-Delivery-Id: coded-1\r\nX-Partner-Signature: ${signBody(body)}\r\n\r\n`,
+      )
+      client.write(Buffer.concat([Buffer.from(`${coded.length.toString(16)}\r\n`), coded, Buffer.from('\r\n0\r\n\r\n')]))
+      const answer = finalAnswer(await client.closed)
+      expect(answer.status).toBe(501)
+      expect(errorOf(answer)).toEqual({ error: { code: 'unsupported_transfer_coding', message: expect.stringContaining('Transfer-Encoding') } })
     })
   })
 

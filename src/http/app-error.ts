@@ -5,6 +5,7 @@ export type ErrorCode =
   | 'payload_too_large'
   | 'invalid_payload'
   | 'unsupported_media_type'
+  | 'unsupported_transfer_coding'
   | 'expectation_failed'
   | 'database_unavailable'
   | 'overloaded'

@@ -40,6 +40,18 @@ export type WebhookEndpoint = (req: IncomingMessage, res: ServerResponse) => voi
 const RECEIVED = Buffer.from(JSON.stringify({ received: true }))
 const RECEIVED_DUPLICATE = Buffer.from(JSON.stringify({ received: true, duplicate: true }))
 
+/**
+ * A Transfer-Encoding that lists a coding besides `chunked` (Node's parser takes `gzip, chunked` and undoes only
+ * the chunking, so the body read would still be gzip).
+ */
+function hasOtherTransferCoding(header: string | undefined): boolean {
+  if (header === undefined) return false
+  return header.split(',').some((coding) => {
+    const name = coding.trim().toLowerCase()
+    return name !== '' && name !== 'chunked'
+  })
+}
+
 /** A Content-Encoding other than none or `identity` (RFC 9110 8.4; any letter case, a list included). */
 function isEncoded(header: string | undefined): boolean {
   if (header === undefined) return false
@@ -81,6 +93,12 @@ export function webhookEndpoint(deps: WebhookEndpointDeps): WebhookEndpoint {
       res.setHeader('Connection', 'close')
       res.setHeader('Accept-Encoding', 'identity')
       throw new AppError(415, 'unsupported_media_type', 'A Content-Encoding is not accepted: send the body as signed, unencoded')
+    }
+    if (hasOtherTransferCoding(req.headers['transfer-encoding'])) {
+      // the same for a transfer coding (RFC 9112 6.1: 501): its coded bytes were read as the body, and refused
+      // 401 invalid_signature, as if a secret were wrong
+      res.setHeader('Connection', 'close')
+      throw new AppError(501, 'unsupported_transfer_coding', 'A Transfer-Encoding other than chunked is not accepted: send the body as signed, chunked or with a Content-Length')
     }
     const signature = req.headers['x-partner-signature']
     const announcedLength = req.headers['content-length']

@@ -4,7 +4,7 @@ import { once } from 'node:events'
 import net from 'node:net'
 
 export interface RawClient {
-  write(text: string): void
+  write(data: string | Uint8Array): void
   /** Everything received so far, as Latin-1 text. */
   readonly received: string
   /** Resolves once what was received passes `test`; fails, with what arrived, after 15 s. */
@@ -22,7 +22,7 @@ export async function connect(port: number): Promise<RawClient> {
   const closed = new Promise<string>((resolve) => socket.once('close', () => resolve(received)))
   await once(socket, 'connect')
   return {
-    write: (text) => socket.write(text),
+    write: (data) => socket.write(data),
     get received() {
       return received
     },
