@@ -19,6 +19,8 @@ describe('prepared statements on PGlite', () => {
 
   it('prepares a marked statement once and gives every value back as sent', async () => {
     const texts = ["it's", '$v$', "$v$'); select 1; --", '$v$$vx$ \\ \\\\ \'\'', 'naïve ☃ \u2028', '', 'a'.repeat(20_000)]
+    // a value that ends where the quote's tag begins: its last characters and the closing tag made the tag early
+    texts.push('ends in $v', '$', 'holds $v$ and ends in $v1', '$v')
     for (const text of texts) {
       const { rows } = await sql<{ text: string; n: number; yes: boolean; at: Date; none: string | null }>`${sql.raw(PREPARED)}
         select ${text}::text as text, ${42}::int as n, ${true}::boolean as yes, ${new Date('2026-11-23T12:00:00.123Z')}::timestamptz as at,

@@ -256,6 +256,12 @@ function preparingPglite(pglite: PgliteThread): PgliteThread {
 
 const LONE_SURROGATE = /[\uD800-\uDBFF](?![\uDC00-\uDFFF])|(?<![\uD800-\uDBFF])[\uDC00-\uDFFF]/
 
+/** Whether the tag occurs across the text's end and the closing tag (only the text's last characters are copied). */
+function endsInTagStart(text: string, tag: string): boolean {
+  const tail = text.slice(-(tag.length - 1))
+  return `${tail}${tag}`.indexOf(tag) !== tail.length
+}
+
 /** A value as an SQL literal of unknown type (the prepared statement's parameter types it); undefined: not one of ours. */
 function literalOf(value: unknown): string | undefined {
   if (value === null || value === undefined) return 'null'
@@ -268,8 +274,10 @@ function literalOf(value: unknown): string | undefined {
   } else if (typeof value === 'number' || typeof value === 'bigint' || typeof value === 'boolean') text = String(value)
   else if (value instanceof Date) text = value.toISOString()
   else return undefined
+  // the literal ends at the tag's first occurrence after the opening one: not in the text, nor made of its last
+  // characters and the closing tag (a text ending in `$v` ended `$v$…$v$v$` three characters early)
   let tag = '$v$'
-  for (let n = 1; text.includes(tag); n++) tag = `$v${n}$`
+  for (let n = 1; text.includes(tag) || endsInTagStart(text, tag); n++) tag = `$v${n}$`
   return `${tag}${text}${tag}`
 }
 
