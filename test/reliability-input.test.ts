@@ -164,6 +164,40 @@ describe('slow and huge clients', () => {
     expect(closedAfterMs).toBeLessThan(5_000)
   })
 
+  it('gives back the body budget of a request cut off 408 whose client keeps its connection open and silent', async () => {
+    // a listener of its own whose budget is one chunked body: the cut-off request held it as long as its client
+    // kept the connection, and every delivery after it was refused 503 overloaded, on the unsigned word of
+    // one connection that sent a request's headers and then nothing
+    const tight = testConfig({ WEBHOOK_BODY_LIMIT: '1kb', MAX_INFLIGHT_BODY_BYTES: '1kb' })
+    const own = await listen(createApp({ config: tight, db: database.db, logger: testLogger(tight.webhook.secrets), clock: systemClock }), {
+      port: 0,
+      host: '127.0.0.1',
+      timeouts: { headersTimeoutMs: 500, requestTimeoutMs: 1_000, keepAliveTimeoutMs: 500 },
+    })
+    // allowHalfOpen: the server's end of the connection does not end the client's
+    const silent = net.connect({ port: Number(new URL(own.url).port), host: '127.0.0.1', allowHalfOpen: true })
+    silent.on('error', () => {})
+    let answer = ''
+    silent.on('data', (chunk) => (answer += chunk))
+    try {
+      silent.write('POST /webhooks/partner HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n')
+      await expect.poll(() => answer, { timeout: 10_000 }).toMatch(/^HTTP\/1\.1 408 /)
+      const body = JSON.stringify({ event: 'seller.verified', seller_id: 's-after-408' })
+      const deliver = async () =>
+        (
+          await fetch(`${own.url}/webhooks/partner`, {
+            method: 'POST',
+            headers: { 'content-type': 'application/json', 'x-partner-signature': signBody(body), 'x-partner-delivery-id': 'after-408' },
+            body,
+          })
+        ).status
+      await expect.poll(deliver, { timeout: 10_000, interval: 500 }).toBe(200)
+    } finally {
+      silent.destroy()
+      await own.stop(100)
+    }
+  })
+
   it('refuses a 50 MB body with 413, with or without Content-Length, without holding it', async () => {
     const size = 50 * 1024 * 1024
     const chunk = Buffer.alloc(64 * 1024, 0x61)

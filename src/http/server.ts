@@ -109,6 +109,9 @@ function refuseUnread(res: http.ServerResponse, status: number, code: ErrorCode,
   res.end(body)
 }
 
+/** How long a client refused by answerClientError has to read the answer before its connection is closed. */
+const CLIENT_ERROR_CLOSE_MS = 1_000
+
 // Requests Node's parser refuses before the app sees them (headers over 16 KB, malformed HTTP, a client
 // too slow to finish) still get the one error shape, then the connection is closed.
 function answerClientError(error: Error & { code?: string }, socket: Duplex): void {
@@ -127,4 +130,10 @@ function answerClientError(error: Error & { code?: string }, socket: Duplex): vo
     `HTTP/1.1 ${status} ${STATUS_CODES[status]}\r\nContent-Type: application/json\r\n` +
       `Content-Length: ${Buffer.byteLength(body)}\r\nConnection: close\r\n\r\n${body}`,
   )
+  // end() closes our side only: a client that never closes its own kept the connection, and a request cut off
+  // 408 kept its body's reservation in the in-flight budget (it is given back when the connection closes), so
+  // 64 silent connections refused every delivery 503 overloaded for as long as they stayed. A moment for the
+  // answer to be read, then the connection is closed
+  const closing = setTimeout(() => socket.destroy(), CLIENT_ERROR_CLOSE_MS).unref()
+  socket.once('close', () => clearTimeout(closing))
 }
