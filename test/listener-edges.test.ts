@@ -181,6 +181,15 @@ describe('the compiled service before its application answers', () => {
       expect(old.status).toBe(200)
     })
 
+    it.each([
+      ['the public listener', () => port],
+      ['the operator listener', () => adminPort],
+    ])('answers CONNECT on %s 405 method_not_allowed in the error shape (Node closed the connection without a word)', async (_listener, listener) => {
+      const answer = finalAnswer(await exchange(listener(), 'CONNECT platform.example:443 HTTP/1.1\r\nHost: platform.example:443\r\n\r\n'))
+      expect(answer.status).toBe(405)
+      expect(errorOf(answer)).toEqual({ error: { code: 'method_not_allowed', message: expect.stringContaining('CONNECT') } })
+    })
+
     it('answers an expectation other than 100-continue 417 expectation_failed in the error shape', async () => {
       const answer = finalAnswer(
         await exchange(port, webhookHead(port, { 'Content-Length': 2, 'X-Partner-Signature': WELL_FORMED_SIGNATURE, Expect: 'something-else', Connection: 'close' })),

@@ -68,6 +68,10 @@ export async function listen(
     refuseUnread(res, 417, 'expectation_failed', 'Expect: only 100-continue is understood'),
   )
   server.on('clientError', answerClientError)
+  // neither listener is a proxy (Node closed a CONNECT's connection without a word)
+  server.on('connect', (_req: http.IncomingMessage, socket: Duplex) =>
+    answerOnSocket(socket, 405, 'method_not_allowed', 'CONNECT is not accepted here: this service is no proxy'),
+  )
   if (maxConnections !== undefined) server.maxConnections = maxConnections
   if (onConnectionDropped) server.on('drop', onConnectionDropped)
   server.listen(port, host)
@@ -125,6 +129,11 @@ function answerClientError(error: Error & { code?: string }, socket: Duplex): vo
       : error.code === 'ERR_HTTP_REQUEST_TIMEOUT'
         ? [408, 'request_timeout', 'The request was not received in time']
         : [400, 'invalid_payload', 'The request is not valid HTTP']
+  answerOnSocket(socket, status, code, message)
+}
+
+/** An answer in the error shape written on the connection itself (no response object), which is then closed. */
+function answerOnSocket(socket: Duplex, status: number, code: ErrorCode, message: string): void {
   const body = JSON.stringify(errorBody(code, message))
   socket.end(
     `HTTP/1.1 ${status} ${STATUS_CODES[status]}\r\nContent-Type: application/json\r\n` +
