@@ -65,7 +65,7 @@ describe('the CLI shows text from outside without its control codes', () => {
 
     const missing = await run('orders', 'show', 'nope\u001b[2J')
     expect(missing.code).toBe(1)
-    expect(missing.stderr).toBe('No order with external reference nope\\u001b[2J\n')
+    expect(missing.stderr).toBe('No order with external reference nope\\u001b[2J [order_not_found]\n')
   })
 
   it('deliveries list and show, the raw body included', async () => {

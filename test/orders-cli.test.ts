@@ -63,7 +63,13 @@ describe('orders and deliveries commands', () => {
   })
 
   it('exits 1 for an unknown order and 2 for bad arguments', async () => {
-    expect((await run('orders', 'show', 'nope')).code).toBe(1)
+    for (const json of [[], ['--json']]) {
+      expect(await run('orders', 'show', 'nope', ...json)).toEqual({
+        code: 1,
+        stdout: '',
+        stderr: 'No order with external reference nope [order_not_found]\n',
+      })
+    }
     const bad = await run('orders', 'list', '--limit', '-3')
     expect(bad.code).toBe(2)
     expect(bad.stderr).toContain('must be a whole number from 1 to 10000')
@@ -105,6 +111,17 @@ describe('orders and deliveries commands', () => {
       rawBody: JSON.stringify(tradePayload('cli-1', 'funded')),
     })
     expect((await run('deliveries', 'show', 'dlv-none')).code).toBe(1)
+  })
+
+  it('exits 1 for an unknown delivery, its line ending in [delivery_not_found]', async () => {
+    for (const command of ['show', 'reapply']) {
+      expect(await run('deliveries', command, 'dlv-none')).toEqual({ code: 1, stdout: '', stderr: 'No delivery dlv-none [delivery_not_found]\n' })
+      expect(await run('deliveries', command, 'dlv-cli-1', '--body-sha256', 'ffff', '--json')).toEqual({
+        code: 1,
+        stdout: '',
+        stderr: 'No delivery dlv-cli-1 with body SHA-256 ffff… [delivery_not_found]\n',
+      })
+    }
   })
 
   it('reapplies a stored delivery: a no-op when its effect is already there, refused for non-trade events', async () => {

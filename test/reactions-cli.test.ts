@@ -112,7 +112,7 @@ describe('the reactions command', () => {
     const json = JSON.parse((await run('show', ids['ship-goods-2']!, '--json')).stdout)
     expect(json.event).toMatchObject({ type: 'trade.funded', from: 'created', to: 'funded', sequence: 2, tradeId: 'trd_cli-1' })
     const missing = await run('show', '987654')
-    expect(missing).toMatchObject({ code: 1, stderr: 'No reaction job 987654\n' })
+    expect(missing).toMatchObject({ code: 1, stderr: 'No reaction job 987654 [reaction_not_found]\n' })
     expect((await run('show', 'abc')).code).toBe(2)
   })
 
@@ -123,7 +123,7 @@ describe('the reactions command', () => {
       expect(result.stderr).toContain('must be a job id')
       expect(result.stderr).not.toContain('out of range')
     }
-    expect(await run('show', '9223372036854775807')).toMatchObject({ code: 1, stderr: 'No reaction job 9223372036854775807\n' })
+    expect(await run('show', '9223372036854775807')).toMatchObject({ code: 1, stderr: 'No reaction job 9223372036854775807 [reaction_not_found]\n' })
   })
 
   it('retries a failed job, refuses a finished one, and needs exactly one of an id and --failed', async () => {
@@ -135,6 +135,9 @@ describe('the reactions command', () => {
     expect(await stateOf(ids['ship-goods-2']!)).toBe('pending')
     expect((await run('retry', '--failed')).stdout).toBe('no failed reaction jobs\n')
     expect(await run('retry', ids['ship-goods-2']!)).toMatchObject({ code: 0, stdout: `job ${ids['ship-goods-2']} runs again now\n` })
+    expect(await run('retry', '987654')).toMatchObject({ code: 1, stdout: '', stderr: 'No reaction job 987654 [reaction_not_found]\n' })
+    const json = await run('retry', '987654', '--json')
+    expect([json.code, JSON.parse(json.stdout), json.stderr]).toEqual([1, { id: '987654', result: 'not_found' }, ''])
   })
 
   it('lists an event its handler took on the first attempt: done, with no job id', async () => {
@@ -164,7 +167,7 @@ describe('the reactions command', () => {
     expect(await run('skip', ids['ledger-2']!)).toMatchObject({ code: 0, stdout: `job ${ids['ledger-2']} skipped\n` })
     expect(await stateOf(ids['ledger-2']!)).toBe('skipped')
     expect((await run('skip', ids['ledger-1']!)).code).toBe(1)
-    expect((await run('skip', '987654')).stderr).toBe('No reaction job 987654\n')
+    expect(await run('skip', '987654')).toMatchObject({ code: 1, stdout: '', stderr: 'No reaction job 987654 [reaction_not_found]\n' })
   })
 
   it('shows why a job was skipped without a call (its handler no longer takes its type), the error before it too', async () => {

@@ -175,7 +175,7 @@ describe('reconcile --requeue', () => {
     const result = await cli('reconcile', '--requeue', 'cli-a', 'cli-nope')
     expect(result.code).toBe(1)
     expect(result.stdout).toBe('cli-a: due now\n')
-    expect(result.stderr).toBe('no order with external reference: cli-nope\n')
+    expect(result.stderr).toBe('no order with external reference: cli-nope [order_not_found]\n')
   })
 })
 

@@ -181,7 +181,7 @@ describe('trades operations', () => {
   it('exits 1 for an order it does not know', async () => {
     const result = await cli('trades', 'fund', 'no-such-order')
     expect(result.code).toBe(1)
-    expect(result.stderr).toContain('order_not_found')
+    expect(result.stderr).toBe('No order with external reference no-such-order [order_not_found]\n')
   })
 
   it('prints the platform’s trade and the local order with trades get --json', async () => {

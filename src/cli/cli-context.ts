@@ -40,6 +40,20 @@ export class UsageError extends Error {
   override name = 'UsageError'
 }
 
+/**
+ * A command that failed for a reason with a name (`order_not_found`, ...): printed as one line ending in its
+ * code in brackets, without a stack, exit code 1.
+ */
+export class CommandFailedError extends Error {
+  override name = 'CommandFailedError'
+  constructor(
+    readonly code: string,
+    message: string,
+  ) {
+    super(`${message} [${code}]`)
+  }
+}
+
 /** A command a stop signal ended before its work was done: printed without a stack, exit code 130. */
 export class StoppedBySignalError extends Error {
   override name = 'StoppedBySignalError'

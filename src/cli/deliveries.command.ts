@@ -10,7 +10,7 @@ import { InvalidArgumentError } from 'commander'
 import { DELIVERY_OUTCOMES } from '../webhooks/delivery-outcome.js'
 import { printable } from '../printable.js'
 import { listLimit, MAX_LIST_LIMIT } from './cli-arguments.js'
-import { printJson, printTable, runsInService, setExitCode, withDatabase, write, writeError } from './cli-context.js'
+import { CommandFailedError, printJson, printTable, runsInService, setExitCode, withDatabase, write, writeError } from './cli-context.js'
 
 // a poll's lease_lost is never a webhook's
 const OUTCOMES: readonly string[] = DELIVERY_OUTCOMES.filter((outcome) => outcome !== 'lease_lost')
@@ -23,6 +23,13 @@ function outcome(value: string): string {
 function sha256Prefix(value: string): string {
   if (!/^[0-9a-fA-F]{4,64}$/.test(value)) throw new InvalidArgumentError('must be 4 to 64 hex digits of the body’s SHA-256')
   return value.toLowerCase()
+}
+
+function deliveryNotFound(deliveryId: string, bodySha256: string | undefined): CommandFailedError {
+  return new CommandFailedError(
+    'delivery_not_found',
+    `No delivery ${deliveryId}${bodySha256 ? ` with body SHA-256 ${bodySha256}…` : ''}`,
+  )
 }
 
 const BODY_OPTION = ['--body-sha256 <hex>', 'when the id was reused for several bodies: the one whose SHA-256 starts so'] as const
@@ -66,11 +73,7 @@ export function registerDeliveriesCommands(program: Command): void {
       const { countBodiesOfDelivery, findDelivery } = await import('../webhooks/delivery.repository.js')
       await withDatabase(async ({ db, config }) => {
         const delivery = await findDelivery(db, deliveryId, options.bodySha256)
-        if (!delivery) {
-          writeError(`No delivery ${deliveryId}${options.bodySha256 ? ` with body SHA-256 ${options.bodySha256}…` : ''}\n`)
-          setExitCode(1)
-          return
-        }
+        if (!delivery) throw deliveryNotFound(deliveryId, options.bodySha256)
         const bodies = await countBodiesOfDelivery(db, deliveryId)
         // rawBody null: pruned by retention (the row and its hash stay)
         const pruned = delivery.rawBody === null ? { bodyPrunedAfterDays: config.retention.bodyDays } : {}
@@ -115,11 +118,7 @@ export function registerDeliveriesCommands(program: Command): void {
       try {
         await withDatabase(async ({ db, config, reactions, logger }) => {
           const delivery = await findDelivery(db, deliveryId, options.bodySha256)
-          if (!delivery) {
-            writeError(`No delivery ${deliveryId}\n`)
-            setExitCode(1)
-            return
-          }
+          if (!delivery) throw deliveryNotFound(deliveryId, options.bodySha256)
           if (signalled) {
             writeError(`stopped by a signal before ${deliveryId} was reapplied: nothing done\n`)
             setExitCode(130)

@@ -2,7 +2,7 @@
 import type { Command } from 'commander'
 import { printable } from '../printable.js'
 import { listLimit, MAX_LIST_LIMIT } from './cli-arguments.js'
-import { printJson, printTable, setExitCode, UsageError, withDatabase, write, writeError } from './cli-context.js'
+import { CommandFailedError, printJson, printTable, setExitCode, UsageError, withDatabase, write, writeError } from './cli-context.js'
 
 export function registerOrdersCommands(program: Command): void {
   const orders = program.command('orders').description('the partner’s orders: create, show, list')
@@ -49,11 +49,7 @@ export function registerOrdersCommands(program: Command): void {
       const { findOrderByExternalReference, orderHistory } = await import('../orders/order.repository.js')
       await withDatabase(async ({ db }) => {
         const order = await findOrderByExternalReference(db, externalReference)
-        if (!order) {
-          writeError(`No order with external reference ${printable(externalReference)}\n`)
-          setExitCode(1)
-          return
-        }
+        if (!order) throw new CommandFailedError('order_not_found', `No order with external reference ${printable(externalReference)}`)
         const history = await orderHistory(db, order.id)
         if (options.json) {
           printJson({ ...order, history })

@@ -5,7 +5,7 @@ import { Command, InvalidArgumentError, Option } from 'commander'
 import { printable } from '../printable.js'
 import { isJobId } from '../reactions/job-id.js'
 import { listLimit, MAX_LIST_LIMIT } from './cli-arguments.js'
-import { printJson, printTable, setExitCode, UsageError, withDatabase, write, writeError } from './cli-context.js'
+import { CommandFailedError, printJson, printTable, setExitCode, UsageError, withDatabase, write, writeError } from './cli-context.js'
 
 const STATES = ['pending', 'running', 'failed', 'done', 'skipped'] as const
 type State = (typeof STATES)[number]
@@ -66,11 +66,7 @@ export function registerReactionsCommands(program: Command): void {
       const { findJob } = await import('../reactions/reaction-job.repository.js')
       await withDatabase(async ({ db }) => {
         const job = await findJob(db, id)
-        if (!job) {
-          writeError(`No reaction job ${id}\n`)
-          setExitCode(1)
-          return
-        }
+        if (!job) throw reactionNotFound(id)
         if (options.json) {
           printJson(job)
           return
@@ -141,8 +137,12 @@ function report(
   }
   setExitCode(1)
   if (json) return
-  if (outcome.result === 'not_found') writeError(`No reaction job ${id}\n`)
-  else writeError(`Job ${id} is ${outcome.state}: only a failed or pending job can be ${done}\n`)
+  if (outcome.result === 'not_found') throw reactionNotFound(id)
+  writeError(`Job ${id} is ${outcome.state}: only a failed or pending job can be ${done}\n`)
+}
+
+function reactionNotFound(id: string): CommandFailedError {
+  return new CommandFailedError('reaction_not_found', `No reaction job ${id}`)
 }
 
 /** A stored error on one line, for a table cell or a field (an error text may hold newlines). */

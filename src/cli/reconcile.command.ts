@@ -7,6 +7,7 @@ import type { Command } from 'commander'
 import { describeClockOffset } from '../partner-api/clock-offset.js'
 import type { RunSummary } from '../reconcile/poller.js'
 import {
+  CommandFailedError,
   printJson,
   printTable,
   runsInService,
@@ -178,7 +179,6 @@ async function requeue(externalReferences: string[] | undefined, json: boolean |
     if (results.length === 0 && !externalReferences) write('no order is flagged for an operator\n')
   }
   if (missing.length > 0) {
-    writeError(`no order with external reference: ${missing.join(', ')}\n`)
-    setExitCode(1)
+    throw new CommandFailedError('order_not_found', `no order with external reference: ${missing.join(', ')}`)
   }
 }

@@ -13,6 +13,7 @@ import type { CreateTradeRequest, MilestoneInput, TradeRecord } from '../partner
 import type { TradeDeps } from '../trades/trade-deps.js'
 import { TradeOperationError } from '../trades/trade-operation-error.js'
 import {
+  CommandFailedError,
   escaped,
   printJson,
   runsInService,
@@ -103,7 +104,7 @@ function explainFailure(
     const clock = error.clockOffsetS === undefined ? '' : `\n  ${describeClockOffset(error.clockOffsetS)}`
     return new Error(`The platform refused (${error.status} ${error.code})${detail}${clock}${fields}`)
   }
-  if (error instanceof TradeOperationError) return new Error(`${error.message} [${error.code}]`)
+  if (error instanceof TradeOperationError) return new CommandFailedError(error.code, error.message)
   if (error instanceof PartnerNotSentError && error.proxy) {
     return new Error(
       `Could not reach the platform at ${error.url} through the proxy ${error.proxy}: ${error.reason}. Nothing ` +
