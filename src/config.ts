@@ -167,8 +167,16 @@ const booleanString = z
   .enum(['true', 'false', '1', '0', 'yes', 'no'])
   .transform((value) => value === 'true' || value === '1' || value === 'yes')
 
-const port = z.coerce.number().int().min(0).max(65535)
-const positiveInt = z.coerce.number().int().positive()
+// A whole number written in decimal digits alone: Number() would also take 0x10 (16), 0b11, 0o7, 1e3, +80,
+// 3000.0 and surrounding spaces, so PORT=0x10 listened on port 16.
+const wholeNumber = ({ min = 1, max = Number.MAX_SAFE_INTEGER }: { min?: number; max?: number } = {}) =>
+  z
+    .string()
+    .regex(/^[0-9]+$/, 'must be a whole number in decimal digits (0-9)')
+    .transform(Number)
+    .pipe(z.number().min(min).max(max))
+
+const port = wholeNumber({ min: 0, max: 65535 })
 
 // a size such as 256kb; with zeroAllowed, 0 too (what turns a guard off)
 const sizeOf = (zeroAllowed: boolean) =>
@@ -253,34 +261,34 @@ const EnvSchema = z.object({
   HOST: z.string().min(1).default('127.0.0.1'),
   ADMIN_PORT: port.default(3001),
   ADMIN_HOST: z.string().min(1).default('127.0.0.1'),
-  MAX_CONNECTIONS: positiveInt.max(1_000_000).default(1_000),
+  MAX_CONNECTIONS: wholeNumber({ max: 1_000_000 }).default(1_000),
   MAX_INFLIGHT_BODY_BYTES: byteSize.default(16 * 1024 * 1024),
   DATABASE_URL: databaseUrl.optional(),
   DATABASE_LISTEN_URL: databaseUrl.optional(),
-  DATABASE_POOL_SIZE: positiveInt.max(200).default(10),
-  DATABASE_STATEMENT_TIMEOUT_MS: positiveInt.min(100).max(3_600_000).default(DEFAULT_STATEMENT_TIMEOUT_MS),
+  DATABASE_POOL_SIZE: wholeNumber({ max: 200 }).default(10),
+  DATABASE_STATEMENT_TIMEOUT_MS: wholeNumber({ min: 100, max: 3_600_000 }).default(DEFAULT_STATEMENT_TIMEOUT_MS),
   DATA_DIR: z.string().min(1).default(DEFAULT_DATA_DIR),
   // 0 turns the guard off
   DATA_DIR_MIN_FREE: sizeOf(true).default(128 * 1024 * 1024),
   LOG_LEVEL: z.enum(['fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent']).default('info'),
   LOG_PRETTY: booleanString.optional(),
   LOG_BUFFER_LIMIT: byteSize.default(DEFAULT_LOG_BUFFER_LIMIT),
-  SHUTDOWN_TIMEOUT_MS: positiveInt.default(10_000),
-  SHUTDOWN_DRAIN_DELAY_MS: z.coerce.number().int().min(0).max(120_000).default(0),
+  SHUTDOWN_TIMEOUT_MS: wholeNumber().default(10_000),
+  SHUTDOWN_DRAIN_DELAY_MS: wholeNumber({ min: 0, max: 120_000 }).default(0),
   WEBHOOK_PATH: z
     .string()
     .regex(/^\/[\w\-./]*$/, 'must be a path starting with /')
     .default('/webhooks/partner'),
   WEBHOOK_SECRETS: secretList.optional(),
   WEBHOOK_BODY_LIMIT: byteSize.default(256 * 1024),
-  WEBHOOK_BATCH_MAX: positiveInt.max(1_000).default(100),
-  WEBHOOK_SEEN_CACHE: z.coerce.number().int().min(0).max(10_000_000).default(100_000),
+  WEBHOOK_BATCH_MAX: wholeNumber({ max: 1_000 }).default(100),
+  WEBHOOK_SEEN_CACHE: wholeNumber({ min: 0, max: 10_000_000 }).default(100_000),
   PARTNER_ENV: z.enum(['sandbox', 'live']).default('sandbox'),
   PARTNER_KIND: z.enum(['marketplace', 'merchant']).default('marketplace'),
   PARTNER_API_BASE_URL: z.url({ protocol: /^https?$/, error: 'must be an http(s) URL' }).optional(),
   PARTNER_API_KEY_ID: z.string().min(1).optional(),
   PARTNER_API_SECRET: z.string().optional(),
-  PARTNER_API_TIMEOUT_MS: positiveInt.default(10_000),
+  PARTNER_API_TIMEOUT_MS: wholeNumber().default(10_000),
   PARTNER_API_ANSWER_LIMIT: byteSize.default(DEFAULT_MAX_ANSWER_BYTES),
   HTTP_PROXY: z.string().optional(),
   http_proxy: z.string().optional(),
@@ -289,11 +297,11 @@ const EnvSchema = z.object({
   NO_PROXY: z.string().optional(),
   no_proxy: z.string().optional(),
   POLL_ENABLED: booleanString.default(true),
-  POLL_INTERVAL_S: positiveInt.default(30),
-  POLL_CONCURRENCY: positiveInt.max(256).default(8),
-  POLL_BATCH_SIZE: positiveInt.max(10_000).default(100),
-  EXPECTED_WEBHOOK_S: positiveInt.default(600),
-  STALE_AFTER_S: positiveInt.default(21_600),
+  POLL_INTERVAL_S: wholeNumber().default(30),
+  POLL_CONCURRENCY: wholeNumber({ max: 256 }).default(8),
+  POLL_BATCH_SIZE: wholeNumber({ max: 10_000 }).default(100),
+  EXPECTED_WEBHOOK_S: wholeNumber().default(600),
+  STALE_AFTER_S: wholeNumber().default(21_600),
   METRICS_ENABLED: booleanString.default(true),
   METRICS_PATH: z
     .string()
@@ -301,12 +309,12 @@ const EnvSchema = z.object({
     .default('/metrics'),
   SANDBOX_PORT: port.default(4010),
   SANDBOX_CONTROL_TOKEN: z.string().optional(),
-  REACTION_MAX_ATTEMPTS: positiveInt.max(1_000).default(10),
-  REACTION_CONCURRENCY: positiveInt.max(256).default(32),
-  REACTION_LEASE_S: positiveInt.max(86_400).default(300),
+  REACTION_MAX_ATTEMPTS: wholeNumber({ max: 1_000 }).default(10),
+  REACTION_CONCURRENCY: wholeNumber({ max: 256 }).default(32),
+  REACTION_LEASE_S: wholeNumber({ max: 86_400 }).default(300),
   FORWARD_URL: z.url({ protocol: /^https?$/, error: 'must be an http(s) URL' }).optional(),
   FORWARD_SECRET: z.string().optional(),
-  FORWARD_TIMEOUT_MS: positiveInt.default(10_000),
+  FORWARD_TIMEOUT_MS: wholeNumber().default(10_000),
   FORWARD_EVENTS: eventList.default(['trade.*']),
   ADMIN_TOKEN: z.string().optional(),
   // the message names the form only: the value holds a password
@@ -320,13 +328,13 @@ const EnvSchema = z.object({
     .regex(/^[A-Za-z0-9_.:-]{1,255}$/, 'must be 1 to 255 letters, digits, "-", "_", "." or ":"')
     .refine((name) => !name.startsWith('amq.'), 'must not start with "amq." (reserved by the broker)')
     .default('partner-escrow'),
-  AMQP_TIMEOUT_MS: positiveInt.default(10_000),
+  AMQP_TIMEOUT_MS: wholeNumber().default(10_000),
   AMQP_EVENTS: eventList.default(['trade.*']),
   // a century: a larger number is a typo, and would overflow the cut-off date
-  RETENTION_DAYS: positiveInt.max(36_500).default(30),
-  DELIVERY_RETENTION_DAYS: positiveInt.max(36_500).default(90),
-  PRUNE_INTERVAL_S: positiveInt.max(604_800).default(3_600),
-  PRUNE_BATCH_SIZE: positiveInt.max(100_000).default(1_000),
+  RETENTION_DAYS: wholeNumber({ max: 36_500 }).default(30),
+  DELIVERY_RETENTION_DAYS: wholeNumber({ max: 36_500 }).default(90),
+  PRUNE_INTERVAL_S: wholeNumber({ max: 604_800 }).default(3_600),
+  PRUNE_BATCH_SIZE: wholeNumber({ max: 100_000 }).default(1_000),
 })
 
 function isAmqpUrl(value: string): boolean {

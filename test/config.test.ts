@@ -167,6 +167,50 @@ describe('configuration', () => {
     }).toThrow(TypeError)
   })
 
+  it('reads a port or a count in decimal digits alone: 0x10, 0b11, 0o7, 1e3, +80, 80.0 or a space are refused, naming the variable', () => {
+    const whole = [
+      'PORT',
+      'ADMIN_PORT',
+      'SANDBOX_PORT',
+      'MAX_CONNECTIONS',
+      'DATABASE_POOL_SIZE',
+      'DATABASE_STATEMENT_TIMEOUT_MS',
+      'SHUTDOWN_TIMEOUT_MS',
+      'SHUTDOWN_DRAIN_DELAY_MS',
+      'WEBHOOK_BATCH_MAX',
+      'WEBHOOK_SEEN_CACHE',
+      'PARTNER_API_TIMEOUT_MS',
+      'POLL_INTERVAL_S',
+      'POLL_CONCURRENCY',
+      'POLL_BATCH_SIZE',
+      'EXPECTED_WEBHOOK_S',
+      'STALE_AFTER_S',
+      'REACTION_MAX_ATTEMPTS',
+      'REACTION_CONCURRENCY',
+      'REACTION_LEASE_S',
+      'FORWARD_TIMEOUT_MS',
+      'AMQP_TIMEOUT_MS',
+      'RETENTION_DAYS',
+      'DELIVERY_RETENTION_DAYS',
+      'PRUNE_INTERVAL_S',
+      'PRUNE_BATCH_SIZE',
+    ]
+    for (const name of whole) {
+      for (const value of ['0x10', '0X64', '0b11', '0o7', '1e3', '+80', '-0', '80.0', ' 80', '80 ', 'Infinity']) {
+        expect(problemsOf({ ...remoteEnv, [name]: value }), `${name}=${JSON.stringify(value)}`).toEqual([
+          `${name}: must be a whole number in decimal digits (0-9)`,
+        ])
+      }
+    }
+    // decimal digits are read as before, a leading zero included
+    const config = parseConfig({ ...remoteEnv, PORT: '16', ADMIN_PORT: '0080', SANDBOX_PORT: '4011', POLL_CONCURRENCY: '12' })
+    expect([config.port, config.admin.port, config.sandbox.port, config.poll.concurrency]).toEqual([16, 80, 4011, 12])
+    // past 2^53 a number is no longer exact
+    expect(problemsOf({ ...remoteEnv, SHUTDOWN_TIMEOUT_MS: '9007199254740993' }).map((problem) => problem.split(':')[0])).toEqual([
+      'SHUTDOWN_TIMEOUT_MS',
+    ])
+  })
+
   it('puts the operator listener on 127.0.0.1:3001 by default and caps the public one', () => {
     const config = parseConfig(remoteEnv)
     expect(config.admin).toEqual({ port: 3001, host: '127.0.0.1' })

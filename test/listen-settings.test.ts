@@ -128,6 +128,27 @@ describe('a listener that cannot open', () => {
     }
   })
 
+  it('refuses a port written other than in decimal digits (0x10 was port 16) with exit 2, naming the variable or option', async () => {
+    for (const setting of ['PORT', 'ADMIN_PORT', 'SANDBOX_PORT']) {
+      for (const value of ['0x10', '1e3', '+80']) {
+        const result = await runCli(['serve'], { DATA_DIR: emptyDataDir(), [setting]: value }, { built: true })
+        expect({ code: result.code, stderr: result.stderr }, `${setting}=${value}`).toEqual({
+          code: 2,
+          stderr: `Invalid configuration:\n  - ${setting}: must be a whole number in decimal digits (0-9)\n`,
+        })
+      }
+    }
+    for (const args of [['sandbox', '--port', '0x10'], ['demo', '--console', '--console-port', '0x10'], ['demo', '--console-port', '1e3']]) {
+      const result = await runCli(args, { DATA_DIR: migratedDataDir('listen-') }, { built: true })
+      expect({ code: result.code, stdout: result.stdout }, args.join(' ')).toEqual({ code: 2, stdout: '' })
+      expect(result.stderr).toContain(`argument '${args.at(-1)}' is invalid. must be a port from 0 to 65535 (0: a free one)`)
+    }
+    // `sandbox` reads SANDBOX_PORT for its --port too
+    const fromEnvironment = await runCli(['sandbox'], { DATA_DIR: migratedDataDir('listen-'), SANDBOX_PORT: '0x10' }, { built: true })
+    expect({ code: fromEnvironment.code, stdout: fromEnvironment.stdout }).toEqual({ code: 2, stdout: '' })
+    expect(fromEnvironment.stderr).toContain("value '0x10' from env 'SANDBOX_PORT' is invalid. must be a port from 0 to 65535 (0: a free one)")
+  })
+
   it('names --console-port when the demo’s console port is held by another process, before the demo runs', async () => {
     const busy = await takePort()
     const result = await runCli(['demo', '--trades', '1', '--console', '--console-port', String(busy)], {}, { built: true })
