@@ -85,6 +85,30 @@ describe('orders and deliveries commands', () => {
     }
   })
 
+  it('takes a whole-number option in decimal digits alone: 0x10, 1e2, +5, 5.0 or a space around it is refused with exit 2', async () => {
+    for (const value of ['0x10', '0b11', '1e2', '+5', '5.0', ' 5']) {
+      for (const args of [
+        ['orders', 'list', '--limit', value],
+        ['deliveries', 'list', '--limit', value],
+        ['reactions', 'list', '--limit', value],
+        ['demo', '--trades', value],
+      ]) {
+        const result = await run(...args)
+        expect({ code: result.code, stdout: result.stdout }, args.join(' ')).toEqual({ code: 2, stdout: '' })
+        expect(result.stderr).toContain(`argument '${value}' is invalid. must be a whole number from 1 to`)
+      }
+      const seed = await run('demo', '--seed', value)
+      expect([seed.code, seed.stdout]).toEqual([2, ''])
+      expect(seed.stderr).toContain(`argument '${value}' is invalid. must be a positive integer`)
+      for (const option of ['--seed', '--retry-base-delay-ms', '--delay-ms']) {
+        const sandbox = await run('sandbox', option, value)
+        expect([sandbox.code, sandbox.stdout], `sandbox ${option} ${value}`).toEqual([2, ''])
+        expect(sandbox.stderr).toContain(`argument '${value}' is invalid. must be a whole number`)
+      }
+    }
+    expect((await run('orders', 'list', '--limit', '016')).code).toBe(0)
+  })
+
   it('lists at most 10,000 rows at once: a larger --limit is refused with exit 2, as the listing is held whole in memory', async () => {
     for (const command of ['orders', 'deliveries', 'reactions']) {
       const result = await run(command, 'list', '--limit', '10001')

@@ -189,7 +189,7 @@ describe('reconcile arguments', () => {
     },
   )
 
-  it.each(['0', '-1', 'ten', '1001', '2.5'])('exits 2 for --limit %s', async (limit) => {
+  it.each(['0', '-1', 'ten', '1001', '2.5', '0x10', '1e2', '+5', ' 5'])('exits 2 for --limit %s', async (limit) => {
     const result = await cli('reconcile', '--report', '--limit', limit)
     expect(result.code).toBe(2)
     expect(result.stderr).toContain('--limit must be a whole number from 1 to 1000')

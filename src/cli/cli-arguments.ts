@@ -1,8 +1,13 @@
 // Argument parsers shared by commands: a bad value is a usage error (exit 2) naming what was wrong.
 import { InvalidArgumentError } from 'commander'
 
+/** Decimal digits alone: Number() also takes 0x10 (16), 0b11, 1e3, +80, 80.0 and surrounding spaces. */
+export function decimalDigits(value: string): number {
+  return /^[0-9]+$/.test(value) ? Number(value) : Number.NaN
+}
+
 export function positiveInteger(value: string): number {
-  const parsed = Number(value)
+  const parsed = decimalDigits(value)
   // past 2^53 a number is no longer exact, and 1e300 is no integer the database takes
   if (!Number.isSafeInteger(parsed) || parsed <= 0) throw new InvalidArgumentError('must be a positive integer')
   return parsed
@@ -14,7 +19,7 @@ export const MAX_LIST_LIMIT = 10_000
 /** A parser of whole numbers from 1 to `max`: the message names the range. */
 function wholeNumberUpTo(max: number): (value: string) => number {
   return (value) => {
-    const parsed = Number(value)
+    const parsed = decimalDigits(value)
     if (!Number.isInteger(parsed) || parsed <= 0 || parsed > max) {
       throw new InvalidArgumentError(`must be a whole number from 1 to ${max}`)
     }

@@ -6,6 +6,7 @@ import { hostname } from 'node:os'
 import type { Command } from 'commander'
 import { describeClockOffset } from '../partner-api/clock-offset.js'
 import type { RunSummary } from '../reconcile/poller.js'
+import { decimalDigits } from './cli-arguments.js'
 import {
   CommandFailedError,
   printJson,
@@ -54,7 +55,7 @@ export function registerReconcileCommands(program: Command): void {
 }
 
 function parseLimit(value: string | undefined): number {
-  const limit = Number(value)
+  const limit = value === undefined ? Number.NaN : decimalDigits(value)
   if (!Number.isInteger(limit) || limit < 1 || limit > MAX_REPORT_LIMIT) {
     throw new UsageError(`--limit must be a whole number from 1 to ${MAX_REPORT_LIMIT}, got ${value}`)
   }

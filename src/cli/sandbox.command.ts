@@ -3,7 +3,7 @@
 import { type Command, InvalidArgumentError, Option } from 'commander'
 import type { Faults } from '../sandbox/webhook-dispatcher.js'
 import { untilStopSignal } from '../stop-signals.js'
-import { portNumber } from './cli-arguments.js'
+import { decimalDigits, portNumber } from './cli-arguments.js'
 import { cliLogger, UsageError, write } from './cli-context.js'
 import { describeListenError } from '../listen-error.js'
 
@@ -14,8 +14,8 @@ function rate(value: string): number {
 }
 
 function count(value: string): number {
-  const parsed = Number(value)
-  if (!Number.isInteger(parsed) || parsed < 0) throw new InvalidArgumentError('must be a whole number')
+  const parsed = decimalDigits(value)
+  if (!Number.isSafeInteger(parsed)) throw new InvalidArgumentError('must be a whole number')
   return parsed
 }
 
