@@ -141,6 +141,11 @@ export interface Config {
    * Undefined: no token is configured and the console is off.
    */
   readonly adminToken: string | undefined
+  /**
+   * Where adminToken came from: ADMIN_TOKEN, the local secrets file (local mode), or made for this process alone
+   * (local mode with its other secrets given). The start-up banner names where to find it when it cannot print it.
+   */
+  readonly adminTokenFrom: 'ADMIN_TOKEN' | 'local-secrets' | 'this-process' | undefined
   /** What is deleted by age, and how often (src/retention/prune.ts). */
   readonly retention: {
     /** RETENTION_DAYS: raw bodies of deliveries older than this are emptied (the row stays). */
@@ -589,6 +594,13 @@ export function parseConfig(
       values.ADMIN_TOKEN ??
       generated?.adminToken ??
       (mode === 'local' ? randomBytes(32).toString('hex') : undefined),
+    adminTokenFrom: values.ADMIN_TOKEN
+      ? 'ADMIN_TOKEN'
+      : generated
+        ? 'local-secrets'
+        : mode === 'local'
+          ? 'this-process'
+          : undefined,
     amqp:
       values.AMQP_URL === undefined
         ? undefined

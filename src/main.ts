@@ -105,11 +105,18 @@ export async function main({
     exitProcess(logger, 1)
   }
   if (service.sandboxUrl)
-    process.stdout.write(localModeBanner(config, service.url, service.sandboxUrl, service.adminUrl))
+    process.stdout.write(localModeBanner(config, service.url, service.sandboxUrl, service.adminUrl, { terminal: process.stdout.isTTY === true }))
 }
 
 /** What a newcomer sees after `npm start`: where things are and what to type next (README quick start). */
-export function localModeBanner(config: Config, url: string, sandboxUrl: string, adminUrl: string): string {
+export function localModeBanner(
+  config: Config,
+  url: string,
+  sandboxUrl: string,
+  adminUrl: string,
+  /** Whether stdout is a terminal: only there is the console's token printed whole. */
+  { terminal }: { terminal: boolean },
+): string {
   const seller = config.partner.kind === 'marketplace' ? ' --seller seller-1' : ''
   // Another terminal finds this service by DATA_DIR/serve.json, DATA_DIR being ./data unless set: without the
   // service's own, the commands would open (or create) a database of their own. Whole, so that it holds from
@@ -123,7 +130,7 @@ export function localModeBanner(config: Config, url: string, sandboxUrl: string,
     `  sandbox   ${sandboxUrl}/api/partner/v1/   (the platform: signed API and webhooks)`,
     ...(config.metrics.enabled ? [`  metrics   ${adminUrl}${config.metrics.path}   (operator listener)`] : []),
     ...(config.adminToken
-      ? [`  console   ${adminUrl}/console/   (log in with the admin token: ${config.adminToken})`]
+      ? [`  console   ${adminUrl}/console/   (${terminal ? `log in with the admin token: ${config.adminToken}` : adminTokenWhere(config)})`]
       : []),
     '',
     'Try next, in another terminal:',
@@ -133,6 +140,19 @@ export function localModeBanner(config: Config, url: string, sandboxUrl: string,
     'Or watch a whole run with lost and repeated webhooks: npm run demo',
     '',
   ].join('\n')
+}
+
+// Piped or redirected (`npm start > service.log`), the banner is kept where a secret has no place: it says where
+// the token is instead of printing it.
+function adminTokenWhere(config: Config): string {
+  switch (config.adminTokenFrom) {
+    case 'ADMIN_TOKEN':
+      return 'log in with ADMIN_TOKEN'
+    case 'local-secrets':
+      return `log in with the admin token: adminToken in ${config.localSecretsFile}`
+    default:
+      return "this run's admin token is printed on a terminal only: set ADMIN_TOKEN to log in"
+  }
 }
 
 // `DATA_DIR=... ` before a command, or nothing for the default (an in-memory database has no serve.json)

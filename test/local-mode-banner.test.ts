@@ -9,7 +9,7 @@ import { quoteForShell } from '../src/quote-for-shell.js'
 import { testConfig } from './helpers/test-config.js'
 
 function commands(env: Record<string, string>): string[] {
-  const banner = localModeBanner(testConfig(env), 'http://127.0.0.1:3000', 'http://127.0.0.1:4010', 'http://127.0.0.1:3001')
+  const banner = localModeBanner(testConfig(env), 'http://127.0.0.1:3000', 'http://127.0.0.1:4010', 'http://127.0.0.1:3001', { terminal: true })
   return banner
     .split('\n')
     .map((line) => line.trim())
@@ -28,6 +28,30 @@ describe('the banner’s commands for another terminal', () => {
     for (const command of commands({ DATA_DIR: 'elsewhere/data' })) {
       expect(command.startsWith(`DATA_DIR=${path.resolve('elsewhere/data')} npm run cli -- `)).toBe(true)
     }
+  })
+})
+
+// Redirected to a file (`npm start > service.log`), the banner would put the console's token in a log; it says
+// where the token is instead. The token from local-secrets.json is checked end to end in test/newcomer.test.ts.
+describe('the banner’s console line', () => {
+  const consoleLine = (config: ReturnType<typeof testConfig>, terminal: boolean) =>
+    localModeBanner(config, 'http://127.0.0.1:3000', 'http://127.0.0.1:4010', 'http://127.0.0.1:3001', { terminal })
+      .split('\n')
+      .find((line) => line.trim().startsWith('console'))
+
+  it('prints the token whole on a terminal only', () => {
+    const config = testConfig({ ADMIN_TOKEN: 'a-token-of-the-operator-0123456789' })
+    expect(consoleLine(config, true)).toContain('log in with the admin token: a-token-of-the-operator-0123456789')
+    expect(consoleLine(config, false)).toContain('(log in with ADMIN_TOKEN)')
+    expect(consoleLine(config, false)).not.toContain('a-token-of-the-operator')
+  })
+
+  it('piped, names where the token is: the local secrets file, or ADMIN_TOKEN for a token made for this run alone', () => {
+    const fromFile = { ...testConfig(), adminToken: 'f'.repeat(64), adminTokenFrom: 'local-secrets' as const, localSecretsFile: '/srv/data/local-secrets.json' }
+    expect(consoleLine(fromFile, false)).toContain('(log in with the admin token: adminToken in /srv/data/local-secrets.json)')
+    const ofThisRun = { ...testConfig(), adminToken: 'e'.repeat(64), adminTokenFrom: 'this-process' as const }
+    expect(consoleLine(ofThisRun, false)).toContain("(this run's admin token is printed on a terminal only: set ADMIN_TOKEN to log in)")
+    for (const config of [fromFile, ofThisRun]) expect(consoleLine(config, false)).not.toMatch(/[ef]{64}/)
   })
 })
 

@@ -79,9 +79,13 @@ describe('a newcomer’s first minutes, with the built CLI', () => {
   })
 
   it('prints the operator console and its token, which opens the console on the operator port only', async () => {
-    const line = new RegExp(`console   ${adminUrl}/console/ .*admin token: ([0-9a-f]{64})`).exec(banner)
+    // stdout is a pipe here, as in `npm start > service.log`: the banner names the file, not the token
+    const line = new RegExp(`console   ${adminUrl}/console/   \\(log in with the admin token: adminToken in (.+)\\)`).exec(banner)
     expect(line, banner).not.toBeNull()
-    const token = line![1]!
+    expect(line![1]).toBe(path.join(dataDir, 'local-secrets.json'))
+    const token = (JSON.parse(readFileSync(line![1]!, 'utf8')) as { adminToken: string }).adminToken
+    expect(token).toMatch(/^[0-9a-f]{64}$/)
+    expect(banner).not.toContain(token)
     expect((await fetch(`${adminUrl}/console/`)).status).toBe(401)
     const overview = await fetch(`${adminUrl}/console/`, { headers: { Authorization: `Bearer ${token}` } })
     expect(overview.status).toBe(200)
