@@ -2,7 +2,8 @@
 //
 // The platform's trade payload is four fields (trade_id, reference, status, external_reference); the
 // event kind is `trade.{status}`. A body with an `event` string names its own kind (seller.*, buyer.*,
-// or kinds we do not know). The spec does not show those payloads, so they are kept raw.
+// or kinds we do not know). The spec does not show those payloads, so they are kept raw. A trade body whose
+// `event` is not `trade.{status}` of its own status is invalid: which of the two it means cannot be told.
 import { isTradeFact, TRADE_FACT_MAX_LENGTH } from '../partner-api/field-rules.js'
 
 export type ParsedDelivery =
@@ -67,6 +68,11 @@ export function classifyDelivery(body: Record<string, unknown>): ParsedDelivery 
       eventType,
       problem: `missing or not a non-empty string (≤ ${TRADE_FACT_MAX_LENGTH} characters): ${problems.join(', ')}`,
     }
+  }
+  // a body that contradicts itself is not applied: `trade.released` with status `funded` was stored as a release
+  // while the order moved to funded; the poller's GET of the trade settles what the status is
+  if (typeof event === 'string' && event !== `trade.${status as string}`) {
+    return { kind: 'invalid', eventType, problem: `its event ${event} is not trade.{status} of its status` }
   }
   return {
     kind: 'trade',
