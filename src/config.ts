@@ -183,12 +183,22 @@ const wholeNumber = ({ min = 1, max = Number.MAX_SAFE_INTEGER }: { min?: number;
 
 const port = wholeNumber({ min: 0, max: 65535 })
 
-// a size such as 256kb; with zeroAllowed, 0 too (what turns a guard off)
+// A size: decimal digits and an optional unit b, kb, mb or gb (1024-based), such as 256kb; with zeroAllowed, 0
+// too (what turns a guard off). bytes.parse alone reads as much as looks like a number and drops the rest
+// (0x10 as 0, 1e3 as 1, 12abc as 12), so DATA_DIR_MIN_FREE=0x10 turned the free-space guard off.
+const SIZE_FORM = /^[0-9]+(b|kb|mb|gb)?$/
 const sizeOf = (zeroAllowed: boolean) =>
   z.string().transform((value, ctx) => {
-    const parsed = bytes.parse(value)
-    if (parsed === null || !Number.isFinite(parsed) || parsed < 0 || (parsed === 0 && !zeroAllowed)) {
-      ctx.addIssue({ code: 'custom', message: `"${value}" is not a size such as 256kb${zeroAllowed ? ' (or 0)' : ''}` })
+    const parsed = SIZE_FORM.test(value) ? bytes.parse(value) : null
+    if (parsed === null || !Number.isSafeInteger(parsed)) {
+      ctx.addIssue({
+        code: 'custom',
+        message: `must be a size in decimal digits (0-9) with an optional unit b, kb, mb or gb, such as 256kb${zeroAllowed ? ' (or 0)' : ''}`,
+      })
+      return z.NEVER
+    }
+    if (parsed === 0 && !zeroAllowed) {
+      ctx.addIssue({ code: 'custom', message: 'must be more than 0 (a size such as 256kb)' })
       return z.NEVER
     }
     return parsed

@@ -249,16 +249,44 @@ describe('configuration', () => {
     expect([set.dataDirMinFreeBytes, set.logBufferLimitBytes]).toEqual([1024 * 1024 * 1024, 256 * 1024])
     expect(parseConfig({ ...remoteEnv, DATA_DIR_MIN_FREE: '0' }).dataDirMinFreeBytes).toBe(0)
     expect(problemsOf({ ...remoteEnv, DATA_DIR_MIN_FREE: 'lots', LOG_BUFFER_LIMIT: '0' })).toEqual([
-      'DATA_DIR_MIN_FREE: "lots" is not a size such as 256kb (or 0)',
-      'LOG_BUFFER_LIMIT: "0" is not a size such as 256kb',
+      'DATA_DIR_MIN_FREE: must be a size in decimal digits (0-9) with an optional unit b, kb, mb or gb, such as 256kb (or 0)',
+      'LOG_BUFFER_LIMIT: must be more than 0 (a size such as 256kb)',
     ])
   })
   it('reads at most 1 MiB of a platform answer by default (PARTNER_API_ANSWER_LIMIT), never an unbounded one', () => {
     expect(parseConfig(remoteEnv).partner.maxAnswerBytes).toBe(1024 * 1024)
     expect(parseConfig({ ...remoteEnv, PARTNER_API_ANSWER_LIMIT: '8mb' }).partner.maxAnswerBytes).toBe(8 * 1024 * 1024)
     expect(problemsOf({ ...remoteEnv, PARTNER_API_ANSWER_LIMIT: '0' })).toEqual([
-      'PARTNER_API_ANSWER_LIMIT: "0" is not a size such as 256kb',
+      'PARTNER_API_ANSWER_LIMIT: must be more than 0 (a size such as 256kb)',
     ])
+  })
+
+  it('takes a size as decimal digits with an optional unit b, kb, mb or gb; 0x10, 1e3, 12abc or 1.5mb exits naming the variable, where the part that looked like a number was read', () => {
+    const sizes = ['MAX_INFLIGHT_BODY_BYTES', 'DATA_DIR_MIN_FREE', 'LOG_BUFFER_LIMIT', 'WEBHOOK_BODY_LIMIT', 'PARTNER_API_ANSWER_LIMIT']
+    for (const name of sizes) {
+      const form = `${name}: must be a size in decimal digits (0-9) with an optional unit b, kb, mb or gb, such as 256kb${name === 'DATA_DIR_MIN_FREE' ? ' (or 0)' : ''}`
+      for (const value of ['0x10', '1e3', '12abc', '1.5mb', '1,024', '+1kb', '-1kb', ' 1kb', '1kb ', '1 kb', '1KB', '1Mb', '1tb', 'kb', 'Infinity']) {
+        expect(problemsOf({ ...remoteEnv, WEBHOOK_BODY_LIMIT: '1kb', [name]: value }), `${name}=${JSON.stringify(value)}`).toEqual([form])
+      }
+    }
+    // DATA_DIR_MIN_FREE=0x10 was read as 0, the guard off
+    expect(problemsOf({ ...remoteEnv, DATA_DIR_MIN_FREE: '0x10' })).toHaveLength(1)
+    // digits alone are bytes; the units are 1024-based, as before
+    const config = parseConfig({
+      ...remoteEnv,
+      DATA_DIR_MIN_FREE: '16384',
+      LOG_BUFFER_LIMIT: '16383b',
+      WEBHOOK_BODY_LIMIT: '512kb',
+      MAX_INFLIGHT_BODY_BYTES: '2gb',
+      PARTNER_API_ANSWER_LIMIT: '0008mb',
+    })
+    expect([
+      config.dataDirMinFreeBytes,
+      config.logBufferLimitBytes,
+      config.webhook.bodyLimitBytes,
+      config.limits.maxInflightBodyBytes,
+      config.partner.maxAnswerBytes,
+    ]).toEqual([16_384, 16_383, 512 * 1024, 2 * 1024 ** 3, 8 * 1024 ** 2])
   })
 
 
