@@ -30,6 +30,38 @@ describe('orders and deliveries commands', () => {
     expect(JSON.parse(result.stdout)).toMatchObject({ externalReference: 'cli-1', tradeStatus: 'funded', appliedDeliveries: 1 })
   })
 
+  it("says what became of each parked webhook it applies: a trade already another order's is a trade_mismatch, not a status", async () => {
+    const app = createApp({ config, db: database.db, logger: testLogger(), clock: systemClock })
+    // cli-1's trade, named by a webhook for cli-4: linking it here too would give one trade two orders
+    await sendWebhook(app, { body: tradePayload('cli-4', 'funded', 'trd_cli-1'), deliveryId: 'dlv-cli-4-other-trade' })
+    const mismatch = await run('orders', 'create', '--external-reference', 'cli-4')
+    expect(mismatch).toEqual({
+      code: 0,
+      stdout: expect.stringMatching(/^created order cli-4 \(id \d+\)\nparked webhook dlv-cli-4-other-trade: trade_mismatch\n$/),
+      stderr: '',
+    })
+    expect(JSON.parse((await run('orders', 'show', 'cli-4', '--json')).stdout)).toMatchObject({ tradeStatus: null, history: [] })
+
+    await sendWebhook(app, { body: tradePayload('cli-5', 'funded', 'trd_cli-1'), deliveryId: 'dlv-cli-5-other-trade' })
+    await sendWebhook(app, { body: tradePayload('cli-5', 'funded'), deliveryId: 'dlv-cli-5' })
+    const both = await run('orders', 'create', '--external-reference', 'cli-5', '--json')
+    expect(both.code).toBe(0)
+    expect(JSON.parse(both.stdout)).toMatchObject({
+      tradeStatus: 'funded',
+      appliedDeliveries: 2,
+      parkedDeliveries: [
+        { deliveryId: 'dlv-cli-5-other-trade', outcome: 'trade_mismatch', toStatus: null },
+        { deliveryId: 'dlv-cli-5', outcome: 'applied', toStatus: 'funded' },
+      ],
+    })
+
+    await sendWebhook(app, { body: tradePayload('cli-6', 'funded'), deliveryId: 'dlv-cli-6' })
+    const applied = await run('orders', 'create', '--external-reference', 'cli-6')
+    expect(applied.stdout).toMatch(/^created order cli-6 \(id \d+\)\nparked webhook dlv-cli-6: applied \(order status funded\)\n$/)
+    // none parked: the one line
+    expect((await run('orders', 'create', '--external-reference', 'cli-7')).stdout).toMatch(/^created order cli-7 \(id \d+\)\n$/)
+  })
+
   it('refuses with exit 2 a reference no webhook could carry: over 200 characters, empty, or holding a NUL', async () => {
     for (const reference of ['r'.repeat(201), '', 'order\u0000-1']) {
       const result = await run('orders', 'create', '--external-reference', reference)

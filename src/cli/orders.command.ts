@@ -21,15 +21,20 @@ export function registerOrdersCommands(program: Command): void {
       ])
       await withDatabase(async ({ db, config, reactions }) => {
         try {
-          const { order, appliedDeliveries } = await createOrder(
+          const { order, appliedDeliveries, parkedDeliveries } = await createOrder(
             db,
             { externalReference: options.externalReference, now: () => new Date() },
             observationSettings(config.poll, reactions.handlersFor),
           )
-          if (options.json) printJson({ ...order, appliedDeliveries })
+          if (options.json) printJson({ ...order, appliedDeliveries, parkedDeliveries })
           else {
             write(`created order ${order.externalReference} (id ${order.id})\n`)
-            if (appliedDeliveries > 0) write(`applied ${appliedDeliveries} parked webhook(s): status ${order.tradeStatus}\n`)
+            // each parked delivery's own outcome, as `deliveries reapply` says it: one may be a trade_mismatch
+            // (its trade already another order's) and leave the order without a status
+            for (const parked of parkedDeliveries) {
+              const status = parked.toStatus ? ` (order status ${parked.toStatus})` : ''
+              write(`parked webhook ${printable(parked.deliveryId)}: ${parked.outcome}${status}\n`)
+            }
           }
         } catch (error) {
           if (error instanceof PartnerValidationError) throw new UsageError(`Invalid order: ${error.message}`)

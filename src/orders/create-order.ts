@@ -5,7 +5,7 @@ import type { Kysely } from 'kysely'
 import type { Database } from '../db/database.js'
 import { isTradeFact, TRADE_FACT_MAX_LENGTH } from '../partner-api/field-rules.js'
 import { PartnerValidationError } from '../partner-api/partner-api-error.js'
-import { applyParkedDeliveries } from '../webhooks/parked-deliveries.js'
+import { applyParkedDeliveries, type ParkedDeliveryResult } from '../webhooks/parked-deliveries.js'
 import type { ObservationSettings } from './apply-observation.js'
 import type { Order } from './order.js'
 import { findOrderByExternalReference, insertOrder } from './order.repository.js'
@@ -14,7 +14,7 @@ export async function createOrder(
   db: Kysely<Database>,
   { externalReference, now }: { externalReference: string; now: () => Date },
   settings: ObservationSettings,
-): Promise<{ order: Order; appliedDeliveries: number }> {
+): Promise<{ order: Order; appliedDeliveries: number; parkedDeliveries: ParkedDeliveryResult[] }> {
   // the platform echoes it in every webhook for the order, where a longer one is refused
   if (!isTradeFact(externalReference)) {
     throw new PartnerValidationError(
@@ -22,12 +22,13 @@ export async function createOrder(
       `must be 1 to ${TRADE_FACT_MAX_LENGTH} characters without a NUL, as every webhook for the order carries it`,
     )
   }
-  let applied = await db.transaction().execute(async (trx) => {
+  const parked = await db.transaction().execute(async (trx) => {
     await insertOrder(trx, externalReference)
     return applyParkedDeliveries(trx, externalReference, settings, now)
   })
-  applied += await applyParkedDeliveries(db, externalReference, settings, now)
+  parked.push(...(await applyParkedDeliveries(db, externalReference, settings, now)))
   const order = await findOrderByExternalReference(db, externalReference)
   if (!order) throw new Error(`Order ${externalReference} vanished right after it was created`)
-  return { order, appliedDeliveries: applied }
+  // appliedDeliveries counts the parked deliveries processed, whatever each one's outcome
+  return { order, appliedDeliveries: parked.length, parkedDeliveries: parked }
 }

@@ -33,20 +33,28 @@ import {
 
 type Executor = Kysely<Database> | Transaction<Database>
 
+/** What applying one parked delivery did: its outcome, and the order's status after it where it has one. */
+export interface ParkedDeliveryResult {
+  deliveryId: string
+  outcome: DeliveryOutcome
+  toStatus: string | null
+}
+
 /**
  * Applies the deliveries parked for a reference, oldest first, if its order exists; each parked row is
- * given the outcome that applying it had. Returns how many were processed.
+ * given the outcome that applying it had. Returns those outcomes, in the order applied.
  */
 export async function applyParkedDeliveries(
   db: Executor,
   externalReference: string,
   settings: ObservationSettings,
   now: () => Date,
-): Promise<number> {
+): Promise<ParkedDeliveryResult[]> {
   const run = async (trx: Transaction<Database>) => {
     const order = await findOrderByExternalReference(trx, externalReference)
-    if (!order) return 0
+    if (!order) return []
     const parked = await lockParkedDeliveries(trx, externalReference)
+    const results: ParkedDeliveryResult[] = []
     for (const delivery of parked) {
       const appliedAt = now()
       const result = await applyObservation(
@@ -59,8 +67,9 @@ export async function applyParkedDeliveries(
         orderId: order.id,
         appliedAt: result.outcome === 'applied' ? appliedAt : null,
       })
+      results.push({ deliveryId: delivery.deliveryId, outcome: result.outcome, toStatus: result.toStatus })
     }
-    return parked.length
+    return results
   }
   return db.isTransaction ? run(db as Transaction<Database>) : db.transaction().execute(run)
 }
