@@ -26,11 +26,25 @@ export interface ReactionRegistry extends ReactionRouting {
 
 const NAME = /^[a-z0-9_.-]+$/
 const PATTERN = /^trade\.(\*|[a-z0-9_]+)$/
+const NONE: readonly string[] = Object.freeze([])
 
 export function createReactionRegistry(): ReactionRegistry {
   const entries = new Map<string, { patterns: readonly string[]; handler: ReactionHandler }>()
-  // handlersFor runs for every observation on the ingest path: cache its answer per type
-  const byType = new Map<string, readonly string[]>()
+  // handlersFor runs for every observation on the ingest path, so its answers are worked out when a handler is
+  // registered: one per type a pattern names, and one shared by every other trade.<status> (the trade.*
+  // handlers). The types come from signed deliveries and the platform's answers, so a cache filled per type
+  // asked grew by one entry for each distinct status ever seen; this one holds only what was registered.
+  let byType = new Map<string, readonly string[]>()
+  let anyTrade: readonly string[] = NONE
+  const takes = (patterns: readonly string[], type: string) =>
+    patterns.some((one) => (one === 'trade.*' ? type.startsWith('trade.') : one === type))
+  const namesFor = (type: string) =>
+    Object.freeze(
+      [...entries]
+        .filter(([, entry]) => takes(entry.patterns, type))
+        .map(([name]) => name)
+        .sort(),
+    )
   const registry: ReactionRegistry = {
     on(pattern, name, handler) {
       const patterns: readonly string[] = typeof pattern === 'string' ? [pattern] : [...pattern]
@@ -44,21 +58,14 @@ export function createReactionRegistry(): ReactionRegistry {
       if (entries.has(name)) throw new Error(`a reaction handler named ${name} is already registered`)
       if (typeof handler !== 'function') throw new Error(`reaction handler ${name} is not a function`)
       entries.set(name, { patterns, handler })
-      byType.clear()
+      // a type no pattern names is taken by the trade.* handlers alone ('trade.' itself stands for them)
+      anyTrade = namesFor('trade.')
+      const named = new Set([...entries.values()].flatMap((entry) => entry.patterns).filter((one) => one !== 'trade.*'))
+      byType = new Map([...named].map((type) => [type, namesFor(type)]))
       return registry
     },
     handlersFor(type) {
-      let names = byType.get(type)
-      if (!names) {
-        names = Object.freeze(
-          [...entries]
-            .filter(([, entry]) => entry.patterns.some((one) => (one === 'trade.*' ? type.startsWith('trade.') : one === type)))
-            .map(([name]) => name)
-            .sort(),
-        )
-        byType.set(type, names)
-      }
-      return names
+      return byType.get(type) ?? (type.startsWith('trade.') ? anyTrade : NONE)
     },
     handler(name) {
       return entries.get(name)?.handler
