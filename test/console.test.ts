@@ -553,6 +553,30 @@ describe('operator console', () => {
     }
   })
 
+  it("answers an address whose percent-encoding is malformed with the console's 400 page, the value escaped, not JSON", async () => {
+    const paths = [
+      ['/console/orders/%E0%A4%A', '%E0%A4%A'],
+      ['/console/reactions/%ZZ/retry', '%ZZ'],
+      [`/console/deliveries/dlv-1%/${'0'.repeat(64)}`, 'dlv-1%'],
+      [`/console/deliveries/%3Cb%3E%/${'0'.repeat(64)}/reapply`, '%3Cb%3E%'],
+    ]
+    for (const [path, value] of paths) {
+      const response = await bearer(request(admin).get(path!))
+      expect(response.status, path).toBe(400)
+      expect(response.type, path).toBe('text/html')
+      expect(response.text, path).toContain('<title>Bad request')
+      expect(response.text, path).toContain(`<p class="problem">Not a valid percent-encoding in the address: ${value}</p>`)
+    }
+    // what the path holds unencoded is shown as text
+    const raw = await bearer(request(admin).get("/console/orders/a&b'%E0"))
+    expect(raw.status).toBe(400)
+    expect(raw.text).toContain('in the address: a&amp;b&#39;%E0</p>')
+    // without the token it is the login, as for any console page
+    const anonymous = await request(admin).get('/console/orders/%E0%A4%A')
+    expect(anonymous.status).toBe(401)
+    expect(anonymous.text).toContain('name="token"')
+  })
+
   it('shows an order with its timeline and the channel of each change', async () => {
     const order = await findOrderByExternalReference(database.db, 'late-1')
     const page = await bearer(request(admin).get(`/console/orders/${order!.id}`))

@@ -150,6 +150,24 @@ const FilterQuery = z.object({
 
 class BadInput extends Error {}
 
+// Express's router throws a URIError with status 400 for a path parameter decodeURIComponent refuses
+function isUndecodableParam(error: unknown): boolean {
+  return error instanceof URIError && (error as { status?: unknown }).status === 400
+}
+
+/** The first segment of a path that is not valid percent-encoding; the whole path if none is found. */
+function undecodableSegment(path: string): string {
+  const decodes = (segment: string) => {
+    try {
+      decodeURIComponent(segment)
+      return true
+    } catch {
+      return false
+    }
+  }
+  return path.split('/').find((segment) => !decodes(segment)) ?? path
+}
+
 /** The delivery a /delivery?id=ID&body=SHA256 address names: each given once, as text. */
 function deliveryOfQuery(query: Request['query']): { deliveryId: string; bodySha256: string } {
   const { id, body } = query
@@ -734,9 +752,14 @@ export function consoleRoutes(deps: ConsoleDeps): Router {
     await send(res, messagePage('Not found', operatorOf(res), `No console page at ${req.path}.`), 404)
   })
 
-  router.use(CONSOLE_PATH, async (error: unknown, _req: Request, res: Response, next: (error: unknown) => void) => {
+  router.use(CONSOLE_PATH, async (error: unknown, req: Request, res: Response, next: (error: unknown) => void) => {
+    const operator = res.locals.operator as Operator | undefined
+    // the router could not decode a path parameter (/orders/%E0%A4%A): its own answer was the JSON error shape
+    if (isUndecodableParam(error)) {
+      return send(res, messagePage('Bad request', operator, `Not a valid percent-encoding in the address: ${undecodableSegment(req.path)}`), 400)
+    }
     if (!(error instanceof BadInput)) return next(error)
-    await send(res, messagePage('Bad request', res.locals.operator as Operator | undefined, error.message), 400)
+    await send(res, messagePage('Bad request', operator, error.message), 400)
   })
 
   return router
