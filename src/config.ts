@@ -183,10 +183,10 @@ const wholeNumber = ({ min = 1, max = Number.MAX_SAFE_INTEGER }: { min?: number;
 
 const port = wholeNumber({ min: 0, max: 65535 })
 
-// A size: decimal digits and an optional unit b, kb, mb or gb (1024-based), such as 256kb; with zeroAllowed, 0
+// A size: decimal digits and an optional unit b, kb, mb or gb in either case (1024-based), such as 256kb or 1MB; with zeroAllowed, 0
 // too (what turns a guard off). bytes.parse alone reads as much as looks like a number and drops the rest
 // (0x10 as 0, 1e3 as 1, 12abc as 12), so DATA_DIR_MIN_FREE=0x10 turned the free-space guard off.
-const SIZE_FORM = /^[0-9]+(b|kb|mb|gb)?$/
+const SIZE_FORM = /^[0-9]+(b|kb|mb|gb)?$/i
 const sizeOf = (zeroAllowed: boolean) =>
   z.string().transform((value, ctx) => {
     const parsed = SIZE_FORM.test(value) ? bytes.parse(value) : null

@@ -261,11 +261,11 @@ describe('configuration', () => {
     ])
   })
 
-  it('takes a size as decimal digits with an optional unit b, kb, mb or gb; 0x10, 1e3, 12abc or 1.5mb exits naming the variable, where the part that looked like a number was read', () => {
+  it('takes a size as decimal digits with an optional unit b, kb, mb or gb in either case; 0x10, 1e3, 12abc or 1.5mb exits naming the variable, where the part that looked like a number was read', () => {
     const sizes = ['MAX_INFLIGHT_BODY_BYTES', 'DATA_DIR_MIN_FREE', 'LOG_BUFFER_LIMIT', 'WEBHOOK_BODY_LIMIT', 'PARTNER_API_ANSWER_LIMIT']
     for (const name of sizes) {
       const form = `${name}: must be a size in decimal digits (0-9) with an optional unit b, kb, mb or gb, such as 256kb${name === 'DATA_DIR_MIN_FREE' ? ' (or 0)' : ''}`
-      for (const value of ['0x10', '1e3', '12abc', '1.5mb', '1,024', '+1kb', '-1kb', ' 1kb', '1kb ', '1 kb', '1KB', '1Mb', '1tb', 'kb', 'Infinity']) {
+      for (const value of ['0x10', '1e3', '12abc', '1.5mb', '1,024', '+1kb', '-1kb', ' 1kb', '1kb ', '1 kb', '1tb', 'kb', 'Infinity']) {
         expect(problemsOf({ ...remoteEnv, WEBHOOK_BODY_LIMIT: '1kb', [name]: value }), `${name}=${JSON.stringify(value)}`).toEqual([form])
       }
     }
@@ -287,6 +287,11 @@ describe('configuration', () => {
       config.limits.maxInflightBodyBytes,
       config.partner.maxAnswerBytes,
     ]).toEqual([16_384, 16_383, 512 * 1024, 2 * 1024 ** 3, 8 * 1024 ** 2])
+    // a unit in capitals, as written before this check, reads the same
+    expect(parseConfig({ ...remoteEnv, WEBHOOK_BODY_LIMIT: '1MB', LOG_BUFFER_LIMIT: '64Kb' })).toMatchObject({
+      webhook: { bodyLimitBytes: 1024 ** 2 },
+      logBufferLimitBytes: 64 * 1024,
+    })
   })
 
 
