@@ -600,17 +600,7 @@ export function parseConfig(
             events: values.FORWARD_EVENTS,
           },
     // local mode with its secrets given: a token per process, shown in the start-up banner
-    adminToken:
-      values.ADMIN_TOKEN ??
-      generated?.adminToken ??
-      (mode === 'local' ? randomBytes(32).toString('hex') : undefined),
-    adminTokenFrom: values.ADMIN_TOKEN
-      ? 'ADMIN_TOKEN'
-      : generated
-        ? 'local-secrets'
-        : mode === 'local'
-          ? 'this-process'
-          : undefined,
+    ...adminTokenOf(values.ADMIN_TOKEN, generated, mode),
     amqp:
       values.AMQP_URL === undefined
         ? undefined
@@ -644,6 +634,19 @@ export function loadConfig(): Config {
 function usableDataDir(dataDir: string): void {
   const problem = dataDirProblem(dataDir)
   if (problem) throw new ConfigError([`DATA_DIR: ${problem}; set DATA_DIR to a directory this user can write`])
+}
+
+// The console's token and where it came from: ADMIN_TOKEN, else local mode's generated secrets, else (local mode
+// with its other secrets given) one made for this process, shown in the start-up banner
+function adminTokenOf(
+  given: string | undefined,
+  generated: LocalSecrets | undefined,
+  mode: 'local' | 'remote',
+): Pick<Config, 'adminToken' | 'adminTokenFrom'> {
+  if (given !== undefined) return { adminToken: given, adminTokenFrom: 'ADMIN_TOKEN' }
+  if (generated) return { adminToken: generated.adminToken, adminTokenFrom: 'local-secrets' }
+  if (mode === 'local') return { adminToken: randomBytes(32).toString('hex'), adminTokenFrom: 'this-process' }
+  return { adminToken: undefined, adminTokenFrom: undefined }
 }
 
 export function localSecretsPath(dataDir: string): string {

@@ -31,8 +31,9 @@ export const listLimit = wholeNumberUpTo(MAX_LIST_LIMIT)
 
 /** A port to listen on, 0 (a free one) to 65535: Node's own refusal of another came only when it listened. */
 export function portNumber(value: string): number {
-  if (!/^\d{1,5}$/.test(value) || Number(value) > 65_535) throw new InvalidArgumentError('must be a port from 0 to 65535 (0: a free one)')
-  return Number(value)
+  const port = decimalDigits(value)
+  if (!(port <= 65_535)) throw new InvalidArgumentError('must be a port from 0 to 65535 (0: a free one)')
+  return port
 }
 
 /**

@@ -41,23 +41,15 @@ const RECEIVED = Buffer.from(JSON.stringify({ received: true }))
 const RECEIVED_DUPLICATE = Buffer.from(JSON.stringify({ received: true, duplicate: true }))
 
 /**
- * A Transfer-Encoding that lists a coding besides `chunked` (Node's parser takes `gzip, chunked` and undoes only
- * the chunking, so the body read would still be gzip).
+ * Whether a coding list (Content-Encoding, Transfer-Encoding; any letter case) names a coding besides `allowed`:
+ * a Content-Encoding other than none or `identity` (RFC 9110 8.4), or a Transfer-Encoding besides `chunked`
+ * (Node's parser takes `gzip, chunked` and undoes only the chunking, so the body read would still be gzip).
  */
-function hasOtherTransferCoding(header: string | undefined): boolean {
+function listsCodingBesides(header: string | undefined, allowed: 'identity' | 'chunked'): boolean {
   if (header === undefined) return false
   return header.split(',').some((coding) => {
     const name = coding.trim().toLowerCase()
-    return name !== '' && name !== 'chunked'
-  })
-}
-
-/** A Content-Encoding other than none or `identity` (RFC 9110 8.4; any letter case, a list included). */
-function isEncoded(header: string | undefined): boolean {
-  if (header === undefined) return false
-  return header.split(',').some((coding) => {
-    const name = coding.trim().toLowerCase()
-    return name !== '' && name !== 'identity'
+    return name !== '' && name !== allowed
   })
 }
 
@@ -87,14 +79,14 @@ export function webhookEndpoint(deps: WebhookEndpointDeps): WebhookEndpoint {
       res.setHeader('Connection', 'close')
       throw new AppError(503, 'storage_low', "The service's data directory is almost full; retry later")
     }
-    if (isEncoded(req.headers['content-encoding'])) {
+    if (listsCodingBesides(req.headers['content-encoding'], 'identity')) {
       // the signature is over the bytes as sent: a gzip body verified and then failed to parse (400, and the
       // platform retried it to the end). Refused before it is read; the sender is told what it may send
       res.setHeader('Connection', 'close')
       res.setHeader('Accept-Encoding', 'identity')
       throw new AppError(415, 'unsupported_media_type', 'A Content-Encoding is not accepted: send the body as signed, unencoded')
     }
-    if (hasOtherTransferCoding(req.headers['transfer-encoding'])) {
+    if (listsCodingBesides(req.headers['transfer-encoding'], 'chunked')) {
       // the same for a transfer coding (RFC 9112 6.1: 501): its coded bytes were read as the body, and refused
       // 401 invalid_signature, as if a secret were wrong
       res.setHeader('Connection', 'close')
