@@ -1,12 +1,12 @@
-// The public listener's caps: a budget of in-flight body bytes (503 `overloaded` before a body is read)
-// and a cap on open connections, each counted in the operator listener's metrics.
+// The public listener's caps: a budget of in-flight body bytes, counted as bodies arrive (503 `overloaded`
+// past it), and a cap on open connections, each counted in the operator listener's metrics.
 import { once } from 'node:events'
 import net from 'node:net'
 import { sql } from 'kysely'
 import { afterAll, beforeAll, describe, expect, it } from 'vitest'
 import { type RunningService, startService } from '../src/service.js'
 import { testLogger } from './helpers/log-sink.js'
-import { openStalledBodies, type StalledClient } from './helpers/stalled-bodies.js'
+import { openStalledBodies, openStalledHeads, type StalledClient } from './helpers/stalled-bodies.js'
 import { TEST_API_SECRET, TEST_WEBHOOK_SECRET, testConfig } from './helpers/test-config.js'
 import { signBody } from './helpers/webhook-delivery.js'
 
@@ -40,48 +40,85 @@ describe('limits of the public listener', () => {
     return Number(line.exec(scrape)?.[1] ?? 0)
   }
 
-  it('answers 503 overloaded before reading a body that would pass the budget, and admits again once bodies are done', async () => {
-    // two unfinished 256 KB bodies take the whole 512 KB budget
-    const stalled: StalledClient[] = await openStalledBodies({ port, connections: 2, contentLength: 256 * KB, sentBytes: 10 * KB })
-    held.push(...stalled.map((client) => client.socket))
-    const body = JSON.stringify({ event: 'trade.funded', trade_id: 'tr_1', status: 'funded', external_reference: 'lim-1' })
-    const send = (headers: Record<string, string> = {}) =>
-      fetch(`${service.url}/webhooks/partner`, {
-        method: 'POST',
-        headers: {
-          'content-type': 'application/json',
-          'x-partner-signature': signBody(body),
-          'x-partner-delivery-id': `lim-${Math.random()}`,
-          ...headers,
-        },
-        body,
-      })
-    // both have reserved their Content-Length
-    await expect.poll(() => metric(/^http_inflight_body_bytes (\d+)/m), { timeout: 10_000 }).toBe(512 * KB)
-
-    const refused = await send()
-    expect(refused.status).toBe(503)
-    expect(refused.headers.get('connection')).toBe('close')
-    expect(await refused.json()).toEqual({ error: { code: 'overloaded', message: expect.any(String) } })
-    expect(await metric(/^http_requests_refused_total\{reason="body_budget"\} (\d+)/m)).toBe(1)
-
-    // a chunked body (no Content-Length) reserves the whole body limit: refused as well
-    const chunked = await fetch(`${service.url}/webhooks/partner`, {
+  const delivery = (reference: string) => {
+    const body = JSON.stringify({ event: 'trade.funded', trade_id: `tr_${reference}`, status: 'funded', external_reference: reference })
+    return { body, headers: { 'content-type': 'application/json', 'x-partner-signature': signBody(body), 'x-partner-delivery-id': reference } }
+  }
+  const send = (reference: string) => {
+    const { body, headers } = delivery(reference)
+    return fetch(`${service.url}/webhooks/partner`, { method: 'POST', headers, body })
+  }
+  const sendChunked = (reference: string) => {
+    const { body, headers } = delivery(reference)
+    return fetch(`${service.url}/webhooks/partner`, {
       method: 'POST',
-      headers: { 'content-type': 'application/json', 'x-partner-signature': signBody(body) },
+      headers,
       body: new Blob([body]).stream(),
       duplex: 'half',
     } as RequestInit)
+  }
+
+  it('counts bodies as they arrive: 503 overloaded at the headers for a length that does not fit, part-way for a chunk that does not fit', async () => {
+    // two unfinished 256 KB bodies, each one byte short, take all but 2 bytes of the 512 KB budget
+    const stalled: StalledClient[] = await openStalledBodies({ port, connections: 2, contentLength: 256 * KB, sentBytes: 256 * KB - 1 })
+    held.push(...stalled.map((client) => client.socket))
+    await expect.poll(() => metric(/^http_inflight_body_bytes (\d+)/m), { timeout: 10_000 }).toBe(512 * KB - 2)
+
+    // a Content-Length that does not fit: refused from the headers
+    const refused = await send('lim-1')
+    expect(refused.status).toBe(503)
+    expect(refused.headers.get('connection')).toBe('close')
+    expect(refused.headers.get('retry-after')).toBe('1')
+    expect(await refused.json()).toEqual({ error: { code: 'overloaded', message: expect.any(String) } })
+    expect(await metric(/^http_requests_refused_total\{reason="body_budget"\} (\d+)/m)).toBe(1)
+
+    // a chunked body announces nothing: admitted, then refused at its first chunk, which does not fit
+    const chunked = await sendChunked('lim-2')
     expect(chunked.status).toBe(503)
+    expect(chunked.headers.get('connection')).toBe('close')
+    expect(await chunked.json()).toEqual({ error: { code: 'overloaded', message: expect.any(String) } })
+    expect(await metric(/^http_requests_refused_total\{reason="body_budget"\} (\d+)/m)).toBe(2)
+    // the refused chunk is not held
+    expect(await metric(/^http_inflight_body_bytes (\d+)/m)).toBe(512 * KB - 2)
 
     // the held bodies end (their clients go away): the budget comes back
     for (const client of stalled) client.socket.destroy()
     await expect.poll(() => metric(/^http_inflight_body_bytes (\d+)/m), { timeout: 10_000 }).toBe(0)
-    expect((await send()).status).toBe(200)
+    expect((await send('lim-3')).status).toBe(200)
+    expect((await sendChunked('lim-4')).status).toBe(200)
+  })
+
+  it('holds nothing for headers alone: 70 requests that announce the largest body and send none of it refuse no delivery', async () => {
+    // 70 × 256 KB announced, chunked or by length, is 35 times the budget; sent, nothing. Each request used to
+    // reserve what it announced from its headers, so two such requests refused every delivery until they were
+    // cut off (408, after REQUEST_TIMEOUT), and an unauthenticated client could repeat it without end
+    const announcing = await openStalledHeads({ port, connections: 35, contentLength: 256 * KB, sentBytes: 0 })
+    const chunkedHeads = await Promise.all(
+      Array.from({ length: 35 }, async () => {
+        const socket = net.connect(port, '127.0.0.1')
+        socket.on('error', () => {})
+        await once(socket, 'connect')
+        socket.write(`POST /webhooks/partner HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\nX-Partner-Signature: sha256=${'0'.repeat(64)}\r\n\r\n`)
+        return socket
+      }),
+    )
+    held.push(...announcing.map((client) => client.socket), ...chunkedHeads)
+    const refusedBefore = await metric(/^http_requests_refused_total\{reason="body_budget"\} (\d+)/m)
+    try {
+      expect((await send('heads-1')).status).toBe(200)
+      expect((await sendChunked('heads-2')).status).toBe(200)
+      expect(await metric(/^http_inflight_body_bytes (\d+)/m)).toBe(0)
+      expect(await metric(/^http_requests_refused_total\{reason="body_budget"\} (\d+)/m)).toBe(refusedBefore)
+      // none of the 70 was answered: each still waits for its body
+      expect(announcing.every((client) => client.status === undefined && !client.closed)).toBe(true)
+    } finally {
+      for (const client of announcing) client.socket.destroy()
+      for (const socket of chunkedHeads) socket.destroy()
+    }
   })
 
   it('gives back the budget of a pipelined request whose connection closed before its turn to be answered', async () => {
-    // a service of its own, whose budget is the body limit: 200 KB held for good leaves no room for a chunked body
+    // a service of its own, whose budget is the body limit: bytes held for good would show in the gauge for good
     const own = await startService({
       config: testConfig({ PORT: '0', POLL_ENABLED: 'false', WEBHOOK_BODY_LIMIT: '256kb', MAX_INFLIGHT_BODY_BYTES: '256kb' }),
       logger: testLogger([TEST_API_SECRET, TEST_WEBHOOK_SECRET]),
@@ -101,8 +138,8 @@ describe('limits of the public listener', () => {
         await gate
       })
       try {
-        // a whole delivery, and pipelined behind it a 200 KB one whose answer waits for the first's; the
-        // client goes away with both unanswered
+        // a whole delivery, and pipelined behind it all but the last byte of a 200 KB one whose answer waits
+        // for the first's; the client goes away with both unanswered
         const first = delivery('pipe-1')
         const socket = net.connect(Number(new URL(own.url).port), '127.0.0.1')
         socket.on('error', () => {})
@@ -110,11 +147,11 @@ describe('limits of the public listener', () => {
         socket.write(
           `POST /webhooks/partner HTTP/1.1\r\nHost: x\r\nContent-Length: ${Buffer.byteLength(first.body)}\r\n` +
             `X-Partner-Signature: ${first.headers['x-partner-signature']}\r\nX-Partner-Delivery-Id: pipe-1\r\n\r\n${first.body}` +
-            `POST /webhooks/partner HTTP/1.1\r\nHost: x\r\nContent-Length: ${200 * KB}\r\n\r\n${'a'.repeat(10)}`,
+            `POST /webhooks/partner HTTP/1.1\r\nHost: x\r\nContent-Length: ${200 * KB}\r\n\r\n${'a'.repeat(200 * KB - 1)}`,
         )
         await expect
           .poll(() => ownMetric(/^http_inflight_body_bytes (\d+)/m), { timeout: 10_000 })
-          .toBe(Buffer.byteLength(first.body) + 200 * KB)
+          .toBe(Buffer.byteLength(first.body) + 200 * KB - 1)
         socket.destroy()
         // the service saw the close: the unfinished body was refused
         await expect.poll(() => ownMetric(/^webhook_deliveries_total\{outcome="rejected"\} (\d+)/m), { timeout: 10_000 }).toBe(1)
@@ -122,7 +159,7 @@ describe('limits of the public listener', () => {
         letGo()
         await holding
       }
-      // both requests are done: their bytes are back, and a chunked delivery (the whole body limit) fits
+      // both requests are done: their bytes are back, and a chunked delivery is taken
       await expect.poll(() => ownMetric(/^http_inflight_body_bytes (\d+)/m), { timeout: 10_000 }).toBe(0)
       const next = delivery('pipe-2')
       const chunked = await fetch(`${own.url}/webhooks/partner`, {

@@ -13,6 +13,12 @@ const BODY_LIMIT = 256 * 1024
 const ADMIN_TOKEN = 'admin_token_0123456789abcdef0123456789'
 const WELL_FORMED_SIGNATURE = `sha256=${'0'.repeat(64)}`
 
+/** The public listener's body bytes being received or answered now, from the operator listener's metrics. */
+async function inflightBodyBytes(adminPort: number): Promise<number> {
+  const scrape = await (await fetch(`http://127.0.0.1:${adminPort}/metrics`)).text()
+  return Number(/^http_inflight_body_bytes (\d+)/m.exec(scrape)?.[1])
+}
+
 function webhookHead(port: number, headers: Record<string, string | number>): string {
   const lines = Object.entries(headers).map(([name, value]) => `${name}: ${value}\r\n`)
   return `POST /webhooks/partner HTTP/1.1\r\nHost: 127.0.0.1:${port}\r\nContent-Type: application/json\r\n${lines.join('')}\r\n`
@@ -31,7 +37,7 @@ describe('the compiled service before its application answers', () => {
         ...receiverEnv('memory://'),
         ADMIN_TOKEN,
         WEBHOOK_BODY_LIMIT: String(BODY_LIMIT),
-        // one largest body at a time: a request that announces one and stalls spends the budget
+        // one largest body at a time: a request that sends all but the last byte of one and stalls spends the budget
         MAX_INFLIGHT_BODY_BYTES: String(BODY_LIMIT),
       },
       { built: true },
@@ -99,11 +105,12 @@ describe('the compiled service before its application answers', () => {
     })
 
     it('is refused 503 overloaded with Retry-After, without 100 Continue, while the body budget is spent', async () => {
-      // announces the largest body and sends none of it: the whole budget is held
+      // sends all but the last byte of the largest body: the whole budget but one byte is held
       const holder = await connect(port)
       holder.write(webhookHead(port, { 'Content-Length': BODY_LIMIT, 'X-Partner-Delivery-Id': 'hold-1', 'X-Partner-Signature': WELL_FORMED_SIGNATURE }))
+      holder.write('a'.repeat(BODY_LIMIT - 1))
       try {
-        await new Promise((resolve) => setTimeout(resolve, 200))
+        await expect.poll(() => inflightBodyBytes(adminPort), { timeout: 10_000 }).toBe(BODY_LIMIT - 1)
         const received = await exchange(
           port,
           webhookHead(port, { 'Content-Length': 2, 'X-Partner-Delivery-Id': 'late-1', 'X-Partner-Signature': WELL_FORMED_SIGNATURE, Expect: '100-continue' }),

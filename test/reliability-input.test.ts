@@ -165,9 +165,9 @@ describe('slow and huge clients', () => {
   })
 
   it('gives back the body budget of a request cut off 408 whose client keeps its connection open and silent', async () => {
-    // a listener of its own whose budget is one chunked body: the cut-off request held it as long as its client
-    // kept the connection, and every delivery after it was refused 503 overloaded, on the unsigned word of
-    // one connection that sent a request's headers and then nothing
+    // a listener of its own whose budget is one 1 KB body: the cut-off request held the part it sent as long as
+    // its client kept the connection, and every delivery after it was refused 503 overloaded, on the unsigned
+    // word of one connection that sent a request's headers, most of a body and then nothing
     const tight = testConfig({ WEBHOOK_BODY_LIMIT: '1kb', MAX_INFLIGHT_BODY_BYTES: '1kb' })
     const own = await listen(createApp({ config: tight, db: database.db, logger: testLogger(tight.webhook.secrets), clock: systemClock }), {
       port: 0,
@@ -180,7 +180,8 @@ describe('slow and huge clients', () => {
     let answer = ''
     silent.on('data', (chunk) => (answer += chunk))
     try {
-      silent.write('POST /webhooks/partner HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n')
+      // one chunk of 1,000 bytes (0x3e8), and no end
+      silent.write(`POST /webhooks/partner HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n3e8\r\n${'a'.repeat(1000)}\r\n`)
       await expect.poll(() => answer, { timeout: 10_000 }).toMatch(/^HTTP\/1\.1 408 /)
       const body = JSON.stringify({ event: 'seller.verified', seller_id: 's-after-408' })
       const deliver = async () =>

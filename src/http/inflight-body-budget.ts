@@ -1,12 +1,16 @@
-// A budget of request body bytes being read or held at once (MAX_INFLIGHT_BODY_BYTES). A request
-// reserves its Content-Length, or the whole body limit when it announces none (chunked), before a byte
-// of its body is read, and gives it back when its answer is sent or its connection closes. Past the
-// budget it is answered 503 `overloaded` at once and its connection closed: clients that open many
-// requests and never finish their bodies hold at most the budget, not the process's memory.
+// A budget of request body bytes being read or held at once (MAX_INFLIGHT_BODY_BYTES). A request's body is
+// counted as it arrives, chunk by chunk, and given back when its answer is sent or its connection closes.
+// A request whose announced length does not fit in what is free is answered 503 `overloaded` before its
+// body is read; a chunk that does not fit ends its request the same way, its connection closed. So clients
+// that open many requests and never finish their bodies hold at most the budget, not the process's memory,
+// and holding it takes sending it: headers alone hold nothing. (Each request used to reserve its
+// Content-Length, or the whole body limit when chunked, from its headers: 64 connections that sent a chunked
+// request's headers and nothing else held the default budget, and every delivery was refused until they
+// were cut off, 30 s later, again and again.)
 import type { IncomingMessage, ServerResponse } from 'node:http'
 import type { Socket } from 'node:net'
 import type { Metrics } from '../metrics/metrics.js'
-import { errorBody } from './app-error.js'
+import { AppError, errorBody } from './app-error.js'
 import { writeJson } from './json-answer.js'
 
 export class InflightBodyBudget {
@@ -14,9 +18,13 @@ export class InflightBodyBudget {
 
   constructor(readonly capacityBytes: number) {}
 
+  fits(bytes: number): boolean {
+    return this.reserved + bytes <= this.capacityBytes
+  }
+
   /** Takes `bytes` from the budget; false (and nothing taken) when they do not fit. */
   tryReserve(bytes: number): boolean {
-    if (this.reserved + bytes > this.capacityBytes) return false
+    if (!this.fits(bytes)) return false
     this.reserved += bytes
     return true
   }
@@ -30,37 +38,83 @@ export class InflightBodyBudget {
   }
 }
 
+const SPENT_MESSAGE = 'Too many request bodies are being received at once; retry later'
+
+/** A body refused part-way: its next chunk did not fit in the budget (503 `overloaded`). */
+export class BodyBudgetSpent extends AppError {
+  constructor() {
+    super(503, 'overloaded', SPENT_MESSAGE)
+  }
+}
+
+export interface BodyAdmission {
+  /**
+   * Runs `read` (which reads the request's body) with every chunk counted into the budget as it arrives.
+   * Rejects with BodyBudgetSpent when a chunk does not fit, and the body reader stops.
+   */
+  read(read: () => Promise<Buffer>): Promise<Buffer>
+}
+
+interface BudgetDeps {
+  budget: InflightBodyBudget
+  bodyLimitBytes: number
+  metrics?: Metrics | undefined
+}
+
 /**
- * Reserves the request's body bytes before a byte is read; they are given back when its answer is sent or
- * its connection closes. False: the budget is spent, and the request was answered 503 `overloaded`.
+ * Admits a request whose announced length (one byte when it announces none) fits in what the budget has free;
+ * undefined when it does not: the request was answered 503 `overloaded`, its connection closed. Whatever its
+ * body counts into the budget is given back when its answer is sent or its connection closes.
  */
-export function reserveBodyBytes(
-  req: IncomingMessage,
-  res: ServerResponse,
-  { budget, bodyLimitBytes, metrics }: { budget: InflightBodyBudget; bodyLimitBytes: number; metrics?: Metrics | undefined },
-): boolean {
+export function admitBody(req: IncomingMessage, res: ServerResponse, deps: BudgetDeps): BodyAdmission | undefined {
+  const { budget, bodyLimitBytes, metrics } = deps
   const announced = req.headers['content-length']
   const length = announced === undefined ? undefined : Number(announced)
-  // a malformed length or one over the limit is refused by the body reader (400, 413) without reading
-  if (length !== undefined && !(Number.isSafeInteger(length) && length >= 0 && length <= bodyLimitBytes)) return true
-  const bytes = length ?? bodyLimitBytes
-  if (!budget.tryReserve(bytes)) {
+  // a malformed length, or one over the limit, is refused by the body reader (400, 413) without reading
+  const readable = length === undefined || (Number.isSafeInteger(length) && length >= 0 && length <= bodyLimitBytes)
+  if (readable && !budget.fits(length ?? 1)) {
     metrics?.requestsRefused.inc({ reason: 'body_budget' })
     res.setHeader('Connection', 'close')
     res.setHeader('Retry-After', '1')
-    writeJson(res, 503, errorBody('overloaded', 'Too many request bodies are being received at once; retry later'))
-    return false
+    writeJson(res, 503, errorBody('overloaded', SPENT_MESSAGE))
+    return undefined
   }
-  metrics?.inflightBodyBytes.inc(bytes)
+  let held = 0
+  let released = false
   const releases = heldOn(req.socket)
   const release = () => {
     if (!releases.delete(release)) return
-    budget.release(bytes)
-    metrics?.inflightBodyBytes.dec(bytes)
+    released = true
+    budget.release(held)
+    metrics?.inflightBodyBytes.dec(held)
   }
   releases.add(release)
   res.once('close', release)
-  return true
+  return {
+    read: async (read) => {
+      let spent = false
+      const count = (chunk: Buffer) => {
+        if (released || spent) return
+        if (budget.tryReserve(chunk.length)) {
+          held += chunk.length
+          metrics?.inflightBodyBytes.inc(chunk.length)
+          return
+        }
+        spent = true
+        metrics?.requestsRefused.inc({ reason: 'body_budget' })
+        // no more of it is read: the connection is closed once the answer is written
+        req.socket.pause()
+        // the body reader listens for the stream's errors while it reads, and stops on one
+        if (req.listenerCount('error') > 0) req.emit('error', new BodyBudgetSpent())
+      }
+      req.on('data', count)
+      try {
+        return await read()
+      } finally {
+        req.removeListener('data', count)
+      }
+    },
+  }
 }
 
 // The releases of each connection's requests not yet answered. An answer queued behind another on a

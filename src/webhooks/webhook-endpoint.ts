@@ -3,9 +3,9 @@
 // duplicate's answer; bench/results/latest.md). app.ts sends the exact path here first and mounts the same
 // endpoint in Express for the variants Express also matches (a trailing slash, another letter case).
 //
-// The body's bytes are reserved in the in-flight budget, then read with raw-body under the size limit (a
-// Content-Length over it is refused before a byte is read; a streamed body is cut off at the limit), then
-// handed to receiveWebhook. Answers follow the contract table in README.md; errors get the one error shape
+// The body is read with raw-body under the size limit (a Content-Length over it is refused before a byte is
+// read; a streamed body is cut off at the limit), its chunks counted in the in-flight budget as they arrive,
+// then handed to receiveWebhook. Answers follow the contract table in README.md; errors get the one error shape
 // (errorAnswer, as Express's error middleware gives).
 import type { IncomingMessage, ServerResponse } from 'node:http'
 import getRawBody from 'raw-body'
@@ -14,7 +14,7 @@ import { limitLines } from '../limit-lines.js'
 import { AppError } from '../http/app-error.js'
 import { errorAnswer } from '../http/error-handler.js'
 import { awaitsContinue, continueReading } from '../http/expect-continue.js'
-import { type InflightBodyBudget, reserveBodyBytes } from '../http/inflight-body-budget.js'
+import { admitBody, type BodyAdmission, BodyBudgetSpent, type InflightBodyBudget } from '../http/inflight-body-budget.js'
 import { writeJson } from '../http/json-answer.js'
 import type { Metrics } from '../metrics/metrics.js'
 import { loggableDeliveryId, type ReceiveDeps, receiveWebhook, refuseBeforeBody } from './receive-webhook.js'
@@ -69,7 +69,7 @@ export function webhookEndpoint(deps: WebhookEndpointDeps): WebhookEndpoint {
     logRejectedSignature: limitLines((fields: object) => logger.warn(fields, 'webhook signature rejected')),
   }
 
-  const receive = async (req: IncomingMessage, res: ServerResponse, deliveryId: string | undefined) => {
+  const receive = async (req: IncomingMessage, res: ServerResponse, body: BodyAdmission, deliveryId: string | undefined) => {
     if (deps.isReady && !deps.isReady()) {
       // before the body is read: the connection is closed rather than drained
       res.setHeader('Connection', 'close')
@@ -111,10 +111,14 @@ export function webhookEndpoint(deps: WebhookEndpointDeps): WebhookEndpoint {
     }
     let rawBody: Buffer
     try {
-      rawBody = await getRawBody(req, { length: announcedLength, limit: deps.bodyLimitBytes })
+      rawBody = await body.read(() => getRawBody(req, { length: announcedLength, limit: deps.bodyLimitBytes }))
     } catch (error) {
       // close the connection rather than read (and discard) the rest of an oversized body
       res.setHeader('Connection', 'close')
+      if (error instanceof BodyBudgetSpent) {
+        res.setHeader('Retry-After', '1')
+        throw error
+      }
       if ((error as { status?: number }).status === 413) {
         throw new AppError(413, 'payload_too_large', `The body is larger than ${deps.bodyLimitBytes} bytes`)
       }
@@ -141,7 +145,7 @@ export function webhookEndpoint(deps: WebhookEndpointDeps): WebhookEndpoint {
         notStored({ ...loggableDeliveryId(deliveryId), err: loggableError(error.cause) })
       }
       if (error.code === 'storage_low') metrics?.requestsRefused.inc({ reason: 'storage_low' })
-      if (error.code === 'overloaded') queueFull(loggableDeliveryId(deliveryId))
+      if (error.code === 'overloaded' && !(error instanceof BodyBudgetSpent)) queueFull(loggableDeliveryId(deliveryId))
     }
     if (res.headersSent) {
       res.destroy()
@@ -153,10 +157,11 @@ export function webhookEndpoint(deps: WebhookEndpointDeps): WebhookEndpoint {
 
   return (req, res) => {
     if (deps.isDraining?.()) res.setHeader('Connection', 'close')
-    // body bytes are reserved before a byte is read, so held-open bodies cannot grow the process's memory
-    if (!reserveBodyBytes(req, res, deps)) return
+    // body bytes are counted as they arrive, so held-open bodies cannot grow the process's memory
+    const body = admitBody(req, res, deps)
+    if (body === undefined) return
     const header = req.headers['x-partner-delivery-id']
     const deliveryId = typeof header === 'string' ? header : undefined
-    receive(req, res, deliveryId).catch((error: unknown) => refused(error, res, deliveryId))
+    receive(req, res, body, deliveryId).catch((error: unknown) => refused(error, res, deliveryId))
   }
 }
