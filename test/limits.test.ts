@@ -76,6 +76,7 @@ describe('limits of the public listener', () => {
     const chunked = await sendChunked('lim-2')
     expect(chunked.status).toBe(503)
     expect(chunked.headers.get('connection')).toBe('close')
+    expect(chunked.headers.get('retry-after')).toBe('1')
     expect(await chunked.json()).toEqual({ error: { code: 'overloaded', message: expect.any(String) } })
     expect(await metric(/^http_requests_refused_total\{reason="body_budget"\} (\d+)/m)).toBe(2)
     // the refused chunk is not held
