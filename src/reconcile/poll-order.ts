@@ -12,7 +12,8 @@
 //             operator looks and requeues (`reconcile --requeue`)
 //   401       nothing written: the cycle stops and gives every claim back (reconcile-cycle.ts)
 //   otherwise next_poll_at = now + exponential backoff with jitter (backoff-delay.ts), and no sooner than
-//             the answer's Retry-After; a 429 or a Retry-After also stops the cycle (throttledFor)
+//             the answer's Retry-After (up to the backoff's cap); a 429 or a Retry-After also stops the cycle
+//             (throttledFor)
 // A write-back whose lease token no longer matches (the lease ran out and another replica claimed the
 // order since) writes nothing: `lease_lost`.
 import type { Kysely } from 'kysely'
@@ -181,11 +182,16 @@ export async function pollOrder(
 
 /**
  * When the platform asked us to slow down, after the client's own retries: how long it asked for, in ms (its
- * Retry-After, on any status; 0 for a 429 that did not say). Undefined for any other failure.
+ * Retry-After, on any status; 0 for a 429 that did not say), at most `maxMs` (the error backoff's cap).
+ * Undefined for any other failure.
+ *
+ * The cap: a Retry-After is the platform's word, and a wrong one (99999999999 seconds, a date in the year
+ * 9999, more seconds than a date can hold) would otherwise put the orders off the schedule for centuries, with
+ * no flag, gauge or alert to show it, or make a time no database can store and fail every write-back.
  */
-export function throttledFor(error: unknown): number | undefined {
+export function throttledFor(error: unknown, maxMs: number): number | undefined {
   if (!(error instanceof PartnerApiError)) return undefined
-  if (error.retryAfterMs !== undefined) return error.retryAfterMs
+  if (error.retryAfterMs !== undefined) return Math.min(error.retryAfterMs, maxMs)
   return error.status === 429 ? 0 : undefined
 }
 
@@ -214,7 +220,7 @@ async function writeBackFailure(
     return { ...base, result: 'not_found', error }
   }
   const backoffMs = backoffDelayS(order.pollAttempts, deps.backoff, deps.random) * 1000
-  const nextPollAt = new Date(now + Math.max(backoffMs, throttledFor(error) ?? 0))
+  const nextPollAt = new Date(now + Math.max(backoffMs, throttledFor(error, deps.backoff.capS * 1000) ?? 0))
   const rescheduled = await rescheduleAfterError(db, { orderId: order.orderId, leaseToken, nextPollAt })
   if (!rescheduled) return { ...base, result: 'lease_lost' }
   logger.debug(

@@ -7,7 +7,8 @@
 // instead) or when the caller's signal aborts (shutdown).
 // It also stops when the platform asks us to slow down (a 429, or a Retry-After, after the client's own
 // retries): polling the rest would meet the same limit, so their claims are given back due no sooner than
-// the Retry-After, and the poller's next cycle waits for it too (poller.ts).
+// the Retry-After (at most the backoff's cap, 1 h: see throttledFor), and the poller's next cycle waits for it
+// too (poller.ts).
 import { randomUUID } from 'node:crypto'
 import { setMaxListeners } from 'node:events'
 import type { Kysely } from 'kysely'
@@ -151,7 +152,7 @@ export async function runReconcileCycle(
       }
       results[result.result]++
       if (result.result === 'error') firstError ??= result.error
-      const throttledMs = result.result === 'error' ? throttledFor(result.error) : undefined
+      const throttledMs = result.result === 'error' ? throttledFor(result.error, pollDeps.backoff.capS * 1000) : undefined
       if (throttledMs !== undefined) {
         // the order itself was rescheduled after the wait; the rest go back with it (below)
         const until = new Date(clock.now() + throttledMs)
