@@ -53,6 +53,8 @@ describe('PartnerApiTransport retry rules', () => {
     ['a 502 from a proxy', { status: 502, body: '<html>Bad gateway</html>' }],
     ['a 429 without Retry-After', { status: 429 }],
     ['a 503 with an unreadable Retry-After', { status: 503, headers: { 'retry-after': 'soon' } }],
+    ['a 503 with a negative Retry-After', { status: 503, headers: { 'retry-after': '-5' } }],
+    ['a 429 with a fractional Retry-After', { status: 429, headers: { 'retry-after': '1.5' } }],
     ['a reset connection', { networkError: 'ECONNRESET' }],
   ] as [string, FetchStep][])('retries a GET after %s on the backoff', async (_kind, first) => {
     const { sender, clock, calls, waits } = transport([first, ok])
@@ -104,6 +106,14 @@ describe('parseRetryAfter', () => {
     ['Wed, 31 Dec 2025 23:59:00 GMT', 0],
     ['soon', undefined],
     [null, undefined],
+    // the obsolete forms an HTTP-date may still take
+    ['Thursday, 01-Jan-26 00:00:05 GMT', 5_000],
+    ['Thu Jan  1 00:00:05 2026', 5_000],
+    // not seconds and not an HTTP-date, though Date.parse reads each as a day in 2001: unreadable
+    ['-5', undefined],
+    ['1.5', undefined],
+    ['soon 12', undefined],
+    ['2026-01-01T00:00:05Z', undefined],
   ])('reads %j as %j ms', (value, expected) => {
     expect(parseRetryAfter(value, now)).toBe(expected)
   })
