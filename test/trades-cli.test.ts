@@ -101,6 +101,21 @@ describe('trades open', () => {
     expect(server.requests.length).toBe(before)
   })
 
+  it.each([
+    ['a negative amount', ['--amount', '-1']],
+    ['a phone without +', ['--buyer-phone', '0049 151 123']],
+    ['a milestone of zero', ['--milestone', 'Frame:0']],
+  ])('creates no order for a request that fails validation (%s)', async (_, extra) => {
+    const ref = reference()
+    const result = await open(ref, ...extra)
+    expect(result.code).toBe(2)
+    expect(result.stderr).toMatch(/^Invalid request: /)
+    expect(await findOrderByExternalReference(database.db, ref)).toBeUndefined()
+    // and with the mistake corrected, the same command opens the trade
+    expect((await open(ref)).code).toBe(0)
+    expect(await findOrderByExternalReference(database.db, ref)).toMatchObject({ tradeId: `tr_${ref}` })
+  })
+
   it('exits 2 for an order reference over 200 characters, creating no order and sending nothing', async () => {
     const before = server.requests.length
     const result = await open('o'.repeat(201))

@@ -46,7 +46,7 @@ function deps(client: PartnerTradeApi, clock = new FakeClock()): TradeDeps & { c
     client,
     clock,
     logger,
-    settings: { expectedWebhookS: EXPECTED_WEBHOOK_S, observation: { staleAfterS: STALE_AFTER_S, handlersFor: NO_REACTION_HANDLERS } },
+    settings: { expectedWebhookS: EXPECTED_WEBHOOK_S, observation: { staleAfterS: STALE_AFTER_S, handlersFor: NO_REACTION_HANDLERS }, partnerKind: 'marketplace' },
   }
 }
 
@@ -239,7 +239,7 @@ describe('openTradeForOrder', () => {
     expect((await order(ref)).tradeCreateState).toBe('unknown')
   })
 
-  it('sends nothing and leaves the order as it was when the request fails validation', async () => {
+  it('sends nothing and creates no order when the request fails validation', async () => {
     const ref = reference()
     const { fetch, calls } = (await import('./helpers/partner-api-fake-fetch.js')).scriptedFetch([])
     const client = new PartnerApiClient({
@@ -258,7 +258,7 @@ describe('openTradeForOrder', () => {
     expect(error).toBeInstanceOf(PartnerValidationError)
     expect(error.field).toBe('seller_id')
     expect(calls).toHaveLength(0)
-    expect((await order(ref)).tradeCreateState).toBe('none')
+    expect(await findOrderByExternalReference(database.db, ref)).toBeUndefined()
   })
 
   it('links nothing and marks the create unknown when the platform answers with another order’s trade', async () => {

@@ -55,6 +55,7 @@ export async function withTradeDeps<T>(
     try {
       return await run({ db, client, clock, logger, settings: {
           expectedWebhookS: config.poll.expectedWebhookS,
+          partnerKind: config.partner.kind,
           observation: observationSettings(config.poll, reactions.handlersFor),
         },
       })

@@ -196,7 +196,7 @@ export async function runDemo({
       client,
       clock,
       logger: log,
-      settings: { expectedWebhookS: config.poll.expectedWebhookS, observation },
+      settings: { expectedWebhookS: config.poll.expectedWebhookS, observation, partnerKind: config.partner.kind },
     }
 
     say(`demo: database ready after ${((Date.now() - startedAt) / 1000).toFixed(1)} s; ${trades} trades against the sandbox, with faults (seed ${seed})`)

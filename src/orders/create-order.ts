@@ -10,11 +10,8 @@ import type { ObservationSettings } from './apply-observation.js'
 import type { Order } from './order.js'
 import { findOrderByExternalReference, insertOrder } from './order.repository.js'
 
-export async function createOrder(
-  db: Kysely<Database>,
-  { externalReference, now }: { externalReference: string; now: () => Date },
-  settings: ObservationSettings,
-): Promise<{ order: Order; appliedDeliveries: number; parkedDeliveries: ParkedDeliveryResult[] }> {
+/** Throws PartnerValidationError unless `externalReference` can be an order's (what createOrder checks first). */
+export function checkOrderReference(externalReference: string): void {
   // the platform echoes it in every webhook for the order, where a longer one is refused
   if (!isTradeFact(externalReference)) {
     throw new PartnerValidationError(
@@ -22,6 +19,14 @@ export async function createOrder(
       `must be 1 to ${TRADE_FACT_MAX_LENGTH} characters without a NUL, as every webhook for the order carries it`,
     )
   }
+}
+
+export async function createOrder(
+  db: Kysely<Database>,
+  { externalReference, now }: { externalReference: string; now: () => Date },
+  settings: ObservationSettings,
+): Promise<{ order: Order; appliedDeliveries: number; parkedDeliveries: ParkedDeliveryResult[] }> {
+  checkOrderReference(externalReference)
   const parked = await db.transaction().execute(async (trx) => {
     await insertOrder(trx, externalReference)
     return applyParkedDeliveries(trx, externalReference, settings, now)

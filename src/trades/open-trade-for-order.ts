@@ -19,7 +19,7 @@
 // An order this call created stays, whatever the create then does (creating it applied the webhooks parked for
 // its reference): with nothing sent or the create refused, it is `none`, and the same open sends it.
 import { applyObservation } from '../orders/apply-observation.js'
-import { createOrder } from '../orders/create-order.js'
+import { checkOrderReference, createOrder } from '../orders/create-order.js'
 import { apiObservation } from '../orders/observations.js'
 import {
   findOrderByExternalReference,
@@ -29,6 +29,7 @@ import {
 } from '../orders/order.repository.js'
 import { isOutcomeUnknown } from '../partner-api/partner-api-error.js'
 import type { CreateTradeRequest, TradeRecord } from '../partner-api/types.js'
+import { validateCreateTrade } from '../partner-api/validate-request.js'
 import type { TradeDeps } from './trade-deps.js'
 import { answerMismatch, stoppedBeforeSending, TradeOperationError } from './trade-operation-error.js'
 
@@ -51,6 +52,10 @@ export async function openTradeForOrder(
   let orderCreated = false
   const stopped = () => stoppedBeforeSending(externalReference, 'the trade create', { orderCreated })
   if (guard?.stopRequested()) throw stopped()
+  // a request that fails validation is refused before anything is written: the client would refuse it only
+  // after the order was created, and an order would be left behind by a mistyped --amount
+  checkOrderReference(externalReference)
+  validateCreateTrade({ ...request, external_reference: externalReference }, settings.partnerKind)
   let order = await findOrderByExternalReference(db, externalReference)
   if (!order) {
     await createOrder(db, { externalReference, now: () => new Date(clock.now()) }, settings.observation)

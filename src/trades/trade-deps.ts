@@ -1,5 +1,6 @@
 import type { Kysely } from 'kysely'
 import type { Clock } from '../clock.js'
+import type { PartnerKind } from '../config.js'
 import type { Database } from '../db/database.js'
 import type { Logger } from '../logger.js'
 import type { ObservationSettings } from '../orders/apply-observation.js'
@@ -42,7 +43,10 @@ export interface TradeDeps {
   client: PartnerTradeApi
   clock: Clock
   logger: Logger
-  /** EXPECTED_WEBHOOK_S: when to poll after an API call; and how its answer is applied (observations.ts). */
-  settings: { expectedWebhookS: number; observation: ObservationSettings }
+  /**
+   * EXPECTED_WEBHOOK_S: when to poll after an API call; how its answer is applied (observations.ts); and
+   * PARTNER_KIND, which a trade create is validated for before its order is created.
+   */
+  settings: { expectedWebhookS: number; observation: ObservationSettings; partnerKind: PartnerKind }
   guard?: CallGuard | undefined
 }
