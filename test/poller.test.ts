@@ -383,9 +383,10 @@ describe('the poller', () => {
     it('lets another replica claim an order whose lease ran out, and the late write-back changes nothing', async () => {
       await insertOrders(database.db, [{ externalReference: 'a', nextPollAt: fromNow(-1) }])
       const slowAnswer = deferred<string>()
+      const slowFetcher = countingFetcher(() => slowAnswer.promise)
       const slow = testPoller({
         db: database.db,
-        fetcher: countingFetcher(() => slowAnswer.promise),
+        fetcher: slowFetcher,
         clock,
         replica: 'replica-slow',
         settings: { leaseS: 60 },
@@ -399,10 +400,8 @@ describe('the poller', () => {
       })
 
       const slowRun = slow.runOnce()
-      await eventually(
-        async () => (await orderByReference(database.db, 'a')).pollLeaseToken !== null,
-        'claimed',
-      )
+      // its GET is at the platform (a claim whose lease ran out before its poll began is not polled at all)
+      await eventually(() => slowFetcher.calls.length === 1, 'claimed and polling')
       // inside the lease the order belongs to the slow replica
       expect((await fast.runOnce()).claimed).toBe(0)
       await clock.advance(60_000)
@@ -424,17 +423,16 @@ describe('the poller', () => {
     const slowReplicaPastItsLease = async <T extends string | Error | TradeRecord>() => {
       await insertOrders(database.db, [{ externalReference: 'a', nextPollAt: fromNow(-1) }])
       const slowAnswer = deferred<T>()
+      const fetcher = countingFetcher(() => slowAnswer.promise)
       const slow = testPoller({
         db: database.db,
-        fetcher: countingFetcher(() => slowAnswer.promise),
+        fetcher,
         clock,
         settings: { leaseS: 60 },
       })
       const slowRun = slow.runOnce()
-      await eventually(
-        async () => (await orderByReference(database.db, 'a')).pollLeaseToken !== null,
-        'claimed',
-      )
+      // its GET is at the platform (a claim whose lease ran out before its poll began is not polled at all)
+      await eventually(() => fetcher.calls.length === 1, 'claimed and polling')
       await clock.advance(60_000)
       const [claimed] = await claimDueOrders(database.db, { now: now(), limit: 10, leaseS: 60, leaseToken: 'newer' })
       expect(claimed?.externalReference).toBe('a')

@@ -21,7 +21,8 @@ export type { RunSummary, StoppedReason } from './reconcile-cycle.js'
 /**
  * How long a claimed order belongs to the claiming replica. A cycle normally takes seconds; the lease only
  * has to outlast a slow one (a batch of GETs with their timeouts and retries). When it runs out the order
- * is due again, and the late write-back of the first replica is refused by the lease token.
+ * is due again, the cycle starts no further poll (reconcile-cycle.ts), and the late write-back of a poll that
+ * was in flight is refused by the lease token.
  */
 export const DEFAULT_LEASE_S = 300
 

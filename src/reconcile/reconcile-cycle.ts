@@ -133,6 +133,11 @@ export async function runReconcileCycle(
   let clockOffsetS = null as number | null
   let firstError: unknown
   let next = 0
+  // the claims are this cycle's alone until the lease ends: past it another replica may have claimed them
+  // (they were due again), so none is polled from then on; they are given back below, and any another replica
+  // claimed since stays its own (the token no longer matches)
+  const leaseEndsAt = startedAt.getTime() + settings.leaseS * 1000
+  let outlivedLease = false
   const pollDeps = {
     db,
     fetcher: deps.fetcher,
@@ -144,6 +149,10 @@ export async function runReconcileCycle(
   }
   const worker = async () => {
     while (!stop.signal.aborted && next < claimed.length) {
+      if (clock.now() >= leaseEndsAt) {
+        outlivedLease = true
+        return
+      }
       const order = claimed[next++]!
       const result = await pollOrder(pollDeps, order, leaseToken, stop.signal)
       if (result === null) {
@@ -183,7 +192,8 @@ export async function runReconcileCycle(
   } finally {
     signal?.removeEventListener('abort', onAbort)
   }
-  unpolled.push(...claimed.slice(next))
+  const untried = claimed.slice(next)
+  unpolled.push(...untried)
 
   const notBefore = throttledUntil
   const released = await releaseClaims(
@@ -218,6 +228,14 @@ export async function runReconcileCycle(
     })
   }
   logCycle(logger, summary, firstError)
+  if (outlivedLease) {
+    logger.warn(
+      { runId, replica, leaseS: settings.leaseS, claimed: claimed.length, polled, untried: untried.length },
+      'reconcile cycle outlived its poll lease: the orders not yet polled were given back untried, as another ' +
+        'replica may hold them now (the platform answers slowly: a smaller POLL_BATCH_SIZE or a larger ' +
+        'POLL_CONCURRENCY keeps a cycle inside the lease)',
+    )
+  }
   return summary
 }
 
