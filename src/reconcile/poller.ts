@@ -11,12 +11,17 @@ import type { ObservationSettings } from '../orders/apply-observation.js'
 import { type BackoffSettings, DEFAULT_BACKOFF } from './backoff-delay.js'
 import type { PollResult, TradeFetcher } from './poll-order.js'
 import { countDueOrders, type DueOrderStats } from '../orders/poll-schedule.repository.js'
-import { type RunSummary, runReconcileCycle } from './reconcile-cycle.js'
+import { CycleFailedError, type RunSummary, runReconcileCycle } from './reconcile-cycle.js'
+import { finishRun } from './reconcile-run.repository.js'
 
 export type { PollResult, PollResultKind, TradeFetcher } from './poll-order.js'
 export { POLL_RESULTS } from './poll-order.js'
 export type { DueOrderStats } from '../orders/poll-schedule.repository.js'
 export type { RunSummary, StoppedReason } from './reconcile-cycle.js'
+export { CycleFailedError, DATABASE_LOST_REASON } from './reconcile-cycle.js'
+
+/** Runs left unfinished by a lost database that one poller remembers, to record their end when it is back. */
+const MAX_UNFINISHED_RUNS = 100
 
 /**
  * How long a claimed order belongs to the claiming replica. A cycle normally takes seconds; the lease only
@@ -81,8 +86,35 @@ export function createPoller(deps: PollerDeps): Poller {
   const { clock, logger, settings } = deps
   const backoff = settings.backoff ?? DEFAULT_BACKOFF
   const cycleDeps = { ...deps, settings: { ...settings, backoff } }
+  // runs whose cycle lost the database after writing them: without this they would show as running for good,
+  // as a dead replica's do, though this replica lived on
+  const unfinishedRuns: CycleFailedError[] = []
+  const finishUnfinishedRuns = async () => {
+    while (unfinishedRuns.length > 0) {
+      const failed = unfinishedRuns[0]!
+      try {
+        await finishRun(deps.db, failed.runId, failed.run)
+      } catch {
+        // still away: the next cycle tries again
+        return
+      }
+      unfinishedRuns.shift()
+      logger.info({ runId: failed.runId, replica: deps.replica }, 'recorded the end of a reconcile run that lost the database')
+    }
+  }
   const runCycle = async (options: { signal: AbortSignal; recordEmpty?: boolean }) => {
-    const summary = await runReconcileCycle(cycleDeps, options)
+    await finishUnfinishedRuns()
+    let summary: RunSummary
+    try {
+      summary = await runReconcileCycle(cycleDeps, options)
+    } catch (error) {
+      if (error instanceof CycleFailedError) {
+        if (unfinishedRuns.length >= MAX_UNFINISHED_RUNS) unfinishedRuns.shift()
+        unfinishedRuns.push(error)
+        throw error.cause
+      }
+      throw error
+    }
     try {
       deps.onCycle?.(summary)
     } catch (error) {

@@ -28,7 +28,7 @@ import {
   type TradeFetcher,
 } from './poll-order.js'
 import { type ClaimedOrder, claimDueOrders, releaseClaims } from '../orders/poll-schedule.repository.js'
-import { finishRun, startRun } from './reconcile-run.repository.js'
+import { finishRun, type RunCounts, startRun } from './reconcile-run.repository.js'
 
 export const UNAUTHORIZED_MESSAGE =
   'partner api rejected our credentials: check PARTNER_API_KEY_ID / PARTNER_API_SECRET / PARTNER_ENV'
@@ -68,6 +68,28 @@ export interface CycleDeps {
 
 /** unauthorized: the platform answered 401; throttled: it asked us to slow down; shutdown: the caller aborted the cycle. */
 export type StoppedReason = 'unauthorized' | 'throttled' | 'shutdown'
+
+/**
+ * The stopped_reason of a run whose cycle lost the database after the run was written: its end could not be
+ * recorded then, and the poller records it once the database answers again (poller.ts).
+ */
+export const DATABASE_LOST_REASON = 'database'
+
+/**
+ * A cycle that failed on the database after its reconcile_runs row was written (giving its claims back, or
+ * recording its end): `run` is what to write into that row once the database answers again, so the row does
+ * not show as running, as a dead replica's does, for good. The message is the database error's.
+ */
+export class CycleFailedError extends Error {
+  constructor(
+    readonly runId: number,
+    readonly run: RunCounts & { finishedAt: Date },
+    cause: unknown,
+  ) {
+    super(cause instanceof Error ? cause.message : String(cause), { cause })
+    this.name = 'CycleFailedError'
+  }
+}
 
 export interface RunSummary {
   /** The reconcile_runs row; null when the cycle found nothing due and `recordEmpty` was off. */
@@ -195,13 +217,35 @@ export async function runReconcileCycle(
   const untried = claimed.slice(next)
   unpolled.push(...untried)
 
-  const notBefore = throttledUntil
-  const released = await releaseClaims(
-    db,
-    leaseToken,
-    notBefore ? unpolled.map((order) => (order.dueAt < notBefore ? { ...order, dueAt: notBefore } : order)) : unpolled,
-  )
   const polled = POLL_RESULTS.reduce((sum, kind) => sum + results[kind], 0)
+  const errors = results.error + results.not_found + results.trade_mismatch + results.unauthorized
+  // the database went away after the run was written: what the row should say once it is back
+  const failed = (error: unknown) =>
+    runId === null
+      ? error
+      : new CycleFailedError(
+          runId,
+          {
+            finishedAt: new Date(clock.now()),
+            polled,
+            changed: results.applied,
+            errors,
+            stoppedReason: stoppedReason ?? DATABASE_LOST_REASON,
+            clockOffsetS,
+          },
+          error,
+        )
+  const notBefore = throttledUntil
+  let released: number
+  try {
+    released = await releaseClaims(
+      db,
+      leaseToken,
+      notBefore ? unpolled.map((order) => (order.dueAt < notBefore ? { ...order, dueAt: notBefore } : order)) : unpolled,
+    )
+  } catch (error) {
+    throw failed(error)
+  }
   const summary: RunSummary = {
     runId,
     replica,
@@ -210,7 +254,7 @@ export async function runReconcileCycle(
     claimed: claimed.length,
     polled,
     changed: results.applied,
-    errors: results.error + results.not_found + results.trade_mismatch + results.unauthorized,
+    errors,
     released,
     results,
     stoppedReason,
@@ -218,14 +262,18 @@ export async function runReconcileCycle(
     clockOffsetS,
   }
   if (runId !== null) {
-    await finishRun(db, runId, {
-      finishedAt: summary.finishedAt,
-      polled: summary.polled,
-      changed: summary.changed,
-      errors: summary.errors,
-      stoppedReason,
-      clockOffsetS,
-    })
+    try {
+      await finishRun(db, runId, {
+        finishedAt: summary.finishedAt,
+        polled: summary.polled,
+        changed: summary.changed,
+        errors: summary.errors,
+        stoppedReason,
+        clockOffsetS,
+      })
+    } catch (error) {
+      throw failed(error)
+    }
   }
   logCycle(logger, summary, firstError)
   if (outlivedLease) {
