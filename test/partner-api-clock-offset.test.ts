@@ -56,6 +56,43 @@ describe('measureClockOffset', () => {
   it('answers undefined without a readable Date', () => {
     expect(measureClockOffset(null, now)).toBeUndefined()
     expect(measureClockOffset('yesterday-ish', now)).toBeUndefined()
+    // not an HTTP-date, though Date.parse reads each as a day in 2001 (a clock 25 years behind)
+    for (const garbled of ['1', '0', '-5', 'soon 12', '2026-03-01T12:10:00Z']) {
+      expect(measureClockOffset(garbled, now), garbled).toBeUndefined()
+    }
+  })
+
+  it('reads the obsolete forms of an HTTP-date too', () => {
+    expect(measureClockOffset('Sunday, 01-Mar-26 12:06:52 GMT', now)).toBe(412)
+    expect(measureClockOffset('Sun Mar  1 12:06:52 2026', now)).toBe(412)
+  })
+
+  it('says nothing of clocks for a 401 whose Date is garbled, and feeds the gauge nothing', async () => {
+    const platform = await startRecordingServer({
+      secret: TEST_API_SECRET,
+      answer: () => ({ status: 401, headers: { date: '1' }, body: { error: { code: 'invalid_signature', message: 'no' } } }),
+    })
+    try {
+      const offsets: number[] = []
+      const client = new PartnerApiClient({
+        baseUrl: platform.url,
+        keyId: TEST_API_KEY_ID,
+        secret: TEST_API_SECRET,
+        env: 'sandbox',
+        kind: 'marketplace',
+        timeoutMs: 5_000,
+        clock: systemClock,
+        logger,
+        onClockOffset: (offsetS) => offsets.push(offsetS),
+      })
+      const error = await refusal(client.getTrade('tr_any'))
+      expect(error.status).toBe(401)
+      expect(error.clockOffsetS).toBeUndefined()
+      expect(error.message).not.toContain('clock')
+      expect(offsets).toEqual([])
+    } finally {
+      await platform.close()
+    }
   })
 
   it(`names an offset only beyond ${CLOCK_OFFSET_THRESHOLD_S} s, either way`, () => {

@@ -4,6 +4,7 @@
 // its window (spec section 5: "must be recent", the length not shown; the sandbox's is 300 s). A machine
 // whose clock drifted (a VM, a host without NTP) is refused with 401 on every call although its credentials
 // are right; the Date of those answers is how it can tell.
+import { parseHttpDate } from './http-date.js'
 
 /**
  * An offset beyond this is named in a 401's message. Date has whole seconds and is stamped before the answer
@@ -19,8 +20,9 @@ export const CLOCK_OFFSET_THRESHOLD_S = 60
  */
 export function measureClockOffset(dateHeader: string | null, nowMs: number): number | undefined {
   if (dateHeader === null) return undefined
-  const dateMs = Date.parse(dateHeader)
-  if (Number.isNaN(dateMs)) return undefined
+  // strictly an HTTP-date: Date.parse reads a garbled "1" as a day in 2001, a clock 25 years behind
+  const dateMs = parseHttpDate(dateHeader)
+  if (dateMs === undefined) return undefined
   // Date is cut to the whole second: the platform's time lay anywhere in that second, half of it on average
   return Math.round((dateMs + 500 - nowMs) / 1000)
 }

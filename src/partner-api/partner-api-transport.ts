@@ -26,6 +26,7 @@ import {
   PartnerTimeoutError,
   PROXY_CLOSED_CODE,
 } from './partner-api-error.js'
+import { parseHttpDate } from './http-date.js'
 import { checkResponse, platformErrorBodySchema } from './responses.js'
 import { newNonce, signRequest } from './sign-request.js'
 
@@ -328,24 +329,13 @@ function toApiError(
   )
 }
 
-// The three forms of an HTTP-date (RFC 9110 section 5.6.7): IMF-fixdate, the obsolete RFC 850 form, asctime.
-// Date.parse alone reads far more than these: "-5", "1.5" and "soon 12" are dates in 2001 to it, so a
-// garbled Retry-After was read as "retry at once" instead of as unreadable.
-const HTTP_DATE = [
-  /^[A-Z][a-z]{2}, \d{2} [A-Z][a-z]{2} \d{4} \d{2}:\d{2}:\d{2} GMT$/,
-  /^[A-Z][a-z]{5,8}, \d{2}-[A-Z][a-z]{2}-\d{2} \d{2}:\d{2}:\d{2} GMT$/,
-  /^[A-Z][a-z]{2} [A-Z][a-z]{2} [ \d]\d \d{2}:\d{2}:\d{2} \d{4}$/,
-]
-
 /** Retry-After as delay-seconds or an HTTP-date, in ms from now; undefined when absent or unreadable. */
 export function parseRetryAfter(value: string | null, nowMs: number): number | undefined {
   if (value === null) return undefined
   const trimmed = value.trim()
   if (/^\d+$/.test(trimmed)) return Number(trimmed) * 1000
-  if (!HTTP_DATE.some((form) => form.test(trimmed))) return undefined
-  // asctime has no zone: it is GMT
-  const date = Date.parse(/GMT$/.test(trimmed) ? trimmed : `${trimmed} GMT`)
-  if (Number.isNaN(date)) return undefined
+  const date = parseHttpDate(trimmed)
+  if (date === undefined) return undefined
   return Math.max(0, date - nowMs)
 }
 
