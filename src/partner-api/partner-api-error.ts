@@ -5,12 +5,18 @@
 
 export class PartnerApiError extends Error {
   override name = 'PartnerApiError'
+  /**
+   * The answer's body, parsed when it was JSON (else its text): for a caller to read (the CLI shows a
+   * refusal's `fields`). Not enumerable, so a logged error never carries it: the platform's body is up to
+   * PARTNER_API_ANSWER_LIMIT of text from outside, and no log line may hold a raw body.
+   */
+  declare readonly body: unknown
   constructor(
     readonly status: number,
     /** The platform's error code when it sent one, else `http_<status>`. */
     readonly code: string,
     message: string,
-    readonly body: unknown,
+    body: unknown,
     /** The answer's Retry-After, in ms from when it came: how long the platform asked us to wait. */
     readonly retryAfterMs?: number,
     /**
@@ -21,6 +27,7 @@ export class PartnerApiError extends Error {
     readonly clockOffsetS?: number,
   ) {
     super(message)
+    Object.defineProperty(this, 'body', { value: body, enumerable: false })
   }
 }
 

@@ -314,8 +314,9 @@ function toApiError(
   }
   const parsed = platformErrorBodySchema.safeParse(body)
   const platform = parsed.success ? parsed.data.error : undefined
-  const code = platform?.code ?? `http_${answer.status}`
-  const detail = platform?.message ? `: ${platform.message}` : ''
+  // the platform's words, bounded: the message is logged and printed, and the answer may be a megabyte
+  const code = platform?.code ? shortened(platform.code, MAX_PLATFORM_CODE_LENGTH) : `http_${answer.status}`
+  const detail = platform?.message ? `: ${shortened(platform.message, MAX_PLATFORM_MESSAGE_LENGTH)}` : ''
   // a refused signature whose answer shows the clocks far apart: the timestamp, not the key, is likely at fault
   const clockOffsetS = answer.status === 401 && isClockOffsetTooLarge(offsetS) ? offsetS : undefined
   const clock = clockOffsetS === undefined ? '' : `; ${describeClockOffset(clockOffsetS)}`
@@ -327,6 +328,16 @@ function toApiError(
     retryAfterMs,
     clockOffsetS,
   )
+}
+
+/** The most of the platform's error code and message an error keeps (its message is logged and printed). */
+export const MAX_PLATFORM_CODE_LENGTH = 100
+export const MAX_PLATFORM_MESSAGE_LENGTH = 500
+
+function shortened(text: string, max: number): string {
+  const characters = [...text]
+  if (characters.length <= max) return text
+  return `${characters.slice(0, max).join('')}… (${characters.length.toLocaleString('en-US')} characters)`
 }
 
 /** Retry-After as delay-seconds or an HTTP-date, in ms from now; undefined when absent or unreadable. */
