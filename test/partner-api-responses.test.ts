@@ -194,6 +194,19 @@ describe('PartnerApiClient answers: strict on the fields we rely on', () => {
     expect(calls).toHaveLength(1)
   })
 
+  it('answers invalid_response for a record that nests deeper than any record of the API', async () => {
+    const depth = 200_000
+    const record = JSON.stringify({ trade_id: 'tr_1', reference: 'R', status: 'funded', external_reference: 'o' }).slice(0, -1)
+    const error = await clientAnswering(`${record},"extra":${'['.repeat(depth)}${']'.repeat(depth)}}`)
+      .api.getTrade('tr_1')
+      .catch((e) => e)
+    expect(error).toMatchObject({ code: 'invalid_response', field: '(body)' })
+    expect(error.message).toContain('nests deeper than 64 levels')
+    // a record nesting as deep as the limit is read
+    const shallow = await clientAnswering(`${record},"extra":${'['.repeat(63)}${']'.repeat(63)}}`).api.getTrade('tr_1')
+    expect(shallow.trade_id).toBe('tr_1')
+  })
+
   it('answers invalid_response for a 2xx body that is not JSON, with the body left out of the message', async () => {
     const error = await clientAnswering('<html>marker-value-never-logged</html>')
       .api.getTrade('tr_1')

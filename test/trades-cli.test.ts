@@ -258,3 +258,34 @@ describe('disputes and proposals', () => {
     expect(JSON.parse(server.requests.at(-1)!.rawBody.toString('utf8'))).toEqual({ accept: false, party: 'seller' })
   })
 })
+
+describe('an answer nested deeper than any record of the API', () => {
+  it('is an invalid answer with its code, never a stack overflow after the order was moved', async () => {
+    const depth = 200_000
+    const { createServer } = await import('node:http')
+    const server = createServer((req, res) => {
+      req.resume()
+      req.on('end', () => {
+        const record = JSON.stringify({ trade_id: 'tr_deep-1', reference: 'R', status: 'funded', external_reference: 'deep-1' }).slice(0, -1)
+        res.writeHead(200, { 'content-type': 'application/json' })
+        res.end(`${record},"extra":${'['.repeat(depth)}${']'.repeat(depth)}}`)
+      })
+    })
+    await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve))
+    try {
+      const { port } = server.address() as import('node:net').AddressInfo
+      const { insertOrders } = await import('./helpers/reconcile-orders.js')
+      await insertOrders(database.db, [{ externalReference: 'deep-1', tradeStatus: 'created' }])
+      const deepContext = { ...context, config: testConfig({ PARTNER_API_BASE_URL: `http://127.0.0.1:${port}` }) }
+      const result = await runCommandWith(['trades', 'fund', 'deep-1', '--json'], deepContext)
+      expect(result.code).toBe(1)
+      expect(result.stderr).not.toContain('Maximum call stack size exceeded')
+      expect(result.stderr).toContain('nests deeper than 64 levels')
+      expect(result.stdout).toBe('')
+      // the answer was not taken as the platform's word: the order is as it was, and polled soon
+      expect(await findOrderByExternalReference(database.db, 'deep-1')).toMatchObject({ tradeStatus: 'created' })
+    } finally {
+      await new Promise<void>((resolve) => server.close(() => resolve()))
+    }
+  })
+})

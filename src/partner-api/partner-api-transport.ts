@@ -294,9 +294,30 @@ function parseSuccess<T>(method: Method, path: string, answer: RawAnswer, schema
   } catch {
     throw invalid('(body)', 'is not JSON')
   }
+  // JSON.parse reads any depth, but whatever writes the record out again (JSON.stringify for --json, the
+  // database, a log) recurses and runs out of stack: `trades fund --json` printed "Maximum call stack size
+  // exceeded" and exited 1 for a fund it had recorded
+  if (nestingDepth(json) > MAX_ANSWER_DEPTH) throw invalid('(body)', `nests deeper than ${MAX_ANSWER_DEPTH} levels`)
   const checked = checkResponse(schema, json)
   if (!checked.ok) throw invalid(checked.problem.field, checked.problem.message)
   return checked.value
+}
+
+/** A record of the API nests a few levels (trade, milestones, an item, a dispute); far more is not one. */
+export const MAX_ANSWER_DEPTH = 64
+
+/** How deep arrays and objects nest in a parsed JSON value, counted without recursion. */
+function nestingDepth(value: unknown): number {
+  let deepest = 0
+  const stack: [unknown, number][] = [[value, 0]]
+  while (stack.length > 0) {
+    const [current, depth] = stack.pop()!
+    if (current === null || typeof current !== 'object') continue
+    deepest = Math.max(deepest, depth + 1)
+    if (deepest > MAX_ANSWER_DEPTH) return deepest
+    for (const inner of Object.values(current)) stack.push([inner, depth + 1])
+  }
+  return deepest
 }
 
 function toApiError(
