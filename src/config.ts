@@ -102,7 +102,7 @@ export interface Config {
   readonly reactions: {
     /** Calls of one (event, handler) in all before the job is failed (dead letter). */
     readonly maxAttempts: number
-    /** Handlers running at once per replica. */
+    /** Calls of each handler running at once per replica. */
     readonly concurrency: number
     /** How long a claimed job belongs to its replica: a replica that died mid-handler gives it up after this. */
     readonly leaseS: number

@@ -467,6 +467,95 @@ describe('the reaction dispatcher', () => {
     expect(most).toBe(1)
   })
 
+  it('runs a handler’s events while another handler’s calls hang: each handler has its own REACTION_CONCURRENCY slots', async () => {
+    // the partner's HTTP receiver never answers (until the lease ends); its RabbitMQ is fine
+    const hanging: (() => void)[] = []
+    // once the test is over, every call returns (a call left hanging would hold the dispatcher's stop)
+    let over = false
+    const published: string[] = []
+    const reactions = createReactionRegistry()
+      .on('trade.created', 'receiver', async (_event, { signal }) => {
+        if (over) return
+        await new Promise<void>((resolve, reject) => {
+          hanging.push(resolve)
+          signal.addEventListener('abort', () => reject(signal.reason), { once: true })
+        })
+      })
+      .on('trade.funded', 'broker', async (event) => {
+        published.push(event.externalReference)
+      })
+    await streamsNow(reactions)
+    // (committed before the start: the hanging handler's batch reads all three at once)
+    for (let i = 0; i < 3; i++) await transitions(reactions, ['created'])
+    await start(reactions, { concurrency: 2 })
+    try {
+      await eventually(() => hanging.length === 2, 'the hanging handler holds both of its slots')
+      const references: string[] = []
+      for (let i = 0; i < 5; i++) {
+        references.push(`broker-${++counter}`)
+        await transitions(reactions, ['funded'], references.at(-1))
+      }
+      // the clock does not move: no hanging call is aborted or timed out, and the other handler runs all the same
+      await eventually(() => published.length === 5, 'the other handler handled every event')
+      expect(published.sort()).toEqual(references.sort())
+      expect(hanging).toHaveLength(2)
+    } finally {
+      over = true
+      for (const finish of hanging) finish()
+    }
+  })
+
+  it('claims a retry of one handler while another’s calls hang, leasing no more of the hanging one’s jobs than it can hold', async () => {
+    const hanging: (() => void)[] = []
+    // once the test is over, every call returns (a call left hanging would hold the dispatcher's stop)
+    let over = false
+    const calls: { reference: string; attempt: number }[] = []
+    const reactions = createReactionRegistry()
+      .on('trade.created', 'receiver', async (_event, { signal }) => {
+        if (over) return
+        await new Promise<void>((resolve, reject) => {
+          hanging.push(resolve)
+          signal.addEventListener('abort', () => reject(signal.reason), { once: true })
+        })
+      })
+      .on('trade.funded', 'broker', async (event, { attempt }) => {
+        calls.push({ reference: event.externalReference, attempt })
+        if (attempt === 1) throw new Error('the broker blinked')
+      })
+    await streamsNow(reactions)
+    // one slot each; every one of the twelve orders' created events is due for the hanging handler
+    for (let i = 0; i < 12; i++) await transitions(reactions, ['created'])
+    await start(reactions, { concurrency: 1 })
+    try {
+      await eventually(() => hanging.length === 1, 'the hanging handler holds its slot')
+      // its batch is written back: the call handed off, the other eleven due for the job loop
+      await clock.advance(HANDOFF_MS)
+      const leased = () =>
+        database.db.selectFrom('reactionJobs').select(['state']).where('handler', '=', 'receiver').where('state', '=', 'running').execute()
+      await eventually(async () => (await leased()).length >= 1, 'the hanging handler’s batch is written back')
+      const reference = `retried-${++counter}`
+      const orderId = await transitions(reactions, ['funded'], reference)
+      await eventually(() => calls.length === 1, 'the broker handler’s first attempt failed')
+      await eventually(async () => (await jobs(orderId, 'broker'))[0]?.state === 'pending', 'its retry is written')
+      // its backoff ends (well before the hanging call's lease): the job loop claims the retry
+      await clock.advance(backoffDelayS(1, SETTINGS.backoff, HALF) * 1000)
+      // (a millisecond at a time: the loop may have gone to sleep for the retry after the advance; a few
+      // seconds at most, far from the hanging call's lease)
+      await eventually(async () => {
+        await clock.advance(1)
+        return calls.length === 2
+      }, 'the retry ran')
+      expect(calls[1]).toEqual({ reference, attempt: 2 })
+      await eventually(async () => (await jobs(orderId, 'broker'))[0]?.state === 'done', 'the retry is done')
+      // the hanging handler's jobs leased: its running call and at most 4 × REACTION_CONCURRENCY claimed ahead
+      expect((await leased()).length).toBeLessThanOrEqual(1 + 4)
+      expect(hanging).toHaveLength(1)
+    } finally {
+      over = true
+      for (const finish of hanging) finish()
+    }
+  })
+
   it('claims a due job as soon as a stream batch gives back the slot the job loop found taken, with no clock moving', async () => {
     const calls: { reference: string; attempt: number; finish: () => void }[] = []
     let failing = true

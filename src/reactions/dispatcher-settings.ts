@@ -3,7 +3,7 @@
 import type { BackoffSettings } from '../reconcile/backoff-delay.js'
 
 export interface DispatcherSettings {
-  /** REACTION_CONCURRENCY: handlers running at once in this process. */
+  /** REACTION_CONCURRENCY: calls of each handler running at once in this process (each handler has its own slots). */
   concurrency: number
   /** REACTION_MAX_ATTEMPTS: calls of one (event, handler) before it is failed. */
   maxAttempts: number

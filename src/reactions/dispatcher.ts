@@ -1,9 +1,10 @@
 // The dispatcher, on every replica of `serve`: one loop per handler's stream (stream-worker.ts: every
 // event's first attempt, on the replica that holds the stream's lease), and the job loop below, which runs
 // the jobs the streams wrote for later (reaction-job.repository.ts: retries, events held back behind an
-// earlier one, handlers handed off). REACTION_CONCURRENCY bounds the handlers of both together (createSlots).
+// earlier one, handlers handed off). REACTION_CONCURRENCY bounds the calls of each handler, both paths together
+// (createSlots, one set of slots per handler): a handler whose system hangs holds its own slots, never another's.
 //
-// The job loop claims due jobs, runs each handler with an AbortSignal (at most REACTION_CONCURRENCY at once),
+// The job loop claims due jobs, runs each handler with an AbortSignal (at most REACTION_CONCURRENCY of each at once),
 // and writes the outcome back under the claim's lease token: done; or, after a throw,
 // pending again after an exponential backoff with jitter (reconcile/backoff-delay.ts); or, once the
 // job has used REACTION_MAX_ATTEMPTS, failed (the dead letter), which holds back that order's later
@@ -43,7 +44,7 @@ import {
 import type { ReactionHandler } from './reaction-event.js'
 import { ensureReactionStreams } from './reaction-stream.repository.js'
 import type { AttemptResult, DispatcherSettings } from './dispatcher-settings.js'
-import { createSlots } from './handler-slots.js'
+import { createSlots, type Slots } from './handler-slots.js'
 import { createStreamWorker, type StreamWorker } from './stream-worker.js'
 
 // Under load one claim takes up to this many times REACTION_CONCURRENCY jobs (less those it holds): the
@@ -181,20 +182,31 @@ export function createDispatcher(deps: DispatcherDeps): Dispatcher {
     wakeStreams()
   }
 
-  // the job loop's last look found no free slot and claimed nothing
+  // the job loop's last look left a handler out (its slots all taken), or claimed nothing for want of a slot
   let claimSkipped = false
-  // handlers running now, the streams' and the claimed jobs' (a finished handler's job may still wait for its
-  // write-back, in `running`): at most REACTION_CONCURRENCY in all
-  // a slot a stream's handler gave back may start a claimed job waiting for one, and wakes a job loop that
-  // found every slot taken and so did not claim (else the jobs due meanwhile would wait for its safety interval)
-  const slots = createSlots(settings.concurrency, () => {
+  // a slot a handler gave back may start a claimed job waiting for one, and wakes a job loop that found that
+  // handler's slots taken and so did not claim its jobs (else they would wait for its safety interval)
+  const onSlotFree = () => {
     if (!stopping || stopping.signal.aborted) return
     if (waiting.length > 0) startWaiting(stopping.signal)
     if (claimSkipped) {
       claimSkipped = false
       jobWaker.wake()
     }
-  })
+  }
+  // each handler's calls running now, its stream's and its claimed jobs' (a finished handler's job may still
+  // wait for its write-back, in `running`): at most REACTION_CONCURRENCY per handler. Per handler, not for the
+  // process: with one set for all, a receiver that never answered held every slot (32 forwards waiting out
+  // FORWARD_TIMEOUT_MS), and a healthy RabbitMQ got 32 messages every 10 s instead of thousands a second
+  const pools = new Map<string, Slots>()
+  const slotsOf = (handler: string): Slots => {
+    let pool = pools.get(handler)
+    if (!pool) {
+      pool = createSlots(settings.concurrency, onSlotFree)
+      pools.set(handler, pool)
+    }
+    return pool
+  }
   // claimed jobs waiting for a free slot (at most (CLAIM_AHEAD - 1) × concurrency, see above)
   const waiting: { job: ClaimedJob; claim: Claim }[] = []
   // the last claim took all it could: more jobs may be due than it took
@@ -268,7 +280,7 @@ export function createDispatcher(deps: DispatcherDeps): Dispatcher {
     const handlerDone = () => {
       if (!handlerRunning) return
       handlerRunning = false
-      slots.give()
+      slotsOf(job.handler).give()
       startWaiting(stopSignal)
       if (lastClaimFull) wake()
     }
@@ -391,10 +403,16 @@ export function createDispatcher(deps: DispatcherDeps): Dispatcher {
 
   const leaseMargin = Math.min(5_000, settings.leaseMs / 10)
 
-  // a free slot takes the next waiting job; one whose lease is about to end is given back unstarted
+  // a free slot of its handler takes the next waiting job of that handler; one whose lease is about to end is
+  // given back unstarted
   const startWaiting = (stopSignal: AbortSignal) => {
-    while (slots.free > 0 && waiting.length > 0 && !stopSignal.aborted) {
-      const { job, claim } = waiting.shift()!
+    for (let i = 0; i < waiting.length && !stopSignal.aborted; ) {
+      const { job, claim } = waiting[i]!
+      if (slotsOf(job.handler).free === 0) {
+        i += 1
+        continue
+      }
+      waiting.splice(i, 1)
       if (job.leaseExpiresAt.getTime() - leaseMargin > clock.now()) {
         startJob(job, stopSignal, claim)
       } else {
@@ -423,7 +441,7 @@ export function createDispatcher(deps: DispatcherDeps): Dispatcher {
   // (a job that ended wakes the loop through what it wrote: the completion's group write, a retry)
   const startJob = (job: ClaimedJob, stopSignal: AbortSignal, claim: Claim) => {
     const entry = { job, abort: claim.abort, done: Promise.resolve() }
-    slots.take()
+    slotsOf(job.handler).take()
     entry.done = runJob(job, stopSignal, claim).finally(() => {
       running.delete(job.id)
     })
@@ -470,16 +488,27 @@ export function createDispatcher(deps: DispatcherDeps): Dispatcher {
       jobWaker.reset()
       let delayMs = settings.safetyIntervalMs
       try {
-        // room for as many as a free slot each, and ahead of the slots while handlers run (see CLAIM_AHEAD)
-        const free = settings.concurrency * CLAIM_AHEAD - slots.busy - waiting.length
-        claimSkipped = slots.free === 0
-        if (free > 0 && slots.free > 0) {
+        // room for as many as a free slot each, and ahead of the slots while handlers run (see CLAIM_AHEAD), for
+        // each handler: one whose slots are all taken, or that has that many waiting, is left out of the claim
+        const waitingOf = new Map<string, number>()
+        for (const { job } of waiting) waitingOf.set(job.handler, (waitingOf.get(job.handler) ?? 0) + 1)
+        const skipHandlers: string[] = []
+        let free = pools.size === 0 ? settings.concurrency * CLAIM_AHEAD : 0
+        for (const [handler, pool] of pools) {
+          const room = settings.concurrency * CLAIM_AHEAD - pool.busy - (waitingOf.get(handler) ?? 0)
+          if (pool.free === 0 || room <= 0) skipHandlers.push(handler)
+          else free = Math.max(free, room)
+        }
+        // (a handler without slots yet, e.g. a removed one whose jobs fail at once, is claimed with the others)
+        claimSkipped = skipHandlers.length > 0
+        if (free > 0) {
           const now = new Date(clock.now())
           const { jobs, nextRunAt: nextAfterClaim } = await claimReactionJobsAndNext(db, {
             now,
             limit: free,
             leaseMs: settings.leaseMs,
             leaseToken: randomUUID(),
+            skipHandlers,
           })
           if (signal.aborted) {
             // claimed as stop began: not started, given back at once
@@ -490,7 +519,7 @@ export function createDispatcher(deps: DispatcherDeps): Dispatcher {
           if (jobs.length > 0) {
             const claim = leaseWatch(jobs)
             for (const job of jobs) {
-              if (slots.free > 0) startJob(job, signal, claim)
+              if (slotsOf(job.handler).free > 0) startJob(job, signal, claim)
               else waiting.push({ job, claim })
             }
           }
@@ -563,7 +592,7 @@ export function createDispatcher(deps: DispatcherDeps): Dispatcher {
           reportFailure,
           onFirstStart: deps.onFirstStart,
           jobsWritten: () => jobWaker.wake(),
-          slots,
+          slots: slotsOf(name),
           describeFailure,
         })
         return { worker, waker, loop: streamLoop(worker, waker, stopSignal) }

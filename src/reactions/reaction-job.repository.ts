@@ -42,6 +42,11 @@ export interface ClaimOptions {
   limit: number
   leaseMs: number
   leaseToken: string
+  /**
+   * Handlers whose jobs this claim leaves alone: their slots (REACTION_CONCURRENCY each) are taken, and jobs
+   * claimed for them would only wait in the process while other handlers' due jobs were not claimed.
+   */
+  skipHandlers?: readonly string[]
 }
 
 /**
@@ -97,7 +102,7 @@ interface ClaimedRow extends Omit<EventRow, 'toStatus'> {
  * The locked set is materialized, computed once before the update joins it; the event is joined to
  * that set (not to the updated table), so a job whose event were missing still shows up, and fails loudly.
  */
-export function claimReactionJobsQuery({ now, limit, leaseMs, leaseToken }: ClaimOptions) {
+export function claimReactionJobsQuery({ now, limit, leaseMs, leaseToken, skipHandlers = [] }: ClaimOptions) {
   const leaseEnd = new Date(now.getTime() + leaseMs)
   return sql<ClaimedRow>`${sql.raw(PREPARED)}
     with due as materialized (
@@ -105,6 +110,7 @@ export function claimReactionJobsQuery({ now, limit, leaseMs, leaseToken }: Clai
       from reaction_jobs job
       where job.state in ('pending', 'running')
         and job.run_at <= ${now}
+        and job.handler <> all(${[...skipHandlers]}::text[])
         and not exists (
           select 1 from reaction_jobs earlier
           where earlier.order_id = job.order_id
