@@ -332,11 +332,17 @@ describeRabbitMq('the AMQP publisher (RabbitMQ)', () => {
     // the first call finds the exchange gone (the broker closes the channel); the retry declares it again,
     // bindings-less: the message is returned. None of them may resolve
     const codes: string[] = []
+    const messages: string[] = []
     while (!codes.includes('amqp_unroutable')) {
       if (codes.length >= 20) throw new Error(`no amqp_unroutable after ${codes.join(', ')}`)
-      codes.push((await failureOf(amqp.handler(next, context({ attempt: codes.length + 1 })))).code)
+      const error = await failureOf(amqp.handler(next, context({ attempt: codes.length + 1 })))
+      codes.push(error.code)
+      messages.push(error.message)
     }
-    for (const code of codes.slice(0, -1)) expect(code).toBe('amqp_unreachable')
+    // the first is refused with the broker's reason (404: no such exchange)
+    expect(codes[0]).toBe('amqp_refused')
+    expect(messages[0]).toContain(`NOT_FOUND - no exchange '${exchange}'`)
+    for (const code of codes.slice(1, -1)) expect(['amqp_refused', 'amqp_unreachable']).toContain(code)
     // the partner binds its queue again: the retry lands
     await listening.channel.bindQueue(listening.queue, exchange, 'trade.*')
     await amqp.handler(next, context({ attempt: codes.length + 1 }))
@@ -353,6 +359,50 @@ describeRabbitMq('the AMQP publisher (RabbitMQ)', () => {
     expect(error.message).toContain(exchange)
     // and again: every call opens a fresh connection and is refused the same way
     expect((await failureOf(amqp.handler(eventOf(1, 1), context()))).code).toBe('amqp_refused')
+  })
+
+  it('a wrong password is amqp_refused, saying so, never amqp_unreachable, and names no password', async () => {
+    const password = `wrong-${randomBytes(8).toString('hex')}`
+    rememberSecret(password)
+    const url = new URL(amqpUrl!)
+    url.password = password
+    const amqp = publisher({ exchange: uniqueName('test-exchange'), url: url.toString() })
+    const error = await failureOf(amqp.handler(eventOf(1, 1), context()))
+    expect(error.code).toBe('amqp_refused')
+    expect(error.message).toContain('refused the connection (check the user and password of AMQP_URL)')
+    expect(error.message).toContain('ACCESS_REFUSED')
+    expect(error.message).not.toContain(password)
+  })
+
+  it('a vhost that does not exist is amqp_refused naming the vhost, not "Expected ConnectionOpenOk"', async () => {
+    const vhost = uniqueName('test-missing-vhost')
+    const url = new URL(amqpUrl!)
+    url.pathname = `/${vhost}`
+    const amqp = publisher({ exchange: uniqueName('test-exchange'), url: url.toString() })
+    const error = await failureOf(amqp.handler(eventOf(1, 1), context()))
+    expect(error.code).toBe('amqp_refused')
+    expect(error.message).toContain(`refused to open the vhost "${vhost}": it does not exist, or this user has no permission on it`)
+    expect(error.message).not.toContain('ConnectionOpenOk')
+  })
+
+  it.skipIf(!onPath('rabbitmqctl'))('a user without the write right on the exchange: amqp_refused with the broker’s reason, not "channel closed"', async () => {
+    const exchange = uniqueName('test-exchange')
+    await consumer({ exchange, pattern: 'trade.*' })
+    const user = `no-write-${randomBytes(4).toString('hex')}`
+    const password = randomBytes(12).toString('hex')
+    rememberSecret(password)
+    rabbitmqctl('add_user', user, password)
+    cleanups.push(async () => rabbitmqctl('delete_user', user))
+    // configure the exchange (so declaring it passes), write nothing, read nothing
+    rabbitmqctl('set_permissions', '-p', '/', user, `^${exchange}$`, '^$', '^$')
+    const url = new URL(amqpUrl!)
+    url.username = user
+    url.password = password
+    const amqp = publisher({ exchange, url: url.toString() })
+    const error = await failureOf(amqp.handler(eventOf(2, 1), context()))
+    expect(error.code).toBe('amqp_refused')
+    expect(error.message).toContain(`ACCESS_REFUSED - access to exchange '${exchange}' in vhost '/' refused for user '${user}'`)
+    expect(error.message).not.toContain(password)
   })
 
   // A broker's administrator often declares the exchanges and gives each application's user only the right to

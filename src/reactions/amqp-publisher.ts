@@ -73,6 +73,11 @@ interface Link {
    * message. The return arrives before the confirm on the same channel, so the confirm's callback reads it.
    */
   inFlight: Map<string, boolean>
+  /**
+   * What the broker closed the channel (or the connection) with, once it did: amqplib fails the unconfirmed
+   * publishes with a bare 'channel closed' after emitting this, so their calls take their reason from here.
+   */
+  closedWith: { error?: Error }
 }
 
 const DEFAULT_TIMEOUT_MS = 10_000
@@ -97,6 +102,8 @@ export function createAmqpPublisher({
   }
   if (!(timeoutMs > 0)) throw new Error('the AMQP timeout must be a positive number of milliseconds')
   const broker = describeBroker(url)
+  // (the vhost as amqplib opens it: the path without its slash, percent-decoded; '/' when there is none)
+  const vhost = parsed.pathname.length > 1 ? decodeVhost(parsed.pathname.slice(1)) : '/'
   const log = logger.child({ component: 'amqp-publisher', broker, exchange })
 
   // every caller waits on the one link being opened, so an outage costs one connection attempt per
@@ -118,15 +125,15 @@ export function createAmqpPublisher({
         clientProperties: { connection_name: 'partner-escrow reactions' },
       })
     } catch (error) {
-      throw new AmqpPublishError(
-        'amqp_unreachable',
-        `the broker ${broker} is unreachable: ${describeError(error)}`,
-        { cause: error },
-      )
+      throw connectFailure(error)
     }
+    const closedWith: { error?: Error } = {}
     // a broker that closes the connection (restart, management "close connection", lost socket) emits
     // 'error' and 'close': without these listeners Node would throw the error and stop the process
-    connection.on('error', (error: Error) => log.warn({ reason: describeError(error) }, 'AMQP connection error'))
+    connection.on('error', (error: Error) => {
+      closedWith.error ??= error
+      log.warn({ reason: describeError(error) }, 'AMQP connection error')
+    })
     connection.on('close', () => {
       lost()
       if (!closed) log.warn('AMQP connection closed; the next publish opens a new one')
@@ -136,7 +143,10 @@ export function createAmqpPublisher({
     try {
       await ensureExchange(connection)
       const channel = await connection.createConfirmChannel()
-      channel.on('error', (error: Error) => log.warn({ reason: describeError(error) }, 'AMQP channel error'))
+      channel.on('error', (error: Error) => {
+        closedWith.error = error
+        log.warn({ reason: describeError(error) }, 'AMQP channel error')
+      })
       const inFlight = new Map<string, boolean>()
       channel.on('return', (message: Message) => {
         const publishId = (message.properties.headers as Record<string, unknown> | undefined)?.publish_id
@@ -150,7 +160,7 @@ export function createAmqpPublisher({
         if (!closed) connection.close().catch(() => {})
       })
       log.info('AMQP connection open, exchange declared')
-      return { connection, channel, inFlight }
+      return { connection, channel, inFlight, closedWith }
     } catch (error) {
       await connection.close().catch(() => {})
       if (error instanceof AmqpPublishError) throw error
@@ -194,6 +204,39 @@ export function createAmqpPublisher({
     }
   }
 
+  // The broker refusing the connection is not an outage: a wrong user or password, or a vhost that does not
+  // exist or this user may not use. amqplib reports the first with the broker's reply, and the second only as
+  // an unexpected frame: both were `amqp_unreachable`, the second as "Expected ConnectionOpenOk; got
+  // <ConnectionClose channel:0>".
+  function connectFailure(error: unknown): AmqpPublishError {
+    const message = error instanceof Error ? error.message : ''
+    const refusedHandshake = /^Handshake terminated by server: (\d+)/.exec(message)
+    if (refusedHandshake) {
+      const hint = refusedHandshake[1] === String(ACCESS_REFUSED) ? ' (check the user and password of AMQP_URL)' : ''
+      return new AmqpPublishError('amqp_refused', `the broker ${broker} refused the connection${hint}: ${describeError(error)}`, { cause: error })
+    }
+    if (/^Expected ConnectionOpenOk; got <ConnectionClose\b/.test(message)) {
+      return new AmqpPublishError(
+        'amqp_refused',
+        `the broker ${broker} refused to open the vhost "${vhost}": it does not exist, or this user has no permission on it`,
+        { cause: error },
+      )
+    }
+    return new AmqpPublishError('amqp_unreachable', `the broker ${broker} is unreachable: ${describeError(error)}`, { cause: error })
+  }
+
+  // A channel the broker closed before confirming: refused when it said so with a reply code (no write right on
+  // the exchange: 403 ACCESS_REFUSED), with its reason; the job said only "failed: channel closed", as for a lost
+  // connection, and the reason was in a log line of its own
+  function channelClosed(error: Error, closedWith: Error | undefined): AmqpPublishError {
+    const code = amqpReplyCode(closedWith)
+    if (closedWith && code !== undefined && REFUSALS.has(code)) {
+      return new AmqpPublishError('amqp_refused', `the broker ${broker} refused the message: ${describeError(closedWith)}`, { cause: closedWith })
+    }
+    const reason = closedWith ? ` (${describeError(closedWith)})` : ''
+    return new AmqpPublishError('amqp_unreachable', `publishing to ${broker} failed: channel closed${reason}`, { cause: closedWith ?? error })
+  }
+
   function currentLink(): Promise<Link> {
     if (link) return link
     const opening: Promise<Link> = open(() => forget(opening))
@@ -232,7 +275,7 @@ export function createAmqpPublisher({
     const publishId = randomUUID()
     let inFlight: Map<string, boolean> | undefined
     try {
-      const { channel, inFlight: publishes } = await untilStopped(using, stop)
+      const { channel, inFlight: publishes, closedWith } = await untilStopped(using, stop)
       inFlight = publishes
       const body = Buffer.from(JSON.stringify(forwardedPayload(event)))
       publishes.set(publishId, false)
@@ -269,7 +312,7 @@ export function createAmqpPublisher({
                     `no queue is bound to exchange "${exchange}" for routing key ${event.type} on ${broker}: the broker returned the message`,
                   ),
                 )
-              } else if (error instanceof Error && error.message === 'channel closed') reject(error)
+              } else if (error instanceof Error && error.message === 'channel closed') reject(channelClosed(error, closedWith.error))
               else reject(new AmqpPublishError('amqp_nacked', `the broker ${broker} refused (nacked) the message`))
             },
           )
@@ -337,6 +380,17 @@ function untilStopped<T>(work: Promise<T>, stop: AbortSignal): Promise<T> {
 // AMQP reply codes a refused declaration closes its channel with
 const ACCESS_REFUSED = 403
 const NOT_FOUND = 404
+// reply codes of a broker that refuses what was asked, not one that went away (320 CONNECTION_FORCED: shut down,
+// or closed by an operator): access refused, not found, resource locked, precondition failed, not allowed
+const REFUSALS = new Set([ACCESS_REFUSED, NOT_FOUND, 405, 406, 530])
+
+function decodeVhost(encoded: string): string {
+  try {
+    return decodeURIComponent(encoded)
+  } catch {
+    return encoded
+  }
+}
 
 function amqpReplyCode(error: unknown): number | undefined {
   const code = (error as { code?: unknown } | null)?.code
