@@ -294,6 +294,17 @@ describe('the forwarder', () => {
     expect(elsewhere.received).toHaveLength(0)
   })
 
+  it('takes the final answer after an interim 1xx, and no final answer as unreachable, never the 103 as a status', async () => {
+    const answered = await receiver(() => ({ earlyHintsThen: 204 }))
+    await createForwarder({ url: answered.url, secret: SECRET, timeoutMs: 5_000 })(event, context())
+
+    const cut = await receiver(() => ({ earlyHintsThen: 'close' }))
+    const error = await failureOf(createForwarder({ url: cut.url, secret: SECRET, timeoutMs: 5_000 })(event, context()))
+    expect(error.code).toBe('forward_unreachable')
+    expect(error.status).toBeUndefined()
+    expect(error.message).not.toContain('103')
+  })
+
   it('throws forward_timeout when the receiver does not answer within the timeout', async () => {
     const clock = new FakeClock(Date.now())
     const target = await receiver(() => 'hang')

@@ -354,6 +354,10 @@ class PoolRequest implements PostRequest {
   }
 
   onHeaders(statusCode: number): boolean {
+    // an interim answer (103 Early Hints, 102 Processing): undici hands it over too, and the final one follows on
+    // the same request. Taken as the status, a receiver that sent a 103 and then closed or never answered had
+    // its attempt failed as "answered 103" (forward_failed) instead of unreachable or timed out
+    if (statusCode < 200) return true
     this.status = statusCode
     return true
   }

@@ -22,6 +22,8 @@ export type ReceiverAnswer =
   | { status: number; body: string }
   | { status: number; bodyBytes: number }
   | { status: number; bodyStalls: true }
+  /** a 103 Early Hints (an interim answer), then a final status, or the connection closed with no final answer */
+  | { earlyHintsThen: number | 'close' }
   | 'hang'
 
 export interface ForwardReceiver {
@@ -59,7 +61,11 @@ export async function startForwardReceiver(
       if (typeof reply === 'number') res.writeHead(reply).end()
       else if ('location' in reply) res.writeHead(reply.status, { location: reply.location }).end()
       else if ('bodyBytes' in reply) answerEndlessly(res, (written) => bodyBytesWritten.push(written), { size: reply.bodyBytes, status: reply.status })
-      else if ('bodyStalls' in reply) res.writeHead(reply.status, { 'content-length': 1024 }).write(' ')
+      else if ('earlyHintsThen' in reply) {
+        res.writeEarlyHints({ link: '</style.css>; rel=preload; as=style' })
+        if (reply.earlyHintsThen === 'close') res.socket?.end()
+        else res.writeHead(reply.earlyHintsThen).end()
+      } else if ('bodyStalls' in reply) res.writeHead(reply.status, { 'content-length': 1024 }).write(' ')
       else res.writeHead(reply.status, { 'content-type': 'text/plain' }).end(reply.body)
     })
   })
