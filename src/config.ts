@@ -15,6 +15,7 @@ import { DEFAULT_LOG_BUFFER_LIMIT } from './logger.js'
 import { TRADE_STATUSES } from './orders/trade-status.js'
 import type { ProxySettings } from './partner-api/partner-api-proxy.js'
 import { DEFAULT_MAX_ANSWER_BYTES } from './partner-api/partner-api-transport.js'
+import { leaseMarginMs } from './reactions/dispatcher-settings.js'
 import { decodeWebhookSecret, MIN_WEBHOOK_SECRET_BYTES, WEBHOOK_SECRET_PREFIX } from './reactions/forwarder.js'
 
 export const MIN_SECRET_LENGTH = 24
@@ -501,6 +502,22 @@ export function parseConfig(
   }
   problems.push(...eventListProblems('FORWARD_EVENTS', values.FORWARD_EVENTS))
   problems.push(...eventListProblems('AMQP_EVENTS', values.AMQP_EVENTS))
+  // A handler is aborted shortly before its lease ends: a call allowed longer than that was cut off as
+  // "stopped (lease ended or shutting down)" every time, counted as a failed attempt, and its event, answered
+  // well within the call's timeout, ended failed (REACTION_LEASE_S=10 with FORWARD_TIMEOUT_MS=120000 and a
+  // receiver answering in 12 s)
+  const handlerMs = values.REACTION_LEASE_S * 1000 - leaseMarginMs(values.REACTION_LEASE_S * 1000)
+  for (const [name, timeoutMs, used] of [
+    ['FORWARD_TIMEOUT_MS', values.FORWARD_TIMEOUT_MS, values.FORWARD_URL !== undefined],
+    ['AMQP_TIMEOUT_MS', values.AMQP_TIMEOUT_MS, values.AMQP_URL !== undefined],
+  ] as const) {
+    if (used && timeoutMs > handlerMs) {
+      problems.push(
+        `${name}: must be at most ${handlerMs} (REACTION_LEASE_S=${values.REACTION_LEASE_S} less the ${leaseMarginMs(values.REACTION_LEASE_S * 1000)} ms ` +
+          'before its end at which a call still running is stopped): a longer call is cut off every time and its event ends failed',
+      )
+    }
+  }
   if (values.FORWARD_URL !== undefined && values.FORWARD_SECRET === undefined) {
     problems.push('FORWARD_SECRET: required when FORWARD_URL is set')
   }

@@ -388,6 +388,20 @@ describe('configuration', () => {
       }
     })
 
+    it('refuses a FORWARD_TIMEOUT_MS or AMQP_TIMEOUT_MS longer than a call may run under REACTION_LEASE_S', () => {
+      const forwarding = { ...remoteEnv, FORWARD_URL: 'https://erp.internal/hooks/escrow', FORWARD_SECRET: forwardSecret }
+      // a 10 s lease: a call still running 1 s before its end is stopped, so 9 s is the most a call gets
+      expect(problemsOf({ ...forwarding, REACTION_LEASE_S: '10', FORWARD_TIMEOUT_MS: '120000' })).toEqual([
+        'FORWARD_TIMEOUT_MS: must be at most 9000 (REACTION_LEASE_S=10 less the 1000 ms before its end at which a call still running is stopped): a longer call is cut off every time and its event ends failed',
+      ])
+      expect(parseConfig({ ...forwarding, REACTION_LEASE_S: '10', FORWARD_TIMEOUT_MS: '9000' }).forward?.timeoutMs).toBe(9_000)
+      // the default lease (300 s, stopped 5 s before its end)
+      expect(problemsOf({ ...forwarding, FORWARD_TIMEOUT_MS: '295001' })).toHaveLength(1)
+      expect(problemsOf({ ...remoteEnv, AMQP_URL: 'amqp://broker.internal', AMQP_TIMEOUT_MS: '600000' })[0]).toMatch(/^AMQP_TIMEOUT_MS: must be at most 295000 /)
+      // a timeout of a handler not configured is not checked
+      expect(parseConfig({ ...remoteEnv, REACTION_LEASE_S: '10', FORWARD_TIMEOUT_MS: '60000', AMQP_TIMEOUT_MS: '60000' }).reactions.leaseS).toBe(10)
+    })
+
     it('parses FORWARD_URL, FORWARD_SECRET and FORWARD_TIMEOUT_MS', () => {
       const env = { ...remoteEnv, FORWARD_URL: 'https://erp.internal/hooks/escrow', FORWARD_SECRET: forwardSecret }
       expect(parseConfig(env).forward).toEqual({

@@ -97,7 +97,7 @@ describePostgres('SIGTERM gives the leases back (Postgres)', () => {
         POLL_INTERVAL_S: '1',
         FORWARD_URL: `${receiver.url}/hooks`,
         FORWARD_SECRET: secret,
-        FORWARD_TIMEOUT_MS: '300000',
+        FORWARD_TIMEOUT_MS: '290000',
         REACTION_CONCURRENCY: String(CONCURRENCY),
         REACTION_LEASE_S: '300',
         // half of it is the handlers' grace: they never finish, so it runs out and they are aborted

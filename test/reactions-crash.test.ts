@@ -85,6 +85,8 @@ describePostgres('the compiled serve killed mid-handler (Postgres)', () => {
       REACTION_CONCURRENCY: '4',
       // the killed process's claims come back after this
       REACTION_LEASE_S: '2',
+      // (a call may run at most the lease less its margin, 1.8 s: the receiver answers in 50 ms)
+      FORWARD_TIMEOUT_MS: '1500',
     }
     const first = spawnCli(['serve'], env, { built: true })
     children.push(first)

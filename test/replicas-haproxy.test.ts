@@ -198,6 +198,8 @@ describeReplicas('three replicas behind HAProxy: a kill and a rolling restart un
         REACTION_CONCURRENCY: '4',
         // the killed replica's reaction claims come back after this
         REACTION_LEASE_S: '5',
+        // (a call may run at most the lease less its margin, 4.5 s)
+        FORWARD_TIMEOUT_MS: '4000',
         // more than HAProxy's check interval (200 ms) x fall (2); a slow check only means a redispatch
         SHUTDOWN_DRAIN_DELAY_MS: '1500',
         SHUTDOWN_TIMEOUT_MS: '30000',

@@ -23,5 +23,11 @@ export const DEFAULT_DISPATCHER_SETTINGS: Omit<DispatcherSettings, 'concurrency'
   shutdownTimeoutMs: 10_000,
 }
 
+/**
+ * How long before its lease ends a handler still running is aborted (past the lease, another replica may claim
+ * its job again): a call given longer than the lease less this never gets its answer.
+ */
+export const leaseMarginMs = (leaseMs: number): number => Math.min(5_000, leaseMs / 10)
+
 /** skipped: not called, since the handler no longer takes the job's event type. */
 export type AttemptResult = 'done' | 'retry' | 'failed' | 'released' | 'lease_lost' | 'skipped'

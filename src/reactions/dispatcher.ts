@@ -43,7 +43,7 @@ import {
 } from './reaction-job.repository.js'
 import type { ReactionHandler } from './reaction-event.js'
 import { ensureReactionStreams } from './reaction-stream.repository.js'
-import type { AttemptResult, DispatcherSettings } from './dispatcher-settings.js'
+import { type AttemptResult, type DispatcherSettings, leaseMarginMs } from './dispatcher-settings.js'
 import { createSlots, type Slots } from './handler-slots.js'
 import { createStreamWorker, type StreamWorker } from './stream-worker.js'
 
@@ -401,7 +401,7 @@ export function createDispatcher(deps: DispatcherDeps): Dispatcher {
     }
   }
 
-  const leaseMargin = Math.min(5_000, settings.leaseMs / 10)
+  const leaseMargin = leaseMarginMs(settings.leaseMs)
 
   // a free slot of its handler takes the next waiting job of that handler; one whose lease is about to end is
   // given back unstarted

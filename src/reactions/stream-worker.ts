@@ -24,7 +24,7 @@ import type { Clock } from '../clock.js'
 import type { Database } from '../db/database.js'
 import type { Logger } from '../logger.js'
 import { backoffDelayS } from '../reconcile/backoff-delay.js'
-import type { AttemptResult, DispatcherSettings } from './dispatcher-settings.js'
+import { type AttemptResult, type DispatcherSettings, leaseMarginMs } from './dispatcher-settings.js'
 import type { Slots } from './handler-slots.js'
 import type { ReactionHandler } from './reaction-event.js'
 import { completeJob, failJob, releaseJobs, retryJobLater } from './reaction-job.repository.js'
@@ -119,7 +119,7 @@ export function createStreamWorker(deps: StreamWorkerDeps) {
   const bounds = { min: settings.concurrency, max: batchSize, waitMs: Math.min(BATCH_MAX_MS, settings.leaseMs / 4) }
   // what the next batch reads (nextBatchLimit): batchSize until a batch's slots fall behind
   let limit = batchSize
-  const leaseMargin = Math.min(5_000, settings.leaseMs / 10)
+  const leaseMargin = leaseMarginMs(settings.leaseMs)
   let running = 0
   // whether the last read found this process holding the stream's lease
   let leased = false
