@@ -7,6 +7,7 @@ import { randomBytes } from 'node:crypto'
 import { existsSync } from 'node:fs'
 import net from 'node:net'
 import path from 'node:path'
+import amqplib, { type ChannelModel } from 'amqplib'
 import { afterEach, describe, expect, it } from 'vitest'
 import {
   AmqpPublishError,
@@ -525,6 +526,34 @@ describeRabbitMq('the AMQP publisher (RabbitMQ)', () => {
     await publishUntilConfirmed(amqp, eventOf(1, 2), failures)
     await listening.waitFor((received) => distinctIds(received).size === 2)
     expect([...distinctIds(listening.received)]).toEqual([eventOf(1, 1).eventId, eventOf(1, 2).eventId])
+  })
+
+  it('a connection the broker blocked (a resource alarm): the calls that get no confirm say so, with its reason', async () => {
+    const exchange = uniqueName('test-exchange')
+    const listening = await consumer({ exchange })
+    const alarmed = await proxy()
+    const connections: ChannelModel[] = []
+    const connect = async (url: string, options: object) => {
+      const connection = await amqplib.connect(url, options)
+      connections.push(connection)
+      return connection
+    }
+    const amqp = publisher({ exchange, url: alarmed.rewrite(amqpUrl!), timeoutMs: 1_000, connect })
+    await amqp.handler(eventOf(2, 1), context())
+    // RabbitMQ under a memory alarm: connection.blocked, and nothing more read from the connection
+    connections[0]!.emit('blocked', 'low on memory')
+    alarmed.stall()
+    const calls = [amqp.handler(eventOf(3, 1), context()), amqp.handler(eventOf(4, 1), context())]
+    const errors = await Promise.all(calls.map((call) => failureOf(call)))
+    for (const error of errors) {
+      expect(['amqp_timeout', 'amqp_unreachable']).toContain(error.code)
+      expect(error.message).toContain('(the broker blocked this connection: low on memory)')
+    }
+    expect(errors.map((error) => error.code)).toContain('amqp_timeout')
+    // the alarm lifted: a new connection publishes (the blocked one was given up)
+    const failures = new Map<string, number>()
+    await publishUntilConfirmed(amqp, eventOf(3, 1), failures)
+    await listening.waitFor((received) => distinctIds(received).has(eventOf(3, 1).eventId))
   })
 
   it('the broker down at start-up: calls fail (retryable) until it is back, then are confirmed', async () => {

@@ -78,6 +78,11 @@ interface Link {
    * publishes with a bare 'channel closed' after emitting this, so their calls take their reason from here.
    */
   closedWith: { error?: Error }
+  /**
+   * The broker's reason while it blocks this connection (a resource alarm: low on memory or disk). It then
+   * reads nothing the connection sends, so a publish waits for a confirm that does not come until it is lifted.
+   */
+  blocked: { reason?: string }
 }
 
 const DEFAULT_TIMEOUT_MS = 10_000
@@ -128,6 +133,7 @@ export function createAmqpPublisher({
       throw connectFailure(error)
     }
     const closedWith: { error?: Error } = {}
+    const blocked: { reason?: string } = {}
     // a broker that closes the connection (restart, management "close connection", lost socket) emits
     // 'error' and 'close': without these listeners Node would throw the error and stop the process
     connection.on('error', (error: Error) => {
@@ -138,8 +144,14 @@ export function createAmqpPublisher({
       lost()
       if (!closed) log.warn('AMQP connection closed; the next publish opens a new one')
     })
-    connection.on('blocked', (reason: string) => log.warn({ reason }, 'the broker blocked publishing'))
-    connection.on('unblocked', () => log.info('the broker unblocked publishing'))
+    connection.on('blocked', (reason: string) => {
+      blocked.reason = typeof reason === 'string' && reason !== '' ? reason : 'no reason given'
+      log.warn({ reason }, 'the broker blocked publishing')
+    })
+    connection.on('unblocked', () => {
+      blocked.reason = undefined
+      log.info('the broker unblocked publishing')
+    })
     try {
       await ensureExchange(connection)
       const channel = await connection.createConfirmChannel()
@@ -160,7 +172,7 @@ export function createAmqpPublisher({
         if (!closed) connection.close().catch(() => {})
       })
       log.info('AMQP connection open, exchange declared')
-      return { connection, channel, inFlight, closedWith }
+      return { connection, channel, inFlight, closedWith, blocked }
     } catch (error) {
       await connection.close().catch(() => {})
       if (error instanceof AmqpPublishError) throw error
@@ -256,15 +268,21 @@ export function createAmqpPublisher({
         { eventId: event.eventId, type: event.type, attempt, broker, durationMs: Date.now() - startedAt, ...fields },
         'reaction published',
       )
+    // the link this call published on, once open: its blocked reason explains a confirm that did not come
+    let opened: Link | undefined
+    const whileBlocked = () => (opened?.blocked.reason === undefined ? '' : ` (the broker blocked this connection: ${opened.blocked.reason})`)
     const failure = (error: unknown): AmqpPublishError => {
-      if (error instanceof AmqpPublishError) return error
+      if (error instanceof AmqpPublishError) {
+        const suffix = error.code === 'amqp_unreachable' ? whileBlocked() : ''
+        return suffix ? new AmqpPublishError(error.code, `${error.message}${suffix}`, { cause: error.cause }) : error
+      }
       if (signal.aborted) {
         return new AmqpPublishError('amqp_aborted', `publishing to ${broker} was stopped (lease ended or shutting down)`, {
           cause: signal.reason,
         })
       }
       if (deadline.aborted) {
-        return new AmqpPublishError('amqp_timeout', `the broker ${broker} did not confirm within ${timeoutMs} ms`)
+        return new AmqpPublishError('amqp_timeout', `the broker ${broker} did not confirm within ${timeoutMs} ms${whileBlocked()}`)
       }
       return new AmqpPublishError('amqp_unreachable', `publishing to ${broker} failed: ${describeError(error)}`, {
         cause: error,
@@ -275,7 +293,8 @@ export function createAmqpPublisher({
     const publishId = randomUUID()
     let inFlight: Map<string, boolean> | undefined
     try {
-      const { channel, inFlight: publishes, closedWith } = await untilStopped(using, stop)
+      opened = await untilStopped(using, stop)
+      const { channel, inFlight: publishes, closedWith } = opened
       inFlight = publishes
       const body = Buffer.from(JSON.stringify(forwardedPayload(event)))
       publishes.set(publishId, false)
