@@ -14,12 +14,11 @@ import { applyObservation } from '../src/orders/apply-observation.js'
 import { createOrder } from './helpers/orders.js'
 import { FORWARDER_HANDLER } from '../src/reactions/configured-reactions.js'
 import { ensureReactionStreams } from '../src/reactions/reaction-stream.repository.js'
-import { spawnCli, waitForLogLine } from './helpers/cli-process.js'
+import { pollingServeEnv, spawnCli, waitForLogLine } from './helpers/cli-process.js'
 import { migratedDataDir } from './helpers/data-dir-template.js'
 import { rememberSecret } from './helpers/log-sink.js'
 import { insertOrders } from './helpers/reconcile-orders.js'
 import { eventually } from './helpers/reconcile-poller.js'
-import { TEST_API_KEY_ID, TEST_API_SECRET, TEST_WEBHOOK_SECRET } from './helpers/test-config.js'
 import { createTestDatabase, describePostgres, type TestDatabase } from './helpers/test-database.js'
 
 const DUE_ORDERS = 3
@@ -85,16 +84,8 @@ describePostgres('SIGTERM gives the leases back (Postgres)', () => {
     const child = spawnCli(
       ['serve'],
       {
-        DATABASE_URL: database.url!,
-        DATA_DIR: dataDir,
-        PORT: '0',
-        ADMIN_PORT: '0',
-        PARTNER_API_BASE_URL: platform.url,
-        PARTNER_API_KEY_ID: TEST_API_KEY_ID,
-        PARTNER_API_SECRET: TEST_API_SECRET,
-        WEBHOOK_SECRETS: TEST_WEBHOOK_SECRET,
+        ...pollingServeEnv({ databaseUrl: database.url!, dataDir, platformUrl: platform.url }),
         PARTNER_API_TIMEOUT_MS: '300000',
-        POLL_INTERVAL_S: '1',
         FORWARD_URL: `${receiver.url}/hooks`,
         FORWARD_SECRET: secret,
         FORWARD_TIMEOUT_MS: '290000',

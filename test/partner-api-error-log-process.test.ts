@@ -4,11 +4,11 @@
 import { rmSync } from 'node:fs'
 import { afterAll, beforeAll, expect, it } from 'vitest'
 import { MAX_PLATFORM_MESSAGE_LENGTH } from '../src/partner-api/partner-api-transport.js'
-import { spawnCli, stopChild, waitForLogLine } from './helpers/cli-process.js'
+import { pollingServeEnv, spawnCli, stopChild, waitForLogLine } from './helpers/cli-process.js'
 import { migratedDataDir } from './helpers/data-dir-template.js'
 import { type RecordingServer, startRecordingServer } from './helpers/partner-api-recording-server.js'
 import { insertOrders } from './helpers/reconcile-orders.js'
-import { TEST_API_KEY_ID, TEST_API_SECRET, TEST_WEBHOOK_SECRET } from './helpers/test-config.js'
+import { TEST_API_SECRET } from './helpers/test-config.js'
 import { createTestDatabase, describePostgres, type TestDatabase } from './helpers/test-database.js'
 
 const BODY_MARK = 'field-of-the-platforms-body'
@@ -41,17 +41,7 @@ describePostgres('a platform whose error answers are large (Postgres)', () => {
     await insertOrders(database.db, [{ externalReference: 'big-error', nextPollAt: new Date(Date.now() - 60_000) }])
     const child = spawnCli(
       ['serve'],
-      {
-        DATABASE_URL: database.url!,
-        DATA_DIR: dataDir,
-        PORT: '0',
-        ADMIN_PORT: '0',
-        PARTNER_API_BASE_URL: platform.url,
-        PARTNER_API_KEY_ID: TEST_API_KEY_ID,
-        PARTNER_API_SECRET: TEST_API_SECRET,
-        WEBHOOK_SECRETS: TEST_WEBHOOK_SECRET,
-        POLL_INTERVAL_S: '1',
-      },
+      pollingServeEnv({ databaseUrl: database.url!, dataDir, platformUrl: platform.url }),
       { built: true },
     )
     const output: string[] = []

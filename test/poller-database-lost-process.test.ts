@@ -7,12 +7,12 @@ import { rmSync } from 'node:fs'
 import http from 'node:http'
 import type { AddressInfo } from 'node:net'
 import { afterAll, beforeAll, expect, it } from 'vitest'
-import { jsonLogLines, spawnCli, stopChild, waitForLogLine } from './helpers/cli-process.js'
+import { jsonLogLines, pollingServeEnv, spawnCli, stopChild, waitForLogLine } from './helpers/cli-process.js'
 import { migratedDataDir } from './helpers/data-dir-template.js'
 import { insertOrders } from './helpers/reconcile-orders.js'
 import { eventually } from './helpers/reconcile-poller.js'
 import { startTcpProxy, type TcpProxy } from './helpers/tcp-proxy.js'
-import { TEST_API_KEY_ID, TEST_API_SECRET, TEST_WEBHOOK_SECRET } from './helpers/test-config.js'
+import { TEST_API_SECRET } from './helpers/test-config.js'
 import { createTestDatabase, describePostgres, postgresUrl, type TestDatabase } from './helpers/test-database.js'
 
 /** The platform: records each GET and holds it until the test answers it. */
@@ -66,18 +66,7 @@ describePostgres('Postgres lost mid-cycle under the compiled serve (Postgres)', 
     ])
     const child = spawnCli(
       ['serve'],
-      {
-        DATABASE_URL: proxy.rewrite(database.url!),
-        DATA_DIR: dataDir,
-        PORT: '0',
-        ADMIN_PORT: '0',
-        PARTNER_API_BASE_URL: platform.url,
-        PARTNER_API_KEY_ID: TEST_API_KEY_ID,
-        PARTNER_API_SECRET: TEST_API_SECRET,
-        WEBHOOK_SECRETS: TEST_WEBHOOK_SECRET,
-        PARTNER_API_TIMEOUT_MS: '300000',
-        POLL_INTERVAL_S: '1',
-      },
+      { ...pollingServeEnv({ databaseUrl: proxy.rewrite(database.url!), dataDir, platformUrl: platform.url }), PARTNER_API_TIMEOUT_MS: '300000' },
       { built: true },
     )
     const output: string[] = []

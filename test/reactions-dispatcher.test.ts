@@ -467,20 +467,32 @@ describe('the reaction dispatcher', () => {
     expect(most).toBe(1)
   })
 
+  // a handler whose calls hang until aborted; releaseAll() returns every call, and makes later ones return at
+  // once (a call left hanging would hold the dispatcher's stop)
+  const hangingHandler = () => {
+    const hanging: (() => void)[] = []
+    let over = false
+    const handle: ReactionHandler = async (_event, { signal }) => {
+      if (over) return
+      await new Promise<void>((resolve, reject) => {
+        hanging.push(resolve)
+        signal.addEventListener('abort', () => reject(signal.reason), { once: true })
+      })
+    }
+    const releaseAll = () => {
+      over = true
+      for (const finish of hanging) finish()
+    }
+    return { hanging, handle, releaseAll }
+  }
+
   it('runs a handler’s events while another handler’s calls hang: each handler has its own REACTION_CONCURRENCY slots', async () => {
     // the partner's HTTP receiver never answers (until the lease ends); its RabbitMQ is fine
-    const hanging: (() => void)[] = []
-    // once the test is over, every call returns (a call left hanging would hold the dispatcher's stop)
-    let over = false
+    const receiver = hangingHandler()
+    const { hanging } = receiver
     const published: string[] = []
     const reactions = createReactionRegistry()
-      .on('trade.created', 'receiver', async (_event, { signal }) => {
-        if (over) return
-        await new Promise<void>((resolve, reject) => {
-          hanging.push(resolve)
-          signal.addEventListener('abort', () => reject(signal.reason), { once: true })
-        })
-      })
+      .on('trade.created', 'receiver', receiver.handle)
       .on('trade.funded', 'broker', async (event) => {
         published.push(event.externalReference)
       })
@@ -500,24 +512,16 @@ describe('the reaction dispatcher', () => {
       expect(published.sort()).toEqual(references.sort())
       expect(hanging).toHaveLength(2)
     } finally {
-      over = true
-      for (const finish of hanging) finish()
+      receiver.releaseAll()
     }
   })
 
   it('claims a retry of one handler while another’s calls hang, leasing no more of the hanging one’s jobs than it can hold', async () => {
-    const hanging: (() => void)[] = []
-    // once the test is over, every call returns (a call left hanging would hold the dispatcher's stop)
-    let over = false
+    const receiver = hangingHandler()
+    const { hanging } = receiver
     const calls: { reference: string; attempt: number }[] = []
     const reactions = createReactionRegistry()
-      .on('trade.created', 'receiver', async (_event, { signal }) => {
-        if (over) return
-        await new Promise<void>((resolve, reject) => {
-          hanging.push(resolve)
-          signal.addEventListener('abort', () => reject(signal.reason), { once: true })
-        })
-      })
+      .on('trade.created', 'receiver', receiver.handle)
       .on('trade.funded', 'broker', async (event, { attempt }) => {
         calls.push({ reference: event.externalReference, attempt })
         if (attempt === 1) throw new Error('the broker blinked')
@@ -551,8 +555,7 @@ describe('the reaction dispatcher', () => {
       expect((await leased()).length).toBeLessThanOrEqual(1 + 4)
       expect(hanging).toHaveLength(1)
     } finally {
-      over = true
-      for (const finish of hanging) finish()
+      receiver.releaseAll()
     }
   })
 

@@ -23,6 +23,21 @@ export function receiverEnv(dataDir: string): Record<string, string> {
   }
 }
 
+/** The environment of a `serve` on Postgres that polls `platformUrl` every second (listeners on free ports). */
+export function pollingServeEnv({ databaseUrl, dataDir, platformUrl }: { databaseUrl: string; dataDir: string; platformUrl: string }): Record<string, string> {
+  return {
+    DATABASE_URL: databaseUrl,
+    DATA_DIR: dataDir,
+    PORT: '0',
+    ADMIN_PORT: '0',
+    PARTNER_API_BASE_URL: platformUrl,
+    PARTNER_API_KEY_ID: TEST_API_KEY_ID,
+    PARTNER_API_SECRET: TEST_API_SECRET,
+    WEBHOOK_SECRETS: TEST_WEBHOOK_SECRET,
+    POLL_INTERVAL_S: '1',
+  }
+}
+
 export interface CliResult {
   code: number | null
   stdout: string
