@@ -506,14 +506,15 @@ export function parseConfig(
   // "stopped (lease ended or shutting down)" every time, counted as a failed attempt, and its event, answered
   // well within the call's timeout, ended failed (REACTION_LEASE_S=10 with FORWARD_TIMEOUT_MS=120000 and a
   // receiver answering in 12 s)
-  const handlerMs = values.REACTION_LEASE_S * 1000 - leaseMarginMs(values.REACTION_LEASE_S * 1000)
+  const marginMs = leaseMarginMs(values.REACTION_LEASE_S * 1000)
+  const handlerMs = values.REACTION_LEASE_S * 1000 - marginMs
   for (const [name, timeoutMs, used] of [
     ['FORWARD_TIMEOUT_MS', values.FORWARD_TIMEOUT_MS, values.FORWARD_URL !== undefined],
     ['AMQP_TIMEOUT_MS', values.AMQP_TIMEOUT_MS, values.AMQP_URL !== undefined],
   ] as const) {
     if (used && timeoutMs > handlerMs) {
       problems.push(
-        `${name}: must be at most ${handlerMs} (REACTION_LEASE_S=${values.REACTION_LEASE_S} less the ${leaseMarginMs(values.REACTION_LEASE_S * 1000)} ms ` +
+        `${name}: must be at most ${handlerMs} (REACTION_LEASE_S=${values.REACTION_LEASE_S} less the ${marginMs} ms ` +
           'before its end at which a call still running is stopped): a longer call is cut off every time and its event ends failed',
       )
     }
