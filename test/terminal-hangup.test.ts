@@ -75,7 +75,15 @@ describe.skipIf(!hasPython)('the compiled serve when its terminal is closed', ()
     }
     const pid = reports[0]!.pid!
     pids.push(pid)
-    return { url, pid, ended, terminal: () => terminal, hangUp: () => helper.stdin.write('hangup\n') }
+    /** Whether the terminal shows `text` within 30 s; false when it does not (the process's output is lost). */
+    async function terminalShows(text: string): Promise<boolean> {
+      for (const started = Date.now(); Date.now() - started < 30_000; ) {
+        if (terminal.includes(text)) return true
+        await new Promise((resolve) => setTimeout(resolve, 50))
+      }
+      return terminal.includes(text)
+    }
+    return { url, pid, ended, terminalShows, hangUp: () => helper.stdin.write('hangup\n') }
   }
 
   it.each([
@@ -83,7 +91,8 @@ describe.skipIf(!hasPython)('the compiled serve when its terminal is closed', ()
     ['LOG_PRETTY lines', true],
   ])('on SIGHUP from its terminal it drains and exits 0 (%s)', async (_lines, logPretty) => {
     const serve = await start('session', logPretty)
-    expect(serve.terminal()).toContain('service listening')
+    // /readyz can answer before the terminal's output has come through the pseudo-terminal to us
+    expect(await serve.terminalShows('service listening')).toBe(true)
     expect(await send(serve.url, 'before-hangup')).toBe(200)
     serve.hangUp()
     // the drain delay: still listening, no longer ready
