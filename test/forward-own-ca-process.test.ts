@@ -1,0 +1,102 @@
+// The compiled `serve` forwarding to an HTTPS receiver whose certificate a company's own CA signed (the test CA of
+// test/fixtures/tls), as README's "Your own certificate authority" tells: without NODE_EXTRA_CA_CERTS the
+// certificate is refused, nothing reaches the receiver and the job's error names the reason; with it, given at
+// start, the same job is forwarded. NODE_TLS_REJECT_UNAUTHORIZED is never needed.
+import { randomBytes } from 'node:crypto'
+import { readFileSync, rmSync } from 'node:fs'
+import https from 'node:https'
+import type { AddressInfo } from 'node:net'
+import path from 'node:path'
+import type { ChildProcess } from 'node:child_process'
+import { afterAll, beforeAll, expect, it } from 'vitest'
+import { applyObservation } from '../src/orders/apply-observation.js'
+import { FORWARDER_HANDLER } from '../src/reactions/configured-reactions.js'
+import { ensureReactionStreams } from '../src/reactions/reaction-stream.repository.js'
+import { spawnCli, stopChild, waitForLogLine } from './helpers/cli-process.js'
+import { migratedDataDir } from './helpers/data-dir-template.js'
+import { rememberSecret } from './helpers/log-sink.js'
+import { createOrder } from './helpers/orders.js'
+import { unfinishedReactionJobs } from './helpers/reaction-jobs.js'
+import { eventually } from './helpers/reconcile-poller.js'
+import { TEST_API_KEY_ID, TEST_API_SECRET, TEST_WEBHOOK_SECRET } from './helpers/test-config.js'
+import { createTestDatabase, describePostgres, type TestDatabase } from './helpers/test-database.js'
+
+const tls = path.join(import.meta.dirname, 'fixtures/tls')
+
+describePostgres("the compiled serve forwarding to a receiver with a certificate of the company's own CA", () => {
+  let database: TestDatabase
+  let receiver: https.Server
+  let receiverUrl: string
+  const received: string[] = []
+  const dataDir = migratedDataDir('forward-own-ca-')
+  const children: ChildProcess[] = []
+
+  beforeAll(async () => {
+    database = await createTestDatabase()
+    receiver = https.createServer({ cert: readFileSync(path.join(tls, 'server.crt')), key: readFileSync(path.join(tls, 'server.key')) }, (req, res) => {
+      req.resume()
+      req.on('end', () => {
+        received.push(String(req.headers['webhook-id']))
+        res.writeHead(204).end()
+      })
+    })
+    await new Promise<void>((resolve) => receiver.listen(0, '127.0.0.1', resolve))
+    receiverUrl = `https://localhost:${(receiver.address() as AddressInfo).port}/hooks`
+  })
+  afterAll(async () => {
+    for (const child of children) if (child.exitCode === null) child.kill('SIGKILL')
+    receiver.closeAllConnections()
+    await new Promise<void>((resolve) => receiver.close(() => resolve()))
+    await database.close()
+    rmSync(dataDir, { recursive: true, force: true })
+  })
+
+  it('refuses the certificate without NODE_EXTRA_CA_CERTS, naming why, and forwards the same job with it', async () => {
+    await ensureReactionStreams(database.db, [FORWARDER_HANDLER], new Date())
+    const { order } = await createOrder(database.db, { externalReference: 'own-ca-1' })
+    await applyObservation(
+      database.db,
+      { target: { orderId: order.id }, tradeId: 'trd_own-ca-1', status: 'funded', source: 'api', observedAt: new Date() },
+      { staleAfterS: 3_600, handlersFor: () => [FORWARDER_HANDLER] },
+    )
+    const [event] = await database.db.selectFrom('orderStatusHistory').select('eventId').execute()
+
+    const secret = `whsec_${randomBytes(32).toString('base64')}`
+    rememberSecret(secret.slice('whsec_'.length))
+    const env = {
+      DATABASE_URL: database.url!,
+      DATA_DIR: dataDir,
+      PORT: '0',
+      ADMIN_PORT: '0',
+      PARTNER_API_BASE_URL: 'http://127.0.0.1:1',
+      PARTNER_API_KEY_ID: TEST_API_KEY_ID,
+      PARTNER_API_SECRET: TEST_API_SECRET,
+      WEBHOOK_SECRETS: TEST_WEBHOOK_SECRET,
+      POLL_ENABLED: 'false',
+      FORWARD_URL: receiverUrl,
+      FORWARD_SECRET: secret,
+    }
+
+    const untrusting = spawnCli(['serve'], env, { built: true })
+    children.push(untrusting)
+    await waitForLogLine(untrusting, 'service listening', 120_000)
+    // the first attempt failed and was written for later, with its reason
+    let lastError: string | null | undefined
+    await eventually(async () => {
+      const job = await database.db.selectFrom('reactionJobs').select('lastError').where('handler', '=', FORWARDER_HANDLER).executeTakeFirst()
+      lastError = job?.lastError
+      return typeof lastError === 'string'
+    }, 'the refused forward is recorded with its error', 60_000)
+    expect(lastError).toContain(`the forward receiver ${new URL(receiverUrl).origin} is unreachable: UNABLE_TO_VERIFY_LEAF_SIGNATURE`)
+    expect(await stopChild(untrusting)).toBe(0)
+    expect(received).toEqual([])
+
+    const trusting = spawnCli(['serve'], { ...env, NODE_EXTRA_CA_CERTS: path.join(tls, 'ca.crt') }, { built: true })
+    children.push(trusting)
+    await waitForLogLine(trusting, 'service listening', 120_000)
+    // the retry is due after the first backoff (5 s, with jitter)
+    await eventually(async () => (await unfinishedReactionJobs(database.db)) === 0, 'the job is done', 60_000)
+    expect(await stopChild(trusting)).toBe(0)
+    expect(received).toEqual([event!.eventId])
+  })
+})
