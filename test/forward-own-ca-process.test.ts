@@ -2,23 +2,19 @@
 // test/fixtures/tls), as README's "Your own certificate authority" tells: without NODE_EXTRA_CA_CERTS the
 // certificate is refused, nothing reaches the receiver and the job's error names the reason; with it, given at
 // start, the same job is forwarded. NODE_TLS_REJECT_UNAUTHORIZED is never needed.
-import { randomBytes } from 'node:crypto'
 import { readFileSync, rmSync } from 'node:fs'
 import https from 'node:https'
 import type { AddressInfo } from 'node:net'
 import path from 'node:path'
 import type { ChildProcess } from 'node:child_process'
 import { afterAll, beforeAll, expect, it } from 'vitest'
-import { applyObservation } from '../src/orders/apply-observation.js'
 import { FORWARDER_HANDLER } from '../src/reactions/configured-reactions.js'
 import { ensureReactionStreams } from '../src/reactions/reaction-stream.repository.js'
-import { spawnCli, stopChild, waitForLogLine } from './helpers/cli-process.js'
+import { forwardingServeEnv, spawnCli, stopChild, waitForLogLine } from './helpers/cli-process.js'
 import { migratedDataDir } from './helpers/data-dir-template.js'
-import { rememberSecret } from './helpers/log-sink.js'
-import { createOrder } from './helpers/orders.js'
+import { moveNewOrder } from './helpers/orders.js'
 import { unfinishedReactionJobs } from './helpers/reaction-jobs.js'
 import { eventually } from './helpers/reconcile-poller.js'
-import { TEST_API_KEY_ID, TEST_API_SECRET, TEST_WEBHOOK_SECRET } from './helpers/test-config.js'
 import { createTestDatabase, describePostgres, type TestDatabase } from './helpers/test-database.js'
 
 const tls = path.join(import.meta.dirname, 'fixtures/tls')
@@ -53,29 +49,9 @@ describePostgres("the compiled serve forwarding to a receiver with a certificate
 
   it('refuses the certificate without NODE_EXTRA_CA_CERTS, naming why, and forwards the same job with it', async () => {
     await ensureReactionStreams(database.db, [FORWARDER_HANDLER], new Date())
-    const { order } = await createOrder(database.db, { externalReference: 'own-ca-1' })
-    await applyObservation(
-      database.db,
-      { target: { orderId: order.id }, tradeId: 'trd_own-ca-1', status: 'funded', source: 'api', observedAt: new Date() },
-      { staleAfterS: 3_600, handlersFor: () => [FORWARDER_HANDLER] },
-    )
+    await moveNewOrder(database.db, { externalReference: 'own-ca-1', statuses: ['funded'], handlersFor: () => [FORWARDER_HANDLER], now: () => new Date() })
     const [event] = await database.db.selectFrom('orderStatusHistory').select('eventId').execute()
-
-    const secret = `whsec_${randomBytes(32).toString('base64')}`
-    rememberSecret(secret.slice('whsec_'.length))
-    const env = {
-      DATABASE_URL: database.url!,
-      DATA_DIR: dataDir,
-      PORT: '0',
-      ADMIN_PORT: '0',
-      PARTNER_API_BASE_URL: 'http://127.0.0.1:1',
-      PARTNER_API_KEY_ID: TEST_API_KEY_ID,
-      PARTNER_API_SECRET: TEST_API_SECRET,
-      WEBHOOK_SECRETS: TEST_WEBHOOK_SECRET,
-      POLL_ENABLED: 'false',
-      FORWARD_URL: receiverUrl,
-      FORWARD_SECRET: secret,
-    }
+    const env = forwardingServeEnv({ databaseUrl: database.url!, dataDir, forwardUrl: receiverUrl })
 
     const untrusting = spawnCli(['serve'], env, { built: true })
     children.push(untrusting)

@@ -1,23 +1,19 @@
 // The compiled `serve` killed with SIGKILL while reaction handlers (the forwarder) run (Postgres): after a
 // restart every event is handled, and the receiver sees each webhook-id at least once and, deduplicated by
 // it, every transition exactly once.
-import { randomBytes } from 'node:crypto'
 import { once } from 'node:events'
 import { rmSync } from 'node:fs'
 import http from 'node:http'
 import type { AddressInfo } from 'node:net'
 import type { ChildProcess } from 'node:child_process'
 import { afterAll, beforeAll, expect, it } from 'vitest'
-import { applyObservation } from '../src/orders/apply-observation.js'
 import { unfinishedReactionJobs } from './helpers/reaction-jobs.js'
-import { createOrder } from './helpers/orders.js'
+import { moveNewOrder } from './helpers/orders.js'
 import { FORWARDER_HANDLER } from '../src/reactions/configured-reactions.js'
 import { ensureReactionStreams } from '../src/reactions/reaction-stream.repository.js'
-import { spawnCli, waitForLogLine } from './helpers/cli-process.js'
+import { forwardingServeEnv, spawnCli, waitForLogLine } from './helpers/cli-process.js'
 import { migratedDataDir } from './helpers/data-dir-template.js'
-import { rememberSecret } from './helpers/log-sink.js'
 import { eventually } from './helpers/reconcile-poller.js'
-import { TEST_API_KEY_ID, TEST_API_SECRET, TEST_WEBHOOK_SECRET } from './helpers/test-config.js'
 import { createTestDatabase, describePostgres, type TestDatabase } from './helpers/test-database.js'
 
 const ORDERS = 60
@@ -56,32 +52,13 @@ describePostgres('the compiled serve killed mid-handler (Postgres)', () => {
     // the transitions commit before the service runs, after the forwarder's stream began: they wait in it
     await ensureReactionStreams(database.db, [FORWARDER_HANDLER], new Date())
     for (let i = 0; i < ORDERS; i++) {
-      const { order } = await createOrder(database.db, { externalReference: `crash-${i}` })
-      for (const status of STATUSES) {
-        await applyObservation(
-          database.db,
-          { target: { orderId: order.id }, tradeId: `trd_crash-${i}`, status, source: 'api', observedAt: new Date() },
-          { staleAfterS: 3_600, handlersFor: () => [FORWARDER_HANDLER] },
-        )
-      }
+      await moveNewOrder(database.db, { externalReference: `crash-${i}`, statuses: STATUSES, handlersFor: () => [FORWARDER_HANDLER], now: () => new Date() })
     }
     const events = await database.db.selectFrom('orderStatusHistory').select('eventId').execute()
     expect(events).toHaveLength(ORDERS * STATUSES.length)
 
-    const secret = `whsec_${randomBytes(32).toString('base64')}`
-    rememberSecret(secret.slice('whsec_'.length))
     const env = {
-      DATABASE_URL: database.url!,
-      DATA_DIR: dataDir,
-      PORT: '0',
-      ADMIN_PORT: '0',
-      PARTNER_API_BASE_URL: 'http://127.0.0.1:1',
-      PARTNER_API_KEY_ID: TEST_API_KEY_ID,
-      PARTNER_API_SECRET: TEST_API_SECRET,
-      WEBHOOK_SECRETS: TEST_WEBHOOK_SECRET,
-      POLL_ENABLED: 'false',
-      FORWARD_URL: receiverUrl,
-      FORWARD_SECRET: secret,
+      ...forwardingServeEnv({ databaseUrl: database.url!, dataDir, forwardUrl: receiverUrl }),
       REACTION_CONCURRENCY: '4',
       // the killed process's claims come back after this
       REACTION_LEASE_S: '2',

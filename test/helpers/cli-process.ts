@@ -1,10 +1,12 @@
 // Runs the CLI as a child process, as an operator would, with tsx (or the built dist/ when asked).
 import { type ChildProcess, spawn } from 'node:child_process'
+import { randomBytes } from 'node:crypto'
 import { once } from 'node:events'
 import { mkdtempSync, readFileSync, rmSync } from 'node:fs'
 import { tmpdir } from 'node:os'
 import path from 'node:path'
 
+import { rememberSecret } from './log-sink.js'
 import { TEST_API_KEY_ID, TEST_API_SECRET, TEST_WEBHOOK_SECRET } from './test-config.js'
 
 const root = path.resolve(import.meta.dirname, '../..')
@@ -35,6 +37,28 @@ export function pollingServeEnv({ databaseUrl, dataDir, platformUrl }: { databas
     PARTNER_API_SECRET: TEST_API_SECRET,
     WEBHOOK_SECRETS: TEST_WEBHOOK_SECRET,
     POLL_INTERVAL_S: '1',
+  }
+}
+
+/**
+ * The environment of a `serve` on Postgres that forwards every transition to `forwardUrl` and does not poll, with a
+ * forwarder secret made for it (kept from every log line of the file, helpers/log-sink.ts).
+ */
+export function forwardingServeEnv({ databaseUrl, dataDir, forwardUrl }: { databaseUrl: string; dataDir: string; forwardUrl: string }): Record<string, string> {
+  const secret = `whsec_${randomBytes(32).toString('base64')}`
+  rememberSecret(secret.slice('whsec_'.length))
+  return {
+    DATABASE_URL: databaseUrl,
+    DATA_DIR: dataDir,
+    PORT: '0',
+    ADMIN_PORT: '0',
+    PARTNER_API_BASE_URL: 'http://127.0.0.1:1',
+    PARTNER_API_KEY_ID: TEST_API_KEY_ID,
+    PARTNER_API_SECRET: TEST_API_SECRET,
+    WEBHOOK_SECRETS: TEST_WEBHOOK_SECRET,
+    POLL_ENABLED: 'false',
+    FORWARD_URL: forwardUrl,
+    FORWARD_SECRET: secret,
   }
 }
 
