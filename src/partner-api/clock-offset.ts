@@ -4,7 +4,7 @@
 // its window (spec section 5: "must be recent", the length not shown; the sandbox's is 300 s). A machine
 // whose clock drifted (a VM, a host without NTP) is refused with 401 on every call although its credentials
 // are right; the Date of those answers is how it can tell.
-import { parseHttpDate } from './http-date.js'
+import { parseHttpDate } from '../http/http-date.js'
 
 /**
  * An offset beyond this is named in a 401's message. Date has whole seconds and is stamped before the answer

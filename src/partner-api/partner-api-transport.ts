@@ -16,6 +16,7 @@ import { anySignal } from 'any-signal'
 import type { z } from 'zod'
 import type { Clock } from '../clock.js'
 import { readAnswer } from '../http/read-answer.js'
+import { parseRetryAfter } from '../http/retry-after.js'
 import type { Logger } from '../logger.js'
 import { describeClockOffset, isClockOffsetTooLarge, measureClockOffset } from './clock-offset.js'
 import {
@@ -26,7 +27,6 @@ import {
   PartnerTimeoutError,
   PROXY_CLOSED_CODE,
 } from './partner-api-error.js'
-import { parseHttpDate } from './http-date.js'
 import { checkResponse, platformErrorBodySchema } from './responses.js'
 import { newNonce, signRequest } from './sign-request.js'
 
@@ -359,16 +359,6 @@ function shortened(text: string, max: number): string {
   const characters = [...text]
   if (characters.length <= max) return text
   return `${characters.slice(0, max).join('')}… (${characters.length.toLocaleString('en-US')} characters)`
-}
-
-/** Retry-After as delay-seconds or an HTTP-date, in ms from now; undefined when absent or unreadable. */
-export function parseRetryAfter(value: string | null, nowMs: number): number | undefined {
-  if (value === null) return undefined
-  const trimmed = value.trim()
-  if (/^\d+$/.test(trimmed)) return Number(trimmed) * 1000
-  const date = parseHttpDate(trimmed)
-  if (date === undefined) return undefined
-  return Math.max(0, date - nowMs)
 }
 
 // failures before a connection existed: not one byte of the request went out ('bad port': a port fetch

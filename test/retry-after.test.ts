@@ -1,0 +1,27 @@
+// Retry-After read strictly: whole seconds or an HTTP-date, nothing else (the partner API client and the
+// forwarder both read it here).
+import { describe, expect, it } from 'vitest'
+import { parseRetryAfter } from '../src/http/retry-after.js'
+
+describe('parseRetryAfter', () => {
+  const now = Date.parse('2026-01-01T00:00:00Z')
+  it.each([
+    ['2', 2_000],
+    [' 0 ', 0],
+    ['Thu, 01 Jan 2026 00:00:05 GMT', 5_000],
+    // a date already past: retry now, never a negative wait
+    ['Wed, 31 Dec 2025 23:59:00 GMT', 0],
+    ['soon', undefined],
+    [null, undefined],
+    // the obsolete forms an HTTP-date may still take
+    ['Thursday, 01-Jan-26 00:00:05 GMT', 5_000],
+    ['Thu Jan  1 00:00:05 2026', 5_000],
+    // not seconds and not an HTTP-date, though Date.parse reads each as a day in 2001: unreadable
+    ['-5', undefined],
+    ['1.5', undefined],
+    ['soon 12', undefined],
+    ['2026-01-01T00:00:05Z', undefined],
+  ])('reads %j as %j ms', (value, expected) => {
+    expect(parseRetryAfter(value, now)).toBe(expected)
+  })
+})
