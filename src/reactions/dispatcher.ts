@@ -6,7 +6,7 @@
 //
 // The job loop claims due jobs, runs each handler with an AbortSignal (at most REACTION_CONCURRENCY of each at once),
 // and writes the outcome back under the claim's lease token: done; or, after a throw,
-// pending again after an exponential backoff with jitter (reconcile/backoff-delay.ts); or, once the
+// pending again after an exponential backoff with jitter, or the wait its error asked for (plan-retry.ts); or, once the
 // job has used REACTION_MAX_ATTEMPTS, failed (the dead letter), which holds back that order's later
 // events for that handler until an operator retries or skips it. A job whose handler no longer takes its
 // event's type (FORWARD_EVENTS or AMQP_EVENTS narrowed since it was written) is skipped without a call: the
@@ -30,7 +30,6 @@ import type { Clock } from '../clock.js'
 import type { Database } from '../db/database.js'
 import { reactionChannel } from '../db/reaction-channel.js'
 import type { Logger } from '../logger.js'
-import { backoffDelayS } from '../reconcile/backoff-delay.js'
 import {
   type ClaimedJob,
   claimReactionJobsAndNext,
@@ -45,6 +44,7 @@ import type { ReactionHandler } from './reaction-event.js'
 import { ensureReactionStreams } from './reaction-stream.repository.js'
 import { type AttemptResult, type DispatcherSettings, leaseMarginMs } from './dispatcher-settings.js'
 import { createSlots, type Slots } from './handler-slots.js'
+import { planRetry } from './plan-retry.js'
 import { createStreamWorker, type StreamWorker } from './stream-worker.js'
 
 // Under load one claim takes up to this many times REACTION_CONCURRENCY jobs (less those it holds): the
@@ -335,13 +335,13 @@ export function createDispatcher(deps: DispatcherDeps): Dispatcher {
       reportFailure(job.handler, failure)
       const attemptsLeft = job.attempt < settings.maxAttempts && handler !== undefined
       if (attemptsLeft) {
-        const delayS = backoffDelayS(job.attempt, settings.backoff, random)
+        const { delayS, error } = planRetry(failure, message, job.attempt, settings.backoff, random)
         const runAt = new Date(now.getTime() + delayS * 1000)
-        const written = await retryJobLater(db, { ...lease, now, runAt, error: message })
+        const written = await retryJobLater(db, { ...lease, now, runAt, error })
         // the loop's next look: the retry's run_at
         wake()
         report(job.handler, written ? 'retry' : 'lease_lost')
-        log().warn({ error: message, retryInS: Math.round(delayS) }, 'reaction handler failed; retrying later')
+        log().warn({ error, retryInS: Math.round(delayS) }, 'reaction handler failed; retrying later')
       } else {
         const written = await failJob(db, { ...lease, now, error: message })
         report(job.handler, written ? 'failed' : 'lease_lost')

@@ -6,7 +6,7 @@
 // REACTION_CONCURRENCY), and write back in one statement what became of each event and the new place. An event
 // whose handler returned gets no job row: the batch's row in reaction_stream_batches lists them (migrations/0011).
 // Every other event gets a job row:
-// - pending, after a backoff: it threw and has attempts left (the job loop of dispatcher.ts runs it again);
+// - pending, after a backoff (or the wait its error asked for: plan-retry.ts): it threw and has attempts left (the job loop of dispatcher.ts runs it again);
 // - failed: it threw on its last attempt (REACTION_MAX_ATTEMPTS of 1);
 // - pending, due now, attempts 0: not started, or behind an earlier event of its order that has not
 //   succeeded (in this batch, or an unfinished job); the job loop runs it once nothing holds it back.
@@ -23,9 +23,9 @@ import type { Kysely } from 'kysely'
 import type { Clock } from '../clock.js'
 import type { Database } from '../db/database.js'
 import type { Logger } from '../logger.js'
-import { backoffDelayS } from '../reconcile/backoff-delay.js'
 import { type AttemptResult, type DispatcherSettings, leaseMarginMs } from './dispatcher-settings.js'
 import type { Slots } from './handler-slots.js'
+import { planRetry } from './plan-retry.js'
 import type { ReactionHandler } from './reaction-event.js'
 import { completeJob, failJob, releaseJobs, retryJobLater } from './reaction-job.repository.js'
 import {
@@ -159,9 +159,9 @@ export function createStreamWorker(deps: StreamWorkerDeps) {
     const message = deps.describeFailure(failure)
     deps.reportFailure?.(name, failure)
     if (1 < settings.maxAttempts && deps.handler) {
-      const delayS = backoffDelayS(1, settings.backoff, deps.random)
-      jobLog().warn({ error: message, retryInS: Math.round(delayS) }, 'reaction handler failed; retrying later')
-      return { ...base, state: 'pending', attempts: 1, lastError: message, runAt: new Date(clock.now() + delayS * 1000) }
+      const { delayS, error } = planRetry(failure, message, 1, settings.backoff, deps.random)
+      jobLog().warn({ error, retryInS: Math.round(delayS) }, 'reaction handler failed; retrying later')
+      return { ...base, state: 'pending', attempts: 1, lastError: error, runAt: new Date(clock.now() + delayS * 1000) }
     }
     jobLog().error({ error: message, attempts: 1 }, 'reaction handler failed for the last time: the job is failed until retried or skipped')
     return { ...base, state: 'failed', attempts: 1, lastError: message }

@@ -1,0 +1,34 @@
+// When a failed reaction is tried again: the backoff, or the wait its error asked for (a Retry-After), never
+// beyond the backoff's cap. Fixed vectors; the forwarder's tests drive it through the dispatcher.
+import { describe, expect, it } from 'vitest'
+import { PartnerApiError } from '../src/partner-api/partner-api-error.js'
+import { planRetry } from '../src/reactions/plan-retry.js'
+
+const backoff = { baseS: 10, capS: 1_000 }
+const HALF = () => 0.5
+// the backoff after a first failure with half jitter: 7.5 s; after a third, 30 s
+const asking = (retryAfterMs: unknown) => Object.assign(new Error('asked to wait'), { retryAfterMs })
+
+describe('planRetry', () => {
+  it.each([
+    ['no wait asked for', new Error('down'), 1, 7.5],
+    ['a wait shorter than the backoff', asking(1_000), 1, 7.5],
+    ['a wait longer than the backoff', asking(120_000), 1, 120],
+    ['a wait longer than a later backoff', asking(31_000), 3, 31],
+    ['a wait as long as the cap', asking(1_000_000), 1, 1_000],
+    ['a wait that is not a number', asking('120000'), 1, 7.5],
+    ['a negative wait', asking(-120_000), 1, 7.5],
+    ['a wait of NaN', asking(Number.NaN), 1, 7.5],
+    ['the platform’s Retry-After, thrown by a handler that calls it', new PartnerApiError(429, 'rate_limited', 'slow down', {}, 90_000), 1, 90],
+    ['something thrown that is no object', 'a string', 1, 7.5],
+  ])('retries %s after the longer of the two', (_case, failure, attempt, delayS) => {
+    expect(planRetry(failure, 'the error', attempt, backoff, HALF)).toEqual({ delayS, error: 'the error' })
+  })
+
+  it.each([[1_000_001], [99_999_999_999_000], [Number.POSITIVE_INFINITY]])('cuts a wait of %d ms to the cap, and says so on the error', (retryAfterMs) => {
+    expect(planRetry(asking(retryAfterMs), 'the error', 1, backoff, HALF)).toEqual({
+      delayS: 1_000,
+      error: 'the error (retried after 1000 s instead, the longest wait between attempts)',
+    })
+  })
+})
