@@ -2,6 +2,7 @@
 // beyond the backoff's cap. Fixed vectors; the forwarder's tests drive it through the dispatcher.
 import { describe, expect, it } from 'vitest'
 import { PartnerApiError } from '../src/partner-api/partner-api-error.js'
+import { ForwardError } from '../src/reactions/forwarder.js'
 import { planRetry } from '../src/reactions/plan-retry.js'
 
 const backoff = { baseS: 10, capS: 1_000 }
@@ -19,6 +20,7 @@ describe('planRetry', () => {
     ['a wait that is not a number', asking('120000'), 1, 7.5],
     ['a negative wait', asking(-120_000), 1, 7.5],
     ['a wait of NaN', asking(Number.NaN), 1, 7.5],
+    ['a forwarded answer’s Retry-After', new ForwardError('forward_failed', 'answered 429', 429, { retryAfterMs: 60_000 }), 1, 60],
     ['the platform’s Retry-After, thrown by a handler that calls it', new PartnerApiError(429, 'rate_limited', 'slow down', {}, 90_000), 1, 90],
     ['something thrown that is no object', 'a string', 1, 7.5],
   ])('retries %s after the longer of the two', (_case, failure, attempt, delayS) => {

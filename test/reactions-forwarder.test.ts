@@ -6,7 +6,8 @@ import { getEventListeners } from 'node:events'
 import http from 'node:http'
 import type { AddressInfo } from 'node:net'
 import { Webhook, WebhookVerificationError } from 'standardwebhooks'
-import { afterEach, describe, expect, it } from 'vitest'
+import { afterEach, beforeEach, describe, expect, it } from 'vitest'
+import { createDispatcher, type Dispatcher } from '../src/reactions/dispatcher.js'
 import {
   createForwarder,
   decodeWebhookSecret,
@@ -15,10 +16,16 @@ import {
   signStandardWebhook,
 } from '../src/reactions/forwarder.js'
 import { forwardedPayload, type HandlerContext, type ReactionEvent } from '../src/reactions/reaction-event.js'
+import { createReactionRegistry } from '../src/reactions/reaction-registry.js'
+import { backoffDelayS } from '../src/reconcile/backoff-delay.js'
 import { MiB } from './helpers/endless-answer.js'
 import { FakeClock } from './helpers/fake-clock.js'
 import { type ForwardReceiver, startForwardReceiver } from './helpers/forward-receiver.js'
 import { rememberSecret, testLogger } from './helpers/log-sink.js'
+import { moveNewOrder } from './helpers/orders.js'
+import { clearReactions, TEST_DISPATCHER_SETTINGS, untilEventsReadable } from './helpers/reaction-jobs.js'
+import { eventually } from './helpers/reconcile-poller.js'
+import { useTestDatabase } from './helpers/test-database.js'
 
 const SECRET = `whsec_${randomBytes(32).toString('base64')}`
 const OTHER_SECRET = `whsec_${randomBytes(32).toString('base64')}`
@@ -210,6 +217,51 @@ describe('the forwarder', () => {
     const error = await failureOf(forward(event, context()))
     expect(error).toMatchObject({ code: 'forward_failed', status: 500 })
     expect(error.message).toContain('answered 500')
+  })
+
+  describe.each([
+    ['its own pool', undefined],
+    ['an injected fetch', globalThis.fetch],
+  ])('Retry-After, through %s', (_path, fetchImplementation) => {
+    // a whole second, so that an HTTP-date names the same instant
+    const start = Date.parse('2026-11-28T20:00:00Z')
+    const forwarderAt = (url: string) => createForwarder({ url, secret: SECRET, timeoutMs: 5_000, clock: new FakeClock(start), fetch: fetchImplementation })
+
+    it('carries a 429’s wait in seconds on the error, and says until when', async () => {
+      const target = await receiver(() => ({ status: 429, headers: { 'retry-after': '120' } }))
+      const error = await failureOf(forwarderAt(target.url)(event, context()))
+      expect(error).toMatchObject({ code: 'forward_failed', status: 429, retryAfterMs: 120_000 })
+      expect(error.message).toBe(`the forward receiver ${new URL(target.url).origin} answered 429 and asked to wait 120 s (Retry-After), until 2026-11-28T20:02:00.000Z`)
+    })
+
+    it('reads a 503’s HTTP-date as the wait until it', async () => {
+      const target = await receiver(() => ({ status: 503, headers: { 'retry-after': 'Sat, 28 Nov 2026 20:10:00 GMT' } }))
+      const error = await failureOf(forwarderAt(target.url)(event, context()))
+      expect(error).toMatchObject({ status: 503, retryAfterMs: 600_000 })
+      expect(error.message).toContain('answered 503 and asked to wait 600 s (Retry-After), until 2026-11-28T20:10:00.000Z')
+    })
+
+    it('honours it on any failed answer, a 500 too: the answer is retried, and the receiver asked for a wait', async () => {
+      const target = await receiver(() => ({ status: 500, headers: { 'retry-after': '30' } }))
+      expect(await failureOf(forwarderAt(target.url)(event, context()))).toMatchObject({ status: 500, retryAfterMs: 30_000 })
+    })
+
+    it.each([['-5'], ['1.5'], ['soon'], ['2026-11-28T20:10:00Z'], [['60', '120']]])(
+      'ignores %j, neither whole seconds nor an HTTP-date, and says so without repeating it',
+      async (value) => {
+        const target = await receiver(() => ({ status: 429, headers: { 'retry-after': value } }))
+        const error = await failureOf(forwarderAt(target.url)(event, context()))
+        expect(error).toMatchObject({ status: 429, retryAfterMs: undefined })
+        expect(error.message).toBe(`the forward receiver ${new URL(target.url).origin} answered 429; its Retry-After is neither whole seconds nor an HTTP-date, and is ignored`)
+      },
+    )
+
+    it('says a wait too long for a date in seconds alone', async () => {
+      const target = await receiver(() => ({ status: 429, headers: { 'retry-after': '9'.repeat(20) } }))
+      const error = await failureOf(forwarderAt(target.url)(event, context()))
+      expect(error.retryAfterMs).toBe(1e23)
+      expect(error.message).toMatch(/answered 429 and asked to wait \d+ s \(Retry-After\)$/)
+    })
   })
 
   it('sends the user and password of the URL as Basic authorization, and names the receiver without them', async () => {
@@ -440,5 +492,124 @@ describe('the forwarder', () => {
     const plain = 'plain-secret-of-enough-length-000'
     expect(() => createForwarder({ url: 'http://127.0.0.1/', secret: plain, timeoutMs: 1 })).toThrow(/whsec_/)
     expect(() => createForwarder({ url: 'ftp://127.0.0.1/', secret: SECRET, timeoutMs: 1 })).toThrow(/http/)
+  })
+})
+
+// The wait a receiver asks for, as the dispatcher keeps it: the job's run_at and last error, read from the
+// database. The clock is fake: run_at is exact, and nothing depends on the machine's speed.
+describe('the forwarder’s retries under the dispatcher', () => {
+  const database = useTestDatabase()
+  const settings = TEST_DISPATCHER_SETTINGS
+  // the backoff after a first failed attempt: 7.5 s (base 10 s, half jitter), the cap 1000 s
+  const HALF = () => 0.5
+  const firstBackoffMs = backoffDelayS(1, settings.backoff, HALF) * 1000
+  let clock: FakeClock
+  let dispatcher: Dispatcher | undefined
+  let counter = 0
+
+  beforeEach(() => {
+    // a whole second, so that an HTTP-date names the same instant
+    clock = new FakeClock(Math.floor(Date.now() / 1000) * 1000)
+  })
+  afterEach(async () => {
+    await dispatcher?.stop()
+    dispatcher = undefined
+    await clearReactions(database.db)
+  })
+
+  /** A dispatcher running the forwarder to `answer`'s receiver, and an order moved to created: its one event. */
+  const forwardOneEvent = async (answer: Parameters<typeof startForwardReceiver>[0]) => {
+    const target = await receiver(answer)
+    const reactions = createReactionRegistry().on('trade.*', 'forwarder', createForwarder({ url: target.url, secret: SECRET, timeoutMs: 5_000, clock }))
+    dispatcher = createDispatcher({ db: database.db, handler: reactions.handler, streams: reactions, clock, logger, listen: database.listen, settings, random: HALF })
+    await dispatcher.start()
+    const orderId = await moveNewOrder(database.db, {
+      externalReference: `retry-after-${++counter}`,
+      statuses: ['created'],
+      handlersFor: reactions.handlersFor,
+      now: () => new Date(clock.now()),
+    })
+    await untilEventsReadable(database.db)
+    return { target, orderId }
+  }
+
+  /** The job loop and the forwarder's stream are asleep (a timer each) and no handler runs: only the clock moves them on. */
+  const idle = () => eventually(() => dispatcher!.running === 0 && clock.pendingSleepers === 2, 'the dispatcher is idle')
+
+  /** The order's forwarder job, once it has a row. */
+  const jobState = (orderId: number) =>
+    database.db
+      .selectFrom('reactionJobs')
+      .select(['state', 'attempts', 'runAt', 'lastError'])
+      .where('orderId', '=', orderId)
+      .where('handler', '=', 'forwarder')
+      .executeTakeFirst()
+
+  /** The order's forwarder job once it has `attempts` attempts and waits for the next. */
+  const waitingJob = async (orderId: number, attempts: number) => {
+    await eventually(async () => {
+      const job = await jobState(orderId)
+      return job?.attempts === attempts && job.state === 'pending'
+    }, `the forwarder job's attempt ${attempts} failed`)
+    const job = (await jobState(orderId))!
+    return { ...job, runAt: new Date(job.runAt).getTime() }
+  }
+
+  it('waits out a 429’s Retry-After in seconds, then a 503’s HTTP-date, each attempt counted', async () => {
+    const startedAt = clock.now()
+    const secondAt = startedAt + 120_000
+    const asked = new Date(secondAt + 600_000)
+    const { target, orderId } = await forwardOneEvent((_request, count) =>
+      count === 1
+        ? { status: 429, headers: { 'retry-after': '120' } }
+        : { status: 503, headers: { 'retry-after': asked.toUTCString() } },
+    )
+
+    // the first attempt (the stream's): not before the 120 s asked for, though the backoff was 7.5 s
+    const first = await waitingJob(orderId, 1)
+    expect(first.runAt).toBe(startedAt + 120_000)
+    expect(first.lastError).toContain(`answered 429 and asked to wait 120 s (Retry-After), until ${new Date(startedAt + 120_000).toISOString()}`)
+
+    // just before it the job is not due; at it, the job loop's attempt is answered 503 until the date
+    await idle()
+    await clock.advance(119_000)
+    await idle()
+    expect(target.received).toHaveLength(1)
+    await clock.advance(1_000)
+    const second = await waitingJob(orderId, 2)
+    expect(target.received).toHaveLength(2)
+    expect(second.runAt).toBe(asked.getTime())
+    expect(second.lastError).toContain(`answered 503 and asked to wait 600 s (Retry-After), until ${asked.toISOString()}`)
+
+    // a wait asked for is still an attempt: the third (REACTION_MAX_ATTEMPTS here) answered so is the last
+    await idle()
+    await clock.advance(600_000)
+    await eventually(async () => (await jobState(orderId))?.state === 'failed', 'the job is failed after its last attempt')
+    expect(await jobState(orderId)).toMatchObject({ state: 'failed', attempts: settings.maxAttempts })
+    expect(target.received).toHaveLength(3)
+  })
+
+  it.each([
+    ['garbage', 'soon'],
+    ['a negative number', '-5'],
+    ['a wait shorter than the backoff', '1'],
+  ])('retries after the backoff when the Retry-After is %s', async (_case, value) => {
+    const startedAt = clock.now()
+    const { orderId } = await forwardOneEvent(() => ({ status: 429, headers: { 'retry-after': value } }))
+    const job = await waitingJob(orderId, 1)
+    expect(job.runAt).toBe(startedAt + firstBackoffMs)
+  })
+
+  it.each([
+    ['99999999999 seconds', '99999999999'],
+    ['a date in the year 9999', 'Fri, 31 Dec 9999 23:59:59 GMT'],
+    ['more seconds than a date holds', '9'.repeat(30)],
+  ])('waits at most the backoff’s cap when the Retry-After asks for %s, and says so', async (_case, value) => {
+    const startedAt = clock.now()
+    const { orderId } = await forwardOneEvent(() => ({ status: 503, headers: { 'retry-after': value } }))
+    const job = await waitingJob(orderId, 1)
+    expect(job.runAt).toBe(startedAt + settings.backoff.capS * 1000)
+    expect(job.lastError).toContain('asked to wait')
+    expect(job.lastError).toMatch(/\(retried after 1000 s instead, the longest wait between attempts\)$/)
   })
 })

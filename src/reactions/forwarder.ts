@@ -7,13 +7,16 @@
 // - webhook-signature: `v1,<base64 HMAC-SHA256(key, "<id>.<timestamp>.<body>")>`, the key being the
 //   base64-decoded part of FORWARD_SECRET (`whsec_<base64>`).
 // A 2xx answer is success; any other answer, a redirect, a timeout or no connection throws a
-// ForwardError, and the dispatcher retries the job. The answer's status is its outcome, as the specification
-// has it: its body is drained, not read, and a body that passes MAX_DRAINED_BYTES or is still coming at the
-// attempt's deadline has its connection closed, the status standing. No error or log line holds the body, the secret or
-// the signature.
+// ForwardError, and the dispatcher retries the job. A failed answer's Retry-After (whole seconds or an
+// HTTP-date, read as the partner API client reads the platform's: http/retry-after.ts) goes with its error as
+// `retryAfterMs`: the retry comes no earlier than the receiver asked, up to the backoff's cap (plan-retry.ts).
+// The answer's status is its outcome, as the specification has it: its body is drained, not read, and a body
+// that passes MAX_DRAINED_BYTES or is still coming at the attempt's deadline has its connection closed, the
+// status standing. No error or log line holds the body, the secret or the signature.
 import { createHmac, createSecretKey, type KeyObject } from 'node:crypto'
 import { Pool } from 'undici'
 import { type Clock, systemClock } from '../clock.js'
+import { parseRetryAfter } from '../http/retry-after.js'
 import type { Logger } from '../logger.js'
 import { forwardedPayload, type ReactionHandler } from './reaction-event.js'
 
@@ -68,10 +71,16 @@ export class ForwardError extends Error {
     message: string,
     /** The receiver's answer, for forward_failed. */
     readonly status?: number,
-    options?: ErrorOptions,
+    options?: ErrorOptions & {
+      /** How long the receiver asked us to wait (its Retry-After), in ms from its answer: the dispatcher's retry waits for it. */
+      retryAfterMs?: number | undefined
+    },
   ) {
     super(message, options)
+    this.retryAfterMs = options?.retryAfterMs
   }
+
+  readonly retryAfterMs: number | undefined
 }
 
 export interface ForwarderOptions {
@@ -161,10 +170,7 @@ export function createForwarder({
     try {
       const status = await request.answer
       if (logsAttempts) log({ status })
-      if (status < 200 || status > 299) {
-        const redirect = status >= 300 && status <= 399 ? ' (redirects are not followed)' : ''
-        throw new ForwardError('forward_failed', `the forward receiver ${receiver} answered ${status}${redirect}`, status)
-      }
+      if (status < 200 || status > 299) throw failedAnswer(receiver, status, request.retryAfter, clock.now())
     } catch (error) {
       if (error instanceof ForwardError) throw error
       if (timedOut) {
@@ -186,6 +192,27 @@ export function createForwarder({
       deadlines.delete(deadline)
     }
   }
+}
+
+/**
+ * forward_failed for an answer that is not a 2xx, with the wait its Retry-After asks for (on any status: the
+ * answer is retried whatever it is, and a receiver that asks for a wait wants no call before it). The message
+ * says until when, for the operator who reads it on the job; a Retry-After that is neither whole seconds nor an
+ * HTTP-date is said to be ignored, without its value (it is the receiver's text).
+ */
+function failedAnswer(receiver: string, status: number, retryAfter: string | undefined, nowMs: number): ForwardError {
+  const redirect = status >= 300 && status <= 399 ? ' (redirects are not followed)' : ''
+  let message = `the forward receiver ${receiver} answered ${status}${redirect}`
+  const retryAfterMs = parseRetryAfter(retryAfter, nowMs)
+  if (retryAfterMs !== undefined) {
+    const until = new Date(nowMs + retryAfterMs)
+    // (a wait past the year 275760 is no date: its seconds are said alone)
+    const when = Number.isNaN(until.getTime()) ? '' : `, until ${until.toISOString()}`
+    message += ` and asked to wait ${Math.ceil(retryAfterMs / 1000)} s (Retry-After)${when}`
+  } else if (retryAfter !== undefined) {
+    message += '; its Retry-After is neither whole seconds nor an HTTP-date, and is ignored'
+  }
+  return new ForwardError('forward_failed', message, status, { retryAfterMs })
 }
 
 /** `Basic <base64 of user:password>` from the URL's user and password (percent-decoded); undefined without them. */
@@ -293,9 +320,12 @@ const first = <T>(set: Set<T>): T | undefined => set.values().next().value
  * the request fails or `abort` is called before the answer's head came (the attempt timed out, or the
  * handler's signal was aborted). Once the head came, its status is the answer however the body ends: drained
  * to its end, cut past MAX_DRAINED_BYTES, aborted, or its connection lost. Never follows a redirect.
+ * `retryAfter`: the answer's Retry-After as sent, once `answer` resolved to a status that is not a 2xx (a
+ * 2xx's is not looked for).
  */
 interface PostRequest {
   answer: Promise<number>
+  readonly retryAfter: string | undefined
   abort: (reason: unknown) => void
 }
 /** headers: name, value, name, value ... */
@@ -328,6 +358,8 @@ class PoolRequest implements PostRequest {
   private ended = false
   // the answer's status, once its head came (0 before)
   private status = 0
+  // the answer's Retry-After, looked for once its head came with a status that is not a 2xx
+  retryAfter: string | undefined
   private drained = 0
   // undici's abort of the request on its connection, from the moment it is on one
   private abortRequest: ((reason: Error) => void) | undefined
@@ -353,12 +385,13 @@ class PoolRequest implements PostRequest {
     else this.abortRequest = abort
   }
 
-  onHeaders(statusCode: number): boolean {
+  onHeaders(statusCode: number, headers: Buffer[]): boolean {
     // an interim answer (103 Early Hints, 102 Processing): undici hands it over too, and the final one follows on
     // the same request. Taken as the status, a receiver that sent a 103 and then closed or never answered had
     // its attempt failed as "answered 103" (forward_failed) instead of unreachable or timed out
     if (statusCode < 200) return true
     this.status = statusCode
+    if (statusCode > 299) this.retryAfter = findHeader(headers, RETRY_AFTER)
     return true
   }
 
@@ -384,9 +417,27 @@ class PoolRequest implements PostRequest {
   }
 }
 
+const RETRY_AFTER = 'retry-after'
+
+/**
+ * The header `name` (lower case) in undici's raw headers (name, value, name, value ...): its values joined by
+ * ", ", as fetch's `headers.get` gives them (two Retry-After values are no wait to honour, on either path).
+ */
+function findHeader(headers: Buffer[], name: string): string | undefined {
+  let value: string | undefined
+  for (let i = 0; i + 1 < headers.length; i += 2) {
+    const header = headers[i]!
+    if (header.length !== name.length || header.toString('latin1').toLowerCase() !== name) continue
+    const each = headers[i + 1]!.toString('latin1')
+    value = value === undefined ? each : `${value}, ${each}`
+  }
+  return value
+}
+
 function postWithFetch(fetchImplementation: typeof fetch, target: URL): Post {
   return (headers, body) => {
     const controller = new AbortController()
+    let retryAfter: string | undefined
     const send = async () => {
       // redirect: manual, so a signed event is never sent on to an address nobody configured
       const pairs: [string, string][] = []
@@ -394,9 +445,16 @@ function postWithFetch(fetchImplementation: typeof fetch, target: URL): Post {
       const response = await fetchImplementation(target, { method: 'POST', headers: pairs, body, redirect: 'manual', signal: controller.signal })
       // the answer's body is not ours to read; dropping it frees the connection
       await response.body?.cancel().catch(() => {})
+      if (!response.ok) retryAfter = response.headers.get(RETRY_AFTER) ?? undefined
       return response.status
     }
-    return { answer: send(), abort: (reason) => controller.abort(reason) }
+    return {
+      answer: send(),
+      get retryAfter() {
+        return retryAfter
+      },
+      abort: (reason) => controller.abort(reason),
+    }
   }
 }
 

@@ -12,12 +12,13 @@ export interface ReceivedRequest {
 }
 
 /**
- * A status, a redirect to a location, a status with a body, a status with a body of `bodyBytes` written as fast
+ * A status, a status with headers (a Retry-After), a redirect to a location, a status with a body, a status with a body of `bodyBytes` written as fast
  * as it is read, a status whose body stalls after its first byte, or 'hang' (never answer: a timeout or an
  * abort must end it).
  */
 export type ReceiverAnswer =
   | number
+  | { status: number; headers: Record<string, string | string[]> }
   | { status: number; location: string }
   | { status: number; body: string }
   | { status: number; bodyBytes: number }
@@ -59,6 +60,7 @@ export async function startForwardReceiver(
       const reply = answer(request, received.length)
       if (reply === 'hang') return
       if (typeof reply === 'number') res.writeHead(reply).end()
+      else if ('headers' in reply) res.writeHead(reply.status, reply.headers).end()
       else if ('location' in reply) res.writeHead(reply.status, { location: reply.location }).end()
       else if ('bodyBytes' in reply) answerEndlessly(res, (written) => bodyBytesWritten.push(written), { size: reply.bodyBytes, status: reply.status })
       else if ('earlyHintsThen' in reply) {
