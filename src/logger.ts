@@ -252,7 +252,8 @@ function humanReadableStdout(limitBytes: number, logger: () => Logger | undefine
 // pino-pretty undoes JSON's escapes and prints an error's stack as it is, so a control code in text from
 // outside (the platform's error message, a webhook's field) would reach the terminal: each string's controls
 // are shown as \uXXXX first (line feeds and tabs kept, for stacks). Only for the readable lines, which a
-// person reads on a terminal; JSON lines keep every value exact.
+// person reads on a terminal; JSON lines keep every value exact (a bidirectional control too: they are data
+// for a log pipeline, and its viewer is what shows them).
 function withoutControls(line: string): Record<string, unknown> | string {
   try {
     return escapeStrings(JSON.parse(line)) as Record<string, unknown>

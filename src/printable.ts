@@ -1,23 +1,51 @@
-// What a terminal acts on instead of showing: the C0 controls, DEL and the C1 controls. Text from outside
-// (a webhook's fields and body, the platform's records and error messages, a receiver's answer) can hold
-// them, so wherever such text is written for a person to read, each is shown as \uXXXX instead: an
-// `ESC ] 0;…` cannot retitle the window, nor `ESC [2J` clear it.
+// What a terminal acts on instead of showing, and what a person cannot see. Text from outside (a webhook's
+// fields and body, the platform's records and error messages, a receiver's answer) can hold them, so wherever
+// such text is shown to a person, each is shown as \uXXXX instead:
+// - the controls (Unicode's Cc: C0, DEL, C1): an `ESC ] 0;…` cannot retitle the window, nor `ESC [2J` clear it;
+// - the format characters (Cf): the bidirectional ones (LRE…RLO U+202A–U+202E, LRI…PDI U+2066–U+2069, LRM and
+//   RLM U+200E/U+200F, ALM U+061C) reorder what follows, so `invoice\u202efdp.exe` would read `invoiceexe.pdf`;
+//   the zero-width ones (U+200B–U+200D, U+2060, U+FEFF), the soft hyphen and the tag characters show nothing,
+//   so two references that differ by one would look the same. The whole category rather than a list: what
+//   Unicode adds to it is of the same kind. The price: a word joined by U+200C or an emoji by U+200D shows the
+//   escape; what we show are identifiers and fields, and there the exact characters matter more;
+// - the line and paragraph separators U+2028/U+2029: where a viewer breaks the line at them, a value could
+//   start a line of its own.
 
-// eslint-disable-next-line no-control-regex
-const CONTROL = /[\u0000-\u001f\u007f-\u009f]/g
-// eslint-disable-next-line no-control-regex
-const CONTROL_BUT_LAYOUT = /[\u0000-\u0008\u000b-\u001f\u007f-\u009f]/g
-const shownAsEscape = (char: string) => `\\u${char.charCodeAt(0).toString(16).padStart(4, '0')}`
+const UNPRINTABLE = /[\p{Cc}\p{Cf}\u2028\u2029]+/gu
+// the same, but the line feed and the tab that text laid out in lines keeps
+const UNPRINTABLE_BUT_LAYOUT = /(?:(?![\t\n])[\p{Cc}\p{Cf}\u2028\u2029])+/gu
+
+// split(''): UTF-16 units, so a character past U+FFFF (a tag character) shows as its surrogate pair, as JSON writes it
+const shownAsEscape = (run: string) =>
+  run
+    .split('')
+    .map((unit) => `\\u${unit.charCodeAt(0).toString(16).padStart(4, '0')}`)
+    .join('')
 
 /**
  * Text from outside on one line: its line feeds and tabs too are shown as \u000a and \u0009, so a value
  * cannot start a line of its own (a forged row of a table, a forged field).
  */
 export function printable(text: string): string {
-  return text.replace(CONTROL, shownAsEscape)
+  return text.replace(UNPRINTABLE, shownAsEscape)
 }
 
-/** Text laid out in lines: every control shown as \uXXXX but the line feed and the tab. */
+/** Text laid out in lines: every character printable() escapes but the line feed and the tab. */
 export function printableLines(text: string): string {
-  return text.replace(CONTROL_BUT_LAYOUT, shownAsEscape)
+  return text.replace(UNPRINTABLE_BUT_LAYOUT, shownAsEscape)
+}
+
+/**
+ * printableLines() in parts, for a page that marks the escapes: the text between them at even indexes, each run
+ * of escapes (`\u202e`) at odd ones. `a\u202eb` → ['a', '\\u202e', 'b'].
+ */
+export function printableLineParts(text: string): string[] {
+  const parts: string[] = []
+  let end = 0
+  for (const match of text.matchAll(UNPRINTABLE_BUT_LAYOUT)) {
+    parts.push(text.slice(end, match.index), shownAsEscape(match[0]))
+    end = match.index + match[0].length
+  }
+  parts.push(text.slice(end))
+  return parts
 }

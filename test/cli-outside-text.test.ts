@@ -26,6 +26,12 @@ const STATUS = 'funded\u001b]0;owned\u0007\u001b[2J\u009b31m'
 const REFERENCE = 'esc-1\rforged-order  released\nforged-row  released'
 const TRADE_REFERENCE = 'TRD-1\u0085\u007fforged'
 
+// what reorders the text after it (RLO, LRI, PDI, RLM), shows nothing (zero-width space, BOM) or breaks a line
+// where a viewer honours it (the line separator)
+const SPOOFED_REFERENCE = 'invoice\u202efdp.exe'
+const SPOOFED_TRADE_REFERENCE = 'TRD\u2066\u200b-1\u2069\u200f\ufeff\u2028x'
+const INVISIBLE = /[\u061c\u200b-\u200f\u202a-\u202e\u2028\u2029\u2060\u2066-\u2069\ufeff]/
+
 function expectNoControl(output: string) {
   expect(output).not.toMatch(TERMINAL_CONTROL)
   expect(output.split('\n').some((line) => line.startsWith('forged'))).toBe(false)
@@ -87,6 +93,30 @@ describe('the CLI shows text from outside without its control codes', () => {
     const delivery = await run('deliveries', 'show', 'dlv-esc-1', '--json')
     expectNoControl(delivery.stdout)
     expect(JSON.parse(delivery.stdout)).toMatchObject({ eventType: `trade.${STATUS}`, externalReference: REFERENCE })
+  })
+
+  it('bidirectional and invisible characters shown as \\uXXXX: a reference cannot read reversed or look like another', async () => {
+    const app = createApp({ config, db: database.db, logger: testLogger(), clock: systemClock })
+    const body = JSON.stringify({ trade_id: 'trd_bidi-1', reference: SPOOFED_TRADE_REFERENCE, status: 'funded', external_reference: SPOOFED_REFERENCE })
+    expect((await sendWebhook(app, { body, deliveryId: 'dlv-bidi-1' })).status).toBe(200)
+    expect((await run('orders', 'create', '--external-reference', SPOOFED_REFERENCE)).code).toBe(0)
+
+    const outputs = [
+      await run('orders', 'list'),
+      await run('orders', 'show', SPOOFED_REFERENCE),
+      await run('deliveries', 'list'),
+      await run('deliveries', 'show', 'dlv-bidi-1'),
+    ]
+    for (const { code, stdout } of outputs) {
+      expect(code).toBe(0)
+      expect(stdout).not.toMatch(INVISIBLE)
+      expect(stdout).toContain('invoice\\u202efdp.exe')
+    }
+    expect(outputs[1]!.stdout).toContain('TRD\\u2066\\u200b-1\\u2069\\u200f\\ufeff\\u2028x')
+
+    const json = await run('orders', 'show', SPOOFED_REFERENCE, '--json')
+    expect(json.stdout).not.toMatch(INVISIBLE)
+    expect(JSON.parse(json.stdout)).toMatchObject({ externalReference: SPOOFED_REFERENCE, tradeReference: SPOOFED_TRADE_REFERENCE })
   })
 
   it('trades get: the platform’s record', async () => {
