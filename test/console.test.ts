@@ -22,6 +22,9 @@ import { writeJobRows } from './helpers/reaction-jobs.js'
 const TOKEN = 'console-token-0123456789abcdef0123'
 const HOSTILE_ID = '"><img/src=x/onerror=alert(1)><script>alert(2)</script>'
 const HOSTILE_REFERENCE = '<script>window.pwned=1</script>'
+// what reorders the text after it (RLO, LRI, PDI, RLM, ALM), shows nothing (zero-width space, BOM) or breaks a
+// line where a viewer honours it (the line separator)
+const INVISIBLE = /[\u061c\u200b-\u200f\u202a-\u202e\u2028\u2029\u2060\u2066-\u2069\ufeff]/
 
 const GET_PAGES = [
   '/console/',
@@ -214,6 +217,31 @@ describe('operator console', () => {
     }
     expect(page.text).toContain('&lt;/pre&gt;&lt;script&gt;alert(3)&lt;/script&gt;')
     expect(page.text).toContain('&quot;&gt;&lt;img/src=x/onerror=alert(1)&gt;')
+  })
+
+  it('shows bidirectional and invisible characters from outside as marked escapes: they cannot reorder or hide the page’s text', async () => {
+    const reference = 'invoice\u202efdp.exe'
+    const body = { ...tradePayload(reference, 'funded'), note: 'zero\u200bwidth\ufeff \u2066isolated\u2069 \u2028' }
+    expect((await sendWebhook(app, { body, deliveryId: 'dlv-bidi' })).status).toBe(200)
+    const stored = await findDelivery(database.db, 'dlv-bidi')
+    await database.db.insertInto('orders').values({ externalReference: reference }).execute()
+    const order = await findOrderByExternalReference(database.db, reference)
+
+    const search = await bearer(request(admin).get('/console/deliveries').query({ reference }))
+    const page = await bearer(request(admin).get('/console/delivery').query({ id: 'dlv-bidi', body: stored!.bodySha256 }))
+    const orders = await bearer(request(admin).get('/console/orders').query({ reference }))
+    const orderPage = await bearer(request(admin).get(`/console/orders/${order!.id}`))
+    const marked = (escape: string) => `<span class="unprintable">${escape}</span>`
+    for (const response of [search, page, orders, orderPage]) {
+      expect(response.status).toBe(200)
+      // what the page shows: its text, outside every tag
+      expect(response.text.replace(/<[^>]*>/g, '')).not.toMatch(INVISIBLE)
+      expect(response.text).toContain(`invoice${marked('\\u202e')}fdp.exe`)
+    }
+    expect(page.text).toContain(`zero${marked('\\u200b')}width${marked('\\ufeff')} ${marked('\\u2066')}isolated${marked('\\u2069')} ${marked('\\u2028')}`)
+    // a search box keeps the value exact, for it is sent back
+    expect(search.text).toContain(`name="reference" value="${reference}"`)
+    await database.db.deleteFrom('orders').where('externalReference', '=', reference).execute()
   })
 
   it('shows a deeply nested body as sent rather than re-indented, so its page stays the size of the body', async () => {

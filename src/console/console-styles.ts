@@ -42,5 +42,6 @@ pre.body { background: #fff; border: 1px solid var(--line); padding: .8rem; over
 .problem { color: var(--bad); font-weight: 600; }
 .result { font-size: 1.1rem; font-weight: 600; }
 .hint { color: var(--muted); }
+.unprintable { font-family: ui-monospace, monospace; font-size: .85em; background: #fff1d6; color: var(--warn); border-radius: 2px; }
 .confirm { background: #fff; border: 1px solid var(--line); padding: .8rem 1rem; border-radius: 6px; margin-bottom: .8rem; }
 `

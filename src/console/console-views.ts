@@ -1,8 +1,8 @@
-// The console's pages, as typed functions of their data. hono/html's `html` tag escapes every
-// interpolated value (text and attribute alike) unless it is itself a template: a delivery's
-// attacker-chosen id, reference or body can only ever show as text. Nothing here writes raw().
+// The console's pages, as typed functions of their data. The `html` tag (console-html.ts: hono/html's) escapes
+// every interpolated value (text and attribute alike) unless it is itself a template, and shows a bidirectional
+// or invisible character in text as its escape: a delivery's attacker-chosen id, reference or body can only ever
+// show as text, in its order. Nothing here writes raw().
 import { AsyncLocalStorage } from 'node:async_hooks'
-import { html } from 'hono/html'
 import type { Order, StatusChange } from '../orders/order.js'
 import { describeClockOffset } from '../partner-api/clock-offset.js'
 import type { EventReaction, ReactionJob, ReactionJobFilter, ReactionJobState } from '../reactions/reaction-job.repository.js'
@@ -19,8 +19,9 @@ import {
   type StoredDelivery,
 } from '../webhooks/delivery.repository.js'
 import type { Operator } from './console-auth.js'
+import { type Html, html } from './console-html.js'
 
-export type Html = ReturnType<typeof html>
+export type { Html }
 
 /** Where the console's routes are, on the operator listener. */
 export const CONSOLE_PATH = '/console'

@@ -10,7 +10,6 @@
 import { randomBytes } from 'node:crypto'
 import express, { type Request, type Response, Router } from 'express'
 import helmet from 'helmet'
-import { html } from 'hono/html'
 import type { Kysely } from 'kysely'
 import { z } from 'zod'
 import type { Clock } from '../clock.js'
@@ -52,6 +51,7 @@ import {
 } from '../webhooks/delivery.repository.js'
 import { reapplyDelivery } from '../webhooks/parked-deliveries.js'
 import { createConsoleAuth, type Operator, requestFromOwnOrigin, SESSION_COOKIE } from './console-auth.js'
+import { html } from './console-html.js'
 import { CONSOLE_CSS } from './console-styles.js'
 import {
   type ActionRecord,
