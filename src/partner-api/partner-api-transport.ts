@@ -18,6 +18,7 @@ import type { Clock } from '../clock.js'
 import { readAnswer } from '../http/read-answer.js'
 import { parseRetryAfter } from '../http/retry-after.js'
 import type { Logger } from '../logger.js'
+import { shortened } from '../shortened.js'
 import { describeClockOffset, isClockOffsetTooLarge, measureClockOffset } from './clock-offset.js'
 import {
   PartnerApiError,
@@ -354,12 +355,6 @@ function toApiError(
 /** The most of the platform's error code and message an error keeps (its message is logged and printed). */
 export const MAX_PLATFORM_CODE_LENGTH = 100
 export const MAX_PLATFORM_MESSAGE_LENGTH = 500
-
-function shortened(text: string, max: number): string {
-  const characters = [...text]
-  if (characters.length <= max) return text
-  return `${characters.slice(0, max).join('')}… (${characters.length.toLocaleString('en-US')} characters)`
-}
 
 // failures before a connection existed: not one byte of the request went out ('bad port': a port fetch
 // refuses to connect to at all)
