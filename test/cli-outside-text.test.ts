@@ -139,6 +139,61 @@ describe('the CLI shows text from outside without its control codes', () => {
     expectNoControl(get.stdout)
     expect(get.stdout).toContain('milestone m_1 frame\\u000aforged-milestone 1.00: pending')
   })
+
+  it('a refusal of the platform: its message and fields shortened for a person, each on its own line', async () => {
+    const fields = Array.from({ length: 300 }, (_, i) => ({ field: `field_${i}`, message: `${'m'.repeat(2_000)}${i}` }))
+    fields[0] = { field: 'currency', message: 'unknown\nforged-line: the platform accepted it' }
+    const refusing = await startRecordingServer({
+      secret: TEST_API_SECRET,
+      answer: () => ({
+        status: 422,
+        body: { error: { code: 'validation_failed', message: `${'w'.repeat(200_000)}END`, fields } },
+      }),
+    })
+    try {
+      const context = { config: testConfig({ PARTNER_API_BASE_URL: refusing.url }), logger: testLogger([TEST_API_SECRET]), db: database.db }
+      for (const args of [['trades', 'fund', REFERENCE], ['trades', 'fund', REFERENCE, '--json']]) {
+        const refused = await runCommandWith(args, context)
+        expect(refused.code).toBe(1)
+        expect(refused.stdout).toBe('')
+        const lines = refused.stderr.split('\n')
+        expect(lines[0]).toMatch(/^The platform refused \(422 validation_failed\): w{500}… \(200,003 characters\)$/)
+        expect(lines[1]).toBe('  currency: unknown\\u000aforged-line: the platform accepted it')
+        expect(lines[2]).toMatch(/^ {2}field_1: m{500}… \(2,001 characters\)$/)
+        expect(lines).toHaveLength(1 + 20 + 1 + 1)
+        expect(lines[21]).toBe('  … and 280 more fields')
+        expect(refused.stderr.length).toBeLessThan(20_000)
+        expectNoControl(refused.stderr)
+      }
+    } finally {
+      await refusing.close()
+    }
+  })
+
+  it('a refusal whose fields are not a list of fields: the status and code, and what there is to show', async () => {
+    const refusing = await startRecordingServer({
+      secret: TEST_API_SECRET,
+      answer: () => ({ status: 422, body: { error: { code: 'validation_failed', message: 42, fields: ['currency\nforged', { field: 7 }] } } }),
+    })
+    try {
+      const context = { config: testConfig({ PARTNER_API_BASE_URL: refusing.url }), logger: testLogger([TEST_API_SECRET]), db: database.db }
+      const refused = await runCommandWith(['trades', 'fund', REFERENCE], context)
+      expect(refused.code).toBe(1)
+      expect(refused.stderr).toBe('The platform refused (422 http_422)\n  currency\\u000aforged\n  7: ?\n')
+      const notAList = await startRecordingServer({
+        secret: TEST_API_SECRET,
+        answer: () => ({ status: 422, body: { error: { code: 'validation_failed', message: 'no', fields: 'currency' } } }),
+      })
+      try {
+        const other = await runCommandWith(['trades', 'fund', REFERENCE], { ...context, config: testConfig({ PARTNER_API_BASE_URL: notAList.url }) })
+        expect(other.stderr).toBe('The platform refused (422 validation_failed): no\n')
+      } finally {
+        await notAList.close()
+      }
+    } finally {
+      await refusing.close()
+    }
+  })
 })
 
 describe('the readable log lines (LOG_PRETTY) show text from outside without its control codes', () => {

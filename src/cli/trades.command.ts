@@ -10,6 +10,8 @@ import {
   PartnerValidationError,
 } from '../partner-api/partner-api-error.js'
 import type { CreateTradeRequest, MilestoneInput, TradeRecord } from '../partner-api/types.js'
+import { printable } from '../printable.js'
+import { shortened } from '../shortened.js'
 import type { TradeDeps } from '../trades/trade-deps.js'
 import { TradeOperationError } from '../trades/trade-operation-error.js'
 import {
@@ -97,14 +99,7 @@ function explainFailure(
     return new StoppedBySignalError(`${error.message} [${error.code}]`)
   }
   if (error instanceof PartnerValidationError) return new UsageError(`Invalid request: ${error.message}`)
-  if (error instanceof PartnerApiError) {
-    const platform = (error.body as { error?: { message?: string; fields?: { field: string; message: string }[] } })
-      ?.error
-    const fields = platform?.fields?.map((field) => `\n  ${field.field}: ${field.message}`).join('') ?? ''
-    const detail = platform?.message ? `: ${platform.message}` : ''
-    const clock = error.clockOffsetS === undefined ? '' : `\n  ${describeClockOffset(error.clockOffsetS)}`
-    return new Error(`The platform refused (${error.status} ${error.code})${detail}${clock}${fields}`)
-  }
+  if (error instanceof PartnerApiError) return new Error(describeRefusal(error))
   if (error instanceof TradeOperationError) return new CommandFailedError(error.code, error.message)
   if (error instanceof PartnerNotSentError && error.proxy) {
     return new Error(
@@ -126,6 +121,36 @@ function explainFailure(
   }
   return error
 }
+
+/** The most characters of the platform's message, and of each field's name and message, printed for a person. */
+const MAX_REFUSAL_TEXT_LENGTH = 500
+/** The most of a refusal's fields printed, one a line; the rest are counted. */
+const MAX_REFUSAL_FIELDS = 20
+
+/**
+ * A refusal for a person to read: the status and code, then the platform's message and the first of its fields
+ * (`currency: unknown currency`), each shortened: the answer may be a megabyte of text from outside. With --json
+ * too: --json is the form of a result on stdout, and a refusal is no result but this text on stderr. Each value
+ * from the answer is shown on one line (printable()): a line feed in it cannot forge a line of the output.
+ */
+function describeRefusal(error: PartnerApiError): string {
+  const platform = isObject(error.body) && isObject(error.body.error) ? error.body.error : {}
+  const text = (value: unknown) =>
+    value === undefined || value === null
+      ? '?'
+      : printable(shortened(typeof value === 'string' ? value : JSON.stringify(value), MAX_REFUSAL_TEXT_LENGTH))
+  const detail = typeof platform.message === 'string' && platform.message !== '' ? `: ${text(platform.message)}` : ''
+  const clock = error.clockOffsetS === undefined ? '' : `\n  ${describeClockOffset(error.clockOffsetS)}`
+  const fields = Array.isArray(platform.fields) ? platform.fields : []
+  const shown = fields
+    .slice(0, MAX_REFUSAL_FIELDS)
+    .map((field) => (isObject(field) ? `\n  ${text(field.field)}: ${text(field.message)}` : `\n  ${text(field)}`))
+  const more = fields.length > MAX_REFUSAL_FIELDS ? `\n  … and ${fields.length - MAX_REFUSAL_FIELDS} more fields` : ''
+  return `The platform refused (${error.status} ${printable(error.code)})${detail}${clock}${shown.join('')}${more}`
+}
+
+const isObject = (value: unknown): value is Record<string, unknown> =>
+  typeof value === 'object' && value !== null && !Array.isArray(value)
 
 function printTrade(trade: TradeRecord, json: boolean | undefined, extra: Record<string, unknown> = {}): void {
   if (json) printJson({ ...extra, trade })
