@@ -63,7 +63,10 @@ describePostgres("the compiled serve forwarding to a receiver with a certificate
       lastError = job?.lastError
       return typeof lastError === 'string'
     }, 'the refused forward is recorded with its error', 60_000)
-    expect(lastError).toContain(`the forward receiver ${new URL(receiverUrl).origin} is unreachable: UNABLE_TO_VERIFY_LEAF_SIGNATURE`)
+    expect(lastError).toContain(
+      `the forward receiver ${new URL(receiverUrl).origin} is unreachable: its TLS certificate was not accepted (UNABLE_TO_VERIFY_LEAF_SIGNATURE); ` +
+        'if a CA of your own signed it, give the service NODE_EXTRA_CA_CERTS=/path/to/ca.pem (read at start)',
+    )
     expect(await stopChild(untrusting)).toBe(0)
     expect(received).toEqual([])
 

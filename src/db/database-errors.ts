@@ -17,6 +17,8 @@
 // refused: for a refused delivery those hold the delivery's fields. Log lines use describeDatabaseError(),
 // which keeps only the code, its class and a fixed message.
 
+import { isRefusedCertificateCode } from '../tls-certificate.js'
+
 export type DatabaseErrorKind = 'unavailable' | 'conflict' | 'overloaded' | 'refused_data' | 'failure'
 
 /** The ingest queue is full: the caller is asked to retry later. */
@@ -37,21 +39,7 @@ const UNAVAILABLE_NODE_CODES = new Set([
   'ENETDOWN',
 ])
 
-// Node's codes for a server certificate the TLS layer refused (an unknown CA, a self-signed one, a name that
-// does not match, an expired one): the driver cannot tell the database apart from an impostor, and waiting will
-// not change that
-const TLS_CERTIFICATE_CODES = new Set([
-  'UNABLE_TO_VERIFY_LEAF_SIGNATURE',
-  'UNABLE_TO_GET_ISSUER_CERT',
-  'UNABLE_TO_GET_ISSUER_CERT_LOCALLY',
-  'SELF_SIGNED_CERT_IN_CHAIN',
-  'DEPTH_ZERO_SELF_SIGNED_CERT',
-  'CERT_UNTRUSTED',
-  'CERT_HAS_EXPIRED',
-  'CERT_NOT_YET_VALID',
-  'CERT_SIGNATURE_FAILURE',
-  'ERR_TLS_CERT_ALTNAME_INVALID',
-])
+// a server certificate the TLS layer refused: the driver cannot tell the database apart from an impostor
 const TLS_CERTIFICATE_REFUSED =
   "the database's TLS certificate was not accepted: give DATABASE_URL the CA that signed it " +
   '(sslmode=verify-full&sslrootcert=/path/to/ca.pem, the CA bundle your provider publishes) and the host name on the certificate; ' +
@@ -128,7 +116,7 @@ export function describeDatabaseError(error: unknown): DatabaseErrorDescription 
     if (typeof code === 'string' && UNAVAILABLE_NODE_CODES.has(code)) {
       return { kind: 'unavailable', code, message: 'the database cannot be reached' }
     }
-    if (typeof code === 'string' && TLS_CERTIFICATE_CODES.has(code)) {
+    if (isRefusedCertificateCode(code)) {
       return { kind: 'failure', code, message: TLS_CERTIFICATE_REFUSED }
     }
     if (typeof code === 'string' && SQLSTATE.test(code) && isDatabaseReport(current)) {

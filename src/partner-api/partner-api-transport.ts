@@ -19,6 +19,7 @@ import { readAnswer } from '../http/read-answer.js'
 import { parseRetryAfter } from '../http/retry-after.js'
 import type { Logger } from '../logger.js'
 import { shortened } from '../shortened.js'
+import { OWN_CA_HINT, refusedCertificateCode } from '../tls-certificate.js'
 import { describeClockOffset, isClockOffsetTooLarge, measureClockOffset } from './clock-offset.js'
 import {
   PartnerApiError,
@@ -368,6 +369,9 @@ interface NetworkFailure {
 
 function describeNetworkError(error: unknown): NetworkFailure {
   if (!(error instanceof Error)) return { reason: String(error), notSent: false }
+  // the handshake failed: not one byte of the request went out
+  const certificate = refusedCertificateCode(error)
+  if (certificate !== undefined) return { reason: `the platform's TLS certificate was not accepted (${certificate}); ${OWN_CA_HINT}`, notSent: true }
   const cause = error.cause as { code?: string; message?: string } | undefined
   const reason = cause?.code ?? cause?.message ?? error.message
   return { reason, notSent: NOT_SENT_CODES.has(reason) }

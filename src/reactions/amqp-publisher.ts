@@ -25,6 +25,7 @@ import { randomUUID } from 'node:crypto'
 import amqp, { type ChannelModel, type ConfirmChannel, type Message } from 'amqplib'
 import { anySignal } from 'any-signal'
 import type { Logger } from '../logger.js'
+import { OWN_CA_HINT, refusedCertificateCode } from '../tls-certificate.js'
 import { forwardedPayload, type ReactionHandler } from './reaction-event.js'
 
 export type AmqpPublishErrorCode =
@@ -233,6 +234,11 @@ export function createAmqpPublisher({
         `the broker ${broker} refused to open the vhost "${vhost}": it does not exist, or this user has no permission on it`,
         { cause: error },
       )
+    }
+    const certificate = refusedCertificateCode(error)
+    if (certificate !== undefined) {
+      const message = `the broker ${broker} is unreachable: its TLS certificate was not accepted (${certificate}); ${OWN_CA_HINT}`
+      return new AmqpPublishError('amqp_unreachable', message, { cause: error })
     }
     return new AmqpPublishError('amqp_unreachable', `the broker ${broker} is unreachable: ${describeError(error)}`, { cause: error })
   }

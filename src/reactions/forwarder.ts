@@ -18,6 +18,7 @@ import { Pool } from 'undici'
 import { type Clock, systemClock } from '../clock.js'
 import { parseRetryAfter } from '../http/retry-after.js'
 import type { Logger } from '../logger.js'
+import { OWN_CA_HINT, refusedCertificateCode } from '../tls-certificate.js'
 import { forwardedPayload, type ReactionHandler } from './reaction-event.js'
 
 export const WEBHOOK_SECRET_PREFIX = 'whsec_'
@@ -185,7 +186,11 @@ export function createForwarder({
       }
       const reason = describeNetworkError(error)
       if (logsAttempts) log({ error: 'unreachable', reason })
-      const message = `the forward receiver ${receiver} is unreachable: ${reason}`
+      const certificate = refusedCertificateCode(error)
+      const message =
+        certificate === undefined
+          ? `the forward receiver ${receiver} is unreachable: ${reason}`
+          : `the forward receiver ${receiver} is unreachable: its TLS certificate was not accepted (${certificate}); ${OWN_CA_HINT}`
       throw new ForwardError('forward_unreachable', message, undefined, { cause: error })
     } finally {
       aborts.delete(signal, request)

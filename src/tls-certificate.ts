@@ -1,0 +1,33 @@
+// A server certificate the TLS layer refused (an unknown CA, a self-signed one, a name that does not match, an
+// expired one): this machine cannot tell the server apart from an impostor, and retrying will not change that.
+// Behind a firewall it is most often the company's own CA, which Node does not trust until it is given.
+
+/** Node's codes for a refused server certificate. */
+const REFUSED_CERTIFICATE_CODES = new Set([
+  'UNABLE_TO_VERIFY_LEAF_SIGNATURE',
+  'UNABLE_TO_GET_ISSUER_CERT',
+  'UNABLE_TO_GET_ISSUER_CERT_LOCALLY',
+  'SELF_SIGNED_CERT_IN_CHAIN',
+  'DEPTH_ZERO_SELF_SIGNED_CERT',
+  'CERT_UNTRUSTED',
+  'CERT_HAS_EXPIRED',
+  'CERT_NOT_YET_VALID',
+  'CERT_SIGNATURE_FAILURE',
+  'ERR_TLS_CERT_ALTNAME_INVALID',
+])
+
+export function isRefusedCertificateCode(code: unknown): code is string {
+  return typeof code === 'string' && REFUSED_CERTIFICATE_CODES.has(code)
+}
+
+/** The refused certificate's code on `error` or one of its causes; undefined for any other failure. */
+export function refusedCertificateCode(error: unknown): string | undefined {
+  for (let at = error, depth = 0; at instanceof Error && depth < 8; at = at.cause, depth++) {
+    const code = (at as { code?: unknown }).code
+    if (isRefusedCertificateCode(code)) return code
+  }
+  return undefined
+}
+
+/** What an operator does about a certificate of the company's own CA (README: "Your own certificate authority"). */
+export const OWN_CA_HINT = 'if a CA of your own signed it, give the service NODE_EXTRA_CA_CERTS=/path/to/ca.pem (read at start)'
