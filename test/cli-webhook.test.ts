@@ -59,6 +59,10 @@ describe('webhook send', () => {
             endless.closed++
           })
         }
+        if (req.url === '/long') {
+          // a proxy's error page, say: shown shortened on a terminal, whole in --json
+          return res.writeHead(502, { 'content-type': 'text/html' }).end(`<html>${'x'.repeat(99_987)}</html>`)
+        }
         const status = req.url === '/refuse' ? 401 : 200
         res.writeHead(status, { 'content-type': 'application/json' }).end(JSON.stringify({ received: status === 200 }))
       })
@@ -86,6 +90,15 @@ describe('webhook send', () => {
     const result = await runCli(['webhook', 'send', '--url', `${url}/refuse`, '--file', bodyFile, '--secret', secret], env)
     expect(result.code).toBe(1)
     expect(result.stdout).toMatch(/^401 dlv_cli_/)
+  })
+
+  it('shows a long answer shortened, with its length, and whole with --json', async () => {
+    const shown = await runCli(['webhook', 'send', '--url', `${url}/long`, '--file', bodyFile, '--secret', secret], env)
+    expect(shown.code).toBe(1)
+    expect(shown.stdout).toMatch(new RegExp(`^502 dlv_cli_\\S+ <html>x{1994}… \\(100,000 characters\\)\n$`))
+    const json = await runCli(['webhook', 'send', '--url', `${url}/long`, '--file', bodyFile, '--secret', secret, '--json'], env)
+    expect(json.code).toBe(1)
+    expect(JSON.parse(json.stdout)).toMatchObject({ status: 502, body: `<html>${'x'.repeat(99_987)}</html>` })
   })
 
   it('reads at most 1 MiB of an answer and exits 1 naming that, instead of holding a body without end', async () => {

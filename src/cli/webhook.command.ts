@@ -7,11 +7,14 @@ import type { Command } from 'commander'
 import type { Config } from '../config.js'
 import { readAnswer } from '../http/read-answer.js'
 import { findRunningService } from '../local/running-service.js'
+import { shortened } from '../shortened.js'
 import { signWebhookBody } from '../webhooks/verify-signature.js'
 import { printJson, setExitCode, UsageError, write, writeError } from './cli-context.js'
 
 // a receiver's answer is a short status document; past this it is not read further
 const MAX_ANSWER_BYTES = 1024 * 1024
+// and a longer one (a proxy's error page) is shown to a person only so far; --json has it whole
+const SHOWN_ANSWER_CHARACTERS = 2_000
 
 interface SignOptions {
   secret?: string
@@ -107,7 +110,7 @@ export function registerWebhookCommands(program: Command): void {
         body: parseJson(text),
       }
       if (options.json) printJson(answer)
-      else write(`${response.status} ${answer.deliveryId} ${text}\n`)
+      else write(`${response.status} ${answer.deliveryId} ${shortened(text, SHOWN_ANSWER_CHARACTERS)}\n`)
       if (!response.ok) setExitCode(1)
     })
 }
