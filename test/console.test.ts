@@ -383,6 +383,8 @@ describe('operator console', () => {
       const refusals = [
         bearer(request(admin).post(path)).type('form').send(withoutCsrf),
         bearer(request(admin).post(path)).type('form').send({ ...withoutCsrf, csrf: 'f'.repeat(csrf!.length) }),
+        // as many characters as the token, twice its bytes: this was a RangeError in the comparison, a 500
+        bearer(request(admin).post(path)).type('form').send({ ...withoutCsrf, csrf: 'é'.repeat(csrf!.length) }),
         bearer(request(admin).post(path)).set('Origin', 'http://evil.example').type('form').send(fields),
         bearer(request(admin).post(path)).set('Sec-Fetch-Site', 'cross-site').type('form').send(fields),
         // basic auth is sent by browsers on their own: its forms need the token as much

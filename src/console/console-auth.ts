@@ -121,8 +121,12 @@ export function createConsoleAuth({ token, now = () => Date.now() }: { token: st
       sessions.delete(sessionId)
     },
     csrfTokenMatches(operator, posted) {
-      if (typeof posted !== 'string' || posted.length !== operator.csrfToken.length) return false
-      return timingSafeEqual(Buffer.from(posted), Buffer.from(operator.csrfToken))
+      if (typeof posted !== 'string') return false
+      // compared as bytes, whose count is what timingSafeEqual needs equal: 64 characters of `é` are 128 bytes,
+      // and passed a string-length check into a RangeError, a 500
+      const bytes = Buffer.from(posted, 'utf8')
+      const expected = Buffer.from(operator.csrfToken, 'utf8')
+      return bytes.length === expected.length && timingSafeEqual(bytes, expected)
     },
   }
 }
