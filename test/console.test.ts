@@ -1,6 +1,10 @@
 // The operator console over HTTP (supertest against the operator app): who gets in, what a forged form
 // gets, the headers every page carries, hostile delivery text shown as text, and each action's effect.
+import net from 'node:net'
 import express from 'express'
+import { Kysely, PostgresDialect } from 'kysely'
+import pg from 'pg'
+import type { Database } from '../src/db/database.js'
 import request from 'supertest'
 import { afterAll, beforeAll, describe, expect, it } from 'vitest'
 import { systemClock } from '../src/clock.js'
@@ -605,6 +609,28 @@ describe('operator console', () => {
     const anonymous = await request(admin).get('/console/orders/%E0%A4%A')
     expect(anonymous.status).toBe(401)
     expect(anonymous.text).toContain('name="token"')
+  })
+
+  // the JSON error shape (a 500 before a refused connection was read as one) is no page for someone on call
+  it('answers every page 503 with a readable page saying to try again while the database cannot be reached', async () => {
+    const closed = net.createServer()
+    await new Promise<void>((resolve) => closed.listen(0, '127.0.0.1', resolve))
+    const { port } = closed.address() as net.AddressInfo
+    await new Promise((resolve) => closed.close(resolve))
+    const unreachable = new Kysely<Database>({ dialect: new PostgresDialect({ pool: new pg.Pool({ host: '127.0.0.1', port, user: 'x', database: 'x' }) }) })
+    try {
+      const gone = createAdminApp({ config: testConfig({ ADMIN_TOKEN: TOKEN }), db: unreachable, logger: testLogger([TOKEN]) })
+      for (const path of ['/console/', '/console/deliveries', '/console/orders/1', '/console/reactions', '/console/reconcile']) {
+        const response = await bearer(request(gone).get(path))
+        expect([response.status, response.type], path).toEqual([503, 'text/html'])
+        expect(response.headers['retry-after'], path).toBe('5')
+        expect(response.headers['cache-control'], path).toBe('no-store')
+        expect(response.text, path).toContain('<title>Try again shortly')
+        expect(response.text, path).toContain('The database is unavailable; retry later (database_unavailable).')
+      }
+    } finally {
+      await unreachable.destroy()
+    }
   })
 
   it('shows an order with its timeline and the channel of each change', async () => {

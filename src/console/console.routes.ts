@@ -14,6 +14,7 @@ import type { Kysely } from 'kysely'
 import { z } from 'zod'
 import type { Clock } from '../clock.js'
 import type { Database } from '../db/database.js'
+import { errorAnswer } from '../http/error-handler.js'
 import { continuingParser, leaveBodyUnread } from '../http/expect-continue.js'
 import type { Logger } from '../logger.js'
 import type { Metrics } from '../metrics/metrics.js'
@@ -758,8 +759,14 @@ export function consoleRoutes(deps: ConsoleDeps): Router {
     if (isUndecodableParam(error)) {
       return send(res, messagePage('Bad request', operator, `Not a valid percent-encoding in the address: ${undecodableSegment(req.path)}`), 400)
     }
-    if (!(error instanceof BadInput)) return next(error)
-    await send(res, messagePage('Bad request', operator, error.message), 400)
+    if (error instanceof BadInput) return send(res, messagePage('Bad request', operator, error.message), 400)
+    if (res.headersSent) return next(error)
+    // the database gone while a page was read or an action run: a page the operator can read, saying to try again,
+    // not the JSON error shape (a 4xx of the body parsers keeps that shape, as the README says)
+    const { status, body } = errorAnswer(error, logger, req.path)
+    if (status < 500) return res.status(status).json(body)
+    if (status === 503) res.setHeader('Retry-After', '5')
+    await send(res, messagePage(status === 503 ? 'Try again shortly' : 'Internal error', operator, `${body.error.message} (${body.error.code}).`), status)
   })
 
   return router
