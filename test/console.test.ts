@@ -148,6 +148,10 @@ describe('operator console', () => {
       expect(page.status).toBe(200)
       expect(page.text).toContain('bob')
 
+      // a stale cookie of the same name (another path's, sent first) does not hide the live one
+      const stale = `console_session=${'a'.repeat(64)}`
+      expect((await request(admin).get('/console/').set('Cookie', `${stale}; console_session=x; ${session}`)).status).toBe(200)
+
       const csrf = /name="csrf" value="([0-9a-f]+)"/.exec(page.text)![1]
       const logout = await request(admin).post('/console/logout').set('Cookie', session).type('form').send({ csrf })
       expect(logout.status).toBe(303)

@@ -50,14 +50,18 @@ function sameSecret(candidate: string, expected: Buffer): boolean {
   return timingSafeEqual(digest(candidate), expected)
 }
 
-export function readCookie(req: Request, name: string): string | undefined {
+/**
+ * Every value the request's cookies give `name`. A browser sends two cookies of one name when they were set for
+ * different paths (a proxy's prefix that changed, one planted by a sibling host), the longer path's first: reading
+ * only the first, a stale one there sent every login back to the login page.
+ */
+export function readCookies(req: Request, name: string): string[] {
   const header = req.headers.cookie
-  if (!header) return undefined
-  for (const part of header.split(';')) {
+  if (!header) return []
+  return header.split(';').flatMap((part) => {
     const separator = part.indexOf('=')
-    if (separator > 0 && part.slice(0, separator).trim() === name) return part.slice(separator + 1).trim()
-  }
-  return undefined
+    return separator > 0 && part.slice(0, separator).trim() === name ? [part.slice(separator + 1).trim()] : []
+  })
 }
 
 /** A name for the action log: printable, short. */
@@ -74,15 +78,17 @@ export function createConsoleAuth({ token, now = () => Date.now() }: { token: st
   const derivedCsrf = (identity: string) => createHmac('sha256', csrfKey).update(identity).digest('hex')
 
   const fromSession = (req: Request): Operator | undefined => {
-    const sessionId = readCookie(req, SESSION_COOKIE)
-    if (!sessionId || !/^[0-9a-f]{64}$/.test(sessionId)) return undefined
-    const session = sessions.get(sessionId)
-    if (!session) return undefined
-    if (session.expiresAt <= now()) {
-      sessions.delete(sessionId)
-      return undefined
+    for (const sessionId of readCookies(req, SESSION_COOKIE)) {
+      if (!/^[0-9a-f]{64}$/.test(sessionId)) continue
+      const session = sessions.get(sessionId)
+      if (!session) continue
+      if (session.expiresAt <= now()) {
+        sessions.delete(sessionId)
+        continue
+      }
+      return { name: session.name, via: 'session', csrfToken: session.csrfToken, sessionId }
     }
-    return { name: session.name, via: 'session', csrfToken: session.csrfToken, sessionId }
+    return undefined
   }
 
   return {
