@@ -570,6 +570,8 @@ describe('operator console', () => {
       ['/console/orders', { status: '\u0000' }, 'status: must not hold a NUL character'],
       ['/console/reactions', { handler: 'x\u0000' }, 'handler: must not hold a NUL character'],
       ['/console/reactions/first-attempts', { handler: 'x\u0000' }, 'handler: must not hold a NUL character'],
+      // a batch id past bigint: the database's refusal before, JSON naming no field
+      ['/console/reactions/first-attempts', { before: '9223372036854775808.1' }, 'before: not a page cursor from this console'],
       ['/console/orders/requeue', { reference: '\u0000' }, 'reference: must not hold a NUL character'],
       // hand-made delivery page cursors: a NUL in the id, a day that does not exist, a time the console never writes
       ...[

@@ -18,6 +18,7 @@ import { type Kysely, sql } from 'kysely'
 import type { Database } from '../db/database.js'
 import { PREPARED } from '../db/open-database.js'
 import { reactionChannelSql } from '../db/reaction-channel.js'
+import { isJobId } from './job-id.js'
 import type { ReactionEvent } from './reaction-event.js'
 import { reactionStreamBacklog } from './reaction-stream.repository.js'
 
@@ -362,10 +363,13 @@ export interface FirstAttemptCursor {
   n: number
 }
 
-/** Reads a cursor as the console writes it (`<batch id>.<place in it>`); undefined when it is not one. */
+/**
+ * Reads a cursor as the console writes it (`<batch id>.<place in it>`); undefined when it is not one. The batch
+ * id is a bigint: 19 digits past its largest came back as the database's refusal, a JSON 400 naming no field.
+ */
 export function parseFirstAttemptCursor(text: string): FirstAttemptCursor | undefined {
   const match = /^([1-9]\d{0,18})\.([1-9]\d{0,5})$/.exec(text)
-  return match ? { batchId: match[1]!, n: Number(match[2]) } : undefined
+  return match && isJobId(match[1]!) ? { batchId: match[1]!, n: Number(match[2]) } : undefined
 }
 
 export const formatFirstAttemptCursor = ({ batchId, n }: FirstAttemptCursor) => `${batchId}.${n}`
