@@ -536,6 +536,17 @@ describe('operator console', () => {
     expect(response.text).toContain('is not a time')
     const cursor = await bearer(request(admin).get('/console/deliveries').query({ after: 'garbage' }))
     expect(cursor.status).toBe(400)
+    // a day its month does not have was read as one of the next month's (Feb 31 as March 3), a bulk re-apply's range too
+    for (const [path, query] of [
+      ['/console/deliveries', { from: '2026-02-31T00:00' }],
+      ['/console/deliveries', { to: '2026-04-31' }],
+      ['/console/deliveries/reapply', { from: '2026-02-29T00:00Z' }],
+    ] as const) {
+      const refused = await bearer(request(admin).get(path).query(query))
+      expect(refused.status, JSON.stringify(query)).toBe(400)
+      expect(refused.text, JSON.stringify(query)).toContain('names a day its month does not have')
+    }
+    expect((await bearer(request(admin).get('/console/deliveries').query({ from: '2028-02-29T00:00', to: '2026-12-31' }))).status).toBe(200)
   })
 
   it('answers a time no column can hold (year 0, past 9999, before year 1) with 400 naming the field, without the database', async () => {

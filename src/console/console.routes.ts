@@ -117,12 +117,29 @@ const text = z
   .optional()
   .transform((value) => (value === '' ? undefined : value))
 
+/** Whether a time written YYYY-MM-DD… names a day that exists (any other form: left to Date). */
+function isExistingDay(value: string): boolean {
+  const day = /^(\d{4})-(\d{2})-(\d{2})/.exec(value)
+  if (!day) return true
+  const [year, month, date] = [Number(day[1]), Number(day[2]), Number(day[3])]
+  // setUTCFullYear, not Date.UTC, which reads years 0 to 99 as 1900 to 1999
+  const utc = new Date(0)
+  utc.setUTCFullYear(year, month - 1, date)
+  return utc.getUTCMonth() === month - 1 && utc.getUTCDate() === date
+}
+
 // datetime-local inputs send no zone: the console's times are all UTC
 const instant = text.transform((value, context) => {
   if (value === undefined) return undefined
   const date = new Date(/^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}(:\d{2}(\.\d+)?)?$/.test(value) ? `${value}Z` : value)
   if (Number.isNaN(date.getTime())) {
     context.addIssue({ code: 'custom', message: `"${value}" is not a time such as 2026-11-23T03:00Z` })
+    return z.NEVER
+  }
+  // Date rolls a day past its month's end over (2026-02-31 read as March 3): a range from it, a bulk re-apply's
+  // too, quietly began elsewhere than typed
+  if (!isExistingDay(value)) {
+    context.addIssue({ code: 'custom', message: `"${value}" names a day its month does not have` })
     return z.NEVER
   }
   // the database reads no year 0 and no year written with a sign (toISOString's form past 9999 and before 1):
