@@ -650,6 +650,16 @@ describe('operator console', () => {
     }
   })
 
+  it('says to restart the service, not to try again, when the embedded database has stopped for good', async () => {
+    const stopped = new Error("PGlite is closed: the embedded database's thread exited with code 7")
+    const pool = { connect: () => Promise.reject(stopped), end: () => Promise.resolve() }
+    const gone = new Kysely<Database>({ dialect: new PostgresDialect({ pool: pool as unknown as pg.Pool }) })
+    const admin = createAdminApp({ config: testConfig({ ADMIN_TOKEN: TOKEN }), db: gone, logger: testLogger([TOKEN]) })
+    const response = await bearer(request(admin).get('/console/'))
+    expect([response.status, response.type, response.headers['retry-after']]).toEqual([503, 'text/html', undefined])
+    expect(response.text).toContain('The embedded database stopped (its thread exited with code 7); restart the service (database_unavailable).')
+  })
+
   it('shows an order with its timeline and the channel of each change', async () => {
     const order = await findOrderByExternalReference(database.db, 'late-1')
     const page = await bearer(request(admin).get(`/console/orders/${order!.id}`))

@@ -14,6 +14,7 @@ import type { Kysely } from 'kysely'
 import { z } from 'zod'
 import type { Clock } from '../clock.js'
 import type { Database } from '../db/database.js'
+import { embeddedDatabaseStopReason } from '../db/pglite-thread.js'
 import { errorAnswer } from '../http/error-handler.js'
 import { continuingParser, leaveBodyUnread } from '../http/expect-continue.js'
 import type { Logger } from '../logger.js'
@@ -782,6 +783,11 @@ export function consoleRoutes(deps: ConsoleDeps): Router {
     // not the JSON error shape (a 4xx of the body parsers keeps that shape, as the README says)
     const { status, body } = errorAnswer(error, logger, req.path)
     if (status < 500) return res.status(status).json(body)
+    // the embedded database's thread stopped for good (a crash, a full disk): waiting will not bring it back
+    const stopped = embeddedDatabaseStopReason(error)
+    if (stopped) {
+      return send(res, messagePage('The database stopped', operator, `The embedded database stopped (its thread ${stopped}); restart the service (${body.error.code}).`), status)
+    }
     if (status === 503) res.setHeader('Retry-After', '5')
     await send(res, messagePage(status === 503 ? 'Try again shortly' : 'Internal error', operator, `${body.error.message} (${body.error.code}).`), status)
   })
