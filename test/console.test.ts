@@ -127,6 +127,13 @@ describe('operator console', () => {
 
     it('lets in a bearer token, and basic auth with the token as password under any user name', async () => {
       expect((await bearer(request(admin).get('/console/'))).status).toBe(200)
+      expect((await request(admin).get('/console/').set('Authorization', `bearer   ${TOKEN}  `)).status).toBe(200)
+      // the rest of the header is the token: words after the right one made a wrong token that was let in
+      expect((await request(admin).get('/console/').set('Authorization', `Bearer ${TOKEN} ${TOKEN}`)).status).toBe(401)
+      // and a token of several words, which was never matched whole
+      const phrase = 'correct horse battery staple 0123'
+      const phrased = createAdminApp({ config: testConfig({ ADMIN_TOKEN: phrase }), db: database.db, logger: testLogger([phrase]) })
+      expect((await request(phrased).get('/console/').set('Authorization', `Bearer ${phrase}`)).status).toBe(200)
       const response = await request(admin).get('/console/').set('Authorization', basic('alice', TOKEN))
       expect(response.status).toBe(200)
       expect(response.text).toContain('alice')

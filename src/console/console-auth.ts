@@ -95,11 +95,13 @@ export function createConsoleAuth({ token, now = () => Date.now() }: { token: st
     authenticate(req) {
       const header = req.headers.authorization
       if (header) {
-        const [scheme, value = ''] = header.trim().split(/\s+/, 2)
-        if (scheme?.toLowerCase() === 'bearer' && sameSecret(value, expected)) {
+        // the whole rest is the credential: split on every space, a token holding one never matched, and any
+        // words after a right token were ignored
+        const [, scheme = '', value = ''] = /^(\S+)(?:\s+(.*))?$/s.exec(header.trim()) ?? []
+        if (scheme.toLowerCase() === 'bearer' && sameSecret(value, expected)) {
           return { name: 'bearer token', via: 'bearer', csrfToken: derivedCsrf('bearer') }
         }
-        if (scheme?.toLowerCase() === 'basic') {
+        if (scheme.toLowerCase() === 'basic') {
           const decoded = Buffer.from(value, 'base64').toString('utf8')
           const separator = decoded.indexOf(':')
           if (separator >= 0 && sameSecret(decoded.slice(separator + 1), expected)) {
