@@ -15,7 +15,7 @@ import { createOrder } from './helpers/orders.js'
 import { dueOrderStats } from '../src/reconcile/poller.js'
 import { countParkedDeliveries } from '../src/webhooks/delivery.repository.js'
 import { FakeClock } from './helpers/fake-clock.js'
-import { testLogger } from './helpers/log-sink.js'
+import { logEntries, testLogger } from './helpers/log-sink.js'
 import { tradeRecord } from './helpers/partner-api-fixtures.js'
 import { countingFetcher, insertOrders, platformError } from './helpers/reconcile-orders.js'
 import { testPoller } from './helpers/reconcile-poller.js'
@@ -54,6 +54,22 @@ describe('GET /metrics, on the operator listener', () => {
     expect(response.text).toContain('poller_orders_due 3')
     expect(response.text).toContain('poller_oldest_due_age_seconds 42')
     expect(response.text).toMatch(/database_pool_connections\{state="idle"\} \d+/)
+  })
+
+  // 503 says "try again later", which does not mend a fault; and the fault was logged nowhere
+  it('answers a scrape that fails for another reason than the database 500, and logs it', async () => {
+    const metrics = createMetrics(
+      {
+        poolStats: () => {
+          throw new Error('pool stats broke')
+        },
+      },
+      { defaultMetrics: false },
+    )
+    const admin = createAdminApp({ config: testConfig(), db: database.db, logger: testLogger(), metrics })
+    const response = await request(admin).get('/metrics')
+    expect([response.status, response.body.error?.code]).toEqual([500, 'internal_error'])
+    expect(logEntries().filter((entry) => entry.msg === 'unhandled error' && entry.path === '/metrics')).toHaveLength(1)
   })
 
   it('is not served when metrics are switched off', async () => {
