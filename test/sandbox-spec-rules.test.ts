@@ -172,6 +172,15 @@ describe('the client and the sandbox agree on every field rule', () => {
   })
 
   it.each([
+    ['of 200 characters', true, 'r'.repeat(200)],
+    ['of 201 characters', false, 'r'.repeat(201)],
+    ['with a NUL', false, 'order\u00001'],
+  ])('an external_reference %s: both accept = %s', async (_name, valid, reference) => {
+    expect(await sandboxAccepts('/api/partner/v1/trades/', trade({ external_reference: reference }))).toBe(valid)
+    expect(await clientAccepts(() => client.createTrade(trade({ external_reference: reference })))).toBe(valid)
+  })
+
+  it.each([
     ['ten emoji', tenEmoji, false],
     ['ten flags', tenFlags, false],
     ['ten families', tenFamilies, false],

@@ -9,9 +9,11 @@ import {
   isLongEnoughReason,
   isPercentage,
   isPositiveDecimal,
+  isTradeFact,
   MIN_DISPUTE_REASON_LENGTH,
   PHONE,
   percentageComplement,
+  TRADE_FACT_MAX_LENGTH,
 } from '../partner-api/field-rules.js'
 // the sandbox answers the full records; the client insists only on the fields it relies on
 import type {
@@ -126,7 +128,13 @@ export class SandboxPlatform {
     if (!nonEmptyString(body.title)) problems.push({ field: 'title', message: 'is required' })
     if (!positiveDecimal(body.amount)) problems.push({ field: 'amount', message: 'must be a positive decimal string' })
     if (!nonEmptyString(body.currency)) problems.push({ field: 'currency', message: 'is required' })
-    if (!nonEmptyString(body.external_reference)) problems.push({ field: 'external_reference', message: 'is required' })
+    // echoed in every webhook and answer: one the client and the receiver cannot hold would never reach its order
+    if (!(nonEmptyString(body.external_reference) && isTradeFact(body.external_reference))) {
+      problems.push({
+        field: 'external_reference',
+        message: `is required: 1 to ${TRADE_FACT_MAX_LENGTH} characters without a NUL`,
+      })
+    }
     if (body.seller_id !== undefined && !nonEmptyString(body.seller_id)) {
       problems.push({ field: 'seller_id', message: 'must be a non-empty string' })
     } else if (body.seller_id === undefined && this.options.partnerKind() === 'marketplace') {
