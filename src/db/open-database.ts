@@ -140,7 +140,7 @@ const NAMED_STATEMENT_LOST = new Set(['42P05', '26000'])
 // later statement given it queued behind the one that never ends, waited its 15 s and failed, and each delivery
 // was answered 503 until the operating system gave up on the connection, hours later, while a new connection
 // would have worked at once.
-type PreparingClientInstance = pg.PoolClient & { refusedWrite?: boolean; answerLost?: boolean }
+type PreparingClientInstance = pg.PoolClient & { refusedWrite?: boolean; answerLost?: boolean; sessionSet?: boolean }
 
 // the pool's connection, closed on its release when a write was refused on it as read-only or an answer never came
 function readOnlyGoesAway(client: pg.PoolClient): pg.PoolClient {
@@ -325,12 +325,11 @@ function openPostgres(
   // an idle client that loses its connection is removed and reported on the pool as well; its own
   // listener above has logged it already, and without a listener here the pool's 'error' would be fatal
   pool.on('error', () => {})
-  sessionSettingsOnConnect(pool)
   // a connection refused for its statement_timeout is made again without it, and so is every later one
   const capped = connectionCap(pool, poolSize, logger)
   const connect = async (): Promise<pg.PoolClient> => {
     try {
-      return readOnlyGoesAway(await pool.connect())
+      return readOnlyGoesAway(await withSessionSettings(await pool.connect()))
     } catch (error) {
       if (refusesStartupTimeout(error)) {
         timeoutOnConnect = false
@@ -404,8 +403,8 @@ function openPostgres(
         keepAlive: true,
       })
       single.on('error', () => {})
-      sessionSettingsOnConnect(single)
-      const unbounded = new Kysely<Database>({ dialect: new PostgresDialect({ pool: single }), plugins: [new CamelCasePlugin()] })
+      const settled = { connect: async () => withSessionSettings(await single.connect()), end: () => single.end(), options: single.options }
+      const unbounded = new Kysely<Database>({ dialect: new PostgresDialect({ pool: settled }), plugins: [new CamelCasePlugin()] })
       try {
         return await work(unbounded)
       } finally {
@@ -418,13 +417,21 @@ function openPostgres(
 
 // Each connection of the service's own pools starts with the session settings its statements and the driver
 // are written for (session-defaults.ts: READ COMMITTED, ISO dates), whatever a DBA made the database's or the
-// role's defaults: the pool's 'connect' comes before it hands the connection out, and a connection runs its
-// statements in order.
-function sessionSettingsOnConnect(pool: pg.Pool): void {
-  pool.on('connect', (client) => {
-    // a connection that fails here fails its first statement too, which reports it
-    client.query(SESSION_SETTINGS).catch(() => {})
-  })
+// role's defaults: the first time the pool hands a connection out, they are set, and the caller's first statement
+// waits for them. They used to be sent from the pool's 'connect' event without waiting, so the caller's statement
+// queued behind them on the connection: pg deprecates a query sent while one is running, and pg 9 removes it.
+// A connection whose settings fail is closed, and the caller gets the error (a lost connection: 503).
+async function withSessionSettings(client: pg.PoolClient): Promise<pg.PoolClient> {
+  const connection = client as PreparingClientInstance
+  if (connection.sessionSet === true) return client
+  try {
+    await client.query(SESSION_SETTINGS)
+  } catch (error) {
+    client.release(true)
+    throw error
+  }
+  connection.sessionSet = true
+  return client
 }
 
 // 53300: the server opens no more sessions for this role (ALTER ROLE … CONNECTION LIMIT), this database (its
