@@ -258,6 +258,32 @@ describePostgres('only real unavailability answers 503 (Postgres)', () => {
     }
   })
 
+  it('answers 503 while a DBA has closed the database to connections, and a 55000 of a statement stays our bug', async () => {
+    const name = `escrow_closed_${randomBytes(3).toString('hex')}`
+    await sql.raw(`create database ${name} with allow_connections false`).execute(database.db)
+    const closedUrl = new URL(database.url!)
+    closedUrl.pathname = `/${name}`
+    const handle = openDatabase({ databaseUrl: closedUrl.toString(), poolSize: 1 })
+    try {
+      const refused = await sql`select 1`.execute(handle.db).catch((error: unknown) => error)
+      expect(describeDatabaseError(refused)).toMatchObject({ kind: 'unavailable', code: '55000', message: expect.stringMatching(/closed to new connections/) })
+      const app = createApp({ config, db: handle.db, logger: testLogger(config.webhook.secrets), clock: systemClock })
+      const answer = await sendWebhook(app, { body: body('closed-for-maintenance') })
+      expect([answer.status, answer.body.error?.code]).toEqual([503, 'database_unavailable'])
+    } finally {
+      await handle.close()
+      await sql.raw(`drop database ${name}`).execute(database.db)
+    }
+    const bug = await database.db
+      .transaction()
+      .execute(async (trx) => {
+        await sql`create temporary sequence escrow_unused_sequence`.execute(trx)
+        await sql`select currval('escrow_unused_sequence')`.execute(trx)
+      })
+      .catch((error: unknown) => error)
+    expect(describeDatabaseError(bug)).toMatchObject({ kind: 'failure', code: '55000' })
+  })
+
   it('answers 503 only while the database is away, 500 for a bug, 400 or invalid for refused data', async () => {
     const target = new URL(database.url!)
     const proxy = await startTcpProxy({ host: target.hostname, port: Number(target.port || 5432) })

@@ -3,7 +3,9 @@
 //   SQLSTATE class 08 connection exception, 53 insufficient resources, 57P operator intervention such as
 //   a shutdown or pg_terminate_backend, 57014 a statement cancelled by its timeout, 25006 a write refused
 //   because the database is read-only: a standby, a failover under way, or default_transaction_read_only,
-//   which some hosted Postgres services set when its disk fills). Try again later: HTTP 503.
+//   which some hosted Postgres services set when its disk fills, 55000 refusing a new session because a DBA closed
+//   the database to connections, ALTER DATABASE … ALLOW_CONNECTIONS false, for maintenance). Try again later:
+//   HTTP 503.
 // - conflict: class 40, the database rolled the transaction back to break a deadlock or a serialization
 //   conflict with another replica. Written again it succeeds (group-commit.ts does so); if it still
 //   fails, "try again later" is the truth: HTTP 503.
@@ -89,6 +91,18 @@ export function errorCode(error: unknown): unknown {
  */
 const LOCK_TIMEOUT = '55P03'
 
+/**
+ * 55000 object_not_in_prerequisite_state in the FATAL report that ends a new session: the database is closed to
+ * connections (ALTER DATABASE … ALLOW_CONNECTIONS false), which a DBA does for maintenance and undoes after. On a
+ * statement, 55000 is our bug (currval before nextval, say). The report's severity is in the server's language;
+ * the routine that refuses (CheckMyDatabase) names it in any.
+ */
+const CLOSED_TO_CONNECTIONS = '55000'
+const closedToConnections = (code: string, error: Error) => {
+  const { severity, routine } = error as { severity?: unknown; routine?: unknown }
+  return code === CLOSED_TO_CONNECTIONS && (severity === 'FATAL' || routine === 'CheckMyDatabase')
+}
+
 function sqlstateKind(code: string): DatabaseErrorKind {
   // 57P01 admin shutdown (pg_terminate_backend), 57P02 crash shutdown, 57P03 starting up, 57014 a
   // statement timeout; 57000 and the rest of class 57 are not an outage
@@ -121,6 +135,9 @@ export function describeDatabaseError(error: unknown): DatabaseErrorDescription 
     }
     if (typeof code === 'string' && SQLSTATE.test(code) && isDatabaseReport(current)) {
       const sqlstateClass = code.slice(0, 2)
+      if (closedToConnections(code, current)) {
+        return { kind: 'unavailable', code, sqlstateClass, message: 'the database is closed to new connections (ALTER DATABASE … ALLOW_CONNECTIONS false: maintenance?)' }
+      }
       const kind = sqlstateKind(code)
       return { kind, code, sqlstateClass, message: sqlstateMessage(code, kind) }
     }
