@@ -3,8 +3,6 @@
 // certificate is refused, nothing reaches the receiver and the job's error names the reason; with it, given at
 // start, the same job is forwarded. NODE_TLS_REJECT_UNAUTHORIZED is never needed.
 import { readFileSync, rmSync } from 'node:fs'
-import https from 'node:https'
-import type { AddressInfo } from 'node:net'
 import path from 'node:path'
 import type { ChildProcess } from 'node:child_process'
 import { afterAll, beforeAll, expect, it } from 'vitest'
@@ -12,6 +10,7 @@ import { FORWARDER_HANDLER } from '../src/reactions/configured-reactions.js'
 import { ensureReactionStreams } from '../src/reactions/reaction-stream.repository.js'
 import { forwardingServeEnv, spawnCli, stopChild, waitForLogLine } from './helpers/cli-process.js'
 import { migratedDataDir } from './helpers/data-dir-template.js'
+import { type ForwardReceiver, startForwardReceiver } from './helpers/forward-receiver.js'
 import { moveNewOrder } from './helpers/orders.js'
 import { unfinishedReactionJobs } from './helpers/reaction-jobs.js'
 import { eventually } from './helpers/reconcile-poller.js'
@@ -21,28 +20,17 @@ const tls = path.join(import.meta.dirname, 'fixtures/tls')
 
 describePostgres("the compiled serve forwarding to a receiver with a certificate of the company's own CA", () => {
   let database: TestDatabase
-  let receiver: https.Server
-  let receiverUrl: string
-  const received: string[] = []
+  let receiver: ForwardReceiver
   const dataDir = migratedDataDir('forward-own-ca-')
   const children: ChildProcess[] = []
 
   beforeAll(async () => {
     database = await createTestDatabase()
-    receiver = https.createServer({ cert: readFileSync(path.join(tls, 'server.crt')), key: readFileSync(path.join(tls, 'server.key')) }, (req, res) => {
-      req.resume()
-      req.on('end', () => {
-        received.push(String(req.headers['webhook-id']))
-        res.writeHead(204).end()
-      })
-    })
-    await new Promise<void>((resolve) => receiver.listen(0, '127.0.0.1', resolve))
-    receiverUrl = `https://localhost:${(receiver.address() as AddressInfo).port}/hooks`
+    receiver = await startForwardReceiver(() => 204, { cert: readFileSync(path.join(tls, 'server.crt')), key: readFileSync(path.join(tls, 'server.key')) })
   })
   afterAll(async () => {
     for (const child of children) if (child.exitCode === null) child.kill('SIGKILL')
-    receiver.closeAllConnections()
-    await new Promise<void>((resolve) => receiver.close(() => resolve()))
+    await receiver.close()
     await database.close()
     rmSync(dataDir, { recursive: true, force: true })
   })
@@ -51,7 +39,7 @@ describePostgres("the compiled serve forwarding to a receiver with a certificate
     await ensureReactionStreams(database.db, [FORWARDER_HANDLER], new Date())
     await moveNewOrder(database.db, { externalReference: 'own-ca-1', statuses: ['funded'], handlersFor: () => [FORWARDER_HANDLER], now: () => new Date() })
     const [event] = await database.db.selectFrom('orderStatusHistory').select('eventId').execute()
-    const env = forwardingServeEnv({ databaseUrl: database.url!, dataDir, forwardUrl: receiverUrl })
+    const env = forwardingServeEnv({ databaseUrl: database.url!, dataDir, forwardUrl: receiver.url })
 
     const untrusting = spawnCli(['serve'], env, { built: true })
     children.push(untrusting)
@@ -64,11 +52,11 @@ describePostgres("the compiled serve forwarding to a receiver with a certificate
       return typeof lastError === 'string'
     }, 'the refused forward is recorded with its error', 60_000)
     expect(lastError).toContain(
-      `the forward receiver ${new URL(receiverUrl).origin} is unreachable: its TLS certificate was not accepted (UNABLE_TO_VERIFY_LEAF_SIGNATURE); ` +
+      `the forward receiver ${new URL(receiver.url).origin} is unreachable: its TLS certificate was not accepted (UNABLE_TO_VERIFY_LEAF_SIGNATURE); ` +
         'if a CA of your own signed it, give the service NODE_EXTRA_CA_CERTS=/path/to/ca.pem (read at start)',
     )
     expect(await stopChild(untrusting)).toBe(0)
-    expect(received).toEqual([])
+    expect(receiver.received).toEqual([])
 
     const trusting = spawnCli(['serve'], { ...env, NODE_EXTRA_CA_CERTS: path.join(tls, 'ca.crt') }, { built: true })
     children.push(trusting)
@@ -76,6 +64,6 @@ describePostgres("the compiled serve forwarding to a receiver with a certificate
     // the retry is due after the first backoff (5 s, with jitter)
     await eventually(async () => (await unfinishedReactionJobs(database.db)) === 0, 'the job is done', 60_000)
     expect(await stopChild(trusting)).toBe(0)
-    expect(received).toEqual([event!.eventId])
+    expect(receiver.received.map((request) => request.headers['webhook-id'])).toEqual([event!.eventId])
   })
 })

@@ -3,8 +3,6 @@
 // it, every transition exactly once.
 import { once } from 'node:events'
 import { rmSync } from 'node:fs'
-import http from 'node:http'
-import type { AddressInfo } from 'node:net'
 import type { ChildProcess } from 'node:child_process'
 import { afterAll, beforeAll, expect, it } from 'vitest'
 import { unfinishedReactionJobs } from './helpers/reaction-jobs.js'
@@ -13,6 +11,7 @@ import { FORWARDER_HANDLER } from '../src/reactions/configured-reactions.js'
 import { ensureReactionStreams } from '../src/reactions/reaction-stream.repository.js'
 import { forwardingServeEnv, spawnCli, waitForLogLine } from './helpers/cli-process.js'
 import { migratedDataDir } from './helpers/data-dir-template.js'
+import { type ForwardReceiver, startForwardReceiver } from './helpers/forward-receiver.js'
 import { eventually } from './helpers/reconcile-poller.js'
 import { createTestDatabase, describePostgres, type TestDatabase } from './helpers/test-database.js'
 
@@ -21,29 +20,20 @@ const STATUSES = ['created', 'funded', 'delivered']
 
 describePostgres('the compiled serve killed mid-handler (Postgres)', () => {
   let database: TestDatabase
-  let receiver: http.Server
-  let receiverUrl: string
-  const received: string[] = []
+  let receiver: ForwardReceiver
+  // the webhook-id of each forward, as it arrived
+  const received = () => receiver.received.map((request) => request.headers['webhook-id'])
   const dataDir = migratedDataDir('reactions-crash-')
   const children: ChildProcess[] = []
 
   beforeAll(async () => {
     database = await createTestDatabase()
     // answers each forward after 50 ms, so handlers are in flight when the process is killed
-    receiver = http.createServer((req, res) => {
-      req.resume()
-      req.on('end', () => {
-        received.push(String(req.headers['webhook-id']))
-        setTimeout(() => res.writeHead(204).end(), 50)
-      })
-    })
-    await new Promise<void>((resolve) => receiver.listen(0, '127.0.0.1', resolve))
-    receiverUrl = `http://127.0.0.1:${(receiver.address() as AddressInfo).port}/hooks`
+    receiver = await startForwardReceiver(() => ({ status: 204, afterMs: 50 }))
   })
   afterAll(async () => {
     for (const child of children) if (child.exitCode === null) child.kill('SIGKILL')
-    receiver.closeAllConnections()
-    await new Promise<void>((resolve) => receiver.close(() => resolve()))
+    await receiver.close()
     await database.close()
     rmSync(dataDir, { recursive: true, force: true })
   })
@@ -58,7 +48,7 @@ describePostgres('the compiled serve killed mid-handler (Postgres)', () => {
     expect(events).toHaveLength(ORDERS * STATUSES.length)
 
     const env = {
-      ...forwardingServeEnv({ databaseUrl: database.url!, dataDir, forwardUrl: receiverUrl }),
+      ...forwardingServeEnv({ databaseUrl: database.url!, dataDir, forwardUrl: receiver.url }),
       REACTION_CONCURRENCY: '4',
       // the killed process's claims come back after this
       REACTION_LEASE_S: '2',
@@ -68,10 +58,10 @@ describePostgres('the compiled serve killed mid-handler (Postgres)', () => {
     const first = spawnCli(['serve'], env, { built: true })
     children.push(first)
     await waitForLogLine(first, 'service listening', 120_000)
-    await eventually(() => received.length >= 20, 'the first process forwarded some events', 120_000)
+    await eventually(() => receiver.received.length >= 20, 'the first process forwarded some events', 120_000)
     first.kill('SIGKILL')
     await once(first, 'exit')
-    const beforeRestart = received.length
+    const beforeRestart = receiver.received.length
     const claimedByTheDead = await database.db
       .selectFrom('reactionJobs')
       .select((eb) => eb.fn.countAll<string>().as('n'))
@@ -86,13 +76,13 @@ describePostgres('the compiled serve killed mid-handler (Postgres)', () => {
     await once(second, 'exit')
 
     const ids = new Set(events.map((event) => event.eventId))
-    const seen = new Set(received)
+    const seen = new Set(received())
     expect([...seen].sort()).toEqual([...ids].sort())
-    expect(received.length).toBeGreaterThanOrEqual(ids.size)
+    expect(receiver.received.length).toBeGreaterThanOrEqual(ids.size)
     console.warn(
       `reactions, SIGKILL mid-handler: ${ids.size} events; ${beforeRestart} forwards before the kill with ` +
-        `${claimedByTheDead.n} jobs left running by the dead process; ${received.length} forwards in all ` +
-        `(${received.length - ids.size} repeats, each with its webhook-id), ${seen.size} distinct`,
+        `${claimedByTheDead.n} jobs left running by the dead process; ${receiver.received.length} forwards in all ` +
+        `(${receiver.received.length - ids.size} repeats, each with its webhook-id), ${seen.size} distinct`,
     )
   })
 })

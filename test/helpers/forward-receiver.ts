@@ -1,6 +1,8 @@
 // A local HTTP receiver for forwarder tests: records every request as it arrived (headers and raw body)
-// and answers with whatever the test scripts: a status, a redirect, or no answer at all.
+// and answers with whatever the test scripts: a status, a redirect, or no answer at all. Over HTTPS when given a
+// certificate and its key (then reached as https://localhost, the name the test certificate carries).
 import http from 'node:http'
+import https from 'node:https'
 import type { AddressInfo } from 'node:net'
 import { answerEndlessly } from './endless-answer.js'
 
@@ -23,6 +25,8 @@ export type ReceiverAnswer =
   | { status: number; body: string }
   | { status: number; bodyBytes: number }
   | { status: number; bodyStalls: true }
+  /** a status given `afterMs` after the request ended: a handler in flight meanwhile */
+  | { status: number; afterMs: number }
   /** a 103 Early Hints (an interim answer), then a final status, or the connection closed with no final answer */
   | { earlyHintsThen: number | 'close' }
   | 'hang'
@@ -41,11 +45,12 @@ export interface ForwardReceiver {
 
 export async function startForwardReceiver(
   answer: (request: ReceivedRequest, count: number) => ReceiverAnswer = () => 204,
+  tls?: { cert: Buffer; key: Buffer },
 ): Promise<ForwardReceiver> {
   const received: ReceivedRequest[] = []
   const bodyBytesWritten: number[] = []
   const waiters: { count: number; resolve: () => void }[] = []
-  const server = http.createServer((req, res) => {
+  const onRequest: http.RequestListener = (req, res) => {
     const chunks: Buffer[] = []
     req.on('data', (chunk: Buffer) => chunks.push(chunk))
     req.on('end', () => {
@@ -62,6 +67,7 @@ export async function startForwardReceiver(
       if (typeof reply === 'number') res.writeHead(reply).end()
       else if ('headers' in reply) res.writeHead(reply.status, reply.headers).end()
       else if ('location' in reply) res.writeHead(reply.status, { location: reply.location }).end()
+      else if ('afterMs' in reply) setTimeout(() => res.writeHead(reply.status).end(), reply.afterMs)
       else if ('bodyBytes' in reply) answerEndlessly(res, (written) => bodyBytesWritten.push(written), { size: reply.bodyBytes, status: reply.status })
       else if ('earlyHintsThen' in reply) {
         res.writeEarlyHints({ link: '</style.css>; rel=preload; as=style' })
@@ -70,7 +76,8 @@ export async function startForwardReceiver(
       } else if ('bodyStalls' in reply) res.writeHead(reply.status, { 'content-length': 1024 }).write(' ')
       else res.writeHead(reply.status, { 'content-type': 'text/plain' }).end(reply.body)
     })
-  })
+  }
+  const server = tls ? https.createServer(tls, onRequest) : http.createServer(onRequest)
   let connections = 0
   server.on('connection', () => {
     connections += 1
@@ -80,7 +87,7 @@ export async function startForwardReceiver(
     get connections() {
       return connections
     },
-    url: `http://127.0.0.1:${(server.address() as AddressInfo).port}/hooks/escrow`,
+    url: `${tls ? 'https://localhost' : 'http://127.0.0.1'}:${(server.address() as AddressInfo).port}/hooks/escrow`,
     received,
     bodyBytesWritten,
     waitFor: (count) =>
