@@ -70,6 +70,34 @@ describe('health and the error contract', () => {
     expect(taken.body).toEqual({ received: true })
   })
 
+  it('shares one look at the database among the /readyz requests that come while it runs', async () => {
+    // each statement is counted, and its answer held until `answer` is called
+    let statements = 0
+    let answer = () => {}
+    const answered = new Promise<void>((resolve) => (answer = resolve))
+    const held = database.db.withPlugin({
+      transformQuery: (args) => {
+        statements += 1
+        return args.node
+      },
+      transformResult: async (args) => {
+        await answered
+        return args.result
+      },
+    })
+    const probed = createApp({ config, db: held, logger, clock: systemClock })
+    // each is answered at its own 2 s timeout, so all of them were waiting on the database together
+    const waiting = await Promise.all(Array.from({ length: 20 }, () => request(probed).get('/readyz')))
+    expect(waiting.map((response) => response.status)).toEqual(Array(20).fill(503))
+    expect(statements).toBe(1)
+    answer()
+    // the held look ends; a request after it looks again, not at the old answer
+    await expect.poll(async () => (await request(probed).get('/readyz')).status).toBe(200)
+    const before = statements
+    expect((await request(probed).get('/readyz')).status).toBe(200)
+    expect(statements).toBe(before + 1)
+  })
+
   it('answers unknown routes 404 in the error shape', async () => {
     const response = await request(app()).post('/no/such/route').send({ a: 1 })
     expect(response.status).toBe(404)

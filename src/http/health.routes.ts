@@ -26,6 +26,20 @@ export function healthRoutes({
   const router = Router()
   // migrations never go back once applied, so a positive answer is kept
   let migrationsCurrent = false
+  // One look at the database (and at its migrations, until they are current) at a time, whoever asks: a request that comes while one runs shares its answer. Each
+  // /readyz used to start its own, on the public listener, and one the database did not answer kept its connection
+  // past the request's timeout: while the database hung, a burst of them (several load balancers' probes, or
+  // anyone) held every connection of the pool, and deliveries waited behind them.
+  let looking: Promise<DatabaseState> | undefined
+  const look = async () => {
+    const state = await pingDatabase(db)
+    if (!migrationsCurrent) migrationsCurrent = await migrationsAreCurrent(db)
+    return state
+  }
+  const lookAtDatabase = () =>
+    (looking ??= look().finally(() => {
+      looking = undefined
+    }))
 
   router.get('/healthz', (_req, res) => {
     res.json({ status: 'ok' })
@@ -42,9 +56,7 @@ export function healthRoutes({
     }
     let state: DatabaseState
     try {
-      state = await withTimeout(pingDatabase(db), READY_CHECK_TIMEOUT_MS)
-      if (!migrationsCurrent)
-        migrationsCurrent = await withTimeout(migrationsAreCurrent(db), READY_CHECK_TIMEOUT_MS)
+      state = await withTimeout(lookAtDatabase(), READY_CHECK_TIMEOUT_MS)
     } catch (error) {
       // the embedded database's thread stopped for good (a crash, a full disk): waiting will not bring it back
       const stopped = embeddedDatabaseStopReason(error)
