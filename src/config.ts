@@ -38,6 +38,8 @@ export interface Config {
     readonly maxConnections: number
     /** Request body bytes being read or held at once; past it a request gets 503 before its body is read. */
     readonly maxInflightBodyBytes: number
+    /** A body still arriving after this long gives its place in a full budget to a new request (503 to it). */
+    readonly slowBodyMs: number
   }
   readonly databaseUrl: string | undefined
   /** The LISTEN connection's URL when it is not databaseUrl (a direct one beside a pooler in transaction mode). */
@@ -279,6 +281,7 @@ const EnvSchema = z.object({
   ADMIN_HOST: z.string().min(1).default('127.0.0.1'),
   MAX_CONNECTIONS: wholeNumber({ max: 1_000_000 }).default(1_000),
   MAX_INFLIGHT_BODY_BYTES: byteSize.default(16 * 1024 * 1024),
+  SLOW_BODY_MS: wholeNumber({ min: 0, max: 600_000 }).default(1_000),
   DATABASE_URL: databaseUrl.optional(),
   DATABASE_LISTEN_URL: databaseUrl.optional(),
   DATABASE_POOL_SIZE: wholeNumber({ max: 200 }).default(10),
@@ -552,6 +555,7 @@ export function parseConfig(
     limits: {
       maxConnections: values.MAX_CONNECTIONS,
       maxInflightBodyBytes: values.MAX_INFLIGHT_BODY_BYTES,
+      slowBodyMs: values.SLOW_BODY_MS,
     },
     databaseUrl: values.DATABASE_URL,
     databaseListenUrl: values.DATABASE_LISTEN_URL,

@@ -214,7 +214,7 @@ describe('configuration', () => {
   it('puts the operator listener on 127.0.0.1:3001 by default and caps the public one', () => {
     const config = parseConfig(remoteEnv)
     expect(config.admin).toEqual({ port: 3001, host: '127.0.0.1' })
-    expect(config.limits).toEqual({ maxConnections: 1_000, maxInflightBodyBytes: 16 * 1024 * 1024 })
+    expect(config.limits).toEqual({ maxConnections: 1_000, maxInflightBodyBytes: 16 * 1024 * 1024, slowBodyMs: 1_000 })
     expect(config.sandbox.controlToken).toBeUndefined()
     const set = parseConfig({
       ...remoteEnv,
@@ -222,15 +222,17 @@ describe('configuration', () => {
       ADMIN_HOST: '10.0.0.5',
       MAX_CONNECTIONS: '50',
       MAX_INFLIGHT_BODY_BYTES: '4mb',
+      SLOW_BODY_MS: '0',
     })
     expect(set.admin).toEqual({ port: 0, host: '10.0.0.5' })
-    expect(set.limits).toEqual({ maxConnections: 50, maxInflightBodyBytes: 4 * 1024 * 1024 })
+    expect(set.limits).toEqual({ maxConnections: 50, maxInflightBodyBytes: 4 * 1024 * 1024, slowBodyMs: 0 })
     const problems = problemsOf({
       ...remoteEnv,
       ADMIN_PORT: '70000',
       MAX_CONNECTIONS: '0',
+      SLOW_BODY_MS: '600001',
     })
-    for (const name of ['ADMIN_PORT', 'MAX_CONNECTIONS']) {
+    for (const name of ['ADMIN_PORT', 'MAX_CONNECTIONS', 'SLOW_BODY_MS']) {
       expect(problems.some((problem) => problem.startsWith(`${name}:`)), `${name} is named`).toBe(true)
     }
     expect(problemsOf({ ...remoteEnv, SANDBOX_CONTROL_TOKEN: 'short' })).toEqual([

@@ -24,6 +24,8 @@ describe('limits of the public listener', () => {
         POLL_ENABLED: 'false',
         WEBHOOK_BODY_LIMIT: '256kb',
         MAX_INFLIGHT_BODY_BYTES: '512kb',
+        // no body here is cut for a newer one, however long it has been arriving (the next tests' own services do)
+        SLOW_BODY_MS: '600000',
       }),
       logger: testLogger([TEST_API_SECRET, TEST_WEBHOOK_SECRET]),
     })
@@ -115,6 +117,51 @@ describe('limits of the public listener', () => {
     } finally {
       for (const client of announcing) client.socket.destroy()
       for (const socket of chunkedHeads) socket.destroy()
+    }
+  })
+
+  it('cuts the body arriving the longest, once past SLOW_BODY_MS, for a delivery that does not fit', async () => {
+    const own = await startService({
+      config: testConfig({ PORT: '0', POLL_ENABLED: 'false', WEBHOOK_BODY_LIMIT: '256kb', MAX_INFLIGHT_BODY_BYTES: '512kb', SLOW_BODY_MS: '200' }),
+      logger: testLogger([TEST_API_SECRET, TEST_WEBHOOK_SECRET]),
+    })
+    await own.ready
+    const ownMetric = async (line: RegExp) => Number(line.exec(await (await fetch(`${own.adminUrl}/metrics`)).text())?.[1] ?? 0)
+    const ownPort = Number(new URL(own.url).port)
+    // two bodies, each one byte short of 256 KB, hold all but 2 bytes of the budget and go on arriving, slowly
+    const stalled = await openStalledBodies({ port: ownPort, connections: 2, contentLength: 256 * KB, sentBytes: 256 * KB - 1 })
+    try {
+      await expect.poll(() => ownMetric(/^http_inflight_body_bytes (\d+)/m), { timeout: 10_000 }).toBe(512 * KB - 2)
+      // past SLOW_BODY_MS, however long that takes here
+      await new Promise((resolve) => setTimeout(resolve, 300))
+      const { body, headers } = delivery('slow-1')
+      const taken = await fetch(`${own.url}/webhooks/partner`, { method: 'POST', headers, body })
+      // before, 503 overloaded for as long as the two went on sending (until the request timeout, 30 s)
+      expect(taken.status).toBe(200)
+      // one of the two made room, answered 503 and closed; the other is still held
+      await expect.poll(() => stalled.filter((client) => client.status === 503).length, { timeout: 10_000 }).toBe(1)
+      expect(stalled.filter((client) => client.status === undefined && !client.closed)).toHaveLength(1)
+      expect(await ownMetric(/^http_requests_refused_total\{reason="slow_body"\} (\d+)/m)).toBe(1)
+      expect(await ownMetric(/^http_requests_refused_total\{reason="body_budget"\} (\d+)/m)).toBe(0)
+      await expect.poll(() => ownMetric(/^http_inflight_body_bytes (\d+)/m), { timeout: 10_000 }).toBe(256 * KB - 1)
+
+      // the same for a chunked delivery, which announces nothing: cut at its first chunk, which does not fit
+      stalled.push(...(await openStalledBodies({ port: ownPort, connections: 1, contentLength: 256 * KB, sentBytes: 256 * KB - 1 })))
+      await expect.poll(() => ownMetric(/^http_inflight_body_bytes (\d+)/m), { timeout: 10_000 }).toBe(512 * KB - 2)
+      await new Promise((resolve) => setTimeout(resolve, 300))
+      const chunked = await fetch(`${own.url}/webhooks/partner`, {
+        method: 'POST',
+        headers: delivery('slow-2').headers,
+        body: new Blob([delivery('slow-2').body]).stream(),
+        duplex: 'half',
+      } as RequestInit)
+      expect(chunked.status).toBe(200)
+      await expect.poll(() => stalled.filter((client) => client.status === 503).length, { timeout: 10_000 }).toBe(2)
+      expect(await ownMetric(/^http_requests_refused_total\{reason="slow_body"\} (\d+)/m)).toBe(2)
+      expect(await ownMetric(/^http_requests_refused_total\{reason="body_budget"\} (\d+)/m)).toBe(0)
+    } finally {
+      for (const client of stalled) client.socket.destroy()
+      await own.stop()
     }
   })
 

@@ -62,7 +62,7 @@ export function createApp(deps: AppDeps): App {
     path,
     bodyLimitBytes: deps.config.webhook.bodyLimitBytes,
     // body bytes are reserved before a byte is read, so held-open bodies cannot grow the process's memory
-    budget: new InflightBodyBudget(deps.config.limits.maxInflightBodyBytes),
+    budget: new InflightBodyBudget(deps.config.limits.maxInflightBodyBytes, deps.config.limits.slowBodyMs),
     secrets: deps.config.webhook.secrets,
   })
 

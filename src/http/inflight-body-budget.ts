@@ -7,16 +7,57 @@
 // Content-Length, or the whole body limit when chunked, from its headers: 64 connections that sent a chunked
 // request's headers and nothing else held the default budget, and every delivery was refused until they
 // were cut off, 30 s later, again and again.)
+//
+// Nor can bodies sent slowly keep it: when a request does not fit, the body that has been arriving the longest is cut
+// to make room (503 `overloaded` to it, its connection closed), and the next after it, for as long as the new one
+// does not fit, while they have been arriving for SLOW_BODY_MS (1 s) or more. A delivery's body comes in
+// milliseconds; one still arriving after a second is a slow link or a client holding the budget. Holding it used to
+// take only sending it over the 30 s a request may last: 16 MB in 30 s, about 0.55 MB/s, refused every delivery.
+// Now each held body must be replaced within SLOW_BODY_MS.
+import { performance } from 'node:perf_hooks'
 import type { IncomingMessage, ServerResponse } from 'node:http'
 import type { Socket } from 'node:net'
 import type { Metrics } from '../metrics/metrics.js'
 import { AppError, errorBody } from './app-error.js'
 import { writeJson } from './json-answer.js'
 
+/** A body being read, in the order they began: the first is the one arriving the longest. */
+interface ArrivingBody {
+  readonly since: number
+  /** Ends the request with 503 and gives its bytes back at once. */
+  cut(): void
+}
+
 export class InflightBodyBudget {
   private reserved = 0
+  private readonly arriving = new Set<ArrivingBody>()
 
-  constructor(readonly capacityBytes: number) {}
+  constructor(
+    readonly capacityBytes: number,
+    /** How long a body may have been arriving before it is cut to make room for another (SLOW_BODY_MS). */
+    readonly slowBodyMs = Number.POSITIVE_INFINITY,
+  ) {}
+
+  /**
+   * Whether `bytes` fit, once the bodies arriving for slowBodyMs or more are cut, the longest arriving first, as
+   * many as it takes and no more.
+   */
+  makeRoom(bytes: number): boolean {
+    const now = performance.now()
+    for (const body of this.arriving) {
+      if (this.fits(bytes) || now - body.since < this.slowBodyMs) break
+      body.cut()
+      this.arriving.delete(body)
+    }
+    return this.fits(bytes)
+  }
+
+  /** Counts `body` among those arriving until the returned function is called (its read ended). */
+  beginArriving(cut: () => void): () => void {
+    const body: ArrivingBody = { since: performance.now(), cut }
+    this.arriving.add(body)
+    return () => this.arriving.delete(body)
+  }
 
   fits(bytes: number): boolean {
     return this.reserved + bytes <= this.capacityBytes
@@ -39,11 +80,15 @@ export class InflightBodyBudget {
 }
 
 const SPENT_MESSAGE = 'Too many request bodies are being received at once; retry later'
+const SLOW_MESSAGE = 'This body was still arriving when the bodies being received filled the budget, and was cut for a newer one; retry later'
 
-/** A body refused part-way: its next chunk did not fit in the budget (503 `overloaded`). */
+/**
+ * A body refused part-way: its next chunk did not fit in the budget, or it was cut for a newer request while it
+ * arrived slowly (503 `overloaded`).
+ */
 export class BodyBudgetSpent extends AppError {
-  constructor() {
-    super(503, 'overloaded', SPENT_MESSAGE)
+  constructor(slow = false) {
+    super(503, 'overloaded', slow ? SLOW_MESSAGE : SPENT_MESSAGE)
   }
 }
 
@@ -72,7 +117,7 @@ export function admitBody(req: IncomingMessage, res: ServerResponse, deps: Budge
   const length = announced === undefined ? undefined : Number(announced)
   // a malformed length, or one over the limit, is refused by the body reader (400, 413) without reading
   const readable = length === undefined || (Number.isSafeInteger(length) && length >= 0 && length <= bodyLimitBytes)
-  if (readable && !budget.fits(length ?? 1)) {
+  if (readable && !budget.makeRoom(length ?? 1)) {
     metrics?.requestsRefused.inc({ reason: 'body_budget' })
     res.setHeader('Connection', 'close')
     res.setHeader('Retry-After', '1')
@@ -93,24 +138,34 @@ export function admitBody(req: IncomingMessage, res: ServerResponse, deps: Budge
   return {
     read: async (read) => {
       let spent = false
+      const refuse = (slow: boolean) => {
+        spent = true
+        metrics?.requestsRefused.inc({ reason: slow ? 'slow_body' : 'body_budget' })
+        // no more of it is read: the connection is closed once the answer is written
+        req.socket.pause()
+        // the body reader listens for the stream's errors while it reads, and stops on one
+        if (req.listenerCount('error') > 0) req.emit('error', new BodyBudgetSpent(slow))
+      }
       const count = (chunk: Buffer) => {
         if (released || spent) return
-        if (budget.tryReserve(chunk.length)) {
+        if (budget.tryReserve(chunk.length) || (budget.makeRoom(chunk.length) && budget.tryReserve(chunk.length))) {
           held += chunk.length
           metrics?.inflightBodyBytes.inc(chunk.length)
           return
         }
-        spent = true
-        metrics?.requestsRefused.inc({ reason: 'body_budget' })
-        // no more of it is read: the connection is closed once the answer is written
-        req.socket.pause()
-        // the body reader listens for the stream's errors while it reads, and stops on one
-        if (req.listenerCount('error') > 0) req.emit('error', new BodyBudgetSpent())
+        refuse(false)
       }
+      // cut for a newer request: its bytes are given back at once, for that request to take
+      const ended = budget.beginArriving(() => {
+        if (released || spent) return
+        refuse(true)
+        release()
+      })
       req.on('data', count)
       try {
         return await read()
       } finally {
+        ended()
         req.removeListener('data', count)
       }
     },
