@@ -149,6 +149,29 @@ describe('sandbox webhook delivery', () => {
     }
   })
 
+  it('counts a redirect as a failed attempt and never follows it to the address it names', async () => {
+    const clock = new FakeClock()
+    const elsewhere = await startRecordingReceiver(webhookSecret)
+    const server = http.createServer((request, response) => {
+      request.resume()
+      request.on('end', () => response.writeHead(307, { location: elsewhere.url }).end())
+    })
+    await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve))
+    const webhookUrl = `http://127.0.0.1:${(server.address() as AddressInfo).port}/hook`
+    const sandbox = createSandbox({ keyId, apiSecret, webhookSecret, webhookUrl, clock, retryBaseDelayMs: 10, logger: testLogger() })
+    try {
+      sandbox.sellerStatus('s-7', 'verified')
+      await waitFor(() => clock.pendingSleepers === 1)
+      // before, fetch followed the 307 and the signed delivery went to the other address, counted delivered
+      expect(sandbox.deliveryLog).toMatchObject([{ attempt: 1, result: 'failed', httpStatus: 307 }])
+      expect(elsewhere.received).toEqual([])
+    } finally {
+      server.closeAllConnections()
+      server.close()
+      await elsewhere.close()
+    }
+  })
+
   it('gives up after 6 attempts to a receiver that always fails', async () => {
     const clock = new FakeClock()
     const receiver = await startRecordingReceiver(webhookSecret, () => 503)

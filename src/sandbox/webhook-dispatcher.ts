@@ -209,6 +209,8 @@ export class WebhookDispatcher {
         headers,
         body: pending.body,
         signal: AbortSignal.timeout(this.options.attemptTimeoutMs),
+        // a redirect is the receiver's answer, a failed attempt: the signed delivery is never sent to another address
+        redirect: 'manual',
       })
     try {
       const response = await post()
