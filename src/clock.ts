@@ -28,3 +28,6 @@ export const systemClock: Clock = {
       signal?.addEventListener('abort', onAbort, { once: true })
     }),
 }
+
+/** The longest wait a Node timer keeps (2³¹−1 ms, about 24.8 days): a longer one fires after 1 ms instead. */
+export const MAX_TIMER_MS = 2 ** 31 - 1

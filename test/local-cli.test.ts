@@ -75,6 +75,12 @@ describe('operator commands while `npm start` owns the embedded database', () =>
     })
     expect(response.status).toBe(401)
     expect(((await response.json()) as { error: { code: string } }).error.code).toBe('invalid_command_token')
+    // the scheme in any case (RFC 9110); the token without it, or under another scheme, is refused
+    const { token } = JSON.parse(readFileSync(path.join(dataDir, 'serve.json'), 'utf8'))
+    const statusWith = async (authorization: string) =>
+      (await fetch(`${adminUrl}/_local/cli`, { method: 'POST', headers: { 'content-type': 'application/json', authorization }, body: JSON.stringify({ args: ['migrate', '--json'] }) })).status
+    expect(await statusWith(`bearer ${token}`)).toBe(200)
+    for (const authorization of [token, `Basic ${token}`]) expect(await statusWith(authorization)).toBe(401)
   })
 
   it('refuses to run a command that is not an operator command, even with the token', async () => {

@@ -141,6 +141,14 @@ describe('orders and deliveries commands', () => {
     expect((await run('orders', 'list', '--limit', '016')).code).toBe(0)
   })
 
+  it('refuses a sandbox wait past the timers\' limit, which would end after 1 ms, with exit 2', async () => {
+    for (const option of ['--retry-base-delay-ms', '--attempt-timeout-ms', '--refund-delay-ms', '--delay-ms']) {
+      const sandbox = await run('sandbox', option, String(2 ** 31))
+      expect([sandbox.code, sandbox.stdout], `sandbox ${option}`).toEqual([2, ''])
+      expect(sandbox.stderr).toContain(`argument '${2 ** 31}' is invalid. must be at most ${2 ** 31 - 1} ms`)
+    }
+  })
+
   it('lists at most 10,000 rows at once: a larger --limit is refused with exit 2, as the listing is held whole in memory', async () => {
     for (const command of ['orders', 'deliveries', 'reactions']) {
       const result = await run(command, 'list', '--limit', '10001')

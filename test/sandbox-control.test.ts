@@ -21,7 +21,7 @@ function control(
   base: string,
   method: string,
   pathname: string,
-  { token, host, body }: { token?: string; host?: string; body?: unknown } = {},
+  { token, host, body, authorization }: { token?: string; host?: string; body?: unknown; authorization?: string } = {},
 ): Promise<{ status: number; body: { error?: { code: string; fields?: { field: string }[] } } & Record<string, unknown> }> {
   const url = new URL(pathname, base)
   const payload = body === undefined ? '' : JSON.stringify(body)
@@ -35,6 +35,7 @@ function control(
           'content-type': 'application/json',
           'content-length': Buffer.byteLength(payload),
           ...(token === undefined ? {} : { authorization: `Bearer ${token}` }),
+          ...(authorization === undefined ? {} : { authorization }),
         },
       },
       (response) => {
@@ -76,6 +77,16 @@ describe('sandbox control endpoints', () => {
     const current = await control(base, 'POST', '/sandbox/faults', { token: controlToken, body: {} })
     expect(current.status).toBe(200)
     expect(current.body.dropRate).toBe(0)
+  })
+
+  it('reads the scheme in any case (RFC 9110), and only the Bearer scheme, the token whole', async () => {
+    // before, only `Bearer ` with one space was taken off: `bearer <token>` was refused, the bare token let in
+    for (const authorization of [`bearer ${controlToken}`, `BEARER  ${controlToken}`]) {
+      expect((await control(base, 'GET', '/sandbox/deliveries', { authorization })).status).toBe(200)
+    }
+    for (const authorization of [controlToken, `Basic ${controlToken}`, `Bearer ${controlToken} more`]) {
+      expect((await control(base, 'GET', '/sandbox/deliveries', { authorization })).status).toBe(401)
+    }
   })
 
   it('runs a call with the token under a loopback Host name', async () => {
@@ -123,6 +134,9 @@ describe('sandbox control endpoints', () => {
     expect(faults.status).toBe(422)
     expect(faults.body.error?.code).toBe('validation_failed')
     expect(faults.body.error?.fields?.map((field) => field.field)).toEqual(['dropRate', 'duplicateRate', 'drop_rate', 'seed'])
+    // a wait past the timers' limit (2³¹−1 ms) used to be taken, and each delayed webhook went after 1 ms
+    const tooLong = await control(base, 'POST', '/sandbox/faults', { token: controlToken, body: { delayRate: 1, delayMs: 2 ** 31 } })
+    expect([tooLong.status, tooLong.body.error?.fields?.map((field) => field.field)]).toEqual([422, ['delayMs']])
     expect((await control(base, 'POST', '/sandbox/faults', { token: controlToken, body: {} })).body).toEqual(before.body)
 
     const down = await control(base, 'POST', '/sandbox/receiver-down', { token: controlToken, body: { down: 'yes' } })

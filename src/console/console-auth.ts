@@ -10,6 +10,7 @@
 // basic auth needs the token as much as a cookie does).
 import { createHash, createHmac, randomBytes, timingSafeEqual } from 'node:crypto'
 import type { Request } from 'express'
+import { authorizationOf } from '../http/authorization.js'
 
 export const SESSION_COOKIE = 'console_session'
 const SESSION_TTL_MS = 12 * 60 * 60 * 1000
@@ -97,11 +98,11 @@ export function createConsoleAuth({ token, now = () => Date.now() }: { token: st
       if (header) {
         // the whole rest is the credential: split on every space, a token holding one never matched, and any
         // words after a right token were ignored
-        const [, scheme = '', value = ''] = /^(\S+)(?:\s+(.*))?$/s.exec(header.trim()) ?? []
-        if (scheme.toLowerCase() === 'bearer' && sameSecret(value, expected)) {
+        const { scheme, credential: value } = authorizationOf(header) ?? { scheme: '', credential: '' }
+        if (scheme === 'bearer' && sameSecret(value, expected)) {
           return { name: 'bearer token', via: 'bearer', csrfToken: derivedCsrf('bearer') }
         }
-        if (scheme.toLowerCase() === 'basic') {
+        if (scheme === 'basic') {
           const decoded = Buffer.from(value, 'base64').toString('utf8')
           const separator = decoded.indexOf(':')
           if (separator >= 0 && sameSecret(decoded.slice(separator + 1), expected)) {

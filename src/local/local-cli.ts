@@ -6,6 +6,7 @@ import { createHash, randomBytes, timingSafeEqual } from 'node:crypto'
 import express, { type RequestHandler, Router } from 'express'
 import type { CliContext } from '../cli/cli-context.js'
 import { AppError } from '../http/app-error.js'
+import { bearerCredential } from '../http/authorization.js'
 import { continuingParser, leaveBodyUnread } from '../http/expect-continue.js'
 import { COMMANDS_TAKEN_PREFIX, FORWARDED_COMMANDS, LOCAL_CLI_PATH } from './running-service.js'
 
@@ -44,7 +45,7 @@ export function localCliRoutes({
   // the token is in the headers: a request without it is refused before its body is read (or asked for)
   const authorized: RequestHandler = (req, res, next) => {
     const presented = createHash('sha256')
-      .update(req.get('authorization')?.replace(/^Bearer /, '') ?? '')
+      .update(bearerCredential(req.get('authorization')))
       .digest()
     if (!timingSafeEqual(presented, expected)) {
       leaveBodyUnread(req, res)

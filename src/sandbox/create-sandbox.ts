@@ -7,7 +7,8 @@ import { once } from 'node:events'
 import http from 'node:http'
 import type { AddressInfo } from 'node:net'
 import express, { type Express, type Request, type Response } from 'express'
-import { type Clock, systemClock } from '../clock.js'
+import { type Clock, MAX_TIMER_MS, systemClock } from '../clock.js'
+import { bearerCredential } from '../http/authorization.js'
 import { createLogger, type Logger } from '../logger.js'
 import type { FullTradeRecord as TradeRecord } from '../partner-api/types.js'
 import { printable } from '../printable.js'
@@ -232,7 +233,7 @@ export function createSandbox(options: SandboxOptions): Sandbox {
       })
       return
     }
-    if (!options.controlToken || !sameToken(req.get('authorization')?.replace(/^Bearer /, '') ?? '', options.controlToken)) {
+    if (!options.controlToken || !sameToken(bearerCredential(req.get('authorization')), options.controlToken)) {
       res.status(401).json({
         error: {
           code: 'invalid_control_token',
@@ -410,13 +411,17 @@ interface FaultRule {
   message: string
 }
 const SHARE: FaultRule = { test: (value) => value >= 0 && value <= 1, message: 'must be a share between 0 and 1' }
-const whole = (message: string): FaultRule => ({ test: (value) => Number.isSafeInteger(value) && value >= 0, message })
+const whole = (message: string, max = Number.MAX_SAFE_INTEGER): FaultRule => ({
+  test: (value) => Number.isSafeInteger(value) && value >= 0 && value <= max,
+  message,
+})
 const FAULT_RULES: Record<keyof Faults, FaultRule> = {
   dropRate: SHARE,
   duplicateRate: SHARE,
   reorderRate: SHARE,
   delayRate: SHARE,
-  delayMs: whole('must be a whole number of ms'),
+  // a longer wait would end after 1 ms, not when asked (the timers' limit)
+  delayMs: whole(`must be a whole number of ms, at most ${MAX_TIMER_MS}`, MAX_TIMER_MS),
   seed: whole('must be a whole number'),
 }
 
