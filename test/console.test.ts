@@ -378,6 +378,14 @@ describe('operator console', () => {
       expect(first.text).toContain('applied (order status funded)')
       const again = await bearer(request(admin).post(path)).type('form').send(fields)
       expect(again.text).toContain('already carried out')
+      // the same form's id posted to another delivery's re-apply is that one's action, carried out
+      expect((await sendWebhook(app, { body: tradePayload('late-1b', 'funded'), deliveryId: 'dlv-late-1b' })).status).toBe(200)
+      await database.db.insertInto('orders').values({ externalReference: 'late-1b' }).execute()
+      const other = await findDelivery(database.db, 'dlv-late-1b')
+      const elsewhere = await bearer(request(admin).post(`/console/deliveries/dlv-late-1b/${other!.bodySha256}/reapply`)).type('form').send(fields)
+      expect(elsewhere.text).not.toContain('already carried out')
+      expect(elsewhere.text).toContain('applied (order status funded)')
+      expect((await findDelivery(database.db, 'dlv-late-1b'))?.outcome).toBe('applied')
 
       const order = await findOrderByExternalReference(database.db, 'late-1')
       expect(order?.tradeStatus).toBe('funded')

@@ -354,7 +354,9 @@ export function consoleRoutes(deps: ConsoleDeps): Router {
   const actionIdOf = (req: Request) => {
     const id = bodyOf(req).action_id
     if (typeof id !== 'string' || !/^[0-9a-f]{32}$/.test(id)) throw new BadInput('action_id: missing; start the action from its confirm page')
-    return id
+    // an id is its action's and its target's (the path names both): posted to another, it is another action, carried
+    // out, not answered with the record of the one it was made for
+    return `${req.path} ${id}`
   }
   // A repeat of an action id finds the first post's record in `done`; one that comes while the first is
   // still being carried out (a double click: the browser drops the first answer, not its work) waits for it.
