@@ -163,6 +163,25 @@ describe('operator console', () => {
       const logout = await request(admin).post('/console/logout').set('Cookie', session).type('form').send({ csrf })
       expect(logout.status).toBe(303)
       expect((await request(admin).get('/console/').set('Cookie', session)).status).toBe(401)
+      // reached over plain HTTP the cookie cannot be Secure, or the browser would drop it
+      expect(cookie).not.toMatch(/;\s*Secure/i)
+    })
+
+    it('makes the session cookie Secure when a proxy that ends TLS says the browser came over HTTPS', async () => {
+      for (const [name, value] of [
+        ['X-Forwarded-Proto', 'https'],
+        ['X-Forwarded-Proto', 'HTTPS, http'],
+        ['Forwarded', 'for=192.0.2.60;proto=https;by=203.0.113.43'],
+      ] as const) {
+        const login = await request(admin).post('/console/login').set(name, value).type('form').send({ token: TOKEN, name: 'bob' })
+        expect(login.status, `${name}: ${value}`).toBe(303)
+        expect(String(login.headers['set-cookie']), `${name}: ${value}`).toMatch(/;\s*Secure/i)
+      }
+      // before, it never was: a browser sent it over plain HTTP to the same host name too
+      for (const [name, value] of [['X-Forwarded-Proto', 'http'], ['Forwarded', 'proto=http']] as const) {
+        const login = await request(admin).post('/console/login').set(name, value).type('form').send({ token: TOKEN, name: 'bob' })
+        expect(String(login.headers['set-cookie']), `${name}: ${value}`).not.toMatch(/;\s*Secure/i)
+      }
     })
 
     // Behind a reverse proxy that ends TLS and serves the console under a path of its own, taken off before the

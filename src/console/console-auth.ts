@@ -141,6 +141,20 @@ export function createConsoleAuth({ token, now = () => Date.now() }: { token: st
 }
 
 /**
+ * Whether the browser reached the console over HTTPS: the service serves plain HTTP, so only through a proxy that
+ * ends TLS and says so (`X-Forwarded-Proto: https`, or RFC 7239's `Forwarded: proto=https`, the first hop's). The
+ * session cookie is then `Secure`, so the browser never sends it over plain HTTP to that host name. Trusting the
+ * header from any peer is safe here: it only ever restricts the cookie, and a local http:// request carries none.
+ */
+export function reachedOverHttps(req: Request): boolean {
+  const forwardedProto = req.headers['x-forwarded-proto']
+  const first = (typeof forwardedProto === 'string' ? forwardedProto : forwardedProto?.[0])?.split(',')[0]?.trim().toLowerCase()
+  if (first !== undefined) return first === 'https'
+  const forwarded = req.headers.forwarded?.split(',')[0]
+  return forwarded !== undefined && /(?:^|;)\s*proto\s*=\s*"?https"?\s*(?:;|$)/i.test(forwarded)
+}
+
+/**
  * A browser tells where a POST came from: Sec-Fetch-Site (same-origin, or none when typed), which it sets itself
  * and no page can, settles it. Only a browser that sends none is judged by its Origin, whose host must be this
  * console's; clients that send neither (curl) still need the token.

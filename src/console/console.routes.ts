@@ -52,7 +52,7 @@ import {
   searchDeliveries,
 } from '../webhooks/delivery.repository.js'
 import { reapplyDelivery } from '../webhooks/parked-deliveries.js'
-import { createConsoleAuth, type Operator, requestFromOwnOrigin, SESSION_COOKIE } from './console-auth.js'
+import { createConsoleAuth, type Operator, reachedOverHttps, requestFromOwnOrigin, SESSION_COOKIE } from './console-auth.js'
 import { html } from './console-html.js'
 import { CONSOLE_CSS } from './console-styles.js'
 import {
@@ -316,7 +316,7 @@ export function consoleRoutes(deps: ConsoleDeps): Router {
       logger.warn({ path: req.path }, 'console login refused: wrong token')
       return send(res, loginPage('Wrong token.'), 401)
     }
-    res.cookie(SESSION_COOKIE, sessionId, { httpOnly: true, sameSite: 'strict', path: consolePath() })
+    res.cookie(SESSION_COOKIE, sessionId, { httpOnly: true, sameSite: 'strict', path: consolePath(), secure: reachedOverHttps(req) })
     res.redirect(303, `${consolePath()}/`)
   })
 
