@@ -24,6 +24,8 @@ import { writeJson } from './json-answer.js'
 /** A body being read, in the order they began: the first is the one arriving the longest. */
 interface ArrivingBody {
   readonly since: number
+  /** The bytes it holds now. */
+  held(): number
   /** Ends the request with 503 and gives its bytes back at once. */
   cut(): void
 }
@@ -40,21 +42,29 @@ export class InflightBodyBudget {
 
   /**
    * Whether `bytes` fit, once the bodies arriving for slowBodyMs or more are cut, the longest arriving first, as
-   * many as it takes and no more.
+   * many as it takes and no more. When cutting every such body would not make room, none is cut.
    */
   makeRoom(bytes: number): boolean {
+    if (this.fits(bytes)) return true
     const now = performance.now()
+    const cut: ArrivingBody[] = []
+    let freed = 0
     for (const body of this.arriving) {
-      if (this.fits(bytes) || now - body.since < this.slowBodyMs) break
+      if (this.reserved - freed + bytes <= this.capacityBytes || now - body.since < this.slowBodyMs) break
+      cut.push(body)
+      freed += body.held()
+    }
+    if (this.reserved - freed + bytes > this.capacityBytes) return false
+    for (const body of cut) {
       body.cut()
       this.arriving.delete(body)
     }
     return this.fits(bytes)
   }
 
-  /** Counts `body` among those arriving until the returned function is called (its read ended). */
-  beginArriving(cut: () => void): () => void {
-    const body: ArrivingBody = { since: performance.now(), cut }
+  /** Counts a body among those arriving until the returned function is called (its read ended). */
+  beginArriving(held: () => number, cut: () => void): () => void {
+    const body: ArrivingBody = { since: performance.now(), held, cut }
     this.arriving.add(body)
     return () => this.arriving.delete(body)
   }
@@ -156,7 +166,7 @@ export function admitBody(req: IncomingMessage, res: ServerResponse, deps: Budge
         refuse(false)
       }
       // cut for a newer request: its bytes are given back at once, for that request to take
-      const ended = budget.beginArriving(() => {
+      const ended = budget.beginArriving(() => (released ? 0 : held), () => {
         if (released || spent) return
         refuse(true)
         release()
