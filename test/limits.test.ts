@@ -165,6 +165,41 @@ describe('limits of the public listener', () => {
     }
   })
 
+  it('takes no chunk of a body that making room for it cut, and gives every byte back', async () => {
+    // SLOW_BODY_MS 0: any body still arriving may be cut, the one arriving longest first
+    const own = await startService({
+      config: testConfig({ PORT: '0', POLL_ENABLED: 'false', WEBHOOK_BODY_LIMIT: '256kb', MAX_INFLIGHT_BODY_BYTES: '512kb', SLOW_BODY_MS: '0' }),
+      logger: testLogger([TEST_API_SECRET, TEST_WEBHOOK_SECRET]),
+    })
+    await own.ready
+    const ownMetric = async (line: RegExp) => Number(line.exec(await (await fetch(`${own.adminUrl}/metrics`)).text())?.[1] ?? 0)
+    const ownPort = Number(new URL(own.url).port)
+    const inflight = () => ownMetric(/^http_inflight_body_bytes (\d+)/m)
+    const [first] = await openStalledHeads({ port: ownPort, connections: 1, contentLength: 256 * KB, sentBytes: 100 * KB })
+    const clients: StalledClient[] = [first!]
+    try {
+      await first!.sendPart()
+      await expect.poll(inflight, { timeout: 10_000 }).toBe(100 * KB)
+      clients.push(...(await openStalledBodies({ port: ownPort, connections: 1, contentLength: 256 * KB, sentBytes: 256 * KB - 1 })))
+      await expect.poll(inflight, { timeout: 10_000 }).toBe(356 * KB - 1)
+      // announcing no more than is free, so its headers cut nothing
+      clients.push(...(await openStalledBodies({ port: ownPort, connections: 1, contentLength: 151 * KB, sentBytes: 150 * KB })))
+      await expect.poll(inflight, { timeout: 10_000 }).toBe(506 * KB - 1)
+      // the first body's next 100 KB do not fit; it is the one arriving longest, so it is the one cut
+      await first!.sendPart()
+      await expect.poll(() => first!.status, { timeout: 10_000 }).toBe(503)
+      await expect.poll(inflight, { timeout: 10_000 }).toBe(406 * KB - 1)
+    } finally {
+      for (const client of clients) client.socket.destroy()
+    }
+    try {
+      // before, the cut body's chunk was taken after its bytes were given back, and stayed reserved for good
+      await expect.poll(inflight, { timeout: 10_000 }).toBe(0)
+    } finally {
+      await own.stop()
+    }
+  })
+
   it('gives back the budget of a pipelined request whose connection closed before its turn to be answered', async () => {
     // a service of its own, whose budget is the body limit: bytes held for good would show in the gauge for good
     const own = await startService({

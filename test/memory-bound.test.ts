@@ -41,6 +41,9 @@ describe('memory under 400 stalled bodies, with the built CLI', () => {
         PARTNER_API_SECRET: TEST_API_SECRET,
         WEBHOOK_SECRETS: TEST_WEBHOOK_SECRET,
         MAX_INFLIGHT_BODY_BYTES: process.env.STALL_BUDGET ?? String(BUDGET),
+        // no body is cut for a later one, however slowly the 400 arrive on a busy machine: the held bodies stay those
+        // first admitted (cutting slow bodies has its own tests, test/limits.test.ts)
+        SLOW_BODY_MS: '600000',
       },
       { built: true },
     )
@@ -71,9 +74,7 @@ describe('memory under 400 stalled bodies, with the built CLI', () => {
     }, 100)
     clients = await openStalledBodies({ port: Number(url.port), connections: CONNECTIONS, contentLength: CONTENT_LENGTH, sentBytes: PART })
     const metric = async (line: RegExp) => Number(line.exec(await (await fetch(`${adminUrl}/metrics`)).text())?.[1] ?? 0)
-    // refused part-way, or cut for a later one after arriving for SLOW_BODY_MS (1 s) while the budget was full
-    const refused = async () =>
-      (await metric(/^http_requests_refused_total\{reason="body_budget"\} (\d+)/m)) + (await metric(/^http_requests_refused_total\{reason="slow_body"\} (\d+)/m))
+    const refused = () => metric(/^http_requests_refused_total\{reason="body_budget"\} (\d+)/m)
     const inflight = () => metric(/^http_inflight_body_bytes (\d+)/m)
     // settled: every request not refused has its whole part counted
     const deadline = Date.now() + 60_000

@@ -158,12 +158,14 @@ export function admitBody(req: IncomingMessage, res: ServerResponse, deps: Budge
       }
       const count = (chunk: Buffer) => {
         if (released || spent) return
-        if (budget.tryReserve(chunk.length) || (budget.makeRoom(chunk.length) && budget.tryReserve(chunk.length))) {
+        // making room may cut this body itself, the one arriving longest: then its chunk is not taken
+        const taken = budget.tryReserve(chunk.length) || (budget.makeRoom(chunk.length) && !spent && budget.tryReserve(chunk.length))
+        if (taken) {
           held += chunk.length
           metrics?.inflightBodyBytes.inc(chunk.length)
           return
         }
-        refuse(false)
+        if (!spent) refuse(false)
       }
       // cut for a newer request: its bytes are given back at once, for that request to take
       const ended = budget.beginArriving(() => (released ? 0 : held), () => {
