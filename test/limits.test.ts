@@ -12,6 +12,17 @@ import { signBody } from './helpers/webhook-delivery.js'
 
 const KB = 1024
 
+/** A service of its own for one test, with a 256 KB body limit and `env` besides; `metric` reads its operator listener. */
+async function startOwnService(env: Record<string, string>) {
+  const own = await startService({
+    config: testConfig({ PORT: '0', POLL_ENABLED: 'false', WEBHOOK_BODY_LIMIT: '256kb', ...env }),
+    logger: testLogger([TEST_API_SECRET, TEST_WEBHOOK_SECRET]),
+  })
+  await own.ready
+  const metric = async (line: RegExp) => Number(line.exec(await (await fetch(`${own.adminUrl}/metrics`)).text())?.[1] ?? 0)
+  return { own, ownMetric: metric, ownPort: Number(new URL(own.url).port) }
+}
+
 describe('limits of the public listener', () => {
   let service: RunningService
   let port: number
@@ -121,13 +132,7 @@ describe('limits of the public listener', () => {
   })
 
   it('cuts the body arriving the longest, once past SLOW_BODY_MS, for a delivery that does not fit', async () => {
-    const own = await startService({
-      config: testConfig({ PORT: '0', POLL_ENABLED: 'false', WEBHOOK_BODY_LIMIT: '256kb', MAX_INFLIGHT_BODY_BYTES: '512kb', SLOW_BODY_MS: '200' }),
-      logger: testLogger([TEST_API_SECRET, TEST_WEBHOOK_SECRET]),
-    })
-    await own.ready
-    const ownMetric = async (line: RegExp) => Number(line.exec(await (await fetch(`${own.adminUrl}/metrics`)).text())?.[1] ?? 0)
-    const ownPort = Number(new URL(own.url).port)
+    const { own, ownMetric, ownPort } = await startOwnService({ MAX_INFLIGHT_BODY_BYTES: '512kb', SLOW_BODY_MS: '200' })
     // two bodies, each one byte short of 256 KB, hold all but 2 bytes of the budget and go on arriving, slowly
     const stalled = await openStalledBodies({ port: ownPort, connections: 2, contentLength: 256 * KB, sentBytes: 256 * KB - 1 })
     try {
@@ -167,13 +172,7 @@ describe('limits of the public listener', () => {
 
   it('takes no chunk of a body that making room for it cut, and gives every byte back', async () => {
     // SLOW_BODY_MS 0: any body still arriving may be cut, the one arriving longest first
-    const own = await startService({
-      config: testConfig({ PORT: '0', POLL_ENABLED: 'false', WEBHOOK_BODY_LIMIT: '256kb', MAX_INFLIGHT_BODY_BYTES: '512kb', SLOW_BODY_MS: '0' }),
-      logger: testLogger([TEST_API_SECRET, TEST_WEBHOOK_SECRET]),
-    })
-    await own.ready
-    const ownMetric = async (line: RegExp) => Number(line.exec(await (await fetch(`${own.adminUrl}/metrics`)).text())?.[1] ?? 0)
-    const ownPort = Number(new URL(own.url).port)
+    const { own, ownMetric, ownPort } = await startOwnService({ MAX_INFLIGHT_BODY_BYTES: '512kb', SLOW_BODY_MS: '0' })
     const inflight = () => ownMetric(/^http_inflight_body_bytes (\d+)/m)
     const [first] = await openStalledHeads({ port: ownPort, connections: 1, contentLength: 256 * KB, sentBytes: 100 * KB })
     const clients: StalledClient[] = [first!]
@@ -202,12 +201,7 @@ describe('limits of the public listener', () => {
 
   it('gives back the budget of a pipelined request whose connection closed before its turn to be answered', async () => {
     // a service of its own, whose budget is the body limit: bytes held for good would show in the gauge for good
-    const own = await startService({
-      config: testConfig({ PORT: '0', POLL_ENABLED: 'false', WEBHOOK_BODY_LIMIT: '256kb', MAX_INFLIGHT_BODY_BYTES: '256kb' }),
-      logger: testLogger([TEST_API_SECRET, TEST_WEBHOOK_SECRET]),
-    })
-    await own.ready
-    const ownMetric = async (line: RegExp) => Number(line.exec(await (await fetch(`${own.adminUrl}/metrics`)).text())?.[1] ?? 0)
+    const { own, ownMetric, ownPort } = await startOwnService({ MAX_INFLIGHT_BODY_BYTES: '256kb' })
     const delivery = (reference: string) => {
       const body = JSON.stringify({ trade_id: `tr_${reference}`, status: 'funded', external_reference: reference })
       return { body, headers: { 'x-partner-signature': signBody(body), 'x-partner-delivery-id': reference } }
@@ -224,7 +218,7 @@ describe('limits of the public listener', () => {
         // a whole delivery, and pipelined behind it all but the last byte of a 200 KB one whose answer waits
         // for the first's; the client goes away with both unanswered
         const first = delivery('pipe-1')
-        const socket = net.connect(Number(new URL(own.url).port), '127.0.0.1')
+        const socket = net.connect(ownPort, '127.0.0.1')
         socket.on('error', () => {})
         await once(socket, 'connect')
         socket.write(
