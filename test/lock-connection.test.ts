@@ -1,15 +1,44 @@
 // The connections a database handle keeps outside its pool, over a path that goes silent (no byte either way, no
 // FIN, no RST): the one that holds a lock (a prune pass's, DatabaseHandle.holdLock) must give it back without
 // waiting on a server that no longer answers, or a service's stop waits for it until its bound and exits 1; the
-// LISTEN connection must notice that it hears nothing and connect again.
+// LISTEN connection must notice that it hears nothing and connect again. And the LISTEN connection stopped while
+// it connects to a server that does not answer yet must stop.
+import net from 'node:net'
 import pg from 'pg'
 import pino from 'pino'
-import { afterAll, beforeAll, expect, it } from 'vitest'
+import { afterAll, beforeAll, describe, expect, it } from 'vitest'
 import { openDatabase } from '../src/db/open-database.js'
 import { startTcpProxy } from './helpers/tcp-proxy.js'
 import { createTestDatabase, describePostgres, postgresUrl, type TestDatabase } from './helpers/test-database.js'
 
 const KEY = 0x5eed_10c4
+
+describe('the LISTEN connection to a server that does not answer', () => {
+  it('stops while it connects', async () => {
+    // takes the connection and never says a word: the listener's connect waits (5 s, then it tries again)
+    const held = new Set<net.Socket>()
+    const server = net.createServer((socket) => void held.add(socket.on('error', () => {})))
+    await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve))
+    const { port } = server.address() as net.AddressInfo
+    const handle = openDatabase({ databaseUrl: `postgres://nobody@127.0.0.1:${port}/nothing`, poolSize: 1 })
+    try {
+      const unlisten = await handle.listen('silent_server', () => {})
+      const deadline = Date.now() + 30_000
+      while (held.size === 0 && Date.now() < deadline) await new Promise((resolve) => setTimeout(resolve, 20))
+      expect(held.size, 'the listener is connecting').toBe(1)
+      const outcome = await Promise.race([
+        unlisten().then(() => 'stopped'),
+        new Promise((resolve) => setTimeout(() => resolve('still waiting'), 30_000).unref()),
+      ])
+      // before, pg never settled the connect of a client ended meanwhile, and the stop waited for it for good
+      expect(outcome).toBe('stopped')
+    } finally {
+      await handle.close()
+      for (const socket of held) socket.destroy()
+      await new Promise((resolve) => server.close(resolve))
+    }
+  }, 60_000)
+})
 
 describePostgres('connections of their own over a silent path (Postgres)', () => {
   let database: TestDatabase

@@ -48,6 +48,9 @@ export function listenOnPostgres({
   checkMs?: number
 }): () => Promise<void> {
   const stopping = new AbortController()
+  // pg never settles the connect() of a client ended while it connects (it takes the end for the caller's own):
+  // a stop that came then waited for the listener for good, and the service exited 1 at its bound
+  const stopped = new Promise<void>((resolve) => stopping.signal.addEventListener('abort', () => resolve(), { once: true }))
   let client: pg.Client | undefined
   const run = async () => {
     let failures = 0
@@ -77,7 +80,8 @@ export function listenOnPostgres({
         onNotify(message.payload)
       })
       try {
-        await connection.connect()
+        await Promise.race([connection.connect(), stopped])
+        if (stopping.signal.aborted) throw new Error('the listener stopped while it connected')
         const pid = (connection as unknown as { processID: number | null }).processID
         if (pid !== null) ownListeners.add(pid)
         // it idles between notifications: no idle_session_timeout of the database's ends it (session-defaults.ts)
