@@ -69,7 +69,7 @@ export interface RunningService {
   readonly sandboxUrl: string | undefined
   /** Drains (see above; the delay only once the service was ready), then stops every part. */
   stop(options?: { drainDelayMs?: number }): Promise<void>
-  /** The parts whose stop has begun and not yet ended. */
+  /** The parts whose stop has begun and not yet ended; `part: step` for a part that says what its stop waits for. */
   stillStopping(): string[]
 }
 
@@ -89,13 +89,19 @@ export async function startService({
   registerReactions?: ((reactions: ReactionRegistry) => void) | undefined
 }): Promise<RunningService> {
   // `takesWork`: stopped first: the claims at once, the requests when the drain delay ends
-  const stops: { name: string; stop: () => Promise<void> | void; takesWork?: 'claims' | 'requests' }[] = []
+  // `waitingOn`: what a part's stop waits for now, named beside the part when the stop runs past its bound
+  const stops: {
+    name: string
+    stop: () => Promise<void> | void
+    takesWork?: 'claims' | 'requests'
+    waitingOn?: () => string | undefined
+  }[] = []
   let draining = false
   let ready = false
   // the parts whose stop has begun and not ended: what a stop past its bound names as what it waited for
-  const stopping = new Set<string>()
-  const stopPart = async ({ name, stop }: { name: string; stop: () => Promise<void> | void }) => {
-    stopping.add(name)
+  const stopping = new Map<string, (() => string | undefined) | undefined>()
+  const stopPart = async ({ name, stop, waitingOn }: (typeof stops)[number]) => {
+    stopping.set(name, waitingOn)
     try {
       await stop()
     } catch (error) {
@@ -312,9 +318,12 @@ export async function startService({
     const startUp = new AbortController()
     stops.push({ name: 'database start-up', stop: () => startUp.abort(), takesWork: 'claims' })
     // a loop that claims work: started, and stopped at the signal (its claims given back), before the database
-    const runLoop = async <T extends { start(): void | Promise<void>; stop(): Promise<void> }>(name: string, loop: T) => {
+    const runLoop = async <T extends { start(): void | Promise<void>; stop(): Promise<void>; waitingOn?(): string | undefined }>(
+      name: string,
+      loop: T,
+    ) => {
       await loop.start()
-      stops.push({ name, stop: () => loop.stop(), takesWork: 'claims' })
+      stops.push({ name, stop: () => loop.stop(), takesWork: 'claims', ...(loop.waitingOn ? { waitingOn: () => loop.waitingOn?.() } : {}) })
       return loop
     }
     const whenReady = (async () => {
@@ -390,7 +399,11 @@ export async function startService({
       },
       sandboxUrl,
       stop: stopAll,
-      stillStopping: () => [...stopping],
+      stillStopping: () =>
+        [...stopping].map(([name, waitingOn]) => {
+          const step = waitingOn?.()
+          return step === undefined ? name : `${name}: ${step}`
+        }),
     }
   } catch (error) {
     await stopAll()

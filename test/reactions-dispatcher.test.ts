@@ -609,6 +609,7 @@ describe('the reaction dispatcher', () => {
     await eventually(() => signalSeen !== undefined, 'the handler started')
     const running = dispatcher!
     dispatcher = undefined
+    expect(running.waitingOn()).toBeUndefined()
     const stopped = running.stop()
     // its batch is written back at once, the handler's job as running
     await eventually(async () => (await jobs(orderId, 'slow'))[0]?.state === 'running', 'the job is handed off')
@@ -616,8 +617,11 @@ describe('the reaction dispatcher', () => {
     // stop waits for the handler on the clock's shutdown timeout
     await eventually(() => clock.sleeps.includes(SETTINGS.shutdownTimeoutMs), 'stop waits for the handler')
     expect(signalSeen!.aborted).toBe(false)
+    // what a stop past the service's bound names beside the dispatcher
+    expect(running.waitingOn()).toBe('the handler streams')
     await clock.advance(SETTINGS.shutdownTimeoutMs)
     await stopped
+    expect(running.waitingOn()).toBeUndefined()
     expect(signalSeen!.aborted).toBe(true)
     expect(await jobs(orderId, 'slow')).toMatchObject([{ state: 'pending', attempts: 0, leaseToken: null }])
   })

@@ -100,6 +100,8 @@ export interface Dispatcher {
   holdsEveryStream(): boolean
   /** Handlers running right now. */
   readonly running: number
+  /** While a stop runs: the step it waits for (a stop past the service's bound names it). */
+  waitingOn(): string | undefined
 }
 
 const MAX_ERROR_LENGTH = 2_000
@@ -172,6 +174,8 @@ export function createDispatcher(deps: DispatcherDeps): Dispatcher {
   let unlisten: (() => Promise<void>) | undefined
   // the job loop's, and one per stream
   const jobWaker = createWaker(clock)
+  // what stop() waits for now
+  let stopStep: string | undefined
   let streams: { worker: StreamWorker; waker: ReturnType<typeof createWaker>; loop: Promise<void> }[] = []
 
   const wakeStreams = () => {
@@ -545,6 +549,7 @@ export function createDispatcher(deps: DispatcherDeps): Dispatcher {
     },
     wake,
     wakeStreams,
+    waitingOn: () => stopStep,
     holdsEveryStream: () => streams.length > 0 && streams.every((stream) => stream.worker.leased),
     async start() {
       if (loop) return
@@ -607,6 +612,7 @@ export function createDispatcher(deps: DispatcherDeps): Dispatcher {
       if (!loop || !stopping) return
       stopping.abort(new Error('reaction dispatcher stopping'))
       wake()
+      stopStep = 'the handler streams'
       // each stream's batch gives its handlers the shutdown timeout, writes what finished, and its lease is given back
       await Promise.all(
         streams.map(async (stream) => {
@@ -616,14 +622,18 @@ export function createDispatcher(deps: DispatcherDeps): Dispatcher {
         }),
       )
       streams = []
+      stopStep = 'the claim loop'
       await loop
+      stopStep = 'the notification listener'
       await unlisten?.().catch((error: unknown) => logger.warn({ err: error }, 'stopping the notification listener failed'))
       unlisten = undefined
       // claimed but never started: given back at once, for other replicas to take
+      stopStep = 'giving back claimed jobs'
       await giveBack(waiting.splice(0))
       // handlers in flight get the shutdown timeout to finish; then they are aborted and their leases returned
       const inFlight = [...running.values()]
       if (inFlight.length > 0) {
+        stopStep = 'the handlers in flight'
         const grace = new AbortController()
         await Promise.race([
           Promise.allSettled(inFlight.map((entry) => entry.done)),
@@ -651,6 +661,7 @@ export function createDispatcher(deps: DispatcherDeps): Dispatcher {
       }
       loop = undefined
       stopping = undefined
+      stopStep = undefined
       logger.info('reaction dispatcher stopped')
     },
   }
