@@ -1,6 +1,6 @@
 // The sandbox's state file: what one sandbox saved, the next one created over the same file carries on
 // with: its trades, the reference counter, a refund still owed, and webhooks not yet delivered.
-import { mkdirSync, mkdtempSync, readdirSync, readFileSync, statSync, writeFileSync } from 'node:fs'
+import { mkdirSync, mkdtempSync, readdirSync, readFileSync, rmSync, statSync, writeFileSync } from 'node:fs'
 import { tmpdir } from 'node:os'
 import path from 'node:path'
 import { describe, expect, it } from 'vitest'
@@ -188,6 +188,49 @@ describe('sandbox state across a restart', () => {
       expect(readFileSync(stateFile, 'utf8')).toBe(contents)
     } finally {
       await first.close()
+      await receiver.close()
+    }
+  })
+
+  it('undoes a call whose state it cannot save: 503 state_not_saved, nothing changed or sent, and the retry does it once', async () => {
+    const stateFile = stateFileIn('sandbox-state-unsaved-')
+    const receiver = await startRecordingReceiver(webhookSecret)
+    const sandbox = createSandbox({ keyId, apiSecret, webhookSecret, stateFile, webhookUrl: receiver.url, refundDelayMs: 1, logger: testLogger() })
+    try {
+      const client = clientFor(await sandbox.listen(0), systemClock)
+      const funded = await client.createTrade(trade('unsaved-1'))
+      await client.fundTrade(funded.trade_id)
+      await sandbox.idle()
+      const statuses = () => receiver.received.map((webhook) => `${String(webhook.body.external_reference)} ${String(webhook.body.status)}`)
+      expect(statuses()).toEqual(['unsaved-1 created', 'unsaved-1 funded'])
+      const saved = readFileSync(stateFile, 'utf8')
+
+      // a directory in the state file's place: the rename over it fails, as a write to a full or read-only DATA_DIR does
+      rmSync(stateFile)
+      mkdirSync(path.join(stateFile, 'in-the-way'), { recursive: true })
+      await expect(client.createTrade(trade('unsaved-2'))).rejects.toMatchObject({ status: 503, code: 'state_not_saved' })
+      // a cancel of a funded trade owes a refund as well: none is scheduled
+      await expect(client.cancelTrade(funded.trade_id)).rejects.toMatchObject({ status: 503, code: 'state_not_saved' })
+      await sandbox.idle()
+      expect(sandbox.trades().map((t) => [t.external_reference, t.status])).toEqual([['unsaved-1', 'funded']])
+      expect(statuses()).toEqual(['unsaved-1 created', 'unsaved-1 funded'])
+
+      // saved again: each retry takes effect once, the reference counter where it was
+      rmSync(stateFile, { recursive: true })
+      expect((await client.createTrade(trade('unsaved-2'))).reference).toBe('TRD-000002')
+      await client.cancelTrade(funded.trade_id)
+      await sandbox.idle()
+      expect(sandbox.trades().map((t) => [t.external_reference, t.status])).toEqual([
+        ['unsaved-1', 'refunded'],
+        ['unsaved-2', 'created'],
+      ])
+      expect(statuses().toSorted()).toEqual(
+        ['unsaved-1 created', 'unsaved-1 funded', 'unsaved-1 cancelled', 'unsaved-1 refunded', 'unsaved-2 created'].toSorted(),
+      )
+      expect(readSandboxState(stateFile)!.trades.map((t) => t.status)).toEqual(['refunded', 'created'])
+      expect(saved).not.toBe(readFileSync(stateFile, 'utf8'))
+    } finally {
+      await sandbox.close()
       await receiver.close()
     }
   })

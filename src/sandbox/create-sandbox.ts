@@ -99,11 +99,20 @@ export function createSandbox(options: SandboxOptions): Sandbox {
       if (handling === 0) saveInBackground()
     },
   })
+  // An API call's webhooks and refunds wait until its state is saved: a call whose state cannot be saved is
+  // undone, and must have sent nothing (it used to answer 500 after its trade existed and its webhook went out,
+  // and the client's retry made a second trade)
+  let deferred: { events: PendingEvent[]; effects: (() => void)[] } | undefined
+  const whenSaved = (effect: () => void, event?: PendingEvent) => {
+    if (!deferred) return effect()
+    deferred.effects.push(effect)
+    if (event) deferred.events.push(event)
+  }
   const platform = new SandboxPlatform({
     clock,
     partnerKind: () => partnerKind,
-    onStatusChange: (trade) =>
-      dispatcher.send(
+    onStatusChange: (trade) => {
+      const event = dispatcher.prepare(
         `trade.${trade.status}`,
         // exactly the four fields of the spec's trade payload
         {
@@ -114,14 +123,18 @@ export function createSandbox(options: SandboxOptions): Sandbox {
         },
         trade.trade_id,
         trade.status,
-      ),
+      )
+      whenSaved(() => dispatcher.dispatch(event), event)
+    },
     scheduleRefund: (tradeId) =>
-      dispatcher.track(
-        clock.sleep(settings.refundDelayMs).then(() => {
-          if (closed) return
-          platform.refund(tradeId)
-          saveInBackground()
-        }),
+      whenSaved(() =>
+        dispatcher.track(
+          clock.sleep(settings.refundDelayMs).then(() => {
+            if (closed) return
+            platform.refund(tradeId)
+            saveInBackground()
+          }),
+        ),
       ),
   })
 
@@ -131,11 +144,12 @@ export function createSandbox(options: SandboxOptions): Sandbox {
   // restored webhooks are sent again once this sandbox listens: one that cannot (its port taken, perhaps
   // by a sandbox already running over the same file) must neither send them nor write the file under it
   let unsent: PendingEvent[] = []
-  const save = () => {
+  // `waiting`: the webhooks of the call being saved, not queued yet
+  const save = (waiting: readonly PendingEvent[] = []) => {
     if (!options.stateFile || closed) return
     writeSandboxState(options.stateFile, {
       ...platform.snapshot(),
-      pendingWebhooks: [...unsent, ...dispatcher.pending()],
+      pendingWebhooks: [...unsent, ...dispatcher.pending(), ...waiting],
     })
   }
   // a save outside a request (a delivery settled, a refund) has no one to answer: it is logged
@@ -190,16 +204,47 @@ export function createSandbox(options: SandboxOptions): Sandbox {
     next()
   })
 
-  // every API operation but GET may change the state: it is on disk before the answer goes out
+  // every API operation but GET may change the state: it is on disk before the answer goes out, and before its
+  // webhooks and refunds start. One whose state cannot be saved (DATA_DIR full or read-only) is undone: 503
+  // state_not_saved, and a retry does it once
   const route = (handler: (req: Request) => unknown, status = 200) => (req: Request, res: Response) => {
-    handling++
+    const changes = req.method !== 'GET'
+    const before = changes && options.stateFile ? platform.snapshot() : undefined
+    const call: NonNullable<typeof deferred> = { events: [], effects: [] }
     let result: unknown
+    let unsaved: unknown
+    // (what the call queues saves nothing on its own: the route saves once, at its end)
+    handling++
+    deferred = call
     try {
-      result = handler(req)
+      try {
+        result = handler(req)
+      } catch (error) {
+        // refused: the platform checks before it changes anything, so there is nothing to undo (nor, so far, to send)
+        deferred = undefined
+        for (const effect of call.effects) effect()
+        throw error
+      }
+      deferred = undefined
+      if (changes) {
+        try {
+          save(call.events)
+        } catch (error) {
+          unsaved = error
+        }
+      }
+      if (unsaved === undefined) for (const effect of call.effects) effect()
     } finally {
       handling--
     }
-    if (req.method !== 'GET') save()
+    if (unsaved !== undefined) {
+      if (before) platform.restore(before, { resumeRefunds: false })
+      logger.error({ err: unsaved }, 'sandbox state not saved: the call is undone')
+      res.status(503).set('Retry-After', '1').json({
+        error: { code: 'state_not_saved', message: 'The sandbox could not save its state (is DATA_DIR full or read-only?): nothing changed; try again' },
+      })
+      return
+    }
     res.status(status).json(result)
   }
   const id = (req: Request, name: string) => String(req.params[name])

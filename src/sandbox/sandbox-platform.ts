@@ -104,13 +104,17 @@ export class SandboxPlatform {
     return { sequence: this.sequence, trades: this.list(), funded: [...this.funded] }
   }
 
-  /** Takes over a saved state; a cancelled trade still owed its refund gets it again. */
-  restore(state: PlatformState): void {
+  /**
+   * Takes over a saved state; a cancelled trade still owed its refund gets it again, unless `resumeRefunds` is
+   * false (a call undone: the refunds it owed were never scheduled, and the others are scheduled already).
+   */
+  restore(state: PlatformState, { resumeRefunds = true }: { resumeRefunds?: boolean } = {}): void {
     this.sequence = state.sequence
     this.trades.clear()
     for (const trade of state.trades) this.trades.set(trade.trade_id, structuredClone(trade))
     this.funded.clear()
     for (const tradeId of state.funded) this.funded.add(tradeId)
+    if (!resumeRefunds) return
     for (const trade of this.trades.values()) {
       if (trade.status === 'cancelled' && this.funded.has(trade.trade_id)) this.options.scheduleRefund(trade.trade_id)
     }

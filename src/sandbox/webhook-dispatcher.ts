@@ -124,7 +124,17 @@ export class WebhookDispatcher {
 
   /** Queues one event (a JSON body) for delivery; returns at once. */
   send(event: string, body: Record<string, unknown>, tradeId: string | null, status: string | null): void {
-    const pending: PendingEvent = { eventId: randomUUID(), event, tradeId, status, body: JSON.stringify(body) }
+    this.dispatch(this.prepare(event, body, tradeId, status))
+  }
+
+  /** An event as it will be sent and saved, not yet queued (dispatch queues it). */
+  prepare(event: string, body: Record<string, unknown>, tradeId: string | null, status: string | null): PendingEvent {
+    return { eventId: randomUUID(), event, tradeId, status, body: JSON.stringify(body) }
+  }
+
+  /** Queues a prepared event for delivery; returns at once. */
+  dispatch(pending: PendingEvent): void {
+    const { tradeId } = pending
     // the random draws happen in call order, so a seed reproduces the same faults for the same calls
     const drop = this.random() < this.faults.dropRate
     const reorder = this.random() < this.faults.reorderRate
