@@ -119,6 +119,34 @@ describe('operator console', () => {
       }
     })
 
+    it("answers another method on a console path 405 with the path's Allow (OPTIONS 204), and a path it has not 404", async () => {
+      const reapply = `/console/deliveries/d/${'0'.repeat(64)}/reapply`
+      const cases: ['put' | 'delete' | 'patch' | 'get', string, string][] = [
+        ['put', '/console/orders', 'GET, HEAD'],
+        ['delete', '/console/orders/1', 'GET, HEAD'],
+        ['patch', '/console/reactions/1/retry', 'GET, HEAD, POST'],
+        ['delete', reapply, 'GET, HEAD, POST'],
+        ['put', '/console/logout', 'POST'],
+        ['get', '/console/reconcile/run', 'POST'],
+      ]
+      for (const [method, path, allow] of cases) {
+        const response = await bearer(request(admin)[method](path)).type('form').send('a=1')
+        expect([response.status, response.headers.allow], `${method} ${path}`).toEqual([405, allow])
+        expect(response.text, `${method} ${path}`).toContain('Method not allowed')
+      }
+      // a page posted to with a valid form token
+      const fields = formFields((await bearer(request(admin).get('/console/reactions/retry-failed'))).text)
+      const posted = await bearer(request(admin).post('/console/orders')).type('form').send(fields)
+      expect([posted.status, posted.headers.allow]).toEqual([405, 'GET, HEAD'])
+      // the login page's, before any token is asked for
+      const login = await request(admin).put('/console/login')
+      expect([login.status, login.headers.allow]).toEqual([405, 'GET, HEAD, POST'])
+      const options = await bearer(request(admin).options('/console/reconcile/run'))
+      expect([options.status, options.headers.allow]).toEqual([204, 'POST'])
+      expect((await bearer(request(admin).patch('/console/no-such-page'))).status).toBe(404)
+      expect((await request(admin).delete('/console/orders')).status).toBe(401)
+    })
+
     it('refuses a wrong bearer token, a wrong basic password, and a forged session cookie', async () => {
       expect((await request(admin).get('/console/').set('Authorization', `Bearer ${TOKEN}x`)).status).toBe(401)
       expect((await request(admin).get('/console/').set('Authorization', basic('ops', 'nope'))).status).toBe(401)

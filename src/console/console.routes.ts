@@ -8,7 +8,7 @@
 // calls the same function as its CLI command (deliveries reapply, reconcile --requeue/--once, reactions
 // retry/skip), so the console and the CLI cannot disagree on what an action does.
 import { randomBytes } from 'node:crypto'
-import express, { type Request, type Response, Router } from 'express'
+import express, { type Request, type RequestHandler, type Response, Router } from 'express'
 import helmet from 'helmet'
 import type { Kysely } from 'kysely'
 import { z } from 'zod'
@@ -299,15 +299,43 @@ export function consoleRoutes(deps: ConsoleDeps): Router {
   }
   const newActionId = () => randomBytes(16).toString('hex')
 
-  router.get(`${CONSOLE_PATH}/console.css`, (_req, res) => {
+  // The methods each console path answers: pages GET (and HEAD), actions POST. Any other method on a path the
+  // console has is answered 405 with the path's Allow (OPTIONS: 204 with it); it used to meet the CSRF check
+  // and be told to reload the page (403), or find no page (404).
+  const methodsOf = new Map<string, string[]>()
+  const allowing = (method: string, paths: string | string[]) => {
+    for (const path of [paths].flat()) methodsOf.set(path, [...(methodsOf.get(path) ?? []), ...(method === 'GET' ? ['GET', 'HEAD'] : [method])])
+  }
+  const pageAt = (path: string | string[], ...handlers: RequestHandler[]) => {
+    allowing('GET', path)
+    router.get(path, ...handlers)
+  }
+  const actionAt = (path: string | string[], ...handlers: RequestHandler[]) => {
+    allowing('POST', path)
+    router.post(path, ...handlers)
+  }
+  // after a path's own routes: what they left is another method's
+  const refuseOtherMethods = (paths: readonly string[]) => {
+    for (const path of paths) {
+      const allow = (methodsOf.get(path) ?? []).join(', ')
+      router.all(path, async (req, res) => {
+        leaveBodyUnread(req, res)
+        res.setHeader('Allow', allow)
+        if (req.method === 'OPTIONS') return res.status(204).end()
+        await send(res, messagePage('Method not allowed', res.locals.operator as Operator | undefined, `${req.method} is not a method of this page: it answers ${allow}.`), 405)
+      })
+    }
+  }
+
+  pageAt(`${CONSOLE_PATH}/console.css`, (_req, res) => {
     res.type('css').send(CONSOLE_CSS)
   })
 
   // a client that sent `Expect: 100-continue` is told to send its form here (http/expect-continue.ts)
   const form = continuingParser(express.urlencoded({ extended: false, limit: FORM_LIMIT_BYTES, parameterLimit: 50 }), FORM_LIMIT_BYTES)
 
-  router.get(`${CONSOLE_PATH}/login`, async (_req, res) => send(res, loginPage()))
-  router.post(`${CONSOLE_PATH}/login`, form, async (req, res) => {
+  pageAt(`${CONSOLE_PATH}/login`, async (_req, res) => send(res, loginPage()))
+  actionAt(`${CONSOLE_PATH}/login`, form, async (req, res) => {
     if (!requestFromOwnOrigin(req)) return send(res, messagePage('Refused', undefined, 'This form was posted from another site.'), 403)
     const body = (req.body ?? {}) as Record<string, unknown>
     const sessionId =
@@ -319,6 +347,7 @@ export function consoleRoutes(deps: ConsoleDeps): Router {
     res.cookie(SESSION_COOKIE, sessionId, { httpOnly: true, sameSite: 'strict', path: consolePath(), secure: reachedOverHttps(req) })
     res.redirect(303, `${consolePath()}/`)
   })
+  refuseOtherMethods([`${CONSOLE_PATH}/login`])
 
   const operatorOf = (res: Response) => res.locals.operator as Operator
 
@@ -339,7 +368,8 @@ export function consoleRoutes(deps: ConsoleDeps): Router {
     },
     form,
     async (req, res, next) => {
-      if (req.method !== 'GET' && req.method !== 'HEAD') {
+      // (no route takes another method's request: it is answered 405 or 404)
+      if (req.method === 'POST') {
         const operator = operatorOf(res)
         const csrf = (req.body as Record<string, unknown> | undefined)?.csrf
         if (!requestFromOwnOrigin(req) || !auth.csrfTokenMatches(operator, csrf)) {
@@ -369,14 +399,14 @@ export function consoleRoutes(deps: ConsoleDeps): Router {
     await running
   }
 
-  router.post(`${CONSOLE_PATH}/logout`, (req, res) => {
+  actionAt(`${CONSOLE_PATH}/logout`, (req, res) => {
     const operator = operatorOf(res)
     if (operator.sessionId) auth.logout(operator.sessionId)
     res.clearCookie(SESSION_COOKIE, { path: consolePath() })
     res.redirect(303, `${consolePath()}/login`)
   })
 
-  router.get(`${CONSOLE_PATH}/`, async (_req, res) => {
+  pageAt(`${CONSOLE_PATH}/`, async (_req, res) => {
     const now = new Date(clock.now())
     const since = new Date(now.getTime() - 60 * 60 * 1000)
     const [perMinute, due, parked, attention, reactions, failedByHandler, runs] = await Promise.all([
@@ -406,13 +436,13 @@ export function consoleRoutes(deps: ConsoleDeps): Router {
     )
   })
 
-  router.get(`${CONSOLE_PATH}/deliveries`, async (req, res) => {
+  pageAt(`${CONSOLE_PATH}/deliveries`, async (req, res) => {
     const { filter, after } = parseFilter(req.query)
     const page = await searchDeliveries(db, filter, { after, limit: PAGE_SIZE })
     await send(res, deliveriesPage(operatorOf(res), { filter, ...page }))
   })
 
-  router.get(`${CONSOLE_PATH}/deliveries/reapply`, async (req, res) => {
+  pageAt(`${CONSOLE_PATH}/deliveries/reapply`, async (req, res) => {
     const { filter } = parseFilter(req.query)
     if (!filter.from && !filter.to) throw new BadInput('a bulk re-apply needs a time range: give "from", "to" or both')
     const counts = await countDeliveriesByOutcome(db, filter)
@@ -428,7 +458,7 @@ export function consoleRoutes(deps: ConsoleDeps): Router {
       }),
     )
   })
-  router.post(`${CONSOLE_PATH}/deliveries/reapply`, oneAtATime(async (req, res) => {
+  actionAt(`${CONSOLE_PATH}/deliveries/reapply`, oneAtATime(async (req, res) => {
     const operator = operatorOf(res)
     const actionId = actionIdOf(req)
     const { filter } = parseFilter(bodyOf(req))
@@ -464,7 +494,7 @@ export function consoleRoutes(deps: ConsoleDeps): Router {
     return findDelivery(db, deliveryId, bodySha256)
   }
 
-  router.get(DELIVERY_PATHS, async (req, res) => {
+  pageAt(DELIVERY_PATHS, async (req, res) => {
     const delivery = await loadDelivery(req)
     if (!delivery) return send(res, messagePage('Not found', operatorOf(res), 'No such delivery.'), 404)
     const [order, bodies] = await Promise.all([
@@ -478,7 +508,7 @@ export function consoleRoutes(deps: ConsoleDeps): Router {
     await send(res, deliveryPage(operatorOf(res), { delivery, order, bodies, bodyRetentionDays: deps.bodyRetentionDays }))
   })
 
-  router.get(REAPPLY_PATHS, async (req, res) => {
+  pageAt(REAPPLY_PATHS, async (req, res) => {
     const delivery = await loadDelivery(req)
     if (!delivery) return send(res, messagePage('Not found', operatorOf(res), 'No such delivery.'), 404)
     await send(
@@ -494,7 +524,7 @@ export function consoleRoutes(deps: ConsoleDeps): Router {
       }),
     )
   })
-  router.post(REAPPLY_PATHS, oneAtATime(async (req, res) => {
+  actionAt(REAPPLY_PATHS, oneAtATime(async (req, res) => {
     const operator = operatorOf(res)
     const actionId = actionIdOf(req)
     const previous = done.get(actionId)
@@ -520,7 +550,7 @@ export function consoleRoutes(deps: ConsoleDeps): Router {
     attention: text,
     before: z.coerce.number().int().positive().max(ORDER_ID_MAX).optional(),
   })
-  router.get(`${CONSOLE_PATH}/orders`, async (req, res) => {
+  pageAt(`${CONSOLE_PATH}/orders`, async (req, res) => {
     const parsed = OrdersQuery.safeParse(req.query)
     if (!parsed.success) throw new BadInput(parsed.error.issues.map((issue) => `${issue.path.join('.')}: ${issue.message}`).join('; '))
     const query = parsed.data
@@ -540,7 +570,7 @@ export function consoleRoutes(deps: ConsoleDeps): Router {
     await send(res, ordersPage(operatorOf(res), { orders, nextLink, filter }))
   })
 
-  router.get(`${CONSOLE_PATH}/orders/requeue`, async (req, res) => {
+  pageAt(`${CONSOLE_PATH}/orders/requeue`, async (req, res) => {
     const reference = optionalText(req.query.reference)
     const operator = operatorOf(res)
     const flagged = reference ? undefined : (await countOrdersNeedingAttention(db)).reduce((sum, row) => sum + row.orders, 0)
@@ -558,7 +588,7 @@ export function consoleRoutes(deps: ConsoleDeps): Router {
       }),
     )
   })
-  router.post(`${CONSOLE_PATH}/orders/requeue`, oneAtATime(async (req, res) => {
+  actionAt(`${CONSOLE_PATH}/orders/requeue`, oneAtATime(async (req, res) => {
     const operator = operatorOf(res)
     const actionId = actionIdOf(req)
     const previous = done.get(actionId)
@@ -575,7 +605,7 @@ export function consoleRoutes(deps: ConsoleDeps): Router {
     await send(res, resultPage(operator, 'Requeue flagged orders', record, false))
   }))
 
-  router.get(`${CONSOLE_PATH}/orders/:id`, async (req, res) => {
+  pageAt(`${CONSOLE_PATH}/orders/:id`, async (req, res) => {
     const id = Number(req.params.id)
     const order = Number.isSafeInteger(id) && id > 0 && id <= ORDER_ID_MAX ? await findOrderById(db, id) : undefined
     if (!order) return send(res, messagePage('Not found', operatorOf(res), 'No such order.'), 404)
@@ -600,7 +630,7 @@ export function consoleRoutes(deps: ConsoleDeps): Router {
     handler: text,
     before: z.string().refine(isJobId, 'not a page cursor from this console').optional(),
   })
-  router.get(`${CONSOLE_PATH}/reactions`, async (req, res) => {
+  pageAt(`${CONSOLE_PATH}/reactions`, async (req, res) => {
     const parsed = ReactionsQuery.safeParse(req.query)
     if (!parsed.success) throw new BadInput(parsed.error.issues.map((issue) => `${issue.path.join('.')}: ${issue.message}`).join('; '))
     const { state, handler, before } = parsed.data
@@ -630,7 +660,7 @@ export function consoleRoutes(deps: ConsoleDeps): Router {
         return cursor
       }),
   })
-  router.get(`${CONSOLE_PATH}/reactions/first-attempts`, async (req, res) => {
+  pageAt(`${CONSOLE_PATH}/reactions/first-attempts`, async (req, res) => {
     const parsed = FirstAttemptsQuery.safeParse(req.query)
     if (!parsed.success) throw new BadInput(parsed.error.issues.map((issue) => `${issue.path.join('.')}: ${issue.message}`).join('; '))
     const { handler, before } = parsed.data
@@ -645,7 +675,7 @@ export function consoleRoutes(deps: ConsoleDeps): Router {
     await send(res, firstAttemptsPage(operatorOf(res), { handler, jobs, nextLink }))
   })
 
-  router.get(`${CONSOLE_PATH}/reactions/retry-failed`, async (_req, res) => {
+  pageAt(`${CONSOLE_PATH}/reactions/retry-failed`, async (_req, res) => {
     const operator = operatorOf(res)
     const failed = (await reactionJobStats(db, new Date(clock.now()), deps.reactionHandlers)).failed
     await send(
@@ -661,7 +691,7 @@ export function consoleRoutes(deps: ConsoleDeps): Router {
       }),
     )
   })
-  router.post(`${CONSOLE_PATH}/reactions/retry-failed`, oneAtATime(async (req, res) => {
+  actionAt(`${CONSOLE_PATH}/reactions/retry-failed`, oneAtATime(async (req, res) => {
     const operator = operatorOf(res)
     const actionId = actionIdOf(req)
     const previous = done.get(actionId)
@@ -681,7 +711,7 @@ export function consoleRoutes(deps: ConsoleDeps): Router {
     return isJobId(id) ? id : undefined
   }
 
-  router.get(`${CONSOLE_PATH}/reactions/:id`, async (req, res) => {
+  pageAt(`${CONSOLE_PATH}/reactions/:id`, async (req, res) => {
     const id = jobIdOf(req)
     const job = id === undefined ? undefined : await findJob(db, id)
     if (!job) return send(res, messagePage('Not found', operatorOf(res), 'No such reaction job.'), 404)
@@ -705,7 +735,7 @@ export function consoleRoutes(deps: ConsoleDeps): Router {
     },
   } as const
   for (const [verb, action] of Object.entries(REACTION_ACTIONS)) {
-    router.get(`${CONSOLE_PATH}/reactions/:id/${verb}`, async (req, res) => {
+    pageAt(`${CONSOLE_PATH}/reactions/:id/${verb}`, async (req, res) => {
       const operator = operatorOf(res)
       const id = jobIdOf(req)
       const job = id === undefined ? undefined : await findJob(db, id)
@@ -726,7 +756,7 @@ export function consoleRoutes(deps: ConsoleDeps): Router {
         }),
       )
     })
-    router.post(`${CONSOLE_PATH}/reactions/:id/${verb}`, oneAtATime(async (req, res) => {
+    actionAt(`${CONSOLE_PATH}/reactions/:id/${verb}`, oneAtATime(async (req, res) => {
       const operator = operatorOf(res)
       const actionId = actionIdOf(req)
       const previous = done.get(actionId)
@@ -754,11 +784,11 @@ export function consoleRoutes(deps: ConsoleDeps): Router {
     }))
   }
 
-  router.get(`${CONSOLE_PATH}/reconcile`, async (_req, res) => {
+  pageAt(`${CONSOLE_PATH}/reconcile`, async (_req, res) => {
     const runs = await listRuns(db, 20)
     await send(res, reconcilePage(operatorOf(res), { runs, actionId: newActionId(), available: deps.reconcileOnce !== undefined }))
   })
-  router.post(`${CONSOLE_PATH}/reconcile/run`, oneAtATime(async (req, res) => {
+  actionAt(`${CONSOLE_PATH}/reconcile/run`, oneAtATime(async (req, res) => {
     const operator = operatorOf(res)
     const actionId = actionIdOf(req)
     const previous = done.get(actionId)
@@ -768,6 +798,8 @@ export function consoleRoutes(deps: ConsoleDeps): Router {
     const record = remember(actionId, operator, 'run one reconcile cycle', cycleResult(summary))
     await send(res, resultPage(operator, 'Reconcile', record, false, html`<p><a href="${consolePath()}/reconcile">Back to the runs</a></p>`))
   }))
+
+  refuseOtherMethods([...methodsOf.keys()].filter((path) => path !== `${CONSOLE_PATH}/login`))
 
   router.use(CONSOLE_PATH, async (req, res) => {
     await send(res, messagePage('Not found', operatorOf(res), `No console page at ${req.path}.`), 404)
