@@ -235,6 +235,19 @@ describe('sandbox state across a restart', () => {
     }
   })
 
+  it('keeps no webhook the faults dropped among those owed', async () => {
+    const stateFile = stateFileIn('sandbox-state-dropped-')
+    const frozen = new FakeClock(Date.now())
+    const sandbox = createSandbox({ keyId, apiSecret, webhookSecret, stateFile, clock: frozen, faults: { dropRate: 1 }, logger: testLogger() })
+    try {
+      const created = await clientFor(await sandbox.listen(0), frozen).createTrade(trade('dropped-1'))
+      expect(sandbox.deliveryLog.map((attempt) => attempt.result)).toEqual(['dropped'])
+      expect(readSandboxState(stateFile)).toMatchObject({ trades: [{ trade_id: created.trade_id }], pendingWebhooks: [] })
+    } finally {
+      await sandbox.close()
+    }
+  })
+
   it('keeps nothing for an in-memory DATA_DIR, and a file in DATA_DIR otherwise', () => {
     expect(sandboxStateFile('memory://')).toBeUndefined()
     expect(sandboxStateFile('/srv/escrow/data')).toBe('/srv/escrow/data/sandbox-state.json')

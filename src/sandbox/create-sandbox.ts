@@ -233,7 +233,11 @@ export function createSandbox(options: SandboxOptions): Sandbox {
           unsaved = error
         }
       }
-      if (unsaved === undefined) for (const effect of call.effects) effect()
+      if (unsaved === undefined) {
+        for (const effect of call.effects) effect()
+        // one the faults dropped is owed no more, and the file says so too
+        if (call.events.some((event) => !dispatcher.owes(event.eventId))) saveInBackground()
+      }
     } finally {
       handling--
     }

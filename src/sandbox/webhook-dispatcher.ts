@@ -108,6 +108,11 @@ export class WebhookDispatcher {
     return [...this.undelivered.values()].map((pending) => ({ ...pending }))
   }
 
+  /** Whether an event is still owed: queued and neither delivered nor given up (nor dropped by the faults). */
+  owes(eventId: string): boolean {
+    return this.undelivered.has(eventId)
+  }
+
   /** Sends events a previous run left undelivered, each from its first attempt and without faults. */
   resume(events: readonly PendingEvent[]): void {
     for (const pending of events) {
