@@ -5,6 +5,7 @@ import type { ChildProcess } from 'node:child_process'
 import { once } from 'node:events'
 import { randomBytes } from 'node:crypto'
 import { mkdtempSync, writeFileSync } from 'node:fs'
+import net from 'node:net'
 import { tmpdir } from 'node:os'
 import path from 'node:path'
 import { sql } from 'kysely'
@@ -450,6 +451,27 @@ describePostgres('the compiled serve through database outages (Postgres)', () =>
     child.kill('SIGTERM')
     const [code] = await once(child, 'exit')
     expect(code, `the stop's last lines:\n${watch.lines.slice(-15).join('\n')}`).toBe(0)
+  }, 120_000)
+
+  it('a stop while the notification listener connects to a server that does not answer exits 0', async () => {
+    // the listener's own server takes the connection and never answers: its connect waits (5 s, then again)
+    const held = new Set<net.Socket>()
+    const silent = net.createServer((socket) => void held.add(socket.on('error', () => {})))
+    await new Promise<void>((resolve) => silent.listen(0, '127.0.0.1', resolve))
+    try {
+      const { port } = silent.address() as net.AddressInfo
+      const { child, watch } = await startServe(database.url!, { DATABASE_LISTEN_URL: `postgres://nobody@127.0.0.1:${port}/nothing`, POLL_ENABLED: 'false' })
+      await watch.waitFor('service listening')
+      await eventually('the listener connecting', async () => (held.size > 0 ? true : undefined))
+      const closed = once(child, 'close') as Promise<[number | null, NodeJS.Signals | null]>
+      child.kill('SIGTERM')
+      const [code, signal] = await closed
+      // before, pg never settled a connect ended meanwhile: the stop waited for the listener until its bound, exit 1
+      expect({ code, signal }, `the stop's last lines:\n${watch.lines.slice(-8).join('\n')}`).toEqual({ code: 0, signal: null })
+    } finally {
+      for (const socket of held) socket.destroy()
+      await new Promise((resolve) => silent.close(resolve))
+    }
   }, 120_000)
 
   it('a stop held past its bound by a silent database exits 1, and its last line says so', async () => {
