@@ -528,6 +528,21 @@ describeRabbitMq('the AMQP publisher (RabbitMQ)', () => {
     expect([...distinctIds(listening.received)]).toEqual([eventOf(1, 1).eventId, eventOf(1, 2).eventId])
   })
 
+  it('close() over a connection gone silent ends within the timeout, not when the broker would answer', async () => {
+    const exchange = uniqueName('test-exchange')
+    await consumer({ exchange })
+    const silent = await proxy()
+    const amqp = publisher({ exchange, url: silent.rewrite(amqpUrl!), timeoutMs: 1_000 })
+    await amqp.handler(eventOf(5, 1), context())
+    silent.stall()
+    const outcome = await Promise.race([
+      amqp.close().then(() => 'closed'),
+      new Promise((resolve) => setTimeout(() => resolve('still waiting'), 30_000).unref()),
+    ])
+    // before, it waited for the broker's close-ok, which a silent path never brings (a service's stop until its bound)
+    expect(outcome).toBe('closed')
+  }, 60_000)
+
   it('a connection the broker blocked (a resource alarm): the calls that get no confirm say so, with its reason', async () => {
     const exchange = uniqueName('test-exchange')
     const listening = await consumer({ exchange })

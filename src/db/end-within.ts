@@ -1,6 +1,6 @@
 // Ending a connection without waiting on a server that no longer answers.
-import { setTimeout as delay } from 'node:timers/promises'
 import type pg from 'pg'
+import { closeWithin } from '../close-within.js'
 
 /**
  * Ends `client` politely, and closes its socket if the server has not seen the session out within `ms`. A polite
@@ -8,14 +8,7 @@ import type pg from 'pg'
  * comes, and a service stop waited for it until its bound and exited 1.
  */
 export async function endWithin(client: pg.Client, ms: number): Promise<void> {
-  const timer = new AbortController()
-  const ended = client.end().then(
-    () => true,
-    () => true,
-  )
-  const done = await Promise.race([ended, delay(ms, false, { signal: timer.signal }).catch(() => true)])
-  timer.abort()
-  if (!done) closeSocket(client)
+  await closeWithin(() => client.end(), () => closeSocket(client), ms)
 }
 
 /** Closes the client's socket at once: no Terminate sent, nothing waited for (pg keeps its socket private). */

@@ -24,6 +24,7 @@
 import { randomUUID } from 'node:crypto'
 import amqp, { type ChannelModel, type ConfirmChannel, type Message } from 'amqplib'
 import { anySignal } from 'any-signal'
+import { closeWithin } from '../close-within.js'
 import type { Logger } from '../logger.js'
 import { OWN_CA_HINT, refusedCertificateCode } from '../tls-certificate.js'
 import { forwardedPayload, type ReactionHandler } from './reaction-event.js'
@@ -116,6 +117,16 @@ export function createAmqpPublisher({
   // round of retries, not one per job in flight
   let link: Promise<Link> | undefined
   let closed = false
+  // every connection opened and not closed yet, the one a link is being opened on included: close() ends them
+  const connections = new Set<ChannelModel>()
+  // politely, and its socket past the timeout: over a path gone silent the broker's close-ok never comes (until
+  // missed heartbeats, a minute or more), and a service's stop waited for it until its bound and exited 1
+  const end = (connection: ChannelModel) =>
+    closeWithin(
+      () => connection.close(),
+      () => (connection as unknown as { connection?: { stream?: { destroy(): void } } }).connection?.stream?.destroy(),
+      timeoutMs,
+    )
 
   function forget(opened: Promise<Link>) {
     if (link === opened) link = undefined
@@ -133,6 +144,12 @@ export function createAmqpPublisher({
     } catch (error) {
       throw connectFailure(error)
     }
+    if (closed) {
+      await end(connection)
+      throw new AmqpPublishError('amqp_closed', 'the AMQP publisher is closed (shutting down)')
+    }
+    connections.add(connection)
+    connection.on('close', () => connections.delete(connection))
     const closedWith: { error?: Error } = {}
     const blocked: { reason?: string } = {}
     // a broker that closes the connection (restart, management "close connection", lost socket) emits
@@ -175,7 +192,7 @@ export function createAmqpPublisher({
       log.info('AMQP connection open, exchange declared')
       return { connection, channel, inFlight, closedWith, blocked }
     } catch (error) {
-      await connection.close().catch(() => {})
+      await end(connection)
       if (error instanceof AmqpPublishError) throw error
       throw new AmqpPublishError(
         'amqp_unreachable',
@@ -352,7 +369,7 @@ export function createAmqpPublisher({
       // drop it, so the retry opens a fresh one (calls in flight on it fail and are retried too)
       if (thrown.code === 'amqp_timeout' && link === using) {
         forget(using)
-        using.then(({ connection }) => connection.close()).catch(() => {})
+        using.then(({ connection }) => end(connection)).catch(() => {})
       }
       throw thrown
     } finally {
@@ -364,15 +381,9 @@ export function createAmqpPublisher({
 
   async function close() {
     closed = true
-    const current = link
     link = undefined
-    if (!current) return
-    try {
-      const { connection } = await current
-      await connection.close()
-    } catch {
-      // never opened, or already gone: nothing to close
-    }
+    // (one still connecting is ended as soon as it opens)
+    await Promise.all([...connections].map(end))
   }
 
   return { handler, close }
