@@ -88,6 +88,8 @@ interface Link {
 }
 
 const DEFAULT_TIMEOUT_MS = 10_000
+// How long closing a connection waits for the broker's answer before it closes the socket itself.
+const CLOSE_MS = 1_000
 
 /** The broker as errors and logs name it: scheme, host, port and vhost, never the user or password. */
 export function describeBroker(url: string): string {
@@ -119,13 +121,13 @@ export function createAmqpPublisher({
   let closed = false
   // every connection opened and not closed yet, the one a link is being opened on included: close() ends them
   const connections = new Set<ChannelModel>()
-  // politely, and its socket past the timeout: over a path gone silent the broker's close-ok never comes (until
+  // politely, and its socket past CLOSE_MS: over a path gone silent the broker's close-ok never comes (until
   // missed heartbeats, a minute or more), and a service's stop waited for it until its bound and exited 1
   const end = (connection: ChannelModel) =>
     closeWithin(
       () => connection.close(),
       () => (connection as unknown as { connection?: { stream?: { destroy(): void } } }).connection?.stream?.destroy(),
-      timeoutMs,
+      CLOSE_MS,
     )
 
   function forget(opened: Promise<Link>) {
