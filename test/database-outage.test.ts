@@ -474,6 +474,23 @@ describePostgres('the compiled serve through database outages (Postgres)', () =>
     }
   }, 120_000)
 
+  it('a stop while the database path is silent and no statement is under way exits 0', async () => {
+    const proxy = await startTcpProxy(target())
+    proxies.push(proxy)
+    const { child, watch } = await startServe(proxy.rewrite(database.url!), { POLL_ENABLED: 'false' })
+    const url = String((await watch.waitFor('service listening')).url)
+    // connections in the pool, idle now
+    for (let n = 0; n < 5; n++) {
+      const status = (await post(url, `idle-${n}-${randomBytes(4).toString('hex')}`, JSON.stringify(tradePayload(`outage-${4_000 + n}`, 'funded')))).status
+      expect(status).toBe(200)
+    }
+    proxy.stall()
+    const closed = once(child, 'close') as Promise<[number | null, NodeJS.Signals | null]>
+    child.kill('SIGTERM')
+    const [code, signal] = await closed
+    expect({ code, signal }, `the stop's last lines:\n${watch.lines.slice(-8).join('\n')}`).toEqual({ code: 0, signal: null })
+  }, 120_000)
+
   it('a stop held past its bound by a silent database exits 1, and its last line says so', async () => {
     const proxy = await startTcpProxy(target())
     proxies.push(proxy)
