@@ -543,6 +543,27 @@ describeRabbitMq('the AMQP publisher (RabbitMQ)', () => {
     expect(outcome).toBe('closed')
   }, 60_000)
 
+  it('a connection that opens after close() is closed at once, and its call throws amqp_closed', async () => {
+    const exchange = uniqueName('test-exchange')
+    let release!: () => void
+    const held = new Promise<void>((resolve) => (release = resolve))
+    const opened: ChannelModel[] = []
+    const connect = async (url: string, options: object) => {
+      await held
+      const connection = await amqplib.connect(url, options)
+      opened.push(connection)
+      return connection
+    }
+    const amqp = publisher({ exchange, connect })
+    const call = failureOf(amqp.handler(eventOf(6, 1), context()))
+    await amqp.close()
+    release()
+    expect((await call).code).toBe('amqp_closed')
+    expect(opened).toHaveLength(1)
+    // no channel opens on it any more: it was closed, not left open beside a closed publisher
+    await expect(opened[0]!.createChannel()).rejects.toThrow(/closed/i)
+  })
+
   it('a connection the broker blocked (a resource alarm): the calls that get no confirm say so, with its reason', async () => {
     const exchange = uniqueName('test-exchange')
     const listening = await consumer({ exchange })

@@ -146,12 +146,6 @@ export function createAmqpPublisher({
     } catch (error) {
       throw connectFailure(error)
     }
-    if (closed) {
-      await end(connection)
-      throw new AmqpPublishError('amqp_closed', 'the AMQP publisher is closed (shutting down)')
-    }
-    connections.add(connection)
-    connection.on('close', () => connections.delete(connection))
     const closedWith: { error?: Error } = {}
     const blocked: { reason?: string } = {}
     // a broker that closes the connection (restart, management "close connection", lost socket) emits
@@ -160,6 +154,12 @@ export function createAmqpPublisher({
       closedWith.error ??= error
       log.warn({ reason: describeError(error) }, 'AMQP connection error')
     })
+    if (closed) {
+      await end(connection)
+      throw new AmqpPublishError('amqp_closed', 'the AMQP publisher is closed (shutting down)')
+    }
+    connections.add(connection)
+    connection.on('close', () => connections.delete(connection))
     connection.on('close', () => {
       lost()
       if (!closed) log.warn('AMQP connection closed; the next publish opens a new one')
