@@ -81,7 +81,11 @@ export function listenOnPostgres({
       })
       try {
         await Promise.race([connection.connect(), stopped])
-        if (stopping.signal.aborted) throw new Error('the listener stopped while it connected')
+        if (stopping.signal.aborted) {
+          // no session to see out: the stop's polite end need not wait for the server
+          closeSocket(connection)
+          throw new Error('the listener stopped while it connected')
+        }
         const pid = (connection as unknown as { processID: number | null }).processID
         if (pid !== null) ownListeners.add(pid)
         // it idles between notifications: no idle_session_timeout of the database's ends it (session-defaults.ts)
