@@ -62,6 +62,27 @@ describePostgres('connections of their own over a silent path (Postgres)', () =>
     }
   }
 
+  it('a listener on DATABASE_LISTEN_URL whose login is refused names DATABASE_LISTEN_URL, not DATABASE_URL', async () => {
+    const lines: { msg?: string; err?: { message?: string } }[] = []
+    const logger = pino({ level: 'warn' }, { write: (line: string) => void lines.push(JSON.parse(line) as (typeof lines)[number]) })
+    const refused = new URL(database.url!)
+    refused.username = 'no_such_role_here'
+    const handle = openDatabase({ databaseUrl: database.url!, listenUrl: refused.toString(), poolSize: 1, logger })
+    const unlisten = await handle.listen('refused_listener', () => {})
+    try {
+      const deadline = Date.now() + 30_000
+      while (!lines.some((line) => line.msg === 'notification listener cannot connect') && Date.now() < deadline) {
+        await new Promise((resolve) => setTimeout(resolve, 20))
+      }
+      const warning = lines.find((line) => line.msg === 'notification listener cannot connect')
+      // it said "check the user and password of DATABASE_URL", a setting that was right
+      expect(warning?.err?.message).toBe('the database refused the login: check the user and password of DATABASE_LISTEN_URL')
+    } finally {
+      await unlisten()
+      await handle.close()
+    }
+  })
+
   it('a lock is given back within seconds when its connection went silent', async () => {
     const target = new URL(database.url!)
     const proxy = await startTcpProxy({ host: target.hostname, port: Number(target.port || 5432) })

@@ -148,6 +148,15 @@ export function describeDatabaseError(error: unknown): DatabaseErrorDescription 
   return { kind: 'failure', message: 'the statement failed' }
 }
 
+/**
+ * describeDatabaseError for a connection made from another setting than DATABASE_URL (the listener's
+ * DATABASE_LISTEN_URL): its advice names that setting, where the operator's mistake is.
+ */
+export function describeDatabaseErrorOf(error: unknown, setting: string): DatabaseErrorDescription {
+  const description = describeDatabaseError(error)
+  return { ...description, message: description.message.replaceAll('DATABASE_URL', setting) }
+}
+
 export function isDatabaseUnavailable(error: unknown): boolean {
   return describeDatabaseError(error).kind === 'unavailable'
 }

@@ -356,6 +356,7 @@ function openPostgres(
     listen: async (channel, onNotify) =>
       listenOnPostgres({
         url: listenUrl ?? databaseUrl,
+        setting: listenUrl === undefined ? 'DATABASE_URL' : 'DATABASE_LISTEN_URL',
         channel,
         onNotify,
         logger,

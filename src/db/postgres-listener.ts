@@ -5,7 +5,7 @@ import { randomUUID } from 'node:crypto'
 import { setTimeout as delay } from 'node:timers/promises'
 import pg from 'pg'
 import type { Logger } from '../logger.js'
-import { describeDatabaseError } from './database-errors.js'
+import { describeDatabaseErrorOf } from './database-errors.js'
 import { closeSocket, endWithin } from './end-within.js'
 import { SESSION_SETTINGS } from './session-defaults.js'
 
@@ -27,6 +27,7 @@ export const listenerName = (channel: string) => `partner-escrow listen ${channe
 // reports whether it came within LISTENER_PROBE_MS (onProbe); a probe's payload is never a wake-up.
 export function listenOnPostgres({
   url,
+  setting,
   channel,
   onNotify,
   logger,
@@ -36,6 +37,8 @@ export function listenOnPostgres({
   checkMs = LISTENER_CHECK_MS,
 }: {
   url: string
+  /** The setting `url` came from (DATABASE_URL or DATABASE_LISTEN_URL): what a refused login's warning names. */
+  setting: string
   channel: string
   onNotify: (payload?: string) => void
   logger: Logger | undefined
@@ -65,7 +68,7 @@ export function listenOnPostgres({
       const ended = new Promise<void>((resolve) => {
         connection.on('end', resolve)
         connection.on('error', (error) => {
-          if (!stopping.signal.aborted) logger?.warn({ err: describeDatabaseError(error) }, 'notification listener connection lost')
+          if (!stopping.signal.aborted) logger?.warn({ err: describeDatabaseErrorOf(error, setting) }, 'notification listener connection lost')
           resolve()
         })
       })
@@ -132,7 +135,7 @@ export function listenOnPostgres({
         })()
         await ended
       } catch (error) {
-        if (!stopping.signal.aborted) logger?.warn({ err: describeDatabaseError(error) }, 'notification listener cannot connect')
+        if (!stopping.signal.aborted) logger?.warn({ err: describeDatabaseErrorOf(error, setting) }, 'notification listener cannot connect')
       }
       const pid = (connection as unknown as { processID: number | null }).processID
       if (pid !== null) ownListeners.delete(pid)
