@@ -2,17 +2,15 @@
 // way, no FIN, no RST): the broker's answer to closing the connection never comes, and the stop must not
 // wait for it (it did, until its bound, and exited 1).
 import type { ChildProcess } from 'node:child_process'
-import { once } from 'node:events'
 import { rmSync } from 'node:fs'
 import { afterAll, beforeAll, describe, expect, it } from 'vitest'
 import { AMQP_HANDLER } from '../src/reactions/configured-reactions.js'
 import { ensureReactionStreams } from '../src/reactions/reaction-stream.repository.js'
 import { amqpUrl, startConsumer, type TestConsumer, uniqueName } from './helpers/amqp-broker.js'
-import { spawnCli, waitForLogLine } from './helpers/cli-process.js'
+import { postgresServeEnv, signalAndClose, spawnCli, waitForLogLine } from './helpers/cli-process.js'
 import { migratedDataDir } from './helpers/data-dir-template.js'
 import { moveNewOrder } from './helpers/orders.js'
 import { startTcpProxy, type TcpProxy } from './helpers/tcp-proxy.js'
-import { TEST_API_KEY_ID, TEST_API_SECRET, TEST_WEBHOOK_SECRET } from './helpers/test-config.js'
 import { createTestDatabase, describePostgres, type TestDatabase } from './helpers/test-database.js'
 
 const describeBoth: typeof describe = amqpUrl ? describePostgres : (describe.skip as typeof describe)
@@ -45,19 +43,7 @@ describeBoth('the compiled serve stopped while its broker path is silent (Postgr
     await moveNewOrder(database.db, { externalReference: 'amqp-stop-1', statuses: ['created'], handlersFor: () => [AMQP_HANDLER], now: () => new Date() })
     child = spawnCli(
       ['serve'],
-      {
-        DATABASE_URL: database.url!,
-        DATA_DIR: dataDir,
-        PORT: '0',
-        ADMIN_PORT: '0',
-        PARTNER_API_BASE_URL: 'http://127.0.0.1:1',
-        PARTNER_API_KEY_ID: TEST_API_KEY_ID,
-        PARTNER_API_SECRET: TEST_API_SECRET,
-        WEBHOOK_SECRETS: TEST_WEBHOOK_SECRET,
-        POLL_ENABLED: 'false',
-        AMQP_URL: proxy.rewrite(amqpUrl!),
-        AMQP_EXCHANGE: exchange,
-      },
+      { ...postgresServeEnv({ databaseUrl: database.url!, dataDir }), AMQP_URL: proxy.rewrite(amqpUrl!), AMQP_EXCHANGE: exchange },
       { built: true },
     )
     const lines: string[] = []
@@ -66,9 +52,6 @@ describeBoth('the compiled serve stopped while its broker path is silent (Postgr
     // published over the proxy: the connection is open
     await consumer.waitFor((received) => received.length === 1, 60_000)
     proxy.stall()
-    const closed = once(child, 'close') as Promise<[number | null, NodeJS.Signals | null]>
-    child.kill('SIGTERM')
-    const [code, signal] = await closed
-    expect({ code, signal }, `the stop's last lines:\n${lines.slice(-6).join('\n')}`).toEqual({ code: 0, signal: null })
+    expect(await signalAndClose(child), `the stop's last lines:\n${lines.slice(-6).join('\n')}`).toEqual({ code: 0, signal: null })
   }, 180_000)
 })

@@ -11,7 +11,7 @@ import path from 'node:path'
 import { sql } from 'kysely'
 import pg from 'pg'
 import { afterAll, beforeAll, expect, it } from 'vitest'
-import { spawnCli } from './helpers/cli-process.js'
+import { signalAndClose, spawnCli } from './helpers/cli-process.js'
 import { startTcpProxy, type TcpProxy } from './helpers/tcp-proxy.js'
 import { TEST_API_KEY_ID, TEST_API_SECRET, TEST_WEBHOOK_SECRET } from './helpers/test-config.js'
 import { createTestDatabase, describePostgres, postgresUrl, type TestDatabase } from './helpers/test-database.js'
@@ -463,11 +463,8 @@ describePostgres('the compiled serve through database outages (Postgres)', () =>
       const { child, watch } = await startServe(database.url!, { DATABASE_LISTEN_URL: `postgres://nobody@127.0.0.1:${port}/nothing`, POLL_ENABLED: 'false' })
       await watch.waitFor('service listening')
       await eventually('the listener connecting', async () => (held.size > 0 ? true : undefined))
-      const closed = once(child, 'close') as Promise<[number | null, NodeJS.Signals | null]>
-      child.kill('SIGTERM')
-      const [code, signal] = await closed
       // before, pg never settled a connect ended meanwhile: the stop waited for the listener until its bound, exit 1
-      expect({ code, signal }, `the stop's last lines:\n${watch.lines.slice(-8).join('\n')}`).toEqual({ code: 0, signal: null })
+      expect(await signalAndClose(child), `the stop's last lines:\n${watch.lines.slice(-8).join('\n')}`).toEqual({ code: 0, signal: null })
     } finally {
       for (const socket of held) socket.destroy()
       await new Promise((resolve) => silent.close(resolve))
@@ -485,10 +482,7 @@ describePostgres('the compiled serve through database outages (Postgres)', () =>
       expect(status).toBe(200)
     }
     proxy.stall()
-    const closed = once(child, 'close') as Promise<[number | null, NodeJS.Signals | null]>
-    child.kill('SIGTERM')
-    const [code, signal] = await closed
-    expect({ code, signal }, `the stop's last lines:\n${watch.lines.slice(-8).join('\n')}`).toEqual({ code: 0, signal: null })
+    expect(await signalAndClose(child), `the stop's last lines:\n${watch.lines.slice(-8).join('\n')}`).toEqual({ code: 0, signal: null })
   }, 120_000)
 
   it('a stop held past its bound by a silent database exits 1, and its last line says so', async () => {
@@ -506,10 +500,7 @@ describePostgres('the compiled serve through database outages (Postgres)', () =>
     )
     await sleep(500)
     // 'close': every line it wrote is read
-    const closed = once(child, 'close') as Promise<[number | null, NodeJS.Signals | null]>
-    child.kill('SIGTERM')
-    const [code, signal] = await closed
-    expect({ code, signal }).toEqual({ code: 1, signal: null })
+    expect(await signalAndClose(child)).toEqual({ code: 1, signal: null })
     const late = watch.entries().filter((entry) => entry.msg === 'shutdown did not finish in time: exiting')
     expect(late).toHaveLength(1)
     // and it names the parts it waited for

@@ -40,13 +40,8 @@ export function pollingServeEnv({ databaseUrl, dataDir, platformUrl }: { databas
   }
 }
 
-/**
- * The environment of a `serve` on Postgres that forwards every transition to `forwardUrl` and does not poll, with a
- * forwarder secret made for it (kept from every log line of the file, helpers/log-sink.ts).
- */
-export function forwardingServeEnv({ databaseUrl, dataDir, forwardUrl }: { databaseUrl: string; dataDir: string; forwardUrl: string }): Record<string, string> {
-  const secret = `whsec_${randomBytes(32).toString('base64')}`
-  rememberSecret(secret.slice('whsec_'.length))
+/** The environment of a `serve` on Postgres that does not poll (listeners on free ports): add its reactions' settings. */
+export function postgresServeEnv({ databaseUrl, dataDir }: { databaseUrl: string; dataDir: string }): Record<string, string> {
   return {
     DATABASE_URL: databaseUrl,
     DATA_DIR: dataDir,
@@ -57,9 +52,17 @@ export function forwardingServeEnv({ databaseUrl, dataDir, forwardUrl }: { datab
     PARTNER_API_SECRET: TEST_API_SECRET,
     WEBHOOK_SECRETS: TEST_WEBHOOK_SECRET,
     POLL_ENABLED: 'false',
-    FORWARD_URL: forwardUrl,
-    FORWARD_SECRET: secret,
   }
+}
+
+/**
+ * The environment of a `serve` on Postgres that forwards every transition to `forwardUrl` and does not poll, with a
+ * forwarder secret made for it (kept from every log line of the file, helpers/log-sink.ts).
+ */
+export function forwardingServeEnv({ databaseUrl, dataDir, forwardUrl }: { databaseUrl: string; dataDir: string; forwardUrl: string }): Record<string, string> {
+  const secret = `whsec_${randomBytes(32).toString('base64')}`
+  rememberSecret(secret.slice('whsec_'.length))
+  return { ...postgresServeEnv({ databaseUrl, dataDir }), FORWARD_URL: forwardUrl, FORWARD_SECRET: secret }
 }
 
 export interface CliResult {
@@ -127,6 +130,14 @@ export async function stopChild(child: ChildProcess, signal: NodeJS.Signals = 'S
   child.kill(signal)
   const [code] = await exited
   return code
+}
+
+/** Sends `signal` and resolves once the process has exited and closed its pipes (every line it wrote is read). */
+export async function signalAndClose(child: ChildProcess, signal: NodeJS.Signals = 'SIGTERM'): Promise<{ code: number | null; signal: NodeJS.Signals | null }> {
+  const closed = once(child, 'close') as Promise<[number | null, NodeJS.Signals | null]>
+  child.kill(signal)
+  const [code, by] = await closed
+  return { code, signal: by }
 }
 
 /** Resolves with the first JSON log line whose msg matches, failing if the process exits first. */
