@@ -50,6 +50,7 @@ import { countParkedDeliveries, oldestDeliveryReceivedAt } from './webhooks/deli
 import { createDeliveryIngest } from './webhooks/delivery-ingest.js'
 import { createEventHandlers } from './webhooks/event-handlers.js'
 import { registerEventHandlers } from './webhooks/partner-event-handlers.js'
+import { serviceVersion } from './version.js'
 
 export interface RunningService {
   /** The public listener: the webhook path, /healthz, /readyz. */
@@ -377,7 +378,13 @@ export async function startService({
       await database.collectGarbage?.()
       ready = true
       logger.info(
-        { url: server.url, adminUrl: adminServer.url, database: database.kind, webhookPath: config.webhook.path },
+        {
+          url: server.url,
+          adminUrl: adminServer.url,
+          database: database.kind,
+          webhookPath: config.webhook.path,
+          version: serviceVersion(),
+        },
         'service listening',
       )
     })()

@@ -16,6 +16,7 @@ import { dueOrderStats } from '../src/reconcile/poller.js'
 import { countParkedDeliveries } from '../src/webhooks/delivery.repository.js'
 import { FakeClock } from './helpers/fake-clock.js'
 import { logEntries, testLogger } from './helpers/log-sink.js'
+import { PACKAGE_VERSION } from './helpers/package-version.js'
 import { tradeRecord } from './helpers/partner-api-fixtures.js'
 import { countingFetcher, insertOrders, platformError } from './helpers/reconcile-orders.js'
 import { testPoller } from './helpers/reconcile-poller.js'
@@ -54,6 +55,8 @@ describe('GET /metrics, on the operator listener', () => {
     expect(response.text).toContain('poller_orders_due 3')
     expect(response.text).toContain('poller_oldest_due_age_seconds 42')
     expect(response.text).toMatch(/database_pool_connections\{state="idle"\} \d+/)
+    // which build answers: package.json's version, read from the file itself here
+    expect(response.text).toContain(`partner_escrow_build_info{version="${PACKAGE_VERSION}"} 1`)
   })
 
   // 503 says "try again later", which does not mend a fault; and the fault was logged nowhere

@@ -13,6 +13,7 @@ import {
 import { FakeClock } from './helpers/fake-clock.js'
 import { logEntries, logLines, rememberSecret, testLogger } from './helpers/log-sink.js'
 import { scriptedFetch, settleWithClock } from './helpers/partner-api-fake-fetch.js'
+import { PACKAGE_VERSION } from './helpers/package-version.js'
 import { disputeRecord, proposalRecord, respondResult, tradeRecord } from './helpers/partner-api-fixtures.js'
 import { type RecordingServer, startRecordingServer } from './helpers/partner-api-recording-server.js'
 
@@ -161,6 +162,7 @@ describe('PartnerApiClient against a local server that checks every signature', 
       expect(received.path, label).toBe(call.path)
       expect(received.signatureValid, label).toBe(true)
       expect(received.headers['x-partner-key-id'], label).toBe(KEY_ID)
+      expect(received.headers['user-agent'], label).toBe(`partner-escrow/${PACKAGE_VERSION}`)
       expect(answered, label).toEqual(call.answer)
       if (call.body === undefined) {
         expect(received.rawBody.length, label).toBe(0)

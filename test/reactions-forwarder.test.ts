@@ -23,6 +23,7 @@ import { FakeClock } from './helpers/fake-clock.js'
 import { type ForwardReceiver, startForwardReceiver } from './helpers/forward-receiver.js'
 import { rememberSecret, testLogger } from './helpers/log-sink.js'
 import { moveNewOrder } from './helpers/orders.js'
+import { PACKAGE_VERSION } from './helpers/package-version.js'
 import { clearReactions, TEST_DISPATCHER_SETTINGS, untilEventsReadable } from './helpers/reaction-jobs.js'
 import { eventually } from './helpers/reconcile-poller.js'
 import { useTestDatabase } from './helpers/test-database.js'
@@ -109,6 +110,7 @@ describe('the forwarder', () => {
     expect(request!.method).toBe('POST')
     expect(request!.url).toBe('/hooks/escrow')
     expect(request!.headers['content-type']).toBe('application/json')
+    expect(request!.headers['user-agent']).toBe(`partner-escrow/${PACKAGE_VERSION}`)
     expect(request!.headers['webhook-id']).toBe(event.eventId)
     expect(request!.headers['webhook-signature']).toMatch(/^v1,[A-Za-z0-9+/]{43}=$/)
     rememberSecret(request!.headers['webhook-signature']!.slice(3))

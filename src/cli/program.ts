@@ -14,6 +14,7 @@ import { registerSandboxCommand } from './sandbox.command.js'
 import { registerServeCommand } from './serve.command.js'
 import { registerTradesCommands } from './trades.command.js'
 import { registerWebhookCommands } from './webhook.command.js'
+import { serviceVersion } from '../version.js'
 
 /**
  * `runCommand` is how `serve` runs a second terminal's command lines: given by the caller (run-cli.ts),
@@ -23,6 +24,7 @@ export function buildProgram(runCommand: LocalCommandRunner, output?: OutputConf
   const program = new Command()
     .name('partner-escrow')
     .description('Integration backend for the escrow trade platform: webhooks, API client, poller, sandbox')
+    .version(serviceVersion(), '-V, --version', 'print the version and exit')
     .showHelpAfterError('(run with --help for usage)')
     // settings set here are inherited by every command registered below: parse errors throw, and
     // src/cli.ts turns them into exit code 2

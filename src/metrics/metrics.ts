@@ -9,6 +9,7 @@ import { ATTENTION_FLAGS } from '../orders/poll-schedule.repository.js'
 import type { AttemptResult } from '../reactions/dispatcher-settings.js'
 import { POLL_RESULTS, type PollResult, type RunSummary } from '../reconcile/poller.js'
 import { DELIVERY_OUTCOMES as STORED_OUTCOMES } from '../webhooks/delivery-outcome.js'
+import { serviceVersion } from '../version.js'
 
 /** Every label value of webhook_deliveries_total, created at 0 so a rate over a quiet service is 0, not absent. */
 const DELIVERY_OUTCOMES = [
@@ -108,6 +109,13 @@ export function createMetrics(
 ): Metrics {
   const registry = new Registry()
   if (defaultMetrics) collectDefaultMetrics({ register: registry })
+  // which build answers: a dashboard or alert can tell replicas of two versions apart during a rollout
+  new Gauge({
+    name: 'partner_escrow_build_info',
+    help: "Always 1; its version label is the running service's (package.json's version)",
+    labelNames: ['version'] as const,
+    registers: [registry],
+  }).set({ version: serviceVersion() }, 1)
 
   const deliveries = new Counter({
     name: 'webhook_deliveries_total',

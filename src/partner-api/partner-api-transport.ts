@@ -20,6 +20,7 @@ import { parseRetryAfter } from '../http/retry-after.js'
 import type { Logger } from '../logger.js'
 import { shortened } from '../shortened.js'
 import { OWN_CA_HINT, refusedCertificateCode } from '../tls-certificate.js'
+import { userAgent } from '../version.js'
 import { describeClockOffset, isClockOffsetTooLarge, measureClockOffset } from './clock-offset.js'
 import {
   PartnerApiError,
@@ -206,6 +207,7 @@ export class PartnerApiTransport {
         secret: this.secret,
       }),
       Accept: 'application/json',
+      'User-Agent': userAgent(),
     }
     if (body !== undefined) headers['Content-Type'] = 'application/json'
 

@@ -19,6 +19,7 @@ import { type Clock, systemClock } from '../clock.js'
 import { parseRetryAfter } from '../http/retry-after.js'
 import type { Logger } from '../logger.js'
 import { OWN_CA_HINT, refusedCertificateCode } from '../tls-certificate.js'
+import { userAgent } from '../version.js'
 import { forwardedPayload, type ReactionHandler } from './reaction-event.js'
 
 export const WEBHOOK_SECRET_PREFIX = 'whsec_'
@@ -128,6 +129,7 @@ export function createForwarder({
   // a user and password in the URL are sent as Basic authorization, as curl does: neither the origin the pool
   // connects to nor the path it sends holds them, so they would be dropped and every event answered 401
   const authorization = basicAuthorization(target)
+  const agent = userAgent()
   const post = fetchImplementation ? postWithFetch(fetchImplementation, target) : postWithPool(target)
   const deadlines = createDeadlines(clock, timeoutMs)
   const aborts = createAbortWatch()
@@ -148,6 +150,8 @@ export function createForwarder({
       String(timestamp),
       'webhook-signature',
       signWithKey(key, event.eventId, timestamp, body),
+      'user-agent',
+      agent,
     ]
     if (authorization) headers.push('authorization', authorization)
 

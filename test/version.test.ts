@@ -1,0 +1,18 @@
+import { describe, expect, it } from 'vitest'
+import { runCli } from './helpers/cli-process.js'
+import { PACKAGE_VERSION } from './helpers/package-version.js'
+
+// the compiled CLI finds package.json two folders up (dist/src/), the sources one up (src/): both are asked
+describe('partner-escrow --version', () => {
+  it.each([
+    ['from the sources', false],
+    ['compiled', true],
+  ])('prints package.json’s version and exits 0, %s', async (_name, built) => {
+    for (const flag of ['--version', '-V']) {
+      const result = await runCli([flag], {}, { built })
+      expect(result.stderr).toBe('')
+      expect(result.stdout).toBe(`${PACKAGE_VERSION}\n`)
+      expect(result.code).toBe(0)
+    }
+  })
+})
