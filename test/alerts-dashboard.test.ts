@@ -129,6 +129,7 @@ describe('alert rules and dashboard', () => {
       'reaction_latency_seconds_bucket',
       'reaction_attempts_total',
       'reaction_failures_total',
+      'partner_escrow_build_info',
     ]) {
       expect(onDashboard.has(name), `${name} has a dashboard panel`).toBe(true)
     }
