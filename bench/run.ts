@@ -4,12 +4,13 @@
 import { execFileSync, type ChildProcess } from 'node:child_process'
 import { randomBytes } from 'node:crypto'
 import { once } from 'node:events'
-import { cpSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs'
+import { cpSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs'
 import os from 'node:os'
 import path from 'node:path'
 import autocannon from 'autocannon'
 import pg from 'pg'
 import { createBenchSchema } from './ab-rounds.js'
+import { type Arrivals, type CommitLatency, commitTimesTracked, commitToArrivalLatency } from './commit-latency.js'
 import { deliveryHeaders } from './bench-secrets.js'
 import { runClaimBench, type ClaimResult } from './claim-bench.js'
 import { explainDedupLookups, type GrowthSeed, seedGrowth } from './growth-bench.js'
@@ -58,6 +59,10 @@ const LATENCY_SOURCE = "the service's histogram buckets, from the delivery's rec
 // a handler's commit-to-handler latency during its load run (the no-op handler's, the forwarder's), from the
 // service's own histogram
 const loadLatency = new Map<LoadResult, HistogramQuantiles>()
+// the same from the commit itself, where the cluster records commit times (bench/commit-latency.ts)
+const commitLatency = new Map<LoadResult, CommitLatency>()
+const COMMIT_SOURCE =
+  "from each transition's commit (track_commit_timestamp) to its handler's call (the no-op's) or its arrival at the receiver (the forwarder's)"
 
 interface LoadResult {
   name: string
@@ -88,6 +93,8 @@ interface LoadResult {
   serviceLatency?: { p50: string; p99: string }
   /** A run on a fixed schedule (paced-load.ts): the deliveries a second it sent. */
   sentRps?: number
+  /** When the measured load began, after the warm-up: the transitions recorded from then on are the run's. */
+  startedAt?: Date
 }
 
 /**
@@ -291,7 +298,9 @@ async function measured(
     const run = () => (adminPort === undefined ? send() : withServiceLatency(adminPort, send))
     // the forwarder's commit-to-handler latency during the load, as the no-op handler's (measuredNoop)
     const forwards = env.FORWARD_URL !== undefined && adminPort !== undefined
+    const startedAt = new Date()
     const [result, latency] = forwards ? await reactionLatencyDuring(adminPort, 'forwarder', run) : [await run(), undefined]
+    result.startedAt = startedAt
     if (latency) loadLatency.set(result, latency)
     result.cpuUsPerRequest = serverCpu(result.requests)
     result.postgresCpuUsPerRequest = clusterCpu(result.requests)
@@ -344,6 +353,7 @@ async function ingestBench({ reactionsOnly = false } = {}): Promise<LoadResult[]
     // each round and variant its own orders, so every run climbs the same lifecycle
     // (and one more set for each paced run, the forwarder's and the ingest's)
     const seeded = { BENCH_DATABASE_URL: url, BENCH_ORDERS: String(orders * (rounds * 3 + 1 + FORWARDER_PACES.length)), BENCH_SEEN_DELIVERIES: '5000' }
+    const tracked = await commitTimesTracked(url)
     // the compiled service with one in-process handler that does nothing (bench/serve-noop-handler.mjs): what
     // one registered handler costs the ingest, without the forwarder's HTTP request at both ends
     // one handler's jobs: its rows, and the events its stream has not taken yet (each a job not done)
@@ -386,7 +396,16 @@ async function ingestBench({ reactionsOnly = false } = {}): Promise<LoadResult[]
     }
     const measuredNoop = async (makeBody: BodyFactory) => {
       await freshStream('noop')
-      const { child, port, adminPort } = await startService(url, { orders: orders * rounds * 3, seen: 5000 }, {}, undefined, { noopHandler: true })
+      // where the cluster records commit times, the handler notes when each call began (written as it exits)
+      const startsFile = tracked ? path.join(mkdtempSync(path.join(os.tmpdir(), 'bench-noop-')), 'starts.json') : undefined
+      const { child, port, adminPort } = await startService(
+        url,
+        { orders: orders * rounds * 3, seen: 5000 },
+        startsFile ? { BENCH_HANDLER_STARTS: startsFile } : {},
+        undefined,
+        { noopHandler: true },
+      )
+      let measuredRun: LoadResult | undefined
       try {
         await warmUp(port, makeBody)
         const serverCpu = processCpuFrom(child.pid!)
@@ -394,7 +413,9 @@ async function ingestBench({ reactionsOnly = false } = {}): Promise<LoadResult[]
         const clusterCpu = clusterCpuFrom()
         const clusterWal = await clusterWalFrom(url)
         const loadCpu = loadCpuFrom()
+        const startedAt = new Date()
         const [result, latency] = await reactionLatencyDuring(adminPort, 'noop', () => withServiceLatency(adminPort, () => load(WITH_NOOP_HANDLER, port, makeBody)))
+        result.startedAt = startedAt
         result.cpuUsPerRequest = serverCpu(result.requests)
         result.postgresCpuUsPerRequest = clusterCpu(result.requests)
         result.loadCpuUsPerRequest = loadCpu(result.requests)
@@ -405,10 +426,18 @@ async function ingestBench({ reactionsOnly = false } = {}): Promise<LoadResult[]
         // the load's first moments finish the warm-up's jobs)
         handlerBacklog.set(result, { jobs: after.jobs - before.jobs, notDone: after.notDone, batches: after.batches - before.batches })
         loadLatency.set(result, latency)
+        measuredRun = result
         return result
       } finally {
         child.kill('SIGINT')
         await once(child, 'exit')
+        if (startsFile) {
+          if (measuredRun) {
+            const starts = JSON.parse(readFileSync(startsFile, 'utf8')) as Arrivals
+            commitLatency.set(measuredRun, await commitToArrivalLatency(url, starts, measuredRun.startedAt!))
+          }
+          rmSync(path.dirname(startsFile), { recursive: true, force: true })
+        }
       }
     }
     // the forwarder as the one handler, its stream fresh, and the jobs its deliveries enqueued (counted after the
@@ -416,12 +445,15 @@ async function ingestBench({ reactionsOnly = false } = {}): Promise<LoadResult[]
     const measuredForwarder = async (name: string, makeBody: BodyFactory, options: { rss?: boolean; pace?: number }) => {
       await freshStream('forwarder')
       const before = await jobCounts('forwarder')
+      // the receiver's arrivals so far are an earlier run's
+      if (tracked) await takeArrivals(receiver.port)
       const forwarded = await measured('service', { ...seeded, FORWARD_URL: `http://127.0.0.1:${receiver.port}/forward` }, name, makeBody, {
         ...options,
         receiverPid: receiver.child.pid,
       })
       const after = await jobCounts('forwarder')
       handlerBacklog.set(forwarded, { jobs: after.jobs - before.jobs, notDone: after.notDone - before.notDone, batches: after.batches - before.batches })
+      if (tracked) commitLatency.set(forwarded, await commitToArrivalLatency(url, await takeArrivals(receiver.port), forwarded.startedAt!))
       return forwarded
     }
     try {
@@ -572,6 +604,19 @@ function p99Reach(run: LoadResult, bare: LoadResult): string {
   return (
     `mean ${meanMs(run.rps).toFixed(1)} ms, ${CONNECTIONS} connections / ${run.rps} req/s; the bare route's p99 is ` +
     `${tail.toFixed(1)}× its mean, ${bare.p99} ms at ${bare.rps} req/s; at that ratio a p99 under 15 ms needs ${needed.toLocaleString('en')} req/s`
+  )
+}
+
+/** The forward receiver's arrivals since the last take (bench/server.ts). */
+async function takeArrivals(port: number): Promise<Arrivals> {
+  return (await (await fetch(`http://127.0.0.1:${port}/arrivals`)).json()) as Arrivals
+}
+
+function describeCommitLatency(latency: CommitLatency): string {
+  const missing = latency.withoutCommitTime > 0 ? `, ${latency.withoutCommitTime} without a commit time` : ''
+  return (
+    `p50 ${latency.p50Ms.toFixed(1)} ms, p99 ${latency.p99Ms.toFixed(1)} ms, max ${latency.maxMs.toFixed(1)} ms ` +
+    `(${latency.samples.toLocaleString('en')} transitions${missing}; ${COMMIT_SOURCE})`
   )
 }
 
@@ -762,6 +807,14 @@ async function main(): Promise<void> {
         latency.p99UpToS <= 0.05 ? 'yes' : 'no',
       ])
     }
+    const fromCommit = commitLatency.get(withHandler)
+    if (fromCommit) {
+      targets.push([
+        `the same, from the commit (${scenario === WITH_NOOP_HANDLER ? 'no-op handler' : 'forwarder'})`,
+        describeCommitLatency(fromCommit),
+        fromCommit.p99Ms < 50 ? 'yes' : 'no',
+      ])
+    }
   }
   for (const pace of FORWARDER_PACES) {
     const paced = byName(pacedForwarder(pace), true)
@@ -779,6 +832,14 @@ async function main(): Promise<void> {
         `${paced.rps} req/s answered of ${paced.sentRps} sent, ingest p99 ${paced.p99} ms${behind}`,
       latency.p99UpToS <= 0.05 && answered ? 'yes' : 'no',
     ])
+    const fromCommit = commitLatency.get(paced)
+    if (fromCommit) {
+      targets.push([
+        `the same, from the commit (forwarder at ${pace === 1 ? '' : `${pace}× `}the minimal handler's rate)`,
+        describeCommitLatency(fromCommit),
+        fromCommit.p99Ms < 50 && answered ? 'yes' : 'no',
+      ])
+    }
   }
   if (reactions) {
     const { latency, dispatch } = reactions

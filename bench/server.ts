@@ -2,7 +2,7 @@
 //   bare     Express 5 answering 200 (the framework's limit)
 //   minimal  raw body, HMAC check, one INSERT ... ON CONFLICT DO NOTHING (the least a durable receiver does)
 //   receiver the far end of the forwarder: reads each request and answers 204 (a partner's fast endpoint),
-//            on node:http alone
+//            on node:http alone, and keeps when each event arrived (GET /arrivals)
 // Prints {"port":N} on stdout once listening.
 import { createHmac, timingSafeEqual } from 'node:crypto'
 import express from 'express'
@@ -27,7 +27,23 @@ async function main(): Promise<void> {
   } else if (kind === 'receiver') {
     // node:http without Express: it stands for a system on another machine, so it takes as little as it can
     // of the two cores the service shares with it
+    // when each event arrived (its webhook-id, the time in ms), taken by the bench with GET /arrivals: what
+    // commit-to-handler is read from where the cluster records commit times (bench/commit-latency.ts)
+    let ids: string[] = []
+    let atMs: number[] = []
     app = (req, res) => {
+      if (req.method === 'GET' && req.url === '/arrivals') {
+        res.setHeader('content-type', 'application/json')
+        res.end(JSON.stringify({ ids, atMs }))
+        ids = []
+        atMs = []
+        return
+      }
+      const id = req.headers['webhook-id']
+      if (typeof id === 'string') {
+        ids.push(id)
+        atMs.push(Date.now())
+      }
       req.resume()
       req.once('end', () => {
         res.statusCode = req.method === 'POST' && req.url === '/forward' ? 204 : 404
