@@ -150,6 +150,28 @@ describe('trades open', () => {
     expect((await open(ref)).code).toBe(0)
   })
 
+  // two checkouts: the first one's `npm start` holds SANDBOX_PORT, and the second's command met its sandbox
+  it('in local mode, says that a sandbox refusing the key is another service’s on that port', async () => {
+    const local = testConfig({ PARTNER_API_BASE_URL: '', SANDBOX_PORT: new URL(server.url).port, DATA_DIR: '/srv/checkout-b/data' })
+    expect(local.partner.mode).toBe('local')
+    const ref = reference()
+    expect((await open(ref)).code).toBe(0)
+    for (const code of ['unknown_key', 'invalid_signature']) {
+      answer = () => ({ status: 401, body: { error: { code, message: 'The key id is not known' } } })
+      const refused = await runCommandWith(['trades', 'get', ref], { ...context, config: local })
+      expect(refused.code).toBe(1)
+      expect(refused.stderr).toContain(`The platform refused (401 ${code})`)
+      expect(refused.stderr).toContain(`the sandbox that \`npm start\` runs from /srv/checkout-b/data`)
+      expect(refused.stderr).toContain(`the one at ${server.url} does not know it`)
+    }
+    // a remote platform's refusal is only the refusal
+    answer = () => ({ status: 401, body: { error: { code: 'unknown_key', message: 'The key id is not known' } } })
+    const remote = await cli('trades', 'get', ref)
+    expect(remote.code).toBe(1)
+    expect(remote.stderr).toContain('The platform refused (401 unknown_key)')
+    expect(remote.stderr).not.toContain('In local mode')
+  })
+
   it('refuses to open again after a create whose outcome is unknown, until --retry', async () => {
     const ref = reference()
     answer = () => ({ status: 200, body: 'not the trade record' })

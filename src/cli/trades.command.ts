@@ -47,7 +47,7 @@ export async function withTradeDeps<T>(
     orderWhenNotSent = () => 'the order is unchanged',
   }: TradeDepsOptions = {},
 ): Promise<T> {
-  const [{ systemClock }, { createPartnerApiClient }, { observationSettings }] = await Promise.all([
+  const [{ systemClock }, { createPartnerApiClient, partnerApiBaseUrl }, { observationSettings }] = await Promise.all([
     import('../clock.js'),
     import('../partner-api/create-partner-api-client.js'),
     import('../orders/observations.js'),
@@ -62,7 +62,8 @@ export async function withTradeDeps<T>(
         },
       })
     } catch (error) {
-      throw explainFailure(error, { unknownOutcome, orderWhenNotSent })
+      const localSandbox = config.partner.mode === 'local' ? { url: partnerApiBaseUrl(config), dataDir: config.dataDir } : undefined
+      throw explainFailure(error, { unknownOutcome, orderWhenNotSent }, localSandbox)
     }
   })
 }
@@ -94,11 +95,21 @@ export async function runTradeCall<T>(
 function explainFailure(
   error: unknown,
   { unknownOutcome, orderWhenNotSent }: Required<TradeDepsOptions>,
+  /** Local mode's platform: the sandbox `npm start` runs from `dataDir`, which knows that directory's key. */
+  localSandbox?: { url: string; dataDir: string },
 ): unknown {
   if (error instanceof TradeOperationError && error.code === 'stopped') {
     return new StoppedBySignalError(`${error.message} [${error.code}]`)
   }
   if (error instanceof PartnerValidationError) return new UsageError(`Invalid request: ${error.message}`)
+  if (error instanceof PartnerApiError && localSandbox && (error.code === 'unknown_key' || error.code === 'invalid_signature')) {
+    // the sandbox of this DATA_DIR's service knows its key: one that does not is another checkout's, on the same port
+    return new Error(
+      `${describeRefusal(error)}\n  In local mode the platform is the sandbox that \`npm start\` runs from ${localSandbox.dataDir}, ` +
+        `with that directory's key; the one at ${localSandbox.url} does not know it, so another service (another ` +
+        'checkout or DATA_DIR) holds that port: stop it, or give this one another SANDBOX_PORT, and start this one.',
+    )
+  }
   if (error instanceof PartnerApiError) return new Error(describeRefusal(error))
   if (error instanceof TradeOperationError) return new CommandFailedError(error.code, error.message)
   if (error instanceof PartnerNotSentError && error.proxy) {
