@@ -209,7 +209,7 @@ describePostgres('only real unavailability answers 503 (Postgres)', () => {
     const own = new URL(database.url!)
     for (const [change, code, message] of [
       [(url: URL) => (url.username = 'no_such_user'), '28000', /refused the login: check the user and password of DATABASE_URL/],
-      [(url: URL) => (url.pathname = '/no_such_database'), '3D000', /the database named in DATABASE_URL does not exist/],
+      [(url: URL) => (url.pathname = '/no_such_database'), '3D000', /the database named in DATABASE_URL does not exist: create it \(createdb NAME/],
     ] as const) {
       const wrong = new URL(own)
       change(wrong)

@@ -62,7 +62,12 @@ const SQLSTATE_CLASSES: Record<string, { kind: DatabaseErrorKind; message: strin
   '54': { kind: 'refused_data', message: 'program limit exceeded: a value is too large' },
   // what an operator's DATABASE_URL gets wrong: said so, rather than "refused the statement"
   '28': { kind: 'failure', message: 'the database refused the login: check the user and password of DATABASE_URL' },
-  '3D': { kind: 'failure', message: 'the database named in DATABASE_URL does not exist' },
+  '3D': {
+    kind: 'failure',
+    message:
+      "the database named in DATABASE_URL does not exist: create it (createdb NAME, or CREATE DATABASE NAME ENCODING 'UTF8' " +
+      'TEMPLATE template0), or correct the path of DATABASE_URL',
+  },
 }
 
 export interface DatabaseErrorDescription {
