@@ -111,6 +111,8 @@ export class PartnerApiTransport {
   readonly proxy: string | undefined
   private readonly random: () => number
   private readonly nonce: () => string
+  /** The same on every request: read once. */
+  private readonly userAgent = userAgent()
   private readonly retry: RetryOptions
   private readonly onClockOffset: ((offsetS: number) => void) | undefined
 
@@ -207,7 +209,7 @@ export class PartnerApiTransport {
         secret: this.secret,
       }),
       Accept: 'application/json',
-      'User-Agent': userAgent(),
+      'User-Agent': this.userAgent,
     }
     if (body !== undefined) headers['Content-Type'] = 'application/json'
 
