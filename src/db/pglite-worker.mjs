@@ -31,15 +31,25 @@ const pglite = new PGlite(location, {
 
 // Starting the database leaves garbage behind on this thread (its files unpacked, the WebAssembly loaded):
 // 150-190 MB resident that V8 keeps until it decides the thread is idle, 16 s after a start on Node 24.
-// The service asks for it to be collected once its start is done ('collect'). The collector is taken from a
-// context made while it is exposed; the flag is set back at once, so no other context gets it (unless the
-// process was started with --expose-gc: then this thread has it already and the flag is left alone).
-const collectGarbage = /** @type {() => void} */ (globalThis.gc ?? exposedCollector())
+// The service asks for it to be collected once its start is done ('collect'). The collector is taken then,
+// from a context made while it is exposed, and the flag is set back at once, so no other context gets it
+// (unless the process was started with --expose-gc: then this thread has it already and the flag is left
+// alone). Taken when first asked for, not when the thread starts: the flag is the process's, and every
+// database the tests open starts a thread, while only a service's start collects. Where another thread set
+// the flag back in between (three threads starting at once did, now and then: "gc is not defined"), there is
+// no collector, and V8 collects in its own time.
+/** @type {(() => void) | undefined} */
+let collector
+
+function collectGarbage() {
+  collector ??= /** @type {(() => void) | undefined} */ (globalThis.gc ?? exposedCollector())
+  collector?.()
+}
 
 function exposedCollector() {
   setFlagsFromString('--expose-gc')
   try {
-    return runInNewContext('gc')
+    return runInNewContext("typeof gc === 'function' ? gc : undefined")
   } finally {
     setFlagsFromString('--no-expose-gc')
   }
