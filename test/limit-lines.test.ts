@@ -7,6 +7,7 @@ import { createApp } from '../src/http/app.js'
 import { limitLines } from '../src/limit-lines.js'
 import { logLines, testLogger } from './helpers/log-sink.js'
 import { testConfig } from './helpers/test-config.js'
+import { pgliteTemplate } from './helpers/test-database.js'
 import { sendWebhook, tradePayload } from './helpers/webhook-delivery.js'
 
 describe('limitLines', () => {
@@ -43,7 +44,7 @@ describe('limitLines', () => {
 describe('the webhook endpoint with its database gone', () => {
   it('answers every delivery 503 and writes "webhook not stored" once a second, counting the rest', async () => {
     const config = testConfig()
-    const database = openDatabase({ dataDir: 'memory://' })
+    const database = openDatabase({ dataDir: 'memory://', pgliteTemplate: pgliteTemplate(false) })
     await database.close()
     const app = createApp({ config, db: database.db, logger: testLogger(config.webhook.secrets), clock: systemClock })
     const before = logLines.length
@@ -68,7 +69,7 @@ describe('the webhook endpoint with its database gone', () => {
 describe('the webhook endpoint refusing signatures', () => {
   it('answers every delivery with a wrong signature 401 and writes "webhook signature rejected" once a second, counting the rest', async () => {
     const config = testConfig()
-    const database = openDatabase({ dataDir: 'memory://' })
+    const database = openDatabase({ dataDir: 'memory://', pgliteTemplate: pgliteTemplate(false) })
     try {
       const app = createApp({ config, db: database.db, logger: testLogger(config.webhook.secrets), clock: systemClock })
       const before = logLines.length

@@ -4,11 +4,12 @@
 import { sql } from 'kysely'
 import { afterAll, beforeAll, describe, expect, it } from 'vitest'
 import { type DatabaseHandle, openDatabase, PREPARED } from '../src/db/open-database.js'
+import { pgliteTemplate } from './helpers/test-database.js'
 
 describe('prepared statements on PGlite', () => {
   let database: DatabaseHandle
   beforeAll(() => {
-    database = openDatabase({ dataDir: 'memory://' })
+    database = openDatabase({ dataDir: 'memory://', pgliteTemplate: pgliteTemplate(false) })
   })
   afterAll(async () => {
     await database.close()

@@ -2,20 +2,18 @@
 // as PGlite gave it (rows, errors with their SQLSTATE, notifications, a dump), transactions commit or roll
 // back as Kysely's dialect asks, the serving thread runs while the database works, and a thread that stops
 // fails every statement as "unavailable" instead of leaving it waiting.
-import { readFileSync } from 'node:fs'
 import { setTimeout as delay } from 'node:timers/promises'
-import { afterEach, describe, expect, inject, it } from 'vitest'
+import { afterEach, describe, expect, it } from 'vitest'
 import { describeDatabaseError } from '../src/db/database-errors.js'
 import { PgliteThread } from '../src/db/pglite-thread.js'
 import { logEntries, testLogger } from './helpers/log-sink.js'
+import { pgliteTemplate } from './helpers/test-database.js'
 
 const open: PgliteThread[] = []
-// every thread starts from the suite's initialised cluster (helpers/pglite-template.ts), as a test database
-// does: an initdb of its own cost each test 8-15 s of a core
-let initialised: Blob | undefined
+// every thread starts from the suite's initialised cluster, as a test database does: an initdb of its own cost
+// each test 8-15 s of a core
 function start(options: Partial<ConstructorParameters<typeof PgliteThread>[0]> = {}): PgliteThread {
-  initialised ??= new Blob([readFileSync(inject('pgliteTemplates').empty)])
-  const thread = new PgliteThread({ location: 'memory://', startParams: [], template: initialised, ...options })
+  const thread = new PgliteThread({ location: 'memory://', startParams: [], template: pgliteTemplate(false), ...options })
   open.push(thread)
   return thread
 }

@@ -123,7 +123,11 @@ export async function createTestDatabase({
 
 // read once per test file; the tarballs are made by helpers/pglite-template.ts (globalSetup)
 const templates = new Map<boolean, Blob>()
-function pgliteTemplate(migrated: boolean): Blob {
+/**
+ * The suite's initialised PGlite cluster (`migrated`: with every migration applied), for a test that opens
+ * PGlite itself: loading it costs a fraction of an initdb, 6-15 s of a core.
+ */
+export function pgliteTemplate(migrated: boolean): Blob {
   let template = templates.get(migrated)
   if (!template) {
     const paths = inject('pgliteTemplates')
