@@ -80,6 +80,7 @@ export async function startService({
   clock = systemClock,
   runCommand,
   registerReactions,
+  pgliteTemplate,
 }: {
   config: Config
   logger: Logger
@@ -88,6 +89,11 @@ export async function startService({
   runCommand?: LocalCommandRunner | undefined
   /** Reaction handlers registered in code beside the configured ones and partner-handlers.ts. */
   registerReactions?: ((reactions: ReactionRegistry) => void) | undefined
+  /**
+   * A PGlite cluster (a dump, as `dumpDataDir` gives) that an embedded database in `memory://` starts from
+   * instead of an initdb of its own: the tests' initialised one. Not read for a DATA_DIR on disk or Postgres.
+   */
+  pgliteTemplate?: Blob | undefined
 }): Promise<RunningService> {
   // `takesWork`: stopped first: the claims at once, the requests when the drain delay ends
   // `waitingOn`: what a part's stop waits for now, named beside the part when the stop runs past its bound
@@ -133,7 +139,8 @@ export async function startService({
       { portSetting: 'ADMIN_PORT', hostSetting: 'ADMIN_HOST', port: config.admin.port, host: config.admin.host },
       ...(runsSandbox ? [sandboxTarget] : []),
     ])
-    if (!config.databaseUrl && !embeddedDatabaseExists(config.dataDir)) {
+    const template = !config.databaseUrl && config.dataDir.startsWith('memory://') ? pgliteTemplate : undefined
+    if (!config.databaseUrl && !template && !embeddedDatabaseExists(config.dataDir)) {
       // PGlite's initdb runs once, silently, for several seconds: say so
       logger.info({ dataDir: config.dataDir }, 'initialising the embedded database (first start only)')
     }
@@ -141,6 +148,7 @@ export async function startService({
       databaseUrl: config.databaseUrl,
       listenUrl: config.databaseListenUrl,
       dataDir: config.dataDir,
+      pgliteTemplate: template,
       poolSize: config.databasePoolSize,
       statementTimeoutMs: config.databaseStatementTimeoutMs,
       logger,

@@ -4,7 +4,8 @@ import { once } from 'node:events'
 import net from 'node:net'
 import { sql } from 'kysely'
 import { afterAll, beforeAll, describe, expect, it } from 'vitest'
-import { type RunningService, startService } from '../src/service.js'
+import type { RunningService } from '../src/service.js'
+import { startTestService } from './helpers/test-service.js'
 import { testLogger } from './helpers/log-sink.js'
 import { openStalledBodies, openStalledHeads, type StalledClient } from './helpers/stalled-bodies.js'
 import { TEST_API_SECRET, TEST_WEBHOOK_SECRET, testConfig } from './helpers/test-config.js'
@@ -14,7 +15,7 @@ const KB = 1024
 
 /** A service of its own for one test, with a 256 KB body limit and `env` besides; `metric` reads its operator listener. */
 async function startOwnService(env: Record<string, string>) {
-  const own = await startService({
+  const own = await startTestService({
     config: testConfig({ PORT: '0', POLL_ENABLED: 'false', WEBHOOK_BODY_LIMIT: '256kb', ...env }),
     logger: testLogger([TEST_API_SECRET, TEST_WEBHOOK_SECRET]),
   })
@@ -29,7 +30,7 @@ describe('limits of the public listener', () => {
   const held: net.Socket[] = []
 
   beforeAll(async () => {
-    service = await startService({
+    service = await startTestService({
       config: testConfig({
         PORT: '0',
         POLL_ENABLED: 'false',
@@ -253,7 +254,7 @@ describe('limits of the public listener', () => {
 
   it('drops connections past MAX_CONNECTIONS and counts them', async () => {
     // a service of its own: no earlier keep-alive connection counts against the cap
-    const capped = await startService({
+    const capped = await startTestService({
       config: testConfig({ PORT: '0', POLL_ENABLED: 'false', MAX_CONNECTIONS: '8' }),
       logger: testLogger([TEST_API_SECRET, TEST_WEBHOOK_SECRET]),
     })

@@ -1,7 +1,8 @@
 // The two listeners of `serve`: the public one (what the platform reaches) serves the webhook path,
 // /healthz and /readyz and nothing else; the operator one serves metrics, also while the database is down.
 import { afterEach, describe, expect, it } from 'vitest'
-import { type RunningService, startService } from '../src/service.js'
+import type { RunningService } from '../src/service.js'
+import { startTestService } from './helpers/test-service.js'
 import { testLogger } from './helpers/log-sink.js'
 import { insertOrders } from './helpers/reconcile-orders.js'
 import { startTcpProxy, type TcpProxy } from './helpers/tcp-proxy.js'
@@ -18,7 +19,7 @@ describe('the public and the operator listener', () => {
   })
 
   it('serves the webhook path and health publicly, metrics only on the operator listener bound to 127.0.0.1', async () => {
-    service = await startService({ config: testConfig({ PORT: '0', POLL_ENABLED: 'false' }), logger: logger() })
+    service = await startTestService({ config: testConfig({ PORT: '0', POLL_ENABLED: 'false' }), logger: logger() })
     await service.ready
     expect(service.adminUrl).toMatch(/^http:\/\/127\.0\.0\.1:\d+$/)
     expect(service.adminUrl).not.toBe(service.url)
@@ -57,7 +58,7 @@ describePostgres('metrics while the database is down (Postgres)', () => {
     await insertOrders(database.db, [{ externalReference: 'down-1', nextPollAt: new Date(Date.now() - 60_000) }])
     const upstream = new URL(database.url!)
     proxy = await startTcpProxy({ host: upstream.hostname, port: Number(upstream.port || 5432) })
-    service = await startService({
+    service = await startTestService({
       config: testConfig({ PORT: '0', POLL_ENABLED: 'false', DATABASE_URL: proxy.rewrite(database.url!) }),
       logger: logger(),
     })

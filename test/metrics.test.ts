@@ -8,7 +8,8 @@ import { pingDatabase } from '../src/db/ping-database.js'
 import { createAdminApp } from '../src/http/admin-app.js'
 import { createApp } from '../src/http/app.js'
 import { createMetrics } from '../src/metrics/metrics.js'
-import { type RunningService, startService } from '../src/service.js'
+import type { RunningService } from '../src/service.js'
+import { startTestService } from './helpers/test-service.js'
 import { countOrdersNeedingAttention } from '../src/orders/order.repository.js'
 import { requeueOrders } from '../src/orders/poll-schedule.repository.js'
 import { createOrder } from './helpers/orders.js'
@@ -246,7 +247,7 @@ describe("database_clock_offset_seconds: the database's clock against this repli
     it('reads the offset at every scrape: negative when this replica runs ahead', async () => {
       // this replica's clock 2 minutes ahead of the machine's, which the database shares
       const ahead = new FakeClock(Date.now() + 120_000)
-      service = await startService({ config: testConfig({ PORT: '0', DATABASE_URL: database.url! }), logger: testLogger(), clock: ahead })
+      service = await startTestService({ config: testConfig({ PORT: '0', DATABASE_URL: database.url! }), logger: testLogger(), clock: ahead })
       await service.ready
       const offsetOf = (scrape: string) => Number(/^database_clock_offset_seconds (\S+)$/m.exec(scrape)?.[1])
       const first = offsetOf(await scrapeOf(service))
@@ -260,7 +261,7 @@ describe("database_clock_offset_seconds: the database's clock against this repli
   })
 
   it('has no sample on the embedded database, which runs on this machine\'s clock', async () => {
-    service = await startService({ config: testConfig({ PORT: '0', DATA_DIR: 'memory://' }), logger: testLogger(), clock: new FakeClock(Date.now() + 120_000) })
+    service = await startTestService({ config: testConfig({ PORT: '0', DATA_DIR: 'memory://' }), logger: testLogger(), clock: new FakeClock(Date.now() + 120_000) })
     await service.ready
     const scrape = await scrapeOf(service)
     expect(scrape).toMatch(/^database_up 1$/m)

@@ -12,7 +12,8 @@ import {
 import { PartnerApiError } from '../src/partner-api/partner-api-error.js'
 import { PartnerApiClient } from '../src/partner-api/partner-api.client.js'
 import { createSandbox, type Sandbox } from '../src/sandbox/create-sandbox.js'
-import { type RunningService, startService } from '../src/service.js'
+import type { RunningService } from '../src/service.js'
+import { startTestService } from './helpers/test-service.js'
 import { runCommandWith } from './helpers/cli-in-process.js'
 import { FakeClock } from './helpers/fake-clock.js'
 import { logEntries, testLogger } from './helpers/log-sink.js'
@@ -341,7 +342,7 @@ describe('the offset kept: the run record, reconcile --report, the console and /
       ADMIN_TOKEN,
       ...(database ? { DATABASE_URL: database.url! } : { DATA_DIR: 'memory://' }),
     })
-    service = await startService({ config, logger, clock })
+    service = await startTestService({ config, logger, clock })
     await service.ready
     const db = service.database.db
     const scrape = async () => (await fetch(`${service!.adminUrl}/metrics`)).text()

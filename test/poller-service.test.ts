@@ -1,7 +1,7 @@
 // The poller inside `serve`: started after the server listens, fed to /metrics, stopped first.
 import { afterEach, describe, expect, it } from 'vitest'
 import type { RunningService } from '../src/service.js'
-import { startService } from '../src/service.js'
+import { startTestService } from './helpers/test-service.js'
 import { FakeClock } from './helpers/fake-clock.js'
 import { logEntries, testLogger } from './helpers/log-sink.js'
 import { tradeRecord } from './helpers/partner-api-fixtures.js'
@@ -28,7 +28,7 @@ describe('the poller in the service', () => {
     const clock = new FakeClock()
     const logger = testLogger([TEST_API_SECRET, TEST_WEBHOOK_SECRET])
     const config = testConfig({ PARTNER_API_BASE_URL: platform.url, PORT: '0', POLL_INTERVAL_S: String(SERVICE_POLL_INTERVAL_MS / 1000) })
-    service = await startService({ config, logger, clock })
+    service = await startTestService({ config, logger, clock })
     await service.ready
     expect(service.poller?.running).toBe(true)
     // the first cycle found nothing and the poller sleeps its interval
@@ -78,7 +78,7 @@ describe('the poller in the service', () => {
     })
     const clock = new FakeClock()
     const config = testConfig({ PARTNER_API_BASE_URL: platform.url, PORT: '0', POLL_INTERVAL_S: String(SERVICE_POLL_INTERVAL_MS / 1000) })
-    service = await startService({ config, logger: testLogger([TEST_API_SECRET, TEST_WEBHOOK_SECRET]), clock })
+    service = await startTestService({ config, logger: testLogger([TEST_API_SECRET, TEST_WEBHOOK_SECRET]), clock })
     await service.ready
     await eventually(() => pollerSleeps(clock) === 1, 'the poller sleeps')
     await insertOrders(service.database.db, [{ externalReference: 'svc-long', nextPollAt: new Date(clock.now() - 1_000) }])
@@ -102,7 +102,7 @@ describe('the poller in the service', () => {
 
   it('does not start the poller when POLL_ENABLED=false', async () => {
     const config = testConfig({ PORT: '0', POLL_ENABLED: 'false' })
-    service = await startService({ config, logger: testLogger(), clock: new FakeClock() })
+    service = await startTestService({ config, logger: testLogger(), clock: new FakeClock() })
     await service.ready
     expect(service.poller).toBeUndefined()
     // no poller, no cycle time: this replica must not look like a stalled poller to the alert

@@ -7,7 +7,8 @@
 import { afterEach, expect, it } from 'vitest'
 import { createOrder } from './helpers/orders.js'
 import { AMQP_HANDLER } from '../src/reactions/configured-reactions.js'
-import { type RunningService, startService } from '../src/service.js'
+import type { RunningService } from '../src/service.js'
+import { startTestService } from './helpers/test-service.js'
 import { amqpUrl, describeRabbitMq, startConsumer, type TestConsumer, uniqueName } from './helpers/amqp-broker.js'
 import { testLogger } from './helpers/log-sink.js'
 import { startTcpProxy, type TcpProxy } from './helpers/tcp-proxy.js'
@@ -63,7 +64,7 @@ describeRabbitMq('RabbitMQ publishing in the service (RabbitMQ)', () => {
       AMQP_TIMEOUT_MS: '5000',
       ...(database?.url ? { DATABASE_URL: database.url } : {}),
     })
-    service = await startService({ config, logger: testLogger([TEST_API_SECRET, TEST_WEBHOOK_SECRET]) })
+    service = await startTestService({ config, logger: testLogger([TEST_API_SECRET, TEST_WEBHOOK_SECRET]) })
     await service.ready
     const { db } = service.database
 
@@ -155,7 +156,7 @@ describeRabbitMq('RabbitMQ publishing in the service (RabbitMQ)', () => {
       AMQP_EXCHANGE: exchange,
       ...(database?.url ? { DATABASE_URL: database.url } : {}),
     })
-    service = await startService({ config, logger: testLogger([TEST_API_SECRET, TEST_WEBHOOK_SECRET]) })
+    service = await startTestService({ config, logger: testLogger([TEST_API_SECRET, TEST_WEBHOOK_SECRET]) })
     await service.ready
     const { db } = service.database
     const reference = 'amqp-unroutable-1'
@@ -212,7 +213,7 @@ describeRabbitMq('RabbitMQ publishing in the service (RabbitMQ)', () => {
       AMQP_EVENTS: 'trade.funded',
       ...(database?.url ? { DATABASE_URL: database.url } : {}),
     })
-    service = await startService({ config, logger: testLogger([TEST_API_SECRET, TEST_WEBHOOK_SECRET]) })
+    service = await startTestService({ config, logger: testLogger([TEST_API_SECRET, TEST_WEBHOOK_SECRET]) })
     await service.ready
     const { db } = service.database
     const orders = 8

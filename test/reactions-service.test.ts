@@ -5,7 +5,7 @@ import { sql } from 'kysely'
 import { afterEach, describe, expect, it } from 'vitest'
 import { createOrder } from './helpers/orders.js'
 import type { RunningService } from '../src/service.js'
-import { startService } from '../src/service.js'
+import { startTestService } from './helpers/test-service.js'
 import { type ForwardReceiver, startForwardReceiver } from './helpers/forward-receiver.js'
 import { rememberSecret, testLogger } from './helpers/log-sink.js'
 import { TEST_API_SECRET, TEST_WEBHOOK_SECRET, testConfig } from './helpers/test-config.js'
@@ -27,7 +27,7 @@ describe('reactions in the service', () => {
     const secret = `whsec_${randomBytes(32).toString('base64')}`
     rememberSecret(secret.slice('whsec_'.length))
     const config = testConfig({ PORT: '0', POLL_ENABLED: 'false', FORWARD_URL: receiver.url, FORWARD_SECRET: secret })
-    service = await startService({ config, logger: testLogger([TEST_API_SECRET, TEST_WEBHOOK_SECRET]) })
+    service = await startTestService({ config, logger: testLogger([TEST_API_SECRET, TEST_WEBHOOK_SECRET]) })
     await service.ready
     const { db } = service.database
     // the stream of a handler a later deploy removed: it stays where it stopped, and nothing reads on

@@ -6,7 +6,8 @@ import { afterEach, beforeEach, describe, expect, it } from 'vitest'
 import type { Database } from '../src/db/database.js'
 import { PRUNE_LOCK_KEY, type PruneDeps, type RetentionSettings, runPrunePass } from '../src/retention/prune.js'
 import { finishRun, listRuns, startRun } from '../src/reconcile/reconcile-run.repository.js'
-import { startService, type RunningService } from '../src/service.js'
+import type { RunningService } from '../src/service.js'
+import { startTestService } from './helpers/test-service.js'
 import {
   findDelivery,
   prunableDeliveriesQuery,
@@ -365,7 +366,7 @@ describe('serve', () => {
     database = await createTestDatabase()
     const env: Record<string, string> = { PORT: '0', POLL_ENABLED: 'false', PRUNE_INTERVAL_S: '5' }
     if (database.url) env.DATABASE_URL = database.url
-    service = await startService({ config: testConfig(env), logger: testLogger(), clock })
+    service = await startTestService({ config: testConfig(env), logger: testLogger(), clock })
     await service.ready
     const db = service.database.db
     const seededAt = clock.now()
@@ -411,7 +412,7 @@ describe('serve on PGlite', () => {
   // round of deliveries, though it held none of them (26 MB more per 20,000 deliveries of 1 kB, by hand)
   it('uses the space of pruned deliveries again: the table does not grow pass after pass', async () => {
     const clock = new FakeClock(Date.parse('2026-06-01T00:00:00Z'))
-    service = await startService({
+    service = await startTestService({
       // one batch a round: a pass never pauses on the fake clock
       config: testConfig({ PORT: '0', POLL_ENABLED: 'false', PRUNE_INTERVAL_S: '5', PRUNE_BATCH_SIZE: '5000' }),
       logger: testLogger(),
