@@ -5,10 +5,10 @@ import net from 'node:net'
 import { sql } from 'kysely'
 import { afterAll, beforeAll, describe, expect, it } from 'vitest'
 import type { RunningService } from '../src/service.js'
-import { startTestService } from './helpers/test-service.js'
 import { testLogger } from './helpers/log-sink.js'
 import { openStalledBodies, openStalledHeads, type StalledClient } from './helpers/stalled-bodies.js'
 import { TEST_API_SECRET, TEST_WEBHOOK_SECRET, testConfig } from './helpers/test-config.js'
+import { startTestService } from './helpers/test-service.js'
 import { signBody } from './helpers/webhook-delivery.js'
 
 const KB = 1024

@@ -2,12 +2,12 @@
 // /healthz and /readyz and nothing else; the operator one serves metrics, also while the database is down.
 import { afterEach, describe, expect, it } from 'vitest'
 import type { RunningService } from '../src/service.js'
-import { startTestService } from './helpers/test-service.js'
 import { testLogger } from './helpers/log-sink.js'
 import { insertOrders } from './helpers/reconcile-orders.js'
 import { startTcpProxy, type TcpProxy } from './helpers/tcp-proxy.js'
 import { TEST_API_SECRET, TEST_WEBHOOK_SECRET, testConfig } from './helpers/test-config.js'
 import { createTestDatabase, describePostgres, type TestDatabase } from './helpers/test-database.js'
+import { startTestService } from './helpers/test-service.js'
 
 const logger = () => testLogger([TEST_API_SECRET, TEST_WEBHOOK_SECRET])
 

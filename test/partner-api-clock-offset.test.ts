@@ -13,7 +13,6 @@ import { PartnerApiError } from '../src/partner-api/partner-api-error.js'
 import { PartnerApiClient } from '../src/partner-api/partner-api.client.js'
 import { createSandbox, type Sandbox } from '../src/sandbox/create-sandbox.js'
 import type { RunningService } from '../src/service.js'
-import { startTestService } from './helpers/test-service.js'
 import { runCommandWith } from './helpers/cli-in-process.js'
 import { FakeClock } from './helpers/fake-clock.js'
 import { logEntries, testLogger } from './helpers/log-sink.js'
@@ -24,6 +23,7 @@ import { insertOrders, orderByReference } from './helpers/reconcile-orders.js'
 import { eventually, pollerSleeps, SERVICE_POLL_INTERVAL_MS } from './helpers/reconcile-poller.js'
 import { TEST_API_KEY_ID, TEST_API_SECRET, TEST_WEBHOOK_SECRET, testConfig } from './helpers/test-config.js'
 import { createTestDatabase, postgresUrl, type TestDatabase } from './helpers/test-database.js'
+import { startTestService } from './helpers/test-service.js'
 
 const TEN_MINUTES_MS = 10 * 60_000
 
@@ -38,6 +38,7 @@ async function measured<T>(offsetS: number, call: () => Promise<T>): Promise<{ a
   const waitedS = Math.ceil((Date.now() - started) / 1000)
   return { answer, low: offsetS - 1 - waitedS, high: offsetS + 1 }
 }
+
 const logger = testLogger([TEST_API_SECRET, TEST_WEBHOOK_SECRET])
 
 /** This machine's clock, set wrong by `offsetMs`. */

@@ -1,7 +1,6 @@
 // The poller inside `serve`: started after the server listens, fed to /metrics, stopped first.
 import { afterEach, describe, expect, it } from 'vitest'
 import type { RunningService } from '../src/service.js'
-import { startTestService } from './helpers/test-service.js'
 import { FakeClock } from './helpers/fake-clock.js'
 import { logEntries, testLogger } from './helpers/log-sink.js'
 import { tradeRecord } from './helpers/partner-api-fixtures.js'
@@ -9,6 +8,7 @@ import { type RecordingServer, startRecordingServer } from './helpers/partner-ap
 import { insertOrders, orderByReference } from './helpers/reconcile-orders.js'
 import { eventually, pollerSleeps, SERVICE_POLL_INTERVAL_MS } from './helpers/reconcile-poller.js'
 import { TEST_API_SECRET, TEST_WEBHOOK_SECRET, testConfig } from './helpers/test-config.js'
+import { startTestService } from './helpers/test-service.js'
 
 describe('the poller in the service', () => {
   let service: RunningService | undefined

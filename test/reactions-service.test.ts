@@ -5,11 +5,11 @@ import { sql } from 'kysely'
 import { afterEach, describe, expect, it } from 'vitest'
 import { createOrder } from './helpers/orders.js'
 import type { RunningService } from '../src/service.js'
-import { startTestService } from './helpers/test-service.js'
 import { type ForwardReceiver, startForwardReceiver } from './helpers/forward-receiver.js'
 import { rememberSecret, testLogger } from './helpers/log-sink.js'
 import { TEST_API_SECRET, TEST_WEBHOOK_SECRET, testConfig } from './helpers/test-config.js'
 import { reactionRecords } from './helpers/reaction-jobs.js'
+import { startTestService } from './helpers/test-service.js'
 import { signBody, tradePayload } from './helpers/webhook-delivery.js'
 
 describe('reactions in the service', () => {

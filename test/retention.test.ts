@@ -7,7 +7,6 @@ import type { Database } from '../src/db/database.js'
 import { PRUNE_LOCK_KEY, type PruneDeps, type RetentionSettings, runPrunePass } from '../src/retention/prune.js'
 import { finishRun, listRuns, startRun } from '../src/reconcile/reconcile-run.repository.js'
 import type { RunningService } from '../src/service.js'
-import { startTestService } from './helpers/test-service.js'
 import {
   findDelivery,
   prunableDeliveriesQuery,
@@ -18,6 +17,7 @@ import { createAdminApp } from '../src/http/admin-app.js'
 import { createApp } from '../src/http/app.js'
 import { systemClock } from '../src/clock.js'
 import { findOrderByExternalReference } from '../src/orders/order.repository.js'
+import { startTestService } from './helpers/test-service.js'
 import { sendWebhook, tradePayload } from './helpers/webhook-delivery.js'
 import { runCommand } from './helpers/cli-in-process.js'
 import { FakeClock } from './helpers/fake-clock.js'
