@@ -742,7 +742,11 @@ function preparedRead(db: Kysely<Database>): { prepare: string; execute: string 
   const now = new Date()
   const query = readReactionStreamQuery({ handler: 'ledger', leaseToken: 'plan', now, leaseEnd: new Date(now.getTime() + 60_000), limit: 64 }).compile(db)
   const literal = (value: unknown) =>
-    typeof value === 'number' ? String(value) : `'${(value instanceof Date ? value.toISOString() : String(value)).replaceAll("'", "''")}'`
+    value === null
+      ? 'null'
+      : typeof value === 'number'
+        ? String(value)
+        : `'${(value instanceof Date ? value.toISOString() : String(value)).replaceAll("'", "''")}'`
   return {
     prepare: `prepare plan_read as ${query.sql.replace(/^\/\* prepared \*\/\s*/, '')}`,
     execute: `execute plan_read(${query.parameters.map(literal).join(', ')})`,

@@ -158,10 +158,12 @@ const WITHHELD_FIRST_MS = 10
 // write-back commit. Under a heavy load the wait grows, and so do the batches. The longest wait bounds what a
 // transition waits for its handler under load: at 60 ms, a no-op handler's commit-to-handler p99 was 70-80 ms
 // during a full-speed ingest of 7,500 transitions a second, and 35-45 ms at 20 ms (226 events a batch instead of
-// 338; README.md, Benchmarks). One transition at a time still waits about GATHER_MS
-const GATHER_MS = 10
+// 338; README.md, Benchmarks). Halved to 10 ms once a batch whose every event was done stopped committing its
+// own write-back (stream-worker.ts, WRITE_BACK_MS): a read without a commit costs less than the commit it no
+// longer waits for (bench/noop-latency-ab.ts, README.md). One transition at a time still waits about GATHER_MS
+const GATHER_MS = 5
 const GATHER_PER_EVENT_MS = 1 / 8
-const GATHER_MAX_MS = 20
+const GATHER_MAX_MS = 10
 /** How long the stream waits before its next read, after a batch of `read` events that was not full. */
 const gatherMs = (read: number) => Math.min(GATHER_MAX_MS, GATHER_MS + read * GATHER_PER_EVENT_MS)
 

@@ -10,6 +10,9 @@
 // and the new place) is one statement that
 // only happens under the same lease token. A replica that dies mid-batch wrote nothing: once its lease ends
 // another one reads the same events again (at least once, as with every job).
+// The holder may read on from a place it has not written back yet (`after`: batches whose every event was done,
+// stream-worker.ts). The read starts there only while the row's lease token is still the reader's: no other
+// replica has written since the holder's own last write-back, so the row's place is the holder's, behind.
 import { type Kysely, sql } from 'kysely'
 import type { Database } from '../db/database.js'
 import { PREPARED } from '../db/open-database.js'
@@ -54,6 +57,11 @@ export interface StreamRead {
   events: StreamEvent[]
   /** Events after the read ones are committed or in flight at or above the snapshot's xmin: look again soon. */
   withheld: boolean
+  /**
+   * The read started from `after`, the reader's place not written back yet. False when `after` was given and the
+   * stream had passed to another lease token meanwhile: the read started from the row's place instead.
+   */
+  fromAfter: boolean
 }
 
 interface StreamRow {
@@ -70,6 +78,7 @@ interface StreamRow {
   recordedAt: Date | string | null
   held: boolean | null
   withheld: boolean
+  fromAfter: boolean
 }
 
 export interface StreamReadOptions {
@@ -78,22 +87,35 @@ export interface StreamReadOptions {
   now: Date
   leaseEnd: Date
   limit: number
+  /** Read on from here, the reader's place not written back yet, while its lease token still holds the row. */
+  after?: StreamPlace | undefined
 }
 
 /** The statement of readReactionStream (exported so a test can EXPLAIN it). */
-export function readReactionStreamQuery({ handler, leaseToken, now, leaseEnd, limit }: StreamReadOptions) {
+export function readReactionStreamQuery({ handler, leaseToken, now, leaseEnd, limit, after }: StreamReadOptions) {
   const renewBefore = new Date(now.getTime() + (leaseEnd.getTime() - now.getTime()) / 2)
+  const afterPosition = after?.position ?? null
+  const afterId = after?.historyId ?? null
   return sql<StreamRow>`${sql.raw(PREPARED)}
     with kept as (
-      select position, history_id from reaction_streams
+      select position, history_id, true as ours from reaction_streams
       where handler = ${handler} and lease_token = ${leaseToken} and lease_expires_at > ${renewBefore}
     ), taken as (
+      -- (ours: the token the row held before this update, read from the statement's snapshot)
       update reaction_streams set lease_token = ${leaseToken}, lease_expires_at = ${leaseEnd}, updated_at = ${now}
       where handler = ${handler} and not exists (select 1 from kept)
         and (lease_token is null or lease_token = ${leaseToken} or lease_expires_at <= ${now})
-      returning position, history_id
+      returning position, history_id,
+        coalesce((select r.lease_token = ${leaseToken} from reaction_streams r where r.handler = ${handler}), false) as ours
+    ), held as (
+      select * from kept union all select * from taken
+    ), start as (
+      select case when ours and ${afterPosition}::xid8 is not null then ${afterPosition}::xid8 else position end as position,
+        case when ours and ${afterId}::bigint is not null then ${afterId}::bigint else history_id end as history_id,
+        ours and ${afterPosition}::xid8 is not null as from_after
+      from held
     ), place as materialized (
-      select s.position, s.history_id,
+      select s.position, s.history_id, s.from_after,
         -- events visible at or past the snapshot's xmin, which a later read takes: the first one in stream
         -- order, one probe of the stream index (as an exists, the planner may guess that many rows match and
         -- scan the table for the first: on a history whose statistics lag behind, every event of it)
@@ -102,9 +124,9 @@ export function readReactionStreamQuery({ handler, leaseToken, now, leaseEnd, li
             and (w.stream_position, w.id) > (s.position, s.history_id)
           order by w.stream_position, w.id
           limit 1) is not null as withheld
-      from (select * from kept union all select * from taken) s
+      from start s
     )
-    select p.withheld,
+    select p.withheld, p.from_after,
       h.stream_position::text as position, h.id as history_id, h.event_id, h.order_id, h.from_status, h.to_status,
       h.source, h.sequence, h.trade_id, h.external_reference, h.recorded_at,
       u.order_id is not null as held
@@ -145,7 +167,7 @@ export async function readReactionStream(db: Kysely<Database>, options: StreamRe
   if (!first) {
     const stream = await db.selectFrom('reactionStreams').select('leaseExpiresAt').where('handler', '=', options.handler).executeTakeFirst()
     const heldUntil = stream?.leaseExpiresAt ? new Date(stream.leaseExpiresAt) : undefined
-    return { leased: false, heldUntil, events: [], withheld: false }
+    return { leased: false, heldUntil, events: [], withheld: false, fromAfter: false }
   }
   const events: StreamEvent[] = []
   for (const row of rows) {
@@ -170,7 +192,7 @@ export async function readReactionStream(db: Kysely<Database>, options: StreamRe
       },
     })
   }
-  return { leased: true, events, withheld: first.withheld === true }
+  return { leased: true, events, withheld: first.withheld === true, fromAfter: first.fromAfter === true }
 }
 
 /** What a batch did with one event: the job row it leaves. */

@@ -17,6 +17,11 @@
 // does; the stream reads on. So one stuck call holds back its own order, not the stream.
 // A handler still running shortly before its lease ends is aborted (it counts as a throw). At shutdown the
 // running handlers get the shutdown timeout, then are aborted and their jobs given back (pending, due now).
+// A batch whose every event was done leaves no job row, only the record of its events and the new place: that
+// write-back may wait (WRITE_BACK_MS) and go with a later batch's, the next read starting from the place held in
+// memory (readReactionStream's `after`). So the stream reads again without a commit in between, and a
+// transition waits less for its handler. Events done but not written back yet run again if the process dies
+// (at least once, as a batch cut short by a crash does today), or if another replica takes the stream meanwhile.
 import { setMaxListeners } from 'node:events'
 import { anySignal } from 'any-signal'
 import type { Kysely } from 'kysely'
@@ -33,6 +38,7 @@ import {
   releaseReactionStream,
   type StreamEvent,
   type StreamOutcome,
+  type StreamPlace,
   writeReactionStream,
 } from './reaction-stream.repository.js'
 
@@ -40,6 +46,8 @@ import {
 export const HANDOFF_MS = 250
 /** The longest a batch waits for its handlers, however many keep returning (less with a lease under 20 s). */
 export const BATCH_MAX_MS = 5_000
+/** The longest the record of batches whose every event was done waits to be written back with a later one's. */
+export const WRITE_BACK_MS = 100
 // The share of the batch's longest wait a batch is sized to fill at the last batch's pace (nextBatchLimit)
 const PACE_SHARE = 3 / 4
 
@@ -125,6 +133,33 @@ export function createStreamWorker(deps: StreamWorkerDeps) {
   let leased = false
   // handed-off handlers still running (each holds its slot until it returns)
   const handedOff = new Set<Promise<void>>()
+  // batches whose every event was done, not written back yet: the place after them, their events' history ids,
+  // and when the first of them was ready to be written
+  let unwritten: { place: StreamPlace; done: string[]; since: number } | undefined
+  // the record of a write-back a batch held past the events of
+  const maxUnwritten = 4 * batchSize
+
+  /** Writes back the batches held in memory (nothing to run, no job rows: their record and the new place). */
+  const writeUnwritten = async () => {
+    const pending = unwritten
+    if (!pending) return
+    // (a write that fails leaves the stream's place where it was: those events are read and run again)
+    unwritten = undefined
+    const now = clock.now()
+    const ids = await writeReactionStream(db, {
+      handler: name,
+      leaseToken,
+      place: pending.place,
+      outcomes: [],
+      done: pending.done,
+      now: new Date(now),
+      leaseEnd: new Date(now + settings.leaseMs),
+    })
+    if (!ids) {
+      leased = false
+      logger.warn({ handler: name, events: pending.done.length }, 'reaction stream lease was taken over: the batch runs again elsewhere')
+    }
+  }
 
   /** Runs one event's first attempt, in a slot the caller took (given back when the handler returns). */
   const attempt = async (entry: StreamEvent, signal: AbortSignal, stopSignal: AbortSignal): Promise<Finished> => {
@@ -188,9 +223,19 @@ export function createStreamWorker(deps: StreamWorkerDeps) {
     const started = clock.now()
     const leaseEnd = new Date(started + settings.leaseMs)
     const asked = limit
-    const read = await readReactionStream(db, { handler: name, leaseToken, now: new Date(started), leaseEnd, limit: asked })
+    const after = unwritten
+    const read = await readReactionStream(db, { handler: name, leaseToken, now: new Date(started), leaseEnd, limit: asked, after: after?.place })
     leased = read.leased
-    if (!read.leased || read.events.length === 0) return { full: false, read: 0, withheld: read.withheld, heldUntil: read.heldUntil }
+    if (after && !read.fromAfter) {
+      // another replica took the stream since: it reads those events again from the place last written
+      unwritten = undefined
+      logger.warn({ handler: name, events: after.done.length }, 'reaction stream lease was taken over: the batch runs again elsewhere')
+    }
+    if (!read.leased || read.events.length === 0) {
+      // nothing more to read now: what is held in memory is written back
+      await writeUnwritten()
+      return { full: false, read: 0, withheld: read.withheld, heldUntil: read.heldUntil }
+    }
 
     const mine = read.events.filter((entry) => deps.takes(entry.event.type))
     // one chain per order, in stream order (= sequence order within an order)
@@ -290,7 +335,8 @@ export function createStreamWorker(deps: StreamWorkerDeps) {
       if (inFlight.has(eventId)) return { ...base, state: 'running', attempts: 1, runAt: leaseEnd, leaseExpiresAt: leaseEnd, leaseToken }
       return { ...base, state: 'pending', attempts: 0, runAt: new Date(now) }
     }
-    const done: string[] = []
+    // the batches held in memory go with this one's write-back
+    const done: string[] = unwritten?.done ?? []
     const outcomes: StreamOutcome[] = []
     for (const entry of mine) {
       const { eventId } = entry.event
@@ -306,12 +352,22 @@ export function createStreamWorker(deps: StreamWorkerDeps) {
       counts.set(result, (counts.get(result) ?? 0) + 1)
     }
     for (const [result, count] of counts) deps.report(name, result, count)
+    const place = read.events.at(-1)!
+    const since = unwritten?.since ?? now
+    if (outcomes.length === 0 && inFlight.size === 0 && !stopSignal.aborted && now - since < WRITE_BACK_MS && done.length <= maxUnwritten) {
+      // every event done: the write-back may wait for a later batch's (the next read starts from this place)
+      unwritten = { place, done, since }
+      timers.abort(BATCH_WRITTEN_BACK)
+      stopSignal.removeEventListener('abort', onStop)
+      return { full: read.events.length === asked, read: read.events.length, withheld: read.withheld }
+    }
+    unwritten = undefined
     let ids: Map<string, string> | undefined
     try {
       ids = await writeReactionStream(db, {
         handler: name,
         leaseToken,
-        place: read.events.at(-1)!,
+        place,
         outcomes,
         done,
         now: new Date(now),
@@ -372,10 +428,13 @@ export function createStreamWorker(deps: StreamWorkerDeps) {
     },
     /** Waits for the handed-off handlers to end and write their outcome (stop: they are aborted after the shutdown timeout). */
     settled: () => Promise.all([...handedOff]).then(() => {}),
-    /** Gives the lease back (shutdown). */
-    release: () => {
+    /** Writes back what is held in memory, and gives the lease back (shutdown). */
+    release: async () => {
+      await writeUnwritten().catch((error: unknown) =>
+        logger.warn({ err: error, handler: name }, 'could not write back the last reaction stream batches; their events run again'),
+      )
       leased = false
-      return releaseReactionStream(db, name, leaseToken)
+      await releaseReactionStream(db, name, leaseToken)
     },
   }
 }
