@@ -364,7 +364,8 @@ async function ingestBench({ reactionsOnly = false } = {}): Promise<LoadResult[]
         const { rows } = await client.query(
           `select (select count(*)::int from reaction_jobs where handler = $1) + batches.events + backlog.events as jobs,
              (select count(*)::int from reaction_jobs where handler = $1 and state <> 'done') + backlog.events as not_done,
-             -- the stream batches that recorded first attempts done (one row each, no job rows)
+             -- the stream's write-backs that recorded first attempts done (one row each, no job rows; one
+             -- write-back may hold several batches whose every event was done: stream-worker.ts, WRITE_BACK_MS)
              batches.batches
            from (select coalesce((select count(*)::int from reaction_streams s join order_status_history h
              on h.stream_position is not null and (h.stream_position, h.id) > (s.position, s.history_id)
@@ -792,7 +793,7 @@ async function main(): Promise<void> {
     const without = full.rps / minimal.rps
     const withOne = withHandler.rps / minimal.rps
     const backlog = handlerBacklog.get(withHandler)
-    const perBatch = backlog && backlog.batches > 0 ? `; ${backlog.batches.toLocaleString('en')} stream batches, ${Math.round((backlog.jobs - backlog.notDone) / backlog.batches)} events each on average` : ''
+    const perBatch = backlog && backlog.batches > 0 ? `; ${backlog.batches.toLocaleString('en')} stream write-backs, ${Math.round((backlog.jobs - backlog.notDone) / backlog.batches)} events each on average` : ''
     const behind = backlog ? ` (jobs not done when the load ended: ${backlog.notDone.toLocaleString('en')} of ${backlog.jobs.toLocaleString('en')}${perBatch})` : ''
     targets.push([target, `${withOne.toFixed(2)} / ${without.toFixed(2)} = ${(withOne / without).toFixed(2)}×${behind}`, withOne >= 0.9 * without ? 'yes' : 'no'])
     // what a transition waits for its handler while the ingest runs flat out, beside the one-at-a-time figure
