@@ -136,7 +136,7 @@ export function createStreamWorker(deps: StreamWorkerDeps) {
   // batches whose every event was done, not written back yet: the place after them, their events' history ids,
   // and when the first of them was ready to be written
   let unwritten: { place: StreamPlace; done: string[]; since: number } | undefined
-  // the record of a write-back a batch held past the events of
+  // the most events whose record is held: a batch that would hold more writes back (one row's list stays bounded)
   const maxUnwritten = 4 * batchSize
 
   /** Writes back the batches held in memory (nothing to run, no job rows: their record and the new place). */
