@@ -3,6 +3,7 @@
 // held in memory. What is held is written at the next read that finds nothing new, with the first batch that
 // writes job rows, at the shutdown's release, or dropped when another replica took the stream meanwhile (which
 // reads those events again: at least once). Time is a fake clock.
+import { sql } from 'kysely'
 import { afterEach, describe, expect, it } from 'vitest'
 import { createSlots } from '../src/reactions/handler-slots.js'
 import type { ReactionHandler } from '../src/reactions/reaction-event.js'
@@ -145,6 +146,24 @@ describe('the write-back of a reaction stream batch', () => {
         [funded!.eventId, 'pending', 1],
       ].sort(),
     )
+  })
+
+  it('writes back once it holds more than four full batches of events, however little time passed', async () => {
+    const { calls, worker, order, written, stop } = await setUp()
+    const stream = worker('lease-a')
+    // one order with 2,600 events (a batch reads 512 at most with this concurrency)
+    const [first] = await order(['created'])
+    const { orderId } = await database.db.selectFrom('orderStatusHistory').select('orderId').where('eventId', '=', first!.eventId).executeTakeFirstOrThrow()
+    await sql`insert into order_status_history (order_id, from_status, to_status, source, sequence, trade_id, external_reference, stream_position)
+      select ${orderId}, 'created', 'created', 'api', 1 + g, 'trd_bulk', 'bulk', pg_current_xact_id() from generate_series(1, 2599) g`.execute(database.db)
+    await untilEventsReadable(database.db)
+
+    for (let held = 1; held <= 4; held++) expect(await stream.batch(stop)).toMatchObject({ read: 512, full: true })
+    expect((await written()).batches).toEqual([])
+    expect(await stream.batch(stop)).toMatchObject({ read: 512, full: true })
+    const { batches } = await written()
+    expect(batches.map((batch) => batch.done.length)).toEqual([5 * 512])
+    expect(calls).toHaveLength(5 * 512)
   })
 
   it('writes back what it holds when it gives the lease back at the shutdown', async () => {
