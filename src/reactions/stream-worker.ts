@@ -139,25 +139,25 @@ export function createStreamWorker(deps: StreamWorkerDeps) {
   // the most events whose record is held: a batch that would hold more writes back (one row's list stays bounded)
   const maxUnwritten = 4 * batchSize
 
+  /**
+   * Writes back, under the lease (renewed): the job rows of `outcomes`, the record of the `done` events and the new
+   * place. The running rows' ids by event id; undefined when another replica holds the stream (nothing written).
+   */
+  const writeBack = (place: StreamPlace, outcomes: readonly StreamOutcome[], done: readonly string[], now: number) =>
+    writeReactionStream(db, { handler: name, leaseToken, place, outcomes, done, now: new Date(now), leaseEnd: new Date(now + settings.leaseMs) })
+  /** Another replica took the stream: `events` of this process's batches run again there. */
+  const warnTakenOver = (events: number) =>
+    logger.warn({ handler: name, events }, 'reaction stream lease was taken over: the batch runs again elsewhere')
+
   /** Writes back the batches held in memory (nothing to run, no job rows: their record and the new place). */
   const writeUnwritten = async () => {
     const pending = unwritten
     if (!pending) return
     // (a write that fails leaves the stream's place where it was: those events are read and run again)
     unwritten = undefined
-    const now = clock.now()
-    const ids = await writeReactionStream(db, {
-      handler: name,
-      leaseToken,
-      place: pending.place,
-      outcomes: [],
-      done: pending.done,
-      now: new Date(now),
-      leaseEnd: new Date(now + settings.leaseMs),
-    })
-    if (!ids) {
+    if (!(await writeBack(pending.place, [], pending.done, clock.now()))) {
       leased = false
-      logger.warn({ handler: name, events: pending.done.length }, 'reaction stream lease was taken over: the batch runs again elsewhere')
+      warnTakenOver(pending.done.length)
     }
   }
 
@@ -229,7 +229,7 @@ export function createStreamWorker(deps: StreamWorkerDeps) {
     if (after && !read.fromAfter) {
       // another replica took the stream since: it reads those events again from the place last written
       unwritten = undefined
-      logger.warn({ handler: name, events: after.done.length }, 'reaction stream lease was taken over: the batch runs again elsewhere')
+      warnTakenOver(after.done.length)
     }
     if (!read.leased || read.events.length === 0) {
       // nothing more to read now: what is held in memory is written back
@@ -364,15 +364,7 @@ export function createStreamWorker(deps: StreamWorkerDeps) {
     unwritten = undefined
     let ids: Map<string, string> | undefined
     try {
-      ids = await writeReactionStream(db, {
-        handler: name,
-        leaseToken,
-        place,
-        outcomes,
-        done,
-        now: new Date(now),
-        leaseEnd: new Date(now + settings.leaseMs),
-      })
+      ids = await writeBack(place, outcomes, done, now)
     } finally {
       // handlers still running own their rows from here (or, the write lost, run out with the lease)
       const settle = async () => {
@@ -405,7 +397,7 @@ export function createStreamWorker(deps: StreamWorkerDeps) {
     }
     if (!ids) {
       leased = false
-      logger.warn({ handler: name, events: outcomes.length + done.length }, 'reaction stream lease was taken over: the batch runs again elsewhere')
+      warnTakenOver(outcomes.length + done.length)
     } else if (outcomes.length > 0) {
       deps.jobsWritten()
     }
