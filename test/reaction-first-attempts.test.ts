@@ -4,7 +4,6 @@
 import { sql } from 'kysely'
 import request from 'supertest'
 import { afterEach, describe, expect, it } from 'vitest'
-import { createSlots } from '../src/reactions/handler-slots.js'
 import type { ReactionHandler } from '../src/reactions/reaction-event.js'
 import {
   countDoneJobsBefore,
@@ -15,13 +14,12 @@ import {
 } from '../src/reactions/reaction-job.repository.js'
 import { createReactionRegistry } from '../src/reactions/reaction-registry.js'
 import { ensureReactionStreams } from '../src/reactions/reaction-stream.repository.js'
-import { createStreamWorker } from '../src/reactions/stream-worker.js'
 import { createAdminApp } from '../src/http/admin-app.js'
 import { runPrunePass } from '../src/retention/prune.js'
 import { FakeClock } from './helpers/fake-clock.js'
 import { testLogger } from './helpers/log-sink.js'
 import { moveNewOrder } from './helpers/orders.js'
-import { clearReactions, TEST_DISPATCHER_SETTINGS, untilEventsReadable } from './helpers/reaction-jobs.js'
+import { clearReactions, TEST_DISPATCHER_SETTINGS, testStreamWorker, untilEventsReadable } from './helpers/reaction-jobs.js'
 import { testConfig } from './helpers/test-config.js'
 import { describePostgres, useTestDatabase } from './helpers/test-database.js'
 
@@ -44,22 +42,7 @@ describe('reactions done on the first attempt', () => {
     }
     const reactions = createReactionRegistry().on('trade.*', 'ledger', ledger).on('trade.*', 'flaky', flaky)
     await ensureReactionStreams(database.db, reactions.names, new Date(clock.now()))
-    const worker = (name: string, handler: ReactionHandler) =>
-      createStreamWorker({
-        db: database.db,
-        name,
-        handler,
-        takes: () => true,
-        clock,
-        logger: testLogger(),
-        settings: SETTINGS,
-        leaseToken: `lease-${name}`,
-        random: () => 0.5,
-        report: () => {},
-        jobsWritten: () => {},
-        slots: createSlots(SETTINGS.concurrency),
-        describeFailure: String,
-      })
+    const worker = (name: string, handler: ReactionHandler) => testStreamWorker(database.db, { name, handler, clock, leaseToken: `lease-${name}`, settings: SETTINGS })
     const stop = new AbortController()
     const workers = [worker('ledger', ledger), worker('flaky', flaky)]
     /** One order moved through `statuses`; its history rows' event ids, in order. */

@@ -5,16 +5,14 @@
 // An order waiting behind its own slow call is not the slots' fault and changes nothing. Time is a fake
 // clock: only the test decides when a handler returns and when the wait is over.
 import { afterEach, describe, expect, it } from 'vitest'
-import { createSlots } from '../src/reactions/handler-slots.js'
 import type { ReactionHandler } from '../src/reactions/reaction-event.js'
 import { createReactionRegistry } from '../src/reactions/reaction-registry.js'
 import { ensureReactionStreams } from '../src/reactions/reaction-stream.repository.js'
-import { BATCH_MAX_MS, createStreamWorker, HANDOFF_MS, nextBatchLimit } from '../src/reactions/stream-worker.js'
+import { BATCH_MAX_MS, HANDOFF_MS, nextBatchLimit } from '../src/reactions/stream-worker.js'
 import { FakeClock } from './helpers/fake-clock.js'
-import { testLogger } from './helpers/log-sink.js'
 import { moveNewOrder } from './helpers/orders.js'
 import { eventually } from './helpers/reconcile-poller.js'
-import { clearReactions, reactionRecords, TEST_DISPATCHER_SETTINGS, untilEventsReadable } from './helpers/reaction-jobs.js'
+import { clearReactions, reactionRecords, TEST_DISPATCHER_SETTINGS, testStreamWorker, untilEventsReadable } from './helpers/reaction-jobs.js'
 import { useTestDatabase } from './helpers/test-database.js'
 
 const CONCURRENCY = 2
@@ -57,21 +55,7 @@ describe('the size of a reaction stream batch', () => {
       }
       await untilEventsReadable(database.db)
     }
-    const worker = createStreamWorker({
-      db: database.db,
-      name: 'gate',
-      handler,
-      takes: () => true,
-      clock,
-      logger: testLogger(),
-      settings: SETTINGS,
-      leaseToken: 'lease-batches',
-      random: () => 0.5,
-      report,
-      jobsWritten: () => {},
-      slots: createSlots(CONCURRENCY),
-      describeFailure: String,
-    })
+    const worker = testStreamWorker(database.db, { name: 'gate', handler, clock, leaseToken: 'lease-batches', settings: SETTINGS, report })
     const stop = new AbortController()
     return { clock, transitions, worker, batch: () => worker.batch(stop.signal) }
   }

@@ -5,15 +5,14 @@
 // reads those events again: at least once). Time is a fake clock.
 import { sql } from 'kysely'
 import { afterEach, describe, expect, it } from 'vitest'
-import { createSlots } from '../src/reactions/handler-slots.js'
 import type { ReactionHandler } from '../src/reactions/reaction-event.js'
 import { createReactionRegistry } from '../src/reactions/reaction-registry.js'
 import { ensureReactionStreams, readReactionStream } from '../src/reactions/reaction-stream.repository.js'
-import { createStreamWorker, WRITE_BACK_MS } from '../src/reactions/stream-worker.js'
+import { WRITE_BACK_MS } from '../src/reactions/stream-worker.js'
 import { FakeClock } from './helpers/fake-clock.js'
-import { logEntries, testLogger } from './helpers/log-sink.js'
+import { logEntries } from './helpers/log-sink.js'
 import { moveNewOrder } from './helpers/orders.js'
-import { clearReactions, reactionRecords, TEST_DISPATCHER_SETTINGS, untilEventsReadable } from './helpers/reaction-jobs.js'
+import { clearReactions, reactionRecords, TEST_DISPATCHER_SETTINGS, testStreamWorker, untilEventsReadable } from './helpers/reaction-jobs.js'
 import { useTestDatabase } from './helpers/test-database.js'
 
 const SETTINGS = TEST_DISPATCHER_SETTINGS
@@ -36,22 +35,7 @@ describe('the write-back of a reaction stream batch', () => {
     }
     const reactions = createReactionRegistry().on('trade.*', 'ledger', handler)
     await ensureReactionStreams(database.db, reactions.names, new Date(clock.now()))
-    const worker = (leaseToken: string) =>
-      createStreamWorker({
-        db: database.db,
-        name: 'ledger',
-        handler,
-        takes: () => true,
-        clock,
-        logger: testLogger(),
-        settings: SETTINGS,
-        leaseToken,
-        random: () => 0.5,
-        report: () => {},
-        jobsWritten: () => {},
-        slots: createSlots(SETTINGS.concurrency),
-        describeFailure: String,
-      })
+    const worker = (leaseToken: string) => testStreamWorker(database.db, { name: 'ledger', handler, clock, leaseToken, settings: SETTINGS })
     /** One new order moved through `statuses`; its events' ids, in order. */
     const order = async (statuses: string[]) => {
       const orderId = await moveNewOrder(database.db, {

@@ -1,8 +1,14 @@
-// Reactions in tests: a dispatcher's settings, and what the reactions' tables hold (how many are not done yet).
+// Reactions in tests: a dispatcher's settings, a stream worker, and what the reactions' tables hold (how many are
+// not done yet).
 import { type Kysely, sql } from 'kysely'
+import type { Clock } from '../../src/clock.js'
 import type { Database } from '../../src/db/database.js'
-import type { DispatcherSettings } from '../../src/reactions/dispatcher-settings.js'
+import type { AttemptResult, DispatcherSettings } from '../../src/reactions/dispatcher-settings.js'
+import { createSlots } from '../../src/reactions/handler-slots.js'
+import type { ReactionHandler } from '../../src/reactions/reaction-event.js'
 import { reactionJobStats } from '../../src/reactions/reaction-job.repository.js'
+import { createStreamWorker, type StreamWorker } from '../../src/reactions/stream-worker.js'
+import { testLogger } from './log-sink.js'
 import { eventually } from './reconcile-poller.js'
 
 /**
@@ -16,6 +22,45 @@ export const TEST_DISPATCHER_SETTINGS: DispatcherSettings = {
   backoff: { baseS: 10, capS: 1_000 },
   safetyIntervalMs: 30_000,
   shutdownTimeoutMs: 5_000,
+}
+
+/**
+ * One handler's stream worker, taking every event type, with slots of its own (`settings.concurrency`), the
+ * test's clock, and no dispatcher around it: no job loop to wake, metrics only through `report`.
+ */
+export function testStreamWorker(
+  db: Kysely<Database>,
+  {
+    name,
+    handler,
+    clock,
+    leaseToken,
+    settings = TEST_DISPATCHER_SETTINGS,
+    report = () => {},
+  }: {
+    name: string
+    handler: ReactionHandler
+    clock: Clock
+    leaseToken: string
+    settings?: DispatcherSettings
+    report?: (handler: string, result: AttemptResult, count?: number) => void
+  },
+): StreamWorker {
+  return createStreamWorker({
+    db,
+    name,
+    handler,
+    takes: () => true,
+    clock,
+    logger: testLogger(),
+    settings,
+    leaseToken,
+    random: () => 0.5,
+    report,
+    jobsWritten: () => {},
+    slots: createSlots(settings.concurrency),
+    describeFailure: String,
+  })
 }
 
 /**
