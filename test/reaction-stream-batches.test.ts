@@ -142,18 +142,20 @@ describe('nextBatchLimit', () => {
   const cut = { elapsedMs: BATCH_MAX_MS, allFinished: false, unreached: true }
   it('sizes the batch to the pace of the slots within three quarters of the longest wait', () => {
     // 8 slots and a receiver answering in 100 ms: 400 of 512 finished when the wait ran out
-    expect(nextBatchLimit(512, { read: 512, mine: 512, finished: 400, ...cut }, bounds)).toBe(300)
+    expect(nextBatchLimit(512, { read: 512, full: true, mine: 512, finished: 400, ...cut }, bounds)).toBe(300)
     // the next, 300 finished in 3,750 ms: it stays there rather than doubling
-    expect(nextBatchLimit(300, { read: 300, mine: 300, finished: 300, elapsedMs: 3_750, allFinished: true, unreached: false }, bounds)).toBe(300)
+    expect(nextBatchLimit(300, { read: 300, full: true, mine: 300, finished: 300, elapsedMs: 3_750, allFinished: true, unreached: false }, bounds)).toBe(300)
     // 300 finished in 4,500 ms, its last orders' events on a few slots: no smaller for that
-    expect(nextBatchLimit(300, { read: 300, mine: 300, finished: 300, elapsedMs: 4_500, allFinished: true, unreached: false }, bounds)).toBe(300)
+    expect(nextBatchLimit(300, { read: 300, full: true, mine: 300, finished: 300, elapsedMs: 4_500, allFinished: true, unreached: false }, bounds)).toBe(300)
     // a handler of one type in four: the events read scale with what it takes
-    expect(nextBatchLimit(512, { read: 512, mine: 128, finished: 40, ...cut }, bounds)).toBe(120)
+    expect(nextBatchLimit(512, { read: 512, full: true, mine: 128, finished: 40, ...cut }, bounds)).toBe(120)
     // nothing finished: one event a slot
-    expect(nextBatchLimit(512, { read: 512, mine: 512, finished: 0, ...cut }, bounds)).toBe(8)
+    expect(nextBatchLimit(512, { read: 512, full: true, mine: 512, finished: 0, ...cut }, bounds)).toBe(8)
     // a fast handler: doubles back to the most a batch reads
-    expect(nextBatchLimit(300, { read: 300, mine: 300, finished: 300, elapsedMs: 3, allFinished: true, unreached: false }, bounds)).toBe(512)
+    expect(nextBatchLimit(300, { read: 300, full: true, mine: 300, finished: 300, elapsedMs: 3, allFinished: true, unreached: false }, bounds)).toBe(512)
     // no event of its types: full and finished, doubles
-    expect(nextBatchLimit(64, { read: 64, mine: 0, finished: 0, elapsedMs: 1, allFinished: true, unreached: false }, bounds)).toBe(128)
+    expect(nextBatchLimit(64, { read: 64, full: true, mine: 0, finished: 0, elapsedMs: 1, allFinished: true, unreached: false }, bounds)).toBe(128)
+    // finished, but its last read was not full (the reads ahead brought more than one read asks): no bigger
+    expect(nextBatchLimit(300, { read: 420, full: false, mine: 420, finished: 420, elapsedMs: 3, allFinished: true, unreached: false }, bounds)).toBe(300)
   })
 })

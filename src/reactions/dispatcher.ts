@@ -152,20 +152,6 @@ function createWaker(clock: Clock) {
 // a stream with events committed but not readable yet (an older transaction still open) looks again after
 // this, doubling up to a second; a busy stream is woken sooner by the commits themselves
 const WITHHELD_FIRST_MS = 10
-// After a batch that was not full, the stream reads again GATHER_MS later, and GATHER_PER_EVENT_MS longer for
-// each event that batch read, up to GATHER_MAX_MS (not sooner, however many commits wake it). With a no-op
-// handler at about 2,000 events/s, reading on every wake made batches of a few events, each a read and a
-// write-back commit. Under a heavy load the wait grows, and so do the batches. The longest wait bounds what a
-// transition waits for its handler under load: at 60 ms, a no-op handler's commit-to-handler p99 was 70-80 ms
-// during a full-speed ingest of 7,500 transitions a second, and 35-45 ms at 20 ms (226 events a batch instead of
-// 338; README.md, Benchmarks). Halved to 10 ms once a batch whose every event was done stopped committing its
-// own write-back (stream-worker.ts, WRITE_BACK_MS): a read without a commit costs less than the commit it no
-// longer waits for (bench/noop-latency-ab.ts, README.md). One transition at a time still waits about GATHER_MS
-const GATHER_MS = 5
-const GATHER_PER_EVENT_MS = 1 / 8
-const GATHER_MAX_MS = 10
-/** How long the stream waits before its next read, after a batch of `read` events that was not full. */
-const gatherMs = (read: number) => Math.min(GATHER_MAX_MS, GATHER_MS + read * GATHER_PER_EVENT_MS)
 
 export function createDispatcher(deps: DispatcherDeps): Dispatcher {
   const { db, clock, logger, settings } = deps
@@ -462,14 +448,14 @@ export function createDispatcher(deps: DispatcherDeps): Dispatcher {
       let delayMs = settings.safetyIntervalMs
       let wallClock = false
       try {
-        const { full, read, withheld, heldUntil } = await worker.batch(signal)
+        const { full, read, readAgainInMs, withheld, heldUntil } = await worker.batch(signal)
         failures = 0
         // another replica holds the stream: look again when its lease runs out (it may have died)
         if (heldUntil) delayMs = Math.min(delayMs, Math.max(1, heldUntil.getTime() - clock.now() + 1))
         if (full) continue
         if (read > 0) {
           // the next read gathers what commits meanwhile: fewer, larger batches while events keep coming
-          await setTimeoutPromise(gatherMs(read), undefined, { signal }).catch(() => {})
+          await setTimeoutPromise(readAgainInMs, undefined, { signal }).catch(() => {})
           continue
         }
         if (withheld) {

@@ -48,11 +48,25 @@ export const HANDOFF_MS = 250
 export const BATCH_MAX_MS = 5_000
 /** The longest the record of batches whose every event was done waits to be written back with a later one's. */
 export const WRITE_BACK_MS = 100
+// The stream reads again GATHER_MS after its last read, and GATHER_PER_EVENT_MS longer for each event that read
+// brought, up to GATHER_MAX_MS (not sooner, however many commits wake it): after a batch that was not full, and
+// within a batch whose handlers still run (read-ahead, below). With a no-op handler at about 2,000 events/s,
+// reading on every wake made batches of a few events, each a read and a write-back commit. Under a heavy load
+// the wait grows, and so do the batches. The longest wait bounds what a transition waits for its handler under
+// load: at 60 ms, a no-op handler's commit-to-handler p99 was 70-80 ms during a full-speed ingest of 7,500
+// transitions a second, and 35-45 ms at 20 ms (226 events a batch instead of 338; README.md, Benchmarks).
+// Halved to 10 ms once a batch whose every event was done stopped committing its own write-back (WRITE_BACK_MS):
+// a read without a commit costs less than the commit it no longer waits for (bench/noop-latency-ab.ts).
+const GATHER_MS = 5
+const GATHER_PER_EVENT_MS = 1 / 8
+const GATHER_MAX_MS = 10
+/** How long the stream waits after a read of `read` events before it reads again. */
+export const gatherMs = (read: number) => Math.min(GATHER_MAX_MS, GATHER_MS + read * GATHER_PER_EVENT_MS)
 // The share of the batch's longest wait a batch is sized to fill at the last batch's pace (nextBatchLimit)
 const PACE_SHARE = 3 / 4
 
 /**
- * How many events the next batch reads. Events a batch's slots never reached go to the job loop, which claims
+ * How many events the next batch reads (`full`: its last read gave as many as asked). Events a batch's slots never reached go to the job loop, which claims
  * each and writes its outcome with statements of its own: with 8 slots, a receiver answering in 5 ms and a
  * batch that waited 250 ms in all, about 8,500 of 20,000 events went that way (bench/forward-drain.ts). So
  * after a batch written back (its longest wait over, or none of its handlers returning for HANDOFF_MS) with
@@ -63,11 +77,11 @@ const PACE_SHARE = 3 / 4
  */
 export function nextBatchLimit(
   limit: number,
-  batch: { read: number; mine: number; finished: number; elapsedMs: number; allFinished: boolean; unreached: boolean },
+  batch: { read: number; full: boolean; mine: number; finished: number; elapsedMs: number; allFinished: boolean; unreached: boolean },
   bounds: { min: number; max: number; waitMs: number },
 ): number {
-  const { read, mine, finished, elapsedMs, allFinished, unreached } = batch
-  if (!(allFinished ? read === limit : unreached)) return limit
+  const { read, full, mine, finished, elapsedMs, allFinished, unreached } = batch
+  if (!(allFinished ? full : unreached)) return limit
   // events read (of any type) per event of the handler's types, at the pace its slots finished them
   const paced = mine === 0 ? Infinity : (finished * (read / mine) * bounds.waitMs * PACE_SHARE) / Math.max(1, elapsedMs)
   // a batch that finished never shrinks the next: its pace counts the end, where the last orders' events run
@@ -104,6 +118,8 @@ export interface BatchResult {
   full: boolean
   /** Events read (of any type). */
   read: number
+  /** When `read` > 0 and not `full`: how long the stream waits before its next read (gatherMs after the last one). */
+  readAgainInMs: number
   /** Events are committed after the place but not readable yet (an older transaction is still open). */
   withheld: boolean
   /** Another replica holds the stream until then. */
@@ -234,19 +250,10 @@ export function createStreamWorker(deps: StreamWorkerDeps) {
     if (!read.leased || read.events.length === 0) {
       // nothing more to read now: what is held in memory is written back
       await writeUnwritten()
-      return { full: false, read: 0, withheld: read.withheld, heldUntil: read.heldUntil }
+      return { full: false, read: 0, readAgainInMs: 0, withheld: read.withheld, heldUntil: read.heldUntil }
     }
 
-    const mine = read.events.filter((entry) => deps.takes(entry.event.type))
-    // one chain per order, in stream order (= sequence order within an order)
-    const chains = new Map<number, StreamEvent[]>()
-    for (const entry of mine) {
-      const chain = chains.get(entry.event.orderId)
-      if (chain) chain.push(entry)
-      else chains.set(entry.event.orderId, [entry])
-    }
-
-    // the handlers' abort: shortly before the lease ends, and at shutdown once they had their time
+    // the abort of the handlers, and the batch's timers
     const abort = new AbortController()
     // every handler of the batch gets this signal, up to REACTION_CONCURRENCY at once, and may listen to it
     setMaxListeners(0, abort.signal)
@@ -268,32 +275,149 @@ export function createStreamWorker(deps: StreamWorkerDeps) {
     // the attempt of each event whose handler is running
     const inFlight = new Map<string, Promise<Finished>>()
     let writingBack = false
-    // a lane waiting for a slot stops waiting when the batch is written back
+    // a lane waiting for a slot stops waiting when the batch is written back (as does the read-ahead's wait)
     const handoff = new AbortController()
-    const runChain = async (chain: StreamEvent[]) => {
-      if (chain[0]!.held) return
-      for (const entry of chain) {
-        if (writingBack || stopSignal.aborted) return
-        if (!deps.slots.tryTake() && !(await deps.slots.whenFree(handoff.signal))) return
-        if (writingBack || stopSignal.aborted) {
-          deps.slots.give()
-          return
+
+    // the handler's events, in stream order, and one chain of them per order (= sequence order within an order)
+    const mine: StreamEvent[] = []
+    const chains = new Map<number, StreamEvent[]>()
+    // the chains no lane has taken yet, and those queued or running (a later read's events of their order join them)
+    const queue: StreamEvent[][] = []
+    const open = new Set<StreamEvent[]>()
+    /** Takes a read's events of the handler's types: each joins its order's chain. */
+    const take = (events: readonly StreamEvent[]) => {
+      for (const entry of events) {
+        if (!deps.takes(entry.event.type)) continue
+        mine.push(entry)
+        const chain = chains.get(entry.event.orderId)
+        if (!chain) {
+          const started = [entry]
+          chains.set(entry.event.orderId, started)
+          open.add(started)
+          queue.push(started)
+          continue
         }
-        const call = attempt(entry, abort.signal, stopSignal)
-        inFlight.set(entry.event.eventId, call)
-        const finished = await call
-        if (writingBack) return
-        inFlight.delete(entry.event.eventId)
-        results.set(entry.event.eventId, finished)
-        if (finished?.state !== 'done') return
+        // a chain that ended with every event done runs on; one that ended on a failure holds the rest back
+        const runsOn = !open.has(chain) && chain.every((earlier) => results.get(earlier.event.eventId)?.state === 'done')
+        chain.push(entry)
+        if (runsOn) {
+          open.add(chain)
+          queue.push(chain)
+        }
       }
     }
-    const queue = [...chains.values()]
-    const all = Promise.all(
-      Array.from({ length: Math.min(settings.concurrency, queue.length) }, async () => {
-        for (let chain = queue.shift(); chain && !writingBack; chain = queue.shift()) await runChain(chain)
-      }),
-    )
+    take(read.events)
+
+    const runChain = async (chain: StreamEvent[]) => {
+      try {
+        if (chain[0]!.held) return
+        for (const entry of chain) {
+          // (done before a later read's events queued the chain again)
+          if (results.has(entry.event.eventId)) continue
+          if (writingBack || stopSignal.aborted) return
+          if (!deps.slots.tryTake() && !(await deps.slots.whenFree(handoff.signal))) return
+          if (writingBack || stopSignal.aborted) {
+            deps.slots.give()
+            return
+          }
+          const call = attempt(entry, abort.signal, stopSignal)
+          inFlight.set(entry.event.eventId, call)
+          const finished = await call
+          if (writingBack) return
+          inFlight.delete(entry.event.eventId)
+          results.set(entry.event.eventId, finished)
+          if (finished?.state !== 'done') return
+        }
+      } finally {
+        // (at once, in the same turn as the chain's last step: a read that comes after sees it ended)
+        open.delete(chain)
+      }
+    }
+    // up to REACTION_CONCURRENCY lanes, each taking the next chain from the queue until none is left
+    const lanes = new Set<Promise<void>>()
+    let lanesRunning = 0
+    // the read-ahead's wait for the queue to run short
+    let queueShort: (() => void) | undefined
+    const shortQueue = Math.floor(settings.concurrency / 2)
+    const lane = async () => {
+      try {
+        for (let chain = queue.shift(); chain && !writingBack; chain = queue.shift()) {
+          if (queue.length <= shortQueue) queueShort?.()
+          await runChain(chain)
+        }
+      } finally {
+        lanesRunning -= 1
+      }
+    }
+    const addLanes = () => {
+      for (let count = Math.min(settings.concurrency - lanesRunning, queue.length); count > 0; count--) {
+        lanesRunning += 1
+        const running: Promise<void> = lane().finally(() => lanes.delete(running))
+        lanes.add(running)
+      }
+    }
+    /** Resolves once a lane leaves no more than `shortQueue` chains in the queue; rejects when the batch is written back. */
+    const whenQueueShort = () =>
+      new Promise<void>((resolve, reject) => {
+        const gaveUp = () => reject(handoff.signal.reason)
+        queueShort = () => {
+          queueShort = undefined
+          handoff.signal.removeEventListener('abort', gaveUp)
+          resolve()
+        }
+        if (handoff.signal.aborted) gaveUp()
+        else handoff.signal.addEventListener('abort', gaveUp, { once: true })
+      })
+    const lanesEnded = async () => {
+      while (lanes.size > 0) await Promise.all([...lanes])
+    }
+    addLanes()
+
+    // Read-ahead: while the batch's handlers run (a slow handler's, the forwarder's requests), the stream reads
+    // on from the last event read, gatherMs after that read and once the queue is short (so the read's own time
+    // overlaps the last chains'), and the events join the batch: they wait for the queue, not for the batch's
+    // last handler, its write-back and the next read. Until WRITE_BACK_MS after the batch's first read (the
+    // batch's record is written back once it ends), while the reads are not full (a backlog is read in full
+    // batches) and at most `maxUnwritten` events in all.
+    let place: StreamEvent = read.events.at(-1)!
+    let last = { count: read.events.length, at: clock.now(), full: read.events.length === asked, withheld: read.withheld }
+    let readTotal = read.events.length
+    // a read-ahead found the stream under another lease token: nothing of the batch is written back
+    let lost = false
+    /** Resolves true once `wait` ends, false if every lane ended first (the batch is over) or it was given up. */
+    const unlessEnded = (wait: Promise<unknown>) =>
+      Promise.race([
+        wait.then(
+          () => true,
+          () => false,
+        ),
+        lanesEnded().then(() => false),
+      ])
+    const readAhead = async () => {
+      for (;;) {
+        const gathered = clock.sleep(Math.max(0, gatherMs(last.count) - (clock.now() - last.at)), handoff.signal)
+        if (!(await unlessEnded(gathered))) return
+        if (queue.length > shortQueue && !(await unlessEnded(whenQueueShort()))) return
+        const now = clock.now()
+        if (writingBack || stopSignal.aborted || lanesRunning === 0 || last.full || now - started >= WRITE_BACK_MS || readTotal + asked > maxUnwritten) return
+        const more = await readReactionStream(db, { handler: name, leaseToken, now: new Date(now), leaseEnd: new Date(now + settings.leaseMs), limit: asked, after: place })
+        // (the batch is being written back: the next batch reads these events again)
+        if (writingBack) return
+        if (!more.leased || !more.fromAfter) {
+          lost = true
+          leased = more.leased
+          return
+        }
+        last = { count: more.events.length, at: clock.now(), full: more.events.length === asked, withheld: more.withheld }
+        if (more.events.length === 0) continue
+        readTotal += more.events.length
+        place = more.events.at(-1)!
+        take(more.events)
+        addLanes()
+      }
+    }
+    const readingAhead = readAhead()
+    const all = readingAhead.then(lanesEnded)
     const handoffOrStop = anySignal([handoff.signal, stopSignal])
     const runFrom = clock.now()
     // written back when every handler returned, or none did for HANDOFF_MS, or after the longest wait
@@ -315,6 +439,8 @@ export function createStreamWorker(deps: StreamWorkerDeps) {
     handoff.abort(BATCH_WRITTEN_BACK)
     handoffOrStop.clear()
     writingBack = true
+    // (a read-ahead under way ends without taking its events: the next batch reads them again)
+    await readingAhead
     if (!stopSignal.aborted) {
       // an order's first event not done yet that no slot reached (not behind its own failure or slow call)
       const unreached = [...chains.values()].some((chain) => {
@@ -323,7 +449,7 @@ export function createStreamWorker(deps: StreamWorkerDeps) {
         return next !== undefined && !results.has(next.event.eventId) && !inFlight.has(next.event.eventId)
       })
       const finished = results.size
-      limit = nextBatchLimit(asked, { read: read.events.length, mine: mine.length, finished, elapsedMs: clock.now() - runFrom, allFinished, unreached }, bounds)
+      limit = nextBatchLimit(asked, { read: readTotal, full: last.full, mine: mine.length, finished, elapsedMs: clock.now() - runFrom, allFinished, unreached }, bounds)
     }
 
     // every event of the handler not done gets its job row: its outcome; running (handed off); or pending, due now
@@ -352,19 +478,25 @@ export function createStreamWorker(deps: StreamWorkerDeps) {
       counts.set(result, (counts.get(result) ?? 0) + 1)
     }
     for (const [result, count] of counts) deps.report(name, result, count)
-    const place = read.events.at(-1)!
-    const since = unwritten?.since ?? now
-    if (outcomes.length === 0 && inFlight.size === 0 && !stopSignal.aborted && now - since < WRITE_BACK_MS && done.length <= maxUnwritten) {
+    const since = unwritten?.since ?? started
+    const result = {
+      full: last.full,
+      read: readTotal,
+      readAgainInMs: Math.max(0, gatherMs(last.count) - (clock.now() - last.at)),
+      withheld: last.withheld,
+    }
+    if (!lost && outcomes.length === 0 && inFlight.size === 0 && !stopSignal.aborted && now - since < WRITE_BACK_MS && done.length <= maxUnwritten) {
       // every event done: the write-back may wait for a later batch's (the next read starts from this place)
       unwritten = { place, done, since }
       timers.abort(BATCH_WRITTEN_BACK)
       stopSignal.removeEventListener('abort', onStop)
-      return { full: read.events.length === asked, read: read.events.length, withheld: read.withheld }
+      return result
     }
     unwritten = undefined
     let ids: Map<string, string> | undefined
     try {
-      ids = await writeBack(place, outcomes, done, now)
+      // (lost: another replica took the stream meanwhile, and runs these events again)
+      ids = lost ? undefined : await writeBack(place, outcomes, done, now)
     } finally {
       // handlers still running own their rows from here (or, the write lost, run out with the lease)
       const settle = async () => {
@@ -401,7 +533,7 @@ export function createStreamWorker(deps: StreamWorkerDeps) {
     } else if (outcomes.length > 0) {
       deps.jobsWritten()
     }
-    return { full: read.events.length === asked, read: read.events.length, withheld: read.withheld }
+    return result
   }
 
   return {
