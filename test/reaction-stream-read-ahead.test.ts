@@ -78,7 +78,8 @@ describe('the read-ahead of a reaction stream batch', () => {
     return { clock, seen, gate, worker, order, move, stop: stop.signal }
   }
 
-  const states = async () => (await reactionRecords(database.db, 'ledger')).map((record) => [record.eventId, record.state])
+  /** Each event's record for the handler: its state, by event id. */
+  const states = async () => new Map((await reactionRecords(database.db, 'ledger')).map((record) => [record.eventId, record.state]))
 
   it('reads the events committed while its handlers run, and runs them before the slow one returns', async () => {
     const { clock, seen, gate, worker, order, stop } = await setUp()
@@ -98,10 +99,12 @@ describe('the read-ahead of a reaction stream batch', () => {
     expect(await batch).toMatchObject({ read: 2, full: false })
     // one batch: the next read finds nothing, and writes back the record of both
     expect(await stream.batch(stop)).toMatchObject({ read: 0 })
-    expect(await states()).toEqual([
-      [slow.events[0], 'done'],
-      [fast.events[0], 'done'],
-    ])
+    expect(await states()).toEqual(
+      new Map([
+        [slow.events[0], 'done'],
+        [fast.events[0], 'done'],
+      ]),
+    )
   })
 
   it('runs an order event read ahead after the one before it, and not at all behind its failure', async () => {
@@ -138,7 +141,7 @@ describe('the read-ahead of a reaction stream batch', () => {
       `start ${secondNext}`,
       `end ${secondNext}`,
     ])
-    expect(new Map(await states())).toEqual(
+    expect(await states()).toEqual(
       new Map([
         [first.events[0], 'done'],
         [second.events[0], 'done'],
@@ -165,7 +168,7 @@ describe('the read-ahead of a reaction stream batch', () => {
     open()
     expect(await batch).toMatchObject({ read: 4 })
     expect(seen).not.toContain(`start ${delivered}`)
-    expect(new Map(await states())).toEqual(
+    expect(await states()).toEqual(
       new Map([
         [failing.events[0], 'done'],
         [failing.events[1], 'pending'],

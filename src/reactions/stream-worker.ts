@@ -22,6 +22,8 @@
 // memory (readReactionStream's `after`). So the stream reads again without a commit in between, and a
 // transition waits less for its handler. Events done but not written back yet run again if the process dies
 // (at least once, as a batch cut short by a crash does today), or if another replica takes the stream meanwhile.
+// A batch whose handlers still run reads on from its last event (read-ahead, in `batch`), and runs what it reads
+// in the same batch: under load a transition waits for the slots, not for the batch's slowest handler.
 import { setMaxListeners } from 'node:events'
 import { anySignal } from 'any-signal'
 import type { Kysely } from 'kysely'
