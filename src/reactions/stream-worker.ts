@@ -140,7 +140,7 @@ type Finished = typeof DONE | StreamOutcome | undefined
 export function createStreamWorker(deps: StreamWorkerDeps) {
   const { db, name, clock, logger, settings, leaseToken } = deps
   // large enough that a batch's own cost (two statements, a commit) is small beside its events' under a heavy
-  // load (dispatcher.ts's gatherMs); a batch reads its events' rows at once, about 0.5 kB each
+  // load (gatherMs); a batch reads its events' rows at once, about 0.5 kB each
   const batchSize = Math.max(512, 8 * settings.concurrency)
   const bounds = { min: settings.concurrency, max: batchSize, waitMs: Math.min(BATCH_MAX_MS, settings.leaseMs / 4) }
   // what the next batch reads (nextBatchLimit): batchSize until a batch's slots fall behind
