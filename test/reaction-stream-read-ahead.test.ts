@@ -75,19 +75,24 @@ describe('the read-ahead of a reaction stream batch', () => {
       return (await history(orderId)).at(-1)!
     }
     const stop = new AbortController()
-    return { clock, seen, gate, worker, order, move, stop: stop.signal }
+    /** lease-a's batch, running one new order's event whose call waits until `open` is called. */
+    const slowBatch = async () => {
+      const stream = worker('lease-a')
+      const slow = await order(['created'])
+      const open = gate(slow.events[0]!)
+      const batch = stream.batch(stop.signal)
+      await eventually(() => seen.length === 1, 'the slow handler started')
+      return { stream, slow, open, batch }
+    }
+    return { clock, seen, gate, worker, order, move, slowBatch, stop: stop.signal }
   }
 
   /** Each event's record for the handler: its state, by event id. */
   const states = async () => new Map((await reactionRecords(database.db, 'ledger')).map((record) => [record.eventId, record.state]))
 
   it('reads the events committed while its handlers run, and runs them before the slow one returns', async () => {
-    const { clock, seen, gate, worker, order, stop } = await setUp()
-    const stream = worker('lease-a')
-    const slow = await order(['created'])
-    const open = gate(slow.events[0]!)
-    const batch = stream.batch(stop)
-    await eventually(() => seen.length === 1, 'the slow handler started')
+    const { clock, seen, order, slowBatch, stop } = await setUp()
+    const { stream, slow, open, batch } = await slowBatch()
 
     const fast = await order(['created'])
     // (not before the read's gather wait)
@@ -179,12 +184,8 @@ describe('the read-ahead of a reaction stream batch', () => {
   })
 
   it(`stops reading ahead ${WRITE_BACK_MS} ms after the batch's first read: the next batch reads the rest`, async () => {
-    const { clock, seen, gate, worker, order, stop } = await setUp()
-    const stream = worker('lease-a')
-    const slow = await order(['created'])
-    const open = gate(slow.events[0]!)
-    const batch = stream.batch(stop)
-    await eventually(() => seen.length === 1, 'the slow handler started')
+    const { clock, seen, order, slowBatch, stop } = await setUp()
+    const { stream, slow, open, batch } = await slowBatch()
 
     await clock.advance(WRITE_BACK_MS)
     const later = await order(['created'])
@@ -199,12 +200,8 @@ describe('the read-ahead of a reaction stream batch', () => {
   })
 
   it('does not read ahead under another lease token: the batch writes nothing back, and the other replica runs its events', async () => {
-    const { clock, seen, gate, worker, order, stop } = await setUp()
-    const stream = worker('lease-a')
-    const slow = await order(['created'])
-    const open = gate(slow.events[0]!)
-    const batch = stream.batch(stop)
-    await eventually(() => seen.length === 1, 'the slow handler started')
+    const { clock, seen, gate, worker, order, slowBatch, stop } = await setUp()
+    const { stream, slow, open, batch } = await slowBatch()
 
     // a replica whose clock is past lease-a's end takes the stream, and runs the slow event again (at least once)
     const other = worker('lease-b', new FakeClock(clock.now() + SETTINGS.leaseMs + 1))
