@@ -2,43 +2,27 @@
 // restart every event is handled, and the receiver sees each webhook-id at least once and, deduplicated by
 // it, every transition exactly once.
 import { once } from 'node:events'
-import { rmSync } from 'node:fs'
-import type { ChildProcess } from 'node:child_process'
-import { afterAll, beforeAll, expect, it } from 'vitest'
+import { expect, it } from 'vitest'
 import { unfinishedReactionJobs } from './helpers/reaction-jobs.js'
 import { moveNewOrder } from './helpers/orders.js'
 import { FORWARDER_HANDLER } from '../src/reactions/configured-reactions.js'
 import { ensureReactionStreams } from '../src/reactions/reaction-stream.repository.js'
-import { forwardingServeEnv, spawnCli, waitForLogLine } from './helpers/cli-process.js'
-import { migratedDataDir } from './helpers/data-dir-template.js'
-import { type ForwardReceiver, startForwardReceiver } from './helpers/forward-receiver.js'
+import { waitForLogLine } from './helpers/cli-process.js'
+import { useForwardingServe } from './helpers/forwarding-serve.js'
 import { eventually } from './helpers/reconcile-poller.js'
-import { createTestDatabase, describePostgres, type TestDatabase } from './helpers/test-database.js'
+import { describePostgres } from './helpers/test-database.js'
 
 const ORDERS = 60
 const STATUSES = ['created', 'funded', 'delivered']
 
 describePostgres('the compiled serve killed mid-handler (Postgres)', () => {
-  let database: TestDatabase
-  let receiver: ForwardReceiver
-  // the webhook-id of each forward, as it arrived
-  const received = () => receiver.received.map((request) => request.headers['webhook-id'])
-  const dataDir = migratedDataDir('reactions-crash-')
-  const children: ChildProcess[] = []
-
-  beforeAll(async () => {
-    database = await createTestDatabase()
-    // answers each forward after 50 ms, so handlers are in flight when the process is killed
-    receiver = await startForwardReceiver(() => ({ status: 204, afterMs: 50 }))
-  })
-  afterAll(async () => {
-    for (const child of children) if (child.exitCode === null) child.kill('SIGKILL')
-    await receiver.close()
-    await database.close()
-    rmSync(dataDir, { recursive: true, force: true })
-  })
+  // the receiver answers each forward after 50 ms, so handlers are in flight when the process is killed
+  const setting = useForwardingServe('reactions-crash-', () => ({ status: 204, afterMs: 50 }))
 
   it('hands every event over after a restart, each webhook-id at least once and every transition once by it', async () => {
+    const { database, receiver } = setting
+    // the webhook-id of each forward, as it arrived
+    const received = () => receiver.received.map((request) => request.headers['webhook-id'])
     // the transitions commit before the service runs, after the forwarder's stream began: they wait in it
     await ensureReactionStreams(database.db, [FORWARDER_HANDLER], new Date())
     for (let i = 0; i < ORDERS; i++) {
@@ -48,15 +32,14 @@ describePostgres('the compiled serve killed mid-handler (Postgres)', () => {
     expect(events).toHaveLength(ORDERS * STATUSES.length)
 
     const env = {
-      ...forwardingServeEnv({ databaseUrl: database.url!, dataDir, forwardUrl: receiver.url }),
+      ...setting.serveEnv(),
       REACTION_CONCURRENCY: '4',
       // the killed process's claims come back after this
       REACTION_LEASE_S: '2',
       // (a call may run at most the lease less its margin, 1.8 s: the receiver answers in 50 ms)
       FORWARD_TIMEOUT_MS: '1500',
     }
-    const first = spawnCli(['serve'], env, { built: true })
-    children.push(first)
+    const first = setting.serve(env)
     await waitForLogLine(first, 'service listening', 120_000)
     await eventually(() => receiver.received.length >= 20, 'the first process forwarded some events', 120_000)
     first.kill('SIGKILL')
@@ -68,8 +51,7 @@ describePostgres('the compiled serve killed mid-handler (Postgres)', () => {
       .where('state', '=', 'running')
       .executeTakeFirstOrThrow()
 
-    const second = spawnCli(['serve'], env, { built: true })
-    children.push(second)
+    const second = setting.serve(env)
     await waitForLogLine(second, 'service listening', 120_000)
     await eventually(async () => (await unfinishedReactionJobs(database.db)) === 0, 'every job is done', 240_000)
     second.kill('SIGTERM')

@@ -1,55 +1,40 @@
 // The compiled `serve` stopped with SIGTERM while the forwarder's stream runs and transitions keep committing
-// (Postgres): the stop lets the forwards in flight finish and writes back every batch's record, those held in
-// memory and those a read-ahead joined included, so the process that starts next forwards only what was left.
-// Across the graceful restart the receiver sees every webhook-id exactly once.
+// (Postgres): the stop lets the forwards in flight finish and writes back what its batches did, so the process
+// that starts next forwards only what was left. Across the graceful restart the receiver sees every webhook-id
+// exactly once. (A stop that finds the stream idle between batches, its done records held in memory, comes in a
+// window of a few ms: reaction-stream-write-back.test.ts tests that write-back in process, through `release`.)
 import { once } from 'node:events'
-import { rmSync } from 'node:fs'
 import type { ChildProcess } from 'node:child_process'
-import { afterAll, beforeAll, expect, it } from 'vitest'
+import { expect, it } from 'vitest'
 import { unfinishedReactionJobs } from './helpers/reaction-jobs.js'
 import { moveNewOrder } from './helpers/orders.js'
 import { FORWARDER_HANDLER } from '../src/reactions/configured-reactions.js'
 import { ensureReactionStreams } from '../src/reactions/reaction-stream.repository.js'
-import { forwardingServeEnv, spawnCli, waitForLogLine } from './helpers/cli-process.js'
-import { migratedDataDir } from './helpers/data-dir-template.js'
-import { type ForwardReceiver, startForwardReceiver } from './helpers/forward-receiver.js'
+import { waitForLogLine } from './helpers/cli-process.js'
+import { useForwardingServe } from './helpers/forwarding-serve.js'
 import { eventually } from './helpers/reconcile-poller.js'
-import { createTestDatabase, describePostgres, type TestDatabase } from './helpers/test-database.js'
+import { describePostgres } from './helpers/test-database.js'
 
 const STATUSES = ['created', 'funded', 'delivered']
 // committed before the first process starts: its first batch reads them all
 const ORDERS_BEFORE = 10
 
 describePostgres('the compiled serve stopped with SIGTERM mid-stream (Postgres)', () => {
-  let database: TestDatabase
-  let receiver: ForwardReceiver
-  const dataDir = migratedDataDir('reactions-sigterm-')
-  const children: ChildProcess[] = []
-
-  beforeAll(async () => {
-    database = await createTestDatabase()
-    // answers each forward after 20 ms: forwards are in flight when the signal comes, and finish within the stop
-    receiver = await startForwardReceiver(() => ({ status: 204, afterMs: 20 }))
-  })
-  afterAll(async () => {
-    for (const child of children) if (child.exitCode === null) child.kill('SIGKILL')
-    await receiver.close()
-    await database.close()
-    rmSync(dataDir, { recursive: true, force: true })
-  })
-
-  const commitOrder = (reference: string) =>
-    moveNewOrder(database.db, { externalReference: reference, statuses: STATUSES, handlersFor: () => [FORWARDER_HANDLER], now: () => new Date() })
+  // the receiver answers each forward after 20 ms: forwards are in flight when the signal comes, and finish within the stop
+  const setting = useForwardingServe('reactions-sigterm-', () => ({ status: 204, afterMs: 20 }))
+  const exitCode = async (child: ChildProcess) => ((await once(child, 'exit')) as [number | null])[0]
 
   it('forwards every event exactly once across a graceful restart, while transitions keep committing', async () => {
+    const { database, receiver } = setting
+    const commitOrder = (reference: string) =>
+      moveNewOrder(database.db, { externalReference: reference, statuses: STATUSES, handlersFor: () => [FORWARDER_HANDLER], now: () => new Date() })
     await ensureReactionStreams(database.db, [FORWARDER_HANDLER], new Date())
     for (let i = 0; i < ORDERS_BEFORE; i++) await commitOrder(`before-${i}`)
 
-    // the default slots take the writer's pace with room to spare: the stream's batches are short, their records
-    // are held in memory and go with a later one's, and commits land while a batch runs (read ahead into it)
-    const env = forwardingServeEnv({ databaseUrl: database.url!, dataDir, forwardUrl: receiver.url })
-    const first = spawnCli(['serve'], env, { built: true })
-    children.push(first)
+    // the default slots take the writer's pace with room to spare: the stream's batches are short, and commits
+    // land while a batch runs (read ahead into it)
+    const env = setting.serveEnv()
+    const first = setting.serve(env)
     await waitForLogLine(first, 'service listening', 120_000)
 
     // transitions commit while the first process forwards, and go on until after it stopped
@@ -63,8 +48,7 @@ describePostgres('the compiled serve stopped with SIGTERM mid-stream (Postgres)'
     })()
     await eventually(() => receiver.received.length >= 60, 'the first process forwarded some events', 120_000)
     first.kill('SIGTERM')
-    const [code] = (await once(first, 'exit')) as [number | null]
-    expect(code).toBe(0)
+    expect(await exitCode(first)).toBe(0)
     const beforeRestart = receiver.received.length
     await eventually(() => written >= 5, 'some transitions committed after the signal', 60_000)
     writing = false
@@ -75,13 +59,12 @@ describePostgres('the compiled serve stopped with SIGTERM mid-stream (Postgres)'
     // some events were left for the next process: the restart is what is tested
     expect(beforeRestart).toBeLessThan(ids.length)
 
-    const second = spawnCli(['serve'], env, { built: true })
-    children.push(second)
+    const second = setting.serve(env)
     await waitForLogLine(second, 'service listening', 120_000)
     await eventually(() => receiver.received.length >= ids.length, 'every event was forwarded', 240_000)
     await eventually(async () => (await unfinishedReactionJobs(database.db)) === 0, 'no job is left', 60_000)
     second.kill('SIGTERM')
-    expect(((await once(second, 'exit')) as [number | null])[0]).toBe(0)
+    expect(await exitCode(second)).toBe(0)
 
     const forwarded = receiver.received.map((request) => request.headers['webhook-id'])
     // each once: a record the stop did not write back would be read again, and its events forwarded twice
