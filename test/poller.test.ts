@@ -498,6 +498,25 @@ describe('the poller', () => {
       expect(clock.pendingSleepers).toBe(0)
     })
 
+    it('sleeps the interval give or take a quarter, at random, so replicas started together drift apart', async () => {
+      const randoms = [0, 0.5, 0.999]
+      const poller = testPoller({
+        db: database.db,
+        fetcher: countingFetcher(() => 'funded'),
+        clock,
+        settings: { intervalS: 30 },
+        random: () => randoms.shift()!,
+      })
+      poller.start()
+      await eventually(() => clock.pendingSleepers === 1, 'the poller sleeps')
+      for (const _ of [1, 2]) {
+        await clock.advance(clock.sleeps.at(-1)!)
+        await eventually(() => clock.pendingSleepers === 1, 'the poller sleeps again')
+      }
+      expect(clock.sleeps).toEqual([22_500, 30_000, 37_485])
+      await poller.stop()
+    })
+
     it('starts the next cycle at once while batches come back full', async () => {
       await insertOrders(
         database.db,

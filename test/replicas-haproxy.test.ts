@@ -188,9 +188,11 @@ describeReplicas('three replicas behind HAProxy: a kill and a rolling restart un
         PARTNER_API_SECRET: TEST_API_SECRET,
         WEBHOOK_SECRETS: TEST_WEBHOOK_SECRET,
         // orders come due for a poll two seconds after each change: the three pollers claim all through the
-        // run (a poll lasting longer than that while a webhook reschedules its order would be claimed again)
+        // run (a poll lasting longer than that while a webhook reschedules its order would be claimed again).
+        // Small batches leave due orders to the other replicas: with 10, a replica whose batches came back
+        // full claimed again at once and took nearly every poll (CI once saw one replica claim them all)
         POLL_INTERVAL_S: '1',
-        POLL_BATCH_SIZE: '10',
+        POLL_BATCH_SIZE: '3',
         EXPECTED_WEBHOOK_S: '2',
         STALE_AFTER_S: '2',
         FORWARD_URL: `http://127.0.0.1:${(forwardReceiver.address() as AddressInfo).port}/hooks`,

@@ -1,5 +1,7 @@
 // The poller as the service runs it: a loop of reconciliation cycles (reconcile-cycle.ts) on an injected
-// clock. After a cycle it sleeps POLL_INTERVAL_S, or starts the next one at once when the batch was full
+// clock. After a cycle it sleeps POLL_INTERVAL_S give or take a quarter, at random (replicas started together
+// by a deploy would otherwise poll in step, and the first claim of each tick would take every due order),
+// or starts the next one at once when the batch was full
 // (more is due than one batch holds), or, after the platform refused our credentials, sleeps longer each
 // time (doubling up to the backoff cap) so a misconfigured replica does not hammer the platform.
 import type { Kysely } from 'kysely'
@@ -20,6 +22,12 @@ export type { DueOrderStats } from '../orders/poll-schedule.repository.js'
 export type { RunSummary, StoppedReason } from './reconcile-cycle.js'
 export { CycleFailedError, DATABASE_LOST_REASON } from './reconcile-cycle.js'
 
+/**
+ * The sleep between cycles is POLL_INTERVAL_S times a factor drawn from [1 - POLL_JITTER, 1 + POLL_JITTER):
+ * its mean is the interval, and replicas that started in the same second drift apart within a few cycles.
+ */
+export const POLL_JITTER = 0.25
+
 /** Runs left unfinished by a lost database that one poller remembers, to record their end when it is back. */
 const MAX_UNFINISHED_RUNS = 100
 
@@ -32,7 +40,7 @@ const MAX_UNFINISHED_RUNS = 100
 export const DEFAULT_LEASE_S = 300
 
 export interface PollerSettings {
-  /** POLL_INTERVAL_S: the sleep between cycles that did not fill their batch. */
+  /** POLL_INTERVAL_S: the mean sleep between cycles that did not fill their batch (±25%, see POLL_JITTER). */
   intervalS: number
   /** POLL_CONCURRENCY: GETs in flight at once. */
   concurrency: number
@@ -64,7 +72,7 @@ export interface PollerDeps {
   settings: PollerSettings
   /** Names this process in reconcile_runs (e.g. host:pid). */
   replica: string
-  /** Jitter source in [0, 1). */
+  /** Jitter source in [0, 1): the sleep between cycles, and each order's error backoff. */
   random?: () => number
   /** Called once per poll with its result: the metrics hook (count by `result.result`). */
   onPollResult?: (result: PollResult) => void
@@ -84,6 +92,7 @@ export interface Poller {
 
 export function createPoller(deps: PollerDeps): Poller {
   const { clock, logger, settings } = deps
+  const random = deps.random ?? Math.random
   const backoff = settings.backoff ?? DEFAULT_BACKOFF
   const cycleDeps = { ...deps, settings: { ...settings, backoff } }
   // runs whose cycle lost the database after writing them: without this they would show as running for good,
@@ -138,7 +147,7 @@ export function createPoller(deps: PollerDeps): Poller {
     if (summary && summary.stoppedReason === null && summary.claimed >= settings.batchSize) return 0
     // the platform asked us to wait: no cycle before then
     if (summary?.throttledUntil) return Math.max(settings.intervalS * 1000, summary.throttledUntil.getTime() - clock.now())
-    return settings.intervalS * 1000
+    return Math.round(settings.intervalS * 1000 * (1 - POLL_JITTER + 2 * POLL_JITTER * random()))
   }
 
   const runLoop = async (signal: AbortSignal) => {
