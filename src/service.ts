@@ -81,10 +81,13 @@ export async function startService({
   runCommand,
   registerReactions,
   pgliteTemplate,
+  random = Math.random,
 }: {
   config: Config
   logger: Logger
   clock?: Clock
+  /** The poller's source in [0, 1) for its jitter (between cycles, and each order's error backoff). */
+  random?: () => number
   /** Runs a second terminal's command line here (the entry point's, src/cli/run-cli.ts); none: no endpoint. */
   runCommand?: LocalCommandRunner | undefined
   /** Reaction handlers registered in code beside the configured ones and partner-handlers.ts. */
@@ -320,7 +323,7 @@ export async function startService({
       ...(metrics ? { onClockOffset: metrics.partnerApiHooks.onClockOffset } : {}),
     })
     const pollerOf = (replica: string, hooks = {}) =>
-      createPoller({ db: database.db, fetcher, clock, logger, settings: pollerSettings(config.poll, observation), replica, ...hooks })
+      createPoller({ db: database.db, fetcher, clock, random, logger, settings: pollerSettings(config.poll, observation), replica, ...hooks })
     consoleActions.reconcileOnce = () => pollerOf(`console:${hostname()}:${process.pid}`).runOnce()
     let poller: Poller | undefined
     let pruner: Pruner | undefined
