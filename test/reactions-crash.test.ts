@@ -1,13 +1,12 @@
 // The compiled `serve` killed with SIGKILL while reaction handlers (the forwarder) run (Postgres): after a
 // restart every event is handled, and the receiver sees each webhook-id at least once and, deduplicated by
 // it, every transition exactly once.
-import { once } from 'node:events'
 import { expect, it } from 'vitest'
 import { unfinishedReactionJobs } from './helpers/reaction-jobs.js'
 import { moveNewOrder } from './helpers/orders.js'
 import { FORWARDER_HANDLER } from '../src/reactions/configured-reactions.js'
 import { ensureReactionStreams } from '../src/reactions/reaction-stream.repository.js'
-import { waitForLogLine } from './helpers/cli-process.js'
+import { stopChild, waitForLogLine } from './helpers/cli-process.js'
 import { useForwardingServe } from './helpers/forwarding-serve.js'
 import { eventually } from './helpers/reconcile-poller.js'
 import { describePostgres } from './helpers/test-database.js'
@@ -42,8 +41,7 @@ describePostgres('the compiled serve killed mid-handler (Postgres)', () => {
     const first = setting.serve(env)
     await waitForLogLine(first, 'service listening', 120_000)
     await eventually(() => receiver.received.length >= 20, 'the first process forwarded some events', 120_000)
-    first.kill('SIGKILL')
-    await once(first, 'exit')
+    await stopChild(first, 'SIGKILL')
     const beforeRestart = receiver.received.length
     const claimedByTheDead = await database.db
       .selectFrom('reactionJobs')
@@ -54,8 +52,7 @@ describePostgres('the compiled serve killed mid-handler (Postgres)', () => {
     const second = setting.serve(env)
     await waitForLogLine(second, 'service listening', 120_000)
     await eventually(async () => (await unfinishedReactionJobs(database.db)) === 0, 'every job is done', 240_000)
-    second.kill('SIGTERM')
-    await once(second, 'exit')
+    await stopChild(second)
 
     const ids = new Set(events.map((event) => event.eventId))
     const seen = new Set(received())

@@ -3,14 +3,12 @@
 // that starts next forwards only what was left. Across the graceful restart the receiver sees every webhook-id
 // exactly once. (A stop that finds the stream idle between batches, its done records held in memory, comes in a
 // window of a few ms: reaction-stream-write-back.test.ts tests that write-back in process, through `release`.)
-import { once } from 'node:events'
-import type { ChildProcess } from 'node:child_process'
 import { expect, it } from 'vitest'
 import { unfinishedReactionJobs } from './helpers/reaction-jobs.js'
 import { moveNewOrder } from './helpers/orders.js'
 import { FORWARDER_HANDLER } from '../src/reactions/configured-reactions.js'
 import { ensureReactionStreams } from '../src/reactions/reaction-stream.repository.js'
-import { waitForLogLine } from './helpers/cli-process.js'
+import { stopChild, waitForLogLine } from './helpers/cli-process.js'
 import { useForwardingServe } from './helpers/forwarding-serve.js'
 import { eventually } from './helpers/reconcile-poller.js'
 import { describePostgres } from './helpers/test-database.js'
@@ -22,7 +20,6 @@ const ORDERS_BEFORE = 10
 describePostgres('the compiled serve stopped with SIGTERM mid-stream (Postgres)', () => {
   // the receiver answers each forward after 20 ms: forwards are in flight when the signal comes, and finish within the stop
   const setting = useForwardingServe('reactions-sigterm-', () => ({ status: 204, afterMs: 20 }))
-  const exitCode = async (child: ChildProcess) => ((await once(child, 'exit')) as [number | null])[0]
 
   it('forwards every event exactly once across a graceful restart, while transitions keep committing', async () => {
     const { database, receiver } = setting
@@ -47,8 +44,7 @@ describePostgres('the compiled serve stopped with SIGTERM mid-stream (Postgres)'
       }
     })()
     await eventually(() => receiver.received.length >= 60, 'the first process forwarded some events', 120_000)
-    first.kill('SIGTERM')
-    expect(await exitCode(first)).toBe(0)
+    expect(await stopChild(first)).toBe(0)
     const beforeRestart = receiver.received.length
     await eventually(() => written >= 5, 'some transitions committed after the signal', 60_000)
     writing = false
@@ -63,8 +59,7 @@ describePostgres('the compiled serve stopped with SIGTERM mid-stream (Postgres)'
     await waitForLogLine(second, 'service listening', 120_000)
     await eventually(() => receiver.received.length >= ids.length, 'every event was forwarded', 240_000)
     await eventually(async () => (await unfinishedReactionJobs(database.db)) === 0, 'no job is left', 60_000)
-    second.kill('SIGTERM')
-    expect(await exitCode(second)).toBe(0)
+    expect(await stopChild(second)).toBe(0)
 
     const forwarded = receiver.received.map((request) => request.headers['webhook-id'])
     // each once: a record the stop did not write back would be read again, and its events forwarded twice
