@@ -19,12 +19,20 @@ export class FakeClock implements Clock {
     this.sleeps.push(ms)
     return new Promise((resolve, reject) => {
       if (signal?.aborted) return reject(signal.reason)
-      const sleeper = { until: this.current + ms, resolve }
-      this.sleepers.push(sleeper)
-      signal?.addEventListener('abort', () => {
+      // as the real clock: a sleeper that wakes stops listening, so one signal can serve many sleeps
+      const onAbort = () => {
         this.sleepers = this.sleepers.filter((s) => s !== sleeper)
-        reject(signal.reason)
-      })
+        reject(signal!.reason)
+      }
+      const sleeper = {
+        until: this.current + ms,
+        resolve: () => {
+          signal?.removeEventListener('abort', onAbort)
+          resolve()
+        },
+      }
+      this.sleepers.push(sleeper)
+      signal?.addEventListener('abort', onAbort, { once: true })
     })
   }
 
