@@ -4,11 +4,17 @@
 // index, rows read by sequential scans): the work done, whatever the plan's shape and the machine's speed.
 import { createHash } from 'node:crypto'
 import { type Kysely, sql } from 'kysely'
-import { describe, expect, it } from 'vitest'
+import { describe, expect, it, vi } from 'vitest'
 import type { Database } from '../src/db/database.js'
+import { analyzeChangedTables, STATISTICS_CHECK_INTERVAL_MS } from '../src/db/embedded-statistics.js'
 import { recordDeliveriesAndApply } from '../src/orders/apply-observation.js'
 import { observationSettings, webhookObservation } from '../src/orders/observations.js'
+import { FakeClock } from './helpers/fake-clock.js'
+import { logEntries, testLogger } from './helpers/log-sink.js'
+import { eventually } from './helpers/reconcile-poller.js'
+import { testConfig } from './helpers/test-config.js'
 import { useTestDatabase } from './helpers/test-database.js'
+import { startTestService } from './helpers/test-service.js'
 
 const settings = observationSettings({ staleAfterS: 300 })
 
@@ -49,7 +55,7 @@ describe('the ingest statement as the tables grow', () => {
     const { db } = database
     const ORDERS = 20_000
     await sql`insert into orders (external_reference) select 'reads-' || i from generate_series(1, ${ORDERS}::int) i`.execute(db)
-    // the statistics autovacuum would keep
+    // the statistics autovacuum would keep (PGlite has none; the service analyzes there itself)
     await sql`analyze orders`.execute(db)
 
     // enough statements for the generic plan (Postgres plans the first five for their values)
@@ -67,5 +73,66 @@ describe('the ingest statement as the tables grow', () => {
     // per delivery: its order by external reference, the trade id's other owner (none), the order's update by
     // id; a statement that hashed every order's trade id read 20,000 a statement (2,000 a delivery here)
     expect((after.orders - before.orders) / delivered).toBeLessThanOrEqual(5)
+  })
+})
+
+// PGlite has no autovacuum: the service keeps the statistics itself (db/embedded-statistics.ts)
+describe('the embedded database as its deliveries grow', () => {
+  const database = useTestDatabase({ kind: 'pglite' })
+
+  const ingest = async (db: Kysely<Database>, first: number, batches: number) => {
+    for (let batch = 0; batch < batches; batch++) {
+      const items = Array.from({ length: 10 }, (_, k) => delivery(first + batch * 10 + k, 'funded', `grown-${first}-${batch}-${k}`))
+      await recordDeliveriesAndApply(db, items, settings)
+    }
+  }
+
+  it('analyzes a table that changed past autovacuum\'s threshold, and the ingest then looks its deliveries up by index', async () => {
+    const { db } = database
+    await sql`insert into orders (external_reference) select 'reads-' || i from generate_series(1, 2000) i`.execute(db)
+    // statistics taken while the deliveries were none, as an early analyze or VACUUM leaves them
+    await sql`analyze`.execute(db)
+    const start = await reads(db)
+    // the generic plan is made on those statistics, and kept while the table grows under it
+    await ingest(db, 1, 40)
+    const grown = await reads(db)
+    expect(grown.deliveriesScanned - start.deliveriesScanned).toBeGreaterThan(0)
+
+    // 400 deliveries and as many orders moved: past 50 + 10 % of what each table held when last analyzed
+    expect(await analyzeChangedTables(db)).toEqual(expect.arrayContaining(['orders', 'webhook_deliveries']))
+    // nothing changed since: nothing to analyze
+    expect(await analyzeChangedTables(db)).toEqual([])
+    await ingest(db, 1001, 40)
+    const after = await reads(db)
+    expect(after.deliveriesScanned - grown.deliveriesScanned).toBe(0)
+  })
+
+  it('is analyzed by the service every 10 s of its clock, where a table changed enough', async () => {
+    const clock = new FakeClock()
+    const service = await startTestService({ config: testConfig({ PORT: '0', POLL_ENABLED: 'false' }), logger: testLogger(), clock })
+    try {
+      await service.ready
+      const { db } = service.database
+      const analyzed = async () => {
+        await sql`select pg_stat_clear_snapshot()`.execute(db)
+        const { rows } = await sql<{ count: string }>`select analyze_count::text as count from pg_stat_user_tables
+          where relid = 'webhook_deliveries'::regclass`.execute(db)
+        return Number(rows[0]!.count)
+      }
+      await sql`insert into orders (external_reference) select 'reads-' || i from generate_series(1, 200) i`.execute(db)
+      await ingest(db, 1, 20)
+      const linesBefore = logEntries().length
+      const before = await analyzed()
+      await eventually(() => clock.sleeps.includes(STATISTICS_CHECK_INTERVAL_MS), 'the watch waits its interval')
+      await clock.advance(STATISTICS_CHECK_INTERVAL_MS)
+      await vi.waitFor(async () => expect(await analyzed()).toBe(before + 1), { timeout: 30_000, interval: 50 })
+      const written = logEntries().slice(linesBefore)
+      expect(written).toContainEqual(
+        expect.objectContaining({ msg: 'embedded database statistics refreshed', tables: expect.arrayContaining(['orders', 'webhook_deliveries']) }),
+      )
+      expect(written.filter((line) => Number(line.level) >= 40)).toEqual([])
+    } finally {
+      await service.stop()
+    }
   })
 })
