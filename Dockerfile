@@ -26,6 +26,7 @@ WORKDIR /app
 COPY package.json package-lock.json ./
 RUN npm ci --omit=dev && npm cache clean --force
 COPY --from=build /app/dist ./dist
+COPY LICENSE ./
 RUN mkdir -p /app/data && chown node:node /app/data
 USER node
 # the public listener; the operator listener (ADMIN_PORT) stays on 127.0.0.1 unless ADMIN_HOST says otherwise
