@@ -47,7 +47,7 @@ export async function startService(
       PARTNER_API_SECRET: 'bench-api-secret-0123456789abcdef',
       WEBHOOK_SECRETS: BENCH_SECRET,
       // tuning experiments: these pass through from the bench's environment
-      ...pick(process.env, ['DATABASE_POOL_SIZE', 'WEBHOOK_BATCH_MAX', 'WEBHOOK_SEEN_CACHE', 'REACTION_CONCURRENCY']),
+      ...pick(process.env, ['DATABASE_POOL_SIZE', 'WEBHOOK_BATCH_MAX', 'WEBHOOK_BATCH_STATEMENTS', 'WEBHOOK_SEEN_CACHE', 'REACTION_CONCURRENCY']),
       ...extraEnv,
     },
     stdio: ['ignore', 'pipe', 'inherit'],

@@ -70,7 +70,7 @@ export interface Config {
     readonly bodyLimitBytes: number
     /** Group commit: most deliveries written by one statement (1: each alone). */
     readonly batchMax: number
-    /** Group commit: statements in flight at once (1 on PGlite, which has one connection). */
+    /** Group commit: statements in flight at once (WEBHOOK_BATCH_STATEMENTS; on Postgres at most the pool). */
     readonly batchStatements: number
     /** Stored delivery ids remembered per process, so their retries skip the database (0: none). */
     readonly seenCacheSize: number
@@ -301,6 +301,7 @@ const EnvSchema = z.object({
   WEBHOOK_SECRETS: secretList.optional(),
   WEBHOOK_BODY_LIMIT: byteSize.default(256 * 1024),
   WEBHOOK_BATCH_MAX: wholeNumber({ max: 1_000 }).default(100),
+  WEBHOOK_BATCH_STATEMENTS: wholeNumber({ max: 200 }).default(2),
   WEBHOOK_SEEN_CACHE: wholeNumber({ min: 0, max: 10_000_000 }).default(100_000),
   PARTNER_ENV: z.enum(['sandbox', 'live']).default('sandbox'),
   PARTNER_KIND: z.enum(['marketplace', 'merchant']).default('marketplace'),
@@ -573,11 +574,13 @@ export function parseConfig(
       secrets: values.WEBHOOK_SECRETS?.length ? values.WEBHOOK_SECRETS : [generated!.webhookSecret],
       bodyLimitBytes: values.WEBHOOK_BODY_LIMIT,
       batchMax: values.WEBHOOK_BATCH_MAX,
-      // half the pool: the other half stays free for the poller, API calls and health checks
       seenCacheSize: values.WEBHOOK_SEEN_CACHE,
-      // embedded PGlite runs one statement at a time on its own thread: a second one waiting there keeps it
-      // busy while this thread answers the first one's deliveries and gathers the next
-      batchStatements: values.DATABASE_URL ? Math.max(1, Math.floor(values.DATABASE_POOL_SIZE / 2)) : 2,
+      // two by default: one statement runs while the other commits, and the deliveries arriving meanwhile make
+      // the next one's batch. More statements at once make smaller batches, and on Postgres each statement has a
+      // fixed cost (its commit's flush, the executor's start) that the batch shares (README, "Group commit");
+      // embedded PGlite runs one statement at a time on its own thread, where the second waits while this thread
+      // answers the first one's deliveries. Never more than the pool's connections: the rest wait for a slot
+      batchStatements: values.DATABASE_URL ? Math.min(values.WEBHOOK_BATCH_STATEMENTS, values.DATABASE_POOL_SIZE) : values.WEBHOOK_BATCH_STATEMENTS,
     },
     partner: {
       mode,

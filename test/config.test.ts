@@ -55,10 +55,12 @@ describe('configuration', () => {
       LOG_LEVEL: 'loud',
       DATABASE_URL: 'mysql://nope',
       WEBHOOK_BATCH_MAX: '0',
+      WEBHOOK_BATCH_STATEMENTS: '0',
       WEBHOOK_SEEN_CACHE: '-1',
     })
     for (const name of [
       'WEBHOOK_BATCH_MAX',
+      'WEBHOOK_BATCH_STATEMENTS',
       'WEBHOOK_SEEN_CACHE',
       'PORT',
       'POLL_CONCURRENCY',
@@ -153,15 +155,15 @@ describe('configuration', () => {
     expect(config.poll.enabled).toBe(false)
     expect(config.port).toBe(8080)
     expect(Object.isFrozen(config.webhook.secrets)).toBe(true)
-    // group commit: half the Postgres pool writes deliveries; PGlite has one connection, and a second
-    // statement waits on its thread while the first one's deliveries are answered
+    // group commit: two statements write deliveries at once, on Postgres as on PGlite (one connection, where a
+    // second statement waits on its thread while the first one's deliveries are answered); never more than the pool
     expect(config.webhook.batchStatements).toBe(2)
-    expect(parseConfig({ ...remoteEnv, DATABASE_URL: 'postgres://db/x', DATABASE_POOL_SIZE: '10' }).webhook).toMatchObject({
-      batchMax: 100,
-      batchStatements: 5,
-      seenCacheSize: 100_000,
-    })
-    expect(parseConfig({ ...remoteEnv, DATABASE_URL: 'postgres://db/x', DATABASE_POOL_SIZE: '1' }).webhook.batchStatements).toBe(1)
+    const postgres = { ...remoteEnv, DATABASE_URL: 'postgres://db/x' }
+    expect(parseConfig({ ...postgres, DATABASE_POOL_SIZE: '10' }).webhook).toMatchObject({ batchMax: 100, batchStatements: 2, seenCacheSize: 100_000 })
+    expect(parseConfig({ ...postgres, DATABASE_POOL_SIZE: '10', WEBHOOK_BATCH_STATEMENTS: '5' }).webhook.batchStatements).toBe(5)
+    expect(parseConfig({ ...postgres, DATABASE_POOL_SIZE: '3', WEBHOOK_BATCH_STATEMENTS: '5' }).webhook.batchStatements).toBe(3)
+    expect(parseConfig({ ...postgres, DATABASE_POOL_SIZE: '1' }).webhook.batchStatements).toBe(1)
+    expect(parseConfig({ ...remoteEnv, WEBHOOK_BATCH_STATEMENTS: '3' }).webhook.batchStatements).toBe(3)
     expect(() => {
       ;(config as { port: number }).port = 1
     }).toThrow(TypeError)
@@ -178,6 +180,7 @@ describe('configuration', () => {
       'SHUTDOWN_TIMEOUT_MS',
       'SHUTDOWN_DRAIN_DELAY_MS',
       'WEBHOOK_BATCH_MAX',
+      'WEBHOOK_BATCH_STATEMENTS',
       'WEBHOOK_SEEN_CACHE',
       'PARTNER_API_TIMEOUT_MS',
       'POLL_INTERVAL_S',
