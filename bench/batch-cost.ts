@@ -4,13 +4,13 @@
 // rounds), and per delivery the statement's backend CPU, the wall time and the WAL. A fixed cost per statement
 // shows as CPU per delivery falling with the batch's size; it is what a group commit that writes smaller
 // batches (deliveries arriving spread out, not together) pays more of.
-import { createHash } from 'node:crypto'
 import { CompiledQuery } from 'kysely'
 import { migrateToLatest } from '../src/db/migrate.js'
 import { openDatabase } from '../src/db/open-database.js'
 import { recordDeliveriesAndApply } from '../src/orders/apply-observation.js'
-import { observationSettings, webhookObservation } from '../src/orders/observations.js'
+import { observationSettings } from '../src/orders/observations.js'
 import { createBenchSchema } from './ab-rounds.js'
+import { matchedDelivery } from './matched-delivery.js'
 import { cpuMs } from './service-process.js'
 
 const args = process.argv.slice(2)
@@ -19,7 +19,6 @@ const sizes = (args.find((arg) => arg.includes(',')) ?? '1,2,4,8,16,32').split('
 const ROUNDS = 2
 const ORDERS = 40_000
 const STORED = 200_000
-const STATUSES = ['created', 'funded', 'delivered', 'disputed', 'resolved']
 
 const schema = await createBenchSchema('batch_cost')
 const handle = openDatabase({ databaseUrl: schema.url, poolSize: 1 })
@@ -41,17 +40,7 @@ try {
 
   const settings = observationSettings({ staleAfterS: 300 })
   let next = 0
-  const item = () => {
-    const index = next++
-    const order = (index % ORDERS) + 1
-    const status = STATUSES[Math.min(Math.floor(index / ORDERS), STATUSES.length - 1)]!
-    const body = JSON.stringify({ trade_id: `trd-${order}`, reference: `R-${order}`, status, external_reference: `bench-${order}` })
-    const deliveryId = `d-${index}`
-    return {
-      delivery: { deliveryId, eventType: `trade.${status}`, rawBody: body, bodySha256: createHash('sha256').update(body).digest('hex') },
-      observation: webhookObservation({ externalReference: `bench-${order}`, tradeId: `trd-${order}`, tradeReference: `R-${order}`, status }, deliveryId, new Date()),
-    }
-  }
+  const item = () => matchedDelivery(next++, ORDERS)
 
   // a warm-up of every size (prepared statements, caches)
   for (const size of sizes) await recordDeliveriesAndApply(db, Array.from({ length: size }, item), settings)

@@ -3,13 +3,13 @@
 // deliveries, one statement at a time, and the time per delivery over each stretch of the run. With
 // --analyze-every N the service's statistics watch (src/db/embedded-statistics.ts) is run every N deliveries,
 // as the service runs it every 10 s; without, the plan made on the empty table is kept to the end.
-import { createHash } from 'node:crypto'
 import { CompiledQuery } from 'kysely'
 import { analyzeChangedTables } from '../src/db/embedded-statistics.js'
 import { migrateToLatest } from '../src/db/migrate.js'
 import { openDatabase } from '../src/db/open-database.js'
 import { recordDeliveriesAndApply } from '../src/orders/apply-observation.js'
-import { observationSettings, webhookObservation } from '../src/orders/observations.js'
+import { observationSettings } from '../src/orders/observations.js'
+import { matchedDelivery } from './matched-delivery.js'
 
 const args = process.argv.slice(2)
 const everyArg = args.indexOf('--analyze-every')
@@ -18,7 +18,6 @@ const total = Number(args.find((arg, position) => /^\d+$/.test(arg) && (everyArg
 const ORDERS = 20_000
 const BATCH = 13
 const STRETCH = 6_500
-const STATUSES = ['created', 'funded', 'delivered', 'disputed', 'resolved']
 
 const handle = openDatabase({ dataDir: 'memory://' })
 const { db } = handle
@@ -29,16 +28,7 @@ await raw(`insert into orders (external_reference) select 'bench-' || i from gen
 await raw('vacuum analyze')
 
 const settings = observationSettings({ staleAfterS: 300 })
-const item = (index: number) => {
-  const order = (index % ORDERS) + 1
-  const status = STATUSES[Math.min(Math.floor(index / ORDERS), STATUSES.length - 1)]!
-  const body = JSON.stringify({ trade_id: `trd-${order}`, reference: `R-${order}`, status, external_reference: `bench-${order}` })
-  const deliveryId = `d-${index}`
-  return {
-    delivery: { deliveryId, eventType: `trade.${status}`, rawBody: body, bodySha256: createHash('sha256').update(body).digest('hex') },
-    observation: webhookObservation({ externalReference: `bench-${order}`, tradeId: `trd-${order}`, tradeReference: `R-${order}`, status }, deliveryId, new Date()),
-  }
-}
+const item = (index: number) => matchedDelivery(index, ORDERS)
 
 console.log(`${total} deliveries over ${ORDERS} orders, ${analyzeEvery ? `the statistics watch every ${analyzeEvery}` : 'no analyze'}`)
 let index = 0
