@@ -576,8 +576,9 @@ export function parseConfig(
       batchMax: values.WEBHOOK_BATCH_MAX,
       seenCacheSize: values.WEBHOOK_SEEN_CACHE,
       // two by default: one statement runs while the other commits, and the deliveries arriving meanwhile make
-      // the next one's batch. More statements at once make smaller batches, and on Postgres each statement has a
-      // fixed cost (its commit's flush, the executor's start) that the batch shares (README, "Group commit");
+      // the next one's batch. More statements at once compete for the database's cores and make smaller batches,
+      // and on Postgres each statement has a fixed cost (its commit's flush, the executor's start) that its batch
+      // shares (README, "Group commit");
       // embedded PGlite runs one statement at a time on its own thread, where the second waits while this thread
       // answers the first one's deliveries. Never more than the pool's connections: the rest wait for a slot
       batchStatements: values.DATABASE_URL ? Math.min(values.WEBHOOK_BATCH_STATEMENTS, values.DATABASE_POOL_SIZE) : values.WEBHOOK_BATCH_STATEMENTS,
