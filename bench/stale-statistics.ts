@@ -1,10 +1,10 @@
 // The ingest statement on embedded PGlite as `webhook_deliveries` grows under statistics taken while it was
 // empty (`npx tsx bench/stale-statistics.ts [deliveries] [--analyze-every N]`): batches of 13 new matched
 // deliveries, one statement at a time, and the time per delivery over each stretch of the run. With
-// --analyze-every N the service's statistics watch (src/db/embedded-statistics.ts) is run every N deliveries,
+// --analyze-every N the service's statistics watch (src/db/statistics-watch.ts) is run every N deliveries,
 // as the service runs it every 10 s; without, the plan made on the empty table is kept to the end.
 import { CompiledQuery } from 'kysely'
-import { analyzeChangedTables } from '../src/db/embedded-statistics.js'
+import { analyzeChangedTables } from '../src/db/statistics-watch.js'
 import { migrateToLatest } from '../src/db/migrate.js'
 import { openDatabase } from '../src/db/open-database.js'
 import { recordDeliveriesAndApply } from '../src/orders/apply-observation.js'

@@ -22,7 +22,7 @@ import { reactionChannel } from './db/reaction-channel.js'
 import { prepareDatabase } from './db/prepare-database.js'
 import { checkStatementTimeout } from './db/statement-timeout.js'
 import { checkSessionDefaults } from './db/session-defaults.js'
-import { watchStatistics } from './db/embedded-statistics.js'
+import { watchStatistics } from './db/statistics-watch.js'
 import { watchStorage } from './db/storage-guard.js'
 import { createAdminApp } from './http/admin-app.js'
 import { createApp } from './http/app.js'
@@ -164,11 +164,10 @@ export async function startService({
         ? watchStorage({ directory: config.dataDir, minFreeBytes: config.dataDirMinFreeBytes, logger })
         : undefined
     if (storage) stops.push({ name: 'storage guard', stop: () => storage.stop() })
-    // the embedded database has no autovacuum to keep its planner's statistics current (db/embedded-statistics.ts)
-    if (!config.databaseUrl) {
-      const statistics = watchStatistics({ db: database.db, logger, clock })
-      stops.push({ name: 'statistics watch', stop: () => statistics.stop() })
-    }
+    // the embedded database has no autovacuum to keep its planner's statistics current, and a Postgres may run
+    // with it off: the service stands in for it there (db/statistics-watch.ts)
+    const statistics = watchStatistics({ db: database.db, logger, clock, whileAutovacuumOff: database.kind === 'postgres' })
+    stops.push({ name: 'statistics watch', stop: () => statistics.stop() })
     let markReady!: () => void
     let markFailed!: (error: unknown) => void
     const databaseReady = new Promise<void>((resolve, reject) => {

@@ -6,7 +6,7 @@ import { createHash } from 'node:crypto'
 import { type Kysely, sql } from 'kysely'
 import { describe, expect, it, vi } from 'vitest'
 import type { Database } from '../src/db/database.js'
-import { analyzeChangedTables, STATISTICS_CHECK_INTERVAL_MS } from '../src/db/embedded-statistics.js'
+import { analyzeChangedTables, STATISTICS_CHECK_INTERVAL_MS, watchStatistics } from '../src/db/statistics-watch.js'
 import { recordDeliveriesAndApply } from '../src/orders/apply-observation.js'
 import { observationSettings, webhookObservation } from '../src/orders/observations.js'
 import { FakeClock } from './helpers/fake-clock.js'
@@ -76,7 +76,7 @@ describe('the ingest statement as the tables grow', () => {
   })
 })
 
-// PGlite has no autovacuum: the service keeps the statistics itself (db/embedded-statistics.ts)
+// PGlite has no autovacuum: the service keeps the statistics itself (db/statistics-watch.ts)
 describe('the embedded database as its deliveries grow', () => {
   const database = useTestDatabase({ kind: 'pglite' })
 
@@ -94,11 +94,15 @@ describe('the embedded database as its deliveries grow', () => {
     await sql`analyze`.execute(db)
     const start = await reads(db)
     // the generic plan is made on those statistics, and kept while the table grows under it
-    await ingest(db, 1, 40)
+    await ingest(db, 1, 6)
+    // 60 deliveries: past 50 + 10 % of none, but a table this small is left as it is (analyzed now, its
+    // statistics would make the whole-table scan the plan again)
+    expect(await analyzeChangedTables(db)).not.toContain('webhook_deliveries')
+    await ingest(db, 61, 74)
     const grown = await reads(db)
     expect(grown.deliveriesScanned - start.deliveriesScanned).toBeGreaterThan(0)
 
-    // 400 deliveries and as many orders moved: past 50 + 10 % of what each table held when last analyzed
+    // 800 deliveries and as many orders moved: past 50 + 10 % of what each table held when last analyzed
     expect(await analyzeChangedTables(db)).toEqual(expect.arrayContaining(['orders', 'webhook_deliveries']))
     // nothing changed since: nothing to analyze
     expect(await analyzeChangedTables(db)).toEqual([])
@@ -119,8 +123,8 @@ describe('the embedded database as its deliveries grow', () => {
           where relid = 'webhook_deliveries'::regclass`.execute(db)
         return Number(rows[0]!.count)
       }
-      await sql`insert into orders (external_reference) select 'reads-' || i from generate_series(1, 200) i`.execute(db)
-      await ingest(db, 1, 20)
+      await sql`insert into orders (external_reference) select 'reads-' || i from generate_series(1, 3000) i`.execute(db)
+      await ingest(db, 1, 80)
       const linesBefore = logEntries().length
       const before = await analyzed()
       await eventually(() => clock.sleeps.includes(STATISTICS_CHECK_INTERVAL_MS), 'the watch waits its interval')
@@ -128,9 +132,119 @@ describe('the embedded database as its deliveries grow', () => {
       await vi.waitFor(async () => expect(await analyzed()).toBe(before + 1), { timeout: 30_000, interval: 50 })
       const written = logEntries().slice(linesBefore)
       expect(written).toContainEqual(
-        expect.objectContaining({ msg: 'embedded database statistics refreshed', tables: expect.arrayContaining(['orders', 'webhook_deliveries']) }),
+        expect.objectContaining({ msg: 'planner statistics refreshed', tables: expect.arrayContaining(['orders', 'webhook_deliveries']) }),
       )
       expect(written.filter((line) => Number(line.level) >= 40)).toEqual([])
+    } finally {
+      await service.stop()
+    }
+  })
+})
+
+// the number of analyzes run by hand (the service's), not autovacuum's (autoanalyze_count)
+async function analyzes(db: Kysely<Database>, table: string): Promise<number> {
+  await sql`select pg_stat_clear_snapshot()`.execute(db)
+  const { rows } = await sql<{ count: string }>`select analyze_count::text as count from pg_stat_user_tables
+    where relid = ${table}::regclass`.execute(db)
+  return Number(rows[0]!.count)
+}
+
+// A Postgres may run with autovacuum off (or track_counts, which it works from): the service stands in for its
+// analyzes there, and says so, while it is off
+describe('the statistics watch on a database whose autovacuum is turned off and on', () => {
+  // one connection (PGlite has one): the counts of each insert are flushed before the watch looks
+  const database = useTestDatabase({ poolSize: 1 })
+
+  it('analyzes only while autovacuum is off, with a warning when it starts and a line when it stops', async () => {
+    const { db } = database
+    const clock = new FakeClock()
+    let autovacuumOn = false
+    const watch = watchStatistics({ db, logger: testLogger(), clock, whileAutovacuumOff: true, autovacuum: async () => autovacuumOn })
+    // one look: the watch sleeps again once it has looked (it is this clock's only sleeper)
+    const look = async () => {
+      const sleeps = clock.sleeps.length
+      const lines = logEntries().length
+      await clock.advance(STATISTICS_CHECK_INTERVAL_MS)
+      await eventually(() => clock.sleeps.length > sleeps, 'the look ends')
+      return logEntries().slice(lines)
+    }
+    const change = async (rows: number, from: number) => {
+      await sql`insert into orders (external_reference) select 'watch-' || i from generate_series(${from}::int, ${from + rows - 1}::int) i`.execute(db)
+      await sql`select pg_stat_force_next_flush()`.execute(db)
+      await sql`select 1`.execute(db)
+    }
+    try {
+      await change(2000, 1)
+      const before = await analyzes(db, 'orders')
+      const off = await look()
+      expect(off.filter((line) => String(line.msg).startsWith('autovacuum is off'))).toHaveLength(1)
+      expect(await analyzes(db, 'orders')).toBe(before + 1)
+
+      // still off: analyzed again as rows change, no second warning
+      await change(2000, 2001)
+      const stillOff = await look()
+      expect(stillOff.filter((line) => String(line.msg).startsWith('autovacuum'))).toEqual([])
+      expect(await analyzes(db, 'orders')).toBe(before + 2)
+
+      // on: autovacuum's work again, however many rows changed
+      autovacuumOn = true
+      await change(2000, 4001)
+      const on = await look()
+      expect(on.map((line) => String(line.msg))).toContain('autovacuum is on: the service leaves the planner statistics to it again')
+      expect(await analyzes(db, 'orders')).toBe(before + 2)
+      const stillOn = await look()
+      expect(stillOn.filter((line) => String(line.msg).startsWith('autovacuum'))).toEqual([])
+      expect(await analyzes(db, 'orders')).toBe(before + 2)
+
+      // off again: warned again, and the rows changed meanwhile analyzed
+      autovacuumOn = false
+      const offAgain = await look()
+      expect(offAgain.filter((line) => String(line.msg).startsWith('autovacuum is off'))).toHaveLength(1)
+      expect(await analyzes(db, 'orders')).toBe(before + 3)
+    } finally {
+      await watch.stop()
+    }
+  })
+})
+
+// The service on Postgres: whether it analyzes follows the cluster's own settings (this machine's shared
+// cluster runs with autovacuum off; a cluster with it on takes the other branch)
+describe.skipIf(!process.env.TEST_DATABASE_URL)('the service on Postgres, and autovacuum', () => {
+  // one connection: the counts of its insert are flushed to the statistics before the watch looks
+  const database = useTestDatabase({ kind: 'postgres', poolSize: 1 })
+
+  it('analyzes its changed tables itself, with one warning, exactly when the cluster runs without autovacuum', async () => {
+    const { db } = database
+    const { rows } = await sql<{ autovacuum: string; trackCounts: string }>`
+      select current_setting('autovacuum') as autovacuum, current_setting('track_counts') as track_counts`.execute(db)
+    const off = rows[0]!.autovacuum === 'off' || rows[0]!.trackCounts === 'off'
+    const clock = new FakeClock()
+    const service = await startTestService({
+      config: testConfig({ PORT: '0', POLL_ENABLED: 'false', DATABASE_URL: database.url! }),
+      logger: testLogger(),
+      clock,
+    })
+    try {
+      await service.ready
+      await sql`insert into orders (external_reference) select 'service-watch-' || i from generate_series(1, 3000) i`.execute(db)
+      await sql`select pg_stat_force_next_flush()`.execute(db)
+      await sql`select 1`.execute(db)
+      const before = await analyzes(db, 'orders')
+      const lines = logEntries().length
+      const intervals = () => clock.sleeps.filter((ms) => ms === STATISTICS_CHECK_INTERVAL_MS).length
+      await eventually(() => intervals() > 0, 'the watch waits its interval')
+      const intervalsBefore = intervals()
+      await clock.advance(STATISTICS_CHECK_INTERVAL_MS)
+      if (off) {
+        await vi.waitFor(async () => expect(await analyzes(db, 'orders')).toBe(before + 1), { timeout: 30_000, interval: 50 })
+        const warnings = logEntries().slice(lines).filter((line) => Number(line.level) >= 40)
+        expect(warnings.map((line) => line.msg)).toEqual([expect.stringMatching(/^autovacuum is off on the database/)])
+      } else {
+        // one look's time: the watch sleeps its interval again once it has looked
+        await eventually(() => intervals() > intervalsBefore, 'the watch looks and waits again')
+        expect(await analyzes(db, 'orders')).toBe(before)
+        expect(logEntries().slice(lines).filter((line) => Number(line.level) >= 40)).toEqual([])
+      }
     } finally {
       await service.stop()
     }

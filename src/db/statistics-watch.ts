@@ -1,0 +1,141 @@
+// The planner's statistics where nothing else keeps them. On Postgres, autovacuum analyzes a table once enough
+// of its rows changed. PGlite runs Postgres as one process, without autovacuum, and a Postgres may run with it
+// off. The ingest's statements are prepared, and Postgres keeps one generic plan for each, chosen on the
+// statistics of the moment it was made and made again only when they change. Without an analyze, a plan chosen
+// while `webhook_deliveries` was nearly empty kept reading the whole table for every delivery as it grew: on
+// PGlite 852 µs a delivery over the first 6,500 deliveries, 7,731 µs over deliveries 32,501-39,000
+// (bench/stale-statistics.ts; bench/results/latest.md, 2026-11-30). On Postgres without autovacuum such a plan
+// stays for good: two sequential scans of the table a delivery, 30-s loads on fresh tables at 620-2,972 req/s
+// where the plans went that way, 5,023-5,284 where they did not (README.md, "The planner's statistics").
+// So the service does there what autovacuum's analyze does:
+// each table whose rows changed by more than 50 + 10 % of its size since its last analyze (autovacuum's own
+// threshold) is analyzed, and the plans that read it are made again on the new figures. It looks every 10 s,
+// not every minute as autovacuum does: the ingest stores thousands of deliveries a second, and a table analyzed
+// while small (a seq scan is then its cheapest plan) must not grow for a minute under that plan.
+// Looking costs three short statements (one more on Postgres, whether autovacuum runs: a reload may turn it on
+// or off); the 10 % keeps the analyzes themselves rare once a table is large.
+import { type Kysely, sql } from 'kysely'
+import { type Clock, systemClock } from '../clock.js'
+import type { Logger } from '../logger.js'
+import { loggableError } from './database-errors.js'
+import type { Database } from './database.js'
+
+/** How often the tables are looked at (autovacuum's naptime is a minute). */
+export const STATISTICS_CHECK_INTERVAL_MS = 10_000
+
+// autovacuum_analyze_threshold and autovacuum_analyze_scale_factor, Postgres's defaults
+const ANALYZE_THRESHOLD = 50
+const ANALYZE_SCALE_FACTOR = 0.1
+// A table smaller than this is left until it grows. Analyzed that small, its statistics make a sequential scan
+// the cheapest plan of a lookup by key (a table never analyzed is planned as 10 pages at least), and every plan
+// that reads it is made again on them, to be kept while the table grows until the next analyze. Without this
+// floor, loads on fresh Postgres tables spent about 10 s after an early analyze of the young
+// `webhook_deliveries` at about 900 deliveries a second, each delivery scanning the whole table twice, until
+// the next look (README.md, "The planner's statistics where autovacuum does not run").
+const MIN_ANALYZED_PAGES = 16
+
+/**
+ * Analyzes the tables of the current schema whose rows changed past autovacuum's analyze threshold since
+ * their last analyze (one never analyzed counts as empty) and that are no longer small (MIN_ANALYZED_PAGES);
+ * returns their names, in the order analyzed.
+ */
+export async function analyzeChangedTables(db: Kysely<Database>): Promise<string[]> {
+  // the counters of this session's last statements are sent to the statistics at most once a second: now
+  await sql`select pg_stat_force_next_flush()`.execute(db)
+  await sql`select pg_stat_clear_snapshot()`.execute(db)
+  const { rows } = await sql<{ relname: string }>`
+    select s.relname from pg_stat_user_tables s join pg_class c on c.oid = s.relid
+    where s.schemaname = current_schema()
+      and s.n_mod_since_analyze > ${sql.lit(ANALYZE_THRESHOLD)} + ${sql.lit(ANALYZE_SCALE_FACTOR)} * greatest(c.reltuples, 0)
+      and pg_relation_size(c.oid) >= ${sql.lit(MIN_ANALYZED_PAGES)} * current_setting('block_size')::bigint
+    order by s.relname`.execute(db)
+  for (const { relname } of rows) await sql`analyze ${sql.id(relname)}`.execute(db)
+  return rows.map((row) => row.relname)
+}
+
+/**
+ * Whether autovacuum keeps this database's statistics: it is on, and so are the counts of changed rows it (and
+ * analyzeChangedTables) works from.
+ */
+export async function autovacuumRuns(db: Kysely<Database>): Promise<boolean> {
+  const { rows } = await sql<{ runs: boolean }>`
+    select current_setting('autovacuum')::boolean and current_setting('track_counts')::boolean as runs`.execute(db)
+  return rows[0]!.runs
+}
+
+export interface StatisticsWatch {
+  /** Stops looking; resolves once a pass under way has ended. */
+  stop(): Promise<void>
+}
+
+/**
+ * Runs analyzeChangedTables every `intervalMs` of the clock's time, the first time one interval after the start.
+ * `whileAutovacuumOff` (Postgres): only while `autovacuumRuns` says autovacuum does not, with a warning when
+ * the service starts doing its work and a line when it stops.
+ */
+export function watchStatistics({
+  db,
+  logger,
+  clock = systemClock,
+  intervalMs = STATISTICS_CHECK_INTERVAL_MS,
+  whileAutovacuumOff = false,
+  autovacuum = autovacuumRuns,
+}: {
+  db: Kysely<Database>
+  logger: Logger
+  clock?: Clock
+  intervalMs?: number
+  whileAutovacuumOff?: boolean
+  /** Whether autovacuum runs (a test's stand-in for the database's settings). */
+  autovacuum?: (db: Kysely<Database>) => Promise<boolean>
+}): StatisticsWatch {
+  const stopping = new AbortController()
+  let failing = false
+  // whether the last look found autovacuum off (and said so): the service does its analyzes
+  let standingIn = false
+
+  const look = async () => {
+    try {
+      const runs = whileAutovacuumOff && (await autovacuum(db))
+      // the service's standing in changes: autovacuum turned off (or found off at the first look), or on again
+      if (whileAutovacuumOff && runs === standingIn) {
+        if (runs) logger.info('autovacuum is on: the service leaves the planner statistics to it again')
+        else {
+          logger.warn(
+            'autovacuum is off on the database (autovacuum or track_counts): the service analyzes its tables itself every 10 s, ' +
+              'but nothing VACUUMs them, so the space of pruned deliveries is not reused; turn autovacuum on',
+          )
+        }
+        standingIn = !runs
+      }
+      if (!runs) {
+        const analyzed = await analyzeChangedTables(db)
+        if (analyzed.length > 0) logger.debug({ tables: analyzed }, 'planner statistics refreshed')
+      }
+      if (failing) logger.info('the planner statistics watch works again')
+      failing = false
+    } catch (error) {
+      // the next look tries again; one line until one succeeds
+      if (!failing) logger.warn({ err: loggableError(error) }, 'cannot refresh the planner statistics; trying again in 10 s')
+      failing = true
+    }
+  }
+
+  const looking = (async () => {
+    for (;;) {
+      try {
+        await clock.sleep(intervalMs, stopping.signal)
+      } catch {
+        return // stopped
+      }
+      await look()
+    }
+  })()
+
+  return {
+    async stop() {
+      stopping.abort()
+      await looking
+    },
+  }
+}
