@@ -782,16 +782,22 @@ async function main(): Promise<void> {
         table([['POLL_CONCURRENCY', 'orders', 'seconds', 'orders reconciled/s'], ...poll.map((row) => [String(row.concurrency), String(row.orders), row.seconds.toFixed(2), String(Math.round(row.perSecond))])]),
     )
   }
-  // the target: one handler registered (the in-process no-op); the forwarder's ratio beside it, for a
-  // handler that makes an HTTP request to a receiver on the same machine
-  for (const [scenario, target] of [
-    [WITH_NOOP_HANDLER, 'ingest ratio with one reaction handler (in-process no-op) ≥ 0.9× without'],
-    [WITH_HANDLER, 'ingest ratio with the forwarder as the one handler ≥ 0.9× without'],
+  // #16's target: one handler registered (the in-process no-op) ≥ 0.9× the ratio without; the forwarder's ratio
+  // beside it, for a handler that makes an HTTP request to a receiver on the same machine. #20 asks the same two
+  // runs for ≥ 1.3× the minimal handler itself.
+  for (const [scenario, target, label] of [
+    [WITH_NOOP_HANDLER, 'ingest ratio with one reaction handler (in-process no-op) ≥ 0.9× without', 'in-process no-op'],
+    [WITH_HANDLER, 'ingest ratio with the forwarder as the one handler ≥ 0.9× without', 'the forwarder'],
   ] as const) {
     const withHandler = byName(scenario, true)
     if (!full || !withHandler || !minimal) continue
     const without = full.rps / minimal.rps
     const withOne = withHandler.rps / minimal.rps
+    targets.push([
+      `full ingest with one reaction handler (${label}) ≥ 1.3× minimal handler`,
+      `${ratio(withHandler.rps, minimal.rps)}× (${withHandler.rps} against ${minimal.rps} req/s)`,
+      withOne >= 1.3 ? 'yes' : 'no',
+    ])
     const backlog = handlerBacklog.get(withHandler)
     const perBatch = backlog && backlog.batches > 0 ? `; ${backlog.batches.toLocaleString('en')} stream write-backs, ${Math.round((backlog.jobs - backlog.notDone) / backlog.batches)} events each on average` : ''
     const behind = backlog ? ` (jobs not done when the load ended: ${backlog.notDone.toLocaleString('en')} of ${backlog.jobs.toLocaleString('en')}${perBatch})` : ''
