@@ -12,8 +12,8 @@
 // threshold) is analyzed, and the plans that read it are made again on the new figures. It looks every 10 s,
 // not every minute as autovacuum does: the ingest stores thousands of deliveries a second, and a table analyzed
 // while small (a seq scan is then its cheapest plan) must not grow for a minute under that plan.
-// Looking costs three short statements (one more on Postgres, whether autovacuum runs: a reload may turn it on
-// or off); the 10 % keeps the analyzes themselves rare once a table is large.
+// Looking costs four short statements (on Postgres one first, whether autovacuum runs, and only that one while
+// it does: a reload may turn it on or off); the 10 % keeps the analyzes themselves rare once a table is large.
 import { type Kysely, sql } from 'kysely'
 import { type Clock, systemClock } from '../clock.js'
 import type { Logger } from '../logger.js'
@@ -41,7 +41,10 @@ const MIN_ANALYZED_PAGES = 16
  */
 export async function analyzeChangedTables(db: Kysely<Database>): Promise<string[]> {
   // the counters of this session's last statements are sent to the statistics at most once a second: now
-  await sql`select pg_stat_force_next_flush()`.execute(db)
+  // (pg_stat_force_next_flush is Postgres 15's; before it, counters reached the statistics within half a second)
+  const { rows: flushing } = await sql<{ exists: boolean }>`
+    select exists (select 1 from pg_proc where proname = 'pg_stat_force_next_flush') as exists`.execute(db)
+  if (flushing[0]?.exists) await sql`select pg_stat_force_next_flush()`.execute(db)
   await sql`select pg_stat_clear_snapshot()`.execute(db)
   const { rows } = await sql<{ relname: string }>`
     select s.relname from pg_stat_user_tables s join pg_class c on c.oid = s.relid
