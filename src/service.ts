@@ -182,6 +182,7 @@ export async function startService({
           // PGlite runs on this machine's own clock
           ...(database.kind === 'postgres' ? { databaseClockOffset: () => databaseClockOffsetMs(database.db, clock) } : {}),
           ...(database.notificationsHeard ? { notificationsHeard: database.notificationsHeard } : {}),
+          ...(database.kind === 'postgres' ? { autovacuumOff: () => statistics.autovacuumOff() } : {}),
           dueOrders: () => dueOrderStats(database.db, clock),
           parkedDeliveries: () => countParkedDeliveries(database.db, new Date(clock.now())),
           ordersNeedingAttention: () => countOrdersNeedingAttention(database.db),

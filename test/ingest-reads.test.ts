@@ -174,11 +174,14 @@ describe('the statistics watch on a database whose autovacuum is turned off and 
       await sql`select 1`.execute(db)
     }
     try {
+      // nothing read yet: no sample of database_autovacuum_off
+      expect(watch.autovacuumOff()).toBeUndefined()
       await change(2000, 1)
       const before = await analyzes(db, 'orders')
       const off = await look()
       expect(off.filter((line) => String(line.msg).startsWith('autovacuum is off'))).toHaveLength(1)
       expect(await analyzes(db, 'orders')).toBe(before + 1)
+      expect(watch.autovacuumOff()).toBe(true)
 
       // still off: analyzed again as rows change, no second warning
       await change(2000, 2001)
@@ -192,6 +195,7 @@ describe('the statistics watch on a database whose autovacuum is turned off and 
       const on = await look()
       expect(on.map((line) => String(line.msg))).toContain('autovacuum is on: the service leaves the planner statistics to it again')
       expect(await analyzes(db, 'orders')).toBe(before + 2)
+      expect(watch.autovacuumOff()).toBe(false)
       const stillOn = await look()
       expect(stillOn.filter((line) => String(line.msg).startsWith('autovacuum'))).toEqual([])
       expect(await analyzes(db, 'orders')).toBe(before + 2)
@@ -234,7 +238,12 @@ describe.skipIf(!process.env.TEST_DATABASE_URL)('the service on Postgres, and au
       const intervals = () => clock.sleeps.filter((ms) => ms === STATISTICS_CHECK_INTERVAL_MS).length
       await eventually(() => intervals() > 0, 'the watch waits its interval')
       const intervalsBefore = intervals()
+      // the operator's gauge (and PartnerEscrowAutovacuumOff, deploy/prometheus/alerts.yml) reads the same look:
+      // no sample before it
+      const gauge = async () => /^database_autovacuum_off (\d)$/m.exec(await (await fetch(`${service.adminUrl}/metrics`)).text())?.[1]
+      expect(await gauge()).toBeUndefined()
       await clock.advance(STATISTICS_CHECK_INTERVAL_MS)
+      await vi.waitFor(async () => expect(await gauge()).toBe(off ? '1' : '0'), { timeout: 30_000, interval: 50 })
       if (off) {
         await vi.waitFor(async () => expect(await analyzes(db, 'orders')).toBe(before + 1), { timeout: 30_000, interval: 50 })
         const warnings = logEntries().slice(lines).filter((line) => Number(line.level) >= 40)

@@ -67,6 +67,12 @@ export async function autovacuumRuns(db: Kysely<Database>): Promise<boolean> {
 }
 
 export interface StatisticsWatch {
+  /**
+   * Whether the last look found autovacuum off (and the service analyzing in its stead): for the
+   * database_autovacuum_off gauge. Undefined before the first look, after a look that failed to read it, and
+   * where the watch does not ask (PGlite, which has no autovacuum).
+   */
+  autovacuumOff(): boolean | undefined
   /** Stops looking; resolves once a pass under way has ended. */
   stop(): Promise<void>
 }
@@ -96,10 +102,14 @@ export function watchStatistics({
   let failing = false
   // whether the last look found autovacuum off (and said so): the service does its analyzes
   let standingIn = false
+  // what the last look read of it (undefined: not read, or its read failed)
+  let lastRead: boolean | undefined
 
   const look = async () => {
     try {
+      lastRead = undefined
       const runs = whileAutovacuumOff && (await autovacuum(db))
+      if (whileAutovacuumOff) lastRead = !runs
       // the service's standing in changes: autovacuum turned off (or found off at the first look), or on again
       if (whileAutovacuumOff && runs === standingIn) {
         if (runs) logger.info('autovacuum is on: the service leaves the planner statistics to it again')
@@ -136,6 +146,7 @@ export function watchStatistics({
   })()
 
   return {
+    autovacuumOff: () => lastRead,
     async stop() {
       stopping.abort()
       await looking

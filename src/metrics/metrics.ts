@@ -33,6 +33,8 @@ export interface MetricsSources {
   ordersNeedingAttention?: () => Promise<readonly { attention: string; orders: number }[]>
   /** Deliveries parked as unmatched (no order for their reference yet), and the age of the oldest. */
   parkedDeliveries?: () => Promise<{ parked: number; oldestParkedAgeS: number }>
+  /** Whether the statistics watch found autovacuum off at its last look (StatisticsWatch.autovacuumOff); Postgres only. */
+  autovacuumOff?: () => boolean | undefined
   /** Whether the listener hears notifications sent through the pool (DatabaseHandle.notificationsHeard); Postgres only. */
   notificationsHeard?: () => boolean | undefined
   /** Database connections: in use, idle, and callers waiting for one. */
@@ -301,6 +303,17 @@ export function createMetrics(
     }, {
       name: 'database_clock_offset_seconds',
       help: "Seconds the database's clock is ahead of this replica's (negative: behind), read at scrape time (its clock_timestamp() against the middle of the query's round trip here); leases, retention and received times compare clocks of several machines; Postgres only; no sample when the database did not answer",
+      registers: [registry],
+    })
+  }
+  const autovacuumOff = sources.autovacuumOff
+  if (autovacuumOff) {
+    new OptionalGauge(() => {
+      const off = autovacuumOff()
+      return off === undefined ? undefined : Number(off)
+    }, {
+      name: 'database_autovacuum_off',
+      help: "1 when the database's autovacuum (or track_counts) was off at the service's last look, every 10 s: the service analyzes its tables itself, but nothing VACUUMs them, so the space of pruned rows is not reused; Postgres only; no sample before the first look",
       registers: [registry],
     })
   }
