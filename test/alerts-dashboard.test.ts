@@ -131,6 +131,7 @@ describe('alert rules and dashboard', () => {
       'reaction_attempts_total',
       'reaction_failures_total',
       'partner_escrow_build_info',
+      'database_autovacuum_off',
     ]) {
       expect(onDashboard.has(name), `${name} has a dashboard panel`).toBe(true)
     }
