@@ -105,23 +105,26 @@ export function watchStatistics({
   // what the last look read of it (undefined: not read, or its read failed)
   let lastRead: boolean | undefined
 
+  // Postgres: whether autovacuum is off, read afresh at each look (a reload may change it), and said when that changes
+  const readAutovacuumOff = async () => {
+    lastRead = undefined
+    const off = !(await autovacuum(db))
+    lastRead = off
+    if (off !== standingIn) {
+      if (off) {
+        logger.warn(
+          'autovacuum is off on the database (autovacuum or track_counts): the service analyzes its tables itself every 10 s, ' +
+            'but nothing VACUUMs them, so the space of pruned deliveries is not reused; turn autovacuum on',
+        )
+      } else logger.info('autovacuum is on: the service leaves the planner statistics to it again')
+      standingIn = off
+    }
+    return off
+  }
+
   const look = async () => {
     try {
-      lastRead = undefined
-      const runs = whileAutovacuumOff && (await autovacuum(db))
-      if (whileAutovacuumOff) lastRead = !runs
-      // the service's standing in changes: autovacuum turned off (or found off at the first look), or on again
-      if (whileAutovacuumOff && runs === standingIn) {
-        if (runs) logger.info('autovacuum is on: the service leaves the planner statistics to it again')
-        else {
-          logger.warn(
-            'autovacuum is off on the database (autovacuum or track_counts): the service analyzes its tables itself every 10 s, ' +
-              'but nothing VACUUMs them, so the space of pruned deliveries is not reused; turn autovacuum on',
-          )
-        }
-        standingIn = !runs
-      }
-      if (!runs) {
+      if (!whileAutovacuumOff || (await readAutovacuumOff())) {
         const analyzed = await analyzeChangedTables(db)
         if (analyzed.length > 0) logger.debug({ tables: analyzed }, 'planner statistics refreshed')
       }

@@ -306,26 +306,16 @@ export function createMetrics(
       registers: [registry],
     })
   }
-  const autovacuumOff = sources.autovacuumOff
-  if (autovacuumOff) {
-    new OptionalGauge(() => {
-      const off = autovacuumOff()
-      return off === undefined ? undefined : Number(off)
-    }, {
+  if (sources.autovacuumOff) {
+    flagGauge(registry, sources.autovacuumOff, {
       name: 'database_autovacuum_off',
       help: "1 when the database's autovacuum (or track_counts) was off at the service's last look, every 10 s: the service analyzes its tables itself, but nothing VACUUMs them, so the space of pruned rows is not reused; Postgres only; no sample before the first look",
-      registers: [registry],
     })
   }
-  const notificationsHeard = sources.notificationsHeard
-  if (notificationsHeard) {
-    new OptionalGauge(() => {
-      const heard = notificationsHeard()
-      return heard === undefined ? undefined : Number(heard)
-    }, {
+  if (sources.notificationsHeard) {
+    flagGauge(registry, sources.notificationsHeard, {
       name: 'database_notifications_heard',
       help: "1 when this replica's listener heard the NOTIFY it sent itself through the pool on its last (re)connect, 0 when it did not within 10 s (a pooler in transaction mode: set DATABASE_LISTEN_URL); no sample before the first answer",
-      registers: [registry],
     })
   }
   if (dueOrders) {
@@ -466,6 +456,14 @@ class OptionalGauge extends Gauge {
     const metric = await super.get()
     return current === undefined ? { ...metric, values: [] } : metric
   }
+}
+
+/** A gauge of 1 or 0 for what `read` answers, and no sample while it answers undefined (not known yet). */
+function flagGauge(registry: Registry, read: () => boolean | undefined, configuration: { name: string; help: string }): void {
+  new OptionalGauge(() => {
+    const flag = read()
+    return flag === undefined ? undefined : Number(flag)
+  }, { ...configuration, registers: [registry] })
 }
 
 /** OptionalGauge with one label: a sample for each value the read answers, none while the read failed. */
