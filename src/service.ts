@@ -240,8 +240,12 @@ export async function startService({
     const server = await listen(app, {
       port: config.port,
       host: config.host,
-      maxConnections: config.limits.maxConnections,
-      onConnectionDropped: () => metrics?.requestsRefused.inc({ reason: 'max_connections' }),
+      connectionCap: {
+        maxConnections: config.limits.maxConnections,
+        slowMs: config.limits.slowBodyMs,
+        onDropped: () => metrics?.requestsRefused.inc({ reason: 'max_connections' }),
+        onCut: () => metrics?.requestsRefused.inc({ reason: 'slow_connection' }),
+      },
     })
     // half of SHUTDOWN_TIMEOUT_MS for requests in flight (after the drain delay; the poller and the
     // dispatcher stop from the signal on), the rest for stopping the parts after it

@@ -495,8 +495,8 @@ describePostgres('the compiled serve through database outages (Postgres)', () =>
     proxy.stall()
     // its statement never gets an answer
     const held = post(url, `held-${randomBytes(4).toString('hex')}`, JSON.stringify(tradePayload('outage-3', 'created'))).then(
-      (response) => response.status,
-      () => 'no answer',
+      async (response) => ({ status: response.status, retryAfter: response.headers.get('retry-after'), body: await response.text() }),
+      (error: unknown) => ({ status: 'no answer', error: String(error) }),
     )
     await sleep(500)
     // 'close': every line it wrote is read
@@ -506,6 +506,10 @@ describePostgres('the compiled serve through database outages (Postgres)', () =>
     // and it names the parts it waited for
     expect(late[0]!.waitingFor).toEqual(expect.arrayContaining([expect.any(String)]))
     expect(watch.lines.at(-1)).toContain('shutdown did not finish in time: exiting')
-    expect(['no answer', 503]).toContain(await held)
+    // the delivery still waiting when the listener could wait no longer is told to come again (it used to see
+    // its connection closed with no answer)
+    const answer = await held
+    expect(answer).toMatchObject({ status: 503, retryAfter: '1' })
+    expect(JSON.parse((answer as { body: string }).body)).toMatchObject({ error: { code: 'not_ready' } })
   }, 120_000)
 })

@@ -225,7 +225,9 @@ describe('limits of the public listener', () => {
         socket.write(
           `POST /webhooks/partner HTTP/1.1\r\nHost: x\r\nContent-Length: ${Buffer.byteLength(first.body)}\r\n` +
             `X-Partner-Signature: ${first.headers['x-partner-signature']}\r\nX-Partner-Delivery-Id: pipe-1\r\n\r\n${first.body}` +
-            `POST /webhooks/partner HTTP/1.1\r\nHost: x\r\nContent-Length: ${200 * KB}\r\n\r\n${'a'.repeat(200 * KB - 1)}`,
+            // (a signature header that could be right: one missing or malformed is refused from the headers)
+            `POST /webhooks/partner HTTP/1.1\r\nHost: x\r\nContent-Length: ${200 * KB}\r\n` +
+            `X-Partner-Signature: sha256=${'0'.repeat(64)}\r\n\r\n${'a'.repeat(200 * KB - 1)}`,
         )
         await expect
           .poll(() => ownMetric(/^http_inflight_body_bytes (\d+)/m), { timeout: 10_000 })
@@ -253,9 +255,10 @@ describe('limits of the public listener', () => {
   })
 
   it('drops connections past MAX_CONNECTIONS and counts them', async () => {
-    // a service of its own: no earlier keep-alive connection counts against the cap
+    // a service of its own: no earlier keep-alive connection counts against the cap; and no open connection
+    // here is ever old enough to be closed for a new one (the next test's are)
     const capped = await startTestService({
-      config: testConfig({ PORT: '0', POLL_ENABLED: 'false', MAX_CONNECTIONS: '8' }),
+      config: testConfig({ PORT: '0', POLL_ENABLED: 'false', MAX_CONNECTIONS: '8', SLOW_BODY_MS: '600000' }),
       logger: testLogger([TEST_API_SECRET, TEST_WEBHOOK_SECRET]),
     })
     await capped.ready
@@ -280,4 +283,46 @@ describe('limits of the public listener', () => {
       await capped.stop()
     }
   })
+
+  it('closes connections that hold their place past MAX_CONNECTIONS for a delivery, slow bodies with a signature first', async () => {
+    // every connection the listener takes holds a request whose body is arriving slowly, with a signature
+    // header that is well-formed (it cannot be checked before the body is whole)
+    const { own, ownMetric, ownPort } = await startOwnService({ MAX_CONNECTIONS: '8', SLOW_BODY_MS: '200' })
+    try {
+      const stalled = await openStalledBodies({ port: ownPort, connections: 8, contentLength: 1000, sentBytes: 1 })
+      held.push(...stalled.map((client) => client.socket))
+      // a delivery gets in once a stalled one has held its place for SLOW_BODY_MS (before, every connection
+      // attempt was dropped for as long as the bodies kept coming)
+      const { body, headers } = delivery('room-for-a-delivery')
+      await expect
+        .poll(async () => (await fetch(`${own.url}/webhooks/partner`, { method: 'POST', headers, body }).catch(() => undefined))?.status, {
+          timeout: 10_000,
+          interval: 100,
+        })
+        .toBe(200)
+      expect(await ownMetric(/^http_requests_refused_total\{reason="slow_connection"\} (\d+)/m)).toBeGreaterThanOrEqual(1)
+      // the one closed for it was told why
+      const cut = stalled.filter((client) => client.closed)
+      expect(cut.length).toBeGreaterThanOrEqual(1)
+      expect(cut.every((client) => client.status === 503)).toBe(true)
+    } finally {
+      await own.stop()
+    }
+  })
+
+  it('refuses a delivery without a well-formed X-Partner-Signature from its headers, without reading its body', async () => {
+    const socket = net.connect(port, '127.0.0.1')
+    held.push(socket)
+    await once(socket, 'connect')
+    let answer = ''
+    socket.on('data', (chunk) => (answer += chunk.toString('latin1')))
+    const closed = once(socket, 'close')
+    // the headers and 1 byte of a 1,000-byte body, then nothing: only the headers can have been judged
+    socket.write('POST /webhooks/partner HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 1000\r\nX-Partner-Delivery-Id: unsigned-slow\r\n\r\n{')
+    await closed
+    expect(answer).toMatch(/^HTTP\/1\.1 401 /)
+    expect(answer).toContain('"code":"invalid_signature"')
+    expect(answer).toMatch(/\r\nconnection: close\r\n/i)
+  })
+
 })

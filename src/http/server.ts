@@ -5,6 +5,7 @@ import http, { STATUS_CODES } from 'node:http'
 import type { Duplex } from 'node:stream'
 import type { AddressInfo } from 'node:net'
 import { type ErrorCode, errorBody } from './app-error.js'
+import { capConnections, type ConnectionCapOptions } from './connection-cap.js'
 import { checkContinue } from './expect-continue.js'
 import { describeListenError } from '../listen-error.js'
 
@@ -33,16 +34,17 @@ export async function listen(
     port,
     host,
     timeouts = DEFAULT_TIMEOUTS,
-    maxConnections,
-    onConnectionDropped,
+    connectionCap,
     settings = { port: 'PORT', host: 'HOST' },
   }: {
     port: number
     host: string
     timeouts?: ServerTimeouts
-    /** Open connections at once; Node drops new ones past it (each holds buffers and a parser). */
-    maxConnections?: number
-    onConnectionDropped?: () => void
+    /**
+     * Open connections at once (each holds buffers and a parser), and room made past it for a new one by closing
+     * one that held its place without using it (connection-cap.ts).
+     */
+    connectionCap?: ConnectionCapOptions
     /** The variables that chose the port and host, named when the listener cannot open (PORT, HOST). */
     settings?: { port: string; host: string }
   },
@@ -72,8 +74,15 @@ export async function listen(
   server.on('connect', (_req: http.IncomingMessage, socket: Duplex) =>
     answerOnSocket(socket, 405, 'method_not_allowed', 'CONNECT is not accepted here: this service is no proxy'),
   )
-  if (maxConnections !== undefined) server.maxConnections = maxConnections
-  if (onConnectionDropped) server.on('drop', onConnectionDropped)
+  if (connectionCap) capConnections(server, connectionCap)
+  // the requests not answered yet, for a stop that cannot wait for them any longer
+  const unanswered = new Set<http.ServerResponse>()
+  const track = (_req: http.IncomingMessage, res: http.ServerResponse) => {
+    unanswered.add(res)
+    res.once('close', () => unanswered.delete(res))
+  }
+  server.on('request', track)
+  server.on('checkContinue', track)
   server.listen(port, host)
   try {
     await once(server, 'listening')
@@ -88,7 +97,16 @@ export async function listen(
     stop: async (graceMs) => {
       const closed = new Promise<void>((resolve) => server.close(() => resolve()))
       server.closeIdleConnections()
-      const timer = setTimeout(() => server.closeAllConnections(), graceMs)
+      const timer = setTimeout(() => {
+        // A request still waiting for its answer (its statement held up by a database gone silent) is told to come
+        // again before its connection is closed; it used to see the connection close with no answer at all
+        for (const res of unanswered) {
+          if (!res.headersSent && !res.writableEnded) {
+            refuseUnread(res, 503, 'not_ready', 'Shutting down: this request could not be answered in time; retry', { 'Retry-After': '1' })
+          }
+        }
+        server.closeAllConnections()
+      }, graceMs)
       await closed
       clearTimeout(timer)
     },
@@ -107,9 +125,9 @@ function requiringHost(app: http.RequestListener): http.RequestListener {
 }
 
 /** An answer in the error shape before the body is read: the connection is closed rather than the body read. */
-function refuseUnread(res: http.ServerResponse, status: number, code: ErrorCode, message: string): void {
+function refuseUnread(res: http.ServerResponse, status: number, code: ErrorCode, message: string, headers: Record<string, string> = {}): void {
   const body = JSON.stringify(errorBody(code, message))
-  res.writeHead(status, { 'Content-Type': 'application/json; charset=utf-8', 'Content-Length': Buffer.byteLength(body), Connection: 'close' })
+  res.writeHead(status, { 'Content-Type': 'application/json; charset=utf-8', 'Content-Length': Buffer.byteLength(body), Connection: 'close', ...headers })
   res.end(body)
 }
 

@@ -103,9 +103,8 @@ export async function receiveWebhook(deps: ReceiveDeps, delivery: IncomingDelive
 
 /**
  * The refusal, before its body is read, of a delivery whose signature header no body could verify (missing
- * or malformed), or undefined: for a client that waits for `100 Continue`, so it is not asked for a body
- * that would be refused anyway. The same answer and line as verifying gives, with the announced length
- * instead of the body's length and hash.
+ * or malformed), or undefined: no body is read, or asked for with `100 Continue`, only to be refused. The same
+ * answer and line as verifying gives, with the announced length instead of the body's length and hash.
  */
 export function refuseBeforeBody(
   deps: Pick<ReceiveDeps, 'logger' | 'secrets' | 'logRejectedSignature'>,

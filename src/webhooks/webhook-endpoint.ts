@@ -94,21 +94,22 @@ export function webhookEndpoint(deps: WebhookEndpointDeps): WebhookEndpoint {
     }
     const signature = req.headers['x-partner-signature']
     const announcedLength = req.headers['content-length']
-    if (awaitsContinue(req)) {
-      // the client sends the body only when told to: what its headers already refuse is refused first,
-      // and the connection closed, as the body may follow anyway
-      const refusal = refuseBeforeBody(receiveDeps, {
-        deliveryId,
-        signature: typeof signature === 'string' ? signature : undefined,
-        announcedLength,
-      })
-      if (refusal) {
-        res.setHeader('Connection', 'close')
-        throw refusal
-      }
-      // a length past the limit is refused by the body reader below, before a byte is read
-      if (!(Number(announcedLength) > deps.bodyLimitBytes)) continueReading(req, res)
+    // What the headers already refuse (no X-Partner-Signature, or not `sha256=` and 64 hex digits) is refused
+    // before a byte of the body is read, and the connection closed, as the body may follow anyway. A client
+    // with `Expect: 100-continue` is never asked for it. Any other used to be read to its end first: a
+    // thousand connections sending unsigned bodies a byte every few seconds held every connection the
+    // listener takes (MAX_CONNECTIONS), for the 30 s a request may last, with no secret needed.
+    const refusal = refuseBeforeBody(receiveDeps, {
+      deliveryId,
+      signature: typeof signature === 'string' ? signature : undefined,
+      announcedLength,
+    })
+    if (refusal) {
+      res.setHeader('Connection', 'close')
+      throw refusal
     }
+    // a length past the limit is refused by the body reader below, before a byte is read
+    if (awaitsContinue(req) && !(Number(announcedLength) > deps.bodyLimitBytes)) continueReading(req, res)
     let rawBody: Buffer
     try {
       rawBody = await body.read(() => getRawBody(req, { length: announcedLength, limit: deps.bodyLimitBytes }))
