@@ -9,6 +9,7 @@
 import path from 'node:path'
 import { type Config, ConfigError, configSecrets, DEFAULT_DATA_DIR, loadConfig } from './config.js'
 import { loggableError } from './db/database-errors.js'
+import { UNREAD_ENV_FILE_MESSAGE, unreadEnvFile } from './env-file-notice.js'
 import { createLogger, exitProcess, flushLogger } from './logger.js'
 import { ignoreGoneOutput } from './output-gone.js'
 import { logProcessWarnings } from './process-warnings.js'
@@ -53,6 +54,8 @@ export async function main({
   if (config.localSecretsFile) {
     logger.info({ file: config.localSecretsFile }, 'local mode: generated secrets are kept in this file')
   }
+  const unread = unreadEnvFile(process.cwd(), process.env)
+  if (unread) logger.warn({ file: unread.file, notSet: unread.names }, UNREAD_ENV_FILE_MESSAGE)
 
   // set once started; a signal during the first start (PGlite's initdb) exits without it
   const running: { service?: RunningService } = {}
