@@ -651,6 +651,20 @@ export function parseConfig(
  * Reads process.env: the only place in the service that does. A DATA_DIR the service will write (the embedded
  * database's, or local mode's secrets and sandbox state) is created here, or refused with its reason.
  */
+/**
+ * What a command needs to find the service running from DATA_DIR, and to tell whether its DATABASE_URL names
+ * that service's database: DATA_DIR resolved as the service resolves it, and DATABASE_URL as set. Nothing else
+ * of the environment is read or checked, and nothing is written. A command the service runs runs with the
+ * service's configuration, so the shell's other variables are none of its business: a FORWARD_SECRET set
+ * there without FORWARD_URL refused the command (exit 2), and a shell without PARTNER_API_BASE_URL, read as
+ * local mode, generated local-secrets.json in the DATA_DIR of a service running in remote mode.
+ */
+export function runningServiceLookup(rawEnv: Env): Pick<Config, 'dataDir' | 'databaseUrl'> {
+  const env = withoutEmptyValues(rawEnv)
+  const dataDir = env.DATA_DIR ?? DEFAULT_DATA_DIR
+  return { dataDir: dataDir.startsWith('memory://') ? dataDir : path.resolve(dataDir), databaseUrl: env.DATABASE_URL }
+}
+
 export function loadConfig(): Config {
   const config = parseConfig(process.env)
   if (!config.dataDir.startsWith('memory://') && (!config.databaseUrl || config.partner.mode === 'local')) usableDataDir(config.dataDir)

@@ -9,7 +9,7 @@ import { afterAll, beforeAll, expect, it } from 'vitest'
 import type { CliContext } from '../src/cli/cli-context.js'
 import { findOrderByExternalReference } from '../src/orders/order.repository.js'
 import { runCommandWith } from './helpers/cli-in-process.js'
-import { freePort, runCli, spawnCli, waitForLogLine, stopChild } from './helpers/cli-process.js'
+import { freePort, postgresServeEnv, runCli, spawnCli, waitForLogLine, stopChild } from './helpers/cli-process.js'
 import { migratedDataDir } from './helpers/data-dir-template.js'
 import { testLogger } from './helpers/log-sink.js'
 import { tradeRecord } from './helpers/partner-api-fixtures.js'
@@ -168,5 +168,34 @@ describePostgres('a second terminal next to a service on Postgres (Postgres)', (
     expect(pass.stderr).toBe('')
     expect(pass.code).toBe(0)
     expect(existsSync(path.join(dataDir, 'pglite'))).toBe(false)
+  })
+})
+
+describePostgres('a second terminal next to a service in remote mode (Postgres)', () => {
+  let database: TestDatabase
+  let service: ReturnType<typeof spawnCli>
+  const dataDir = mkdtempSync(path.join(tmpdir(), 'second-terminal-remote-'))
+
+  beforeAll(async () => {
+    database = await createTestDatabase({ kind: 'postgres' })
+    service = spawnCli(['serve'], postgresServeEnv({ databaseUrl: database.url!, dataDir }), { built: true })
+    await waitForLogLine(service, 'service listening', 60_000)
+  }, 120_000)
+  afterAll(async () => {
+    await stopChild(service)
+    await database.close()
+  })
+
+  it('runs a command in the service whatever else the shell sets, and writes no local secrets beside it', async () => {
+    // a shell of none of the service's variables (so read alone as local mode), and one that would not pass
+    // as a configuration of its own: the service runs the command with its own
+    const created = await runCli(['orders', 'create', '--external-reference', 'remote-order-1'], { DATA_DIR: dataDir, FORWARD_SECRET: 'x' })
+    expect([created.code, created.stderr]).toEqual([0, ''])
+    expect(await findOrderByExternalReference(database.db, 'remote-order-1')).toBeDefined()
+    // before, that shell's command exited 2 naming FORWARD_SECRET, and one without it wrote local-secrets.json
+    // (local mode's generated secrets) into the remote service's DATA_DIR
+    const listed = await runCli(['orders', 'list', '--json'], { DATA_DIR: dataDir })
+    expect([listed.code, listed.stderr]).toEqual([0, ''])
+    expect(existsSync(path.join(dataDir, 'local-secrets.json'))).toBe(false)
   })
 })

@@ -65,6 +65,8 @@ export interface DatabaseIdentity {
   user?: string
 }
 
+const UNPARSABLE_DATABASE_URL = '(unparsable DATABASE_URL)'
+
 /** Which database a config points at, in words safe to print and to store. */
 export function databaseIdentity(config: Pick<Config, 'databaseUrl' | 'dataDir'>): DatabaseIdentity {
   if (!config.databaseUrl) return { kind: 'pglite', location: config.dataDir }
@@ -74,7 +76,7 @@ export function databaseIdentity(config: Pick<Config, 'databaseUrl' | 'dataDir'>
     const user = decodeURIComponent(url.username) || process.env.PGUSER || userInfo().username
     return { kind: 'postgres', location: `${url.hostname}:${url.port || '5432'}/${database}`, user }
   } catch {
-    return { kind: 'postgres', location: '(unparsable DATABASE_URL)' }
+    return { kind: 'postgres', location: UNPARSABLE_DATABASE_URL }
   }
 }
 
@@ -153,18 +155,15 @@ export class RunningServiceError extends Error {
 export async function forwardToLocalService(args: string[]): Promise<number | undefined> {
   if (!FORWARDED_COMMANDS.has(args[0] ?? '') || args.includes('--help') || args.includes('-h'))
     return undefined
-  // loaded only for a command that may be forwarded: `--help` does not pay for it
-  const { ConfigError, loadConfig } = await import('../config.js')
-  let config: Config
-  try {
-    config = loadConfig()
-  } catch (error) {
-    if (error instanceof ConfigError) return undefined // reported by the normal path
-    throw error
-  }
+  // loaded only for a command that may be forwarded: `--help` does not pay for it. Only DATA_DIR and DATABASE_URL
+  // are read: the service runs the command with its own configuration (config.ts, runningServiceLookup)
+  const { runningServiceLookup } = await import('../config.js')
+  const config = runningServiceLookup(process.env)
   const service = findRunningService(config.dataDir)
   if (!service) return undefined
   const mine = databaseIdentity(config)
+  // a DATABASE_URL that cannot be read is refused, naming the problem, by the command's own configuration
+  if (config.databaseUrl && mine.location === UNPARSABLE_DATABASE_URL) return undefined
   const matches = service.database.kind === mine.kind && service.database.location === mine.location
   // the service's database as another role (a DBA's, a read-only one): run here, with that role's rights; the
   // service would run it with its own. A service file of an older build names no role.
