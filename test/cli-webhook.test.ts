@@ -105,17 +105,33 @@ describe('webhook send', () => {
     const result = await runCli(['webhook', 'send', '--url', `${url}/endless`, '--file', bodyFile, '--secret', secret], env)
     expect(result.code).toBe(1)
     expect(result.stderr).toContain(
-      `${url}/endless answered 200 with a body larger than 1,048,576 bytes, the most this command reads; the rest was not read`,
+      `${url}/endless answered 200 with a body larger than 1,048,576 bytes, the most this command reads; the rest was not read [answer_too_large]\n`,
     )
     // the connection was closed with most of the answer unsent: the limit plus what the kernel's buffers hold
     await expect.poll(() => endless.closed).toBe(1)
     expect(endless.written).toBeLessThan(32 * MiB)
   })
 
-  it('exits 1 with a message when nothing listens at the URL, and 2 for a URL that is not http', async () => {
-    const unreachable = await runCli(['webhook', 'send', '--url', 'http://127.0.0.1:9/x', '--file', bodyFile, '--secret', secret], env)
-    expect(unreachable.code).toBe(1)
-    expect(unreachable.stderr).toContain('Could not deliver to http://127.0.0.1:9/x')
+  it('exits 1 with a message and its code when nothing listens at the URL, and 2 for a URL that is not http', async () => {
+    // a port that was free a moment ago (port 9 is one fetch refuses to call: `bad port`)
+    const closed = http.createServer()
+    await new Promise<void>((resolve) => closed.listen(0, '127.0.0.1', resolve))
+    const { port } = closed.address() as AddressInfo
+    await new Promise((resolve) => closed.close(resolve))
+    for (const json of [[], ['--json']]) {
+      const unreachable = await runCli(['webhook', 'send', '--url', `http://127.0.0.1:${port}/x`, '--file', bodyFile, '--secret', secret, ...json], env)
+      // the reason alone, not its class name (`Error: connect …`), and neither the secret nor the signature
+      expect(unreachable).toEqual({
+        code: 1,
+        stdout: '',
+        stderr: `Could not deliver to http://127.0.0.1:${port}/x: connect ECONNREFUSED 127.0.0.1:${port} [not_delivered]\n`,
+      })
+    }
+    // fetch refuses a URL holding a password, and quotes the URL: the password is not shown
+    const withPassword = await runCli(['webhook', 'send', '--url', 'http://user:hunter2@127.0.0.1:9/x', '--file', bodyFile, '--secret', secret], env)
+    expect(withPassword.code).toBe(1)
+    expect(withPassword.stderr).toMatch(/^Could not deliver to http:\/\/user:\*\*\*@127\.0\.0\.1:9\/x: .* \[not_delivered\]\n$/)
+    expect(withPassword.stderr).not.toContain('hunter2')
     const bad = await runCli(['webhook', 'send', '--url', 'ftp://x', '--file', bodyFile, '--secret', secret], env)
     expect(bad.code).toBe(2)
     expect(bad.stderr).toContain('--url must be an http(s) URL')

@@ -8,6 +8,7 @@ import {
   formatDemoReport,
   runDemo,
 } from '../src/demo/run-demo.js'
+import { runCommandWith } from './helpers/cli-in-process.js'
 import { runCli, spawnCli } from './helpers/cli-process.js'
 import { testLogger } from './helpers/log-sink.js'
 
@@ -29,7 +30,14 @@ describe('the demo', () => {
     }
   }, 60_000)
 
-  it('runs 50 trades of every kind through faults and ends with every order matching the platform', async () => {
+  it('says in its help that it runs 50 trades by default, ten of each kind', async () => {
+    const help = await runCommandWith(['demo', '--help'])
+    expect(help.code).toBe(0)
+    // commander wraps the line to the terminal's width
+    expect(help.stdout.replace(/\s+/g, ' ')).toContain('run trades of five kinds in turn (50 by default: ten of each) against the sandbox')
+  })
+
+  it('runs 50 trades, ten of each kind, through faults and ends with every order matching the platform', async () => {
     const report = await runDemo({ trades: 50, seed: 7, out: process.stderr, logger: testLogger(), keepConsole: true })
     try {
       await leavesSomethingWorthLookingAt(report)
@@ -48,7 +56,11 @@ describe('the demo', () => {
       expect(row.forwarded, `${row.kind}: forwarded events`).toBe(row.transitions)
     }
     expect(report.forward).toMatchObject({ invalid: 0, stillPending: 0 })
-    expect(report.forward.requests).toBeGreaterThanOrEqual(report.rows.reduce((sum, row) => sum + row.transitions, 0))
+    // every request is accounted for: the table's transitions, the one of the order imported for the operator
+    // (not in the table), repeats and refusals
+    expect(report.forward.outsideTable).toEqual([{ reference: DEMO_UNKNOWN_TRADE_REFERENCE, events: 1 }])
+    const transitions = report.rows.reduce((sum, row) => sum + row.transitions, 0)
+    expect(report.forward.requests).toBe(transitions + 1 + report.forward.duplicates + report.forward.invalid)
     expect(formatDemoReport(report)).toContain('Every order matches the platform.')
   }, 180_000)
 
@@ -62,11 +74,14 @@ describe('the demo', () => {
     expect(result.stdout).not.toContain('\r')
     expect(result.stdout).toMatch(/^webhooks: \d+ events sent by the sandbox; \d+ deliveries dropped/m)
     expect(result.stdout).toContain('Every order matches the platform.')
-    expect(result.stdout).toMatch(/^forwarder: (\d+) of \1 transitions received, signature verified, once each by webhook-id \(\d+ requests, \d+ repeats, 0 refused\)$/m)
+    expect(result.stdout).toMatch(
+      /^forwarder: (\d+) of \1 transitions received, signature verified, once each by webhook-id \(\d+ requests, \d+ repeats, 0 refused; 1 event of demo-imported-unknown-trade, not in the table\)$/m,
+    )
   }, 180_000)
 
   it('prints with --json the report alone on stdout, one JSON document: progress and log lines go to stderr', async () => {
-    const result = await runCli(['demo', '--trades', '5', '--json'], {})
+    // seed 0 too, as the sandbox's --seed takes it
+    const result = await runCli(['demo', '--trades', '5', '--seed', '0', '--json'], {})
     expect(result.code, result.stderr).toBe(0)
     const report = JSON.parse(result.stdout) as { mismatches: unknown[]; leftForOperator: { failedReactions: number } }
     expect(report.mismatches).toEqual([])
@@ -74,6 +89,7 @@ describe('the demo', () => {
     expect(report.leftForOperator.failedReactions).toBe(1)
     expect(result.stderr).toContain('"msg":"reaction handler failed for the last time')
     expect(result.stderr.split('\n')[0]).toBe('demo: starting 5 trades…')
+    expect(result.stderr).toContain('5 trades against the sandbox, with faults (seed 0)')
   }, 180_000)
 })
 

@@ -75,10 +75,14 @@ describe('orders and deliveries commands', () => {
     expect(orders.map((order) => order.externalReference.length)).not.toContain(201)
   })
 
-  it('refuses a second order with the same reference with exit 1', async () => {
-    const result = await run('orders', 'create', '--external-reference', 'cli-1')
-    expect(result.code).toBe(1)
-    expect(result.stderr).toContain('already exists')
+  it('refuses a second order with the same reference with exit 1 and its code, with --json too', async () => {
+    for (const json of [[], ['--json']]) {
+      expect(await run('orders', 'create', '--external-reference', 'cli-1', ...json)).toEqual({
+        code: 1,
+        stdout: '',
+        stderr: 'An order with external reference cli-1 already exists [order_exists]\n',
+      })
+    }
   })
 
   it('shows an order with its history, as JSON and as text', async () => {
@@ -131,7 +135,7 @@ describe('orders and deliveries commands', () => {
       }
       const seed = await run('demo', '--seed', value)
       expect([seed.code, seed.stdout]).toEqual([2, ''])
-      expect(seed.stderr).toContain(`argument '${value}' is invalid. must be a positive integer`)
+      expect(seed.stderr).toContain(`argument '${value}' is invalid. must be a whole number`)
       for (const option of ['--seed', '--retry-base-delay-ms', '--delay-ms']) {
         const sandbox = await run('sandbox', option, value)
         expect([sandbox.code, sandbox.stdout], `sandbox ${option} ${value}`).toEqual([2, ''])

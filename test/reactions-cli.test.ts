@@ -109,6 +109,9 @@ describe('the reactions command', () => {
     expect(shown.stdout).toContain('state      failed after 1 attempt(s)')
     expect(shown.stdout).toContain('order      cli-1')
     expect(shown.stdout).toContain('move       created -> funded by webhook at 2026-05-01T10:00:00.000Z')
+    // the error on one line, its control codes shown escaped
+    expect(shown.stdout).toContain('\nlast error Error: warehouse said no \\u001b[31mred\\u001b[0m\n')
+    expect(shown.stdout).not.toContain('\u001b')
     const json = JSON.parse((await run('show', ids['ship-goods-2']!, '--json')).stdout)
     expect(json.event).toMatchObject({ type: 'trade.funded', from: 'created', to: 'funded', sequence: 2, tradeId: 'trd_cli-1' })
     const missing = await run('show', '987654')
@@ -127,7 +130,13 @@ describe('the reactions command', () => {
   })
 
   it('retries a failed job, refuses a finished one, and needs exactly one of an id and --failed', async () => {
-    expect(await run('retry', ids['ledger-1']!)).toMatchObject({ code: 1, stderr: `Job ${ids['ledger-1']} is done: only a failed or pending job can be retried\n` })
+    expect(await run('retry', ids['ledger-1']!)).toMatchObject({
+      code: 1,
+      stdout: '',
+      stderr: `Job ${ids['ledger-1']} is done: only a failed or pending job can be retried [job_not_retryable]\n`,
+    })
+    const refused = await run('retry', ids['ledger-1']!, '--json')
+    expect([refused.code, JSON.parse(refused.stdout), refused.stderr]).toEqual([1, { id: ids['ledger-1'], result: 'not_allowed', state: 'done' }, ''])
     expect((await run('retry')).code).toBe(2)
     expect((await run('retry', ids['ship-goods-2']!, '--failed')).code).toBe(2)
     const all = await run('retry', '--failed', '--json')
@@ -163,10 +172,19 @@ describe('the reactions command', () => {
     expect((await run('list', '--state', 'pending', '--handler', 'audit')).stdout).toBe('(no reaction jobs)\n')
   })
 
-  it('skips a pending job and refuses to skip a done one', async () => {
+  it('skips a pending job and refuses, with a code, to skip a done or a skipped one', async () => {
     expect(await run('skip', ids['ledger-2']!)).toMatchObject({ code: 0, stdout: `job ${ids['ledger-2']} skipped\n` })
     expect(await stateOf(ids['ledger-2']!)).toBe('skipped')
-    expect((await run('skip', ids['ledger-1']!)).code).toBe(1)
+    expect(await run('skip', ids['ledger-1']!)).toMatchObject({
+      code: 1,
+      stdout: '',
+      stderr: `Job ${ids['ledger-1']} is done: only a failed or pending job can be skipped [job_not_skippable]\n`,
+    })
+    expect(await run('skip', ids['ledger-2']!)).toMatchObject({
+      code: 1,
+      stdout: '',
+      stderr: `Job ${ids['ledger-2']} is skipped: only a failed or pending job can be skipped [job_not_skippable]\n`,
+    })
     expect(await run('skip', '987654')).toMatchObject({ code: 1, stdout: '', stderr: 'No reaction job 987654 [reaction_not_found]\n' })
   })
 
@@ -198,9 +216,10 @@ describe('the reactions command', () => {
 
     const shown = await run('show', job!.id)
     expect(shown.stdout).toContain('state      skipped after 1 attempt(s)')
-    // one line (shortened): the reason first, then what the job had failed with before
-    expect(shown.stdout).toContain(`\nlast error ${reason} (the error before: AmqpPublishError: `)
+    // one line, whole: the reason first, then what the job had failed with before, to its end
+    expect(shown.stdout).toContain(`\nlast error ${reason} (the error before: ${unroutable})\n`)
+    // the table's cell is cut short (show has the rest)
     const table = (await run('list', '--state', 'skipped', '--handler', 'amqp')).stdout.trim().split('\n')
-    expect(table[1]).toMatch(/ amqp +skipped +1 +- +handler amqp no longer takes trade\.created \(AMQP_EVENTS\); skipped without running \(the error before: /)
+    expect(table[1]).toMatch(/ amqp +skipped +1 +- +handler amqp no longer takes trade\.created \(AMQP_EVENTS\); skipped without running \(the error before: [^)]*…$/)
   })
 })

@@ -175,7 +175,10 @@ describe('reconcile --requeue', () => {
     const result = await cli('reconcile', '--requeue', 'cli-a', 'cli-nope')
     expect(result.code).toBe(1)
     expect(result.stdout).toBe('cli-a: due now\n')
-    expect(result.stderr).toBe('no order with external reference: cli-nope [order_not_found]\n')
+    // in the words of every other command that finds no order
+    expect(result.stderr).toBe('No order with external reference cli-nope [order_not_found]\n')
+    const several = await cli('reconcile', '--requeue', 'cli-nope', 'cli-none')
+    expect([several.code, several.stderr]).toEqual([1, 'No order with external references cli-nope, cli-none [order_not_found]\n'])
   })
 })
 
@@ -189,9 +192,9 @@ describe('reconcile arguments', () => {
     },
   )
 
-  it.each(['0', '-1', 'ten', '1001', '2.5', '0x10', '1e2', '+5', ' 5'])('exits 2 for --limit %s', async (limit) => {
+  it.each(['0', '-1', 'ten', '1001', '2.5', '0x10', '1e2', '+5', ' 5'])('exits 2 for --limit %s, in the words of the lists\' --limit', async (limit) => {
     const result = await cli('reconcile', '--report', '--limit', limit)
-    expect(result.code).toBe(2)
-    expect(result.stderr).toContain('--limit must be a whole number from 1 to 1000')
+    expect([result.code, result.stdout]).toEqual([2, ''])
+    expect(result.stderr).toContain(`error: option '--limit <n>' argument '${limit}' is invalid. must be a whole number from 1 to 1000\n`)
   })
 })

@@ -6,10 +6,11 @@ export function decimalDigits(value: string): number {
   return /^[0-9]+$/.test(value) ? Number(value) : Number.NaN
 }
 
-export function positiveInteger(value: string): number {
+/** A whole number, 0 included: a seed, a count, a wait. */
+export function wholeNumber(value: string): number {
   const parsed = decimalDigits(value)
   // past 2^53 a number is no longer exact, and 1e300 is no integer the database takes
-  if (!Number.isSafeInteger(parsed) || parsed <= 0) throw new InvalidArgumentError('must be a positive integer')
+  if (!Number.isSafeInteger(parsed)) throw new InvalidArgumentError('must be a whole number')
   return parsed
 }
 
@@ -17,7 +18,7 @@ export function positiveInteger(value: string): number {
 export const MAX_LIST_LIMIT = 10_000
 
 /** A parser of whole numbers from 1 to `max`: the message names the range. */
-function wholeNumberUpTo(max: number): (value: string) => number {
+export function wholeNumberUpTo(max: number): (value: string) => number {
   return (value) => {
     const parsed = decimalDigits(value)
     if (!Number.isInteger(parsed) || parsed <= 0 || parsed > max) {

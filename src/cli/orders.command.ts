@@ -2,7 +2,7 @@
 import type { Command } from 'commander'
 import { printable } from '../printable.js'
 import { listLimit, MAX_LIST_LIMIT } from './cli-arguments.js'
-import { CommandFailedError, printJson, printTable, setExitCode, UsageError, withDatabase, write, writeError } from './cli-context.js'
+import { CommandFailedError, printJson, printTable, UsageError, withDatabase, write } from './cli-context.js'
 
 export function registerOrdersCommands(program: Command): void {
   const orders = program.command('orders').description('the partner’s orders: create, show, list')
@@ -39,8 +39,7 @@ export function registerOrdersCommands(program: Command): void {
         } catch (error) {
           if (error instanceof PartnerValidationError) throw new UsageError(`Invalid order: ${error.message}`)
           if (!(error instanceof OrderExistsError)) throw error
-          writeError(`${error.message}\n`)
-          setExitCode(1)
+          throw new CommandFailedError(error.code, `An order with external reference ${printable(options.externalReference)} already exists`)
         }
       })
     })

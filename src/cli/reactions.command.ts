@@ -5,7 +5,7 @@ import { Command, InvalidArgumentError, Option } from 'commander'
 import { printable } from '../printable.js'
 import { isJobId } from '../reactions/job-id.js'
 import { listLimit, MAX_LIST_LIMIT } from './cli-arguments.js'
-import { CommandFailedError, printJson, printTable, setExitCode, UsageError, withDatabase, write, writeError } from './cli-context.js'
+import { CommandFailedError, printJson, printTable, setExitCode, UsageError, withDatabase, write } from './cli-context.js'
 
 const STATES = ['pending', 'running', 'failed', 'done', 'skipped'] as const
 type State = (typeof STATES)[number]
@@ -50,7 +50,7 @@ export function registerReactionsCommands(program: Command): void {
             state: job.state,
             attempts: job.attempts,
             next: job.state === 'pending' || job.state === 'running' ? job.runAt : null,
-            error: job.lastError === null ? null : oneLine(job.lastError),
+            error: job.lastError === null ? null : cutForTable(oneLine(job.lastError)),
           })),
           '(no reaction jobs)',
         )
@@ -138,15 +138,22 @@ function report(
   setExitCode(1)
   if (json) return
   if (outcome.result === 'not_found') throw reactionNotFound(id)
-  writeError(`Job ${id} is ${outcome.state}: only a failed or pending job can be ${done}\n`)
+  throw new CommandFailedError(
+    done === 'retried' ? 'job_not_retryable' : 'job_not_skippable',
+    `Job ${id} is ${outcome.state}: only a failed or pending job can be ${done}`,
+  )
 }
 
 function reactionNotFound(id: string): CommandFailedError {
   return new CommandFailedError('reaction_not_found', `No reaction job ${id}`)
 }
 
-/** A stored error on one line, for a table cell or a field (an error text may hold newlines). */
+/** A stored error on one line, whole, for a field (an error text may hold newlines). */
 function oneLine(text: string): string {
-  const flat = printable(text.replace(/\s+/g, ' '))
-  return flat.length > 120 ? `${flat.slice(0, 119)}…` : flat
+  return printable(text.replace(/\s+/g, ' '))
+}
+
+/** A line cut for a table cell: the table is a summary, and `show` has the whole error (its end often says the most). */
+function cutForTable(line: string): string {
+  return line.length > 120 ? `${line.slice(0, 119)}…` : line
 }

@@ -5,8 +5,9 @@
 import { hostname } from 'node:os'
 import type { Command } from 'commander'
 import { describeClockOffset } from '../partner-api/clock-offset.js'
+import { printable } from '../printable.js'
 import type { RunSummary } from '../reconcile/poller.js'
-import { decimalDigits } from './cli-arguments.js'
+import { wholeNumberUpTo } from './cli-arguments.js'
 import {
   CommandFailedError,
   printJson,
@@ -23,7 +24,7 @@ interface ReconcileOptions {
   once?: boolean
   report?: boolean
   requeue?: boolean | string[]
-  limit?: string
+  limit: number
   json?: boolean
 }
 
@@ -41,7 +42,7 @@ export function registerReconcileCommands(program: Command): void {
       '--requeue [references...]',
       'clear `attention` and make these orders due now (no references: every flagged order, trade_not_found and trade_mismatch)',
     )
-    .option('--limit <n>', `runs to show with --report (1-${MAX_REPORT_LIMIT})`, '20')
+    .option('--limit <n>', `runs to show with --report (at most ${MAX_REPORT_LIMIT})`, wholeNumberUpTo(MAX_REPORT_LIMIT), 20)
     .option('--json', 'print JSON')
     .action(async (options: ReconcileOptions) => {
       const modes = [options.once, options.report, options.requeue].filter((mode) => mode !== undefined)
@@ -49,17 +50,9 @@ export function registerReconcileCommands(program: Command): void {
         throw new UsageError('reconcile needs exactly one of --once, --report or --requeue')
       }
       if (options.once) await runOnce(options.json)
-      else if (options.report) await report(parseLimit(options.limit), options.json)
+      else if (options.report) await report(options.limit, options.json)
       else await requeue(options.requeue === true ? undefined : (options.requeue as string[]), options.json)
     })
-}
-
-function parseLimit(value: string | undefined): number {
-  const limit = value === undefined ? Number.NaN : decimalDigits(value)
-  if (!Number.isInteger(limit) || limit < 1 || limit > MAX_REPORT_LIMIT) {
-    throw new UsageError(`--limit must be a whole number from 1 to ${MAX_REPORT_LIMIT}, got ${value}`)
-  }
-  return limit
 }
 
 async function runOnce(json: boolean | undefined): Promise<void> {
@@ -180,6 +173,10 @@ async function requeue(externalReferences: string[] | undefined, json: boolean |
     if (results.length === 0 && !externalReferences) write('no order is flagged for an operator\n')
   }
   if (missing.length > 0) {
-    throw new CommandFailedError('order_not_found', `no order with external reference: ${missing.join(', ')}`)
+    // in the words of every other command's look-up, the references listed when several are unknown
+    throw new CommandFailedError(
+      'order_not_found',
+      `No order with external ${missing.length === 1 ? 'reference' : 'references'} ${missing.map(printable).join(', ')}`,
+    )
   }
 }

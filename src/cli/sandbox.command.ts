@@ -4,7 +4,7 @@ import { type Command, InvalidArgumentError, Option } from 'commander'
 import { MAX_TIMER_MS } from '../clock.js'
 import type { Faults } from '../sandbox/webhook-dispatcher.js'
 import { untilStopSignal } from '../stop-signals.js'
-import { decimalDigits, portNumber } from './cli-arguments.js'
+import { portNumber, wholeNumber } from './cli-arguments.js'
 import { cliLogger, UsageError, write } from './cli-context.js'
 import { describeListenError } from '../listen-error.js'
 
@@ -14,15 +14,9 @@ function rate(value: string): number {
   return parsed
 }
 
-function count(value: string): number {
-  const parsed = decimalDigits(value)
-  if (!Number.isSafeInteger(parsed)) throw new InvalidArgumentError('must be a whole number')
-  return parsed
-}
-
 // a wait: past the timers' limit it would end after 1 ms, not when asked
 function milliseconds(value: string): number {
-  const parsed = count(value)
+  const parsed = wholeNumber(value)
   if (parsed > MAX_TIMER_MS) throw new InvalidArgumentError(`must be at most ${MAX_TIMER_MS} ms (about 24.8 days)`)
   return parsed
 }
@@ -56,14 +50,14 @@ export function registerSandboxCommand(program: Command): void {
     .addOption(option('--api-secret <secret>', 'the API secret it verifies with (default: PARTNER_API_SECRET)', 'SANDBOX_API_SECRET'))
     .addOption(option('--retry-base-delay-ms <ms>', 'first retry delay; doubles per attempt', 'SANDBOX_RETRY_BASE_DELAY_MS').argParser(milliseconds).default(1_000))
     .addOption(option('--attempt-timeout-ms <ms>', 'a 2xx within this counts as delivered', 'SANDBOX_ATTEMPT_TIMEOUT_MS').argParser(milliseconds).default(5_000))
-    .addOption(option('--timestamp-window-s <s>', 'accepted request timestamp skew', 'SANDBOX_TIMESTAMP_WINDOW_S').argParser(count).default(300))
+    .addOption(option('--timestamp-window-s <s>', 'accepted request timestamp skew', 'SANDBOX_TIMESTAMP_WINDOW_S').argParser(wholeNumber).default(300))
     .addOption(option('--refund-delay-ms <ms>', 'cancelled → refunded delay for a funded trade', 'SANDBOX_REFUND_DELAY_MS').argParser(milliseconds).default(1_000))
     .addOption(option('--drop-rate <share>', 'share of webhooks never delivered', 'SANDBOX_DROP_RATE').argParser(rate).default(0))
     .addOption(option('--duplicate-rate <share>', 'share of deliveries sent twice', 'SANDBOX_DUPLICATE_RATE').argParser(rate).default(0))
     .addOption(option('--reorder-rate <share>', 'share of webhooks overtaken by the next', 'SANDBOX_REORDER_RATE').argParser(rate).default(0))
     .addOption(option('--delay-rate <share>', 'share of webhooks delayed', 'SANDBOX_DELAY_RATE').argParser(rate).default(0))
     .addOption(option('--delay-ms <ms>', 'how long a delayed webhook waits', 'SANDBOX_DELAY_MS').argParser(milliseconds).default(0))
-    .addOption(option('--seed <n>', 'seed of the fault injection', 'SANDBOX_SEED').argParser(count).default(1))
+    .addOption(option('--seed <n>', 'seed of the fault injection', 'SANDBOX_SEED').argParser(wholeNumber).default(1))
     .action(async (flags: SandboxFlags, command: Command) => {
       // loaded when run, so that other commands do not pay for the sandbox's modules
       const [{ loadConfig }, { createSandbox }] = await Promise.all([

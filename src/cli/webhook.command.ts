@@ -9,12 +9,14 @@ import { readAnswer } from '../http/read-answer.js'
 import { findRunningService } from '../local/running-service.js'
 import { shortened } from '../shortened.js'
 import { signWebhookBody } from '../webhooks/verify-signature.js'
-import { printJson, setExitCode, UsageError, write, writeError } from './cli-context.js'
+import { CommandFailedError, printJson, setExitCode, UsageError, write } from './cli-context.js'
 
 // a receiver's answer is a short status document; past this it is not read further
 const MAX_ANSWER_BYTES = 1024 * 1024
 // and a longer one (a proxy's error page) is shown to a person only so far; --json has it whole
 const SHOWN_ANSWER_CHARACTERS = 2_000
+// a receiver that has not answered (or ended its answer) by then is given up on
+const ANSWER_TIMEOUT_MS = 10_000
 
 interface SignOptions {
   secret?: string
@@ -82,27 +84,22 @@ export function registerWebhookCommands(program: Command): void {
       const { body, headers } = await signedHeaders(options)
       let response: Response
       try {
-        response = await fetch(url, { method: 'POST', headers, body, signal: AbortSignal.timeout(10_000) })
+        response = await fetch(url, { method: 'POST', headers, body, signal: AbortSignal.timeout(ANSWER_TIMEOUT_MS) })
       } catch (error) {
-        writeError(`Could not deliver to ${url}: ${(error as Error).cause ?? (error as Error).message}\n`)
-        setExitCode(1)
-        return
+        throw new CommandFailedError('not_delivered', `Could not deliver to ${withoutPassword(url)}: ${withoutPassword(failureReason(error))}`)
       }
       let text: string | undefined
       try {
         text = await readAnswer(response, MAX_ANSWER_BYTES)
       } catch (error) {
-        writeError(`Could not read the answer of ${url}: ${(error as Error).cause ?? (error as Error).message}\n`)
-        setExitCode(1)
-        return
+        throw new CommandFailedError('answer_not_read', `Could not read the answer of ${url}: ${failureReason(error)}`)
       }
       if (text === undefined) {
-        writeError(
+        throw new CommandFailedError(
+          'answer_too_large',
           `${url} answered ${response.status} with a body larger than ${MAX_ANSWER_BYTES.toLocaleString('en-US')} ` +
-            'bytes, the most this command reads; the rest was not read\n',
+            'bytes, the most this command reads; the rest was not read',
         )
-        setExitCode(1)
-        return
       }
       const answer = {
         status: response.status,
@@ -122,6 +119,31 @@ async function defaultWebhookUrl(): Promise<string> {
   if (running) return running.webhookUrl
   const host = config.host === '0.0.0.0' || config.host === '::' ? '127.0.0.1' : config.host
   return `http://${host}:${config.port}${config.webhook.path}`
+}
+
+/**
+ * Why a request failed, in the words of its innermost cause (`connect ECONNREFUSED 127.0.0.1:8080`): fetch's own
+ * message is only `fetch failed`, and the cause shown as a string began with its class, `Error: `.
+ */
+function failureReason(error: unknown): string {
+  if (error instanceof Error && error.name === 'TimeoutError') return `timed out after ${ANSWER_TIMEOUT_MS / 1000} s`
+  let reason = error instanceof Error ? error.message : String(error)
+  let current = error instanceof Error ? error.cause : undefined
+  for (let depth = 0; depth < 8 && current instanceof Error; depth++) {
+    // an AggregateError (a connect to each address of the host) has no message of its own: each address's are shown
+    const inner =
+      current instanceof AggregateError && current.message === ''
+        ? current.errors.map((each: unknown) => (each instanceof Error ? each.message : String(each))).join(', ')
+        : current.message
+    if (inner !== '') reason = inner
+    current = current.cause
+  }
+  return reason
+}
+
+// fetch refuses a URL that holds a user name and password, and its refusal quotes the URL: the password is not shown
+function withoutPassword(text: string): string {
+  return text.replace(/(\/\/[^/\s:@]*):[^/\s@]*@/g, '$1:***@')
 }
 
 function parseJson(text: string): unknown {

@@ -1,4 +1,4 @@
-// `npm run demo`: the whole system against the sandbox, with faults. About 50 trades of every kind go
+// `npm run demo`: the whole system against the sandbox, with faults. 50 trades (ten of each kind) go
 // through their lifecycle by the API client; the sandbox drops, repeats, reorders and delays their
 // webhooks, and a few trades' webhooks fail every attempt. Then the poller reconciles, and the run
 // checks that every order matches the platform, and says which converged by webhook and which the
@@ -62,7 +62,17 @@ export interface DemoReport {
   mismatches: { reference: string; order: string | null; platform: string }[]
   webhooks: { sent: number; dropped: number; duplicated: number; failedAttempts: number }
   pollCycles: number
-  forward: { requests: number; duplicates: number; invalid: number; stillPending: number }
+  /**
+   * The forwarder's receiver. `requests` counts each one: the table's transitions, the repeats, the refusals, and the
+   * events of orders not in the table (`outsideTable`: the order leaveWorkForAnOperator imports has a transition too).
+   */
+  forward: {
+    requests: number
+    duplicates: number
+    invalid: number
+    stillPending: number
+    outsideTable: { reference: string; events: number }[]
+  }
   /** What the run left for an operator: the console's "needs a human". */
   leftForOperator: { failedReactions: number; parkedReferences: string[]; flaggedReferences: string[] }
   /** With keepConsole: where the console is, its token, and how to end it all. */
@@ -410,6 +420,10 @@ async function compare(
     const reference = event.data.external_reference
     forwardedByReference.set(reference, (forwardedByReference.get(reference) ?? 0) + 1)
   }
+  const planned = new Set(plan.map(({ reference }) => reference))
+  const outsideTable = [...forwardedByReference]
+    .filter(([reference]) => !planned.has(reference))
+    .map(([reference, events]) => ({ reference, events }))
   const mismatches: DemoReport['mismatches'] = []
   for (const { reference, kind } of plan) {
     const row = rows.get(kind)!
@@ -446,7 +460,7 @@ async function compare(
       failedAttempts: log.filter((attempt) => attempt.result === 'failed' || attempt.result === 'timeout').length,
     },
     pollCycles,
-    forward: { ...forwardReceiver.stats, stillPending },
+    forward: { ...forwardReceiver.stats, stillPending, outsideTable },
   }
 }
 
@@ -485,6 +499,13 @@ export function formatDemoReport(report: DemoReport): string {
   const widths = header.map((title, i) => Math.max(title.length, ...lines.map((line) => line[i]!.length)))
   const format = (cells: string[]) => cells.map((cell, i) => cell.padEnd(widths[i]!)).join('  ')
   const { webhooks } = report
+  // the requests the table does not explain: whose they are
+  const outside = report.forward.outsideTable
+  const outsideEvents = outside.reduce((sum, order) => sum + order.events, 0)
+  const outsideNote =
+    outsideEvents === 0
+      ? ''
+      : `; ${outsideEvents} ${outsideEvents === 1 ? 'event' : 'events'} of ${outside.map((order) => order.reference).join(', ')}, not in the table`
   return [
     '',
     format(header),
@@ -496,7 +517,7 @@ export function formatDemoReport(report: DemoReport): string {
     `poller: ${report.pollCycles} cycle(s) until no order was left due`,
     `forwarder: ${total.forwarded} of ${total.transitions} transitions received, signature verified, once each by webhook-id ` +
       `(${report.forward.requests} requests, ${report.forward.duplicates} repeats, ${report.forward.invalid} refused` +
-      `${report.forward.stillPending ? `, ${report.forward.stillPending} still pending` : ''})`,
+      `${report.forward.stillPending ? `, ${report.forward.stillPending} still pending` : ''}${outsideNote})`,
     `left for an operator (the console's "needs a human"): ${report.leftForOperator.failedReactions} failed ${DEMO_FAILING_HANDLER} reaction(s) ` +
       `(its service was down for the run and is back: retry them), ${report.leftForOperator.parkedReferences.length} parked delivery ` +
       `(${DEMO_ELSEWHERE_REFERENCE}: a trade another system opened), ${report.leftForOperator.flaggedReferences.length} flagged order ` +

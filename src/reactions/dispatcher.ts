@@ -56,7 +56,7 @@ const CLAIM_AHEAD = 4
 
 export interface DispatcherDeps {
   db: Kysely<Database>
-  /** The registry's lookup by name (a job whose handler is no longer registered fails like a throw). */
+  /** The registry's lookup by name (a job whose handler is no longer registered fails at once, not retried). */
   handler: (name: string) => ReactionHandler | undefined
   clock: Clock
   logger: Logger
@@ -278,7 +278,8 @@ export function createDispatcher(deps: DispatcherDeps): Dispatcher {
     }
     try {
       const handler = deps.handler(job.handler)
-      // (a handler not registered at all is a removed one: it fails below, as a throw would)
+      // (a handler not registered at all is a removed one: it fails below at once, whatever attempts are left, since
+      // no later attempt in this process could call it; an operator retries it once the handler is back)
       if (handler && !takes(job.handler, event.type)) {
         handlerDone()
         await skipNotTaken(job, log)
