@@ -659,10 +659,15 @@ export function parseConfig(
  * there without FORWARD_URL refused the command (exit 2), and a shell without PARTNER_API_BASE_URL, read as
  * local mode, generated local-secrets.json in the DATA_DIR of a service running in remote mode.
  */
-export function runningServiceLookup(rawEnv: Env): Pick<Config, 'dataDir' | 'databaseUrl'> {
-  const env = withoutEmptyValues(rawEnv)
+export function runningServiceLookup(rawEnv: Env): Pick<Config, 'dataDir' | 'databaseUrl'> & { mode: 'local' | 'remote' } {
+  const env = withoutEmptyValues(selectPartnerVariables(rawEnv))
   const dataDir = env.DATA_DIR ?? DEFAULT_DATA_DIR
-  return { dataDir: dataDir.startsWith('memory://') ? dataDir : path.resolve(dataDir), databaseUrl: env.DATABASE_URL }
+  return {
+    dataDir: dataDir.startsWith('memory://') ? dataDir : path.resolve(dataDir),
+    databaseUrl: env.DATABASE_URL,
+    // what loadConfig would make of this environment: local mode generates its secrets into DATA_DIR
+    mode: env.PARTNER_API_BASE_URL === undefined ? 'local' : 'remote',
+  }
 }
 
 export function loadConfig(): Config {

@@ -315,6 +315,7 @@ export async function startService({
         token: localCliToken,
         webhookUrl: `${server.url}${config.webhook.path}`,
         sandboxUrl,
+        mode: config.partner.mode,
         database: databaseIdentity(config),
       })
       stops.push({ name: 'serve.json', stop: advertised.remove })

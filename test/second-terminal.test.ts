@@ -1,7 +1,7 @@
 // A second terminal next to `npm start`: it must reach the running service's database and platform, or
 // say what to set; never write somewhere else unnoticed. A refused connection to the platform sent nothing.
 import { randomBytes } from 'node:crypto'
-import { existsSync, mkdtempSync, readFileSync } from 'node:fs'
+import { existsSync, mkdtempSync, readFileSync, writeFileSync } from 'node:fs'
 import { tmpdir } from 'node:os'
 import path from 'node:path'
 import { sql } from 'kysely'
@@ -14,7 +14,7 @@ import { migratedDataDir } from './helpers/data-dir-template.js'
 import { testLogger } from './helpers/log-sink.js'
 import { tradeRecord } from './helpers/partner-api-fixtures.js'
 import { startRecordingServer } from './helpers/partner-api-recording-server.js'
-import { TEST_API_SECRET, testConfig } from './helpers/test-config.js'
+import { TEST_API_SECRET, TEST_WEBHOOK_SECRET, testConfig } from './helpers/test-config.js'
 import { createTestDatabase, describePostgres, type TestDatabase } from './helpers/test-database.js'
 
 const cli = (context: CliContext, ...args: string[]) => runCommandWith(args, context)
@@ -197,5 +197,19 @@ describePostgres('a second terminal next to a service in remote mode (Postgres)'
     const listed = await runCli(['orders', 'list', '--json'], { DATA_DIR: dataDir })
     expect([listed.code, listed.stderr]).toEqual([0, ''])
     expect(existsSync(path.join(dataDir, 'local-secrets.json'))).toBe(false)
+  })
+
+  it('refuses to guess its webhook secret for `webhook send`, and sends with the one given', async () => {
+    const file = path.join(dataDir, 'delivery.json')
+    writeFileSync(file, JSON.stringify({ event: 'trade.funded', trade_id: 'tr_remote_1', status: 'funded', external_reference: 'remote-order-1' }))
+    // before, signed with local secrets generated for the occasion, and answered 401 invalid_signature
+    const guessed = await runCli(['webhook', 'send', '--file', file], { DATA_DIR: dataDir })
+    expect(guessed.code).toBe(2)
+    expect(guessed.stderr).toContain('is in remote mode')
+    expect(guessed.stderr.trim().endsWith('[secret_required]')).toBe(true)
+    expect(existsSync(path.join(dataDir, 'local-secrets.json'))).toBe(false)
+    const given = await runCli(['webhook', 'send', '--file', file, '--secret', TEST_WEBHOOK_SECRET, '--json'], { DATA_DIR: dataDir })
+    expect([given.code, given.stderr]).toEqual([0, ''])
+    expect(JSON.parse(given.stdout)).toMatchObject({ status: 200 })
   })
 })

@@ -37,7 +37,7 @@ async function signedHeaders(options: SignOptions): Promise<{ body: Buffer; head
   } catch (error) {
     throw new UsageError(`Cannot read --file ${options.file}: ${(error as Error).message}`)
   }
-  const secret = options.secret ?? (await loadConfig()).webhook.secrets[0]!
+  const secret = options.secret ?? (await serviceSecret())
   // raw bytes: the signature covers the exact body as it will be sent; signed by the receiver's own pair
   // of verifySignature, so `webhook send` cannot drift from what the receiver accepts
   const signature = signWebhookBody(secret, body)
@@ -113,10 +113,35 @@ export function registerWebhookCommands(program: Command): void {
 }
 
 // the running service's receiver (DATA_DIR/serve.json), else where this environment says it listens
+/**
+ * The first of WEBHOOK_SECRETS, as the service would read it from this environment; in local mode the generated
+ * one (DATA_DIR/local-secrets.json). A service running from DATA_DIR in remote mode has secrets of its own
+ * environment, which no file holds: a shell without a platform configured was read as local mode, generated
+ * local secrets into that service's DATA_DIR, and signed with them, to be refused 401 `invalid_signature`.
+ */
+async function serviceSecret(): Promise<string> {
+  const { runningServiceLookup } = await import('../config.js')
+  const lookup = runningServiceLookup(process.env)
+  const running = findRunningService(lookup.dataDir)
+  // a service file from before the mode was written: only local mode runs a sandbox
+  const runningRemote = running !== undefined && (running.mode ?? (running.sandboxUrl === undefined ? 'remote' : 'local')) === 'remote'
+  if (runningRemote && lookup.mode === 'local') {
+    throw new UsageError(
+      `The service running from ${lookup.dataDir} (pid ${running.pid}) is in remote mode: its webhook secret is in its own ` +
+        'environment, not shared with commands. Give it with --secret, or run the command with the same WEBHOOK_SECRETS ' +
+        'and PARTNER_API_BASE_URL as the service. [secret_required]',
+    )
+  }
+  return (await loadConfig()).webhook.secrets[0]!
+}
+
 async function defaultWebhookUrl(): Promise<string> {
-  const config = await loadConfig()
-  const running = findRunningService(config.dataDir)
+  // the running service's receiver, found by DATA_DIR alone: this environment's own configuration is not loaded
+  // for it (read as local mode, it would generate local secrets beside a service in remote mode)
+  const { runningServiceLookup } = await import('../config.js')
+  const running = findRunningService(runningServiceLookup(process.env).dataDir)
   if (running) return running.webhookUrl
+  const config = await loadConfig()
   const host = config.host === '0.0.0.0' || config.host === '::' ? '127.0.0.1' : config.host
   return `http://${host}:${config.port}${config.webhook.path}`
 }

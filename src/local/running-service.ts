@@ -54,6 +54,8 @@ export interface ServiceFile {
   webhookUrl: string
   /** Local mode: the in-process sandbox platform. */
   sandboxUrl?: string | undefined
+  /** Local mode (its secrets in DATA_DIR/local-secrets.json) or remote (its own, from its environment); not in a file of a build before 2026-12-02. */
+  mode?: 'local' | 'remote' | undefined
   database: DatabaseIdentity
 }
 
