@@ -453,6 +453,43 @@ describePostgres('the compiled serve through database outages (Postgres)', () =>
     expect(code, `the stop's last lines:\n${watch.lines.slice(-15).join('\n')}`).toBe(0)
   }, 120_000)
 
+  // A path to the database that drops packets: a connection hangs instead of being refused. A batch never holds two
+  // deliveries for one order, so each of an order's later deliveries waited for a statement of its own, and for its
+  // 5-s connect timeout: 10 for one order sent 50 ms apart were answered 503 at 15, 20, 25 … 60 s (with the 3-s
+  // statement timeout here, at 4, 8, 13 … 48 s). Now those held back behind the failed statement are answered with it.
+  it('a database path that drops packets: the deliveries held back behind a failed statement are answered 503 with it, not 5 s apart', async () => {
+    const proxy = await startTcpProxy(target())
+    proxies.push(proxy)
+    const { child, watch } = await startServe(proxy.rewrite(database.url!), { DATABASE_STATEMENT_TIMEOUT_MS: '3000', POLL_ENABLED: 'false' })
+    const url = String((await watch.waitFor('service listening')).url)
+    const order = 'outage-3500'
+    const deliver = async (id: string) => {
+      const response = await post(url, `${id}-${randomBytes(4).toString('hex')}`, JSON.stringify(tradePayload(order, 'funded')))
+      const code = response.status === 200 ? undefined : ((await response.json()) as { error?: { code?: string } }).error?.code
+      return { status: response.status, code, answeredAt: Date.now() }
+    }
+    expect((await deliver('before')).status).toBe(200)
+    proxy.silence()
+    const answers: Promise<Awaited<ReturnType<typeof deliver>>>[] = []
+    for (let n = 0; n < 10; n++) {
+      answers.push(deliver(`held-${n}`))
+      await sleep(50)
+    }
+    const settled = await Promise.all(answers)
+    expect(settled.map(({ status, code }) => `${status} ${code}`)).toEqual(Array(10).fill('503 database_unavailable'))
+    // one statement's wait for all ten: 5 s apart each before (45 s from the first to the last); the bound is one
+    // connect timeout, generous for a loaded machine, and far below what each waiting its turn takes
+    const times = settled.map((answer) => answer.answeredAt)
+    const spreadMs = Math.max(...times) - Math.min(...times)
+    expect(spreadMs, `answered at ${times.map((time) => time - times[0]!).join(', ')} ms from the first`).toBeLessThan(5_000)
+
+    proxy.restore()
+    await eventually('200 once the path is back', async () => ((await deliver('after')).status === 200 ? true : undefined), 30_000)
+    expect(watch.alive()).toBe(true)
+    console.warn(`a path that drops packets: 10 deliveries for one order answered 503 within ${spreadMs} ms of each other`)
+    expect(await signalAndClose(child), `the stop's last lines:\n${watch.lines.slice(-8).join('\n')}`).toEqual({ code: 0, signal: null })
+  }, 120_000)
+
   it('a stop while the notification listener connects to a server that does not answer exits 0', async () => {
     // the listener's own server takes the connection and never answers: its connect waits (5 s, then again)
     const held = new Set<net.Socket>()

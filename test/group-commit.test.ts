@@ -12,8 +12,8 @@ import { createMetrics } from '../src/metrics/metrics.js'
 import type { DeliveryObservation } from '../src/orders/apply-observation.js'
 import { findOrderByExternalReference, orderHistory } from '../src/orders/order.repository.js'
 import { createOrder } from './helpers/orders.js'
-import { IngestOverloadedError } from '../src/db/database-errors.js'
-import { GroupCommit } from '../src/webhooks/group-commit.js'
+import { IngestOverloadedError, isDatabaseUnavailable } from '../src/db/database-errors.js'
+import { GroupCommit, type WriteResult } from '../src/webhooks/group-commit.js'
 import { SeenDeliveries } from '../src/webhooks/seen-deliveries.js'
 import { testLogger } from './helpers/log-sink.js'
 import { startTcpProxy } from './helpers/tcp-proxy.js'
@@ -146,6 +146,91 @@ describe('group commit', () => {
     } finally {
       await sql.raw('drop trigger refuse_poison on webhook_deliveries').execute(database.db)
     }
+  })
+})
+
+/** A stand-in for the statement: each call waits until the test settles it; `calls` holds them in order. */
+function scriptedWriter() {
+  const calls: { items: DeliveryObservation[]; resolve: (results: WriteResult[]) => void; reject: (error: unknown) => void }[] = []
+  const write = (items: readonly DeliveryObservation[]) =>
+    new Promise<WriteResult[]>((resolve, reject) => calls.push({ items: [...items], resolve, reject }))
+  /** The `index`th call, once the group commit has made it (it writes on the next turn of the event loop). */
+  const call = async (index: number) => {
+    for (let turn = 0; turn < 100 && calls.length <= index; turn++) await new Promise((resolve) => setImmediate(resolve))
+    const made = calls[index]
+    if (!made) throw new Error(`the writer was called ${calls.length} times, not ${index + 1}`)
+    return made
+  }
+  const deliveryIds = (index: number) => calls[index]!.items.map((item) => item.delivery.deliveryId)
+  return { calls, write, call, deliveryIds }
+}
+
+/** Settles without throwing: what a pending delivery came to, once it came to something. */
+const settled = (promise: Promise<WriteResult>) => promise.then((value) => ({ value }), (error: unknown) => ({ error }))
+
+describe('group commit when the database is not there', () => {
+  // pg's words when no connection came within connectionTimeoutMillis: a silent database's, every 5 s
+  const unavailable = () => new Error('timeout exceeded when trying to connect')
+
+  it('rejects at once, with the same error, the deliveries held back behind a statement the database was not there for', async () => {
+    expect(isDatabaseUnavailable(unavailable())).toBe(true)
+    const writer = scriptedWriter()
+    const group = new GroupCommit(writer.write, { maxBatch: 100, maxInFlight: 1, maxQueued: 1_000 })
+    const first = delivery('gc-away-a', 'created', 'gc-away-a-1')
+    const written = settled(group.write(first))
+    const firstCall = await writer.call(0)
+    // while its statement waits: later deliveries of its order, one under its delivery id (another order's), the
+    // later delivery of that order, and deliveries for orders of their own
+    const heldBack = [
+      delivery('gc-away-a', 'funded', 'gc-away-a-2'),
+      delivery('gc-away-c', 'created', 'gc-away-a-1'),
+      delivery('gc-away-a', 'released', 'gc-away-a-3'),
+      delivery('gc-away-c', 'funded', 'gc-away-c-2'),
+    ]
+    const others = [delivery('gc-away-b', 'funded', 'gc-away-b-1'), delivery('gc-away-d', 'funded', 'gc-away-d-1')]
+    const answers = [heldBack[0]!, others[0]!, heldBack[1]!, heldBack[2]!, heldBack[3]!, others[1]!].map((item) => settled(group.write(item)))
+    const error = unavailable()
+    firstCall.reject(error)
+
+    expect(await written).toEqual({ error })
+    // the next statement holds only the other orders' deliveries: the held-back ones never reach the writer
+    const secondCall = await writer.call(1)
+    expect(writer.deliveryIds(1)).toEqual(['gc-away-b-1', 'gc-away-d-1'])
+    // and were rejected with the first one's error, that statement not answered yet
+    const [a2, c1, a3, c2] = await Promise.all([answers[0]!, answers[2]!, answers[3]!, answers[4]!])
+    for (const answer of [a2, c1, a3, c2]) expect((answer as { error?: unknown }).error).toBe(error)
+    secondCall.resolve(['duplicate', 'duplicate'])
+    expect(await Promise.all([answers[1]!, answers[5]!])).toEqual([{ value: 'duplicate' }, { value: 'duplicate' }])
+    // an order's delivery that comes after the failure has its own turn
+    const later = settled(group.write(delivery('gc-away-a', 'funded', 'gc-away-a-4')))
+    ;(await writer.call(2)).resolve(['duplicate'])
+    expect(await later).toEqual({ value: 'duplicate' })
+    expect(writer.calls.map((_, index) => writer.deliveryIds(index))).toEqual([['gc-away-a-1'], ['gc-away-b-1', 'gc-away-d-1'], ['gc-away-a-4']])
+  })
+
+  it('rejects what waits behind a lone rewrite the database was not there for; a failure of another kind holds nothing back', async () => {
+    const writer = scriptedWriter()
+    const group = new GroupCommit(writer.write, { maxBatch: 100, maxInFlight: 1, maxQueued: 1_000 })
+    const answers = [
+      delivery('gc-lone-a', 'created', 'gc-lone-a-1'),
+      delivery('gc-lone-b', 'created', 'gc-lone-b-1'),
+    ].map((item) => settled(group.write(item)))
+    const batch = await writer.call(0)
+    const behindA = settled(group.write(delivery('gc-lone-a', 'funded', 'gc-lone-a-2')))
+    const behindB = settled(group.write(delivery('gc-lone-b', 'funded', 'gc-lone-b-2')))
+    // not the database being away: the batch is written again one by one
+    batch.reject(new Error('refused by the test'))
+    const error = unavailable()
+    ;(await writer.call(1)).reject(error)
+    ;(await writer.call(2)).resolve(['duplicate'])
+    expect(await Promise.all(answers)).toEqual([{ error }, { value: 'duplicate' }])
+    // b's later delivery, behind a rewrite that was stored, is written next; a's went with a's rewrite
+    const lastCall = await writer.call(3)
+    expect(writer.deliveryIds(3)).toEqual(['gc-lone-b-2'])
+    expect(await behindA).toEqual({ error })
+    lastCall.resolve(['duplicate'])
+    expect(await behindB).toEqual({ value: 'duplicate' })
+    expect(writer.calls.map((_, index) => writer.deliveryIds(index))).toEqual([['gc-lone-a-1', 'gc-lone-b-1'], ['gc-lone-a-1'], ['gc-lone-b-1'], ['gc-lone-b-2']])
   })
 })
 

@@ -1,8 +1,10 @@
 // Parses and runs one command line; the exit code it returns is the contract of every command:
-// 0 done, 1 failed (not found, refused by the platform, ...), 2 bad arguments or configuration, 130 stopped
-// by a signal.
+// 0 done, 1 failed (not found, refused by the platform, the database not there, ...), 2 bad arguments or
+// configuration, 130 stopped by a signal.
 import { CommanderError } from 'commander'
-import { type CliContext, type CliScope, runInScope, StoppedBySignalError, UsageError, writeError } from './cli-context.js'
+import { describeDatabaseError } from '../db/database-errors.js'
+import { type CliContext, type CliScope, CommandFailedError, runInScope, StoppedBySignalError, UsageError, writeError } from './cli-context.js'
+import { innermostReason, withoutPassword } from './failure-reason.js'
 import { buildProgram } from './program.js'
 
 export async function runCommandLine(args: string[], cliScope?: CliScope): Promise<number> {
@@ -28,7 +30,7 @@ export async function runCommandLine(args: string[], cliScope?: CliScope): Promi
         writeError(`${error.message}\n`)
         return 130
       }
-      writeError(`${error instanceof Error ? error.message : String(error)}\n`)
+      writeError(`${databaseUnavailable(error) ?? (error instanceof Error ? error.message : String(error))}\n`)
       return 1
     }
   }
@@ -52,4 +54,22 @@ export async function runCapturedCommandLine(
     ...(context ? { context } : {}),
   })
   return { code, stdout, stderr }
+}
+
+/**
+ * The line for a command the database was not there for, or undefined for any other error. The driver's own words
+ * alone ("Connection terminated unexpectedly", "read ECONNRESET", "timeout exceeded when trying to connect") did
+ * not say that the database was the problem, nor that the same command can simply be run again.
+ */
+function databaseUnavailable(error: unknown): string | undefined {
+  // a command's own refusal names its code already (a platform that could not be reached is `[not_sent]`)
+  if (error instanceof CommandFailedError) return undefined
+  const description = describeDatabaseError(error)
+  if (description.kind !== 'unavailable') return undefined
+  // a report of the database's own (read-only, a statement timeout, too many clients) by its fixed words and code:
+  // its text may quote the command's values
+  if (description.sqlstateClass) {
+    return `The database could not run the command now: ${description.message} (${description.code}); try again later [database_unavailable]`
+  }
+  return `The database cannot be reached (${withoutPassword(innermostReason(error))}); try again once it is up [database_unavailable]`
 }

@@ -9,6 +9,7 @@ import { readAnswer } from '../http/read-answer.js'
 import { findRunningService } from '../local/running-service.js'
 import { shortened } from '../shortened.js'
 import { signWebhookBody } from '../webhooks/verify-signature.js'
+import { innermostReason, withoutPassword } from './failure-reason.js'
 import { CommandFailedError, printJson, setExitCode, UsageError, write } from './cli-context.js'
 
 // a receiver's answer is a short status document; past this it is not read further
@@ -146,29 +147,10 @@ async function defaultWebhookUrl(): Promise<string> {
   return `http://${host}:${config.port}${config.webhook.path}`
 }
 
-/**
- * Why a request failed, in the words of its innermost cause (`connect ECONNREFUSED 127.0.0.1:8080`): fetch's own
- * message is only `fetch failed`, and the cause shown as a string began with its class, `Error: `.
- */
+// why the request failed: a timeout said as such, anything else in its innermost cause's words
 function failureReason(error: unknown): string {
   if (error instanceof Error && error.name === 'TimeoutError') return `timed out after ${ANSWER_TIMEOUT_MS / 1000} s`
-  let reason = error instanceof Error ? error.message : String(error)
-  let current = error instanceof Error ? error.cause : undefined
-  for (let depth = 0; depth < 8 && current instanceof Error; depth++) {
-    // an AggregateError (a connect to each address of the host) has no message of its own: each address's are shown
-    const inner =
-      current instanceof AggregateError && current.message === ''
-        ? current.errors.map((each: unknown) => (each instanceof Error ? each.message : String(each))).join(', ')
-        : current.message
-    if (inner !== '') reason = inner
-    current = current.cause
-  }
-  return reason
-}
-
-// fetch refuses a URL that holds a user name and password, and its refusal quotes the URL: the password is not shown
-function withoutPassword(text: string): string {
-  return text.replace(/(\/\/[^/\s:@]*):[^/\s@]*@/g, '$1:***@')
+  return innermostReason(error)
 }
 
 function parseJson(text: string): unknown {

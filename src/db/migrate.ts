@@ -148,8 +148,11 @@ export async function migrateToLatest(db: Kysely<Database>): Promise<MigrationRe
           : error instanceof Error
             ? error.message
             : String(error)
-    // a database's report stays the cause (its log line shows the code); any other error's message is in this one
-    throw new Error(`Migration ${failed ?? '(before any migration ran)'} failed: ${reason}`, database.code ? { cause: error } : {})
+    // a database's report stays the cause (its log line shows the code), and so does a connection's failure (a
+    // command says the database cannot be reached in the driver's words, run-cli.ts); any other error's message is
+    // in this one
+    const keepsCause = database.code !== undefined || database.kind === 'unavailable'
+    throw new Error(`Migration ${failed ?? '(before any migration ran)'} failed: ${reason}`, keepsCause ? { cause: error } : {})
   }
   return { applied: (results ?? []).filter((r) => r.status === 'Success').map((r) => r.migrationName) }
 }

@@ -14,6 +14,11 @@ export interface TcpProxy {
    * or a network path dies without a word. New connections pass.
    */
   stall(): void
+  /**
+   * The path drops every packet: the open connections go silent as with stall(), and new ones are taken and never
+   * answered (neither refused nor forwarded). restore() drops what it held and forwards again.
+   */
+  silence(): void
   close(): Promise<void>
 }
 
@@ -22,10 +27,18 @@ export async function startTcpProxy(
   { open: openAtStart = true } = {},
 ): Promise<TcpProxy> {
   const sockets = new Set<net.Socket>()
+  // taken while silenced, never forwarded
+  const held = new Set<net.Socket>()
   let open = openAtStart
+  let silent = false
   const server = net.createServer((client) => {
     if (!open) {
       client.destroy()
+      return
+    }
+    if (silent) {
+      held.add(client)
+      client.on('error', () => {}).on('close', () => held.delete(client))
       return
     }
     const upstream = net.connect(target.port, target.host)
@@ -62,13 +75,20 @@ export async function startTcpProxy(
     },
     restore: () => {
       open = true
+      if (!silent) return
+      silent = false
+      for (const socket of [...sockets, ...held]) socket.destroy()
     },
     stall: () => {
       for (const socket of sockets) socket.pause()
     },
+    silence: () => {
+      silent = true
+      for (const socket of sockets) socket.pause()
+    },
     close: async () => {
       open = false
-      for (const socket of sockets) socket.destroy()
+      for (const socket of [...sockets, ...held]) socket.destroy()
       await new Promise<void>((resolve) => server.close(() => resolve()))
     },
   }

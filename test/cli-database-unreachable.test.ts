@@ -1,0 +1,133 @@
+// The compiled CLI while its database cannot be reached: one line that says so, with the driver's reason, ends
+// in [database_unavailable] and exits 1, and no password of DATABASE_URL in it. Before, the line was the
+// driver's bare words ("Connection terminated unexpectedly", "read ECONNRESET", "timeout exceeded when trying to
+// connect"), which named neither the database nor what to do.
+import net from 'node:net'
+import { afterAll, beforeAll, describe, expect, it } from 'vitest'
+import { freePort, runCli } from './helpers/cli-process.js'
+import { createTestDatabase, describePostgres, postgresUrl, type TestDatabase } from './helpers/test-database.js'
+
+const PASSWORD = 'not-for-the-terminal'
+
+const withPassword = (url: string) => {
+  const parsed = new URL(url)
+  parsed.password = PASSWORD
+  return parsed.toString()
+}
+
+const unavailableLine = (reason: RegExp) =>
+  new RegExp(`^The database cannot be reached \\(${reason.source}\\); try again once it is up \\[database_unavailable\\]\\n$`)
+
+describe('the CLI with nothing listening at DATABASE_URL', () => {
+  it('says the database cannot be reached, with the driver reason, [database_unavailable], exit 1', async () => {
+    const port = await freePort()
+    for (const command of [['orders', 'list'], ['migrate']]) {
+      const result = await runCli(command, { DATABASE_URL: `postgres://root:${PASSWORD}@127.0.0.1:${port}/test` }, { built: true })
+      expect(result.stderr).toMatch(unavailableLine(new RegExp(`connect ECONNREFUSED 127\\.0\\.0\\.1:${port}`)))
+      expect(result.code).toBe(1)
+      expect(result.stdout).toBe('')
+      expect(result.stderr).not.toContain(PASSWORD)
+    }
+  }, 60_000)
+})
+
+// A gate in front of Postgres that passes the first connection, the migration's (it runs on a connection of its own,
+// open-database.ts), and treats every later one, the command's, as a database gone away would: closed, reset, or
+// taken and never answered. There the driver's words were printed bare; a failed migration put "Migration …
+// failed:" before them.
+type Gone = 'close' | 'reset' | 'silent'
+
+async function startGate(target: { host: string; port: number }, gone: Gone, passing = 1) {
+  const sockets = new Set<net.Socket>()
+  let connections = 0
+  const server = net.createServer((client) => {
+    sockets.add(client)
+    client.on('error', () => {}).on('close', () => sockets.delete(client))
+    if (connections++ >= passing) {
+      // once the driver has sent its first bytes, so the connection was up: the words are those of one lost
+      if (gone === 'close') client.once('data', () => client.end())
+      else if (gone === 'reset') client.once('data', () => client.resetAndDestroy())
+      return
+    }
+    const upstream = net.connect(target.port, target.host)
+    sockets.add(upstream)
+    upstream.on('error', () => client.destroy()).on('close', () => client.destroy())
+    client.on('close', () => upstream.destroy())
+    client.pipe(upstream)
+    upstream.pipe(client)
+  })
+  await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve))
+  return {
+    port: (server.address() as net.AddressInfo).port,
+    connections: () => connections,
+    close: async () => {
+      for (const socket of sockets) socket.destroy()
+      await new Promise<void>((resolve) => server.close(() => resolve()))
+    },
+  }
+}
+
+describePostgres('the CLI when its database goes away after the migration, or takes no writes (Postgres)', () => {
+  let database: TestDatabase
+
+  beforeAll(async () => {
+    database = await createTestDatabase()
+  })
+  afterAll(async () => {
+    await database?.close()
+  })
+
+  const cases: { gone: Gone; reason: RegExp }[] = [
+    { gone: 'close', reason: /Connection terminated unexpectedly/ },
+    { gone: 'reset', reason: /read ECONNRESET/ },
+    // pg's pool waits 5 s for a connection (connectionTimeoutMillis), then ends it: its words for that differ
+    // between versions of pg and whether the command waited for the pool or for the connection
+    { gone: 'silent', reason: /timeout exceeded when trying to connect|Connection terminated (unexpectedly|due to connection timeout)/ },
+  ]
+  for (const { gone, reason } of cases) {
+    const what = { close: 'closed', reset: 'reset', silent: 'never answered' }[gone]
+    it(`a connection ${what}: the driver's reason named as the database's, [database_unavailable], exit 1`, async () => {
+      const target = new URL(postgresUrl!)
+      const gate = await startGate({ host: target.hostname, port: Number(target.port || 5432) }, gone)
+      try {
+        const url = new URL(withPassword(database.url!))
+        url.hostname = '127.0.0.1'
+        url.port = String(gate.port)
+        const result = await runCli(['orders', 'list'], { DATABASE_URL: url.toString() }, { built: true })
+        expect(gate.connections(), 'the migration passed and the command connected again').toBeGreaterThan(1)
+        expect(result.stderr).toMatch(unavailableLine(reason))
+        expect(result.code).toBe(1)
+        expect(result.stdout).toBe('')
+        expect(result.stderr).not.toContain(PASSWORD)
+      } finally {
+        await gate.close()
+      }
+    }, 60_000)
+  }
+
+  it('a connection closed under the migration itself: the driver\'s reason, not the migration\'s wrapping of it', async () => {
+    const target = new URL(postgresUrl!)
+    const gate = await startGate({ host: target.hostname, port: Number(target.port || 5432) }, 'close', 0)
+    try {
+      const url = new URL(withPassword(database.url!))
+      url.hostname = '127.0.0.1'
+      url.port = String(gate.port)
+      const result = await runCli(['orders', 'list'], { DATABASE_URL: url.toString() }, { built: true })
+      // it read "(Migration (before any migration ran) failed: Connection terminated unexpectedly)"
+      expect(result.stderr).toMatch(unavailableLine(/Connection terminated unexpectedly/))
+      expect(result.code).toBe(1)
+    } finally {
+      await gate.close()
+    }
+  }, 60_000)
+
+  it("a database that takes no writes: its state in the service's fixed words and code, [database_unavailable], exit 1", async () => {
+    // every session of this URL begins read-only, as on a standby after a failover
+    const url = new URL(withPassword(database.url!))
+    url.searchParams.set('options', `${url.searchParams.get('options')} -c default_transaction_read_only=on`)
+    const result = await runCli(['orders', 'create', '--external-reference', 'read-only-1'], { DATABASE_URL: url.toString() }, { built: true })
+    expect(result.stderr).toMatch(/^The database could not run the command now: the database is read-only \(.*\) \(25006\); try again later \[database_unavailable\]\n$/)
+    expect(result.code).toBe(1)
+    expect(result.stderr).not.toContain(PASSWORD)
+  }, 60_000)
+})
