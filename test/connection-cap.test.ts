@@ -1,13 +1,12 @@
-// The public listener's cap on open connections (src/http/connection-cap.ts), on a server of its own: past the
+// The public listener's cap on open connections (src/http/connection-cap.ts), on a listener of its own: past the
 // cap, a connection that waited for a request or received one for the slow time is closed for the new one, the
 // longest first; one whose request came whole and is being answered never is; with none to close, the new
 // connection is dropped. Its clock is the test's, so no test waits for the slow time to pass.
 import { once } from 'node:events'
-import http from 'node:http'
-import type { AddressInfo } from 'node:net'
+import type http from 'node:http'
 import net from 'node:net'
 import { afterEach, describe, expect, it } from 'vitest'
-import { capConnections } from '../src/http/connection-cap.js'
+import { listen } from '../src/http/server.js'
 
 const SLOW_MS = 100
 
@@ -31,7 +30,7 @@ describe('the cap on open connections', () => {
     const seen: string[] = []
     let answerHeld!: () => void
     const held = new Promise<void>((resolve) => (answerHeld = resolve))
-    const server = http.createServer((req, res) => {
+    const app: http.RequestListener = (req, res) => {
       seen.push(req.url ?? '')
       // /held: received whole, answered once the test says so; anything else: its body read, then answered
       if (req.url === '/held') {
@@ -41,21 +40,17 @@ describe('the cap on open connections', () => {
       }
       req.resume()
       req.on('end', () => res.end('answer'))
+    }
+    const running = await listen(app, {
+      port: 0,
+      host: '127.0.0.1',
+      connectionCap: { maxConnections, slowMs: SLOW_MS, onDropped: () => counts.dropped++, onCut: () => counts.cut++, now: () => clock.ms },
     })
-    capConnections(server, {
-      maxConnections,
-      slowMs: SLOW_MS,
-      onDropped: () => counts.dropped++,
-      onCut: () => counts.cut++,
-      now: () => clock.ms,
-    })
-    server.listen(0, '127.0.0.1')
-    await once(server, 'listening')
     cleanups.push(() => {
-      server.closeAllConnections()
-      server.close()
+      running.server.closeAllConnections()
+      running.server.close()
     })
-    const { port } = server.address() as AddressInfo
+    const port = Number(new URL(running.url).port)
     const connect = async (send = ''): Promise<Client> => {
       const socket = net.connect(port, '127.0.0.1')
       let text = ''

@@ -39,10 +39,18 @@ export interface ConnectionCapOptions {
   now?: (() => number) | undefined
 }
 
+/** What the cap is told of each request (server.ts tells it, from the one listener it keeps per request). */
+export interface RequestWatch {
+  /** A request began on its connection (`request`, or `checkContinue` for one with `Expect: 100-continue`). */
+  began(request: http.IncomingMessage, response: http.ServerResponse): void
+  /** Its response closed: answered, or its connection gone. */
+  ended(request: http.IncomingMessage): void
+}
+
 export function capConnections(
   server: http.Server,
   { maxConnections, slowMs, onDropped, onCut, now = () => performance.now() }: ConnectionCapOptions,
-): void {
+): RequestWatch {
   // in the order they opened
   const open = new Map<Socket, OpenConnection>()
 
@@ -97,17 +105,17 @@ export function capConnections(
     socket.once('close', () => open.delete(socket))
   })
 
-  // a request with `Expect: 100-continue` comes as checkContinue instead of request (server.ts)
-  const track = (request: http.IncomingMessage, response: http.ServerResponse) => {
-    const connection = open.get(request.socket)
-    if (!connection) return
-    if (connection.requests.size === 0) connection.since = now()
-    connection.requests.set(request, response)
-    response.once('close', () => {
-      connection.requests.delete(request)
+  return {
+    began(request, response) {
+      const connection = open.get(request.socket)
+      if (!connection) return
       if (connection.requests.size === 0) connection.since = now()
-    })
+      connection.requests.set(request, response)
+    },
+    ended(request) {
+      const connection = open.get(request.socket)
+      if (!connection?.requests.delete(request)) return
+      if (connection.requests.size === 0) connection.since = now()
+    },
   }
-  server.on('request', track)
-  server.on('checkContinue', track)
 }

@@ -74,12 +74,17 @@ export async function listen(
   server.on('connect', (_req: http.IncomingMessage, socket: Duplex) =>
     answerOnSocket(socket, 405, 'method_not_allowed', 'CONNECT is not accepted here: this service is no proxy'),
   )
-  if (connectionCap) capConnections(server, connectionCap)
-  // the requests not answered yet, for a stop that cannot wait for them any longer
+  const cap = connectionCap && capConnections(server, connectionCap)
+  // the requests not answered yet, for a stop that cannot wait for them any longer, and for the cap (a request with
+  // `Expect: 100-continue` comes as checkContinue instead of request): one listener per request for both
   const unanswered = new Set<http.ServerResponse>()
-  const track = (_req: http.IncomingMessage, res: http.ServerResponse) => {
+  const track = (req: http.IncomingMessage, res: http.ServerResponse) => {
     unanswered.add(res)
-    res.once('close', () => unanswered.delete(res))
+    cap?.began(req, res)
+    res.once('close', () => {
+      unanswered.delete(res)
+      cap?.ended(req)
+    })
   }
   server.on('request', track)
   server.on('checkContinue', track)
