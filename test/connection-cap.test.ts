@@ -102,11 +102,11 @@ describe('the cap on open connections', () => {
     for (const client of [first, second]) expect(client.socket.destroyed).toBe(false)
   })
 
-  it('closes a kept-alive connection once it waited the slow time after its answer, not before', async () => {
+  it('closes a kept-alive connection with nothing in flight once the slow time passed since its latest request began, not before', async () => {
     const { counts, clock, connect } = await cappedServer(1)
     const kept = await connect(`${POST_HEAD('/body', 2)}ok`)
     await expect.poll(() => kept.received(), { timeout: 5_000 }).toContain('answer')
-    // within the slow time of its answer: the new connection is dropped
+    // within the slow time of its latest request: the new connection is dropped
     clock.ms = SLOW_MS - 1
     const early = await connect()
     await early.closed

@@ -1,14 +1,20 @@
-// At most MAX_CONNECTIONS open connections on the public listener, and room made for a new one when they are all
-// open: a connection that has been waiting for a request, or receiving one's headers or body, for SLOW_BODY_MS or
-// more is closed for it, the one waiting or receiving the longest first. A connection whose request was received
-// whole and is being answered is never closed for another.
+// The connections of a listener and the requests on each: for a stop that can wait no longer (its requests not
+// answered yet are told so, server.ts), and for the public listener's cap of MAX_CONNECTIONS.
 //
-// Node's own cap (server.maxConnections) drops every new connection past it. A thousand connections that sent a
+// The cap makes room for a new connection when they are all open: a connection that has been waiting for a request,
+// or receiving one's headers or body, for SLOW_BODY_MS or more is closed for it, the one waiting or receiving the
+// longest first. A connection whose request was received whole and is being answered is never closed for another.
+// Node's own cap (server.maxConnections) dropped every new connection past it. A thousand connections that sent a
 // request's headers and then its body a byte every few seconds took them all, and kept them for the 30 s a request
 // may last; re-opened as they were cut off, they kept the platform's deliveries out for as long as their client
 // liked (no signature needed: the body comes before it is verified). A delivery arrives whole in milliseconds on
 // a connection of its own or on one kept alive, so only what holds a connection without using it is closed, and
 // keeping the listener full now takes opening every connection afresh within SLOW_BODY_MS, which is a flood.
+//
+// Each request is noted as it begins, by the listener's own request function, and nothing listens for its end:
+// whether it was answered is read from its response when it matters (a new connection past the cap, a stop). A
+// 'close' listener on every response, with a second 'request' listener, cost 14-48 µs of the service's CPU a
+// request in four alternating pairs (bench/ab-cpu.ts).
 import type http from 'node:http'
 import type { Socket } from 'node:net'
 import { performance } from 'node:perf_hooks'
@@ -20,11 +26,16 @@ const CUT_CLOSE_MS = 1_000
 const CUT_MESSAGE =
   'Every connection the service takes was open; this one had been receiving its request for too long and was closed for a new one. Retry'
 
+interface Exchange {
+  request: http.IncomingMessage
+  response: http.ServerResponse
+}
+
 interface OpenConnection {
-  /** When it last began waiting for a request (its start, its last answer) or receiving one. */
+  /** When its latest request began after none was in flight, or when it opened: since then it waits or receives. */
   since: number
-  /** Its requests not answered yet (more than one when pipelined), with their responses. */
-  readonly requests: Map<http.IncomingMessage, http.ServerResponse>
+  /** Its requests, from the first not answered when the latest began (more than one when pipelined). */
+  exchanges: Exchange[]
 }
 
 export interface ConnectionCapOptions {
@@ -39,29 +50,29 @@ export interface ConnectionCapOptions {
   now?: (() => number) | undefined
 }
 
-/** What the cap is told of each request (server.ts tells it, from the one listener it keeps per request). */
-export interface RequestWatch {
-  /** A request began on its connection (`request`, or `checkContinue` for one with `Expect: 100-continue`). */
+export interface OpenConnections {
+  /** Called by the listener's request function as each request begins (`checkContinue` ones too). */
   began(request: http.IncomingMessage, response: http.ServerResponse): void
-  /** Its response closed: answered, or its connection gone. */
-  ended(request: http.IncomingMessage): void
+  /** The responses not begun yet: of requests still arriving or being answered. */
+  unanswered(): http.ServerResponse[]
 }
 
-export function capConnections(
-  server: http.Server,
-  { maxConnections, slowMs, onDropped, onCut, now = () => performance.now() }: ConnectionCapOptions,
-): RequestWatch {
+const answered = (response: http.ServerResponse) => response.writableEnded || response.destroyed
+
+/** Follows `server`'s connections and their requests, and caps them when `cap` is given. */
+export function watchConnections(server: http.Server, cap?: ConnectionCapOptions): OpenConnections {
+  const now = cap?.now ?? (() => performance.now())
   // in the order they opened
   const open = new Map<Socket, OpenConnection>()
 
   // the connection waiting or receiving the longest, once past slowMs; undefined when none may be closed
-  const longestIdle = (at: number): [Socket, OpenConnection] | undefined => {
+  const longestIdle = (at: number, slowMs: number): [Socket, OpenConnection] | undefined => {
     let found: [Socket, OpenConnection] | undefined
     for (const entry of open) {
       const [, connection] = entry
       if (at - connection.since < slowMs || (found && found[1].since <= connection.since)) continue
-      // a request received whole is being answered: its connection is in use
-      if ([...connection.requests.keys()].some((request) => request.complete)) continue
+      // a request received whole and not answered is being worked on: its connection is in use
+      if (connection.exchanges.some(({ request, response }) => request.complete && !answered(response))) continue
       found = entry
     }
     return found
@@ -69,21 +80,21 @@ export function capConnections(
 
   const cut = (socket: Socket, connection: OpenConnection) => {
     open.delete(socket)
-    onCut?.()
+    cap?.onCut?.()
     // a request still arriving is told why (the budget's cut of a slow body answers the same way)
-    const answering = [...connection.requests.values()].find((response) => !response.headersSent && !response.writableEnded)
-    if (!answering) {
+    const arriving = connection.exchanges.find(({ response }) => !response.headersSent && !answered(response))?.response
+    if (!arriving) {
       socket.destroy()
       return
     }
     const body = JSON.stringify(errorBody('overloaded', CUT_MESSAGE))
-    answering.writeHead(503, {
+    arriving.writeHead(503, {
       'Content-Type': 'application/json; charset=utf-8',
       'Content-Length': Buffer.byteLength(body),
       Connection: 'close',
       'Retry-After': '1',
     })
-    answering.end(body)
+    arriving.end(body)
     // no more of its body is read; a moment for the answer to be read, then the connection is closed
     socket.pause()
     const closing = setTimeout(() => socket.destroy(), CUT_CLOSE_MS).unref()
@@ -91,17 +102,16 @@ export function capConnections(
   }
 
   server.on('connection', (socket: Socket) => {
-    if (open.size >= maxConnections) {
-      const idle = longestIdle(now())
+    if (cap && open.size >= cap.maxConnections) {
+      const idle = longestIdle(now(), cap.slowMs)
       if (!idle) {
         socket.destroy()
-        onDropped?.()
+        cap.onDropped?.()
         return
       }
       cut(...idle)
     }
-    const connection: OpenConnection = { since: now(), requests: new Map() }
-    open.set(socket, connection)
+    open.set(socket, { since: now(), exchanges: [] })
     socket.once('close', () => open.delete(socket))
   })
 
@@ -109,13 +119,18 @@ export function capConnections(
     began(request, response) {
       const connection = open.get(request.socket)
       if (!connection) return
-      if (connection.requests.size === 0) connection.since = now()
-      connection.requests.set(request, response)
+      // the answered ones are let go here, so a kept-alive connection holds its latest request at most
+      const inFlight = connection.exchanges.filter((exchange) => !answered(exchange.response))
+      if (inFlight.length === 0) connection.since = now()
+      inFlight.push({ request, response })
+      connection.exchanges = inFlight
     },
-    ended(request) {
-      const connection = open.get(request.socket)
-      if (!connection?.requests.delete(request)) return
-      if (connection.requests.size === 0) connection.since = now()
+    unanswered() {
+      const waiting: http.ServerResponse[] = []
+      for (const { exchanges } of open.values()) {
+        for (const { response } of exchanges) if (!response.headersSent && !answered(response)) waiting.push(response)
+      }
+      return waiting
     },
   }
 }

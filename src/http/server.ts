@@ -5,7 +5,7 @@ import http, { STATUS_CODES } from 'node:http'
 import type { Duplex } from 'node:stream'
 import type { AddressInfo } from 'node:net'
 import { type ErrorCode, errorBody } from './app-error.js'
-import { capConnections, type ConnectionCapOptions } from './connection-cap.js'
+import { type ConnectionCapOptions, type OpenConnections, watchConnections } from './connection-cap.js'
 import { checkContinue } from './expect-continue.js'
 import { describeListenError } from '../listen-error.js'
 
@@ -49,20 +49,20 @@ export async function listen(
     settings?: { port: string; host: string }
   },
 ): Promise<RunningServer> {
-  const listener = requiringHost(app)
-  const server = http.createServer(
-    {
-      headersTimeout: timeouts.headersTimeoutMs,
-      requestTimeout: timeouts.requestTimeoutMs,
-      keepAliveTimeout: timeouts.keepAliveTimeoutMs,
-      // Node enforces the two timeouts above on this interval (30 s by default): check often enough
-      // that a client trickling bytes is cut off close to its deadline
-      connectionsCheckingInterval: Math.max(100, Math.min(1_000, timeouts.headersTimeoutMs / 2)),
-      // checked by requiringHost instead, which answers in the error shape (Node's answer is an empty 400)
-      requireHostHeader: false,
-    },
-    listener,
-  )
+  const server = http.createServer({
+    headersTimeout: timeouts.headersTimeoutMs,
+    requestTimeout: timeouts.requestTimeoutMs,
+    keepAliveTimeout: timeouts.keepAliveTimeoutMs,
+    // Node enforces the two timeouts above on this interval (30 s by default): check often enough
+    // that a client trickling bytes is cut off close to its deadline
+    connectionsCheckingInterval: Math.max(100, Math.min(1_000, timeouts.headersTimeoutMs / 2)),
+    // checked by requiringHost instead, which answers in the error shape (Node's answer is an empty 400)
+    requireHostHeader: false,
+  })
+  // its connections and their requests: for the cap, and for a stop that can wait no longer (connection-cap.ts)
+  const connections = watchConnections(server, connectionCap)
+  const listener = requiringHost(app, connections)
+  server.on('request', listener)
   // a request with `Expect: 100-continue` reaches the app unanswered: it says continue when it reads the body
   server.on('checkContinue', checkContinue(listener))
   // any other expectation (Node's answer is an empty 417)
@@ -74,20 +74,6 @@ export async function listen(
   server.on('connect', (_req: http.IncomingMessage, socket: Duplex) =>
     answerOnSocket(socket, 405, 'method_not_allowed', 'CONNECT is not accepted here: this service is no proxy'),
   )
-  const cap = connectionCap && capConnections(server, connectionCap)
-  // the requests not answered yet, for a stop that cannot wait for them any longer, and for the cap (a request with
-  // `Expect: 100-continue` comes as checkContinue instead of request): one listener per request for both
-  const unanswered = new Set<http.ServerResponse>()
-  const track = (req: http.IncomingMessage, res: http.ServerResponse) => {
-    unanswered.add(res)
-    cap?.began(req, res)
-    res.once('close', () => {
-      unanswered.delete(res)
-      cap?.ended(req)
-    })
-  }
-  server.on('request', track)
-  server.on('checkContinue', track)
   server.listen(port, host)
   try {
     await once(server, 'listening')
@@ -105,10 +91,8 @@ export async function listen(
       const timer = setTimeout(() => {
         // A request still waiting for its answer (its statement held up by a database gone silent) is told to come
         // again before its connection is closed; it used to see the connection close with no answer at all
-        for (const res of unanswered) {
-          if (!res.headersSent && !res.writableEnded) {
-            refuseUnread(res, 503, 'not_ready', 'Shutting down: this request could not be answered in time; retry', { 'Retry-After': '1' })
-          }
+        for (const res of connections.unanswered()) {
+          refuseUnread(res, 503, 'not_ready', 'Shutting down: this request could not be answered in time; retry', { 'Retry-After': '1' })
         }
         server.closeAllConnections()
       }, graceMs)
@@ -119,8 +103,10 @@ export async function listen(
 }
 
 // An HTTP/1.1 request must name its Host (RFC 9112 3.2); Node's own check answered an empty 400, with no code.
-function requiringHost(app: http.RequestListener): http.RequestListener {
+// Every request, `Expect: 100-continue` ones too, is noted among its connection's as it begins.
+function requiringHost(app: http.RequestListener, connections: OpenConnections): http.RequestListener {
   return (req, res) => {
+    connections.began(req, res)
     if (req.httpVersion === '1.1' && req.headers.host === undefined) {
       refuseUnread(res, 400, 'invalid_payload', 'An HTTP/1.1 request needs a Host header')
       return
