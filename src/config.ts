@@ -647,10 +647,9 @@ export function parseConfig(
   return deepFreeze(config)
 }
 
-/**
- * Reads process.env: the only place in the service that does. A DATA_DIR the service will write (the embedded
- * database's, or local mode's secrets and sandbox state) is created here, or refused with its reason.
- */
+/** DATA_DIR, DATABASE_URL and the mode (local or remote) an environment would give a command, read alone. */
+export type RunningServiceLookup = Pick<Config, 'dataDir' | 'databaseUrl'> & { mode: 'local' | 'remote' }
+
 /**
  * What a command needs to find the service running from DATA_DIR, and to tell whether its DATABASE_URL names
  * that service's database: DATA_DIR resolved as the service resolves it, and DATABASE_URL as set. Nothing else
@@ -659,7 +658,7 @@ export function parseConfig(
  * there without FORWARD_URL refused the command (exit 2), and a shell without PARTNER_API_BASE_URL, read as
  * local mode, generated local-secrets.json in the DATA_DIR of a service running in remote mode.
  */
-export function runningServiceLookup(rawEnv: Env): Pick<Config, 'dataDir' | 'databaseUrl'> & { mode: 'local' | 'remote' } {
+export function runningServiceLookup(rawEnv: Env): RunningServiceLookup {
   const env = withoutEmptyValues(selectPartnerVariables(rawEnv))
   const dataDir = env.DATA_DIR ?? DEFAULT_DATA_DIR
   return {
@@ -670,6 +669,10 @@ export function runningServiceLookup(rawEnv: Env): Pick<Config, 'dataDir' | 'dat
   }
 }
 
+/**
+ * Reads process.env: the only place in the service that does. A DATA_DIR the service will write (the embedded
+ * database's, or local mode's secrets and sandbox state) is created here, or refused with its reason.
+ */
 export function loadConfig(): Config {
   const config = parseConfig(process.env)
   if (!config.dataDir.startsWith('memory://') && (!config.databaseUrl || config.partner.mode === 'local')) usableDataDir(config.dataDir)

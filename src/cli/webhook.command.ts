@@ -4,7 +4,7 @@
 import { randomUUID } from 'node:crypto'
 import { readFileSync } from 'node:fs'
 import type { Command } from 'commander'
-import type { Config } from '../config.js'
+import type { Config, RunningServiceLookup } from '../config.js'
 import { readAnswer } from '../http/read-answer.js'
 import { findRunningService } from '../local/running-service.js'
 import { shortened } from '../shortened.js'
@@ -31,14 +31,14 @@ async function loadConfig(): Promise<Config> {
   return (await import('../config.js')).loadConfig()
 }
 
-async function signedHeaders(options: SignOptions): Promise<{ body: Buffer; headers: Record<string, string> }> {
+async function signedHeaders(options: SignOptions, beside: ServiceBeside): Promise<{ body: Buffer; headers: Record<string, string> }> {
   let body: Buffer
   try {
     body = readFileSync(options.file)
   } catch (error) {
     throw new UsageError(`Cannot read --file ${options.file}: ${(error as Error).message}`)
   }
-  const secret = options.secret ?? (await serviceSecret())
+  const secret = options.secret ?? (await serviceSecret(beside))
   // raw bytes: the signature covers the exact body as it will be sent; signed by the receiver's own pair
   // of verifySignature, so `webhook send` cannot drift from what the receiver accepts
   const signature = signWebhookBody(secret, body)
@@ -63,7 +63,7 @@ export function registerWebhookCommands(program: Command): void {
     .option('--delivery-id <id>', 'X-Partner-Delivery-Id to use (default: a fresh one)')
     .option('--json', 'print the headers as JSON')
     .action(async (options: SignOptions) => {
-      const { headers } = await signedHeaders(options)
+      const { headers } = await signedHeaders(options, await serviceBeside())
       if (options.json) printJson(headers)
       else for (const [name, value] of Object.entries(headers)) write(`${name}: ${value}\n`)
     })
@@ -80,9 +80,10 @@ export function registerWebhookCommands(program: Command): void {
     .option('--delivery-id <id>', 'X-Partner-Delivery-Id to use (default: a fresh one)')
     .option('--json', 'print the answer as JSON')
     .action(async (options: SignOptions & { url?: string }) => {
-      const url = options.url ?? (await defaultWebhookUrl())
+      const beside = await serviceBeside()
+      const url = options.url ?? (await defaultWebhookUrl(beside))
       if (!/^https?:\/\//.test(url)) throw new UsageError(`--url must be an http(s) URL, got ${url}`)
-      const { body, headers } = await signedHeaders(options)
+      const { body, headers } = await signedHeaders(options, beside)
       let response: Response
       try {
         response = await fetch(url, { method: 'POST', headers, body, signal: AbortSignal.timeout(ANSWER_TIMEOUT_MS) })
@@ -113,17 +114,28 @@ export function registerWebhookCommands(program: Command): void {
     })
 }
 
-// the running service's receiver (DATA_DIR/serve.json), else where this environment says it listens
+/**
+ * This environment's DATA_DIR and mode, read without loading its configuration (read as local mode, that would
+ * generate local secrets beside a service in remote mode), and the service running from that DATA_DIR, if any.
+ */
+interface ServiceBeside {
+  lookup: RunningServiceLookup
+  running: ReturnType<typeof findRunningService>
+}
+
+async function serviceBeside(): Promise<ServiceBeside> {
+  const { runningServiceLookup } = await import('../config.js')
+  const lookup = runningServiceLookup(process.env)
+  return { lookup, running: findRunningService(lookup.dataDir) }
+}
+
 /**
  * The first of WEBHOOK_SECRETS, as the service would read it from this environment; in local mode the generated
  * one (DATA_DIR/local-secrets.json). A service running from DATA_DIR in remote mode has secrets of its own
  * environment, which no file holds: a shell without a platform configured was read as local mode, generated
  * local secrets into that service's DATA_DIR, and signed with them, to be refused 401 `invalid_signature`.
  */
-async function serviceSecret(): Promise<string> {
-  const { runningServiceLookup } = await import('../config.js')
-  const lookup = runningServiceLookup(process.env)
-  const running = findRunningService(lookup.dataDir)
+async function serviceSecret({ lookup, running }: ServiceBeside): Promise<string> {
   // a service file from before the mode was written: only local mode runs a sandbox
   const runningRemote = running !== undefined && (running.mode ?? (running.sandboxUrl === undefined ? 'remote' : 'local')) === 'remote'
   if (runningRemote && lookup.mode === 'local') {
@@ -136,11 +148,8 @@ async function serviceSecret(): Promise<string> {
   return (await loadConfig()).webhook.secrets[0]!
 }
 
-async function defaultWebhookUrl(): Promise<string> {
-  // the running service's receiver, found by DATA_DIR alone: this environment's own configuration is not loaded
-  // for it (read as local mode, it would generate local secrets beside a service in remote mode)
-  const { runningServiceLookup } = await import('../config.js')
-  const running = findRunningService(runningServiceLookup(process.env).dataDir)
+// the running service's receiver (DATA_DIR/serve.json), else where this environment says it listens
+async function defaultWebhookUrl({ running }: ServiceBeside): Promise<string> {
   if (running) return running.webhookUrl
   const config = await loadConfig()
   const host = config.host === '0.0.0.0' || config.host === '::' ? '127.0.0.1' : config.host

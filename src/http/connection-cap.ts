@@ -17,11 +17,12 @@
 // request in four alternating pairs (bench/ab-cpu.ts).
 import type http from 'node:http'
 import type { Socket } from 'node:net'
+import type { Duplex } from 'node:stream'
 import { performance } from 'node:perf_hooks'
-import { errorBody } from './app-error.js'
+import { refuseAndClose } from './json-answer.js'
 
-/** How long a request cut for a new connection has to read its 503 before its connection is closed. */
-const CUT_CLOSE_MS = 1_000
+/** How long a client refused on its way (cut for a new connection, or by the parser: server.ts) has to read its answer. */
+const CLOSE_AFTER_ANSWER_MS = 1_000
 
 const CUT_MESSAGE =
   'Every connection the service takes was open; this one had been receiving its request for too long and was closed for a new one. Retry'
@@ -35,7 +36,7 @@ interface OpenConnection {
   /** When its latest request began after none was in flight, or when it opened: since then it waits or receives. */
   since: number
   /** Its requests, from the first not answered when the latest began (more than one when pipelined). */
-  exchanges: Exchange[]
+  readonly exchanges: Exchange[]
 }
 
 export interface ConnectionCapOptions {
@@ -87,18 +88,10 @@ export function watchConnections(server: http.Server, cap?: ConnectionCapOptions
       socket.destroy()
       return
     }
-    const body = JSON.stringify(errorBody('overloaded', CUT_MESSAGE))
-    arriving.writeHead(503, {
-      'Content-Type': 'application/json; charset=utf-8',
-      'Content-Length': Buffer.byteLength(body),
-      Connection: 'close',
-      'Retry-After': '1',
-    })
-    arriving.end(body)
-    // no more of its body is read; a moment for the answer to be read, then the connection is closed
+    refuseAndClose(arriving, 503, 'overloaded', CUT_MESSAGE, { 'Retry-After': '1' })
+    // no more of its body is read
     socket.pause()
-    const closing = setTimeout(() => socket.destroy(), CUT_CLOSE_MS).unref()
-    socket.once('close', () => clearTimeout(closing))
+    closeInAMoment(socket)
   }
 
   server.on('connection', (socket: Socket) => {
@@ -119,11 +112,13 @@ export function watchConnections(server: http.Server, cap?: ConnectionCapOptions
     began(request, response) {
       const connection = open.get(request.socket)
       if (!connection) return
-      // the answered ones are let go here, so a kept-alive connection holds its latest request at most
-      const inFlight = connection.exchanges.filter((exchange) => !answered(exchange.response))
-      if (inFlight.length === 0) connection.since = now()
-      inFlight.push({ request, response })
-      connection.exchanges = inFlight
+      // the answered ones are let go here, in place, so a kept-alive connection holds its latest request at most
+      const { exchanges } = connection
+      let kept = 0
+      for (const exchange of exchanges) if (!answered(exchange.response)) exchanges[kept++] = exchange
+      exchanges.length = kept
+      if (kept === 0) connection.since = now()
+      exchanges.push({ request, response })
     },
     unanswered() {
       const waiting: http.ServerResponse[] = []
@@ -133,4 +128,10 @@ export function watchConnections(server: http.Server, cap?: ConnectionCapOptions
       return waiting
     },
   }
+}
+
+/** Closes `socket` once its client had a moment to read the answer written on it, unless it closed first. */
+export function closeInAMoment(socket: Socket | Duplex): void {
+  const closing = setTimeout(() => socket.destroy(), CLOSE_AFTER_ANSWER_MS).unref()
+  socket.once('close', () => clearTimeout(closing))
 }

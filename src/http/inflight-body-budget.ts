@@ -18,8 +18,8 @@ import { performance } from 'node:perf_hooks'
 import type { IncomingMessage, ServerResponse } from 'node:http'
 import type { Socket } from 'node:net'
 import type { Metrics } from '../metrics/metrics.js'
-import { AppError, errorBody } from './app-error.js'
-import { writeJson } from './json-answer.js'
+import { AppError } from './app-error.js'
+import { refuseAndClose } from './json-answer.js'
 
 /** A body being read, in the order they began: the first is the one arriving the longest. */
 interface ArrivingBody {
@@ -129,9 +129,7 @@ export function admitBody(req: IncomingMessage, res: ServerResponse, deps: Budge
   const readable = length === undefined || (Number.isSafeInteger(length) && length >= 0 && length <= bodyLimitBytes)
   if (readable && !budget.makeRoom(length ?? 1)) {
     metrics?.requestsRefused.inc({ reason: 'body_budget' })
-    res.setHeader('Connection', 'close')
-    res.setHeader('Retry-After', '1')
-    writeJson(res, 503, errorBody('overloaded', SPENT_MESSAGE))
+    refuseAndClose(res, 503, 'overloaded', SPENT_MESSAGE, { 'Retry-After': '1' })
     return undefined
   }
   let held = 0

@@ -5,8 +5,9 @@ import http, { STATUS_CODES } from 'node:http'
 import type { Duplex } from 'node:stream'
 import type { AddressInfo } from 'node:net'
 import { type ErrorCode, errorBody } from './app-error.js'
-import { type ConnectionCapOptions, type OpenConnections, watchConnections } from './connection-cap.js'
+import { closeInAMoment, type ConnectionCapOptions, type OpenConnections, watchConnections } from './connection-cap.js'
 import { checkContinue } from './expect-continue.js'
+import { refuseAndClose } from './json-answer.js'
 import { describeListenError } from '../listen-error.js'
 
 export interface ServerTimeouts {
@@ -67,7 +68,7 @@ export async function listen(
   server.on('checkContinue', checkContinue(listener))
   // any other expectation (Node's answer is an empty 417)
   server.on('checkExpectation', (_req: http.IncomingMessage, res: http.ServerResponse) =>
-    refuseUnread(res, 417, 'expectation_failed', 'Expect: only 100-continue is understood'),
+    refuseAndClose(res, 417, 'expectation_failed', 'Expect: only 100-continue is understood'),
   )
   server.on('clientError', answerClientError)
   // neither listener is a proxy (Node closed a CONNECT's connection without a word)
@@ -92,7 +93,7 @@ export async function listen(
         // A request still waiting for its answer (its statement held up by a database gone silent) is told to come
         // again before its connection is closed; it used to see the connection close with no answer at all
         for (const res of connections.unanswered()) {
-          refuseUnread(res, 503, 'not_ready', 'Shutting down: this request could not be answered in time; retry', { 'Retry-After': '1' })
+          refuseAndClose(res, 503, 'not_ready', 'Shutting down: this request could not be answered in time; retry', { 'Retry-After': '1' })
         }
         server.closeAllConnections()
       }, graceMs)
@@ -108,22 +109,12 @@ function requiringHost(app: http.RequestListener, connections: OpenConnections):
   return (req, res) => {
     connections.began(req, res)
     if (req.httpVersion === '1.1' && req.headers.host === undefined) {
-      refuseUnread(res, 400, 'invalid_payload', 'An HTTP/1.1 request needs a Host header')
+      refuseAndClose(res, 400, 'invalid_payload', 'An HTTP/1.1 request needs a Host header')
       return
     }
     app(req, res)
   }
 }
-
-/** An answer in the error shape before the body is read: the connection is closed rather than the body read. */
-function refuseUnread(res: http.ServerResponse, status: number, code: ErrorCode, message: string, headers: Record<string, string> = {}): void {
-  const body = JSON.stringify(errorBody(code, message))
-  res.writeHead(status, { 'Content-Type': 'application/json; charset=utf-8', 'Content-Length': Buffer.byteLength(body), Connection: 'close', ...headers })
-  res.end(body)
-}
-
-/** How long a client refused by answerClientError has to read the answer before its connection is closed. */
-const CLIENT_ERROR_CLOSE_MS = 1_000
 
 // Requests Node's parser refuses before the app sees them (headers over 16 KB, malformed HTTP, a client
 // too slow to finish) still get the one error shape, then the connection is closed.
@@ -152,6 +143,5 @@ function answerOnSocket(socket: Duplex, status: number, code: ErrorCode, message
   // 408 kept its body's reservation in the in-flight budget (it is given back when the connection closes), so
   // 64 silent connections refused every delivery 503 overloaded for as long as they stayed. A moment for the
   // answer to be read, then the connection is closed
-  const closing = setTimeout(() => socket.destroy(), CLIENT_ERROR_CLOSE_MS).unref()
-  socket.once('close', () => clearTimeout(closing))
+  closeInAMoment(socket)
 }
