@@ -9,6 +9,7 @@ import { migrateToLatest } from '../src/db/migrate.js'
 import { type DatabaseHandle, openDatabase } from '../src/db/open-database.js'
 import { receiverEnv, spawnCli } from './helpers/cli-process.js'
 import { migratedDataDir } from './helpers/data-dir-template.js'
+import { PRUNE_LOCK_KEY } from '../src/retention/prune.js'
 import { createTestDatabase, postgresUrl, type TestDatabase } from './helpers/test-database.js'
 
 const DAY = 86_400_000
@@ -109,3 +110,37 @@ for (const kind of ['pglite', 'postgres'] as const) {
     120_000,
   )
 }
+
+it.skipIf(!postgresUrl)(
+  'exits 1 with [prune_running] and prunes nothing while another replica holds the retention lock (Postgres)',
+  async () => {
+    const database: TestDatabase = await createTestDatabase({ kind: 'postgres' })
+    cleanups.push(() => database.close())
+    await seedOldDeliveries(database.db)
+    // another replica's pass, holding the lock
+    const release = await database.holdLock(PRUNE_LOCK_KEY)
+    expect(release).toBeDefined()
+    try {
+      const dataDir = migratedDataDir('prune-locked-')
+      const child = spawnCli(['prune'], { ...receiverEnv(dataDir), DATABASE_URL: database.url! }, { built: true })
+      let stdout = ''
+      let stderr = ''
+      child.stdout!.on('data', (chunk) => (stdout += chunk))
+      child.stderr!.on('data', (chunk) => (stderr += chunk))
+      const [code] = (await once(child, 'exit')) as [number | null]
+      expect({ code, stdout, stderr }).toEqual({
+        code: 1,
+        stdout: '',
+        stderr: 'Another replica is pruning now (it holds the retention lock): nothing done; try again later [prune_running]\n',
+      })
+      const { left } = await database.db
+        .selectFrom('webhookDeliveries')
+        .select((eb) => eb.fn.countAll<string>().as('left'))
+        .executeTakeFirstOrThrow()
+      expect(Number(left)).toBe(ROWS)
+    } finally {
+      await release!()
+    }
+  },
+  120_000,
+)

@@ -93,9 +93,22 @@ describe('reconcile --once', () => {
     const result = await cli('reconcile', '--once')
     expect(result.code).toBe(1)
     expect(result.stdout).toContain('stopped: unauthorized')
-    expect(result.stderr).toContain('PARTNER_API_KEY_ID / PARTNER_API_SECRET / PARTNER_ENV')
+    expect(result.stderr).toBe('stopped: the platform answered 401 (check PARTNER_API_KEY_ID / PARTNER_API_SECRET / PARTNER_ENV) [unauthorized]\n')
     expect(server.requests).toHaveLength(1)
     expect((await orderByReference(database.db, 'cli-b')).pollLeaseToken).toBeNull()
+  })
+
+  it('exits 1 with [throttled] when the platform asks it to slow down, and says when the rest is due', async () => {
+    await insertOrders(database.db, [
+      { externalReference: 'cli-a', nextPollAt: past(60) },
+      { externalReference: 'cli-b', nextPollAt: past(30) },
+    ])
+    answer = () => ({ status: 429, headers: { 'retry-after': '120' }, body: { error: { code: 'throttled', message: 'slow down' } } })
+    const result = await cli('reconcile', '--once')
+    expect(result.code).toBe(1)
+    expect(result.stdout).toContain('stopped: throttled')
+    expect(result.stderr).toMatch(/^stopped: the platform asked us to slow down \(429 or Retry-After\); the orders not polled are due again at \d{4}-\d\d-\d\dT[\d:.]+Z \[throttled\]\n$/)
+    expect(server.requests).toHaveLength(1)
   })
 })
 

@@ -103,6 +103,7 @@ async function stopsWaitingAtASecondSignal(run: ReturnType<typeof started>, unkn
   expect(run.output.stdout).toBe('')
   expect(run.output.stderr).toContain('Stopped waiting for the platform’s answer (a second stop signal)')
   expect(run.output.stderr).toContain(unknownWords)
+  expect(run.output.stderr).toMatch(/ \[outcome_unknown\]\n$/)
 }
 
 /** The same call on another order, timed out instead (the platform never answers): exit 1, the same words. */
@@ -112,6 +113,7 @@ async function timesOutWithTheSameWords(args: string[], env: Record<string, stri
   const [timeoutCode] = await timedOut.exited
   expect(timeoutCode, timedOut.output.stderr).toBe(1)
   expect(timedOut.output.stderr).toContain(unknownWords)
+  expect(timedOut.output.stderr).toMatch(/ \[outcome_unknown\]\n$/)
 }
 
 const openArgs = (reference: string) => [

@@ -133,9 +133,10 @@ export function registerDeliveriesCommands(program: Command): void {
             new Date(),
           )
           if (result.kind === 'not_a_trade_event') {
-            writeError(`Delivery ${deliveryId} is a ${result.eventType} event: only trade events have an effect to re-run\n`)
-            setExitCode(1)
-            return
+            throw new CommandFailedError(
+              'not_a_trade_event',
+              `Delivery ${printable(deliveryId)} is a ${printable(result.eventType)} event: only trade events have an effect to re-run`,
+            )
           }
           const { kind: _kind, ...shown } = result
           if (options.json) printJson({ deliveryId, ...shown })

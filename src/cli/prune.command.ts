@@ -4,7 +4,7 @@
 // SIGINT, SIGTERM or SIGHUP stops the pass after the batch in flight, as a replica's shutdown does: what it
 // pruned is printed and the exit code is 130; a second one ends the process at once.
 import type { Command } from 'commander'
-import { printJson, runsInService, setExitCode, withDatabase, write, writeError } from './cli-context.js'
+import { CommandFailedError, printJson, runsInService, setExitCode, withDatabase, write, writeError } from './cli-context.js'
 
 export function registerPruneCommand(program: Command): void {
   program
@@ -41,9 +41,10 @@ export function registerPruneCommand(program: Command): void {
           setExitCode(130)
         }
         if (!result.ran) {
-          writeError('Another replica is pruning now (it holds the retention lock): nothing done; try again later\n')
-          setExitCode(1)
-          return
+          throw new CommandFailedError(
+            'prune_running',
+            'Another replica is pruning now (it holds the retention lock): nothing done; try again later',
+          )
         }
         if (options.json) {
           printJson(result)

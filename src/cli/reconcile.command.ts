@@ -88,8 +88,8 @@ async function runOnce(json: boolean | undefined): Promise<void> {
   if (summary.stoppedReason === 'unauthorized') {
     writeError(
       summary.clockOffsetS === null
-        ? 'stopped: the platform answered 401 (check PARTNER_API_KEY_ID / PARTNER_API_SECRET / PARTNER_ENV)\n'
-        : `stopped: the platform answered 401: ${describeClockOffset(summary.clockOffsetS)}\n`,
+        ? 'stopped: the platform answered 401 (check PARTNER_API_KEY_ID / PARTNER_API_SECRET / PARTNER_ENV) [unauthorized]\n'
+        : `stopped: the platform answered 401: ${describeClockOffset(summary.clockOffsetS)} [unauthorized]\n`,
     )
     setExitCode(1)
   }
@@ -99,7 +99,7 @@ async function runOnce(json: boolean | undefined): Promise<void> {
   }
   if (summary.stoppedReason === 'throttled') {
     writeError(
-      `stopped: the platform asked us to slow down (429 or Retry-After); the orders not polled are due again at ${summary.throttledUntil?.toISOString()}\n`,
+      `stopped: the platform asked us to slow down (429 or Retry-After); the orders not polled are due again at ${summary.throttledUntil?.toISOString()} [throttled]\n`,
     )
     setExitCode(1)
   }

@@ -127,7 +127,7 @@ function explainFailure(
   }
   if (isOutcomeUnknown(error)) {
     // the same words as a timeout's: the operator's giving up on the answer leaves what a timeout leaves
-    const message = `${(error as Error).message}. ${unknownOutcome}`
+    const message = `${(error as Error).message}. ${unknownOutcome} [outcome_unknown]`
     return error instanceof PartnerAnswerAbandonedError ? new StoppedBySignalError(message) : new Error(message)
   }
   return error
