@@ -14,7 +14,7 @@ import { DEFAULT_STATEMENT_TIMEOUT_MS } from './db/statement-timeout.js'
 import { DEFAULT_LOG_BUFFER_LIMIT } from './logger.js'
 import { TRADE_STATUSES } from './orders/trade-status.js'
 import type { ProxySettings } from './partner-api/partner-api-proxy.js'
-import { DEFAULT_MAX_ANSWER_BYTES } from './partner-api/partner-api-transport.js'
+import { DEFAULT_MAX_ANSWER_BYTES, PARTNER_API_PREFIX } from './partner-api/partner-api-transport.js'
 import { leaseMarginMs } from './reactions/dispatcher-settings.js'
 import { decodeWebhookSecret, MIN_WEBHOOK_SECRET_BYTES, WEBHOOK_SECRET_PREFIX } from './reactions/forwarder.js'
 
@@ -357,6 +357,13 @@ const EnvSchema = z.object({
   PRUNE_BATCH_SIZE: wholeNumber({ max: 100_000 }).default(1_000),
 })
 
+/** The name of every variable the schema reads: `.env.example` documents each (test/env-example.test.ts). */
+export const CONFIG_VARIABLES: readonly string[] = Object.keys(EnvSchema.shape)
+
+function endsWithApiPrefix(value: string): boolean {
+  return new URL(value).pathname.replace(/\/$/, '').endsWith(PARTNER_API_PREFIX)
+}
+
 function isAmqpUrl(value: string): boolean {
   try {
     const url = new URL(value)
@@ -497,12 +504,19 @@ export function parseConfig(
       `DELIVERY_RETENTION_DAYS: must be at least RETENTION_DAYS (${values.DELIVERY_RETENTION_DAYS} < ${values.RETENTION_DAYS}): a delivery row outlives its body`,
     )
   }
+  // the spec's {base_url} is what comes before /api/partner/v1/, which the client adds: given whole (as the local
+  // banner prints the sandbox), every call went to /api/partner/v1/api/partner/v1/… and was refused 404, so the
+  // poller flagged each order trade_not_found
+  if (values.PARTNER_API_BASE_URL !== undefined && endsWithApiPrefix(values.PARTNER_API_BASE_URL)) {
+    const root = values.PARTNER_API_BASE_URL.replace(/\/api\/partner\/v1\/?$/, '')
+    problems.push(`PARTNER_API_BASE_URL: give the platform's base URL without ${PARTNER_API_PREFIX} (the client adds it): ${root}`)
+  }
   if (values.PARTNER_API_SECRET !== undefined && values.PARTNER_API_SECRET.length < MIN_SECRET_LENGTH) {
     problems.push(`PARTNER_API_SECRET: is shorter than ${MIN_SECRET_LENGTH} characters`)
   }
   if (values.FORWARD_SECRET !== undefined && !decodeWebhookSecret(values.FORWARD_SECRET)) {
     const form = `${WEBHOOK_SECRET_PREFIX} followed by the base64 of at least ${MIN_WEBHOOK_SECRET_BYTES} random bytes`
-    problems.push(`FORWARD_SECRET: must be ${form}`)
+    problems.push(`FORWARD_SECRET: must be ${form}; make one with: echo "whsec_$(openssl rand -base64 32)"`)
   }
   problems.push(...eventListProblems('FORWARD_EVENTS', values.FORWARD_EVENTS))
   problems.push(...eventListProblems('AMQP_EVENTS', values.AMQP_EVENTS))

@@ -108,7 +108,12 @@ export async function main({
     exitProcess(logger, 1)
   }
   if (service.sandboxUrl)
-    process.stdout.write(localModeBanner(config, service.url, service.sandboxUrl, service.adminUrl, { terminal: process.stdout.isTTY === true }))
+    process.stdout.write(
+      localModeBanner(config, service.url, service.sandboxUrl, service.adminUrl, {
+        terminal: process.stdout.isTTY === true,
+        cli: cliInvocation(process.argv[1]),
+      }),
+    )
 }
 
 /** What a newcomer sees after `npm start`: where things are and what to type next (README quick start). */
@@ -118,31 +123,54 @@ export function localModeBanner(
   sandboxUrl: string,
   adminUrl: string,
   /** Whether stdout is a terminal: only there is the console's token printed whole. */
-  { terminal }: { terminal: boolean },
+  { terminal, cli: invocation = NPM_CLI }: { terminal: boolean; cli?: string },
 ): string {
   const seller = config.partner.kind === 'marketplace' ? ' --seller seller-1' : ''
   // Another terminal finds this service by DATA_DIR/serve.json, DATA_DIR being ./data unless set: without the
   // service's own, the commands would open (or create) a database of their own. Whole, so that it holds from
   // any working directory.
-  const cli = `${dataDirFor(config.dataDir)}npm run cli --`
+  const cli = `${dataDirFor(config.dataDir)}${invocation}`
   const database = config.databaseUrl ? 'Postgres' : `embedded PGlite in ${config.dataDir}`
   return [
     '',
     'partner-escrow is running in LOCAL SANDBOX MODE: no platform is configured, a simulated one runs here.',
-    `  receiver  ${url}${config.webhook.path}   (${database})`,
+    `  receiver  ${reachableUrl(url)}${config.webhook.path}   (${database})`,
     `  sandbox   ${sandboxUrl}/api/partner/v1/   (the platform: signed API and webhooks)`,
-    ...(config.metrics.enabled ? [`  metrics   ${adminUrl}${config.metrics.path}   (operator listener)`] : []),
+    ...(config.metrics.enabled ? [`  metrics   ${reachableUrl(adminUrl)}${config.metrics.path}   (operator listener)`] : []),
     ...(config.adminToken
-      ? [`  console   ${adminUrl}/console/   (${terminal ? `log in with the admin token: ${config.adminToken}` : adminTokenWhere(config)})`]
+      ? [`  console   ${reachableUrl(adminUrl)}/console/   (${terminal ? `log in with the admin token: ${config.adminToken}` : adminTokenWhere(config)})`]
       : []),
     '',
     'Try next, in another terminal:',
     `  ${cli} orders create --external-reference order-1`,
     `  ${cli} trades open order-1 --title "First trade" --amount 25.00 --currency EUR${seller}`,
     `  ${cli} orders show order-1`,
-    'Or watch a whole run with lost and repeated webhooks: npm run demo',
+    `Or watch a whole run with lost and repeated webhooks: ${invocation === NPM_CLI ? 'npm run demo' : `${invocation} demo`}`,
     '',
   ].join('\n')
+}
+
+const NPM_CLI = 'npm run cli --'
+
+/**
+ * How another terminal runs this CLI: `npm run cli --` under `npm start` (TypeScript through tsx), or the compiled
+ * file this process runs, by its whole path. The image has no tsx (dev dependencies are left out), so there the
+ * banner's `npm run cli -- …` failed with ERR_MODULE_NOT_FOUND.
+ */
+export function cliInvocation(script: string | undefined): string {
+  return script?.endsWith('.js') ? `node ${quoteForShell(path.resolve(script))}` : NPM_CLI
+}
+
+/**
+ * A listener bound to every interface (0.0.0.0, ::) by an address a person on this machine can open: the
+ * banner printed http://0.0.0.0:3000, which is no address to go to.
+ */
+export function reachableUrl(url: string): string {
+  const parsed = new URL(url)
+  if (parsed.hostname === '0.0.0.0') parsed.hostname = '127.0.0.1'
+  else if (parsed.hostname === '[::]') parsed.hostname = '[::1]'
+  else return url
+  return parsed.toString().replace(/\/$/, '')
 }
 
 // Piped or redirected (`npm start > service.log`), the banner is kept where a secret has no place: it says where

@@ -11,6 +11,9 @@ interface ComposeService {
   command?: string[]
   environment?: Record<string, string>
   stop_grace_period?: string
+  profiles?: string[]
+  ports?: string[]
+  depends_on?: Record<string, unknown>
 }
 
 /** Docker's own default when a service sets none. */
@@ -34,5 +37,24 @@ describe('compose.yaml', () => {
       const timeoutMs = Number(service.environment?.SHUTDOWN_TIMEOUT_MS ?? 10_000)
       expect(seconds(service.stop_grace_period), name).toBeGreaterThan((drainMs + timeoutMs) / 1000)
     }
+  })
+
+  // the replicas depended on the simulator, so it started beside a real platform, published on every interface
+  // with the platform's API secret and webhook secret from .env (a rotation list `old,new` as one secret)
+  it('starts the simulator only when it is named, with secrets of its own, published on the host’s loopback only', () => {
+    const text = readFileSync('compose.yaml', 'utf8')
+    const file = parseYaml(text, { merge: true }) as { services: Record<string, ComposeService> }
+    const sandbox = file.services.sandbox!
+    expect(sandbox.command).toEqual(['node', 'dist/src/cli.js', 'sandbox'])
+    expect(sandbox.profiles).toEqual(['sandbox'])
+    const dependingOnIt = Object.entries(file.services).filter(([, service]) => service.depends_on && 'sandbox' in service.depends_on)
+    expect(dependingOnIt.map(([name]) => name)).toEqual([])
+    expect(Object.values(sandbox.environment ?? {}).filter((value) => String(value).includes('$'))).toEqual([])
+    expect(sandbox.ports).toEqual(['127.0.0.1:4010:4010'])
+    // the replicas' defaults are the simulator's own: with no platform in .env they sign what it verifies
+    const replica = file.services.replica1!.environment!
+    expect(replica.PARTNER_API_KEY_ID).toBe(`\${PARTNER_API_KEY_ID:-${sandbox.environment!.SANDBOX_API_KEY_ID}}`)
+    expect(replica.PARTNER_API_SECRET).toBe(`\${PARTNER_API_SECRET:-${sandbox.environment!.SANDBOX_API_SECRET}}`)
+    expect(replica.WEBHOOK_SECRETS).toBe(`\${WEBHOOK_SECRETS:-${sandbox.environment!.SANDBOX_WEBHOOK_SECRET}}`)
   })
 })

@@ -105,6 +105,21 @@ describe('configuration', () => {
     ])
   })
 
+  // the local banner prints the sandbox as …/api/partner/v1/: pasted whole, every call went to
+  // /api/partner/v1/api/partner/v1/… and was refused 404
+  it('refuses a base URL that already ends in /api/partner/v1, naming the one to give', () => {
+    for (const [given, root] of [
+      ['http://127.0.0.1:4110/api/partner/v1/', 'http://127.0.0.1:4110'],
+      ['https://gw.example/partner/api/partner/v1', 'https://gw.example/partner'],
+    ]) {
+      expect(problemsOf({ ...remoteEnv, PARTNER_API_BASE_URL: given! })).toEqual([
+        `PARTNER_API_BASE_URL: give the platform's base URL without /api/partner/v1 (the client adds it): ${root}`,
+      ])
+    }
+    // a prefix of the platform's own is kept
+    expect(parseConfig({ ...remoteEnv, PARTNER_API_BASE_URL: 'https://gw.example/partner/' }).partner.baseUrl).toBe('https://gw.example/partner/')
+  })
+
   it('refuses an empty or short webhook secret and a short API secret', () => {
     expect(problemsOf({ ...remoteEnv, WEBHOOK_SECRETS: `${LONG_SECRET},short` })).toEqual([
       'WEBHOOK_SECRETS: secret #2 is shorter than 24 characters',
@@ -432,7 +447,7 @@ describe('configuration', () => {
       ]
       for (const secret of malformed) {
         expect(problemsOf({ ...remoteEnv, FORWARD_URL: 'https://erp.internal/hook', FORWARD_SECRET: secret })).toEqual([
-          'FORWARD_SECRET: must be whsec_ followed by the base64 of at least 24 random bytes',
+          'FORWARD_SECRET: must be whsec_ followed by the base64 of at least 24 random bytes; make one with: echo "whsec_$(openssl rand -base64 32)"',
         ])
       }
       const problems = problemsOf({

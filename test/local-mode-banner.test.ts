@@ -4,7 +4,7 @@
 import { execFileSync } from 'node:child_process'
 import path from 'node:path'
 import { describe, expect, it } from 'vitest'
-import { localModeBanner } from '../src/main.js'
+import { cliInvocation, localModeBanner, reachableUrl } from '../src/main.js'
 import { quoteForShell } from '../src/quote-for-shell.js'
 import { testConfig } from './helpers/test-config.js'
 
@@ -33,6 +33,34 @@ describe('the banner’s commands for another terminal', () => {
 
 // Redirected to a file (`npm start > service.log`), the banner would put the console's token in a log; it says
 // where the token is instead. The token from local-secrets.json is checked end to end in test/newcomer.test.ts.
+// The image has no tsx: there `npm run cli -- …` failed with ERR_MODULE_NOT_FOUND. The compiled commands run, as
+// printed, in test/newcomer.test.ts.
+describe('the banner of a compiled serve (the image, the bin entry)', () => {
+  it('prints the compiled CLI by its whole path, quoted for the shell, and `npm run cli --` under npm start', () => {
+    expect(cliInvocation('/app/dist/src/cli.js')).toBe('node /app/dist/src/cli.js')
+    expect(cliInvocation("/srv/it's here/dist/src/cli.js")).toBe(`node '/srv/it'\\''s here/dist/src/cli.js'`)
+    expect(cliInvocation('dist/src/cli.js')).toBe(`node ${path.resolve('dist/src/cli.js')}`)
+    expect(cliInvocation(path.resolve('src/cli.ts'))).toBe('npm run cli --')
+    const banner = localModeBanner(testConfig(), 'http://127.0.0.1:3000', 'http://127.0.0.1:4010', 'http://127.0.0.1:3001', {
+      terminal: true,
+      cli: 'node /app/dist/src/cli.js',
+    })
+    expect(banner).toContain('  node /app/dist/src/cli.js orders create --external-reference order-1\n')
+    expect(banner).toContain('lost and repeated webhooks: node /app/dist/src/cli.js demo\n')
+    expect(banner).not.toContain('npm run')
+  })
+
+  it('shows a listener on every interface by an address a person can open', () => {
+    expect(reachableUrl('http://0.0.0.0:3000')).toBe('http://127.0.0.1:3000')
+    expect(reachableUrl('http://[::]:3001')).toBe('http://[::1]:3001')
+    expect(reachableUrl('http://10.0.0.5:3000')).toBe('http://10.0.0.5:3000')
+    const banner = localModeBanner(testConfig(), 'http://0.0.0.0:3000', 'http://127.0.0.1:4010', 'http://0.0.0.0:3001', { terminal: true })
+    expect(banner).toContain('receiver  http://127.0.0.1:3000/webhooks/partner')
+    expect(banner).toContain('metrics   http://127.0.0.1:3001/metrics')
+    expect(banner).not.toContain('0.0.0.0')
+  })
+})
+
 describe('the banner’s console line', () => {
   const consoleLine = (config: ReturnType<typeof testConfig>, terminal: boolean) =>
     localModeBanner(config, 'http://127.0.0.1:3000', 'http://127.0.0.1:4010', 'http://127.0.0.1:3001', { terminal })
