@@ -7,10 +7,10 @@
 // The job loop claims due jobs, runs each handler with an AbortSignal (at most REACTION_CONCURRENCY of each at once),
 // and writes the outcome back under the claim's lease token: done; or, after a throw,
 // pending again after an exponential backoff with jitter, or the wait its error asked for (plan-retry.ts); or, once the
-// job has used REACTION_MAX_ATTEMPTS, failed (the dead letter), which holds back that order's later
-// events for that handler until an operator retries or skips it. A job whose handler no longer takes its
-// event's type (FORWARD_EVENTS or AMQP_EVENTS narrowed since it was written) is skipped without a call: the
-// setting already said so, and the order's later events go on.
+// job has used REACTION_MAX_ATTEMPTS or its error is permanent (a receiver's 410 Gone: plan-retry.ts), failed (the
+// dead letter), which holds back that order's later events for that handler until an operator retries or skips it.
+// A job whose handler no longer takes its event's type (FORWARD_EVENTS or AMQP_EVENTS narrowed since it was
+// written) is skipped without a call: the setting already said so, and the order's later events go on.
 //
 // When it looks: at once when a stream wrote jobs to run, on a NOTIFY (another replica's commit, an
 // operator's retry or skip; passed in as `listen`), when one of its own handlers finished (a slot is free, and that order's next event may now
@@ -44,7 +44,7 @@ import type { ReactionHandler } from './reaction-event.js'
 import { ensureReactionStreams } from './reaction-stream.repository.js'
 import { type AttemptResult, type DispatcherSettings, leaseMarginMs } from './dispatcher-settings.js'
 import { createSlots, type Slots } from './handler-slots.js'
-import { planRetry } from './plan-retry.js'
+import { planRetry, triesAgain } from './plan-retry.js'
 import { createStreamWorker, type StreamWorker } from './stream-worker.js'
 
 // Under load one claim takes up to this many times REACTION_CONCURRENCY jobs (less those it holds): the
@@ -326,7 +326,7 @@ export function createDispatcher(deps: DispatcherDeps): Dispatcher {
       }
       const message = describeFailure(failure)
       reportFailure(job.handler, failure)
-      const attemptsLeft = job.attempt < settings.maxAttempts && handler !== undefined
+      const attemptsLeft = handler !== undefined && triesAgain(failure, job.attempt, settings.maxAttempts)
       if (attemptsLeft) {
         const { delayS, error } = planRetry(failure, message, job.attempt, settings.backoff, random)
         const runAt = new Date(now.getTime() + delayS * 1000)

@@ -6,10 +6,15 @@
 // - webhook-timestamp: unix seconds when this attempt is sent (a retry is signed afresh);
 // - webhook-signature: `v1,<base64 HMAC-SHA256(key, "<id>.<timestamp>.<body>")>`, the key being the
 //   base64-decoded part of FORWARD_SECRET (`whsec_<base64>`).
-// A 2xx answer is success; any other answer, a redirect, a timeout or no connection throws a
-// ForwardError, and the dispatcher retries the job. A failed answer's Retry-After (whole seconds or an
+// A 2xx answer is success; any other answer, a redirect, a timeout, no connection or an answer that is not
+// HTTP throws a ForwardError, and the dispatcher retries the job. Except a 410 Gone: the specification's word
+// for "this endpoint is gone, stop sending", so its error is `permanent` and the job is failed at once
+// (plan-retry.ts). A failed answer's Retry-After (whole seconds or an
 // HTTP-date, read as the partner API client reads the platform's: http/retry-after.ts) goes with its error as
 // `retryAfterMs`: the retry comes no earlier than the receiver asked, up to the backoff's cap (plan-retry.ts).
+// A receiver that was reached but answered with something undici cannot read as HTTP (a bad status line,
+// headers past undici's limit, no HTTP at all) is forward_bad_answer, not forward_unreachable: the network
+// is fine, the receiver is what to look at.
 // The answer's status is its outcome, as the specification has it: its body is drained, not read, and a body
 // that passes MAX_DRAINED_BYTES or is still coming at the attempt's deadline has its connection closed, the
 // status standing. No error or log line holds the body, the secret or the signature.
@@ -18,6 +23,7 @@ import { Pool } from 'undici'
 import { type Clock, systemClock } from '../clock.js'
 import { parseRetryAfter } from '../http/retry-after.js'
 import type { Logger } from '../logger.js'
+import { printable } from '../printable.js'
 import { OWN_CA_HINT, refusedCertificateCode } from '../tls-certificate.js'
 import { userAgent } from '../version.js'
 import { forwardedPayload, type ReactionHandler } from './reaction-event.js'
@@ -64,25 +70,37 @@ const BODY_TOO_LONG = new Error('the forward answer has a body longer than it is
 export const MAX_DRAINED_BYTES = 1024 * 1024
 const NO_ATTEMPT_LEFT = new Error('no forward attempt is waiting')
 
-export type ForwardErrorCode = 'forward_failed' | 'forward_timeout' | 'forward_unreachable' | 'forward_aborted'
+// forward_gone: the receiver answered 410 Gone, and the job is failed without another attempt;
+// forward_bad_answer: the receiver was reached, but what it sent back is not HTTP that undici reads
+export type ForwardErrorCode =
+  | 'forward_failed'
+  | 'forward_gone'
+  | 'forward_timeout'
+  | 'forward_unreachable'
+  | 'forward_bad_answer'
+  | 'forward_aborted'
 
 export class ForwardError extends Error {
   override name = 'ForwardError'
   constructor(
     readonly code: ForwardErrorCode,
     message: string,
-    /** The receiver's answer, for forward_failed. */
+    /** The receiver's answer, for forward_failed and forward_gone. */
     readonly status?: number,
     options?: ErrorOptions & {
       /** How long the receiver asked us to wait (its Retry-After), in ms from its answer: the dispatcher's retry waits for it. */
       retryAfterMs?: number | undefined
+      /** No later attempt can succeed: the dispatcher fails the job at once, whatever attempts are left (plan-retry.ts). */
+      permanent?: boolean | undefined
     },
   ) {
     super(message, options)
     this.retryAfterMs = options?.retryAfterMs
+    this.permanent = options?.permanent ?? false
   }
 
   readonly retryAfterMs: number | undefined
+  readonly permanent: boolean
 }
 
 export interface ForwarderOptions {
@@ -175,7 +193,12 @@ export function createForwarder({
     try {
       const status = await request.answer
       if (logsAttempts) log({ status })
-      if (status < 200 || status > 299) throw failedAnswer(receiver, status, request.retryAfter, clock.now())
+      if (status < 200 || status > 299) {
+        const failure = failedAnswer(receiver, status, request.retryAfter, clock.now())
+        // (the job's failure is logged too, as every failed job's is; this line says what to fix)
+        if (failure.permanent) context.logger.warn({ receiver, status }, 'forward receiver answered 410 Gone: the job is failed without retrying; fix FORWARD_URL or the receiver, then retry the failed jobs')
+        throw failure
+      }
     } catch (error) {
       if (error instanceof ForwardError) throw error
       if (timedOut) {
@@ -187,6 +210,12 @@ export function createForwarder({
         if (logsAttempts) log({ error: 'aborted' })
         const message = `forwarding to ${receiver} was stopped (lease ended or shutting down)`
         throw new ForwardError('forward_aborted', message, undefined, { cause: signal.reason })
+      }
+      const notHttp = describeNotHttp(error)
+      if (notHttp !== undefined) {
+        if (logsAttempts) log({ error: 'bad_answer', reason: notHttp })
+        const message = `the forward receiver ${receiver} answered with something that is not HTTP: ${notHttp}`
+        throw new ForwardError('forward_bad_answer', message, undefined, { cause: error })
       }
       const reason = describeNetworkError(error)
       if (logsAttempts) log({ error: 'unreachable', reason })
@@ -203,21 +232,32 @@ export function createForwarder({
   }
 }
 
+const GONE = 410
+// past a day a wait in seconds is hard to read, and far past any wait between attempts (the backoff's cap)
+const LONGEST_WAIT_SHOWN_MS = 24 * 60 * 60 * 1000
+
 /**
  * forward_failed for an answer that is not a 2xx, with the wait its Retry-After asks for (on any status: the
  * answer is retried whatever it is, and a receiver that asks for a wait wants no call before it). The message
  * says until when, for the operator who reads it on the job; a Retry-After that is neither whole seconds nor an
- * HTTP-date is said to be ignored, without its value (it is the receiver's text).
+ * HTTP-date is said to be ignored, without its value (it is the receiver's text). A 410 is forward_gone, and
+ * permanent: the receiver said it is gone, and no wait makes it come back.
  */
 function failedAnswer(receiver: string, status: number, retryAfter: string | undefined, nowMs: number): ForwardError {
+  if (status === GONE) {
+    const message = `the forward receiver ${receiver} answered 410 Gone: it asks for no more events, so the job is failed without retrying`
+    return new ForwardError('forward_gone', message, status, { permanent: true })
+  }
   const redirect = status >= 300 && status <= 399 ? ' (redirects are not followed)' : ''
   let message = `the forward receiver ${receiver} answered ${status}${redirect}`
   const retryAfterMs = parseRetryAfter(retryAfter, nowMs)
   if (retryAfterMs !== undefined) {
     const until = new Date(nowMs + retryAfterMs)
-    // (a wait past the year 275760 is no date: its seconds are said alone)
+    // (a wait past the year 275760 is no date)
     const when = Number.isNaN(until.getTime()) ? '' : `, until ${until.toISOString()}`
-    message += ` and asked to wait ${Math.ceil(retryAfterMs / 1000)} s (Retry-After)${when}`
+    // (99999999999999999999999 seconds would read "1e+23 s")
+    const wait = retryAfterMs > LONGEST_WAIT_SHOWN_MS ? 'longer than a day' : `${Math.ceil(retryAfterMs / 1000)} s`
+    message += ` and asked to wait ${wait} (Retry-After)${when}`
   } else if (retryAfter !== undefined) {
     message += '; its Retry-After is neither whole seconds nor an HTTP-date, and is ignored'
   }
@@ -465,6 +505,27 @@ function postWithFetch(fetchImplementation: typeof fetch, target: URL): Post {
       abort: (reason) => controller.abort(reason),
     }
   }
+}
+
+/**
+ * What undici could not read as an answer, when that is why the request failed (its own pool's error, or the
+ * cause of fetch's TypeError('fetch failed')): a status line, header or framing llhttp refused
+ * (HTTPParserError: "Response does not match the HTTP/1.1 protocol (Invalid status code)"), or headers past
+ * its limit (http.maxHeaderSize, 16 KiB by default). Undefined for any other failure. The parser's reason is
+ * llhttp's own words, never the receiver's bytes (those are on the error's `data`, left out); printable() all
+ * the same, as it goes on the job and into the log.
+ */
+function describeNotHttp(error: unknown): string | undefined {
+  for (const each of [error, (error as { cause?: unknown } | undefined)?.cause]) {
+    const { name, code, message } = (each ?? {}) as { name?: unknown; code?: unknown; message?: unknown }
+    if (code === 'UND_ERR_HEADERS_OVERFLOW') return 'its headers are longer than undici takes (UND_ERR_HEADERS_OVERFLOW)'
+    if (name === 'HTTPParserError') {
+      const reason = typeof message === 'string' && message !== '' ? message : 'an answer undici could not parse'
+      // (undici names the llhttp error as HPE_<name> when it knows it)
+      return printable(typeof code === 'string' && !reason.includes(code) ? `${reason} (${code})` : reason)
+    }
+  }
+  return undefined
 }
 
 // undici's errors carry a code: the socket's (ECONNREFUSED, ENOTFOUND ...) or its own (UND_ERR_SOCKET: the

@@ -1,4 +1,6 @@
-// When a handler's failed attempt is tried again: after the backoff (reconcile/backoff-delay.ts), or, when its
+// Whether and when a handler's failed attempt is tried again: not after its last attempt, nor when its error
+// says no attempt can succeed (`permanent`: the forwarder's 410 Gone); else after the backoff
+// (reconcile/backoff-delay.ts), or, when its
 // error says how long the other side asked us to wait (`retryAfterMs`: the forwarder's ForwardError and the
 // partner API client's PartnerApiError carry an answer's Retry-After so), no earlier than that, and never
 // later than the backoff's cap. Used by the streams' first attempts and the job loop's retries alike. Pure.
@@ -12,6 +14,14 @@ export interface RetryPlan {
   delayS: number
   /** The error to keep on the job: the attempt's, and when the wait asked for was cut to the cap, that. */
   error: string
+}
+
+/**
+ * Whether the `attempt`-th failed attempt (1 for the first), which failed with `failure`, is tried again: attempts
+ * are left, and its error is not `permanent`. Otherwise the job is failed, as after its last attempt.
+ */
+export function triesAgain(failure: unknown, attempt: number, maxAttempts: number): boolean {
+  return attempt < maxAttempts && (failure as { permanent?: unknown } | null | undefined)?.permanent !== true
 }
 
 /** The retry of the `attempt`-th failed attempt (1 for the first), which failed with `failure`, described as `error`. */

@@ -7,7 +7,7 @@
 // whose handler returned gets no job row: the batch's row in reaction_stream_batches lists them (migrations/0011).
 // Every other event gets a job row:
 // - pending, after a backoff (or the wait its error asked for: plan-retry.ts): it threw and has attempts left (the job loop of dispatcher.ts runs it again);
-// - failed: it threw on its last attempt (REACTION_MAX_ATTEMPTS of 1);
+// - failed: it threw on its last attempt (REACTION_MAX_ATTEMPTS of 1), or with a permanent error (plan-retry.ts);
 // - pending, due now, attempts 0: not started, or behind an earlier event of its order that has not
 //   succeeded (in this batch, or an unfinished job); the job loop runs it once nothing holds it back.
 // The batch does not wait for a slow handler: when none of its handlers has returned for HANDOFF_MS, or it has
@@ -32,7 +32,7 @@ import type { Database } from '../db/database.js'
 import type { Logger } from '../logger.js'
 import { type AttemptResult, type DispatcherSettings, leaseMarginMs } from './dispatcher-settings.js'
 import type { Slots } from './handler-slots.js'
-import { planRetry } from './plan-retry.js'
+import { planRetry, triesAgain } from './plan-retry.js'
 import type { ReactionHandler } from './reaction-event.js'
 import { completeJob, failJob, releaseJobs, retryJobLater } from './reaction-job.repository.js'
 import {
@@ -211,7 +211,7 @@ export function createStreamWorker(deps: StreamWorkerDeps) {
     const base = { event, createdAt: entry.recordedAt, lastError: null, runAt: new Date(clock.now()) }
     const message = deps.describeFailure(failure)
     deps.reportFailure?.(name, failure)
-    if (1 < settings.maxAttempts && deps.handler) {
+    if (deps.handler && triesAgain(failure, 1, settings.maxAttempts)) {
       const { delayS, error } = planRetry(failure, message, 1, settings.backoff, deps.random)
       jobLog().warn({ error, retryInS: Math.round(delayS) }, 'reaction handler failed; retrying later')
       return { ...base, state: 'pending', attempts: 1, lastError: error, runAt: new Date(clock.now() + delayS * 1000) }
