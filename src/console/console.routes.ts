@@ -17,8 +17,9 @@ import type { Database } from '../db/database.js'
 import { embeddedDatabaseStopReason } from '../db/pglite-thread.js'
 import { errorAnswer } from '../http/error-handler.js'
 import { continuingParser, leaveBodyUnread } from '../http/expect-continue.js'
+import { limitLines } from '../limit-lines.js'
 import type { Logger } from '../logger.js'
-import type { Metrics } from '../metrics/metrics.js'
+import type { CONSOLE_TOKEN_VIAS, Metrics } from '../metrics/metrics.js'
 import type { ObservationSettings } from '../orders/apply-observation.js'
 import { countOrdersNeedingAttention, findOrderById, findOrderByExternalReference, orderHistory, searchOrders } from '../orders/order.repository.js'
 import { countDueOrders, requeueOrders } from '../orders/poll-schedule.repository.js'
@@ -81,6 +82,7 @@ import {
   resultPage,
   withForwardedPrefix,
 } from './console-views.js'
+import { createLoginThrottle } from './login-throttle.js'
 
 export { CONSOLE_PATH }
 
@@ -253,6 +255,7 @@ function parseFilter(source: unknown): { filter: DeliveryFilter; after: Delivery
 export function consoleRoutes(deps: ConsoleDeps): Router {
   const { db, logger, clock } = deps
   const auth = createConsoleAuth({ token: deps.token, now: () => clock.now() })
+  const throttle = createLoginThrottle({ now: () => clock.now() })
   const done = new Map<string, ActionRecord>()
   const router = Router()
 
@@ -334,14 +337,45 @@ export function consoleRoutes(deps: ConsoleDeps): Router {
   // a client that sent `Expect: 100-continue` is told to send its form here (http/expect-continue.ts)
   const form = continuingParser(express.urlencoded({ extended: false, limit: FORM_LIMIT_BYTES, parameterLimit: 50 }), FORM_LIMIT_BYTES)
 
+  // Wrong tokens, and tokens not checked while the throttle holds (login-throttle.ts): counted by the metric, and
+  // logged once a second at most, the rest counted in the next line's `suppressed` (limit-lines.ts), so a guesser
+  // cannot fill the log. Real time, not the clock: the lines' interval is timed with setTimeout.
+  type Via = (typeof CONSOLE_TOKEN_VIAS)[number]
+  const logWrongToken = limitLines((fields: { via: Via; path: string }) => logger.warn(fields, 'console login refused: wrong token'))
+  const logThrottled = limitLines((fields: { via: Via; path: string; retryAfterS: number }) =>
+    logger.warn(fields, 'console login refused: too many wrong tokens'),
+  )
+  const wrongToken = (req: Request, via: Via) => {
+    throttle.wrongToken()
+    deps.metrics?.consoleAuthRefused.inc({ via, reason: 'wrong_token' })
+    logWrongToken({ via, path: req.path })
+  }
+  /** While the throttle holds, answers 429 from the headers alone (its body unread) and returns true. */
+  const throttled = async (req: Request, res: Response, via: Via): Promise<boolean> => {
+    const waitMs = throttle.waitMs()
+    if (waitMs === 0) return false
+    const retryAfterS = Math.ceil(waitMs / 1_000)
+    deps.metrics?.consoleAuthRefused.inc({ via, reason: 'throttled' })
+    logThrottled({ via, path: req.path, retryAfterS })
+    leaveBodyUnread(req, res)
+    res.setHeader('Retry-After', String(retryAfterS))
+    const problem = `Too many wrong tokens: no token, the right one included, is checked for ${retryAfterS} s more; try again then (too_many_attempts).`
+    await send(res, loginPage(problem), 429)
+    return true
+  }
+
   pageAt(`${CONSOLE_PATH}/login`, async (_req, res) => send(res, loginPage()))
-  actionAt(`${CONSOLE_PATH}/login`, form, async (req, res) => {
+  // the throttle before the form: a token typed while it holds is not even read
+  const unlessThrottled: RequestHandler = async (req, res, next) => {
+    if (!(await throttled(req, res, 'login_page'))) next()
+  }
+  actionAt(`${CONSOLE_PATH}/login`, unlessThrottled, form, async (req, res) => {
     if (!requestFromOwnOrigin(req)) return send(res, messagePage('Refused', undefined, 'This form was posted from another site.'), 403)
     const body = (req.body ?? {}) as Record<string, unknown>
     const sessionId =
       typeof body.token === 'string' ? auth.login(body.token, typeof body.name === 'string' ? body.name : '') : undefined
     if (!sessionId) {
-      logger.warn({ path: req.path }, 'console login refused: wrong token')
+      wrongToken(req, 'login_page')
       return send(res, loginPage('Wrong token.'), 401)
     }
     res.cookie(SESSION_COOKIE, sessionId, { httpOnly: true, sameSite: 'strict', path: consolePath(), secure: reachedOverHttps(req) })
@@ -357,8 +391,12 @@ export function consoleRoutes(deps: ConsoleDeps): Router {
   router.use(
     CONSOLE_PATH,
     async (req, res, next) => {
+      // a token in the header is a try the throttle counts; a session cookie is not (its id is not guessed)
+      const triesToken = req.headers.authorization !== undefined
+      if (triesToken && (await throttled(req, res, 'authorization'))) return
       const operator = auth.authenticate(req)
       if (!operator) {
+        if (triesToken) wrongToken(req, 'authorization')
         leaveBodyUnread(req, res)
         res.setHeader('WWW-Authenticate', 'Bearer realm="partner-escrow console"')
         return send(res, loginPage(), 401)

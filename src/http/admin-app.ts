@@ -2,7 +2,7 @@
 // Prometheus metrics, the operator console (/console/, when ADMIN_TOKEN is set) and the routes the
 // composition root gives it (service.ts: the command endpoint the CLI forwards to). Whoever can reach the
 // public webhook URL reaches none of this.
-import express, { type Router } from 'express'
+import express, { type RequestHandler, type Router } from 'express'
 import type { Kysely } from 'kysely'
 import { type Clock, systemClock } from '../clock.js'
 import type { Config } from '../config.js'
@@ -15,6 +15,8 @@ import { observationSettings } from '../orders/observations.js'
 import type { ReactionRouting } from '../reactions/reaction-registry.js'
 import type { RunSummary } from '../reconcile/poller.js'
 import { errorHandler, notFoundHandler } from './error-handler.js'
+import { leaveBodyUnread } from './expect-continue.js'
+import { isLoopbackAddress, isLoopbackHost } from './loopback-host.js'
 import { metricsRoutes } from './metrics.routes.js'
 import { type App, expressListener, readRequestTarget } from './request-target.js'
 
@@ -43,6 +45,7 @@ export function createAdminApp(deps: AdminAppDeps): App {
   app.set('trust proxy', false)
   // <, > and & in an answer's JSON as \u escapes: a 404 echoes the path an outsider sent
   app.set('json escape', true)
+  if (isLoopbackAddress(deps.config.admin.host)) app.use(loopbackHostOnly(deps.config.admin.host))
   if (deps.metrics && deps.config.metrics.enabled) {
     app.use(metricsRoutes({ metrics: deps.metrics, path: deps.config.metrics.path }))
   }
@@ -69,5 +72,24 @@ export function createAdminApp(deps: AdminAppDeps): App {
   const viaExpress = expressListener(app)
   return (req, res) => {
     if (readRequestTarget(req, res)) viaExpress(req, res)
+  }
+}
+
+/**
+ * Bound to loopback, the listener is this machine's alone: a Host of another name is a browser that a web page's
+ * own name, rebound to 127.0.0.1, sent here (DNS rebinding), and it would read /metrics and the console's pages as
+ * that page's. Refused before anything else, from the headers. Bound elsewhere (ADMIN_HOST=0.0.0.0, a private
+ * address), the operator chose a network and the names it is reached by: any Host is answered.
+ */
+function loopbackHostOnly(adminHost: string): RequestHandler {
+  return (req, res, next) => {
+    if (isLoopbackHost(req.headers.host)) return next()
+    leaveBodyUnread(req, res)
+    res.status(403).json({
+      error: {
+        code: 'forbidden_host',
+        message: `The operator listener (ADMIN_HOST=${adminHost}) answers only to localhost, 127.0.0.1 or [::1]; a proxy in front of it must send one of them as Host`,
+      },
+    })
   }
 }

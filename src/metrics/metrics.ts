@@ -49,6 +49,11 @@ export interface MetricsSources {
   pruneIntervalS?: number
 }
 
+/** How a console token came (console_auth_refused_total's via): typed on the login page, or in an Authorization header. */
+export const CONSOLE_TOKEN_VIAS = ['login_page', 'authorization'] as const
+/** Why it was refused (its reason): checked and wrong, or not checked at all while the console throttles (429). */
+export const CONSOLE_REFUSALS = ['wrong_token', 'throttled'] as const
+
 /** What retention prunes: the label values of retention_rows_pruned_total (src/retention/prune.ts). */
 const PRUNED_KINDS = ['body', 'delivery', 'reaction_job', 'reconcile_run'] as const
 
@@ -81,6 +86,8 @@ export interface Metrics {
   readonly pollResults: Counter<'result'>
   /** Requests or connections the public listener refused to protect its memory, by reason. */
   readonly requestsRefused: Counter<'reason'>
+  /** Operator console: tokens refused, by how they came and why (src/console/login-throttle.ts). */
+  readonly consoleAuthRefused: Counter<'via' | 'reason'>
   /**
    * Body bytes reserved by requests being read or held now (MAX_INFLIGHT_BODY_BYTES is the cap): a plain
    * sum, read into the gauge when scraped (two gauge updates per request cost more than the scrape).
@@ -174,6 +181,14 @@ export function createMetrics(
     registers: [registry],
   })
   for (const reason of ['body_budget', 'slow_body', 'slow_connection', 'max_connections', 'storage_low']) requestsRefused.inc({ reason }, 0)
+  // every label pair at 0: an alert on its rate starts from a series, not from none
+  const consoleAuthRefused = new Counter({
+    name: 'console_auth_refused_total',
+    help: `Operator listener: console tokens refused, by how they came (${CONSOLE_TOKEN_VIAS.join(', ')}: Bearer or basic) and why (wrong_token: checked and wrong; throttled: answered 429 unchecked, after too many wrong ones in a minute)`,
+    labelNames: ['via', 'reason'] as const,
+    registers: [registry],
+  })
+  for (const via of CONSOLE_TOKEN_VIAS) for (const reason of CONSOLE_REFUSALS) consoleAuthRefused.inc({ via, reason }, 0)
   let inflightBytes = 0
   const inflightBodyBytes = {
     inc: (bytes: number) => {
@@ -398,6 +413,7 @@ export function createMetrics(
     ingestBatchSize,
     pollResults,
     requestsRefused,
+    consoleAuthRefused,
     inflightBodyBytes,
     partnerApiHooks: {
       onClockOffset: (offsetS) => {

@@ -9,6 +9,7 @@ import type { AddressInfo } from 'node:net'
 import express, { type Express, type Request, type Response } from 'express'
 import { type Clock, MAX_TIMER_MS, systemClock } from '../clock.js'
 import { bearerCredential } from '../http/authorization.js'
+import { isLoopbackHost } from '../http/loopback-host.js'
 import { createLogger, type Logger } from '../logger.js'
 import type { FullTradeRecord as TradeRecord } from '../partner-api/types.js'
 import { printable } from '../printable.js'
@@ -438,12 +439,6 @@ const authMessages = {
   invalid_signature: 'The signature does not match the request',
   replayed_nonce: 'The nonce was already used within the window',
 } as const
-
-const LOOPBACK_HOST = /^(localhost|127(\.\d{1,3}){3}|\[::1\])(:\d{1,5})?$/i
-
-function isLoopbackHost(host: string | undefined): boolean {
-  return host !== undefined && LOOPBACK_HOST.test(host)
-}
 
 function sameToken(presented: string, expected: string): boolean {
   // equal-length digests: the comparison takes the same time whatever was presented

@@ -1,0 +1,17 @@
+// DNS rebinding: a web page open in the operator's browser makes its own host name resolve to 127.0.0.1, and its
+// script then reads a loopback listener as if it were the page's own site. The browser still sends the page's
+// name in `Host`, so a listener meant for this machine alone answers only a loopback Host (the sandbox's control
+// endpoints, the operator listener bound to loopback). Pure.
+
+const LOOPBACK_HOST = /^(localhost|127(\.\d{1,3}){3}|\[::1\])(:\d{1,5})?$/i
+const LOOPBACK_ADDRESS = /^(localhost|127(\.\d{1,3}){3}|::1)$/i
+
+/** Whether a Host header names this machine by a loopback name or address: localhost, 127.x.x.x or [::1], any port. */
+export function isLoopbackHost(host: string | undefined): boolean {
+  return host !== undefined && LOOPBACK_HOST.test(host)
+}
+
+/** Whether a listening address (ADMIN_HOST) is a loopback one: 127.x.x.x, ::1 or localhost. */
+export function isLoopbackAddress(address: string): boolean {
+  return LOOPBACK_ADDRESS.test(address)
+}

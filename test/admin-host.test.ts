@@ -1,0 +1,82 @@
+// The operator listener's Host check: bound to loopback (ADMIN_HOST's default), it answers only a loopback Host, so
+// a web page in the operator's browser whose name was rebound to 127.0.0.1 (DNS rebinding) reads neither /metrics
+// nor the console; bound to a network the operator chose, any Host is answered as before.
+import request from 'supertest'
+import { describe, expect, it } from 'vitest'
+import { createAdminApp } from '../src/http/admin-app.js'
+import { localCliRoutes } from '../src/local/local-cli.js'
+import { LOCAL_CLI_PATH } from '../src/local/running-service.js'
+import { createMetrics } from '../src/metrics/metrics.js'
+import { testLogger } from './helpers/log-sink.js'
+import { testConfig } from './helpers/test-config.js'
+import { useTestDatabase } from './helpers/test-database.js'
+
+const TOKEN = 'admin-host-token-0123456789abcdef'
+const COMMAND_TOKEN = 'c'.repeat(64)
+const OUTSIDE_HOSTS = ['evil.example:3301', 'evil.example', '127.0.0.1.evil.example:3301', 'localhost.evil.example', '10.0.0.1:3301', '[::2]:3301']
+const LOOPBACK_HOSTS = ['127.0.0.1:3301', 'localhost:3301', 'LocalHost', '[::1]:3301', '127.8.9.10', 'localhost']
+
+describe('the operator listener and the Host header', () => {
+  const database = useTestDatabase()
+
+  const adminBoundTo = (adminHost: string) => {
+    const config = testConfig({ ADMIN_TOKEN: TOKEN, ADMIN_HOST: adminHost })
+    const logger = testLogger([TOKEN, COMMAND_TOKEN])
+    const routes = localCliRoutes({
+      token: COMMAND_TOKEN,
+      context: { config, db: database.db, logger },
+      runCommand: async () => ({ code: 0, stdout: 'ran\n', stderr: '' }),
+      whenReady: Promise.resolve(),
+    })
+    return createAdminApp({ config, db: database.db, logger, metrics: createMetrics({}, { defaultMetrics: false }), routes: [routes] })
+  }
+  const command = (call: request.Test) => call.set('Authorization', `Bearer ${COMMAND_TOKEN}`).send({ args: ['orders', 'list'] })
+
+  it('refuses every path 403 forbidden_host under a Host that is not a loopback name, when bound to loopback (DNS rebinding)', async () => {
+    for (const adminHost of ['127.0.0.1', '::1', 'localhost']) {
+      const admin = adminBoundTo(adminHost)
+      for (const host of OUTSIDE_HOSTS) {
+        const answers = {
+          metrics: await request(admin).get('/metrics').set('Host', host),
+          login: await request(admin).get('/console/login').set('Host', host),
+          console: await request(admin).get('/console/').set('Host', host).set('Authorization', `Bearer ${TOKEN}`),
+          command: await command(request(admin).post(LOCAL_CLI_PATH).set('Host', host)),
+          unknown: await request(admin).get('/no-such-path').set('Host', host),
+        }
+        for (const [what, answer] of Object.entries(answers)) {
+          expect([answer.status, answer.body.error?.code], `${adminHost} ${host} ${what}`).toEqual([403, 'forbidden_host'])
+          expect(answer.text).not.toContain('webhook_deliveries_total')
+        }
+      }
+    }
+  })
+
+  it('answers a loopback Host, by name or address, with any port or none, and refuses the same name rebound', async () => {
+    const admin = adminBoundTo('127.0.0.1')
+    for (const host of LOOPBACK_HOSTS) {
+      // the name a rebinding page would have: the same port, a name of its own
+      const rebound = await request(admin).get('/metrics').set('Host', host.replace(/^(localhost|127\.[\d.]+|\[::1\])/i, 'rebound.example'))
+      expect(rebound.status, host).toBe(403)
+      const metrics = await request(admin).get('/metrics').set('Host', host)
+      expect(metrics.status, host).toBe(200)
+      expect(metrics.text).toContain('webhook_deliveries_total')
+      expect((await request(admin).get('/console/').set('Host', host).set('Authorization', `Bearer ${TOKEN}`)).status, host).toBe(200)
+      // what a second terminal's command sends (src/local/running-service.ts: fetch of serve.json's adminUrl)
+      const forwarded = await command(request(admin).post(LOCAL_CLI_PATH).set('Host', host))
+      expect([forwarded.status, forwarded.body.stdout], host).toEqual([200, 'ran\n'])
+    }
+    // supertest's own Host, 127.0.0.1 and the port it listens on
+    expect((await request(admin).get('/metrics')).status).toBe(200)
+  })
+
+  it('answers any Host when bound to an address the operator chose on a network, which bound to loopback it refuses', async () => {
+    const loopback = adminBoundTo('127.0.0.1')
+    for (const adminHost of ['0.0.0.0', '10.1.2.3', '::']) {
+      const admin = adminBoundTo(adminHost)
+      for (const host of [...OUTSIDE_HOSTS, 'metrics.internal:3001']) {
+        expect((await request(admin).get('/metrics').set('Host', host)).status, `${adminHost} ${host}`).toBe(200)
+        expect((await request(loopback).get('/metrics').set('Host', host)).status, `127.0.0.1 ${host}`).toBe(403)
+      }
+    }
+  })
+})
