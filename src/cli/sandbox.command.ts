@@ -1,11 +1,13 @@
 // `sandbox`: the platform simulator on its own port, for a receiver configured against it
 // (PARTNER_API_BASE_URL=http://127.0.0.1:4010). Every option also reads an environment variable.
+import { lookup } from 'node:dns/promises'
+import { BlockList } from 'node:net'
 import { type Command, InvalidArgumentError, Option } from 'commander'
 import { MAX_TIMER_MS } from '../clock.js'
 import type { Faults } from '../sandbox/webhook-dispatcher.js'
 import { untilStopSignal } from '../stop-signals.js'
 import { portNumber, wholeNumber } from './cli-arguments.js'
-import { cliLogger, UsageError, write } from './cli-context.js'
+import { cliLogger, UsageError, write, writeError } from './cli-context.js'
 import { describeListenError } from '../listen-error.js'
 
 function rate(value: string): number {
@@ -96,9 +98,9 @@ export function registerSandboxCommand(program: Command): void {
         logger,
       })
       const port = flags.port ?? config.sandbox.port
+      // commander fills an option from its variable too: the source says which one the operator set
+      const setting = (option: string, variable: string) => (command.getOptionValueSource(option) === 'cli' ? `--${option}` : variable)
       const url = await sandbox.listen(port, flags.host).catch((error: unknown) => {
-        // commander fills an option from its variable too: the source says which one the operator set
-        const setting = (option: string, variable: string) => (command.getOptionValueSource(option) === 'cli' ? `--${option}` : variable)
         throw describeListenError(error, {
           portSetting: setting('port', 'SANDBOX_PORT'),
           hostSetting: setting('host', 'SANDBOX_HOST'),
@@ -106,7 +108,16 @@ export function registerSandboxCommand(program: Command): void {
           host: flags.host,
         })
       })
-      write(`sandbox platform listening on ${url} (partner API at ${url}/api/partner/v1/)\n`)
+      if (await reachableFromOtherMachines(flags.host)) {
+        const given = setting('host', 'SANDBOX_HOST')
+        writeError(
+          `warning: ${given === '--host' ? `--host ${flags.host}` : `SANDBOX_HOST=${flags.host}`} is not a loopback address, so other machines ` +
+            'can reach the simulator: its API is signed and its control endpoints need the token, but it is a simulator ' +
+            'with test secrets. Give 127.0.0.1 unless they must reach it.\n',
+        )
+      }
+      // the base URL a receiver is given is the root: the client adds /api/partner/v1/ (config.ts refuses it whole)
+      write(`sandbox platform listening on ${url} (partner API at ${url}/api/partner/v1/; a receiver's PARTNER_API_BASE_URL=${url})\n`)
       write(`webhooks go to ${flags.webhookUrl ?? `http://${host}:${config.port}${config.webhook.path}`}\n`)
       write(`key id ${flags.keyId ?? config.partner.keyId}; secrets as configured (not shown). Ctrl-C stops it.\n`)
       write(
@@ -117,4 +128,21 @@ export function registerSandboxCommand(program: Command): void {
       await untilStopSignal()
       await sandbox.close()
     })
+}
+
+// Whether the address the sandbox listens on is other than a loopback one (127.0.0.0/8, ::1): 0.0.0.0 or ::
+// (every interface), a network's address, or a name for one. listen() looks a name up as lookup() does and
+// takes the first address, so this is the address it bound; '' is every interface, as for listen().
+async function reachableFromOtherMachines(host: string): Promise<boolean> {
+  if (host === '') return true
+  const loopback = new BlockList()
+  loopback.addSubnet('127.0.0.0', 8, 'ipv4')
+  loopback.addAddress('::1', 'ipv6')
+  try {
+    const { address, family } = await lookup(host)
+    return !loopback.check(address, family === 6 ? 'ipv6' : 'ipv4')
+  } catch {
+    // it listens, so the name resolved a moment ago: whatever it is now, say so rather than nothing
+    return true
+  }
 }

@@ -4,7 +4,11 @@
 // event kind is `trade.{status}`. A body with an `event` string names its own kind (seller.*, buyer.*,
 // or kinds we do not know). The spec does not show those payloads, so they are kept raw. A trade body whose
 // `event` is not `trade.{status}` of its own status is invalid: which of the two it means cannot be told.
+// So is any body with a key twice in one of its objects (find-duplicate-key.ts): we would read its last
+// value, a reader that keeps the first would read another body.
 import { isTradeFact, TRADE_FACT_MAX_LENGTH } from '../partner-api/field-rules.js'
+import { printable } from '../printable.js'
+import { findDuplicateKey } from './find-duplicate-key.js'
 
 export type ParsedDelivery =
   | {
@@ -27,11 +31,19 @@ export class PayloadError extends Error {
 const decoder = new TextDecoder('utf-8', { fatal: true, ignoreBOM: true })
 const BYTE_ORDER_MARK = '\ufeff'
 
+/** A body as received: its text, what JSON.parse made of it, and a key its text holds twice in one object. */
+export interface ParsedBody {
+  text: string
+  body: Record<string, unknown>
+  /** The first key one of its objects holds twice (find-duplicate-key.ts); JSON.parse kept the last value. */
+  duplicateKey?: string
+}
+
 /**
  * Decodes and parses the body; throws PayloadError when it is not UTF-8 JSON holding an object.
  * `text` is the whole body, byte-order mark included: Buffer.from(text) is the body received.
  */
-export function parseBody(rawBody: Buffer): { text: string; body: Record<string, unknown> } {
+export function parseBody(rawBody: Buffer): ParsedBody {
   let text: string
   try {
     text = decoder.decode(rawBody)
@@ -49,14 +61,16 @@ export function parseBody(rawBody: Buffer): { text: string; body: Record<string,
   }
   // Postgres text cannot hold NUL; an escaped \u0000 in JSON would decode to one in a field
   if (text.includes('\u0000') || (text.includes('\\u0000') && ESCAPED_NUL.test(text))) throw new PayloadError('The body holds a NUL character')
-  return { text, body: body as Record<string, unknown> }
+  const duplicateKey = findDuplicateKey(text, body)
+  return duplicateKey === undefined ? { text, body: body as Record<string, unknown> } : { text, body: body as Record<string, unknown>, duplicateKey }
 }
 
-export function classifyDelivery(body: Record<string, unknown>): ParsedDelivery {
-  const event = body.event
-  if (typeof event === 'string' && !event.startsWith('trade.')) return { kind: 'other', eventType: clipped(event) }
-  const { trade_id: tradeId, reference, status, external_reference: externalReference } = body
+export function classifyDelivery({ body, duplicateKey }: Pick<ParsedBody, 'body' | 'duplicateKey'>): ParsedDelivery {
+  const { event, trade_id: tradeId, reference, status, external_reference: externalReference } = body
   const eventType = typeof event === 'string' ? clipped(event) : typeof status === 'string' ? `trade.${status}` : 'trade.unknown'
+  // before anything is read from it: every value read here may be one the platform does not mean
+  if (duplicateKey !== undefined) return { kind: 'invalid', eventType, problem: `duplicate key ${shownKey(duplicateKey)}` }
+  if (typeof event === 'string' && !event.startsWith('trade.')) return { kind: 'other', eventType }
   const problems: string[] = []
   if (!isTradeFact(tradeId)) problems.push('trade_id')
   if (!isTradeFact(status)) problems.push('status')
@@ -98,6 +112,14 @@ function clipped(event: string): string {
   if (event.length <= EVENT_TYPE_MAX_LENGTH) return event
   const cut = event.slice(0, EVENT_TYPE_MAX_LENGTH)
   return /[\ud800-\udbff]$/.test(cut) ? cut.slice(0, -1) : cut
+}
+
+const SHOWN_KEY_MAX_LENGTH = 100
+
+// quoted and escaped as JSON writes it, on one line and visible (printable.ts); a long key by its first 100 units
+function shownKey(key: string): string {
+  const cut = key.length > SHOWN_KEY_MAX_LENGTH ? `${key.slice(0, SHOWN_KEY_MAX_LENGTH)}…` : key
+  return printable(JSON.stringify(cut))
 }
 
 /** JSON.parse of a body's text; a leading byte-order mark is not part of the JSON (RFC 8259 §8.1). */

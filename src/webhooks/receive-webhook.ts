@@ -15,7 +15,7 @@ import type { DeliveryIdTurns } from './delivery-id-turns.js'
 import { type DeliveryOutcome, recordDelivery, updateDeliveryOutcome } from './delivery.repository.js'
 import type { EventHandlers } from './event-handlers.js'
 import type { DeliveryWriter } from './group-commit.js'
-import { classifyDelivery, PayloadError, parseBody } from './parse-delivery.js'
+import { classifyDelivery, type ParsedBody, PayloadError, parseBody } from './parse-delivery.js'
 import type { SeenDeliveries } from './seen-deliveries.js'
 import { signatureHeaderWellFormed, verifySignature } from './verify-signature.js'
 
@@ -67,7 +67,7 @@ export async function receiveWebhook(deps: ReceiveDeps, delivery: IncomingDelive
   const bodySha256 = createHash('sha256').update(delivery.rawBody).digest('hex')
   // a retry of a delivery this process saw stored: nothing to write, nothing to read
   if (deps.seen.has(deliveryId, bodySha256)) return { duplicate: true }
-  let parsed: ReturnType<typeof parseBody>
+  let parsed: ParsedBody
   try {
     parsed = parseBody(delivery.rawBody)
   } catch (error) {
@@ -137,11 +137,11 @@ function signatureRejected(
 async function storeRefused(
   deps: ReceiveDeps,
   key: { deliveryId: string; bodySha256: string },
-  parsed: { text: string; body: Record<string, unknown> },
+  parsed: ParsedBody,
   receivedAt: Date,
   reason: DatabaseErrorDescription,
 ): Promise<ReceiveResult> {
-  const eventType = storableText(classifyDelivery(parsed.body).eventType)
+  const eventType = storableText(classifyDelivery(parsed).eventType)
   const { inserted, idReused } = await recordDelivery(deps.db, {
     ...key,
     eventType,
@@ -157,11 +157,11 @@ async function storeRefused(
 async function store(
   deps: ReceiveDeps,
   { deliveryId, bodySha256 }: { deliveryId: string; bodySha256: string },
-  parsed: { text: string; body: Record<string, unknown> },
+  parsed: ParsedBody,
   receivedAt: Date,
 ): Promise<ReceiveResult> {
   const { logger } = deps
-  const event = classifyDelivery(parsed.body)
+  const event = classifyDelivery(parsed)
   if (event.kind === 'trade') {
     const result = await deps.writer.write({
       delivery: { deliveryId, bodySha256, eventType: event.eventType, rawBody: parsed.text },
