@@ -512,12 +512,19 @@ describePostgres('the compiled serve through database outages (Postgres)', () =>
     const proxy = await startTcpProxy(target())
     proxies.push(proxy)
     const { child, watch } = await startServe(proxy.rewrite(database.url!), { POLL_ENABLED: 'false' })
-    const url = String((await watch.waitFor('service listening')).url)
+    const { url, adminUrl } = (await watch.waitFor('service listening')) as { url: string; adminUrl: string }
     // connections in the pool, idle now
     for (let n = 0; n < 5; n++) {
       const status = (await post(url, `idle-${n}-${randomBytes(4).toString('hex')}`, JSON.stringify(tradePayload(`outage-${4_000 + n}`, 'funded')))).status
       expect(status).toBe(200)
     }
+    // the notification listener connects after the service is ready, and once it listens it wakes the reaction
+    // dispatcher for a claim (notifications may have been missed): once it heard its own probe, sent after that
+    // wake, the claim is done. A claim in flight at the stall held the stop to its bound, exit 1 (once, in a
+    // loaded run of the whole suite)
+    await eventually('the listener heard its probe', async () =>
+      /^database_notifications_heard 1$/m.test(await (await fetch(`${adminUrl}/metrics`)).text()) ? true : undefined,
+    )
     proxy.stall()
     expect(await signalAndClose(child), `the stop's last lines:\n${watch.lines.slice(-8).join('\n')}`).toEqual({ code: 0, signal: null })
   }, 120_000)
