@@ -31,3 +31,19 @@ export function refusedCertificateCode(error: unknown): string | undefined {
 
 /** What an operator does about a certificate of the company's own CA (README: "Your own certificate authority"). */
 export const OWN_CA_HINT = 'if a CA of your own signed it, give the service NODE_EXTRA_CA_CERTS=/path/to/ca.pem (read at start)'
+
+/** OpenSSL's codes for an answer that is no TLS at all: a plain-text port reached with TLS. */
+const NOT_TLS_CODES = new Set(['ERR_SSL_WRONG_VERSION_NUMBER', 'ERR_SSL_PACKET_LENGTH_TOO_LONG', 'ERR_SSL_HTTP_REQUEST'])
+
+/**
+ * Whether `error`, or one of its causes, says the server answered the TLS handshake with something that is not
+ * TLS: an amqps:// URL on the broker's plain port (5672), where the error was OpenSSL's own text
+ * (`ssl3_get_record:wrong version number:../deps/openssl/…`).
+ */
+export function answeredWithoutTls(error: unknown): boolean {
+  for (let at = error, depth = 0; at instanceof Error && depth < 8; at = at.cause, depth++) {
+    const code = (at as { code?: unknown }).code
+    if (typeof code === 'string' && NOT_TLS_CODES.has(code)) return true
+  }
+  return false
+}

@@ -73,3 +73,37 @@ it('the RabbitMQ publisher at amqps://: unreachable, as the broker’s certifica
     `the broker amqps://localhost:${port} is unreachable: its TLS certificate was not accepted (UNABLE_TO_VERIFY_LEAF_SIGNATURE); ${HINT}`,
   )
 })
+
+// an amqps:// URL on the broker's plain port: the error was OpenSSL's own text, ending in a line feed
+const amqpUrl = process.env.TEST_AMQP_URL
+it.skipIf(!amqpUrl)('the RabbitMQ publisher at amqps:// on the broker’s plain port: says so, and which URL to give (RabbitMQ)', async () => {
+  const plain = new URL(amqpUrl!)
+  const url = `amqps://${plain.username}:${plain.password}@${plain.hostname}:${plain.port || 5672}/`
+  const publisher = createAmqpPublisher({ url, exchange: 'partner-escrow', logger, timeoutMs: 5_000 })
+  try {
+    const error = await publisher
+      .handler(
+        {
+          eventId: '00000000-0000-4000-8000-000000000002',
+          type: 'trade.funded',
+          orderId: 1,
+          externalReference: 'plain-1',
+          tradeId: 'trd_plain-1',
+          from: 'created',
+          to: 'funded',
+          source: 'webhook',
+          sequence: 1,
+          occurredAt: new Date(),
+        },
+        { signal: new AbortController().signal, attempt: 1, logger },
+      )
+      .catch((thrown: unknown) => thrown)
+    expect(error).toBeInstanceOf(AmqpPublishError)
+    expect(error).toMatchObject({ code: 'amqp_unreachable' })
+    expect((error as Error).message).toBe(
+      `the broker amqps://${plain.hostname}:${plain.port || 5672} answered without TLS: its port takes plain AMQP; give AMQP_URL amqp://, or amqps:// with the broker's TLS port (5671 by default)`,
+    )
+  } finally {
+    await publisher.close()
+  }
+}, 30_000)

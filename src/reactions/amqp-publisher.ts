@@ -26,7 +26,7 @@ import amqp, { type ChannelModel, type ConfirmChannel, type Message } from 'amqp
 import { anySignal } from 'any-signal'
 import { closeWithin } from '../close-within.js'
 import type { Logger } from '../logger.js'
-import { OWN_CA_HINT, refusedCertificateCode } from '../tls-certificate.js'
+import { answeredWithoutTls, OWN_CA_HINT, refusedCertificateCode } from '../tls-certificate.js'
 import { forwardedPayload, type ReactionHandler } from './reaction-event.js'
 
 export type AmqpPublishErrorCode =
@@ -257,6 +257,10 @@ export function createAmqpPublisher({
     const certificate = refusedCertificateCode(error)
     if (certificate !== undefined) {
       const message = `the broker ${broker} is unreachable: its TLS certificate was not accepted (${certificate}); ${OWN_CA_HINT}`
+      return new AmqpPublishError('amqp_unreachable', message, { cause: error })
+    }
+    if (answeredWithoutTls(error)) {
+      const message = `the broker ${broker} answered without TLS: its port takes plain AMQP; give AMQP_URL amqp://, or amqps:// with the broker's TLS port (5671 by default)`
       return new AmqpPublishError('amqp_unreachable', message, { cause: error })
     }
     return new AmqpPublishError('amqp_unreachable', `the broker ${broker} is unreachable: ${describeError(error)}`, { cause: error })
