@@ -4,19 +4,14 @@
 // injected fetch, and through the dispatcher, where the job's state and last error are what an operator reads.
 import { randomBytes } from 'node:crypto'
 import net, { type AddressInfo } from 'node:net'
-import { afterEach, beforeEach, describe, expect, it } from 'vitest'
+import { afterEach, describe, expect, it } from 'vitest'
 import { printable } from '../src/printable.js'
-import { createDispatcher, type Dispatcher } from '../src/reactions/dispatcher.js'
 import { createForwarder, ForwardError } from '../src/reactions/forwarder.js'
 import type { HandlerContext, ReactionEvent } from '../src/reactions/reaction-event.js'
-import { createReactionRegistry } from '../src/reactions/reaction-registry.js'
-import { backoffDelayS } from '../src/reconcile/backoff-delay.js'
 import { FakeClock } from './helpers/fake-clock.js'
 import { type ForwardReceiver, startForwardReceiver } from './helpers/forward-receiver.js'
 import { logEntries, testLogger } from './helpers/log-sink.js'
-import { moveNewOrder } from './helpers/orders.js'
-import { clearReactions, TEST_DISPATCHER_SETTINGS, untilEventsReadable } from './helpers/reaction-jobs.js'
-import { eventually } from './helpers/reconcile-poller.js'
+import { forwarderUnderDispatcher } from './helpers/forwarder-under-dispatcher.js'
 import { useTestDatabase } from './helpers/test-database.js'
 
 const SECRET = `whsec_${randomBytes(32).toString('base64')}`
@@ -182,57 +177,8 @@ describe.each(PATHS)('the forwarder, through %s', (_path, fetchImplementation) =
 // happens only when the test moves the clock to it.
 describe('the forwarder’s hostile answers under the dispatcher', () => {
   const database = useTestDatabase()
-  const settings = TEST_DISPATCHER_SETTINGS
-  const HALF = () => 0.5
-  const firstBackoffMs = backoffDelayS(1, settings.backoff, HALF) * 1000
-  let clock: FakeClock
-  let dispatcher: Dispatcher | undefined
-  let counter = 0
-
-  beforeEach(() => {
-    clock = new FakeClock(Math.floor(Date.now() / 1000) * 1000)
-  })
-  afterEach(async () => {
-    await dispatcher?.stop()
-    dispatcher = undefined
-    await clearReactions(database.db)
-  })
-
-  /** A dispatcher running the forwarder to `url`, and an order moved to created: its one event. */
-  const forwardOneEvent = async (url: string) => {
-    const reactions = createReactionRegistry().on('trade.*', 'forwarder', createForwarder({ url, secret: SECRET, timeoutMs: 5_000, clock }))
-    dispatcher = createDispatcher({ db: database.db, handler: reactions.handler, streams: reactions, clock, logger, listen: database.listen, settings, random: HALF })
-    await dispatcher.start()
-    const orderId = await moveNewOrder(database.db, {
-      externalReference: `hostile-${++counter}`,
-      statuses: ['created'],
-      handlersFor: reactions.handlersFor,
-      now: () => new Date(clock.now()),
-    })
-    await untilEventsReadable(database.db)
-    return orderId
-  }
-
-  /** The job loop and the forwarder's stream are asleep (a timer each) and no handler runs: only the clock moves them on. */
-  const idle = () => eventually(() => dispatcher!.running === 0 && clock.pendingSleepers === 2, 'the dispatcher is idle')
-
-  const jobState = (orderId: number) =>
-    database.db
-      .selectFrom('reactionJobs')
-      .select(['state', 'attempts', 'runAt', 'lastError'])
-      .where('orderId', '=', orderId)
-      .where('handler', '=', 'forwarder')
-      .executeTakeFirst()
-
-  /** The order's forwarder job once it is in `state` after `attempts` attempts. */
-  const jobAfter = async (orderId: number, attempts: number, state: 'pending' | 'failed') => {
-    await eventually(async () => {
-      const job = await jobState(orderId)
-      return job?.attempts === attempts && job.state === state
-    }, `the forwarder job is ${state} after ${attempts} attempt(s)`)
-    const job = (await jobState(orderId))!
-    return { ...job, runAt: new Date(job.runAt).getTime() }
-  }
+  const forwarding = forwarderUnderDispatcher(database, { secret: SECRET, logger, referencePrefix: 'hostile' })
+  const { settings, firstBackoffMs, forwardOneEvent, idle, jobState, jobAfter } = forwarding
 
   it('fails the job at its first attempt when the receiver answers 410, and calls it no more', async () => {
     const target = await receiver(() => 410)
@@ -243,7 +189,7 @@ describe('the forwarder’s hostile answers under the dispatcher', () => {
     expect(job.lastError).toBe(`ForwardError: the forward receiver ${new URL(target.url).origin} answered 410 Gone: it asks for no more events, so the job is failed without retrying`)
     // past every backoff the job would have waited: no second call
     await idle()
-    await clock.advance(settings.backoff.capS * 1000 * settings.maxAttempts)
+    await forwarding.clock.advance(settings.backoff.capS * 1000 * settings.maxAttempts)
     await idle()
     expect(target.received).toHaveLength(1)
     expect(await jobState(orderId)).toMatchObject({ state: 'failed', attempts: 1 })
@@ -252,25 +198,25 @@ describe('the forwarder’s hostile answers under the dispatcher', () => {
   it('fails a retried job at once when the receiver answers 410 on a later attempt', async () => {
     // REACTION_MAX_ATTEMPTS is 3 here: the 410 on the second attempt ends the job with one left
     const target = await receiver((_request, count) => (count === 1 ? 503 : 410))
-    const startedAt = clock.now()
+    const startedAt = forwarding.clock.now()
     const orderId = await forwardOneEvent(target.url)
     const first = await jobAfter(orderId, 1, 'pending')
     expect(first.runAt).toBe(startedAt + firstBackoffMs)
 
     await idle()
-    await clock.advance(firstBackoffMs)
+    await forwarding.clock.advance(firstBackoffMs)
     const second = await jobAfter(orderId, 2, 'failed')
 
     expect(second.lastError).toContain('answered 410 Gone')
     await idle()
-    await clock.advance(settings.backoff.capS * 1000)
+    await forwarding.clock.advance(settings.backoff.capS * 1000)
     await idle()
     expect(target.received).toHaveLength(2)
   })
 
   it('retries an answer that is not HTTP like any failure, its error saying so', async () => {
     const target = await rawReceiver('HTTP/1.1 2OO WAT\r\ncontent-length: 0\r\n\r\n')
-    const startedAt = clock.now()
+    const startedAt = forwarding.clock.now()
     const orderId = await forwardOneEvent(target.url)
 
     const job = await jobAfter(orderId, 1, 'pending')
@@ -280,14 +226,14 @@ describe('the forwarder’s hostile answers under the dispatcher', () => {
     expect(job.lastError?.startsWith(said), job.lastError ?? '').toBe(true)
     expect(job.lastError!.slice(said.length)).toMatch(PARSER_REASON)
     await idle()
-    await clock.advance(firstBackoffMs)
+    await forwarding.clock.advance(firstBackoffMs)
     await jobAfter(orderId, 2, 'pending')
     expect(target.requests()).toBe(2)
   })
 
   it('says a Retry-After of 99999999999999999999999 seconds is longer than a day, and waits the cap', async () => {
     const target = await receiver(() => ({ status: 503, headers: { 'retry-after': '9'.repeat(23) } }))
-    const startedAt = clock.now()
+    const startedAt = forwarding.clock.now()
     const orderId = await forwardOneEvent(target.url)
 
     const job = await jobAfter(orderId, 1, 'pending')

@@ -2,6 +2,7 @@
 // that was not given that CA: the partner API client and the RabbitMQ publisher say the certificate was refused
 // and what to do (NODE_EXTRA_CA_CERTS), where they said only a code, or that the server was unreachable. (The
 // forwarder, through the compiled serve: test/forward-own-ca-process.test.ts.)
+import { randomUUID } from 'node:crypto'
 import { readFileSync } from 'node:fs'
 import type { AddressInfo } from 'node:net'
 import path from 'node:path'
@@ -11,6 +12,7 @@ import { z } from 'zod'
 import { PartnerNotSentError } from '../src/partner-api/partner-api-error.js'
 import { PartnerApiTransport } from '../src/partner-api/partner-api-transport.js'
 import { AmqpPublishError, createAmqpPublisher } from '../src/reactions/amqp-publisher.js'
+import type { ReactionEvent } from '../src/reactions/reaction-event.js'
 import { FakeClock } from './helpers/fake-clock.js'
 import { testLogger } from './helpers/log-sink.js'
 
@@ -29,6 +31,23 @@ beforeAll(async () => {
 afterAll(async () => {
   await new Promise<void>((resolve) => server.close(() => resolve()))
 })
+
+/** One event published, and what the publish threw. */
+function publishOne(publisher: ReturnType<typeof createAmqpPublisher>, reference: string): Promise<unknown> {
+  const event: ReactionEvent = {
+    eventId: randomUUID(),
+    type: 'trade.funded',
+    orderId: 1,
+    externalReference: reference,
+    tradeId: `trd_${reference}`,
+    from: 'created',
+    to: 'funded',
+    source: 'webhook',
+    sequence: 1,
+    occurredAt: new Date(),
+  }
+  return publisher.handler(event, { signal: new AbortController().signal, attempt: 1, logger }).catch((thrown: unknown) => thrown)
+}
 
 it('the partner API client: the call was not sent, as the platform’s certificate was not accepted, and what to do', async () => {
   const transport = new PartnerApiTransport({
@@ -49,23 +68,7 @@ it('the partner API client: the call was not sent, as the platform’s certifica
 
 it('the RabbitMQ publisher at amqps://: unreachable, as the broker’s certificate was not accepted, and what to do', async () => {
   const publisher = createAmqpPublisher({ url: `amqps://localhost:${port}/`, exchange: 'partner-escrow', logger })
-  const error = await publisher
-    .handler(
-      {
-        eventId: '00000000-0000-4000-8000-000000000001',
-        type: 'trade.funded',
-        orderId: 1,
-        externalReference: 'own-ca-1',
-        tradeId: 'trd_own-ca-1',
-        from: 'created',
-        to: 'funded',
-        source: 'webhook',
-        sequence: 1,
-        occurredAt: new Date(),
-      },
-      { signal: new AbortController().signal, attempt: 1, logger },
-    )
-    .catch((thrown: unknown) => thrown)
+  const error = await publishOne(publisher, 'own-ca-1')
   await publisher.close()
   expect(error).toBeInstanceOf(AmqpPublishError)
   expect(error).toMatchObject({ code: 'amqp_unreachable' })
@@ -81,23 +84,7 @@ it.skipIf(!amqpUrl)('the RabbitMQ publisher at amqps:// on the broker’s plain 
   const url = `amqps://${plain.username}:${plain.password}@${plain.hostname}:${plain.port || 5672}/`
   const publisher = createAmqpPublisher({ url, exchange: 'partner-escrow', logger, timeoutMs: 5_000 })
   try {
-    const error = await publisher
-      .handler(
-        {
-          eventId: '00000000-0000-4000-8000-000000000002',
-          type: 'trade.funded',
-          orderId: 1,
-          externalReference: 'plain-1',
-          tradeId: 'trd_plain-1',
-          from: 'created',
-          to: 'funded',
-          source: 'webhook',
-          sequence: 1,
-          occurredAt: new Date(),
-        },
-        { signal: new AbortController().signal, attempt: 1, logger },
-      )
-      .catch((thrown: unknown) => thrown)
+    const error = await publishOne(publisher, 'plain-1')
     expect(error).toBeInstanceOf(AmqpPublishError)
     expect(error).toMatchObject({ code: 'amqp_unreachable' })
     expect((error as Error).message).toBe(

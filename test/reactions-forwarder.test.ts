@@ -6,8 +6,7 @@ import { getEventListeners } from 'node:events'
 import http from 'node:http'
 import type { AddressInfo } from 'node:net'
 import { Webhook, WebhookVerificationError } from 'standardwebhooks'
-import { afterEach, beforeEach, describe, expect, it } from 'vitest'
-import { createDispatcher, type Dispatcher } from '../src/reactions/dispatcher.js'
+import { afterEach, describe, expect, it } from 'vitest'
 import {
   createForwarder,
   decodeWebhookSecret,
@@ -16,16 +15,13 @@ import {
   signStandardWebhook,
 } from '../src/reactions/forwarder.js'
 import { forwardedPayload, type HandlerContext, type ReactionEvent } from '../src/reactions/reaction-event.js'
-import { createReactionRegistry } from '../src/reactions/reaction-registry.js'
-import { backoffDelayS } from '../src/reconcile/backoff-delay.js'
 import { MiB } from './helpers/endless-answer.js'
 import { FakeClock } from './helpers/fake-clock.js'
 import { type ForwardReceiver, startForwardReceiver } from './helpers/forward-receiver.js'
 import { rememberSecret, testLogger } from './helpers/log-sink.js'
-import { moveNewOrder } from './helpers/orders.js'
 import { PACKAGE_VERSION } from './helpers/package-version.js'
-import { clearReactions, TEST_DISPATCHER_SETTINGS, untilEventsReadable } from './helpers/reaction-jobs.js'
 import { eventually } from './helpers/reconcile-poller.js'
+import { forwarderUnderDispatcher } from './helpers/forwarder-under-dispatcher.js'
 import { useTestDatabase } from './helpers/test-database.js'
 
 const SECRET = `whsec_${randomBytes(32).toString('base64')}`
@@ -501,64 +497,19 @@ describe('the forwarder', () => {
 // database. The clock is fake: run_at is exact, and nothing depends on the machine's speed.
 describe('the forwarder’s retries under the dispatcher', () => {
   const database = useTestDatabase()
-  const settings = TEST_DISPATCHER_SETTINGS
-  // the backoff after a first failed attempt: 7.5 s (base 10 s, half jitter), the cap 1000 s
-  const HALF = () => 0.5
-  const firstBackoffMs = backoffDelayS(1, settings.backoff, HALF) * 1000
-  let clock: FakeClock
-  let dispatcher: Dispatcher | undefined
-  let counter = 0
-
-  beforeEach(() => {
-    // a whole second, so that an HTTP-date names the same instant
-    clock = new FakeClock(Math.floor(Date.now() / 1000) * 1000)
-  })
-  afterEach(async () => {
-    await dispatcher?.stop()
-    dispatcher = undefined
-    await clearReactions(database.db)
-  })
+  const forwarding = forwarderUnderDispatcher(database, { secret: SECRET, logger, referencePrefix: 'retry-after' })
+  const { settings, firstBackoffMs, idle, jobState } = forwarding
 
   /** A dispatcher running the forwarder to `answer`'s receiver, and an order moved to created: its one event. */
   const forwardOneEvent = async (answer: Parameters<typeof startForwardReceiver>[0]) => {
     const target = await receiver(answer)
-    const reactions = createReactionRegistry().on('trade.*', 'forwarder', createForwarder({ url: target.url, secret: SECRET, timeoutMs: 5_000, clock }))
-    dispatcher = createDispatcher({ db: database.db, handler: reactions.handler, streams: reactions, clock, logger, listen: database.listen, settings, random: HALF })
-    await dispatcher.start()
-    const orderId = await moveNewOrder(database.db, {
-      externalReference: `retry-after-${++counter}`,
-      statuses: ['created'],
-      handlersFor: reactions.handlersFor,
-      now: () => new Date(clock.now()),
-    })
-    await untilEventsReadable(database.db)
-    return { target, orderId }
+    return { target, orderId: await forwarding.forwardOneEvent(target.url) }
   }
-
-  /** The job loop and the forwarder's stream are asleep (a timer each) and no handler runs: only the clock moves them on. */
-  const idle = () => eventually(() => dispatcher!.running === 0 && clock.pendingSleepers === 2, 'the dispatcher is idle')
-
-  /** The order's forwarder job, once it has a row. */
-  const jobState = (orderId: number) =>
-    database.db
-      .selectFrom('reactionJobs')
-      .select(['state', 'attempts', 'runAt', 'lastError'])
-      .where('orderId', '=', orderId)
-      .where('handler', '=', 'forwarder')
-      .executeTakeFirst()
-
   /** The order's forwarder job once it has `attempts` attempts and waits for the next. */
-  const waitingJob = async (orderId: number, attempts: number) => {
-    await eventually(async () => {
-      const job = await jobState(orderId)
-      return job?.attempts === attempts && job.state === 'pending'
-    }, `the forwarder job's attempt ${attempts} failed`)
-    const job = (await jobState(orderId))!
-    return { ...job, runAt: new Date(job.runAt).getTime() }
-  }
+  const waitingJob = (orderId: number, attempts: number) => forwarding.jobAfter(orderId, attempts, 'pending')
 
   it('waits out a 429’s Retry-After in seconds, then a 503’s HTTP-date, each attempt counted', async () => {
-    const startedAt = clock.now()
+    const startedAt = forwarding.clock.now()
     const secondAt = startedAt + 120_000
     const asked = new Date(secondAt + 600_000)
     const { target, orderId } = await forwardOneEvent((_request, count) =>
@@ -574,10 +525,10 @@ describe('the forwarder’s retries under the dispatcher', () => {
 
     // just before it the job is not due; at it, the job loop's attempt is answered 503 until the date
     await idle()
-    await clock.advance(119_000)
+    await forwarding.clock.advance(119_000)
     await idle()
     expect(target.received).toHaveLength(1)
-    await clock.advance(1_000)
+    await forwarding.clock.advance(1_000)
     const second = await waitingJob(orderId, 2)
     expect(target.received).toHaveLength(2)
     expect(second.runAt).toBe(asked.getTime())
@@ -585,7 +536,7 @@ describe('the forwarder’s retries under the dispatcher', () => {
 
     // a wait asked for is still an attempt: the third (REACTION_MAX_ATTEMPTS here) answered so is the last
     await idle()
-    await clock.advance(600_000)
+    await forwarding.clock.advance(600_000)
     await eventually(async () => (await jobState(orderId))?.state === 'failed', 'the job is failed after its last attempt')
     expect(await jobState(orderId)).toMatchObject({ state: 'failed', attempts: settings.maxAttempts })
     expect(target.received).toHaveLength(3)
@@ -596,7 +547,7 @@ describe('the forwarder’s retries under the dispatcher', () => {
     ['a negative number', '-5'],
     ['a wait shorter than the backoff', '1'],
   ])('retries after the backoff when the Retry-After is %s', async (_case, value) => {
-    const startedAt = clock.now()
+    const startedAt = forwarding.clock.now()
     const { orderId } = await forwardOneEvent(() => ({ status: 429, headers: { 'retry-after': value } }))
     const job = await waitingJob(orderId, 1)
     expect(job.runAt).toBe(startedAt + firstBackoffMs)
@@ -607,7 +558,7 @@ describe('the forwarder’s retries under the dispatcher', () => {
     ['a date in the year 9999', 'Fri, 31 Dec 9999 23:59:59 GMT'],
     ['more seconds than a date holds', '9'.repeat(30)],
   ])('waits at most the backoff’s cap when the Retry-After asks for %s, and says so', async (_case, value) => {
-    const startedAt = clock.now()
+    const startedAt = forwarding.clock.now()
     const { orderId } = await forwardOneEvent(() => ({ status: 503, headers: { 'retry-after': value } }))
     const job = await waitingJob(orderId, 1)
     expect(job.runAt).toBe(startedAt + settings.backoff.capS * 1000)
