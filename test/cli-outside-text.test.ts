@@ -157,7 +157,7 @@ describe('the CLI shows text from outside without its control codes', () => {
         expect(refused.code).toBe(1)
         expect(refused.stdout).toBe('')
         const lines = refused.stderr.split('\n')
-        expect(lines[0]).toMatch(/^The platform refused \(422 validation_failed\): w{500}… \(200,003 characters\)$/)
+        expect(lines[0]).toMatch(/^The platform refused \(422 validation_failed\): w{500}… \(200,003 characters\) \[invalid_request\]$/)
         expect(lines[1]).toBe('  currency: unknown\\u000aforged-line: the platform accepted it')
         expect(lines[2]).toMatch(/^ {2}field_1: m{500}… \(2,001 characters\)$/)
         expect(lines).toHaveLength(1 + 20 + 1 + 1)
@@ -179,14 +179,14 @@ describe('the CLI shows text from outside without its control codes', () => {
       const context = { config: testConfig({ PARTNER_API_BASE_URL: refusing.url }), logger: testLogger([TEST_API_SECRET]), db: database.db }
       const refused = await runCommandWith(['trades', 'fund', REFERENCE], context)
       expect(refused.code).toBe(1)
-      expect(refused.stderr).toBe('The platform refused (422 http_422)\n  currency\\u000aforged\n  7: ?\n')
+      expect(refused.stderr).toBe('The platform refused (422 http_422) [invalid_request]\n  currency\\u000aforged\n  7: ?\n')
       const notAList = await startRecordingServer({
         secret: TEST_API_SECRET,
         answer: () => ({ status: 422, body: { error: { code: 'validation_failed', message: 'no', fields: 'currency' } } }),
       })
       try {
         const other = await runCommandWith(['trades', 'fund', REFERENCE], { ...context, config: testConfig({ PARTNER_API_BASE_URL: notAList.url }) })
-        expect(other.stderr).toBe('The platform refused (422 validation_failed): no\n')
+        expect(other.stderr).toBe('The platform refused (422 validation_failed): no [invalid_request]\n')
       } finally {
         await notAList.close()
       }

@@ -42,15 +42,17 @@ export class UsageError extends Error {
 
 /**
  * A command that failed for a reason with a name (`order_not_found`, ...): printed as one line ending in its
- * code in brackets, without a stack, exit code 1.
+ * code in brackets, without a stack, exit code 1. `detail`, lines of their own under it (a refusal's fields),
+ * starts with a line feed: the code stays on the failure line, where a script finds it.
  */
 export class CommandFailedError extends Error {
   override name = 'CommandFailedError'
   constructor(
     readonly code: string,
     message: string,
+    detail = '',
   ) {
-    super(`${message} [${code}]`)
+    super(`${message} [${code}]${detail}`)
   }
 }
 

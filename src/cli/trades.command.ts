@@ -1,7 +1,6 @@
 // `trades ...`: create and move the platform trade of one of your orders (named by its external reference).
 // The platform is the configured one, or the in-process sandbox in local mode.
 import type { Command } from 'commander'
-import { describeClockOffset } from '../partner-api/clock-offset.js'
 import {
   isOutcomeUnknown,
   PartnerAnswerAbandonedError,
@@ -10,8 +9,6 @@ import {
   PartnerValidationError,
 } from '../partner-api/partner-api-error.js'
 import type { CreateTradeRequest, MilestoneInput, TradeRecord } from '../partner-api/types.js'
-import { printable } from '../printable.js'
-import { shortened } from '../shortened.js'
 import type { TradeDeps } from '../trades/trade-deps.js'
 import { TradeOperationError } from '../trades/trade-operation-error.js'
 import {
@@ -26,6 +23,7 @@ import {
   write,
   writeError,
 } from './cli-context.js'
+import { explainRefusal } from './explain-refusal.js'
 import { holdSignalsForCall } from './hold-signals-for-call.js'
 
 interface TradeDepsOptions {
@@ -38,7 +36,8 @@ interface TradeDepsOptions {
 /**
  * Runs a command with the trades service wired from the config, and turns its failures into the CLI's
  * contract: a request that fails validation is a usage error (exit 2, the field named); a refusal by the
- * platform or by the order's state exits 1 with the status and code.
+ * platform (explain-refusal.ts) or by the order's state, a platform not reached and an answer not known exit 1,
+ * their line ending in our code in brackets.
  */
 export async function withTradeDeps<T>(
   run: (deps: TradeDeps) => Promise<T>,
@@ -104,64 +103,41 @@ function explainFailure(
   if (error instanceof PartnerValidationError) return new UsageError(`Invalid request: ${error.message}`)
   if (error instanceof PartnerApiError && localSandbox && (error.code === 'unknown_key' || error.code === 'invalid_signature')) {
     // the sandbox of this DATA_DIR's service knows its key: one that does not is another checkout's, on the same port
-    return new Error(
-      `${describeRefusal(error)}\n  In local mode the platform is the sandbox that \`npm start\` runs from ${localSandbox.dataDir}, ` +
+    return explainRefusal(
+      error,
+      `\n  In local mode the platform is the sandbox that \`npm start\` runs from ${localSandbox.dataDir}, ` +
         `with that directory's key; the one at ${localSandbox.url} does not know it, so another service (another ` +
         'checkout or DATA_DIR) holds that port: stop it, or give this one another SANDBOX_PORT, and start this one.',
     )
   }
-  if (error instanceof PartnerApiError) return new Error(describeRefusal(error))
+  // CommandFailedError from here on, never a plain Error: run-cli.ts reads a plain one's message for a database
+  // failure, and these messages quote the platform (a 503 saying `Connection terminated`, a key of its answer)
+  if (error instanceof PartnerApiError) return explainRefusal(error)
   if (error instanceof TradeOperationError) return new CommandFailedError(error.code, error.message)
   if (error instanceof PartnerNotSentError && error.proxy) {
-    return new Error(
+    return new CommandFailedError(
+      'not_sent',
       `Could not reach the platform at ${error.url} through the proxy ${error.proxy}: ${error.reason}. Nothing ` +
-        `was sent and ${orderWhenNotSent()}; check HTTPS_PROXY / HTTP_PROXY and NO_PROXY. [not_sent]`,
+        `was sent and ${orderWhenNotSent()}; check HTTPS_PROXY / HTTP_PROXY and NO_PROXY.`,
     )
   }
   if (error instanceof PartnerNotSentError) {
-    return new Error(
+    return new CommandFailedError(
+      'not_sent',
       `Could not reach the platform at ${error.url} (${error.reason}): nothing was sent and ${orderWhenNotSent()}. ` +
         'In local mode the sandbox runs inside `npm start`: start it, then run this again; ' +
-        'otherwise check PARTNER_API_BASE_URL. [not_sent]',
+        'otherwise check PARTNER_API_BASE_URL.',
     )
   }
   if (isOutcomeUnknown(error)) {
     // the same words as a timeout's: the operator's giving up on the answer leaves what a timeout leaves
-    const message = `${(error as Error).message}. ${unknownOutcome} [outcome_unknown]`
-    return error instanceof PartnerAnswerAbandonedError ? new StoppedBySignalError(message) : new Error(message)
+    const message = `${(error as Error).message}. ${unknownOutcome}`
+    return error instanceof PartnerAnswerAbandonedError
+      ? new StoppedBySignalError(`${message} [outcome_unknown]`)
+      : new CommandFailedError('outcome_unknown', message)
   }
   return error
 }
-
-/** The most characters of the platform's message, and of each field's name and message, printed for a person. */
-const MAX_REFUSAL_TEXT_LENGTH = 500
-/** The most of a refusal's fields printed, one a line; the rest are counted. */
-const MAX_REFUSAL_FIELDS = 20
-
-/**
- * A refusal for a person to read: the status and code, then the platform's message and the first of its fields
- * (`currency: unknown currency`), each shortened: the answer may be a megabyte of text from outside. With --json
- * too: --json is the form of a result on stdout, and a refusal is no result but this text on stderr. Each value
- * from the answer is shown on one line (printable()): a line feed in it cannot forge a line of the output.
- */
-function describeRefusal(error: PartnerApiError): string {
-  const platform = isObject(error.body) && isObject(error.body.error) ? error.body.error : {}
-  const text = (value: unknown) =>
-    value === undefined || value === null
-      ? '?'
-      : printable(shortened(typeof value === 'string' ? value : JSON.stringify(value), MAX_REFUSAL_TEXT_LENGTH))
-  const detail = typeof platform.message === 'string' && platform.message !== '' ? `: ${text(platform.message)}` : ''
-  const clock = error.clockOffsetS === undefined ? '' : `\n  ${describeClockOffset(error.clockOffsetS)}`
-  const fields = Array.isArray(platform.fields) ? platform.fields : []
-  const shown = fields
-    .slice(0, MAX_REFUSAL_FIELDS)
-    .map((field) => (isObject(field) ? `\n  ${text(field.field)}: ${text(field.message)}` : `\n  ${text(field)}`))
-  const more = fields.length > MAX_REFUSAL_FIELDS ? `\n  … and ${fields.length - MAX_REFUSAL_FIELDS} more fields` : ''
-  return `The platform refused (${error.status} ${printable(error.code)})${detail}${clock}${shown.join('')}${more}`
-}
-
-const isObject = (value: unknown): value is Record<string, unknown> =>
-  typeof value === 'object' && value !== null && !Array.isArray(value)
 
 function printTrade(trade: TradeRecord, json: boolean | undefined, extra: Record<string, unknown> = {}): void {
   if (json) printJson({ ...extra, trade })

@@ -99,9 +99,10 @@ export function isOutcomeUnknown(error: unknown): boolean {
 
 /**
  * The platform answered with a success status but a body that is not what the endpoint returns: not JSON,
- * or a field we rely on missing or mistyped (`field` names it, e.g. `trade.status`; the body is never
- * copied into the error, so no log line carries it). The call may well have taken effect, so it counts as
- * an unknown outcome, not as a refusal.
+ * JSON with a key twice in one object (two answers in one: the key is named, cut at 100 characters), or a
+ * field we rely on missing or mistyped (`field` names it, e.g. `trade.status`). The body is never copied into
+ * the error, so no log line carries it. The call may well have taken effect, so it counts as an unknown
+ * outcome, not as a refusal.
  */
 export class PartnerInvalidResponseError extends PartnerNetworkError {
   override name = 'PartnerInvalidResponseError'

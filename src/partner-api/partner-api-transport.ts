@@ -21,6 +21,7 @@ import type { Logger } from '../logger.js'
 import { shortened } from '../shortened.js'
 import { OWN_CA_HINT, refusedCertificateCode } from '../tls-certificate.js'
 import { userAgent } from '../version.js'
+import { findDuplicateKey, shownKey } from '../webhooks/find-duplicate-key.js'
 import { describeClockOffset, isClockOffsetTooLarge, measureClockOffset } from './clock-offset.js'
 import {
   PartnerApiError,
@@ -300,6 +301,10 @@ function parseSuccess<T>(method: Method, path: string, answer: RawAnswer, schema
   } catch {
     throw invalid('(body)', 'is not JSON')
   }
+  // JSON.parse keeps the last of a key's values and another reader the first: `"status":"funded","status":
+  // "released"` is two answers, and which one the platform meant cannot be told, so neither is acted on
+  const duplicateKey = findDuplicateKey(answer.text, json)
+  if (duplicateKey !== undefined) throw invalid('(body)', `holds the key ${shownKey(duplicateKey)} twice in one object`)
   // JSON.parse reads any depth, but whatever writes the record out again (JSON.stringify for --json, the
   // database, a log) recurses and runs out of stack: `trades fund --json` printed "Maximum call stack size
   // exceeded" and exited 1 for a fund it had recorded
@@ -335,7 +340,9 @@ function toApiError(
 ): PartnerApiError {
   let body: unknown = answer.text
   try {
-    body = JSON.parse(answer.text)
+    const json: unknown = JSON.parse(answer.text)
+    // a key twice: which code and message the platform meant cannot be told, so the text is kept, as for no JSON
+    if (findDuplicateKey(answer.text, json) === undefined) body = json
   } catch {
     // not JSON (a proxy's HTML page): keep the text
   }

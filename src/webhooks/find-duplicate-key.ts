@@ -1,6 +1,8 @@
 // Pure: the first key that one object of a JSON text holds twice. JSON.parse keeps the last of the two
 // ("last key wins"); a reader that keeps the first sees another body under the same signature, so a body with
-// `"status":"created","status":"released"` said `released` to us and may say `created` to the platform.
+// `"status":"created","status":"released"` said `released` to us and may say `created` to the platform. Used on
+// both texts the platform sends us: a webhook's body (src/webhooks/parse-delivery.ts) and an API answer
+// (src/partner-api/partner-api-transport.ts).
 //
 // On the ingest path, so in two steps, the first cheap (about 1 µs on a 1 kB body, a quarter of JSON.parse's):
 // 1. count: every key in the text ends in `"`, white space and `:` (a key end), so the text holds at least as
@@ -9,6 +11,7 @@
 //    key ends are as many as the keys held, no key repeats.
 // 2. otherwise, find it: one pass of a sticky pattern that steps over everything but strings and brackets (a
 //    value's text is never looked into), a string followed by `:` being a key, with the keys of each open object.
+import { printable } from '../printable.js'
 
 // [^"{}[\]]*   what lies between tokens: numbers, literals, commas, colons, white space (and a leading BOM)
 // "(…)"        a string (its text, escapes as written, in group 1), then `:` when it is a key (group 2)
@@ -22,6 +25,17 @@ const NEXT_TOKEN = /[^"{}[\]]*(?:"([^"\\]*(?:\\.[^"\\]*)*)"([\t\n\r ]*:)?|([{}[\
  */
 export function findDuplicateKey(text: string, value: unknown): string | undefined {
   return keyEnds(text) === keysHeld(value) ? undefined : firstDuplicateKey(text)
+}
+
+const SHOWN_KEY_MAX_LENGTH = 100
+
+/**
+ * A key found twice, for a log line or a person: quoted and escaped as JSON writes it, on one line and visible
+ * (printable.ts: it is the sender's text); a long key by its first 100 units. `status` → `"status"`.
+ */
+export function shownKey(key: string): string {
+  const cut = key.length > SHOWN_KEY_MAX_LENGTH ? `${key.slice(0, SHOWN_KEY_MAX_LENGTH)}…` : key
+  return printable(JSON.stringify(cut))
 }
 
 const [QUOTE, TAB, LINE_FEED, CARRIAGE_RETURN, SPACE] = [0x22, 0x09, 0x0a, 0x0d, 0x20]

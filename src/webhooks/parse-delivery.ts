@@ -7,8 +7,7 @@
 // So is any body with a key twice in one of its objects (find-duplicate-key.ts): we would read its last
 // value, a reader that keeps the first would read another body.
 import { isTradeFact, TRADE_FACT_MAX_LENGTH } from '../partner-api/field-rules.js'
-import { printable } from '../printable.js'
-import { findDuplicateKey } from './find-duplicate-key.js'
+import { findDuplicateKey, shownKey } from './find-duplicate-key.js'
 
 export type ParsedDelivery =
   | {
@@ -112,14 +111,6 @@ function clipped(event: string): string {
   if (event.length <= EVENT_TYPE_MAX_LENGTH) return event
   const cut = event.slice(0, EVENT_TYPE_MAX_LENGTH)
   return /[\ud800-\udbff]$/.test(cut) ? cut.slice(0, -1) : cut
-}
-
-const SHOWN_KEY_MAX_LENGTH = 100
-
-// quoted and escaped as JSON writes it, on one line and visible (printable.ts); a long key by its first 100 units
-function shownKey(key: string): string {
-  const cut = key.length > SHOWN_KEY_MAX_LENGTH ? `${key.slice(0, SHOWN_KEY_MAX_LENGTH)}…` : key
-  return printable(JSON.stringify(cut))
 }
 
 /** JSON.parse of a body's text; a leading byte-order mark is not part of the JSON (RFC 8259 §8.1). */

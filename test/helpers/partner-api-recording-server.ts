@@ -20,6 +20,8 @@ export interface RecordedRequest {
 export interface PlannedAnswer {
   status: number
   body?: unknown
+  /** The body's exact text instead, for one JSON.stringify cannot write (a key twice in one object). */
+  text?: string
   headers?: Record<string, string>
 }
 
@@ -68,7 +70,7 @@ export async function startRecordingServer({
       const recorded: RecordedRequest = { method, path, headers: req.headers, rawBody, signatureValid }
       requests.push(recorded)
       const planned = answer(recorded)
-      const text = planned.body === undefined ? '' : JSON.stringify(planned.body)
+      const text = planned.text ?? (planned.body === undefined ? '' : JSON.stringify(planned.body))
       res.writeHead(planned.status, { 'content-type': 'application/json', ...planned.headers })
       res.end(text)
     })

@@ -1,0 +1,63 @@
+// How a command tells a person that the platform refused its call: one failure line ending in a code of ours in
+// brackets, as every failed command's does, with the platform's status, code and message before it as detail,
+// then the platform's fields, one a line. Exit code 1 (run-cli.ts): the command was well formed and the platform
+// said no; 2 is for what the command line or the configuration got wrong before anything was sent.
+//
+// Our code comes from the status alone: the spec lists none of the platform's codes, so a script can rely on
+// ours whatever the platform sends, and the platform's own code is its words, from outside, shown as detail.
+import { describeClockOffset } from '../partner-api/clock-offset.js'
+import type { PartnerApiError } from '../partner-api/partner-api-error.js'
+import { printable } from '../printable.js'
+import { shortened } from '../shortened.js'
+import { CommandFailedError } from './cli-context.js'
+
+// 401 and 429 in the words `reconcile --once` stops with
+const REFUSAL_CODES: Readonly<Record<number, string>> = {
+  400: 'invalid_request',
+  401: 'unauthorized',
+  403: 'forbidden',
+  404: 'not_found',
+  409: 'conflict',
+  422: 'invalid_request',
+  429: 'throttled',
+}
+
+/** Our code for a refusal with this status: `not_found` for a 404, `platform_error` for any 5xx, `refused` else. */
+export function refusalCode(status: number): string {
+  return REFUSAL_CODES[status] ?? (status >= 500 ? 'platform_error' : 'refused')
+}
+
+/** The most characters of the platform's message, and of each field's name and message, printed for a person. */
+const MAX_REFUSAL_TEXT_LENGTH = 500
+/** The most of a refusal's fields printed, one a line; the rest are counted. */
+const MAX_REFUSAL_FIELDS = 20
+
+/**
+ * A refusal for a person to read: `The platform refused (404 trade_not_found): No trade tr_1 [not_found]`, then
+ * the first of its fields (`  currency: unknown currency`) and `advice`, lines of their own. Each value from the
+ * answer is shortened (the answer may be a megabyte of text from outside) and shown on one line (printable()): a
+ * line feed in it cannot forge a line of the output. With --json too: --json is the form of a result on stdout,
+ * and a refusal is no result but this text on stderr.
+ */
+export function explainRefusal(error: PartnerApiError, advice = ''): CommandFailedError {
+  const platform = isObject(error.body) && isObject(error.body.error) ? error.body.error : {}
+  const text = (value: unknown) =>
+    value === undefined || value === null
+      ? '?'
+      : printable(shortened(typeof value === 'string' ? value : JSON.stringify(value), MAX_REFUSAL_TEXT_LENGTH))
+  const message = typeof platform.message === 'string' && platform.message !== '' ? `: ${text(platform.message)}` : ''
+  const clock = error.clockOffsetS === undefined ? '' : `\n  ${describeClockOffset(error.clockOffsetS)}`
+  const fields = Array.isArray(platform.fields) ? platform.fields : []
+  const shown = fields
+    .slice(0, MAX_REFUSAL_FIELDS)
+    .map((field) => (isObject(field) ? `\n  ${text(field.field)}: ${text(field.message)}` : `\n  ${text(field)}`))
+  const more = fields.length > MAX_REFUSAL_FIELDS ? `\n  … and ${fields.length - MAX_REFUSAL_FIELDS} more fields` : ''
+  return new CommandFailedError(
+    refusalCode(error.status),
+    `The platform refused (${error.status} ${printable(error.code)})${message}`,
+    `${clock}${shown.join('')}${more}${advice}`,
+  )
+}
+
+const isObject = (value: unknown): value is Record<string, unknown> =>
+  typeof value === 'object' && value !== null && !Array.isArray(value)

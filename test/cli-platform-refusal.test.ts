@@ -1,0 +1,106 @@
+// A refusal by the platform, as a command prints it: one line ending in a code of ours in brackets, like every
+// failed command's, the platform's status, code and message before it as detail; exit 1 (2 is for a command line
+// or a configuration that is wrong before anything is sent). In-process against a platform of the test's own,
+// then the compiled CLI against the sandbox.
+import { afterAll, beforeAll, describe, expect, it } from 'vitest'
+import type { CliContext } from '../src/cli/cli-context.js'
+import { createSandbox } from '../src/sandbox/create-sandbox.js'
+import { runCommandWith } from './helpers/cli-in-process.js'
+import { receiverEnv, runCli } from './helpers/cli-process.js'
+import { migratedDataDir } from './helpers/data-dir-template.js'
+import { testLogger } from './helpers/log-sink.js'
+import { type PlannedAnswer, type RecordingServer, startRecordingServer } from './helpers/partner-api-recording-server.js'
+import { insertOrders } from './helpers/reconcile-orders.js'
+import { TEST_API_KEY_ID, TEST_API_SECRET, TEST_WEBHOOK_SECRET, testConfig } from './helpers/test-config.js'
+import { createTestDatabase, type TestDatabase } from './helpers/test-database.js'
+
+describe('a refusal by the platform, in-process', () => {
+  let database: TestDatabase
+  let server: RecordingServer
+  let context: CliContext
+  let answer: PlannedAnswer
+  beforeAll(async () => {
+    database = await createTestDatabase()
+    server = await startRecordingServer({ secret: TEST_API_SECRET, answer: () => answer })
+    context = { config: testConfig({ PARTNER_API_BASE_URL: server.url }), logger: testLogger([TEST_API_SECRET]), db: database.db }
+    await insertOrders(database.db, [{ externalReference: 'refused-1' }])
+  })
+  afterAll(async () => {
+    await server.close()
+    await database.close()
+  })
+
+  it('a 404 ends in [not_found], the platform’s code and message kept, exit 1', async () => {
+    answer = { status: 404, body: { error: { code: 'trade_not_found', message: 'No trade tr_refused-1' } } }
+    const result = await runCommandWith(['trades', 'get', 'refused-1'], context)
+    expect(result).toEqual({ code: 1, stdout: '', stderr: 'The platform refused (404 trade_not_found): No trade tr_refused-1 [not_found]\n' })
+  })
+
+  it('every status has a code of ours, whatever the platform calls it, and exits 1', async () => {
+    const codes: [number, string][] = [
+      [400, 'invalid_request'],
+      [401, 'unauthorized'],
+      [403, 'forbidden'],
+      [404, 'not_found'],
+      [409, 'conflict'],
+      [410, 'refused'],
+      [422, 'invalid_request'],
+      [429, 'throttled'],
+      [500, 'platform_error'],
+      [503, 'platform_error'],
+    ]
+    for (const [status, code] of codes) {
+      answer = { status, body: { error: { code: 'its_own_word', message: 'no' } } }
+      // a POST: sent once, never retried, whatever the status
+      const result = await runCommandWith(['trades', 'fund', 'refused-1'], context)
+      expect(result.code, String(status)).toBe(1)
+      expect(result.stderr, String(status)).toBe(`The platform refused (${status} its_own_word): no [${code}]\n`)
+    }
+  })
+
+  it('the code stays on the failure line, the platform’s fields below it', async () => {
+    answer = {
+      status: 422,
+      body: { error: { code: 'validation_failed', message: 'invalid fields', fields: [{ field: 'currency', message: 'unknown currency' }] } },
+    }
+    const result = await runCommandWith(['trades', 'fund', 'refused-1'], context)
+    expect(result.code).toBe(1)
+    expect(result.stderr).toBe('The platform refused (422 validation_failed): invalid fields [invalid_request]\n  currency: unknown currency\n')
+  })
+
+  it('a platform’s words that read like a database failure are still the platform’s refusal', async () => {
+    answer = { status: 503, body: { error: { code: 'upstream', message: 'Connection terminated unexpectedly' } } }
+    const result = await runCommandWith(['trades', 'fund', 'refused-1'], context)
+    expect(result.code).toBe(1)
+    expect(result.stderr).toBe('The platform refused (503 upstream): Connection terminated unexpectedly [platform_error]\n')
+  })
+})
+
+describe('the compiled CLI against the sandbox', () => {
+  const sandboxOptions = { keyId: TEST_API_KEY_ID, apiSecret: TEST_API_SECRET, webhookSecret: TEST_WEBHOOK_SECRET, logger: testLogger([TEST_API_SECRET]) }
+
+  it('exits 1 with [not_found] for a milestone and for a trade the platform does not know', async () => {
+    const dataDir = migratedDataDir('platform-refusal-')
+    const sandbox = createSandbox(sandboxOptions)
+    const env = { ...receiverEnv(dataDir), PARTNER_API_BASE_URL: await sandbox.listen(0) }
+    try {
+      const open = ['trades', 'open', 'ref-404', '--title', 'Bicycle', '--amount', '120.00', '--currency', 'EUR', '--seller', 's_1', '--milestone', 'Frame:70.00']
+      expect((await runCli(open, env, { built: true })).code).toBe(0)
+      const release = await runCli(['trades', 'milestone', 'release', 'ref-404', 'ms_nope'], env, { built: true })
+      expect(release.code).toBe(1)
+      expect(release.stderr).toMatch(/^The platform refused \(404 milestone_not_found\): No milestone ms_nope on trade \S+ \[not_found\]\n$/)
+    } finally {
+      await sandbox.close()
+    }
+    // a sandbox started afresh knows no trade of the last one's
+    const fresh = createSandbox(sandboxOptions)
+    try {
+      const get = await runCli(['trades', 'get', 'ref-404'], { ...env, PARTNER_API_BASE_URL: await fresh.listen(0) }, { built: true })
+      expect(get.code).toBe(1)
+      expect(get.stdout).toBe('')
+      expect(get.stderr).toMatch(/^The platform refused \(404 trade_not_found\): No trade \S+ \[not_found\]\n$/)
+    } finally {
+      await fresh.close()
+    }
+  })
+})
