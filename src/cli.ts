@@ -27,7 +27,7 @@ try {
 } catch (error) {
   if (!(error instanceof RunningServiceError)) throw error
   process.stderr.write(`${error.message}\n`)
-  process.exitCode = 2
+  process.exitCode = error.exitCode
 }
 // a command that ran until a stop signal (`sandbox`, the demo's console) ends here, its handlers still up (see
 // stopSignalReceived), once stdout and stderr took what it wrote (a pipe or socket whose reader is behind holds

@@ -9,6 +9,8 @@ import { mkdirSync, readFileSync, rmSync, writeFileSync } from 'node:fs'
 import { userInfo } from 'node:os'
 import path from 'node:path'
 import type { Config } from '../config.js'
+import { printable } from '../printable.js'
+import { shortened } from '../shortened.js'
 
 /** Commands that need the database; the rest (serve, sandbox, demo, webhook, help) run where typed. */
 export const FORWARDED_COMMANDS = new Set([
@@ -146,9 +148,22 @@ export function findRunningService(dataDir: string): ServiceFile | undefined {
 }
 
 /** The CLI cannot use the running service (another database named, or it does not answer): nothing is run. */
+/**
+ * The running service cannot run the command: its message ends in our code in brackets. `exitCode` 2 for a
+ * configuration that does not match the service's (wrong_database), 1 for a service that does not answer.
+ */
 export class RunningServiceError extends Error {
   override name = 'RunningServiceError'
+  constructor(
+    message: string,
+    readonly exitCode: 1 | 2 = 2,
+  ) {
+    super(message)
+  }
 }
+
+// the most of a refusing service's answer printed: its own error body, a line or two
+const MAX_REFUSAL_SHOWN = 500
 
 /**
  * The command side: when the command needs the database and a service runs from DATA_DIR, ask that service
@@ -190,6 +205,7 @@ export async function forwardToLocalService(args: string[]): Promise<number | un
       `The service running from ${config.dataDir} (pid ${service.pid}) does not answer at ` +
         `${service.adminUrl} (${(error as Error & { cause?: { code?: string } }).cause?.code ?? (error as Error).message}). ` +
         'Try again once it is up, or stop it. [service_unreachable]',
+      1,
     )
   }
   if (!response.ok) {
@@ -203,7 +219,8 @@ export async function forwardToLocalService(args: string[]): Promise<number | un
       )
       return 1
     }
-    process.stderr.write(`The running service refused the command (${response.status}): ${answer}\n`)
+    // (on one line and visible: whatever answers on that port may not be the service)
+    process.stderr.write(`The running service refused the command (${response.status}): ${printable(shortened(answer, MAX_REFUSAL_SHOWN))} [service_refused]\n`)
     return 1
   }
   const result = (await response.json()) as { code: number; stdout: string; stderr: string }
