@@ -7,6 +7,7 @@ import type { Clock } from '../clock.js'
 import type { DatabaseState } from '../db/ping-database.js'
 import { ATTENTION_FLAGS } from '../orders/poll-schedule.repository.js'
 import type { AttemptResult } from '../reactions/dispatcher-settings.js'
+import { OUTAGE_MS } from '../reactions/recovery-watch.js'
 import { POLL_RESULTS, type PollResult, type RunSummary } from '../reconcile/poller.js'
 import { DELIVERY_OUTCOMES as STORED_OUTCOMES } from '../webhooks/delivery-outcome.js'
 import { serviceVersion } from '../version.js'
@@ -67,6 +68,7 @@ export interface ReactionHooks {
   onAttempt(handler: string, result: AttemptResult, count?: number): void
   onFirstStart(handler: string, latencyS: number): void
   onFailure(handler: string, code: string): void
+  onPulledForward(handler: string, jobs: number): void
 }
 
 /** The results of reaction_attempts_total created at 0 for every handler (lease_lost, released and skipped stay rare). */
@@ -219,6 +221,13 @@ export function createMetrics(
     name: 'reaction_failures_total',
     help: "Reaction handler calls that threw, by handler and the error's code (amqp_unroutable, amqp_unreachable, forward_timeout ...; other for an error without a snake_case code)",
     labelNames: ['handler', 'code'] as const,
+    registers: [registry],
+  })
+  // how often a handler's system came back after an outage with retries still backing off (recovery-watch.ts)
+  const reactionPulledForward = new Counter({
+    name: 'reaction_jobs_pulled_forward_total',
+    help: `Reaction jobs waiting out a backoff that were made due at once, as their handler succeeded again after failing for at least ${OUTAGE_MS / 1000} s (its system is back), by handler`,
+    labelNames: ['handler'] as const,
     registers: [registry],
   })
   const reactionLatency = new Histogram({
@@ -429,11 +438,13 @@ export function createMetrics(
     reactionHooks(handlers) {
       for (const handler of handlers) {
         for (const result of ATTEMPT_RESULTS) reactionAttempts.inc({ handler, result }, 0)
+        reactionPulledForward.inc({ handler }, 0)
       }
       return {
         onAttempt: (handler, result, count = 1) => reactionAttempts.inc({ handler, result }, count),
         onFirstStart: (handler, latencyS) => reactionLatency.observe({ handler }, latencyS),
         onFailure: (handler, code) => reactionFailures.inc({ handler, code }),
+        onPulledForward: (handler, jobs) => reactionPulledForward.inc({ handler }, jobs),
       }
     },
     pollerHooks(clock) {

@@ -17,6 +17,8 @@
 // be claimable), when a stream's handler gives back a slot after the loop found none free, at the earliest
 // future run_at (a backoff ending, a lease running out), and at least
 // every `safetyIntervalMs` (a notification lost with a connection, another replica's completion).
+// And when a handler succeeds again after an outage, its retries waiting out a backoff are made due at once and
+// the loop looks for them (recovery-watch.ts).
 //
 // A handler is aborted shortly before its lease ends: past it, another replica may claim the job again.
 // Stop: no more claims; running handlers get up to `shutdownTimeoutMs` to finish, then are aborted and
@@ -45,6 +47,7 @@ import { ensureReactionStreams } from './reaction-stream.repository.js'
 import { type AttemptResult, type DispatcherSettings, leaseMarginMs } from './dispatcher-settings.js'
 import { createSlots, type Slots } from './handler-slots.js'
 import { planRetry, triesAgain } from './plan-retry.js'
+import { createRecoveryWatch } from './recovery-watch.js'
 import { createStreamWorker, type StreamWorker } from './stream-worker.js'
 
 // Under load one claim takes up to this many times REACTION_CONCURRENCY jobs (less those it holds): the
@@ -84,6 +87,8 @@ export interface DispatcherDeps {
   onFirstStart?: (handler: string, latencyS: number) => void
   /** A call of `handler` threw (or could not be made): the error's code, see failureCode. */
   onFailure?: (handler: string, code: string) => void
+  /** `jobs` retries of `handler` were made due at once, as it succeeded again after an outage (recovery-watch.ts). */
+  onPulledForward?: (handler: string, jobs: number) => void
 }
 
 export interface Dispatcher {
@@ -249,6 +254,22 @@ export function createDispatcher(deps: DispatcherDeps): Dispatcher {
     }
   }
 
+  // a handler that succeeds again after an outage: its retries waiting out a backoff are due now, and this loop
+  // looks for them at once (the other replicas' on the NOTIFY)
+  const recovery = createRecoveryWatch({
+    db,
+    clock,
+    logger,
+    pulledForward: (handler, jobs) => {
+      jobWaker.wake()
+      try {
+        deps.onPulledForward?.(handler, jobs)
+      } catch (error) {
+        logger.warn({ err: error }, 'onPulledForward hook threw')
+      }
+    },
+  })
+
   const reportFailure = (handler: string, failure: unknown) => {
     try {
       deps.onFailure?.(handler, failureCode(failure))
@@ -309,10 +330,13 @@ export function createDispatcher(deps: DispatcherDeps): Dispatcher {
           })
         } catch (error) {
           failure = error ?? new Error('the handler threw without a reason')
+          // (a call stopped at its lease's end or at shutdown got no answer from the handler's system: no sign of an outage)
+          if (!abort.signal.aborted) recovery.failed(job.handler)
         }
       }
       handlerDone()
       if (failure === undefined) {
+        recovery.succeeded(job.handler)
         const written = await complete(lease)
         report(job.handler, written ? 'done' : 'lease_lost')
         if (!written) log().warn('reaction handled, but its lease had been taken over: the job ran again elsewhere')
@@ -584,6 +608,7 @@ export function createDispatcher(deps: DispatcherDeps): Dispatcher {
           random,
           report,
           reportFailure,
+          recovery,
           onFirstStart: deps.onFirstStart,
           jobsWritten: () => jobWaker.wake(),
           slots: slotsOf(name),

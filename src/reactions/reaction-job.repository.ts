@@ -268,6 +268,34 @@ export async function nextRunAt(db: Kysely<Database>, now: Date): Promise<Date |
   return row.next === null ? null : new Date(row.next)
 }
 
+/**
+ * The handler's system is back (recovery-watch.ts): its retries waiting out a backoff are due now, and every
+ * replica's dispatcher is woken for them. Returns how many jobs it moved. Only pending jobs whose run_at is
+ * ahead: a running job's run_at is its lease's end, a failed one waits for an operator, and a job held back
+ * behind an earlier one of its order stays held (the claim checks that, whatever run_at says). SKIP LOCKED:
+ * another replica pulling the same jobs forward at once moves the ones it locked, and neither waits for the
+ * other nor deadlocks with it.
+ */
+export async function pullForwardJobs(db: Kysely<Database>, { handler, now }: { handler: string; now: Date }): Promise<number> {
+  const result = await db
+    .updateTable('reactionJobs')
+    .set({ runAt: now, updatedAt: now })
+    .where('id', 'in', (eb) =>
+      eb
+        .selectFrom('reactionJobs')
+        .select('id')
+        .where('handler', '=', handler)
+        .where('state', '=', 'pending')
+        .where('runAt', '>', now)
+        .forUpdate()
+        .skipLocked(),
+    )
+    .executeTakeFirst()
+  const moved = Number(result.numUpdatedRows)
+  if (moved > 0) await notifyDispatchers(db)
+  return moved
+}
+
 // --- the operator's view (the `reactions` CLI) ---
 
 export interface ReactionJob {

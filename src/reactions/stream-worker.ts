@@ -34,6 +34,7 @@ import { type AttemptResult, type DispatcherSettings, leaseMarginMs } from './di
 import type { Slots } from './handler-slots.js'
 import { planRetry, triesAgain } from './plan-retry.js'
 import type { ReactionHandler } from './reaction-event.js'
+import type { RecoveryWatch } from './recovery-watch.js'
 import { completeJob, failJob, releaseJobs, retryJobLater } from './reaction-job.repository.js'
 import {
   readReactionStream,
@@ -107,6 +108,8 @@ export interface StreamWorkerDeps {
   report: (handler: string, result: AttemptResult, count?: number) => void
   /** A call threw: counted by its error's code. */
   reportFailure?: ((handler: string, failure: unknown) => void) | undefined
+  /** Told how each call ended: after an outage, the handler's first success pulls its waiting retries forward. */
+  recovery?: RecoveryWatch | undefined
   onFirstStart?: ((handler: string, latencyS: number) => void) | undefined
   /** Job rows were written that the job loop may run. */
   jobsWritten: () => void
@@ -202,11 +205,16 @@ export function createStreamWorker(deps: StreamWorkerDeps) {
       })
     } catch (error) {
       failure = error ?? new Error('the handler threw without a reason')
+      // (a call stopped at its lease's end got no answer from the handler's system: no sign of an outage)
+      if (!signal.aborted) deps.recovery?.failed(name)
     } finally {
       running -= 1
       deps.slots.give()
     }
-    if (failure === undefined) return DONE
+    if (failure === undefined) {
+      deps.recovery?.succeeded(name)
+      return DONE
+    }
     if (stopSignal.aborted && signal.aborted) return undefined
     const base = { event, createdAt: entry.recordedAt, lastError: null, runAt: new Date(clock.now()) }
     const message = deps.describeFailure(failure)
