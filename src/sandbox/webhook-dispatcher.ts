@@ -1,12 +1,13 @@
 // Delivers the sandbox's webhooks as the spec says the platform does: signed with the webhook secret
 // (`sha256=` hex HMAC of the raw body), a fresh X-Partner-Delivery-Id for every attempt, at most 6
 // attempts with exponential backoff, a 2xx within the attempt timeout counting as delivered.
-// Faults are injected from a seeded random source, so a run repeats exactly for a seed.
+// Faults are drawn from the seed and the event (keyedDraw): a run repeats them for a seed, each event getting the
+// same faults whatever order concurrent trades reach the dispatcher in (a demo's fifty trades, a test's).
 import { createHmac, randomUUID } from 'node:crypto'
 import type { Clock } from '../clock.js'
 import { readAnswer } from '../http/read-answer.js'
 import type { Logger } from '../logger.js'
-import { seededRandom } from './seeded-random.js'
+import { keyedDraw } from './seeded-random.js'
 
 export const MAX_ATTEMPTS = 6
 
@@ -70,7 +71,10 @@ export interface PendingEvent {
 export class WebhookDispatcher {
   readonly log: DeliveryAttempt[] = []
   private faults: Faults
-  private random: () => number
+  // how many events of each fault key were dispatched under the current seed: the nth is the key's nth draw
+  private readonly drawn = new Map<string, number>()
+  // the fault key of each event on its way, for the duplicate fault drawn at its delivery
+  private readonly faultKeys = new Map<string, string>()
   private receiverDown = false
   private readonly failingTrades = new Set<string>()
   private readonly inFlight = new Set<Promise<void>>()
@@ -82,12 +86,12 @@ export class WebhookDispatcher {
 
   constructor(private readonly options: DispatcherOptions) {
     this.faults = { ...options.faults }
-    this.random = seededRandom(this.faults.seed)
   }
 
   setFaults(faults: Partial<Faults>): void {
     this.faults = { ...this.faults, ...faults }
-    if (faults.seed !== undefined) this.random = seededRandom(faults.seed)
+    // a seed given again repeats the faults from the start
+    if (faults.seed !== undefined) this.drawn.clear()
   }
 
   get currentFaults(): Faults {
@@ -140,16 +144,17 @@ export class WebhookDispatcher {
   /** Queues a prepared event for delivery; returns at once. */
   dispatch(pending: PendingEvent): void {
     const { tradeId } = pending
-    // the random draws happen in call order, so a seed reproduces the same faults for the same calls
-    const drop = this.random() < this.faults.dropRate
-    const reorder = this.random() < this.faults.reorderRate
-    const delay = this.random() < this.faults.delayRate
+    const key = this.faultKey(pending)
+    const drop = this.draw(key, 'drop') < this.faults.dropRate
+    const reorder = this.draw(key, 'reorder') < this.faults.reorderRate
+    const delay = this.draw(key, 'delay') < this.faults.delayRate
     if (drop) {
       this.record(pending, null, 0, 'dropped')
       this.releaseHeld(tradeId)
       return
     }
     this.undelivered.set(pending.eventId, pending)
+    this.faultKeys.set(pending.eventId, key)
     this.options.onPendingChange?.()
     if (reorder && tradeId !== null) {
       const queue = this.held.get(tradeId) ?? []
@@ -159,6 +164,24 @@ export class WebhookDispatcher {
     }
     this.track(this.deliver(pending, delay ? this.faults.delayMs : 0))
     this.releaseHeld(tradeId)
+  }
+
+  /**
+   * What an event's faults are drawn from: its type and what it is about by a name the caller chose (the
+   * order's external reference, the seller's or buyer's id), not the trade id or event id the sandbox makes up
+   * anew each run, and which of the events so named it is.
+   */
+  private faultKey(pending: PendingEvent): string {
+    const body = JSON.parse(pending.body) as Record<string, unknown>
+    const about = [body.external_reference, body.seller_id, body.buyer_id].find((value) => typeof value === 'string') ?? ''
+    const named = `${pending.event}\u0000${String(about)}`
+    const nth = (this.drawn.get(named) ?? 0) + 1
+    this.drawn.set(named, nth)
+    return `${named}\u0000${nth}`
+  }
+
+  private draw(key: string, fault: string): number {
+    return keyedDraw(this.faults.seed, `${key}\u0000${fault}`)
   }
 
   private releaseHeld(tradeId: string | null): void {
@@ -203,6 +226,7 @@ export class WebhookDispatcher {
     // a stopped dispatcher's state was saved with this event pending: a restart sends it again
     if (this.stopped) return
     this.undelivered.delete(pending.eventId)
+    this.faultKeys.delete(pending.eventId)
     this.options.onPendingChange?.()
   }
 
@@ -233,7 +257,9 @@ export class WebhookDispatcher {
       await readAnswer(response, MAX_ANSWER_BYTES)
       const result: AttemptResult = response.ok ? 'delivered' : 'failed'
       this.record(pending, deliveryId, attempt, result, response.status)
-      if (result === 'delivered' && this.random() < this.faults.duplicateRate) {
+      // (an event resumed from an earlier run has no key: it is sent without faults)
+      const key = this.faultKeys.get(pending.eventId)
+      if (result === 'delivered' && key !== undefined && this.draw(key, `duplicate ${attempt}`) < this.faults.duplicateRate) {
         // a network-level duplicate: the same delivery id arrives twice
         const again = await post().catch(() => undefined)
         if (again) await readAnswer(again, MAX_ANSWER_BYTES).catch(() => undefined)
