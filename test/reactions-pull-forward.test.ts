@@ -14,7 +14,7 @@ import { createForwarder } from '../src/reactions/forwarder.js'
 import type { ReactionHandler } from '../src/reactions/reaction-event.js'
 import { pullForwardJobs } from '../src/reactions/reaction-job.repository.js'
 import { createReactionRegistry } from '../src/reactions/reaction-registry.js'
-import { OUTAGE_MS } from '../src/reactions/recovery-watch.js'
+import { OUTAGE_MS, PULL_FORWARD_INTERVAL_MS } from '../src/reactions/recovery-watch.js'
 import { backoffDelayS } from '../src/reconcile/backoff-delay.js'
 import { amqpUrl, describeRabbitMq, startConsumer, uniqueName } from './helpers/amqp-broker.js'
 import { FakeClock } from './helpers/fake-clock.js'
@@ -120,14 +120,17 @@ describe('pulling a handler’s retries forward once its system is back', () => 
       .filter(({ data }) => data.external_reference === reference)
       .map(({ data }) => data.sequence)
 
-  it('runs the jobs that backed off while the receiver answered 503 at its first 2xx, long before their backoff or Retry-After, each order in sequence; a failed job stays failed', async () => {
+  it('runs the jobs that backed off while the receiver answered 503 at its first 2xx, long before their backoff, each order in sequence; a job asked to wait, one refused and one failed stay as they were', async () => {
     const prefix = `back-${++counter}`
     const late = [1, 2, 3].map((n) => `${prefix}-late-${n}`)
     const askedToWait = `${prefix}-asked`
+    const refused = `${prefix}-refused`
     const gone = `${prefix}-gone`
     let down = true
     const target = await receiver((reference) => {
       if (reference === gone) return 410
+      // this event's own trouble, whether the receiver is up or not
+      if (reference === refused) return 500
       if (!down) return 204
       return reference === askedToWait ? { status: 503, headers: { 'retry-after': '600' } } : 503
     })
@@ -136,18 +139,20 @@ describe('pulling a handler’s retries forward once its system is back', () => 
     const lateIds: number[] = []
     for (const reference of late) lateIds.push(await order(reactions, reference))
     const askedId = await order(reactions, askedToWait)
+    const refusedId = await order(reactions, refused)
     const goneId = await order(reactions, gone)
+    const retried = [...lateIds, refusedId]
 
     // the first attempts (the stream's) are answered 503, the 410 fails its job at once; each second event waits behind its first
     await eventually(async () => (await jobs(goneId))[0]?.state === 'failed' && (await jobs(askedId)).length === 2, 'the first attempts failed')
-    await eventually(async () => (await Promise.all(lateIds.map(jobs))).every((rows) => rows.length === 2 && rows[0]!.attempts === 1), 'every order has its jobs')
+    await eventually(async () => (await Promise.all(retried.map(jobs))).every((rows) => rows.length === 2 && rows[0]!.attempts === 1), 'every order has its jobs')
     expect((await jobs(askedId))[0]).toMatchObject({ state: 'pending', attempts: 1, runAt: failedAt + 600_000 })
     // the receiver stays away: the retries fail and back off further, 7.5 s, 15 s, then 30 s later
-    await failAgain(lateIds, backoffMs(1), 2)
-    await failAgain(lateIds, backoffMs(2), 3)
-    await failAgain(lateIds, backoffMs(3), 4)
+    await failAgain(retried, backoffMs(1), 2)
+    await failAgain(retried, backoffMs(2), 3)
+    await failAgain(retried, backoffMs(3), 4)
     const recoveredAt = clock.now()
-    for (const orderId of lateIds) {
+    for (const orderId of retried) {
       expect(await jobs(orderId)).toMatchObject([
         { sequence: 1, state: 'pending', attempts: 4, runAt: recoveredAt + backoffMs(4) },
         { sequence: 2, state: 'pending', attempts: 0 },
@@ -155,20 +160,27 @@ describe('pulling a handler’s retries forward once its system is back', () => 
     }
     expect(await pulledForward()).toBe(0)
 
-    // back: a new event is forwarded, and with it the jobs waiting for their backoff or the Retry-After run at once
+    // back: a new event is forwarded, and with it the jobs that failed for the receiver's absence run at once
     down = false
     await idle()
     const fresh = `${prefix}-fresh`
     await order(reactions, fresh, ['created'])
-    const allDone = async () => (await Promise.all([...lateIds, askedId].map(jobs))).flat().every((job) => job.state === 'done')
+    const allDone = async () => (await Promise.all(lateIds.map(jobs))).flat().every((job) => job.state === 'done')
     await eventually(allDone, 'the waiting jobs and the events behind them are done')
     expect(clock.now()).toBe(recoveredAt)
     for (const orderId of lateIds) expect((await jobs(orderId)).map((job) => [job.state, job.attempts])).toEqual([['done', 5], ['done', 1]])
-    expect((await jobs(askedId)).map((job) => [job.state, job.attempts])).toEqual([['done', 2], ['done', 1]])
     // each order's second event was sent only after its first got its 2xx
     for (const reference of late) expect(arrivals(target, reference)).toEqual([1, 1, 1, 1, 1, 2])
-    expect(arrivals(target, askedToWait)).toEqual([1, 1, 2])
     expect(arrivals(target, fresh)).toEqual([1])
+    // the receiver asked for 600 s: its job waits them out; the event refused on its own waits out its backoff
+    await idle()
+    expect(await jobs(askedId)).toMatchObject([
+      { sequence: 1, state: 'pending', attempts: 1, runAt: failedAt + 600_000 },
+      { sequence: 2, state: 'pending', attempts: 0 },
+    ])
+    expect(arrivals(target, askedToWait)).toEqual([1])
+    expect((await jobs(refusedId))[0]).toMatchObject({ state: 'pending', attempts: 4, runAt: recoveredAt + backoffMs(4) })
+    expect(arrivals(target, refused)).toEqual([1, 1, 1, 1])
 
     // the dead letter is the operator's: still failed, its order's next event still held back and never sent
     await idle()
@@ -177,63 +189,127 @@ describe('pulling a handler’s retries forward once its system is back', () => 
       { sequence: 2, state: 'pending', attempts: 0 },
     ])
     expect(arrivals(target, gone)).toEqual([1])
-    expect(await pulledForward()).toBe(late.length + 1)
+    expect(await pulledForward()).toBe(late.length)
     const logged = logEntries().filter((entry) => entry.msg === 'reaction handler succeeds again after failing: its waiting retries are due now')
-    expect(logged.at(-1)).toMatchObject({ level: 30, handler: 'forwarder', jobs: late.length + 1, failedForS: Math.round((recoveredAt - failedAt) / 1000) })
+    expect(logged.at(-1)).toMatchObject({ level: 30, handler: 'forwarder', jobs: late.length, failedForS: Math.round((recoveredAt - failedAt) / 1000) })
   })
 
-  it(`leaves the retries to their backoff after a success sooner than ${OUTAGE_MS} ms into the failures, and pulls them forward after one later`, async () => {
+  it(`leaves the retries to their backoff after a success sooner than ${OUTAGE_MS} ms into the failures, pulls them forward after one later, and not again within ${PULL_FORWARD_INTERVAL_MS} ms`, async () => {
     const prefix = `flap-${++counter}`
     let down = true
     const target = await receiver(() => (down ? 503 : 204))
     const { reactions, pulledForward } = await start('forwarder', createForwarder({ url: target.url, secret: SECRET, timeoutMs: 5_000, clock }))
     const firstFailedAt = clock.now()
-    const first = await order(reactions, `${prefix}-1`, ['created'])
-    await eventually(async () => (await jobs(first))[0]?.attempts === 1, 'the first call failed')
+    const first = [await order(reactions, `${prefix}-1a`, ['created']), await order(reactions, `${prefix}-1b`, ['created'])]
+    await eventually(async () => (await Promise.all(first.map(jobs))).every(([job]) => job?.attempts === 1), 'the first calls failed')
 
-    // a 2xx just before OUTAGE_MS: one failure among successes, not an outage that ended
+    // a 2xx just before OUTAGE_MS: failures among successes, not an outage that ended
     await idle()
     await clock.advance(OUTAGE_MS - 1)
     down = false
     await order(reactions, `${prefix}-ok`, ['created'])
     await eventually(() => arrivals(target, `${prefix}-ok`).length === 1, 'the 2xx came')
     await idle()
-    expect(await jobs(first)).toMatchObject([{ state: 'pending', attempts: 1, runAt: firstFailedAt + backoffMs(1) }])
+    for (const orderId of first) expect(await jobs(orderId)).toMatchObject([{ state: 'pending', attempts: 1, runAt: firstFailedAt + backoffMs(1) }])
 
-    // failing again, now for OUTAGE_MS: the first job's retry fails too, and the next 2xx brings both forward
+    // failing again, now for OUTAGE_MS: the first jobs' retries fail too, and the next 2xx brings all three forward
     down = true
     const secondFailedAt = clock.now()
     const second = await order(reactions, `${prefix}-2`, ['created'])
     await eventually(async () => (await jobs(second))[0]?.attempts === 1, 'the second call failed')
-    await failAgain([first], OUTAGE_MS, 2)
+    await failAgain(first, OUTAGE_MS, 2)
     const recoveredAt = clock.now()
     expect((await jobs(second))[0]!.runAt).toBe(secondFailedAt + backoffMs(1))
-    expect((await jobs(first))[0]!.runAt).toBe(recoveredAt + backoffMs(2))
+    for (const orderId of first) expect((await jobs(orderId))[0]!.runAt).toBe(recoveredAt + backoffMs(2))
     down = false
     await idle()
     await order(reactions, `${prefix}-ok-again`, ['created'])
-    await eventually(async () => (await Promise.all([first, second].map(jobs))).flat().every((job) => job.state === 'done'), 'both jobs are done')
+    await eventually(async () => (await Promise.all([...first, second].map(jobs))).flat().every((job) => job.state === 'done'), 'the three jobs are done')
     expect(clock.now()).toBe(recoveredAt)
-    expect(await pulledForward()).toBe(2)
+    expect(await pulledForward()).toBe(3)
+
+    // away again for OUTAGE_MS and back, within PULL_FORWARD_INTERVAL_MS of that pull: the new retries keep their backoff
+    down = true
+    await idle()
+    const thirdFailedAt = clock.now()
+    const third = [await order(reactions, `${prefix}-3a`, ['created']), await order(reactions, `${prefix}-3b`, ['created'])]
+    await eventually(async () => (await Promise.all(third.map(jobs))).every(([job]) => job?.attempts === 1), 'the third calls failed')
+    await idle()
+    await clock.advance(OUTAGE_MS)
+    down = false
+    await order(reactions, `${prefix}-ok-third`, ['created'])
+    await eventually(() => arrivals(target, `${prefix}-ok-third`).length === 1, 'the third 2xx came')
+    await idle()
+    for (const orderId of third) expect(await jobs(orderId)).toMatchObject([{ state: 'pending', attempts: 1, runAt: thirdFailedAt + backoffMs(1) }])
+    expect(await pulledForward()).toBe(3)
   })
 
-  it('moves only the handler’s pending jobs still waiting, once, however many replicas pull at once, and wakes every dispatcher', async () => {
+  it('leaves to their backoff the events the receiver refuses on their own, however long the receiver idles between them and a 2xx', async () => {
+    const prefix = `poison-${++counter}`
+    const poisoned = [`${prefix}-a`, `${prefix}-b`]
+    // a 500 for these two orders' events (their own trouble) and a 2xx for every other
+    const target = await receiver((reference) => (poisoned.includes(reference) ? 500 : 204))
+    const { reactions, pulledForward } = await start('forwarder', createForwarder({ url: target.url, secret: SECRET, timeoutMs: 5_000, clock }))
+    const failedAt = clock.now()
+    const ids = [await order(reactions, poisoned[0]!, ['created']), await order(reactions, poisoned[1]!, ['created'])]
+    await eventually(async () => (await Promise.all(ids.map(jobs))).every(([job]) => job?.attempts === 1), 'the first calls failed')
+    await idle()
+    // longer than OUTAGE_MS with nothing but those failures, before the retries are due
+    await clock.advance(backoffMs(1) - 1)
+    await order(reactions, `${prefix}-ok`, ['created'])
+    await eventually(() => arrivals(target, `${prefix}-ok`).length === 1, 'the 2xx came')
+    await idle()
+    for (const orderId of ids) expect(await jobs(orderId)).toMatchObject([{ state: 'pending', attempts: 1, runAt: failedAt + backoffMs(1) }])
+    for (const reference of poisoned) expect(arrivals(target, reference)).toEqual([1])
+    expect(await pulledForward()).toBe(0)
+  })
+
+  it('leaves to their wait the events a receiver limiting its rate asked to wait (429 with Retry-After), and one order’s 503s alone', async () => {
+    const prefix = `limit-${++counter}`
+    const limited = [1, 2, 3].map((n) => `${prefix}-limited-${n}`)
+    const lonely = `${prefix}-lonely`
+    const target = await receiver((reference) => {
+      if (limited.includes(reference)) return { status: 429, headers: { 'retry-after': '120' } }
+      return reference === lonely ? 503 : 204
+    })
+    const { reactions, pulledForward } = await start('forwarder', createForwarder({ url: target.url, secret: SECRET, timeoutMs: 5_000, clock }))
+    const failedAt = clock.now()
+    const limitedIds: number[] = []
+    for (const reference of limited) limitedIds.push(await order(reactions, reference, ['created']))
+    const lonelyId = await order(reactions, lonely, ['created'])
+    await eventually(async () => (await Promise.all([...limitedIds, lonelyId].map(jobs))).every(([job]) => job?.attempts === 1), 'the first calls failed')
+    await idle()
+    await clock.advance(OUTAGE_MS + 1)
+    await order(reactions, `${prefix}-let-through`, ['created'])
+    await eventually(() => arrivals(target, `${prefix}-let-through`).length === 1, 'one call was let through')
+    await idle()
+    for (const orderId of limitedIds) expect(await jobs(orderId)).toMatchObject([{ state: 'pending', attempts: 1, runAt: failedAt + 120_000 }])
+    expect(await jobs(lonelyId)).toMatchObject([{ state: 'pending', attempts: 1, runAt: failedAt + backoffMs(1) }])
+    expect(await pulledForward()).toBe(0)
+  })
+
+  it('moves only the handler’s pending jobs still waiting whose events failed in the outage, once, however many replicas pull at once, and wakes every dispatcher', async () => {
     const reactions = createReactionRegistry()
       .on('trade.*', 'forwarder', async () => {})
       .on('trade.*', 'amqp', async () => {})
     const now = new Date(clock.now())
     const later = new Date(clock.now() + 3_600_000)
     const orderIds: number[] = []
-    for (let n = 1; n <= 6; n += 1) orderIds.push(await order(reactions, `rows-${++counter}`, ['created']))
+    for (let n = 1; n <= 7; n += 1) orderIds.push(await order(reactions, `rows-${++counter}`, ['created']))
     await writeJobRows(database.db, reactions, now)
     const set = (orderId: number, values: { state: string; runAt: Date; leaseToken?: string }) =>
       database.db.updateTable('reactionJobs').set(values).where('orderId', '=', orderId).where('handler', '=', 'forwarder').execute()
-    const [waiting, alsoWaiting, due, running, failed, done] = orderIds as [number, number, number, number, number, number]
+    const [waiting, alsoWaiting, due, running, failed, done, notInOutage] = orderIds as [number, number, number, number, number, number, number]
     await set(waiting, { state: 'pending', runAt: later })
     await set(alsoWaiting, { state: 'pending', runAt: later })
     await set(running, { state: 'running', runAt: later, leaseToken: 'another-replica' })
     await set(failed, { state: 'failed', runAt: later })
     await set(done, { state: 'done', runAt: later })
+    await set(notInOutage, { state: 'pending', runAt: later })
+    // the events that failed in the outage: every order's but the last
+    const eventIds = (
+      await database.db.selectFrom('reactionJobs').select('eventId').where('handler', '=', 'forwarder').where('orderId', '!=', notInOutage).execute()
+    ).map((job) => job.eventId)
     await database.db.updateTable('reactionJobs').set({ runAt: later }).where('handler', '=', 'amqp').execute()
     let woken = 0
     const unlisten = await database.listen(await reactionChannel(database.db), () => {
@@ -244,7 +320,7 @@ describe('pulling a handler’s retries forward once its system is back', () => 
     // two replicas at once (two connections on Postgres): each job is moved by one of them
     const other = database.kind === 'postgres' ? database.openAnother() : database
     if (other !== database) cleanups.push(() => other.close())
-    const moved = await Promise.all([database.db, other.db].map((db) => pullForwardJobs(db, { handler: 'forwarder', now })))
+    const moved = await Promise.all([database.db, other.db].map((db) => pullForwardJobs(db, { handler: 'forwarder', eventIds, now })))
     expect(moved[0]! + moved[1]!).toBe(2)
     const runAt = async (orderId: number, handler = 'forwarder') =>
       new Date(
@@ -254,10 +330,11 @@ describe('pulling a handler’s retries forward once its system is back', () => 
     expect(await runAt(alsoWaiting)).toBe(now.getTime())
     expect(await runAt(due)).toBe(now.getTime())
     // a running job's run_at is its lease's end, a failed or done one is not the dispatcher's, another handler's not this one's
-    for (const orderId of [running, failed, done]) expect(await runAt(orderId)).toBe(later.getTime())
+    // a job whose event did not fail in the outage is not pulled forward either
+    for (const orderId of [running, failed, done, notInOutage]) expect(await runAt(orderId)).toBe(later.getTime())
     expect(await runAt(waiting, 'amqp')).toBe(later.getTime())
     await eventually(() => woken > 0, 'the dispatchers are notified')
-    expect(await pullForwardJobs(database.db, { handler: 'forwarder', now })).toBe(0)
+    expect(await pullForwardJobs(database.db, { handler: 'forwarder', eventIds, now })).toBe(0)
   })
 
   describeRabbitMq('with the RabbitMQ publisher (RabbitMQ)', () => {

@@ -226,7 +226,7 @@ export function createMetrics(
   // how often a handler's system came back after an outage with retries still backing off (recovery-watch.ts)
   const reactionPulledForward = new Counter({
     name: 'reaction_jobs_pulled_forward_total',
-    help: `Reaction jobs waiting out a backoff that were made due at once, as their handler succeeded again after failing for at least ${OUTAGE_MS / 1000} s (its system is back), by handler`,
+    help: `Reaction jobs waiting out a backoff that were made due at once, as their handler succeeded again after an outage of at least ${OUTAGE_MS / 1000} s (its system is back), by handler`,
     labelNames: ['handler'] as const,
     registers: [registry],
   })

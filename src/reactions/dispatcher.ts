@@ -331,7 +331,7 @@ export function createDispatcher(deps: DispatcherDeps): Dispatcher {
         } catch (error) {
           failure = error ?? new Error('the handler threw without a reason')
           // (a call stopped at its lease's end or at shutdown got no answer from the handler's system: no sign of an outage)
-          if (!abort.signal.aborted) recovery.failed(job.handler)
+          if (!abort.signal.aborted) recovery.failed(job.handler, event, failure)
         }
       }
       handlerDone()

@@ -269,32 +269,43 @@ export async function nextRunAt(db: Kysely<Database>, now: Date): Promise<Date |
 }
 
 /**
- * The handler's system is back (recovery-watch.ts): its retries waiting out a backoff are due now, and every
- * replica's dispatcher is woken for them. Returns how many jobs it moved. Only pending jobs whose run_at is
- * ahead: a running job's run_at is its lease's end, a failed one waits for an operator, and a job held back
- * behind an earlier one of its order stays held (the claim checks that, whatever run_at says). SKIP LOCKED:
- * another replica pulling the same jobs forward at once moves the ones it locked, and neither waits for the
- * other nor deadlocks with it.
+ * The handler's system is back (recovery-watch.ts): the jobs of `eventIds` (the events that failed while it was
+ * away) still waiting out a backoff are due now, and every replica's dispatcher is woken for them. Returns how
+ * many jobs it moved. Only pending jobs whose run_at is ahead: a running job's run_at is its lease's end, a failed
+ * one waits for an operator, and a job held back behind an earlier one of its order stays held (the claim checks
+ * that, whatever run_at says). SKIP LOCKED: another replica pulling the same jobs forward at once moves the ones
+ * it locked, and neither waits for the other nor deadlocks with it.
  */
-export async function pullForwardJobs(db: Kysely<Database>, { handler, now }: { handler: string; now: Date }): Promise<number> {
-  const result = await db
-    .updateTable('reactionJobs')
-    .set({ runAt: now, updatedAt: now })
-    .where('id', 'in', (eb) =>
-      eb
-        .selectFrom('reactionJobs')
-        .select('id')
-        .where('handler', '=', handler)
-        .where('state', '=', 'pending')
-        .where('runAt', '>', now)
-        .forUpdate()
-        .skipLocked(),
-    )
-    .executeTakeFirst()
-  const moved = Number(result.numUpdatedRows)
+export async function pullForwardJobs(
+  db: Kysely<Database>,
+  { handler, eventIds, now }: { handler: string; eventIds: readonly string[]; now: Date },
+): Promise<number> {
+  let moved = 0
+  // (a statement's parameters are bounded: a long outage's events go in parts, each on the (event, handler) key)
+  for (let start = 0; start < eventIds.length; start += PULL_FORWARD_PART) {
+    const part = eventIds.slice(start, start + PULL_FORWARD_PART)
+    const result = await db
+      .updateTable('reactionJobs')
+      .set({ runAt: now, updatedAt: now })
+      .where('id', 'in', (eb) =>
+        eb
+          .selectFrom('reactionJobs')
+          .select('id')
+          .where('eventId', 'in', part)
+          .where('handler', '=', handler)
+          .where('state', '=', 'pending')
+          .where('runAt', '>', now)
+          .forUpdate()
+          .skipLocked(),
+      )
+      .executeTakeFirst()
+    moved += Number(result.numUpdatedRows)
+  }
   if (moved > 0) await notifyDispatchers(db)
   return moved
 }
+
+const PULL_FORWARD_PART = 1_000
 
 // --- the operator's view (the `reactions` CLI) ---
 

@@ -206,7 +206,7 @@ export function createStreamWorker(deps: StreamWorkerDeps) {
     } catch (error) {
       failure = error ?? new Error('the handler threw without a reason')
       // (a call stopped at its lease's end got no answer from the handler's system: no sign of an outage)
-      if (!signal.aborted) deps.recovery?.failed(name)
+      if (!signal.aborted) deps.recovery?.failed(name, event, failure)
     } finally {
       running -= 1
       deps.slots.give()
