@@ -85,9 +85,11 @@ describe('the demo', () => {
     expect(result.code, result.stderr).toBe(0)
     const report = JSON.parse(result.stdout) as { mismatches: unknown[]; leftForOperator: { failedReactions: number } }
     expect(report.mismatches).toEqual([])
-    // the disputed trade's notify-seller job ends failed, which is logged as an error
+    // the disputed trade's notify-seller job ends failed, as the demo means it to: the report says so, and no
+    // JSON log line among the progress lines reads as the demo breaking
     expect(report.leftForOperator.failedReactions).toBe(1)
-    expect(result.stderr).toContain('"msg":"reaction handler failed for the last time')
+    expect(result.stderr).not.toContain('"handler":"notify-seller"')
+    expect(result.stderr).not.toContain('"level"')
     expect(result.stderr.split('\n')[0]).toBe('demo: starting 5 trades…')
     expect(result.stderr).toContain('5 trades against the sandbox, with faults (seed 0)')
   }, 180_000)
