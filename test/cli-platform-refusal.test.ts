@@ -68,6 +68,22 @@ describe('a refusal by the platform, in-process', () => {
     expect(result.stderr).toBe('The platform refused (422 validation_failed): invalid fields [invalid_request]\n  currency: unknown currency\n')
   })
 
+  it('a refused `trades open` says the order it created stays, with no trade, after the failure line', async () => {
+    answer = { status: 422, body: { error: { code: 'validation_failed', message: 'invalid fields', fields: [{ field: 'amount', message: 'too small' }] } } }
+    const open = ['trades', 'open', 'refused-new', '--title', 'A lamp', '--amount', '1.00', '--currency', 'KES', '--seller', 'usr_1']
+    const result = await runCommandWith(open, context)
+    expect(result.code).toBe(1)
+    expect(result.stderr).toBe(
+      'The platform refused (422 validation_failed): invalid fields [invalid_request]\n  amount: too small\n' +
+        '  No trade was opened, but order refused-new was created locally, with no trade: the same command opens its trade once what the platform refused is put right\n',
+    )
+    const shown = await runCommandWith(['orders', 'show', 'refused-new', '--json'], context)
+    expect(JSON.parse(shown.stdout)).toMatchObject({ externalReference: 'refused-new', tradeId: null })
+    // a second refusal for the order that now exists says nothing of creating it
+    const again = await runCommandWith(open, context)
+    expect(again.stderr).toBe('The platform refused (422 validation_failed): invalid fields [invalid_request]\n  amount: too small\n')
+  })
+
   it('a platform’s words that read like a database failure are still the platform’s refusal', async () => {
     answer = { status: 503, body: { error: { code: 'upstream', message: 'Connection terminated unexpectedly' } } }
     const result = await runCommandWith(['trades', 'fund', 'refused-1'], context)

@@ -171,8 +171,8 @@ describe('an answer with a key twice, where the service and the CLI meet it', ()
         expect(result.code).toBe(1)
         expect(result.stdout).toBe('')
         expect(result.stderr).toBe(
-          `${invalidFor('GET', '/api/partner/v1/trades/tr_get-1/', '(body) holds the key "status" twice in one object')}. ` +
-            'The platform may or may not have done it: check with `trades get` (the order is polled soon). [outcome_unknown]\n',
+          `${invalidFor('GET', '/api/partner/v1/trades/tr_get-1/', '(body) holds the key "status" twice in one object')}; ` +
+            'a GET changes nothing on the platform, and nothing of the answer is shown [invalid_response]\n',
         )
       }
     })
@@ -182,7 +182,7 @@ describe('an answer with a key twice, where the service and the CLI meet it', ()
       answerText(statusTwice('tr_get-2', 'get-2').replace('"status":"released"', '"Connection terminated":1,"Connection terminated":2'))
       const result = await runCommandWith(['trades', 'get', 'get-2'], context)
       expect(result.code).toBe(1)
-      expect(result.stderr).toMatch(/^GET \S+ the platform answered 200 .*\(\(body\) holds the key "Connection terminated" twice in one object\)\. .* \[outcome_unknown\]\n$/)
+      expect(result.stderr).toMatch(/^GET \S+ the platform answered 200 .*\(\(body\) holds the key "Connection terminated" twice in one object\); .* \[invalid_response\]\n$/)
     })
 
     it('trades fund answered with a key twice records no status, and has the order polled soon', async () => {

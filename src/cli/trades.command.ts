@@ -5,7 +5,10 @@ import {
   isOutcomeUnknown,
   PartnerAnswerAbandonedError,
   PartnerApiError,
+  PartnerInvalidResponseError,
+  PartnerNetworkError,
   PartnerNotSentError,
+  PartnerTimeoutError,
   PartnerValidationError,
 } from '../partner-api/partner-api-error.js'
 import type { CreateTradeRequest, MilestoneInput, TradeRecord } from '../partner-api/types.js'
@@ -27,10 +30,17 @@ import { explainRefusal } from './explain-refusal.js'
 import { holdSignalsForCall } from './hold-signals-for-call.js'
 
 interface TradeDepsOptions {
+  /**
+   * The command only reads (a GET, retried by the client): a call that got no answer changed nothing on the
+   * platform, so it is `[no_answer]`, to be run again, never `[outcome_unknown]`.
+   */
+  reads?: boolean
   /** What to tell the operator when the call's outcome is unknown (a timeout, a lost answer, a second Ctrl-C). */
   unknownOutcome?: string
   /** What became of the order when the call could not be sent; asked once it failed. */
   orderWhenNotSent?: () => string
+  /** Lines of their own (each after a line feed) on what became of the order when the platform refused; asked once it did. */
+  orderWhenRefused?: () => string
 }
 
 /**
@@ -42,16 +52,21 @@ interface TradeDepsOptions {
 export async function withTradeDeps<T>(
   run: (deps: TradeDeps) => Promise<T>,
   {
+    reads = false,
     unknownOutcome = 'The platform may or may not have done it: check with `trades get` (the order is polled soon).',
     orderWhenNotSent = () => 'the order is unchanged',
+    orderWhenRefused = () => '',
   }: TradeDepsOptions = {},
 ): Promise<T> {
-  const [{ systemClock }, { createPartnerApiClient, partnerApiBaseUrl }, { observationSettings }] = await Promise.all([
-    import('../clock.js'),
-    import('../partner-api/create-partner-api-client.js'),
-    import('../orders/observations.js'),
-  ])
+  const [{ systemClock }, { createPartnerApiClient, partnerApiBaseUrl }, { DEFAULT_RETRY }, { observationSettings }] =
+    await Promise.all([
+      import('../clock.js'),
+      import('../partner-api/create-partner-api-client.js'),
+      import('../partner-api/partner-api-transport.js'),
+      import('../orders/observations.js'),
+    ])
   return withDatabase(async ({ config, logger, db, reactions, clock = systemClock }) => {
+    // with the default retries: a GET is sent up to DEFAULT_RETRY.maxAttempts times, a POST once
     const client = createPartnerApiClient(config, { logger, clock })
     try {
       return await run({ db, client, clock, logger, settings: {
@@ -62,7 +77,8 @@ export async function withTradeDeps<T>(
       })
     } catch (error) {
       const localSandbox = config.partner.mode === 'local' ? { url: partnerApiBaseUrl(config), dataDir: config.dataDir } : undefined
-      throw explainFailure(error, { unknownOutcome, orderWhenNotSent }, localSandbox)
+      const readAttempts = DEFAULT_RETRY.maxAttempts
+      throw explainFailure(error, { reads, readAttempts, unknownOutcome, orderWhenNotSent, orderWhenRefused }, localSandbox)
     }
   })
 }
@@ -93,7 +109,7 @@ export async function runTradeCall<T>(
 
 function explainFailure(
   error: unknown,
-  { unknownOutcome, orderWhenNotSent }: Required<TradeDepsOptions>,
+  { reads, readAttempts, unknownOutcome, orderWhenNotSent, orderWhenRefused }: Required<TradeDepsOptions> & { readAttempts: number },
   /** Local mode's platform: the sandbox `npm start` runs from `dataDir`, which knows that directory's key. */
   localSandbox?: { url: string; dataDir: string },
 ): unknown {
@@ -105,14 +121,14 @@ function explainFailure(
     // the sandbox of this DATA_DIR's service knows its key: one that does not is another checkout's, on the same port
     return explainRefusal(
       error,
-      `\n  In local mode the platform is the sandbox that \`npm start\` runs from ${localSandbox.dataDir}, ` +
+      `${orderWhenRefused()}\n  In local mode the platform is the sandbox that \`npm start\` runs from ${localSandbox.dataDir}, ` +
         `with that directory's key; the one at ${localSandbox.url} does not know it, so another service (another ` +
         'checkout or DATA_DIR) holds that port: stop it, or give this one another SANDBOX_PORT, and start this one.',
     )
   }
   // CommandFailedError from here on, never a plain Error: run-cli.ts reads a plain one's message for a database
   // failure, and these messages quote the platform (a 503 saying `Connection terminated`, a key of its answer)
-  if (error instanceof PartnerApiError) return explainRefusal(error)
+  if (error instanceof PartnerApiError) return explainRefusal(error, orderWhenRefused())
   if (error instanceof TradeOperationError) return new CommandFailedError(error.code, error.message)
   if (error instanceof PartnerNotSentError && error.proxy) {
     return new CommandFailedError(
@@ -128,6 +144,17 @@ function explainFailure(
         'In local mode the sandbox runs inside `npm start`: start it, then run this again; ' +
         'otherwise check PARTNER_API_BASE_URL.',
     )
+  }
+  const noAnswer =
+    error instanceof PartnerTimeoutError || (error instanceof PartnerNetworkError && !(error instanceof PartnerInvalidResponseError))
+  if (reads && noAnswer) {
+    // a read changes nothing, so nothing is unknown. The client sent it `readAttempts` times and throws the last
+    // attempt's failure, a timeout or a lost connection. An answer that is not the record did come: not here
+    return new CommandFailedError('no_answer', `${error.message} after ${readAttempts} attempts; nothing was changed by it: try again`)
+  }
+  if (reads && error instanceof PartnerInvalidResponseError) {
+    // an answer came, but not one to show: the read changed nothing either
+    return new CommandFailedError('invalid_response', `${error.message}; a GET changes nothing on the platform, and nothing of the answer is shown`)
   }
   if (isOutcomeUnknown(error)) {
     // the same words as a timeout's: the operator's giving up on the answer leaves what a timeout leaves
@@ -225,6 +252,11 @@ export function registerTradesCommands(program: Command): void {
               ? `no trade was opened, but order ${reference} was created locally: the same command opens its trade ` +
                 'once the platform can be reached'
               : 'the order is unchanged',
+          orderWhenRefused: () =>
+            orderCreated
+              ? `\n  No trade was opened, but order ${reference} was created locally, with no trade: the same command ` +
+                'opens its trade once what the platform refused is put right'
+              : '',
         },
       )
     })
@@ -278,7 +310,7 @@ export function registerTradesCommands(program: Command): void {
     .option('--json', 'print the platform’s trade record and the local order as JSON')
     .action(async (reference: string, options: { json?: boolean }) => {
       const { getTradeForOrder } = await import('../trades/get-trade-for-order.js')
-      const { order, trade } = await withTradeDeps((deps) => getTradeForOrder(deps, reference))
+      const { order, trade } = await withTradeDeps((deps) => getTradeForOrder(deps, reference), { reads: true })
       if (options.json) {
         printJson({ order, trade })
         return

@@ -3,10 +3,10 @@
 import { findOrderByExternalReference } from '../orders/order.repository.js'
 import type { TradeRecord } from '../partner-api/types.js'
 import type { TradeDeps } from './trade-deps.js'
-import { TradeOperationError } from './trade-operation-error.js'
+import { answerMismatch, TradeOperationError } from './trade-operation-error.js'
 
 export async function getTradeForOrder(
-  { db, client }: Pick<TradeDeps, 'db' | 'client'>,
+  { db, client, logger }: Pick<TradeDeps, 'db' | 'client' | 'logger'>,
   externalReference: string,
 ): Promise<{ order: NonNullable<Awaited<ReturnType<typeof findOrderByExternalReference>>>; trade: TradeRecord }> {
   const order = await findOrderByExternalReference(db, externalReference)
@@ -17,5 +17,22 @@ export async function getTradeForOrder(
       `Order ${externalReference} has no trade yet (trade create state: ${order.tradeCreateState})`,
     )
   }
-  return { order, trade: await client.getTrade(order.tradeId) }
+  const trade = await client.getTrade(order.tradeId)
+  // a record of another trade is not this order's trade, whatever it says: shown, it would pass for it. Its
+  // external reference is not held to the order's: that the platform files the order's trade under another one
+  // is what an operator compares here (`--json` shows it; the poller flags it trade_mismatch)
+  if (trade.trade_id !== order.tradeId) {
+    logger.warn(
+      { externalReference, orderId: order.id, tradeId: order.tradeId, answeredTradeId: trade.trade_id },
+      "the platform answered a GET of an order's trade with another trade's record: not shown",
+    )
+    throw answerMismatch(
+      externalReference,
+      `trade ${order.tradeId}`,
+      trade,
+      'Nothing of it is shown, and a GET changes nothing on the platform; the poller flags the order ' +
+        'trade_mismatch if it is answered the same.',
+    )
+  }
+  return { order, trade }
 }

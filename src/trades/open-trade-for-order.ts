@@ -147,7 +147,8 @@ export async function openTradeForOrder(
       externalReference,
       'a trade create',
       trade,
-      'The create is marked unknown: check the platform, then send it again only on purpose with --retry.',
+      'Nothing was linked, and whether the create made a trade is not known: it is marked unknown; check the ' +
+        'platform, then send it again only on purpose with --retry.',
     )
   }
   logger.info(

@@ -98,7 +98,12 @@ export async function runTradeOperation<O extends TradeOperation>(
       { externalReference, orderId: order.id, tradeId, operation: operation.kind, answeredTradeId: trade.trade_id },
       'the platform answered a record of another trade or order: order not changed',
     )
-    throw answerMismatch(externalReference, `trade ${tradeId}`, trade, 'Check with `trades get`; the order is polled soon.')
+    throw answerMismatch(
+      externalReference,
+      `trade ${tradeId}`,
+      trade,
+      'Nothing of it was applied, and what the call did is not known: check with `trades get`; the order is polled soon.',
+    )
   }
   logger.info(
     { externalReference, orderId: order.id, tradeId, operation: operation.kind, status: trade?.status },

@@ -1,6 +1,7 @@
 // Why an order-level trade operation was refused locally, before or instead of calling the platform, or
 // why what the platform answered was not applied.
 import type { TradeRecord } from '../partner-api/types.js'
+import { printable } from '../printable.js'
 
 export type TradeOperationErrorCode =
   /** No order with this external reference. */
@@ -26,13 +27,17 @@ export class TradeOperationError extends Error {
   }
 }
 
-/** The platform answered a record that is not the order's trade: not applied, and the call's effect unknown. */
-export function answerMismatch(externalReference: string, tradeId: string, trade: TradeRecord, next: string): TradeOperationError {
+/**
+ * The platform answered a record that is not the order's trade: nothing of it is applied or shown. `next` says
+ * what the call may have done (a POST: not known; a GET: nothing) and what to do.
+ */
+export function answerMismatch(externalReference: string, asked: string, trade: TradeRecord, next: string): TradeOperationError {
+  // the answered id and reference are the platform's text: on one line, so a line feed in them forges no line
   return new TradeOperationError(
     'answer_mismatch',
-    `The platform answered for order ${externalReference} (${tradeId}) with the record of trade ${trade.trade_id} ` +
-      `for external reference ${trade.external_reference}: another trade or order, so nothing was applied, and ` +
-      `what the call did is not known. ${next}`,
+    `The platform answered for order ${externalReference} (${asked}) with the record of trade ` +
+      `${printable(trade.trade_id)} for external reference ${printable(trade.external_reference)}: another trade ` +
+      `or order. ${next}`,
   )
 }
 
