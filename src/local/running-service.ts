@@ -5,12 +5,20 @@
 // that service, against its own database (embedded PGlite belongs to one process; on Postgres this spares
 // the second terminal the service's environment). A CLI whose DATABASE_URL names another database than the
 // running service's is refused: that is the "wrong database" a second terminal must never write to.
-import { mkdirSync, readFileSync, rmSync, writeFileSync } from 'node:fs'
-import { userInfo } from 'node:os'
+//
+// Neither the file nor the answer is trusted: whoever can write DATA_DIR, or listen on the port the file names,
+// may not be the service. A file that is not a service's is ignored (readServiceFile), an answer that is not a
+// command's result is refused (commandResult), a redirect is not followed, and what the command printed reaches
+// the terminal with its controls shown as \uXXXX (printableLines).
+import { mkdirSync, readFileSync, renameSync, rmSync, writeFileSync } from 'node:fs'
+import { isIP } from 'node:net'
+import { networkInterfaces, userInfo } from 'node:os'
 import path from 'node:path'
 import type { Config } from '../config.js'
-import { printable } from '../printable.js'
+import { isLoopbackAddress } from '../http/loopback-host.js'
+import { printable, printableLines } from '../printable.js'
 import { shortened } from '../shortened.js'
+import { stopOnSignals } from '../stop-signals.js'
 
 /** Commands that need the database; the rest (serve, sandbox, demo, webhook, help) run where typed. */
 export const FORWARDED_COMMANDS = new Set([
@@ -108,7 +116,11 @@ export async function advertiseLocalService(
   const file = serviceFilePath(dataDir)
   const contents: ServiceFile = { pid: process.pid, ...service }
   mkdirSync(dataDir, { recursive: true })
-  writeFileSync(file, `${JSON.stringify(contents)}\n`, { mode: 0o600 })
+  // written aside and renamed into place: a command reading the file as it is written sees the whole file or none,
+  // never a truncated one that it would take for a file that is not a service's
+  const written = `${file}.${process.pid}.tmp`
+  writeFileSync(written, `${JSON.stringify(contents)}\n`, { mode: 0o600 })
+  renameSync(written, file)
   return {
     remove: () => {
       // only its own: another service may have written it since (this one's was removed by hand)
@@ -133,30 +145,144 @@ async function answersHealth(url: string): Promise<boolean> {
 
 /**
  * The service running from this DATA_DIR, if any. A serve.json whose process is gone is ignored, and so is one
- * naming this process: a dead service's pid given to this one (a container's pid 1 after a crash).
+ * naming this process: a dead service's pid given to this one (a container's pid 1 after a crash). So is a file
+ * that is not a service's (readServiceFile).
  */
 export function findRunningService(dataDir: string): ServiceFile | undefined {
-  if (dataDir.startsWith('memory://')) return undefined
+  return readServiceFile(dataDir).service
+}
+
+// the largest process id (pid_t is a 32-bit int; Linux's pid_max is 2^22 at most)
+const MAX_PID = 2 ** 31 - 1
+// RFC 6750's b64token: what an Authorization header can carry as it is (the service writes 64 hex digits)
+const BEARER_TOKEN = /^[A-Za-z0-9\-._~+/]+=*$/
+
+/**
+ * What DATA_DIR/serve.json says: the running service; nothing (no file, or its process is gone); or `problem`, a
+ * file that is not a service's, in fixed words (what the file holds is not repeated: it need not be printable).
+ *
+ * A file that is not a service's is ignored as if absent, and the command runs in its own process. That is safe:
+ * a service that wrote the file holds the embedded database's lock (DATA_DIR/pglite/partner-escrow.lock, taken in
+ * db/open-database.ts when the service opens it, before serve.json is written, and let go after the file is
+ * removed), so a command that then opens PGlite itself is refused, `in use by process N`, and never writes to it
+ * beside the service; on Postgres it runs as it would with no service running.
+ */
+function readServiceFile(dataDir: string): { service?: ServiceFile; problem?: string } {
+  if (dataDir.startsWith('memory://')) return {}
+  let text: string
   try {
-    const service = JSON.parse(readFileSync(serviceFilePath(dataDir), 'utf8')) as ServiceFile
-    if (service.pid === process.pid) return undefined
-    process.kill(service.pid, 0)
-    return service
+    text = readFileSync(serviceFilePath(dataDir), 'utf8')
+  } catch (error) {
+    const code = (error as NodeJS.ErrnoException).code
+    return code === 'ENOENT' || code === 'ENOTDIR' ? {} : { problem: `it cannot be read: ${code ?? 'error'}` }
+  }
+  let file: unknown
+  try {
+    file = JSON.parse(text)
   } catch {
-    return undefined
+    return { problem: 'it is not JSON' }
+  }
+  if (!isRecord(file)) return { problem: 'it is not a JSON object' }
+  // 0 and below name process groups, not a process: process.kill(0, 0) succeeds whatever runs. 1 is a service's
+  // pid in a container (the image runs `node dist/src/cli.js serve` as its first process)
+  const { pid } = file
+  if (typeof pid !== 'number' || !Number.isInteger(pid) || pid < 1 || pid > MAX_PID) {
+    return { problem: 'its pid is not a process id' }
+  }
+  // a file left by a process that is gone is a service's that stopped without removing it (killed, a crash)
+  if (pid === process.pid || !processRuns(pid)) return {}
+  const problem = serviceFileProblem(file)
+  return problem ? { problem } : { service: file as unknown as ServiceFile }
+}
+
+function processRuns(pid: number): boolean {
+  try {
+    process.kill(pid, 0)
+    return true
+  } catch {
+    return false
   }
 }
 
-/** The CLI cannot use the running service (another database named, or it does not answer): nothing is run. */
+// what in a file with a live pid is not as a service writes it (advertiseLocalService), in fixed words
+function serviceFileProblem(file: Record<string, unknown>): string | undefined {
+  for (const name of ['url', 'adminUrl'] as const) {
+    if (!isServiceUrl(file[name], { withPath: false })) return `its ${name} is not an http URL of this machine`
+  }
+  if (!isServiceUrl(file.webhookUrl, { withPath: true })) return 'its webhookUrl is not an http URL of this machine'
+  if (file.sandboxUrl !== undefined && !isServiceUrl(file.sandboxUrl, { withPath: false })) {
+    return 'its sandboxUrl is not an http URL of this machine'
+  }
+  if (typeof file.token !== 'string' || !BEARER_TOKEN.test(file.token)) return 'its token is not a bearer token'
+  if (file.mode !== undefined && file.mode !== 'local' && file.mode !== 'remote') return 'its mode is neither local nor remote'
+  const { database } = file
+  if (
+    !isRecord(database) ||
+    (database.kind !== 'postgres' && database.kind !== 'pglite') ||
+    typeof database.location !== 'string' ||
+    (database.user !== undefined && typeof database.user !== 'string')
+  ) {
+    return 'its database is not a kind and a location'
+  }
+  return undefined
+}
+
+function isRecord(value: unknown): value is Record<string, unknown> {
+  return typeof value === 'object' && value !== null && !Array.isArray(value)
+}
+
 /**
- * The running service cannot run the command: its message ends in our code in brackets. `exitCode` 2 for a
- * configuration that does not match the service's (wrong_database), 1 for a service that does not answer.
+ * Whether `value` is a URL a service on this machine writes: http (https for a fork that added TLS), no credentials,
+ * query or fragment, a path only where one is expected, and its host an address of this machine. The service writes
+ * the address its listener is bound to (http/server.ts): loopback by default, but ADMIN_HOST and HOST may bind
+ * 0.0.0.0, :: or one interface's address (README, "The operator console under compose"); never a name.
+ */
+function isServiceUrl(value: unknown, { withPath }: { withPath: boolean }): boolean {
+  if (typeof value !== 'string') return false
+  let url: URL
+  try {
+    url = new URL(value)
+  } catch {
+    return false
+  }
+  return (
+    (url.protocol === 'http:' || url.protocol === 'https:') &&
+    url.username === '' &&
+    url.password === '' &&
+    url.search === '' &&
+    url.hash === '' &&
+    (withPath || url.pathname === '/') &&
+    isAddressOfThisMachine(url.hostname.replace(/^\[(.*)\]$/, '$1'))
+  )
+}
+
+// an IP address that a listener of this machine can be bound to: loopback, any, or one of its interfaces'
+function isAddressOfThisMachine(address: string): boolean {
+  if (isIP(address) === 0) return false
+  if (isLoopbackAddress(address) || address === '0.0.0.0' || address === '::') return true
+  // both written as the URL parser writes them (IPv6 compressed and in lower case, as Node writes its own)
+  const written = canonicalAddress(address)
+  return Object.values(networkInterfaces()).some((entries) => entries?.some((entry) => canonicalAddress(entry.address) === written))
+}
+
+function canonicalAddress(address: string): string {
+  try {
+    return new URL(`http://${isIP(address) === 6 ? `[${address}]` : address}/`).hostname
+  } catch {
+    return address
+  }
+}
+
+/**
+ * The running service cannot run the command, or its result cannot be shown: its message ends in our code in
+ * brackets. `exitCode` 2 for a configuration that does not match the service's (wrong_database), 1 for a service
+ * that does not answer or answers with something else than a result, 130 for a stop signal while waiting.
  */
 export class RunningServiceError extends Error {
   override name = 'RunningServiceError'
   constructor(
     message: string,
-    readonly exitCode: 1 | 2 = 2,
+    readonly exitCode: 1 | 2 | 130 = 2,
   ) {
     super(message)
   }
@@ -176,7 +302,14 @@ export async function forwardToLocalService(args: string[]): Promise<number | un
   // are read: the service runs the command with its own configuration (config.ts, runningServiceLookup)
   const { runningServiceLookup } = await import('../config.js')
   const config = runningServiceLookup(process.env)
-  const service = findRunningService(config.dataDir)
+  const { service, problem } = readServiceFile(config.dataDir)
+  if (problem) {
+    // said, since the command then runs here: beside a service on PGlite it is refused as the database's owner's
+    process.stderr.write(
+      `Ignored ${serviceFilePath(config.dataDir)}: it is not a running service's file (${problem}); ` +
+        'the command runs in this process [service_file_ignored]\n',
+    )
+  }
   if (!service) return undefined
   const mine = databaseIdentity(config)
   // a DATABASE_URL that cannot be read is refused, naming the problem, by the command's own configuration
@@ -193,38 +326,103 @@ export async function forwardToLocalService(args: string[]): Promise<number | un
         '[wrong_database]',
     )
   }
+  const running = `The service running from ${config.dataDir} (pid ${service.pid})`
+  // No time limit: the service may rightly take long (prune, reconcile). A stop signal (Ctrl-C) ends the wait
+  // instead; the service runs the command to its end all the same (it is not told), and a second signal ends
+  // this process at once
+  const stop = new AbortController()
+  const off = stopOnSignals(() => stop.abort())
   let response: Response
+  let answer: string
   try {
-    response = await fetch(`${service.adminUrl}${LOCAL_CLI_PATH}`, {
-      method: 'POST',
-      headers: { 'content-type': 'application/json', authorization: `Bearer ${service.token}` },
-      body: JSON.stringify({ args }),
-    })
-  } catch (error) {
-    throw new RunningServiceError(
-      `The service running from ${config.dataDir} (pid ${service.pid}) does not answer at ` +
-        `${service.adminUrl} (${(error as Error & { cause?: { code?: string } }).cause?.code ?? (error as Error).message}). ` +
-        'Try again once it is up, or stop it. [service_unreachable]',
-      1,
-    )
+    try {
+      response = await fetch(new URL(LOCAL_CLI_PATH, service.adminUrl), {
+        method: 'POST',
+        headers: { 'content-type': 'application/json', authorization: `Bearer ${service.token}` },
+        body: JSON.stringify({ args }),
+        // the service never redirects: a redirect followed would send the command line again, wherever it said
+        redirect: 'manual',
+        signal: stop.signal,
+      })
+    } catch (error) {
+      if (stop.signal.aborted) throw stoppedWaiting(config.dataDir, service)
+      throw new RunningServiceError(
+        `${running} does not answer at ${service.adminUrl} (${failureReason(error)}). ` +
+          'Try again once it is up, or stop it. [service_unreachable]',
+        1,
+      )
+    }
+    try {
+      answer = await response.text()
+    } catch (error) {
+      if (stop.signal.aborted) throw stoppedWaiting(config.dataDir, service)
+      throw new RunningServiceError(
+        `${running} cut its answer to the command short (${failureReason(error)}); the command may have run there [service_bad_answer]`,
+        1,
+      )
+    }
+  } finally {
+    off()
   }
   if (!response.ok) {
-    const answer = await response.text()
     const command = args[0] ?? ''
     if (response.status === 400 && !commandsTakenBy(answer).has(command)) {
       // a service started from an older build than this CLI's: its list of commands predates this one
       process.stderr.write(
-        `The service running from ${config.dataDir} (pid ${service.pid}) is older than this CLI and does not run ` +
+        `${running} is older than this CLI and does not run ` +
           `\`${command}\`. Restart it with this build, or stop it and run the command alone. [service_too_old]\n`,
       )
       return 1
     }
+    const location = response.headers.get('location')
+    const status =
+      response.status >= 300 && response.status < 400
+        ? `${response.status}, a redirect${location === null ? '' : ` to ${printable(shortened(location, MAX_REFUSAL_SHOWN))}`}, not followed`
+        : String(response.status)
     // (on one line and visible: whatever answers on that port may not be the service)
-    process.stderr.write(`The running service refused the command (${response.status}): ${printable(shortened(answer, MAX_REFUSAL_SHOWN))} [service_refused]\n`)
+    process.stderr.write(`The running service refused the command (${status}): ${printable(shortened(answer, MAX_REFUSAL_SHOWN))} [service_refused]\n`)
     return 1
   }
-  const result = (await response.json()) as { code: number; stdout: string; stderr: string }
-  process.stdout.write(result.stdout)
-  process.stderr.write(result.stderr)
+  const result = commandResult(answer)
+  if ('problem' in result) {
+    throw new RunningServiceError(`${running} answered the command with something that is not its result (${result.problem}) [service_bad_answer]`, 1)
+  }
+  // laid out in lines as the command printed them, its controls shown. A JSON document stays the same document:
+  // JSON.stringify escapes the C0 controls itself, and what it leaves in a string (DEL, C1, the Cf characters)
+  // becomes \uXXXX, JSON for the same character
+  process.stdout.write(printableLines(result.stdout))
+  process.stderr.write(printableLines(result.stderr))
   return result.code
+}
+
+function stoppedWaiting(dataDir: string, service: ServiceFile): RunningServiceError {
+  return new RunningServiceError(
+    `Stopped waiting for the command's result: the service running from ${dataDir} (pid ${service.pid}) ` +
+      'may still run it to its end, without showing its output here [stopped_waiting]',
+    130,
+  )
+}
+
+// the innermost reason a request failed, as the driver says it (ECONNREFUSED, UND_ERR_SOCKET), on one line
+function failureReason(error: unknown): string {
+  const { cause, message } = error as Error & { cause?: { code?: string; message?: string } }
+  return printable(String(cause?.code ?? cause?.message ?? message))
+}
+
+/**
+ * The command's result from the service's answer: what local-cli.ts sends, `runCommand`'s `{code, stdout,
+ * stderr}` as JSON; a field a newer service may add is ignored. Anything else is `problem`, in fixed words.
+ */
+function commandResult(answer: string): { code: number; stdout: string; stderr: string } | { problem: string } {
+  let result: unknown
+  try {
+    result = JSON.parse(answer)
+  } catch {
+    return { problem: 'not JSON' }
+  }
+  if (!isRecord(result)) return { problem: 'not a JSON object' }
+  const { code, stdout, stderr } = result
+  if (typeof code !== 'number' || !Number.isInteger(code) || code < 0 || code > 255) return { problem: 'no exit code from 0 to 255' }
+  if (typeof stdout !== 'string' || typeof stderr !== 'string') return { problem: 'no stdout and stderr as text' }
+  return { code, stdout, stderr }
 }

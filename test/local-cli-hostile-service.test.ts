@@ -1,0 +1,442 @@
+// The compiled CLI beside a "service" it must not trust: a DATA_DIR/serve.json that is not a service's, and an
+// operator listener that answers with something else than a command's result, redirects, writes controls to the
+// terminal, or never answers. Each ends in one line with our code, no stack trace, nothing on stdout but what a
+// real command printed; a file that is not a service's is ignored, and the command runs in its own process.
+// The fakes are this test process (a live pid, so the file stands) and servers it owns, as in
+// local-cli-service-failures.test.ts; the last block checks the same paths against a real `serve`.
+import { once } from 'node:events'
+import { mkdtempSync, readFileSync, writeFileSync } from 'node:fs'
+import http from 'node:http'
+import type { AddressInfo } from 'node:net'
+import { networkInterfaces, tmpdir } from 'node:os'
+import path from 'node:path'
+import { afterAll, beforeAll, describe, expect, it } from 'vitest'
+import type { ServiceFile } from '../src/local/running-service.js'
+import { type CliResult, freePort, receiverEnv, runCli, spawnCli, stopChild, waitForLogLine } from './helpers/cli-process.js'
+import { migratedDataDir } from './helpers/data-dir-template.js'
+
+const TOKEN = 'hostile-test-token'
+
+interface FakeService {
+  url: string
+  /** The bodies of the requests it received. */
+  requests: string[]
+  close: () => Promise<void>
+}
+
+/** A server on `host` that reads each request's body and then lets `answer` answer (or not). */
+async function fakeService(answer: (response: http.ServerResponse, request: http.IncomingMessage) => void, host = '127.0.0.1'): Promise<FakeService> {
+  const requests: string[] = []
+  const server = http.createServer((request, response) => {
+    let body = ''
+    request.on('data', (chunk) => (body += chunk))
+    request.on('end', () => {
+      requests.push(body)
+      answer(response, request)
+    })
+  })
+  server.listen(0, host)
+  await once(server, 'listening')
+  const { port } = server.address() as AddressInfo
+  return {
+    url: `http://${host.includes(':') ? `[${host}]` : host}:${port}`,
+    requests,
+    close: () => {
+      server.closeAllConnections()
+      return new Promise((resolve) => server.close(() => resolve()))
+    },
+  }
+}
+
+const answering = (status: number, body: string, headers: http.OutgoingHttpHeaders = { 'content-type': 'application/json' }) =>
+  (response: http.ServerResponse) => {
+    response.writeHead(status, headers)
+    response.end(body)
+  }
+
+function serviceFile(dataDir: string, adminUrl: string): ServiceFile {
+  return {
+    pid: process.pid,
+    url: adminUrl,
+    adminUrl,
+    token: TOKEN,
+    webhookUrl: `${adminUrl}/webhooks/partner`,
+    mode: 'remote',
+    database: { kind: 'pglite', location: dataDir },
+  }
+}
+
+function advertise(dataDir: string, contents: unknown): void {
+  const text = typeof contents === 'string' ? contents : `${JSON.stringify(contents)}\n`
+  writeFileSync(path.join(dataDir, 'serve.json'), text, { mode: 0o600 })
+}
+
+function newDataDir(): string {
+  return mkdtempSync(path.join(tmpdir(), 'cli-hostile-'))
+}
+
+/** `orders list` run by the compiled CLI beside a service advertised at `service` from a new DATA_DIR. */
+async function ordersListBeside(service: FakeService): Promise<CliResult & { dataDir: string }> {
+  const dataDir = newDataDir()
+  advertise(dataDir, serviceFile(dataDir, service.url))
+  return { ...(await runCli(['orders', 'list'], { DATA_DIR: dataDir }, { built: true })), dataDir }
+}
+
+function expectNoStackTrace(result: CliResult): void {
+  expect(result.stderr).not.toMatch(/^\s+at /m)
+  expect(result.stderr).not.toMatch(/Error:|node:internal/)
+}
+
+describe('the CLI when the service answers 200 with something that is not a command’s result', () => {
+  const answers: [string, string][] = [
+    ['<html><body>It works!</body></html>', 'not JSON'],
+    ['', 'not JSON'],
+    ['null', 'not a JSON object'],
+    ['[0, "out", ""]', 'not a JSON object'],
+    ['{"stdout":42}', 'no exit code from 0 to 255'],
+    ['{"code":999}', 'no exit code from 0 to 255'],
+    ['{"code":999,"stdout":"","stderr":""}', 'no exit code from 0 to 255'],
+    ['{"code":-1,"stdout":"","stderr":""}', 'no exit code from 0 to 255'],
+    ['{"code":1.5,"stdout":"","stderr":""}', 'no exit code from 0 to 255'],
+    ['{"code":"0","stdout":"","stderr":""}', 'no exit code from 0 to 255'],
+    ['{"code":0,"stdout":42,"stderr":""}', 'no stdout and stderr as text'],
+    ['{"code":0,"stdout":"printed\\n"}', 'no stdout and stderr as text'],
+    ['{"code":0,"stdout":"","stderr":null}', 'no stdout and stderr as text'],
+  ]
+
+  for (const [body, problem] of answers) {
+    it(`says so in one line ending in [service_bad_answer], exit 1, nothing on stdout: ${body || '(empty)'}`, async () => {
+      const service = await fakeService(answering(200, body))
+      try {
+        const result = await ordersListBeside(service)
+        expectNoStackTrace(result)
+        expect(result.stderr).toBe(
+          `The service running from ${result.dataDir} (pid ${process.pid}) answered the command with something that is not its result (${problem}) [service_bad_answer]\n`,
+        )
+        expect(result.code).toBe(1)
+        expect(result.stdout).toBe('')
+        expect(service.requests).toHaveLength(1)
+      } finally {
+        await service.close()
+      }
+    })
+  }
+
+  it('says the answer was cut short, and that the command may have run, when the connection closes mid-answer', async () => {
+    const service = await fakeService((response) => {
+      response.writeHead(200, { 'content-type': 'application/json', 'content-length': '100' })
+      response.write('{"code":0,"stdout":"')
+      setTimeout(() => response.destroy(), 50)
+    })
+    try {
+      const result = await ordersListBeside(service)
+      expectNoStackTrace(result)
+      expect(result.stderr).toMatch(
+        new RegExp(`^The service running from ${result.dataDir} \\(pid ${process.pid}\\) cut its answer to the command short \\([^\\n]+\\); the command may have run there \\[service_bad_answer\\]\\n$`),
+      )
+      expect(result.code).toBe(1)
+      expect(result.stdout).toBe('')
+    } finally {
+      await service.close()
+    }
+  })
+
+  it('prints a result as it came and exits with its code, a field a newer service may add ignored', async () => {
+    const service = await fakeService(answering(200, JSON.stringify({ code: 3, stdout: 'row\tone\nrow\ttwo\n', stderr: 'a warning\n', durationMs: 12 })))
+    try {
+      const result = await ordersListBeside(service)
+      expect(result.stdout).toBe('row\tone\nrow\ttwo\n')
+      expect(result.stderr).toBe('a warning\n')
+      expect(result.code).toBe(3)
+    } finally {
+      await service.close()
+    }
+  })
+})
+
+describe('the CLI and the controls in a forwarded command’s output', () => {
+  it('shows them as \\uXXXX on stdout and stderr, keeping line feeds and tabs: the terminal is neither cleared nor retitled', async () => {
+    const service = await fakeService(
+      answering(200, JSON.stringify({ code: 0, stdout: '\u001b[2J\u001b[31mFAKE\u001b]0;owned\u0007\nrow\tcell\n', stderr: 'careful\u202efdp.exe\r\n' })),
+    )
+    try {
+      const result = await ordersListBeside(service)
+      expect(result.stdout).toBe('\\u001b[2J\\u001b[31mFAKE\\u001b]0;owned\\u0007\nrow\tcell\n')
+      expect(result.stderr).toBe('careful\\u202efdp.exe\\u000d\n')
+      expect([...result.stdout + result.stderr].filter((character) => /[\p{Cc}\p{Cf}]/u.test(character) && character !== '\n' && character !== '\t')).toEqual([])
+      expect(result.code).toBe(0)
+    } finally {
+      await service.close()
+    }
+  })
+
+  it('keeps a JSON document the same document: what it escapes in a string, \\uXXXX, is JSON for the same character', async () => {
+    // JSON.stringify leaves DEL, the C1 controls and the format characters in its strings as they are
+    const document = JSON.stringify([{ reference: 'ref\u202e-1\u007f\u0085\u200b', title: 'Lampe à café 🙂', note: 'tab\tand\nline' }], null, 2)
+    const service = await fakeService(answering(200, JSON.stringify({ code: 0, stdout: `${document}\n`, stderr: '' })))
+    try {
+      const result = await ordersListBeside(service)
+      expect(result.stdout).not.toBe(`${document}\n`)
+      expect(result.stdout).toContain('ref\\u202e-1\\u007f\\u0085\\u200b')
+      expect(JSON.parse(result.stdout)).toEqual(JSON.parse(document))
+      expect(result.code).toBe(0)
+    } finally {
+      await service.close()
+    }
+  })
+})
+
+describe('the CLI when the service answers with a redirect', () => {
+  let elsewhere: FakeService
+  beforeAll(async () => {
+    elsewhere = await fakeService(answering(200, JSON.stringify({ code: 0, stdout: 'ran elsewhere\n', stderr: '' })))
+  })
+  afterAll(() => elsewhere.close())
+
+  for (const status of [301, 302, 303, 307, 308]) {
+    it(`does not follow a ${status} (the command line is sent nowhere else): [service_refused], exit 1`, async () => {
+      const target = `${elsewhere.url}/_local/cli`
+      const service = await fakeService(answering(status, 'moved', { location: target, 'content-type': 'text/plain' }))
+      try {
+        const result = await ordersListBeside(service)
+        expect(result.stderr).toBe(`The running service refused the command (${status}, a redirect to ${target}, not followed): moved [service_refused]\n`)
+        expect(result.code).toBe(1)
+        expect(result.stdout).toBe('')
+        expect(service.requests).toHaveLength(1)
+        expect(elsewhere.requests).toEqual([])
+      } finally {
+        await service.close()
+      }
+    })
+  }
+})
+
+describe('the CLI when DATA_DIR/serve.json is not a service’s file', () => {
+  // The files name the database that DATABASE_URL names (Postgres on a port nobody listens on), so that a file
+  // taken for a service's has the command forwarded to `recorder`, and one that is ignored has it run here, where
+  // it cannot reach its database: [database_unavailable]
+  let recorder: FakeService
+  let env: Record<string, string>
+  let database: { kind: 'postgres'; location: string }
+
+  beforeAll(async () => {
+    recorder = await fakeService(answering(200, JSON.stringify({ code: 0, stdout: '(forwarded)\n', stderr: '' })))
+    const port = await freePort()
+    database = { kind: 'postgres', location: `127.0.0.1:${port}/hostile` }
+    env = { ...receiverEnv(newDataDir()), DATABASE_URL: `postgres://partner@127.0.0.1:${port}/hostile` }
+  })
+  afterAll(() => recorder.close())
+
+  const goodFile = (): Record<string, unknown> => ({ ...serviceFile('', recorder.url), database })
+  const runBeside = async (contents: unknown) => {
+    const dataDir = newDataDir()
+    advertise(dataDir, contents)
+    const before = recorder.requests.length
+    const result = await runCli(['orders', 'list'], { ...env, DATA_DIR: dataDir }, { built: true })
+    return { ...result, dataDir, forwarded: recorder.requests.length - before }
+  }
+
+  it('forwards the command when the file is a service’s (the control for the cases below)', async () => {
+    const result = await runBeside(goodFile())
+    expect(result.stderr).toBe('')
+    expect(result.stdout).toBe('(forwarded)\n')
+    expect(result.code).toBe(0)
+    expect(result.forwarded).toBe(1)
+  })
+
+  it('forwards the command when the file is an older build’s: no mode (before 2026-12-02), no role of the database', async () => {
+    const { mode: _, ...file } = goodFile()
+    const result = await runBeside(file)
+    expect(result.stderr).toBe('')
+    expect(result.stdout).toBe('(forwarded)\n')
+    expect(result.forwarded).toBe(1)
+  })
+
+  const cases: [string, (file: Record<string, unknown>) => unknown, string][] = [
+    ['no database', ({ database: _, ...file }) => file, 'its database is not a kind and a location'],
+    ['a database of another kind', (file) => ({ ...file, database: { kind: 'mysql', location: 'x' } }), 'its database is not a kind and a location'],
+    ['a database location that is no text', (file) => ({ ...file, database: { kind: 'postgres', location: 5432 } }), 'its database is not a kind and a location'],
+    ['a pid as text', (file) => ({ ...file, pid: '0x1' }), 'its pid is not a process id'],
+    ['pid 0, the process group', (file) => ({ ...file, pid: 0 }), 'its pid is not a process id'],
+    ['pid -1, every process', (file) => ({ ...file, pid: -1 }), 'its pid is not a process id'],
+    ['a pid with a fraction', (file) => ({ ...file, pid: process.pid + 0.5 }), 'its pid is not a process id'],
+    ['a pid past pid_t', (file) => ({ ...file, pid: 2 ** 32 + process.pid }), 'its pid is not a process id'],
+    ['no pid', ({ pid: _, ...file }) => file, 'its pid is not a process id'],
+    ['an adminUrl on another machine, by name', (file) => ({ ...file, adminUrl: 'http://evil.example:3001' }), 'its adminUrl is not an http URL of this machine'],
+    ['an adminUrl on another machine, by address', (file) => ({ ...file, adminUrl: 'http://203.0.113.9:3001' }), 'its adminUrl is not an http URL of this machine'],
+    ['an adminUrl that is a file', (file) => ({ ...file, adminUrl: 'file:///etc/passwd' }), 'its adminUrl is not an http URL of this machine'],
+    ['an adminUrl with credentials', (file) => ({ ...file, adminUrl: recorder.url.replace('//', '//user:secret@') }), 'its adminUrl is not an http URL of this machine'],
+    ['an adminUrl with a path', (file) => ({ ...file, adminUrl: `${recorder.url}/elsewhere` }), 'its adminUrl is not an http URL of this machine'],
+    ['an adminUrl that is no URL', (file) => ({ ...file, adminUrl: 'localhost:3001' }), 'its adminUrl is not an http URL of this machine'],
+    ['no url', ({ url: _, ...file }) => file, 'its url is not an http URL of this machine'],
+    ['a webhookUrl on another machine', (file) => ({ ...file, webhookUrl: 'https://evil.example/webhooks/partner' }), 'its webhookUrl is not an http URL of this machine'],
+    ['a sandboxUrl on another machine', (file) => ({ ...file, sandboxUrl: 'http://evil.example:4010' }), 'its sandboxUrl is not an http URL of this machine'],
+    ['a token that is a number', (file) => ({ ...file, token: 42 }), 'its token is not a bearer token'],
+    ['a token that would add a header', (file) => ({ ...file, token: 'x\r\nX-Injected: 1' }), 'its token is not a bearer token'],
+    ['a mode of its own', (file) => ({ ...file, mode: 'evil' }), 'its mode is neither local nor remote'],
+    ['a JSON array', (file) => [file], 'it is not a JSON object'],
+    ['JSON null', () => 'null', 'it is not a JSON object'],
+    ['a file that is not JSON', () => '{"pid": 1, "adminUrl": "http://127.0.0.1', 'it is not JSON'],
+  ]
+  for (const [what, make, problem] of cases) {
+    it(`ignores a file with ${what}, saying so in one line, and runs the command here`, async () => {
+      const result = await runBeside(make(goodFile()))
+      expectNoStackTrace(result)
+      const lines = result.stderr.trimEnd().split('\n')
+      expect(lines[0]).toBe(
+        `Ignored ${path.join(result.dataDir, 'serve.json')}: it is not a running service's file (${problem}); the command runs in this process [service_file_ignored]`,
+      )
+      // run here, against the database DATABASE_URL names, which nobody serves
+      expect(lines.slice(1).join('\n')).toMatch(/\[database_unavailable\]$/)
+      expect(result.code).toBe(1)
+      expect(result.stdout).toBe('')
+      expect(result.forwarded).toBe(0)
+    })
+  }
+
+  it('ignores a file whose pid no process has, silently: a service that stopped without removing it', async () => {
+    const result = await runBeside({ ...goodFile(), pid: 2 ** 22 + 7 })
+    expect(result.stderr).not.toContain('service_file_ignored')
+    expect(result.stderr).toMatch(/\[database_unavailable\]\n$/)
+    expect(result.forwarded).toBe(0)
+  })
+
+  it('takes pid 1 for a process id: the image runs its service as its first process', async () => {
+    const result = await runBeside({ ...goodFile(), pid: 1 })
+    expect(result.stderr).not.toContain('service_file_ignored')
+    let signalled = true
+    try {
+      process.kill(1, 0)
+    } catch {
+      signalled = false
+    }
+    // pid 1 of another user (this test not run as root) is a process the CLI cannot tell is a service's: ignored
+    expect(result.forwarded).toBe(signalled ? 1 : 0)
+  })
+
+  it('forwards to an adminUrl on 0.0.0.0 or on an interface of this machine: where ADMIN_HOST may bind the listener', async () => {
+    const viaAny = await runBeside({ ...goodFile(), adminUrl: recorder.url.replace('127.0.0.1', '0.0.0.0') })
+    expect(viaAny.stderr).toBe('')
+    expect(viaAny.forwarded).toBe(1)
+    const address = Object.values(networkInterfaces())
+      .flat()
+      .find((entry) => entry !== undefined && !entry.internal && entry.family === 'IPv4')?.address
+    if (address === undefined) return
+    const onInterface = await fakeService(answering(200, JSON.stringify({ code: 0, stdout: '(on the interface)\n', stderr: '' })), address)
+    try {
+      const result = await runBeside({ ...goodFile(), adminUrl: onInterface.url, url: onInterface.url, webhookUrl: `${onInterface.url}/webhooks/partner` })
+      expect(result.stderr).toBe('')
+      expect(result.stdout).toBe('(on the interface)\n')
+      expect(onInterface.requests).toHaveLength(1)
+    } finally {
+      await onInterface.close()
+    }
+  })
+})
+
+describe('the CLI and a stop signal while the service has not answered', () => {
+  it('stops waiting on Ctrl-C (SIGINT): one line ending in [stopped_waiting], exit 130, the connection closed', async () => {
+    let closed = false
+    const service = await fakeService((_response, request) => {
+      request.socket.once('close', () => (closed = true))
+    })
+    const dataDir = newDataDir()
+    advertise(dataDir, serviceFile(dataDir, service.url))
+    try {
+      const child = spawnCli(['prune'], { DATA_DIR: dataDir }, { built: true })
+      let stdout = ''
+      let stderr = ''
+      child.stdout!.on('data', (chunk) => (stdout += chunk))
+      child.stderr!.on('data', (chunk) => (stderr += chunk))
+      const exited = once(child, 'close') as Promise<[number | null, NodeJS.Signals | null]>
+      // the command line has reached the service, which will never answer
+      await expect.poll(() => service.requests.length, { timeout: 30_000 }).toBe(1)
+      const signalledAt = performance.now()
+      child.kill('SIGINT')
+      const ended = await Promise.race([exited, new Promise<'still waiting'>((resolve) => setTimeout(() => resolve('still waiting'), 10_000))])
+      if (ended === 'still waiting') {
+        await stopChild(child, 'SIGKILL')
+        throw new Error(`the CLI still waited 10 s after SIGINT; stderr: ${stderr}`)
+      }
+      expect(ended).toEqual([130, null])
+      expect(performance.now() - signalledAt).toBeLessThan(5_000)
+      expect(stderr).toBe(
+        `Stopped waiting for the command's result: the service running from ${dataDir} (pid ${process.pid}) may still run it to its end, without showing its output here [stopped_waiting]\n`,
+      )
+      expect(stdout).toBe('')
+      await expect.poll(() => closed, { timeout: 5_000 }).toBe(true)
+    } finally {
+      await service.close()
+    }
+  })
+})
+
+describe('a real `serve` and the CLI beside it', () => {
+  const dataDir = migratedDataDir('cli-hostile-real-')
+  const env = receiverEnv(dataDir)
+  let service: ReturnType<typeof spawnCli>
+  let serviceFileText: string
+
+  beforeAll(async () => {
+    service = spawnCli(['serve'], env, { built: true })
+    await waitForLogLine(service, 'service listening', 60_000)
+    serviceFileText = readFileSync(path.join(dataDir, 'serve.json'), 'utf8')
+    for (const reference of ['plain-1', 'Lampe-à-café-2']) {
+      const created = await runCli(['orders', 'create', '--external-reference', reference], env, { built: true })
+      expect(created.stderr).toBe('')
+      expect(created.code).toBe(0)
+    }
+  }, 120_000)
+  afterAll(async () => {
+    await stopChild(service)
+  })
+
+  it('prints what the service answers, byte for byte: tables, JSON, a refusal', async () => {
+    const { adminUrl, token } = JSON.parse(serviceFileText) as ServiceFile
+    const commands = [
+      ['orders', 'list'],
+      ['orders', 'list', '--json'],
+      ['orders', 'show', 'Lampe-à-café-2'],
+      ['orders', 'show', 'plain-1', '--json'],
+      ['deliveries', 'list'],
+      ['reactions', 'list', '--json'],
+      ['migrate', '--json'],
+      ['orders', 'show', 'nobody'],
+    ]
+    for (const args of commands) {
+      const answer = await fetch(`${adminUrl}/_local/cli`, {
+        method: 'POST',
+        headers: { 'content-type': 'application/json', authorization: `Bearer ${token}` },
+        body: JSON.stringify({ args }),
+      })
+      expect(answer.status).toBe(200)
+      const sent = (await answer.json()) as { code: number; stdout: string; stderr: string }
+      const shown = await runCli(args, env, { built: true })
+      expect({ code: shown.code, stdout: shown.stdout, stderr: shown.stderr }, args.join(' ')).toEqual(sent)
+    }
+    // the control: these commands printed something
+    const listed = await runCli(['orders', 'list', '--json'], env, { built: true })
+    expect((JSON.parse(listed.stdout) as { externalReference: string }[]).map((order) => order.externalReference).sort()).toEqual(['Lampe-à-café-2', 'plain-1'])
+  })
+
+  it('refuses, as the database’s owner’s, a command that ignored a service file that is not one, and writes nothing', async () => {
+    const file = path.join(dataDir, 'serve.json')
+    const real = JSON.parse(serviceFileText) as ServiceFile
+    writeFileSync(file, JSON.stringify({ ...real, pid: String(real.pid) }), { mode: 0o600 })
+    let result: CliResult
+    try {
+      result = await runCli(['orders', 'create', '--external-reference', 'beside-the-owner-1'], env, { built: true })
+    } finally {
+      writeFileSync(file, serviceFileText, { mode: 0o600 })
+    }
+    expectNoStackTrace(result)
+    const lines = result.stderr.trimEnd().split('\n')
+    expect(lines[0]).toBe(`Ignored ${file}: it is not a running service's file (its pid is not a process id); the command runs in this process [service_file_ignored]`)
+    expect(lines.slice(1).join('\n')).toContain(`in use by process ${service.pid}`)
+    expect(result.code).toBe(1)
+    expect(result.stdout).toBe('')
+    // forwarded again once the file is the service's: the order was never created
+    const shown = await runCli(['orders', 'show', 'beside-the-owner-1'], env, { built: true })
+    expect(shown.stderr).toMatch(/\[order_not_found\]\n$/)
+  })
+})
