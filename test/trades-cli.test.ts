@@ -224,7 +224,7 @@ describe('trades operations', () => {
   it('prints the platform’s trade and the local order with trades get --json', async () => {
     const ref = reference()
     await open(ref)
-    answer = (request) => ({ status: 200, body: tradeRecord({ trade_id: `tr_${ref}`, status: 'funded', reference: request.path }) })
+    answer = (request) => ({ status: 200, body: tradeRecord({ trade_id: `tr_${ref}`, external_reference: ref, status: 'funded', reference: request.path }) })
     const result = await cli('trades', 'get', ref, '--json')
     expect(result.code).toBe(0)
     const printed = JSON.parse(result.stdout)

@@ -92,6 +92,19 @@ describe('a record of another trade', () => {
     expect(get.stderr).toContain('record of trade T-f\\u000ao-forge: trade T-f (R) is released for external reference o-forge')
   })
 
+  it('refuses the order’s own trade filed under another order’s reference, as trades fund and the poller do', async () => {
+    await insertOrders(database.db, [{ externalReference: 'o-filed', tradeId: 'T-filed', tradeStatus: 'created' }])
+    answer = () => ({ status: 200, body: tradeRecord({ trade_id: 'T-filed', status: 'funded', external_reference: 'someone-else' }) })
+    const get = await runCommandWith(['trades', 'get', 'o-filed'])
+    expect(get.code).toBe(1)
+    expect(get.stdout).toBe('')
+    expect(get.stderr).toContain('with the record of trade T-filed for external reference someone-else: another trade or order')
+    expect(get.stderr).toMatch(/ \[answer_mismatch\]\n$/)
+    const fund = await runCommandWith(['trades', 'fund', 'o-filed'])
+    expect(fund.stderr).toMatch(/ \[answer_mismatch\]\n$/)
+    expect(await orderByReference(database.db, 'o-filed')).toMatchObject({ tradeStatus: 'created' })
+  })
+
   it('still shows the trade’s own record, the one the order is linked to', async () => {
     await insertOrders(database.db, [{ externalReference: 'o-own', tradeId: 'T-own', tradeStatus: 'created' }])
     answer = () => ({ status: 200, body: tradeRecord({ trade_id: 'T-own', reference: 'R-own', status: 'funded', external_reference: 'o-own' }) })

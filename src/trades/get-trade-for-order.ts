@@ -18,10 +18,10 @@ export async function getTradeForOrder(
     )
   }
   const trade = await client.getTrade(order.tradeId)
-  // a record of another trade is not this order's trade, whatever it says: shown, it would pass for it. Its
-  // external reference is not held to the order's: that the platform files the order's trade under another one
-  // is what an operator compares here (`--json` shows it; the poller flags it trade_mismatch)
-  if (trade.trade_id !== order.tradeId) {
+  // a record of another trade, or of the order's trade filed under another order's reference, is not this order's
+  // trade: shown, it would pass for it. The rule every applied answer is held to (apply-observation.ts), and the
+  // poller flags such an answer trade_mismatch
+  if (trade.trade_id !== order.tradeId || trade.external_reference !== order.externalReference) {
     logger.warn(
       { externalReference, orderId: order.id, tradeId: order.tradeId, answeredTradeId: trade.trade_id },
       "the platform answered a GET of an order's trade with another trade's record: not shown",
