@@ -2,8 +2,8 @@
 // operator listener that answers with something else than a command's result, redirects, writes controls to the
 // terminal, or never answers. Each ends in one line with our code, no stack trace, nothing on stdout but what a
 // real command printed; a file that is not a service's is ignored, and the command runs in its own process.
-// The fakes are this test process (a live pid, so the file stands) and servers it owns, as in
-// local-cli-service-failures.test.ts; the last block checks the same paths against a real `serve`.
+// The fakes are this test process (a live pid, so the file stands) and servers it owns; one block checks the same
+// paths against a real `serve`.
 import { once } from 'node:events'
 import { mkdtempSync, readFileSync, writeFileSync } from 'node:fs'
 import http from 'node:http'
@@ -438,5 +438,32 @@ describe('a real `serve` and the CLI beside it', () => {
     // forwarded again once the file is the service's: the order was never created
     const shown = await runCli(['orders', 'show', 'beside-the-owner-1'], env, { built: true })
     expect(shown.stderr).toMatch(/\[order_not_found\]\n$/)
+  })
+})
+
+describe('the CLI when the running service cannot run its command', () => {
+  it('exits 1 with [service_unreachable] when the advertised service does not answer', async () => {
+    const dataDir = newDataDir()
+    const url = `http://127.0.0.1:${await freePort()}`
+    advertise(dataDir, serviceFile(dataDir, url))
+    const result = await runCli(['orders', 'list'], { DATA_DIR: dataDir }, { built: true })
+    expect(result.code).toBe(1)
+    expect(result.stderr).toContain(`(pid ${process.pid}) does not answer`)
+    expect(result.stderr.trim()).toMatch(/\[service_unreachable\]$/)
+    expect(result.stdout).toBe('')
+  })
+
+  it('prints a refusal on one line, its controls visible and its length cut, ending in [service_refused], exit 1', async () => {
+    const service = await fakeService(answering(500, `boom\u001b[31m\nforged: line ${'x'.repeat(2_000)}`, { 'content-type': 'text/plain' }))
+    try {
+      const result = await ordersListBeside(service)
+      expect(result.code).toBe(1)
+      const lines = result.stderr.trim().split('\n')
+      expect(lines).toHaveLength(1)
+      expect(lines[0]).toMatch(/^The running service refused the command \(500\): boom\\u001b\[31m\\u000aforged: line x+… \(2,023 characters\) \[service_refused\]$/)
+      expect(result.stderr).not.toContain('\u001b')
+    } finally {
+      await service.close()
+    }
   })
 })

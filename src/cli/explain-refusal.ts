@@ -5,6 +5,7 @@
 //
 // Our code comes from the status alone: the spec lists none of the platform's codes, so a script can rely on
 // ours whatever the platform sends, and the platform's own code is its words, from outside, shown as detail.
+import { isJsonObject } from '../json-object.js'
 import { describeClockOffset } from '../partner-api/clock-offset.js'
 import type { PartnerApiError } from '../partner-api/partner-api-error.js'
 import { printable } from '../printable.js'
@@ -40,7 +41,7 @@ const MAX_REFUSAL_FIELDS = 20
  * and a refusal is no result but this text on stderr.
  */
 export function explainRefusal(error: PartnerApiError, advice = ''): CommandFailedError {
-  const platform = isObject(error.body) && isObject(error.body.error) ? error.body.error : {}
+  const platform = isJsonObject(error.body) && isJsonObject(error.body.error) ? error.body.error : {}
   const text = (value: unknown) =>
     value === undefined || value === null
       ? '?'
@@ -50,7 +51,7 @@ export function explainRefusal(error: PartnerApiError, advice = ''): CommandFail
   const fields = Array.isArray(platform.fields) ? platform.fields : []
   const shown = fields
     .slice(0, MAX_REFUSAL_FIELDS)
-    .map((field) => (isObject(field) ? `\n  ${text(field.field)}: ${text(field.message)}` : `\n  ${text(field)}`))
+    .map((field) => (isJsonObject(field) ? `\n  ${text(field.field)}: ${text(field.message)}` : `\n  ${text(field)}`))
   const more = fields.length > MAX_REFUSAL_FIELDS ? `\n  … and ${fields.length - MAX_REFUSAL_FIELDS} more fields` : ''
   return new CommandFailedError(
     refusalCode(error.status),
@@ -58,6 +59,3 @@ export function explainRefusal(error: PartnerApiError, advice = ''): CommandFail
     `${clock}${shown.join('')}${more}${advice}`,
   )
 }
-
-const isObject = (value: unknown): value is Record<string, unknown> =>
-  typeof value === 'object' && value !== null && !Array.isArray(value)

@@ -16,6 +16,7 @@ import { networkInterfaces, userInfo } from 'node:os'
 import path from 'node:path'
 import type { Config } from '../config.js'
 import { isLoopbackAddress } from '../http/loopback-host.js'
+import { isJsonObject, parseJsonObject } from '../json-object.js'
 import { printable, printableLines } from '../printable.js'
 import { shortened } from '../shortened.js'
 import { stopOnSignals } from '../stop-signals.js'
@@ -176,13 +177,8 @@ function readServiceFile(dataDir: string): { service?: ServiceFile; problem?: st
     const code = (error as NodeJS.ErrnoException).code
     return code === 'ENOENT' || code === 'ENOTDIR' ? {} : { problem: `it cannot be read: ${code ?? 'error'}` }
   }
-  let file: unknown
-  try {
-    file = JSON.parse(text)
-  } catch {
-    return { problem: 'it is not JSON' }
-  }
-  if (!isRecord(file)) return { problem: 'it is not a JSON object' }
+  const file = parseJsonObject(text)
+  if (typeof file === 'string') return { problem: `it is ${file}` }
   // 0 and below name process groups, not a process: process.kill(0, 0) succeeds whatever runs. 1 is a service's
   // pid in a container (the image runs `node dist/src/cli.js serve` as its first process)
   const { pid } = file
@@ -217,7 +213,7 @@ function serviceFileProblem(file: Record<string, unknown>): string | undefined {
   if (file.mode !== undefined && file.mode !== 'local' && file.mode !== 'remote') return 'its mode is neither local nor remote'
   const { database } = file
   if (
-    !isRecord(database) ||
+    !isJsonObject(database) ||
     (database.kind !== 'postgres' && database.kind !== 'pglite') ||
     typeof database.location !== 'string' ||
     (database.user !== undefined && typeof database.user !== 'string')
@@ -225,10 +221,6 @@ function serviceFileProblem(file: Record<string, unknown>): string | undefined {
     return 'its database is not a kind and a location'
   }
   return undefined
-}
-
-function isRecord(value: unknown): value is Record<string, unknown> {
-  return typeof value === 'object' && value !== null && !Array.isArray(value)
 }
 
 /**
@@ -414,13 +406,8 @@ function failureReason(error: unknown): string {
  * stderr}` as JSON; a field a newer service may add is ignored. Anything else is `problem`, in fixed words.
  */
 function commandResult(answer: string): { code: number; stdout: string; stderr: string } | { problem: string } {
-  let result: unknown
-  try {
-    result = JSON.parse(answer)
-  } catch {
-    return { problem: 'not JSON' }
-  }
-  if (!isRecord(result)) return { problem: 'not a JSON object' }
+  const result = parseJsonObject(answer)
+  if (typeof result === 'string') return { problem: result }
   const { code, stdout, stderr } = result
   if (typeof code !== 'number' || !Number.isInteger(code) || code < 0 || code > 255) return { problem: 'no exit code from 0 to 255' }
   if (typeof stdout !== 'string' || typeof stderr !== 'string') return { problem: 'no stdout and stderr as text' }
