@@ -15,7 +15,7 @@ import { DEFAULT_LOG_BUFFER_LIMIT } from './logger.js'
 import { TRADE_STATUSES } from './orders/trade-status.js'
 import type { ProxySettings } from './partner-api/partner-api-proxy.js'
 import { DEFAULT_MAX_ANSWER_BYTES, PARTNER_API_PREFIX } from './partner-api/partner-api-transport.js'
-import { leaseMarginMs } from './reactions/dispatcher-settings.js'
+import { DEFAULT_DISPATCHER_SETTINGS, leaseMarginMs } from './reactions/dispatcher-settings.js'
 import { decodeWebhookSecret, MIN_WEBHOOK_SECRET_BYTES, WEBHOOK_SECRET_PREFIX } from './reactions/forwarder.js'
 
 export const MIN_SECRET_LENGTH = 24
@@ -109,6 +109,11 @@ export interface Config {
     readonly concurrency: number
     /** How long a claimed job belongs to its replica: a replica that died mid-handler gives it up after this. */
     readonly leaseS: number
+    /**
+     * The wait before a failed call's next attempt: between half and all of base × 2^(attempt − 1), at most the
+     * cap; a Retry-After longer than the cap is cut to it.
+     */
+    readonly backoff: { readonly baseS: number; readonly capS: number }
   }
   /** The built-in forwarder; undefined when FORWARD_URL is unset. */
   readonly forward:
@@ -332,6 +337,8 @@ const EnvSchema = z.object({
   REACTION_MAX_ATTEMPTS: wholeNumber({ max: 1_000 }).default(10),
   REACTION_CONCURRENCY: wholeNumber({ max: 256 }).default(32),
   REACTION_LEASE_S: wholeNumber({ max: 86_400 }).default(300),
+  REACTION_BACKOFF_BASE_S: wholeNumber({ max: 86_400 }).default(DEFAULT_DISPATCHER_SETTINGS.backoff.baseS),
+  REACTION_BACKOFF_CAP_S: wholeNumber({ max: 86_400 }).default(DEFAULT_DISPATCHER_SETTINGS.backoff.capS),
   FORWARD_URL: z.url({ protocol: /^https?$/, error: 'must be an http(s) URL' }).optional(),
   FORWARD_SECRET: z.string().optional(),
   FORWARD_TIMEOUT_MS: wholeNumber().default(10_000),
@@ -498,6 +505,12 @@ export function parseConfig(
   if (values.MAX_INFLIGHT_BODY_BYTES < values.WEBHOOK_BODY_LIMIT) {
     problems.push('MAX_INFLIGHT_BODY_BYTES: must be at least WEBHOOK_BODY_LIMIT (one largest body must fit)')
   }
+  if (values.REACTION_BACKOFF_CAP_S < values.REACTION_BACKOFF_BASE_S) {
+    // every wait would be the cap: the base would mean nothing
+    problems.push(
+      `REACTION_BACKOFF_CAP_S: must be at least REACTION_BACKOFF_BASE_S (${values.REACTION_BACKOFF_CAP_S} < ${values.REACTION_BACKOFF_BASE_S})`,
+    )
+  }
   if (values.DELIVERY_RETENTION_DAYS < values.RETENTION_DAYS) {
     // a row deleted before its body is due: the body setting would mean nothing
     problems.push(
@@ -629,6 +642,7 @@ export function parseConfig(
       maxAttempts: values.REACTION_MAX_ATTEMPTS,
       concurrency: values.REACTION_CONCURRENCY,
       leaseS: values.REACTION_LEASE_S,
+      backoff: { baseS: values.REACTION_BACKOFF_BASE_S, capS: values.REACTION_BACKOFF_CAP_S },
     },
     forward:
       values.FORWARD_URL === undefined

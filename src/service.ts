@@ -376,6 +376,7 @@ export async function startService({
             concurrency: config.reactions.concurrency,
             maxAttempts: config.reactions.maxAttempts,
             leaseMs: config.reactions.leaseS * 1000,
+            backoff: config.reactions.backoff,
             // from the signal on, beside the public listener, which has the same half after the drain delay
             shutdownTimeoutMs: Math.floor(config.shutdownTimeoutMs / 2),
           },

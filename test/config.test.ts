@@ -206,6 +206,8 @@ describe('configuration', () => {
       'REACTION_MAX_ATTEMPTS',
       'REACTION_CONCURRENCY',
       'REACTION_LEASE_S',
+      'REACTION_BACKOFF_BASE_S',
+      'REACTION_BACKOFF_CAP_S',
       'FORWARD_TIMEOUT_MS',
       'AMQP_TIMEOUT_MS',
       'RETENTION_DAYS',
@@ -375,15 +377,28 @@ describe('configuration', () => {
 
     it('has reaction defaults and no forwarder unless FORWARD_URL is set', () => {
       const config = parseConfig(remoteEnv)
-      expect(config.reactions).toEqual({ maxAttempts: 10, concurrency: 32, leaseS: 300 })
+      expect(config.reactions).toEqual({ maxAttempts: 10, concurrency: 32, leaseS: 300, backoff: { baseS: 5, capS: 3_600 } })
       expect(config.forward).toBeUndefined()
       expect(
-        parseConfig({ ...remoteEnv, REACTION_MAX_ATTEMPTS: '3', REACTION_CONCURRENCY: '2', REACTION_LEASE_S: '30' }).reactions,
+        parseConfig({
+          ...remoteEnv,
+          REACTION_MAX_ATTEMPTS: '3',
+          REACTION_CONCURRENCY: '2',
+          REACTION_LEASE_S: '30',
+          REACTION_BACKOFF_BASE_S: '60',
+          REACTION_BACKOFF_CAP_S: '600',
+        }).reactions,
       ).toEqual({
         maxAttempts: 3,
         concurrency: 2,
         leaseS: 30,
+        backoff: { baseS: 60, capS: 600 },
       })
+      // a cap under the base would make every wait the cap
+      expect(problemsOf({ ...remoteEnv, REACTION_BACKOFF_BASE_S: '600', REACTION_BACKOFF_CAP_S: '60' })).toEqual([
+        'REACTION_BACKOFF_CAP_S: must be at least REACTION_BACKOFF_BASE_S (60 < 600)',
+      ])
+      expect(parseConfig({ ...remoteEnv, REACTION_BACKOFF_BASE_S: '600' }).reactions.backoff).toEqual({ baseS: 600, capS: 3_600 })
       expect(problemsOf({ ...remoteEnv, REACTION_LEASE_S: '0' }).some((problem) => problem.startsWith('REACTION_LEASE_S:'))).toBe(true)
     })
 
