@@ -22,8 +22,8 @@ const FIELDS = ['trade_id', 'reference', 'status', 'external_reference', 'event'
 
 // Bodies are written as JSON text: JSON.stringify would keep a lone surrogate escaped the same way, but
 // the escapes are spelled out here so the table shows exactly what the platform would send.
-function body(externalReference: string, override: Partial<Record<(typeof FIELDS)[number] | 'note', string>> = {}): string {
-  const fields: Record<string, string> = {
+function body(externalReference: string, override: Partial<Record<(typeof FIELDS)[number] | 'note', string | undefined>> = {}): string {
+  const fields: Record<string, string | undefined> = {
     event: '"trade.funded"',
     trade_id: `"trd_${externalReference}"`,
     reference: '"REF-1"',
@@ -32,6 +32,7 @@ function body(externalReference: string, override: Partial<Record<(typeof FIELDS
     ...override,
   }
   return `{${Object.entries(fields)
+    .filter(([, value]) => value !== undefined)
     .map(([name, value]) => `"${name}":${value}`)
     .join(',')}}`
 }
@@ -43,6 +44,8 @@ interface Case {
   field: (typeof FIELDS)[number] | 'note'
   /** What the receiver answers: stored with this outcome (200) or refused (400). */
   expected: 'invalid' | 'applied' | 400
+  /** Other fields of the body set (undefined: left out). */
+  others?: Partial<Record<(typeof FIELDS)[number], string | undefined>>
 }
 
 const CASES: Case[] = [
@@ -53,7 +56,8 @@ const CASES: Case[] = [
       { name: `a lone high surrogate in ${field}`, field, value: text('x\\ud800y'), expected: 'invalid' },
       { name: `a lone low surrogate in ${field}`, field, value: text('\\udfff'), expected: 'invalid' },
       { name: `a reversed surrogate pair in ${field}`, field, value: text('\\udc00\\ud800'), expected: 'invalid' },
-      { name: `an escaped NUL in ${field}`, field, value: text('a\\u0000b'), expected: 400 },
+      // Postgres's text holds no NUL: refused as a field (isTradeFact), or by the database as the kind
+      { name: `an escaped NUL in ${field}`, field, value: text('a\\u0000b'), expected: 'invalid' },
     ]
   }),
   ...(['trade_id', 'status', 'external_reference'] as const).flatMap((field): Case[] => [
@@ -62,11 +66,16 @@ const CASES: Case[] = [
   ]),
   { name: 'a lone surrogate in a field the receiver does not read', field: 'note', value: '"\\ud800"', expected: 'applied' },
   { name: 'a huge number in a field the receiver does not read', field: 'note', value: '-1e999999', expected: 'applied' },
-  { name: 'an escaped NUL in a field the receiver does not read', field: 'note', value: '"\\u0000"', expected: 400 },
+  // six characters of text in the body stored: the event is taken (it was refused 400 at every attempt, and lost)
+  { name: 'an escaped NUL in a field the receiver does not read', field: 'note', value: '"line1\\u0000"', expected: 'applied' },
   // an escaped backslash, then `u0000`: text, no NUL (it was refused 400 at every attempt)
   { name: 'an escaped backslash before u0000 in a field the receiver does not read', field: 'note', value: '"C:\\\\u0000"', expected: 'applied' },
   { name: 'an escaped backslash before u0000 in reference', field: 'reference', value: '"REF\\\\u0000"', expected: 'applied' },
-  { name: 'an escaped backslash, then an escaped NUL, in a field the receiver does not read', field: 'note', value: '"\\\\\\u0000"', expected: 400 },
+  { name: 'an escaped backslash, then an escaped NUL, in a field the receiver does not read', field: 'note', value: '"\\\\\\u0000"', expected: 'applied' },
+  // a kind past any index entry's size: the event type is clipped whichever field names it (a status this long was
+  // refused 400 at every attempt: its kind, trade.{status}, could not be stored even as invalid)
+  { name: 'a status of 8,000 characters with no event', field: 'status', value: `"${'s'.repeat(8_000)}"`, expected: 'invalid', others: { event: undefined } },
+  { name: 'an event of 8,000 characters', field: 'event', value: `"trade.${'e'.repeat(8_000)}"`, expected: 'invalid' },
 ]
 
 for (const kind of ['pglite', 'postgres'] as const) {
@@ -82,12 +91,16 @@ for (const kind of ['pglite', 'postgres'] as const) {
       await database.close()
     })
 
-    it.each(CASES)('$name: $expected, never 503, and the order does not move', async ({ field, value, expected }) => {
+    it.each(CASES)('$name: $expected, never 503, and the order does not move', async ({ field, value, expected, others }) => {
       const reference = `refused-${randomBytes(4).toString('hex')}`
       await createOrder(database.db, { externalReference: reference })
       const deliveryId = `dlv_${randomBytes(6).toString('hex')}`
-      const response = await sendWebhook(app, { body: body(reference, { [field]: value }), deliveryId })
-      const stored = await database.db.selectFrom('webhookDeliveries').select(['outcome', 'rawBody']).where('deliveryId', '=', deliveryId).executeTakeFirst()
+      const response = await sendWebhook(app, { body: body(reference, { ...others, [field]: value }), deliveryId })
+      const stored = await database.db
+        .selectFrom('webhookDeliveries')
+        .select(['outcome', 'rawBody', 'eventType'])
+        .where('deliveryId', '=', deliveryId)
+        .executeTakeFirst()
       const order = await findOrderByExternalReference(database.db, reference)
       if (expected === 400) {
         expect([response.status, response.body.error?.code]).toEqual([400, 'invalid_payload'])
@@ -97,11 +110,13 @@ for (const kind of ['pglite', 'postgres'] as const) {
       }
       expect(response.status).toBe(200)
       expect(stored?.outcome).toBe(expected)
+      // `trade.` and a status's 200 characters at the most
+      expect(stored!.eventType.length).toBeLessThanOrEqual(206)
       // the stored body is the body as received, escapes and all
-      expect(stored?.rawBody).toBe(body(reference, { [field]: value }))
+      expect(stored?.rawBody).toBe(body(reference, { ...others, [field]: value }))
       expect(order?.tradeStatus).toBe(expected === 'applied' ? 'funded' : null)
       // a retry of it is a duplicate, not a second attempt at the refused write
-      const retry = await sendWebhook(app, { body: body(reference, { [field]: value }), deliveryId })
+      const retry = await sendWebhook(app, { body: body(reference, { ...others, [field]: value }), deliveryId })
       expect([retry.status, retry.body.duplicate]).toEqual([200, true])
     })
 
@@ -119,6 +134,19 @@ for (const kind of ['pglite', 'postgres'] as const) {
         const order = await findOrderByExternalReference(database.db, reference)
         expect([stored?.outcome, order?.tradeStatus]).toEqual(i % 4 === 1 ? ['invalid', null] : ['applied', 'funded'])
       }
+    })
+
+    it('logs a long kind clipped: a 180,000-character status or event is not in any log line whole', async () => {
+      const reference = `long-${randomBytes(4).toString('hex')}`
+      await createOrder(database.db, { externalReference: reference })
+      const before = logLines.length
+      for (const override of [{ event: undefined, status: `"${'s'.repeat(180_000)}"` }, { event: `"trade.${'e'.repeat(180_000)}"` }]) {
+        const response = await sendWebhook(app, { body: body(reference, override) })
+        expect(response.status).toBe(200)
+      }
+      const lines = logLines.slice(before)
+      expect(lines.join('')).toContain('webhook payload invalid')
+      expect(Math.max(...lines.map((line) => line.length))).toBeLessThan(2_000)
     })
 
     it('logs a refusal with its code and class only, never the database’s context holding the fields', async () => {
