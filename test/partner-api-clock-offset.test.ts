@@ -76,6 +76,19 @@ describe('measureClockOffset', () => {
     }
   })
 
+  it('reads a four-digit year as written, and nothing more than 68 years off (no clock drifts that far)', () => {
+    // Date.parse alone reads year 0000 as 2000: a clock 26 years behind
+    expect(measureClockOffset('Sat, 01 Jan 0000 00:00:00 GMT', now)).toBeUndefined()
+    expect(measureClockOffset('Sat Jan  1 00:00:00 0000', now)).toBeUndefined()
+    // a 1901 or 9999 Date overflowed the run record's integer, and its write failed
+    expect(measureClockOffset('Tue, 01 Jan 1901 00:00:00 GMT', now)).toBeUndefined()
+    expect(measureClockOffset('Fri, 31 Dec 9999 23:59:59 GMT', now)).toBeUndefined()
+    // within the bound either way
+    const early = Date.parse('1958-03-01T12:00:00Z')
+    expect(measureClockOffset('Sun, 01 Mar 2026 12:00:00 GMT', early)).toBe(2_145_916_801)
+    expect(measureClockOffset('Sat, 01 Mar 1958 12:00:00 GMT', now)).toBe(-2_145_916_800)
+  })
+
   it('reads the obsolete forms of an HTTP-date too', () => {
     expect(measureClockOffset('Sunday, 01-Mar-26 12:06:52 GMT', now)).toBe(412)
     expect(measureClockOffset('Sun Mar  1 12:06:52 2026', now)).toBe(412)
@@ -226,6 +239,12 @@ describe('a 401 with a Date header, through a scripted answer', () => {
     const error = await refusal(answerWith(401, 'Sun, 01 Mar 2026 12:00:45 GMT').getTrade('tr_any'))
     expect(error.clockOffsetS).toBeUndefined()
     expect(error.message).toBe('GET /api/partner/v1/trades/tr_any/ answered 401 refused: No')
+  })
+
+  it('does not mention the clock for a Date no clock drift explains (the year 9999)', async () => {
+    const error = await refusal(answerWith(401, 'Fri, 31 Dec 9999 23:59:59 GMT').getTrade('tr_any'))
+    expect(error.clockOffsetS).toBeUndefined()
+    expect(error.message).not.toMatch(/clock/i)
   })
 
   it('does not mention the clock on a refusal other than 401', async () => {
@@ -403,5 +422,35 @@ describe('the offset kept: the run record, reconcile --report, the console and /
     const escaped = words.replaceAll("'", '&#39;')
     expect(await consolePage('/console/reconcile')).toContain(escaped)
     expect(await consolePage('/console/')).toContain(`Reconcile run ${run.id} was refused by the platform (401): ${escaped}`)
+  })
+})
+
+describe('reconcile --once refused with a Date no clock drift explains', () => {
+  let database: TestDatabase
+  let platform: RecordingServer
+  beforeAll(async () => {
+    database = await createTestDatabase()
+    platform = await startRecordingServer({
+      secret: TEST_API_SECRET,
+      answer: () => ({ status: 401, body: { error: { code: 'stale_timestamp', message: 'Timestamp too old' } }, headers: { date: 'Fri, 31 Dec 9999 23:59:59 GMT' } }),
+    })
+  })
+  afterAll(async () => {
+    await platform.close()
+    await database.close()
+  })
+
+  // the year 9999 overflowed the run record's integer: the cycle failed on its write, with no 401 said, the run
+  // stayed `running` for good, and the serve loop skipped its 401 backoff
+  it('stops on the 401, says it without a clock, and records the run', async () => {
+    await insertOrders(database.db, [{ externalReference: 'year-9999', tradeId: 'tr_year-9999', nextPollAt: new Date(Date.now() - 60_000) }])
+    const config = testConfig({ PARTNER_API_BASE_URL: platform.url })
+    const result = await runCommandWith(['reconcile', '--once', '--json'], { config, logger, db: database.db })
+    expect(result.code).toBe(1)
+    expect(result.stderr).toContain('stopped: the platform answered 401')
+    expect(result.stderr).not.toMatch(/clock|out of range/i)
+    expect(JSON.parse(result.stdout)).toMatchObject({ stoppedReason: 'unauthorized', clockOffsetS: null })
+    const runs = await database.db.selectFrom('reconcileRuns').select(['finishedAt', 'stoppedReason', 'clockOffsetS']).execute()
+    expect(runs).toEqual([{ finishedAt: expect.any(Date), stoppedReason: 'unauthorized', clockOffsetS: null }])
   })
 })

@@ -16,5 +16,15 @@ export function parseHttpDate(value: string): number | undefined {
   if (!HTTP_DATE.some((form) => form.test(trimmed))) return undefined
   // asctime has no zone: it is GMT
   const ms = Date.parse(trimmed.endsWith('GMT') ? trimmed : `${trimmed} GMT`)
-  return Number.isNaN(ms) ? undefined : ms
+  if (Number.isNaN(ms)) return undefined
+  // a four-digit year is the year written: Date.parse reads 0000 to 0049 as 2000 to 2049, and 0050 to 0099 as the 1900s
+  const written = FOUR_DIGIT_YEAR.exec(trimmed)
+  const year = written?.[1] ?? written?.[2]
+  if (year === undefined || Number(year) >= 100) return ms
+  const date = new Date(ms)
+  date.setUTCFullYear(Number(year))
+  return date.getTime()
 }
+
+// the year of IMF-fixdate (after the month) or of asctime (at the end)
+const FOUR_DIGIT_YEAR = /(?:^[A-Z][a-z]{2}, \d{2} [A-Z][a-z]{2} (\d{4}) |^[A-Z][a-z]{2} [A-Z][a-z]{2} [ \d]\d \d{2}:\d{2}:\d{2} (\d{4})$)/

@@ -15,8 +15,17 @@ import { parseHttpDate } from '../http/http-date.js'
 export const CLOCK_OFFSET_THRESHOLD_S = 60
 
 /**
+ * The largest offset read, either way: about 68 years, what reconcile_runs.clock_offset_s (an integer) holds. A Date
+ * further off is no drift of either clock (one that far off fails the platform's TLS certificate before any 401)
+ * but the platform's own error, and is not read: a Date of 1901 or 9999 made the run record's write fail, the
+ * poller's 401 backoff skipped, and the platform called four times as often.
+ */
+export const MAX_CLOCK_OFFSET_S = 2_147_483_647
+
+/**
  * Whole seconds the platform's clock is ahead of this machine's (negative: behind), from an answer's Date
- * header and this machine's time when the answer came; undefined when there is no Date or it is unreadable.
+ * header and this machine's time when the answer came; undefined when there is no Date, it is unreadable, or it
+ * is more than MAX_CLOCK_OFFSET_S off.
  */
 export function measureClockOffset(dateHeader: string | null, nowMs: number): number | undefined {
   if (dateHeader === null) return undefined
@@ -24,7 +33,8 @@ export function measureClockOffset(dateHeader: string | null, nowMs: number): nu
   const dateMs = parseHttpDate(dateHeader)
   if (dateMs === undefined) return undefined
   // Date is cut to the whole second: the platform's time lay anywhere in that second, half of it on average
-  return Math.round((dateMs + 500 - nowMs) / 1000)
+  const offsetS = Math.round((dateMs + 500 - nowMs) / 1000)
+  return Math.abs(offsetS) <= MAX_CLOCK_OFFSET_S ? offsetS : undefined
 }
 
 /** True when the offset is large enough to explain a refused timestamp. */
