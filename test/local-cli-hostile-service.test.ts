@@ -4,6 +4,7 @@
 // real command printed; a file that is not a service's is ignored, and the command runs in its own process.
 // The fakes are this test process (a live pid, so the file stands) and servers it owns; one block checks the same
 // paths against a real `serve`.
+import { constants } from 'node:buffer'
 import { once } from 'node:events'
 import { mkdtempSync, readFileSync, writeFileSync } from 'node:fs'
 import http from 'node:http'
@@ -14,6 +15,7 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest'
 import type { ServiceFile } from '../src/local/running-service.js'
 import { type CliResult, freePort, receiverEnv, runCli, spawnCli, stopChild, waitForLogLine } from './helpers/cli-process.js'
 import { migratedDataDir } from './helpers/data-dir-template.js'
+import { MiB } from './helpers/endless-answer.js'
 
 const TOKEN = 'hostile-test-token'
 
@@ -148,6 +150,91 @@ describe('the CLI when the service answers 200 with something that is not a comm
       expect(result.stdout).toBe('row\tone\nrow\ttwo\n')
       expect(result.stderr).toBe('a warning\n')
       expect(result.code).toBe(3)
+    } finally {
+      await service.close()
+    }
+  })
+})
+
+/**
+ * Answers `status` with `size` bytes of spaces in chunks, no Content-Length (nothing tells the reader the size
+ * before it reads), written only as fast as the reader takes them; `onClose` gets the bytes written by the time
+ * the connection closed, the kernel's buffers past what the reader read.
+ */
+function streamedAnswer(status: number, size: number, onClose: (written: number) => void) {
+  return (response: http.ServerResponse) => {
+    const chunk = Buffer.alloc(64 * 1024, ' ')
+    let written = 0
+    response.writeHead(status, { 'content-type': 'application/json' })
+    response.on('close', () => onClose(written))
+    const pump = () => {
+      while (written < size && !response.destroyed) {
+        const piece = chunk.subarray(0, Math.min(chunk.length, size - written))
+        written += piece.length
+        if (!response.write(piece)) return
+      }
+      if (written >= size) response.end()
+    }
+    response.on('drain', pump)
+    pump()
+  }
+}
+
+describe('the CLI when the service answers with more than it reads', () => {
+  // the bound running-service.ts reads a result up to: the longest string Node holds, about 512 MiB
+  const resultBound = constants.MAX_STRING_LENGTH
+
+  it('stops at its bound, says so in one line ending in [service_bad_answer], exit 1, the rest never sent', async () => {
+    let written: number | undefined
+    const size = resultBound + 64 * MiB
+    const service = await fakeService(streamedAnswer(200, size, (bytes) => (written = bytes)))
+    try {
+      const result = await ordersListBeside(service)
+      expectNoStackTrace(result)
+      expect(result.stderr).toBe(
+        `The service running from ${result.dataDir} (pid ${process.pid}) answered the command with more than ` +
+          `${resultBound.toLocaleString('en-US')} bytes, the most this CLI reads; the rest was not read, and the command may have run there [service_bad_answer]\n`,
+      )
+      expect(result.code).toBe(1)
+      expect(result.stdout).toBe('')
+      // the CLI closed the connection at its bound: what the server could write past it is what the two sockets'
+      // kernel buffers hold, a few MiB, not the 64 MiB more it had to send
+      await expect.poll(() => written, { timeout: 30_000 }).toBeDefined()
+      expect(written).toBeLessThan(resultBound + 32 * MiB)
+    } finally {
+      await service.close()
+    }
+  })
+
+  it('prints a long result whole: a listing of tens of MiB is far within the bound (the control)', async () => {
+    // ASCII: runCli decodes the child's stdout chunk by chunk, and a character cut between two would not compare
+    const stdout = `${JSON.stringify(Array.from({ length: 250_000 }, (_, index) => ({ externalReference: `order-${index}`, title: 'Lamp with a shade, brass, 40 cm' })))}\n`
+    expect(Buffer.byteLength(stdout)).toBeGreaterThan(16 * MiB)
+    const service = await fakeService(answering(200, JSON.stringify({ code: 0, stdout, stderr: '' })))
+    try {
+      const result = await ordersListBeside(service)
+      expect(result.stderr).toBe('')
+      expect(result.code).toBe(0)
+      expect(result.stdout.length).toBe(stdout.length)
+      // (compared whole without a diff of megabytes on failure)
+      expect(result.stdout === stdout).toBe(true)
+    } finally {
+      await service.close()
+    }
+  })
+
+  it('reads no more of a refusal than 64 KiB: says the refusal was too large to read, [service_refused], exit 1', async () => {
+    let written: number | undefined
+    const size = 256 * MiB
+    const service = await fakeService(streamedAnswer(500, size, (bytes) => (written = bytes)))
+    try {
+      const result = await ordersListBeside(service)
+      expectNoStackTrace(result)
+      expect(result.stderr).toBe('The running service refused the command (500): (an answer larger than 65,536 bytes, not read) [service_refused]\n')
+      expect(result.code).toBe(1)
+      expect(result.stdout).toBe('')
+      await expect.poll(() => written, { timeout: 30_000 }).toBeDefined()
+      expect(written).toBeLessThan(32 * MiB)
     } finally {
       await service.close()
     }

@@ -7,15 +7,17 @@
 // running service's is refused: that is the "wrong database" a second terminal must never write to.
 //
 // Neither the file nor the answer is trusted: whoever can write DATA_DIR, or listen on the port the file names,
-// may not be the service. A file that is not a service's is ignored (readServiceFile), an answer that is not a
-// command's result is refused (commandResult), a redirect is not followed, and what the command printed reaches
-// the terminal with its controls shown as \uXXXX (printableLines).
+// may not be the service. A file that is not a service's is ignored (readServiceFile), an answer is read up to a
+// bound (MAX_RESULT_BYTES) and one that is not a command's result is refused (commandResult), a redirect is not
+// followed, and what the command printed reaches the terminal with its controls shown as \uXXXX (printableLines).
+import { constants } from 'node:buffer'
 import { mkdirSync, readFileSync, renameSync, rmSync, writeFileSync } from 'node:fs'
 import { isIP } from 'node:net'
 import { networkInterfaces, userInfo } from 'node:os'
 import path from 'node:path'
 import type { Config } from '../config.js'
 import { isLoopbackAddress } from '../http/loopback-host.js'
+import { readAnswer } from '../http/read-answer.js'
 import { isJsonObject, parseJsonObject } from '../json-object.js'
 import { printable, printableLines } from '../printable.js'
 import { shortened } from '../shortened.js'
@@ -282,6 +284,18 @@ export class RunningServiceError extends Error {
 
 // the most of a refusing service's answer printed: its own error body, a line or two
 const MAX_REFUSAL_SHOWN = 500
+// the most of a refusing service's answer read: many times what is printed, and the service's own is far smaller
+const MAX_REFUSAL_BYTES = 64 * 1024
+
+/**
+ * The most of a command's result read, in bytes: the longest string this runtime holds (MAX_STRING_LENGTH, 2^29 - 24
+ * UTF-16 units on 64-bit, about 512 MiB). The service caps no command's output (local-cli.ts), but it sends the result
+ * as one string (res.json), which cannot be longer: no real answer in one-byte characters is refused here. And up to
+ * this many bytes the answer can always be decoded here into one string (a byte never decodes to more than one unit),
+ * where more would fail past the bound instead of at it. Only a result longer than that in mostly non-ASCII text,
+ * half a gigabyte that no command prints (a listing stops at 10,000 rows), would pass the service and be refused here.
+ */
+const MAX_RESULT_BYTES = constants.MAX_STRING_LENGTH
 
 /**
  * The command side: when the command needs the database and a service runs from DATA_DIR, ask that service
@@ -325,7 +339,7 @@ export async function forwardToLocalService(args: string[]): Promise<number | un
   const stop = new AbortController()
   const off = stopOnSignals(() => stop.abort())
   let response: Response
-  let answer: string
+  let answer: string | undefined
   try {
     try {
       response = await fetch(new URL(LOCAL_CLI_PATH, service.adminUrl), {
@@ -345,7 +359,8 @@ export async function forwardToLocalService(args: string[]): Promise<number | un
       )
     }
     try {
-      answer = await response.text()
+      // bounded: whatever listens on that port may answer without end
+      answer = await readAnswer(response, response.ok ? MAX_RESULT_BYTES : MAX_REFUSAL_BYTES)
     } catch (error) {
       if (stop.signal.aborted) throw stoppedWaiting(config.dataDir, service)
       throw new RunningServiceError(
@@ -358,7 +373,7 @@ export async function forwardToLocalService(args: string[]): Promise<number | un
   }
   if (!response.ok) {
     const command = args[0] ?? ''
-    if (response.status === 400 && !commandsTakenBy(answer).has(command)) {
+    if (response.status === 400 && answer !== undefined && !commandsTakenBy(answer).has(command)) {
       // a service started from an older build than this CLI's: its list of commands predates this one
       process.stderr.write(
         `${running} is older than this CLI and does not run ` +
@@ -372,8 +387,17 @@ export async function forwardToLocalService(args: string[]): Promise<number | un
         ? `${response.status}, a redirect${location === null ? '' : ` to ${printable(shortened(location, MAX_REFUSAL_SHOWN))}`}, not followed`
         : String(response.status)
     // (on one line and visible: whatever answers on that port may not be the service)
-    process.stderr.write(`The running service refused the command (${status}): ${printable(shortened(answer, MAX_REFUSAL_SHOWN))} [service_refused]\n`)
+    const shown =
+      answer === undefined ? `(an answer larger than ${MAX_REFUSAL_BYTES.toLocaleString('en-US')} bytes, not read)` : printable(shortened(answer, MAX_REFUSAL_SHOWN))
+    process.stderr.write(`The running service refused the command (${status}): ${shown} [service_refused]\n`)
     return 1
+  }
+  if (answer === undefined) {
+    throw new RunningServiceError(
+      `${running} answered the command with more than ${MAX_RESULT_BYTES.toLocaleString('en-US')} bytes, the most this CLI reads; ` +
+        'the rest was not read, and the command may have run there [service_bad_answer]',
+      1,
+    )
   }
   const result = commandResult(answer)
   if ('problem' in result) {

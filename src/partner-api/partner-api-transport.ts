@@ -9,15 +9,22 @@
 // fails with PartnerInvalidResponseError, so an answer without an end (a proxy's stream, a broken gateway)
 // cannot fill the process's memory within the timeout.
 //
+// A success answer is UTF-8 or refused: JSON exchanged between systems is UTF-8 (RFC 8259 §8.1), and a record
+// that moves money is acted on only as the platform wrote it, never as a guess. One whose Content-Type names
+// another charset, or whose bytes are not UTF-8, fails with PartnerInvalidResponseError; an error answer is
+// read as before (bad bytes as U+FFFD), since only its status is acted on.
+//
 // Every answer's Date header is read against this machine's clock (clock-offset.ts) and handed to
 // `onClockOffset` (the metrics' gauge): a drifting clock shows there before the platform's window refuses
 // our timestamps, and a 401 past the threshold names the offset in its message.
 import { anySignal } from 'any-signal'
+import { parse as parseContentType } from 'content-type'
 import type { z } from 'zod'
 import type { Clock } from '../clock.js'
-import { readAnswer } from '../http/read-answer.js'
+import { AnswerNotUtf8Error, readAnswer } from '../http/read-answer.js'
 import { parseRetryAfter } from '../http/retry-after.js'
 import type { Logger } from '../logger.js'
+import { printable } from '../printable.js'
 import { shortened } from '../shortened.js'
 import { OWN_CA_HINT, refusedCertificateCode } from '../tls-certificate.js'
 import { userAgent } from '../version.js'
@@ -232,7 +239,22 @@ export class PartnerApiTransport {
     try {
       // redirect: manual, so a signed body is never re-sent to another address
       const response = await this.fetch(url, { method, headers, body, signal, redirect: 'manual' })
-      const text = await readAnswer(response, this.maxAnswerBytes)
+      const succeeded = response.status >= 200 && response.status < 300
+      const charset = succeeded ? foreignCharset(response.headers.get('content-type')) : undefined
+      if (charset !== undefined) {
+        // refused by its header: the body is not read
+        await response.body?.cancel().catch(() => {})
+        log({ status: response.status, error: 'answer not UTF-8' })
+        throw invalidRecord(method, path, response.status, '(body)', `is declared in the charset ${shownCharset(charset)}, not UTF-8`)
+      }
+      let text: string | undefined
+      try {
+        text = await readAnswer(response, this.maxAnswerBytes, { fatal: succeeded })
+      } catch (error) {
+        if (!(error instanceof AnswerNotUtf8Error)) throw error
+        log({ status: response.status, error: 'answer not UTF-8' })
+        throw invalidRecord(method, path, response.status, '(body)', 'is not valid UTF-8')
+      }
       if (text === undefined) {
         log({ status: response.status, error: 'answer too large' })
         throw new PartnerInvalidResponseError(
@@ -287,14 +309,39 @@ export class PartnerApiTransport {
   }
 }
 
+/** A success answer that is not the record the endpoint returns: `field` names what is at fault, `problem` how. */
+function invalidRecord(method: Method, path: string, status: number, field: string, problem: string): PartnerInvalidResponseError {
+  return new PartnerInvalidResponseError(
+    `${method} ${path}: the platform answered ${status} with a body that is not the expected record (${field} ${problem})`,
+    status,
+    field,
+  )
+}
+
+/** The most of a charset from outside shown in an error (its message is logged and printed). */
+const MAX_SHOWN_CHARSET_LENGTH = 40
+
+// the charset as the header has it, quoted and on one line: a header value may hold any byte but CR, LF and NUL
+const shownCharset = (charset: string) => printable(JSON.stringify(shortened(charset, MAX_SHOWN_CHARSET_LENGTH)))
+
+/**
+ * The charset a Content-Type names when it is not UTF-8 ("utf-8" or "utf8" in any case, quoted or not), or
+ * undefined: no charset, UTF-8, or a header the media-type parser cannot read (the bytes are still checked as
+ * UTF-8). Of two charsets, the first counts, as the parser reads it.
+ */
+function foreignCharset(contentType: string | null): string | undefined {
+  if (contentType === null) return undefined
+  let charset: string | undefined
+  try {
+    charset = parseContentType(contentType).parameters.charset
+  } catch {
+    return undefined
+  }
+  return charset === undefined || /^utf-?8$/i.test(charset) ? undefined : charset
+}
+
 function parseSuccess<T>(method: Method, path: string, answer: RawAnswer, schema: z.ZodType<T>): T {
-  const invalid = (field: string, problem: string) =>
-    new PartnerInvalidResponseError(
-      `${method} ${path}: the platform answered ${answer.status} with a body that is not the expected record ` +
-        `(${field} ${problem})`,
-      answer.status,
-      field,
-    )
+  const invalid = (field: string, problem: string) => invalidRecord(method, path, answer.status, field, problem)
   let json: unknown
   try {
     json = JSON.parse(answer.text)
