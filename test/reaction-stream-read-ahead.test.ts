@@ -4,6 +4,7 @@
 // behind a failure they wait as job rows. It reads ahead for WRITE_BACK_MS after the batch's first read at
 // most, and never under another replica's lease. Time is a fake clock.
 import { afterEach, describe, expect, it } from 'vitest'
+import { createSlots } from '../src/reactions/handler-slots.js'
 import { applyObservation } from '../src/orders/apply-observation.js'
 import type { ReactionHandler } from '../src/reactions/reaction-event.js'
 import { createReactionRegistry } from '../src/reactions/reaction-registry.js'
@@ -11,6 +12,7 @@ import { ensureReactionStreams } from '../src/reactions/reaction-stream.reposito
 import { gatherMs, WRITE_BACK_MS } from '../src/reactions/stream-worker.js'
 import { FakeClock } from './helpers/fake-clock.js'
 import { logEntries } from './helpers/log-sink.js'
+import { processWarningsDuring } from './helpers/process-warnings.js'
 import { moveNewOrder } from './helpers/orders.js'
 import { clearReactions, reactionRecords, TEST_DISPATCHER_SETTINGS, testStreamWorker, untilEventsReadable } from './helpers/reaction-jobs.js'
 import { eventually } from './helpers/reconcile-poller.js'
@@ -89,6 +91,41 @@ describe('the read-ahead of a reaction stream batch', () => {
 
   /** Each event's record for the handler: its state, by event id. */
   const states = async () => new Map((await reactionRecords(database.db, 'ledger')).map((record) => [record.eventId, record.state]))
+
+  it('lets more than ten of its orders wait for slots held elsewhere without a listener warning', async () => {
+    // every slot taken by the job loop's retries (a receiver slow again after an outage): each lane of the batch
+    // waits for one under the batch's one hand-off signal, up to REACTION_CONCURRENCY listeners, past Node's
+    // default of 10 (an outside attack saw "Possible EventTarget memory leak detected" in the service's log)
+    const { clock, seen, order, stop } = await setUp()
+    const concurrency = 12
+    const slots = createSlots(concurrency)
+    for (let i = 0; i < concurrency; i++) expect(slots.tryTake()).toBe(true)
+    let waits = 0
+    const whenFree = slots.whenFree
+    slots.whenFree = (signal) => {
+      waits += 1
+      return whenFree(signal)
+    }
+    const events: string[] = []
+    for (let i = 0; i < concurrency; i++) events.push(...(await order(['created'])).events)
+    const warnings = await processWarningsDuring(async () => {
+      const stream = testStreamWorker(database.db, {
+        name: 'ledger',
+        handler: async (event) => void seen.push(event.eventId),
+        clock,
+        leaseToken: 'lease-a',
+        settings: { ...SETTINGS, concurrency },
+        slots,
+      })
+      const batch = stream.batch(stop)
+      await eventually(() => waits === concurrency, 'every lane waits for a slot')
+      expect(seen).toEqual([])
+      for (let i = 0; i < concurrency; i++) slots.give()
+      expect(await batch).toMatchObject({ read: concurrency })
+    })
+    expect(seen.sort()).toEqual(events.sort())
+    expect(warnings.filter((warning) => warning.startsWith('MaxListenersExceededWarning'))).toEqual([])
+  })
 
   it('reads the events committed while its handlers run, and runs them before the slow one returns', async () => {
     const { clock, seen, order, slowBatch, stop } = await setUp()

@@ -285,8 +285,10 @@ export function createStreamWorker(deps: StreamWorkerDeps) {
     // the attempt of each event whose handler is running
     const inFlight = new Map<string, Promise<Finished>>()
     let writingBack = false
-    // a lane waiting for a slot stops waiting when the batch is written back (as does the read-ahead's wait)
+    // a lane waiting for a slot stops waiting when the batch is written back (as does the read-ahead's wait); up to
+    // REACTION_CONCURRENCY lanes wait on it at once while retries hold the slots
     const handoff = new AbortController()
+    setMaxListeners(0, handoff.signal)
 
     // the handler's events, in stream order, and one chain of them per order (= sequence order within an order)
     const mine: StreamEvent[] = []

@@ -4,7 +4,7 @@ import { type Kysely, sql } from 'kysely'
 import type { Clock } from '../../src/clock.js'
 import type { Database } from '../../src/db/database.js'
 import type { AttemptResult, DispatcherSettings } from '../../src/reactions/dispatcher-settings.js'
-import { createSlots } from '../../src/reactions/handler-slots.js'
+import { createSlots, type Slots } from '../../src/reactions/handler-slots.js'
 import type { ReactionHandler } from '../../src/reactions/reaction-event.js'
 import { reactionJobStats } from '../../src/reactions/reaction-job.repository.js'
 import { createStreamWorker, type StreamWorker } from '../../src/reactions/stream-worker.js'
@@ -25,7 +25,7 @@ export const TEST_DISPATCHER_SETTINGS: DispatcherSettings = {
 }
 
 /**
- * One handler's stream worker, taking every event type, with slots of its own (`settings.concurrency`), the
+ * One handler's stream worker, taking every event type, with slots of its own (`settings.concurrency`) or those given, the
  * test's clock, and no dispatcher around it: no job loop to wake, metrics only through `report`.
  */
 export function testStreamWorker(
@@ -37,6 +37,7 @@ export function testStreamWorker(
     leaseToken,
     settings = TEST_DISPATCHER_SETTINGS,
     report = () => {},
+    slots = createSlots(settings.concurrency),
   }: {
     name: string
     handler: ReactionHandler
@@ -44,6 +45,8 @@ export function testStreamWorker(
     leaseToken: string
     settings?: DispatcherSettings
     report?: (handler: string, result: AttemptResult, count?: number) => void
+    /** The handler's slots, shared with whatever else the test has take them (a dispatcher's job loop does). */
+    slots?: Slots
   },
 ): StreamWorker {
   return createStreamWorker({
@@ -58,7 +61,7 @@ export function testStreamWorker(
     random: () => 0.5,
     report,
     jobsWritten: () => {},
-    slots: createSlots(settings.concurrency),
+    slots,
     describeFailure: String,
   })
 }
