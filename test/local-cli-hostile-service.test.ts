@@ -241,6 +241,32 @@ describe('the CLI when the service answers with more than it reads', () => {
   })
 })
 
+describe('the CLI’s own settings beside a running service', () => {
+  // an outside attack ran `RETENTION_DAYS=-1 prune --dry-run` beside a service: the service's 30 and 90 days were
+  // used, exit 0, and nothing said that the values given were not
+  it('says which of prune’s settings set here the service does not use, naming no value', async () => {
+    const service = await fakeService(answering(200, JSON.stringify({ code: 0, stdout: 'pruned\n', stderr: '' })))
+    try {
+      const dataDir = newDataDir()
+      advertise(dataDir, serviceFile(dataDir, service.url))
+      const env = { DATA_DIR: dataDir, RETENTION_DAYS: '-1', PRUNE_BATCH_SIZE: '5000' }
+      const result = await runCli(['prune', '--dry-run'], env, { built: true })
+      expect(result.stderr).toBe(
+        `The service running from ${dataDir} (pid ${process.pid}) runs the command with its own settings: ` +
+          'RETENTION_DAYS, PRUNE_BATCH_SIZE are set here and not used [settings_ignored]\n',
+      )
+      expect([result.code, result.stdout]).toEqual([0, 'pruned\n'])
+      // the command went to the service as typed
+      expect(service.requests.map((body) => JSON.parse(body) as unknown)).toEqual([{ args: ['prune', '--dry-run'] }])
+      // another command is not told about prune's settings
+      const list = await runCli(['orders', 'list'], env, { built: true })
+      expect(list.stderr).toBe('')
+    } finally {
+      await service.close()
+    }
+  })
+})
+
 describe('the CLI and the controls in a forwarded command’s output', () => {
   it('shows them as \\uXXXX on stdout and stderr, keeping line feeds and tabs: the terminal is neither cleared nor retitled', async () => {
     const service = await fakeService(

@@ -282,6 +282,12 @@ export class RunningServiceError extends Error {
   }
 }
 
+// the settings a command reads that an operator may set for one run (`RETENTION_DAYS=7 prune`): beside a running
+// service the service's own are used, and that is said
+const SETTINGS_OF_COMMAND: Record<string, readonly string[]> = {
+  prune: ['RETENTION_DAYS', 'DELIVERY_RETENTION_DAYS', 'PRUNE_BATCH_SIZE'],
+}
+
 // the most of a refusing service's answer printed: its own error body, a line or two
 const MAX_REFUSAL_SHOWN = 500
 // the most of a refusing service's answer read: many times what is printed, and the service's own is far smaller
@@ -333,6 +339,12 @@ export async function forwardToLocalService(args: string[]): Promise<number | un
     )
   }
   const running = `The service running from ${config.dataDir} (pid ${service.pid})`
+  const ignored = (SETTINGS_OF_COMMAND[args[0] ?? ''] ?? []).filter((name) => process.env[name] !== undefined)
+  if (ignored.length > 0) {
+    // `RETENTION_DAYS=7 prune` beside a service pruned with the service's 30 days, saying nothing
+    const these = `${ignored.join(', ')} ${ignored.length === 1 ? 'is' : 'are'}`
+    process.stderr.write(`${running} runs the command with its own settings: ${these} set here and not used [settings_ignored]\n`)
+  }
   // No time limit: the service may rightly take long (prune, reconcile). A stop signal (Ctrl-C) ends the wait
   // instead; the service runs the command to its end all the same (it is not told), and a second signal ends
   // this process at once
