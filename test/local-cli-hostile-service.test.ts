@@ -15,7 +15,7 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest'
 import type { ServiceFile } from '../src/local/running-service.js'
 import { type CliResult, freePort, receiverEnv, runCli, spawnCli, stopChild, waitForLogLine } from './helpers/cli-process.js'
 import { migratedDataDir } from './helpers/data-dir-template.js'
-import { MiB } from './helpers/endless-answer.js'
+import { answerEndlessly, MiB } from './helpers/endless-answer.js'
 
 const TOKEN = 'hostile-test-token'
 
@@ -156,29 +156,9 @@ describe('the CLI when the service answers 200 with something that is not a comm
   })
 })
 
-/**
- * Answers `status` with `size` bytes of spaces in chunks, no Content-Length (nothing tells the reader the size
- * before it reads), written only as fast as the reader takes them; `onClose` gets the bytes written by the time
- * the connection closed, the kernel's buffers past what the reader read.
- */
-function streamedAnswer(status: number, size: number, onClose: (written: number) => void) {
-  return (response: http.ServerResponse) => {
-    const chunk = Buffer.alloc(64 * 1024, ' ')
-    let written = 0
-    response.writeHead(status, { 'content-type': 'application/json' })
-    response.on('close', () => onClose(written))
-    const pump = () => {
-      while (written < size && !response.destroyed) {
-        const piece = chunk.subarray(0, Math.min(chunk.length, size - written))
-        written += piece.length
-        if (!response.write(piece)) return
-      }
-      if (written >= size) response.end()
-    }
-    response.on('drain', pump)
-    pump()
-  }
-}
+/** Answers `status` with `size` bytes of spaces, chunked, as fast as the reader takes them (endless-answer.ts). */
+const streamedAnswer = (status: number, size: number, onClose: (written: number) => void) => (response: http.ServerResponse) =>
+  answerEndlessly(response, onClose, { size, status, announced: false })
 
 describe('the CLI when the service answers with more than it reads', () => {
   // the bound running-service.ts reads a result up to: the longest string Node holds, about 512 MiB
