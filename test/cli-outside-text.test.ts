@@ -57,6 +57,14 @@ describe('the CLI shows text from outside without its control codes', () => {
     await database.close()
   })
 
+  it('an argument refused by the parser is quoted with its controls shown', async () => {
+    // the operator's own, but a pasted id can carry an escape: commander's message quoted it raw
+    const result = await run('reactions', 'show', '2\u001b[31m3\r4')
+    expect(result.code).toBe(2)
+    expect(result.stderr).toContain("command-argument value '2\\u001b[31m3\\u000d4' is invalid for argument 'id'")
+    expect(result.stderr).not.toMatch(TERMINAL_CONTROL)
+  })
+
   it('orders list and show: every control shown as \\uXXXX, no forged line', async () => {
     const list = await run('orders', 'list')
     expect(list.code).toBe(0)

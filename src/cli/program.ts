@@ -14,6 +14,7 @@ import { registerSandboxCommand } from './sandbox.command.js'
 import { registerServeCommand } from './serve.command.js'
 import { registerTradesCommands } from './trades.command.js'
 import { registerWebhookCommands } from './webhook.command.js'
+import { printableLines } from '../printable.js'
 import { serviceVersion } from '../version.js'
 
 /**
@@ -29,7 +30,9 @@ export function buildProgram(runCommand: LocalCommandRunner, output?: OutputConf
     // settings set here are inherited by every command registered below: parse errors throw, and
     // src/cli.ts turns them into exit code 2
     .exitOverride()
-  if (output) program.configureOutput(output)
+  // commander's own errors quote the argument as typed: its controls are shown (an ESC as \u001b), not acted on
+  const writeErr = output?.writeErr ?? ((text: string) => process.stderr.write(text))
+  program.configureOutput({ ...output, writeErr: (text) => writeErr(printableLines(text)) })
   registerServeCommand(program, runCommand)
   registerMigrateCommand(program)
   registerWebhookCommands(program)
