@@ -35,7 +35,7 @@ function deliveryNotFound(deliveryId: string, bodySha256: string | undefined): C
 const BODY_OPTION = ['--body-sha256 <hex>', 'when the id was reused for several bodies: the one whose SHA-256 starts so'] as const
 
 export function registerDeliveriesCommands(program: Command): void {
-  const deliveries = program.command('deliveries').description('webhook deliveries as received: list, show, reapply')
+  const deliveries = program.command('deliveries').description('webhook deliveries as received: list, show, reapply, dismiss')
 
   deliveries
     .command('list')
@@ -149,5 +149,30 @@ export function registerDeliveriesCommands(program: Command): void {
       } finally {
         off()
       }
+    })
+
+  deliveries
+    .command('dismiss')
+    .description('set aside the deliveries parked for a reference that is not this backend’s: an order made later does not take them, and they leave the parked count and its alert')
+    .argument('<external-reference>', 'the reference the parked deliveries carry (deliveries list --outcome unmatched)')
+    .option('--dry-run', 'count them, change nothing')
+    .option('--json', 'print the result as JSON')
+    .action(async (externalReference: string, options: { dryRun?: boolean; json?: boolean }) => {
+      const { dismissParkedDeliveries } = await import('../webhooks/delivery.repository.js')
+      await withDatabase(async ({ db, logger }) => {
+        const dryRun = options.dryRun === true
+        const result = await dismissParkedDeliveries(db, externalReference, { dryRun })
+        const shown = printable(externalReference)
+        if ('orderExists' in result) {
+          throw new CommandFailedError(
+            'order_exists',
+            `An order has the reference ${shown}: its deliveries are applied, not dismissed (deliveries reapply re-runs one)`,
+          )
+        }
+        if (result.dismissed === 0) throw new CommandFailedError('not_found', `No delivery is parked for ${shown}`)
+        if (!dryRun) logger.info({ externalReference, dismissed: result.dismissed }, 'parked deliveries dismissed by an operator')
+        if (options.json) printJson({ externalReference, dismissed: result.dismissed, dryRun })
+        else write(`${dryRun ? 'would dismiss' : 'dismissed'} ${result.dismissed} parked ${result.dismissed === 1 ? 'delivery' : 'deliveries'} of ${shown}\n`)
+      })
     })
 }

@@ -7,6 +7,8 @@ export const DELIVERY_OUTCOMES = [
   'stale',
   'unknown_status',
   'unmatched',
+  // parked deliveries an operator set aside (`deliveries dismiss`): their reference is not this backend's
+  'dismissed',
   'ignored',
   'invalid',
   'trade_mismatch',

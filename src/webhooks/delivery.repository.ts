@@ -172,6 +172,34 @@ export async function lockParkedDeliveries(trx: Transaction<Database>, externalR
     .execute()
 }
 
+/**
+ * Sets aside the deliveries parked for `externalReference` (`deliveries dismiss`): outcome `dismissed`, so an order
+ * made later for the reference does not take them, they leave the parked count (and its alert), and retention
+ * deletes them by age like any other row. Refused (`order_exists`) when an order has the reference: its deliveries
+ * are applied, not dismissed. With `dryRun`, only counts them. One statement; the order check and the update in
+ * one transaction, so an order created meanwhile either came first (refused) or finds nothing parked.
+ */
+export async function dismissParkedDeliveries(
+  db: Kysely<Database>,
+  externalReference: string,
+  { dryRun }: { dryRun: boolean },
+): Promise<{ dismissed: number } | { orderExists: true }> {
+  return db.transaction().execute(async (trx) => {
+    // the same lock an order's creation takes on its reference's parked rows (lockParkedDeliveries)
+    const parked = await lockParkedDeliveries(trx, externalReference)
+    const order = await trx.selectFrom('orders').select('id').where('externalReference', '=', externalReference).executeTakeFirst()
+    if (order) return { orderExists: true as const }
+    if (dryRun || parked.length === 0) return { dismissed: parked.length }
+    const result = await trx
+      .updateTable('webhookDeliveries')
+      .set({ outcome: 'dismissed' })
+      .where('externalReference', '=', externalReference)
+      .where('outcome', '=', 'unmatched')
+      .executeTakeFirst()
+    return { dismissed: Number(result.numUpdatedRows) }
+  })
+}
+
 export interface ParkedDeliveryStats {
   /** Deliveries parked as unmatched: their external reference has no order yet. */
   parked: number
