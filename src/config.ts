@@ -424,6 +424,20 @@ function selectPartnerVariables(env: Env): Env {
   return picked
 }
 
+/**
+ * The variable a PARTNER_API_* value was read from, for a message about it: its PARTNER_LIVE_ or PARTNER_SANDBOX_
+ * form when PARTNER_ENV picked that one (selectPartnerVariables). A short PARTNER_LIVE_API_SECRET was reported as
+ * PARTNER_API_SECRET, a variable that was fine, and the operator edited the wrong one.
+ */
+function partnerVariableNamer(env: Env): (name: string) => string {
+  const selected = env.PARTNER_ENV === 'live' ? 'LIVE' : 'SANDBOX'
+  return (name) => {
+    if (!name.startsWith('PARTNER_API_')) return name
+    const specific = name.replace(/^PARTNER_/, `PARTNER_${selected}_`)
+    return env[specific] !== undefined && env[specific] !== '' ? specific : name
+  }
+}
+
 // What an env file can slip into a value that nobody meant, and that would otherwise surface far away (every
 // API request refused 401, every delivery 401, "database \"escrow\r\" does not exist"): a carriage return from
 // a file saved with Windows line endings, and quotes, which `docker run --env-file` and systemd keep as part of
@@ -469,10 +483,11 @@ export function parseConfig(
   // by the names as set (a PARTNER_SANDBOX_* value is copied to its PARTNER_* name above)
   const garbled = garbledValues(withoutEmptyValues(rawEnv))
   if (garbled.length > 0) throw new ConfigError(garbled)
+  const named = partnerVariableNamer(rawEnv)
   const parsed = EnvSchema.safeParse(env)
   if (!parsed.success) {
     throw new ConfigError(
-      parsed.error.issues.map((issue) => `${issue.path.join('.') || '(environment)'}: ${issue.message}`),
+      parsed.error.issues.map((issue) => `${named(issue.path.join('.')) || '(environment)'}: ${issue.message}`),
     )
   }
   const values = parsed.data
@@ -522,10 +537,10 @@ export function parseConfig(
   // poller flagged each order trade_not_found
   if (values.PARTNER_API_BASE_URL !== undefined && endsWithApiPrefix(values.PARTNER_API_BASE_URL)) {
     const root = values.PARTNER_API_BASE_URL.replace(/\/api\/partner\/v1\/?$/, '')
-    problems.push(`PARTNER_API_BASE_URL: give the platform's base URL without ${PARTNER_API_PREFIX} (the client adds it): ${root}`)
+    problems.push(`${named('PARTNER_API_BASE_URL')}: give the platform's base URL without ${PARTNER_API_PREFIX} (the client adds it): ${root}`)
   }
   if (values.PARTNER_API_SECRET !== undefined && values.PARTNER_API_SECRET.length < MIN_SECRET_LENGTH) {
-    problems.push(`PARTNER_API_SECRET: is shorter than ${MIN_SECRET_LENGTH} characters`)
+    problems.push(`${named('PARTNER_API_SECRET')}: is shorter than ${MIN_SECRET_LENGTH} characters`)
   }
   if (values.FORWARD_SECRET !== undefined && !decodeWebhookSecret(values.FORWARD_SECRET)) {
     const form = `${WEBHOOK_SECRET_PREFIX} followed by the base64 of at least ${MIN_WEBHOOK_SECRET_BYTES} random bytes`

@@ -130,6 +130,12 @@ describe('configuration', () => {
     expect(problemsOf({ ...remoteEnv, PARTNER_API_SECRET: 'tiny' })).toEqual([
       'PARTNER_API_SECRET: is shorter than 24 characters',
     ])
+    // named as set: PARTNER_ENV picked the live pair, and the generic secret beside it is fine
+    expect(problemsOf({ ...remoteEnv, PARTNER_ENV: 'live', PARTNER_LIVE_API_KEY_ID: 'pk_live', PARTNER_LIVE_API_SECRET: 'short' })).toEqual([
+      'PARTNER_LIVE_API_SECRET: is shorter than 24 characters',
+    ])
+    expect(problemsOf({ ...remoteEnv, PARTNER_SANDBOX_API_SECRET: 'short' })).toEqual(['PARTNER_SANDBOX_API_SECRET: is shorter than 24 characters'])
+    expect(problemsOf({ ...remoteEnv, PARTNER_SANDBOX_API_BASE_URL: 'not a url' })[0]).toMatch(/^PARTNER_SANDBOX_API_BASE_URL: /)
   })
 
   it('never runs live without a platform URL', () => {

@@ -10,7 +10,7 @@ export function decimalDigits(value: string): number {
 export function wholeNumber(value: string): number {
   const parsed = decimalDigits(value)
   // past 2^53 a number is no longer exact, and 1e300 is no integer the database takes
-  if (!Number.isSafeInteger(parsed)) throw new InvalidArgumentError('must be a whole number')
+  if (!Number.isSafeInteger(parsed)) throw new InvalidArgumentError('must be a whole number from 0, in decimal digits')
   return parsed
 }
 
