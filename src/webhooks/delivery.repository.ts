@@ -176,8 +176,8 @@ export async function lockParkedDeliveries(trx: Transaction<Database>, externalR
  * Sets aside the deliveries parked for `externalReference` (`deliveries dismiss`): outcome `dismissed`, so an order
  * made later for the reference does not take them, they leave the parked count (and its alert), and retention
  * deletes them by age like any other row. Refused (`order_exists`) when an order has the reference: its deliveries
- * are applied, not dismissed. With `dryRun`, only counts them. One statement; the order check and the update in
- * one transaction, so an order created meanwhile either came first (refused) or finds nothing parked.
+ * are applied, not dismissed. With `dryRun`, only counts them. The rows are locked first, as an order's creation
+ * locks them (SKIP LOCKED there): an order created meanwhile either came first (refused here) or skips them.
  */
 export async function dismissParkedDeliveries(
   db: Kysely<Database>,
