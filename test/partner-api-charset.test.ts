@@ -220,6 +220,20 @@ describe('an answer in another charset, where the CLI meets it', () => {
     )
   })
 
+  // an outside attack's poll stored `deliv\ufffdred` as a status from a 0xFF byte, and took an order off the schedule as
+  // another order's trade from a Latin-1 reference
+  it('reconcile --once stores nothing of a poll answered in Latin-1 bytes: the order backs off as after any malformed answer', async () => {
+    await insertOrders(database.db, [{ externalReference: 'poll-1', tradeId: 'tr_poll-1', tradeStatus: 'created', nextPollAt: new Date(Date.now() - 60_000) }])
+    answerWith(recordInLatin1('tr_poll-1'), 'application/json')
+    const result = await runCommandWith(['reconcile', '--once', '--json'], context)
+    expect(JSON.parse(result.stdout)).toMatchObject({ claimed: 1, changed: 0, errors: 1, results: { error: 1, trade_mismatch: 0 } })
+    const order = await orderByReference(database.db, 'poll-1')
+    expect(order).toMatchObject({ tradeStatus: 'created', attention: null, pollAttempts: 1 })
+    expect(new Date(order.nextPollAt!).getTime()).toBeGreaterThan(Date.now())
+    const history = await database.db.selectFrom('orderStatusHistory').select('toStatus').where('orderId', '=', order.id).execute()
+    expect(history).toEqual([])
+  })
+
   it('trades fund answered with bytes that are not UTF-8 records no status, says [outcome_unknown], and has the order polled soon', async () => {
     const clock = new FakeClock()
     await insertOrders(database.db, [{ externalReference: 'fund-1', tradeStatus: 'created' }])
