@@ -415,12 +415,9 @@ function eventListProblems(name: string, patterns: readonly string[]): string[] 
 // PARTNER_ENV picks the key pair: PARTNER_LIVE_API_KEY_ID (or PARTNER_SANDBOX_...) wins over the
 // unprefixed PARTNER_API_KEY_ID, so both pairs can sit in one environment.
 function selectPartnerVariables(env: Env): Env {
-  const selected = env.PARTNER_ENV === 'live' ? 'LIVE' : 'SANDBOX'
+  const named = partnerVariableNamer(env)
   const picked: Env = { ...env }
-  for (const name of ['API_BASE_URL', 'API_KEY_ID', 'API_SECRET'] as const) {
-    const specific = env[`PARTNER_${selected}_${name}`]
-    if (specific !== undefined && specific !== '') picked[`PARTNER_${name}`] = specific
-  }
+  for (const name of ['PARTNER_API_BASE_URL', 'PARTNER_API_KEY_ID', 'PARTNER_API_SECRET']) picked[name] = env[named(name)]
   return picked
 }
 

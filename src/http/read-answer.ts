@@ -9,6 +9,9 @@ export class AnswerNotUtf8Error extends Error {
   override name = 'AnswerNotUtf8Error'
 }
 
+// (one decode at a time, never streamed: one decoder serves every answer)
+const STRICT_UTF8 = new TextDecoder('utf-8', { fatal: true })
+
 /**
  * The answer's body as text (UTF-8, as `response.text()` decodes it), or undefined once it passes `limit`
  * bytes, counted after any `Content-Encoding` is undone: then reading stops there and the connection is closed.
@@ -22,7 +25,7 @@ export async function readAnswer(response: Response, limit: number, { fatal = fa
     const bytes = await getRawBody(stream, { limit })
     try {
       // a leading byte order mark is dropped, as without `fatal` (and as `response.text()` does)
-      return new TextDecoder('utf-8', { fatal: true }).decode(bytes)
+      return STRICT_UTF8.decode(bytes)
     } catch (error) {
       throw new AnswerNotUtf8Error('The answer is not valid UTF-8', { cause: error })
     }
