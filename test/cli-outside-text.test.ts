@@ -63,6 +63,19 @@ describe('the CLI shows text from outside without its control codes', () => {
     expect(result.code).toBe(2)
     expect(result.stderr).toContain("command-argument value '2\\u001b[31m3\\u000d4' is invalid for argument 'id'")
     expect(result.stderr).not.toMatch(TERMINAL_CONTROL)
+
+    // a line feed too: the message is one line, then commander's own hint
+    const fed = await run('reactions', 'show', '2\nforged-row\t3')
+    expect(fed.code).toBe(2)
+    expect(fed.stderr.split('\n')[0]).toBe(
+      "error: command-argument value '2\\u000aforged-row\\u00093' is invalid for argument 'id'. must be a job id (a positive whole number)",
+    )
+    expect(fed.stderr.split('\n').some((line) => line.startsWith('forged'))).toBe(false)
+
+    // an unknown command's line feed, beside commander's suggestion, which keeps its own line
+    const unknown = await run('order\n')
+    expect(unknown.code).toBe(2)
+    expect(unknown.stderr.split('\n').slice(0, 2)).toEqual(["error: unknown command 'order\\u000a'", '(Did you mean orders?)'])
   })
 
   it('orders list and show: every control shown as \\uXXXX, no forged line', async () => {

@@ -14,7 +14,7 @@ import { registerSandboxCommand } from './sandbox.command.js'
 import { registerServeCommand } from './serve.command.js'
 import { registerTradesCommands } from './trades.command.js'
 import { registerWebhookCommands } from './webhook.command.js'
-import { printableLines } from '../printable.js'
+import { printable, printableLines } from '../printable.js'
 import { serviceVersion } from '../version.js'
 
 /**
@@ -30,9 +30,13 @@ export function buildProgram(runCommand: LocalCommandRunner, output?: OutputConf
     // settings set here are inherited by every command registered below: parse errors throw, and
     // src/cli.ts turns them into exit code 2
     .exitOverride()
-  // commander's own errors quote the argument as typed: its controls are shown (an ESC as \u001b), not acted on
+  // what commander writes to stderr (its help after an error, too) has its controls shown, not acted on
   const writeErr = output?.writeErr ?? ((text: string) => process.stderr.write(text))
-  program.configureOutput({ ...output, writeErr: (text) => writeErr(printableLines(text)) })
+  program.configureOutput({
+    ...output,
+    writeErr: (text) => writeErr(printableLines(text)),
+    outputError: (text, write) => write(shownParseError(text)),
+  })
   registerServeCommand(program, runCommand)
   registerMigrateCommand(program)
   registerWebhookCommands(program)
@@ -47,4 +51,17 @@ export function buildProgram(runCommand: LocalCommandRunner, output?: OutputConf
   registerSandboxCommand(program)
   registerDemoCommand(program)
   return program
+}
+
+/**
+ * A parse error of commander's as the terminal shows it. Its messages quote the argument as typed and break a
+ * line only before a suggestion, `(Did you mean …?)`, and at their end: every other line feed and tab is the
+ * argument's, shown as \u000a and \u0009 like its other controls, so a pasted value cannot start a line.
+ */
+export function shownParseError(text: string): string {
+  const end = text.endsWith('\n') ? '\n' : ''
+  const message = text.slice(0, text.length - end.length)
+  const suggestion = message.lastIndexOf('\n(Did you mean ')
+  if (suggestion < 0) return printable(message) + end
+  return `${printable(message.slice(0, suggestion))}\n${printable(message.slice(suggestion + 1))}${end}`
 }
