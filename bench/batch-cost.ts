@@ -38,7 +38,7 @@ try {
   const walBytes = async (from: string) =>
     Number((await raw<{ bytes: string }>(`select pg_wal_lsn_diff(pg_current_wal_lsn(), '${from}')::bigint as bytes`))[0]!.bytes)
 
-  const settings = observationSettings({ staleAfterS: 300 })
+  const settings = observationSettings({ poll: { staleAfterS: 300 } })
   let next = 0
   const item = () => matchedDelivery(next++, ORDERS)
 

@@ -27,7 +27,7 @@ await raw(`insert into orders (external_reference) select 'bench-' || i from gen
 // statistics taken while the deliveries were none, as an early analyze or VACUUM leaves them
 await raw('vacuum analyze')
 
-const settings = observationSettings({ staleAfterS: 300 })
+const settings = observationSettings({ poll: { staleAfterS: 300 } })
 const item = (index: number) => matchedDelivery(index, ORDERS)
 
 console.log(`${total} deliveries over ${ORDERS} orders, ${analyzeEvery ? `the statistics watch every ${analyzeEvery}` : 'no analyze'}`)

@@ -102,6 +102,14 @@ export interface Config {
     readonly staleAfterS: number
   }
   readonly metrics: { readonly enabled: boolean; readonly path: string }
+  readonly orders: {
+    /**
+     * ORDER_REFERENCE_PATTERN, matched against a whole external reference: the references this backend's orders
+     * use. A trade event for one it does not match, with no order, is stored `dismissed` rather than parked, and
+     * no order is created with one. Undefined (unset): every reference may be an order's.
+     */
+    readonly referencePattern: RegExp | undefined
+  }
   readonly reactions: {
     /** Calls of one (event, handler) in all before the job is failed (dead letter). */
     readonly maxAttempts: number
@@ -327,6 +335,7 @@ const EnvSchema = z.object({
   POLL_BATCH_SIZE: wholeNumber({ max: 10_000 }).default(100),
   EXPECTED_WEBHOOK_S: wholeNumber().default(600),
   STALE_AFTER_S: wholeNumber().default(21_600),
+  ORDER_REFERENCE_PATTERN: z.string().optional(),
   METRICS_ENABLED: booleanString.default(true),
   METRICS_PATH: z
     .string()
@@ -363,6 +372,12 @@ const EnvSchema = z.object({
   PRUNE_INTERVAL_S: wholeNumber({ max: 604_800 }).default(3_600),
   PRUNE_BATCH_SIZE: wholeNumber({ max: 100_000 }).default(1_000),
 })
+
+// ORDER_REFERENCE_PATTERN as written, held to the whole reference (`ORD-[0-9]+` does not take `XORD-1`), in
+// JavaScript's syntax with the u flag (a character class or `.` takes a character, not half of one)
+function wholeReferencePattern(pattern: string): RegExp {
+  return new RegExp(`^(?:${pattern})$`, 'u')
+}
 
 /** The name of every variable the schema reads: `.env.example` documents each (test/env-example.test.ts). */
 export const CONFIG_VARIABLES: readonly string[] = Object.keys(EnvSchema.shape)
@@ -543,6 +558,13 @@ export function parseConfig(
     const form = `${WEBHOOK_SECRET_PREFIX} followed by the base64 of at least ${MIN_WEBHOOK_SECRET_BYTES} random bytes`
     problems.push(`FORWARD_SECRET: must be ${form}; make one with: echo "whsec_$(openssl rand -base64 32)"`)
   }
+  if (values.ORDER_REFERENCE_PATTERN !== undefined) {
+    try {
+      wholeReferencePattern(values.ORDER_REFERENCE_PATTERN)
+    } catch (error) {
+      problems.push(`ORDER_REFERENCE_PATTERN: is not a regular expression (${(error as Error).message})`)
+    }
+  }
   problems.push(...eventListProblems('FORWARD_EVENTS', values.FORWARD_EVENTS))
   problems.push(...eventListProblems('AMQP_EVENTS', values.AMQP_EVENTS))
   // A handler is aborted shortly before its lease ends: a call allowed longer than that was cut off as
@@ -642,6 +664,9 @@ export function parseConfig(
       staleAfterS: values.STALE_AFTER_S,
     },
     metrics: { enabled: values.METRICS_ENABLED, path: values.METRICS_PATH },
+    orders: {
+      referencePattern: values.ORDER_REFERENCE_PATTERN === undefined ? undefined : wholeReferencePattern(values.ORDER_REFERENCE_PATTERN),
+    },
     sandbox: {
       port: values.SANDBOX_PORT,
       // local mode with its secrets given: a token per process (set SANDBOX_CONTROL_TOKEN to call them)

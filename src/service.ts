@@ -223,7 +223,7 @@ export async function startService({
       if (draining || (otherReplicas.present() && !dispatcher?.holdsEveryStream())) notifyOtherReplicas()
     }
     // STALE_AFTER_S, the reaction handlers and the wake, bound once: every observation this process applies uses them
-    const observation = observationSettings(config.poll, reactions.handlersFor, onJobsEnqueued)
+    const observation = observationSettings(config, reactions.handlersFor, onJobsEnqueued)
     const app = createApp({
       config,
       db: database.db,

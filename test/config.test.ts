@@ -408,6 +408,22 @@ describe('configuration', () => {
       expect(problemsOf({ ...remoteEnv, REACTION_LEASE_S: '0' }).some((problem) => problem.startsWith('REACTION_LEASE_S:'))).toBe(true)
     })
 
+    it('reads ORDER_REFERENCE_PATTERN as a whole-reference regular expression, and refuses one that is not', () => {
+      expect(parseConfig(remoteEnv).orders.referencePattern).toBeUndefined()
+      const pattern = parseConfig({ ...remoteEnv, ORDER_REFERENCE_PATTERN: 'ORD-[0-9]+|INV-[0-9]+' }).orders.referencePattern!
+      // the whole reference, each alternative included
+      expect(['ORD-1', 'INV-22', 'XORD-1', 'ORD-1x', 'ORD-', 'INV-2 '].map((reference) => pattern.test(reference))).toEqual([
+        true, true, false, false, false, false,
+      ])
+      // with the u flag: `.` takes one character, an emoji included
+      expect(parseConfig({ ...remoteEnv, ORDER_REFERENCE_PATTERN: 'x.' }).orders.referencePattern!.test('x😀')).toBe(true)
+      expect(problemsOf({ ...remoteEnv, ORDER_REFERENCE_PATTERN: 'ORD-(' })).toEqual([
+        'ORDER_REFERENCE_PATTERN: is not a regular expression (Invalid regular expression: /^(?:ORD-()$/u: Unterminated group)',
+      ])
+      // set empty, as every variable: unset
+      expect(parseConfig({ ...remoteEnv, ORDER_REFERENCE_PATTERN: '' }).orders.referencePattern).toBeUndefined()
+    })
+
     it('has retention defaults and refuses a delivery retention shorter than the body retention', () => {
       expect(parseConfig(remoteEnv).retention).toEqual({ bodyDays: 30, deliveryDays: 90, intervalS: 3_600, batchSize: 1_000 })
       expect(

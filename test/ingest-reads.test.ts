@@ -16,7 +16,7 @@ import { testConfig } from './helpers/test-config.js'
 import { useTestDatabase } from './helpers/test-database.js'
 import { startTestService } from './helpers/test-service.js'
 
-const settings = observationSettings({ staleAfterS: 300 })
+const settings = observationSettings({ poll: { staleAfterS: 300 } })
 
 function delivery(order: number, status: string, id: string) {
   const reference = `reads-${order}`

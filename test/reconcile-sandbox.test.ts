@@ -52,7 +52,7 @@ describe('the poller against the sandbox platform', () => {
       fetcher: createPartnerApiClient(config, { logger: loop!.logger, clock: systemClock }),
       // every order that is not terminal is due STALE_AFTER_S after its last observation at the latest
       clock: clockAhead((config.poll.staleAfterS + 60) * 1000),
-      settings: { batchSize: 50, concurrency, observation: observationSettings(config.poll) },
+      settings: { batchSize: 50, concurrency, observation: observationSettings(config) },
     })
     const runs: RunSummary[] = []
     for (;;) {

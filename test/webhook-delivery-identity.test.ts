@@ -281,7 +281,7 @@ describePostgres('two bodies under one id at one process, stored by different pa
   ])('counts one reuse when a trade event and %s arrive together under one id', async (_name, second, outcome) => {
     const metrics = createMetrics({}, { defaultMetrics: false })
     const logger = testLogger(config.webhook.secrets)
-    const ingest = createDeliveryIngest({ config, db: database.db, logger, settings: observationSettings(config.poll), metrics })
+    const ingest = createDeliveryIngest({ config, db: database.db, logger, settings: observationSettings(config), metrics })
     const app = createApp({ config, db: database.db, logger, clock: systemClock, metrics, ingest })
     const ref = `same-id-paths-${randomUUID()}`
     await createOrder(database.db, { externalReference: ref })

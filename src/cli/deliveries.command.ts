@@ -129,7 +129,7 @@ export function registerDeliveriesCommands(program: Command): void {
           const result = await reapplyDelivery(
             db,
             delivery,
-            observationSettings(config.poll, reactions.handlersFor),
+            observationSettings(config, reactions.handlersFor),
             new Date(),
           )
           if (result.kind === 'not_a_trade_event') {

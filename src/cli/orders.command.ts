@@ -24,7 +24,7 @@ export function registerOrdersCommands(program: Command): void {
           const { order, appliedDeliveries, parkedDeliveries } = await createOrder(
             db,
             { externalReference: options.externalReference, now: () => new Date() },
-            observationSettings(config.poll, reactions.handlersFor),
+            observationSettings(config, reactions.handlersFor),
           )
           if (options.json) printJson({ ...order, appliedDeliveries, parkedDeliveries })
           else {

@@ -70,7 +70,7 @@ async function runOnce(json: boolean | undefined): Promise<void> {
       fetcher: createPartnerApiClient(config, { logger, clock }),
       clock,
       logger,
-      settings: pollerSettings(config.poll, observationSettings(config.poll, reactions.handlersFor)),
+      settings: pollerSettings(config.poll, observationSettings(config, reactions.handlersFor)),
       replica: `cli:${hostname()}:${process.pid}`,
     })
     if (runsInService()) return poller.runOnce()

@@ -72,7 +72,7 @@ export async function withTradeDeps<T>(
       return await run({ db, client, clock, logger, settings: {
           expectedWebhookS: config.poll.expectedWebhookS,
           partnerKind: config.partner.kind,
-          observation: observationSettings(config.poll, reactions.handlersFor),
+          observation: observationSettings(config, reactions.handlersFor),
         },
       })
     } catch (error) {

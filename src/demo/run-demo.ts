@@ -222,7 +222,7 @@ export async function runDemo({
       clock,
       logger: log,
     })
-    const observation = observationSettings(config.poll, reactions.handlersFor)
+    const observation = observationSettings(config, reactions.handlersFor)
     const deps: TradeDeps = {
       db: database.db,
       client,

@@ -57,7 +57,7 @@ export function createAdminApp(deps: AdminAppDeps): App {
         logger: deps.logger,
         clock: deps.clock ?? systemClock,
         metrics: deps.metrics,
-        observation: observationSettings(deps.config.poll, deps.reactions?.handlersFor),
+        observation: observationSettings(deps.config, deps.reactions?.handlersFor),
         bodyRetentionDays: deps.config.retention.bodyDays,
         reconcileOnce: deps.reconcileOnce,
         reactionHandlers: deps.reactions?.names,

@@ -53,7 +53,7 @@ export type { App }
 export function createApp(deps: AppDeps): App {
   const ingest =
     deps.ingest ??
-    createDeliveryIngest({ ...deps, settings: observationSettings(deps.config.poll, deps.reactions?.handlersFor) })
+    createDeliveryIngest({ ...deps, settings: observationSettings(deps.config, deps.reactions?.handlersFor) })
   const path = deps.config.webhook.path
   const webhook = webhookEndpoint({
     ...deps,

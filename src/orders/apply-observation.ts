@@ -56,6 +56,11 @@ export interface ObservationSettings {
    */
   handlersFor: (type: string) => readonly string[]
   /**
+   * ORDER_REFERENCE_PATTERN (whole-reference): a webhook for a reference it does not match, with no order, is
+   * stored `dismissed`, not parked. Absent: every reference may be an order's.
+   */
+  referencePattern?: RegExp
+  /**
    * Called right after a statement that is its own transaction committed events a handler takes: what wakes the dispatchers
    * (the service wakes its own directly and NOTIFYs the other replicas). Absent: a NOTIFY after the commit.
    */
@@ -118,8 +123,16 @@ export interface DeliveryObservation {
   observation: Observation & { target: { externalReference: string } }
 }
 
-/** A stored delivery's effect; idReused: its id was already stored with another body. */
-export type DeliveryResult = ObservationResult & { idReused: boolean }
+/**
+ * A stored delivery's effect; idReused: its id was already stored with another body. `dismissed`: no order has
+ * its reference, which ORDER_REFERENCE_PATTERN says is not this backend's (it is not parked).
+ */
+export type DeliveryResult = Omit<ObservationResult, 'outcome'> & { outcome: ObservationOutcome | 'dismissed'; idReused: boolean }
+
+/** Whether `externalReference` is one ORDER_REFERENCE_PATTERN says no order of this backend has. */
+export function isForeignReference(settings: Pick<ObservationSettings, 'referencePattern'>, externalReference: string): boolean {
+  return settings.referencePattern !== undefined && !settings.referencePattern.test(externalReference)
+}
 
 /**
  * Records webhook deliveries and applies their observations, all in one statement (a group commit of
@@ -133,12 +146,17 @@ export async function recordDeliveriesAndApply(
   settings: ObservationSettings,
 ): Promise<(DeliveryResult | 'duplicate')[]> {
   if (items.length === 0) return []
-  const rows = new Map((await runStatement(db, items, settings)).map((row) => [row.n, row]))
+  const foreign = items.map((item) => isForeignReference(settings, item.observation.target.externalReference))
+  const rows = new Map((await runStatement(db, items, settings, foreign)).map((row) => [row.n, row]))
   return items.map((item, index) => {
     const row = rows.get(index)
     // never call a delivery a duplicate without the statement's word for it
     if (!row) throw new Error(`the ingest statement returned no row for delivery ${item.delivery.deliveryId}`)
-    return row.inserted ? { ...toResult(row, item.observation), idReused: row.reused } : 'duplicate'
+    if (!row.inserted) return 'duplicate'
+    const result = toResult(row, item.observation)
+    // as the statement stored it: no order, and a reference that is not this backend's
+    const outcome = result.outcome === 'unmatched' && foreign[index] ? 'dismissed' : result.outcome
+    return { ...result, outcome, idReused: row.reused }
   })
 }
 
@@ -217,6 +235,8 @@ async function runStatement(
   db: Executor,
   items: readonly { observation: Observation; delivery?: DeliveryRecord }[],
   settings: ObservationSettings,
+  /** Per delivery: its reference is not this backend's (isForeignReference), so without an order it is dismissed. */
+  foreign: readonly boolean[] = [],
 ): Promise<StatementRow[]> {
   const kinds = new Set(items.map((item) => targetOf(item.observation.target).kind))
   const withDelivery = new Set(items.map((item) => item.delivery !== undefined))
@@ -247,6 +267,7 @@ async function runStatement(
       event_type: delivery?.eventType ?? null,
       raw_body: delivery?.rawBody ?? null,
       body_sha256: delivery?.bodySha256 ?? null,
+      not_ours: foreign[n] ?? false,
       // names are [a-z0-9_.-]+ (the registry checks), so a comma joins them unambiguously
       handlers: notifyInside && handlers.length > 0 ? handlers.join(',') : null,
     }
@@ -329,7 +350,8 @@ function observationStatement(
          observed_status, outcome, order_id, raw_body, applied_at)
       select i.delivery_id, i.body_sha256, i.observed_at, i.event_type, i.trade_id, i.trade_reference, i.external_reference,
         i.status,
-        coalesce(d.outcome, 'unmatched'), d.id, i.raw_body, case when d.outcome = 'applied' then i.observed_at end
+        coalesce(d.outcome, case when i.not_ours then 'dismissed' else 'unmatched' end), d.id, i.raw_body,
+        case when d.outcome = 'applied' then i.observed_at end
       from input i left join decision d on d.n = i.n
       on conflict (delivery_id, body_sha256) do nothing
       returning delivery_id, body_sha256
@@ -349,7 +371,7 @@ function observationStatement(
       select * from json_to_recordset(${input}::json) as i(
         n int, target text, lease text, trade_id text, trade_reference text, external_reference text, status text,
         rank int, terminal boolean, source text, history_delivery_id text, observed_at timestamptz,
-        delivery_id text, event_type text, raw_body text, body_sha256 text, handlers text)
+        delivery_id text, event_type text, raw_body text, body_sha256 text, not_ours boolean, handlers text)
     ),
     ${decision}${deliveryInsert},
     effective as (${effective}),

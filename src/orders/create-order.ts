@@ -6,18 +6,22 @@ import type { Database } from '../db/database.js'
 import { isTradeFact, TRADE_FACT_MAX_LENGTH } from '../partner-api/field-rules.js'
 import { PartnerValidationError } from '../partner-api/partner-api-error.js'
 import { applyParkedDeliveries, type ParkedDeliveryResult } from '../webhooks/parked-deliveries.js'
-import type { ObservationSettings } from './apply-observation.js'
+import { isForeignReference, type ObservationSettings } from './apply-observation.js'
 import type { Order } from './order.js'
 import { findOrderByExternalReference, insertOrder } from './order.repository.js'
 
 /** Throws PartnerValidationError unless `externalReference` can be an order's (what createOrder checks first). */
-export function checkOrderReference(externalReference: string): void {
+export function checkOrderReference(externalReference: string, settings: Pick<ObservationSettings, 'referencePattern'>): void {
   // the platform echoes it in every webhook for the order, where a longer one is refused
   if (!isTradeFact(externalReference)) {
     throw new PartnerValidationError(
       'external_reference',
       `must be 1 to ${TRADE_FACT_MAX_LENGTH} characters without a NUL, as every webhook for the order carries it`,
     )
+  }
+  // the webhooks of a reference the pattern does not match are dismissed, not kept for an order made later
+  if (isForeignReference(settings, externalReference)) {
+    throw new PartnerValidationError('external_reference', 'does not match ORDER_REFERENCE_PATTERN, the references this backend’s orders use')
   }
 }
 
@@ -26,7 +30,7 @@ export async function createOrder(
   { externalReference, now }: { externalReference: string; now: () => Date },
   settings: ObservationSettings,
 ): Promise<{ order: Order; appliedDeliveries: number; parkedDeliveries: ParkedDeliveryResult[] }> {
-  checkOrderReference(externalReference)
+  checkOrderReference(externalReference, settings)
   const parked = await db.transaction().execute(async (trx) => {
     await insertOrder(trx, externalReference)
     return applyParkedDeliveries(trx, externalReference, settings, now)

@@ -14,16 +14,22 @@ export interface TradeFacts {
 
 /**
  * The settings every observation is applied with, bound once where the service is put together:
- * STALE_AFTER_S (a non-terminal order is polled again this long after any observation), the
- * reaction handlers that take an applied status's event, and what wakes the dispatchers after a commit
+ * STALE_AFTER_S (a non-terminal order is polled again this long after any observation), ORDER_REFERENCE_PATTERN,
+ * the reaction handlers that take an applied status's event, and what wakes the dispatchers after a commit
  * that wrote some (absent: a NOTIFY).
  */
 export function observationSettings(
-  poll: { staleAfterS: number },
+  config: { poll: { staleAfterS: number }; orders?: { referencePattern: RegExp | undefined } },
   handlersFor: ObservationSettings['handlersFor'] = NO_REACTION_HANDLERS,
   onJobsEnqueued?: () => void,
 ): ObservationSettings {
-  return { staleAfterS: poll.staleAfterS, handlersFor, ...(onJobsEnqueued ? { onJobsEnqueued } : {}) }
+  const referencePattern = config.orders?.referencePattern
+  return {
+    staleAfterS: config.poll.staleAfterS,
+    handlersFor,
+    ...(referencePattern ? { referencePattern } : {}),
+    ...(onJobsEnqueued ? { onJobsEnqueued } : {}),
+  }
 }
 
 /** A webhook's trade event, matched to its order by external reference in the ingest statement. */

@@ -54,7 +54,7 @@ export async function openTradeForOrder(
   if (guard?.stopRequested()) throw stopped()
   // a request that fails validation is refused before anything is written: the client would refuse it only
   // after the order was created, and an order would be left behind by a mistyped --amount
-  checkOrderReference(externalReference)
+  checkOrderReference(externalReference, settings.observation)
   validateCreateTrade({ ...request, external_reference: externalReference }, settings.partnerKind)
   let order = await findOrderByExternalReference(db, externalReference)
   if (!order) {

@@ -19,6 +19,7 @@ import {
   applyObservation,
   type DeliveryObservation,
   type DeliveryResult,
+  isForeignReference,
   type ObservationSettings,
   recordDeliveriesAndApply,
 } from '../orders/apply-observation.js'
@@ -139,7 +140,13 @@ export async function reapplyDelivery(
     const order = await findOrderByExternalReference(trx, externalReference)
     const applied = order
       ? await applyObservation(trx, storedDeliveryObservation({ ...delivery, externalReference }, order.id, now), settings)
-      : { outcome: 'unmatched' as const, orderId: null, fromStatus: null, toStatus: null }
+      : {
+          // parked again, unless ORDER_REFERENCE_PATTERN says no order of this backend will have the reference
+          outcome: isForeignReference(settings, externalReference) ? ('dismissed' as const) : ('unmatched' as const),
+          orderId: null,
+          fromStatus: null,
+          toStatus: null,
+        }
     await updateDeliveryOutcome(trx, delivery, {
       outcome: applied.outcome,
       orderId: applied.orderId,

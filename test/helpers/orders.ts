@@ -8,7 +8,7 @@ import { createOrder as createOrderWith } from '../../src/orders/create-order.js
 import { observationSettings } from '../../src/orders/observations.js'
 
 /** STALE_AFTER_S's default (21,600 s) and no reaction handlers. */
-export const TEST_OBSERVATION_SETTINGS: ObservationSettings = observationSettings({ staleAfterS: 21_600 })
+export const TEST_OBSERVATION_SETTINGS: ObservationSettings = observationSettings({ poll: { staleAfterS: 21_600 } })
 
 export function createOrder(
   db: Kysely<Database>,
