@@ -16,6 +16,7 @@ import { TRADE_STATUSES } from './orders/trade-status.js'
 import type { ProxySettings } from './partner-api/partner-api-proxy.js'
 import { DEFAULT_MAX_ANSWER_BYTES, PARTNER_API_PREFIX } from './partner-api/partner-api-transport.js'
 import { DEFAULT_DISPATCHER_SETTINGS, leaseMarginMs } from './reactions/dispatcher-settings.js'
+import { POLL_JITTER } from './reconcile/poll-jitter.js'
 import { decodeWebhookSecret, MIN_WEBHOOK_SECRET_BYTES, WEBHOOK_SECRET_PREFIX } from './reactions/forwarder.js'
 
 export const MIN_SECRET_LENGTH = 24
@@ -199,6 +200,16 @@ const wholeNumber = ({ min = 1, max = Number.MAX_SAFE_INTEGER }: { min?: number;
 
 const port = wholeNumber({ min: 0, max: 65535 })
 
+// Node's longest timer: a longer delay is taken as 1 ms, with a warning. POLL_INTERVAL_S=3000000 ran the poller
+// every millisecond, and PARTNER_API_TIMEOUT_MS=2147483648 timed every platform call out at once (a trade create
+// left with its outcome unknown)
+const MAX_TIMER_MS = 2 ** 31 - 1
+// the poller waits up to its interval and a quarter (its jitter) between cycles, on one timer
+const MAX_POLL_INTERVAL_S = Math.floor(MAX_TIMER_MS / 1000 / (1 + POLL_JITTER))
+// seconds the database takes as an integer (an order's next poll, `make_interval(secs => …::int)`): 68 years.
+// STALE_AFTER_S=2147483648 failed every webhook's statement (stored `invalid`) and every trade create's
+const MAX_DATABASE_SECONDS = 2 ** 31 - 1
+
 // A size: decimal digits and an optional unit b, kb, mb or gb in either case (1024-based), such as 256kb or 1MB; with zeroAllowed, 0
 // too (what turns a guard off). bytes.parse alone reads as much as looks like a number and drops the rest
 // (0x10 as 0, 1e3 as 1, 12abc as 12), so DATA_DIR_MIN_FREE=0x10 turned the free-space guard off.
@@ -305,7 +316,8 @@ const EnvSchema = z.object({
   LOG_LEVEL: z.enum(['fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent']).default('info'),
   LOG_PRETTY: booleanString.optional(),
   LOG_BUFFER_LIMIT: byteSize.default(DEFAULT_LOG_BUFFER_LIMIT),
-  SHUTDOWN_TIMEOUT_MS: wholeNumber().default(10_000),
+  // a day: a larger number is a typo (and the whole stop's bound, with the drain delay, is one timer)
+  SHUTDOWN_TIMEOUT_MS: wholeNumber({ max: 86_400_000 }).default(10_000),
   SHUTDOWN_DRAIN_DELAY_MS: wholeNumber({ min: 0, max: 120_000 }).default(0),
   WEBHOOK_PATH: z
     .string()
@@ -321,7 +333,7 @@ const EnvSchema = z.object({
   PARTNER_API_BASE_URL: z.url({ protocol: /^https?$/, error: 'must be an http(s) URL' }).optional(),
   PARTNER_API_KEY_ID: z.string().min(1).optional(),
   PARTNER_API_SECRET: z.string().optional(),
-  PARTNER_API_TIMEOUT_MS: wholeNumber().default(10_000),
+  PARTNER_API_TIMEOUT_MS: wholeNumber({ max: MAX_TIMER_MS }).default(10_000),
   PARTNER_API_ANSWER_LIMIT: byteSize.default(DEFAULT_MAX_ANSWER_BYTES),
   HTTP_PROXY: z.string().optional(),
   http_proxy: z.string().optional(),
@@ -330,11 +342,11 @@ const EnvSchema = z.object({
   NO_PROXY: z.string().optional(),
   no_proxy: z.string().optional(),
   POLL_ENABLED: booleanString.default(true),
-  POLL_INTERVAL_S: wholeNumber().default(30),
+  POLL_INTERVAL_S: wholeNumber({ max: MAX_POLL_INTERVAL_S }).default(30),
   POLL_CONCURRENCY: wholeNumber({ max: 256 }).default(8),
   POLL_BATCH_SIZE: wholeNumber({ max: 10_000 }).default(100),
-  EXPECTED_WEBHOOK_S: wholeNumber().default(600),
-  STALE_AFTER_S: wholeNumber().default(21_600),
+  EXPECTED_WEBHOOK_S: wholeNumber({ max: MAX_DATABASE_SECONDS }).default(600),
+  STALE_AFTER_S: wholeNumber({ max: MAX_DATABASE_SECONDS }).default(21_600),
   ORDER_REFERENCE_PATTERN: z.string().optional(),
   METRICS_ENABLED: booleanString.default(true),
   METRICS_PATH: z
@@ -350,7 +362,7 @@ const EnvSchema = z.object({
   REACTION_BACKOFF_CAP_S: wholeNumber({ max: 86_400 }).default(DEFAULT_DISPATCHER_SETTINGS.backoff.capS),
   FORWARD_URL: z.url({ protocol: /^https?$/, error: 'must be an http(s) URL' }).optional(),
   FORWARD_SECRET: z.string().optional(),
-  FORWARD_TIMEOUT_MS: wholeNumber().default(10_000),
+  FORWARD_TIMEOUT_MS: wholeNumber({ max: MAX_TIMER_MS }).default(10_000),
   FORWARD_EVENTS: eventList.default(['trade.*']),
   ADMIN_TOKEN: z.string().optional(),
   // the message names the form only: the value holds a password
@@ -364,7 +376,7 @@ const EnvSchema = z.object({
     .regex(/^[A-Za-z0-9_.:-]{1,255}$/, 'must be 1 to 255 letters, digits, "-", "_", "." or ":"')
     .refine((name) => !name.startsWith('amq.'), 'must not start with "amq." (reserved by the broker)')
     .default('partner-escrow'),
-  AMQP_TIMEOUT_MS: wholeNumber().default(10_000),
+  AMQP_TIMEOUT_MS: wholeNumber({ max: MAX_TIMER_MS }).default(10_000),
   AMQP_EVENTS: eventList.default(['trade.*']),
   // a century: a larger number is a typo, and would overflow the cut-off date
   RETENTION_DAYS: wholeNumber({ max: 36_500 }).default(30),

@@ -408,6 +408,27 @@ describe('configuration', () => {
       expect(problemsOf({ ...remoteEnv, REACTION_LEASE_S: '0' }).some((problem) => problem.startsWith('REACTION_LEASE_S:'))).toBe(true)
     })
 
+    it('refuses a time no timer or database column can hold, naming the variable', () => {
+      // Node takes a timer past 2^31 - 1 ms as 1 ms: the poller ran every millisecond, every platform call timed out
+      // at once; the database's integer seconds overflowed in every webhook's statement
+      const bounds = {
+        PARTNER_API_TIMEOUT_MS: 2_147_483_647,
+        FORWARD_TIMEOUT_MS: 2_147_483_647,
+        AMQP_TIMEOUT_MS: 2_147_483_647,
+        SHUTDOWN_TIMEOUT_MS: 86_400_000,
+        // with its jitter of a quarter, the longest wait is 1.25 intervals
+        POLL_INTERVAL_S: 1_717_986,
+        EXPECTED_WEBHOOK_S: 2_147_483_647,
+        STALE_AFTER_S: 2_147_483_647,
+      }
+      for (const [name, max] of Object.entries(bounds)) {
+        expect(() => parseConfig({ ...remoteEnv, [name]: String(max) }), name).not.toThrow()
+        const problems = problemsOf({ ...remoteEnv, [name]: String(max + 1) })
+        expect(problems, name).toHaveLength(1)
+        expect(problems[0], name).toMatch(new RegExp(`^${name}: .*${max}`))
+      }
+    })
+
     it('reads ORDER_REFERENCE_PATTERN as a whole-reference regular expression, and refuses one that is not', () => {
       expect(parseConfig(remoteEnv).orders.referencePattern).toBeUndefined()
       const pattern = parseConfig({ ...remoteEnv, ORDER_REFERENCE_PATTERN: 'ORD-[0-9]+|INV-[0-9]+' }).orders.referencePattern!

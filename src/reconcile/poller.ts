@@ -11,6 +11,7 @@ import type { Database } from '../db/database.js'
 import type { Logger } from '../logger.js'
 import type { ObservationSettings } from '../orders/apply-observation.js'
 import { type BackoffSettings, DEFAULT_BACKOFF } from './backoff-delay.js'
+import { POLL_JITTER } from './poll-jitter.js'
 import type { PollResult, TradeFetcher } from './poll-order.js'
 import { countDueOrders, type DueOrderStats } from '../orders/poll-schedule.repository.js'
 import { CycleFailedError, type RunSummary, runReconcileCycle } from './reconcile-cycle.js'
@@ -22,11 +23,6 @@ export type { DueOrderStats } from '../orders/poll-schedule.repository.js'
 export type { RunSummary, StoppedReason } from './reconcile-cycle.js'
 export { CycleFailedError, DATABASE_LOST_REASON } from './reconcile-cycle.js'
 
-/**
- * The sleep between cycles is POLL_INTERVAL_S times a factor drawn from [1 - POLL_JITTER, 1 + POLL_JITTER):
- * its mean is the interval, and replicas that started in the same second drift apart within a few cycles.
- */
-export const POLL_JITTER = 0.25
 
 /** Runs left unfinished by a lost database that one poller remembers, to record their end when it is back. */
 const MAX_UNFINISHED_RUNS = 100
