@@ -92,7 +92,8 @@ export async function main({
     exitProcess(logger, code)
   }
   // registered before the (possibly long) first start, so Ctrl-C during it is honoured too
-  onStopSignals((signal) => void stop(signal), exitAtOnce)
+  let stopped: Promise<void> | undefined
+  onStopSignals((signal) => void (stopped = stop(signal)), exitAtOnce)
 
   const service = await startService({ config, logger, runCommand, registerReactions })
   running.service = service
@@ -100,7 +101,11 @@ export async function main({
   try {
     await service.ready
   } catch (error) {
-    if (stopping) return
+    // a signal during the start: its stop ends the process (returning would let the CLI exit before it is done)
+    if (stopping) {
+      await stopped
+      return
+    }
     stopping = true
     logger.error({ err: loggableError(error) }, 'start-up failed')
     await service.stop()

@@ -1,7 +1,7 @@
 // `npm start` in local mode, stopped and started again over the same DATA_DIR: the in-process sandbox
 // still knows the trades the orders point at, and its references carry on.
 import { once } from 'node:events'
-import { statSync } from 'node:fs'
+import { statSync, writeFileSync } from 'node:fs'
 import path from 'node:path'
 import { afterAll, describe, expect, it } from 'vitest'
 import { freePort, runCli, spawnCli, waitForLogLine, stopChild } from './helpers/cli-process.js'
@@ -57,5 +57,19 @@ describe('local mode across a restart', () => {
 
     const next = JSON.parse((await open('order-2')).stdout) as { trade: { reference: string } }
     expect(next.trade.reference).toBe('TRD-000002')
+  })
+
+  // The start stops at a sandbox state it cannot read, closing the database it had begun to open: that close
+  // waited for a thread nothing kept the process alive for, and most such starts ended 13 with no message
+  it('refuses to start on a damaged sandbox state file, saying which file and what to do, exit 1', { timeout: 120_000 }, async () => {
+    const damaged = migratedDataDir('local-damaged-state-')
+    writeFileSync(path.join(damaged, 'sandbox-state.json'), '{')
+    for (let run = 0; run < 2; run++) {
+      const { code, stderr } = await runCli(['serve'], { ...env, DATA_DIR: damaged, SANDBOX_PORT: String(await freePort()) })
+      expect({ code, stderr }).toEqual({
+        code: 1,
+        stderr: `The sandbox state file ${path.join(damaged, 'sandbox-state.json')} is not JSON; move it away to start the sandbox empty (its trades are then forgotten)\n`,
+      })
+    }
   })
 })

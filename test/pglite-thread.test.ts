@@ -3,6 +3,7 @@
 // back as Kysely's dialect asks, the serving thread runs while the database works, and a thread that stops
 // fails every statement as "unavailable" instead of leaving it waiting.
 import { setTimeout as delay } from 'node:timers/promises'
+import { Kysely, PGliteDialect, sql } from 'kysely'
 import { afterEach, describe, expect, it } from 'vitest'
 import { describeDatabaseError } from '../src/db/database-errors.js'
 import { PgliteThread } from '../src/db/pglite-thread.js'
@@ -112,6 +113,38 @@ describe('PGlite on its own thread', () => {
     expect((await db.query<{ n: number }>('select count(*)::int as n from t', [], { rowMode: 'object' })).rows).toEqual([{ n: 2 }])
     await db.close()
     await expect(db.collectGarbage()).rejects.toThrow('PGlite is closed')
+  })
+
+  it('fails a Kysely transaction begun as it closes with the reason, its first statement’s error, leaving nothing unhandled', async () => {
+    const thread = start()
+    await thread.waitReady
+    const db = new Kysely<Record<string, never>>({ dialect: new PGliteDialect({ pglite: thread }) })
+    const unhandled: unknown[] = []
+    const onUnhandled = (reason: unknown) => unhandled.push(reason)
+    process.on('unhandledRejection', onUnhandled)
+    try {
+      // in use (Kysely's connection made), then closed: as the stop of a service still migrating finds it
+      await sql`select 1`.execute(db)
+      await thread.close()
+      // Kysely's dialect waits for the transaction's callback to start: before, a begin that failed left that wait
+      // unanswered and its own rejection unhandled (the stop of a `serve` still migrating crashed on it)
+      const statements: string[] = []
+      const outcome = await db
+        .transaction()
+        .execute(async (trx) => {
+          statements.push('first')
+          await sql`select 1`.execute(trx)
+          statements.push('after')
+        })
+        .catch((error: unknown) => error)
+      expect(outcome).toBeInstanceOf(Error)
+      expect((outcome as Error).message).toBe('PGlite is closed')
+      expect(statements).toEqual(['first'])
+      await new Promise((resolve) => setImmediate(resolve))
+      expect(unhandled).toEqual([])
+    } finally {
+      process.off('unhandledRejection', onUnhandled)
+    }
   })
 
   it('keeps the serving thread free while a statement runs', async () => {

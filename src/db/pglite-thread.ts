@@ -141,8 +141,8 @@ export class PgliteThread {
     const templateBytes = template ? await template.arrayBuffer() : undefined
     const worker = startWorker({ location, startParams, template: templateBytes }, templateBytes ? [templateBytes] : [], script)
     this.worker = worker
-    // the thread keeps the process alive only while a call waits on it, as a database connection would
-    worker.unref()
+    // the thread keeps the process alive only while it starts and while a call waits on it, as a database
+    // connection would: a stop that waits for the start (to close the database) must not find the loop empty
     const started = new Promise<void>((resolve, reject) => {
       worker.on('message', (message: WorkerMessage) => {
         if ('id' in message) this.settle(message)
@@ -171,6 +171,7 @@ export class PgliteThread {
     })
     try {
       await started
+      if (this.pending.size === 0) worker.unref()
     } catch (error) {
       // a database that cannot start leaves no thread behind: every call fails with the reason
       this.closed = true
@@ -185,7 +186,8 @@ export class PgliteThread {
     const waiting = this.pending.get(message.id)
     if (!waiting) return
     this.pending.delete(message.id)
-    if (this.pending.size === 0) this.worker?.unref()
+    // once closed, the thread stays referenced until it has exited (close)
+    if (this.pending.size === 0 && !this.closed) this.worker?.unref()
     if (message.error) {
       waiting.reject(rebuildError(message.error))
       if (isWalWriteFailure(message.error)) this.fail?.('could not write its write-ahead log (is the disk full?)')
@@ -220,9 +222,22 @@ export class PgliteThread {
     return this.call({ op: 'query', sql, params, rowMode: options?.rowMode, tx })
   }
 
-  /** Runs `callback` in one transaction: committed when it resolves, rolled back when it throws. */
+  /**
+   * Runs `callback` in one transaction: committed when it resolves, rolled back when it throws. When the
+   * transaction cannot begin (the thread closed or stopped), `callback` still runs, on a transaction whose every
+   * statement fails with the reason, and the reason is thrown. Kysely's PGlite dialect needs that: it waits for
+   * the callback to start before it sends a statement, and a rejection before then was left unhandled (a stop
+   * signal during a first start's migration ended `serve` with exit 1 and a stack trace) and its wait unanswered.
+   */
   async transaction<T>(callback: (tx: PgliteTransaction) => Promise<T>): Promise<T> {
-    const id = await this.call<number>({ op: 'begin' })
+    let id: number
+    try {
+      id = await this.call<number>({ op: 'begin' })
+    } catch (error) {
+      const failing: PgliteTransaction = { query: () => Promise.reject(error as Error), rollback: async () => {} }
+      await callback(failing).catch(() => {})
+      throw error
+    }
     let rolledBack = false
     const tx: PgliteTransaction = {
       query: (sql, params, options) => this.queryIn(id, sql, params, options),
@@ -268,6 +283,9 @@ export class PgliteThread {
     await this.call({ op: 'close' })
     this.closed = true
     this.stopReason = new Error(CLOSED_MESSAGE)
+    // held until the thread is gone: unreferenced, its end could leave the loop empty first, and a stop that waits
+    // for this close never finished (`serve` stopped during its start exited 13, its stop cut short)
+    this.worker?.ref()
     await this.worker?.terminate()
   }
 }
