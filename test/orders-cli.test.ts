@@ -62,12 +62,12 @@ describe('orders and deliveries commands', () => {
     expect((await run('orders', 'create', '--external-reference', 'cli-7')).stdout).toMatch(/^created order cli-7 \(id \d+\)\n$/)
   })
 
-  it('refuses with exit 2 a reference no webhook could carry: over 200 characters, empty, or holding a NUL', async () => {
-    for (const reference of ['r'.repeat(201), '', 'order\u0000-1']) {
+  it('refuses with exit 2 a reference no webhook could carry: over 200 characters, empty, or holding a NUL or a lone surrogate', async () => {
+    for (const reference of ['r'.repeat(201), '', 'order\u0000-1', 'order-\ud800']) {
       const result = await run('orders', 'create', '--external-reference', reference)
       expect(result.code).toBe(2)
       expect(result.stderr).toBe(
-        'Invalid order: external_reference: must be 1 to 200 characters without a NUL, as every webhook for the order carries it\n',
+        'Invalid order: external_reference: must be 1 to 200 characters without a NUL or a lone surrogate, as every webhook for the order carries it\n',
       )
     }
     expect((await run('orders', 'create', '--external-reference', 'r'.repeat(200))).code).toBe(0)

@@ -171,6 +171,7 @@ describe('PartnerApiClient answers: strict on the fields we rely on', () => {
     // an answer cannot either (a 201-character status, a NUL Postgres's text refuses, an empty id)
     ['a trade whose status is 201 characters', { ...trade, status: 'x'.repeat(201) }, (api) => api.getTrade('tr_1'), 'status', /must be at most 200 characters/],
     ['a trade whose external_reference holds a NUL', { ...trade, external_reference: 'order-1\u0000' }, (api) => api.getTrade('tr_1'), 'external_reference', /must not hold a NUL character/],
+    ['a trade whose external_reference holds a lone surrogate', { ...trade, external_reference: 'order-\ud800' }, (api) => api.getTrade('tr_1'), 'external_reference', /must not hold a lone surrogate/],
     ['a trade whose trade_id is empty', { ...trade, trade_id: '' }, (api) => api.fundTrade('tr_1'), 'trade_id', /must not be empty/],
     ['a trade whose reference is 3,000 characters', { ...trade, reference: 'R'.repeat(3_000) }, (api) => api.deliverTrade('tr_1'), 'reference', /must be at most 200 characters/],
     ['a JSON array instead of a record', [trade], (api) => api.getTrade('tr_1'), '(body)', /must be an object/],

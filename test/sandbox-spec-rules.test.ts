@@ -175,6 +175,10 @@ describe('the client and the sandbox agree on every field rule', () => {
     ['of 200 characters', true, 'r'.repeat(200)],
     ['of 201 characters', false, 'r'.repeat(201)],
     ['with a NUL', false, 'order\u00001'],
+    // no UTF-8 text holds an unpaired surrogate: the receiver stored every webhook of such a trade as invalid
+    ['with a lone high surrogate', false, 'sur\ud800x'],
+    ['with a lone low surrogate', false, 'sur\udc00'],
+    ['with an emoji (a surrogate pair)', true, 'order-😀'],
   ])('an external_reference %s: both accept = %s', async (_name, valid, reference) => {
     expect(await sandboxAccepts('/api/partner/v1/trades/', trade({ external_reference: reference }))).toBe(valid)
     expect(await clientAccepts(() => client.createTrade(trade({ external_reference: reference })))).toBe(valid)

@@ -15,6 +15,7 @@ import { LISTENER_PROBE_MS, listenerName, listenOnPostgres } from './postgres-li
 import { makeDirectoryPrivate } from './private-directory.js'
 import { SESSION_SETTINGS } from './session-defaults.js'
 import { DEFAULT_STATEMENT_TIMEOUT_MS, STATEMENT_ANSWER_GRACE_MS } from './statement-timeout.js'
+import { LONE_SURROGATE } from '../partner-api/field-rules.js'
 
 export interface DatabaseHandle {
   readonly db: Kysely<Database>
@@ -254,7 +255,6 @@ function preparingPglite(pglite: PgliteThread): PgliteThread {
   })
 }
 
-const LONE_SURROGATE = /[\uD800-\uDBFF](?![\uDC00-\uDFFF])|(?<![\uD800-\uDBFF])[\uDC00-\uDFFF]/
 
 /** Whether the tag occurs across the text's end and the closing tag (only the text's last characters are copied). */
 function endsInTagStart(text: string, tag: string): boolean {

@@ -16,7 +16,7 @@ export function checkOrderReference(externalReference: string, settings: Pick<Ob
   if (!isTradeFact(externalReference)) {
     throw new PartnerValidationError(
       'external_reference',
-      `must be 1 to ${TRADE_FACT_MAX_LENGTH} characters without a NUL, as every webhook for the order carries it`,
+      `must be 1 to ${TRADE_FACT_MAX_LENGTH} characters without a NUL or a lone surrogate, as every webhook for the order carries it`,
     )
   }
   // the webhooks of a reference the pattern does not match are dismissed, not kept for an order made later

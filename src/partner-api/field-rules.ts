@@ -12,9 +12,22 @@ export const MIN_DISPUTE_REASON_LENGTH = 20
  */
 export const TRADE_FACT_MAX_LENGTH = 200
 
-/** A non-empty string of at most TRADE_FACT_MAX_LENGTH units without a NUL (Postgres's text cannot hold one). */
+/** A UTF-16 surrogate without its pair: no UTF-8 text holds one, so neither does Postgres's text. */
+export const LONE_SURROGATE = /[\uD800-\uDBFF](?![\uDC00-\uDFFF])|(?<![\uD800-\uDBFF])[\uDC00-\uDFFF]/
+
+/**
+ * A non-empty string of at most TRADE_FACT_MAX_LENGTH units without a NUL or a lone surrogate (Postgres's text
+ * holds neither: the sandbox took `sur\ud800x` as an external reference, and every webhook of that trade was then
+ * stored `invalid`, never reaching its order).
+ */
 export function isTradeFact(value: unknown): value is string {
-  return typeof value === 'string' && value.length > 0 && value.length <= TRADE_FACT_MAX_LENGTH && !value.includes('\u0000')
+  return (
+    typeof value === 'string' &&
+    value.length > 0 &&
+    value.length <= TRADE_FACT_MAX_LENGTH &&
+    !value.includes('\u0000') &&
+    !LONE_SURROGATE.test(value)
+  )
 }
 
 // "12.50", "3", "0.5": no sign, no exponent, no thousands separators

@@ -10,19 +10,20 @@
 // - strict where we rely on a field: the ids we store or address calls with, and the trade status. A field
 //   that is present must have its documented type, so the typed record never lies.
 import { z } from 'zod'
-import { TRADE_FACT_MAX_LENGTH } from './field-rules.js'
+import { LONE_SURROGATE, TRADE_FACT_MAX_LENGTH } from './field-rules.js'
 
 const text = z.string()
 const nullableText = z.string().nullable()
 
 // The four fields every observation of a trade is made of are stored and indexed: an answer is held to the
 // rule a webhook's payload is (src/webhooks/parse-delivery.ts), so a poll or an operation cannot store what
-// a delivery could not. A NUL is refused as Postgres's text cannot hold one.
+// a delivery could not. A NUL and a lone surrogate are refused as Postgres's text cannot hold either.
 export const tradeFact = z
   .string()
   .min(1, 'must not be empty')
   .max(TRADE_FACT_MAX_LENGTH, `must be at most ${TRADE_FACT_MAX_LENGTH} characters`)
   .refine((value) => !value.includes('\u0000'), 'must not hold a NUL character')
+  .refine((value) => !LONE_SURROGATE.test(value), 'must not hold a lone surrogate')
 
 // Full records: what the sandbox answers and the README documents.
 

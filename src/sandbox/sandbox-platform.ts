@@ -136,7 +136,7 @@ export class SandboxPlatform {
     if (!(nonEmptyString(body.external_reference) && isTradeFact(body.external_reference))) {
       problems.push({
         field: 'external_reference',
-        message: `is required: 1 to ${TRADE_FACT_MAX_LENGTH} characters without a NUL`,
+        message: `is required: 1 to ${TRADE_FACT_MAX_LENGTH} characters without a NUL or a lone surrogate`,
       })
     }
     if (body.seller_id !== undefined && !nonEmptyString(body.seller_id)) {

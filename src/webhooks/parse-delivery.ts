@@ -81,7 +81,7 @@ export function classifyDelivery({ body, duplicateKey }: Pick<ParsedBody, 'body'
     return {
       kind: 'invalid',
       eventType,
-      problem: `missing or not a non-empty string (≤ ${TRADE_FACT_MAX_LENGTH} characters): ${problems.join(', ')}`,
+      problem: `missing or not a non-empty string (≤ ${TRADE_FACT_MAX_LENGTH} characters, no NUL or lone surrogate): ${problems.join(', ')}`,
     }
   }
   // a body that contradicts itself is not applied: `trade.released` with status `funded` was stored as a release
