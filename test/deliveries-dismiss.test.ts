@@ -45,6 +45,11 @@ describe('deliveries dismiss', () => {
     expect(await outcomes('foreign-1')).toEqual(['dismissed', 'dismissed', 'dismissed'])
     // the other reference's parked delivery stays parked, and is all the alert's gauge counts
     expect((await countParkedDeliveries(database.db, new Date())).parked).toBe(1)
+    // a re-apply that finds no order leaves a dismissed delivery dismissed (it parked it again: the alert came back)
+    const reapplied = await run('reapply', 'foreign-1-0', '--json')
+    expect([reapplied.code, JSON.parse(reapplied.stdout).outcome]).toEqual([0, 'dismissed'])
+    expect(await outcomes('foreign-1')).toEqual(['dismissed', 'dismissed', 'dismissed'])
+    expect((await countParkedDeliveries(database.db, new Date())).parked).toBe(1)
     expect((await run('list', '--outcome', 'dismissed', '--json')).code).toBe(0)
 
     // an order made later for the reference does not take them

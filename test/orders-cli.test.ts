@@ -193,9 +193,14 @@ describe('orders and deliveries commands', () => {
   })
 
   it('reapplies a stored delivery: a no-op when its effect is already there, refused for non-trade events', async () => {
+    const before = JSON.parse((await run('deliveries', 'show', 'dlv-cli-1', '--json')).stdout)
+    expect(before).toMatchObject({ outcome: 'applied', appliedAt: expect.any(String) })
     const again = await run('deliveries', 'reapply', 'dlv-cli-1', '--json')
     expect(again.code).toBe(0)
     expect(JSON.parse(again.stdout)).toMatchObject({ outcome: 'duplicate_effect' })
+    // the row still says it moved its order, and when: a re-apply that changed nothing does not rewrite that
+    const after = JSON.parse((await run('deliveries', 'show', 'dlv-cli-1', '--json')).stdout)
+    expect([after.outcome, after.appliedAt]).toEqual(['applied', before.appliedAt])
     const seller = await run('deliveries', 'reapply', 'dlv-cli-seller')
     expect([seller.code, seller.stdout]).toEqual([1, ''])
     expect(seller.stderr).toMatch(/^Delivery dlv-cli-seller is a [a-z_.]+ event: only trade events have an effect to re-run \[not_a_trade_event\]\n$/)

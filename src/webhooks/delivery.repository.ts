@@ -106,6 +106,36 @@ export async function updateDeliveryOutcome(
 }
 
 /**
+ * A re-apply's outcome on its delivery's row, but what the row already records stays: a delivery that applied
+ * keeps `applied` and its time when re-applying it changes nothing (it was rewritten `stale`, and the record that
+ * it moved its order was gone from the row), and a dismissed one stays dismissed when no order has its reference
+ * (a re-apply parked it again: back in the parked count and its alert). Decided on the row as locked, in the
+ * update itself. Returns the outcome the row has after it.
+ */
+export async function recordReapplyOutcome(
+  trx: Transaction<Database>,
+  { deliveryId, bodySha256 }: DeliveryKey,
+  { outcome, appliedAt, orderId }: { outcome: DeliveryOutcome; appliedAt: Date | null; orderId: number | null },
+): Promise<DeliveryOutcome> {
+  let update = trx
+    .updateTable('webhookDeliveries')
+    .set({ outcome, appliedAt, ...(orderId != null ? { orderId } : {}) })
+    .where('deliveryId', '=', deliveryId)
+    .where('bodySha256', '=', bodySha256)
+  if (outcome !== 'applied') update = update.where('outcome', '<>', 'applied')
+  if (outcome === 'unmatched') update = update.where('outcome', '<>', 'dismissed')
+  const updated = await update.returning('outcome').executeTakeFirst()
+  if (updated) return updated.outcome as DeliveryOutcome
+  const kept = await trx
+    .selectFrom('webhookDeliveries')
+    .select('outcome')
+    .where('deliveryId', '=', deliveryId)
+    .where('bodySha256', '=', bodySha256)
+    .executeTakeFirstOrThrow()
+  return kept.outcome as DeliveryOutcome
+}
+
+/**
  * The delivery stored under this id: the first one stored, or the one whose body has this SHA-256
  * (a prefix of its hex is enough) when the id was reused.
  */

@@ -28,6 +28,7 @@ import { storedDeliveryObservation } from '../orders/observations.js'
 import {
   type DeliveryOutcome,
   lockParkedDeliveries,
+  recordReapplyOutcome,
   type StoredDelivery,
   updateDeliveryOutcome,
 } from './delivery.repository.js'
@@ -138,16 +139,18 @@ export async function reapplyDelivery(
   }
   const result = await db.transaction().execute(async (trx) => {
     const order = await findOrderByExternalReference(trx, externalReference)
-    const applied = order
-      ? await applyObservation(trx, storedDeliveryObservation({ ...delivery, externalReference }, order.id, now), settings)
-      : {
-          // parked again, unless ORDER_REFERENCE_PATTERN says no order of this backend will have the reference
-          outcome: isForeignReference(settings, externalReference) ? ('dismissed' as const) : ('unmatched' as const),
-          orderId: null,
-          fromStatus: null,
-          toStatus: null,
-        }
-    await updateDeliveryOutcome(trx, delivery, {
+    if (!order) {
+      // parked again, unless an operator dismissed it or ORDER_REFERENCE_PATTERN says no order of this backend will
+      // have the reference: a reapply that finds no order does not undo `deliveries dismiss`
+      const kept = await recordReapplyOutcome(trx, delivery, {
+        outcome: isForeignReference(settings, externalReference) ? 'dismissed' : 'unmatched',
+        orderId: null,
+        appliedAt: null,
+      })
+      return { outcome: kept, orderId: null, fromStatus: null, toStatus: null }
+    }
+    const applied = await applyObservation(trx, storedDeliveryObservation({ ...delivery, externalReference }, order.id, now), settings)
+    await recordReapplyOutcome(trx, delivery, {
       outcome: applied.outcome,
       orderId: applied.orderId,
       appliedAt: applied.outcome === 'applied' ? now : null,
