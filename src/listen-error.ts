@@ -10,6 +10,15 @@ export interface ListenTarget {
   host: string
 }
 
+/**
+ * A listener that could not open, in words naming its setting. Its own class: its cause may be a lookup's
+ * ENOTFOUND, which a command's error line read as the database's (`HOST=999.1.1.1` was reported as "The database
+ * cannot be reached").
+ */
+export class ListenSettingError extends Error {
+  override readonly name = 'ListenSettingError'
+}
+
 /** The listen failure in words that name the setting, or the error itself when it is none of the known ones. */
 export function describeListenError(error: unknown, { portSetting, hostSetting, port, host }: ListenTarget): Error {
   const code = (error as NodeJS.ErrnoException | undefined)?.code
@@ -22,5 +31,5 @@ export function describeListenError(error: unknown, { portSetting, hostSetting, 
         : code === 'EADDRNOTAVAIL' || code === 'ENOTFOUND' || code === 'EAI_AGAIN'
           ? `${hostSetting}=${host}: no such address on this machine (${code}); set ${hostSetting} to one of its addresses, such as 127.0.0.1 or 0.0.0.0`
           : undefined
-  return reason ? new Error(reason, { cause: error }) : (error as Error)
+  return reason ? new ListenSettingError(reason, { cause: error }) : (error as Error)
 }

@@ -183,6 +183,21 @@ describe('a listener that cannot open', () => {
     )
   })
 
+  it('names HOST, ADMIN_HOST or --host when it is a name no lookup finds, not the database', async () => {
+    // a lookup's ENOTFOUND (or EAI_AGAIN offline) was read as the database's: "The database cannot be reached"
+    for (const setting of ['HOST', 'ADMIN_HOST']) {
+      const env = { DATA_DIR: migratedDataDir('listen-'), PORT: String(await freePort()), ADMIN_PORT: String(await freePort()), [setting]: 'no-such-host.invalid' }
+      const result = await runCli(['serve'], env, { built: true })
+      expect(result.code, setting).toBe(1)
+      expect(result.stderr, setting).toMatch(
+        new RegExp(`^${setting}=no-such-host\\.invalid: no such address on this machine \\((ENOTFOUND|EAI_AGAIN)\\); set ${setting} to one of its addresses, such as 127\\.0\\.0\\.1 or 0\\.0\\.0\\.0\n$`),
+      )
+    }
+    const sandbox = await runCli(['sandbox', '--port', String(await freePort()), '--host', 'no-such-host.invalid'], { DATA_DIR: migratedDataDir('listen-') }, { built: true })
+    expect(sandbox.code).toBe(1)
+    expect(sandbox.stderr).toMatch(/^--host=no-such-host\.invalid: no such address on this machine \((ENOTFOUND|EAI_AGAIN)\)/)
+  })
+
   it('says what a privileged port needs, and lets any other error through as it is', () => {
     const target = { portSetting: 'PORT', hostSetting: 'HOST', port: 80, host: '0.0.0.0' }
     const denied = Object.assign(new Error('listen EACCES: permission denied 0.0.0.0:80'), { code: 'EACCES' })

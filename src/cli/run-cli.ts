@@ -3,6 +3,7 @@
 // configuration, 130 stopped by a signal.
 import { CommanderError } from 'commander'
 import { describeDatabaseError } from '../db/database-errors.js'
+import { ListenSettingError } from '../listen-error.js'
 import { type CliContext, type CliScope, CommandFailedError, runInScope, StoppedBySignalError, UsageError, writeError } from './cli-context.js'
 import { innermostReason, withoutPassword } from './failure-reason.js'
 import { buildProgram } from './program.js'
@@ -62,8 +63,9 @@ export async function runCapturedCommandLine(
  * not say that the database was the problem, nor that the same command can simply be run again.
  */
 function databaseUnavailable(error: unknown): string | undefined {
-  // a command's own refusal names its code already (a platform that could not be reached is `[not_sent]`)
-  if (error instanceof CommandFailedError) return undefined
+  // a command's own refusal names its code already (a platform that could not be reached is `[not_sent]`), and a
+  // listener's names its setting
+  if (error instanceof CommandFailedError || error instanceof ListenSettingError) return undefined
   const description = describeDatabaseError(error)
   if (description.kind !== 'unavailable') return undefined
   // a report of the database's own (read-only, a statement timeout, too many clients) by its fixed words and code:
