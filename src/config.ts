@@ -385,6 +385,19 @@ const EnvSchema = z.object({
   PRUNE_BATCH_SIZE: wholeNumber({ max: 100_000 }).default(1_000),
 })
 
+// The paths each listener serves besides the one a setting names (test/config.test.ts checks them against the
+// routes): METRICS_PATH=/console/ answered the console's home page with the metrics, and WEBHOOK_PATH=/healthz
+// took the health check's POSTs. Express matches paths without regard to case or a trailing slash.
+export const PUBLIC_LISTENER_PATHS = ['/', '/healthz', '/readyz']
+export const OPERATOR_LISTENER_PATHS = ['/', '/console', '/_local/cli']
+
+function pathTakenProblems(name: string, value: string, taken: readonly string[]): string[] {
+  const normal = (path: string) => path.toLowerCase().replace(/\/+$/, '') || '/'
+  const path = normal(value)
+  const clash = taken.find((each) => path === each || (each !== '/' && path.startsWith(`${each}/`)))
+  return clash === undefined ? [] : [`${name}: ${value} is the listener's own ${clash === '/' ? 'root' : clash}; choose another path`]
+}
+
 // ORDER_REFERENCE_PATTERN as written, held to the whole reference (`ORD-[0-9]+` does not take `XORD-1`), in
 // JavaScript's syntax with the u flag (a character class or `.` takes a character, not half of one)
 function wholeReferencePattern(pattern: string): RegExp {
@@ -570,6 +583,8 @@ export function parseConfig(
     const form = `${WEBHOOK_SECRET_PREFIX} followed by the base64 of at least ${MIN_WEBHOOK_SECRET_BYTES} random bytes`
     problems.push(`FORWARD_SECRET: must be ${form}; make one with: echo "whsec_$(openssl rand -base64 32)"`)
   }
+  problems.push(...pathTakenProblems('WEBHOOK_PATH', values.WEBHOOK_PATH, PUBLIC_LISTENER_PATHS))
+  problems.push(...pathTakenProblems('METRICS_PATH', values.METRICS_PATH, OPERATOR_LISTENER_PATHS))
   if (values.ORDER_REFERENCE_PATTERN !== undefined) {
     try {
       wholeReferencePattern(values.ORDER_REFERENCE_PATTERN)

@@ -2,7 +2,9 @@ import { mkdtempSync, readFileSync, statSync } from 'node:fs'
 import { tmpdir } from 'node:os'
 import path from 'node:path'
 import { describe, expect, it } from 'vitest'
-import { ConfigError, configSecrets, parseConfig } from '../src/config.js'
+import { ConfigError, configSecrets, OPERATOR_LISTENER_PATHS, parseConfig } from '../src/config.js'
+import { CONSOLE_PATH } from '../src/console/console-views.js'
+import { LOCAL_CLI_PATH } from '../src/local/running-service.js'
 import { createLogger } from '../src/logger.js'
 
 const LONG_SECRET = 'a-webhook-secret-of-enough-length-000'
@@ -406,6 +408,21 @@ describe('configuration', () => {
       ])
       expect(parseConfig({ ...remoteEnv, REACTION_BACKOFF_BASE_S: '600' }).reactions.backoff).toEqual({ baseS: 600, capS: 3_600 })
       expect(problemsOf({ ...remoteEnv, REACTION_LEASE_S: '0' }).some((problem) => problem.startsWith('REACTION_LEASE_S:'))).toBe(true)
+    })
+
+    it('refuses a webhook or metrics path that its listener already serves', () => {
+      // the lists are the routes themselves
+      expect(OPERATOR_LISTENER_PATHS).toEqual(['/', CONSOLE_PATH, LOCAL_CLI_PATH])
+      for (const value of ['/', '/healthz', '/READYZ/']) {
+        expect(problemsOf({ ...remoteEnv, WEBHOOK_PATH: value }), value).toEqual([expect.stringMatching(/^WEBHOOK_PATH: .* is the listener's own/)])
+      }
+      for (const value of ['/console', '/console/', '/Console/metrics', '/_local/cli', '//']) {
+        expect(problemsOf({ ...remoteEnv, METRICS_PATH: value }), value).toEqual([expect.stringMatching(/^METRICS_PATH: .* is the listener's own/)])
+      }
+      expect(problemsOf({ ...remoteEnv, METRICS_PATH: '/console' })).toEqual(["METRICS_PATH: /console is the listener's own /console; choose another path"])
+      // beside them, or on the other listener, a path is free
+      expect(parseConfig({ ...remoteEnv, WEBHOOK_PATH: '/healthz-hooks', METRICS_PATH: '/readyz' }).metrics.path).toBe('/readyz')
+      expect(parseConfig({ ...remoteEnv, WEBHOOK_PATH: '/console', METRICS_PATH: '/consoles' }).webhook.path).toBe('/console')
     })
 
     it('refuses a time no timer or database column can hold, naming the variable', () => {
