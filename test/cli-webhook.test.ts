@@ -38,6 +38,14 @@ describe('webhook sign', () => {
     expect(unreadable.code).toBe(2)
     expect(unreadable.stderr).toContain('Cannot read --file')
   })
+
+  it('exits 2 for an empty --secret, which would sign with no key at all', async () => {
+    for (const command of ['sign', 'send']) {
+      const result = await runCli(['webhook', command, '--file', bodyFile, '--secret', ''], env)
+      expect([result.code, result.stdout], command).toEqual([2, ''])
+      expect(result.stderr, command).toContain("option '--secret <secret>' argument '' is invalid. must not be empty")
+    }
+  })
 })
 
 describe('webhook send', () => {

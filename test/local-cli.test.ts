@@ -31,6 +31,7 @@ describe('operator commands while `npm start` owns the embedded database', () =>
   it('refuses a second process opening the same embedded database, naming the owner', () => {
     expect(() => openDatabase({ dataDir })).toThrow(DatabaseInUseError)
     expect(() => openDatabase({ dataDir })).toThrow(`in use by process ${service.pid}`)
+    expect(() => openDatabase({ dataDir })).toThrow(/ \[data_dir_in_use\]$/)
   })
 
   it('runs a database command inside the service and prints its output', async () => {

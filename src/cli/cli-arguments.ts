@@ -44,3 +44,9 @@ export function portNumber(value: string): number {
 export const MAX_DEMO_TRADES = 1_000
 
 export const demoTrades = wholeNumberUpTo(MAX_DEMO_TRADES)
+
+/** A value that must not be empty, such as a secret: an empty one signs with no key at all. */
+export function nonEmpty(value: string): string {
+  if (value === '') throw new InvalidArgumentError('must not be empty')
+  return value
+}

@@ -10,6 +10,7 @@ import { findRunningService } from '../local/running-service.js'
 import { shortened } from '../shortened.js'
 import { signWebhookBody } from '../webhooks/verify-signature.js'
 import { innermostReason, withoutPassword } from './failure-reason.js'
+import { nonEmpty } from './cli-arguments.js'
 import { CommandFailedError, printJson, setExitCode, UsageError, write } from './cli-context.js'
 
 // a receiver's answer is a short status document; past this it is not read further
@@ -59,7 +60,7 @@ export function registerWebhookCommands(program: Command): void {
     .command('sign')
     .description('print the headers the platform would send with this body')
     .requiredOption('--file <path>', 'the JSON body to sign')
-    .option('--secret <secret>', 'webhook secret (default: the service’s first WEBHOOK_SECRETS entry)')
+    .option('--secret <secret>', 'webhook secret (default: the service’s first WEBHOOK_SECRETS entry)', nonEmpty)
     .option('--delivery-id <id>', 'X-Partner-Delivery-Id to use (default: a fresh one)')
     .option('--json', 'print the headers as JSON')
     .action(async (options: SignOptions) => {
@@ -76,7 +77,7 @@ export function registerWebhookCommands(program: Command): void {
       '--url <url>',
       'receiver URL (default: the running service’s, from DATA_DIR/serve.json; else from HOST, PORT and WEBHOOK_PATH)',
     )
-    .option('--secret <secret>', 'webhook secret (default: the service’s first WEBHOOK_SECRETS entry)')
+    .option('--secret <secret>', 'webhook secret (default: the service’s first WEBHOOK_SECRETS entry)', nonEmpty)
     .option('--delivery-id <id>', 'X-Partner-Delivery-Id to use (default: a fresh one)')
     .option('--json', 'print the answer as JSON')
     .action(async (options: SignOptions & { url?: string }) => {

@@ -606,13 +606,14 @@ function lockDataDirectory(location: string): () => void {
       if (Number.isInteger(owner) && owner > 0 && alive) {
         throw new DatabaseInUseError(
           `The embedded database in ${location} is in use by process ${owner} (a running \`npm start\`?). ` +
-            'Embedded PGlite serves one process: stop that process first, or set DATABASE_URL to share a Postgres.',
+            'Embedded PGlite serves one process: stop that process first, or set DATABASE_URL to share a Postgres. ' +
+            '[data_dir_in_use]',
         )
       }
       rmSync(lockFile, { force: true })
     }
   }
-  throw new DatabaseInUseError(`Cannot lock the embedded database in ${location}`)
+  throw new DatabaseInUseError(`Cannot lock the embedded database in ${location} [data_dir_in_use]`)
 }
 
 function processIsAlive(pid: number): boolean {
