@@ -584,15 +584,36 @@ export class DatabaseInUseError extends Error {
 // PGlite is one process's database: a second process opening the same directory would corrupt it.
 // A lock file holding the owner's pid refuses that with a clear message; a dead owner's lock is taken over.
 // A lock holding this process's own pid, and not taken here, was left by a dead owner that had the same pid:
-// a container's pid 1 restarted after a crash.
+// a container's pid 1 restarted after a crash. Beside the pid, the owner's start time where the system tells it
+// (Linux's /proc): a pid given since to another process (a `sleep`, a shell) is not the owner, whose lock was
+// otherwise blamed on it for good.
 const locksTakenHere = new Set<string>()
+
+/** When process `pid` started, in clock ticks since boot (Linux), or undefined where that cannot be read. */
+function processStartTime(pid: number): string | undefined {
+  try {
+    const stat = readFileSync(`/proc/${pid}/stat`, 'utf8')
+    // after the command name, which may hold spaces and parentheses: the fields from the third on
+    return stat.slice(stat.lastIndexOf(')') + 2).split(' ')[19]
+  } catch {
+    return undefined
+  }
+}
+
+/** Whether the lock's owner runs: its pid is alive and, where both are known, started when the lock says. */
+function lockOwnerRuns(owner: number, started: string | undefined): boolean {
+  if (!processIsAlive(owner)) return false
+  const now = started === undefined ? undefined : processStartTime(owner)
+  return now === undefined || now === started
+}
 
 function lockDataDirectory(location: string): () => void {
   const lockFile = path.join(location, 'partner-escrow.lock')
   for (let attempt = 0; attempt < 2; attempt++) {
     try {
       const fd = openSync(lockFile, 'wx')
-      writeSync(fd, String(process.pid))
+      const started = processStartTime(process.pid)
+      writeSync(fd, started === undefined ? String(process.pid) : `${process.pid} ${started}`)
       closeSync(fd)
       locksTakenHere.add(lockFile)
       return () => {
@@ -601,8 +622,10 @@ function lockDataDirectory(location: string): () => void {
       }
     } catch (error) {
       if ((error as NodeJS.ErrnoException).code !== 'EEXIST') throw error
-      const owner = Number(readFileSync(lockFile, 'utf8'))
-      const alive = owner === process.pid ? locksTakenHere.has(lockFile) : processIsAlive(owner)
+      // `pid` or `pid start-time`
+      const [pidText = '', started] = readFileSync(lockFile, 'utf8').trim().split(' ')
+      const owner = Number(pidText)
+      const alive = owner === process.pid ? locksTakenHere.has(lockFile) : lockOwnerRuns(owner, started)
       if (Number.isInteger(owner) && owner > 0 && alive) {
         throw new DatabaseInUseError(
           `The embedded database in ${location} is in use by process ${owner} (a running \`npm start\`?). ` +
