@@ -142,12 +142,10 @@ export async function reapplyDelivery(
     if (!order) {
       // parked again, unless an operator dismissed it or ORDER_REFERENCE_PATTERN says no order of this backend will
       // have the reference: a reapply that finds no order does not undo `deliveries dismiss`
-      const kept = await recordReapplyOutcome(trx, delivery, {
-        outcome: isForeignReference(settings, externalReference) ? 'dismissed' : 'unmatched',
-        orderId: null,
-        appliedAt: null,
-      })
-      return { outcome: kept, orderId: null, fromStatus: null, toStatus: null }
+      const outcome: DeliveryOutcome = isForeignReference(settings, externalReference) ? 'dismissed' : 'unmatched'
+      const kept = await recordReapplyOutcome(trx, delivery, { outcome, orderId: null, appliedAt: null })
+      // what re-applying did; a dismissed delivery it found no order for is still dismissed
+      return { outcome: kept === 'dismissed' ? kept : outcome, orderId: null, fromStatus: null, toStatus: null }
     }
     const applied = await applyObservation(trx, storedDeliveryObservation({ ...delivery, externalReference }, order.id, now), settings)
     await recordReapplyOutcome(trx, delivery, {
