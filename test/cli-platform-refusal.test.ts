@@ -100,7 +100,7 @@ describe('the compiled CLI against the sandbox', () => {
     const sandbox = createSandbox(sandboxOptions)
     const env = { ...receiverEnv(dataDir), PARTNER_API_BASE_URL: await sandbox.listen(0) }
     try {
-      const open = ['trades', 'open', 'ref-404', '--title', 'Bicycle', '--amount', '120.00', '--currency', 'EUR', '--seller', 's_1', '--milestone', 'Frame:70.00']
+      const open = ['trades', 'open', 'ref-404', '--title', 'Bicycle', '--amount', '120.00', '--currency', 'EUR', '--seller', 's_1', '--milestone', 'Frame:120.00']
       expect((await runCli(open, env, { built: true })).code).toBe(0)
       const release = await runCli(['trades', 'milestone', 'release', 'ref-404', 'ms_nope'], env, { built: true })
       expect(release.code).toBe(1)

@@ -221,7 +221,14 @@ describe('the client and the sandbox agree on every field rule', () => {
     await client.openDispute(tradeId, { reason: 'The parcel never arrived here', party: 'buyer' })
     const proposal = await client.createProposal(tradeId, { outcome: 'split', split_buyer_pct: '99.99', party: 'seller' })
     const { trade: resolved } = await client.respondToProposal(tradeId, proposal.proposal_id, { accept: true, party: 'buyer' })
-    expect(resolved.resolution).toEqual({ outcome: 'split', buyer_pct: '99.99', seller_pct: '0.01' })
+    expect(resolved.resolution).toEqual({
+      outcome: 'split',
+      buyer_pct: '99.99',
+      seller_pct: '0.01',
+      held_amount: '120.00',
+      buyer_amount: '119.98',
+      seller_amount: '0.02',
+    })
   })
 })
 

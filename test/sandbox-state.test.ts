@@ -106,7 +106,7 @@ describe('sandbox state across a restart', () => {
         accept: true,
         party: 'buyer',
       })
-      expect(answered.trade.resolution).toEqual({ outcome: 'split', buyer_pct: '99.99', seller_pct: '0.01' })
+      expect(answered.trade.resolution).toMatchObject({ outcome: 'split', buyer_pct: '99.99', seller_pct: '0.01' })
       await second.idle()
       // the refund the first run owed was made
       expect(second.trade(cancelled.trade_id).status).toBe('refunded')

@@ -23,6 +23,41 @@ function milliseconds(value: string): number {
   return parsed
 }
 
+// a wait that must be able to end in time: 0 would abort every attempt before it is sent
+function positiveMilliseconds(value: string): number {
+  const parsed = milliseconds(value)
+  if (parsed === 0) throw new InvalidArgumentError(`must be from 1 to ${MAX_TIMER_MS} ms`)
+  return parsed
+}
+
+// a key id or secret: an empty one would sign (or accept) with nothing, so every request or webhook fails
+function nonEmpty(value: string): string {
+  if (value.trim() === '') throw new InvalidArgumentError('must not be empty')
+  return value
+}
+
+// where webhooks are POSTed: only http(s) is ever delivered to, so anything else would fail every attempt
+function webhookUrl(value: string): string {
+  let url: URL
+  try {
+    url = new URL(value)
+  } catch {
+    throw new InvalidArgumentError('must be an http:// or https:// URL')
+  }
+  if (url.protocol !== 'http:' && url.protocol !== 'https:') {
+    throw new InvalidArgumentError('must be an http:// or https:// URL')
+  }
+  return value
+}
+
+// the URL as it may be printed: a password in it is replaced by ***
+function shownUrl(value: string): string {
+  const url = URL.parse(value)
+  if (!url || url.password === '') return value
+  url.password = '***'
+  return url.href
+}
+
 // the fault flags are the dispatcher's Faults, one for one
 interface SandboxFlags extends Faults {
   port?: number
@@ -45,13 +80,13 @@ export function registerSandboxCommand(program: Command): void {
     .description('run the platform simulator: signed partner API and webhooks with retries and faults')
     .addOption(option('--port <port>', 'port to listen on (default: SANDBOX_PORT, 4010)', 'SANDBOX_PORT').argParser(portNumber))
     .addOption(option('--host <host>', 'interface to bind', 'SANDBOX_HOST').default('127.0.0.1'))
-    .addOption(option('--webhook-url <url>', 'where webhooks go (default: this service’s receiver)', 'SANDBOX_WEBHOOK_URL'))
-    .addOption(option('--webhook-secret <secret>', 'webhook signing secret (default: the first WEBHOOK_SECRETS)', 'SANDBOX_WEBHOOK_SECRET'))
+    .addOption(option('--webhook-url <url>', 'where webhooks go (default: this service’s receiver)', 'SANDBOX_WEBHOOK_URL').argParser(webhookUrl))
+    .addOption(option('--webhook-secret <secret>', 'webhook signing secret (default: the first WEBHOOK_SECRETS)', 'SANDBOX_WEBHOOK_SECRET').argParser(nonEmpty))
     .addOption(option('--partner-kind <kind>', 'marketplace or merchant (default: PARTNER_KIND)', 'SANDBOX_PARTNER_KIND').choices(['marketplace', 'merchant']))
-    .addOption(option('--key-id <id>', 'the API key id it accepts (default: PARTNER_API_KEY_ID)', 'SANDBOX_API_KEY_ID'))
-    .addOption(option('--api-secret <secret>', 'the API secret it verifies with (default: PARTNER_API_SECRET)', 'SANDBOX_API_SECRET'))
+    .addOption(option('--key-id <id>', 'the API key id it accepts (default: PARTNER_API_KEY_ID)', 'SANDBOX_API_KEY_ID').argParser(nonEmpty))
+    .addOption(option('--api-secret <secret>', 'the API secret it verifies with (default: PARTNER_API_SECRET)', 'SANDBOX_API_SECRET').argParser(nonEmpty))
     .addOption(option('--retry-base-delay-ms <ms>', 'first retry delay; doubles per attempt', 'SANDBOX_RETRY_BASE_DELAY_MS').argParser(milliseconds).default(1_000))
-    .addOption(option('--attempt-timeout-ms <ms>', 'a 2xx within this counts as delivered', 'SANDBOX_ATTEMPT_TIMEOUT_MS').argParser(milliseconds).default(5_000))
+    .addOption(option('--attempt-timeout-ms <ms>', 'a 2xx within this counts as delivered', 'SANDBOX_ATTEMPT_TIMEOUT_MS').argParser(positiveMilliseconds).default(5_000))
     .addOption(option('--timestamp-window-s <s>', 'accepted request timestamp skew', 'SANDBOX_TIMESTAMP_WINDOW_S').argParser(wholeNumber).default(300))
     .addOption(option('--refund-delay-ms <ms>', 'cancelled → refunded delay for a funded trade', 'SANDBOX_REFUND_DELAY_MS').argParser(milliseconds).default(1_000))
     .addOption(option('--drop-rate <share>', 'share of webhooks never delivered', 'SANDBOX_DROP_RATE').argParser(rate).default(0))
@@ -118,7 +153,7 @@ export function registerSandboxCommand(program: Command): void {
       }
       // the base URL a receiver is given is the root: the client adds /api/partner/v1/ (config.ts refuses it whole)
       write(`sandbox platform listening on ${url} (partner API at ${url}/api/partner/v1/; a receiver's PARTNER_API_BASE_URL=${url})\n`)
-      write(`webhooks go to ${flags.webhookUrl ?? `http://${host}:${config.port}${config.webhook.path}`}\n`)
+      write(`webhooks go to ${shownUrl(flags.webhookUrl ?? `http://${host}:${config.port}${config.webhook.path}`)}\n`)
       write(`key id ${flags.keyId ?? config.partner.keyId}; secrets as configured (not shown). Ctrl-C stops it.\n`)
       write(
         config.sandbox.controlToken

@@ -376,6 +376,8 @@ async function runLifecycle(deps: TradeDeps, sandbox: Sandbox, reference: string
   if (kind === 'milestone') {
     const trade = await openTradeForOrder(deps, reference, {
       ...base,
+      // the milestones split the amount: their sum is the trade's
+      amount: '30.00',
       milestones: [1, 2, 3].map((n) => ({ title: `Part ${n}`, amount: '10.00' })),
     })
     await runTradeOperation(deps, reference, { kind: 'fund' })

@@ -15,7 +15,7 @@ import type { FullTradeRecord as TradeRecord } from '../partner-api/types.js'
 import { printable } from '../printable.js'
 import { SandboxAuthenticator } from './sandbox-auth.js'
 import { SandboxError, SandboxPlatform } from './sandbox-platform.js'
-import { readSandboxState, writeSandboxState } from './sandbox-state.js'
+import { readSandboxState, removeStaleTemporaryFiles, writeSandboxState } from './sandbox-state.js'
 import {
   type DeliveryAttempt,
   type Faults,
@@ -95,9 +95,10 @@ export function createSandbox(options: SandboxOptions): Sandbox {
     retryMaxDelayMs: settings.retryMaxDelayMs,
     attemptTimeoutMs: settings.attemptTimeoutMs,
     faults: { ...NO_FAULTS, ...options.faults },
-    // inside a request the route saves once at its end
+    // inside a request the route saves once at its end (again if an attempt started meanwhile: its count)
     onPendingChange: () => {
       if (handling === 0) saveInBackground()
+      else pendingChanged = true
     },
   })
   // An API call's webhooks and refunds wait until its state is saved: a call whose state cannot be saved is
@@ -142,6 +143,7 @@ export function createSandbox(options: SandboxOptions): Sandbox {
   // state persistence: restore what a previous run saved, then save after every change
   let closed = false
   let handling = 0
+  let pendingChanged = false
   // restored webhooks are sent again once this sandbox listens: one that cannot (its port taken, perhaps
   // by a sandbox already running over the same file) must neither send them nor write the file under it
   let unsent: PendingEvent[] = []
@@ -161,6 +163,7 @@ export function createSandbox(options: SandboxOptions): Sandbox {
       logger.error({ err: error }, 'sandbox state not saved')
     }
   }
+  if (options.stateFile) removeStaleTemporaryFiles(options.stateFile)
   const saved = options.stateFile ? readSandboxState(options.stateFile) : undefined
   if (saved) {
     platform.restore(saved)
@@ -217,6 +220,7 @@ export function createSandbox(options: SandboxOptions): Sandbox {
     // (what the call queues saves nothing on its own: the route saves once, at its end)
     handling++
     deferred = call
+    pendingChanged = false
     try {
       try {
         result = handler(req)
@@ -235,9 +239,11 @@ export function createSandbox(options: SandboxOptions): Sandbox {
         }
       }
       if (unsaved === undefined) {
+        pendingChanged = false
         for (const effect of call.effects) effect()
-        // one the faults dropped is owed no more, and the file says so too
-        if (call.events.some((event) => !dispatcher.owes(event.eventId))) saveInBackground()
+        // one the faults dropped is owed no more, and one whose first attempt started has it counted: the file
+        // says so too
+        if (pendingChanged || call.events.some((event) => !dispatcher.owes(event.eventId))) saveInBackground()
       }
     } finally {
       handling--

@@ -2,9 +2,12 @@
 // created → funded → delivered → released; cancel before release → cancelled (→ refunded if funded);
 // milestone trades stay funded while milestones are delivered and released one by one; a dispute
 // (from funded or delivered) → disputed; a proposal by one party accepted by the other → resolved.
+// A milestone trade's milestones add up to its amount (each release pays out its part of the trade), and a
+// resolution splits what is still held: what a released milestone paid the seller is not taken back.
 // Every status change is reported to `onStatusChange` (the webhook dispatcher).
 import { randomBytes } from 'node:crypto'
 import type { Clock } from '../clock.js'
+import { addsUpTo, amountLeft, splitAmount } from './decimal-amount.js'
 import {
   isLongEnoughReason,
   isPercentage,
@@ -151,19 +154,7 @@ export class SandboxPlatform {
       problems.push({ field: 'buyer_name', message: 'must be a string' })
     }
     const milestones = body.milestones
-    if (milestones !== undefined) {
-      if (!Array.isArray(milestones) || milestones.length === 0) {
-        problems.push({ field: 'milestones', message: 'must be a non-empty array' })
-      } else {
-        milestones.forEach((milestone: unknown, index) => {
-          const item = (milestone ?? {}) as Body
-          if (!nonEmptyString(item.title)) problems.push({ field: `milestones[${index}].title`, message: 'is required' })
-          if (!positiveDecimal(item.amount)) {
-            problems.push({ field: `milestones[${index}].amount`, message: 'must be a positive decimal string' })
-          }
-        })
-      }
-    }
+    if (milestones !== undefined) problems.push(...milestoneProblems(milestones, body.amount))
     if (problems.length > 0) throw validationFailed(problems)
 
     const id = this.newId('trd')
@@ -353,10 +344,7 @@ export class SandboxPlatform {
     if (body.accept) {
       proposal.status = 'accepted'
       trade.dispute!.status = 'resolved'
-      const buyerPct =
-        proposal.outcome === 'buyer_win' ? '100' : proposal.outcome === 'seller_win' ? '0' : proposal.split_buyer_pct!
-      // decimal arithmetic: 100 - 99.99 is exactly 0.01, never a binary float's 0.010000000000005116
-      trade.resolution = { outcome: proposal.outcome, buyer_pct: buyerPct, seller_pct: percentageComplement(buyerPct) }
+      trade.resolution = resolutionOf(trade, proposal)
       // accepting splits the funds at once: there is no separate release step
       this.setStatus(trade, 'resolved')
     } else {
@@ -364,5 +352,49 @@ export class SandboxPlatform {
       trade.updated_at = this.now()
     }
     return { proposal: structuredClone(proposal), trade: structuredClone(trade) }
+  }
+}
+
+/** The problems of a milestones array: each item's, or else a sum other than the trade's amount. */
+function milestoneProblems(milestones: unknown, amount: unknown): { field: string; message: string }[] {
+  if (!Array.isArray(milestones) || milestones.length === 0) {
+    return [{ field: 'milestones', message: 'must be a non-empty array' }]
+  }
+  const problems: { field: string; message: string }[] = []
+  milestones.forEach((milestone: unknown, index) => {
+    const item = (milestone ?? {}) as Body
+    if (!nonEmptyString(item.title)) problems.push({ field: `milestones[${index}].title`, message: 'is required' })
+    if (!positiveDecimal(item.amount)) {
+      problems.push({ field: `milestones[${index}].amount`, message: 'must be a positive decimal string' })
+    }
+  })
+  if (problems.length > 0 || !positiveDecimal(amount)) return problems
+  // the releases together pay out the trade: amounts that fell short would leave funds held for ever, and
+  // amounts beyond it would pay out more than was funded
+  const amounts = milestones.map((milestone: Body) => milestone.amount as string)
+  if (!addsUpTo(amounts, amount as string)) {
+    return [{ field: 'milestones', message: `amounts must add up to the trade amount ${String(amount)}` }]
+  }
+  return problems
+}
+
+/**
+ * What an accepted proposal does with the funds: the percentages apply to what the trade still holds, the
+ * amount less the milestones already released (which stay the seller's).
+ */
+function resolutionOf(trade: TradeRecord, proposal: ProposalRecord): NonNullable<TradeRecord['resolution']> {
+  const buyerPct =
+    proposal.outcome === 'buyer_win' ? '100' : proposal.outcome === 'seller_win' ? '0' : proposal.split_buyer_pct!
+  const released = (trade.milestones ?? []).filter((milestone) => milestone.status === 'released')
+  const heldAmount = amountLeft(trade.amount, released.map((milestone) => milestone.amount))
+  const [buyerAmount, sellerAmount] = splitAmount(heldAmount, buyerPct)
+  return {
+    outcome: proposal.outcome,
+    buyer_pct: buyerPct,
+    // decimal arithmetic: 100 - 99.99 is exactly 0.01, never a binary float's 0.010000000000005116
+    seller_pct: percentageComplement(buyerPct),
+    held_amount: heldAmount,
+    buyer_amount: buyerAmount,
+    seller_amount: sellerAmount,
   }
 }

@@ -4,13 +4,25 @@
 // database: deleting the file is resetting the platform, as with a fresh sandbox account.
 //
 // Written after every change: a temporary file (mode 0600), flushed to disk, then renamed over the
-// old one, so a crash leaves either the old state or the new one, never half of one.
-import { closeSync, fsyncSync, mkdirSync, openSync, readFileSync, renameSync, rmSync, writeSync } from 'node:fs'
+// old one, so a crash leaves either the old state or the new one, never half of one. The temporary file is
+// named after the writing process (`sandbox-state.json.<pid>.tmp`): one a killed process left behind is
+// removed by the next sandbox created over the file (removeStaleTemporaryFiles).
+import {
+  closeSync,
+  fsyncSync,
+  mkdirSync,
+  openSync,
+  readdirSync,
+  readFileSync,
+  renameSync,
+  rmSync,
+  writeSync,
+} from 'node:fs'
 import path from 'node:path'
 import { z } from 'zod'
 import type { FullTradeRecord as TradeRecord } from '../partner-api/types.js'
 import type { PlatformState } from './sandbox-platform.js'
-import type { PendingEvent } from './webhook-dispatcher.js'
+import { MAX_ATTEMPTS, type PendingEvent } from './webhook-dispatcher.js'
 
 export interface SandboxState extends PlatformState {
   pendingWebhooks: PendingEvent[]
@@ -75,7 +87,17 @@ const tradeSchema = z.object({
       created_at: text,
     })
     .nullable(),
-  resolution: z.object({ outcome, buyer_pct: text, seller_pct: text }).nullable(),
+  // the amounts are absent from a file written before a resolution stated them
+  resolution: z
+    .object({
+      outcome,
+      buyer_pct: text,
+      seller_pct: text,
+      held_amount: text.optional(),
+      buyer_amount: text.optional(),
+      seller_amount: text.optional(),
+    })
+    .nullable(),
   created_at: text,
   updated_at: text,
 }) satisfies z.ZodType<TradeRecord>
@@ -86,7 +108,15 @@ const stateSchema = z.object({
   trades: z.array(tradeSchema),
   funded: z.array(text),
   pendingWebhooks: z.array(
-    z.object({ eventId: text, event: text, tradeId: nullableText, status: nullableText, body: text }),
+    z.object({
+      eventId: text,
+      event: text,
+      tradeId: nullableText,
+      status: nullableText,
+      body: text,
+      // a file from before the count was kept: as if no attempt had been made
+      attempts: z.number().int().min(0).max(MAX_ATTEMPTS).default(0),
+    }),
   ),
 })
 
@@ -116,6 +146,42 @@ export function readSandboxState(file: string): SandboxState | undefined {
 }
 
 const resetHint = 'move it away to start the sandbox empty (its trades are then forgotten)'
+
+/**
+ * Removes the temporary files of writers that are gone (killed between writing one and renaming it). A live
+ * process's is left alone: a sandbox created beside one running over the same file (whose listen then fails)
+ * must not pull a file from under its rename. Best effort: what cannot be removed stays.
+ */
+export function removeStaleTemporaryFiles(file: string): void {
+  const prefix = `${path.basename(file)}.`
+  let names: string[]
+  try {
+    names = readdirSync(path.dirname(file))
+  } catch {
+    return
+  }
+  for (const name of names) {
+    const pid = temporaryFilePid(name, prefix)
+    if (pid === undefined || (pid !== process.pid && isRunning(pid))) continue
+    rmSync(path.join(path.dirname(file), name), { force: true })
+  }
+}
+
+function temporaryFilePid(name: string, prefix: string): number | undefined {
+  if (!name.startsWith(prefix) || !name.endsWith('.tmp')) return undefined
+  const digits = name.slice(prefix.length, -'.tmp'.length)
+  return /^[1-9][0-9]*$/.test(digits) ? Number(digits) : undefined
+}
+
+// signal 0 only asks whether the process exists; EPERM: it does, under another user
+function isRunning(pid: number): boolean {
+  try {
+    process.kill(pid, 0)
+    return true
+  } catch (error) {
+    return (error as NodeJS.ErrnoException).code === 'EPERM'
+  }
+}
 
 /** Replaces the file atomically: write a temporary file, flush it, rename it over the old one. */
 export function writeSandboxState(file: string, state: SandboxState): void {

@@ -1,6 +1,8 @@
 // Delivers the sandbox's webhooks as the spec says the platform does: signed with the webhook secret
 // (`sha256=` hex HMAC of the raw body), a fresh X-Partner-Delivery-Id for every attempt, at most 6
 // attempts with exponential backoff, a 2xx within the attempt timeout counting as delivered.
+// An attempt is counted (and saved, through onPendingChange) before it is sent, so a restart, however abrupt,
+// carries on from the next attempt and never makes a seventh.
 // Faults are drawn from the seed and the event (keyedDraw): a run repeats them for a seed, each event getting the
 // same faults whatever order concurrent trades reach the dispatcher in (a demo's fifty trades, a test's).
 import { createHmac, randomUUID } from 'node:crypto'
@@ -66,6 +68,8 @@ export interface PendingEvent {
   tradeId: string | null
   status: string | null
   body: string
+  /** Attempts started so far: a restart resumes from the next one. */
+  attempts: number
 }
 
 export class WebhookDispatcher {
@@ -117,11 +121,18 @@ export class WebhookDispatcher {
     return this.undelivered.has(eventId)
   }
 
-  /** Sends events a previous run left undelivered, each from its first attempt and without faults. */
+  /**
+   * Sends events a previous run left undelivered, without faults, each from the attempt after those it made and
+   * after the gap the schedule puts before that attempt.
+   */
   resume(events: readonly PendingEvent[]): void {
     for (const pending of events) {
-      this.undelivered.set(pending.eventId, { ...pending })
-      this.track(this.deliver({ ...pending }, 0))
+      const resumed = { ...pending }
+      this.undelivered.set(pending.eventId, resumed)
+      // (one whose sixth attempt was under way is given up at once)
+      const retried = resumed.attempts > 0 && resumed.attempts < MAX_ATTEMPTS
+      const gap = retried ? this.retryDelay(resumed.attempts) : 0
+      this.track(this.deliver(resumed, gap))
     }
     if (events.length > 0) this.options.onPendingChange?.()
   }
@@ -138,7 +149,7 @@ export class WebhookDispatcher {
 
   /** An event as it will be sent and saved, not yet queued (dispatch queues it). */
   prepare(event: string, body: Record<string, unknown>, tradeId: string | null, status: string | null): PendingEvent {
-    return { eventId: randomUUID(), event, tradeId, status, body: JSON.stringify(body) }
+    return { eventId: randomUUID(), event, tradeId, status, body: JSON.stringify(body), attempts: 0 }
   }
 
   /** Queues a prepared event for delivery; returns at once. */
@@ -209,17 +220,27 @@ export class WebhookDispatcher {
 
   private async deliver(pending: PendingEvent, initialDelayMs: number): Promise<void> {
     if (initialDelayMs > 0) await this.options.clock.sleep(initialDelayMs)
-    for (let attempt = 1; attempt <= MAX_ATTEMPTS; attempt++) {
+    for (let attempt = pending.attempts + 1; attempt <= MAX_ATTEMPTS; attempt++) {
       if (this.stopped) return
+      this.countAttempt(pending, attempt)
       const outcome = await this.attempt(pending, attempt)
       if (outcome === 'delivered') return this.settle(pending)
-      if (attempt < MAX_ATTEMPTS) {
-        const delay = Math.min(this.options.retryBaseDelayMs * 2 ** (attempt - 1), this.options.retryMaxDelayMs)
-        await this.options.clock.sleep(delay)
-      }
+      if (attempt < MAX_ATTEMPTS) await this.options.clock.sleep(this.retryDelay(attempt))
     }
     this.options.logger.warn({ eventId: pending.eventId, event: pending.event }, 'sandbox webhook given up after 6 attempts')
     this.settle(pending)
+  }
+
+  /** The wait after the given attempt failed: doubling from the base, capped. */
+  private retryDelay(attempt: number): number {
+    return Math.min(this.options.retryBaseDelayMs * 2 ** (attempt - 1), this.options.retryMaxDelayMs)
+  }
+
+  // before the attempt is sent: one cut short by a crash still counts towards the six (`undelivered` holds
+  // this same object, so pending() reports the count)
+  private countAttempt(pending: PendingEvent, attempt: number): void {
+    pending.attempts = attempt
+    this.options.onPendingChange?.()
   }
 
   private settle(pending: PendingEvent): void {

@@ -1,0 +1,69 @@
+// `cli sandbox` refuses, before it starts, the arguments that would leave it running but useless (webhooks to
+// an address it never delivers to, an empty key or secret, an attempt timeout that aborts every attempt), and
+// prints the webhook URL without its password.
+import { once } from 'node:events'
+import { describe, expect, it } from 'vitest'
+import { type CliResult, signalAndClose, spawnCli } from './helpers/cli-process.js'
+
+/** Runs `sandbox` with `args` and `env` on a free port; one that starts anyway is stopped once it listens. */
+async function sandboxRun(args: string[], env: Record<string, string> = {}): Promise<CliResult> {
+  const child = spawnCli(['sandbox', '--port', '0', ...args], env)
+  let stdout = ''
+  let stderr = ''
+  child.stderr!.on('data', (chunk) => {
+    stderr += chunk
+  })
+  child.stdout!.on('data', (chunk) => {
+    stdout += chunk
+    if (stdout.includes('Ctrl-C stops it')) child.kill('SIGTERM')
+  })
+  const [code] = (await once(child, 'close')) as [number | null]
+  return { code, stdout, stderr }
+}
+
+describe('`cli sandbox` arguments', () => {
+  it.each([
+    ['a --webhook-url that is not a URL', ['--webhook-url', 'notaurl'], '--webhook-url', 'must be an http:// or https:// URL'],
+    ['a file: --webhook-url', ['--webhook-url', 'file:///etc/passwd'], '--webhook-url', 'must be an http:// or https:// URL'],
+    ['an ftp: --webhook-url', ['--webhook-url', 'ftp://x/'], '--webhook-url', 'must be an http:// or https:// URL'],
+    ['an empty --key-id', ['--key-id', ''], '--key-id', 'must not be empty'],
+    ['an empty --api-secret', ['--api-secret', ''], '--api-secret', 'must not be empty'],
+    ['an empty --webhook-secret', ['--webhook-secret', ''], '--webhook-secret', 'must not be empty'],
+    ['an --attempt-timeout-ms of 0', ['--attempt-timeout-ms', '0'], '--attempt-timeout-ms', 'must be from 1 to'],
+  ])('refuses %s with exit code 2, naming the option, and does not start', async (_name, args, option, message) => {
+    const result = await sandboxRun(args)
+    expect(result.code).toBe(2)
+    expect(result.stderr).toContain(`option '${option} <`)
+    expect(result.stderr).toContain(message)
+    expect(result.stdout).not.toContain('listening')
+  })
+})
+
+describe('`cli sandbox` with credentials in --webhook-url', () => {
+  it('prints the URL with *** for the password, and the password nowhere', async () => {
+    const child = spawnCli(['sandbox', '--port', '0', '--webhook-url', 'http://user:hunter2-webhook-pw@127.0.0.1:9/hook'], {})
+    let stdout = ''
+    let stderr = ''
+    child.stderr!.on('data', (chunk) => {
+      stderr += chunk
+    })
+    await new Promise<void>((resolve, reject) => {
+      child.stdout!.on('data', (chunk) => {
+        stdout += chunk
+        if (stdout.includes('webhooks go to')) resolve()
+      })
+      child.once('exit', (code) => reject(new Error(`sandbox exited with ${code} before listening:\n${stdout}${stderr}`)))
+    })
+    await signalAndClose(child)
+    expect(stdout).toContain('webhooks go to http://user:***@127.0.0.1:9/hook\n')
+    expect(`${stdout}${stderr}`).not.toContain('hunter2-webhook-pw')
+  })
+
+  it('refuses SANDBOX_WEBHOOK_URL that is not http(s) in a real process, exit code 2', async () => {
+    const result = await sandboxRun([], { SANDBOX_WEBHOOK_URL: 'file:///etc/passwd' })
+    expect(result.code).toBe(2)
+    expect(result.stderr).toContain("from env 'SANDBOX_WEBHOOK_URL' is invalid")
+    expect(result.stderr).toContain('must be an http:// or https:// URL')
+    expect(result.stdout).toBe('')
+  })
+})
