@@ -16,6 +16,7 @@ import { makeDirectoryPrivate } from './private-directory.js'
 import { SESSION_SETTINGS } from './session-defaults.js'
 import { DEFAULT_STATEMENT_TIMEOUT_MS, STATEMENT_ANSWER_GRACE_MS } from './statement-timeout.js'
 import { LONE_SURROGATE } from '../partner-api/field-rules.js'
+import { processIsAlive } from '../process-alive.js'
 
 export interface DatabaseHandle {
   readonly db: Kysely<Database>
@@ -637,13 +638,4 @@ function lockDataDirectory(location: string): () => void {
     }
   }
   throw new DatabaseInUseError(`Cannot lock the embedded database in ${location} [data_dir_in_use]`)
-}
-
-function processIsAlive(pid: number): boolean {
-  try {
-    process.kill(pid, 0)
-    return true
-  } catch (error) {
-    return (error as NodeJS.ErrnoException).code === 'EPERM'
-  }
 }

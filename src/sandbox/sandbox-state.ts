@@ -23,6 +23,7 @@ import { z } from 'zod'
 import type { FullTradeRecord as TradeRecord } from '../partner-api/types.js'
 import type { PlatformState } from './sandbox-platform.js'
 import { MAX_ATTEMPTS, type PendingEvent } from './webhook-dispatcher.js'
+import { processIsAlive } from '../process-alive.js'
 
 export interface SandboxState extends PlatformState {
   pendingWebhooks: PendingEvent[]
@@ -162,7 +163,7 @@ export function removeStaleTemporaryFiles(file: string): void {
   }
   for (const name of names) {
     const pid = temporaryFilePid(name, prefix)
-    if (pid === undefined || (pid !== process.pid && isRunning(pid))) continue
+    if (pid === undefined || (pid !== process.pid && processIsAlive(pid))) continue
     rmSync(path.join(path.dirname(file), name), { force: true })
   }
 }
@@ -171,16 +172,6 @@ function temporaryFilePid(name: string, prefix: string): number | undefined {
   if (!name.startsWith(prefix) || !name.endsWith('.tmp')) return undefined
   const digits = name.slice(prefix.length, -'.tmp'.length)
   return /^[1-9][0-9]*$/.test(digits) ? Number(digits) : undefined
-}
-
-// signal 0 only asks whether the process exists; EPERM: it does, under another user
-function isRunning(pid: number): boolean {
-  try {
-    process.kill(pid, 0)
-    return true
-  } catch (error) {
-    return (error as NodeJS.ErrnoException).code === 'EPERM'
-  }
 }
 
 /** Replaces the file atomically: write a temporary file, flush it, rename it over the old one. */
