@@ -39,6 +39,9 @@ describe('the compiled service before its application answers', () => {
         WEBHOOK_BODY_LIMIT: String(BODY_LIMIT),
         // one largest body at a time: a request that sends all but the last byte of one and stalls spends the budget
         MAX_INFLIGHT_BODY_BYTES: String(BODY_LIMIT),
+        // and it stays held: after SLOW_BODY_MS (1 s by default) a newer request may cut it to make room, which a
+        // loaded machine's pause between the two requests reached (the late one was then read, not refused)
+        SLOW_BODY_MS: '600000',
       },
       { built: true },
     )
