@@ -91,6 +91,39 @@ describe('sandbox request authentication and validation', () => {
     expect(((await response.json()) as { error: { code: string } }).error.code).toBe('invalid_signature')
   })
 
+  // what the signature does not cover: a query string, a GET's body (signed as the empty string), the letter case
+  // and the closing slash of a path the spec writes one way
+  const rawRequest = (method: string, pathAndQuery: string, headers: Record<string, string>, body = '') =>
+    new Promise<{ status: number; code: string | undefined }>((resolve, reject) => {
+      const length = { 'content-length': String(Buffer.byteLength(body)) }
+      const request = http.request(`${base}${pathAndQuery}`, { method, headers: { ...headers, ...length } }, (response) => {
+        const chunks: Buffer[] = []
+        response.on('data', (chunk: Buffer) => chunks.push(chunk))
+        response.on('end', () => {
+          const parsed = JSON.parse(Buffer.concat(chunks).toString('utf8')) as { error?: { code: string } }
+          resolve({ status: response.statusCode!, code: parsed.error?.code })
+        })
+      })
+      request.on('error', reject)
+      request.end(body)
+    })
+
+  it('signs a GET over the empty body, and refuses a GET that carries one', async () => {
+    const path = '/api/partner/v1/trades/x/'
+    expect(await rawRequest('GET', path, signed('GET', path, 'smuggled'), 'smuggled')).toEqual({ status: 401, code: 'invalid_signature' })
+    expect(await rawRequest('GET', path, signed('GET', path, ''), 'smuggled')).toEqual({ status: 400, code: 'body_not_allowed' })
+    expect(await rawRequest('GET', path, signed('GET', path, ''))).toEqual({ status: 404, code: 'trade_not_found' })
+  })
+
+  it('refuses a query string, which no operation takes and the signature does not cover', async () => {
+    const path = '/api/partner/v1/trades/'
+    expect(await rawRequest('POST', `${path}?amount=1`, signed('POST', path, trade), trade)).toEqual({ status: 400, code: 'query_not_allowed' })
+  })
+
+  it.each(['/API/PARTNER/V1/TRADES/', '/api/partner/v1/TRADES/', '/api/partner/v1/trades'])('does not take %s for the path the spec writes', async (path) => {
+    expect(await rawRequest('POST', path, signed('POST', path, trade), trade)).toEqual({ status: 404, code: 'not_found' })
+  })
+
   it('names every invalid field of a trade, and requires a seller from a marketplace partner', async () => {
     const { status, body } = await call('POST', '/api/partner/v1/trades/', '{"amount":"-1","buyer_phone":"0612"}')
     expect(status).toBe(422)

@@ -174,6 +174,10 @@ export function createSandbox(options: SandboxOptions): Sandbox {
 
   const app = express()
   app.disable('x-powered-by')
+  // the platform's paths as the spec writes them: /API/… or /trades/tr_1 (no closing slash) is not one of them,
+  // and is not authenticated as one
+  app.set('case sensitive routing', true)
+  app.set('strict routing', true)
   // Date from the sandbox's own clock, the one its timestamp window is checked on (Node would send the
   // machine's): a client tells from it how far apart the clocks are when a timestamp is refused
   app.use((_req, res, next) => {
@@ -183,14 +187,26 @@ export function createSandbox(options: SandboxOptions): Sandbox {
   // raw bytes: the signature is recomputed over the body exactly as received
   app.use(API, express.raw({ type: () => true, limit: '1mb' }), (req, res, next) => {
     const rawBody = Buffer.isBuffer(req.body) ? req.body : Buffer.alloc(0)
+    const [path, query] = splitOnce(req.originalUrl, '?')
+    // a GET's {body} is the empty string (spec section 5), whatever bytes came with it
     const failure = auth.check({
       method: req.method,
-      path: req.originalUrl.split('?')[0]!,
-      rawBody,
+      path,
+      rawBody: req.method === 'GET' ? Buffer.alloc(0) : rawBody,
       header: (name) => req.get(name),
     })
     if (failure) {
       res.status(401).json({ error: { code: failure, message: authMessages[failure] } })
+      return
+    }
+    // what the signature does not cover is refused, not ignored: no operation takes a query string, and a GET
+    // has no body
+    if (query !== undefined) {
+      res.status(400).json({ error: { code: 'query_not_allowed', message: 'No operation takes a query string: it is not signed' } })
+      return
+    }
+    if (req.method === 'GET' && rawBody.length > 0) {
+      res.status(400).json({ error: { code: 'body_not_allowed', message: 'A GET has no body: it is not signed' } })
       return
     }
     if (req.method !== 'GET') {
@@ -445,6 +461,11 @@ const authMessages = {
   invalid_signature: 'The signature does not match the request',
   replayed_nonce: 'The nonce was already used within the window',
 } as const
+
+function splitOnce(text: string, separator: string): [string, string | undefined] {
+  const at = text.indexOf(separator)
+  return at === -1 ? [text, undefined] : [text.slice(0, at), text.slice(at + 1)]
+}
 
 function sameToken(presented: string, expected: string): boolean {
   // equal-length digests: the comparison takes the same time whatever was presented
