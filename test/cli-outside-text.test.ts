@@ -78,6 +78,21 @@ describe('the CLI shows text from outside without its control codes', () => {
     expect(unknown.stderr.split('\n').slice(0, 2)).toEqual(["error: unknown command 'order\\u000a'", '(Did you mean orders?)'])
   })
 
+  it('a refused argument is quoted shortened, and a URL in it without its password', async () => {
+    const long = `${'7'.repeat(10_000)}x`
+    // commander's refusal, and a command's own that quotes the value
+    for (const args of [['reactions', 'show', long], ['webhook', 'send', '--file', 'body.json', `--url=ftp://${'r'.repeat(9_995)}`]]) {
+      const refused = await run(...args)
+      expect(refused.code).toBe(2)
+      expect(refused.stderr.length).toBeLessThan(1_000)
+      expect(refused.stderr).toContain('… (10,001 characters)')
+    }
+    const url = await run('reactions', 'show', 'https://operator:hunter2@gw.example/x')
+    expect(url.code).toBe(2)
+    expect(url.stderr).toContain("value 'https://operator:***@gw.example/x' is invalid")
+    expect(url.stderr).not.toContain('hunter2')
+  })
+
   it('orders list and show: every control shown as \\uXXXX, no forged line', async () => {
     const list = await run('orders', 'list')
     expect(list.code).toBe(0)

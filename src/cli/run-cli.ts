@@ -6,7 +6,7 @@ import { describeDatabaseError } from '../db/database-errors.js'
 import { ListenSettingError } from '../listen-error.js'
 import { type CliContext, type CliScope, CommandFailedError, runInScope, StoppedBySignalError, UsageError, writeError } from './cli-context.js'
 import { innermostReason, withoutPassword } from './failure-reason.js'
-import { buildProgram } from './program.js'
+import { buildProgram, withArgumentsShown } from './program.js'
 
 export async function runCommandLine(args: string[], cliScope?: CliScope): Promise<number> {
   const run = async (): Promise<number> => {
@@ -16,6 +16,7 @@ export async function runCommandLine(args: string[], cliScope?: CliScope): Promi
         writeOut: (text) => cliScope.stdout.write(text),
         writeErr: (text) => cliScope.stderr.write(text),
       },
+      args,
     )
     try {
       await program.parseAsync(args, { from: 'user' })
@@ -24,7 +25,7 @@ export async function runCommandLine(args: string[], cliScope?: CliScope): Promi
       if (error instanceof CommanderError) return error.exitCode === 0 ? 0 : 2
       // ConfigError by name: importing config.js here would load zod for `--help` too
       if (error instanceof UsageError || (error instanceof Error && error.name === 'ConfigError')) {
-        writeError(`${error.message}\n`)
+        writeError(`${withArgumentsShown(error.message, args)}\n`)
         return 2
       }
       if (error instanceof StoppedBySignalError) {
