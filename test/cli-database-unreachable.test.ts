@@ -4,7 +4,7 @@
 // connect"), which named neither the database nor what to do.
 import net from 'node:net'
 import { afterAll, beforeAll, describe, expect, it } from 'vitest'
-import { freePort, runCli } from './helpers/cli-process.js'
+import { freePort, runCli, signalAndClose, spawnCli } from './helpers/cli-process.js'
 import { createTestDatabase, describePostgres, postgresUrl, type TestDatabase } from './helpers/test-database.js'
 
 const PASSWORD = 'not-for-the-terminal'
@@ -66,6 +66,28 @@ async function startGate(target: { host: string; port: number }, gone: Gone, pas
     },
   }
 }
+
+// Opening waits up to the 5 s connect timeout on a database that takes the connection and never answers: a Ctrl-C
+// there ended the command by Node's default, exit 130 without a word of what it had done
+describe('a stop signal while the database does not answer', () => {
+  for (const command of [['orders', 'create', '--external-reference', 'sig-1'], ['prune'], ['migrate']]) {
+    it(`${command.join(' ')}: says it stopped before doing anything, [stopped], exit 130`, async () => {
+      const gate = await startGate({ host: '127.0.0.1', port: 1 }, 'silent', 0)
+      try {
+        const child = spawnCli(command, { DATABASE_URL: `postgres://root:${PASSWORD}@127.0.0.1:${gate.port}/test` }, { built: true })
+        let stderr = ''
+        child.stderr!.on('data', (chunk) => (stderr += chunk))
+        // the driver's connection is at the gate: the command is opening its database
+        await expect.poll(() => gate.connections(), { timeout: 20_000 }).toBeGreaterThan(0)
+        const { code } = await signalAndClose(child, 'SIGINT')
+        expect(stderr).toBe('Stopped by a signal while opening the database: the command did nothing [stopped]\n')
+        expect(code).toBe(130)
+      } finally {
+        await gate.close()
+      }
+    }, 60_000)
+  }
+})
 
 describePostgres('the CLI when its database goes away after the migration, or takes no writes (Postgres)', () => {
   let database: TestDatabase

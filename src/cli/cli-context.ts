@@ -128,12 +128,14 @@ export async function withDatabase<T>(
     return run({ ...inService, reactions: configuredReactions(inService.config, { logger: inService.logger }) })
   }
   // loaded here, not at start-up: `--help` and forwarded commands never need a database driver
-  const [{ loadConfig }, { migrateToLatest }, { embeddedDatabaseExists, openDatabase }, { configuredReactions }] =
+  const [{ loadConfig }, { migrateToLatest }, { embeddedDatabaseExists, openDatabase }, { configuredReactions }, { pingDatabase }, { stopOnSignals }] =
     await Promise.all([
       import('../config.js'),
       import('../db/migrate.js'),
       import('../db/open-database.js'),
       import('../reactions/configured-reactions.js'),
+      import('../db/ping-database.js'),
+      import('../stop-signals.js'),
     ])
   const config = loadConfig()
   const logger = await cliLogger(config)
@@ -144,6 +146,13 @@ export async function withDatabase<T>(
         '(set DATABASE_URL to use Postgres).\n',
     )
   }
+  // Opening waits up to the connect timeout (5 s) on a database that takes the connection and never answers, and an
+  // embedded one takes seconds to start: a stop signal then ends the command there, and says so (Node's default
+  // ended it without a word). Nothing of the command has run yet; a migration cut short is rolled back whole.
+  const stopOpening = stopOnSignals(() => {
+    writeError('Stopped by a signal while opening the database: the command did nothing [stopped]\n')
+    process.exit(130)
+  })
   const database = openDatabase({
     databaseUrl: config.databaseUrl,
     dataDir: config.dataDir,
@@ -152,7 +161,12 @@ export async function withDatabase<T>(
     logger,
   })
   try {
-    if (migrate) await database.withoutTimeouts(migrateToLatest)
+    try {
+      if (migrate) await database.withoutTimeouts(migrateToLatest)
+      else await pingDatabase(database.db)
+    } finally {
+      stopOpening()
+    }
     return await run({
       config,
       logger,
