@@ -635,7 +635,9 @@ export function parseConfig(
   const needsLocalSecrets =
     mode === 'local' &&
     (!values.WEBHOOK_SECRETS?.length || !values.PARTNER_API_KEY_ID || !values.PARTNER_API_SECRET)
-  const generated = needsLocalSecrets ? localSecrets(dataDir) : undefined
+  // an in-memory database keeps no file: its secrets are this process's alone (a `memory:` directory was made for them)
+  const inMemory = dataDir.startsWith('memory://')
+  const generated = needsLocalSecrets ? (inMemory ? newLocalSecrets() : localSecrets(dataDir)) : undefined
 
   const config: Config = {
     port: values.PORT,
@@ -718,7 +720,7 @@ export function parseConfig(
             events: values.FORWARD_EVENTS,
           },
     // local mode with its secrets given: a token per process, shown in the start-up banner
-    ...adminTokenOf(values.ADMIN_TOKEN, generated, mode),
+    ...adminTokenOf(values.ADMIN_TOKEN, inMemory ? undefined : generated, mode),
     amqp:
       values.AMQP_URL === undefined
         ? undefined
@@ -734,7 +736,7 @@ export function parseConfig(
       intervalS: values.PRUNE_INTERVAL_S,
       batchSize: values.PRUNE_BATCH_SIZE,
     },
-    localSecretsFile: generated ? localSecretsPath(dataDir) : undefined,
+    localSecretsFile: generated && !inMemory ? localSecretsPath(dataDir) : undefined,
   }
   return deepFreeze(config)
 }
@@ -833,18 +835,22 @@ export function readLocalSecrets(dataDir: string): LocalSecrets {
   return secrets
 }
 
-// First use: two commands started at once (or a command beside `serve`) must agree on one set of secrets
-// and never read a half-written file. The file is written whole under a temporary name, then linked into
-// place, which fails if another process got there first: then its file is the one, and is read instead.
-function writeLocalSecretsOnce(dataDir: string, file: string): LocalSecrets | undefined {
-  mkdirSync(dataDir, { recursive: true, mode: 0o700 })
-  const secrets: LocalSecrets = {
+function newLocalSecrets(): LocalSecrets {
+  return {
     webhookSecret: randomBytes(32).toString('hex'),
     apiKeyId: `pk_sandbox_${randomBytes(6).toString('hex')}`,
     apiSecret: randomBytes(32).toString('hex'),
     sandboxControlToken: randomBytes(32).toString('hex'),
     adminToken: randomBytes(32).toString('hex'),
   }
+}
+
+// First use: two commands started at once (or a command beside `serve`) must agree on one set of secrets
+// and never read a half-written file. The file is written whole under a temporary name, then linked into
+// place, which fails if another process got there first: then its file is the one, and is read instead.
+function writeLocalSecretsOnce(dataDir: string, file: string): LocalSecrets | undefined {
+  mkdirSync(dataDir, { recursive: true, mode: 0o700 })
+  const secrets = newLocalSecrets()
   const temporary = `${file}.${process.pid}.${randomBytes(4).toString('hex')}.tmp`
   writeFileSync(temporary, `${JSON.stringify(secrets, null, 2)}\n`, { mode: 0o600 })
   try {

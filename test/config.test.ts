@@ -1,4 +1,4 @@
-import { mkdtempSync, readFileSync, statSync } from 'node:fs'
+import { mkdtempSync, readdirSync, readFileSync, statSync } from 'node:fs'
 import { tmpdir } from 'node:os'
 import path from 'node:path'
 import { describe, expect, it } from 'vitest'
@@ -96,6 +96,22 @@ describe('configuration', () => {
     expect(JSON.parse(readFileSync(first.localSecretsFile!, 'utf8')).webhookSecret).toBe(
       first.webhook.secrets[0],
     )
+  })
+
+  it('keeps an in-memory database\'s local secrets in memory: no file, no `memory:` directory', () => {
+    const cwd = process.cwd()
+    const workingDir = mkdtempSync(path.join(tmpdir(), 'config-memory-'))
+    process.chdir(workingDir)
+    try {
+      const config = parseConfig({ DATA_DIR: 'memory://' })
+      expect(config.partner.mode).toBe('local')
+      expect(config.localSecretsFile).toBeUndefined()
+      expect(config.adminTokenFrom).toBe('this-process')
+      expect(config.webhook.secrets[0]!.length).toBeGreaterThanOrEqual(32)
+      expect(readdirSync(workingDir)).toEqual([])
+    } finally {
+      process.chdir(cwd)
+    }
   })
 
   it('requires every secret once a real platform is configured', () => {
