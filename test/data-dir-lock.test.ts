@@ -11,6 +11,7 @@ import { DatabaseInUseError, openDatabase } from '../src/db/open-database.js'
 import { migratedDataDir } from './helpers/data-dir-template.js'
 
 const onLinux = existsSync('/proc/self/stat')
+const root = path.resolve(import.meta.dirname, '..')
 
 describe.skipIf(!onLinux)('the embedded database’s lock', () => {
   // a live process that is not a service: the pid a stale lock may name after reuse
@@ -35,6 +36,39 @@ describe.skipIf(!onLinux)('the embedded database’s lock', () => {
       await database.close()
     }
   })
+
+  // Processes that try the lock at the same instant (each spins on a start file, then opens): exactly one may
+  // have the database. A lock was made empty and written after, and one read in between was taken for a dead
+  // owner's and removed under its owner; two that both found a stale lock each removed it, the later removing the
+  // lock the first had taken meanwhile.
+  it.each([
+    ['no lock', undefined],
+    ['a dead owner\'s lock', '999999999 1'],
+  ])('gives the database to exactly one of processes opening it at once over %s', async (_, stale) => {
+    for (let round = 0; round < 3; round++) {
+      const dataDir = migratedDataDir('lock-race-')
+      if (stale) writeFileSync(lockFile(dataDir), stale)
+      const go = path.join(dataDir, 'go')
+      const script =
+        `import { existsSync } from 'node:fs'; import { openDatabase } from './src/db/open-database.ts';` +
+        `while (!existsSync(${JSON.stringify(go)})) {}` +
+        `try { const database = openDatabase({ dataDir: ${JSON.stringify(dataDir)} }); console.log('locked');` +
+        ` await new Promise((resolve) => setTimeout(resolve, 1500)); await database.close() }` +
+        ` catch (error) { console.log(error.name) }`
+      const racers = Array.from({ length: 6 }, () => {
+        const child = spawn(process.execPath, ['--import', 'tsx', '--input-type=module', '-e', script], { cwd: root, stdio: ['ignore', 'pipe', 'inherit'] })
+        let output = ''
+        child.stdout.on('data', (chunk) => (output += chunk))
+        return once(child, 'exit').then(() => output.trim())
+      })
+      // every racer is spinning once its module has loaded: a second is ample for tsx on a loaded machine
+      await new Promise((resolve) => setTimeout(resolve, 4_000))
+      writeFileSync(go, '')
+      const outcomes = await Promise.all(racers)
+      expect(outcomes.filter((outcome) => outcome === 'locked'), outcomes.join(', ')).toHaveLength(1)
+      expect(outcomes.filter((outcome) => outcome === 'DatabaseInUseError')).toHaveLength(5)
+    }
+  }, 120_000)
 
   it('refuses while the owner named by pid and start time runs, and a lock of the pid alone as before', () => {
     for (const content of [`${bystander.pid} ${startTime(bystander.pid!)}`, String(bystander.pid)]) {

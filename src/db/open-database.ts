@@ -1,8 +1,8 @@
 // One Kysely instance for the whole process: real Postgres through a pg Pool when a URL is given,
 // otherwise embedded PGlite persisted in a directory (or in memory for tests). PGlite is a single
 // connection; Kysely's PGliteDialect queues transactions on it, so they never interleave.
-import { createHash } from 'node:crypto'
-import { closeSync, existsSync, mkdirSync, openSync, readFileSync, rmSync, writeSync } from 'node:fs'
+import { createHash, randomBytes } from 'node:crypto'
+import { existsSync, linkSync, mkdirSync, readFileSync, rmSync, statSync, unlinkSync, writeFileSync } from 'node:fs'
 import path from 'node:path'
 import { CamelCasePlugin, Kysely, PGliteDialect, PostgresDialect, sql } from 'kysely'
 import pg from 'pg'
@@ -610,32 +610,88 @@ function lockOwnerRuns(owner: number, started: string | undefined): boolean {
 
 function lockDataDirectory(location: string): () => void {
   const lockFile = path.join(location, 'partner-escrow.lock')
-  for (let attempt = 0; attempt < 2; attempt++) {
-    try {
-      const fd = openSync(lockFile, 'wx')
-      const started = processStartTime(process.pid)
-      writeSync(fd, started === undefined ? String(process.pid) : `${process.pid} ${started}`)
-      closeSync(fd)
+  const started = processStartTime(process.pid)
+  const mine = started === undefined ? String(process.pid) : `${process.pid} ${started}`
+  // a try ends in the lock, a refusal, or a stale lock removed (or being removed by another process): then again
+  for (let attempt = 0; attempt < 200; attempt++) {
+    if (createWhole(lockFile, mine)) {
       locksTakenHere.add(lockFile)
       return () => {
         locksTakenHere.delete(lockFile)
         rmSync(lockFile, { force: true })
       }
-    } catch (error) {
-      if ((error as NodeJS.ErrnoException).code !== 'EEXIST') throw error
-      // `pid` or `pid start-time`
-      const [pidText = '', started] = readFileSync(lockFile, 'utf8').trim().split(' ')
-      const owner = Number(pidText)
-      const alive = owner === process.pid ? locksTakenHere.has(lockFile) : lockOwnerRuns(owner, started)
-      if (Number.isInteger(owner) && owner > 0 && alive) {
-        throw new DatabaseInUseError(
-          `The embedded database in ${location} is in use by process ${owner} (a running \`npm start\`?). ` +
-            'Embedded PGlite serves one process: stop that process first, or set DATABASE_URL to share a Postgres. ' +
-            '[data_dir_in_use]',
-        )
-      }
-      rmSync(lockFile, { force: true })
     }
+    const seen = readIfThere(lockFile)
+    if (seen === undefined) continue
+    // `pid` or `pid start-time`
+    const [pidText = '', ownerStarted] = seen.trim().split(' ')
+    const owner = Number(pidText)
+    const alive = owner === process.pid ? locksTakenHere.has(lockFile) : lockOwnerRuns(owner, ownerStarted)
+    if (Number.isInteger(owner) && owner > 0 && alive) {
+      throw new DatabaseInUseError(
+        `The embedded database in ${location} is in use by process ${owner} (a running \`npm start\`?). ` +
+          'Embedded PGlite serves one process: stop that process first, or set DATABASE_URL to share a Postgres. ' +
+          '[data_dir_in_use]',
+      )
+    }
+    if (!removeStaleLock(lockFile, seen, mine)) sleepSync(5)
   }
   throw new DatabaseInUseError(`Cannot lock the embedded database in ${location} [data_dir_in_use]`)
+}
+
+// The lock is written whole under a temporary name and linked into place, which fails if one is there: created
+// empty and written after, it was read empty in between by another process, taken for a dead owner's and removed.
+function createWhole(file: string, content: string): boolean {
+  const temporary = `${file}.${process.pid}.${randomBytes(4).toString('hex')}.tmp`
+  writeFileSync(temporary, content, { mode: 0o600 })
+  try {
+    linkSync(temporary, file)
+    return true
+  } catch (error) {
+    if ((error as NodeJS.ErrnoException).code === 'EEXIST') return false
+    throw error
+  } finally {
+    unlinkSync(temporary)
+  }
+}
+
+function readIfThere(file: string): string | undefined {
+  try {
+    return readFileSync(file, 'utf8')
+  } catch (error) {
+    if ((error as NodeJS.ErrnoException).code === 'ENOENT') return undefined
+    throw error
+  }
+}
+
+// How old a take-over's marker is before it counts as left by a process that died in those microseconds.
+const ABANDONED_TAKEOVER_MS = 10_000
+
+/**
+ * Removes the stale lock `seen`, once. Of processes that all found it stale, the later ones removed the lock the
+ * first had taken meanwhile, and several opened the database. The right to remove it is a marker named after
+ * its content, which one process at a time creates: the holder removes the lock if it still reads `seen` (no one
+ * else may remove that one, and once removed it never comes back), then the marker. False when another process
+ * holds the marker.
+ */
+function removeStaleLock(lockFile: string, seen: string, mine: string): boolean {
+  const marker = `${lockFile}.${createHash('sha256').update(seen).digest('hex').slice(0, 16)}.takeover`
+  if (!createWhole(marker, mine)) {
+    try {
+      if (Date.now() - statSync(marker).mtimeMs > ABANDONED_TAKEOVER_MS) rmSync(marker, { force: true })
+    } catch (error) {
+      if ((error as NodeJS.ErrnoException).code !== 'ENOENT') throw error
+    }
+    return false
+  }
+  try {
+    if (readIfThere(lockFile) === seen) rmSync(lockFile, { force: true })
+  } finally {
+    rmSync(marker, { force: true })
+  }
+  return true
+}
+
+function sleepSync(ms: number): void {
+  Atomics.wait(new Int32Array(new SharedArrayBuffer(4)), 0, 0, ms)
 }
