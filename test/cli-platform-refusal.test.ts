@@ -36,6 +36,21 @@ describe('a refusal by the platform, in-process', () => {
     expect(result).toEqual({ code: 1, stdout: '', stderr: 'The platform refused (404 trade_not_found): No trade tr_refused-1 [not_found]\n' })
   })
 
+  // JSON.stringify of a field nested 100,000 deep overflowed the stack: the command printed `Maximum call stack
+  // size exceeded` and nothing of the refusal
+  it('a refusal whose fields nest 100,000 deep: its line and each field cut at 16 levels, exit 1', async () => {
+    const deep = `${'['.repeat(100_000)}${']'.repeat(100_000)}`
+    answer = { status: 409, text: `{"error":{"code":"deep","message":"m","fields":[${deep},{"field":${deep},"message":"x"}]}}` }
+    for (const args of [['trades', 'fund', 'refused-1'], ['trades', 'fund', 'refused-1', '--json']]) {
+      const result = await runCommandWith(args, context)
+      expect(result).toEqual({
+        code: 1,
+        stdout: '',
+        stderr: `The platform refused (409 deep): m [conflict]\n  ${'['.repeat(16)}…${']'.repeat(16)}\n  ${'['.repeat(16)}…${']'.repeat(16)}: x\n`,
+      })
+    }
+  })
+
   it('every status has a code of ours, whatever the platform calls it, and exits 1', async () => {
     const codes: [number, string][] = [
       [400, 'invalid_request'],

@@ -45,7 +45,7 @@ export function explainRefusal(error: PartnerApiError, advice = ''): CommandFail
   const text = (value: unknown) =>
     value === undefined || value === null
       ? '?'
-      : printable(shortened(typeof value === 'string' ? value : JSON.stringify(value), MAX_REFUSAL_TEXT_LENGTH))
+      : printable(typeof value === 'string' ? shortened(value, MAX_REFUSAL_TEXT_LENGTH) : boundedJson(value, MAX_REFUSAL_TEXT_LENGTH))
   const message = typeof platform.message === 'string' && platform.message !== '' ? `: ${text(platform.message)}` : ''
   const clock = error.clockOffsetS === undefined ? '' : `\n  ${describeClockOffset(error.clockOffsetS)}`
   const fields = Array.isArray(platform.fields) ? platform.fields : []
@@ -58,4 +58,48 @@ export function explainRefusal(error: PartnerApiError, advice = ''): CommandFail
     `The platform refused (${error.status} ${printable(error.code)})${message}`,
     `${clock}${shown.join('')}${more}${advice}`,
   )
+}
+
+/** The most levels of a refusal's value written out; deeper ones are shown as `…`. */
+const MAX_REFUSAL_DEPTH = 16
+
+/**
+ * A value of a refusal that is not a string, as JSON, cut after about `max` characters and `MAX_REFUSAL_DEPTH`
+ * levels (`…` where it was cut). The refusal's body is not held to the depth a result is, and JSON.stringify of
+ * a field nested 100,000 deep overflowed the stack: the command printed `Maximum call stack size exceeded` and
+ * nothing of the refusal.
+ */
+function boundedJson(value: unknown, max: number): string {
+  let written = ''
+  let cut = false
+  const write = (part: string) => {
+    if (written.length >= max) cut = true
+    else written += part
+  }
+  const walk = (current: unknown, depth: number): void => {
+    if (cut) return
+    if (depth >= MAX_REFUSAL_DEPTH && current !== null && typeof current === 'object') {
+      write('…')
+      return
+    }
+    if (Array.isArray(current)) {
+      write('[')
+      current.forEach((item, index) => {
+        if (index > 0) write(',')
+        walk(item, depth + 1)
+      })
+      write(']')
+    } else if (isJsonObject(current)) {
+      write('{')
+      Object.entries(current).forEach(([key, item], index) => {
+        write(`${index > 0 ? ',' : ''}${JSON.stringify(key)}:`)
+        walk(item, depth + 1)
+      })
+      write('}')
+    } else {
+      write(JSON.stringify(current) ?? 'null')
+    }
+  }
+  walk(value, 0)
+  return cut || written.length > max ? `${[...written].slice(0, max).join('')}…` : written
 }
