@@ -407,8 +407,26 @@ function wholeReferencePattern(pattern: string): RegExp {
 /** The name of every variable the schema reads: `.env.example` documents each (test/env-example.test.ts). */
 export const CONFIG_VARIABLES: readonly string[] = Object.keys(EnvSchema.shape)
 
-function endsWithApiPrefix(value: string): boolean {
-  return new URL(value).pathname.replace(/\/$/, '').endsWith(PARTNER_API_PREFIX)
+/**
+ * What the client could not use of a base URL as given. The client sends to its origin and path alone: a user and
+ * password were dropped without a word (the platform authenticates by signature), and so were a query string and a
+ * fragment. Told by their form, never the value, which may hold a password.
+ */
+function baseUrlProblems(value: string, name: string): string[] {
+  const url = new URL(value)
+  const problems: string[] = []
+  if (url.username !== '' || url.password !== '') {
+    problems.push(`${name}: must not hold a user or password (requests are signed with PARTNER_API_SECRET; they would not be sent)`)
+  }
+  if (url.search !== '' || url.hash !== '' || value.includes('?') || value.includes('#')) {
+    problems.push(`${name}: must not have a query string or fragment (the client sends to the base URL's path alone)`)
+  }
+  const path = url.pathname.replace(/\/+$/, '')
+  if (path.endsWith(PARTNER_API_PREFIX)) {
+    const root = `${url.origin}${path.slice(0, -PARTNER_API_PREFIX.length)}`
+    problems.push(`${name}: give the platform's base URL without ${PARTNER_API_PREFIX} (the client adds it): ${root}`)
+  }
+  return problems
 }
 
 function isAmqpUrl(value: string): boolean {
@@ -572,10 +590,7 @@ export function parseConfig(
   // the spec's {base_url} is what comes before /api/partner/v1/, which the client adds: given whole (as the local
   // banner prints the sandbox), every call went to /api/partner/v1/api/partner/v1/… and was refused 404, so the
   // poller flagged each order trade_not_found
-  if (values.PARTNER_API_BASE_URL !== undefined && endsWithApiPrefix(values.PARTNER_API_BASE_URL)) {
-    const root = values.PARTNER_API_BASE_URL.replace(/\/api\/partner\/v1\/?$/, '')
-    problems.push(`${named('PARTNER_API_BASE_URL')}: give the platform's base URL without ${PARTNER_API_PREFIX} (the client adds it): ${root}`)
-  }
+  if (values.PARTNER_API_BASE_URL !== undefined) problems.push(...baseUrlProblems(values.PARTNER_API_BASE_URL, named('PARTNER_API_BASE_URL')))
   if (values.PARTNER_API_SECRET !== undefined && values.PARTNER_API_SECRET.length < MIN_SECRET_LENGTH) {
     problems.push(`${named('PARTNER_API_SECRET')}: is shorter than ${MIN_SECRET_LENGTH} characters`)
   }

@@ -129,6 +129,8 @@ describe('configuration', () => {
     for (const [given, root] of [
       ['http://127.0.0.1:4110/api/partner/v1/', 'http://127.0.0.1:4110'],
       ['https://gw.example/partner/api/partner/v1', 'https://gw.example/partner'],
+      // closing slashes doubled: the guard passed it, and calls went to /api/partner/v1/api/partner/v1/…
+      ['http://127.0.0.1:4110/api/partner/v1//', 'http://127.0.0.1:4110'],
     ]) {
       expect(problemsOf({ ...remoteEnv, PARTNER_API_BASE_URL: given! })).toEqual([
         `PARTNER_API_BASE_URL: give the platform's base URL without /api/partner/v1 (the client adds it): ${root}`,
@@ -136,6 +138,22 @@ describe('configuration', () => {
     }
     // a prefix of the platform's own is kept
     expect(parseConfig({ ...remoteEnv, PARTNER_API_BASE_URL: 'https://gw.example/partner/' }).partner.baseUrl).toBe('https://gw.example/partner/')
+  })
+
+  // the client sends to the origin and path alone: a user and password, a query string and a fragment were dropped
+  // without a word, and a refusal quoted the URL with its password
+  it('refuses a base URL with a user or password, a query string or a fragment, never quoting it', () => {
+    const password = 'S3cr3tPassw0rd'
+    const problems = problemsOf({ ...remoteEnv, PARTNER_API_BASE_URL: `http://alice:${password}@127.0.0.1:4110/api/partner/v1/` })
+    expect(problems).toEqual([
+      'PARTNER_API_BASE_URL: must not hold a user or password (requests are signed with PARTNER_API_SECRET; they would not be sent)',
+      "PARTNER_API_BASE_URL: give the platform's base URL without /api/partner/v1 (the client adds it): http://127.0.0.1:4110",
+    ])
+    for (const given of ['https://gw.example/gw?tenant=abc', 'https://gw.example/gw#frag', 'https://gw.example/gw?']) {
+      expect(problemsOf({ ...remoteEnv, PARTNER_API_BASE_URL: given }), given).toEqual([
+        "PARTNER_API_BASE_URL: must not have a query string or fragment (the client sends to the base URL's path alone)",
+      ])
+    }
   })
 
   it('refuses an empty or short webhook secret and a short API secret', () => {
