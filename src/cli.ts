@@ -4,8 +4,9 @@ import module from 'node:module'
 
 // V8's compile cache (Node 22.1+; absent on 20) makes each later start of the CLI skip compiling its modules
 ;(module as { enableCompileCache?: () => unknown }).enableCompileCache?.()
+const { stopSignalReceived, stopWhileStarting } = await import('./stop-signals.js')
+stopWhileStarting('Stopped by a signal before the command began: nothing done [stopped]\n')
 const { forwardToLocalService, RunningServiceError } = await import('./local/running-service.js')
-const { stopSignalReceived } = await import('./stop-signals.js')
 const { ignoreGoneOutput } = await import('./output-gone.js')
 
 // 20.19 is the oldest Node the dependencies support (see "Supported Node.js versions" in README.md)

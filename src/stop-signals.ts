@@ -30,11 +30,36 @@ export function stopSignalReceived(): StopSignal | undefined {
   return received
 }
 
+let startingOff: (() => void) | undefined
+
+/**
+ * From the CLI's start until a command takes the stop signals (onStopSignals) or its action begins
+ * (commandBegins): the first one ends the process at once, exit 130, with `said` on stderr. Node's default ended a
+ * command still loading its modules without a word, where the same Ctrl-C a moment later said what it stopped.
+ */
+export function stopWhileStarting(said: string): void {
+  const handle = () => {
+    process.stderr.write(said)
+    process.exit(130)
+  }
+  for (const signal of STOP_SIGNALS) process.on(signal, handle)
+  startingOff = () => {
+    for (const signal of STOP_SIGNALS) process.off(signal, handle)
+    startingOff = undefined
+  }
+}
+
+/** The command's action begins: from here a stop signal is its own to handle (or Node's default). */
+export function commandBegins(): void {
+  startingOff?.()
+}
+
 /**
  * Calls `onStop` for the first SIGINT, SIGTERM or SIGHUP, and `onSecond` for any later one that is not the first's
  * copy. Returns what takes the listeners off again.
  */
 export function onStopSignals(onStop: (signal: StopSignal) => void, onSecond: (signal: StopSignal) => void): () => void {
+  commandBegins()
   let first: { signal: StopSignal; at: number } | undefined
   const handle = (signal: StopSignal) => {
     if (first === undefined) {
