@@ -895,6 +895,13 @@ export function configSecrets(config: Config): string[] {
   ]
 }
 
+/**
+ * The shortest URL password censored wherever it appears. A shorter one is censored where a URL holds it
+ * (`:partner@`): everywhere, compose's `partner` blanked every line's `partner-escrow` and `/webhooks/partner`, and
+ * so told whoever read the log what it was.
+ */
+const MIN_BARE_URL_PASSWORD = 8
+
 // the password as written in the URL (percent-encoded) and as sent to the broker or the forward receiver
 function urlPasswords(url: string): string[] {
   const { password } = new URL(url)
@@ -905,7 +912,8 @@ function urlPasswords(url: string): string[] {
   } catch {
     // a malformed escape: the written form is the one to censor
   }
-  return decoded === password ? [password] : [password, decoded]
+  const forms = decoded === password ? [password] : [password, decoded]
+  return forms.map((form) => (form.length >= MIN_BARE_URL_PASSWORD ? form : `:${form}@`))
 }
 
 function deepFreeze<T>(value: T): T {

@@ -587,6 +587,21 @@ describe('configuration', () => {
       expect(lines[0]).toContain('[redacted]')
     })
 
+    // compose's RabbitMQ password is `partner`: censored wherever it appeared, it blanked `partner-escrow` and
+    // `/webhooks/partner` in every line, and so told the reader what it was
+    it('censors a short URL password where a URL holds it, and leaves the word elsewhere', () => {
+      const url = 'http://escrow:partner@127.0.0.1:28010/hooks/escrow'
+      const config = parseConfig({ ...remoteEnv, FORWARD_URL: url, FORWARD_SECRET: forwardSecret })
+      expect(configSecrets(config)).toContain(':partner@')
+      expect(configSecrets(config)).not.toContain('partner')
+      const lines: string[] = []
+      const logger = createLogger({ level: 'info', secrets: configSecrets(config), destination: { write: (line: string) => lines.push(line) } })
+      logger.info({ webhookPath: '/webhooks/partner', careless: url }, 'partner api client ready')
+      const line = JSON.parse(lines[0]!) as Record<string, unknown>
+      expect(line).toMatchObject({ service: 'partner-escrow', webhookPath: '/webhooks/partner', msg: 'partner api client ready' })
+      expect(line.careless).toBe('http://escrow[redacted]127.0.0.1:28010/hooks/escrow')
+    })
+
     it('counts the password of FORWARD_URL, as written and decoded, among the secrets no log line may show', () => {
       const url = 'https://escrow:p%40ss-word-of-the-receiver@erp.internal/hooks/escrow'
       const config = parseConfig({ ...remoteEnv, FORWARD_URL: url, FORWARD_SECRET: forwardSecret })
