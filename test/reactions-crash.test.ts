@@ -65,3 +65,51 @@ describePostgres('the compiled serve killed mid-handler (Postgres)', () => {
     )
   })
 })
+
+// The lease on a handler's stream was REACTION_LEASE_S (300 s by default): a replica killed while it held it held
+// back every replica's new transitions of the handler for those 300 s. It is at most 30 s now; a killed replica's
+// running jobs still keep their own lease of REACTION_LEASE_S.
+describePostgres('a replica killed while it read the stream, with the default lease (Postgres)', () => {
+  const setting = useForwardingServe('reactions-crash-lease-', () => ({ status: 204, afterMs: 50 }))
+
+  it('leaves new transitions to the next process within the stream lease, not REACTION_LEASE_S', async () => {
+    const { database, receiver } = setting
+    await ensureReactionStreams(database.db, [FORWARDER_HANDLER], new Date())
+    const move = (prefix: string, count: number) =>
+      Promise.all(
+        Array.from({ length: count }, (_, i) =>
+          moveNewOrder(database.db, { externalReference: `${prefix}-${i}`, statuses: STATUSES, handlersFor: () => [FORWARDER_HANDLER], now: () => new Date() }),
+        ),
+      )
+    await move('lease-before', 40)
+    const env = { ...setting.serveEnv(), REACTION_CONCURRENCY: '4' }
+    const first = setting.serve(env)
+    await waitForLogLine(first, 'service listening', 120_000)
+    await eventually(() => receiver.received.length >= 10, 'the first process forwarded some events', 120_000)
+    await stopChild(first, 'SIGKILL')
+    const [stream] = await database.db.selectFrom('reactionStreams').select('leaseToken').execute()
+    expect(stream!.leaseToken, 'the dead process held the stream').not.toBeNull()
+
+    const second = setting.serve(env)
+    await waitForLogLine(second, 'service listening', 120_000)
+    const restarted = Date.now()
+    await move('lease-after', 5)
+    const newIds = new Set(
+      (await database.db
+        .selectFrom('orderStatusHistory')
+        .innerJoin('orders', 'orders.id', 'orderStatusHistory.orderId')
+        .select('orderStatusHistory.eventId')
+        .where('orders.externalReference', 'like', 'lease-after-%')
+        .execute()).map((row) => row.eventId),
+    )
+    expect(newIds.size).toBe(5 * STATUSES.length)
+    // 300 s before; the bound leaves the 30 s lease three times over for a loaded machine
+    await eventually(
+      () => receiver.received.filter((request) => newIds.has(String(request.headers['webhook-id']))).length >= newIds.size,
+      'the new transitions are forwarded',
+      90_000,
+    )
+    await stopChild(second)
+    console.warn(`reactions, stream lease after SIGKILL: new transitions forwarded ${Math.round((Date.now() - restarted) / 1000)} s after the restart`)
+  }, 300_000)
+})

@@ -45,6 +45,15 @@ import {
   writeReactionStream,
 } from './reaction-stream.repository.js'
 
+/**
+ * The longest lease on a handler's stream (REACTION_LEASE_S when that is shorter). A reader renews it on every read and
+ * write-back, at least every BATCH_MAX_MS while it has events; a replica killed while holding it holds back every
+ * replica's new transitions of the handler until it ends: for REACTION_LEASE_S, 300 s by default, when the stream's
+ * lease was the jobs'. A handler still running keeps its job's lease (REACTION_LEASE_S) whatever becomes of the
+ * stream's.
+ */
+export const STREAM_LEASE_MAX_MS = 30_000
+
 /** How long a batch waits with none of its handlers returning before it hands the ones still running to the job loop. */
 export const HANDOFF_MS = 250
 /** The longest a batch waits for its handlers, however many keep returning (less with a lease under 20 s). */
@@ -149,6 +158,7 @@ export function createStreamWorker(deps: StreamWorkerDeps) {
   // what the next batch reads (nextBatchLimit): batchSize until a batch's slots fall behind
   let limit = batchSize
   const leaseMargin = leaseMarginMs(settings.leaseMs)
+  const streamLeaseMs = Math.min(settings.leaseMs, STREAM_LEASE_MAX_MS)
   let running = 0
   // whether the last read found this process holding the stream's lease
   let leased = false
@@ -165,7 +175,7 @@ export function createStreamWorker(deps: StreamWorkerDeps) {
    * place. The running rows' ids by event id; undefined when another replica holds the stream (nothing written).
    */
   const writeBack = (place: StreamPlace, outcomes: readonly StreamOutcome[], done: readonly string[], now: number) =>
-    writeReactionStream(db, { handler: name, leaseToken, place, outcomes, done, now: new Date(now), leaseEnd: new Date(now + settings.leaseMs) })
+    writeReactionStream(db, { handler: name, leaseToken, place, outcomes, done, now: new Date(now), leaseEnd: new Date(now + streamLeaseMs) })
   /** Another replica took the stream: `events` of this process's batches run again there. */
   const warnTakenOver = (events: number) =>
     logger.warn({ handler: name, events }, 'reaction stream lease was taken over: the batch runs again elsewhere')
@@ -247,10 +257,18 @@ export function createStreamWorker(deps: StreamWorkerDeps) {
   /** Reads, runs and writes back one batch. */
   const batch = async (stopSignal: AbortSignal): Promise<BatchResult> => {
     const started = clock.now()
+    // the batch's handlers have the jobs' lease: a handler still running at the write-back gets a job row leased to then
     const leaseEnd = new Date(started + settings.leaseMs)
     const asked = limit
     const after = unwritten
-    const read = await readReactionStream(db, { handler: name, leaseToken, now: new Date(started), leaseEnd, limit: asked, after: after?.place })
+    const read = await readReactionStream(db, {
+      handler: name,
+      leaseToken,
+      now: new Date(started),
+      leaseEnd: new Date(started + streamLeaseMs),
+      limit: asked,
+      after: after?.place,
+    })
     leased = read.leased
     if (after && !read.fromAfter) {
       // another replica took the stream since: it reads those events again from the place last written
@@ -269,7 +287,7 @@ export function createStreamWorker(deps: StreamWorkerDeps) {
     setMaxListeners(0, abort.signal)
     const timers = new AbortController()
     clock.sleep(Math.max(0, leaseEnd.getTime() - leaseMargin - clock.now()), timers.signal).then(
-      () => abort.abort(new Error('the stream lease is about to end')),
+      () => abort.abort(new Error('the lease is about to end')),
       () => {},
     )
     const onStop = () => {
@@ -412,7 +430,7 @@ export function createStreamWorker(deps: StreamWorkerDeps) {
         if (queue.length > shortQueue && !(await unlessEnded(whenQueueShort()))) return
         const now = clock.now()
         if (writingBack || stopSignal.aborted || lanesRunning === 0 || last.full || now - started >= WRITE_BACK_MS || readTotal + asked > maxUnwritten) return
-        const more = await readReactionStream(db, { handler: name, leaseToken, now: new Date(now), leaseEnd: new Date(now + settings.leaseMs), limit: asked, after: place })
+        const more = await readReactionStream(db, { handler: name, leaseToken, now: new Date(now), leaseEnd: new Date(now + streamLeaseMs), limit: asked, after: place })
         // (the batch is being written back: the next batch reads these events again)
         if (writingBack) return
         if (!more.leased || !more.fromAfter) {
