@@ -16,6 +16,7 @@ import {
   describeBroker,
 } from '../src/reactions/amqp-publisher.js'
 import { forwardedPayload, type HandlerContext, type ReactionEvent } from '../src/reactions/reaction-event.js'
+import { triesAgain } from '../src/reactions/plan-retry.js'
 import { amqpUrl, describeRabbitMq, startConsumer, type TestConsumer, uniqueName } from './helpers/amqp-broker.js'
 import { logLines, rememberSecret, testLogger } from './helpers/log-sink.js'
 import { startTcpProxy, type TcpProxy } from './helpers/tcp-proxy.js'
@@ -203,6 +204,30 @@ describe('the AMQP publisher, without a broker', () => {
     expect(`${error.message} ${String(error.cause)}`).not.toContain(password)
     await unreachable.close()
     expect(logLines.join('')).not.toContain(password)
+  })
+
+  // a status of the platform's is up to 200 characters: `trade.` and 200 × ü is 406 bytes, and amqplib's refusal
+  // of it read as an outage (amqp_unreachable), retried 10 times with the order's later events behind it
+  it('a routing key past 255 bytes is amqp_routing_key_too_long, permanent (failed at once), and nothing is sent', async () => {
+    let connects = 0
+    const publisher = createAmqpPublisher({
+      url: 'amqp://127.0.0.1:1',
+      exchange: 'partner-escrow',
+      logger,
+      connect: async () => {
+        connects += 1
+        throw new Error('not to be called')
+      },
+    })
+    const long: ReactionEvent = { ...eventOf(1, 1), type: `trade.${'ü'.repeat(200)}`, to: 'ü'.repeat(200) }
+    const error = await failureOf(publisher.handler(long, context()))
+    expect(error.code).toBe('amqp_routing_key_too_long')
+    expect(error.message).toContain('406 bytes')
+    expect(triesAgain(error, 1, 10)).toBe(false)
+    expect(connects).toBe(0)
+    // 255 bytes exactly is a key AMQP carries
+    expect(triesAgain(await failureOf(publisher.handler({ ...long, type: `trade.${'x'.repeat(249)}` as const }, context())), 1, 10)).toBe(true)
+    await publisher.close()
   })
 
   it('stops at once on an aborted signal: amqp_aborted', async () => {

@@ -37,17 +37,24 @@ export type AmqpPublishErrorCode =
   | 'amqp_timeout'
   | 'amqp_aborted'
   | 'amqp_closed'
+  | 'amqp_routing_key_too_long'
 
 export class AmqpPublishError extends Error {
   override name = 'AmqpPublishError'
+  /** No attempt can succeed (plan-retry.ts): the job is failed at once. */
+  readonly permanent: boolean
   constructor(
     readonly code: AmqpPublishErrorCode,
     message: string,
-    options?: ErrorOptions,
+    options?: ErrorOptions & { permanent?: boolean },
   ) {
     super(message, options)
+    this.permanent = options?.permanent ?? false
   }
 }
+
+/** The longest routing key AMQP 0-9-1 carries (a short string: a length byte, then the UTF-8 bytes). */
+const MAX_ROUTING_KEY_BYTES = 255
 
 export interface AmqpPublisherOptions {
   /** AMQP_URL, amqp:// or amqps:// */
@@ -318,6 +325,17 @@ export function createAmqpPublisher({
       })
     }
 
+    // a status of the platform's up to 200 characters makes a key of up to 806 bytes: amqplib refused one past 255
+    // as a wrong type, which read as an outage and was retried 10 times, its order's later events waiting behind it
+    if (Buffer.byteLength(event.type) > MAX_ROUTING_KEY_BYTES) {
+      done({ error: 'amqp_routing_key_too_long' })
+      throw new AmqpPublishError(
+        'amqp_routing_key_too_long',
+        `the routing key of event type ${JSON.stringify(event.type.slice(0, 40))}… is ${Buffer.byteLength(event.type)} bytes, ` +
+          `past AMQP's ${MAX_ROUTING_KEY_BYTES}: it cannot be published`,
+        { permanent: true },
+      )
+    }
     const using = currentLink()
     const publishId = randomUUID()
     let inFlight: Map<string, boolean> | undefined
