@@ -17,7 +17,7 @@ import type { ProxySettings } from './partner-api/partner-api-proxy.js'
 import { DEFAULT_MAX_ANSWER_BYTES, PARTNER_API_PREFIX } from './partner-api/partner-api-transport.js'
 import { DEFAULT_DISPATCHER_SETTINGS, leaseMarginMs } from './reactions/dispatcher-settings.js'
 import { POLL_JITTER } from './reconcile/poll-jitter.js'
-import { decodeWebhookSecret, MIN_WEBHOOK_SECRET_BYTES, WEBHOOK_SECRET_PREFIX } from './reactions/forwarder.js'
+import { decodeWebhookSecret, forwardSecrets, MIN_WEBHOOK_SECRET_BYTES, WEBHOOK_SECRET_PREFIX } from './reactions/forwarder.js'
 
 export const MIN_SECRET_LENGTH = 24
 /** DATA_DIR when unset, relative to the working directory. */
@@ -594,9 +594,14 @@ export function parseConfig(
   if (values.PARTNER_API_SECRET !== undefined && values.PARTNER_API_SECRET.length < MIN_SECRET_LENGTH) {
     problems.push(`${named('PARTNER_API_SECRET')}: is shorter than ${MIN_SECRET_LENGTH} characters`)
   }
-  if (values.FORWARD_SECRET !== undefined && !decodeWebhookSecret(values.FORWARD_SECRET)) {
-    const form = `${WEBHOOK_SECRET_PREFIX} followed by the base64 of at least ${MIN_WEBHOOK_SECRET_BYTES} random bytes`
-    problems.push(`FORWARD_SECRET: must be ${form}; make one with: echo "whsec_$(openssl rand -base64 32)"`)
+  if (values.FORWARD_SECRET !== undefined) {
+    const secrets = forwardSecrets(values.FORWARD_SECRET)
+    const bad = secrets.findIndex((secret) => !decodeWebhookSecret(secret))
+    if (secrets.length === 0 || bad >= 0) {
+      const which = secrets.length > 1 ? ` (secret #${bad + 1})` : ''
+      const form = `${WEBHOOK_SECRET_PREFIX} followed by the base64 of at least ${MIN_WEBHOOK_SECRET_BYTES} random bytes`
+      problems.push(`FORWARD_SECRET: must be ${form}${which}; make one with: echo "whsec_$(openssl rand -base64 32)"`)
+    }
   }
   problems.push(...pathTakenProblems('WEBHOOK_PATH', values.WEBHOOK_PATH, PUBLIC_LISTENER_PATHS))
   problems.push(...pathTakenProblems('METRICS_PATH', values.METRICS_PATH, OPERATOR_LISTENER_PATHS))
@@ -882,12 +887,12 @@ function writeLocalSecretsOnce(dataDir: string, file: string): LocalSecrets | un
 /** Every configured secret, for the log redaction and the tests that prove no log line holds one. */
 export function configSecrets(config: Config): string[] {
   // the forward secret's base64 part is the key itself, and censoring it censors the whsec_ form too
-  const forwardKey = config.forward?.secret.slice(WEBHOOK_SECRET_PREFIX.length)
+  const forwardKeys = config.forward ? forwardSecrets(config.forward.secret).map((secret) => secret.slice(WEBHOOK_SECRET_PREFIX.length)) : []
   return [
     ...config.webhook.secrets,
     config.partner.secret,
     ...(config.sandbox.controlToken ? [config.sandbox.controlToken] : []),
-    ...(forwardKey ? [forwardKey] : []),
+    ...forwardKeys,
     ...(config.adminToken ? [config.adminToken] : []),
     ...(config.amqp ? urlPasswords(config.amqp.url) : []),
     ...(config.forward ? urlPasswords(config.forward.url) : []),

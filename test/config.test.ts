@@ -552,7 +552,7 @@ describe('configuration', () => {
       const malformed = [
         LONG_SECRET, // no whsec_ prefix
         `whsec_${Buffer.alloc(16, 9).toString('base64')}`, // 16 bytes: too short a key
-        'whsec_this is not base64 but is long enough to pass a length check',
+        'whsec_this-is-not-base64-but-is-long-enough-to-pass-a-length-check',
       ]
       for (const secret of malformed) {
         expect(problemsOf({ ...remoteEnv, FORWARD_URL: 'https://erp.internal/hook', FORWARD_SECRET: secret })).toEqual([
@@ -571,6 +571,15 @@ describe('configuration', () => {
         expect(problems.some((problem) => problem.startsWith(`${name}:`)), `${name} is named`).toBe(true)
       }
       expect(problems.join('\n')).not.toContain(forwardSecret.slice('whsec_'.length))
+    })
+
+    it('takes several forward secrets for a rotation, each checked and each among the secrets no log line may show', () => {
+      const next = `whsec_${Buffer.alloc(32, 7).toString('base64')}`
+      const config = parseConfig({ ...remoteEnv, FORWARD_URL: 'http://127.0.0.1:9/hook', FORWARD_SECRET: `${forwardSecret} ${next}` })
+      expect(configSecrets(config)).toEqual(expect.arrayContaining([forwardSecret.slice('whsec_'.length), next.slice('whsec_'.length)]))
+      const problems = problemsOf({ ...remoteEnv, FORWARD_URL: 'http://127.0.0.1:9/hook', FORWARD_SECRET: `${forwardSecret},whsec_short` })
+      expect(problems).toHaveLength(1)
+      expect(problems[0]).toMatch(/^FORWARD_SECRET: must be whsec_ followed by the base64 of at least 24 random bytes \(secret #2\); /)
     })
 
     it('counts the forward secret among the secrets no log line may show', () => {

@@ -155,6 +155,25 @@ describe('the forwarder', () => {
     expect(verified.data.external_reference).toBe('order-ref-ünïcode-€')
   })
 
+  // Standard Webhooks' rotation: several signatures, space-separated, any of which a receiver checks. With one
+  // secret only, moving the receiver to a new one had a gap in which every event failed its check
+  it('signs with each of several secrets (a rotation): a receiver on either one verifies every request', async () => {
+    const target = await receiver()
+    const third = `whsec_${randomBytes(32).toString('base64')}`
+    rememberSecret(third.slice('whsec_'.length))
+    await createForwarder({ url: target.url, secret: `${SECRET} ${OTHER_SECRET}`, timeoutMs: 5_000 })(event, context())
+    await createForwarder({ url: target.url, secret: `${OTHER_SECRET},${SECRET}`, timeoutMs: 5_000 })(event, context())
+    for (const request of target.received) {
+      const signatures = request.headers['webhook-signature']!.split(' ')
+      expect(signatures).toHaveLength(2)
+      for (const signature of signatures) rememberSecret(signature.slice(3))
+      expect(new Webhook(SECRET).verify(request.rawBody, request.headers)).toEqual(forwardedPayload(event))
+      expect(new Webhook(OTHER_SECRET).verify(request.rawBody, request.headers)).toEqual(forwardedPayload(event))
+      expect(() => new Webhook(third).verify(request.rawBody, request.headers)).toThrow(WebhookVerificationError)
+    }
+    expect(() => createForwarder({ url: target.url, secret: `${SECRET} whsec_short`, timeoutMs: 5_000 })).toThrow(/whsec_/)
+  })
+
   it('sends requests that fail verification under another secret or with a changed body', async () => {
     const target = await receiver()
     await createForwarder({ url: target.url, secret: SECRET, timeoutMs: 5_000 })(event, context())

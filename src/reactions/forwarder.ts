@@ -47,6 +47,14 @@ export function decodeWebhookSecret(secret: string): Buffer | undefined {
 }
 
 /**
+ * The secrets of FORWARD_SECRET: one `whsec_…`, or several separated by spaces or commas while the receiver moves
+ * from one to the next (each attempt is signed with every one, as the specification's rotation has it).
+ */
+export function forwardSecrets(value: string): string[] {
+  return value.split(/[\s,]+/).filter((secret) => secret !== '')
+}
+
+/**
  * The `webhook-signature` value for one attempt: `v1,<base64>`. Pure; `secret` is the `whsec_...` form.
  * Throws when the secret is not a valid one (config.ts refuses such a secret at start-up).
  */
@@ -106,7 +114,7 @@ export class ForwardError extends Error {
 export interface ForwarderOptions {
   /** FORWARD_URL */
   url: string
-  /** FORWARD_SECRET, `whsec_<base64>` */
+  /** FORWARD_SECRET, `whsec_<base64>`, or several of them separated by spaces or commas */
   secret: string
   /**
    * Per attempt: from sending the request to the end of its answer. An answer whose status came in time stands
@@ -135,12 +143,12 @@ export function createForwarder({
   if (target.protocol !== 'http:' && target.protocol !== 'https:') {
     throw new Error('the forward URL must be an http(s) URL')
   }
-  const keyBytes = decodeWebhookSecret(secret)
-  if (!keyBytes) {
+  const keysBytes = forwardSecrets(secret).map(decodeWebhookSecret)
+  if (keysBytes.length === 0 || keysBytes.some((keyBytes) => !keyBytes)) {
     throw new Error(`the forward secret is not ${SECRET_FORM}`)
   }
   // made once: an HMAC made from a key object does not take the key's bytes in again for every event
-  const key = createSecretKey(keyBytes)
+  const keys = keysBytes.map((keyBytes) => createSecretKey(keyBytes!))
   if (!(timeoutMs > 0)) throw new Error('the forward timeout must be a positive number of milliseconds')
   // errors and logs name the receiver by origin only: a path or query may carry a token of its own
   const receiver = target.origin
@@ -167,7 +175,8 @@ export function createForwarder({
       'webhook-timestamp',
       String(timestamp),
       'webhook-signature',
-      signWithKey(key, event.eventId, timestamp, body),
+      // several secrets (a rotation): one signature each, space-separated, any of which the receiver may check
+      keys.length === 1 ? signWithKey(keys[0]!, event.eventId, timestamp, body) : keys.map((key) => signWithKey(key, event.eventId, timestamp, body)).join(' '),
       'user-agent',
       agent,
     ]
