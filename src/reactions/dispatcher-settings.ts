@@ -14,6 +14,8 @@ export interface DispatcherSettings {
   safetyIntervalMs: number
   /** How long stop() lets running handlers finish before aborting them. */
   shutdownTimeoutMs: number
+  /** How long a stream's events wait behind an open transaction before it is said (dispatcher.ts, HELD_BACK_WARN_MS). */
+  heldBackWarnMs?: number
 }
 
 export const DEFAULT_DISPATCHER_SETTINGS: Omit<DispatcherSettings, 'concurrency' | 'maxAttempts'> = {

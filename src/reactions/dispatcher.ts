@@ -43,7 +43,7 @@ import {
   skipJobNotTaken,
 } from './reaction-job.repository.js'
 import type { ReactionHandler } from './reaction-event.js'
-import { ensureReactionStreams } from './reaction-stream.repository.js'
+import { ensureReactionStreams, oldestOpenTransaction } from './reaction-stream.repository.js'
 import { type AttemptResult, type DispatcherSettings, leaseMarginMs } from './dispatcher-settings.js'
 import { createSlots, type Slots } from './handler-slots.js'
 import { planRetry, triesAgain } from './plan-retry.js'
@@ -157,6 +157,13 @@ function createWaker(clock: Clock) {
 // a stream with events committed but not readable yet (an older transaction still open) looks again after
 // this, doubling up to a second; a busy stream is woken sooner by the commits themselves
 const WITHHELD_FIRST_MS = 10
+/**
+ * How long a stream's committed events may wait behind an open transaction before the dispatcher says so, naming
+ * the oldest open transaction on the server (and again as often while they still wait). Any transaction of the
+ * server holds them back, in any database: one of another application's held every stream for minutes, with
+ * nothing but the growing age of the oldest pending event to show it.
+ */
+export const HELD_BACK_WARN_MS = 60_000
 
 export function createDispatcher(deps: DispatcherDeps): Dispatcher {
   const { db, clock, logger, settings } = deps
@@ -465,9 +472,21 @@ export function createDispatcher(deps: DispatcherDeps): Dispatcher {
     running.set(job.id, entry)
   }
 
+  const warnHeldBack = async (handler: string, heldForMs: number) => {
+    const transaction = await oldestOpenTransaction(db).catch(() => undefined)
+    logger.warn(
+      { handler, heldForS: Math.round(heldForMs / 1000), oldestTransaction: transaction && { ...transaction, openForS: Math.round(transaction.openForS) } },
+      'reaction stream held back: its committed events wait until every transaction older than them has ended (oldestTransaction: the oldest open one on the server)',
+    )
+  }
+
   const streamLoop = async (worker: StreamWorker, waker: ReturnType<typeof createWaker>, signal: AbortSignal) => {
     let failures = 0
     let withheldMs = WITHHELD_FIRST_MS
+    // since when the stream's next events have waited behind an open transaction, and when that was last said
+    let heldBackSince: number | undefined
+    let heldBackSaid = 0
+    const warnMs = settings.heldBackWarnMs ?? HELD_BACK_WARN_MS
     while (!signal.aborted) {
       waker.reset()
       let delayMs = settings.safetyIntervalMs
@@ -475,6 +494,12 @@ export function createDispatcher(deps: DispatcherDeps): Dispatcher {
       try {
         const { full, read, readAgainInMs, withheld, heldUntil } = await worker.batch(signal)
         failures = 0
+        const now = clock.now()
+        heldBackSince = withheld && read === 0 ? (heldBackSince ?? now) : undefined
+        if (heldBackSince !== undefined && now - heldBackSince >= warnMs && now - heldBackSaid >= warnMs) {
+          heldBackSaid = now
+          await warnHeldBack(worker.name, now - heldBackSince)
+        }
         // another replica holds the stream: look again when its lease runs out (it may have died)
         if (heldUntil) delayMs = Math.min(delayMs, Math.max(1, heldUntil.getTime() - clock.now() + 1))
         if (full) continue

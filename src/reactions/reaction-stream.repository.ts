@@ -327,3 +327,29 @@ export async function reactionStreamBacklog(
   const row = rows[0]
   return { events: Number(row?.events ?? 0), oldest: row?.oldest ? new Date(row.oldest) : undefined }
 }
+
+/** The session whose open transaction is likely to hold every stream back: the oldest one with an id or a snapshot. */
+export interface OpenTransaction {
+  pid: number
+  database: string | null
+  user: string | null
+  application: string | null
+  state: string | null
+  openForS: number
+}
+
+/**
+ * The oldest open transaction on the whole server other than this session's, from pg_stat_activity (its query text
+ * is not read): the one a stream's readable end, the snapshot's xmin, waits on. Undefined when there is none, or
+ * where the statistics are not kept (PGlite).
+ */
+export async function oldestOpenTransaction(db: Kysely<Database>): Promise<OpenTransaction | undefined> {
+  const { rows } = await sql<OpenTransaction>`
+    select pid, datname as database, usename as "user", application_name as application, state,
+      extract(epoch from now() - xact_start)::float8 as "openForS"
+    from pg_stat_activity
+    where (backend_xid is not null or backend_xmin is not null) and pid <> pg_backend_pid() and xact_start is not null
+    order by xact_start
+    limit 1`.execute(db)
+  return rows[0]
+}

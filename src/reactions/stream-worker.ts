@@ -567,6 +567,8 @@ export function createStreamWorker(deps: StreamWorkerDeps) {
   }
 
   return {
+    /** The handler whose stream this is. */
+    name,
     batch,
     /** How many events the next batch reads. */
     get limit() {
