@@ -51,6 +51,9 @@ describe('PartnerApiTransport retry rules', () => {
     ['a 503 with an unreadable Retry-After', { status: 503, headers: { 'retry-after': 'soon' } }],
     ['a 503 with a negative Retry-After', { status: 503, headers: { 'retry-after': '-5' } }],
     ['a 429 with a fractional Retry-After', { status: 429, headers: { 'retry-after': '1.5' } }],
+    // a date the calendar does not have is garbage too: it was read as the day after (1 March 2025, past: at once)
+    ['a 503 whose Retry-After is 29 February of a common year', { status: 503, headers: { 'retry-after': 'Sat, 29 Feb 2025 00:00:00 GMT' } }],
+    ['a 503 whose Retry-After is 31 February', { status: 503, headers: { 'retry-after': 'Mon, 31 Feb 2025 00:00:00 GMT' } }],
     ['a reset connection', { networkError: 'ECONNRESET' }],
   ] as [string, FetchStep][])('retries a GET after %s on the backoff', async (_kind, first) => {
     const { sender, clock, calls, waits } = transport([first, ok])

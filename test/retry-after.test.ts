@@ -21,6 +21,10 @@ describe('parseRetryAfter', () => {
     ['1.5', undefined],
     ['soon 12', undefined],
     ['2026-01-01T00:00:05Z', undefined],
+    // a day the calendar does not have is unreadable too, not the day Date.parse rolls it into (3 March, 1 March)
+    ['Tue, 31 Feb 2026 00:00:00 GMT', undefined],
+    ['Sun, 29 Feb 2025 00:00:00 GMT', undefined],
+    ['Thu, 01 Jan 2026 24:00:00 GMT', undefined],
   ])('reads %j as %j ms', (value, expected) => {
     expect(parseRetryAfter(value, now)).toBe(expected)
   })
