@@ -93,6 +93,15 @@ describe('PartnerApiClient answers: tolerant of what the platform adds', () => {
     expect(await api.fundTrade('tr_1')).toEqual(minimal)
   })
 
+  it('accepts ids that hold dots but are no dot segment, as a path takes them', async () => {
+    const trade = tradeRecord({
+      trade_id: 'tr.1',
+      milestones: [{ milestone_id: '...', title: 'Frame', amount: '70.00', status: 'pending' }],
+      dispute: disputeRecord({ dispute_id: '.dp', proposals: [proposalRecord({ proposal_id: 'pr..1' })] }),
+    })
+    expect(await clientAnswering(trade).api.getTrade('tr.1')).toEqual(trade)
+  })
+
   it('accepts a dispute and a proposal that carry only their id', async () => {
     expect(
       await clientAnswering({ dispute_id: 'dp_9' }).api.openDispute('tr_1', {
@@ -174,6 +183,46 @@ describe('PartnerApiClient answers: strict on the fields we rely on', () => {
     ['a trade whose external_reference holds a lone surrogate', { ...trade, external_reference: 'order-\ud800' }, (api) => api.getTrade('tr_1'), 'external_reference', /must not hold a lone surrogate/],
     ['a trade whose trade_id is empty', { ...trade, trade_id: '' }, (api) => api.fundTrade('tr_1'), 'trade_id', /must not be empty/],
     ['a trade whose reference is 3,000 characters', { ...trade, reference: 'R'.repeat(3_000) }, (api) => api.deliverTrade('tr_1'), 'reference', /must be at most 200 characters/],
+    // an id the client later puts in a path is held to the rule it applies there: a trade id ".." was stored from a
+    // create's answer, and every call on its order was then refused before sending, as if mistyped (exit 2)
+    ['a trade whose trade_id is ".."', { ...trade, trade_id: '..' }, (api) => api.createTrade(createRequest), 'trade_id', /must be usable as a path segment \(not blank, "\." or "\.\."\)/],
+    ['a trade whose trade_id is "."', { ...trade, trade_id: '.' }, (api) => api.getTrade('tr_1'), 'trade_id', /must be usable as a path segment/],
+    ['a trade whose trade_id is whitespace', { ...trade, trade_id: ' \t ' }, (api) => api.fundTrade('tr_1'), 'trade_id', /must be usable as a path segment/],
+    [
+      'a milestone whose id is ".."',
+      { ...trade, milestones: [{ milestone_id: '..', title: marker, amount: '70.00', status: 'pending' }] },
+      (api) => api.deliverMilestone('tr_1', 'ms_1'),
+      'milestones.0.milestone_id',
+      /must be usable as a path segment/,
+    ],
+    [
+      'a trade whose dispute’s proposal id is "."',
+      { ...trade, dispute: disputeRecord({ proposals: [proposalRecord({ proposal_id: '.' })] }) },
+      (api) => api.getTrade('tr_1'),
+      'dispute.proposals.0.proposal_id',
+      /must be usable as a path segment/,
+    ],
+    [
+      'a proposal whose proposal_id is whitespace',
+      { ...proposalRecord(), proposal_id: '  ' },
+      (api) => api.createProposal('tr_1', { outcome: 'buyer_win', party: 'seller' }),
+      'proposal_id',
+      /must be usable as a path segment/,
+    ],
+    [
+      'a respond result whose proposal id is ".."',
+      { ...respondResult(), proposal: proposalRecord({ proposal_id: '..' }) },
+      respond,
+      'proposal.proposal_id',
+      /must be usable as a path segment/,
+    ],
+    [
+      'a dispute whose dispute_id is ".."',
+      disputeRecord({ dispute_id: '..', reason: marker }),
+      (api) => api.openDispute('tr_1', { reason: 'The frame arrived bent and scratched', party: 'buyer' }),
+      'dispute_id',
+      /must be usable as a path segment/,
+    ],
     ['a JSON array instead of a record', [trade], (api) => api.getTrade('tr_1'), '(body)', /must be an object/],
     ['JSON null', null, (api) => api.getTrade('tr_1'), '(body)', /must be an object/],
   ]

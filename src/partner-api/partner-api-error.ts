@@ -39,21 +39,27 @@ export class PartnerNetworkError extends Error {
 export const PROXY_CLOSED_CODE = 'PROXY_CLOSED_WITHOUT_ANSWER'
 
 /**
- * No connection could be made (refused, or the host name did not resolve), or the proxy refused the tunnel:
- * the request never left, so its outcome is known: nothing happened on the platform.
+ * No connection could be made (refused, the host name did not resolve, the TLS handshake failed), or the proxy
+ * refused the tunnel: the request never left, so its outcome is known: nothing happened on the platform.
  */
 export class PartnerNotSentError extends PartnerNetworkError {
   override name = 'PartnerNotSentError'
   /** The proxy the call went to (scheme://host:port), when it went through one. */
   readonly proxy: string | undefined
+  /**
+   * The failure repeats at every attempt until someone changes a setting (a refused certificate, a handshake
+   * with no TLS version in common, a plain HTTP port): a GET is not sent again within the call.
+   */
+  readonly lasting: boolean
   constructor(
     message: string,
     readonly url: string,
     readonly reason: string,
-    { proxy, ...options }: ErrorOptions & { proxy?: string } = {},
+    { proxy, lasting = false, ...options }: ErrorOptions & { proxy?: string; lasting?: boolean } = {},
   ) {
     super(message, options)
     this.proxy = proxy
+    this.lasting = lasting
   }
 }
 

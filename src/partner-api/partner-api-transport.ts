@@ -3,7 +3,9 @@
 //
 // Only GET is retried: on network errors, timeouts, 429 and 5xx, with capped exponential backoff and equal
 // jitter, or after the answer's Retry-After. A POST carries no idempotency key, so a second send could
-// create or move a trade twice; the caller decides (see src/trades/open-trade-for-order.ts).
+// create or move a trade twice; the caller decides (see src/trades/open-trade-for-order.ts). A failure that
+// repeats until a setting changes (a refused certificate, a TLS handshake that cannot succeed) is not retried,
+// nor is an answer that came but is not the record (too large, not UTF-8, not decodable, not valid).
 //
 // An answer is read up to `maxAnswerBytes` and no further: past it the connection is closed and the call
 // fails with PartnerInvalidResponseError, so an answer without an end (a proxy's stream, a broken gateway)
@@ -17,6 +19,7 @@
 // Every answer's Date header is read against this machine's clock (clock-offset.ts) and handed to
 // `onClockOffset` (the metrics' gauge): a drifting clock shows there before the platform's window refuses
 // our timestamps, and a 401 past the threshold names the offset in its message.
+import tls from 'node:tls'
 import { anySignal } from 'any-signal'
 import { parse as parseContentType } from 'content-type'
 import type { z } from 'zod'
@@ -26,7 +29,7 @@ import { parseRetryAfter } from '../http/retry-after.js'
 import type { Logger } from '../logger.js'
 import { printable } from '../printable.js'
 import { shortened } from '../shortened.js'
-import { OWN_CA_HINT, refusedCertificateCode } from '../tls-certificate.js'
+import { answeredWithoutTls, failedHandshakeCode, OWN_CA_HINT, refusedCertificateCode } from '../tls-certificate.js'
 import { userAgent } from '../version.js'
 import { findDuplicateKey, shownKey } from '../webhooks/find-duplicate-key.js'
 import { describeClockOffset, isClockOffsetTooLarge, measureClockOffset } from './clock-offset.js'
@@ -176,11 +179,7 @@ export class PartnerApiTransport {
       try {
         answer = await this.send(method, url, path, body, attempt, signal)
       } catch (error) {
-        // an answer too large to read is not sent again: it would be as large the next time
-        const transient =
-          (error instanceof PartnerNetworkError && !(error instanceof PartnerInvalidResponseError)) ||
-          error instanceof PartnerTimeoutError
-        if (!transient || attempt >= maxAttempts) throw error
+        if (!isTransient(error) || attempt >= maxAttempts) throw error
         await this.clock.sleep(this.backoffMs(attempt), signal)
         continue
       }
@@ -245,15 +244,24 @@ export class PartnerApiTransport {
         // refused by its header: the body is not read
         await response.body?.cancel().catch(() => {})
         log({ status: response.status, error: 'answer not UTF-8' })
-        throw invalidRecord(method, path, response.status, '(body)', `is declared in the charset ${shownCharset(charset)}, not UTF-8`)
+        throw invalidRecord(method, path, response.status, '(body)', `is declared in the charset ${shownHeaderValue(charset)}, not UTF-8`)
       }
       let text: string | undefined
       try {
         text = await readAnswer(response, this.maxAnswerBytes, { fatal: succeeded })
       } catch (error) {
-        if (!(error instanceof AnswerNotUtf8Error)) throw error
-        log({ status: response.status, error: 'answer not UTF-8' })
-        throw invalidRecord(method, path, response.status, '(body)', 'is not valid UTF-8')
+        if (error instanceof AnswerNotUtf8Error) {
+          log({ status: response.status, error: 'answer not UTF-8' })
+          throw invalidRecord(method, path, response.status, '(body)', 'is not valid UTF-8')
+        }
+        const decoding = undecodableBodyCode(error)
+        if (decoding === undefined) throw error
+        // the platform did answer, with bytes that are not what its Content-Encoding says: they would be the
+        // same at the next attempt. A refusal stands on its status, as one whose body is not JSON does
+        log({ status: response.status, error: 'answer not decodable', reason: decoding })
+        if (!succeeded) return { status: response.status, headers: response.headers, text: '' }
+        const encoding = shownHeaderValue(response.headers.get('content-encoding') ?? '')
+        throw invalidRecord(method, path, response.status, '(body)', `could not be decoded as its Content-Encoding ${encoding} says (${decoding})`)
       }
       if (text === undefined) {
         log({ status: response.status, error: 'answer too large' })
@@ -280,12 +288,13 @@ export class PartnerApiTransport {
         log({ error: 'aborted' })
         throw callerSignal.reason
       }
-      const { reason, notSent } = this.proxy ? describeProxyError(error, this.proxy, url) : describeNetworkError(error)
+      const { reason, notSent, lasting } = this.proxy ? describeProxyError(error, this.proxy, url) : describeNetworkError(error)
       log({ error: 'network', reason })
       if (notSent) {
         throw new PartnerNotSentError(`${method} ${path} was not sent: ${reason}`, this.baseUrl, reason, {
           cause: error,
           proxy: this.proxy,
+          lasting,
         })
       }
       throw new PartnerNetworkError(`${method} ${path} failed: ${reason}`, { cause: error })
@@ -318,11 +327,11 @@ function invalidRecord(method: Method, path: string, status: number, field: stri
   )
 }
 
-/** The most of a charset from outside shown in an error (its message is logged and printed). */
-const MAX_SHOWN_CHARSET_LENGTH = 40
+/** The most of a header value from outside (a charset, a Content-Encoding) shown in an error (its message is logged and printed). */
+const MAX_SHOWN_HEADER_VALUE_LENGTH = 40
 
-// the charset as the header has it, quoted and on one line: a header value may hold any byte but CR, LF and NUL
-const shownCharset = (charset: string) => printable(JSON.stringify(shortened(charset, MAX_SHOWN_CHARSET_LENGTH)))
+// the value as the header has it, quoted and on one line: a header value may hold any byte but CR, LF and NUL
+const shownHeaderValue = (value: string) => printable(JSON.stringify(shortened(value, MAX_SHOWN_HEADER_VALUE_LENGTH)))
 
 /**
  * The charset a Content-Type names when it is not UTF-8 ("utf-8" or "utf8" in any case, quoted or not), or
@@ -423,16 +432,56 @@ interface NetworkFailure {
   reason: string
   /** True when not one byte of the request left this machine. */
   notSent: boolean
+  /** True when the next attempt would fail the same way: a setting must change first. */
+  lasting?: boolean
 }
+
+/**
+ * Whether a failed attempt of a GET is worth another: a lost connection or a timeout may pass, and a refused
+ * connection too (a platform restarting); a refused certificate, a failed handshake, or an answer that came but is
+ * not the record (too large, not UTF-8, not decodable) would be the same at the next attempt.
+ */
+function isTransient(error: unknown): boolean {
+  if (error instanceof PartnerTimeoutError) return true
+  if (error instanceof PartnerInvalidResponseError) return false
+  if (error instanceof PartnerNotSentError) return !error.lasting
+  return error instanceof PartnerNetworkError
+}
+
+// tls.DEFAULT_MIN_VERSION and _MAX_VERSION ("TLSv1.2", "TLSv1.3") as a person writes them
+const acceptedTlsVersions = () =>
+  `TLS ${tls.DEFAULT_MIN_VERSION.replace('TLSv', '')} to ${tls.DEFAULT_MAX_VERSION.replace('TLSv', '')}`
 
 function describeNetworkError(error: unknown): NetworkFailure {
   if (!(error instanceof Error)) return { reason: String(error), notSent: false }
-  // the handshake failed: not one byte of the request went out
+  // the handshake failed: not one byte of the request went out, and the next attempt would fail the same way
   const certificate = refusedCertificateCode(error)
-  if (certificate !== undefined) return { reason: `the platform's TLS certificate was not accepted (${certificate}); ${OWN_CA_HINT}`, notSent: true }
+  if (certificate !== undefined) {
+    return { reason: `the platform's TLS certificate was not accepted (${certificate}); ${OWN_CA_HINT}`, notSent: true, lasting: true }
+  }
+  const handshake = failedHandshakeCode(error)
+  if (handshake !== undefined) {
+    const reason = answeredWithoutTls(error)
+      ? `the platform answered without TLS (${handshake}): its port takes plain HTTP; give the base URL http://, or https:// with the platform's TLS port`
+      : `the TLS handshake with the platform failed (${handshake}): it shares no TLS version or cipher with this machine, which speaks ${acceptedTlsVersions()}`
+    return { reason, notSent: true, lasting: true }
+  }
   const cause = error.cause as { code?: string; message?: string } | undefined
   const reason = cause?.code ?? cause?.message ?? error.message
   return { reason, notSent: NOT_SENT_CODES.has(reason) }
+}
+
+/**
+ * The code of the decoder that failed on the answer's body (fetch undoes its Content-Encoding): zlib's for gzip and
+ * deflate (`Z_DATA_ERROR`), brotli's (`ERR__ERROR_FORMAT_PADDING_2`); undefined for any other failure, a connection
+ * lost mid-body among them (`UND_ERR_SOCKET`), which may pass and is retried.
+ */
+function undecodableBodyCode(error: unknown): string | undefined {
+  for (const cause of causes(error)) {
+    const code = (cause as { code?: unknown }).code
+    if (typeof code === 'string' && /^(Z_|ERR__ERROR_)/.test(code)) return code
+  }
+  return undefined
 }
 
 // undici's words when the proxy answers CONNECT with anything but 200 (a cause or two below fetch's TypeError)
@@ -462,8 +511,8 @@ function describeProxyError(error: unknown, proxy: string, target: URL): Network
     const hint = 'is it an https:// proxy, or no proxy at all?'
     return { reason: `the proxy ${proxy} closed the connection without answering CONNECT ${target.host} (${hint})`, notSent: true }
   }
-  const { reason, notSent } = describeNetworkError(error)
-  if (notSent) return { reason: `could not connect to the proxy ${proxy} (${reason})`, notSent }
+  const { reason, notSent, lasting } = describeNetworkError(error)
+  if (notSent) return { reason: `could not connect to the proxy ${proxy} (${reason})`, notSent, lasting }
   return { reason: `${reason} (through the proxy ${proxy})`, notSent }
 }
 

@@ -10,7 +10,7 @@
 // - strict where we rely on a field: the ids we store or address calls with, and the trade status. A field
 //   that is present must have its documented type, so the typed record never lies.
 import { z } from 'zod'
-import { LONE_SURROGATE, TRADE_FACT_MAX_LENGTH } from './field-rules.js'
+import { isPathId, LONE_SURROGATE, TRADE_FACT_MAX_LENGTH } from './field-rules.js'
 
 const text = z.string()
 const nullableText = z.string().nullable()
@@ -25,10 +25,17 @@ export const tradeFact = z
   .refine((value) => !value.includes('\u0000'), 'must not hold a NUL character')
   .refine((value) => !LONE_SURROGATE.test(value), 'must not hold a lone surrogate')
 
+// An id the client later puts in a path (a trade's, a milestone's, a proposal's; a dispute's is held to it too)
+// must pass the rule the client applies there (validatePathId): a trade id ".." was stored from a create's
+// answer, and every later call on its order was then refused before sending, as if the operator had mistyped.
+const PATH_ID_PROBLEM = 'must be usable as a path segment (not blank, "." or "..")'
+const platformId = z.string().refine(isPathId, PATH_ID_PROBLEM)
+const tradeId = tradeFact.refine(isPathId, PATH_ID_PROBLEM)
+
 // Full records: what the sandbox answers and the README documents.
 
 export const fullMilestoneSchema = z.looseObject({
-  milestone_id: text,
+  milestone_id: platformId,
   title: text,
   amount: text,
   /** pending, delivered, released */
@@ -36,7 +43,7 @@ export const fullMilestoneSchema = z.looseObject({
 })
 
 export const fullProposalSchema = z.looseObject({
-  proposal_id: text,
+  proposal_id: platformId,
   trade_id: text,
   /** buyer_win, seller_win, split */
   outcome: text,
@@ -49,7 +56,7 @@ export const fullProposalSchema = z.looseObject({
 })
 
 export const fullDisputeSchema = z.looseObject({
-  dispute_id: text,
+  dispute_id: platformId,
   trade_id: text,
   /** buyer, seller */
   party: text,
@@ -65,7 +72,7 @@ export const fullDisputeSchema = z.looseObject({
 const fullResolutionSchema = z.looseObject({ outcome: text, buyer_pct: text, seller_pct: text })
 
 export const fullTradeSchema = z.looseObject({
-  trade_id: tradeFact,
+  trade_id: tradeId,
   reference: tradeFact,
   /** an open set: src/orders/trade-status.ts handles a status it does not know */
   status: tradeFact,

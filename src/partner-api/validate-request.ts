@@ -7,6 +7,7 @@ import type { PartnerKind } from '../config.js'
 import {
   DECIMAL,
   isLongEnoughReason,
+  isPathId,
   isPercentage,
   isPositiveDecimal,
   MIN_DISPUTE_REASON_LENGTH,
@@ -157,6 +158,6 @@ export function validatePathId(field: string, value: unknown): string {
   if (typeof value !== 'string' || value.trim().length === 0) {
     throw new PartnerValidationError(field, 'is required (a platform id)')
   }
-  if (value === '.' || value === '..') throw new PartnerValidationError(field, 'is not a valid platform id')
+  if (!isPathId(value)) throw new PartnerValidationError(field, 'is not a valid platform id')
   return value
 }

@@ -1,0 +1,167 @@
+// An answer whose body is not what its Content-Encoding says (a 200 marked gzip whose bytes are plain JSON) came
+// from the platform, and would come the same way again: a success answer is an invalid answer (invalid_response,
+// field `(body)`), not retried, as any answer that fails its check; a refusal stands on its status, as one whose
+// body is not JSON does. A connection lost in the middle of a gzip body is still a lost connection, and a GET is
+// asked again. A real HTTP server plays the platform, answering with the exact bytes and headers each test gives it.
+import { once } from 'node:events'
+import { createServer, type Server, type ServerResponse } from 'node:http'
+import type { AddressInfo } from 'node:net'
+import { brotliCompressSync, deflateSync, gzipSync } from 'node:zlib'
+import { afterAll, beforeAll, beforeEach, describe, expect, it } from 'vitest'
+import type { CliContext } from '../src/cli/cli-context.js'
+import { systemClock } from '../src/clock.js'
+import { createPartnerApiClient } from '../src/partner-api/create-partner-api-client.js'
+import { isOutcomeUnknown, PartnerApiError, PartnerInvalidResponseError } from '../src/partner-api/partner-api-error.js'
+import { runCommandWith } from './helpers/cli-in-process.js'
+import { testLogger } from './helpers/log-sink.js'
+import { tradeRecord } from './helpers/partner-api-fixtures.js'
+import { insertOrders } from './helpers/reconcile-orders.js'
+import { TEST_API_SECRET, testConfig } from './helpers/test-config.js'
+import { createTestDatabase, type TestDatabase } from './helpers/test-database.js'
+
+type Answer = (response: ServerResponse) => void
+
+let server: Server
+let url: string
+/** Answers for the next requests, in order; then `planned`. */
+const queued: Answer[] = []
+let planned: Answer
+const requests: { method: string; path: string }[] = []
+
+beforeAll(async () => {
+  server = createServer((request, response) => {
+    request.resume()
+    request.on('end', () => {
+      requests.push({ method: request.method ?? '', path: request.url ?? '' })
+      ;(queued.shift() ?? planned)(response)
+    })
+  })
+  server.listen(0, '127.0.0.1')
+  await once(server, 'listening')
+  url = `http://127.0.0.1:${(server.address() as AddressInfo).port}`
+})
+afterAll(async () => {
+  server.closeAllConnections()
+  await new Promise((resolve) => server.close(resolve))
+})
+beforeEach(() => {
+  queued.length = 0
+})
+
+/** Exactly these bytes, with this Content-Encoding. */
+const encoded =
+  (status: number, contentEncoding: string, body: Buffer | string): Answer =>
+  (response) => {
+    response.writeHead(status, { 'content-type': 'application/json', 'content-encoding': contentEncoding })
+    response.end(body)
+  }
+
+const recordText = (tradeId = 'tr_1') => JSON.stringify(tradeRecord({ trade_id: tradeId }))
+
+const client = () =>
+  createPartnerApiClient(testConfig({ PARTNER_API_BASE_URL: url }), {
+    logger: testLogger([TEST_API_SECRET]),
+    clock: systemClock,
+    retry: { baseDelayMs: 1, maxDelayMs: 1 },
+  })
+
+const invalidFor = (method: string, path: string, problem: string) =>
+  `${method} ${path}: the platform answered 200 with a body that is not the expected record ((body) ${problem})`
+
+describe('the partner API client and a success answer whose body is not what its Content-Encoding says', () => {
+  it.each([
+    ['gzip', 'plain JSON', recordText(), 'Z_DATA_ERROR'],
+    ['gzip', 'a gzip record with bytes after it', Buffer.concat([gzipSync(recordText()), Buffer.from('trailing')]), 'Z_DATA_ERROR'],
+    ['deflate', 'plain JSON', recordText(), 'Z_DATA_ERROR'],
+    ['br', 'plain JSON', recordText(), 'ERR__ERROR_FORMAT_PADDING_2'],
+  ])('refuses a GET answered %s over %s with invalid_response, and does not ask again', async (encoding, _what, body, code) => {
+    planned = encoded(200, encoding, body)
+    const before = requests.length
+    const failure = await client().getTrade('tr_1').catch((error: unknown) => error)
+    expect(requests.length - before).toBe(1)
+    expect(failure).toBeInstanceOf(PartnerInvalidResponseError)
+    expect(failure).toMatchObject({ code: 'invalid_response', status: 200, field: '(body)' })
+    expect((failure as Error).message).toBe(
+      invalidFor('GET', '/api/partner/v1/trades/tr_1/', `could not be decoded as its Content-Encoding "${encoding}" says (${code})`),
+    )
+  })
+
+  it('refuses a write answered so the same way: the fund may have happened, so its outcome is unknown', async () => {
+    planned = encoded(200, 'gzip', recordText('tr_2'))
+    const failure = await client().fundTrade('tr_2').catch((error: unknown) => error)
+    expect(failure).toBeInstanceOf(PartnerInvalidResponseError)
+    expect(isOutcomeUnknown(failure)).toBe(true)
+  })
+
+  it('names the Content-Encoding as the header has it: two codings, the body gzipped once', async () => {
+    planned = encoded(200, 'gzip, gzip', gzipSync(recordText()))
+    const failure = (await client().getTrade('tr_1').catch((error: unknown) => error)) as Error
+    expect(failure.message).toContain('(body) could not be decoded as its Content-Encoding "gzip, gzip" says (Z_DATA_ERROR)')
+  })
+
+  it.each([
+    ['gzip', gzipSync],
+    ['deflate', deflateSync],
+    ['br', brotliCompressSync],
+  ])('reads a record that is %s as it says', async (encoding, compress) => {
+    planned = encoded(200, encoding, compress(recordText()))
+    await expect(client().getTrade('tr_1')).resolves.toMatchObject({ trade_id: 'tr_1' })
+  })
+
+  it('still asks a GET again when the connection is lost in the middle of a gzip body', async () => {
+    const whole = gzipSync(recordText())
+    queued.push((response) => {
+      response.writeHead(200, { 'content-type': 'application/json', 'content-encoding': 'gzip', 'content-length': whole.length })
+      response.write(whole.subarray(0, 10))
+      setTimeout(() => response.socket?.destroy(), 20)
+    })
+    planned = encoded(200, 'gzip', whole)
+    const before = requests.length
+    await expect(client().getTrade('tr_1')).resolves.toMatchObject({ trade_id: 'tr_1' })
+    expect(requests.length - before).toBe(2)
+  })
+})
+
+describe('the partner API client and a refusal whose body is not what its Content-Encoding says', () => {
+  it('takes a 409 for the refusal it is, by its status: the platform did answer', async () => {
+    planned = encoded(409, 'gzip', '{"error":{"code":"invalid_state","message":"not now"}}')
+    const failure = await client().releaseTrade('tr_3').catch((error: unknown) => error)
+    expect(failure).toBeInstanceOf(PartnerApiError)
+    expect(failure).toMatchObject({ status: 409, code: 'http_409' })
+    expect((failure as Error).message).toBe('POST /api/partner/v1/trades/tr_3/release/ answered 409 http_409')
+    // refused: nothing happened on the platform
+    expect(isOutcomeUnknown(failure)).toBe(false)
+  })
+
+  it('asks a GET again after a 503 so, as after any 503', async () => {
+    queued.push(encoded(503, 'gzip', 'Service unavailable'))
+    planned = encoded(200, 'gzip', gzipSync(recordText()))
+    const before = requests.length
+    await expect(client().getTrade('tr_1')).resolves.toMatchObject({ trade_id: 'tr_1' })
+    expect(requests.length - before).toBe(2)
+  })
+})
+
+describe('an answer that cannot be decoded, where the CLI meets it', () => {
+  let database: TestDatabase
+  let context: CliContext
+  beforeAll(async () => {
+    database = await createTestDatabase()
+    context = { config: testConfig({ PARTNER_API_BASE_URL: url }), logger: testLogger([TEST_API_SECRET]), db: database.db }
+  })
+  afterAll(() => database.close())
+
+  it('trades get asks once, prints the answer’s fault and [invalid_response], exit 1, and prints no record', async () => {
+    await insertOrders(database.db, [{ externalReference: 'gz-1', tradeStatus: 'created' }])
+    planned = encoded(200, 'gzip', recordText('tr_gz-1'))
+    const before = requests.length
+    const result = await runCommandWith(['trades', 'get', 'gz-1'], context)
+    expect(requests.length - before).toBe(1)
+    expect(result.code).toBe(1)
+    expect(result.stdout).toBe('')
+    expect(result.stderr).toBe(
+      `${invalidFor('GET', '/api/partner/v1/trades/tr_gz-1/', 'could not be decoded as its Content-Encoding "gzip" says (Z_DATA_ERROR)')}; ` +
+        'a GET changes nothing on the platform, and nothing of the answer is shown [invalid_response]\n',
+    )
+  })
+})
