@@ -252,6 +252,21 @@ describe('the webhook contract', () => {
     expect(row.outcome).toBe('invalid')
   })
 
+  // the trade id goes into the path of every later call on the order: ".." linked to it made each refused (exit 2)
+  it('stores a trade event whose trade_id cannot be a path segment as invalid, its order unlinked', async () => {
+    const ref = reference()
+    await createOrder(database.db, { externalReference: ref })
+    for (const [tradeId, deliveryId] of [['..', 'dlv-dot-dot'], ['.', 'dlv-dot'], ['   ', 'dlv-blank']] as const) {
+      const body = JSON.stringify({ ...tradePayload(ref, 'funded'), trade_id: tradeId })
+      expect((await sendWebhook(app, { body, deliveryId })).status).toBe(200)
+      const row = await database.db.selectFrom('webhookDeliveries').select('outcome').where('deliveryId', '=', deliveryId).executeTakeFirstOrThrow()
+      expect(row.outcome, tradeId).toBe('invalid')
+    }
+    const order = await findOrderByExternalReference(database.db, ref)
+    expect(order?.tradeId ?? null).toBeNull()
+    expect(order?.tradeStatus ?? null).toBeNull()
+  })
+
   it('stores a trade event whose event names another status than its status as invalid, its order unmoved', async () => {
     const ref = reference()
     await createOrder(database.db, { externalReference: ref })

@@ -6,7 +6,7 @@
 // `event` is not `trade.{status}` of its own status is invalid: which of the two it means cannot be told.
 // So is any body with a key twice in one of its objects (find-duplicate-key.ts): we would read its last
 // value, a reader that keeps the first would read another body.
-import { isTradeFact, TRADE_FACT_MAX_LENGTH } from '../partner-api/field-rules.js'
+import { isPathId, isTradeFact, TRADE_FACT_MAX_LENGTH } from '../partner-api/field-rules.js'
 import { findDuplicateKey, shownKey } from './find-duplicate-key.js'
 
 export type ParsedDelivery =
@@ -83,6 +83,11 @@ export function classifyDelivery({ body, duplicateKey }: Pick<ParsedBody, 'body'
       eventType,
       problem: `missing or not a non-empty string (≤ ${TRADE_FACT_MAX_LENGTH} characters, no NUL or lone surrogate): ${problems.join(', ')}`,
     }
+  }
+  // the trade id goes into the path of every later call on the order: one the client cannot send ("..", blank)
+  // linked to an order made each of them refused as if the operator had mistyped
+  if (!isPathId(tradeId as string)) {
+    return { kind: 'invalid', eventType, problem: 'trade_id must be usable as a path segment (not blank, "." or "..")' }
   }
   // a body that contradicts itself is not applied: `trade.released` with status `funded` was stored as a release
   // while the order moved to funded; the poller's GET of the trade settles what the status is
