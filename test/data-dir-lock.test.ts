@@ -37,7 +37,7 @@ describe.skipIf(!onLinux)('the embedded database’s lock', () => {
     }
   })
 
-  // Processes that try the lock at the same instant (each spins on a start file, then opens): exactly one may
+  // Processes that try the lock at the same instant (each blocks reading its stdin, then opens): exactly one may
   // have the database. A lock was made empty and written after, and one read in between was taken for a dead
   // owner's and removed under its owner; two that both found a stale lock each removed it, the later removing the
   // lock the first had taken meanwhile.
@@ -48,23 +48,31 @@ describe.skipIf(!onLinux)('the embedded database’s lock', () => {
     for (let round = 0; round < 3; round++) {
       const dataDir = migratedDataDir('lock-race-')
       if (stale) writeFileSync(lockFile(dataDir), stale)
-      const go = path.join(dataDir, 'go')
+      // a blocking read of stdin: the racers wait without a core each, and all wake when the test writes
       const script =
-        `import { existsSync } from 'node:fs'; import { openDatabase } from './src/db/open-database.ts';` +
-        `while (!existsSync(${JSON.stringify(go)})) {}` +
+        `import { readSync } from 'node:fs'; import { openDatabase } from './src/db/open-database.ts';` +
+        `console.log('ready'); readSync(0, Buffer.alloc(1));` +
         `try { const database = openDatabase({ dataDir: ${JSON.stringify(dataDir)} }); console.log('locked');` +
         ` await new Promise((resolve) => setTimeout(resolve, 1500)); await database.close() }` +
         ` catch (error) { console.log(error.name) }`
-      const racers = Array.from({ length: 6 }, () => {
-        const child = spawn(process.execPath, ['--import', 'tsx', '--input-type=module', '-e', script], { cwd: root, stdio: ['ignore', 'pipe', 'inherit'] })
-        let output = ''
-        child.stdout.on('data', (chunk) => (output += chunk))
-        return once(child, 'exit').then(() => output.trim())
-      })
-      // every racer is spinning once its module has loaded: a second is ample for tsx on a loaded machine
-      await new Promise((resolve) => setTimeout(resolve, 4_000))
-      writeFileSync(go, '')
-      const outcomes = await Promise.all(racers)
+      const children = Array.from({ length: 6 }, () =>
+        spawn(process.execPath, ['--import', 'tsx', '--input-type=module', '-e', script], { cwd: root, stdio: ['pipe', 'pipe', 'inherit'] }),
+      )
+      const outputs = children.map(() => '')
+      const ready = children.map(
+        (child, index) =>
+          new Promise<void>((resolve) =>
+            child.stdout!.on('data', (chunk) => {
+              outputs[index] += chunk
+              if (outputs[index]!.includes('ready')) resolve()
+            }),
+          ),
+      )
+      const exited = children.map((child) => once(child, 'exit'))
+      await Promise.all(ready)
+      for (const child of children) child.stdin!.write('g')
+      await Promise.all(exited)
+      const outcomes = outputs.map((output) => output.replace('ready', '').trim())
       expect(outcomes.filter((outcome) => outcome === 'locked'), outcomes.join(', ')).toHaveLength(1)
       expect(outcomes.filter((outcome) => outcome === 'DatabaseInUseError')).toHaveLength(5)
     }
