@@ -350,11 +350,18 @@ function observationStatement(
          observed_status, outcome, order_id, raw_body, applied_at)
       select i.delivery_id, i.body_sha256, i.observed_at, i.event_type, i.trade_id, i.trade_reference, i.external_reference,
         i.status,
-        coalesce(d.outcome, case when i.not_ours then 'dismissed' else 'unmatched' end), d.id, i.raw_body,
+        coalesce(d.outcome, case when i.not_ours then 'dismissed'
+          -- the same body already parked for the reference (replayed under a fresh delivery id): it changes
+          -- nothing the parked one does not, and is kept by age, not parked again. Parked rows are kept until their
+          -- order comes, so one captured body replayed without end grew them without end
+          when exists (select 1 from webhook_deliveries p
+            where p.external_reference = i.external_reference and p.outcome = 'unmatched' and p.body_sha256 = i.body_sha256)
+            then 'duplicate_effect'
+          else 'unmatched' end), d.id, i.raw_body,
         case when d.outcome = 'applied' then i.observed_at end
       from input i left join decision d on d.n = i.n
       on conflict (delivery_id, body_sha256) do nothing
-      returning delivery_id, body_sha256
+      returning delivery_id, body_sha256, outcome
     )`
     : sql``
   const effective = withDelivery
@@ -391,7 +398,7 @@ function observationStatement(
           when (e.outcome = 'applied' and e.terminal) or (e.outcome <> 'applied' and o.is_terminal) then null
           -- a webhook's unknown status: poll the trade now (least() skips a null next_poll_at)
           when e.outcome = 'unknown_status' then least(o.next_poll_at, e.observed_at)
-          when e.outcome in ('applied', 'duplicate_effect') or ${releasesLease}::boolean
+          when e.outcome = 'applied' or ${releasesLease}::boolean
             then ${
               releasesLease
                 ? // a poll's claim set next_poll_at to the lease's end: if it differs now, an API call or a
@@ -400,6 +407,11 @@ function observationStatement(
                       case when o.next_poll_at is distinct from o.poll_lease_expires_at then o.next_poll_at end)`
                 : sql`e.observed_at + make_interval(secs => ${staleAfterS}::int)`
             }
+          -- another webhook or API answer of the status the order has: the webhook expected after a call, which
+          -- puts the next poll STALE_AFTER_S after the move; never later. Replays of the current status under fresh
+          -- delivery ids each put it STALE_AFTER_S on, and so kept the order from the poll that heals a lost webhook
+          when e.outcome = 'duplicate_effect'
+            then greatest(o.next_poll_at, o.status_changed_at + make_interval(secs => ${staleAfterS}::int))
           else o.next_poll_at
         end,
         ${
@@ -453,7 +465,13 @@ function observationStatement(
           ? sql`exists (select 1 from webhook_deliveries w where w.delivery_id = i.delivery_id and w.body_sha256 <> i.body_sha256)`
           : sql`false`
       } as reused,
-      d.outcome, d.id as order_id, d.from_status
+      ${
+        // with no order, the outcome stored: a replay of a parked body is a duplicate of its effect
+        withDelivery
+          ? sql`coalesce(d.outcome, (select x.outcome from delivery x
+              where x.delivery_id = i.delivery_id and x.body_sha256 = i.body_sha256 and x.outcome = 'duplicate_effect'))`
+          : sql`d.outcome`
+      } as outcome, d.id as order_id, d.from_status
       ${notifies ? sql`, (select count(*) from notified) as notified` : sql``}
     from input i left join decision d on d.n = i.n
     order by i.n`

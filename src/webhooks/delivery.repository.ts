@@ -202,6 +202,19 @@ export async function lockParkedDeliveries(trx: Transaction<Database>, externalR
     .execute()
 }
 
+/** Parked deliveries whose effect another delivery of the same body just had: `duplicate_effect`, for `orderId`. */
+export async function recordDuplicateEffects(trx: Transaction<Database>, deliveries: readonly DeliveryKey[], orderId: number): Promise<void> {
+  // in slices: one statement's parameters are bounded (65,535 in Postgres's protocol)
+  for (let start = 0; start < deliveries.length; start += 5_000) {
+    const slice = deliveries.slice(start, start + 5_000)
+    await trx
+      .updateTable('webhookDeliveries')
+      .set({ outcome: 'duplicate_effect', orderId, appliedAt: null })
+      .where((eb) => eb(eb.refTuple('deliveryId', 'bodySha256'), 'in', slice.map(({ deliveryId, bodySha256 }) => eb.tuple(deliveryId, bodySha256))))
+      .execute()
+  }
+}
+
 /**
  * Sets aside the deliveries parked for `externalReference` (`deliveries dismiss`): outcome `dismissed`, so an order
  * made later for the reference does not take them, they leave the parked count (and its alert), and retention

@@ -1,0 +1,84 @@
+// A captured delivery replayed under fresh delivery ids (the id is not signed): it must change nothing. Two
+// ways it did, found from outside:
+// - for a reference with no order yet, each replay was parked: rows kept until the order comes, so without end,
+//   and the order's creation then applied every one in its transaction (50,000 replays: 16 minutes, every
+//   reaction stream of the server held back meanwhile);
+// - for the status an order has, each replay put its next poll STALE_AFTER_S later, so replays kept the order
+//   from the poll that heals a lost webhook.
+import { afterAll, beforeAll, describe, expect, it } from 'vitest'
+import { type App, createApp } from '../src/http/app.js'
+import { findOrderByExternalReference } from '../src/orders/order.repository.js'
+import { FakeClock } from './helpers/fake-clock.js'
+import { testLogger } from './helpers/log-sink.js'
+import { createOrder } from './helpers/orders.js'
+import { testConfig } from './helpers/test-config.js'
+import { createTestDatabase, type TestDatabase } from './helpers/test-database.js'
+import { sendWebhook, tradePayload } from './helpers/webhook-delivery.js'
+
+const config = testConfig()
+
+describe('replays of a delivery under fresh delivery ids', () => {
+  let database: TestDatabase
+  let app: App
+  const clock = new FakeClock(Date.parse('2026-12-01T00:00:00Z'))
+
+  beforeAll(async () => {
+    database = await createTestDatabase()
+    app = createApp({ config, db: database.db, logger: testLogger(config.webhook.secrets), clock })
+  })
+  afterAll(async () => {
+    await database.close()
+  })
+
+  const outcomes = async (ids: readonly string[]) =>
+    (await database.db.selectFrom('webhookDeliveries').select(['deliveryId', 'outcome', 'orderId']).where('deliveryId', 'in', ids).orderBy('deliveryId').execute())
+
+  it('parks a body once: its replays are duplicates of its effect, and the order applies it once', async () => {
+    const body = JSON.stringify(tradePayload('replayed-1', 'funded'))
+    const ids = ['rp-1-a', 'rp-1-b', 'rp-1-c']
+    for (const deliveryId of ids) expect((await sendWebhook(app, { body, deliveryId })).status).toBe(200)
+    expect((await outcomes(ids)).map((row) => row.outcome)).toEqual(['unmatched', 'duplicate_effect', 'duplicate_effect'])
+
+    const { order } = await createOrder(database.db, { externalReference: 'replayed-1' })
+    expect((await outcomes(ids)).map((row) => [row.outcome, row.orderId])).toEqual([
+      ['applied', order.id],
+      ['duplicate_effect', null],
+      ['duplicate_effect', null],
+    ])
+    expect((await findOrderByExternalReference(database.db, 'replayed-1'))?.tradeStatus).toBe('funded')
+  })
+
+  it('applies a body parked many times before (stored so by an earlier version) once, and records the rest in one go', async () => {
+    const body = JSON.stringify(tradePayload('replayed-2', 'funded'))
+    expect((await sendWebhook(app, { body, deliveryId: 'rp-2-0' })).status).toBe(200)
+    const [first] = await database.db.selectFrom('webhookDeliveries').selectAll().where('deliveryId', '=', 'rp-2-0').execute()
+    // as an earlier version stored replays: each parked
+    const copies = Array.from({ length: 300 }, (_, i) => ({ ...first!, id: undefined, deliveryId: `rp-2-${String(i + 1).padStart(3, '0')}` }))
+    for (const copy of copies) delete copy.id
+    await database.db.insertInto('webhookDeliveries').values(copies).execute()
+
+    const { order, parkedDeliveries: parked } = await createOrder(database.db, { externalReference: 'replayed-2' })
+    expect(parked.map((result) => result.outcome)).toEqual(['applied', ...copies.map(() => 'duplicate_effect')])
+    const stored = await outcomes(['rp-2-0', ...copies.map((copy) => copy.deliveryId)])
+    expect(stored.filter((row) => row.outcome === 'applied')).toEqual([{ deliveryId: 'rp-2-0', outcome: 'applied', orderId: order.id }])
+    expect(stored.filter((row) => row.outcome === 'duplicate_effect' && row.orderId === order.id)).toHaveLength(300)
+  })
+
+  it('does not put the next poll later for a replay of the status the order has', async () => {
+    await createOrder(database.db, { externalReference: 'replayed-3', now: () => new Date(clock.now()) })
+    const body = JSON.stringify(tradePayload('replayed-3', 'funded'))
+    expect((await sendWebhook(app, { body, deliveryId: 'rp-3-0' })).status).toBe(200)
+    const moved = await findOrderByExternalReference(database.db, 'replayed-3')
+    expect(moved?.tradeStatus).toBe('funded')
+    const due = moved!.nextPollAt!.getTime()
+    expect(due).toBe(clock.now() + config.poll.staleAfterS * 1_000)
+
+    for (let replay = 1; replay <= 3; replay++) {
+      await clock.advance(3_600_000)
+      expect((await sendWebhook(app, { body, deliveryId: `rp-3-${replay}` })).status).toBe(200)
+      const order = await findOrderByExternalReference(database.db, 'replayed-3')
+      expect(order?.nextPollAt?.getTime(), `replay ${replay}`).toBe(due)
+    }
+    expect((await outcomes(['rp-3-1', 'rp-3-2', 'rp-3-3'])).map((row) => row.outcome)).toEqual(['duplicate_effect', 'duplicate_effect', 'duplicate_effect'])
+  })
+})
