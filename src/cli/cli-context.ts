@@ -128,14 +128,22 @@ export async function withDatabase<T>(
     return run({ ...inService, reactions: configuredReactions(inService.config, { logger: inService.logger }) })
   }
   // loaded here, not at start-up: `--help` and forwarded commands never need a database driver
-  const [{ loadConfig }, { migrateToLatest }, { embeddedDatabaseExists, openDatabase }, { configuredReactions }, { pingDatabase }, { stopOnSignals }] =
-    await Promise.all([
+  const [
+    { loadConfig },
+    { migrateToLatest },
+    { embeddedDatabaseExists, openDatabase },
+    { configuredReactions },
+    { pingDatabase },
+    { stopOnSignals },
+    { describeDatabaseError },
+  ] = await Promise.all([
       import('../config.js'),
       import('../db/migrate.js'),
       import('../db/open-database.js'),
       import('../reactions/configured-reactions.js'),
       import('../db/ping-database.js'),
       import('../stop-signals.js'),
+      import('../db/database-errors.js'),
     ])
   const config = loadConfig()
   const logger = await cliLogger(config)
@@ -163,7 +171,7 @@ export async function withDatabase<T>(
   try {
     try {
       if (migrate) await database.withoutTimeouts(migrateToLatest)
-      else await pingDatabase(database.db)
+      else await pingDatabase(database.db).catch((error: unknown) => Promise.reject(openingFailure(error, describeDatabaseError)))
     } finally {
       stopOpening()
     }
@@ -179,6 +187,17 @@ export async function withDatabase<T>(
   } finally {
     await database.close()
   }
+}
+
+/**
+ * A first connection's failure in the words a migration's has: a database's report or a refused certificate by its
+ * fixed message and code (the driver's own, `unable to verify the first certificate`, named neither the database nor
+ * the setting to change); a lost connection as it is, which the command line names as such (run-cli.ts).
+ */
+function openingFailure(error: unknown, describe: typeof import('../db/database-errors.js').describeDatabaseError): unknown {
+  const description = describe(error)
+  if (description.kind === 'unavailable' || description.code === undefined) return error
+  return new Error(`The database could not be opened: ${description.message} (${description.code})`, { cause: error })
 }
 
 export function printJson(value: unknown): void {
