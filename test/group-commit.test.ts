@@ -234,6 +234,42 @@ describe('group commit when the database is not there', () => {
   })
 })
 
+// a third statement, not yet committed when a lone write read, links the trade to its order: the write fails on the
+// key again, and its delivery was stored invalid (5 of 1,560 deliveries sent six to a trade at once, from outside)
+describe('a lone write that meets another statement on a key', () => {
+  const keyTaken = () => Object.assign(new Error('duplicate key value violates unique constraint "orders_trade_id_key"'), { code: '23505' })
+
+  it('is written again on a fresh snapshot, up to 5 times alone, and its delivery then stored', async () => {
+    const writer = scriptedWriter()
+    const group = new GroupCommit(writer.write, { maxBatch: 100, maxInFlight: 1, maxQueued: 1_000 })
+    const answer = settled(group.write(delivery('gc-race-a', 'funded', 'gc-race-a-1')))
+    ;(await writer.call(0)).reject(keyTaken())
+    for (let call = 1; call <= 3; call++) (await writer.call(call)).reject(keyTaken())
+    ;(await writer.call(4)).resolve(['duplicate'])
+    expect(await answer).toEqual({ value: 'duplicate' })
+    expect(writer.calls).toHaveLength(5)
+  })
+
+  it('gives up after 5 lone writes, with the last error, and does not write again for another failure', { timeout: 20_000 }, async () => {
+    const writer = scriptedWriter()
+    const group = new GroupCommit(writer.write, { maxBatch: 100, maxInFlight: 1, maxQueued: 1_000 })
+    const raced = settled(group.write(delivery('gc-race-b', 'funded', 'gc-race-b-1')))
+    ;(await writer.call(0)).reject(keyTaken())
+    const last = keyTaken()
+    // the batch's write, then 5 lone ones
+    for (let call = 1; call <= 5; call++) (await writer.call(call)).reject(call === 5 ? last : keyTaken())
+    expect(await raced).toEqual({ error: last })
+    expect(writer.calls).toHaveLength(6)
+
+    const refused = settled(group.write(delivery('gc-race-c', 'funded', 'gc-race-c-1')))
+    ;(await writer.call(6)).reject(new Error('refused by the test'))
+    const error = new Error('refused again')
+    ;(await writer.call(7)).reject(error)
+    expect(await refused).toEqual({ error })
+    expect(writer.calls).toHaveLength(8)
+  })
+})
+
 describe('the memory of stored delivery ids', () => {
   it('forgets the least recently seen id first', () => {
     const seen = new SeenDeliveries(2)

@@ -19,7 +19,8 @@
 //
 // If a batch fails for a reason other than the database being away (a deadlock with another replica, a
 // unique key another statement took meanwhile, or a delivery whose data the database refuses: one refused
-// value fails the whole statement), its deliveries are written again one by one, a lone one once more, so
+// value fails the whole statement), its deliveries are written again one by one, a lone one once more (and up to
+// 5 times while each write meets another statement on a key), so
 // one bad delivery cannot fail its neighbours; the bad one alone is rejected with the database's error,
 // which receive-webhook.ts classifies.
 //
@@ -32,7 +33,7 @@
 // the README promises a 503 within DATABASE_STATEMENT_TIMEOUT_MS and a second. Arrival order holds: the earlier
 // delivery of such an order is sent again, and a later one written now would overtake it. Deliveries for other
 // orders keep their turn.
-import { IngestOverloadedError, isDatabaseUnavailable } from '../db/database-errors.js'
+import { describeDatabaseError, errorCode, IngestOverloadedError, isDatabaseUnavailable } from '../db/database-errors.js'
 import type { DeliveryObservation } from '../orders/apply-observation.js'
 import type { WriteResult } from './parked-deliveries.js'
 
@@ -61,6 +62,14 @@ interface Pending {
   item: DeliveryObservation
   resolve: (result: WriteResult) => void
   reject: (error: unknown) => void
+}
+
+/** How many times a lone delivery is written while each write meets another statement on a key (racedAnother). */
+const MAX_LONE_ATTEMPTS = 5
+
+/** A unique key another statement took (23505), or a deadlock or serialization failure: gone on a later snapshot. */
+function racedAnother(error: unknown): boolean {
+  return errorCode(error) === '23505' || describeDatabaseError(error).kind === 'conflict'
 }
 
 export class GroupCommit implements DeliveryWriter {
@@ -152,11 +161,18 @@ export class GroupCommit implements DeliveryWriter {
       // that statement linked to another order is a trade_mismatch; its link broke orders_trade_id_key, 23505,
       // which read as the delivery's own refused data and was stored as invalid, its trade and status dropped)
       for (const pending of batch) {
-        try {
-          await this.writeBatch([pending])
-        } catch (alone) {
-          pending.reject(alone)
-          if (isDatabaseUnavailable(alone)) this.rejectHeldBack([pending], alone)
+        for (let attempt = 1; ; attempt++) {
+          try {
+            await this.writeBatch([pending])
+            break
+          } catch (alone) {
+            // a third statement, not committed when this one read, took the key too: the next snapshot has it
+            // (one lone write met it 5 times in 1,560 deliveries raced six to a trade, and stored them invalid)
+            if (attempt < MAX_LONE_ATTEMPTS && racedAnother(alone)) continue
+            pending.reject(alone)
+            if (isDatabaseUnavailable(alone)) this.rejectHeldBack([pending], alone)
+            break
+          }
         }
       }
     }
