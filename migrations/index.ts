@@ -13,6 +13,7 @@ import * as reactionStreams from './0009_reaction_streams.js'
 import * as doneJobsOutOfTheStateIndex from './0010_done_jobs_out_of_the_state_index.js'
 import * as reactionStreamBatches from './0011_reaction_stream_batches.js'
 import * as reconcileRunClockOffset from './0012_reconcile_run_clock_offset.js'
+import * as unresolvedTradeCreates from './0013_unresolved_trade_creates.js'
 
 export const migrations: Record<string, Migration> = {
   '0001_initial': initial,
@@ -27,4 +28,5 @@ export const migrations: Record<string, Migration> = {
   '0010_done_jobs_out_of_the_state_index': doneJobsOutOfTheStateIndex,
   '0011_reaction_stream_batches': reactionStreamBatches,
   '0012_reconcile_run_clock_offset': reconcileRunClockOffset,
+  '0013_unresolved_trade_creates': unresolvedTradeCreates,
 }

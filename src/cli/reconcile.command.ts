@@ -40,7 +40,7 @@ export function registerReconcileCommands(program: Command): void {
     .option('--report', 'show the latest reconciliation runs')
     .option(
       '--requeue [references...]',
-      'clear `attention` and make these orders due now (no references: every flagged order, trade_not_found and trade_mismatch)',
+      'clear `attention` and make these orders due now (no references: every flagged order, whatever its flag)',
     )
     .option('--limit <n>', `runs to show with --report (at most ${MAX_REPORT_LIMIT})`, wholeNumberUpTo(MAX_REPORT_LIMIT), 20)
     .option('--json', 'print JSON')

@@ -394,6 +394,9 @@ function observationStatement(
         trade_id = coalesce(o.trade_id, e.trade_id),
         trade_reference = coalesce(o.trade_reference, e.trade_reference),
         trade_create_state = 'created',
+        -- a trade linked to an order whose create went unanswered resolves it
+        attention = case when o.attention = 'trade_create_unknown' and coalesce(o.trade_id, e.trade_id) is not null
+          then null else o.attention end,
         next_poll_at = case
           when (e.outcome = 'applied' and e.terminal) or (e.outcome <> 'applied' and o.is_terminal) then null
           -- a webhook's unknown status: poll the trade now (least() skips a null next_poll_at)

@@ -93,7 +93,12 @@ export async function startTradeCreate(
 ): Promise<boolean> {
   const result = await db
     .updateTable('orders')
-    .set({ tradeCreateState: 'pending', updatedAt: now })
+    // a create sent again (--retry) is the operator's answer to a trade_create_unknown flag
+    .set((eb) => ({
+      tradeCreateState: 'pending',
+      updatedAt: now,
+      attention: eb.case().when('attention', '=', 'trade_create_unknown').then(null).else(eb.ref('attention')).end(),
+    }))
     .where('id', '=', orderId)
     .where('tradeCreateState', '=', previousState)
     .where('tradeId', 'is', null)

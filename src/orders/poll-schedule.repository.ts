@@ -104,12 +104,33 @@ export function claimDueOrdersQuery(db: Kysely<Database>, { now, limit, leaseS, 
  * Why an order is waiting for an operator instead of being polled (orders.attention): trade_not_found, the
  * platform answered 404 for its trade; trade_mismatch, it answered a record of another trade or of another
  * order (an external_reference other than the order's). Polling again would get the same answer either way.
+ * trade_create_unknown: its trade create got no answer (the process died at the platform, or it timed out) and no
+ * webhook has linked a trade within EXPECTED_WEBHOOK_S: without a trade id there is nothing to poll.
  */
 export const TRADE_NOT_FOUND = 'trade_not_found'
 export const TRADE_MISMATCH = 'trade_mismatch'
-export type AttentionFlag = typeof TRADE_NOT_FOUND | typeof TRADE_MISMATCH
+export const TRADE_CREATE_UNKNOWN = 'trade_create_unknown'
+export type AttentionFlag = typeof TRADE_NOT_FOUND | typeof TRADE_MISMATCH | typeof TRADE_CREATE_UNKNOWN
 /** Every flag, for those that list them all (the orders_needing_attention gauge has a sample for each). */
-export const ATTENTION_FLAGS: readonly AttentionFlag[] = [TRADE_NOT_FOUND, TRADE_MISMATCH]
+export const ATTENTION_FLAGS: readonly AttentionFlag[] = [TRADE_NOT_FOUND, TRADE_MISMATCH, TRADE_CREATE_UNKNOWN]
+
+/**
+ * Flags `trade_create_unknown` the orders whose trade create has gone unanswered, with no trade linked, since before
+ * `unresolvedBefore` (migrations/0013's index). Returns their references. A webhook or a poll that links a trade,
+ * and a create sent again, clear the flag (apply-observation.ts, startTradeCreate).
+ */
+export async function flagUnresolvedCreates(db: Kysely<Database>, { now, unresolvedBefore }: { now: Date; unresolvedBefore: Date }): Promise<string[]> {
+  const rows = await db
+    .updateTable('orders')
+    .set({ attention: TRADE_CREATE_UNKNOWN, updatedAt: now })
+    .where('tradeCreateState', 'in', ['pending', 'unknown'])
+    .where('tradeId', 'is', null)
+    .where('attention', 'is', null)
+    .where('updatedAt', '<', unresolvedBefore)
+    .returning('externalReference')
+    .execute()
+  return rows.map((row) => row.externalReference)
+}
 
 export interface LeaseRef {
   orderId: number

@@ -47,6 +47,11 @@ export interface PollerSettings {
   leaseS: number
   /** Error backoff per order; DEFAULT_BACKOFF (30 s doubling to 1 h) when absent. */
   backoff?: BackoffSettings
+  /**
+   * EXPECTED_WEBHOOK_S: an order whose trade create got no answer, with no trade linked this long after, is flagged
+   * trade_create_unknown by each cycle. Absent: not looked for (a cycle run for a test of something else).
+   */
+  unresolvedCreateAfterS?: number
 }
 
 /** The poller's settings from the POLL_* variables, with the observation settings bound once. */
@@ -57,6 +62,7 @@ export function pollerSettings(poll: Config['poll'], observation: ObservationSet
     batchSize: poll.batchSize,
     observation,
     leaseS,
+    unresolvedCreateAfterS: poll.expectedWebhookS,
   }
 }
 

@@ -27,7 +27,7 @@ import {
   throttledFor,
   type TradeFetcher,
 } from './poll-order.js'
-import { type ClaimedOrder, claimDueOrders, releaseClaims } from '../orders/poll-schedule.repository.js'
+import { type ClaimedOrder, claimDueOrders, flagUnresolvedCreates, releaseClaims } from '../orders/poll-schedule.repository.js'
 import { finishRun, type RunCounts, startRun } from './reconcile-run.repository.js'
 
 export const UNAUTHORIZED_MESSAGE =
@@ -50,6 +50,8 @@ export interface CycleSettings {
   /** How long a claim is this replica's alone; a cycle should finish well inside it. */
   leaseS: number
   backoff?: BackoffSettings
+  /** EXPECTED_WEBHOOK_S: flag an order whose trade create went unanswered this long (PollerSettings). */
+  unresolvedCreateAfterS?: number
 }
 
 export interface CycleDeps {
@@ -118,6 +120,21 @@ export interface RunSummary {
   clockOffsetS: number | null
 }
 
+/** The most references a `trade_create_unknown` warning names; the rest are counted. */
+const MAX_NAMED_REFERENCES = 20
+
+// A create sent and never answered, whose webhook was lost too: no trade id, so nothing to poll, and nothing else
+// looks at the order again. Flagged for an operator, once, with a warning.
+async function flagUnresolved({ db, logger }: CycleDeps, now: Date, afterS: number): Promise<void> {
+  const references = await flagUnresolvedCreates(db, { now, unresolvedBefore: new Date(now.getTime() - afterS * 1_000) })
+  if (references.length === 0) return
+  logger.warn(
+    { orders: references.length, externalReferences: references.slice(0, MAX_NAMED_REFERENCES) },
+    'orders flagged trade_create_unknown: their trade create got no answer and no webhook has linked a trade; ' +
+      'check the platform for a trade with their reference (its next webhook links it), or send the create again with `trades open REFERENCE --retry`',
+  )
+}
+
 export async function runReconcileCycle(
   deps: CycleDeps,
   { signal, recordEmpty = false }: { signal?: AbortSignal; recordEmpty?: boolean } = {},
@@ -127,6 +144,7 @@ export async function runReconcileCycle(
   const leaseToken = randomUUID()
   const results = Object.fromEntries(POLL_RESULTS.map((kind) => [kind, 0])) as Record<PollResultKind, number>
 
+  if (settings.unresolvedCreateAfterS !== undefined && !signal?.aborted) await flagUnresolved(deps, startedAt, settings.unresolvedCreateAfterS)
   const claimed = signal?.aborted
     ? []
     : await claimDueOrders(db, {

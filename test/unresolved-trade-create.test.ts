@@ -1,0 +1,69 @@
+// An order whose trade create got no answer (`pending`: the process died at the platform; `unknown`: it timed out)
+// has no trade id, so no poll: it waits for the webhook that links its trade. When that webhook was lost too, the
+// order stayed so for good and nothing said so (found from outside: kill -9 of `trades open` mid-call, the
+// trade.created webhook dropped). The poller's cycle now flags it trade_create_unknown past EXPECTED_WEBHOOK_S, with
+// a warning; a trade linked later, or the create sent again, clears the flag.
+import { beforeEach, describe, expect, it } from 'vitest'
+import { createApp } from '../src/http/app.js'
+import { findOrderByExternalReference } from '../src/orders/order.repository.js'
+import { setTradeCreateState, startTradeCreate } from '../src/orders/order.repository.js'
+import { FakeClock } from './helpers/fake-clock.js'
+import { logEntries, testLogger } from './helpers/log-sink.js'
+import { createOrder } from './helpers/orders.js'
+import { countingFetcher } from './helpers/reconcile-orders.js'
+import { testPoller } from './helpers/reconcile-poller.js'
+import { testConfig } from './helpers/test-config.js'
+import { useTestDatabase } from './helpers/test-database.js'
+import { sendWebhook, tradePayload } from './helpers/webhook-delivery.js'
+
+const EXPECTED_WEBHOOK_S = 600
+
+describe('an order whose trade create went unanswered', () => {
+  const database = useTestDatabase()
+  let clock: FakeClock
+
+  beforeEach(async () => {
+    clock = new FakeClock(Date.parse('2026-12-01T00:00:00Z'))
+    await database.db.deleteFrom('orders').execute()
+  })
+
+  const unanswered = async (externalReference: string, state: 'pending' | 'unknown', ageS: number) => {
+    const { order } = await createOrder(database.db, { externalReference, now: () => new Date(clock.now()) })
+    expect(await startTradeCreate(database.db, order.id, 'none', new Date(clock.now() - ageS * 1_000))).toBe(true)
+    if (state === 'unknown') await setTradeCreateState(database.db, order.id, 'unknown', new Date(clock.now() - ageS * 1_000))
+    return order.id
+  }
+  const attentionOf = async (externalReference: string) => (await findOrderByExternalReference(database.db, externalReference))?.attention ?? null
+  const cycle = () =>
+    testPoller({ db: database.db, fetcher: countingFetcher(() => 'funded'), clock, settings: { unresolvedCreateAfterS: EXPECTED_WEBHOOK_S } }).runOnce()
+
+  it('is flagged trade_create_unknown once EXPECTED_WEBHOOK_S have passed, with a warning naming it', async () => {
+    await unanswered('unresolved-old-pending', 'pending', EXPECTED_WEBHOOK_S + 1)
+    await unanswered('unresolved-old-unknown', 'unknown', EXPECTED_WEBHOOK_S + 1)
+    await unanswered('unresolved-recent', 'pending', EXPECTED_WEBHOOK_S - 60)
+    await cycle()
+    expect(await attentionOf('unresolved-old-pending')).toBe('trade_create_unknown')
+    expect(await attentionOf('unresolved-old-unknown')).toBe('trade_create_unknown')
+    expect(await attentionOf('unresolved-recent')).toBeNull()
+    const warning = logEntries().findLast((entry) => String(entry.msg).startsWith('orders flagged trade_create_unknown'))
+    expect(warning).toMatchObject({ orders: 2 })
+    expect((warning!.externalReferences as string[]).sort()).toEqual(['unresolved-old-pending', 'unresolved-old-unknown'])
+  })
+
+  it('is cleared by the webhook that links its trade, and by the create sent again', async () => {
+    const config = testConfig()
+    const app = createApp({ config, db: database.db, logger: testLogger(config.webhook.secrets), clock })
+    await unanswered('unresolved-linked', 'pending', EXPECTED_WEBHOOK_S + 1)
+    const retried = await unanswered('unresolved-retried', 'unknown', EXPECTED_WEBHOOK_S + 1)
+    await cycle()
+    expect(await attentionOf('unresolved-linked')).toBe('trade_create_unknown')
+
+    const body = JSON.stringify(tradePayload('unresolved-linked', 'funded'))
+    expect((await sendWebhook(app, { body, deliveryId: 'unresolved-linked-1' })).status).toBe(200)
+    const linked = await findOrderByExternalReference(database.db, 'unresolved-linked')
+    expect(linked).toMatchObject({ attention: null, tradeId: 'trd_unresolved-linked', tradeStatus: 'funded', tradeCreateState: 'created' })
+
+    expect(await startTradeCreate(database.db, retried, 'unknown', new Date(clock.now()))).toBe(true)
+    expect(await attentionOf('unresolved-retried')).toBeNull()
+  })
+})
