@@ -5,7 +5,7 @@
 // needs no environment at all; its secrets are generated once and kept in DATA_DIR (the file is named
 // in the start-up log, the values never are). With a real platform configured, every secret is required.
 import { randomBytes } from 'node:crypto'
-import { linkSync, mkdirSync, readFileSync, renameSync, unlinkSync, writeFileSync } from 'node:fs'
+import { mkdirSync, readFileSync, renameSync, writeFileSync } from 'node:fs'
 import path from 'node:path'
 import bytes from 'bytes'
 import { z } from 'zod'
@@ -18,6 +18,7 @@ import { DEFAULT_MAX_ANSWER_BYTES, PARTNER_API_PREFIX } from './partner-api/part
 import { DEFAULT_DISPATCHER_SETTINGS, leaseMarginMs } from './reactions/dispatcher-settings.js'
 import { POLL_JITTER } from './reconcile/poll-jitter.js'
 import { decodeWebhookSecret, forwardSecrets, MIN_WEBHOOK_SECRET_BYTES, WEBHOOK_SECRET_PREFIX } from './reactions/forwarder.js'
+import { writeWholeUnlessThere } from './write-whole.js'
 
 export const MIN_SECRET_LENGTH = 24
 /** DATA_DIR when unset, relative to the working directory. */
@@ -871,17 +872,7 @@ function newLocalSecrets(): LocalSecrets {
 function writeLocalSecretsOnce(dataDir: string, file: string): LocalSecrets | undefined {
   mkdirSync(dataDir, { recursive: true, mode: 0o700 })
   const secrets = newLocalSecrets()
-  const temporary = `${file}.${process.pid}.${randomBytes(4).toString('hex')}.tmp`
-  writeFileSync(temporary, `${JSON.stringify(secrets, null, 2)}\n`, { mode: 0o600 })
-  try {
-    linkSync(temporary, file)
-    return secrets
-  } catch (error) {
-    if ((error as NodeJS.ErrnoException).code === 'EEXIST') return undefined
-    throw error
-  } finally {
-    unlinkSync(temporary)
-  }
+  return writeWholeUnlessThere(file, `${JSON.stringify(secrets, null, 2)}\n`) ? secrets : undefined
 }
 
 /** Every configured secret, for the log redaction and the tests that prove no log line holds one. */

@@ -1,12 +1,13 @@
 // One Kysely instance for the whole process: real Postgres through a pg Pool when a URL is given,
 // otherwise embedded PGlite persisted in a directory (or in memory for tests). PGlite is a single
 // connection; Kysely's PGliteDialect queues transactions on it, so they never interleave.
-import { createHash, randomBytes } from 'node:crypto'
-import { existsSync, linkSync, mkdirSync, readFileSync, rmSync, statSync, unlinkSync, writeFileSync } from 'node:fs'
+import { createHash } from 'node:crypto'
+import { existsSync, mkdirSync, readFileSync, rmSync, statSync } from 'node:fs'
 import path from 'node:path'
 import { CamelCasePlugin, Kysely, PGliteDialect, PostgresDialect, sql } from 'kysely'
 import pg from 'pg'
 import type { Logger } from '../logger.js'
+import { writeWholeUnlessThere } from '../write-whole.js'
 import { describeDatabaseError, errorCode, READ_ONLY } from './database-errors.js'
 import { closeSocket, endWithin } from './end-within.js'
 import type { Database, DatabaseKind } from './database.js'
@@ -614,7 +615,7 @@ function lockDataDirectory(location: string): () => void {
   const mine = started === undefined ? String(process.pid) : `${process.pid} ${started}`
   // a try ends in the lock, a refusal, or a stale lock removed (or being removed by another process): then again
   for (let attempt = 0; attempt < 200; attempt++) {
-    if (createWhole(lockFile, mine)) {
+    if (writeWholeUnlessThere(lockFile, mine)) {
       locksTakenHere.add(lockFile)
       return () => {
         locksTakenHere.delete(lockFile)
@@ -639,22 +640,6 @@ function lockDataDirectory(location: string): () => void {
   throw new DatabaseInUseError(`Cannot lock the embedded database in ${location} [data_dir_in_use]`)
 }
 
-// The lock is written whole under a temporary name and linked into place, which fails if one is there: created
-// empty and written after, it was read empty in between by another process, taken for a dead owner's and removed.
-function createWhole(file: string, content: string): boolean {
-  const temporary = `${file}.${process.pid}.${randomBytes(4).toString('hex')}.tmp`
-  writeFileSync(temporary, content, { mode: 0o600 })
-  try {
-    linkSync(temporary, file)
-    return true
-  } catch (error) {
-    if ((error as NodeJS.ErrnoException).code === 'EEXIST') return false
-    throw error
-  } finally {
-    unlinkSync(temporary)
-  }
-}
-
 function readIfThere(file: string): string | undefined {
   try {
     return readFileSync(file, 'utf8')
@@ -676,7 +661,7 @@ const ABANDONED_TAKEOVER_MS = 10_000
  */
 function removeStaleLock(lockFile: string, seen: string, mine: string): boolean {
   const marker = `${lockFile}.${createHash('sha256').update(seen).digest('hex').slice(0, 16)}.takeover`
-  if (!createWhole(marker, mine)) {
+  if (!writeWholeUnlessThere(marker, mine)) {
     try {
       if (Date.now() - statSync(marker).mtimeMs > ABANDONED_TAKEOVER_MS) rmSync(marker, { force: true })
     } catch (error) {
