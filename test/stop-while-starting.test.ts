@@ -24,6 +24,18 @@ async function signalled(then: string): Promise<{ code: number | null; signal: N
   return { code, signal, stderr }
 }
 
+/** The exit of a process that sends itself SIGINT, then takes the command's listeners off before it is dispatched. */
+async function signalledAsListenersGo(): Promise<{ code: number | null; signal: NodeJS.Signals | null }> {
+  const script =
+    `import { stopWhileStarting, commandBegins, onStopSignals } from './src/stop-signals.ts';` +
+    `stopWhileStarting('stopped while starting\\n'); commandBegins();` +
+    `const off = onStopSignals(() => {}, () => {}); process.kill(process.pid, 'SIGINT'); off();` +
+    `setTimeout(() => process.exit(7), 5_000)`
+  const child = spawn(process.execPath, ['--import', 'tsx', '--input-type=module', '-e', script], { cwd: root })
+  const [code, signal] = (await once(child, 'exit')) as [number | null, NodeJS.Signals | null]
+  return { code, signal }
+}
+
 describe('a stop signal before the command begins', () => {
   it('ends the process with its line, exit 130', async () => {
     expect(await signalled('')).toEqual({ code: 130, signal: null, stderr: 'stopped while starting\n' })
@@ -34,5 +46,11 @@ describe('a stop signal before the command begins', () => {
     expect(await signalled('commandBegins()')).toEqual({ code: null, signal: 'SIGINT', stderr: '' })
     const own = await signalled(`onStopSignals(() => { process.stderr.write('its own\\n'); process.exit(3) }, () => {})`)
     expect(own).toEqual({ code: 3, signal: null, stderr: 'its own\n' })
+  })
+
+  // Node's handler had caught it, and no listener was left to dispatch it to: the signal was lost, and the command ran
+  // to its end (exit 7 here, after 5 s)
+  it('is not lost when it comes in the instant the command takes its listeners off: Node\'s default then', async () => {
+    expect(await signalledAsListenersGo()).toEqual({ code: null, signal: 'SIGINT' })
   })
 })

@@ -15,6 +15,7 @@ import type { DatabaseHandle } from '../db/open-database.js'
 import type { Logger } from '../logger.js'
 import type { ReactionRouting } from '../reactions/reaction-registry.js'
 import { printable, printableLines } from '../printable.js'
+import { stopOnSignals } from '../stop-signals.js'
 
 export interface CliContext {
   config: Config
@@ -127,6 +128,29 @@ export async function withDatabase<T>(
     const { configuredReactions } = await import('../reactions/configured-reactions.js')
     return run({ ...inService, reactions: configuredReactions(inService.config, { logger: inService.logger }) })
   }
+  // Opening takes seconds (the driver and the configuration loaded, an embedded database started, up to the connect
+  // timeout of 5 s on one that takes the connection and never answers): a stop signal then ends the command there,
+  // and says so, where Node's default ended it without a word. Nothing of the command has run yet; a migration cut
+  // short is rolled back whole.
+  const stopOpening = stopOnSignals(() => {
+    writeError('Stopped by a signal while opening the database: the command did nothing [stopped]\n')
+    process.exit(130)
+  })
+  let opened: { database: DatabaseHandle; context: CommandContext } | undefined
+  try {
+    opened = await openForCommand(migrate)
+  } finally {
+    stopOpening()
+  }
+  const { database, context } = opened
+  try {
+    return await run(context)
+  } finally {
+    await database.close()
+  }
+}
+
+async function openForCommand(migrate: boolean): Promise<{ database: DatabaseHandle; context: CommandContext }> {
   // loaded here, not at start-up: `--help` and forwarded commands never need a database driver
   const [
     { loadConfig },
@@ -134,17 +158,15 @@ export async function withDatabase<T>(
     { embeddedDatabaseExists, openDatabase },
     { configuredReactions },
     { pingDatabase },
-    { stopOnSignals },
     { describeDatabaseError },
   ] = await Promise.all([
-      import('../config.js'),
-      import('../db/migrate.js'),
-      import('../db/open-database.js'),
-      import('../reactions/configured-reactions.js'),
-      import('../db/ping-database.js'),
-      import('../stop-signals.js'),
-      import('../db/database-errors.js'),
-    ])
+    import('../config.js'),
+    import('../db/migrate.js'),
+    import('../db/open-database.js'),
+    import('../reactions/configured-reactions.js'),
+    import('../db/ping-database.js'),
+    import('../db/database-errors.js'),
+  ])
   const config = loadConfig()
   const logger = await cliLogger(config)
   if (!config.databaseUrl && !embeddedDatabaseExists(config.dataDir)) {
@@ -154,13 +176,6 @@ export async function withDatabase<T>(
         '(set DATABASE_URL to use Postgres).\n',
     )
   }
-  // Opening waits up to the connect timeout (5 s) on a database that takes the connection and never answers, and an
-  // embedded one takes seconds to start: a stop signal then ends the command there, and says so (Node's default
-  // ended it without a word). Nothing of the command has run yet; a migration cut short is rolled back whole.
-  const stopOpening = stopOnSignals(() => {
-    writeError('Stopped by a signal while opening the database: the command did nothing [stopped]\n')
-    process.exit(130)
-  })
   const database = openDatabase({
     databaseUrl: config.databaseUrl,
     dataDir: config.dataDir,
@@ -169,13 +184,9 @@ export async function withDatabase<T>(
     logger,
   })
   try {
-    try {
-      if (migrate) await database.withoutTimeouts(migrateToLatest)
-      else await pingDatabase(database.db).catch((error: unknown) => Promise.reject(openingFailure(error, describeDatabaseError)))
-    } finally {
-      stopOpening()
-    }
-    return await run({
+    if (migrate) await database.withoutTimeouts(migrateToLatest)
+    else await pingDatabase(database.db).catch((error: unknown) => Promise.reject(openingFailure(error, describeDatabaseError)))
+    const context: CommandContext = {
       config,
       logger,
       db: database.db,
@@ -183,9 +194,11 @@ export async function withDatabase<T>(
       vacuum: database.vacuum,
       withoutTimeouts: database.withoutTimeouts,
       reactions: configuredReactions(config, { logger }),
-    })
-  } finally {
+    }
+    return { database, context }
+  } catch (error) {
     await database.close()
+    throw error
   }
 }
 

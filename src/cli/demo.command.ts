@@ -1,5 +1,5 @@
 import type { Command } from 'commander'
-import { untilStopSignal } from '../stop-signals.js'
+import { commandBegins, untilStopSignal } from '../stop-signals.js'
 import { demoTrades, MAX_DEMO_TRADES, portNumber, wholeNumber } from './cli-arguments.js'
 import { setExitCode, write } from './cli-context.js'
 
@@ -15,6 +15,8 @@ export function registerDemoCommand(program: Command): void {
     .option('--no-console', 'end as soon as the report is printed (the default when piped)')
     .option('--console-port <n>', 'the console\'s port (default: a free one)', portNumber)
     .action(async (options: { trades: number; seed: number; json?: boolean; console?: boolean; consolePort?: number }) => {
+      // the run is under way from here: a stop signal ends it as Node's default does (stop-signals.ts)
+      commandBegins()
       const out = options.json ? process.stderr : process.stdout
       const keepConsole = options.console ?? (process.stdout.isTTY === true && !options.json)
       // a console port another process holds is said now, not after the whole run

@@ -16,7 +16,6 @@ import { registerTradesCommands } from './trades.command.js'
 import { registerWebhookCommands } from './webhook.command.js'
 import { printable, printableLines } from '../printable.js'
 import { shortened } from '../shortened.js'
-import { commandBegins } from '../stop-signals.js'
 import { withoutPassword } from './failure-reason.js'
 import { serviceVersion } from '../version.js'
 
@@ -33,8 +32,6 @@ export function buildProgram(runCommand: LocalCommandRunner, output?: OutputConf
     // settings set here are inherited by every command registered below: parse errors throw, and
     // src/cli.ts turns them into exit code 2
     .exitOverride()
-    // a stop signal is the command's from here (see stopWhileStarting)
-    .hook('preAction', () => commandBegins())
   // what commander writes to stderr (its help after an error, too) has its controls shown, not acted on
   const writeErr = output?.writeErr ?? ((text: string) => process.stderr.write(text))
   program.configureOutput({

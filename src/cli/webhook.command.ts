@@ -4,6 +4,7 @@
 import { randomUUID } from 'node:crypto'
 import { readFileSync } from 'node:fs'
 import type { Command } from 'commander'
+import { commandBegins } from '../stop-signals.js'
 import type { Config, RunningServiceLookup } from '../config.js'
 import { readAnswer } from '../http/read-answer.js'
 import { findRunningService } from '../local/running-service.js'
@@ -85,6 +86,8 @@ export function registerWebhookCommands(program: Command): void {
       const url = options.url ?? (await defaultWebhookUrl(beside))
       if (!/^https?:\/\//.test(url)) throw new UsageError(`--url must be an http(s) URL, got ${url}`)
       const { body, headers } = await signedHeaders(options, beside)
+      // from here a stop signal may cut a delivery under way: Node's default, not "nothing done" (stop-signals.ts)
+      commandBegins()
       let response: Response
       try {
         response = await fetch(url, { method: 'POST', headers, body, signal: AbortSignal.timeout(ANSWER_TIMEOUT_MS) })
