@@ -80,5 +80,14 @@ describe('replays of a delivery under fresh delivery ids', () => {
       expect(order?.nextPollAt?.getTime(), `replay ${replay}`).toBe(due)
     }
     expect((await outcomes(['rp-3-1', 'rp-3-2', 'rp-3-3'])).map((row) => row.outcome)).toEqual(['duplicate_effect', 'duplicate_effect', 'duplicate_effect'])
+
+    // a status the service does not know asks for a poll now: a resend of the current status then leaves it due
+    const unknown = JSON.stringify(tradePayload('replayed-3', 'on_hold'))
+    expect((await sendWebhook(app, { body: unknown, deliveryId: 'rp-3-unknown' })).status).toBe(200)
+    const pollNow = (await findOrderByExternalReference(database.db, 'replayed-3'))!.nextPollAt!.getTime()
+    expect(pollNow).toBeLessThanOrEqual(clock.now())
+    await clock.advance(2_000)
+    expect((await sendWebhook(app, { body, deliveryId: 'rp-3-4' })).status).toBe(200)
+    expect((await findOrderByExternalReference(database.db, 'replayed-3'))?.nextPollAt?.getTime()).toBe(pollNow)
   })
 })

@@ -413,8 +413,10 @@ function observationStatement(
           -- another webhook or API answer of the status the order has: the webhook expected after a call, which
           -- puts the next poll STALE_AFTER_S after the move; never later. Replays of the current status under fresh
           -- delivery ids each put it STALE_AFTER_S on, and so kept the order from the poll that heals a lost webhook
-          when e.outcome = 'duplicate_effect'
-            then greatest(o.next_poll_at, o.status_changed_at + make_interval(secs => ${staleAfterS}::int))
+          -- A poll already due (an unknown status asked for one now) and a flagged order's none stay as they are
+          when e.outcome = 'duplicate_effect' then case
+            when o.next_poll_at is null or o.next_poll_at <= e.observed_at then o.next_poll_at
+            else greatest(o.next_poll_at, o.status_changed_at + make_interval(secs => ${staleAfterS}::int)) end
           else o.next_poll_at
         end,
         ${
