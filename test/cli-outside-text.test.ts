@@ -91,6 +91,14 @@ describe('the CLI shows text from outside without its control codes', () => {
     expect(url.code).toBe(2)
     expect(url.stderr).toContain("value 'https://operator:***@gw.example/x' is invalid")
     expect(url.stderr).not.toContain('hunter2')
+    // a command's own refusal that quotes one (exit 1), and a password holding a raw @
+    const notFound = await run('orders', 'show', `${'b'.repeat(10_000)}`)
+    expect(notFound.code).toBe(1)
+    expect(notFound.stderr).toBe(`No order with external reference ${'b'.repeat(200)}… (10,000 characters) [order_not_found]\n`)
+    const delivery = await run('deliveries', 'show', 'https://user:Tr0ub4dor@3xyz@x/')
+    expect(delivery.code).toBe(1)
+    expect(delivery.stderr).toContain('https://user:***@x/')
+    expect(delivery.stderr).not.toContain('3xyz')
   })
 
   it('orders list and show: every control shown as \\uXXXX, no forged line', async () => {

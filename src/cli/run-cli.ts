@@ -32,7 +32,8 @@ export async function runCommandLine(args: string[], cliScope?: CliScope): Promi
         writeError(`${error.message}\n`)
         return 130
       }
-      writeError(`${databaseUnavailable(error) ?? (error instanceof Error ? error.message : String(error))}\n`)
+      // a refusal may quote an argument (`No order with external reference …`): as shownArgument shows it
+      writeError(`${withArgumentsShown(databaseUnavailable(error) ?? (error instanceof Error ? error.message : String(error)), args)}\n`)
       return 1
     }
   }
