@@ -150,7 +150,10 @@ export function overviewPage(operator: Operator, data: OverviewData): Html {
       html`<li><a href="${consolePath()}/orders?attention=1">${flagged} order(s) flagged</a>
         (${data.attention.map((row) => `${row.attention}: ${row.orders}`).join(', ')}):
         the platform does not know their trade (trade_not_found) or answered another trade's or order's record
-        (trade_mismatch), and they are no longer polled. <a href="${consolePath()}/orders/requeue">Requeue them</a> once fixed.</li>`,
+        (trade_mismatch), and they are no longer polled: <a href="${consolePath()}/orders/requeue">requeue them</a> once fixed.
+        Or their trade create got no answer and no webhook linked a trade (trade_create_unknown): look for a trade with
+        their reference in the partner portal (its next webhook links it); if there is none, send the create again
+        with <code>trades open REFERENCE --retry</code>.</li>`,
     )
   }
   if (data.reactions.failed > 0) {

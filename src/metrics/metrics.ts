@@ -365,7 +365,7 @@ export function createMetrics(
       },
       {
         name: 'orders_needing_attention',
-        help: `Orders flagged for an operator and polled no more until one requeues them (reconcile --requeue), by flag (${ATTENTION_FLAGS.join(', ')})`,
+        help: `Orders flagged for an operator and polled no more until one requeues them (reconcile --requeue; trade_create_unknown: until a trade is linked or the create sent again), by flag (${ATTENTION_FLAGS.join(', ')})`,
         labelNames: ['flag'],
         registers: [registry],
       },
