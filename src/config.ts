@@ -422,8 +422,9 @@ function baseUrlProblems(value: string, name: string): string[] {
   if (url.search !== '' || url.hash !== '' || value.includes('?') || value.includes('#')) {
     problems.push(`${name}: must not have a query string or fragment (the client sends to the base URL's path alone)`)
   }
-  const path = url.pathname.replace(/\/+$/, '')
-  if (path.endsWith(PARTNER_API_PREFIX)) {
+  // as a server may read it: slashes doubled and letter case aside (/api//partner/v1, /API/partner/v1 were taken)
+  const path = url.pathname.replace(/\/{2,}/g, '/').replace(/\/+$/, '')
+  if (path.toLowerCase().endsWith(PARTNER_API_PREFIX)) {
     const root = `${url.origin}${path.slice(0, -PARTNER_API_PREFIX.length)}`
     problems.push(`${name}: give the platform's base URL without ${PARTNER_API_PREFIX} (the client adds it): ${root}`)
   }

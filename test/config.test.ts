@@ -131,6 +131,8 @@ describe('configuration', () => {
       ['https://gw.example/partner/api/partner/v1', 'https://gw.example/partner'],
       // closing slashes doubled: the guard passed it, and calls went to /api/partner/v1/api/partner/v1/…
       ['http://127.0.0.1:4110/api/partner/v1//', 'http://127.0.0.1:4110'],
+      ['http://127.0.0.1:4110/api//partner/v1', 'http://127.0.0.1:4110'],
+      ['https://gw.example/partner/API/Partner/V1', 'https://gw.example/partner'],
     ]) {
       expect(problemsOf({ ...remoteEnv, PARTNER_API_BASE_URL: given! })).toEqual([
         `PARTNER_API_BASE_URL: give the platform's base URL without /api/partner/v1 (the client adds it): ${root}`,

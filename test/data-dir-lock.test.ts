@@ -4,7 +4,8 @@
 // `in use by process N`, with nothing to say how to clear it.
 import { spawn } from 'node:child_process'
 import { once } from 'node:events'
-import { existsSync, readFileSync, writeFileSync } from 'node:fs'
+import { createHash } from 'node:crypto'
+import { existsSync, readFileSync, utimesSync, writeFileSync } from 'node:fs'
 import path from 'node:path'
 import { afterAll, describe, expect, it } from 'vitest'
 import { DatabaseInUseError, openDatabase } from '../src/db/open-database.js'
@@ -77,6 +78,20 @@ describe.skipIf(!onLinux)('the embedded database’s lock', () => {
       expect(outcomes.filter((outcome) => outcome === 'DatabaseInUseError')).toHaveLength(5)
     }
   }, 120_000)
+
+  // a process that died in the microseconds it held a take-over's marker left it: the next ones wait, then say so
+  it('names a take-over marked by another process, and takes the lock once that marker is abandoned', async () => {
+    const dataDir = migratedDataDir('lock-marker-')
+    const stale = '999999999 1'
+    writeFileSync(lockFile(dataDir), stale)
+    const marker = `${lockFile(dataDir)}.${createHash('sha256').update(stale).digest('hex').slice(0, 16)}.takeover`
+    writeFileSync(marker, '999999998 1')
+    expect(() => openDatabase({ dataDir })).toThrow(/its lock is stale and another process is taking it over .* \[data_dir_in_use\]$/)
+    const abandoned = new Date(Date.now() - 60_000)
+    utimesSync(marker, abandoned, abandoned)
+    const database = openDatabase({ dataDir })
+    await database.close()
+  })
 
   it('refuses while the owner named by pid and start time runs, and a lock of the pid alone as before', () => {
     for (const content of [`${bystander.pid} ${startTime(bystander.pid!)}`, String(bystander.pid)]) {

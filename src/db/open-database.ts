@@ -637,7 +637,12 @@ function lockDataDirectory(location: string): () => void {
     }
     if (!removeStaleLock(lockFile, seen, mine)) sleepSync(5)
   }
-  throw new DatabaseInUseError(`Cannot lock the embedded database in ${location} [data_dir_in_use]`)
+  // the tries ran out with a stale lock still there, its take-over marked by another process all along
+  throw new DatabaseInUseError(
+    `Cannot lock the embedded database in ${location}: its lock is stale and another process is taking it over ` +
+      `(a ${path.basename(lockFile)}.….takeover file there, left by a process that died in the take-over, counts as ` +
+      `abandoned after ${ABANDONED_TAKEOVER_MS / 1_000} s); try again [data_dir_in_use]`,
+  )
 }
 
 function readIfThere(file: string): string | undefined {
