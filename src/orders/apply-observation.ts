@@ -354,8 +354,11 @@ function observationStatement(
           -- the same body already parked for the reference (replayed under a fresh delivery id): it changes
           -- nothing the parked one does not, and is kept by age, not parked again. Parked rows are kept until their
           -- order comes, so one captured body replayed without end grew them without end
-          when exists (select 1 from webhook_deliveries p
-            where p.external_reference = i.external_reference and p.outcome = 'unmatched' and p.body_sha256 = i.body_sha256)
+          -- (a scalar subquery, not EXISTS, as above: one probe of webhook_deliveries_unmatched_idx, never a hash of
+          -- every parked row built by each statement)
+          when (select 1 from webhook_deliveries p
+            where p.external_reference = i.external_reference and p.outcome = 'unmatched' and p.body_sha256 = i.body_sha256
+            limit 1) is not null
             then 'duplicate_effect'
           else 'unmatched' end), d.id, i.raw_body,
         case when d.outcome = 'applied' then i.observed_at end
