@@ -81,12 +81,15 @@ describe('the partner API client when the TLS handshake fails', () => {
   it.each([
     ['a port that speaks plain HTTP', () => plainHttp, NOT_TLS],
     ['a server that offers only TLS 1.0 and 1.1', () => oldTls, noCommonTls('ERR_SSL_TLSV1_ALERT_PROTOCOL_VERSION')],
-    ['a server that shares no cipher', () => noSharedCipher, noCommonTls('ERR_SSL_SSLV3_ALERT_HANDSHAKE_FAILURE')],
-  ])('with %s: a POST was not sent, and says why', async (_kind, platform, reason) => {
+    // the alert's code as the OpenSSL of Node 20 names it, or as that of Node 22 and 24 does
+    ['a server that shares no cipher', () => noSharedCipher, noCommonTls('ERR_SSL_SSLV3_ALERT_HANDSHAKE_FAILURE'), noCommonTls('ERR_SSL_SSL/TLS_ALERT_HANDSHAKE_FAILURE')],
+  ])('with %s: a POST was not sent, and says why', async (_kind, platform, ...reasons) => {
     const { url } = platform()
     const failure = await transport(url).call('POST', '/trades/', {}, z.looseObject({})).catch((error: unknown) => error)
     expect(failure).toBeInstanceOf(PartnerNotSentError)
-    expect(failure).toMatchObject({ url, reason, lasting: true })
+    expect(failure).toMatchObject({ url, lasting: true })
+    const { reason } = failure as PartnerNotSentError
+    expect(reasons).toContain(reason)
     expect((failure as Error).message).toBe(`POST /api/partner/v1/trades/ was not sent: ${reason}`)
     // nothing happened on the platform: the outcome is known
     expect(isOutcomeUnknown(failure)).toBe(false)
