@@ -3,11 +3,11 @@
 // only the funds still held, the released part staying the seller's.
 import { createHmac } from 'node:crypto'
 import { afterAll, beforeAll, describe, expect, it } from 'vitest'
-import { systemClock } from '../src/clock.js'
-import { PartnerApiClient } from '../src/partner-api/partner-api.client.js'
+import type { PartnerApiClient } from '../src/partner-api/partner-api.client.js'
 import type { ProposalOutcome } from '../src/partner-api/types.js'
 import { createSandbox, type Sandbox } from '../src/sandbox/create-sandbox.js'
 import { rememberSecret, testLogger } from './helpers/log-sink.js'
+import { sandboxClient } from './helpers/sandbox-client.js'
 
 const keyId = 'pk_sandbox_milestones'
 const apiSecret = 'sandbox-milestones-api-secret-012345'
@@ -23,32 +23,25 @@ describe('sandbox milestone trades', () => {
   beforeAll(async () => {
     sandbox = createSandbox({ keyId, apiSecret, webhookSecret, logger: testLogger() })
     base = await sandbox.listen(0)
-    client = new PartnerApiClient({
-      baseUrl: base,
-      keyId,
-      secret: apiSecret,
-      env: 'sandbox',
-      kind: 'marketplace',
-      timeoutMs: 5_000,
-      clock: systemClock,
-      logger: testLogger([apiSecret]),
-    })
+    client = sandboxClient(base, { keyId, secret: apiSecret })
   })
   afterAll(async () => {
     await sandbox.close()
   })
 
   // signed by hand, so that the sandbox's own answer is seen whatever the client checks first
+  const milestoneTrade = (amount: string, milestones: { title: string; amount: string }[]) => ({
+    title: 'Kitchen',
+    amount,
+    currency: 'EUR',
+    seller_id: 's-1',
+    external_reference: `milestones-${++counter}`,
+    milestones,
+  })
+
   async function create(amount: string, milestones: { title: string; amount: string }[]) {
     const path = '/api/partner/v1/trades/'
-    const body = JSON.stringify({
-      title: 'Kitchen',
-      amount,
-      currency: 'EUR',
-      seller_id: 's-1',
-      external_reference: `milestones-${++counter}`,
-      milestones,
-    })
+    const body = JSON.stringify(milestoneTrade(amount, milestones))
     const timestamp = Math.floor(Date.now() / 1000)
     const nonce = `n-${Math.random()}`
     const signature = createHmac('sha256', apiSecret).update(`POST.${path}.${timestamp}.${nonce}.${body}`).digest('hex')
@@ -88,14 +81,7 @@ describe('sandbox milestone trades', () => {
   })
 
   async function disputedAfterFirstRelease(amount: string, milestones: { title: string; amount: string }[]) {
-    const trade = await client.createTrade({
-      title: 'Kitchen',
-      amount,
-      currency: 'EUR',
-      seller_id: 's-1',
-      external_reference: `milestones-${++counter}`,
-      milestones,
-    })
+    const trade = await client.createTrade(milestoneTrade(amount, milestones))
     const first = trade.milestones![0]!.milestone_id
     await client.fundTrade(trade.trade_id)
     await client.deliverMilestone(trade.trade_id, first)

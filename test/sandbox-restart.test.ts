@@ -7,11 +7,11 @@ import { mkdirSync, mkdtempSync, readdirSync, writeFileSync } from 'node:fs'
 import { tmpdir } from 'node:os'
 import path from 'node:path'
 import { describe, expect, it } from 'vitest'
-import { PartnerApiClient } from '../src/partner-api/partner-api.client.js'
 import { createSandbox } from '../src/sandbox/create-sandbox.js'
 import { readSandboxState } from '../src/sandbox/sandbox-state.js'
 import { FakeClock } from './helpers/fake-clock.js'
 import { rememberSecret, testLogger } from './helpers/log-sink.js'
+import { sandboxClient } from './helpers/sandbox-client.js'
 import { startRecordingReceiver } from './helpers/sandbox-receiver.js'
 
 const keyId = 'pk_sandbox_restart'
@@ -80,16 +80,7 @@ describe('a webhook across a restart of the sandbox', () => {
     const clock = new FakeClock(Date.now())
     const sandbox = sandboxOver(stateFile, clock, receiver.url)
     try {
-      const client = new PartnerApiClient({
-        baseUrl: await sandbox.listen(0),
-        keyId,
-        secret: apiSecret,
-        env: 'sandbox',
-        kind: 'marketplace',
-        timeoutMs: 5_000,
-        clock,
-        logger: testLogger([apiSecret]),
-      })
+      const client = sandboxClient(await sandbox.listen(0), { keyId, secret: apiSecret, clock })
       await client.createTrade({ title: 'Bike', amount: '10', currency: 'EUR', seller_id: 's-1', external_reference: 'first-1' })
       await waitFor(() => receiver.received.length === 1 && clock.pendingSleepers === 1)
       expect(readSandboxState(stateFile)!.pendingWebhooks.map((event) => event.attempts)).toEqual([1])

@@ -6,11 +6,12 @@ import path from 'node:path'
 import { describe, expect, it } from 'vitest'
 import type { Clock } from '../src/clock.js'
 import { systemClock } from '../src/clock.js'
-import { PartnerApiClient } from '../src/partner-api/partner-api.client.js'
+import type { PartnerApiClient } from '../src/partner-api/partner-api.client.js'
 import { createSandbox, type Sandbox } from '../src/sandbox/create-sandbox.js'
 import { readSandboxState, SandboxStateError, sandboxStateFile } from '../src/sandbox/sandbox-state.js'
 import { FakeClock } from './helpers/fake-clock.js'
 import { rememberSecret, testLogger } from './helpers/log-sink.js'
+import { sandboxClient } from './helpers/sandbox-client.js'
 import { startRecordingReceiver } from './helpers/sandbox-receiver.js'
 
 const keyId = 'pk_sandbox_state'
@@ -19,16 +20,7 @@ const webhookSecret = 'sandbox-state-webhook-secret-012345'
 rememberSecret(apiSecret, webhookSecret)
 
 function clientFor(base: string, clock: Clock): PartnerApiClient {
-  return new PartnerApiClient({
-    baseUrl: base,
-    keyId,
-    secret: apiSecret,
-    env: 'sandbox',
-    kind: 'marketplace',
-    timeoutMs: 5_000,
-    clock,
-    logger: testLogger([apiSecret]),
-  })
+  return sandboxClient(base, { keyId, secret: apiSecret, clock })
 }
 
 const trade = (external_reference: string) => ({

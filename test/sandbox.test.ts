@@ -2,12 +2,12 @@ import { createHmac } from 'node:crypto'
 import http from 'node:http'
 import type { AddressInfo } from 'node:net'
 import { afterAll, beforeAll, describe, expect, it } from 'vitest'
-import { systemClock } from '../src/clock.js'
-import { PartnerApiClient } from '../src/partner-api/partner-api.client.js'
+import type { PartnerApiClient } from '../src/partner-api/partner-api.client.js'
 import { createSandbox, type Sandbox } from '../src/sandbox/create-sandbox.js'
 import { answerEndlessly, MiB } from './helpers/endless-answer.js'
 import { FakeClock } from './helpers/fake-clock.js'
 import { rememberSecret, testLogger } from './helpers/log-sink.js'
+import { sandboxClient } from './helpers/sandbox-client.js'
 import { startRecordingReceiver } from './helpers/sandbox-receiver.js'
 
 const keyId = 'pk_sandbox_test'
@@ -44,16 +44,7 @@ describe('sandbox request authentication and validation', () => {
   beforeAll(async () => {
     sandbox = createSandbox({ keyId, apiSecret, webhookSecret, logger: testLogger([apiSecret, webhookSecret]) })
     base = await sandbox.listen(0)
-    client = new PartnerApiClient({
-      baseUrl: base,
-      keyId,
-      secret: apiSecret,
-      env: 'sandbox',
-      kind: 'marketplace',
-      timeoutMs: 5_000,
-      clock: systemClock,
-      logger: testLogger([apiSecret]),
-    })
+    client = sandboxClient(base, { keyId, secret: apiSecret })
   })
   afterAll(async () => {
     await sandbox.close()
@@ -278,7 +269,7 @@ describe('the client drives the sandbox through whole lifecycles', () => {
     receiver = await startRecordingReceiver(webhookSecret)
     sandbox = createSandbox({ keyId, apiSecret, webhookSecret, webhookUrl: receiver.url, refundDelayMs: 5, logger: testLogger() })
     const base = await sandbox.listen(0)
-    client = new PartnerApiClient({ baseUrl: base, keyId, secret: apiSecret, env: 'sandbox', kind: 'marketplace', timeoutMs: 5_000, clock: systemClock, logger: testLogger([apiSecret]) })
+    client = sandboxClient(base, { keyId, secret: apiSecret })
   })
   afterAll(async () => {
     await sandbox.close()
