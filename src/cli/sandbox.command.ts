@@ -8,6 +8,7 @@ import type { Faults } from '../sandbox/webhook-dispatcher.js'
 import { untilStopSignal } from '../stop-signals.js'
 import { portNumber, wholeNumber } from './cli-arguments.js'
 import { cliLogger, UsageError, write, writeError } from './cli-context.js'
+import { withoutPassword } from './failure-reason.js'
 import { describeListenError } from '../listen-error.js'
 
 function rate(value: string): number {
@@ -48,14 +49,6 @@ function webhookUrl(value: string): string {
     throw new InvalidArgumentError('must be an http:// or https:// URL')
   }
   return value
-}
-
-// the URL as it may be printed: a password in it is replaced by ***
-function shownUrl(value: string): string {
-  const url = URL.parse(value)
-  if (!url || url.password === '') return value
-  url.password = '***'
-  return url.href
 }
 
 // the fault flags are the dispatcher's Faults, one for one
@@ -153,7 +146,7 @@ export function registerSandboxCommand(program: Command): void {
       }
       // the base URL a receiver is given is the root: the client adds /api/partner/v1/ (config.ts refuses it whole)
       write(`sandbox platform listening on ${url} (partner API at ${url}/api/partner/v1/; a receiver's PARTNER_API_BASE_URL=${url})\n`)
-      write(`webhooks go to ${shownUrl(flags.webhookUrl ?? `http://${host}:${config.port}${config.webhook.path}`)}\n`)
+      write(`webhooks go to ${withoutPassword(flags.webhookUrl ?? `http://${host}:${config.port}${config.webhook.path}`)}\n`)
       write(`key id ${flags.keyId ?? config.partner.keyId}; secrets as configured (not shown). Ctrl-C stops it.\n`)
       write(
         config.sandbox.controlToken
