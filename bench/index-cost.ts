@@ -51,7 +51,7 @@ interface Variant {
   /** A setting for the writing sessions (SET), when the variant is one. */
   setting?: string
 }
-const CONSOLE_INDEXES = ['outcome_idx', 'event_type_idx', 'trade_idx', 'reference_idx']
+const CONSOLE_INDEXES = ['outcome_idx', 'event_type_idx', 'unapplied_trade_idx', 'unapplied_reference_idx']
 const PARTIAL_OUTCOME = `(outcome, received_at) where outcome <> 'applied'`
 const VARIANTS: Variant[] = [
   { name: 'as migrated', drop: [], add: [] },
@@ -63,7 +63,12 @@ const VARIANTS: Variant[] = [
     add: [`outcome_idx on %t ${PARTIAL_OUTCOME}`],
   },
   { name: 'without event_type_idx', drop: ['event_type_idx'], add: [] },
-  { name: 'without trade_idx and reference_idx', drop: ['trade_idx', 'reference_idx'], add: [] },
+  // the trade and reference indexes as migrations 0003 to 0013 had them: an entry for every delivery
+  {
+    name: 'trade_idx and reference_idx of every delivery (before 0014)',
+    drop: ['unapplied_trade_idx', 'unapplied_reference_idx'],
+    add: ['trade_idx on %t (trade_id, received_at)', 'reference_idx on %t (external_reference, received_at)'],
+  },
   { name: 'without the 4 console indexes', drop: CONSOLE_INDEXES, add: [] },
   // not an index set: the server setting that compresses the full-page images, set for the session only
   { name: 'as migrated, wal_compression = lz4', drop: [], add: [], setting: 'wal_compression = lz4' },

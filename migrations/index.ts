@@ -14,6 +14,7 @@ import * as doneJobsOutOfTheStateIndex from './0010_done_jobs_out_of_the_state_i
 import * as reactionStreamBatches from './0011_reaction_stream_batches.js'
 import * as reconcileRunClockOffset from './0012_reconcile_run_clock_offset.js'
 import * as unresolvedTradeCreates from './0013_unresolved_trade_creates.js'
+import * as unappliedDeliverySearch from './0014_unapplied_delivery_search.js'
 
 export const migrations: Record<string, Migration> = {
   '0001_initial': initial,
@@ -29,4 +30,5 @@ export const migrations: Record<string, Migration> = {
   '0011_reaction_stream_batches': reactionStreamBatches,
   '0012_reconcile_run_clock_offset': reconcileRunClockOffset,
   '0013_unresolved_trade_creates': unresolvedTradeCreates,
+  '0014_unapplied_delivery_search': unappliedDeliverySearch,
 }

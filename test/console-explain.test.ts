@@ -49,6 +49,13 @@ describePostgres('console search queries (Postgres)', () => {
              'trd-' || (i % ${ORDERS}), 'order-' || (i % ${ORDERS}), 'funded',
              case when i % 100 = 0 then 'trade_mismatch' else 'applied' end, '{}'
       from generate_series(1, ${DELIVERIES}) as i`.execute(database.db)
+    // one reference replayed thousands of times (each stored duplicate_effect: not applied)
+    await sql`
+      insert into webhook_deliveries (delivery_id, body_sha256, received_at, event_type, trade_id, external_reference,
+                                      observed_status, outcome, raw_body)
+      select 'replay-' || i, md5(i::text) || md5(i::text), now() - (i * interval '1 second'), 'trade.funded',
+             'trd-7', 'order-7', 'funded', 'duplicate_effect', '{}'
+      from generate_series(1, 5000) as i`.execute(database.db)
     await sql`
       insert into orders (external_reference, trade_id, trade_status, attention, next_poll_at)
       select 'order-' || i, 'trd-' || i, case when i % 100 = 0 then 'disputed' else 'funded' end,
@@ -80,8 +87,8 @@ describePostgres('console search queries (Postgres)', () => {
   })
 
   const deliverySearches: [string, DeliveryFilter, string][] = [
-    ['external reference', { externalReference: 'order-42' }, 'webhook_deliveries_reference_idx'],
-    ['trade id', { tradeId: 'trd-42' }, 'webhook_deliveries_trade_idx'],
+    ['external reference', { externalReference: 'order-42' }, 'webhook_deliveries_unapplied_reference_idx'],
+    ['trade id', { tradeId: 'trd-42' }, 'webhook_deliveries_unapplied_trade_idx'],
     ['delivery id', { deliveryId: 'dlv-42' }, 'webhook_deliveries_pkey'],
     ['outcome', { outcome: 'trade_mismatch' }, 'webhook_deliveries_outcome_idx'],
     ['event kind', { eventType: 'seller.updated' }, 'webhook_deliveries_event_type_idx'],
@@ -97,6 +104,17 @@ describePostgres('console search queries (Postgres)', () => {
       }
     })
   }
+
+  it('pages the deliveries of a reference with thousands not applied off its index, in order, without sorting them', async () => {
+    for (const filter of [{ externalReference: 'order-7' }, { tradeId: 'trd-7' }]) {
+      for (const after of [undefined, { receivedAt: new Date(Date.now() - 600_000).toISOString(), deliveryId: 'replay-600', bodySha256: 'f'.repeat(64) }]) {
+        const nodes = await plan(searchDeliveriesQuery(database.db, filter, { after, limit: 51 }))
+        expect(nodes.map((node) => node['Node Type'])).toContain('Merge Append')
+        expect(nodes.map((node) => node['Index Name'])).toContain(filter.tradeId ? 'webhook_deliveries_unapplied_trade_idx' : 'webhook_deliveries_unapplied_reference_idx')
+        expect(nodes.filter((node) => node['Node Type'] === 'Seq Scan')).toEqual([])
+      }
+    }
+  })
 
   it('lists orders by status and the flagged ones through their indexes', async () => {
     for (const [filter, index] of [

@@ -1,6 +1,6 @@
 // Every query on stored webhook deliveries but one: the trade-event insert lives in
 // orders/apply-observation.ts, which records the delivery and its effect in one statement.
-import { type Kysely, type Selectable, sql, type Transaction } from 'kysely'
+import { type Kysely, type Selectable, type SelectQueryBuilder, sql, type Transaction } from 'kysely'
 import type { Database, WebhookDeliveriesTable } from '../db/database.js'
 import type { DeliveryOutcome } from './delivery-outcome.js'
 
@@ -266,7 +266,9 @@ export async function countParkedDeliveries(db: Kysely<Database>, now: Date): Pr
 
 // The operator console's queries. Each filter has an index (migrations/0003_console_indexes.ts) and
 // pages are keyset-paginated on (received_at, delivery_id, body_sha256), newest first, so page 1,000
-// costs what page 1 does.
+// costs what page 1 does. A search by trade id or external reference reads two sources, merged in that
+// order (deliveriesReachedBy): the deliveries not applied through their partial indexes (migrations/0014),
+// and the applied ones through their order's history.
 
 export interface DeliveryFilter {
   tradeId?: string | undefined
@@ -294,16 +296,67 @@ const exactReceivedAt = sql<string>`to_char(received_at at time zone 'UTC', 'YYY
 
 export type DeliverySummary = Omit<StoredDelivery, 'rawBody'>
 
-function filteredDeliveries(db: Kysely<Database>, filter: DeliveryFilter) {
-  let query = db.selectFrom('webhookDeliveries')
-  if (filter.tradeId) query = query.where('tradeId', '=', filter.tradeId)
-  if (filter.externalReference) query = query.where('externalReference', '=', filter.externalReference)
-  if (filter.deliveryId) query = query.where('deliveryId', '=', filter.deliveryId)
-  if (filter.outcome) query = query.where('outcome', '=', filter.outcome)
-  if (filter.eventType) query = query.where('eventType', '=', filter.eventType)
-  if (filter.from) query = query.where('receivedAt', '>=', filter.from)
-  if (filter.to) query = query.where('receivedAt', '<', filter.to)
-  return query
+/**
+ * Where the deliveries matching a filter are read: one query of the table, or two when the filter names a trade id
+ * or an external reference. The partial indexes of migrations/0014 keep only the deliveries not applied; an applied
+ * delivery made its order's transition, whose history row names it, so it is found through the order the trade or
+ * reference names. Every applied delivery was applied to that order: the ingest matches a delivery to the order of
+ * its reference and refuses (trade_mismatch) one whose trade is not the order's or is another order's. Every filter
+ * applies to each source, so the sources only say where to look, never what matches.
+ */
+function filteredSources(db: Kysely<Database>, filter: DeliveryFilter) {
+  let every = db.selectFrom('webhookDeliveries')
+  if (filter.tradeId) every = every.where('tradeId', '=', filter.tradeId)
+  if (filter.externalReference) every = every.where('externalReference', '=', filter.externalReference)
+  if (filter.deliveryId) every = every.where('deliveryId', '=', filter.deliveryId)
+  if (filter.outcome) every = every.where('outcome', '=', filter.outcome)
+  if (filter.eventType) every = every.where('eventType', '=', filter.eventType)
+  if (filter.from) every = every.where('receivedAt', '>=', filter.from)
+  if (filter.to) every = every.where('receivedAt', '<', filter.to)
+  if (!filter.tradeId && !filter.externalReference) return [every]
+  let order = db.selectFrom('orders').select('id')
+  if (filter.tradeId) order = order.where('tradeId', '=', filter.tradeId)
+  if (filter.externalReference) order = order.where('externalReference', '=', filter.externalReference)
+  const namedInHistory = db
+    .selectFrom('orderStatusHistory')
+    .select('deliveryId')
+    .where('orderId', '=', order)
+    .where('deliveryId', 'is not', null)
+  return [
+    every.where('outcome', '<>', 'applied'),
+    every.where('outcome', '=', 'applied').where('deliveryId', '=', sql<string>`any(array(${namedInHistory}))`),
+  ]
+}
+
+type DeliverySource = ReturnType<typeof filteredSources>[number]
+
+/**
+ * The first `limit` rows of the sources in receipt order (received_at, then the primary key), each source read
+ * in that order off its index and cut at `limit` before the two are merged: a page costs the same whatever the
+ * sources hold beyond it.
+ */
+function inReceiptOrder<O>(
+  db: Kysely<Database>,
+  sources: SelectQueryBuilder<Database, 'webhookDeliveries', O>[],
+  direction: 'asc' | 'desc',
+  limit: number,
+) {
+  const ordered = <Q extends SelectQueryBuilder<Database, 'webhookDeliveries', O>>(query: Q) =>
+    query.orderBy('receivedAt', direction).orderBy('deliveryId', direction).orderBy('bodySha256', direction).limit(limit)
+  const [first, second] = sources.map((source) => ordered(source))
+  if (!second) return first!
+  const merged = db
+    .selectFrom(first!.as('notApplied'))
+    .selectAll()
+    .unionAll(db.selectFrom(second.as('applied')).selectAll())
+    .as('webhookDeliveries')
+  return db
+    .selectFrom(merged)
+    .selectAll()
+    .orderBy(sql`received_at`, direction)
+    .orderBy(sql`delivery_id`, direction)
+    .orderBy(sql`body_sha256`, direction)
+    .limit(limit)
 }
 
 /** The search query itself (exported so a test can EXPLAIN it). */
@@ -312,20 +365,16 @@ export function searchDeliveriesQuery(
   filter: DeliveryFilter,
   { after, limit }: { after?: DeliveryCursor | undefined; limit: number },
 ) {
-  let query = filteredDeliveries(db, filter)
-    .select([...SUMMARY_COLUMNS, exactReceivedAt.as('cursorTime')])
-    .orderBy('receivedAt', 'desc')
-    .orderBy('deliveryId', 'desc')
-    .orderBy('bodySha256', 'desc')
-    .limit(limit)
-  if (after) {
+  const pageOf = (source: DeliverySource) => {
+    const query = source.select([...SUMMARY_COLUMNS, exactReceivedAt.as('cursorTime')])
+    if (!after) return query
     // the first condition bounds the index range; the row comparison settles ties within one instant
     const time = sql<Date>`${after.receivedAt}::timestamptz`
-    query = query
+    return query
       .where('receivedAt', '<=', time)
       .where(sql<boolean>`(received_at, delivery_id, body_sha256) < (${time}, ${after.deliveryId}, ${after.bodySha256})`)
   }
-  return query
+  return inReceiptOrder(db, filteredSources(db, filter).map(pageOf), 'desc', limit)
 }
 
 /** One page of deliveries matching the filter, newest first; `next` is set when more follow. */
@@ -361,7 +410,10 @@ export interface OutcomeCount {
 
 /** What a bulk re-apply of this filter would touch: counts by current outcome (its dry run). */
 export async function countDeliveriesByOutcome(db: Kysely<Database>, filter: DeliveryFilter): Promise<OutcomeCount[]> {
-  const rows = await filteredDeliveries(db, filter)
+  const [first, second] = filteredSources(db, filter).map((source) => source.select(['outcome', 'externalReference']))
+  const matching = second ? first!.unionAll(second) : first!
+  const rows = await db
+    .selectFrom(matching.as('webhookDeliveries'))
     .leftJoin('orders', 'orders.externalReference', 'webhookDeliveries.externalReference')
     .select((eb) => [
       'webhookDeliveries.outcome',
@@ -384,13 +436,8 @@ export async function listDeliveriesToReapply(
   filter: DeliveryFilter,
   limit: number,
 ): Promise<StoredDelivery[]> {
-  const rows = await filteredDeliveries(db, filter)
-    .select([...SUMMARY_COLUMNS, rawBodyBytes])
-    .orderBy('receivedAt')
-    .orderBy('deliveryId')
-    .orderBy('bodySha256')
-    .limit(limit)
-    .execute()
+  const sources = filteredSources(db, filter).map((source) => source.select([...SUMMARY_COLUMNS, rawBodyBytes]))
+  const rows = await inReceiptOrder(db, sources, 'asc', limit).execute()
   return rows.map(toDelivery)
 }
 
