@@ -2,19 +2,23 @@
 // port that speaks plain HTTP, a server that offers only TLS 1.0 or 1.1, one that shares no cipher with this
 // machine. Not one byte of the request went out, exactly as with a refused certificate (test/own-ca-refusals.test.ts):
 // the call is `not_sent`, a create leaves the order as it was, and a GET is not sent again, as the next attempt
-// would fail the same way. Real servers on this machine play the platform.
+// would fail the same way. The same through a proxy, once the tunnel is up: the handshake is still the platform's.
+// A connection reset during the handshake is not sent either, but may pass: a GET is asked again. Real servers on
+// this machine play the platform.
 import { readFileSync } from 'node:fs'
 import { createServer as createHttpServer } from 'node:http'
-import type { AddressInfo, Server } from 'node:net'
+import { type AddressInfo, createServer as createNetServer, type Server } from 'node:net'
 import path from 'node:path'
 import tls from 'node:tls'
 import { afterAll, beforeAll, describe, expect, it } from 'vitest'
 import { z } from 'zod'
 import type { CliContext } from '../src/cli/cli-context.js'
 import { systemClock } from '../src/clock.js'
-import { isOutcomeUnknown, PartnerNotSentError } from '../src/partner-api/partner-api-error.js'
+import { isOutcomeUnknown, PartnerNetworkError, PartnerNotSentError } from '../src/partner-api/partner-api-error.js'
+import { describeProxy, fetchThroughProxy } from '../src/partner-api/partner-api-proxy.js'
 import { PartnerApiTransport } from '../src/partner-api/partner-api-transport.js'
 import { runCommandWith } from './helpers/cli-in-process.js'
+import { type ConnectProxy, startConnectProxy } from './helpers/connect-proxy.js'
 import { testLogger } from './helpers/log-sink.js'
 import { insertOrders, orderByReference } from './helpers/reconcile-orders.js'
 import { TEST_API_SECRET, testConfig } from './helpers/test-config.js'
@@ -43,6 +47,9 @@ let plainHttp: Platform
 let oldTls: Platform
 let noSharedCipher: Platform
 let ownCa: Platform
+let resetInHandshake: Platform
+let resetAfterRequest: Platform
+let proxy: ConnectProxy
 
 beforeAll(async () => {
   // answers every request, had one come
@@ -53,15 +60,26 @@ beforeAll(async () => {
   noSharedCipher = await listen(tls.createServer({ ...certificate, maxVersion: 'TLSv1.2', ciphers: 'PSK-AES128-CBC-SHA' }), 'localhost')
   // a certificate of a CA this process was not given
   ownCa = await listen(tls.createServer(certificate), 'localhost')
+  // resets the connection when the client's first handshake message comes
+  resetInHandshake = await listen(createNetServer((socket) => socket.once('data', () => socket.resetAndDestroy())), 'localhost')
+  // plain HTTP, reset once the request has come: what a reset after the handshake looks like to the client
+  resetAfterRequest = await listen(createNetServer((socket) => socket.once('data', () => socket.resetAndDestroy())), '127.0.0.1')
+  resetAfterRequest.url = resetAfterRequest.url.replace('https:', 'http:')
+  proxy = await startConnectProxy()
 })
 afterAll(async () => {
-  for (const { server } of [plainHttp, oldTls, noSharedCipher, ownCa]) {
+  await proxy.close()
+  for (const { server } of [plainHttp, oldTls, noSharedCipher, ownCa, resetInHandshake, resetAfterRequest]) {
     await new Promise<void>((resolve) => server.close(() => resolve()))
   }
 })
 
-const transport = (baseUrl: string) =>
+const transport = (baseUrl: string, through?: ConnectProxy) =>
   new PartnerApiTransport({
+    ...(through && {
+      fetch: fetchThroughProxy({ httpProxy: undefined, httpsProxy: through.url(), noProxy: undefined }),
+      proxy: describeProxy(through.url()),
+    }),
     baseUrl,
     keyId: 'pk_handshake',
     secret: TEST_API_SECRET,
@@ -107,6 +125,68 @@ describe('the partner API client when the TLS handshake fails', () => {
     expect(platform().connections - before).toBe(1)
     expect(failure).toBeInstanceOf(PartnerNotSentError)
     expect(failure).toMatchObject({ lasting: true })
+  })
+})
+
+describe('the partner API client when the TLS handshake with the platform fails through a proxy', () => {
+  it.each([
+    ['a server that offers only TLS 1.0 and 1.1', () => oldTls, noCommonTls('ERR_SSL_TLSV1_ALERT_PROTOCOL_VERSION')],
+    ['a server that shares no cipher', () => noSharedCipher, noCommonTls('ERR_SSL_SSLV3_ALERT_HANDSHAKE_FAILURE'), noCommonTls('ERR_SSL_SSL/TLS_ALERT_HANDSHAKE_FAILURE')],
+  ])('with %s: a POST was not sent, the handshake named as the platform’s, not the proxy’s', async (_kind, platform, ...reasons) => {
+    const { url } = platform()
+    const failure = await transport(url, proxy).call('POST', '/trades/', {}, z.looseObject({})).catch((error: unknown) => error)
+    expect(failure).toBeInstanceOf(PartnerNotSentError)
+    expect(failure).toMatchObject({ url, lasting: true, proxy: `http://127.0.0.1:${proxy.port}` })
+    const { reason } = failure as PartnerNotSentError
+    expect(reasons.map((expected) => `${expected} (through the proxy http://127.0.0.1:${proxy.port})`)).toContain(reason)
+    expect((failure as Error).message).toBe(`POST /api/partner/v1/trades/ was not sent: ${reason}`)
+    expect(isOutcomeUnknown(failure)).toBe(false)
+  })
+
+  it('with a certificate of a CA this machine was not given: the platform’s certificate is named, not the proxy', async () => {
+    const failure = await transport(ownCa.url, proxy).call('POST', '/trades/', {}, z.looseObject({})).catch((error: unknown) => error)
+    expect(failure).toBeInstanceOf(PartnerNotSentError)
+    expect(failure).toMatchObject({ lasting: true })
+    expect((failure as PartnerNotSentError).reason).toMatch(/^the platform's TLS certificate was not accepted \(/)
+    expect((failure as PartnerNotSentError).reason).toMatch(new RegExp(`\\(through the proxy http://127\\.0\\.0\\.1:${proxy.port}\\)$`))
+  })
+
+  it.each([
+    ['a server that shares no cipher', () => noSharedCipher],
+    ['a certificate of a CA this machine was not given', () => ownCa],
+  ])('with %s: a GET is tried once, as every attempt would fail the same way', async (_kind, platform) => {
+    const before = platform().connections
+    const failure = await transport(platform().url, proxy).call('GET', '/trades/tr_1/', undefined, z.looseObject({})).catch((error: unknown) => error)
+    expect(platform().connections - before).toBe(1)
+    expect(failure).toBeInstanceOf(PartnerNotSentError)
+    expect(failure).toMatchObject({ lasting: true })
+  })
+})
+
+describe('the partner API client when the connection is reset', () => {
+  it('during the TLS handshake: a POST was not sent, and says so', async () => {
+    const { url } = resetInHandshake
+    const failure = await transport(url).call('POST', '/trades/', {}, z.looseObject({})).catch((error: unknown) => error)
+    expect(failure).toBeInstanceOf(PartnerNotSentError)
+    expect(failure).toMatchObject({ url, lasting: false, reason: 'the connection could not be set up (ECONNRESET)' })
+    expect((failure as Error).message).toBe('POST /api/partner/v1/trades/ was not sent: the connection could not be set up (ECONNRESET)')
+    // nothing happened on the platform: the create can be sent again as it is
+    expect(isOutcomeUnknown(failure)).toBe(false)
+  })
+
+  it('during the TLS handshake: a GET is asked again, as after any network error that may pass', async () => {
+    const before = resetInHandshake.connections
+    const failure = await transport(resetInHandshake.url).call('GET', '/trades/tr_1/', undefined, z.looseObject({})).catch((error: unknown) => error)
+    expect(resetInHandshake.connections - before).toBe(4)
+    expect(failure).toBeInstanceOf(PartnerNotSentError)
+  })
+
+  it('after the request went out: a POST’s outcome is unknown, as before', async () => {
+    const failure = await transport(resetAfterRequest.url).call('POST', '/trades/', {}, z.looseObject({})).catch((error: unknown) => error)
+    expect(failure).toBeInstanceOf(PartnerNetworkError)
+    expect(failure).not.toBeInstanceOf(PartnerNotSentError)
+    expect((failure as Error).message).toBe('POST /api/partner/v1/trades/ failed: ECONNRESET')
+    expect(isOutcomeUnknown(failure)).toBe(true)
   })
 })
 

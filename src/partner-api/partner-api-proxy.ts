@@ -1,14 +1,16 @@
 // The HTTP proxy between this service and the platform, from HTTP_PROXY, HTTPS_PROXY and NO_PROXY (read by
-// config.ts). Node's own fetch never uses a proxy; with one set, the client's calls go through undici's fetch
-// with an EnvHttpProxyAgent, which opens a CONNECT tunnel through the proxy (for http:// targets too) and
-// sends the signed request inside it. Without one, nothing here runs: the client keeps Node's fetch.
+// config.ts). With one set, the client's calls go through an EnvHttpProxyAgent, which opens a CONNECT tunnel
+// through the proxy (for http:// targets too) and sends the signed request inside it. Without one, nothing here
+// runs: the client goes straight to the platform (platform-fetch.ts).
 //
 // proxyFor makes the same choice as the agent (undici 7's rules: an https:// target takes HTTPS_PROXY, else
 // HTTP_PROXY; an http:// target takes HTTP_PROXY only; NO_PROXY entries are host, host:port, .domain or
 // *.domain, a domain covering its subdomains, and `*` alone bypasses every host), so the start-up log and
 // the errors can name the proxy a call went through.
-import { type Dispatcher, EnvHttpProxyAgent, Pool, fetch as undiciFetch } from 'undici'
+import { type buildConnector, type Dispatcher, EnvHttpProxyAgent, Pool } from 'undici'
+import { connectionsMarkingFailures, markingFailures } from './connect-failure.js'
 import { PROXY_CLOSED_CODE } from './partner-api-error.js'
+import { platformFetch } from './platform-fetch.js'
 
 export interface ProxySettings {
   /** http(s)://[user:password@]host:port; credentials included, so never logged as it is */
@@ -49,9 +51,10 @@ function inNoProxy(target: URL, noProxy: string): boolean {
  * answering (an https:// proxy spoken to as http://, a port where no proxy listens but something else does)
  * fails the CONNECT with a socket error, which undici takes as one to recover from by connecting again at
  * once: measured, 5,107 CONNECTs in a call's 2 s timeout. Under another code the call fails at the first.
+ * A failure to connect to the proxy at all is marked as the proxy's, apart from one with the platform in the tunnel.
  */
-function proxyConnections(origin: URL, options: object): Dispatcher {
-  const pool = new Pool(origin, options)
+function proxyConnections(origin: URL, options: { connect: buildConnector.connector }): Dispatcher {
+  const pool = new Pool(origin, { ...options, connect: markingFailures(options.connect, 'proxy') })
   const connect = pool.connect.bind(pool) as (options: Dispatcher.ConnectOptions) => Promise<Dispatcher.ConnectData>
   const connectOnce = (connectOptions: Dispatcher.ConnectOptions) =>
     connect(connectOptions).catch((error: unknown) => {
@@ -69,8 +72,8 @@ export function describeProxy(proxyUrl: string): string {
 }
 
 /**
- * A fetch through the proxy that `settings` give for the target, by undici's fetch (the version the agent
- * belongs to). The settings are passed whole, so the agent never reads the environment itself.
+ * A fetch through the proxy that `settings` give for the target, the client's own (platform-fetch.ts) over the
+ * agent. The settings are passed whole, so the agent never reads the environment itself.
  */
 export function fetchThroughProxy(settings: ProxySettings): typeof fetch {
   const dispatcher = new EnvHttpProxyAgent({
@@ -79,9 +82,8 @@ export function fetchThroughProxy(settings: ProxySettings): typeof fetch {
     httpsProxy: settings.httpsProxy ?? '',
     noProxy: settings.noProxy ?? '',
     clientFactory: proxyConnections,
+    // the connections to the platform, the tunnelled ones among them
+    factory: connectionsMarkingFailures,
   })
-  const proxied = (input: string | URL, init?: Parameters<typeof undiciFetch>[1]) =>
-    undiciFetch(input, { ...init, dispatcher })
-  // the same Response as Node's fetch answers, from the package's copy of undici: typed apart, read alike
-  return proxied as unknown as typeof fetch
+  return platformFetch(dispatcher)
 }

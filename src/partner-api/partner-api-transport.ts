@@ -14,7 +14,8 @@
 // A success answer is UTF-8 or refused: JSON exchanged between systems is UTF-8 (RFC 8259 §8.1), and a record
 // that moves money is acted on only as the platform wrote it, never as a guess. One whose Content-Type names
 // another charset, or whose bytes are not UTF-8, fails with PartnerInvalidResponseError; an error answer is
-// read as before (bad bytes as U+FFFD), since only its status is acted on.
+// read as before (bad bytes as U+FFFD), since only its status is acted on. Its Content-Encoding, likewise, is one
+// this client undoes (content-coding.ts: gzip, deflate, br, strictly) or the answer is refused.
 //
 // Every answer's Date header is read against this machine's clock (clock-offset.ts) and handed to
 // `onClockOffset` (the metrics' gauge): a drifting clock shows there before the platform's window refuses
@@ -33,6 +34,8 @@ import { answeredWithoutTls, failedHandshakeCode, OWN_CA_HINT, refusedCertificat
 import { userAgent } from '../version.js'
 import { findDuplicateKey, shownKey } from '../webhooks/find-duplicate-key.js'
 import { describeClockOffset, isClockOffsetTooLarge, measureClockOffset } from './clock-offset.js'
+import { connectFailure } from './connect-failure.js'
+import { ACCEPT_ENCODING, undecodedCoding } from './content-coding.js'
 import {
   PartnerApiError,
   PartnerInvalidResponseError,
@@ -41,6 +44,7 @@ import {
   PartnerTimeoutError,
   PROXY_CLOSED_CODE,
 } from './partner-api-error.js'
+import { directPlatformFetch } from './platform-fetch.js'
 import { checkResponse, platformErrorBodySchema } from './responses.js'
 import { newNonce, signRequest } from './sign-request.js'
 
@@ -73,6 +77,7 @@ export interface TransportOptions {
   maxAnswerBytes?: number
   clock: Clock
   logger: Logger
+  /** By default the client's own (platform-fetch.ts); one given (tests) is trusted to decode what it accepts. */
   fetch?: typeof fetch
   /**
    * The proxy `fetch` goes through, as scheme://host:port (no credentials): named in the errors, where a
@@ -149,7 +154,7 @@ export class PartnerApiTransport {
     this.maxAnswerBytes = maxAnswerBytes
     this.clock = options.clock
     this.logger = options.logger
-    this.fetch = options.fetch ?? globalThis.fetch
+    this.fetch = options.fetch ?? directPlatformFetch()
     this.proxy = options.proxy
     this.random = options.random ?? Math.random
     this.nonce = options.nonce ?? newNonce
@@ -216,6 +221,8 @@ export class PartnerApiTransport {
         secret: this.secret,
       }),
       Accept: 'application/json',
+      // what content-coding.ts undoes, on every Node version (Node's fetch asks for zstd where it has it)
+      'Accept-Encoding': ACCEPT_ENCODING,
       'User-Agent': this.userAgent,
     }
     if (body !== undefined) headers['Content-Type'] = 'application/json'
@@ -239,6 +246,19 @@ export class PartnerApiTransport {
       // redirect: manual, so a signed body is never re-sent to another address
       const response = await this.fetch(url, { method, headers, body, signal, redirect: 'manual' })
       const succeeded = response.status >= 200 && response.status < 300
+      const coding = succeeded ? undecodedCoding(response.headers.get('content-encoding')) : undefined
+      if (coding !== undefined) {
+        // a coding not asked for: the bytes cannot be read as the record (nor are they read as if plain)
+        await response.body?.cancel().catch(() => {})
+        log({ status: response.status, error: 'answer encoding unknown' })
+        throw invalidRecord(
+          method,
+          path,
+          response.status,
+          '(body)',
+          `is in the Content-Encoding ${shownHeaderValue(coding)}, which this client does not decode (it accepts ${ACCEPT_ENCODING})`,
+        )
+      }
       const charset = succeeded ? foreignCharset(response.headers.get('content-type')) : undefined
       if (charset !== undefined) {
         // refused by its header: the body is not read
@@ -468,13 +488,18 @@ function describeNetworkError(error: unknown): NetworkFailure {
   }
   const cause = error.cause as { code?: string; message?: string } | undefined
   const reason = cause?.code ?? cause?.message ?? error.message
-  return { reason, notSent: NOT_SENT_CODES.has(reason) }
+  if (NOT_SENT_CODES.has(reason)) return { reason, notSent: true }
+  // any other failure of a connection not yet up (a reset during the TLS handshake): the request was not
+  // written, and the next attempt may well connect
+  if (connectFailure(error) !== undefined) return { reason: `the connection could not be set up (${reason})`, notSent: true }
+  return { reason, notSent: false }
 }
 
 /**
- * The code of the decoder that failed on the answer's body (fetch undoes its Content-Encoding): zlib's for gzip and
- * deflate (`Z_DATA_ERROR`), brotli's (`ERR__ERROR_FORMAT_PADDING_2`); undefined for any other failure, a connection
- * lost mid-body among them (`UND_ERR_SOCKET`), which may pass and is retried.
+ * The code of the decoder that failed on the answer's body (content-coding.ts undoes its Content-Encoding): zlib's
+ * for gzip and deflate (`Z_DATA_ERROR`, `Z_BUF_ERROR` for a body without its end), brotli's
+ * (`ERR__ERROR_FORMAT_PADDING_2`); undefined for any other failure, a connection lost mid-body among them
+ * (`UND_ERR_SOCKET`), which may pass and is retried.
  */
 function undecodableBodyCode(error: unknown): string | undefined {
   for (const cause of causes(error)) {
@@ -490,8 +515,9 @@ const TUNNEL_REFUSED = /^Proxy response \((\d+)\) !== 200 when HTTP Tunneling$/
 const LOOPBACK = /^(127\.\d+\.\d+\.\d+|localhost|\[::1\])$/i
 
 /**
- * A failure through a proxy. The client connects to the proxy alone, and the proxy to the platform: a refused
- * connection is the proxy's, and a refusal of the tunnel (407, 403, 502) means the request never left.
+ * A failure through a proxy. The client connects to the proxy, and the proxy to the platform: a failed connection
+ * to the proxy is the proxy's, a refusal of the tunnel (407, 403, 502) means the request never left, and a failure
+ * inside the tunnel (the TLS handshake with the platform) is the platform's, as without a proxy.
  */
 function describeProxyError(error: unknown, proxy: string, target: URL): NetworkFailure {
   const tunnel = causes(error)
@@ -512,8 +538,8 @@ function describeProxyError(error: unknown, proxy: string, target: URL): Network
     return { reason: `the proxy ${proxy} closed the connection without answering CONNECT ${target.host} (${hint})`, notSent: true }
   }
   const { reason, notSent, lasting } = describeNetworkError(error)
-  if (notSent) return { reason: `could not connect to the proxy ${proxy} (${reason})`, notSent, lasting }
-  return { reason: `${reason} (through the proxy ${proxy})`, notSent }
+  if (connectFailure(error)?.target === 'proxy') return { reason: `could not connect to the proxy ${proxy} (${reason})`, notSent: true, lasting }
+  return { reason: `${reason} (through the proxy ${proxy})`, notSent, lasting }
 }
 
 function causes(error: unknown): Error[] {

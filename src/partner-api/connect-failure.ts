@@ -1,0 +1,50 @@
+// A failure before the connection was up, told apart from one after it. undici writes a request only once its
+// connection is set up (TCP connected and, for https, the TLS handshake done), but it hands a request the socket's
+// own error either way: a reset during the TLS handshake reads `read ECONNRESET`, exactly as one after the request
+// went out does. So the connectors the client's connections use mark their own failures: a marked failure means
+// not one byte of the request left this machine.
+import { buildConnector, type Dispatcher, Pool } from 'undici'
+
+/** Who the connection that failed was to: the platform (directly or through the tunnel), or the proxy itself. */
+export type ConnectTarget = 'platform' | 'proxy'
+
+/** The failure of a connector, its code kept (undici and our errors read it). */
+export class ConnectFailure extends Error {
+  override name = 'ConnectFailure'
+  readonly code: unknown
+  constructor(
+    readonly target: ConnectTarget,
+    cause: Error,
+  ) {
+    super(`the connection to the ${target} could not be set up: ${cause.message}`, { cause })
+    this.code = (cause as { code?: unknown }).code
+  }
+}
+
+/** `connect` with each of its failures marked, a mark from within (the proxy's, in a tunnel) left as it is. */
+export function markingFailures(connect: buildConnector.connector, target: ConnectTarget): buildConnector.connector {
+  return (options, callback) =>
+    connect(options, (...result) => {
+      const [error] = result
+      if (error === null || error instanceof ConnectFailure) return callback(...result)
+      callback(new ConnectFailure(target, error), null)
+    })
+}
+
+/**
+ * The connections to one origin (undici's Agent `factory`), their connector's failures marked as the platform's.
+ * Given a connector (a proxy's tunnel), that one is marked; else one is built as undici builds its own.
+ */
+export function connectionsMarkingFailures(origin: string | URL, options: object): Dispatcher {
+  const { connect } = options as Pool.Options
+  const connector = typeof connect === 'function' ? connect : buildConnector({ ...connect })
+  return new Pool(origin, { ...options, connect: markingFailures(connector, 'platform') })
+}
+
+/** The first connector's failure on `error` or one of its causes; undefined when the failure came after a connection was up. */
+export function connectFailure(error: unknown): ConnectFailure | undefined {
+  for (let at = error, depth = 0; at instanceof Error && depth < 8; at = at.cause, depth++) {
+    if (at instanceof ConnectFailure) return at
+  }
+  return undefined
+}

@@ -1,0 +1,63 @@
+// The fetch the client calls the platform with: undici's fetch (the package's, the same on every Node version)
+// over connections whose failures before the request was written are marked (connect-failure.ts), and whose
+// answers' Content-Encoding this module undoes itself, strictly (content-coding.ts), where fetch would undo it
+// leniently. fetch is kept from seeing the header, so it hands the body over as it came; the Response the
+// caller gets has the header back, and the body decoded, or as it came when a coding is not one undone here.
+import { Agent, type Dispatcher, Headers, Response, fetch as undiciFetch } from 'undici'
+import { connectionsMarkingFailures } from './connect-failure.js'
+import { decodedBody, undecodedCoding } from './content-coding.js'
+
+interface Seen {
+  contentEncoding?: string
+}
+
+/** An interceptor that takes the answer's Content-Encoding from what fetch sees and notes it in `seen`. */
+const hidingContentEncoding =
+  (seen: Seen): Dispatcher.DispatcherComposeInterceptor =>
+  (dispatch) =>
+  (options, handler) => {
+    const onResponseStart: Dispatcher.DispatchHandler['onResponseStart'] = (controller, statusCode, headers, statusMessage) => {
+      const { 'content-encoding': contentEncoding, ...others } = headers
+      // two header lines are one list, as fetch joins them
+      if (contentEncoding !== undefined) seen.contentEncoding = [contentEncoding].flat().join(', ')
+      return handler.onResponseStart?.(controller, statusCode, others, statusMessage)
+    }
+    // every other method is the handler's own, called on it (undici's handlers keep private fields)
+    const hiding = new Proxy(handler, {
+      get: (target, key) => {
+        if (key === 'onResponseStart') return onResponseStart
+        const value: unknown = Reflect.get(target, key)
+        return typeof value === 'function' ? value.bind(target) : value
+      },
+    })
+    return dispatch(options, hiding)
+  }
+
+/** A fetch through `dispatcher` whose answers' bodies are decoded by content-coding.ts instead of by fetch. */
+export function platformFetch(dispatcher: Dispatcher): typeof fetch {
+  const fetchDecodingStrictly = async (input: string | URL, init?: Parameters<typeof undiciFetch>[1]) => {
+    const seen: Seen = {}
+    const response = await undiciFetch(input, { ...init, dispatcher: dispatcher.compose(hidingContentEncoding(seen)) })
+    if (seen.contentEncoding === undefined) return response
+    const headers = new Headers(response.headers)
+    headers.set('content-encoding', seen.contentEncoding)
+    const decodable = response.body !== null && undecodedCoding(seen.contentEncoding) === undefined
+    const body = decodable ? decodedBody(response.body as ReadableStream<Uint8Array>, seen.contentEncoding) : response.body
+    return new Response(body as ConstructorParameters<typeof Response>[0], {
+      status: response.status,
+      statusText: response.statusText,
+      headers,
+    })
+  }
+  // the same Response as Node's fetch answers, from the package's copy of undici: typed apart, read alike
+  return fetchDecodingStrictly as unknown as typeof fetch
+}
+
+// one for the process, made at the first call, so every client shares the platform's connections
+let directFetch: typeof fetch | undefined
+
+/** The fetch of a client with no proxy: straight to the platform. */
+export function directPlatformFetch(): typeof fetch {
+  directFetch ??= platformFetch(new Agent({ factory: connectionsMarkingFailures }))
+  return directFetch
+}
