@@ -320,4 +320,32 @@ export function registerTradesCommands(program: Command): void {
       if (trade.dispute) write(escaped`  dispute ${trade.dispute.dispute_id}: ${trade.dispute.status ?? '?'}\n`)
       write(`local order: ${JSON.stringify(order)}\n`)
     })
+
+  trades
+    .command('link')
+    .description('link an order with no trade to a trade found on the platform, if the trade names the order')
+    .argument('<reference>', 'the order’s external reference')
+    .argument('<tradeId>', 'the platform’s trade id')
+    .option('--json', 'print the outcome, the local order and the platform’s trade record as JSON')
+    .action(async (reference: string, tradeId: string, options: { json?: boolean }) => {
+      const { linkTradeToOrder } = await import('../trades/link-trade-to-order.js')
+      const result = await withTradeDeps((deps) => linkTradeToOrder(deps, reference, tradeId), {
+        reads: true,
+        orderWhenRefused: () => `\n  Nothing was linked: order ${reference} is as it was.`,
+      })
+      if (options.json) {
+        printJson(result)
+        return
+      }
+      const { order } = result
+      if (result.outcome === 'already_linked') {
+        write(escaped`${reference}: already linked to trade ${order.tradeId} (${order.tradeStatus ?? 'status unknown'}): nothing changed\n`)
+        return
+      }
+      const { trade } = result
+      write(escaped`${reference}: linked to trade ${trade.trade_id} (${trade.reference}), ${trade.status} on the platform\n`)
+      const cleared = result.previousAttention === 'trade_create_unknown' && order.attention === null ? 'flag trade_create_unknown cleared; ' : ''
+      const poll = order.nextPollAt ? `next poll at ${order.nextPollAt.toISOString()}` : 'not polled (a terminal status)'
+      write(`  ${cleared}${poll}\n`)
+    })
 }

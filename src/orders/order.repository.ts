@@ -51,6 +51,15 @@ export async function findOrderByExternalReference(db: Executor, externalReferen
   return row && toOrder(row)
 }
 
+/**
+ * The order, its row locked until the transaction ends (the observation statement waits on the same lock): what a
+ * decision on linking its trade reads, so no webhook can link another trade between the decision and the link.
+ */
+export async function lockOrderById(trx: Transaction<Database>, id: number): Promise<Order | undefined> {
+  const row = await trx.selectFrom('orders').selectAll().where('id', '=', id).forUpdate().executeTakeFirst()
+  return row && toOrder(row)
+}
+
 /** Which of these external references name an existing order (one query for a whole batch). */
 export async function existingOrderReferences(db: Executor, externalReferences: readonly string[]): Promise<Set<string>> {
   if (externalReferences.length === 0) return new Set()

@@ -31,7 +31,7 @@ import { isOutcomeUnknown } from '../partner-api/partner-api-error.js'
 import type { CreateTradeRequest, TradeRecord } from '../partner-api/types.js'
 import { validateCreateTrade } from '../partner-api/validate-request.js'
 import type { TradeDeps } from './trade-deps.js'
-import { answerMismatch, stoppedBeforeSending, TradeOperationError } from './trade-operation-error.js'
+import { answerMismatch, stoppedBeforeSending, TradeOperationError, tradeExists } from './trade-operation-error.js'
 
 export type OpenTradeRequest = Omit<CreateTradeRequest, 'external_reference'>
 
@@ -64,12 +64,7 @@ export async function openTradeForOrder(
     orderCreated = true
     onOrderCreated?.()
   }
-  if (order.tradeId !== null) {
-    throw new TradeOperationError(
-      'trade_exists',
-      `Order ${externalReference} already has trade ${order.tradeId} (${order.tradeStatus ?? 'status unknown'})`,
-    )
-  }
+  if (order.tradeId !== null) throw tradeExists(order)
   const previousState = order.tradeCreateState
   if ((previousState === 'unknown' || previousState === 'pending') && !retry) {
     throw new TradeOperationError(

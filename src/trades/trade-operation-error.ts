@@ -1,5 +1,6 @@
 // Why an order-level trade operation was refused locally, before or instead of calling the platform, or
 // why what the platform answered was not applied.
+import type { Order } from '../orders/order.js'
 import type { TradeRecord } from '../partner-api/types.js'
 import { printable } from '../printable.js'
 
@@ -8,6 +9,8 @@ export type TradeOperationErrorCode =
   | 'order_not_found'
   /** The order already has a trade. */
   | 'trade_exists'
+  /** The trade is already linked to another order: it cannot be linked to this one too. */
+  | 'trade_linked_elsewhere'
   /** A create was sent and its answer never came: the trade may exist. Retry only on purpose. */
   | 'trade_create_unknown'
   /** The order has no trade yet to run the operation on. */
@@ -25,6 +28,14 @@ export class TradeOperationError extends Error {
   ) {
     super(message)
   }
+}
+
+/** The order has a trade already: it is not given another (`trades open`, `trades link`). */
+export function tradeExists(order: Pick<Order, 'externalReference' | 'tradeId' | 'tradeStatus'>): TradeOperationError {
+  return new TradeOperationError(
+    'trade_exists',
+    `Order ${order.externalReference} already has trade ${order.tradeId} (${order.tradeStatus ?? 'status unknown'})`,
+  )
 }
 
 /**
