@@ -153,6 +153,18 @@ export interface OrderFilter {
 }
 
 /** The search query itself (exported so a test can EXPLAIN it): newest order first, keyset on id. */
+/**
+ * The delivery ids named by the history of the order with this trade id and external reference (either or both):
+ * the deliveries applied to it, as a subquery. Every applied delivery wrote its order's transition, so the search of
+ * deliveries finds the applied ones through this (migrations/0014; webhooks/delivery.repository.ts).
+ */
+export function deliveriesAppliedToOrderQuery(db: Executor, { tradeId, externalReference }: { tradeId?: string | undefined; externalReference?: string | undefined }) {
+  let order = db.selectFrom('orders').select('id')
+  if (tradeId) order = order.where('tradeId', '=', tradeId)
+  if (externalReference) order = order.where('externalReference', '=', externalReference)
+  return db.selectFrom('orderStatusHistory').select('deliveryId').where('orderId', '=', order).where('deliveryId', 'is not', null)
+}
+
 export function searchOrdersQuery(db: Executor, filter: OrderFilter, { beforeId, limit }: { beforeId?: number | undefined; limit: number }) {
   let query = db.selectFrom('orders').selectAll().orderBy('id', 'desc').limit(limit)
   if (filter.externalReference) query = query.where('externalReference', '=', filter.externalReference)

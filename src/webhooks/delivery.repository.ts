@@ -2,6 +2,7 @@
 // orders/apply-observation.ts, which records the delivery and its effect in one statement.
 import { type Kysely, type Selectable, type SelectQueryBuilder, sql, type Transaction } from 'kysely'
 import type { Database, WebhookDeliveriesTable } from '../db/database.js'
+import { deliveriesAppliedToOrderQuery } from '../orders/order.repository.js'
 import type { DeliveryOutcome } from './delivery-outcome.js'
 
 export { DELIVERY_OUTCOMES, type DeliveryOutcome } from './delivery-outcome.js'
@@ -314,14 +315,7 @@ function filteredSources(db: Kysely<Database>, filter: DeliveryFilter) {
   if (filter.from) every = every.where('receivedAt', '>=', filter.from)
   if (filter.to) every = every.where('receivedAt', '<', filter.to)
   if (!filter.tradeId && !filter.externalReference) return [every]
-  let order = db.selectFrom('orders').select('id')
-  if (filter.tradeId) order = order.where('tradeId', '=', filter.tradeId)
-  if (filter.externalReference) order = order.where('externalReference', '=', filter.externalReference)
-  const namedInHistory = db
-    .selectFrom('orderStatusHistory')
-    .select('deliveryId')
-    .where('orderId', '=', order)
-    .where('deliveryId', 'is not', null)
+  const namedInHistory = deliveriesAppliedToOrderQuery(db, filter)
   return [
     every.where('outcome', '<>', 'applied'),
     every.where('outcome', '=', 'applied').where('deliveryId', '=', sql<string>`any(array(${namedInHistory}))`),
