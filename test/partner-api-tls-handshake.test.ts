@@ -219,3 +219,29 @@ describe('trades open and trades get against an https:// base URL on a plain HTT
     expect(plainHttp.connections - before).toBe(1)
   })
 })
+
+describe('trades get through a proxy to a platform whose TLS handshake fails', () => {
+  let database: TestDatabase
+  beforeAll(async () => {
+    database = await createTestDatabase()
+    await insertOrders(database.db, [{ externalReference: 'tls-3', tradeStatus: 'created' }])
+  })
+  afterAll(() => database.close())
+
+  it('points at the base URL, not at the proxy settings: the proxy let the call through', async () => {
+    const context = { config: testConfig({ PARTNER_API_BASE_URL: oldTls.url, HTTPS_PROXY: proxy.url() }), logger, db: database.db }
+    const result = await runCommandWith(['trades', 'get', 'tls-3'], context)
+    expect(result.code).toBe(1)
+    expect(result.stderr).toContain(`Could not reach the platform at ${oldTls.url} through the proxy http://127.0.0.1:${proxy.port}: ${noCommonTls('ERR_SSL_TLSV1_ALERT_PROTOCOL_VERSION')}`)
+    expect(result.stderr).toContain('the proxy let the call through: check PARTNER_API_BASE_URL. [not_sent]')
+    expect(result.stderr).not.toContain('HTTPS_PROXY')
+  })
+
+  it('still points at the proxy settings when the proxy itself cannot be reached', async () => {
+    const context = { config: testConfig({ PARTNER_API_BASE_URL: oldTls.url, HTTPS_PROXY: 'http://127.0.0.1:1' }), logger, db: database.db }
+    const result = await runCommandWith(['trades', 'get', 'tls-3'], context)
+    expect(result.code).toBe(1)
+    expect(result.stderr).toContain('could not connect to the proxy http://127.0.0.1:1')
+    expect(result.stderr).toContain('check HTTPS_PROXY / HTTP_PROXY and NO_PROXY. [not_sent]')
+  })
+})

@@ -130,6 +130,14 @@ function explainFailure(
   // failure, and these messages quote the platform (a 503 saying `Connection terminated`, a key of its answer)
   if (error instanceof PartnerApiError) return explainRefusal(error, orderWhenRefused())
   if (error instanceof TradeOperationError) return new CommandFailedError(error.code, error.message)
+  if (error instanceof PartnerNotSentError && error.proxy && error.beyondProxy) {
+    // the tunnel was up: the proxy settings did their part, and what failed is the platform's (its TLS)
+    return new CommandFailedError(
+      'not_sent',
+      `Could not reach the platform at ${error.url} through the proxy ${error.proxy}: ${error.reason}. Nothing ` +
+        `was sent and ${orderWhenNotSent()}; the proxy let the call through: check PARTNER_API_BASE_URL.`,
+    )
+  }
   if (error instanceof PartnerNotSentError && error.proxy) {
     return new CommandFailedError(
       'not_sent',

@@ -51,15 +51,23 @@ export class PartnerNotSentError extends PartnerNetworkError {
    * with no TLS version in common, a plain HTTP port): a GET is not sent again within the call.
    */
   readonly lasting: boolean
+  /** Through a proxy: the proxy was reached and the failure was the platform's side of the tunnel (its TLS handshake). */
+  readonly beyondProxy: boolean
   constructor(
     message: string,
     readonly url: string,
     readonly reason: string,
-    { proxy, lasting = false, ...options }: ErrorOptions & { proxy?: string; lasting?: boolean } = {},
+    {
+      proxy,
+      lasting = false,
+      beyondProxy = false,
+      ...options
+    }: ErrorOptions & { proxy?: string | undefined; lasting?: boolean | undefined; beyondProxy?: boolean | undefined } = {},
   ) {
     super(message, options)
     this.proxy = proxy
     this.lasting = lasting
+    this.beyondProxy = beyondProxy
   }
 }
 

@@ -308,13 +308,14 @@ export class PartnerApiTransport {
         log({ error: 'aborted' })
         throw callerSignal.reason
       }
-      const { reason, notSent, lasting } = this.proxy ? describeProxyError(error, this.proxy, url) : describeNetworkError(error)
+      const { reason, notSent, lasting, beyondProxy } = this.proxy ? describeProxyError(error, this.proxy, url) : describeNetworkError(error)
       log({ error: 'network', reason })
       if (notSent) {
         throw new PartnerNotSentError(`${method} ${path} was not sent: ${reason}`, this.baseUrl, reason, {
           cause: error,
           proxy: this.proxy,
           lasting,
+          beyondProxy,
         })
       }
       throw new PartnerNetworkError(`${method} ${path} failed: ${reason}`, { cause: error })
@@ -454,6 +455,8 @@ interface NetworkFailure {
   notSent: boolean
   /** True when the next attempt would fail the same way: a setting must change first. */
   lasting?: boolean
+  /** Through a proxy: true when the proxy was reached and the platform's side failed. */
+  beyondProxy?: boolean
 }
 
 /**
@@ -539,7 +542,7 @@ function describeProxyError(error: unknown, proxy: string, target: URL): Network
   }
   const { reason, notSent, lasting } = describeNetworkError(error)
   if (connectFailure(error)?.target === 'proxy') return { reason: `could not connect to the proxy ${proxy} (${reason})`, notSent: true, lasting }
-  return { reason: `${reason} (through the proxy ${proxy})`, notSent, lasting }
+  return { reason: `${reason} (through the proxy ${proxy})`, notSent, lasting, beyondProxy: true }
 }
 
 function causes(error: unknown): Error[] {
