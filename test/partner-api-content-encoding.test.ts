@@ -77,6 +77,11 @@ describe('the partner API client and a success answer whose body is not what its
     ['gzip', 'a gzip record with bytes after it', Buffer.concat([gzipSync(recordText()), Buffer.from('trailing')]), 'Z_DATA_ERROR'],
     ['deflate', 'plain JSON', recordText(), 'Z_DATA_ERROR'],
     ['br', 'plain JSON', recordText(), 'ERR__ERROR_FORMAT_PADDING_2'],
+    // cut short in its framing: fetch's lenient decoding took these as whole
+    ['gzip', 'a gzip record without its trailer (checksum and length)', gzipSync(recordText()).subarray(0, -8), 'Z_BUF_ERROR'],
+    ['gzip', 'a gzip record cut in the middle', gzipSync(recordText()).subarray(0, 30), 'Z_BUF_ERROR'],
+    ['deflate', 'a deflate record without its checksum', deflateSync(recordText()).subarray(0, -4), 'Z_BUF_ERROR'],
+    ['br', 'a br record without its last bytes', brotliCompressSync(recordText()).subarray(0, -4), 'Z_BUF_ERROR'],
   ])('refuses a GET answered %s over %s with invalid_response, and does not ask again', async (encoding, _what, body, code) => {
     planned = encoded(200, encoding, body)
     const before = requests.length
@@ -94,23 +99,6 @@ describe('the partner API client and a success answer whose body is not what its
     const failure = await client().fundTrade('tr_2').catch((error: unknown) => error)
     expect(failure).toBeInstanceOf(PartnerInvalidResponseError)
     expect(isOutcomeUnknown(failure)).toBe(true)
-  })
-
-  it.each([
-    ['gzip', 'without its trailer (checksum and length)', gzipSync(recordText()).subarray(0, -8)],
-    ['gzip', 'cut in the middle', gzipSync(recordText()).subarray(0, 30)],
-    ['deflate', 'without its checksum', deflateSync(recordText()).subarray(0, -4)],
-    ['br', 'without its last bytes', brotliCompressSync(recordText()).subarray(0, -4)],
-  ])('refuses a GET answered %s %s, as any body that is not what it says, and does not ask again', async (encoding, _what, body) => {
-    planned = encoded(200, encoding, body)
-    const before = requests.length
-    const failure = await client().getTrade('tr_1').catch((error: unknown) => error)
-    expect(requests.length - before).toBe(1)
-    expect(failure).toBeInstanceOf(PartnerInvalidResponseError)
-    expect(failure).toMatchObject({ code: 'invalid_response', status: 200, field: '(body)' })
-    expect((failure as Error).message).toBe(
-      invalidFor('GET', '/api/partner/v1/trades/tr_1/', `could not be decoded as its Content-Encoding "${encoding}" says (Z_BUF_ERROR)`),
-    )
   })
 
   it('refuses a GET answered in a Content-Encoding it does not know, naming it, rather than reading the bytes as plain', async () => {

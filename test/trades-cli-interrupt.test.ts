@@ -9,13 +9,11 @@ import type { AddressInfo } from 'node:net'
 import type { Kysely } from 'kysely'
 import { afterAll, beforeAll, describe, expect, it } from 'vitest'
 import type { Database } from '../src/db/database.js'
-import { migrateToLatest } from '../src/db/migrate.js'
-import { openDatabase } from '../src/db/open-database.js'
-import { receiverEnv, spawnCli } from './helpers/cli-process.js'
-import { migratedDataDir } from './helpers/data-dir-template.js'
+import { spawnCli } from './helpers/cli-process.js'
+import { type Reader, seededCliDatabase } from './helpers/cli-database.js'
 import { tradeRecord } from './helpers/partner-api-fixtures.js'
 import { insertOrders } from './helpers/reconcile-orders.js'
-import { createTestDatabase, postgresUrl } from './helpers/test-database.js'
+import { postgresUrl } from './helpers/test-database.js'
 
 const DAY = 86_400_000
 // EXPECTED_WEBHOOK_S's default: a call whose outcome is unknown has its order polled this much later
@@ -142,37 +140,14 @@ async function orderState(read: Reader, externalReference: string) {
   )
 }
 
-type Reader = <T>(query: (db: Kysely<Database>) => Promise<T>) => Promise<T>
-
 /** A database with the funded-to-be orders, and the environment of a CLI run on it alone. */
-async function seeded(kind: 'pglite' | 'postgres', fundOrders: string[]): Promise<{ env: Record<string, string>; read: Reader }> {
-  const dataDir = migratedDataDir('trades-interrupt-')
+function seeded(kind: 'pglite' | 'postgres', fundOrders: string[]): Promise<{ env: Record<string, string>; read: Reader }> {
   const seed = (db: Kysely<Database>) =>
     insertOrders(
       db,
       fundOrders.map((externalReference) => ({ externalReference, tradeStatus: 'created', nextPollAt: new Date(Date.now() + DAY) })),
     )
-  const env = { ...receiverEnv(dataDir), PARTNER_API_BASE_URL: platformUrl }
-  if (kind === 'pglite') {
-    const database = openDatabase({ dataDir })
-    await migrateToLatest(database.db)
-    await seed(database.db)
-    await database.close()
-    // the child has exited by the time a test reads: embedded PGlite is one process's at a time
-    const read: Reader = async (query) => {
-      const after = openDatabase({ dataDir })
-      try {
-        return await query(after.db)
-      } finally {
-        await after.close()
-      }
-    }
-    return { env, read }
-  }
-  const database = await createTestDatabase({ kind: 'postgres' })
-  cleanups.push(() => database.close())
-  await seed(database.db)
-  return { env: { ...env, DATABASE_URL: database.url! }, read: (query) => query(database.db) }
+  return seededCliDatabase(kind, { prefix: 'trades-interrupt-', env: { PARTNER_API_BASE_URL: platformUrl }, seed, cleanups })
 }
 
 for (const kind of ['pglite', 'postgres'] as const) {

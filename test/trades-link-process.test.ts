@@ -4,18 +4,17 @@
 import type { Kysely } from 'kysely'
 import { afterAll, beforeAll, describe, expect, it } from 'vitest'
 import type { Database } from '../src/db/database.js'
-import { openDatabase } from '../src/db/open-database.js'
 import { findOrderByExternalReference, setTradeCreateState, startTradeCreate } from '../src/orders/order.repository.js'
 import { flagUnresolvedCreates } from '../src/orders/poll-schedule.repository.js'
 import type { PartnerApiClient } from '../src/partner-api/partner-api.client.js'
 import { createSandbox, type Sandbox } from '../src/sandbox/create-sandbox.js'
-import { receiverEnv, runCli } from './helpers/cli-process.js'
-import { migratedDataDir } from './helpers/data-dir-template.js'
+import { type Reader, seededCliDatabase } from './helpers/cli-database.js'
+import { runCli } from './helpers/cli-process.js'
 import { testLogger } from './helpers/log-sink.js'
 import { createOrder } from './helpers/orders.js'
 import { sandboxClient } from './helpers/sandbox-client.js'
 import { TEST_API_KEY_ID, TEST_API_SECRET, TEST_WEBHOOK_SECRET } from './helpers/test-config.js'
-import { createTestDatabase, postgresUrl } from './helpers/test-database.js'
+import { postgresUrl } from './helpers/test-database.js'
 
 let sandbox: Sandbox
 let sandboxUrl: string
@@ -33,10 +32,8 @@ afterAll(async () => {
   await sandbox.close()
 })
 
-type Reader = <T>(query: (db: Kysely<Database>) => Promise<T>) => Promise<T>
-
 /** Orders as an unanswered create leaves them, flagged trade_create_unknown, and the environment of a CLI run on them. */
-async function seeded(kind: 'pglite' | 'postgres', references: string[]): Promise<{ env: Record<string, string>; read: Reader }> {
+function seeded(kind: 'pglite' | 'postgres', references: string[]): Promise<{ env: Record<string, string>; read: Reader }> {
   const seed = async (db: Kysely<Database>) => {
     const past = new Date(Date.now() - 3_600_000)
     for (const externalReference of references) {
@@ -46,25 +43,7 @@ async function seeded(kind: 'pglite' | 'postgres', references: string[]): Promis
     }
     await flagUnresolvedCreates(db, { now: new Date(), unresolvedBefore: new Date() })
   }
-  const dataDir = migratedDataDir('trades-link-')
-  const env = { ...receiverEnv(dataDir), PARTNER_API_BASE_URL: sandboxUrl }
-  if (kind === 'pglite') {
-    // embedded PGlite is one process's at a time: opened here only while the child is not running
-    const read: Reader = async (query) => {
-      const database = openDatabase({ dataDir })
-      try {
-        return await query(database.db)
-      } finally {
-        await database.close()
-      }
-    }
-    await read(seed)
-    return { env, read }
-  }
-  const database = await createTestDatabase({ kind: 'postgres' })
-  cleanups.push(() => database.close())
-  await seed(database.db)
-  return { env: { ...env, DATABASE_URL: database.url! }, read: (query) => query(database.db) }
+  return seededCliDatabase(kind, { prefix: 'trades-link-', env: { PARTNER_API_BASE_URL: sandboxUrl }, seed, cleanups })
 }
 
 for (const kind of ['pglite', 'postgres'] as const) {
