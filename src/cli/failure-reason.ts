@@ -17,9 +17,3 @@ export function innermostReason(error: unknown): string {
   }
   return reason
 }
-
-/** `text` with the password of any `scheme://user:password@` in it shown as `***` (fetch's refusals quote the URL). */
-export function withoutPassword(text: string): string {
-  // up to the last @ before the path: a password may hold a raw @ (`admin:Tr0ub4dor@3xyz@host`), and its end showed
-  return text.replace(/(\/\/[^/\s:@]*):[^/\s]*@/g, '$1:***@')
-}

@@ -16,7 +16,7 @@ import { registerTradesCommands } from './trades.command.js'
 import { registerWebhookCommands } from './webhook.command.js'
 import { printable, printableLines } from '../printable.js'
 import { shortened } from '../shortened.js'
-import { withoutPassword } from './failure-reason.js'
+import { withoutPassword } from '../without-password.js'
 import { serviceVersion } from '../version.js'
 
 /**

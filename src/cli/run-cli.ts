@@ -5,7 +5,8 @@ import { CommanderError } from 'commander'
 import { describeDatabaseError } from '../db/database-errors.js'
 import { ListenSettingError } from '../listen-error.js'
 import { type CliContext, type CliScope, CommandFailedError, runInScope, StoppedBySignalError, UsageError, writeError } from './cli-context.js'
-import { innermostReason, withoutPassword } from './failure-reason.js'
+import { withoutPassword } from '../without-password.js'
+import { innermostReason } from './failure-reason.js'
 import { buildProgram, withArgumentsShown } from './program.js'
 
 export async function runCommandLine(args: string[], cliScope?: CliScope): Promise<number> {

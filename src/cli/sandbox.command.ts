@@ -8,7 +8,7 @@ import type { Faults } from '../sandbox/webhook-dispatcher.js'
 import { untilStopSignal } from '../stop-signals.js'
 import { portNumber, wholeNumber } from './cli-arguments.js'
 import { cliLogger, UsageError, write, writeError } from './cli-context.js'
-import { withoutPassword } from './failure-reason.js'
+import { withoutPassword } from '../without-password.js'
 import { describeListenError } from '../listen-error.js'
 
 function rate(value: string): number {
