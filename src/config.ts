@@ -15,7 +15,7 @@ import { DEFAULT_LOG_BUFFER_LIMIT } from './logger.js'
 import { TRADE_STATUSES } from './orders/trade-status.js'
 import type { ProxySettings } from './partner-api/partner-api-proxy.js'
 import { DEFAULT_MAX_ANSWER_BYTES, PARTNER_API_PREFIX } from './partner-api/partner-api-transport.js'
-import { DEFAULT_DISPATCHER_SETTINGS, leaseMarginMs } from './reactions/dispatcher-settings.js'
+import { DEFAULT_DISPATCHER_SETTINGS, HELD_BACK_WARN_MS, leaseMarginMs } from './reactions/dispatcher-settings.js'
 import { POLL_JITTER } from './reconcile/poll-jitter.js'
 import { decodeWebhookSecret, forwardSecrets, MIN_WEBHOOK_SECRET_BYTES, WEBHOOK_SECRET_PREFIX } from './reactions/forwarder.js'
 import { writeWholeUnlessThere } from './write-whole.js'
@@ -124,6 +124,11 @@ export interface Config {
      * cap; a Retry-After longer than the cap is cut to it.
      */
     readonly backoff: { readonly baseS: number; readonly capS: number }
+    /**
+     * How long a handler's committed events may wait behind an open transaction before the dispatcher says so
+     * (`reaction stream held back`, warn), and again as often while they wait.
+     */
+    readonly heldBackWarnS: number
   }
   /** The built-in forwarder; undefined when FORWARD_URL is unset. */
   readonly forward:
@@ -361,6 +366,7 @@ const EnvSchema = z.object({
   REACTION_LEASE_S: wholeNumber({ max: 86_400 }).default(300),
   REACTION_BACKOFF_BASE_S: wholeNumber({ max: 86_400 }).default(DEFAULT_DISPATCHER_SETTINGS.backoff.baseS),
   REACTION_BACKOFF_CAP_S: wholeNumber({ max: 86_400 }).default(DEFAULT_DISPATCHER_SETTINGS.backoff.capS),
+  REACTION_HELD_BACK_WARN_S: wholeNumber({ max: 86_400 }).default(HELD_BACK_WARN_MS / 1000),
   FORWARD_URL: z.url({ protocol: /^https?$/, error: 'must be an http(s) URL' }).optional(),
   FORWARD_SECRET: z.string().optional(),
   FORWARD_TIMEOUT_MS: wholeNumber({ max: MAX_TIMER_MS }).default(10_000),
@@ -731,6 +737,7 @@ export function parseConfig(
       concurrency: values.REACTION_CONCURRENCY,
       leaseS: values.REACTION_LEASE_S,
       backoff: { baseS: values.REACTION_BACKOFF_BASE_S, capS: values.REACTION_BACKOFF_CAP_S },
+      heldBackWarnS: values.REACTION_HELD_BACK_WARN_S,
     },
     forward:
       values.FORWARD_URL === undefined

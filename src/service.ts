@@ -377,6 +377,7 @@ export async function startService({
             maxAttempts: config.reactions.maxAttempts,
             leaseMs: config.reactions.leaseS * 1000,
             backoff: config.reactions.backoff,
+            heldBackWarnMs: config.reactions.heldBackWarnS * 1000,
             // from the signal on, beside the public listener, which has the same half after the drain delay
             shutdownTimeoutMs: Math.floor(config.shutdownTimeoutMs / 2),
           },

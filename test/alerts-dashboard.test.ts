@@ -153,6 +153,7 @@ describe('alert rules and dashboard', () => {
       'orders_needing_attention',
       'partner_api_clock_offset_seconds',
       'database_clock_offset_seconds',
+      'reaction_stream_positions_ahead',
     ]) {
       expect(used.has(name), `${name} is used`).toBe(true)
     }
@@ -187,6 +188,7 @@ describe('alert rules and dashboard', () => {
       'PartnerEscrowReactionsFailed',
       'PartnerEscrowAmqpUnroutable',
       'PartnerEscrowReactionsLate',
+      'PartnerEscrowReactionPositionsAhead',
       'PartnerEscrowNotificationsNotHeard',
       'PartnerEscrowAutovacuumOff',
       'PartnerEscrowOrdersFlagged',
@@ -214,7 +216,7 @@ describePromtool('promtool', () => {
     if (!promtool) throw new Error('promtool is required in CI: .ci/run installs Debian\'s prometheus package')
     const run = (...args: string[]) =>
       execFileSync(promtool, args, { cwd: 'deploy/prometheus', encoding: 'utf8', stdio: ['ignore', 'pipe', 'pipe'] })
-    expect(run('check', 'rules', 'alerts.yml')).toMatch(/SUCCESS: 19 rules found/)
+    expect(run('check', 'rules', 'alerts.yml')).toMatch(/SUCCESS: 20 rules found/)
     expect(run('check', 'config', 'prometheus.yml')).toMatch(/SUCCESS/)
     const output = run('test', 'rules', 'alerts.test.yml')
     expect(output).toMatch(/SUCCESS/)

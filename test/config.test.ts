@@ -252,6 +252,7 @@ describe('configuration', () => {
       'REACTION_LEASE_S',
       'REACTION_BACKOFF_BASE_S',
       'REACTION_BACKOFF_CAP_S',
+      'REACTION_HELD_BACK_WARN_S',
       'FORWARD_TIMEOUT_MS',
       'AMQP_TIMEOUT_MS',
       'RETENTION_DAYS',
@@ -421,7 +422,7 @@ describe('configuration', () => {
 
     it('has reaction defaults and no forwarder unless FORWARD_URL is set', () => {
       const config = parseConfig(remoteEnv)
-      expect(config.reactions).toEqual({ maxAttempts: 10, concurrency: 32, leaseS: 300, backoff: { baseS: 5, capS: 3_600 } })
+      expect(config.reactions).toEqual({ maxAttempts: 10, concurrency: 32, leaseS: 300, backoff: { baseS: 5, capS: 3_600 }, heldBackWarnS: 60 })
       expect(config.forward).toBeUndefined()
       expect(
         parseConfig({
@@ -431,12 +432,14 @@ describe('configuration', () => {
           REACTION_LEASE_S: '30',
           REACTION_BACKOFF_BASE_S: '60',
           REACTION_BACKOFF_CAP_S: '600',
+          REACTION_HELD_BACK_WARN_S: '5',
         }).reactions,
       ).toEqual({
         maxAttempts: 3,
         concurrency: 2,
         leaseS: 30,
         backoff: { baseS: 60, capS: 600 },
+        heldBackWarnS: 5,
       })
       // a cap under the base would make every wait the cap
       expect(problemsOf({ ...remoteEnv, REACTION_BACKOFF_BASE_S: '600', REACTION_BACKOFF_CAP_S: '60' })).toEqual([
@@ -444,6 +447,8 @@ describe('configuration', () => {
       ])
       expect(parseConfig({ ...remoteEnv, REACTION_BACKOFF_BASE_S: '600' }).reactions.backoff).toEqual({ baseS: 600, capS: 3_600 })
       expect(problemsOf({ ...remoteEnv, REACTION_LEASE_S: '0' }).some((problem) => problem.startsWith('REACTION_LEASE_S:'))).toBe(true)
+      // 0 would say every hold at once, and again on every look
+      expect(problemsOf({ ...remoteEnv, REACTION_HELD_BACK_WARN_S: '0' }).some((problem) => problem.startsWith('REACTION_HELD_BACK_WARN_S:'))).toBe(true)
     })
 
     it('refuses a webhook or metrics path that its listener already serves', () => {

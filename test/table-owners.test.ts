@@ -10,13 +10,16 @@ const OWNERS: Record<string, { owner: string[]; alsoReadBy?: Record<string, stri
     owner: ['src/orders/order.repository.ts', 'src/orders/poll-schedule.repository.ts', 'src/orders/apply-observation.ts'],
     alsoReadBy: {
       'src/webhooks/delivery.repository.ts': 'the bulk re-apply dry run counts deliveries whose order exists now (a join)',
+      'src/reactions/reaction-stream.repository.ts':
+        '`reactions rebase` moves last_event_position, a stream position (migrations/0009), with every other one in one transaction',
     },
   },
   order_status_history: {
     owner: ['src/orders/order.repository.ts', 'src/orders/apply-observation.ts'],
     alsoReadBy: {
       'src/reactions/reaction-job.repository.ts': 'a history row is the reaction event: jobs read it (the outbox)',
-      'src/reactions/reaction-stream.repository.ts': 'each handler reads the history as its stream of events',
+      'src/reactions/reaction-stream.repository.ts':
+        'each handler reads the history as its stream of events; `reactions rebase` moves their stream positions',
     },
   },
   webhook_deliveries: {
@@ -29,7 +32,10 @@ const OWNERS: Record<string, { owner: string[]; alsoReadBy?: Record<string, stri
   },
   reaction_streams: {
     owner: ['src/reactions/reaction-stream.repository.ts'],
-    alsoReadBy: { 'src/reactions/reaction-job.repository.ts': "an event's first attempt is found in its handler's stream batches" },
+    alsoReadBy: {
+      'src/reactions/reaction-job.repository.ts': "an event's first attempt is found in its handler's stream batches",
+      'src/orders/apply-observation.ts': "a new event's position is never below a stream's place (a restore onto another server)",
+    },
   },
   reaction_stream_batches: {
     // a stream's write-back records its first attempts that succeeded; the operator's views read them

@@ -1,6 +1,8 @@
 // `reactions list|show|retry|skip`: the reaction jobs (one per event and handler) and the operator's
 // way out of the dead letter. A failed job holds back its order's later events for its handler: retry it
 // once the cause is fixed, or skip it to let them through.
+// `reactions rebase`: after a restore onto another database server, the streams' positions moved below its
+// transaction counter (rebaseStreamPositions in reaction-stream.repository.ts).
 import { Command, InvalidArgumentError, Option } from 'commander'
 import { printable } from '../printable.js'
 import { isJobId } from '../reactions/job-id.js'
@@ -19,7 +21,7 @@ function jobId(value: string): string {
 export function registerReactionsCommands(program: Command): void {
   const reactions = program
     .command('reactions')
-    .description('reaction jobs (one per transition and handler): list, show, retry, skip')
+    .description('reaction jobs (one per transition and handler): list, show, retry, skip; rebase the streams after a restore')
 
   reactions
     .command('list')
@@ -120,6 +122,58 @@ export function registerReactionsCommands(program: Command): void {
       const { skipJob } = await import('../reactions/reaction-job.repository.js')
       await withDatabase(async ({ db }) => {
         report(id, await skipJob(db, id, new Date()), 'skipped', options.json)
+      })
+    })
+
+  reactions
+    .command('rebase')
+    .description("after a restore onto another database server: move the streams' positions below its transaction counter, in their order")
+    .option('--dry-run', 'say what it would move, change nothing')
+    .option('--json', 'print as JSON')
+    .action(async (options: { dryRun?: boolean; json?: boolean }) => {
+      const { rebaseStreamPositions, REBASE_LOCK_TIMEOUT } = await import('../reactions/reaction-stream.repository.js')
+      await withDatabase(async ({ db, withoutTimeouts, logger }) => {
+        const dryRun = options.dryRun === true
+        // one statement per table rewrites every history row: no statement timeout ends it half way (it would roll back)
+        const rebase = (on: typeof db) => rebaseStreamPositions(on, { now: new Date(), dryRun })
+        let outcome: Awaited<ReturnType<typeof rebase>>
+        try {
+          outcome = await (withoutTimeouts ? withoutTimeouts(rebase) : rebase(db))
+        } catch (error) {
+          if ((error as { code?: unknown }).code !== '55P03') throw error
+          throw new CommandFailedError(
+            'tables_busy',
+            `Could not lock the orders, their history and the reaction streams within ${REBASE_LOCK_TIMEOUT}: a transaction that writes them stays open (the "reaction stream held back" warning names the oldest); nothing was changed, run it again once it has ended`,
+          )
+        }
+        if (options.json) printJson({ ...outcome, dryRun })
+        if (outcome.result === 'not_ahead') {
+          if (!options.json) {
+            write(
+              `no stream position is ahead of this server's transaction counter (largest ${outcome.largest ?? 'none'}, next transaction id ${outcome.next}): nothing to rebase\n`,
+            )
+          }
+          return
+        }
+        if (outcome.result === 'no_room') {
+          setExitCode(1)
+          if (options.json) return
+          throw new CommandFailedError(
+            'rebase_no_room',
+            `The positions of events not yet read span more transaction ids than this server has below its oldest open transaction: the stream ${printable(outcome.lowest.handler)} is at ${outcome.lowest.position} and the largest position is ${outcome.largest}, ${BigInt(outcome.largest) - BigInt(outcome.lowest.position)} apart, and at most ${outcome.top} fit below it; nothing was changed. End a transaction left open, or wait until the server's counter passes ${BigInt(outcome.largest) - BigInt(outcome.lowest.position) + 1n}, and run it again (a stream of a handler that is gone keeps the oldest place: delete its reaction_streams row)`,
+          )
+        }
+        if (!dryRun) logger.info({ ...outcome }, 'reaction stream positions rebased by an operator')
+        if (options.json) return
+        const { shift, largest, top, streams, events, orders, batches, clamped } = outcome
+        write(
+          [
+            `${dryRun ? 'would shift' : 'shifted'} every reaction stream position back by ${shift} transaction ids, in their order: the largest from ${largest} to ${top}, below this server's next transaction id ${outcome.next}`,
+            `  ${streams} stream place(s), ${events} event(s), ${orders} order(s), ${batches} batch record(s)`,
+            `  ${clamped} position(s) below every stream's place (taken by every handler already) ${dryRun ? 'would be ' : ''}set to 0`,
+            dryRun ? 'nothing was changed (--dry-run)' : 'the handlers now get every transition they had not taken, in order, and the new ones',
+          ].join('\n') + '\n',
+        )
       })
     })
 }

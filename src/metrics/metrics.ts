@@ -69,6 +69,8 @@ export interface ReactionHooks {
   onFirstStart(handler: string, latencyS: number): void
   onFailure(handler: string, code: string): void
   onPulledForward(handler: string, jobs: number): void
+  /** The dispatcher's look at the stored stream positions: how many ids the largest is ahead of the server's counter. */
+  onPositionsAhead(aheadBy: number): void
 }
 
 /** The results of reaction_attempts_total created at 0 for every handler (lease_lost, released and skipped stay rare). */
@@ -236,6 +238,14 @@ export function createMetrics(
     help: "Time from a transition's observation (its history row's recorded_at: the webhook's or poll answer's receipt, before its commit) to the first call of a handler for it, by handler",
     labelNames: ['handler'] as const,
     buckets: [0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60],
+    registers: [registry],
+  })
+
+  // positions of another server's transaction counter (a restore onto another server): reactions stop without a failure
+  let positionsAhead: number | undefined
+  new OptionalGauge(() => positionsAhead, {
+    name: 'reaction_stream_positions_ahead',
+    help: "How many transaction ids the largest stored reaction stream position is ahead of the database server's counter, at the dispatcher's last look (at its start, then every minute): above 0, the positions are another server's (a restore or logical replica onto this one) and no handler gets new transitions until `reactions rebase` moves them; 0 when they are this server's; no sample before the first look",
     registers: [registry],
   })
 
@@ -445,6 +455,9 @@ export function createMetrics(
         onFirstStart: (handler, latencyS) => reactionLatency.observe({ handler }, latencyS),
         onFailure: (handler, code) => reactionFailures.inc({ handler, code }),
         onPulledForward: (handler, jobs) => reactionPulledForward.inc({ handler }, jobs),
+        onPositionsAhead: (aheadBy) => {
+          positionsAhead = aheadBy
+        },
       }
     },
     pollerHooks(clock) {

@@ -304,8 +304,12 @@ function observationStatement(
     decision as (
       select i.n, o.id, o.trade_status as from_status, o.version, o.external_reference as order_reference,
         -- the event's place in the reaction streams: this transaction's id, or the order's previous event's
-        -- place when that is larger, so one order's events never go backwards (migrations/0009)
-        greatest(pg_current_xact_id(), o.last_event_position) as stream_position,
+        -- place when that is larger, so one order's events never go backwards (migrations/0009), and never below
+        -- a stream's place: on a server whose counter is behind the stored places (a restore), an id of its own
+        -- was below them all, and no handler ever read the event; at the largest place it waits, withheld, for
+        -- 'reactions rebase'. (Once per statement: the streams are one row a handler.)
+        greatest(pg_current_xact_id(), o.last_event_position,
+          (select s.position from reaction_streams s order by s.position desc limit 1)) as stream_position,
         coalesce(o.trade_id, i.trade_id) as event_trade_id,
         case
           when o.trade_id is not null and o.trade_id <> i.trade_id then 'trade_mismatch'

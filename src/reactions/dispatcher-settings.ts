@@ -14,9 +14,17 @@ export interface DispatcherSettings {
   safetyIntervalMs: number
   /** How long stop() lets running handlers finish before aborting them. */
   shutdownTimeoutMs: number
-  /** How long a stream's events wait behind an open transaction before it is said (dispatcher.ts, HELD_BACK_WARN_MS). */
+  /** How long a stream's events wait behind an open transaction before it is said (REACTION_HELD_BACK_WARN_S; HELD_BACK_WARN_MS when absent). */
   heldBackWarnMs?: number
 }
+
+/**
+ * How long a stream's committed events may wait behind an open transaction before the dispatcher says so, naming
+ * the oldest open transaction on the server (and again as often while they still wait): REACTION_HELD_BACK_WARN_S's
+ * default. Any transaction of the server holds them back, in any database: one of another application's held every
+ * stream for minutes, with nothing but the growing age of the oldest pending event to show it.
+ */
+export const HELD_BACK_WARN_MS = 60_000
 
 export const DEFAULT_DISPATCHER_SETTINGS: Omit<DispatcherSettings, 'concurrency' | 'maxAttempts'> = {
   leaseMs: 5 * 60_000,

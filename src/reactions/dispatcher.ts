@@ -43,8 +43,9 @@ import {
   skipJobNotTaken,
 } from './reaction-job.repository.js'
 import type { ReactionHandler } from './reaction-event.js'
-import { ensureReactionStreams, oldestOpenTransaction } from './reaction-stream.repository.js'
-import { type AttemptResult, type DispatcherSettings, leaseMarginMs } from './dispatcher-settings.js'
+import { ensureReactionStreams, oldestOpenTransaction, type OpenTransaction, streamPositionsAhead } from './reaction-stream.repository.js'
+import { type AttemptResult, type DispatcherSettings, HELD_BACK_WARN_MS, leaseMarginMs } from './dispatcher-settings.js'
+import { withoutPassword } from '../without-password.js'
 import { createSlots, type Slots } from './handler-slots.js'
 import { planRetry, triesAgain } from './plan-retry.js'
 import { createRecoveryWatch } from './recovery-watch.js'
@@ -89,6 +90,8 @@ export interface DispatcherDeps {
   onFailure?: (handler: string, code: string) => void
   /** `jobs` retries of `handler` were made due at once, as it succeeded again after an outage (recovery-watch.ts). */
   onPulledForward?: (handler: string, jobs: number) => void
+  /** The stored positions' look (POSITIONS_CHECK_MS): how many ids the largest is ahead of the server's counter, 0 when none. */
+  onPositionsAhead?: (aheadBy: number) => void
 }
 
 export interface Dispatcher {
@@ -158,12 +161,33 @@ function createWaker(clock: Clock) {
 // this, doubling up to a second; a busy stream is woken sooner by the commits themselves
 const WITHHELD_FIRST_MS = 10
 /**
- * How long a stream's committed events may wait behind an open transaction before the dispatcher says so, naming
- * the oldest open transaction on the server (and again as often while they still wait). Any transaction of the
- * server holds them back, in any database: one of another application's held every stream for minutes, with
- * nothing but the growing age of the oldest pending event to show it.
+ * How often the dispatcher looks whether the stored positions are of this server's transaction counter
+ * (streamPositionsAhead: two index lookups), from its start on, and says so (error) each time they are not.
  */
-export const HELD_BACK_WARN_MS = 60_000
+export const POSITIONS_CHECK_MS = 60_000
+
+const POSITIONS_AHEAD_MESSAGE =
+  "reaction stream positions are ahead of this database server's transaction counter: they are another server's " +
+  'transaction ids (the database was restored or replicated onto this server, e.g. by pg_dump and pg_restore), and no ' +
+  'handler gets new transitions until they are moved: run `partner-escrow reactions rebase`'
+const HELD_BACK_MESSAGE =
+  'reaction stream held back: its committed events wait until every transaction older than them has ended (oldestTransaction: the one with the oldest id on the server)'
+const RESTRICTED_NOTE =
+  "; pg_stat_activity hides other roles' sessions' state and age from the service's role: grant it pg_read_all_stats to see them"
+
+/** The oldest open transaction as logged: a credential in an application name (a URL's password) masked. */
+function describeTransaction(transaction: OpenTransaction) {
+  if (transaction.kind === 'prepared') {
+    return { ...transaction, openForS: Math.round(transaction.openForS), end: 'COMMIT PREPARED or ROLLBACK PREPARED, with its gid, in its database' }
+  }
+  const { restricted, ...shown } = transaction
+  return {
+    ...shown,
+    application: shown.application === null ? null : withoutPassword(shown.application),
+    openForS: shown.openForS === null ? null : Math.round(shown.openForS),
+    ...(restricted ? { restricted: true } : {}),
+  }
+}
 
 export function createDispatcher(deps: DispatcherDeps): Dispatcher {
   const { db, clock, logger, settings } = deps
@@ -177,6 +201,8 @@ export function createDispatcher(deps: DispatcherDeps): Dispatcher {
   // what stop() waits for now
   let stopStep: string | undefined
   let streams: { worker: StreamWorker; waker: ReturnType<typeof createWaker>; loop: Promise<void> }[] = []
+  // the stored positions' look, from the start on (positionsLoop)
+  let positionsCheck: Promise<void> | undefined
 
   const wakeStreams = () => {
     for (const stream of streams) stream.waker.wake()
@@ -472,12 +498,51 @@ export function createDispatcher(deps: DispatcherDeps): Dispatcher {
     running.set(job.id, entry)
   }
 
-  const warnHeldBack = async (handler: string, heldForMs: number) => {
+  // when the positions' error was last said (the machine's clock, as the look's timer), at most once a POSITIONS_CHECK_MS
+  let positionsSaidAt: number | undefined
+  /**
+   * Looks whether the positions are another server's (streamPositionsAhead), sets the metric, and says so (error)
+   * when they are and it was not said in the last POSITIONS_CHECK_MS; false when they are not, or it cannot tell.
+   */
+  const checkPositions = async (): Promise<boolean> => {
+    try {
+      const found = await streamPositionsAhead(db)
+      try {
+        deps.onPositionsAhead?.(found.aheadBy)
+      } catch (error) {
+        logger.warn({ err: error }, 'onPositionsAhead hook threw')
+      }
+      if (found.aheadBy === 0) return false
+      const at = performance.now()
+      if (positionsSaidAt === undefined || at - positionsSaidAt >= POSITIONS_CHECK_MS) {
+        positionsSaidAt = at
+        logger.error({ largestPosition: found.largest, nextTransactionId: found.next, aheadBy: found.aheadBy }, POSITIONS_AHEAD_MESSAGE)
+      }
+      return true
+    } catch {
+      // the database away: every loop says so in its own words
+      return false
+    }
+  }
+  const positionsLoop = async (signal: AbortSignal) => {
+    // (on the machine's timer, as the look for a transaction to end: a look at the database, not a schedule)
+    while (!signal.aborted) {
+      await checkPositions()
+      await setTimeoutPromise(POSITIONS_CHECK_MS, undefined, { signal }).catch(() => {})
+    }
+  }
+
+  /** Says the stream is held back, naming what holds it; false when it said nothing (the positions are another server's). */
+  const warnHeldBack = async (handler: string, heldForMs: number): Promise<boolean> => {
+    // events withheld for good behind positions of another server's counter: that error is said instead (once a minute, above)
+    if (await checkPositions()) return false
     const transaction = await oldestOpenTransaction(db).catch(() => undefined)
+    const restricted = transaction?.kind === 'session' && transaction.restricted
     logger.warn(
-      { handler, heldForS: Math.round(heldForMs / 1000), oldestTransaction: transaction && { ...transaction, openForS: Math.round(transaction.openForS) } },
-      'reaction stream held back: its committed events wait until every transaction older than them has ended (oldestTransaction: the oldest open one on the server)',
+      { handler, heldForS: Math.round(heldForMs / 1000), oldestTransaction: transaction && describeTransaction(transaction) },
+      restricted ? HELD_BACK_MESSAGE + RESTRICTED_NOTE : HELD_BACK_MESSAGE,
     )
+    return true
   }
 
   const streamLoop = async (worker: StreamWorker, waker: ReturnType<typeof createWaker>, signal: AbortSignal) => {
@@ -486,6 +551,8 @@ export function createDispatcher(deps: DispatcherDeps): Dispatcher {
     // since when the stream's next events have waited behind an open transaction, and when that was last said
     let heldBackSince: number | undefined
     let heldBackSaid = 0
+    // the hold under way was said: its end is said too
+    let heldBackWarned = false
     const warnMs = settings.heldBackWarnMs ?? HELD_BACK_WARN_MS
     while (!signal.aborted) {
       waker.reset()
@@ -495,10 +562,15 @@ export function createDispatcher(deps: DispatcherDeps): Dispatcher {
         const { full, read, readAgainInMs, withheld, heldUntil } = await worker.batch(signal)
         failures = 0
         const now = clock.now()
+        const heldFrom = heldBackSince
         heldBackSince = withheld && read === 0 ? (heldBackSince ?? now) : undefined
+        if (heldBackSince === undefined && heldFrom !== undefined && heldBackWarned) {
+          heldBackWarned = false
+          logger.info({ handler: worker.name, heldForS: Math.round((now - heldFrom) / 1000) }, 'reaction stream moving again')
+        }
         if (heldBackSince !== undefined && now - heldBackSince >= warnMs && now - heldBackSaid >= warnMs) {
           heldBackSaid = now
-          await warnHeldBack(worker.name, now - heldBackSince)
+          if (await warnHeldBack(worker.name, now - heldBackSince)) heldBackWarned = true
         }
         // another replica holds the stream: look again when its lease runs out (it may have died)
         if (heldUntil) delayMs = Math.min(delayMs, Math.max(1, heldUntil.getTime() - clock.now() + 1))
@@ -618,6 +690,8 @@ export function createDispatcher(deps: DispatcherDeps): Dispatcher {
           }
         }
       }
+      // said at the start, and each POSITIONS_CHECK_MS while it lasts
+      if (names.length > 0) positionsCheck = positionsLoop(stopSignal)
       const leaseToken = randomUUID()
       streams = names.map((name) => {
         const waker = createWaker(clock)
@@ -661,6 +735,8 @@ export function createDispatcher(deps: DispatcherDeps): Dispatcher {
         }),
       )
       streams = []
+      await positionsCheck
+      positionsCheck = undefined
       stopStep = 'the claim loop'
       await loop
       stopStep = 'the notification listener'

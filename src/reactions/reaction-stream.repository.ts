@@ -16,6 +16,7 @@
 import { type Kysely, sql } from 'kysely'
 import type { Database } from '../db/database.js'
 import { PREPARED } from '../db/open-database.js'
+import { reactionChannelSql } from '../db/reaction-channel.js'
 import type { ReactionEvent } from './reaction-event.js'
 
 /** A place in the history: the events after it are still to be taken. */
@@ -328,28 +329,266 @@ export async function reactionStreamBacklog(
   return { events: Number(row?.events ?? 0), oldest: row?.oldest ? new Date(row.oldest) : undefined }
 }
 
-/** The session whose open transaction is likely to hold every stream back: the oldest one with an id or a snapshot. */
-export interface OpenTransaction {
-  pid: number
+
+/**
+ * What holds every stream back: the open transaction with the oldest id on the server, other than this session's.
+ * Only a transaction with an id does: a stream reads below its snapshot's xmin, and Postgres makes a snapshot's
+ * xmin the oldest id still running (a session's or a prepared transaction's), not the oldest other snapshot. A
+ * REPEATABLE READ session that only reads holds a snapshot (backend_xmin) and no id: it holds VACUUM back, never a
+ * stream. So they are ordered by the age of their id, not by when they began.
+ */
+export type OpenTransaction =
+  | {
+      kind: 'session'
+      pid: number
+      database: string | null
+      user: string | null
+      application: string | null
+      /** Null where pg_stat_activity hides it from this role (`restricted`). */
+      state: string | null
+      /** Seconds since the transaction began; null where pg_stat_activity hides it from this role (`restricted`). */
+      openForS: number | null
+      /** Transaction ids assigned since its own. */
+      xidAge: number
+      /**
+       * Another role's session, and this role without pg_read_all_stats: pg_stat_activity shows its pid, database,
+       * user, application and id, not its state or start.
+       */
+      restricted: boolean
+    }
+  | {
+      /** A prepared transaction (PREPARE TRANSACTION): no session holds it; COMMIT PREPARED or ROLLBACK PREPARED ends it. */
+      kind: 'prepared'
+      gid: string
+      database: string | null
+      owner: string | null
+      preparedAt: Date
+      openForS: number
+      xidAge: number
+    }
+
+interface OpenTransactionRow {
+  kind: 'session' | 'prepared'
+  pid: number | null
+  gid: string | null
   database: string | null
   user: string | null
   application: string | null
   state: string | null
-  openForS: number
+  since: Date | string | null
+  openForS: number | null
+  xidAge: number
+}
+
+/** The statement of oldestOpenTransaction (exported so a test can run it where pg_prepared_xacts is a stand-in). */
+export function oldestOpenTransactionQuery() {
+  // (its query text is not read); a hidden row's xact_start and state are null, its backend_xid is not
+  return sql<OpenTransactionRow>`
+    select t.kind, t.pid, t.gid, t.database, t."user", t.application, t.state, t.since,
+      extract(epoch from now() - t.since)::float8 as "openForS", t.xid_age
+    from (
+      select 'session' as kind, a.pid, null::text as gid, a.datname::text as database, a.usename::text as "user",
+        a.application_name as application, a.state, a.xact_start as since, age(a.backend_xid) as xid_age
+      from pg_stat_activity a
+      where a.backend_xid is not null and a.pid <> pg_backend_pid()
+      union all
+      select 'prepared', null, p.gid, p.database::text, p.owner::text, null, null, p.prepared, age(p.transaction)
+      from pg_prepared_xacts p
+    ) t
+    order by t.xid_age desc
+    limit 1`
 }
 
 /**
- * The oldest open transaction on the whole server other than this session's, from pg_stat_activity (its query text
- * is not read): the one a stream's readable end, the snapshot's xmin, waits on. Undefined when there is none, or
- * where the statistics are not kept (PGlite).
+ * The open transaction with the oldest id on the whole server, a session's or a prepared one's (see OpenTransaction):
+ * the one a stream's readable end, the snapshot's xmin, waits on. Undefined when there is none, or where the
+ * statistics are not kept (PGlite).
  */
 export async function oldestOpenTransaction(db: Kysely<Database>): Promise<OpenTransaction | undefined> {
-  const { rows } = await sql<OpenTransaction>`
-    select pid, datname as database, usename as "user", application_name as application, state,
-      extract(epoch from now() - xact_start)::float8 as "openForS"
-    from pg_stat_activity
-    where (backend_xid is not null or backend_xmin is not null) and pid <> pg_backend_pid() and xact_start is not null
-    order by xact_start
-    limit 1`.execute(db)
-  return rows[0]
+  const { rows } = await oldestOpenTransactionQuery().execute(db)
+  const row = rows[0]
+  if (!row) return undefined
+  const xidAge = Number(row.xidAge)
+  if (row.kind === 'prepared') {
+    return {
+      kind: 'prepared',
+      gid: row.gid ?? '',
+      database: row.database,
+      owner: row.user,
+      preparedAt: new Date(row.since!),
+      openForS: Number(row.openForS ?? 0),
+      xidAge,
+    }
+  }
+  return {
+    kind: 'session',
+    pid: Number(row.pid),
+    database: row.database,
+    user: row.user,
+    application: row.application,
+    state: row.state,
+    openForS: row.openForS === null ? null : Number(row.openForS),
+    xidAge,
+    restricted: row.since === null,
+  }
+}
+
+// --- positions of another server's counter (a restore onto another server) ---
+//
+// Positions are transaction ids of one server's counter. A copy of the database on another server whose counter is
+// lower (pg_dump and pg_restore, logical replication) keeps them, and its new transactions get lower ids: a new
+// order's events land below the streams' places (never read), and a known order's take its last, old position,
+// above the new server's xmin (withheld until its counter passes them). Nothing fails: reactions just stop.
+// streamPositionsAhead notices it; rebaseStreamPositions (`reactions rebase`) moves the positions below the counter.
+
+export interface PositionsAhead {
+  /** The largest position stored: a stream's place or an event's (null: none yet). */
+  largest: string | null
+  /** The next transaction id of this server (its snapshot's xmax): no transaction of it wrote a position at or past it. */
+  next: string
+  /** How many ids the largest position is at or past `next`: 0 when it is below (positions of this server's). */
+  aheadBy: number
+}
+
+/**
+ * The statement of streamPositionsAhead (exported so a test can EXPLAIN it): two lookups, whatever the history's
+ * size. reaction_streams is a row per handler; the history's largest position is the last entry of
+ * order_status_history_stream_idx (read backwards). orders.last_event_position is always one of its order's events'
+ * positions, and a batch record's to_position one of its stream's places, so neither can be larger.
+ */
+export function streamPositionsAheadQuery() {
+  return sql<{ largest: string | null; next: string; aheadBy: number | null }>`
+    select l.largest::text as largest, x.next::text as next,
+      greatest(0, l.largest::text::numeric - x.next::text::numeric + 1)::float8 as ahead_by
+    -- xmax, not pg_current_xact_id(): a look that writes nothing takes no id of its own
+    from (select pg_snapshot_xmax(pg_current_snapshot()) as next) x
+    cross join (
+      select greatest(
+        (select max(s.position) from reaction_streams s),
+        (select h.stream_position from order_status_history h where h.stream_position is not null
+          order by h.stream_position desc, h.id desc limit 1)
+      ) as largest
+    ) l`
+}
+
+/** Whether the stored positions are ahead of this server's transaction counter (see above). */
+export async function streamPositionsAhead(db: Kysely<Database>): Promise<PositionsAhead> {
+  const { rows } = await streamPositionsAheadQuery().execute(db)
+  const row = rows[0]!
+  return { largest: row.largest, next: row.next, aheadBy: Number(row.aheadBy ?? 0) }
+}
+
+/** What rebaseStreamPositions found, and did. Positions are xid8 values, as decimal text. */
+export type StreamRebase =
+  | { result: 'not_ahead'; largest: string | null; next: string }
+  | {
+      /** The positions not yet read by every stream span more ids than there are below the server's oldest open one. */
+      result: 'no_room'
+      largest: string
+      next: string
+      /** The stream furthest behind, and its place. */
+      lowest: { handler: string; position: string }
+      /** The largest position the shift may give (one below the oldest transaction still open). */
+      top: string
+    }
+  | {
+      result: 'rebased' | 'would_rebase'
+      largest: string
+      next: string
+      /** Subtracted from every position. */
+      shift: string
+      /** The largest position after the shift: one below the oldest transaction still open. */
+      top: string
+      /** Rows whose positions were shifted. */
+      streams: number
+      events: number
+      orders: number
+      batches: number
+      /** Of those, positions below every stream's place (consumed by all of them) set to 0 rather than below it. */
+      clamped: number
+    }
+
+/** How long rebaseStreamPositions waits for the tables' lock before it gives up (Postgres' SQLSTATE 55P03). */
+export const REBASE_LOCK_TIMEOUT = '15s'
+
+/**
+ * Moves every stored position (the streams' places, the history's stream_position, orders.last_event_position, the
+ * batch records' to_position) back by one shift, so that the largest is one below the oldest transaction still open
+ * on this server: `reactions rebase`, after a restore onto another server (see above). One transaction:
+ * - It first locks the four tables in EXCLUSIVE mode (reads go on; no transition is written, no stream is read or
+ *   written back, no stream created meanwhile: every stream read is a statement that may update its row), waiting at
+ *   most REBASE_LOCK_TIMEOUT, then reads the positions. Nothing is changed unless the largest is at or past this
+ *   server's next transaction id.
+ * - One shift keeps every position's order, so each stream reads its unread events in the same order, and
+ *   nothing it took is read again. The largest lands one below the snapshot's xmin, not below this transaction's
+ *   own id: every transaction that can still write an event (one waiting for the lock included) has an id at or
+ *   above that xmin, and so writes it after every stream's place, as a reader's xmin guarantees in normal running.
+ * - Positions cannot go below 0 (xid8). A position the shift would take below 1 is below every stream's place
+ *   (the shift is refused when a place itself would go below 1: `no_room`), so every stream took its event
+ *   already: it is set to 0, still below every place, and never read again. Only the console's timeline of such an
+ *   old event may no longer find the batch record of its first attempt (both clamped to 0, their order lost).
+ * - The streams' leases are ended: a replica that read before the lock holds places of the old counter in memory;
+ *   its write-back finds the lease gone and writes nothing (as when another replica takes a stream over: what its
+ *   batch ran runs again, at least once), and its next read starts from the rebased place.
+ * - The dispatchers are notified at the commit, and read at once.
+ * `dryRun`: the same reads and counts, nothing changed.
+ */
+export async function rebaseStreamPositions(db: Kysely<Database>, { now, dryRun = false }: { now: Date; dryRun?: boolean }): Promise<StreamRebase> {
+  return db.transaction().execute(async (trx) => {
+    await sql`set local lock_timeout = ${sql.lit(REBASE_LOCK_TIMEOUT)}`.execute(trx)
+    // in the order the ingest statement takes them (orders, then the history)
+    await sql`lock table orders, order_status_history, reaction_streams, reaction_stream_batches in exclusive mode`.execute(trx)
+    // (a snapshot taken after the lock: every transaction that wrote before it has ended)
+    const { rows } = await sql<{ largest: string | null; lowestHandler: string | null; lowestPosition: string | null; xmin: string; next: string }>`
+      select greatest(
+          (select max(position) from reaction_streams),
+          (select max(stream_position) from order_status_history),
+          (select max(last_event_position) from orders),
+          (select max(to_position) from reaction_stream_batches)
+        )::text as largest,
+        l.handler as lowest_handler, l.position::text as lowest_position,
+        pg_snapshot_xmin(pg_current_snapshot())::text as xmin, pg_snapshot_xmax(pg_current_snapshot())::text as next
+      from (select 1) one
+      left join lateral (select handler, position from reaction_streams order by position, handler limit 1) l on true`.execute(trx)
+    const row = rows[0]!
+    const { largest, next } = row
+    if (largest === null || BigInt(largest) < BigInt(next)) return { result: 'not_ahead', largest, next }
+    const top = BigInt(row.xmin) - 1n
+    const shift = BigInt(largest) - top
+    if (row.lowestPosition !== null && BigInt(row.lowestPosition) - shift < 1n) {
+      return { result: 'no_room', largest, next, lowest: { handler: row.lowestHandler!, position: row.lowestPosition }, top: String(top) }
+    }
+    const d = String(shift)
+    const moved = (column: string) => sql`case when ${sql.ref(column)}::text::numeric - ${d}::numeric >= 1
+      then (${sql.ref(column)}::text::numeric - ${d}::numeric)::text::xid8 else '0'::xid8 end`
+    const below = (column: string) => sql`${sql.ref(column)}::text::numeric - ${d}::numeric < 1`
+    const { rows: counts } = await sql<{ streams: string; events: string; orders: string; batches: string; clamped: string }>`
+      select (select count(*) from reaction_streams) as streams,
+        (select count(*) from order_status_history where stream_position is not null) as events,
+        (select count(*) from orders where last_event_position is not null) as orders,
+        (select count(*) from reaction_stream_batches) as batches,
+        (select count(*) from order_status_history where ${below('stream_position')})
+          + (select count(*) from orders where ${below('last_event_position')})
+          + (select count(*) from reaction_stream_batches where ${below('to_position')}) as clamped`.execute(trx)
+    const count = counts[0]!
+    const outcome = {
+      largest,
+      next,
+      shift: d,
+      top: String(top),
+      streams: Number(count.streams),
+      events: Number(count.events),
+      orders: Number(count.orders),
+      batches: Number(count.batches),
+      clamped: Number(count.clamped),
+    }
+    if (dryRun) return { result: 'would_rebase', ...outcome }
+    await sql`update reaction_streams set position = ${moved('position')}, lease_token = null, lease_expires_at = null,
+      updated_at = ${now}`.execute(trx)
+    await sql`update order_status_history set stream_position = ${moved('stream_position')} where stream_position is not null`.execute(trx)
+    await sql`update orders set last_event_position = ${moved('last_event_position')} where last_event_position is not null`.execute(trx)
+    await sql`update reaction_stream_batches set to_position = ${moved('to_position')}`.execute(trx)
+    await sql`select pg_notify(${reactionChannelSql}, '')`.execute(trx)
+    return { result: 'rebased', ...outcome }
+  })
 }
