@@ -6,7 +6,7 @@ import { createHash } from 'node:crypto'
 import { type Kysely, sql } from 'kysely'
 import { describe, expect, it, vi } from 'vitest'
 import type { Database } from '../src/db/database.js'
-import { analyzeChangedTables, STATISTICS_CHECK_INTERVAL_MS, watchStatistics } from '../src/db/statistics-watch.js'
+import { analyzeChangedTables, analyzeIfUnappliedOutgrown, STATISTICS_CHECK_INTERVAL_MS, watchStatistics } from '../src/db/statistics-watch.js'
 import { recordDeliveriesAndApply } from '../src/orders/apply-observation.js'
 import { observationSettings, webhookObservation } from '../src/orders/observations.js'
 import { FakeClock } from './helpers/fake-clock.js'
@@ -73,6 +73,53 @@ describe('the ingest statement as the tables grow', () => {
     // per delivery: its order by external reference, the trade id's other owner (none), the order's update by
     // id; a statement that hashed every order's trade id read 20,000 a statement (2,000 a delivery here)
     expect((after.orders - before.orders) / delivered).toBeLessThanOrEqual(5)
+  })
+})
+
+// A burst of parked deliveries on a table whose statistics counted none: autovacuum waits for a tenth of the table to
+// change, and meanwhile the ingest's look for an earlier parked copy of each body read every parked row
+describe('the ingest after a burst of deliveries parked for references with no order', () => {
+  const database = useTestDatabase({ poolSize: 1 })
+
+  const indexReads = async (db: Kysely<Database>) => {
+    await sql`select pg_stat_force_next_flush()`.execute(db)
+    await sql`select pg_stat_clear_snapshot()`.execute(db)
+    const { rows } = await sql<{ read: string }>`
+      select coalesce(sum(idx_tup_read), 0) as read from pg_stat_user_indexes where relid = 'webhook_deliveries'::regclass`.execute(db)
+    return Number(rows[0]!.read)
+  }
+  const parkedBatches = async (db: Kysely<Database>, first: number, batches: number) => {
+    for (let batch = 0; batch < batches; batch++) {
+      const items = Array.from({ length: 10 }, (_, k) => delivery(900_000 + first + batch * 10 + k, 'funded', `parked-${first}-${batch}-${k}`))
+      const results = await recordDeliveriesAndApply(db, items, settings)
+      expect(results.map((result) => (result === 'duplicate' ? result : result.outcome))).toEqual(items.map(() => 'unmatched'))
+    }
+  }
+
+  it('has its statistics refreshed once the parked rows outgrow them (each look of the watch), and then reads a few index entries a delivery', async () => {
+    const { db } = database
+    await sql`
+      insert into webhook_deliveries (delivery_id, body_sha256, received_at, event_type, trade_id, external_reference, observed_status, outcome, raw_body)
+      select 'applied-' || i, md5(i::text) || md5(i::text), now(), 'trade.funded', 'trd-' || i, 'reads-' || i, 'funded', 'applied', '{}'
+      from generate_series(1, 5000) i`.execute(db)
+    await sql`analyze webhook_deliveries`.execute(db)
+    // nothing outgrew the statistics yet
+    expect(await analyzeIfUnappliedOutgrown(db)).toBe(false)
+    // the burst, as the ingest stores it
+    await sql`
+      insert into webhook_deliveries (delivery_id, body_sha256, received_at, event_type, trade_id, external_reference, observed_status, outcome, raw_body)
+      select 'burst-' || i, md5('b' || i) || md5('b' || i), now(), 'trade.funded', 'trd-b-' || i, 'burst-' || i, 'funded', 'unmatched', '{}'
+      from generate_series(1, 3000) i`.execute(db)
+
+    expect(await analyzeIfUnappliedOutgrown(db)).toBe(true)
+    // and once analyzed, not again until they outgrow the new figure
+    expect(await analyzeIfUnappliedOutgrown(db)).toBe(false)
+    // enough statements for the generic plan, then the ones measured
+    await parkedBatches(db, 0, 8)
+    const before = await indexReads(db)
+    await parkedBatches(db, 1_000, 10)
+    // per delivery: its key, its reference's parked rows (none), the order it has not: a few, not 3,000
+    expect((await indexReads(db)) - before).toBeLessThanOrEqual(100 * 10)
   })
 })
 
