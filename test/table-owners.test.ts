@@ -25,6 +25,9 @@ const OWNERS: Record<string, { owner: string[]; alsoReadBy?: Record<string, stri
   webhook_deliveries: {
     // the ingest statement records a trade delivery in the statement that applies it
     owner: ['src/webhooks/delivery.repository.ts', 'src/orders/apply-observation.ts'],
+    alsoReadBy: {
+      'src/db/statistics-watch.ts': "counts the deliveries not applied against the planner's figure of them, to analyze the table",
+    },
   },
   reaction_jobs: {
     // a stream's batch writes its events' jobs in the statement that moves the stream on
