@@ -6,7 +6,7 @@ import { createHash } from 'node:crypto'
 import { type Kysely, sql } from 'kysely'
 import { describe, expect, it, vi } from 'vitest'
 import type { Database } from '../src/db/database.js'
-import { analyzeChangedTables, analyzeIfUnappliedOutgrown, STATISTICS_CHECK_INTERVAL_MS, watchStatistics } from '../src/db/statistics-watch.js'
+import { analyzeChangedTables, analyzeIfParkedOutgrown, STATISTICS_CHECK_INTERVAL_MS, watchStatistics } from '../src/db/statistics-watch.js'
 import { recordDeliveriesAndApply } from '../src/orders/apply-observation.js'
 import { observationSettings, webhookObservation } from '../src/orders/observations.js'
 import { FakeClock } from './helpers/fake-clock.js'
@@ -104,22 +104,41 @@ describe('the ingest after a burst of deliveries parked for references with no o
       from generate_series(1, 5000) i`.execute(db)
     await sql`analyze webhook_deliveries`.execute(db)
     // nothing outgrew the statistics yet
-    expect(await analyzeIfUnappliedOutgrown(db)).toBe(false)
+    expect(await analyzeIfParkedOutgrown(db)).toBe(false)
     // the burst, as the ingest stores it
     await sql`
       insert into webhook_deliveries (delivery_id, body_sha256, received_at, event_type, trade_id, external_reference, observed_status, outcome, raw_body)
       select 'burst-' || i, md5('b' || i) || md5('b' || i), now(), 'trade.funded', 'trd-b-' || i, 'burst-' || i, 'funded', 'unmatched', '{}'
       from generate_series(1, 3000) i`.execute(db)
 
-    expect(await analyzeIfUnappliedOutgrown(db)).toBe(true)
+    expect(await analyzeIfParkedOutgrown(db)).toBe(true)
     // and once analyzed, not again until they outgrow the new figure
-    expect(await analyzeIfUnappliedOutgrown(db)).toBe(false)
+    expect(await analyzeIfParkedOutgrown(db)).toBe(false)
     // enough statements for the generic plan, then the ones measured
     await parkedBatches(db, 0, 8)
     const before = await indexReads(db)
     await parkedBatches(db, 1_000, 10)
     // per delivery: its key, its reference's parked rows (none), the order it has not: a few, not 3,000
     expect((await indexReads(db)) - before).toBeLessThanOrEqual(100 * 10)
+  })
+
+  it('reads no parked row at a look once the planner counts many: its figure already has them looked up by reference', async () => {
+    const { db } = database
+    await sql`
+      insert into webhook_deliveries (delivery_id, body_sha256, received_at, event_type, trade_id, external_reference, observed_status, outcome, raw_body)
+      select 'many-' || i, md5('m' || i) || md5('m' || i), now(), 'trade.funded', 'trd-m-' || i, 'many-' || i, 'funded', 'unmatched', '{}'
+      from generate_series(1, 30000) i`.execute(db)
+    await sql`analyze webhook_deliveries`.execute(db)
+    const tableReads = async () => {
+      await sql`select pg_stat_force_next_flush()`.execute(db)
+      await sql`select pg_stat_clear_snapshot()`.execute(db)
+      const { rows } = await sql<{ read: string }>`
+        select coalesce(seq_tup_read, 0) + coalesce(idx_tup_fetch, 0) as read from pg_stat_user_tables where relid = 'webhook_deliveries'::regclass`.execute(db)
+      return Number(rows[0]!.read) + (await indexReads(db))
+    }
+    const before = await tableReads()
+    expect(await analyzeIfParkedOutgrown(db)).toBe(false)
+    expect((await tableReads()) - before).toBe(0)
   })
 })
 

@@ -56,28 +56,32 @@ export async function analyzeChangedTables(db: Kysely<Database>): Promise<string
   return rows.map((row) => row.relname)
 }
 
-// The deliveries not applied (parked, replays of a status, mismatches) are few beside the applied ones, until a burst
-// parks thousands at once (a partner's webhooks arriving before its orders). Autovacuum analyzes a table once 10 % of
-// its rows changed, so after a burst of 30,000 on a table of 10,000,000 the planner still counts them as it did, none,
-// and on that count the ingest's look for an earlier parked copy of a body read an index of every outcome, every
-// parked row of it, for each delivery: 0.12 ms a delivery with the statistics up to date, 3.5 ms at 12,000 parked
-// rows with the statistics of none (2026-12-03, a script not kept). So each look also counts them, no further than
-// past twice the planner's figure, and analyzes the table when they outgrew it.
-const UNAPPLIED_INDEX = 'webhook_deliveries_unapplied_reference_idx'
-const UNAPPLIED_SLACK = 1_000
+// Parked deliveries (references with no order yet) are few, until a burst parks thousands at once (a partner's
+// webhooks arriving before its orders). Autovacuum analyzes a table once 10 % of its rows changed, so after a burst of
+// 30,000 on a table of 10,000,000 the planner still counts them as it did, none, and on that count the ingest's look
+// for an earlier parked copy of a body read an index of every outcome, every parked row of it, for each delivery:
+// 0.12 ms a delivery with the statistics up to date, 3.5 ms at 12,000 parked rows with the statistics of none
+// (2026-12-03, a script not kept). So each look also counts them, no further than past twice the planner's figure
+// and 1,000 more, and analyzes the table when they outgrew it. The count stops at 20,000 rows: a figure of 10,000 or
+// more parked rows already has the planner look them up by reference, so the look never reads more than that. (Its
+// first version counted every delivery not applied, kept for the retention's days: a whole table's scan each look.)
+const PARKED_INDEX = 'webhook_deliveries_unmatched_idx'
+const PARKED_SLACK = 1_000
+const PARKED_COUNTED_AT_MOST = 20_000
 
 /**
- * Analyzes webhook_deliveries when its deliveries not applied outgrew the planner's figure of them (that of the
- * partial index holding them: more than twice it and 1,000 more); true when it did.
+ * Analyzes webhook_deliveries when its parked deliveries outgrew the planner's figure of them (that of the partial
+ * index holding them: more than twice it and 1,000 more, for a figure under 10,000); true when it did.
  */
-export async function analyzeIfUnappliedOutgrown(db: Kysely<Database>): Promise<boolean> {
+export async function analyzeIfParkedOutgrown(db: Kysely<Database>): Promise<boolean> {
   const { rows } = await sql<{ planned: number | null }>`
-    select greatest(c.reltuples, 0)::float8 as planned from pg_class c where c.oid = to_regclass(${UNAPPLIED_INDEX})`.execute(db)
+    select greatest(c.reltuples, 0)::float8 as planned from pg_class c where c.oid = to_regclass(${PARKED_INDEX})`.execute(db)
   const planned = rows[0]?.planned
   if (planned === null || planned === undefined) return false
-  const enough = Math.floor(2 * planned) + UNAPPLIED_SLACK
+  const enough = Math.min(Math.floor(2 * planned) + PARKED_SLACK, PARKED_COUNTED_AT_MOST)
+  if (enough <= planned) return false
   const { rows: counted } = await sql<{ rows: number }>`
-    select count(*)::int as rows from (select 1 from webhook_deliveries where outcome <> 'applied' limit ${enough}) unapplied`.execute(db)
+    select count(*)::int as rows from (select 1 from webhook_deliveries where outcome = 'unmatched' limit ${enough}) parked`.execute(db)
   if (counted[0]!.rows < enough) return false
   await sql`analyze webhook_deliveries`.execute(db)
   return true
@@ -106,7 +110,7 @@ export interface StatisticsWatch {
 
 /**
  * Runs analyzeChangedTables every `intervalMs` of the clock's time, the first time one interval after the start, and
- * analyzeIfUnappliedOutgrown at every look, whatever autovacuum does.
+ * analyzeIfParkedOutgrown at every look, whatever autovacuum does.
  * `whileAutovacuumOff` (Postgres): only while `autovacuumRuns` says autovacuum does not, with a warning when
  * the service starts doing its work and a line when it stops.
  */
@@ -157,7 +161,7 @@ export function watchStatistics({
         if (analyzed.length > 0) logger.debug({ tables: analyzed }, 'planner statistics refreshed')
       }
       // with autovacuum too: its threshold is a tenth of the table
-      if (await analyzeIfUnappliedOutgrown(db)) logger.info('planner statistics refreshed: deliveries not applied outgrew them')
+      if (await analyzeIfParkedOutgrown(db)) logger.info('planner statistics refreshed: parked deliveries outgrew them')
       if (failing) logger.info('the planner statistics watch works again')
       failing = false
     } catch (error) {
