@@ -165,6 +165,8 @@ const WITHHELD_FIRST_MS = 10
  * (streamPositionsAhead: two index lookups), from its start on, and says so (error) each time they are not.
  */
 export const POSITIONS_CHECK_MS = 60_000
+/** While they are ahead, how often the positions are looked at again: the metric (and its alert) reads 0 soon after a rebase. */
+export const POSITIONS_RECHECK_AHEAD_MS = 5_000
 
 const POSITIONS_AHEAD_MESSAGE =
   "reaction stream positions are ahead of this database server's transaction counter: they are another server's " +
@@ -527,8 +529,8 @@ export function createDispatcher(deps: DispatcherDeps): Dispatcher {
   const positionsLoop = async (signal: AbortSignal) => {
     // (on the machine's timer, as the look for a transaction to end: a look at the database, not a schedule)
     while (!signal.aborted) {
-      await checkPositions()
-      await setTimeoutPromise(POSITIONS_CHECK_MS, undefined, { signal }).catch(() => {})
+      const ahead = await checkPositions()
+      await setTimeoutPromise(ahead ? POSITIONS_RECHECK_AHEAD_MS : POSITIONS_CHECK_MS, undefined, { signal }).catch(() => {})
     }
   }
 
