@@ -131,14 +131,14 @@ describePostgres('a stream held back by an open transaction (Postgres)', () => {
       const { reactions, start } = await startDispatcher(restricted.db, 'restricted', handled)
       await blocker.query('begin')
       await blocker.query('select pg_current_xact_id()')
-      const blockerPid = (await blocker.query<{ pid: number }>('select pg_backend_pid() as pid')).rows[0]!.pid
+      const { pid: blockerPid, user: blockerUser } = (await blocker.query<{ pid: number; user: string }>('select pg_backend_pid() as pid, current_user as user')).rows[0]!
       await moveNewOrder(database.db, { externalReference: 'held-back-2', statuses: ['created'], handlersFor: reactions.handlersFor, now: () => new Date() })
       await start()
       await eventually(() => warned('restricted').some((line) => named(line)?.pid === blockerPid), 'the blocker is named', 60_000)
       const line = warned('restricted').find((entry) => named(entry)?.pid === blockerPid)!
       expect(line.msg).toMatch(/pg_stat_activity hides other roles' sessions' state and age from the service's role: grant it pg_read_all_stats to see them$/)
       expect(named(line)).toEqual(
-        expect.objectContaining({ kind: 'session', pid: blockerPid, user: 'root', database: expect.any(String), state: null, openForS: null, restricted: true, xidAge: expect.any(Number) }),
+        expect.objectContaining({ kind: 'session', pid: blockerPid, user: blockerUser, database: expect.any(String), state: null, openForS: null, restricted: true, xidAge: expect.any(Number) }),
       )
       expect(named(line)!.application).toBe('DATABASE_URL=postgres://u:***@h/db')
       await blocker.query('commit')
