@@ -451,6 +451,14 @@ export interface PositionsAhead {
 }
 
 /**
+ * The largest position of one column, by its order, not max(): Postgres has min() and max() of xid8 only from 15 on,
+ * and the service runs on 13 and later.
+ */
+function largestPosition(table: string, column: string) {
+  return sql`(select ${sql.ref(column)} from ${sql.table(table)} where ${sql.ref(column)} is not null order by ${sql.ref(column)} desc limit 1)`
+}
+
+/**
  * The statement of streamPositionsAhead (exported so a test can EXPLAIN it): two lookups, whatever the history's
  * size. reaction_streams is a row per handler; the history's largest position is the last entry of
  * order_status_history_stream_idx (read backwards). orders.last_event_position is always one of its order's events'
@@ -464,7 +472,7 @@ export function streamPositionsAheadQuery() {
     from (select pg_snapshot_xmax(pg_current_snapshot()) as next) x
     cross join (
       select greatest(
-        (select max(s.position) from reaction_streams s),
+        ${largestPosition('reaction_streams', 'position')},
         (select h.stream_position from order_status_history h where h.stream_position is not null
           order by h.stream_position desc, h.id desc limit 1)
       ) as largest
@@ -541,10 +549,10 @@ export async function rebaseStreamPositions(db: Kysely<Database>, { now, dryRun 
     // (a snapshot taken after the lock: every transaction that wrote before it has ended)
     const { rows } = await sql<{ largest: string | null; lowestHandler: string | null; lowestPosition: string | null; xmin: string; next: string }>`
       select greatest(
-          (select max(position) from reaction_streams),
-          (select max(stream_position) from order_status_history),
-          (select max(last_event_position) from orders),
-          (select max(to_position) from reaction_stream_batches)
+          ${largestPosition('reaction_streams', 'position')},
+          ${largestPosition('order_status_history', 'stream_position')},
+          ${largestPosition('orders', 'last_event_position')},
+          ${largestPosition('reaction_stream_batches', 'to_position')}
         )::text as largest,
         l.handler as lowest_handler, l.position::text as lowest_position,
         pg_snapshot_xmin(pg_current_snapshot())::text as xmin, pg_snapshot_xmax(pg_current_snapshot())::text as next
