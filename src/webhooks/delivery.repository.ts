@@ -268,7 +268,7 @@ export async function countParkedDeliveries(db: Kysely<Database>, now: Date): Pr
 // The operator console's queries. Each filter has an index (migrations/0003_console_indexes.ts) and
 // pages are keyset-paginated on (received_at, delivery_id, body_sha256), newest first, so page 1,000
 // costs what page 1 does. A search by trade id or external reference reads two sources, merged in that
-// order (deliveriesReachedBy): the deliveries not applied through their partial indexes (migrations/0014),
+// order (filteredSources, inReceiptOrder): the deliveries not applied through their partial indexes (migrations/0014),
 // and the applied ones through their order's history.
 
 export interface DeliveryFilter {
