@@ -245,7 +245,7 @@ export function createMetrics(
   let positionsAhead: number | undefined
   new OptionalGauge(() => positionsAhead, {
     name: 'reaction_stream_positions_ahead',
-    help: "How many transaction ids the largest stored reaction stream position is ahead of the database server's counter, at the dispatcher's last look (at its start, then every minute): above 0, the positions are another server's (a restore or logical replica onto this one) and no handler gets new transitions until `reactions rebase` moves them; 0 when they are this server's; no sample before the first look",
+    help: "How many transaction ids the largest stored reaction stream position is ahead of the database server's counter, at the dispatcher's last look (at its start, then every minute, every 5 s while above 0): above 0, the positions are another server's (a restore or logical replica onto this one) and no handler gets new transitions until `reactions rebase` moves them; 0 when they are this server's; no sample before the first look",
     registers: [registry],
   })
 
