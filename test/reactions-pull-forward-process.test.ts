@@ -58,7 +58,10 @@ describePostgres('the compiled serve pulls an outage’s retries forward (Postgr
     const failed = waiting.map((job) => job.eventId)
     await eventually(() => failed.every((id) => taken.includes(id)), 'the events of the outage are forwarded', 120_000)
     expect(taken).toHaveLength(ORDERS_IN_OUTAGE + 1)
-    const pulled = lines.find((line) => line.msg === 'reaction handler succeeds again after failing: its waiting retries are due now')
+    // the line is written before those forwards go out, but the child's stdout may reach this process after them
+    const isPulled = (line: { msg?: unknown }) => line.msg === 'reaction handler succeeds again after failing: its waiting retries are due now'
+    await eventually(() => lines.some(isPulled), 'the pull-forward is logged', 30_000)
+    const pulled = lines.find(isPulled)
     expect(pulled).toMatchObject({ handler: FORWARDER_HANDLER, jobs: ORDERS_IN_OUTAGE })
     expect(pulled!.failedForS as number).toBeGreaterThanOrEqual(5)
     const jobs = () => db.selectFrom('reactionJobs').select(['state', 'attempts']).execute()
