@@ -13,6 +13,7 @@ import { FakeClock } from './helpers/fake-clock.js'
 import { logEntries, testLogger } from './helpers/log-sink.js'
 import { eventually } from './helpers/reconcile-poller.js'
 import { testConfig } from './helpers/test-config.js'
+import { signBody, tradePayload } from './helpers/webhook-delivery.js'
 import { useTestDatabase } from './helpers/test-database.js'
 import { startTestService } from './helpers/test-service.js'
 
@@ -139,6 +140,58 @@ describe('the ingest after a burst of deliveries parked for references with no o
     const before = await tableReads()
     expect(await analyzeIfParkedOutgrown(db)).toBe(false)
     expect((await tableReads()) - before).toBe(0)
+  })
+})
+
+// The watch's looks are 10 s apart; a burst parks thousands in that time. The service looks at once when it parked
+// 1,000 since the last look. Its clock here never moves, so the 10-s look never comes.
+describe('the service during a burst of parked deliveries', () => {
+  const database = useTestDatabase()
+
+  it('refreshes the statistics once it parked 1,000 deliveries since they last counted, without waiting for its look', async () => {
+    const clock = new FakeClock()
+    const config = testConfig({ PORT: '0', POLL_ENABLED: 'false', ...(database.url ? { DATABASE_URL: database.url } : {}) })
+    const service = await startTestService({ config, logger: testLogger(), clock })
+    try {
+      await service.ready
+      const { db } = service.database
+      await sql`
+        insert into webhook_deliveries (delivery_id, body_sha256, received_at, event_type, trade_id, external_reference, observed_status, outcome, raw_body)
+        select 'applied-' || i, md5(i::text) || md5(i::text), now(), 'trade.funded', 'trd-' || i, 'reads-' || i, 'funded', 'applied', '{}'
+        from generate_series(1, 5000) i`.execute(db)
+      // the planner counts no parked delivery
+      await sql`analyze webhook_deliveries`.execute(db)
+      const park = async (first: number, count: number) => {
+        const sent = Array.from({ length: count }, (_, k) => first + k)
+        // 20 at a time, as the platform's retries arrive side by side
+        for (let start = 0; start < sent.length; start += 20) {
+          const statuses = await Promise.all(
+            sent.slice(start, start + 20).map(async (n) => {
+              const body = JSON.stringify(tradePayload(`burst-${n}`, 'funded'))
+              const answer = await fetch(`${service.url}/webhooks/partner`, {
+                method: 'POST',
+                headers: { 'content-type': 'application/json', 'x-partner-delivery-id': `burst-${n}`, 'x-partner-signature': signBody(body) },
+                body,
+              })
+              return answer.status
+            }),
+          )
+          expect(statuses.filter((status) => status !== 200)).toEqual([])
+        }
+      }
+      const before = await analyzes(db, 'webhook_deliveries')
+      const linesBefore = logEntries().length
+      await park(1, 990)
+      // fewer than 1,000: nothing counted them yet
+      expect(await analyzes(db, 'webhook_deliveries')).toBe(before)
+      await park(991, 30)
+      await vi.waitFor(async () => expect(await analyzes(db, 'webhook_deliveries')).toBe(before + 1), { timeout: 30_000, interval: 50 })
+      const written = logEntries().slice(linesBefore)
+      expect(written).toContainEqual(expect.objectContaining({ msg: 'planner statistics refreshed: parked deliveries outgrew them' }))
+      expect(written.filter((line) => Number(line.level) >= 40)).toEqual([])
+    } finally {
+      await service.stop()
+    }
   })
 })
 

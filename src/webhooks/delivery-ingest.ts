@@ -25,6 +25,8 @@ export function createDeliveryIngest(deps: {
   logger: Logger
   settings: ObservationSettings
   metrics?: Metrics | undefined
+  /** Told how many deliveries each batch parked (the statistics watch: StatisticsWatch.parkedStored). */
+  onParked?: ((count: number) => void) | undefined
 }): DeliveryIngest {
   const { batchMax: maxBatch, batchStatements: maxInFlight, seenCacheSize } = deps.config.webhook
   const writer = new GroupCommit(ingestDeliveries(deps), {

@@ -99,13 +99,20 @@ export type WriteResult = DeliveryResult | 'duplicate'
  * before the answer. If that fails, the deliveries stay stored (parked) and answered 200: `deliveries
  * reapply` applies them later.
  */
-export function ingestDeliveries(deps: { db: Kysely<Database>; settings: ObservationSettings; logger: Logger }) {
+export function ingestDeliveries(deps: {
+  db: Kysely<Database>
+  settings: ObservationSettings
+  logger: Logger
+  /** Told how many deliveries each batch parked (the statistics watch: StatisticsWatch.parkedStored). */
+  onParked?: ((count: number) => void) | undefined
+}) {
   return async (items: readonly DeliveryObservation[]): Promise<WriteResult[]> => {
     const results = await recordDeliveriesAndApply(deps.db, items, deps.settings)
     const parked = items
       .filter((_, index) => results[index] !== 'duplicate' && (results[index] as DeliveryResult).outcome === 'unmatched')
       .map((item) => item.observation)
     if (parked.length === 0) return results
+    deps.onParked?.(parked.length)
     try {
       const existing = await existingOrderReferences(
         deps.db,
