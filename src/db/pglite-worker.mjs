@@ -16,6 +16,8 @@
 /** @import { Transaction } from '@electric-sql/pglite' */
 /** @import { MessagePort } from 'node:worker_threads' */
 /** @import { PgliteRequest, PgliteWorkerData, SerializedError } from './pglite-thread.js' */
+import { closeSync, fsyncSync, openSync, readdirSync } from 'node:fs'
+import path from 'node:path'
 import { setFlagsFromString } from 'node:v8'
 import { runInNewContext } from 'node:vm'
 import { parentPort, workerData } from 'node:worker_threads'
@@ -23,11 +25,60 @@ import { PGlite } from '@electric-sql/pglite'
 
 const port = /** @type {MessagePort} */ (parentPort)
 const { location, startParams, template } = /** @type {PgliteWorkerData} */ (workerData)
+const onDisk = !location.startsWith('memory://')
 
+// Durability on disk. PGlite starts Postgres with fsync off (`-F` among its default parameters), and the file
+// system it gives Postgres over Node's (Emscripten's NODEFS) has no fsync of its own: Postgres's fsync() of a file
+// returns at once and its fdatasync() is a no-op in the WebAssembly's C library. A commit reached the operating
+// system's cache, never the disk: an answered delivery would not survive a power loss or a kernel crash (strace of
+// a commit and a CHECKPOINT: no fsync or fdatasync at all). So on disk Postgres runs with fsync on, syncing its
+// write-ahead log with fsync() (the one that reaches the file system's operations), and the file system is given
+// the fsync it lacks (durableFileSystem), which calls the real one on the file's own descriptor.
 const pglite = new PGlite(location, {
   ...(template ? { loadDataDir: new Blob([template]) } : {}),
-  startParams: [...PGlite.defaultStartParams, ...startParams],
+  startParams: [...PGlite.defaultStartParams, ...startParams, ...(onDisk ? ['-c', 'fsync=on', '-c', 'wal_sync_method=fsync'] : [])],
 })
+
+/**
+ * Gives the file system holding `location` the fsync Postgres's fsync() calls (Emscripten's fd_sync calls the
+ * stream's `fsync` where there is one, and returns success where there is none). Throws where that file system is
+ * not found as expected (a PGlite that mounts it otherwise): the database must not run on disk without it.
+ */
+function durableFileSystem() {
+  const FS = pglite.Module.FS
+  /** @type {{ opts?: { root?: string }, type?: { stream_ops?: Record<string, unknown> } } | undefined} */
+  const mount = FS.root.mount.mounts.find((/** @type {{ opts?: { root?: string } }} */ each) => each.opts?.root === location)
+  const streamOps = mount?.type?.stream_ops
+  if (!streamOps) throw new Error(`PGlite's file system for ${location} was not found: its writes cannot be flushed to disk`)
+  streamOps.fsync = (/** @type {{ nfd?: number }} */ stream) => {
+    if (stream.nfd !== undefined) fsyncSync(stream.nfd)
+    return 0
+  }
+}
+
+/**
+ * Flushes every file and directory under `directory` to disk: what was written before the file system had its
+ * fsync (a new database's files, a template unpacked, a database an older version of the service wrote).
+ * @param {string} directory
+ */
+function flushTree(directory) {
+  for (const entry of readdirSync(directory, { withFileTypes: true })) {
+    const entryPath = path.join(directory, entry.name)
+    if (entry.isDirectory()) flushTree(entryPath)
+    else if (entry.isFile()) flushPath(entryPath)
+  }
+  flushPath(directory)
+}
+
+/** @param {string} target */
+function flushPath(target) {
+  const fd = openSync(target, 'r')
+  try {
+    fsyncSync(fd)
+  } finally {
+    closeSync(fd)
+  }
+}
 
 // Starting the database leaves garbage behind on this thread (its files unpacked, the WebAssembly loaded):
 // 150-190 MB resident that V8 keeps until it decides the thread is idle, 16 s after a start on Node 24.
@@ -171,7 +222,13 @@ port.on('message', (/** @type {PgliteRequest} */ request) => {
   )
 })
 
-pglite.waitReady.then(
-  () => port.postMessage({ ready: true }),
-  (/** @type {unknown} */ error) => port.postMessage({ failed: serializeError(error) }),
-)
+pglite.waitReady
+  .then(() => {
+    if (!onDisk) return
+    durableFileSystem()
+    flushTree(location)
+  })
+  .then(
+    () => port.postMessage({ ready: true }),
+    (/** @type {unknown} */ error) => port.postMessage({ failed: serializeError(error) }),
+  )
