@@ -12,6 +12,12 @@ const ALERTS_FILE = 'deploy/prometheus/alerts.yml'
 const DASHBOARD_FILE = 'deploy/grafana/partner-escrow.json'
 /** Series Prometheus writes itself for every target, not the service. */
 const PROMETHEUS_SERIES = new Set(['up'])
+/**
+ * Series an alert reads only as its threshold or fallback, not as what it watches: PartnerEscrowPruningStalled
+ * compares the time since the last pass (on the dashboard) with three PRUNE_INTERVAL_S, from the start when
+ * no pass finished yet.
+ */
+const ALERT_THRESHOLD_SERIES = new Set(['retention_interval_seconds', 'process_start_time_seconds'])
 
 interface AlertRule {
   alert: string
@@ -25,13 +31,31 @@ function alertRules(): AlertRule[] {
   return file.groups.flatMap((group) => group.rules)
 }
 
+interface Dashboard {
+  panels: { id: number; title: string; gridPos: GridPos; targets?: { expr: string }[] }[]
+  templating: { list: { type: string; query?: unknown }[] }
+}
+
+interface GridPos {
+  x: number
+  y: number
+  w: number
+  h: number
+}
+
+function readDashboard(): Dashboard {
+  return JSON.parse(readFileSync(DASHBOARD_FILE, 'utf8')) as Dashboard
+}
+
+/** The PromQL of the dashboard's panels, without the variables' selectors: what an operator sees drawn. */
+function panelExpressions(): string[] {
+  return readDashboard().panels.flatMap((panel) => (panel.targets ?? []).map((target) => target.expr))
+}
+
 /** Every PromQL expression of the dashboard: panel targets and the variables' label_values() selectors. */
 function dashboardExpressions(): string[] {
-  const dashboard = JSON.parse(readFileSync(DASHBOARD_FILE, 'utf8')) as {
-    panels: { targets?: { expr: string }[] }[]
-    templating: { list: { type: string; query?: unknown }[] }
-  }
-  const targets = dashboard.panels.flatMap((panel) => (panel.targets ?? []).map((target) => target.expr))
+  const dashboard = readDashboard()
+  const targets = panelExpressions()
   const variables = dashboard.templating.list
     .filter((variable) => variable.type === 'query')
     .map((variable) => {
@@ -157,6 +181,38 @@ describe('alert rules and dashboard', () => {
     ]) {
       expect(used.has(name), `${name} is used`).toBe(true)
     }
+  })
+
+  it('draw every metric an alert rule reads on some dashboard panel', () => {
+    // an operator paged by an alert finds its metric's history on the dashboard, not only in Prometheus
+    const onPanels = new Set(panelExpressions().flatMap(metricNames))
+    const missing = alertRules().flatMap((rule) =>
+      metricNames(rule.expr)
+        .filter((name) => !onPanels.has(name) && !ALERT_THRESHOLD_SERIES.has(name))
+        .map((name) => `${name} (alert ${rule.alert})`),
+    )
+    expect(missing).toEqual([])
+    // the check read every rule's expression, and the exceptions are still read by one
+    const watched = new Set(alertRules().flatMap((rule) => metricNames(rule.expr)))
+    expect(watched.size).toBeGreaterThan(15)
+    for (const name of ALERT_THRESHOLD_SERIES) expect(watched.has(name), `${name} is read by an alert`).toBe(true)
+  })
+
+  it('lay the dashboard panels out in 24 columns, none over another, each id once', () => {
+    const panels = readDashboard().panels
+    const overlapping: string[] = []
+    for (const [index, panel] of panels.entries()) {
+      for (const other of panels.slice(index + 1)) {
+        const a = panel.gridPos
+        const b = other.gridPos
+        if (a.x < b.x + b.w && b.x < a.x + a.w && a.y < b.y + b.h && b.y < a.y + a.h) {
+          overlapping.push(`${panel.title} and ${other.title}`)
+        }
+      }
+    }
+    expect(overlapping).toEqual([])
+    expect(panels.filter((panel) => panel.gridPos.x + panel.gridPos.w > 24).map((panel) => panel.title)).toEqual([])
+    expect(new Set(panels.map((panel) => panel.id)).size).toBe(panels.length)
   })
 
   it('finds a renamed metric, a misspelt one inside a function, and a syntax error', async () => {
