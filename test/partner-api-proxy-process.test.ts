@@ -1,9 +1,14 @@
 // `serve` behind an HTTP proxy, as a partner behind a company firewall starts it: the compiled service with
 // HTTP_PROXY / HTTPS_PROXY (and NO_PROXY) set, and the CLI from a second terminal opening a trade, which the
 // service runs and sends to the platform (a sandbox of the test's) through the proxy. Local mode's own
-// sandbox is called directly.
+// sandbox is called directly. An https:// proxy too, with the test CA given in NODE_EXTRA_CA_CERTS: one whose
+// certificate is for another host is the proxy's failure, a platform's refused inside its tunnel the platform's.
 import type { ChildProcess } from 'node:child_process'
 import { once } from 'node:events'
+import { readFileSync } from 'node:fs'
+import net from 'node:net'
+import path from 'node:path'
+import tls from 'node:tls'
 import { afterEach, describe, expect, it } from 'vitest'
 import { createSandbox, type Sandbox } from '../src/sandbox/create-sandbox.js'
 import { freePort, receiverEnv, runCli, spawnCli, waitForLogLine } from './helpers/cli-process.js'
@@ -26,6 +31,7 @@ interface Service {
 const running: ChildProcess[] = []
 const proxies: ConnectProxy[] = []
 const platforms: Sandbox[] = []
+const tlsServers: tls.Server[] = []
 afterEach(async () => {
   for (const child of running.splice(0)) {
     if (child.exitCode === null && child.signalCode === null) {
@@ -35,12 +41,38 @@ afterEach(async () => {
   }
   await Promise.all(proxies.splice(0).map((proxy) => proxy.close()))
   await Promise.all(platforms.splice(0).map((platform) => platform.close()))
+  await Promise.all(tlsServers.splice(0).map((server) => new Promise<void>((resolve) => server.close(() => resolve()))))
 })
 
 async function proxy(options: Parameters<typeof startConnectProxy>[0] = {}): Promise<ConnectProxy> {
   const started = await startConnectProxy(options)
   proxies.push(started)
   return started
+}
+
+const tlsFixtures = path.join(import.meta.dirname, 'fixtures/tls')
+/** The test CA's certificate for 127.0.0.1 and localhost. */
+const testCaCertificate = () => ({
+  cert: readFileSync(path.join(tlsFixtures, 'server.crt')),
+  key: readFileSync(path.join(tlsFixtures, 'server.key')),
+})
+
+/**
+ * An https:// proxy on `host`: TLS with the test CA's certificate in front of a CONNECT proxy, which records the
+ * CONNECTs. The service trusts it given NODE_EXTRA_CA_CERTS; on another address than 127.0.0.1, its name is wrong.
+ */
+async function httpsProxy(host: string): Promise<{ url: string; behind: ConnectProxy }> {
+  const behind = await proxy()
+  const server = tls.createServer(testCaCertificate(), (client) => {
+    const inner = net.connect(behind.port, '127.0.0.1')
+    client.on('error', () => {}).pipe(inner)
+    inner.on('error', () => {}).pipe(client)
+  })
+  // the service refusing the certificate ends the handshake with an alert: expected here
+  server.on('tlsClientError', () => {})
+  tlsServers.push(server)
+  await new Promise<void>((resolve) => server.listen(0, host, resolve))
+  return { url: `https://${host}:${(server.address() as net.AddressInfo).port}`, behind }
 }
 
 // the platform: a sandbox of the test's own, on this machine, reached as a remote platform is (the service's
@@ -130,6 +162,54 @@ describe('serve with HTTP_PROXY set', () => {
     expect(opened.code).toBe(0)
     expect(unused.requests).toEqual([])
     expect(service.stdout()).not.toContain('"proxy"')
+  })
+
+  it('sends the trade through an https:// proxy whose CA it was given (NODE_EXTRA_CA_CERTS)', async () => {
+    const through = await httpsProxy('127.0.0.1')
+    const service = await startService({ HTTP_PROXY: through.url, NODE_EXTRA_CA_CERTS: path.join(tlsFixtures, 'ca.crt') })
+    const opened = await openTrade(service, 'https-proxy-1')
+    expect(opened.stderr).toBe('')
+    expect(opened.code).toBe(0)
+    expect(through.behind.requests).toEqual([{ method: 'CONNECT', target: service.platformHost, proxyAuthorization: undefined }])
+  })
+
+  // undici wraps this refusal (ERR_TLS_CERT_ALTNAME_INVALID) in an error of its own, which read as the
+  // platform's certificate, refused beyond a proxy that had let the call through
+  it('fails the command naming the proxy’s certificate when it is for another host: not sent, check the proxy settings', async () => {
+    const elsewhere = await httpsProxy('127.0.0.2')
+    const service = await startService({ HTTP_PROXY: elsewhere.url, NODE_EXTRA_CA_CERTS: path.join(tlsFixtures, 'ca.crt') })
+    const opened = await openTrade(service, 'https-proxy-2')
+    expect(opened.code).toBe(1)
+    expect(opened.stderr).toContain(
+      `through the proxy ${elsewhere.url}: the TLS certificate of the proxy ${elsewhere.url} was not accepted ` +
+        '(ERR_TLS_CERT_ALTNAME_INVALID); give the proxy URL a host its certificate names.',
+    )
+    expect(opened.stderr).toContain('check HTTPS_PROXY / HTTP_PROXY and NO_PROXY. [not_sent]')
+    expect(opened.stderr).not.toContain("the platform's TLS certificate")
+    expect(elsewhere.behind.requests).toEqual([])
+  })
+
+  it('still names the platform’s certificate when that one is for another host, through an https:// proxy it trusts', async () => {
+    const through = await httpsProxy('127.0.0.1')
+    // the platform's certificate, of the same CA, is for 127.0.0.1 and localhost
+    const platform = tls.createServer(testCaCertificate(), (socket) => socket.end())
+    platform.on('tlsClientError', () => {})
+    tlsServers.push(platform)
+    await new Promise<void>((resolve) => platform.listen(0, '127.0.0.2', resolve))
+    const platformUrl = `https://127.0.0.2:${(platform.address() as net.AddressInfo).port}`
+    const service = await startService({
+      HTTPS_PROXY: through.url,
+      NODE_EXTRA_CA_CERTS: path.join(tlsFixtures, 'ca.crt'),
+      PARTNER_API_BASE_URL: platformUrl,
+    })
+    const opened = await openTrade(service, 'https-proxy-3')
+    expect(opened.code).toBe(1)
+    expect(opened.stderr).toContain(
+      `Could not reach the platform at ${platformUrl} through the proxy ${through.url}: the platform's TLS certificate ` +
+        `was not accepted (ERR_TLS_CERT_ALTNAME_INVALID); `,
+    )
+    expect(opened.stderr).toContain('the proxy let the call through: check PARTNER_API_BASE_URL. [not_sent]')
+    expect(through.behind.requests.map((request) => request.target)).toEqual([new URL(platformUrl).host])
   })
 
   it('fails the command naming the proxy when nothing listens there, and the service keeps running', async () => {

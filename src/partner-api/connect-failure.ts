@@ -21,12 +21,16 @@ export class ConnectFailure extends Error {
   }
 }
 
-/** `connect` with each of its failures marked, a mark from within (the proxy's, in a tunnel) left as it is. */
+/**
+ * `connect` with each of its failures marked, a mark from within (the proxy's, in a tunnel) left as it is: on the
+ * error or on one of its causes, as undici wraps a proxy certificate for another host (ERR_TLS_CERT_ALTNAME_INVALID)
+ * in a SecureProxyConnectionError, which marked again read as the platform's.
+ */
 export function markingFailures(connect: buildConnector.connector, target: ConnectTarget): buildConnector.connector {
   return (options, callback) =>
     connect(options, (...result) => {
       const [error] = result
-      if (error === null || error instanceof ConnectFailure) return callback(...result)
+      if (error === null || connectFailure(error) !== undefined) return callback(...result)
       callback(new ConnectFailure(target, error), null)
     })
 }

@@ -519,8 +519,9 @@ const LOOPBACK = /^(127\.\d+\.\d+\.\d+|localhost|\[::1\])$/i
 
 /**
  * A failure through a proxy. The client connects to the proxy, and the proxy to the platform: a failed connection
- * to the proxy is the proxy's, a refusal of the tunnel (407, 403, 502) means the request never left, and a failure
- * inside the tunnel (the TLS handshake with the platform) is the platform's, as without a proxy.
+ * to the proxy is the proxy's (an https:// proxy's certificate among them), a refusal of the tunnel (407, 403, 502)
+ * means the request never left, and a failure inside the tunnel (the TLS handshake with the platform) is the
+ * platform's, as without a proxy.
  */
 function describeProxyError(error: unknown, proxy: string, target: URL): NetworkFailure {
   const tunnel = causes(error)
@@ -540,8 +541,16 @@ function describeProxyError(error: unknown, proxy: string, target: URL): Network
     const hint = 'is it an https:// proxy, or no proxy at all?'
     return { reason: `the proxy ${proxy} closed the connection without answering CONNECT ${target.host} (${hint})`, notSent: true }
   }
+  if (connectFailure(error)?.target === 'proxy') {
+    const certificate = refusedCertificateCode(error)
+    if (certificate !== undefined) {
+      const hint = certificate === 'ERR_TLS_CERT_ALTNAME_INVALID' ? 'give the proxy URL a host its certificate names' : OWN_CA_HINT
+      return { reason: `the TLS certificate of the proxy ${proxy} was not accepted (${certificate}); ${hint}`, notSent: true, lasting: true }
+    }
+    const { reason, lasting } = describeNetworkError(error)
+    return { reason: `could not connect to the proxy ${proxy} (${reason})`, notSent: true, lasting }
+  }
   const { reason, notSent, lasting } = describeNetworkError(error)
-  if (connectFailure(error)?.target === 'proxy') return { reason: `could not connect to the proxy ${proxy} (${reason})`, notSent: true, lasting }
   return { reason: `${reason} (through the proxy ${proxy})`, notSent, lasting, beyondProxy: true }
 }
 
