@@ -46,12 +46,18 @@ const pglite = new PGlite(location, {
  */
 function durableFileSystem() {
   const FS = pglite.Module.FS
-  /** @type {{ opts?: { root?: string }, type?: { stream_ops?: Record<string, unknown> } } | undefined} */
+  /** @typedef {{ stream_ops?: Record<string, unknown>, tryFSOperation?: (operation: () => void) => void }} NodeFileSystem */
+  /** @type {{ opts?: { root?: string }, type?: NodeFileSystem } | undefined} */
   const mount = FS.root.mount.mounts.find((/** @type {{ opts?: { root?: string } }} */ each) => each.opts?.root === location)
-  const streamOps = mount?.type?.stream_ops
-  if (!streamOps) throw new Error(`PGlite's file system for ${location} was not found: its writes cannot be flushed to disk`)
-  streamOps.fsync = (/** @type {{ nfd?: number }} */ stream) => {
-    if (stream.nfd !== undefined) fsyncSync(stream.nfd)
+  const fileSystem = mount?.type
+  const tryOperation = fileSystem?.tryFSOperation
+  if (!fileSystem?.stream_ops || !tryOperation) {
+    throw new Error(`PGlite's file system for ${location} was not found: its writes cannot be flushed to disk`)
+  }
+  // a failure is given to Postgres as an errno, as the file system's reads and writes give theirs (tryFSOperation)
+  fileSystem.stream_ops.fsync = (/** @type {{ nfd?: number }} */ stream) => {
+    const descriptor = stream.nfd
+    if (descriptor !== undefined) tryOperation(() => fsyncSync(descriptor))
     return 0
   }
 }
