@@ -6,11 +6,12 @@
 import { type ChildProcess, spawn, spawnSync } from 'node:child_process'
 import { randomUUID } from 'node:crypto'
 import { once } from 'node:events'
-import { mkdtempSync, readFileSync, rmSync } from 'node:fs'
+import { mkdtempSync, readdirSync, readFileSync, rmSync } from 'node:fs'
 import { tmpdir } from 'node:os'
 import path from 'node:path'
 import { afterAll, describe, expect, it } from 'vitest'
-import { childEnv, receiverEnv, waitForLogLine } from './helpers/cli-process.js'
+import { childEnv, jsonLogLines, receiverEnv, waitForLogLine } from './helpers/cli-process.js'
+import { migratedDataDir } from './helpers/data-dir-template.js'
 import { signBody, tradePayload } from './helpers/webhook-delivery.js'
 
 const root = path.resolve(import.meta.dirname, '..')
@@ -83,5 +84,44 @@ describe.skipIf(!canTrace)('the compiled serve on embedded PGlite on disk', () =
     // and the files written before the file system had its fsync (the new database's) were flushed at the start
     expect(calls.filter((call) => call.file.endsWith(`${path.sep}global${path.sep}pg_control`)).length).toBeGreaterThanOrEqual(1)
     expect(calls.filter((call) => /\/base\/\d+\/\d+$/.test(call.file)).length).toBeGreaterThan(100)
+  })
+  // A disk that fails a flush (EIO, injected by strace into the write-ahead log's fsync once the service is ready):
+  // Postgres would stop there, as what it wrote may not be on disk. PGlite, given the error, answered neither that
+  // statement nor any after it and spun a core, with nothing logged, and /healthz still said ok
+  it('stops the embedded database when a flush to disk fails: the delivery is not answered 200, /readyz and one error line name the file', async () => {
+    const directory = mkdtempSync(path.join(tmpdir(), 'durability-eio-'))
+    directories.push(directory)
+    const dataDir = migratedDataDir('durability-eio-data-')
+    const wal = path.join(dataDir, 'pglite', 'pg_wal')
+    const [segment] = readdirSync(wal).filter((name) => /^[0-9A-F]{24}$/.test(name))
+    // -P: only the calls on that segment are traced and counted; its first fsync is the start's flush of every file
+    const child = spawn(
+      'strace',
+      ['-f', '-P', path.join(wal, segment!), '-e', 'trace=fsync', '-e', 'inject=fsync:error=EIO:when=2+', '-o', path.join(directory, 'trace'),
+        process.execPath, path.join(root, 'dist/src/cli.js'), 'serve'],
+      { cwd: root, env: childEnv(receiverEnv(dataDir)), stdio: 'pipe' },
+    )
+    children.push(child)
+    const lines = jsonLogLines(child)
+    const { url } = await waitForLogLine(child, 'service listening', 120_000)
+    const body = JSON.stringify(tradePayload(`eio-${randomUUID()}`, 'funded'))
+    const answer = await fetch(`${String(url)}/webhooks/partner`, {
+      method: 'POST',
+      headers: { 'content-type': 'application/json', 'x-partner-delivery-id': randomUUID(), 'x-partner-signature': signBody(body) },
+      body,
+      // a delivery with no answer in this long is taken as one that never gets one (the fault this test is about)
+      signal: AbortSignal.timeout(60_000),
+    })
+    expect(answer.status).toBe(503)
+    const ready = await fetch(`${String(url)}/readyz`)
+    expect(ready.status).toBe(503)
+    expect(await ready.text()).toContain(`could not flush pg_wal/${segment} to disk (EIO)`)
+    expect(lines.filter((line) => line.msg === 'the embedded database stopped')).toEqual([
+      expect.objectContaining({ reason: `could not flush pg_wal/${segment} to disk (EIO); check the disk, then restart the service` }),
+    ])
+    const service = Number(spawnSync('pgrep', ['-P', String(child.pid)], { encoding: 'utf8' }).stdout.trim().split('\n')[0])
+    const exited = once(child, 'exit')
+    process.kill(service, 'SIGTERM')
+    await exited
   })
 })

@@ -50,6 +50,8 @@ type WorkerMessage =
   | { notify: number; payload: string }
   | { ready: true }
   | { failed: SerializedError }
+  /** A flush to disk failed (the file's path inside the database, Node's error code): the database must stop. */
+  | { flushFailed: { file: string; code: string } }
   // Node's watch mode (`npm run dev`) has every thread post the files it imports to its parent, since Node 24
   | { 'watch:import': string[] }
 
@@ -93,6 +95,14 @@ export function embeddedDatabaseStopReason(error: unknown): string | undefined {
 // statements fail at once (503), and what was committed is in DATA_DIR for the next start.
 function isWalWriteFailure({ message, fields }: SerializedError): boolean {
   return fields.code === '53100' && message.includes('pg_wal/')
+}
+
+// A flush to disk that failed (EIO from a failing disk): Postgres stops there (PANIC) and starts again from its log,
+// since what it wrote may not be on disk; PGlite answered neither the statement nor any after it, and spun a core
+// (strace injecting EIO into one fsync). The worker says so the moment it happens, and the thread is closed: what
+// was answered before is on disk, the statement under way is answered 503, and its delivery is sent again.
+function flushFailure({ file, code }: { file: string; code: string }): string {
+  return `could not flush ${file} to disk (${code}); check the disk, then restart the service`
 }
 
 function rebuildError({ name, message, fields }: SerializedError): Error {
@@ -149,6 +159,7 @@ export class PgliteThread {
         else if ('notify' in message) this.notifications.get(message.notify)?.(message.payload)
         else if ('ready' in message) resolve()
         else if ('failed' in message) reject(startFailure(location, rebuildError(message.failed)))
+        else if ('flushFailed' in message) this.fail?.(flushFailure(message.flushFailed))
       })
       const stopped = (reason: string) => {
         const wasOpen = !this.closed

@@ -47,17 +47,28 @@ const pglite = new PGlite(location, {
 function durableFileSystem() {
   const FS = pglite.Module.FS
   /** @typedef {{ stream_ops?: Record<string, unknown>, tryFSOperation?: (operation: () => void) => void }} NodeFileSystem */
-  /** @type {{ opts?: { root?: string }, type?: NodeFileSystem } | undefined} */
+  /** @type {{ mountpoint?: string, opts?: { root?: string }, type?: NodeFileSystem } | undefined} */
   const mount = FS.root.mount.mounts.find((/** @type {{ opts?: { root?: string } }} */ each) => each.opts?.root === location)
   const fileSystem = mount?.type
   const tryOperation = fileSystem?.tryFSOperation
   if (!fileSystem?.stream_ops || !tryOperation) {
     throw new Error(`PGlite's file system for ${location} was not found: its writes cannot be flushed to disk`)
   }
-  // a failure is given to Postgres as an errno, as the file system's reads and writes give theirs (tryFSOperation)
-  fileSystem.stream_ops.fsync = (/** @type {{ nfd?: number }} */ stream) => {
+  // A failure is told to the service's thread at once (pglite-thread.ts closes this one: a database whose writes
+  // may not be on disk must stop, and PGlite, given the errno, answers nothing more), and given to Postgres as an
+  // errno, as the file system's reads and writes give theirs (tryFSOperation)
+  fileSystem.stream_ops.fsync = (/** @type {{ nfd?: number, path?: string }} */ stream) => {
     const descriptor = stream.nfd
-    if (descriptor !== undefined) tryOperation(() => fsyncSync(descriptor))
+    if (descriptor === undefined) return 0
+    tryOperation(() => {
+      try {
+        fsyncSync(descriptor)
+      } catch (error) {
+        const file = path.relative(mount?.mountpoint ?? '/', stream.path ?? '') || '(a file of the database)'
+        port.postMessage({ flushFailed: { file, code: String(/** @type {NodeJS.ErrnoException} */ (error).code ?? 'unknown') } })
+        throw error
+      }
+    })
     return 0
   }
 }
@@ -68,7 +79,7 @@ function durableFileSystem() {
  * @param {string} directory
  */
 function flushTree(directory) {
-  for (const entry of readdirSync(directory, { withFileTypes: true })) {
+  for (const entry of unlessUnreadable(() => readdirSync(directory, { withFileTypes: true })) ?? []) {
     const entryPath = path.join(directory, entry.name)
     if (entry.isDirectory()) flushTree(entryPath)
     else if (entry.isFile()) flushPath(entryPath)
@@ -78,11 +89,30 @@ function flushTree(directory) {
 
 /** @param {string} target */
 function flushPath(target) {
-  const fd = openSync(target, 'r')
+  const fd = unlessUnreadable(() => openSync(target, 'r'))
+  if (fd === undefined) return
   try {
     fsyncSync(fd)
   } finally {
     closeSync(fd)
+  }
+}
+
+/**
+ * `read()`, or undefined where the entry cannot be read (no permission) or is gone: a file an operator left there is
+ * not the database's, and one of the database's own that Postgres cannot read stops its start, naming it. Refusing
+ * the start here told the operator to restore an intact database from a backup.
+ * @template T
+ * @param {() => T} read
+ * @returns {T | undefined}
+ */
+function unlessUnreadable(read) {
+  try {
+    return read()
+  } catch (error) {
+    const code = /** @type {NodeJS.ErrnoException} */ (error).code
+    if (code === 'EACCES' || code === 'EPERM' || code === 'ENOENT') return undefined
+    throw error
   }
 }
 
