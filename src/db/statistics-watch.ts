@@ -205,7 +205,11 @@ export function watchStatistics({
       parkedSince += count
       if (parkedSince < PARKED_SLACK || countingParked || stopping.signal.aborted) return
       countingParked = lookAtParked()
-        .catch((error: unknown) => logger.warn({ err: loggableError(error) }, 'cannot count the parked deliveries; the next look tries again'))
+        .catch((error: unknown) => {
+          // one line until a look succeeds, as the looks' own failures
+          if (!failing) logger.warn({ err: loggableError(error) }, 'cannot count the parked deliveries; the next look tries again')
+          failing = true
+        })
         .finally(() => {
           countingParked = undefined
         })
