@@ -37,10 +37,27 @@ function flushes(traceFile: string): Flush[] {
 describe.skipIf(!canTrace)('the compiled serve on embedded PGlite on disk', () => {
   const directories: string[] = []
   const children: ChildProcess[] = []
+  // the services strace runs: killing strace leaves its child running, so a test that failed kills both
+  const services: number[] = []
   afterAll(() => {
+    for (const pid of services) {
+      try {
+        process.kill(pid, 'SIGKILL')
+      } catch {
+        // exited already
+      }
+    }
     for (const child of children) child.kill('SIGKILL')
     for (const directory of directories) rmSync(directory, { recursive: true, force: true })
   })
+
+  /** The pid of the service strace started (its child), remembered for the clean-up. */
+  const serviceOf = (child: ChildProcess) => {
+    const pid = Number(spawnSync('pgrep', ['-P', String(child.pid)], { encoding: 'utf8' }).stdout.trim().split('\n')[0])
+    expect(pid).toBeGreaterThan(0)
+    services.push(pid)
+    return pid
+  }
 
   it('answers a delivery 200 after its commit was flushed to disk (an fsync of the write-ahead log between the send and the answer)', async () => {
     const directory = mkdtempSync(path.join(tmpdir(), 'durability-'))
@@ -54,6 +71,7 @@ describe.skipIf(!canTrace)('the compiled serve on embedded PGlite on disk', () =
     )
     children.push(child)
     const { url } = await waitForLogLine(child, 'service listening', 120_000)
+    const service = serviceOf(child)
 
     const windows: { sentS: number; answeredS: number }[] = []
     for (const status of ['created', 'funded', 'delivered']) {
@@ -69,8 +87,6 @@ describe.skipIf(!canTrace)('the compiled serve on embedded PGlite on disk', () =
       windows.push({ sentS, answeredS })
     }
     // the service stopped as an operator stops it; strace ends with it, its lines written
-    const service = Number(spawnSync('pgrep', ['-P', String(child.pid)], { encoding: 'utf8' }).stdout.trim().split('\n')[0])
-    expect(service).toBeGreaterThan(0)
     const exited = once(child, 'exit')
     process.kill(service, 'SIGTERM')
     await exited
@@ -104,6 +120,7 @@ describe.skipIf(!canTrace)('the compiled serve on embedded PGlite on disk', () =
     children.push(child)
     const lines = jsonLogLines(child)
     const { url } = await waitForLogLine(child, 'service listening', 120_000)
+    const service = serviceOf(child)
     const body = JSON.stringify(tradePayload(`eio-${randomUUID()}`, 'funded'))
     const answer = await fetch(`${String(url)}/webhooks/partner`, {
       method: 'POST',
@@ -119,7 +136,6 @@ describe.skipIf(!canTrace)('the compiled serve on embedded PGlite on disk', () =
     expect(lines.filter((line) => line.msg === 'the embedded database stopped')).toEqual([
       expect.objectContaining({ reason: `could not flush pg_wal/${segment} to disk (EIO); check the disk, then restart the service` }),
     ])
-    const service = Number(spawnSync('pgrep', ['-P', String(child.pid)], { encoding: 'utf8' }).stdout.trim().split('\n')[0])
     const exited = once(child, 'exit')
     process.kill(service, 'SIGTERM')
     await exited
