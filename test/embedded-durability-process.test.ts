@@ -10,7 +10,7 @@ import { mkdtempSync, readdirSync, readFileSync, rmSync } from 'node:fs'
 import { tmpdir } from 'node:os'
 import path from 'node:path'
 import { afterAll, describe, expect, it } from 'vitest'
-import { childEnv, jsonLogLines, receiverEnv, waitForLogLine } from './helpers/cli-process.js'
+import { childEnv, jsonLogLines, killLeftovers, receiverEnv, waitForLogLine } from './helpers/cli-process.js'
 import { migratedDataDir } from './helpers/data-dir-template.js'
 import { signBody, tradePayload } from './helpers/webhook-delivery.js'
 
@@ -40,14 +40,7 @@ describe.skipIf(!canTrace)('the compiled serve on embedded PGlite on disk', () =
   // the services strace runs: killing strace leaves its child running, so a test that failed kills both
   const services: number[] = []
   afterAll(() => {
-    for (const pid of services) {
-      try {
-        process.kill(pid, 'SIGKILL')
-      } catch {
-        // exited already
-      }
-    }
-    for (const child of children) child.kill('SIGKILL')
+    killLeftovers(children, services)
     for (const directory of directories) rmSync(directory, { recursive: true, force: true })
   })
 

@@ -10,7 +10,7 @@ import { type ChildProcess, spawn, spawnSync } from 'node:child_process'
 import { once } from 'node:events'
 import path from 'node:path'
 import { afterAll, describe, expect, it } from 'vitest'
-import { childEnv, freePort, receiverEnv } from './helpers/cli-process.js'
+import { childEnv, freePort, killLeftovers, receiverEnv } from './helpers/cli-process.js'
 import { migratedDataDir } from './helpers/data-dir-template.js'
 import { signBody, tradePayload } from './helpers/webhook-delivery.js'
 
@@ -24,16 +24,7 @@ type Mode = 'session' | 'detached'
 describe.skipIf(!hasPython)('the compiled serve when its terminal is closed', () => {
   const children: ChildProcess[] = []
   const pids: number[] = []
-  afterAll(() => {
-    for (const pid of pids) {
-      try {
-        process.kill(pid, 'SIGKILL')
-      } catch {
-        // already gone
-      }
-    }
-    for (const child of children) child.kill('SIGKILL')
-  })
+  afterAll(() => killLeftovers(children, pids))
 
   async function start(mode: Mode, logPretty: boolean) {
     const port = await freePort()

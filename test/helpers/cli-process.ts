@@ -121,6 +121,21 @@ export async function runCli(args: string[], env: Record<string, string>, option
 }
 
 /**
+ * Kills, without waiting, what a test file started and may have left running (an afterAll's clean-up): its children,
+ * and processes known by pid only (a child's own child: killing strace leaves the service it runs running).
+ */
+export function killLeftovers(children: ChildProcess[], pids: number[] = []): void {
+  for (const pid of pids) {
+    try {
+      process.kill(pid, 'SIGKILL')
+    } catch {
+      // gone already
+    }
+  }
+  for (const child of children) child.kill('SIGKILL')
+}
+
+/**
  * Signals a child and waits for it to exit, at once if it has exited already: an `afterAll` that waited for the
  * 'exit' of a service that had failed to start hung for the whole hook timeout.
  */
