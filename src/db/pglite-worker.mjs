@@ -16,6 +16,7 @@
 /** @import { Transaction } from '@electric-sql/pglite' */
 /** @import { MessagePort } from 'node:worker_threads' */
 /** @import { PgliteRequest, PgliteWorkerData, SerializedError } from './pglite-thread.js' */
+import { spawnSync } from 'node:child_process'
 import { closeSync, fsyncSync, openSync, readdirSync } from 'node:fs'
 import path from 'node:path'
 import { setFlagsFromString } from 'node:v8'
@@ -74,8 +75,21 @@ function durableFileSystem() {
 }
 
 /**
- * Flushes every file and directory under `directory` to disk: what was written before the file system had its
- * fsync (a new database's files, a template unpacked, a database an older version of the service wrote).
+ * Flushes the database's files to disk: what was written before the file system had its fsync (a new database's
+ * files, a template unpacked, a database an older version of the service wrote). One syncfs of the file system that
+ * holds them (`sync --file-system`, coreutils): a journal commit for all of them, where an fsync of each of the 1,064
+ * files of a freshly copied database took 424 ms against 59 ms, and many seconds under another program's writes
+ * (a stop during the start waited for it past the service's 10-s limit). Each file in turn where that command is
+ * missing or fails.
+ * @param {string} directory
+ */
+function flushDatabase(directory) {
+  if (spawnSync('sync', ['--file-system', directory], { stdio: 'ignore' }).status === 0) return
+  flushTree(directory)
+}
+
+/**
+ * Flushes every file and directory under `directory` to disk, one at a time.
  * @param {string} directory
  */
 function flushTree(directory) {
@@ -262,7 +276,7 @@ pglite.waitReady
   .then(() => {
     if (!onDisk) return
     durableFileSystem()
-    flushTree(location)
+    flushDatabase(location)
   })
   .then(
     () => port.postMessage({ ready: true }),
