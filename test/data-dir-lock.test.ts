@@ -7,6 +7,7 @@ import { once } from 'node:events'
 import { createHash } from 'node:crypto'
 import { existsSync, readFileSync, utimesSync, writeFileSync } from 'node:fs'
 import path from 'node:path'
+import { pathToFileURL } from 'node:url'
 import { afterAll, describe, expect, it } from 'vitest'
 import { DatabaseInUseError, openDatabase } from '../src/db/open-database.js'
 import { migratedDataDir } from './helpers/data-dir-template.js'
@@ -50,16 +51,20 @@ describe.skipIf(!onLinux)('the embedded database’s lock', () => {
       const dataDir = migratedDataDir('lock-race-')
       if (stale) writeFileSync(lockFile(dataDir), stale)
       // a blocking read of stdin: the racers wait without a core each, and all wake when the test writes (an error
-      // other than the refusal prints its stack on the test's stderr: once, under a loaded machine, the one racer
-      // that was not refused failed with a plain Error)
-      const script =
-        `import { readSync } from 'node:fs'; import { openDatabase } from './src/db/open-database.ts';` +
-        `console.log('ready'); readSync(0, Buffer.alloc(1));` +
-        `try { const database = openDatabase({ dataDir: ${JSON.stringify(dataDir)} }); console.log('locked');` +
-        ` await new Promise((resolve) => setTimeout(resolve, 1500)); await database.close() }` +
-        ` catch (error) { console.log(error.name); if (error.name !== 'DatabaseInUseError') console.error(error.stack) }`
+      // other than the refusal prints its stack on the test's stderr). The script is a file: given with `-e` and
+      // `--input-type=module`, the option reached the database's thread, which could not start ("--input-type can
+      // only be used with string input"), and a winner that closed before that failure arrived failed its close
+      const script = path.join(dataDir, 'racer.mts')
+      writeFileSync(
+        script,
+        `import { readSync } from 'node:fs'; import { openDatabase } from ${JSON.stringify(pathToFileURL(path.join(root, 'src/db/open-database.ts')).href)};` +
+          `console.log('ready'); readSync(0, Buffer.alloc(1));` +
+          `try { const database = openDatabase({ dataDir: ${JSON.stringify(dataDir)} }); console.log('locked');` +
+          ` await new Promise((resolve) => setTimeout(resolve, 1500)); await database.close() }` +
+          ` catch (error) { console.log(error.name); if (error.name !== 'DatabaseInUseError') console.error(error.stack) }`,
+      )
       const children = Array.from({ length: 6 }, () =>
-        spawn(process.execPath, ['--import', 'tsx', '--input-type=module', '-e', script], { cwd: root, stdio: ['pipe', 'pipe', 'inherit'] }),
+        spawn(process.execPath, ['--import', 'tsx', script], { cwd: root, stdio: ['pipe', 'pipe', 'inherit'] }),
       )
       const outputs = children.map(() => '')
       const ready = children.map(
