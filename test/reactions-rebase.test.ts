@@ -147,6 +147,8 @@ describe('stream positions of another server (a restore), and `reactions rebase`
     expect(dryRun.stdout).toContain('nothing was changed (--dry-run)')
     expect(await positions(database.db)).toEqual(before)
 
+    // from here on a held-back warning may be true: another session on a shared server can hold its transaction open
+    const rebasedAt = logEntries().length
     const rebase = await runCommand(['reactions', 'rebase'], database.db)
     expect(rebase).toEqual(expect.objectContaining({ code: 0, stderr: '' }))
     expect(rebase.stdout).toMatch(/^shifted every reaction stream position back by \d+ transaction ids/)
@@ -176,7 +178,8 @@ describe('stream positions of another server (a restore), and `reactions rebase`
     expect(ofOrder('rb-2')).toEqual(['rb-2:created', 'rb-2:funded', 'rb-2:delivered', 'rb-2:released'])
     expect(ofOrder('rb-3')).toEqual(['rb-3:created'])
     expect(ofOrder('rb-4')).toEqual(['rb-4:created'])
-    expect(linesSince().filter((entry) => HELD_BACK.test(String(entry.msg)))).toEqual([])
+    // while the positions were ahead, nothing read as held back (a transaction's to end)
+    expect(logEntries().slice(firstLine, rebasedAt).filter((entry) => HELD_BACK.test(String(entry.msg)))).toEqual([])
 
     // nothing ahead any more: the command says so and changes nothing
     const again = await runCommand(['reactions', 'rebase'], database.db)
