@@ -2,7 +2,8 @@
 // answer, handled as any invalid create answer: nothing is linked, the create is marked unknown (it may have made a
 // trade), and `trades open` exits 1 with [outcome_unknown]. Stored, such an id made every later `trades fund` and
 // `trades get` of the order exit 2 "Invalid request: trade_id: is not a valid platform id", as if the operator had
-// mistyped, and the poller backed the order off for good.
+// mistyped, and the poller backed the order off for good. One stored by such a version now makes them exit 1
+// [unusable_trade_id], saying it is the stored id that no request can carry, and sending nothing.
 import { afterAll, beforeAll, describe, expect, it } from 'vitest'
 import type { CliContext } from '../src/cli/cli-context.js'
 import { runCommandWith } from './helpers/cli-in-process.js'
@@ -62,6 +63,26 @@ describe('trades open answered with a trade id no path can carry', () => {
       const result = await runCommandWith(['trades', command, 'ids-later'], context)
       expect(result.code).toBe(1)
       expect(result.stderr).toMatch(/^Order ids-later has no trade yet.* \[no_trade\]\n$/)
+    }
+    expect(platform.requests.length).toBe(sent)
+  })
+
+  it.each([['..'], ['   ']])('says a stored trade id %j is the order’s, not a bad argument: exit 1 [unusable_trade_id], nothing sent', async (stored) => {
+    answeredTradeId = `trd_stored_${platform.requests.length}`
+    const reference = `ids-stored-${platform.requests.length}`
+    expect((await open(reference)).code).toBe(0)
+    // what a version that took such an id from an answer or a webhook left in the table
+    await database.db.updateTable('orders').set({ tradeId: stored }).where('externalReference', '=', reference).execute()
+    const sent = platform.requests.length
+    for (const command of ['fund', 'get']) {
+      const result = await runCommandWith(['trades', command, reference], context)
+      expect(result.code).toBe(1)
+      expect(result.stdout).toBe('')
+      expect(result.stderr).toBe(
+        `Order ${reference} is linked to the trade id ${JSON.stringify(stored)}, which no request can carry in its path ` +
+          "(stored by a version that did not refuse it): nothing was sent, and this service cannot reach the order's " +
+          "trade. Act on the trade in the platform's dashboard or through its support [unusable_trade_id]\n",
+      )
     }
     expect(platform.requests.length).toBe(sent)
   })

@@ -3,7 +3,7 @@
 import { findOrderByExternalReference } from '../orders/order.repository.js'
 import type { TradeRecord } from '../partner-api/types.js'
 import type { TradeDeps } from './trade-deps.js'
-import { answerMismatch, TradeOperationError } from './trade-operation-error.js'
+import { answerMismatch, TradeOperationError, usableTradeId } from './trade-operation-error.js'
 
 export async function getTradeForOrder(
   { db, client, logger }: Pick<TradeDeps, 'db' | 'client' | 'logger'>,
@@ -17,7 +17,7 @@ export async function getTradeForOrder(
       `Order ${externalReference} has no trade yet (trade create state: ${order.tradeCreateState})`,
     )
   }
-  const trade = await client.getTrade(order.tradeId)
+  const trade = await client.getTrade(usableTradeId(externalReference, order.tradeId))
   // a record of another trade, or of the order's trade filed under another order's reference, is not this order's
   // trade: shown, it would pass for it. The rule every applied answer is held to (apply-observation.ts), and the
   // poller flags such an answer trade_mismatch

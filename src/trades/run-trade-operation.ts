@@ -21,7 +21,7 @@ import type {
   TradeRecord,
 } from '../partner-api/types.js'
 import type { PartnerTradeApi, TradeDeps } from './trade-deps.js'
-import { answerMismatch, stoppedBeforeSending, TradeOperationError } from './trade-operation-error.js'
+import { answerMismatch, stoppedBeforeSending, TradeOperationError, usableTradeId } from './trade-operation-error.js'
 
 export type TradeOperation =
   | { kind: 'fund' | 'deliver' | 'release' | 'cancel' }
@@ -58,7 +58,7 @@ export async function runTradeOperation<O extends TradeOperation>(
         : ': open one first with `trades open`'
     throw new TradeOperationError('no_trade', `Order ${externalReference} has no trade yet${hint}`)
   }
-  const tradeId = order.tradeId
+  const tradeId = usableTradeId(externalReference, order.tradeId)
   const schedulePoll = (executor: typeof db) =>
     schedulePollAfterApiCall(executor, order.id, {
       at: new Date(clock.now() + settings.expectedWebhookS * 1000),

@@ -2,6 +2,7 @@
 // why what the platform answered was not applied.
 import type { Order } from '../orders/order.js'
 import type { TradeRecord } from '../partner-api/types.js'
+import { isPathId } from '../partner-api/field-rules.js'
 import { printable } from '../printable.js'
 
 export type TradeOperationErrorCode =
@@ -19,6 +20,8 @@ export type TradeOperationErrorCode =
   | 'answer_mismatch'
   /** A stop (the operator's Ctrl-C) came before the call was sent: nothing was sent. */
   | 'stopped'
+  /** The order's stored trade id cannot be put in a request's path ("..", blank): stored before such ids were refused. */
+  | 'unusable_trade_id'
 
 export class TradeOperationError extends Error {
   override name = 'TradeOperationError'
@@ -35,6 +38,21 @@ export function tradeExists(order: Pick<Order, 'externalReference' | 'tradeId' |
   return new TradeOperationError(
     'trade_exists',
     `Order ${order.externalReference} already has trade ${order.tradeId} (${order.tradeStatus ?? 'status unknown'})`,
+  )
+}
+
+/**
+ * The order's trade id, where a request's path can carry it. One the client refuses there ("..", ".", blank) was
+ * stored by a version that took it from an answer or a webhook: every call on the order failed as a bad argument
+ * (exit 2, "Invalid request: trade_id"), as if the operator had mistyped. It is the stored value that is wrong.
+ */
+export function usableTradeId(externalReference: string, tradeId: string): string {
+  if (isPathId(tradeId)) return tradeId
+  throw new TradeOperationError(
+    'unusable_trade_id',
+    `Order ${externalReference} is linked to the trade id ${printable(JSON.stringify(tradeId))}, which ` +
+      'no request can carry in its path (stored by a version that did not refuse it): nothing was sent, and this ' +
+      "service cannot reach the order's trade. Act on the trade in the platform's dashboard or through its support",
   )
 }
 
