@@ -195,6 +195,56 @@ describe('the service during a burst of parked deliveries', () => {
   })
 })
 
+// A burst's count that cannot run (the database away, an analyze that cannot get its lock) said it once per 1,000
+// parked deliveries: 22 lines in 32 s. It is one line until a look succeeds, as the looks' own failures are.
+describe('the burst count while the database fails it', () => {
+  const database = useTestDatabase({ poolSize: 1 })
+
+  it('says so once, however many bursts fail, and again only after a look has worked', async () => {
+    let away = true
+    // statements refused while away
+    let refused = 0
+    // every statement of the watch fails while `away`, before it reaches the database
+    const db = database.db.withPlugin({
+      transformQuery: (args) => {
+        if (away) {
+          refused += 1
+          throw new Error('connect ECONNREFUSED 127.0.0.1:5432')
+        }
+        return args.node
+      },
+      transformResult: async (args) => args.result,
+    })
+    const clock = new FakeClock()
+    const watch = watchStatistics({ db, logger: testLogger(), clock })
+    const lines = logEntries().length
+    const failures = () => logEntries().slice(lines).filter((line) => line.msg === 'cannot count the parked deliveries; the next look tries again')
+    try {
+      for (let burst = 0; burst < 5; burst++) {
+        watch.parkedStored(1_000)
+        // each burst's count ran, and failed: one ended before the next burst came
+        await eventually(() => refused === burst + 1, 'the burst is counted')
+        await eventually(() => failures().length >= 1, 'the failed count is said')
+        await new Promise((resolve) => setImmediate(resolve))
+      }
+      expect(failures()).toHaveLength(1)
+      expect(failures()[0]).toEqual(expect.objectContaining({ level: 40, err: expect.objectContaining({ message: expect.stringContaining('ECONNREFUSED') }) }))
+
+      // a look that works: said, and a later failure is said again
+      away = false
+      await eventually(() => clock.pendingSleepers > 0, 'the watch waits its interval')
+      await clock.advance(STATISTICS_CHECK_INTERVAL_MS)
+      await eventually(() => logEntries().slice(lines).some((line) => line.msg === 'the planner statistics watch works again'), 'the look works')
+      away = true
+      watch.parkedStored(1_000)
+      await eventually(() => failures().length === 2, 'the next failed count is said')
+    } finally {
+      away = false
+      await watch.stop()
+    }
+  })
+})
+
 // PGlite has no autovacuum: the service keeps the statistics itself (db/statistics-watch.ts)
 describe('the embedded database as its deliveries grow', () => {
   const database = useTestDatabase({ kind: 'pglite' })
