@@ -20,6 +20,12 @@ if (major < 20 || (major === 20 && minor < 19)) {
 ignoreGoneOutput()
 
 const args = process.argv.slice(2)
+// an argument whose bytes are not UTF-8 would be taken as Node decoded it, with U+FFFD in it (cli/raw-arguments.ts)
+const notUtf8 = (await import('./cli/raw-arguments.js')).argumentNotUtf8(args)
+if (notUtf8) {
+  process.stderr.write(`${notUtf8}\n`)
+  process.exit(2)
+}
 try {
   // while a service runs from DATA_DIR, commands that need the database are run by that process
   const forwarded = await forwardToLocalService(args)
