@@ -19,17 +19,41 @@ const root = path.resolve(import.meta.dirname, '..')
 const canTrace = spawnSync('strace', ['-f', '-o', '/dev/null', 'true']).status === 0
 
 interface Flush {
-  /** Seconds since the epoch, with microseconds (strace -ttt). */
+  /** When the call began, in seconds since the epoch, with microseconds (strace -ttt). */
   atS: number
+  /** When it returned, where strace timed it (-T): a return strace delayed (inject delay_exit) comes that much later. */
+  endS?: number
+  /** strace delayed its return. */
+  delayed: boolean
   file: string
 }
 
-/** The fsync and fdatasync calls strace wrote (`-y`: each descriptor's path), that returned 0. */
+/**
+ * The fsync and fdatasync calls strace wrote (`-y`: each descriptor's path), that returned 0. A call another thread's
+ * traced call interrupted is written in two lines (`<unfinished ...>`, then `<... fsync resumed>`): joined here.
+ */
 function flushes(traceFile: string): Flush[] {
   const calls: Flush[] = []
+  const unfinished = new Map<string, { atS: number; file: string }>()
+  const returned = (atS: number, file: string, rest: string) => {
+    if (!/^\s+= 0(?:\s|$)/.test(rest)) return
+    const took = /<(\d+\.\d+)>\s*$/.exec(rest)
+    calls.push({ atS, file, delayed: rest.includes('(DELAYED)'), ...(took ? { endS: atS + Number(took[1]) } : {}) })
+  }
   for (const line of readFileSync(traceFile, 'utf8').split('\n')) {
-    const call = /^\d+\s+(\d+\.\d+) (?:f(?:data)?sync|syncfs)\(\d+<([^>]*)>\)\s+= 0/.exec(line)
-    if (call) calls.push({ atS: Number(call[1]), file: call[2]! })
+    const call = /^(\d+)\s+(\d+\.\d+) (?:f(?:data)?sync|syncfs)\(\d+<([^>]*)>(.*)$/.exec(line)
+    if (call) {
+      const [, pid, at, file, rest] = call
+      if (rest!.includes('<unfinished ...>')) unfinished.set(pid!, { atS: Number(at), file: file! })
+      else returned(Number(at), file!, rest!.replace(/^\)/, ''))
+      continue
+    }
+    const resumed = /^(\d+)\s+\d+\.\d+ <\.\.\. (?:f(?:data)?sync|syncfs) resumed>\)(.*)$/.exec(line)
+    const begun = resumed && unfinished.get(resumed[1]!)
+    if (begun) {
+      unfinished.delete(resumed[1]!)
+      returned(begun.atS, begun.file, resumed[2]!)
+    }
   }
   return calls
 }
@@ -59,7 +83,7 @@ describe.skipIf(!canTrace)('the compiled serve on embedded PGlite on disk', () =
     const dataDir = path.join(directory, 'data')
     const child = spawn(
       'strace',
-      ['-f', '-y', '-ttt', '-e', 'trace=fsync,fdatasync,syncfs', '-o', traceFile, process.execPath, path.join(root, 'dist/src/cli.js'), 'serve'],
+      ['-f', '-y', '-ttt', '-T', '-e', 'trace=fsync,fdatasync,syncfs', '-o', traceFile, process.execPath, path.join(root, 'dist/src/cli.js'), 'serve'],
       { cwd: root, env: childEnv(receiverEnv(dataDir)), stdio: 'pipe' },
     )
     children.push(child)
@@ -87,13 +111,57 @@ describe.skipIf(!canTrace)('the compiled serve on embedded PGlite on disk', () =
     const calls = flushes(traceFile)
     const walFlushes = calls.filter((call) => /\/pg_wal\/[0-9A-F]{24}$/.test(call.file))
     for (const { sentS, answeredS } of windows) {
-      // the clock's milliseconds against strace's microseconds: a millisecond of slack on each side
-      expect(walFlushes.filter((call) => call.atS >= sentS - 0.001 && call.atS <= answeredS + 0.001).length).toBeGreaterThanOrEqual(1)
+      // begun after the send and returned before the answer; the clock's milliseconds against strace's
+      // microseconds: a millisecond of slack on each side
+      expect(walFlushes.filter((call) => call.atS >= sentS - 0.001 && call.endS! <= answeredS + 0.001).length).toBeGreaterThanOrEqual(1)
     }
     // and the files written before the file system had its fsync (the new database's) were flushed at the start: one
     // syncfs of the file system holding them
     expect(calls.filter((call) => call.file === path.join(dataDir, 'pglite'))).toHaveLength(1)
   })
+  // An answer waits for the flush of its commit, however long the disk takes: each log fsync's return is delayed by
+  // 300 ms here (strace's delay_exit, not in its -T time). An answer that did not wait (a commit acknowledged before
+  // its flush returned) would come back long before it
+  it('answers a delivery only once the flush of its commit returned, however long the disk takes', async () => {
+    const directory = mkdtempSync(path.join(tmpdir(), 'durability-slow-'))
+    directories.push(directory)
+    const traceFile = path.join(directory, 'trace')
+    const dataDir = migratedDataDir('durability-slow-data-')
+    const wal = path.join(dataDir, 'pglite', 'pg_wal')
+    const [segment] = readdirSync(wal).filter((name) => /^[0-9A-F]{24}$/.test(name))
+    const child = spawn(
+      'strace',
+      ['-f', '-y', '-ttt', '-T', '-P', path.join(wal, segment!), '-e', 'trace=fsync', '-e', 'inject=fsync:delay_exit=300000', '-o', traceFile,
+        process.execPath, path.join(root, 'dist/src/cli.js'), 'serve'],
+      { cwd: root, env: childEnv(receiverEnv(dataDir)), stdio: 'pipe' },
+    )
+    children.push(child)
+    const { url } = await waitForLogLine(child, 'service listening', 120_000)
+    const service = serviceOf(child)
+    const windows: { sentS: number; answeredS: number }[] = []
+    for (const status of ['created', 'funded', 'delivered']) {
+      const body = JSON.stringify(tradePayload(`slow-${randomUUID()}`, status))
+      const sentS = Date.now() / 1000
+      const answer = await fetch(`${String(url)}/webhooks/partner`, {
+        method: 'POST',
+        headers: { 'content-type': 'application/json', 'x-partner-delivery-id': randomUUID(), 'x-partner-signature': signBody(body) },
+        body,
+      })
+      const answeredS = Date.now() / 1000
+      expect(answer.status).toBe(200)
+      windows.push({ sentS, answeredS })
+    }
+    const exited = once(child, 'exit')
+    process.kill(service, 'SIGTERM')
+    await exited
+    const walFlushes = flushes(traceFile)
+    expect(walFlushes.length).toBeGreaterThanOrEqual(3)
+    expect(walFlushes.every((call) => call.delayed)).toBe(true)
+    for (const { sentS, answeredS } of windows) {
+      expect(walFlushes.filter((call) => call.atS >= sentS - 0.001 && call.endS! + 0.3 <= answeredS + 0.001).length).toBeGreaterThanOrEqual(1)
+    }
+  })
+
   // A disk that fails a flush (EIO, injected by strace into the write-ahead log's fsync once the service is ready):
   // Postgres would stop there, as what it wrote may not be on disk. PGlite, given the error, answered neither that
   // statement nor any after it and spun a core, with nothing logged, and /healthz still said ok
