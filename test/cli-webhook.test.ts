@@ -71,6 +71,8 @@ describe('webhook send', () => {
           // a proxy's error page, say: shown shortened on a terminal, whole in --json
           return res.writeHead(502, { 'content-type': 'text/html' }).end(`<html>${'x'.repeat(99_987)}</html>`)
         }
+        const redirect = /^\/moved-(\d{3})$/.exec(req.url ?? '')
+        if (redirect) return res.writeHead(Number(redirect[1]), { location: `${url}/elsewhere` }).end('moved')
         const status = req.url === '/refuse' ? 401 : 200
         res.writeHead(status, { 'content-type': 'application/json' }).end(JSON.stringify({ received: status === 200 }))
       })
@@ -98,6 +100,22 @@ describe('webhook send', () => {
     const result = await runCli(['webhook', 'send', '--url', `${url}/refuse`, '--file', bodyFile, '--secret', secret], env)
     expect(result.code).toBe(1)
     expect(result.stdout).toMatch(/^401 dlv_cli_/)
+  })
+
+  // followed, a 301-303 sent the signature and delivery id on to the other URL as a GET and printed its 200, exit 0;
+  // a 307/308 failed with "Cannot perform ArrayBuffer.prototype.slice on a detached ArrayBuffer"
+  it.each([[301], [302], [303], [307], [308]])('does not follow a %i: exit 1 [redirected], naming where it pointed, nothing sent there', async (status) => {
+    const before = received.length
+    const result = await runCli(['webhook', 'send', '--url', `${url}/moved-${status}`, '--file', bodyFile, '--secret', secret], env)
+    expect(result).toEqual({
+      code: 1,
+      stdout: '',
+      stderr:
+        `${url}/moved-${status} answered ${status}, a redirect to ${url}/elsewhere: not followed (the delivery is signed for the ` +
+        'receiver at --url, as the platform sends it); give the URL the receiver takes deliveries at [redirected]\n',
+    })
+    expect(received.slice(before).map((request) => request.headers['x-partner-signature'] !== undefined)).toEqual([true])
+    expect(received.length).toBe(before + 1)
   })
 
   it('shows a long answer shortened, with its length, and whole with --json', async () => {

@@ -8,6 +8,7 @@ import { commandBegins } from '../stop-signals.js'
 import type { Config, RunningServiceLookup } from '../config.js'
 import { readAnswer } from '../http/read-answer.js'
 import { findRunningService } from '../local/running-service.js'
+import { printable } from '../printable.js'
 import { shortened } from '../shortened.js'
 import { signWebhookBody } from '../webhooks/verify-signature.js'
 import { withoutPassword } from '../without-password.js'
@@ -91,9 +92,20 @@ export function registerWebhookCommands(program: Command): void {
       commandBegins()
       let response: Response
       try {
-        response = await fetch(url, { method: 'POST', headers, body, signal: AbortSignal.timeout(ANSWER_TIMEOUT_MS) })
+        // a redirect is not followed: followed, a 301-303 sent the signature and delivery id to the other origin as a GET,
+        // and printed that origin's 200 as if delivered; a 307/308 failed with a detached-buffer error after the POST
+        response = await fetch(url, { method: 'POST', headers, body, redirect: 'manual', signal: AbortSignal.timeout(ANSWER_TIMEOUT_MS) })
       } catch (error) {
         throw new CommandFailedError('not_delivered', `Could not deliver to ${withoutPassword(url)}: ${withoutPassword(failureReason(error))}`)
+      }
+      if (response.status >= 300 && response.status < 400) {
+        await response.body?.cancel().catch(() => {})
+        const location = response.headers.get('location')
+        throw new CommandFailedError(
+          'redirected',
+          `${withoutPassword(url)} answered ${response.status}, a redirect${location === null ? '' : ` to ${printable(shortened(withoutPassword(location), 200))}`}: ` +
+            'not followed (the delivery is signed for the receiver at --url, as the platform sends it); give the URL the receiver takes deliveries at',
+        )
       }
       let text: string | undefined
       try {
