@@ -16,10 +16,11 @@ if (major < 20 || (major === 20 && minor < 19)) {
   process.exit(2)
 }
 
-// `... | head`, a closed terminal: a reader that went away is no failure of the command
-ignoreGoneOutput()
-
 const args = process.argv.slice(2)
+// `... | head`, a closed terminal: a reader that went away is no failure of the command; an output that could not be
+// written (a full disk) fails a command, not the service
+ignoreGoneOutput({ failCommand: args[0] !== 'serve' })
+
 // an argument whose bytes are not UTF-8 would be taken as Node decoded it, with U+FFFD in it (cli/raw-arguments.ts)
 const notUtf8 = (await import('./cli/raw-arguments.js')).argumentNotUtf8(args)
 if (notUtf8) {

@@ -7,7 +7,7 @@
 import { createRequire } from 'node:module'
 import pino, { type Logger } from 'pino'
 import { loggableError } from './db/database-errors.js'
-import { isOutputGone } from './output-gone.js'
+import { isOutputGone, sayOutputFailed } from './output-gone.js'
 import { printableLines } from './printable.js'
 
 export type { Logger }
@@ -154,9 +154,14 @@ function asyncStdoutOutput(stream: ReturnType<typeof pino.destination>) {
     waiting.clear()
   }
   stream.on('drain', settle)
-  // the rule main.ts has for process.stdout: a reader that went away is not the service's failure
+  // the rule main.ts has for process.stdout: a reader that went away is not the service's failure, and neither is an
+  // output that cannot be written (its disk full: ENOSPC). Thrown, that error hung the service for good: pino's
+  // flush at the exit retried the write without end, and nothing answered, not even /healthz, nor ended it but SIGKILL
   stream.on('error', (error: NodeJS.ErrnoException) => {
-    if (!isOutputGone(error)) throw error
+    if (gone) return
+    if (!isOutputGone(error)) {
+      sayOutputFailed(`could not write the log to stdout (${error.code ?? error.message}): no more lines are written until the service is restarted; it goes on`)
+    }
     gone = true
     stream.write = () => true
     stream.flushSync = () => {}

@@ -2,7 +2,7 @@
 // Ctrl-C: EPIPE) or a terminal that was closed (EIO: its window gone, the ssh connection dropped). What is
 // written after it is lost; it is no failure of the command or of the service, which go on (or stop, on the
 // SIGHUP a closed terminal sends: stop-signals.ts).
-import { closeSync, openSync } from 'node:fs'
+import { closeSync, openSync, writeSync } from 'node:fs'
 import { isatty } from 'node:tty'
 
 const GONE = new Set(['EPIPE', 'EIO'])
@@ -15,19 +15,42 @@ export function isOutputGone(error: NodeJS.ErrnoException): boolean {
 // the standard descriptors that were a terminal when ignoreGoneOutput was called; undefined before
 let terminals: number[] | undefined
 
+// the first write to stdout or stderr that failed otherwise (a full disk: ENOSPC), once said
+let failed = false
+
 /**
- * Makes a write to process.stdout or stderr that finds its reader gone no error (any other still throws), and
- * an exit after the terminal was closed an exit like any other (detachFromClosedTerminal). Once per process.
+ * Makes a write to process.stdout or stderr that finds its reader gone no error, and an exit after the terminal was
+ * closed an exit like any other (detachFromClosedTerminal). A write that fails otherwise (the file's disk full:
+ * ENOSPC, a quota: EDQUOT) loses what follows as well: it threw, a stack trace for a command (`orders list >
+ * /dev/full`) and a crash for the service with LOG_PRETTY; now it is said once on the other stream, and the command
+ * ends with exit 1 (`failCommand`) while the service goes on. Once per process.
  */
-export function ignoreGoneOutput(): void {
+export function ignoreGoneOutput({ failCommand = false }: { failCommand?: boolean } = {}): void {
   if (terminals) return
   terminals = [0, 1, 2].filter((fd) => isatty(fd))
   for (const stream of [process.stdout, process.stderr]) {
     stream.on('error', (error: NodeJS.ErrnoException) => {
-      if (!isOutputGone(error)) throw error
+      if (isOutputGone(error) || failed) return
+      failed = true
+      const name = stream === process.stdout ? 'stdout' : 'stderr'
+      if (stream === process.stdout) sayOutputFailed(`could not write to ${name} (${error.code ?? error.message}): what follows on it is lost`)
     })
   }
-  process.once('exit', detachFromClosedTerminal)
+  process.once('exit', () => {
+    if (failed && failCommand && !process.exitCode) process.exitCode = 1
+    detachFromClosedTerminal()
+  })
+}
+
+/**
+ * One line on stderr saying that an output failed: left out where stderr fails too (the same full disk).
+ */
+export function sayOutputFailed(line: string): void {
+  try {
+    writeSync(2, `${line}\n`)
+  } catch {
+    // nowhere left to say it
+  }
 }
 
 /**
