@@ -154,7 +154,7 @@ async function openForCommand(migrate: boolean): Promise<{ database: DatabaseHan
   // loaded here, not at start-up: `--help` and forwarded commands never need a database driver
   const [
     { loadConfig },
-    { migrateToLatest },
+    { migrateToLatest, NotMigratedError, requireMigrated },
     { embeddedDatabaseExists, openDatabase },
     { configuredReactions },
     { pingDatabase },
@@ -184,8 +184,15 @@ async function openForCommand(migrate: boolean): Promise<{ database: DatabaseHan
     logger,
   })
   try {
-    if (migrate) await database.withoutTimeouts(migrateToLatest)
-    else await pingDatabase(database.db).catch((error: unknown) => Promise.reject(openingFailure(error, describeDatabaseError)))
+    if (!migrate) await pingDatabase(database.db).catch((error: unknown) => Promise.reject(openingFailure(error, describeDatabaseError)))
+    // the embedded database in DATA_DIR is this service's own: made and migrated for a first command, as the
+    // service's start would; a Postgres one is only looked at (requireMigrated says why)
+    else if (!config.databaseUrl) await database.withoutTimeouts(migrateToLatest)
+    else {
+      await requireMigrated(database.db).catch((error: unknown) => {
+        throw error instanceof NotMigratedError ? new CommandFailedError(error.code, error.message) : openingFailure(error, describeDatabaseError)
+      })
+    }
     const context: CommandContext = {
       config,
       logger,

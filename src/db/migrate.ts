@@ -246,6 +246,33 @@ async function requireUtf8(db: Kysely<Database>): Promise<void> {
   )
 }
 
+/** The database is not at this build's migrations: a command on Postgres does not migrate it (requireMigrated). */
+export class NotMigratedError extends Error {
+  override name = 'NotMigratedError'
+  readonly code = 'not_migrated'
+}
+
+/**
+ * Refuses a database that is not at this build's migrations, changing nothing. A command run against Postgres used
+ * to migrate it: a mistyped DATABASE_URL put this service's tables into another application's database, and a newer
+ * build's CLI, run for a read, moved production ahead of the replicas still running the older build (which then
+ * refuse to start). On Postgres the migrations are the service's start's and `migrate`'s only.
+ */
+export async function requireMigrated(db: Kysely<Database>): Promise<void> {
+  const applied = await appliedMigrations(db)
+  requireNoNewerMigrations(applied)
+  const missing = Object.keys(migrations).filter((name) => !applied?.names.has(name))
+  if (missing.length === 0) return
+  const next = 'run `migrate` (the service runs it as it starts) and then the command again; nothing was changed'
+  if (!applied?.names.size) {
+    throw new NotMigratedError(`The database has none of this service's tables (no migration ran on it): check DATABASE_URL, or ${next}`)
+  }
+  throw new NotMigratedError(
+    `The database is behind this build: ${missing.length === 1 ? 'migration' : 'migrations'} ${missing.join(', ')} not applied yet; ` +
+      `once the service's replicas run this build, ${next}`,
+  )
+}
+
 /** True when every known migration has been applied. */
 export async function migrationsAreCurrent(db: Kysely<Database>): Promise<boolean> {
   const known = await (await createMigrator(db)).getMigrations()
