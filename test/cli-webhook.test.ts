@@ -39,6 +39,17 @@ describe('webhook sign', () => {
     expect(unreadable.stderr).toContain('Cannot read --file')
   })
 
+  // accepted, such an id was one the receiver refuses (400), and one with a line feed printed a forged header line
+  it.each([['a b'], ['x\r\nX-Evil: 1'], ['d'.repeat(201)], ['é']])('exits 2 for a --delivery-id the receiver would refuse (%j), printing no header', async (id) => {
+    const signed = ['--file', bodyFile, '--secret', secret, '--delivery-id', id]
+    for (const args of [['webhook', 'sign', ...signed], ['webhook', 'send', '--url', 'http://127.0.0.1:9/x', ...signed]]) {
+      const result = await runCli(args, env)
+      expect(result.code).toBe(2)
+      expect(result.stdout).toBe('')
+      expect(result.stderr).toContain('must be 1 to 200 characters from ! to ~ (printable ASCII, no space), as the receiver takes it')
+    }
+  })
+
   it('exits 2 for an empty --secret, which would sign with no key at all', async () => {
     for (const command of ['sign', 'send']) {
       const result = await runCli(['webhook', command, '--file', bodyFile, '--secret', ''], env)

@@ -3,13 +3,14 @@
 // (in local mode, the generated one), so nothing secret has to be typed on a command line.
 import { randomUUID } from 'node:crypto'
 import { readFileSync } from 'node:fs'
-import type { Command } from 'commander'
+import { type Command, InvalidArgumentError } from 'commander'
 import { commandBegins } from '../stop-signals.js'
 import type { Config, RunningServiceLookup } from '../config.js'
 import { readAnswer } from '../http/read-answer.js'
 import { findRunningService } from '../local/running-service.js'
 import { printable } from '../printable.js'
 import { shortened } from '../shortened.js'
+import { DELIVERY_ID_RULE, isDeliveryId } from '../webhooks/delivery-id.js'
 import { signWebhookBody } from '../webhooks/verify-signature.js'
 import { withoutPassword } from '../without-password.js'
 import { innermostReason } from './failure-reason.js'
@@ -64,7 +65,7 @@ export function registerWebhookCommands(program: Command): void {
     .description('print the headers the platform would send with this body')
     .requiredOption('--file <path>', 'the JSON body to sign')
     .option('--secret <secret>', 'webhook secret (default: the service’s first WEBHOOK_SECRETS entry)', nonEmpty)
-    .option('--delivery-id <id>', 'X-Partner-Delivery-Id to use (default: a fresh one)')
+    .option('--delivery-id <id>', 'X-Partner-Delivery-Id to use (default: a fresh one)', deliveryIdArgument)
     .option('--json', 'print the headers as JSON')
     .action(async (options: SignOptions) => {
       const { headers } = await signedHeaders(options, await serviceBeside())
@@ -81,7 +82,7 @@ export function registerWebhookCommands(program: Command): void {
       'receiver URL (default: the running service’s, from DATA_DIR/serve.json; else from HOST, PORT and WEBHOOK_PATH)',
     )
     .option('--secret <secret>', 'webhook secret (default: the service’s first WEBHOOK_SECRETS entry)', nonEmpty)
-    .option('--delivery-id <id>', 'X-Partner-Delivery-Id to use (default: a fresh one)')
+    .option('--delivery-id <id>', 'X-Partner-Delivery-Id to use (default: a fresh one)', deliveryIdArgument)
     .option('--json', 'print the answer as JSON')
     .action(async (options: SignOptions & { url?: string }) => {
       const beside = await serviceBeside()
@@ -185,4 +186,10 @@ function parseJson(text: string): unknown {
   } catch {
     return text
   }
+}
+
+/** A --delivery-id the receiver would take: one it refuses (400), or that forges a header line when printed, is a bad argument. */
+function deliveryIdArgument(value: string): string {
+  if (!isDeliveryId(value)) throw new InvalidArgumentError(`must be ${DELIVERY_ID_RULE}, as the receiver takes it`)
+  return value
 }

@@ -11,6 +11,7 @@ import type { Database } from '../db/database.js'
 import { AppError } from '../http/app-error.js'
 import type { Logger } from '../logger.js'
 import { webhookObservation } from '../orders/observations.js'
+import { DELIVERY_ID_RULE, isDeliveryId } from './delivery-id.js'
 import type { DeliveryIdTurns } from './delivery-id-turns.js'
 import { type DeliveryOutcome, recordDelivery, updateDeliveryOutcome } from './delivery.repository.js'
 import type { EventHandlers } from './event-handlers.js'
@@ -49,8 +50,6 @@ export type ReceiveResult =
   | { duplicate: true }
   | { duplicate: false; outcome: DeliveryOutcome; eventType: string; idReused: boolean }
 
-const DELIVERY_ID = /^[\x21-\x7e]{1,200}$/
-
 export async function receiveWebhook(deps: ReceiveDeps, delivery: IncomingDelivery): Promise<ReceiveResult> {
   const { logger } = deps
   // raw bytes: the signature covers the exact body as sent, so nothing is parsed before this check
@@ -61,8 +60,8 @@ export async function receiveWebhook(deps: ReceiveDeps, delivery: IncomingDelive
     })
   }
   const deliveryId = delivery.deliveryId
-  if (deliveryId === undefined || !DELIVERY_ID.test(deliveryId)) {
-    throw new AppError(400, 'invalid_payload', 'X-Partner-Delivery-Id must be 1 to 200 characters from ! to ~ (printable ASCII, no space)')
+  if (deliveryId === undefined || !isDeliveryId(deliveryId)) {
+    throw new AppError(400, 'invalid_payload', `X-Partner-Delivery-Id must be ${DELIVERY_ID_RULE}`)
   }
   const bodySha256 = createHash('sha256').update(delivery.rawBody).digest('hex')
   // a retry of a delivery this process saw stored: nothing to write, nothing to read
