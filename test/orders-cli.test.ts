@@ -206,6 +206,26 @@ describe('orders and deliveries commands', () => {
     expect(seller.stderr).toMatch(/^Delivery dlv-cli-seller is a [a-z_.]+ event: only trade events have an effect to re-run \[not_a_trade_event\]\n$/)
   })
 
+  // it re-ran the first body found, saying nothing of the others
+  it('refuses to pick one of the bodies of a reused delivery id: exit 2, nothing reapplied, until --body-sha256 names one', async () => {
+    const app = createApp({ config, db: database.db, logger: testLogger(), clock: systemClock })
+    await sendWebhook(app, { body: tradePayload('cli-reused', 'funded'), deliveryId: 'dlv-cli-reused' })
+    await sendWebhook(app, { body: tradePayload('cli-reused', 'delivered'), deliveryId: 'dlv-cli-reused' })
+    const refused = await run('deliveries', 'reapply', 'dlv-cli-reused')
+    expect(refused).toEqual({
+      code: 2,
+      stdout: '',
+      stderr:
+        'Delivery dlv-cli-reused was reused: 2 bodies are stored under it; pick one with --body-sha256 (`deliveries list` shows ' +
+        'each body hash); nothing was reapplied\n',
+    })
+    const listed = JSON.parse((await run('deliveries', 'list', '--json')).stdout) as { deliveryId: string; bodySha256: string; observedStatus: string }[]
+    const funded = listed.find((delivery) => delivery.deliveryId === 'dlv-cli-reused' && delivery.observedStatus === 'funded')!
+    const picked = await run('deliveries', 'reapply', 'dlv-cli-reused', '--body-sha256', funded.bodySha256.slice(0, 12), '--json')
+    expect(picked.code).toBe(0)
+    expect(JSON.parse(picked.stdout)).toMatchObject({ deliveryId: 'dlv-cli-reused', outcome: 'unmatched' })
+  })
+
   it("reapplies all or nothing: when the delivery's new outcome cannot be written, the order does not move either", async () => {
     const app = createApp({ config, db: database.db, logger: testLogger(), clock: systemClock })
     await sendWebhook(app, { body: tradePayload('cli-3', 'funded'), deliveryId: 'dlv-cli-3' })

@@ -10,7 +10,7 @@ import { InvalidArgumentError } from 'commander'
 import { DELIVERY_OUTCOMES } from '../webhooks/delivery-outcome.js'
 import { printable } from '../printable.js'
 import { listLimit, MAX_LIST_LIMIT } from './cli-arguments.js'
-import { CommandFailedError, printJson, printTable, runsInService, setExitCode, withDatabase, write, writeError } from './cli-context.js'
+import { CommandFailedError, printJson, printTable, runsInService, setExitCode, UsageError, withDatabase, write, writeError } from './cli-context.js'
 
 // a poll's lease_lost is never a webhook's
 const OUTCOMES: readonly string[] = DELIVERY_OUTCOMES.filter((outcome) => outcome !== 'lease_lost')
@@ -101,7 +101,7 @@ export function registerDeliveriesCommands(program: Command): void {
     .option(...BODY_OPTION, sha256Prefix)
     .option('--json', 'print the result as JSON')
     .action(async (deliveryId: string, options: { json?: boolean; bodySha256?: string }) => {
-      const [{ findDelivery }, { reapplyDelivery }, { observationSettings }, { stopOnSignals }] = await Promise.all([
+      const [{ countBodiesOfDelivery, findDelivery }, { reapplyDelivery }, { observationSettings }, { stopOnSignals }] = await Promise.all([
         import('../webhooks/delivery.repository.js'),
         import('../webhooks/parked-deliveries.js'),
         import('../orders/observations.js'),
@@ -119,6 +119,15 @@ export function registerDeliveriesCommands(program: Command): void {
         await withDatabase(async ({ db, config, reactions, logger }) => {
           const delivery = await findDelivery(db, deliveryId, options.bodySha256)
           if (!delivery) throw deliveryNotFound(deliveryId, options.bodySha256)
+          // an id reused with other bodies names several deliveries: re-running the first found, unsaid, may re-run
+          // a body the operator did not mean (another status of another trade)
+          const bodies = options.bodySha256 === undefined ? await countBodiesOfDelivery(db, deliveryId) : 1
+          if (bodies > 1) {
+            throw new UsageError(
+              `Delivery ${printable(deliveryId)} was reused: ${bodies} bodies are stored under it; pick one with --body-sha256 ` +
+                '(`deliveries list` shows each body hash); nothing was reapplied',
+            )
+          }
           if (signalled) {
             writeError(`stopped by a signal before ${deliveryId} was reapplied: nothing done\n`)
             setExitCode(130)
