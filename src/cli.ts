@@ -21,8 +21,8 @@ const args = process.argv.slice(2)
 // written (a full disk) fails a command, not the service
 ignoreGoneOutput({ failCommand: args[0] !== 'serve' })
 
-// an argument whose bytes are not UTF-8 would be taken as Node decoded it, with U+FFFD in it (cli/raw-arguments.ts)
-const notUtf8 = (await import('./cli/raw-arguments.js')).argumentNotUtf8(args)
+// an argument whose bytes are not UTF-8 would be taken as Node decoded it, with U+FFFD in it (not-utf8.ts)
+const notUtf8 = (await import('./not-utf8.js')).argumentNotUtf8(args)
 if (notUtf8) {
   process.stderr.write(`${notUtf8}\n`)
   process.exit(2)

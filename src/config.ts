@@ -11,6 +11,7 @@ import bytes from 'bytes'
 import { z } from 'zod'
 import { dataDirProblem } from './data-dir.js'
 import { DEFAULT_STATEMENT_TIMEOUT_MS } from './db/statement-timeout.js'
+import { variablesNotUtf8 } from './not-utf8.js'
 import { DEFAULT_LOG_BUFFER_LIMIT } from './logger.js'
 import { TRADE_STATUSES } from './orders/trade-status.js'
 import type { ProxySettings } from './partner-api/partner-api-proxy.js'
@@ -797,6 +798,12 @@ export function runningServiceLookup(rawEnv: Env): RunningServiceLookup {
  * database's, or local mode's secrets and sandbox state) is created here, or refused with its reason.
  */
 export function loadConfig(): Config {
+  // a value whose bytes are not UTF-8 was taken as Node decoded it, U+FFFD in it (not-utf8.ts); its value is
+  // not shown: it may be a secret
+  const notUtf8 = variablesNotUtf8(CONFIG_VARIABLES)
+  if (notUtf8.length > 0) {
+    throw new ConfigError(notUtf8.map((name) => `${name}: is not UTF-8 text (Node read its bytes that are not as U+FFFD); give it in UTF-8`))
+  }
   const config = parseConfig(process.env)
   if (!config.dataDir.startsWith('memory://') && (!config.databaseUrl || config.partner.mode === 'local')) usableDataDir(config.dataDir)
   return config

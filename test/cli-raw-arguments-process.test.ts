@@ -3,21 +3,25 @@
 // reads the bytes back (/proc/self/cmdline) and refuses such an argument before anything runs: exit 2, nothing done.
 import { spawn } from 'node:child_process'
 import { once } from 'node:events'
-import { existsSync, mkdtempSync, rmSync } from 'node:fs'
+import { existsSync, mkdtempSync, readdirSync, rmSync } from 'node:fs'
 import { tmpdir } from 'node:os'
 import path from 'node:path'
 import { afterAll, describe, expect, it } from 'vitest'
-import { argumentNotUtf8 } from '../src/cli/raw-arguments.js'
+import { argumentNotUtf8, variablesNotUtf8 } from '../src/not-utf8.js'
 import { childEnv, type CliResult } from './helpers/cli-process.js'
 
 const root = path.resolve(import.meta.dirname, '..')
 const scratch = mkdtempSync(path.join(tmpdir(), 'raw-arguments-'))
 afterAll(() => rmSync(scratch, { recursive: true, force: true }))
 
-/** The compiled CLI run by a shell, an argument with an octal escape written by printf: bytes, not Node's strings. */
-async function runWithBytes(args: string[], env: Record<string, string>): Promise<CliResult> {
+/**
+ * The compiled CLI run by a shell, an argument or a variable (`rawEnv`) with an octal escape written by printf:
+ * bytes, not Node's strings.
+ */
+async function runWithBytes(args: string[], env: Record<string, string>, rawEnv: Record<string, string> = {}): Promise<CliResult> {
   const quoted = args.map((arg) => (arg.includes('\\') ? `"$(printf '${arg}')"` : `'${arg}'`)).join(' ')
-  const child = spawn('sh', ['-c', `exec "$0" dist/src/cli.js ${quoted}`, process.execPath], { cwd: root, env: childEnv(env), stdio: 'pipe' })
+  const assigned = Object.entries(rawEnv).map(([name, value]) => `${name}="$(printf '${value}')"`).join(' ')
+  const child = spawn('sh', ['-c', `exec env ${assigned} "$0" dist/src/cli.js ${quoted}`, process.execPath], { cwd: root, env: childEnv(env), stdio: 'pipe' })
   let stdout = ''
   let stderr = ''
   child.stdout.on('data', (chunk) => (stdout += chunk))
@@ -46,6 +50,31 @@ describe('arguments whose bytes are not UTF-8', () => {
     // (after the note that a new embedded database is made in DATA_DIR)
     expect(result.stderr).toMatch(/\nNo order with external reference café-1 \[order_not_found\]\n$/)
     expect(result.code).toBe(1)
+  })
+
+  it.skipIf(!existsSync('/proc/self/environ'))('a variable of the service whose bytes are not UTF-8 is a bad configuration: exit 2, its value not shown, no DATA_DIR made', async () => {
+    const result = await runWithBytes(['orders', 'list'], {}, { DATA_DIR: `${scratch}/caf\\351`, PARTNER_API_SECRET: 's3cr\\377t-0123456789abcdef' })
+    expect(result).toEqual({
+      code: 2,
+      stdout: '',
+      stderr:
+        'Invalid configuration:\n' +
+        '  - DATA_DIR: is not UTF-8 text (Node read its bytes that are not as U+FFFD); give it in UTF-8\n' +
+        '  - PARTNER_API_SECRET: is not UTF-8 text (Node read its bytes that are not as U+FFFD); give it in UTF-8\n',
+    })
+    expect(readdirSync(scratch).filter((name) => name.startsWith('caf'))).toEqual([])
+  })
+
+  it('reads the variables as the process started with them: one set since, or not the service’s, is left alone', () => {
+    const environ = () => Buffer.concat([Buffer.from('DATA_DIR=/tmp/a'), Buffer.from([0xff, 0]), Buffer.from('OTHER=b'), Buffer.from([0xfe, 0]), Buffer.from('PORT=80\0')])
+    expect(variablesNotUtf8(['DATA_DIR', 'PORT'], { DATA_DIR: '/tmp/a\ufffd', PORT: '80' }, environ)).toEqual(['DATA_DIR'])
+    // set by the process since it started: its own
+    expect(variablesNotUtf8(['DATA_DIR'], { DATA_DIR: '/tmp/b' }, environ)).toEqual([])
+    expect(
+      variablesNotUtf8(['DATA_DIR'], {}, () => {
+        throw new Error('ENOENT')
+      }),
+    ).toEqual([])
   })
 
   it('names the first such argument, hides a URL password, and says nothing where the bytes cannot be read', () => {
