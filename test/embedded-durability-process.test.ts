@@ -76,6 +76,32 @@ describe.skipIf(!canTrace)('the compiled serve on embedded PGlite on disk', () =
     return pid
   }
 
+  /**
+   * Sends three deliveries, one after another, to the service strace runs as `child`, then stops it as an operator
+   * does (strace ends with it, its lines written): when each was sent and answered (200), in seconds.
+   */
+  const deliverThreeAndStop = async (child: ChildProcess, prefix: string) => {
+    const { url } = await waitForLogLine(child, 'service listening', 120_000)
+    const service = serviceOf(child)
+    const windows: { sentS: number; answeredS: number }[] = []
+    for (const status of ['created', 'funded', 'delivered']) {
+      const body = JSON.stringify(tradePayload(`${prefix}-${randomUUID()}`, status))
+      const sentS = Date.now() / 1000
+      const answer = await fetch(`${String(url)}/webhooks/partner`, {
+        method: 'POST',
+        headers: { 'content-type': 'application/json', 'x-partner-delivery-id': randomUUID(), 'x-partner-signature': signBody(body) },
+        body,
+      })
+      const answeredS = Date.now() / 1000
+      expect(answer.status).toBe(200)
+      windows.push({ sentS, answeredS })
+    }
+    const exited = once(child, 'exit')
+    process.kill(service, 'SIGTERM')
+    await exited
+    return windows
+  }
+
   it('answers a delivery 200 after its commit was flushed to disk (an fsync of the write-ahead log between the send and the answer)', async () => {
     const directory = mkdtempSync(path.join(tmpdir(), 'durability-'))
     directories.push(directory)
@@ -87,26 +113,7 @@ describe.skipIf(!canTrace)('the compiled serve on embedded PGlite on disk', () =
       { cwd: root, env: childEnv(receiverEnv(dataDir)), stdio: 'pipe' },
     )
     children.push(child)
-    const { url } = await waitForLogLine(child, 'service listening', 120_000)
-    const service = serviceOf(child)
-
-    const windows: { sentS: number; answeredS: number }[] = []
-    for (const status of ['created', 'funded', 'delivered']) {
-      const body = JSON.stringify(tradePayload(`durable-${randomUUID()}`, status))
-      const sentS = Date.now() / 1000
-      const answer = await fetch(`${String(url)}/webhooks/partner`, {
-        method: 'POST',
-        headers: { 'content-type': 'application/json', 'x-partner-delivery-id': randomUUID(), 'x-partner-signature': signBody(body) },
-        body,
-      })
-      const answeredS = Date.now() / 1000
-      expect(answer.status).toBe(200)
-      windows.push({ sentS, answeredS })
-    }
-    // the service stopped as an operator stops it; strace ends with it, its lines written
-    const exited = once(child, 'exit')
-    process.kill(service, 'SIGTERM')
-    await exited
+    const windows = await deliverThreeAndStop(child, 'durable')
 
     const calls = flushes(traceFile)
     const walFlushes = calls.filter((call) => /\/pg_wal\/[0-9A-F]{24}$/.test(call.file))
@@ -136,24 +143,7 @@ describe.skipIf(!canTrace)('the compiled serve on embedded PGlite on disk', () =
       { cwd: root, env: childEnv(receiverEnv(dataDir)), stdio: 'pipe' },
     )
     children.push(child)
-    const { url } = await waitForLogLine(child, 'service listening', 120_000)
-    const service = serviceOf(child)
-    const windows: { sentS: number; answeredS: number }[] = []
-    for (const status of ['created', 'funded', 'delivered']) {
-      const body = JSON.stringify(tradePayload(`slow-${randomUUID()}`, status))
-      const sentS = Date.now() / 1000
-      const answer = await fetch(`${String(url)}/webhooks/partner`, {
-        method: 'POST',
-        headers: { 'content-type': 'application/json', 'x-partner-delivery-id': randomUUID(), 'x-partner-signature': signBody(body) },
-        body,
-      })
-      const answeredS = Date.now() / 1000
-      expect(answer.status).toBe(200)
-      windows.push({ sentS, answeredS })
-    }
-    const exited = once(child, 'exit')
-    process.kill(service, 'SIGTERM')
-    await exited
+    const windows = await deliverThreeAndStop(child, 'slow')
     const walFlushes = flushes(traceFile)
     expect(walFlushes.length).toBeGreaterThanOrEqual(3)
     expect(walFlushes.every((call) => call.delayed)).toBe(true)
