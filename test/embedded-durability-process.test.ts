@@ -9,7 +9,7 @@ import { once } from 'node:events'
 import { mkdtempSync, readdirSync, readFileSync, rmSync } from 'node:fs'
 import { tmpdir } from 'node:os'
 import path from 'node:path'
-import { afterAll, describe, expect, it } from 'vitest'
+import { afterAll, describe, expect, it, vi } from 'vitest'
 import { childEnv, jsonLogLines, killLeftovers, receiverEnv, waitForLogLine } from './helpers/cli-process.js'
 import { migratedDataDir } from './helpers/data-dir-template.js'
 import { signBody, tradePayload } from './helpers/webhook-delivery.js'
@@ -184,6 +184,8 @@ describe.skipIf(!canTrace)('the compiled serve on embedded PGlite on disk', () =
     const ready = await fetch(`${String(url)}/readyz`)
     expect(ready.status).toBe(503)
     expect(await ready.text()).toContain(`could not flush pg_wal/${segment} to disk (EIO)`)
+    // (the line is read from the service's stdout, which may come after the answers)
+    await vi.waitFor(() => expect(lines.some((line) => line.msg === 'the embedded database stopped')).toBe(true), { timeout: 30_000, interval: 50 })
     expect(lines.filter((line) => line.msg === 'the embedded database stopped')).toEqual([
       expect.objectContaining({ reason: `could not flush pg_wal/${segment} to disk (EIO); check the disk, then restart the service` }),
     ])
