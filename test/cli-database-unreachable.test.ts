@@ -89,7 +89,7 @@ describe('a stop signal while the database does not answer', () => {
   }
 })
 
-describePostgres('the CLI when its database goes away after the migration, or takes no writes (Postgres)', () => {
+describePostgres('the CLI when its database goes away after the look at its migrations, or takes no writes (Postgres)', () => {
   let database: TestDatabase
 
   beforeAll(async () => {
@@ -116,7 +116,7 @@ describePostgres('the CLI when its database goes away after the migration, or ta
         url.hostname = '127.0.0.1'
         url.port = String(gate.port)
         const result = await runCli(['orders', 'list'], { DATABASE_URL: url.toString() }, { built: true })
-        expect(gate.connections(), 'the migration passed and the command connected again').toBeGreaterThan(1)
+        expect(gate.connections(), 'the look at the migrations passed and the command connected again').toBeGreaterThan(1)
         expect(result.stderr).toMatch(unavailableLine(reason))
         expect(result.code).toBe(1)
         expect(result.stdout).toBe('')
@@ -127,17 +127,19 @@ describePostgres('the CLI when its database goes away after the migration, or ta
     }, 60_000)
   }
 
-  it('a connection closed under the migration itself: the driver\'s reason, not the migration\'s wrapping of it', async () => {
+  it('a connection closed at the first statement (`migrate`, or a command\'s look at the migrations): the driver\'s reason, not a wrapping of it', async () => {
     const target = new URL(postgresUrl!)
     const gate = await startGate({ host: target.hostname, port: Number(target.port || 5432) }, 'close', 0)
     try {
       const url = new URL(withPassword(database.url!))
       url.hostname = '127.0.0.1'
       url.port = String(gate.port)
-      const result = await runCli(['orders', 'list'], { DATABASE_URL: url.toString() }, { built: true })
-      // it read "(Migration (before any migration ran) failed: Connection terminated unexpectedly)"
-      expect(result.stderr).toMatch(unavailableLine(/Connection terminated unexpectedly/))
-      expect(result.code).toBe(1)
+      for (const command of [['orders', 'list'], ['migrate']]) {
+        const result = await runCli(command, { DATABASE_URL: url.toString() }, { built: true })
+        // it read "(Migration (before any migration ran) failed: Connection terminated unexpectedly)"
+        expect(result.stderr).toMatch(unavailableLine(/Connection terminated unexpectedly/))
+        expect(result.code).toBe(1)
+      }
     } finally {
       await gate.close()
     }

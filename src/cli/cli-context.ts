@@ -189,7 +189,8 @@ async function openForCommand(migrate: boolean): Promise<{ database: DatabaseHan
     // service's start would; a Postgres one is only looked at (requireMigrated says why)
     else if (!config.databaseUrl) await database.withoutTimeouts(migrateToLatest)
     else {
-      await requireMigrated(database.db).catch((error: unknown) => {
+      // on a connection of its own, as the migration was: the command's first statement then opens another
+      await database.withoutTimeouts(requireMigrated).catch((error: unknown) => {
         throw error instanceof NotMigratedError ? new CommandFailedError(error.code, error.message) : openingFailure(error, describeDatabaseError)
       })
     }
