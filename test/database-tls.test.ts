@@ -49,6 +49,8 @@ describe('Postgres over TLS with a certificate the driver cannot verify', () => 
     expect(result.stderr).toContain("the database's TLS certificate was not accepted")
     expect(result.stderr).toContain('(UNABLE_TO_VERIFY_LEAF_SIGNATURE)')
     expect(result.stderr).toContain('sslrootcert=')
+    // its line ends in a code, as every failed command's does
+    expect(result.stderr).toMatch(/ \[database_refused\]\n$/)
     expect(startedOverTls).toBe(0)
   })
 

@@ -213,12 +213,14 @@ async function openForCommand(migrate: boolean): Promise<{ database: DatabaseHan
 /**
  * A first connection's failure in the words a migration's has: a database's report or a refused certificate by its
  * fixed message and code (the driver's own, `unable to verify the first certificate`, named neither the database nor
- * the setting to change); a lost connection as it is, which the command line names as such (run-cli.ts).
+ * the setting to change), [database_refused]; a lost connection as it is, which the command line names as such
+ * (run-cli.ts, [database_unavailable]).
  */
 function openingFailure(error: unknown, describe: typeof import('../db/database-errors.js').describeDatabaseError): unknown {
   const description = describe(error)
   if (description.kind === 'unavailable' || description.code === undefined) return error
-  return new Error(`The database could not be opened: ${description.message} (${description.code})`, { cause: error })
+  // ending in its code, as every other failed command's line does: a refused password read `… (28P01)` alone
+  return new CommandFailedError('database_refused', `The database could not be opened: ${description.message} (${description.code})`)
 }
 
 export function printJson(value: unknown): void {
