@@ -1,9 +1,9 @@
-// Arguments and environment variables as the operator's terminal sent them. Node decodes the command line as UTF-8 and puts U+FFFD where the
-// bytes are not UTF-8 (a Latin-1 terminal's `café`), so `orders create caf\xe9-1` made an order `caf\ufffd-1`: a
-// reference the operator never typed, and one no later command typed in the same terminal could name. On Linux the
-// bytes are read back from /proc/self/cmdline, and such an argument is refused before anything runs; the service's
-// variables likewise from /proc/self/environ (DATA_DIR=/tmp/caf\xe9 made a directory `caf\ufffd`). Elsewhere (no
-// /proc) the command runs as Node decoded them.
+// Arguments and environment variables as the operator's terminal sent them. Node decodes the command line as UTF-8
+// and puts U+FFFD where the bytes are not UTF-8 (a Latin-1 terminal's `café`), so `orders create caf\xe9-1` made an
+// order `caf\ufffd-1`: a reference the operator never typed, and one no later command typed in the same terminal
+// could name. On Linux the bytes are read back from /proc/self/cmdline, and such an argument is refused before
+// anything runs; the service's variables likewise from /proc/self/environ (DATA_DIR=/tmp/caf\xe9 made a directory
+// `caf\ufffd`). Elsewhere (no /proc) the command runs as Node decoded them.
 import { readFileSync } from 'node:fs'
 import { printable } from './printable.js'
 import { shortened } from './shortened.js'

@@ -32,8 +32,8 @@ export function ignoreGoneOutput({ failCommand = false }: { failCommand?: boolea
     stream.on('error', (error: NodeJS.ErrnoException) => {
       if (isOutputGone(error) || failed) return
       failed = true
-      const name = stream === process.stdout ? 'stdout' : 'stderr'
-      if (stream === process.stdout) sayOutputFailed(`could not write to ${name} (${error.code ?? error.message}): what follows on it is lost`)
+      // (stderr's own failure has nowhere to be said)
+      if (stream === process.stdout) sayOutputFailed(`could not write to stdout (${error.code ?? error.message}): what follows on it is lost`)
     })
   }
   process.once('exit', () => {

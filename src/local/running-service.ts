@@ -99,7 +99,10 @@ export function databaseIdentity(config: Pick<Config, 'databaseUrl' | 'dataDir'>
 // localhost name the same server, and the command was refused as naming another database ([wrong_database])
 const LOOPBACK = new Set(['localhost', '127.0.0.1', '[::1]'])
 
-/** Whether two Postgres locations (`host:port/database`) name the same database, a loopback name being any other. */
+/**
+ * Whether two databases' locations name the same one: Postgres's `host:port/database`, a loopback name being any
+ * other; an embedded database's directory, as it is.
+ */
 export function sameLocation(a: string, b: string): boolean {
   const loopback = (location: string) => {
     const split = /^(\[[^\]]*\]|[^:]*)(:.*)$/.exec(location)
@@ -339,7 +342,7 @@ export async function forwardToLocalService(args: string[]): Promise<number | un
   const mine = databaseIdentity(config)
   // a DATABASE_URL that cannot be read is refused, naming the problem, by the command's own configuration
   if (config.databaseUrl && mine.location === UNPARSABLE_DATABASE_URL) return undefined
-  const matches = service.database.kind === mine.kind && (mine.kind === 'postgres' ? sameLocation(service.database.location, mine.location) : service.database.location === mine.location)
+  const matches = service.database.kind === mine.kind && sameLocation(service.database.location, mine.location)
   // the service's database as another role (a DBA's, a read-only one): run here, with that role's rights; the
   // service would run it with its own. A service file of an older build names no role.
   if (config.databaseUrl && matches && service.database.user !== undefined && service.database.user !== mine.user) return undefined
