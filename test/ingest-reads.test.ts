@@ -245,6 +245,96 @@ describe('the burst count while the database fails it', () => {
   })
 })
 
+// A look that came while a burst's count ran counted and analyzed the same table beside it: two analyzes of one
+// table at once, the second waiting for the first's lock. The look now waits for the count.
+describe('a look while a burst is counted', () => {
+  const database = useTestDatabase({ poolSize: 2 })
+
+  it('starts its statements only once the count has ended', async () => {
+    // the count of parked rows is held after it ran, until released
+    let release: () => void = () => {}
+    const held = new Promise<void>((resolve) => (release = resolve))
+    let counting = false
+    const startedWhileCounting: string[] = []
+    const isCount = (node: { kind: string; sqlFragments?: readonly string[] }) =>
+      node.kind === 'RawNode' && (node.sqlFragments ?? []).join('?').includes('outcome = \'unmatched\' limit')
+    const db = database.db.withPlugin({
+      transformQuery: (args) => {
+        const node = args.node as unknown as { kind: string; sqlFragments?: readonly string[] }
+        if (isCount(node)) counting = true
+        else if (counting) startedWhileCounting.push((node.sqlFragments ?? [node.kind]).join('?').trim().slice(0, 40))
+        return args.node
+      },
+      transformResult: async (args) => {
+        if (counting && 'rows' in (args.result.rows[0] ?? {})) {
+          await held
+          counting = false
+        }
+        return args.result
+      },
+    })
+    const clock = new FakeClock()
+    const watch = watchStatistics({ db, logger: testLogger(), clock })
+    try {
+      watch.parkedStored(1_000)
+      await eventually(() => counting, 'the burst is being counted')
+      // the look's time comes while the count is held
+      await eventually(() => clock.pendingSleepers > 0, 'the watch waits its interval')
+      await clock.advance(STATISTICS_CHECK_INTERVAL_MS)
+      await new Promise((resolve) => setTimeout(resolve, 200))
+      expect(startedWhileCounting).toEqual([])
+      release()
+      // the look runs once the count has ended, and waits for its next interval
+      await eventually(() => clock.pendingSleepers > 0 && !counting, 'the look ran')
+      expect(startedWhileCounting).toEqual([])
+    } finally {
+      release()
+      await watch.stop()
+    }
+  })
+
+  it('leaves a burst that comes during a look to that look\'s own count', async () => {
+    // the look's read of the changed tables is held after it ran, until released
+    let release: () => void = () => {}
+    const held = new Promise<void>((resolve) => (release = resolve))
+    let holding = false
+    let counts = 0
+    const text = (node: { kind: string; sqlFragments?: readonly string[] }) => (node.kind === 'RawNode' ? (node.sqlFragments ?? []).join('?') : '')
+    const db = database.db.withPlugin({
+      transformQuery: (args) => {
+        const sqlText = text(args.node as unknown as { kind: string; sqlFragments?: readonly string[] })
+        if (sqlText.includes('outcome = \'unmatched\' limit')) counts += 1
+        if (sqlText.includes('from pg_stat_user_tables')) holding = true
+        return args.node
+      },
+      transformResult: async (args) => {
+        if (holding) {
+          await held
+          holding = false
+        }
+        return args.result
+      },
+    })
+    const clock = new FakeClock()
+    const watch = watchStatistics({ db, logger: testLogger(), clock })
+    try {
+      await eventually(() => clock.pendingSleepers > 0, 'the watch waits its interval')
+      await clock.advance(STATISTICS_CHECK_INTERVAL_MS)
+      await eventually(() => holding, 'the look reads the changed tables')
+      watch.parkedStored(1_000)
+      await new Promise((resolve) => setTimeout(resolve, 200))
+      expect(counts).toBe(0)
+      release()
+      await eventually(() => clock.pendingSleepers > 0, 'the look ended')
+      // the look's own count, and no other
+      expect(counts).toBe(1)
+    } finally {
+      release()
+      await watch.stop()
+    }
+  })
+})
+
 // PGlite has no autovacuum: the service keeps the statistics itself (db/statistics-watch.ts)
 describe('the embedded database as its deliveries grow', () => {
   const database = useTestDatabase({ kind: 'pglite' })

@@ -171,7 +171,12 @@ export function watchStatistics({
     if (await analyzeIfParkedOutgrown(db)) logger.info('planner statistics refreshed: parked deliveries outgrew them')
   }
 
+  // One analyze at a time: a look that came while a burst's count ran would count (and analyze) the same table
+  // beside it, and a burst that comes while a look runs is counted by that look or, past it, by the next burst.
+  let lookRunning = false
   const look = async () => {
+    lookRunning = true
+    await countingParked
     try {
       if (!whileAutovacuumOff || (await readAutovacuumOff())) {
         const analyzed = await analyzeChangedTables(db)
@@ -185,6 +190,8 @@ export function watchStatistics({
       // the next look tries again; one line until one succeeds
       if (!failing) logger.warn({ err: loggableError(error) }, 'cannot refresh the planner statistics; trying again in 10 s')
       failing = true
+    } finally {
+      lookRunning = false
     }
   }
 
@@ -203,7 +210,7 @@ export function watchStatistics({
     autovacuumOff: () => lastRead,
     parkedStored(count) {
       parkedSince += count
-      if (parkedSince < PARKED_SLACK || countingParked || stopping.signal.aborted) return
+      if (parkedSince < PARKED_SLACK || countingParked || lookRunning || stopping.signal.aborted) return
       countingParked = lookAtParked()
         .catch((error: unknown) => {
           // one line until a look succeeds, as the looks' own failures
