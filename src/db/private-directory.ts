@@ -14,14 +14,19 @@ export function makeDirectoryPrivate(directory: string): void {
     if ((error as NodeJS.ErrnoException).code !== 'ERR_WORKER_UNSUPPORTED_OPERATION') throw error
   }
   mkdirSync(directory, { recursive: true, mode: 0o700 })
-  tighten(directory)
+  tightenEntry(directory)
 }
 
 function tighten(entry: string): void {
   try {
     tightenEntry(entry)
   } catch (error) {
-    if ((error as NodeJS.ErrnoException).code !== 'ENOENT') throw error // else removed while we walk
+    const { code } = error as NodeJS.ErrnoException
+    // removed while we walk; or another user's entry (root's, an operator's) that this process can neither read
+    // nor change: the directory above it is private already (0700, ours), so no other user reaches it through
+    // here. It is not the database's, or the database's start names it; refusing the start over it stopped a
+    // service whose database is intact with a bare "EACCES: permission denied, scandir"
+    if (code !== 'ENOENT' && code !== 'EACCES' && code !== 'EPERM') throw error
   }
 }
 
