@@ -153,7 +153,9 @@ export function overviewPage(operator: Operator, data: OverviewData): Html {
         (trade_mismatch), and they are no longer polled: <a href="${consolePath()}/orders/requeue">requeue them</a> once fixed.
         Or their trade create got no answer and no webhook linked a trade (trade_create_unknown): look for a trade with
         their reference in the partner portal (its next webhook links it); if there is none, send the create again
-        with <code>trades open REFERENCE --retry</code>.</li>`,
+        with <code>trades open REFERENCE --retry</code>.
+        Or their stored trade id cannot be put in a request (unusable_trade_id): nothing is sent for them, so act on
+        the trade in the platform's dashboard; requeued, they are flagged again.</li>`,
     )
   }
   if (data.reactions.failed > 0) {

@@ -106,13 +106,20 @@ export function claimDueOrdersQuery(db: Kysely<Database>, { now, limit, leaseS, 
  * order (an external_reference other than the order's). Polling again would get the same answer either way.
  * trade_create_unknown: its trade create got no answer (the process died at the platform, or it timed out) and no
  * webhook has linked a trade within EXPECTED_WEBHOOK_S: without a trade id there is nothing to poll.
+ * unusable_trade_id: its stored trade id is one the client refuses in a request's path ("..", ".", blank; stored
+ * by a version that did not refuse it): no GET can be sent for it, and none is (the CLI's [unusable_trade_id]).
  */
 export const TRADE_NOT_FOUND = 'trade_not_found'
 export const TRADE_MISMATCH = 'trade_mismatch'
 export const TRADE_CREATE_UNKNOWN = 'trade_create_unknown'
-export type AttentionFlag = typeof TRADE_NOT_FOUND | typeof TRADE_MISMATCH | typeof TRADE_CREATE_UNKNOWN
+export const UNUSABLE_TRADE_ID = 'unusable_trade_id'
+export type AttentionFlag =
+  | typeof TRADE_NOT_FOUND
+  | typeof TRADE_MISMATCH
+  | typeof TRADE_CREATE_UNKNOWN
+  | typeof UNUSABLE_TRADE_ID
 /** Every flag, for those that list them all (the orders_needing_attention gauge has a sample for each). */
-export const ATTENTION_FLAGS: readonly AttentionFlag[] = [TRADE_NOT_FOUND, TRADE_MISMATCH, TRADE_CREATE_UNKNOWN]
+export const ATTENTION_FLAGS: readonly AttentionFlag[] = [TRADE_NOT_FOUND, TRADE_MISMATCH, TRADE_CREATE_UNKNOWN, UNUSABLE_TRADE_ID]
 
 /**
  * Flags `trade_create_unknown` the orders whose trade create has gone unanswered, with no trade linked, since before
@@ -158,9 +165,9 @@ export async function rescheduleAfterError(
 }
 
 /**
- * A poll whose answer polling again would not change (a 404, or a record of another trade or order): the
- * order leaves the poll schedule and is flagged for an operator (see requeueOrders). False when the lease
- * was lost: a replica whose claim ran out writes nothing.
+ * A poll whose answer polling again would not change (a 404, a record of another trade or order, or a trade id no
+ * request can carry): the order leaves the poll schedule and is flagged for an operator (see requeueOrders). False
+ * when the lease was lost: a replica whose claim ran out writes nothing.
  */
 export async function flagForOperator(
   db: Kysely<Database>,

@@ -2,6 +2,10 @@
 // its own), then the answer is applied as an observation with source `poll` through the same code as a
 // webhook (src/orders: same rank rules, same history), addressed by the claim's lease token.
 //
+// An order whose stored trade id the client refuses in a path ("..", ".", blank: stored by a version that did not
+// refuse it) is not sent at all: attention=unusable_trade_id, next_poll_at=null. Every GET of it would fail the same
+// way before leaving this process, so backing off would retry it for good and nobody would hear of it.
+//
 // What each answer does to the order:
 //   200       applied as an observation; applyObservation clears the lease, resets poll_attempts and
 //             reschedules (STALE_AFTER_S later, never for a terminal status), whether or not it changed;
@@ -22,6 +26,7 @@ import type { Database } from '../db/database.js'
 import type { Logger } from '../logger.js'
 import { applyObservation, type ObservationOutcome, type ObservationSettings } from '../orders/apply-observation.js'
 import { pollObservation } from '../orders/observations.js'
+import { isPathId } from '../partner-api/field-rules.js'
 import { PartnerApiError } from '../partner-api/partner-api-error.js'
 import type { TradeRecord } from '../partner-api/types.js'
 import { type BackoffSettings, backoffDelayS } from './backoff-delay.js'
@@ -31,6 +36,7 @@ import {
   rescheduleAfterError,
   TRADE_MISMATCH,
   TRADE_NOT_FOUND,
+  UNUSABLE_TRADE_ID,
 } from '../orders/poll-schedule.repository.js'
 
 /** The one platform call the poller makes: PartnerApiClient in production, a fake in tests. */
@@ -44,6 +50,7 @@ export const POLL_RESULTS = [
   'stale',
   'not_found',
   'trade_mismatch',
+  'unusable_trade_id',
   'error',
   'unauthorized',
   'lease_lost',
@@ -52,7 +59,9 @@ export const POLL_RESULTS = [
 /**
  * applied: the order moved; unchanged: the platform confirmed what we had; stale: the platform answered a
  * status ranked below ours (kept, see src/orders); not_found: 404, flagged; trade_mismatch: a record of
- * another trade or order, flagged; error: no usable answer, backed off; unauthorized: 401, the cycle stops; lease_lost: another replica owns the order now.
+ * another trade or order, flagged; unusable_trade_id: the stored trade id cannot be put in a request's path, flagged
+ * and nothing sent; error: no usable answer, backed off; unauthorized: 401, the cycle stops; lease_lost: another
+ * replica owns the order now.
  */
 export type PollResultKind = (typeof POLL_RESULTS)[number]
 
@@ -111,6 +120,14 @@ export async function pollOrder(
     externalReference: order.externalReference,
     tradeId: order.tradeId,
     fromStatus: order.tradeStatus,
+  }
+  if (!isPathId(order.tradeId)) {
+    try {
+      return await flagUnusableTradeId(deps, order, leaseToken, base)
+    } catch (writeError) {
+      logger.warn({ err: writeError, orderId: order.orderId }, 'poll write-back failed')
+      return { ...base, result: 'error', toStatus: null, error: writeError }
+    }
   }
   let trade: TradeRecord
   try {
@@ -193,6 +210,32 @@ export function throttledFor(error: unknown, maxMs: number): number | undefined 
   if (!(error instanceof PartnerApiError)) return undefined
   if (error.retryAfterMs !== undefined) return Math.min(error.retryAfterMs, maxMs)
   return error.status === 429 ? 0 : undefined
+}
+
+// The same rule as the CLI's (usableTradeId): the client would refuse the id as a bad argument before sending, on
+// every poll alike. The id is the order's, and only an operator can act on it (in the platform's dashboard).
+async function flagUnusableTradeId(
+  deps: PollOrderDeps,
+  order: ClaimedOrder,
+  leaseToken: string,
+  base: Omit<PollResult, 'result' | 'toStatus' | 'error'>,
+): Promise<PollResult> {
+  const { db, clock, logger } = deps
+  const flagged = await flagForOperator(db, {
+    orderId: order.orderId,
+    leaseToken,
+    now: new Date(clock.now()),
+    attention: UNUSABLE_TRADE_ID,
+  })
+  if (!flagged) return { ...base, result: 'lease_lost', toStatus: null }
+  // the reference and the id are text from outside: fields (escaped in a JSON line, shown as \uXXXX on a terminal),
+  // never spliced into the message
+  logger.warn(
+    { orderId: order.orderId, externalReference: order.externalReference, tradeId: order.tradeId },
+    "the order's stored trade id cannot be put in a request's path (blank, . or ..): nothing sent, order flagged " +
+      "unusable_trade_id and no longer polled; act on the trade in the platform's dashboard or through its support",
+  )
+  return { ...base, result: 'unusable_trade_id', toStatus: null }
 }
 
 async function writeBackFailure(

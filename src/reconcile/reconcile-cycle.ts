@@ -105,7 +105,7 @@ export interface RunSummary {
   polled: number
   /** Polls that moved the order (`applied`). */
   changed: number
-  /** Polls that got no usable answer: error + not_found + trade_mismatch + unauthorized. */
+  /** Polls that got no usable answer: error + not_found + trade_mismatch + unusable_trade_id + unauthorized. */
   errors: number
   /** Claims given back because the cycle stopped (untried, or refused with 401): due again as before. */
   released: number
@@ -236,7 +236,7 @@ export async function runReconcileCycle(
   unpolled.push(...untried)
 
   const polled = POLL_RESULTS.reduce((sum, kind) => sum + results[kind], 0)
-  const errors = results.error + results.not_found + results.trade_mismatch + results.unauthorized
+  const errors = results.error + results.not_found + results.trade_mismatch + results.unusable_trade_id + results.unauthorized
   // the database went away after the run was written: what the row should say once it is back
   const failed = (error: unknown) =>
     runId === null
