@@ -92,9 +92,10 @@ describe('the CLI shows text from outside without its control codes', () => {
     expect(url.stderr).toContain("value 'https://operator:***@gw.example/x' is invalid")
     expect(url.stderr).not.toContain('hunter2')
     // a command's own refusal that quotes one (exit 1), and a password holding a raw @
-    const notFound = await run('orders', 'show', `${'b'.repeat(10_000)}`)
+    // (not `orders show`: a reference past 200 characters is refused as no order's, exit 2, without quoting it)
+    const notFound = await run('deliveries', 'show', `${'b'.repeat(10_000)}`)
     expect(notFound.code).toBe(1)
-    expect(notFound.stderr).toBe(`No order with external reference ${'b'.repeat(200)}… (10,000 characters) [order_not_found]\n`)
+    expect(notFound.stderr).toBe(`No delivery ${'b'.repeat(200)}… (10,000 characters) [delivery_not_found]\n`)
     const delivery = await run('deliveries', 'show', 'https://user:Tr0ub4dor@3xyz@x/')
     expect(delivery.code).toBe(1)
     expect(delivery.stderr).toContain('https://user:***@x/')

@@ -1,5 +1,8 @@
 // Argument parsers shared by commands: a bad value is a usage error (exit 2) naming what was wrong.
 import { InvalidArgumentError } from 'commander'
+import { checkExternalReference } from '../orders/external-reference.js'
+import type { PartnerValidationError } from '../partner-api/partner-api-error.js'
+import { UsageError } from './cli-context.js'
 
 /** Decimal digits alone: Number() also takes 0x10 (16), 0b11, 1e3, +80, 80.0 and surrounding spaces. */
 export function decimalDigits(value: string): number {
@@ -49,4 +52,28 @@ export const demoTrades = wholeNumberUpTo(MAX_DEMO_TRADES)
 export function nonEmpty(value: string): string {
   if (value === '') throw new InvalidArgumentError('must not be empty')
   return value
+}
+
+/** How a command refuses an order's reference: `Invalid order: external_reference: …`, exit 2. */
+export function invalidOrder(error: PartnerValidationError): UsageError {
+  return new UsageError(`Invalid order: ${error.message}`)
+}
+
+/**
+ * An external reference naming an order, held to the rule every order's reference is (orders/external-reference.ts)
+ * and refused as `orders create` refuses it, before the database is opened: `orders show` took one of any length and
+ * looked it up, and beside a running service a long one was refused by the service instead.
+ */
+export function orderReference(value: string): string {
+  try {
+    checkExternalReference(value)
+  } catch (error) {
+    throw invalidOrder(error as PartnerValidationError)
+  }
+  return value
+}
+
+/** orderReference for each value of a variadic option (`reconcile --requeue [references...]`), gathered in a list. */
+export function orderReferences(value: string, previous: unknown): string[] {
+  return [...(Array.isArray(previous) ? (previous as string[]) : []), orderReference(value)]
 }

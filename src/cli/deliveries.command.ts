@@ -9,7 +9,7 @@ import type { Command } from 'commander'
 import { InvalidArgumentError } from 'commander'
 import { DELIVERY_OUTCOMES } from '../webhooks/delivery-outcome.js'
 import { printable } from '../printable.js'
-import { listLimit, MAX_LIST_LIMIT } from './cli-arguments.js'
+import { listLimit, MAX_LIST_LIMIT, orderReference } from './cli-arguments.js'
 import { CommandFailedError, printJson, printTable, runsInService, setExitCode, UsageError, withDatabase, write, writeError } from './cli-context.js'
 
 // a poll's lease_lost is never a webhook's
@@ -163,7 +163,7 @@ export function registerDeliveriesCommands(program: Command): void {
   deliveries
     .command('dismiss')
     .description('set aside the deliveries parked for a reference that is not this backend’s: an order made later does not take them, and they leave the parked count and its alert')
-    .argument('<external-reference>', 'the reference the parked deliveries carry (deliveries list --outcome unmatched)')
+    .argument('<external-reference>', 'the reference the parked deliveries carry (deliveries list --outcome unmatched)', orderReference)
     .option('--dry-run', 'count them, change nothing')
     .option('--json', 'print the result as JSON')
     .action(async (externalReference: string, options: { dryRun?: boolean; json?: boolean }) => {

@@ -1,6 +1,7 @@
 // `disputes open`: open a dispute on an order's trade, naming the acting party (the API never infers it).
 import type { Command } from 'commander'
 import type { Party } from '../partner-api/types.js'
+import { orderReference } from './cli-arguments.js'
 import { escaped, printJson, write } from './cli-context.js'
 import { runTradeCall } from './trades.command.js'
 
@@ -10,7 +11,7 @@ export function registerDisputesCommands(program: Command): void {
   disputes
     .command('open')
     .description('open a dispute on the order’s trade')
-    .argument('<reference>', 'the order’s external reference')
+    .argument('<reference>', 'the order’s external reference', orderReference)
     .requiredOption('--party <party>', 'the side that is acting: buyer or seller')
     .requiredOption('--reason <reason>', 'why (at least 20 characters)')
     .option('--category <category>', 'category of the dispute')

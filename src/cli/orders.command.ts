@@ -1,8 +1,8 @@
 // `orders create|show|list`: the partner's orders as the service keeps them.
 import type { Command } from 'commander'
 import { printable } from '../printable.js'
-import { listLimit, MAX_LIST_LIMIT } from './cli-arguments.js'
-import { CommandFailedError, printJson, printTable, UsageError, withDatabase, write } from './cli-context.js'
+import { invalidOrder, listLimit, MAX_LIST_LIMIT, orderReference } from './cli-arguments.js'
+import { CommandFailedError, printJson, printTable, withDatabase, write } from './cli-context.js'
 
 export function registerOrdersCommands(program: Command): void {
   const orders = program.command('orders').description('the partner’s orders: create, show, list')
@@ -10,7 +10,7 @@ export function registerOrdersCommands(program: Command): void {
   orders
     .command('create')
     .description('create an order; webhooks parked for its reference are applied at once')
-    .requiredOption('--external-reference <ref>', 'the order’s own id, sent to the platform as external_reference')
+    .requiredOption('--external-reference <ref>', 'the order’s own id, sent to the platform as external_reference', orderReference)
     .option('--json', 'print the order as JSON')
     .action(async (options: { externalReference: string; json?: boolean }) => {
       const [{ createOrder }, { OrderExistsError }, { observationSettings }, { PartnerValidationError }] = await Promise.all([
@@ -37,7 +37,7 @@ export function registerOrdersCommands(program: Command): void {
             }
           }
         } catch (error) {
-          if (error instanceof PartnerValidationError) throw new UsageError(`Invalid order: ${error.message}`)
+          if (error instanceof PartnerValidationError) throw invalidOrder(error)
           if (!(error instanceof OrderExistsError)) throw error
           throw new CommandFailedError(error.code, `An order with external reference ${printable(options.externalReference)} already exists`)
         }
@@ -47,7 +47,7 @@ export function registerOrdersCommands(program: Command): void {
   orders
     .command('show')
     .description('show one order: current status, trade, and its status history')
-    .argument('<external-reference>', 'the order’s external reference')
+    .argument('<external-reference>', 'the order’s external reference', orderReference)
     .option('--json', 'print as JSON')
     .action(async (externalReference: string, options: { json?: boolean }) => {
       const { findOrderByExternalReference, orderHistory } = await import('../orders/order.repository.js')

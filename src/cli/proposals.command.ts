@@ -2,6 +2,7 @@
 // and the other accepts (accepting splits the funds at once; no release step follows).
 import type { Command } from 'commander'
 import type { Party, ProposalOutcome } from '../partner-api/types.js'
+import { orderReference } from './cli-arguments.js'
 import { escaped, printJson, UsageError, write } from './cli-context.js'
 import { runTradeCall } from './trades.command.js'
 
@@ -11,7 +12,7 @@ export function registerProposalsCommands(program: Command): void {
   proposals
     .command('create')
     .description('propose an outcome for the open dispute')
-    .argument('<reference>', 'the order’s external reference')
+    .argument('<reference>', 'the order’s external reference', orderReference)
     .requiredOption('--party <party>', 'the side that proposes: buyer or seller')
     .requiredOption('--outcome <outcome>', 'buyer_win, seller_win or split')
     .option('--split-buyer-pct <pct>', 'buyer’s share for a split, a decimal from 0 to 100')
@@ -43,7 +44,7 @@ export function registerProposalsCommands(program: Command): void {
   proposals
     .command('respond')
     .description('accept or reject a proposal')
-    .argument('<reference>', 'the order’s external reference')
+    .argument('<reference>', 'the order’s external reference', orderReference)
     .argument('<proposalId>', 'the platform’s proposal id')
     .requiredOption('--party <party>', 'the side that responds: buyer or seller')
     .option('--accept', 'accept the proposal (the funds are split at once)')

@@ -7,7 +7,7 @@ import type { Command } from 'commander'
 import { describeClockOffset } from '../partner-api/clock-offset.js'
 import { printable } from '../printable.js'
 import type { RunSummary } from '../reconcile/poller.js'
-import { wholeNumberUpTo } from './cli-arguments.js'
+import { orderReferences, wholeNumberUpTo } from './cli-arguments.js'
 import {
   CommandFailedError,
   printJson,
@@ -41,6 +41,7 @@ export function registerReconcileCommands(program: Command): void {
     .option(
       '--requeue [references...]',
       'clear `attention` and make these orders due now (no references: every flagged order, whatever its flag)',
+      orderReferences,
     )
     .option('--limit <n>', `runs to show with --report (at most ${MAX_REPORT_LIMIT})`, wholeNumberUpTo(MAX_REPORT_LIMIT), 20)
     .option('--json', 'print JSON')

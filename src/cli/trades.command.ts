@@ -14,6 +14,7 @@ import {
 import type { CreateTradeRequest, MilestoneInput, TradeRecord } from '../partner-api/types.js'
 import type { TradeDeps } from '../trades/trade-deps.js'
 import { TradeOperationError } from '../trades/trade-operation-error.js'
+import { orderReference } from './cli-arguments.js'
 import {
   CommandFailedError,
   escaped,
@@ -214,7 +215,7 @@ export function registerTradesCommands(program: Command): void {
   trades
     .command('open')
     .description('create the platform trade for an order (the order is created locally if new)')
-    .argument('<reference>', 'the order’s external reference')
+    .argument('<reference>', 'the order’s external reference', orderReference)
     .requiredOption('--title <title>', 'name of the trade')
     .requiredOption('--amount <amount>', 'decimal amount, e.g. 120.00')
     .requiredOption('--currency <code>', 'currency code, e.g. EUR')
@@ -273,7 +274,7 @@ export function registerTradesCommands(program: Command): void {
     trades
       .command(kind)
       .description(`${kind} the order’s trade`)
-      .argument('<reference>', 'the order’s external reference')
+      .argument('<reference>', 'the order’s external reference', orderReference)
       .option('--json', 'print the trade record as JSON')
       .action(async (reference: string, options: { json?: boolean }) => {
         const { runTradeOperation } = await import('../trades/run-trade-operation.js')
@@ -289,7 +290,7 @@ export function registerTradesCommands(program: Command): void {
     milestone
       .command(step)
       .description(`${step} one milestone`)
-      .argument('<reference>', 'the order’s external reference')
+      .argument('<reference>', 'the order’s external reference', orderReference)
       .argument('<milestoneId>', 'the platform’s milestone id')
       .option('--json', 'print the trade record as JSON')
       .action(async (reference: string, milestoneId: string, options: { json?: boolean }) => {
@@ -314,7 +315,7 @@ export function registerTradesCommands(program: Command): void {
   trades
     .command('get')
     .description('fetch the trade from the platform, beside the local order')
-    .argument('<reference>', 'the order’s external reference')
+    .argument('<reference>', 'the order’s external reference', orderReference)
     .option('--json', 'print the platform’s trade record and the local order as JSON')
     .action(async (reference: string, options: { json?: boolean }) => {
       const { getTradeForOrder } = await import('../trades/get-trade-for-order.js')
@@ -332,7 +333,7 @@ export function registerTradesCommands(program: Command): void {
   trades
     .command('link')
     .description('link an order with no trade to a trade found on the platform, if the trade names the order')
-    .argument('<reference>', 'the order’s external reference')
+    .argument('<reference>', 'the order’s external reference', orderReference)
     .argument('<tradeId>', 'the platform’s trade id')
     .option('--json', 'print the outcome, the local order and the platform’s trade record as JSON')
     .action(async (reference: string, tradeId: string, options: { json?: boolean }) => {

@@ -8,10 +8,7 @@ import type { CliContext } from '../cli/cli-context.js'
 import { AppError } from '../http/app-error.js'
 import { bearerCredential } from '../http/authorization.js'
 import { continuingParser, leaveBodyUnread } from '../http/expect-continue.js'
-import { COMMANDS_TAKEN_PREFIX, FORWARDED_COMMANDS, LOCAL_CLI_PATH } from './running-service.js'
-
-// a forwarded command line's body at most
-const COMMAND_LIMIT_BYTES = 64 * 1024
+import { COMMANDS_TAKEN_PREFIX, FORWARDED_COMMANDS, LOCAL_CLI_PATH, MAX_COMMAND_REQUEST_BYTES } from './running-service.js'
 
 export function createLocalCliToken(): string {
   return randomBytes(32).toString('hex')
@@ -41,7 +38,21 @@ export function localCliRoutes({
   const router = Router()
   const expected = createHash('sha256').update(token).digest()
   // a client that sent `Expect: 100-continue` is told to send its body here (http/expect-continue.ts)
-  const json = continuingParser(express.json({ limit: COMMAND_LIMIT_BYTES }), COMMAND_LIMIT_BYTES)
+  const parse = continuingParser(express.json({ limit: MAX_COMMAND_REQUEST_BYTES }), MAX_COMMAND_REQUEST_BYTES)
+  // every command line a process can be given fits: a larger body is no command's, and is refused in words that say
+  // so, its length announced (refused from the headers) or not (refused once the limit is read)
+  const json: RequestHandler = (req, res, next) =>
+    parse(req, res, (error) => {
+      if ((error as { status?: unknown } | undefined)?.status !== 413) return next(error)
+      next(
+        new AppError(
+          413,
+          'payload_too_large',
+          `A command line is at most ${MAX_COMMAND_REQUEST_BYTES.toLocaleString('en-US')} bytes as JSON, ` +
+            'more than the arguments of any process can hold: this request is larger',
+        ),
+      )
+    })
   // the token is in the headers: a request without it is refused before its body is read (or asked for)
   const authorized: RequestHandler = (req, res, next) => {
     const presented = createHash('sha256')

@@ -37,6 +37,17 @@ export const FORWARDED_COMMANDS = new Set([
 ])
 export const LOCAL_CLI_PATH = '/_local/cli'
 
+/**
+ * The largest request for a command line the service takes, in bytes (local-cli.ts). A forwarded command's whole
+ * input is its arguments (none reads a file or stdin), and the kernel bounds them: Linux gives a new process at most
+ * 6 MiB of arguments and environment together, whatever its stack limit (3/4 of _STK_LIM since 4.13; Node 20 needs
+ * 4.18), and macOS (1 MiB) and Windows (32,767 characters) less. JSON writes a byte as 6 at most (a control as
+ * \u0001), and an argument's quotes and comma as 3, fewer than the 9 the kernel counted for it (its NUL and pointer):
+ * no command line a process can be given is past this bound, the request's braces included. The service refused
+ * anything past 64 KiB, which one long argument is, where the same command run with no service ran.
+ */
+export const MAX_COMMAND_REQUEST_BYTES = 6 * 6 * 1024 * 1024 + 1024
+
 /** How the service refuses a command it does not run (local-cli.ts); every build since forwarding began says so. */
 export const COMMANDS_TAKEN_PREFIX = 'args must be a command line starting with one of: '
 

@@ -3,22 +3,16 @@
 // (its statement could not see the uncommitted order): between the two passes none is missed.
 import type { Kysely } from 'kysely'
 import type { Database } from '../db/database.js'
-import { isTradeFact, TRADE_FACT_MAX_LENGTH } from '../partner-api/field-rules.js'
 import { PartnerValidationError } from '../partner-api/partner-api-error.js'
 import { applyParkedDeliveries, type ParkedDeliveryResult } from '../webhooks/parked-deliveries.js'
 import { isForeignReference, type ObservationSettings } from './apply-observation.js'
+import { checkExternalReference } from './external-reference.js'
 import type { Order } from './order.js'
 import { findOrderByExternalReference, insertOrder } from './order.repository.js'
 
-/** Throws PartnerValidationError unless `externalReference` can be an order's (what createOrder checks first). */
+/** Throws PartnerValidationError unless `externalReference` can be a new order's (what createOrder checks first). */
 export function checkOrderReference(externalReference: string, settings: Pick<ObservationSettings, 'referencePattern'>): void {
-  // the platform echoes it in every webhook for the order, where a longer one is refused
-  if (!isTradeFact(externalReference)) {
-    throw new PartnerValidationError(
-      'external_reference',
-      `must be 1 to ${TRADE_FACT_MAX_LENGTH} characters without a NUL or a lone surrogate, as every webhook for the order carries it`,
-    )
-  }
+  checkExternalReference(externalReference)
   // the webhooks of a reference the pattern does not match are dismissed, not kept for an order made later
   if (isForeignReference(settings, externalReference)) {
     throw new PartnerValidationError('external_reference', 'does not match ORDER_REFERENCE_PATTERN, the references this backend’s orders use')
