@@ -19,6 +19,7 @@ import { logEntries, logLines, testLogger } from './helpers/log-sink.js'
 import { moveNewOrder } from './helpers/orders.js'
 import { TEST_DISPATCHER_SETTINGS } from './helpers/reaction-jobs.js'
 import { eventually } from './helpers/reconcile-poller.js'
+import { canRunOwnPostgres, startOwnPostgres } from './helpers/own-postgres.js'
 import { createTestDatabase, describePostgres, postgresUrl, type TestDatabase } from './helpers/test-database.js'
 
 const MESSAGE = /^reaction stream held back: /
@@ -177,24 +178,43 @@ describePostgres('a stream held back by an open transaction (Postgres)', () => {
     }
   })
 
+  // on a server of its own where the shared one has none (max_prepared_transactions 0, its default, and a change needs a
+  // restart): a transaction prepared for real, as a two-phase commit of another application leaves it
   it('names a real prepared transaction that holds the streams back', async (context) => {
     const { rows } = await sql<{ setting: string }>`select current_setting('max_prepared_transactions') as setting`.execute(database.db)
-    if (Number(rows[0]!.setting) === 0) context.skip('max_prepared_transactions is 0 on this server (the test above stands in for pg_prepared_xacts)')
+    const shared = Number(rows[0]!.setting) > 0
+    if (!shared && !canRunOwnPostgres) context.skip('max_prepared_transactions is 0 on this server, and no server of the test\'s own can run here')
+    const own = shared ? undefined : await startOwnPostgres({ max_prepared_transactions: '4' })
+    const target = own ? await createTestDatabase({ kind: 'postgres', serverUrl: own.url, poolSize: 4 }) : database
+    const preparer = new pg.Client({ connectionString: own?.url ?? postgresUrl })
+    await preparer.connect()
     const gid = `helper-rx-${randomBytes(4).toString('hex')}`
-    const handled: string[] = []
-    const { reactions, start } = await startDispatcher(database.db, 'prepared', handled)
-    await blocker.query('begin')
-    await blocker.query('select pg_current_xact_id()')
-    await blocker.query(`prepare transaction '${gid}'`)
     try {
-      await moveNewOrder(database.db, { externalReference: 'held-back-3', statuses: ['created'], handlersFor: reactions.handlersFor, now: () => new Date() })
-      await start()
-      await eventually(() => warned('prepared').some((line) => named(line)?.gid === gid), 'the prepared transaction is named', 60_000)
+      const handled: string[] = []
+      const { reactions, start } = await startDispatcher(target.db, 'prepared', handled)
+      await preparer.query('begin')
+      await preparer.query('select pg_current_xact_id()')
+      await preparer.query(`prepare transaction '${gid}'`)
+      try {
+        await moveNewOrder(target.db, { externalReference: 'held-back-3', statuses: ['created'], handlersFor: reactions.handlersFor, now: () => new Date() })
+        await start()
+        await eventually(() => warned('prepared').some((line) => named(line)?.gid === gid), 'the prepared transaction is named', 60_000)
+        expect(named(warned('prepared').find((line) => named(line)?.gid === gid)!)).toEqual(
+          expect.objectContaining({ kind: 'prepared', gid, owner: 'root', preparedAt: expect.any(String), xidAge: expect.any(Number) }),
+        )
+        expect(handled).toEqual([])
+      } finally {
+        await preparer.query(`rollback prepared '${gid}'`)
+      }
+      await eventually(() => handled.length === 1, 'the event is handed over once it ended', 30_000)
     } finally {
-      await blocker.query(`rollback prepared '${gid}'`)
+      await dispatcher?.stop()
+      dispatcher = undefined
+      await preparer.end()
+      if (own) {
+        await target.close()
+        await own.stop()
+      }
     }
-    await eventually(() => handled.length === 1, 'the event is handed over once it ended', 30_000)
-    await dispatcher?.stop()
-    dispatcher = undefined
   })
 })

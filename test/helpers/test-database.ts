@@ -35,6 +35,8 @@ export interface TestDatabaseOptions {
    * (`{ default_transaction_isolation: 'repeatable read', lock_timeout: '1s' }`).
    */
   sessionDefaults?: Partial<Record<'default_transaction_isolation' | 'lock_timeout' | 'idle_in_transaction_session_timeout' | 'DateStyle' | 'IntervalStyle' | 'idle_session_timeout', string>>
+  /** Postgres: the server's database to make the schema in, where not TEST_DATABASE_URL's (a server of the test's own). */
+  serverUrl?: string
 }
 
 /**
@@ -80,6 +82,7 @@ export async function createTestDatabase({
   migrate = true,
   poolSize = 10,
   sessionDefaults = {},
+  serverUrl = postgresUrl,
 }: TestDatabaseOptions = {}): Promise<TestDatabase> {
   if (kind === 'pglite') {
     const handle = openDatabase({ dataDir: 'memory://', pgliteTemplate: pgliteTemplate(migrate) })
@@ -93,13 +96,13 @@ export async function createTestDatabase({
       },
     }
   }
-  if (!postgresUrl) throw new Error('TEST_DATABASE_URL is required for a Postgres test database')
+  if (!serverUrl) throw new Error('TEST_DATABASE_URL is required for a Postgres test database')
   const schema = `t_${randomBytes(6).toString('hex')}`
-  const admin = new pg.Client({ connectionString: postgresUrl })
+  const admin = new pg.Client({ connectionString: serverUrl })
   await admin.connect()
   await admin.query(`create schema ${schema}`)
   await admin.end()
-  const url = withSessionOptions(postgresUrl, { search_path: schema, ...sessionDefaults })
+  const url = withSessionOptions(serverUrl, { search_path: schema, ...sessionDefaults })
   const handle = openDatabase({ databaseUrl: url, poolSize, ...(logger ? { logger } : {}) })
   if (migrate) await migrateToLatest(handle.db)
   return {
@@ -108,7 +111,7 @@ export async function createTestDatabase({
     openAnother: () => openDatabase({ databaseUrl: url, poolSize }),
     close: async () => {
       await handle.close()
-      const cleanup = new pg.Client({ connectionString: postgresUrl })
+      const cleanup = new pg.Client({ connectionString: serverUrl })
       await cleanup.connect()
       // under the migration lock, not in the middle of another test file's migration (which, before it read
       // only its own schema's catalog, failed with "schema … does not exist", 3F000, when one was dropped)
