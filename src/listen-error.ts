@@ -1,6 +1,7 @@
 // A listener that cannot open says which setting to change. Node's own words ("listen EADDRINUSE: address
 // already in use 127.0.0.1:3000") name neither the variable nor what to do, and a newcomer whose port 3000 is
 // taken by another program met exactly that under `npm start`.
+import { printable } from './printable.js'
 
 /** Where a listener was asked to open: the variables that chose it, and their values. */
 export interface ListenTarget {
@@ -20,8 +21,10 @@ export class ListenSettingError extends Error {
 }
 
 /** The listen failure in words that name the setting, or the error itself when it is none of the known ones. */
-export function describeListenError(error: unknown, { portSetting, hostSetting, port, host }: ListenTarget): Error {
+export function describeListenError(error: unknown, { portSetting, hostSetting, port, host: hostGiven }: ListenTarget): Error {
   const code = (error as NodeJS.ErrnoException | undefined)?.code
+  // a host given as an argument (`sandbox --host`) may hold a line feed: it cannot start a line of its own
+  const host = printable(hostGiven)
   const where = `${host}:${port}`
   const reason =
     code === 'EADDRINUSE'
@@ -32,4 +35,16 @@ export function describeListenError(error: unknown, { portSetting, hostSetting, 
           ? `${hostSetting}=${host}: no such address on this machine (${code}); set ${hostSetting} to one of its addresses, such as 127.0.0.1 or 0.0.0.0`
           : undefined
   return reason ? new ListenSettingError(reason, { cause: error }) : (error as Error)
+}
+
+/**
+ * The listen failure of `target` when its port is taken by another listener of this same start, `holder`, opened
+ * before it: PORT=ADMIN_PORT was reported as "another process already listens", when none did.
+ */
+export function describeListenClash(error: unknown, target: ListenTarget, holder: ListenTarget): ListenSettingError {
+  return new ListenSettingError(
+    `${target.portSetting}=${target.port}: ${holder.portSetting} and ${target.portSetting} clash: this service's own listener ` +
+      `for ${holder.portSetting} already listens on ${printable(holder.host)}:${holder.port}; set ${target.portSetting} to another port`,
+    { cause: error },
+  )
 }

@@ -119,6 +119,40 @@ describe('the CLI shows text from outside without its control codes', () => {
     expect(missing.stderr).toBe('No order with external reference nope\\u001b[2J [order_not_found]\n')
   })
 
+  it('a one-line message quoting a reference or an id shows its line feed and tab too: no forged line', async () => {
+    // printed through the output that keeps line feeds and tabs on purpose (a result laid out in lines, as the
+    // service forwards it): the value in the line is escaped whole where the line is made
+    const reference = 'lf-1\nforged  released\tx'
+    const shown = 'lf-1\\u000aforged  released\\u0009x'
+    const created = await run('orders', 'create', '--external-reference', reference)
+    const { id } = JSON.parse((await run('orders', 'show', reference, '--json')).stdout) as { id: number }
+    expect({ code: created.code, stdout: created.stdout }).toEqual({ code: 0, stdout: `created order ${shown} (id ${id})\n` })
+
+    const requeued = await run('reconcile', '--requeue', reference)
+    expect({ code: requeued.code, stdout: requeued.stdout }).toEqual({
+      code: 0,
+      stdout: `${shown}: attention cleared; not polled (no trade id or a terminal status)\n`,
+    })
+
+    const noTrade = await run('trades', 'get', reference)
+    expect({ code: noTrade.code, stderr: noTrade.stderr }).toEqual({
+      code: 1,
+      stderr: `Order ${shown} has no trade yet (trade create state: none) [no_trade]\n`,
+    })
+
+    const noDelivery = await run('deliveries', 'reapply', 'dlv-1\nforged  applied')
+    expect({ code: noDelivery.code, stderr: noDelivery.stderr }).toEqual({
+      code: 1,
+      stderr: 'No delivery dlv-1\\u000aforged  applied [delivery_not_found]\n',
+    })
+
+    const badMilestone = await run('trades', 'open', 'lf-2', '--title', 't', '--amount', '1.00', '--currency', 'EUR', '--milestone', 'frame\nforged')
+    expect({ code: badMilestone.code, stderr: badMilestone.stderr }).toEqual({
+      code: 2,
+      stderr: '--milestone must be "title:amount", e.g. "Frame:70.00"; got "frame\\u000aforged"\n',
+    })
+  })
+
   it('deliveries list and show, the raw body included', async () => {
     const list = await run('deliveries', 'list')
     expectNoControl(list.stdout)

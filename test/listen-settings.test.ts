@@ -9,7 +9,7 @@ import { tmpdir } from 'node:os'
 import path from 'node:path'
 import { afterAll, describe, expect, it } from 'vitest'
 import { describeListenError } from '../src/listen-error.js'
-import { freePort, runCli } from './helpers/cli-process.js'
+import { freePort, runCli, spawnCli, stopChild, waitForLogLine } from './helpers/cli-process.js'
 import { migratedDataDir } from './helpers/data-dir-template.js'
 
 const taken: Server[] = []
@@ -118,6 +118,49 @@ describe('a listener that cannot open', () => {
       code: 1,
       stderr: `SANDBOX_PORT=${busy}: another process already listens on 127.0.0.1:${busy}; stop it, or set SANDBOX_PORT to a free port\n`,
     })
+  })
+
+  it('says PORT and ADMIN_PORT clash when both name one port on overlapping addresses, where it blamed another process', async () => {
+    // HOST=0.0.0.0 covers ADMIN_HOST=127.0.0.1; nothing else listens on the port
+    const port = await freePort()
+    for (const host of ['127.0.0.1', '0.0.0.0']) {
+      const env = { DATA_DIR: migratedDataDir('listen-'), HOST: host, PORT: String(port), ADMIN_PORT: String(port), SANDBOX_PORT: String(await freePort()) }
+      const result = await runCli(['serve'], env, { built: true })
+      expect({ code: result.code, stderr: result.stderr }, host).toEqual({
+        code: 1,
+        stderr: `ADMIN_PORT=${port}: PORT and ADMIN_PORT clash: this service's own listener for PORT already listens on ${host}:${port}; set ADMIN_PORT to another port\n`,
+      })
+    }
+    // the in-process sandbox of local mode likewise
+    const env = { DATA_DIR: migratedDataDir('listen-'), PORT: String(port), ADMIN_PORT: String(await freePort()), SANDBOX_PORT: String(port) }
+    const result = await runCli(['serve'], env, { built: true })
+    expect({ code: result.code, stderr: result.stderr }).toEqual({
+      code: 1,
+      stderr: `SANDBOX_PORT=${port}: PORT and SANDBOX_PORT clash: this service's own listener for PORT already listens on 127.0.0.1:${port}; set SANDBOX_PORT to another port\n`,
+    })
+  })
+
+  it('still names another process when one holds ADMIN_PORT and PORT is the same port on another address', async () => {
+    // the same port on addresses apart is no clash: the service's own listener on 127.0.0.2 is not what holds 127.0.0.1
+    const busy = await takePort()
+    const env = { DATA_DIR: migratedDataDir('listen-'), HOST: '127.0.0.2', PORT: String(busy), ADMIN_PORT: String(busy), SANDBOX_PORT: String(await freePort()) }
+    const result = await runCli(['serve'], env, { built: true })
+    expect({ code: result.code, stderr: result.stderr }).toEqual({
+      code: 1,
+      stderr: `ADMIN_PORT=${busy}: another process already listens on 127.0.0.1:${busy}; stop it, or set ADMIN_PORT to a free port\n`,
+    })
+  })
+
+  it('starts with PORT and ADMIN_PORT one port on addresses apart (HOST=127.0.0.2, ADMIN_HOST=127.0.0.1)', async () => {
+    const port = await freePort()
+    const env = { DATA_DIR: migratedDataDir('listen-'), HOST: '127.0.0.2', PORT: String(port), ADMIN_PORT: String(port), SANDBOX_PORT: String(await freePort()) }
+    const child = spawnCli(['serve'], env, { built: true })
+    try {
+      const listening = await waitForLogLine(child, 'service listening')
+      expect({ url: listening.url, adminUrl: listening.adminUrl }).toEqual({ url: `http://127.0.0.2:${port}`, adminUrl: `http://127.0.0.1:${port}` })
+    } finally {
+      await stopChild(child)
+    }
   })
 
   it('refuses a `sandbox --port` or `demo --console-port` that is no port with exit 2, before anything starts', async () => {

@@ -174,6 +174,15 @@ describe('operator commands while `npm start` owns the embedded database', () =>
     expect(shown.code).toBe(1)
   })
 
+  it('prints a reference with a line feed in `orders create`’s one line as \\u000a, though the service keeps a result’s line feeds', async () => {
+    // what a second terminal typed (a reference from a webhook, pasted): the line feed made a second output line
+    const reference = 'evil\u001b]0;pwn\u0007\u001b[2J\r\nFAKE  released\u202e'
+    const created = await runCli(['orders', 'create', '--external-reference', reference], env)
+    expect({ code: created.code, stderr: created.stderr }).toEqual({ code: 0, stderr: '' })
+    const { id } = JSON.parse((await runCli(['orders', 'show', reference, '--json'], env)).stdout) as { id: number }
+    expect(created.stdout).toBe(`created order evil\\u001b]0;pwn\\u0007\\u001b[2J\\u000d\\u000aFAKE  released\\u202e (id ${id})\n`)
+  })
+
   it('sends `webhook send` without --url to the running service’s receiver', async () => {
     const body = path.join(dataDir, 'body.json')
     writeFileSync(body, '{"trade_id":"trd_x","reference":"R-X","status":"funded","external_reference":"nobody"}')

@@ -28,7 +28,7 @@ function sha256Prefix(value: string): string {
 function deliveryNotFound(deliveryId: string, bodySha256: string | undefined): CommandFailedError {
   return new CommandFailedError(
     'delivery_not_found',
-    `No delivery ${deliveryId}${bodySha256 ? ` with body SHA-256 ${bodySha256}…` : ''}`,
+    `No delivery ${printable(deliveryId)}${bodySha256 ? ` with body SHA-256 ${bodySha256}…` : ''}`,
   )
 }
 
@@ -129,7 +129,7 @@ export function registerDeliveriesCommands(program: Command): void {
             )
           }
           if (signalled) {
-            writeError(`stopped by a signal before ${deliveryId} was reapplied: nothing done\n`)
+            writeError(`stopped by a signal before ${printable(deliveryId)} was reapplied: nothing done\n`)
             setExitCode(130)
             return
           }
@@ -149,9 +149,9 @@ export function registerDeliveriesCommands(program: Command): void {
           }
           const { kind: _kind, ...shown } = result
           if (options.json) printJson({ deliveryId, ...shown })
-          else write(`${deliveryId}: ${result.outcome}${result.toStatus ? ` (order status ${result.toStatus})` : ''}\n`)
+          else write(`${printable(deliveryId)}: ${result.outcome}${result.toStatus ? ` (order status ${result.toStatus})` : ''}\n`)
           if (signalled) {
-            writeError(`stopped by a signal after the delivery in flight: ${deliveryId} was reapplied (above)\n`)
+            writeError(`stopped by a signal after the delivery in flight: ${printable(deliveryId)} was reapplied (above)\n`)
             setExitCode(130)
           }
         })

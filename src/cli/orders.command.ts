@@ -28,7 +28,7 @@ export function registerOrdersCommands(program: Command): void {
           )
           if (options.json) printJson({ ...order, appliedDeliveries, parkedDeliveries })
           else {
-            write(`created order ${order.externalReference} (id ${order.id})\n`)
+            write(`created order ${printable(order.externalReference)} (id ${order.id})\n`)
             // each parked delivery's own outcome, as `deliveries reapply` says it: one may be a trade_mismatch
             // (its trade already another order's) and leave the order without a status
             for (const parked of parkedDeliveries) {

@@ -167,8 +167,8 @@ async function requeue(externalReferences: string[] | undefined, json: boolean |
     for (const result of results) {
       write(
         result.outcome === 'requeued'
-          ? `${result.externalReference}: due now${result.previousAttention ? ` (was ${result.previousAttention})` : ''}\n`
-          : `${result.externalReference}: attention cleared; not polled (no trade id or a terminal status)\n`,
+          ? `${printable(result.externalReference)}: due now${result.previousAttention ? ` (was ${result.previousAttention})` : ''}\n`
+          : `${printable(result.externalReference)}: attention cleared; not polled (no trade id or a terminal status)\n`,
       )
     }
     if (results.length === 0 && !externalReferences) write('no order is flagged for an operator\n')

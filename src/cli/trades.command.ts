@@ -1,6 +1,7 @@
 // `trades ...`: create and move the platform trade of one of your orders (named by its external reference).
 // The platform is the configured one, or the in-process sandbox in local mode.
 import type { Command } from 'commander'
+import { printable } from '../printable.js'
 import {
   isOutcomeUnknown,
   PartnerAnswerAbandonedError,
@@ -114,8 +115,9 @@ function explainFailure(
   /** Local mode's platform: the sandbox `npm start` runs from `dataDir`, which knows that directory's key. */
   localSandbox?: { url: string; dataDir: string },
 ): unknown {
+  // a TradeOperationError names the order by its reference as given, which may hold a line feed: one line here
   if (error instanceof TradeOperationError && error.code === 'stopped') {
-    return new StoppedBySignalError(`${error.message} [${error.code}]`)
+    return new StoppedBySignalError(`${printable(error.message)} [${error.code}]`)
   }
   if (error instanceof PartnerValidationError) return new UsageError(`Invalid request: ${error.message}`)
   if (error instanceof PartnerApiError && localSandbox && (error.code === 'unknown_key' || error.code === 'invalid_signature')) {
@@ -130,7 +132,7 @@ function explainFailure(
   // CommandFailedError from here on, never a plain Error: run-cli.ts reads a plain one's message for a database
   // failure, and these messages quote the platform (a 503 saying `Connection terminated`, a key of its answer)
   if (error instanceof PartnerApiError) return explainRefusal(error, orderWhenRefused())
-  if (error instanceof TradeOperationError) return new CommandFailedError(error.code, error.message)
+  if (error instanceof TradeOperationError) return new CommandFailedError(error.code, printable(error.message))
   if (error instanceof PartnerNotSentError && error.proxy && error.beyondProxy) {
     // the tunnel was up: the proxy settings did their part, and what failed is the platform's (its TLS)
     return new CommandFailedError(
@@ -192,7 +194,7 @@ export function parseMilestone(spec: string): MilestoneInput {
   const title = spec.slice(0, colon).trim()
   const amount = spec.slice(colon + 1).trim()
   if (colon < 0 || !title || !amount) {
-    throw new UsageError(`--milestone must be "title:amount", e.g. "Frame:70.00"; got "${spec}"`)
+    throw new UsageError(`--milestone must be "title:amount", e.g. "Frame:70.00"; got "${printable(spec)}"`)
   }
   return { title, amount }
 }
@@ -255,15 +257,15 @@ export function registerTradesCommands(program: Command): void {
         {
           unknownOutcome:
             'The trade may or may not exist: the order is marked unknown and is linked when the trade’s ' +
-            `webhook arrives. Send the create again only on purpose: \`trades open ${reference} ... --retry\`.`,
+            `webhook arrives. Send the create again only on purpose: \`trades open ${printable(reference)} ... --retry\`.`,
           orderWhenNotSent: () =>
             orderCreated
-              ? `no trade was opened, but order ${reference} was created locally: the same command opens its trade ` +
+              ? `no trade was opened, but order ${printable(reference)} was created locally: the same command opens its trade ` +
                 'once the platform can be reached'
               : 'the order is unchanged',
           orderWhenRefused: () =>
             orderCreated
-              ? `\n  No trade was opened, but order ${reference} was created locally, with no trade: the same command ` +
+              ? `\n  No trade was opened, but order ${printable(reference)} was created locally, with no trade: the same command ` +
                 'opens its trade once what the platform refused is put right'
               : '',
         },
@@ -340,7 +342,7 @@ export function registerTradesCommands(program: Command): void {
       const { linkTradeToOrder } = await import('../trades/link-trade-to-order.js')
       const result = await withTradeDeps((deps) => linkTradeToOrder(deps, reference, tradeId), {
         reads: true,
-        orderWhenRefused: () => `\n  Nothing was linked: order ${reference} is as it was.`,
+        orderWhenRefused: () => `\n  Nothing was linked: order ${printable(reference)} is as it was.`,
       })
       if (options.json) {
         printJson(result)

@@ -41,7 +41,7 @@ async function signedHeaders(options: SignOptions, beside: ServiceBeside): Promi
   try {
     body = readFileSync(options.file)
   } catch (error) {
-    throw new UsageError(`Cannot read --file ${options.file}: ${(error as Error).message}`)
+    throw new UsageError(`Cannot read --file ${printable(options.file)}: ${printable((error as Error).message)}`)
   }
   const secret = options.secret ?? (await serviceSecret(beside))
   // raw bytes: the signature covers the exact body as it will be sent; signed by the receiver's own pair
@@ -87,7 +87,8 @@ export function registerWebhookCommands(program: Command): void {
     .action(async (options: SignOptions & { url?: string }) => {
       const beside = await serviceBeside()
       const url = options.url ?? (await defaultWebhookUrl(beside))
-      if (!/^https?:\/\//.test(url)) throw new UsageError(`--url must be an http(s) URL, got ${url}`)
+      // shortened and without its password as a refusal shows an argument, before its line feeds are escaped
+      if (!/^https?:\/\//.test(url)) throw new UsageError(`--url must be an http(s) URL, got ${printable(shortened(withoutPassword(url), 200))}`)
       const { body, headers } = await signedHeaders(options, beside)
       // from here a stop signal may cut a delivery under way: Node's default, not "nothing done" (stop-signals.ts)
       commandBegins()
