@@ -3,15 +3,10 @@
 // the command itself: one argument may be 128 KiB, and all of them 6 MiB, on Linux. Now the largest a process can be
 // given is taken, and a request larger than any command line is refused 413 `payload_too_large`, in words that say
 // so. Through the real server (http/server.ts), as the CLI reaches it.
-import { afterAll, beforeAll, describe, expect, it } from 'vitest'
-import { systemClock } from '../src/clock.js'
-import { createAdminApp } from '../src/http/admin-app.js'
-import { listen, type RunningServer } from '../src/http/server.js'
-import { localCliRoutes } from '../src/local/local-cli.js'
+import { describe, expect, it } from 'vitest'
 import { LOCAL_CLI_PATH, MAX_COMMAND_REQUEST_BYTES } from '../src/local/running-service.js'
-import { testLogger } from './helpers/log-sink.js'
+import { useLocalCommandServer } from './helpers/local-command-server.js'
 import { connect, exchange, finalAnswer } from './helpers/raw-http-client.js'
-import { testConfig } from './helpers/test-config.js'
 import { useTestDatabase } from './helpers/test-database.js'
 
 const TOKEN = 'c'.repeat(64)
@@ -45,76 +40,55 @@ const TOO_LARGE = {
 
 describe('the size of a command line the local command endpoint takes', () => {
   const database = useTestDatabase()
-  const commands: string[][] = []
-  let server: RunningServer
-  let port: number
-
-  beforeAll(async () => {
-    const config = testConfig()
-    const logger = testLogger([TOKEN])
-    const local = localCliRoutes({
-      token: TOKEN,
-      context: { config, db: database.db, logger },
-      runCommand: async (args) => {
-        commands.push(args)
-        return { code: 0, stdout: 'ran\n', stderr: '' }
-      },
-      whenReady: Promise.resolve(),
-    })
-    server = await listen(createAdminApp({ config, db: database.db, logger, clock: systemClock, routes: [local] }), { port: 0, host: '127.0.0.1' })
-    port = Number(new URL(server.url).port)
-  })
-  afterAll(async () => {
-    await server?.stop(1_000)
-  })
+  const endpoint = useLocalCommandServer(database, { token: TOKEN })
 
   const head = (headers: Record<string, string | number>) =>
-    `POST ${LOCAL_CLI_PATH} HTTP/1.1\r\nHost: 127.0.0.1:${port}\r\nContent-Type: application/json\r\nAuthorization: Bearer ${TOKEN}\r\n` +
+    `POST ${LOCAL_CLI_PATH} HTTP/1.1\r\nHost: 127.0.0.1:${endpoint.port}\r\nContent-Type: application/json\r\nAuthorization: Bearer ${TOKEN}\r\n` +
     `Connection: close\r\n${Object.entries(headers)
       .map(([name, value]) => `${name}: ${value}\r\n`)
       .join('')}\r\n`
 
   it('runs a command line with one argument past 64 KiB, as the CLI sends it', async () => {
-    commands.length = 0
+    endpoint.commands.length = 0
     const args = ['orders', 'show', 'r'.repeat(ARGUMENT_BYTES - 1)]
-    const response = await fetch(`${server.url}${LOCAL_CLI_PATH}`, {
+    const response = await fetch(`${endpoint.url}${LOCAL_CLI_PATH}`, {
       method: 'POST',
       headers: { 'content-type': 'application/json', authorization: `Bearer ${TOKEN}` },
       body: JSON.stringify({ args }),
     })
     expect(response.status).toBe(200)
     expect(await response.json()).toEqual({ code: 0, stdout: 'ran\n', stderr: '' })
-    expect(commands).toEqual([args])
+    expect(endpoint.commands).toEqual([args])
   })
 
   it('runs the largest command line a process can be given, all of it control characters', async () => {
-    commands.length = 0
+    endpoint.commands.length = 0
     const args = largestCommandLine()
     const body = JSON.stringify({ args })
     expect(body.length).toBeGreaterThan(37_000_000)
-    const response = await fetch(`${server.url}${LOCAL_CLI_PATH}`, {
+    const response = await fetch(`${endpoint.url}${LOCAL_CLI_PATH}`, {
       method: 'POST',
       headers: { 'content-type': 'application/json', authorization: `Bearer ${TOKEN}` },
       body,
     })
     expect(response.status).toBe(200)
     expect(await response.json()).toEqual({ code: 0, stdout: 'ran\n', stderr: '' })
-    expect(commands).toHaveLength(1)
+    expect(endpoint.commands).toHaveLength(1)
     // compared whole, not through toEqual: a difference would be printed as 36 MB of text
-    expect(JSON.stringify(commands[0]) === JSON.stringify(args)).toBe(true)
+    expect(JSON.stringify(endpoint.commands[0]) === JSON.stringify(args)).toBe(true)
   })
 
   it('refuses a request announced one byte past the bound 413, from its headers, running nothing', async () => {
-    commands.length = 0
-    const answer = finalAnswer(await exchange(port, head({ 'Content-Length': MAX_COMMAND_REQUEST_BYTES + 1 })))
+    endpoint.commands.length = 0
+    const answer = finalAnswer(await exchange(endpoint.port, head({ 'Content-Length': MAX_COMMAND_REQUEST_BYTES + 1 })))
     expect(answer.status).toBe(413)
     expect(JSON.parse(answer.body)).toEqual(TOO_LARGE)
-    expect(commands).toEqual([])
+    expect(endpoint.commands).toEqual([])
   })
 
   it('refuses a chunked request once it passes the bound, in the same words, running nothing', async () => {
-    commands.length = 0
-    const client = await connect(port)
+    endpoint.commands.length = 0
+    const client = await connect(endpoint.port)
     client.write(head({ 'Transfer-Encoding': 'chunked' }))
     const chunk = Buffer.alloc(1024 * 1024, 'x')
     for (let sent = 0; sent <= MAX_COMMAND_REQUEST_BYTES; sent += chunk.length) client.write(`${chunk.length.toString(16)}\r\n${chunk}\r\n`)
@@ -122,6 +96,6 @@ describe('the size of a command line the local command endpoint takes', () => {
     const answer = finalAnswer(await client.closed)
     expect(answer.status).toBe(413)
     expect(JSON.parse(answer.body)).toEqual(TOO_LARGE)
-    expect(commands).toEqual([])
+    expect(endpoint.commands).toEqual([])
   })
 })

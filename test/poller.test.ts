@@ -548,6 +548,20 @@ describe('the poller', () => {
       await poller.stop()
     })
 
+    /** Runs the poller on `fetcher`'s refusals: it sleeps 2, 4, 8 × the interval after each cycle, one poll each. */
+    const expectSleepsDoubling = async (fetcher: ReturnType<typeof countingFetcher>, settings: { intervalS: number; batchSize?: number }) => {
+      const poller = testPoller({ db: database.db, fetcher, clock, settings })
+      poller.start()
+      for (const expected of [60_000, 120_000, 240_000]) {
+        await eventually(() => clock.pendingSleepers === 1, 'the poller sleeps')
+        expect(clock.sleeps.at(-1)).toBe(expected)
+        await clock.advance(expected)
+      }
+      await eventually(() => clock.pendingSleepers === 1, 'the poller sleeps')
+      expect(fetcher.calls).toHaveLength(4)
+      await poller.stop()
+    }
+
     it('backs off longer after each cycle in a row the platform answered 429, a Retry-After of 0 or none', async () => {
       await insertOrders(
         database.db,
@@ -555,31 +569,12 @@ describe('the poller', () => {
       )
       // every order due: each cycle claims fresh ones, and each is answered 429
       const fetcher = countingFetcher((_tradeId, call) => (call % 2 === 1 ? Object.assign(platformError(429), { retryAfterMs: 0 }) : platformError(429)))
-      const poller = testPoller({ db: database.db, fetcher, clock, settings: { intervalS: 30, batchSize: 1 } })
-      poller.start()
-      for (const expected of [60_000, 120_000, 240_000]) {
-        await eventually(() => clock.pendingSleepers === 1, 'the poller sleeps')
-        expect(clock.sleeps.at(-1)).toBe(expected)
-        await clock.advance(expected)
-      }
-      await eventually(() => clock.pendingSleepers === 1, 'the poller sleeps')
-      expect(fetcher.calls).toHaveLength(4)
-      await poller.stop()
+      await expectSleepsDoubling(fetcher, { intervalS: 30, batchSize: 1 })
     })
 
     it('backs off longer after each cycle the platform refused with 401, instead of hammering it', async () => {
       await insertOrders(database.db, [{ externalReference: 'a', nextPollAt: fromNow(-1) }])
-      const fetcher = countingFetcher(() => platformError(401))
-      const poller = testPoller({ db: database.db, fetcher, clock, settings: { intervalS: 30 } })
-      poller.start()
-      for (const expected of [60_000, 120_000, 240_000]) {
-        await eventually(() => clock.pendingSleepers === 1, 'the poller sleeps')
-        expect(clock.sleeps.at(-1)).toBe(expected)
-        await clock.advance(expected)
-      }
-      await eventually(() => clock.pendingSleepers === 1, 'the poller sleeps')
-      expect(fetcher.calls).toHaveLength(4)
-      await poller.stop()
+      await expectSleepsDoubling(countingFetcher(() => platformError(401)), { intervalS: 30 })
     })
 
     it('on stop, aborts the cycle in flight, gives its claims back and records why it stopped', async () => {
