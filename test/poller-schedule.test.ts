@@ -44,7 +44,7 @@ describe('when an order is due', () => {
       }),
       clock,
       logger: testLogger(),
-      settings: { expectedWebhookS: EXPECTED_WEBHOOK_S, observation: { staleAfterS: STALE_AFTER_S, handlersFor: NO_REACTION_HANDLERS }, partnerKind: 'marketplace' },
+      settings: { expectedWebhookS: EXPECTED_WEBHOOK_S, observation: { staleAfterS: STALE_AFTER_S, handlersFor: NO_REACTION_HANDLERS }, partnerKind: 'marketplace', createTimeoutMs: 10_000 },
     }
     // the platform's record of order-1's trade (a record of another order's would flag it for an operator)
     fetcher = countingFetcher(() => tradeRecord({ trade_id: 'tr_1', external_reference: 'order-1', status: 'funded' }))

@@ -10,7 +10,7 @@ import {
   PartnerTimeoutError,
   PartnerValidationError,
 } from '../src/partner-api/partner-api-error.js'
-import { openTradeForOrder } from '../src/trades/open-trade-for-order.js'
+import { CREATE_MARGIN_MS, openTradeForOrder } from '../src/trades/open-trade-for-order.js'
 import { runTradeOperation } from '../src/trades/run-trade-operation.js'
 import type { CallGuard, PartnerTradeApi, TradeDeps } from '../src/trades/trade-deps.js'
 import { TradeOperationError } from '../src/trades/trade-operation-error.js'
@@ -24,6 +24,7 @@ import { NO_REACTION_HANDLERS } from '../src/orders/apply-observation.js'
 
 const SECRET = 'apisec_trades_test_9d8c7b6a5f4e3d2c1b0a'
 const EXPECTED_WEBHOOK_S = 600
+const CREATE_TIMEOUT_MS = 10_000
 const STALE_AFTER_S = 21_600
 const logger = testLogger([SECRET])
 
@@ -46,8 +47,15 @@ function deps(client: PartnerTradeApi, clock = new FakeClock()): TradeDeps & { c
     client,
     clock,
     logger,
-    settings: { expectedWebhookS: EXPECTED_WEBHOOK_S, observation: { staleAfterS: STALE_AFTER_S, handlersFor: NO_REACTION_HANDLERS }, partnerKind: 'marketplace' },
+    settings: { expectedWebhookS: EXPECTED_WEBHOOK_S, observation: { staleAfterS: STALE_AFTER_S, handlersFor: NO_REACTION_HANDLERS }, partnerKind: 'marketplace', createTimeoutMs: CREATE_TIMEOUT_MS },
   }
+}
+
+/** A promise the test resolves when it wants (Promise.withResolvers, which Node 20 lacks). */
+function gate(): { promise: Promise<void>; resolve: () => void } {
+  let resolve: () => void = () => {}
+  const promise = new Promise<void>((done) => (resolve = done))
+  return { promise, resolve }
 }
 
 async function order(ref: string) {
@@ -167,12 +175,67 @@ describe('openTradeForOrder', () => {
   it('refuses a second open of an order left pending by a crash mid-call, unless retried', async () => {
     const ref = reference()
     await createOrder(database.db, { externalReference: ref })
-    expect(await startTradeCreate(database.db, (await order(ref)).id, 'none', new Date())).toBe(true)
+    // marked longer ago than the create's whole time: the command that sent it is gone
+    const clock = new FakeClock()
+    const crashedAt = new Date(clock.now() - CREATE_TIMEOUT_MS - CREATE_MARGIN_MS)
+    expect(await startTradeCreate(database.db, (await order(ref)).id, 'none', crashedAt)).toBe(true)
     const client = fakeTradeApi()
-    await expect(openTradeForOrder(deps(client), ref, request)).rejects.toMatchObject({ code: 'trade_create_unknown' })
+    await expect(openTradeForOrder(deps(client, clock), ref, request)).rejects.toMatchObject({ code: 'trade_create_unknown' })
     expect(client.calls).toHaveLength(0)
-    await openTradeForOrder(deps(client), ref, request, { retry: true })
+    await openTradeForOrder(deps(client, clock), ref, request, { retry: true })
     expect((await order(ref)).tradeCreateState).toBe('created')
+  })
+
+  it('leaves a pending create it took over unknown, not freshly pending, when the platform refuses the --retry', async () => {
+    const ref = reference()
+    await createOrder(database.db, { externalReference: ref })
+    const clock = new FakeClock()
+    expect(await startTradeCreate(database.db, (await order(ref)).id, 'none', new Date(clock.now() - CREATE_TIMEOUT_MS - CREATE_MARGIN_MS))).toBe(true)
+    const refusal = new PartnerApiError(422, 'validation_failed', 'invalid fields', undefined)
+    const client = fakeTradeApi({
+      createTrade: async () => {
+        throw refusal
+      },
+    })
+    await expect(openTradeForOrder(deps(client, clock), ref, request, { retry: true })).rejects.toBe(refusal)
+    // its command is gone and nothing is sending it: as unknown as a create that timed out, not one in flight
+    expect((await order(ref)).tradeCreateState).toBe('unknown')
+    await expect(openTradeForOrder(deps(client, clock), ref, request)).rejects.toMatchObject({ code: 'trade_create_unknown' })
+  })
+
+  it('leaves a create taken over by a --retry to that command when the first one’s timeout comes late', async () => {
+    const ref = reference()
+    const clock = new FakeClock()
+    const timeOut = gate()
+    const answerRetry = gate()
+    const sent = [gate(), gate()]
+    const client = fakeTradeApi({
+      createTrade: async (req) => {
+        const attempt = client.calls.length
+        sent[attempt - 1]!.resolve()
+        if (attempt === 1) {
+          // the first command's timer fires only after its create was judged stopped and taken over
+          await timeOut.promise
+          throw new PartnerTimeoutError('no answer', CREATE_TIMEOUT_MS)
+        }
+        await answerRetry.promise
+        return tradeRecord({ trade_id: `tr_${ref}`, external_reference: req.external_reference })
+      },
+    })
+    const first = openTradeForOrder(deps(client, clock), ref, request).catch((e) => e)
+    await sent[0]!.promise
+    await clock.advance(CREATE_TIMEOUT_MS + CREATE_MARGIN_MS)
+    const retried = openTradeForOrder(deps(client, clock), ref, request, { retry: true })
+    await sent[1]!.promise
+    timeOut.resolve()
+    expect(await first).toBeInstanceOf(PartnerTimeoutError)
+    // still the retry's create, marked when it was sent: another open is told it is in flight
+    expect(await order(ref)).toMatchObject({ tradeCreateState: 'pending', updatedAt: new Date(clock.now()) })
+    await expect(openTradeForOrder(deps(client, clock), ref, request)).rejects.toMatchObject({ code: 'trade_create_in_flight' })
+    answerRetry.resolve()
+    await retried
+    expect(await order(ref)).toMatchObject({ tradeId: `tr_${ref}`, tradeCreateState: 'created' })
+    expect(client.calls).toHaveLength(2)
   })
 
   it('links an unknown create when the webhook with its external reference arrives, and then refuses to open again', async () => {

@@ -74,6 +74,7 @@ export async function withTradeDeps<T>(
       return await run({ db, client, clock, logger, settings: {
           expectedWebhookS: config.poll.expectedWebhookS,
           partnerKind: config.partner.kind,
+          createTimeoutMs: config.partner.timeoutMs,
           observation: observationSettings(config, reactions.handlersFor),
         },
       })

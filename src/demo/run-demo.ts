@@ -129,6 +129,8 @@ export interface DemoOptions {
 }
 
 const KINDS: DemoKind[] = ['plain', 'milestone', 'cancelled', 'disputed', 'receiver down']
+/** The demo's partner API client's timeout, which its trades service also judges a create in flight by. */
+const DEMO_PARTNER_TIMEOUT_MS = 5_000
 const SECRETS = {
   keyId: 'pk_demo',
   apiSecret: 'demo-api-secret-not-for-production-0001',
@@ -218,7 +220,7 @@ export async function runDemo({
       secret: SECRETS.apiSecret,
       env: 'sandbox',
       kind: 'marketplace',
-      timeoutMs: 5_000,
+      timeoutMs: DEMO_PARTNER_TIMEOUT_MS,
       clock,
       logger: log,
     })
@@ -228,7 +230,7 @@ export async function runDemo({
       client,
       clock,
       logger: log,
-      settings: { expectedWebhookS: config.poll.expectedWebhookS, observation, partnerKind: config.partner.kind },
+      settings: { expectedWebhookS: config.poll.expectedWebhookS, observation, partnerKind: config.partner.kind, createTimeoutMs: DEMO_PARTNER_TIMEOUT_MS },
     }
 
     say(`demo: database ready after ${((Date.now() - startedAt) / 1000).toFixed(1)} s; ${trades} trades against the sandbox, with faults (seed ${seed})`)

@@ -93,14 +93,21 @@ export type { ObservationResult }
 /**
  * Marks a create as in flight, only if the order is still in `previousState` and has no trade: two
  * operators opening the same order at once cannot both send a create. Returns whether it was marked.
+ *
+ * The time it writes (updated_at, which nothing else writes on a pending order with no trade but the poller's
+ * trade_create_unknown flag) is when the create began: what tells a create still at the platform from one whose
+ * command stopped, and the claim that command's later writes name (setTradeCreateState's `claim`). Taking over a
+ * `pending` create (`--retry` of one whose command stopped) names `markedBy`: only a create marked by then is
+ * taken, so of two such retries only the first marks it, and a create marked since is left to its command.
  */
 export async function startTradeCreate(
   db: Executor,
   orderId: number,
   previousState: TradeCreateState,
   now: Date,
+  { markedBy }: { markedBy?: Date } = {},
 ): Promise<boolean> {
-  const result = await db
+  let query = db
     .updateTable('orders')
     // a create sent again (--retry) is the operator's answer to a trade_create_unknown flag
     .set((eb) => ({
@@ -111,18 +118,32 @@ export async function startTradeCreate(
     .where('id', '=', orderId)
     .where('tradeCreateState', '=', previousState)
     .where('tradeId', 'is', null)
-    .executeTakeFirst()
+  if (markedBy) query = query.where('updatedAt', '<=', markedBy)
+  const result = await query.executeTakeFirst()
   return Number(result.numUpdatedRows) === 1
 }
 
-/** Sets the create state of an order still without a trade (one linked meanwhile, by its webhook, stays created). */
-export async function setTradeCreateState(db: Executor, orderId: number, state: TradeCreateState, now: Date): Promise<void> {
-  await db
+/**
+ * Sets the create state of an order still without a trade (one linked meanwhile, by its webhook, stays created).
+ * With `claim`, the time startTradeCreate marked this command's create: only while the order is still pending under
+ * that mark, so a command whose create another took over since (judged stopped) does not overwrite the other's.
+ * Returns whether it was set.
+ */
+export async function setTradeCreateState(
+  db: Executor,
+  orderId: number,
+  state: TradeCreateState,
+  now: Date,
+  { claim }: { claim?: Date } = {},
+): Promise<boolean> {
+  let query = db
     .updateTable('orders')
     .set({ tradeCreateState: state, updatedAt: now })
     .where('id', '=', orderId)
     .where('tradeId', 'is', null)
-    .execute()
+  if (claim) query = query.where('tradeCreateState', '=', 'pending').where('updatedAt', '=', claim)
+  const result = await query.executeTakeFirst()
+  return Number(result.numUpdatedRows) === 1
 }
 
 /** After a successful create: linked, and due for a poll if no webhook comes by `nextPollAt`. */

@@ -20,7 +20,7 @@
 //
 // Every write-back names the lease token of the claim it finishes: a replica whose lease ran out, and
 // whose order another replica claimed since, changes nothing.
-import { type Kysely, sql } from 'kysely'
+import { type Kysely, sql, type Transaction } from 'kysely'
 import type { Database } from '../db/database.js'
 
 export interface ClaimedOrder {
@@ -186,6 +186,24 @@ export async function flagForOperator(
     .where('pollLeaseToken', '=', leaseToken)
     .executeTakeFirst()
   return result.numUpdatedRows > 0n
+}
+
+/**
+ * An order whose trade create was answered with a trade other than the one it is linked to (the create was sent
+ * again, and the first one's trade was linked meanwhile by its webhook or another command): a second trade may be
+ * on the platform, and only an operator can say which one stands. Flagged as a poll answering another trade is,
+ * off the poll schedule until requeued; there is no lease to name, the caller holds the order's row lock.
+ */
+export async function flagLinkedOrder(
+  db: Kysely<Database> | Transaction<Database>,
+  { orderId, now, attention }: { orderId: number; now: Date; attention: AttentionFlag },
+): Promise<void> {
+  await db
+    .updateTable('orders')
+    .set({ attention, nextPollAt: null, updatedAt: now })
+    .where('id', '=', orderId)
+    .where('tradeId', 'is not', null)
+    .execute()
 }
 
 /**

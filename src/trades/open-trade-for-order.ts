@@ -1,16 +1,23 @@
 // Creates the platform trade for one of the partner's orders and links the two.
 //
-// The create is the one call whose failure is dangerous: the API has no idempotency key, so a create whose
-// answer never came (timeout, reset connection) may still have made the trade, and sending it again could
-// make a second one. So the order carries a trade_create_state:
+// The create is the one call whose failure is dangerous: the API has no idempotency key (the platform does not
+// even refuse a second create with the same external_reference), so a create whose answer never came (timeout,
+// reset connection) may still have made the trade, and sending it again could make a second one. So the order
+// carries a trade_create_state:
 //   none     no create in flight; a create may be sent
 //   pending  a create is being sent (set BEFORE the call: a crash mid-call leaves this behind)
 //   unknown  a create was sent and its answer never came: never sent again on its own; the webhook that
 //            carries the order's external_reference links the trade, or an operator retries on purpose
 //   created  the platform answered with the trade, now linked
-// An answer that is the record of another order (another external_reference) links nothing: `unknown`.
-// An answer is recorded in one transaction (the observation that links the trade and `created`), whole or not
-// at all.
+// A pending create is another command's call in flight until its whole time is up (PARTNER_API_TIMEOUT_MS after it
+// was marked, a create being sent once, and CREATE_MARGIN_MS): until then nothing is sent, --retry included, since
+// its answer may still come and link the trade. Past it, the command that marked it stopped without a word (a
+// crash), and it is as unknown: --retry takes it over.
+// An answer that is the record of another order (another external_reference) links nothing: `unknown`. An answer
+// naming another trade than the one the order was linked to meanwhile (by its webhook or another command, while a
+// --retry was at the platform) means the platform may hold a second trade for the order: the order is flagged
+// trade_mismatch for an operator. An answer is recorded in one transaction (the observation that links the trade and
+// `created`, or the flag), whole or not at all.
 //
 // With a CallGuard (the CLI's Ctrl-C): a stop asked for before the create is sent stops it there, nothing
 // sent, the order's state as it was; once it is sent, an operator who stops waiting for the answer leaves the
@@ -21,12 +28,15 @@
 import { applyObservation } from '../orders/apply-observation.js'
 import { checkOrderReference, createOrder } from '../orders/create-order.js'
 import { apiObservation } from '../orders/observations.js'
+import type { Order } from '../orders/order.js'
 import {
   findOrderByExternalReference,
+  lockOrderById,
   markTradeCreated,
   setTradeCreateState,
   startTradeCreate,
 } from '../orders/order.repository.js'
+import { flagLinkedOrder, TRADE_MISMATCH } from '../orders/poll-schedule.repository.js'
 import { isOutcomeUnknown } from '../partner-api/partner-api-error.js'
 import type { CreateTradeRequest, TradeRecord } from '../partner-api/types.js'
 import { validateCreateTrade } from '../partner-api/validate-request.js'
@@ -66,27 +76,27 @@ export async function openTradeForOrder(
   }
   if (order.tradeId !== null) throw tradeExists(order)
   const previousState = order.tradeCreateState
-  if ((previousState === 'unknown' || previousState === 'pending') && !retry) {
-    throw new TradeOperationError(
-      'trade_create_unknown',
-      `A trade create for order ${externalReference} was sent and its answer never came (state ${previousState}): ` +
-        'the trade may exist and will be linked when its webhook arrives. Check the platform, then send it again ' +
-        'only on purpose with --retry (a second create can make a second trade).',
-    )
-  }
-  // what the state goes back to when this create made nothing
-  const restoredState = previousState === 'created' ? 'none' : previousState
-  // compare-and-set: of two concurrent opens only one moves the order to pending
-  const claimed = await startTradeCreate(db, order.id, previousState, new Date(clock.now()))
-  if (!claimed) {
-    throw new TradeOperationError(
-      'trade_create_unknown',
-      `Order ${externalReference} changed while its trade was being opened (another create is in flight?)`,
-    )
-  }
+  const judgedAt = clock.now()
+  // a pending create's whole time: until then its command may still get the answer that links the trade
+  const settledBy = previousState === 'pending' ? createSettledBy(order, settings.createTimeoutMs) : undefined
+  if (settledBy && judgedAt < settledBy.getTime()) throw createInFlight(order, settledBy, judgedAt, retry)
+  if ((previousState === 'unknown' || previousState === 'pending') && !retry) throw createUnknown(order)
+  // what the state goes back to when this create made nothing: a pending one taken over had lost its command, and
+  // its create is as unknown as one that timed out
+  const restoredState = previousState === 'created' ? 'none' : previousState === 'pending' ? 'unknown' : previousState
+  // compare-and-set: of two concurrent opens only one moves the order to pending, and a pending create is taken
+  // over only while it is the one judged above (marked before its whole time ran out), not one marked since
+  const markedAt = new Date(clock.now())
+  const markedBy = settledBy && new Date(judgedAt - settings.createTimeoutMs - CREATE_MARGIN_MS)
+  const claimed = await startTradeCreate(db, order.id, previousState, markedAt, markedBy ? { markedBy } : {})
+  if (!claimed) throw await claimLost(deps, externalReference, retry)
+  // this command's later writes of the create state name its mark: one whose create another command took over
+  // (judged stopped) changes nothing of the other's
+  const claim = { claim: markedAt }
   if (guard?.stopRequested()) {
-    // the stop came while the order was being marked: nothing was sent, so back to where it was
-    await setTradeCreateState(db, order.id, restoredState, new Date(clock.now()))
+    // the stop came while the order was being marked: nothing was sent, so back to where it was (a pending create
+    // taken over: unknown, as above)
+    await setTradeCreateState(db, order.id, restoredState, new Date(clock.now()), claim)
     throw stopped()
   }
 
@@ -98,16 +108,18 @@ export async function openTradeForOrder(
     guard?.settled()
     // a timeout, a lost connection, or the operator who stopped waiting: the trade may exist
     if (isOutcomeUnknown(error)) {
-      await setTradeCreateState(db, order.id, 'unknown', new Date(clock.now()))
+      const marked = await setTradeCreateState(db, order.id, 'unknown', new Date(clock.now()), claim)
       logger.warn(
-        { externalReference, orderId: order.id, err: error },
-        'trade create outcome unknown: the order is not sent a second create on its own',
+        { externalReference, orderId: order.id, err: error, markedUnknown: marked },
+        marked
+          ? 'trade create outcome unknown: the order is not sent a second create on its own'
+          : 'trade create outcome unknown; the order was linked or its create taken over by another command meanwhile, and is left as that one set it',
       )
     } else {
       // refused (by validation or by the platform) or never sent (no connection could be made): this
       // create made nothing. Back to where it was, so a
       // refused --retry does not erase the evidence of an earlier create that may have worked.
-      await setTradeCreateState(db, order.id, restoredState, new Date(clock.now()))
+      await setTradeCreateState(db, order.id, restoredState, new Date(clock.now()), claim)
     }
     throw error
   }
@@ -115,7 +127,17 @@ export async function openTradeForOrder(
 
   const now = clock.now()
   const orderId = order.id
-  const applied = await db.transaction().execute(async (trx) => {
+  const recorded = await db.transaction().execute(async (trx): Promise<Recorded> => {
+    // the row locked before the decision, as `trades link` does: a webhook linking the order waits for this
+    // transaction, or linked it before, and the answer is judged against the trade it linked
+    const current = await lockOrderById(trx, orderId)
+    if (current?.tradeId != null && current.tradeId !== trade.trade_id) {
+      // the order's trade came meanwhile (the first create's webhook, `trades link`, or the create this --retry
+      // replaced): this answer is another trade, which no order holds and nothing will poll, so an operator is told
+      // on the order itself, where a log line alone would be lost
+      await flagLinkedOrder(trx, { orderId, now: new Date(now), attention: TRADE_MISMATCH })
+      return { outcome: 'second_trade', linkedTradeId: current.tradeId }
+    }
     const observed = await applyObservation(
       trx,
       apiObservation({ orderId, externalReference }, trade, new Date(now)),
@@ -124,26 +146,51 @@ export async function openTradeForOrder(
     if (observed.outcome === 'trade_mismatch') {
       // the answer is a record of another order: nothing was linked, and whether this create made a trade
       // is not known, so it is not sent again on its own
-      await setTradeCreateState(trx, orderId, 'unknown', new Date(now))
-    } else {
-      await markTradeCreated(trx, orderId, {
-        nextPollAt: new Date(now + settings.expectedWebhookS * 1000),
-        now: new Date(now),
-      })
+      const marked = await setTradeCreateState(trx, orderId, 'unknown', new Date(now), claim)
+      return { outcome: 'mismatch', markedUnknown: marked }
     }
-    return observed
+    await markTradeCreated(trx, orderId, {
+      nextPollAt: new Date(now + settings.expectedWebhookS * 1000),
+      now: new Date(now),
+    })
+    return { outcome: 'linked' }
   })
-  if (applied.outcome === 'trade_mismatch') {
+  if (recorded.outcome === 'second_trade') {
     logger.warn(
-      { externalReference, orderId: order.id, answeredTradeId: trade.trade_id },
+      {
+        externalReference,
+        orderId,
+        tradeId: recorded.linkedTradeId,
+        answeredTradeId: trade.trade_id,
+        answeredExternalReference: trade.external_reference,
+      },
+      'trade create answered with another trade than the one the order was linked to meanwhile: not applied, the ' +
+        'platform may hold a second trade for the order; flagged trade_mismatch and no longer polled',
+    )
+    throw answerMismatch(
+      externalReference,
+      'a trade create',
+      trade,
+      `Nothing of it was applied: the order was linked to trade ${recorded.linkedTradeId} meanwhile (by its webhook or ` +
+        'another command), so the platform may now hold a second trade for it. The order is flagged trade_mismatch ' +
+        'and polled no more: check its trades on the platform, cancel the one not linked, then ' +
+        `\`reconcile --requeue ${externalReference}\`.`,
+    )
+  }
+  if (recorded.outcome === 'mismatch') {
+    logger.warn(
+      { externalReference, orderId, answeredTradeId: trade.trade_id },
       'trade create answered with a record of another order: not linked, outcome unknown',
     )
     throw answerMismatch(
       externalReference,
       'a trade create',
       trade,
-      'Nothing was linked, and whether the create made a trade is not known: it is marked unknown; check the ' +
-        'platform, then send it again only on purpose with --retry.',
+      recorded.markedUnknown
+        ? 'Nothing was linked, and whether the create made a trade is not known: it is marked unknown; check the ' +
+            'platform, then send it again only on purpose with --retry.'
+        : 'Nothing was linked, and whether the create made a trade is not known; another command took the order ' +
+            'over meanwhile, and it is left as that one set it: check it with `trades get`.',
     )
   }
   logger.info(
@@ -151,4 +198,68 @@ export async function openTradeForOrder(
     'trade created for order',
   )
   return trade
+}
+
+type Recorded =
+  | { outcome: 'linked' }
+  | { outcome: 'mismatch'; markedUnknown: boolean }
+  | { outcome: 'second_trade'; linkedTradeId: string }
+
+/**
+ * Beyond PARTNER_API_TIMEOUT_MS, what a pending create's whole time allows for: the moments between its mark and its
+ * send, a timer that fires late, and the clocks of two machines (the mark is the sending command's clock, the
+ * judge is another's).
+ */
+export const CREATE_MARGIN_MS = 5_000
+
+/** When a pending create's command has had its answer or its timeout, whichever comes: the mark and its whole time. */
+function createSettledBy(order: Order, createTimeoutMs: number): Date {
+  return new Date(order.updatedAt.getTime() + createTimeoutMs + CREATE_MARGIN_MS)
+}
+
+function createInFlight(order: Order, settledBy: Date, now: number, retry: boolean): TradeOperationError {
+  const ageS = ((now - order.updatedAt.getTime()) / 1000).toFixed(1)
+  const since = `pending since ${order.updatedAt.toISOString()}, ${ageS} s ago`
+  const whenUnknown = `if it is not answered, it counts as unanswered (unknown) from ${settledBy.toISOString()} on`
+  return new TradeOperationError(
+    'trade_create_in_flight',
+    retry
+      ? `A trade create for order ${order.externalReference} is being sent by another command right now (${since}): ` +
+          `--retry sends nothing while its answer may still come and link the trade; ${whenUnknown}`
+      : `A trade create for order ${order.externalReference} is being sent by another command right now (${since}): ` +
+          `nothing was sent. Its answer links the trade (see \`trades get ${order.externalReference}\`); ${whenUnknown}`,
+  )
+}
+
+function createUnknown(order: Order): TradeOperationError {
+  const what =
+    order.tradeCreateState === 'pending'
+      ? `was sent at ${order.updatedAt.toISOString()} and its answer was never recorded (state pending, past its ` +
+        'timeout: the command sending it stopped)'
+      : `was sent and its answer never came (state ${order.tradeCreateState})`
+  return new TradeOperationError(
+    'trade_create_unknown',
+    `A trade create for order ${order.externalReference} ${what}: the trade may exist and will be linked when its ` +
+      'webhook arrives. Check the platform, then send it again only on purpose with --retry (a second create can ' +
+      'make a second trade).',
+  )
+}
+
+/** Another command marked the order between the look and the mark: say what it left. */
+async function claimLost(
+  { db, clock, settings }: Pick<TradeDeps, 'db' | 'clock' | 'settings'>,
+  externalReference: string,
+  retry: boolean,
+): Promise<TradeOperationError> {
+  const current = await findOrderByExternalReference(db, externalReference)
+  if (current?.tradeId != null) return tradeExists(current)
+  if (current?.tradeCreateState === 'pending') {
+    return createInFlight(current, createSettledBy(current, settings.createTimeoutMs), clock.now(), retry)
+  }
+  return new TradeOperationError(
+    'trade_create_in_flight',
+    `Order ${externalReference} changed while its trade was being opened: another command sent its create ` +
+      `meanwhile (state now ${current?.tradeCreateState ?? 'gone'}). Nothing was sent; run the command again to see ` +
+      'where it stands',
+  )
 }

@@ -44,9 +44,11 @@ export interface TradeDeps {
   clock: Clock
   logger: Logger
   /**
-   * EXPECTED_WEBHOOK_S: when to poll after an API call; how its answer is applied (observations.ts); and
-   * PARTNER_KIND, which a trade create is validated for before its order is created.
+   * EXPECTED_WEBHOOK_S: when to poll after an API call; how its answer is applied (observations.ts);
+   * PARTNER_KIND, which a trade create is validated for before its order is created; and PARTNER_API_TIMEOUT_MS,
+   * the longest a create can be at the platform (it is sent once, never retried), which tells a create another
+   * command is sending from one whose command stopped.
    */
-  settings: { expectedWebhookS: number; observation: ObservationSettings; partnerKind: PartnerKind }
+  settings: { expectedWebhookS: number; observation: ObservationSettings; partnerKind: PartnerKind; createTimeoutMs: number }
   guard?: CallGuard | undefined
 }

@@ -14,6 +14,8 @@ export type TradeOperationErrorCode =
   | 'trade_linked_elsewhere'
   /** A create was sent and its answer never came: the trade may exist. Retry only on purpose. */
   | 'trade_create_unknown'
+  /** Another command is sending the order's create now: its answer may still come, so nothing is sent, even on --retry. */
+  | 'trade_create_in_flight'
   /** The order has no trade yet to run the operation on. */
   | 'no_trade'
   /** The platform answered with a record of another trade or another order: nothing of it was applied. */

@@ -63,7 +63,7 @@ export async function startPlatformLoop(
     sandboxUrl,
     receiver,
     client,
-    trades: { db, client, clock: systemClock, logger, settings: { expectedWebhookS: config.poll.expectedWebhookS, observation: TEST_OBSERVATION_SETTINGS, partnerKind: config.partner.kind } },
+    trades: { db, client, clock: systemClock, logger, settings: { expectedWebhookS: config.poll.expectedWebhookS, observation: TEST_OBSERVATION_SETTINGS, partnerKind: config.partner.kind, createTimeoutMs: config.partner.timeoutMs } },
     close: async () => {
       await receiver.stop(1_000)
       await sandbox.close()
