@@ -82,6 +82,7 @@ describe('webhook send', () => {
           // a proxy's error page, say: shown shortened on a terminal, whole in --json
           return res.writeHead(502, { 'content-type': 'text/html' }).end(`<html>${'x'.repeat(99_987)}</html>`)
         }
+        if (req.url === '/forged') return res.writeHead(200, { 'content-type': 'text/plain' }).end('ok\nFAKE  [forged line]\tTAB\u001b[31mRED')
         const redirect = /^\/moved-(\d{3})$/.exec(req.url ?? '')
         if (redirect) return res.writeHead(Number(redirect[1]), { location: `${url}/elsewhere` }).end('moved')
         const status = req.url === '/refuse' ? 401 : 200
@@ -127,6 +128,13 @@ describe('webhook send', () => {
     })
     expect(received.slice(before).map((request) => request.headers['x-partner-signature'] !== undefined)).toEqual([true])
     expect(received.length).toBe(before + 1)
+  })
+
+  // the answer is the receiver's text: its line feed printed a second line after the status (an outside attack)
+  it('shows the answer on one line, its line feeds and tabs escaped', async () => {
+    const shown = await runCli(['webhook', 'send', '--url', `${url}/forged`, '--file', bodyFile, '--secret', secret], env)
+    expect(shown.code).toBe(0)
+    expect(shown.stdout).toMatch(/^200 dlv_cli_\S+ ok\\u000aFAKE {2}\[forged line\]\\u0009TAB\\u001b\[31mRED\n$/)
   })
 
   it('shows a long answer shortened, with its length, and whole with --json', async () => {

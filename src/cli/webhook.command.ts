@@ -128,7 +128,8 @@ export function registerWebhookCommands(program: Command): void {
         body: parseJson(text),
       }
       if (options.json) printJson(answer)
-      else write(`${response.status} ${answer.deliveryId} ${shortened(text, SHOWN_ANSWER_CHARACTERS)}\n`)
+      // the receiver's text: its line feeds and tabs escaped too, so it cannot print a line of its own
+      else write(`${response.status} ${answer.deliveryId} ${printable(shortened(text, SHOWN_ANSWER_CHARACTERS))}\n`)
       if (!response.ok) setExitCode(1)
     })
 }
