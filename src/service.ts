@@ -341,7 +341,7 @@ export async function startService({
       ...(metrics ? { onClockOffset: metrics.partnerApiHooks.onClockOffset } : {}),
     })
     const pollerOf = (replica: string, hooks = {}) =>
-      createPoller({ db: database.db, fetcher, clock, random, logger, settings: pollerSettings(config.poll, observation), replica, ...hooks })
+      createPoller({ db: database.db, fetcher, clock, random, logger, settings: pollerSettings(config.poll, observation, config.partner), replica, ...hooks })
     consoleActions.reconcileOnce = () => pollerOf(`console:${hostname()}:${process.pid}`).runOnce()
     let poller: Poller | undefined
     let pruner: Pruner | undefined

@@ -41,7 +41,7 @@ function seeded(kind: 'pglite' | 'postgres', references: string[]): Promise<{ en
       await startTradeCreate(db, order.id, 'none', past)
       await setTradeCreateState(db, order.id, 'unknown', past)
     }
-    await flagUnresolvedCreates(db, { now: new Date(), unresolvedBefore: new Date() })
+    await flagUnresolvedCreates(db, { unresolvedBefore: new Date(), pendingBefore: new Date() })
   }
   return seededCliDatabase(kind, { prefix: 'trades-link-', env: { PARTNER_API_BASE_URL: sandboxUrl }, seed, cleanups })
 }

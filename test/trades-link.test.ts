@@ -71,7 +71,7 @@ async function unresolvedOrder(externalReference: string): Promise<void> {
   const { order } = await createOrder(database.db, { externalReference })
   expect(await startTradeCreate(database.db, order.id, 'none', past)).toBe(true)
   await setTradeCreateState(database.db, order.id, 'unknown', past)
-  expect(await flagUnresolvedCreates(database.db, { now: new Date(), unresolvedBefore: new Date() })).toContain(externalReference)
+  expect(await flagUnresolvedCreates(database.db, { unresolvedBefore: new Date(), pendingBefore: new Date() })).toContain(externalReference)
 }
 
 /** A trade made on the platform for `externalReference` (the create the order never heard back from), moved on. */

@@ -50,6 +50,28 @@ describe('an order whose trade create went unanswered', () => {
     expect((warning!.externalReferences as string[]).sort()).toEqual(['unresolved-old-pending', 'unresolved-old-unknown'])
   })
 
+  // EXPECTED_WEBHOOK_S shorter than the create's whole time: the flag came while the call was at the platform and
+  // moved updated_at, the mark the command's own later write names, so a create the platform then refused stayed
+  // pending and flagged, and the next `trades open` called it unanswered (an outside attack)
+  it('leaves a pending create alone until its command\'s whole time is over, and flags without moving its mark', async () => {
+    const wholeTimeS = 15
+    await unanswered('unresolved-in-flight', 'pending', 3)
+    await unanswered('unresolved-stopped', 'pending', wholeTimeS + 1)
+    await unanswered('unresolved-unanswered', 'unknown', 3)
+    const markOf = async (externalReference: string) => (await findOrderByExternalReference(database.db, externalReference))!.updatedAt
+    const marks = await Promise.all(['unresolved-in-flight', 'unresolved-stopped'].map(markOf))
+    await testPoller({
+      db: database.db,
+      fetcher: countingFetcher(() => 'funded'),
+      clock,
+      settings: { unresolvedCreateAfterS: 1, createWholeTimeMs: wholeTimeS * 1_000 },
+    }).runOnce()
+    expect(await attentionOf('unresolved-in-flight')).toBeNull()
+    expect(await attentionOf('unresolved-stopped')).toBe('trade_create_unknown')
+    expect(await attentionOf('unresolved-unanswered')).toBe('trade_create_unknown')
+    expect(await Promise.all(['unresolved-in-flight', 'unresolved-stopped'].map(markOf))).toEqual(marks)
+  })
+
   it('is cleared by the webhook that links its trade, and by the create sent again', async () => {
     const config = testConfig()
     const app = createApp({ config, db: database.db, logger: testLogger(config.webhook.secrets), clock })

@@ -73,7 +73,13 @@ export function orderReference(value: string): string {
   return value
 }
 
-/** orderReference for each value of a variadic option (`reconcile --requeue [references...]`), gathered in a list. */
+/**
+ * orderReference for each value of a variadic option (`reconcile --requeue [references...]`), gathered in a list.
+ * Added to the list it is given, not copied into a new one: a copy for each value made 40,000 references take 15 s,
+ * and beside a running service that time was the service's, its receiver answering nothing.
+ */
 export function orderReferences(value: string, previous: unknown): string[] {
-  return [...(Array.isArray(previous) ? (previous as string[]) : []), orderReference(value)]
+  const references = Array.isArray(previous) ? (previous as string[]) : []
+  references.push(orderReference(value))
+  return references
 }

@@ -71,7 +71,7 @@ async function runOnce(json: boolean | undefined): Promise<void> {
       fetcher: createPartnerApiClient(config, { logger, clock }),
       clock,
       logger,
-      settings: pollerSettings(config.poll, observationSettings(config, reactions.handlersFor)),
+      settings: pollerSettings(config.poll, observationSettings(config, reactions.handlersFor), config.partner),
       replica: `cli:${hostname()}:${process.pid}`,
     })
     if (runsInService()) return poller.runOnce()
@@ -149,6 +149,9 @@ async function report(limit: number, json: boolean | undefined): Promise<void> {
   }
 }
 
+/** The unknown references a refusal names; the rest are counted. */
+const MISSING_SHOWN = 20
+
 async function requeue(externalReferences: string[] | undefined, json: boolean | undefined): Promise<void> {
   const [{ systemClock }, { requeueOrders }] = await Promise.all([
     import('../clock.js'),
@@ -175,9 +178,9 @@ async function requeue(externalReferences: string[] | undefined, json: boolean |
   }
   if (missing.length > 0) {
     // in the words of every other command's look-up, the references listed when several are unknown
-    throw new CommandFailedError(
-      'order_not_found',
-      `No order with external ${missing.length === 1 ? 'reference' : 'references'} ${missing.map(printable).join(', ')}`,
-    )
+    // the first MISSING_SHOWN of them: a line of every one of 70,000 unknown references was megabytes long
+    const shown = missing.slice(0, MISSING_SHOWN).map(printable).join(', ')
+    const more = missing.length > MISSING_SHOWN ? ` and ${(missing.length - MISSING_SHOWN).toLocaleString('en-US')} more (--json lists them all)` : ''
+    throw new CommandFailedError('order_not_found', `No order with external ${missing.length === 1 ? 'reference' : 'references'} ${shown}${more}`)
   }
 }

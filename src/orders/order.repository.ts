@@ -94,8 +94,8 @@ export type { ObservationResult }
  * Marks a create as in flight, only if the order is still in `previousState` and has no trade: two
  * operators opening the same order at once cannot both send a create. Returns whether it was marked.
  *
- * The time it writes (updated_at, which nothing else writes on a pending order with no trade but the poller's
- * trade_create_unknown flag) is when the create began: what tells a create still at the platform from one whose
+ * The time it writes (updated_at, which nothing else writes on a pending order with no trade: the poller's
+ * trade_create_unknown flag leaves it) is when the create began: what tells a create still at the platform from one whose
  * command stopped, and the claim that command's later writes name (setTradeCreateState's `claim`). Taking over a
  * `pending` create (`--retry` of one whose command stopped) names `markedBy`: only a create marked by then is
  * taken, so of two such retries only the first marks it, and a create marked since is left to its command.

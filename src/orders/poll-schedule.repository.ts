@@ -123,17 +123,30 @@ export const ATTENTION_FLAGS: readonly AttentionFlag[] = [TRADE_NOT_FOUND, TRADE
 
 /**
  * Flags `trade_create_unknown` the orders whose trade create has gone unanswered, with no trade linked, since before
- * `unresolvedBefore` (migrations/0013's index). Returns their references. A webhook or a poll that links a trade,
- * and a create sent again, clear the flag (apply-observation.ts, startTradeCreate).
+ * `unresolvedBefore` (migrations/0013's index); a create still `pending` only once it was also marked before
+ * `pendingBefore`, when its command's call is over whatever it got (trades open's whole time). Returns their
+ * references. A webhook or a poll that links a trade, and a create sent again, clear the flag (apply-observation.ts,
+ * startTradeCreate).
+ *
+ * updated_at is left as it was: on a pending create it is the mark its command's own later write names
+ * (setTradeCreateState's claim), and the time `trades open` tells an operator the create began. With
+ * EXPECTED_WEBHOOK_S under PARTNER_API_TIMEOUT_MS the flag came while the call was at the platform and moved that
+ * mark: a create the platform then refused stayed `pending` and flagged, where it was back to `none`, and the next
+ * `trades open` called it unanswered (an outside attack).
  */
-export async function flagUnresolvedCreates(db: Kysely<Database>, { now, unresolvedBefore }: { now: Date; unresolvedBefore: Date }): Promise<string[]> {
+export async function flagUnresolvedCreates(
+  db: Kysely<Database>,
+  { unresolvedBefore, pendingBefore }: { unresolvedBefore: Date; pendingBefore: Date },
+): Promise<string[]> {
+  const markedBefore = pendingBefore < unresolvedBefore ? pendingBefore : unresolvedBefore
   const rows = await db
     .updateTable('orders')
-    .set({ attention: TRADE_CREATE_UNKNOWN, updatedAt: now })
+    .set({ attention: TRADE_CREATE_UNKNOWN })
     .where('tradeCreateState', 'in', ['pending', 'unknown'])
     .where('tradeId', 'is', null)
     .where('attention', 'is', null)
     .where('updatedAt', '<', unresolvedBefore)
+    .where((eb) => eb.or([eb('tradeCreateState', '=', 'unknown'), eb('updatedAt', '<', markedBefore)]))
     .returning('externalReference')
     .execute()
   return rows.map((row) => row.externalReference)
@@ -270,6 +283,13 @@ export interface RequeueResult {
   previousAttention: string | null
 }
 
+/** References or ids per statement of a requeue by name: well under a statement's 65,535 parameters. */
+const REQUEUE_SLICE = 10_000
+
+function* slices<T>(values: readonly T[], size: number): Generator<T[]> {
+  for (let start = 0; start < values.length; start += size) yield values.slice(start, start + size)
+}
+
 /**
  * The operator's way out of `attention`: clears the flag and makes the order due now (if it has a trade
  * and is not terminal). With no references, every flagged order is requeued, whatever its flag: one whose
@@ -282,13 +302,26 @@ export async function requeueOrders(
 ): Promise<RequeueResult[]> {
   if (externalReferences && externalReferences.length === 0) return []
   return db.transaction().execute(async (trx) => {
-    let query = trx
-      .selectFrom('orders')
-      .select(['id', 'externalReference', 'tradeId', 'isTerminal', 'attention'])
-    query = externalReferences
-      ? query.where('externalReference', 'in', externalReferences)
-      : query.where('attention', 'is not', null)
-    const orders = await query.orderBy('id').forUpdate().execute()
+    const columns = ['id', 'externalReference', 'tradeId', 'isTerminal', 'attention'] as const
+    let orders: { id: number; externalReference: string; tradeId: string | null; isTerminal: boolean; attention: string | null }[]
+    if (!externalReferences) {
+      orders = await trx.selectFrom('orders').select(columns).where('attention', 'is not', null).orderBy('id').forUpdate().execute()
+    } else {
+      // A statement takes at most 65,535 parameters: 70,001 references in one `in` list failed as "connection
+      // exception, try again later", which no later try could pass. So the ids are found a slice of references at
+      // a time, then locked a slice of ids at a time in the order of their ids, as one list would lock them (two
+      // requeues of overlapping lists wait for each other instead of deadlocking)
+      const ids: number[] = []
+      for (const slice of slices(externalReferences, REQUEUE_SLICE)) {
+        const rows = await trx.selectFrom('orders').select('id').where('externalReference', 'in', slice).execute()
+        for (const { id } of rows) ids.push(id)
+      }
+      ids.sort((a, b) => a - b)
+      orders = []
+      for (const slice of slices(ids, REQUEUE_SLICE)) {
+        orders.push(...(await trx.selectFrom('orders').select(columns).where('id', 'in', slice).orderBy('id').forUpdate().execute()))
+      }
+    }
     const results: RequeueResult[] = []
     for (const order of orders) {
       const pollable = order.tradeId !== null && !order.isTerminal

@@ -11,6 +11,7 @@ import type { Config } from '../config.js'
 import type { Database } from '../db/database.js'
 import type { Logger } from '../logger.js'
 import type { ObservationSettings } from '../orders/apply-observation.js'
+import { CREATE_MARGIN_MS } from '../trades/open-trade-for-order.js'
 import { type BackoffSettings, DEFAULT_BACKOFF } from './backoff-delay.js'
 import { POLL_JITTER } from './poll-jitter.js'
 import type { PollResult, TradeFetcher } from './poll-order.js'
@@ -53,10 +54,17 @@ export interface PollerSettings {
    * trade_create_unknown by each cycle. Absent: not looked for (a cycle run for a test of something else).
    */
   unresolvedCreateAfterS?: number
+  /** PARTNER_API_TIMEOUT_MS and trades open's margin: a pending create younger is not flagged (CycleSettings). */
+  createWholeTimeMs?: number
 }
 
 /** The poller's settings from the POLL_* variables, with the observation settings bound once. */
-export function pollerSettings(poll: Config['poll'], observation: ObservationSettings, leaseS = DEFAULT_LEASE_S): PollerSettings {
+export function pollerSettings(
+  poll: Config['poll'],
+  observation: ObservationSettings,
+  partner: Pick<Config['partner'], 'timeoutMs'>,
+  leaseS = DEFAULT_LEASE_S,
+): PollerSettings {
   return {
     intervalS: poll.intervalS,
     concurrency: poll.concurrency,
@@ -64,6 +72,7 @@ export function pollerSettings(poll: Config['poll'], observation: ObservationSet
     observation,
     leaseS,
     unresolvedCreateAfterS: poll.expectedWebhookS,
+    createWholeTimeMs: partner.timeoutMs + CREATE_MARGIN_MS,
   }
 }
 

@@ -52,6 +52,11 @@ export interface CycleSettings {
   backoff?: BackoffSettings
   /** EXPECTED_WEBHOOK_S: flag an order whose trade create went unanswered this long (PollerSettings). */
   unresolvedCreateAfterS?: number
+  /**
+   * trades open's whole time for a create (PARTNER_API_TIMEOUT_MS and its margin): a `pending` create marked since
+   * is its command's call still in flight, and is not flagged yet, however short EXPECTED_WEBHOOK_S is.
+   */
+  createWholeTimeMs?: number
 }
 
 export interface CycleDeps {
@@ -125,8 +130,11 @@ const MAX_NAMED_REFERENCES = 20
 
 // A create sent and never answered, whose webhook was lost too: no trade id, so nothing to poll, and nothing else
 // looks at the order again. Flagged for an operator, once, with a warning.
-async function flagUnresolved({ db, logger }: CycleDeps, now: Date, afterS: number): Promise<void> {
-  const references = await flagUnresolvedCreates(db, { now, unresolvedBefore: new Date(now.getTime() - afterS * 1_000) })
+async function flagUnresolved({ db, logger }: CycleDeps, now: Date, afterS: number, createWholeTimeMs = 0): Promise<void> {
+  const references = await flagUnresolvedCreates(db, {
+    unresolvedBefore: new Date(now.getTime() - afterS * 1_000),
+    pendingBefore: new Date(now.getTime() - createWholeTimeMs),
+  })
   if (references.length === 0) return
   logger.warn(
     { orders: references.length, externalReferences: references.slice(0, MAX_NAMED_REFERENCES) },
@@ -144,7 +152,7 @@ export async function runReconcileCycle(
   const leaseToken = randomUUID()
   const results = Object.fromEntries(POLL_RESULTS.map((kind) => [kind, 0])) as Record<PollResultKind, number>
 
-  if (settings.unresolvedCreateAfterS !== undefined && !signal?.aborted) await flagUnresolved(deps, startedAt, settings.unresolvedCreateAfterS)
+  if (settings.unresolvedCreateAfterS !== undefined && !signal?.aborted) await flagUnresolved(deps, startedAt, settings.unresolvedCreateAfterS, settings.createWholeTimeMs)
   const claimed = signal?.aborted
     ? []
     : await claimDueOrders(db, {
