@@ -93,6 +93,9 @@ describe('reconcile --once, for an order whose stored trade id no request can ca
         pollLeaseToken: null,
         pollLeaseExpiresAt: null,
         tradeStatus: 'funded',
+        // nothing was sent: no attempt counted, not polled
+        pollAttempts: 0,
+        lastPolledAt: null,
       })
     }
     expect(await orderByReference(database.db, 'ids-fine')).toMatchObject({ attention: null, tradeStatus: 'delivered' })

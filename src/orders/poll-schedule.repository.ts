@@ -184,17 +184,19 @@ export async function rescheduleAfterError(
  */
 export async function flagForOperator(
   db: Kysely<Database>,
-  { orderId, leaseToken, now, attention }: LeaseRef & { now: Date; attention: AttentionFlag },
+  { orderId, leaseToken, now, attention, sent = true }: LeaseRef & { now: Date; attention: AttentionFlag; sent?: boolean },
 ): Promise<boolean> {
   const result = await db
     .updateTable('orders')
-    .set({
+    .set((eb) => ({
       attention,
       nextPollAt: null,
       pollLeaseToken: null,
       pollLeaseExpiresAt: null,
-      lastPolledAt: now,
-    })
+      // `sent: false`, no request went out (unusable_trade_id): the claim's count of an attempt is taken back, and the
+      // order was not polled (the console said "1 failed attempts" for it)
+      ...(sent ? { lastPolledAt: now } : { pollAttempts: eb('pollAttempts', '-', 1) }),
+    }))
     .where('id', '=', orderId)
     .where('pollLeaseToken', '=', leaseToken)
     .executeTakeFirst()

@@ -226,6 +226,7 @@ async function flagUnusableTradeId(
     leaseToken,
     now: new Date(clock.now()),
     attention: UNUSABLE_TRADE_ID,
+    sent: false,
   })
   if (!flagged) return { ...base, result: 'lease_lost', toStatus: null }
   // the reference and the id are text from outside: fields (escaped in a JSON line, shown as \uXXXX on a terminal),
