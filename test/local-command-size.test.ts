@@ -98,4 +98,39 @@ describe('the size of a command line the local command endpoint takes', () => {
     expect(JSON.parse(answer.body)).toEqual(TOO_LARGE)
     expect(endpoint.commands).toEqual([])
   })
+
+  // eight of the largest at once took the service from 430 MB to 2.9 GB (an outside attack): two are read at once
+  it('reads two of the largest command lines at once, refuses a third 503 from its headers, and takes it once one ended', async () => {
+    endpoint.commands.length = 0
+    const largest = head({ 'Content-Length': MAX_COMMAND_REQUEST_BYTES, Expect: '100-continue' })
+    // told to continue: admitted, its body awaited
+    const admitted = async () => {
+      const client = await connect(endpoint.port)
+      client.write(largest)
+      await client.until((received) => received.startsWith('HTTP/1.1 100 Continue\r\n'))
+      return client
+    }
+    const first = await admitted()
+    const second = await admitted()
+    const refused = finalAnswer(await exchange(endpoint.port, largest))
+    expect(refused.status).toBe(503)
+    expect(refused.headers['retry-after']).toBe('1')
+    expect(JSON.parse(refused.body)).toEqual({
+      error: { code: 'overloaded', message: 'The service is reading or running other large commands; try again in a moment' },
+    })
+    // a command of a real size still fits beside them
+    const small = await fetch(`${endpoint.url}${LOCAL_CLI_PATH}`, {
+      method: 'POST',
+      headers: { 'content-type': 'application/json', authorization: `Bearer ${TOKEN}` },
+      body: JSON.stringify({ args: ['orders', 'list'] }),
+    })
+    expect(small.status).toBe(200)
+    first.destroy()
+    await first.closed
+    const third = await admitted()
+    second.destroy()
+    third.destroy()
+    await Promise.all([second.closed, third.closed])
+    expect(endpoint.commands).toEqual([['orders', 'list']])
+  })
 })
