@@ -87,8 +87,7 @@ export async function openTradeForOrder(
   // compare-and-set: of two concurrent opens only one moves the order to pending, and a pending create is taken
   // over only while it is the one judged above (marked before its whole time ran out), not one marked since
   const markedAt = new Date(clock.now())
-  const markedBy = settledBy && new Date(judgedAt - settings.createTimeoutMs - CREATE_MARGIN_MS)
-  const claimed = await startTradeCreate(db, order.id, previousState, markedAt, markedBy ? { markedBy } : {})
+  const claimed = await startTradeCreate(db, order.id, previousState, markedAt, settledBy ? { markedBy: order.updatedAt } : {})
   if (!claimed) throw await claimLost(deps, externalReference, retry)
   // this command's later writes of the create state name its mark: one whose create another command took over
   // (judged stopped) changes nothing of the other's
