@@ -485,11 +485,14 @@ async function holdLockOnPostgres(
   client.on('error', (error) => logger?.warn({ err: describeDatabaseError(error) }, 'lock connection lost'))
   try {
     await client.connect()
-    await client.query('begin')
     // the transaction idles for as long as the lock is held (a pass of batches and pauses): an
     // idle_in_transaction_session_timeout of the role or the database ended the session, and with it the lock,
-    // in the middle of the pass, and another replica's pass could start beside it
-    await client.query('set local idle_in_transaction_session_timeout = 0')
+    // in the middle of the pass, and another replica's pass could start beside it. Set for the session (the
+    // connection is the lock's alone) before the transaction begins: set inside it, the moment between `begin` and
+    // the `set` was idle in the transaction too, and a loaded machine that took longer than the timeout to send the
+    // `set` lost the session there (the session-defaults test, under two suites at once)
+    await client.query('set idle_in_transaction_session_timeout = 0')
+    await client.query('begin')
     // the lock of this schema's service: advisory locks are the whole database's, and a service in another schema
     // beside ours (a shared database, README) that held `key` alone made every pass here do nothing meanwhile
     const { rows } = await client.query<{ locked: boolean }>(
