@@ -334,6 +334,8 @@ describe('the poller', () => {
 
       expect(fetcher.calls).toEqual(['tr_o0'])
       expect(summary).toMatchObject({ claimed: 3, polled: 1, released: 2, stoppedReason: 'throttled', throttledUntil: fromNow(600) })
+      // counted as the platform's asking to slow down, not as a failure of its own
+      expect(summary.results).toMatchObject({ throttled: 1, error: 0 })
       const orders = await database.db.selectFrom('orders').selectAll().orderBy('id').execute()
       // the order polled backs off as after any error (30 s at most here), but no sooner than the 600 s
       expect(new Date(orders[0]!.nextPollAt!).getTime()).toBe(fromNow(600).getTime())

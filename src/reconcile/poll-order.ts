@@ -52,6 +52,7 @@ export const POLL_RESULTS = [
   'trade_mismatch',
   'unusable_trade_id',
   'error',
+  'throttled',
   'unauthorized',
   'lease_lost',
 ] as const
@@ -60,7 +61,8 @@ export const POLL_RESULTS = [
  * applied: the order moved; unchanged: the platform confirmed what we had; stale: the platform answered a
  * status ranked below ours (kept, see src/orders); not_found: 404, flagged; trade_mismatch: a record of
  * another trade or order, flagged; unusable_trade_id: the stored trade id cannot be put in a request's path, flagged
- * and nothing sent; error: no usable answer, backed off; unauthorized: 401, the cycle stops; lease_lost: another
+ * and nothing sent; error: no usable answer, backed off; throttled: the platform asked us to slow down (a 429, or a
+ * Retry-After on any answer), backed off at least as long as it asked and the cycle stops; unauthorized: 401, the cycle stops; lease_lost: another
  * replica owns the order now.
  */
 export type PollResultKind = (typeof POLL_RESULTS)[number]
@@ -73,7 +75,7 @@ export interface PollResult {
   /** The order's status before, and the status it has after (null when nothing was written). */
   fromStatus: string | null
   toStatus: string | null
-  /** For `error`: when the order is tried again. */
+  /** For `error` and `throttled`: when the order is tried again. */
   nextPollAt?: Date
   error?: unknown
 }
@@ -264,12 +266,13 @@ async function writeBackFailure(
     return { ...base, result: 'not_found', error }
   }
   const backoffMs = backoffDelayS(order.pollAttempts, deps.backoff, deps.random) * 1000
-  const nextPollAt = new Date(now + Math.max(backoffMs, throttledFor(error, deps.backoff.capS * 1000) ?? 0))
+  const throttledMs = throttledFor(error, deps.backoff.capS * 1000)
+  const nextPollAt = new Date(now + Math.max(backoffMs, throttledMs ?? 0))
   const rescheduled = await rescheduleAfterError(db, { orderId: order.orderId, leaseToken, nextPollAt })
   if (!rescheduled) return { ...base, result: 'lease_lost' }
   logger.debug(
     { orderId: order.orderId, tradeId: order.tradeId, attempts: order.pollAttempts, nextPollAt, err: error },
     'poll failed: backing off',
   )
-  return { ...base, result: 'error', nextPollAt, error }
+  return { ...base, result: throttledMs === undefined ? 'error' : 'throttled', nextPollAt, error }
 }

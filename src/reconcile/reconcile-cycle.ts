@@ -208,8 +208,8 @@ export async function runReconcileCycle(
         continue
       }
       results[result.result]++
-      if (result.result === 'error') firstError ??= result.error
-      const throttledMs = result.result === 'error' ? throttledFor(result.error, pollDeps.backoff.capS * 1000) : undefined
+      if (result.result === 'error' || result.result === 'throttled') firstError ??= result.error
+      const throttledMs = result.result === 'throttled' ? throttledFor(result.error, pollDeps.backoff.capS * 1000) : undefined
       if (throttledMs !== undefined) {
         // the order itself was rescheduled after the wait; the rest go back with it (below)
         const until = new Date(clock.now() + throttledMs)
@@ -244,7 +244,7 @@ export async function runReconcileCycle(
   unpolled.push(...untried)
 
   const polled = POLL_RESULTS.reduce((sum, kind) => sum + results[kind], 0)
-  const errors = results.error + results.not_found + results.trade_mismatch + results.unusable_trade_id + results.unauthorized
+  const errors = results.error + results.throttled + results.not_found + results.trade_mismatch + results.unusable_trade_id + results.unauthorized
   // the database went away after the run was written: what the row should say once it is back
   const failed = (error: unknown) =>
     runId === null
