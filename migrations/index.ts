@@ -15,6 +15,7 @@ import * as reactionStreamBatches from './0011_reaction_stream_batches.js'
 import * as reconcileRunClockOffset from './0012_reconcile_run_clock_offset.js'
 import * as unresolvedTradeCreates from './0013_unresolved_trade_creates.js'
 import * as unappliedDeliverySearch from './0014_unapplied_delivery_search.js'
+import * as tradeCreateWait from './0015_trade_create_wait.js'
 
 export const migrations: Record<string, Migration> = {
   '0001_initial': initial,
@@ -31,4 +32,5 @@ export const migrations: Record<string, Migration> = {
   '0012_reconcile_run_clock_offset': reconcileRunClockOffset,
   '0013_unresolved_trade_creates': unresolvedTradeCreates,
   '0014_unapplied_delivery_search': unappliedDeliverySearch,
+  '0015_trade_create_wait': tradeCreateWait,
 }

@@ -38,10 +38,10 @@ function seeded(kind: 'pglite' | 'postgres', references: string[]): Promise<{ en
     const past = new Date(Date.now() - 3_600_000)
     for (const externalReference of references) {
       const { order } = await createOrder(db, { externalReference })
-      await startTradeCreate(db, order.id, 'none', past)
+      await startTradeCreate(db, order.id, 'none', past, { waitMs: 15_000 })
       await setTradeCreateState(db, order.id, 'unknown', past)
     }
-    await flagUnresolvedCreates(db, { unresolvedBefore: new Date(), pendingBefore: new Date() })
+    await flagUnresolvedCreates(db, { unresolvedBefore: new Date(), now: new Date(), createWholeTimeMs: 15_000 })
   }
   return seededCliDatabase(kind, { prefix: 'trades-link-', env: { PARTNER_API_BASE_URL: sandboxUrl }, seed, cleanups })
 }

@@ -69,9 +69,9 @@ const reference = () => `link-order-${++counter}`
 async function unresolvedOrder(externalReference: string): Promise<void> {
   const past = new Date(Date.now() - 3_600_000)
   const { order } = await createOrder(database.db, { externalReference })
-  expect(await startTradeCreate(database.db, order.id, 'none', past)).toBe(true)
+  expect(await startTradeCreate(database.db, order.id, 'none', past, { waitMs: 15_000 })).toBe(true)
   await setTradeCreateState(database.db, order.id, 'unknown', past)
-  expect(await flagUnresolvedCreates(database.db, { unresolvedBefore: new Date(), pendingBefore: new Date() })).toContain(externalReference)
+  expect(await flagUnresolvedCreates(database.db, { unresolvedBefore: new Date(), now: new Date(), createWholeTimeMs: 15_000 })).toContain(externalReference)
 }
 
 /** A trade made on the platform for `externalReference` (the create the order never heard back from), moved on. */

@@ -88,7 +88,11 @@ let counter = 0
 const reference = () => `flight-${++counter}`
 
 function open(db: Kysely<Database>, clock: FakeClock, ref: string, ...extra: string[]) {
-  const context: CliContext = { config, logger, db, clock }
+  return openWith(config, db, clock, ref, ...extra)
+}
+
+function openWith(commandConfig: typeof config, db: Kysely<Database>, clock: FakeClock, ref: string, ...extra: string[]) {
+  const context: CliContext = { config: commandConfig, logger, db, clock }
   return runCommandWith(
     ['trades', 'open', ref, '--title', 'T', '--amount', '1.00', '--currency', 'EUR', '--seller', 's', ...extra],
     context,
@@ -115,7 +119,7 @@ async function order(ref: string) {
 /** An order whose create was marked pending at `markedAt` by a command that then stopped (a crash mid-call). */
 async function leftPending(ref: string, markedAt: Date) {
   const { order: created } = await createOrder(database.db, { externalReference: ref })
-  expect(await startTradeCreate(database.db, created.id, 'none', markedAt)).toBe(true)
+  expect(await startTradeCreate(database.db, created.id, 'none', markedAt, { waitMs: WHOLE_TIME_MS })).toBe(true)
   return created.id
 }
 
@@ -187,6 +191,47 @@ describe('trades open while another command is sending the same create', { timeo
     expect((await retried).code).toBe(0)
     expect(createsFor(ref)).toBe(1)
     expect(await order(ref)).toMatchObject({ tradeId: `tr_${ref}`, tradeCreateState: 'created' })
+  })
+
+  // found by an outside look at the last fix: judged by the judge's own timeout, a CLI with a shorter
+  // PARTNER_API_TIMEOUT_MS than the service's took the service's create, still at the platform, for stopped
+  it("judges a pending create by the whole time of the command that sent it, not by its own shorter timeout", async () => {
+    const ref = reference()
+    const clock = new FakeClock()
+    const senderWholeMs = 40_000 + CREATE_MARGIN_MS
+    const since = new Date(clock.now()).toISOString()
+    const patient = { ...config, partner: { ...config.partner, timeoutMs: 40_000 } }
+    const first = openWith(patient, database.db, clock, ref)
+    const create = await heldCreate(ref)
+    // past this command's own whole time (15 s), within the sender's (45 s)
+    await clock.advance(WHOLE_TIME_MS + 5_000)
+
+    const retried = await open(other.db, clock, ref, '--retry')
+    expect(retried.code).toBe(1)
+    expect(retried.stderr).toBe(
+      `A trade create for order ${ref} is being sent by another command right now (pending since ${since}, 20.0 s ago): ` +
+        `--retry sends nothing while its answer may still come and link the trade; if it is not answered, it counts as ` +
+        `unanswered (unknown) from ${new Date(Date.parse(since) + senderWholeMs).toISOString()} on [trade_create_in_flight]\n`,
+    )
+    expect(createsFor(ref)).toBe(1)
+
+    create.answer(`tr_${ref}`)
+    expect((await first).code).toBe(0)
+    expect(await order(ref)).toMatchObject({ tradeId: `tr_${ref}`, tradeCreateState: 'created' })
+  })
+
+  it("judges a pending create marked before its whole time was stored (an older version's) by its own", async () => {
+    const ref = reference()
+    const clock = new FakeClock()
+    const orderId = await leftPending(ref, new Date(clock.now()))
+    await database.db.updateTable('orders').set({ tradeCreateWaitMs: null }).where('id', '=', orderId).execute()
+    await clock.advance(WHOLE_TIME_MS - 1)
+    expect((await open(other.db, clock, ref, '--retry')).stderr).toContain('[trade_create_in_flight]')
+    await clock.advance(1)
+    const retried = open(other.db, clock, ref, '--retry')
+    ;(await heldCreate(ref)).answer(`tr_${ref}`)
+    expect((await retried).code).toBe(0)
+    expect(createsFor(ref)).toBe(1)
   })
 
   it('sends one create when two --retry race for a pending create whose command stopped', async () => {

@@ -178,7 +178,7 @@ describe('openTradeForOrder', () => {
     // marked longer ago than the create's whole time: the command that sent it is gone
     const clock = new FakeClock()
     const crashedAt = new Date(clock.now() - CREATE_TIMEOUT_MS - CREATE_MARGIN_MS)
-    expect(await startTradeCreate(database.db, (await order(ref)).id, 'none', crashedAt)).toBe(true)
+    expect(await startTradeCreate(database.db, (await order(ref)).id, 'none', crashedAt, { waitMs: CREATE_TIMEOUT_MS + CREATE_MARGIN_MS })).toBe(true)
     const client = fakeTradeApi()
     await expect(openTradeForOrder(deps(client, clock), ref, request)).rejects.toMatchObject({ code: 'trade_create_unknown' })
     expect(client.calls).toHaveLength(0)
@@ -190,7 +190,9 @@ describe('openTradeForOrder', () => {
     const ref = reference()
     await createOrder(database.db, { externalReference: ref })
     const clock = new FakeClock()
-    expect(await startTradeCreate(database.db, (await order(ref)).id, 'none', new Date(clock.now() - CREATE_TIMEOUT_MS - CREATE_MARGIN_MS))).toBe(true)
+    expect(await startTradeCreate(database.db, (await order(ref)).id, 'none', new Date(clock.now() - CREATE_TIMEOUT_MS - CREATE_MARGIN_MS), {
+      waitMs: CREATE_TIMEOUT_MS + CREATE_MARGIN_MS,
+    })).toBe(true)
     const refusal = new PartnerApiError(422, 'validation_failed', 'invalid fields', undefined)
     const client = fakeTradeApi({
       createTrade: async () => {

@@ -27,9 +27,11 @@ describe('an order whose trade create went unanswered', () => {
     await database.db.deleteFrom('orders').execute()
   })
 
-  const unanswered = async (externalReference: string, state: 'pending' | 'unknown', ageS: number) => {
+  /** A create marked `ageS` ago by a command whose whole time is `waitS` (null: marked before it was stored). */
+  const unanswered = async (externalReference: string, state: 'pending' | 'unknown', ageS: number, waitS: number | null = 15) => {
     const { order } = await createOrder(database.db, { externalReference, now: () => new Date(clock.now()) })
-    expect(await startTradeCreate(database.db, order.id, 'none', new Date(clock.now() - ageS * 1_000))).toBe(true)
+    expect(await startTradeCreate(database.db, order.id, 'none', new Date(clock.now() - ageS * 1_000), { waitMs: (waitS ?? 0) * 1_000 })).toBe(true)
+    if (waitS === null) await database.db.updateTable('orders').set({ tradeCreateWaitMs: null }).where('id', '=', order.id).execute()
     if (state === 'unknown') await setTradeCreateState(database.db, order.id, 'unknown', new Date(clock.now() - ageS * 1_000))
     return order.id
   }
@@ -53,22 +55,32 @@ describe('an order whose trade create went unanswered', () => {
   // EXPECTED_WEBHOOK_S shorter than the create's whole time: the flag came while the call was at the platform and
   // moved updated_at, the mark the command's own later write names, so a create the platform then refused stayed
   // pending and flagged, and the next `trades open` called it unanswered (an outside attack)
+  // The whole time is the sending command's, stored with its mark: a poller with a shorter PARTNER_API_TIMEOUT_MS
+  // judges by it; one with none stored (marked by an older version) by the poller's own.
   it('leaves a pending create alone until its command\'s whole time is over, and flags without moving its mark', async () => {
-    const wholeTimeS = 15
+    const ownWholeTimeS = 15
     await unanswered('unresolved-in-flight', 'pending', 3)
-    await unanswered('unresolved-stopped', 'pending', wholeTimeS + 1)
+    await unanswered('unresolved-stopped', 'pending', ownWholeTimeS + 1)
     await unanswered('unresolved-unanswered', 'unknown', 3)
+    await unanswered('unresolved-patient-sender', 'pending', ownWholeTimeS + 1, 45)
+    await unanswered('unresolved-patient-stopped', 'pending', 46, 45)
+    await unanswered('unresolved-older-mark', 'pending', 3, null)
+    await unanswered('unresolved-older-stopped', 'pending', ownWholeTimeS + 1, null)
     const markOf = async (externalReference: string) => (await findOrderByExternalReference(database.db, externalReference))!.updatedAt
     const marks = await Promise.all(['unresolved-in-flight', 'unresolved-stopped'].map(markOf))
     await testPoller({
       db: database.db,
       fetcher: countingFetcher(() => 'funded'),
       clock,
-      settings: { unresolvedCreateAfterS: 1, createWholeTimeMs: wholeTimeS * 1_000 },
+      settings: { unresolvedCreateAfterS: 1, createWholeTimeMs: ownWholeTimeS * 1_000 },
     }).runOnce()
     expect(await attentionOf('unresolved-in-flight')).toBeNull()
     expect(await attentionOf('unresolved-stopped')).toBe('trade_create_unknown')
     expect(await attentionOf('unresolved-unanswered')).toBe('trade_create_unknown')
+    expect(await attentionOf('unresolved-patient-sender')).toBeNull()
+    expect(await attentionOf('unresolved-patient-stopped')).toBe('trade_create_unknown')
+    expect(await attentionOf('unresolved-older-mark')).toBeNull()
+    expect(await attentionOf('unresolved-older-stopped')).toBe('trade_create_unknown')
     expect(await Promise.all(['unresolved-in-flight', 'unresolved-stopped'].map(markOf))).toEqual(marks)
   })
 
@@ -85,7 +97,7 @@ describe('an order whose trade create went unanswered', () => {
     const linked = await findOrderByExternalReference(database.db, 'unresolved-linked')
     expect(linked).toMatchObject({ attention: null, tradeId: 'trd_unresolved-linked', tradeStatus: 'funded', tradeCreateState: 'created' })
 
-    expect(await startTradeCreate(database.db, retried, 'unknown', new Date(clock.now()))).toBe(true)
+    expect(await startTradeCreate(database.db, retried, 'unknown', new Date(clock.now()), { waitMs: 15_000 })).toBe(true)
     expect(await attentionOf('unresolved-retried')).toBeNull()
   })
 })

@@ -20,6 +20,8 @@ export interface OrdersTable {
   statusChangedAt: Timestamp | null
   /** none | pending | unknown | created: see src/orders/order.repository.ts */
   tradeCreateState: Generated<string>
+  /** How long the command that marked the create pending waits for its answer, in ms; read only while pending (migrations/0015). */
+  tradeCreateWaitMs: number | null
   nextPollAt: Timestamp | null
   pollAttempts: Generated<number>
   pollLeaseToken: string | null

@@ -28,6 +28,7 @@ function toOrder(row: Selectable<OrdersTable>): Order {
     statusSource: row.statusSource as ObservationSource | null,
     statusChangedAt: row.statusChangedAt,
     tradeCreateState: row.tradeCreateState as TradeCreateState,
+    tradeCreateWaitMs: row.tradeCreateWaitMs,
     nextPollAt: row.nextPollAt,
     pollAttempts: row.pollAttempts,
     attention: row.attention,
@@ -99,13 +100,15 @@ export type { ObservationResult }
  * command stopped, and the claim that command's later writes name (setTradeCreateState's `claim`). Taking over a
  * `pending` create (`--retry` of one whose command stopped) names `markedBy`: only a create marked by then is
  * taken, so of two such retries only the first marks it, and a create marked since is left to its command.
+ * `waitMs` is how long this command waits for the answer (trade_create_wait_ms): what another command judges the
+ * create by, whatever its own timeout.
  */
 export async function startTradeCreate(
   db: Executor,
   orderId: number,
   previousState: TradeCreateState,
   now: Date,
-  { markedBy }: { markedBy?: Date } = {},
+  { markedBy, waitMs }: { markedBy?: Date; waitMs: number },
 ): Promise<boolean> {
   let query = db
     .updateTable('orders')
@@ -113,6 +116,7 @@ export async function startTradeCreate(
     .set((eb) => ({
       tradeCreateState: 'pending',
       updatedAt: now,
+      tradeCreateWaitMs: waitMs,
       attention: eb.case().when('attention', '=', 'trade_create_unknown').then(null).else(eb.ref('attention')).end(),
     }))
     .where('id', '=', orderId)

@@ -17,6 +17,12 @@ export interface Order {
   statusSource: ObservationSource | null
   statusChangedAt: Date | null
   tradeCreateState: TradeCreateState
+  /**
+   * While pending: how long the command that marked it waits for the answer (its PARTNER_API_TIMEOUT_MS and a margin),
+   * in ms from updatedAt. Read only while pending (left as it was in the other states); null for a mark written
+   * before the column.
+   */
+  tradeCreateWaitMs: number | null
   nextPollAt: Date | null
   pollAttempts: number
   attention: string | null

@@ -123,8 +123,9 @@ export const ATTENTION_FLAGS: readonly AttentionFlag[] = [TRADE_NOT_FOUND, TRADE
 
 /**
  * Flags `trade_create_unknown` the orders whose trade create has gone unanswered, with no trade linked, since before
- * `unresolvedBefore` (migrations/0013's index); a create still `pending` only once it was also marked before
- * `pendingBefore`, when its command's call is over whatever it got (trades open's whole time). Returns their
+ * `unresolvedBefore` (migrations/0013's index); a create still `pending` only once its command's call is over
+ * whatever it got at `now`: the whole time that command stored with its mark (trade_create_wait_ms), or
+ * `createWholeTimeMs` (this process's) for a mark written before that column. Returns their
  * references. A webhook or a poll that links a trade, and a create sent again, clear the flag (apply-observation.ts,
  * startTradeCreate).
  *
@@ -136,9 +137,8 @@ export const ATTENTION_FLAGS: readonly AttentionFlag[] = [TRADE_NOT_FOUND, TRADE
  */
 export async function flagUnresolvedCreates(
   db: Kysely<Database>,
-  { unresolvedBefore, pendingBefore }: { unresolvedBefore: Date; pendingBefore: Date },
+  { unresolvedBefore, now, createWholeTimeMs }: { unresolvedBefore: Date; now: Date; createWholeTimeMs: number },
 ): Promise<string[]> {
-  const markedBefore = pendingBefore < unresolvedBefore ? pendingBefore : unresolvedBefore
   const rows = await db
     .updateTable('orders')
     .set({ attention: TRADE_CREATE_UNKNOWN })
@@ -146,7 +146,16 @@ export async function flagUnresolvedCreates(
     .where('tradeId', 'is', null)
     .where('attention', 'is', null)
     .where('updatedAt', '<', unresolvedBefore)
-    .where((eb) => eb.or([eb('tradeCreateState', '=', 'unknown'), eb('updatedAt', '<', markedBefore)]))
+    .where((eb) =>
+      eb.or([
+        eb('tradeCreateState', '=', 'unknown'),
+        eb(
+          sql<Date>`${eb.ref('updatedAt')} + coalesce(${eb.ref('tradeCreateWaitMs')}, ${createWholeTimeMs}::integer) * interval '1 millisecond'`,
+          '<',
+          now,
+        ),
+      ]),
+    )
     .returning('externalReference')
     .execute()
   return rows.map((row) => row.externalReference)

@@ -54,7 +54,7 @@ export interface PollerSettings {
    * trade_create_unknown by each cycle. Absent: not looked for (a cycle run for a test of something else).
    */
   unresolvedCreateAfterS?: number
-  /** PARTNER_API_TIMEOUT_MS and trades open's margin: a pending create younger is not flagged (CycleSettings). */
+  /** PARTNER_API_TIMEOUT_MS and trades open's margin, for a pending create with no stored whole time (CycleSettings). */
   createWholeTimeMs?: number
 }
 

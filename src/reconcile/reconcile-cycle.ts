@@ -53,8 +53,9 @@ export interface CycleSettings {
   /** EXPECTED_WEBHOOK_S: flag an order whose trade create went unanswered this long (PollerSettings). */
   unresolvedCreateAfterS?: number
   /**
-   * trades open's whole time for a create (PARTNER_API_TIMEOUT_MS and its margin): a `pending` create marked since
-   * is its command's call still in flight, and is not flagged yet, however short EXPECTED_WEBHOOK_S is.
+   * trades open's whole time for a create (PARTNER_API_TIMEOUT_MS and its margin), for a `pending` create marked before
+   * trade_create_wait_ms held each command's own: one marked since is its command's call still in flight, and is not
+   * flagged yet, however short EXPECTED_WEBHOOK_S is.
    */
   createWholeTimeMs?: number
 }
@@ -133,7 +134,8 @@ const MAX_NAMED_REFERENCES = 20
 async function flagUnresolved({ db, logger }: CycleDeps, now: Date, afterS: number, createWholeTimeMs = 0): Promise<void> {
   const references = await flagUnresolvedCreates(db, {
     unresolvedBefore: new Date(now.getTime() - afterS * 1_000),
-    pendingBefore: new Date(now.getTime() - createWholeTimeMs),
+    now,
+    createWholeTimeMs,
   })
   if (references.length === 0) return
   logger.warn(

@@ -9,8 +9,9 @@
 //   unknown  a create was sent and its answer never came: never sent again on its own; the webhook that
 //            carries the order's external_reference links the trade, or an operator retries on purpose
 //   created  the platform answered with the trade, now linked
-// A pending create is another command's call in flight until its whole time is up (PARTNER_API_TIMEOUT_MS after it
-// was marked, a create being sent once, and CREATE_MARGIN_MS): until then nothing is sent, --retry included, since
+// A pending create is another command's call in flight until its whole time is up (the marking command's own
+// PARTNER_API_TIMEOUT_MS after it was marked, a create being sent once, and CREATE_MARGIN_MS, stored with the mark
+// as trade_create_wait_ms, so that a command with a shorter timeout judges it by the sender's): until then nothing is sent, --retry included, since
 // its answer may still come and link the trade. Past it, the command that marked it stopped without a word (a
 // crash), and it is as unknown: --retry takes it over.
 // An answer that is the record of another order (another external_reference) links nothing: `unknown`. An answer
@@ -87,7 +88,10 @@ export async function openTradeForOrder(
   // compare-and-set: of two concurrent opens only one moves the order to pending, and a pending create is taken
   // over only while it is the one judged above (marked before its whole time ran out), not one marked since
   const markedAt = new Date(clock.now())
-  const claimed = await startTradeCreate(db, order.id, previousState, markedAt, settledBy ? { markedBy: order.updatedAt } : {})
+  const claimed = await startTradeCreate(db, order.id, previousState, markedAt, {
+    waitMs: createWaitMs(settings.createTimeoutMs),
+    ...(settledBy ? { markedBy: order.updatedAt } : {}),
+  })
   if (!claimed) throw await claimLost(deps, externalReference, retry)
   // this command's later writes of the create state name its mark: one whose create another command took over
   // (judged stopped) changes nothing of the other's
@@ -211,9 +215,17 @@ type Recorded =
  */
 export const CREATE_MARGIN_MS = 5_000
 
-/** When a pending create's command has had its answer or its timeout, whichever comes: the mark and its whole time. */
+/** A create's whole time, for a command whose own timeout is `createTimeoutMs`. */
+export function createWaitMs(createTimeoutMs: number): number {
+  return createTimeoutMs + CREATE_MARGIN_MS
+}
+
+/**
+ * When a pending create's command has had its answer or its timeout, whichever comes: the mark and its whole time,
+ * as that command stored it (this command's own for a mark written before trade_create_wait_ms).
+ */
 function createSettledBy(order: Order, createTimeoutMs: number): Date {
-  return new Date(order.updatedAt.getTime() + createTimeoutMs + CREATE_MARGIN_MS)
+  return new Date(order.updatedAt.getTime() + (order.tradeCreateWaitMs ?? createWaitMs(createTimeoutMs)))
 }
 
 function createInFlight(order: Order, settledBy: Date, now: number, retry: boolean): TradeOperationError {
