@@ -34,7 +34,12 @@ export interface Config {
   readonly port: number
   readonly host: string
   /** The operator listener: metrics and the local command endpoint (loopback unless set otherwise). */
-  readonly admin: { readonly port: number; readonly host: string }
+  readonly admin: {
+    readonly port: number
+    readonly host: string
+    /** ADMIN_ALLOWED_HOSTS, lower-cased: Host names answered besides loopback ones and IP addresses (`*`: any). */
+    readonly allowedHosts: readonly string[]
+  }
   /** Caps on the public listener, so unauthenticated clients cannot hold the process's memory. */
   readonly limits: {
     /** Open connections at once; past it new connections are dropped. */
@@ -246,8 +251,9 @@ const secretList = z.string().transform((value) =>
     .filter((secret) => secret.length > 0),
 )
 
-// FORWARD_EVENTS, AMQP_EVENTS: which event types a built-in handler takes, e.g. trade.funded,trade.released.
-// Checked against the status table below (eventListProblems), as the schema knows no statuses.
+// A comma-separated list, blanks dropped, each entry once. FORWARD_EVENTS, AMQP_EVENTS: which event types a built-in
+// handler takes, e.g. trade.funded,trade.released, checked against the status table below (eventListProblems), as
+// the schema knows no statuses; ADMIN_ALLOWED_HOSTS: host names (allowedHostProblems).
 const eventList = z.string().transform((value) => [
   ...new Set(
     value
@@ -310,6 +316,7 @@ const EnvSchema = z.object({
   HOST: z.string().min(1).default('127.0.0.1'),
   ADMIN_PORT: port.default(3001),
   ADMIN_HOST: z.string().min(1).default('127.0.0.1'),
+  ADMIN_ALLOWED_HOSTS: eventList.default([]),
   MAX_CONNECTIONS: wholeNumber({ max: 1_000_000 }).default(1_000),
   MAX_INFLIGHT_BODY_BYTES: byteSize.default(16 * 1024 * 1024),
   SLOW_BODY_MS: wholeNumber({ min: 0, max: 600_000 }).default(1_000),
@@ -457,6 +464,20 @@ function proxySettings(values: z.infer<typeof EnvSchema>, problems: string[]): P
   const httpProxy = proxyUrl(httpName, httpValue, problems)
   const httpsProxy = proxyUrl(httpsName, httpsValue, problems)
   return { httpProxy, httpsProxy, noProxy: values.no_proxy ?? values.NO_PROXY }
+}
+
+// ADMIN_ALLOWED_HOSTS: the names besides loopback ones and IP addresses the operator listener answers as Host
+// (src/http/loopback-host.ts): a host name without port or scheme, or * for any
+const HOST_NAME = /^(\*|(?=.{1,253}$)[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?(\.[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?)*)$/i
+
+function allowedHostProblems(names: readonly string[]): string[] {
+  return names
+    .filter((name) => !HOST_NAME.test(name))
+    .map(
+      (name) =>
+        `ADMIN_ALLOWED_HOSTS: ${JSON.stringify(name.length > 60 ? `${name.slice(0, 60)}…` : name)} is not a host name ` +
+        '(a comma-separated list of names such as metrics.internal, without port or scheme, or * for any)',
+    )
 }
 
 const EVENT_PATTERN = /^trade\.(\*|[a-z0-9_]+)$/
@@ -621,6 +642,7 @@ export function parseConfig(
       problems.push(`ORDER_REFERENCE_PATTERN: is not a regular expression (${(error as Error).message})`)
     }
   }
+  problems.push(...allowedHostProblems(values.ADMIN_ALLOWED_HOSTS))
   problems.push(...eventListProblems('FORWARD_EVENTS', values.FORWARD_EVENTS))
   problems.push(...eventListProblems('AMQP_EVENTS', values.AMQP_EVENTS))
   // A handler is aborted shortly before its lease ends: a call allowed longer than that was cut off as
@@ -671,7 +693,11 @@ export function parseConfig(
   const config: Config = {
     port: values.PORT,
     host: values.HOST,
-    admin: { port: values.ADMIN_PORT, host: values.ADMIN_HOST },
+    admin: {
+      port: values.ADMIN_PORT,
+      host: values.ADMIN_HOST,
+      allowedHosts: [...new Set(values.ADMIN_ALLOWED_HOSTS.map((name) => name.toLowerCase()))],
+    },
     limits: {
       maxConnections: values.MAX_CONNECTIONS,
       maxInflightBodyBytes: values.MAX_INFLIGHT_BODY_BYTES,

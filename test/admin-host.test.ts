@@ -1,6 +1,7 @@
-// The operator listener's Host check: bound to loopback (ADMIN_HOST's default), it answers only a loopback Host, so
-// a web page in the operator's browser whose name was rebound to 127.0.0.1 (DNS rebinding) reads neither /metrics
-// nor the console; bound to a network the operator chose, any Host is answered as before.
+// The operator listener's Host check: it answers a loopback Host, an IP address, or a name in ADMIN_ALLOWED_HOSTS,
+// so a web page in the operator's browser whose name was rebound to the listener's address (DNS rebinding) reads
+// neither /metrics nor the console. Bound to 0.0.0.0, as README's compose recipe has it (published on the host's
+// loopback), it used to answer any Host (found from outside).
 import request from 'supertest'
 import { describe, expect, it } from 'vitest'
 import { createAdminApp } from '../src/http/admin-app.js'
@@ -13,14 +14,16 @@ import { useTestDatabase } from './helpers/test-database.js'
 
 const TOKEN = 'admin-host-token-0123456789abcdef'
 const COMMAND_TOKEN = 'c'.repeat(64)
-const OUTSIDE_HOSTS = ['evil.example:3301', 'evil.example', '127.0.0.1.evil.example:3301', 'localhost.evil.example', '10.0.0.1:3301', '[::2]:3301']
+const OUTSIDE_HOSTS = ['evil.example:3301', 'evil.example', '127.0.0.1.evil.example:3301', 'localhost.evil.example', 'metrics.internal:3001', '[evil.example]:3301', '0x7f.1:3301']
 const LOOPBACK_HOSTS = ['127.0.0.1:3301', 'localhost:3301', 'LocalHost', '[::1]:3301', '127.8.9.10', 'localhost']
+// no rebinding page has an address for its name: the address is the URL it was given
+const ADDRESS_HOSTS = ['10.0.0.1:3301', '[::2]:3301', '192.168.1.20', '[fd00::5]']
 
 describe('the operator listener and the Host header', () => {
   const database = useTestDatabase()
 
-  const adminBoundTo = (adminHost: string) => {
-    const config = testConfig({ ADMIN_TOKEN: TOKEN, ADMIN_HOST: adminHost })
+  const adminBoundTo = (adminHost: string, allowedHosts?: string) => {
+    const config = testConfig({ ADMIN_TOKEN: TOKEN, ADMIN_HOST: adminHost, ...(allowedHosts === undefined ? {} : { ADMIN_ALLOWED_HOSTS: allowedHosts }) })
     const logger = testLogger([TOKEN, COMMAND_TOKEN])
     const routes = localCliRoutes({
       token: COMMAND_TOKEN,
@@ -32,8 +35,8 @@ describe('the operator listener and the Host header', () => {
   }
   const command = (call: request.Test) => call.set('Authorization', `Bearer ${COMMAND_TOKEN}`).send({ args: ['orders', 'list'] })
 
-  it('refuses every path 403 forbidden_host under a Host that is not a loopback name, when bound to loopback (DNS rebinding)', async () => {
-    for (const adminHost of ['127.0.0.1', '::1', 'localhost']) {
+  it('refuses every path 403 forbidden_host under a Host name nobody listed, wherever it is bound (DNS rebinding)', async () => {
+    for (const adminHost of ['127.0.0.1', '::1', 'localhost', '0.0.0.0', '10.1.2.3', '::']) {
       const admin = adminBoundTo(adminHost)
       for (const host of OUTSIDE_HOSTS) {
         const answers = {
@@ -69,14 +72,29 @@ describe('the operator listener and the Host header', () => {
     expect((await request(admin).get('/metrics')).status).toBe(200)
   })
 
-  it('answers any Host when bound to an address the operator chose on a network, which bound to loopback it refuses', async () => {
-    const loopback = adminBoundTo('127.0.0.1')
-    for (const adminHost of ['0.0.0.0', '10.1.2.3', '::']) {
+  it('answers a loopback Host and any IP address wherever it is bound, as the compose recipe reaches it', async () => {
+    for (const adminHost of ['127.0.0.1', '0.0.0.0', '::']) {
       const admin = adminBoundTo(adminHost)
-      for (const host of [...OUTSIDE_HOSTS, 'metrics.internal:3001']) {
+      for (const host of [...LOOPBACK_HOSTS, ...ADDRESS_HOSTS]) {
         expect((await request(admin).get('/metrics').set('Host', host)).status, `${adminHost} ${host}`).toBe(200)
-        expect((await request(loopback).get('/metrics').set('Host', host)).status, `127.0.0.1 ${host}`).toBe(403)
       }
     }
+  })
+
+  it('answers the names in ADMIN_ALLOWED_HOSTS, in any case, with any port or a final dot, and no other; * answers any', async () => {
+    const admin = adminBoundTo('0.0.0.0', 'receiver, Metrics.Internal')
+    for (const host of ['receiver:3001', 'RECEIVER', 'metrics.internal:3001', 'metrics.internal.']) {
+      expect((await request(admin).get('/metrics').set('Host', host)).status, host).toBe(200)
+    }
+    for (const host of ['receiver.evil.example', 'evil.example', 'internal:3001']) {
+      const refused = await request(admin).get('/metrics').set('Host', host)
+      expect([refused.status, refused.body.error?.code], host).toEqual([403, 'forbidden_host'])
+      expect(refused.body.error.message).toBe(
+        'The operator listener (ADMIN_HOST=0.0.0.0) answers only a Host that is localhost, an IP address or a name in ' +
+          'ADMIN_ALLOWED_HOSTS; to reach it by name, list the name in ADMIN_ALLOWED_HOSTS',
+      )
+    }
+    const any = adminBoundTo('0.0.0.0', '*')
+    for (const host of OUTSIDE_HOSTS) expect((await request(any).get('/metrics').set('Host', host)).status, host).toBe(200)
   })
 })

@@ -278,18 +278,25 @@ describe('configuration', () => {
 
   it('puts the operator listener on 127.0.0.1:3001 by default and caps the public one', () => {
     const config = parseConfig(remoteEnv)
-    expect(config.admin).toEqual({ port: 3001, host: '127.0.0.1' })
+    expect(config.admin).toEqual({ port: 3001, host: '127.0.0.1', allowedHosts: [] })
     expect(config.limits).toEqual({ maxConnections: 1_000, maxInflightBodyBytes: 16 * 1024 * 1024, slowBodyMs: 1_000 })
     expect(config.sandbox.controlToken).toBeUndefined()
     const set = parseConfig({
       ...remoteEnv,
       ADMIN_PORT: '0',
       ADMIN_HOST: '10.0.0.5',
+      ADMIN_ALLOWED_HOSTS: ' Receiver,metrics.internal,,receiver ',
       MAX_CONNECTIONS: '50',
       MAX_INFLIGHT_BODY_BYTES: '4mb',
       SLOW_BODY_MS: '0',
     })
-    expect(set.admin).toEqual({ port: 0, host: '10.0.0.5' })
+    expect(set.admin).toEqual({ port: 0, host: '10.0.0.5', allowedHosts: ['receiver', 'metrics.internal'] })
+    expect(parseConfig({ ...remoteEnv, ADMIN_ALLOWED_HOSTS: '*' }).admin.allowedHosts).toEqual(['*'])
+    expect(problemsOf({ ...remoteEnv, ADMIN_ALLOWED_HOSTS: 'receiver:3001,http://ops.example,ok.example,-bad' })).toEqual([
+      'ADMIN_ALLOWED_HOSTS: "receiver:3001" is not a host name (a comma-separated list of names such as metrics.internal, without port or scheme, or * for any)',
+      'ADMIN_ALLOWED_HOSTS: "http://ops.example" is not a host name (a comma-separated list of names such as metrics.internal, without port or scheme, or * for any)',
+      'ADMIN_ALLOWED_HOSTS: "-bad" is not a host name (a comma-separated list of names such as metrics.internal, without port or scheme, or * for any)',
+    ])
     expect(set.limits).toEqual({ maxConnections: 50, maxInflightBodyBytes: 4 * 1024 * 1024, slowBodyMs: 0 })
     const problems = problemsOf({
       ...remoteEnv,

@@ -16,7 +16,7 @@ import type { ReactionRouting } from '../reactions/reaction-registry.js'
 import type { RunSummary } from '../reconcile/poller.js'
 import { errorHandler, notFoundHandler } from './error-handler.js'
 import { leaveBodyUnread } from './expect-continue.js'
-import { isLoopbackAddress, isLoopbackHost } from './loopback-host.js'
+import { isAllowedAdminHost, isLoopbackAddress } from './loopback-host.js'
 import { metricsRoutes } from './metrics.routes.js'
 import { type App, expressListener, readRequestTarget } from './request-target.js'
 
@@ -45,7 +45,7 @@ export function createAdminApp(deps: AdminAppDeps): App {
   app.set('trust proxy', false)
   // <, > and & in an answer's JSON as \u escapes: a 404 echoes the path an outsider sent
   app.set('json escape', true)
-  if (isLoopbackAddress(deps.config.admin.host)) app.use(loopbackHostOnly(deps.config.admin.host))
+  app.use(allowedHostOnly(deps.config.admin))
   if (deps.metrics && deps.config.metrics.enabled) {
     app.use(metricsRoutes({ metrics: deps.metrics, path: deps.config.metrics.path }))
   }
@@ -76,19 +76,23 @@ export function createAdminApp(deps: AdminAppDeps): App {
 }
 
 /**
- * Bound to loopback, the listener is this machine's alone: a Host of another name is a browser that a web page's
- * own name, rebound to 127.0.0.1, sent here (DNS rebinding), and it would read /metrics and the console's pages as
- * that page's. Refused before anything else, from the headers. Bound elsewhere (ADMIN_HOST=0.0.0.0, a private
- * address), the operator chose a network and the names it is reached by: any Host is answered.
+ * A Host of a name nobody listed is a browser that a web page's own name, rebound to this listener's address, sent
+ * here (DNS rebinding), and it would read /metrics and the console's pages as that page's: refused before anything
+ * else, from the headers. Loopback names, IP addresses and the names in ADMIN_ALLOWED_HOSTS are answered. Bound to
+ * 0.0.0.0 and published on the host's loopback (the compose recipe), the listener used to answer any Host.
  */
-function loopbackHostOnly(adminHost: string): RequestHandler {
+function allowedHostOnly({ host, allowedHosts }: Config['admin']): RequestHandler {
+  const loopback = isLoopbackAddress(host)
   return (req, res, next) => {
-    if (isLoopbackHost(req.headers.host)) return next()
+    if (isAllowedAdminHost(req.headers.host, allowedHosts)) return next()
     leaveBodyUnread(req, res)
     res.status(403).json({
       error: {
         code: 'forbidden_host',
-        message: `The operator listener (ADMIN_HOST=${adminHost}) answers only to localhost, 127.0.0.1 or [::1]; a proxy in front of it must send one of them as Host`,
+        message:
+          `The operator listener (ADMIN_HOST=${host}) answers only a Host that is localhost, an IP address or a name ` +
+          `in ADMIN_ALLOWED_HOSTS; ${loopback ? 'a proxy in front of it must send one of them as Host, or' : 'to reach it by name,'} ` +
+          'list the name in ADMIN_ALLOWED_HOSTS',
       },
     })
   }
