@@ -476,6 +476,12 @@ describe('operator console', () => {
 
       const noRange = await bearer(request(admin).get('/console/deliveries/reapply').query({ outcome: 'unmatched' }))
       expect(noRange.status).toBe(400)
+      // the list offers the bulk re-apply only where it has a range to take, not a link to that 400
+      const listed = await bearer(request(admin).get('/console/deliveries').query({ outcome: 'unmatched' }))
+      expect(listed.text).not.toContain('/deliveries/reapply?')
+      expect(listed.text).toContain('Bulk re-apply: give a time range (from, to or both) first.')
+      const ranged = await bearer(request(admin).get('/console/deliveries').query({ outcome: 'unmatched', from: from.toISOString() }))
+      expect(ranged.text).toContain('/deliveries/reapply?')
 
       const query = { outcome: 'unmatched', from: from.toISOString() }
       const dryRun = await bearer(request(admin).get('/console/deliveries/reapply').query(query))

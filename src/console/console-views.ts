@@ -307,7 +307,11 @@ export function deliveriesPage(
     'Deliveries',
     operator,
     html`${filterForm(filter)}
-<p class="actions"><a href="${consolePath()}/deliveries/reapply?${queryString(fields)}">Bulk re-apply these… (dry run first)</a></p>
+<p class="actions">${
+      filter.from || filter.to
+        ? html`<a href="${consolePath()}/deliveries/reapply?${queryString(fields)}">Bulk re-apply these… (dry run first)</a>`
+        : html`Bulk re-apply: give a time range (from, to or both) first.`
+    }</p>
 ${
   deliveries.length === 0
     ? html`<p>No delivery matches.</p>`
