@@ -47,4 +47,17 @@ describe('the reaction registry', () => {
     expect(reactions.handlersFor('trade.funded')).toEqual(['ledger', 'ship-goods'])
     expect(Object.isFrozen(first)).toBe(true)
   })
+
+  it('keeps the timeout a handler was registered with, for the dispatcher to start its calls by, and refuses one that is no time', () => {
+    const handler = async () => {}
+    const reactions = createReactionRegistry().on('trade.funded', 'ship-goods', handler, { timeoutMs: 30_000 }).on('trade.*', 'ledger', handler)
+    expect(reactions.timeoutOf('ship-goods')).toBe(30_000)
+    expect(reactions.timeoutOf('ledger')).toBeUndefined()
+    expect(reactions.timeoutOf('removed')).toBeUndefined()
+    for (const timeoutMs of [0, -1, Number.NaN, Number.POSITIVE_INFINITY]) {
+      expect(() => createReactionRegistry().on('trade.*', 'crm', handler, { timeoutMs })).toThrow(
+        'reaction handler crm: timeoutMs must be a positive number of milliseconds',
+      )
+    }
+  })
 })

@@ -166,6 +166,82 @@ describe('the reaction dispatcher', () => {
     expect(warnings.filter((warning) => warning.startsWith('MaxListenersExceededWarning'))).toEqual([])
   })
 
+  // Found from outside: with a receiver answering in 14 s, FORWARD_TIMEOUT_MS=30000 and REACTION_LEASE_S=40, events
+  // that waited for a slot were started with a few seconds of lease left, cut off at its end, counted as failed
+  // attempts, and sent twice. A call now starts only with its handler's whole timeout of lease left.
+  /** Three orders' events through one slot, the calls answered one at a time after `takesMs[i]` of the clock. */
+  const slowCalls = async ({ leaseMs, timeoutMs, takesMs }: { leaseMs: number; timeoutMs: number; takesMs: number[] }) => {
+    const calls: { orderId: number; attempt: number; aborted: boolean; answered: boolean; answer: () => void }[] = []
+    const reactions = createReactionRegistry().on(
+      'trade.created',
+      'slow-receiver',
+      (event, { signal, attempt }) =>
+        new Promise<void>((resolve, reject) => {
+          const cut = () => {
+            call.aborted = true
+            reject(signal.reason)
+          }
+          const call = {
+            orderId: event.orderId,
+            attempt,
+            aborted: false,
+            answered: false,
+            answer: () => {
+              call.answered = true
+              signal.removeEventListener('abort', cut)
+              resolve()
+            },
+          }
+          calls.push(call)
+          signal.addEventListener('abort', cut)
+        }),
+      { timeoutMs },
+    )
+    await streamsNow(reactions)
+    const orders: number[] = []
+    for (let i = 0; i < takesMs.length; i++) orders.push(await transitions(reactions, ['created']))
+    dispatcher = createDispatcher({
+      db: database.db,
+      handler: reactions.handler,
+      timeoutOf: reactions.timeoutOf,
+      streams: reactions,
+      clock,
+      logger: testLogger(),
+      listen: database.listen,
+      settings: { ...SETTINGS, concurrency: 1, leaseMs },
+      random: HALF,
+    })
+    streams = 1
+    await dispatcher.start()
+    for (const [index, takes] of takesMs.entries()) {
+      const running = () => calls.find((call) => !call.aborted && !call.answered)
+      await eventually(() => running() !== undefined, `call ${index + 1} started`)
+      await clock.advance(takes)
+      const call = running()
+      expect(call, `call ${index + 1} still running after ${takes} ms, not cut off`).toBeDefined()
+      call!.answer()
+    }
+    await eventually(async () => {
+      const states = await Promise.all(orders.map(async (orderId) => (await jobs(orderId, 'slow-receiver'))[0]?.state))
+      return states.every((state) => state === 'done')
+    }, 'every event is done')
+    expect(calls.filter((call) => call.aborted)).toEqual([])
+    expect(calls.map((call) => call.orderId).sort()).toEqual([...orders].sort())
+    expect(calls.map((call) => call.attempt)).toEqual(takesMs.map(() => 1))
+  }
+
+  it('starts a job that waited for its slot only while the handler\'s timeout fits in its lease, so none is cut off and run twice', async () => {
+    // each call answers after 25 s: the second would start 25 s into a 40-s lease, 11 s before its abort
+    await slowCalls({ leaseMs: 40_000, timeoutMs: 30_000, takesMs: [25_000, 25_000, 25_000] })
+  })
+
+  it('starts a stream batch\'s later call only while the handler\'s timeout fits in the batch\'s lease', async () => {
+    // the first call answers within HANDOFF_MS, and the batch goes on: the next would start with 35.8 s of the 36 s
+    // left before the batch's abort, short of its 35.9-s timeout, and be cut off there by the 35.85 s it takes
+    expect(200).toBeLessThan(HANDOFF_MS)
+    await slowCalls({ leaseMs: 40_000, timeoutMs: 35_900, takesMs: [200, 35_850, 35_850] })
+  })
+
   it('retries a throwing handler after the backoff, fails it after the last attempt, and holds back that order for that handler until retried', async () => {
     let failing = true
     const flakyCalls: { sequence: number; attempt: number }[] = []

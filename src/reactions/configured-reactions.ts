@@ -46,7 +46,7 @@ export function configuredReactions(
   if (config.forward) {
     const { url, secret, timeoutMs, events } = config.forward
     // FORWARD_EVENTS: an event of another type gets no forwarder job at all
-    reactions.on(events, FORWARDER_HANDLER, createForwarder({ url, secret, timeoutMs, logger, ...(clock ? { clock } : {}) }))
+    reactions.on(events, FORWARDER_HANDLER, createForwarder({ url, secret, timeoutMs, logger, ...(clock ? { clock } : {}) }), { timeoutMs })
     typesSettings.set(FORWARDER_HANDLER, 'FORWARD_EVENTS')
   }
   if (config.amqp) {
@@ -55,7 +55,7 @@ export function configuredReactions(
     const publisher = createAmqpPublisher({ ...settings, logger })
     // AMQP_EVENTS: a partner that binds only some routing keys publishes only those, since any other
     // would be returned unroutable and retried until its job fails
-    reactions.on(events, AMQP_HANDLER, publisher.handler)
+    reactions.on(events, AMQP_HANDLER, publisher.handler, { timeoutMs: settings.timeoutMs })
     typesSettings.set(AMQP_HANDLER, 'AMQP_EVENTS')
     closers.push(publisher.close)
   }

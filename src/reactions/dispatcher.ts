@@ -62,6 +62,12 @@ export interface DispatcherDeps {
   db: Kysely<Database>
   /** The registry's lookup by name (a job whose handler is no longer registered fails at once, not retried). */
   handler: (name: string) => ReactionHandler | undefined
+  /**
+   * The registry's timeoutOf: how long one call of the handler may take. A job or stream event that waited for a
+   * slot starts only while that much of its lease is left; otherwise it is given back, unstarted, for a fresh
+   * lease. Absent, or undefined for a handler: started while any of the lease is left.
+   */
+  timeoutOf?: ((name: string) => number | undefined) | undefined
   clock: Clock
   logger: Logger
   settings: DispatcherSettings
@@ -455,8 +461,11 @@ export function createDispatcher(deps: DispatcherDeps): Dispatcher {
 
   const leaseMargin = leaseMarginMs(settings.leaseMs)
 
-  // a free slot of its handler takes the next waiting job of that handler; one whose lease is about to end is
-  // given back unstarted
+  // a free slot of its handler takes the next waiting job of that handler; one with less of its lease left than
+  // its handler's own timeout is given back unstarted (due now, for a fresh lease): started, a slow call was cut off
+  // at the lease's end, counted as a failed attempt, and sent again (found from outside: a receiver answering in
+  // 14 s under FORWARD_TIMEOUT_MS=30000 and REACTION_LEASE_S=40 took two events twice)
+  const leftToStart = (handler: string) => Math.max(1, deps.timeoutOf?.(handler) ?? 0)
   const startWaiting = (stopSignal: AbortSignal) => {
     for (let i = 0; i < waiting.length && !stopSignal.aborted; ) {
       const { job, claim } = waiting[i]!
@@ -465,7 +474,7 @@ export function createDispatcher(deps: DispatcherDeps): Dispatcher {
         continue
       }
       waiting.splice(i, 1)
-      if (job.leaseExpiresAt.getTime() - leaseMargin > clock.now()) {
+      if (job.leaseExpiresAt.getTime() - leaseMargin - clock.now() >= leftToStart(job.handler)) {
         startJob(job, stopSignal, claim)
       } else {
         giveBack([{ job, claim }])
@@ -701,6 +710,7 @@ export function createDispatcher(deps: DispatcherDeps): Dispatcher {
           db,
           name,
           handler: deps.handler(name),
+          timeoutMs: deps.timeoutOf?.(name),
           takes: (type) => takes(name, type),
           clock,
           logger,

@@ -6,6 +6,15 @@
 // nothing of ours but types.
 import type { ReactionHandler } from './reaction-event.js'
 
+export interface ReactionHandlerOptions {
+  /**
+   * The longest one call of the handler may take (its own timeout, e.g. FORWARD_TIMEOUT_MS): a call is started only
+   * while at least this much of its lease is left, so a job that waited for a slot is given back for a fresh lease
+   * rather than started and cut off at the lease's end (and run twice). Unset: started however little is left.
+   */
+  timeoutMs?: number
+}
+
 /** What the observation statement needs: the names to enqueue a job for. */
 export interface ReactionRouting {
   /** The names (sorted) of the handlers whose pattern matches `type` ('trade.<status>'). */
@@ -17,9 +26,11 @@ export interface ReactionRegistry extends ReactionRouting {
    * Registers `handler` under a unique `name` ([a-z0-9_.-]+) for 'trade.<status>' or 'trade.*', or for a
    * list of them (an event matching any of them).
    */
-  on(pattern: string | readonly string[], name: string, handler: ReactionHandler): ReactionRegistry
+  on(pattern: string | readonly string[], name: string, handler: ReactionHandler, options?: ReactionHandlerOptions): ReactionRegistry
   /** The handler registered under `name`; undefined when none is (a job left by a removed handler). */
   handler(name: string): ReactionHandler | undefined
+  /** The timeoutMs `name` was registered with; undefined when none was given (or no such handler). */
+  timeoutOf(name: string): number | undefined
   /** Every registered name, sorted. */
   readonly names: readonly string[]
 }
@@ -29,7 +40,7 @@ const PATTERN = /^trade\.(\*|[a-z0-9_]+)$/
 const NONE: readonly string[] = Object.freeze([])
 
 export function createReactionRegistry(): ReactionRegistry {
-  const entries = new Map<string, { patterns: readonly string[]; handler: ReactionHandler }>()
+  const entries = new Map<string, { patterns: readonly string[]; handler: ReactionHandler; timeoutMs: number | undefined }>()
   // handlersFor runs for every observation on the ingest path, so its answers are worked out when a handler is
   // registered: one per type a pattern names, and one shared by every other trade.<status> (the trade.*
   // handlers). The types come from signed deliveries and the platform's answers, so a cache filled per type
@@ -46,7 +57,7 @@ export function createReactionRegistry(): ReactionRegistry {
         .sort(),
     )
   const registry: ReactionRegistry = {
-    on(pattern, name, handler) {
+    on(pattern, name, handler, { timeoutMs } = {}) {
       const patterns: readonly string[] = typeof pattern === 'string' ? [pattern] : [...pattern]
       if (patterns.length === 0) throw new Error(`reaction handler ${name} is registered for no pattern`)
       for (const one of patterns) {
@@ -57,7 +68,10 @@ export function createReactionRegistry(): ReactionRegistry {
       if (!NAME.test(name)) throw new Error(`reaction handler name ${JSON.stringify(name)} must match [a-z0-9_.-]+`)
       if (entries.has(name)) throw new Error(`a reaction handler named ${name} is already registered`)
       if (typeof handler !== 'function') throw new Error(`reaction handler ${name} is not a function`)
-      entries.set(name, { patterns, handler })
+      if (timeoutMs !== undefined && !(Number.isFinite(timeoutMs) && timeoutMs > 0)) {
+        throw new Error(`reaction handler ${name}: timeoutMs must be a positive number of milliseconds`)
+      }
+      entries.set(name, { patterns, handler, timeoutMs })
       // a type no pattern names is taken by the trade.* handlers alone ('trade.' itself stands for them)
       anyTrade = namesFor('trade.')
       const named = new Set([...entries.values()].flatMap((entry) => entry.patterns).filter((one) => one !== 'trade.*'))
@@ -69,6 +83,9 @@ export function createReactionRegistry(): ReactionRegistry {
     },
     handler(name) {
       return entries.get(name)?.handler
+    },
+    timeoutOf(name) {
+      return entries.get(name)?.timeoutMs
     },
     get names() {
       return [...entries.keys()].sort()

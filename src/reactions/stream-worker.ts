@@ -106,6 +106,12 @@ export interface StreamWorkerDeps {
   db: Kysely<Database>
   name: string
   handler: ReactionHandler | undefined
+  /**
+   * How long one call of the handler may take (DispatcherDeps.timeoutOf): an event whose lane waited (for an earlier
+   * call or a slot) starts only while that much of the batch's lease is left; otherwise it is left pending, due now,
+   * for the job loop's fresh lease.
+   */
+  timeoutMs?: number | undefined
   /** Whether this handler takes events of `type`. */
   takes: (type: string) => boolean
   clock: Clock
@@ -338,18 +344,26 @@ export function createStreamWorker(deps: StreamWorkerDeps) {
     }
     take(read.events)
 
-    const runChain = async (chain: StreamEvent[]) => {
+    // the first call of each lane the batch starts with, given a slot at once, runs on the lease the batch just took
+    // (so a batch makes progress); any later one only while its handler's whole timeout fits before the lease's end, or
+    // it could be cut off there, counted as a failed attempt, and run again (found from outside: a receiver
+    // answering in 14 s, FORWARD_TIMEOUT_MS=30000, REACTION_LEASE_S=40). The event left unstarted is written back
+    // pending, due now, and the job loop runs it on a fresh lease.
+    const fitsInLease = () => leaseEnd.getTime() - leaseMargin - clock.now() >= (deps.timeoutMs ?? 0)
+    const runChain = async (chain: StreamEvent[], lane: { first: boolean }) => {
       try {
         if (chain[0]!.held) return
         for (const entry of chain) {
           // (done before a later read's events queued the chain again)
           if (results.has(entry.event.eventId)) continue
           if (writingBack || stopSignal.aborted) return
-          if (!deps.slots.tryTake() && !(await deps.slots.whenFree(handoff.signal))) return
-          if (writingBack || stopSignal.aborted) {
+          const atOnce = deps.slots.tryTake()
+          if (!atOnce && !(await deps.slots.whenFree(handoff.signal))) return
+          if (writingBack || stopSignal.aborted || (!(lane.first && atOnce) && !fitsInLease())) {
             deps.slots.give()
             return
           }
+          lane.first = false
           const call = attempt(entry, abort.signal, stopSignal)
           inFlight.set(entry.event.eventId, call)
           const finished = await call
@@ -369,20 +383,22 @@ export function createStreamWorker(deps: StreamWorkerDeps) {
     // the read-ahead's wait for the queue to run short
     let queueShort: (() => void) | undefined
     const shortQueue = Math.floor(settings.concurrency / 2)
-    const lane = async () => {
+    const lane = async (initial: boolean) => {
+      const state = { first: initial }
       try {
         for (let chain = queue.shift(); chain && !writingBack; chain = queue.shift()) {
           if (queue.length <= shortQueue) queueShort?.()
-          await runChain(chain)
+          await runChain(chain, state)
         }
       } finally {
         lanesRunning -= 1
       }
     }
-    const addLanes = () => {
+    /** `initial`: the lanes the batch starts with, whose first call always runs. */
+    const addLanes = (initial = false) => {
       for (let count = Math.min(settings.concurrency - lanesRunning, queue.length); count > 0; count--) {
         lanesRunning += 1
-        const running: Promise<void> = lane().finally(() => lanes.delete(running))
+        const running: Promise<void> = lane(initial).finally(() => lanes.delete(running))
         lanes.add(running)
       }
     }
@@ -401,7 +417,7 @@ export function createStreamWorker(deps: StreamWorkerDeps) {
     const lanesEnded = async () => {
       while (lanes.size > 0) await Promise.all([...lanes])
     }
-    addLanes()
+    addLanes(true)
 
     // Read-ahead: while the batch's handlers run (a slow handler's, the forwarder's requests), the stream reads
     // on from the last event read, gatherMs after that read and once the queue is short (so the read's own time
