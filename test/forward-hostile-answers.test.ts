@@ -10,7 +10,7 @@ import { createForwarder, ForwardError } from '../src/reactions/forwarder.js'
 import type { HandlerContext, ReactionEvent } from '../src/reactions/reaction-event.js'
 import { FakeClock } from './helpers/fake-clock.js'
 import { type ForwardReceiver, startForwardReceiver } from './helpers/forward-receiver.js'
-import { logEntries, testLogger } from './helpers/log-sink.js'
+import { logEntries, logLines, testLogger } from './helpers/log-sink.js'
 import { forwarderUnderDispatcher } from './helpers/forwarder-under-dispatcher.js'
 import { useTestDatabase } from './helpers/test-database.js'
 
@@ -107,6 +107,12 @@ const BAD_ANSWERS = [
   ['a status line whose status is no number (HTTP/1.1 2OO WAT)', 'HTTP/1.1 2OO WAT\r\ncontent-length: 0\r\n\r\n', PARSER_REASON],
   ['headers of 200 kB', `HTTP/1.1 200 OK\r\nx-padding: ${'a'.repeat(200_000)}\r\n\r\n`, 'its headers are longer than undici takes (UND_ERR_HEADERS_OVERFLOW)'],
   ['no HTTP at all', `\u001b]0;${NOT_HTTP_MARKER}\u0007 \u202egarbage\r\n\r\n`, PARSER_REASON],
+  // found from outside: it was called unreachable, which counts the receiver as away
+  [
+    'a Content-Length beside Transfer-Encoding: chunked',
+    'HTTP/1.1 200 OK\r\nContent-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n',
+    'its body does not match its Content-Length (UND_ERR_RES_CONTENT_LENGTH_MISMATCH)',
+  ],
 ] as const
 
 describe.each(PATHS)('the forwarder, through %s', (_path, fetchImplementation) => {
@@ -131,6 +137,18 @@ describe.each(PATHS)('the forwarder, through %s', (_path, fetchImplementation) =
     expect(String(warnings[0]!.msg)).toContain('410 Gone')
     const line = JSON.stringify(warnings[0])
     for (const hidden of ['a-token-in-the-query', '/hooks/escrow', event.externalReference]) expect(line).not.toContain(hidden)
+  })
+
+  it('says each key once in its debug line, the event id and attempt coming from the handler\'s logger', async () => {
+    const target = await receiver(() => 204)
+    const linesBefore = logLines.length
+    const jobLogger = logger.child({ handler: 'forwarder', eventId: event.eventId, attempt: 1 })
+    await forwarderAt(target.url)(event, { ...context(), logger: jobLogger })
+    const lines = logLines.slice(linesBefore).join('').split('\n').filter((line) => line.includes('"reaction forwarded"'))
+    expect(lines).toHaveLength(1)
+    for (const key of ['eventId', 'attempt', 'handler', 'type', 'receiver', 'status']) {
+      expect(lines[0]!.split(`"${key}":`).length - 1, key).toBe(1)
+    }
   })
 
   it.each(BAD_ANSWERS)('throws forward_bad_answer, not unreachable, for %s', async (_case, answer, reason) => {

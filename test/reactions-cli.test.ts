@@ -149,6 +149,24 @@ describe('the reactions command', () => {
     expect([json.code, JSON.parse(json.stdout), json.stderr]).toEqual([1, { id: '987654', result: 'not_found' }, ''])
   })
 
+  // found from outside: a job held back behind its order's failed earlier one was said to run "again now"
+  it('says, when it retries a job held back behind an earlier one of its order, which one it waits for', async () => {
+    await database.db.updateTable('reactionJobs').set({ state: 'failed' }).where('id', '=', ids['ledger-1']!).execute()
+    try {
+      expect(await run('retry', ids['ledger-2']!)).toMatchObject({
+        code: 0,
+        stdout:
+          `job ${ids['ledger-2']} is pending again, and runs once job ${ids['ledger-1']} (an earlier event of its order for ` +
+          "the same handler, failed) is done or skipped: one order's events reach a handler in order\n",
+      })
+      const json = JSON.parse((await run('retry', ids['ledger-2']!, '--json')).stdout)
+      expect(json).toEqual({ id: ids['ledger-2'], result: 'retried', waitsBehind: { id: ids['ledger-1'], sequence: 1, state: 'failed' } })
+    } finally {
+      await database.db.updateTable('reactionJobs').set({ state: 'done' }).where('id', '=', ids['ledger-1']!).execute()
+    }
+    expect((await run('retry', ids['ledger-2']!)).stdout).toBe(`job ${ids['ledger-2']} runs again now\n`)
+  })
+
   it('lists an event its handler took on the first attempt: done, with no job id', async () => {
     const now = new Date('2026-05-01T11:00:00Z')
     await ensureReactionStreams(database.db, ['audit'], now)

@@ -3,6 +3,7 @@
 // once the cause is fixed, or skip it to let them through.
 // `reactions rebase`: after a restore onto another database server, the streams' positions moved below its
 // transaction counter (rebaseStreamPositions in reaction-stream.repository.ts).
+import { type JobWaitedFor, retriedText } from '../reactions/retried-text.js'
 import { Command, InvalidArgumentError, Option } from 'commander'
 import { printable } from '../printable.js'
 import { isJobId } from '../reactions/job-id.js'
@@ -180,13 +181,13 @@ export function registerReactionsCommands(program: Command): void {
 
 function report(
   id: string,
-  outcome: { result: 'retried' | 'skipped' | 'not_found' | 'not_allowed'; state?: string },
+  outcome: { result: 'retried' | 'skipped' | 'not_found' | 'not_allowed'; state?: string; waitsBehind?: JobWaitedFor },
   done: 'retried' | 'skipped',
   json: boolean | undefined,
 ): void {
   if (json) printJson({ id, ...outcome })
   if (outcome.result === done) {
-    if (!json) write(done === 'retried' ? `job ${id} runs again now\n` : `job ${id} skipped\n`)
+    if (!json) write(done === 'retried' ? `${retriedText(id, outcome.waitsBehind)}\n` : `job ${id} skipped\n`)
     return
   }
   setExitCode(1)

@@ -7,6 +7,7 @@
 // reconcile/*.repository.ts, reactions/reaction-job.repository.ts); this file only calls it. Each action
 // calls the same function as its CLI command (deliveries reapply, reconcile --requeue/--once, reactions
 // retry/skip), so the console and the CLI cannot disagree on what an action does.
+import { type JobWaitedFor, retriedText } from '../reactions/retried-text.js'
 import { randomBytes } from 'node:crypto'
 import express, { type Request, type RequestHandler, type Response, Router } from 'express'
 import helmet from 'helmet'
@@ -808,7 +809,7 @@ export function consoleRoutes(deps: ConsoleDeps): Router {
         `${verb} reaction ${id}`,
         outcome.result === action.done
           ? verb === 'retry'
-            ? `job ${id} runs again now`
+            ? retriedText(id, (outcome as { waitsBehind?: JobWaitedFor }).waitsBehind)
             : `job ${id} skipped`
           : outcome.result === 'not_found'
             ? `no reaction job ${id}`

@@ -162,7 +162,7 @@ export function createForwarder({
   const logsAttempts = serviceLogger?.isLevelEnabled('debug') ?? true
 
   return async function forward(event, context) {
-    const { signal, attempt } = context
+    const { signal } = context
     // serialised and encoded once: the signature and the request take the same bytes
     const body = Buffer.from(JSON.stringify(forwardedPayload(event)))
     const timestamp = Math.floor(clock.now() / 1000)
@@ -183,11 +183,9 @@ export function createForwarder({
     if (authorization) headers.push('authorization', authorization)
 
     const startedAt = clock.now()
+    // (the handler's logger names the job, its event id and attempt: said again here, each key came twice in the line)
     const log = (fields: Record<string, unknown>) =>
-      context.logger.debug(
-        { eventId: event.eventId, type: event.type, attempt, receiver, durationMs: clock.now() - startedAt, ...fields },
-        'reaction forwarded',
-      )
+      context.logger.debug({ type: event.type, receiver, durationMs: clock.now() - startedAt, ...fields }, 'reaction forwarded')
     // the request ends at its answer, or when the handler's signal is aborted (lease ended, shutdown), or at
     // its deadline. The deadlines share one timer on the injected clock, so a test can time an attempt out
     // without waiting. (A timer and an AbortController per attempt, and the pool's promise API with its answer
@@ -528,6 +526,8 @@ function describeNotHttp(error: unknown): string | undefined {
   for (const each of [error, (error as { cause?: unknown } | undefined)?.cause]) {
     const { name, code, message } = (each ?? {}) as { name?: unknown; code?: unknown; message?: unknown }
     if (code === 'UND_ERR_HEADERS_OVERFLOW') return 'its headers are longer than undici takes (UND_ERR_HEADERS_OVERFLOW)'
+    // (a Content-Length beside Transfer-Encoding: chunked, or a body of another length: framing, not the network)
+    if (code === 'UND_ERR_RES_CONTENT_LENGTH_MISMATCH') return 'its body does not match its Content-Length (UND_ERR_RES_CONTENT_LENGTH_MISMATCH)'
     if (name === 'HTTPParserError') {
       const reason = typeof message === 'string' && message !== '' ? message : 'an answer undici could not parse'
       // (undici names the llhttp error as HPE_<name> when it knows it)

@@ -14,6 +14,7 @@
 // skipped): one order's events reach one handler strictly in order, and a failed job holds back the rest.
 // Every write-back of a claimed job checks its lease token: a dispatcher whose lease ran out (and whose
 // job was claimed again) cannot overwrite what the newer claim writes.
+import type { JobWaitedFor } from './retried-text.js'
 import { type Kysely, sql } from 'kysely'
 import type { Database } from '../db/database.js'
 import { PREPARED } from '../db/open-database.js'
@@ -551,22 +552,38 @@ const retried = (now: Date) => ({ state: 'pending' as const, runAt: now, attempt
 
 /**
  * An operator's retry: a failed (or backing-off pending) job runs again now, with its attempts counted
- * from zero. A running, done or skipped job is not touched.
+ * from zero. A running, done or skipped job is not touched. `waitsBehind`: the order's earliest job for the same
+ * handler that is not done or skipped yet, when there is one: the retried job runs only after it (order is kept).
  */
-export async function retryJob(db: Kysely<Database>, id: string, now: Date): Promise<{ result: OperatorResult; state?: ReactionJobState }> {
+export async function retryJob(
+  db: Kysely<Database>,
+  id: string,
+  now: Date,
+): Promise<{ result: OperatorResult; state?: ReactionJobState; waitsBehind?: JobWaitedFor }> {
   const updated = await db
     .updateTable('reactionJobs')
     .set(retried(now))
     .where('id', '=', id)
     .where('state', 'in', ['failed', 'pending'])
-    .returning('id')
+    .returning(['orderId', 'handler', 'sequence'])
     .executeTakeFirst()
-  if (updated) {
-    await notifyDispatchers(db)
-    return { result: 'retried' }
-  }
-  return refusal(db, id)
+  if (!updated) return refusal(db, id)
+  await notifyDispatchers(db)
+  const earlier = await db
+    .selectFrom('reactionJobs')
+    .select(['id', 'sequence', 'state'])
+    .where('orderId', '=', updated.orderId)
+    .where('handler', '=', updated.handler)
+    .where('sequence', '<', updated.sequence)
+    .where('state', 'not in', ['done', 'skipped'])
+    .orderBy('sequence')
+    .limit(1)
+    .executeTakeFirst()
+  return earlier
+    ? { result: 'retried', waitsBehind: { id: String(earlier.id), sequence: earlier.sequence, state: earlier.state } }
+    : { result: 'retried' }
 }
+
 
 /** Every failed job back to pending now; returns their ids. */
 export async function retryFailedJobs(db: Kysely<Database>, now: Date): Promise<string[]> {
