@@ -41,6 +41,8 @@ describe('GET /metrics, on the operator listener', () => {
     await sendWebhook(app, { body: tradePayload('m-1', 'funded') })
     await sendWebhook(app, { body: tradePayload('m-1', 'funded') })
     await sendWebhook(app, { body: tradePayload('m-1', 'funded'), signature: 'sha256=00' })
+    await sendWebhook(app, { body: tradePayload('m-1', 'funded'), signature: `sha256=${'ab'.repeat(32)}` })
+    await sendWebhook(app, { body: tradePayload('m-1', 'funded'), signature: `sha256=${'cd'.repeat(32)}` })
 
     // the public app (what the platform reaches) does not serve it
     expect((await request(app).get('/metrics')).status).toBe(404)
@@ -49,7 +51,10 @@ describe('GET /metrics, on the operator listener', () => {
     expect(response.headers['content-type']).toContain('text/plain')
     expect(response.text).toContain('webhook_deliveries_total{outcome="applied"} 1')
     expect(response.text).toContain('webhook_deliveries_total{outcome="duplicate_effect"} 1')
-    expect(response.text).toContain('webhook_signature_failures_total 1')
+    // counted by how the signature failed: a scanner's malformed one apart from a well-formed one no secret matches
+    expect(response.text).toContain('webhook_signature_failures_total{signature="malformed"} 1')
+    expect(response.text).toContain('webhook_signature_failures_total{signature="mismatch"} 2')
+    expect(response.text).toContain('webhook_signature_failures_total{signature="missing"} 0')
     expect(response.text).toContain('webhook_ingest_duration_seconds_count{outcome="applied"} 1')
     // a 15-ms objective at the 99th percentile is a bucket's edge
     expect(response.text).toMatch(/webhook_ingest_duration_seconds_bucket\{le="0.015",outcome="applied"\} \d+\n/)

@@ -84,7 +84,7 @@ export interface PollerHooks {
 export interface Metrics {
   readonly registry: Registry
   readonly deliveries: Counter<'outcome'>
-  readonly signatureFailures: Counter
+  readonly signatureFailures: Counter<'signature'>
   readonly ingestSeconds: Histogram<'outcome'>
   readonly ingestBatchSize: Histogram
   readonly pollResults: Counter<'result'>
@@ -139,9 +139,13 @@ export function createMetrics(
   for (const outcome of DELIVERY_OUTCOMES) deliveries.inc({ outcome }, 0)
   const signatureFailures = new Counter({
     name: 'webhook_signature_failures_total',
-    help: 'Webhook deliveries refused with 401 because the signature was missing, malformed or wrong',
+    help:
+      'Webhook deliveries refused with 401, by signature: missing, malformed (not sha256= and 64 hex digits), or mismatch ' +
+      '(well-formed, matching no secret: the platform signing with a secret not listed, or someone imitating it)',
+    labelNames: ['signature'] as const,
     registers: [registry],
   })
+  for (const signature of ['missing', 'malformed', 'mismatch']) signatureFailures.inc({ signature }, 0)
   const ingestSeconds = new Histogram({
     name: 'webhook_ingest_duration_seconds',
     help: 'Time from the end of the request body to the answer, by outcome',

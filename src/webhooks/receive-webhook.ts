@@ -114,11 +114,25 @@ export function refuseBeforeBody(
   return signatureRejected(deps, delivery, { announcedLength: Number.isSafeInteger(length) ? length : null })
 }
 
+/**
+ * How a refused signature failed: no header (`missing`), not `sha256=` and 64 hex digits (`malformed`: neither is
+ * what the platform sends), or well-formed and matching no secret (`mismatch`: the platform signing with a secret
+ * this side does not list, or someone imitating it). webhook_signature_failures_total counts them apart, so the
+ * alert for a secret changed on one side is not set off by scanners' unsigned requests.
+ */
+export type SignatureFailure = 'missing' | 'malformed' | 'mismatch'
+
+export class SignatureRejected extends AppError {
+  constructor(readonly failure: SignatureFailure) {
+    super(401, 'invalid_signature', 'Missing, malformed or wrong X-Partner-Signature')
+  }
+}
+
 function signatureRejected(
   deps: Pick<ReceiveDeps, 'logger' | 'secrets' | 'logRejectedSignature'>,
   delivery: { deliveryId: string | undefined; signature: string | undefined },
   body: object,
-): AppError {
+): SignatureRejected {
   const logRejected = deps.logRejectedSignature ?? ((fields: object) => deps.logger.warn(fields, 'webhook signature rejected'))
   logRejected({
     ...loggableDeliveryId(delivery.deliveryId),
@@ -126,7 +140,9 @@ function signatureRejected(
     signaturePresent: delivery.signature !== undefined,
     secretsTried: deps.secrets.length,
   })
-  return new AppError(401, 'invalid_signature', 'Missing, malformed or wrong X-Partner-Signature')
+  const failure =
+    delivery.signature === undefined ? 'missing' : signatureHeaderWellFormed(delivery.signature) ? 'mismatch' : 'malformed'
+  return new SignatureRejected(failure)
 }
 
 // The database refused a value of this verified delivery (a lone surrogate in a field, say): the data is

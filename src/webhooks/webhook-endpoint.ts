@@ -17,7 +17,7 @@ import { awaitsContinue, continueReading } from '../http/expect-continue.js'
 import { admitBody, type BodyAdmission, BodyBudgetSpent, type InflightBodyBudget } from '../http/inflight-body-budget.js'
 import { writeJson } from '../http/json-answer.js'
 import type { Metrics } from '../metrics/metrics.js'
-import { loggableDeliveryId, type ReceiveDeps, receiveWebhook, refuseBeforeBody } from './receive-webhook.js'
+import { loggableDeliveryId, type ReceiveDeps, receiveWebhook, refuseBeforeBody, SignatureRejected } from './receive-webhook.js'
 
 /** The writer (group commit) and the memory of stored ids come made (delivery-ingest.ts). */
 export interface WebhookEndpointDeps extends ReceiveDeps {
@@ -141,7 +141,7 @@ export function webhookEndpoint(deps: WebhookEndpointDeps): WebhookEndpoint {
   const refused = (error: unknown, res: ServerResponse, deliveryId: string | undefined) => {
     counted('rejected')
     if (error instanceof AppError) {
-      if (error.code === 'invalid_signature') metrics?.signatureFailures.inc()
+      if (error instanceof SignatureRejected) metrics?.signatureFailures.inc({ signature: error.failure })
       if (error.code === 'database_unavailable' && error.cause !== undefined) {
         notStored({ ...loggableDeliveryId(deliveryId), err: loggableError(error.cause) })
       }
