@@ -158,7 +158,7 @@ describe('trades open while another command is sending the same create', { timeo
     const answered = await first
     expect(answered.code).toBe(0)
     expect(answered.stdout).toContain(`trade tr_${ref}`)
-    expect(await order(ref)).toMatchObject({ tradeId: `tr_${ref}`, tradeCreateState: 'created', attention: null })
+    expect(await order(ref)).toMatchObject({ tradeId: `tr_${ref}`, tradeCreateState: 'created', attention: null, tradeCreateWaitMs: null })
     expect((await open(other.db, clock, ref, '--retry')).stderr).toContain('[trade_exists]')
     expect(createsFor(ref)).toBe(1)
   })
@@ -220,11 +220,15 @@ describe('trades open while another command is sending the same create', { timeo
     expect(await order(ref)).toMatchObject({ tradeId: `tr_${ref}`, tradeCreateState: 'created' })
   })
 
-  it("judges a pending create marked before its whole time was stored (an older version's) by its own", async () => {
+  it("judges a pending create marked by an older version by its own whole time, none being left from an earlier create", async () => {
     const ref = reference()
     const clock = new FakeClock()
-    const orderId = await leftPending(ref, new Date(clock.now()))
-    await database.db.updateTable('orders').set({ tradeCreateWaitMs: null }).where('id', '=', orderId).execute()
+    const orderId = await leftPending(ref, new Date(clock.now() - 60_000))
+    // this version's create ends (unknown here): its whole time goes with it
+    await setTradeCreateState(database.db, orderId, 'unknown', new Date(clock.now() - 50_000))
+    expect(await order(ref)).toMatchObject({ tradeCreateState: 'unknown', tradeCreateWaitMs: null })
+    // an older replica, which knows nothing of the column, marks its own create pending (a rolling upgrade)
+    await database.db.updateTable('orders').set({ tradeCreateState: 'pending', updatedAt: new Date(clock.now()) }).where('id', '=', orderId).execute()
     await clock.advance(WHOLE_TIME_MS - 1)
     expect((await open(other.db, clock, ref, '--retry')).stderr).toContain('[trade_create_in_flight]')
     await clock.advance(1)

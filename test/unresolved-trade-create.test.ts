@@ -7,10 +7,11 @@ import { beforeEach, describe, expect, it } from 'vitest'
 import { createApp } from '../src/http/app.js'
 import { findOrderByExternalReference } from '../src/orders/order.repository.js'
 import { setTradeCreateState, startTradeCreate } from '../src/orders/order.repository.js'
+import { createWaitMs } from '../src/trades/open-trade-for-order.js'
 import { FakeClock } from './helpers/fake-clock.js'
 import { logEntries, testLogger } from './helpers/log-sink.js'
 import { createOrder } from './helpers/orders.js'
-import { countingFetcher } from './helpers/reconcile-orders.js'
+import { countingFetcher, insertOrders } from './helpers/reconcile-orders.js'
 import { testPoller } from './helpers/reconcile-poller.js'
 import { testConfig } from './helpers/test-config.js'
 import { useTestDatabase } from './helpers/test-database.js'
@@ -99,5 +100,27 @@ describe('an order whose trade create went unanswered', () => {
 
     expect(await startTradeCreate(database.db, retried, 'unknown', new Date(clock.now()), { waitMs: 15_000 })).toBe(true)
     expect(await attentionOf('unresolved-retried')).toBeNull()
+  })
+
+  // found from outside: PARTNER_API_TIMEOUT_MS may be 2147483647, and its whole time (5 s more) was past the integer
+  // column and cast: the create failed "out of range for type integer", and so did every poller cycle, before it
+  // claimed a single order
+  it('stores and judges the longest PARTNER_API_TIMEOUT_MS, and a cycle whose look fails still polls the orders due', async () => {
+    const longest = createWaitMs(2_147_483_647)
+    expect(longest).toBe(2_147_483_647)
+    const { order } = await createOrder(database.db, { externalReference: 'unresolved-longest', now: () => new Date(clock.now()) })
+    expect(await startTradeCreate(database.db, order.id, 'none', new Date(clock.now() - 60_000), { waitMs: longest })).toBe(true)
+    const dueOrder = (externalReference: string) =>
+      insertOrders(database.db, [{ externalReference, tradeStatus: 'created', nextPollAt: new Date(clock.now() - 1_000) }])
+    await dueOrder('unresolved-due-1')
+    const polled = (createWholeTimeMs: number) =>
+      testPoller({ db: database.db, fetcher: countingFetcher(() => 'funded'), clock, settings: { unresolvedCreateAfterS: 1, createWholeTimeMs } }).runOnce()
+    expect((await polled(longest)).results.applied).toBe(1)
+    expect(await attentionOf('unresolved-longest')).toBeNull()
+    // a look that fails (here a whole time past the column's range) is said once, and the poll goes on
+    await dueOrder('unresolved-due-2')
+    const before = logEntries().length
+    expect((await polled(2 ** 31 + 10)).results.applied).toBe(1)
+    expect(logEntries().slice(before).filter((entry) => entry.msg === 'could not look for unresolved trade creates; the poll goes on')).toHaveLength(1)
   })
 })

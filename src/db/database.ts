@@ -20,7 +20,7 @@ export interface OrdersTable {
   statusChangedAt: Timestamp | null
   /** none | pending | unknown | created: see src/orders/order.repository.ts */
   tradeCreateState: Generated<string>
-  /** How long the command that marked the create pending waits for its answer, in ms; read only while pending (migrations/0015). */
+  /** How long the command that marked the create pending waits for its answer, in ms; null outside pending (migrations/0015). */
   tradeCreateWaitMs: number | null
   nextPollAt: Timestamp | null
   pollAttempts: Generated<number>

@@ -142,7 +142,8 @@ export async function setTradeCreateState(
 ): Promise<boolean> {
   let query = db
     .updateTable('orders')
-    .set({ tradeCreateState: state, updatedAt: now })
+    // (the whole time is the pending mark's alone: cleared, an older version's later mark is judged by the judge's own)
+    .set({ tradeCreateState: state, updatedAt: now, ...(state === 'pending' ? {} : { tradeCreateWaitMs: null }) })
     .where('id', '=', orderId)
     .where('tradeId', 'is', null)
   if (claim) query = query.where('tradeCreateState', '=', 'pending').where('updatedAt', '=', claim)
@@ -154,7 +155,7 @@ export async function setTradeCreateState(
 export async function markTradeCreated(db: Executor, orderId: number, { nextPollAt, now }: { nextPollAt: Date; now: Date }): Promise<void> {
   await db
     .updateTable('orders')
-    .set({ tradeCreateState: 'created', nextPollAt, updatedAt: now })
+    .set({ tradeCreateState: 'created', tradeCreateWaitMs: null, nextPollAt, updatedAt: now })
     .where('id', '=', orderId)
     .where('tradeId', 'is not', null)
     .where('isTerminal', '=', false)

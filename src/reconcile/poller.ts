@@ -11,7 +11,7 @@ import type { Config } from '../config.js'
 import type { Database } from '../db/database.js'
 import type { Logger } from '../logger.js'
 import type { ObservationSettings } from '../orders/apply-observation.js'
-import { CREATE_MARGIN_MS } from '../trades/open-trade-for-order.js'
+import { createWaitMs } from '../trades/open-trade-for-order.js'
 import { type BackoffSettings, DEFAULT_BACKOFF } from './backoff-delay.js'
 import { POLL_JITTER } from './poll-jitter.js'
 import type { PollResult, TradeFetcher } from './poll-order.js'
@@ -72,7 +72,7 @@ export function pollerSettings(
     observation,
     leaseS,
     unresolvedCreateAfterS: poll.expectedWebhookS,
-    createWholeTimeMs: partner.timeoutMs + CREATE_MARGIN_MS,
+    createWholeTimeMs: createWaitMs(partner.timeoutMs),
   }
 }
 

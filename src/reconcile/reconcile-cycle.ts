@@ -154,7 +154,13 @@ export async function runReconcileCycle(
   const leaseToken = randomUUID()
   const results = Object.fromEntries(POLL_RESULTS.map((kind) => [kind, 0])) as Record<PollResultKind, number>
 
-  if (settings.unresolvedCreateAfterS !== undefined && !signal?.aborted) await flagUnresolved(deps, startedAt, settings.unresolvedCreateAfterS, settings.createWholeTimeMs)
+  if (settings.unresolvedCreateAfterS !== undefined && !signal?.aborted) {
+    // its failure is its own: the orders due are still polled (a value out of the column's range failed every cycle
+    // here, before any order was claimed; a database that is away fails the claim below too)
+    await flagUnresolved(deps, startedAt, settings.unresolvedCreateAfterS, settings.createWholeTimeMs).catch((error: unknown) =>
+      logger.warn({ err: error }, 'could not look for unresolved trade creates; the poll goes on'),
+    )
+  }
   const claimed = signal?.aborted
     ? []
     : await claimDueOrders(db, {

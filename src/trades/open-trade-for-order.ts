@@ -215,9 +215,15 @@ type Recorded =
  */
 export const CREATE_MARGIN_MS = 5_000
 
-/** A create's whole time, for a command whose own timeout is `createTimeoutMs`. */
+/** The longest whole time stored (trade_create_wait_ms is an integer column): about 24.8 days. */
+export const LONGEST_CREATE_WAIT_MS = 2_147_483_647
+
+/**
+ * A create's whole time, for a command whose own timeout is `createTimeoutMs`. PARTNER_API_TIMEOUT_MS may be as
+ * large as the column holds, and the margin took it past: the create failed with "out of range for type integer".
+ */
 export function createWaitMs(createTimeoutMs: number): number {
-  return createTimeoutMs + CREATE_MARGIN_MS
+  return Math.min(createTimeoutMs + CREATE_MARGIN_MS, LONGEST_CREATE_WAIT_MS)
 }
 
 /**
