@@ -2,6 +2,9 @@
 // so a web page in the operator's browser whose name was rebound to the listener's address (DNS rebinding) reads
 // neither /metrics nor the console. Bound to 0.0.0.0, as README's compose recipe has it (published on the host's
 // loopback), it used to answer any Host (found from outside).
+import { once } from 'node:events'
+import { createServer } from 'node:http'
+import { type AddressInfo, connect } from 'node:net'
 import request from 'supertest'
 import { describe, expect, it } from 'vitest'
 import { createAdminApp } from '../src/http/admin-app.js'
@@ -96,5 +99,29 @@ describe('the operator listener and the Host header', () => {
     }
     const any = adminBoundTo('0.0.0.0', '*')
     for (const host of OUTSIDE_HOSTS) expect((await request(any).get('/metrics').set('Host', host)).status, host).toBe(200)
+  })
+
+  // found from outside: what no browser sends, but a request may
+  it('reads an absolute-form target\'s authority as its host, refuses two Host headers, and takes localhost. as localhost', async () => {
+    const server = createServer(adminBoundTo('127.0.0.1'))
+    server.listen(0, '127.0.0.1')
+    await once(server, 'listening')
+    const { port } = server.address() as AddressInfo
+    const raw = async (head: string) => {
+      const socket = connect(port, '127.0.0.1')
+      socket.end(`${head}\r\nConnection: close\r\n\r\n`)
+      let answer = ''
+      for await (const chunk of socket) answer += String(chunk)
+      return answer.split('\r\n')[0]
+    }
+    try {
+      expect(await raw('GET http://evil.example/metrics HTTP/1.1\r\nHost: 127.0.0.1')).toBe('HTTP/1.1 403 Forbidden')
+      expect(await raw(`GET http://127.0.0.1:${port}/metrics HTTP/1.1\r\nHost: evil.example`)).toBe('HTTP/1.1 200 OK')
+      expect(await raw('GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\nHost: evil.example')).toBe('HTTP/1.1 403 Forbidden')
+      expect(await raw('GET /metrics HTTP/1.1\r\nHost: localhost.')).toBe('HTTP/1.1 200 OK')
+      expect(await raw('GET /metrics HTTP/1.1\r\nHost: 127.0.0.1')).toBe('HTTP/1.1 200 OK')
+    } finally {
+      server.close()
+    }
   })
 })

@@ -84,7 +84,8 @@ export function createAdminApp(deps: AdminAppDeps): App {
 function allowedHostOnly({ host, allowedHosts }: Config['admin']): RequestHandler {
   const loopback = isLoopbackAddress(host)
   return (req, res, next) => {
-    if (isAllowedAdminHost(req.headers.host, allowedHosts)) return next()
+    // (two Host headers: Node keeps the first, and which one a proxy in front read is anyone's guess)
+    if (isAllowedAdminHost(req.headers.host, allowedHosts) && (req.headersDistinct.host?.length ?? 0) <= 1) return next()
     leaveBodyUnread(req, res)
     res.status(403).json({
       error: {

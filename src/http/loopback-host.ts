@@ -24,9 +24,10 @@ export function isLoopbackAddress(address: string): boolean {
  */
 export function isAllowedAdminHost(host: string | undefined, allowed: readonly string[]): boolean {
   if (host === undefined) return false
-  if (isLoopbackHost(host) || allowed.includes('*')) return true
+  if (allowed.includes('*')) return true
   const name = /^\[([0-9a-f:.]+)\](:\d{1,5})?$/i.exec(host)?.[1] ?? /^([^:]+)(:\d{1,5})?$/.exec(host)?.[1]
   if (name === undefined) return false
   if (isIP(name) !== 0) return true
-  return allowed.includes(name.toLowerCase().replace(/\.$/, ''))
+  const bare = name.toLowerCase().replace(/\.$/, '')
+  return isLoopbackHost(bare) || allowed.includes(bare)
 }

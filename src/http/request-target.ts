@@ -25,6 +25,9 @@ export function readRequestTarget(req: IncomingMessage, res: ServerResponse): bo
     return false
   }
   req.url = `${url.pathname}${url.search}`
+  // the target's authority is the request's host, whatever Host says (RFC 9112 3.2.2): the operator listener's Host
+  // check reads it (a GET http://evil.example/metrics with Host: 127.0.0.1 was answered as if for 127.0.0.1)
+  req.headers.host = url.host
   return true
 }
 
