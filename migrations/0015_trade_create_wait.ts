@@ -5,7 +5,7 @@ import type { Kysely } from 'kysely'
 // create over, since its answer may still come and link the trade. Judged by the other command's own timeout, a
 // CLI run with a shorter PARTNER_API_TIMEOUT_MS than the service's took a create still at the platform for lost, and a
 // --retry made a second trade. Null for a mark written before this column, and set back to null when the create
-// leaves `pending`, so an older replica's later mark (during a rolling upgrade) is judged by the judge's own time,
+// leaves `pending` for a state that can lead back to it, so an older replica's later mark (during a rolling upgrade) is judged by the judge's own time,
 // not by a whole time left from another command. Nullable, no default: a catalog change only.
 export async function up(db: Kysely<unknown>): Promise<void> {
   await db.schema.alterTable('orders').addColumn('trade_create_wait_ms', 'integer').execute()

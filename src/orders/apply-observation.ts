@@ -401,7 +401,6 @@ function observationStatement(
         trade_id = coalesce(o.trade_id, e.trade_id),
         trade_reference = coalesce(o.trade_reference, e.trade_reference),
         trade_create_state = 'created',
-        trade_create_wait_ms = null,
         -- a trade linked to an order whose create went unanswered resolves it
         attention = case when o.attention = 'trade_create_unknown' and coalesce(o.trade_id, e.trade_id) is not null
           then null else o.attention end,

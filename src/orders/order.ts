@@ -19,8 +19,8 @@ export interface Order {
   tradeCreateState: TradeCreateState
   /**
    * While pending: how long the command that marked it waits for the answer (its PARTNER_API_TIMEOUT_MS and a margin),
-   * in ms from updatedAt. Read only while pending, and cleared when this version moves the create out of it; null
-   * for a mark written by a version before the column.
+   * in ms from updatedAt. Read only while pending, and cleared when this version moves the create to a state that
+   * can lead back to it; null for a mark written by a version before the column.
    */
   tradeCreateWaitMs: number | null
   nextPollAt: Date | null
