@@ -7,7 +7,7 @@
 // Before, the first write-ahead log segment PGlite could not write left its thread in a loop: deliveries waited
 // with no answer and a core stayed busy until the process was killed.
 import { type ChildProcess, spawnSync } from 'node:child_process'
-import { randomUUID } from 'node:crypto'
+import { randomBytes, randomUUID } from 'node:crypto'
 import { once } from 'node:events'
 import { mkdtempSync, rmSync, writeFileSync } from 'node:fs'
 import { tmpdir } from 'node:os'
@@ -55,21 +55,26 @@ describe.skipIf(!canMount)('the compiled serve on PGlite when its disk fills up'
     return { child, url: String(url), exited }
   }
 
-  const delivery = (): Delivery => {
+  /**
+   * An unmatched delivery is stored whole (parked until its order exists); its note of random characters makes each
+   * one weigh `noteBytes`, which the database cannot compress, so the disk fills in hundreds of deliveries, not
+   * thousands.
+   */
+  const delivery = (noteBytes = 1_000): Delivery => {
     const reference = `full-${randomUUID()}`
-    // an unmatched delivery is stored whole (parked until its order exists); the note makes each one weigh
-    return { id: `full-${randomUUID()}`, body: JSON.stringify({ ...tradePayload(reference, 'funded'), note: 'x'.repeat(2_000) }) }
+    const note = randomBytes((noteBytes * 3) / 4).toString('base64')
+    return { id: `full-${randomUUID()}`, body: JSON.stringify({ ...tradePayload(reference, 'funded'), note }) }
   }
 
   /** Senders at it until `enough` says so: what each delivery was answered, none left without an answer. */
-  async function flood(url: string, enough: (answers: { status: number; code?: string }[]) => boolean) {
+  async function flood(url: string, noteBytes: number, enough: (answers: { status: number; code?: string }[]) => boolean) {
     const answers: { status: number; code?: string }[] = []
     const stored: Delivery[] = []
     let unanswered = 0
     await Promise.all(
       Array.from({ length: SENDERS }, async () => {
         while (!enough(answers) && unanswered === 0) {
-          const next = delivery()
+          const next = delivery(noteBytes)
           try {
             const answer = await send(url, next)
             answers.push(answer)
@@ -90,7 +95,8 @@ describe.skipIf(!canMount)('the compiled serve on PGlite when its disk fills up'
     writeFileSync(filler, Buffer.alloc(30 * 1024 * 1024))
     const serve = await start(path.join(disk, 'data'), '16mb')
 
-    const full = await flood(serve.url, (answers) => answers.some((answer) => answer.code === 'storage_low'))
+    // the guard looks once a second: 8 KB a delivery keeps a second's deliveries well within the 16 MB
+    const full = await flood(serve.url, 8_000, (answers) => answers.some((answer) => answer.code === 'storage_low'))
     expect(full.unanswered).toBe(0)
     expect(full.stored.length).toBeGreaterThan(0)
     expect(full.answers.filter((answer) => answer.status !== 200 && answer.code !== 'storage_low')).toEqual([])
@@ -115,7 +121,7 @@ describe.skipIf(!canMount)('the compiled serve on PGlite when its disk fills up'
     const dataDir = path.join(disk, 'data')
     const first = await start(dataDir, '0')
     // until the database is closed: a run of 503s after the last 200
-    const full = await flood(first.url, (answers) => answers.length > 0 && answers.slice(-200).every((answer) => answer.status === 503) && answers.length >= 200)
+    const full = await flood(first.url, 64_000, (answers) => answers.length > 0 && answers.slice(-200).every((answer) => answer.status === 503) && answers.length >= 200)
     expect(full.unanswered).toBe(0)
     expect(full.stored.length).toBeGreaterThan(0)
     expect(new Set(full.answers.map((answer) => `${answer.status} ${answer.code ?? ''}`.trim()))).toEqual(new Set(['200', '503 database_unavailable']))
