@@ -1,4 +1,5 @@
-import { readdirSync, readFileSync } from 'node:fs'
+import { existsSync, readdirSync, readFileSync } from 'node:fs'
+import path from 'node:path'
 import { availableParallelism } from 'node:os'
 import { defineConfig } from 'vitest/config'
 
@@ -10,11 +11,27 @@ const testFiles = readdirSync('test', { recursive: true, encoding: 'utf8' })
   .filter((file) => file.endsWith('.test.ts'))
   .map((file) => `test/${file}`)
 const processFiles = testFiles.filter((file) => readFileSync(file, 'utf8').includes('/helpers/cli-process.js'))
-// Of those, the ones that never open the test database (helpers/test-database.ts) run the same with or without
-// TEST_DATABASE_URL: CI's second run of the suite, on Postgres, leaves them out (SKIP_DATABASE_FREE_PROCESS_SUITES=1
-// in .ci/run), as the first one ran them.
-const databaseFree = processFiles.filter((file) => !readFileSync(file, 'utf8').includes('/helpers/test-database.js'))
-const skipped = process.env.SKIP_DATABASE_FREE_PROCESS_SUITES === '1' ? databaseFree : []
+
+// Whether a test file, or a test helper it imports (however deep), opens the test database (helpers/test-database.ts)
+// or reads TEST_DATABASE_URL: the files that do not run the same with or without it.
+function reachesTestDatabase(testFile: string): boolean {
+  const seen = new Set<string>()
+  const next = [testFile]
+  for (let file = next.pop(); file !== undefined; file = next.pop()) {
+    if (seen.has(file)) continue
+    seen.add(file)
+    const text = readFileSync(file, 'utf8')
+    if (text.includes('TEST_DATABASE_URL') || text.includes('/test-database.js')) return true
+    for (const [, imported] of text.matchAll(/from '(\.{1,2}\/[^']+)\.js'/g)) {
+      const helper = path.join(path.dirname(file), `${imported}.ts`)
+      if (helper.startsWith(`test${path.sep}`) && existsSync(helper)) next.push(helper)
+    }
+  }
+  return false
+}
+// CI's second run of the suite, on Postgres, leaves those out (SKIP_DATABASE_FREE_SUITES=1 in .ci/run): the first
+// run, on PGlite, ran them the same.
+const skipped = process.env.SKIP_DATABASE_FREE_SUITES === '1' ? testFiles.filter((file) => !reachesTestDatabase(file)) : []
 
 export default defineConfig({
   test: {
@@ -32,7 +49,7 @@ export default defineConfig({
     // tests' copied DATA_DIRs (helpers/data-dir-template.ts), the cores 93 % busy.
     maxWorkers: Math.max(3, availableParallelism() - 1),
     projects: [
-      { extends: true, test: { name: 'in-process', include: ['test/**/*.test.ts'], exclude: processFiles } },
+      { extends: true, test: { name: 'in-process', include: ['test/**/*.test.ts'], exclude: [...processFiles, ...skipped] } },
       // and dist/ compiled once before its files run (test/helpers/build-dist.ts; added to the global setup
       // above, which runs only for a project with a test file in the run)
       { extends: true, test: { name: 'process', include: processFiles, exclude: skipped, globalSetup: ['test/helpers/build-dist.ts'] } },
