@@ -61,8 +61,6 @@ describe('a refusal by the platform, in-process', () => {
       [410, 'refused'],
       [422, 'invalid_request'],
       [429, 'throttled'],
-      [500, 'platform_error'],
-      [503, 'platform_error'],
     ]
     for (const [status, code] of codes) {
       answer = { status, body: { error: { code: 'its_own_word', message: 'no' } } }
@@ -71,6 +69,49 @@ describe('a refusal by the platform, in-process', () => {
       expect(result.code, String(status)).toBe(1)
       expect(result.stderr, String(status)).toBe(`The platform refused (${status} its_own_word): no [${code}]\n`)
     }
+    // a 5xx to a read: the GET changed nothing, whatever failed behind the gateway
+    for (const status of [500, 503]) {
+      answer = { status, body: { error: { code: 'its_own_word', message: 'no' } } }
+      const result = await runCommandWith(['trades', 'get', 'refused-1'], context)
+      expect(result, String(status)).toEqual({ code: 1, stdout: '', stderr: `The platform refused (${status} its_own_word): no [platform_error]\n` })
+    }
+  })
+
+  // the spec's base URL is a gateway: its 502 or 504, or a server failing part-way, may come after the call was done
+  it('a 5xx to a call that changes something is no refusal: it may have been done, [outcome_unknown], exit 1', async () => {
+    for (const status of [500, 502, 503, 504]) {
+      answer = { status, body: { error: { code: 'its_own_word', message: 'no' } } }
+      const result = await runCommandWith(['trades', 'fund', 'refused-1'], context)
+      expect(result, String(status)).toEqual({
+        code: 1,
+        stdout: '',
+        stderr:
+          `The platform answered ${status} its_own_word: no, so the call may or may not have taken effect [outcome_unknown]\n` +
+          '  The platform may or may not have done it: check with `trades get` (the order is polled soon).\n',
+      })
+    }
+  })
+
+  it('a `trades open` answered 504 marks the create unknown and sends no second create without --retry', async () => {
+    answer = { status: 504, body: { error: { code: 'gateway_timeout', message: 'upstream timed out' } } }
+    const open = ['trades', 'open', 'gateway-504', '--title', 'A lamp', '--amount', '1.00', '--currency', 'KES', '--seller', 'usr_1']
+    const creates = () => server.requests.filter((request) => request.method === 'POST' && request.path === '/api/partner/v1/trades/').length
+    const before = creates()
+    const result = await runCommandWith(open, context)
+    expect(result).toEqual({
+      code: 1,
+      stdout: '',
+      stderr:
+        'The platform answered 504 gateway_timeout: upstream timed out, so the call may or may not have taken effect [outcome_unknown]\n' +
+        '  The trade may or may not exist: the order is marked unknown and is linked when the trade’s webhook arrives. ' +
+        'Send the create again only on purpose: `trades open gateway-504 ... --retry`.\n',
+    })
+    const shown = await runCommandWith(['orders', 'show', 'gateway-504', '--json'], context)
+    expect(JSON.parse(shown.stdout)).toMatchObject({ externalReference: 'gateway-504', tradeId: null, tradeCreateState: 'unknown' })
+    const again = await runCommandWith(open, context)
+    expect(again.code).toBe(1)
+    expect(again.stderr).toContain('[trade_create_unknown]')
+    expect(creates() - before).toBe(1)
   })
 
   it('the code stays on the failure line, the platform’s fields below it', async () => {
@@ -99,11 +140,14 @@ describe('a refusal by the platform, in-process', () => {
     expect(again.stderr).toBe('The platform refused (422 validation_failed): invalid fields [invalid_request]\n  amount: too small\n')
   })
 
-  it('a platform’s words that read like a database failure are still the platform’s refusal', async () => {
+  it('a platform’s words that read like a database failure are still the platform’s answer', async () => {
     answer = { status: 503, body: { error: { code: 'upstream', message: 'Connection terminated unexpectedly' } } }
-    const result = await runCommandWith(['trades', 'fund', 'refused-1'], context)
-    expect(result.code).toBe(1)
-    expect(result.stderr).toBe('The platform refused (503 upstream): Connection terminated unexpectedly [platform_error]\n')
+    const read = await runCommandWith(['trades', 'get', 'refused-1'], context)
+    expect(read.code).toBe(1)
+    expect(read.stderr).toBe('The platform refused (503 upstream): Connection terminated unexpectedly [platform_error]\n')
+    const write = await runCommandWith(['trades', 'fund', 'refused-1'], context)
+    expect(write.code).toBe(1)
+    expect(write.stderr).toMatch(/^The platform answered 503 upstream: Connection terminated unexpectedly, so the call may or may not have taken effect \[outcome_unknown\]\n/)
   })
 })
 

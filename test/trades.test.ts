@@ -146,6 +146,8 @@ describe('openTradeForOrder', () => {
   for (const [name, failure] of [
     ['times out', new PartnerTimeoutError('POST /api/partner/v1/trades/: no answer within 10000 ms', 10_000)],
     ['loses its connection', new PartnerNetworkError('POST /api/partner/v1/trades/ failed: ECONNRESET')],
+    // the spec's base URL is a gateway: its 502 or 504, or a server failing part-way, may come after the trade was made
+    ...[500, 502, 503, 504].map((status) => [`is answered ${status}`, new PartnerApiError(status, `http_${status}`, 'upstream failed', undefined)] as const),
   ] as const) {
     it(`marks the order unknown when the create ${name}, refuses a second open without retry, and sends again with retry`, async () => {
       const ref = reference()
@@ -450,10 +452,12 @@ describe('runTradeOperation', () => {
     expect((await order(ref)).tradeStatus).toBe(result.trade.status)
   })
 
-  it('schedules a poll and rethrows when the outcome of an operation is unknown', async () => {
+  it.each([
+    ['times out', new PartnerTimeoutError('no answer', 10_000)],
+    ['is answered 504', new PartnerApiError(504, 'gateway_timeout', 'upstream timed out', undefined)],
+  ])('schedules a poll and rethrows when the outcome of an operation is unknown: it %s', async (_, failure) => {
     const { ref, clock } = await openedOrder()
     await clock.advance(1_000)
-    const failure = new PartnerTimeoutError('no answer', 10_000)
     const client = fakeTradeApi({
       releaseTrade: async () => {
         throw failure

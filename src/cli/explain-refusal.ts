@@ -41,6 +41,27 @@ const MAX_REFUSAL_FIELDS = 20
  * and a refusal is no result but this text on stderr.
  */
 export function explainRefusal(error: PartnerApiError, advice = ''): CommandFailedError {
+  const { message, detail } = describeAnswer(error)
+  return new CommandFailedError(refusalCode(error.status), `The platform refused (${error.status} ${printable(error.code)})${message}`, `${detail}${advice}`)
+}
+
+/**
+ * A 5xx answer to a call that changes something, for a person to read: `The platform answered 504 gateway_timeout:
+ * Upstream timed out, so the call may or may not have taken effect [outcome_unknown]`, then the platform's fields
+ * and `advice` as explainRefusal() prints them. The spec's base URL is a gateway in front of the platform, and a
+ * gateway's 502 or 504, or a server that failed part-way, says nothing of whether the call was done behind it.
+ */
+export function explainServerError(error: PartnerApiError, advice: string): CommandFailedError {
+  const { message, detail } = describeAnswer(error)
+  return new CommandFailedError(
+    'outcome_unknown',
+    `The platform answered ${error.status} ${printable(error.code)}${message}, so the call may or may not have taken effect`,
+    `${detail}${advice}`,
+  )
+}
+
+/** The platform's message (`: …`, or nothing) and the lines after it: the clock's offset and the fields. */
+function describeAnswer(error: PartnerApiError): { message: string; detail: string } {
   const platform = isJsonObject(error.body) && isJsonObject(error.body.error) ? error.body.error : {}
   const text = (value: unknown) =>
     value === undefined || value === null
@@ -53,11 +74,7 @@ export function explainRefusal(error: PartnerApiError, advice = ''): CommandFail
     .slice(0, MAX_REFUSAL_FIELDS)
     .map((field) => (isJsonObject(field) ? `\n  ${text(field.field)}: ${text(field.message)}` : `\n  ${text(field)}`))
   const more = fields.length > MAX_REFUSAL_FIELDS ? `\n  … and ${fields.length - MAX_REFUSAL_FIELDS} more fields` : ''
-  return new CommandFailedError(
-    refusalCode(error.status),
-    `The platform refused (${error.status} ${printable(error.code)})${message}`,
-    `${clock}${shown.join('')}${more}${advice}`,
-  )
+  return { message, detail: `${clock}${shown.join('')}${more}` }
 }
 
 /** The most levels of a refusal's value written out; deeper ones are shown as `…`. */

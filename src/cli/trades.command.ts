@@ -4,6 +4,7 @@ import type { Command } from 'commander'
 import { printable } from '../printable.js'
 import {
   isOutcomeUnknown,
+  isServerError,
   PartnerAnswerAbandonedError,
   PartnerApiError,
   PartnerInvalidResponseError,
@@ -28,7 +29,7 @@ import {
   write,
   writeError,
 } from './cli-context.js'
-import { explainRefusal } from './explain-refusal.js'
+import { explainRefusal, explainServerError } from './explain-refusal.js'
 import { holdSignalsForCall } from './hold-signals-for-call.js'
 
 interface TradeDepsOptions {
@@ -132,6 +133,8 @@ function explainFailure(
   }
   // CommandFailedError from here on, never a plain Error: run-cli.ts reads a plain one's message for a database
   // failure, and these messages quote the platform (a 503 saying `Connection terminated`, a key of its answer)
+  // a 5xx to a call that changes something: not a refusal, as the call may have been done behind the gateway
+  if (!reads && isServerError(error)) return explainServerError(error, `\n  ${unknownOutcome}`)
   if (error instanceof PartnerApiError) return explainRefusal(error, orderWhenRefused())
   if (error instanceof TradeOperationError) return new CommandFailedError(error.code, printable(error.message))
   if (error instanceof PartnerNotSentError && error.proxy && error.beyondProxy) {

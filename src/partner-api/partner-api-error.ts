@@ -101,14 +101,25 @@ export class PartnerValidationError extends Error {
   }
 }
 
-/** True when the outcome of the call is unknown: it may have reached the platform and taken effect. */
+/**
+ * True when the outcome of a call that changes something is unknown: it may have reached the platform and taken
+ * effect. No answer came (a timeout, a lost connection, the caller stopped waiting), the answer could not be read,
+ * or it was a 5xx: the spec's base URL is a gateway in front of the platform, and its 502 or 504, or a server
+ * that failed part-way, says nothing of whether the call was done behind it.
+ */
 export function isOutcomeUnknown(error: unknown): boolean {
   if (error instanceof PartnerNotSentError) return false
   return (
     error instanceof PartnerNetworkError ||
     error instanceof PartnerTimeoutError ||
-    error instanceof PartnerAnswerAbandonedError
+    error instanceof PartnerAnswerAbandonedError ||
+    isServerError(error)
   )
+}
+
+/** A 5xx answer: the platform, or a gateway in front of it, failed while the call was at it. */
+export function isServerError(error: unknown): error is PartnerApiError {
+  return error instanceof PartnerApiError && error.status >= 500
 }
 
 /**

@@ -109,7 +109,8 @@ export async function openTradeForOrder(
     trade = await (guard ? client.createTrade(body, { signal: guard.sending() }) : client.createTrade(body))
   } catch (error) {
     guard?.settled()
-    // a timeout, a lost connection, or the operator who stopped waiting: the trade may exist
+    // a timeout, a lost connection, the operator who stopped waiting, or a 5xx (a gateway's 502 or 504): the
+    // trade may exist
     if (isOutcomeUnknown(error)) {
       const marked = await setTradeCreateState(db, order.id, 'unknown', new Date(clock.now()), claim)
       logger.warn(
@@ -119,7 +120,7 @@ export async function openTradeForOrder(
           : 'trade create outcome unknown; the order was linked or its create taken over by another command meanwhile, and is left as that one set it',
       )
     } else {
-      // refused (by validation or by the platform) or never sent (no connection could be made): this
+      // refused (by validation, or by the platform with a 4xx) or never sent (no connection could be made): this
       // create made nothing. Back to where it was, so a
       // refused --retry does not erase the evidence of an earlier create that may have worked.
       await setTradeCreateState(db, order.id, restoredState, new Date(clock.now()), claim)
