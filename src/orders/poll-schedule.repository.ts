@@ -20,7 +20,14 @@
 //
 // Every write-back names the lease token of the claim it finishes: a replica whose lease ran out, and
 // whose order another replica claimed since, changes nothing.
-import { type Kysely, sql, type Transaction } from 'kysely'
+//
+// A claim holds no row lock while its polls run: a webhook, an API call or an operator may change the order
+// meanwhile. A write-back that knows nothing newer than the claim (a failed poll, a claim given back untried)
+// therefore leaves a terminal order off the schedule, and keeps any next_poll_at written since the claim (it is
+// no longer the lease's end), earlier or later: that writer knew more than the claim did. Without this, a poll
+// that timed out while a `released` webhook came made the terminal order due for good (a false
+// PartnerEscrowOldestDueOrderLate, and a row in orders_due_idx that never leaves; an outside attack).
+import { type Kysely, type RawBuilder, sql, type Transaction } from 'kysely'
 import type { Database } from '../db/database.js'
 
 export interface ClaimedOrder {
@@ -166,20 +173,32 @@ export interface LeaseRef {
   leaseToken: string
 }
 
-/** A failed poll: the order is tried again at `nextPollAt`. False when the lease was lost. */
+/**
+ * The next_poll_at a write-back that learned nothing of the order leaves: none for a terminal order, the time
+ * written since the claim if any (see the top of this file), else `fallback`.
+ */
+function scheduleUnlessChanged(fallback: RawBuilder<Date>): RawBuilder<Date | null> {
+  return sql<Date | null>`case
+    when orders.is_terminal then null
+    when orders.next_poll_at is distinct from orders.poll_lease_expires_at then orders.next_poll_at
+    else ${fallback} end`
+}
+
+/**
+ * A failed poll: the order is tried again at `nextPollAt`, unless it became terminal or was rescheduled while the
+ * poll ran (a webhook or an API call: that schedule stands). False when the lease was lost.
+ */
 export async function rescheduleAfterError(
   db: Kysely<Database>,
   { orderId, leaseToken, nextPollAt }: LeaseRef & { nextPollAt: Date },
 ): Promise<boolean> {
   const result = await db
     .updateTable('orders')
-    .set((eb) => ({
-      // an earlier time set while the poll ran (an API call rescheduled the order) stands
-      nextPollAt: sql<Date>`least(${nextPollAt}::timestamptz,
-        case when ${eb.ref('nextPollAt')} is distinct from ${eb.ref('pollLeaseExpiresAt')} then ${eb.ref('nextPollAt')} end)`,
+    .set({
+      nextPollAt: scheduleUnlessChanged(sql<Date>`${nextPollAt}::timestamptz`),
       pollLeaseToken: null,
       pollLeaseExpiresAt: null,
-    }))
+    })
     .where('id', '=', orderId)
     .where('pollLeaseToken', '=', leaseToken)
     .executeTakeFirst()
@@ -232,7 +251,8 @@ export async function flagLinkedOrder(
 
 /**
  * Gives back claims that were never polled (the cycle stopped): each order is due again at the time it
- * was due before the claim, and the attempt the claim counted is taken back.
+ * was due before the claim (unless it became terminal or was rescheduled since the claim: see the top of this
+ * file), and the attempt the claim counted is taken back.
  */
 export async function releaseClaims(
   db: Kysely<Database>,
@@ -245,7 +265,7 @@ export async function releaseClaims(
   // raw SQL (snake_case: the camelCase plugin does not rewrite it) for the unnest() of two arrays
   const result = await sql`
     update orders
-    set next_poll_at = released.due_at,
+    set next_poll_at = ${scheduleUnlessChanged(sql<Date>`released.due_at`)},
         poll_lease_token = null,
         poll_lease_expires_at = null,
         poll_attempts = greatest(orders.poll_attempts - 1, 0)
@@ -279,6 +299,9 @@ export async function countDueOrders(db: Kysely<Database>, now: Date): Promise<D
     .selectFrom('orders')
     .select((eb) => [eb.fn.countAll<string>().as('due'), eb.fn.min('nextPollAt').as('oldest')])
     .where('nextPollAt', '<=', now)
+    // as the claim: an order it would never take is not due, whatever a broken invariant left in next_poll_at
+    .where('tradeId', 'is not', null)
+    .where('isTerminal', '=', false)
     .executeTakeFirstOrThrow()
   const oldest = row.oldest === null ? null : new Date(row.oldest)
   return {
