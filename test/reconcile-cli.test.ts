@@ -1,9 +1,10 @@
 // `reconcile --once | --report | --requeue`, run in-process through the CLI runner (the same code path and
 // exit-code contract as a real process) against a local platform that checks every signature.
+import { createServer } from 'node:net'
 import { afterAll, beforeAll, beforeEach, describe, expect, it } from 'vitest'
 import type { CliContext } from '../src/cli/cli-context.js'
 import { runCommandWith } from './helpers/cli-in-process.js'
-import { testLogger } from './helpers/log-sink.js'
+import { logEntries, testLogger } from './helpers/log-sink.js'
 import { tradeRecord } from './helpers/partner-api-fixtures.js'
 import {
   type PlannedAnswer,
@@ -227,5 +228,37 @@ describe('reconcile arguments', () => {
     const result = await cli('reconcile', '--report', '--limit', limit)
     expect([result.code, result.stdout]).toEqual([2, ''])
     expect(result.stderr).toContain(`error: option '--limit <n>' argument '${limit}' is invalid. must be a whole number from 1 to 1000\n`)
+  })
+})
+
+/** A local URL where nothing listens: a port the system gave out, closed again. */
+async function nothingListens(): Promise<string> {
+  const listener = createServer()
+  await new Promise<void>((resolve) => listener.listen(0, '127.0.0.1', resolve))
+  const { port } = listener.address() as { port: number }
+  await new Promise((resolve) => listener.close(resolve))
+  return `http://127.0.0.1:${port}`
+}
+
+describe('reconcile --once with the platform out of reach (the database up)', () => {
+  // the cycle's warning once said "the database cannot be reached" for a refused connection to the platform
+  it.each([
+    ['the platform', async () => ({ PARTNER_API_BASE_URL: await nothingListens() })],
+    ['the proxy', async () => ({ PARTNER_API_BASE_URL: server.url, HTTP_PROXY: await nothingListens() })],
+  ])('names %s in its log line and in one line of its own, never the database', async (unreached, settings) => {
+    await insertOrders(database.db, [{ externalReference: 'cli-unreached', nextPollAt: past(60) }])
+    const config = testConfig({ ...(await settings()), POLL_CONCURRENCY: '1' })
+    const result = await runCommandWith(['reconcile', '--once'], { config, logger: testLogger([TEST_API_SECRET]), db: database.db })
+
+    expect(result.code).toBe(0)
+    expect(result.stdout).toMatch(/^run \d+: claimed 1, polled 1, changed 0, errors 1 \(error 1\)\n$/)
+    expect(result.stderr).toMatch(/^first error, order cli-unreached: could not reach the platform at http:\/\/127\.0\.0\.1:\d+\/?: .*ECONNREFUSED.*\n$/)
+    if (unreached === 'the proxy') expect(result.stderr).toContain('could not connect to the proxy')
+    const line = logEntries().findLast((entry) => entry.msg === 'reconcile cycle done with errors: those orders back off')
+    const err = line?.err as { type: string; message: string; kind?: string }
+    expect(err).toMatchObject({ type: 'PartnerNotSentError', message: expect.stringContaining('was not sent') })
+    expect(err.kind).toBeUndefined()
+    expect(JSON.stringify(line)).not.toMatch(/database/i)
+    expect(server.requests).toEqual([])
   })
 })

@@ -18,7 +18,18 @@
 // Postgres errors carry `detail`, `where`, `internalQuery` and sometimes a message quoting the value it
 // refused: for a refused delivery those hold the delivery's fields. Log lines use describeDatabaseError(),
 // which keeps only the code, its class and a fixed message.
+//
+// A connection refused or reset is the database's only where no other system's error holds it: a call to the
+// platform that could not connect (to it or to a proxy) is a partner API error with Node's ECONNREFUSED among its
+// causes, and is the platform's (fromPlatform below).
 
+import {
+  PartnerAnswerAbandonedError,
+  PartnerApiError,
+  PartnerNetworkError,
+  PartnerTimeoutError,
+  PartnerValidationError,
+} from '../partner-api/partner-api-error.js'
 import { isRefusedCertificateCode } from '../tls-certificate.js'
 
 export type DatabaseErrorKind = 'unavailable' | 'conflict' | 'overloaded' | 'refused_data' | 'failure'
@@ -193,8 +204,20 @@ function isDatabaseReport(error: Error): boolean {
   return typeof fields.code === 'string' && SQLSTATE.test(fields.code) && typeof fields.severity === 'string'
 }
 
+// the partner API client's errors (src/partner-api/): what they wrap is the platform's or its proxy's, never the database's
+function fromPlatform(error: Error): boolean {
+  return (
+    error instanceof PartnerApiError ||
+    error instanceof PartnerNetworkError ||
+    error instanceof PartnerTimeoutError ||
+    error instanceof PartnerAnswerAbandonedError ||
+    error instanceof PartnerValidationError
+  )
+}
+
+/** The error and its causes, down to where another system's error begins (that one and what it wraps left out). */
 function* errorChain(error: unknown, depth = 0): Generator<Error> {
-  if (!(error instanceof Error) || depth > 8) return
+  if (!(error instanceof Error) || depth > 8 || fromPlatform(error)) return
   yield error
   if (error instanceof AggregateError) for (const inner of error.errors) yield* errorChain(inner, depth + 1)
   yield* errorChain(error.cause, depth + 1)
