@@ -47,6 +47,7 @@ describe('the reaction dispatcher', () => {
     dispatcher = createDispatcher({
       db: database.db,
       handler: reactions.handler,
+      handlerNames: reactions.names,
       streams: reactions,
       clock,
       logger: testLogger(),
@@ -388,10 +389,46 @@ describe('the reaction dispatcher', () => {
     ])
   })
 
-  it('fails a held job whose handler is no longer registered at all, and keeps holding back its order', async () => {
+  // Replicas with different handlers (a rolling deploy that turns one on, AMQP_URL set on some): one without the
+  // handler failed its jobs at once, `no reaction handler named amqp is registered`, and each held back the rest of
+  // its order for good; an outside attack lost 60 of 60 events to the queue so
+  it('leaves the jobs of a handler it does not have to a replica that has it: none claimed, none failed', async () => {
     const orderId = await heldBehindAFailure()
-    // the handler is gone from the code (renamed or removed): its jobs fail as a throw would, for an operator
     await start(createReactionRegistry().on('trade.*', 'ledger', async () => {}))
+    await idle()
+    await untilRetryDue()
+    await idle()
+    expect(await jobs(orderId, 'partner')).toMatchObject([
+      { sequence: 3, state: 'pending', attempts: 1, lastError: 'Error: no queue is bound for routing key trade.delivered' },
+      { sequence: 4, state: 'pending', attempts: 0 },
+    ])
+    await dispatcher!.stop()
+    // the replica with the handler runs them, in their order
+    const calls: string[] = []
+    await start(createReactionRegistry().on(['trade.delivered', 'trade.released'], 'partner', async (event) => void calls.push(event.type)))
+    await eventually(async () => (await jobs(orderId, 'partner'))[1]?.state === 'done', 'the released job is done')
+    expect(await jobs(orderId, 'partner')).toMatchObject([
+      { sequence: 3, state: 'done', attempts: 2 },
+      { sequence: 4, state: 'done', attempts: 1 },
+    ])
+    expect(calls).toEqual(['trade.delivered', 'trade.released'])
+  })
+
+  it('without the names of its handlers, fails a held job whose handler is not registered, and keeps holding back its order', async () => {
+    const orderId = await heldBehindAFailure()
+    const ledger = createReactionRegistry().on('trade.*', 'ledger', async () => {})
+    streams = ledger.names.length
+    dispatcher = createDispatcher({
+      db: database.db,
+      handler: ledger.handler,
+      streams: ledger,
+      clock,
+      logger: testLogger(),
+      listen: database.listen,
+      settings: SETTINGS,
+      random: HALF,
+    })
+    await dispatcher.start()
     await idle()
     await untilRetryDue()
     await eventually(async () => (await jobs(orderId, 'partner'))[0]?.state === 'failed', 'the delivered job is failed')

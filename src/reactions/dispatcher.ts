@@ -63,6 +63,12 @@ export interface DispatcherDeps {
   /** The registry's lookup by name (a job whose handler is no longer registered fails at once, not retried). */
   handler: (name: string) => ReactionHandler | undefined
   /**
+   * The registry's names: the claim takes only these handlers' jobs, so a replica without a handler (a rolling
+   * deploy that turns one on, `AMQP_URL` set on some replicas) leaves its jobs to one that has it rather than
+   * failing them. Absent: every job is claimed, and one whose handler is not registered here fails at once.
+   */
+  handlerNames?: readonly string[]
+  /**
    * The registry's timeoutOf: how long one call of the handler may take. A job or stream event that waited for a
    * slot starts only while that much of its lease is left; otherwise it is given back, unstarted, for a fresh
    * lease. Absent, or undefined for a handler: started while any of the lease is left.
@@ -634,6 +640,7 @@ export function createDispatcher(deps: DispatcherDeps): Dispatcher {
             leaseMs: settings.leaseMs,
             leaseToken: randomUUID(),
             skipHandlers,
+            handlers: deps.handlerNames,
           })
           if (signal.aborted) {
             // claimed as stop began: not started, given back at once

@@ -49,6 +49,12 @@ export interface ClaimOptions {
    * claimed for them would only wait in the process while other handlers' due jobs were not claimed.
    */
   skipHandlers?: readonly string[]
+  /**
+   * The handlers registered in the claiming process: it takes only their jobs, and a job of a handler it does not
+   * have waits for a replica that does (replicas with different handlers, in a rolling deploy that turns one on).
+   * Absent: every handler's jobs.
+   */
+  handlers?: readonly string[] | undefined
 }
 
 /**
@@ -104,8 +110,9 @@ interface ClaimedRow extends Omit<EventRow, 'toStatus'> {
  * The locked set is materialized, computed once before the update joins it; the event is joined to
  * that set (not to the updated table), so a job whose event were missing still shows up, and fails loudly.
  */
-export function claimReactionJobsQuery({ now, limit, leaseMs, leaseToken, skipHandlers = [] }: ClaimOptions) {
+export function claimReactionJobsQuery({ now, limit, leaseMs, leaseToken, skipHandlers = [], handlers }: ClaimOptions) {
   const leaseEnd = new Date(now.getTime() + leaseMs)
+  const registered = handlers === undefined ? null : [...handlers]
   return sql<ClaimedRow>`${sql.raw(PREPARED)}
     with due as materialized (
       select job.id, job.event_id
@@ -113,6 +120,7 @@ export function claimReactionJobsQuery({ now, limit, leaseMs, leaseToken, skipHa
       where job.state in ('pending', 'running')
         and job.run_at <= ${now}
         and job.handler <> all(${[...skipHandlers]}::text[])
+        and (${registered}::text[] is null or job.handler = any(${registered}::text[]))
         and not exists (
           select 1 from reaction_jobs earlier
           where earlier.order_id = job.order_id
@@ -145,7 +153,8 @@ export function claimReactionJobsQuery({ now, limit, leaseMs, leaseToken, skipHa
       -- from now crosses the entries that recently finished jobs left behind, so it is skipped when not needed
       case when (select count(*) from due) < ${limit} then
         (select min(later.run_at) from reaction_jobs later
-          where later.state in ('pending', 'running') and later.run_at > ${now})
+          where later.state in ('pending', 'running') and later.run_at > ${now}
+            and (${registered}::text[] is null or later.handler = any(${registered}::text[])))
       end as next_run_at`
 }
 
