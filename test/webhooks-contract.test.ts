@@ -6,6 +6,7 @@ import { afterAll, beforeAll, beforeEach, describe, expect, it } from 'vitest'
 import { systemClock } from '../src/clock.js'
 import { type App, createApp } from '../src/http/app.js'
 import { findOrderByExternalReference, orderHistory } from '../src/orders/order.repository.js'
+import { runCommand } from './helpers/cli-in-process.js'
 import { createOrder } from './helpers/orders.js'
 import { logEntries, rememberSecret, testLogger } from './helpers/log-sink.js'
 import { TEST_WEBHOOK_SECRET, testConfig } from './helpers/test-config.js'
@@ -118,6 +119,45 @@ describe('the webhook contract', () => {
     ])
     expect(JSON.stringify(lines)).not.toContain(signatureLike)
     expect(JSON.stringify(lines)).not.toContain(NEXT_SECRET)
+  })
+
+  // the warnings beside that line logged the id as it came, where `webhook received` hashed it
+  it('logs a delivery id that could hold a signature as a hash in the warnings too: invalid, refused and mismatched payloads', async () => {
+    const ref = reference()
+    await createOrder(database.db, { externalReference: ref })
+    expect((await sendWebhook(app, { body: tradePayload(ref, 'funded') })).status).toBe(200)
+    const before = logEntries().length
+    const deliveries: [string, object | string][] = [
+      ['webhook payload invalid', { trade_id: `trd_${ref}`, status: 'funded' }],
+      ['webhook payload refused by the database; stored as invalid', JSON.stringify(tradePayload(ref, 'delivered')).replace('"delivered"', '"delivered", "event": "trade.delivered\\u0000"')],
+      ['webhook trade id differs from the order’s trade', tradePayload(ref, 'delivered', `trd_other_${ref}`)],
+    ]
+    const ids: string[] = []
+    for (const [, body] of deliveries) {
+      const deliveryId = signBody(`another body ${ids.length}`)
+      ids.push(deliveryId)
+      expect((await sendWebhook(app, { body, deliveryId })).status).toBe(200)
+    }
+    const lines = logEntries().slice(before)
+    for (const [message] of deliveries) {
+      const warning = lines.find((entry) => entry.msg === message)
+      expect(warning, message).toMatchObject({ deliveryIdSha256: expect.stringMatching(/^[0-9a-f]{16}$/) })
+      expect(warning, message).not.toHaveProperty('deliveryId')
+    }
+    for (const deliveryId of ids) expect(JSON.stringify(lines)).not.toContain(deliveryId.slice('sha256='.length))
+  })
+
+  it('logs such an id as a hash when an operator reapplies its delivery too', async () => {
+    const deliveryId = signBody('the body of another delivery')
+    expect((await sendWebhook(app, { body: tradePayload(`parked-${reference()}`, 'funded'), deliveryId })).status).toBe(200)
+    const before = logEntries().length
+    const reapplied = await runCommand(['deliveries', 'reapply', deliveryId], database.db, config)
+    expect(reapplied.code).toBe(0)
+    const lines = logEntries().slice(before)
+    expect(lines.find((entry) => entry.msg === 'reapplying a delivery')).toMatchObject({
+      deliveryIdSha256: expect.stringMatching(/^[0-9a-f]{16}$/),
+    })
+    expect(JSON.stringify(lines)).not.toContain(deliveryId.slice('sha256='.length))
   })
 
   it('answers 200 duplicate and stores nothing new for a seen delivery id', async () => {

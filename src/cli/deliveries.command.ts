@@ -101,12 +101,14 @@ export function registerDeliveriesCommands(program: Command): void {
     .option(...BODY_OPTION, sha256Prefix)
     .option('--json', 'print the result as JSON')
     .action(async (deliveryId: string, options: { json?: boolean; bodySha256?: string }) => {
-      const [{ countBodiesOfDelivery, findDelivery }, { reapplyDelivery }, { observationSettings }, { stopOnSignals }] = await Promise.all([
-        import('../webhooks/delivery.repository.js'),
-        import('../webhooks/parked-deliveries.js'),
-        import('../orders/observations.js'),
-        import('../stop-signals.js'),
-      ])
+      const [{ countBodiesOfDelivery, findDelivery }, { reapplyDelivery }, { observationSettings }, { stopOnSignals }, { loggableDeliveryId }] =
+        await Promise.all([
+          import('../webhooks/delivery.repository.js'),
+          import('../webhooks/parked-deliveries.js'),
+          import('../orders/observations.js'),
+          import('../stop-signals.js'),
+          import('../webhooks/receive-webhook.js'),
+        ])
       // held from before the database opens until it is closed: no signal in between ends the process unannounced
       let signalled = false
       const off = runsInService()
@@ -134,7 +136,7 @@ export function registerDeliveriesCommands(program: Command): void {
             return
           }
           // from here the transaction runs to its end whatever signal comes first
-          logger.debug({ deliveryId, bodySha256: delivery.bodySha256 }, 'reapplying a delivery')
+          logger.debug({ ...loggableDeliveryId(deliveryId), bodySha256: delivery.bodySha256 }, 'reapplying a delivery')
           const result = await reapplyDelivery(
             db,
             delivery,

@@ -165,7 +165,7 @@ async function storeRefused(
     receivedAt,
   })
   if (!inserted) return { duplicate: true }
-  deps.logger.warn({ deliveryId: key.deliveryId, err: reason }, 'webhook payload refused by the database; stored as invalid')
+  deps.logger.warn({ ...loggableDeliveryId(key.deliveryId), err: reason }, 'webhook payload refused by the database; stored as invalid')
   return { duplicate: false, outcome: 'invalid', eventType, idReused }
 }
 
@@ -184,7 +184,7 @@ async function store(
     })
     if (result === 'duplicate') return { duplicate: true }
     if (result.outcome === 'trade_mismatch') {
-      logger.warn({ deliveryId, orderId: result.orderId }, 'webhook trade id differs from the order’s trade')
+      logger.warn({ ...loggableDeliveryId(deliveryId), orderId: result.orderId }, 'webhook trade id differs from the order’s trade')
     }
     return { duplicate: false, outcome: result.outcome, eventType: event.eventType, idReused: result.idReused }
   }
@@ -200,7 +200,7 @@ async function store(
   })
   if (!inserted) return { duplicate: true }
   if (event.kind === 'invalid') {
-    logger.warn({ deliveryId, eventType: event.eventType, problem: event.problem }, 'webhook payload invalid')
+    logger.warn({ ...loggableDeliveryId(deliveryId), eventType: event.eventType, problem: event.problem }, 'webhook payload invalid')
   }
   return { duplicate: false, outcome, eventType: event.eventType, idReused }
 }
@@ -228,7 +228,7 @@ async function runEventHandlers(
     return { ...stored, outcome }
   } catch (error) {
     deps.logger.error(
-      { deliveryId: key.deliveryId, eventType: stored.eventType, err: loggableError(error) },
+      { ...loggableDeliveryId(key.deliveryId), eventType: stored.eventType, err: loggableError(error) },
       'webhook event handler failed; the delivery stays stored as ignored',
     )
     throw new AppError(500, 'event_handler_failed', `The handler for ${stored.eventType} failed`)
@@ -274,8 +274,9 @@ function storeError(error: unknown): unknown {
   return error
 }
 
-// An unverified request's delivery id is attacker-controlled: it is logged as is only when it looks
-// like an id, never when it could carry a signature or a secret (then only its hash is logged).
+// A delivery id is the sender's (an unverified request's is anyone's, and a verified one's is not signed): every
+// log line of the webhook path gives it through here, as is only when it looks like an id, never when it could
+// carry a signature or a secret (then only its hash is logged).
 export function loggableDeliveryId(value: string | undefined): { deliveryId?: string; deliveryIdSha256?: string } {
   if (value === undefined) return {}
   if (/^[A-Za-z0-9_\-:.]{1,100}$/.test(value) && !/[0-9a-fA-F]{64}/.test(value)) return { deliveryId: value }
