@@ -2,6 +2,7 @@
 import { InvalidArgumentError } from 'commander'
 import { checkExternalReference } from '../orders/external-reference.js'
 import type { PartnerValidationError } from '../partner-api/partner-api-error.js'
+import { DELIVERY_ID_RULE, isDeliveryId } from '../webhooks/delivery-id.js'
 import { UsageError } from './cli-context.js'
 
 /** Decimal digits alone: Number() also takes 0x10 (16), 0b11, 1e3, +80, 80.0 and surrounding spaces. */
@@ -82,4 +83,14 @@ export function orderReferences(value: string, previous: unknown): string[] {
   const references = Array.isArray(previous) ? (previous as string[]) : []
   references.push(orderReference(value))
   return references
+}
+
+/**
+ * A delivery id as the receiver takes one (webhooks/delivery-id.ts), so as every stored delivery has: any other is
+ * refused as a bad order reference is, exit 2, before the database is opened. `deliveries show ""` looked it up and
+ * said `No delivery  [delivery_not_found]`.
+ */
+export function deliveryIdArgument(value: string): string {
+  if (!isDeliveryId(value)) throw new UsageError(`Invalid delivery id: must be ${DELIVERY_ID_RULE}, as the receiver takes it`)
+  return value
 }

@@ -9,7 +9,7 @@ import type { Command } from 'commander'
 import { InvalidArgumentError } from 'commander'
 import { DELIVERY_OUTCOMES } from '../webhooks/delivery-outcome.js'
 import { printable } from '../printable.js'
-import { listLimit, MAX_LIST_LIMIT, orderReference } from './cli-arguments.js'
+import { deliveryIdArgument, listLimit, MAX_LIST_LIMIT, orderReference } from './cli-arguments.js'
 import { CommandFailedError, printJson, printTable, runsInService, setExitCode, UsageError, withDatabase, write, writeError } from './cli-context.js'
 
 // a poll's lease_lost is never a webhook's
@@ -66,7 +66,7 @@ export function registerDeliveriesCommands(program: Command): void {
   deliveries
     .command('show')
     .description('show one delivery, with its raw body (an operator view: it is never logged)')
-    .argument('<delivery-id>', 'the X-Partner-Delivery-Id')
+    .argument('<delivery-id>', 'the X-Partner-Delivery-Id', deliveryIdArgument)
     .option(...BODY_OPTION, sha256Prefix)
     .option('--json', 'print as JSON')
     .action(async (deliveryId: string, options: { json?: boolean; bodySha256?: string }) => {
@@ -97,7 +97,7 @@ export function registerDeliveriesCommands(program: Command): void {
   deliveries
     .command('reapply')
     .description('re-run the effect of a stored trade delivery (after an operator fixed a mapping or created the order)')
-    .argument('<delivery-id>', 'the X-Partner-Delivery-Id')
+    .argument('<delivery-id>', 'the X-Partner-Delivery-Id', deliveryIdArgument)
     .option(...BODY_OPTION, sha256Prefix)
     .option('--json', 'print the result as JSON')
     .action(async (deliveryId: string, options: { json?: boolean; bodySha256?: string }) => {
