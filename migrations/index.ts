@@ -16,6 +16,7 @@ import * as reconcileRunClockOffset from './0012_reconcile_run_clock_offset.js'
 import * as unresolvedTradeCreates from './0013_unresolved_trade_creates.js'
 import * as unappliedDeliverySearch from './0014_unapplied_delivery_search.js'
 import * as tradeCreateWait from './0015_trade_create_wait.js'
+import * as reactionStreamTypes from './0016_reaction_stream_types.js'
 
 export const migrations: Record<string, Migration> = {
   '0001_initial': initial,
@@ -33,4 +34,5 @@ export const migrations: Record<string, Migration> = {
   '0013_unresolved_trade_creates': unresolvedTradeCreates,
   '0014_unapplied_delivery_search': unappliedDeliverySearch,
   '0015_trade_create_wait': tradeCreateWait,
+  '0016_reaction_stream_types': reactionStreamTypes,
 }

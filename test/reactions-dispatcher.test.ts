@@ -414,6 +414,65 @@ describe('the reaction dispatcher', () => {
     expect(calls).toEqual(['trade.delivered', 'trade.released'])
   })
 
+  // A rolling deploy that widens FORWARD_EVENTS: the replica still on trade.funded held the stream, read every event
+  // and moved its place past the ones it does not take, which the wider replica would have forwarded. An outside
+  // attack lost 40 of 60 events so, with no job and no dead letter
+  it('leaves a stream to the replica started later with other types: every event of those types runs, and this one skips none', async () => {
+    const narrowCalls: string[] = []
+    const wideCalls: string[] = []
+    const narrow = createReactionRegistry().on('trade.funded', 'forward', async (event) => void narrowCalls.push(event.type))
+    await start(narrow)
+    await transitions(narrow, ['created', 'funded'])
+    await eventually(async () => narrowCalls.length === 1, 'the narrow replica forwarded its funded event')
+    // it holds the stream's lease now; the wide replica starts, and fails its first call of a delivered event
+    let failDelivered = true
+    const wide = createReactionRegistry().on('trade.*', 'forward', async (event) => {
+      if (event.type === 'trade.delivered' && failDelivered) {
+        failDelivered = false
+        throw new Error('the receiver is away')
+      }
+      wideCalls.push(`${event.orderId} ${event.type}`)
+    })
+    const log = testLogger()
+    const later = createDispatcher({
+      db: database.db,
+      handler: wide.handler,
+      handlerNames: wide.names,
+      streams: wide,
+      clock,
+      logger: log,
+      listen: database.listen,
+      settings: SETTINGS,
+      random: HALF,
+    })
+    await later.start()
+    try {
+      const second = await transitions(wide, ['created', 'funded', 'delivered'])
+      // (the first order's events may run again there: the narrow replica had not written its place back yet, at least once)
+      const ofSecond = () => wideCalls.filter((call) => call.startsWith(`${second} `))
+      await eventually(async () => ofSecond().length === 2, 'the wide replica forwarded the created and funded events')
+      expect(ofSecond()).toEqual([`${second} trade.created`, `${second} trade.funded`])
+      // the narrow one heard it at its next read, and said so
+      await eventually(
+        async () => logEntries().some((entry) => entry.msg?.toString().startsWith('a replica started later takes other types for reaction handler forward')),
+        'the narrow replica says it leaves the stream',
+      )
+      // the delivered event's retry is a job row, which either replica may claim: neither skips it
+      await eventually(async () => (await jobs(second, 'forward')).some((job) => job.sequence === 3 && job.attempts === 1 && job.state === 'pending'), 'the delivered event failed once')
+      // both asleep on the clock (a job loop and a stream each), so none reads the clock before the retry's time and after
+      await eventually(() => dispatcher!.running === 0 && later.running === 0 && clock.pendingSleepers === 4, 'both replicas are idle')
+      await untilRetryDue()
+      await eventually(async () => (await jobs(second, 'forward')).some((job) => job.sequence === 3 && job.state === 'done'), 'the delivered retry is done')
+      expect((await jobs(second, 'forward')).filter((job) => job.state === 'skipped')).toEqual([])
+      expect([...ofSecond(), ...narrowCalls.slice(1).map((type) => `${second} ${type}`)].sort()).toEqual(
+        [`${second} trade.created`, `${second} trade.delivered`, `${second} trade.funded`].sort(),
+      )
+      expect(narrowCalls[0]).toBe('trade.funded')
+    } finally {
+      await later.stop()
+    }
+  })
+
   it('without the names of its handlers, fails a held job whose handler is not registered, and keeps holding back its order', async () => {
     const orderId = await heldBehindAFailure()
     const ledger = createReactionRegistry().on('trade.*', 'ledger', async () => {})

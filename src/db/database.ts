@@ -79,6 +79,8 @@ export interface ReactionStreamsTable {
   historyId: string
   leaseToken: string | null
   leaseExpiresAt: Timestamp | null
+  /** The types the handler takes, as the replica that started last registered them (migrations/0016); null: not written. */
+  types: string | null
   createdAt: GeneratedTimestamp
   updatedAt: GeneratedTimestamp
 }

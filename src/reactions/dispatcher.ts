@@ -88,6 +88,11 @@ export interface DispatcherDeps {
         readonly names: readonly string[]
         handlersFor(type: string): readonly string[]
         typesSetting?(name: string): string | undefined
+        /**
+         * The types each handler takes here, written to its stream row at the start: a replica reads a stream only
+         * while its types are the row's, those of the replica that started last (reaction-stream.repository.ts).
+         */
+        typesOf?(name: string): string | undefined
       }
     | undefined
   /** Subscribes to the jobs channel (DatabaseHandle.listen); absent: timers only. */
@@ -292,6 +297,9 @@ export function createDispatcher(deps: DispatcherDeps): Dispatcher {
   // the registry's answer: the stream reads only the types its handler takes, and the job loop skips a job of
   // another type (one written before the handler's types were narrowed)
   const takes = (handler: string, type: string) => deps.streams?.handlersFor(type).includes(handler) ?? true
+  // the handlers whose streams a replica started later reads, taking other types than this one's: their job rows
+  // were written by that replica's reads, so this one runs them whatever its own types say (it skips none)
+  const leftToOthers = new Set<string>()
 
   const report = (handler: string, result: AttemptResult, count = 1) => {
     try {
@@ -348,7 +356,7 @@ export function createDispatcher(deps: DispatcherDeps): Dispatcher {
       const handler = deps.handler(job.handler)
       // (a handler not registered at all is a removed one: it fails below at once, whatever attempts are left, since
       // no later attempt in this process could call it; an operator retries it once the handler is back)
-      if (handler && !takes(job.handler, event.type)) {
+      if (handler && !takes(job.handler, event.type) && !leftToOthers.has(job.handler)) {
         handlerDone()
         await skipNotTaken(job, log)
         return
@@ -576,8 +584,17 @@ export function createDispatcher(deps: DispatcherDeps): Dispatcher {
       let delayMs = settings.safetyIntervalMs
       let wallClock = false
       try {
-        const { full, read, readAgainInMs, withheld, heldUntil } = await worker.batch(signal)
+        const { full, read, readAgainInMs, withheld, heldUntil, otherTypes } = await worker.batch(signal)
         failures = 0
+        if (otherTypes !== undefined && !leftToOthers.has(worker.name)) {
+          leftToOthers.add(worker.name)
+          logger.warn(
+            { handler: worker.name, types: deps.streams?.typesOf?.(worker.name), theirs: otherTypes },
+            `a replica started later takes other types for reaction handler ${worker.name} (${deps.streams?.typesSetting?.(worker.name) ?? 'its registration'}): this one leaves the handler's stream to the replicas that take those, and runs its job rows; set the same on every replica`,
+          )
+        } else if (otherTypes === undefined && leftToOthers.delete(worker.name)) {
+          logger.info({ handler: worker.name, types: deps.streams?.typesOf?.(worker.name) }, `reaction handler ${worker.name}'s stream is read here again`)
+        }
         const now = clock.now()
         const heldFrom = heldBackSince
         heldBackSince = withheld && read === 0 ? (heldBackSince ?? now) : undefined
@@ -694,11 +711,13 @@ export function createDispatcher(deps: DispatcherDeps): Dispatcher {
       }
       const stopSignal = stopping.signal
       const names = deps.streams?.names ?? []
+      const typesOf = deps.streams?.typesOf?.bind(deps.streams)
+      const streamTypesOf = typesOf && ((name: string) => typesOf(name) ?? '')
       if (names.length > 0) {
         // a handler new in this deploy starts after the events already committed; retried until the database answers
         for (let failures = 0; ; failures += 1) {
           try {
-            await ensureReactionStreams(db, names, new Date(clock.now()))
+            await ensureReactionStreams(db, names, new Date(clock.now()), streamTypesOf)
             break
           } catch (error) {
             if (stopSignal.aborted) return
@@ -719,6 +738,7 @@ export function createDispatcher(deps: DispatcherDeps): Dispatcher {
           handler: deps.handler(name),
           timeoutMs: deps.timeoutOf?.(name),
           takes: (type) => takes(name, type),
+          types: typesOf?.(name),
           clock,
           logger,
           settings,

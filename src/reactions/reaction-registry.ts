@@ -31,6 +31,11 @@ export interface ReactionRegistry extends ReactionRouting {
   handler(name: string): ReactionHandler | undefined
   /** The timeoutMs `name` was registered with; undefined when none was given (or no such handler). */
   timeoutOf(name: string): number | undefined
+  /**
+   * The types `name` takes, as its stream row holds them: its patterns, sorted, comma-joined (`trade.*`,
+   * `trade.funded,trade.released`); undefined when no such handler.
+   */
+  typesOf(name: string): string | undefined
   /** Every registered name, sorted. */
   readonly names: readonly string[]
 }
@@ -86,6 +91,10 @@ export function createReactionRegistry(): ReactionRegistry {
     },
     timeoutOf(name) {
       return entries.get(name)?.timeoutMs
+    },
+    typesOf(name) {
+      const patterns = entries.get(name)?.patterns
+      return patterns && [...new Set(patterns)].sort().join(',')
     },
     get names() {
       return [...entries.keys()].sort()

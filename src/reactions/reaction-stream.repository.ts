@@ -36,24 +36,44 @@ export interface StreamEvent extends StreamPlace {
 
 /**
  * Gives each named handler a stream row, starting after every event already committed: a handler that
- * appears in a deploy takes the transitions from then on (a stream that exists is left as it is).
+ * appears in a deploy takes the transitions from then on (a stream that exists keeps its place).
+ * `typesOf`: the types each handler takes here (the registry's typesOf), written to its row whether it is new or not, so
+ * the replica that started last decides which replicas read the stream (readReactionStream). Types that change (not
+ * types written for the first time) end the row's lease: a replica with the others stops at its next read, and its batch in flight is not written back
+ * (writeReactionStream), so this one reads those events again and runs those of its types.
  */
-export async function ensureReactionStreams(db: Kysely<Database>, handlers: readonly string[], now: Date): Promise<void> {
+export async function ensureReactionStreams(
+  db: Kysely<Database>,
+  handlers: readonly string[],
+  now: Date,
+  typesOf?: (handler: string) => string,
+): Promise<void> {
   if (handlers.length === 0) return
+  const types = typesOf ? handlers.map(typesOf) : handlers.map(() => null)
   // (xmin, 0): every position below xmin is committed and left behind; a position at or above it may
   // still be in flight, and is taken
   await sql`
-    insert into reaction_streams (handler, position, history_id, created_at, updated_at)
-    select handler, pg_snapshot_xmin(pg_current_snapshot()), 0, ${now}, ${now}
-    from unnest(${[...handlers]}::text[]) as handler
-    on conflict (handler) do nothing`.execute(db)
+    insert into reaction_streams (handler, position, history_id, types, created_at, updated_at)
+    select given.handler, pg_snapshot_xmin(pg_current_snapshot()), 0, given.types, ${now}, ${now}
+    from unnest(${[...handlers]}::text[], ${types}::text[]) as given(handler, types)
+    -- (types first written, on a row from before migration 0016: its holder keeps its lease)
+    on conflict (handler) do update set types = excluded.types,
+      lease_token = case when reaction_streams.types is null then reaction_streams.lease_token end,
+      lease_expires_at = case when reaction_streams.types is null then reaction_streams.lease_expires_at end,
+      updated_at = excluded.updated_at
+      where excluded.types is not null and reaction_streams.types is distinct from excluded.types`.execute(db)
 }
 
 export interface StreamRead {
   /** False: another replica holds this stream's lease (or the stream does not exist). */
   leased: boolean
-  /** Not leased: when the other replica's lease runs out (undefined: no such stream). */
+  /** Not leased: when the other replica's lease runs out (undefined: no such stream, or `otherTypes`). */
   heldUntil?: Date | undefined
+  /**
+   * Not leased because the row's types are not this reader's: a replica that started later takes other types for
+   * the handler, and the stream is left to the replicas that take those.
+   */
+  otherTypes?: { theirs: string } | undefined
   /** The events read, in stream order (every type: the caller keeps the handler's). */
   events: StreamEvent[]
   /** Events after the read ones are committed or in flight at or above the snapshot's xmin: look again soon. */
@@ -90,22 +110,27 @@ export interface StreamReadOptions {
   limit: number
   /** Read on from here, the reader's place not written back yet, while its lease token still holds the row. */
   after?: StreamPlace | undefined
+  /** The types this reader's handler takes (the registry's typesOf): read only while the row's are these, or not written. */
+  types?: string | undefined
 }
 
 /** The statement of readReactionStream (exported so a test can EXPLAIN it). */
-export function readReactionStreamQuery({ handler, leaseToken, now, leaseEnd, limit, after }: StreamReadOptions) {
+export function readReactionStreamQuery({ handler, leaseToken, now, leaseEnd, limit, after, types }: StreamReadOptions) {
   const renewBefore = new Date(now.getTime() + (leaseEnd.getTime() - now.getTime()) / 2)
+  const readerTypes = types ?? null
   const afterPosition = after?.position ?? null
   const afterId = after?.historyId ?? null
   return sql<StreamRow>`${sql.raw(PREPARED)}
     with kept as (
       select position, history_id, true as ours from reaction_streams
       where handler = ${handler} and lease_token = ${leaseToken} and lease_expires_at > ${renewBefore}
+        and (types is null or ${readerTypes}::text is null or types = ${readerTypes}::text)
     ), taken as (
       -- (ours: the token the row held before this update, read from the statement's snapshot)
       update reaction_streams set lease_token = ${leaseToken}, lease_expires_at = ${leaseEnd}, updated_at = ${now}
       where handler = ${handler} and not exists (select 1 from kept)
         and (lease_token is null or lease_token = ${leaseToken} or lease_expires_at <= ${now})
+        and (types is null or ${readerTypes}::text is null or types = ${readerTypes}::text)
       returning position, history_id,
         coalesce((select r.lease_token = ${leaseToken} from reaction_streams r where r.handler = ${handler}), false) as ours
     ), held as (
@@ -166,7 +191,14 @@ export async function readReactionStream(db: Kysely<Database>, options: StreamRe
   const { rows } = await readReactionStreamQuery(options).execute(db)
   const [first] = rows
   if (!first) {
-    const stream = await db.selectFrom('reactionStreams').select('leaseExpiresAt').where('handler', '=', options.handler).executeTakeFirst()
+    const stream = await db
+      .selectFrom('reactionStreams')
+      .select(['leaseExpiresAt', 'types'])
+      .where('handler', '=', options.handler)
+      .executeTakeFirst()
+    if (stream?.types != null && options.types !== undefined && stream.types !== options.types) {
+      return { leased: false, otherTypes: { theirs: stream.types }, events: [], withheld: false, fromAfter: false }
+    }
     const heldUntil = stream?.leaseExpiresAt ? new Date(stream.leaseExpiresAt) : undefined
     return { leased: false, heldUntil, events: [], withheld: false, fromAfter: false }
   }
@@ -231,6 +263,7 @@ export async function writeReactionStream(
     now,
     leaseEnd,
     done = [],
+    types,
   }: {
     handler: string
     leaseToken: string
@@ -240,6 +273,11 @@ export async function writeReactionStream(
     leaseEnd: Date
     /** The history ids of the events handled on this first attempt: recorded in the batch's row, with no job row. */
     done?: readonly string[]
+    /**
+     * The types the batch's handler took (the registry's typesOf): written only while the row's are these, so a batch read
+     * before a replica with other types started is read again by one of those, not moved past.
+     */
+    types?: string | undefined
   },
 ): Promise<Map<string, string> | undefined> {
   const input = JSON.stringify(
@@ -262,6 +300,7 @@ export async function writeReactionStream(
       update reaction_streams set position = ${place.position}::xid8, history_id = ${place.historyId}::bigint,
         lease_expires_at = ${leaseEnd}, updated_at = ${now}
       where handler = ${handler} and lease_token = ${leaseToken}
+        and (types is null or ${types ?? null}::text is null or types = ${types ?? null}::text)
       returning 1
     ), jobs as (
       insert into reaction_jobs (event_id, order_id, sequence, handler, state, attempts, run_at, last_error,

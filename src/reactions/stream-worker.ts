@@ -114,6 +114,8 @@ export interface StreamWorkerDeps {
   timeoutMs?: number | undefined
   /** Whether this handler takes events of `type`. */
   takes: (type: string) => boolean
+  /** The types it takes, as its stream row holds them: the stream is read only while the row's are these. */
+  types?: string | undefined
   clock: Clock
   logger: Logger
   settings: DispatcherSettings
@@ -144,6 +146,8 @@ export interface BatchResult {
   withheld: boolean
   /** Another replica holds the stream until then. */
   heldUntil?: Date | undefined
+  /** A replica that started later takes other types for the handler (these, the row's): it reads the stream. */
+  otherTypes?: string | undefined
 }
 
 // what ends a batch's own timers and its wait for a slot (a reason given, so no DOMException is made each time)
@@ -156,7 +160,7 @@ const DONE = { state: 'done' } as const
 type Finished = typeof DONE | StreamOutcome | undefined
 
 export function createStreamWorker(deps: StreamWorkerDeps) {
-  const { db, name, clock, logger, settings, leaseToken } = deps
+  const { db, name, clock, logger, settings, leaseToken, types } = deps
   // large enough that a batch's own cost (two statements, a commit) is small beside its events' under a heavy
   // load (gatherMs); a batch reads its events' rows at once, about 0.5 kB each
   const batchSize = Math.max(512, 8 * settings.concurrency)
@@ -181,7 +185,7 @@ export function createStreamWorker(deps: StreamWorkerDeps) {
    * place. The running rows' ids by event id; undefined when another replica holds the stream (nothing written).
    */
   const writeBack = (place: StreamPlace, outcomes: readonly StreamOutcome[], done: readonly string[], now: number) =>
-    writeReactionStream(db, { handler: name, leaseToken, place, outcomes, done, now: new Date(now), leaseEnd: new Date(now + streamLeaseMs) })
+    writeReactionStream(db, { handler: name, leaseToken, place, outcomes, done, now: new Date(now), leaseEnd: new Date(now + streamLeaseMs), types })
   /** Another replica took the stream: `events` of this process's batches run again there. */
   const warnTakenOver = (events: number) =>
     logger.warn({ handler: name, events }, 'reaction stream lease was taken over: the batch runs again elsewhere')
@@ -274,6 +278,7 @@ export function createStreamWorker(deps: StreamWorkerDeps) {
       leaseEnd: new Date(started + streamLeaseMs),
       limit: asked,
       after: after?.place,
+      types,
     })
     leased = read.leased
     if (after && !read.fromAfter) {
@@ -284,7 +289,7 @@ export function createStreamWorker(deps: StreamWorkerDeps) {
     if (!read.leased || read.events.length === 0) {
       // nothing more to read now: what is held in memory is written back
       await writeUnwritten()
-      return { full: false, read: 0, readAgainInMs: 0, withheld: read.withheld, heldUntil: read.heldUntil }
+      return { full: false, read: 0, readAgainInMs: 0, withheld: read.withheld, heldUntil: read.heldUntil, otherTypes: read.otherTypes?.theirs }
     }
 
     // the abort of the handlers, and the batch's timers
@@ -446,7 +451,7 @@ export function createStreamWorker(deps: StreamWorkerDeps) {
         if (queue.length > shortQueue && !(await unlessEnded(whenQueueShort()))) return
         const now = clock.now()
         if (writingBack || stopSignal.aborted || lanesRunning === 0 || last.full || now - started >= WRITE_BACK_MS || readTotal + asked > maxUnwritten) return
-        const more = await readReactionStream(db, { handler: name, leaseToken, now: new Date(now), leaseEnd: new Date(now + streamLeaseMs), limit: asked, after: place })
+        const more = await readReactionStream(db, { handler: name, leaseToken, now: new Date(now), leaseEnd: new Date(now + streamLeaseMs), limit: asked, after: place, types })
         // (the batch is being written back: the next batch reads these events again)
         if (writingBack) return
         if (!more.leased || !more.fromAfter) {
