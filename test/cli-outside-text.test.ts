@@ -15,6 +15,7 @@ import { type RecordingServer, startRecordingServer } from './helpers/partner-ap
 import { TEST_API_SECRET, testConfig } from './helpers/test-config.js'
 import { createTestDatabase, type TestDatabase } from './helpers/test-database.js'
 import { sendWebhook } from './helpers/webhook-delivery.js'
+import { DELIVERY_ID_RULE } from '../src/webhooks/delivery-id.js'
 
 // every control a terminal acts on, but the line feed and tab our own output is laid out with
 // eslint-disable-next-line no-control-regex
@@ -93,9 +94,9 @@ describe('the CLI shows text from outside without its control codes', () => {
     expect(url.stderr).not.toContain('hunter2')
     // a command's own refusal that quotes one (exit 1), and a password holding a raw @
     // (not `orders show`: a reference past 200 characters is refused as no order's, exit 2, without quoting it)
-    const notFound = await run('deliveries', 'show', `${'b'.repeat(10_000)}`)
-    expect(notFound.code).toBe(1)
-    expect(notFound.stderr).toBe(`No delivery ${'b'.repeat(200)}… (10,000 characters) [delivery_not_found]\n`)
+    // (a delivery id past 200 characters is refused as the receiver refuses it, exit 2, without quoting it)
+    const tooLong = await run('deliveries', 'show', `${'b'.repeat(10_000)}`)
+    expect(tooLong).toMatchObject({ code: 2, stderr: `Invalid delivery id: must be ${DELIVERY_ID_RULE}, as the receiver takes it\n` })
     const delivery = await run('deliveries', 'show', 'https://user:Tr0ub4dor@3xyz@x/')
     expect(delivery.code).toBe(1)
     expect(delivery.stderr).toContain('https://user:***@x/')
@@ -140,10 +141,11 @@ describe('the CLI shows text from outside without its control codes', () => {
       stderr: `Order ${shown} has no trade yet (trade create state: none) [no_trade]\n`,
     })
 
+    // a delivery id with a line feed is none the receiver takes: refused before it is looked up, and not quoted
     const noDelivery = await run('deliveries', 'reapply', 'dlv-1\nforged  applied')
     expect({ code: noDelivery.code, stderr: noDelivery.stderr }).toEqual({
-      code: 1,
-      stderr: 'No delivery dlv-1\\u000aforged  applied [delivery_not_found]\n',
+      code: 2,
+      stderr: `Invalid delivery id: must be ${DELIVERY_ID_RULE}, as the receiver takes it\n`,
     })
 
     const badMilestone = await run('trades', 'open', 'lf-2', '--title', 't', '--amount', '1.00', '--currency', 'EUR', '--milestone', 'frame\nforged')
