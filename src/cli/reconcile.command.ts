@@ -6,13 +6,7 @@ import { hostname } from 'node:os'
 import type { Command } from 'commander'
 import { describeDatabaseError } from '../db/database-errors.js'
 import { describeClockOffset } from '../partner-api/clock-offset.js'
-import {
-  PartnerAnswerAbandonedError,
-  PartnerApiError,
-  PartnerNetworkError,
-  PartnerNotSentError,
-  PartnerTimeoutError,
-} from '../partner-api/partner-api-error.js'
+import { isPlatformFailure, PartnerNotSentError } from '../partner-api/partner-api-error.js'
 import { printable } from '../printable.js'
 import type { PollResult, RunSummary } from '../reconcile/poller.js'
 import { orderReferences, wholeNumberUpTo } from './cli-arguments.js'
@@ -126,12 +120,7 @@ async function runOnce(json: boolean | undefined): Promise<void> {
 // classification, as its text may quote the order
 function failureReason(error: unknown): string {
   if (error instanceof PartnerNotSentError) return `could not reach the platform at ${error.url}: ${error.reason}`
-  const platform =
-    error instanceof PartnerApiError ||
-    error instanceof PartnerNetworkError ||
-    error instanceof PartnerTimeoutError ||
-    error instanceof PartnerAnswerAbandonedError
-  if (platform) return `the platform: ${error.message}`
+  if (isPlatformFailure(error)) return `the platform: ${error.message}`
   return describeDatabaseError(error).message
 }
 

@@ -23,13 +23,7 @@
 // platform that could not connect (to it or to a proxy) is a partner API error with Node's ECONNREFUSED among its
 // causes, and is the platform's (fromPlatform below).
 
-import {
-  PartnerAnswerAbandonedError,
-  PartnerApiError,
-  PartnerNetworkError,
-  PartnerTimeoutError,
-  PartnerValidationError,
-} from '../partner-api/partner-api-error.js'
+import { isPlatformFailure, PartnerValidationError } from '../partner-api/partner-api-error.js'
 import { isRefusedCertificateCode } from '../tls-certificate.js'
 
 export type DatabaseErrorKind = 'unavailable' | 'conflict' | 'overloaded' | 'refused_data' | 'failure'
@@ -205,14 +199,8 @@ function isDatabaseReport(error: Error): boolean {
 }
 
 // the partner API client's errors (src/partner-api/): what they wrap is the platform's or its proxy's, never the database's
-function fromPlatform(error: Error): boolean {
-  return (
-    error instanceof PartnerApiError ||
-    error instanceof PartnerNetworkError ||
-    error instanceof PartnerTimeoutError ||
-    error instanceof PartnerAnswerAbandonedError ||
-    error instanceof PartnerValidationError
-  )
+function fromPlatform(error: unknown): boolean {
+  return isPlatformFailure(error) || error instanceof PartnerValidationError
 }
 
 /** The error and its causes, down to where another system's error begins (that one and what it wraps left out). */

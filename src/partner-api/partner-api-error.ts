@@ -117,6 +117,22 @@ export function isOutcomeUnknown(error: unknown): boolean {
   )
 }
 
+/**
+ * A call to the platform that failed there or on the way: an error answer, no answer (a timeout, a lost connection,
+ * one never set up, the caller stopped waiting) or one not read. What it wraps is the platform's or its proxy's,
+ * never the database's (database-errors.ts).
+ */
+export function isPlatformFailure(
+  error: unknown,
+): error is PartnerApiError | PartnerNetworkError | PartnerTimeoutError | PartnerAnswerAbandonedError {
+  return (
+    error instanceof PartnerApiError ||
+    error instanceof PartnerNetworkError ||
+    error instanceof PartnerTimeoutError ||
+    error instanceof PartnerAnswerAbandonedError
+  )
+}
+
 /** A 5xx answer: the platform, or a gateway in front of it, failed while the call was at it. */
 export function isServerError(error: unknown): error is PartnerApiError {
   return error instanceof PartnerApiError && error.status >= 500
