@@ -371,7 +371,6 @@ export async function startService({
         createDispatcher({
           db: database.db,
           handler: reactions.handler,
-          handlerNames: reactions.names,
           timeoutOf: reactions.timeoutOf,
           streams: reactions,
           clock,

@@ -47,7 +47,6 @@ describe('the reaction dispatcher', () => {
     dispatcher = createDispatcher({
       db: database.db,
       handler: reactions.handler,
-      handlerNames: reactions.names,
       streams: reactions,
       clock,
       logger: testLogger(),
@@ -437,7 +436,6 @@ describe('the reaction dispatcher', () => {
     const later = createDispatcher({
       db: database.db,
       handler: wide.handler,
-      handlerNames: wide.names,
       streams: wide,
       clock,
       logger: log,
@@ -473,14 +471,13 @@ describe('the reaction dispatcher', () => {
     }
   })
 
-  it('without the names of its handlers, fails a held job whose handler is not registered, and keeps holding back its order', async () => {
+  it('without streams (the job loop alone), fails a held job whose handler is not registered, and keeps holding back its order', async () => {
     const orderId = await heldBehindAFailure()
     const ledger = createReactionRegistry().on('trade.*', 'ledger', async () => {})
-    streams = ledger.names.length
+    streams = 0
     dispatcher = createDispatcher({
       db: database.db,
       handler: ledger.handler,
-      streams: ledger,
       clock,
       logger: testLogger(),
       listen: database.listen,

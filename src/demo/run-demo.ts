@@ -194,7 +194,6 @@ export async function runDemo({
       const started = createDispatcher({
         db: database.db,
         handler: reactions.handler,
-        handlerNames: reactions.names,
         timeoutOf: reactions.timeoutOf,
         streams: reactions,
         clock: later,

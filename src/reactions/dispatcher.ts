@@ -63,12 +63,6 @@ export interface DispatcherDeps {
   /** The registry's lookup by name (a job whose handler is no longer registered fails at once, not retried). */
   handler: (name: string) => ReactionHandler | undefined
   /**
-   * The registry's names: the claim takes only these handlers' jobs, so a replica without a handler (a rolling
-   * deploy that turns one on, `AMQP_URL` set on some replicas) leaves its jobs to one that has it rather than
-   * failing them. Absent: every job is claimed, and one whose handler is not registered here fails at once.
-   */
-  handlerNames?: readonly string[]
-  /**
    * The registry's timeoutOf: how long one call of the handler may take. A job or stream event that waited for a
    * slot starts only while that much of its lease is left; otherwise it is given back, unstarted, for a fresh
    * lease. Absent, or undefined for a handler: started while any of the lease is left.
@@ -80,8 +74,10 @@ export interface DispatcherDeps {
   /**
    * The handlers whose streams this dispatcher reads (stream-worker.ts): their names and which types each
    * takes (the registry), which the job loop also asks before it runs a job; `typesSetting` names the setting
-   * behind a handler's types (configured-reactions.ts). Absent: only the job rows are run, every one of them
-   * (tests of the job loop alone).
+   * behind a handler's types (configured-reactions.ts). The claim takes only these handlers' jobs, so a replica
+   * without a handler (a rolling deploy that turns one on, `AMQP_URL` set on some replicas) leaves its jobs to one
+   * that has it rather than failing them. Absent: only the job rows are run, every one of them, and one whose
+   * handler is not registered fails at once (tests of the job loop alone).
    */
   streams?:
     | {
@@ -657,7 +653,7 @@ export function createDispatcher(deps: DispatcherDeps): Dispatcher {
             leaseMs: settings.leaseMs,
             leaseToken: randomUUID(),
             skipHandlers,
-            handlers: deps.handlerNames,
+            handlers: deps.streams?.names,
           })
           if (signal.aborted) {
             // claimed as stop began: not started, given back at once
