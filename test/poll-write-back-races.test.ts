@@ -164,6 +164,28 @@ describe('a poll write-back after the order changed under it', () => {
     expect(fetcher.calls).toHaveLength(1)
   })
 
+  it('leaves an order a trade command flagged while its poll was answered off the schedule, moved but flagged', async () => {
+    const [id] = await insertOrders(database.db, [{ externalReference: 'order-1', nextPollAt: fromNow(-60) }])
+    const fetcher = countingFetcher(async () => {
+      await flagLinkedOrder(database.db, { orderId: id!, now: new Date(clock.now()), attention: TRADE_MISMATCH })
+      return 'delivered'
+    })
+    const poller = testPoller({ db: database.db, fetcher, clock })
+    await poller.runOnce()
+    expect(poller.reported.map((result) => result.result)).toEqual(['applied'])
+    // the answer is the platform's word and moves the order; the flag is an operator's to clear (orders requeue)
+    expect(await orderByReference(database.db, 'order-1')).toMatchObject({
+      tradeStatus: 'delivered',
+      attention: TRADE_MISMATCH,
+      nextPollAt: null,
+      pollLeaseToken: null,
+    })
+    await clock.advance(DAY_MS)
+    expect(await dueOrderStats(database.db, clock)).toEqual({ ordersDue: 0, oldestDueAgeS: 0 })
+    expect((await poller.runOnce()).claimed).toBe(0)
+    expect(fetcher.calls).toHaveLength(1)
+  })
+
   it('counts as due, and as the oldest, no terminal order a broken invariant left with a next poll time', async () => {
     // as an earlier version's failed poll or SIGTERM left them
     await insertOrders(database.db, [

@@ -412,9 +412,14 @@ function observationStatement(
             then ${
               releasesLease
                 ? // a poll's claim set next_poll_at to the lease's end: if it differs now, an API call or a
-                  // webhook rescheduled the order while the poll ran, and the earlier time stands
-                  sql`least(e.observed_at + make_interval(secs => ${staleAfterS}::int),
-                      case when o.next_poll_at is distinct from o.poll_lease_expires_at then o.next_poll_at end)`
+                  // webhook rescheduled the order while the poll ran, and the earlier time stands; none at all
+                  // means a trade command flagged the order meanwhile, and it stays off the schedule until an
+                  // operator requeues it (least() alone skipped the null and put it back)
+                  sql`case
+                      when o.next_poll_at is not distinct from o.poll_lease_expires_at
+                        then e.observed_at + make_interval(secs => ${staleAfterS}::int)
+                      when o.next_poll_at is null then null
+                      else least(e.observed_at + make_interval(secs => ${staleAfterS}::int), o.next_poll_at) end`
                 : sql`e.observed_at + make_interval(secs => ${staleAfterS}::int)`
             }
           -- another webhook or API answer of the status the order has: the webhook expected after a call, which
