@@ -15,6 +15,8 @@ import { createPoller, type RunSummary } from '../src/reconcile/poller.js'
 import { findDelivery, recordDelivery } from '../src/webhooks/delivery.repository.js'
 import { testLogger } from './helpers/log-sink.js'
 import { fakeTradeApi } from './helpers/partner-api-fake-client.js'
+import { tradeRecord } from './helpers/partner-api-fixtures.js'
+import { PartnerTimeoutError } from '../src/partner-api/partner-api-error.js'
 import { testConfig } from './helpers/test-config.js'
 import { createTestDatabase, type TestDatabase } from './helpers/test-database.js'
 import { sendWebhook, tradePayload } from './helpers/webhook-delivery.js'
@@ -77,7 +79,13 @@ describe('operator console', () => {
   let database: TestDatabase
   let app: App
   let admin: App
-  const fetcher = fakeTradeApi()
+  // a trade id starting tr_unanswered- stands for a platform that does not answer in time
+  const fetcher = fakeTradeApi({
+    getTrade: async (tradeId) => {
+      if (tradeId.startsWith('tr_unanswered-')) throw new PartnerTimeoutError('the platform did not answer within 10000 ms', 10_000)
+      return tradeRecord({ trade_id: tradeId, status: 'created', external_reference: tradeId.replace(/^tr_/, '') })
+    },
+  })
 
   beforeAll(async () => {
     database = await createTestDatabase()
@@ -532,6 +540,26 @@ describe('operator console', () => {
       expect((await bearer(request(admin).get('/console/reconcile'))).text).toContain('console-test')
     })
 
+    it('says why the cycle it ran failed to poll an order, the order named as text', async () => {
+      const reference = 'unanswered-<b>1</b>'
+      await database.db
+        .insertInto('orders')
+        .values({ externalReference: reference, tradeId: `tr_${reference}`, nextPollAt: new Date(Date.now() - 1_000) })
+        .execute()
+      try {
+        const page = await bearer(request(admin).get('/console/reconcile'))
+        const run = await bearer(request(admin).post('/console/reconcile/run')).type('form').send(formFields(page.text))
+        expect(run.status).toBe(200)
+        expect(run.text).toMatch(/run \d+: claimed 1, polled 1, changed 0, errors 1/)
+        expect(run.text).toContain(
+          'first error, order unanswered-&lt;b&gt;1&lt;/b&gt;: the platform: the platform did not answer within 10000 ms',
+        )
+        expect(run.text).not.toContain('<b>1</b>')
+      } finally {
+        await database.db.deleteFrom('orders').where('externalReference', '=', reference).execute()
+      }
+    })
+
     it('runs a form posted twice at once (a double click) once, the second post waiting for the first', async () => {
       let cycles = 0
       const finishCycles: (() => void)[] = []
@@ -554,7 +582,7 @@ describe('operator console', () => {
             cycleStarted()
             await new Promise<void>((resolve) => finishCycles.push(resolve))
             const at = new Date()
-            return { runId: cycles, replica: 'held', startedAt: at, finishedAt: at, claimed: 0, polled: 0, changed: 0, errors: 0, released: 0, results: {} as RunSummary['results'], stoppedReason: null, throttledUntil: null, clockOffsetS: null }
+            return { runId: cycles, replica: 'held', startedAt: at, finishedAt: at, claimed: 0, polled: 0, changed: 0, errors: 0, released: 0, results: {} as RunSummary['results'], stoppedReason: null, throttledUntil: null, clockOffsetS: null, firstFailure: null }
           },
         }),
       )

@@ -4,11 +4,9 @@
 // another trade or order) back on the poll schedule.
 import { hostname } from 'node:os'
 import type { Command } from 'commander'
-import { describeDatabaseError } from '../db/database-errors.js'
 import { describeClockOffset } from '../partner-api/clock-offset.js'
-import { isPlatformFailure, PartnerNotSentError } from '../partner-api/partner-api-error.js'
 import { printable } from '../printable.js'
-import type { PollResult, RunSummary } from '../reconcile/poller.js'
+import type { RunSummary } from '../reconcile/poller.js'
 import { orderReferences, wholeNumberUpTo } from './cli-arguments.js'
 import {
   CommandFailedError,
@@ -67,8 +65,6 @@ async function runOnce(json: boolean | undefined): Promise<void> {
       import('../orders/observations.js'),
       import('../stop-signals.js'),
     ])
-  // the first poll that failed, for the line that says why (the log line is not the operator's to read)
-  const failed: { first?: PollResult } = {}
   const summary = await withDatabase(async ({ config, logger, db, reactions, clock = systemClock }) => {
     const poller = createPoller({
       db,
@@ -77,9 +73,6 @@ async function runOnce(json: boolean | undefined): Promise<void> {
       logger,
       settings: pollerSettings(config.poll, observationSettings(config, reactions.handlersFor), config.partner),
       replica: `cli:${hostname()}:${process.pid}`,
-      onPollResult: (result) => {
-        if (result.result === 'error') failed.first ??= result
-      },
     })
     if (runsInService()) return poller.runOnce()
     // Ctrl-C stops the cycle as a replica's shutdown does: the claims not polled are given back (due again at
@@ -93,8 +86,9 @@ async function runOnce(json: boolean | undefined): Promise<void> {
   })
   if (json) printJson(summary)
   else printSummary(summary)
-  if (failed.first) {
-    writeError(`first error, order ${printable(failed.first.externalReference)}: ${printable(failureReason(failed.first.error))}\n`)
+  // the first poll that failed says why (the log line is not the operator's to read)
+  if (summary.firstFailure) {
+    writeError(`first error, order ${printable(summary.firstFailure.externalReference)}: ${printable(summary.firstFailure.reason)}\n`)
   }
   if (summary.stoppedReason === 'unauthorized') {
     writeError(
@@ -114,14 +108,6 @@ async function runOnce(json: boolean | undefined): Promise<void> {
     )
     setExitCode(1)
   }
-}
-
-// the platform's failure in its own words (the client shortens them and never quotes a body); the database's by its
-// classification, as its text may quote the order
-function failureReason(error: unknown): string {
-  if (error instanceof PartnerNotSentError) return `could not reach the platform at ${error.url}: ${error.reason}`
-  if (isPlatformFailure(error)) return `the platform: ${error.message}`
-  return describeDatabaseError(error).message
 }
 
 function printSummary(summary: RunSummary): void {

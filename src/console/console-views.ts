@@ -585,7 +585,8 @@ export function cycleResult(summary: RunSummary): string {
   return (
     `run ${summary.runId ?? '-'}: claimed ${summary.claimed}, polled ${summary.polled}, changed ${summary.changed}, errors ${summary.errors}` +
     (summary.stoppedReason ? `; stopped: ${summary.stoppedReason}` : '') +
-    (summary.clockOffsetS === null ? '' : ` (${describeClockOffset(summary.clockOffsetS)})`)
+    (summary.clockOffsetS === null ? '' : ` (${describeClockOffset(summary.clockOffsetS)})`) +
+    (summary.firstFailure ? `; first error, order ${summary.firstFailure.externalReference}: ${summary.firstFailure.reason}` : '')
   )
 }
 

@@ -17,7 +17,8 @@ import type { Database } from '../db/database.js'
 import type { Logger } from '../logger.js'
 import type { ObservationSettings } from '../orders/apply-observation.js'
 import { describeClockOffset } from '../partner-api/clock-offset.js'
-import { PartnerApiError } from '../partner-api/partner-api-error.js'
+import { describeDatabaseError } from '../db/database-errors.js'
+import { isPlatformFailure, PartnerApiError, PartnerNotSentError } from '../partner-api/partner-api-error.js'
 import { type BackoffSettings, DEFAULT_BACKOFF } from './backoff-delay.js'
 import {
   POLL_RESULTS,
@@ -124,6 +125,23 @@ export interface RunSummary {
    * further apart than CLOCK_OFFSET_THRESHOLD_S (the likely cause), else null.
    */
   clockOffsetS: number | null
+  /** The first poll that failed (`error`): its order and why, for the operator who ran the cycle by hand; null if none did. */
+  firstFailure: PollFailure | null
+}
+
+export interface PollFailure {
+  externalReference: string
+  reason: string
+}
+
+/**
+ * Why a poll failed, in words for an operator: the platform's failure in its own words (the client shortens them and
+ * never quotes a body), the database's by its classification, as its text may quote the order.
+ */
+export function pollFailureReason(error: unknown): string {
+  if (error instanceof PartnerNotSentError) return `could not reach the platform at ${error.url}: ${error.reason}`
+  if (isPlatformFailure(error)) return `the platform: ${error.message}`
+  return describeDatabaseError(error).message
 }
 
 /** The most references a `trade_create_unknown` warning names; the rest are counted. */
@@ -188,6 +206,7 @@ export async function runReconcileCycle(
   let throttledUntil = null as Date | null
   let clockOffsetS = null as number | null
   let firstError: unknown
+  let firstFailure: PollFailure | null = null
   let next = 0
   // the claims are this cycle's alone until the lease ends: past it another replica may have claimed them
   // (they were due again), so none is polled from then on; they are given back below, and any another replica
@@ -217,6 +236,7 @@ export async function runReconcileCycle(
       }
       results[result.result]++
       if (result.result === 'error' || result.result === 'throttled') firstError ??= result.error
+      if (result.result === 'error') firstFailure ??= { externalReference: result.externalReference, reason: pollFailureReason(result.error) }
       const throttledMs = result.result === 'throttled' ? throttledFor(result.error, pollDeps.backoff.capS * 1000) : undefined
       if (throttledMs !== undefined) {
         // the order itself was rescheduled after the wait; the rest go back with it (below)
@@ -294,6 +314,7 @@ export async function runReconcileCycle(
     stoppedReason,
     throttledUntil,
     clockOffsetS,
+    firstFailure,
   }
   if (runId !== null) {
     try {
