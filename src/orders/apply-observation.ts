@@ -32,7 +32,7 @@ import type { Database } from '../db/database.js'
 import { PREPARED } from '../db/open-database.js'
 import { reactionChannelSql } from '../db/reaction-channel.js'
 import type { ObservationSource } from './order.js'
-import { isTerminalStatus, statusRank } from './trade-status.js'
+import { isTerminalStatus, statusRank, TRADE_STATUSES } from './trade-status.js'
 
 export type ObservationTarget = { externalReference: string } | { orderId: number; leaseToken?: string }
 
@@ -286,6 +286,15 @@ async function runStatement(
 
 // The statement for a set of observations of one target kind. The input is one JSON parameter (a
 // row per observation), so a batch of 1 and a batch of 100 share one prepared statement.
+
+// The statuses the table knows (trade-status.ts), as SQL literals: the order's current status is unknown when it is
+// none of them (status_rank then keeps the last known one's rank)
+const AT_UNKNOWN_STATUS = sql`o.trade_status <> all(array[${sql.join(Object.keys(TRADE_STATUSES).map((status) => sql.lit(status)))}]::text[])`
+// a webhook's known status, at or above the rank an order at an unknown status kept, that the order had: stale (a
+// replay cannot move the order back), but it asks for the poll whose answer may (decideTransition's exception)
+const ASKS_FOR_RETURN = sql`(e.outcome = 'stale' and e.source = 'webhook' and not o.is_terminal and e.rank >= o.status_rank
+  and ${AT_UNKNOWN_STATUS})`
+
 function observationStatement(
   input: string,
   kind: TargetKind,
@@ -322,6 +331,8 @@ function observationStatement(
           when o.trade_id is null and (select x.id from orders x where x.trade_id = i.trade_id) is not null then 'trade_mismatch'
           when o.trade_status = i.status then 'duplicate_effect'
           when o.is_terminal then 'stale'
+          -- a poll's known status back from an unknown one, even a status the order had (decideTransition)
+          when i.source = 'poll' and i.rank >= o.status_rank and ${AT_UNKNOWN_STATUS} then 'applied'
           when i.status = any(o.visited_statuses) then 'stale'
           when i.rank is null then case when i.source = 'webhook' then 'unknown_status' else 'applied' end
           when o.trade_status is null then 'applied'
@@ -406,8 +417,9 @@ function observationStatement(
           then null else o.attention end,
         next_poll_at = case
           when (e.outcome = 'applied' and e.terminal) or (e.outcome <> 'applied' and o.is_terminal) then null
-          -- a webhook's unknown status: poll the trade now (least() skips a null next_poll_at)
-          when e.outcome = 'unknown_status' then least(o.next_poll_at, e.observed_at)
+          -- a webhook's unknown status: poll the trade now (least() skips a null next_poll_at); and a webhook's known
+          -- status a poll would return the order to from an unknown one (a hold lifted): poll now, the poll decides
+          when e.outcome = 'unknown_status' or ${ASKS_FOR_RETURN} then least(o.next_poll_at, e.observed_at)
           when e.outcome = 'applied' or ${releasesLease}::boolean
             then ${
               releasesLease
@@ -442,7 +454,7 @@ function observationStatement(
       from effective e
       -- a poll's answer releases its claim, but a record of another trade or order leaves the row as it is:
       -- the poller flags that order for an operator under the claim's lease (poll-order.ts)
-      where o.id = e.id and (e.outcome in ('applied', 'duplicate_effect', 'unknown_status')
+      where o.id = e.id and (e.outcome in ('applied', 'duplicate_effect', 'unknown_status') or ${ASKS_FOR_RETURN}
         or (${releasesLease}::boolean and e.outcome <> 'trade_mismatch'))
     ),
     history as (

@@ -4,8 +4,8 @@
 // the rest is our assumption (README, "The status model"). Each known status has a rank and a
 // terminal flag. Glossary:
 // - observation: a status seen for a trade, by webhook, poll or API answer;
-// - stale: an observation ranked below the order's status, a status the order has had before, or any
-//   change to a terminal order;
+// - stale: an observation ranked below the order's status, a status the order has had before (but for a
+//   poll's return from an unknown status: decideTransition), or any change to a terminal order;
 // - unknown status: one this table does not know (see decideTransition for what it may do);
 // - duplicate effect: an observation equal to the order's status (a retry or replay): a no-op.
 
@@ -58,23 +58,36 @@ export interface OrderStatusState {
  * apply-observation.ts makes the same decision inside the database (so concurrent deliveries decide
  * on the locked row); this is its readable statement, and the tests hold the two to the same table.
  *
- * The rules, which together mean an order's history never revisits a status it has left:
+ * The rules, which together mean an order's history revisits a status it has left only on the platform's word:
  * - a known status moves the order only up in rank, and a terminal order never moves;
- * - no status is entered twice (a known one cannot be, by rank; an unknown one is checked by name);
+ * - no status is entered twice (a known one cannot be, by rank; an unknown one is checked by name), with one
+ *   exception, below;
  * - an unknown status is the platform's word only when it answers our own signed request (a poll or an
  *   API answer): a webhook's body carries no time and its delivery id is unsigned, so a captured body
  *   can be replayed under a fresh id at any moment. A webhook's unknown status triggers a poll instead;
  * - an unknown status keeps the order's rank, so any known status ranked above the last known one
- *   still follows it (an order is never stuck on an unknown status).
+ *   still follows it (an order is never stuck on an unknown status);
+ * - the exception: a poll's answer of a known status ranked at or above the order's (the last known one's), while
+ *   the order is at an unknown status, moves it there even if it had that status before. A trade put on hold and taken off it goes
+ *   funded, on_hold, funded: without this the order stayed on_hold until the trade moved further, and a partner who
+ *   waits for funded to ship waited for a delivery that waited for it. Only a poll: its answer is the platform's
+ *   word now (one poll of an order at a time, under its lease), where an API call's answer may have been overtaken
+ *   by a poll's, and a webhook can be a replay. A webhook of that status asks for the poll (apply-observation.ts).
  */
 export function decideTransition(current: OrderStatusState, observed: string, source: TransitionSource): TransitionOutcome {
   if (current.status === observed) return 'duplicate_effect'
   if (current.terminal) return 'stale'
-  if (current.visited.includes(observed)) return 'stale'
   const rank = statusRank(observed)
+  if (returnsFromUnknown(current, rank, source)) return 'applied'
+  if (current.visited.includes(observed)) return 'stale'
   if (rank === undefined) return source === 'webhook' ? 'unknown_status' : 'applied'
   if (current.status === null) return 'applied'
   return rank > current.rank ? 'applied' : 'stale'
+}
+
+/** The exception above: a poll's known status, at or above the order's rank, while the order is at an unknown one. */
+function returnsFromUnknown(current: OrderStatusState, rank: number | undefined, source: TransitionSource): boolean {
+  return source === 'poll' && rank !== undefined && current.status !== null && statusRank(current.status) === undefined && rank >= current.rank
 }
 
 /**

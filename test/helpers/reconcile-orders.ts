@@ -33,6 +33,8 @@ export async function insertOrders(db: Kysely<Database>, orders: readonly SeedOr
           externalReference: order.externalReference,
           tradeId: order.tradeId === undefined ? `tr_${order.externalReference}` : order.tradeId,
           tradeStatus: status(order),
+          // as the observation statement leaves it: the one status the order has had
+          visitedStatuses: status(order) === null ? [] : [status(order)!],
           statusRank: order.statusRank ?? statusRank(status(order) ?? '') ?? 0,
           isTerminal: order.isTerminal ?? isTerminalStatus(status(order) ?? ''),
           nextPollAt: order.nextPollAt ?? null,
