@@ -13,7 +13,7 @@ export interface OrdersTable {
   tradeReference: string | null
   tradeStatus: string | null
   statusRank: Generated<number>
-  /** Every status the order has had (none may be entered twice). */
+  /** Every status the order has had, in order (one is entered twice only on a poll back from an unknown status: trade-status.ts). */
   visitedStatuses: Generated<string[]>
   isTerminal: Generated<boolean>
   statusSource: string | null
