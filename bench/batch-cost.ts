@@ -56,7 +56,7 @@ try {
       while (written < perSize) {
         const batch = Array.from({ length: Math.min(size, perSize - written) }, item)
         const results = await recordDeliveriesAndApply(db, batch, settings)
-        if (results.some((result) => result === 'duplicate' || result.outcome !== 'applied')) throw new Error('a delivery was not applied')
+        if (results.some((result) => typeof result !== 'object' || result.outcome !== 'applied')) throw new Error('a delivery was not applied')
         written += batch.length
       }
       const row = rows.get(size) ?? { cpuUs: [], wallUs: [], wal: [] }

@@ -17,6 +17,7 @@ import * as unresolvedTradeCreates from './0013_unresolved_trade_creates.js'
 import * as unappliedDeliverySearch from './0014_unapplied_delivery_search.js'
 import * as tradeCreateWait from './0015_trade_create_wait.js'
 import * as reactionStreamTypes from './0016_reaction_stream_types.js'
+import * as replayedBodies from './0017_replayed_bodies.js'
 
 export const migrations: Record<string, Migration> = {
   '0001_initial': initial,
@@ -35,4 +36,5 @@ export const migrations: Record<string, Migration> = {
   '0014_unapplied_delivery_search': unappliedDeliverySearch,
   '0015_trade_create_wait': tradeCreateWait,
   '0016_reaction_stream_types': reactionStreamTypes,
+  '0017_replayed_bodies': replayedBodies,
 }

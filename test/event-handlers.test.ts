@@ -90,6 +90,11 @@ describe('event handlers given to the app', () => {
     expect(retry.status).toBe(200)
     expect(retry.body).toEqual({ received: true, duplicate: true })
     expect(runs).toBe(1)
+    // the platform's retry under a fresh id (its ids are per attempt): the same body, stored and run again, where a
+    // body no handler takes would be a replay, not stored (migrations/0017)
+    expect((await sendWebhook(app, { body, deliveryId: 'dlv-failing-2' })).status).toBe(500)
+    expect(runs).toBe(2)
+    expect(await storedOutcome('dlv-failing-2')).toBe('ignored')
   })
 })
 

@@ -216,12 +216,14 @@ describe('retention pass', () => {
     expect(await recordDelivery(database.db, { deliveryId: 'd-031', bodySha256: 'sha-d-031', ...retry })).toEqual({
       inserted: false,
       idReused: false,
+      replayed: false,
     })
     // past DELIVERY_RETENTION_DAYS the id is forgotten: a replay is stored as new (the status rules decide its effect)
     expect(await findDelivery(database.db, 'd-091')).toBeUndefined()
     expect(await recordDelivery(database.db, { deliveryId: 'd-091', bodySha256: 'sha-d-091', ...retry })).toEqual({
       inserted: true,
       idReused: false,
+      replayed: false,
     })
   })
 

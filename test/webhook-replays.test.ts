@@ -4,7 +4,10 @@
 //   and the order's creation then applied every one in its transaction (50,000 replays: 16 minutes, every
 //   reaction stream of the server held back meanwhile);
 // - for the status an order has, each replay put its next poll STALE_AFTER_S later, so replays kept the order
-//   from the poll that heals a lost webhook.
+//   from the poll that heals a lost webhook;
+// - any body stored with no effect (ignored, stale, parked, dismissed ...) was stored again under each fresh id:
+//   200 replays of one 200 KB seller event grew the table by 41 MB, and a replay of a dismissed body parked it
+//   again. Such a replay is now answered as a duplicate and not stored (migrations/0017).
 import { afterAll, beforeAll, describe, expect, it } from 'vitest'
 import { type App, createApp } from '../src/http/app.js'
 import { findOrderByExternalReference } from '../src/orders/order.repository.js'
@@ -33,19 +36,41 @@ describe('replays of a delivery under fresh delivery ids', () => {
   const outcomes = async (ids: readonly string[]) =>
     (await database.db.selectFrom('webhookDeliveries').select(['deliveryId', 'outcome', 'orderId']).where('deliveryId', 'in', ids).orderBy('deliveryId').execute())
 
-  it('parks a body once: its replays are duplicates of its effect, and the order applies it once', async () => {
+  it('parks a body once: its replays are answered as duplicates and not stored, and the order applies it once', async () => {
     const body = JSON.stringify(tradePayload('replayed-1', 'funded'))
     const ids = ['rp-1-a', 'rp-1-b', 'rp-1-c']
-    for (const deliveryId of ids) expect((await sendWebhook(app, { body, deliveryId })).status).toBe(200)
-    expect((await outcomes(ids)).map((row) => row.outcome)).toEqual(['unmatched', 'duplicate_effect', 'duplicate_effect'])
+    const answers = []
+    for (const deliveryId of ids) answers.push(await sendWebhook(app, { body, deliveryId }))
+    expect(answers.map((answer) => [answer.status, answer.body])).toEqual([
+      [200, { received: true }],
+      [200, { received: true, duplicate: true }],
+      [200, { received: true, duplicate: true }],
+    ])
+    expect(await outcomes(ids)).toEqual([{ deliveryId: 'rp-1-a', outcome: 'unmatched', orderId: null }])
 
     const { order } = await createOrder(database.db, { externalReference: 'replayed-1' })
-    expect((await outcomes(ids)).map((row) => [row.outcome, row.orderId])).toEqual([
-      ['applied', order.id],
-      ['duplicate_effect', null],
-      ['duplicate_effect', null],
-    ])
+    expect(await outcomes(ids)).toEqual([{ deliveryId: 'rp-1-a', outcome: 'applied', orderId: order.id }])
     expect((await findOrderByExternalReference(database.db, 'replayed-1'))?.tradeStatus).toBe('funded')
+    // once applied, the body is a duplicate of its effect: stored once more as such, then not again
+    for (const deliveryId of ['rp-1-d', 'rp-1-e']) expect((await sendWebhook(app, { body, deliveryId })).status).toBe(200)
+    expect((await outcomes(['rp-1-d', 'rp-1-e'])).map((row) => row.outcome)).toEqual(['duplicate_effect'])
+  })
+
+  it('does not park a dismissed body again when it is replayed, nor store a replayed body that changed nothing', async () => {
+    const body = JSON.stringify(tradePayload('replayed-dismissed', 'funded'))
+    expect((await sendWebhook(app, { body, deliveryId: 'rp-d-0' })).status).toBe(200)
+    await database.db.updateTable('webhookDeliveries').set({ outcome: 'dismissed' }).where('deliveryId', '=', 'rp-d-0').execute()
+    const replay = await sendWebhook(app, { body, deliveryId: 'rp-d-1' })
+    expect(replay.body).toEqual({ received: true, duplicate: true })
+    expect(await outcomes(['rp-d-0', 'rp-d-1'])).toEqual([{ deliveryId: 'rp-d-0', outcome: 'dismissed', orderId: null }])
+    expect(await database.db.selectFrom('webhookDeliveries').select('deliveryId').where('outcome', '=', 'unmatched')
+      .where('externalReference', '=', 'replayed-dismissed').execute()).toEqual([])
+
+    // a large seller event (ignored: no handler takes it), replayed under 20 fresh ids: one row, one body
+    const seller = JSON.stringify({ event: 'seller.verified', seller_id: 's-1', padding: 'x'.repeat(200_000) })
+    const ids = Array.from({ length: 21 }, (_, i) => `rp-s-${String(i).padStart(2, '0')}`)
+    for (const deliveryId of ids) expect((await sendWebhook(app, { body: seller, deliveryId })).status).toBe(200)
+    expect(await outcomes(ids)).toEqual([{ deliveryId: 'rp-s-00', outcome: 'ignored', orderId: null }])
   })
 
   it('applies a body parked many times before (stored so by an earlier version) once, and records the rest in one go', async () => {
@@ -79,7 +104,8 @@ describe('replays of a delivery under fresh delivery ids', () => {
       const order = await findOrderByExternalReference(database.db, 'replayed-3')
       expect(order?.nextPollAt?.getTime(), `replay ${replay}`).toBe(due)
     }
-    expect((await outcomes(['rp-3-1', 'rp-3-2', 'rp-3-3'])).map((row) => row.outcome)).toEqual(['duplicate_effect', 'duplicate_effect', 'duplicate_effect'])
+    // the first replay is stored as a duplicate of the effect; the next, the same body again, are not stored
+    expect((await outcomes(['rp-3-1', 'rp-3-2', 'rp-3-3'])).map((row) => row.outcome)).toEqual(['duplicate_effect'])
 
     // a status the service does not know asks for a poll now: a resend of the current status then leaves it due
     const unknown = JSON.stringify(tradePayload('replayed-3', 'on_hold'))

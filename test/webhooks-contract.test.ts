@@ -115,7 +115,8 @@ describe('the webhook contract', () => {
     expect(lines).toMatchObject([
       { deliveryId: '[redacted]', outcome: 'applied', eventType: 'trade.funded' },
       { deliveryIdSha256: expect.stringMatching(/^[0-9a-f]{16}$/), outcome: 'duplicate_effect' },
-      { deliveryId: `plain-${ref}`, outcome: 'duplicate_effect' },
+      // the same body again under a third id: answered as a duplicate and not stored (migrations/0017)
+      { deliveryId: `plain-${ref}`, outcome: 'replayed' },
     ])
     expect(JSON.stringify(lines)).not.toContain(signatureLike)
     expect(JSON.stringify(lines)).not.toContain(NEXT_SECRET)

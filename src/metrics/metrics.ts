@@ -16,6 +16,7 @@ import { serviceVersion } from '../version.js'
 const DELIVERY_OUTCOMES = [
   ...STORED_OUTCOMES.filter((outcome) => outcome !== 'lease_lost'),
   'duplicate',
+  'replayed',
   'id_reused',
   'rejected',
 ] as const

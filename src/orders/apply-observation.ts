@@ -144,7 +144,7 @@ export async function recordDeliveriesAndApply(
   db: Executor,
   items: readonly DeliveryObservation[],
   settings: ObservationSettings,
-): Promise<(DeliveryResult | 'duplicate')[]> {
+): Promise<(DeliveryResult | 'duplicate' | 'replayed')[]> {
   if (items.length === 0) return []
   const foreign = items.map((item) => isForeignReference(settings, item.observation.target.externalReference))
   const rows = new Map((await runStatement(db, items, settings, foreign)).map((row) => [row.n, row]))
@@ -152,7 +152,7 @@ export async function recordDeliveriesAndApply(
     const row = rows.get(index)
     // never call a delivery a duplicate without the statement's word for it
     if (!row) throw new Error(`the ingest statement returned no row for delivery ${item.delivery.deliveryId}`)
-    if (!row.inserted) return 'duplicate'
+    if (!row.inserted) return row.replayed ? 'replayed' : 'duplicate'
     const result = toResult(row, item.observation)
     // as the statement stored it: no order, and a reference that is not this backend's
     const outcome = result.outcome === 'unmatched' && foreign[index] ? 'dismissed' : result.outcome
@@ -163,6 +163,8 @@ export async function recordDeliveriesAndApply(
 interface StatementRow {
   n: number
   inserted: boolean
+  /** Not stored: another id's delivery that changed nothing has this body (see the delivery insert). */
+  replayed: boolean
   reused: boolean
   outcome: ObservationOutcome | null
   orderId: number | null
@@ -365,19 +367,15 @@ function observationStatement(
          observed_status, outcome, order_id, raw_body, applied_at)
       select i.delivery_id, i.body_sha256, i.observed_at, i.event_type, i.trade_id, i.trade_reference, i.external_reference,
         i.status,
-        coalesce(d.outcome, case when i.not_ours then 'dismissed'
-          -- the same body already parked for the reference (replayed under a fresh delivery id): it changes
-          -- nothing the parked one does not, and is kept by age, not parked again. Parked rows are kept until their
-          -- order comes, so one captured body replayed without end grew them without end
-          -- (a scalar subquery, not EXISTS, as above: one probe of webhook_deliveries_unmatched_idx, never a hash of
-          -- every parked row built by each statement)
-          when (select 1 from webhook_deliveries p
-            where p.external_reference = i.external_reference and p.outcome = 'unmatched' and p.body_sha256 = i.body_sha256
-            limit 1) is not null
-            then 'duplicate_effect'
-          else 'unmatched' end), d.id, i.raw_body,
+        coalesce(d.outcome, case when i.not_ours then 'dismissed' else 'unmatched' end), d.id, i.raw_body,
         case when d.outcome = 'applied' then i.observed_at end
       from input i left join decision d on d.n = i.n
+      -- a body a stored delivery that changed nothing has already (replayed under a fresh delivery id, which is not
+      -- signed): it changes nothing that one did not, and is not stored again (migrations/0017). Parked and
+      -- dismissed rows are among them: a replay is not parked again. (A scalar subquery, not EXISTS, as above: one
+      -- probe of webhook_deliveries_unapplied_body_idx, and none for a delivery that moves its order.)
+      where case when d.outcome = 'applied' then true
+        else (select 1 from webhook_deliveries p where p.body_sha256 = i.body_sha256 and p.outcome <> 'applied' limit 1) is null end
       on conflict (delivery_id, body_sha256) do nothing
       returning delivery_id, body_sha256, outcome
     )`
@@ -495,12 +493,13 @@ function observationStatement(
           : sql`false`
       } as reused,
       ${
-        // with no order, the outcome stored: a replay of a parked body is a duplicate of its effect
+        // not stored, and not as this id: a body stored before under another id, with no effect (above)
         withDelivery
-          ? sql`coalesce(d.outcome, (select x.outcome from delivery x
-              where x.delivery_id = i.delivery_id and x.body_sha256 = i.body_sha256 and x.outcome = 'duplicate_effect'))`
-          : sql`d.outcome`
-      } as outcome, d.id as order_id, d.from_status
+          ? sql`not exists (select 1 from delivery x where x.delivery_id = i.delivery_id and x.body_sha256 = i.body_sha256)
+              and not exists (select 1 from webhook_deliveries w where w.delivery_id = i.delivery_id and w.body_sha256 = i.body_sha256)`
+          : sql`false`
+      } as replayed,
+      d.outcome, d.id as order_id, d.from_status
       ${notifies ? sql`, (select count(*) from notified) as notified` : sql``}
     from input i left join decision d on d.n = i.n
     order by i.n`

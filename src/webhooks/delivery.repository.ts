@@ -64,32 +64,50 @@ const DELIVERY_ID_LOCK_CLASS = 0x64656c76
 
 /**
  * Stores a delivery that changes no order (ignored, invalid). inserted: false when this id with this
- * body is stored already (a duplicate). idReused: the id was stored before with another body.
+ * body is stored already (a duplicate), or, with `foldReplays` (the default), when another id's delivery with this
+ * body changed nothing (replayed: the id is not signed, so one captured body was stored again under each fresh id).
+ * idReused: the id was stored before with another body.
  */
 export async function recordDelivery(
   db: Kysely<Database>,
   delivery: DeliveryKey & { eventType: string; rawBody: string; outcome: DeliveryOutcome; receivedAt: Date },
-): Promise<{ inserted: boolean; idReused: boolean }> {
+  { foldReplays = true }: { foldReplays?: boolean } = {},
+): Promise<{ inserted: boolean; idReused: boolean; replayed: boolean }> {
   return db.transaction().execute(async (trx) => {
     // One id's bodies are stored one at a time, on every replica: without the lock, two bodies arriving
     // together both inserted before either looked, each saw the other, and one reuse was reported twice.
     // With it, the first body stored sees no other and each later one sees those before it.
     await sql`select pg_advisory_xact_lock(${sql.lit(DELIVERY_ID_LOCK_CLASS)}, hashtext(${delivery.deliveryId}))`.execute(trx)
+    // the body stored already under another id, with no effect (migrations/0017): replayed, not stored again
+    if (foldReplays && (await storedWithoutEffect(trx, delivery))) return { inserted: false, idReused: false, replayed: true }
     const result = await trx
       .insertInto('webhookDeliveries')
       .values(delivery)
       .onConflict((oc) => oc.columns(['deliveryId', 'bodySha256']).doNothing())
       .executeTakeFirst()
     const inserted = Number(result.numInsertedOrUpdatedRows ?? 0) > 0
-    if (!inserted) return { inserted, idReused: false }
+    if (!inserted) return { inserted, idReused: false, replayed: false }
     const other = await trx
       .selectFrom('webhookDeliveries')
       .select('deliveryId')
       .where('deliveryId', '=', delivery.deliveryId)
       .where('bodySha256', '<>', delivery.bodySha256)
       .executeTakeFirst()
-    return { inserted, idReused: other !== undefined }
+    return { inserted, idReused: other !== undefined, replayed: false }
   })
+}
+
+/** Whether a delivery that changed nothing has this body under another id (one probe of webhook_deliveries_unapplied_body_idx). */
+async function storedWithoutEffect(db: Transaction<Database>, { deliveryId, bodySha256 }: DeliveryKey): Promise<boolean> {
+  const row = await db
+    .selectFrom('webhookDeliveries')
+    .select('deliveryId')
+    .where('bodySha256', '=', bodySha256)
+    .where('outcome', '<>', 'applied')
+    .where('deliveryId', '<>', deliveryId)
+    .limit(1)
+    .executeTakeFirst()
+  return row !== undefined
 }
 
 /** A delivery's effect, once known (applied later, re-applied, or by an event handler). */

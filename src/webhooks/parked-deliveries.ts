@@ -90,7 +90,7 @@ export async function applyParkedDeliveries(
   return db.isTransaction ? run(db as Transaction<Database>) : db.transaction().execute(run)
 }
 
-export type WriteResult = DeliveryResult | 'duplicate'
+export type WriteResult = DeliveryResult | 'duplicate' | 'replayed'
 
 /**
  * The ingest's write of a batch of trade deliveries (what the group commit runs): records and applies
@@ -109,7 +109,7 @@ export function ingestDeliveries(deps: {
   return async (items: readonly DeliveryObservation[]): Promise<WriteResult[]> => {
     const results = await recordDeliveriesAndApply(deps.db, items, deps.settings)
     const parked = items
-      .filter((_, index) => results[index] !== 'duplicate' && (results[index] as DeliveryResult).outcome === 'unmatched')
+      .filter((_, index) => typeof results[index] === 'object' && results[index].outcome === 'unmatched')
       .map((item) => item.observation)
     if (parked.length === 0) return results
     deps.onParked?.(parked.length)

@@ -47,7 +47,8 @@ export interface IncomingDelivery {
 }
 
 export type ReceiveResult =
-  | { duplicate: true }
+  // replayed: a fresh id, but a body a delivery that changed nothing has already (nothing stored; see migrations/0017)
+  | { duplicate: true; replayed?: boolean }
   | { duplicate: false; outcome: DeliveryOutcome; eventType: string; idReused: boolean }
 
 export async function receiveWebhook(deps: ReceiveDeps, delivery: IncomingDelivery): Promise<ReceiveResult> {
@@ -157,14 +158,14 @@ async function storeRefused(
   reason: DatabaseErrorDescription,
 ): Promise<ReceiveResult> {
   const eventType = storableText(classifyDelivery(parsed).eventType)
-  const { inserted, idReused } = await recordDelivery(deps.db, {
+  const { inserted, idReused, replayed } = await recordDelivery(deps.db, {
     ...key,
     eventType,
     rawBody: parsed.text,
     outcome: 'invalid',
     receivedAt,
   })
-  if (!inserted) return { duplicate: true }
+  if (!inserted) return { duplicate: true, replayed }
   deps.logger.warn({ ...loggableDeliveryId(key.deliveryId), err: reason }, 'webhook payload refused by the database; stored as invalid')
   return { duplicate: false, outcome: 'invalid', eventType, idReused }
 }
@@ -182,7 +183,7 @@ async function store(
       delivery: { deliveryId, bodySha256, eventType: event.eventType, rawBody: parsed.text },
       observation: webhookObservation(event, deliveryId, receivedAt),
     })
-    if (result === 'duplicate') return { duplicate: true }
+    if (result === 'duplicate' || result === 'replayed') return { duplicate: true, replayed: result === 'replayed' }
     if (result.outcome === 'trade_mismatch') {
       logger.warn({ ...loggableDeliveryId(deliveryId), orderId: result.orderId }, 'webhook trade id differs from the order’s trade')
     }
@@ -190,15 +191,14 @@ async function store(
   }
 
   const outcome: DeliveryOutcome = event.kind === 'invalid' ? 'invalid' : 'ignored'
-  const { inserted, idReused } = await recordDelivery(deps.db, {
-    deliveryId,
-    bodySha256,
-    eventType: event.eventType,
-    rawBody: parsed.text,
-    outcome,
-    receivedAt,
-  })
-  if (!inserted) return { duplicate: true }
+  const { inserted, idReused, replayed } = await recordDelivery(
+    deps.db,
+    { deliveryId, bodySha256, eventType: event.eventType, rawBody: parsed.text, outcome, receivedAt },
+    // a body an event handler takes is stored under each id: the platform's retry of one whose handler failed
+    // (answered 500) comes under a fresh id, and must run the handler again
+    { foldReplays: outcome === 'invalid' || deps.eventHandlers.handlersFor(event.eventType).length === 0 },
+  )
+  if (!inserted) return { duplicate: true, replayed }
   if (event.kind === 'invalid') {
     logger.warn({ ...loggableDeliveryId(deliveryId), eventType: event.eventType, problem: event.problem }, 'webhook payload invalid')
   }

@@ -127,7 +127,8 @@ export function webhookEndpoint(deps: WebhookEndpointDeps): WebhookEndpoint {
     }
     const started = process.hrtime.bigint()
     const result = await receiveWebhook(receiveDeps, { deliveryId, signature: typeof signature === 'string' ? signature : undefined, rawBody })
-    const outcome = result.duplicate ? 'duplicate' : result.outcome
+    // replayed: a fresh id over a body stored before with no effect, answered as the duplicate it is (nothing stored)
+    const outcome = result.duplicate ? (result.replayed ? 'replayed' : 'duplicate') : result.outcome
     // a reused id is counted apart (its stored outcome, the status rules', is in the log and the row)
     counted(!result.duplicate && result.idReused ? 'id_reused' : outcome)
     metrics?.ingestSeconds.observe({ outcome }, Number(process.hrtime.bigint() - started) / 1e9)
