@@ -475,6 +475,43 @@ describe('operator console', () => {
       expect((await findDelivery(database.db, 'dlv-late-2'))?.outcome).toBe('unmatched')
     })
 
+    it('offers the run after a bulk re-apply of the oldest 1,000 that starts where it stopped, until none is left', async () => {
+      // 1,002 ignored deliveries, then a parked one whose order now exists, in one range: each run the oldest 1,000
+      // again (the earlier version) never reached the parked one
+      // the range holds this test's deliveries alone: the file's earlier tests stored theirs before `from`
+      const from = new Date()
+      const rows = Array.from({ length: 1_002 }, (_, i) => ({
+        deliveryId: `bulk-next-${String(i).padStart(4, '0')}`,
+        bodySha256: i.toString(16).padStart(64, 'a'),
+        receivedAt: from,
+        eventType: 'seller.verified',
+        rawBody: '{}',
+        outcome: 'ignored' as const,
+      }))
+      await database.db.insertInto('webhookDeliveries').values(rows).execute()
+      expect((await sendWebhook(app, { body: tradePayload('bulk-next-order', 'funded'), deliveryId: 'bulk-next-parked' })).status).toBe(200)
+      await database.db.insertInto('orders').values({ externalReference: 'bulk-next-order' }).execute()
+      const range = { from: from.toISOString(), to: new Date(Date.now() + 60_000).toISOString() }
+      try {
+        const first = await bearer(request(admin).get('/console/deliveries/reapply').query(range))
+        expect(first.text).toContain('1003 deliveries match')
+        const ran = await bearer(request(admin).post('/console/deliveries/reapply')).type('form').send(formFields(first.text))
+expect(ran.text).toContain('1000 deliveries re-applied: not a trade event 1000')
+        const next = /<a href="([^"]+)">Re-apply the next ones/.exec(ran.text)?.[1]?.replace(/&amp;/g, '&')
+        expect(next).toBeDefined()
+
+        const second = await bearer(request(admin).get(next!))
+        expect(second.text).toContain('3 deliveries match, received after the last one the previous run re-applied')
+        const rest = await bearer(request(admin).post('/console/deliveries/reapply')).type('form').send(formFields(second.text))
+        expect(rest.text).toContain('3 deliveries re-applied: not a trade event 2, applied 1')
+        expect(rest.text).toContain('That was every matching delivery.')
+        expect((await findDelivery(database.db, 'bulk-next-parked'))?.outcome).toBe('applied')
+        expect((await findOrderByExternalReference(database.db, 'bulk-next-order'))?.tradeStatus).toBe('funded')
+      } finally {
+        await database.db.deleteFrom('webhookDeliveries').where('deliveryId', 'like', 'bulk-next-%').execute()
+      }
+    })
+
     it('bulk re-applies by filter and time range after a dry run that counts what would change', async () => {
       const from = new Date()
       for (const reference of ['bulk-1', 'bulk-2', 'bulk-3']) {

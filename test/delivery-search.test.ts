@@ -128,11 +128,19 @@ describe('searching deliveries by trade id and external reference', () => {
       const byOutcome = new Map<string, number>()
       for (const row of expected) byOutcome.set(row.outcome, (byOutcome.get(row.outcome) ?? 0) + 1)
       expect(new Map(counted.map((row) => [row.outcome, row.deliveries]))).toEqual(byOutcome)
+      const oldestFirst = [...expected].reverse()
       for (const limit of [1, 3, 100]) {
-        const listed = await listDeliveriesToReapply(database.db, filter, limit)
-        expect(listed.map(({ deliveryId, bodySha256, outcome }) => ({ deliveryId, bodySha256, outcome }))).toEqual(
-          [...expected].reverse().slice(0, limit),
-        )
+        // run after run, each starting after the last row of the one before, until none is left: every row once, in order
+        const runs: { deliveryId: string; bodySha256: string; outcome: string }[][] = []
+        let startAfter: Awaited<ReturnType<typeof listDeliveriesToReapply>>['next']
+        do {
+          const { deliveries, next } = await listDeliveriesToReapply(database.db, { ...filter, startAfter }, limit)
+          runs.push(deliveries.map(({ deliveryId, bodySha256, outcome }) => ({ deliveryId, bodySha256, outcome })))
+          startAfter = next
+        } while (startAfter && runs.length <= expected.length)
+        expect(runs[0], `limit ${limit}`).toEqual(oldestFirst.slice(0, limit))
+        expect(runs.flat(), `limit ${limit}`).toEqual(oldestFirst)
+        expect(runs.slice(0, -1).every((run) => run.length === limit)).toBe(true)
       }
     })
   }

@@ -270,6 +270,7 @@ export function filterFields(filter: DeliveryFilter): [string, string][] {
   if (filter.eventType) fields.push(['event', filter.eventType])
   if (filter.from) fields.push(['from', filter.from.toISOString()])
   if (filter.to) fields.push(['to', filter.to.toISOString()])
+  if (filter.startAfter) fields.push(['start', encodeCursor(filter.startAfter)])
   return fields
 }
 
@@ -473,9 +474,17 @@ ${links}`,
   )
 }
 
-export function bulkDryRunText(counts: OutcomeCount[], limit: number): Html {
+/** After a bulk re-apply: the next run's confirm page, starting after the last delivery this one re-applied. */
+export function bulkReapplyNextLink(filter: DeliveryFilter, next: DeliveryCursor | undefined): Html {
+  if (!next) return html`<p>That was every matching delivery.</p>`
+  return html`<p><a href="${consolePath()}/deliveries/reapply?${queryString(filterFields({ ...filter, startAfter: next }))}">Re-apply the next ones →</a> (a dry run first)</p>`
+}
+
+export function bulkDryRunText(counts: OutcomeCount[], limit: number, startAfter?: DeliveryCursor): Html {
   const total = counts.reduce((sum, row) => sum + row.deliveries, 0)
-  return html`<p><strong>Dry run:</strong> ${total} deliveries match${total > limit ? html` (the oldest ${limit} are re-applied per run; run it again for the rest)` : ''}.</p>
+  return html`<p><strong>Dry run:</strong> ${total} deliveries match${startAfter ? html`, received after the last one the previous run re-applied (${startAfter.receivedAt})` : ''}${
+    total > limit ? html` (the oldest ${limit} are re-applied per run; its result offers the next ${limit})` : ''
+  }.</p>
 <table><thead><tr><th>outcome now</th><th>deliveries</th><th>with an order now</th><th>what re-applying does</th></tr></thead>
 <tbody>${counts.map(
     (row) => html`<tr><td>${row.outcome}</td><td class="number">${row.deliveries}</td><td class="number">${row.withOrder}</td><td>${

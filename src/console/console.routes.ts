@@ -60,6 +60,7 @@ import { CONSOLE_CSS } from './console-styles.js'
 import {
   type ActionRecord,
   bulkDryRunText,
+  bulkReapplyNextLink,
   CONSOLE_PATH,
   confirmPage,
   consolePath,
@@ -167,7 +168,9 @@ const FilterQuery = z.object({
     .transform((value) => (value === '' ? undefined : value)),
   from: instant,
   to: instant,
+  // the deliveries search's page: older than this row; a bulk re-apply's next run: received after this row
   after: text,
+  start: text,
 })
 
 class BadInput extends Error {}
@@ -217,28 +220,29 @@ function isCursorTime(value: unknown): value is string {
   return !Number.isNaN(time) && new Date(time).toISOString() === milliseconds
 }
 
+/** A row's place in receipt order, as encodeCursor wrote it; `name` is the field's, for the error. */
+function decodeCursor(value: string, name: string): DeliveryCursor {
+  try {
+    const [receivedAt, deliveryId, bodySha256] = JSON.parse(Buffer.from(value, 'base64url').toString('utf8')) as unknown[]
+    // exactly what encodeCursor wrote, so the database is never handed a value it refuses
+    if (
+      !isCursorTime(receivedAt) ||
+      typeof deliveryId !== 'string' ||
+      deliveryId.includes('\u0000') ||
+      typeof bodySha256 !== 'string' ||
+      !/^[0-9a-f]{64}$/.test(bodySha256)
+    )
+      throw new Error('bad cursor')
+    return { receivedAt, deliveryId, bodySha256 }
+  } catch {
+    throw new BadInput(`${name}: not a page cursor from this console`)
+  }
+}
+
 function parseFilter(source: unknown): { filter: DeliveryFilter; after: DeliveryCursor | undefined } {
   const parsed = FilterQuery.safeParse(source)
   if (!parsed.success) throw new BadInput(parsed.error.issues.map((issue) => `${issue.path.join('.')}: ${issue.message}`).join('; '))
   const query = parsed.data
-  let after: DeliveryCursor | undefined
-  if (query.after) {
-    try {
-      const [receivedAt, deliveryId, bodySha256] = JSON.parse(Buffer.from(query.after, 'base64url').toString('utf8')) as unknown[]
-      // exactly what encodeCursor wrote, so the database is never handed a value it refuses
-      if (
-        !isCursorTime(receivedAt) ||
-        typeof deliveryId !== 'string' ||
-        deliveryId.includes('\u0000') ||
-        typeof bodySha256 !== 'string' ||
-        !/^[0-9a-f]{64}$/.test(bodySha256)
-      )
-        throw new Error('bad cursor')
-      after = { receivedAt, deliveryId, bodySha256 }
-    } catch {
-      throw new BadInput('after: not a page cursor from this console')
-    }
-  }
   return {
     filter: {
       tradeId: query.trade,
@@ -248,8 +252,9 @@ function parseFilter(source: unknown): { filter: DeliveryFilter; after: Delivery
       eventType: query.event,
       from: query.from,
       to: query.to,
+      startAfter: query.start === undefined ? undefined : decodeCursor(query.start, 'start'),
     },
-    after,
+    after: query.after === undefined ? undefined : decodeCursor(query.after, 'after'),
   }
 }
 
@@ -489,7 +494,7 @@ export function consoleRoutes(deps: ConsoleDeps): Router {
       res,
       confirmPage(operatorOf(res), {
         title: 'Bulk re-apply',
-        question: bulkDryRunText(counts, BULK_REAPPLY_LIMIT),
+        question: bulkDryRunText(counts, BULK_REAPPLY_LIMIT, filter.startAfter),
         action: `${consolePath()}/deliveries/reapply`,
         fields: filterFields(filter),
         actionId: newActionId(),
@@ -504,7 +509,7 @@ export function consoleRoutes(deps: ConsoleDeps): Router {
     if (!filter.from && !filter.to) throw new BadInput('a bulk re-apply needs a time range: give "from", "to" or both')
     const previous = done.get(actionId)
     if (previous) return send(res, resultPage(operator, 'Bulk re-apply', previous, true))
-    const deliveries = await listDeliveriesToReapply(db, filter, BULK_REAPPLY_LIMIT)
+    const { deliveries, next } = await listDeliveriesToReapply(db, filter, BULK_REAPPLY_LIMIT)
     const tally = new Map<string, number>()
     const now = new Date(clock.now())
     for (const delivery of deliveries) {
@@ -519,7 +524,8 @@ export function consoleRoutes(deps: ConsoleDeps): Router {
       `bulk re-apply (${filterFields(filter).map(([name, value]) => `${name}=${value}`).join(' ')})`,
       `${deliveries.length} deliveries re-applied${summary ? `: ${summary}` : ''}`,
     )
-    await send(res, resultPage(operator, 'Bulk re-apply', record, false))
+    // the next run starts after the last row of this one: each run the oldest 1,000 again never reached the rest
+    await send(res, resultPage(operator, 'Bulk re-apply', record, false, bulkReapplyNextLink(filter, next)))
   }))
 
   // a delivery's address: /delivery?id=ID&body=SHA256 (every link: an id may be a dot segment, see deliveryPath),

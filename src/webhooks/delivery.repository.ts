@@ -299,6 +299,8 @@ export interface DeliveryFilter {
   from?: Date | undefined
   /** Received before. */
   to?: Date | undefined
+  /** After this row in receipt order (received_at, then the primary key): where a bulk re-apply's next run starts. */
+  startAfter?: DeliveryCursor | undefined
 }
 
 /**
@@ -332,6 +334,14 @@ function filteredSources(db: Kysely<Database>, filter: DeliveryFilter) {
   if (filter.eventType) every = every.where('eventType', '=', filter.eventType)
   if (filter.from) every = every.where('receivedAt', '>=', filter.from)
   if (filter.to) every = every.where('receivedAt', '<', filter.to)
+  if (filter.startAfter) {
+    // the first condition bounds the index range; the row comparison settles ties within one instant
+    const { receivedAt, deliveryId, bodySha256 } = filter.startAfter
+    const time = sql<Date>`${receivedAt}::timestamptz`
+    every = every
+      .where('receivedAt', '>=', time)
+      .where(sql<boolean>`(received_at, delivery_id, body_sha256) > (${time}, ${deliveryId}, ${bodySha256})`)
+  }
   if (!filter.tradeId && !filter.externalReference) return [every]
   const namedInHistory = deliveriesAppliedToOrderQuery(db, filter)
   return [
@@ -442,15 +452,24 @@ export async function countDeliveriesByOutcome(db: Kysely<Database>, filter: Del
   }))
 }
 
-/** The deliveries a bulk re-apply runs, oldest first (statuses are applied in the order received). */
+/**
+ * The deliveries a bulk re-apply runs, oldest first (statuses are applied in the order received), and where the next
+ * run starts when `limit` of them were found (more may follow: `filter.startAfter` of that run).
+ */
 export async function listDeliveriesToReapply(
   db: Kysely<Database>,
   filter: DeliveryFilter,
   limit: number,
-): Promise<StoredDelivery[]> {
-  const sources = filteredSources(db, filter).map((source) => source.select([...SUMMARY_COLUMNS, rawBodyBytes]))
+): Promise<{ deliveries: StoredDelivery[]; next: DeliveryCursor | undefined }> {
+  const sources = filteredSources(db, filter).map((source) =>
+    source.select([...SUMMARY_COLUMNS, rawBodyBytes, exactReceivedAt.as('cursorTime')]),
+  )
   const rows = await inReceiptOrder(db, sources, 'asc', limit).execute()
-  return rows.map(toDelivery)
+  const last = rows.at(-1)
+  return {
+    deliveries: rows.map(({ cursorTime: _cursorTime, ...row }) => toDelivery(row)),
+    next: rows.length === limit && last ? { receivedAt: last.cursorTime, deliveryId: last.deliveryId, bodySha256: last.bodySha256 } : undefined,
+  }
 }
 
 export interface DeliveriesPerMinute {
