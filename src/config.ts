@@ -202,13 +202,14 @@ const booleanString = z
   .transform((value) => value === 'true' || value === '1' || value === 'yes')
 
 // A whole number written in decimal digits alone: Number() would also take 0x10 (16), 0b11, 0o7, 1e3, +80,
-// 3000.0 and surrounding spaces, so PORT=0x10 listened on port 16.
+// 3000.0 and surrounding spaces, so PORT=0x10 listened on port 16. Its bounds are said as the other messages say
+// theirs (zod's own words were `Too small: expected number to be >=1`)
 const wholeNumber = ({ min = 1, max = Number.MAX_SAFE_INTEGER }: { min?: number; max?: number } = {}) =>
   z
     .string()
     .regex(/^[0-9]+$/, 'must be a whole number in decimal digits (0-9)')
     .transform(Number)
-    .pipe(z.number().min(min).max(max))
+    .pipe(z.number().min(min, `must be at least ${min}`).max(max, `must be at most ${max}`))
 
 const port = wholeNumber({ min: 0, max: 65535 })
 

@@ -587,6 +587,29 @@ describe('configuration', () => {
       expect(problems.join('\n')).not.toContain(forwardSecret.slice('whsec_'.length))
     })
 
+    it('says a number outside its range as every other message does: must be at least, must be at most', () => {
+      const forwarding = { ...remoteEnv, FORWARD_URL: 'https://erp.internal/hook', FORWARD_SECRET: forwardSecret }
+      const amqp = { ...remoteEnv, AMQP_URL: 'amqp://broker.internal' }
+      for (const [env, name, value, problem] of [
+        [remoteEnv, 'REACTION_MAX_ATTEMPTS', '0', 'must be at least 1'],
+        [remoteEnv, 'REACTION_MAX_ATTEMPTS', '1001', 'must be at most 1000'],
+        // past Number's precision, as past the bound
+        [remoteEnv, 'REACTION_MAX_ATTEMPTS', '99999999999999999999', 'must be at most 1000'],
+        [remoteEnv, 'REACTION_LEASE_S', '0', 'must be at least 1'],
+        [remoteEnv, 'REACTION_CONCURRENCY', '0', 'must be at least 1'],
+        [remoteEnv, 'REACTION_CONCURRENCY', '257', 'must be at most 256'],
+        [forwarding, 'FORWARD_TIMEOUT_MS', '0', 'must be at least 1'],
+        [amqp, 'AMQP_TIMEOUT_MS', '0', 'must be at least 1'],
+        [remoteEnv, 'DATABASE_STATEMENT_TIMEOUT_MS', '99', 'must be at least 100'],
+        [remoteEnv, 'SLOW_BODY_MS', '600001', 'must be at most 600000'],
+        [remoteEnv, 'PORT', '65536', 'must be at most 65535'],
+      ] as const) {
+        expect(problemsOf({ ...env, [name]: value }), `${name}=${value}`).toEqual([`${name}: ${problem}`])
+      }
+      // the bounds themselves are taken
+      expect(parseConfig({ ...remoteEnv, REACTION_MAX_ATTEMPTS: '1000', DATABASE_STATEMENT_TIMEOUT_MS: '100', SLOW_BODY_MS: '0' }).reactions.maxAttempts).toBe(1000)
+    })
+
     it('takes several forward secrets for a rotation, each checked and each among the secrets no log line may show', () => {
       const next = `whsec_${Buffer.alloc(32, 7).toString('base64')}`
       const config = parseConfig({ ...remoteEnv, FORWARD_URL: 'http://127.0.0.1:9/hook', FORWARD_SECRET: `${forwardSecret} ${next}` })
