@@ -1,5 +1,7 @@
 import type { Command } from 'commander'
-import { printJson, withDatabase, write } from './cli-context.js'
+import { isDatabaseUnavailable } from '../db/database-errors.js'
+import type { MigrationError } from '../db/migrate.js'
+import { CommandFailedError, printJson, UsageError, withDatabase, write } from './cli-context.js'
 
 export function registerMigrateCommand(program: Command): void {
   program
@@ -7,12 +9,26 @@ export function registerMigrateCommand(program: Command): void {
     .description('apply every pending database migration (safe to run from several replicas at once)')
     .option('--json', 'print the result as JSON')
     .action(async (options: { json?: boolean }) => {
-      const { migrateToLatest } = await import('../db/migrate.js')
+      const { migrateToLatest, MigrationError } = await import('../db/migrate.js')
       const { applied } = await withDatabase(
         ({ db, withoutTimeouts }) => (withoutTimeouts ? withoutTimeouts(migrateToLatest) : migrateToLatest(db)),
         { migrate: false },
-      )
+      ).catch((error: unknown) => {
+        throw error instanceof MigrationError ? refusal(error) : error
+      })
       if (options.json) printJson({ applied })
       else write(applied.length ? `applied: ${applied.join(', ')}\n` : 'migrations are current\n')
     })
+}
+
+/**
+ * A failed migration's line ends in its code, as every failed command's does: `Migration (before any migration ran)
+ * failed: …` said no more. A search_path that names no schema, or one holding another application's tables, is
+ * DATABASE_URL's to change: exit 2, as for a configuration that does not hold. A database that went away mid-way
+ * is left as it is, for the line that says so (run-cli.ts, [database_unavailable]).
+ */
+function refusal(error: MigrationError): Error {
+  if (isDatabaseUnavailable(error)) return error
+  if (error.failure === 'migration_failed') return new CommandFailedError(error.failure, error.message)
+  return new UsageError(`${error.message} [${error.failure}]`)
 }

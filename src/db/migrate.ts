@@ -14,7 +14,7 @@ async function createMigrator(db: Kysely<Database>): Promise<Migrator> {
   const schema = rows[0]?.schema
   // none of the search_path's schemas exists: the migrator's first table failed (3F000), and the look it took
   // after, in the aborted transaction, reported only 25P02
-  if (!schema) throw new NoSchemaError()
+  if (!schema) throw new NoSchemaError(db.isTransaction ? await refusalToCreate(db) : undefined)
   return new Migrator({
     db: withOwnSchemaCatalog(db),
     provider: { getMigrations: async () => eachInASavepoint },
@@ -47,10 +47,30 @@ const eachInASavepoint: Record<string, Migration> = Object.fromEntries(
   ]),
 )
 
+/** invalid_schema_name: what the database answers a table created where no schema of the search_path exists. */
+const NO_SCHEMA = '3F000'
+
 class NoSchemaError extends Error {
-  constructor() {
-    super("no schema of the connection's search_path exists to create the tables in: create it (CREATE SCHEMA …), or name an existing one in DATABASE_URL (options=-c search_path=…)")
+  constructor(cause: unknown) {
+    super(
+      `no schema of the connection's search_path exists to create the tables in (${NO_SCHEMA}): create it (CREATE SCHEMA …), ` +
+        'or name an existing one in DATABASE_URL (options=-c search_path=…)',
+      { cause },
+    )
   }
+}
+
+// The migrator's first statement, in a savepoint of the migrations' transaction rolled back whatever it does: the
+// database's own refusal (3F000) is the cause the service's log line reads by its code (loggableError), where our
+// error alone was logged as a bug, stack and all
+async function refusalToCreate(db: Kysely<Database>): Promise<unknown> {
+  await sql`savepoint no_schema`.execute(db)
+  const refusal = await sql`create table kysely_migration ()`.execute(db).then(
+    () => undefined,
+    (error: unknown) => error,
+  )
+  await sql`rollback to savepoint no_schema`.execute(db)
+  return refusal
 }
 
 // The migrator asks the catalog one thing: whether its two tables exist in our schema. Kysely's introspector
@@ -98,6 +118,24 @@ export interface MigrationReport {
 /** The advisory lock key that orders processes migrating at once ("migr" in ASCII). */
 export const MIGRATION_LOCK_KEY = 0x6d696772
 
+/**
+ * Why the migrations did not run, named for the command line (src/cli/cli-context.ts, migrationRefusal):
+ * `no_schema` and `schema_taken` are fixed in DATABASE_URL (its search_path names no schema, or one another
+ * application's tables are in); `migration_failed` is anything else.
+ */
+export type MigrationFailure = 'no_schema' | 'schema_taken' | 'migration_failed'
+
+export class MigrationError extends Error {
+  override name = 'MigrationError'
+  constructor(
+    readonly failure: MigrationFailure,
+    message: string,
+    options?: ErrorOptions,
+  ) {
+    super(message, options)
+  }
+}
+
 class MigrationFailed extends Error {
   constructor(readonly outcome: MigrationResultSet) {
     super('a migration failed')
@@ -140,8 +178,10 @@ export async function migrateToLatest(db: Kysely<Database>): Promise<MigrationRe
     const failed = results?.find((result) => result.status === 'Error')?.migrationName
     // what failed, in words safe to print: a database's report only by its class and code (it may quote data)
     const database = describeDatabaseError(error)
-    const reason =
-      database.code === NAME_TAKEN
+    const noSchema = error instanceof NoSchemaError
+    const reason = noSchema
+      ? error.message
+      : database.code === NAME_TAKEN
         ? nameTaken(error)
         : database.code
           ? `${database.message} (${database.code})`
@@ -152,7 +192,8 @@ export async function migrateToLatest(db: Kysely<Database>): Promise<MigrationRe
     // command says the database cannot be reached in the driver's words, run-cli.ts); any other error's message is
     // in this one
     const keepsCause = database.code !== undefined || database.kind === 'unavailable'
-    throw new Error(`Migration ${failed ?? '(before any migration ran)'} failed: ${reason}`, keepsCause ? { cause: error } : {})
+    const failure: MigrationFailure = noSchema ? 'no_schema' : database.code === NAME_TAKEN ? 'schema_taken' : 'migration_failed'
+    throw new MigrationError(failure, `Migration ${failed ?? '(before any migration ran)'} failed: ${reason}`, keepsCause ? { cause: error } : {})
   }
   return { applied: (results ?? []).filter((r) => r.status === 'Success').map((r) => r.migrationName) }
 }
