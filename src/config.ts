@@ -446,6 +446,48 @@ function baseUrlProblems(value: string, name: string): string[] {
   return problems
 }
 
+// FORWARD_URL's scheme and authority (user, password, host, port) as written; what follows is its path and query.
+// The URL parser ends an authority at / ? # or \
+const URL_AUTHORITY = /^https?:\/\/[^/?#\\]*/i
+
+/**
+ * What the forwarder would send other than written. It sends to the parsed URL's path and query, which the URL
+ * parser rewrote without a word: a fragment dropped, `/x y` sent as /x%20y, `/\evil` as //evil, `/a/../b` as /b.
+ * A query string is the receiver's to use (a token), so it is taken as written. Told by the form, never the value,
+ * which may hold a password or a token.
+ */
+function forwardUrlProblems(value: string): string[] {
+  if (value.includes('#')) {
+    return ['FORWARD_URL: must not have a fragment (#…), which is never sent; a # in the user, password, path or query is written %23']
+  }
+  if (/\s/.test(value)) {
+    return ['FORWARD_URL: must not hold a space or other whitespace; write it percent-encoded, as it is to be sent (a space is %20)']
+  }
+  if (value.includes('\\')) {
+    return ['FORWARD_URL: must not hold a backslash, which the URL parser reads as / (…/\\evil is sent to //evil); write / or %5C']
+  }
+  const url = new URL(value)
+  const written = value.replace(URL_AUTHORITY, '')
+  const queryAt = written.indexOf('?')
+  const writtenPath = queryAt === -1 ? written : written.slice(0, queryAt)
+  const writtenQuery = queryAt === -1 ? '' : written.slice(queryAt)
+  const problems: string[] = []
+  // no path at all is sent as /, as curl does
+  if (url.pathname !== (writtenPath || '/')) {
+    problems.push(
+      'FORWARD_URL: its path would be sent other than written: the URL parser resolves . and .. segments (%2e too) and ' +
+        'percent-encodes characters such as é " < > ` { }; write the path as it is to be sent',
+    )
+  }
+  if (url.search !== writtenQuery) {
+    problems.push(
+      "FORWARD_URL: its query string would be sent other than written: the URL parser percent-encodes characters such as é \" ' < > " +
+        'and drops a ? with nothing after it; write the query as it is to be sent',
+    )
+  }
+  return problems
+}
+
 function isAmqpUrl(value: string): boolean {
   try {
     const url = new URL(value)
@@ -622,6 +664,8 @@ export function parseConfig(
   // banner prints the sandbox), every call went to /api/partner/v1/api/partner/v1/… and was refused 404, so the
   // poller flagged each order trade_not_found
   if (values.PARTNER_API_BASE_URL !== undefined) problems.push(...baseUrlProblems(values.PARTNER_API_BASE_URL, named('PARTNER_API_BASE_URL')))
+  // as written: zod's URL check hands on the value trimmed, and a space after a token was dropped unseen
+  if (env.FORWARD_URL !== undefined) problems.push(...forwardUrlProblems(env.FORWARD_URL))
   if (values.PARTNER_API_SECRET !== undefined && values.PARTNER_API_SECRET.length < MIN_SECRET_LENGTH) {
     problems.push(`${named('PARTNER_API_SECRET')}: is shorter than ${MIN_SECRET_LENGTH} characters`)
   }

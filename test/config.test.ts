@@ -587,6 +587,52 @@ describe('configuration', () => {
       expect(problems.join('\n')).not.toContain(forwardSecret.slice('whsec_'.length))
     })
 
+    // the forwarder sends to the parsed URL's path and query: a fragment was dropped, `/x y` sent to /x%20y and
+    // `/\evil` to //evil, without a word
+    it('refuses a FORWARD_URL the forwarder would send to another path or query than written, naming it and never the URL', () => {
+      const base = 'http://escrow:s3cr3t-password@127.0.0.1:4500'
+      const token = '?token=t0ken-of-the-receiver'
+      const refusals = {
+        fragment: [`${base}/h${token}#frag`, `${base}/h#`],
+        whitespace: [`${base}/x y`, `${base}/x${token} `, `${base}/x\u00a0y`],
+        backslash: [`${base}/\\evil`, `${base}\\evil`],
+        path: [`${base}/a/../b`, `${base}/a/%2e%2e/b`, `${base}/caf\u00e9`, `${base}/a"b`, `${base}/a<b>`, `${base}/a{b}`, `${base}/a\`b`],
+        query: [`${base}/h?a="b"`, `${base}/h?a='b'`, `${base}/h?a=caf\u00e9`, `${base}/h?`],
+      }
+      const messages = {
+        fragment: 'FORWARD_URL: must not have a fragment (#…), which is never sent; a # in the user, password, path or query is written %23',
+        whitespace: 'FORWARD_URL: must not hold a space or other whitespace; write it percent-encoded, as it is to be sent (a space is %20)',
+        backslash: 'FORWARD_URL: must not hold a backslash, which the URL parser reads as / (…/\\evil is sent to //evil); write / or %5C',
+        path:
+          'FORWARD_URL: its path would be sent other than written: the URL parser resolves . and .. segments (%2e too) and ' +
+          'percent-encodes characters such as é " < > ` { }; write the path as it is to be sent',
+        query:
+          "FORWARD_URL: its query string would be sent other than written: the URL parser percent-encodes characters such as é \" ' < > " +
+          'and drops a ? with nothing after it; write the query as it is to be sent',
+      }
+      for (const [kind, urls] of Object.entries(refusals) as [keyof typeof refusals, string[]][]) {
+        for (const url of urls) {
+          const problems = problemsOf({ ...remoteEnv, FORWARD_URL: url, FORWARD_SECRET: forwardSecret })
+          expect(problems, url).toEqual([messages[kind]])
+          for (const secret of ['s3cr3t-password', 't0ken-of-the-receiver', '127.0.0.1']) expect(problems[0], url).not.toContain(secret)
+        }
+      }
+    })
+
+    it('takes a FORWARD_URL written as it is sent: a query string (a receiver token), a user and password, percent-encoding, capitals', () => {
+      for (const url of [
+        'https://erp.internal/hooks/escrow?token=t0ken&x=%22a%20b%22',
+        'http://escrow:p%40ss%23word@127.0.0.1:4500/hooks/escrow',
+        'HTTPS://ERP.internal:443/Hooks/caf%C3%A9',
+        'http://[::1]:4500/a|b^c/%zz',
+        // no path: sent to /, as curl does
+        'https://erp.internal',
+        'https://erp.internal?token=t0ken',
+      ]) {
+        expect(parseConfig({ ...remoteEnv, FORWARD_URL: url, FORWARD_SECRET: forwardSecret }).forward?.url, url).toBe(url)
+      }
+    })
+
     it('says a number outside its range as every other message does: must be at least, must be at most', () => {
       const forwarding = { ...remoteEnv, FORWARD_URL: 'https://erp.internal/hook', FORWARD_SECRET: forwardSecret }
       const amqp = { ...remoteEnv, AMQP_URL: 'amqp://broker.internal' }
