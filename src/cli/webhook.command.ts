@@ -2,7 +2,7 @@
 // like a platform test delivery. Without --secret they use the service's own first webhook secret
 // (in local mode, the generated one), so nothing secret has to be typed on a command line.
 import { randomUUID } from 'node:crypto'
-import { readFileSync } from 'node:fs'
+import { open } from 'node:fs/promises'
 import { type Command, InvalidArgumentError } from 'commander'
 import { commandBegins } from '../stop-signals.js'
 import type { Config, RunningServiceLookup } from '../config.js'
@@ -23,6 +23,13 @@ const MAX_ANSWER_BYTES = 1024 * 1024
 const SHOWN_ANSWER_CHARACTERS = 2_000
 // a receiver that has not answered (or ended its answer) by then is given up on
 const ANSWER_TIMEOUT_MS = 10_000
+/**
+ * The most of --file read, in bytes (16 MiB): what a receiver with the default settings takes of bodies at once
+ * (MAX_INFLIGHT_BODY_BYTES), far past its WEBHOOK_BODY_LIMIT (256 KiB), so a body over a receiver's limit can still be
+ * sent to see its 413, and one configured larger still gets its deliveries. Read whole, `--file /dev/zero` grew the
+ * process to 2 GB and ended it with no line.
+ */
+const MAX_BODY_FILE_BYTES = 16 * 1024 * 1024
 
 interface SignOptions {
   secret?: string
@@ -37,12 +44,7 @@ async function loadConfig(): Promise<Config> {
 }
 
 async function signedHeaders(options: SignOptions, beside: ServiceBeside): Promise<{ body: Buffer; headers: Record<string, string> }> {
-  let body: Buffer
-  try {
-    body = readFileSync(options.file)
-  } catch (error) {
-    throw new UsageError(`Cannot read --file ${printable(options.file)}: ${printable((error as Error).message)}`)
-  }
+  const body = await readBodyFile(options.file)
   const secret = options.secret ?? (await serviceSecret(beside))
   // raw bytes: the signature covers the exact body as it will be sent; signed by the receiver's own pair
   // of verifySignature, so `webhook send` cannot drift from what the receiver accepts
@@ -54,6 +56,36 @@ async function signedHeaders(options: SignOptions, beside: ServiceBeside): Promi
       'X-Partner-Signature': signature,
       'X-Partner-Delivery-Id': options.deliveryId ?? `dlv_cli_${randomUUID()}`,
     },
+  }
+}
+
+/**
+ * --file's bytes, up to MAX_BODY_FILE_BYTES: read in steps, not as a whole, so a device or a FIFO that never ends
+ * (`/dev/zero`, `<(yes)`) is refused at the bound like a file that size, before anything is signed.
+ */
+async function readBodyFile(file: string): Promise<Buffer> {
+  const cannotRead = (error: unknown) => new UsageError(`Cannot read --file ${printable(file)}: ${printable((error as Error).message)}`)
+  const handle = await open(file, 'r').catch((error: unknown) => Promise.reject(cannotRead(error)))
+  try {
+    const step = Buffer.allocUnsafe(64 * 1024)
+    const chunks: Buffer[] = []
+    let length = 0
+    for (;;) {
+      const { bytesRead } = await handle.read(step, 0, step.length, null).catch((error: unknown) => Promise.reject(cannotRead(error)))
+      if (bytesRead === 0) return Buffer.concat(chunks, length)
+      // copied: a pipe's reads may be a few bytes each, and each kept as a view would hold a whole step
+      chunks.push(Buffer.from(step.subarray(0, bytesRead)))
+      length += bytesRead
+      // a body of exactly the bound is taken; a byte more is not
+      if (length > MAX_BODY_FILE_BYTES) {
+        throw new UsageError(
+          `--file ${printable(file)} holds more than ${MAX_BODY_FILE_BYTES.toLocaleString('en-US')} bytes, the most a body is read to: ` +
+            'nothing was signed or sent [file_too_large]',
+        )
+      }
+    }
+  } finally {
+    await handle.close()
   }
 }
 
