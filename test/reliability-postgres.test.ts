@@ -41,13 +41,14 @@ describePostgres('reliability under database and process faults (Postgres)', () 
     try {
       const app = createApp({ config, db: handle.db, logger: testLogger(config.webhook.secrets), clock: systemClock })
       for (let i = 0; i < 20; i++) await createOrder(database.db, { externalReference: `cut-${i}` })
-      const answers: { id: string; status: number; phase: string }[] = []
+      const answers: { id: string; status: number; phase: string; duplicate: boolean; reference: string }[] = []
       const send = async (phase: string, count: number) => {
         await Promise.all(
           Array.from({ length: count }, async (_, i) => {
             const id = `cut-${phase}-${i}-${randomUUID()}`
-            const response = await sendWebhook(app, { body: tradePayload(`cut-${i % 20}`, 'funded'), deliveryId: id })
-            answers.push({ id, status: response.status, phase })
+            const reference = `cut-${i % 20}`
+            const response = await sendWebhook(app, { body: tradePayload(reference, 'funded'), deliveryId: id })
+            answers.push({ id, status: response.status, phase, duplicate: response.body?.duplicate === true, reference })
           }),
         )
       }
@@ -62,10 +63,18 @@ describePostgres('reliability under database and process faults (Postgres)', () 
       expect(answers.every((answer) => answer.status === 200 || answer.status === 503)).toBe(true)
       expect(answers.filter((answer) => answer.phase === 'cut').every((answer) => answer.status === 503)).toBe(true)
       expect(answers.filter((answer) => answer.phase === 'after').every((answer) => answer.status === 200)).toBe(true)
-      const ok = answers.filter((answer) => answer.status === 200).map((answer) => answer.id)
+      const ok = answers.filter((answer) => answer.status === 200 && !answer.duplicate).map((answer) => answer.id)
       const stored = await storedIds(answers.map((answer) => answer.id))
-      // every delivery answered 200 is stored
+      // every delivery answered 200 is stored; one answered as a duplicate (its body resent under a fresh id, which
+      // the same body sent 2 to 8 times here is) has its body stored under another id
       expect(ok.filter((id) => !stored.has(id))).toEqual([])
+      const duplicates = answers.filter((answer) => answer.status === 200 && answer.duplicate)
+      const storedReferences = new Set(
+        (await database.db.selectFrom('webhookDeliveries').select('externalReference').where('deliveryId', 'in', [...stored]).execute()).map(
+          (row) => row.externalReference,
+        ),
+      )
+      expect(duplicates.filter((answer) => !storedReferences.has(answer.reference))).toEqual([])
     } finally {
       await handle.close()
       await proxy.close()
