@@ -624,7 +624,8 @@ describe('configuration', () => {
         'https://erp.internal/hooks/escrow?token=t0ken&x=%22a%20b%22',
         'http://escrow:p%40ss%23word@127.0.0.1:4500/hooks/escrow',
         'HTTPS://ERP.internal:443/Hooks/caf%C3%A9',
-        'http://[::1]:4500/a|b^c/%zz',
+        // ^ is left out: Node 24's parser percent-encodes it in a path (Node 20's does not), and the check asks the running parser
+        'http://[::1]:4500/a|b/c/%zz',
         // no path: sent to /, as curl does
         'https://erp.internal',
         'https://erp.internal?token=t0ken',
