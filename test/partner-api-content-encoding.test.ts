@@ -13,6 +13,7 @@ import zlib, { brotliCompressSync, deflateSync, gzipSync } from 'node:zlib'
 import { afterAll, beforeAll, beforeEach, describe, expect, it } from 'vitest'
 import type { CliContext } from '../src/cli/cli-context.js'
 import { systemClock } from '../src/clock.js'
+import { decodedBody } from '../src/partner-api/content-coding.js'
 import { createPartnerApiClient } from '../src/partner-api/create-partner-api-client.js'
 import { isOutcomeUnknown, PartnerApiError, PartnerInvalidResponseError } from '../src/partner-api/partner-api-error.js'
 import { runCommandWith } from './helpers/cli-in-process.js'
@@ -134,6 +135,30 @@ describe('the partner API client and a success answer whose body is not what its
     expect(failure.message).toContain('(body) could not be decoded as its Content-Encoding "gzip, gzip" says (Z_DATA_ERROR)')
   })
 
+  // each coding is a decoder of its own: 2,500 gzip layers in a 71-KB body took 53 s of decoding past a 1.5-s
+  // timeout, and 339 MB. More than five are refused by the header, as fetch refuses them, and nothing is decoded
+  it('refuses a success answer listing more than five codings, unread, and reads one with five', async () => {
+    const layered = (layers: number) => {
+      let body = Buffer.from(recordText())
+      for (let layer = 0; layer < layers; layer++) body = gzipSync(body)
+      return body
+    }
+    planned = encoded(200, Array(6).fill('gzip').join(', '), layered(6))
+    const before = requests.length
+    const failure = (await client().getTrade('tr_1').catch((error: unknown) => error)) as Error
+    expect(requests.length - before).toBe(1)
+    expect(failure).toBeInstanceOf(PartnerInvalidResponseError)
+    expect(failure.message).toBe(invalidFor('GET', '/api/partner/v1/trades/tr_1/', 'is in 6 Content-Encodings, more than the 5 this client undoes'))
+    planned = encoded(200, 'gzip,gzip, gzip,  gzip,gzip', layered(5))
+    await expect(client().getTrade('tr_1')).resolves.toMatchObject({ trade_id: 'tr_1' })
+  })
+
+  it('takes a refusal listing more than five codings by its status, its body not decoded', async () => {
+    planned = encoded(409, Array(2_500).fill('gzip').join(','), gzipSync('{"error":{"code":"invalid_state","message":"not now"}}'))
+    const failure = await client().releaseTrade('tr_3').catch((error: unknown) => error)
+    expect(failure).toMatchObject({ status: 409, code: 'http_409' })
+  })
+
   it.each([
     ['gzip', gzipSync],
     ['deflate', deflateSync],
@@ -154,6 +179,28 @@ describe('the partner API client and a success answer whose body is not what its
     const before = requests.length
     await expect(client().getTrade('tr_1')).resolves.toMatchObject({ trade_id: 'tr_1' })
     expect(requests.length - before).toBe(2)
+  })
+})
+
+// the body may have come whole before the call's timeout fires: the decoding must end with it, not run on
+describe('decodedBody and the call\'s signal', () => {
+  it('ends the decoding of a body already received when the signal is aborted, with its reason', async () => {
+    const compressed = gzipSync(Buffer.alloc(64 * 1024 * 1024))
+    const received = new ReadableStream<Uint8Array>({
+      start(controller) {
+        controller.enqueue(new Uint8Array(compressed))
+        controller.close()
+      },
+    })
+    const timedOut = new AbortController()
+    const reader = decodedBody(received, 'gzip', timedOut.signal).getReader()
+    const first = await reader.read()
+    expect(first.done).toBe(false)
+    timedOut.abort(new Error('the call timed out'))
+    const rest = (async () => {
+      for (;;) if ((await reader.read()).done) return 'read to its end'
+    })()
+    await expect(rest).rejects.toMatchObject({ cause: { message: 'the call timed out' } })
   })
 })
 

@@ -185,7 +185,7 @@ describe('PartnerApiClient answers: strict on the fields we rely on', () => {
     ['a trade whose reference is 3,000 characters', { ...trade, reference: 'R'.repeat(3_000) }, (api) => api.deliverTrade('tr_1'), 'reference', /must be at most 200 characters/],
     // an id the client later puts in a path is held to the rule it applies there: a trade id ".." was stored from a
     // create's answer, and every call on its order was then refused before sending, as if mistyped (exit 2)
-    ['a trade whose trade_id is ".."', { ...trade, trade_id: '..' }, (api) => api.createTrade(createRequest), 'trade_id', /must be usable as a path segment \(not blank, "\." or "\.\."\)/],
+    ['a trade whose trade_id is ".."', { ...trade, trade_id: '..' }, (api) => api.createTrade(createRequest), 'trade_id', /must be usable as a path segment \(not blank, "\." or "\.\.", no lone surrogate\)/],
     ['a trade whose trade_id is "."', { ...trade, trade_id: '.' }, (api) => api.getTrade('tr_1'), 'trade_id', /must be usable as a path segment/],
     ['a trade whose trade_id is whitespace', { ...trade, trade_id: ' \t ' }, (api) => api.fundTrade('tr_1'), 'trade_id', /must be usable as a path segment/],
     [
@@ -194,6 +194,21 @@ describe('PartnerApiClient answers: strict on the fields we rely on', () => {
       (api) => api.deliverMilestone('tr_1', 'ms_1'),
       'milestones.0.milestone_id',
       /must be usable as a path segment/,
+    ],
+    // a lone surrogate has no UTF-8 to percent-encode: the later call threw a plain URIError
+    [
+      'a milestone whose id holds a lone surrogate',
+      { ...trade, milestones: [{ milestone_id: 'ms_\ud800', title: marker, amount: '70.00', status: 'pending' }] },
+      (api) => api.getTrade('tr_1'),
+      'milestones.0.milestone_id',
+      /no lone surrogate/,
+    ],
+    [
+      'a proposal whose proposal_id holds a lone surrogate',
+      { ...proposalRecord(), proposal_id: 'p\udfff' },
+      (api) => api.createProposal('tr_1', { outcome: 'buyer_win', party: 'seller' }),
+      'proposal_id',
+      /no lone surrogate/,
     ],
     [
       'a trade whose dispute’s proposal id is "."',

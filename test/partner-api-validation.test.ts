@@ -172,4 +172,16 @@ describe('request validation (nothing is sent when it fails)', () => {
     )
     expect(calls).toHaveLength(0)
   })
+
+  // encodeURIComponent throws a plain URIError on a lone surrogate: the call failed untyped
+  it('refuses a path id with a lone surrogate as a validation error, naming which', async () => {
+    const { api, calls } = setup()
+    const milestone = await refusal(api.deliverMilestone('tr_1', 'ms_\ud800'))
+    expect([milestone.field, milestone.message]).toEqual(['milestone_id', 'milestone_id: is not a valid platform id'])
+    expect((await refusal(api.respondToProposal('tr_1', 'p\udfff', { accept: true, party: 'buyer' }))).field).toBe('proposal_id')
+    expect((await refusal(api.getTrade('tr_\udc00x'))).field).toBe('trade_id')
+    // a pair is a character like any other
+    await api.getTrade('tr_\ud83d\ude00')
+    expect(calls).toHaveLength(1)
+  })
 })

@@ -1,5 +1,6 @@
 import { createHmac } from 'node:crypto'
 import http from 'node:http'
+import { gzipSync } from 'node:zlib'
 import type { AddressInfo } from 'node:net'
 import { afterAll, beforeAll, describe, expect, it } from 'vitest'
 import type { PartnerApiClient } from '../src/partner-api/partner-api.client.js'
@@ -98,6 +99,29 @@ describe('sandbox request authentication and validation', () => {
       request.on('error', reject)
       request.end(body)
     })
+
+  // the spec signs the exact bytes sent: a gzip body was checked against its decoded JSON, so a request signed over
+  // the bytes on the wire was refused 401 and one signed over what they decode to created a trade
+  it('refuses a body with a Content-Encoding, 415 unsupported_encoding, whichever bytes it is signed over', async () => {
+    const path = '/api/partner/v1/trades/'
+    const body = gzipSync(trade)
+    const before = sandbox.trades().length
+    for (const signedOver of [body.toString('latin1'), trade]) {
+      const headers = signed('POST', path, '')
+      const timestamp = headers['x-partner-timestamp']
+      const nonce = headers['x-partner-nonce']
+      const signature = createHmac('sha256', apiSecret).update(`POST.${path}.${timestamp}.${nonce}.`).update(Buffer.from(signedOver, 'latin1')).digest('hex')
+      rememberSecret(signature)
+      const response = await fetch(`${base}${path}`, {
+        method: 'POST',
+        headers: { ...headers, 'x-partner-signature': signature, 'content-encoding': 'gzip' },
+        body,
+      })
+      expect(response.status).toBe(415)
+      expect(((await response.json()) as { error: { code: string } }).error.code).toBe('unsupported_encoding')
+    }
+    expect(sandbox.trades().length).toBe(before)
+  })
 
   it('signs a GET over the empty body, and refuses a GET that carries one', async () => {
     const path = '/api/partner/v1/trades/x/'

@@ -35,7 +35,7 @@ import { userAgent } from '../version.js'
 import { findDuplicateKey, shownKey } from '../webhooks/find-duplicate-key.js'
 import { describeClockOffset, isClockOffsetTooLarge, measureClockOffset } from './clock-offset.js'
 import { connectFailure } from './connect-failure.js'
-import { ACCEPT_ENCODING, undecodedCoding } from './content-coding.js'
+import { ACCEPT_ENCODING, MAX_CODINGS, tooManyCodings, undecodedCoding } from './content-coding.js'
 import {
   PartnerApiError,
   PartnerInvalidResponseError,
@@ -258,6 +258,13 @@ export class PartnerApiTransport {
           '(body)',
           `is in the Content-Encoding ${shownHeaderValue(coding)}, which this client does not decode (it accepts ${ACCEPT_ENCODING})`,
         )
+      }
+      const codings = succeeded ? tooManyCodings(response.headers.get('content-encoding')) : undefined
+      if (codings !== undefined) {
+        // refused by its header, as fetch refuses it: the body is not read, nor decoded layer by layer
+        await response.body?.cancel().catch(() => {})
+        log({ status: response.status, error: 'answer in too many encodings' })
+        throw invalidRecord(method, path, response.status, '(body)', `is in ${codings} Content-Encodings, more than the ${MAX_CODINGS} this client undoes`)
       }
       const charset = succeeded ? foreignCharset(response.headers.get('content-type')) : undefined
       if (charset !== undefined) {

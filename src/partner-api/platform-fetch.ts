@@ -5,7 +5,7 @@
 // caller gets has the header back, and the body decoded, or as it came when a coding is not one undone here.
 import { Agent, type Dispatcher, Headers, Response, fetch as undiciFetch } from 'undici'
 import { connectionsMarkingFailures } from './connect-failure.js'
-import { decodedBody, undecodedCoding } from './content-coding.js'
+import { decodedBody, tooManyCodings, undecodedCoding } from './content-coding.js'
 
 interface Seen {
   contentEncoding?: string
@@ -41,8 +41,12 @@ export function platformFetch(dispatcher: Dispatcher): typeof fetch {
     if (seen.contentEncoding === undefined) return response
     const headers = new Headers(response.headers)
     headers.set('content-encoding', seen.contentEncoding)
-    const decodable = response.body !== null && undecodedCoding(seen.contentEncoding) === undefined
-    const body = decodable ? decodedBody(response.body as ReadableStream<Uint8Array>, seen.contentEncoding) : response.body
+    // more codings than MAX_CODINGS are not undone: the caller refuses the answer by its header
+    const decodable =
+      response.body !== null && undecodedCoding(seen.contentEncoding) === undefined && tooManyCodings(seen.contentEncoding) === undefined
+    const body = decodable
+      ? decodedBody(response.body as ReadableStream<Uint8Array>, seen.contentEncoding, init?.signal ?? undefined)
+      : response.body
     return new Response(body as ConstructorParameters<typeof Response>[0], {
       status: response.status,
       statusText: response.statusText,

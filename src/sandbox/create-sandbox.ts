@@ -184,8 +184,10 @@ export function createSandbox(options: SandboxOptions): Sandbox {
     res.setHeader('Date', new Date(clock.now()).toUTCString())
     next()
   })
-  // raw bytes: the signature is recomputed over the body exactly as received
-  app.use(API, express.raw({ type: () => true, limit: '1mb' }), (req, res, next) => {
+  // raw bytes: the signature is recomputed over the body exactly as received. Not inflated: a gzip body was
+  // checked against the signature of its decoded JSON, where the spec signs the bytes sent; one with a
+  // Content-Encoding is refused (415 unsupported_encoding) before it is read
+  app.use(API, express.raw({ type: () => true, limit: '1mb', inflate: false }), (req, res, next) => {
     const rawBody = Buffer.isBuffer(req.body) ? req.body : Buffer.alloc(0)
     const [path, query] = splitOnce(req.originalUrl, '?')
     // a GET's {body} is the empty string (spec section 5), whatever bytes came with it
@@ -364,6 +366,12 @@ export function createSandbox(options: SandboxOptions): Sandbox {
     const { status, type } = error as { status?: number; type?: string }
     if (status === 413) {
       res.status(413).json({ error: { code: 'payload_too_large', message: 'The body is too large' } })
+      return
+    }
+    if (type === 'encoding.unsupported') {
+      res.status(415).json({
+        error: { code: 'unsupported_encoding', message: "The body's Content-Encoding is not accepted: send the body unencoded (an API call's signature covers the bytes sent)" },
+      })
       return
     }
     if (type === 'entity.parse.failed') {
