@@ -265,7 +265,16 @@ export async function startService({
     const consoleActions: { reconcileOnce?: () => Promise<RunSummary> } = {}
     // what a second terminal's command runs with in this process; its config names the sandbox's own port below,
     // once it listens (SANDBOX_PORT=0 gave those commands http://127.0.0.1:0 for the platform)
-    const commandContext: CliContext = { config, db: database.db, holdLock: database.holdLock, vacuum: database.vacuum, withoutTimeouts: database.withoutTimeouts, logger, reactions }
+    const commandContext: CliContext = {
+      config,
+      db: database.db,
+      holdLock: database.holdLock,
+      vacuum: database.vacuum,
+      withoutTimeouts: database.withoutTimeouts,
+      logger,
+      reactions,
+      retentionHooks: metrics?.retentionHooks,
+    }
     const adminServer = await listen(
       createAdminApp({
         config,

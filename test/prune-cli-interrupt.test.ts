@@ -2,7 +2,7 @@
 // TEST_DATABASE_URL is given), stopped by Ctrl-C in the middle of a pass: it stops after the batch in flight,
 // says what it pruned so far, and exits 130; what it said is what was done.
 import { once } from 'node:events'
-import type { Kysely } from 'kysely'
+import { type Kysely, sql } from 'kysely'
 import { afterAll, expect, it } from 'vitest'
 import type { Database } from '../src/db/database.js'
 import { migrateToLatest } from '../src/db/migrate.js'
@@ -140,6 +140,45 @@ it.skipIf(!postgresUrl)(
       expect(Number(left)).toBe(ROWS)
     } finally {
       await release!()
+    }
+  },
+  120_000,
+)
+
+// found from outside: a DBA's script that terminated the lock's backend (or a network cut) gave the lock back, the
+// pass went on, and a second replica's pass ran beside it; both exited 0
+it.skipIf(!postgresUrl)(
+  'stops after the batch in flight when the lock is lost with its connection, says so and exits 1 [lock_lost] (Postgres)',
+  async () => {
+    const { env, reopen } = await seeded('postgres')
+    const child = spawnCli(['prune', '--json'], { ...env, PRUNE_BATCH_SIZE: String(BATCH), LOG_LEVEL: 'debug' }, { built: true })
+    let stdout = ''
+    let stderr = ''
+    child.stdout!.on('data', (chunk) => (stdout += chunk))
+    child.stderr!.on('data', (chunk) => (stderr += chunk))
+    await logLine(child, 'retention: batch pruned')
+    const database = reopen()
+    try {
+      const { rows } = await sql<{ terminated: boolean }>`
+        select pg_terminate_backend(pid) as terminated from pg_locks
+        where locktype = 'advisory' and classid::bigint = ${PRUNE_LOCK_KEY} and objsubid = 2 and granted
+          and database = (select oid from pg_database where datname = current_database())`.execute(database.db)
+      expect(rows).toEqual([{ terminated: true }])
+      const [code] = (await once(child, 'exit')) as [number | null]
+      expect(code, stderr.slice(-2_000)).toBe(1)
+      expect(stderr).toContain('the retention lock was lost with its database connection: stopped after the batch in flight')
+      expect(stderr).toContain('[lock_lost]\n')
+      const result = JSON.parse(stdout) as { interrupted: boolean; lockLost?: boolean; counts: { delivery: number } }
+      expect(result).toMatchObject({ interrupted: true, lockLost: true })
+      expect(result.counts.delivery).toBeLessThan(ROWS)
+      const { left } = await database.db
+        .selectFrom('webhookDeliveries')
+        .select((eb) => eb.fn.countAll<string>().as('left'))
+        .executeTakeFirstOrThrow()
+      // it stopped: what it said it pruned is what is gone, and nothing more went after
+      expect(Number(left)).toBe(ROWS - result.counts.delivery)
+    } finally {
+      await database.close()
     }
   },
   120_000,

@@ -16,10 +16,11 @@ import request from 'supertest'
 import { createAdminApp } from '../src/http/admin-app.js'
 import { createApp } from '../src/http/app.js'
 import { systemClock } from '../src/clock.js'
+import { createMetrics } from '../src/metrics/metrics.js'
 import { findOrderByExternalReference } from '../src/orders/order.repository.js'
 import { startTestService } from './helpers/test-service.js'
 import { sendWebhook, tradePayload } from './helpers/webhook-delivery.js'
-import { runCommand } from './helpers/cli-in-process.js'
+import { runCommand, runCommandWith } from './helpers/cli-in-process.js'
 import { FakeClock } from './helpers/fake-clock.js'
 import { logEntries, testLogger } from './helpers/log-sink.js'
 import { eventually } from './helpers/reconcile-poller.js'
@@ -87,7 +88,7 @@ describe('retention pass', () => {
   beforeEach(async () => {
     clock = new FakeClock(Date.parse('2026-06-01T00:00:00Z'))
     deps = { db: database.db, holdLock: database.holdLock, clock }
-    await sql`truncate webhook_deliveries, reaction_jobs, order_status_history, retention_progress, reconcile_runs`.execute(database.db)
+    await sql`truncate webhook_deliveries, reaction_jobs, order_status_history, retention_progress, reconcile_runs, reaction_stream_batches`.execute(database.db)
   })
 
   it('empties old bodies, parked ones too, deletes old rows and done jobs, and keeps history, parked rows and unfinished jobs', async () => {
@@ -199,6 +200,62 @@ describe('retention pass', () => {
     const kept = await listRuns(database.db, 100)
     expect(kept.map((run) => (now - run.startedAt.getTime()) / DAY)).toEqual([1, 89])
     expect((await runPrunePass(deps, SETTINGS)).counts.reconcile_run).toBe(0)
+  })
+
+  // found from outside: a replica whose clock ran a year ahead for a while wrote rows stamped a year ahead at the
+  // head of each walk; the walk ended at the first young-looking row, so every pass stopped there and the rows
+  // behind them were never deleted (the dry run counted them all)
+  it('walks past rows stamped after now at the head of each table and deletes the old ones behind them', async () => {
+    const now = clock.now()
+    // in id order: three stamped a year ahead (more than a batch of 2), four 91 days old, two a day old
+    const ages = [-365, -365, -365, 91, 91, 91, 91, 1, 1]
+    for (const ageDays of ages) await startRun(database.db, { replica: 'host:1', startedAt: new Date(now - ageDays * DAY) })
+    await seedJobs(database.db, now, ages.map((ageDays) => ({ state: 'done', ageDays })))
+    for (const [index, ageDays] of ages.entries()) {
+      await sql`insert into reaction_stream_batches (handler, to_position, to_history_id, done, events, finished_at)
+        values ('ledger', '1'::xid8, ${index + 1}, array[${index + 1}]::bigint[], 1, ${new Date(now - ageDays * DAY)})`.execute(database.db)
+    }
+    const dryRun = await runPrunePass(deps, SETTINGS, { dryRun: true })
+    expect(dryRun.counts).toMatchObject({ reaction_job: 8, reconcile_run: 4 })
+
+    const pass = await runPrunePass(deps, SETTINGS)
+    expect(pass.counts).toMatchObject({ reaction_job: 8, reconcile_run: 4 })
+    const ageOf = (at: Date) => Math.round((now - at.getTime()) / DAY)
+    expect((await listRuns(database.db, 100)).map((run) => ageOf(run.startedAt)).sort((a, b) => a - b)).toEqual([-365, -365, -365, 1, 1])
+    const jobs = await database.db.selectFrom('reactionJobs').select('createdAt').orderBy('id').execute()
+    expect(jobs.map((job) => ageOf(job.createdAt))).toEqual([-365, -365, -365, 1, 1])
+    const batches = await database.db.selectFrom('reactionStreamBatches').select('finishedAt').orderBy('id').execute()
+    expect(batches.map((batch) => ageOf(batch.finishedAt))).toEqual([-365, -365, -365, 1, 1])
+    expect((await runPrunePass(deps, SETTINGS)).counts).toMatchObject({ reaction_job: 0, reconcile_run: 0 })
+  })
+
+  // found from outside: a `prune` a second terminal ran inside the service pruned 2,500 rows, and neither
+  // retention_rows_pruned_total nor the last pass's time moved, so PartnerEscrowPruningStalled (whose runbook says
+  // to run it) stayed on until the service's own next pass
+  it('counts a prune run inside a service in that service\'s metrics, and a dry run not at all', async () => {
+    const metrics = createMetrics({}, { defaultMetrics: false })
+    const config = testConfig()
+    const inService = { config, db: database.db, holdLock: database.holdLock, logger: testLogger(), retentionHooks: metrics.retentionHooks }
+    await seedDeliveries(database.db, Date.now(), [
+      { id: 'd-091', ageDays: 91 },
+      { id: 'd-095', ageDays: 95 },
+      { id: 'd-001', ageDays: 1 },
+    ])
+    const read = async () => {
+      const text = await metrics.registry.metrics()
+      return {
+        pruned: /^retention_rows_pruned_total\{what="delivery"\} (\d+)$/m.exec(text)?.[1],
+        lastPass: /^retention_last_pass_timestamp_seconds (\S+)$/m.exec(text)?.[1],
+      }
+    }
+    const before = await read()
+    expect((await runCommandWith(['prune', '--dry-run'], inService)).code).toBe(0)
+    expect(await read()).toEqual(before)
+    const startedAt = Date.now()
+    expect((await runCommandWith(['prune'], inService)).code).toBe(0)
+    const after = await read()
+    expect(after.pruned).toBe('2')
+    expect(Number(after.lastPass) * 1000).toBeGreaterThanOrEqual(startedAt)
   })
 
   it('keeps deduplicating a delivery whose body was pruned, and forgets one whose row was deleted', async () => {

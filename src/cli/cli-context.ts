@@ -13,6 +13,7 @@ import type { Config } from '../config.js'
 import type { Database } from '../db/database.js'
 import type { DatabaseHandle } from '../db/open-database.js'
 import type { Logger } from '../logger.js'
+import type { RetentionHooks } from '../metrics/metrics.js'
 import type { ReactionRouting } from '../reactions/reaction-registry.js'
 import { printable, printableLines } from '../printable.js'
 import { stopOnSignals } from '../stop-signals.js'
@@ -31,6 +32,8 @@ export interface CliContext {
   reactions?: ReactionRouting | undefined
   /** The time partner API calls are signed and scheduled with; the system clock when absent. */
   clock?: Clock | undefined
+  /** Inside a running service, its retention metrics: a `prune` run there is counted as its own passes are. */
+  retentionHooks?: RetentionHooks | undefined
 }
 
 /** What a command runs with: a command that moves an order wakes the dispatchers when these reactions take its event. */

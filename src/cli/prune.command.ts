@@ -20,22 +20,31 @@ export function registerPruneCommand(program: Command): void {
         import('../clock.js'),
         import('../stop-signals.js'),
       ])
-      await withDatabase(async ({ db, holdLock, vacuum, config, logger }) => {
+      await withDatabase(async ({ db, holdLock, vacuum, config, logger, retentionHooks }) => {
         if (!holdLock) throw new Error('prune runs on a database handle (its lock keeps one pass at a time)')
         // inside a running service the signals are the service's, and its shutdown stops its own passes
         const stop = new AbortController()
         const off = runsInService() ? () => {} : stopOnSignals(() => stop.abort())
         let result: Awaited<ReturnType<typeof runPrunePass>>
         try {
+          // run inside a service, the pass feeds its metrics as its own do: retention_rows_pruned_total and the last
+          // pass's time, which PartnerEscrowPruningStalled reads (its runbook says to run this command)
           result = await runPrunePass(
-            { db, holdLock, vacuum, clock: systemClock, logger },
+            { db, holdLock, vacuum, clock: systemClock, logger, onPruned: retentionHooks?.onPruned },
             prunerSettings(config.retention),
             { dryRun: options.dryRun === true, signal: stop.signal },
           )
+          if (result.ran && !result.dryRun) retentionHooks?.onPass(new Date(systemClock.now()))
         } finally {
           off()
         }
-        if (result.interrupted) {
+        if (result.lockLost) {
+          // another replica may prune now: this pass stopped rather than run beside it
+          writeError(
+            'the retention lock was lost with its database connection: stopped after the batch in flight; what was pruned so far is below; the next pass goes on [lock_lost]\n',
+          )
+          setExitCode(1)
+        } else if (result.interrupted) {
           // each batch is its own transaction: what is counted is done, the next pass goes on from there
           writeError('stopped by a signal after the batch in flight: what was pruned so far is below; the next pass goes on\n')
           setExitCode(130)

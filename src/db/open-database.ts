@@ -71,9 +71,11 @@ export interface DatabaseHandle {
    * mode, where a session's lock taken and given back as two statements stayed with a pooled session. The
    * connection's end gives the lock back too (a crash, a terminated backend). Postgres: the lock is the pair
    * (`key`, hashtext(current_schema())), so a service in another schema of the same database never holds this
-   * one's; `key` fits a 32-bit integer. PGlite: always granted, nothing else can open its data directory.
+   * one's; `key` fits a 32-bit integer. `onLost` is called once if the lock's connection is lost before the release
+   * (a backend terminated by a DBA's script, a network cut): the lock is gone with it, and another session may
+   * take it. PGlite: always granted, nothing else can open its data directory, never lost.
    */
-  holdLock(key: number): Promise<(() => Promise<void>) | undefined>
+  holdLock(key: number, onLost?: () => void): Promise<(() => Promise<void>) | undefined>
   /**
    * Runs `work` where no timeout of the service's ends a statement, for the migrations, which may rewrite or index
    * a large table for minutes: on Postgres a connection of its own, opened for it and closed after, without the
@@ -396,7 +398,7 @@ function openPostgres(
       const [row] = rows
       return row && row.own > 0 ? row.others : undefined
     },
-    holdLock: (key) => holdLockOnPostgres(databaseUrl, key, logger, statementTimeoutMs + STATEMENT_ANSWER_GRACE_MS),
+    holdLock: (key, onLost) => holdLockOnPostgres(databaseUrl, key, logger, statementTimeoutMs + STATEMENT_ANSWER_GRACE_MS, onLost),
     withoutTimeouts: async (work) => {
       const single = new pg.Pool({
         Client: preparingClient({ onConnectionError: connectionLost, onPreparingOff: preparingOff, startupParameters: () => ({}) }),
@@ -477,12 +479,24 @@ async function holdLockOnPostgres(
   key: number,
   logger: Logger | undefined,
   answerTimeoutMs: number,
+  onLost: (() => void) | undefined,
 ): Promise<(() => Promise<void>) | undefined> {
   // its statements are short; one with no answer by the pool's own wait is on a connection that died silently: the
   // lock goes with the session, and giving it back must not wait on it (a prune pass's release held a stop)
   const client = new pg.Client({ connectionString: databaseUrl, keepAlive: true, connectionTimeoutMillis: 5_000, query_timeout: answerTimeoutMs })
-  // a connection lost while the lock is held gives the lock back with it; its release then has nothing to do
-  client.on('error', (error) => logger?.warn({ err: describeDatabaseError(error) }, 'lock connection lost'))
+  // a connection lost while the lock is held gives the lock back with it; its release then has nothing to do, and
+  // its holder is told (onLost), for another session may take the lock now
+  let held = false
+  const lost = () => {
+    if (!held) return
+    held = false
+    onLost?.()
+  }
+  client.on('error', (error) => {
+    logger?.warn({ err: describeDatabaseError(error) }, 'lock connection lost')
+    lost()
+  })
+  client.on('end', lost)
   try {
     await client.connect()
     // the transaction idles for as long as the lock is held (a pass of batches and pauses): an
@@ -503,11 +517,13 @@ async function holdLockOnPostgres(
       await client.end()
       return undefined
     }
+    held = true
   } catch (error) {
     await client.end().catch(() => {})
     throw error
   }
   return async () => {
+    held = false
     await client.query('commit').catch(() => {})
     await endWithin(client, LOCK_END_MS)
   }

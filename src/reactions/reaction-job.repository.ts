@@ -18,6 +18,7 @@ import type { JobWaitedFor } from './retried-text.js'
 import { type Kysely, sql } from 'kysely'
 import type { Database } from '../db/database.js'
 import { PREPARED } from '../db/open-database.js'
+import type { WalkedBatch } from '../db/walked-batch.js'
 import { reactionChannelSql } from '../db/reaction-channel.js'
 import { isJobId } from './job-id.js'
 import type { ReactionEvent } from './reaction-event.js'
@@ -514,32 +515,35 @@ async function countFirstAttemptsDoneBefore(db: Kysely<Database>, before: Date):
 }
 
 /**
- * Looks at the oldest `limit` batch records and deletes those written back before `before`; returns how many
- * batches and events it deleted, and whether the walk is over. Batches are written back in id order, so the
- * walk ends at the first one written back at or after `before` (the oldest left are young) or at the end of
- * the table: a pass with nothing to delete reads one page of the primary key, not the whole table.
+ * Looks at the next `limit` batch records by id after `afterId` and deletes those written back before `before`;
+ * returns how many batches and events it deleted, the last id it looked at and when that batch was written back.
+ * Batches are written back in id order, so the walk can end at one written back lately (retention's `walkEnds`):
+ * a pass with nothing to delete reads one page of the primary key, not the whole table.
  */
 export async function deleteFirstAttemptsDoneBefore(
   db: Kysely<Database>,
-  { before, limit }: { before: Date; limit: number },
-): Promise<{ batches: number; events: number; finished: boolean }> {
-  const { rows } = await sql<{ scanned: string; young: string; batches: string; events: string | null }>`
+  { before, afterId, limit }: { before: Date; afterId: string | undefined; limit: number },
+): Promise<WalkedBatch & { batches: number; events: number }> {
+  const { rows } = await sql<{ scanned: string; lastId: string | null; lastAt: Date | string | null; batches: string; events: string | null }>`
     with scanned as (
-      select id, finished_at, events from reaction_stream_batches order by id limit ${limit}
+      select id, finished_at, events from reaction_stream_batches where id > ${afterId ?? '0'}::bigint order by id limit ${limit}
     ), deleted as (
       delete from reaction_stream_batches b using scanned s
       where b.id = s.id and s.finished_at < ${before}
       returning s.events
     )
     select (select count(*) from scanned) as scanned,
-      (select count(*) from scanned where finished_at >= ${before}) as young,
+      (select id::text from scanned order by id desc limit 1) as last_id,
+      (select finished_at from scanned order by id desc limit 1) as last_at,
       (select count(*) from deleted) as batches,
       (select sum(events) from deleted) as events`.execute(db)
   const row = rows[0]!
   return {
     batches: Number(row.batches),
     events: Number(row.events ?? 0),
-    finished: Number(row.scanned) < limit || Number(row.young) > 0,
+    scanned: Number(row.scanned),
+    lastId: row.lastId ?? undefined,
+    lastAt: row.lastAt === null ? undefined : new Date(row.lastAt),
   }
 }
 
@@ -789,25 +793,16 @@ export async function countFailedJobsByHandler(db: Kysely<Database>): Promise<{ 
 // (a failed one waits for an operator; a skipped one records a decision: an operator's, or a setting's). The ordering check
 // of the claim counts a missing job as finished, so deleting done ones changes no claim.
 
-export interface DoneJobBatch {
-  /** Jobs deleted. */
-  deleted: number
-  /** The last id looked at: where the next batch starts. Undefined when no job is past `afterId`. */
-  lastId: string | undefined
-  /** The walk reached jobs created at or after `before` (or the end): no batch after this one is needed. */
-  finished: boolean
-}
-
 /**
- * Looks at the next `limit` jobs by id after `afterId` and deletes those done before `before`. Ids grow
- * with creation time and a job finishes after it is created, so the walk ends at the first job created
- * at or after `before`.
+ * Looks at the next `limit` jobs by id after `afterId` and deletes those done before `before`; returns how many it
+ * deleted, the last id it looked at and when that job was created. Ids grow with creation time and a job finishes
+ * after it is created, so the walk can end at a job created lately (retention's `walkEnds`).
  */
 export async function deleteDoneJobsBefore(
   db: Kysely<Database>,
   { before, afterId, limit }: { before: Date; afterId: string | undefined; limit: number },
-): Promise<DoneJobBatch> {
-  const result = await sql<{ lastId: string | null; lastCreatedAt: Date | string | null; scanned: string; deleted: string }>`
+): Promise<WalkedBatch & { deleted: number }> {
+  const result = await sql<{ lastId: string | null; lastAt: Date | string | null; scanned: string; deleted: string }>`
     with scanned as (
       select id, state, finished_at, created_at from reaction_jobs
       where id > ${afterId ?? '0'}::bigint
@@ -819,17 +814,16 @@ export async function deleteDoneJobsBefore(
       returning r.id
     )
     select
-      (select max(id)::text from scanned) as last_id,
-      (select max(created_at) from scanned) as last_created_at,
+      (select id::text from scanned order by id desc limit 1) as last_id,
+      (select created_at from scanned order by id desc limit 1) as last_at,
       (select count(*) from scanned) as scanned,
       (select count(*) from deleted) as deleted`.execute(db)
   const row = result.rows[0]!
-  const scanned = Number(row.scanned)
-  const reachedYoung = row.lastCreatedAt !== null && new Date(row.lastCreatedAt).getTime() >= before.getTime()
   return {
     deleted: Number(row.deleted),
+    scanned: Number(row.scanned),
     lastId: row.lastId ?? undefined,
-    finished: scanned < limit || reachedYoung,
+    lastAt: row.lastAt === null ? undefined : new Date(row.lastAt),
   }
 }
 

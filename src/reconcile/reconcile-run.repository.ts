@@ -3,6 +3,7 @@
 // Retention deletes a run DELIVERY_RETENTION_DAYS after it started (src/retention/prune.ts).
 import { type Kysely, sql } from 'kysely'
 import type { Database } from '../db/database.js'
+import type { WalkedBatch } from '../db/walked-batch.js'
 
 export interface RunCounts {
   polled: number
@@ -64,28 +65,34 @@ export async function listRuns(db: Kysely<Database>, limit: number): Promise<Rec
 }
 
 /**
- * Looks at the oldest `limit` runs by id and deletes those started before `before`; returns how many it
- * deleted, and whether the walk is over. Runs are written in id order as their cycles start, so the walk ends
- * at the first run started at or after `before` or at the end of the table: a pass with nothing to delete
- * reads one page of the primary key.
+ * Looks at the next `limit` runs by id after `afterId` and deletes those started before `before`; returns how
+ * many it deleted, the last id it looked at (where the next batch starts) and when that run started. Runs are
+ * written in id order as their cycles start, so the walk can end at a run started lately (retention's
+ * `walkEnds`, src/retention/prune.ts): a pass with nothing to delete reads one page of the primary key.
  */
 export async function deleteRunsBefore(
   db: Kysely<Database>,
-  { before, limit }: { before: Date; limit: number },
-): Promise<{ deleted: number; finished: boolean }> {
-  const { rows } = await sql<{ scanned: string; young: string; deleted: string }>`
+  { before, afterId, limit }: { before: Date; afterId: number | undefined; limit: number },
+): Promise<WalkedBatch<number> & { deleted: number }> {
+  const { rows } = await sql<{ scanned: string; lastId: number | null; lastAt: Date | string | null; deleted: string }>`
     with scanned as (
-      select id, started_at from reconcile_runs order by id limit ${limit}
+      select id, started_at from reconcile_runs where id > ${afterId ?? 0} order by id limit ${limit}
     ), deleted as (
       delete from reconcile_runs r using scanned s
       where r.id = s.id and s.started_at < ${before}
       returning r.id
     )
     select (select count(*) from scanned) as scanned,
-      (select count(*) from scanned where started_at >= ${before}) as young,
+      (select id from scanned order by id desc limit 1) as last_id,
+      (select started_at from scanned order by id desc limit 1) as last_at,
       (select count(*) from deleted) as deleted`.execute(db)
   const row = rows[0]!
-  return { deleted: Number(row.deleted), finished: Number(row.scanned) < limit || Number(row.young) > 0 }
+  return {
+    deleted: Number(row.deleted),
+    scanned: Number(row.scanned),
+    lastId: row.lastId ?? undefined,
+    lastAt: row.lastAt === null ? undefined : new Date(row.lastAt),
+  }
 }
 
 /** What deleteRunsBefore would delete in all (a dry run). */

@@ -21,10 +21,12 @@
 // PGlite is one process with one connection: the lock is always granted. It also has no autovacuum, so a pass
 // there ends with a VACUUM (the database handle's vacuum): without it, what a pass deletes keeps its place on
 // disk and DATA_DIR grows with every delivery ever received.
+import { anySignal } from 'any-signal'
 import type { Kysely } from 'kysely'
 import type { Clock } from '../clock.js'
 import type { Database } from '../db/database.js'
 import type { DatabaseHandle } from '../db/open-database.js'
+import type { WalkedBatch } from '../db/walked-batch.js'
 import { databaseClockOffsetMs } from '../db/ping-database.js'
 import type { Logger } from '../logger.js'
 import { countDoneJobsBefore, deleteDoneJobsBefore, deleteFirstAttemptsDoneBefore } from '../reactions/reaction-job.repository.js'
@@ -79,6 +81,11 @@ export interface PruneResult {
   deliveriesBefore: Date
   /** The pass stopped early on shutdown (what it did is kept; the next pass goes on from there). */
   interrupted: boolean
+  /**
+   * The pass stopped early because the lock's connection was lost (interrupted too): another replica may have
+   * taken the lock, and two passes must not run beside each other.
+   */
+  lockLost?: true
 }
 
 export interface PruneDeps {
@@ -128,7 +135,8 @@ export async function runPrunePass(
   if (!Number.isInteger(settings.batchSize) || settings.batchSize < 1) {
     throw new RangeError(`retention batch size must be a positive integer, not ${settings.batchSize}`)
   }
-  const cutoffs = retentionCutoffs(settings, await passNow(deps))
+  const now = await passNow(deps)
+  const cutoffs = retentionCutoffs(settings, now)
   const notRun = { ran: false, dryRun, counts: { body: 0, delivery: 0, reaction_job: 0, reconcile_run: 0 }, ...cutoffs, interrupted: false }
   if (dryRun) {
     // a dry run changes nothing, but says whether another replica holds the lock now (a pass stuck behind
@@ -148,16 +156,25 @@ export async function runPrunePass(
   }
   // one replica at a time: the lock is held in a transaction of its own for the pass, and the batches run on
   // the pool, each its own short transaction
-  const release = await deps.holdLock(PRUNE_LOCK_KEY)
+  // a lock lost with its connection (a backend a DBA's script terminated, a network cut) stops the pass after the
+  // batch in flight, as a shutdown does: it went on, and a second replica's pass ran beside it
+  const lockLost = new AbortController()
+  const release = await deps.holdLock(PRUNE_LOCK_KEY, () => {
+    deps.logger?.warn('retention: the lock was lost with its connection; the pass stops after the batch in flight')
+    lockLost.abort()
+  })
   if (!release) {
     deps.logger?.debug('retention: another replica is pruning; this pass is skipped')
     return notRun
   }
+  const stop = anySignal([signal, lockLost.signal])
   try {
-    const result = await prune(deps, deps.db, settings, cutoffs, signal)
+    const result = await prune(deps, deps.db, settings, cutoffs, new Date(now), stop)
+    if (lockLost.signal.aborted) return { ...result, interrupted: true, lockLost: true }
     if (!result.interrupted) await deps.vacuum?.()
     return result
   } finally {
+    stop.clear()
     await release()
   }
 }
@@ -167,6 +184,7 @@ async function prune(
   db: Kysely<Database>,
   settings: RetentionSettings,
   cutoffs: ReturnType<typeof retentionCutoffs>,
+  now: Date,
   signal: AbortSignal | undefined,
 ): Promise<PruneResult> {
   const { clock } = deps
@@ -229,20 +247,27 @@ async function prune(
     if (through) await recordProgress(db, 'delivery_bodies', through, new Date(clock.now()))
   }
 
-  let afterId: string | undefined
+  // the three walks along a primary key: each batch starts after the last row the one before it looked at
+  const before = cutoffs.deliveriesBefore
+  const ends = (batch: WalkedBatch<unknown>) => walkEnds(batch, { limit, before, now })
+  let jobsAfter: string | undefined
   const doneJobs = async () => {
-    const batch = await deleteDoneJobsBefore(db, { before: cutoffs.deliveriesBefore, afterId, limit })
-    afterId = batch.lastId
-    return { rows: batch.deleted, last: batch.finished || batch.lastId === undefined }
+    const batch = await deleteDoneJobsBefore(db, { before, afterId: jobsAfter, limit })
+    jobsAfter = batch.lastId
+    return { rows: batch.deleted, last: ends(batch) }
   }
   // the first attempts that succeeded, recorded per stream batch: counted as the jobs they stand for
+  let batchesAfter: string | undefined
   const firstAttemptsDone = async () => {
-    const batch = await deleteFirstAttemptsDoneBefore(db, { before: cutoffs.deliveriesBefore, limit })
-    return { rows: batch.events, last: batch.finished }
+    const batch = await deleteFirstAttemptsDoneBefore(db, { before, afterId: batchesAfter, limit })
+    batchesAfter = batch.lastId
+    return { rows: batch.events, last: ends(batch) }
   }
+  let runsAfter: number | undefined
   const runs = async () => {
-    const batch = await deleteRunsBefore(db, { before: cutoffs.deliveriesBefore, limit })
-    return { rows: batch.deleted, last: batch.finished }
+    const batch = await deleteRunsBefore(db, { before, afterId: runsAfter, limit })
+    runsAfter = batch.lastId
+    return { rows: batch.deleted, last: ends(batch) }
   }
   if (!(await walk('reaction_job', doneJobs))) return done(true)
   if (!(await walk('reaction_job', firstAttemptsDone))) return done(true)
@@ -255,6 +280,20 @@ async function prune(
     }
     return { ran: true, dryRun: false, counts, ...cutoffs, interrupted }
   }
+}
+
+/**
+ * Whether a walk along a table's primary key is over after `batch`: at the table's end, or at a row stamped
+ * between the cutoff and now. Rows are written in id order as time goes, so the rows after a young one are young
+ * too, and a pass with nothing to delete reads one page. A row stamped after now was written by a replica whose
+ * clock ran ahead (a VM after a pause): it tells nothing of the rows after it, and the walk goes on past it. Ended
+ * at the first young row, 1,000 such rows at the head of a table (a clock a year ahead for a while) stopped every
+ * pass there, and the older rows behind them were never deleted.
+ */
+export function walkEnds(batch: WalkedBatch<unknown>, { limit, before, now }: { limit: number; before: Date; now: Date }): boolean {
+  if (batch.scanned < limit || batch.lastAt === undefined) return true
+  const at = batch.lastAt.getTime()
+  return at >= before.getTime() && at <= now.getTime()
 }
 
 function latest(a: Date | undefined, b: Date): Date {
