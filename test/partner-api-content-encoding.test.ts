@@ -215,6 +215,15 @@ describe('the partner API client and a refusal whose body is not what its Conten
     expect(isOutcomeUnknown(failure)).toBe(false)
   })
 
+  // a Response cannot be rebuilt with a status past 599: the answer read as a lost connection, in fetch's words
+  it('takes a 799 marked gzip by its status, as any refusal, not as a lost connection', async () => {
+    planned = encoded(799, 'gzip', gzipSync('{"error":{"code":"odd","message":"odd"}}'))
+    const failure = await client().fundTrade('tr_4').catch((error: unknown) => error)
+    expect(failure).toBeInstanceOf(PartnerApiError)
+    expect(failure).toMatchObject({ status: 799, code: 'http_799' })
+    expect((failure as Error).message).toBe('POST /api/partner/v1/trades/tr_4/fund/ answered 799 http_799')
+  })
+
   it('asks a GET again after a 503 so, as after any 503', async () => {
     queued.push(encoded(503, 'gzip', 'Service unavailable'))
     planned = encoded(200, 'gzip', gzipSync(recordText()))

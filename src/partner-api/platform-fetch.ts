@@ -38,7 +38,10 @@ export function platformFetch(dispatcher: Dispatcher): typeof fetch {
   const fetchDecodingStrictly = async (input: string | URL, init?: Parameters<typeof undiciFetch>[1]) => {
     const seen: Seen = {}
     const response = await undiciFetch(input, { ...init, dispatcher: dispatcher.compose(hidingContentEncoding(seen)) })
-    if (seen.contentEncoding === undefined) return response
+    // a Response cannot be made with a status outside 200-599 (fetch's own can have one): such an answer is given as
+    // it came, its body not decoded, and stands on its status as any refusal whose body cannot be read. Rebuilt, it
+    // threw, and a 799 marked gzip read as a lost connection (init["status"] must be in the range of 200 to 599)
+    if (seen.contentEncoding === undefined || response.status < 200 || response.status > 599) return response
     const headers = new Headers(response.headers)
     headers.set('content-encoding', seen.contentEncoding)
     // more codings than MAX_CODINGS are not undone: the caller refuses the answer by its header
