@@ -73,20 +73,35 @@ function logLine(child: ReturnType<typeof spawnCli>, msg: string): Promise<void>
   })
 }
 
+/** `prune --json` in batches of BATCH, its output collected; resolves once its first batch is pruned. */
+async function pruneUnderWay(env: Record<string, string>) {
+  const child = spawnCli(['prune', '--json'], { ...env, PRUNE_BATCH_SIZE: String(BATCH), LOG_LEVEL: 'debug' }, { built: true })
+  const output = { stdout: '', stderr: '' }
+  child.stdout!.on('data', (chunk) => (output.stdout += chunk))
+  child.stderr!.on('data', (chunk) => (output.stderr += chunk))
+  await logLine(child, 'retention: batch pruned')
+  return { child, output }
+}
+
+/** The deliveries left in the database. */
+async function deliveriesLeft(db: Kysely<Database>): Promise<number> {
+  const { left } = await db
+    .selectFrom('webhookDeliveries')
+    .select((eb) => eb.fn.countAll<string>().as('left'))
+    .executeTakeFirstOrThrow()
+  return Number(left)
+}
+
 for (const kind of ['pglite', 'postgres'] as const) {
   const name = kind === 'postgres' ? 'on Postgres through DATABASE_URL (Postgres)' : 'on embedded PGlite'
   it.skipIf(kind === 'postgres' && !postgresUrl)(
     `stops after the batch in flight on Ctrl-C, prints what it pruned so far and exits 130, ${name}`,
     async () => {
       const { env, reopen } = await seeded(kind)
-      const child = spawnCli(['prune', '--json'], { ...env, PRUNE_BATCH_SIZE: String(BATCH), LOG_LEVEL: 'debug' }, { built: true })
-      let stdout = ''
-      let stderr = ''
-      child.stdout!.on('data', (chunk) => (stdout += chunk))
-      child.stderr!.on('data', (chunk) => (stderr += chunk))
-      await logLine(child, 'retention: batch pruned')
+      const { child, output } = await pruneUnderWay(env)
       child.kill('SIGINT')
       const [code, signal] = (await once(child, 'exit')) as [number | null, string | null]
+      const { stdout, stderr } = output
 
       expect({ code, signal }, stderr.slice(-2_000)).toEqual({ code: 130, signal: null })
       expect(stderr).toContain('stopped by a signal after the batch in flight')
@@ -97,12 +112,8 @@ for (const kind of ['pglite', 'postgres'] as const) {
       expect(result.counts.delivery % BATCH).toBe(0)
       const after = reopen()
       try {
-        const { left } = await after.db
-          .selectFrom('webhookDeliveries')
-          .select((eb) => eb.fn.countAll<string>().as('left'))
-          .executeTakeFirstOrThrow()
         // what it said it pruned is what is gone
-        expect(Number(left)).toBe(ROWS - result.counts.delivery)
+        expect(await deliveriesLeft(after.db)).toBe(ROWS - result.counts.delivery)
       } finally {
         await after.close()
       }
@@ -133,11 +144,7 @@ it.skipIf(!postgresUrl)(
         stdout: '',
         stderr: 'Another replica is pruning now (it holds the retention lock): nothing done; try again later [prune_running]\n',
       })
-      const { left } = await database.db
-        .selectFrom('webhookDeliveries')
-        .select((eb) => eb.fn.countAll<string>().as('left'))
-        .executeTakeFirstOrThrow()
-      expect(Number(left)).toBe(ROWS)
+      expect(await deliveriesLeft(database.db)).toBe(ROWS)
     } finally {
       await release!()
     }
@@ -151,12 +158,7 @@ it.skipIf(!postgresUrl)(
   'stops after the batch in flight when the lock is lost with its connection, says so and exits 1 [lock_lost] (Postgres)',
   async () => {
     const { env, reopen } = await seeded('postgres')
-    const child = spawnCli(['prune', '--json'], { ...env, PRUNE_BATCH_SIZE: String(BATCH), LOG_LEVEL: 'debug' }, { built: true })
-    let stdout = ''
-    let stderr = ''
-    child.stdout!.on('data', (chunk) => (stdout += chunk))
-    child.stderr!.on('data', (chunk) => (stderr += chunk))
-    await logLine(child, 'retention: batch pruned')
+    const { child, output } = await pruneUnderWay(env)
     const database = reopen()
     try {
       const { rows } = await sql<{ terminated: boolean }>`
@@ -165,18 +167,15 @@ it.skipIf(!postgresUrl)(
           and database = (select oid from pg_database where datname = current_database())`.execute(database.db)
       expect(rows).toEqual([{ terminated: true }])
       const [code] = (await once(child, 'exit')) as [number | null]
+      const { stdout, stderr } = output
       expect(code, stderr.slice(-2_000)).toBe(1)
       expect(stderr).toContain('the retention lock was lost with its database connection: stopped after the batch in flight')
       expect(stderr).toContain('[lock_lost]\n')
       const result = JSON.parse(stdout) as { interrupted: boolean; lockLost?: boolean; counts: { delivery: number } }
       expect(result).toMatchObject({ interrupted: true, lockLost: true })
       expect(result.counts.delivery).toBeLessThan(ROWS)
-      const { left } = await database.db
-        .selectFrom('webhookDeliveries')
-        .select((eb) => eb.fn.countAll<string>().as('left'))
-        .executeTakeFirstOrThrow()
       // it stopped: what it said it pruned is what is gone, and nothing more went after
-      expect(Number(left)).toBe(ROWS - result.counts.delivery)
+      expect(await deliveriesLeft(database.db)).toBe(ROWS - result.counts.delivery)
     } finally {
       await database.close()
     }
