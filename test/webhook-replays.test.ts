@@ -10,10 +10,11 @@
 //   again. Such a replay is now answered as a duplicate and not stored (migrations/0017).
 import { afterAll, beforeAll, describe, expect, it } from 'vitest'
 import { type App, createApp } from '../src/http/app.js'
+import { applyObservation } from '../src/orders/apply-observation.js'
 import { findOrderByExternalReference } from '../src/orders/order.repository.js'
 import { FakeClock } from './helpers/fake-clock.js'
 import { testLogger } from './helpers/log-sink.js'
-import { createOrder } from './helpers/orders.js'
+import { createOrder, TEST_OBSERVATION_SETTINGS } from './helpers/orders.js'
 import { testConfig } from './helpers/test-config.js'
 import { createTestDatabase, type TestDatabase } from './helpers/test-database.js'
 import { sendWebhook, tradePayload } from './helpers/webhook-delivery.js'
@@ -54,6 +55,40 @@ describe('replays of a delivery under fresh delivery ids', () => {
     // once applied, the body is a duplicate of its effect: stored once more as such, then not again
     for (const deliveryId of ['rp-1-d', 'rp-1-e']) expect((await sendWebhook(app, { body, deliveryId })).status).toBe(200)
     expect((await outcomes(['rp-1-d', 'rp-1-e'])).map((row) => row.outcome)).toEqual(['duplicate_effect'])
+  })
+
+  // found from outside: the platform sends a status's body byte for byte again when the trade comes back to it. A
+  // hold lifted (funded, on_hold, funded) was answered as a replay of the first funded's copy (stored
+  // duplicate_effect), nothing asked for the poll, and the order stayed on_hold for STALE_AFTER_S
+  it('stores a body that asks for a poll when its order changed since the copy stored before, and folds it when not', async () => {
+    const reference = 'replayed-hold'
+    const funded = JSON.stringify(tradePayload(reference, 'funded'))
+    const onHold = JSON.stringify(tradePayload(reference, 'on_hold'))
+    const { order } = await createOrder(database.db, { externalReference: reference })
+    const poll = async (status: string) => {
+      await clock.advance(1_000)
+      const observation = { target: { externalReference: reference }, tradeId: `trd_${reference}`, externalReference: reference, status }
+      const { outcome } = await applyObservation(database.db, { ...observation, source: 'poll', observedAt: new Date(clock.now()) }, TEST_OBSERVATION_SETTINGS)
+      expect(outcome).toBe('applied')
+    }
+    const send = async (body: string, deliveryId: string) => {
+      await clock.advance(1_000)
+      const answer = await sendWebhook(app, { body, deliveryId })
+      expect(answer.status).toBe(200)
+      const stored = await outcomes([deliveryId])
+      const { nextPollAt } = (await findOrderByExternalReference(database.db, reference))!
+      return { duplicate: answer.body.duplicate === true, outcome: stored[0]?.outcome, pollsNow: nextPollAt?.getTime() === clock.now() }
+    }
+    expect(await send(funded, 'rh-funded-1')).toEqual({ duplicate: false, outcome: 'applied', pollsNow: false })
+    // the webhook again under another id, as after an API call moved the order first
+    expect(await send(funded, 'rh-funded-2')).toMatchObject({ duplicate: false, outcome: 'duplicate_effect' })
+    expect(await send(onHold, 'rh-hold-1')).toEqual({ duplicate: false, outcome: 'unknown_status', pollsNow: true })
+    await poll('on_hold')
+    // the hold is lifted: its funded is stored and asks for the poll; a replay of it meanwhile changes nothing
+    expect(await send(funded, 'rh-funded-3')).toEqual({ duplicate: false, outcome: 'stale', pollsNow: true })
+    expect(await send(funded, 'rh-funded-4')).toEqual({ duplicate: true, outcome: undefined, pollsNow: false })
+    await poll('funded')
+    expect((await findOrderByExternalReference(database.db, reference))).toMatchObject({ id: order.id, tradeStatus: 'funded' })
   })
 
   it('does not park a dismissed body again when it is replayed, nor store a replayed body that changed nothing', async () => {

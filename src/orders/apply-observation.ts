@@ -291,11 +291,20 @@ async function runStatement(
 
 // The statuses the table knows (trade-status.ts), as SQL literals: the order's current status is unknown when it is
 // none of them (status_rank then keeps the last known one's rank)
-const AT_UNKNOWN_STATUS = sql`o.trade_status <> all(array[${sql.join(Object.keys(TRADE_STATUSES).map((status) => sql.lit(status)))}]::text[])`
-// a webhook's known status, at or above the rank an order at an unknown status kept, that the order had: stale (a
-// replay cannot move the order back), but it asks for the poll whose answer may (decideTransition's exception)
-const ASKS_FOR_RETURN = sql`(e.outcome = 'stale' and e.source = 'webhook' and not o.is_terminal and e.rank >= o.status_rank
-  and ${AT_UNKNOWN_STATUS})`
+const atUnknownStatus = (status: RawBuilder<unknown>) =>
+  sql`${status} <> all(array[${sql.join(Object.keys(TRADE_STATUSES).map((each) => sql.lit(each)))}]::text[])`
+
+/**
+ * A webhook's known status, at or above the rank an order at an unknown status kept, that the order had: stale (a
+ * replay cannot move the order back), but it asks for the poll whose answer may (decideTransition's exception).
+ * `decided` names a row of the decision (the order as locked), `observed` one of the input.
+ */
+function asksForReturn(decided: string, observed: string): RawBuilder<unknown> {
+  const [d, i] = [sql.raw(decided), sql.raw(observed)]
+  return sql`(${d}.outcome = 'stale' and ${i}.source = 'webhook' and not ${d}.order_terminal and ${i}.rank >= ${d}.order_rank
+    and ${atUnknownStatus(sql`${d}.from_status`)})`
+}
+const ASKS_FOR_RETURN = asksForReturn('e', 'e')
 
 function observationStatement(
   input: string,
@@ -314,6 +323,7 @@ function observationStatement(
   const decision = sql`
     decision as (
       select i.n, o.id, o.trade_status as from_status, o.version, o.external_reference as order_reference,
+        o.is_terminal as order_terminal, o.status_rank as order_rank, o.status_changed_at as order_changed_at,
         -- the event's place in the reaction streams: this transaction's id, or the order's previous event's
         -- place when that is larger, so one order's events never go backwards (migrations/0009), and never below
         -- a stream's place: on a server whose counter is behind the stored places (a restore), an id of its own
@@ -334,7 +344,7 @@ function observationStatement(
           when o.trade_status = i.status then 'duplicate_effect'
           when o.is_terminal then 'stale'
           -- a poll's known status back from an unknown one, even a status the order had (decideTransition)
-          when i.source = 'poll' and i.rank >= o.status_rank and ${AT_UNKNOWN_STATUS} then 'applied'
+          when i.source = 'poll' and i.rank >= o.status_rank and ${atUnknownStatus(sql`o.trade_status`)} then 'applied'
           when i.status = any(o.visited_statuses) then 'stale'
           when i.rank is null then case when i.source = 'webhook' then 'unknown_status' else 'applied' end
           when o.trade_status is null then 'applied'
@@ -344,7 +354,7 @@ function observationStatement(
       from input i
       cross join lateral (
         select o.id, o.trade_id, o.trade_status, o.is_terminal, o.status_rank, o.visited_statuses, o.version,
-          o.external_reference, o.last_event_position
+          o.external_reference, o.last_event_position, o.status_changed_at
         from orders o
         where ${TARGET_CONDITIONS[kind]}
           ${
@@ -373,8 +383,16 @@ function observationStatement(
       -- a body a stored delivery that changed nothing has already (replayed under a fresh delivery id, which is not
       -- signed): it changes nothing that one did not, and is not stored again (migrations/0017). Parked and
       -- dismissed rows are among them: a replay is not parked again. (A scalar subquery, not EXISTS, as above: one
-      -- probe of webhook_deliveries_unapplied_body_idx, and none for a delivery that moves its order.)
-      where case when d.outcome = 'applied' then true
+      -- probe of webhook_deliveries_unapplied_body_idx, and none for a delivery that moves its order.) One that asks
+      -- for a poll now (an unknown status, a hold lifted) is told apart only from a copy stored since its order last
+      -- changed: the platform sends a status's body byte for byte again when the trade comes back to it, and a
+      -- hold's lifting (funded, on_hold, funded) was answered as a replay of the first funded's copy, nothing asked
+      -- the poll, and the order stayed on_hold for STALE_AFTER_S
+      where case
+        when d.outcome = 'applied' then true
+        when d.outcome = 'unknown_status' or ${asksForReturn('d', 'i')} then
+          (select 1 from webhook_deliveries p where p.body_sha256 = i.body_sha256 and p.outcome <> 'applied'
+            and p.received_at >= coalesce(d.order_changed_at, '-infinity') limit 1) is null
         else (select 1 from webhook_deliveries p where p.body_sha256 = i.body_sha256 and p.outcome <> 'applied' limit 1) is null end
       on conflict (delivery_id, body_sha256) do nothing
       returning delivery_id, body_sha256, outcome
