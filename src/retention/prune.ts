@@ -290,7 +290,7 @@ async function prune(
  * at the first young row, 1,000 such rows at the head of a table (a clock a year ahead for a while) stopped every
  * pass there, and the older rows behind them were never deleted.
  */
-export function walkEnds(batch: WalkedBatch<unknown>, { limit, before, now }: { limit: number; before: Date; now: Date }): boolean {
+function walkEnds(batch: WalkedBatch<unknown>, { limit, before, now }: { limit: number; before: Date; now: Date }): boolean {
   if (batch.scanned < limit || batch.lastAt === undefined) return true
   const at = batch.lastAt.getTime()
   return at >= before.getTime() && at <= now.getTime()
