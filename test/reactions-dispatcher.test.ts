@@ -298,6 +298,69 @@ describe('the reaction dispatcher', () => {
     ])
   })
 
+  // found from outside: a value String() cannot convert (Object.create(null)) threw out of the stream's attempt; no
+  // outcome was written, and the handler's stream ran its batch again and again, other orders' events that had
+  // succeeded too (one 42 times), past the attempt limit, with nothing for the operator to see
+  it('records whatever a handler throws as its job\'s error, and runs the other events of the batch once', async () => {
+    const calls: string[] = []
+    const thrown: Record<string, unknown> = { 'odd-null': Object.create(null), 'odd-object': { code: 'thing_unreachable' }, 'odd-symbol': Symbol('gone') }
+    const reactions = createReactionRegistry().on('trade.*', 'odd', async (event) => {
+      calls.push(`${event.externalReference}#${event.sequence}`)
+      if (event.externalReference in thrown) throw thrown[event.externalReference]
+    })
+    await streamsNow(reactions)
+    const orders: Record<string, number> = {}
+    for (const ref of ['odd-null', 'odd-plain-1', 'odd-object', 'odd-symbol', 'odd-plain-2']) orders[ref] = await transitions(reactions, ['created'], ref)
+    await start(reactions)
+    await eventually(async () => {
+      for (const ref of Object.keys(thrown)) if ((await jobs(orders[ref]!, 'odd'))[0]?.attempts !== 1) return false
+      return true
+    }, 'each throwing event has its first attempt recorded')
+    await idle()
+    expect((await jobs(orders['odd-null']!, 'odd'))[0]).toMatchObject({ state: 'pending', attempts: 1, lastError: '{}' })
+    expect((await jobs(orders['odd-object']!, 'odd'))[0]).toMatchObject({ state: 'pending', attempts: 1, lastError: '{"code":"thing_unreachable"}' })
+    expect((await jobs(orders['odd-symbol']!, 'odd'))[0]).toMatchObject({ state: 'pending', attempts: 1, lastError: 'Symbol(gone)' })
+    for (const ref of ['odd-plain-1', 'odd-plain-2']) expect((await jobs(orders[ref]!, 'odd'))[0]).toMatchObject({ state: 'done', attempts: 1 })
+    expect(calls.sort()).toEqual(['odd-null#1', 'odd-object#1', 'odd-plain-1#1', 'odd-plain-2#1', 'odd-symbol#1'])
+  })
+
+  // found from outside: a job whose last attempt outlived its lease (a handler that ignores its abort, a replica that
+  // died mid-call) is failed by the next claim without a call; it said `failed after 4 attempt(s)` of 3 calls
+  it('fails a job whose last attempt outlived its lease without calling it again, counting the calls made', async () => {
+    const calls: number[] = []
+    const reactions = createReactionRegistry().on('trade.*', 'overran', async (event) => {
+      calls.push(event.sequence)
+    })
+    const orderId = await transitions(reactions, ['created'])
+    // its streams begin after that event: the job row below stands for it, as a dead replica left it
+    await streamsNow(reactions)
+    const event = await database.db.selectFrom('orderStatusHistory').select(['eventId', 'sequence']).where('orderId', '=', orderId).executeTakeFirstOrThrow()
+    const past = new Date(clock.now() - 60_000)
+    await database.db
+      .insertInto('reactionJobs')
+      .values({
+        eventId: event.eventId,
+        orderId,
+        sequence: event.sequence!,
+        handler: 'overran',
+        state: 'running',
+        attempts: SETTINGS.maxAttempts,
+        runAt: past,
+        leaseToken: 'a-dead-replica',
+        leaseExpiresAt: past,
+        lastError: null,
+        finishedAt: null,
+      })
+      .execute()
+    await start(reactions)
+    await eventually(async () => (await jobs(orderId, 'overran'))[0]?.state === 'failed', 'the job is failed')
+    expect((await jobs(orderId, 'overran'))[0]).toMatchObject({
+      attempts: SETTINGS.maxAttempts,
+      lastError: `Error: attempt ${SETTINGS.maxAttempts} of ${SETTINGS.maxAttempts} did not finish within its lease`,
+    })
+    expect(calls).toEqual([])
+  })
+
   it('lets the order proceed when the operator skips its failed job', async () => {
     const calls: number[] = []
     const reactions = createReactionRegistry().on('trade.*', 'picky', async (event) => {

@@ -365,9 +365,11 @@ export function createDispatcher(deps: DispatcherDeps): Dispatcher {
         }
       }
       let failure: unknown
+      let uncalled = false
       if (!handler) {
         failure = new Error(`no reaction handler named ${job.handler} is registered`)
       } else if (job.attempt > settings.maxAttempts) {
+        uncalled = true
         // the last allowed attempt's process died or overran its lease: do not call it again
         failure = new Error(`attempt ${job.attempt - 1} of ${settings.maxAttempts} did not finish within its lease`)
       } else {
@@ -411,10 +413,10 @@ export function createDispatcher(deps: DispatcherDeps): Dispatcher {
         report(job.handler, written ? 'retry' : 'lease_lost')
         log().warn({ error, retryInS: Math.round(delayS) }, 'reaction handler failed; retrying later')
       } else {
-        const written = await failJob(db, { ...lease, now, error: message })
+        const written = await failJob(db, { ...lease, now, error: message, uncalled })
         report(job.handler, written ? 'failed' : 'lease_lost')
         log().error(
-          { error: message, attempts: job.attempt },
+          { error: message, attempts: uncalled ? job.attempt - 1 : job.attempt },
           'reaction handler failed for the last time: the job is failed until retried or skipped',
         )
       }
@@ -828,7 +830,29 @@ export function failureCode(error: unknown): string {
   return typeof code === 'string' && FAILURE_CODE.test(code) ? code : 'other'
 }
 
+/**
+ * What a handler threw, as the job's last error and its log line, whatever it threw. Never throws itself: a value
+ * String() cannot convert (Object.create(null)) threw out of the stream's attempt, no outcome was written, and the
+ * handler's whole stream ran again and again, other orders' events that had succeeded too (42 calls of one), past
+ * the attempt limit and with nothing for the operator to see.
+ */
 function describeFailure(error: unknown): string {
-  const message = error instanceof Error ? `${error.name}: ${error.message}` : String(error)
+  let message: string
+  try {
+    message = thrownText(error)
+  } catch {
+    message = `a thrown ${Object.prototype.toString.call(error)} that cannot be written as text`
+  }
   return message.length > MAX_ERROR_LENGTH ? `${message.slice(0, MAX_ERROR_LENGTH)}…` : message
+}
+
+/** An Error by its name and message; an object by its own toString, else its JSON (`{"code":…}`, where String() gave `[object Object]`). */
+function thrownText(error: unknown): string {
+  if (error instanceof Error) return `${String(error.name)}: ${String(error.message)}`
+  if (typeof error === 'object' && error !== null) {
+    const { toString } = error as { toString?: unknown }
+    if (typeof toString === 'function' && toString !== Object.prototype.toString) return String(error)
+    return JSON.stringify(error) ?? Object.prototype.toString.call(error)
+  }
+  return String(error)
 }

@@ -204,10 +204,20 @@ export async function retryJobLater(
 /** The handler threw on its last attempt: the dead letter, until an operator retries or skips it. */
 export async function failJob(
   db: Kysely<Database>,
-  { id, leaseToken, now, error }: Lease & { error: string },
+  { id, leaseToken, now, error, uncalled = false }: Lease & { error: string; uncalled?: boolean },
 ): Promise<boolean> {
   const result = await leased(db, id, leaseToken)
-    .set({ state: 'failed', leaseToken: null, leaseExpiresAt: null, lastError: error, finishedAt: now, updatedAt: now })
+    .set((eb) => ({
+      state: 'failed',
+      leaseToken: null,
+      leaseExpiresAt: null,
+      lastError: error,
+      finishedAt: now,
+      updatedAt: now,
+      // failed without a call (its last attempt overran its lease): the claim's attempt is taken back, so the job
+      // shows the attempts its handler was called for (it said 5 of 4)
+      ...(uncalled ? { attempts: eb('attempts', '-', 1) } : {}),
+    }))
     .executeTakeFirst()
   return result.numUpdatedRows > 0n
 }
