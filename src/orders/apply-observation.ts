@@ -388,12 +388,11 @@ function observationStatement(
       -- changed: the platform sends a status's body byte for byte again when the trade comes back to it, and a
       -- hold's lifting (funded, on_hold, funded) was answered as a replay of the first funded's copy, nothing asked
       -- the poll, and the order stayed on_hold for STALE_AFTER_S
-      where case
-        when d.outcome = 'applied' then true
-        when d.outcome = 'unknown_status' or ${asksForReturn('d', 'i')} then
-          (select 1 from webhook_deliveries p where p.body_sha256 = i.body_sha256 and p.outcome <> 'applied'
-            and p.received_at >= coalesce(d.order_changed_at, '-infinity') limit 1) is null
-        else (select 1 from webhook_deliveries p where p.body_sha256 = i.body_sha256 and p.outcome <> 'applied' limit 1) is null end
+      where d.outcome is not distinct from 'applied'
+        or (select 1 from webhook_deliveries p where p.body_sha256 = i.body_sha256 and p.outcome <> 'applied'
+          and p.received_at >= case when d.outcome = 'unknown_status' or ${asksForReturn('d', 'i')}
+            then coalesce(d.order_changed_at, '-infinity') else '-infinity' end
+          limit 1) is null
       on conflict (delivery_id, body_sha256) do nothing
       returning delivery_id, body_sha256, outcome
     )`
