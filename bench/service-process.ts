@@ -99,6 +99,18 @@ async function seedTables(query: Query, seed: { orders: number; seen: number }):
   await query('checkpoint', [])
 }
 
+/** The schema a service would make at its start, made here: for a seed that comes before any service. */
+export async function migrateSchema(databaseUrl: string): Promise<void> {
+  const { openDatabase } = await import('../src/db/open-database.js')
+  const { migrateToLatest } = await import('../src/db/migrate.js')
+  const database = openDatabase({ databaseUrl })
+  try {
+    await migrateToLatest(database.db)
+  } finally {
+    await database.close()
+  }
+}
+
 // an embedded database made and seeded here, then closed, for the service to start on
 async function seedPglite(dataDir: string, seed: { orders: number; seen: number }): Promise<void> {
   const { openDatabase } = await import('../src/db/open-database.js')
