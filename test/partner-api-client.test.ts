@@ -116,14 +116,16 @@ describe('PartnerApiClient against a local server that checks every signature', 
         method: 'POST',
         path: '/api/partner/v1/trades/tr_1/milestones/ms_2/deliver/',
         body: {},
-        answer: tradeRecord(),
+        // the server's trade record, said to be one
+        answer: { record: 'trade', trade: tradeRecord() },
       },
       {
         run: () => api.releaseMilestone('tr_1', 'ms_2'),
         method: 'POST',
         path: '/api/partner/v1/trades/tr_1/milestones/ms_2/release/',
         body: {},
-        answer: tradeRecord(),
+        // the server's trade record, said to be one
+        answer: { record: 'trade', trade: tradeRecord() },
       },
       {
         run: () =>

@@ -1,13 +1,15 @@
 // What the client accepts from the platform: a field or an enum value the platform adds never breaks a call
 // (and is kept in the record), while a missing or mistyped field we rely on is an invalid_response naming
 // the field, never the body.
-import { describe, expect, it } from 'vitest'
+import { afterAll, beforeAll, describe, expect, it } from 'vitest'
+import { systemClock } from '../src/clock.js'
 import { PartnerApiClient, type PartnerApiClientOptions } from '../src/partner-api/partner-api.client.js'
 import { isOutcomeUnknown, PartnerInvalidResponseError } from '../src/partner-api/partner-api-error.js'
 import { FakeClock } from './helpers/fake-clock.js'
 import { logLines, testLogger } from './helpers/log-sink.js'
 import { scriptedFetch } from './helpers/partner-api-fake-fetch.js'
-import { disputeRecord, proposalRecord, respondResult, tradeRecord } from './helpers/partner-api-fixtures.js'
+import { disputeRecord, milestoneRecord, proposalRecord, respondResult, tradeRecord } from './helpers/partner-api-fixtures.js'
+import { type PlannedAnswer, type RecordingServer, startRecordingServer } from './helpers/partner-api-recording-server.js'
 
 const SECRET = 'apisec_responses_test_0b7d2e9f4a1c'
 const logger = testLogger([SECRET])
@@ -63,7 +65,8 @@ describe('PartnerApiClient answers: tolerant of what the platform adds', () => {
     [
       'a trade record (milestone release)',
       tradeWithAdditions,
-      (api: PartnerApiClient) => api.releaseMilestone('tr_1', 'ms_1'),
+      (api: PartnerApiClient) =>
+        api.releaseMilestone('tr_1', 'ms_1').then((answer) => (answer.record === 'trade' ? answer.trade : answer)),
     ],
     [
       'a dispute record',
@@ -279,5 +282,84 @@ describe('PartnerApiClient answers: strict on the fields we rely on', () => {
     expect(error).toMatchObject({ code: 'invalid_response', field: '(body)' })
     expect(error.message).toContain('is not JSON')
     expect(error.message).not.toContain('marker-value-never-logged')
+  })
+})
+
+// The spec answers a milestone deliver or release with "Milestone or trade record": the client takes either and
+// says which came, told apart by a top-level milestone_id (a trade record holds its milestones in an array).
+describe('PartnerApiClient milestone answers: the trade record or the milestone record, from a server', () => {
+  let server: RecordingServer
+  let planned: PlannedAnswer = { status: 200, body: {} }
+  beforeAll(async () => {
+    server = await startRecordingServer({ secret: SECRET, answer: () => planned })
+  })
+  afterAll(async () => {
+    await server.close()
+  })
+  // over HTTP and on the real clock: the server checks each signature
+  const api = () =>
+    new PartnerApiClient({
+      baseUrl: server.url,
+      keyId: 'pk_responses',
+      secret: SECRET,
+      env: 'sandbox',
+      kind: 'marketplace',
+      timeoutMs: 5_000,
+      clock: systemClock,
+      logger,
+    })
+  const steps = [
+    ['deliver', (client: PartnerApiClient) => client.deliverMilestone('tr_1', 'ms_1')],
+    ['release', (client: PartnerApiClient) => client.releaseMilestone('tr_1', 'ms_1')],
+  ] as const
+
+  it.each(steps)('%s: takes the trade record, said to be the trade’s, with what the platform added', async (step, run) => {
+    const trade = { ...tradeWithAdditions, milestones: [{ ...milestoneRecord({ status: `${step}ed` }), ...added }] }
+    planned = { status: 200, body: trade }
+    expect(await run(api())).toEqual({ record: 'trade', trade })
+    expect(server.requests.at(-1)).toMatchObject({ path: `/api/partner/v1/trades/tr_1/milestones/ms_1/${step}/`, signatureValid: true })
+  })
+
+  it.each(steps)('%s: takes the milestone record, said to be the milestone’s, whole or with its id alone', async (_step, run) => {
+    const whole = { ...milestoneRecord(), ...added, status: 'awaiting_inspection' }
+    planned = { status: 200, body: whole }
+    expect(await run(api())).toEqual({ record: 'milestone', milestone: whole })
+    planned = { status: 200, body: { milestone_id: 'ms_1' } }
+    expect(await run(api())).toEqual({ record: 'milestone', milestone: { milestone_id: 'ms_1' } })
+    // a top-level milestone_id makes it the milestone's, whatever else it holds: its status is never a trade's
+    const lookalike = { milestone_id: 'ms_1', trade_id: 'tr_1', reference: 'TRD-0001', status: 'delivered', external_reference: 'order-1' }
+    planned = { status: 200, body: lookalike }
+    expect(await run(api())).toEqual({ record: 'milestone', milestone: lookalike })
+  })
+
+  it('refuses a body that is neither record, and a malformed milestone record, as invalid_response naming the field', async () => {
+    const marker = 'marker-value-never-logged'
+    const cases: [unknown, string, RegExp][] = [
+      // neither record: held to the trade's schema, as every answer was before
+      [{ title: 'Frame', status: 'delivered', note: marker }, 'trade_id', /is missing/],
+      [[milestoneRecord({ title: marker })], '(body)', /must be an object/],
+      [tradeRecord({ title: marker, milestones: [{ title: 'Frame', amount: '70.00', status: 'delivered' } as never] }), 'milestones.0.milestone_id', /is missing/],
+      // a milestone record, checked as one: the field named is the milestone's
+      [{ milestone_id: 7, status: 'delivered', note: marker }, 'milestone_id', /must be string/],
+      [{ milestone_id: null, note: marker }, 'milestone_id', /must be string/],
+      [milestoneRecord({ title: marker, status: 3 as never }), 'status', /must be string/],
+      [milestoneRecord({ title: marker, milestone_id: '..' }), 'milestone_id', /must be usable as a path segment/],
+    ]
+    const before = logLines.length
+    for (const [body, field, problem] of cases) {
+      planned = { status: 200, body }
+      for (const [step, run] of steps) {
+        const label = `${step} answered ${JSON.stringify(body)}`
+        const error = (await run(api()).catch((e) => e)) as PartnerInvalidResponseError
+        expect(error, label).toBeInstanceOf(PartnerInvalidResponseError)
+        expect(error, label).toMatchObject({ code: 'invalid_response', status: 200, field })
+        expect(error.message, label).toContain(`(${field} `)
+        expect(error.message, label).toMatch(problem)
+        expect(error.message, label).not.toContain(marker)
+        // the milestone may have moved: never a refusal
+        expect(isOutcomeUnknown(error), label).toBe(true)
+      }
+    }
+    expect(logLines.slice(before).join('')).not.toContain(marker)
   })
 })

@@ -336,7 +336,7 @@ describe('the client drives the sandbox through whole lifecycles', () => {
     for (const [index, milestone] of trade.milestones!.entries()) {
       await client.deliverMilestone(trade.trade_id, milestone.milestone_id)
       const after = await client.releaseMilestone(trade.trade_id, milestone.milestone_id)
-      expect(after.status).toBe(index < 2 ? 'funded' : 'released')
+      expect(after).toMatchObject({ record: 'trade', trade: { status: index < 2 ? 'funded' : 'released' } })
     }
     await sandbox.idle()
     expect((await client.getTrade(trade.trade_id)).milestones!.map((m) => m.status)).toEqual(['released', 'released', 'released'])

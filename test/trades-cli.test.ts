@@ -5,7 +5,7 @@ import type { CliContext } from '../src/cli/cli-context.js'
 import { findOrderByExternalReference } from '../src/orders/order.repository.js'
 import { runCommandWith } from './helpers/cli-in-process.js'
 import { testLogger } from './helpers/log-sink.js'
-import { recordForPath, respondResult, tradeRecord } from './helpers/partner-api-fixtures.js'
+import { milestoneRecord, recordForPath, respondResult, tradeRecord } from './helpers/partner-api-fixtures.js'
 import {
   type PlannedAnswer,
   type RecordedRequest,
@@ -231,6 +231,92 @@ describe('trades operations', () => {
     expect(printed.trade.status).toBe('funded')
     expect(printed.order).toMatchObject({ externalReference: ref, tradeId: `tr_${ref}` })
     expect(server.requests.at(-1)).toMatchObject({ method: 'GET', path: `/api/partner/v1/trades/tr_${ref}/`, signatureValid: true })
+  })
+})
+
+// A milestone deliver or release answers the trade record or the milestone record (the spec allows either): the
+// command prints the milestone's line from whichever came, and --json the record as it came, under its name.
+describe('trades milestone deliver|release', () => {
+  const milestonePath = (ref: string, step: string) => `/api/partner/v1/trades/tr_${ref}/milestones/ms_7/${step}/`
+
+  it('prints the milestone’s line, then the trade’s, from a trade record; --json prints {"trade": …}', async () => {
+    const ref = reference()
+    await open(ref)
+    const trade = tradeRecord({
+      trade_id: `tr_${ref}`,
+      external_reference: ref,
+      status: 'funded',
+      milestones: [milestoneRecord({ milestone_id: 'ms_6', status: 'released' }), milestoneRecord({ milestone_id: 'ms_7', title: 'Wheels' })],
+    })
+    answer = () => ({ status: 200, body: trade })
+    const text = await cli('trades', 'milestone', 'deliver', ref, 'ms_7')
+    expect(text).toMatchObject({ code: 0, stderr: '' })
+    expect(text.stdout).toBe(`${ref}: milestone ms_7 (Wheels) is delivered\n${ref}: trade tr_${ref} (TRD-0001) is funded\n`)
+    expect(server.requests.at(-1)).toMatchObject({ method: 'POST', path: milestonePath(ref, 'deliver'), signatureValid: true })
+    const json = await cli('trades', 'milestone', 'release', ref, 'ms_7', '--json')
+    expect(json.code).toBe(0)
+    expect(JSON.parse(json.stdout)).toEqual({ trade })
+    expect(await findOrderByExternalReference(database.db, ref)).toMatchObject({ tradeStatus: 'funded', statusSource: 'api' })
+    // a milestone of the trade record with its id alone: what it leaves out shows as ?, as `trades open` shows it
+    answer = () => ({ status: 200, body: { ...trade, milestones: [{ milestone_id: 'ms_7' }] } })
+    const bare = await cli('trades', 'milestone', 'release', ref, 'ms_7')
+    expect(bare.stdout).toBe(`${ref}: milestone ms_7 (?) is ?\n${ref}: trade tr_${ref} (TRD-0001) is funded\n`)
+  })
+
+  it('prints the milestone’s line from a milestone record, that it holds no trade status; --json prints {"milestone": …}', async () => {
+    const ref = reference()
+    await open(ref)
+    const opened = (await findOrderByExternalReference(database.db, ref))!
+    const milestone = milestoneRecord({ milestone_id: 'ms_7', title: 'Wheels', status: 'released' })
+    answer = () => ({ status: 200, body: milestone })
+    const text = await cli('trades', 'milestone', 'release', ref, 'ms_7')
+    expect(text).toMatchObject({ code: 0, stderr: '' })
+    expect(text.stdout).toBe(
+      `${ref}: milestone ms_7 (Wheels) is released\n` +
+        `  the platform answered the milestone record, which holds no trade status: \`trades get ${ref}\` shows the trade\n`,
+    )
+    expect(server.requests.at(-1)).toMatchObject({ method: 'POST', path: milestonePath(ref, 'release'), signatureValid: true })
+    const json = await cli('trades', 'milestone', 'deliver', ref, 'ms_7', '--json')
+    expect(json.code).toBe(0)
+    expect(JSON.parse(json.stdout)).toEqual({ milestone })
+    // nothing applied from it: the order keeps the status it had, and is polled soon
+    const after = (await findOrderByExternalReference(database.db, ref))!
+    expect(after).toMatchObject({ tradeStatus: 'created', statusChangedAt: opened.statusChangedAt })
+    expect(after.nextPollAt!.getTime()).toBeGreaterThan(opened.nextPollAt!.getTime())
+  })
+
+  it('shows what the platform sent in a milestone record escaped, and a missing title or status as ?', async () => {
+    const ref = reference()
+    await open(ref)
+    answer = () => ({
+      status: 200,
+      body: milestoneRecord({ milestone_id: 'ms_7', title: 'Wheels\n\u001b[2Jforged line', status: 'released\u202e' }),
+    })
+    const forged = await cli('trades', 'milestone', 'release', ref, 'ms_7')
+    expect(forged.code).toBe(0)
+    expect(forged.stdout.split('\n')[0]).toBe(`${ref}: milestone ms_7 (Wheels\\u000a\\u001b[2Jforged line) is released\\u202e`)
+    answer = () => ({ status: 200, body: { milestone_id: 'ms_7' } })
+    const bare = await cli('trades', 'milestone', 'deliver', ref, 'ms_7')
+    expect(bare.code).toBe(0)
+    expect(bare.stdout.split('\n')[0]).toBe(`${ref}: milestone ms_7 (?) is ?`)
+  })
+
+  it('exits 1 [answer_mismatch], applying nothing and polling soon, when the milestone record is another milestone’s', async () => {
+    const ref = reference()
+    await open(ref)
+    const opened = (await findOrderByExternalReference(database.db, ref))!
+    answer = () => ({ status: 200, body: milestoneRecord({ milestone_id: 'ms_8' }) })
+    const result = await cli('trades', 'milestone', 'deliver', ref, 'ms_7', '--json')
+    expect(result.code).toBe(1)
+    expect(result.stdout).toBe('')
+    expect(result.stderr).toBe(
+      `The platform answered for order ${ref} (milestone ms_7 of trade tr_${ref}) with the record of milestone ms_8: ` +
+        'another milestone. Nothing of it was applied, and what the call did is not known: check with `trades get`; the ' +
+        'order is polled soon. [answer_mismatch]\n',
+    )
+    const after = (await findOrderByExternalReference(database.db, ref))!
+    expect(after).toMatchObject({ tradeStatus: 'created', statusChangedAt: opened.statusChangedAt })
+    expect(after.nextPollAt!.getTime()).toBeGreaterThan(opened.nextPollAt!.getTime())
   })
 })
 

@@ -15,9 +15,9 @@ import { runTradeOperation } from '../src/trades/run-trade-operation.js'
 import type { CallGuard, PartnerTradeApi, TradeDeps } from '../src/trades/trade-deps.js'
 import { TradeOperationError } from '../src/trades/trade-operation-error.js'
 import { FakeClock } from './helpers/fake-clock.js'
-import { testLogger } from './helpers/log-sink.js'
+import { logEntries, testLogger } from './helpers/log-sink.js'
 import { fakeTradeApi } from './helpers/partner-api-fake-client.js'
-import { tradeRecord } from './helpers/partner-api-fixtures.js'
+import { milestoneRecord, tradeRecord } from './helpers/partner-api-fixtures.js'
 import { startRecordingServer } from './helpers/partner-api-recording-server.js'
 import { createTestDatabase, type TestDatabase } from './helpers/test-database.js'
 import { NO_REACTION_HANDLERS } from '../src/orders/apply-observation.js'
@@ -424,6 +424,86 @@ describe('runTradeOperation', () => {
       { method: 'deliverMilestone', args: [opened.tradeId, 'ms_1'] },
       { method: 'releaseMilestone', args: [opened.tradeId, 'ms_1'] },
     ])
+  })
+
+  it('applies no trade status from a milestone record, which carries none, and still polls EXPECTED_WEBHOOK_S later', async () => {
+    const { ref, clock, opened } = await openedOrder()
+    await runTradeOperation(deps(fakeTradeApi(), clock), ref, { kind: 'fund' })
+    const funded = await order(ref)
+    await clock.advance(30_000)
+    const before = logEntries().length
+    // what the platform says of the milestone, even a status that reads like a trade's, is not the trade's
+    const delivered = milestoneRecord({ milestone_id: 'ms_1', status: 'released' })
+    const client = fakeTradeApi({
+      deliverMilestone: async () => ({ record: 'milestone', milestone: delivered }),
+      releaseMilestone: async () => ({ record: 'milestone', milestone: { milestone_id: 'ms_1' } }),
+    })
+
+    const answer = await runTradeOperation(deps(client, clock), ref, { kind: 'deliver_milestone', milestoneId: 'ms_1' })
+    expect(answer).toEqual({ record: 'milestone', milestone: delivered })
+    const after = await order(ref)
+    expect(after).toMatchObject({ tradeId: opened.tradeId, tradeStatus: 'funded', statusSource: 'api', statusChangedAt: funded.statusChangedAt })
+    expect(after.nextPollAt?.getTime()).toBe(clock.now() + EXPECTED_WEBHOOK_S * 1000)
+    expect(await history(after.id)).toEqual([
+      { fromStatus: null, toStatus: 'created', source: 'api' },
+      { fromStatus: 'created', toStatus: 'funded', source: 'api' },
+    ])
+    const done = logEntries().slice(before).filter((entry) => entry.msg === 'trade operation done')
+    expect(done).toEqual([
+      expect.objectContaining({ operation: 'deliver_milestone', record: 'milestone', milestoneId: 'ms_1', milestoneStatus: 'released' }),
+    ])
+    expect(done[0]).not.toHaveProperty('status')
+
+    await clock.advance(5_000)
+    expect(await runTradeOperation(deps(client, clock), ref, { kind: 'release_milestone', milestoneId: 'ms_1' })).toEqual({
+      record: 'milestone',
+      milestone: { milestone_id: 'ms_1' },
+    })
+    expect((await order(ref)).nextPollAt?.getTime()).toBe(clock.now() + EXPECTED_WEBHOOK_S * 1000)
+    expect((await order(ref)).tradeStatus).toBe('funded')
+  })
+
+  it('applies the trade status of a trade record that a milestone operation answered', async () => {
+    const { ref, clock, opened } = await openedOrder()
+    const before = logEntries().length
+    const trade = tradeRecord({ trade_id: opened.tradeId!, external_reference: ref, status: 'released' })
+    const client = fakeTradeApi({ releaseMilestone: async () => ({ record: 'trade', trade }) })
+    expect(await runTradeOperation(deps(client, clock), ref, { kind: 'release_milestone', milestoneId: 'ms_1' })).toEqual({
+      record: 'trade',
+      trade,
+    })
+    const after = await order(ref)
+    expect(after).toMatchObject({ tradeStatus: 'released', statusSource: 'api' })
+    expect((await history(after.id)).at(-1)).toEqual({ fromStatus: 'created', toStatus: 'released', source: 'api' })
+    expect(logEntries().slice(before).filter((entry) => entry.msg === 'trade operation done')).toEqual([
+      expect.objectContaining({ operation: 'release_milestone', record: 'trade', status: 'released' }),
+    ])
+  })
+
+  it('applies nothing, says so and polls soon when a milestone operation answers another milestone’s record', async () => {
+    const { ref, clock, opened } = await openedOrder()
+    await clock.advance(1_000)
+    const before = logEntries().length
+    const client = fakeTradeApi({
+      deliverMilestone: async () => ({ record: 'milestone', milestone: milestoneRecord({ milestone_id: 'ms_other\nforged' }) }),
+    })
+    const error = await runTradeOperation(deps(client, clock), ref, { kind: 'deliver_milestone', milestoneId: 'ms_1' }).catch((e) => e)
+    expect(error).toMatchObject({ name: 'TradeOperationError', code: 'answer_mismatch' })
+    // the answered id on one line: a line feed in it forges no line
+    expect(error.message).toBe(
+      `The platform answered for order ${ref} (milestone ms_1 of trade ${opened.tradeId}) with the record of milestone ` +
+        'ms_other\\u000aforged: another milestone. Nothing of it was applied, and what the call did is not known: check ' +
+        'with `trades get`; the order is polled soon.',
+    )
+    const after = await order(ref)
+    expect(after).toMatchObject({ tradeId: opened.tradeId, tradeStatus: 'created' })
+    expect(after.nextPollAt?.getTime()).toBe(clock.now() + EXPECTED_WEBHOOK_S * 1000)
+    expect(await history(after.id)).toEqual([{ fromStatus: null, toStatus: 'created', source: 'api' }])
+    const entries = logEntries().slice(before)
+    expect(entries.filter((entry) => entry.msg === 'trade operation done')).toEqual([])
+    expect(entries).toContainEqual(
+      expect.objectContaining({ msg: 'the platform answered the record of another milestone: order not changed', milestoneId: 'ms_1', answeredMilestoneId: 'ms_other\nforged' }),
+    )
   })
 
   it('schedules a poll after opening a dispute, whose answer carries no trade status', async () => {

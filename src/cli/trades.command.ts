@@ -13,7 +13,7 @@ import {
   PartnerTimeoutError,
   PartnerValidationError,
 } from '../partner-api/partner-api-error.js'
-import type { CreateTradeRequest, MilestoneInput, TradeRecord } from '../partner-api/types.js'
+import type { CreateTradeRequest, MilestoneAnswer, MilestoneInput, MilestoneRecord, TradeRecord } from '../partner-api/types.js'
 import type { TradeDeps } from '../trades/trade-deps.js'
 import { TradeOperationError } from '../trades/trade-operation-error.js'
 import { orderReference } from './cli-arguments.js'
@@ -193,6 +193,29 @@ function printMilestones(trade: TradeRecord): void {
   }
 }
 
+/**
+ * What `trades milestone deliver|release` prints of its answer, which is the trade record or the milestone record
+ * (the spec allows either): the milestone's line first, as it is what the command moved (a milestone trade stays
+ * funded until its last release), then the trade's line, or, for a milestone record, that it carries no trade status.
+ * `--json` prints `{"trade": …}` or `{"milestone": …}`, by which record came.
+ */
+function printMilestoneAnswer(reference: string, milestoneId: string, answer: MilestoneAnswer, json: boolean | undefined): void {
+  if (json) {
+    printJson(answer.record === 'trade' ? { trade: answer.trade } : { milestone: answer.milestone })
+    return
+  }
+  const milestoneLine = (item: MilestoneRecord) =>
+    write(escaped`${reference}: milestone ${item.milestone_id} (${item.title ?? '?'}) is ${item.status ?? '?'}\n`)
+  if (answer.record === 'milestone') {
+    milestoneLine(answer.milestone)
+    write(escaped`  the platform answered the milestone record, which holds no trade status: \`trades get ${reference}\` shows the trade\n`)
+    return
+  }
+  const moved = answer.trade.milestones?.find((item) => item.milestone_id === milestoneId)
+  if (moved) milestoneLine(moved)
+  printTrade(answer.trade, false)
+}
+
 export function parseMilestone(spec: string): MilestoneInput {
   const colon = spec.lastIndexOf(':')
   const title = spec.slice(0, colon).trim()
@@ -298,22 +321,13 @@ export function registerTradesCommands(program: Command): void {
       .description(`${step} one milestone`)
       .argument('<reference>', 'the order’s external reference', orderReference)
       .argument('<milestoneId>', 'the platform’s milestone id')
-      .option('--json', 'print the trade record as JSON')
+      .option('--json', 'print the record the platform answered as JSON: {"trade": …} or {"milestone": …}')
       .action(async (reference: string, milestoneId: string, options: { json?: boolean }) => {
         const kind = step === 'deliver' ? 'deliver_milestone' : 'release_milestone'
         const { runTradeOperation } = await import('../trades/run-trade-operation.js')
         await runTradeCall(
           (deps) => runTradeOperation(deps, reference, { kind, milestoneId }),
-          (trade) => {
-            if (options.json) {
-              printJson({ trade })
-              return
-            }
-            // the milestone first: it is what the command moved (the trade stays funded until the last release)
-            const moved = trade.milestones?.find((item) => item.milestone_id === milestoneId)
-            if (moved) write(escaped`${reference}: milestone ${moved.milestone_id} (${moved.title}) is ${moved.status}\n`)
-            printTrade(trade, false)
-          },
+          (answer) => printMilestoneAnswer(reference, milestoneId, answer, options.json),
         )
       })
   }

@@ -45,7 +45,7 @@ import {
   PROXY_CLOSED_CODE,
 } from './partner-api-error.js'
 import { directPlatformFetch } from './platform-fetch.js'
-import { checkResponse, platformErrorBodySchema } from './responses.js'
+import { checkResponse, type CheckedResponse, platformErrorBodySchema } from './responses.js'
 import { newNonce, signRequest } from './sign-request.js'
 
 export const PARTNER_API_PREFIX = '/api/partner/v1'
@@ -162,12 +162,15 @@ export class PartnerApiTransport {
     this.onClockOffset = options.onClockOffset
   }
 
-  /** Sends `payload` (JSON) to `apiPath` under the API prefix and answers the 2xx body checked by `schema`. */
+  /**
+   * Sends `payload` (JSON) to `apiPath` under the API prefix and answers the 2xx body checked by `schema`, or by a
+   * check of its own where the endpoint answers one of two records (responses.ts, checkMilestoneAnswer).
+   */
   async call<T>(
     method: Method,
     apiPath: string,
     payload: object | undefined,
-    schema: z.ZodType<T>,
+    schema: AnswerCheck<T>,
     { signal }: CallOptions = {},
   ): Promise<T> {
     const url = new URL(this.origin)
@@ -377,7 +380,10 @@ function foreignCharset(contentType: string | null): string | undefined {
   return charset === undefined || /^utf-?8$/i.test(charset) ? undefined : charset
 }
 
-function parseSuccess<T>(method: Method, path: string, answer: RawAnswer, schema: z.ZodType<T>): T {
+/** How a 2xx body is checked: against one schema, or by a function that picks the record (it never throws). */
+export type AnswerCheck<T> = z.ZodType<T> | ((body: unknown) => CheckedResponse<T>)
+
+function parseSuccess<T>(method: Method, path: string, answer: RawAnswer, schema: AnswerCheck<T>): T {
   const invalid = (field: string, problem: string) => invalidRecord(method, path, answer.status, field, problem)
   let json: unknown
   try {
@@ -393,7 +399,7 @@ function parseSuccess<T>(method: Method, path: string, answer: RawAnswer, schema
   // database, a log) recurses and runs out of stack: `trades fund --json` printed "Maximum call stack size
   // exceeded" and exited 1 for a fund it had recorded
   if (nestingDepth(json) > MAX_ANSWER_DEPTH) throw invalid('(body)', `nests deeper than ${MAX_ANSWER_DEPTH} levels`)
-  const checked = checkResponse(schema, json)
+  const checked = typeof schema === 'function' ? schema(json) : checkResponse(schema, json)
   if (!checked.ok) throw invalid(checked.problem.field, checked.problem.message)
   return checked.value
 }

@@ -6,11 +6,12 @@
 import type { PartnerEnv, PartnerKind } from '../config.js'
 import type { Logger } from '../logger.js'
 import { type CallOptions, PartnerApiTransport, type TransportOptions } from './partner-api-transport.js'
-import { disputeSchema, proposalSchema, respondResultSchema, tradeSchema } from './responses.js'
+import { checkMilestoneAnswer, disputeSchema, proposalSchema, respondResultSchema, tradeSchema } from './responses.js'
 import type {
   CreateProposalRequest,
   CreateTradeRequest,
   DisputeRecord,
+  MilestoneAnswer,
   OpenDisputeRequest,
   ProposalRecord,
   RespondResult,
@@ -100,15 +101,19 @@ export class PartnerApiClient {
     return this.transport.call('POST', `${tradePath(tradeId)}cancel/`, {}, tradeSchema, options)
   }
 
-  /** Answers the whole trade record (the spec allows a milestone or a trade record; we chose the trade). */
-  async deliverMilestone(tradeId: string, milestoneId: string, options?: CallOptions): Promise<TradeRecord> {
+  /**
+   * Answers the milestone record or the trade record, as the spec allows either, saying which came: a top-level
+   * milestone_id makes it the milestone's (checkMilestoneAnswer). Whether it is the record of the milestone and
+   * trade asked for is the caller's to check (runTradeOperation), as for every other operation.
+   */
+  async deliverMilestone(tradeId: string, milestoneId: string, options?: CallOptions): Promise<MilestoneAnswer> {
     const path = `${milestonePath(tradeId, milestoneId)}deliver/`
-    return this.transport.call('POST', path, {}, tradeSchema, options)
+    return this.transport.call('POST', path, {}, checkMilestoneAnswer, options)
   }
 
-  async releaseMilestone(tradeId: string, milestoneId: string, options?: CallOptions): Promise<TradeRecord> {
+  async releaseMilestone(tradeId: string, milestoneId: string, options?: CallOptions): Promise<MilestoneAnswer> {
     const path = `${milestonePath(tradeId, milestoneId)}release/`
-    return this.transport.call('POST', path, {}, tradeSchema, options)
+    return this.transport.call('POST', path, {}, checkMilestoneAnswer, options)
   }
 
   async openDispute(

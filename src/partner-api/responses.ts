@@ -11,6 +11,7 @@
 //   that is present must have its documented type, so the typed record never lies.
 import { z } from 'zod'
 import { isPathId, LONE_SURROGATE, TRADE_FACT_MAX_LENGTH } from './field-rules.js'
+import type { MilestoneAnswer } from './types.js'
 
 const text = z.string()
 const nullableText = z.string().nullable()
@@ -125,11 +126,11 @@ export interface ResponseProblem {
   message: string
 }
 
+/** A parsed answer checked: the record, or where it is wrong. */
+export type CheckedResponse<T> = { ok: true; value: T } | { ok: false; problem: ResponseProblem }
+
 /** Checks a parsed JSON answer; never echoes a value of the body, only where it is wrong. */
-export function checkResponse<T>(
-  schema: z.ZodType<T>,
-  body: unknown,
-): { ok: true; value: T } | { ok: false; problem: ResponseProblem } {
+export function checkResponse<T>(schema: z.ZodType<T>, body: unknown): CheckedResponse<T> {
   const result = schema.safeParse(body, {
     error: (issue) =>
       issue.input === undefined
@@ -142,4 +143,24 @@ export function checkResponse<T>(
   const issue = result.error.issues[0]!
   if (issue.path.length === 0) return { ok: false, problem: { field: '(body)', message: 'must be an object' } }
   return { ok: false, problem: { field: issue.path.map(String).join('.'), message: issue.message } }
+}
+
+/**
+ * The answer of a milestone deliver or release, which the spec gives as "Milestone or trade record" (section 4).
+ * The two are told apart by a top-level `milestone_id`: a milestone record is named by it, while a trade record
+ * holds its milestones in its `milestones` array and has none of its own. A body with one is checked as a
+ * milestone record (milestoneSchema); any other is held to the trade schema, so a body that is neither is refused
+ * as before, naming the first trade field at fault (`trade_id is missing`).
+ */
+export function checkMilestoneAnswer(body: unknown): CheckedResponse<MilestoneAnswer> {
+  if (isMilestoneRecord(body)) {
+    const checked = checkResponse(milestoneSchema, body)
+    return checked.ok ? { ok: true, value: { record: 'milestone', milestone: checked.value } } : checked
+  }
+  const checked = checkResponse(tradeSchema, body)
+  return checked.ok ? { ok: true, value: { record: 'trade', trade: checked.value } } : checked
+}
+
+function isMilestoneRecord(body: unknown): boolean {
+  return typeof body === 'object' && body !== null && !Array.isArray(body) && Object.hasOwn(body, 'milestone_id')
 }

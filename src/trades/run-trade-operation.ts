@@ -1,6 +1,8 @@
 // Runs one platform operation on the trade of an order and records what it learned: the trade status the
 // platform answered (an observation with source `api`) and a poll EXPECTED_WEBHOOK_S later, in case the
 // webhook that should follow never comes. Both in one transaction: an answer is recorded whole or not at all.
+// A dispute or proposal record, and a milestone record (a milestone operation may answer either record),
+// carry no trade status: for those only the poll is scheduled.
 //
 // With a CallGuard (the CLI's Ctrl-C), a stop asked for before the call is sent stops it there, nothing sent;
 // once sent, only the operator's giving up on the answer ends the wait, and that is recorded as a timeout is
@@ -14,6 +16,8 @@ import { isOutcomeUnknown } from '../partner-api/partner-api-error.js'
 import type {
   CreateProposalRequest,
   DisputeRecord,
+  MilestoneAnswer,
+  MilestoneRecord,
   OpenDisputeRequest,
   ProposalRecord,
   RespondResult,
@@ -21,7 +25,13 @@ import type {
   TradeRecord,
 } from '../partner-api/types.js'
 import type { PartnerTradeApi, TradeDeps } from './trade-deps.js'
-import { answerMismatch, stoppedBeforeSending, TradeOperationError, usableTradeId } from './trade-operation-error.js'
+import {
+  answerMismatch,
+  milestoneAnswerMismatch,
+  stoppedBeforeSending,
+  TradeOperationError,
+  usableTradeId,
+} from './trade-operation-error.js'
 
 export type TradeOperation =
   | { kind: 'fund' | 'deliver' | 'release' | 'cancel' }
@@ -36,8 +46,8 @@ export interface TradeOperationResults {
   deliver: TradeRecord
   release: TradeRecord
   cancel: TradeRecord
-  deliver_milestone: TradeRecord
-  release_milestone: TradeRecord
+  deliver_milestone: MilestoneAnswer
+  release_milestone: MilestoneAnswer
   dispute: DisputeRecord
   proposal: ProposalRecord
   respond: RespondResult
@@ -105,8 +115,39 @@ export async function runTradeOperation<O extends TradeOperation>(
       'Nothing of it was applied, and what the call did is not known: check with `trades get`; the order is polled soon.',
     )
   }
+  const milestone = milestoneRecordOf(operation, result)
+  if (milestone && milestone.answered.milestone_id !== milestone.asked) {
+    // the call was sent for our milestone, but the record that came back is another's: what it did is not known
+    // (nothing was applied from it, a milestone record carrying no trade status; the poll above stands)
+    logger.warn(
+      {
+        externalReference,
+        orderId: order.id,
+        tradeId,
+        operation: operation.kind,
+        milestoneId: milestone.asked,
+        answeredMilestoneId: milestone.answered.milestone_id,
+      },
+      'the platform answered the record of another milestone: order not changed',
+    )
+    throw milestoneAnswerMismatch(
+      externalReference,
+      `milestone ${milestone.asked} of trade ${tradeId}`,
+      milestone.answered,
+      'Nothing of it was applied, and what the call did is not known: check with `trades get`; the order is polled soon.',
+    )
+  }
   logger.info(
-    { externalReference, orderId: order.id, tradeId, operation: operation.kind, status: trade?.status },
+    {
+      externalReference,
+      orderId: order.id,
+      tradeId,
+      operation: operation.kind,
+      status: trade?.status,
+      // which record a milestone operation answered: a milestone record has no trade status to apply
+      ...(isMilestoneOperation(operation) && { record: (result as MilestoneAnswer).record }),
+      ...(milestone && { milestoneId: milestone.answered.milestone_id, milestoneStatus: milestone.answered.status }),
+    },
     'trade operation done',
   )
   return result as TradeOperationResults[O['kind']]
@@ -143,9 +184,36 @@ export function callTradeApi(
   }
 }
 
-/** The trade record an operation answered, if any: dispute and proposal records carry no trade status. */
+/**
+ * The trade record an operation answered, if any: dispute, proposal and milestone records carry no trade status.
+ */
 function tradeOf(operation: TradeOperation, result: unknown): TradeRecord | undefined {
-  if (operation.kind === 'dispute' || operation.kind === 'proposal') return undefined
-  if (operation.kind === 'respond') return (result as RespondResult).trade
-  return result as TradeRecord
+  switch (operation.kind) {
+    case 'dispute':
+    case 'proposal':
+      return undefined
+    case 'respond':
+      return (result as RespondResult).trade
+    case 'deliver_milestone':
+    case 'release_milestone': {
+      const answer = result as MilestoneAnswer
+      return answer.record === 'trade' ? answer.trade : undefined
+    }
+    default:
+      return result as TradeRecord
+  }
+}
+
+/** The milestone record a milestone operation answered, if that is the record that came, beside the id it was sent for. */
+function milestoneRecordOf(
+  operation: TradeOperation,
+  result: unknown,
+): { asked: string; answered: MilestoneRecord } | undefined {
+  if (operation.kind !== 'deliver_milestone' && operation.kind !== 'release_milestone') return undefined
+  const answer = result as MilestoneAnswer
+  return answer.record === 'milestone' ? { asked: operation.milestoneId, answered: answer.milestone } : undefined
+}
+
+function isMilestoneOperation(operation: TradeOperation): boolean {
+  return operation.kind === 'deliver_milestone' || operation.kind === 'release_milestone'
 }

@@ -1,7 +1,7 @@
 // Why an order-level trade operation was refused locally, before or instead of calling the platform, or
 // why what the platform answered was not applied.
 import type { Order } from '../orders/order.js'
-import type { TradeRecord } from '../partner-api/types.js'
+import type { MilestoneRecord, TradeRecord } from '../partner-api/types.js'
 import { isPathId } from '../partner-api/field-rules.js'
 import { printable } from '../printable.js'
 
@@ -18,7 +18,7 @@ export type TradeOperationErrorCode =
   | 'trade_create_in_flight'
   /** The order has no trade yet to run the operation on. */
   | 'no_trade'
-  /** The platform answered with a record of another trade or another order: nothing of it was applied. */
+  /** The platform answered with a record of another trade, order or milestone: nothing of it was applied. */
   | 'answer_mismatch'
   /** A stop (the operator's Ctrl-C) came before the call was sent: nothing was sent. */
   | 'stopped'
@@ -69,6 +69,24 @@ export function answerMismatch(externalReference: string, asked: string, trade: 
     `The platform answered for order ${externalReference} (${asked}) with the record of trade ` +
       `${printable(trade.trade_id)} for external reference ${printable(trade.external_reference)}: another trade ` +
       `or order. ${next}`,
+  )
+}
+
+/**
+ * A milestone operation answered the record of another milestone than the one it was sent for: nothing of it is
+ * applied (a milestone record carries no trade status anyway) or shown, and what the call did is not known.
+ */
+export function milestoneAnswerMismatch(
+  externalReference: string,
+  asked: string,
+  milestone: MilestoneRecord,
+  next: string,
+): TradeOperationError {
+  // the answered id is the platform's text: on one line, so a line feed in it forges no line
+  return new TradeOperationError(
+    'answer_mismatch',
+    `The platform answered for order ${externalReference} (${asked}) with the record of milestone ` +
+      `${printable(milestone.milestone_id)}: another milestone. ${next}`,
   )
 }
 

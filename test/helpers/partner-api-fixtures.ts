@@ -2,6 +2,7 @@
 // the full records, as the sandbox answers them; the client needs only the fields it relies on
 import type {
   FullDisputeRecord as DisputeRecord,
+  FullMilestoneRecord as MilestoneRecord,
   FullProposalRecord as ProposalRecord,
   FullRespondResult as RespondResult,
   FullTradeRecord as TradeRecord,
@@ -26,6 +27,11 @@ export function tradeRecord(overrides: Partial<TradeRecord> = {}): TradeRecord {
     updated_at: '2026-01-01T00:00:00Z',
     ...overrides,
   }
+}
+
+/** A milestone's own record, as a milestone deliver or release may answer it instead of the trade's. */
+export function milestoneRecord(overrides: Partial<MilestoneRecord> = {}): MilestoneRecord {
+  return { milestone_id: 'ms_1', title: 'Frame', amount: '70.00', status: 'delivered', ...overrides }
 }
 
 export function proposalRecord(overrides: Partial<ProposalRecord> = {}): ProposalRecord {
