@@ -164,6 +164,8 @@ export interface Config {
     readonly port: number
     /** Bearer token of the sandbox's /sandbox/* control endpoints; undefined: they refuse every call. */
     readonly controlToken: string | undefined
+    /** SANDBOX_MILESTONE_ANSWER: which of the two records the spec allows a milestone deliver or release answers. */
+    readonly milestoneAnswer: 'trade' | 'milestone'
   }
   /**
    * The operator console's token (ADMIN_TOKEN; in local mode generated and kept with the local secrets).
@@ -370,6 +372,11 @@ const EnvSchema = z.object({
     .default('/metrics'),
   SANDBOX_PORT: port.default(4010),
   SANDBOX_CONTROL_TOKEN: z.string().optional(),
+  SANDBOX_MILESTONE_ANSWER: z
+    .enum(['trade', 'milestone'], {
+      error: 'must be trade (a milestone deliver or release answers the trade record) or milestone (the milestone record)',
+    })
+    .default('trade'),
   REACTION_MAX_ATTEMPTS: wholeNumber({ max: 1_000 }).default(10),
   REACTION_CONCURRENCY: wholeNumber({ max: 256 }).default(32),
   REACTION_LEASE_S: wholeNumber({ max: 86_400 }).default(300),
@@ -803,6 +810,7 @@ export function parseConfig(
         values.SANDBOX_CONTROL_TOKEN ??
         generated?.sandboxControlToken ??
         (mode === 'local' ? randomBytes(32).toString('hex') : undefined),
+      milestoneAnswer: values.SANDBOX_MILESTONE_ANSWER,
     },
     reactions: {
       maxAttempts: values.REACTION_MAX_ATTEMPTS,

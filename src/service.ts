@@ -310,6 +310,7 @@ export async function startService({
         webhookUrl: `${server.url}${config.webhook.path}`,
         controlToken: config.sandbox.controlToken,
         partnerKind: config.partner.kind,
+        milestoneAnswer: config.sandbox.milestoneAnswer,
         stateFile: sandboxStateFile(config.dataDir),
         clock,
         logger,

@@ -276,6 +276,19 @@ describe('configuration', () => {
     ])
   })
 
+  it('reads SANDBOX_MILESTONE_ANSWER as trade (the default) or milestone, and refuses any other value naming it', () => {
+    expect(parseConfig(remoteEnv).sandbox.milestoneAnswer).toBe('trade')
+    expect(parseConfig({ ...remoteEnv, SANDBOX_MILESTONE_ANSWER: 'milestone' }).sandbox.milestoneAnswer).toBe('milestone')
+    expect(parseConfig({ ...remoteEnv, SANDBOX_MILESTONE_ANSWER: 'trade' }).sandbox.milestoneAnswer).toBe('trade')
+    // empty, as every variable: unset (an env file's `SANDBOX_MILESTONE_ANSWER=`)
+    expect(parseConfig({ ...remoteEnv, SANDBOX_MILESTONE_ANSWER: '' }).sandbox.milestoneAnswer).toBe('trade')
+    for (const value of ['both', 'Milestone', 'milestones', ' milestone']) {
+      expect(problemsOf({ ...remoteEnv, SANDBOX_MILESTONE_ANSWER: value }), JSON.stringify(value)).toEqual([
+        'SANDBOX_MILESTONE_ANSWER: must be trade (a milestone deliver or release answers the trade record) or milestone (the milestone record)',
+      ])
+    }
+  })
+
   it('puts the operator listener on 127.0.0.1:3001 by default and caps the public one', () => {
     const config = parseConfig(remoteEnv)
     expect(config.admin).toEqual({ port: 3001, host: '127.0.0.1', allowedHosts: [] })

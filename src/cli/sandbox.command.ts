@@ -58,6 +58,7 @@ interface SandboxFlags extends Faults {
   webhookUrl?: string
   webhookSecret?: string
   partnerKind?: 'marketplace' | 'merchant'
+  milestoneAnswer?: 'trade' | 'milestone'
   keyId?: string
   apiSecret?: string
   retryBaseDelayMs: number
@@ -76,6 +77,12 @@ export function registerSandboxCommand(program: Command): void {
     .addOption(option('--webhook-url <url>', 'where webhooks go (default: this service’s receiver)', 'SANDBOX_WEBHOOK_URL').argParser(webhookUrl))
     .addOption(option('--webhook-secret <secret>', 'webhook signing secret (default: the first WEBHOOK_SECRETS)', 'SANDBOX_WEBHOOK_SECRET').argParser(nonEmpty))
     .addOption(option('--partner-kind <kind>', 'marketplace or merchant (default: PARTNER_KIND)', 'SANDBOX_PARTNER_KIND').choices(['marketplace', 'merchant']))
+    .addOption(
+      option('--milestone-answer <record>', 'what a milestone deliver or release answers: the trade record or the milestone record (default: trade)', 'SANDBOX_MILESTONE_ANSWER').choices([
+        'trade',
+        'milestone',
+      ]),
+    )
     .addOption(option('--key-id <id>', 'the API key id it accepts (default: PARTNER_API_KEY_ID)', 'SANDBOX_API_KEY_ID').argParser(nonEmpty))
     .addOption(option('--api-secret <secret>', 'the API secret it verifies with (default: PARTNER_API_SECRET)', 'SANDBOX_API_SECRET').argParser(nonEmpty))
     .addOption(option('--retry-base-delay-ms <ms>', 'first retry delay; doubles per attempt', 'SANDBOX_RETRY_BASE_DELAY_MS').argParser(milliseconds).default(1_000))
@@ -110,6 +117,7 @@ export function registerSandboxCommand(program: Command): void {
         webhookSecret: flags.webhookSecret ?? config.webhook.secrets[0]!,
         webhookUrl: flags.webhookUrl ?? `http://${host}:${config.port}${config.webhook.path}`,
         partnerKind: flags.partnerKind ?? config.partner.kind,
+        milestoneAnswer: flags.milestoneAnswer ?? config.sandbox.milestoneAnswer,
         controlToken: config.sandbox.controlToken,
         retryBaseDelayMs: flags.retryBaseDelayMs,
         attemptTimeoutMs: flags.attemptTimeoutMs,
@@ -147,6 +155,9 @@ export function registerSandboxCommand(program: Command): void {
       // the base URL a receiver is given is the root: the client adds /api/partner/v1/ (config.ts refuses it whole)
       write(`sandbox platform listening on ${url} (partner API at ${url}/api/partner/v1/; a receiver's PARTNER_API_BASE_URL=${url})\n`)
       write(`webhooks go to ${withoutPassword(flags.webhookUrl ?? `http://${host}:${config.port}${config.webhook.path}`)}\n`)
+      if ((flags.milestoneAnswer ?? config.sandbox.milestoneAnswer) === 'milestone') {
+        write('a milestone deliver or release answers the milestone record, not the trade record\n')
+      }
       write(`key id ${flags.keyId ?? config.partner.keyId}; secrets as configured (not shown). Ctrl-C stops it.\n`)
       write(
         config.sandbox.controlToken

@@ -38,6 +38,12 @@ export interface SandboxOptions {
   attemptTimeoutMs?: number
   timestampWindowS?: number
   refundDelayMs?: number
+  /**
+   * What a milestone deliver or release answers, of the two records the spec allows ("Milestone or trade
+   * record"): `trade`, the whole trade record (the default), or `milestone`, the milestone's full record after the
+   * step, so that a client is tried against both (SANDBOX_MILESTONE_ANSWER).
+   */
+  milestoneAnswer?: 'trade' | 'milestone'
   faults?: Partial<Faults>
   /**
    * Where the trades, the reference counter and undelivered webhooks are kept across restarts
@@ -55,6 +61,7 @@ export const SANDBOX_DEFAULTS = {
   attemptTimeoutMs: 5_000,
   timestampWindowS: 300,
   refundDelayMs: 1_000,
+  milestoneAnswer: 'trade',
 } as const
 
 export interface Sandbox {
@@ -277,6 +284,11 @@ export function createSandbox(options: SandboxOptions): Sandbox {
     res.status(status).json(result)
   }
   const id = (req: Request, name: string) => String(req.params[name])
+  // the trade as it is after the milestone's step, or that milestone's own record in it
+  const milestoneStepAnswer = (trade: TradeRecord, milestoneId: string) =>
+    settings.milestoneAnswer === 'milestone'
+      ? trade.milestones!.find((milestone) => milestone.milestone_id === milestoneId)!
+      : trade
   app.post(`${API}/trades/`, route((req) => platform.create(req.body), 201))
   app.get(`${API}/trades/:id/`, route((req) => platform.get(id(req, 'id'))))
   app.post(`${API}/trades/:id/fund/`, route((req) => platform.fund(id(req, 'id'))))
@@ -285,11 +297,11 @@ export function createSandbox(options: SandboxOptions): Sandbox {
   app.post(`${API}/trades/:id/cancel/`, route((req) => platform.cancel(id(req, 'id'))))
   app.post(
     `${API}/trades/:id/milestones/:milestoneId/deliver/`,
-    route((req) => platform.deliverMilestone(id(req, 'id'), id(req, 'milestoneId'))),
+    route((req) => milestoneStepAnswer(platform.deliverMilestone(id(req, 'id'), id(req, 'milestoneId')), id(req, 'milestoneId'))),
   )
   app.post(
     `${API}/trades/:id/milestones/:milestoneId/release/`,
-    route((req) => platform.releaseMilestone(id(req, 'id'), id(req, 'milestoneId'))),
+    route((req) => milestoneStepAnswer(platform.releaseMilestone(id(req, 'id'), id(req, 'milestoneId')), id(req, 'milestoneId'))),
   )
   app.post(`${API}/trades/:id/dispute/`, route((req) => platform.openDispute(id(req, 'id'), req.body), 201))
   app.post(`${API}/trades/:id/proposals/`, route((req) => platform.createProposal(id(req, 'id'), req.body), 201))

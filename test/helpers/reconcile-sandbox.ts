@@ -10,7 +10,7 @@ import { listen, type RunningServer } from '../../src/http/server.js'
 import type { Logger } from '../../src/logger.js'
 import { createPartnerApiClient } from '../../src/partner-api/create-partner-api-client.js'
 import type { PartnerApiClient } from '../../src/partner-api/partner-api.client.js'
-import { createSandbox, type Sandbox } from '../../src/sandbox/create-sandbox.js'
+import { createSandbox, type Sandbox, type SandboxOptions } from '../../src/sandbox/create-sandbox.js'
 import { seededRandom } from '../../src/sandbox/seeded-random.js'
 import type { Faults } from '../../src/sandbox/webhook-dispatcher.js'
 import { openTradeForOrder } from '../../src/trades/open-trade-for-order.js'
@@ -35,9 +35,12 @@ export interface PlatformLoop {
 export async function startPlatformLoop(
   db: Kysely<Database>,
   faults: Partial<Faults>,
+  /** What the sandbox's milestone operations answer (its default: the trade record). */
+  { milestoneAnswer }: Pick<SandboxOptions, 'milestoneAnswer'> = {},
 ): Promise<PlatformLoop> {
   const logger = testLogger([TEST_API_SECRET, TEST_WEBHOOK_SECRET])
   const sandbox = createSandbox({
+    milestoneAnswer,
     keyId: TEST_API_KEY_ID,
     apiSecret: TEST_API_SECRET,
     webhookSecret: TEST_WEBHOOK_SECRET,
