@@ -1,9 +1,14 @@
 // Guessing the console's token: after ten wrong tokens in a minute, from any client, every token is answered 429
 // unchecked until the minute has passed; the refusals are counted in console_auth_refused_total and logged once a
 // second at most. Time is a FakeClock: the minute passes when the test says so.
+import { once } from 'node:events'
+import http from 'node:http'
+import type { AddressInfo } from 'node:net'
 import request from 'supertest'
-import { describe, expect, it } from 'vitest'
+import { describe, expect, it, vi } from 'vitest'
+import { systemClock } from '../src/clock.js'
 import { createAdminApp } from '../src/http/admin-app.js'
+import { createApp } from '../src/http/app.js'
 import { createMetrics } from '../src/metrics/metrics.js'
 import { FakeClock } from './helpers/fake-clock.js'
 import { logLines, testLogger } from './helpers/log-sink.js'
@@ -77,6 +82,44 @@ describe('the operator console against a guesser', () => {
     expect((await request(admin).get('/console/orders').set('Cookie', session).set('Authorization', `Bearer ${TOKEN}`)).status).toBe(429)
   })
 
+  it('checks 10 wrong tokens, not 40, when 40 logins send their headers first and their forms all together later', async () => {
+    const { admin } = consoleApp()
+    const server = http.createServer(admin).listen(0, '127.0.0.1')
+    await once(server, 'listening')
+    const { port } = server.address() as AddressInfo
+    let arrived = 0
+    server.on('request', () => arrived++)
+    try {
+      const forms = Array.from({ length: 40 }, (_, i) => `token=wrong${i}&name=ops`)
+      const requests = forms.map((form) => {
+        const req = http.request({
+          host: '127.0.0.1',
+          port,
+          method: 'POST',
+          path: '/console/login',
+          agent: false,
+          headers: { 'content-type': 'application/x-www-form-urlencoded', 'content-length': Buffer.byteLength(form) },
+        })
+        req.flushHeaders()
+        const status = once(req, 'response').then(([res]) => {
+          ;(res as http.IncomingMessage).resume()
+          return (res as http.IncomingMessage).statusCode
+        })
+        return { req, form, status }
+      })
+      // every request's headers have been through the throttle's first look (each answered nothing yet)
+      await vi.waitFor(() => expect(arrived).toBe(40))
+      await new Promise((resolve) => setTimeout(resolve, 50))
+      for (const { req, form } of requests) req.end(form)
+      const statuses = await Promise.all(requests.map(({ status }) => status))
+      expect(statuses.filter((status) => status === 401)).toHaveLength(10)
+      expect(statuses.filter((status) => status === 429)).toHaveLength(30)
+    } finally {
+      server.closeAllConnections()
+      server.close()
+    }
+  })
+
   it('counts refused tokens in console_auth_refused_total by how they came and why', async () => {
     const { admin, login, bearer } = consoleApp()
     for (let i = 0; i < 3; i++) await login(`x${i}`)
@@ -114,5 +157,33 @@ describe('the operator console against a guesser', () => {
     expect(accounted('console login refused: too many wrong tokens')).toBe(390)
     expect(lines.length).toBeLessThanOrEqual(2 * (2 + Math.ceil(elapsedS)))
     expect(lines.join('\n')).not.toContain(TOKEN)
+  })
+})
+
+describe('the overview against requests anyone can send to the webhook URL', () => {
+  const database = useTestDatabase()
+
+  it('asks a human about signatures matching no secret only, and shows unsigned and malformed requests apart', async () => {
+    const metrics = createMetrics({}, { defaultMetrics: false })
+    const config = testConfig({ ADMIN_TOKEN: TOKEN })
+    const logger = testLogger([TOKEN])
+    const app = createApp({ config, db: database.db, logger, clock: systemClock, metrics })
+    const admin = createAdminApp({ config, db: database.db, logger, clock: systemClock, metrics })
+    const overview = async () => (await request(admin).get('/console/').set('Authorization', `Bearer ${TOKEN}`)).text
+    const webhook = (signature?: string) => {
+      const call = request(app).post('/webhooks/partner').set('Content-Type', 'application/json').set('X-Partner-Delivery-Id', 'outsider-1')
+      return (signature === undefined ? call : call.set('X-Partner-Signature', signature)).send('{"trade_id":"x"}')
+    }
+
+    expect((await webhook()).status).toBe(401)
+    expect((await webhook('hello')).status).toBe(401)
+    const calm = await overview()
+    expect(calm).not.toContain('WEBHOOK_SECRETS')
+    expect(calm).toContain('2 unsigned or malformed (anyone’s)')
+
+    expect((await webhook(`sha256=${'ab'.repeat(32)}`)).status).toBe(401)
+    const asking = await overview()
+    expect(asking).toContain('1 webhook signatures matching no secret since start: check WEBHOOK_SECRETS.')
+    expect(asking).toMatch(/<span class="figure">1<\/span> signatures matching no secret since start/)
   })
 })

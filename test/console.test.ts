@@ -723,6 +723,8 @@ expect(ran.text).toContain('1000 deliveries re-applied: not a trade event 1000')
         ['2026-02-31T08:00:00.000000Z', 'dlv-1', 'f'.repeat(64)],
         ['Fri, 27 Nov 2026 08:00:00 GMT', 'dlv-1', 'f'.repeat(64)],
         ['2026-11-27T08:00:00.000000Z', 'dlv-1', 'not a digest'],
+        // a year Date takes and the database has not
+        ['0000-01-01T00:00:00.000000Z', 'dlv-1', 'f'.repeat(64)],
       ].map((cursor): [string, Record<string, string>, string] => [
         '/console/deliveries',
         { after: Buffer.from(JSON.stringify(cursor)).toString('base64url') },
@@ -934,6 +936,14 @@ describe('operator console: reactions', () => {
     expect(late.status).toBe(409)
     expect(late.text).toContain(`job ${id} is done: only a failed or pending job can be retried`)
     expect(await stateOf(id)).toEqual({ state: 'done', attempts: 1 })
+    // the same refused form again is refused again, and no refusal is listed among the actions done
+    const lateAgain = await bearer(request(admin).post(`/console/reactions/${id}/retry`)).type('form').send({ ...fields, action_id: 'a'.repeat(32) })
+    expect([lateAgain.status, lateAgain.text.includes('already carried out')]).toEqual([409, false])
+    const missing = { ...fields, action_id: 'b'.repeat(32) }
+    for (let i = 0; i < 2; i++) expect((await bearer(request(admin).post('/console/reactions/999999/retry')).type('form').send(missing)).status).toBe(404)
+    const overview = (await bearer(request(admin).get('/console/'))).text
+    expect(overview).not.toContain('no reaction job 999999')
+    expect(overview).not.toContain(`job ${id} is done: only`)
     // and its confirm page says so rather than offering the button
     const refused = await bearer(request(admin).get(`/console/reactions/${id}/skip`))
     expect(refused.status).toBe(409)

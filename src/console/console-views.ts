@@ -123,7 +123,8 @@ export function messagePage(title: string, operator: Operator | undefined, messa
 export interface OverviewData {
   perMinute: DeliveriesPerMinute[]
   since: Date
-  signatureFailures: number | undefined
+  /** Since start: signatures matching no secret, and requests unsigned or with a malformed signature (anyone's). */
+  signatureFailures: { mismatch: number; unsigned: number } | undefined
   ordersDue: number
   oldestDueAgeS: number
   parked: number
@@ -189,8 +190,8 @@ export function overviewPage(operator: Operator, data: OverviewData): Html {
         : html`<li>Reconcile run ${stopped.id} was refused by the platform (401): ${describeClockOffset(stopped.clockOffsetS)}.</li>`,
     )
   }
-  if (data.signatureFailures) {
-    needsHuman.push(html`<li>${data.signatureFailures} webhook signature failures since start: check WEBHOOK_SECRETS.</li>`)
+  if (data.signatureFailures?.mismatch) {
+    needsHuman.push(html`<li>${data.signatureFailures.mismatch} webhook signatures matching no secret since start: check WEBHOOK_SECRETS.</li>`)
   }
 
   const minutes = [...new Set(data.perMinute.map((row) => row.minute.getTime()))].sort((a, b) => b - a)
@@ -213,7 +214,9 @@ export function overviewPage(operator: Operator, data: OverviewData): Html {
     data.reactions.pending + data.reactions.running > 0 ? `oldest ${age(data.reactions.oldestPendingAgeS)}` : 'none waiting'
   }</div>
   <div><span class="figure">${data.reactions.failed}</span> <a href="${consolePath()}/reactions?state=failed">failed reactions</a></div>
-  <div><span class="figure">${data.signatureFailures ?? '—'}</span> signature failures since start</div>
+  <div><span class="figure">${data.signatureFailures?.mismatch ?? '—'}</span> signatures matching no secret since start<br>${
+    data.signatureFailures ? `${data.signatureFailures.unsigned} unsigned or malformed (anyone’s)` : ''
+  }</div>
 </section>
 <section>
   <h2>Deliveries per minute, last hour</h2>

@@ -214,6 +214,8 @@ function optionalText(value: unknown): string | undefined {
 /** A cursor's time as delivery.repository.ts writes it (microseconds, UTC), naming a day that exists. */
 function isCursorTime(value: unknown): value is string {
   if (typeof value !== 'string' || !/^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}\.\d{6}Z$/.test(value)) return false
+  // the database has no year 0, which Date takes (a cursor of year 0000 was refused by the database, unnamed)
+  if (value.startsWith('0000')) return false
   // Date rolls Feb 31 over into March: a time that exists comes back as it went in (to the millisecond)
   const milliseconds = `${value.slice(0, 23)}Z`
   const time = Date.parse(milliseconds)
@@ -356,14 +358,14 @@ export function consoleRoutes(deps: ConsoleDeps): Router {
     deps.metrics?.consoleAuthRefused.inc({ via, reason: 'wrong_token' })
     logWrongToken({ via, path: req.path })
   }
-  /** While the throttle holds, answers 429 from the headers alone (its body unread) and returns true. */
-  const throttled = async (req: Request, res: Response, via: Via): Promise<boolean> => {
+  /** While the throttle holds, answers 429 (from the headers alone, its body unread, unless `bodyRead`) and returns true. */
+  const throttled = async (req: Request, res: Response, via: Via, { bodyRead = false } = {}): Promise<boolean> => {
     const waitMs = throttle.waitMs()
     if (waitMs === 0) return false
     const retryAfterS = Math.ceil(waitMs / 1_000)
     deps.metrics?.consoleAuthRefused.inc({ via, reason: 'throttled' })
     logThrottled({ via, path: req.path, retryAfterS })
-    leaveBodyUnread(req, res)
+    if (!bodyRead) leaveBodyUnread(req, res)
     res.setHeader('Retry-After', String(retryAfterS))
     const problem = `Too many wrong tokens: no token, the right one included, is checked for ${retryAfterS} s more; try again then (too_many_attempts).`
     await send(res, loginPage(problem), 429)
@@ -377,6 +379,13 @@ export function consoleRoutes(deps: ConsoleDeps): Router {
   }
   actionAt(`${CONSOLE_PATH}/login`, unlessThrottled, form, async (req, res) => {
     if (!requestFromOwnOrigin(req)) return send(res, messagePage('Refused', undefined, 'This form was posted from another site.'), 403)
+    // and again once the form is here, with nothing awaited between this look and the token's check: logins
+    // whose forms came after all their headers were each let through by the look before the form, 200 of
+    // them checked in a second where 10 a minute are
+    if (throttle.waitMs() > 0) {
+      await throttled(req, res, 'login_page', { bodyRead: true })
+      return
+    }
     const body = (req.body ?? {}) as Record<string, unknown>
     const sessionId =
       typeof body.token === 'string' ? auth.login(body.token, typeof body.name === 'string' ? body.name : '') : undefined
@@ -462,7 +471,16 @@ export function consoleRoutes(deps: ConsoleDeps): Router {
       countFailedJobsByHandler(db),
       listRuns(db, 10),
     ])
-    const signatureFailures = deps.metrics ? (await deps.metrics.signatureFailures.get()).values.reduce((sum, value) => sum + value.value, 0) : undefined
+    // by kind: a mismatch is a signature made with a secret we do not hold (the platform's new one, or an
+    // imitation), worth a human; a missing or malformed one is anyone's request to the public URL, and put the
+    // item up for good with one unsigned POST, pointing at WEBHOOK_SECRETS for what no secret can fix
+    const signatureFailures = deps.metrics
+      ? (await deps.metrics.signatureFailures.get()).values.reduce(
+          (sum, { labels, value }) =>
+            labels.signature === 'mismatch' ? { ...sum, mismatch: sum.mismatch + value } : { ...sum, unsigned: sum.unsigned + value },
+          { mismatch: 0, unsigned: 0 },
+        )
+      : undefined
     await send(
       res,
       overviewPage(operatorOf(res), {
@@ -809,18 +827,26 @@ export function consoleRoutes(deps: ConsoleDeps): Router {
       const id = jobIdOf(req)
       if (id === undefined) return send(res, messagePage('Not found', operator, 'No such reaction job.'), 404)
       const outcome = await action.run(db, id, new Date(clock.now()))
-      const record = remember(
-        actionId,
-        operator,
-        `${verb} reaction ${id}`,
+      // only what was done is remembered (a repeat of the same form shows it) and listed as done; a refusal is
+      // answered as it stands each time, the repeat of a 404 a 404 (it was a 200 showing the refusal, listed
+      // under "Console actions since start" as if it had been done)
+      const record =
         outcome.result === action.done
-          ? verb === 'retry'
-            ? retriedText(id, (outcome as { waitsBehind?: JobWaitedFor }).waitsBehind)
-            : `job ${id} skipped`
-          : outcome.result === 'not_found'
-            ? `no reaction job ${id}`
-            : `job ${id} is ${outcome.state}: only a failed or pending job can be ${action.done}`,
-      )
+          ? remember(
+              actionId,
+              operator,
+              `${verb} reaction ${id}`,
+              verb === 'retry' ? retriedText(id, (outcome as { waitsBehind?: JobWaitedFor }).waitsBehind) : `job ${id} skipped`,
+            )
+          : {
+              at: new Date(clock.now()),
+              operator: operator.name,
+              action: `${verb} reaction ${id}`,
+              result:
+                outcome.result === 'not_found'
+                  ? `no reaction job ${id}`
+                  : `job ${id} is ${outcome.state}: only a failed or pending job can be ${action.done}`,
+            }
       await send(
         res,
         resultPage(operator, action.title, record, false, html`<p><a href="${reactionPath(id)}">Back to the job</a></p>`),
