@@ -8,6 +8,7 @@ import type { Kysely } from 'kysely'
 import { beforeEach, describe, expect, it } from 'vitest'
 import type { Database } from '../src/db/database.js'
 import { applyObservation } from '../src/orders/apply-observation.js'
+import { apiObservation } from '../src/orders/observations.js'
 import { countDueOrders, flagLinkedOrder, TRADE_MISMATCH } from '../src/orders/poll-schedule.repository.js'
 import { PartnerTimeoutError } from '../src/partner-api/partner-api-error.js'
 import type { TradeRecord } from '../src/partner-api/types.js'
@@ -21,6 +22,9 @@ import { createTestDatabase, describePostgres, type TestDatabase, useTestDatabas
 
 const STALE_AFTER_S = 21_600
 const DAY_MS = 86_400_000
+
+const historyOf = (db: Kysely<Database>, orderId: number) =>
+  db.selectFrom('orderStatusHistory').select(['fromStatus', 'toStatus', 'source']).where('orderId', '=', orderId).orderBy('id').execute()
 
 const timedOut = () => new PartnerTimeoutError('the platform did not answer within 10000 ms', 10_000)
 
@@ -184,6 +188,58 @@ describe('a poll write-back after the order changed under it', () => {
     expect(await dueOrderStats(database.db, clock)).toEqual({ ordersDue: 0, oldestDueAgeS: 0 })
     expect((await poller.runOnce()).claimed).toBe(0)
     expect(fetcher.calls).toHaveLength(1)
+  })
+
+  // An answer the order moved past while it was on its way cannot be placed by rank when its status is unknown (or
+  // the order's is): it is stale, and the order is polled again now. An outside attack saw an old on_hold take an
+  // order back from a delivered webhook, and the handlers given a second trade.delivered when the next poll
+  // brought it back.
+  it('keeps the webhook\'s status when a poll answers an unknown status it asked for before the webhook, and polls again now', async () => {
+    await insertOrders(database.db, [{ externalReference: 'order-1', tradeStatus: 'funded', nextPollAt: fromNow(-60) }])
+    let answers = 0
+    const fetcher = countingFetcher(async () => {
+      answers++
+      if (answers > 1) return 'on_hold'
+      // the trade was on hold when asked; its hold lifted and delivered meanwhile, and that webhook came first
+      await clock.advance(5_000)
+      expect((await webhook('order-1', 'delivered')).outcome).toBe('applied')
+      return 'on_hold'
+    })
+    const poller = testPoller({ db: database.db, fetcher, clock })
+    await poller.runOnce()
+    expect(poller.reported.map((result) => result.result)).toEqual(['stale'])
+    const order = await orderByReference(database.db, 'order-1')
+    expect(order).toMatchObject({ tradeStatus: 'delivered', statusSource: 'webhook', pollLeaseToken: null })
+    expect(order.nextPollAt!.getTime()).toBeLessThanOrEqual(clock.now())
+    expect((await historyOf(database.db, order.id)).map((row) => `${row.fromStatus}->${row.toStatus} ${row.source}`)).toEqual(['funded->delivered webhook'])
+
+    // the poll now, asked after the order's last move: a hold the trade really went on is followed
+    await poller.runOnce()
+    expect((await orderByReference(database.db, 'order-1')).tradeStatus).toBe('on_hold')
+    expect((await historyOf(database.db, order.id)).map((row) => `${row.fromStatus}->${row.toStatus} ${row.source}`)).toEqual([
+      'funded->delivered webhook',
+      'delivered->on_hold poll',
+    ])
+  })
+
+  it('keeps a hold a trade command\'s answer put on while a poll was on its way, the poll\'s older funded notwithstanding, and polls again now', async () => {
+    const [orderId] = await insertOrders(database.db, [{ externalReference: 'order-1', tradeStatus: 'funded', nextPollAt: fromNow(-60) }])
+    const fetcher = countingFetcher(async (_tradeId, call) => {
+      if (call > 1) return 'funded'
+      await clock.advance(5_000)
+      // a trade command answered meanwhile with the trade on hold (an unknown status, which an answer applies)
+      const answered = apiObservation({ orderId: orderId!, externalReference: 'order-1' }, { trade_id: 'tr_order-1', status: 'on_hold' }, new Date(clock.now()))
+      expect((await applyObservation(database.db, answered, TEST_OBSERVATION_SETTINGS)).outcome).toBe('applied')
+      return 'funded'
+    })
+    const poller = testPoller({ db: database.db, fetcher, clock })
+    await poller.runOnce()
+    const held = await orderByReference(database.db, 'order-1')
+    expect(held.tradeStatus).toBe('on_hold')
+    expect(held.nextPollAt!.getTime()).toBeLessThanOrEqual(clock.now())
+    // asked after the hold: the platform's funded is the hold lifted
+    await poller.runOnce()
+    expect((await orderByReference(database.db, 'order-1')).tradeStatus).toBe('funded')
   })
 
   it('counts as due, and as the oldest, no terminal order a broken invariant left with a next poll time', async () => {

@@ -415,6 +415,27 @@ describe('runTradeOperation', () => {
     expect((await history(funded.id)).at(-1)).toEqual({ fromStatus: 'created', toStatus: 'funded', source: 'api' })
   })
 
+  it('keeps the webhook\'s status when a call answers an unknown status the order moved past while it was on its way, and polls now', async () => {
+    const { ref, clock, opened } = await openedOrder()
+    // the fund was taken while the trade's funding was pending; its webhook came before the call's answer
+    const client = fakeTradeApi({
+      fundTrade: async (tradeId) => {
+        const funded = { target: { externalReference: ref }, tradeId, externalReference: ref, status: 'funded', source: 'webhook' as const, deliveryId: `d-${ref}`, observedAt: new Date(clock.now()) }
+        expect((await applyObservation(database.db, funded, { staleAfterS: STALE_AFTER_S, handlersFor: NO_REACTION_HANDLERS })).outcome).toBe('applied')
+        return tradeRecord({ trade_id: tradeId, status: 'funding_pending', external_reference: ref })
+      },
+    })
+    const answer = await runTradeOperation(deps(client, clock), ref, { kind: 'fund' })
+    expect(answer.status).toBe('funding_pending')
+    const funded = await order(ref)
+    expect(funded).toMatchObject({ tradeStatus: 'funded', statusSource: 'webhook' })
+    expect(funded.nextPollAt!.getTime()).toBeLessThanOrEqual(clock.now())
+    expect((await history(opened.id)).map((row) => `${row.fromStatus}->${row.toStatus} ${row.source}`)).toEqual([
+      'null->created api',
+      'created->funded webhook',
+    ])
+  })
+
   it('calls the milestone operations with the milestone id', async () => {
     const { ref, opened } = await openedOrder()
     const client = fakeTradeApi()

@@ -45,6 +45,13 @@ export interface Observation {
   source: ObservationSource
   deliveryId?: string | null
   observedAt: Date
+  /**
+   * A poll's or an API call's: the order's version when the request was sent. An answer the order moved past
+   * while it was on its way (a webhook applied meanwhile) is stale wherever the rank order cannot place it (an
+   * unknown status, or a return from one), and asks for a poll now, whose answer can: an old `on_hold` moved an
+   * order back past a `delivered` webhook, and the handlers were given a second `trade.delivered`.
+   */
+  askedAtVersion?: number
 }
 
 export interface ObservationSettings {
@@ -72,7 +79,8 @@ export const NO_REACTION_HANDLERS: ObservationSettings['handlersFor'] = () => []
 
 /**
  * applied: the order moved. duplicate_effect: it already had this status. stale: a lower rank, a
- * status the order had before, or a change to a terminal order. unknown_status: a webhook named a
+ * status the order had before, a change to a terminal order, or a poll's or API call's answer of an unknown
+ * status (or of a return from one) sent before the order's last move (Observation.askedAtVersion). unknown_status: a webhook named a
  * status the table does not know: the order is not moved but polled at once. unmatched: no such
  * order (yet). lease_lost: a poll whose claim expired and was taken by another replica.
  * trade_mismatch: the order is linked to another trade, or the record observed names another external
@@ -265,6 +273,7 @@ async function runStatement(
       source: observation.source,
       history_delivery_id: observation.deliveryId ?? null,
       observed_at: observation.observedAt.toISOString(),
+      asked_version: observation.askedAtVersion ?? null,
       delivery_id: delivery?.deliveryId ?? null,
       event_type: delivery?.eventType ?? null,
       raw_body: delivery?.rawBody ?? null,
@@ -306,6 +315,10 @@ function asksForReturn(decided: string, observed: string): RawBuilder<unknown> {
 }
 const ASKS_FOR_RETURN = asksForReturn('e', 'e')
 
+// a poll's or an API call's answer the order moved past while it was on its way, that the rank order cannot place
+// (the decision's answered_before_move): stale, and the poll now that asks the platform again
+const ASKS_AGAIN = sql`(e.outcome = 'stale' and e.answered_before_move)`
+
 function observationStatement(
   input: string,
   kind: TargetKind,
@@ -315,6 +328,8 @@ function observationStatement(
   { staleAfterS }: ObservationSettings,
 ): RawBuilder<StatementRow> {
   const releasesLease = kind === 'lease'
+  // the order moved (an applied observation) since the request this answers was sent; a webhook's never did
+  const movedSinceAsked = sql`(i.asked_version is not null and o.version <> i.asked_version)`
 
   // decision: the same table as decideTransition(), on the row as locked (the lateral subquery locks
   // one order per input row, in input order, and reads its visited statuses as the last commit left
@@ -332,6 +347,9 @@ function observationStatement(
         greatest(pg_current_xact_id(), o.last_event_position,
           (select s.position from reaction_streams s order by s.position desc limit 1)) as stream_position,
         coalesce(o.trade_id, i.trade_id) as event_trade_id,
+        -- an answer to a request sent before the order's last move, of an unknown status or from one: what the rank
+        -- order cannot place (the outcome below is stale, and ASKS_AGAIN polls now)
+        (${movedSinceAsked} and (i.rank is null or ${atUnknownStatus(sql`o.trade_status`)})) as answered_before_move,
         case
           when o.trade_id is not null and o.trade_id <> i.trade_id then 'trade_mismatch'
           -- a poll's or an API call's answer whose record is another order's (a webhook is matched by it)
@@ -344,9 +362,10 @@ function observationStatement(
           when o.trade_status = i.status then 'duplicate_effect'
           when o.is_terminal then 'stale'
           -- a poll's known status back from an unknown one, even a status the order had (decideTransition)
-          when i.source = 'poll' and i.rank >= o.status_rank and ${atUnknownStatus(sql`o.trade_status`)} then 'applied'
+          when i.source = 'poll' and i.rank >= o.status_rank and ${atUnknownStatus(sql`o.trade_status`)}
+            then case when ${movedSinceAsked} then 'stale' else 'applied' end
           when i.status = any(o.visited_statuses) then 'stale'
-          when i.rank is null then case when i.source = 'webhook' then 'unknown_status' else 'applied' end
+          when i.rank is null then case when i.source = 'webhook' then 'unknown_status' when ${movedSinceAsked} then 'stale' else 'applied' end
           when o.trade_status is null then 'applied'
           when i.rank <= o.status_rank then 'stale'
           else 'applied'
@@ -410,7 +429,7 @@ function observationStatement(
     with input as (
       select * from json_to_recordset(${input}::json) as i(
         n int, target text, lease text, trade_id text, trade_reference text, external_reference text, status text,
-        rank int, terminal boolean, source text, history_delivery_id text, observed_at timestamptz,
+        rank int, terminal boolean, source text, history_delivery_id text, observed_at timestamptz, asked_version int,
         delivery_id text, event_type text, raw_body text, body_sha256 text, not_ours boolean, handlers text)
     ),
     ${decision}${deliveryInsert},
@@ -434,7 +453,7 @@ function observationStatement(
           when (e.outcome = 'applied' and e.terminal) or (e.outcome <> 'applied' and o.is_terminal) then null
           -- a webhook's unknown status: poll the trade now (least() skips a null next_poll_at); and a webhook's known
           -- status a poll would return the order to from an unknown one (a hold lifted): poll now, the poll decides
-          when e.outcome = 'unknown_status' or ${ASKS_FOR_RETURN} then least(o.next_poll_at, e.observed_at)
+          when e.outcome = 'unknown_status' or ${ASKS_FOR_RETURN} or ${ASKS_AGAIN} then least(o.next_poll_at, e.observed_at)
           when e.outcome = 'applied' or ${releasesLease}::boolean
             then ${
               releasesLease
@@ -469,7 +488,7 @@ function observationStatement(
       from effective e
       -- a poll's answer releases its claim, but a record of another trade or order leaves the row as it is:
       -- the poller flags that order for an operator under the claim's lease (poll-order.ts)
-      where o.id = e.id and (e.outcome in ('applied', 'duplicate_effect', 'unknown_status') or ${ASKS_FOR_RETURN}
+      where o.id = e.id and (e.outcome in ('applied', 'duplicate_effect', 'unknown_status') or ${ASKS_FOR_RETURN} or ${ASKS_AGAIN}
         or (${releasesLease}::boolean and e.outcome <> 'trade_mismatch'))
     ),
     history as (

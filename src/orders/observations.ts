@@ -75,9 +75,14 @@ export function storedDeliveryObservation(
 }
 
 /** A poll's answer, written back only under the claim's lease. */
-export function pollObservation(claim: { orderId: number; leaseToken: string }, trade: TradeFacts, at: Date): Observation {
+export function pollObservation(
+  claim: { orderId: number; leaseToken: string; version: number },
+  trade: TradeFacts,
+  at: Date,
+): Observation {
   return {
     target: { orderId: claim.orderId, leaseToken: claim.leaseToken },
+    askedAtVersion: claim.version,
     tradeId: trade.trade_id,
     tradeReference: trade.reference ?? null,
     externalReference: trade.external_reference ?? null,
@@ -90,10 +95,16 @@ export function pollObservation(claim: { orderId: number; leaseToken: string }, 
 /**
  * The trade record a partner API call answered (create, fund, release, ...) for one of our orders. The
  * record's own external reference is kept, so a record of another order is a trade_mismatch, not applied.
+ * `version`: the order's when the call was sent (absent: an answer judged as if the order had not moved since).
  */
-export function apiObservation(order: { orderId: number; externalReference: string }, trade: TradeFacts, at: Date): Observation {
+export function apiObservation(
+  order: { orderId: number; externalReference: string; version?: number },
+  trade: TradeFacts,
+  at: Date,
+): Observation {
   return {
     target: { orderId: order.orderId },
+    ...(order.version === undefined ? {} : { askedAtVersion: order.version }),
     tradeId: trade.trade_id,
     tradeReference: trade.reference ?? null,
     externalReference: trade.external_reference ?? order.externalReference,

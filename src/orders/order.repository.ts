@@ -25,6 +25,7 @@ function toOrder(row: Selectable<OrdersTable>): Order {
     tradeId: row.tradeId,
     tradeReference: row.tradeReference,
     tradeStatus: row.tradeStatus,
+    version: row.version,
     statusSource: row.statusSource as ObservationSource | null,
     statusChangedAt: row.statusChangedAt,
     tradeCreateState: row.tradeCreateState as TradeCreateState,

@@ -14,6 +14,8 @@ export interface Order {
   tradeId: string | null
   tradeReference: string | null
   tradeStatus: string | null
+  /** How many transitions it has made: the sequence of its last history row (0: none yet). */
+  version: number
   statusSource: ObservationSource | null
   statusChangedAt: Date | null
   tradeCreateState: TradeCreateState

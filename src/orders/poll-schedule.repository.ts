@@ -35,6 +35,8 @@ export interface ClaimedOrder {
   externalReference: string
   tradeId: string
   tradeStatus: string | null
+  /** The order's version when claimed: its poll's answer is judged against it (Observation.askedAtVersion). */
+  version: number
   /** Consecutive unanswered polls, this one included. */
   pollAttempts: number
   /** When the order came due (before the claim moved next_poll_at). */
@@ -57,6 +59,7 @@ export async function claimDueOrders(db: Kysely<Database>, options: ClaimOptions
       externalReference: row.externalReference,
       tradeId: row.tradeId!,
       tradeStatus: row.tradeStatus,
+      version: row.version,
       pollAttempts: row.pollAttempts,
       dueAt: new Date(row.dueAt!),
     }))
@@ -101,6 +104,7 @@ export function claimDueOrdersQuery(db: Kysely<Database>, { now, limit, leaseS, 
         'orders.externalReference',
         'orders.tradeId',
         'orders.tradeStatus',
+        'orders.version',
         'orders.pollAttempts',
         'due.nextPollAt as dueAt',
       ])
@@ -275,11 +279,15 @@ export async function releaseClaims(
   return Number(result.numAffectedRows ?? 0n)
 }
 
-/** After an API call: the order expects a webhook; poll at `at` if none moved it first. */
+/**
+ * After an API call: the order expects a webhook; poll at `at` if none moved it first. A poll already due stays
+ * due: the call's answer asked for it (an answer the order had moved past, apply-observation.ts), or the order
+ * was waiting for one anyway.
+ */
 export async function schedulePollAfterApiCall(db: Kysely<Database>, orderId: number, { at, now }: { at: Date; now: Date }): Promise<void> {
   await db
     .updateTable('orders')
-    .set({ nextPollAt: at, updatedAt: now })
+    .set({ nextPollAt: sql<Date>`case when next_poll_at <= ${now} then next_poll_at else ${at} end`, updatedAt: now })
     .where('id', '=', orderId)
     .where('tradeId', 'is not', null)
     .where('isTerminal', '=', false)

@@ -150,7 +150,7 @@ export async function pollOrder(
   try {
     const applied = await applyObservation(
       db,
-      pollObservation({ orderId: order.orderId, leaseToken }, trade, new Date(clock.now())),
+      pollObservation({ orderId: order.orderId, leaseToken, version: order.version }, trade, new Date(clock.now())),
       deps.observation,
     )
     let result = POLL_RESULT_OF[applied.outcome]

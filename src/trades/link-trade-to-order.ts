@@ -54,7 +54,7 @@ export async function linkTradeToOrder(
     if (!current) throw new TradeOperationError('order_not_found', `Order ${externalReference} was deleted while its trade was fetched`)
     if (current.tradeId === tradeId) return { outcome: 'already_linked', order: current, trade }
     if (current.tradeId !== null) throw tradeExists(current)
-    const observed = await applyObservation(trx, apiObservation({ orderId: order.id, externalReference }, trade, now), settings.observation)
+    const observed = await applyObservation(trx, apiObservation({ orderId: order.id, externalReference, version: order.version }, trade, now), settings.observation)
     if (observed.outcome === 'trade_mismatch') {
       // the statement refused the link, the order being locked and unlinked: either the record names another
       // order, or it names this one and the trade is linked to another order already

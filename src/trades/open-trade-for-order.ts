@@ -144,7 +144,7 @@ export async function openTradeForOrder(
     }
     const observed = await applyObservation(
       trx,
-      apiObservation({ orderId, externalReference }, trade, new Date(now)),
+      apiObservation({ orderId, externalReference, version: order.version }, trade, new Date(now)),
       settings.observation,
     )
     if (observed.outcome === 'trade_mismatch') {

@@ -95,7 +95,7 @@ export async function runTradeOperation<O extends TradeOperation>(
     const observed = trade
       ? await applyObservation(
           trx,
-          apiObservation({ orderId: order.id, externalReference }, trade, new Date(clock.now())),
+          apiObservation({ orderId: order.id, externalReference, version: order.version }, trade, new Date(clock.now())),
           settings.observation,
         )
       : undefined
