@@ -224,6 +224,12 @@ describe('reconcile arguments', () => {
     },
   )
 
+  it.each([['--once'], ['--requeue', 'ref-1']])('exits 2 for --limit beside %j, where it was ignored without a word', async (...args) => {
+    const result = await cli('reconcile', ...args, '--limit', '5')
+    expect([result.code, result.stdout]).toEqual([2, ''])
+    expect(result.stderr).toContain('--limit goes with --report (the runs to show); a cycle claims POLL_BATCH_SIZE orders')
+  })
+
   it.each(['0', '-1', 'ten', '1001', '2.5', '0x10', '1e2', '+5', ' 5'])('exits 2 for --limit %s, in the words of the lists\' --limit', async (limit) => {
     const result = await cli('reconcile', '--report', '--limit', limit)
     expect([result.code, result.stdout]).toEqual([2, ''])

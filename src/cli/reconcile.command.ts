@@ -45,10 +45,14 @@ export function registerReconcileCommands(program: Command): void {
     )
     .option('--limit <n>', `runs to show with --report (at most ${MAX_REPORT_LIMIT})`, wholeNumberUpTo(MAX_REPORT_LIMIT), 20)
     .option('--json', 'print JSON')
-    .action(async (options: ReconcileOptions) => {
+    .action(async (options: ReconcileOptions, command: Command) => {
       const modes = [options.once, options.report, options.requeue].filter((mode) => mode !== undefined)
       if (modes.length !== 1) {
         throw new UsageError('reconcile needs exactly one of --once, --report or --requeue')
+      }
+      // a cycle claims POLL_BATCH_SIZE orders: --limit there was ignored without a word
+      if (!options.report && command.getOptionValueSource('limit') === 'cli') {
+        throw new UsageError('--limit goes with --report (the runs to show); a cycle claims POLL_BATCH_SIZE orders')
       }
       if (options.once) await runOnce(options.json)
       else if (options.report) await report(options.limit, options.json)
