@@ -42,12 +42,21 @@ async function signedPost(base: string, path: string, payload: object) {
   return { status: response.status, body: (await response.json()) as Record<string, unknown> }
 }
 
+// a milestone trade's create request, under a reference of its own
+let counter = 0
+const milestoneTrade = (amount: string, milestones: { title: string; amount: string }[]) => ({
+  title: 'Kitchen',
+  amount,
+  currency: 'EUR',
+  seller_id: 's-1',
+  external_reference: `milestones-${++counter}`,
+  milestones,
+})
+
 describe('sandbox milestone trades', () => {
   let sandbox: Sandbox
   let base: string
   let client: PartnerApiClient
-  let counter = 0
-
   beforeAll(async () => {
     sandbox = createSandbox({ keyId, apiSecret, webhookSecret, logger: testLogger() })
     base = await sandbox.listen(0)
@@ -55,15 +64,6 @@ describe('sandbox milestone trades', () => {
   })
   afterAll(async () => {
     await sandbox.close()
-  })
-
-  const milestoneTrade = (amount: string, milestones: { title: string; amount: string }[]) => ({
-    title: 'Kitchen',
-    amount,
-    currency: 'EUR',
-    seller_id: 's-1',
-    external_reference: `milestones-${++counter}`,
-    milestones,
   })
 
   async function create(amount: string, milestones: { title: string; amount: string }[]) {
@@ -172,17 +172,12 @@ describe('sandbox milestone trades answered with the milestone record (milestone
   })
 
   it('answers a milestone deliver and release with that milestone’s full record after the step, and nothing else', async () => {
-    const trade = await client.createTrade({
-      title: 'Kitchen',
-      amount: '120.00',
-      currency: 'EUR',
-      seller_id: 's-1',
-      external_reference: 'milestone-answer-1',
-      milestones: [
+    const trade = await client.createTrade(
+      milestoneTrade('120.00', [
         { title: 'Frame', amount: '70.00' },
         { title: 'Wheels', amount: '50.00' },
-      ],
-    })
+      ]),
+    )
     const [frame, wheels] = trade.milestones!.map((milestone) => milestone.milestone_id)
     await client.fundTrade(trade.trade_id)
     const path = (milestoneId: string, step: string) => `/api/partner/v1/trades/${trade.trade_id}/milestones/${milestoneId}/${step}/`
