@@ -33,6 +33,8 @@ import {
   usableTradeId,
 } from './trade-operation-error.js'
 
+const NOTHING_APPLIED = 'Nothing of it was applied, and what the call did is not known: check with `trades get`; the order is polled soon.'
+
 export type TradeOperation =
   | { kind: 'fund' | 'deliver' | 'release' | 'cancel' }
   | { kind: 'deliver_milestone' | 'release_milestone'; milestoneId: string }
@@ -112,7 +114,7 @@ export async function runTradeOperation<O extends TradeOperation>(
       externalReference,
       `trade ${tradeId}`,
       trade,
-      'Nothing of it was applied, and what the call did is not known: check with `trades get`; the order is polled soon.',
+      NOTHING_APPLIED,
     )
   }
   const milestone = milestoneRecordOf(operation, result)
@@ -134,7 +136,7 @@ export async function runTradeOperation<O extends TradeOperation>(
       externalReference,
       `milestone ${milestone.asked} of trade ${tradeId}`,
       milestone.answered,
-      'Nothing of it was applied, and what the call did is not known: check with `trades get`; the order is polled soon.',
+      NOTHING_APPLIED,
     )
   }
   logger.info(
@@ -209,11 +211,11 @@ function milestoneRecordOf(
   operation: TradeOperation,
   result: unknown,
 ): { asked: string; answered: MilestoneRecord } | undefined {
-  if (operation.kind !== 'deliver_milestone' && operation.kind !== 'release_milestone') return undefined
+  if (!isMilestoneOperation(operation)) return undefined
   const answer = result as MilestoneAnswer
   return answer.record === 'milestone' ? { asked: operation.milestoneId, answered: answer.milestone } : undefined
 }
 
-function isMilestoneOperation(operation: TradeOperation): boolean {
+function isMilestoneOperation(operation: TradeOperation): operation is Extract<TradeOperation, { milestoneId: string }> {
   return operation.kind === 'deliver_milestone' || operation.kind === 'release_milestone'
 }
