@@ -371,7 +371,8 @@ describe('the forwarder', () => {
     const error = await failureOf(createForwarder({ url: cut.url, secret: SECRET, timeoutMs: 5_000 })(event, context()))
     expect(error.code).toBe('forward_unreachable')
     expect(error.status).toBeUndefined()
-    expect(error.message).not.toContain('103')
+    // the message names the receiver, whose port may hold the digits 103
+    expect(error.message.replace(new URL(cut.url).origin, '<receiver>')).not.toMatch(/\b103\b/)
   })
 
   it('throws forward_timeout when the receiver does not answer within the timeout', async () => {
