@@ -120,6 +120,26 @@ describe('the operator console against a guesser', () => {
     }
   })
 
+  it('answers a login form without a token 400 and does not count it, and a form of more than 50 fields 400, not 413', async () => {
+    const { admin, login } = consoleApp()
+    const post = (form: Record<string, string>) => request(admin).post('/console/login').type('form').send(form)
+    for (const form of [{}, { name: 'ops' }, { token: '', name: 'ops' }]) {
+      const refused = await post(form)
+      expect([refused.status, refused.headers['set-cookie']], JSON.stringify(form)).toEqual([400, undefined])
+      expect(refused.text).toContain('Type the token.')
+      expect(refused.text).toContain('name="token"')
+    }
+    // twelve empty forms, past the ten wrong tokens a minute: none was a guess, so the token is still checked
+    for (let i = 0; i < 9; i++) expect((await login('')).status).toBe(400)
+    expect((await login(TOKEN)).status).toBe(303)
+
+    const fields = Object.fromEntries(Array.from({ length: 51 }, (_, i) => [`field${i}`, 'x']))
+    const tooMany = await post({ ...fields, token: TOKEN })
+    expect([tooMany.status, tooMany.body]).toEqual([400, { error: { code: 'invalid_payload', message: 'The form has too many fields' } }])
+    const scrape = (await request(admin).get('/metrics')).text
+    expect(scrape).not.toMatch(/console_auth_refused_total\{[^}]*\} [1-9]/)
+  })
+
   it('counts refused tokens in console_auth_refused_total by how they came and why', async () => {
     const { admin, login, bearer } = consoleApp()
     for (let i = 0; i < 3; i++) await login(`x${i}`)

@@ -387,8 +387,9 @@ export function consoleRoutes(deps: ConsoleDeps): Router {
       return
     }
     const body = (req.body ?? {}) as Record<string, unknown>
-    const sessionId =
-      typeof body.token === 'string' ? auth.login(body.token, typeof body.name === 'string' ? body.name : '') : undefined
+    // a form sent with no token guessed nothing: told so, and not counted against the throttle
+    if (typeof body.token !== 'string' || body.token === '') return send(res, loginPage('Type the token.'), 400)
+    const sessionId = auth.login(body.token, typeof body.name === 'string' ? body.name : '')
     if (!sessionId) {
       wrongToken(req, 'login_page')
       return send(res, loginPage('Wrong token.'), 401)

@@ -32,7 +32,9 @@ export function errorAnswer(error: unknown, logger: Logger, path: string): { sta
     return { status: 400, body: errorBody('invalid_payload', 'The database refused the request’s data') }
   }
   // errors raised by Express's own body parsers and raw-body carry a status and a type
-  const status = (error as { status?: unknown }).status
+  const { status, type } = error as { status?: unknown; type?: unknown }
+  // a form of more fields than its parser's parameterLimit: body-parser's 413, though the form may be small
+  if (type === 'parameters.too.many') return { status: 400, body: errorBody('invalid_payload', 'The form has too many fields') }
   if (typeof status === 'number' && status >= 400 && status < 500) {
     const code = BODY_ERROR_CODES[status] ?? 'invalid_payload'
     return { status, body: errorBody(code, (error as Error).message) }
