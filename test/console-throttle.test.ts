@@ -123,7 +123,8 @@ describe('the operator console against a guesser', () => {
   it('answers a login form without a token 400 and does not count it, and a form of more than 50 fields 400, not 413', async () => {
     const { admin, login } = consoleApp()
     const post = (form: Record<string, string>) => request(admin).post('/console/login').type('form').send(form)
-    for (const form of [{}, { name: 'ops' }, { token: '', name: 'ops' }]) {
+    const forms: Record<string, string>[] = [{}, { name: 'ops' }, { token: '', name: 'ops' }]
+    for (const form of forms) {
       const refused = await post(form)
       expect([refused.status, refused.headers['set-cookie']], JSON.stringify(form)).toEqual([400, undefined])
       expect(refused.text).toContain('Type the token.')

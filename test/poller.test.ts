@@ -1,3 +1,4 @@
+import { sql } from 'kysely'
 import { beforeEach, describe, expect, it } from 'vitest'
 import { PartnerNetworkError } from '../src/partner-api/partner-api-error.js'
 import type { TradeRecord } from '../src/partner-api/types.js'
@@ -217,6 +218,36 @@ describe('the poller', () => {
   })
 
   describe('errors', () => {
+    it('counts an answer the database failed to write as write_failed, not as the platform\'s error, and names the database', async () => {
+      await insertOrders(database.db, [
+        { externalReference: 'unwritable', nextPollAt: fromNow(-2) },
+        { externalReference: 'unreachable', nextPollAt: fromNow(-1) },
+      ])
+      // the database refuses the write-back of one order's answer: a trigger that fails its update
+      await sql`create function refuse_unwritable() returns trigger language plpgsql as $$
+        begin raise exception 'refused for the test'; end $$`.execute(database.db)
+      await sql`create trigger refuse_unwritable before update on orders for each row
+        when (new.external_reference = 'unwritable' and new.trade_status <> old.trade_status) execute function refuse_unwritable()`.execute(database.db)
+      try {
+        const fetcher = countingFetcher((tradeId) => (tradeId === 'tr_unwritable' ? 'delivered' : new PartnerNetworkError('reset')))
+        const poller = testPoller({ db: database.db, fetcher, clock, settings: { concurrency: 1 } })
+        const summary = await poller.runOnce()
+        expect(fetcher.calls).toEqual(['tr_unwritable', 'tr_unreachable'])
+        expect(poller.reported.map((result) => [result.externalReference, result.result])).toEqual([
+          ['unwritable', 'write_failed'],
+          ['unreachable', 'error'],
+        ])
+        expect(summary).toMatchObject({ polled: 2, changed: 0, errors: 2 })
+        expect(summary.results).toMatchObject({ write_failed: 1, error: 1 })
+        expect(summary.firstFailure).toMatchObject({ externalReference: 'unwritable' })
+        expect(summary.firstFailure!.reason).not.toMatch(/^the platform|could not reach the platform/)
+        expect((await orderByReference(database.db, 'unwritable')).tradeStatus).toBe('funded')
+      } finally {
+        await sql`drop trigger refuse_unwritable on orders`.execute(database.db)
+        await sql`drop function refuse_unwritable()`.execute(database.db)
+      }
+    })
+
     it('backs off exponentially with jitter on consecutive errors, up to the cap, and resets on an answer', async () => {
       await insertOrders(database.db, [{ externalReference: 'a', nextPollAt: fromNow(-1) }])
       let failing = true

@@ -52,6 +52,7 @@ export const POLL_RESULTS = [
   'trade_mismatch',
   'unusable_trade_id',
   'error',
+  'write_failed',
   'throttled',
   'unauthorized',
   'lease_lost',
@@ -61,7 +62,9 @@ export const POLL_RESULTS = [
  * applied: the order moved; unchanged: the platform confirmed what we had; stale: the platform answered a
  * status ranked below ours (kept, see src/orders); not_found: 404, flagged; trade_mismatch: a record of
  * another trade or order, flagged; unusable_trade_id: the stored trade id cannot be put in a request's path, flagged
- * and nothing sent; error: no usable answer, backed off; throttled: the platform asked us to slow down (a 429, or a
+ * and nothing sent; error: no usable answer, backed off; write_failed: the platform answered (or nothing was to be
+ * sent) but the database failed as the outcome was written, so nothing was, and the order comes due again when its
+ * lease runs out; throttled: the platform asked us to slow down (a 429, or a
  * Retry-After on any answer), backed off at least as long as it asked and the cycle stops; unauthorized: 401, the cycle stops; lease_lost: another
  * replica owns the order now.
  */
@@ -107,7 +110,8 @@ export interface PollOrderDeps {
 
 /**
  * Polls one claimed order and writes the outcome back under the claim's lease. Never throws: a failure
- * of the database itself counts as `error` and the order comes due again when its lease runs out.
+ * of the database itself counts as `write_failed` (`error` when the platform failed too) and the order comes due
+ * again when its lease runs out.
  * Answers null when `signal` aborted the call (the cycle stopped): the caller gives that claim back.
  */
 export async function pollOrder(
@@ -128,7 +132,7 @@ export async function pollOrder(
       return await flagUnusableTradeId(deps, order, leaseToken, base)
     } catch (writeError) {
       logger.warn({ err: writeError, orderId: order.orderId }, 'poll write-back failed')
-      return { ...base, result: 'error', toStatus: null, error: writeError }
+      return { ...base, result: 'write_failed', toStatus: null, error: writeError }
     }
   }
   let trade: TradeRecord
@@ -195,7 +199,7 @@ export async function pollOrder(
     }
   } catch (error) {
     logger.warn({ err: error, orderId: order.orderId }, 'applying a polled status failed')
-    return { ...base, result: 'error', toStatus: null, error }
+    return { ...base, result: 'write_failed', toStatus: null, error }
   }
 }
 

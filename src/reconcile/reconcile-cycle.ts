@@ -235,8 +235,9 @@ export async function runReconcileCycle(
         continue
       }
       results[result.result]++
-      if (result.result === 'error' || result.result === 'throttled') firstError ??= result.error
-      if (result.result === 'error') firstFailure ??= { externalReference: result.externalReference, reason: pollFailureReason(result.error) }
+      const failed = result.result === 'error' || result.result === 'write_failed'
+      if (failed || result.result === 'throttled') firstError ??= result.error
+      if (failed) firstFailure ??= { externalReference: result.externalReference, reason: pollFailureReason(result.error) }
       const throttledMs = result.result === 'throttled' ? throttledFor(result.error, pollDeps.backoff.capS * 1000) : undefined
       if (throttledMs !== undefined) {
         // the order itself was rescheduled after the wait; the rest go back with it (below)
@@ -272,7 +273,7 @@ export async function runReconcileCycle(
   unpolled.push(...untried)
 
   const polled = POLL_RESULTS.reduce((sum, kind) => sum + results[kind], 0)
-  const errors = results.error + results.throttled + results.not_found + results.trade_mismatch + results.unusable_trade_id + results.unauthorized
+  const errors = results.error + results.write_failed + results.throttled + results.not_found + results.trade_mismatch + results.unusable_trade_id + results.unauthorized
   // the database went away after the run was written: what the row should say once it is back
   const failed = (error: unknown) =>
     runId === null
