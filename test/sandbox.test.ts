@@ -130,6 +130,27 @@ describe('sandbox request authentication and validation', () => {
     expect(await rawRequest('GET', path, signed('GET', path, ''))).toEqual({ status: 404, code: 'trade_not_found' })
   })
 
+  it('refuses a body not labelled JSON (the spec sends Content-Type: application/json) 415, and creates nothing', async () => {
+    const path = '/api/partner/v1/trades/'
+    const before = sandbox.trades().length
+    const labelled = (contentType: string | undefined) => {
+      const { 'content-type': _json, ...headers } = signed('POST', path, trade)
+      return contentType === undefined ? headers : { ...headers, 'content-type': contentType }
+    }
+    for (const contentType of [undefined, 'text/plain', 'application/x-www-form-urlencoded', 'application/json; charset=latin1', 'json']) {
+      expect(await rawRequest('POST', path, labelled(contentType), trade), String(contentType)).toEqual({ status: 415, code: 'unsupported_media_type' })
+    }
+    expect(sandbox.trades().length).toBe(before)
+    for (const contentType of ['application/json', 'Application/JSON; charset=UTF-8', 'application/json;charset=utf8']) {
+      expect((await rawRequest('POST', path, labelled(contentType), trade)).status, contentType).toBe(201)
+    }
+    // a body-less operation needs no label, and an unsigned request is refused 401 before its label is looked at
+    const fund = '/api/partner/v1/trades/x/fund/'
+    const { 'content-type': _json, ...unlabelled } = signed('POST', fund, '')
+    expect(await rawRequest('POST', fund, unlabelled)).toEqual({ status: 404, code: 'trade_not_found' })
+    expect(await rawRequest('POST', path, { 'content-type': 'text/plain' }, trade)).toEqual({ status: 401, code: 'missing_auth_headers' })
+  })
+
   it('refuses a query string, which no operation takes and the signature does not cover', async () => {
     const path = '/api/partner/v1/trades/'
     expect(await rawRequest('POST', `${path}?amount=1`, signed('POST', path, trade), trade)).toEqual({ status: 400, code: 'query_not_allowed' })

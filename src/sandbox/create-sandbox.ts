@@ -6,6 +6,7 @@ import { createHash, timingSafeEqual } from 'node:crypto'
 import { once } from 'node:events'
 import http from 'node:http'
 import type { AddressInfo } from 'node:net'
+import { parse as parseContentType } from 'content-type'
 import express, { type Express, type Request, type Response } from 'express'
 import { type Clock, MAX_TIMER_MS, systemClock } from '../clock.js'
 import { bearerCredential } from '../http/authorization.js'
@@ -216,6 +217,14 @@ export function createSandbox(options: SandboxOptions): Sandbox {
     }
     if (req.method === 'GET' && rawBody.length > 0) {
       res.status(400).json({ error: { code: 'body_not_allowed', message: 'A GET has no body: it is not signed' } })
+      return
+    }
+    // the spec's bodies are JSON sent as `Content-Type: application/json`: a client that labels its body otherwise (or
+    // not at all) is told so here, not first by the platform
+    if (req.method !== 'GET' && rawBody.length > 0 && !isJsonContentType(req.get('content-type'))) {
+      res.status(415).json({
+        error: { code: 'unsupported_media_type', message: 'A body is JSON sent as Content-Type: application/json (charset utf-8, if one is named)' },
+      })
       return
     }
     if (req.method !== 'GET') {
@@ -533,4 +542,15 @@ function pickFaults(body: unknown): Partial<Faults> {
     throw new SandboxError(422, 'validation_failed', `Invalid fault settings: ${fields.map((f) => f.field).join(', ')}`, fields)
   }
   return picked
+}
+
+/** Whether a Content-Type names JSON, in UTF-8 if it names a charset at all. */
+function isJsonContentType(header: string | undefined): boolean {
+  if (header === undefined) return false
+  try {
+    const { type, parameters } = parseContentType(header)
+    return type === 'application/json' && (parameters.charset === undefined || /^utf-?8$/i.test(parameters.charset))
+  } catch {
+    return false
+  }
 }
