@@ -141,6 +141,17 @@ describe('the operator console against a guesser', () => {
     expect(scrape).not.toMatch(/console_auth_refused_total\{[^}]*\} [1-9]/)
   })
 
+  it('answers another method than GET on /metrics 405 naming GET, HEAD in Allow, and OPTIONS 204, as the console does', async () => {
+    const { admin } = consoleApp()
+    for (const method of ['put', 'post', 'delete'] as const) {
+      const response = await request(admin)[method]('/metrics')
+      expect([response.status, response.headers.allow, response.body.error?.code], method).toEqual([405, 'GET, HEAD', 'method_not_allowed'])
+    }
+    const options = await request(admin).options('/metrics')
+    expect([options.status, options.headers.allow]).toEqual([204, 'GET, HEAD'])
+    expect((await request(admin).get('/metrics')).status).toBe(200)
+  })
+
   it('counts refused tokens in console_auth_refused_total by how they came and why', async () => {
     const { admin, login, bearer } = consoleApp()
     for (let i = 0; i < 3; i++) await login(`x${i}`)

@@ -435,4 +435,16 @@ describe('the webhook contract', () => {
     expect((await request(app).get('/webhooks/partner/')).status).toBe(405)
     expect((await request(app).get('/webhooks/partnerx')).status).toBe(404)
   })
+
+  it('answers another method than GET on /healthz and /readyz 405 naming GET, HEAD in Allow, and OPTIONS 204', async () => {
+    for (const path of ['/healthz', '/readyz']) {
+      expect((await request(app).get(path)).status, path).toBe(200)
+      for (const method of ['put', 'post', 'delete', 'patch'] as const) {
+        const response = await request(app)[method](path).send('{"x":1}')
+        expect([response.status, response.headers.allow, response.body.error?.code], `${method} ${path}`).toEqual([405, 'GET, HEAD', 'method_not_allowed'])
+      }
+      const options = await request(app).options(path)
+      expect([options.status, options.headers.allow], path).toEqual([204, 'GET, HEAD'])
+    }
+  })
 })

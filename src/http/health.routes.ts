@@ -9,6 +9,7 @@ import { migrationsAreCurrent } from '../db/migrate.js'
 import { embeddedDatabaseStopReason } from '../db/pglite-thread.js'
 import { type DatabaseState, pingDatabase } from '../db/ping-database.js'
 import { errorBody } from './app-error.js'
+import { answerGetOnly } from './get-only.js'
 
 const READY_CHECK_TIMEOUT_MS = 2_000
 
@@ -80,6 +81,8 @@ export function healthRoutes({
     res.json({ status: 'ready' })
   })
 
+  answerGetOnly(router, '/healthz')
+  answerGetOnly(router, '/readyz')
   return router
 }
 

@@ -1,5 +1,6 @@
 import { Router } from 'express'
 import type { Metrics } from '../metrics/metrics.js'
+import { answerGetOnly } from './get-only.js'
 
 /**
  * GET {path}: the Prometheus text exposition of the service's registry. Its database reads never fail a scrape
@@ -12,5 +13,6 @@ export function metricsRoutes({ metrics, path }: { metrics: Metrics; path: strin
     const body = await metrics.registry.metrics()
     res.type(metrics.registry.contentType).send(body)
   })
+  answerGetOnly(router, path)
   return router
 }
