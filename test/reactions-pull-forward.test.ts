@@ -288,6 +288,32 @@ describe('pulling a handler’s retries forward once its system is back', () => 
     expect(await pulledForward()).toBe(0)
   })
 
+  it('leaves to their wait the retries a receiver coming back answered 429 with Retry-After, though they failed in an outage before', async () => {
+    const prefix = `back-limited-${++counter}`
+    const references = [1, 2, 3].map((n) => `${prefix}-${n}`)
+    let answer: ReceiverAnswer = 503
+    const target = await receiver(() => answer)
+    const { reactions, pulledForward } = await start('forwarder', createForwarder({ url: target.url, secret: SECRET, timeoutMs: 5_000, clock }))
+    const failedAt = clock.now()
+    const ids: number[] = []
+    for (const reference of references) ids.push(await order(reactions, reference, ['created']))
+    await eventually(async () => (await Promise.all(ids.map(jobs))).every(([job]) => job?.attempts === 1), 'the first calls failed (away)')
+    // past OUTAGE_MS, the receiver answers, but asks for 120 s: each retry gets its 429
+    answer = { status: 429, headers: { 'retry-after': '120' } }
+    await failAgain(ids, backoffMs(1), 2)
+    const limitedAt = clock.now()
+    // an outage as the watch counts one: only away failures, of several orders, for longer than OUTAGE_MS
+    expect(limitedAt - failedAt).toBeGreaterThan(OUTAGE_MS)
+    // then a call gets through: the outage is over, and the events whose last answer asked for a wait keep it
+    answer = 204
+    await order(reactions, `${prefix}-through`, ['created'])
+    await eventually(() => arrivals(target, `${prefix}-through`).length === 1, 'one call got through')
+    await idle()
+    for (const orderId of ids) expect(await jobs(orderId)).toMatchObject([{ state: 'pending', attempts: 2, runAt: limitedAt + 120_000 }])
+    for (const reference of references) expect(arrivals(target, reference)).toEqual([1, 1])
+    expect(await pulledForward()).toBe(0)
+  })
+
   it('moves only the handler’s pending jobs still waiting whose events failed in the outage, once, however many replicas pull at once, and wakes every dispatcher', async () => {
     const reactions = createReactionRegistry()
       .on('trade.*', 'forwarder', async () => {})

@@ -16,9 +16,10 @@
 // And one replica pulls a handler's retries forward at most once per PULL_FORWARD_INTERVAL_MS: a system that
 // comes and goes spends at most one attempt of each job per interval besides the backoff's own.
 //
-// What is pulled forward is the jobs of the events this replica saw fail in the outage (up to
-// MAX_EVENTS_REMEMBERED of them; past that the rest wait out their backoff): never a job that failed for another
-// reason, nor one failed for good (an operator's to retry: `reactions retry`). Kept in memory, per handler: a call
+// What is pulled forward is the jobs of the events this replica saw fail in the outage, each one's last failure
+// saying the system was away (up to MAX_EVENTS_REMEMBERED of them; past that the rest wait out their backoff): never
+// a job that failed for another reason, nor one whose retry was then refused or asked to wait (it keeps that
+// backoff or wait), nor one failed for good (an operator's to retry: `reactions retry`). Kept in memory, per handler: a call
 // costs a map lookup, and a statement runs only when an outage ends. Replicas that pull at once each move the
 // jobs the other has not locked, and the claim still runs one order's jobs in sequence whatever their run_at.
 // A call stopped at its lease's end or at shutdown is no failure here: it got no answer from the system.
@@ -93,8 +94,13 @@ export function createRecoveryWatch({ db, clock, logger, pulledForward }: Recove
 
   return {
     failed(handler, event, failure) {
-      if (!isAwayFailure(failure)) return
       const outage = outages.get(handler)
+      if (!isAwayFailure(failure)) {
+        // its latest failure was its own or asked for a wait: its job keeps that failure's backoff or wait (a backlog
+        // answered 429 as the receiver came back was pulled forward at the next 2xx, 5 s after it asked for 120)
+        outage?.events.delete(event.eventId)
+        return
+      }
       if (!outage) {
         outages.set(handler, { since: clock.now(), events: new Set([event.eventId]), firstOrderId: event.orderId, manyOrders: false })
         return
@@ -107,7 +113,7 @@ export function createRecoveryWatch({ db, clock, logger, pulledForward }: Recove
       if (outage === undefined) return
       outages.delete(handler)
       const now = clock.now()
-      if (now - outage.since < OUTAGE_MS || !outage.manyOrders) return
+      if (now - outage.since < OUTAGE_MS || !outage.manyOrders || outage.events.size === 0) return
       if (now - (lastPulledAt.get(handler) ?? -Infinity) < PULL_FORWARD_INTERVAL_MS) return
       lastPulledAt.set(handler, now)
       void pullForward(handler, outage)
