@@ -100,6 +100,12 @@ describe('the reactions command', () => {
     const bad = await run('list', '--state', 'lost')
     expect(bad.code).toBe(2)
     expect(bad.stderr).toContain('Allowed choices are pending, running, failed, done, skipped')
+    // an empty handler name is no handler's: it listed every handler's jobs
+    for (const name of ['', ' ']) {
+      const empty = await run('list', '--handler', name)
+      expect([empty.code, empty.stdout], JSON.stringify(name)).toEqual([2, ''])
+      expect(empty.stderr).toContain('must name a handler')
+    }
   })
 
   it('shows one job with its event', async () => {

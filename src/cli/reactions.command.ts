@@ -19,6 +19,12 @@ function jobId(value: string): string {
   return value
 }
 
+// an empty name was taken as no filter at all: every handler's jobs, listed as if they were the one asked for
+function handlerName(value: string): string {
+  if (value.trim() === '') throw new InvalidArgumentError('must name a handler (reactions list shows them)')
+  return value
+}
+
 export function registerReactionsCommands(program: Command): void {
   const reactions = program
     .command('reactions')
@@ -28,7 +34,7 @@ export function registerReactionsCommands(program: Command): void {
     .command('list')
     .description('list reaction jobs, newest first (with --state done or no state, also the events done on their first attempt: no job id)')
     .addOption(new Option('--state <state>', 'only jobs in this state').choices(STATES))
-    .option('--handler <name>', 'only jobs of this handler')
+    .option('--handler <name>', 'only jobs of this handler', handlerName)
     .option('--limit <n>', `how many (at most ${MAX_LIST_LIMIT})`, listLimit, 50)
     .option('--json', 'print as JSON')
     .action(async (options: { state?: State; handler?: string; limit: number; json?: boolean }) => {
