@@ -79,3 +79,29 @@ describe('Postgres over TLS with a certificate the driver cannot verify', () => 
     expect(lines.filter((line) => !line.startsWith('{'))).toEqual([expect.stringContaining("the database's TLS certificate was not accepted")])
   })
 })
+
+describe('Postgres without TLS, asked for it by DATABASE_URL', () => {
+  let server: Server
+  let port: number
+
+  beforeAll(async () => {
+    // a stand-in that answers the SSLRequest (8 bytes) with no, as a server with ssl off does
+    server = createServer((socket) => {
+      socket.on('error', () => {})
+      socket.once('data', () => socket.write('N'))
+    })
+    server.listen(0, '127.0.0.1')
+    await new Promise((resolve) => server.once('listening', resolve))
+    port = (server.address() as { port: number }).port
+  })
+  afterAll(async () => {
+    await new Promise((resolve) => server.close(resolve))
+  })
+
+  it('ends a command with exit 1 and [database_refused], saying the server does not take TLS (it printed the driver\'s words alone)', async () => {
+    const result = await runCli(['reactions', 'list'], { DATABASE_URL: `postgres://partner@127.0.0.1:${port}/escrow?sslmode=require`, LOG_LEVEL: 'warn' })
+    expect(result.code).toBe(1)
+    expect(result.stderr).toContain('the database server does not take TLS, which DATABASE_URL asks for (sslmode)')
+    expect(result.stderr).toMatch(/\(tls_not_offered\) \[database_refused\]\n$/)
+  })
+})

@@ -47,6 +47,8 @@ const UNAVAILABLE_NODE_CODES = new Set([
 ])
 
 // a server certificate the TLS layer refused: the driver cannot tell the database apart from an impostor
+const TLS_NOT_OFFERED =
+  'the database server does not take TLS, which DATABASE_URL asks for (sslmode): turn TLS on at the server, or leave sslmode out where the network between is trusted'
 const TLS_CERTIFICATE_REFUSED =
   "the database's TLS certificate was not accepted: give DATABASE_URL the CA that signed it " +
   '(sslmode=verify-full&sslrootcert=/path/to/ca.pem, the CA bundle your provider publishes) and the host name on the certificate; ' +
@@ -142,6 +144,10 @@ export function describeDatabaseError(error: unknown): DatabaseErrorDescription 
     }
     if (isRefusedCertificateCode(code)) {
       return { kind: 'failure', code, message: TLS_CERTIFICATE_REFUSED }
+    }
+    // node-postgres's own words, and no code, when the server answers its SSLRequest with no
+    if (current.message === 'The server does not support SSL connections') {
+      return { kind: 'failure', code: 'tls_not_offered', message: TLS_NOT_OFFERED }
     }
     if (typeof code === 'string' && SQLSTATE.test(code) && isDatabaseReport(current)) {
       const sqlstateClass = code.slice(0, 2)
