@@ -91,6 +91,8 @@ interface LoadResult {
    * answer): the buckets its median and 99th percentile fell in ("≤ 15 ms").
    */
   serviceLatency?: { p50: string; p99: string }
+  /** The deliveries per ingest statement over the run (webhook_ingest_batch_size's sum over its count): how well commits were grouped. */
+  meanBatch?: number
   /** A run on a fixed schedule (paced-load.ts): the deliveries a second it sent. */
   sentRps?: number
   /** When the measured load began, after the warm-up: the transitions recorded from then on are the run's. */
@@ -148,9 +150,20 @@ type BodyFactory = (index: number) => { body: string; deliveryId: string }
 // a load on the compiled service, with its own histogram of the time from a body's end to the answer read
 // around it: what the service took of the latency the load generator saw
 async function withServiceLatency(adminPort: number, send: () => Promise<LoadResult>): Promise<LoadResult> {
+  const batchesBefore = await batchTotals(adminPort)
   const [result, inService] = await ingestDurationDuring(adminPort, send)
   result.serviceLatency = { p50: describeBound(inService.p50UpToS, inService), p99: describeBound(inService.p99UpToS, inService) }
+  const batchesAfter = await batchTotals(adminPort)
+  const statements = batchesAfter.count - batchesBefore.count
+  if (statements > 0) result.meanBatch = Math.round(((batchesAfter.sum - batchesBefore.sum) / statements) * 10) / 10
   return result
+}
+
+/** webhook_ingest_batch_size's sum and count, from the service's /metrics. */
+async function batchTotals(adminPort: number): Promise<{ sum: number; count: number }> {
+  const text = await (await fetch(`http://127.0.0.1:${adminPort}/metrics`)).text()
+  const total = (name: string) => Number(new RegExp(`^webhook_ingest_batch_size_${name}(?:\\{[^}]*\\})? (\\S+)$`, 'm').exec(text)?.[1] ?? 0)
+  return { sum: total('sum'), count: total('count') }
 }
 
 // `rate` deliveries a second on a fixed schedule for the run's length, over as many connections as the closed loop
