@@ -114,6 +114,27 @@ describe('a refusal by the platform, in-process', () => {
     expect(creates() - before).toBe(1)
   })
 
+  // a 303 to a POST is "done, see there": a refusal's advice, the same command again, opened a second trade
+  it('a 3xx to a call that changes something is no refusal either: a create answered 303 is marked unknown, and not sent again without --retry', async () => {
+    answer = { status: 303, headers: { location: '/api/partner/v1/trades/tr_seen_there/' }, body: { trade_id: 'tr_seen_there' } }
+    const open = ['trades', 'open', 'see-other-303', '--title', 'A lamp', '--amount', '1.00', '--currency', 'KES', '--seller', 'usr_1']
+    const creates = () => server.requests.filter((request) => request.method === 'POST' && request.path === '/api/partner/v1/trades/').length
+    const before = creates()
+    const result = await runCommandWith(open, context)
+    expect(result.code).toBe(1)
+    expect(result.stderr).toMatch(/^The platform answered 303 .*, so the call may or may not have taken effect \[outcome_unknown\]\n/)
+    const shown = await runCommandWith(['orders', 'show', 'see-other-303', '--json'], context)
+    expect(JSON.parse(shown.stdout)).toMatchObject({ tradeId: null, tradeCreateState: 'unknown' })
+    const again = await runCommandWith(open, context)
+    expect([again.code, again.stderr]).toEqual([1, expect.stringContaining('[trade_create_unknown]')])
+    expect(creates() - before).toBe(1)
+    for (const status of [301, 302, 304, 307]) {
+      answer = { status, headers: { location: '/elsewhere/' }, body: '' }
+      const fund = await runCommandWith(['trades', 'fund', 'refused-1'], context)
+      expect([fund.code, fund.stderr], String(status)).toEqual([1, expect.stringContaining('[outcome_unknown]')])
+    }
+  })
+
   it('the code stays on the failure line, the platform’s fields below it', async () => {
     answer = {
       status: 422,

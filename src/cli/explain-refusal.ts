@@ -46,7 +46,7 @@ export function explainRefusal(error: PartnerApiError, advice = ''): CommandFail
 }
 
 /**
- * A 5xx answer to a call that changes something, for a person to read: `The platform answered 504 gateway_timeout:
+ * A 5xx (or a 3xx: nothing says it was not done) answer to a call that changes something, for a person to read: `The platform answered 504 gateway_timeout:
  * Upstream timed out, so the call may or may not have taken effect [outcome_unknown]`, then the platform's fields
  * and `advice` as explainRefusal() prints them. The spec's base URL is a gateway in front of the platform, and a
  * gateway's 502 or 504, or a server that failed part-way, says nothing of whether the call was done behind it.

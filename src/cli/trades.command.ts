@@ -4,7 +4,6 @@ import type { Command } from 'commander'
 import { printable } from '../printable.js'
 import {
   isOutcomeUnknown,
-  isServerError,
   PartnerAnswerAbandonedError,
   PartnerApiError,
   PartnerInvalidResponseError,
@@ -133,8 +132,8 @@ function explainFailure(
   }
   // CommandFailedError from here on, never a plain Error: run-cli.ts reads a plain one's message for a database
   // failure, and these messages quote the platform (a 503 saying `Connection terminated`, a key of its answer)
-  // a 5xx to a call that changes something: not a refusal, as the call may have been done behind the gateway
-  if (!reads && isServerError(error)) return explainServerError(error, `\n  ${unknownOutcome}`)
+  // a 5xx (or a 3xx) to a call that changes something: not a refusal, as the call may have been done behind the gateway
+  if (!reads && error instanceof PartnerApiError && isOutcomeUnknown(error)) return explainServerError(error, `\n  ${unknownOutcome}`)
   if (error instanceof PartnerApiError) return explainRefusal(error, orderWhenRefused())
   if (error instanceof TradeOperationError) return new CommandFailedError(error.code, printable(error.message))
   if (error instanceof PartnerNotSentError && error.proxy && error.beyondProxy) {

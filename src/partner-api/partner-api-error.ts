@@ -105,7 +105,9 @@ export class PartnerValidationError extends Error {
  * True when the outcome of a call that changes something is unknown: it may have reached the platform and taken
  * effect. No answer came (a timeout, a lost connection, the caller stopped waiting), the answer could not be read,
  * or it was a 5xx: the spec's base URL is a gateway in front of the platform, and its 502 or 504, or a server
- * that failed part-way, says nothing of whether the call was done behind it.
+ * that failed part-way, says nothing of whether the call was done behind it. Nor does an answer that is neither a
+ * success nor a 4xx refusal: a 3xx (redirects are not followed, and a 303 says "done, see there"; it was taken as
+ * a refusal, and the same create run again opened a second trade) or a 1xx left as the final answer.
  */
 export function isOutcomeUnknown(error: unknown): boolean {
   if (error instanceof PartnerNotSentError) return false
@@ -113,7 +115,8 @@ export function isOutcomeUnknown(error: unknown): boolean {
     error instanceof PartnerNetworkError ||
     error instanceof PartnerTimeoutError ||
     error instanceof PartnerAnswerAbandonedError ||
-    isServerError(error)
+    isServerError(error) ||
+    (error instanceof PartnerApiError && error.status < 400)
   )
 }
 
