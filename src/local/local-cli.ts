@@ -8,7 +8,7 @@ import type { CliContext } from '../cli/cli-context.js'
 import { AppError } from '../http/app-error.js'
 import { bearerCredential } from '../http/authorization.js'
 import { continuingParser, leaveBodyUnread } from '../http/expect-continue.js'
-import { COMMANDS_TAKEN_PREFIX, FORWARDED_COMMANDS, LOCAL_CLI_PATH, MAX_COMMAND_REQUEST_BYTES } from './running-service.js'
+import { COMMAND_STARTED_HEADER, COMMANDS_TAKEN_PREFIX, FORWARDED_COMMANDS, LOCAL_CLI_PATH, MAX_COMMAND_REQUEST_BYTES } from './running-service.js'
 
 export function createLocalCliToken(): string {
   return randomBytes(32).toString('hex')
@@ -110,6 +110,8 @@ export function localCliRoutes({
     if (!(await settlesWithin(whenReady, readyWaitMs))) {
       throw new AppError(503, 'not_ready', 'The service is still preparing its database; try again in a moment')
     }
+    // from here on an answer other than the result (the service stopping meanwhile) leaves what it did unknown
+    res.setHeader(COMMAND_STARTED_HEADER, 'true')
     res.json(await runCommand(args as string[], context))
   })
   return router

@@ -36,6 +36,11 @@ export const FORWARDED_COMMANDS = new Set([
   'prune',
 ])
 export const LOCAL_CLI_PATH = '/_local/cli'
+/**
+ * Set on the command endpoint's answer once the command has begun to run (local-cli.ts): an answer other than its
+ * result then says nothing of what it did (the service stopping answers 503 `not_ready` to what it could not finish).
+ */
+export const COMMAND_STARTED_HEADER = 'X-Command-Started'
 
 /**
  * The largest request for a command line the service takes, in bytes (local-cli.ts). A forwarded command's whole
@@ -417,6 +422,15 @@ export async function forwardToLocalService(args: string[]): Promise<number | un
       process.stderr.write(
         `${running} is older than this CLI and does not run ` +
           `\`${command}\`. Restart it with this build, or stop it and run the command alone. [service_too_old]\n`,
+      )
+      return 1
+    }
+    if (response.headers.get(COMMAND_STARTED_HEADER) === 'true') {
+      // a trade command the service stopped in its call was told to retry, and the operation was sent twice
+      process.stderr.write(
+        `${running} had begun to run \`${printable(args.slice(0, 2).join(' '))}\` and answered ${response.status}, not its result: ` +
+          `it may or may not have taken effect (${printable(shortened(answer ?? '', MAX_REFUSAL_SHOWN))}). Check what it would ` +
+          'have changed (`orders show`, `trades get`) before running it again [outcome_unknown]\n',
       )
       return 1
     }
