@@ -245,6 +245,57 @@ describe('the CLI’s own settings beside a running service', () => {
       await service.close()
     }
   })
+
+  // an outside attack funded with the service's platform and key from a terminal set for another (PARTNER_ENV=live
+  // and the live keys beside a service on the sandbox), with not a word about them
+  it('says which platform settings set here a trade command does not use, naming no value', async () => {
+    const service = await fakeService(answering(200, JSON.stringify({ code: 0, stdout: 'funded\n', stderr: '' })))
+    try {
+      const dataDir = newDataDir()
+      advertise(dataDir, serviceFile(dataDir, service.url))
+      const env = { DATA_DIR: dataDir, PARTNER_ENV: 'live', PARTNER_LIVE_API_KEY_ID: 'pk_live_1', PARTNER_LIVE_API_SECRET: 'live-secret-0123456789abcdef0123' }
+      for (const command of [['trades', 'fund', 'order-1'], ['disputes', 'open', 'order-1'], ['reconcile', '--once']]) {
+        const result = await runCli(command, env, { built: true })
+        expect(result.stderr, command.join(' ')).toBe(
+          `The service running from ${dataDir} (pid ${process.pid}) runs the command with its own settings: ` +
+            'PARTNER_ENV, PARTNER_LIVE_API_KEY_ID, PARTNER_LIVE_API_SECRET are set here and not used [settings_ignored]\n',
+        )
+        expect([result.code, result.stdout]).toEqual([0, 'funded\n'])
+      }
+      expect((await runCli(['orders', 'list'], env, { built: true })).stderr).toBe('')
+    } finally {
+      await service.close()
+    }
+  })
+})
+
+describe('a forwarded command the service had begun when it answered something else', () => {
+  it('says its outcome is unknown, not that the service refused it', async () => {
+    const stopping = JSON.stringify({ error: { code: 'not_ready', message: 'Shutting down: this request could not be answered in time; retry' } })
+    const service = await fakeService(answering(503, stopping, { 'content-type': 'application/json', 'x-command-started': 'true' }))
+    try {
+      const dataDir = newDataDir()
+      advertise(dataDir, serviceFile(dataDir, service.url))
+      const result = await runCli(['trades', 'release', 'order-1'], { DATA_DIR: dataDir }, { built: true })
+      expect([result.code, result.stdout]).toEqual([1, ''])
+      expect(result.stderr).toBe(
+        `The service running from ${dataDir} (pid ${process.pid}) had begun to run \`trades release\` and answered 503, not its result: ` +
+          `it may or may not have taken effect (${stopping}). Check what it would have changed (\`orders show\`, \`trades get\`) ` +
+          'before running it again [outcome_unknown]\n',
+      )
+      // the same answer without the mark (a refusal before the command began) is a refusal, as before
+      const refused = await fakeService(answering(503, stopping))
+      try {
+        advertise(dataDir, serviceFile(dataDir, refused.url))
+        const before = await runCli(['trades', 'release', 'order-1'], { DATA_DIR: dataDir }, { built: true })
+        expect([before.code, before.stderr]).toEqual([1, expect.stringContaining('[service_refused]')])
+      } finally {
+        await refused.close()
+      }
+    } finally {
+      await service.close()
+    }
+  })
 })
 
 describe('the CLI and the controls in a forwarded command’s output', () => {

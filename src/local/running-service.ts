@@ -316,8 +316,17 @@ export class RunningServiceError extends Error {
 
 // the settings a command reads that an operator may set for one run (`RETENTION_DAYS=7 prune`): beside a running
 // service the service's own are used, and that is said
+// which platform a call goes to, and with which key: `PARTNER_ENV=live trades fund …` beside a service on the sandbox
+// funded on the sandbox with the service's key, saying nothing (and the other way round, on live)
+const PLATFORM_SETTINGS = ['PARTNER_ENV', 'PARTNER_API_TIMEOUT_MS'].concat(
+  ['', 'LIVE_', 'SANDBOX_'].flatMap((pair) => ['BASE_URL', 'KEY_ID', 'SECRET'].map((name) => `PARTNER_${pair}API_${name}`)),
+)
 const SETTINGS_OF_COMMAND: Record<string, readonly string[]> = {
   prune: ['RETENTION_DAYS', 'DELIVERY_RETENTION_DAYS', 'PRUNE_BATCH_SIZE'],
+  trades: PLATFORM_SETTINGS,
+  disputes: PLATFORM_SETTINGS,
+  proposals: PLATFORM_SETTINGS,
+  reconcile: PLATFORM_SETTINGS,
 }
 
 // the most of a refusing service's answer printed: its own error body, a line or two
