@@ -559,6 +559,29 @@ function selectPartnerVariables(env: Env): Env {
   return picked
 }
 
+export interface PartnerPlatform {
+  env: string
+  baseUrl?: { name: string; value: string }
+  keyId?: { name: string; value: string }
+}
+
+/**
+ * The platform an environment names for the partner API: PARTNER_ENV (sandbox when unset) and, of the pair it picks
+ * (PARTNER_LIVE_… or PARTNER_SANDBOX_… before the unprefixed), the base URL and key id with the variables they came
+ * from; undefined where unset. For a second terminal to tell whether it names another platform than the service's.
+ */
+export function partnerPlatformOf(env: Env): PartnerPlatform {
+  const named = partnerVariableNamer(env)
+  const setting = (name: string) => {
+    const variable = named(name)
+    const value = env[variable]
+    return value === undefined || value === '' ? undefined : { name: variable, value }
+  }
+  const baseUrl = setting('PARTNER_API_BASE_URL')
+  const keyId = setting('PARTNER_API_KEY_ID')
+  return { env: env.PARTNER_ENV ?? 'sandbox', ...(baseUrl && { baseUrl }), ...(keyId && { keyId }) }
+}
+
 /**
  * The variable a PARTNER_API_* value was read from, for a message about it: its PARTNER_LIVE_ or PARTNER_SANDBOX_
  * form when PARTNER_ENV picked that one (selectPartnerVariables). A short PARTNER_LIVE_API_SECRET was reported as

@@ -334,6 +334,7 @@ export async function startService({
         sandboxUrl,
         mode: config.partner.mode,
         database: databaseIdentity(config),
+        platform: { env: config.partner.env, baseUrl: commandContext.config.partner.baseUrl ?? '', keyId: config.partner.keyId },
       })
       stops.push({ name: 'serve.json', stop: advertised.remove })
       if (advertised.other !== undefined) {

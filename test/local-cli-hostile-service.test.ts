@@ -248,21 +248,27 @@ describe('the CLI’s own settings beside a running service', () => {
 
   // an outside attack funded with the service's platform and key from a terminal set for another (PARTNER_ENV=live
   // and the live keys beside a service on the sandbox), with not a word about them
-  it('says which platform settings set here a trade command does not use, naming no value', async () => {
+  it('says which platform settings set here name another platform or key than the service’s, naming no value', async () => {
     const service = await fakeService(answering(200, JSON.stringify({ code: 0, stdout: 'funded\n', stderr: '' })))
     try {
       const dataDir = newDataDir()
-      advertise(dataDir, serviceFile(dataDir, service.url))
-      const env = { DATA_DIR: dataDir, PARTNER_ENV: 'live', PARTNER_LIVE_API_KEY_ID: 'pk_live_1', PARTNER_LIVE_API_SECRET: 'live-secret-0123456789abcdef0123' }
+      const platform = { env: 'sandbox', baseUrl: 'https://sandbox.platform.example', keyId: 'pk_service' }
+      advertise(dataDir, { ...serviceFile(dataDir, service.url), platform })
+      const live = { DATA_DIR: dataDir, PARTNER_ENV: 'live', PARTNER_LIVE_API_KEY_ID: 'pk_live_1', PARTNER_LIVE_API_SECRET: 'live-secret-0123456789abcdef0123' }
       for (const command of [['trades', 'fund', 'order-1'], ['disputes', 'open', 'order-1'], ['reconcile', '--once']]) {
-        const result = await runCli(command, env, { built: true })
+        const result = await runCli(command, live, { built: true })
         expect(result.stderr, command.join(' ')).toBe(
           `The service running from ${dataDir} (pid ${process.pid}) runs the command with its own settings: ` +
-            'PARTNER_ENV, PARTNER_LIVE_API_KEY_ID, PARTNER_LIVE_API_SECRET are set here and not used [settings_ignored]\n',
+            'PARTNER_ENV, PARTNER_LIVE_API_KEY_ID are set here and not used [settings_ignored]\n',
         )
         expect([result.code, result.stdout]).toEqual([0, 'funded\n'])
       }
-      expect((await runCli(['orders', 'list'], env, { built: true })).stderr).toBe('')
+      const otherUrl = await runCli(['trades', 'fund', 'order-1'], { DATA_DIR: dataDir, PARTNER_API_BASE_URL: 'https://live.platform.example' }, { built: true })
+      expect(otherUrl.stderr).toContain(': PARTNER_API_BASE_URL is set here and not used [settings_ignored]\n')
+      // the service's own settings (its .env in this shell too): nothing to say
+      const same = { DATA_DIR: dataDir, PARTNER_ENV: 'sandbox', PARTNER_API_BASE_URL: 'https://sandbox.platform.example/', PARTNER_API_KEY_ID: 'pk_service', PARTNER_API_SECRET: 'any' }
+      expect((await runCli(['trades', 'fund', 'order-1'], same, { built: true })).stderr).toBe('')
+      expect((await runCli(['orders', 'list'], live, { built: true })).stderr).toBe('')
     } finally {
       await service.close()
     }

@@ -3,8 +3,10 @@
 // retry. The platform had done the fund, and the fund run again as told was sent twice. Now the answer says the
 // command had begun, and the second terminal says its outcome is unknown.
 import { once } from 'node:events'
+import { readFileSync } from 'node:fs'
 import { createServer, type ServerResponse } from 'node:http'
 import type { AddressInfo } from 'node:net'
+import path from 'node:path'
 import { afterAll, beforeAll, expect, it } from 'vitest'
 import { runCli, spawnCli, stopChild, waitForLogLine } from './helpers/cli-process.js'
 import { migratedDataDir } from './helpers/data-dir-template.js'
@@ -60,6 +62,10 @@ it('says a forwarded `trades fund` cut short by the service stopping may or may 
   )
   try {
     await waitForLogLine(service, 'service listening', 120_000)
+    // what a second terminal compares its platform settings with (never a secret)
+    const advertised = JSON.parse(readFileSync(path.join(dataDir, 'serve.json'), 'utf8')) as Record<string, unknown>
+    expect(advertised.platform).toEqual({ env: 'sandbox', baseUrl: platformUrl, keyId: TEST_API_KEY_ID })
+    expect(JSON.stringify(advertised)).not.toContain(TEST_API_SECRET)
     const secondTerminal = { DATA_DIR: dataDir }
     const opened = await runCli(['trades', 'open', 'stopped-1', '--title', 'Lamp', '--amount', '5.00', '--currency', 'EUR', '--seller', 's_1'], secondTerminal, { built: true })
     expect([opened.code, opened.stderr]).toEqual([0, ''])

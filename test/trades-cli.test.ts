@@ -5,7 +5,7 @@ import type { CliContext } from '../src/cli/cli-context.js'
 import { findOrderByExternalReference } from '../src/orders/order.repository.js'
 import { runCommandWith } from './helpers/cli-in-process.js'
 import { testLogger } from './helpers/log-sink.js'
-import { milestoneRecord, recordForPath, respondResult, tradeRecord } from './helpers/partner-api-fixtures.js'
+import { disputeRecord, milestoneRecord, proposalRecord, respondResult, tradeRecord } from './helpers/partner-api-fixtures.js'
 import {
   type PlannedAnswer,
   type RecordedRequest,
@@ -53,9 +53,12 @@ function recordOfPathTrade(path: string): unknown {
   const own = { trade_id: tradeId, external_reference: tradeId.replace(/^tr_/, '') }
   if (path.endsWith('/respond/')) {
     const result = respondResult()
-    return { ...result, trade: { ...result.trade, ...own } }
+    // the proposal responded to, of this trade
+    const proposalId = decodeURIComponent(path.split('/')[7]!)
+    return { proposal: { ...result.proposal, proposal_id: proposalId, trade_id: tradeId }, trade: { ...result.trade, ...own } }
   }
-  if (path.endsWith('/proposals/') || path.endsWith('/dispute/')) return recordForPath(path)
+  if (path.endsWith('/proposals/')) return proposalRecord({ trade_id: tradeId })
+  if (path.endsWith('/dispute/')) return disputeRecord({ trade_id: tradeId })
   return tradeRecord(own)
 }
 

@@ -527,6 +527,33 @@ describe('runTradeOperation', () => {
     )
   })
 
+  it('applies nothing, says so and polls soon when a respond answers another proposal, or a dispute or proposal names another trade', async () => {
+    const { ref, clock, opened } = await openedOrder()
+    await clock.advance(1_000)
+    const ownTrade = tradeRecord({ trade_id: opened.tradeId!, external_reference: ref, status: 'resolved' })
+    const client = fakeTradeApi({
+      respondToProposal: async () => ({ proposal: { proposal_id: 'pr_other' }, trade: ownTrade }),
+      openDispute: async () => ({ dispute_id: 'dp_9', trade_id: 'tr_someone_else' }),
+      createProposal: async () => ({ proposal_id: 'pr_9', trade_id: 'tr_someone_else' }),
+    })
+    const failure = (operation: Parameters<typeof runTradeOperation>[2]) => runTradeOperation(deps(client, clock), ref, operation).catch((e) => e)
+    const respond = await failure({ kind: 'respond', proposalId: 'pr_1', request: { accept: true, party: 'seller' } })
+    expect(respond).toMatchObject({ name: 'TradeOperationError', code: 'answer_mismatch' })
+    expect(respond.message).toBe(
+      `The platform answered for order ${ref} (proposal pr_1 of trade ${opened.tradeId}) with the record of proposal pr_other: ` +
+        'another proposal. Nothing of it was applied, and what the call did is not known: check with `trades get`; the order is polled soon.',
+    )
+    const dispute = await failure({ kind: 'dispute', request: { reason: 'The frame arrived bent and scratched', party: 'buyer' } })
+    expect(dispute.message).toContain(`(a dispute on trade ${opened.tradeId}) with the record of dispute dp_9 of trade tr_someone_else: another trade.`)
+    const proposal = await failure({ kind: 'proposal', request: { outcome: 'buyer_win', party: 'buyer' } })
+    expect(proposal.message).toContain(`(a proposal on trade ${opened.tradeId}) with the record of proposal pr_9 of trade tr_someone_else: another trade.`)
+    // the respond's trade record (resolved) was not applied
+    const after = await order(ref)
+    expect(after).toMatchObject({ tradeStatus: 'created' })
+    expect(after.nextPollAt?.getTime()).toBe(clock.now() + EXPECTED_WEBHOOK_S * 1000)
+    expect(await history(after.id)).toEqual([{ fromStatus: null, toStatus: 'created', source: 'api' }])
+  })
+
   it('schedules a poll after opening a dispute, whose answer carries no trade status', async () => {
     const { ref, clock } = await openedOrder()
     await clock.advance(5_000)

@@ -15,7 +15,7 @@ import { mkdirSync, readFileSync, renameSync, rmSync, writeFileSync } from 'node
 import { isIP } from 'node:net'
 import { networkInterfaces, userInfo } from 'node:os'
 import path from 'node:path'
-import type { Config } from '../config.js'
+import type { Config, PartnerPlatform } from '../config.js'
 import { isLoopbackAddress } from '../http/loopback-host.js'
 import { readAnswer } from '../http/read-answer.js'
 import { isJsonObject, parseJsonObject } from '../json-object.js'
@@ -86,6 +86,14 @@ export interface ServiceFile {
   /** Local mode (its secrets in DATA_DIR/local-secrets.json) or remote (its own, from its environment); not in a file of a build before 2026-12-02. */
   mode?: 'local' | 'remote' | undefined
   database: DatabaseIdentity
+  /** The platform its partner API calls go to (PARTNER_ENV, the base URL, the key id; no secret); not in a file of a build before 2026-12-04. */
+  platform?: ServicePlatform | undefined
+}
+
+export interface ServicePlatform {
+  env: string
+  baseUrl: string
+  keyId: string
 }
 
 export interface DatabaseIdentity {
@@ -254,6 +262,10 @@ function serviceFileProblem(file: Record<string, unknown>): string | undefined {
   ) {
     return 'its database is not a kind and a location'
   }
+  const { platform } = file
+  if (platform !== undefined && !(isJsonObject(platform) && ['env', 'baseUrl', 'keyId'].every((name) => typeof platform[name] === 'string'))) {
+    return 'its platform is not an env, a base URL and a key id'
+  }
   return undefined
 }
 
@@ -316,17 +328,25 @@ export class RunningServiceError extends Error {
 
 // the settings a command reads that an operator may set for one run (`RETENTION_DAYS=7 prune`): beside a running
 // service the service's own are used, and that is said
-// which platform a call goes to, and with which key: `PARTNER_ENV=live trades fund …` beside a service on the sandbox
-// funded on the sandbox with the service's key, saying nothing (and the other way round, on live)
-const PLATFORM_SETTINGS = ['PARTNER_ENV', 'PARTNER_API_TIMEOUT_MS'].concat(
-  ['', 'LIVE_', 'SANDBOX_'].flatMap((pair) => ['BASE_URL', 'KEY_ID', 'SECRET'].map((name) => `PARTNER_${pair}API_${name}`)),
-)
 const SETTINGS_OF_COMMAND: Record<string, readonly string[]> = {
   prune: ['RETENTION_DAYS', 'DELIVERY_RETENTION_DAYS', 'PRUNE_BATCH_SIZE'],
-  trades: PLATFORM_SETTINGS,
-  disputes: PLATFORM_SETTINGS,
-  proposals: PLATFORM_SETTINGS,
-  reconcile: PLATFORM_SETTINGS,
+}
+// the commands that call the platform: `PARTNER_ENV=live trades fund …` beside a service on the sandbox funded on the
+// sandbox with the service's key, saying nothing (and the other way round, on live)
+const PLATFORM_COMMANDS = new Set(['trades', 'disputes', 'proposals', 'reconcile'])
+
+/**
+ * The platform settings of this environment that name another platform or key than the service's: PARTNER_ENV, and
+ * the base URL and key id of the pair it picks, each only where set here. None for a service file of an older build.
+ */
+function otherPlatformSettings(platform: ServicePlatform | undefined, mine: PartnerPlatform, env: NodeJS.ProcessEnv): string[] {
+  if (!platform) return []
+  const differing: string[] = []
+  if (env.PARTNER_ENV !== undefined && mine.env !== platform.env) differing.push('PARTNER_ENV')
+  const withoutClosingSlash = (url: string) => url.replace(/\/+$/, '')
+  if (mine.baseUrl && withoutClosingSlash(mine.baseUrl.value) !== withoutClosingSlash(platform.baseUrl)) differing.push(mine.baseUrl.name)
+  if (mine.keyId && mine.keyId.value !== platform.keyId) differing.push(mine.keyId.name)
+  return differing
 }
 
 // the most of a refusing service's answer printed: its own error body, a line or two
@@ -353,7 +373,7 @@ export async function forwardToLocalService(args: string[]): Promise<number | un
     return undefined
   // loaded only for a command that may be forwarded: `--help` does not pay for it. Only DATA_DIR and DATABASE_URL
   // are read: the service runs the command with its own configuration (config.ts, runningServiceLookup)
-  const { runningServiceLookup } = await import('../config.js')
+  const { partnerPlatformOf, runningServiceLookup } = await import('../config.js')
   const config = runningServiceLookup(process.env)
   const { service, problem } = readServiceFile(config.dataDir)
   if (problem) {
@@ -380,7 +400,10 @@ export async function forwardToLocalService(args: string[]): Promise<number | un
     )
   }
   const running = `The service running from ${config.dataDir} (pid ${service.pid})`
-  const ignored = (SETTINGS_OF_COMMAND[args[0] ?? ''] ?? []).filter((name) => process.env[name] !== undefined)
+  const ignored = [
+    ...(SETTINGS_OF_COMMAND[args[0] ?? ''] ?? []).filter((name) => process.env[name] !== undefined),
+    ...(PLATFORM_COMMANDS.has(args[0] ?? '') ? otherPlatformSettings(service.platform, partnerPlatformOf(process.env), process.env) : []),
+  ]
   if (ignored.length > 0) {
     // `RETENTION_DAYS=7 prune` beside a service pruned with the service's 30 days, saying nothing
     const these = `${ignored.join(', ')} ${ignored.length === 1 ? 'is' : 'are'}`

@@ -13,6 +13,7 @@ import { findOrderByExternalReference } from '../orders/order.repository.js'
 import { schedulePollAfterApiCall } from '../orders/poll-schedule.repository.js'
 import type { CallOptions } from '../partner-api/partner-api.client.js'
 import { isOutcomeUnknown } from '../partner-api/partner-api-error.js'
+import { printable } from '../printable.js'
 import type {
   CreateProposalRequest,
   DisputeRecord,
@@ -28,6 +29,7 @@ import type { PartnerTradeApi, TradeDeps } from './trade-deps.js'
 import {
   answerMismatch,
   milestoneAnswerMismatch,
+  recordAnswerMismatch,
   stoppedBeforeSending,
   TradeOperationError,
   usableTradeId,
@@ -92,6 +94,17 @@ export async function runTradeOperation<O extends TradeOperation>(
   }
   guard?.settled()
 
+  const other = otherRecordOf(operation, result, tradeId)
+  if (other) {
+    // the call was sent for our trade (and proposal), but the record that came back is not of it: nothing is applied
+    // from it, a respond's trade status included (another proposal's acceptance moved the order to resolved)
+    await schedulePoll(db)
+    logger.warn(
+      { externalReference, orderId: order.id, tradeId, operation: operation.kind, answered: other.answered },
+      'the platform answered a record of something else than the call was for: order not changed',
+    )
+    throw recordAnswerMismatch(externalReference, other.asked, printable(other.answered), NOTHING_APPLIED)
+  }
   const trade = tradeOf(operation, result)
   const applied = await db.transaction().execute(async (trx) => {
     const observed = trade
@@ -203,6 +216,36 @@ function tradeOf(operation: TradeOperation, result: unknown): TradeRecord | unde
     }
     default:
       return result as TradeRecord
+  }
+}
+
+/**
+ * What a dispute, proposal or respond call answered when it is not of what the call was sent for: a record naming
+ * another trade, or another proposal than the one responded to. Undefined when it is (or names no trade).
+ */
+function otherRecordOf(operation: TradeOperation, result: unknown, tradeId: string): { asked: string; answered: string } | undefined {
+  const ofAnotherTrade = (kind: string, id: string, record: { trade_id?: string | undefined }) =>
+    record.trade_id !== undefined && record.trade_id !== tradeId ? `the record of ${kind} ${id} of trade ${record.trade_id}: another trade` : undefined
+  switch (operation.kind) {
+    case 'dispute': {
+      const dispute = result as DisputeRecord
+      const answered = ofAnotherTrade('dispute', dispute.dispute_id, dispute)
+      return answered === undefined ? undefined : { asked: `a dispute on trade ${tradeId}`, answered }
+    }
+    case 'proposal': {
+      const proposal = result as ProposalRecord
+      const answered = ofAnotherTrade('proposal', proposal.proposal_id, proposal)
+      return answered === undefined ? undefined : { asked: `a proposal on trade ${tradeId}`, answered }
+    }
+    case 'respond': {
+      const { proposal } = result as RespondResult
+      const asked = `proposal ${operation.proposalId} of trade ${tradeId}`
+      if (proposal.proposal_id !== operation.proposalId) return { asked, answered: `the record of proposal ${proposal.proposal_id}: another proposal` }
+      const answered = ofAnotherTrade('proposal', proposal.proposal_id, proposal)
+      return answered === undefined ? undefined : { asked, answered }
+    }
+    default:
+      return undefined
   }
 }
 

@@ -91,6 +91,14 @@ export function milestoneAnswerMismatch(
 }
 
 /**
+ * A dispute, proposal or respond call answered a record that is not of what it was sent for (another proposal, a
+ * record of another trade): nothing of it is applied or shown, and what the call did is not known.
+ */
+export function recordAnswerMismatch(externalReference: string, asked: string, answered: string, next: string): TradeOperationError {
+  return new TradeOperationError('answer_mismatch', `The platform answered for order ${externalReference} (${asked}) with ${answered}. ${next}`)
+}
+
+/**
  * A stop came before the call was sent (CallGuard): nothing sent, the order as it was, or, when the same call
  * created it (`trades open` of a new order), created with no trade.
  */

@@ -27,9 +27,9 @@ export function fakeTradeApi(overrides: Partial<PartnerTradeApi> = {}): FakeTrad
     releaseMilestone: async (tradeId) => ({ record: 'trade', trade: own(tradeId, 'funded') }),
     openDispute: async (tradeId, request) => disputeRecord({ trade_id: tradeId, party: request.party }),
     createProposal: async (tradeId, request) => proposalRecord({ trade_id: tradeId, outcome: request.outcome }),
-    respondToProposal: async (tradeId, _proposalId, request) => {
+    respondToProposal: async (tradeId, proposalId, request) => {
       const result = respondResult(request.accept)
-      return { ...result, trade: { ...result.trade, ...own(tradeId, result.trade.status) } }
+      return { proposal: { ...result.proposal, proposal_id: proposalId, trade_id: tradeId }, trade: { ...result.trade, ...own(tradeId, result.trade.status) } }
     },
   }
   const fake = { calls } as unknown as FakeTradeApi
