@@ -560,15 +560,15 @@ function selectPartnerVariables(env: Env): Env {
 }
 
 export interface PartnerPlatform {
-  env: string
+  env?: string
   baseUrl?: { name: string; value: string }
   keyId?: { name: string; value: string }
 }
 
 /**
- * The platform an environment names for the partner API: PARTNER_ENV (sandbox when unset) and, of the pair it picks
- * (PARTNER_LIVE_… or PARTNER_SANDBOX_… before the unprefixed), the base URL and key id with the variables they came
- * from; undefined where unset. For a second terminal to tell whether it names another platform than the service's.
+ * The platform an environment names for the partner API: PARTNER_ENV and, of the pair it picks (PARTNER_LIVE_… or
+ * PARTNER_SANDBOX_… before the unprefixed), the base URL and key id with the variables they came from; each
+ * undefined where unset. For a second terminal to tell whether it names another platform than the service's.
  */
 export function partnerPlatformOf(env: Env): PartnerPlatform {
   const named = partnerVariableNamer(env)
@@ -579,7 +579,7 @@ export function partnerPlatformOf(env: Env): PartnerPlatform {
   }
   const baseUrl = setting('PARTNER_API_BASE_URL')
   const keyId = setting('PARTNER_API_KEY_ID')
-  return { env: env.PARTNER_ENV ?? 'sandbox', ...(baseUrl && { baseUrl }), ...(keyId && { keyId }) }
+  return { ...(env.PARTNER_ENV !== undefined && { env: env.PARTNER_ENV }), ...(baseUrl && { baseUrl }), ...(keyId && { keyId }) }
 }
 
 /**

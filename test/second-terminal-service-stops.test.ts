@@ -8,11 +8,11 @@ import { createServer, type ServerResponse } from 'node:http'
 import type { AddressInfo } from 'node:net'
 import path from 'node:path'
 import { afterAll, beforeAll, expect, it } from 'vitest'
-import { runCli, spawnCli, stopChild, waitForLogLine } from './helpers/cli-process.js'
+import { remoteServeEnv, runCli, spawnCli, stopChild, waitForLogLine } from './helpers/cli-process.js'
 import { migratedDataDir } from './helpers/data-dir-template.js'
 import { tradeRecord } from './helpers/partner-api-fixtures.js'
 import { eventually } from './helpers/reconcile-poller.js'
-import { TEST_API_KEY_ID, TEST_API_SECRET, TEST_WEBHOOK_SECRET } from './helpers/test-config.js'
+import { TEST_API_KEY_ID, TEST_API_SECRET } from './helpers/test-config.js'
 
 // the platform: a create is answered at once; a fund is held, unanswered, until the test ends
 const held: ServerResponse[] = []
@@ -46,18 +46,7 @@ it('says a forwarded `trades fund` cut short by the service stopping may or may 
   const dataDir = migratedDataDir('service-stops-')
   const service = spawnCli(
     ['serve'],
-    {
-      DATA_DIR: dataDir,
-      PORT: '0',
-      ADMIN_PORT: '0',
-      PARTNER_API_BASE_URL: platformUrl,
-      PARTNER_API_KEY_ID: TEST_API_KEY_ID,
-      PARTNER_API_SECRET: TEST_API_SECRET,
-      WEBHOOK_SECRETS: TEST_WEBHOOK_SECRET,
-      POLL_ENABLED: 'false',
-      PARTNER_API_TIMEOUT_MS: '120000',
-      SHUTDOWN_TIMEOUT_MS: '2000',
-    },
+    { ...remoteServeEnv({ dataDir, platformUrl }), POLL_ENABLED: 'false', PARTNER_API_TIMEOUT_MS: '120000', SHUTDOWN_TIMEOUT_MS: '2000' },
     { built: true },
   )
   try {

@@ -339,10 +339,10 @@ const PLATFORM_COMMANDS = new Set(['trades', 'disputes', 'proposals', 'reconcile
  * The platform settings of this environment that name another platform or key than the service's: PARTNER_ENV, and
  * the base URL and key id of the pair it picks, each only where set here. None for a service file of an older build.
  */
-function otherPlatformSettings(platform: ServicePlatform | undefined, mine: PartnerPlatform, env: NodeJS.ProcessEnv): string[] {
+function otherPlatformSettings(platform: ServicePlatform | undefined, mine: PartnerPlatform): string[] {
   if (!platform) return []
   const differing: string[] = []
-  if (env.PARTNER_ENV !== undefined && mine.env !== platform.env) differing.push('PARTNER_ENV')
+  if (mine.env !== undefined && mine.env !== platform.env) differing.push('PARTNER_ENV')
   const withoutClosingSlash = (url: string) => url.replace(/\/+$/, '')
   if (mine.baseUrl && withoutClosingSlash(mine.baseUrl.value) !== withoutClosingSlash(platform.baseUrl)) differing.push(mine.baseUrl.name)
   if (mine.keyId && mine.keyId.value !== platform.keyId) differing.push(mine.keyId.name)
@@ -402,7 +402,7 @@ export async function forwardToLocalService(args: string[]): Promise<number | un
   const running = `The service running from ${config.dataDir} (pid ${service.pid})`
   const ignored = [
     ...(SETTINGS_OF_COMMAND[args[0] ?? ''] ?? []).filter((name) => process.env[name] !== undefined),
-    ...(PLATFORM_COMMANDS.has(args[0] ?? '') ? otherPlatformSettings(service.platform, partnerPlatformOf(process.env), process.env) : []),
+    ...(PLATFORM_COMMANDS.has(args[0] ?? '') ? otherPlatformSettings(service.platform, partnerPlatformOf(process.env)) : []),
   ]
   if (ignored.length > 0) {
     // `RETENTION_DAYS=7 prune` beside a service pruned with the service's 30 days, saying nothing

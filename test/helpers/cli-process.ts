@@ -25,10 +25,9 @@ export function receiverEnv(dataDir: string): Record<string, string> {
   }
 }
 
-/** The environment of a `serve` on Postgres that polls `platformUrl` every second (listeners on free ports). */
-export function pollingServeEnv({ databaseUrl, dataDir, platformUrl }: { databaseUrl: string; dataDir: string; platformUrl: string }): Record<string, string> {
+/** The environment of a `serve` in remote mode on `platformUrl`, its database the one in `dataDir` (listeners on free ports). */
+export function remoteServeEnv({ dataDir, platformUrl }: { dataDir: string; platformUrl: string }): Record<string, string> {
   return {
-    DATABASE_URL: databaseUrl,
     DATA_DIR: dataDir,
     PORT: '0',
     ADMIN_PORT: '0',
@@ -36,23 +35,17 @@ export function pollingServeEnv({ databaseUrl, dataDir, platformUrl }: { databas
     PARTNER_API_KEY_ID: TEST_API_KEY_ID,
     PARTNER_API_SECRET: TEST_API_SECRET,
     WEBHOOK_SECRETS: TEST_WEBHOOK_SECRET,
-    POLL_INTERVAL_S: '1',
   }
+}
+
+/** The environment of a `serve` on Postgres that polls `platformUrl` every second (listeners on free ports). */
+export function pollingServeEnv({ databaseUrl, dataDir, platformUrl }: { databaseUrl: string; dataDir: string; platformUrl: string }): Record<string, string> {
+  return { DATABASE_URL: databaseUrl, ...remoteServeEnv({ dataDir, platformUrl }), POLL_INTERVAL_S: '1' }
 }
 
 /** The environment of a `serve` on Postgres that does not poll (listeners on free ports): add its reactions' settings. */
 export function postgresServeEnv({ databaseUrl, dataDir }: { databaseUrl: string; dataDir: string }): Record<string, string> {
-  return {
-    DATABASE_URL: databaseUrl,
-    DATA_DIR: dataDir,
-    PORT: '0',
-    ADMIN_PORT: '0',
-    PARTNER_API_BASE_URL: 'http://127.0.0.1:1',
-    PARTNER_API_KEY_ID: TEST_API_KEY_ID,
-    PARTNER_API_SECRET: TEST_API_SECRET,
-    WEBHOOK_SECRETS: TEST_WEBHOOK_SECRET,
-    POLL_ENABLED: 'false',
-  }
+  return { DATABASE_URL: databaseUrl, ...remoteServeEnv({ dataDir, platformUrl: 'http://127.0.0.1:1' }), POLL_ENABLED: 'false' }
 }
 
 /**
