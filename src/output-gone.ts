@@ -17,13 +17,20 @@ let terminals: number[] | undefined
 
 // the first write to stdout or stderr that failed otherwise (a full disk: ENOSPC), once said
 let failed = false
+// set once the command's change was made (commandTookEffect): then a lost output is no failure of the command
+let tookEffect = false
+
+/** How the lost output is said once the command's change was made: the change stands, and running it again is not the way to see it. */
+const DONE_BUT_LOST =
+  'the command was done (the platform took it and the order records it); only its output is lost: see the order with `orders show`, do not run the command again'
 
 /**
  * Makes a write to process.stdout or stderr that finds its reader gone no error, and an exit after the terminal was
  * closed an exit like any other (detachFromClosedTerminal). A write that fails otherwise (the file's disk full:
  * ENOSPC, a quota: EDQUOT) loses what follows as well: it threw, a stack trace for a command (`orders list >
  * /dev/full`) and a crash for the service with LOG_PRETTY; now it is said once on the other stream, and the command
- * ends with exit 1 (`failCommand`) while the service goes on. Once per process.
+ * ends with exit 1 (`failCommand`) unless its change was made already (commandTookEffect), while the service goes on.
+ * Once per process.
  */
 export function ignoreGoneOutput({ failCommand = false }: { failCommand?: boolean } = {}): void {
   if (terminals) return
@@ -33,13 +40,30 @@ export function ignoreGoneOutput({ failCommand = false }: { failCommand?: boolea
       if (isOutputGone(error) || failed) return
       failed = true
       // (stderr's own failure has nowhere to be said)
-      if (stream === process.stdout) sayOutputFailed(`could not write to stdout (${error.code ?? error.message}): what follows on it is lost`)
+      if (stream === process.stdout) {
+        lostOn = error.code ?? error.message
+        sayOutputFailed(`could not write to stdout (${lostOn}): ${tookEffect ? DONE_BUT_LOST : 'what follows on it is lost'}`)
+      }
     })
   }
   process.once('exit', () => {
-    if (failed && failCommand && !process.exitCode) process.exitCode = 1
+    if (failed && failCommand && !tookEffect && !process.exitCode) process.exitCode = 1
     detachFromClosedTerminal()
   })
+}
+
+// the reason stdout failed, once it did
+let lostOn: string | undefined
+
+/**
+ * The command's change was made and recorded (a trade call the platform answered): from here a stdout that cannot be
+ * written loses only the report of it, so the command does not end with exit 1 for it. A script that took that exit 1
+ * for a failure ran `trades fund` again after the fund was done. Said at once when stdout had failed already.
+ */
+export function commandTookEffect(): void {
+  if (tookEffect) return
+  tookEffect = true
+  if (lostOn !== undefined) sayOutputFailed(`could not write to stdout (${lostOn}): ${DONE_BUT_LOST}`)
 }
 
 /**

@@ -9,16 +9,45 @@ import { closeSync, existsSync, mkdtempSync, openSync, rmSync } from 'node:fs'
 import { tmpdir } from 'node:os'
 import path from 'node:path'
 import { afterAll, describe, expect, it } from 'vitest'
-import { childEnv, freePort, killLeftovers, receiverEnv } from './helpers/cli-process.js'
+import { createServer } from 'node:http'
+import type { AddressInfo } from 'node:net'
+import { childEnv, freePort, killLeftovers, receiverEnv, remoteServeEnv, runCli, spawnCli, stopChild, waitForLogLine } from './helpers/cli-process.js'
+import { migratedDataDir } from './helpers/data-dir-template.js'
+import { tradeRecord } from './helpers/partner-api-fixtures.js'
 import { signBody, tradePayload } from './helpers/webhook-delivery.js'
 
 const root = path.resolve(import.meta.dirname, '..')
 const scratch = mkdtempSync(path.join(tmpdir(), 'output-full-'))
 const children: ChildProcess[] = []
-afterAll(() => {
+// the platform: answers a create with the trade `created`, a fund with it `funded`; what it was sent, counted
+const funds: string[] = []
+const platform = createServer((req, res) => {
+  req.resume()
+  req.on('end', () => {
+    const funded = req.url?.endsWith('/fund/') === true
+    if (funded) funds.push(req.url!)
+    const reference = funded ? decodeURIComponent(req.url!.split('/')[5]!).replace(/^tr_/, '') : 'full-open'
+    res.writeHead(funded ? 200 : 201, { 'content-type': 'application/json' })
+    res.end(JSON.stringify(tradeRecord({ trade_id: `tr_${reference}`, external_reference: reference, status: funded ? 'funded' : 'created' })))
+  })
+})
+afterAll(async () => {
   killLeftovers(children)
   rmSync(scratch, { recursive: true, force: true })
+  platform.closeAllConnections()
+  await new Promise((resolve) => platform.close(resolve))
 })
+
+async function platformUrl(): Promise<string> {
+  if (!platform.listening) {
+    platform.listen(0, '127.0.0.1')
+    await once(platform, 'listening')
+  }
+  return `http://127.0.0.1:${(platform.address() as AddressInfo).port}`
+}
+
+const DONE_BUT_LOST =
+  /(?:^|\n)could not write to stdout \(ENOSPC\): the command was done \(the platform took it and the order records it\); only its output is lost: see the order with `orders show`, do not run the command again\n$/
 
 /** The compiled CLI with its stdout on /dev/full (every write fails with ENOSPC), its stderr read. */
 function runOnFullOutput(args: string[], env: Record<string, string>) {
@@ -78,4 +107,55 @@ describe.skipIf(!existsSync('/dev/full'))('stdout that cannot be written (ENOSPC
     expect(stderr()).toMatch(/(?:^|\n)could not write to stdout \(ENOSPC\): what follows on it is lost\n$/)
     expect(stderr()).not.toMatch(/\n\s+at /)
   })
+
+  // A script that took that exit 1 for a failure ran the fund again after it was done: the change made, only the
+  // report of it is lost, and the command says so and exits 0
+  it('a trade call the platform took exits 0 when only its output is lost, saying the command was done', async () => {
+    const dataDir = migratedDataDir('output-full-fund-')
+    const env = { ...remoteServeEnv({ dataDir, platformUrl: await platformUrl() }), POLL_ENABLED: 'false' }
+    const opened = await runCli(['trades', 'open', 'full-open', '--title', 'Lamp', '--amount', '5.00', '--currency', 'EUR', '--seller', 's_1'], env, { built: true })
+    expect([opened.code, opened.stderr]).toEqual([0, ''])
+    const before = funds.length
+
+    const { child, stderr } = runOnFullOutput(['trades', 'fund', 'full-open'], env)
+    const [code] = (await once(child, 'exit')) as [number | null]
+    expect(stderr()).toMatch(DONE_BUT_LOST)
+    expect(code).toBe(0)
+    expect(funds.length - before).toBe(1)
+    const shown = await runCli(['orders', 'show', 'full-open', '--json'], env, { built: true })
+    expect(JSON.parse(shown.stdout)).toMatchObject({ externalReference: 'full-open', tradeStatus: 'funded' })
+
+    // a command that failed still exits 1, its own line said (the order has a trade already)
+    const again = runOnFullOutput(['trades', 'open', 'full-open', '--title', 'Lamp', '--amount', '5.00', '--currency', 'EUR', '--seller', 's_1'], env)
+    const [againCode] = (await once(again.child, 'exit')) as [number | null]
+    expect(againCode).toBe(1)
+    expect(again.stderr()).toContain('[trade_exists]')
+  }, 240_000)
+
+  it('a second terminal whose output is lost after the service did the fund exits 0 and says the command was done', async () => {
+    const dataDir = migratedDataDir('output-full-forwarded-')
+    const service = spawnCli(['serve'], { ...remoteServeEnv({ dataDir, platformUrl: await platformUrl() }), POLL_ENABLED: 'false' }, { built: true })
+    children.push(service)
+    try {
+      await waitForLogLine(service, 'service listening', 120_000)
+      const secondTerminal = { DATA_DIR: dataDir }
+      const opened = await runCli(['trades', 'open', 'full-open', '--title', 'Lamp', '--amount', '5.00', '--currency', 'EUR', '--seller', 's_1'], secondTerminal, { built: true })
+      expect([opened.code, opened.stderr]).toEqual([0, ''])
+      const before = funds.length
+
+      const { child, stderr } = runOnFullOutput(['trades', 'fund', 'full-open'], secondTerminal)
+      const [code] = (await once(child, 'exit')) as [number | null]
+      expect(stderr()).toMatch(DONE_BUT_LOST)
+      expect(code).toBe(0)
+      expect(funds.length - before).toBe(1)
+
+      // a forwarded read whose output is lost is still a failure
+      const listed = runOnFullOutput(['orders', 'list'], secondTerminal)
+      const [listCode] = (await once(listed.child, 'exit')) as [number | null]
+      expect(listCode).toBe(1)
+      expect(listed.stderr()).toMatch(/could not write to stdout \(ENOSPC\): what follows on it is lost\n$/)
+    } finally {
+      await stopChild(service)
+    }
+  }, 300_000)
 })

@@ -85,6 +85,8 @@ export interface CliScope {
   stdout: { write(text: string): unknown }
   stderr: { write(text: string): unknown }
   exitCode: number
+  /** Set once the command's change was made (markTookEffect): its output lost on the way is then not its failure. */
+  tookEffect?: boolean
   /** Present when the command runs inside the service: its database, config, logger and reactions. */
   context?: CliContext
 }
@@ -113,6 +115,17 @@ export function writeError(text: string): void {
 /** True when the command runs inside the service (a second terminal's): the process and its signals are the service's. */
 export function runsInService(): boolean {
   return scope.getStore()?.context !== undefined
+}
+
+/**
+ * The command's change was made and recorded (a trade call the platform answered): an output that cannot be written
+ * from here on loses only its report, and is said so, not as the command's failure (output-gone.ts). Inside the
+ * service, the second terminal is told with the result, as its output is the one that may fail.
+ */
+export async function markTookEffect(): Promise<void> {
+  const current = scope.getStore()
+  if (current) current.tookEffect = true
+  else (await import('../output-gone.js')).commandTookEffect()
 }
 
 export function setExitCode(code: number): void {

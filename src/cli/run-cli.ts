@@ -8,6 +8,7 @@ import { type CliContext, type CliScope, CommandFailedError, runInScope, Stopped
 import { withoutPassword } from '../without-password.js'
 import { innermostReason } from './failure-reason.js'
 import { buildProgram, withArgumentsShown } from './program.js'
+import type { CommandOutput } from '../local/running-service.js'
 
 export async function runCommandLine(args: string[], cliScope?: CliScope): Promise<number> {
   const run = async (): Promise<number> => {
@@ -48,16 +49,17 @@ export async function runCommandLine(args: string[], cliScope?: CliScope): Promi
 export async function runCapturedCommandLine(
   args: string[],
   context?: CliContext,
-): Promise<{ code: number; stdout: string; stderr: string }> {
+): Promise<CommandOutput> {
   let stdout = ''
   let stderr = ''
-  const code = await runCommandLine(args, {
+  const captured: CliScope = {
     stdout: { write: (text: string) => (stdout += text) },
     stderr: { write: (text: string) => (stderr += text) },
     exitCode: 0,
     ...(context ? { context } : {}),
-  })
-  return { code, stdout, stderr }
+  }
+  const code = await runCommandLine(args, captured)
+  return { code, stdout, stderr, ...(captured.tookEffect ? { tookEffect: true } : {}) }
 }
 
 /**

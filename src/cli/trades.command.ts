@@ -19,6 +19,7 @@ import { orderReference } from './cli-arguments.js'
 import {
   CommandFailedError,
   escaped,
+  markTookEffect,
   printJson,
   runsInService,
   setExitCode,
@@ -100,6 +101,8 @@ export async function runTradeCall<T>(
   const held = runsInService() ? undefined : holdSignalsForCall()
   try {
     const result = await withTradeDeps((deps) => run(held ? { ...deps, guard: held.guard } : deps), options)
+    // the platform answered and the order records it: an output lost from here is not the call's failure
+    await markTookEffect()
     print(result)
     if (held?.stopped()) {
       writeError('stopped by a signal after the call in flight: the platform’s answer is above, recorded locally\n')

@@ -8,17 +8,14 @@ import type { CliContext } from '../cli/cli-context.js'
 import { AppError } from '../http/app-error.js'
 import { bearerCredential } from '../http/authorization.js'
 import { continuingParser, leaveBodyUnread } from '../http/expect-continue.js'
-import { COMMAND_STARTED_HEADER, COMMANDS_TAKEN_PREFIX, FORWARDED_COMMANDS, LOCAL_CLI_PATH, MAX_COMMAND_REQUEST_BYTES } from './running-service.js'
+import { COMMAND_STARTED_HEADER, type CommandOutput, COMMANDS_TAKEN_PREFIX, FORWARDED_COMMANDS, LOCAL_CLI_PATH, MAX_COMMAND_REQUEST_BYTES } from './running-service.js'
 
 export function createLocalCliToken(): string {
   return randomBytes(32).toString('hex')
 }
 
 /** Runs one command line against `context` (this process's database), its output captured. */
-export type LocalCommandRunner = (
-  args: string[],
-  context: CliContext,
-) => Promise<{ code: number; stdout: string; stderr: string }>
+export type LocalCommandRunner = (args: string[], context: CliContext) => Promise<CommandOutput>
 
 /** The bytes of large command lines read, parsed and run at once: two of the largest. */
 export const COMMANDS_BUDGET_BYTES = 2 * MAX_COMMAND_REQUEST_BYTES

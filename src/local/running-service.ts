@@ -19,6 +19,7 @@ import type { Config, PartnerPlatform } from '../config.js'
 import { isLoopbackAddress } from '../http/loopback-host.js'
 import { readAnswer } from '../http/read-answer.js'
 import { isJsonObject, parseJsonObject } from '../json-object.js'
+import { commandTookEffect } from '../output-gone.js'
 import { printable, printableLines } from '../printable.js'
 import { shortened } from '../shortened.js'
 import { stopOnSignals } from '../stop-signals.js'
@@ -36,6 +37,17 @@ export const FORWARDED_COMMANDS = new Set([
   'prune',
 ])
 export const LOCAL_CLI_PATH = '/_local/cli'
+/**
+ * A command line's result: its exit code and output, and whether its change was made (a trade call answered), so a
+ * second terminal whose own output fails does not report a done command as failed.
+ */
+export interface CommandOutput {
+  code: number
+  stdout: string
+  stderr: string
+  tookEffect?: true
+}
+
 /**
  * Set on the command endpoint's answer once the command has begun to run (local-cli.ts): an answer other than its
  * result then says nothing of what it did (the service stopping answers 503 `not_ready` to what it could not finish).
@@ -491,6 +503,8 @@ export async function forwardToLocalService(args: string[]): Promise<number | un
   // laid out in lines as the command printed them, its controls shown. A JSON document stays the same document:
   // JSON.stringify escapes the C0 controls itself, and what it leaves in a string (DEL, C1, the Cf characters)
   // becomes \uXXXX, JSON for the same character
+  // a done command whose output cannot be written here is no failure of it (output-gone.ts)
+  if (result.tookEffect) commandTookEffect()
   process.stdout.write(printableLines(result.stdout))
   process.stderr.write(printableLines(result.stderr))
   return result.code
@@ -514,11 +528,11 @@ function failureReason(error: unknown): string {
  * The command's result from the service's answer: what local-cli.ts sends, `runCommand`'s `{code, stdout,
  * stderr}` as JSON; a field a newer service may add is ignored. Anything else is `problem`, in fixed words.
  */
-function commandResult(answer: string): { code: number; stdout: string; stderr: string } | { problem: string } {
+function commandResult(answer: string): CommandOutput | { problem: string } {
   const result = parseJsonObject(answer)
   if (typeof result === 'string') return { problem: result }
-  const { code, stdout, stderr } = result
+  const { code, stdout, stderr, tookEffect } = result
   if (typeof code !== 'number' || !Number.isInteger(code) || code < 0 || code > 255) return { problem: 'no exit code from 0 to 255' }
   if (typeof stdout !== 'string' || typeof stderr !== 'string') return { problem: 'no stdout and stderr as text' }
-  return { code, stdout, stderr }
+  return { code, stdout, stderr, ...(tookEffect === true ? { tookEffect } : {}) }
 }
