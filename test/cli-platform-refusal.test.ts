@@ -77,6 +77,30 @@ describe('a refusal by the platform, in-process', () => {
     }
   })
 
+  // a 429 printed no word of the wait it asked for: run again at once, the command was refused again
+  it('a 429 or 503 that asks for a wait with Retry-After names the wait under the refusal', async () => {
+    answer = { status: 429, headers: { 'retry-after': '120' }, body: { error: { code: 'rate_limited', message: 'slow down' } } }
+    expect(await runCommandWith(['trades', 'fund', 'refused-1'], context)).toEqual({
+      code: 1,
+      stdout: '',
+      stderr: 'The platform refused (429 rate_limited): slow down [throttled]\n  The platform asks to wait 120 s before the next call (Retry-After)\n',
+    })
+    answer = { status: 503, headers: { 'retry-after': '3600' }, body: { error: { code: 'maintenance', message: 'back soon' } } }
+    const unknown = await runCommandWith(['trades', 'fund', 'refused-1'], context)
+    expect(unknown.code).toBe(1)
+    expect(unknown.stderr).toBe(
+      'The platform answered 503 maintenance: back soon, so the call may or may not have taken effect [outcome_unknown]\n' +
+        '  The platform asks to wait 3,600 s before the next call (Retry-After)\n' +
+        '  The platform may or may not have done it: check with `trades get` (the order is polled soon).\n',
+    )
+    // a read waits out a short one itself; a long one is named the same way
+    const read = await runCommandWith(['trades', 'get', 'refused-1'], context)
+    expect(read.stderr).toBe('The platform refused (503 maintenance): back soon [platform_error]\n  The platform asks to wait 3,600 s before the next call (Retry-After)\n')
+    // a Retry-After on another refusal is not a wait asked for
+    answer = { status: 409, headers: { 'retry-after': '5' }, body: { error: { code: 'state', message: 'no' } } }
+    expect((await runCommandWith(['trades', 'fund', 'refused-1'], context)).stderr).toBe('The platform refused (409 state): no [conflict]\n')
+  })
+
   // the spec's base URL is a gateway: its 502 or 504, or a server failing part-way, may come after the call was done
   it('a 5xx to a call that changes something is no refusal: it may have been done, [outcome_unknown], exit 1', async () => {
     for (const status of [500, 502, 503, 504]) {

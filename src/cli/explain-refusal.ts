@@ -69,12 +69,24 @@ function describeAnswer(error: PartnerApiError): { message: string; detail: stri
       : printable(typeof value === 'string' ? shortened(value, MAX_REFUSAL_TEXT_LENGTH) : boundedJson(value, MAX_REFUSAL_TEXT_LENGTH))
   const message = typeof platform.message === 'string' && platform.message !== '' ? `: ${text(platform.message)}` : ''
   const clock = error.clockOffsetS === undefined ? '' : `\n  ${describeClockOffset(error.clockOffsetS)}`
+  // (a Retry-After on another answer, a redirect's or a 409's, asks for no wait before the next call)
+  const asksToWait = error.retryAfterMs !== undefined && (error.status === 429 || error.status === 503)
+  const wait = asksToWait ? `\n  ${describeWait(error.retryAfterMs!)}` : ''
   const fields = Array.isArray(platform.fields) ? platform.fields : []
   const shown = fields
     .slice(0, MAX_REFUSAL_FIELDS)
     .map((field) => (isJsonObject(field) ? `\n  ${text(field.field)}: ${text(field.message)}` : `\n  ${text(field)}`))
   const more = fields.length > MAX_REFUSAL_FIELDS ? `\n  … and ${fields.length - MAX_REFUSAL_FIELDS} more fields` : ''
-  return { message, detail: `${clock}${shown.join('')}${more}` }
+  return { message, detail: `${clock}${wait}${shown.join('')}${more}` }
+}
+
+/**
+ * The wait a 429 or 503 asked for in its Retry-After, for a person: `The platform asks to wait 120 s before the next
+ * call (Retry-After)`. Run again sooner, the command would most likely be refused the same way.
+ */
+function describeWait(ms: number): string {
+  const seconds = Math.ceil(ms / 1000)
+  return `The platform asks to wait ${seconds.toLocaleString('en-US')} s before the next call (Retry-After)`
 }
 
 /** The most levels of a refusal's value written out; deeper ones are shown as `…`. */
