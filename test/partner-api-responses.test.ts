@@ -188,7 +188,7 @@ describe('PartnerApiClient answers: strict on the fields we rely on', () => {
     ['a trade whose reference is 3,000 characters', { ...trade, reference: 'R'.repeat(3_000) }, (api) => api.deliverTrade('tr_1'), 'reference', /must be at most 200 characters/],
     // an id the client later puts in a path is held to the rule it applies there: a trade id ".." was stored from a
     // create's answer, and every call on its order was then refused before sending, as if mistyped (exit 2)
-    ['a trade whose trade_id is ".."', { ...trade, trade_id: '..' }, (api) => api.createTrade(createRequest), 'trade_id', /must be usable as a path segment \(not blank, "\." or "\.\.", no lone surrogate\)/],
+    ['a trade whose trade_id is ".."', { ...trade, trade_id: '..' }, (api) => api.createTrade(createRequest), 'trade_id', /must be usable as a path segment \(not blank, "\." or "\.\.", no lone surrogate, at most 200 characters\)/],
     ['a trade whose trade_id is "."', { ...trade, trade_id: '.' }, (api) => api.getTrade('tr_1'), 'trade_id', /must be usable as a path segment/],
     ['a trade whose trade_id is whitespace', { ...trade, trade_id: ' \t ' }, (api) => api.fundTrade('tr_1'), 'trade_id', /must be usable as a path segment/],
     [
@@ -205,6 +205,14 @@ describe('PartnerApiClient answers: strict on the fields we rely on', () => {
       (api) => api.getTrade('tr_1'),
       'milestones.0.milestone_id',
       /no lone surrogate/,
+    ],
+    // one longer than a trade id may be is refused by the server before the platform reads it (431)
+    [
+      'a milestone whose id is 201 characters',
+      { ...trade, milestones: [{ milestone_id: 'm'.repeat(201), title: marker, amount: '70.00', status: 'pending' }] },
+      (api) => api.getTrade('tr_1'),
+      'milestones.0.milestone_id',
+      /at most 200 characters/,
     ],
     [
       'a proposal whose proposal_id holds a lone surrogate',

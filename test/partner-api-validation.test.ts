@@ -173,6 +173,17 @@ describe('request validation (nothing is sent when it fails)', () => {
     expect(calls).toHaveLength(0)
   })
 
+  // a milestone id of 100,000 characters was sent, and the server refused the request line 431
+  it('refuses a path id over 200 characters before sending, naming which; 200 are sent', async () => {
+    const { api, calls } = setup()
+    const milestone = await refusal(api.deliverMilestone('tr_1', 'm'.repeat(100_000)))
+    expect([milestone.field, milestone.message]).toEqual(['milestone_id', 'milestone_id: must be at most 200 characters (a platform id)'])
+    expect((await refusal(api.respondToProposal('tr_1', 'p'.repeat(201), { accept: true, party: 'buyer' }))).field).toBe('proposal_id')
+    expect(calls).toHaveLength(0)
+    await api.releaseMilestone('tr_1', 'm'.repeat(200)).catch(() => undefined)
+    expect(calls).toHaveLength(1)
+  })
+
   // encodeURIComponent throws a plain URIError on a lone surrogate: the call failed untyped
   it('refuses a path id with a lone surrogate as a validation error, naming which', async () => {
     const { api, calls } = setup()

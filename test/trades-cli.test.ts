@@ -266,6 +266,16 @@ describe('trades milestone deliver|release', () => {
     expect(bare.stdout).toBe(`${ref}: milestone ms_7 (?) is ?\n${ref}: trade tr_${ref} (TRD-0001) is funded\n`)
   })
 
+  // a milestone id of 100,000 characters was sent, and the server refused the request line 431
+  it('refuses a milestone id over 200 characters before sending anything, exit 2', async () => {
+    const ref = reference()
+    await open(ref)
+    const sent = server.requests.length
+    const result = await cli('trades', 'milestone', 'deliver', ref, 'm'.repeat(100_000))
+    expect(result).toEqual({ code: 2, stdout: '', stderr: 'Invalid request: milestone_id: must be at most 200 characters (a platform id)\n' })
+    expect(server.requests.length).toBe(sent)
+  })
+
   it('prints the milestone’s line from a milestone record, that it holds no trade status; --json prints {"milestone": …}', async () => {
     const ref = reference()
     await open(ref)

@@ -32,12 +32,14 @@ export function isTradeFact(value: unknown): value is string {
 
 /**
  * A platform id (a trade's, a milestone's, a proposal's) as the client puts it in a request's path: not blank,
- * not a dot segment, which the URL parser collapses (`/trades/../fund/` is another endpoint's path), and without
- * a lone surrogate, which has no UTF-8 to percent-encode (encodeURIComponent throws a URIError). An
- * answer's ids are held to it too (responses.ts), so that no id is stored that a later call would refuse.
+ * not a dot segment, which the URL parser collapses (`/trades/../fund/` is another endpoint's path), without
+ * a lone surrogate, which has no UTF-8 to percent-encode (encodeURIComponent throws a URIError), and at most
+ * TRADE_FACT_MAX_LENGTH units, as a trade id is stored: a milestone id of 100,000 characters was sent, and the
+ * server refused the request line 431 before any platform read it. An answer's ids are held to it too
+ * (responses.ts), so that no id is stored that a later call would refuse.
  */
 export function isPathId(value: string): boolean {
-  return value.trim().length > 0 && value !== '.' && value !== '..' && !LONE_SURROGATE.test(value)
+  return value.trim().length > 0 && value.length <= TRADE_FACT_MAX_LENGTH && value !== '.' && value !== '..' && !LONE_SURROGATE.test(value)
 }
 
 // "12.50", "3", "0.5": no sign, no exponent, no thousands separators

@@ -29,7 +29,7 @@ export const tradeFact = z
 // An id the client later puts in a path (a trade's, a milestone's, a proposal's; a dispute's is held to it too)
 // must pass the rule the client applies there (validatePathId): a trade id ".." was stored from a create's
 // answer, and every later call on its order was then refused before sending, as if the operator had mistyped.
-const PATH_ID_PROBLEM = 'must be usable as a path segment (not blank, "." or "..", no lone surrogate)'
+const PATH_ID_PROBLEM = `must be usable as a path segment (not blank, "." or "..", no lone surrogate, at most ${TRADE_FACT_MAX_LENGTH} characters)`
 const platformId = z.string().refine(isPathId, PATH_ID_PROBLEM)
 const tradeId = tradeFact.refine(isPathId, PATH_ID_PROBLEM)
 

@@ -12,6 +12,7 @@ import {
   isPositiveDecimal,
   MIN_DISPUTE_REASON_LENGTH,
   PHONE,
+  TRADE_FACT_MAX_LENGTH,
 } from './field-rules.js'
 import { PartnerValidationError } from './partner-api-error.js'
 import { tradeFact } from './responses.js'
@@ -158,6 +159,7 @@ export function validatePathId(field: string, value: unknown): string {
   if (typeof value !== 'string' || value.trim().length === 0) {
     throw new PartnerValidationError(field, 'is required (a platform id)')
   }
+  if (value.length > TRADE_FACT_MAX_LENGTH) throw new PartnerValidationError(field, `must be at most ${TRADE_FACT_MAX_LENGTH} characters (a platform id)`)
   if (!isPathId(value)) throw new PartnerValidationError(field, 'is not a valid platform id')
   return value
 }
