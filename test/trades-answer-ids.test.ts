@@ -48,7 +48,7 @@ describe('trades open answered with a trade id no path can carry', () => {
     expect(result.stdout).toBe('')
     expect(result.stderr).toContain(
       'POST /api/partner/v1/trades/: the platform answered 201 with a body that is not the expected record ' +
-        '(trade_id must be usable as a path segment (not blank, "." or "..", no lone surrogate))',
+        '(trade_id must be usable as a path segment (not blank, "." or "..", no lone surrogate, at most 200 characters))',
     )
     expect(result.stderr).toMatch(/ \[outcome_unknown\]\n$/)
     expect(await orderByReference(database.db, reference)).toMatchObject({ tradeId: null, tradeCreateState: 'unknown' })

@@ -218,6 +218,23 @@ describe('trades operations', () => {
     expect(result.stderr).toContain('trade is not funded')
   })
 
+  // the platform's answer was printed alone, and `orders show` then showed another status than the command had
+  it('says so when the order had moved past the status the answer holds, and keeps the later one', async () => {
+    const ref = reference()
+    await open(ref)
+    answer = () => ({ status: 200, body: tradeRecord({ trade_id: `tr_${ref}`, external_reference: ref, status: 'delivered' }) })
+    expect(await cli('trades', 'deliver', ref)).toMatchObject({ code: 0, stderr: '' })
+    answer = () => ({ status: 200, body: tradeRecord({ trade_id: `tr_${ref}`, external_reference: ref, status: 'funded' }) })
+    const fund = await cli('trades', 'fund', ref)
+    expect(fund.code).toBe(0)
+    expect(fund.stdout).toBe(`${ref}: trade tr_${ref} (TRD-0001) is funded\n`)
+    expect(fund.stderr).toBe('The order is at delivered, past the funded this answer holds: a later event of the trade came first, and the order keeps it\n')
+    expect(await findOrderByExternalReference(database.db, ref)).toMatchObject({ tradeStatus: 'delivered' })
+    // an answer of the status the order is at says nothing more
+    answer = () => ({ status: 200, body: tradeRecord({ trade_id: `tr_${ref}`, external_reference: ref, status: 'delivered' }) })
+    expect(await cli('trades', 'deliver', ref)).toMatchObject({ code: 0, stderr: '' })
+  })
+
   it('exits 1 for an order it does not know', async () => {
     const result = await cli('trades', 'fund', 'no-such-order')
     expect(result.code).toBe(1)

@@ -72,7 +72,8 @@ export async function withTradeDeps<T>(
     // with the default retries: a GET is sent up to DEFAULT_RETRY.maxAttempts times, a POST once
     const client = createPartnerApiClient(config, { logger, clock })
     try {
-      return await run({ db, client, clock, logger, settings: {
+      const notice = (line: string) => writeError(`${line}\n`)
+      return await run({ db, client, clock, logger, notice, settings: {
           expectedWebhookS: config.poll.expectedWebhookS,
           partnerKind: config.partner.kind,
           createTimeoutMs: config.partner.timeoutMs,

@@ -130,6 +130,14 @@ export async function runTradeOperation<O extends TradeOperation>(
       NOTHING_APPLIED,
     )
   }
+  if (trade && applied?.outcome === 'stale' && applied.toStatus !== null && applied.toStatus !== trade.status) {
+    // the order had moved past what the answer holds (a webhook or a poll during the call, or before it): the answer
+    // is printed as it came, and the order keeps the later status
+    deps.notice?.(
+      `The order is at ${printable(applied.toStatus)}, past the ${printable(trade.status)} this answer holds: ` +
+        'a later event of the trade came first, and the order keeps it',
+    )
+  }
   const milestone = milestoneRecordOf(operation, result)
   if (milestone && milestone.answered.milestone_id !== milestone.asked) {
     // the call was sent for our milestone, but the record that came back is another's: what it did is not known

@@ -51,4 +51,6 @@ export interface TradeDeps {
    */
   settings: { expectedWebhookS: number; observation: ObservationSettings; partnerKind: PartnerKind; createTimeoutMs: number }
   guard?: CallGuard | undefined
+  /** Tells the operator something of the order beside the call's answer (the CLI: a line on stderr); absent, only logged. */
+  notice?: ((line: string) => void) | undefined
 }
