@@ -41,6 +41,8 @@ describe('when an order is due', () => {
           }),
         fundTrade: async () =>
           tradeRecord({ trade_id: 'tr_1', external_reference: 'order-1', status: 'funded' }),
+        cancelTrade: async () =>
+          tradeRecord({ trade_id: 'tr_1', external_reference: 'order-1', status: 'cancelled' }),
       }),
       clock,
       logger: testLogger(),
@@ -146,6 +148,54 @@ describe('when an order is due', () => {
     expect(await polledAt(100 + EXPECTED_WEBHOOK_S)).toBe(true)
     const order = await orderByReference(database.db, 'order-1')
     expect(new Date(order.nextPollAt!).getTime()).toBe(start + (100 + EXPECTED_WEBHOOK_S + STALE_AFTER_S) * 1000)
+  })
+
+  // found from outside: a cancel's answer applied, the platform's own `cancelled` webhook then put the poll
+  // STALE_AFTER_S (6 h) on, and with the `refunded` webhook lost the order showed cancelled, not refunded, for 6 h
+  describe('after a cancel, which the platform follows on its own with the refund', () => {
+    const observation = { staleAfterS: STALE_AFTER_S, expectedWebhookS: EXPECTED_WEBHOOK_S, handlersFor: NO_REACTION_HANDLERS }
+    const service = (status: string, source: 'webhook' | 'poll') =>
+      applyObservation(
+        database.db,
+        { target: { externalReference: 'order-1' }, tradeId: 'tr_1', externalReference: 'order-1', status, source, deliveryId: `dlv_${status}_${clock.now()}`, observedAt: new Date(clock.now()) },
+        observation,
+      )
+    const nextPollS = async () => (new Date((await orderByReference(database.db, 'order-1')).nextPollAt!).getTime() - start) / 1000
+
+    it('a cancel answered, then its webhook: polled EXPECTED_WEBHOOK_S after the call, not STALE_AFTER_S', async () => {
+      trades = { ...trades, settings: { ...trades.settings, observation } }
+      await openAndFund()
+      await at(200)
+      await runTradeOperation(trades, 'order-1', { kind: 'cancel' })
+      expect(await nextPollS()).toBe(200 + EXPECTED_WEBHOOK_S)
+      await at(205)
+      expect((await service('cancelled', 'webhook')).outcome).toBe('duplicate_effect')
+      expect(await nextPollS()).toBe(200 + EXPECTED_WEBHOOK_S)
+      // the poll finds it cancelled still: from there STALE_AFTER_S, as any order
+      fetcher = countingFetcher(() => tradeRecord({ trade_id: 'tr_1', external_reference: 'order-1', status: 'cancelled' }))
+      poller = testPoller({ db: database.db, fetcher, clock, settings: { observation } })
+      expect(await polledAt(200 + EXPECTED_WEBHOOK_S)).toBe(true)
+      expect(await nextPollS()).toBe(200 + EXPECTED_WEBHOOK_S + STALE_AFTER_S)
+    })
+
+    it('a webhook or a poll that moves the order to cancelled: polled EXPECTED_WEBHOOK_S later; to delivered, STALE_AFTER_S', async () => {
+      await openAndFund()
+      await at(300)
+      expect((await service('delivered', 'webhook')).outcome).toBe('applied')
+      expect(await nextPollS()).toBe(300 + STALE_AFTER_S)
+      await at(310)
+      expect((await service('cancelled', 'webhook')).outcome).toBe('applied')
+      expect(await nextPollS()).toBe(310 + EXPECTED_WEBHOOK_S)
+      // a poll whose answer moves an order to cancelled
+      await database.db.deleteFrom('orders').execute()
+      fetcher = countingFetcher(() => tradeRecord({ trade_id: 'tr_1', external_reference: 'order-1', status: 'cancelled' }))
+      poller = testPoller({ db: database.db, fetcher, clock, settings: { observation } })
+      start = clock.now()
+      await openAndFund()
+      expect(await polledAt(100 + EXPECTED_WEBHOOK_S)).toBe(true)
+      expect((await orderByReference(database.db, 'order-1')).tradeStatus).toBe('cancelled')
+      expect(await nextPollS()).toBe(100 + 2 * EXPECTED_WEBHOOK_S)
+    })
   })
 
   it('is never before the order has a trade', async () => {

@@ -32,7 +32,7 @@ import type { Database } from '../db/database.js'
 import { PREPARED } from '../db/open-database.js'
 import { reactionChannelSql } from '../db/reaction-channel.js'
 import type { ObservationSource } from './order.js'
-import { isTerminalStatus, statusRank, TRADE_STATUSES } from './trade-status.js'
+import { isTerminalStatus, pollAfterS, statusRank, TRADE_STATUSES } from './trade-status.js'
 
 export type ObservationTarget = { externalReference: string } | { orderId: number; leaseToken?: string }
 
@@ -57,6 +57,11 @@ export interface Observation {
 export interface ObservationSettings {
   /** After any observation a non-terminal order is polled again this many seconds later. */
   staleAfterS: number
+  /**
+   * After a move to a status the platform follows on its own (cancelled), this many seconds instead, if shorter
+   * (trade-status.ts pollAfterS); absent, STALE_AFTER_S there too.
+   */
+  expectedWebhookS?: number | undefined
   /**
    * The names of the reaction handlers registered for an event type ('trade.<status>'): when there are any,
    * the dispatchers are woken after the commit. Only the names matter here (the registry's handlersFor).
@@ -270,6 +275,7 @@ async function runStatement(
       status: observation.status,
       rank: statusRank(observation.status) ?? null,
       terminal: isTerminalStatus(observation.status),
+      poll_after_s: pollAfterS(observation.status, settings),
       source: observation.source,
       history_delivery_id: observation.deliveryId ?? null,
       observed_at: observation.observedAt.toISOString(),
@@ -417,11 +423,11 @@ function observationStatement(
     )`
     : sql``
   const effective = withDelivery
-    ? sql`select d.*, i.status, i.rank, i.terminal, i.source, i.trade_id, i.trade_reference, i.history_delivery_id, i.observed_at,
+    ? sql`select d.*, i.status, i.rank, i.terminal, i.poll_after_s, i.source, i.trade_id, i.trade_reference, i.history_delivery_id, i.observed_at,
           i.handlers
         from decision d join input i on i.n = d.n
         join delivery x on x.delivery_id = i.delivery_id and x.body_sha256 = i.body_sha256`
-    : sql`select d.*, i.status, i.rank, i.terminal, i.source, i.trade_id, i.trade_reference, i.history_delivery_id, i.observed_at,
+    : sql`select d.*, i.status, i.rank, i.terminal, i.poll_after_s, i.source, i.trade_id, i.trade_reference, i.history_delivery_id, i.observed_at,
           i.handlers
         from decision d join input i on i.n = d.n`
 
@@ -429,7 +435,7 @@ function observationStatement(
     with input as (
       select * from json_to_recordset(${input}::json) as i(
         n int, target text, lease text, trade_id text, trade_reference text, external_reference text, status text,
-        rank int, terminal boolean, source text, history_delivery_id text, observed_at timestamptz, asked_version int,
+        rank int, terminal boolean, poll_after_s int, source text, history_delivery_id text, observed_at timestamptz, asked_version int,
         delivery_id text, event_type text, raw_body text, body_sha256 text, not_ours boolean, handlers text)
     ),
     ${decision}${deliveryInsert},
@@ -461,12 +467,13 @@ function observationStatement(
                   // webhook rescheduled the order while the poll ran, and the earlier time stands; none at all
                   // means a trade command flagged the order meanwhile, and it stays off the schedule until an
                   // operator requeues it (least() alone skipped the null and put it back)
+                  // (a poll that found the status unchanged: STALE_AFTER_S on, whatever the status)
                   sql`case
                       when o.next_poll_at is not distinct from o.poll_lease_expires_at
-                        then e.observed_at + make_interval(secs => ${staleAfterS}::int)
+                        then e.observed_at + make_interval(secs => case when e.outcome = 'applied' then e.poll_after_s else ${staleAfterS}::int end)
                       when o.next_poll_at is null then null
-                      else least(e.observed_at + make_interval(secs => ${staleAfterS}::int), o.next_poll_at) end`
-                : sql`e.observed_at + make_interval(secs => ${staleAfterS}::int)`
+                      else least(e.observed_at + make_interval(secs => case when e.outcome = 'applied' then e.poll_after_s else ${staleAfterS}::int end), o.next_poll_at) end`
+                : sql`e.observed_at + make_interval(secs => e.poll_after_s)`
             }
           -- another webhook or API answer of the status the order has: the webhook expected after a call, which
           -- puts the next poll STALE_AFTER_S after the move; never later. Replays of the current status under fresh
@@ -474,7 +481,7 @@ function observationStatement(
           -- A poll already due (an unknown status asked for one now) and a flagged order's none stay as they are
           when e.outcome = 'duplicate_effect' then case
             when o.next_poll_at is null or o.next_poll_at <= e.observed_at then o.next_poll_at
-            else greatest(o.next_poll_at, o.status_changed_at + make_interval(secs => ${staleAfterS}::int)) end
+            else greatest(o.next_poll_at, o.status_changed_at + make_interval(secs => e.poll_after_s)) end
           else o.next_poll_at
         end,
         ${

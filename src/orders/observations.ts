@@ -14,18 +14,20 @@ export interface TradeFacts {
 
 /**
  * The settings every observation is applied with, bound once where the service is put together:
- * STALE_AFTER_S (a non-terminal order is polled again this long after any observation), ORDER_REFERENCE_PATTERN,
+ * STALE_AFTER_S (a non-terminal order is polled again this long after any observation) and EXPECTED_WEBHOOK_S (sooner
+ * after a status the platform follows on its own: trade-status.ts pollAfterS), ORDER_REFERENCE_PATTERN,
  * the reaction handlers that take an applied status's event, and what wakes the dispatchers after a commit
  * that wrote some (absent: a NOTIFY).
  */
 export function observationSettings(
-  config: { poll: { staleAfterS: number }; orders?: { referencePattern: RegExp | undefined } },
+  config: { poll: { staleAfterS: number; expectedWebhookS?: number }; orders?: { referencePattern: RegExp | undefined } },
   handlersFor: ObservationSettings['handlersFor'] = NO_REACTION_HANDLERS,
   onJobsEnqueued?: () => void,
 ): ObservationSettings {
   const referencePattern = config.orders?.referencePattern
   return {
     staleAfterS: config.poll.staleAfterS,
+    ...(config.poll.expectedWebhookS === undefined ? {} : { expectedWebhookS: config.poll.expectedWebhookS }),
     handlersFor,
     ...(referencePattern ? { referencePattern } : {}),
     ...(onJobsEnqueued ? { onJobsEnqueued } : {}),

@@ -12,6 +12,11 @@
 export interface StatusInfo {
   readonly rank: number
   readonly terminal: boolean
+  /**
+   * The platform takes the next step on its own (a funded trade cancelled is refunded): an order that reaches this
+   * status is polled EXPECTED_WEBHOOK_S after, not STALE_AFTER_S, in case that step's webhook is lost (pollAfterS).
+   */
+  readonly followedOnItsOwn?: true
 }
 
 export const TRADE_STATUSES: Readonly<Record<string, StatusInfo>> = Object.freeze({
@@ -20,7 +25,7 @@ export const TRADE_STATUSES: Readonly<Record<string, StatusInfo>> = Object.freez
   delivered: { rank: 30, terminal: false },
   disputed: { rank: 40, terminal: false },
   // not terminal: a cancelled trade that had been funded is refunded next
-  cancelled: { rank: 50, terminal: false },
+  cancelled: { rank: 50, terminal: false, followedOnItsOwn: true },
   refunded: { rank: 60, terminal: true },
   released: { rank: 60, terminal: true },
   resolved: { rank: 60, terminal: true },
@@ -29,6 +34,20 @@ export const TRADE_STATUSES: Readonly<Record<string, StatusInfo>> = Object.freez
 /** The rank of a known status; undefined for a status this table does not know. */
 export function statusRank(status: string): number | undefined {
   return Object.hasOwn(TRADE_STATUSES, status) ? TRADE_STATUSES[status]!.rank : undefined
+}
+
+/**
+ * How long after an order moves to `status` it is polled, if nothing moves it first: STALE_AFTER_S, or
+ * EXPECTED_WEBHOOK_S where the platform takes the next step on its own (followedOnItsOwn), whichever is shorter.
+ * A cancelled order whose `refunded` webhook was lost showed `cancelled` for STALE_AFTER_S (6 hours) while the
+ * platform had refunded the trade. Once polled and found unchanged, it is polled STALE_AFTER_S on as any other.
+ */
+export function pollAfterS(
+  status: string,
+  { staleAfterS, expectedWebhookS = staleAfterS }: { staleAfterS: number; expectedWebhookS?: number | undefined },
+): number {
+  const followed = Object.hasOwn(TRADE_STATUSES, status) && TRADE_STATUSES[status]!.followedOnItsOwn === true
+  return followed ? Math.min(expectedWebhookS, staleAfterS) : staleAfterS
 }
 
 export function isTerminalStatus(status: string): boolean {
