@@ -542,6 +542,38 @@ expect(ran.text).toContain('1000 deliveries re-applied: not a trade event 1000')
       expect((await findOrderByExternalReference(database.db, 'bulk-2'))?.tradeStatus).toBe('funded')
     })
 
+    // found from outside: the key was the path alone, so one id posted to the query address of two deliveries, or to
+    // requeue two references, was answered "already carried out" for the second, which was never acted on
+    it('takes one action id posted to another delivery’s query address, or to requeue another reference, as that action', async () => {
+      const shas: string[] = []
+      for (const reference of ['late-q1', 'late-q2']) {
+        expect((await sendWebhook(app, { body: tradePayload(reference, 'funded'), deliveryId: `dlv-${reference}` })).status).toBe(200)
+        await database.db.insertInto('orders').values({ externalReference: reference }).execute()
+        shas.push((await findDelivery(database.db, `dlv-${reference}`))!.bodySha256)
+      }
+      const address = (n: number) => `/console/delivery/reapply?id=dlv-late-q${n + 1}&body=${shas[n]}`
+      const fields = formFields((await bearer(request(admin).get(address(0)))).text)
+      const first = await bearer(request(admin).post(address(0))).type('form').send(fields)
+      expect(first.text).toContain('applied (order status funded)')
+      expect((await bearer(request(admin).post(address(0))).type('form').send(fields)).text).toContain('already carried out')
+      const second = await bearer(request(admin).post(address(1))).type('form').send(fields)
+      expect(second.text).not.toContain('already carried out')
+      expect(second.text).toContain('applied (order status funded)')
+      expect((await findDelivery(database.db, 'dlv-late-q2'))?.outcome).toBe('applied')
+
+      await database.db
+        .insertInto('orders')
+        .values(['flag-q1', 'flag-q2'].map((reference) => ({ externalReference: reference, tradeId: `trd_${reference}`, attention: 'trade_not_found' })))
+        .execute()
+      const requeue = formFields((await bearer(request(admin).get('/console/orders/requeue?reference=flag-q1'))).text)
+      expect((await bearer(request(admin).post('/console/orders/requeue')).type('form').send(requeue)).text).toContain('1 due now')
+      const other = await bearer(request(admin).post('/console/orders/requeue')).type('form').send({ ...requeue, reference: 'flag-q2' })
+      expect(other.text).not.toContain('already carried out')
+      expect(other.text).toContain('1 due now')
+      for (const reference of ['flag-q1', 'flag-q2']) expect((await findOrderByExternalReference(database.db, reference))?.attention, reference).toBeNull()
+      await database.db.deleteFrom('orders').where('externalReference', 'in', ['flag-q1', 'flag-q2']).execute()
+    })
+
     it('requeues the flagged orders, trade_not_found and trade_mismatch alike', async () => {
       await database.db
         .insertInto('orders')

@@ -8,7 +8,7 @@
 // calls the same function as its CLI command (deliveries reapply, reconcile --requeue/--once, reactions
 // retry/skip), so the console and the CLI cannot disagree on what an action does.
 import { type JobWaitedFor, retriedText } from '../reactions/retried-text.js'
-import { randomBytes } from 'node:crypto'
+import { createHash, randomBytes } from 'node:crypto'
 import express, { type Request, type RequestHandler, type Response, Router } from 'express'
 import helmet from 'helmet'
 import type { Kysely } from 'kysely'
@@ -438,9 +438,16 @@ export function consoleRoutes(deps: ConsoleDeps): Router {
   const actionIdOf = (req: Request) => {
     const id = bodyOf(req).action_id
     if (typeof id !== 'string' || !/^[0-9a-f]{32}$/.test(id)) throw new BadInput('action_id: missing; start the action from its confirm page')
-    // an id is its action's and its target's (the path names both): posted to another, it is another action, carried
-    // out, not answered with the record of the one it was made for
-    return `${req.path} ${id}`
+    // an id is its action's and its target's: posted to another, it is another action, carried out, not answered with
+    // the record of the one it was made for. The target is in the path, the query (/delivery/reapply?id=…) or the form
+    // (a requeue's reference, a bulk re-apply's range), so all three make the key; the form's csrf and the id itself
+    // do not. Only the path made it: the same id on another delivery's query, another reference or another range was
+    // answered "already carried out", and that one was never acted on.
+    const form = Object.entries(bodyOf(req))
+      .filter(([name]) => name !== 'csrf' && name !== 'action_id')
+      .sort(([a], [b]) => (a < b ? -1 : a > b ? 1 : 0))
+    const target = createHash('sha256').update(JSON.stringify([req.originalUrl, form])).digest('hex')
+    return `${req.path} ${target} ${id}`
   }
   // A repeat of an action id finds the first post's record in `done`; one that comes while the first is
   // still being carried out (a double click: the browser drops the first answer, not its work) waits for it.
