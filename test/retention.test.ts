@@ -4,7 +4,7 @@ import { CompiledQuery, type Kysely, sql } from 'kysely'
 import pg from 'pg'
 import { afterEach, beforeEach, describe, expect, it } from 'vitest'
 import type { Database } from '../src/db/database.js'
-import { PRUNE_LOCK_KEY, type PruneDeps, type RetentionSettings, runPrunePass } from '../src/retention/prune.js'
+import { createPruner, PRUNE_LOCK_KEY, type PruneDeps, type RetentionSettings, runPrunePass } from '../src/retention/prune.js'
 import { finishRun, listRuns, startRun } from '../src/reconcile/reconcile-run.repository.js'
 import type { RunningService } from '../src/service.js'
 import {
@@ -336,6 +336,23 @@ describe('retention pass', () => {
     const result = await pass
     expect(result).toMatchObject({ interrupted: true, counts: { delivery: 2 } })
     expect(Object.keys(await deliveryRows(database.db))).toHaveLength(4)
+  })
+
+  // found from outside: a pass whose lock's session a DBA's job ended counted as finished, so the last-pass time
+  // moved on while the bodies were never reached, and PartnerEscrowPruningStalled stayed quiet
+  it('tells onPass (the last-pass time) only of a whole pass, never of one cut short', async () => {
+    await seedDeliveries(database.db, clock.now(), Array.from({ length: 6 }, (_, index) => ({ id: `p-${index}`, ageDays: 100 + index })))
+    const finished: boolean[] = []
+    const loop = { intervalMs: 3_600_000, firstDelayMs: 3_600_000 }
+    const cut = createPruner({ ...deps, settings: { ...SETTINGS, pauseMs: 1_000, ...loop }, onPass: (result) => finished.push(result.interrupted) })
+    const pass = cut.runOnce()
+    await eventually(() => clock.sleeps.length > 0, 'the pass pauses after its first batch')
+    await cut.stop()
+    expect(await pass).toMatchObject({ ran: true, interrupted: true })
+    expect(finished).toEqual([])
+    const whole = createPruner({ ...deps, settings: { ...SETTINGS, ...loop }, onPass: (result) => finished.push(result.interrupted) })
+    expect(await whole.runOnce()).toMatchObject({ ran: true, interrupted: false })
+    expect(finished).toEqual([false])
   })
 })
 

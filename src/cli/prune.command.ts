@@ -34,7 +34,7 @@ export function registerPruneCommand(program: Command): void {
             prunerSettings(config.retention),
             { dryRun: options.dryRun === true, signal: stop.signal },
           )
-          if (result.ran && !result.dryRun) retentionHooks?.onPass(new Date(systemClock.now()))
+          if (result.ran && !result.dryRun && !result.interrupted) retentionHooks?.onPass(new Date(systemClock.now()))
         } finally {
           off()
         }

@@ -264,7 +264,7 @@ export function createMetrics(
   let lastPruneS: number | undefined
   new OptionalGauge(() => lastPruneS, {
     name: 'retention_last_pass_timestamp_seconds',
-    help: 'Unix time at which this replica last finished a pruning pass (one replica at a time holds the lock); no sample before the first',
+    help: 'Unix time at which this replica last finished a whole pruning pass (one replica at a time holds the lock; a pass cut short by a shutdown or a lost lock does not count); no sample before the first',
     registers: [registry],
   })
   if (sources.pruneIntervalS !== undefined) {

@@ -313,7 +313,7 @@ export interface Pruner {
 
 export interface PrunerDeps extends PruneDeps {
   settings: RetentionSettings & { intervalMs: number; firstDelayMs: number }
-  /** Called after every pass that held the lock: the metrics' last-pass time. */
+  /** Called after every pass that held the lock and was not cut short: the metrics' last-pass time. */
   onPass?: ((result: PruneResult, finishedAt: Date) => void) | undefined
 }
 
@@ -348,7 +348,9 @@ export function createPruner(deps: PrunerDeps): Pruner {
       .then((result) => {
         if (result.ran) {
           lastPass = result
-          deps.onPass?.(result, new Date(clock.now()))
+          // a pass cut short (a shutdown, a lost lock) is no finished pass: counted as one, a DBA's job that ended the
+          // lock's session every few minutes kept the bodies from ever being pruned and PartnerEscrowPruningStalled quiet
+          if (!result.interrupted) deps.onPass?.(result, new Date(clock.now()))
         }
         return result
       })
