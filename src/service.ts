@@ -190,6 +190,7 @@ export async function startService({
           oldestDelivery: () => oldestDeliveryReceivedAt(database.db),
           ...(storage ? { dataDirStorage: { freeBytes: () => storage.freeBytes, minFreeBytes: storage.minFreeBytes } } : {}),
           pruneIntervalS: config.retention.intervalS,
+          ...(config.poll.enabled ? { pollIntervalS: config.poll.intervalS } : {}),
         })
       : undefined
     // a second terminal's commands are run here (operator listener), on this database, in every mode (src/local).

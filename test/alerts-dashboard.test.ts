@@ -17,7 +17,7 @@ const PROMETHEUS_SERIES = new Set(['up'])
  * compares the time since the last pass (on the dashboard) with three PRUNE_INTERVAL_S, from the start when
  * no pass finished yet.
  */
-const ALERT_THRESHOLD_SERIES = new Set(['retention_interval_seconds', 'process_start_time_seconds'])
+const ALERT_THRESHOLD_SERIES = new Set(['retention_interval_seconds', 'poller_interval_seconds', 'process_start_time_seconds'])
 
 interface AlertRule {
   alert: string
@@ -116,6 +116,7 @@ async function exportedNames(): Promise<Set<string>> {
     autovacuumOff: () => false,
     databaseClockOffset: async () => 2,
     pruneIntervalS: 3_600,
+    pollIntervalS: 30,
   })
   // a pass finished and a partner API answer was read: the gauges that wait for them have a sample
   metrics.retentionHooks.onPass(new Date(0))

@@ -45,6 +45,8 @@ describe('the poller in the service', () => {
     expect(metrics).toMatch(new RegExp(`^poller_last_cycle_timestamp_seconds ${clock.now() / 1000}$`, 'm'))
     expect(metrics).toMatch(/^database_up 1$/m)
     expect(metrics).toMatch(/^webhook_parked_deliveries 0$/m)
+    // the stalled-poller alert allows three of it
+    expect(metrics).toMatch(new RegExp(`^poller_interval_seconds ${SERVICE_POLL_INTERVAL_MS / 1000}$`, 'm'))
 
     await clock.advance(SERVICE_POLL_INTERVAL_MS)
     await eventually(
@@ -110,5 +112,6 @@ describe('the poller in the service', () => {
     const metrics = await (await fetch(`${service.adminUrl}/metrics`)).text()
     expect(metrics).toContain('# TYPE poller_last_cycle_timestamp_seconds gauge')
     expect(metrics).not.toMatch(/^poller_last_cycle_timestamp_seconds /m)
+    expect(metrics).not.toMatch(/^poller_interval_seconds /m)
   })
 })

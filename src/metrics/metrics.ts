@@ -49,6 +49,8 @@ export interface MetricsSources {
   dataDirStorage?: { freeBytes: () => number | undefined; minFreeBytes: number }
   /** PRUNE_INTERVAL_S: how often this replica tries a pruning pass (the stalled-pruning alert counts in it). */
   pruneIntervalS?: number
+  /** POLL_INTERVAL_S where this replica polls: the stalled-poller alert allows three of it, 10 minutes at least. */
+  pollIntervalS?: number
 }
 
 /** How a console token came (console_auth_refused_total's via): typed on the login page, or in an Authorization header. */
@@ -273,6 +275,14 @@ export function createMetrics(
       help: 'PRUNE_INTERVAL_S: seconds between two pruning passes of this replica',
       registers: [registry],
     }).set(sources.pruneIntervalS)
+  }
+
+  if (sources.pollIntervalS !== undefined) {
+    new Gauge({
+      name: 'poller_interval_seconds',
+      help: "POLL_INTERVAL_S: seconds between two of this replica's poll cycles (each sleep 0.75 to 1.25 times it); no sample where no poller runs",
+      registers: [registry],
+    }).set(sources.pollIntervalS)
   }
 
   const { databaseUp, dueOrders, parkedDeliveries, reactionJobs, oldestDelivery, dataDirStorage } = sources
