@@ -406,6 +406,18 @@ describe('operator console', () => {
     }
   })
 
+  // found from outside: the search offered lease_lost, a poll's outcome no stored delivery has, and found nothing
+  it('offers every outcome a stored delivery can have, and not a poll’s lease_lost, as the CLI does', async () => {
+    const page = await bearer(request(admin).get('/console/deliveries'))
+    expect(page.status).toBe(200)
+    expect(page.text).toContain('<option value="unmatched"')
+    expect(page.text).toContain('<option value="dismissed"')
+    expect(page.text).not.toContain('lease_lost')
+    const refused = await bearer(request(admin).get('/console/deliveries?outcome=lease_lost'))
+    expect(refused.status).toBe(400)
+    expect(refused.text).toContain('outcome')
+  })
+
   it('answers the query address of a delivery without its id or body, or with either twice, 400 naming it', async () => {
     const sha = '0'.repeat(64)
     for (const [query, field] of [[`body=${sha}`, 'id'], [`id=a&id=b&body=${sha}`, 'id'], ['id=a', 'body'], [`id=a&body=${sha}&body=${sha}`, 'body']]) {

@@ -7,13 +7,13 @@
 // process at once, and an open transaction is then rolled back.
 import type { Command } from 'commander'
 import { InvalidArgumentError } from 'commander'
-import { DELIVERY_OUTCOMES } from '../webhooks/delivery-outcome.js'
+import { WEBHOOK_OUTCOMES } from '../webhooks/delivery-outcome.js'
 import { printable } from '../printable.js'
 import { deliveryIdArgument, listLimit, MAX_LIST_LIMIT, orderReference } from './cli-arguments.js'
 import { CommandFailedError, printJson, printTable, runsInService, setExitCode, UsageError, withDatabase, write, writeError } from './cli-context.js'
 
-// a poll's lease_lost is never a webhook's
-const OUTCOMES: readonly string[] = DELIVERY_OUTCOMES.filter((outcome) => outcome !== 'lease_lost')
+// (a poll's lease_lost is never a stored delivery's)
+const OUTCOMES: readonly string[] = WEBHOOK_OUTCOMES
 
 function outcome(value: string): string {
   if (!OUTCOMES.includes(value)) throw new InvalidArgumentError(`must be one of ${OUTCOMES.join(', ')}`)

@@ -17,6 +17,7 @@ import {
   type DeliverySummary,
   type OutcomeCount,
   type StoredDelivery,
+  WEBHOOK_OUTCOMES,
 } from '../webhooks/delivery.repository.js'
 import type { Operator } from './console-auth.js'
 import { type Html, html } from './console-html.js'
@@ -289,7 +290,7 @@ function filterForm(filter: DeliveryFilter): Html {
   ${input('trade', 'Trade id', filter.tradeId)}
   ${input('delivery', 'Delivery id', filter.deliveryId)}
   ${input('event', 'Event kind', filter.eventType)}
-  <label>Outcome <select name="outcome"><option value="">any</option>${DELIVERY_OUTCOMES.map(
+  <label>Outcome <select name="outcome"><option value="">any</option>${WEBHOOK_OUTCOMES.map(
     (outcome) => html`<option value="${outcome}" ${filter.outcome === outcome ? 'selected' : ''}>${outcome}</option>`,
   )}</select></label>
   ${input('from', 'Received from (UTC)', filter.from?.toISOString())}

@@ -46,12 +46,12 @@ import {
   countDeliveriesByOutcome,
   countDeliveriesPerMinute,
   countParkedDeliveries,
-  DELIVERY_OUTCOMES,
   type DeliveryCursor,
   type DeliveryFilter,
   findDelivery,
   listDeliveriesToReapply,
   searchDeliveries,
+  WEBHOOK_OUTCOMES,
 } from '../webhooks/delivery.repository.js'
 import { reapplyDelivery } from '../webhooks/parked-deliveries.js'
 import { createConsoleAuth, type Operator, reachedOverHttps, requestFromOwnOrigin, SESSION_COOKIE } from './console-auth.js'
@@ -163,7 +163,7 @@ const FilterQuery = z.object({
   delivery: text,
   event: text,
   outcome: z
-    .enum(['', ...DELIVERY_OUTCOMES])
+    .enum(['', ...WEBHOOK_OUTCOMES])
     .optional()
     .transform((value) => (value === '' ? undefined : value)),
   from: instant,

@@ -17,3 +17,8 @@ export const DELIVERY_OUTCOMES = [
 ] as const
 
 export type DeliveryOutcome = (typeof DELIVERY_OUTCOMES)[number]
+
+/** The outcomes a stored delivery can have (a search offers these): every one but a poll's lease_lost. */
+export const WEBHOOK_OUTCOMES = DELIVERY_OUTCOMES.filter(
+  (outcome): outcome is Exclude<DeliveryOutcome, 'lease_lost'> => outcome !== 'lease_lost',
+)

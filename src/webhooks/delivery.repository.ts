@@ -5,7 +5,7 @@ import type { Database, WebhookDeliveriesTable } from '../db/database.js'
 import { deliveriesAppliedToOrderQuery } from '../orders/order.repository.js'
 import type { DeliveryOutcome } from './delivery-outcome.js'
 
-export { DELIVERY_OUTCOMES, type DeliveryOutcome } from './delivery-outcome.js'
+export { DELIVERY_OUTCOMES, type DeliveryOutcome, WEBHOOK_OUTCOMES } from './delivery-outcome.js'
 
 export interface StoredDelivery {
   deliveryId: string
