@@ -1,6 +1,8 @@
 // Creating an order: inserted, and every webhook parked for its reference applied in the same
-// transaction. A second pass after the commit catches a delivery parked while the transaction ran
-// (its statement could not see the uncommitted order): between the two passes none is missed.
+// transaction, under the reference's lock. A delivery parked while the transaction ran (its statement could not
+// see the uncommitted order) is applied by its own ingest once the lock is given up, before its answer
+// (parked-deliveries.ts), so its sender's next delivery comes after it; a second pass after the commit catches
+// any other.
 import type { Kysely } from 'kysely'
 import type { Database } from '../db/database.js'
 import { PartnerValidationError } from '../partner-api/partner-api-error.js'
@@ -8,7 +10,7 @@ import { applyParkedDeliveries, type ParkedDeliveryResult } from '../webhooks/pa
 import { isForeignReference, type ObservationSettings } from './apply-observation.js'
 import { checkExternalReference } from './external-reference.js'
 import type { Order } from './order.js'
-import { findOrderByExternalReference, insertOrder } from './order.repository.js'
+import { findOrderByExternalReference, insertOrder, lockOrderReference } from './order.repository.js'
 
 /** Throws PartnerValidationError unless `externalReference` can be a new order's (what createOrder checks first). */
 export function checkOrderReference(externalReference: string, settings: Pick<ObservationSettings, 'referencePattern'>): void {
@@ -26,6 +28,8 @@ export async function createOrder(
 ): Promise<{ order: Order; appliedDeliveries: number; parkedDeliveries: ParkedDeliveryResult[] }> {
   checkOrderReference(externalReference, settings)
   const parked = await db.transaction().execute(async (trx) => {
+    // a delivery parked while this runs waits for the commit before it looks for the order again
+    await lockOrderReference(trx, externalReference)
     await insertOrder(trx, externalReference)
     return applyParkedDeliveries(trx, externalReference, settings, now)
   })

@@ -3,7 +3,7 @@
 // A fork that keeps orders in its own tables replaces the SQL of src/orders (this module,
 // poll-schedule.repository.ts and apply-observation.ts's statement) and keeps the exported functions:
 // nothing outside src/orders reads or writes the orders table.
-import type { Kysely, Selectable, Transaction } from 'kysely'
+import { type Kysely, type Selectable, sql, type Transaction } from 'kysely'
 import type { Database, OrdersTable } from '../db/database.js'
 import type { ObservationResult } from './apply-observation.js'
 import type { ObservationSource, Order, StatusChange, TradeCreateState } from './order.js'
@@ -63,6 +63,19 @@ export async function lockOrderById(trx: Transaction<Database>, id: number): Pro
 }
 
 /** Which of these external references name an existing order (one query for a whole batch). */
+/** The advisory locks of an order's creation ("ordr" in ASCII), one per external reference in its second key. */
+const ORDER_REFERENCE_LOCK_CLASS = 0x6f726472
+
+/**
+ * Holds, to the end of the transaction, the lock of creating the order of `externalReference`: what createOrder
+ * takes before it inserts the order, and the ingest's second look at a delivery it parked waits on (shared), so that
+ * look sees the order of a creation under way once it commits (parked-deliveries.ts).
+ */
+export async function lockOrderReference(trx: Transaction<Database>, externalReference: string, { shared = false } = {}): Promise<void> {
+  const lock = shared ? sql.raw('pg_advisory_xact_lock_shared') : sql.raw('pg_advisory_xact_lock')
+  await sql`select ${lock}(${sql.lit(ORDER_REFERENCE_LOCK_CLASS)}, hashtext(${externalReference}))`.execute(trx)
+}
+
 export async function existingOrderReferences(db: Executor, externalReferences: readonly string[]): Promise<Set<string>> {
   if (externalReferences.length === 0) return new Set()
   const rows = await db

@@ -23,7 +23,7 @@ import {
   type ObservationSettings,
   recordDeliveriesAndApply,
 } from '../orders/apply-observation.js'
-import { existingOrderReferences, findOrderByExternalReference } from '../orders/order.repository.js'
+import { existingOrderReferences, findOrderByExternalReference, lockOrderReference } from '../orders/order.repository.js'
 import { storedDeliveryObservation } from '../orders/observations.js'
 import {
   type DeliveryOutcome,
@@ -114,10 +114,14 @@ export function ingestDeliveries(deps: {
     if (parked.length === 0) return results
     deps.onParked?.(parked.length)
     try {
-      const existing = await existingOrderReferences(
-        deps.db,
-        parked.map((observation) => observation.target.externalReference),
-      )
+      const references = [...new Set(parked.map((observation) => observation.target.externalReference))].sort()
+      // A creation of one of these orders under way holds its reference's lock: wait for its commit, then look. Looked
+      // at before it, the order was not there, the delivery was answered 200 parked, and its sender's next delivery
+      // was applied to the new order before createOrder's second pass applied this one, as stale: a transition lost.
+      const existing = await deps.db.transaction().execute(async (trx) => {
+        for (const reference of references) await lockOrderReference(trx, reference, { shared: true })
+        return existingOrderReferences(trx, references)
+      })
       for (const observation of parked.filter((each) => existing.has(each.target.externalReference))) {
         // the clock's time of the delivery that found the order: "now", as the service's clock tells it
         await applyParkedDeliveries(deps.db, observation.target.externalReference, deps.settings, () => observation.observedAt)
