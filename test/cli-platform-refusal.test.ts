@@ -135,6 +135,8 @@ describe('a refusal by the platform, in-process', () => {
     const again = await runCommandWith(open, context)
     expect(again.code).toBe(1)
     expect(again.stderr).toContain('[trade_create_unknown]')
+    // the 504 was an answer: one that did not say whether the trade was made (it said "its answer never came")
+    expect(again.stderr).toContain('A trade create for order gateway-504 was sent and no answer said whether it made the trade (state unknown)')
     expect(creates() - before).toBe(1)
   })
 

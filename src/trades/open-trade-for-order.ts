@@ -254,7 +254,8 @@ function createUnknown(order: Order): TradeOperationError {
     order.tradeCreateState === 'pending'
       ? `was sent at ${order.updatedAt.toISOString()} and its answer was never recorded (state pending, past its ` +
         'timeout: the command sending it stopped)'
-      : `was sent and its answer never came (state ${order.tradeCreateState})`
+      : // a 5xx or a 504 from a gateway is an answer too, one that does not say whether the trade was made
+        `was sent and no answer said whether it made the trade (state ${order.tradeCreateState})`
   return new TradeOperationError(
     'trade_create_unknown',
     `A trade create for order ${order.externalReference} ${what}: the trade may exist and will be linked when its ` +

@@ -68,7 +68,7 @@ export async function runTradeOperation<O extends TradeOperation>(
   if (order.tradeId === null) {
     const hint =
       order.tradeCreateState === 'unknown' || order.tradeCreateState === 'pending'
-        ? ': a create was sent but its answer never came; it is linked when its webhook arrives'
+        ? ': a create was sent but no answer said whether it made the trade; it is linked when its webhook arrives'
         : ': open one first with `trades open`'
     throw new TradeOperationError('no_trade', `Order ${externalReference} has no trade yet${hint}`)
   }
