@@ -101,6 +101,24 @@ describe('a refusal by the platform, in-process', () => {
     expect((await runCommandWith(['trades', 'fund', 'refused-1'], context)).stderr).toBe('The platform refused (409 state): no [conflict]\n')
   })
 
+  // found from outside: a refusal in another shape than {"error": …} (the spec shows none) printed its status alone,
+  // and "once what the platform refused is put right" could not be followed
+  it('shows a refusal in another shape: an object’s keys as fields, fields as an object, or the text as it came', async () => {
+    answer = { status: 400, body: { amount: ['Ensure this value is greater than or equal to 0.01.'], currency: ['"XXX" is not a valid choice.', 'Required.'] } }
+    expect((await runCommandWith(['trades', 'fund', 'refused-1'], context)).stderr).toBe(
+      'The platform refused (400 http_400) [invalid_request]\n' +
+        '  amount: Ensure this value is greater than or equal to 0.01.\n' +
+        '  currency: "XXX" is not a valid choice.; Required.\n',
+    )
+    answer = { status: 400, body: { error: { code: 'validation_failed', message: 'Invalid fields', fields: { amount: ['must be positive'] } } } }
+    expect((await runCommandWith(['trades', 'fund', 'refused-1'], context)).stderr).toBe(
+      'The platform refused (400 validation_failed): Invalid fields [invalid_request]\n  amount: must be positive\n',
+    )
+    answer = { status: 409, text: `Conflict: the trade is not funded\u0007${'x'.repeat(600)}` }
+    const text = (await runCommandWith(['trades', 'fund', 'refused-1'], context)).stderr
+    expect(text).toMatch(/^The platform refused \(409 http_409\) \[conflict\]\n {2}the platform's answer: Conflict: the trade is not funded\\u0007x+… \(634 characters\)\n$/)
+  })
+
   // the spec's base URL is a gateway: its 502 or 504, or a server failing part-way, may come after the call was done
   it('a 5xx to a call that changes something is no refusal: it may have been done, [outcome_unknown], exit 1', async () => {
     for (const status of [500, 502, 503, 504]) {

@@ -62,7 +62,8 @@ export function explainServerError(error: PartnerApiError, advice: string): Comm
 
 /** The platform's message (`: …`, or nothing) and the lines after it: the clock's offset and the fields. */
 function describeAnswer(error: PartnerApiError): { message: string; detail: string } {
-  const platform = isJsonObject(error.body) && isJsonObject(error.body.error) ? error.body.error : {}
+  const enveloped = isJsonObject(error.body) && isJsonObject(error.body.error)
+  const platform = enveloped ? (error.body as { error: Record<string, unknown> }).error : {}
   const text = (value: unknown) =>
     value === undefined || value === null
       ? '?'
@@ -72,12 +73,34 @@ function describeAnswer(error: PartnerApiError): { message: string; detail: stri
   // (a Retry-After on another answer, a redirect's or a 409's, asks for no wait before the next call)
   const asksToWait = error.retryAfterMs !== undefined && (error.status === 429 || error.status === 503)
   const wait = asksToWait ? `\n  ${describeWait(error.retryAfterMs!)}` : ''
-  const fields = Array.isArray(platform.fields) ? platform.fields : []
-  const shown = fields
-    .slice(0, MAX_REFUSAL_FIELDS)
-    .map((field) => (isJsonObject(field) ? `\n  ${text(field.field)}: ${text(field.message)}` : `\n  ${text(field)}`))
+  if (!enveloped) return { message, detail: `${clock}${wait}${describeOtherBody(error.body, text)}` }
+  // the fields as a list of {field, message}, or as an object of each field's messages
+  const fields: [unknown, unknown][] = Array.isArray(platform.fields)
+    ? platform.fields.map((field) => (isJsonObject(field) ? [field.field ?? null, field.message] : [undefined, field]))
+    : isJsonObject(platform.fields)
+      ? Object.entries(platform.fields)
+      : []
+  return { message, detail: `${clock}${wait}${fieldLines(fields, text)}` }
+}
+
+/** A line for each field, `  name: message` (a list of messages joined with `; `), the first MAX_REFUSAL_FIELDS of them. */
+function fieldLines(fields: readonly [unknown, unknown][], text: (value: unknown) => string): string {
+  const message = (value: unknown) => (Array.isArray(value) && value.every((each) => typeof each === 'string') ? text(value.join('; ')) : text(value))
+  const shown = fields.slice(0, MAX_REFUSAL_FIELDS).map(([name, value]) => (name === undefined ? `\n  ${text(value)}` : `\n  ${text(name)}: ${message(value)}`))
   const more = fields.length > MAX_REFUSAL_FIELDS ? `\n  … and ${fields.length - MAX_REFUSAL_FIELDS} more fields` : ''
-  return { message, detail: `${clock}${wait}${shown.join('')}${more}` }
+  return `${shown.join('')}${more}`
+}
+
+/**
+ * A refusal whose body is not the platform's `{"error": …}` (the spec does not show its errors' shape): a JSON object's
+ * keys as fields (`{"amount": ["Ensure this value is greater than or equal to 0.01."]}`), or the text as it came, cut
+ * and on one line. Its reason was dropped, and `… once what the platform refused is put right` could not be followed.
+ */
+function describeOtherBody(body: unknown, text: (value: unknown) => string): string {
+  if (isJsonObject(body)) return fieldLines(Object.entries(body), text)
+  if (typeof body === 'string' && body.trim() !== '') return `\n  the platform's answer: ${text(body.trim())}`
+  if (body !== undefined && body !== null && body !== '') return `\n  the platform's answer: ${text(body)}`
+  return ''
 }
 
 /**
