@@ -432,6 +432,11 @@ describe('operator console', () => {
   describe('actions', () => {
     it('re-applies a parked delivery once its order exists, once however often the form is posted', async () => {
       expect((await sendWebhook(app, { body: tradePayload('late-1', 'funded'), deliveryId: 'dlv-late-1' })).status).toBe(200)
+      // parked: the overview's advice names the way out for a reference that is not this backend's too (the console
+      // has no dismiss; "create the orders" would adopt another system's trade)
+      const parked = (await bearer(request(admin).get('/console/'))).text
+      expect(parked).toMatch(/\d+ parked deliveries/)
+      expect(parked).toContain('<code>deliveries dismiss REFERENCE</code>')
       // the order appears without the parked pass (a fork's own system created it)
       await database.db.insertInto('orders').values({ externalReference: 'late-1' }).execute()
       const delivery = await findDelivery(database.db, 'dlv-late-1')

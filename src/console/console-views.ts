@@ -170,7 +170,9 @@ export function overviewPage(operator: Operator, data: OverviewData): Html {
   if (data.parked > 0) {
     needsHuman.push(
       html`<li><a href="${consolePath()}/deliveries?outcome=unmatched">${data.parked} parked deliveries</a> (oldest ${age(data.oldestParkedAgeS)}):
-        webhooks for external references with no order; create the orders, or re-apply.</li>`,
+        webhooks for external references with no order; create the orders (then re-apply), or, for a reference that
+        is not yours (a trade another system opened), set its deliveries aside with <code>deliveries dismiss REFERENCE</code>
+        (or ORDER_REFERENCE_PATTERN) rather than create an order for it.</li>`,
     )
   }
   const hourTotals = new Map<string, number>()
