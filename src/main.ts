@@ -133,8 +133,10 @@ export function localModeBanner(
   const seller = config.partner.kind === 'marketplace' ? ' --seller seller-1' : ''
   // Another terminal finds this service by DATA_DIR/serve.json, DATA_DIR being ./data unless set: without the
   // service's own, the commands would open (or create) a database of their own. Whole, so that it holds from
-  // any working directory.
-  const cli = `${dataDirFor(config.dataDir)}${invocation}`
+  // any working directory. `npm run cli` runs in the checkout, where ./data is the service's; the compiled CLI runs
+  // where it is typed, so its commands always name it (typed elsewhere, they made a new database and blamed the
+  // platform)
+  const cli = `${dataDirFor(config.dataDir, invocation !== NPM_CLI)}${invocation}`
   const database = config.databaseUrl ? 'Postgres' : `embedded PGlite in ${config.dataDir}`
   return [
     '',
@@ -192,6 +194,7 @@ function adminTokenWhere(config: Config): string {
 }
 
 // `DATA_DIR=... ` before a command, or nothing for the default (an in-memory database has no serve.json)
-function dataDirFor(dataDir: string): string {
-  return dataDir === path.resolve(DEFAULT_DATA_DIR) || dataDir.startsWith('memory://') ? '' : `DATA_DIR=${quoteForShell(dataDir)} `
+function dataDirFor(dataDir: string, evenTheDefault: boolean): string {
+  if (dataDir.startsWith('memory://') || (!evenTheDefault && dataDir === path.resolve(DEFAULT_DATA_DIR))) return ''
+  return `DATA_DIR=${quoteForShell(dataDir)} `
 }

@@ -50,6 +50,17 @@ describe('the banner of a compiled serve (the image, the bin entry)', () => {
     expect(banner).not.toContain('npm run')
   })
 
+  // found from outside: with the default ./data the commands had no DATA_DIR, and typed in another directory (the
+  // compiled CLI runs where it is typed) made a new database there and blamed the platform for the missing service
+  it('names even the default DATA_DIR for the compiled CLI, which runs where it is typed', () => {
+    const banner = localModeBanner(testConfig({ DATA_DIR: './data' }), 'http://127.0.0.1:3000', 'http://127.0.0.1:4010', 'http://127.0.0.1:3001', {
+      terminal: true,
+      cli: 'node /app/dist/src/cli.js',
+    })
+    expect(banner).toContain(`  DATA_DIR=${quoteForShell(path.resolve('data'))} node /app/dist/src/cli.js orders create --external-reference order-1\n`)
+    expect(banner).toContain(`  DATA_DIR=${quoteForShell(path.resolve('data'))} node /app/dist/src/cli.js orders show order-1\n`)
+  })
+
   it('shows a listener on every interface by an address a person can open', () => {
     expect(reachableUrl('http://0.0.0.0:3000')).toBe('http://127.0.0.1:3000')
     expect(reachableUrl('http://[::]:3001')).toBe('http://[::1]:3001')
