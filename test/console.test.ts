@@ -668,7 +668,7 @@ expect(ran.text).toContain('1000 deliveries re-applied: not a trade event 1000')
             cycleStarted()
             await new Promise<void>((resolve) => finishCycles.push(resolve))
             const at = new Date()
-            return { runId: cycles, replica: 'held', startedAt: at, finishedAt: at, claimed: 0, polled: 0, changed: 0, errors: 0, released: 0, results: {} as RunSummary['results'], stoppedReason: null, throttledUntil: null, clockOffsetS: null, firstFailure: null }
+            return { runId: cycles, replica: 'held', startedAt: at, finishedAt: at, claimed: 0, polled: 0, changed: 0, errors: 0, released: 0, results: {} as RunSummary['results'], stoppedReason: null, throttledUntil: null, clockOffsetS: null, firstFailure: null, flaggedCreates: [] }
           },
         }),
       )

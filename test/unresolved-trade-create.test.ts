@@ -13,6 +13,7 @@ import { logEntries, testLogger } from './helpers/log-sink.js'
 import { createOrder } from './helpers/orders.js'
 import { countingFetcher, insertOrders } from './helpers/reconcile-orders.js'
 import { testPoller } from './helpers/reconcile-poller.js'
+import { runCommandWith } from './helpers/cli-in-process.js'
 import { testConfig } from './helpers/test-config.js'
 import { useTestDatabase } from './helpers/test-database.js'
 import { sendWebhook, tradePayload } from './helpers/webhook-delivery.js'
@@ -44,13 +45,28 @@ describe('an order whose trade create went unanswered', () => {
     await unanswered('unresolved-old-pending', 'pending', EXPECTED_WEBHOOK_S + 1)
     await unanswered('unresolved-old-unknown', 'unknown', EXPECTED_WEBHOOK_S + 1)
     await unanswered('unresolved-recent', 'pending', EXPECTED_WEBHOOK_S - 60)
-    await cycle()
+    const summary = await cycle()
+    expect(summary.flaggedCreates.sort()).toEqual(['unresolved-old-pending', 'unresolved-old-unknown'])
     expect(await attentionOf('unresolved-old-pending')).toBe('trade_create_unknown')
     expect(await attentionOf('unresolved-old-unknown')).toBe('trade_create_unknown')
     expect(await attentionOf('unresolved-recent')).toBeNull()
     const warning = logEntries().findLast((entry) => String(entry.msg).startsWith('orders flagged trade_create_unknown'))
     expect(warning).toMatchObject({ orders: 2 })
     expect((warning!.externalReferences as string[]).sort()).toEqual(['unresolved-old-pending', 'unresolved-old-unknown'])
+  })
+
+  // found from outside: `reconcile --once` flagged three orders and printed `claimed 0, polled 0, changed 0, errors 0`
+  it('is named by `reconcile --once`, which flagged it, under the run’s line', async () => {
+    await unanswered('unresolved-by-hand', 'unknown', EXPECTED_WEBHOOK_S + 1)
+    const config = testConfig({ PARTNER_API_BASE_URL: 'http://127.0.0.1:1' })
+    const result = await runCommandWith(['reconcile', '--once'], { config, logger: testLogger(), db: database.db })
+    expect(result.code).toBe(0)
+    expect(result.stdout).toContain(
+      'flagged trade_create_unknown: 1 order(s) whose trade create got no answer and no webhook linked a trade (unresolved-by-hand): ' +
+        'check the platform, then `trades open REFERENCE --retry` or `trades link`\n',
+    )
+    const json = await runCommandWith(['reconcile', '--once', '--json'], { config, logger: testLogger(), db: database.db })
+    expect(JSON.parse(json.stdout)).toMatchObject({ flaggedCreates: [] })
   })
 
   // EXPECTED_WEBHOOK_S shorter than the create's whole time: the flag came while the call was at the platform and

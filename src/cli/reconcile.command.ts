@@ -124,6 +124,15 @@ function printSummary(summary: RunSummary): void {
       `errors ${summary.errors}${summary.released ? `, released ${summary.released}` : ''}` +
       `${counts ? ` (${counts})` : ''}${summary.stoppedReason ? `; stopped: ${summary.stoppedReason}` : ''}\n`,
   )
+  // flagged before the claim, and no poll of theirs: said apart, as they wait for an operator
+  const flagged = summary.flaggedCreates
+  if (flagged.length > 0) {
+    const named = flagged.slice(0, 20).map((reference) => printable(reference)).join(', ')
+    write(
+      `flagged trade_create_unknown: ${flagged.length} order(s) whose trade create got no answer and no webhook linked a ` +
+        `trade (${named}${flagged.length > 20 ? ', …' : ''}): check the platform, then \`trades open REFERENCE --retry\` or \`trades link\`\n`,
+    )
+  }
 }
 
 async function report(limit: number, json: boolean | undefined): Promise<void> {

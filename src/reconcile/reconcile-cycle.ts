@@ -127,6 +127,8 @@ export interface RunSummary {
   clockOffsetS: number | null
   /** The first poll that failed (`error`): its order and why, for the operator who ran the cycle by hand; null if none did. */
   firstFailure: PollFailure | null
+  /** The external references of the orders this cycle flagged trade_create_unknown (a create never answered, no webhook). */
+  flaggedCreates: string[]
 }
 
 export interface PollFailure {
@@ -149,18 +151,19 @@ const MAX_NAMED_REFERENCES = 20
 
 // A create sent and never answered, whose webhook was lost too: no trade id, so nothing to poll, and nothing else
 // looks at the order again. Flagged for an operator, once, with a warning.
-async function flagUnresolved({ db, logger }: CycleDeps, now: Date, afterS: number, createWholeTimeMs = 0): Promise<void> {
+async function flagUnresolved({ db, logger }: CycleDeps, now: Date, afterS: number, createWholeTimeMs = 0): Promise<string[]> {
   const references = await flagUnresolvedCreates(db, {
     unresolvedBefore: new Date(now.getTime() - afterS * 1_000),
     now,
     createWholeTimeMs,
   })
-  if (references.length === 0) return
+  if (references.length === 0) return references
   logger.warn(
     { orders: references.length, externalReferences: references.slice(0, MAX_NAMED_REFERENCES) },
     'orders flagged trade_create_unknown: their trade create got no answer and no webhook has linked a trade; ' +
       'check the platform for a trade with their reference (its next webhook links it), or send the create again with `trades open REFERENCE --retry`',
   )
+  return references
 }
 
 export async function runReconcileCycle(
@@ -172,12 +175,14 @@ export async function runReconcileCycle(
   const leaseToken = randomUUID()
   const results = Object.fromEntries(POLL_RESULTS.map((kind) => [kind, 0])) as Record<PollResultKind, number>
 
+  let flaggedCreates: string[] = []
   if (settings.unresolvedCreateAfterS !== undefined && !signal?.aborted) {
     // its failure is its own: the orders due are still polled (a value out of the column's range failed every cycle
     // here, before any order was claimed; a database that is away fails the claim below too)
-    await flagUnresolved(deps, startedAt, settings.unresolvedCreateAfterS, settings.createWholeTimeMs).catch((error: unknown) =>
-      logger.warn({ err: error }, 'could not look for unresolved trade creates; the poll goes on'),
-    )
+    flaggedCreates = await flagUnresolved(deps, startedAt, settings.unresolvedCreateAfterS, settings.createWholeTimeMs).catch((error: unknown) => {
+      logger.warn({ err: error }, 'could not look for unresolved trade creates; the poll goes on')
+      return []
+    })
   }
   const claimed = signal?.aborted
     ? []
@@ -316,6 +321,7 @@ export async function runReconcileCycle(
     throttledUntil,
     clockOffsetS,
     firstFailure,
+    flaggedCreates,
   }
   if (runId !== null) {
     try {
