@@ -156,7 +156,7 @@ for (const kind of ['pglite', 'postgres'] as const) {
     let env: Record<string, string>
     let read: Reader
     beforeAll(async () => {
-      ;({ env, read } = await seeded(kind, ['fund-answered', 'fund-abandoned', 'fund-timeout']))
+      ;({ env, read } = await seeded(kind, ['fund-answered', 'fund-abandoned', 'fund-timeout', 'fund-signal-timeout']))
     })
 
     it('trades open: the first Ctrl-C waits for the answer, which is printed and recorded, and exits 130', async () => {
@@ -205,6 +205,22 @@ for (const kind of ['pglite', 'postgres'] as const) {
       const after = await orderState(read, 'fund-answered')
       expect(after.tradeStatus).toBe('funded')
       expect(after.nextPollAt!.getTime()).toBeLessThan(Date.now() + DAY / 2)
+    })
+
+    // found from outside: the first Ctrl-C, then no answer within PARTNER_API_TIMEOUT_MS, exited 1 and said nothing of
+    // the signal (an answer came: 130); the timeout is the one end, whatever the machine's speed, well after the signal
+    it('trades fund: the first Ctrl-C, then no answer in time: the outcome is unknown, said as a timeout, and exits 130', async () => {
+      const run = started(['trades', 'fund', 'fund-signal-timeout'], { ...env, PARTNER_API_TIMEOUT_MS: '8000' }, 'tr_fund-signal-timeout')
+      await run.request()
+      run.child.kill('SIGINT')
+      await run.says('to the call in flight')
+      const [code, endedBy] = await run.exited
+
+      expect({ code, endedBy }, run.output.stderr.slice(-2_000)).toEqual({ code: 130, endedBy: null })
+      expect(run.output.stdout).toBe('')
+      expect(run.output.stderr).toContain(UNKNOWN_OPERATION)
+      expect(run.output.stderr).toContain(' [outcome_unknown]\n')
+      expect(run.output.stderr).toMatch(/\nstopped by a signal while the call was in flight: its outcome is above\n$/)
     })
 
     it('trades fund: a second signal stops waiting, says the outcome is unknown, exits 130, and leaves what a timeout leaves', async () => {

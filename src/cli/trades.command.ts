@@ -109,6 +109,14 @@ export async function runTradeCall<T>(
       writeError('stopped by a signal after the call in flight: the platform’s answer is above, recorded locally\n')
       setExitCode(130)
     }
+  } catch (error) {
+    // a stop signal came while the call was at the platform, which then gave no answer in time: its line as usual,
+    // and the exit a stop signal's, 130, as when a second signal stopped the wait (it was 1, the signal unmentioned).
+    // A refusal is an answer, printed as one, exit 1
+    if (held?.stopped() && error instanceof CommandFailedError && error.code === 'outcome_unknown') {
+      throw new StoppedBySignalError(`${error.message}\nstopped by a signal while the call was in flight: its outcome is above`)
+    }
+    throw error
   } finally {
     held?.off()
   }
