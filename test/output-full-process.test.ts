@@ -60,6 +60,21 @@ function runOnFullOutput(args: string[], env: Record<string, string>) {
   return { child, stderr: () => stderr }
 }
 
+/**
+ * `trades open full-open` as usual, then `trades fund full-open` with its stdout on /dev/full: the fund reaches the
+ * platform once, and the command says it was done and exits 0.
+ */
+async function fundsWithOutputLost(env: Record<string, string>): Promise<void> {
+  const opened = await runCli(['trades', 'open', 'full-open', '--title', 'Lamp', '--amount', '5.00', '--currency', 'EUR', '--seller', 's_1'], env, { built: true })
+  expect([opened.code, opened.stderr]).toEqual([0, ''])
+  const before = funds.length
+  const { child, stderr } = runOnFullOutput(['trades', 'fund', 'full-open'], env)
+  const [code] = (await once(child, 'exit')) as [number | null]
+  expect(stderr()).toMatch(DONE_BUT_LOST)
+  expect(code).toBe(0)
+  expect(funds.length - before).toBe(1)
+}
+
 async function until(check: () => Promise<boolean>, what: string): Promise<void> {
   for (const deadline = Date.now() + 120_000; Date.now() < deadline; ) {
     if (await check().catch(() => false)) return
@@ -113,15 +128,7 @@ describe.skipIf(!existsSync('/dev/full'))('stdout that cannot be written (ENOSPC
   it('a trade call the platform took exits 0 when only its output is lost, saying the command was done', async () => {
     const dataDir = migratedDataDir('output-full-fund-')
     const env = { ...remoteServeEnv({ dataDir, platformUrl: await platformUrl() }), POLL_ENABLED: 'false' }
-    const opened = await runCli(['trades', 'open', 'full-open', '--title', 'Lamp', '--amount', '5.00', '--currency', 'EUR', '--seller', 's_1'], env, { built: true })
-    expect([opened.code, opened.stderr]).toEqual([0, ''])
-    const before = funds.length
-
-    const { child, stderr } = runOnFullOutput(['trades', 'fund', 'full-open'], env)
-    const [code] = (await once(child, 'exit')) as [number | null]
-    expect(stderr()).toMatch(DONE_BUT_LOST)
-    expect(code).toBe(0)
-    expect(funds.length - before).toBe(1)
+    await fundsWithOutputLost(env)
     const shown = await runCli(['orders', 'show', 'full-open', '--json'], env, { built: true })
     expect(JSON.parse(shown.stdout)).toMatchObject({ externalReference: 'full-open', tradeStatus: 'funded' })
 
@@ -139,15 +146,7 @@ describe.skipIf(!existsSync('/dev/full'))('stdout that cannot be written (ENOSPC
     try {
       await waitForLogLine(service, 'service listening', 120_000)
       const secondTerminal = { DATA_DIR: dataDir }
-      const opened = await runCli(['trades', 'open', 'full-open', '--title', 'Lamp', '--amount', '5.00', '--currency', 'EUR', '--seller', 's_1'], secondTerminal, { built: true })
-      expect([opened.code, opened.stderr]).toEqual([0, ''])
-      const before = funds.length
-
-      const { child, stderr } = runOnFullOutput(['trades', 'fund', 'full-open'], secondTerminal)
-      const [code] = (await once(child, 'exit')) as [number | null]
-      expect(stderr()).toMatch(DONE_BUT_LOST)
-      expect(code).toBe(0)
-      expect(funds.length - before).toBe(1)
+      await fundsWithOutputLost(secondTerminal)
 
       // a forwarded read whose output is lost is still a failure
       const listed = runOnFullOutput(['orders', 'list'], secondTerminal)

@@ -500,11 +500,11 @@ export async function forwardToLocalService(args: string[]): Promise<number | un
   if ('problem' in result) {
     throw new RunningServiceError(`${running} answered the command with something that is not its result (${result.problem}) [service_bad_answer]`, 1)
   }
+  // a done command whose output cannot be written here is no failure of it (output-gone.ts)
+  if (result.tookEffect) commandTookEffect()
   // laid out in lines as the command printed them, its controls shown. A JSON document stays the same document:
   // JSON.stringify escapes the C0 controls itself, and what it leaves in a string (DEL, C1, the Cf characters)
   // becomes \uXXXX, JSON for the same character
-  // a done command whose output cannot be written here is no failure of it (output-gone.ts)
-  if (result.tookEffect) commandTookEffect()
   process.stdout.write(printableLines(result.stdout))
   process.stderr.write(printableLines(result.stderr))
   return result.code
@@ -526,7 +526,7 @@ function failureReason(error: unknown): string {
 
 /**
  * The command's result from the service's answer: what local-cli.ts sends, `runCommand`'s `{code, stdout,
- * stderr}` as JSON; a field a newer service may add is ignored. Anything else is `problem`, in fixed words.
+ * stderr, tookEffect?}` as JSON; a field a newer service may add is ignored. Anything else is `problem`, in fixed words.
  */
 function commandResult(answer: string): CommandOutput | { problem: string } {
   const result = parseJsonObject(answer)

@@ -269,21 +269,16 @@ export function createMetrics(
     help: 'Unix time at which this replica last finished a whole pruning pass (one replica at a time holds the lock; a pass cut short by a shutdown or a lost lock does not count); no sample before the first',
     registers: [registry],
   })
-  if (sources.pruneIntervalS !== undefined) {
-    new Gauge({
-      name: 'retention_interval_seconds',
-      help: 'PRUNE_INTERVAL_S: seconds between two pruning passes of this replica',
-      registers: [registry],
-    }).set(sources.pruneIntervalS)
+  // the settings an alert measures against (three of the interval), each where this replica has it
+  const setting = (value: number | undefined, name: string, help: string) => {
+    if (value !== undefined) new Gauge({ name, help, registers: [registry] }).set(value)
   }
-
-  if (sources.pollIntervalS !== undefined) {
-    new Gauge({
-      name: 'poller_interval_seconds',
-      help: "POLL_INTERVAL_S: seconds between two of this replica's poll cycles (each sleep 0.75 to 1.25 times it); no sample where no poller runs",
-      registers: [registry],
-    }).set(sources.pollIntervalS)
-  }
+  setting(sources.pruneIntervalS, 'retention_interval_seconds', 'PRUNE_INTERVAL_S: seconds between two pruning passes of this replica')
+  setting(
+    sources.pollIntervalS,
+    'poller_interval_seconds',
+    "POLL_INTERVAL_S: seconds between two of this replica's poll cycles (each sleep 0.75 to 1.25 times it); no sample where no poller runs",
+  )
 
   const { databaseUp, dueOrders, parkedDeliveries, reactionJobs, oldestDelivery, dataDirStorage } = sources
   let droppedReported = 0
