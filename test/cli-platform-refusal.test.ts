@@ -90,12 +90,20 @@ describe('a refusal by the platform, in-process', () => {
     expect(unknown.code).toBe(1)
     expect(unknown.stderr).toBe(
       'The platform answered 503 maintenance: back soon, so the call may or may not have taken effect [outcome_unknown]\n' +
-        '  The platform asks to wait 3,600 s before the next call (Retry-After)\n' +
+        '  The platform asks to wait 3,600 s (about 1 h) before the next call (Retry-After)\n' +
         '  The platform may or may not have done it: check with `trades get` (the order is polled soon).\n',
     )
     // a read waits out a short one itself; a long one is named the same way
     const read = await runCommandWith(['trades', 'get', 'refused-1'], context)
-    expect(read.stderr).toBe('The platform refused (503 maintenance): back soon [platform_error]\n  The platform asks to wait 3,600 s before the next call (Retry-After)\n')
+    expect(read.stderr).toBe('The platform refused (503 maintenance): back soon [platform_error]\n  The platform asks to wait 3,600 s (about 1 h) before the next call (Retry-After)\n')
+    // found from outside: a Retry-After of 99999999999 s was printed as given, as if it were a wait to sit out
+    answer = { status: 429, headers: { 'retry-after': '99999999999' }, body: { error: { code: 'rate_limited', message: 'slow down' } } }
+    expect((await runCommandWith(['trades', 'fund', 'refused-1'], context)).stderr).toBe(
+      'The platform refused (429 rate_limited): slow down [throttled]\n' +
+        '  The platform asks to wait 99,999,999,999 s (about 3,171 years) before the next call (Retry-After): longer than a day, which looks like a mistake; ask the platform before waiting it out\n',
+    )
+    answer = { status: 429, headers: { 'retry-after': String(3 * 86_400) }, body: { error: { code: 'rate_limited', message: 'slow down' } } }
+    expect((await runCommandWith(['trades', 'fund', 'refused-1'], context)).stderr).toContain('259,200 s (about 3 days) before the next call (Retry-After): longer than a day')
     // a Retry-After on another refusal is not a wait asked for
     answer = { status: 409, headers: { 'retry-after': '5' }, body: { error: { code: 'state', message: 'no' } } }
     expect((await runCommandWith(['trades', 'fund', 'refused-1'], context)).stderr).toBe('The platform refused (409 state): no [conflict]\n')

@@ -109,7 +109,19 @@ function describeOtherBody(body: unknown, text: (value: unknown) => string): str
  */
 function describeWait(ms: number): string {
   const seconds = Math.ceil(ms / 1000)
-  return `The platform asks to wait ${seconds.toLocaleString('en-US')} s before the next call (Retry-After)`
+  const asked = `The platform asks to wait ${seconds.toLocaleString('en-US')} s${aboutDuration(seconds)} before the next call (Retry-After)`
+  // a wait past a day is no throttle to sit out but most likely a wrong header (99999999999 s, a date in 9999)
+  return seconds > DAY_S ? `${asked}: longer than a day, which looks like a mistake; ask the platform before waiting it out` : asked
+}
+
+const DAY_S = 86_400
+const YEAR_S = 365 * DAY_S
+
+/** ` (about 2 h)` after a wait of an hour or more, for a person reading seconds; nothing under an hour. */
+function aboutDuration(seconds: number): string {
+  if (seconds < 3_600) return ''
+  const [amount, unit] = seconds < DAY_S ? [seconds / 3_600, 'h'] : seconds < YEAR_S ? [seconds / DAY_S, 'days'] : [seconds / YEAR_S, 'years']
+  return ` (about ${Math.round(amount).toLocaleString('en-US')} ${unit})`
 }
 
 /** The most levels of a refusal's value written out; deeper ones are shown as `…`. */
