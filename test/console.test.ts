@@ -42,6 +42,7 @@ const GET_PAGES = [
   '/console/orders',
   '/console/orders/1',
   '/console/orders/requeue',
+  '/console/deliveries/dismiss?reference=x',
   '/console/reconcile',
   '/console/reactions',
   '/console/reactions?state=failed',
@@ -55,6 +56,7 @@ const POST_ACTIONS = [
   '/console/deliveries/reapply',
   `/console/deliveries/d/${'0'.repeat(64)}/reapply`,
   '/console/orders/requeue',
+  '/console/deliveries/dismiss',
   '/console/reconcile/run',
   '/console/reactions/1/retry',
   '/console/reactions/1/skip',
@@ -432,10 +434,11 @@ describe('operator console', () => {
   describe('actions', () => {
     it('re-applies a parked delivery once its order exists, once however often the form is posted', async () => {
       expect((await sendWebhook(app, { body: tradePayload('late-1', 'funded'), deliveryId: 'dlv-late-1' })).status).toBe(200)
-      // parked: the overview's advice names the way out for a reference that is not this backend's too (the console
-      // has no dismiss; "create the orders" would adopt another system's trade)
+      // parked: the overview's advice names the way out for a reference that is not this backend's too ("create the
+      // orders" would adopt another system's trade)
       const parked = (await bearer(request(admin).get('/console/'))).text
       expect(parked).toMatch(/\d+ parked deliveries/)
+      expect(parked).toContain('Dismiss on a parked delivery')
       expect(parked).toContain('<code>deliveries dismiss REFERENCE</code>')
       // the order appears without the parked pass (a fork's own system created it)
       await database.db.insertInto('orders').values({ externalReference: 'late-1' }).execute()
@@ -465,6 +468,49 @@ describe('operator console', () => {
       expect((await findDelivery(database.db, 'dlv-late-1'))?.outcome).toBe('applied')
       // the action is on the overview, with who did it
       expect((await bearer(request(admin).get('/console/'))).text).toContain('re-apply delivery dlv-late-1')
+    })
+
+    // the overview's advice for a reference that is not this backend's named the CLI alone: the console could not clear them
+    it('dismisses the parked deliveries of a reference from a parked delivery’s page, once however often the form is posted', async () => {
+      const reference = `${HOSTILE_REFERENCE}-dismiss`
+      for (const [n, status] of [[1, 'created'], [2, 'funded']] as const) {
+        expect((await sendWebhook(app, { body: tradePayload(reference, status), deliveryId: `dlv-dismiss-${n}` })).status).toBe(200)
+      }
+      const delivery = (await findDelivery(database.db, 'dlv-dismiss-1'))!
+      const page = (await bearer(request(admin).get(`/console/deliveries/dlv-dismiss-1/${delivery.bodySha256}`))).text
+      const link = /href="([^"]*\/deliveries\/dismiss\?[^"]*)"/.exec(page)?.[1]?.replace(/&amp;/g, '&')
+      expect(link).toBe(`/console/deliveries/dismiss?${new URLSearchParams([['reference', reference]]).toString()}`)
+      const confirm = await bearer(request(admin).get(link!))
+      expect(confirm.status).toBe(200)
+      expect(confirm.text).toContain('<strong>2</strong> parked deliveries')
+      expect(confirm.text).not.toContain(HOSTILE_REFERENCE)
+      const fields = formFields(confirm.text)
+      expect(fields.reference).toBe(reference)
+      const first = await bearer(request(admin).post('/console/deliveries/dismiss')).type('form').send(fields)
+      expect(first.status).toBe(200)
+      expect(first.text).toContain('2 dismissed')
+      expect(first.text).not.toContain(HOSTILE_REFERENCE)
+      for (const id of ['dlv-dismiss-1', 'dlv-dismiss-2']) expect((await findDelivery(database.db, id))?.outcome, id).toBe('dismissed')
+      expect((await bearer(request(admin).post('/console/deliveries/dismiss')).type('form').send(fields)).text).toContain('already carried out')
+      // nothing parked any more: the confirm page says so, and the delivery's page offers no dismiss
+      expect((await bearer(request(admin).get(link!))).status).toBe(404)
+      expect((await bearer(request(admin).get(`/console/deliveries/dlv-dismiss-1/${delivery.bodySha256}`))).text).not.toContain('/deliveries/dismiss?')
+
+      // a reference an order has: its deliveries are applied, not dismissed (refused on the confirm page and on the
+      // post, an order created between the two)
+      expect((await sendWebhook(app, { body: tradePayload('dismiss-ordered', 'funded'), deliveryId: 'dlv-dismiss-3' })).status).toBe(200)
+      const ordered = formFields((await bearer(request(admin).get('/console/deliveries/dismiss?reference=dismiss-ordered'))).text)
+      await database.db.insertInto('orders').values({ externalReference: 'dismiss-ordered' }).execute()
+      const refused = await bearer(request(admin).post('/console/deliveries/dismiss')).type('form').send(ordered)
+      expect(refused.status).toBe(409)
+      expect(refused.text).toContain('its deliveries are applied, not dismissed')
+      expect((await findDelivery(database.db, 'dlv-dismiss-3'))?.outcome).toBe('unmatched')
+      expect((await bearer(request(admin).get('/console/deliveries/dismiss?reference=dismiss-ordered'))).status).toBe(409)
+      // no reference: 400 naming the field
+      const bare = await bearer(request(admin).get('/console/deliveries/dismiss'))
+      expect(bare.status).toBe(400)
+      expect(bare.text).toContain('reference: give the external reference')
+      await database.db.deleteFrom('orders').where('externalReference', '=', 'dismiss-ordered').execute()
     })
 
     it('refuses an action without the CSRF token, with another one, or from another origin, and changes nothing', async () => {

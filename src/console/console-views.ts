@@ -171,8 +171,8 @@ export function overviewPage(operator: Operator, data: OverviewData): Html {
     needsHuman.push(
       html`<li><a href="${consolePath()}/deliveries?outcome=unmatched">${data.parked} parked deliveries</a> (oldest ${age(data.oldestParkedAgeS)}):
         webhooks for external references with no order; create the orders (then re-apply), or, for a reference that
-        is not yours (a trade another system opened), set its deliveries aside with <code>deliveries dismiss REFERENCE</code>
-        (or ORDER_REFERENCE_PATTERN) rather than create an order for it.</li>`,
+        is not yours (a trade another system opened), set its deliveries aside (Dismiss on a parked delivery's page, or
+        <code>deliveries dismiss REFERENCE</code>; ORDER_REFERENCE_PATTERN keeps them out) rather than create an order for it.</li>`,
     )
   }
   const hourTotals = new Map<string, number>()
@@ -434,7 +434,11 @@ export function deliveryPage(
   <dt>Order</dt><dd>${order ? html`<a href="${orderPath(order.id)}">#${order.id} ${order.externalReference}</a> (now ${order.tradeStatus ?? 'no status'})` : 'none'}</dd>
 </dl>
 <p class="hint">Headers: the service keeps the delivery id (above) and the verified body; the signature and other headers are not stored.</p>
-<p class="actions"><a href="${deliveryReapplyPath(delivery)}">Re-apply…</a></p>
+<p class="actions"><a href="${deliveryReapplyPath(delivery)}">Re-apply…</a>${
+      delivery.outcome === 'unmatched' && delivery.externalReference !== null && !order
+        ? html` <a href="${consolePath()}/deliveries/dismiss?${queryString([['reference', delivery.externalReference]])}">Dismiss the parked deliveries of this reference…</a>`
+        : ''
+    }</p>
 <h2>Raw body</h2>
 ${
   delivery.rawBody === null

@@ -47,6 +47,7 @@ import {
   countDeliveriesPerMinute,
   countParkedDeliveries,
   type DeliveryCursor,
+  dismissParkedDeliveries,
   type DeliveryFilter,
   findDelivery,
   listDeliveriesToReapply,
@@ -209,6 +210,11 @@ function optionalText(value: unknown): string | undefined {
   const parsed = text.safeParse(value)
   if (!parsed.success) throw new BadInput(`reference: ${parsed.error.issues.map((issue) => issue.message).join('; ')}`)
   return parsed.data
+}
+
+/** Why a reference's deliveries are not dismissed: an order has it (the CLI's order_exists). */
+function dismissRefusal(reference: string): string {
+  return `An order has the reference ${reference}: its deliveries are applied, not dismissed; re-apply one from its page instead.`
 }
 
 /** A cursor's time as delivery.repository.ts writes it (microseconds, UTC), naming a day that exists. */
@@ -552,6 +558,46 @@ export function consoleRoutes(deps: ConsoleDeps): Router {
     )
     // the next run starts after the last row of this one: each run the oldest 1,000 again never reached the rest
     await send(res, resultPage(operator, 'Bulk re-apply', record, false, bulkReapplyNextLink(filter, next)))
+  }))
+
+  // Setting aside the deliveries parked for a reference that is not this backend's (`deliveries dismiss`): the
+  // overview's advice named the CLI command alone, so an operator with the console only had no way to clear them.
+  const requiredReference = (value: unknown) => {
+    const reference = optionalText(value)
+    if (reference === undefined || reference === '') throw new BadInput('reference: give the external reference whose parked deliveries to dismiss')
+    return reference
+  }
+  const DISMISS_PATH = `${CONSOLE_PATH}/deliveries/dismiss`
+  pageAt(DISMISS_PATH, async (req, res) => {
+    const operator = operatorOf(res)
+    const reference = requiredReference(req.query.reference)
+    const counted = await dismissParkedDeliveries(db, reference, { dryRun: true })
+    if ('orderExists' in counted) return send(res, messagePage('Not dismissed', operator, dismissRefusal(reference)), 409)
+    if (counted.dismissed === 0) return send(res, messagePage('Not found', operator, `No delivery is parked for ${reference}.`), 404)
+    await send(
+      res,
+      confirmPage(operator, {
+        title: 'Dismiss parked deliveries',
+        question: html`Set aside the <strong>${counted.dismissed}</strong> parked deliveries of <code>${reference}</code>? An order
+          created later for this reference will not take them, and they leave the parked count and its alert.`,
+        action: `${consolePath()}/deliveries/dismiss`,
+        fields: [['reference', reference]],
+        actionId: newActionId(),
+        button: 'Dismiss',
+      }),
+    )
+  })
+  actionAt(DISMISS_PATH, oneAtATime(async (req, res) => {
+    const operator = operatorOf(res)
+    const actionId = actionIdOf(req)
+    const previous = done.get(actionId)
+    if (previous) return send(res, resultPage(operator, 'Dismiss parked deliveries', previous, true))
+    const reference = requiredReference(bodyOf(req).reference)
+    const result = await dismissParkedDeliveries(db, reference, { dryRun: false })
+    // an order made for the reference since the confirm page: its deliveries are applied, not dismissed
+    if ('orderExists' in result) return send(res, messagePage('Not dismissed', operator, dismissRefusal(reference)), 409)
+    const record = remember(actionId, operator, `dismiss the parked deliveries of ${reference}`, `${result.dismissed} dismissed`)
+    await send(res, resultPage(operator, 'Dismiss parked deliveries', record, false))
   }))
 
   // a delivery's address: /delivery?id=ID&body=SHA256 (every link: an id may be a dot segment, see deliveryPath),
