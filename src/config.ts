@@ -604,10 +604,28 @@ function partnerVariableNamer(env: Env): (name: string) => string {
 const CONTROL_CHARACTER = /[\u0000-\u001f\u007f]/
 const QUOTED = /^(["']).*\1$/s
 
+// A file saved with a byte-order mark: Node's --env-file keeps it as part of the first variable's name, so that
+// variable was not set at all (a DATABASE_URL first: the service ran on a new embedded database, warned only that the
+// file was not loaded). And a space before or after a value, which env files keep too: a secret with a trailing space
+// started cleanly, then every call to the platform was refused 401, and a DATA_DIR with one opened a new, empty database.
+// The comma-separated lists trim each entry, so a space there means nothing.
+const BYTE_ORDER_MARK = '\uFEFF'
+const TRIMMED_LISTS = new Set(['WEBHOOK_SECRETS', 'FORWARD_EVENTS', 'AMQP_EVENTS', 'ADMIN_ALLOWED_HOSTS'])
+
+const PER_ENVIRONMENT = ['SANDBOX', 'LIVE'].flatMap((which) => ['API_BASE_URL', 'API_KEY_ID', 'API_SECRET'].map((name) => `PARTNER_${which}_${name}`))
+
 function garbledValues(env: Env): string[] {
   const problems: string[] = []
-  const perEnvironment = ['SANDBOX', 'LIVE'].flatMap((which) => ['API_BASE_URL', 'API_KEY_ID', 'API_SECRET'].map((name) => `PARTNER_${which}_${name}`))
-  for (const name of [...Object.keys(EnvSchema.shape), ...perEnvironment]) {
+  const names = [...Object.keys(EnvSchema.shape), ...PER_ENVIRONMENT]
+  for (const key of Object.keys(env)) {
+    const name = key.slice(BYTE_ORDER_MARK.length)
+    if (key.startsWith(BYTE_ORDER_MARK) && names.includes(name)) {
+      problems.push(
+        `${name}: is not set: the env file it is in starts with a byte-order mark (BOM), which is read as part of its first variable's name; save the file as UTF-8 without a BOM`,
+      )
+    }
+  }
+  for (const name of names) {
     const value = env[name]
     if (value === undefined) continue
     if (value.includes('\r')) problems.push(`${name}: holds a carriage return (an env file saved with Windows line endings?)`)
@@ -616,6 +634,15 @@ function garbledValues(env: Env): string[] {
   }
   return problems
 }
+
+/** The variables of ours set to a value that begins or ends with a space (the lists aside, which trim each entry). */
+function spacedValues(env: Env): string[] {
+  return [...Object.keys(EnvSchema.shape), ...PER_ENVIRONMENT].filter((name) => {
+    const value = env[name]
+    return value !== undefined && value.trim() !== value && !TRIMMED_LISTS.has(name)
+  })
+}
+const spacedProblem = (name: string) => `${name}: begins or ends with a space, which is kept as part of the value: remove it`
 
 function withoutEmptyValues(env: Env): Env {
   return Object.fromEntries(Object.entries(env).filter(([, value]) => value !== undefined && value !== ''))
@@ -643,10 +670,14 @@ export function parseConfig(
   if (garbled.length > 0) throw new ConfigError(garbled)
   const named = partnerVariableNamer(rawEnv)
   const parsed = EnvSchema.safeParse(env)
+  // a space is named where the variable's own reading did not refuse it already (a port, a size, an enum)
+  const spaced = spacedValues(withoutEmptyValues(rawEnv))
   if (!parsed.success) {
-    throw new ConfigError(
-      parsed.error.issues.map((issue) => `${named(issue.path.join('.')) || '(environment)'}: ${issue.message}`),
-    )
+    const refused = parsed.error.issues.map((issue) => named(issue.path.join('.')) || '(environment)')
+    throw new ConfigError([
+      ...parsed.error.issues.map((issue, index) => `${refused[index]}: ${issue.message}`),
+      ...spaced.filter((name) => !refused.includes(name)).map(spacedProblem),
+    ])
   }
   const values = parsed.data
   const problems: string[] = []
@@ -754,6 +785,8 @@ export function parseConfig(
       problems.push('PARTNER_API_SECRET: required when PARTNER_API_BASE_URL is set')
     }
   }
+  // and a space where no later check named the variable (a FORWARD_URL refused for what it holds)
+  problems.push(...spaced.filter((name) => !problems.some((problem) => problem.startsWith(`${name}:`))).map(spacedProblem))
   if (problems.length > 0) throw new ConfigError(problems)
 
   // memory:// keeps an embedded database in memory (tests); anything else is a directory

@@ -48,6 +48,29 @@ describe('configuration', () => {
     expect(parseConfig({ ...remoteEnv, PARTNER_API_SECRET: secret, WEBHOOK_SECRETS: LONG_SECRET }).partner.secret).toBe(secret)
   })
 
+  // found from outside: a secret with a trailing space started cleanly and every platform call was then refused 401;
+  // a DATA_DIR with one opened a new, empty database; a file saved with a BOM lost its first variable
+  it('refuses a value that begins or ends with a space, and a variable whose name carries a byte-order mark', () => {
+    const secret = 'an-api-secret-of-enough-length-0000'
+    const problems = problemsOf({ ...remoteEnv, PARTNER_API_SECRET: `${secret} `, DATA_DIR: ' ', ADMIN_TOKEN: ' an-admin-token-of-enough-length-000' })
+    expect(problems).toEqual([
+      'DATA_DIR: begins or ends with a space, which is kept as part of the value: remove it',
+      'PARTNER_API_SECRET: begins or ends with a space, which is kept as part of the value: remove it',
+      'ADMIN_TOKEN: begins or ends with a space, which is kept as part of the value: remove it',
+    ])
+    // beside a variable refused for what it is, named once each
+    expect(problemsOf({ ...remoteEnv, PORT: 'eighty', DATA_DIR: '/data ' })).toEqual([
+      'PORT: must be a whole number in decimal digits (0-9)',
+      'DATA_DIR: begins or ends with a space, which is kept as part of the value: remove it',
+    ])
+    expect(problemsOf({ ...remoteEnv, '\uFEFFDATABASE_URL': 'postgres://db/escrow' })).toEqual([
+      'DATABASE_URL: is not set: the env file it is in starts with a byte-order mark (BOM), which is read as part of its first variable\'s name; save the file as UTF-8 without a BOM',
+    ])
+    expect(problems.join('\n')).not.toContain(secret)
+    // a list's entries are trimmed: a space there means nothing
+    expect(parseConfig({ ...remoteEnv, WEBHOOK_SECRETS: ` ${LONG_SECRET} , `, FORWARD_EVENTS: ' trade.funded ' }).webhook.secrets).toEqual([LONG_SECRET])
+  })
+
   it('names every bad variable in one error', () => {
     const problems = problemsOf({
       PORT: 'eighty',

@@ -1,6 +1,6 @@
 // A `.env` beside the service is not read (the settings come from the environment only): the start says so,
 // naming the variables it sets that the environment does not, never their values.
-import { spawn } from 'node:child_process'
+import { spawn, spawnSync } from 'node:child_process'
 import { mkdtempSync, rmSync, writeFileSync } from 'node:fs'
 import { tmpdir } from 'node:os'
 import path from 'node:path'
@@ -58,5 +58,21 @@ describe('a .env file the service does not read', () => {
       await signalAndClose(child)
     }
     expect(output).not.toContain('secret-path')
+  }, 60_000)
+
+  // found from outside: Node's --env-file keeps a byte-order mark as part of the first name, so a DATABASE_URL on the
+  // first line of a file saved with one was not set, and the service started on a new embedded database
+  it('stops `serve` loaded with --env-file from a file saved with a byte-order mark, naming the variable it lost', () => {
+    const dataDir = migratedDataDir('env-file-bom-')
+    const env = receiverEnv(dataDir)
+    const directory = directoryWith(`\uFEFFDATABASE_URL=postgres://127.0.0.1:9/unused\n${Object.entries(env).map(([name, value]) => `${name}=${value}`).join('\n')}\n`)
+    const result = spawnSync(process.execPath, ['--env-file=.env', path.join(root, 'dist/src/cli.js'), 'serve'], {
+      cwd: directory,
+      env: childEnv({}),
+      encoding: 'utf8',
+      timeout: 30_000,
+    })
+    expect(result.status).toBe(2)
+    expect(result.stdout + result.stderr).toContain('DATABASE_URL: is not set: the env file it is in starts with a byte-order mark (BOM)')
   }, 60_000)
 })
