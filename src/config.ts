@@ -247,6 +247,9 @@ const sizeOf = (zeroAllowed: boolean) =>
   })
 const byteSize = sizeOf(false)
 
+// WEBHOOK_PATH, METRICS_PATH: said whole, as `/wébhook`, `/a?b=1` and `/a#b` start with / too
+const PATH_RULE = 'must be a path starting with / and holding only ASCII letters, digits, _, -, . and / (no query, fragment or space)'
+
 const secretList = z.string().transform((value) =>
   value
     .split(',')
@@ -338,7 +341,7 @@ const EnvSchema = z.object({
   SHUTDOWN_DRAIN_DELAY_MS: wholeNumber({ min: 0, max: 120_000 }).default(0),
   WEBHOOK_PATH: z
     .string()
-    .regex(/^\/[\w\-./]*$/, 'must be a path starting with /')
+    .regex(/^\/[\w\-./]*$/, PATH_RULE)
     .default('/webhooks/partner'),
   WEBHOOK_SECRETS: secretList.optional(),
   WEBHOOK_BODY_LIMIT: byteSize.default(256 * 1024),
@@ -368,7 +371,7 @@ const EnvSchema = z.object({
   METRICS_ENABLED: booleanString.default(true),
   METRICS_PATH: z
     .string()
-    .regex(/^\/[\w\-./]*$/, 'must be a path starting with /')
+    .regex(/^\/[\w\-./]*$/, PATH_RULE)
     .default('/metrics'),
   SANDBOX_PORT: port.default(4010),
   SANDBOX_CONTROL_TOKEN: z.string().optional(),

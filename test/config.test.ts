@@ -67,6 +67,12 @@ describe('configuration', () => {
       'DATABASE_URL: is not set: the env file it is in starts with a byte-order mark (BOM), which is read as part of its first variable\'s name; save the file as UTF-8 without a BOM',
     ])
     expect(problems.join('\n')).not.toContain(secret)
+    // a path's rule said whole: these start with / too
+    for (const path of ['/wébhook', '/a?b=1', '/a#b']) {
+      expect(problemsOf({ ...remoteEnv, WEBHOOK_PATH: path }), path).toEqual([
+        'WEBHOOK_PATH: must be a path starting with / and holding only ASCII letters, digits, _, -, . and / (no query, fragment or space)',
+      ])
+    }
     // a list's entries are trimmed: a space there means nothing
     expect(parseConfig({ ...remoteEnv, WEBHOOK_SECRETS: ` ${LONG_SECRET} , `, FORWARD_EVENTS: ' trade.funded ' }).webhook.secrets).toEqual([LONG_SECRET])
   })
