@@ -361,6 +361,42 @@ describe('the reaction dispatcher', () => {
     expect(calls).toEqual([])
   })
 
+  // found from outside: REACTION_MAX_ATTEMPTS lowered below a waiting job's attempts failed it as "attempt 3 of 2 did not
+  // finish within its lease", pointing at a dead replica, and the receiver's own error (its 500) was lost
+  it('fails a waiting job whose attempts REACTION_MAX_ATTEMPTS was lowered below, saying so and keeping its last error', async () => {
+    const calls: number[] = []
+    const reactions = createReactionRegistry().on('trade.*', 'lowered', async (event) => {
+      calls.push(event.sequence)
+    })
+    const orderId = await transitions(reactions, ['created'])
+    await streamsNow(reactions)
+    const event = await database.db.selectFrom('orderStatusHistory').select(['eventId', 'sequence']).where('orderId', '=', orderId).executeTakeFirstOrThrow()
+    const had = SETTINGS.maxAttempts + 1
+    await database.db
+      .insertInto('reactionJobs')
+      .values({
+        eventId: event.eventId,
+        orderId,
+        sequence: event.sequence!,
+        handler: 'lowered',
+        state: 'pending',
+        attempts: had,
+        runAt: new Date(clock.now() - 1_000),
+        leaseToken: null,
+        leaseExpiresAt: null,
+        lastError: 'ForwardError: the receiver answered 500',
+        finishedAt: null,
+      })
+      .execute()
+    await start(reactions)
+    await eventually(async () => (await jobs(orderId, 'lowered'))[0]?.state === 'failed', 'the job is failed')
+    expect((await jobs(orderId, 'lowered'))[0]).toMatchObject({
+      attempts: had,
+      lastError: `Error: not called again: it has had ${had} attempts, more than REACTION_MAX_ATTEMPTS (now ${SETTINGS.maxAttempts})\n(the error before: ForwardError: the receiver answered 500)`,
+    })
+    expect(calls).toEqual([])
+  })
+
   it('lets the order proceed when the operator skips its failed job', async () => {
     const calls: number[] = []
     const reactions = createReactionRegistry().on('trade.*', 'picky', async (event) => {

@@ -370,8 +370,13 @@ export function createDispatcher(deps: DispatcherDeps): Dispatcher {
         failure = new Error(`no reaction handler named ${job.handler} is registered`)
       } else if (job.attempt > settings.maxAttempts) {
         uncalled = true
-        // the last allowed attempt's process died or overran its lease: do not call it again
-        failure = new Error(`attempt ${job.attempt - 1} of ${settings.maxAttempts} did not finish within its lease`)
+        // the last allowed attempt's process died or overran its lease: do not call it again. Or every attempt
+        // finished, and REACTION_MAX_ATTEMPTS was lowered below them since (said so: it read as a dead replica's)
+        failure = new Error(
+          job.reclaimed && job.attempt - 1 <= settings.maxAttempts
+            ? `attempt ${job.attempt - 1} of ${settings.maxAttempts} did not finish within its lease`
+            : `not called again: it has had ${job.attempt - 1} attempts, more than REACTION_MAX_ATTEMPTS (now ${settings.maxAttempts})`,
+        )
       } else {
         try {
           await handler(event, {

@@ -32,6 +32,8 @@ export interface ClaimedJob {
   handler: string
   /** This claim's attempt: 1 on the first call, counting claims whose dispatcher died mid-handler. */
   attempt: number
+  /** Claimed while running: its last attempt's lease ran out (a replica that died mid-call, a handler past its lease). */
+  reclaimed: boolean
   leaseToken: string
   leaseExpiresAt: Date
   /** When the transition committed (the job's insert), for the commit-to-handler latency. */
@@ -85,6 +87,7 @@ export async function claimReactionJobsAndNext(
       id: String(row.id),
       handler: row.handler,
       attempt: row.attempts,
+      reclaimed: row.claimedFrom === 'running',
       leaseToken: options.leaseToken,
       leaseExpiresAt: new Date(row.leaseExpiresAt),
       createdAt: new Date(row.createdAt),
@@ -98,6 +101,8 @@ interface ClaimedRow extends Omit<EventRow, 'toStatus'> {
   id: string | number
   handler: string
   attempts: number
+  /** The job's state before this claim: pending, or running with its lease run out. */
+  claimedFrom: string
   leaseExpiresAt: Date | string
   createdAt: Date | string
   /** null only when the job's event is missing (left join) */
@@ -116,7 +121,7 @@ export function claimReactionJobsQuery({ now, limit, leaseMs, leaseToken, skipHa
   const registered = handlers === undefined ? null : [...handlers]
   return sql<ClaimedRow>`${sql.raw(PREPARED)}
     with due as materialized (
-      select job.id, job.event_id
+      select job.id, job.event_id, job.state as claimed_from
       from reaction_jobs job
       where job.state in ('pending', 'running')
         and job.run_at <= ${now}
@@ -146,7 +151,7 @@ export function claimReactionJobsQuery({ now, limit, leaseMs, leaseToken, skipHa
       select * from order_status_history history where history.event_id = due.event_id limit 1
     ) event on true
     where reaction_jobs.id = due.id
-    returning reaction_jobs.id, reaction_jobs.handler, reaction_jobs.attempts, reaction_jobs.lease_expires_at,
+    returning reaction_jobs.id, reaction_jobs.handler, reaction_jobs.attempts, due.claimed_from, reaction_jobs.lease_expires_at,
       reaction_jobs.created_at, due.event_id, event.order_id, event.from_status, event.to_status, event.source,
       event.sequence, event.trade_id, event.external_reference, event.recorded_at,
       -- only when the claim did not fill every slot (a full claim's dispatcher looks again when a handler
@@ -211,12 +216,14 @@ export async function failJob(
       state: 'failed',
       leaseToken: null,
       leaseExpiresAt: null,
-      lastError: error,
       finishedAt: now,
       updatedAt: now,
-      // failed without a call (its last attempt overran its lease): the claim's attempt is taken back, so the job
-      // shows the attempts its handler was called for (it said 5 of 4)
-      ...(uncalled ? { attempts: eb('attempts', '-', 1) } : {}),
+      // failed without a call (its last attempt overran its lease, or REACTION_MAX_ATTEMPTS was lowered below the
+      // attempts it had had): the claim's attempt is taken back, so the job shows the attempts its handler was called
+      // for (it said 5 of 4), and the error its last call left is kept below the reason (it was replaced by it)
+      ...(uncalled
+        ? { attempts: eb('attempts', '-', 1), lastError: sql<string>`${error} || coalesce(${'\n(the error before: '} || ${eb.ref('lastError')} || ')', '')` }
+        : { lastError: error }),
     }))
     .executeTakeFirst()
   return result.numUpdatedRows > 0n
