@@ -5,11 +5,11 @@
 // needs no environment at all; its secrets are generated once and kept in DATA_DIR (the file is named
 // in the start-up log, the values never are). With a real platform configured, every secret is required.
 import { randomBytes } from 'node:crypto'
-import { mkdirSync, readFileSync, renameSync, writeFileSync } from 'node:fs'
+import { existsSync, mkdirSync, readFileSync, renameSync, writeFileSync } from 'node:fs'
 import path from 'node:path'
 import bytes from 'bytes'
 import { z } from 'zod'
-import { dataDirProblem } from './data-dir.js'
+import { dataDirProblem, dataDirWriteProblem } from './data-dir.js'
 import { DEFAULT_STATEMENT_TIMEOUT_MS } from './db/statement-timeout.js'
 import { DEFAULT_LOG_BUFFER_LIMIT } from './logger.js'
 import { variablesNotUtf8 } from './not-utf8.js'
@@ -19,7 +19,7 @@ import { DEFAULT_MAX_ANSWER_BYTES, PARTNER_API_PREFIX } from './partner-api/part
 import { DEFAULT_DISPATCHER_SETTINGS, HELD_BACK_WARN_MS, leaseMarginMs } from './reactions/dispatcher-settings.js'
 import { POLL_JITTER } from './reconcile/poll-jitter.js'
 import { decodeWebhookSecret, forwardSecrets, MIN_WEBHOOK_SECRET_BYTES, WEBHOOK_SECRET_PREFIX } from './reactions/forwarder.js'
-import { writeWholeUnlessThere } from './write-whole.js'
+import { removeIfThere, writeWholeUnlessThere } from './write-whole.js'
 
 export const MIN_SECRET_LENGTH = 24
 /** DATA_DIR when unset, relative to the working directory. */
@@ -973,7 +973,8 @@ export function localSecretsPath(dataDir: string): string {
 export function readLocalSecrets(dataDir: string): LocalSecrets {
   usableDataDir(dataDir)
   const file = localSecretsPath(dataDir)
-  const written = writeLocalSecretsOnce(dataDir, file)
+  // read first: a command on a full disk wrote (and failed to write) a file it did not need, and exited on a bare ENOSPC
+  const written = existsSync(file) ? undefined : writingInto(dataDir, () => writeLocalSecretsOnce(dataDir, file))
   if (written) return written
   let stored: Partial<LocalSecrets> = {}
   try {
@@ -1004,9 +1005,26 @@ export function readLocalSecrets(dataDir: string): LocalSecrets {
   }
   // an older file missing a newer secret: replace it whole (rename), never leave it half-written
   const temporary = `${file}.${process.pid}.${randomBytes(4).toString('hex')}.tmp`
-  writeFileSync(temporary, `${JSON.stringify(secrets, null, 2)}\n`, { mode: 0o600 })
-  renameSync(temporary, file)
+  writingInto(dataDir, () => {
+    try {
+      writeFileSync(temporary, `${JSON.stringify(secrets, null, 2)}\n`, { mode: 0o600 })
+      renameSync(temporary, file)
+    } finally {
+      removeIfThere(temporary)
+    }
+  })
   return secrets
+}
+
+/** Runs `write` into DATA_DIR, a failure such as a full disk said as DATA_DIR's problem (exit 2) rather than a bare ENOSPC. */
+function writingInto<T>(dataDir: string, write: () => T): T {
+  try {
+    return write()
+  } catch (error) {
+    const problem = dataDirWriteProblem(dataDir, error)
+    if (problem) throw new ConfigError([`DATA_DIR: ${problem}; free space or set DATA_DIR to a directory this user can write`])
+    throw error
+  }
 }
 
 function newLocalSecrets(): LocalSecrets {

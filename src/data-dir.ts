@@ -17,6 +17,12 @@ const REASONS: Record<string, string> = {
   ENAMETOOLONG: 'the path is too long',
 }
 
+/** Why a write into `directory` failed, in the words dataDirProblem uses; undefined for an error no such reason covers. */
+export function dataDirWriteProblem(directory: string, error: unknown): string | undefined {
+  const code = (error as NodeJS.ErrnoException | undefined)?.code
+  return code !== undefined && REASONS[code] !== undefined ? `${directory} cannot be written: ${REASONS[code]} (${code})` : undefined
+}
+
 /**
  * Creates `directory` (mode 0700) if it is missing, and says why it cannot be used when it cannot (it cannot
  * be created, is not a directory, or this user cannot write into it); undefined when it can.

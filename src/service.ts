@@ -155,6 +155,8 @@ export async function startService({
       pgliteTemplate: template,
       poolSize: config.databasePoolSize,
       statementTimeoutMs: config.databaseStatementTimeoutMs,
+      // a command run in a second terminal before the service wrote serve.json opens the database for a moment
+      lockWaitMs: SERVE_LOCK_WAIT_MS,
       logger,
     })
     stops.push({ name: 'database', stop: () => database.close() })
@@ -463,6 +465,9 @@ export async function startService({
 }
 
 // How often a replica looks for the other processes listening for reaction jobs.
+// How long a start waits for the embedded database's lock that a running process holds: a command's moment, not a
+// second `npm start`, which is refused after it
+const SERVE_LOCK_WAIT_MS = 10_000
 const LISTENER_LOOK_INTERVAL_MS = 5_000
 
 /**

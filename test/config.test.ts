@@ -110,7 +110,12 @@ describe('configuration', () => {
   it('starts in local mode with no environment at all, generating its secrets once in DATA_DIR', () => {
     const dataDir = mkdtempSync(path.join(tmpdir(), 'config-'))
     const first = parseConfig({ DATA_DIR: dataDir })
+    // found from outside: every later start wrote (and removed) a file it did not need, and on a full disk exited on a
+    // bare ENOSPC, leaving the file behind: the secrets are read without a write into DATA_DIR
+    const written = statSync(dataDir, { bigint: true }).mtimeNs
     const second = parseConfig({ DATA_DIR: dataDir })
+    expect(statSync(dataDir, { bigint: true }).mtimeNs).toBe(written)
+    expect(readdirSync(dataDir)).toEqual(['local-secrets.json'])
 
     expect(first.partner.mode).toBe('local')
     expect(first.port).toBe(3000)

@@ -108,4 +108,30 @@ describe.skipIf(!onLinux)('the embedded database’s lock', () => {
       expect(() => openDatabase({ dataDir }), content).toThrow(`in use by process ${bystander.pid}`)
     }
   })
+
+  // found from outside: a command typed in a second terminal while `npm start` started (before serve.json) opened the
+  // database for a moment, and the service's start met the lock and exited 1
+  it('waits, where asked (serve), for a running owner that lets go of the lock, and refuses at once where not', async () => {
+    const dataDir = migratedDataDir('lock-waited-')
+    // another process holds the lock for a moment, as a command does: written, then removed 1.5 s later
+    const holder = spawn(
+      process.execPath,
+      ['-e', `const fs = require('node:fs'); fs.writeFileSync(${JSON.stringify(lockFile(dataDir))}, String(process.pid)); setTimeout(() => fs.rmSync(${JSON.stringify(lockFile(dataDir))}), 1_500)`],
+      { stdio: 'ignore' },
+    )
+    const exited = once(holder, 'exit')
+    try {
+      for (let i = 0; i < 200 && !existsSync(lockFile(dataDir)); i++) await new Promise((resolve) => setTimeout(resolve, 10))
+      expect(() => openDatabase({ dataDir })).toThrow(`in use by process ${holder.pid} (a running \`npm start\`, or a command)`)
+      const database = openDatabase({ dataDir, lockWaitMs: 30_000 })
+      try {
+        expect(readFileSync(lockFile(dataDir), 'utf8')).toBe(`${process.pid} ${startTime(process.pid)}`)
+      } finally {
+        await database.close()
+      }
+    } finally {
+      holder.kill()
+      await exited
+    }
+  }, 60_000)
 })

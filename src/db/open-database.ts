@@ -105,6 +105,12 @@ export interface OpenDatabaseOptions {
   statementTimeoutMs?: number
   /** Postgres: how often the listener probes a connection that heard its first probe (LISTENER_CHECK_MS; tests). */
   listenerCheckMs?: number
+  /**
+   * PGlite: how long to wait for the embedded database's lock while a running process holds it (`serve`: a command
+   * typed in a second terminal while the service started had opened it for a second, and the service exited 1).
+   * Absent: refused at once.
+   */
+  lockWaitMs?: number
   logger?: Logger
 }
 
@@ -536,7 +542,7 @@ export function embeddedDatabaseExists(dataDir: string): boolean {
 
 const PGLITE_SHARED_BUFFERS = '32MB'
 
-function openPglite({ dataDir = 'memory://', logger, pgliteTemplate }: OpenDatabaseOptions): DatabaseHandle {
+function openPglite({ dataDir = 'memory://', logger, pgliteTemplate, lockWaitMs = 0 }: OpenDatabaseOptions): DatabaseHandle {
   const inMemory = dataDir.startsWith('memory://')
   const location = inMemory ? dataDir : path.join(dataDir, 'pglite')
   let unlock = () => {}
@@ -544,7 +550,7 @@ function openPglite({ dataDir = 'memory://', logger, pgliteTemplate }: OpenDatab
     // the data directory holds the database and local mode's secrets: 0700, files 0600, whatever the umask
     makeDirectoryPrivate(dataDir)
     mkdirSync(location, { recursive: true })
-    unlock = lockDataDirectory(location)
+    unlock = lockDataDirectory(location, lockWaitMs)
   }
   // on a thread of its own, so the database's work does not hold up the requests (pglite-thread.ts)
   const pglite = new PgliteThread({
@@ -628,11 +634,16 @@ function lockOwnerRuns(owner: number, started: string | undefined): boolean {
   return now === undefined || now === started
 }
 
-function lockDataDirectory(location: string): () => void {
+// how often a wait for the lock (lockWaitMs) looks again
+const LOCK_WAIT_STEP_MS = 50
+
+function lockDataDirectory(location: string, waitMs: number): () => void {
   const lockFile = path.join(location, 'partner-escrow.lock')
   const started = processStartTime(process.pid)
   const mine = started === undefined ? String(process.pid) : `${process.pid} ${started}`
-  // a try ends in the lock, a refusal, or a stale lock removed (or being removed by another process): then again
+  const waitUntil = Date.now() + waitMs
+  // a try ends in the lock, a refusal, or a stale lock removed (or being removed by another process): then again;
+  // a wait for a running owner adds its own tries
   for (let attempt = 0; attempt < 200; attempt++) {
     if (writeWholeUnlessThere(lockFile, mine)) {
       locksTakenHere.add(lockFile)
@@ -648,8 +659,13 @@ function lockDataDirectory(location: string): () => void {
     const owner = Number(pidText)
     const alive = owner === process.pid ? locksTakenHere.has(lockFile) : lockOwnerRuns(owner, ownerStarted)
     if (Number.isInteger(owner) && owner > 0 && alive) {
+      if (owner !== process.pid && Date.now() < waitUntil) {
+        sleepSync(LOCK_WAIT_STEP_MS)
+        attempt--
+        continue
+      }
       throw new DatabaseInUseError(
-        `The embedded database in ${location} is in use by process ${owner} (a running \`npm start\`?). ` +
+        `The embedded database in ${location} is in use by process ${owner} (a running \`npm start\`, or a command). ` +
           'Embedded PGlite serves one process: stop that process first, or set DATABASE_URL to share a Postgres. ' +
           '[data_dir_in_use]',
       )
