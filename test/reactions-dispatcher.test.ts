@@ -324,34 +324,41 @@ describe('the reaction dispatcher', () => {
     expect(calls.sort()).toEqual(['odd-null#1', 'odd-object#1', 'odd-plain-1#1', 'odd-plain-2#1', 'odd-symbol#1'])
   })
 
-  // found from outside: a job whose last attempt outlived its lease (a handler that ignores its abort, a replica that
-  // died mid-call) is failed by the next claim without a call; it said `failed after 4 attempt(s)` of 3 calls
-  it('fails a job whose last attempt outlived its lease without calling it again, counting the calls made', async () => {
+  /**
+   * One handler `name`, one transition, and the transition's job row left as `job` says (its streams begin after the
+   * event, so only the job loop runs it); `calls` collects the sequences the handler was called for.
+   */
+  const oneJobLeft = async (
+    name: string,
+    job: { state: 'pending' | 'running'; attempts: number; runAt: Date; leaseToken: string | null; leaseExpiresAt: Date | null; lastError: string | null },
+  ) => {
     const calls: number[] = []
-    const reactions = createReactionRegistry().on('trade.*', 'overran', async (event) => {
+    const reactions = createReactionRegistry().on('trade.*', name, async (event) => {
       calls.push(event.sequence)
     })
     const orderId = await transitions(reactions, ['created'])
-    // its streams begin after that event: the job row below stands for it, as a dead replica left it
     await streamsNow(reactions)
     const event = await database.db.selectFrom('orderStatusHistory').select(['eventId', 'sequence']).where('orderId', '=', orderId).executeTakeFirstOrThrow()
-    const past = new Date(clock.now() - 60_000)
     await database.db
       .insertInto('reactionJobs')
-      .values({
-        eventId: event.eventId,
-        orderId,
-        sequence: event.sequence!,
-        handler: 'overran',
-        state: 'running',
-        attempts: SETTINGS.maxAttempts,
-        runAt: past,
-        leaseToken: 'a-dead-replica',
-        leaseExpiresAt: past,
-        lastError: null,
-        finishedAt: null,
-      })
+      .values({ eventId: event.eventId, orderId, sequence: event.sequence!, handler: name, ...job, finishedAt: null })
       .execute()
+    return { reactions, orderId, calls }
+  }
+
+  // found from outside: a job whose last attempt outlived its lease (a handler that ignores its abort, a replica that
+  // died mid-call) is failed by the next claim without a call; it said `failed after 4 attempt(s)` of 3 calls
+  it('fails a job whose last attempt outlived its lease without calling it again, counting the calls made', async () => {
+    const past = new Date(clock.now() - 60_000)
+    // the job row stands for the transition's, as a dead replica left it
+    const { reactions, orderId, calls } = await oneJobLeft('overran', {
+      state: 'running',
+      attempts: SETTINGS.maxAttempts,
+      runAt: past,
+      leaseToken: 'a-dead-replica',
+      leaseExpiresAt: past,
+      lastError: null,
+    })
     await start(reactions)
     await eventually(async () => (await jobs(orderId, 'overran'))[0]?.state === 'failed', 'the job is failed')
     expect((await jobs(orderId, 'overran'))[0]).toMatchObject({
@@ -364,30 +371,15 @@ describe('the reaction dispatcher', () => {
   // found from outside: REACTION_MAX_ATTEMPTS lowered below a waiting job's attempts failed it as "attempt 3 of 2 did not
   // finish within its lease", pointing at a dead replica, and the receiver's own error (its 500) was lost
   it('fails a waiting job whose attempts REACTION_MAX_ATTEMPTS was lowered below, saying so and keeping its last error', async () => {
-    const calls: number[] = []
-    const reactions = createReactionRegistry().on('trade.*', 'lowered', async (event) => {
-      calls.push(event.sequence)
-    })
-    const orderId = await transitions(reactions, ['created'])
-    await streamsNow(reactions)
-    const event = await database.db.selectFrom('orderStatusHistory').select(['eventId', 'sequence']).where('orderId', '=', orderId).executeTakeFirstOrThrow()
     const had = SETTINGS.maxAttempts + 1
-    await database.db
-      .insertInto('reactionJobs')
-      .values({
-        eventId: event.eventId,
-        orderId,
-        sequence: event.sequence!,
-        handler: 'lowered',
-        state: 'pending',
-        attempts: had,
-        runAt: new Date(clock.now() - 1_000),
-        leaseToken: null,
-        leaseExpiresAt: null,
-        lastError: 'ForwardError: the receiver answered 500',
-        finishedAt: null,
-      })
-      .execute()
+    const { reactions, orderId, calls } = await oneJobLeft('lowered', {
+      state: 'pending',
+      attempts: had,
+      runAt: new Date(clock.now() - 1_000),
+      leaseToken: null,
+      leaseExpiresAt: null,
+      lastError: 'ForwardError: the receiver answered 500',
+    })
     await start(reactions)
     await eventually(async () => (await jobs(orderId, 'lowered'))[0]?.state === 'failed', 'the job is failed')
     expect((await jobs(orderId, 'lowered'))[0]).toMatchObject({
