@@ -706,6 +706,7 @@ export function parseConfig(
   if (values.ADMIN_TOKEN !== undefined && values.ADMIN_TOKEN.length < MIN_SECRET_LENGTH) {
     problems.push(`ADMIN_TOKEN: is shorter than ${MIN_SECRET_LENGTH} characters`)
   }
+  if (values.ADMIN_TOKEN !== undefined) problems.push(...sharedTokenProblems(values.ADMIN_TOKEN, values, named('PARTNER_API_SECRET')))
   if (values.DATABASE_LISTEN_URL !== undefined && values.DATABASE_URL === undefined) {
     problems.push('DATABASE_LISTEN_URL: is set but DATABASE_URL is not (it is the direct connection beside a pooled DATABASE_URL)')
   }
@@ -950,6 +951,22 @@ export function loadConfig(): Config {
 function usableDataDir(dataDir: string): void {
   const problem = dataDirProblem(dataDir)
   if (problem) throw new ConfigError([`DATA_DIR: ${problem}; set DATA_DIR to a directory this user can write`])
+}
+
+// The console's token is typed into browsers and kept by operators: one that is also a secret of another role gave
+// whoever could log in that role too (with a webhook secret, signing deliveries the receiver takes as the
+// platform's), and a token seen over a shoulder gave both. Said by name, never by value.
+function sharedTokenProblems(token: string, values: { WEBHOOK_SECRETS?: string[] | undefined; PARTNER_API_SECRET?: string | undefined; SANDBOX_CONTROL_TOKEN?: string | undefined; FORWARD_SECRET?: string | undefined }, apiSecretName: string): string[] {
+  const webhookSecrets = values.WEBHOOK_SECRETS ?? []
+  const others: [string, boolean][] = [
+    ...webhookSecrets.map((secret, index): [string, boolean] => [webhookSecrets.length > 1 ? `WEBHOOK_SECRETS (secret #${index + 1})` : 'WEBHOOK_SECRETS', secret === token]),
+    [apiSecretName, values.PARTNER_API_SECRET === token],
+    ['SANDBOX_CONTROL_TOKEN', values.SANDBOX_CONTROL_TOKEN === token],
+    ['FORWARD_SECRET', values.FORWARD_SECRET !== undefined && forwardSecrets(values.FORWARD_SECRET).includes(token)],
+  ]
+  return others
+    .filter(([, same]) => same)
+    .map(([name]) => `ADMIN_TOKEN: is the same as ${name}; the console's token must be a secret of its own (whoever logs in would hold that one too)`)
 }
 
 // The console's token and where it came from: ADMIN_TOKEN, else local mode's generated secrets, else (local mode

@@ -210,6 +210,25 @@ describe('configuration', () => {
     expect(problemsOf({ ...remoteEnv, PARTNER_SANDBOX_API_BASE_URL: 'not a url' })[0]).toMatch(/^PARTNER_SANDBOX_API_BASE_URL: /)
   })
 
+  // found from outside: a console token that was also the webhook secret was taken without a word
+  it("refuses an ADMIN_TOKEN that is also another role's secret, naming the role and never the value", () => {
+    const token = 'one-secret-for-everything-000000'
+    const forward = `whsec_${Buffer.alloc(32, 7).toString('base64')}`
+    expect(problemsOf({ ...remoteEnv, WEBHOOK_SECRETS: `${LONG_SECRET},${token}`, ADMIN_TOKEN: token })).toEqual([
+      "ADMIN_TOKEN: is the same as WEBHOOK_SECRETS (secret #2); the console's token must be a secret of its own (whoever logs in would hold that one too)",
+    ])
+    const problems = problemsOf({ ...remoteEnv, PARTNER_API_SECRET: token, SANDBOX_CONTROL_TOKEN: token, ADMIN_TOKEN: token })
+    expect(problems).toEqual([
+      "ADMIN_TOKEN: is the same as PARTNER_API_SECRET; the console's token must be a secret of its own (whoever logs in would hold that one too)",
+      "ADMIN_TOKEN: is the same as SANDBOX_CONTROL_TOKEN; the console's token must be a secret of its own (whoever logs in would hold that one too)",
+    ])
+    expect(problems.join('\n')).not.toContain(token)
+    expect(problemsOf({ ...remoteEnv, FORWARD_URL: 'http://127.0.0.1:9/in', FORWARD_SECRET: forward, ADMIN_TOKEN: forward })).toEqual([
+      "ADMIN_TOKEN: is the same as FORWARD_SECRET; the console's token must be a secret of its own (whoever logs in would hold that one too)",
+    ])
+    expect(parseConfig({ ...remoteEnv, ADMIN_TOKEN: token }).adminToken).toBe(token)
+  })
+
   it('never runs live without a platform URL', () => {
     expect(problemsOf({ PARTNER_ENV: 'live' })).toContain(
       'PARTNER_API_BASE_URL: required when PARTNER_ENV=live (live never runs the sandbox)',
