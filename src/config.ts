@@ -9,7 +9,8 @@ import { existsSync, mkdirSync, readFileSync, renameSync, writeFileSync } from '
 import path from 'node:path'
 import bytes from 'bytes'
 import { z } from 'zod'
-import { dataDirProblem, dataDirWriteProblem } from './data-dir.js'
+import { ConfigError } from './config-error.js'
+import { dataDirProblem, writingIntoDataDir } from './data-dir.js'
 import { DEFAULT_STATEMENT_TIMEOUT_MS } from './db/statement-timeout.js'
 import { DEFAULT_LOG_BUFFER_LIMIT } from './logger.js'
 import { variablesNotUtf8 } from './not-utf8.js'
@@ -192,12 +193,7 @@ export interface Config {
   readonly localSecretsFile: string | undefined
 }
 
-export class ConfigError extends Error {
-  constructor(readonly problems: readonly string[]) {
-    super(`Invalid configuration:\n  - ${problems.join('\n  - ')}`)
-    this.name = 'ConfigError'
-  }
-}
+export { ConfigError }
 
 const booleanString = z
   .enum(['true', 'false', '1', '0', 'yes', 'no'])
@@ -991,7 +987,7 @@ export function readLocalSecrets(dataDir: string): LocalSecrets {
   usableDataDir(dataDir)
   const file = localSecretsPath(dataDir)
   // read first: a command on a full disk wrote (and failed to write) a file it did not need, and exited on a bare ENOSPC
-  const written = existsSync(file) ? undefined : writingInto(dataDir, () => writeLocalSecretsOnce(dataDir, file))
+  const written = existsSync(file) ? undefined : writingIntoDataDir(dataDir, () => writeLocalSecretsOnce(dataDir, file))
   if (written) return written
   let stored: Partial<LocalSecrets> = {}
   try {
@@ -1022,7 +1018,7 @@ export function readLocalSecrets(dataDir: string): LocalSecrets {
   }
   // an older file missing a newer secret: replace it whole (rename), never leave it half-written
   const temporary = `${file}.${process.pid}.${randomBytes(4).toString('hex')}.tmp`
-  writingInto(dataDir, () => {
+  writingIntoDataDir(dataDir, () => {
     try {
       writeFileSync(temporary, `${JSON.stringify(secrets, null, 2)}\n`, { mode: 0o600 })
       renameSync(temporary, file)
@@ -1033,16 +1029,6 @@ export function readLocalSecrets(dataDir: string): LocalSecrets {
   return secrets
 }
 
-/** Runs `write` into DATA_DIR, a failure such as a full disk said as DATA_DIR's problem (exit 2) rather than a bare ENOSPC. */
-function writingInto<T>(dataDir: string, write: () => T): T {
-  try {
-    return write()
-  } catch (error) {
-    const problem = dataDirWriteProblem(dataDir, error)
-    if (problem) throw new ConfigError([`DATA_DIR: ${problem}; free space or set DATA_DIR to a directory this user can write`])
-    throw error
-  }
-}
 
 function newLocalSecrets(): LocalSecrets {
   return {

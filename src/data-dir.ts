@@ -4,6 +4,7 @@
 // found by creating the first missing directory on its own.
 import { accessSync, constants, mkdirSync, statSync } from 'node:fs'
 import path from 'node:path'
+import { ConfigError } from './config-error.js'
 
 const REASONS: Record<string, string> = {
   EROFS: 'its file system is read-only',
@@ -21,6 +22,20 @@ const REASONS: Record<string, string> = {
 export function dataDirWriteProblem(directory: string, error: unknown): string | undefined {
   const code = (error as NodeJS.ErrnoException | undefined)?.code
   return code !== undefined && REASONS[code] !== undefined ? `${directory} cannot be written: ${REASONS[code]} (${code})` : undefined
+}
+
+/**
+ * Runs `write` into DATA_DIR: a failure such as a full disk is said as DATA_DIR's problem (a ConfigError: exit 2)
+ * rather than a bare ENOSPC; any other error is thrown as it is.
+ */
+export function writingIntoDataDir<T>(dataDir: string, write: () => T): T {
+  try {
+    return write()
+  } catch (error) {
+    const problem = dataDirWriteProblem(dataDir, error)
+    if (problem) throw new ConfigError([`DATA_DIR: ${problem}; free space or set DATA_DIR to a directory this user can write`])
+    throw error
+  }
 }
 
 /**

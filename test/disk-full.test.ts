@@ -9,11 +9,11 @@
 import { type ChildProcess, spawnSync } from 'node:child_process'
 import { randomBytes, randomUUID } from 'node:crypto'
 import { once } from 'node:events'
-import { mkdtempSync, rmSync, writeFileSync } from 'node:fs'
+import { mkdirSync, mkdtempSync, readdirSync, rmSync, writeFileSync } from 'node:fs'
 import { tmpdir } from 'node:os'
 import path from 'node:path'
 import { afterAll, describe, expect, it } from 'vitest'
-import { receiverEnv, spawnCli, waitForLogLine } from './helpers/cli-process.js'
+import { receiverEnv, runCli, spawnCli, waitForLogLine } from './helpers/cli-process.js'
 import { signBody, tradePayload } from './helpers/webhook-delivery.js'
 
 const SENDERS = 8
@@ -114,6 +114,28 @@ describe.skipIf(!canMount)('the compiled serve on PGlite when its disk fills up'
     for (const stored of full.stored.slice(-50)) expect(await send(serve.url, stored)).toEqual({ status: 200, duplicate: true })
     serve.child.kill('SIGTERM')
     expect((await serve.exited)[0]).toBe(0)
+  })
+
+  // found from outside: a start on a DATA_DIR whose disk had filled since ended on a bare ENOSPC from the embedded
+  // database's lock file, exit 1
+  it('a start and a command on a DATA_DIR whose disk is full exit 2 naming DATA_DIR, and leave no file behind', async () => {
+    const disk = mountTmpfs(1)!
+    const dataDir = path.join(disk, 'data')
+    mkdirSync(dataDir)
+    // every page of the disk taken
+    try {
+      for (let i = 0; ; i++) writeFileSync(path.join(disk, `filler-${i}`), Buffer.alloc(64 * 1024))
+    } catch (error) {
+      expect((error as NodeJS.ErrnoException).code).toBe('ENOSPC')
+    }
+    const said = `DATA_DIR: ${dataDir} cannot be written: no space left on its device (ENOSPC); free space or set DATA_DIR to a directory this user can write`
+    for (const args of [['serve'], ['orders', 'list']]) {
+      const result = await runCli(args, receiverEnv(dataDir), { built: true })
+      expect({ args, code: result.code }).toEqual({ args, code: 2 })
+      // (a command says first that it is about to make a new embedded database there)
+      expect(result.stderr.endsWith(`Invalid configuration:\n  - ${said}\n`), result.stderr).toBe(true)
+    }
+    expect(readdirSync(path.join(dataDir, 'pglite'))).toEqual([])
   })
 
   it('without it: answers every delivery when the disk is full, and keeps what it answered 200', async () => {

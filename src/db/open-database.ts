@@ -6,6 +6,7 @@ import { existsSync, mkdirSync, readFileSync, rmSync, statSync } from 'node:fs'
 import path from 'node:path'
 import { CamelCasePlugin, Kysely, PGliteDialect, PostgresDialect, sql } from 'kysely'
 import pg from 'pg'
+import { writingIntoDataDir } from '../data-dir.js'
 import type { Logger } from '../logger.js'
 import { writeWholeUnlessThere } from '../write-whole.js'
 import { describeDatabaseError, errorCode, READ_ONLY } from './database-errors.js'
@@ -548,9 +549,12 @@ function openPglite({ dataDir = 'memory://', logger, pgliteTemplate, lockWaitMs 
   let unlock = () => {}
   if (!inMemory) {
     // the data directory holds the database and local mode's secrets: 0700, files 0600, whatever the umask
-    makeDirectoryPrivate(dataDir)
-    mkdirSync(location, { recursive: true })
-    unlock = lockDataDirectory(location, lockWaitMs)
+    // a full disk or a directory turned read-only since the last start: said as DATA_DIR's (exit 2), not a bare ENOSPC
+    unlock = writingIntoDataDir(dataDir, () => {
+      makeDirectoryPrivate(dataDir)
+      mkdirSync(location, { recursive: true })
+      return lockDataDirectory(location, lockWaitMs)
+    })
   }
   // on a thread of its own, so the database's work does not hold up the requests (pglite-thread.ts)
   const pglite = new PgliteThread({
