@@ -10,7 +10,7 @@ import path from 'node:path'
 import bytes from 'bytes'
 import { z } from 'zod'
 import { ConfigError } from './config-error.js'
-import { dataDirProblem, writingIntoDataDir } from './data-dir.js'
+import { dataDirProblem, leftByAnotherUser, ownerOf, writingIntoDataDir } from './data-dir.js'
 import { DEFAULT_STATEMENT_TIMEOUT_MS } from './db/statement-timeout.js'
 import { DEFAULT_LOG_BUFFER_LIMIT } from './logger.js'
 import { variablesNotUtf8 } from './not-utf8.js'
@@ -1001,7 +1001,11 @@ export function readLocalSecrets(dataDir: string): LocalSecrets {
     )
       return stored as LocalSecrets
   } catch (error) {
-    if ((error as NodeJS.ErrnoException).code !== 'ENOENT') {
+    const code = (error as NodeJS.ErrnoException).code
+    if (code === 'EACCES' || code === 'EPERM') {
+      throw new ConfigError([`DATA_DIR: its local secrets file ${file} cannot be read by this user (owned by ${ownerOf(file)}): ${leftByAnotherUser(dataDir, 1)}`])
+    }
+    if (code !== 'ENOENT') {
       throw new Error(`Cannot read the local secrets file ${file}; delete it to generate new secrets`, {
         cause: error,
       })

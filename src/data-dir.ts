@@ -3,8 +3,10 @@
 // ENOENT ("no such file or directory"), which sent an operator looking for a missing path; the reason is
 // found by creating the first missing directory on its own.
 import { accessSync, constants, mkdirSync, statSync } from 'node:fs'
+import { userInfo } from 'node:os'
 import path from 'node:path'
 import { ConfigError } from './config-error.js'
+import { quoteForShell } from './quote-for-shell.js'
 
 const REASONS: Record<string, string> = {
   EROFS: 'its file system is read-only',
@@ -76,4 +78,23 @@ function realCause(directory: string, error: unknown): string {
     }
   }
   return code
+}
+
+/** Who owns `file`, as a message names them: root, or a uid. */
+export function ownerOf(file: string): string {
+  try {
+    const uid = statSync(file).uid
+    return uid === 0 ? 'root' : `uid ${uid}`
+  } catch {
+    return 'another user'
+  }
+}
+
+/**
+ * What a file of DATA_DIR that this user cannot read or write is, and what to do: a run as another user (a `sudo npm
+ * start` once) leaves files of theirs, and the next start as oneself met them as damaged or unreadable.
+ */
+export function leftByAnotherUser(dataDir: string, files: number): string {
+  const me = userInfo().username
+  return `a run as another user (sudo npm start?) left ${files === 1 ? 'it' : 'them'}. Give ${files === 1 ? 'it' : 'them'} back and start again: sudo chown -R ${quoteForShell(me)} ${quoteForShell(dataDir)}`
 }

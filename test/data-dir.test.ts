@@ -2,11 +2,11 @@
 // directory's real reason (src/data-dir.ts). A read-only file system used to be reported as "ENOENT: no such
 // file or directory, mkdir", Node's recursive mkdir's word for it, after the listener had opened.
 import { spawnSync } from 'node:child_process'
-import { mkdtempSync, rmSync, writeFileSync } from 'node:fs'
+import { chownSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs'
 import { tmpdir } from 'node:os'
 import path from 'node:path'
 import { afterAll, describe, expect, it } from 'vitest'
-import { receiverEnv, runCli } from './helpers/cli-process.js'
+import { childEnv, receiverEnv, runCli } from './helpers/cli-process.js'
 import { migratedDataDir } from './helpers/data-dir-template.js'
 
 const scratch = mkdtempSync(path.join(tmpdir(), 'data-dir-'))
@@ -16,6 +16,10 @@ const canMountReadOnly = (() => {
   spawnSync('mkdir', ['-p', readOnly])
   return spawnSync('mount', ['-t', 'tmpfs', '-o', 'size=1m,ro', 'tmpfs', readOnly]).status === 0
 })()
+
+// a user to run as beside root: nobody (running as another user needs root; skipped otherwise)
+const NOBODY = 65534
+const canRunAsNobody = process.getuid?.() === 0 && spawnSync('setpriv', [`--reuid=${NOBODY}`, `--regid=${NOBODY}`, '--clear-groups', 'true']).status === 0
 
 afterAll(() => {
   if (canMountReadOnly) spawnSync('umount', ['-l', readOnly])
@@ -63,6 +67,44 @@ describe('a DATA_DIR the service cannot write', () => {
           'its files may be damaged or written by another version; restore DATA_DIR from a backup, or move it aside to start an empty one$',
       ),
     )
+  })
+
+  // found from outside: a `sudo npm start` left files of root's in DATA_DIR, and the user's next start said its files
+  // "may be damaged" and advised restoring a backup
+  it.skipIf(!canRunAsNobody)("files another user left (a run with sudo): serve says which and how to give them back, not 'damaged'", () => {
+    const directory = migratedDataDir('data-dir-other-user-')
+    spawnSync('chown', ['-R', `${NOBODY}:${NOBODY}`, directory])
+    // the file a run as root wrote last
+    chownSync(path.join(directory, 'pglite', 'global', 'pg_control'), 0, 0)
+    const asNobody = (args: string[], env: Record<string, string>) =>
+      spawnSync('setpriv', [`--reuid=${NOBODY}`, `--regid=${NOBODY}`, '--clear-groups', process.execPath, path.resolve('dist/src/cli.js'), ...args], {
+        env: childEnv(env),
+        encoding: 'utf8',
+        timeout: 60_000,
+      })
+    const result = asNobody(['serve'], receiverEnv(directory))
+    expect(result.status).toBe(1)
+    const failed = result.stdout
+      .split('\n')
+      .filter((line) => line.startsWith('{'))
+      .map((line) => JSON.parse(line) as { msg: string; err?: { message: string } })
+      .find((line) => line.msg === 'start-up failed')
+    expect(failed?.err?.message).toBe(
+      `Migration (before any migration ran) failed: the embedded database could not start from ${path.join(directory, 'pglite')}: ` +
+        `1 of its files cannot be read and written by this user (nobody), e.g. ${path.join('global', 'pg_control')} (owned by root): ` +
+        `a run as another user (sudo npm start?) left it. Give it back and start again: sudo chown -R nobody ${directory}`,
+    )
+
+    // local mode's secrets, kept in a file of root's
+    const secrets = path.join(directory, 'local-secrets.json')
+    writeFileSync(secrets, '{}', { mode: 0o600 })
+    const command = asNobody(['orders', 'list'], { DATA_DIR: directory })
+    expect({ code: command.status, stderr: command.stderr }).toEqual({
+      code: 2,
+      stderr:
+        `Invalid configuration:\n  - DATA_DIR: its local secrets file ${secrets} cannot be read by this user (owned by root): ` +
+        `a run as another user (sudo npm start?) left it. Give it back and start again: sudo chown -R nobody ${directory}\n`,
+    })
   })
 
   it.skipIf(!canMountReadOnly)('a read-only file system: exit 2 with that reason, not "no such file or directory"', async () => {

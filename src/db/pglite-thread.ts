@@ -13,7 +13,11 @@
 // If the thread stops (a crash, an abort of the WebAssembly, a write-ahead log it could not write), every
 // statement waiting and every later one fails with "PGlite is closed", which the service answers as
 // unavailable (503), and one error is logged.
+import { accessSync, constants, type Dirent, readdirSync } from 'node:fs'
+import { userInfo } from 'node:os'
+import path from 'node:path'
 import { Worker } from 'node:worker_threads'
+import { leftByAnotherUser, ownerOf } from '../data-dir.js'
 import type { Logger } from '../logger.js'
 
 /** What the worker starts from (its workerData). */
@@ -117,9 +121,51 @@ function rebuildError({ name, message, fields }: SerializedError): Error {
 // info.", which came out as a failed migration
 function startFailure(location: string, error: Error): Error {
   if (location.startsWith('memory://')) return error
+  const notOurs = filesNotWritable(location)
+  if (notOurs) return new Error(`the embedded database could not start from ${location}: ${notOurs}`)
   return new Error(
     `the embedded database could not start from ${location} (${error.message}): its files may be damaged or written by another version; restore DATA_DIR from a backup, or move it aside to start an empty one`,
   )
+}
+
+// How many of the database's files are looked at for one this user cannot write, at most (a database of local
+// mode's size holds about a thousand).
+const FILES_LOOKED_AT = 20_000
+
+/**
+ * Why files of the database cannot be used by this user, when some cannot be read and written: files a run as
+ * another user left (`sudo npm start` once, then `npm start`). PGlite's own word for that was the same
+ * "Aborted()" as for damaged files, and the advice was to restore a backup. Undefined when every file looked at is
+ * this user's to write (or when nothing can be looked at).
+ */
+export function filesNotWritable(location: string): string | undefined {
+  const found: string[] = []
+  let count = 0
+  let looked = 0
+  const walk = (directory: string) => {
+    let entries: Dirent[]
+    try {
+      entries = readdirSync(directory, { withFileTypes: true })
+    } catch {
+      return
+    }
+    for (const entry of entries) {
+      if (looked++ >= FILES_LOOKED_AT) return
+      const file = path.join(directory, entry.name)
+      try {
+        accessSync(file, constants.R_OK | constants.W_OK)
+      } catch {
+        count += 1
+        if (found.length < 3) found.push(file)
+        continue
+      }
+      if (entry.isDirectory()) walk(file)
+    }
+  }
+  walk(location)
+  if (count === 0) return undefined
+  const examples = found.map((file) => `${path.relative(location, file)} (owned by ${ownerOf(file)})`).join(', ')
+  return `${count} of its files cannot be read and written by this user (${userInfo().username}), e.g. ${examples}: ${leftByAnotherUser(path.dirname(location), count)}`
 }
 
 // the worker's file beside this one, in src/ and in dist/ alike: plain JavaScript, so that it runs without a
