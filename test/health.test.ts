@@ -1,6 +1,9 @@
 import request from 'supertest'
 import { describe, expect, it } from 'vitest'
+import { sql } from 'kysely'
 import { systemClock } from '../src/clock.js'
+import { DISK_FULL_HOLD_MS } from '../src/db/disk-full-note.js'
+import { errorBody } from '../src/http/app-error.js'
 import { migrateToLatest } from '../src/db/migrate.js'
 import { openDatabase } from '../src/db/open-database.js'
 import { createApp } from '../src/http/app.js'
@@ -68,6 +71,49 @@ describe('health and the error contract', () => {
     expect(taken.status).toBe(200)
     // the refused one was not stored: this is its first time in
     expect(taken.body).toEqual({ received: true })
+  })
+
+  // found from outside: with the embedded database's guard off (DATA_DIR_MIN_FREE=0) and its disk full, every
+  // delivery was answered 503 (53100) while /readyz answered 200
+  it('answers /readyz 503 once a delivery was refused for a full disk, until one is stored or the hold passes', async () => {
+    let now = Date.now()
+    const clock = { now: () => now, sleep: systemClock.sleep }
+    const full = createApp({ config, db: database.db, logger, clock })
+    // the database's own refusal, as a table that cannot grow gives it
+    await sql`create function refuse_for_full_disk() returns trigger language plpgsql as $$
+      begin raise exception 'could not extend file: No space left on device' using errcode = 'disk_full'; end $$`.execute(database.db)
+    await sql`create trigger full_disk before insert on webhook_deliveries for each row execute function refuse_for_full_disk()`.execute(database.db)
+    const post = (id: string) => {
+      const body = JSON.stringify(tradePayload(id, 'funded'))
+      return request(full)
+        .post(config.webhook.path)
+        .set('content-type', 'application/json')
+        .set('x-partner-delivery-id', id)
+        .set('x-partner-signature', signBody(body))
+        .send(body)
+    }
+    try {
+      expect((await request(full).get('/readyz')).status).toBe(200)
+      const refused = await post('disk-full-1')
+      expect({ status: refused.status, code: refused.body.error?.code }).toEqual({ status: 503, code: 'database_unavailable' })
+      now += 2_500
+      const ready = await request(full).get('/readyz')
+      expect({ status: ready.status, body: ready.body }).toEqual({
+        status: 503,
+        body: errorBody('not_ready', 'The database refused to store a delivery 2.5 s ago: its disk is full (53100); deliveries are answered 503 until it has room'),
+      })
+      // with no delivery coming, the hold passes and the next delivery finds out
+      now += DISK_FULL_HOLD_MS
+      expect((await request(full).get('/readyz')).status).toBe(200)
+      expect((await post('disk-full-2')).status).toBe(503)
+      expect((await request(full).get('/readyz')).status).toBe(503)
+    } finally {
+      await sql`drop trigger full_disk on webhook_deliveries`.execute(database.db)
+      await sql`drop function refuse_for_full_disk()`.execute(database.db)
+    }
+    // room again: a stored delivery ends it at once
+    expect((await post('disk-full-3')).body).toEqual({ received: true })
+    expect((await request(full).get('/readyz')).status).toBe(200)
   })
 
   it('shares one look at the database among the /readyz requests that come while it runs', async () => {

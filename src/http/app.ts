@@ -8,6 +8,7 @@ import type { Kysely } from 'kysely'
 import type { Clock } from '../clock.js'
 import type { Config } from '../config.js'
 import type { Database } from '../db/database.js'
+import { diskFullNote } from '../db/disk-full-note.js'
 import type { Logger } from '../logger.js'
 import type { Metrics } from '../metrics/metrics.js'
 import { observationSettings } from '../orders/observations.js'
@@ -55,8 +56,11 @@ export function createApp(deps: AppDeps): App {
     deps.ingest ??
     createDeliveryIngest({ ...deps, settings: observationSettings(deps.config, deps.reactions?.handlersFor) })
   const path = deps.config.webhook.path
+  // a delivery refused for a full disk turns /readyz 503 (db/disk-full-note.ts)
+  const diskFull = diskFullNote(() => deps.clock.now())
   const webhook = webhookEndpoint({
     ...deps,
+    diskFull,
     ...ingest,
     eventHandlers: deps.eventHandlers ?? createEventHandlers(),
     path,
@@ -78,7 +82,7 @@ export function createApp(deps: AppDeps): App {
       next()
     })
   }
-  app.use(healthRoutes(deps))
+  app.use(healthRoutes({ ...deps, diskFull }))
   // the path as Express matches it (a trailing slash, another letter case): the same endpoint
   app.post(path, (req, res) => webhook(req, res))
   // another method on the webhook's path (a browser's GET, a probe's HEAD) is told the one it takes: a 404 there

@@ -1,10 +1,12 @@
 // /healthz: the process answers. /readyz: the service finished starting (its database came up and was
 // migrated), the database answers now and takes writes (not a read-only standby), every migration is
 // applied, the service is not draining (a signal arrived: a load balancer must stop sending it work while
-// it finishes what it has), and the embedded database's disk is not almost full (db/storage-guard.ts).
+// it finishes what it has), the embedded database's disk is not almost full (db/storage-guard.ts), and no delivery
+// was refused for a full disk a moment ago (db/disk-full-note.ts).
 import { Router } from 'express'
 import type { Kysely } from 'kysely'
 import type { Database } from '../db/database.js'
+import { DISK_FULL, type DiskFullNote } from '../db/disk-full-note.js'
 import { migrationsAreCurrent } from '../db/migrate.js'
 import { embeddedDatabaseStopReason } from '../db/pglite-thread.js'
 import { type DatabaseState, pingDatabase } from '../db/ping-database.js'
@@ -18,11 +20,13 @@ export function healthRoutes({
   isReady,
   isDraining,
   storageLow,
+  diskFull,
 }: {
   db: Kysely<Database>
   isReady?: (() => boolean) | undefined
   isDraining?: (() => boolean) | undefined
   storageLow?: (() => boolean) | undefined
+  diskFull?: DiskFullNote | undefined
 }): Router {
   const router = Router()
   // migrations never go back once applied, so a positive answer is kept
@@ -76,6 +80,14 @@ export function healthRoutes({
     }
     if (storageLow?.()) {
       res.status(503).json(errorBody('not_ready', 'The data directory is almost full (DATA_DIR_MIN_FREE): deliveries are refused until space is freed'))
+      return
+    }
+    const refusedMs = diskFull?.standing()
+    if (refusedMs !== undefined) {
+      const message =
+        `The database refused to store a delivery ${(refusedMs / 1000).toFixed(1)} s ago: its disk is full (${DISK_FULL}); ` +
+        'deliveries are answered 503 until it has room'
+      res.status(503).json(errorBody('not_ready', message))
       return
     }
     res.json({ status: 'ready' })

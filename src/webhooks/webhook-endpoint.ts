@@ -10,6 +10,7 @@
 import type { IncomingMessage, ServerResponse } from 'node:http'
 import getRawBody from 'raw-body'
 import { loggableError } from '../db/database-errors.js'
+import type { DiskFullNote } from '../db/disk-full-note.js'
 import { limitLines } from '../limit-lines.js'
 import { AppError } from '../http/app-error.js'
 import { errorAnswer } from '../http/error-handler.js'
@@ -32,6 +33,8 @@ export interface WebhookEndpointDeps extends ReceiveDeps {
   isDraining?: (() => boolean) | undefined
   /** True while the embedded database's disk is almost full (db/storage-guard.ts). */
   storageLow?: (() => boolean) | undefined
+  /** Where a delivery refused for a full disk, and a stored one, are noted for /readyz (db/disk-full-note.ts). */
+  diskFull?: DiskFullNote | undefined
 }
 
 export type WebhookEndpoint = (req: IncomingMessage, res: ServerResponse) => void
@@ -136,6 +139,7 @@ export function webhookEndpoint(deps: WebhookEndpointDeps): WebhookEndpoint {
       { ...loggableDeliveryId(deliveryId), outcome, ...(result.duplicate ? {} : { eventType: result.eventType }) },
       'webhook received',
     )
+    if (!result.duplicate) deps.diskFull?.stored()
     writeJson(res, 200, result.duplicate ? RECEIVED_DUPLICATE : RECEIVED)
   }
 
@@ -144,6 +148,7 @@ export function webhookEndpoint(deps: WebhookEndpointDeps): WebhookEndpoint {
     if (error instanceof AppError) {
       if (error instanceof SignatureRejected) metrics?.signatureFailures.inc({ signature: error.failure })
       if (error.code === 'database_unavailable' && error.cause !== undefined) {
+        deps.diskFull?.failed(error.cause)
         notStored({ ...loggableDeliveryId(deliveryId), err: loggableError(error.cause) })
       }
       if (error.code === 'storage_low') metrics?.requestsRefused.inc({ reason: 'storage_low' })
