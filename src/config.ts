@@ -602,6 +602,8 @@ function partnerVariableNamer(env: Env): (name: string) => string {
 // eslint-disable-next-line no-control-regex -- control characters are what it looks for
 const CONTROL_CHARACTER = /[\u0000-\u001f\u007f]/
 const QUOTED = /^(["']).*\1$/s
+// a quote an env file opened and never closed, kept as well
+const OPEN_QUOTE = /^["']/
 
 // A file saved with a byte-order mark: Node's --env-file keeps it as part of the first variable's name, so that
 // variable was not set at all (a DATABASE_URL first: the service ran on a new embedded database, warned only that the
@@ -630,6 +632,7 @@ function garbledValues(env: Env): string[] {
     if (value.includes('\r')) problems.push(`${name}: holds a carriage return (an env file saved with Windows line endings?)`)
     else if (CONTROL_CHARACTER.test(value)) problems.push(`${name}: holds a control character (a tab, a line break)`)
     else if (QUOTED.test(value)) problems.push(`${name}: is wrapped in quotes, which are kept as part of the value (docker run --env-file and systemd keep them): remove them`)
+    else if (OPEN_QUOTE.test(value)) problems.push(`${name}: begins with a quote that is never closed, which is kept as part of the value: remove it`)
   }
   return problems
 }

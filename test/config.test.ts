@@ -44,6 +44,14 @@ describe('configuration', () => {
       "PARTNER_LIVE_API_KEY_ID: is wrapped in quotes, which are kept as part of the value (docker run --env-file and systemd keep them): remove them",
     ])
     expect(problems.join('\n')).not.toContain(secret)
+    // found from outside: a quote opened and never closed (an env file's typo) was taken, and every platform call then refused 401
+    const halfQuoted = problemsOf({ ...remoteEnv, PARTNER_API_SECRET: `"${secret}`, WEBHOOK_SECRETS: `'"${LONG_SECRET}`, ADMIN_TOKEN: `'${secret}` })
+    expect(halfQuoted).toEqual(
+      ['WEBHOOK_SECRETS', 'PARTNER_API_SECRET', 'ADMIN_TOKEN'].map(
+        (name) => `${name}: begins with a quote that is never closed, which is kept as part of the value: remove it`,
+      ),
+    )
+    expect(halfQuoted.join('\n')).not.toContain(secret)
     // the same values without what slipped in are taken
     expect(parseConfig({ ...remoteEnv, PARTNER_API_SECRET: secret, WEBHOOK_SECRETS: LONG_SECRET }).partner.secret).toBe(secret)
   })
