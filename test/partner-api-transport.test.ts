@@ -4,6 +4,7 @@ import { describe, expect, it } from 'vitest'
 import { z } from 'zod'
 import { PartnerApiError } from '../src/partner-api/partner-api-error.js'
 import { PartnerApiTransport, type TransportOptions } from '../src/partner-api/partner-api-transport.js'
+import { scriptedFetch as echoingFetch } from './helpers/partner-api-fake-fetch.js'
 import { FakeClock } from './helpers/fake-clock.js'
 import { testLogger } from './helpers/log-sink.js'
 import { type FetchStep, scriptedFetch, settleWithClock } from './helpers/partner-api-fake-fetch.js'
@@ -95,3 +96,31 @@ describe('PartnerApiTransport retry rules', () => {
   })
 })
 
+
+// found from outside: a gateway that quoted the request it refused put our signature, nonce, key id and signed body
+// into the error's message, which the poller logs at warn level and the CLI prints
+describe('an error answer that echoes the request', () => {
+  it('keeps the signature, the nonce, the key id and the body out of the error, and the rest of the words in', async () => {
+    const { fetch, calls } = echoingFetch(({ headers, body }) => ({
+      status: 400,
+      body: {
+        error: {
+          code: `E_${headers['X-Partner-Signature']}`,
+          message: `sig=sha256=${headers['X-Partner-Signature']} key=${headers['X-Partner-Key-Id']} nonce=${headers['X-Partner-Nonce']} body=${body} earlier=${'ab'.repeat(32)} amount too small`,
+        },
+      },
+    }))
+    const { sender } = transport([], { fetch })
+    const error = (await sender.call('POST', '/trades/', { title: 'A title of the trade', amount: '1.00' }, record).catch((e) => e)) as PartnerApiError
+    expect(error).toBeInstanceOf(PartnerApiError)
+    const [{ headers, body }] = calls as [(typeof calls)[number]]
+    for (const value of [headers['X-Partner-Signature']!, headers['X-Partner-Nonce']!, 'pk_transport', body!, 'A title of the trade']) {
+      expect(error.message).not.toContain(value)
+      expect(error.code).not.toContain(value)
+    }
+    expect(error.code).toBe('E_[from our request]')
+    expect(error.message).toBe(
+      'POST /api/partner/v1/trades/ answered 400 E_[from our request]: sig=sha256=[from our request] key=[from our request] nonce=[from our request] body=[from our request] earlier=[64 hex digits] amount too small',
+    )
+  })
+})

@@ -111,6 +111,8 @@ interface RawAnswer {
   status: number
   headers: Headers
   text: string
+  /** What the request carried that an answer may not echo into a message (ourWordsOut): its signature, nonce, key id and body. */
+  sent?: readonly string[]
 }
 
 export class PartnerApiTransport {
@@ -303,7 +305,8 @@ export class PartnerApiTransport {
         )
       }
       log({ status: response.status })
-      return { status: response.status, headers: response.headers, text }
+      const sent = [headers['X-Partner-Signature'] ?? '', headers['X-Partner-Nonce'] ?? '', this.keyId, body ?? '']
+      return { status: response.status, headers: response.headers, text, sent }
     } catch (error) {
       if (error instanceof PartnerInvalidResponseError) throw error
       if (timeout.signal.aborted) {
@@ -439,8 +442,9 @@ function toApiError(
   const parsed = platformErrorBodySchema.safeParse(body)
   const platform = parsed.success ? parsed.data.error : undefined
   // the platform's words, bounded: the message is logged and printed, and the answer may be a megabyte
-  const code = platform?.code ? shortened(platform.code, MAX_PLATFORM_CODE_LENGTH) : `http_${answer.status}`
-  const detail = platform?.message ? `: ${shortened(platform.message, MAX_PLATFORM_MESSAGE_LENGTH)}` : ''
+  const words = (text: string, most: number) => shortened(ourWordsOut(text, answer.sent ?? []), most)
+  const code = platform?.code ? words(platform.code, MAX_PLATFORM_CODE_LENGTH) : `http_${answer.status}`
+  const detail = platform?.message ? `: ${words(platform.message, MAX_PLATFORM_MESSAGE_LENGTH)}` : ''
   // a refused signature whose answer shows the clocks far apart: the timestamp, not the key, is likely at fault
   const clockOffsetS = answer.status === 401 && isClockOffsetTooLarge(offsetS) ? offsetS : undefined
   const clock = clockOffsetS === undefined ? '' : `; ${describeClockOffset(clockOffsetS)}`
@@ -452,6 +456,18 @@ function toApiError(
     retryAfterMs,
     clockOffsetS,
   )
+}
+
+// What the request carried, echoed back in an answer's error code or message (a gateway that quotes the request it
+// refused): the message is logged and printed, and no log line may hold a signature or a request body. Each is
+// taken out where it appears whole, and so is anything shaped like a signature (64 hex digits).
+const ECHO_MIN_LENGTH = 8
+const SIGNATURE_SHAPED = /\b(?:sha256=)?[0-9a-f]{64}\b/gi
+
+function ourWordsOut(text: string, sent: readonly string[]): string {
+  let words = text
+  for (const value of sent) if (value.length >= ECHO_MIN_LENGTH) words = words.replaceAll(value, '[from our request]')
+  return words.replace(SIGNATURE_SHAPED, '[64 hex digits]')
 }
 
 /** The most of the platform's error code and message an error keeps (its message is logged and printed). */
