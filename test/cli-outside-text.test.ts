@@ -5,6 +5,7 @@ import { spawn } from 'node:child_process'
 import { once } from 'node:events'
 import path from 'node:path'
 import { afterAll, beforeAll, describe, expect, it } from 'vitest'
+import { sql } from 'kysely'
 import { systemClock } from '../src/clock.js'
 import { createApp } from '../src/http/app.js'
 import { runCommand, runCommandWith } from './helpers/cli-in-process.js'
@@ -275,6 +276,26 @@ describe('the CLI shows text from outside without its control codes', () => {
       await refusing.close()
     }
   })
+
+  // found from outside: a database refusal other than an outage (a trigger of a DBA's quoting the row, a revoked
+  // permission) was printed as the database's words alone, with no code, a webhook's values and line feeds raw
+  it("a database's refusal: its words escaped, with its SQLSTATE and a code", async () => {
+    const reference = 'trigger-ref\u001b]0;PWN\u0007\r\nforged-row  released'
+    await sql`create function refuse_orders() returns trigger language plpgsql as $$
+      begin raise exception 'refused ext=%', new.external_reference; end $$`.execute(database.db)
+    await sql`create trigger refuse_orders before insert on orders for each row execute function refuse_orders()`.execute(database.db)
+    try {
+      const result = await run('orders', 'create', '--external-reference', reference)
+      expect(result.code).toBe(1)
+      expectNoControl(result.stderr)
+      expect(result.stderr).toBe(
+        'The database refused the command: refused ext=trigger-ref\\u001b]0;PWN\\u0007\\u000d\\u000aforged-row  released (SQLSTATE P0001) [database_error]\n',
+      )
+    } finally {
+      await sql`drop trigger refuse_orders on orders`.execute(database.db)
+      await sql`drop function refuse_orders()`.execute(database.db)
+    }
+  })
 })
 
 describe('the readable log lines (LOG_PRETTY) show text from outside without its control codes', () => {
@@ -304,4 +325,5 @@ describe('the readable log lines (LOG_PRETTY) show text from outside without its
     expect(stdout).toContain('Error: the platform said: funded\\u001b]0;owned\\u0007\\u001b[2J\\u009b31m\n')
     expect(stdout).toContain('"message": "the platform said: funded\\\\u001b]0;owned\\\\u0007\\\\u001b[2J\\\\u009b31m"')
   })
+
 })

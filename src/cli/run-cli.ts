@@ -2,7 +2,9 @@
 // 0 done, 1 failed (not found, refused by the platform, the database not there, ...), 2 bad arguments or
 // configuration, 130 stopped by a signal.
 import { CommanderError } from 'commander'
-import { describeDatabaseError } from '../db/database-errors.js'
+import { databaseReport, describeDatabaseError } from '../db/database-errors.js'
+import { printable } from '../printable.js'
+import { shortened } from '../shortened.js'
 import { ListenSettingError } from '../listen-error.js'
 import { type CliContext, type CliScope, CommandFailedError, runInScope, StoppedBySignalError, UsageError, writeError } from './cli-context.js'
 import { withoutPassword } from '../without-password.js'
@@ -35,7 +37,7 @@ export async function runCommandLine(args: string[], cliScope?: CliScope): Promi
         return 130
       }
       // a refusal may quote an argument (`No order with external reference …`): as shownArgument shows it
-      writeError(`${withArgumentsShown(databaseUnavailable(error) ?? (error instanceof Error ? error.message : String(error)), args)}\n`)
+      writeError(`${withArgumentsShown(databaseUnavailable(error) ?? databaseRefused(error) ?? (error instanceof Error ? error.message : String(error)), args)}\n`)
       return 1
     }
   }
@@ -60,6 +62,18 @@ export async function runCapturedCommandLine(
   }
   const code = await runCommandLine(args, captured)
   return { code, stdout, stderr, ...(captured.tookEffect ? { tookEffect: true } : {}) }
+}
+
+/**
+ * The line for a command the database refused for another reason (a permission revoked, a constraint or a trigger of
+ * a DBA's, a bug): its words with its SQLSTATE and a code. Printed as they came, they were the whole line, with no
+ * code, and a trigger's message may quote a row's values, an outsider's among them, line feeds and escapes raw.
+ */
+function databaseRefused(error: unknown): string | undefined {
+  if (error instanceof CommandFailedError || error instanceof ListenSettingError) return undefined
+  const report = databaseReport(error)
+  if (report === undefined) return undefined
+  return `The database refused the command: ${printable(shortened(report.message, 500))} (SQLSTATE ${report.code}) [database_error]`
 }
 
 /**

@@ -198,6 +198,14 @@ export function loggableError(error: unknown): unknown {
   return { ...description, ...(wrapped && fromDatabase ? { context: error.message } : {}) }
 }
 
+/** The database's own report in `error`'s chain (its SQLSTATE and its words), or undefined when there is none. */
+export function databaseReport(error: unknown): { code: string; message: string } | undefined {
+  for (const current of errorChain(error)) {
+    if (isDatabaseReport(current)) return { code: String((current as { code?: unknown }).code), message: current.message }
+  }
+  return undefined
+}
+
 // pg's DatabaseError and PGlite's error both carry the server's `severity` beside the SQLSTATE
 function isDatabaseReport(error: Error): boolean {
   const fields = error as { severity?: unknown; code?: unknown }
