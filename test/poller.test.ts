@@ -4,7 +4,7 @@ import { PartnerNetworkError } from '../src/partner-api/partner-api-error.js'
 import type { TradeRecord } from '../src/partner-api/types.js'
 import { claimDueOrders } from '../src/orders/poll-schedule.repository.js'
 import { dueOrderStats } from '../src/reconcile/poller.js'
-import { THROTTLED_MESSAGE, UNAUTHORIZED_MESSAGE } from '../src/reconcile/reconcile-cycle.js'
+import { PLATFORM_FAILING_MESSAGE, THROTTLED_MESSAGE, UNAUTHORIZED_MESSAGE } from '../src/reconcile/reconcile-cycle.js'
 import { FakeClock } from './helpers/fake-clock.js'
 import { logEntries } from './helpers/log-sink.js'
 import { tradeRecord } from './helpers/partner-api-fixtures.js'
@@ -382,6 +382,42 @@ describe('the poller', () => {
       expect(warnings).toHaveLength(1)
     })
 
+    // found from outside: 3,000 orders due and the platform answering 503 drew about 29 requests a second at
+    // POLL_CONCURRENCY=8 (105 at 32), each order its four attempts, batch after batch, for as long as the outage lasted
+    it('stops the cycle once polls in a row fail at the platform, and gives the rest back untried', async () => {
+      const dueAt = fromNow(-60)
+      await insertOrders(database.db, Array.from({ length: 12 }, (_, i) => ({ externalReference: `down-${i}`, nextPollAt: dueAt })))
+      const fetcher = countingFetcher(() => platformError(503, 'unavailable'))
+      const poller = testPoller({ db: database.db, fetcher, clock, replica: 'replica-down', settings: { concurrency: 1 } })
+
+      const summary = await poller.runOnce()
+
+      // five in a row at least, or as many as run at once
+      expect(fetcher.calls).toHaveLength(5)
+      expect(summary).toMatchObject({ claimed: 12, polled: 5, released: 7, stoppedReason: 'platform_failing' })
+      expect(summary.results).toMatchObject({ error: 5 })
+      const orders = await database.db.selectFrom('orders').selectAll().orderBy('id').execute()
+      // the five polled back off as after any error; the seven given back are due as before, attempt not counted
+      expect(orders.slice(0, 5).every((order) => order.pollAttempts === 1 && new Date(order.nextPollAt!) > now())).toBe(true)
+      expect(orders.slice(5).map((order) => [new Date(order.nextPollAt!).toISOString(), order.pollAttempts, order.pollLeaseToken])).toEqual(
+        Array(7).fill([dueAt.toISOString(), 0, null]),
+      )
+      const run = await database.db.selectFrom('reconcileRuns').selectAll().executeTakeFirstOrThrow()
+      expect(run).toMatchObject({ stoppedReason: 'platform_failing', polled: 5, errors: 5 })
+      expect(logEntries().filter((entry) => entry.replica === 'replica-down' && entry.msg === PLATFORM_FAILING_MESSAGE)).toHaveLength(1)
+    })
+
+    it('goes on through failures that answers come between: one trade the platform fails on is not an outage', async () => {
+      await insertOrders(database.db, Array.from({ length: 12 }, (_, i) => ({ externalReference: `some-${i}`, nextPollAt: fromNow(-60 + i) })))
+      // four failures, then an answer, in turn
+      let polls = 0
+      const fetcher = countingFetcher(() => (++polls % 5 === 0 ? 'delivered' : platformError(503)))
+      const summary = await testPoller({ db: database.db, fetcher, clock, settings: { concurrency: 1 } }).runOnce()
+      expect(fetcher.calls).toHaveLength(12)
+      expect(summary).toMatchObject({ claimed: 12, polled: 12, released: 0, stoppedReason: null })
+      expect(summary.results).toMatchObject({ error: 10, applied: 2 })
+    })
+
     it('aborts the calls in flight when a 401 stops the cycle', async () => {
       await insertOrders(
         database.db,
@@ -603,6 +639,28 @@ describe('the poller', () => {
       // every order due: each cycle claims fresh ones, and each is answered 429
       const fetcher = countingFetcher((_tradeId, call) => (call % 2 === 1 ? Object.assign(platformError(429), { retryAfterMs: 0 }) : platformError(429)))
       await expectSleepsDoubling(fetcher, { intervalS: 30, batchSize: 1 })
+    })
+
+    it('backs off longer after each cycle stopped by the platform failing, and at the interval again once it answers', async () => {
+      await insertOrders(database.db, Array.from({ length: 25 }, (_, i) => ({ externalReference: `out-${i}`, nextPollAt: fromNow(-100 + i) })))
+      let failing = true
+      const fetcher = countingFetcher(() => (failing ? platformError(502) : 'delivered'))
+      const poller = testPoller({ db: database.db, fetcher, clock, settings: { intervalS: 30, batchSize: 5, concurrency: 1 } })
+      poller.start()
+      for (const expected of [60_000, 120_000, 240_000]) {
+        await eventually(() => clock.pendingSleepers === 1, 'the poller sleeps')
+        expect(clock.sleeps.at(-1)).toBe(expected)
+        await clock.advance(expected)
+      }
+      await eventually(() => clock.pendingSleepers === 1, 'the poller sleeps')
+      // five polls a cycle, each stopped after them
+      expect(fetcher.calls).toHaveLength(20)
+      failing = false
+      await clock.advance(clock.sleeps.at(-1)!)
+      await eventually(() => fetcher.calls.length === 25, 'the last five polled')
+      await eventually(() => clock.pendingSleepers === 1, 'the poller sleeps')
+      expect(clock.sleeps.at(-1)).toBeLessThanOrEqual(30_000 * 1.25)
+      await poller.stop()
     })
 
     it('backs off longer after each cycle the platform refused with 401, instead of hammering it', async () => {

@@ -113,6 +113,28 @@ describe('reconcile --once', () => {
   })
 })
 
+describe('reconcile --once against a platform that is failing', () => {
+  it('exits 1 with [platform_failing] once polls in a row failed there, the rest given back', async () => {
+    await insertOrders(
+      database.db,
+      Array.from({ length: 12 }, (_, i) => ({ externalReference: `cli-down-${i}`, nextPollAt: past(60 - i) })),
+    )
+    answer = () => ({ status: 503, body: { error: { code: 'unavailable', message: 'down for maintenance' } } })
+    const result = await cli('reconcile', '--once')
+    expect(result.code).toBe(1)
+    expect(result.stdout).toContain('stopped: platform_failing')
+    expect(result.stderr).toContain(
+      'stopped: the platform is failing (polls in a row ended in its errors after their retries); the orders not polled were given back [platform_failing]\n',
+    )
+    // five orders in a row (POLL_CONCURRENCY is 1 here), each with the client's four attempts; the others never asked
+    const asked = new Set(server.requests.map((request) => request.path))
+    expect(asked.size).toBe(5)
+    expect(server.requests).toHaveLength(20)
+    const untouched = await database.db.selectFrom('orders').select('pollAttempts').where('pollAttempts', '=', 0).execute()
+    expect(untouched).toHaveLength(7)
+  })
+})
+
 describe('reconcile --report', () => {
   it('shows the latest runs, newest first, as a table or JSON', async () => {
     await insertOrders(database.db, [{ externalReference: 'cli-a', nextPollAt: past(60) }])

@@ -106,6 +106,10 @@ async function runOnce(json: boolean | undefined): Promise<void> {
     writeError(`stopped by a signal: the orders not polled were given back, due again now\n`)
     setExitCode(130)
   }
+  if (summary.stoppedReason === 'platform_failing') {
+    writeError(`stopped: the platform is failing (polls in a row ended in its errors after their retries); the orders not polled were given back [platform_failing]\n`)
+    setExitCode(1)
+  }
   if (summary.stoppedReason === 'throttled') {
     writeError(
       `stopped: the platform asked us to slow down (429 or Retry-After); the orders not polled are due again at ${summary.throttledUntil?.toISOString()} [throttled]\n`,

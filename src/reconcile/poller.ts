@@ -2,9 +2,9 @@
 // clock. After a cycle it sleeps POLL_INTERVAL_S give or take a quarter, at random (replicas started together
 // by a deploy would otherwise poll in step, and the first claim of each tick would take every due order),
 // or starts the next one at once when the batch was full
-// (more is due than one batch holds), or, after the platform refused our credentials or asked us to slow down
-// (429, Retry-After), sleeps longer each time in a row (doubling up to the backoff cap) so a misconfigured or
-// throttled replica does not hammer the platform.
+// (more is due than one batch holds), or, after the platform refused our credentials, asked us to slow down
+// (429, Retry-After) or failed poll after poll (5xx, no answer), sleeps longer each time in a row (doubling up to the
+// backoff cap) so a misconfigured or throttled replica, or a platform in an outage, is not hammered.
 import type { Kysely } from 'kysely'
 import type { Clock } from '../clock.js'
 import type { Config } from '../config.js'
@@ -155,8 +155,10 @@ export function createPoller(deps: PollerDeps): Poller {
   // doubling with each refused cycle in a row, up to the backoff's cap
   const longerEachTime = (inARow: number) => Math.min(backoff.capS, settings.intervalS * 2 ** inARow) * 1000
 
-  const sleepAfter = (summary: RunSummary | undefined, inARow: { unauthorized: number; throttled: number }): number => {
+  const sleepAfter = (summary: RunSummary | undefined, inARow: { unauthorized: number; throttled: number; failing: number }): number => {
     if (inARow.unauthorized > 0) return longerEachTime(inARow.unauthorized)
+    // the platform failing as a whole: its outage is not met with the next batch at once, nor at the interval
+    if (inARow.failing > 0) return longerEachTime(inARow.failing)
     if (summary && summary.stoppedReason === null && summary.claimed >= settings.batchSize) return 0
     // the platform asked us to wait: no cycle before then, and longer each time it asks again in a row. At the
     // interval alone, each cycle claimed the next due orders and drew a 429 for them: with POLL_INTERVAL_S=1, two
@@ -166,13 +168,14 @@ export function createPoller(deps: PollerDeps): Poller {
   }
 
   const runLoop = async (signal: AbortSignal) => {
-    const inARow = { unauthorized: 0, throttled: 0 }
+    const inARow = { unauthorized: 0, throttled: 0, failing: 0 }
     while (!signal.aborted) {
       let summary: RunSummary | undefined
       try {
         summary = await runCycle({ signal })
         inARow.unauthorized = summary.stoppedReason === 'unauthorized' ? inARow.unauthorized + 1 : 0
         inARow.throttled = summary.throttledUntil ? inARow.throttled + 1 : 0
+        inARow.failing = summary.stoppedReason === 'platform_failing' ? inARow.failing + 1 : 0
       } catch (error) {
         // the database is down or refused: nothing is lost, claims not written back come due after the lease
         logger.warn({ err: error }, 'reconcile cycle failed; trying again after the poll interval')

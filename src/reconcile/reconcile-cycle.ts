@@ -9,6 +9,11 @@
 // retries): polling the rest would meet the same limit, so their claims are given back due no sooner than
 // the Retry-After (at most the backoff's cap, 1 h: see throttledFor), and the poller's next cycle waits for it
 // too (poller.ts).
+// And it stops when the platform is failing as a whole: as many polls in a row as run at once (POLL_CONCURRENCY, 5 at
+// least) each ended in an error of the platform's after the client's own retries (5xx, no answer, a timeout) with no
+// answer between them. Polling the rest would send each of them its retries too: 3,000 orders due with the platform
+// answering 503 drew about 29 requests a second at POLL_CONCURRENCY=8, and 105 at 32, for as long as it lasted. Their
+// claims are given back untried (due again as before), and the poller's next cycle waits longer each time in a row.
 import { randomUUID } from 'node:crypto'
 import { setMaxListeners } from 'node:events'
 import type { Kysely } from 'kysely'
@@ -43,6 +48,12 @@ export function unauthorizedMessage(clockOffsetS: number | null): string {
 export const THROTTLED_MESSAGE =
   'the platform asked us to slow down (429 or Retry-After): cycle stopped, the orders not polled are due again after its wait'
 
+export const PLATFORM_FAILING_MESSAGE =
+  'the platform is failing (polls in a row ended in its errors after their retries): cycle stopped, the orders not polled are given back; the next cycle waits longer each time'
+
+/** The fewest polls in a row that must fail at the platform before a cycle stops (PLATFORM_FAILING_MESSAGE). */
+export const PLATFORM_FAILING_MIN_IN_A_ROW = 5
+
 export interface CycleSettings {
   batchSize: number
   concurrency: number
@@ -75,8 +86,11 @@ export interface CycleDeps {
   onPollResult?: (result: PollResult) => void
 }
 
-/** unauthorized: the platform answered 401; throttled: it asked us to slow down; shutdown: the caller aborted the cycle. */
-export type StoppedReason = 'unauthorized' | 'throttled' | 'shutdown'
+/**
+ * unauthorized: the platform answered 401; throttled: it asked us to slow down; platform_failing: polls in a row failed
+ * there; shutdown: the caller aborted the cycle.
+ */
+export type StoppedReason = 'unauthorized' | 'throttled' | 'platform_failing' | 'shutdown'
 
 /**
  * The stopped_reason of a run whose cycle lost the database after the run was written: its end could not be
@@ -213,6 +227,9 @@ export async function runReconcileCycle(
   let firstError: unknown
   let firstFailure: PollFailure | null = null
   let next = 0
+  // polls in a row that failed at the platform, none answered between them
+  let failingInARow = 0
+  const failingAfter = Math.max(PLATFORM_FAILING_MIN_IN_A_ROW, settings.concurrency)
   // the claims are this cycle's alone until the lease ends: past it another replica may have claimed them
   // (they were due again), so none is polled from then on; they are given back below, and any another replica
   // claimed since stays its own (the token no longer matches)
@@ -252,6 +269,12 @@ export async function runReconcileCycle(
           stoppedReason = 'throttled'
           stop.abort(new Error(THROTTLED_MESSAGE))
         }
+      }
+      if (result.result === 'error' && isPlatformFailure(result.error)) failingInARow++
+      else if (result.result !== 'error' && result.result !== 'write_failed') failingInARow = 0
+      if (failingInARow >= failingAfter && stoppedReason === null) {
+        stoppedReason = 'platform_failing'
+        stop.abort(new Error(PLATFORM_FAILING_MESSAGE))
       }
       if (result.result === 'unauthorized') {
         // nothing was written for it: it goes back with the rest
@@ -365,6 +388,8 @@ function logCycle(logger: Logger, summary: RunSummary, firstError: unknown): voi
     logger.error({ ...fields, clockOffsetS: summary.clockOffsetS }, unauthorizedMessage(summary.clockOffsetS))
   } else if (summary.stoppedReason === 'throttled') {
     logger.warn({ ...fields, throttledUntil: summary.throttledUntil, err: firstError }, THROTTLED_MESSAGE)
+  } else if (summary.stoppedReason === 'platform_failing') {
+    logger.warn({ ...fields, err: firstError }, PLATFORM_FAILING_MESSAGE)
   } else if (summary.results.error > 0) {
     // one line per cycle, not one per order: a platform outage must not flood the log
     logger.warn({ ...fields, err: firstError }, 'reconcile cycle done with errors: those orders back off')
