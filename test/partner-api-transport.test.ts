@@ -124,3 +124,13 @@ describe('an error answer that echoes the request', () => {
     )
   })
 })
+
+describe("a Retry-After given as a date", () => {
+  it("is read against the answer's Date: a platform 50 min ahead asking for 30 s is asked for 30 s", async () => {
+    const { sender } = transport([
+      { status: 429, headers: { date: 'Thu, 01 Jan 2026 00:50:00 GMT', 'retry-after': 'Thu, 01 Jan 2026 00:50:30 GMT' }, body: { error: { code: 'rate_limited', message: 'slow down' } } },
+    ])
+    const error = (await sender.call('POST', '/trades/', { title: 'x' }, record).catch((e) => e)) as PartnerApiError
+    expect(error).toMatchObject({ status: 429, retryAfterMs: 30_000 })
+  })
+})

@@ -28,4 +28,17 @@ describe('parseRetryAfter', () => {
   ])('reads %j as %j ms', (value, expected) => {
     expect(parseRetryAfter(value, now)).toBe(expected)
   })
+
+  // found from outside: a platform 50 min ahead asking for 30 s by date was waited out for 50 min
+  it("reads a date against the answer's own Date when it has one: the sender's clock, not this machine's", () => {
+    const in30s = 'Thu, 01 Jan 2026 00:50:30 GMT'
+    expect(parseRetryAfter(in30s, now, 'Thu, 01 Jan 2026 00:50:00 GMT')).toBe(30_000)
+    // the sender behind: still its 30 s, not none
+    expect(parseRetryAfter('Wed, 31 Dec 2025 23:10:30 GMT', now, 'Wed, 31 Dec 2025 23:10:00 GMT')).toBe(30_000)
+    // a Date that cannot be read, or none: this machine's clock
+    expect(parseRetryAfter(in30s, now, 'soon')).toBe(50 * 60_000 + 30_000)
+    expect(parseRetryAfter(in30s, now, null)).toBe(50 * 60_000 + 30_000)
+    // seconds are the same on every clock
+    expect(parseRetryAfter('30', now, 'Wed, 31 Dec 2025 23:10:00 GMT')).toBe(30_000)
+  })
 })

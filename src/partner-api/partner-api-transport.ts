@@ -197,7 +197,7 @@ export class PartnerApiTransport {
       const offsetS = this.readClockOffset(answer.headers)
       if (answer.status >= 200 && answer.status < 300) return parseSuccess(method, path, answer, schema)
 
-      const retryAfterMs = parseRetryAfter(answer.headers.get('retry-after'), this.clock.now())
+      const retryAfterMs = parseRetryAfter(answer.headers.get('retry-after'), this.clock.now(), answer.headers.get('date'))
       const error = toApiError(method, path, answer, retryAfterMs, offsetS)
       const retryable = answer.status === 429 || answer.status >= 500
       if (!retryable || attempt >= maxAttempts) throw error
