@@ -2,6 +2,7 @@ import { sql } from 'kysely'
 import { beforeEach, describe, expect, it } from 'vitest'
 import { PartnerNetworkError } from '../src/partner-api/partner-api-error.js'
 import type { TradeRecord } from '../src/partner-api/types.js'
+import { applyObservation } from '../src/orders/apply-observation.js'
 import { claimDueOrders } from '../src/orders/poll-schedule.repository.js'
 import { dueOrderStats } from '../src/reconcile/poller.js'
 import { PLATFORM_FAILING_MESSAGE, THROTTLED_MESSAGE, UNAUTHORIZED_MESSAGE } from '../src/reconcile/reconcile-cycle.js'
@@ -316,6 +317,31 @@ describe('the poller', () => {
       await clock.advance(30 * 86_400_000)
       expect((await poller.runOnce()).claimed).toBe(0)
       expect(fetcher.calls).toEqual(['tr_gone'])
+    })
+
+    // found from outside: a webhook for a flagged order put it back on the schedule, flag and all, and it was polled
+    // every STALE_AFTER_S while PartnerEscrowOrdersFlagged kept firing
+    it('keeps a flagged order off the schedule when a webhook moves it, until an operator requeues it', async () => {
+      await insertOrders(database.db, [{ externalReference: 'flagged', nextPollAt: fromNow(-1) }])
+      const fetcher = countingFetcher(() => platformError(404, 'not_found'))
+      const poller = testPoller({ db: database.db, fetcher, clock })
+      await poller.runOnce()
+      const flagged = await orderByReference(database.db, 'flagged')
+      const result = await applyObservation(
+        database.db,
+        { target: { externalReference: 'flagged' }, tradeId: 'tr_flagged', status: 'delivered', source: 'webhook', observedAt: now() },
+        { staleAfterS: STALE_AFTER_S, handlersFor: () => [] },
+      )
+      expect(result.outcome).toBe('applied')
+      expect(await orderByReference(database.db, 'flagged')).toMatchObject({
+        tradeStatus: 'delivered',
+        attention: 'trade_not_found',
+        nextPollAt: null,
+        version: flagged.version + 1,
+      })
+      await clock.advance(STALE_AFTER_S * 1000 + 1)
+      expect((await poller.runOnce()).claimed).toBe(0)
+      expect(fetcher.calls).toEqual(['tr_flagged'])
     })
 
     it('stops the cycle at the first 401, gives every other claim back untouched, and logs one error', async () => {

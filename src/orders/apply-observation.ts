@@ -457,6 +457,10 @@ function observationStatement(
           then null else o.attention end,
         next_poll_at = case
           when (e.outcome = 'applied' and e.terminal) or (e.outcome <> 'applied' and o.is_terminal) then null
+          -- an order flagged for an operator stays off the schedule whatever comes (a webhook put one flagged
+          -- trade_not_found back on it, flag and all, and it was polled every STALE_AFTER_S): the operator's requeue
+          -- puts it back; an unresolved create is the exception, resolved above by the trade this links
+          when o.attention is not null and o.attention <> 'trade_create_unknown' then o.next_poll_at
           -- a webhook's unknown status: poll the trade now (least() skips a null next_poll_at); and a webhook's known
           -- status a poll would return the order to from an unknown one (a hold lifted): poll now, the poll decides
           when e.outcome = 'unknown_status' or ${ASKS_FOR_RETURN} or ${ASKS_AGAIN} then least(o.next_poll_at, e.observed_at)
