@@ -444,6 +444,26 @@ describe('the poller', () => {
       expect(summary.results).toMatchObject({ error: 10, applied: 2 })
     })
 
+    // found from outside: a replica stopped (SIGSTOP) past its lease was told the platform answers slowly
+    it.each([
+      ['a platform that slow', 25, 'the platform answers slowly: a smaller POLL_BATCH_SIZE or a larger POLL_CONCURRENCY keeps a cycle inside the lease'],
+      ['a pause of the process', 70, 'one poll took 70 s, half the lease or more: this process was likely paused (a stopped process, a paused VM) or its clock jumped; if the platform is that slow, lower PARTNER_API_TIMEOUT_MS'],
+    ])('says why a cycle outlived its lease, for %s', async (_kind, pollS, why) => {
+      await insertOrders(database.db, Array.from({ length: 4 }, (_, i) => ({ externalReference: `late-${pollS}-${i}`, nextPollAt: fromNow(-10 + i) })))
+      // each poll takes pollS of the clock's time
+      const fetcher = countingFetcher(async () => {
+        await clock.advance(pollS * 1000)
+        return 'funded'
+      })
+      const replica = `replica-late-${pollS}`
+      const summary = await testPoller({ db: database.db, fetcher, clock, replica, settings: { concurrency: 1, leaseS: 60 } }).runOnce()
+      expect(summary.polled).toBeLessThan(4)
+      const warning = logEntries().find((entry) => entry.replica === replica && String(entry.msg).startsWith('reconcile cycle outlived its poll lease'))
+      expect(warning?.msg).toBe(
+        `reconcile cycle outlived its poll lease: the orders not yet polled were given back untried, as another replica may hold them now (${why})`,
+      )
+    })
+
     it('aborts the calls in flight when a 401 stops the cycle', async () => {
       await insertOrders(
         database.db,

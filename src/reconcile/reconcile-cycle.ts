@@ -235,6 +235,9 @@ export async function runReconcileCycle(
   // claimed since stays its own (the token no longer matches)
   const leaseEndsAt = startedAt.getTime() + settings.leaseS * 1000
   let outlivedLease = false
+  // the one poll that took longest: a whole lease's worth in one poll is a process paused (or a clock jump) more
+  // likely than a platform that slow
+  let longestPollMs = 0
   const pollDeps = {
     db,
     fetcher: deps.fetcher,
@@ -251,7 +254,9 @@ export async function runReconcileCycle(
         return
       }
       const order = claimed[next++]!
+      const pollStartedAt = clock.now()
       const result = await pollOrder(pollDeps, order, leaseToken, stop.signal)
+      longestPollMs = Math.max(longestPollMs, clock.now() - pollStartedAt)
       if (result === null) {
         unpolled.push(order)
         continue
@@ -362,11 +367,16 @@ export async function runReconcileCycle(
   }
   logCycle(logger, summary, firstError)
   if (outlivedLease) {
+    // a pause of the process (SIGSTOP, a VM paused, a clock jump) shows as one poll that lasted most of the lease: the
+    // advice about a slow platform was wrong for it
+    const paused = longestPollMs >= (settings.leaseS * 1000) / 2
+    const why = paused
+      ? `one poll took ${Math.round(longestPollMs / 1000)} s, half the lease or more: this process was likely paused (a stopped process, ` +
+        'a paused VM) or its clock jumped; if the platform is that slow, lower PARTNER_API_TIMEOUT_MS'
+      : 'the platform answers slowly: a smaller POLL_BATCH_SIZE or a larger POLL_CONCURRENCY keeps a cycle inside the lease'
     logger.warn(
-      { runId, replica, leaseS: settings.leaseS, claimed: claimed.length, polled, untried: untried.length },
-      'reconcile cycle outlived its poll lease: the orders not yet polled were given back untried, as another ' +
-        'replica may hold them now (the platform answers slowly: a smaller POLL_BATCH_SIZE or a larger ' +
-        'POLL_CONCURRENCY keeps a cycle inside the lease)',
+      { runId, replica, leaseS: settings.leaseS, claimed: claimed.length, polled, untried: untried.length, longestPollS: Math.round(longestPollMs / 1000) },
+      `reconcile cycle outlived its poll lease: the orders not yet polled were given back untried, as another replica may hold them now (${why})`,
     )
   }
   return summary
