@@ -173,6 +173,23 @@ export function describeDatabaseErrorOf(error: unknown, setting: string): Databa
   return { ...description, message: description.message.replaceAll('DATABASE_URL', setting) }
 }
 
+// A connection lost while a statement was on it (reset, closed under it, its answer not come in time): the statement
+// may have run to its commit all the same, and only its answer was lost. (A refused or timed-out connect, a closed
+// pool, a database's own report: nothing ran.)
+const LOST_WITH_STATEMENT_MESSAGES = /Connection terminated unexpectedly|Query read timeout/i
+const LOST_WITH_STATEMENT_CODES = new Set(['ECONNRESET', 'EPIPE', 'ETIMEDOUT'])
+
+/** Whether `error` leaves a statement's outcome unknown: it may have committed, its answer lost on the way. */
+export function outcomeUnknown(error: unknown): boolean {
+  for (const current of errorChain(error)) {
+    if (isDatabaseReport(current)) return false
+    const code = (current as { code?: unknown }).code
+    if (typeof code === 'string' && LOST_WITH_STATEMENT_CODES.has(code)) return true
+    if (LOST_WITH_STATEMENT_MESSAGES.test(current.message)) return true
+  }
+  return false
+}
+
 export function isDatabaseUnavailable(error: unknown): boolean {
   return describeDatabaseError(error).kind === 'unavailable'
 }

@@ -9,7 +9,7 @@
 // (errorAnswer, as Express's error middleware gives).
 import type { IncomingMessage, ServerResponse } from 'node:http'
 import getRawBody from 'raw-body'
-import { loggableError } from '../db/database-errors.js'
+import { loggableError, outcomeUnknown } from '../db/database-errors.js'
 import type { DiskFullNote } from '../db/disk-full-note.js'
 import { limitLines } from '../limit-lines.js'
 import { AppError } from '../http/app-error.js'
@@ -39,6 +39,10 @@ export interface WebhookEndpointDeps extends ReceiveDeps {
 
 export type WebhookEndpoint = (req: IncomingMessage, res: ServerResponse) => void
 
+export const PERHAPS_STORED_MESSAGE =
+  "webhook perhaps stored: the database connection was lost before its answer came; answered 503, and the platform's retry is answered as a duplicate if it was"
+
+
 // The two answers a stored delivery gets, encoded once
 const RECEIVED = Buffer.from(JSON.stringify({ received: true }))
 const RECEIVED_DUPLICATE = Buffer.from(JSON.stringify({ received: true, duplicate: true }))
@@ -65,6 +69,8 @@ export function webhookEndpoint(deps: WebhookEndpointDeps): WebhookEndpoint {
   const counted = (outcome: string) => metrics?.deliveries.inc({ outcome })
   // lines an outage or an overload writes for every refused delivery: one a second at most (limit-lines.ts)
   const notStored = limitLines((fields: object) => logger.error(fields, 'webhook not stored'))
+  // a connection lost with the statement on it: it may have committed (the platform's retry is then a duplicate)
+  const perhapsStored = limitLines((fields: object) => logger.error(fields, PERHAPS_STORED_MESSAGE))
   const queueFull = limitLines((fields: object) => logger.warn(fields, 'webhook refused: ingest queue full'))
   // and the line of a refused signature, which anyone who can reach the URL can make
   const receiveDeps: ReceiveDeps = {
@@ -149,7 +155,8 @@ export function webhookEndpoint(deps: WebhookEndpointDeps): WebhookEndpoint {
       if (error instanceof SignatureRejected) metrics?.signatureFailures.inc({ signature: error.failure })
       if (error.code === 'database_unavailable' && error.cause !== undefined) {
         deps.diskFull?.failed(error.cause)
-        notStored({ ...loggableDeliveryId(deliveryId), err: loggableError(error.cause) })
+        const line = outcomeUnknown(error.cause) ? perhapsStored : notStored
+        line({ ...loggableDeliveryId(deliveryId), err: loggableError(error.cause) })
       }
       if (error.code === 'storage_low') metrics?.requestsRefused.inc({ reason: 'storage_low' })
       if (error.code === 'overloaded' && !(error instanceof BodyBudgetSpent)) queueFull(loggableDeliveryId(deliveryId))
