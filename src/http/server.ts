@@ -107,7 +107,7 @@ export async function listen(
 // Every request, `Expect: 100-continue` ones too, is noted among its connection's as it begins.
 function requiringHost(app: http.RequestListener, connections: OpenConnections): http.RequestListener {
   return (req, res) => {
-    connections.began(req, res)
+    if (!connections.began(req, res)) return
     if (req.httpVersion === '1.1' && req.headers.host === undefined) {
       refuseAndClose(res, 400, 'invalid_payload', 'An HTTP/1.1 request needs a Host header')
       return
