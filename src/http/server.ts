@@ -60,6 +60,10 @@ export async function listen(
     // checked by requiringHost instead, which answers in the error shape (Node's answer is an empty 400)
     requireHostHeader: false,
   })
+  // every header a request has, within the 16 KB of headers Node reads: past Node's default count (2,000) the rest were
+  // dropped unseen, and a second Host, an X-Partner-Signature or a Content-Encoding placed after 2,000 filler headers
+  // escaped the checks made on them (an outside attack)
+  server.maxHeadersCount = 0
   // its connections and their requests: for the cap, and for a stop that can wait no longer (connection-cap.ts)
   const connections = watchConnections(server, connectionCap)
   const listener = requiringHost(app, connections)
