@@ -127,6 +127,22 @@ function answerClientError(error: Error & { code?: string }, socket: Duplex): vo
     socket.destroy()
     return
   }
+  // Bytes that cannot be parsed behind a request still being answered on the connection (pipelined after it, or sent
+  // after its `Connection: close`): that request's answer goes out first, and the connection closes after it. The
+  // refusal used to be written ahead of it, and a delivery stored was never answered 200.
+  const answering = (socket as Duplex & { _httpMessage?: http.ServerResponse | null })._httpMessage
+  // (the parser's refusals of bytes; not the end of a connection mid-request, nor a request timed out)
+  const unparseable = error.code?.startsWith('HPE_') === true && error.code !== 'HPE_INVALID_EOF_STATE'
+  if (unparseable && answering && !answering.writableFinished && answering.req.complete) {
+    answering.shouldKeepAlive = false
+    answering.once('finish', () => socket.end())
+    return
+  }
+  // data after a `Connection: close` request whose answer went out: the connection is closing, and that is no error
+  if (error.code === 'HPE_CLOSED_CONNECTION') {
+    socket.destroy()
+    return
+  }
   const [status, code, message]: [number, ErrorCode, string] =
     error.code === 'HPE_HEADER_OVERFLOW'
       ? [431, 'header_too_large', 'The request headers are larger than 16 KB']
