@@ -10,7 +10,7 @@ import { listen } from '../src/http/server.js'
 import { localCliRoutes } from '../src/local/local-cli.js'
 import { LOCAL_CLI_PATH } from '../src/local/running-service.js'
 import { createMetrics } from '../src/metrics/metrics.js'
-import { testLogger } from './helpers/log-sink.js'
+import { logEntries, testLogger } from './helpers/log-sink.js'
 import { testConfig } from './helpers/test-config.js'
 import { useTestDatabase } from './helpers/test-database.js'
 
@@ -120,6 +120,24 @@ describe('the operator listener and the Host header', () => {
       expect(await raw(`GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\n${'X: 1\r\n'.repeat(2_000)}Host: evil.example`)).toBe('HTTP/1.1 403 Forbidden')
       expect(await raw('GET /metrics HTTP/1.1\r\nHost: localhost.')).toBe('HTTP/1.1 200 OK')
       expect(await raw('GET /metrics HTTP/1.1\r\nHost: 127.0.0.1')).toBe('HTTP/1.1 200 OK')
+    } finally {
+      await running.stop(0)
+    }
+  })
+
+  // found from outside: a form whose client went away mid-body was logged as a database outage
+  it('a form its client abandons mid-body is no database outage in the log', async () => {
+    const running = await listen(adminBoundTo('127.0.0.1'), { port: 0, host: '127.0.0.1' })
+    const before = logEntries().length
+    try {
+      const socket = connect(Number(new URL(running.url).port), '127.0.0.1')
+      socket.on('error', () => {})
+      await new Promise((resolve) => socket.once('connect', resolve))
+      socket.write('POST /console/login HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/x-www-form-urlencoded\r\nContent-Length: 70\r\n\r\ntoken=a')
+      await new Promise((resolve) => setTimeout(resolve, 100))
+      socket.destroy()
+      await new Promise((resolve) => setTimeout(resolve, 300))
+      expect(logEntries().slice(before).filter((entry) => entry.msg === 'database unavailable')).toEqual([])
     } finally {
       await running.stop(0)
     }

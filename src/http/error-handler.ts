@@ -22,6 +22,11 @@ const BODY_ERROR_CODES: Partial<Record<number, ErrorCode>> = {
  */
 export function errorAnswer(error: unknown, logger: Logger, path: string): { status: number; body: ErrorBody } {
   if (error instanceof AppError) return { status: error.status, body: errorBody(error.code, error.message) }
+  // a body parser's refusal first: a client that went away mid-body is raw-body's `request.aborted`, whose code
+  // (ECONNABORTED) also names a lost database connection, and a form abandoned on the operator listener was logged
+  // as a database outage (an outside attack)
+  const bodyRefusal = bodyParserRefusal(error)
+  if (bodyRefusal) return bodyRefusal
   const database = describeDatabaseError(error)
   if (database.kind === 'unavailable' || database.kind === 'conflict' || database.kind === 'overloaded') {
     logger.warn({ err: database, path }, 'database unavailable')
@@ -31,16 +36,22 @@ export function errorAnswer(error: unknown, logger: Logger, path: string): { sta
     logger.warn({ err: database, path }, 'request data refused by the database')
     return { status: 400, body: errorBody('invalid_payload', 'The database refused the request’s data') }
   }
-  // errors raised by Express's own body parsers and raw-body carry a status and a type
-  const { status, type } = error as { status?: unknown; type?: unknown }
-  // a form of more fields than its parser's parameterLimit: body-parser's 413, though the form may be small
-  if (type === 'parameters.too.many') return { status: 400, body: errorBody('invalid_payload', 'The form has too many fields') }
+  const { status } = error as { status?: unknown }
   if (typeof status === 'number' && status >= 400 && status < 500) {
     const code = BODY_ERROR_CODES[status] ?? 'invalid_payload'
     return { status, body: errorBody(code, (error as Error).message) }
   }
   logger.error({ err: loggableError(error), path }, 'unhandled error')
   return { status: 500, body: errorBody('internal_error', 'Internal error') }
+}
+
+// errors raised by Express's own body parsers and raw-body carry a status and a type
+function bodyParserRefusal(error: unknown): { status: number; body: ErrorBody } | undefined {
+  const { status, type } = (error ?? {}) as { status?: unknown; type?: unknown }
+  if (typeof type !== 'string' || typeof status !== 'number' || status < 400 || status >= 500) return undefined
+  // a form of more fields than its parser's parameterLimit: body-parser's 413, though the form may be small
+  if (type === 'parameters.too.many') return { status: 400, body: errorBody('invalid_payload', 'The form has too many fields') }
+  return { status, body: errorBody(BODY_ERROR_CODES[status] ?? 'invalid_payload', (error as Error).message) }
 }
 
 /** Express's last middleware: every error in the one shape (errorAnswer). */
