@@ -4,7 +4,7 @@
 import type { ChildProcess } from 'node:child_process'
 import { once } from 'node:events'
 import { randomBytes } from 'node:crypto'
-import { mkdtempSync, writeFileSync } from 'node:fs'
+import { existsSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs'
 import net from 'node:net'
 import { tmpdir } from 'node:os'
 import path from 'node:path'
@@ -533,9 +533,12 @@ describePostgres('the compiled serve through database outages (Postgres)', () =>
     const proxy = await startTcpProxy(target())
     proxies.push(proxy)
     const shutdownTimeoutMs = 2_000
-    const { child, watch } = await startServe(proxy.rewrite(database.url!), { SHUTDOWN_TIMEOUT_MS: String(shutdownTimeoutMs), POLL_ENABLED: 'false' })
+    const dataDir = mkdtempSync(path.join(tmpdir(), 'outage-bound-'))
+    const { child, watch } = await startServe(proxy.rewrite(database.url!), { SHUTDOWN_TIMEOUT_MS: String(shutdownTimeoutMs), POLL_ENABLED: 'false', DATA_DIR: dataDir })
     const url = String((await watch.waitFor('service listening')).url)
     await eventually('/readyz answers 200', async () => ((await fetch(`${url}/readyz`)).status === 200 ? true : undefined))
+    const serviceFile = path.join(dataDir, 'serve.json')
+    expect(existsSync(serviceFile)).toBe(true)
     // the whole path, new connections too: with stall() alone the pool could open a fresh connection for the
     // delivery, which then was stored and answered 200 (it did once in CI)
     proxy.silence()
@@ -552,6 +555,9 @@ describePostgres('the compiled serve through database outages (Postgres)', () =>
     // and it names the parts it waited for
     expect(late[0]!.waitingFor).toEqual(expect.arrayContaining([expect.any(String)]))
     expect(watch.lines.at(-1)).toContain('shutdown did not finish in time: exiting')
+    // found from outside: the exit past the bound left serve.json naming a dead process
+    expect(existsSync(serviceFile)).toBe(false)
+    rmSync(dataDir, { recursive: true, force: true })
     // the delivery still waiting when the listener could wait no longer is told to come again (it used to see
     // its connection closed with no answer)
     const answer = await held

@@ -176,15 +176,22 @@ export async function advertiseLocalService(
   const written = `${file}.${process.pid}.tmp`
   writeFileSync(written, `${JSON.stringify(contents)}\n`, { mode: 0o600 })
   renameSync(written, file)
+  const remove = () => {
+    // only its own: another service may have written it since (this one's was removed by hand)
+    try {
+      if ((JSON.parse(readFileSync(file, 'utf8')) as ServiceFile).pid !== process.pid) return
+    } catch {
+      return
+    }
+    rmSync(file, { force: true })
+  }
+  // and on any exit: a stop that ran past its bound (a reaction handler that ignores its abort) exited 1 and left the
+  // file naming a dead process
+  process.once('exit', remove)
   return {
     remove: () => {
-      // only its own: another service may have written it since (this one's was removed by hand)
-      try {
-        if ((JSON.parse(readFileSync(file, 'utf8')) as ServiceFile).pid !== process.pid) return
-      } catch {
-        return
-      }
-      rmSync(file, { force: true })
+      process.off('exit', remove)
+      remove()
     },
   }
 }
