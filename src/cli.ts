@@ -9,10 +9,11 @@ stopWhileStarting('Stopped by a signal before the command began: nothing done [s
 const { forwardToLocalService, RunningServiceError } = await import('./local/running-service.js')
 const { ignoreGoneOutput } = await import('./output-gone.js')
 
-// 20.19 is the oldest Node the dependencies support (see "Supported Node.js versions" in README.md)
+// 20.19+ or 22.12+ (package.json's engines: see "Supported Node.js versions" in README.md); 21 and 22.0-22.11 were
+// taken without a word, though the README said they were refused (found from outside)
 const [major = 0, minor = 0] = process.versions.node.split('.').map(Number)
-if (major < 20 || (major === 20 && minor < 19)) {
-  console.error(`Node.js 20.19 or newer is required (this is ${process.version}); see README.md`)
+if (major < 20 || (major === 20 && minor < 19) || major === 21 || (major === 22 && minor < 12)) {
+  console.error(`Node.js 20.19+, 22.12+ or 24 is required (this is ${process.version}); see README.md`)
   process.exit(2)
 }
 
