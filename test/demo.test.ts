@@ -30,6 +30,16 @@ describe('the demo', () => {
     }
   }, 60_000)
 
+  // found from outside: "must be a whole number from 0, in decimal digits" said of a whole number in decimal digits
+  it('refuses a seed past 2^53 - 1 naming the range, and a seed not in digits naming the digits', async () => {
+    const past = await runCommandWith(['demo', '--seed', '9007199254740992', '--no-console'])
+    expect(past.code).toBe(2)
+    expect(past.stderr).toContain("argument '9007199254740992' is invalid. must be a whole number from 0 to 9007199254740991")
+    const letters = await runCommandWith(['demo', '--seed', '1e3', '--no-console'])
+    expect(letters.code).toBe(2)
+    expect(letters.stderr).toContain("argument '1e3' is invalid. must be a whole number from 0, in decimal digits (0-9)")
+  })
+
   it('says in its help that it runs 50 trades by default, ten of each kind', async () => {
     const help = await runCommandWith(['demo', '--help'])
     expect(help.code).toBe(0)

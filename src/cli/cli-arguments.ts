@@ -14,7 +14,11 @@ export function decimalDigits(value: string): number {
 export function wholeNumber(value: string): number {
   const parsed = decimalDigits(value)
   // past 2^53 a number is no longer exact, and 1e300 is no integer the database takes
-  if (!Number.isSafeInteger(parsed)) throw new InvalidArgumentError('must be a whole number from 0, in decimal digits')
+  // (named whole: "from 0, in decimal digits" read as a contradiction to a number of 20 digits)
+  if (!Number.isSafeInteger(parsed)) {
+    const why = /^[0-9]+$/.test(value) ? `from 0 to ${Number.MAX_SAFE_INTEGER}` : 'from 0, in decimal digits (0-9)'
+    throw new InvalidArgumentError(`must be a whole number ${why}`)
+  }
   return parsed
 }
 
