@@ -29,6 +29,8 @@ describe('`cli sandbox` on a host other machines can reach', () => {
   it('warns once on stderr when --host is every interface, naming the option', async () => {
     const { stdout, warnings } = await sandboxOutput(['--host', '0.0.0.0'])
     expect(stdout).toContain('sandbox platform listening on http://0.0.0.0:')
+    // found from outside: the receiver was told PARTNER_API_BASE_URL=http://0.0.0.0:…, no address to go to
+    expect(stdout).toMatch(/a receiver's PARTNER_API_BASE_URL=http:\/\/<this machine's address>:(\d+) \(http:\/\/127\.0\.0\.1:\1 on this machine\)\)\n/)
     expect(warnings).toEqual([
       'warning: --host 0.0.0.0 is not a loopback address, so other machines can reach the simulator: its API is signed ' +
         'and its control endpoints need the token, but it is a simulator with test secrets. Give 127.0.0.1 unless they must reach it.',

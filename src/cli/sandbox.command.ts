@@ -153,7 +153,10 @@ export function registerSandboxCommand(program: Command): void {
         )
       }
       // the base URL a receiver is given is the root: the client adds /api/partner/v1/ (config.ts refuses it whole)
-      write(`sandbox platform listening on ${url} (partner API at ${url}/api/partner/v1/; a receiver's PARTNER_API_BASE_URL=${url})\n`)
+      // bound to every interface, its own address is no address to give a receiver (another container, another machine)
+      const everywhere = /^http:\/\/(?:0\.0\.0\.0|\[::\])(:\d+)$/.exec(url)
+      const baseUrl = everywhere ? `http://<this machine's address>${everywhere[1]} (http://127.0.0.1${everywhere[1]} on this machine)` : url
+      write(`sandbox platform listening on ${url} (partner API at ${url}/api/partner/v1/; a receiver's PARTNER_API_BASE_URL=${baseUrl})\n`)
       write(`webhooks go to ${withoutPassword(flags.webhookUrl ?? `http://${host}:${config.port}${config.webhook.path}`)}\n`)
       if ((flags.milestoneAnswer ?? config.sandbox.milestoneAnswer) === 'milestone') {
         write('a milestone deliver or release answers the milestone record, not the trade record\n')
