@@ -30,6 +30,14 @@ const localMode = (dataDir: string) => ({ DATA_DIR: dataDir, PORT: '0', ADMIN_PO
 const refusal = (directory: string, reason: string) =>
   `Invalid configuration:\n  - DATA_DIR: ${directory} cannot be used: ${reason}; set DATA_DIR to a directory this user can write\n`
 
+/** The `start-up failed` line among serve's JSON log lines. */
+const startUpFailure = (stdout: string) =>
+  stdout
+    .split('\n')
+    .filter((line) => line.startsWith('{'))
+    .map((line) => JSON.parse(line) as { msg: string; err?: { message: string } })
+    .find((line) => line.msg === 'start-up failed')
+
 describe('a DATA_DIR the service cannot write', () => {
   it('a file in the way: serve (local mode and embedded database) and a CLI command exit 2 naming it', async () => {
     const file = path.join(scratch, 'a-file')
@@ -56,11 +64,7 @@ describe('a DATA_DIR the service cannot write', () => {
     rmSync(path.join(directory, 'pglite', 'global', 'pg_control'))
     const result = await runCli(['serve'], receiverEnv(directory), { built: true })
     expect(result.code).toBe(1)
-    const failed = result.stdout
-      .split('\n')
-      .filter((line) => line.startsWith('{'))
-      .map((line) => JSON.parse(line) as { msg: string; err?: { message: string } })
-      .find((line) => line.msg === 'start-up failed')
+    const failed = startUpFailure(result.stdout)
     expect(failed?.err?.message).toMatch(
       new RegExp(
         `^Migration \\(before any migration ran\\) failed: the embedded database could not start from ${path.join(directory, 'pglite')} \\(.+\\): ` +
@@ -84,11 +88,7 @@ describe('a DATA_DIR the service cannot write', () => {
       })
     const result = asNobody(['serve'], receiverEnv(directory))
     expect(result.status).toBe(1)
-    const failed = result.stdout
-      .split('\n')
-      .filter((line) => line.startsWith('{'))
-      .map((line) => JSON.parse(line) as { msg: string; err?: { message: string } })
-      .find((line) => line.msg === 'start-up failed')
+    const failed = startUpFailure(result.stdout)
     expect(failed?.err?.message).toBe(
       `Migration (before any migration ran) failed: the embedded database could not start from ${path.join(directory, 'pglite')}: ` +
         `1 of its files cannot be read and written by this user (nobody), e.g. ${path.join('global', 'pg_control')} (owned by root): ` +

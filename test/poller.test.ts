@@ -663,8 +663,14 @@ describe('the poller', () => {
       await poller.stop()
     })
 
-    /** Runs the poller on `fetcher`'s refusals: it sleeps 2, 4, 8 × the interval after each cycle, one poll each. */
-    const expectSleepsDoubling = async (fetcher: ReturnType<typeof countingFetcher>, settings: { intervalS: number; batchSize?: number }) => {
+    /**
+     * Starts the poller on `fetcher`'s refusals and checks that it sleeps 2, 4, 8 × the interval after each cycle;
+     * returns it asleep after its fourth.
+     */
+    const startSleepsDoubling = async (
+      fetcher: ReturnType<typeof countingFetcher>,
+      settings: { intervalS: number; batchSize?: number; concurrency?: number },
+    ) => {
       const poller = testPoller({ db: database.db, fetcher, clock, settings })
       poller.start()
       for (const expected of [60_000, 120_000, 240_000]) {
@@ -673,6 +679,12 @@ describe('the poller', () => {
         await clock.advance(expected)
       }
       await eventually(() => clock.pendingSleepers === 1, 'the poller sleeps')
+      return poller
+    }
+
+    /** The same, one poll a cycle. */
+    const expectSleepsDoubling = async (fetcher: ReturnType<typeof countingFetcher>, settings: { intervalS: number; batchSize?: number }) => {
+      const poller = await startSleepsDoubling(fetcher, settings)
       expect(fetcher.calls).toHaveLength(4)
       await poller.stop()
     }
@@ -691,14 +703,7 @@ describe('the poller', () => {
       await insertOrders(database.db, Array.from({ length: 25 }, (_, i) => ({ externalReference: `out-${i}`, nextPollAt: fromNow(-100 + i) })))
       let failing = true
       const fetcher = countingFetcher(() => (failing ? platformError(502) : 'delivered'))
-      const poller = testPoller({ db: database.db, fetcher, clock, settings: { intervalS: 30, batchSize: 5, concurrency: 1 } })
-      poller.start()
-      for (const expected of [60_000, 120_000, 240_000]) {
-        await eventually(() => clock.pendingSleepers === 1, 'the poller sleeps')
-        expect(clock.sleeps.at(-1)).toBe(expected)
-        await clock.advance(expected)
-      }
-      await eventually(() => clock.pendingSleepers === 1, 'the poller sleeps')
+      const poller = await startSleepsDoubling(fetcher, { intervalS: 30, batchSize: 5, concurrency: 1 })
       // five polls a cycle, each stopped after them
       expect(fetcher.calls).toHaveLength(20)
       failing = false
