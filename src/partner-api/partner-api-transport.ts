@@ -305,6 +305,7 @@ export class PartnerApiTransport {
         )
       }
       log({ status: response.status })
+      if (succeeded) return { status: response.status, headers: response.headers, text }
       const sent = [headers['X-Partner-Signature'] ?? '', headers['X-Partner-Nonce'] ?? '', this.keyId, body ?? '']
       return { status: response.status, headers: response.headers, text, sent }
     } catch (error) {
