@@ -10,8 +10,8 @@ export const DISK_FULL = '53100'
 export const DISK_FULL_HOLD_MS = 10_000
 
 export interface DiskFullNote {
-  /** Notes a failed write: true when it was refused for a full disk. */
-  failed(error: unknown): boolean
+  /** Notes a failed write: it counts when the database refused it for a full disk. */
+  failed(error: unknown): void
   /** Notes a stored delivery: the database has room. */
   stored(): void
   /** Milliseconds since the last refusal, while it stands; undefined when none does. */
@@ -22,9 +22,7 @@ export function diskFullNote(now: () => number = Date.now, holdMs = DISK_FULL_HO
   let refusedAt: number | undefined
   return {
     failed(error) {
-      if (errorCode(error) !== DISK_FULL) return false
-      refusedAt = now()
-      return true
+      if (errorCode(error) === DISK_FULL) refusedAt = now()
     },
     stored() {
       refusedAt = undefined
