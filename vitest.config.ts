@@ -48,6 +48,12 @@ export default defineConfig({
     // The whole suite on PGlite, 2 cores: 959 s one file at a time; 541 s three at a time, with the process
     // tests' copied DATA_DIRs (helpers/data-dir-template.ts), the cores 93 % busy.
     maxWorkers: Math.max(3, availableParallelism() - 1),
+    // Each test file starts PGlite, whose start runs enough of Postgres for V8 to recompile much of its WebAssembly
+    // with the optimising compiler, on threads of its own, for a file that then runs a few hundred statements. The
+    // baseline compiler alone (what one-shot commands use: src/db/pglite-thread.ts, compileForShortRuns) cost 33 %
+    // less CPU: eight of the in-process files, twice each in turn, 59.2 and 56.8 s of user CPU against 39.0 and
+    // 37.3 s (2026-12-05, 2 cores). What the code does is the same under either compiler.
+    execArgv: ['--liftoff-only'],
     projects: [
       { extends: true, test: { name: 'in-process', include: ['test/**/*.test.ts'], exclude: [...processFiles, ...skipped] } },
       // and dist/ compiled once before its files run (test/helpers/build-dist.ts; added to the global setup

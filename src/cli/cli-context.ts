@@ -197,6 +197,7 @@ async function openForCommand(migrate: boolean): Promise<{ database: DatabaseHan
     dataDir: config.dataDir,
     poolSize: 2,
     statementTimeoutMs: config.databaseStatementTimeoutMs,
+    shortRun: true,
     logger,
   })
   try {

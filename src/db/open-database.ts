@@ -112,6 +112,8 @@ export interface OpenDatabaseOptions {
    * Absent: refused at once.
    */
   lockWaitMs?: number
+  /** PGlite: opened for one short command, not for the service (pglite-thread.ts, compileForShortRuns). */
+  shortRun?: boolean
   logger?: Logger
 }
 
@@ -543,7 +545,7 @@ export function embeddedDatabaseExists(dataDir: string): boolean {
 
 const PGLITE_SHARED_BUFFERS = '32MB'
 
-function openPglite({ dataDir = 'memory://', logger, pgliteTemplate, lockWaitMs = 0 }: OpenDatabaseOptions): DatabaseHandle {
+function openPglite({ dataDir = 'memory://', logger, pgliteTemplate, lockWaitMs = 0, shortRun = false }: OpenDatabaseOptions): DatabaseHandle {
   const inMemory = dataDir.startsWith('memory://')
   const location = inMemory ? dataDir : path.join(dataDir, 'pglite')
   let unlock = () => {}
@@ -563,6 +565,7 @@ function openPglite({ dataDir = 'memory://', logger, pgliteTemplate, lockWaitMs 
     // Postgres's default cache (128 MB) becomes resident in this process as it fills; the embedded
     // database is local mode's and the tests', with data measured in megabytes (bench/local-memory.ts)
     startParams: ['-c', `shared_buffers=${PGLITE_SHARED_BUFFERS}`],
+    shortRun,
     logger,
   })
   // PGlite unpacks a new database with its own modes (0666), past the umask: tighten once it is ready

@@ -16,6 +16,7 @@
 import { accessSync, constants, type Dirent, readdirSync } from 'node:fs'
 import { userInfo } from 'node:os'
 import path from 'node:path'
+import v8 from 'node:v8'
 import { Worker } from 'node:worker_threads'
 import { leftByAnotherUser, ownerOf } from '../data-dir.js'
 import type { Logger } from '../logger.js'
@@ -79,6 +80,8 @@ export interface PgliteThreadOptions {
   startParams: string[]
   template?: Blob | undefined
   logger?: Logger | undefined
+  /** Opened for one short command, not for the service: see compileForShortRuns. */
+  shortRun?: boolean | undefined
   /** The worker's script, pglite-worker's by default (a test gives one that stops, to see what follows). */
   script?: URL | undefined
 }
@@ -168,6 +171,20 @@ export function filesNotWritable(location: string): string | undefined {
   return `${count} of its files cannot be read and written by this user (${userInfo().username}), e.g. ${examples}: ${leftByAnotherUser(path.dirname(location), count)}`
 }
 
+/**
+ * For a process that opens the embedded database for one short command (PgliteThreadOptions.shortRun), not for the
+ * service: WebAssembly compiled by V8's baseline compiler only. By default V8 also recompiles the functions that run hot with its optimising
+ * compiler, on threads of its own, and PGlite's start runs enough of Postgres to set that off for a command that
+ * then runs a few statements. Measured 2026-12-05, Node 20, 2 cores, `orders list` on an existing DATA_DIR: 2.06 s
+ * of CPU and 279 MB peak RSS by default, 1.33 s and 200 MB this way (1.9 s and 1.55 s from start to exit); a first
+ * command, which initialises the database, 5.8 s of CPU against 3.9 s. A long one loses little: 300,000 rows
+ * inserted, indexed and half deleted took 22 % longer. V8 reads the setting when it compiles, so it is set before
+ * the database's thread starts; the service does not set it.
+ */
+function compileForShortRuns(): void {
+  v8.setFlagsFromString('--liftoff-only')
+}
+
 // the worker's file beside this one, in src/ and in dist/ alike: plain JavaScript, so that it runs without a
 // loader from source too (pglite-worker.mjs says why)
 function startWorker(data: PgliteWorkerData, transferList: ArrayBuffer[], script: URL | undefined): Worker {
@@ -193,7 +210,8 @@ export class PgliteThread {
   }
 
   private async start(): Promise<void> {
-    const { location, startParams, template, logger, script } = this.options
+    const { location, startParams, template, logger, script, shortRun } = this.options
+    if (shortRun) compileForShortRuns()
     const templateBytes = template ? await template.arrayBuffer() : undefined
     const worker = startWorker({ location, startParams, template: templateBytes }, templateBytes ? [templateBytes] : [], script)
     this.worker = worker
