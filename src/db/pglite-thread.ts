@@ -178,8 +178,9 @@ export function filesNotWritable(location: string): string | undefined {
  * then runs a few statements. Measured 2026-12-05, Node 20, 2 cores, `orders list` on an existing DATA_DIR: 2.06 s
  * of CPU and 279 MB peak RSS by default, 1.33 s and 200 MB this way (1.9 s and 1.55 s from start to exit); a first
  * command, which initialises the database, 5.8 s of CPU against 3.9 s. A long one loses little: 300,000 rows
- * inserted, indexed and half deleted took 22 % longer. V8 reads the setting when it compiles, so it is set before
- * the database's thread starts; the service does not set it.
+ * inserted, indexed and half deleted took 22 % longer. Set before the database's thread starts; the service does not
+ * set it. Node 22's V8 takes it (1.25-1.73 s and 213-217 MB, from 1.91-2.21 s and 275-279 MB); Node 24's does not
+ * once started (2.4 s and 667 MB either way; `node --liftoff-only` on its command line: 1.6 s and 227 MB).
  */
 function compileForShortRuns(): void {
   v8.setFlagsFromString('--liftoff-only')
