@@ -66,14 +66,16 @@ export async function listen(
   server.maxHeadersCount = 0
   // its connections and their requests: for the cap, and for a stop that can wait no longer (connection-cap.ts)
   const connections = watchConnections(server, connectionCap)
-  const listener = requiringHost(app, connections)
+  const listener = wellFramedOnly(app, connections)
   server.on('request', listener)
   // a request with `Expect: 100-continue` reaches the app unanswered: it says continue when it reads the body
   server.on('checkContinue', checkContinue(listener))
-  // any other expectation (Node's answer is an empty 417)
-  server.on('checkExpectation', (_req: http.IncomingMessage, res: http.ServerResponse) =>
-    refuseAndClose(res, 417, 'expectation_failed', 'Expect: only 100-continue is understood'),
-  )
+  // any other expectation (Node's answer is an empty 417), once the request is one this listener reads at all
+  server.on('checkExpectation', (req: http.IncomingMessage, res: http.ServerResponse) => {
+    const refusal = framingRefusal(req)
+    if (refusal) refuseAndClose(res, ...refusal)
+    else refuseAndClose(res, 417, 'expectation_failed', 'Expect: only 100-continue is understood')
+  })
   server.on('clientError', answerClientError)
   // neither listener is a proxy (Node closed a CONNECT's connection without a word)
   server.on('connect', (_req: http.IncomingMessage, socket: Duplex) =>
@@ -107,17 +109,33 @@ export async function listen(
   }
 }
 
-// An HTTP/1.1 request must name its Host (RFC 9112 3.2); Node's own check answered an empty 400, with no code.
-// Every request, `Expect: 100-continue` ones too, is noted among its connection's as it begins.
-function requiringHost(app: http.RequestListener, connections: OpenConnections): http.RequestListener {
+// Every request, `Expect: 100-continue` ones too, is noted among its connection's as it begins, and one whose
+// framing or target Node's parser let through but that is not what HTTP/1.1 allows is refused before the app sees
+// it, its connection closed (framingRefusal).
+function wellFramedOnly(app: http.RequestListener, connections: OpenConnections): http.RequestListener {
   return (req, res) => {
     if (!connections.began(req, res)) return
-    if (req.httpVersion === '1.1' && req.headers.host === undefined) {
-      refuseAndClose(res, 400, 'invalid_payload', 'An HTTP/1.1 request needs a Host header')
+    const refusal = framingRefusal(req)
+    if (refusal) {
+      refuseAndClose(res, ...refusal)
       return
     }
     app(req, res)
   }
+}
+
+/**
+ * Why a request Node's parser took is refused (an outside tester found each answered as any other), or undefined.
+ * Node's own Host check answered an empty 400 with no code; the others it did not make at all.
+ */
+function framingRefusal(req: http.IncomingMessage): [number, ErrorCode, string] | undefined {
+  // RFC 9112 6.1: an HTTP/1.0 message with a Transfer-Encoding is faulty framing (Node read its body as chunked,
+  // where an HTTP/1.0 proxy in front reads it up to the close: two readers, two bodies)
+  if (req.httpVersionMinor === 0 && req.headers['transfer-encoding'] !== undefined) {
+    return [400, 'invalid_payload', 'An HTTP/1.0 request cannot carry Transfer-Encoding: send a Content-Length, or HTTP/1.1']
+  }
+  if (req.httpVersionMinor === 1 && req.headers.host === undefined) return [400, 'invalid_payload', 'An HTTP/1.1 request needs a Host header']
+  return undefined
 }
 
 // Requests Node's parser refuses before the app sees them (headers over 16 KB, malformed HTTP, a client

@@ -1,0 +1,90 @@
+// Requests Node's parser takes, or refuses with no word of why, that HTTP/1.1 does not allow: each is refused on both
+// listeners, in the error shape, and its connection closed (an outside tester found each answered as any other). An
+// HTTP/1.0 request with a Transfer-Encoding (RFC 9112 6.1).
+import { afterAll, beforeAll, describe, expect, it } from 'vitest'
+import { systemClock } from '../src/clock.js'
+import { createAdminApp } from '../src/http/admin-app.js'
+import { createApp } from '../src/http/app.js'
+import { listen, type RunningServer } from '../src/http/server.js'
+import { createMetrics } from '../src/metrics/metrics.js'
+import { testLogger } from './helpers/log-sink.js'
+import { connect, exchange, finalAnswer } from './helpers/raw-http-client.js'
+import { testConfig } from './helpers/test-config.js'
+import { useTestDatabase } from './helpers/test-database.js'
+import { signBody, tradePayload } from './helpers/webhook-delivery.js'
+
+const config = testConfig()
+
+describe('requests HTTP/1.1 does not allow, on both listeners', () => {
+  const database = useTestDatabase()
+  let publicListener: RunningServer
+  let operatorListener: RunningServer
+  const portOf = (running: RunningServer) => Number(new URL(running.url).port)
+  // a path each listener answers 200
+  const listeners = () =>
+    [
+      ['public', portOf(publicListener), '/healthz'],
+      ['operator', portOf(operatorListener), '/metrics'],
+    ] as const
+
+  beforeAll(async () => {
+    const logger = testLogger(config.webhook.secrets)
+    publicListener = await listen(createApp({ config, db: database.db, logger, clock: systemClock }), { port: 0, host: '127.0.0.1' })
+    const metrics = createMetrics({}, { defaultMetrics: false })
+    operatorListener = await listen(createAdminApp({ config, db: database.db, logger, metrics }), { port: 0, host: '127.0.0.1' })
+  })
+  afterAll(async () => {
+    await publicListener?.stop(0)
+    await operatorListener?.stop(0)
+  })
+
+  const storedCount = async () =>
+    Number((await database.db.selectFrom('webhookDeliveries').select((eb) => eb.fn.countAll<number>().as('n')).executeTakeFirstOrThrow()).n)
+
+  /** Sends `bytes`, and reads the one answer up to the close the server makes (exchange() waits for it). */
+  const refusal = async (port: number, bytes: string) => {
+    const received = await exchange(port, bytes)
+    expect(received.match(/HTTP\/1\.1 \d{3} /g), received).toHaveLength(1)
+    const answer = finalAnswer(received)
+    expect(answer.headers.connection).toBe('close')
+    return { status: answer.status, body: JSON.parse(answer.body) as unknown }
+  }
+
+  it('answers an HTTP/1.0 request with a Transfer-Encoding 400 and closes its connection', async () => {
+    for (const [name, port, path] of listeners()) {
+      expect(await refusal(port, `GET ${path} HTTP/1.0\r\nHost: 127.0.0.1\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n`), name).toEqual({
+        status: 400,
+        body: { error: { code: 'invalid_payload', message: expect.stringContaining('HTTP/1.0 request cannot carry Transfer-Encoding') } },
+      })
+    }
+  })
+
+  it('stores nothing of a signed delivery sent chunked under HTTP/1.0', async () => {
+    const body = JSON.stringify(tradePayload('framing-1', 'funded'))
+    const chunked = `${body.length.toString(16)}\r\n${body}\r\n0\r\n\r\n`
+    const before = await storedCount()
+    const answer = await refusal(
+      portOf(publicListener),
+      'POST /webhooks/partner HTTP/1.0\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nX-Partner-Delivery-Id: framing-1\r\n' +
+        `X-Partner-Signature: ${signBody(body)}\r\nTransfer-Encoding: chunked\r\n\r\n${chunked}`,
+    )
+    expect(answer.status).toBe(400)
+    expect(await storedCount()).toBe(before)
+  })
+
+  it('answers a well-formed HTTP/1.0 request, and HTTP/1.1 requests one after another on a kept-alive connection', async () => {
+    for (const [name, port, path] of listeners()) {
+      expect(finalAnswer(await exchange(port, `GET ${path} HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n`)).status, name).toBe(200)
+      const client = await connect(port)
+      try {
+        for (let sent = 1; sent <= 3; sent++) {
+          client.write(`GET ${path} HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n`)
+          const received = await client.until((text) => (text.match(/HTTP\/1\.1 200 OK\r\n/g)?.length ?? 0) === sent)
+          expect(received, name).not.toContain('Connection: close')
+        }
+      } finally {
+        client.destroy()
+      }
+    }
+  })
+})
