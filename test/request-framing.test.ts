@@ -1,6 +1,6 @@
 // Requests Node's parser takes, or refuses with no word of why, that HTTP/1.1 does not allow: each is refused on both
 // listeners, in the error shape, and its connection closed (an outside tester found each answered as any other). An
-// HTTP/1.0 request with a Transfer-Encoding (RFC 9112 6.1).
+// HTTP/1.0 request with a Transfer-Encoding (RFC 9112 6.1), a version other than HTTP/1.x.
 import { afterAll, beforeAll, describe, expect, it } from 'vitest'
 import { systemClock } from '../src/clock.js'
 import { createAdminApp } from '../src/http/admin-app.js'
@@ -70,6 +70,30 @@ describe('requests HTTP/1.1 does not allow, on both listeners', () => {
     )
     expect(answer.status).toBe(400)
     expect(await storedCount()).toBe(before)
+  })
+
+  it.each([['HTTP/2.0'], ['HTTP/0.9'], ['HTTP/3.0'], ['HTTP/2.1'], ['HTTP/1.9']])('answers a request line naming %s 505 http_version_not_supported', async (version) => {
+    for (const [name, port, path] of listeners()) {
+      expect(await refusal(port, `GET ${path} ${version}\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n`), name).toEqual({
+        status: 505,
+        body: { error: { code: 'http_version_not_supported', message: `${version} is not spoken here: send HTTP/1.1 or HTTP/1.0` } },
+      })
+    }
+  })
+
+  it('answers a version behind a request on the same connection 505 after that request is answered', async () => {
+    const received = await exchange(
+      portOf(publicListener),
+      'GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\nGET /healthz HTTP/3.0\r\nHost: 127.0.0.1\r\n\r\n',
+    )
+    expect(received.match(/HTTP\/1\.1 \d+/g), received).toEqual(['HTTP/1.1 200', 'HTTP/1.1 505'])
+  })
+
+  it('still answers what is no version at all 400 invalid_payload', async () => {
+    expect(await refusal(portOf(publicListener), 'GET /healthz HTTP/x\r\nHost: 127.0.0.1\r\n\r\n')).toEqual({
+      status: 400,
+      body: { error: { code: 'invalid_payload', message: 'The request is not valid HTTP' } },
+    })
   })
 
   it('answers a well-formed HTTP/1.0 request, and HTTP/1.1 requests one after another on a kept-alive connection', async () => {

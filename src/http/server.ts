@@ -129,6 +129,10 @@ function wellFramedOnly(app: http.RequestListener, connections: OpenConnections)
  * Node's own Host check answered an empty 400 with no code; the others it did not make at all.
  */
 function framingRefusal(req: http.IncomingMessage): [number, ErrorCode, string] | undefined {
+  // Node takes HTTP/0.9 and HTTP/2.0 in a request line and parses the rest as HTTP/1.1
+  if (req.httpVersionMajor !== 1) {
+    return [505, 'http_version_not_supported', `HTTP/${req.httpVersion} is not spoken here: send HTTP/1.1 or HTTP/1.0`]
+  }
   // RFC 9112 6.1: an HTTP/1.0 message with a Transfer-Encoding is faulty framing (Node read its body as chunked,
   // where an HTTP/1.0 proxy in front reads it up to the close: two readers, two bodies)
   if (req.httpVersionMinor === 0 && req.headers['transfer-encoding'] !== undefined) {
@@ -161,13 +165,30 @@ function answerClientError(error: Error & { code?: string }, socket: Duplex): vo
     socket.destroy()
     return
   }
+  const version = error.code === 'HPE_INVALID_VERSION' ? versionRefused(error) : undefined
   const [status, code, message]: [number, ErrorCode, string] =
     error.code === 'HPE_HEADER_OVERFLOW'
       ? [431, 'header_too_large', 'The request headers are larger than 16 KB']
       : error.code === 'ERR_HTTP_REQUEST_TIMEOUT'
         ? [408, 'request_timeout', 'The request was not received in time']
-        : [400, 'invalid_payload', 'The request is not valid HTTP']
+        : version !== undefined
+          ? [505, 'http_version_not_supported', `HTTP/${version} is not spoken here: send HTTP/1.1 or HTTP/1.0`]
+          : [400, 'invalid_payload', 'The request is not valid HTTP']
   answerOnSocket(socket, status, code, message)
+}
+
+/**
+ * The version a request line names in digits (`HTTP/2.1`, `HTTP/3.0`, `HTTP/1.9`) that Node's parser refused, or
+ * undefined when what it refused is no version at all (`HTTP/x`), which is no HTTP. The line is the one the parser
+ * stopped in, within the bytes it was given (a request pipelined behind another starts part-way).
+ */
+function versionRefused(error: Error & { rawPacket?: unknown; bytesParsed?: unknown }): string | undefined {
+  const { rawPacket, bytesParsed } = error
+  if (!Buffer.isBuffer(rawPacket) || typeof bytesParsed !== 'number') return undefined
+  const lineStart = bytesParsed > 0 ? rawPacket.lastIndexOf(0x0a /* \n */, bytesParsed - 1) + 1 : 0
+  const requestLine = rawPacket.subarray(lineStart, lineStart + 16 * 1024).toString('latin1')
+  const version = /^[!-~]+ [!-~]+ HTTP\/(\d{1,3}\.\d{1,3})\r?\n/.exec(requestLine)?.[1]
+  return version === '1.1' || version === '1.0' ? undefined : version
 }
 
 /** An answer in the error shape written on the connection itself (no response object), which is then closed. */
