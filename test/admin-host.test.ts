@@ -115,9 +115,10 @@ describe('the operator listener and the Host header', () => {
     try {
       expect(await raw('GET http://evil.example/metrics HTTP/1.1\r\nHost: 127.0.0.1')).toBe('HTTP/1.1 403 Forbidden')
       expect(await raw(`GET http://127.0.0.1:${port}/metrics HTTP/1.1\r\nHost: evil.example`)).toBe('HTTP/1.1 200 OK')
-      expect(await raw('GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\nHost: evil.example')).toBe('HTTP/1.1 403 Forbidden')
+      // (by the listener, on both: test/request-framing.test.ts)
+      expect(await raw('GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\nHost: evil.example')).toBe('HTTP/1.1 400 Bad Request')
       // found from outside: past Node's default of 2,000 headers the rest were dropped, the second Host with them
-      expect(await raw(`GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\n${'X: 1\r\n'.repeat(2_000)}Host: evil.example`)).toBe('HTTP/1.1 403 Forbidden')
+      expect(await raw(`GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\n${'X: 1\r\n'.repeat(2_000)}Host: evil.example`)).toBe('HTTP/1.1 400 Bad Request')
       expect(await raw('GET /metrics HTTP/1.1\r\nHost: localhost.')).toBe('HTTP/1.1 200 OK')
       expect(await raw('GET /metrics HTTP/1.1\r\nHost: 127.0.0.1')).toBe('HTTP/1.1 200 OK')
     } finally {

@@ -1,6 +1,7 @@
 // Requests Node's parser takes, or refuses with no word of why, that HTTP/1.1 does not allow: each is refused on both
 // listeners, in the error shape, and its connection closed (an outside tester found each answered as any other). An
-// HTTP/1.0 request with a Transfer-Encoding (RFC 9112 6.1), a version other than HTTP/1.x.
+// HTTP/1.0 request with a Transfer-Encoding (RFC 9112 6.1), a version other than HTTP/1.x, a target holding a
+// fragment (RFC 9112 3.2), two Host headers.
 import { afterAll, beforeAll, describe, expect, it } from 'vitest'
 import { systemClock } from '../src/clock.js'
 import { createAdminApp } from '../src/http/admin-app.js'
@@ -94,6 +95,28 @@ describe('requests HTTP/1.1 does not allow, on both listeners', () => {
       status: 400,
       body: { error: { code: 'invalid_payload', message: 'The request is not valid HTTP' } },
     })
+  })
+
+  it('answers a request target holding a fragment 400, in origin and absolute form', async () => {
+    for (const [name, port, path] of listeners()) {
+      for (const target of [`${path}#top`, `http://127.0.0.1:${port}${path}#top`, `${path}?a=1#`]) {
+        expect(await refusal(port, `GET ${target} HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n`), `${name} ${target}`).toEqual({
+          status: 400,
+          body: { error: { code: 'invalid_payload', message: 'A request target cannot hold a fragment (#): a client never sends one' } },
+        })
+      }
+    }
+  })
+
+  it('answers a request with two Host headers 400 duplicate_header, the same two or not', async () => {
+    for (const [name, port, path] of listeners()) {
+      for (const second of ['127.0.0.1', 'evil.example']) {
+        expect(await refusal(port, `GET ${path} HTTP/1.1\r\nHost: 127.0.0.1\r\nHost: ${second}\r\n\r\n`), `${name} ${second}`).toEqual({
+          status: 400,
+          body: { error: { code: 'duplicate_header', message: 'A request carries one Host header; this one has 2' } },
+        })
+      }
+    }
   })
 
   it('answers a well-formed HTTP/1.0 request, and HTTP/1.1 requests one after another on a kept-alive connection', async () => {

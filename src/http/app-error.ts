@@ -15,6 +15,7 @@ export type ErrorCode =
   | 'method_not_allowed'
   | 'request_timeout'
   | 'header_too_large'
+  | 'duplicate_header'
   | 'http_version_not_supported'
   | 'event_handler_failed'
   | 'invalid_command_token'

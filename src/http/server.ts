@@ -138,7 +138,14 @@ function framingRefusal(req: http.IncomingMessage): [number, ErrorCode, string] 
   if (req.httpVersionMinor === 0 && req.headers['transfer-encoding'] !== undefined) {
     return [400, 'invalid_payload', 'An HTTP/1.0 request cannot carry Transfer-Encoding: send a Content-Length, or HTTP/1.1']
   }
-  if (req.httpVersionMinor === 1 && req.headers.host === undefined) return [400, 'invalid_payload', 'An HTTP/1.1 request needs a Host header']
+  // RFC 9112 3.2: which of two a proxy in front read is anyone's guess (Node keeps the first)
+  const hosts = req.headersDistinct.host?.length ?? 0
+  if (hosts > 1) return [400, 'duplicate_header', `A request carries one Host header; this one has ${hosts}`]
+  if (req.httpVersionMinor === 1 && hosts === 0) return [400, 'invalid_payload', 'An HTTP/1.1 request needs a Host header']
+  // RFC 9112 3.2: a client never sends a fragment; Node left it in the target, where it read as part of the path
+  if (req.url?.includes('#') === true) {
+    return [400, 'invalid_payload', 'A request target cannot hold a fragment (#): a client never sends one']
+  }
   return undefined
 }
 
