@@ -1,7 +1,7 @@
 // Requests Node's parser takes, or refuses with no word of why, that HTTP/1.1 does not allow: each is refused on both
 // listeners, in the error shape, and its connection closed (an outside tester found each answered as any other). An
 // HTTP/1.0 request with a Transfer-Encoding (RFC 9112 6.1), a version other than HTTP/1.x, a target holding a
-// fragment (RFC 9112 3.2), two Host headers.
+// fragment (RFC 9112 3.2), two Host headers; and on the webhook path, its own headers sent twice.
 import { afterAll, beforeAll, describe, expect, it } from 'vitest'
 import { systemClock } from '../src/clock.js'
 import { createAdminApp } from '../src/http/admin-app.js'
@@ -133,5 +133,32 @@ describe('requests HTTP/1.1 does not allow, on both listeners', () => {
         client.destroy()
       }
     }
+  })
+
+  describe('a delivery that carries one of its own headers twice', () => {
+    const body = JSON.stringify(tradePayload('framing-2', 'funded'))
+    const deliveryHead = (headers: string) =>
+      `POST /webhooks/partner HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: ${body.length}\r\n${headers}\r\n`
+
+    it.each([
+      ['X-Partner-Delivery-Id', `X-Partner-Delivery-Id: framing-2\r\nX-Partner-Delivery-Id: framing-3\r\nX-Partner-Signature: ${signBody(body)}\r\n`],
+      ['X-Partner-Delivery-Id', `X-Partner-Delivery-Id: framing-2\r\nX-Partner-Signature: ${signBody(body)}\r\nx-partner-delivery-id: framing-2\r\n`],
+      ['X-Partner-Signature', `X-Partner-Delivery-Id: framing-2\r\nX-Partner-Signature: ${signBody(body)}\r\nX-Partner-Signature: ${signBody(body)}\r\n`],
+    ])('is answered 400 duplicate_header naming %s, and nothing is stored', async (header, headers) => {
+      const before = await storedCount()
+      expect(await refusal(portOf(publicListener), `${deliveryHead(headers)}${body}`)).toEqual({
+        status: 400,
+        body: { error: { code: 'duplicate_header', message: `${header} was sent 2 times: a delivery carries it once` } },
+      })
+      expect(await storedCount()).toBe(before)
+    })
+
+    it('is taken with each header once', async () => {
+      const received = await exchange(
+        portOf(publicListener),
+        `${deliveryHead(`X-Partner-Delivery-Id: framing-4\r\nX-Partner-Signature: ${signBody(body)}\r\nConnection: close\r\n`)}${body}`,
+      )
+      expect(finalAnswer(received)).toMatchObject({ status: 200, body: '{"received":true}' })
+    })
   })
 })

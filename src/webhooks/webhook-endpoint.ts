@@ -60,6 +60,18 @@ function listsCodingBesides(header: string | undefined, allowed: 'identity' | 'c
   })
 }
 
+// the headers that name a delivery and sign it: each once
+const ONCE_ONLY = ['X-Partner-Delivery-Id', 'X-Partner-Signature'] as const
+
+/** The first of the delivery's own headers the request has more than once, and how many times. */
+function repeatedHeader(req: IncomingMessage): { name: string; count: number } | undefined {
+  for (const name of ONCE_ONLY) {
+    const count = req.headersDistinct[name.toLowerCase()]?.length ?? 0
+    if (count > 1) return { name, count }
+  }
+  return undefined
+}
+
 export function webhookEndpoint(deps: WebhookEndpointDeps): WebhookEndpoint {
   const { logger, metrics } = deps
   // The one line every delivery writes holds only fields built here (a delivery id that could carry a
@@ -100,6 +112,13 @@ export function webhookEndpoint(deps: WebhookEndpointDeps): WebhookEndpoint {
       // 401 invalid_signature, as if a secret were wrong
       res.setHeader('Connection', 'close')
       throw new AppError(501, 'unsupported_transfer_coding', 'A Transfer-Encoding other than chunked is not accepted: send the body as signed, chunked or with a Content-Length')
+    }
+    const repeated = repeatedHeader(req)
+    if (repeated) {
+      // Node joins the two into one text with `, `, which was refused as a malformed id or signature, with their
+      // generic messages; and which of the two a proxy in front read is anyone's guess. Refused from the headers
+      res.setHeader('Connection', 'close')
+      throw new AppError(400, 'duplicate_header', `${repeated.name} was sent ${repeated.count} times: a delivery carries it once`)
     }
     const signature = req.headers['x-partner-signature']
     const announcedLength = req.headers['content-length']
