@@ -139,7 +139,7 @@ function framingRefusal(req: http.IncomingMessage): [number, ErrorCode, string] 
     return [400, 'invalid_payload', 'An HTTP/1.0 request cannot carry Transfer-Encoding: send a Content-Length, or HTTP/1.1']
   }
   // RFC 9112 3.2: which of two a proxy in front read is anyone's guess (Node keeps the first)
-  const hosts = req.headersDistinct.host?.length ?? 0
+  const hosts = hostHeaders(req.rawHeaders)
   if (hosts > 1) return [400, 'duplicate_header', `A request carries one Host header; this one has ${hosts}`]
   if (req.httpVersionMinor === 1 && hosts === 0) return [400, 'invalid_payload', 'An HTTP/1.1 request needs a Host header']
   // RFC 9112 3.2: a client never sends a fragment; Node left it in the target, where it read as part of the path
@@ -147,6 +147,13 @@ function framingRefusal(req: http.IncomingMessage): [number, ErrorCode, string] 
     return [400, 'invalid_payload', 'A request target cannot hold a fragment (#): a client never sends one']
   }
   return undefined
+}
+
+/** How many Host headers a request has (Node's `headers` keeps the first; its `headersDistinct` builds every header's). */
+function hostHeaders(rawHeaders: string[]): number {
+  let count = 0
+  for (let i = 0; i < rawHeaders.length; i += 2) if (rawHeaders[i]!.length === 4 && rawHeaders[i]!.toLowerCase() === 'host') count++
+  return count
 }
 
 // Requests Node's parser refuses before the app sees them (headers over 16 KB, malformed HTTP, a client

@@ -66,6 +66,9 @@ const ONCE_ONLY = ['X-Partner-Delivery-Id', 'X-Partner-Signature'] as const
 /** The first of the delivery's own headers the request has more than once, and how many times. */
 function repeatedHeader(req: IncomingMessage): { name: string; count: number } | undefined {
   for (const name of ONCE_ONLY) {
+    // Node joins a repeated header's values with ', ': only then is it worth building headersDistinct (every
+    // header's values, on each delivery's path)
+    if (req.headers[name.toLowerCase()]?.includes(',') !== true) continue
     const count = req.headersDistinct[name.toLowerCase()]?.length ?? 0
     if (count > 1) return { name, count }
   }
