@@ -22,7 +22,8 @@
 //
 // A handler is aborted shortly before its lease ends: past it, another replica may claim the job again.
 // Stop: no more claims; running handlers get up to `shutdownTimeoutMs` to finish, then are aborted and
-// their leases given back (pending, due now, the interrupted attempt not counted).
+// their leases given back (pending, due now, the interrupted attempt not counted), without waiting for a handler
+// that ignores its abort.
 import { randomUUID } from 'node:crypto'
 import { setMaxListeners } from 'node:events'
 import { setTimeout as setTimeoutPromise } from 'node:timers/promises'
@@ -766,6 +767,9 @@ export function createDispatcher(deps: DispatcherDeps): Dispatcher {
     async stop() {
       if (!loop || !stopping) return
       stopping.abort(new Error('reaction dispatcher stopping'))
+      // the handlers' grace runs from here, for the streams' calls and the job loop's alike: given each in turn, a
+      // stop with both kinds still running took twice the shutdown timeout, past the service's bound
+      const graceEnds = clock.now() + settings.shutdownTimeoutMs
       wake()
       stopStep = 'the handler streams'
       // each stream's batch gives its handlers the shutdown timeout, writes what finished, and its lease is given back
@@ -794,7 +798,7 @@ export function createDispatcher(deps: DispatcherDeps): Dispatcher {
         const grace = new AbortController()
         await Promise.race([
           Promise.allSettled(inFlight.map((entry) => entry.done)),
-          clock.sleep(settings.shutdownTimeoutMs, grace.signal).catch(() => {}),
+          clock.sleep(Math.max(0, graceEnds - clock.now()), grace.signal).catch(() => {}),
         ])
         grace.abort()
         const unfinished = [...running.values()]

@@ -1,7 +1,9 @@
 // YOUR reaction handlers: the one file a fork edits to run its own code on order transitions.
 //
-// Each handler is called at least once per (event, handler) — again after a crash, a timeout or a
-// throw — so make its side effect idempotent on `event.eventId` (see README, "Reactions"). Events of one
+// Each handler is called at least once per (event, handler) — again after a crash, a timeout, a throw or a
+// stop it did not return from — so make its side effect idempotent on `event.eventId` (see README, "Reactions").
+// Pass `signal` on to what it waits for: at a stop a call that ignores it is not waited for, and its event
+// runs again, perhaps while the old call is still ending. Events of one
 // order reach one handler in sequence order; a handler that keeps failing holds back that order's later
 // events for that handler until an operator retries or skips the job (`reactions retry|skip`).
 // A trade whose webhooks were missed can jump (created → released): there is then no `trade.funded`

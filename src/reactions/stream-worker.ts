@@ -16,7 +16,8 @@
 // lease token (what a claim writes), and writes its own outcome to that row when it returns, as a claimed job
 // does; the stream reads on. So one stuck call holds back its own order, not the stream.
 // A handler still running shortly before its lease ends is aborted (it counts as a throw). At shutdown the
-// running handlers get the shutdown timeout, then are aborted and their jobs given back (pending, due now).
+// running handlers get the shutdown timeout, then are aborted and their jobs given back (pending, due now), a
+// handler that ignores its abort included: it is not waited for (settleOne).
 // A batch whose every event was done leaves no job row, only the record of its events and the new place: that
 // write-back may wait (WRITE_BACK_MS) and go with a later batch's, the next read starting from the place held in
 // memory (readReactionStream's `after`). So the stream reads again without a commit in between, and a
@@ -158,6 +159,9 @@ const DONE = { state: 'done' } as const
 
 /** A first attempt's outcome; undefined: stopped by the shutdown (its job is given back). */
 type Finished = typeof DONE | StreamOutcome | undefined
+
+// a handed-off call still running when the shutdown's grace ended, its abort ignored: not waited for
+const NOT_RETURNED = Symbol('not returned')
 
 export function createStreamWorker(deps: StreamWorkerDeps) {
   const { db, name, clock, logger, settings, leaseToken, types } = deps
@@ -301,9 +305,18 @@ export function createStreamWorker(deps: StreamWorkerDeps) {
       () => abort.abort(new Error('the lease is about to end')),
       () => {},
     )
+    // resolves when the shutdown's grace for the batch's handlers ends: they are aborted then, and a handed-off call
+    // that ignores its abort is not waited for (its job is given back before the process exits, below)
+    let endGrace = () => {}
+    const graceEnded = new Promise<typeof NOT_RETURNED>((resolve) => {
+      endGrace = () => resolve(NOT_RETURNED)
+    })
     const onStop = () => {
       clock.sleep(settings.shutdownTimeoutMs, timers.signal).then(
-        () => abort.abort(new Error('the service is shutting down')),
+        () => {
+          abort.abort(new Error('the service is shutting down'))
+          endGrace()
+        },
         () => {},
       )
     }
@@ -550,18 +563,33 @@ export function createStreamWorker(deps: StreamWorkerDeps) {
       ids = lost ? undefined : await writeBack(place, outcomes, done, now)
     } finally {
       // handlers still running own their rows from here (or, the write lost, run out with the lease)
-      const settle = async () => {
-        let stopped = 0
+      // Each call's outcome is written as it returns, not in turn: one call that never returns held back the rows of
+      // the calls after it, which stayed running until their lease ran out and were then run again. A call still
+      // running when the shutdown's grace ends (its handler ignores its abort) is not waited for: its job is given
+      // back (pending, due now) before the process exits, where the stop waited for it past its bound and left the
+      // job running under its lease, REACTION_LEASE_S (300 s), for any replica. The call may have had its effect:
+      // the job runs again, with the same event id (at least once).
+      const settleOne = async (eventId: string, call: Promise<Finished>) => {
+        const outcome = await Promise.race([call, graceEnded])
+        const finished = outcome === NOT_RETURNED ? undefined : outcome
+        if (outcome === NOT_RETURNED) {
+          logger.warn(
+            { handler: name, eventId },
+            'reaction handler did not return after its abort at shutdown: its job is given back and runs again; make the handler end on its signal',
+          )
+        }
+        const id = ids?.get(eventId)
         try {
-          for (const [eventId, call] of inFlight) {
-            const finished = await call
-            if (finished === undefined) stopped += 1
-            const id = ids?.get(eventId)
-            if (id) await writeHandedOff(id, finished)
-          }
-          if (stopped > 0) logger.warn({ handler: name, jobs: stopped }, 'reaction handlers stopped before finishing; their jobs run again')
+          if (id) await writeHandedOff(id, finished)
         } catch (error) {
           logger.warn({ err: error, handler: name }, 'could not record a reaction job outcome; it runs again after its lease')
+        }
+        return finished === undefined
+      }
+      const settle = async () => {
+        try {
+          const stopped = (await Promise.all([...inFlight].map(([eventId, call]) => settleOne(eventId, call)))).filter(Boolean).length
+          if (stopped > 0) logger.warn({ handler: name, jobs: stopped }, 'reaction handlers stopped before finishing; their jobs run again')
         } finally {
           timers.abort(BATCH_WRITTEN_BACK)
           stopSignal.removeEventListener('abort', onStop)
@@ -603,7 +631,10 @@ export function createStreamWorker(deps: StreamWorkerDeps) {
     get running() {
       return running
     },
-    /** Waits for the handed-off handlers to end and write their outcome (stop: they are aborted after the shutdown timeout). */
+    /**
+     * Waits for the handed-off handlers to end and write their outcome (stop: they are aborted after the shutdown timeout,
+     * and one that ignores its abort has its job given back then, not waited for).
+     */
     settled: () => Promise.all([...handedOff]).then(() => {}),
     /** Writes back what is held in memory, and gives the lease back (shutdown). */
     release: async () => {
