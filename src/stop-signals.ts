@@ -61,12 +61,17 @@ export function commandBegins(): void {
   starting = false
 }
 
+// how many onStopSignals registrations are on now (finishHoldingSignals leaves the signals to a command that holds them)
+let holders = 0
+
 /**
  * Calls `onStop` for the first SIGINT, SIGTERM or SIGHUP, and `onSecond` for any later one that is not the first's
  * copy. Returns what takes the listeners off again.
  */
 export function onStopSignals(onStop: (signal: StopSignal) => void, onSecond: (signal: StopSignal) => void): () => void {
   commandBegins()
+  holders += 1
+  let on = true
   let first: { signal: StopSignal; at: number } | undefined
   const handle = (signal: StopSignal) => {
     if (first === undefined) {
@@ -79,6 +84,8 @@ export function onStopSignals(onStop: (signal: StopSignal) => void, onSecond: (s
   }
   for (const signal of STOP_SIGNALS) process.on(signal, handle)
   return () => {
+    if (on) holders -= 1
+    on = false
     for (const signal of STOP_SIGNALS) process.off(signal, handle)
   }
 }
@@ -100,4 +107,20 @@ export function untilStopSignal(): Promise<StopSignal> {
   return new Promise((resolve) => {
     stopOnSignals(resolve)
   })
+}
+
+/**
+ * Runs `finish`, work that must not be cut short once a command's own work is done (its database closing), with the
+ * stop signals held: the first says `said` (on stderr) and lets it finish, so the command ends with its own exit code
+ * (cli.ts exits with it once a signal came); a second ends the process as that signal does by default. A command that
+ * holds the signals itself (onStopSignals: a trade call's, a prune pass's) keeps them, and its own rules apply.
+ */
+export async function finishHoldingSignals<T>(finish: () => Promise<T>, said: string): Promise<T> {
+  if (holders > 0) return finish()
+  const off = stopOnSignals(() => process.stderr.write(said))
+  try {
+    return await finish()
+  } finally {
+    off()
+  }
 }

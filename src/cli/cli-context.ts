@@ -16,7 +16,7 @@ import type { Logger } from '../logger.js'
 import type { RetentionHooks } from '../metrics/metrics.js'
 import type { ReactionRouting } from '../reactions/reaction-registry.js'
 import { printable, printableLines } from '../printable.js'
-import { stopOnSignals } from '../stop-signals.js'
+import { finishHoldingSignals, stopOnSignals } from '../stop-signals.js'
 
 export interface CliContext {
   config: Config
@@ -162,7 +162,14 @@ export async function withDatabase<T>(
   try {
     return await run(context)
   } finally {
-    await database.close()
+    // The command's work is done (its result printed, or its failure on its way): a stop signal now lets the close
+    // finish, and the command exits with its own code. On PGlite the close is Postgres's shutdown checkpoint, up to
+    // two seconds on a busy machine: a Ctrl-C then, under Node's default, ended the process in the middle of it (exit
+    // 130 after a printed success), and the next open of DATA_DIR went through crash recovery.
+    await finishHoldingSignals(
+      () => database.close(),
+      'the command is done: closing its database, then exiting (a second Ctrl-C ends the process now, the database unclosed)\n',
+    )
   }
 }
 
