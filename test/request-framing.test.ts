@@ -2,6 +2,8 @@
 // listeners, in the error shape, and its connection closed (an outside tester found each answered as any other). An
 // HTTP/1.0 request with a Transfer-Encoding (RFC 9112 6.1), a version other than HTTP/1.x, a target holding a
 // fragment (RFC 9112 3.2), two Host headers; and on the webhook path, its own headers sent twice.
+import { once } from 'node:events'
+import net from 'node:net'
 import { afterAll, beforeAll, describe, expect, it } from 'vitest'
 import { systemClock } from '../src/clock.js'
 import { createAdminApp } from '../src/http/admin-app.js'
@@ -82,11 +84,15 @@ describe('requests HTTP/1.1 does not allow, on both listeners', () => {
     }
   })
 
-  it('answers a version behind a request on the same connection 505 after that request is answered', async () => {
-    const received = await exchange(
-      portOf(publicListener),
-      'GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\nGET /healthz HTTP/3.0\r\nHost: 127.0.0.1\r\n\r\n',
-    )
+  // sent once the first is answered: one pipelined behind a request still being answered closes the connection after
+  // that answer, alone (test/parse-error-behind-request.test.ts), and whether /healthz's answer is out before the
+  // parser reads on differs between Node versions
+  it('answers a version behind an answered request on the same connection 505', async () => {
+    const client = await connect(portOf(publicListener))
+    client.write('GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n')
+    await client.until((received) => received.endsWith('}'))
+    client.write('GET /healthz HTTP/3.0\r\nHost: 127.0.0.1\r\n\r\n')
+    const received = await client.closed
     expect(received.match(/HTTP\/1\.1 \d+/g), received).toEqual(['HTTP/1.1 200', 'HTTP/1.1 505'])
   })
 
@@ -160,5 +166,29 @@ describe('requests HTTP/1.1 does not allow, on both listeners', () => {
       )
       expect(finalAnswer(received)).toMatchObject({ status: 200, body: '{"received":true}' })
     })
+  })
+  // A sender that half-closes its side once the request is written (shutdown(SHUT_WR)) still reads the answer. Under
+  // Node's default the request was aborted at the client's FIN: a new delivery, answered after its insert, was stored
+  // and its 200 never written (an outside tester), so the platform counted it failed and sent it again.
+  it('answers a delivery whose sender half-closed its connection after the request, and every other request so', async () => {
+    const body = JSON.stringify(tradePayload('framing-5', 'funded'))
+    const before = await storedCount()
+    const halfClosed = async (port: number, request: string) => {
+      const socket = net.connect(port, '127.0.0.1')
+      let received = ''
+      socket.on('data', (chunk: Buffer) => (received += chunk.toString('latin1')))
+      await once(socket, 'connect')
+      socket.end(request)
+      await once(socket, 'close')
+      return finalAnswer(received)
+    }
+    const delivery =
+      `POST /webhooks/partner HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: ${body.length}\r\n` +
+      `X-Partner-Delivery-Id: framing-5\r\nX-Partner-Signature: ${signBody(body)}\r\n\r\n${body}`
+    expect(await halfClosed(portOf(publicListener), delivery)).toMatchObject({ status: 200, body: '{"received":true}' })
+    expect(await storedCount()).toBe(before + 1)
+    for (const [name, port, path] of listeners()) {
+      expect((await halfClosed(port, `GET ${path} HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n`)).status, name).toBe(200)
+    }
   })
 })
