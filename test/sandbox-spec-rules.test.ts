@@ -215,6 +215,27 @@ describe('the client and the sandbox agree on every field rule', () => {
     expect(await sandboxAccepts(`/api/partner/v1/trades/${tradeId}/proposals/`, proposal)).toBe(valid)
   })
 
+  // found from outside: the sandbox made the proposal and dropped the share, and took fields of no request
+  it('a share on an outcome other than split, and a field of no request: neither accepts', async () => {
+    const { trade_id: tradeId } = await client.createTrade(trade())
+    await client.fundTrade(tradeId)
+    await client.openDispute(tradeId, { reason: 'The parcel never arrived here', party: 'buyer' })
+    const proposals = `/api/partner/v1/trades/${tradeId}/proposals/`
+    const sharedWin = { outcome: 'buyer_win', split_buyer_pct: '50', party: 'seller' } as const
+    expect(await sandboxAccepts(proposals, sharedWin)).toBe(false)
+    expect(await clientAccepts(() => client.createProposal(tradeId, sharedWin))).toBe(false)
+    const extra = { outcome: 'buyer_win', party: 'seller', note: 'x' }
+    expect(await sandboxAccepts(proposals, extra)).toBe(false)
+    expect(await clientAccepts(() => client.createProposal(tradeId, extra as never))).toBe(false)
+    expect(await sandboxAccepts('/api/partner/v1/trades/', trade({ foo: 1 }))).toBe(false)
+    expect(await clientAccepts(() => client.createTrade(trade({ foo: 1 })))).toBe(false)
+    const milestones = [{ title: 'All', amount: '120.00', due: 'tomorrow' }]
+    expect(await sandboxAccepts('/api/partner/v1/trades/', trade({ milestones }))).toBe(false)
+    expect(await clientAccepts(() => client.createTrade(trade({ milestones })))).toBe(false)
+    // the same requests without the stray field are taken
+    expect(await sandboxAccepts(proposals, { outcome: 'buyer_win', party: 'seller' })).toBe(true)
+  })
+
   it('splits 99.99/0.01 exactly when the split is accepted', async () => {
     const { trade_id: tradeId } = await client.createTrade(trade())
     await client.fundTrade(tradeId)

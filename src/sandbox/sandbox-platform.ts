@@ -54,6 +54,18 @@ const OUTCOMES = ['buyer_win', 'seller_win', 'split']
 
 type Body = Record<string, unknown>
 
+/**
+ * A request's fields that are none of `known`: refused, as the client refuses them before sending (its schemas are
+ * strict, validate-request.ts). A sandbox that took them taught a client of its own a looser contract than ours.
+ */
+function unknownFields(body: Body, known: readonly string[], prefix = ''): { field: string; message: string }[] {
+  return Object.keys(body)
+    .filter((name) => !known.includes(name))
+    .map((name) => ({ field: `${prefix}${name}`, message: 'is not a field of this request' }))
+}
+
+const TRADE_FIELDS = ['title', 'amount', 'currency', 'seller_id', 'buyer_name', 'buyer_phone', 'external_reference', 'milestones']
+
 function nonEmptyString(value: unknown): value is string {
   return typeof value === 'string' && value.trim().length > 0
 }
@@ -131,7 +143,7 @@ export class SandboxPlatform {
   }
 
   create(body: Body): TradeRecord {
-    const problems: { field: string; message: string }[] = []
+    const problems: { field: string; message: string }[] = unknownFields(body, TRADE_FIELDS)
     if (!nonEmptyString(body.title)) problems.push({ field: 'title', message: 'is required' })
     if (!positiveDecimal(body.amount)) problems.push({ field: 'amount', message: 'must be a positive decimal string' })
     if (!nonEmptyString(body.currency)) problems.push({ field: 'currency', message: 'is required' })
@@ -271,7 +283,7 @@ export class SandboxPlatform {
 
   openDispute(tradeId: string, body: Body): DisputeRecord {
     const trade = this.live(tradeId)
-    const problems: { field: string; message: string }[] = []
+    const problems: { field: string; message: string }[] = unknownFields(body, ['reason', 'category', 'party'])
     if (!(typeof body.reason === 'string' && isLongEnoughReason(body.reason))) {
       problems.push({ field: 'reason', message: `is required and must be at least ${MIN_DISPUTE_REASON_LENGTH} characters` })
     }
@@ -297,7 +309,7 @@ export class SandboxPlatform {
 
   createProposal(tradeId: string, body: Body): ProposalRecord {
     const trade = this.live(tradeId)
-    const problems: { field: string; message: string }[] = []
+    const problems: { field: string; message: string }[] = unknownFields(body, ['outcome', 'split_buyer_pct', 'party'])
     if (!OUTCOMES.includes(body.outcome as string)) {
       problems.push({ field: 'outcome', message: 'must be one of buyer_win, seller_win, split' })
     }
@@ -307,6 +319,9 @@ export class SandboxPlatform {
       if (!(typeof pct === 'string' && isPercentage(pct))) {
         problems.push({ field: 'split_buyer_pct', message: 'is required for a split: a decimal between 0 and 100' })
       }
+    } else if (body.split_buyer_pct !== undefined) {
+      // as the client refuses it: a share means something for a split only (it was dropped, and the proposal made)
+      problems.push({ field: 'split_buyer_pct', message: 'is only allowed for outcome split' })
     }
     if (problems.length > 0) throw validationFailed(problems)
     if (trade.status !== 'disputed' || trade.dispute?.status !== 'open') throw invalidState(trade, 'propose on')
@@ -329,7 +344,7 @@ export class SandboxPlatform {
 
   respond(tradeId: string, proposalId: string, body: Body): RespondResult {
     const trade = this.live(tradeId)
-    const problems: { field: string; message: string }[] = []
+    const problems: { field: string; message: string }[] = unknownFields(body, ['accept', 'party'])
     if (typeof body.accept !== 'boolean') problems.push({ field: 'accept', message: 'is required: true or false' })
     if (!PARTIES.includes(body.party as string)) problems.push({ field: 'party', message: 'is required: buyer or seller' })
     if (problems.length > 0) throw validationFailed(problems)
@@ -363,6 +378,7 @@ function milestoneProblems(milestones: unknown, amount: unknown): { field: strin
   const problems: { field: string; message: string }[] = []
   milestones.forEach((milestone: unknown, index) => {
     const item = (milestone ?? {}) as Body
+    if (typeof item === 'object') problems.push(...unknownFields(item, ['title', 'amount'], `milestones[${index}].`))
     if (!nonEmptyString(item.title)) problems.push({ field: `milestones[${index}].title`, message: 'is required' })
     if (!positiveDecimal(item.amount)) {
       problems.push({ field: `milestones[${index}].amount`, message: 'must be a positive decimal string' })
