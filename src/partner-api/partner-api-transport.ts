@@ -247,9 +247,12 @@ export class PartnerApiTransport {
         { method, path, attempt, durationMs: this.clock.now() - startedAt, ...fields },
         'partner api call',
       )
+    // a 401 whose head came: the platform's answer on our credentials, kept if the caller aborts while its body comes
+    let refusedHead: Response | undefined
     try {
       // redirect: manual, so a signed body is never re-sent to another address
       const response = await this.fetch(url, { method, headers, body, signal, redirect: 'manual' })
+      if (response.status === 401) refusedHead = response
       const succeeded = response.status >= 200 && response.status < 300
       const coding = succeeded ? undecodedCoding(response.headers.get('content-encoding')) : undefined
       if (coding !== undefined) {
@@ -317,6 +320,12 @@ export class PartnerApiTransport {
           `${method} ${path}: no answer within ${this.timeoutMs} ms${through}`,
           this.timeoutMs,
         )
+      }
+      if (callerSignal?.aborted && refusedHead) {
+        // the caller stopped (a cycle stopping, a shutdown) as the answer's body came: the 401 stands on its status,
+        // as a refusal whose body cannot be read does, and is not reported as a call aborted
+        log({ status: refusedHead.status, error: 'body not read: the call was aborted' })
+        return { status: refusedHead.status, headers: refusedHead.headers, text: '' }
       }
       if (callerSignal?.aborted) {
         log({ error: 'aborted' })

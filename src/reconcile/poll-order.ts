@@ -14,7 +14,8 @@
 //             wrong, and polling again would answer the same)
 //   404       attention=trade_not_found, next_poll_at=null: polling again would answer the same; an
 //             operator looks and requeues (`reconcile --requeue`)
-//   401       nothing written: the cycle stops and gives every claim back (reconcile-cycle.ts)
+//   401       nothing written: the cycle stops and gives every claim back (reconcile-cycle.ts); a 401 that came
+//             as the cycle was stopping for another reason counts too
 //   otherwise next_poll_at = now + exponential backoff with jitter (backoff-delay.ts), and no sooner than
 //             the answer's Retry-After (up to the backoff's cap); a 429 or a Retry-After also stops the cycle
 //             (throttledFor)
@@ -112,7 +113,8 @@ export interface PollOrderDeps {
  * Polls one claimed order and writes the outcome back under the claim's lease. Never throws: a failure
  * of the database itself counts as `write_failed` (`error` when the platform failed too) and the order comes due
  * again when its lease runs out.
- * Answers null when `signal` aborted the call (the cycle stopped): the caller gives that claim back.
+ * Answers null when `signal` aborted the call (the cycle stopped): the caller gives that claim back. A 401 is
+ * answered `unauthorized` even then: it came from the platform.
  */
 export async function pollOrder(
   deps: PollOrderDeps,
@@ -139,10 +141,12 @@ export async function pollOrder(
   try {
     trade = await fetcher.getTrade(order.tradeId, { signal })
   } catch (error) {
-    if (signal.aborted) return null
+    // a 401 is the platform's answer on our credentials (or our clock), whatever stopped the cycle while it came:
+    // counted and reported as one, never as a call the cycle aborted
     if (error instanceof PartnerApiError && error.status === 401) {
       return { ...base, result: 'unauthorized', toStatus: null, error }
     }
+    if (signal.aborted) return null
     try {
       return await writeBackFailure(deps, order, leaseToken, error)
     } catch (writeError) {

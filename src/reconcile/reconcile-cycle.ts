@@ -4,7 +4,9 @@
 // Stops early, giving every claim it has not finished back (due again as before, attempt not counted),
 // when the platform answers 401 (our credentials are wrong, or this machine's clock is, which the answer's
 // Date shows: polling the rest would get 401 too and could get the key locked, so one clear error is logged
-// instead) or when the caller's signal aborts (shutdown).
+// instead) or when the caller's signal aborts (shutdown). A 401 that comes from a call in flight while the cycle
+// stops for another reason (one of those below, or a shutdown) is counted and logged as any 401, and makes the
+// cycle's reason `unauthorized`: it is the platform's word that our credentials are wrong.
 // It also stops when the platform asks us to slow down (a 429, or a Retry-After, after the client's own
 // retries): polling the rest would meet the same limit, so their claims are given back due no sooner than
 // the Retry-After (at most the backoff's cap, 1 h: see throttledFor), and the poller's next cycle waits for it
@@ -284,7 +286,9 @@ export async function runReconcileCycle(
       if (result.result === 'unauthorized') {
         // nothing was written for it: it goes back with the rest
         unpolled.push(order)
-        if (stoppedReason === null) {
+        // a 401 says why the cycle stopped whatever stopped it first (a platform failing, a throttle, a shutdown): a
+        // 401 that came while it was stopping is the same word on our credentials as one before, and outranks them
+        if (stoppedReason !== 'unauthorized') {
           stoppedReason = 'unauthorized'
           if (result.error instanceof PartnerApiError) clockOffsetS = result.error.clockOffsetS ?? null
           stop.abort(new Error(unauthorizedMessage(clockOffsetS)))
