@@ -10,7 +10,7 @@ import {
   PartnerNotSentError,
   PartnerTimeoutError,
 } from '../src/partner-api/partner-api-error.js'
-import { FakeClock } from './helpers/fake-clock.js'
+import { FakeClock, ZeroSleepFakeClock } from './helpers/fake-clock.js'
 import { logEntries, logLines, rememberSecret, testLogger } from './helpers/log-sink.js'
 import { scriptedFetch, settleWithClock } from './helpers/partner-api-fake-fetch.js'
 import { PACKAGE_VERSION } from './helpers/package-version.js'
@@ -257,6 +257,38 @@ describe('PartnerApiClient retries', () => {
     expect(calls).toHaveLength(2)
     expect(clock.sleeps.filter((ms) => ms !== TIMEOUT_MS)).toEqual([2000])
     expect(clock.now() - started).toBe(2000)
+  })
+
+  it('waits the backoff, not nothing, when a 429 says Retry-After: 0', async () => {
+    const clock = new FakeClock()
+    const { fetch, calls } = scriptedFetch([
+      { status: 429, headers: { 'retry-after': '0' } },
+      { status: 429, headers: { 'retry-after': '0' } },
+      { status: 200, body: tradeRecord() },
+    ])
+    await settleWithClock(clock, client({ fetch, clock }).getTrade('tr_1'), TIMEOUT_MS)
+    expect(calls).toHaveLength(3)
+    // equal jitter with random 0.5: three quarters of 200 ms, then of 400 ms, as after a 429 without Retry-After
+    expect(clock.sleeps.filter((ms) => ms !== TIMEOUT_MS)).toEqual([150, 300])
+  })
+
+  it('does not retry a 429 that came while another call of the client waits out its own', async () => {
+    // a sleep of 0 ms ends at once here, as on the system clock: a retry at once would be sent, not wait forever
+    const clock = new ZeroSleepFakeClock()
+    const { fetch, calls } = scriptedFetch(() => ({ status: 429, headers: { 'retry-after': '0' } }))
+    const api = client({ fetch, clock })
+    const first = api.getTrade('tr_1').catch((e) => e)
+    // the first call met a 429 and waits its backoff (150 ms) before its next attempt
+    while (!clock.sleeps.some((ms) => ms !== TIMEOUT_MS)) await new Promise((r) => setImmediate(r))
+    const second = await api.getTrade('tr_2').catch((e) => e)
+    expect(second).toBeInstanceOf(PartnerApiError)
+    expect(second).toMatchObject({ status: 429, retryAfterMs: 0 })
+    expect(calls.map((call) => call.url)).toEqual([expect.stringContaining('/tr_1/'), expect.stringContaining('/tr_2/')])
+    // the first goes on with its retries once its wait is over, each after the backoff
+    await clock.advance(150)
+    await settleWithClock(clock, first, TIMEOUT_MS)
+    expect(calls).toHaveLength(5)
+    expect(clock.sleeps.filter((ms) => ms !== TIMEOUT_MS)).toEqual([150, 300, 600])
   })
 
   it('honours a Retry-After given as an HTTP date', async () => {

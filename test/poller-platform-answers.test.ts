@@ -1,12 +1,14 @@
 // The poller with the real partner API client against a local platform that misbehaves on purpose: a 401 whose body
-// is still coming when the cycle stops for another reason.
+// is still coming when the cycle stops for another reason, and a 429 with `Retry-After: 0` to every call in flight.
+// Requests are counted where the platform receives them.
 import { createServer, type ServerResponse } from 'node:http'
 import type { AddressInfo } from 'node:net'
 import { afterEach, beforeEach, describe, expect, it } from 'vitest'
 import { PartnerApiClient } from '../src/partner-api/partner-api.client.js'
 import { directPlatformFetch } from '../src/partner-api/platform-fetch.js'
+import type { RetryOptions } from '../src/partner-api/partner-api-transport.js'
 import { UNAUTHORIZED_MESSAGE } from '../src/reconcile/reconcile-cycle.js'
-import { FakeClock } from './helpers/fake-clock.js'
+import { FakeClock, ZeroSleepFakeClock } from './helpers/fake-clock.js'
 import { logEntries, testLogger } from './helpers/log-sink.js'
 import { insertOrders, orderByReference } from './helpers/reconcile-orders.js'
 import { deferred, testPoller } from './helpers/reconcile-poller.js'
@@ -66,7 +68,7 @@ describe('the poller against a misbehaving platform', () => {
     platform = undefined
   })
 
-  function client(fetch?: typeof globalThis.fetch, retry?: { maxAttempts: number }) {
+  function client(fetch?: typeof globalThis.fetch, retry?: Partial<RetryOptions>) {
     return new PartnerApiClient({
       baseUrl: platform!.url,
       keyId: 'pk_poller_platform_answers',
@@ -149,5 +151,25 @@ describe('the poller against a misbehaving platform', () => {
     expect(errors.map((entry) => entry.msg)).toEqual([UNAUTHORIZED_MESSAGE])
     const order = await orderByReference(database.db, 'o0')
     expect([new Date(order.nextPollAt!).toISOString(), order.pollAttempts]).toEqual([dueAt.toISOString(), 0])
+  })
+
+  // found from outside: with `Retry-After: 0`, each call in flight sent its four attempts at once before the cycle
+  // stopped on the first one to give up
+  it('sends each order in flight one request when the platform answers 429 with Retry-After: 0, then stops the cycle', async () => {
+    clock = new ZeroSleepFakeClock()
+    await insertOrders(database.db, Array.from({ length: 20 }, (_, i) => ({ externalReference: `o${i}`, nextPollAt: fromNow(-100 + i) })))
+    platform = await startPlatform((_tradeId, response) =>
+      answerJson(response, 429, { error: { code: 'rate_limited', message: 'slow down' } }, { 'retry-after': '0' }),
+    )
+    const concurrency = 4
+    const poller = testPoller({ db: database.db, fetcher: client(), clock, replica: 'replica-429-zero', settings: { concurrency } })
+
+    const summary = await poller.runOnce()
+
+    expect(summary.stoppedReason).toBe('throttled')
+    // one request per call in flight: the first call's retry waits the backoff, and the others' 429s are not retried
+    expect(platform.requests).toHaveLength(concurrency)
+    expect(summary.results.throttled).toBeGreaterThanOrEqual(1)
+    expect(summary.claimed).toBe(20)
   })
 })

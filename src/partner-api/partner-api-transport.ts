@@ -2,7 +2,8 @@
 // a checked record or a typed error (partner-api-error.ts).
 //
 // Only GET is retried: on network errors, timeouts, 429 and 5xx, with capped exponential backoff and equal
-// jitter, or after the answer's Retry-After. A POST carries no idempotency key, so a second send could
+// jitter, or after the answer's Retry-After when it is longer. A 429 holds the whole client for that wait: a call
+// answered 429 while another call's wait runs is not retried (slowDown). A POST carries no idempotency key, so a second send could
 // create or move a trade twice; the caller decides (see src/trades/open-trade-for-order.ts). A failure that
 // repeats until a setting changes (a refused certificate, a TLS handshake that cannot succeed) is not retried,
 // nor is an answer that came but is not the record (too large, not UTF-8, not decodable, not valid).
@@ -133,6 +134,8 @@ export class PartnerApiTransport {
   private readonly userAgent = userAgent()
   private readonly retry: RetryOptions
   private readonly onClockOffset: ((offsetS: number) => void) | undefined
+  /** Until when (the clock's ms) the platform's last 429 asked this client to wait (slowDown). */
+  private slowedUntil = 0
 
   constructor(options: TransportOptions) {
     let base: URL
@@ -200,9 +203,13 @@ export class PartnerApiTransport {
       const retryAfterMs = parseRetryAfter(answer.headers.get('retry-after'), this.clock.now(), answer.headers.get('date'))
       const error = toApiError(method, path, answer, retryAfterMs, offsetS)
       const retryable = answer.status === 429 || answer.status >= 500
-      if (!retryable || attempt >= maxAttempts) throw error
+      if (!retryable) throw error
+      // the longer of the Retry-After and the backoff: `Retry-After: 0` (or none) is no leave to ask again at once
+      const waitMs = Math.max(retryAfterMs ?? 0, this.backoffMs(attempt))
+      if (answer.status === 429 && this.slowDown(waitMs)) throw error
+      if (attempt >= maxAttempts) throw error
       if (retryAfterMs !== undefined && retryAfterMs > this.retry.maxRetryAfterMs) throw error
-      await this.clock.sleep(retryAfterMs ?? this.backoffMs(attempt), signal)
+      await this.clock.sleep(waitMs, signal)
     }
   }
 
@@ -353,6 +360,19 @@ export class PartnerApiTransport {
     const offsetS = measureClockOffset(headers.get('date'), this.clock.now())
     if (offsetS !== undefined) this.onClockOffset?.(offsetS)
     return offsetS
+  }
+
+  /**
+   * A 429 is the platform's limit on this client, not on one call: it holds the client for `waitMs` (the longer of its
+   * Retry-After and the backoff). Answers true when another call's 429 already holds it: this call's 429 is then not
+   * retried but thrown (the poller stops its cycle on it), so calls in flight together do not each spend their
+   * attempts on a platform that asked them all to slow down; the call that met the 429 first retries after its wait.
+   */
+  private slowDown(waitMs: number): boolean {
+    const now = this.clock.now()
+    const held = now < this.slowedUntil
+    this.slowedUntil = Math.max(this.slowedUntil, now + waitMs)
+    return held
   }
 
   /** Capped exponential backoff with equal jitter: half the step fixed, half random. */

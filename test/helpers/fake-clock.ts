@@ -51,3 +51,15 @@ export class FakeClock implements Clock {
     return this.sleepers.length
   }
 }
+
+/**
+ * A FakeClock whose sleep of 0 ms (or less) ends at once, as the system clock's does (the next tick), where FakeClock's
+ * waits for the next advance: for a test of code that must not retry at once, which would otherwise hang, not fail.
+ */
+export class ZeroSleepFakeClock extends FakeClock {
+  override sleep(ms: number, signal?: AbortSignal): Promise<void> {
+    if (ms > 0) return super.sleep(ms, signal)
+    this.sleeps.push(ms)
+    return signal?.aborted ? Promise.reject(signal.reason) : Promise.resolve()
+  }
+}
