@@ -4,13 +4,15 @@ import { PartnerNetworkError } from '../src/partner-api/partner-api-error.js'
 import type { TradeRecord } from '../src/partner-api/types.js'
 import { applyObservation } from '../src/orders/apply-observation.js'
 import { claimDueOrders } from '../src/orders/poll-schedule.repository.js'
-import { dueOrderStats } from '../src/reconcile/poller.js'
+import { observationSettings } from '../src/orders/observations.js'
+import { dueOrderStats, pollerSettings } from '../src/reconcile/poller.js'
 import { PLATFORM_FAILING_MESSAGE, THROTTLED_MESSAGE, UNAUTHORIZED_MESSAGE } from '../src/reconcile/reconcile-cycle.js'
 import { FakeClock } from './helpers/fake-clock.js'
 import { logEntries } from './helpers/log-sink.js'
 import { tradeRecord } from './helpers/partner-api-fixtures.js'
 import { countingFetcher, insertOrders, orderByReference, platformError } from './helpers/reconcile-orders.js'
 import { deferred, eventually, testPoller } from './helpers/reconcile-poller.js'
+import { testConfig } from './helpers/test-config.js'
 import { useTestDatabase } from './helpers/test-database.js'
 
 const STALE_AFTER_S = 21_600
@@ -446,9 +448,16 @@ describe('the poller', () => {
 
     // found from outside: a replica stopped (SIGSTOP) past its lease was told the platform answers slowly
     it.each([
-      ['a platform that slow', 25, 'the platform answers slowly: a smaller POLL_BATCH_SIZE or a larger POLL_CONCURRENCY keeps a cycle inside the lease'],
-      ['a pause of the process', 70, 'one poll took 70 s, half the lease or more: this process was likely paused (a stopped process, a paused VM) or its clock jumped; if the platform is that slow, lower PARTNER_API_TIMEOUT_MS'],
-    ])('says why a cycle outlived its lease, for %s', async (_kind, pollS, why) => {
+      ['a platform that slow', 25, 20_000, 'the platform answers slowly: a smaller POLL_BATCH_SIZE or a larger POLL_CONCURRENCY keeps a cycle inside the lease'],
+      ['a pause of the process', 70, 10_000, 'one poll took 70 s, half the lease or more: this process was likely paused (a stopped process, a paused VM) or its clock jumped; if the platform is that slow, lower PARTNER_API_TIMEOUT_MS'],
+      // found from outside: with PARTNER_API_TIMEOUT_MS=20000 one GET's four attempts may take 80 s, no pause needed
+      [
+        'a GET that ran its attempts to the timeout',
+        75,
+        20_000,
+        'one poll took 75 s, which one GET can take with PARTNER_API_TIMEOUT_MS=20000 (its attempts together up to 81 s): lower PARTNER_API_TIMEOUT_MS, so that they fit well inside the lease (60 s)',
+      ],
+    ])('says why a cycle outlived its lease, for %s', async (_kind, pollS, timeoutMs, why) => {
       await insertOrders(database.db, Array.from({ length: 4 }, (_, i) => ({ externalReference: `late-${pollS}-${i}`, nextPollAt: fromNow(-10 + i) })))
       // each poll takes pollS of the clock's time
       const fetcher = countingFetcher(async () => {
@@ -456,7 +465,9 @@ describe('the poller', () => {
         return 'funded'
       })
       const replica = `replica-late-${pollS}`
-      const summary = await testPoller({ db: database.db, fetcher, clock, replica, settings: { concurrency: 1, leaseS: 60 } }).runOnce()
+      const { getCall } = pollerSettings(testConfig().poll, observationSettings(testConfig()), { timeoutMs })
+      const settings = { concurrency: 1, leaseS: 60, getCall }
+      const summary = await testPoller({ db: database.db, fetcher, clock, replica, settings }).runOnce()
       expect(summary.polled).toBeLessThan(4)
       const warning = logEntries().find((entry) => entry.replica === replica && String(entry.msg).startsWith('reconcile cycle outlived its poll lease'))
       expect(warning?.msg).toBe(

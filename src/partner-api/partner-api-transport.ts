@@ -67,6 +67,16 @@ export const DEFAULT_RETRY: RetryOptions = {
   maxRetryAfterMs: 60_000,
 }
 
+/**
+ * The longest a GET can take with no Retry-After asked: every attempt runs to the timeout, and the backoff between
+ * them is the longest its jitter allows.
+ */
+export function longestGetMs(timeoutMs: number, retry: RetryOptions = DEFAULT_RETRY): number {
+  let backoffs = 0
+  for (let attempt = 1; attempt < retry.maxAttempts; attempt++) backoffs += Math.min(retry.maxDelayMs, retry.baseDelayMs * 2 ** (attempt - 1))
+  return retry.maxAttempts * timeoutMs + backoffs
+}
+
 export interface TransportOptions {
   /** The platform's {base_url}; a path prefix (https://gw.example/partner) is kept and signed. */
   baseUrl: string

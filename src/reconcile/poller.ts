@@ -12,6 +12,7 @@ import type { Database } from '../db/database.js'
 import type { Logger } from '../logger.js'
 import type { ObservationSettings } from '../orders/apply-observation.js'
 import { createWaitMs } from '../trades/open-trade-for-order.js'
+import { longestGetMs } from '../partner-api/partner-api-transport.js'
 import { type BackoffSettings, DEFAULT_BACKOFF } from './backoff-delay.js'
 import { POLL_JITTER } from './poll-jitter.js'
 import type { PollResult, TradeFetcher } from './poll-order.js'
@@ -56,6 +57,8 @@ export interface PollerSettings {
   unresolvedCreateAfterS?: number
   /** PARTNER_API_TIMEOUT_MS and trades open's margin, for a pending create with no stored whole time (CycleSettings). */
   createWholeTimeMs?: number
+  /** PARTNER_API_TIMEOUT_MS and the longest one GET can take with it (CycleSettings). */
+  getCall?: { timeoutMs: number; longestMs: number }
 }
 
 /** The poller's settings from the POLL_* variables, with the observation settings bound once. */
@@ -73,6 +76,7 @@ export function pollerSettings(
     leaseS,
     unresolvedCreateAfterS: poll.expectedWebhookS,
     createWholeTimeMs: createWaitMs(partner.timeoutMs),
+    getCall: { timeoutMs: partner.timeoutMs, longestMs: longestGetMs(partner.timeoutMs) },
   }
 }
 

@@ -72,6 +72,8 @@ export interface CycleSettings {
    * flagged yet, however short EXPECTED_WEBHOOK_S is.
    */
   createWholeTimeMs?: number
+  /** PARTNER_API_TIMEOUT_MS and the longest one GET can take with it (longestGetMs), named when a cycle outlived its lease. */
+  getCall?: { timeoutMs: number; longestMs: number }
 }
 
 export interface CycleDeps {
@@ -374,7 +376,12 @@ export async function runReconcileCycle(
     // a pause of the process (SIGSTOP, a VM paused, a clock jump) shows as one poll that lasted most of the lease: the
     // advice about a slow platform was wrong for it
     const paused = longestPollMs >= (settings.leaseS * 1000) / 2
-    const why = paused
+    // ... unless one GET can take that long: each of its attempts waits PARTNER_API_TIMEOUT_MS
+    const getCall = settings.getCall
+    const why = paused && getCall !== undefined && longestPollMs <= getCall.longestMs
+      ? `one poll took ${Math.round(longestPollMs / 1000)} s, which one GET can take with PARTNER_API_TIMEOUT_MS=${getCall.timeoutMs} ` +
+        `(its attempts together up to ${Math.round(getCall.longestMs / 1000)} s): lower PARTNER_API_TIMEOUT_MS, so that they fit well inside the lease (${settings.leaseS} s)`
+      : paused
       ? `one poll took ${Math.round(longestPollMs / 1000)} s, half the lease or more: this process was likely paused (a stopped process, ` +
         'a paused VM) or its clock jumped; if the platform is that slow, lower PARTNER_API_TIMEOUT_MS'
       : 'the platform answers slowly: a smaller POLL_BATCH_SIZE or a larger POLL_CONCURRENCY keeps a cycle inside the lease'
