@@ -18,6 +18,7 @@ import * as unappliedDeliverySearch from './0014_unapplied_delivery_search.js'
 import * as tradeCreateWait from './0015_trade_create_wait.js'
 import * as reactionStreamTypes from './0016_reaction_stream_types.js'
 import * as replayedBodies from './0017_replayed_bodies.js'
+import * as orderPartnerEnv from './0018_order_partner_env.js'
 
 export const migrations: Record<string, Migration> = {
   '0001_initial': initial,
@@ -37,4 +38,5 @@ export const migrations: Record<string, Migration> = {
   '0015_trade_create_wait': tradeCreateWait,
   '0016_reaction_stream_types': reactionStreamTypes,
   '0017_replayed_bodies': replayedBodies,
+  '0018_order_partner_env': orderPartnerEnv,
 }

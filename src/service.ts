@@ -185,7 +185,7 @@ export async function startService({
           ...(database.kind === 'postgres' ? { databaseClockOffset: () => databaseClockOffsetMs(database.db, clock) } : {}),
           ...(database.notificationsHeard ? { notificationsHeard: database.notificationsHeard } : {}),
           ...(database.kind === 'postgres' ? { autovacuumOff: () => statistics.autovacuumOff() } : {}),
-          dueOrders: () => dueOrderStats(database.db, clock),
+          dueOrders: () => dueOrderStats(database.db, clock, config.partner.env),
           parkedDeliveries: () => countParkedDeliveries(database.db, new Date(clock.now())),
           ordersNeedingAttention: () => countOrdersNeedingAttention(database.db),
           reactionJobs: () => reactionJobStats(database.db, new Date(clock.now()), reactions.names),

@@ -51,7 +51,7 @@ export function registerOrdersCommands(program: Command): void {
     .option('--json', 'print as JSON')
     .action(async (externalReference: string, options: { json?: boolean }) => {
       const { findOrderByExternalReference, orderHistory } = await import('../orders/order.repository.js')
-      await withDatabase(async ({ db }) => {
+      await withDatabase(async ({ db, config }) => {
         const order = await findOrderByExternalReference(db, externalReference)
         if (!order) throw new CommandFailedError('order_not_found', `No order with external reference ${printable(externalReference)}`)
         const history = await orderHistory(db, order.id)
@@ -65,6 +65,7 @@ export function registerOrdersCommands(program: Command): void {
             `status     ${printable(order.tradeStatus ?? '-')}${order.statusSource ? ` (by ${order.statusSource})` : ''}`,
             `trade      ${printable(order.tradeId ?? '-')} ${printable(order.tradeReference ?? '')}`.trimEnd(),
             `create     ${order.tradeCreateState}`,
+            ...(order.tradeId === null ? [] : [`env        ${environmentOf(order, config.partner.env)}`]),
             `next poll  ${order.nextPollAt?.toISOString() ?? '-'}`,
             ...(order.attention ? [`attention  ${order.attention}`] : []),
             'history',
@@ -99,6 +100,7 @@ export function registerOrdersCommands(program: Command): void {
               reference: order.externalReference,
               status: order.tradeStatus,
               trade: order.tradeId,
+              env: order.partnerEnv,
               source: order.statusSource,
               nextPoll: order.nextPollAt,
               attention: order.attention,
@@ -107,4 +109,14 @@ export function registerOrdersCommands(program: Command): void {
           )
       })
     })
+}
+
+/**
+ * The platform environment a linked order's trade lives in, as `orders show` says it: one linked under the other
+ * PARTNER_ENV is not polled by this one (README, "Going live"); one linked before it was recorded is taken as this one's.
+ */
+function environmentOf(order: { partnerEnv: string | null }, current: string): string {
+  if (order.partnerEnv === null) return `${current} (not recorded: linked before it was kept, taken as PARTNER_ENV's)`
+  if (order.partnerEnv !== current) return `${order.partnerEnv} (not polled nor moved while PARTNER_ENV=${current})`
+  return order.partnerEnv
 }

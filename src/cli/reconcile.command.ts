@@ -61,15 +61,22 @@ export function registerReconcileCommands(program: Command): void {
 }
 
 async function runOnce(json: boolean | undefined): Promise<void> {
-  const [{ systemClock }, { createPartnerApiClient }, { createPoller, pollerSettings }, { observationSettings }, { stopOnSignals }] =
-    await Promise.all([
-      import('../clock.js'),
-      import('../partner-api/create-partner-api-client.js'),
-      import('../reconcile/poller.js'),
-      import('../orders/observations.js'),
-      import('../stop-signals.js'),
-    ])
-  const summary = await withDatabase(async ({ config, logger, db, reactions, clock = systemClock }) => {
+  const [
+    { systemClock },
+    { createPartnerApiClient },
+    { createPoller, pollerSettings },
+    { observationSettings },
+    { stopOnSignals },
+    { countOtherEnvironmentDue },
+  ] = await Promise.all([
+    import('../clock.js'),
+    import('../partner-api/create-partner-api-client.js'),
+    import('../reconcile/poller.js'),
+    import('../orders/observations.js'),
+    import('../stop-signals.js'),
+    import('../orders/poll-schedule.repository.js'),
+  ])
+  const { summary, otherEnvironment } = await withDatabase(async ({ config, logger, db, reactions, clock = systemClock }) => {
     const poller = createPoller({
       db,
       fetcher: createPartnerApiClient(config, { logger, clock }),
@@ -78,18 +85,33 @@ async function runOnce(json: boolean | undefined): Promise<void> {
       settings: pollerSettings(config.poll, observationSettings(config, reactions.handlersFor), config.partner),
       replica: `cli:${hostname()}:${process.pid}`,
     })
-    if (runsInService()) return poller.runOnce()
-    // Ctrl-C stops the cycle as a replica's shutdown does: the claims not polled are given back (due again at
-    // once) and the run is recorded as stopped, rather than left leased and "running" for good
-    const off = stopOnSignals(() => void poller.stop())
-    try {
-      return await poller.runOnce()
-    } finally {
-      off()
+    const run = async (): Promise<RunSummary> => {
+      if (runsInService()) return poller.runOnce()
+      // Ctrl-C stops the cycle as a replica's shutdown does: the claims not polled are given back (due again at
+      // once) and the run is recorded as stopped, rather than left leased and "running" for good
+      const off = stopOnSignals(() => void poller.stop())
+      try {
+        return await poller.runOnce()
+      } finally {
+        off()
+      }
     }
+    const ran = await run()
+    // the due orders the claim left: linked under the other PARTNER_ENV (README, "Going live")
+    const env = config.partner.env
+    return { summary: ran, otherEnvironment: { env, due: await countOtherEnvironmentDue(db, new Date(clock.now()), env) } }
   })
-  if (json) printJson(summary)
-  else printSummary(summary)
+  if (json) printJson({ ...summary, otherEnvironmentDue: otherEnvironment.due })
+  else {
+    printSummary(summary)
+    if (otherEnvironment.due > 0) {
+      const other = otherEnvironment.env === 'live' ? 'sandbox' : 'live'
+      write(
+        `left ${otherEnvironment.due} due order(s) linked under PARTNER_ENV=${other}: not polled while PARTNER_ENV=${otherEnvironment.env} ` +
+          '(`orders list` shows their env; README, "Going live")\n',
+      )
+    }
+  }
   // the first poll that failed says why (the log line is not the operator's to read)
   if (summary.firstFailure) {
     writeError(`first error, order ${printable(summary.firstFailure.externalReference)}: ${printable(summary.firstFailure.reason)}\n`)

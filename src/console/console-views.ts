@@ -3,6 +3,7 @@
 // or invisible character in text as its escape: a delivery's attacker-chosen id, reference or body can only ever
 // show as text, in its order. Nothing here writes raw().
 import { AsyncLocalStorage } from 'node:async_hooks'
+import type { PartnerEnv } from '../config.js'
 import type { Order, StatusChange } from '../orders/order.js'
 import { describeClockOffset } from '../partner-api/clock-offset.js'
 import type { EventReaction, ReactionJob, ReactionJobFilter, ReactionJobState } from '../reactions/reaction-job.repository.js'
@@ -525,10 +526,10 @@ export function ordersPage(
 ${
   orders.length === 0
     ? html`<p>No order matches.</p>`
-    : html`<table><thead><tr><th>order</th><th>external reference</th><th>trade</th><th>status</th><th>source</th><th>next poll (UTC)</th><th>attempts</th><th>attention</th></tr></thead>
+    : html`<table><thead><tr><th>order</th><th>external reference</th><th>trade</th><th>env</th><th>status</th><th>source</th><th>next poll (UTC)</th><th>attempts</th><th>attention</th></tr></thead>
 <tbody>${orders.map(
         (order) => html`<tr>
-  <td><a href="${orderPath(order.id)}">#${order.id}</a></td><td>${order.externalReference}</td><td>${order.tradeId ?? '—'}</td>
+  <td><a href="${orderPath(order.id)}">#${order.id}</a></td><td>${order.externalReference}</td><td>${order.tradeId ?? '—'}</td><td>${order.partnerEnv ?? '—'}</td>
   <td>${order.tradeStatus ?? '—'}</td><td>${order.statusSource ?? '—'}</td><td>${time(order.nextPollAt)}</td>
   <td class="number">${order.pollAttempts}</td><td>${order.attention ? html`<span class="outcome attention">${order.attention}</span>` : ''}</td>
 </tr>`,
@@ -538,9 +539,25 @@ ${nextLink ? html`<p><a rel="next" href="${nextLink}">Older →</a></p>` : ''}`,
   )
 }
 
+// the platform environment a linked order's trade lives in (orders.partner_env): one of the other PARTNER_ENV is left
+// as it is, neither polled nor moved (README, "Going live")
+function orderEnvironment(order: Order, partnerEnv: PartnerEnv): Html {
+  if (order.partnerEnv === null) return html`${partnerEnv} (not recorded: linked before it was kept, taken as this service's)`
+  if (order.partnerEnv !== partnerEnv) {
+    return html`<strong>${order.partnerEnv}</strong> · not polled nor moved while this service runs with PARTNER_ENV=${partnerEnv}`
+  }
+  return html`${order.partnerEnv}`
+}
+
 export function orderPage(
   operator: Operator,
-  { order, history, reactions, deliveries }: { order: Order; history: StatusChange[]; reactions: EventReaction[]; deliveries: DeliverySummary[] },
+  {
+    order,
+    history,
+    reactions,
+    deliveries,
+    partnerEnv,
+  }: { order: Order; history: StatusChange[]; reactions: EventReaction[]; deliveries: DeliverySummary[]; partnerEnv: PartnerEnv },
 ): Html {
   return layout(
     `Order #${order.id}`,
@@ -548,6 +565,7 @@ export function orderPage(
     html`<dl class="fields">
   <dt>External reference</dt><dd>${order.externalReference}</dd>
   <dt>Trade</dt><dd>${order.tradeId ?? '—'} ${order.tradeReference ? html`(${order.tradeReference})` : ''} · create ${order.tradeCreateState}</dd>
+  ${order.tradeId === null ? '' : html`<dt>Environment</dt><dd>${orderEnvironment(order, partnerEnv)}</dd>`}
   <dt>Status</dt><dd><strong>${order.tradeStatus ?? 'none yet'}</strong> ${order.statusSource ? html`by ${order.statusSource} at ${time(order.statusChangedAt)}` : ''}</dd>
   <dt>Poll schedule</dt><dd>${order.nextPollAt ? html`next poll ${time(order.nextPollAt)}` : 'not scheduled'} · ${order.pollAttempts} failed attempts</dd>
   <dt>Attention</dt><dd>${

@@ -478,7 +478,7 @@ export function consoleRoutes(deps: ConsoleDeps): Router {
     const since = new Date(now.getTime() - 60 * 60 * 1000)
     const [perMinute, due, parked, attention, reactions, failedByHandler, runs] = await Promise.all([
       countDeliveriesPerMinute(db, since),
-      countDueOrders(db, now),
+      countDueOrders(db, now, deps.observation.partnerEnv),
       countParkedDeliveries(db, now),
       countOrdersNeedingAttention(db),
       reactionJobStats(db, now, deps.reactionHandlers),
@@ -734,7 +734,7 @@ export function consoleRoutes(deps: ConsoleDeps): Router {
       db,
       history.map((change) => change.eventId),
     )
-    await send(res, orderPage(operatorOf(res), { order, history, reactions, deliveries: deliveries.deliveries }))
+    await send(res, orderPage(operatorOf(res), { order, history, reactions, deliveries: deliveries.deliveries, partnerEnv: deps.observation.partnerEnv ?? 'sandbox' }))
   })
 
   // --- reactions: the jobs, and the operator's way out of the dead letter (the `reactions` CLI's functions) ---

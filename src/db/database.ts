@@ -22,6 +22,8 @@ export interface OrdersTable {
   tradeCreateState: Generated<string>
   /** How long the command that marked the create pending waits for its answer, in ms; null outside pending (migrations/0015). */
   tradeCreateWaitMs: number | null
+  /** sandbox | live: the PARTNER_ENV the order was linked to its trade under; null before the link, or linked before migrations/0018. */
+  partnerEnv: string | null
   nextPollAt: Timestamp | null
   pollAttempts: Generated<number>
   pollLeaseToken: string | null

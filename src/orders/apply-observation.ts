@@ -28,6 +28,7 @@
 // is a new delivery (a reused id): stored, applied by the status rules, and reported as `reused` when
 // a row with that id and another body was already committed when the statement began.
 import { type Kysely, type RawBuilder, sql, type Transaction } from 'kysely'
+import type { PartnerEnv } from '../config.js'
 import type { Database } from '../db/database.js'
 import { PREPARED } from '../db/open-database.js'
 import { reactionChannelSql } from '../db/reaction-channel.js'
@@ -77,6 +78,12 @@ export interface ObservationSettings {
    * (the service wakes its own directly and NOTIFYs the other replicas). Absent: a NOTIFY after the commit.
    */
   onJobsEnqueued?: () => void
+  /**
+   * PARTNER_ENV of the service or command applying the observation: written on an order as it is first linked to a
+   * trade (orders.partner_env), and an order linked under the other one is not moved (trade_mismatch). Absent: sandbox,
+   * PARTNER_ENV's default.
+   */
+  partnerEnv?: PartnerEnv
 }
 
 /** Routing for a service without reaction handlers (and for tests of the status rules alone). */
@@ -90,7 +97,8 @@ export const NO_REACTION_HANDLERS: ObservationSettings['handlersFor'] = () => []
  * order (yet). lease_lost: a poll whose claim expired and was taken by another replica.
  * trade_mismatch: the order is linked to another trade, or the record observed names another external
  * reference than the order's (a poll or an API call answered a record of another order), or its trade is
- * already linked to another order. The order row is left as it was, a poll's lease included: the poller
+ * already linked to another order, or the order was linked under the other PARTNER_ENV (orders.partner_env): a
+ * record of the other platform's trade. The order row is left as it was, a poll's lease included: the poller
  * flags the order under that lease.
  */
 export type ObservationOutcome =
@@ -285,6 +293,7 @@ async function runStatement(
       raw_body: delivery?.rawBody ?? null,
       body_sha256: delivery?.bodySha256 ?? null,
       not_ours: foreign[n] ?? false,
+      partner_env: settings.partnerEnv ?? 'sandbox',
       // names are [a-z0-9_.-]+ (the registry checks), so a comma joins them unambiguously
       handlers: notifyInside && handlers.length > 0 ? handlers.join(',') : null,
     }
@@ -357,6 +366,13 @@ function observationStatement(
         -- order cannot place (the outcome below is stale, and ASKS_AGAIN polls now)
         (${movedSinceAsked} and (i.rank is null or ${atUnknownStatus(sql`o.trade_status`)})) as answered_before_move,
         case
+          -- an order linked under the other PARTNER_ENV (a sandbox trade, the service gone live, or back): its trade is
+          -- another platform's, which this observation is not a record of, whatever its trade id says. Left as it is, as for a record of another trade: a status of the
+          -- other platform must not move it (a sandbox webhook let in by a sandbox secret kept in WEBHOOK_SECRETS),
+          -- and it stays that environment's to poll when the service switches back. A poll never gets here: the
+          -- claim does not take such an order (poll-schedule.repository.ts). Null: linked before migrations/0018,
+          -- taken as the service's own
+          when o.partner_env is not null and o.partner_env <> i.partner_env then 'trade_mismatch'
           when o.trade_id is not null and o.trade_id <> i.trade_id then 'trade_mismatch'
           -- a poll's or an API call's answer whose record is another order's (a webhook is matched by it)
           when i.external_reference <> o.external_reference then 'trade_mismatch'
@@ -379,7 +395,7 @@ function observationStatement(
       from input i
       cross join lateral (
         select o.id, o.trade_id, o.trade_status, o.is_terminal, o.status_rank, o.visited_statuses, o.version,
-          o.external_reference, o.last_event_position, o.status_changed_at
+          o.external_reference, o.last_event_position, o.status_changed_at, o.partner_env
         from orders o
         where ${TARGET_CONDITIONS[kind]}
           ${
@@ -424,11 +440,11 @@ function observationStatement(
     : sql``
   const effective = withDelivery
     ? sql`select d.*, i.status, i.rank, i.terminal, i.poll_after_s, i.source, i.trade_id, i.trade_reference, i.history_delivery_id, i.observed_at,
-          i.handlers
+          i.handlers, i.partner_env
         from decision d join input i on i.n = d.n
         join delivery x on x.delivery_id = i.delivery_id and x.body_sha256 = i.body_sha256`
     : sql`select d.*, i.status, i.rank, i.terminal, i.poll_after_s, i.source, i.trade_id, i.trade_reference, i.history_delivery_id, i.observed_at,
-          i.handlers
+          i.handlers, i.partner_env
         from decision d join input i on i.n = d.n`
 
   return sql<StatementRow>`${sql.raw(PREPARED)}
@@ -436,7 +452,7 @@ function observationStatement(
       select * from json_to_recordset(${input}::json) as i(
         n int, target text, lease text, trade_id text, trade_reference text, external_reference text, status text,
         rank int, terminal boolean, poll_after_s int, source text, history_delivery_id text, observed_at timestamptz, asked_version int,
-        delivery_id text, event_type text, raw_body text, body_sha256 text, not_ours boolean, handlers text)
+        delivery_id text, event_type text, raw_body text, body_sha256 text, not_ours boolean, handlers text, partner_env text)
     ),
     ${decision}${deliveryInsert},
     effective as (${effective}),
@@ -451,6 +467,9 @@ function observationStatement(
         status_changed_at = case when e.outcome = 'applied' then e.observed_at else o.status_changed_at end,
         trade_id = coalesce(o.trade_id, e.trade_id),
         trade_reference = coalesce(o.trade_reference, e.trade_reference),
+        -- the environment, written once, with the first trade linked: not a column of any index, so a later update
+        -- stays as cheap as before (one more value in the row the update writes anyway)
+        partner_env = case when o.trade_id is null then e.partner_env else o.partner_env end,
         trade_create_state = 'created',
         -- a trade linked to an order whose create went unanswered resolves it
         attention = case when o.attention = 'trade_create_unknown' and coalesce(o.trade_id, e.trade_id) is not null

@@ -1,6 +1,7 @@
 // What the service learned about a trade, in the one shape the observation statement takes: one
 // constructor per source, so the four ways a status arrives cannot drift apart. The time is the
 // caller's clock's (an injected clock in tests and the demo), never read here.
+import type { PartnerEnv } from '../config.js'
 import type { Observation, ObservationSettings } from './apply-observation.js'
 import { NO_REACTION_HANDLERS } from './apply-observation.js'
 
@@ -16,11 +17,15 @@ export interface TradeFacts {
  * The settings every observation is applied with, bound once where the service is put together:
  * STALE_AFTER_S (a non-terminal order is polled again this long after any observation) and EXPECTED_WEBHOOK_S (sooner
  * after a status the platform follows on its own: trade-status.ts pollAfterS), ORDER_REFERENCE_PATTERN,
- * the reaction handlers that take an applied status's event, and what wakes the dispatchers after a commit
- * that wrote some (absent: a NOTIFY).
+ * the reaction handlers that take an applied status's event, what wakes the dispatchers after a commit
+ * that wrote some (absent: a NOTIFY), and PARTNER_ENV (the environment an order's first link records).
  */
 export function observationSettings(
-  config: { poll: { staleAfterS: number; expectedWebhookS?: number }; orders?: { referencePattern: RegExp | undefined } },
+  config: {
+    poll: { staleAfterS: number; expectedWebhookS?: number }
+    orders?: { referencePattern: RegExp | undefined }
+    partner?: { env: PartnerEnv }
+  },
   handlersFor: ObservationSettings['handlersFor'] = NO_REACTION_HANDLERS,
   onJobsEnqueued?: () => void,
 ): ObservationSettings {
@@ -31,6 +36,7 @@ export function observationSettings(
     handlersFor,
     ...(referencePattern ? { referencePattern } : {}),
     ...(onJobsEnqueued ? { onJobsEnqueued } : {}),
+    ...(config.partner ? { partnerEnv: config.partner.env } : {}),
   }
 }
 

@@ -4,6 +4,7 @@
 // poll-schedule.repository.ts and apply-observation.ts's statement) and keeps the exported functions:
 // nothing outside src/orders reads or writes the orders table.
 import { type Kysely, type Selectable, sql, type Transaction } from 'kysely'
+import type { PartnerEnv } from '../config.js'
 import type { Database, OrdersTable } from '../db/database.js'
 import type { ObservationResult } from './apply-observation.js'
 import type { ObservationSource, Order, StatusChange, TradeCreateState } from './order.js'
@@ -30,6 +31,7 @@ function toOrder(row: Selectable<OrdersTable>): Order {
     statusChangedAt: row.statusChangedAt,
     tradeCreateState: row.tradeCreateState as TradeCreateState,
     tradeCreateWaitMs: row.tradeCreateWaitMs,
+    partnerEnv: row.partnerEnv as PartnerEnv | null,
     nextPollAt: row.nextPollAt,
     pollAttempts: row.pollAttempts,
     attention: row.attention,

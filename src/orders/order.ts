@@ -1,4 +1,5 @@
 // The partner's order as the rest of the service sees it (the repository maps rows to these).
+import type { PartnerEnv } from '../config.js'
 
 export type ObservationSource = 'webhook' | 'poll' | 'api'
 
@@ -25,6 +26,12 @@ export interface Order {
    * can lead back to it; null for a mark written by a version before the column.
    */
   tradeCreateWaitMs: number | null
+  /**
+   * The platform environment (PARTNER_ENV) its trade lives in: the one the service or command that first linked it ran
+   * under. Null when no trade is linked, or when it was linked before the column (migrations/0018): such an order is
+   * taken as belonging to whatever environment the service runs in.
+   */
+  partnerEnv: PartnerEnv | null
   nextPollAt: Date | null
   pollAttempts: number
   attention: string | null

@@ -18,6 +18,13 @@
 // Cost: the inner select walks the partial index orders_due_idx (next_poll_at, only pollable orders) in
 // order and stops after `limit` rows, so it stays O(batch) however many orders exist.
 //
+// The environment: an order linked under the other PARTNER_ENV (orders.partner_env, migrations/0018) is not claimed,
+// polled nor flagged: its trade is on the other platform, which answered 404 for every sandbox order once a partner
+// went live on the same database, and each was flagged trade_not_found for good. It stays as it is, due, and the
+// claim takes it again when the service runs in its environment again. A filter, not an index column: partner_env is
+// written once with the link, and the other environment's due orders are only read past, at the head of the index,
+// by each claim (they are also counted apart, countOtherEnvironmentDue, so an operator sees them).
+//
 // Every write-back names the lease token of the claim it finishes: a replica whose lease ran out, and
 // whose order another replica claimed since, changes nothing.
 //
@@ -27,7 +34,8 @@
 // no longer the lease's end), earlier or later: that writer knew more than the claim did. Without this, a poll
 // that timed out while a `released` webhook came made the terminal order due for good (a false
 // PartnerEscrowOldestDueOrderLate, and a row in orders_due_idx that never leaves; an outside attack).
-import { type Kysely, type RawBuilder, sql, type Transaction } from 'kysely'
+import { type ExpressionBuilder, type Kysely, type RawBuilder, sql, type Transaction } from 'kysely'
+import type { PartnerEnv } from '../config.js'
 import type { Database } from '../db/database.js'
 
 export interface ClaimedOrder {
@@ -49,6 +57,13 @@ export interface ClaimOptions {
   limit: number
   leaseS: number
   leaseToken: string
+  /** PARTNER_ENV the poll runs under: orders linked under the other one are left (absent: sandbox, its default). */
+  partnerEnv?: PartnerEnv | undefined
+}
+
+/** An order of `partnerEnv`'s platform: linked under it, or before orders.partner_env (null: the service's own). */
+function ofEnvironment(eb: ExpressionBuilder<Database, 'orders'>, partnerEnv: PartnerEnv = 'sandbox') {
+  return eb.or([eb('partnerEnv', 'is', null), eb('partnerEnv', '=', partnerEnv)])
 }
 
 export async function claimDueOrders(db: Kysely<Database>, options: ClaimOptions): Promise<ClaimedOrder[]> {
@@ -67,7 +82,7 @@ export async function claimDueOrders(db: Kysely<Database>, options: ClaimOptions
 }
 
 /** The statement itself, unexecuted: what a plan check (EXPLAIN) compiles. */
-export function claimDueOrdersQuery(db: Kysely<Database>, { now, limit, leaseS, leaseToken }: ClaimOptions) {
+export function claimDueOrdersQuery(db: Kysely<Database>, { now, limit, leaseS, leaseToken, partnerEnv }: ClaimOptions) {
   const leaseEnd = new Date(now.getTime() + leaseS * 1000)
   return (
     db
@@ -82,6 +97,8 @@ export function claimDueOrdersQuery(db: Kysely<Database>, { now, limit, leaseS, 
             // the invariant already keeps these out of the index; the check makes "never claimed" certain
             .where('tradeId', 'is not', null)
             .where('isTerminal', '=', false)
+            // the other environment's orders are left where they are (see the top of this file)
+            .where((eb) => ofEnvironment(eb, partnerEnv))
             // an observation may bring next_poll_at forward while a poll holds the lease (a webhook
             // reschedules the order): a live lease is still its claim's alone
             .where((eb) => eb.or([eb('pollLeaseExpiresAt', 'is', null), eb('pollLeaseExpiresAt', '<=', now)]))
@@ -301,8 +318,12 @@ export interface DueOrderStats {
   oldestDueAgeS: number
 }
 
-/** One query over the partial index orders_due_idx: what the poller metrics report. */
-export async function countDueOrders(db: Kysely<Database>, now: Date): Promise<DueOrderStats> {
+/**
+ * One query over the partial index orders_due_idx: what the poller metrics report. The other environment's orders
+ * are not counted (PARTNER_ENV `partnerEnv`, absent: sandbox): no claim takes them, and they would have made the
+ * oldest due order late for good once a partner went live.
+ */
+export async function countDueOrders(db: Kysely<Database>, now: Date, partnerEnv?: PartnerEnv): Promise<DueOrderStats> {
   const row = await db
     .selectFrom('orders')
     .select((eb) => [eb.fn.countAll<string>().as('due'), eb.fn.min('nextPollAt').as('oldest')])
@@ -310,12 +331,29 @@ export async function countDueOrders(db: Kysely<Database>, now: Date): Promise<D
     // as the claim: an order it would never take is not due, whatever a broken invariant left in next_poll_at
     .where('tradeId', 'is not', null)
     .where('isTerminal', '=', false)
+    .where((eb) => ofEnvironment(eb, partnerEnv))
     .executeTakeFirstOrThrow()
   const oldest = row.oldest === null ? null : new Date(row.oldest)
   return {
     ordersDue: Number(row.due),
     oldestDueAgeS: oldest ? Math.max(0, (now.getTime() - oldest.getTime()) / 1000) : 0,
   }
+}
+
+/**
+ * The due orders no claim under `partnerEnv` takes: linked under the other PARTNER_ENV, left as they are until the
+ * service runs in theirs again (README, "Going live").
+ */
+export async function countOtherEnvironmentDue(db: Kysely<Database>, now: Date, partnerEnv: PartnerEnv): Promise<number> {
+  const row = await db
+    .selectFrom('orders')
+    .select((eb) => eb.fn.countAll<string>().as('due'))
+    .where('nextPollAt', '<=', now)
+    .where('tradeId', 'is not', null)
+    .where('isTerminal', '=', false)
+    .where('partnerEnv', '<>', partnerEnv)
+    .executeTakeFirstOrThrow()
+  return Number(row.due)
 }
 
 export interface RequeueResult {

@@ -7,7 +7,7 @@
 // backoff cap) so a misconfigured or throttled replica, or a platform in an outage, is not hammered.
 import type { Kysely } from 'kysely'
 import type { Clock } from '../clock.js'
-import type { Config } from '../config.js'
+import type { Config, PartnerEnv } from '../config.js'
 import type { Database } from '../db/database.js'
 import type { Logger } from '../logger.js'
 import type { ObservationSettings } from '../orders/apply-observation.js'
@@ -230,7 +230,7 @@ export function createPoller(deps: PollerDeps): Poller {
   }
 }
 
-/** Orders due now and the age of the oldest: the poller gauges (one query on the due index). */
-export function dueOrderStats(db: Kysely<Database>, clock: Clock): Promise<DueOrderStats> {
-  return countDueOrders(db, new Date(clock.now()))
+/** Orders due now and the age of the oldest: the poller gauges (one query on the due index), of PARTNER_ENV's orders. */
+export function dueOrderStats(db: Kysely<Database>, clock: Clock, partnerEnv?: PartnerEnv): Promise<DueOrderStats> {
+  return countDueOrders(db, new Date(clock.now()), partnerEnv)
 }

@@ -209,6 +209,7 @@ export async function runReconcileCycle(
         limit: settings.batchSize,
         leaseS: settings.leaseS,
         leaseToken,
+        partnerEnv: settings.observation.partnerEnv,
       })
   const runId = claimed.length > 0 || recordEmpty ? await startRun(db, { replica, startedAt }) : null
 
