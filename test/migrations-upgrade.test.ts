@@ -4,6 +4,7 @@ import { Migrator } from 'kysely/migration'
 import { describe, expect, it } from 'vitest'
 import { migrations } from '../migrations/index.js'
 import { migrateToLatest } from '../src/db/migrate.js'
+import { claimDueOrders } from '../src/orders/poll-schedule.repository.js'
 import { createOrder } from './helpers/orders.js'
 import { createTestDatabase } from './helpers/test-database.js'
 
@@ -155,6 +156,32 @@ describe('migration 0008 on a database with data', () => {
       }
       // in the order they were written, as a btree on event_id sees them
       expect([...added].sort()).toEqual(added)
+    } finally {
+      await database.close()
+    }
+  })
+})
+
+describe('migration 0018 on a database with data', () => {
+  it('keeps the orders linked before it unrecorded (taken as the service’s environment) and refuses an environment it does not know', async () => {
+    const database = await databaseMigratedTo('0017_replayed_bodies')
+    try {
+      await sql`insert into orders (external_reference, trade_id, trade_status, status_rank, next_poll_at)
+        values ('linked-before', 'tr-before', 'funded', 20, now() - interval '1 minute'), ('not-linked', null, null, 0, null)`.execute(database.db)
+
+      expect((await migrateToLatest(database.db)).applied).toContain('0018_order_partner_env')
+
+      const orders = await database.db.selectFrom('orders').select(['externalReference', 'partnerEnv']).orderBy('id').execute()
+      expect(orders).toEqual([
+        { externalReference: 'linked-before', partnerEnv: null },
+        { externalReference: 'not-linked', partnerEnv: null },
+      ])
+      // an unrecorded order is the service's own, whichever that is
+      for (const partnerEnv of ['sandbox', 'live'] as const) {
+        const claimed = await claimDueOrders(database.db, { now: new Date(), limit: 10, leaseS: 0, leaseToken: `t-${partnerEnv}`, partnerEnv })
+        expect(claimed.map((order) => order.externalReference)).toEqual(['linked-before'])
+      }
+      await expect(sql`update orders set partner_env = 'staging'`.execute(database.db)).rejects.toThrow(/check constraint/)
     } finally {
       await database.close()
     }
