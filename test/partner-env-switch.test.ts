@@ -5,6 +5,7 @@ import { randomUUID } from 'node:crypto'
 import { afterAll, beforeAll, beforeEach, describe, expect, it } from 'vitest'
 import type { CliContext } from '../src/cli/cli-context.js'
 import { createApp } from '../src/http/app.js'
+import { dueOrderStats } from '../src/reconcile/poller.js'
 import { runCommandWith } from './helpers/cli-in-process.js'
 import { FakeClock } from './helpers/fake-clock.js'
 import { testLogger } from './helpers/log-sink.js'
@@ -91,6 +92,13 @@ describe('an order linked on the sandbox, the service gone live', () => {
     })
     const json = JSON.parse((await runCommandWith(['reconcile', '--once', '--json'], onLive)).stdout)
     expect(json).toMatchObject({ claimed: 0, otherEnvironmentDue: 1 })
+  })
+
+  it('is not among the due orders of the live service’s metrics (no oldest-due alert for an order no claim takes)', async () => {
+    await openOnSandbox('go-live-due')
+    const clock = { now: () => Date.now(), sleep: async () => {} }
+    expect(await dueOrderStats(database.db, clock, 'live')).toEqual({ ordersDue: 0, oldestDueAgeS: 0 })
+    expect(await dueOrderStats(database.db, clock, 'sandbox')).toMatchObject({ ordersDue: 1 })
   })
 
   it('is polled again on the sandbox once the service switches back', async () => {
