@@ -167,8 +167,10 @@ describe('the poller against a misbehaving platform', () => {
     const summary = await poller.runOnce()
 
     expect(summary.stoppedReason).toBe('throttled')
-    // one request per call in flight: the first call's retry waits the backoff, and the others' 429s are not retried
-    expect(platform.requests).toHaveLength(concurrency)
+    // one request per call in flight at most: the first call's retry waits the backoff, and the others' 429s are not
+    // retried (a call the cycle's stop came before sends none: how many began first depends on the machine)
+    expect(platform.requests.length).toBeGreaterThanOrEqual(1)
+    expect(platform.requests.length).toBeLessThanOrEqual(concurrency)
     expect(summary.results.throttled).toBeGreaterThanOrEqual(1)
     expect(summary.claimed).toBe(20)
   })
