@@ -6,8 +6,9 @@ import { type Kysely, sql } from 'kysely'
 // was answered 404, flagged trade_not_found and never polled again. Now the poller's claim leaves an order of the other
 // environment as it is (src/orders/poll-schedule.repository.ts), and a webhook or an API answer for it does not move it.
 //
-// Null for an order linked before this column (and for one not linked yet): taken as the environment the service runs
-// in. Nullable, no default: a catalog change only, no rewrite of the table. In no index: it is written once, with the
+// Null for an order not linked yet, and for one linked before this column until an observation of its trade is
+// applied (a poll's answer, a webhook): then the environment of the service that applied it. Null is taken as the
+// environment the service runs in. Nullable, no default: a catalog change only, no rewrite of the table. In no index: it is written once, with the
 // trade id, and the claim reads it as a filter.
 export async function up(db: Kysely<unknown>): Promise<void> {
   await db.schema

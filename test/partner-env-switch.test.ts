@@ -139,18 +139,29 @@ describe('an order linked on the sandbox, the service gone live', () => {
 })
 
 describe('an order linked before the environment was kept', () => {
-  it('is taken as the service’s own: polled and moved under either', async () => {
+  it('is taken as the service’s own, and gets the environment of the first observation applied to it', async () => {
     await openOnSandbox('legacy-1')
     await database.db.updateTable('orders').set({ partnerEnv: null }).where('externalReference', '=', 'legacy-1').execute()
+    expect((await runCommandWith(['orders', 'show', 'legacy-1'], onLive)).stdout).toContain('env        live (not recorded')
     const app = createApp({ config: onLive.config, db: database.db, logger: testLogger(onLive.config.webhook.secrets), clock: new FakeClock() })
 
     const response = await sendWebhook(app, { body: JSON.stringify(tradePayload('legacy-1', 'funded', 'tr_legacy-1')), deliveryId: `dlv-${randomUUID()}` })
 
     expect(response.status).toBe(200)
-    // still unrecorded: the environment is written with the first link only
-    expect(await orderByReference(database.db, 'legacy-1')).toMatchObject({ tradeStatus: 'funded', partnerEnv: null })
-    const shown = await runCommandWith(['orders', 'show', 'legacy-1'], onLive)
-    expect(shown.stdout).toContain('env        live (not recorded')
+    expect(await orderByReference(database.db, 'legacy-1')).toMatchObject({ tradeStatus: 'funded', partnerEnv: 'live' })
+  })
+
+  // the upgrade's advice: run under sandbox until the poller has seen every open order, then go live
+  it('is recorded as the sandbox’s by a poll under sandbox, and then left by a live service', async () => {
+    await openOnSandbox('legacy-2')
+    await database.db.updateTable('orders').set({ partnerEnv: null }).where('externalReference', '=', 'legacy-2').execute()
+
+    expect((await runCommandWith(['reconcile', '--once'], onSandbox)).stdout).toMatch(/^run \d+: claimed 1, polled 1, changed 1/)
+    expect(await orderByReference(database.db, 'legacy-2')).toMatchObject({ tradeStatus: 'delivered', partnerEnv: 'sandbox' })
+    await database.db.updateTable('orders').set({ nextPollAt: new Date(Date.now() - 60_000) }).where('externalReference', '=', 'legacy-2').execute()
+
+    expect((await runCommandWith(['reconcile', '--once'], onLive)).stdout).toMatch(/^run \d+: claimed 0, polled 0/)
+    expect(live.requests).toEqual([])
   })
 })
 

@@ -467,9 +467,11 @@ function observationStatement(
         status_changed_at = case when e.outcome = 'applied' then e.observed_at else o.status_changed_at end,
         trade_id = coalesce(o.trade_id, e.trade_id),
         trade_reference = coalesce(o.trade_reference, e.trade_reference),
-        -- the environment, written once, with the first trade linked: not a column of any index, so a later update
-        -- stays as cheap as before (one more value in the row the update writes anyway)
-        partner_env = case when o.trade_id is null then e.partner_env else o.partner_env end,
+        -- the environment, written once: with the first trade linked, or, for an order linked before migrations/0018,
+        -- by the first observation of its trade that this environment's platform answered or signed (so an upgrade
+        -- run under sandbox records its open orders as they are polled, before it goes live). Not a column of any
+        -- index, so a later update stays as cheap as before (one more value in the row the update writes anyway)
+        partner_env = coalesce(o.partner_env, e.partner_env),
         trade_create_state = 'created',
         -- a trade linked to an order whose create went unanswered resolves it
         attention = case when o.attention = 'trade_create_unknown' and coalesce(o.trade_id, e.trade_id) is not null
