@@ -94,6 +94,21 @@ describe('an order linked on the sandbox, the service gone live', () => {
     expect(json).toMatchObject({ claimed: 0, otherEnvironmentDue: 1 })
   })
 
+  it('is refused by a trade command of the live service, before anything is sent', async () => {
+    await openOnSandbox('go-live-cmd')
+
+    for (const args of [['trades', 'fund', 'go-live-cmd'], ['trades', 'get', 'go-live-cmd']]) {
+      const refused = await runCommandWith(args, onLive)
+      expect(refused.code, args.join(' ')).toBe(1)
+      expect(refused.stderr).toContain(
+        "Order go-live-cmd's trade is on the sandbox platform (linked under PARTNER_ENV=sandbox), and this runs with PARTNER_ENV=live: nothing was sent",
+      )
+      expect(refused.stderr).toContain('[other_environment]')
+    }
+    expect(live.requests).toEqual([])
+    expect((await runCommandWith(['trades', 'get', 'go-live-cmd'], onSandbox)).code).toBe(0)
+  })
+
   it('is not among the due orders of the live service’s metrics (no oldest-due alert for an order no claim takes)', async () => {
     await openOnSandbox('go-live-due')
     const clock = { now: () => Date.now(), sleep: async () => {} }

@@ -3,10 +3,10 @@
 import { findOrderByExternalReference } from '../orders/order.repository.js'
 import type { TradeRecord } from '../partner-api/types.js'
 import type { TradeDeps } from './trade-deps.js'
-import { answerMismatch, TradeOperationError, usableTradeId } from './trade-operation-error.js'
+import { answerMismatch, TradeOperationError, tradeIdFor } from './trade-operation-error.js'
 
 export async function getTradeForOrder(
-  { db, client, logger }: Pick<TradeDeps, 'db' | 'client' | 'logger'>,
+  { db, client, logger, settings }: Pick<TradeDeps, 'db' | 'client' | 'logger'> & { settings?: Pick<TradeDeps['settings'], 'observation'> },
   externalReference: string,
 ): Promise<{ order: NonNullable<Awaited<ReturnType<typeof findOrderByExternalReference>>>; trade: TradeRecord }> {
   const order = await findOrderByExternalReference(db, externalReference)
@@ -17,7 +17,7 @@ export async function getTradeForOrder(
       `Order ${externalReference} has no trade yet (trade create state: ${order.tradeCreateState})`,
     )
   }
-  const trade = await client.getTrade(usableTradeId(externalReference, order.tradeId))
+  const trade = await client.getTrade(tradeIdFor(order, settings?.observation.partnerEnv))
   // a record of another trade, or of the order's trade filed under another order's reference, is not this order's
   // trade: shown, it would pass for it. The rule every applied answer is held to (apply-observation.ts), and the
   // poller flags such an answer trade_mismatch

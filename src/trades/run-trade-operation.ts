@@ -32,7 +32,7 @@ import {
   recordAnswerMismatch,
   stoppedBeforeSending,
   TradeOperationError,
-  usableTradeId,
+  tradeIdFor,
 } from './trade-operation-error.js'
 
 const NOTHING_APPLIED = 'Nothing of it was applied, and what the call did is not known: check with `trades get`; the order is polled soon.'
@@ -72,7 +72,7 @@ export async function runTradeOperation<O extends TradeOperation>(
         : ': open one first with `trades open`'
     throw new TradeOperationError('no_trade', `Order ${externalReference} has no trade yet${hint}`)
   }
-  const tradeId = usableTradeId(externalReference, order.tradeId)
+  const tradeId = tradeIdFor(order, settings.observation.partnerEnv)
   const schedulePoll = (executor: typeof db) =>
     schedulePollAfterApiCall(executor, order.id, {
       at: new Date(clock.now() + settings.expectedWebhookS * 1000),

@@ -1,5 +1,6 @@
 // Why an order-level trade operation was refused locally, before or instead of calling the platform, or
 // why what the platform answered was not applied.
+import type { PartnerEnv } from '../config.js'
 import type { Order } from '../orders/order.js'
 import type { MilestoneRecord, TradeRecord } from '../partner-api/types.js'
 import { isPathId } from '../partner-api/field-rules.js'
@@ -24,6 +25,8 @@ export type TradeOperationErrorCode =
   | 'stopped'
   /** The order's stored trade id cannot be put in a request's path ("..", blank): stored before such ids were refused. */
   | 'unusable_trade_id'
+  /** The order's trade is on the other PARTNER_ENV's platform (orders.partner_env): nothing was sent. */
+  | 'other_environment'
 
 export class TradeOperationError extends Error {
   override name = 'TradeOperationError'
@@ -48,6 +51,22 @@ export function tradeExists(order: Pick<Order, 'externalReference' | 'tradeId' |
  * stored by a version that took it from an answer or a webhook: every call on the order failed as a bad argument
  * (exit 2, "Invalid request: trade_id"), as if the operator had mistyped. It is the stored value that is wrong.
  */
+/**
+ * The order's trade id, for a call to the platform of `partnerEnv` (PARTNER_ENV, sandbox when absent): refused when
+ * the order was linked under the other one. Sent, the call went to a platform that has no such trade (a 404 at best)
+ * and could not move the order anyway (apply-observation.ts: trade_mismatch).
+ */
+export function tradeIdFor(order: Pick<Order, 'externalReference' | 'tradeId' | 'partnerEnv'>, partnerEnv: PartnerEnv = 'sandbox'): string {
+  if (order.partnerEnv !== null && order.partnerEnv !== partnerEnv) {
+    throw new TradeOperationError(
+      'other_environment',
+      `Order ${order.externalReference}'s trade is on the ${order.partnerEnv} platform (linked under PARTNER_ENV=${order.partnerEnv}), ` +
+        `and this runs with PARTNER_ENV=${partnerEnv}: nothing was sent. Run it with PARTNER_ENV=${order.partnerEnv}`,
+    )
+  }
+  return usableTradeId(order.externalReference, order.tradeId!)
+}
+
 export function usableTradeId(externalReference: string, tradeId: string): string {
   if (isPathId(tradeId)) return tradeId
   throw new TradeOperationError(
