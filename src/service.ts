@@ -256,6 +256,7 @@ export async function startService({
         onDropped: () => metrics?.requestsRefused.inc({ reason: 'max_connections' }),
         onCut: () => metrics?.requestsRefused.inc({ reason: 'slow_connection' }),
       },
+      onTimedOut: () => metrics?.requestsRefused.inc({ reason: 'request_timeout' }),
     })
     // half of SHUTDOWN_TIMEOUT_MS for requests in flight (after the drain delay; the poller and the
     // dispatcher stop from the signal on), the rest for stopping the parts after it

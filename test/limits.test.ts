@@ -254,6 +254,20 @@ describe('limits of the public listener', () => {
     }
   })
 
+  // found from outside: README said the 408s were counted, and nothing counted them
+  it('counts a request cut off 408 at the headers timeout', async () => {
+    const before = await metric(/^http_requests_refused_total\{reason="request_timeout"\} (\d+)$/m)
+    const socket = net.connect(port, '127.0.0.1')
+    let answer = ''
+    socket.on('data', (chunk) => (answer += chunk))
+    socket.on('error', () => {})
+    // headers that never end: the listener answers 408 once headersTimeout (10 s) has passed
+    socket.write('GET /healthz HTTP/1.1\r\nHost: x\r\n')
+    await once(socket, 'close')
+    expect(answer).toMatch(/^HTTP\/1\.1 408 /)
+    expect(await metric(/^http_requests_refused_total\{reason="request_timeout"\} (\d+)$/m)).toBe(before + 1)
+  })
+
   it('drops connections past MAX_CONNECTIONS and counts them', async () => {
     // a service of its own: no earlier keep-alive connection counts against the cap; and no open connection
     // here is ever old enough to be closed for a new one (the next test's are)

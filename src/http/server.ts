@@ -37,6 +37,7 @@ export async function listen(
     timeouts = DEFAULT_TIMEOUTS,
     connectionCap,
     settings = { port: 'PORT', host: 'HOST' },
+    onTimedOut,
   }: {
     port: number
     host: string
@@ -48,6 +49,8 @@ export async function listen(
     connectionCap?: ConnectionCapOptions
     /** The variables that chose the port and host, named when the listener cannot open (PORT, HOST). */
     settings?: { port: string; host: string }
+    /** A request cut off at headersTimeout or requestTimeout, answered 408 (the public listener counts it). */
+    onTimedOut?: () => void
   },
 ): Promise<RunningServer> {
   const server = http.createServer({
@@ -83,7 +86,10 @@ export async function listen(
     if (refusal) refuseAndClose(res, ...refusal)
     else refuseAndClose(res, 417, 'expectation_failed', 'Expect: only 100-continue is understood')
   })
-  server.on('clientError', answerClientError)
+  server.on('clientError', (error: Error & { code?: string }, socket: Duplex) => {
+    if (error.code === 'ERR_HTTP_REQUEST_TIMEOUT') onTimedOut?.()
+    answerClientError(error, socket)
+  })
   // neither listener is a proxy (Node closed a CONNECT's connection without a word)
   server.on('connect', (_req: http.IncomingMessage, socket: Duplex) =>
     answerOnSocket(socket, 405, 'method_not_allowed', 'CONNECT is not accepted here: this service is no proxy'),

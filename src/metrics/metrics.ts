@@ -191,7 +191,9 @@ export function createMetrics(
     labelNames: ['reason'] as const,
     registers: [registry],
   })
-  for (const reason of ['body_budget', 'slow_body', 'slow_connection', 'max_connections', 'storage_low']) requestsRefused.inc({ reason }, 0)
+  for (const reason of ['body_budget', 'slow_body', 'slow_connection', 'max_connections', 'storage_low', 'request_timeout']) {
+    requestsRefused.inc({ reason }, 0)
+  }
   // every label pair at 0: an alert on its rate starts from a series, not from none
   const consoleAuthRefused = new Counter({
     name: 'console_auth_refused_total',
