@@ -291,6 +291,26 @@ describe('operator console', () => {
     expect(page.text).toContain('&quot;&gt;&lt;img/src=x/onerror=alert(1)&gt;')
   })
 
+  it('shows the environment of a linked order, and one of the other PARTNER_ENV as left alone', async () => {
+    await database.db
+      .insertInto('orders')
+      .values([
+        { externalReference: 'env-live', tradeId: 'tr_env-live', tradeStatus: 'created', partnerEnv: 'live' },
+        { externalReference: 'env-sandbox', tradeId: 'tr_env-sandbox', tradeStatus: 'created', partnerEnv: 'sandbox' },
+      ])
+      .execute()
+    const live = await findOrderByExternalReference(database.db, 'env-live')
+    const sandbox = await findOrderByExternalReference(database.db, 'env-sandbox')
+    // testConfig's PARTNER_ENV: sandbox
+    expect((await bearer(request(admin).get(`/console/orders/${sandbox!.id}`))).text).toContain('<dt>Environment</dt><dd>sandbox</dd>')
+    expect((await bearer(request(admin).get(`/console/orders/${live!.id}`))).text).toContain(
+      '<dt>Environment</dt><dd><strong>live</strong> · not polled nor moved while this service runs with PARTNER_ENV=sandbox</dd>',
+    )
+    const list = await bearer(request(admin).get('/console/orders').query({ reference: 'env-live' }))
+    expect(list.text).toContain('<td>tr_env-live</td><td>live</td>')
+    await database.db.deleteFrom('orders').where('externalReference', 'in', ['env-live', 'env-sandbox']).execute()
+  })
+
   it('shows bidirectional and invisible characters from outside as marked escapes: they cannot reorder or hide the page’s text', async () => {
     const reference = 'invoice\u202efdp.exe'
     const body = { ...tradePayload(reference, 'funded'), note: 'zero\u200bwidth\ufeff \u2066isolated\u2069 \u2028' }
