@@ -131,7 +131,7 @@ describe('the webhook contract', () => {
     const deliveries: [string, object | string][] = [
       ['webhook payload invalid', { trade_id: `trd_${ref}`, status: 'funded' }],
       ['webhook payload refused by the database; stored as invalid', JSON.stringify(tradePayload(ref, 'delivered')).replace('"delivered"', '"delivered", "event": "trade.delivered\\u0000"')],
-      ['webhook trade id differs from the order’s trade', tradePayload(ref, 'delivered', `trd_other_${ref}`)],
+      ['webhook trade id differs from the order’s trade, or the order was linked under the other PARTNER_ENV', tradePayload(ref, 'delivered', `trd_other_${ref}`)],
     ]
     const ids: string[] = []
     for (const [, body] of deliveries) {

@@ -185,7 +185,7 @@ async function store(
     })
     if (result === 'duplicate' || result === 'replayed') return { duplicate: true, replayed: result === 'replayed' }
     if (result.outcome === 'trade_mismatch') {
-      logger.warn({ ...loggableDeliveryId(deliveryId), orderId: result.orderId }, 'webhook trade id differs from the order’s trade')
+      logger.warn({ ...loggableDeliveryId(deliveryId), orderId: result.orderId }, 'webhook trade id differs from the order’s trade, or the order was linked under the other PARTNER_ENV')
     }
     return { duplicate: false, outcome: result.outcome, eventType: event.eventType, idReused: result.idReused }
   }
