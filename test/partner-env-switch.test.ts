@@ -109,6 +109,13 @@ describe('an order linked on the sandbox, the service gone live', () => {
     expect((await runCommandWith(['trades', 'get', 'go-live-cmd'], onSandbox)).code).toBe(0)
   })
 
+  it('is requeued by a live command with a word that only the sandbox polls it', async () => {
+    await openOnSandbox('go-live-requeue')
+    const requeued = await runCommandWith(['reconcile', '--requeue', 'go-live-requeue'], onLive)
+    expect(requeued.stdout).toBe('go-live-requeue: due now (linked under PARTNER_ENV=sandbox: polled only there)\n')
+    expect((await runCommandWith(['reconcile', '--requeue', 'go-live-requeue'], onSandbox)).stdout).toBe('go-live-requeue: due now\n')
+  })
+
   it('is not among the due orders of the live service’s metrics (no oldest-due alert for an order no claim takes)', async () => {
     await openOnSandbox('go-live-due')
     const clock = { now: () => Date.now(), sleep: async () => {} }

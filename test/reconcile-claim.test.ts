@@ -143,7 +143,7 @@ describe('claiming due orders', () => {
 
     const requeued = await requeueOrders(database.db, { now: seconds(10) })
     expect(requeued).toEqual([
-      { externalReference: 'a', outcome: 'requeued', previousAttention: 'trade_not_found' },
+      { externalReference: 'a', outcome: 'requeued', previousAttention: 'trade_not_found', partnerEnv: null },
     ])
     order = await orderByReference(database.db, 'a')
     expect(order.attention).toBeNull()
@@ -162,8 +162,8 @@ describe('claiming due orders', () => {
 
     const requeued = await requeueOrders(database.db, { now: NOW })
     expect(requeued).toEqual([
-      { externalReference: 'gone', outcome: 'requeued', previousAttention: 'trade_not_found' },
-      { externalReference: 'crossed', outcome: 'requeued', previousAttention: 'trade_mismatch' },
+      { externalReference: 'gone', outcome: 'requeued', previousAttention: 'trade_not_found', partnerEnv: null },
+      { externalReference: 'crossed', outcome: 'requeued', previousAttention: 'trade_mismatch', partnerEnv: null },
     ])
     for (const reference of ['gone', 'crossed']) {
       const order = await orderByReference(database.db, reference)
@@ -184,7 +184,7 @@ describe('claiming due orders', () => {
       now: NOW,
     })
     expect(requeued).toEqual([
-      { externalReference: 'done', outcome: 'not_pollable', previousAttention: 'trade_not_found' },
+      { externalReference: 'done', outcome: 'not_pollable', previousAttention: 'trade_not_found', partnerEnv: null },
     ])
     const order = await orderByReference(database.db, 'done')
     expect(order.attention).toBeNull()

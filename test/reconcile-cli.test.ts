@@ -169,7 +169,7 @@ describe('reconcile --requeue', () => {
     const result = await cli('reconcile', '--requeue', '--json')
     expect(result.code).toBe(0)
     expect(JSON.parse(result.stdout)).toEqual({
-      results: [{ externalReference: 'cli-gone', outcome: 'requeued', previousAttention: 'trade_not_found' }],
+      results: [{ externalReference: 'cli-gone', outcome: 'requeued', previousAttention: 'trade_not_found', partnerEnv: null }],
       missing: [],
     })
     answer = delivered

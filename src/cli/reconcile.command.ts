@@ -192,6 +192,11 @@ async function report(limit: number, json: boolean | undefined): Promise<void> {
   }
 }
 
+/** Said of a requeued order linked under the other PARTNER_ENV: due, but no poller of this one takes it. */
+function polledElsewhere({ partnerEnv }: { partnerEnv: string | null }, current: string): string {
+  return partnerEnv !== null && partnerEnv !== current ? ` (linked under PARTNER_ENV=${partnerEnv}: polled only there)` : ''
+}
+
 /** The unknown references a refusal names; the rest are counted. */
 const MISSING_SHOWN = 20
 
@@ -200,12 +205,13 @@ async function requeue(externalReferences: string[] | undefined, json: boolean |
     import('../clock.js'),
     import('../orders/poll-schedule.repository.js'),
   ])
-  const results = await withDatabase(({ db }) =>
-    requeueOrders(db, {
+  const { results, partnerEnv } = await withDatabase(async ({ db, config }) => ({
+    results: await requeueOrders(db, {
       ...(externalReferences ? { externalReferences } : {}),
       now: new Date(systemClock.now()),
     }),
-  )
+    partnerEnv: config.partner.env,
+  }))
   const found = new Set(results.map((result) => result.externalReference))
   const missing = (externalReferences ?? []).filter((reference) => !found.has(reference))
   if (json) printJson({ results, missing })
@@ -213,7 +219,7 @@ async function requeue(externalReferences: string[] | undefined, json: boolean |
     for (const result of results) {
       write(
         result.outcome === 'requeued'
-          ? `${printable(result.externalReference)}: due now${result.previousAttention ? ` (was ${result.previousAttention})` : ''}\n`
+          ? `${printable(result.externalReference)}: due now${result.previousAttention ? ` (was ${result.previousAttention})` : ''}${polledElsewhere(result, partnerEnv)}\n`
           : `${printable(result.externalReference)}: attention cleared; not polled (no trade id or a terminal status)\n`,
       )
     }

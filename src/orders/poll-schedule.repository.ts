@@ -361,6 +361,8 @@ export interface RequeueResult {
   /** requeued: due now; not_pollable: no trade id or a terminal status, so there is nothing to poll. */
   outcome: 'requeued' | 'not_pollable'
   previousAttention: string | null
+  /** The PARTNER_ENV the order was linked under (orders.partner_env): only a poller of that one polls it. */
+  partnerEnv: PartnerEnv | null
 }
 
 /** References or ids per statement of a requeue by name: well under a statement's 65,535 parameters. */
@@ -382,8 +384,15 @@ export async function requeueOrders(
 ): Promise<RequeueResult[]> {
   if (externalReferences && externalReferences.length === 0) return []
   return db.transaction().execute(async (trx) => {
-    const columns = ['id', 'externalReference', 'tradeId', 'isTerminal', 'attention'] as const
-    let orders: { id: number; externalReference: string; tradeId: string | null; isTerminal: boolean; attention: string | null }[]
+    const columns = ['id', 'externalReference', 'tradeId', 'isTerminal', 'attention', 'partnerEnv'] as const
+    let orders: {
+      id: number
+      externalReference: string
+      tradeId: string | null
+      isTerminal: boolean
+      attention: string | null
+      partnerEnv: string | null
+    }[]
     if (!externalReferences) {
       orders = await trx.selectFrom('orders').select(columns).where('attention', 'is not', null).orderBy('id').forUpdate().execute()
     } else {
@@ -420,6 +429,7 @@ export async function requeueOrders(
         externalReference: order.externalReference,
         outcome: pollable ? 'requeued' : 'not_pollable',
         previousAttention: order.attention,
+        partnerEnv: order.partnerEnv as PartnerEnv | null,
       })
     }
     return results
