@@ -180,9 +180,8 @@ function answerClientError(error: Error & { code?: string }, socket: Duplex): vo
   // after its `Connection: close`): that request's answer goes out first, and the connection closes after it. The
   // refusal used to be written ahead of it, and a delivery stored was never answered 200.
   const answering = (socket as Duplex & { _httpMessage?: http.ServerResponse | null })._httpMessage
-  // (the parser's refusals of bytes, and the end of a half-closed connection part-way through the next request, whose
-  // client still reads: a delivery stored and answered after that end was never answered; not a request timed out)
-  const unparseable = error.code?.startsWith('HPE_') === true
+  // (the parser's refusals of bytes; not the end of a connection mid-request, nor a request timed out)
+  const unparseable = error.code?.startsWith('HPE_') === true && error.code !== 'HPE_INVALID_EOF_STATE'
   if (unparseable && answering && !answering.writableFinished && answering.req.complete) {
     answering.shouldKeepAlive = false
     answering.once('finish', () => socket.end())
