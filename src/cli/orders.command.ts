@@ -1,5 +1,7 @@
 // `orders create|show|list`: the partner's orders as the service keeps them.
 import type { Command } from 'commander'
+import type { PartnerEnv } from '../config.js'
+import { linkedElsewhere } from '../orders/order.js'
 import { printable } from '../printable.js'
 import { invalidOrder, listLimit, MAX_LIST_LIMIT, orderReference } from './cli-arguments.js'
 import { CommandFailedError, printJson, printTable, withDatabase, write } from './cli-context.js'
@@ -115,8 +117,8 @@ export function registerOrdersCommands(program: Command): void {
  * The platform environment a linked order's trade lives in, as `orders show` says it: one linked under the other
  * PARTNER_ENV is not polled by this one (README, "Going live"); one linked before it was recorded is taken as this one's.
  */
-function environmentOf(order: { partnerEnv: string | null }, current: string): string {
+function environmentOf(order: { partnerEnv: PartnerEnv | null }, current: PartnerEnv): string {
   if (order.partnerEnv === null) return `${current} (not recorded: linked before it was kept, taken as PARTNER_ENV's)`
-  if (order.partnerEnv !== current) return `${order.partnerEnv} (not polled nor moved while PARTNER_ENV=${current})`
-  return order.partnerEnv
+  const elsewhere = linkedElsewhere(order, current)
+  return elsewhere ? `${elsewhere} (not polled nor moved while PARTNER_ENV=${current})` : order.partnerEnv
 }

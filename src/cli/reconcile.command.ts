@@ -4,6 +4,8 @@
 // another trade or order) back on the poll schedule.
 import { hostname } from 'node:os'
 import type { Command } from 'commander'
+import type { PartnerEnv } from '../config.js'
+import { linkedElsewhere } from '../orders/order.js'
 import { describeClockOffset } from '../partner-api/clock-offset.js'
 import { printable } from '../printable.js'
 import type { RunSummary } from '../reconcile/poller.js'
@@ -193,8 +195,9 @@ async function report(limit: number, json: boolean | undefined): Promise<void> {
 }
 
 /** Said of a requeued order linked under the other PARTNER_ENV: due, but no poller of this one takes it. */
-function polledElsewhere({ partnerEnv }: { partnerEnv: string | null }, current: string): string {
-  return partnerEnv !== null && partnerEnv !== current ? ` (linked under PARTNER_ENV=${partnerEnv}: polled only there)` : ''
+function polledElsewhere(order: { partnerEnv: PartnerEnv | null }, current: PartnerEnv): string {
+  const elsewhere = linkedElsewhere(order, current)
+  return elsewhere ? ` (linked under PARTNER_ENV=${elsewhere}: polled only there)` : ''
 }
 
 /** The unknown references a refusal names; the rest are counted. */

@@ -4,7 +4,7 @@
 // show as text, in its order. Nothing here writes raw().
 import { AsyncLocalStorage } from 'node:async_hooks'
 import type { PartnerEnv } from '../config.js'
-import type { Order, StatusChange } from '../orders/order.js'
+import { linkedElsewhere, type Order, type StatusChange } from '../orders/order.js'
 import { describeClockOffset } from '../partner-api/clock-offset.js'
 import type { EventReaction, ReactionJob, ReactionJobFilter, ReactionJobState } from '../reactions/reaction-job.repository.js'
 import type { ReactionEvent } from '../reactions/reaction-event.js'
@@ -543,9 +543,8 @@ ${nextLink ? html`<p><a rel="next" href="${nextLink}">Older →</a></p>` : ''}`,
 // as it is, neither polled nor moved (README, "Going live")
 function orderEnvironment(order: Order, partnerEnv: PartnerEnv): Html {
   if (order.partnerEnv === null) return html`${partnerEnv} (not recorded: linked before it was kept, taken as this service's)`
-  if (order.partnerEnv !== partnerEnv) {
-    return html`<strong>${order.partnerEnv}</strong> · not polled nor moved while this service runs with PARTNER_ENV=${partnerEnv}`
-  }
+  const elsewhere = linkedElsewhere(order, partnerEnv)
+  if (elsewhere) return html`<strong>${elsewhere}</strong> · not polled nor moved while this service runs with PARTNER_ENV=${partnerEnv}`
   return html`${order.partnerEnv}`
 }
 

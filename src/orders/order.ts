@@ -39,6 +39,14 @@ export interface Order {
   updatedAt: Date
 }
 
+/**
+ * The environment an order was linked under when it is not `current`: its trade is on the other platform, and this
+ * one neither polls, moves nor calls it (README, "Going live"). Undefined for one of `current`, or not recorded.
+ */
+export function linkedElsewhere(order: { partnerEnv: PartnerEnv | string | null }, current: PartnerEnv): string | undefined {
+  return order.partnerEnv !== null && order.partnerEnv !== current ? order.partnerEnv : undefined
+}
+
 export interface StatusChange {
   /** The event's id: each reaction handler's idempotency key, and the key of its reaction jobs. */
   eventId: string

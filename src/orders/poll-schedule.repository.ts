@@ -318,19 +318,26 @@ export interface DueOrderStats {
   oldestDueAgeS: number
 }
 
+/** The orders due at `now`, in the partial index orders_due_idx: the counts below filter them further. */
+function dueOrders(db: Kysely<Database>, now: Date) {
+  return (
+    db
+      .selectFrom('orders')
+      .where('nextPollAt', '<=', now)
+      // as the claim: an order it would never take is not due, whatever a broken invariant left in next_poll_at
+      .where('tradeId', 'is not', null)
+      .where('isTerminal', '=', false)
+  )
+}
+
 /**
  * One query over the partial index orders_due_idx: what the poller metrics report. The other environment's orders
  * are not counted (PARTNER_ENV `partnerEnv`, absent: sandbox): no claim takes them, and they would have made the
  * oldest due order late for good once a partner went live.
  */
 export async function countDueOrders(db: Kysely<Database>, now: Date, partnerEnv?: PartnerEnv): Promise<DueOrderStats> {
-  const row = await db
-    .selectFrom('orders')
+  const row = await dueOrders(db, now)
     .select((eb) => [eb.fn.countAll<string>().as('due'), eb.fn.min('nextPollAt').as('oldest')])
-    .where('nextPollAt', '<=', now)
-    // as the claim: an order it would never take is not due, whatever a broken invariant left in next_poll_at
-    .where('tradeId', 'is not', null)
-    .where('isTerminal', '=', false)
     .where((eb) => ofEnvironment(eb, partnerEnv))
     .executeTakeFirstOrThrow()
   const oldest = row.oldest === null ? null : new Date(row.oldest)
@@ -345,12 +352,8 @@ export async function countDueOrders(db: Kysely<Database>, now: Date, partnerEnv
  * service runs in theirs again (README, "Going live").
  */
 export async function countOtherEnvironmentDue(db: Kysely<Database>, now: Date, partnerEnv: PartnerEnv): Promise<number> {
-  const row = await db
-    .selectFrom('orders')
+  const row = await dueOrders(db, now)
     .select((eb) => eb.fn.countAll<string>().as('due'))
-    .where('nextPollAt', '<=', now)
-    .where('tradeId', 'is not', null)
-    .where('isTerminal', '=', false)
     .where('partnerEnv', '<>', partnerEnv)
     .executeTakeFirstOrThrow()
   return Number(row.due)

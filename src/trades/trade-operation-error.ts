@@ -1,7 +1,7 @@
 // Why an order-level trade operation was refused locally, before or instead of calling the platform, or
 // why what the platform answered was not applied.
 import type { PartnerEnv } from '../config.js'
-import type { Order } from '../orders/order.js'
+import { linkedElsewhere, type Order } from '../orders/order.js'
 import type { MilestoneRecord, TradeRecord } from '../partner-api/types.js'
 import { isPathId } from '../partner-api/field-rules.js'
 import { printable } from '../printable.js'
@@ -57,11 +57,12 @@ export function tradeExists(order: Pick<Order, 'externalReference' | 'tradeId' |
  * and could not move the order anyway (apply-observation.ts: trade_mismatch).
  */
 export function tradeIdFor(order: Pick<Order, 'externalReference' | 'tradeId' | 'partnerEnv'>, partnerEnv: PartnerEnv = 'sandbox'): string {
-  if (order.partnerEnv !== null && order.partnerEnv !== partnerEnv) {
+  const elsewhere = linkedElsewhere(order, partnerEnv)
+  if (elsewhere) {
     throw new TradeOperationError(
       'other_environment',
-      `Order ${order.externalReference}'s trade is on the ${order.partnerEnv} platform (linked under PARTNER_ENV=${order.partnerEnv}), ` +
-        `and this runs with PARTNER_ENV=${partnerEnv}: nothing was sent. Run it with PARTNER_ENV=${order.partnerEnv}`,
+      `Order ${order.externalReference}'s trade is on the ${elsewhere} platform (linked under PARTNER_ENV=${elsewhere}), ` +
+        `and this runs with PARTNER_ENV=${partnerEnv}: nothing was sent. Run it with PARTNER_ENV=${elsewhere}`,
     )
   }
   return usableTradeId(order.externalReference, order.tradeId!)
