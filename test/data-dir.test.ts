@@ -17,9 +17,14 @@ const canMountReadOnly = (() => {
   return spawnSync('mount', ['-t', 'tmpfs', '-o', 'size=1m,ro', 'tmpfs', readOnly]).status === 0
 })()
 
-// a user to run as beside root: nobody (running as another user needs root; skipped otherwise)
+// a user to run as beside root: nobody (running as another user needs root; skipped otherwise), who must be able
+// to reach the compiled CLI too: a checkout in a directory only its owner may enter (`mktemp -d` makes them 0700)
+// cannot be run by nobody, and the test is skipped there rather than failing on a CLI that never started
 const NOBODY = 65534
-const canRunAsNobody = process.getuid?.() === 0 && spawnSync('setpriv', [`--reuid=${NOBODY}`, `--regid=${NOBODY}`, '--clear-groups', 'true']).status === 0
+const asNobodyArgs = [`--reuid=${NOBODY}`, `--regid=${NOBODY}`, '--clear-groups']
+const nobodyReadsCli = `require('node:fs').accessSync(${JSON.stringify(path.resolve('dist/src/cli.js'))}, require('node:fs').constants.R_OK)`
+const canRunAsNobody =
+  process.getuid?.() === 0 && spawnSync('setpriv', [...asNobodyArgs, process.execPath, '-e', nobodyReadsCli]).status === 0
 
 afterAll(() => {
   if (canMountReadOnly) spawnSync('umount', ['-l', readOnly])
@@ -81,7 +86,7 @@ describe('a DATA_DIR the service cannot write', () => {
     // the file a run as root wrote last
     chownSync(path.join(directory, 'pglite', 'global', 'pg_control'), 0, 0)
     const asNobody = (args: string[], env: Record<string, string>) =>
-      spawnSync('setpriv', [`--reuid=${NOBODY}`, `--regid=${NOBODY}`, '--clear-groups', process.execPath, path.resolve('dist/src/cli.js'), ...args], {
+      spawnSync('setpriv', [...asNobodyArgs, process.execPath, path.resolve('dist/src/cli.js'), ...args], {
         env: childEnv(env),
         encoding: 'utf8',
         timeout: 60_000,
