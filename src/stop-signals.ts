@@ -49,6 +49,8 @@ export function stopWhileStarting(said: string): void {
       process.stderr.write(said)
       process.exit(130)
     }
+    // the command has ended and set its exit code: a signal now ends the process with it (cli.ts waits for stdout)
+    if (ended) process.exit()
     if (process.listenerCount(signal) > 1) return
     for (const each of STOP_SIGNALS) process.off(each, handle)
     process.kill(process.pid, signal)
@@ -59,6 +61,17 @@ export function stopWhileStarting(said: string): void {
 /** The command's action begins: from here a stop signal is its own to handle (or Node's default). */
 export function commandBegins(): void {
   starting = false
+}
+
+let ended = false
+
+/**
+ * The command has ended, its exit code set (cli.ts): from here a stop signal ends the process with that code at once,
+ * where it would have ended a command that had done its work, and printed so, by the signal (130 to a shell).
+ */
+export function commandEnded(): void {
+  starting = false
+  ended = true
 }
 
 // how many onStopSignals registrations are on now (finishHoldingSignals leaves the signals to a command that holds them)
