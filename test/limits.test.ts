@@ -254,6 +254,52 @@ describe('limits of the public listener', () => {
     }
   })
 
+  it('gives back at once the budget of a pipelined request whose client half-closed part-way through its body, and answers the one ahead', async () => {
+    const { own, ownMetric, ownPort } = await startOwnService({ MAX_INFLIGHT_BODY_BYTES: '256kb' })
+    const inflight = () => ownMetric(/^http_inflight_body_bytes (\d+)/m)
+    const body = JSON.stringify({ trade_id: 'tr_half-1', status: 'funded', external_reference: 'half-1' })
+    try {
+      // the embedded database's one connection, held: the first request's answer waits for it
+      let letGo = () => {}
+      const gate = new Promise<void>((resolve) => (letGo = resolve))
+      const holding = own.database.db.transaction().execute(async (trx) => {
+        await sql`select 1`.execute(trx)
+        await gate
+      })
+      const socket = net.connect(ownPort, '127.0.0.1')
+      let received = ''
+      socket.on('data', (chunk: Buffer) => (received += chunk.toString('latin1')))
+      socket.on('error', () => {})
+      const closed = once(socket, 'close')
+      try {
+        await once(socket, 'connect')
+        // a whole delivery, and pipelined behind it all but the last byte of a 200 KB one
+        socket.write(
+          `POST /webhooks/partner HTTP/1.1\r\nHost: x\r\nContent-Length: ${Buffer.byteLength(body)}\r\n` +
+            `X-Partner-Signature: ${signBody(body)}\r\nX-Partner-Delivery-Id: half-1\r\n\r\n${body}` +
+            `POST /webhooks/partner HTTP/1.1\r\nHost: x\r\nContent-Length: ${200 * KB}\r\n` +
+            `X-Partner-Signature: sha256=${'0'.repeat(64)}\r\n\r\n${'a'.repeat(200 * KB - 1)}`,
+        )
+        await expect.poll(inflight, { timeout: 10_000 }).toBe(Buffer.byteLength(body) + 200 * KB - 1)
+        // the client's end comes (it still reads): the unfinished body is refused and its bytes given back while
+        // the answer ahead still waits for the database (they were held until that answer went out)
+        socket.end()
+        await expect.poll(() => ownMetric(/^webhook_deliveries_total\{outcome="rejected"\} (\d+)/m), { timeout: 10_000 }).toBe(1)
+        await expect.poll(inflight, { timeout: 10_000 }).toBe(Buffer.byteLength(body))
+      } finally {
+        letGo()
+        await holding
+      }
+      // the delivery ahead is answered 200, alone, and the connection closed
+      await closed
+      expect(received.match(/HTTP\/1\.1 \d{3} /g), received).toHaveLength(1)
+      expect(received).toMatch(/^HTTP\/1\.1 200 OK\r\n[^]*\r\n\r\n\{"received":true\}$/)
+      await expect.poll(inflight, { timeout: 10_000 }).toBe(0)
+    } finally {
+      await own.stop()
+    }
+  })
+
   // found from outside: README said the 408s were counted, and nothing counted them
   it('counts a request cut off 408 at the headers timeout', async () => {
     const before = await metric(/^http_requests_refused_total\{reason="request_timeout"\} (\d+)$/m)

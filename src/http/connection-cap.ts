@@ -71,6 +71,8 @@ export interface OpenConnections {
   began(request: http.IncomingMessage, response: http.ServerResponse): boolean
   /** The responses not begun yet: of requests still arriving or being answered. */
   unanswered(): http.ServerResponse[]
+  /** The request on `socket` whose headers were read and not all of its body (the latest; they are read in turn). */
+  receiving(socket: Duplex): http.IncomingMessage | undefined
 }
 
 const answered = (response: http.ServerResponse) => response.writableEnded || response.destroyed
@@ -155,6 +157,10 @@ export function watchConnections(server: http.Server, cap?: ConnectionCapOptions
         for (const { response } of exchanges) if (!response.headersSent && !answered(response)) waiting.push(response)
       }
       return waiting
+    },
+    receiving(socket) {
+      const latest = open.get(socket as Socket)?.exchanges.at(-1)?.request
+      return latest?.complete === false ? latest : undefined
     },
   }
 }

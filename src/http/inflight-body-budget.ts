@@ -1,5 +1,6 @@
 // A budget of request body bytes being read or held at once (MAX_INFLIGHT_BODY_BYTES). A request's body is
-// counted as it arrives, chunk by chunk, and given back when its answer is sent or its connection closes.
+// counted as it arrives, chunk by chunk, and given back when its answer is sent, its read fails (the reader drops
+// what it read) or its connection closes.
 // A request whose announced length does not fit in what is free is answered 503 `overloaded` before its
 // body is read; a chunk that does not fit ends its request the same way, its connection closed. So clients
 // that open many requests and never finish their bodies hold at most the budget, not the process's memory,
@@ -119,7 +120,7 @@ interface BudgetDeps {
 /**
  * Admits a request whose announced length (one byte when it announces none) fits in what the budget has free;
  * undefined when it does not: the request was answered 503 `overloaded`, its connection closed. Whatever its
- * body counts into the budget is given back when its answer is sent or its connection closes.
+ * body counts into the budget is given back when its answer is sent, its read fails or its connection closes.
  */
 export function admitBody(req: IncomingMessage, res: ServerResponse, deps: BudgetDeps): BodyAdmission | undefined {
   const { budget, bodyLimitBytes, metrics } = deps
@@ -174,6 +175,10 @@ export function admitBody(req: IncomingMessage, res: ServerResponse, deps: Budge
       req.on('data', count)
       try {
         return await read()
+      } catch (error) {
+        // the reader dropped what it read: nothing is held, though its answer may wait behind another's (server.ts)
+        release()
+        throw error
       } finally {
         ended()
         req.removeListener('data', count)

@@ -4,7 +4,7 @@ import { once } from 'node:events'
 import http, { STATUS_CODES } from 'node:http'
 import type { Duplex } from 'node:stream'
 import type { AddressInfo } from 'node:net'
-import { type ErrorCode, errorBody } from './app-error.js'
+import { AppError, type ErrorCode, errorBody } from './app-error.js'
 import { closeInAMoment, type ConnectionCapOptions, type OpenConnections, watchConnections } from './connection-cap.js'
 import { checkContinue } from './expect-continue.js'
 import { refuseAndClose } from './json-answer.js'
@@ -88,7 +88,7 @@ export async function listen(
   })
   server.on('clientError', (error: Error & { code?: string }, socket: Duplex) => {
     if (error.code === 'ERR_HTTP_REQUEST_TIMEOUT') onTimedOut?.()
-    answerClientError(error, socket)
+    answerClientError(error, socket, connections)
   })
   // neither listener is a proxy (Node closed a CONNECT's connection without a word)
   server.on('connect', (_req: http.IncomingMessage, socket: Duplex) =>
@@ -171,7 +171,7 @@ function hostHeaders(rawHeaders: string[]): number {
 
 // Requests Node's parser refuses before the app sees them (headers over 16 KB, malformed HTTP, a client
 // too slow to finish) still get the one error shape, then the connection is closed.
-function answerClientError(error: Error & { code?: string }, socket: Duplex): void {
+function answerClientError(error: Error & { code?: string }, socket: Duplex, connections: OpenConnections): void {
   if (error.code === 'ECONNRESET' || !socket.writable) {
     socket.destroy()
     return
@@ -180,11 +180,13 @@ function answerClientError(error: Error & { code?: string }, socket: Duplex): vo
   // after its `Connection: close`): that request's answer goes out first, and the connection closes after it. The
   // refusal used to be written ahead of it, and a delivery stored was never answered 200.
   const answering = (socket as Duplex & { _httpMessage?: http.ServerResponse | null })._httpMessage
-  // (the parser's refusals of bytes; not the end of a connection mid-request, nor a request timed out)
-  const unparseable = error.code?.startsWith('HPE_') === true && error.code !== 'HPE_INVALID_EOF_STATE'
+  // (the parser's refusals of bytes, and the end of a half-closed connection part-way through the next request, whose
+  // client still reads: a delivery stored and answered after that end was never answered; not a request timed out)
+  const unparseable = error.code?.startsWith('HPE_') === true
   if (unparseable && answering && !answering.writableFinished && answering.req.complete) {
     answering.shouldKeepAlive = false
     answering.once('finish', () => socket.end())
+    if (error.code === 'HPE_INVALID_EOF_STATE') endUnfinished(connections.receiving(socket))
     return
   }
   // data after a `Connection: close` request whose answer went out: the connection is closing, and that is no error
@@ -202,6 +204,18 @@ function answerClientError(error: Error & { code?: string }, socket: Duplex): vo
           ? [505, 'http_version_not_supported', `HTTP/${version} is not spoken here: send HTTP/1.1 or HTTP/1.0`]
           : [400, 'invalid_payload', 'The request is not valid HTTP']
   answerOnSocket(socket, status, code, message)
+}
+
+/**
+ * Ends the request whose body was still arriving when its client's end came, behind an answer still being made. Node
+ * ends such a request only when the connection closes, after that answer, and until then its body reader held the
+ * body, and its bytes in the in-flight budget (test/limits.test.ts). The reader listens for the request's errors
+ * while it reads: it stops at this one and gives them back now. Its refusal waits behind that answer, never written.
+ */
+function endUnfinished(req: http.IncomingMessage | undefined): void {
+  if (req !== undefined && req.listenerCount('error') > 0) {
+    req.emit('error', new AppError(400, 'invalid_payload', 'The connection ended part-way through the request body'))
+  }
 }
 
 /**
