@@ -40,11 +40,15 @@ export function observationSettings(
   }
 }
 
-/** A webhook's trade event, matched to its order by external reference in the ingest statement. */
+/**
+ * A webhook's trade event, matched to its order by external reference in the ingest statement; `partnerEnv`: the
+ * environment whose secret verified it, a record of that platform's trade (absent: the settings' PARTNER_ENV).
+ */
 export function webhookObservation(
   event: { externalReference: string; tradeId: string; tradeReference: string | null; status: string },
   deliveryId: string,
   receivedAt: Date,
+  partnerEnv?: PartnerEnv,
 ): Observation & { target: { externalReference: string } } {
   return {
     target: { externalReference: event.externalReference },
@@ -55,10 +59,14 @@ export function webhookObservation(
     source: 'webhook',
     deliveryId,
     observedAt: receivedAt,
+    ...(partnerEnv === undefined ? {} : { partnerEnv }),
   }
 }
 
-/** A stored trade delivery applied after its own statement (parked, or re-applied by an operator). */
+/**
+ * A stored trade delivery applied after its own statement (parked, or re-applied by an operator), as a record of the
+ * environment whose secret verified it (stored before that was kept, migrations/0019: the applying service's).
+ */
 export function storedDeliveryObservation(
   delivery: {
     deliveryId: string
@@ -66,6 +74,7 @@ export function storedDeliveryObservation(
     tradeId: string | null
     tradeReference: string | null
     observedStatus: string | null
+    partnerEnv: string | null
   },
   orderId: number,
   at: Date,
@@ -79,6 +88,7 @@ export function storedDeliveryObservation(
     source: 'webhook',
     deliveryId: delivery.deliveryId,
     observedAt: at,
+    ...(delivery.partnerEnv === null ? {} : { partnerEnv: delivery.partnerEnv as PartnerEnv }),
   }
 }
 

@@ -1,6 +1,7 @@
 // Every query on stored webhook deliveries but one: the trade-event insert lives in
 // orders/apply-observation.ts, which records the delivery and its effect in one statement.
 import { type Kysely, type Selectable, type SelectQueryBuilder, sql, type Transaction } from 'kysely'
+import type { PartnerEnv } from '../config.js'
 import type { Database, WebhookDeliveriesTable } from '../db/database.js'
 import { deliveriesAppliedToOrderQuery } from '../orders/order.repository.js'
 import type { DeliveryOutcome } from './delivery-outcome.js'
@@ -23,6 +24,8 @@ export interface StoredDelivery {
   appliedAt: Date | null
   /** null: pruned RETENTION_DAYS after receipt (src/retention); the row and its hash stay. */
   rawBody: string | null
+  /** The environment whose webhook secret verified it (sandbox, live); null: stored before migrations/0019. */
+  partnerEnv: string | null
 }
 
 // raw_body holds the exact bytes received as UTF-8 text (the ingest decodes without stripping a
@@ -51,6 +54,7 @@ const SUMMARY_COLUMNS = [
   'outcome',
   'orderId',
   'appliedAt',
+  'partnerEnv',
 ] as const
 
 /** A delivery is its id and its body's hash (the table's primary key). */
@@ -70,7 +74,7 @@ const DELIVERY_ID_LOCK_CLASS = 0x64656c76
  */
 export async function recordDelivery(
   db: Kysely<Database>,
-  delivery: DeliveryKey & { eventType: string; rawBody: string; outcome: DeliveryOutcome; receivedAt: Date },
+  delivery: DeliveryKey & { eventType: string; rawBody: string; outcome: DeliveryOutcome; receivedAt: Date; partnerEnv?: PartnerEnv },
   { foldReplays = true }: { foldReplays?: boolean } = {},
 ): Promise<{ inserted: boolean; idReused: boolean; replayed: boolean }> {
   return db.transaction().execute(async (trx) => {
@@ -202,7 +206,7 @@ export async function listDeliveries(
 }
 
 /** A trade event parked as unmatched, as the parked-delivery passes apply it. */
-export type ParkedDelivery = Pick<StoredDelivery, 'deliveryId' | 'bodySha256' | 'tradeId' | 'tradeReference' | 'observedStatus'>
+export type ParkedDelivery = Pick<StoredDelivery, 'deliveryId' | 'bodySha256' | 'tradeId' | 'tradeReference' | 'observedStatus' | 'partnerEnv'>
 
 /**
  * Locks the deliveries parked for this reference, oldest first. SKIP LOCKED: a concurrent pass takes
@@ -211,7 +215,7 @@ export type ParkedDelivery = Pick<StoredDelivery, 'deliveryId' | 'bodySha256' | 
 export async function lockParkedDeliveries(trx: Transaction<Database>, externalReference: string): Promise<ParkedDelivery[]> {
   return trx
     .selectFrom('webhookDeliveries')
-    .select(['deliveryId', 'bodySha256', 'tradeId', 'tradeReference', 'observedStatus'])
+    .select(['deliveryId', 'bodySha256', 'tradeId', 'tradeReference', 'observedStatus', 'partnerEnv'])
     .where('externalReference', '=', externalReference)
     .where('outcome', '=', 'unmatched')
     .orderBy('receivedAt')
