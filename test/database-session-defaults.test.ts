@@ -71,6 +71,32 @@ describePostgres('the default transaction isolation (Postgres)', () => {
   })
 })
 
+// a commit under `off` returns before its WAL is on disk: a delivery answered 200 so was lost in a crash of Postgres
+describePostgres('synchronous_commit (Postgres)', () => {
+  it("is on for every connection of the pool where the database's sessions start with it off, other values left as they are", async () => {
+    const seen = async (synchronousCommit: string) => {
+      const database = await createTestDatabase({ migrate: false, poolSize: 2, sessionDefaults: { synchronous_commit: synchronousCommit } })
+      try {
+        const before = logEntries().length
+        await checkSessionDefaults(database, testLogger())
+        const settings = await Promise.all(
+          [0, 1].map(async () => {
+            const { rows } = await sql<{ value: string }>`select current_setting('synchronous_commit') as value, pg_sleep(0.05)`.execute(database.db)
+            return rows[0]?.value
+          }),
+        )
+        return { settings, warned: logEntries().slice(before).map((entry) => entry.sessionDefaults) }
+      } finally {
+        await database.close()
+      }
+    }
+    expect(await seen('off')).toEqual({ settings: ['on', 'on'], warned: [{ synchronous_commit: 'off' }] })
+    // a local flush at the least, as `on`
+    expect(await seen('local')).toEqual({ settings: ['local', 'local'], warned: [] })
+    expect(await seen('remote_apply')).toEqual({ settings: ['remote_apply', 'remote_apply'], warned: [] })
+  })
+})
+
 describe('the default transaction isolation (PGlite)', () => {
   it('is not looked at: one connection of our own, no pooler', async () => {
     const database = await createTestDatabase({ kind: 'pglite', migrate: false })

@@ -8,9 +8,14 @@
 // - idle_session_timeout 0 (Postgres 14 and later): a DBA's timeout ended the replica's listener whenever no
 //   notification came for that long, and a pooled connection idle that long, each with a warning, the listener
 //   deaf until it was back.
-// Each connection of the service's pools sets them before its first statement (open-database.ts). Behind a
-// connection pooler in transaction mode a SET reaches one server session of many: at start-up the service reads
-// the defaults a new session gets and says, once, which to set for the role.
+// - synchronous_commit on where it is off: a delivery is answered 200 once its commit returns, and under `off` a
+//   commit returns before its WAL is on disk; a crash of Postgres lost deliveries already answered 200 (7 of 20,
+//   by hand), which the platform never sends again. `local`, `remote_write` and `remote_apply` flush locally as
+//   `on` does, and are left as they are.
+// Each connection of the service's pools, the migrations' own and the listener's set them before their first
+// statement (open-database.ts, postgres-listener.ts). Behind a connection pooler in transaction mode a SET reaches
+// one server session of many: at start-up the service reads the defaults a new session gets and says, once, which
+// to set for the role.
 import { type Kysely, sql } from 'kysely'
 import type { Logger } from '../logger.js'
 import type { Database, DatabaseKind } from './database.js'
@@ -18,18 +23,20 @@ import type { Database, DatabaseKind } from './database.js'
 /**
  * The statement each new connection of the service's pools, and its listener, runs first. One statement, each
  * setting only where the server has it: idle_session_timeout came with Postgres 14, and an unknown name would
- * fail the rest.
+ * fail the rest; synchronous_commit only where it is off.
  */
 export const SESSION_SETTINGS = `select set_config(wanted.name, wanted.value, false)
   from (values ('default_transaction_isolation', 'read committed'), ('DateStyle', 'ISO'), ('IntervalStyle', 'postgres'),
-               ('idle_session_timeout', '0')) as wanted (name, value)
-  where wanted.name in (select name from pg_settings)`
+               ('idle_session_timeout', '0'), ('synchronous_commit', 'on')) as wanted (name, value)
+  join pg_settings on pg_settings.name = wanted.name
+  where wanted.name <> 'synchronous_commit' or pg_settings.setting = 'off'`
 
 // what a session's default must be (reset_val, lower case), and the setting that makes it so
 const WANTED: Record<string, { holds: (value: string) => boolean; remedy: string }> = {
   default_transaction_isolation: { holds: (value) => value === 'read committed', remedy: "default_transaction_isolation = 'read committed'" },
   DateStyle: { holds: (value) => value.toLowerCase().startsWith('iso'), remedy: "DateStyle = 'ISO, MDY'" },
   IntervalStyle: { holds: (value) => value === 'postgres', remedy: "IntervalStyle = 'postgres'" },
+  synchronous_commit: { holds: (value) => value !== 'off', remedy: "synchronous_commit = 'on'" },
 }
 
 export async function checkSessionDefaults(database: { db: Kysely<Database>; kind: DatabaseKind }, logger: Logger): Promise<void> {

@@ -34,7 +34,12 @@ export interface TestDatabaseOptions {
    * Postgres: settings every connection of the URL starts with, as a database's or a role's a DBA set would
    * (`{ default_transaction_isolation: 'repeatable read', lock_timeout: '1s' }`).
    */
-  sessionDefaults?: Partial<Record<'default_transaction_isolation' | 'lock_timeout' | 'idle_in_transaction_session_timeout' | 'DateStyle' | 'IntervalStyle' | 'idle_session_timeout', string>>
+  sessionDefaults?: Partial<
+    Record<
+      'default_transaction_isolation' | 'lock_timeout' | 'idle_in_transaction_session_timeout' | 'DateStyle' | 'IntervalStyle' | 'idle_session_timeout' | 'synchronous_commit',
+      string
+    >
+  >
   /** Postgres: the server's database to make the schema in, where not TEST_DATABASE_URL's (a server of the test's own). */
   serverUrl?: string
 }
