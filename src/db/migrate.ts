@@ -226,14 +226,19 @@ async function requireSupportedPostgres(db: Kysely<Database>): Promise<void> {
 type AppliedMigrations = { names: Set<string> } | undefined
 
 async function appliedMigrations(db: Kysely<Database>): Promise<AppliedMigrations> {
+  // the schema by its name: ::regnamespace read it as an identifier, and a name that needs quoting ("Escrow-Prod")
+  // came out lower-cased, a schema that does not exist (3F000)
   const { rows } = await sql<{ schema: string | null; migrated: boolean }>`
     select current_schema() as schema,
-           exists (select from pg_catalog.pg_class c
-                    where c.relnamespace = current_schema()::regnamespace and c.relname = 'kysely_migration') as migrated`.execute(db)
+           exists (select from pg_catalog.pg_class c join pg_catalog.pg_namespace n on n.oid = c.relnamespace
+                    where n.nspname = current_schema() and c.relname = 'kysely_migration') as migrated`.execute(db)
   const found = rows[0]
   if (!found || found.schema === null) return undefined
   if (!found.migrated) return { names: new Set() }
-  const { rows: applied } = await sql<{ name: string }>`select name from ${sql.id(found.schema, 'kysely_migration')} order by name`.execute(db)
+  // without the camel-case plugin, which rewrote the schema's name as an identifier of ours ("Escrow-Prod" → "escrow-_prod")
+  const { rows: applied } = await sql<{ name: string }>`select name from ${sql.id(found.schema, 'kysely_migration')} order by name`.execute(
+    db.withoutPlugins(),
+  )
   return { names: new Set(applied.map((row) => row.name)) }
 }
 
