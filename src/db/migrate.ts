@@ -12,9 +12,8 @@ import { describeDatabaseError } from './database-errors.js'
 async function createMigrator(db: Kysely<Database>): Promise<Migrator> {
   const { rows } = await sql<{ schema: string | null }>`select current_schema() as schema`.execute(db)
   const schema = rows[0]?.schema
-  // none of the search_path's schemas exists: the migrator's first table failed (3F000), and the look it took
-  // after, in the aborted transaction, reported only 25P02
-  if (!schema) throw new NoSchemaError(db.isTransaction ? await refusalToCreate(db) : undefined)
+  // none of the search_path's schemas exists (migrateToLatest's probe says so first, with the database's refusal)
+  if (!schema) throw new NoSchemaError(undefined)
   return new Migrator({
     db: withOwnSchemaCatalog(db),
     provider: { getMigrations: async () => eachInASavepoint },
@@ -60,17 +59,46 @@ class NoSchemaError extends Error {
   }
 }
 
-// The migrator's first statement, in a savepoint of the migrations' transaction rolled back whatever it does: the
-// database's own refusal (3F000) is the cause the service's log line reads by its code (loggableError), where our
-// error alone was logged as a bug, stack and all
-async function refusalToCreate(db: Kysely<Database>): Promise<unknown> {
-  await sql`savepoint no_schema`.execute(db)
+/** The database refused the migrator's first table: its report is the cause (its code, read-only's 25006 among them). */
+class FirstTableRefused extends Error {}
+
+// Before a first migration, the migrator creates its table, and where the database refuses it (no schema, 3F000; a
+// read-only session, 25006; no CREATE on the default tablespace, 42501) it looks whether the table is there after
+// all, in the transaction the refusal aborted: all it reported was that look's 25P02, and a read-only database, which
+// a start waits out, failed it. The same statement first, in a savepoint rolled back whatever it does: the database's
+// own refusal is the cause the service's log line reads by its code (loggableError), and what a start retries by.
+async function requireFirstTable(db: Kysely<Database>): Promise<void> {
+  await sql`savepoint first_table`.execute(db)
   const refusal = await sql`create table kysely_migration ()`.execute(db).then(
     () => undefined,
     (error: unknown) => error,
   )
-  await sql`rollback to savepoint no_schema`.execute(db)
-  return refusal
+  await sql`rollback to savepoint first_table`.execute(db)
+  if (refusal === undefined) return
+  const { message, code } = describeDatabaseError(refusal)
+  if (code === undefined) throw refusal
+  if (code === NO_SCHEMA) throw new NoSchemaError(refusal)
+  const { rows } = await sql<{ schema: string }>`select quote_ident(current_schema()) as schema`.execute(db)
+  const refused = (code === INSUFFICIENT_PRIVILEGE && (await tablespaceRefused(db))) || `${message} (${code})`
+  throw new FirstTableRefused(`no table can be created in the schema ${rows[0]!.schema}: ${refused}`, { cause: refusal })
+}
+
+const INSUFFICIENT_PRIVILEGE = '42501'
+
+// The right on the schema was looked at before (requireCreateWhereMigrationsWait): a 42501 left is the tablespace's,
+// where default_tablespace names one the role may not create in
+async function tablespaceRefused(db: Kysely<Database>): Promise<string | undefined> {
+  const { rows } = await sql<{ tablespace: string; role: string; mayCreate: boolean }>`
+    select quote_ident(current_setting('default_tablespace')) as tablespace, quote_ident(current_user) as role,
+           has_tablespace_privilege(current_setting('default_tablespace'), 'CREATE') as "mayCreate"
+      where current_setting('default_tablespace') in (select spcname from pg_catalog.pg_tablespace)`.execute(db)
+  const found = rows[0]
+  if (!found || found.mayCreate) return undefined
+  const { tablespace, role } = found
+  return (
+    `the role ${role} may not create tables in the tablespace ${tablespace}, its default_tablespace (${INSUFFICIENT_PRIVILEGE}): ` +
+    `GRANT CREATE ON TABLESPACE ${tablespace} TO ${role}, or give the role a default_tablespace it may use (ALTER ROLE ${role} SET default_tablespace = …)`
+  )
 }
 
 // The migrator asks the catalog one thing: whether its two tables exist in our schema. Kysely's introspector
@@ -166,6 +194,7 @@ export async function migrateToLatest(db: Kysely<Database>): Promise<MigrationRe
       const applied = await appliedMigrations(trx)
       await requireCreateWhereMigrationsWait(trx, applied)
       requireNoNewerMigrations(applied)
+      if (!applied?.tableMade) await requireFirstTable(trx)
       const result = await (await createMigrator(trx)).migrateToLatest()
       if (result.error) throw new MigrationFailed(result)
       return result
@@ -179,7 +208,7 @@ export async function migrateToLatest(db: Kysely<Database>): Promise<MigrationRe
     // what failed, in words safe to print: a database's report only by its class and code (it may quote data)
     const database = describeDatabaseError(error)
     const noSchema = error instanceof NoSchemaError
-    const reason = noSchema
+    const reason = noSchema || error instanceof FirstTableRefused
       ? error.message
       : database.code === NAME_TAKEN
         ? nameTaken(error)
@@ -222,8 +251,11 @@ async function requireSupportedPostgres(db: Kysely<Database>): Promise<void> {
   throw new Error(`Postgres ${OLDEST_POSTGRES} or later is needed, and this database is ${Math.floor(version / 10_000)}: upgrade it, or give DATABASE_URL another`)
 }
 
-/** The names applied in the connection's schema (none before its first migration); undefined: no schema at all. */
-type AppliedMigrations = { names: Set<string> } | undefined
+/**
+ * The names applied in the connection's schema (none before its first migration), and whether the migrator's table is
+ * there; undefined: no schema at all.
+ */
+type AppliedMigrations = { names: Set<string>; tableMade: boolean } | undefined
 
 async function appliedMigrations(db: Kysely<Database>): Promise<AppliedMigrations> {
   // the schema by its name: ::regnamespace read it as an identifier, and a name that needs quoting ("Escrow-Prod")
@@ -234,12 +266,12 @@ async function appliedMigrations(db: Kysely<Database>): Promise<AppliedMigration
                     where n.nspname = current_schema() and c.relname = 'kysely_migration') as migrated`.execute(db)
   const found = rows[0]
   if (!found || found.schema === null) return undefined
-  if (!found.migrated) return { names: new Set() }
+  if (!found.migrated) return { names: new Set(), tableMade: false }
   // without the camel-case plugin, which rewrote the schema's name as an identifier of ours ("Escrow-Prod" → "escrow-_prod")
   const { rows: applied } = await sql<{ name: string }>`select name from ${sql.id(found.schema, 'kysely_migration')} order by name`.execute(
     db.withoutPlugins(),
   )
-  return { names: new Set(applied.map((row) => row.name)) }
+  return { names: new Set(applied.map((row) => row.name)), tableMade: true }
 }
 
 // A role that may not create tables in its schema (Postgres 15 and later give PUBLIC no CREATE on the public
