@@ -23,8 +23,9 @@ export function registerMigrateCommand(program: Command): void {
 
 /**
  * A failed migration's line ends in its code, as every failed command's does: `Migration (before any migration ran)
- * failed: …` said no more. A search_path that names no schema, or one holding another application's tables, is
- * DATABASE_URL's to change: exit 2, as for a configuration that does not hold. A database that went away mid-way
+ * failed: …` said no more. A search_path that names no schema, one holding another application's tables, or one whose
+ * first schema stands in front of the service's tables, is DATABASE_URL's to change: exit 2, as for a configuration
+ * that does not hold. A database that went away mid-way
  * is left as it is, for the line that says so (run-cli.ts, [database_unavailable]).
  */
 function refusal(error: MigrationError): Error {

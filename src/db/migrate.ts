@@ -59,6 +59,40 @@ class NoSchemaError extends Error {
   }
 }
 
+/**
+ * The service's tables are in a schema later on the search_path than the connection's own, which has none of them: a
+ * DBA who gave the role a schema of its own (CREATE SCHEMA app AUTHORIZATION app, the pattern of Postgres's docs) on a
+ * database migrated in public put it first on the default search_path ("$user", public), and the next start applied
+ * every migration into it and ran on empty tables, the orders in public out of view. Only the search_path is looked
+ * at: other schemas of the database may hold other services of this kind (README, a shared database).
+ */
+class MigratedElsewhereError extends Error {}
+
+async function migratedElsewhere(db: Kysely<Database>): Promise<string | undefined> {
+  const { rows } = await sql<{ schema: string; quoted: string; own: string }>`
+    select n.nspname as schema, quote_ident(n.nspname) as quoted, quote_ident(current_schema()) as own
+      from unnest(current_schemas(false)) with ordinality as path (name, position)
+      join pg_catalog.pg_namespace n on n.nspname = path.name
+      join pg_catalog.pg_class c on c.relnamespace = n.oid and c.relname = 'kysely_migration'
+     where n.nspname <> current_schema() and has_table_privilege(c.oid, 'SELECT')
+     order by path.position`.execute(db)
+  for (const { schema, quoted, own } of rows) {
+    // a table of that name made by another application's Kysely is not ours: ours holds our migrations' names
+    const { rows: counted } = await sql<{ applied: number }>`
+      select count(*)::int as applied from ${sql.id(schema, 'kysely_migration')} where name = any(${Object.keys(migrations)})`.execute(db.withoutPlugins())
+    const applied = counted[0]?.applied ?? 0
+    if (applied === 0) continue
+    const pinned = (name: string) => `?options=${encodeURIComponent(`-c search_path=${name}`)}`
+    return (
+      `the connection's schema ${own} has none of this service's tables, and the schema ${quoted}, after it on the search_path, has them ` +
+      `(${applied} migration${applied === 1 ? '' : 's'} applied): migrating would make new, empty tables in ${own} in front of them. ` +
+      `To go on with those in ${quoted}, name it alone on the search_path in DATABASE_URL (${pinned(quoted)}); to start anew in ${own}, ` +
+      `name that one alone (${pinned(own)})`
+    )
+  }
+  return undefined
+}
+
 /** The database refused the migrator's first table: its report is the cause (its code, read-only's 25006 among them). */
 class FirstTableRefused extends Error {}
 
@@ -148,10 +182,11 @@ export const MIGRATION_LOCK_KEY = 0x6d696772
 
 /**
  * Why the migrations did not run, named for the command line (src/cli/cli-context.ts, migrationRefusal):
- * `no_schema` and `schema_taken` are fixed in DATABASE_URL (its search_path names no schema, or one another
- * application's tables are in); `migration_failed` is anything else.
+ * `no_schema`, `schema_taken` and `migrated_elsewhere` are fixed in DATABASE_URL (its search_path names no schema, one
+ * another application's tables are in, or one in front of the schema holding the service's tables); `migration_failed`
+ * is anything else.
  */
-export type MigrationFailure = 'no_schema' | 'schema_taken' | 'migration_failed'
+export type MigrationFailure = 'no_schema' | 'schema_taken' | 'migrated_elsewhere' | 'migration_failed'
 
 export class MigrationError extends Error {
   override name = 'MigrationError'
@@ -192,6 +227,8 @@ export async function migrateToLatest(db: Kysely<Database>): Promise<MigrationRe
       await requireSupportedPostgres(trx)
       await requireUtf8(trx)
       const applied = await appliedMigrations(trx)
+      const elsewhere = applied && !applied.tableMade ? await migratedElsewhere(trx) : undefined
+      if (elsewhere) throw new MigratedElsewhereError(elsewhere)
       await requireCreateWhereMigrationsWait(trx, applied)
       requireNoNewerMigrations(applied)
       if (!applied?.tableMade) await requireFirstTable(trx)
@@ -208,7 +245,8 @@ export async function migrateToLatest(db: Kysely<Database>): Promise<MigrationRe
     // what failed, in words safe to print: a database's report only by its class and code (it may quote data)
     const database = describeDatabaseError(error)
     const noSchema = error instanceof NoSchemaError
-    const reason = noSchema || error instanceof FirstTableRefused
+    const elsewhere = error instanceof MigratedElsewhereError
+    const reason = noSchema || elsewhere || error instanceof FirstTableRefused
       ? error.message
       : database.code === NAME_TAKEN
         ? nameTaken(error)
@@ -221,7 +259,13 @@ export async function migrateToLatest(db: Kysely<Database>): Promise<MigrationRe
     // command says the database cannot be reached in the driver's words, run-cli.ts); any other error's message is
     // in this one
     const keepsCause = database.code !== undefined || database.kind === 'unavailable'
-    const failure: MigrationFailure = noSchema ? 'no_schema' : database.code === NAME_TAKEN ? 'schema_taken' : 'migration_failed'
+    const failure: MigrationFailure = noSchema
+      ? 'no_schema'
+      : elsewhere
+        ? 'migrated_elsewhere'
+        : database.code === NAME_TAKEN
+          ? 'schema_taken'
+          : 'migration_failed'
     throw new MigrationError(failure, `Migration ${failed ?? '(before any migration ran)'} failed: ${reason}`, keepsCause ? { cause: error } : {})
   }
   return { applied: (results ?? []).filter((r) => r.status === 'Success').map((r) => r.migrationName) }
@@ -342,6 +386,9 @@ export async function requireMigrated(db: Kysely<Database>): Promise<void> {
   const missing = Object.keys(migrations).filter((name) => !applied?.names.has(name))
   if (missing.length === 0) return
   const next = 'run `migrate` (the service runs it as it starts) and then the command again; nothing was changed'
+  // where `migrate` would refuse too: running it is not the advice
+  const elsewhere = applied && !applied.tableMade ? await migratedElsewhere(db) : undefined
+  if (elsewhere) throw new NotMigratedError(`${elsewhere.charAt(0).toUpperCase()}${elsewhere.slice(1)}; nothing was changed`)
   if (!applied?.names.size) {
     throw new NotMigratedError(`The database has none of this service's tables (no migration ran on it): check DATABASE_URL, or ${next}`)
   }
