@@ -75,14 +75,7 @@ export interface Config {
   readonly shutdownDrainDelayMs: number
   readonly webhook: {
     readonly path: string
-    /** WEBHOOK_SECRETS: the secrets of PARTNER_ENV's own platform. */
     readonly secrets: readonly string[]
-    /**
-     * WEBHOOK_SECRETS_SANDBOX under PARTNER_ENV=live, WEBHOOK_SECRETS_LIVE under sandbox: the other platform's secrets.
-     * A delivery one of them verifies is an observation of that environment (its orders move by it, an order it links
-     * is linked under it). Undefined when unset.
-     */
-    readonly otherEnvironment: { readonly env: PartnerEnv; readonly secrets: readonly string[] } | undefined
     readonly bodyLimitBytes: number
     /** Group commit: most deliveries written by one statement (1: each alone). */
     readonly batchMax: number
@@ -347,9 +340,6 @@ const EnvSchema = z.object({
     .regex(/^\/[\w\-./]*$/, PATH_RULE)
     .default('/webhooks/partner'),
   WEBHOOK_SECRETS: secretList.optional(),
-  // the other PARTNER_ENV's platform's secrets (the one named after PARTNER_ENV itself is refused: WEBHOOK_SECRETS)
-  WEBHOOK_SECRETS_SANDBOX: secretList.optional(),
-  WEBHOOK_SECRETS_LIVE: secretList.optional(),
   WEBHOOK_BODY_LIMIT: byteSize.default(256 * 1024),
   WEBHOOK_BATCH_MAX: wholeNumber({ max: 1_000 }).default(100),
   WEBHOOK_BATCH_STATEMENTS: wholeNumber({ max: 200 }).default(2),
@@ -621,7 +611,7 @@ const OPEN_QUOTE = /^["']/
 // started cleanly, then every call to the platform was refused 401, and a DATA_DIR with one opened a new, empty database.
 // The comma-separated lists trim each entry, so a space there means nothing.
 const BYTE_ORDER_MARK = '\uFEFF'
-const TRIMMED_LISTS = new Set(['WEBHOOK_SECRETS', 'WEBHOOK_SECRETS_SANDBOX', 'WEBHOOK_SECRETS_LIVE', 'FORWARD_EVENTS', 'AMQP_EVENTS', 'ADMIN_ALLOWED_HOSTS'])
+const TRIMMED_LISTS = new Set(['WEBHOOK_SECRETS', 'FORWARD_EVENTS', 'AMQP_EVENTS', 'ADMIN_ALLOWED_HOSTS'])
 
 const PER_ENVIRONMENT = ['SANDBOX', 'LIVE'].flatMap((which) => ['API_BASE_URL', 'API_KEY_ID', 'API_SECRET'].map((name) => `PARTNER_${which}_${name}`))
 
@@ -701,23 +691,14 @@ export function parseConfig(
   if (values.PARTNER_ENV === 'live' && mode === 'local') {
     problems.push('PARTNER_API_BASE_URL: required when PARTNER_ENV=live (live never runs the sandbox)')
   }
-  for (const name of WEBHOOK_SECRET_LISTS) {
-    for (const [index, secret] of (values[name] ?? []).entries()) {
-      if (secret.length < MIN_SECRET_LENGTH) {
-        problems.push(`${name}: secret #${index + 1} is shorter than ${MIN_SECRET_LENGTH} characters`)
-      }
+  for (const [index, secret] of (values.WEBHOOK_SECRETS ?? []).entries()) {
+    if (secret.length < MIN_SECRET_LENGTH) {
+      problems.push(`WEBHOOK_SECRETS: secret #${index + 1} is shorter than ${MIN_SECRET_LENGTH} characters`)
     }
-    if (rawEnv[name] !== undefined && values[name]?.length === 0) problems.push(`${name}: is set but holds no secret`)
   }
-  // the list named after PARTNER_ENV itself would be a second WEBHOOK_SECRETS: refused, so each secret has one place
-  const [ownList, otherList] = [OTHER_ENVIRONMENT_SECRETS[values.PARTNER_ENV], OTHER_ENVIRONMENT_SECRETS[otherEnvOf(values.PARTNER_ENV)]]
-  if (values[ownList] !== undefined) {
-    problems.push(
-      `${ownList}: is set while PARTNER_ENV=${values.PARTNER_ENV}; the ${values.PARTNER_ENV} platform's webhook secrets go in WEBHOOK_SECRETS ` +
-        `(${otherList} holds the ${otherEnvOf(values.PARTNER_ENV)} platform's, for its deliveries that still come here)`,
-    )
+  if (rawEnv.WEBHOOK_SECRETS !== undefined && values.WEBHOOK_SECRETS?.length === 0) {
+    problems.push('WEBHOOK_SECRETS: is set but holds no secret')
   }
-  problems.push(...sameSecretProblems(values.WEBHOOK_SECRETS ?? [], values[otherList] ?? [], otherList))
   if (values.SANDBOX_CONTROL_TOKEN !== undefined && values.SANDBOX_CONTROL_TOKEN.length < MIN_SECRET_LENGTH) {
     problems.push(`SANDBOX_CONTROL_TOKEN: is shorter than ${MIN_SECRET_LENGTH} characters`)
   }
@@ -847,7 +828,6 @@ export function parseConfig(
     webhook: {
       path: values.WEBHOOK_PATH,
       secrets: values.WEBHOOK_SECRETS?.length ? values.WEBHOOK_SECRETS : [generated!.webhookSecret],
-      otherEnvironment: otherEnvironmentSecrets(values),
       bodyLimitBytes: values.WEBHOOK_BODY_LIMIT,
       batchMax: values.WEBHOOK_BATCH_MAX,
       seenCacheSize: values.WEBHOOK_SEEN_CACHE,
@@ -972,42 +952,13 @@ function usableDataDir(dataDir: string): void {
   if (problem) throw new ConfigError([`DATA_DIR: ${problem}; set DATA_DIR to a directory this user can write`])
 }
 
-const WEBHOOK_SECRET_LISTS = ['WEBHOOK_SECRETS', 'WEBHOOK_SECRETS_SANDBOX', 'WEBHOOK_SECRETS_LIVE'] as const
-
-/** The variable holding an environment's webhook secrets when the service runs under the other one. */
-const OTHER_ENVIRONMENT_SECRETS = { sandbox: 'WEBHOOK_SECRETS_SANDBOX', live: 'WEBHOOK_SECRETS_LIVE' } as const
-
-const otherEnvOf = (env: PartnerEnv): PartnerEnv => (env === 'live' ? 'sandbox' : 'live')
-
-function otherEnvironmentSecrets(values: z.infer<typeof EnvSchema>): Config['webhook']['otherEnvironment'] {
-  const env = otherEnvOf(values.PARTNER_ENV)
-  const secrets = values[OTHER_ENVIRONMENT_SECRETS[env]]
-  return secrets?.length ? { env, secrets } : undefined
-}
-
-// A secret in both lists would verify a delivery as either platform's, and the receiver would take it as its own
-// PARTNER_ENV's: the other list would then mean nothing for it. Said by position, never by value.
-function sameSecretProblems(own: readonly string[], other: readonly string[], otherName: string): string[] {
-  return other.flatMap((secret, index) => {
-    const at = own.indexOf(secret)
-    if (at === -1) return []
-    const which = (name: string, list: readonly string[], position: number) => (list.length > 1 ? `${name} (secret #${position + 1})` : name)
-    return [
-      `${which(otherName, other, index)}: is the same as ${which('WEBHOOK_SECRETS', own, at)}; a webhook secret is one platform's ` +
-        "(a delivery it verified could be either platform's)",
-    ]
-  })
-}
-
 // The console's token is typed into browsers and kept by operators: one that is also a secret of another role gave
 // whoever could log in that role too (with a webhook secret, signing deliveries the receiver takes as the
 // platform's), and a token seen over a shoulder gave both. Said by name, never by value.
-function sharedTokenProblems(token: string, values: z.infer<typeof EnvSchema>, apiSecretName: string): string[] {
+function sharedTokenProblems(token: string, values: { WEBHOOK_SECRETS?: string[] | undefined; PARTNER_API_SECRET?: string | undefined; SANDBOX_CONTROL_TOKEN?: string | undefined; FORWARD_SECRET?: string | undefined }, apiSecretName: string): string[] {
+  const webhookSecrets = values.WEBHOOK_SECRETS ?? []
   const others: [string, boolean][] = [
-    ...WEBHOOK_SECRET_LISTS.flatMap((name) => {
-      const secrets = values[name] ?? []
-      return secrets.map((secret, index): [string, boolean] => [secrets.length > 1 ? `${name} (secret #${index + 1})` : name, secret === token])
-    }),
+    ...webhookSecrets.map((secret, index): [string, boolean] => [webhookSecrets.length > 1 ? `WEBHOOK_SECRETS (secret #${index + 1})` : 'WEBHOOK_SECRETS', secret === token]),
     [apiSecretName, values.PARTNER_API_SECRET === token],
     ['SANDBOX_CONTROL_TOKEN', values.SANDBOX_CONTROL_TOKEN === token],
     ['FORWARD_SECRET', values.FORWARD_SECRET !== undefined && forwardSecrets(values.FORWARD_SECRET).includes(token)],
@@ -1111,7 +1062,6 @@ export function configSecrets(config: Config): string[] {
   const forwardKeys = config.forward ? forwardSecrets(config.forward.secret).map((secret) => secret.slice(WEBHOOK_SECRET_PREFIX.length)) : []
   return [
     ...config.webhook.secrets,
-    ...(config.webhook.otherEnvironment?.secrets ?? []),
     config.partner.secret,
     ...(config.sandbox.controlToken ? [config.sandbox.controlToken] : []),
     ...forwardKeys,

@@ -218,55 +218,6 @@ describe('configuration', () => {
     expect(problemsOf({ ...remoteEnv, PARTNER_SANDBOX_API_BASE_URL: 'not a url' })[0]).toMatch(/^PARTNER_SANDBOX_API_BASE_URL: /)
   })
 
-  describe("the other platform's webhook secrets (WEBHOOK_SECRETS_SANDBOX, WEBHOOK_SECRETS_LIVE)", () => {
-    const SANDBOX_SECRET = 'the-sandbox-webhook-secret-00000000'
-
-    it('takes the list named after the other PARTNER_ENV, read as WEBHOOK_SECRETS is, and keeps its secrets out of the log', () => {
-      const live = parseConfig({ ...remoteEnv, PARTNER_ENV: 'live', WEBHOOK_SECRETS_SANDBOX: ` ${SANDBOX_SECRET} , ${SANDBOX_SECRET}-next,` })
-      expect(live.webhook.secrets).toEqual([LONG_SECRET])
-      expect(live.webhook.otherEnvironment).toEqual({ env: 'sandbox', secrets: [SANDBOX_SECRET, `${SANDBOX_SECRET}-next`] })
-      expect(configSecrets(live)).toEqual(expect.arrayContaining([SANDBOX_SECRET, `${SANDBOX_SECRET}-next`]))
-      expect(parseConfig({ ...remoteEnv, WEBHOOK_SECRETS_LIVE: SANDBOX_SECRET }).webhook.otherEnvironment).toEqual({ env: 'live', secrets: [SANDBOX_SECRET] })
-      expect(parseConfig(remoteEnv).webhook.otherEnvironment).toBeUndefined()
-      // an empty value is unset, as for every variable (a compose file passing it through)
-      expect(parseConfig({ ...remoteEnv, PARTNER_ENV: 'live', WEBHOOK_SECRETS_SANDBOX: '', WEBHOOK_SECRETS_LIVE: '' }).webhook.otherEnvironment).toBeUndefined()
-    })
-
-    it('refuses the list named after PARTNER_ENV itself, pointing at WEBHOOK_SECRETS', () => {
-      expect(problemsOf({ ...remoteEnv, PARTNER_ENV: 'live', WEBHOOK_SECRETS_LIVE: SANDBOX_SECRET })).toEqual([
-        "WEBHOOK_SECRETS_LIVE: is set while PARTNER_ENV=live; the live platform's webhook secrets go in WEBHOOK_SECRETS " +
-          "(WEBHOOK_SECRETS_SANDBOX holds the sandbox platform's, for its deliveries that still come here)",
-      ])
-      // PARTNER_ENV's default
-      expect(problemsOf({ ...remoteEnv, WEBHOOK_SECRETS_SANDBOX: SANDBOX_SECRET })).toEqual([
-        "WEBHOOK_SECRETS_SANDBOX: is set while PARTNER_ENV=sandbox; the sandbox platform's webhook secrets go in WEBHOOK_SECRETS " +
-          "(WEBHOOK_SECRETS_LIVE holds the live platform's, for its deliveries that still come here)",
-      ])
-    })
-
-    it('refuses a secret in both lists, by position and never by value', () => {
-      const problems = problemsOf({ ...remoteEnv, PARTNER_ENV: 'live', WEBHOOK_SECRETS: `${SANDBOX_SECRET}-new,${LONG_SECRET}`, WEBHOOK_SECRETS_SANDBOX: LONG_SECRET })
-      expect(problems).toEqual([
-        "WEBHOOK_SECRETS_SANDBOX: is the same as WEBHOOK_SECRETS (secret #2); a webhook secret is one platform's (a delivery it verified could be either platform's)",
-      ])
-      expect(problems.join('\n')).not.toContain(LONG_SECRET)
-    })
-
-    it('checks each secret as WEBHOOK_SECRETS’ are: length, an empty list, quotes, and the console token', () => {
-      const live = { ...remoteEnv, PARTNER_ENV: 'live' }
-      expect(problemsOf({ ...live, WEBHOOK_SECRETS_SANDBOX: `${SANDBOX_SECRET},short` })).toEqual([
-        'WEBHOOK_SECRETS_SANDBOX: secret #2 is shorter than 24 characters',
-      ])
-      expect(problemsOf({ ...live, WEBHOOK_SECRETS_SANDBOX: ' , ' })).toEqual(['WEBHOOK_SECRETS_SANDBOX: is set but holds no secret'])
-      expect(problemsOf({ ...live, WEBHOOK_SECRETS_SANDBOX: `"${SANDBOX_SECRET}"` })).toEqual([
-        'WEBHOOK_SECRETS_SANDBOX: is wrapped in quotes, which are kept as part of the value (docker run --env-file and systemd keep them): remove them',
-      ])
-      expect(problemsOf({ ...live, WEBHOOK_SECRETS_SANDBOX: SANDBOX_SECRET, ADMIN_TOKEN: SANDBOX_SECRET })).toEqual([
-        "ADMIN_TOKEN: is the same as WEBHOOK_SECRETS_SANDBOX; the console's token must be a secret of its own (whoever logs in would hold that one too)",
-      ])
-    })
-  })
-
   // found from outside: a console token that was also the webhook secret was taken without a word
   it("refuses an ADMIN_TOKEN that is also another role's secret, naming the role and never the value", () => {
     const token = 'one-secret-for-everything-000000'

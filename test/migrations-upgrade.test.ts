@@ -4,7 +4,6 @@ import { Migrator } from 'kysely/migration'
 import { describe, expect, it } from 'vitest'
 import { migrations } from '../migrations/index.js'
 import { migrateToLatest } from '../src/db/migrate.js'
-import { observationSettings } from '../src/orders/observations.js'
 import { claimDueOrders } from '../src/orders/poll-schedule.repository.js'
 import { createOrder } from './helpers/orders.js'
 import { createTestDatabase } from './helpers/test-database.js'
@@ -132,9 +131,8 @@ describe('migration 0008 on a database with data', () => {
   it('gives new transitions event ids in time order (UUID version 7) and keeps the stored ones', async () => {
     const database = await databaseMigratedTo('0007_retention')
     try {
-      // in SQL: today's createOrder reads columns of later migrations (the parked deliveries' partner_env)
-      const [order] = (await sql<{ id: number }>`insert into orders (external_reference) values ('uuid-1') returning id`.execute(database.db)).rows
-      await sql`insert into order_status_history (order_id, to_status, source, sequence) values (${order!.id}, 'funded', 'webhook', 1)`.execute(database.db)
+      const { order } = await createOrder(database.db, { externalReference: 'uuid-1' })
+      await sql`insert into order_status_history (order_id, to_status, source, sequence) values (${order.id}, 'funded', 'webhook', 1)`.execute(database.db)
       const [old] = (await sql<{ eventId: string }>`select event_id from order_status_history`.execute(database.db)).rows
       expect(old!.eventId).toMatch(/^[0-9a-f]{8}-[0-9a-f]{4}-4[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}$/)
 
@@ -142,7 +140,7 @@ describe('migration 0008 on a database with data', () => {
 
       const before = Date.now()
       for (const [sequence, status] of [[2, 'delivered'], [3, 'released']] as const) {
-        await sql`insert into order_status_history (order_id, to_status, source, sequence) values (${order!.id}, ${status}, 'webhook', ${sequence})`.execute(database.db)
+        await sql`insert into order_status_history (order_id, to_status, source, sequence) values (${order.id}, ${status}, 'webhook', ${sequence})`.execute(database.db)
         await new Promise((resolve) => setTimeout(resolve, 5))
       }
       const after = Date.now()
@@ -184,26 +182,6 @@ describe('migration 0018 on a database with data', () => {
         expect(claimed.map((order) => order.externalReference)).toEqual(['linked-before'])
       }
       await expect(sql`update orders set partner_env = 'staging'`.execute(database.db)).rejects.toThrow(/check constraint/)
-    } finally {
-      await database.close()
-    }
-  })
-})
-
-describe('migration 0019 on a database with data', () => {
-  it('keeps the deliveries stored before it unrecorded, applies a parked one as the applying service’s, and refuses an environment it does not know', async () => {
-    const database = await databaseMigratedTo('0018_order_partner_env')
-    try {
-      await sql`insert into webhook_deliveries (delivery_id, body_sha256, event_type, trade_id, external_reference, observed_status, outcome, raw_body)
-        values ('parked-before', 'h-1', 'trade.created', 'tr-parked', 'parked-ref', 'created', 'unmatched', '{}')`.execute(database.db)
-
-      expect((await migrateToLatest(database.db)).applied).toContain('0019_delivery_partner_env')
-
-      expect(await database.db.selectFrom('webhookDeliveries').select('partnerEnv').executeTakeFirstOrThrow()).toEqual({ partnerEnv: null })
-      await createOrder(database.db, { externalReference: 'parked-ref' }, observationSettings({ poll: { staleAfterS: 21_600 }, partner: { env: 'live' } }))
-      const order = await database.db.selectFrom('orders').select(['tradeId', 'partnerEnv']).executeTakeFirstOrThrow()
-      expect(order).toEqual({ tradeId: 'tr-parked', partnerEnv: 'live' })
-      await expect(sql`update webhook_deliveries set partner_env = 'staging'`.execute(database.db)).rejects.toThrow(/check constraint/)
     } finally {
       await database.close()
     }

@@ -57,8 +57,6 @@ export function registerDeliveriesCommands(program: Command): void {
               body: delivery.bodySha256.slice(0, 12),
               reference: delivery.externalReference,
               outcome: delivery.outcome,
-              // whose webhook secret verified it (migrations/0019)
-              env: delivery.partnerEnv,
             })),
             '(no deliveries)',
           )

@@ -433,7 +433,6 @@ export function deliveryPage(
   <dt>Trade</dt><dd>${delivery.tradeId ?? '—'} ${delivery.observedStatus ? html`reporting <strong>${delivery.observedStatus}</strong>` : ''}</dd>
   <dt>External reference</dt><dd>${delivery.externalReference ?? '—'}</dd>
   <dt>Order</dt><dd>${order ? html`<a href="${orderPath(order.id)}">#${order.id} ${order.externalReference}</a> (now ${order.tradeStatus ?? 'no status'})` : 'none'}</dd>
-  ${delivery.partnerEnv === null ? '' : html`<dt>Environment</dt><dd>${delivery.partnerEnv}: that platform's webhook secret verified it</dd>`}
 </dl>
 <p class="hint">Headers: the service keeps the delivery id (above) and the verified body; the signature and other headers are not stored.</p>
 <p class="actions"><a href="${deliveryReapplyPath(delivery)}">Re-apply…</a>${

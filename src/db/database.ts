@@ -53,8 +53,6 @@ export interface WebhookDeliveriesTable {
   /** SHA-256 (hex) of the exact body: with deliveryId, the primary key. */
   bodySha256: string
   appliedAt: Timestamp | null
-  /** sandbox | live: the environment whose webhook secret verified it; null: stored before migrations/0019. */
-  partnerEnv: string | null
 }
 
 export interface OrderStatusHistoryTable {

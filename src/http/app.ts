@@ -68,8 +68,6 @@ export function createApp(deps: AppDeps): App {
     // body bytes are reserved before a byte is read, so held-open bodies cannot grow the process's memory
     budget: new InflightBodyBudget(deps.config.limits.maxInflightBodyBytes, deps.config.limits.slowBodyMs),
     secrets: deps.config.webhook.secrets,
-    partnerEnv: deps.config.partner.env,
-    otherEnvironment: deps.config.webhook.otherEnvironment,
   })
 
   const app = express()

@@ -53,12 +53,6 @@ export interface Observation {
    * order back past a `delivered` webhook, and the handlers were given a second `trade.delivered`.
    */
   askedAtVersion?: number
-  /**
-   * The environment whose platform this is a record of: a webhook's is the one whose secret verified it (PARTNER_ENV's
-   * for WEBHOOK_SECRETS, the other's for WEBHOOK_SECRETS_SANDBOX or _LIVE). It links an order under that environment,
-   * and an order linked under the other one is not moved. Absent: settings.partnerEnv.
-   */
-  partnerEnv?: PartnerEnv | undefined
 }
 
 export interface ObservationSettings {
@@ -87,7 +81,7 @@ export interface ObservationSettings {
   /**
    * PARTNER_ENV of the service or command applying the observation: written on an order as it is first linked to a
    * trade (orders.partner_env), and an order linked under the other one is not moved (trade_mismatch). Absent: sandbox,
-   * PARTNER_ENV's default. An observation's own partnerEnv (a webhook of the other platform) wins over it.
+   * PARTNER_ENV's default.
    */
   partnerEnv?: PartnerEnv
 }
@@ -299,7 +293,7 @@ async function runStatement(
       raw_body: delivery?.rawBody ?? null,
       body_sha256: delivery?.bodySha256 ?? null,
       not_ours: foreign[n] ?? false,
-      partner_env: observation.partnerEnv ?? settings.partnerEnv ?? 'sandbox',
+      partner_env: settings.partnerEnv ?? 'sandbox',
       // names are [a-z0-9_.-]+ (the registry checks), so a comma joins them unambiguously
       handlers: notifyInside && handlers.length > 0 ? handlers.join(',') : null,
     }
@@ -372,13 +366,12 @@ function observationStatement(
         -- order cannot place (the outcome below is stale, and ASKS_AGAIN polls now)
         (${movedSinceAsked} and (i.rank is null or ${atUnknownStatus(sql`o.trade_status`)})) as answered_before_move,
         case
-          -- an order linked under another environment than the observation's (a sandbox trade, the service gone live,
-          -- or back; a live order, and a delivery the sandbox's secret in WEBHOOK_SECRETS_SANDBOX verified): its trade is
+          -- an order linked under the other PARTNER_ENV (a sandbox trade, the service gone live, or back): its trade is
           -- another platform's, which this observation is not a record of, whatever its trade id says. Left as it is, as for a record of another trade: a status of the
           -- other platform must not move it (a sandbox webhook let in by a sandbox secret kept in WEBHOOK_SECRETS),
           -- and it stays that environment's to poll when the service switches back. A poll never gets here: the
           -- claim does not take such an order (poll-schedule.repository.ts). Null: linked before migrations/0018,
-          -- taken as the observation's (which it then records, below)
+          -- taken as the service's own
           when o.partner_env is not null and o.partner_env <> i.partner_env then 'trade_mismatch'
           when o.trade_id is not null and o.trade_id <> i.trade_id then 'trade_mismatch'
           -- a poll's or an API call's answer whose record is another order's (a webhook is matched by it)
@@ -422,11 +415,11 @@ function observationStatement(
     delivery as (
       insert into webhook_deliveries
         (delivery_id, body_sha256, received_at, event_type, trade_id, trade_reference, external_reference,
-         observed_status, outcome, order_id, raw_body, applied_at, partner_env)
+         observed_status, outcome, order_id, raw_body, applied_at)
       select i.delivery_id, i.body_sha256, i.observed_at, i.event_type, i.trade_id, i.trade_reference, i.external_reference,
         i.status,
         coalesce(d.outcome, case when i.not_ours then 'dismissed' else 'unmatched' end), d.id, i.raw_body,
-        case when d.outcome = 'applied' then i.observed_at end, i.partner_env
+        case when d.outcome = 'applied' then i.observed_at end
       from input i left join decision d on d.n = i.n
       -- a body a stored delivery that changed nothing has already (replayed under a fresh delivery id, which is not
       -- signed): it changes nothing that one did not, and is not stored again (migrations/0017). Parked and

@@ -40,15 +40,11 @@ export function observationSettings(
   }
 }
 
-/**
- * A webhook's trade event, matched to its order by external reference in the ingest statement; `partnerEnv`: the
- * environment whose secret verified it, a record of that platform's trade (absent: the settings' PARTNER_ENV).
- */
+/** A webhook's trade event, matched to its order by external reference in the ingest statement. */
 export function webhookObservation(
   event: { externalReference: string; tradeId: string; tradeReference: string | null; status: string },
   deliveryId: string,
   receivedAt: Date,
-  partnerEnv?: PartnerEnv,
 ): Observation & { target: { externalReference: string } } {
   return {
     target: { externalReference: event.externalReference },
@@ -59,14 +55,10 @@ export function webhookObservation(
     source: 'webhook',
     deliveryId,
     observedAt: receivedAt,
-    ...(partnerEnv === undefined ? {} : { partnerEnv }),
   }
 }
 
-/**
- * A stored trade delivery applied after its own statement (parked, or re-applied by an operator), as a record of the
- * environment whose secret verified it (stored before that was kept, migrations/0019: the applying service's).
- */
+/** A stored trade delivery applied after its own statement (parked, or re-applied by an operator). */
 export function storedDeliveryObservation(
   delivery: {
     deliveryId: string
@@ -74,7 +66,6 @@ export function storedDeliveryObservation(
     tradeId: string | null
     tradeReference: string | null
     observedStatus: string | null
-    partnerEnv: string | null
   },
   orderId: number,
   at: Date,
@@ -88,7 +79,6 @@ export function storedDeliveryObservation(
     source: 'webhook',
     deliveryId: delivery.deliveryId,
     observedAt: at,
-    ...(delivery.partnerEnv === null ? {} : { partnerEnv: delivery.partnerEnv as PartnerEnv }),
   }
 }
 

@@ -1,7 +1,6 @@
 // Every query on stored webhook deliveries but one: the trade-event insert lives in
 // orders/apply-observation.ts, which records the delivery and its effect in one statement.
 import { type Kysely, type Selectable, type SelectQueryBuilder, sql, type Transaction } from 'kysely'
-import type { PartnerEnv } from '../config.js'
 import type { Database, WebhookDeliveriesTable } from '../db/database.js'
 import { deliveriesAppliedToOrderQuery } from '../orders/order.repository.js'
 import type { DeliveryOutcome } from './delivery-outcome.js'
@@ -24,8 +23,6 @@ export interface StoredDelivery {
   appliedAt: Date | null
   /** null: pruned RETENTION_DAYS after receipt (src/retention); the row and its hash stay. */
   rawBody: string | null
-  /** The environment whose webhook secret verified it (sandbox, live); null: stored before migrations/0019. */
-  partnerEnv: string | null
 }
 
 // raw_body holds the exact bytes received as UTF-8 text (the ingest decodes without stripping a
@@ -54,7 +51,6 @@ const SUMMARY_COLUMNS = [
   'outcome',
   'orderId',
   'appliedAt',
-  'partnerEnv',
 ] as const
 
 /** A delivery is its id and its body's hash (the table's primary key). */
@@ -74,7 +70,7 @@ const DELIVERY_ID_LOCK_CLASS = 0x64656c76
  */
 export async function recordDelivery(
   db: Kysely<Database>,
-  delivery: DeliveryKey & { eventType: string; rawBody: string; outcome: DeliveryOutcome; receivedAt: Date; partnerEnv?: PartnerEnv },
+  delivery: DeliveryKey & { eventType: string; rawBody: string; outcome: DeliveryOutcome; receivedAt: Date },
   { foldReplays = true }: { foldReplays?: boolean } = {},
 ): Promise<{ inserted: boolean; idReused: boolean; replayed: boolean }> {
   return db.transaction().execute(async (trx) => {
@@ -206,7 +202,7 @@ export async function listDeliveries(
 }
 
 /** A trade event parked as unmatched, as the parked-delivery passes apply it. */
-export type ParkedDelivery = Pick<StoredDelivery, 'deliveryId' | 'bodySha256' | 'tradeId' | 'tradeReference' | 'observedStatus' | 'partnerEnv'>
+export type ParkedDelivery = Pick<StoredDelivery, 'deliveryId' | 'bodySha256' | 'tradeId' | 'tradeReference' | 'observedStatus'>
 
 /**
  * Locks the deliveries parked for this reference, oldest first. SKIP LOCKED: a concurrent pass takes
@@ -215,7 +211,7 @@ export type ParkedDelivery = Pick<StoredDelivery, 'deliveryId' | 'bodySha256' | 
 export async function lockParkedDeliveries(trx: Transaction<Database>, externalReference: string): Promise<ParkedDelivery[]> {
   return trx
     .selectFrom('webhookDeliveries')
-    .select(['deliveryId', 'bodySha256', 'tradeId', 'tradeReference', 'observedStatus', 'partnerEnv'])
+    .select(['deliveryId', 'bodySha256', 'tradeId', 'tradeReference', 'observedStatus'])
     .where('externalReference', '=', externalReference)
     .where('outcome', '=', 'unmatched')
     .orderBy('receivedAt')

@@ -6,7 +6,6 @@
 import { createHash } from 'node:crypto'
 import type { Kysely } from 'kysely'
 import type { Clock } from '../clock.js'
-import type { Config, PartnerEnv } from '../config.js'
 import { type DatabaseErrorDescription, describeDatabaseError, loggableError } from '../db/database-errors.js'
 import type { Database } from '../db/database.js'
 import { AppError } from '../http/app-error.js'
@@ -25,15 +24,7 @@ export interface ReceiveDeps {
   db: Kysely<Database>
   logger: Logger
   clock: Clock
-  /** WEBHOOK_SECRETS: the secrets of PARTNER_ENV's own platform. */
   secrets: readonly string[]
-  /** PARTNER_ENV: the environment a delivery one of `secrets` verified is a record of. */
-  partnerEnv: PartnerEnv
-  /**
-   * The other platform's secrets (WEBHOOK_SECRETS_SANDBOX under live, WEBHOOK_SECRETS_LIVE under sandbox): a delivery
-   * one of them verifies is stored and answered as any, as a record of that environment (apply-observation.ts).
-   */
-  otherEnvironment?: Config['webhook']['otherEnvironment']
   /** Writes trade events, grouping concurrent ones into one statement (group-commit.ts). */
   writer: DeliveryWriter
   /** Delivery ids known to be stored: their retries are answered without the database. */
@@ -55,42 +46,20 @@ export interface IncomingDelivery {
   rawBody: Buffer
 }
 
-export type ReceiveResult = (
+export type ReceiveResult =
   // replayed: a fresh id, but a body a delivery that changed nothing has already (nothing stored; see migrations/0017)
   | { duplicate: true; replayed?: boolean }
   | { duplicate: false; outcome: DeliveryOutcome; eventType: string; idReused: boolean }
-) & {
-  /** Set when the other platform's secret verified the delivery: that environment (the log line names it). */
-  otherEnvironment?: PartnerEnv
-}
 
 export async function receiveWebhook(deps: ReceiveDeps, delivery: IncomingDelivery): Promise<ReceiveResult> {
+  const { logger } = deps
   // raw bytes: the signature covers the exact body as sent, so nothing is parsed before this check
-  const partnerEnv = signingEnvironment(deps, delivery)
-  if (partnerEnv === undefined) {
+  if (!verifySignature(deps.secrets, delivery.rawBody, delivery.signature)) {
     throw signatureRejected(deps, delivery, {
       bodyLength: delivery.rawBody.length,
       bodySha256: createHash('sha256').update(delivery.rawBody).digest('hex'),
     })
   }
-  const result = await receiveVerified(deps, delivery, partnerEnv)
-  return partnerEnv === deps.partnerEnv ? result : { ...result, otherEnvironment: partnerEnv }
-}
-
-/**
- * The environment whose platform signed the delivery: PARTNER_ENV's for one of WEBHOOK_SECRETS, the other's for one
- * of its list, undefined for none. The other list is tried only once WEBHOOK_SECRETS failed, so a delivery of the
- * service's own platform costs what it did; within each list every secret is tried, each compared in constant time.
- */
-function signingEnvironment(deps: ReceiveDeps, delivery: IncomingDelivery): PartnerEnv | undefined {
-  if (verifySignature(deps.secrets, delivery.rawBody, delivery.signature)) return deps.partnerEnv
-  const other = deps.otherEnvironment
-  if (other && verifySignature(other.secrets, delivery.rawBody, delivery.signature)) return other.env
-  return undefined
-}
-
-async function receiveVerified(deps: ReceiveDeps, delivery: IncomingDelivery, partnerEnv: PartnerEnv): Promise<ReceiveResult> {
-  const { logger } = deps
   const deliveryId = delivery.deliveryId
   if (deliveryId === undefined || !isDeliveryId(deliveryId)) {
     throw new AppError(400, 'invalid_payload', `X-Partner-Delivery-Id must be ${DELIVERY_ID_RULE}`)
@@ -112,8 +81,8 @@ async function receiveVerified(deps: ReceiveDeps, delivery: IncomingDelivery, pa
   let result = await deps.turns.run(deliveryId, async (): Promise<ReceiveResult> => {
     if (deps.seen.has(deliveryId, bodySha256)) return { duplicate: true }
     const stored = await storing(
-      () => store(deps, { deliveryId, bodySha256, partnerEnv }, parsed, receivedAt),
-      (reason) => storeRefused(deps, { deliveryId, bodySha256, partnerEnv }, parsed, receivedAt, reason),
+      () => store(deps, { deliveryId, bodySha256 }, parsed, receivedAt),
+      (reason) => storeRefused(deps, { deliveryId, bodySha256 }, parsed, receivedAt, reason),
     )
     deps.seen.add(deliveryId, bodySha256)
     return stored
@@ -138,7 +107,7 @@ async function receiveVerified(deps: ReceiveDeps, delivery: IncomingDelivery, pa
  * answer and line as verifying gives, with the announced length instead of the body's length and hash.
  */
 export function refuseBeforeBody(
-  deps: Pick<ReceiveDeps, 'logger' | 'secrets' | 'otherEnvironment' | 'logRejectedSignature'>,
+  deps: Pick<ReceiveDeps, 'logger' | 'secrets' | 'logRejectedSignature'>,
   delivery: { deliveryId: string | undefined; signature: string | undefined; announcedLength: string | undefined },
 ): AppError | undefined {
   if (signatureHeaderWellFormed(delivery.signature)) return undefined
@@ -161,7 +130,7 @@ export class SignatureRejected extends AppError {
 }
 
 function signatureRejected(
-  deps: Pick<ReceiveDeps, 'logger' | 'secrets' | 'otherEnvironment' | 'logRejectedSignature'>,
+  deps: Pick<ReceiveDeps, 'logger' | 'secrets' | 'logRejectedSignature'>,
   delivery: { deliveryId: string | undefined; signature: string | undefined },
   body: object,
 ): SignatureRejected {
@@ -170,7 +139,7 @@ function signatureRejected(
     ...loggableDeliveryId(delivery.deliveryId),
     ...body,
     signaturePresent: delivery.signature !== undefined,
-    secretsTried: deps.secrets.length + (deps.otherEnvironment?.secrets.length ?? 0),
+    secretsTried: deps.secrets.length,
   })
   const failure =
     delivery.signature === undefined ? 'missing' : signatureHeaderWellFormed(delivery.signature) ? 'mismatch' : 'malformed'
@@ -183,7 +152,7 @@ function signatureRejected(
 // the raw body, whose JSON escapes (\ud800) are plain ASCII text. Nothing is applied to an order.
 async function storeRefused(
   deps: ReceiveDeps,
-  key: { deliveryId: string; bodySha256: string; partnerEnv: PartnerEnv },
+  key: { deliveryId: string; bodySha256: string },
   parsed: ParsedBody,
   receivedAt: Date,
   reason: DatabaseErrorDescription,
@@ -203,7 +172,7 @@ async function storeRefused(
 
 async function store(
   deps: ReceiveDeps,
-  { deliveryId, bodySha256, partnerEnv }: { deliveryId: string; bodySha256: string; partnerEnv: PartnerEnv },
+  { deliveryId, bodySha256 }: { deliveryId: string; bodySha256: string },
   parsed: ParsedBody,
   receivedAt: Date,
 ): Promise<ReceiveResult> {
@@ -212,15 +181,11 @@ async function store(
   if (event.kind === 'trade') {
     const result = await deps.writer.write({
       delivery: { deliveryId, bodySha256, eventType: event.eventType, rawBody: parsed.text },
-      observation: webhookObservation(event, deliveryId, receivedAt, partnerEnv),
+      observation: webhookObservation(event, deliveryId, receivedAt),
     })
     if (result === 'duplicate' || result === 'replayed') return { duplicate: true, replayed: result === 'replayed' }
     if (result.outcome === 'trade_mismatch') {
-      // partnerEnv: the delivery's (whose secret verified it), against which the order's is the other
-      logger.warn(
-        { ...loggableDeliveryId(deliveryId), orderId: result.orderId, partnerEnv },
-        'webhook trade id differs from the order’s trade, or the order was linked under the other PARTNER_ENV',
-      )
+      logger.warn({ ...loggableDeliveryId(deliveryId), orderId: result.orderId }, 'webhook trade id differs from the order’s trade, or the order was linked under the other PARTNER_ENV')
     }
     return { duplicate: false, outcome: result.outcome, eventType: event.eventType, idReused: result.idReused }
   }
@@ -228,7 +193,7 @@ async function store(
   const outcome: DeliveryOutcome = event.kind === 'invalid' ? 'invalid' : 'ignored'
   const { inserted, idReused, replayed } = await recordDelivery(
     deps.db,
-    { deliveryId, bodySha256, eventType: event.eventType, rawBody: parsed.text, outcome, receivedAt, partnerEnv },
+    { deliveryId, bodySha256, eventType: event.eventType, rawBody: parsed.text, outcome, receivedAt },
     // a body an event handler takes is stored under each id: the platform's retry of one whose handler failed
     // (answered 500) comes under a fresh id, and must run the handler again
     { foldReplays: outcome === 'invalid' || deps.eventHandlers.handlersFor(event.eventType).length === 0 },

@@ -164,13 +164,7 @@ export function webhookEndpoint(deps: WebhookEndpointDeps): WebhookEndpoint {
     counted(!result.duplicate && result.idReused ? 'id_reused' : outcome)
     metrics?.ingestSeconds.observe({ outcome }, Number(process.hrtime.bigint() - started) / 1e9)
     deliveryLog.info(
-      {
-        ...loggableDeliveryId(deliveryId),
-        outcome,
-        ...(result.duplicate ? {} : { eventType: result.eventType }),
-        // the other platform's secret verified it: that environment, never the secret
-        ...(result.otherEnvironment === undefined ? {} : { partnerEnv: result.otherEnvironment }),
-      },
+      { ...loggableDeliveryId(deliveryId), outcome, ...(result.duplicate ? {} : { eventType: result.eventType }) },
       'webhook received',
     )
     if (!result.duplicate) deps.diskFull?.stored()
