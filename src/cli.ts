@@ -48,7 +48,8 @@ if (stopSignalReceived()) {
 // Any other command ends by process.exit once nothing is left to run (its output written, its last events out), as a
 // process left to run dry would: left to it, Node takes the signal handlers down a few milliseconds before the process
 // is gone, and a Ctrl-C then ended a command that had done its work and printed so by SIGINT (6 of 12 tries, 20-300
-// ms after its output). A signal from here ends it at once with its own exit code (commandEnded). `serve` as before.
+// ms after its output). A signal from here ends it at once with its own exit code once its output is written, and as
+// before while it is not (commandEnded). `serve` as before.
 if (args[0] !== 'serve') {
   commandEnded()
   process.once('beforeExit', () => process.exit())

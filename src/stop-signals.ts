@@ -49,8 +49,10 @@ export function stopWhileStarting(said: string): void {
       process.stderr.write(said)
       process.exit(130)
     }
-    // the command has ended and set its exit code: a signal now ends the process with it (cli.ts waits for stdout)
-    if (ended) process.exit()
+    // the command has ended and set its exit code, and its output is written: a signal now ends the process with
+    // that code. Output still on its way to a reader that is behind is cut by the signal, which ends the process as
+    // it would have (an exit 0 then passed a cut output for the whole of it)
+    if (ended && process.stdout.writableLength === 0 && process.stderr.writableLength === 0) process.exit()
     if (process.listenerCount(signal) > 1) return
     for (const each of STOP_SIGNALS) process.off(each, handle)
     process.kill(process.pid, signal)
@@ -66,8 +68,9 @@ export function commandBegins(): void {
 let ended = false
 
 /**
- * The command has ended, its exit code set (cli.ts): from here a stop signal ends the process with that code at once,
- * where it would have ended a command that had done its work, and printed so, by the signal (130 to a shell).
+ * The command has ended, its exit code set (cli.ts): from here a stop signal ends the process with that code at once
+ * once its output is written, where it would have ended a command that had done its work, and printed so, by the
+ * signal (130 to a shell). While its output is still being written the signal ends it as before.
  */
 export function commandEnded(): void {
   starting = false
