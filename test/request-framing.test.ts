@@ -206,5 +206,15 @@ describe('requests HTTP/1.1 does not allow, on both listeners', () => {
       `X-Partner-Signature: sha256=${'0'.repeat(64)}\r\n\r\n{"trade_id":`
     expect(await halfClosed(portOf(publicListener), `${deliveryOf('framing-7')}${unfinished}`)).toMatchObject({ status: 200, body: '{"received":true}' })
     expect(await storedCount()).toBe(before + 3)
+    // and with two deliveries pipelined ahead of the part: each is answered 200 before the close (found from outside:
+    // the connection closed after the first answer, and the second delivery, stored, was never answered)
+    const socket = net.connect(portOf(publicListener), '127.0.0.1')
+    let answers = ''
+    socket.on('data', (chunk: Buffer) => (answers += chunk.toString('latin1')))
+    await once(socket, 'connect')
+    socket.end(`${deliveryOf('framing-9')}${deliveryOf('framing-10')}${next}Content-Le`)
+    await once(socket, 'close')
+    expect(answers.match(/HTTP\/1\.1 \d{3}/g)).toEqual(['HTTP/1.1 200', 'HTTP/1.1 200'])
+    expect(await storedCount()).toBe(before + 5)
   })
 })

@@ -73,6 +73,8 @@ export interface OpenConnections {
   unanswered(): http.ServerResponse[]
   /** The request on `socket` whose headers were read and not all of its body (the latest; they are read in turn). */
   receiving(socket: Duplex): http.IncomingMessage | undefined
+  /** The answer due last on `socket`: that of the latest request read whole whose answer is not all written yet. */
+  lastDue(socket: Duplex): http.ServerResponse | undefined
 }
 
 const answered = (response: http.ServerResponse) => response.writableEnded || response.destroyed
@@ -161,6 +163,10 @@ export function watchConnections(server: http.Server, cap?: ConnectionCapOptions
     receiving(socket) {
       const latest = open.get(socket as Socket)?.exchanges.at(-1)?.request
       return latest?.complete === false ? latest : undefined
+    },
+    lastDue(socket) {
+      const exchanges = open.get(socket as Socket)?.exchanges ?? []
+      return exchanges.findLast(({ request, response }) => request.complete && !response.writableFinished)?.response
     },
   }
 }

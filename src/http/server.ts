@@ -184,8 +184,11 @@ function answerClientError(error: Error & { code?: string }, socket: Duplex, con
   // client still reads: a delivery stored and answered after that end was never answered; not a request timed out)
   const unparseable = error.code?.startsWith('HPE_') === true
   if (unparseable && answering && !answering.writableFinished && answering.req.complete) {
-    answering.shouldKeepAlive = false
-    answering.once('finish', () => socket.end())
+    // after the answers of every request read whole: ended after the first, the connection lost a second pipelined
+    // delivery's 200, that delivery stored (found from outside)
+    const last = connections.lastDue(socket) ?? answering
+    last.shouldKeepAlive = false
+    last.once('finish', () => socket.end())
     if (error.code === 'HPE_INVALID_EOF_STATE') endUnfinished(connections.receiving(socket))
     return
   }
