@@ -12,6 +12,7 @@ import { createAdminApp } from '../src/http/admin-app.js'
 import { type App, createApp } from '../src/http/app.js'
 import { findOrderByExternalReference, orderHistory } from '../src/orders/order.repository.js'
 import { createPoller, type RunSummary } from '../src/reconcile/poller.js'
+import { startRun } from '../src/reconcile/reconcile-run.repository.js'
 import { findDelivery, recordDelivery } from '../src/webhooks/delivery.repository.js'
 import { testLogger } from './helpers/log-sink.js'
 import { fakeTradeApi } from './helpers/partner-api-fake-client.js'
@@ -449,6 +450,27 @@ describe('operator console', () => {
     }
     expect((await bearer(request(admin).get(`/console/delivery?id=nothing&body=${sha}`))).status).toBe(404)
     expect((await bearer(request(admin).get(`/console/delivery/reapply?id=a%00b&body=${sha}`))).status).toBe(404)
+  })
+
+  // the run of a cycle whose process was killed keeps no end: it was shown `running`, 0 polled, until retention
+  it('shows a run with no end long past its start unfinished, its counts unknown, and a recent one running', async () => {
+    const dead = await startRun(database.db, { replica: 'killed:1', startedAt: new Date(Date.now() - 3_600_000) })
+    const live = await startRun(database.db, { replica: 'polling:2', startedAt: new Date(Date.now() - 1_000) })
+    try {
+      const row = (page: string, id: number) => new RegExp(`<tr><td>${id}</td>.*?</tr>`).exec(page)?.[0]
+      for (const path of ['/console/', '/console/reconcile']) {
+        const page = (await bearer(request(admin).get(path))).text
+        expect(row(page, dead), path).toMatch(
+          /<td class="number"><span class="problem">unfinished<\/span><\/td><td class="number">-<\/td><td class="number">-<\/td><td class="number">-<\/td>/,
+        )
+        expect(row(page, live), path).toMatch(/<td class="number">running<\/td><td class="number">-<\/td><td class="number">-<\/td><td class="number">-<\/td>/)
+        expect(page, path).toContain(
+          'Unfinished: no end recorded 580 s after the start, past the longest a cycle runs: its process stopped (killed, its host lost) or lost the database.',
+        )
+      }
+    } finally {
+      await database.db.deleteFrom('reconcileRuns').where('id', 'in', [dead, live]).execute()
+    }
   })
 
   describe('actions', () => {

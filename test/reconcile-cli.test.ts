@@ -3,6 +3,7 @@
 import { createServer } from 'node:net'
 import { afterAll, beforeAll, beforeEach, describe, expect, it } from 'vitest'
 import type { CliContext } from '../src/cli/cli-context.js'
+import { systemClock } from '../src/clock.js'
 import { runCommandWith } from './helpers/cli-in-process.js'
 import { logEntries, testLogger } from './helpers/log-sink.js'
 import { tradeRecord } from './helpers/partner-api-fixtures.js'
@@ -12,6 +13,8 @@ import {
   type RecordingServer,
   startRecordingServer,
 } from './helpers/partner-api-recording-server.js'
+import { claimDueOrders } from '../src/orders/poll-schedule.repository.js'
+import { startRun } from '../src/reconcile/reconcile-run.repository.js'
 import { insertOrders, orderByReference } from './helpers/reconcile-orders.js'
 import { TEST_API_SECRET, testConfig } from './helpers/test-config.js'
 import { createTestDatabase, type TestDatabase } from './helpers/test-database.js'
@@ -156,6 +159,92 @@ describe('reconcile --report', () => {
   it('says so when there are no runs', async () => {
     const result = await cli('reconcile', '--report')
     expect(result.stdout).toBe('(no reconciliation runs yet)\n')
+  })
+})
+
+// What a cycle whose process was killed (SIGKILL, a host lost) leaves: its run written with no end, and the orders it
+// claimed leased until its lease (300 s) runs out. The review that killed `reconcile --once` mid-cycle found the run
+// shown `running` with 0 polled until retention deleted it, and the next `--once` claiming nothing without a word.
+async function killedCycle(startedAt: Date, orders: number): Promise<{ runId: number; leaseEnd: Date }> {
+  await claimDueOrders(database.db, { now: startedAt, limit: orders, leaseS: 300, leaseToken: 'killed-cycle', partnerEnv: 'sandbox' })
+  const runId = await startRun(database.db, { replica: 'cli:elsewhere:1', startedAt })
+  return { runId, leaseEnd: new Date(startedAt.getTime() + 300_000) }
+}
+
+describe('reconcile --report of a run whose process stopped', () => {
+  // the report's own time, fixed: a run is judged by how long ago it started
+  const now = Date.now()
+  const report = (args: string[], config = context.config) =>
+    runCommandWith(['reconcile', '--report', ...args], { ...context, config, clock: { now: () => now, sleep: systemClock.sleep } })
+
+  // the defaults (PARTNER_API_TIMEOUT_MS 10 s, DATABASE_STATEMENT_TIMEOUT_MS 14 s): the lease's 300 s, 40 s of four
+  // GET attempts and 180 s of three Retry-After waits, and 15 s for each of four statements after the last poll
+  it('shows a run with no end 580 s after its start unfinished, its counts unknown, and one not past that running', async () => {
+    await insertOrders(database.db, [{ externalReference: 'cli-a', nextPollAt: past(60) }])
+    await cli('reconcile', '--once')
+    const { runId: dead } = await killedCycle(new Date(now - 580_001), 0)
+    const { runId: live } = await killedCycle(new Date(now - 580_000), 0)
+
+    const table = await report([])
+    expect(table.code).toBe(0)
+    const lines = table.stdout.split('\n')
+    expect(lines[1]).toMatch(new RegExp(`^${live}\\s+cli:elsewhere:1\\s+\\S+\\s+running\\s+-\\s+-\\s+-\\s+-$`))
+    expect(lines[2]).toMatch(new RegExp(`^${dead}\\s+cli:elsewhere:1\\s+\\S+\\s+unfinished\\s+-\\s+-\\s+-\\s+-$`))
+    expect(lines[3]).toMatch(/^\d+\s+cli:\S+\s+\S+\s+\d+\.\d\s+1\s+1\s+0\s+-$/)
+    expect(lines.slice(4)).toEqual([
+      `unfinished (run ${dead}): no end recorded 580 s after the start, past the longest a cycle runs: its process stopped ` +
+        '(killed, its host lost) or lost the database; its counts are unknown, and its orders came due again when their lease ran out',
+      '',
+    ])
+
+    const runs = JSON.parse((await report(['--json'])).stdout)
+    expect(runs.map((run: { state: string }) => run.state)).toEqual(['running', 'unfinished', 'finished'])
+    expect(runs[0]).toMatchObject({ id: live, finishedAt: null, polled: null, changed: null, errors: null })
+    expect(runs[1]).toMatchObject({ id: dead, finishedAt: null, polled: null, changed: null, errors: null })
+    expect(runs[2]).toMatchObject({ polled: 1, changed: 1, errors: 0, stoppedReason: null })
+  })
+
+  it('takes the longest a cycle runs from PARTNER_API_TIMEOUT_MS and DATABASE_STATEMENT_TIMEOUT_MS', async () => {
+    await killedCycle(new Date(now - 492_001), 0)
+    await killedCycle(new Date(now - 492_000), 0)
+    // 300 s, 4 × 1 s and 3 × 60 s for the GET, 4 × (1 + 1) s
+    const result = await report([], testConfig({ PARTNER_API_TIMEOUT_MS: '1000', DATABASE_STATEMENT_TIMEOUT_MS: '1000' }))
+    const states = result.stdout.split('\n').slice(1, 3).map((line) => line.split(/\s+/)[3])
+    expect(states).toEqual(['running', 'unfinished'])
+    expect(result.stdout).toContain('no end recorded 492 s after the start')
+  })
+})
+
+describe('reconcile --once after a cycle whose process stopped', () => {
+  it("says how many due orders another poller's lease holds and until when, and exits 0", async () => {
+    await insertOrders(database.db, [
+      { externalReference: 'cli-held-1', nextPollAt: past(120) },
+      { externalReference: 'cli-held-2', nextPollAt: past(110) },
+      { externalReference: 'cli-free', nextPollAt: past(60) },
+    ])
+    const { leaseEnd } = await killedCycle(past(30), 2)
+
+    const result = await cli('reconcile', '--once')
+    expect([result.code, result.stderr]).toEqual([0, ''])
+    expect(result.stdout).toMatch(/^run \d+: claimed 1, polled 1, changed 1, errors 0 \(applied 1\)\n/)
+    expect(result.stdout.split('\n')[1]).toBe(
+      `left 2 due order(s) leased by another poller's cycle, due again by ${leaseEnd.toISOString()} as its lease ends ` +
+        '(a cycle under way, or one whose process stopped: `reconcile --report`)',
+    )
+    expect(server.requests.map((request) => request.path)).toEqual(['/api/partner/v1/trades/tr_cli-free/'])
+
+    const json = JSON.parse((await cli('reconcile', '--once', '--json')).stdout)
+    expect(json).toMatchObject({ claimed: 0, leasedElsewhereDue: 2, leasedElsewhereUntil: leaseEnd.toISOString() })
+  })
+
+  it('counts no lease that has run out: its orders are claimed again', async () => {
+    await insertOrders(database.db, [{ externalReference: 'cli-expired', nextPollAt: past(400) }])
+    await killedCycle(past(350), 1)
+
+    const result = await cli('reconcile', '--once', '--json')
+    expect(JSON.parse(result.stdout)).toMatchObject({ claimed: 1, polled: 1, leasedElsewhereDue: 0, leasedElsewhereUntil: null })
+    const text = await cli('reconcile', '--once')
+    expect(text.stdout).not.toContain('leased by another poller')
   })
 })
 

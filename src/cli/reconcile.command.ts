@@ -69,7 +69,7 @@ async function runOnce(json: boolean | undefined): Promise<void> {
     { createPoller, pollerSettings },
     { observationSettings },
     { stopOnSignals },
-    { countOtherEnvironmentDue },
+    { countLeasedDue, countOtherEnvironmentDue },
   ] = await Promise.all([
     import('../clock.js'),
     import('../partner-api/create-partner-api-client.js'),
@@ -78,7 +78,7 @@ async function runOnce(json: boolean | undefined): Promise<void> {
     import('../stop-signals.js'),
     import('../orders/poll-schedule.repository.js'),
   ])
-  const { summary, otherEnvironment } = await withDatabase(async ({ config, logger, db, reactions, clock = systemClock }) => {
+  const { summary, otherEnvironment, leased } = await withDatabase(async ({ config, logger, db, reactions, clock = systemClock }) => {
     const poller = createPoller({
       db,
       fetcher: createPartnerApiClient(config, { logger, clock }),
@@ -98,14 +98,28 @@ async function runOnce(json: boolean | undefined): Promise<void> {
         off()
       }
     }
+    const env = config.partner.env
+    // the due orders the claim will leave to another poller's lease: counted before it, when none is this cycle's
+    const leased = await countLeasedDue(db, new Date(clock.now()), env)
     const ran = await run()
     // the due orders the claim left: linked under the other PARTNER_ENV (README, "Going live")
-    const env = config.partner.env
-    return { summary: ran, otherEnvironment: { env, due: await countOtherEnvironmentDue(db, new Date(clock.now()), env) } }
+    return { summary: ran, otherEnvironment: { env, due: await countOtherEnvironmentDue(db, new Date(clock.now()), env) }, leased }
   })
-  if (json) printJson({ ...summary, otherEnvironmentDue: otherEnvironment.due })
-  else {
+  if (json) {
+    printJson({
+      ...summary,
+      otherEnvironmentDue: otherEnvironment.due,
+      leasedElsewhereDue: leased.due,
+      leasedElsewhereUntil: leased.until,
+    })
+  } else {
     printSummary(summary)
+    if (leased.due > 0) {
+      write(
+        `left ${leased.due} due order(s) leased by another poller's cycle, due again by ${leased.until?.toISOString()} as its lease ends ` +
+          '(a cycle under way, or one whose process stopped: `reconcile --report`)\n',
+      )
+    }
     if (otherEnvironment.due > 0) {
       const other = otherEnvironment.env === 'live' ? 'sandbox' : 'live'
       write(
@@ -164,11 +178,17 @@ function printSummary(summary: RunSummary): void {
 }
 
 async function report(limit: number, json: boolean | undefined): Promise<void> {
-  const [{ listRuns }, { unauthorizedMessage }] = await Promise.all([
+  const [{ systemClock }, { listRuns, reportedRun }, { unauthorizedMessage }, { longestCycleMs }] = await Promise.all([
+    import('../clock.js'),
     import('../reconcile/reconcile-run.repository.js'),
     import('../reconcile/reconcile-cycle.js'),
+    import('../reconcile/poller.js'),
   ])
-  const runs = await withDatabase(({ db }) => listRuns(db, limit))
+  const { runs, longestMs } = await withDatabase(async ({ db, config, clock = systemClock }) => {
+    const longestMs = longestCycleMs(config)
+    const now = new Date(clock.now())
+    return { runs: (await listRuns(db, limit)).map((run) => reportedRun(run, now, longestMs)), longestMs }
+  })
   if (json) {
     printJson(runs)
     return
@@ -178,9 +198,7 @@ async function report(limit: number, json: boolean | undefined): Promise<void> {
       id: run.id,
       replica: run.replica,
       started: run.startedAt,
-      seconds: run.finishedAt
-        ? ((run.finishedAt.getTime() - run.startedAt.getTime()) / 1000).toFixed(1)
-        : 'running',
+      seconds: run.finishedAt ? ((run.finishedAt.getTime() - run.startedAt.getTime()) / 1000).toFixed(1) : run.state,
       polled: run.polled,
       changed: run.changed,
       errors: run.errors,
@@ -191,6 +209,14 @@ async function report(limit: number, json: boolean | undefined): Promise<void> {
   // the words do not fit a column: one line under the table for each run a clock offset explains
   for (const run of runs) {
     if (run.clockOffsetS !== null) write(`run ${run.id}: ${unauthorizedMessage(run.clockOffsetS)}\n`)
+  }
+  const unfinished = runs.filter((run) => run.state === 'unfinished').map((run) => run.id)
+  if (unfinished.length > 0) {
+    write(
+      `unfinished (run${unfinished.length === 1 ? '' : 's'} ${unfinished.join(', ')}): no end recorded ${Math.round(longestMs / 1000)} s after ` +
+        'the start, past the longest a cycle runs: its process stopped (killed, its host lost) or lost the database; ' +
+        'its counts are unknown, and its orders came due again when their lease ran out\n',
+    )
   }
 }
 

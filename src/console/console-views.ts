@@ -8,7 +8,7 @@ import { linkedElsewhere, type Order, type StatusChange } from '../orders/order.
 import { describeClockOffset } from '../partner-api/clock-offset.js'
 import type { EventReaction, ReactionJob, ReactionJobFilter, ReactionJobState } from '../reactions/reaction-job.repository.js'
 import type { ReactionEvent } from '../reactions/reaction-event.js'
-import type { ReconcileRun } from '../reconcile/reconcile-run.repository.js'
+import type { ReportedRun } from '../reconcile/reconcile-run.repository.js'
 import type { RunSummary } from '../reconcile/poller.js'
 import {
   DELIVERY_OUTCOMES,
@@ -134,7 +134,9 @@ export interface OverviewData {
   attention: { attention: string; orders: number }[]
   reactions: { pending: number; running: number; failed: number; oldestPendingAgeS: number }
   failedByHandler: { handler: string; jobs: number }[]
-  runs: ReconcileRun[]
+  runs: ReportedRun[]
+  /** The longest a reconcile cycle runs, named beside a run shown unfinished. */
+  longestCycleMs: number
   actions: readonly ActionRecord[]
 }
 
@@ -239,7 +241,7 @@ export function overviewPage(operator: Operator, data: OverviewData): Html {
 </section>
 <section>
   <h2>Last reconcile runs</h2>
-  ${runsTable(data.runs)}
+  ${runsTable(data.runs, data.longestCycleMs)}
 </section>
 <section>
   <h2>Console actions since start</h2>
@@ -253,18 +255,27 @@ export function overviewPage(operator: Operator, data: OverviewData): Html {
   )
 }
 
-function runsTable(runs: ReconcileRun[]): Html {
+function runsTable(runs: ReportedRun[], longestCycleMs: number): Html {
   if (runs.length === 0) return html`<p>No reconcile run yet.</p>`
+  const count = (value: number | null) => (value === null ? '-' : String(value))
   return html`<table>
 <thead><tr><th>run</th><th>replica</th><th>started</th><th>seconds</th><th>polled</th><th>changed</th><th>errors</th><th>stopped</th></tr></thead>
 <tbody>${runs.map(
     (run) =>
       html`<tr><td>${run.id}</td><td>${run.replica}</td><td>${time(run.startedAt)}</td><td class="number">${
-        run.finishedAt ? ((run.finishedAt.getTime() - run.startedAt.getTime()) / 1000).toFixed(1) : 'running'
-      }</td><td class="number">${run.polled}</td><td class="number">${run.changed}</td><td class="number">${run.errors}</td><td>${run.stoppedReason ?? ''}${
+        run.finishedAt
+          ? ((run.finishedAt.getTime() - run.startedAt.getTime()) / 1000).toFixed(1)
+          : run.state === 'unfinished'
+            ? html`<span class="problem">unfinished</span>`
+            : 'running'
+      }</td><td class="number">${count(run.polled)}</td><td class="number">${count(run.changed)}</td><td class="number">${count(run.errors)}</td><td>${run.stoppedReason ?? ''}${
         run.clockOffsetS === null ? '' : html`<br><span class="problem">${describeClockOffset(run.clockOffsetS)}</span>`
       }</td></tr>`,
-  )}</tbody></table>`
+  )}</tbody></table>${
+    runs.some((run) => run.state === 'unfinished')
+      ? html`<p>Unfinished: no end recorded ${Math.round(longestCycleMs / 1000)} s after the start, past the longest a cycle runs: its process stopped (killed, its host lost) or lost the database. Its counts are unknown (-), and its orders came due again when their lease ran out.</p>`
+      : ''
+  }`
 }
 
 /** The filter as query-string fields, for links and hidden inputs. */
@@ -598,7 +609,10 @@ ${
   )
 }
 
-export function reconcilePage(operator: Operator, { runs, actionId, available }: { runs: ReconcileRun[]; actionId: string; available: boolean }): Html {
+export function reconcilePage(
+  operator: Operator,
+  { runs, longestCycleMs, actionId, available }: { runs: ReportedRun[]; longestCycleMs: number; actionId: string; available: boolean },
+): Html {
   return layout(
     'Reconcile',
     operator,
@@ -613,7 +627,7 @@ export function reconcilePage(operator: Operator, { runs, actionId, available }:
         : html`<p class="problem">Not available until the service is ready.</p>`
     }
 <h2>Last runs</h2>
-${runsTable(runs)}`,
+${runsTable(runs, longestCycleMs)}`,
   )
 }
 

@@ -26,7 +26,7 @@ import { countOrdersNeedingAttention, findOrderById, findOrderByExternalReferenc
 import { countDueOrders, requeueOrders } from '../orders/poll-schedule.repository.js'
 import { isJobId } from '../reactions/job-id.js'
 import type { RunSummary } from '../reconcile/poller.js'
-import { listRuns } from '../reconcile/reconcile-run.repository.js'
+import { listRuns, reportedRun } from '../reconcile/reconcile-run.repository.js'
 import {
   countFailedJobsByHandler,
   findJob,
@@ -110,6 +110,8 @@ export interface ConsoleDeps {
   bodyRetentionDays?: number | undefined
   /** Runs one reconcile cycle now; answers undefined while the service is not ready to. */
   reconcileOnce?: (() => Promise<RunSummary | undefined>) | undefined
+  /** The longest a reconcile cycle runs (longestCycleMs): a run with no end past it is shown unfinished, not running. */
+  longestCycleMs: number
   /** The registered reaction handlers: only their streams' unread events count as pending (undefined: every stream's). */
   reactionHandlers?: readonly string[] | undefined
 }
@@ -483,7 +485,7 @@ export function consoleRoutes(deps: ConsoleDeps): Router {
       countOrdersNeedingAttention(db),
       reactionJobStats(db, now, deps.reactionHandlers),
       countFailedJobsByHandler(db),
-      listRuns(db, 10),
+      listRuns(db, 10).then((runs) => runs.map((run) => reportedRun(run, now, deps.longestCycleMs))),
     ])
     // by kind: a mismatch is a signature made with a secret we do not hold (the platform's new one, or an
     // imitation), worth a human; a missing or malformed one is anyone's request to the public URL, and put the
@@ -507,6 +509,7 @@ export function consoleRoutes(deps: ConsoleDeps): Router {
         reactions,
         failedByHandler,
         runs,
+        longestCycleMs: deps.longestCycleMs,
         actions: [...done.values()].reverse().slice(0, 20),
       }),
     )
@@ -910,8 +913,12 @@ export function consoleRoutes(deps: ConsoleDeps): Router {
   }
 
   pageAt(`${CONSOLE_PATH}/reconcile`, async (_req, res) => {
-    const runs = await listRuns(db, 20)
-    await send(res, reconcilePage(operatorOf(res), { runs, actionId: newActionId(), available: deps.reconcileOnce !== undefined }))
+    const now = new Date(clock.now())
+    const runs = (await listRuns(db, 20)).map((run) => reportedRun(run, now, deps.longestCycleMs))
+    await send(
+      res,
+      reconcilePage(operatorOf(res), { runs, longestCycleMs: deps.longestCycleMs, actionId: newActionId(), available: deps.reconcileOnce !== undefined }),
+    )
   })
   actionAt(`${CONSOLE_PATH}/reconcile/run`, oneAtATime(async (req, res) => {
     const operator = operatorOf(res)

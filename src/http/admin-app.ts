@@ -13,7 +13,7 @@ import type { Logger } from '../logger.js'
 import type { Metrics } from '../metrics/metrics.js'
 import { observationSettings } from '../orders/observations.js'
 import type { ReactionRouting } from '../reactions/reaction-registry.js'
-import type { RunSummary } from '../reconcile/poller.js'
+import { longestCycleMs, type RunSummary } from '../reconcile/poller.js'
 import { errorHandler, notFoundHandler } from './error-handler.js'
 import { leaveBodyUnread } from './expect-continue.js'
 import { isAllowedAdminHost, isLoopbackAddress } from './loopback-host.js'
@@ -60,6 +60,7 @@ export function createAdminApp(deps: AdminAppDeps): App {
         observation: observationSettings(deps.config, deps.reactions?.handlersFor),
         bodyRetentionDays: deps.config.retention.bodyDays,
         reconcileOnce: deps.reconcileOnce,
+        longestCycleMs: longestCycleMs(deps.config),
         reactionHandlers: deps.reactions?.names,
       }),
     )

@@ -359,6 +359,26 @@ export async function countOtherEnvironmentDue(db: Kysely<Database>, now: Date, 
   return Number(row.due)
 }
 
+/**
+ * The orders of `partnerEnv` another poller's claim holds at `now` and no claim takes before its lease ends: a cycle
+ * under way, or one whose process stopped mid-cycle (killed, its host lost). Those due by the lease's end only (a
+ * webhook may have put one's poll later meanwhile); `until`, the latest lease's end, when all of them are due again.
+ * Not on a due index: a one-off command's count, over the orders that have a next poll.
+ */
+export async function countLeasedDue(db: Kysely<Database>, now: Date, partnerEnv: PartnerEnv): Promise<{ due: number; until: Date | null }> {
+  const row = await db
+    .selectFrom('orders')
+    .select((eb) => [eb.fn.countAll<string>().as('due'), eb.fn.max('pollLeaseExpiresAt').as('until')])
+    .where('nextPollAt', 'is not', null)
+    .where('tradeId', 'is not', null)
+    .where('isTerminal', '=', false)
+    .where('pollLeaseExpiresAt', '>', now)
+    .whereRef('nextPollAt', '<=', 'pollLeaseExpiresAt')
+    .where((eb) => ofEnvironment(eb, partnerEnv))
+    .executeTakeFirstOrThrow()
+  return { due: Number(row.due), until: row.until === null ? null : new Date(row.until) }
+}
+
 export interface RequeueResult {
   externalReference: string
   /** requeued: due now; not_pollable: no trade id or a terminal status, so there is nothing to poll. */

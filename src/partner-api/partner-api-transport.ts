@@ -77,6 +77,11 @@ export function longestGetMs(timeoutMs: number, retry: RetryOptions = DEFAULT_RE
   return retry.maxAttempts * timeoutMs + backoffs
 }
 
+/** The longest a GET can take at all: as longestGetMs, each wait between attempts the longest Retry-After waited out. */
+export function longestGetWithRetryAfterMs(timeoutMs: number, retry: RetryOptions = DEFAULT_RETRY): number {
+  return retry.maxAttempts * timeoutMs + (retry.maxAttempts - 1) * Math.max(retry.maxRetryAfterMs, retry.maxDelayMs)
+}
+
 export interface TransportOptions {
   /** The platform's {base_url}; a path prefix (https://gw.example/partner) is kept and signed. */
   baseUrl: string

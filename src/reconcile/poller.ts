@@ -12,7 +12,8 @@ import type { Database } from '../db/database.js'
 import type { Logger } from '../logger.js'
 import type { ObservationSettings } from '../orders/apply-observation.js'
 import { createWaitMs } from '../trades/open-trade-for-order.js'
-import { longestGetMs } from '../partner-api/partner-api-transport.js'
+import { STATEMENT_ANSWER_GRACE_MS } from '../db/statement-timeout.js'
+import { longestGetMs, longestGetWithRetryAfterMs } from '../partner-api/partner-api-transport.js'
 import { type BackoffSettings, DEFAULT_BACKOFF } from './backoff-delay.js'
 import { POLL_JITTER } from './poll-jitter.js'
 import type { PollResult, TradeFetcher } from './poll-order.js'
@@ -37,6 +38,25 @@ const MAX_UNFINISHED_RUNS = 100
  * was in flight is refused by the lease token.
  */
 export const DEFAULT_LEASE_S = 300
+
+/** The statements a cycle may wait on after its last poll's answer: its write-back, a flag or NOTIFY, the claims given back, the run's end. */
+const STATEMENTS_AFTER_LAST_POLL = 4
+
+/**
+ * The longest a cycle can run, from its start to its run's end recorded: no poll starts past the lease, the last one
+ * may take the longest GET there is (its Retry-After waits included), and each statement after it is bounded by
+ * DATABASE_STATEMENT_TIMEOUT_MS. A run with no end past this is not under way (reportedRun, reconcile-run.repository.ts).
+ */
+export function longestCycleMs(
+  { partner, databaseStatementTimeoutMs }: { partner: Pick<Config['partner'], 'timeoutMs'>; databaseStatementTimeoutMs: number },
+  leaseS = DEFAULT_LEASE_S,
+): number {
+  return (
+    leaseS * 1000 +
+    longestGetWithRetryAfterMs(partner.timeoutMs) +
+    STATEMENTS_AFTER_LAST_POLL * (databaseStatementTimeoutMs + STATEMENT_ANSWER_GRACE_MS)
+  )
+}
 
 export interface PollerSettings {
   /** POLL_INTERVAL_S: the mean sleep between cycles that did not fill their batch (±25%, see POLL_JITTER). */

@@ -1,5 +1,8 @@
 // reconcile_runs: one row per poll cycle that did work (claimed an order) or was stopped, written when the
 // cycle starts and completed when it ends, so a cycle that never finished (the replica died) shows as such.
+// Its counts are written with its end: a row without one has none to show, and one past the longest a cycle can
+// run (longestCycleMs, poller.ts) will not get its end: its process stopped (killed, its host lost) or lost the
+// database (a replica that lives on records the end once the database answers again).
 // Retention deletes a run DELIVERY_RETENTION_DAYS after it started (src/retention/prune.ts).
 import { type Kysely, sql } from 'kysely'
 import type { Database } from '../db/database.js'
@@ -22,6 +25,26 @@ export interface ReconcileRun extends RunCounts {
   replica: string
   startedAt: Date
   finishedAt: Date | null
+}
+
+/**
+ * finished: its end is recorded; running: not yet, within the longest a cycle can run; unfinished: no end past that,
+ * and none to come but a lost database's, recorded late.
+ */
+export type RunState = 'finished' | 'running' | 'unfinished'
+
+/** A run as the report and the console show it: its counts null while it has no end (they are written with it). */
+export interface ReportedRun extends Omit<ReconcileRun, 'polled' | 'changed' | 'errors'> {
+  state: RunState
+  polled: number | null
+  changed: number | null
+  errors: number | null
+}
+
+export function reportedRun(run: ReconcileRun, now: Date, longestCycleMs: number): ReportedRun {
+  if (run.finishedAt !== null) return { ...run, state: 'finished' }
+  const state = now.getTime() - run.startedAt.getTime() > longestCycleMs ? 'unfinished' : 'running'
+  return { ...run, state, polled: null, changed: null, errors: null }
 }
 
 export async function startRun(
