@@ -14,6 +14,20 @@ import { signBody } from './helpers/webhook-delivery.js'
 const KB = 1024
 
 /** A service of its own for one test, with a 256 KB body limit and `env` besides; `metric` reads its operator listener. */
+/** Holds the embedded database's one connection in a transaction until the returned function lets it go. */
+function holdDatabase(own: RunningService): () => Promise<void> {
+  let letGo = () => {}
+  const gate = new Promise<void>((resolve) => (letGo = resolve))
+  const holding = own.database.db.transaction().execute(async (trx) => {
+    await sql`select 1`.execute(trx)
+    await gate
+  })
+  return async () => {
+    letGo()
+    await holding
+  }
+}
+
 async function startOwnService(env: Record<string, string>) {
   const own = await startTestService({
     config: testConfig({ PORT: '0', POLL_ENABLED: 'false', WEBHOOK_BODY_LIMIT: '256kb', ...env }),
@@ -209,12 +223,7 @@ describe('limits of the public listener', () => {
     }
     try {
       // the embedded database's one connection, held: the first request on the connection waits for it
-      let letGo = () => {}
-      const gate = new Promise<void>((resolve) => (letGo = resolve))
-      const holding = own.database.db.transaction().execute(async (trx) => {
-        await sql`select 1`.execute(trx)
-        await gate
-      })
+      const letGo = holdDatabase(own)
       try {
         // a whole delivery, and pipelined behind it all but the last byte of a 200 KB one whose answer waits
         // for the first's; the client goes away with both unanswered
@@ -236,8 +245,7 @@ describe('limits of the public listener', () => {
         // the service saw the close: the unfinished body was refused
         await expect.poll(() => ownMetric(/^webhook_deliveries_total\{outcome="rejected"\} (\d+)/m), { timeout: 10_000 }).toBe(1)
       } finally {
-        letGo()
-        await holding
+        await letGo()
       }
       // both requests are done: their bytes are back, and a chunked delivery is taken
       await expect.poll(() => ownMetric(/^http_inflight_body_bytes (\d+)/m), { timeout: 10_000 }).toBe(0)
@@ -260,12 +268,7 @@ describe('limits of the public listener', () => {
     const body = JSON.stringify({ trade_id: 'tr_half-1', status: 'funded', external_reference: 'half-1' })
     try {
       // the embedded database's one connection, held: the first request's answer waits for it
-      let letGo = () => {}
-      const gate = new Promise<void>((resolve) => (letGo = resolve))
-      const holding = own.database.db.transaction().execute(async (trx) => {
-        await sql`select 1`.execute(trx)
-        await gate
-      })
+      const letGo = holdDatabase(own)
       const socket = net.connect(ownPort, '127.0.0.1')
       let received = ''
       socket.on('data', (chunk: Buffer) => (received += chunk.toString('latin1')))
@@ -287,8 +290,7 @@ describe('limits of the public listener', () => {
         await expect.poll(() => ownMetric(/^webhook_deliveries_total\{outcome="rejected"\} (\d+)/m), { timeout: 10_000 }).toBe(1)
         await expect.poll(inflight, { timeout: 10_000 }).toBe(Buffer.byteLength(body))
       } finally {
-        letGo()
-        await holding
+        await letGo()
       }
       // the delivery ahead is answered 200, alone, and the connection closed
       await closed

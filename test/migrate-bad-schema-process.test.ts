@@ -7,10 +7,9 @@ import { randomBytes } from 'node:crypto'
 import { mkdtempSync, rmSync } from 'node:fs'
 import { tmpdir } from 'node:os'
 import path from 'node:path'
-import pg from 'pg'
 import { afterAll, expect, it } from 'vitest'
 import { postgresServeEnv, runCli } from './helpers/cli-process.js'
-import { describePostgres, postgresUrl } from './helpers/test-database.js'
+import { describePostgres, postgresUrl, withPostgresClient } from './helpers/test-database.js'
 
 describePostgres('migrate and serve on a search_path that names no schema or a schema another application holds (Postgres)', () => {
   const dataDir = mkdtempSync(path.join(tmpdir(), 'migrate-bad-schema-'))
@@ -22,15 +21,7 @@ describePostgres('migrate and serve on a search_path that names no schema or a s
     })
   })
 
-  const admin = async (run: (client: pg.Client) => Promise<void>) => {
-    const client = new pg.Client({ connectionString: postgresUrl })
-    await client.connect()
-    try {
-      await run(client)
-    } finally {
-      await client.end()
-    }
-  }
+  const admin = withPostgresClient
   const withSearchPath = (schema: string) => {
     const url = new URL(postgresUrl!)
     url.searchParams.set('options', `-c search_path=${schema}`)

@@ -7,10 +7,9 @@ import { randomBytes } from 'node:crypto'
 import { mkdtempSync, rmSync } from 'node:fs'
 import { tmpdir } from 'node:os'
 import path from 'node:path'
-import pg from 'pg'
 import { afterAll, expect, it } from 'vitest'
 import { jsonLogLines, postgresServeEnv, runCli, spawnCli, stopChild, waitForLogLine } from './helpers/cli-process.js'
-import { describePostgres, postgresUrl } from './helpers/test-database.js'
+import { describePostgres, postgresUrl, withPostgresClient } from './helpers/test-database.js'
 
 describePostgres("migrate and serve where the database refuses the migrations' first table (Postgres)", () => {
   const dataDir = mkdtempSync(path.join(tmpdir(), 'migrate-first-table-'))
@@ -25,15 +24,7 @@ describePostgres("migrate and serve where the database refuses the migrations' f
     })
   })
 
-  const admin = async (run: (client: pg.Client) => Promise<unknown>) => {
-    const client = new pg.Client({ connectionString: postgresUrl })
-    await client.connect()
-    try {
-      await run(client)
-    } finally {
-      await client.end()
-    }
-  }
+  const admin = withPostgresClient
   // a role with a schema of its own, its sessions started with `setting`
   const roleWith = async (prefix: string, setting: string) => {
     const role = `${prefix}_${randomBytes(4).toString('hex')}`

@@ -7,11 +7,10 @@ import { randomBytes } from 'node:crypto'
 import { mkdtempSync, rmSync } from 'node:fs'
 import { tmpdir } from 'node:os'
 import path from 'node:path'
-import pg from 'pg'
 import { afterAll, expect, it } from 'vitest'
 import { migrations } from '../migrations/index.js'
 import { postgresServeEnv, runCli } from './helpers/cli-process.js'
-import { describePostgres, postgresUrl } from './helpers/test-database.js'
+import { describePostgres, postgresUrl, withPostgresClient } from './helpers/test-database.js'
 
 describePostgres('migrate and serve in a schema of their own (Postgres)', () => {
   const dataDir = mkdtempSync(path.join(tmpdir(), 'migrate-own-schema-'))
@@ -23,15 +22,7 @@ describePostgres('migrate and serve in a schema of their own (Postgres)', () => 
     })
   })
 
-  const admin = async <T>(run: (client: pg.Client) => Promise<T>): Promise<T> => {
-    const client = new pg.Client({ connectionString: postgresUrl })
-    await client.connect()
-    try {
-      return await run(client)
-    } finally {
-      await client.end()
-    }
-  }
+  const admin = withPostgresClient
   const withSearchPath = (searchPath: string | undefined, user?: string) => {
     const url = new URL(postgresUrl!)
     if (searchPath) url.searchParams.set('options', `-c search_path=${searchPath}`)

@@ -10,22 +10,14 @@ import path from 'node:path'
 import pg from 'pg'
 import { afterAll, expect, it } from 'vitest'
 import { jsonLogLines, postgresServeEnv, spawnCli, stopChild, waitForLogLine } from './helpers/cli-process.js'
-import { describePostgres, postgresUrl } from './helpers/test-database.js'
+import { describePostgres, postgresUrl, withPostgresClient } from './helpers/test-database.js'
 import { signBody, tradePayload } from './helpers/webhook-delivery.js'
 
 describePostgres('a role whose sessions start with synchronous_commit off (Postgres, the compiled serve)', () => {
   const name = `durable_${randomBytes(4).toString('hex')}`
   const dataDir = mkdtempSync(path.join(tmpdir(), 'synchronous-commit-'))
   let child: ChildProcess | undefined
-  const admin = async <T>(databaseUrl: string, run: (client: pg.Client) => Promise<T>): Promise<T> => {
-    const client = new pg.Client({ connectionString: databaseUrl })
-    await client.connect()
-    try {
-      return await run(client)
-    } finally {
-      await client.end()
-    }
-  }
+  const admin = <T>(databaseUrl: string, run: (client: pg.Client) => Promise<T>): Promise<T> => withPostgresClient(run, databaseUrl)
   const urlOf = (database: string, user?: string) => {
     const url = new URL(postgresUrl!)
     url.pathname = `/${database}`

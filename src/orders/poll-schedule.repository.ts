@@ -318,16 +318,17 @@ export interface DueOrderStats {
   oldestDueAgeS: number
 }
 
-/** The orders due at `now`, in the partial index orders_due_idx: the counts below filter them further. */
+/** The orders a claim may take, whatever their next poll: a trade to poll, not terminal. */
+function pollableOrders(db: Kysely<Database>) {
+  return db.selectFrom('orders').where('tradeId', 'is not', null).where('isTerminal', '=', false)
+}
+
+/**
+ * The orders due at `now`, in the partial index orders_due_idx: the counts below filter them further. As the claim:
+ * an order it would never take is not due, whatever a broken invariant left in next_poll_at.
+ */
 function dueOrders(db: Kysely<Database>, now: Date) {
-  return (
-    db
-      .selectFrom('orders')
-      .where('nextPollAt', '<=', now)
-      // as the claim: an order it would never take is not due, whatever a broken invariant left in next_poll_at
-      .where('tradeId', 'is not', null)
-      .where('isTerminal', '=', false)
-  )
+  return pollableOrders(db).where('nextPollAt', '<=', now)
 }
 
 /**
@@ -366,12 +367,9 @@ export async function countOtherEnvironmentDue(db: Kysely<Database>, now: Date, 
  * Not on a due index: a one-off command's count, over the orders that have a next poll.
  */
 export async function countLeasedDue(db: Kysely<Database>, now: Date, partnerEnv: PartnerEnv): Promise<{ due: number; until: Date | null }> {
-  const row = await db
-    .selectFrom('orders')
+  const row = await pollableOrders(db)
     .select((eb) => [eb.fn.countAll<string>().as('due'), eb.fn.max('pollLeaseExpiresAt').as('until')])
     .where('nextPollAt', 'is not', null)
-    .where('tradeId', 'is not', null)
-    .where('isTerminal', '=', false)
     .where('pollLeaseExpiresAt', '>', now)
     .whereRef('nextPollAt', '<=', 'pollLeaseExpiresAt')
     .where((eb) => ofEnvironment(eb, partnerEnv))

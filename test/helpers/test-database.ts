@@ -18,6 +18,17 @@ if (!postgresUrl && !process.env.QUIET_POSTGRES_SKIP) {
 /** describe() for tests that need real Postgres (concurrency, SKIP LOCKED, unique keys under races). */
 export const describePostgres: typeof describe = postgresUrl ? describe : (describe.skip as typeof describe)
 
+/** Runs `run` with a client of the server at `url` (TEST_DATABASE_URL by default), ended after it whatever it did. */
+export async function withPostgresClient<T>(run: (client: pg.Client) => Promise<T>, url: string = postgresUrl!): Promise<T> {
+  const client = new pg.Client({ connectionString: url })
+  await client.connect()
+  try {
+    return await run(client)
+  } finally {
+    await client.end()
+  }
+}
+
 export interface TestDatabase extends DatabaseHandle {
   /** The connection URL of this test's schema (Postgres only), for child processes. */
   readonly url: string | undefined
