@@ -16,9 +16,10 @@ import { DEFAULT_LOG_BUFFER_LIMIT } from './logger.js'
 import { variablesNotUtf8 } from './not-utf8.js'
 import { TRADE_STATUSES } from './orders/trade-status.js'
 import type { ProxySettings } from './partner-api/partner-api-proxy.js'
-import { DEFAULT_MAX_ANSWER_BYTES, PARTNER_API_PREFIX } from './partner-api/partner-api-transport.js'
+import { DEFAULT_MAX_ANSWER_BYTES, DEFAULT_RETRY, PARTNER_API_PREFIX } from './partner-api/partner-api-transport.js'
 import { DEFAULT_DISPATCHER_SETTINGS, HELD_BACK_WARN_MS, leaseMarginMs } from './reactions/dispatcher-settings.js'
 import { POLL_JITTER } from './reconcile/poll-jitter.js'
+import { DEFAULT_POLL_LEASE_S, shortestPollLeaseS } from './reconcile/poll-lease.js'
 import { decodeWebhookSecret, forwardSecrets, MIN_WEBHOOK_SECRET_BYTES, WEBHOOK_SECRET_PREFIX } from './reactions/forwarder.js'
 import { removeIfThere, writeWholeUnlessThere } from './write-whole.js'
 
@@ -107,6 +108,11 @@ export interface Config {
     readonly intervalS: number
     readonly concurrency: number
     readonly batchSize: number
+    /**
+     * POLL_LEASE_S: how long a claimed order belongs to the claiming replica. Unset: 300 s, or the longest one poll
+     * can last where PARTNER_API_TIMEOUT_MS and DATABASE_STATEMENT_TIMEOUT_MS make that longer (poll-lease.ts).
+     */
+    readonly leaseS: number
     readonly expectedWebhookS: number
     readonly staleAfterS: number
   }
@@ -361,6 +367,8 @@ const EnvSchema = z.object({
   POLL_INTERVAL_S: wholeNumber({ max: MAX_POLL_INTERVAL_S }).default(30),
   POLL_CONCURRENCY: wholeNumber({ max: 256 }).default(8),
   POLL_BATCH_SIZE: wholeNumber({ max: 10_000 }).default(100),
+  // a day, as REACTION_LEASE_S; unset: the default, or the shortest allowed where that is longer (pollLeaseS)
+  POLL_LEASE_S: wholeNumber({ max: 86_400 }).optional(),
   EXPECTED_WEBHOOK_S: wholeNumber({ max: MAX_DATABASE_SECONDS }).default(600),
   STALE_AFTER_S: wholeNumber({ max: MAX_DATABASE_SECONDS }).default(21_600),
   ORDER_REFERENCE_PATTERN: z.string().optional(),
@@ -771,6 +779,8 @@ export function parseConfig(
       )
     }
   }
+  const pollLease = pollLeaseS(values)
+  if ('problem' in pollLease) problems.push(pollLease.problem)
   if (values.FORWARD_URL !== undefined && values.FORWARD_SECRET === undefined) {
     problems.push('FORWARD_SECRET: required when FORWARD_URL is set')
   }
@@ -855,6 +865,7 @@ export function parseConfig(
       intervalS: values.POLL_INTERVAL_S,
       concurrency: values.POLL_CONCURRENCY,
       batchSize: values.POLL_BATCH_SIZE,
+      leaseS: 'leaseS' in pollLease ? pollLease.leaseS : DEFAULT_POLL_LEASE_S,
       expectedWebhookS: values.EXPECTED_WEBHOOK_S,
       staleAfterS: values.STALE_AFTER_S,
     },
@@ -907,6 +918,26 @@ export function parseConfig(
     localSecretsFile: generated && !inMemory ? localSecretsPath(dataDir) : undefined,
   }
   return deepFreeze(config)
+}
+
+/**
+ * POLL_LEASE_S, or why it is refused. A lease must outlast the longest one claimed order's poll can take (its GET with
+ * PARTNER_API_TIMEOUT_MS for each attempt and the Retry-After waits between them, then its write-back): shorter, it
+ * runs out under a poll in flight, another replica claims the order and polls it again, and the first answer is
+ * thrown away. Unset, it is 300 s, or that longest poll where it is longer: a PARTNER_API_TIMEOUT_MS of 60 s makes
+ * one poll last up to 435 s, and a lease of 300 s under it, before this setting, could run out under a poll in flight.
+ */
+function pollLeaseS(values: z.infer<typeof EnvSchema>): { leaseS: number } | { problem: string } {
+  const shortest = shortestPollLeaseS(values.PARTNER_API_TIMEOUT_MS, values.DATABASE_STATEMENT_TIMEOUT_MS)
+  if (values.POLL_LEASE_S === undefined) return { leaseS: Math.max(DEFAULT_POLL_LEASE_S, shortest) }
+  if (values.POLL_LEASE_S >= shortest) return { leaseS: values.POLL_LEASE_S }
+  return {
+    problem:
+      `POLL_LEASE_S: must be at least ${shortest}, the longest one claimed order's poll can last (its GET's ${DEFAULT_RETRY.maxAttempts} attempts of ` +
+      `PARTNER_API_TIMEOUT_MS=${values.PARTNER_API_TIMEOUT_MS} with a Retry-After of up to ${DEFAULT_RETRY.maxRetryAfterMs / 1000} s waited out between them, then its write-back ` +
+      `under DATABASE_STATEMENT_TIMEOUT_MS=${values.DATABASE_STATEMENT_TIMEOUT_MS}): a shorter lease runs out under a poll in flight, ` +
+      'another replica claims the order and polls it again, and the first answer is thrown away',
+  }
 }
 
 /** DATA_DIR, DATABASE_URL and the mode (local or remote) an environment would give a command, read alone. */

@@ -306,6 +306,7 @@ describe('configuration', () => {
       'POLL_INTERVAL_S',
       'POLL_CONCURRENCY',
       'POLL_BATCH_SIZE',
+      'POLL_LEASE_S',
       'EXPECTED_WEBHOOK_S',
       'STALE_AFTER_S',
       'REACTION_MAX_ATTEMPTS',
@@ -485,6 +486,31 @@ describe('configuration', () => {
       'postgresql://app@db/escrow?sslmode=disable',
     ])
       expect(parseConfig({ ...remoteEnv, DATABASE_URL: url }).databaseUrl).toBe(url)
+  })
+
+  it('leases a claimed order for POLL_LEASE_S, refusing one shorter than one poll can last, naming why', () => {
+    // 300 s by default: one poll lasts up to 235 s (4 × 10 s attempts, 3 × 60 s Retry-After waits, a 14 + 1 s write-back)
+    expect(parseConfig(remoteEnv).poll.leaseS).toBe(300)
+    expect(parseConfig({ ...remoteEnv, POLL_LEASE_S: '900' }).poll.leaseS).toBe(900)
+    expect(parseConfig({ ...remoteEnv, POLL_LEASE_S: '235' }).poll.leaseS).toBe(235)
+    expect(problemsOf({ ...remoteEnv, POLL_LEASE_S: '234' })).toEqual([
+      "POLL_LEASE_S: must be at least 235, the longest one claimed order's poll can last (its GET's 4 attempts of " +
+        'PARTNER_API_TIMEOUT_MS=10000 with a Retry-After of up to 60 s waited out between them, then its write-back under ' +
+        'DATABASE_STATEMENT_TIMEOUT_MS=14000): a shorter lease runs out under a poll in flight, another replica claims the ' +
+        'order and polls it again, and the first answer is thrown away',
+    ])
+    // the bound follows both timeouts: 4 × 60 s + 3 × 60 s + 2 s + 1 s
+    expect(problemsOf({ ...remoteEnv, POLL_LEASE_S: '422', PARTNER_API_TIMEOUT_MS: '60000', DATABASE_STATEMENT_TIMEOUT_MS: '2000' })[0]).toMatch(
+      /^POLL_LEASE_S: must be at least 423, /,
+    )
+    expect(parseConfig({ ...remoteEnv, POLL_LEASE_S: '423', PARTNER_API_TIMEOUT_MS: '60000', DATABASE_STATEMENT_TIMEOUT_MS: '2000' }).poll.leaseS).toBe(423)
+    // unset, the lease is never shorter than one poll: 435 s where PARTNER_API_TIMEOUT_MS=60000
+    expect(parseConfig({ ...remoteEnv, PARTNER_API_TIMEOUT_MS: '60000' }).poll.leaseS).toBe(435)
+    // a whole number of seconds up to a day, named when it is not
+    for (const value of ['0', '86401', '300s', '-300']) {
+      expect(problemsOf({ ...remoteEnv, POLL_LEASE_S: value }).map((problem) => problem.split(':')[0]), value).toEqual(['POLL_LEASE_S'])
+    }
+    expect(parseConfig({ ...remoteEnv, POLL_LEASE_S: '86400' }).poll.leaseS).toBe(86_400)
   })
 
   it('takes DATABASE_STATEMENT_TIMEOUT_MS from 100 ms to an hour, 14 s by default', () => {

@@ -1,5 +1,7 @@
 // `reconcile --once | --report | --requeue`, run in-process through the CLI runner (the same code path and
 // exit-code contract as a real process) against a local platform that checks every signature.
+import { createServer as createHttpServer } from 'node:http'
+import type { AddressInfo } from 'node:net'
 import { createServer } from 'node:net'
 import { afterAll, beforeAll, beforeEach, describe, expect, it } from 'vitest'
 import type { CliContext } from '../src/cli/cli-context.js'
@@ -212,6 +214,50 @@ describe('reconcile --report of a run whose process stopped', () => {
     const states = result.stdout.split('\n').slice(1, 3).map((line) => line.split(/\s+/)[3])
     expect(states).toEqual(['running', 'unfinished'])
     expect(result.stdout).toContain('no end recorded 492 s after the start')
+  })
+
+  it('takes the lease of the longest a cycle runs from POLL_LEASE_S', async () => {
+    await killedCycle(new Date(now - 680_001), 0)
+    await killedCycle(new Date(now - 680_000), 0)
+    // 400 s, 220 s for the GET, 4 × 15 s
+    const result = await report([], testConfig({ POLL_LEASE_S: '400' }))
+    const states = result.stdout.split('\n').slice(1, 3).map((line) => line.split(/\s+/)[3])
+    expect(states).toEqual(['running', 'unfinished'])
+    expect(result.stdout).toContain('no end recorded 680 s after the start')
+  })
+})
+
+describe('reconcile --once with POLL_LEASE_S', () => {
+  it('leases each order it claims for POLL_LEASE_S: its lease and its next poll end that long after the claim', async () => {
+    const at = Date.parse('2026-03-04T05:06:07.000Z')
+    await insertOrders(database.db, [{ externalReference: 'cli-leased', nextPollAt: new Date(at - 60_000) }])
+    // the platform looks at the order while its GET is in flight, then answers
+    const seen: { pollLeaseToken: string | null; pollLeaseExpiresAt: Date | null; nextPollAt: Date | null }[] = []
+    const platform = createHttpServer((req, res) => {
+      req.resume()
+      void database.db
+        .selectFrom('orders')
+        .select(['pollLeaseToken', 'pollLeaseExpiresAt', 'nextPollAt'])
+        .where('externalReference', '=', 'cli-leased')
+        .executeTakeFirstOrThrow()
+        .then((order) => {
+          seen.push(order)
+          res.writeHead(200, { 'content-type': 'application/json' })
+          res.end(JSON.stringify(tradeRecord({ trade_id: 'tr_cli-leased', external_reference: 'cli-leased', status: 'delivered' })))
+        })
+    })
+    await new Promise<void>((resolve) => platform.listen(0, '127.0.0.1', resolve))
+    try {
+      const config = testConfig({ PARTNER_API_BASE_URL: `http://127.0.0.1:${(platform.address() as AddressInfo).port}`, POLL_LEASE_S: '400' })
+      const result = await runCommandWith(['reconcile', '--once'], { ...context, config, clock: { now: () => at, sleep: systemClock.sleep } })
+      expect([result.code, result.stderr]).toEqual([0, ''])
+      expect(result.stdout).toMatch(/^run \d+: claimed 1, polled 1, changed 1, errors 0 \(applied 1\)\n$/)
+      expect(seen).toHaveLength(1)
+      expect(seen[0]!.pollLeaseToken).not.toBeNull()
+      expect([seen[0]!.pollLeaseExpiresAt, seen[0]!.nextPollAt].map((time) => new Date(time!).getTime() - at)).toEqual([400_000, 400_000])
+    } finally {
+      await new Promise<void>((resolve) => platform.close(() => resolve()))
+    }
   })
 })
 

@@ -31,28 +31,26 @@ export { CycleFailedError, DATABASE_LOST_REASON } from './reconcile-cycle.js'
 /** Runs left unfinished by a lost database that one poller remembers, to record their end when it is back. */
 const MAX_UNFINISHED_RUNS = 100
 
-/**
- * How long a claimed order belongs to the claiming replica. A cycle normally takes seconds; the lease only
- * has to outlast a slow one (a batch of GETs with their timeouts and retries). When it runs out the order
- * is due again, the cycle starts no further poll (reconcile-cycle.ts), and the late write-back of a poll that
- * was in flight is refused by the lease token.
- */
-export const DEFAULT_LEASE_S = 300
-
 /** The statements a cycle may wait on after its last poll's answer: its write-back, a flag or NOTIFY, the claims given back, the run's end. */
 const STATEMENTS_AFTER_LAST_POLL = 4
 
 /**
  * The longest a cycle can run, from its start to its run's end recorded: no poll starts past the lease, the last one
  * may take the longest GET there is (its Retry-After waits included), and each statement after it is bounded by
- * DATABASE_STATEMENT_TIMEOUT_MS. A run with no end past this is not under way (reportedRun, reconcile-run.repository.ts).
+ * DATABASE_STATEMENT_TIMEOUT_MS. A run with no end past this is not under way (reportedRun, reconcile-run.repository.ts),
+ * and the stalled-poller alert allows it (poller_longest_cycle_seconds).
  */
-export function longestCycleMs(
-  { partner, databaseStatementTimeoutMs }: { partner: Pick<Config['partner'], 'timeoutMs'>; databaseStatementTimeoutMs: number },
-  leaseS = DEFAULT_LEASE_S,
-): number {
+export function longestCycleMs({
+  poll,
+  partner,
+  databaseStatementTimeoutMs,
+}: {
+  poll: Pick<Config['poll'], 'leaseS'>
+  partner: Pick<Config['partner'], 'timeoutMs'>
+  databaseStatementTimeoutMs: number
+}): number {
   return (
-    leaseS * 1000 +
+    poll.leaseS * 1000 +
     longestGetWithRetryAfterMs(partner.timeoutMs) +
     STATEMENTS_AFTER_LAST_POLL * (databaseStatementTimeoutMs + STATEMENT_ANSWER_GRACE_MS)
   )
@@ -67,6 +65,7 @@ export interface PollerSettings {
   batchSize: number
   /** STALE_AFTER_S and the reaction handlers, as a poll's answer is applied (observations.ts). */
   observation: ObservationSettings
+  /** POLL_LEASE_S: how long a claimed order belongs to this replica (poll-lease.ts). */
   leaseS: number
   /** Error backoff per order; DEFAULT_BACKOFF (30 s doubling to 1 h) when absent. */
   backoff?: BackoffSettings
@@ -81,19 +80,18 @@ export interface PollerSettings {
   getCall?: { timeoutMs: number; longestMs: number }
 }
 
-/** The poller's settings from the POLL_* variables, with the observation settings bound once. */
+/** The poller's settings from the POLL_* variables (POLL_LEASE_S among them), with the observation settings bound once. */
 export function pollerSettings(
   poll: Config['poll'],
   observation: ObservationSettings,
   partner: Pick<Config['partner'], 'timeoutMs'>,
-  leaseS = DEFAULT_LEASE_S,
 ): PollerSettings {
   return {
     intervalS: poll.intervalS,
     concurrency: poll.concurrency,
     batchSize: poll.batchSize,
     observation,
-    leaseS,
+    leaseS: poll.leaseS,
     unresolvedCreateAfterS: poll.expectedWebhookS,
     createWholeTimeMs: createWaitMs(partner.timeoutMs),
     getCall: { timeoutMs: partner.timeoutMs, longestMs: longestGetMs(partner.timeoutMs) },
