@@ -43,7 +43,7 @@ import { createDispatcher, type Dispatcher } from './reactions/dispatcher.js'
 import { DEFAULT_DISPATCHER_SETTINGS } from './reactions/dispatcher-settings.js'
 import type { ReactionRegistry } from './reactions/reaction-registry.js'
 import { reactionJobStats } from './reactions/reaction-job.repository.js'
-import { createPoller, dueOrderStats, type Poller, pollerSettings, type RunSummary } from './reconcile/poller.js'
+import { createPoller, dueOrderStats, longestCycleMs, type Poller, pollerSettings, type RunSummary } from './reconcile/poller.js'
 import { createPruner, type Pruner, prunerSettings } from './retention/prune.js'
 import { createSandbox } from './sandbox/create-sandbox.js'
 import { sandboxStateFile } from './sandbox/sandbox-state.js'
@@ -192,7 +192,7 @@ export async function startService({
           oldestDelivery: () => oldestDeliveryReceivedAt(database.db),
           ...(storage ? { dataDirStorage: { freeBytes: () => storage.freeBytes, minFreeBytes: storage.minFreeBytes } } : {}),
           pruneIntervalS: config.retention.intervalS,
-          ...(config.poll.enabled ? { pollIntervalS: config.poll.intervalS } : {}),
+          ...(config.poll.enabled ? { pollIntervalS: config.poll.intervalS, pollLongestCycleS: longestCycleMs(config) / 1000 } : {}),
         })
       : undefined
     // a second terminal's commands are run here (operator listener), on this database, in every mode (src/local).

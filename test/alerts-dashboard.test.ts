@@ -15,9 +15,15 @@ const PROMETHEUS_SERIES = new Set(['up'])
 /**
  * Series an alert reads only as its threshold or fallback, not as what it watches: PartnerEscrowPruningStalled
  * compares the time since the last pass (on the dashboard) with three PRUNE_INTERVAL_S, from the start when
- * no pass finished yet.
+ * no pass finished yet; PartnerEscrowPollerStalled the time since the last cycle with three POLL_INTERVAL_S and the
+ * longest a cycle lasts.
  */
-const ALERT_THRESHOLD_SERIES = new Set(['retention_interval_seconds', 'poller_interval_seconds', 'process_start_time_seconds'])
+const ALERT_THRESHOLD_SERIES = new Set([
+  'retention_interval_seconds',
+  'poller_interval_seconds',
+  'poller_longest_cycle_seconds',
+  'process_start_time_seconds',
+])
 
 interface AlertRule {
   alert: string
@@ -117,6 +123,7 @@ async function exportedNames(): Promise<Set<string>> {
     databaseClockOffset: async () => 2,
     pruneIntervalS: 3_600,
     pollIntervalS: 30,
+    pollLongestCycleS: 580,
   })
   // a pass finished and a partner API answer was read: the gauges that wait for them have a sample
   metrics.retentionHooks.onPass(new Date(0))

@@ -45,8 +45,9 @@ describe('the poller in the service', () => {
     expect(metrics).toMatch(new RegExp(`^poller_last_cycle_timestamp_seconds ${clock.now() / 1000}$`, 'm'))
     expect(metrics).toMatch(/^database_up 1$/m)
     expect(metrics).toMatch(/^webhook_parked_deliveries 0$/m)
-    // the stalled-poller alert allows three of it
+    // the stalled-poller alert allows three of it, and the longest a cycle lasts: 580 s with the default settings
     expect(metrics).toMatch(new RegExp(`^poller_interval_seconds ${SERVICE_POLL_INTERVAL_MS / 1000}$`, 'm'))
+    expect(metrics).toMatch(/^poller_longest_cycle_seconds 580$/m)
 
     await clock.advance(SERVICE_POLL_INTERVAL_MS)
     await eventually(
@@ -103,6 +104,23 @@ describe('the poller in the service', () => {
     expect(JSON.stringify(failure)).toContain('(status must be at most 200 characters)')
   })
 
+  it("exports the longest its cycles can last for the stalled-poller alert, from the lease and the timeouts", async () => {
+    // with PARTNER_API_TIMEOUT_MS=60000 a healthy cycle may outlast the alert's 10 minutes
+    const config = testConfig({
+      PORT: '0',
+      POLL_INTERVAL_S: String(SERVICE_POLL_INTERVAL_MS / 1000),
+      PARTNER_API_TIMEOUT_MS: '60000',
+      POLL_LEASE_S: '600',
+      DATABASE_STATEMENT_TIMEOUT_MS: '4000',
+    })
+    service = await startTestService({ config, logger: testLogger([TEST_API_SECRET, TEST_WEBHOOK_SECRET]), clock: new FakeClock() })
+    await service.ready
+    const metrics = await (await fetch(`${service.adminUrl}/metrics`)).text()
+    // the lease's 600 s, 4 × 60 s attempts and 3 × 60 s Retry-After waits of the last GET, 4 × (4 + 1) s of statements
+    expect(metrics).toMatch(/^poller_longest_cycle_seconds 1040$/m)
+    expect(metrics).toContain('# HELP poller_longest_cycle_seconds The longest one of this replica\'s poll cycles can last')
+  })
+
   it('does not start the poller when POLL_ENABLED=false', async () => {
     const config = testConfig({ PORT: '0', POLL_ENABLED: 'false' })
     service = await startTestService({ config, logger: testLogger(), clock: new FakeClock() })
@@ -113,5 +131,6 @@ describe('the poller in the service', () => {
     expect(metrics).toContain('# TYPE poller_last_cycle_timestamp_seconds gauge')
     expect(metrics).not.toMatch(/^poller_last_cycle_timestamp_seconds /m)
     expect(metrics).not.toMatch(/^poller_interval_seconds /m)
+    expect(metrics).not.toMatch(/^poller_longest_cycle_seconds /m)
   })
 })

@@ -51,6 +51,11 @@ export interface MetricsSources {
   pruneIntervalS?: number
   /** POLL_INTERVAL_S where this replica polls: the stalled-poller alert allows three of it, 10 minutes at least. */
   pollIntervalS?: number
+  /**
+   * The longest one poll cycle of this replica can last (longestCycleMs), in seconds, where it polls: the stalled-poller
+   * alert allows it after the longest sleep, so a healthy replica whose cycles run long is not paged.
+   */
+  pollLongestCycleS?: number
 }
 
 /** How a console token came (console_auth_refused_total's via): typed on the login page, or in an Authorization header. */
@@ -280,6 +285,11 @@ export function createMetrics(
     sources.pollIntervalS,
     'poller_interval_seconds',
     "POLL_INTERVAL_S: seconds between two of this replica's poll cycles (each sleep 0.75 to 1.25 times it); no sample where no poller runs",
+  )
+  setting(
+    sources.pollLongestCycleS,
+    'poller_longest_cycle_seconds',
+    "The longest one of this replica's poll cycles can last: POLL_LEASE_S, the longest GET with its Retry-After waits, and four statement timeouts; no sample where no poller runs",
   )
 
   const { databaseUp, dueOrders, parkedDeliveries, reactionJobs, oldestDelivery, dataDirStorage } = sources
