@@ -714,6 +714,46 @@ expect(ran.text).toContain('1000 deliveries re-applied: not a trade event 1000')
       expect((await bearer(request(admin).get('/console/reconcile'))).text).toContain('console-test')
     })
 
+    it("says, as reconcile --once does, how many due orders another poller's lease holds and until when", async () => {
+      // due, and claimed by a cycle whose process stopped: its lease has a minute and a half to run
+      const leaseEnd = new Date(Math.floor(Date.now() / 1000) * 1000 + 90_000)
+      const references = ['held-elsewhere-1', 'held-elsewhere-2']
+      await database.db
+        .insertInto('orders')
+        .values(
+          references.map((reference) => ({
+            externalReference: reference,
+            tradeId: `tr_${reference}`,
+            nextPollAt: leaseEnd,
+            pollLeaseToken: 'another-poller',
+            pollLeaseExpiresAt: leaseEnd,
+          })),
+        )
+        .execute()
+      try {
+        const page = await bearer(request(admin).get('/console/reconcile'))
+        const fields = formFields(page.text)
+        const run = await bearer(request(admin).post('/console/reconcile/run')).type('form').send(fields)
+        expect(run.status).toBe(200)
+        const line =
+          `left 2 due order(s) leased by another poller&#39;s cycle, due again by ${leaseEnd.toISOString()} as its lease ends ` +
+          '(a cycle under way, or one whose process stopped: the Reconcile page&#39;s last runs)'
+        expect(run.text).toMatch(new RegExp(`<p class="result">run \\d+: claimed 0, polled 0, changed 0, errors 0; ${line.replace(/[()]/g, '\\$&')}</p>`))
+        // the same form again: the result remembered, the line with it
+        const again = await bearer(request(admin).post('/console/reconcile/run')).type('form').send(fields)
+        expect(again.text).toContain('This action was already carried out; nothing was done again.')
+        expect(again.text).toContain(line)
+        expect(fetcher.calls.some((call) => call.method === 'getTrade' && references.includes(String(call.args[0]).replace(/^tr_/, '')))).toBe(false)
+      } finally {
+        await database.db.deleteFrom('orders').where('externalReference', 'in', references).execute()
+      }
+      // none held: no line
+      const page = await bearer(request(admin).get('/console/reconcile'))
+      const run = await bearer(request(admin).post('/console/reconcile/run')).type('form').send(formFields(page.text))
+      expect(run.text).toMatch(/run \d+: claimed 0/)
+      expect(run.text).not.toContain('leased by another poller')
+    })
+
     it('says why the cycle it ran failed to poll an order, the order named as text', async () => {
       const reference = 'unanswered-<b>1</b>'
       await database.db

@@ -8,6 +8,7 @@ import type { PartnerEnv } from '../config.js'
 import { linkedElsewhere } from '../orders/order.js'
 import { describeClockOffset } from '../partner-api/clock-offset.js'
 import { printable } from '../printable.js'
+import { leasedElsewhereLine } from '../reconcile/leased-elsewhere.js'
 import type { RunSummary } from '../reconcile/poller.js'
 import { orderReferences, wholeNumberUpTo } from './cli-arguments.js'
 import {
@@ -114,12 +115,8 @@ async function runOnce(json: boolean | undefined): Promise<void> {
     })
   } else {
     printSummary(summary)
-    if (leased.due > 0) {
-      write(
-        `left ${leased.due} due order(s) leased by another poller's cycle, due again by ${leased.until?.toISOString()} as its lease ends ` +
-          '(a cycle under way, or one whose process stopped: `reconcile --report`)\n',
-      )
-    }
+    const leasedLine = leasedElsewhereLine(leased, '`reconcile --report`')
+    if (leasedLine) write(`${leasedLine}\n`)
     if (otherEnvironment.due > 0) {
       const other = otherEnvironment.env === 'live' ? 'sandbox' : 'live'
       write(

@@ -9,6 +9,7 @@ import { describeClockOffset } from '../partner-api/clock-offset.js'
 import type { EventReaction, ReactionJob, ReactionJobFilter, ReactionJobState } from '../reactions/reaction-job.repository.js'
 import type { ReactionEvent } from '../reactions/reaction-event.js'
 import type { ReportedRun } from '../reconcile/reconcile-run.repository.js'
+import { type LeasedElsewhere, leasedElsewhereLine } from '../reconcile/leased-elsewhere.js'
 import type { RunSummary } from '../reconcile/poller.js'
 import {
   DELIVERY_OUTCOMES,
@@ -631,12 +632,15 @@ ${runsTable(runs, longestCycleMs)}`,
   )
 }
 
-export function cycleResult(summary: RunSummary): string {
+/** A cycle's result as `reconcile --once` says it, the due orders another poller's lease held included (text: escaped where shown). */
+export function cycleResult(summary: RunSummary, leased?: LeasedElsewhere): string {
+  const leasedLine = leased && leasedElsewhereLine(leased, "the Reconcile page's last runs")
   return (
     `run ${summary.runId ?? '-'}: claimed ${summary.claimed}, polled ${summary.polled}, changed ${summary.changed}, errors ${summary.errors}` +
     (summary.stoppedReason ? `; stopped: ${summary.stoppedReason}` : '') +
     (summary.clockOffsetS === null ? '' : ` (${describeClockOffset(summary.clockOffsetS)})`) +
-    (summary.firstFailure ? `; first error, order ${summary.firstFailure.externalReference}: ${summary.firstFailure.reason}` : '')
+    (summary.firstFailure ? `; first error, order ${summary.firstFailure.externalReference}: ${summary.firstFailure.reason}` : '') +
+    (leasedLine ? `; ${leasedLine}` : '')
   )
 }
 

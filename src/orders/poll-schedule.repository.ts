@@ -364,9 +364,10 @@ export async function countOtherEnvironmentDue(db: Kysely<Database>, now: Date, 
  * The orders of `partnerEnv` another poller's claim holds at `now` and no claim takes before its lease ends: a cycle
  * under way, or one whose process stopped mid-cycle (killed, its host lost). Those due by the lease's end only (a
  * webhook may have put one's poll later meanwhile); `until`, the latest lease's end, when all of them are due again.
- * Not on a due index: a one-off command's count, over the orders that have a next poll.
+ * Not on a due index: a one-off command's count, over the orders that have a next poll. (partnerEnv absent: sandbox, as
+ * the claim's.)
  */
-export async function countLeasedDue(db: Kysely<Database>, now: Date, partnerEnv: PartnerEnv): Promise<{ due: number; until: Date | null }> {
+export async function countLeasedDue(db: Kysely<Database>, now: Date, partnerEnv?: PartnerEnv): Promise<{ due: number; until: Date | null }> {
   const row = await pollableOrders(db)
     .select((eb) => [eb.fn.countAll<string>().as('due'), eb.fn.max('pollLeaseExpiresAt').as('until')])
     .where('nextPollAt', 'is not', null)
