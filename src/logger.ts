@@ -94,8 +94,14 @@ export function createLogger({
     base: { service: 'partner-escrow' },
     redact: { paths: REDACTED_PATHS, censor: '[redacted]' },
     // a database's error report can quote what was sent (Postgres's detail and where, PGlite's params):
-    // whatever logs an error, only its classification is written
-    serializers: { err: (error: unknown) => pino.stdSerializers.err(loggableError(error) as Error) },
+    // whatever logs an error, only its classification is written. A plain object by then (a classification, a
+    // refusal's code and message) is written as it is: pino's serializer gave it a type "Object" and an empty stack.
+    serializers: {
+      err: (error: unknown) => {
+        const loggable = loggableError(error)
+        return isPlainObject(loggable) ? loggable : pino.stdSerializers.err(loggable as Error)
+      },
+    },
   }
   // last line of defence: a secret that slipped into a message or a field is blanked out
   const censor = censorable.length ? (line: string) => censorSecrets(line, censorable) : undefined
@@ -313,4 +319,8 @@ function censorSecrets(line: string, secrets: readonly string[]): string {
     if (censored.includes(secret)) censored = censored.split(secret).join('[redacted]')
   }
   return censored
+}
+
+function isPlainObject(value: unknown): boolean {
+  return typeof value === 'object' && value !== null && Object.getPrototypeOf(value) === Object.prototype
 }

@@ -9,6 +9,7 @@
 import path from 'node:path'
 import { type Config, ConfigError, configSecrets, DEFAULT_DATA_DIR, loadConfig } from './config.js'
 import { loggableError } from './db/database-errors.js'
+import { MigrationError } from './db/migrate.js'
 import { UNREAD_ENV_FILE_MESSAGE, unreadEnvFile } from './env-file-notice.js'
 import { createLogger, exitProcess, flushLogger } from './logger.js'
 import { ignoreGoneOutput } from './output-gone.js'
@@ -107,7 +108,7 @@ export async function main({
       return
     }
     stopping = true
-    logger.error({ err: loggableError(error) }, 'start-up failed')
+    logger.error({ err: startUpFailure(error) }, 'start-up failed')
     await service.stop()
     await flushLogger(logger, config.shutdownTimeoutMs)
     exitProcess(logger, 1)
@@ -119,6 +120,18 @@ export async function main({
         cli: cliInvocation(process.argv[1]),
       }),
     )
+}
+
+/**
+ * What the `start-up failed` line says about `error`. A refusal (a database a newer build migrated, a search_path in front
+ * of the service's tables: the operator's to fix) is its code and message, as `migrate` prints it: its stack trace
+ * read as a crash of the code's. A database's report is its classification (loggableError); anything else, a
+ * fault, keeps its stack.
+ */
+function startUpFailure(error: unknown): unknown {
+  const loggable = loggableError(error)
+  if (loggable instanceof Error && error instanceof MigrationError && error.refused) return { code: error.failure, message: error.message }
+  return loggable
 }
 
 /** What a newcomer sees after `npm start`: where things are and what to type next (README quick start). */

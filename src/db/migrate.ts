@@ -49,7 +49,13 @@ const eachInASavepoint: Record<string, Migration> = Object.fromEntries(
 /** invalid_schema_name: what the database answers a table created where no schema of the search_path exists. */
 const NO_SCHEMA = '3F000'
 
-class NoSchemaError extends Error {
+/**
+ * A refusal of the migrator's own: what it found is the operator's to fix (DATABASE_URL, the database given, the build
+ * run), and its message says how. No fault of the code's: a start's log line gives it without a stack (MigrationError).
+ */
+class MigrationRefusal extends Error {}
+
+class NoSchemaError extends MigrationRefusal {
   constructor(cause: unknown) {
     super(
       `no schema of the connection's search_path exists to create the tables in (${NO_SCHEMA}): create it (CREATE SCHEMA …), ` +
@@ -66,7 +72,7 @@ class NoSchemaError extends Error {
  * every migration into it and ran on empty tables, the orders in public out of view. Only the search_path is looked
  * at: other schemas of the database may hold other services of this kind (README, a shared database).
  */
-class MigratedElsewhereError extends Error {}
+class MigratedElsewhereError extends MigrationRefusal {}
 
 async function migratedElsewhere(db: Kysely<Database>): Promise<string | undefined> {
   const { rows } = await sql<{ schema: string; quoted: string; own: string }>`
@@ -94,7 +100,7 @@ async function migratedElsewhere(db: Kysely<Database>): Promise<string | undefin
 }
 
 /** The database refused the migrator's first table: its report is the cause (its code, read-only's 25006 among them). */
-class FirstTableRefused extends Error {}
+class FirstTableRefused extends MigrationRefusal {}
 
 // Before a first migration, the migrator creates its table, and where the database refuses it (no schema, 3F000; a
 // read-only session, 25006; no CREATE on the default tablespace, 42501) it looks whether the table is there after
@@ -190,12 +196,19 @@ export type MigrationFailure = 'no_schema' | 'schema_taken' | 'migrated_elsewher
 
 export class MigrationError extends Error {
   override name = 'MigrationError'
+  /**
+   * Whether the migrations were refused for what the operator is to fix (a database a newer build migrated, the
+   * search_path, an older Postgres, a database not in UTF-8, a right the role lacks), not failed: a message with a
+   * code, logged without a stack (main.ts).
+   */
+  readonly refused: boolean
   constructor(
     readonly failure: MigrationFailure,
     message: string,
-    options?: ErrorOptions,
+    { refused = false, ...options }: ErrorOptions & { refused?: boolean } = {},
   ) {
     super(message, options)
+    this.refused = refused
   }
 }
 
@@ -266,7 +279,11 @@ export async function migrateToLatest(db: Kysely<Database>): Promise<MigrationRe
         : database.code === NAME_TAKEN
           ? 'schema_taken'
           : 'migration_failed'
-    throw new MigrationError(failure, `Migration ${failed ?? '(before any migration ran)'} failed: ${reason}`, keepsCause ? { cause: error } : {})
+    const refused = error instanceof MigrationRefusal || failure !== 'migration_failed'
+    throw new MigrationError(failure, `Migration ${failed ?? '(before any migration ran)'} failed: ${reason}`, {
+      refused,
+      ...(keepsCause ? { cause: error } : {}),
+    })
   }
   return { applied: (results ?? []).filter((r) => r.status === 'Success').map((r) => r.migrationName) }
 }
@@ -292,7 +309,7 @@ async function requireSupportedPostgres(db: Kysely<Database>): Promise<void> {
   const { rows } = await sql<{ version: number }>`select current_setting('server_version_num')::int as version`.execute(db)
   const version = rows[0]?.version ?? 0
   if (version >= OLDEST_POSTGRES * 10_000) return
-  throw new Error(`Postgres ${OLDEST_POSTGRES} or later is needed, and this database is ${Math.floor(version / 10_000)}: upgrade it, or give DATABASE_URL another`)
+  throw new MigrationRefusal(`Postgres ${OLDEST_POSTGRES} or later is needed, and this database is ${Math.floor(version / 10_000)}: upgrade it, or give DATABASE_URL another`)
 }
 
 /**
@@ -334,7 +351,7 @@ async function requireCreateWhereMigrationsWait(db: Kysely<Database>, applied: A
   if (!found || found.mayCreate) return
   if (waiting.length === 0) return
   const { role, quotedSchema: schema } = found
-  throw new Error(
+  throw new MigrationRefusal(
     `the role ${role} may not create tables in the schema ${schema}, and ${waiting.length} migration${waiting.length === 1 ? '' : 's'} ` +
       `wait${waiting.length === 1 ? 's' : ''} (${waiting[0]}${waiting.length > 1 ? ' and on' : ''}): GRANT CREATE ON SCHEMA ${schema} TO ${role}, ` +
       'or run `migrate` once with a DATABASE_URL whose role may, and this one after it',
@@ -349,7 +366,7 @@ function requireNoNewerMigrations(applied: AppliedMigrations): void {
   const unknown = [...applied.names].filter((name) => !Object.hasOwn(migrations, name))
   if (unknown.length === 0) return
   const one = unknown.length === 1
-  throw new Error(
+  throw new MigrationRefusal(
     `this database was migrated by a newer build of the service: ${unknown.join(', ')} ${one ? 'is' : 'are'} applied, and this build ` +
       `does not have ${one ? 'it' : 'them'}: run that build or a later one, or restore the database from before ${one ? 'it' : 'them'}`,
   )
@@ -362,7 +379,7 @@ async function requireUtf8(db: Kysely<Database>): Promise<void> {
   const { rows } = await sql<{ encoding: string }>`select current_setting('server_encoding') as encoding`.execute(db)
   const encoding = rows[0]?.encoding ?? 'unknown'
   if (encoding === 'UTF8') return
-  throw new Error(
+  throw new MigrationRefusal(
     `the database's encoding is ${encoding}, where the platform's deliveries are UTF-8 (one with a character ${encoding} lacks could not be stored): ` +
       "give DATABASE_URL a database made with CREATE DATABASE … ENCODING 'UTF8' TEMPLATE template0",
   )
