@@ -302,6 +302,46 @@ describe('limits of the public listener', () => {
     }
   })
 
+  it('gives back at once the budget of a pipelined chunked request the parser refused part-way through its body, and answers the one ahead', async () => {
+    const { own, ownMetric, ownPort } = await startOwnService({ MAX_INFLIGHT_BODY_BYTES: '256kb' })
+    const inflight = () => ownMetric(/^http_inflight_body_bytes (\d+)/m)
+    const body = JSON.stringify({ trade_id: 'tr_chunk-1', status: 'funded', external_reference: 'chunk-1' })
+    try {
+      // the embedded database's one connection, held: the first request's answer waits for it
+      const letGo = holdDatabase(own)
+      const socket = net.connect(ownPort, '127.0.0.1')
+      let received = ''
+      socket.on('data', (chunk: Buffer) => (received += chunk.toString('latin1')))
+      socket.on('error', () => {})
+      const closed = once(socket, 'close')
+      try {
+        await once(socket, 'connect')
+        // a whole delivery, and pipelined behind it a chunked one's first 100 KB chunk
+        socket.write(
+          `POST /webhooks/partner HTTP/1.1\r\nHost: x\r\nContent-Length: ${Buffer.byteLength(body)}\r\n` +
+            `X-Partner-Signature: ${signBody(body)}\r\nX-Partner-Delivery-Id: chunk-1\r\n\r\n${body}` +
+            `POST /webhooks/partner HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n` +
+            `X-Partner-Signature: sha256=${'0'.repeat(64)}\r\n\r\n${(100 * KB).toString(16)}\r\n${'a'.repeat(100 * KB)}\r\n`,
+        )
+        await expect.poll(inflight, { timeout: 10_000 }).toBe(Buffer.byteLength(body) + 100 * KB)
+        // then a chunk size that is no number: the parser refuses the rest (HPE_INVALID_CHUNK_SIZE). The unfinished
+        // body is refused and its bytes given back while the answer ahead still waits for the database
+        socket.write('zz\r\n')
+        await expect.poll(() => ownMetric(/^webhook_deliveries_total\{outcome="rejected"\} (\d+)/m), { timeout: 10_000 }).toBe(1)
+        await expect.poll(inflight, { timeout: 10_000 }).toBe(Buffer.byteLength(body))
+      } finally {
+        await letGo()
+      }
+      // the delivery ahead is answered 200, alone, and the connection closed (the client's side too, in a moment)
+      await closed
+      expect(received.match(/HTTP\/1\.1 \d{3} /g), received).toHaveLength(1)
+      expect(received).toMatch(/^HTTP\/1\.1 200 OK\r\n[^]*\r\n\r\n\{"received":true\}$/)
+      await expect.poll(inflight, { timeout: 10_000 }).toBe(0)
+    } finally {
+      await own.stop()
+    }
+  })
+
   // found from outside: README said the 408s were counted, and nothing counted them
   it('counts a request cut off 408 at the headers timeout', async () => {
     const before = await metric(/^http_requests_refused_total\{reason="request_timeout"\} (\d+)$/m)

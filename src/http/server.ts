@@ -189,7 +189,9 @@ function answerClientError(error: Error & { code?: string }, socket: Duplex, con
     const last = connections.lastDue(socket) ?? answering
     last.shouldKeepAlive = false
     last.once('finish', () => socket.end())
-    if (error.code === 'HPE_INVALID_EOF_STATE') endUnfinished(connections.receiving(socket))
+    // the request behind it whose body was arriving when the parser stopped (the client's end, or bytes it refused: a
+    // chunk size that is no number) is refused now, its body's bytes given back
+    endUnfinished(connections.receiving(socket), error.code === 'HPE_INVALID_EOF_STATE')
     return
   }
   // data after a `Connection: close` request whose answer went out: the connection is closing, and that is no error
@@ -210,14 +212,16 @@ function answerClientError(error: Error & { code?: string }, socket: Duplex, con
 }
 
 /**
- * Ends the request whose body was still arriving when its client's end came, behind an answer still being made. Node
- * ends such a request only when the connection closes, after that answer, and until then its body reader held the
- * body, and its bytes in the in-flight budget (test/limits.test.ts). The reader listens for the request's errors
- * while it reads: it stops at this one and gives them back now. Its refusal waits behind that answer, never written.
+ * Ends the request whose body was still arriving when the parser stopped behind an answer still being made: its
+ * client's end came (`ended`), or bytes of the body's framing it refused (a chunk size that is no number). Node ends
+ * such a request only when the connection closes, after that answer, and until then its body reader held the body,
+ * and its bytes in the in-flight budget (test/limits.test.ts). The reader listens for the request's errors while it
+ * reads: it stops at this one and gives them back now. Its refusal waits behind that answer, never written.
  */
-function endUnfinished(req: http.IncomingMessage | undefined): void {
+function endUnfinished(req: http.IncomingMessage | undefined, ended: boolean): void {
   if (req !== undefined && req.listenerCount('error') > 0) {
-    req.emit('error', new AppError(400, 'invalid_payload', 'The connection ended part-way through the request body'))
+    const message = ended ? 'The connection ended part-way through the request body' : 'The request body is not valid HTTP'
+    req.emit('error', new AppError(400, 'invalid_payload', message))
   }
 }
 
