@@ -257,6 +257,7 @@ export async function startService({
         onCut: () => metrics?.requestsRefused.inc({ reason: 'slow_connection' }),
       },
       onTimedOut: () => metrics?.requestsRefused.inc({ reason: 'request_timeout' }),
+      onBodyIncomplete: () => metrics?.requestsRefused.inc({ reason: 'body_incomplete' }),
     })
     // half of SHUTDOWN_TIMEOUT_MS for requests in flight (after the drain delay; the poller and the
     // dispatcher stop from the signal on), the rest for stopping the parts after it

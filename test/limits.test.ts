@@ -288,6 +288,7 @@ describe('limits of the public listener', () => {
         // the answer ahead still waits for the database (they were held until that answer went out)
         socket.end()
         await expect.poll(() => ownMetric(/^webhook_deliveries_total\{outcome="rejected"\} (\d+)/m), { timeout: 10_000 }).toBe(1)
+        expect(await ownMetric(/^http_requests_refused_total\{reason="body_incomplete"\} (\d+)/m)).toBe(1)
         await expect.poll(inflight, { timeout: 10_000 }).toBe(Buffer.byteLength(body))
       } finally {
         await letGo()
@@ -340,6 +341,41 @@ describe('limits of the public listener', () => {
     } finally {
       await own.stop()
     }
+  })
+
+  // it was answered 400 invalid_payload "The request is not valid HTTP", though it was only unfinished
+  it('answers 400 body_incomplete, and counts, a request whose client ended its side part-way through the body', async () => {
+    const counted = () => metric(/^http_requests_refused_total\{reason="body_incomplete"\} (\d+)$/m)
+    const before = await counted()
+    const cutShort = async (framing: string, sent: string) => {
+      const socket = net.connect(port, '127.0.0.1')
+      let answer = ''
+      socket.on('data', (chunk: Buffer) => (answer += chunk.toString('latin1')))
+      socket.on('error', () => {})
+      const closed = once(socket, 'close')
+      await once(socket, 'connect')
+      socket.write(`POST /webhooks/partner HTTP/1.1\r\nHost: x\r\n${framing}\r\nX-Partner-Signature: sha256=${'0'.repeat(64)}\r\n\r\n${sent}`)
+      // the body's bytes are in (counted in the budget) before the client's end comes
+      await expect.poll(() => metric(/^http_inflight_body_bytes (\d+)/m), { timeout: 10_000 }).toBeGreaterThan(0)
+      socket.end()
+      await closed
+      const [head = '', body] = answer.split('\r\n\r\n')
+      return { head, body: JSON.parse(body ?? 'null') as unknown }
+    }
+
+    const announced = await cutShort('Content-Length: 1000', '0123456789')
+    expect(announced.head).toMatch(/^HTTP\/1\.1 400 Bad Request\r\n/)
+    expect(announced.head).toMatch(/\r\nConnection: close(\r\n|$)/i)
+    expect(announced.body).toEqual({ error: { code: 'body_incomplete', message: 'The request ended before its body did: 10 of 1000 bytes' } })
+
+    const chunked = await cutShort('Transfer-Encoding: chunked', 'a\r\n0123456789\r\n')
+    expect(chunked.head).toMatch(/^HTTP\/1\.1 400 Bad Request\r\n/)
+    expect(chunked.body).toEqual({
+      error: { code: 'body_incomplete', message: 'The request ended before its body did: 10 bytes of a chunked body, and not its last chunk' },
+    })
+
+    expect(await counted()).toBe(before + 2)
+    await expect.poll(() => metric(/^http_inflight_body_bytes (\d+)/m), { timeout: 10_000 }).toBe(0)
   })
 
   // found from outside: README said the 408s were counted, and nothing counted them

@@ -3,6 +3,7 @@
 export type ErrorCode =
   | 'invalid_signature'
   | 'payload_too_large'
+  | 'body_incomplete'
   | 'invalid_payload'
   | 'unsupported_media_type'
   | 'unsupported_transfer_coding'

@@ -17,6 +17,18 @@ const BODY_ERROR_CODES: Partial<Record<number, ErrorCode>> = {
 }
 
 /**
+ * raw-body's refusal of a body whose client's end came before the body did (`request.aborted`: the listener says so
+ * at that end, server.ts) as 400 `body_incomplete`, saying how much came; undefined for any other error. It was
+ * answered 400 "The request is not valid HTTP", though the request was only unfinished.
+ */
+export function incompleteBody(error: unknown): AppError | undefined {
+  const { type, received, expected } = (error ?? {}) as { type?: unknown; received?: unknown; expected?: unknown }
+  if (type !== 'request.aborted' || typeof received !== 'number') return undefined
+  const came = typeof expected === 'number' ? `${received} of ${expected} bytes` : `${received} bytes of a chunked body, and not its last chunk`
+  return new AppError(400, 'body_incomplete', `The request ended before its body did: ${came}`)
+}
+
+/**
  * What an error is answered with: {"error":{"code","message"}}, never a stack trace in the body. Logs the
  * errors an operator must see (the database's, and anything unexpected: a 500).
  */
@@ -51,6 +63,8 @@ function bodyParserRefusal(error: unknown): { status: number; body: ErrorBody } 
   if (typeof type !== 'string' || typeof status !== 'number' || status < 400 || status >= 500) return undefined
   // a form of more fields than its parser's parameterLimit: body-parser's 413, though the form may be small
   if (type === 'parameters.too.many') return { status: 400, body: errorBody('invalid_payload', 'The form has too many fields') }
+  const incomplete = incompleteBody(error)
+  if (incomplete) return { status: incomplete.status, body: errorBody(incomplete.code, incomplete.message) }
   return { status, body: errorBody(BODY_ERROR_CODES[status] ?? 'invalid_payload', (error as Error).message) }
 }
 

@@ -38,6 +38,7 @@ export async function listen(
     connectionCap,
     settings = { port: 'PORT', host: 'HOST' },
     onTimedOut,
+    onBodyIncomplete,
   }: {
     port: number
     host: string
@@ -51,6 +52,8 @@ export async function listen(
     settings?: { port: string; host: string }
     /** A request cut off at headersTimeout or requestTimeout, answered 408 (the public listener counts it). */
     onTimedOut?: () => void
+    /** A request whose client's end came part-way through its body, refused 400 `body_incomplete` (counted likewise). */
+    onBodyIncomplete?: () => void
   },
 ): Promise<RunningServer> {
   const server = http.createServer({
@@ -88,7 +91,7 @@ export async function listen(
   })
   server.on('clientError', (error: Error & { code?: string }, socket: Duplex) => {
     if (error.code === 'ERR_HTTP_REQUEST_TIMEOUT') onTimedOut?.()
-    answerClientError(error, socket, connections)
+    answerClientError(error, socket, connections, onBodyIncomplete)
   })
   // neither listener is a proxy (Node closed a CONNECT's connection without a word)
   server.on('connect', (_req: http.IncomingMessage, socket: Duplex) =>
@@ -171,7 +174,12 @@ function hostHeaders(rawHeaders: string[]): number {
 
 // Requests Node's parser refuses before the app sees them (headers over 16 KB, malformed HTTP, a client
 // too slow to finish) still get the one error shape, then the connection is closed.
-function answerClientError(error: Error & { code?: string }, socket: Duplex, connections: OpenConnections): void {
+function answerClientError(
+  error: Error & { code?: string },
+  socket: Duplex,
+  connections: OpenConnections,
+  onBodyIncomplete: (() => void) | undefined,
+): void {
   if (error.code === 'ECONNRESET' || !socket.writable) {
     socket.destroy()
     return
@@ -191,7 +199,17 @@ function answerClientError(error: Error & { code?: string }, socket: Duplex, con
     last.once('finish', () => socket.end())
     // the request behind it whose body was arriving when the parser stopped (the client's end, or bytes it refused: a
     // chunk size that is no number) is refused now, its body's bytes given back
-    endUnfinished(connections.receiving(socket), error.code === 'HPE_INVALID_EOF_STATE')
+    const unfinished = connections.receiving(socket)
+    if (unfinished === undefined) return
+    if (error.code !== 'HPE_INVALID_EOF_STATE') endUnfinished(unfinished)
+    else if (endIncomplete(unfinished)) onBodyIncomplete?.()
+    return
+  }
+  // the client's end part-way through the body of the request being received, no answer ahead of it: it was only
+  // unfinished, not HTTP that could not be read (it was answered 400 "The request is not valid HTTP")
+  if (error.code === 'HPE_INVALID_EOF_STATE' && answering && !answering.headersSent && answering.req === connections.receiving(socket)) {
+    onBodyIncomplete?.()
+    refuseIncomplete(answering)
     return
   }
   // data after a `Connection: close` request whose answer went out: the connection is closing, and that is no error
@@ -212,17 +230,39 @@ function answerClientError(error: Error & { code?: string }, socket: Duplex, con
 }
 
 /**
- * Ends the request whose body was still arriving when the parser stopped behind an answer still being made: its
- * client's end came (`ended`), or bytes of the body's framing it refused (a chunk size that is no number). Node ends
- * such a request only when the connection closes, after that answer, and until then its body reader held the body,
- * and its bytes in the in-flight budget (test/limits.test.ts). The reader listens for the request's errors while it
- * reads: it stops at this one and gives them back now. Its refusal waits behind that answer, never written.
+ * Ends the request whose body was still arriving when the parser refused bytes of its framing (a chunk size that is no
+ * number) behind an answer still being made. Node ends such a request only when the connection closes, after that
+ * answer, and until then its body reader held the body, and its bytes in the in-flight budget (test/limits.test.ts).
+ * The reader listens for the request's errors while it reads: it stops at this one and gives them back now. Its
+ * refusal waits behind that answer, never written.
  */
-function endUnfinished(req: http.IncomingMessage | undefined, ended: boolean): void {
-  if (req !== undefined && req.listenerCount('error') > 0) {
-    const message = ended ? 'The connection ended part-way through the request body' : 'The request body is not valid HTTP'
-    req.emit('error', new AppError(400, 'invalid_payload', message))
-  }
+function endUnfinished(req: http.IncomingMessage): void {
+  if (req.listenerCount('error') > 0) req.emit('error', new AppError(400, 'invalid_payload', 'The request body is not valid HTTP'))
+}
+
+/**
+ * Ends the request whose client's end came part-way through its body, as Node does only once the connection closes:
+ * its body reader (raw-body) stops at the request's 'aborted', gives back its bytes in the in-flight budget, and
+ * refuses it 400 `body_incomplete` saying how much came (error-handler.ts). False when nothing reads the body.
+ */
+function endIncomplete(req: http.IncomingMessage): boolean {
+  if (req.listenerCount('aborted') === 0) return false
+  req.emit('aborted')
+  return true
+}
+
+/**
+ * Answers 400 `body_incomplete` the request whose client's end came part-way through its body: its body reader does
+ * (endIncomplete), in the same turn; where none did, it is answered here without the count. Either answer closes the
+ * connection: nothing more can come on it (a kept-alive one stayed open for the keep-alive timeout, 5 s, after it).
+ */
+function refuseIncomplete(res: http.ServerResponse): void {
+  res.shouldKeepAlive = false
+  endIncomplete(res.req)
+  setImmediate(() => {
+    if (res.headersSent || res.destroyed) return
+    refuseAndClose(res, 400, 'body_incomplete', 'The request ended before its body did')
+  })
 }
 
 /**

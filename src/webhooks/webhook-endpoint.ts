@@ -13,7 +13,7 @@ import { loggableError, outcomeUnknown } from '../db/database-errors.js'
 import type { DiskFullNote } from '../db/disk-full-note.js'
 import { limitLines } from '../limit-lines.js'
 import { AppError } from '../http/app-error.js'
-import { errorAnswer } from '../http/error-handler.js'
+import { errorAnswer, incompleteBody } from '../http/error-handler.js'
 import { awaitsContinue, continueReading } from '../http/expect-continue.js'
 import { admitBody, type BodyAdmission, BodyBudgetSpent, type InflightBodyBudget } from '../http/inflight-body-budget.js'
 import { writeJson } from '../http/json-answer.js'
@@ -154,7 +154,7 @@ export function webhookEndpoint(deps: WebhookEndpointDeps): WebhookEndpoint {
       if ((error as { status?: number }).status === 413) {
         throw new AppError(413, 'payload_too_large', `The body is larger than ${deps.bodyLimitBytes} bytes`)
       }
-      throw new AppError(400, 'invalid_payload', 'The body could not be read', { cause: error })
+      throw incompleteBody(error) ?? new AppError(400, 'invalid_payload', 'The body could not be read', { cause: error })
     }
     const started = process.hrtime.bigint()
     const result = await receiveWebhook(receiveDeps, { deliveryId, signature: typeof signature === 'string' ? signature : undefined, rawBody })
