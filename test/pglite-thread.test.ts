@@ -2,9 +2,6 @@
 // as PGlite gave it (rows, errors with their SQLSTATE, notifications, a dump), transactions commit or roll
 // back as Kysely's dialect asks, the serving thread runs while the database works, and a thread that stops
 // fails every statement as "unavailable" instead of leaving it waiting.
-import { mkdtempSync, readFileSync, rmSync } from 'node:fs'
-import { tmpdir } from 'node:os'
-import path from 'node:path'
 import { setTimeout as delay } from 'node:timers/promises'
 import { Kysely, PGliteDialect, sql } from 'kysely'
 import { afterEach, describe, expect, it } from 'vitest'
@@ -185,34 +182,6 @@ describe('PGlite on its own thread', () => {
     const { rows } = await db.query<{ n: number }>('select 1 as n', [], { rowMode: 'object' })
     expect(rows).toEqual([{ n: 1 }])
     expect(db.closed).toBe(false)
-  })
-
-  it('initialises a new database on a thread of its own, closed before the serving thread starts, and serves it there', async () => {
-    const directory = mkdtempSync(path.join(tmpdir(), 'pglite-apart-'))
-    const threads = path.join(directory, 'threads.log')
-    const location = path.join(directory, 'pglite')
-    process.env.COUNTED_PGLITE_THREADS = threads
-    try {
-      const script = new URL('./helpers/counted-pglite-worker.mjs', import.meta.url)
-      const first = start({ location, template: undefined, initialiseApart: true, script })
-      await first.query('create table kept (n int)')
-      await first.query('insert into kept values (7)')
-      const starts = () => readFileSync(threads, 'utf8').trim().split('\n')
-      // the initialising thread, then the serving one: a thread of its own, which serves the new database
-      expect(starts()).toHaveLength(2)
-      const [initialising, serving] = starts()
-      expect(serving).not.toBe(initialising)
-      await first.close()
-      // a later start opens what the first made, on one thread
-      const again = start({ location, template: undefined, script })
-      const { rows } = await again.query<{ n: number }>('select n from kept', [], { rowMode: 'object' })
-      expect(rows).toEqual([{ n: 7 }])
-      expect(starts()).toHaveLength(3)
-      await again.close()
-    } finally {
-      delete process.env.COUNTED_PGLITE_THREADS
-      rmSync(directory, { recursive: true, force: true })
-    }
   })
 
   it('rejects the start when the template is not a data directory, and every call after it with the same reason', async () => {

@@ -566,8 +566,6 @@ function openPglite({ dataDir = 'memory://', logger, pgliteTemplate, lockWaitMs 
     // database is local mode's and the tests', with data measured in megabytes (bench/local-memory.ts)
     startParams: ['-c', `shared_buffers=${PGLITE_SHARED_BUFFERS}`],
     shortRun,
-    // a service's first start: what initialising took is not kept for the service's life (a short command ends soon)
-    initialiseApart: !inMemory && !shortRun && pgliteTemplate === undefined && !embeddedDatabaseExists(dataDir),
     logger,
   })
   // PGlite unpacks a new database with its own modes (0666), past the umask: tighten once it is ready

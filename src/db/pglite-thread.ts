@@ -82,8 +82,6 @@ export interface PgliteThreadOptions {
   logger?: Logger | undefined
   /** Opened for one short command, not for the service: see compileForShortRuns. */
   shortRun?: boolean | undefined
-  /** A new database (no cluster at `location` yet): initialised on a thread of its own first (see start). */
-  initialiseApart?: boolean | undefined
   /** The worker's script, pglite-worker's by default (a test gives one that stops, to see what follows). */
   script?: URL | undefined
 }
@@ -215,17 +213,8 @@ export class PgliteThread {
   }
 
   private async start(): Promise<void> {
-    const { location, startParams, template, logger, script, shortRun, initialiseApart } = this.options
+    const { location, startParams, template, logger, script, shortRun } = this.options
     if (shortRun) compileForShortRuns()
-    if (initialiseApart) {
-      // Postgres's initdb grows PGlite's WebAssembly memory to what it needed, and that memory is never given
-      // back while its thread lives: a first start that initialised the database on the thread it then served
-      // from stayed hundreds of MB larger than every later start. A thread of its own initialises it and goes,
-      // with that memory; the database's thread then opens it as a later start does (bench/local-memory.ts).
-      const initialising = new PgliteThread({ location, startParams, logger, script })
-      await initialising.waitReady
-      await initialising.close()
-    }
     const templateBytes = template ? await template.arrayBuffer() : undefined
     const worker = startWorker({ location, startParams, template: templateBytes }, templateBytes ? [templateBytes] : [], script)
     this.worker = worker
