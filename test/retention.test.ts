@@ -159,6 +159,7 @@ describe('retention pass', () => {
 
     const dryRun = await runPrunePass(ahead, SETTINGS, { dryRun: true })
     expect(dryRun.counts).toMatchObject({ body: 1, delivery: 1 })
+    expect(Math.abs(dryRun.clockAheadS! - 400 * 86_400)).toBeLessThan(60)
     const result = await runPrunePass(ahead, SETTINGS)
     expect(result.counts).toMatchObject({ body: 1, delivery: 1 })
     expect(await deliveryRows(database.db)).toEqual({ 'd-001': 'body', 'd-031': 'pruned' })
@@ -177,6 +178,7 @@ describe('retention pass', () => {
     const late = await runPrunePass(behind, SETTINGS)
     expect(late.counts.delivery).toBe(0)
     expect(late.deliveriesBefore.getTime()).toBe(now - 92 * DAY)
+    expect(late.clockAheadS).toBeUndefined()
     expect(logEntries().slice(logged).filter((entry) => entry.level === 40)).toHaveLength(2)
   })
 

@@ -55,6 +55,12 @@ export function registerPruneCommand(program: Command): void {
             'Another replica is pruning now (it holds the retention lock): nothing done; try again later',
           )
         }
+        if (result.clockAheadS !== undefined) {
+          // the pass's own warning goes to the log, which a command shows from errors up only
+          writeError(
+            `this machine's clock is ${result.clockAheadS} s ahead of the database's: ages were counted by the database's clock (check this machine's clock: NTP)\n`,
+          )
+        }
         if (options.json) {
           printJson(result)
           return

@@ -86,6 +86,11 @@ export interface PruneResult {
    * taken the lock, and two passes must not run beside each other.
    */
   lockLost?: true
+  /**
+   * How far this machine's clock was ahead of the database's, in whole seconds, where that was past the warning's 60 s:
+   * the pass counted ages by the database's clock (passNow). `prune` prints it; a pass of the service logs it.
+   */
+  clockAheadS?: number
 }
 
 export interface PruneDeps {
@@ -112,16 +117,17 @@ export function retentionCutoffs(settings: Pick<RetentionSettings, 'bodyDays' | 
  * cannot be undone, so a replica whose clock ran ahead (a VM after a pause, a host without NTP) must not delete
  * what is not yet old by the database's reckoning; a clock behind only prunes a little later.
  */
-async function passNow(deps: Pick<PruneDeps, 'db' | 'clock' | 'logger'>): Promise<number> {
+async function passNow(deps: Pick<PruneDeps, 'db' | 'clock' | 'logger'>): Promise<{ now: number; clockAheadS?: number }> {
   const databaseAheadMs = await databaseClockOffsetMs(deps.db, deps.clock)
-  if (-databaseAheadMs > CLOCK_AHEAD_WARN_MS) {
-    deps.logger?.warn(
-      { aheadS: Math.round(-databaseAheadMs / 1000) },
-      "retention: this machine's clock is ahead of the database's; the pass counts ages by the database's clock (check this machine's clock: NTP)",
-    )
-  }
-  return deps.clock.now() + Math.min(0, databaseAheadMs)
+  const now = deps.clock.now() + Math.min(0, databaseAheadMs)
+  if (-databaseAheadMs <= CLOCK_AHEAD_WARN_MS) return { now }
+  const clockAheadS = Math.round(-databaseAheadMs / 1000)
+  deps.logger?.warn({ aheadS: clockAheadS }, CLOCK_AHEAD_MESSAGE)
+  return { now, clockAheadS }
 }
+
+export const CLOCK_AHEAD_MESSAGE =
+  "retention: this machine's clock is ahead of the database's; the pass counts ages by the database's clock (check this machine's clock: NTP)"
 
 /**
  * One pruning pass. In a dry run it only counts what a pass would prune now (no lock, no change).
@@ -135,8 +141,8 @@ export async function runPrunePass(
   if (!Number.isInteger(settings.batchSize) || settings.batchSize < 1) {
     throw new RangeError(`retention batch size must be a positive integer, not ${settings.batchSize}`)
   }
-  const now = await passNow(deps)
-  const cutoffs = retentionCutoffs(settings, now)
+  const { now, clockAheadS } = await passNow(deps)
+  const cutoffs = { ...retentionCutoffs(settings, now), ...(clockAheadS === undefined ? {} : { clockAheadS }) }
   const notRun = { ran: false, dryRun, counts: { body: 0, delivery: 0, reaction_job: 0, reconcile_run: 0 }, ...cutoffs, interrupted: false }
   if (dryRun) {
     // a dry run changes nothing, but says whether another replica holds the lock now (a pass stuck behind
@@ -183,7 +189,7 @@ async function prune(
   deps: PruneDeps,
   db: Kysely<Database>,
   settings: RetentionSettings,
-  cutoffs: ReturnType<typeof retentionCutoffs>,
+  cutoffs: ReturnType<typeof retentionCutoffs> & Pick<PruneResult, 'clockAheadS'>,
   now: Date,
   signal: AbortSignal | undefined,
 ): Promise<PruneResult> {
