@@ -18,6 +18,7 @@ import { type Clock, systemClock } from './clock.js'
 import type { Config } from './config.js'
 import { type DatabaseHandle, embeddedDatabaseExists, openDatabase } from './db/open-database.js'
 import { databaseClockOffsetMs, pingDatabase } from './db/ping-database.js'
+import { createClockGuard } from './db/clock-guard.js'
 import { reactionChannel } from './db/reaction-channel.js'
 import { prepareDatabase } from './db/prepare-database.js'
 import { checkStatementTimeout } from './db/statement-timeout.js'
@@ -356,8 +357,21 @@ export async function startService({
       ...(sandboxUrl ? { baseUrl: sandboxUrl } : {}),
       ...(metrics ? { onClockOffset: metrics.partnerApiHooks.onClockOffset } : {}),
     })
+    // no lease nor due time written by a clock far from the database's: the poller's and the dispatcher's claims ask
+    // it first (db/clock-guard.ts), measured against the clock they write with
+    const clockGuard = createClockGuard({ db: database.db, clock, logger, onRefused: (loop) => metrics?.clockOffsetRefused.inc({ loop }) })
     const pollerOf = (replica: string, hooks = {}) =>
-      createPoller({ db: database.db, fetcher, clock, random, logger, settings: pollerSettings(config.poll, observation, config.partner), replica, ...hooks })
+      createPoller({
+        db: database.db,
+        fetcher,
+        clock,
+        random,
+        logger,
+        settings: pollerSettings(config.poll, observation, config.partner),
+        replica,
+        clockGuard,
+        ...hooks,
+      })
     consoleActions.reconcileOnce = () => pollerOf(`console:${hostname()}:${process.pid}`).runOnce()
     let poller: Poller | undefined
     let pruner: Pruner | undefined
@@ -391,6 +405,7 @@ export async function startService({
           streams: reactions,
           clock,
           logger,
+          clockGuard,
           listen: (channel, onNotify) =>
             database.listen(channel, (payload) => {
               if (payload !== notifyToken) onNotify()

@@ -20,7 +20,7 @@ import { scriptedFetch } from './helpers/partner-api-fake-fetch.js'
 import { tradeRecord } from './helpers/partner-api-fixtures.js'
 import { type RecordingServer, startRecordingServer } from './helpers/partner-api-recording-server.js'
 import { insertOrders, orderByReference } from './helpers/reconcile-orders.js'
-import { eventually, pollerSleeps, SERVICE_POLL_INTERVAL_MS } from './helpers/reconcile-poller.js'
+import { eventually } from './helpers/reconcile-poller.js'
 import { TEST_API_KEY_ID, TEST_API_SECRET, TEST_WEBHOOK_SECRET, testConfig } from './helpers/test-config.js'
 import { createTestDatabase, postgresUrl, type TestDatabase } from './helpers/test-database.js'
 import { startTestService } from './helpers/test-service.js'
@@ -56,6 +56,10 @@ async function refusal(call: Promise<unknown>): Promise<PartnerApiError> {
 
 // a signature is 64 hex digits; none may reach a message
 const SIGNATURE = /[0-9a-f]{64}/
+
+// the service's poll interval here: two advances of it span 46 s, within the clock guard's ±30 s from one behind
+const POLL_INTERVAL_MS = 23_000
+const intervalSleeps = (clock: FakeClock) => clock.sleeps.filter((ms) => ms === POLL_INTERVAL_MS).length
 
 describe('measureClockOffset', () => {
   const now = Date.parse('2026-03-01T12:00:00.300Z')
@@ -359,8 +363,10 @@ describe('the offset kept: the run record, reconcile --report, the console and /
   })
 
   it("stores the offset of a refused run, says it in words, and gauges every answer's Date", async () => {
-    // 400 ms past a whole second, as a real clock mostly is: the Date header's cut to the second then reads exactly
-    const clock = new FakeClock(Date.parse('2026-01-01T00:00:00.400Z'))
+    // 400 ms past a whole second, as a real clock mostly is: the Date header's cut to the second then reads exactly.
+    // one poll interval behind the database's clock, so the two advances of it below (23 s each) stay within the
+    // 30 s the clock guard allows (src/db/clock-guard.ts): a service's clock far from its database's takes no claim
+    const clock = new FakeClock(Math.floor(Date.now() / 1000) * 1000 - POLL_INTERVAL_MS + 400)
     const dateIn = (offsetS: number) => new Date(clock.now() + offsetS * 1000).toUTCString()
     platform = await startRecordingServer({
       secret: TEST_API_SECRET,
@@ -374,7 +380,7 @@ describe('the offset kept: the run record, reconcile --report, the console and /
     const config = testConfig({
       PARTNER_API_BASE_URL: platform.url,
       PORT: '0',
-      POLL_INTERVAL_S: String(SERVICE_POLL_INTERVAL_MS / 1000),
+      POLL_INTERVAL_S: String(POLL_INTERVAL_MS / 1000),
       ADMIN_TOKEN,
       ...(database ? { DATABASE_URL: database.url! } : { DATA_DIR: 'memory://' }),
     })
@@ -384,16 +390,16 @@ describe('the offset kept: the run record, reconcile --report, the console and /
     const scrape = async () => (await fetch(`${service!.adminUrl}/metrics`)).text()
     // no answer read yet: no sample, rather than a made-up 0
     expect(await scrape()).not.toMatch(/^partner_api_clock_offset_seconds /m)
-    await eventually(() => pollerSleeps(clock) === 1, 'the first cycle is over')
+    await eventually(() => intervalSleeps(clock) === 1, 'the first cycle is over')
 
     await insertOrders(db, [{ externalReference: 'clock-ok', tradeId: 'tr_clock-ok', nextPollAt: new Date(clock.now() - 1_000) }])
-    await clock.advance(SERVICE_POLL_INTERVAL_MS)
+    await clock.advance(POLL_INTERVAL_MS)
     await eventually(async () => /^partner_api_clock_offset_seconds -3$/m.test(await scrape()), 'the 200 is gauged')
     // the gauge moves mid-cycle: time moved before the poller sleeps again would never wake it
-    await eventually(() => pollerSleeps(clock) === 2, 'the second cycle is over')
+    await eventually(() => intervalSleeps(clock) === 2, 'the second cycle is over')
 
     await insertOrders(db, [{ externalReference: 'clock-refused', tradeId: 'tr_clock-refused', nextPollAt: new Date(clock.now() - 1_000) }])
-    await clock.advance(SERVICE_POLL_INTERVAL_MS)
+    await clock.advance(POLL_INTERVAL_MS)
     const refused = async () =>
       db.selectFrom('reconcileRuns').selectAll().where('stoppedReason', '=', 'unauthorized').executeTakeFirst()
     await eventually(async () => (await refused())?.finishedAt != null, 'the refused run is recorded')

@@ -10,6 +10,9 @@ import { eventually, pollerSleeps, SERVICE_POLL_INTERVAL_MS } from './helpers/re
 import { TEST_API_SECRET, TEST_WEBHOOK_SECRET, testConfig } from './helpers/test-config.js'
 import { startTestService } from './helpers/test-service.js'
 
+/** 20 s behind the machine's (and the database's) time, on a whole second: an advance of the interval stays within the clock guard's bound. */
+const nearDatabaseTime = () => Math.floor(Date.now() / 1000) * 1000 - 20_000
+
 describe('the poller in the service', () => {
   let service: RunningService | undefined
   let platform: RecordingServer | undefined
@@ -25,7 +28,9 @@ describe('the poller in the service', () => {
       secret: TEST_API_SECRET,
       answer: () => ({ status: 200, body: tradeRecord({ trade_id: 'tr_svc-1', status: 'delivered', external_reference: 'svc-1' }) }),
     })
-    const clock = new FakeClock()
+    // a whole second 20 s behind the database's clock: one advance of the interval leaves it within the 30 s the
+    // clock guard allows (src/db/clock-guard.ts), as a service's clock far from its database's takes no claim
+    const clock = new FakeClock(nearDatabaseTime())
     const logger = testLogger([TEST_API_SECRET, TEST_WEBHOOK_SECRET])
     const config = testConfig({ PARTNER_API_BASE_URL: platform.url, PORT: '0', POLL_INTERVAL_S: String(SERVICE_POLL_INTERVAL_MS / 1000) })
     service = await startTestService({ config, logger, clock })
@@ -79,7 +84,7 @@ describe('the poller in the service', () => {
       secret: TEST_API_SECRET,
       answer: () => ({ status: 200, body: tradeRecord({ trade_id: 'tr_svc-long', status: 'x'.repeat(3_000), external_reference: 'svc-long' }) }),
     })
-    const clock = new FakeClock()
+    const clock = new FakeClock(nearDatabaseTime())
     const config = testConfig({ PARTNER_API_BASE_URL: platform.url, PORT: '0', POLL_INTERVAL_S: String(SERVICE_POLL_INTERVAL_MS / 1000) })
     service = await startTestService({ config, logger: testLogger([TEST_API_SECRET, TEST_WEBHOOK_SECRET]), clock })
     await service.ready

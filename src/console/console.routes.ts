@@ -25,7 +25,7 @@ import type { ObservationSettings } from '../orders/apply-observation.js'
 import { countOrdersNeedingAttention, findOrderById, findOrderByExternalReference, orderHistory, searchOrders } from '../orders/order.repository.js'
 import { countDueOrders, countLeasedDue, requeueOrders } from '../orders/poll-schedule.repository.js'
 import { isJobId } from '../reactions/job-id.js'
-import type { RunSummary } from '../reconcile/poller.js'
+import { ClockOffError, type RunSummary } from '../reconcile/poller.js'
 import { listRuns, reportedRun } from '../reconcile/reconcile-run.repository.js'
 import {
   countFailedJobsByHandler,
@@ -927,7 +927,14 @@ export function consoleRoutes(deps: ConsoleDeps): Router {
     if (previous) return send(res, resultPage(operator, 'Reconcile', previous, true))
     // the due orders the claim will leave to another poller's lease, counted before it as reconcile --once counts them
     const leased = deps.reconcileOnce ? await countLeasedDue(db, new Date(clock.now()), deps.observation.partnerEnv) : undefined
-    const summary = await deps.reconcileOnce?.()
+    let summary: RunSummary | undefined
+    try {
+      summary = await deps.reconcileOnce?.()
+    } catch (error) {
+      // this machine's clock far from the database's: no claim is made by it (db/clock-guard.ts)
+      if (error instanceof ClockOffError) return send(res, messagePage('Reconcile', operator, error.message), 503)
+      throw error
+    }
     if (!summary) return send(res, messagePage('Reconcile', operator, 'Not available until the service is ready; try again shortly.'), 503)
     const record = remember(actionId, operator, 'run one reconcile cycle', cycleResult(summary, leased))
     await send(res, resultPage(operator, 'Reconcile', record, false, html`<p><a href="${consolePath()}/reconcile">Back to the runs</a></p>`))

@@ -5,6 +5,7 @@ import { Counter, collectDefaultMetrics, Gauge, Histogram, Registry } from 'prom
 import { droppedLogLines } from '../logger.js'
 import type { Clock } from '../clock.js'
 import type { DatabaseState } from '../db/ping-database.js'
+import { GUARDED_LOOPS } from '../db/clock-guard.js'
 import { ATTENTION_FLAGS } from '../orders/poll-schedule.repository.js'
 import type { AttemptResult } from '../reactions/dispatcher-settings.js'
 import { OUTAGE_MS } from '../reactions/recovery-watch.js'
@@ -100,6 +101,8 @@ export interface Metrics {
   readonly requestsRefused: Counter<'reason'>
   /** Operator console: tokens refused, by how they came and why (src/console/login-throttle.ts). */
   readonly consoleAuthRefused: Counter<'via' | 'reason'>
+  /** Claims and stream reads not made while this replica's clock was far from the database's (db/clock-guard.ts). */
+  readonly clockOffsetRefused: Counter<'loop'>
   /**
    * Body bytes reserved by requests being read or held now (MAX_INFLIGHT_BODY_BYTES is the cap): a plain
    * sum, read into the gauge when scraped (two gauge updates per request cost more than the scrape).
@@ -199,6 +202,13 @@ export function createMetrics(
   for (const reason of ['body_budget', 'slow_body', 'slow_connection', 'max_connections', 'storage_low', 'request_timeout', 'body_incomplete']) {
     requestsRefused.inc({ reason }, 0)
   }
+  const clockOffsetRefused = new Counter({
+    name: 'clock_offset_refused_total',
+    help: "Claims (poller, reaction_jobs) and stream reads (reaction_streams) not made because this replica's clock was more than 30 s from the database's: no lease or due time is written by it until it is back within the bound",
+    labelNames: ['loop'] as const,
+    registers: [registry],
+  })
+  for (const loop of GUARDED_LOOPS) clockOffsetRefused.inc({ loop }, 0)
   // every label pair at 0: an alert on its rate starts from a series, not from none
   const consoleAuthRefused = new Counter({
     name: 'console_auth_refused_total',
@@ -455,6 +465,7 @@ export function createMetrics(
     pollResults,
     requestsRefused,
     consoleAuthRefused,
+    clockOffsetRefused,
     inflightBodyBytes,
     partnerApiHooks: {
       onClockOffset: (offsetS) => {

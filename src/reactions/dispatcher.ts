@@ -51,6 +51,7 @@ import { createSlots, type Slots } from './handler-slots.js'
 import { planRetry, triesAgain } from './plan-retry.js'
 import { createRecoveryWatch } from './recovery-watch.js'
 import { createStreamWorker, type StreamWorker } from './stream-worker.js'
+import { CLOCK_RECHECK_MS, type ClockGuard } from '../db/clock-guard.js'
 
 // Under load one claim takes up to this many times REACTION_CONCURRENCY jobs (less those it holds): the
 // jobs beyond the free slots wait here, in claim order, and start as handlers return. Fewer, bigger claims
@@ -106,6 +107,12 @@ export interface DispatcherDeps {
   onPulledForward?: (handler: string, jobs: number) => void
   /** The stored positions' look (POSITIONS_CHECK_MS): how many ids the largest is ahead of the server's counter, 0 when none. */
   onPositionsAhead?: (aheadBy: number) => void
+  /**
+   * Asked before each claim and each stream read: while this machine's clock is far from the database's the job loop
+   * claims nothing and the streams take no lease (one held is given back), looking again every CLOCK_RECHECK_MS
+   * (db/clock-guard.ts). The service passes one.
+   */
+  clockGuard?: ClockGuard | undefined
 }
 
 export interface Dispatcher {
@@ -588,6 +595,16 @@ export function createDispatcher(deps: DispatcherDeps): Dispatcher {
       let delayMs = settings.safetyIntervalMs
       let wallClock = false
       try {
+        if (deps.clockGuard && !(await deps.clockGuard.allows('reaction_streams'))) {
+          // no lease taken or renewed by this clock; one held is given back (its handed-off calls finish first), so
+          // another replica reads the stream at once rather than when the lease this clock wrote ends
+          if (worker.leased) {
+            await worker.settled()
+            await worker.release()
+          }
+          await waker.sleep(CLOCK_RECHECK_MS, signal, true)
+          continue
+        }
         const { full, read, readAgainInMs, withheld, heldUntil, otherTypes } = await worker.batch(signal)
         failures = 0
         if (otherTypes !== undefined && !leftToOthers.has(worker.name)) {
@@ -653,6 +670,11 @@ export function createDispatcher(deps: DispatcherDeps): Dispatcher {
         }
         // (a handler without slots yet, e.g. a removed one whose jobs fail at once, is claimed with the others)
         claimSkipped = skipHandlers.length > 0
+        if (free > 0 && deps.clockGuard && !(await deps.clockGuard.allows('reaction_jobs'))) {
+          // no claim by this clock: looked at again on the machine's timer (the clock is the one not to trust)
+          await jobWaker.sleep(CLOCK_RECHECK_MS, signal, true)
+          continue
+        }
         if (free > 0) {
           const now = new Date(clock.now())
           const { jobs, nextRunAt: nextAfterClaim } = await claimReactionJobsAndNext(db, {

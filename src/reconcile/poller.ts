@@ -20,6 +20,7 @@ import type { PollResult, TradeFetcher } from './poll-order.js'
 import { countDueOrders, type DueOrderStats } from '../orders/poll-schedule.repository.js'
 import { CycleFailedError, type RunSummary, runReconcileCycle } from './reconcile-cycle.js'
 import { finishRun } from './reconcile-run.repository.js'
+import { type ClockGuard, clockOffMessage } from '../db/clock-guard.js'
 
 export type { PollResult, PollResultKind, TradeFetcher } from './poll-order.js'
 export { POLL_RESULTS } from './poll-order.js'
@@ -112,6 +113,20 @@ export interface PollerDeps {
   onPollResult?: (result: PollResult) => void
   /** Called after every cycle that finished (empty ones too): the metrics hook that shows the loop is alive. */
   onCycle?: (summary: RunSummary) => void
+  /**
+   * Asked before each cycle: while this machine's clock is far from the database's no cycle runs (no claim, no run
+   * recorded) and runOnce rejects with ClockOffError (db/clock-guard.ts). The service passes one.
+   */
+  clockGuard?: ClockGuard | undefined
+}
+
+/** runOnce's refusal while this machine's clock is far from the database's (db/clock-guard.ts). */
+export class ClockOffError extends Error {
+  readonly code = 'clock_offset'
+  constructor(readonly offsetMs: number) {
+    super(clockOffMessage(offsetMs))
+    this.name = 'ClockOffError'
+  }
 }
 
 export interface Poller {
@@ -146,6 +161,7 @@ export function createPoller(deps: PollerDeps): Poller {
     }
   }
   const runCycle = async (options: { signal: AbortSignal; recordEmpty?: boolean }) => {
+    if (deps.clockGuard && !(await deps.clockGuard.allows('poller'))) throw new ClockOffError(deps.clockGuard.offsetMs ?? 0)
     await finishUnfinishedRuns()
     let summary: RunSummary
     try {
@@ -199,8 +215,9 @@ export function createPoller(deps: PollerDeps): Poller {
         inARow.throttled = summary.throttledUntil ? inARow.throttled + 1 : 0
         inARow.failing = summary.stoppedReason === 'platform_failing' ? inARow.failing + 1 : 0
       } catch (error) {
+        // this machine's clock far from the database's: the guard said so once; looked at again after the interval
         // the database is down or refused: nothing is lost, claims not written back come due after the lease
-        logger.warn({ err: error }, 'reconcile cycle failed; trying again after the poll interval')
+        if (!(error instanceof ClockOffError)) logger.warn({ err: error }, 'reconcile cycle failed; trying again after the poll interval')
       }
       if (signal.aborted) break
       const delayMs = sleepAfter(summary, inARow)
