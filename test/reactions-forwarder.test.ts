@@ -6,7 +6,7 @@ import { getEventListeners } from 'node:events'
 import http from 'node:http'
 import type { AddressInfo } from 'node:net'
 import { Webhook, WebhookVerificationError } from 'standardwebhooks'
-import { afterEach, describe, expect, it } from 'vitest'
+import { afterEach, describe, expect, it, vi } from 'vitest'
 import {
   createForwarder,
   decodeWebhookSecret,
@@ -436,6 +436,29 @@ describe('the forwarder', () => {
     const error = await failureOf(forward(event, context()))
     expect(error).toMatchObject({ code: 'forward_timeout' })
     expect(error.message).toContain('200 ms')
+  })
+
+  // found by an outside review: with the deadlines on the wall clock, a clock stepped back 120 s while two calls
+  // waited on a hung receiver made them time out after 130 s instead of 10 s
+  it('times out at its deadline when the wall clock is stepped back during the attempts', async () => {
+    const target = await receiver(() => 'hang')
+    const forward = createForwarder({ url: target.url, secret: SECRET, timeoutMs: 1_000 })
+    const started = performance.now()
+    const attempts = [1, 2].map((sequence) => failureOf(forward({ ...event, sequence }, context())))
+    await target.waitFor(2)
+    const realNow = Date.now.bind(Date)
+    const stepped = vi.spyOn(Date, 'now').mockImplementation(() => realNow() - 120_000)
+    try {
+      const outcome = await Promise.race([
+        Promise.all(attempts),
+        new Promise<'still waiting'>((resolve) => setTimeout(() => resolve('still waiting'), 5_000)),
+      ])
+      expect(outcome, 'both attempts time out within their 1 s, not 121 s').not.toBe('still waiting')
+      for (const error of outcome as ForwardError[]) expect(error).toMatchObject({ code: 'forward_timeout' })
+      expect(performance.now() - started).toBeLessThan(5_000)
+    } finally {
+      stepped.mockRestore()
+    }
   })
 
   it('stops when the handler’s signal is aborted (lease ended, shutdown)', async () => {

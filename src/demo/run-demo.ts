@@ -189,7 +189,7 @@ export async function runDemo({
       })
     // the poller below runs STALE_AFTER_S ahead (see `later`), and the jobs of what it applies are due at
     // its time: the dispatcher keeps that time from the start, so every job is due when it is enqueued
-    const later: Clock = { now: () => Date.now() + (config.poll.staleAfterS + 1) * 1000, sleep: clock.sleep }
+    const later: Clock = { now: () => Date.now() + (config.poll.staleAfterS + 1) * 1000, monotonicNow: clock.monotonicNow, sleep: clock.sleep }
     const startDispatcher = async () => {
       const started = createDispatcher({
         db: database.db,

@@ -20,7 +20,7 @@
 // status standing. No error or log line holds the body, the secret or the signature.
 import { createHmac, createSecretKey, type KeyObject } from 'node:crypto'
 import { Pool } from 'undici'
-import { type Clock, systemClock } from '../clock.js'
+import { type Clock, monotonicNow, systemClock } from '../clock.js'
 import { parseRetryAfter } from '../http/retry-after.js'
 import type { Logger } from '../logger.js'
 import { printable } from '../printable.js'
@@ -182,12 +182,13 @@ export function createForwarder({
     ]
     if (authorization) headers.push('authorization', authorization)
 
-    const startedAt = clock.now()
+    const startedAt = monotonicNow(clock)
     // (the handler's logger names the job, its event id and attempt: said again here, each key came twice in the line)
     const log = (fields: Record<string, unknown>) =>
-      context.logger.debug({ type: event.type, receiver, durationMs: clock.now() - startedAt, ...fields }, 'reaction forwarded')
+      context.logger.debug({ type: event.type, receiver, durationMs: monotonicNow(clock) - startedAt, ...fields }, 'reaction forwarded')
     // the request ends at its answer, or when the handler's signal is aborted (lease ended, shutdown), or at
     // its deadline. The deadlines share one timer on the injected clock, so a test can time an attempt out
+    // without waiting; they are timed by its monotonic time, so a wall clock stepped back does not stretch them
     // without waiting. (A timer and an AbortController per attempt, and the pool's promise API with its answer
     // stream, cost 23 µs of CPU per forwarded event: a median 133 µs against 110 in bench/results/forward-drain.md)
     const request = post(headers, body)
@@ -340,7 +341,7 @@ function createDeadlines(clock: Clock, timeoutMs: number) {
 
   const watch = async (stop: AbortSignal) => {
     for (let oldest = first(waiting); oldest; oldest = first(waiting)) {
-      const wait = oldest.at - clock.now()
+      const wait = oldest.at - monotonicNow(clock)
       if (wait > 0) {
         if (!(await clock.sleep(wait, stop).then(() => true, () => false))) return
         continue
@@ -353,7 +354,7 @@ function createDeadlines(clock: Clock, timeoutMs: number) {
 
   return {
     add(expire: () => void): Deadline {
-      const deadline = { at: clock.now() + timeoutMs, expire }
+      const deadline = { at: monotonicNow(clock) + timeoutMs, expire }
       waiting.add(deadline)
       if (!idle) {
         idle = new AbortController()

@@ -15,6 +15,11 @@ export class FakeClock implements Clock {
     return this.current
   }
 
+  /** The same time as now(): a fake clock moves only forward, by advance(). */
+  monotonicNow(): number {
+    return this.current
+  }
+
   sleep(ms: number, signal?: AbortSignal): Promise<void> {
     this.sleeps.push(ms)
     return new Promise((resolve, reject) => {
