@@ -11,7 +11,7 @@ import { createSandbox, type Sandbox } from '../src/sandbox/create-sandbox.js'
 import { type Reader, seededCliDatabase } from './helpers/cli-database.js'
 import { runCli } from './helpers/cli-process.js'
 import { testLogger } from './helpers/log-sink.js'
-import { createOrder } from './helpers/orders.js'
+import { backdateCreateMark, createOrder } from './helpers/orders.js'
 import { sandboxClient } from './helpers/sandbox-client.js'
 import { TEST_API_KEY_ID, TEST_API_SECRET, TEST_WEBHOOK_SECRET } from './helpers/test-config.js'
 import { postgresUrl } from './helpers/test-database.js'
@@ -35,13 +35,13 @@ afterAll(async () => {
 /** Orders as an unanswered create leaves them, flagged trade_create_unknown, and the environment of a CLI run on them. */
 function seeded(kind: 'pglite' | 'postgres', references: string[]): Promise<{ env: Record<string, string>; read: Reader }> {
   const seed = async (db: Kysely<Database>) => {
-    const past = new Date(Date.now() - 3_600_000)
     for (const externalReference of references) {
       const { order } = await createOrder(db, { externalReference })
-      await startTradeCreate(db, order.id, 'none', past, { waitMs: 15_000 })
-      await setTradeCreateState(db, order.id, 'unknown', past)
+      await startTradeCreate(db, order.id, 'none', { waitMs: 15_000 })
+      await setTradeCreateState(db, order.id, 'unknown')
+      await backdateCreateMark(db, order.id, 3_600_000)
     }
-    await flagUnresolvedCreates(db, { unresolvedBefore: new Date(), now: new Date(), createWholeTimeMs: 15_000 })
+    await flagUnresolvedCreates(db, { unresolvedAfterS: 0, createWholeTimeMs: 15_000 })
   }
   return seededCliDatabase(kind, { prefix: 'trades-link-', env: { PARTNER_API_BASE_URL: sandboxUrl }, seed, cleanups })
 }

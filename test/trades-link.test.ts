@@ -15,7 +15,7 @@ import { createSandbox, type Sandbox } from '../src/sandbox/create-sandbox.js'
 import { runCommandWith } from './helpers/cli-in-process.js'
 import { FakeClock } from './helpers/fake-clock.js'
 import { testLogger } from './helpers/log-sink.js'
-import { createOrder } from './helpers/orders.js'
+import { backdateCreateMark, createOrder } from './helpers/orders.js'
 import { insertOrders } from './helpers/reconcile-orders.js'
 import { sandboxClient } from './helpers/sandbox-client.js'
 import { TEST_API_KEY_ID, TEST_API_SECRET, TEST_WEBHOOK_SECRET, testConfig } from './helpers/test-config.js'
@@ -67,11 +67,11 @@ const reference = () => `link-order-${++counter}`
 
 /** The order as `trades open` leaves it when the create got no answer, flagged by the poller's check. */
 async function unresolvedOrder(externalReference: string): Promise<void> {
-  const past = new Date(Date.now() - 3_600_000)
   const { order } = await createOrder(database.db, { externalReference })
-  expect(await startTradeCreate(database.db, order.id, 'none', past, { waitMs: 15_000 })).toBe(true)
-  await setTradeCreateState(database.db, order.id, 'unknown', past)
-  expect(await flagUnresolvedCreates(database.db, { unresolvedBefore: new Date(), now: new Date(), createWholeTimeMs: 15_000 })).toContain(externalReference)
+  expect(await startTradeCreate(database.db, order.id, 'none', { waitMs: 15_000 })).toBeDefined()
+  await setTradeCreateState(database.db, order.id, 'unknown')
+  await backdateCreateMark(database.db, order.id, 3_600_000)
+  expect(await flagUnresolvedCreates(database.db, { unresolvedAfterS: 0, createWholeTimeMs: 15_000 })).toContain(externalReference)
 }
 
 /** A trade made on the platform for `externalReference` (the create the order never heard back from), moved on. */

@@ -1,7 +1,8 @@
 // `trades open` beside another command sending the same order's create: two replicas on one database (two handles
 // on Postgres; PGlite has one), and a platform that holds each create until the test answers it, so a create is at
-// the platform for certain while the others run. Time is a FakeClock the commands sign and time out with: the
-// create's whole time (PARTNER_API_TIMEOUT_MS and CREATE_MARGIN_MS) passes only when the test advances it.
+// the platform for certain while the others run. Time is a FakeClock the commands sign and time out with; a create's
+// pending mark is stamped and judged by the database's clock, so a test ages one by moving its mark back
+// (backdateCreateMark), and a command's own clock, however far from the database's, judges nothing.
 //
 // Found by an attack: a second open called a create still in flight "sent and its answer never came" and advised
 // --retry; the --retry sent a second create, which made a second trade; its answer, a trade other than the one
@@ -19,8 +20,10 @@ import { findOrderByExternalReference, setTradeCreateState, startTradeCreate } f
 import { CREATE_MARGIN_MS } from '../src/trades/open-trade-for-order.js'
 import { runCommandWith } from './helpers/cli-in-process.js'
 import { FakeClock } from './helpers/fake-clock.js'
+import { countingFetcher } from './helpers/reconcile-orders.js'
+import { testPoller } from './helpers/reconcile-poller.js'
 import { testLogger } from './helpers/log-sink.js'
-import { createOrder, TEST_OBSERVATION_SETTINGS } from './helpers/orders.js'
+import { backdateCreateMark, createOrder, TEST_OBSERVATION_SETTINGS } from './helpers/orders.js'
 import { tradeRecord } from './helpers/partner-api-fixtures.js'
 import { TEST_API_SECRET, testConfig } from './helpers/test-config.js'
 import { createTestDatabase, type TestDatabase } from './helpers/test-database.js'
@@ -116,40 +119,47 @@ async function order(ref: string) {
   return found
 }
 
-/** An order whose create was marked pending at `markedAt` by a command that then stopped (a crash mid-call). */
-async function leftPending(ref: string, markedAt: Date) {
+/** An order whose create was marked pending `ageMs` ago by a command that then stopped (a crash mid-call). */
+async function leftPending(ref: string, ageMs: number) {
   const { order: created } = await createOrder(database.db, { externalReference: ref })
-  expect(await startTradeCreate(database.db, created.id, 'none', markedAt, { waitMs: WHOLE_TIME_MS })).toBe(true)
+  expect(await startTradeCreate(database.db, created.id, 'none', { waitMs: WHOLE_TIME_MS })).toBeDefined()
+  await backdateCreateMark(database.db, created.id, ageMs)
   return created.id
 }
+
+const escaped = (text: string) => text.replace(/[.*+?^${}()|[\]\\]/g, '\\$&')
 
 // the timeout only turns a command held at the platform by a create that should never have been sent into a failure
 describe('trades open while another command is sending the same create', { timeout: 30_000 }, () => {
   it('refuses a second open and a --retry, sending nothing, says when the create would count as unknown, and the first links its trade', async () => {
     const ref = reference()
     const clock = new FakeClock()
-    const since = new Date(clock.now()).toISOString()
-    const settledBy = new Date(clock.now() + WHOLE_TIME_MS).toISOString()
     const first = open(database.db, clock, ref)
     const create = await heldCreate(ref)
-    await clock.advance(1_500)
+    const mark = (await order(ref)).updatedAt
+    const since = escaped(mark.toISOString())
+    const settledBy = escaped(new Date(mark.getTime() + WHOLE_TIME_MS).toISOString())
 
     const second = await open(other.db, clock, ref)
     expect(second.code).toBe(1)
     expect(second.stdout).toBe('')
-    expect(second.stderr).toBe(
-      `A trade create for order ${ref} is being sent by another command right now (pending since ${since}, 1.5 s ago): ` +
-        `nothing was sent. Its answer links the trade (see \`trades get ${ref}\`); if it is not answered, it counts as ` +
-        `unanswered (unknown) from ${settledBy} on [trade_create_in_flight]\n`,
+    expect(second.stderr).toMatch(
+      new RegExp(
+        `^A trade create for order ${ref} is being sent by another command right now \\(pending since ${since}, \\d\\.\\d s ago\\): ` +
+          `nothing was sent\\. Its answer links the trade \\(see \`trades get ${ref}\`\\); if it is not answered, it counts as ` +
+          `unanswered \\(unknown\\) from ${settledBy} on \\[trade_create_in_flight\\]\n$`,
+      ),
     )
     expect(second.stderr).not.toContain('--retry')
 
     const retried = await open(other.db, clock, ref, '--retry')
     expect(retried.code).toBe(1)
-    expect(retried.stderr).toBe(
-      `A trade create for order ${ref} is being sent by another command right now (pending since ${since}, 1.5 s ago): ` +
-        `--retry sends nothing while its answer may still come and link the trade; if it is not answered, it counts as ` +
-        `unanswered (unknown) from ${settledBy} on [trade_create_in_flight]\n`,
+    expect(retried.stderr).toMatch(
+      new RegExp(
+        `^A trade create for order ${ref} is being sent by another command right now \\(pending since ${since}, \\d\\.\\d s ago\\): ` +
+          `--retry sends nothing while its answer may still come and link the trade; if it is not answered, it counts as ` +
+          `unanswered \\(unknown\\) from ${settledBy} on \\[trade_create_in_flight\\]\n$`,
+      ),
     )
     expect(createsFor(ref)).toBe(1)
     expect(await order(ref)).toMatchObject({ tradeCreateState: 'pending', tradeId: null })
@@ -163,19 +173,49 @@ describe('trades open while another command is sending the same create', { timeo
     expect(createsFor(ref)).toBe(1)
   })
 
+  // found by an outside review: the mark was stamped with the sender's clock and judged with the judge's. A CLI whose
+  // clock ran 20 s ahead called a create 2.5 s old "past its timeout: the command sending it stopped", and the --retry
+  // it advised made a second trade on the platform; with the judge 20 s behind it said "-17.8 s ago"
+  it("judges a pending create by the database's clock, a judge's own 20 s ahead or behind changing nothing", async () => {
+    const ref = reference()
+    const first = open(database.db, new FakeClock(Date.now()), ref)
+    const create = await heldCreate(ref)
+    // marked 2.5 s ago by the database's clock
+    await backdateCreateMark(database.db, (await order(ref)).id, 2_500)
+    for (const offsetMs of [20_000, -20_000]) {
+      const judge = new FakeClock(Date.now() + offsetMs)
+      for (const extra of [[], ['--retry']]) {
+        const judged = await open(other.db, judge, ref, ...extra)
+        expect(judged.code).toBe(1)
+        expect(judged.stderr).toContain('[trade_create_in_flight]')
+        expect(judged.stderr).not.toContain('past its timeout')
+        const ageS = Number(/pending since \S+, (-?\d+\.\d) s ago\)/.exec(judged.stderr)?.[1])
+        expect(ageS, judged.stderr).toBeGreaterThanOrEqual(2.5)
+        expect(ageS, judged.stderr).toBeLessThan(10)
+      }
+      // the poller's check for creates never answered, on the same clock, leaves it alone too
+      const cycle = await testPoller({ db: other.db, fetcher: countingFetcher(() => 'funded'), clock: judge, settings: { unresolvedCreateAfterS: 1 } }).runOnce()
+      expect(cycle.flaggedCreates).not.toContain(ref)
+    }
+    expect(createsFor(ref)).toBe(1)
+    expect(await order(ref)).toMatchObject({ tradeCreateState: 'pending', attention: null })
+    create.answer(`tr_${ref}`)
+    expect((await first).code).toBe(0)
+    expect(await order(ref)).toMatchObject({ tradeId: `tr_${ref}`, tradeCreateState: 'created' })
+  })
+
   it('takes a pending create for its command stopped only once its whole time is past: unknown, then --retry sends it', async () => {
     const ref = reference()
     const clock = new FakeClock()
-    const markedAt = new Date(clock.now())
-    await leftPending(ref, markedAt)
+    const orderId = await leftPending(ref, WHOLE_TIME_MS - 3_000)
 
-    await clock.advance(WHOLE_TIME_MS - 1)
     const early = await open(other.db, clock, ref, '--retry')
     expect(early.code).toBe(1)
     expect(early.stderr).toContain('[trade_create_in_flight]')
     expect(createsFor(ref)).toBe(0)
 
-    await clock.advance(1)
+    await backdateCreateMark(database.db, orderId, WHOLE_TIME_MS)
+    const markedAt = (await order(ref)).updatedAt
     const refused = await open(other.db, clock, ref)
     expect(refused.code).toBe(1)
     expect(refused.stderr).toBe(
@@ -199,19 +239,21 @@ describe('trades open while another command is sending the same create', { timeo
     const ref = reference()
     const clock = new FakeClock()
     const senderWholeMs = 40_000 + CREATE_MARGIN_MS
-    const since = new Date(clock.now()).toISOString()
     const patient = { ...config, partner: { ...config.partner, timeoutMs: 40_000 } }
     const first = openWith(patient, database.db, clock, ref)
     const create = await heldCreate(ref)
     // past this command's own whole time (15 s), within the sender's (45 s)
-    await clock.advance(WHOLE_TIME_MS + 5_000)
+    await backdateCreateMark(database.db, (await order(ref)).id, WHOLE_TIME_MS + 5_000)
+    const since = (await order(ref)).updatedAt.toISOString()
 
     const retried = await open(other.db, clock, ref, '--retry')
     expect(retried.code).toBe(1)
-    expect(retried.stderr).toBe(
-      `A trade create for order ${ref} is being sent by another command right now (pending since ${since}, 20.0 s ago): ` +
-        `--retry sends nothing while its answer may still come and link the trade; if it is not answered, it counts as ` +
-        `unanswered (unknown) from ${new Date(Date.parse(since) + senderWholeMs).toISOString()} on [trade_create_in_flight]\n`,
+    expect(retried.stderr).toMatch(
+      new RegExp(
+        `^A trade create for order ${ref} is being sent by another command right now \\(pending since ${escaped(since)}, 20\\.\\d s ago\\): ` +
+          `--retry sends nothing while its answer may still come and link the trade; if it is not answered, it counts as ` +
+          `unanswered \\(unknown\\) from ${escaped(new Date(Date.parse(since) + senderWholeMs).toISOString())} on \\[trade_create_in_flight\\]\n$`,
+      ),
     )
     expect(createsFor(ref)).toBe(1)
 
@@ -223,15 +265,15 @@ describe('trades open while another command is sending the same create', { timeo
   it("judges a pending create marked by an older version by its own whole time, none being left from an earlier create", async () => {
     const ref = reference()
     const clock = new FakeClock()
-    const orderId = await leftPending(ref, new Date(clock.now() - 60_000))
+    const orderId = await leftPending(ref, 60_000)
     // this version's create ends (unknown here): its whole time goes with it
-    await setTradeCreateState(database.db, orderId, 'unknown', new Date(clock.now() - 50_000))
+    await setTradeCreateState(database.db, orderId, 'unknown')
     expect(await order(ref)).toMatchObject({ tradeCreateState: 'unknown', tradeCreateWaitMs: null })
     // an older replica, which knows nothing of the column, marks its own create pending (a rolling upgrade)
-    await database.db.updateTable('orders').set({ tradeCreateState: 'pending', updatedAt: new Date(clock.now()) }).where('id', '=', orderId).execute()
-    await clock.advance(WHOLE_TIME_MS - 1)
+    await database.db.updateTable('orders').set({ tradeCreateState: 'pending' }).where('id', '=', orderId).execute()
+    await backdateCreateMark(database.db, orderId, WHOLE_TIME_MS - 3_000)
     expect((await open(other.db, clock, ref, '--retry')).stderr).toContain('[trade_create_in_flight]')
-    await clock.advance(1)
+    await backdateCreateMark(database.db, orderId, WHOLE_TIME_MS)
     const retried = open(other.db, clock, ref, '--retry')
     ;(await heldCreate(ref)).answer(`tr_${ref}`)
     expect((await retried).code).toBe(0)
@@ -241,7 +283,7 @@ describe('trades open while another command is sending the same create', { timeo
   it('sends one create when two --retry race for a pending create whose command stopped', async () => {
     const ref = reference()
     const clock = new FakeClock()
-    await leftPending(ref, new Date(clock.now() - WHOLE_TIME_MS))
+    await leftPending(ref, WHOLE_TIME_MS)
     const retries = [open(database.db, clock, ref, '--retry'), open(other.db, clock, ref, '--retry')]
     ;(await heldCreate(ref)).answer(`tr_${ref}`)
     const results = await Promise.all(retries)
@@ -255,8 +297,8 @@ describe('trades open while another command is sending the same create', { timeo
   it('flags the order trade_mismatch, and says so, when a --retry is answered with a trade other than the one linked meanwhile', async () => {
     const ref = reference()
     const clock = new FakeClock()
-    const orderId = await leftPending(ref, new Date(clock.now() - 60_000))
-    await setTradeCreateState(database.db, orderId, 'unknown', new Date(clock.now() - 50_000))
+    const orderId = await leftPending(ref, 60_000)
+    await setTradeCreateState(database.db, orderId, 'unknown')
     const retried = open(other.db, clock, ref, '--retry')
     const create = await heldCreate(ref)
     // the first create did make a trade: its webhook links it while the --retry is at the platform

@@ -1,7 +1,7 @@
 import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest'
 import { applyObservation } from '../src/orders/apply-observation.js'
 import { findOrderByExternalReference, startTradeCreate } from '../src/orders/order.repository.js'
-import { createOrder } from './helpers/orders.js'
+import { backdateCreateMark, createOrder } from './helpers/orders.js'
 import { PartnerApiClient } from '../src/partner-api/partner-api.client.js'
 import {
   PartnerAnswerAbandonedError,
@@ -179,8 +179,9 @@ describe('openTradeForOrder', () => {
     await createOrder(database.db, { externalReference: ref })
     // marked longer ago than the create's whole time: the command that sent it is gone
     const clock = new FakeClock()
-    const crashedAt = new Date(clock.now() - CREATE_TIMEOUT_MS - CREATE_MARGIN_MS)
-    expect(await startTradeCreate(database.db, (await order(ref)).id, 'none', crashedAt, { waitMs: CREATE_TIMEOUT_MS + CREATE_MARGIN_MS })).toBe(true)
+    const { id } = await order(ref)
+    expect(await startTradeCreate(database.db, id, 'none', { waitMs: CREATE_TIMEOUT_MS + CREATE_MARGIN_MS })).toBeDefined()
+    await backdateCreateMark(database.db, id, CREATE_TIMEOUT_MS + CREATE_MARGIN_MS)
     const client = fakeTradeApi()
     await expect(openTradeForOrder(deps(client, clock), ref, request)).rejects.toMatchObject({ code: 'trade_create_unknown' })
     expect(client.calls).toHaveLength(0)
@@ -192,9 +193,9 @@ describe('openTradeForOrder', () => {
     const ref = reference()
     await createOrder(database.db, { externalReference: ref })
     const clock = new FakeClock()
-    expect(await startTradeCreate(database.db, (await order(ref)).id, 'none', new Date(clock.now() - CREATE_TIMEOUT_MS - CREATE_MARGIN_MS), {
-      waitMs: CREATE_TIMEOUT_MS + CREATE_MARGIN_MS,
-    })).toBe(true)
+    const { id } = await order(ref)
+    expect(await startTradeCreate(database.db, id, 'none', { waitMs: CREATE_TIMEOUT_MS + CREATE_MARGIN_MS })).toBeDefined()
+    await backdateCreateMark(database.db, id, CREATE_TIMEOUT_MS + CREATE_MARGIN_MS)
     const refusal = new PartnerApiError(422, 'validation_failed', 'invalid fields', undefined)
     const client = fakeTradeApi({
       createTrade: async () => {
@@ -228,13 +229,15 @@ describe('openTradeForOrder', () => {
     })
     const first = openTradeForOrder(deps(client, clock), ref, request).catch((e) => e)
     await sent[0]!.promise
-    await clock.advance(CREATE_TIMEOUT_MS + CREATE_MARGIN_MS)
+    // the first create's whole time past, by the database's clock that stamped its mark
+    await backdateCreateMark(database.db, (await order(ref)).id, CREATE_TIMEOUT_MS + CREATE_MARGIN_MS)
     const retried = openTradeForOrder(deps(client, clock), ref, request, { retry: true })
     await sent[1]!.promise
+    const retryMark = (await order(ref)).updatedAt
     timeOut.resolve()
     expect(await first).toBeInstanceOf(PartnerTimeoutError)
     // still the retry's create, marked when it was sent: another open is told it is in flight
-    expect(await order(ref)).toMatchObject({ tradeCreateState: 'pending', updatedAt: new Date(clock.now()) })
+    expect(await order(ref)).toMatchObject({ tradeCreateState: 'pending', updatedAt: retryMark })
     await expect(openTradeForOrder(deps(client, clock), ref, request)).rejects.toMatchObject({ code: 'trade_create_in_flight' })
     answerRetry.resolve()
     await retried

@@ -108,14 +108,29 @@ export type { ObservationResult }
 // trade creation and API scheduling (used by src/trades)
 
 /**
+ * The database's clock, to the millisecond: what a create's pending mark is stamped and judged by (startTradeCreate),
+ * so two processes whose own clocks disagree judge one create alike.
+ */
+export const DATABASE_MARK_TIME = sql<Date>`date_trunc('milliseconds', now())`
+
+/** The database's time now (DATABASE_MARK_TIME), in ms since the epoch: what a pending create's age is told by. */
+export async function databaseNow(db: Executor): Promise<number> {
+  const { rows } = await sql<{ now: Date }>`select ${DATABASE_MARK_TIME} as now`.execute(db)
+  return new Date(rows[0]!.now).getTime()
+}
+
+/**
  * Marks a create as in flight, only if the order is still in `previousState` and has no trade: two
- * operators opening the same order at once cannot both send a create. Returns whether it was marked.
+ * operators opening the same order at once cannot both send a create. Returns the mark, or undefined when it was not
+ * marked.
  *
  * The time it writes (updated_at, which nothing else writes on a pending order with no trade: the poller's
- * trade_create_unknown flag leaves it) is when the create began: what tells a create still at the platform from one whose
- * command stopped, and the claim that command's later writes name (setTradeCreateState's `claim`). Taking over a
- * `pending` create (`--retry` of one whose command stopped) names `markedBy`: only a create marked by then is
- * taken, so of two such retries only the first marks it, and a create marked since is left to its command.
+ * trade_create_unknown flag leaves it) is when the create began, by the database's clock (DATABASE_MARK_TIME), never
+ * the sender's: what tells a create still at the platform from one whose command stopped, judged by the same clock,
+ * and the claim that command's later writes name (setTradeCreateState's `claim`). Taking over a `pending` create
+ * (`--retry` of one whose command stopped) names `takeOver`: only the create marked by `markedBy` is taken, and only
+ * once its whole time (its stored trade_create_wait_ms, else `wholeTimeMs`) is past by the database's clock, so of two
+ * such retries only the first marks it, and a create marked since is left to its command.
  * `waitMs` is how long this command waits for the answer (trade_create_wait_ms): what another command judges the
  * create by, whatever its own timeout.
  */
@@ -123,43 +138,51 @@ export async function startTradeCreate(
   db: Executor,
   orderId: number,
   previousState: TradeCreateState,
-  now: Date,
-  { markedBy, waitMs }: { markedBy?: Date; waitMs: number },
-): Promise<boolean> {
+  { takeOver, waitMs }: { takeOver?: { markedBy: Date; wholeTimeMs: number }; waitMs: number },
+): Promise<Date | undefined> {
   let query = db
     .updateTable('orders')
     // a create sent again (--retry) is the operator's answer to a trade_create_unknown flag
     .set((eb) => ({
       tradeCreateState: 'pending',
-      updatedAt: now,
+      updatedAt: DATABASE_MARK_TIME,
       tradeCreateWaitMs: waitMs,
       attention: eb.case().when('attention', '=', 'trade_create_unknown').then(null).else(eb.ref('attention')).end(),
     }))
     .where('id', '=', orderId)
     .where('tradeCreateState', '=', previousState)
     .where('tradeId', 'is', null)
-  if (markedBy) query = query.where('updatedAt', '<=', markedBy)
-  const result = await query.executeTakeFirst()
-  return Number(result.numUpdatedRows) === 1
+  if (takeOver) {
+    query = query
+      .where('updatedAt', '<=', takeOver.markedBy)
+      .where(
+        (eb) => sql<Date>`${eb.ref('updatedAt')} + coalesce(${eb.ref('tradeCreateWaitMs')}, ${takeOver.wholeTimeMs}::integer) * interval '1 millisecond'`,
+        '<=',
+        DATABASE_MARK_TIME,
+      )
+  }
+  const marked = await query.returning('updatedAt').executeTakeFirst()
+  return marked?.updatedAt
 }
 
 /**
- * Sets the create state of an order still without a trade (one linked meanwhile, by its webhook, stays created).
- * With `claim`, the time startTradeCreate marked this command's create: only while the order is still pending under
- * that mark, so a command whose create another took over since (judged stopped) does not overwrite the other's.
+ * Sets the create state of an order still without a trade (one linked meanwhile, by its webhook, stays created),
+ * stamped with the database's clock as startTradeCreate's mark is (an `unknown` create's time is what the poller's
+ * trade_create_unknown flag counts from, by the same clock).
+ * With `claim`, the mark startTradeCreate returned for this command's create: only while the order is still pending
+ * under that mark, so a command whose create another took over since (judged stopped) does not overwrite the other's.
  * Returns whether it was set.
  */
 export async function setTradeCreateState(
   db: Executor,
   orderId: number,
   state: TradeCreateState,
-  now: Date,
   { claim }: { claim?: Date } = {},
 ): Promise<boolean> {
   let query = db
     .updateTable('orders')
     // (the whole time is the pending mark's alone: cleared, an older version's later mark is judged by the judge's own)
-    .set({ tradeCreateState: state, updatedAt: now, ...(state === 'pending' ? {} : { tradeCreateWaitMs: null }) })
+    .set({ tradeCreateState: state, updatedAt: DATABASE_MARK_TIME, ...(state === 'pending' ? {} : { tradeCreateWaitMs: null }) })
     .where('id', '=', orderId)
     .where('tradeId', 'is', null)
   if (claim) query = query.where('tradeCreateState', '=', 'pending').where('updatedAt', '=', claim)

@@ -150,10 +150,11 @@ export type AttentionFlag =
 export const ATTENTION_FLAGS: readonly AttentionFlag[] = [TRADE_NOT_FOUND, TRADE_MISMATCH, TRADE_CREATE_UNKNOWN, UNUSABLE_TRADE_ID]
 
 /**
- * Flags `trade_create_unknown` the orders whose trade create has gone unanswered, with no trade linked, since before
- * `unresolvedBefore` (migrations/0013's index); a create still `pending` only once its command's call is over
- * whatever it got at `now`: the whole time that command stored with its mark (trade_create_wait_ms), or
- * `createWholeTimeMs` (this process's) for a mark written before that column. Returns their
+ * Flags `trade_create_unknown` the orders whose trade create has gone unanswered, with no trade linked, for more than
+ * `unresolvedAfterS` (migrations/0013's index); a create still `pending` only once its command's call is over
+ * whatever it got: the whole time that command stored with its mark (trade_create_wait_ms), or
+ * `createWholeTimeMs` (this process's) for a mark written before that column. Both are judged by the database's clock,
+ * the one the mark is stamped with (startTradeCreate, setTradeCreateState), never this process's. Returns their
  * references. A webhook or a poll that links a trade, and a create sent again, clear the flag (apply-observation.ts,
  * startTradeCreate).
  *
@@ -165,7 +166,7 @@ export const ATTENTION_FLAGS: readonly AttentionFlag[] = [TRADE_NOT_FOUND, TRADE
  */
 export async function flagUnresolvedCreates(
   db: Kysely<Database>,
-  { unresolvedBefore, now, createWholeTimeMs }: { unresolvedBefore: Date; now: Date; createWholeTimeMs: number },
+  { unresolvedAfterS, createWholeTimeMs }: { unresolvedAfterS: number; createWholeTimeMs: number },
 ): Promise<string[]> {
   const rows = await db
     .updateTable('orders')
@@ -173,14 +174,14 @@ export async function flagUnresolvedCreates(
     .where('tradeCreateState', 'in', ['pending', 'unknown'])
     .where('tradeId', 'is', null)
     .where('attention', 'is', null)
-    .where('updatedAt', '<', unresolvedBefore)
+    .where('updatedAt', '<', sql<Date>`now() - ${unresolvedAfterS}::double precision * interval '1 second'`)
     .where((eb) =>
       eb.or([
         eb('tradeCreateState', '=', 'unknown'),
         eb(
           sql<Date>`${eb.ref('updatedAt')} + coalesce(${eb.ref('tradeCreateWaitMs')}, ${createWholeTimeMs}::integer) * interval '1 millisecond'`,
           '<',
-          now,
+          sql<Date>`now()`,
         ),
       ]),
     )

@@ -169,12 +169,9 @@ const MAX_NAMED_REFERENCES = 20
 
 // A create sent and never answered, whose webhook was lost too: no trade id, so nothing to poll, and nothing else
 // looks at the order again. Flagged for an operator, once, with a warning.
-async function flagUnresolved({ db, logger }: CycleDeps, now: Date, afterS: number, createWholeTimeMs = 0): Promise<string[]> {
-  const references = await flagUnresolvedCreates(db, {
-    unresolvedBefore: new Date(now.getTime() - afterS * 1_000),
-    now,
-    createWholeTimeMs,
-  })
+// Judged by the database's clock, which the create's marks are stamped with, not this replica's.
+async function flagUnresolved({ db, logger }: CycleDeps, afterS: number, createWholeTimeMs = 0): Promise<string[]> {
+  const references = await flagUnresolvedCreates(db, { unresolvedAfterS: afterS, createWholeTimeMs })
   if (references.length === 0) return references
   logger.warn(
     { orders: references.length, externalReferences: references.slice(0, MAX_NAMED_REFERENCES) },
@@ -197,7 +194,7 @@ export async function runReconcileCycle(
   if (settings.unresolvedCreateAfterS !== undefined && !signal?.aborted) {
     // its failure is its own: the orders due are still polled (a value out of the column's range failed every cycle
     // here, before any order was claimed; a database that is away fails the claim below too)
-    flaggedCreates = await flagUnresolved(deps, startedAt, settings.unresolvedCreateAfterS, settings.createWholeTimeMs).catch((error: unknown) => {
+    flaggedCreates = await flagUnresolved(deps, settings.unresolvedCreateAfterS, settings.createWholeTimeMs).catch((error: unknown) => {
       logger.warn({ err: error }, 'could not look for unresolved trade creates; the poll goes on')
       return []
     })

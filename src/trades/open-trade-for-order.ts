@@ -13,7 +13,9 @@
 // PARTNER_API_TIMEOUT_MS after it was marked, a create being sent once, and CREATE_MARGIN_MS, stored with the mark
 // as trade_create_wait_ms, so that a command with a shorter timeout judges it by the sender's): until then nothing is sent, --retry included, since
 // its answer may still come and link the trade. Past it, the command that marked it stopped without a word (a
-// crash), and it is as unknown: --retry takes it over.
+// crash), and it is as unknown: --retry takes it over. The mark is stamped, and judged, by the database's clock,
+// never a process's: a CLI whose clock ran 20 s ahead of the sender's called its create, 2.5 s old, stopped, and the
+// --retry it advised made a second trade (an outside review).
 // An answer that is the record of another order (another external_reference) links nothing: `unknown`. An answer
 // naming another trade than the one the order was linked to meanwhile (by its webhook or another command, while a
 // --retry was at the platform) means the platform may hold a second trade for the order: the order is flagged
@@ -31,6 +33,7 @@ import { checkOrderReference, createOrder } from '../orders/create-order.js'
 import { apiObservation } from '../orders/observations.js'
 import type { Order } from '../orders/order.js'
 import {
+  databaseNow,
   findOrderByExternalReference,
   lockOrderById,
   markTradeCreated,
@@ -77,29 +80,30 @@ export async function openTradeForOrder(
   }
   if (order.tradeId !== null) throw tradeExists(order)
   const previousState = order.tradeCreateState
-  const judgedAt = clock.now()
+  // by the database's clock, which stamped the mark: this process's may be ahead of the sender's or behind
+  const judgedAt = previousState === 'pending' ? await databaseNow(db) : undefined
   // a pending create's whole time: until then its command may still get the answer that links the trade
   const settledBy = previousState === 'pending' ? createSettledBy(order, settings.createTimeoutMs) : undefined
-  if (settledBy && judgedAt < settledBy.getTime()) throw createInFlight(order, settledBy, judgedAt, retry)
+  if (settledBy && judgedAt !== undefined && judgedAt < settledBy.getTime()) throw createInFlight(order, settledBy, judgedAt, retry)
   if ((previousState === 'unknown' || previousState === 'pending') && !retry) throw createUnknown(order)
   // what the state goes back to when this create made nothing: a pending one taken over had lost its command, and
   // its create is as unknown as one that timed out
   const restoredState = previousState === 'created' ? 'none' : previousState === 'pending' ? 'unknown' : previousState
   // compare-and-set: of two concurrent opens only one moves the order to pending, and a pending create is taken
-  // over only while it is the one judged above (marked before its whole time ran out), not one marked since
-  const markedAt = new Date(clock.now())
-  const claimed = await startTradeCreate(db, order.id, previousState, markedAt, {
+  // over only while it is the one judged above and its whole time is past (by the database's clock), not one marked
+  // since
+  const markedAt = await startTradeCreate(db, order.id, previousState, {
     waitMs: createWaitMs(settings.createTimeoutMs),
-    ...(settledBy ? { markedBy: order.updatedAt } : {}),
+    ...(settledBy ? { takeOver: { markedBy: order.updatedAt, wholeTimeMs: createWaitMs(settings.createTimeoutMs) } } : {}),
   })
-  if (!claimed) throw await claimLost(deps, externalReference, retry)
+  if (!markedAt) throw await claimLost(deps, externalReference, retry)
   // this command's later writes of the create state name its mark: one whose create another command took over
   // (judged stopped) changes nothing of the other's
   const claim = { claim: markedAt }
   if (guard?.stopRequested()) {
     // the stop came while the order was being marked: nothing was sent, so back to where it was (a pending create
     // taken over: unknown, as above)
-    await setTradeCreateState(db, order.id, restoredState, new Date(clock.now()), claim)
+    await setTradeCreateState(db, order.id, restoredState, claim)
     throw stopped()
   }
 
@@ -112,7 +116,7 @@ export async function openTradeForOrder(
     // a timeout, a lost connection, the operator who stopped waiting, or a 5xx (a gateway's 502 or 504): the
     // trade may exist
     if (isOutcomeUnknown(error)) {
-      const marked = await setTradeCreateState(db, order.id, 'unknown', new Date(clock.now()), claim)
+      const marked = await setTradeCreateState(db, order.id, 'unknown', claim)
       logger.warn(
         { externalReference, orderId: order.id, err: error, markedUnknown: marked },
         marked
@@ -123,7 +127,7 @@ export async function openTradeForOrder(
       // refused (by validation, or by the platform with a 4xx) or never sent (no connection could be made): this
       // create made nothing. Back to where it was, so a
       // refused --retry does not erase the evidence of an earlier create that may have worked.
-      await setTradeCreateState(db, order.id, restoredState, new Date(clock.now()), claim)
+      await setTradeCreateState(db, order.id, restoredState, claim)
     }
     throw error
   }
@@ -150,7 +154,7 @@ export async function openTradeForOrder(
     if (observed.outcome === 'trade_mismatch') {
       // the answer is a record of another order: nothing was linked, and whether this create made a trade
       // is not known, so it is not sent again on its own
-      const marked = await setTradeCreateState(trx, orderId, 'unknown', new Date(now), claim)
+      const marked = await setTradeCreateState(trx, orderId, 'unknown', claim)
       return { outcome: 'mismatch', markedUnknown: marked }
     }
     await markTradeCreated(trx, orderId, {
@@ -211,8 +215,7 @@ type Recorded =
 
 /**
  * Beyond PARTNER_API_TIMEOUT_MS, what a pending create's whole time allows for: the moments between its mark and its
- * send, a timer that fires late, and the clocks of two machines (the mark is the sending command's clock, the
- * judge is another's).
+ * send, and a timer that fires late (the mark is stamped and judged by one clock, the database's).
  */
 export const CREATE_MARGIN_MS = 5_000
 
@@ -266,14 +269,14 @@ function createUnknown(order: Order): TradeOperationError {
 
 /** Another command marked the order between the look and the mark: say what it left. */
 async function claimLost(
-  { db, clock, settings }: Pick<TradeDeps, 'db' | 'clock' | 'settings'>,
+  { db, settings }: Pick<TradeDeps, 'db' | 'settings'>,
   externalReference: string,
   retry: boolean,
 ): Promise<TradeOperationError> {
   const current = await findOrderByExternalReference(db, externalReference)
   if (current?.tradeId != null) return tradeExists(current)
   if (current?.tradeCreateState === 'pending') {
-    return createInFlight(current, createSettledBy(current, settings.createTimeoutMs), clock.now(), retry)
+    return createInFlight(current, createSettledBy(current, settings.createTimeoutMs), await databaseNow(db), retry)
   }
   return new TradeOperationError(
     'trade_create_in_flight',

@@ -1,6 +1,6 @@
 // Creating orders in tests: src's createOrder with the observation settings most tests need (the
 // service's defaults, no reaction handlers) and the wall clock, unless a test names its own.
-import type { Kysely } from 'kysely'
+import { type Kysely, sql } from 'kysely'
 import { expect } from 'vitest'
 import type { Database } from '../../src/db/database.js'
 import { applyObservation, type ObservationSettings } from '../../src/orders/apply-observation.js'
@@ -16,6 +16,15 @@ export function createOrder(
   settings: ObservationSettings = TEST_OBSERVATION_SETTINGS,
 ) {
   return createOrderWith(db, { externalReference, now }, settings)
+}
+
+/**
+ * Moves an order's trade create mark (updated_at, stamped by the database's clock) to `ageMs` before the database's
+ * now: a create marked, or last set unknown, that long ago.
+ */
+export async function backdateCreateMark(db: Kysely<Database>, orderId: number, ageMs: number): Promise<void> {
+  await sql`update orders set updated_at = date_trunc('milliseconds', now()) - ${ageMs}::double precision * interval '1 millisecond'
+    where id = ${orderId}`.execute(db)
 }
 
 /**
