@@ -273,6 +273,24 @@ describe('the forwarder', () => {
       },
     )
 
+    it("names the receiver's clock when it refuses an event and its Date is more than a minute from this machine's", async () => {
+      // this machine's clock 600 s ahead of the receiver's: its webhook-timestamp is stale to the receiver (a Date's
+      // whole second is read as its middle: 601 s before this machine's time reads 600 s)
+      const behind = new Date(start - 601_000).toUTCString()
+      const refusing = await receiver(() => ({ status: 400, headers: { date: behind } }))
+      const error = await failureOf(forwarderAt(refusing.url)(event, context()))
+      expect(error).toMatchObject({ code: 'forward_failed', status: 400 })
+      expect(error.message).toBe(
+        `the forward receiver ${new URL(refusing.url).origin} answered 400; the receiver's clock is 600 s behind this machine's (its Date header): ` +
+          "each event's webhook-timestamp is this machine's time, which receivers refuse when it is more than 5 minutes off: check this machine's clock (NTP), or the receiver's",
+      )
+      // a Date within a minute, an answer that is not a refusal, or no readable Date: nothing said of clocks
+      for (const [status, date] of [[401, new Date(start + 30_000).toUTCString()], [500, behind], [403, 'yesterday']] as const) {
+        const other = await receiver(() => ({ status, headers: { date } }))
+        expect((await failureOf(forwarderAt(other.url)(event, context()))).message).not.toContain('clock')
+      }
+    })
+
     it('says a wait too long for a date as longer than a day, without one', async () => {
       const target = await receiver(() => ({ status: 429, headers: { 'retry-after': '9'.repeat(20) } }))
       const error = await failureOf(forwarderAt(target.url)(event, context()))

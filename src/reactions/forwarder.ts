@@ -20,6 +20,7 @@
 // status standing. No error or log line holds the body, the secret or the signature.
 import { createHmac, createSecretKey, type KeyObject } from 'node:crypto'
 import { Pool } from 'undici'
+import { isClockOffsetTooLarge, measureClockOffset } from '../partner-api/clock-offset.js'
 import { type Clock, monotonicNow, systemClock } from '../clock.js'
 import { parseRetryAfter } from '../http/retry-after.js'
 import type { Logger } from '../logger.js'
@@ -202,7 +203,7 @@ export function createForwarder({
       const status = await request.answer
       if (logsAttempts) log({ status })
       if (status < 200 || status > 299) {
-        const failure = failedAnswer(receiver, status, request.retryAfter, clock.now())
+        const failure = failedAnswer(receiver, status, request, clock.now())
         // (the job's failure is logged too, as every failed job's is; this line says what to fix)
         if (failure.permanent) context.logger.warn({ receiver, status }, 'forward receiver answered 410 Gone: the job is failed without retrying; fix FORWARD_URL or the receiver, then retry the failed jobs')
         throw failure
@@ -251,7 +252,7 @@ const LONGEST_WAIT_SHOWN_MS = 24 * 60 * 60 * 1000
  * HTTP-date is said to be ignored, without its value (it is the receiver's text). A 410 is forward_gone, and
  * permanent: the receiver said it is gone, and no wait makes it come back.
  */
-function failedAnswer(receiver: string, status: number, retryAfter: string | undefined, nowMs: number): ForwardError {
+function failedAnswer(receiver: string, status: number, { retryAfter, date }: Pick<PostRequest, 'retryAfter' | 'date'>, nowMs: number): ForwardError {
   if (status === GONE) {
     const message = `the forward receiver ${receiver} answered 410 Gone: it asks for no more events, so the job is failed without retrying`
     return new ForwardError('forward_gone', message, status, { permanent: true })
@@ -269,7 +270,29 @@ function failedAnswer(receiver: string, status: number, retryAfter: string | und
   } else if (retryAfter !== undefined) {
     message += '; its Retry-After is neither whole seconds nor an HTTP-date, and is ignored'
   }
+  message += receiverClockNote(status, date, nowMs)
   return new ForwardError('forward_failed', message, status, { retryAfterMs })
+}
+
+// what a receiver answers a signature or timestamp it refuses (the Standard Webhooks libraries throw, and the
+// receiver's code answers 400, 401 or 403)
+const TIMESTAMP_REFUSALS = new Set([400, 401, 403])
+
+/**
+ * A refusal (400, 401, 403) from a receiver whose clock (its answer's Date) is more than a minute from this machine's: each event
+ * is signed with this machine's time (webhook-timestamp), and Standard Webhooks receivers refuse one more than 5
+ * minutes off, so every forward failed "answered 400" with nothing pointing at the clock (an outside review, a replica
+ * 600 s ahead). Said on the job's error, where the operator reads why it failed; the offset alone, never the Date's text.
+ */
+function receiverClockNote(status: number, date: string | undefined, nowMs: number): string {
+  if (!TIMESTAMP_REFUSALS.has(status) || date === undefined) return ''
+  const offsetS = measureClockOffset(date, nowMs)
+  if (!isClockOffsetTooLarge(offsetS)) return ''
+  const direction = offsetS > 0 ? 'ahead of' : 'behind'
+  return (
+    `; the receiver's clock is ${Math.abs(offsetS)} s ${direction} this machine's (its Date header): each event's ` +
+    "webhook-timestamp is this machine's time, which receivers refuse when it is more than 5 minutes off: check this machine's clock (NTP), or the receiver's"
+  )
 }
 
 /** `Basic <base64 of user:password>` from the URL's user and password (percent-decoded); undefined without them. */
@@ -383,6 +406,8 @@ const first = <T>(set: Set<T>): T | undefined => set.values().next().value
 interface PostRequest {
   answer: Promise<number>
   readonly retryAfter: string | undefined
+  /** The answer's Date as sent, looked for as Retry-After is: on an answer that is not a 2xx. */
+  readonly date: string | undefined
   abort: (reason: unknown) => void
 }
 /** headers: name, value, name, value ... */
@@ -415,8 +440,9 @@ class PoolRequest implements PostRequest {
   private ended = false
   // the answer's status, once its head came (0 before)
   private status = 0
-  // the answer's Retry-After, looked for once its head came with a status that is not a 2xx
+  // the answer's Retry-After and Date, looked for once its head came with a status that is not a 2xx
   retryAfter: string | undefined
+  date: string | undefined
   private drained = 0
   // undici's abort of the request on its connection, from the moment it is on one
   private abortRequest: ((reason: Error) => void) | undefined
@@ -448,7 +474,10 @@ class PoolRequest implements PostRequest {
     // its attempt failed as "answered 103" (forward_failed) instead of unreachable or timed out
     if (statusCode < 200) return true
     this.status = statusCode
-    if (statusCode > 299) this.retryAfter = findHeader(headers, RETRY_AFTER)
+    if (statusCode > 299) {
+      this.retryAfter = findHeader(headers, RETRY_AFTER)
+      this.date = findHeader(headers, DATE)
+    }
     return true
   }
 
@@ -475,6 +504,7 @@ class PoolRequest implements PostRequest {
 }
 
 const RETRY_AFTER = 'retry-after'
+const DATE = 'date'
 
 /**
  * The header `name` (lower case) in undici's raw headers (name, value, name, value ...): its values joined by
@@ -495,6 +525,7 @@ function postWithFetch(fetchImplementation: typeof fetch, target: URL): Post {
   return (headers, body) => {
     const controller = new AbortController()
     let retryAfter: string | undefined
+    let date: string | undefined
     const send = async () => {
       // redirect: manual, so a signed event is never sent on to an address nobody configured
       const pairs: [string, string][] = []
@@ -502,13 +533,19 @@ function postWithFetch(fetchImplementation: typeof fetch, target: URL): Post {
       const response = await fetchImplementation(target, { method: 'POST', headers: pairs, body, redirect: 'manual', signal: controller.signal })
       // the answer's body is not ours to read; dropping it frees the connection
       await response.body?.cancel().catch(() => {})
-      if (!response.ok) retryAfter = response.headers.get(RETRY_AFTER) ?? undefined
+      if (!response.ok) {
+        retryAfter = response.headers.get(RETRY_AFTER) ?? undefined
+        date = response.headers.get(DATE) ?? undefined
+      }
       return response.status
     }
     return {
       answer: send(),
       get retryAfter() {
         return retryAfter
+      },
+      get date() {
+        return date
       },
       abort: (reason) => controller.abort(reason),
     }
