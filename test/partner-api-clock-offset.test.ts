@@ -286,31 +286,53 @@ describe('reconcile --once and trades against the sandbox with this machine 10 m
   // due by either clock
   const longAgo = () => new Date(Date.now() - 2 * TEN_MINUTES_MS)
 
-  it('reconcile --once stops on the 401 and names the offset in its output and its log line', async () => {
-    await insertOrders(database.db, [
-      { externalReference: 'skew-a', nextPollAt: longAgo() },
-      { externalReference: 'skew-b', nextPollAt: longAgo() },
-    ])
-    const logged = logEntries().length
-    const { answer: result, low, high } = await measured(600, () =>
-      runCommandWith(['reconcile', '--once', '--json'], { ...context, clock: clockOff(-TEN_MINUTES_MS) }),
-    )
+  it("reconcile --once claims nothing on a machine 10 minutes behind its database, and says so", async () => {
+    // the database keeps the right time: a claim's lease and the next polls would be written 10 minutes early
+    await insertOrders(database.db, [{ externalReference: 'skew-a', nextPollAt: longAgo() }])
+    const result = await runCommandWith(['reconcile', '--once', '--json'], { ...context, clock: clockOff(-TEN_MINUTES_MS) })
     expect(result.code).toBe(1)
-    const summary = JSON.parse(result.stdout) as { stoppedReason: string; clockOffsetS: number }
-    expect(summary.stoppedReason).toBe('unauthorized')
-    expect(summary.clockOffsetS).toBeGreaterThanOrEqual(low)
-    expect(summary.clockOffsetS).toBeLessThanOrEqual(high)
-    expect(result.stderr).toContain(
-      `stopped: the platform answered 401: the platform's clock is ${summary.clockOffsetS} s ahead of this machine's`,
-    )
-    expect(result.stderr).not.toContain('PARTNER_API_SECRET')
-    const line = logEntries()
-      .slice(logged)
-      .find((entry) => entry.stoppedReason === 'unauthorized')
-    expect(line).toMatchObject({ clockOffsetS: summary.clockOffsetS })
-    expect(line?.msg).toContain(`the platform's clock is ${summary.clockOffsetS} s ahead of this machine's`)
-    // the claims were given back, as on any 401
-    expect((await orderByReference(database.db, 'skew-b')).pollLeaseToken).toBeNull()
+    expect(result.stdout).toBe('')
+    expect(result.stderr).toMatch(/This machine's clock is (599|600|601) s behind the database's, past the 30 s bound: nothing was claimed .*\[clock_offset\]/)
+    expect((await orderByReference(database.db, 'skew-a')).pollLeaseToken).toBeNull()
+    expect(await database.db.selectFrom('reconcileRuns').selectAll().execute()).toEqual([])
+  })
+
+  it("reconcile --once stops on the 401 and names the offset in its output and its log line, the platform's clock 10 minutes ahead", async () => {
+    // this machine and its database agree; the platform's clock runs 10 minutes ahead of both
+    const ahead = createSandbox({
+      keyId: TEST_API_KEY_ID,
+      apiSecret: TEST_API_SECRET,
+      webhookSecret: TEST_WEBHOOK_SECRET,
+      logger,
+      clock: clockOff(TEN_MINUTES_MS),
+    })
+    try {
+      const aheadContext = { ...context, config: testConfig({ PARTNER_API_BASE_URL: await ahead.listen(0), POLL_CONCURRENCY: '1' }) }
+      await insertOrders(database.db, [
+        { externalReference: 'skew-a', nextPollAt: longAgo() },
+        { externalReference: 'skew-b', nextPollAt: longAgo() },
+      ])
+      const logged = logEntries().length
+      const { answer: result, low, high } = await measured(600, () => runCommandWith(['reconcile', '--once', '--json'], aheadContext))
+      expect(result.code).toBe(1)
+      const summary = JSON.parse(result.stdout) as { stoppedReason: string; clockOffsetS: number }
+      expect(summary.stoppedReason).toBe('unauthorized')
+      expect(summary.clockOffsetS).toBeGreaterThanOrEqual(low)
+      expect(summary.clockOffsetS).toBeLessThanOrEqual(high)
+      expect(result.stderr).toContain(
+        `stopped: the platform answered 401: the platform's clock is ${summary.clockOffsetS} s ahead of this machine's`,
+      )
+      expect(result.stderr).not.toContain('PARTNER_API_SECRET')
+      const line = logEntries()
+        .slice(logged)
+        .find((entry) => entry.stoppedReason === 'unauthorized')
+      expect(line).toMatchObject({ clockOffsetS: summary.clockOffsetS })
+      expect(line?.msg).toContain(`the platform's clock is ${summary.clockOffsetS} s ahead of this machine's`)
+      // the claims were given back, as on any 401
+      expect((await orderByReference(database.db, 'skew-b')).pollLeaseToken).toBeNull()
+    } finally {
+      await ahead.close()
+    }
   })
 
   it('reconcile --once names the credentials, not the clock, when the clocks agree', async () => {

@@ -229,7 +229,8 @@ describe('reconcile --report of a run whose process stopped', () => {
 
 describe('reconcile --once with POLL_LEASE_S', () => {
   it('leases each order it claims for POLL_LEASE_S: its lease and its next poll end that long after the claim', async () => {
-    const at = Date.parse('2026-03-04T05:06:07.000Z')
+    // near the database's time: a clock far from it claims nothing (db/clock-guard.ts)
+    const at = Math.floor(Date.now() / 1000) * 1000
     await insertOrders(database.db, [{ externalReference: 'cli-leased', nextPollAt: new Date(at - 60_000) }])
     // the platform looks at the order while its GET is in flight, then answers
     const seen: { pollLeaseToken: string | null; pollLeaseExpiresAt: Date | null; nextPollAt: Date | null }[] = []

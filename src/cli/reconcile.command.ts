@@ -71,6 +71,8 @@ async function runOnce(json: boolean | undefined): Promise<void> {
     { observationSettings },
     { stopOnSignals },
     { countLeasedDue, countOtherEnvironmentDue },
+    { CLOCK_OFFSET_BOUND_MS },
+    { databaseClockOffsetMs },
   ] = await Promise.all([
     import('../clock.js'),
     import('../partner-api/create-partner-api-client.js'),
@@ -78,8 +80,21 @@ async function runOnce(json: boolean | undefined): Promise<void> {
     import('../orders/observations.js'),
     import('../stop-signals.js'),
     import('../orders/poll-schedule.repository.js'),
+    import('../db/clock-guard.js'),
+    import('../db/ping-database.js'),
   ])
   const { summary, otherEnvironment, leased } = await withDatabase(async ({ config, logger, db, reactions, clock = systemClock }) => {
+    // a claim's lease and the orders' next polls are written by this machine's clock, and read by every replica's: far
+    // from the database's, the cycle is refused as a replica's is (db/clock-guard.ts), before anything is claimed
+    const offsetMs = await databaseClockOffsetMs(db, clock)
+    if (Math.abs(offsetMs) > CLOCK_OFFSET_BOUND_MS) {
+      const side = offsetMs < 0 ? 'ahead of' : 'behind'
+      throw new CommandFailedError(
+        'clock_offset',
+        `This machine's clock is ${Math.round(Math.abs(offsetMs) / 1000)} s ${side} the database's, past the ${CLOCK_OFFSET_BOUND_MS / 1000} s bound: ` +
+          "nothing was claimed (a claim's lease and the next polls would be written by this clock); fix this machine's clock (timedatectl, chrony, ntpd)",
+      )
+    }
     const poller = createPoller({
       db,
       fetcher: createPartnerApiClient(config, { logger, clock }),
