@@ -367,7 +367,7 @@ export async function startService({
         clock,
         random,
         logger,
-        settings: pollerSettings(config.poll, observation, config.partner),
+        settings: pollerSettings(config.poll, observation, config.partner, config.databaseStatementTimeoutMs),
         replica,
         clockGuard,
         ...hooks,

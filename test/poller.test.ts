@@ -5,10 +5,12 @@ import type { TradeRecord } from '../src/partner-api/types.js'
 import { applyObservation } from '../src/orders/apply-observation.js'
 import { claimDueOrders } from '../src/orders/poll-schedule.repository.js'
 import { observationSettings } from '../src/orders/observations.js'
-import { dueOrderStats, pollerSettings } from '../src/reconcile/poller.js'
-import { PLATFORM_FAILING_MESSAGE, THROTTLED_MESSAGE, UNAUTHORIZED_MESSAGE } from '../src/reconcile/reconcile-cycle.js'
+import { createClockGuard } from '../src/db/clock-guard.js'
+import { longestPollMs } from '../src/reconcile/poll-lease.js'
+import { ClockOffError, dueOrderStats, pollerSettings } from '../src/reconcile/poller.js'
+import { CLOCK_STEPPED_MESSAGE, PLATFORM_FAILING_MESSAGE, THROTTLED_MESSAGE, UNAUTHORIZED_MESSAGE } from '../src/reconcile/reconcile-cycle.js'
 import { FakeClock } from './helpers/fake-clock.js'
-import { logEntries } from './helpers/log-sink.js'
+import { logEntries, testLogger } from './helpers/log-sink.js'
 import { tradeRecord } from './helpers/partner-api-fixtures.js'
 import { countingFetcher, insertOrders, orderByReference, platformError } from './helpers/reconcile-orders.js'
 import { deferred, eventually, testPoller } from './helpers/reconcile-poller.js'
@@ -465,7 +467,7 @@ describe('the poller', () => {
         return 'funded'
       })
       const replica = `replica-late-${pollS}`
-      const { getCall } = pollerSettings(testConfig().poll, observationSettings(testConfig()), { timeoutMs })
+      const { getCall } = pollerSettings(testConfig().poll, observationSettings(testConfig()), { timeoutMs }, testConfig().databaseStatementTimeoutMs)
       const settings = { concurrency: 1, leaseS: 60, getCall }
       const summary = await testPoller({ db: database.db, fetcher, clock, replica, settings }).runOnce()
       expect(summary.polled).toBeLessThan(4)
@@ -584,6 +586,38 @@ describe('the poller', () => {
       expect(new Date(order.nextPollAt!).toISOString()).toBe(fromNow(60).toISOString())
     })
 
+    // found from outside: a poll started at second 299 of a 300-s lease ran up to 235 s past its end, another replica
+    // claimed the order again, and the first answer was thrown away (lease_lost)
+    it('starts no poll once the lease has less than the longest poll left; the rest go back due now and the next cycle takes them', async () => {
+      await insertOrders(database.db, Array.from({ length: 4 }, (_, i) => ({ externalReference: `short-${i}`, nextPollAt: fromNow(-10 + i) })))
+      const dueBefore = fromNow(-7)
+      // each poll takes 30 s of the clock's time: polls start at 0, 30 and 60 s, and at 90 s less than 235 s of the lease is left
+      const fetcher = countingFetcher(async () => {
+        await clock.advance(30_000)
+        return 'funded'
+      })
+      const replica = 'replica-short-lease'
+      const poller = testPoller({ db: database.db, fetcher, clock, replica, settings: { concurrency: 1, leaseS: 300, longestPollMs: 235_000 } })
+      const summary = await poller.runOnce()
+      expect(fetcher.calls).toEqual(['tr_short-0', 'tr_short-1', 'tr_short-2'])
+      expect(summary).toMatchObject({ claimed: 4, polled: 3, released: 1, stoppedReason: null })
+      const left = await orderByReference(database.db, 'short-3')
+      expect(left).toMatchObject({ pollLeaseToken: null, pollAttempts: 0 })
+      expect(new Date(left.nextPollAt!).toISOString()).toBe(dueBefore.toISOString())
+      const warning = logEntries().find((entry) => entry.replica === replica && String(entry.msg).startsWith('reconcile cycle reached the end of its poll lease'))
+      expect(warning).toMatchObject({ leaseS: 300, longestPollS: 235, untried: 1 })
+      const next = await poller.runOnce()
+      expect(next).toMatchObject({ claimed: 1, polled: 1, released: 0 })
+      expect(fetcher.calls.at(-1)).toBe('tr_short-3')
+    })
+
+    it('takes the longest poll from PARTNER_API_TIMEOUT_MS and DATABASE_STATEMENT_TIMEOUT_MS', () => {
+      const config = testConfig({ PARTNER_API_TIMEOUT_MS: '10000', DATABASE_STATEMENT_TIMEOUT_MS: '15000' })
+      const settings = pollerSettings(config.poll, observationSettings(config), config.partner, config.databaseStatementTimeoutMs)
+      expect(settings.longestPollMs).toBe(longestPollMs(10_000, 15_000))
+      expect(settings.longestPollMs).toBeGreaterThan(200_000)
+    })
+
     it('brings the orders of a replica that died mid-cycle back when the lease runs out', async () => {
       await insertOrders(database.db, [{ externalReference: 'a', nextPollAt: fromNow(-1) }])
       await claimDueOrders(database.db, { now: now(), limit: 10, leaseS: 300, leaseToken: 'died' })
@@ -596,6 +630,45 @@ describe('the poller', () => {
       await clock.advance(15_000)
       expect(await dueOrderStats(database.db, clock)).toEqual({ ordersDue: 1, oldestDueAgeS: 15 })
       expect((await poller.runOnce()).results.applied).toBe(1)
+    })
+  })
+
+  describe('a clock stepped mid-cycle', () => {
+    // found from outside: a replica's clock stepped +600 s while a slow cycle ran; each poll after it wrote its next
+    // due time by that clock (3 orders due 10-13 min late) and the run's end 9:39 in the future
+    it('stops at the next poll: the one in flight finishes, no other starts, the rest go back due now, the run ends clock_offset in the database\'s time', async () => {
+      // this clock agrees with the database's until the step
+      clock = new FakeClock(Date.now())
+      await insertOrders(database.db, Array.from({ length: 5 }, (_, i) => ({ externalReference: `step-${i}`, nextPollAt: fromNow(-10 + i) })))
+      const dueBefore = [2, 3, 4].map((i) => fromNow(-10 + i).toISOString())
+      let calls = 0
+      const fetcher = countingFetcher(async () => {
+        // the second poll is under way when the clock steps
+        if (++calls === 2) await clock.advance(600_000)
+        return 'funded'
+      })
+      const clockGuard = createClockGuard({ db: database.db, clock, logger: testLogger() })
+      const replica = 'replica-stepped'
+      const poller = testPoller({ db: database.db, fetcher, clock, replica, clockGuard, settings: { concurrency: 1 } })
+      const summary = await poller.runOnce()
+      expect(fetcher.calls).toEqual(['tr_step-0', 'tr_step-1'])
+      expect(summary).toMatchObject({ claimed: 5, polled: 2, released: 3, stoppedReason: 'clock_offset' })
+      const left = await Promise.all([2, 3, 4].map((i) => orderByReference(database.db, `step-${i}`)))
+      expect(left.map((order) => [order.pollLeaseToken, order.pollAttempts])).toEqual([
+        [null, 0],
+        [null, 0],
+        [null, 0],
+      ])
+      expect(left.map((order) => new Date(order.nextPollAt!).toISOString())).toEqual(dueBefore)
+      const run = await database.db.selectFrom('reconcileRuns').selectAll().where('replica', '=', replica).executeTakeFirstOrThrow()
+      expect(run).toMatchObject({ stoppedReason: 'clock_offset', polled: 2 })
+      // its end in the database's time, not 600 s ahead
+      expect(Math.abs(new Date(run.finishedAt!).getTime() - Date.now())).toBeLessThan(10_000)
+      const line = logEntries().find((entry) => entry.replica === replica && entry.stoppedReason === 'clock_offset')
+      expect(line?.msg).toBe(CLOCK_STEPPED_MESSAGE)
+      expect(line?.offsetS).toBeLessThanOrEqual(-599)
+      // and no cycle after it while the clock stays off
+      await expect(poller.runOnce()).rejects.toBeInstanceOf(ClockOffError)
     })
   })
 

@@ -100,7 +100,7 @@ async function runOnce(json: boolean | undefined): Promise<void> {
       fetcher: createPartnerApiClient(config, { logger, clock }),
       clock,
       logger,
-      settings: pollerSettings(config.poll, observationSettings(config, reactions.handlersFor), config.partner),
+      settings: pollerSettings(config.poll, observationSettings(config, reactions.handlersFor), config.partner, config.databaseStatementTimeoutMs),
       replica: `cli:${hostname()}:${process.pid}`,
     })
     const run = async (): Promise<RunSummary> => {

@@ -5,8 +5,9 @@ import { longestGetWithRetryAfterMs } from '../partner-api/partner-api-transport
 
 /**
  * POLL_LEASE_S's default. A cycle normally takes seconds; the lease only has to outlast a slow one (a batch of GETs
- * with their timeouts and retries). When it runs out the order is due again, the cycle starts no further poll
- * (reconcile-cycle.ts), and the late write-back of a poll that was in flight is refused by the lease token.
+ * with their timeouts and retries). A cycle starts a poll only while its lease has at least longestPollMs left
+ * (reconcile-cycle.ts); when it runs out anyway (a process paused) the order is due again, the cycle starts no further
+ * poll, and the late write-back of a poll that was in flight is refused by the lease token.
  */
 export const DEFAULT_POLL_LEASE_S = 300
 

@@ -15,6 +15,7 @@ import { createWaitMs } from '../trades/open-trade-for-order.js'
 import { STATEMENT_ANSWER_GRACE_MS } from '../db/statement-timeout.js'
 import { longestGetMs, longestGetWithRetryAfterMs } from '../partner-api/partner-api-transport.js'
 import { type BackoffSettings, DEFAULT_BACKOFF } from './backoff-delay.js'
+import { longestPollMs } from './poll-lease.js'
 import { POLL_JITTER } from './poll-jitter.js'
 import type { PollResult, TradeFetcher } from './poll-order.js'
 import { countDueOrders, type DueOrderStats } from '../orders/poll-schedule.repository.js'
@@ -79,6 +80,8 @@ export interface PollerSettings {
   createWholeTimeMs?: number
   /** PARTNER_API_TIMEOUT_MS and the longest one GET can take with it (CycleSettings). */
   getCall?: { timeoutMs: number; longestMs: number }
+  /** The longest one poll can last (poll-lease.ts): no poll starts once the lease has less than this left (CycleSettings). */
+  longestPollMs?: number
 }
 
 /** The poller's settings from the POLL_* variables (POLL_LEASE_S among them), with the observation settings bound once. */
@@ -86,6 +89,7 @@ export function pollerSettings(
   poll: Config['poll'],
   observation: ObservationSettings,
   partner: Pick<Config['partner'], 'timeoutMs'>,
+  databaseStatementTimeoutMs: number,
 ): PollerSettings {
   return {
     intervalS: poll.intervalS,
@@ -96,6 +100,7 @@ export function pollerSettings(
     unresolvedCreateAfterS: poll.expectedWebhookS,
     createWholeTimeMs: createWaitMs(partner.timeoutMs),
     getCall: { timeoutMs: partner.timeoutMs, longestMs: longestGetMs(partner.timeoutMs) },
+    longestPollMs: longestPollMs(partner.timeoutMs, databaseStatementTimeoutMs),
   }
 }
 
@@ -115,7 +120,8 @@ export interface PollerDeps {
   onCycle?: (summary: RunSummary) => void
   /**
    * Asked before each cycle: while this machine's clock is far from the database's no cycle runs (no claim, no run
-   * recorded) and runOnce rejects with ClockOffError (db/clock-guard.ts). The service passes one.
+   * recorded) and runOnce rejects with ClockOffError (db/clock-guard.ts); and before each poll of a cycle, whose refusal
+   * stops it (`clock_offset`, reconcile-cycle.ts). The service passes one.
    */
   clockGuard?: ClockGuard | undefined
 }

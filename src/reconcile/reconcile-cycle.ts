@@ -16,11 +16,19 @@
 // answer between them. Polling the rest would send each of them its retries too: 3,000 orders due with the platform
 // answering 503 drew about 29 requests a second at POLL_CONCURRENCY=8, and 105 at 32, for as long as it lasted. Their
 // claims are given back untried (due again as before), and the poller's next cycle waits longer each time in a row.
+// And it stops when the clock guard, asked before each poll starts, refuses: this machine's clock stepped away from the
+// database's while the cycle ran (each poll's next due time and the run's end would be written by it). The polls in
+// flight finish; no other starts, the claims not polled are given back (due again at once), and the run is recorded
+// as stopped (`clock_offset`).
+// No poll starts once the lease has less than the longest poll left (CycleSettings.longestPollMs): one started later
+// could outlast the lease, another replica claim the order again, and its answer be thrown away (lease_lost). The
+// claims not polled for that reason are given back untried (due again at once) for the next cycle.
 import { randomUUID } from 'node:crypto'
 import { setMaxListeners } from 'node:events'
 import type { Kysely } from 'kysely'
 import type { Clock } from '../clock.js'
 import type { Database } from '../db/database.js'
+import type { ClockGuard } from '../db/clock-guard.js'
 import type { Logger } from '../logger.js'
 import type { ObservationSettings } from '../orders/apply-observation.js'
 import { describeClockOffset } from '../partner-api/clock-offset.js'
@@ -50,6 +58,9 @@ export function unauthorizedMessage(clockOffsetS: number | null): string {
 export const THROTTLED_MESSAGE =
   'the platform asked us to slow down (429 or Retry-After): cycle stopped, the orders not polled are due again after its wait'
 
+export const CLOCK_STEPPED_MESSAGE =
+  "this machine's clock stepped away from the database's while a reconcile cycle ran: the polls in flight finished, no other started, the orders not polled were given back (due again now)"
+
 export const PLATFORM_FAILING_MESSAGE =
   'the platform is failing (polls in a row ended in its errors after their retries): cycle stopped, the orders not polled are given back; the next cycle waits longer each time'
 
@@ -74,6 +85,11 @@ export interface CycleSettings {
   createWholeTimeMs?: number
   /** PARTNER_API_TIMEOUT_MS and the longest one GET can take with it (longestGetMs), named when a cycle outlived its lease. */
   getCall?: { timeoutMs: number; longestMs: number }
+  /**
+   * The longest one poll can last (longestPollMs in poll-lease.ts): no poll starts once the lease has less than this
+   * left. Absent: 0, a poll starts anywhere inside the lease (a test of something else).
+   */
+  longestPollMs?: number
 }
 
 export interface CycleDeps {
@@ -88,13 +104,16 @@ export interface CycleDeps {
   random?: () => number
   /** Called once per poll with its result: the metrics hook. */
   onPollResult?: (result: PollResult) => void
+  /** Asked before each poll starts (the poller's, db/clock-guard.ts): a refusal stops the cycle (`clock_offset`). */
+  clockGuard?: ClockGuard | undefined
 }
 
 /**
  * unauthorized: the platform answered 401; throttled: it asked us to slow down; platform_failing: polls in a row failed
- * there; shutdown: the caller aborted the cycle.
+ * there; clock_offset: the clock guard refused a poll (this machine's clock moved far from the database's mid-cycle);
+ * shutdown: the caller aborted the cycle.
  */
-export type StoppedReason = 'unauthorized' | 'throttled' | 'platform_failing' | 'shutdown'
+export type StoppedReason = 'unauthorized' | 'throttled' | 'platform_failing' | 'clock_offset' | 'shutdown'
 
 /**
  * The stopped_reason of a run whose cycle lost the database after the run was written: its end could not be
@@ -236,7 +255,13 @@ export async function runReconcileCycle(
   // (they were due again), so none is polled from then on; they are given back below, and any another replica
   // claimed since stays its own (the token no longer matches)
   const leaseEndsAt = startedAt.getTime() + settings.leaseS * 1000
+  // ... and none starts once less than the longest poll is left of it: a poll started later could outlast it
+  const lastPollStartAt = leaseEndsAt - (settings.longestPollMs ?? 0)
   let outlivedLease = false
+  // stopped inside the lease, with less than the longest poll left of it
+  let lastPollStartPassed = false
+  // the clock guard refused a poll: no other starts, the ones in flight finish
+  let clockRefused = false
   // the one poll that took longest: a whole lease's worth in one poll is a process paused (or a clock jump) more
   // likely than a platform that slow
   let longestPollMs = 0
@@ -250,9 +275,23 @@ export async function runReconcileCycle(
     random: deps.random ?? Math.random,
   }
   const worker = async () => {
-    while (!stop.signal.aborted && next < claimed.length) {
-      if (clock.now() >= leaseEndsAt) {
+    while (!stop.signal.aborted && !clockRefused && next < claimed.length) {
+      // the clock may have stepped since the cycle began (a poll's next due time and the run's end are written by it):
+      // asked first, as a step past the lease's end is the clock's fault, not the lease's
+      if (deps.clockGuard && !(await deps.clockGuard.allows('poller'))) {
+        clockRefused = true
+        stoppedReason ??= 'clock_offset'
+        return
+      }
+      // (another worker may have taken the last claim, or the cycle stopped, meanwhile)
+      if (stop.signal.aborted || clockRefused || next >= claimed.length) return
+      const now = clock.now()
+      if (now >= leaseEndsAt) {
         outlivedLease = true
+        return
+      }
+      if (now > lastPollStartAt) {
+        lastPollStartPassed = true
         return
       }
       const order = claimed[next++]!
@@ -310,6 +349,9 @@ export async function runReconcileCycle(
   unpolled.push(...untried)
 
   const polled = POLL_RESULTS.reduce((sum, kind) => sum + results[kind], 0)
+  // the run's end in the database's time when this clock stepped away from it (the guard's offset), not 10 min ahead
+  const offsetMs = stoppedReason === 'clock_offset' ? (deps.clockGuard?.offsetMs ?? 0) : 0
+  const endedAt = () => new Date(clock.now() + offsetMs)
   const errors = results.error + results.write_failed + results.throttled + results.not_found + results.trade_mismatch + results.unusable_trade_id + results.unauthorized
   // the database went away after the run was written: what the row should say once it is back
   const failed = (error: unknown) =>
@@ -318,7 +360,7 @@ export async function runReconcileCycle(
       : new CycleFailedError(
           runId,
           {
-            finishedAt: new Date(clock.now()),
+            finishedAt: endedAt(),
             polled,
             changed: results.applied,
             errors,
@@ -342,7 +384,7 @@ export async function runReconcileCycle(
     runId,
     replica,
     startedAt,
-    finishedAt: new Date(clock.now()),
+    finishedAt: endedAt(),
     claimed: claimed.length,
     polled,
     changed: results.applied,
@@ -369,8 +411,15 @@ export async function runReconcileCycle(
       throw failed(error)
     }
   }
-  logCycle(logger, summary, firstError)
-  if (outlivedLease) {
+  logCycle(logger, summary, firstError, deps.clockGuard?.offsetMs)
+  if (lastPollStartPassed && !outlivedLease) {
+    // stopped before the lease's end, with less than the longest poll left of it: nothing another replica holds
+    logger.warn(
+      { runId, replica, leaseS: settings.leaseS, longestPollS: Math.round((settings.longestPollMs ?? 0) / 1000), claimed: claimed.length, polled, untried: untried.length },
+      'reconcile cycle reached the end of its poll lease less the longest poll: the orders not yet polled were given back untried, due again now ' +
+        '(a poll started later could outlast the lease; a smaller POLL_BATCH_SIZE or a larger POLL_CONCURRENCY keeps a cycle inside it)',
+    )
+  } else if (outlivedLease) {
     // a pause of the process (SIGSTOP, a VM paused, a clock jump) shows as one poll that lasted most of the lease: the
     // advice about a slow platform was wrong for it
     const paused = longestPollMs >= (settings.leaseS * 1000) / 2
@@ -391,7 +440,7 @@ export async function runReconcileCycle(
   return summary
 }
 
-function logCycle(logger: Logger, summary: RunSummary, firstError: unknown): void {
+function logCycle(logger: Logger, summary: RunSummary, firstError: unknown, clockOffsetMs: number | undefined): void {
   const fields = {
     runId: summary.runId,
     replica: summary.replica,
@@ -407,6 +456,9 @@ function logCycle(logger: Logger, summary: RunSummary, firstError: unknown): voi
     logger.error({ ...fields, clockOffsetS: summary.clockOffsetS }, unauthorizedMessage(summary.clockOffsetS))
   } else if (summary.stoppedReason === 'throttled') {
     logger.warn({ ...fields, throttledUntil: summary.throttledUntil, err: firstError }, THROTTLED_MESSAGE)
+  } else if (summary.stoppedReason === 'clock_offset') {
+    // the guard's own error line says how far and what to fix
+    logger.warn({ ...fields, offsetS: clockOffsetMs === undefined ? null : Math.round(clockOffsetMs / 1000) }, CLOCK_STEPPED_MESSAGE)
   } else if (summary.stoppedReason === 'platform_failing') {
     logger.warn({ ...fields, err: firstError }, PLATFORM_FAILING_MESSAGE)
   } else if (summary.results.error > 0) {

@@ -1,6 +1,7 @@
 // A poller over a test database with small, explicit settings; every test names what it changes.
 import type { Kysely } from 'kysely'
 import type { Clock } from '../../src/clock.js'
+import type { ClockGuard } from '../../src/db/clock-guard.js'
 import type { Database } from '../../src/db/database.js'
 import type { Logger } from '../../src/logger.js'
 import type { TradeFetcher } from '../../src/reconcile/poll-order.js'
@@ -39,6 +40,7 @@ export function testPoller({
   settings = {},
   random = () => 0.5,
   logger = testLogger(),
+  clockGuard,
 }: {
   db: Kysely<Database>
   fetcher: TradeFetcher
@@ -47,6 +49,7 @@ export function testPoller({
   settings?: Partial<PollerSettings>
   random?: () => number
   logger?: Logger
+  clockGuard?: ClockGuard
 }): TestPoller {
   const reported: PollResult[] = []
   const cycles: RunSummary[] = []
@@ -60,6 +63,7 @@ export function testPoller({
     settings: { ...TEST_POLLER_SETTINGS, ...settings },
     onPollResult: (result) => reported.push(result),
     onCycle: (summary) => cycles.push(summary),
+    clockGuard,
   })
   return Object.assign(poller, { reported, cycles })
 }
