@@ -19,7 +19,7 @@ import type { ProxySettings } from './partner-api/partner-api-proxy.js'
 import { DEFAULT_MAX_ANSWER_BYTES, DEFAULT_RETRY, PARTNER_API_PREFIX } from './partner-api/partner-api-transport.js'
 import { DEFAULT_DISPATCHER_SETTINGS, HELD_BACK_WARN_MS, leaseMarginMs } from './reactions/dispatcher-settings.js'
 import { POLL_JITTER } from './reconcile/poll-jitter.js'
-import { DEFAULT_POLL_LEASE_S, shortestPollLeaseS } from './reconcile/poll-lease.js'
+import { DEFAULT_POLL_LEASE_S, POLL_START_WINDOW_S, shortestPollLeaseS } from './reconcile/poll-lease.js'
 import { decodeWebhookSecret, forwardSecrets, MIN_WEBHOOK_SECRET_BYTES, WEBHOOK_SECRET_PREFIX } from './reactions/forwarder.js'
 import { removeIfThere, writeWholeUnlessThere } from './write-whole.js'
 
@@ -922,10 +922,10 @@ export function parseConfig(
 
 /**
  * POLL_LEASE_S, or why it is refused. A lease must outlast the longest one claimed order's poll can take (its GET with
- * PARTNER_API_TIMEOUT_MS for each attempt and the Retry-After waits between them, then its write-back): shorter, it
- * runs out under a poll in flight, another replica claims the order and polls it again, and the first answer is
- * thrown away. Unset, it is 300 s, or that longest poll where it is longer: a PARTNER_API_TIMEOUT_MS of 60 s makes
- * one poll last up to 435 s, and a lease of 300 s under it, before this setting, could run out under a poll in flight.
+ * PARTNER_API_TIMEOUT_MS for each attempt and the Retry-After waits between them, then its write-back), and leave a
+ * window to start polls in: a cycle starts no poll with less than the longest poll left of its lease (a poll started
+ * later could outlast it, another replica claim the order and poll it again, and the first answer be thrown away).
+ * Unset, it is 300 s, or the shortest allowed where that is longer: 465 s where PARTNER_API_TIMEOUT_MS=60000.
  */
 function pollLeaseS(values: z.infer<typeof EnvSchema>): { leaseS: number } | { problem: string } {
   const shortest = shortestPollLeaseS(values.PARTNER_API_TIMEOUT_MS, values.DATABASE_STATEMENT_TIMEOUT_MS)
@@ -933,10 +933,11 @@ function pollLeaseS(values: z.infer<typeof EnvSchema>): { leaseS: number } | { p
   if (values.POLL_LEASE_S >= shortest) return { leaseS: values.POLL_LEASE_S }
   return {
     problem:
-      `POLL_LEASE_S: must be at least ${shortest}, the longest one claimed order's poll can last (its GET's ${DEFAULT_RETRY.maxAttempts} attempts of ` +
+      `POLL_LEASE_S: must be at least ${shortest}: the longest one claimed order's poll can last (its GET's ${DEFAULT_RETRY.maxAttempts} attempts of ` +
       `PARTNER_API_TIMEOUT_MS=${values.PARTNER_API_TIMEOUT_MS} with a Retry-After of up to ${DEFAULT_RETRY.maxRetryAfterMs / 1000} s waited out between them, then its write-back ` +
-      `under DATABASE_STATEMENT_TIMEOUT_MS=${values.DATABASE_STATEMENT_TIMEOUT_MS}): a shorter lease runs out under a poll in flight, ` +
-      'another replica claims the order and polls it again, and the first answer is thrown away',
+      `under DATABASE_STATEMENT_TIMEOUT_MS=${values.DATABASE_STATEMENT_TIMEOUT_MS}), and ${POLL_START_WINDOW_S} s to start polls in: ` +
+      'a cycle starts no poll with less than the longest poll left of its lease, which could otherwise run out under it ' +
+      '(another replica claims the order and polls it again, and the first answer is thrown away)',
   }
 }
 

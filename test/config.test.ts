@@ -488,24 +488,26 @@ describe('configuration', () => {
       expect(parseConfig({ ...remoteEnv, DATABASE_URL: url }).databaseUrl).toBe(url)
   })
 
-  it('leases a claimed order for POLL_LEASE_S, refusing one shorter than one poll can last, naming why', () => {
-    // 300 s by default: one poll lasts up to 235 s (4 × 10 s attempts, 3 × 60 s Retry-After waits, a 14 + 1 s write-back)
+  it('leases a claimed order for POLL_LEASE_S, refusing one shorter than one poll can last and a window to start polls in, naming why', () => {
+    // 300 s by default: one poll lasts up to 235 s (4 × 10 s attempts, 3 × 60 s Retry-After waits, a 14 + 1 s write-back),
+    // and a cycle needs 30 s more to start its polls in
     expect(parseConfig(remoteEnv).poll.leaseS).toBe(300)
     expect(parseConfig({ ...remoteEnv, POLL_LEASE_S: '900' }).poll.leaseS).toBe(900)
-    expect(parseConfig({ ...remoteEnv, POLL_LEASE_S: '235' }).poll.leaseS).toBe(235)
-    expect(problemsOf({ ...remoteEnv, POLL_LEASE_S: '234' })).toEqual([
-      "POLL_LEASE_S: must be at least 235, the longest one claimed order's poll can last (its GET's 4 attempts of " +
+    expect(parseConfig({ ...remoteEnv, POLL_LEASE_S: '265' }).poll.leaseS).toBe(265)
+    expect(problemsOf({ ...remoteEnv, POLL_LEASE_S: '264' })).toEqual([
+      "POLL_LEASE_S: must be at least 265: the longest one claimed order's poll can last (its GET's 4 attempts of " +
         'PARTNER_API_TIMEOUT_MS=10000 with a Retry-After of up to 60 s waited out between them, then its write-back under ' +
-        'DATABASE_STATEMENT_TIMEOUT_MS=14000): a shorter lease runs out under a poll in flight, another replica claims the ' +
-        'order and polls it again, and the first answer is thrown away',
+        'DATABASE_STATEMENT_TIMEOUT_MS=14000), and 30 s to start polls in: a cycle starts no poll with less than the longest ' +
+        'poll left of its lease, which could otherwise run out under it (another replica claims the order and polls it again, ' +
+        'and the first answer is thrown away)',
     ])
-    // the bound follows both timeouts: 4 × 60 s + 3 × 60 s + 2 s + 1 s
-    expect(problemsOf({ ...remoteEnv, POLL_LEASE_S: '422', PARTNER_API_TIMEOUT_MS: '60000', DATABASE_STATEMENT_TIMEOUT_MS: '2000' })[0]).toMatch(
-      /^POLL_LEASE_S: must be at least 423, /,
+    // the bound follows both timeouts: 4 × 60 s + 3 × 60 s + 2 s + 1 s, and 30 s
+    expect(problemsOf({ ...remoteEnv, POLL_LEASE_S: '452', PARTNER_API_TIMEOUT_MS: '60000', DATABASE_STATEMENT_TIMEOUT_MS: '2000' })[0]).toMatch(
+      /^POLL_LEASE_S: must be at least 453: /,
     )
-    expect(parseConfig({ ...remoteEnv, POLL_LEASE_S: '423', PARTNER_API_TIMEOUT_MS: '60000', DATABASE_STATEMENT_TIMEOUT_MS: '2000' }).poll.leaseS).toBe(423)
-    // unset, the lease is never shorter than one poll: 435 s where PARTNER_API_TIMEOUT_MS=60000
-    expect(parseConfig({ ...remoteEnv, PARTNER_API_TIMEOUT_MS: '60000' }).poll.leaseS).toBe(435)
+    expect(parseConfig({ ...remoteEnv, POLL_LEASE_S: '453', PARTNER_API_TIMEOUT_MS: '60000', DATABASE_STATEMENT_TIMEOUT_MS: '2000' }).poll.leaseS).toBe(453)
+    // unset, the lease is never shorter than that: 465 s where PARTNER_API_TIMEOUT_MS=60000
+    expect(parseConfig({ ...remoteEnv, PARTNER_API_TIMEOUT_MS: '60000' }).poll.leaseS).toBe(465)
     // a whole number of seconds up to a day, named when it is not
     for (const value of ['0', '86401', '300s', '-300']) {
       expect(problemsOf({ ...remoteEnv, POLL_LEASE_S: value }).map((problem) => problem.split(':')[0]), value).toEqual(['POLL_LEASE_S'])

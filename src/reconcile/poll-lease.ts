@@ -21,7 +21,14 @@ export function longestPollMs(partnerTimeoutMs: number, statementTimeoutMs: numb
   return longestGetWithRetryAfterMs(partnerTimeoutMs) + statementTimeoutMs + STATEMENT_ANSWER_GRACE_MS
 }
 
-/** The shortest POLL_LEASE_S allowed: the longest poll, in whole seconds. */
+/**
+ * The least time a lease leaves a cycle to start its polls in, past the longest poll: no poll starts with less than the
+ * longest poll left of the lease (reconcile-cycle.ts), so a lease no longer than the longest poll left none, or the
+ * moment before its claim returned: every order claimed, given back untried, claimed again, and none polled.
+ */
+export const POLL_START_WINDOW_S = 30
+
+/** The shortest POLL_LEASE_S allowed: the longest poll, in whole seconds, and the window to start polls in. */
 export function shortestPollLeaseS(partnerTimeoutMs: number, statementTimeoutMs: number): number {
-  return Math.ceil(longestPollMs(partnerTimeoutMs, statementTimeoutMs) / 1000)
+  return Math.ceil(longestPollMs(partnerTimeoutMs, statementTimeoutMs) / 1000) + POLL_START_WINDOW_S
 }
