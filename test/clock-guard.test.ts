@@ -3,6 +3,7 @@
 // and clock_offset_refused_total counts it, webhooks are still received; once the clock is right they take work again.
 import { randomBytes } from 'node:crypto'
 import { afterEach, beforeEach, describe, expect, it } from 'vitest'
+import type { Config } from '../src/config.js'
 import type { RunningService } from '../src/service.js'
 import { FakeClock } from './helpers/fake-clock.js'
 import { type ForwardReceiver, startForwardReceiver } from './helpers/forward-receiver.js'
@@ -66,6 +67,20 @@ describe.each(kinds)('the clock guard (%s)', (kind) => {
   const refused = (metrics: string, loop: string) => Number(new RegExp(`^clock_offset_refused_total\\{loop="${loop}"\\} (\\d+)$`, 'm').exec(metrics)?.[1])
   const offLines = () => logEntries().filter((entry) => OFF_LINE.test(String(entry.msg)))
 
+  /** An order due 90 s ago by `clock`, and a webhook for another order: the delivery's status is returned. */
+  async function seedAndDeliver(running: RunningService, config: Config, clock: FakeClock, deliveryId: string): Promise<number> {
+    const { db } = running.database
+    await insertOrders(db, [{ externalReference: 'guard-1', tradeId: 'tr_guard-1', nextPollAt: new Date(clock.now() - 90_000) }])
+    await createOrder(db, { externalReference: 'guard-hook' })
+    const body = JSON.stringify(tradePayload('guard-hook', 'funded'))
+    const response = await fetch(`${running.url}${config.webhook.path}`, {
+      method: 'POST',
+      headers: { 'content-type': 'application/json', 'x-partner-delivery-id': deliveryId, 'x-partner-signature': signBody(body) },
+      body,
+    })
+    return response.status
+  }
+
   for (const [side, offsetMs] of [
     ['ahead of', DAY_MS],
     ['behind', -DAY_MS],
@@ -75,15 +90,7 @@ describe.each(kinds)('the clock guard (%s)', (kind) => {
       const clock = new FakeClock(Date.now() + offsetMs)
       const { config, running } = await start(clock)
       const { db } = running.database
-      await insertOrders(db, [{ externalReference: 'guard-1', tradeId: 'tr_guard-1', nextPollAt: new Date(clock.now() - 90_000) }])
-      await createOrder(db, { externalReference: 'guard-hook' })
-      const body = JSON.stringify(tradePayload('guard-hook', 'funded'))
-      const response = await fetch(`${running.url}${config.webhook.path}`, {
-        method: 'POST',
-        headers: { 'content-type': 'application/json', 'x-partner-delivery-id': `dlv-guard-${offsetMs > 0 ? 'ahead' : 'behind'}`, 'x-partner-signature': signBody(body) },
-        body,
-      })
-      expect(response.status).toBe(200)
+      expect(await seedAndDeliver(running, config, clock, `dlv-guard-${offsetMs > 0 ? 'ahead' : 'behind'}`)).toBe(200)
       // the first cycle was refused, and the poller sleeps its interval; a second one is refused too
       await eventually(() => pollerSleeps(clock) >= 1, 'the poller sleeps')
       await clock.advance(SERVICE_POLL_INTERVAL_MS)
@@ -117,15 +124,7 @@ describe.each(kinds)('the clock guard (%s)', (kind) => {
     const clock = new FakeClock(Date.now() - DAY_MS)
     const { config, running } = await start(clock)
     const { db } = running.database
-    await insertOrders(db, [{ externalReference: 'guard-1', tradeId: 'tr_guard-1', nextPollAt: new Date(clock.now() - 90_000) }])
-    await createOrder(db, { externalReference: 'guard-hook' })
-    const body = JSON.stringify(tradePayload('guard-hook', 'funded'))
-    const response = await fetch(`${running.url}${config.webhook.path}`, {
-      method: 'POST',
-      headers: { 'content-type': 'application/json', 'x-partner-delivery-id': 'dlv-guard-right', 'x-partner-signature': signBody(body) },
-      body,
-    })
-    expect(response.status).toBe(200)
+    expect(await seedAndDeliver(running, config, clock, 'dlv-guard-right')).toBe(200)
     await eventually(() => pollerSleeps(clock) >= 1, 'the poller sleeps')
     expect(platform!.requests).toHaveLength(0)
     expect(receiver!.received).toHaveLength(0)
