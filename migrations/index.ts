@@ -19,6 +19,7 @@ import * as tradeCreateWait from './0015_trade_create_wait.js'
 import * as reactionStreamTypes from './0016_reaction_stream_types.js'
 import * as replayedBodies from './0017_replayed_bodies.js'
 import * as orderPartnerEnv from './0018_order_partner_env.js'
+import * as deliveryOrderVersion from './0019_delivery_order_version.js'
 
 export const migrations: Record<string, Migration> = {
   '0001_initial': initial,
@@ -39,4 +40,5 @@ export const migrations: Record<string, Migration> = {
   '0016_reaction_stream_types': reactionStreamTypes,
   '0017_replayed_bodies': replayedBodies,
   '0018_order_partner_env': orderPartnerEnv,
+  '0019_delivery_order_version': deliveryOrderVersion,
 }

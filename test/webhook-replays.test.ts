@@ -91,6 +91,47 @@ describe('replays of a delivery under fresh delivery ids', () => {
     expect((await findOrderByExternalReference(database.db, reference))).toMatchObject({ id: order.id, tradeStatus: 'funded' })
   })
 
+  // found from outside, with replicas whose clocks disagree: "stored since its order last changed" compared one
+  // replica's receipt time with another's time of the move. A copy of funded stored by a replica 120 s ahead read
+  // as newer than the hold the poll applied after it, the hold's lifting was folded as a replay of that copy, and
+  // the order stayed on_hold for STALE_AFTER_S. The order's version, stored with the copy, decides it now
+  it('tells a hold lifted from a replay by the order’s version, whatever the clocks of the replicas that stored the copies', async () => {
+    const reference = 'replayed-hold-skew'
+    const funded = JSON.stringify(tradePayload(reference, 'funded'))
+    const onHold = JSON.stringify(tradePayload(reference, 'on_hold'))
+    const ahead = new FakeClock(clock.now() + 120_000)
+    const appAhead = createApp({ config, db: database.db, logger: testLogger(config.webhook.secrets), clock: ahead })
+    await createOrder(database.db, { externalReference: reference })
+    const tick = async () => {
+      await clock.advance(1_000)
+      await ahead.advance(1_000)
+    }
+    const send = async (to: App, body: string, deliveryId: string) => {
+      await tick()
+      const answer = await sendWebhook(to, { body, deliveryId })
+      expect(answer.status).toBe(200)
+      return { duplicate: answer.body.duplicate === true, outcome: (await outcomes([deliveryId]))[0]?.outcome }
+    }
+    expect(await send(app, funded, 'rhs-funded-1')).toEqual({ duplicate: false, outcome: 'applied' })
+    // the platform's send under a second id, received by the replica ahead
+    expect(await send(appAhead, funded, 'rhs-funded-2')).toEqual({ duplicate: false, outcome: 'duplicate_effect' })
+    expect(await send(app, onHold, 'rhs-hold-1')).toEqual({ duplicate: false, outcome: 'unknown_status' })
+    await tick()
+    const { outcome } = await applyObservation(
+      database.db,
+      { target: { externalReference: reference }, tradeId: `trd_${reference}`, externalReference: reference, status: 'on_hold', source: 'poll', observedAt: new Date(clock.now()) },
+      TEST_OBSERVATION_SETTINGS,
+    )
+    expect(outcome).toBe('applied')
+    // the hold lifted, received by either replica: stored, and the poll asked for now
+    expect(await send(app, funded, 'rhs-funded-3')).toEqual({ duplicate: false, outcome: 'stale' })
+    const order = await findOrderByExternalReference(database.db, reference)
+    expect(order).toMatchObject({ tradeStatus: 'on_hold' })
+    expect(order!.nextPollAt!.getTime()).toBeLessThanOrEqual(clock.now())
+    // and a replay of it, at the replica ahead, is one
+    expect(await send(appAhead, funded, 'rhs-funded-4')).toEqual({ duplicate: true, outcome: undefined })
+  })
+
   it('does not park a dismissed body again when it is replayed, nor store a replayed body that changed nothing', async () => {
     const body = JSON.stringify(tradePayload('replayed-dismissed', 'funded'))
     expect((await sendWebhook(app, { body, deliveryId: 'rp-d-0' })).status).toBe(200)
@@ -122,6 +163,10 @@ describe('replays of a delivery under fresh delivery ids', () => {
     const stored = await outcomes(['rp-2-0', ...copies.map((copy) => copy.deliveryId)])
     expect(stored.filter((row) => row.outcome === 'applied')).toEqual([{ deliveryId: 'rp-2-0', outcome: 'applied', orderId: order.id }])
     expect(stored.filter((row) => row.outcome === 'duplicate_effect' && row.orderId === order.id)).toHaveLength(300)
+    // each recorded with the order's version after the move, as the ingest records a copy (what the replay check reads)
+    const versions = await database.db.selectFrom('webhookDeliveries').select('orderVersion').distinct()
+      .where('deliveryId', 'in', ['rp-2-0', ...copies.map((copy) => copy.deliveryId)]).execute()
+    expect(versions).toEqual([{ orderVersion: 1 }])
   })
 
   it('does not put the next poll later for a replay of the status the order has', async () => {

@@ -53,6 +53,11 @@ export interface WebhookDeliveriesTable {
   /** SHA-256 (hex) of the exact body: with deliveryId, the primary key. */
   bodySha256: string
   appliedAt: Timestamp | null
+  /**
+   * The order's version once this delivery was recorded against it (migrations/0019): what tells a copy stored since
+   * the order last changed without comparing two replicas' clocks. Null: no order, or stored before that migration.
+   */
+  orderVersion: number | null
 }
 
 export interface OrderStatusHistoryTable {

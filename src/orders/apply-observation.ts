@@ -415,11 +415,12 @@ function observationStatement(
     delivery as (
       insert into webhook_deliveries
         (delivery_id, body_sha256, received_at, event_type, trade_id, trade_reference, external_reference,
-         observed_status, outcome, order_id, raw_body, applied_at)
+         observed_status, outcome, order_id, raw_body, applied_at, order_version)
       select i.delivery_id, i.body_sha256, i.observed_at, i.event_type, i.trade_id, i.trade_reference, i.external_reference,
         i.status,
         coalesce(d.outcome, case when i.not_ours then 'dismissed' else 'unmatched' end), d.id, i.raw_body,
-        case when d.outcome = 'applied' then i.observed_at end
+        case when d.outcome = 'applied' then i.observed_at end,
+        d.version + case when d.outcome = 'applied' then 1 else 0 end
       from input i left join decision d on d.n = i.n
       -- a body a stored delivery that changed nothing has already (replayed under a fresh delivery id, which is not
       -- signed): it changes nothing that one did not, and is not stored again (migrations/0017). Parked and
@@ -428,11 +429,15 @@ function observationStatement(
       -- for a poll now (an unknown status, a hold lifted) is told apart only from a copy stored since its order last
       -- changed: the platform sends a status's body byte for byte again when the trade comes back to it, and a
       -- hold's lifting (funded, on_hold, funded) was answered as a replay of the first funded's copy, nothing asked
-      -- the poll, and the order stayed on_hold for STALE_AFTER_S
+      -- the poll, and the order stayed on_hold for STALE_AFTER_S. "Since" is the order's version stored with the copy
+      -- (migrations/0019), not its receipt time: that compared one replica's clock with another's, and a copy stored
+      -- by a replica 120 s ahead read as newer than the hold. A copy stored before that migration has only its time
       where d.outcome is not distinct from 'applied'
         or (select 1 from webhook_deliveries p where p.body_sha256 = i.body_sha256 and p.outcome <> 'applied'
-          and p.received_at >= case when d.outcome = 'unknown_status' or ${asksForReturn('d', 'i')}
-            then coalesce(d.order_changed_at, '-infinity') else '-infinity' end
+          and case when d.outcome = 'unknown_status' or ${asksForReturn('d', 'i')} then
+              case when p.order_id = d.id and p.order_version is not null then p.order_version >= d.version
+                else p.received_at >= coalesce(d.order_changed_at, '-infinity') end
+            else true end
           limit 1) is null
       on conflict (delivery_id, body_sha256) do nothing
       returning delivery_id, body_sha256, outcome

@@ -34,11 +34,11 @@ const exactText = new TextDecoder('utf-8', { ignoreBOM: true })
 function toDelivery({
   rawBodyBytes: bytes,
   ...row
-}: Omit<Selectable<WebhookDeliveriesTable>, 'rawBody'> & { rawBodyBytes: Uint8Array | null }): StoredDelivery {
+}: Omit<Selectable<WebhookDeliveriesTable>, 'rawBody' | 'orderVersion'> & { rawBodyBytes: Uint8Array | null }): StoredDelivery {
   return { ...row, rawBody: bytes === null ? null : exactText.decode(bytes), outcome: row.outcome as DeliveryOutcome }
 }
 
-// every column but the raw body
+// every column but the raw body (and the order's version, read only by the ingest's replay check)
 const SUMMARY_COLUMNS = [
   'deliveryId',
   'bodySha256',
@@ -110,6 +110,14 @@ async function storedWithoutEffect(db: Transaction<Database>, { deliveryId, body
   return row !== undefined
 }
 
+/**
+ * The order a delivery's effect was recorded against, and that order's version now (migrations/0019): read in the
+ * transaction that applied the effect, which holds the order's row, so the version after that move.
+ */
+function recordedAgainst(orderId: number) {
+  return { orderId, orderVersion: sql<number>`(select o.version from orders o where o.id = ${orderId})` }
+}
+
 /** A delivery's effect, once known (applied later, re-applied, or by an event handler). */
 export async function updateDeliveryOutcome(
   db: Kysely<Database> | Transaction<Database>,
@@ -118,7 +126,7 @@ export async function updateDeliveryOutcome(
 ): Promise<void> {
   await db
     .updateTable('webhookDeliveries')
-    .set({ outcome, appliedAt, ...(orderId != null ? { orderId } : {}) })
+    .set({ outcome, appliedAt, ...(orderId != null ? recordedAgainst(orderId) : {}) })
     .where('deliveryId', '=', deliveryId)
     .where('bodySha256', '=', bodySha256)
     .execute()
@@ -138,7 +146,7 @@ export async function recordReapplyOutcome(
 ): Promise<DeliveryOutcome> {
   let update = trx
     .updateTable('webhookDeliveries')
-    .set({ outcome, appliedAt, ...(orderId != null ? { orderId } : {}) })
+    .set({ outcome, appliedAt, ...(orderId != null ? recordedAgainst(orderId) : {}) })
     .where('deliveryId', '=', deliveryId)
     .where('bodySha256', '=', bodySha256)
   if (outcome !== 'applied') update = update.where('outcome', '<>', 'applied')
@@ -228,7 +236,7 @@ export async function recordDuplicateEffects(trx: Transaction<Database>, deliver
     const slice = deliveries.slice(start, start + 5_000)
     await trx
       .updateTable('webhookDeliveries')
-      .set({ outcome: 'duplicate_effect', orderId, appliedAt: null })
+      .set({ outcome: 'duplicate_effect', appliedAt: null, ...recordedAgainst(orderId) })
       .where((eb) => eb(eb.refTuple('deliveryId', 'bodySha256'), 'in', slice.map(({ deliveryId, bodySha256 }) => eb.tuple(deliveryId, bodySha256))))
       .execute()
   }
