@@ -60,8 +60,13 @@ describe('replays of a delivery under fresh delivery ids', () => {
   // found from outside: the platform sends a status's body byte for byte again when the trade comes back to it. A
   // hold lifted (funded, on_hold, funded) was answered as a replay of the first funded's copy (stored
   // duplicate_effect), nothing asked for the poll, and the order stayed on_hold for STALE_AFTER_S
-  it('stores a body that asks for a poll when its order changed since the copy stored before, and folds it when not', async () => {
-    const reference = 'replayed-hold'
+  // a copy an older build stored (before migrations/0019, or beside this build in a rolling upgrade) has no order
+  // version, and is judged by its receipt time as before
+  it.each([
+    ['this build', false],
+    ['an older build', true],
+  ])('stores a body that asks for a poll when its order changed since the copy %s stored before, and folds it when not', async (_, older) => {
+    const reference = older ? 'replayed-hold-older' : 'replayed-hold'
     const funded = JSON.stringify(tradePayload(reference, 'funded'))
     const onHold = JSON.stringify(tradePayload(reference, 'on_hold'))
     const { order } = await createOrder(database.db, { externalReference: reference })
@@ -75,6 +80,7 @@ describe('replays of a delivery under fresh delivery ids', () => {
       await clock.advance(1_000)
       const answer = await sendWebhook(app, { body, deliveryId })
       expect(answer.status).toBe(200)
+      if (older) await database.db.updateTable('webhookDeliveries').set({ orderVersion: null }).where('deliveryId', '=', deliveryId).execute()
       const stored = await outcomes([deliveryId])
       const { nextPollAt } = (await findOrderByExternalReference(database.db, reference))!
       return { duplicate: answer.body.duplicate === true, outcome: stored[0]?.outcome, pollsNow: nextPollAt?.getTime() === clock.now() }
