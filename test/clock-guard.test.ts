@@ -90,7 +90,18 @@ describe.each(kinds)('the clock guard (%s)', (kind) => {
       const clock = new FakeClock(Date.now() + offsetMs)
       const { config, running } = await start(clock)
       const { db } = running.database
-      expect(await seedAndDeliver(running, config, clock, `dlv-guard-${offsetMs > 0 ? 'ahead' : 'behind'}`)).toBe(200)
+      const deliveryId = `dlv-guard-${offsetMs > 0 ? 'ahead' : 'behind'}`
+      expect(await seedAndDeliver(running, config, clock, deliveryId)).toBe(200)
+      if (offsetMs > 0) {
+        // the webhook's move is dated by the database's clock, not a day ahead: the order's next poll comes when it
+        // should (it was a day late, and nothing polled the order until then)
+        const moved = await orderByReference(db, 'guard-hook')
+        expect(moved.tradeStatus).toBe('funded')
+        expect(moved.statusChangedAt!.getTime()).toBeLessThanOrEqual(Date.now())
+        expect(moved.nextPollAt!.getTime()).toBeLessThan(Date.now() + DAY_MS / 2)
+        const delivery = await db.selectFrom('webhookDeliveries').select('receivedAt').where('deliveryId', '=', deliveryId).executeTakeFirstOrThrow()
+        expect(delivery.receivedAt.getTime()).toBeLessThanOrEqual(Date.now())
+      }
       // the first cycle was refused, and the poller sleeps its interval; a second one is refused too
       await eventually(() => pollerSleeps(clock) >= 1, 'the poller sleeps')
       await clock.advance(SERVICE_POLL_INTERVAL_MS)

@@ -286,7 +286,7 @@ async function runStatement(
       poll_after_s: pollAfterS(observation.status, settings),
       source: observation.source,
       history_delivery_id: observation.deliveryId ?? null,
-      observed_at: observation.observedAt.toISOString(),
+      stated_at: observation.observedAt.toISOString(),
       asked_version: observation.askedAtVersion ?? null,
       delivery_id: delivery?.deliveryId ?? null,
       event_type: delivery?.eventType ?? null,
@@ -454,9 +454,11 @@ function observationStatement(
 
   return sql<StatementRow>`${sql.raw(PREPARED)}
     with input as (
-      select * from json_to_recordset(${input}::json) as i(
+      -- never dated after the database's own time: a replica whose clock is ahead (a day, found from outside) dated the
+      -- order's move, its delivery and its next poll by it, and the order was not polled again until that day came
+      select *, least(i.stated_at, statement_timestamp()) as observed_at from json_to_recordset(${input}::json) as i(
         n int, target text, lease text, trade_id text, trade_reference text, external_reference text, status text,
-        rank int, terminal boolean, poll_after_s int, source text, history_delivery_id text, observed_at timestamptz, asked_version int,
+        rank int, terminal boolean, poll_after_s int, source text, history_delivery_id text, stated_at timestamptz, asked_version int,
         delivery_id text, event_type text, raw_body text, body_sha256 text, not_ours boolean, handlers text, partner_env text)
     ),
     ${decision}${deliveryInsert},
