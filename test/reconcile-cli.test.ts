@@ -354,6 +354,67 @@ describe('reconcile --requeue', () => {
   })
 })
 
+// After a restore from a backup, or a failover to a standby that lagged, the transitions the database lost are on the
+// platform only, and each open order waited up to STALE_AFTER_S for its poll; an operator had to name every order
+// to `--requeue` (found from outside). `--requeue-open` makes every open order of PARTNER_ENV due now
+describe('reconcile --requeue-open', () => {
+  const later = new Date(Date.now() + 6 * 3_600_000)
+
+  it('makes the open orders due now, leaves the flagged, the due, the leased, the closed and the other environment’s as they are, and the poller heals them', async () => {
+    await insertOrders(database.db, [
+      { externalReference: 'ro-waiting', nextPollAt: later },
+      { externalReference: 'ro-unscheduled', nextPollAt: null },
+      { externalReference: 'ro-due', nextPollAt: past(60) },
+      { externalReference: 'ro-flagged', nextPollAt: null },
+      { externalReference: 'ro-leased', nextPollAt: later },
+      { externalReference: 'ro-live', nextPollAt: later },
+      { externalReference: 'ro-released', tradeStatus: 'released', nextPollAt: null },
+      { externalReference: 'ro-no-trade', tradeId: null, tradeStatus: null, nextPollAt: null },
+    ])
+    await database.db.updateTable('orders').set({ attention: 'trade_not_found' }).where('externalReference', '=', 'ro-flagged').execute()
+    await database.db.updateTable('orders').set({ pollLeaseToken: 'elsewhere', pollLeaseExpiresAt: later }).where('externalReference', '=', 'ro-leased').execute()
+    await database.db.updateTable('orders').set({ partnerEnv: 'live' }).where('externalReference', '=', 'ro-live').execute()
+    const before = new Map((await database.db.selectFrom('orders').select(['externalReference', 'nextPollAt']).execute()).map((row) => [row.externalReference, row.nextPollAt]))
+
+    const result = await cli('reconcile', '--requeue-open')
+    expect([result.code, result.stderr]).toEqual([0, ''])
+    expect(result.stdout).toBe(
+      '2 open order(s) due now: the poller takes 100 a cycle (1 cycle(s), one every 30 s)\n' +
+        '1 flagged for an operator left as they are: `reconcile --requeue` clears them\n',
+    )
+    const after = await database.db.selectFrom('orders').select(['externalReference', 'nextPollAt', 'attention']).orderBy('id').execute()
+    for (const row of after) {
+      if (row.externalReference === 'ro-waiting' || row.externalReference === 'ro-unscheduled') {
+        expect(row.nextPollAt!.getTime(), row.externalReference).toBeLessThanOrEqual(Date.now())
+      } else expect(row.nextPollAt, row.externalReference).toEqual(before.get(row.externalReference))
+    }
+    expect(after.find((row) => row.externalReference === 'ro-flagged')?.attention).toBe('trade_not_found')
+
+    // run again before a poll: nothing is waiting
+    const again = await cli('reconcile', '--requeue-open', '--json')
+    expect(JSON.parse(again.stdout)).toEqual({ dueNow: 0, flagged: 1, cycles: 0 })
+    expect((await cli('reconcile', '--requeue-open')).stdout).toBe(
+      'no open order was waiting for its poll\n1 flagged for an operator left as they are: `reconcile --requeue` clears them\n',
+    )
+
+    // the poller's next cycle polls them, with the one due already
+    const once = await cli('reconcile', '--once', '--json')
+    expect(JSON.parse(once.stdout)).toMatchObject({ claimed: 3, polled: 3 })
+    for (const reference of ['ro-waiting', 'ro-unscheduled', 'ro-due']) {
+      expect((await orderByReference(database.db, reference)).tradeStatus, reference).toBe('delivered')
+    }
+  })
+
+  it('takes more open orders than one slice', async () => {
+    const count = 10_050
+    await insertOrders(database.db, Array.from({ length: count }, (_, i) => ({ externalReference: `ro-many-${i}`, nextPollAt: later })))
+    const result = await cli('reconcile', '--requeue-open', '--json')
+    expect(JSON.parse(result.stdout)).toEqual({ dueNow: count, flagged: 0, cycles: Math.ceil(count / 100) })
+    const waiting = await database.db.selectFrom('orders').select((eb) => eb.fn.countAll<string>().as('n')).where('nextPollAt', '>', new Date()).executeTakeFirstOrThrow()
+    expect(Number(waiting.n)).toBe(0)
+  })
+})
+
 // A statement takes at most 65,535 parameters: 70,001 references in one `in` list were refused as "connection
 // exception … try again later" (08P01), which no try could pass, and the refusal listed every unknown reference on
 // one line of megabytes. The list was also gathered by copying it for each reference: 40,000 took 15 s.
@@ -373,12 +434,12 @@ describe('reconcile --requeue with more references than a statement takes', () =
 })
 
 describe('reconcile arguments', () => {
-  it.each([[[]], [['--once', '--report']], [['--report', '--requeue']]])(
-    'exits 2 without exactly one of --once, --report, --requeue: %j',
+  it.each([[[]], [['--once', '--report']], [['--report', '--requeue']], [['--requeue', '--requeue-open']]])(
+    'exits 2 without exactly one of --once, --report, --requeue, --requeue-open: %j',
     async (args) => {
       const result = await cli('reconcile', ...args)
       expect(result.code).toBe(2)
-      expect(result.stderr).toContain('exactly one of --once, --report or --requeue')
+      expect(result.stderr).toContain('exactly one of --once, --report, --requeue or --requeue-open')
     },
   )
 

@@ -27,6 +27,7 @@ interface ReconcileOptions {
   once?: boolean
   report?: boolean
   requeue?: boolean | string[]
+  requeueOpen?: boolean
   limit: number
   json?: boolean
 }
@@ -37,7 +38,7 @@ export function registerReconcileCommands(program: Command): void {
   program
     .command('reconcile')
     .description(
-      'run one poll cycle (--once), show the latest runs (--report), or requeue flagged orders (--requeue)',
+      'run one poll cycle (--once), show the latest runs (--report), requeue flagged orders (--requeue), or poll every open order soon (--requeue-open)',
     )
     .option('--once', 'claim the due orders, poll them and apply what the platform answers')
     .option('--report', 'show the latest reconciliation runs')
@@ -46,12 +47,16 @@ export function registerReconcileCommands(program: Command): void {
       'clear `attention` and make these orders due now (no references: every flagged order, whatever its flag)',
       orderReferences,
     )
+    .option(
+      '--requeue-open',
+      'make every open order of PARTNER_ENV due now (after a database restore or failover lost transitions); flagged ones stay flagged',
+    )
     .option('--limit <n>', `runs to show with --report (at most ${MAX_REPORT_LIMIT})`, wholeNumberUpTo(MAX_REPORT_LIMIT), 20)
     .option('--json', 'print JSON')
     .action(async (options: ReconcileOptions, command: Command) => {
-      const modes = [options.once, options.report, options.requeue].filter((mode) => mode !== undefined)
+      const modes = [options.once, options.report, options.requeue, options.requeueOpen].filter((mode) => mode !== undefined)
       if (modes.length !== 1) {
-        throw new UsageError('reconcile needs exactly one of --once, --report or --requeue')
+        throw new UsageError('reconcile needs exactly one of --once, --report, --requeue or --requeue-open')
       }
       // a cycle claims POLL_BATCH_SIZE orders: --limit there was ignored without a word
       if (!options.report && command.getOptionValueSource('limit') === 'cli') {
@@ -59,6 +64,7 @@ export function registerReconcileCommands(program: Command): void {
       }
       if (options.once) await runOnce(options.json)
       else if (options.report) await report(options.limit, options.json)
+      else if (options.requeueOpen) await requeueOpen(options.json)
       else await requeue(options.requeue === true ? undefined : (options.requeue as string[]), options.json)
     })
 }
@@ -272,5 +278,29 @@ async function requeue(externalReferences: string[] | undefined, json: boolean |
     const shown = missing.slice(0, MISSING_SHOWN).map(printable).join(', ')
     const more = missing.length > MISSING_SHOWN ? ` and ${(missing.length - MISSING_SHOWN).toLocaleString('en-US')} more (--json lists them all)` : ''
     throw new CommandFailedError('order_not_found', `No order with external ${missing.length === 1 ? 'reference' : 'references'} ${shown}${more}`)
+  }
+}
+
+async function requeueOpen(json: boolean | undefined): Promise<void> {
+  const [{ systemClock }, { requeueOpenOrders }] = await Promise.all([
+    import('../clock.js'),
+    import('../orders/poll-schedule.repository.js'),
+  ])
+  const { result, poll } = await withDatabase(async ({ db, config }) => ({
+    result: await requeueOpenOrders(db, { now: new Date(systemClock.now()), partnerEnv: config.partner.env }),
+    poll: config.poll,
+  }))
+  // the poller takes POLL_BATCH_SIZE a cycle, a cycle every POLL_INTERVAL_S at most once it finds more due
+  const cycles = Math.ceil(result.dueNow / poll.batchSize)
+  if (json) printJson({ ...result, cycles })
+  else {
+    write(
+      result.dueNow === 0
+        ? 'no open order was waiting for its poll\n'
+        : `${result.dueNow.toLocaleString('en-US')} open order(s) due now: the poller takes ${poll.batchSize} a cycle (${cycles.toLocaleString('en-US')} cycle(s), one every ${poll.intervalS} s)\n`,
+    )
+    if (result.flagged > 0) {
+      write(`${result.flagged.toLocaleString('en-US')} flagged for an operator left as they are: \`reconcile --requeue\` clears them\n`)
+    }
   }
 }

@@ -458,3 +458,64 @@ export async function requeueOrders(
     return results
   })
 }
+
+export interface OpenRequeueResult {
+  /** Open orders of the environment made due now (none was due already). */
+  dueNow: number
+  /** Open orders of the environment flagged for an operator: left as they are (`reconcile --requeue` clears them). */
+  flagged: number
+}
+
+/**
+ * Makes every open order of `partnerEnv` due now (`reconcile --requeue-open`): linked to a trade, not terminal, not
+ * flagged, and neither due already nor leased to a poll under way. After the database was restored from a backup or
+ * failed over to a standby that lagged, the transitions it lost are on the platform only, and the orders would have
+ * waited up to STALE_AFTER_S for their poll; the poller now takes them POLL_BATCH_SIZE a cycle. In slices of
+ * REQUEUE_SLICE orders, each its own transaction, in the order of their ids: a million open orders do not hold the
+ * ingest's row locks for one long statement.
+ */
+export async function requeueOpenOrders(
+  db: Kysely<Database>,
+  { now, partnerEnv }: { now: Date; partnerEnv: PartnerEnv },
+): Promise<OpenRequeueResult> {
+  let dueNow = 0
+  let after = 0
+  for (;;) {
+    const moved = await db.transaction().execute(async (trx) => {
+      const slice = await trx
+        .selectFrom('orders')
+        .select('id')
+        .where('id', '>', after)
+        .where('tradeId', 'is not', null)
+        .where('isTerminal', '=', false)
+        .where('attention', 'is', null)
+        .where((eb) => ofEnvironment(eb, partnerEnv))
+        .orderBy('id')
+        .limit(REQUEUE_SLICE)
+        .forUpdate()
+        .execute()
+      if (slice.length === 0) return undefined
+      const ids = slice.map(({ id }) => id)
+      const { numUpdatedRows } = await trx
+        .updateTable('orders')
+        .set({ nextPollAt: now })
+        .where('id', 'in', ids)
+        .where((eb) => eb.or([eb('nextPollAt', 'is', null), eb('nextPollAt', '>', now)]))
+        .where((eb) => eb.or([eb('pollLeaseExpiresAt', 'is', null), eb('pollLeaseExpiresAt', '<=', now)]))
+        .executeTakeFirst()
+      return { last: ids[ids.length - 1]!, updated: Number(numUpdatedRows) }
+    })
+    if (!moved) break
+    dueNow += moved.updated
+    after = moved.last
+  }
+  const flagged = await db
+    .selectFrom('orders')
+    .select((eb) => eb.fn.countAll<string>().as('flagged'))
+    .where('tradeId', 'is not', null)
+    .where('isTerminal', '=', false)
+    .where('attention', 'is not', null)
+    .where((eb) => ofEnvironment(eb, partnerEnv))
+    .executeTakeFirstOrThrow()
+  return { dueNow, flagged: Number(flagged.flagged) }
+}
