@@ -194,7 +194,7 @@ export async function startService({
           ...(storage ? { dataDirStorage: { freeBytes: () => storage.freeBytes, minFreeBytes: storage.minFreeBytes } } : {}),
           pruneIntervalS: config.retention.intervalS,
           ...(config.poll.enabled ? { pollIntervalS: config.poll.intervalS, pollLongestCycleS: longestCycleMs(config) / 1000 } : {}),
-        })
+        }, { clock })
       : undefined
     // a second terminal's commands are run here (operator listener), on this database, in every mode (src/local).
     // On Postgres DATA_DIR holds nothing else: one this process cannot write (a read-only root file system in a

@@ -19,7 +19,7 @@ import { logEntries, testLogger } from './helpers/log-sink.js'
 import { PACKAGE_VERSION } from './helpers/package-version.js'
 import { tradeRecord } from './helpers/partner-api-fixtures.js'
 import { countingFetcher, insertOrders, platformError } from './helpers/reconcile-orders.js'
-import { testPoller } from './helpers/reconcile-poller.js'
+import { eventually, pollerSleeps, SERVICE_POLL_INTERVAL_MS, testPoller } from './helpers/reconcile-poller.js'
 import { startTcpProxy } from './helpers/tcp-proxy.js'
 import { testConfig } from './helpers/test-config.js'
 import { createTestDatabase, describePostgres, type TestDatabase, useTestDatabase } from './helpers/test-database.js'
@@ -184,18 +184,22 @@ describe('GET /metrics, on the operator listener', () => {
     expect(reads).toBe(4)
   })
 
-  it('has no poller cycle sample until a poller reports, then the time its last cycle finished', async () => {
+  it('has no poller cycle sample until a poller reports, then the time its last cycle finished and its age', async () => {
     const clock = new FakeClock()
-    const metrics = createMetrics({}, { defaultMetrics: false })
-    expectNoSample(await metrics.registry.metrics(), ['poller_last_cycle_timestamp_seconds'])
+    const metrics = createMetrics({}, { defaultMetrics: false, clock })
+    expectNoSample(await metrics.registry.metrics(), ['poller_last_cycle_timestamp_seconds', 'poller_last_cycle_age_seconds'])
     const hooks = metrics.pollerHooks(clock)
     const started = clock.now() / 1000
     expect(await metrics.registry.metrics()).toMatch(new RegExp(`^poller_last_cycle_timestamp_seconds ${started}$`, 'm'))
+    // before its first cycle ends, the age counts from the poller's start: a first cycle that never ends is seen
+    await clock.advance(20_000)
+    expect(await metrics.registry.metrics()).toMatch(/^poller_last_cycle_age_seconds 20$/m)
     hooks.onPollResult({ result: 'applied', orderId: 1, externalReference: 'o-1', tradeId: 't-1', fromStatus: null, toStatus: 'funded' })
-    await clock.advance(45_000)
+    await clock.advance(25_000)
     hooks.onCycle({ finishedAt: new Date(clock.now()) } as Parameters<typeof hooks.onCycle>[0])
     const scrape = await metrics.registry.metrics()
     expect(scrape).toMatch(new RegExp(`^poller_last_cycle_timestamp_seconds ${started + 45}$`, 'm'))
+    expect(scrape).toMatch(/^poller_last_cycle_age_seconds 0$/m)
     expect(scrape).toMatch(/^poller_polls_total\{result="applied"\} 1$/m)
     // every result is there from the start, so a rate over a quiet poller is 0 rather than absent
     expect(scrape).toMatch(/^poller_polls_total\{result="unauthorized"\} 0$/m)
@@ -271,6 +275,90 @@ describe("database_clock_offset_seconds: the database's clock against this repli
     const scrape = await scrapeOf(service)
     expect(scrape).toMatch(/^database_up 1$/m)
     expectNoSample(scrape, ['database_clock_offset_seconds'])
+  })
+})
+
+// Prometheus' time() minus a time the replica wrote by its own clock is off by as much as that clock is: a stuck
+// poller on a clock 10 minutes ahead looked fresh 10 minutes longer. The ages the alerts read are the replica's own
+describe('the ages the alerts read, measured by the replica on its monotonic clock', () => {
+  let service: RunningService | undefined
+  afterEach(async () => {
+    await service?.stop()
+    service = undefined
+  })
+  const scrapeOf = async (running: RunningService) => (await fetch(`${running.adminUrl}/metrics`)).text()
+  const ages = (scrape: string) =>
+    Object.fromEntries(
+      ['poller_last_cycle_age_seconds', 'retention_last_pass_age_seconds', 'partner_escrow_uptime_seconds'].map((name) => [
+        name,
+        new RegExp(`^${name} (\\S+)$`, 'm').exec(scrape)?.[1],
+      ]),
+    )
+
+  const checkAges = async (databaseUrl?: string) => {
+    // on a whole second near the database's time: the clock guard lets the poller's first cycle claim
+    const clock = new FakeClock(Math.floor(Date.now() / 1000) * 1000)
+    // the pruner's first pass comes after min(PRUNE_INTERVAL_S, 60 s), 30 s here, before the poller's second cycle
+    const config = testConfig({
+      PORT: '0',
+      POLL_INTERVAL_S: String(SERVICE_POLL_INTERVAL_MS / 1000),
+      PRUNE_INTERVAL_S: '30',
+      ...(databaseUrl ? { DATABASE_URL: databaseUrl } : {}),
+    })
+    service = await startTestService({ config, logger: testLogger(), clock })
+    await service.ready
+    await eventually(() => pollerSleeps(clock) === 1, 'the first poll cycle ends')
+    let scrape = await scrapeOf(service)
+    // no pruning pass yet: no age for it (the alert counts from the uptime then)
+    expect(ages(scrape)).toEqual({
+      poller_last_cycle_age_seconds: '0',
+      retention_last_pass_age_seconds: undefined,
+      partner_escrow_uptime_seconds: '0',
+    })
+    const cycleTimestamp = /^poller_last_cycle_timestamp_seconds (\S+)$/m.exec(scrape)?.[1]
+    expect(cycleTimestamp).toBe(String(clock.now() / 1000))
+
+    await clock.advance(30_000)
+    const running = service
+    await eventually(async () => ages(await scrapeOf(running)).retention_last_pass_age_seconds === '0', 'the first pruning pass ends')
+    expect(ages(await scrapeOf(service))).toEqual({
+      poller_last_cycle_age_seconds: '30',
+      retention_last_pass_age_seconds: '0',
+      partner_escrow_uptime_seconds: '30',
+    })
+
+    // NTP, an operator or a VM resumed sets the wall clock 10 minutes forward: no age moves
+    clock.stepWallClock(600_000)
+    expect(ages(await scrapeOf(service))).toEqual({
+      poller_last_cycle_age_seconds: '30',
+      retention_last_pass_age_seconds: '0',
+      partner_escrow_uptime_seconds: '30',
+    })
+    await clock.advance(10_000)
+    // and 20 minutes back: still only the 10 s that passed
+    clock.stepWallClock(-1_200_000)
+    scrape = await scrapeOf(service)
+    expect(ages(scrape)).toEqual({
+      poller_last_cycle_age_seconds: '40',
+      retention_last_pass_age_seconds: '10',
+      partner_escrow_uptime_seconds: '40',
+    })
+    // the time of the last cycle is still exported, as it was written
+    expect(/^poller_last_cycle_timestamp_seconds (\S+)$/m.exec(scrape)?.[1]).toBe(cycleTimestamp)
+  }
+
+  const behaviour = "grow with the time that passes, and stay where they are when the machine's clock is set forward or back"
+  it(`${behaviour} (PGlite)`, () => checkAges())
+
+  describePostgres('on Postgres (Postgres)', () => {
+    let database: TestDatabase
+    beforeAll(async () => {
+      database = await createTestDatabase({ kind: 'postgres' })
+    })
+    afterAll(async () => {
+      await database.close()
+    })
+    it(`${behaviour} (Postgres)`, () => checkAges(database.url!))
   })
 })
 

@@ -135,6 +135,8 @@ describe('the poller in the service', () => {
     const metrics = await (await fetch(`${service.adminUrl}/metrics`)).text()
     expect(metrics).toContain('# TYPE poller_last_cycle_timestamp_seconds gauge')
     expect(metrics).not.toMatch(/^poller_last_cycle_timestamp_seconds /m)
+    expect(metrics).toContain('# TYPE poller_last_cycle_age_seconds gauge')
+    expect(metrics).not.toMatch(/^poller_last_cycle_age_seconds /m)
     expect(metrics).not.toMatch(/^poller_interval_seconds /m)
     expect(metrics).not.toMatch(/^poller_longest_cycle_seconds /m)
   })

@@ -3,7 +3,7 @@
 // deploy/prometheus/alerts.yml and deploy/grafana/partner-escrow.json use these names (a test checks).
 import { Counter, collectDefaultMetrics, Gauge, Histogram, Registry } from 'prom-client'
 import { droppedLogLines } from '../logger.js'
-import type { Clock } from '../clock.js'
+import { type Clock, monotonicNow, systemClock } from '../clock.js'
 import type { DatabaseState } from '../db/ping-database.js'
 import { GUARDED_LOOPS } from '../db/clock-guard.js'
 import { ATTENTION_FLAGS } from '../orders/poll-schedule.repository.js'
@@ -110,9 +110,9 @@ export interface Metrics {
   readonly inflightBodyBytes: { inc(bytes: number): void; dec(bytes: number): void }
   /**
    * For createPoller on a replica that runs it: counts polls and records when a cycle last finished.
-   * Until this is called, poller_last_cycle_timestamp_seconds has no sample (a replica without a poller
-   * must not look like a stalled one); from the call on, it starts at the call's time, so a first cycle
-   * that never ends is noticed too.
+   * Until this is called, poller_last_cycle_age_seconds and poller_last_cycle_timestamp_seconds have no sample (a
+   * replica without a poller must not look like a stalled one); from the call on, they start at the call's time, so
+   * a first cycle that never ends is noticed too.
    */
   pollerHooks(clock: Clock): PollerHooks
   /** For createDispatcher: attempts by handler and result, and the latency from a transition to its handler. */
@@ -129,10 +129,25 @@ export interface PartnerApiHooks {
 
 export function createMetrics(
   sources: MetricsSources = {},
-  { defaultMetrics = true, readTimeoutMs = SCRAPE_READ_TIMEOUT_MS } = {},
+  {
+    defaultMetrics = true,
+    readTimeoutMs = SCRAPE_READ_TIMEOUT_MS,
+    clock = systemClock,
+  }: { defaultMetrics?: boolean; readTimeoutMs?: number; clock?: Clock } = {},
 ): Metrics {
   const registry = new Registry()
   if (defaultMetrics) collectDefaultMetrics({ register: registry })
+  // an alert that counts from the start counts from here, on the monotonic clock: time() minus
+  // process_start_time_seconds is off by as much as this machine's clock was at the start
+  const startedAt = monotonicNow(clock)
+  new Gauge({
+    name: 'partner_escrow_uptime_seconds',
+    help: "Seconds since this process started serving metrics (at its start-up), on its monotonic clock, which setting the machine's clock does not move",
+    registers: [registry],
+    collect() {
+      this.set(Math.round(monotonicNow(clock) - startedAt) / 1000)
+    },
+  })
   // which build answers: a dashboard or alert can tell replicas of two versions apart during a rollout
   new Gauge({
     name: 'partner_escrow_build_info',
@@ -178,10 +193,19 @@ export function createMetrics(
     registers: [registry],
   })
   for (const result of POLL_RESULTS) pollResults.inc({ result }, 0)
+  // the age, not the time: Prometheus' time() minus a time this replica wrote by its own clock is off by as much as
+  // that clock is (a stuck poller on a clock 10 minutes ahead looks fresh for 10 minutes more). The time stays for
+  // what already reads it
   let lastCycleS: number | undefined
+  let lastCycle: MonotonicAge | undefined
+  new OptionalGauge(() => lastCycle?.seconds(), {
+    name: 'poller_last_cycle_age_seconds',
+    help: "Seconds since this replica's poller last finished a cycle (empty cycles too), or since it started before its first, measured at scrape time on the monotonic clock; no sample where no poller runs",
+    registers: [registry],
+  })
   new OptionalGauge(() => lastCycleS, {
     name: 'poller_last_cycle_timestamp_seconds',
-    help: "Unix time at which this replica's poller last finished a cycle (empty cycles too); no sample where no poller runs",
+    help: "Unix time, by this replica's clock, at which its poller last finished a cycle (empty cycles too); no sample where no poller runs. The alerts read poller_last_cycle_age_seconds, which this machine's clock does not move",
     registers: [registry],
   })
 
@@ -281,9 +305,15 @@ export function createMetrics(
   })
   for (const what of PRUNED_KINDS) rowsPruned.inc({ what }, 0)
   let lastPruneS: number | undefined
+  const lastPass = ageSince(clock)
+  new OptionalGauge(lastPass.seconds, {
+    name: 'retention_last_pass_age_seconds',
+    help: 'Seconds since this replica last finished a whole pruning pass (one replica at a time holds the lock; a pass cut short by a shutdown or a lost lock does not count), measured at scrape time on the monotonic clock; no sample before the first',
+    registers: [registry],
+  })
   new OptionalGauge(() => lastPruneS, {
     name: 'retention_last_pass_timestamp_seconds',
-    help: 'Unix time at which this replica last finished a whole pruning pass (one replica at a time holds the lock; a pass cut short by a shutdown or a lost lock does not count); no sample before the first',
+    help: "Unix time, by this replica's clock, at which it last finished a whole pruning pass; no sample before the first. The alerts read retention_last_pass_age_seconds, which this machine's clock does not move",
     registers: [registry],
   })
   // the settings an alert measures against (three of the interval), each where this replica has it
@@ -476,6 +506,7 @@ export function createMetrics(
       onPruned: (what, rows) => rowsPruned.inc({ what }, rows),
       onPass: (finishedAt) => {
         lastPruneS = finishedAt.getTime() / 1000
+        lastPass.mark()
       },
     },
     reactionHooks(handlers) {
@@ -495,16 +526,38 @@ export function createMetrics(
     },
     pollerHooks(clock) {
       hooks ??= (() => {
+        const cycle = ageSince(clock)
+        lastCycle = cycle
         lastCycleS = clock.now() / 1000
+        cycle.mark()
         return {
           onPollResult: ({ result }) => pollResults.inc({ result }),
           onCycle: (summary) => {
             lastCycleS = summary.finishedAt.getTime() / 1000
+            cycle.mark()
           },
         }
       })()
       return hooks
     },
+  }
+}
+
+interface MonotonicAge {
+  /** The moment counted from: now. */
+  mark(): void
+  /** Seconds from the last mark to now, to the millisecond; undefined before the first mark. */
+  seconds(): number | undefined
+}
+
+/** An age on `clock`'s monotonic time: what a step of the wall clock (NTP, an operator, a VM resumed) does not move. */
+function ageSince(clock: Clock): MonotonicAge {
+  let markedAt: number | undefined
+  return {
+    mark: () => {
+      markedAt = monotonicNow(clock)
+    },
+    seconds: () => (markedAt === undefined ? undefined : Math.round(monotonicNow(clock) - markedAt) / 1000),
   }
 }
 

@@ -3,6 +3,8 @@ import type { Clock } from '../../src/clock.js'
 /** A clock that moves only when told to; sleepers wake when their time is reached. */
 export class FakeClock implements Clock {
   private current: number
+  /** How far stepWallClock has set now() from the monotonic time. */
+  private wallStep = 0
   private sleepers: { until: number; resolve: () => void }[] = []
   /** Every duration passed to sleep(), in order: what a backoff test asserts on. */
   readonly sleeps: number[] = []
@@ -12,12 +14,20 @@ export class FakeClock implements Clock {
   }
 
   now(): number {
+    return this.current + this.wallStep
+  }
+
+  /** The same time as now() unless stepWallClock was called: it moves only forward, by advance(). */
+  monotonicNow(): number {
     return this.current
   }
 
-  /** The same time as now(): a fake clock moves only forward, by advance(). */
-  monotonicNow(): number {
-    return this.current
+  /**
+   * Sets the wall clock (now()) `ms` forward, or back when negative, as NTP or an operator setting the machine's
+   * clock does: monotonicNow() and the sleepers do not move.
+   */
+  stepWallClock(ms: number): void {
+    this.wallStep += ms
   }
 
   sleep(ms: number, signal?: AbortSignal): Promise<void> {
