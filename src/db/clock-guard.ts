@@ -8,6 +8,10 @@
 // they claim nothing (a stream's lease held here is given back), say so once in an error line, count each refusal,
 // and go on by themselves once the offset is back within it. Webhook ingest does not ask: it writes no lease.
 //
+// Work already under way when the clock went off (a handler running) cannot be refused: its outcome is written by
+// the database's time instead (timeToWrite), so a retry is due after its backoff, not a day late by a clock a day
+// ahead, nor at once by one a day behind.
+//
 // The offset is measured against the clock the loops use (the service's injected Clock), so what is judged is the
 // time the leases would be written with. It is measured again every CLOCK_RECHECK_MS by the machine's monotonic
 // timer, and at once when the clock stepped since (NTP correcting a VM after a pause), never more than one at a time.
@@ -45,6 +49,14 @@ export interface ClockGuard {
   allows(loop: GuardedLoop): Promise<boolean>
   /** The last offset measured, ms the database's clock is ahead of this one's (negative: behind); undefined before one. */
   readonly offsetMs: number | undefined
+  /**
+   * The time (ms since the epoch) to write the outcome of work already under way by (a reaction's retry due time, a
+   * lease given back or renewed): this clock's now while it is within the bound of the database's, else the database's
+   * time as measured (this clock's now plus the offset). Within the bound it is not corrected: claims compare due
+   * times with their own clocks, and a test's clock keeps deciding what is due. Measures first when allows() would;
+   * refuses nothing.
+   */
+  timeToWrite(): Promise<number>
 }
 
 export function clockOffMessage(offsetMs: number, boundMs = CLOCK_OFFSET_BOUND_MS): string {
@@ -105,17 +117,24 @@ export function createClockGuard({
     }
   }
 
+  const measureIfDue = async () => {
+    if (!due()) return
+    measuring ??= measure().finally(() => {
+      measuring = undefined
+    })
+    await measuring
+  }
+
   return {
     get offsetMs() {
       return offsetMs
     },
+    async timeToWrite() {
+      await measureIfDue()
+      return off && offsetMs !== undefined ? clock.now() + offsetMs : clock.now()
+    },
     async allows(loop) {
-      if (due()) {
-        measuring ??= measure().finally(() => {
-          measuring = undefined
-        })
-        await measuring
-      }
+      await measureIfDue()
       if (!off) return true
       try {
         onRefused?.(loop)

@@ -110,7 +110,8 @@ export interface DispatcherDeps {
   /**
    * Asked before each claim and each stream read: while this machine's clock is far from the database's the job loop
    * claims nothing and the streams take no lease (one held is given back), looking again every CLOCK_RECHECK_MS
-   * (db/clock-guard.ts). The service passes one.
+   * (db/clock-guard.ts); the outcome of a handler that was running meanwhile is written by the database's time
+   * (timeToWrite). The service passes one.
    */
   clockGuard?: ClockGuard | undefined
 }
@@ -215,6 +216,8 @@ function describeTransaction(transaction: OpenTransaction) {
 export function createDispatcher(deps: DispatcherDeps): Dispatcher {
   const { db, clock, logger, settings } = deps
   const random = deps.random ?? Math.random
+  // what the outcome of work under way is written by: the database's time once this clock is off it (clock-guard.ts)
+  const timeToWrite = async () => new Date(deps.clockGuard ? await deps.clockGuard.timeToWrite() : clock.now())
   const running = new Map<string, { job: ClaimedJob; abort: AbortController; done: Promise<void> }>()
   let stopping: AbortController | undefined
   let loop: Promise<void> | undefined
@@ -276,7 +279,7 @@ export function createDispatcher(deps: DispatcherDeps): Dispatcher {
         const group = toComplete
         toComplete = []
         try {
-          const written = await completeJobs(db, group, new Date(clock.now()))
+          const written = await completeJobs(db, group, await timeToWrite())
           for (const job of group) job.written(written.has(job.id))
         } catch (error) {
           for (const job of group) job.failed(error)
@@ -408,7 +411,7 @@ export function createDispatcher(deps: DispatcherDeps): Dispatcher {
         if (!written) log().warn('reaction handled, but its lease had been taken over: the job ran again elsewhere')
         return
       }
-      const now = new Date(clock.now())
+      const now = await timeToWrite()
       if (stopSignal.aborted && abort.signal.aborted) {
         // stopped by shutdown, not failed: stop() gives the lease back
         report(job.handler, 'released')
@@ -447,7 +450,7 @@ export function createDispatcher(deps: DispatcherDeps): Dispatcher {
     const type = job.event.type
     const setting = deps.streams?.typesSetting?.(job.handler) ?? 'its registration'
     const reason = `handler ${job.handler} no longer takes ${type} (${setting}); skipped without running`
-    const written = await skipJobNotTaken(db, { id: job.id, leaseToken: job.leaseToken, now: new Date(clock.now()), reason })
+    const written = await skipJobNotTaken(db, { id: job.id, leaseToken: job.leaseToken, now: await timeToWrite(), reason })
     report(job.handler, written ? 'skipped' : 'lease_lost')
     if (!written) {
       log().warn({ type }, 'reaction job not taken by its handler any more, but its lease had been taken over: the job ran again elsewhere')
@@ -511,11 +514,12 @@ export function createDispatcher(deps: DispatcherDeps): Dispatcher {
   const giveBack = (jobs: readonly { job: ClaimedJob; claim: Claim }[]) => {
     const byToken = new Map<string, string[]>()
     for (const { job } of jobs) byToken.set(job.leaseToken, [...(byToken.get(job.leaseToken) ?? []), job.id])
-    const now = new Date(clock.now())
-    const released = Promise.all(
-      [...byToken].map(([leaseToken, ids]) =>
-        releaseJobs(db, { ids, leaseToken, now }).catch((error: unknown) =>
-          logger.warn({ err: error }, 'could not give back reaction leases; they run out on their own'),
+    const released = timeToWrite().then((now) =>
+      Promise.all(
+        [...byToken].map(([leaseToken, ids]) =>
+          releaseJobs(db, { ids, leaseToken, now }).catch((error: unknown) =>
+            logger.warn({ err: error }, 'could not give back reaction leases; they run out on their own'),
+          ),
         ),
       ),
     )
@@ -775,6 +779,7 @@ export function createDispatcher(deps: DispatcherDeps): Dispatcher {
           recovery,
           onFirstStart: deps.onFirstStart,
           jobsWritten: () => jobWaker.wake(),
+          timeToWrite,
           slots: slotsOf(name),
           describeFailure,
         })
@@ -827,7 +832,7 @@ export function createDispatcher(deps: DispatcherDeps): Dispatcher {
         for (const entry of unfinished) entry.abort.abort(new Error('the service is shutting down'))
         const byToken = new Map<string, string[]>()
         for (const { job } of unfinished) byToken.set(job.leaseToken, [...(byToken.get(job.leaseToken) ?? []), job.id])
-        const now = new Date(clock.now())
+        const now = await timeToWrite()
         for (const [leaseToken, ids] of byToken) {
           await releaseJobs(db, { ids, leaseToken, now }).catch((error: unknown) =>
             logger.warn({ err: error }, 'could not give back reaction leases; they run out on their own'),

@@ -134,6 +134,11 @@ export interface StreamWorkerDeps {
   /** The process's handler slots (REACTION_CONCURRENCY), shared with the job loop. */
   slots: Slots
   describeFailure: (error: unknown) => string
+  /**
+   * The time to write a batch's outcome and the stream's renewed lease by (ClockGuard.timeToWrite: the database's once
+   * this clock is off it); absent: the clock's now.
+   */
+  timeToWrite?: (() => Promise<Date>) | undefined
 }
 
 export interface BatchResult {
@@ -165,6 +170,8 @@ const NOT_RETURNED = Symbol('not returned')
 
 export function createStreamWorker(deps: StreamWorkerDeps) {
   const { db, name, clock, logger, settings, leaseToken, types } = deps
+  // (a handler may have run across a step of this clock: what its batch writes is written by the database's time then)
+  const timeToWrite = deps.timeToWrite ?? (() => Promise.resolve(new Date(clock.now())))
   // large enough that a batch's own cost (two statements, a commit) is small beside its events' under a heavy
   // load (gatherMs); a batch reads its events' rows at once, about 0.5 kB each
   const batchSize = Math.max(512, 8 * settings.concurrency)
@@ -188,8 +195,10 @@ export function createStreamWorker(deps: StreamWorkerDeps) {
    * Writes back, under the lease (renewed): the job rows of `outcomes`, the record of the `done` events and the new
    * place. The running rows' ids by event id; undefined when another replica holds the stream (nothing written).
    */
-  const writeBack = (place: StreamPlace, outcomes: readonly StreamOutcome[], done: readonly string[], now: number) =>
-    writeReactionStream(db, { handler: name, leaseToken, place, outcomes, done, now: new Date(now), leaseEnd: new Date(now + streamLeaseMs), types })
+  const writeBack = async (place: StreamPlace, outcomes: readonly StreamOutcome[], done: readonly string[]) => {
+    const now = await timeToWrite()
+    return writeReactionStream(db, { handler: name, leaseToken, place, outcomes, done, now, leaseEnd: new Date(now.getTime() + streamLeaseMs), types })
+  }
   /** Another replica took the stream: `events` of this process's batches run again there. */
   const warnTakenOver = (events: number) =>
     logger.warn({ handler: name, events }, 'reaction stream lease was taken over: the batch runs again elsewhere')
@@ -200,7 +209,7 @@ export function createStreamWorker(deps: StreamWorkerDeps) {
     if (!pending) return
     // (a write that fails leaves the stream's place where it was: those events are read and run again)
     unwritten = undefined
-    if (!(await writeBack(pending.place, [], pending.done, clock.now()))) {
+    if (!(await writeBack(pending.place, [], pending.done))) {
       leased = false
       warnTakenOver(pending.done.length)
     }
@@ -240,13 +249,13 @@ export function createStreamWorker(deps: StreamWorkerDeps) {
       return DONE
     }
     if (stopSignal.aborted && signal.aborted) return undefined
-    const base = { event, createdAt: entry.recordedAt, lastError: null, runAt: new Date(clock.now()) }
+    const base = { event, createdAt: entry.recordedAt, lastError: null, runAt: await timeToWrite() }
     const message = deps.describeFailure(failure)
     deps.reportFailure?.(name, failure)
     if (deps.handler && triesAgain(failure, 1, settings.maxAttempts)) {
       const { delayS, error } = planRetry(failure, message, 1, settings.backoff, deps.random)
       jobLog().warn({ error, retryInS: Math.round(delayS) }, 'reaction handler failed; retrying later')
-      return { ...base, state: 'pending', attempts: 1, lastError: error, runAt: new Date(clock.now() + delayS * 1000) }
+      return { ...base, state: 'pending', attempts: 1, lastError: error, runAt: new Date(base.runAt.getTime() + delayS * 1000) }
     }
     jobLog().error({ error: message, attempts: 1 }, 'reaction handler failed for the last time: the job is failed until retried or skipped')
     return { ...base, state: 'failed', attempts: 1, lastError: message }
@@ -258,7 +267,7 @@ export function createStreamWorker(deps: StreamWorkerDeps) {
 
   /** A handed-off handler returned: its outcome goes to its job row, as a claimed job's does. */
   const writeHandedOff = async (id: string, finished: Finished) => {
-    const now = new Date(clock.now())
+    const now = await timeToWrite()
     const lease = { id, leaseToken, now }
     let written: boolean
     if (finished === undefined) written = (await releaseJobs(db, { ids: [id], leaseToken, now })) > 0
@@ -464,7 +473,8 @@ export function createStreamWorker(deps: StreamWorkerDeps) {
         if (queue.length > shortQueue && !(await unlessEnded(whenQueueShort()))) return
         const now = clock.now()
         if (writingBack || stopSignal.aborted || lanesRunning === 0 || last.full || now - started >= WRITE_BACK_MS || readTotal + asked > maxUnwritten) return
-        const more = await readReactionStream(db, { handler: name, leaseToken, now: new Date(now), leaseEnd: new Date(now + streamLeaseMs), limit: asked, after: place, types })
+        const at = await timeToWrite()
+        const more = await readReactionStream(db, { handler: name, leaseToken, now: at, leaseEnd: new Date(at.getTime() + streamLeaseMs), limit: asked, after: place, types })
         // (the batch is being written back: the next batch reads these events again)
         if (writingBack) return
         if (!more.leased || !more.fromAfter) {
@@ -518,12 +528,13 @@ export function createStreamWorker(deps: StreamWorkerDeps) {
 
     // every event of the handler not done gets its job row: its outcome; running (handed off); or pending, due now
     const now = clock.now()
+    const writtenAt = await timeToWrite()
     const rowOf = (entry: StreamEvent, finished: StreamOutcome | undefined): StreamOutcome => {
       const { eventId } = entry.event
       if (finished) return finished
       const base = { event: entry.event, createdAt: entry.recordedAt, lastError: null }
       if (inFlight.has(eventId)) return { ...base, state: 'running', attempts: 1, runAt: leaseEnd, leaseExpiresAt: leaseEnd, leaseToken }
-      return { ...base, state: 'pending', attempts: 0, runAt: new Date(now) }
+      return { ...base, state: 'pending', attempts: 0, runAt: writtenAt }
     }
     // the batches held in memory go with this one's write-back
     const done: string[] = unwritten?.done ?? []
@@ -560,7 +571,7 @@ export function createStreamWorker(deps: StreamWorkerDeps) {
     let ids: Map<string, string> | undefined
     try {
       // (lost: another replica took the stream meanwhile, and runs these events again)
-      ids = lost ? undefined : await writeBack(place, outcomes, done, now)
+      ids = lost ? undefined : await writeBack(place, outcomes, done)
     } finally {
       // handlers still running own their rows from here (or, the write lost, run out with the lease)
       // Each call's outcome is written as it returns, not in turn: one call that never returns held back the rows of

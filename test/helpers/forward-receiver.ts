@@ -27,6 +27,8 @@ export type ReceiverAnswer =
   | { status: number; bodyStalls: true }
   /** a status given `afterMs` after the request ended: a handler in flight meanwhile */
   | { status: number; afterMs: number }
+  /** a status given once `when` resolves: a handler in flight until the test says */
+  | { status: number; when: Promise<unknown> }
   /** a 103 Early Hints (an interim answer), then a final status, or the connection closed with no final answer */
   | { earlyHintsThen: number | 'close' }
   | 'hang'
@@ -68,6 +70,7 @@ export async function startForwardReceiver(
       else if ('headers' in reply) res.writeHead(reply.status, reply.headers).end()
       else if ('location' in reply) res.writeHead(reply.status, { location: reply.location }).end()
       else if ('afterMs' in reply) setTimeout(() => res.writeHead(reply.status).end(), reply.afterMs)
+      else if ('when' in reply) void reply.when.then(() => res.writeHead(reply.status).end())
       else if ('bodyBytes' in reply) answerEndlessly(res, (written) => bodyBytesWritten.push(written), { size: reply.bodyBytes, status: reply.status })
       else if ('earlyHintsThen' in reply) {
         res.writeEarlyHints({ link: '</style.css>; rel=preload; as=style' })
