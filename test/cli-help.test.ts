@@ -35,6 +35,7 @@ describe('the command line', () => {
       'reactions show',
       'reactions retry',
       'reactions skip',
+      'reactions release-stream',
       'reconcile',
       'webhook sign',
       'webhook send',

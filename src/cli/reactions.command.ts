@@ -3,6 +3,8 @@
 // once the cause is fixed, or skip it to let them through.
 // `reactions rebase`: after a restore onto another database server, the streams' positions moved below its
 // transaction counter (rebaseStreamPositions in reaction-stream.repository.ts).
+// `reactions release-stream`: a handler's stream lease given back, one a replica killed with its clock far ahead left
+// holding every replica's new transitions back (releaseStreamLease).
 import { type JobWaitedFor, retriedText } from '../reactions/retried-text.js'
 import { Command, InvalidArgumentError, Option } from 'commander'
 import { printable } from '../printable.js'
@@ -28,7 +30,9 @@ function handlerName(value: string): string {
 export function registerReactionsCommands(program: Command): void {
   const reactions = program
     .command('reactions')
-    .description('reaction jobs (one per transition and handler): list, show, retry, skip; rebase the streams after a restore')
+    .description(
+      "reaction jobs (one per transition and handler): list, show, retry, skip; rebase the streams after a restore; release a stream's lease",
+    )
 
   reactions
     .command('list')
@@ -183,6 +187,45 @@ export function registerReactionsCommands(program: Command): void {
         )
       })
     })
+
+  registerReleaseStream(reactions)
+}
+
+function registerReleaseStream(reactions: Command): void {
+  reactions
+    .command('release-stream')
+    .description(
+      "give back a handler's stream lease (one a replica killed with its clock far ahead left, holding the handler's new transitions back until it ends): the next replica to read the stream takes it; a holder still running writes nothing of its batch in flight, whose events run again",
+    )
+    .argument('<handler>', 'the handler whose stream it is (forwarder, amqp, or a fork\'s own; a name with no stream is answered with those there are)', handlerName)
+    .option('--json', 'print as JSON')
+    .action(async (handler: string, options: { json?: boolean }) => {
+      const { releaseStreamLease } = await import('../reactions/reaction-stream.repository.js')
+      await withDatabase(async ({ db, logger }) => {
+        const outcome = await releaseStreamLease(db, handler)
+        if (options.json) printJson({ handler, ...outcome })
+        if (outcome.result === 'not_found') {
+          setExitCode(1)
+          if (options.json) return
+          const streams = outcome.handlers.length === 0 ? 'there is none yet (a service creates them as it starts)' : `the streams are ${outcome.handlers.map(printable).join(', ')}`
+          throw new CommandFailedError('stream_not_found', `No reaction stream of handler ${printable(handler)}: ${streams}`)
+        }
+        if (outcome.result === 'not_held') {
+          if (!options.json) write(`reaction stream ${printable(handler)} holds no lease: nothing to release\n`)
+          return
+        }
+        logger.info({ handler, leaseExpiresAt: outcome.leaseExpiresAt, leftS: outcome.leftS }, 'reaction stream lease released by an operator')
+        if (options.json) return
+        write(`released the lease on reaction stream ${printable(handler)}${leaseEnd(outcome.leaseExpiresAt, outcome.leftS)}: the next replica to read it takes it\n`)
+      })
+    })
+}
+
+/** When a released lease was to end, by the database's clock. */
+function leaseEnd(at: Date | null, leftS: number | null): string {
+  if (at === null || leftS === null) return ''
+  const seconds = Math.round(Math.abs(leftS))
+  return leftS >= 0 ? `, held until ${at.toISOString()} (${seconds} s from now by the database's clock)` : `, which had run out at ${at.toISOString()} (${seconds} s ago by the database's clock)`
 }
 
 function report(

@@ -336,6 +336,48 @@ export async function releaseReactionStream(db: Kysely<Database>, handler: strin
     .execute()
 }
 
+/** What releaseStreamLease found and did. */
+export type StreamLeaseRelease =
+  | { result: 'not_found'; handlers: string[] }
+  | { result: 'not_held' }
+  | {
+      result: 'released'
+      /** When the lease was to end, by its holder's clock (null: not stored). */
+      leaseExpiresAt: Date | null
+      /** Seconds from the database's now to that end: negative when it had run out already. */
+      leftS: number | null
+    }
+
+/**
+ * An operator gives a stream's lease back (`reactions release-stream`): a replica killed while its clock was far ahead
+ * left a lease that holds every replica's new transitions of the handler back until it ends. The row's token and end
+ * are cleared, so the next read of any replica takes the stream from its written place; `not_found` names the streams
+ * there are. Safe against a holder still running: every write-back (writeReactionStream) and every read on from a place
+ * not written back yet happens only under the row's token, so that holder writes nothing of its batch in flight, as
+ * when another replica takes a stream over, and its events run again (at least once). The dispatchers are notified
+ * at the commit, and read at once. Times by the database's clock: this machine's may be the one that is off.
+ */
+export async function releaseStreamLease(db: Kysely<Database>, handler: string): Promise<StreamLeaseRelease> {
+  return db.transaction().execute(async (trx) => {
+    const { rows } = await sql<{ leaseToken: string | null; leaseExpiresAt: Date | string | null; leftS: number | null }>`
+      select lease_token, lease_expires_at, extract(epoch from lease_expires_at - now())::float8 as left_s
+      from reaction_streams where handler = ${handler} for update`.execute(trx)
+    const row = rows[0]
+    if (!row) {
+      const streams = await trx.selectFrom('reactionStreams').select('handler').orderBy('handler').execute()
+      return { result: 'not_found', handlers: streams.map((stream) => stream.handler) }
+    }
+    if (row.leaseToken === null) return { result: 'not_held' }
+    await sql`update reaction_streams set lease_token = null, lease_expires_at = null, updated_at = now() where handler = ${handler}`.execute(trx)
+    await sql`select pg_notify(${reactionChannelSql}, '')`.execute(trx)
+    return {
+      result: 'released',
+      leaseExpiresAt: row.leaseExpiresAt === null ? null : new Date(row.leaseExpiresAt),
+      leftS: row.leftS === null ? null : Number(row.leftS),
+    }
+  })
+}
+
 export interface StreamBacklog {
   /** Events committed and not yet taken by their handler, summed over the streams (of every type: an upper bound). */
   events: number
