@@ -23,7 +23,7 @@ import { FakeClock } from './helpers/fake-clock.js'
 import { countingFetcher } from './helpers/reconcile-orders.js'
 import { testPoller } from './helpers/reconcile-poller.js'
 import { testLogger } from './helpers/log-sink.js'
-import { backdateCreateMark, createOrder, TEST_OBSERVATION_SETTINGS } from './helpers/orders.js'
+import { backdateCreateMark, createOrder, restoreCreateMark, TEST_OBSERVATION_SETTINGS } from './helpers/orders.js'
 import { tradeRecord } from './helpers/partner-api-fixtures.js'
 import { TEST_API_SECRET, testConfig } from './helpers/test-config.js'
 import { createTestDatabase, type TestDatabase } from './helpers/test-database.js'
@@ -180,8 +180,9 @@ describe('trades open while another command is sending the same create', { timeo
     const ref = reference()
     const first = open(database.db, new FakeClock(Date.now()), ref)
     const create = await heldCreate(ref)
+    const { id, updatedAt: mark } = await order(ref)
     // marked 2.5 s ago by the database's clock
-    await backdateCreateMark(database.db, (await order(ref)).id, 2_500)
+    await backdateCreateMark(database.db, id, 2_500)
     for (const offsetMs of [20_000, -20_000]) {
       const judge = new FakeClock(Date.now() + offsetMs)
       for (const extra of [[], ['--retry']]) {
@@ -199,6 +200,8 @@ describe('trades open while another command is sending the same create', { timeo
     }
     expect(createsFor(ref)).toBe(1)
     expect(await order(ref)).toMatchObject({ tradeCreateState: 'pending', attention: null })
+    // the mark its command wrote, which it records its answer under
+    await restoreCreateMark(database.db, id, mark)
     create.answer(`tr_${ref}`)
     expect((await first).code).toBe(0)
     expect(await order(ref)).toMatchObject({ tradeId: `tr_${ref}`, tradeCreateState: 'created' })
@@ -242,8 +245,9 @@ describe('trades open while another command is sending the same create', { timeo
     const patient = { ...config, partner: { ...config.partner, timeoutMs: 40_000 } }
     const first = openWith(patient, database.db, clock, ref)
     const create = await heldCreate(ref)
+    const { id, updatedAt: mark } = await order(ref)
     // past this command's own whole time (15 s), within the sender's (45 s)
-    await backdateCreateMark(database.db, (await order(ref)).id, WHOLE_TIME_MS + 5_000)
+    await backdateCreateMark(database.db, id, WHOLE_TIME_MS + 5_000)
     const since = (await order(ref)).updatedAt.toISOString()
 
     const retried = await open(other.db, clock, ref, '--retry')
@@ -257,6 +261,7 @@ describe('trades open while another command is sending the same create', { timeo
     )
     expect(createsFor(ref)).toBe(1)
 
+    await restoreCreateMark(database.db, id, mark)
     create.answer(`tr_${ref}`)
     expect((await first).code).toBe(0)
     expect(await order(ref)).toMatchObject({ tradeId: `tr_${ref}`, tradeCreateState: 'created' })

@@ -20,7 +20,10 @@
 // naming another trade than the one the order was linked to meanwhile (by its webhook or another command, while a
 // --retry was at the platform) means the platform may hold a second trade for the order: the order is flagged
 // trade_mismatch for an operator. An answer is recorded in one transaction (the observation that links the trade and
-// `created`, or the flag), whole or not at all.
+// `created`, or the flag), whole or not at all, and only under this command's own pending mark: an order gone (deleted,
+// a database restored or failed over to a copy without it) or whose mark is another's (a --retry took the create over,
+// a restore brought back the row from before the mark) records nothing of it, and the command fails naming the trade
+// the platform made (trade_not_recorded), for `trades link`; sending the create again would make a second one.
 //
 // With a CallGuard (the CLI's Ctrl-C): a stop asked for before the create is sent stops it there, nothing
 // sent, the order's state as it was; once it is sent, an operator who stops waiting for the answer leaves the
@@ -44,6 +47,7 @@ import { flagLinkedOrder, TRADE_MISMATCH } from '../orders/poll-schedule.reposit
 import { isOutcomeUnknown } from '../partner-api/partner-api-error.js'
 import type { CreateTradeRequest, TradeRecord } from '../partner-api/types.js'
 import { validateCreateTrade } from '../partner-api/validate-request.js'
+import { printable } from '../printable.js'
 import type { TradeDeps } from './trade-deps.js'
 import { answerMismatch, stoppedBeforeSending, TradeOperationError, tradeExists } from './trade-operation-error.js'
 
@@ -138,14 +142,23 @@ export async function openTradeForOrder(
   const recorded = await db.transaction().execute(async (trx): Promise<Recorded> => {
     // the row locked before the decision, as `trades link` does: a webhook linking the order waits for this
     // transaction, or linked it before, and the answer is judged against the trade it linked
-    const current = await lockOrderById(trx, orderId)
-    if (current?.tradeId != null && current.tradeId !== trade.trade_id) {
+    const locked = await lockOrderById(trx, orderId)
+    // a row of another reference under the order's id: the order was deleted, and a database restored or failed over
+    // to a copy without it gave its id to another order since
+    const current = locked?.externalReference === externalReference ? locked : undefined
+    if (!current) return { outcome: 'not_recorded' }
+    if (current.tradeId != null && current.tradeId !== trade.trade_id) {
       // the order's trade came meanwhile (the first create's webhook, `trades link`, or the create this --retry
       // replaced): this answer is another trade, which no order holds and nothing will poll, so an operator is told
       // on the order itself, where a log line alone would be lost
       await flagLinkedOrder(trx, { orderId, now: new Date(now), attention: TRADE_MISMATCH })
       return { outcome: 'second_trade', linkedTradeId: current.tradeId }
     }
+    // no trade linked, and the pending mark is not the one this command wrote: the order's create is no longer this
+    // command's (a --retry took it over, a restore or failover brought back a row from before the mark, or it was
+    // set by hand). Its answer is not recorded against the order, as none of this command's later writes would be
+    // (setTradeCreateState's claim): linked, it told an operator the trade was created while the row said otherwise
+    if (current.tradeId === null && !holdsMark(current, markedAt)) return { outcome: 'not_recorded' }
     const observed = await applyObservation(
       trx,
       apiObservation({ orderId, externalReference, version: order.version }, trade, new Date(now)),
@@ -185,6 +198,7 @@ export async function openTradeForOrder(
         `\`reconcile --requeue ${externalReference}\`.`,
     )
   }
+  if (recorded.outcome === 'not_recorded') throw await notRecorded(deps, externalReference, orderId, trade)
   if (recorded.outcome === 'mismatch') {
     logger.warn(
       { externalReference, orderId, answeredTradeId: trade.trade_id },
@@ -210,6 +224,7 @@ export async function openTradeForOrder(
 
 type Recorded =
   | { outcome: 'linked' }
+  | { outcome: 'not_recorded' }
   | { outcome: 'mismatch'; markedUnknown: boolean }
   | { outcome: 'second_trade'; linkedTradeId: string }
 
@@ -283,5 +298,63 @@ async function claimLost(
     `Order ${externalReference} changed while its trade was being opened: another command sent its create ` +
       `meanwhile (state now ${current?.tradeCreateState ?? 'gone'}). Nothing was sent; run the command again to see ` +
       'where it stands',
+  )
+}
+
+/** The order is pending under this command's own mark (startTradeCreate's answer): its create is still this command's. */
+function holdsMark(order: Order, markedAt: Date): boolean {
+  return order.tradeCreateState === 'pending' && order.updatedAt.getTime() === markedAt.getTime()
+}
+
+/**
+ * The platform made the trade, and nothing records it: the order is gone, or its create is no longer this command's.
+ * Said at error level, and in the command's failure, with the trade id: the one way to find the trade again without
+ * the platform's dashboard, and what `trades link` takes. Sending the create again would make a second trade.
+ */
+async function notRecorded(
+  { db, logger }: Pick<TradeDeps, 'db' | 'logger'>,
+  externalReference: string,
+  orderId: number,
+  trade: TradeRecord,
+): Promise<TradeOperationError> {
+  const now = await findOrderByExternalReference(db, externalReference)
+  logger.error(
+    {
+      externalReference,
+      orderId,
+      tradeId: trade.trade_id,
+      tradeReference: trade.reference,
+      orderNow: now ? { orderId: now.id, tradeId: now.tradeId, tradeCreateState: now.tradeCreateState } : null,
+    },
+    "trade created on the platform but not recorded: the order is gone or its create is no longer this command's; " +
+      'nothing links the trade',
+  )
+  // the platform's text: on one line, so a line feed in it forges no line
+  const tradeId = printable(trade.trade_id)
+  const link = `\`trades link ${externalReference} ${tradeId}\``
+  const created = `The platform created trade ${tradeId} for order ${externalReference}, but nothing records it: `
+  if (!now) {
+    return new TradeOperationError(
+      'trade_not_recorded',
+      created +
+        `there is no order ${externalReference} any more (deleted, or the database restored or failed over to a copy ` +
+        `without it, while the create was at the platform). Its webhook links the trade once an order ${externalReference} ` +
+        `exists again; else link it then with ${link}. Check the platform before any retry: \`trades open ` +
+        `${externalReference}\` would make a second trade.`,
+    )
+  }
+  const changed =
+    now.id !== orderId
+      ? `order ${externalReference} was deleted and created again while the create was at the platform`
+      : `order ${externalReference}'s create is no longer this command's (its create state is now ` +
+        `${now.tradeCreateState}${now.tradeCreateState === 'pending' ? `, marked at ${now.updatedAt.toISOString()}` : ''}: ` +
+        'another command took it over, the database was restored or failed over to a copy from before the mark, or ' +
+        'the row was changed by hand)'
+  return new TradeOperationError(
+    'trade_not_recorded',
+    created +
+      `${changed}, so this command links nothing. Check the platform before any retry (\`trades open ` +
+      `${externalReference}\` would make another trade, and another create for the order may have made one too), ` +
+      `then link this one with ${link}.`,
   )
 }

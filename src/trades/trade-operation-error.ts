@@ -17,6 +17,11 @@ export type TradeOperationErrorCode =
   | 'trade_create_unknown'
   /** Another command is sending the order's create now: its answer may still come, so nothing is sent, even on --retry. */
   | 'trade_create_in_flight'
+  /**
+   * The platform created the trade, but the order it was sent for is gone or its create is no longer this command's
+   * (its pending mark was changed meanwhile): nothing links the trade, and the message names it for `trades link`.
+   */
+  | 'trade_not_recorded'
   /** The order has no trade yet to run the operation on. */
   | 'no_trade'
   /** The platform answered with a record of another trade, order or milestone: nothing of it was applied. */

@@ -28,6 +28,15 @@ export async function backdateCreateMark(db: Kysely<Database>, orderId: number, 
 }
 
 /**
+ * Puts an order's trade create mark back to `mark`: the one its command wrote, after a test aged it
+ * (backdateCreateMark) for another command to judge. The mark is also that command's claim on the create, and its
+ * answer is recorded only under it (open-trade-for-order.ts).
+ */
+export async function restoreCreateMark(db: Kysely<Database>, orderId: number, mark: Date): Promise<void> {
+  await db.updateTable('orders').set({ updatedAt: mark }).where('id', '=', orderId).execute()
+}
+
+/**
  * A new order moved through `statuses` by API answers at `now`, each applied (every move writes its event for
  * `handlersFor`'s handlers); returns the order's id.
  */
