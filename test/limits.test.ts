@@ -262,12 +262,22 @@ describe('limits of the public listener', () => {
     }
   })
 
-  it('gives back at once the budget of a pipelined request whose client half-closed part-way through its body, and answers the one ahead', async () => {
+  /**
+   * A whole delivery, and pipelined behind it the start of another request (`behind`, `held` bytes of its body sent),
+   * while the embedded database's one connection is held, so the answer ahead waits for it; `cut` then ends the
+   * second part-way. The unfinished body must be refused and its bytes given back while that answer still waits
+   * (they were held until it went out), and the delivery ahead answered 200, alone.
+   */
+  async function refusedBehindHeldDelivery(
+    reference: string,
+    behind: string,
+    held: number,
+    cut: (socket: net.Socket, ownMetric: (pattern: RegExp) => Promise<number>) => Promise<void>,
+  ) {
     const { own, ownMetric, ownPort } = await startOwnService({ MAX_INFLIGHT_BODY_BYTES: '256kb' })
     const inflight = () => ownMetric(/^http_inflight_body_bytes (\d+)/m)
-    const body = JSON.stringify({ trade_id: 'tr_half-1', status: 'funded', external_reference: 'half-1' })
+    const body = JSON.stringify({ trade_id: `tr_${reference}`, status: 'funded', external_reference: reference })
     try {
-      // the embedded database's one connection, held: the first request's answer waits for it
       const letGo = holdDatabase(own)
       const socket = net.connect(ownPort, '127.0.0.1')
       let received = ''
@@ -276,58 +286,12 @@ describe('limits of the public listener', () => {
       const closed = once(socket, 'close')
       try {
         await once(socket, 'connect')
-        // a whole delivery, and pipelined behind it all but the last byte of a 200 KB one
         socket.write(
           `POST /webhooks/partner HTTP/1.1\r\nHost: x\r\nContent-Length: ${Buffer.byteLength(body)}\r\n` +
-            `X-Partner-Signature: ${signBody(body)}\r\nX-Partner-Delivery-Id: half-1\r\n\r\n${body}` +
-            `POST /webhooks/partner HTTP/1.1\r\nHost: x\r\nContent-Length: ${200 * KB}\r\n` +
-            `X-Partner-Signature: sha256=${'0'.repeat(64)}\r\n\r\n${'a'.repeat(200 * KB - 1)}`,
+            `X-Partner-Signature: ${signBody(body)}\r\nX-Partner-Delivery-Id: ${reference}\r\n\r\n${body}${behind}`,
         )
-        await expect.poll(inflight, { timeout: 10_000 }).toBe(Buffer.byteLength(body) + 200 * KB - 1)
-        // the client's end comes (it still reads): the unfinished body is refused and its bytes given back while
-        // the answer ahead still waits for the database (they were held until that answer went out)
-        socket.end()
-        await expect.poll(() => ownMetric(/^webhook_deliveries_total\{outcome="rejected"\} (\d+)/m), { timeout: 10_000 }).toBe(1)
-        expect(await ownMetric(/^http_requests_refused_total\{reason="body_incomplete"\} (\d+)/m)).toBe(1)
-        await expect.poll(inflight, { timeout: 10_000 }).toBe(Buffer.byteLength(body))
-      } finally {
-        await letGo()
-      }
-      // the delivery ahead is answered 200, alone, and the connection closed
-      await closed
-      expect(received.match(/HTTP\/1\.1 \d{3} /g), received).toHaveLength(1)
-      expect(received).toMatch(/^HTTP\/1\.1 200 OK\r\n[^]*\r\n\r\n\{"received":true\}$/)
-      await expect.poll(inflight, { timeout: 10_000 }).toBe(0)
-    } finally {
-      await own.stop()
-    }
-  })
-
-  it('gives back at once the budget of a pipelined chunked request the parser refused part-way through its body, and answers the one ahead', async () => {
-    const { own, ownMetric, ownPort } = await startOwnService({ MAX_INFLIGHT_BODY_BYTES: '256kb' })
-    const inflight = () => ownMetric(/^http_inflight_body_bytes (\d+)/m)
-    const body = JSON.stringify({ trade_id: 'tr_chunk-1', status: 'funded', external_reference: 'chunk-1' })
-    try {
-      // the embedded database's one connection, held: the first request's answer waits for it
-      const letGo = holdDatabase(own)
-      const socket = net.connect(ownPort, '127.0.0.1')
-      let received = ''
-      socket.on('data', (chunk: Buffer) => (received += chunk.toString('latin1')))
-      socket.on('error', () => {})
-      const closed = once(socket, 'close')
-      try {
-        await once(socket, 'connect')
-        // a whole delivery, and pipelined behind it a chunked one's first 100 KB chunk
-        socket.write(
-          `POST /webhooks/partner HTTP/1.1\r\nHost: x\r\nContent-Length: ${Buffer.byteLength(body)}\r\n` +
-            `X-Partner-Signature: ${signBody(body)}\r\nX-Partner-Delivery-Id: chunk-1\r\n\r\n${body}` +
-            `POST /webhooks/partner HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n` +
-            `X-Partner-Signature: sha256=${'0'.repeat(64)}\r\n\r\n${(100 * KB).toString(16)}\r\n${'a'.repeat(100 * KB)}\r\n`,
-        )
-        await expect.poll(inflight, { timeout: 10_000 }).toBe(Buffer.byteLength(body) + 100 * KB)
-        // then a chunk size that is no number: the parser refuses the rest (HPE_INVALID_CHUNK_SIZE). The unfinished
-        // body is refused and its bytes given back while the answer ahead still waits for the database
-        socket.write('zz\r\n')
+        await expect.poll(inflight, { timeout: 10_000 }).toBe(Buffer.byteLength(body) + held)
+        await cut(socket, ownMetric)
         await expect.poll(() => ownMetric(/^webhook_deliveries_total\{outcome="rejected"\} (\d+)/m), { timeout: 10_000 }).toBe(1)
         await expect.poll(inflight, { timeout: 10_000 }).toBe(Buffer.byteLength(body))
       } finally {
@@ -341,6 +305,26 @@ describe('limits of the public listener', () => {
     } finally {
       await own.stop()
     }
+  }
+
+  it('gives back at once the budget of a pipelined request whose client half-closed part-way through its body, and answers the one ahead', async () => {
+    // all but the last byte of a 200 KB body; then the client's end comes (it still reads)
+    const behind = `POST /webhooks/partner HTTP/1.1\r\nHost: x\r\nContent-Length: ${200 * KB}\r\n` +
+      `X-Partner-Signature: sha256=${'0'.repeat(64)}\r\n\r\n${'a'.repeat(200 * KB - 1)}`
+    await refusedBehindHeldDelivery('half-1', behind, 200 * KB - 1, async (socket, ownMetric) => {
+      socket.end()
+      await expect.poll(() => ownMetric(/^http_requests_refused_total\{reason="body_incomplete"\} (\d+)/m), { timeout: 10_000 }).toBe(1)
+    })
+  })
+
+  it('gives back at once the budget of a pipelined chunked request the parser refused part-way through its body, and answers the one ahead', async () => {
+    // a chunked body's first 100 KB chunk; then a chunk size that is no number: the parser refuses the rest
+    // (HPE_INVALID_CHUNK_SIZE)
+    const behind = `POST /webhooks/partner HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n` +
+      `X-Partner-Signature: sha256=${'0'.repeat(64)}\r\n\r\n${(100 * KB).toString(16)}\r\n${'a'.repeat(100 * KB)}\r\n`
+    await refusedBehindHeldDelivery('chunk-1', behind, 100 * KB, async (socket) => {
+      socket.write('zz\r\n')
+    })
   })
 
   // it was answered 400 invalid_payload "The request is not valid HTTP", though it was only unfinished
