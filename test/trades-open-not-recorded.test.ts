@@ -189,12 +189,61 @@ describe('trades open answered after its order or its pending mark is gone', () 
       `but nothing records it: order ${ref}'s create is no longer this command's (its create state is now pending, ` +
         `marked at ${takenOver!.toISOString()}: another command took it over,`,
     )
-    expect(result.stderr).toContain(`then link this one with \`trades link ${ref} ${tradeId}\`. [trade_not_recorded]\n`)
+    expect(result.stderr).toContain(
+      'the order is flagged trade_mismatch and polled no more. Check its trades on the platform, cancel the one not ' +
+        `linked (this one, unless that create failed: then link this one with \`trades link ${ref} ${tradeId}\`), then ` +
+        `\`reconcile --requeue ${ref}\`. [trade_not_recorded]\n`,
+    )
     expectNoLinkClaimed(ref, result)
     const order = await orderOf(ref)
-    expect(order).toMatchObject({ tradeId: null, tradeCreateState: 'pending', updatedAt: takenOver })
+    // flagged for an operator, the other command's mark kept: its answer is still its own to record
+    expect(order).toMatchObject({ tradeId: null, tradeCreateState: 'pending', updatedAt: takenOver, attention: 'trade_mismatch', nextPollAt: null })
     expect(await orderHistory(database.db, order!.id)).toEqual([])
     errorLogged(ref, tradeId)
+  })
+
+  // found by a review: the take-over's own create then linked its trade, printed `is created` and exited 0, the order
+  // unflagged, while the platform held two trades for it; before [trade_not_recorded] the first answer linked and the
+  // second flagged the order, which PartnerEscrowOrdersFlagged alerts on
+  it('leaves two trades of one order flagged on the order when a --retry took the create over and the first answer comes first', async () => {
+    const ref = reference()
+    const wholeTimeMs = context.config.partner.timeoutMs + CREATE_MARGIN_MS
+    let releaseRetry!: () => void
+    const retryHeld = new Promise<void>((resolve) => (releaseRetry = resolve))
+    let retried: ReturnType<typeof open> | undefined
+    let atPlatform = 0
+    whileAtPlatform = async () => {
+      // the --retry's create: held at the platform until the first create has its answer
+      if (++atPlatform === 2) return retryHeld
+      const { id } = (await orderOf(ref))!
+      await backdateCreateMark(database.db, id, wholeTimeMs)
+      const judged = (await orderOf(ref))!.updatedAt.getTime()
+      retried = open(ref, '--retry')
+      await expect.poll(async () => (await orderOf(ref))!.updatedAt.getTime(), { timeout: 10_000 }).not.toBe(judged)
+    }
+    const first = await open(ref)
+    releaseRetry()
+    const retry = await retried!
+    const trades = sandbox.trades().filter((trade) => trade.external_reference === ref).map((trade) => trade.trade_id)
+    expect(trades).toHaveLength(2)
+    expect([first.code, retry.code]).toEqual([1, 0])
+    expect(first.stderr).toContain(`The platform created trade ${trades[0]} for order ${ref}, but nothing records it`)
+    expect(first.stderr).toContain('the order is flagged trade_mismatch and polled no more')
+    expect(retry.stdout).toContain(trades[1])
+    // the --retry's trade linked, the flag kept, and the order off the schedule until an operator requeues it
+    expect(await orderOf(ref)).toMatchObject({ tradeId: trades[1], tradeCreateState: 'created', attention: 'trade_mismatch', nextPollAt: null })
+  })
+
+  it('quotes the reference for a shell in the commands it suggests', async () => {
+    const ref = "it's $(touch x)"
+    whileAtPlatform = async () => {
+      await sql`delete from orders where external_reference = ${ref}`.execute(database.db)
+    }
+    const result = await open(ref)
+    const tradeId = platformTrade(ref)
+    expect(result.code).toBe(1)
+    expect(result.stderr).toContain(`\`trades link 'it'\\''s $(touch x)' ${tradeId}\``)
+    expect(result.stderr).toContain(`\`trades open 'it'\\''s $(touch x)'\` would make a second trade`)
   })
 
   it("flags and links nothing on another order that was given the deleted order's id", async () => {

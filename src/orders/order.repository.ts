@@ -191,10 +191,32 @@ export async function setTradeCreateState(
 }
 
 /** After a successful create: linked, and due for a poll if no webhook comes by `nextPollAt`. */
+/**
+ * Flags an order whose pending create another command took over `trade_mismatch`, as the create this command sent was
+ * answered with a trade nothing records: the platform may hold two trades for the order. Its `updated_at` is the other
+ * command's pending mark, and is left as it is, so that command's answer is still its own to record (and links its
+ * trade, flag kept: the observation and markTradeCreated keep a flagged order off the schedule).
+ */
+export async function flagTakenOverCreate(db: Executor, orderId: number): Promise<void> {
+  await db.updateTable('orders').set({ attention: 'trade_mismatch', nextPollAt: null }).where('id', '=', orderId).where('tradeId', 'is', null).execute()
+}
+
 export async function markTradeCreated(db: Executor, orderId: number, { nextPollAt, now }: { nextPollAt: Date; now: Date }): Promise<void> {
   await db
     .updateTable('orders')
-    .set({ tradeCreateState: 'created', tradeCreateWaitMs: null, nextPollAt, updatedAt: now })
+    // an order flagged for an operator stays off the schedule (a create's answer that found another command's create
+    // under way flags it trade_mismatch: open-trade-for-order.ts); an unresolved create's flag is resolved by the link
+    .set((eb) => ({
+      tradeCreateState: 'created',
+      tradeCreateWaitMs: null,
+      nextPollAt: eb
+        .case()
+        .when(eb.or([eb('attention', 'is', null), eb('attention', '=', 'trade_create_unknown')]))
+        .then(nextPollAt)
+        .else(eb.ref('nextPollAt'))
+        .end(),
+      updatedAt: now,
+    }))
     .where('id', '=', orderId)
     .where('tradeId', 'is not', null)
     .where('isTerminal', '=', false)

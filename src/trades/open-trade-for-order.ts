@@ -38,6 +38,7 @@ import type { Order } from '../orders/order.js'
 import {
   databaseNow,
   findOrderByExternalReference,
+  flagTakenOverCreate,
   lockOrderById,
   markTradeCreated,
   setTradeCreateState,
@@ -48,6 +49,7 @@ import { isOutcomeUnknown } from '../partner-api/partner-api-error.js'
 import type { CreateTradeRequest, TradeRecord } from '../partner-api/types.js'
 import { validateCreateTrade } from '../partner-api/validate-request.js'
 import { printable } from '../printable.js'
+import { quoteForShell } from '../quote-for-shell.js'
 import type { TradeDeps } from './trade-deps.js'
 import { answerMismatch, stoppedBeforeSending, TradeOperationError, tradeExists } from './trade-operation-error.js'
 
@@ -146,7 +148,7 @@ export async function openTradeForOrder(
     // a row of another reference under the order's id: the order was deleted, and a database restored or failed over
     // to a copy without it gave its id to another order since
     const current = locked?.externalReference === externalReference ? locked : undefined
-    if (!current) return { outcome: 'not_recorded' }
+    if (!current) return { outcome: 'not_recorded', flagged: false }
     if (current.tradeId != null && current.tradeId !== trade.trade_id) {
       // the order's trade came meanwhile (the first create's webhook, `trades link`, or the create this --retry
       // replaced): this answer is another trade, which no order holds and nothing will poll, so an operator is told
@@ -158,7 +160,15 @@ export async function openTradeForOrder(
     // command's (a --retry took it over, a restore or failover brought back a row from before the mark, or it was
     // set by hand). Its answer is not recorded against the order, as none of this command's later writes would be
     // (setTradeCreateState's claim): linked, it told an operator the trade was created while the row said otherwise
-    if (current.tradeId === null && !holdsMark(current, markedAt)) return { outcome: 'not_recorded' }
+    if (current.tradeId === null && !holdsMark(current, markedAt)) {
+      // pending under another command's mark: a --retry took the create over, and its create may make (or have made)
+      // a trade too, which it will link. Two trades for one order: flagged for an operator on the order itself, as a
+      // second trade answered after a link is, where this command's failure and log line alone would be lost (its
+      // create was judged stopped)
+      if (current.tradeCreateState !== 'pending') return { outcome: 'not_recorded', flagged: false }
+      await flagTakenOverCreate(trx, orderId)
+      return { outcome: 'not_recorded', flagged: true }
+    }
     const observed = await applyObservation(
       trx,
       apiObservation({ orderId, externalReference, version: order.version }, trade, new Date(now)),
@@ -198,7 +208,7 @@ export async function openTradeForOrder(
         `\`reconcile --requeue ${externalReference}\`.`,
     )
   }
-  if (recorded.outcome === 'not_recorded') throw await notRecorded(deps, externalReference, orderId, trade)
+  if (recorded.outcome === 'not_recorded') throw await notRecorded(deps, externalReference, orderId, trade, recorded.flagged)
   if (recorded.outcome === 'mismatch') {
     logger.warn(
       { externalReference, orderId, answeredTradeId: trade.trade_id },
@@ -224,7 +234,7 @@ export async function openTradeForOrder(
 
 type Recorded =
   | { outcome: 'linked' }
-  | { outcome: 'not_recorded' }
+  | { outcome: 'not_recorded'; flagged: boolean }
   | { outcome: 'mismatch'; markedUnknown: boolean }
   | { outcome: 'second_trade'; linkedTradeId: string }
 
@@ -316,6 +326,7 @@ async function notRecorded(
   externalReference: string,
   orderId: number,
   trade: TradeRecord,
+  flagged: boolean,
 ): Promise<TradeOperationError> {
   const now = await findOrderByExternalReference(db, externalReference)
   logger.error(
@@ -325,13 +336,16 @@ async function notRecorded(
       tradeId: trade.trade_id,
       tradeReference: trade.reference,
       orderNow: now ? { orderId: now.id, tradeId: now.tradeId, tradeCreateState: now.tradeCreateState } : null,
+      flaggedTradeMismatch: flagged,
     },
     "trade created on the platform but not recorded: the order is gone or its create is no longer this command's; " +
       'nothing links the trade',
   )
   // the platform's text: on one line, so a line feed in it forges no line
   const tradeId = printable(trade.trade_id)
-  const link = `\`trades link ${externalReference} ${tradeId}\``
+  // commands to copy: each word quoted for a shell where it needs it (a reference may hold `$(…)`)
+  const reference = quoteForShell(externalReference)
+  const link = `\`trades link ${reference} ${quoteForShell(tradeId)}\``
   const created = `The platform created trade ${tradeId} for order ${externalReference}, but nothing records it: `
   if (!now) {
     return new TradeOperationError(
@@ -340,7 +354,7 @@ async function notRecorded(
         `there is no order ${externalReference} any more (deleted, or the database restored or failed over to a copy ` +
         `without it, while the create was at the platform). Its webhook links the trade once an order ${externalReference} ` +
         `exists again; else link it then with ${link}. Check the platform before any retry: \`trades open ` +
-        `${externalReference}\` would make a second trade.`,
+        `${reference}\` would make a second trade.`,
     )
   }
   const changed =
@@ -353,8 +367,12 @@ async function notRecorded(
   return new TradeOperationError(
     'trade_not_recorded',
     created +
-      `${changed}, so this command links nothing. Check the platform before any retry (\`trades open ` +
-      `${externalReference}\` would make another trade, and another create for the order may have made one too), ` +
-      `then link this one with ${link}.`,
+      `${changed}, so this command links nothing. ` +
+      (flagged
+        ? 'The create that took it over may make a second trade, and links it: the order is flagged trade_mismatch and ' +
+          'polled no more. Check its trades on the platform, cancel the one not linked (this one, unless that create ' +
+          `failed: then link this one with ${link}), then \`reconcile --requeue ${reference}\`.`
+        : `Check the platform before any retry (\`trades open ${reference}\` would make another trade, and another ` +
+          `create for the order may have made one too), then link this one with ${link}.`),
   )
 }
