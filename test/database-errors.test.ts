@@ -1,6 +1,7 @@
 // Outage or bad data (src/db/database-errors.ts): input the database refuses is the sender's fault (400,
 // or stored as `invalid` when signed), never a 503; only real unavailability is a 503. On PGlite and on
 // Postgres, with real errors from the database rather than made-up ones.
+import request from 'supertest'
 import { randomBytes } from 'node:crypto'
 import { sql } from 'kysely'
 import { afterAll, beforeAll, describe, expect, it } from 'vitest'
@@ -165,7 +166,7 @@ for (const kind of ['pglite', 'postgres'] as const) {
       expect(lines).not.toMatch(/JSON data|where|detail|internalQuery|params/)
     })
 
-    it('classifies real errors from the database: refused data, a read-only database, our own bugs, an overloaded queue', async () => {
+    it('classifies real errors from the database: refused data, a read-only database, missing tables, our own bugs, an overloaded queue', async () => {
       const failure = async (statement: Promise<unknown>) => {
         try {
           await statement
@@ -194,7 +195,9 @@ for (const kind of ['pglite', 'postgres'] as const) {
           'unavailable',
           '25006',
         ],
-        ['a missing table (our bug)', () => sql`select * from no_such_table`.execute(database.db), 'failure', '42P01'],
+        // the service's own statements name only its tables: one missing is a database replaced or being restored
+        ['a missing table (a restore under way)', () => sql`select * from no_such_table`.execute(database.db), 'schema_missing', '42P01'],
+        ['a missing schema (a restore under way)', () => sql`create table no_such_schema.t ()`.execute(database.db), 'schema_missing', '3F000'],
         ['a syntax error (our bug)', () => sql`select from from`.execute(database.db), 'failure', '42601'],
       ]
       for (const [name, statement, expectedKind, code] of table) {
@@ -314,7 +317,7 @@ describePostgres('only real unavailability answers 503 (Postgres)', () => {
     expect(describeDatabaseError(bug)).toMatchObject({ kind: 'failure', code: '55000' })
   })
 
-  it('answers 503 only while the database is away, 500 for a bug, 400 or invalid for refused data', async () => {
+  it('answers 503 only while the database is away or without the service\'s tables, 400 or invalid for refused data', async () => {
     const target = new URL(database.url!)
     const proxy = await startTcpProxy({ host: target.hostname, port: Number(target.port || 5432) })
     const handle = openDatabase({ databaseUrl: proxy.rewrite(database.url!), poolSize: 2 })
@@ -331,11 +334,12 @@ describePostgres('only real unavailability answers 503 (Postgres)', () => {
       expect([away.status, away.body.error?.code]).toEqual([503, 'database_unavailable'])
       proxy.restore()
       expect((await good()).status).toBe(200)
-      // a database without our tables is a deployment bug, not an outage: 500, and the platform's
-      // retries do not hide it
+      // a database without our tables is one being restored or replaced under the service: "try again later",
+      // 503 `schema_missing` (it was a 500, and /readyz said ready); /readyz and the log say what to do
       const broken = createApp({ config, db: unmigrated.db, logger, clock: systemClock })
-      const bug = await sendWebhook(broken, { body: body('only-503') })
-      expect([bug.status, bug.body.error?.code]).toEqual([500, 'internal_error'])
+      const missing = await sendWebhook(broken, { body: body('only-503') })
+      expect([missing.status, missing.body.error?.code]).toEqual([503, 'schema_missing'])
+      expect((await request(broken).get('/readyz')).status).toBe(503)
     } finally {
       await handle.close()
       await proxy.close()

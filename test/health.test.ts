@@ -141,7 +141,9 @@ describe('health and the error contract', () => {
     await expect.poll(async () => (await request(probed).get('/readyz')).status).toBe(200)
     const before = statements
     expect((await request(probed).get('/readyz')).status).toBe(200)
-    expect(statements).toBe(before + 1)
+    // one look, and each reads the tables again (a restore takes them away): the ping and the catalog's tables
+    // through the plugins (the migrator's names are read past them, as the migrator reads them)
+    expect(statements).toBe(before + 2)
   })
 
   it('answers unknown routes 404 in the error shape', async () => {

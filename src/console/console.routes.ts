@@ -956,14 +956,15 @@ export function consoleRoutes(deps: ConsoleDeps): Router {
     if (res.headersSent) return next(error)
     // the database gone while a page was read or an action run: a page the operator can read, saying to try again,
     // not the JSON error shape (a 4xx of the body parsers keeps that shape, as the README says)
-    const { status, body } = errorAnswer(error, logger, req.path)
+    const { status, body, headers } = errorAnswer(error, logger, req.path)
+    if (headers) res.set(headers)
     if (status < 500) return res.status(status).json(body)
     // the embedded database's thread stopped for good (a crash, a full disk): waiting will not bring it back
     const stopped = embeddedDatabaseStopReason(error)
     if (stopped) {
       return send(res, messagePage('The database stopped', operator, `The embedded database stopped (its thread ${stopped}); restart the service (${body.error.code}).`), status)
     }
-    if (status === 503) res.setHeader('Retry-After', '5')
+    if (status === 503 && !headers?.['Retry-After']) res.setHeader('Retry-After', '5')
     await send(res, messagePage(status === 503 ? 'Try again shortly' : 'Internal error', operator, `${body.error.message} (${body.error.code}).`), status)
   })
 

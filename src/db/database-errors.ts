@@ -10,6 +10,12 @@
 //   conflict with another replica. Written again it succeeds (group-commit.ts does so); if it still
 //   fails, "try again later" is the truth: HTTP 503.
 // - overloaded: our own ingest queue is full. Also "try again later": HTTP 503 `overloaded`.
+// - schema_missing: a table (42P01 undefined_table) or the schema itself (3F000 invalid_schema_name) is not there.
+//   The service's own statements name only the tables its migrations made, so in a running service this is a
+//   database replaced under it or being restored (between createdb and the end of pg_restore), or one dropped by
+//   hand: an operator's to fix (finish the restore, or run `migrate`), and then it passes. HTTP 503 `schema_missing`
+//   with a Retry-After, and /readyz not ready, never a 500; the service does not migrate a database it finds empty
+//   while it runs (the restore under way would then fail on tables it made).
 // - refused_data: the database refused the input as data (class 22 data exception, e.g. 22P02 for a
 //   lone surrogate in a JSON string or 22P05 for \u0000; 23 integrity constraint; 54 program limit such
 //   as a value too large to index). The sender's fault: retrying cannot help, so never a 503.
@@ -26,7 +32,7 @@
 import { isPlatformFailure, PartnerValidationError } from '../partner-api/partner-api-error.js'
 import { isRefusedCertificateCode } from '../tls-certificate.js'
 
-export type DatabaseErrorKind = 'unavailable' | 'conflict' | 'overloaded' | 'refused_data' | 'failure'
+export type DatabaseErrorKind = 'unavailable' | 'conflict' | 'overloaded' | 'schema_missing' | 'refused_data' | 'failure'
 
 /** The ingest queue is full: the caller is asked to retry later. */
 export class IngestOverloadedError extends Error {
@@ -115,7 +121,15 @@ const closedToConnections = (code: string, error: Error) => {
   return code === CLOSED_TO_CONNECTIONS && (severity === 'FATAL' || routine === 'CheckMyDatabase')
 }
 
+/** 42P01 undefined_table and 3F000 invalid_schema_name: the service's tables, or their schema, are not there. */
+const SCHEMA_MISSING_CODES = new Set(['42P01', '3F000'])
+
+/** The fixed words of a schema_missing error: what the log line and the 503's message say. */
+export const SCHEMA_MISSING_MESSAGE =
+  "the service's tables are missing: the database was replaced or is being restored; finish the restore, or run `migrate` on an empty database"
+
 function sqlstateKind(code: string): DatabaseErrorKind {
+  if (SCHEMA_MISSING_CODES.has(code)) return 'schema_missing'
   // 57P01 admin shutdown (pg_terminate_backend), 57P02 crash shutdown, 57P03 starting up, 57014 a
   // statement timeout; 57000 and the rest of class 57 are not an outage
   if (code.startsWith('57P') || code === '57014' || code === READ_ONLY || code === LOCK_TIMEOUT) return 'unavailable'
@@ -125,6 +139,7 @@ function sqlstateKind(code: string): DatabaseErrorKind {
 function sqlstateMessage(code: string, kind: DatabaseErrorKind): string {
   if (code === READ_ONLY) return 'the database is read-only (a standby, a failover under way, or default_transaction_read_only)'
   if (code === LOCK_TIMEOUT) return "a lock wait ended at the database's lock_timeout: another session held what the statement needed"
+  if (kind === 'schema_missing') return SCHEMA_MISSING_MESSAGE
   if (code === '42501') return 'permission denied: the user of DATABASE_URL lacks a privilege this statement needs (it creates and uses the tables of its schema)'
   const sqlstateClass = code.slice(0, 2)
   if (kind === 'unavailable' && sqlstateClass === '57')
@@ -192,6 +207,11 @@ export function outcomeUnknown(error: unknown): boolean {
 
 export function isDatabaseUnavailable(error: unknown): boolean {
   return describeDatabaseError(error).kind === 'unavailable'
+}
+
+/** Whether a statement failed for a table or schema of the service's that is not there (describeDatabaseError). */
+export function isSchemaMissing(error: unknown): boolean {
+  return describeDatabaseError(error).kind === 'schema_missing'
 }
 
 export function isRefusedData(error: unknown): boolean {

@@ -4,7 +4,7 @@ import { type DatabaseIntrospector, type Kysely, sql, type TableMetadata } from 
 import { type Migration, type MigrationResultSet, Migrator } from 'kysely/migration'
 import { migrations } from '../../migrations/index.js'
 import type { Database } from './database.js'
-import { describeDatabaseError } from './database-errors.js'
+import { describeDatabaseError, isSchemaMissing } from './database-errors.js'
 
 // The migrator's own tables live in the connection's current schema, named explicitly: left unnamed,
 // Kysely accepts a table of that name in ANY schema, so a second app (or test schema) in the same
@@ -413,6 +413,57 @@ export async function requireMigrated(db: Kysely<Database>): Promise<void> {
     `The database is behind this build: ${missing.length === 1 ? 'migration' : 'migrations'} ${missing.join(', ')} not applied yet; ` +
       `once the service's replicas run this build, ${next}`,
   )
+}
+
+/**
+ * The tables this build's migrations leave in the service's schema, besides the migrator's own (a test checks the
+ * list against a migrated schema): /readyz looks that each is there.
+ */
+export const SERVICE_TABLES = [
+  'orders',
+  'webhook_deliveries',
+  'order_status_history',
+  'reconcile_runs',
+  'reaction_jobs',
+  'retention_progress',
+  'reaction_streams',
+  'reaction_stream_batches',
+] as const
+
+/** What /readyz learns of the schema: the service's tables not in it, and this build's migrations not applied. */
+export interface SchemaState {
+  missingTables: string[]
+  pendingMigrations: string[]
+}
+
+/**
+ * Which of the service's tables are missing from the connection's schema, and which of this build's migrations are
+ * not applied there: a database replaced under the running service, one being restored (between createdb and the end
+ * of pg_restore), or restored from an older build's dump. Two reads of the catalog and one of the migrator's table,
+ * cheap enough for each of /readyz's looks; nothing is changed (the service does not migrate while it runs).
+ */
+export async function readSchemaState(db: Kysely<Database>): Promise<SchemaState> {
+  // the schema by its name, unquoted, and the tables of ours and the migrator's in it (none when it does not exist)
+  const { rows } = await sql<{ schema: string | null; present: string[] }>`
+    select current_schema() as schema,
+           array(select c.relname::text from pg_catalog.pg_class c join pg_catalog.pg_namespace n on n.oid = c.relnamespace
+                  where n.nspname = current_schema() and c.relname = any(${[...SERVICE_TABLES, 'kysely_migration']}::text[])) as present`.execute(db)
+  const { schema, present } = rows[0] ?? { schema: null, present: [] }
+  const missingTables = SERVICE_TABLES.filter((table) => !present.includes(table))
+  let applied = new Set<string>()
+  if (schema !== null && present.includes('kysely_migration')) {
+    // without the camel-case plugin, which rewrote the schema's name as an identifier of ours (as appliedMigrations)
+    const names = await sql<{ name: string }>`select name from ${sql.id(schema, 'kysely_migration')}`
+      .execute(db.withoutPlugins())
+      .catch((error: unknown) => {
+        // dropped between the two reads (a restore's first step): as if never made
+        if (isSchemaMissing(error)) return { rows: [] }
+        throw error
+      })
+    applied = new Set(names.rows.map((row) => row.name))
+  }
+  const pendingMigrations = Object.keys(migrations).filter((name) => !applied.has(name))
+  return { missingTables, pendingMigrations }
 }
 
 /** True when every known migration has been applied. */

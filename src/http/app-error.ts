@@ -9,6 +9,7 @@ export type ErrorCode =
   | 'unsupported_transfer_coding'
   | 'expectation_failed'
   | 'database_unavailable'
+  | 'schema_missing'
   | 'overloaded'
   | 'storage_low'
   | 'not_ready'

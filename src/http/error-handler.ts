@@ -1,5 +1,6 @@
 import type { ErrorRequestHandler, RequestHandler } from 'express'
 import { describeDatabaseError, loggableError } from '../db/database-errors.js'
+import { limitLines } from '../limit-lines.js'
 import type { Logger } from '../logger.js'
 import { AppError, type ErrorBody, type ErrorCode, errorBody } from './app-error.js'
 
@@ -29,17 +30,57 @@ export function incompleteBody(error: unknown): AppError | undefined {
 }
 
 /**
+ * How long a client is asked to wait (Retry-After, in seconds) while the service's tables are missing: a restore
+ * under way takes minutes, and a load balancer has taken the replica out meanwhile (/readyz).
+ */
+export const SCHEMA_MISSING_RETRY_AFTER_S = 30
+
+/** The 503 answered while the service's tables are missing (database-errors.ts, schema_missing). */
+export const SCHEMA_MISSING_ANSWER =
+  "The service's tables are missing (the database was replaced or is being restored); retry later"
+
+export interface ErrorAnswer {
+  status: number
+  body: ErrorBody
+  /** Headers to send with it (a Retry-After). */
+  headers?: Record<string, string>
+}
+
+// the line a request met by missing tables writes: one a second at most per logger, as every request of a busy
+// listener meets them until the restore ends (limit-lines.ts)
+const schemaMissingLines = new WeakMap<Logger, (fields: object) => void>()
+function logSchemaMissing(logger: Logger, fields: object): void {
+  let write = schemaMissingLines.get(logger)
+  if (!write) {
+    write = limitLines((limited: object) => logger.error(limited, "request refused: the service's tables are missing"))
+    schemaMissingLines.set(logger, write)
+  }
+  write(fields)
+}
+
+/**
  * What an error is answered with: {"error":{"code","message"}}, never a stack trace in the body. Logs the
  * errors an operator must see (the database's, and anything unexpected: a 500).
  */
-export function errorAnswer(error: unknown, logger: Logger, path: string): { status: number; body: ErrorBody } {
-  if (error instanceof AppError) return { status: error.status, body: errorBody(error.code, error.message) }
+export function errorAnswer(error: unknown, logger: Logger, path: string): ErrorAnswer {
+  if (error instanceof AppError) {
+    const answer = { status: error.status, body: errorBody(error.code, error.message) }
+    return error.code === 'schema_missing' ? { ...answer, headers: { 'Retry-After': String(SCHEMA_MISSING_RETRY_AFTER_S) } } : answer
+  }
   // a body parser's refusal first: a client that went away mid-body is raw-body's `request.aborted`, whose code
   // (ECONNABORTED) also names a lost database connection, and a form abandoned on the operator listener was logged
   // as a database outage (an outside attack)
   const bodyRefusal = bodyParserRefusal(error)
   if (bodyRefusal) return bodyRefusal
   const database = describeDatabaseError(error)
+  if (database.kind === 'schema_missing') {
+    logSchemaMissing(logger, { err: database, path })
+    return {
+      status: 503,
+      body: errorBody('schema_missing', SCHEMA_MISSING_ANSWER),
+      headers: { 'Retry-After': String(SCHEMA_MISSING_RETRY_AFTER_S) },
+    }
+  }
   if (database.kind === 'unavailable' || database.kind === 'conflict' || database.kind === 'overloaded') {
     logger.warn({ err: database, path }, 'database unavailable')
     return { status: 503, body: errorBody('database_unavailable', 'The database is unavailable; retry later') }
@@ -72,7 +113,8 @@ function bodyParserRefusal(error: unknown): { status: number; body: ErrorBody } 
 export function errorHandler(logger: Logger): ErrorRequestHandler {
   return (error, req, res, next) => {
     if (res.headersSent) return next(error)
-    const { status, body } = errorAnswer(error, logger, req.path)
+    const { status, body, headers } = errorAnswer(error, logger, req.path)
+    if (headers) res.set(headers)
     res.status(status).json(body)
   }
 }

@@ -1,13 +1,14 @@
 // /healthz: the process answers. /readyz: the service finished starting (its database came up and was
-// migrated), the database answers now and takes writes (not a read-only standby), every migration is
-// applied, the service is not draining (a signal arrived: a load balancer must stop sending it work while
+// migrated), the database answers now and takes writes (not a read-only standby), the service's tables are all
+// there and every migration is applied (looked at each time: a database replaced or being restored under the
+// running service has none of them, and the service does not migrate it), the service is not draining (a signal arrived: a load balancer must stop sending it work while
 // it finishes what it has), the embedded database's disk is not almost full (db/storage-guard.ts), and no delivery
 // was refused for a full disk a moment ago (db/disk-full-note.ts).
 import { Router } from 'express'
 import type { Kysely } from 'kysely'
 import type { Database } from '../db/database.js'
 import { DISK_FULL, type DiskFullNote } from '../db/disk-full-note.js'
-import { migrationsAreCurrent } from '../db/migrate.js'
+import { readSchemaState, SERVICE_TABLES, type SchemaState } from '../db/migrate.js'
 import { embeddedDatabaseStopReason } from '../db/pglite-thread.js'
 import { type DatabaseState, pingDatabase } from '../db/ping-database.js'
 import { errorBody } from './app-error.js'
@@ -29,17 +30,16 @@ export function healthRoutes({
   diskFull?: DiskFullNote | undefined
 }): Router {
   const router = Router()
-  // migrations never go back once applied, so a positive answer is kept
-  let migrationsCurrent = false
   // One look at the database (and at its migrations, until they are current) at a time, whoever asks: a request that comes while one runs shares its answer. Each
   // /readyz used to start its own, on the public listener, and one the database did not answer kept its connection
   // past the request's timeout: while the database hung, a burst of them (several load balancers' probes, or
   // anyone) held every connection of the pool, and deliveries waited behind them.
-  let looking: Promise<DatabaseState> | undefined
+  let looking: Promise<DatabaseState & { schema: SchemaState }> | undefined
   const look = async () => {
     const state = await pingDatabase(db)
-    if (!migrationsCurrent) migrationsCurrent = await migrationsAreCurrent(db)
-    return state
+    // at every look, not kept once current: a restore (dropdb, createdb, pg_restore) takes the tables away under a
+    // running service, which answered 200 here while every delivery failed
+    return { ...state, schema: await readSchemaState(db) }
   }
   const lookAtDatabase = () =>
     (looking ??= look().finally(() => {
@@ -59,7 +59,7 @@ export function healthRoutes({
       res.status(503).json(errorBody('not_ready', 'Starting: waiting for the database to answer and be migrated'))
       return
     }
-    let state: DatabaseState
+    let state: DatabaseState & { schema: SchemaState }
     try {
       state = await withTimeout(lookAtDatabase(), READY_CHECK_TIMEOUT_MS)
     } catch (error) {
@@ -69,8 +69,13 @@ export function healthRoutes({
       res.status(503).json(errorBody('not_ready', message))
       return
     }
-    if (!migrationsCurrent) {
-      res.status(503).json(errorBody('not_ready', 'Migrations are pending; run `npm run cli -- migrate`'))
+    const { missingTables, pendingMigrations } = state.schema
+    if (missingTables.length > 0) {
+      res.status(503).json(errorBody('not_ready', schemaMissingMessage(missingTables)))
+      return
+    }
+    if (pendingMigrations.length > 0) {
+      res.status(503).json(errorBody('not_ready', `Migrations are pending (${pendingMigrations.join(', ')}); run \`npm run cli -- migrate\``))
       return
     }
     if (state.readOnly) {
@@ -96,6 +101,17 @@ export function healthRoutes({
   answerGetOnly(router, '/healthz')
   answerGetOnly(router, '/readyz')
   return router
+}
+
+function schemaMissingMessage(missingTables: readonly string[]): string {
+  const what =
+    missingTables.length === SERVICE_TABLES.length
+      ? "The database has none of the service's tables"
+      : `The service's tables ${missingTables.join(', ')} are missing`
+  return (
+    `${what}: the database was replaced or is being restored. Finish the restore, or run \`npm run cli -- migrate\` ` +
+    'on a new, empty database; deliveries are answered 503 until then, and the service does not migrate it itself'
+  )
 }
 
 function withTimeout<T>(promise: Promise<T>, ms: number): Promise<T> {

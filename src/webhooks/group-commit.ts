@@ -33,7 +33,7 @@
 // the README promises a 503 within DATABASE_STATEMENT_TIMEOUT_MS and a second. Arrival order holds: the earlier
 // delivery of such an order is sent again, and a later one written now would overtake it. Deliveries for other
 // orders keep their turn.
-import { describeDatabaseError, errorCode, IngestOverloadedError, isDatabaseUnavailable } from '../db/database-errors.js'
+import { describeDatabaseError, errorCode, IngestOverloadedError, isDatabaseUnavailable, isSchemaMissing } from '../db/database-errors.js'
 import type { DeliveryObservation } from '../orders/apply-observation.js'
 import type { WriteResult } from './parked-deliveries.js'
 
@@ -152,7 +152,8 @@ export class GroupCommit implements DeliveryWriter {
     try {
       await this.writeBatch(batch)
     } catch (error) {
-      if (isDatabaseUnavailable(error)) {
+      // tables missing (a restore under way) fail each one alone as well: not written again one by one
+      if (isDatabaseUnavailable(error) || isSchemaMissing(error)) {
         for (const pending of batch) pending.reject(error)
         this.rejectHeldBack(batch, error)
         return
@@ -170,7 +171,7 @@ export class GroupCommit implements DeliveryWriter {
             // (one lone write met it 5 times in 1,560 deliveries raced six to a trade, and stored them invalid)
             if (attempt < MAX_LONE_ATTEMPTS && racedAnother(alone)) continue
             pending.reject(alone)
-            if (isDatabaseUnavailable(alone)) this.rejectHeldBack([pending], alone)
+            if (isDatabaseUnavailable(alone) || isSchemaMissing(alone)) this.rejectHeldBack([pending], alone)
             break
           }
         }

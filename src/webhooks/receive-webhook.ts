@@ -9,6 +9,7 @@ import type { Clock } from '../clock.js'
 import { type DatabaseErrorDescription, describeDatabaseError, loggableError } from '../db/database-errors.js'
 import type { Database } from '../db/database.js'
 import { AppError } from '../http/app-error.js'
+import { SCHEMA_MISSING_ANSWER } from '../http/error-handler.js'
 import type { Logger } from '../logger.js'
 import { webhookObservation } from '../orders/observations.js'
 import { DELIVERY_ID_RULE, isDeliveryId } from './delivery-id.js'
@@ -241,9 +242,9 @@ function storableText(text: string): string {
   return text.replace(LONE_SURROGATE, '\ufffd').replaceAll('\0', '\ufffd')
 }
 
-// What the database's error means decides the answer (database-errors.ts): unavailable, overloaded or a
-// conflict that persisted is a 503 (the platform retries, and the statement either committed whole or not
-// at all); data it refused is the sender's, stored as invalid, or a 400 if even that is refused; anything
+// What the database's error means decides the answer (database-errors.ts): unavailable, overloaded, tables
+// missing (a restore under way) or a conflict that persisted is a 503 (the platform retries, and the statement
+// either committed whole or not at all); data it refused is the sender's, stored as invalid, or a 400 if even that is refused; anything
 // else is a bug (500).
 async function storing<T>(
   work: () => Promise<T>,
@@ -267,6 +268,9 @@ function storeError(error: unknown): unknown {
   const { kind } = describeDatabaseError(error)
   if (kind === 'overloaded') {
     return new AppError(503, 'overloaded', 'Too many deliveries are waiting to be stored; retry later', { cause: error })
+  }
+  if (kind === 'schema_missing') {
+    return new AppError(503, 'schema_missing', SCHEMA_MISSING_ANSWER, { cause: error })
   }
   if (kind === 'unavailable' || kind === 'conflict') {
     return new AppError(503, 'database_unavailable', 'The delivery could not be stored; retry later', { cause: error })

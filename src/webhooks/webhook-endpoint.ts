@@ -87,6 +87,8 @@ export function webhookEndpoint(deps: WebhookEndpointDeps): WebhookEndpoint {
   // a connection lost with the statement on it: it may have committed (the platform's retry is then a duplicate)
   const perhapsStored = limitLines((fields: object) => logger.error(fields, PERHAPS_STORED_MESSAGE))
   const queueFull = limitLines((fields: object) => logger.warn(fields, 'webhook refused: ingest queue full'))
+  // the service's tables missing (a restore under way, a database replaced): each delivery meets them until it ends
+  const schemaMissing = limitLines((fields: object) => logger.error(fields, "webhook not stored: the service's tables are missing"))
   // and the line of a refused signature, which anyone who can reach the URL can make
   const receiveDeps: ReceiveDeps = {
     ...deps,
@@ -181,13 +183,18 @@ export function webhookEndpoint(deps: WebhookEndpointDeps): WebhookEndpoint {
         line({ ...loggableDeliveryId(deliveryId), err: loggableError(error.cause) })
       }
       if (error.code === 'storage_low') metrics?.requestsRefused.inc({ reason: 'storage_low' })
+      if (error.code === 'schema_missing') {
+        metrics?.requestsRefused.inc({ reason: 'schema_missing' })
+        schemaMissing({ ...loggableDeliveryId(deliveryId), err: loggableError(error.cause) })
+      }
       if (error.code === 'overloaded' && !(error instanceof BodyBudgetSpent)) queueFull(loggableDeliveryId(deliveryId))
     }
     if (res.headersSent) {
       res.destroy()
       return
     }
-    const { status, body } = errorAnswer(error, logger, deps.path)
+    const { status, body, headers } = errorAnswer(error, logger, deps.path)
+    for (const [name, value] of Object.entries(headers ?? {})) res.setHeader(name, value)
     writeJson(res, status, body)
   }
 

@@ -1,0 +1,114 @@
+// Found from outside (a database restore review): between createdb and the end of pg_restore, or with the service
+// pointed at a new, empty database while it ran, a signed delivery was answered 500 `internal_error` and logged
+// `unhandled error` (42P01), while /readyz answered 200 "ready". A restore under way is "try again later": 503 with
+// a Retry-After, and /readyz not ready until the tables are back, which the service does not make itself.
+import { sql } from 'kysely'
+import request from 'supertest'
+import { describe, expect, it } from 'vitest'
+import { systemClock } from '../src/clock.js'
+import { migrateToLatest, SERVICE_TABLES } from '../src/db/migrate.js'
+import { createAdminApp } from '../src/http/admin-app.js'
+import { createApp } from '../src/http/app.js'
+import { createMetrics } from '../src/metrics/metrics.js'
+import { findOrderByExternalReference } from '../src/orders/order.repository.js'
+import { logEntries, testLogger } from './helpers/log-sink.js'
+import { createOrder } from './helpers/orders.js'
+import { testConfig } from './helpers/test-config.js'
+import { useTestDatabase } from './helpers/test-database.js'
+import { sendWebhook, tradePayload } from './helpers/webhook-delivery.js'
+
+const TOKEN = 'schema-missing-token-0123456789abcdef'
+const config = testConfig({ ADMIN_TOKEN: TOKEN })
+const logger = testLogger([TOKEN])
+
+describe('a database whose tables are missing (a restore under way, a database replaced)', () => {
+  const database = useTestDatabase()
+
+  const refusedSchemaMissing = async (metrics: ReturnType<typeof createMetrics>) =>
+    (await metrics.requestsRefused.get()).values.find((value) => value.labels.reason === 'schema_missing')?.value
+
+  it('answers deliveries and console pages 503 schema_missing with a Retry-After and /readyz 503, never 500, and both again once the tables are back', async () => {
+    const metrics = createMetrics({}, { defaultMetrics: false })
+    const app = createApp({ config, db: database.db, logger, clock: systemClock, metrics })
+    const admin = createAdminApp({ config, db: database.db, logger })
+    const reference = `restored-${Date.now()}`
+    await createOrder(database.db, { externalReference: reference })
+    expect((await request(app).get('/readyz')).status).toBe(200)
+    expect((await sendWebhook(app, { body: tradePayload(reference, 'funded') })).status).toBe(200)
+
+    // the restore's first step: the service's schema gone (dropdb and createdb, as the service sees it)
+    const { rows } = await sql<{ schema: string }>`select current_schema() as schema`.execute(database.db)
+    const schema = rows[0]!.schema
+    await sql`drop schema ${sql.id(schema)} cascade`.execute(database.db)
+    const before = logEntries().length
+
+    const ready = await request(app).get('/readyz')
+    expect(ready.status).toBe(503)
+    expect(ready.body.error.code).toBe('not_ready')
+    expect(ready.body.error.message).toContain("The database has none of the service's tables: the database was replaced or is being restored")
+
+    const statuses: number[] = []
+    for (let attempt = 0; attempt < 5; attempt++) {
+      const response = await sendWebhook(app, { body: tradePayload(reference, 'delivered') })
+      statuses.push(response.status)
+      expect(response.body.error.code).toBe('schema_missing')
+      expect(response.headers['retry-after']).toBe('30')
+    }
+    expect(statuses).toEqual([503, 503, 503, 503, 503])
+    expect(await refusedSchemaMissing(metrics)).toBe(5)
+
+    const page = await request(admin).get('/console/deliveries').set('Authorization', `Bearer ${TOKEN}`)
+    expect(page.status).toBe(503)
+    expect(page.headers['retry-after']).toBe('30')
+    expect(page.text).toContain('<title>Try again shortly')
+    expect(page.text).toContain('(schema_missing)')
+
+    const lines = logEntries().slice(before)
+    expect(lines.filter((line) => line.msg === 'unhandled error')).toEqual([])
+    const refusedLines = lines.filter((line) => String(line.msg).includes("the service's tables are missing"))
+    expect(refusedLines.length).toBeGreaterThan(0)
+    for (const line of refusedLines) {
+      const err = line.err as Record<string, unknown>
+      expect(err.kind).toBe('schema_missing')
+      expect(['42P01', '3F000']).toContain(err.code)
+      expect(err.message).toContain('the database was replaced or is being restored; finish the restore, or run `migrate`')
+      expect(err.stack).toBeUndefined()
+    }
+
+    // the restore done (here: the schema made again and migrated, as `migrate` does on an empty database)
+    await sql`create schema ${sql.id(schema)}`.execute(database.db)
+    await migrateToLatest(database.db)
+    await createOrder(database.db, { externalReference: reference })
+    expect((await request(app).get('/readyz')).status).toBe(200)
+    const taken = await sendWebhook(app, { body: tradePayload(reference, 'funded') })
+    expect(taken.status).toBe(200)
+    expect((await findOrderByExternalReference(database.db, reference))?.tradeStatus).toBe('funded')
+    expect((await request(admin).get('/console/deliveries').set('Authorization', `Bearer ${TOKEN}`)).status).toBe(200)
+  })
+
+  it('names the one table missing in /readyz and answers deliveries 503 while it is, ready again once it is back', async () => {
+    const app = createApp({ config, db: database.db, logger, clock: systemClock })
+    const reference = `one-table-${Date.now()}`
+    await createOrder(database.db, { externalReference: reference })
+    expect((await request(app).get('/readyz')).status).toBe(200)
+    await sql`alter table webhook_deliveries rename to webhook_deliveries_aside`.execute(database.db)
+    try {
+      const ready = await request(app).get('/readyz')
+      expect(ready.status).toBe(503)
+      expect(ready.body.error.message).toContain("The service's tables webhook_deliveries are missing")
+      const refused = await sendWebhook(app, { body: tradePayload(reference, 'funded') })
+      expect([refused.status, refused.body.error?.code, refused.headers['retry-after']]).toEqual([503, 'schema_missing', '30'])
+    } finally {
+      await sql`alter table webhook_deliveries_aside rename to webhook_deliveries`.execute(database.db)
+    }
+    expect((await request(app).get('/readyz')).status).toBe(200)
+    expect((await sendWebhook(app, { body: tradePayload(reference, 'funded') })).status).toBe(200)
+  })
+
+  it('looks for every table the migrations make', async () => {
+    const { rows } = await sql<{ name: string }>`
+      select c.relname as name from pg_catalog.pg_class c join pg_catalog.pg_namespace n on n.oid = c.relnamespace
+       where n.nspname = current_schema() and c.relkind in ('r', 'p') and c.relname not like 'kysely_migration%'`.execute(database.db)
+    expect(rows.map((row) => row.name).sort()).toEqual([...SERVICE_TABLES].sort())
+  })
+})
