@@ -2,6 +2,11 @@
 // pointed at a new, empty database while it ran, a signed delivery was answered 500 `internal_error` and logged
 // `unhandled error` (42P01), while /readyz answered 200 "ready". A restore under way is "try again later": 503 with
 // a Retry-After, and /readyz not ready until the tables are back, which the service does not make itself.
+import { execFileSync } from 'node:child_process'
+import { randomBytes } from 'node:crypto'
+import { mkdtempSync, rmSync } from 'node:fs'
+import { tmpdir } from 'node:os'
+import path from 'node:path'
 import { sql } from 'kysely'
 import request from 'supertest'
 import { describe, expect, it } from 'vitest'
@@ -11,11 +16,14 @@ import { createAdminApp } from '../src/http/admin-app.js'
 import { createApp } from '../src/http/app.js'
 import { createMetrics } from '../src/metrics/metrics.js'
 import { findOrderByExternalReference } from '../src/orders/order.repository.js'
-import { logEntries, testLogger } from './helpers/log-sink.js'
+import { startForwardReceiver } from './helpers/forward-receiver.js'
+import { logEntries, rememberSecret, testLogger } from './helpers/log-sink.js'
 import { createOrder } from './helpers/orders.js'
-import { testConfig } from './helpers/test-config.js'
-import { useTestDatabase } from './helpers/test-database.js'
-import { sendWebhook, tradePayload } from './helpers/webhook-delivery.js'
+import { reactionRecords } from './helpers/reaction-jobs.js'
+import { TEST_API_SECRET, TEST_WEBHOOK_SECRET, testConfig } from './helpers/test-config.js'
+import { describePostgres, postgresUrl, useTestDatabase } from './helpers/test-database.js'
+import { startTestService } from './helpers/test-service.js'
+import { signBody, sendWebhook, tradePayload } from './helpers/webhook-delivery.js'
 
 const TOKEN = 'schema-missing-token-0123456789abcdef'
 const config = testConfig({ ADMIN_TOKEN: TOKEN })
@@ -110,5 +118,55 @@ describe('a database whose tables are missing (a restore under way, a database r
       select c.relname as name from pg_catalog.pg_class c join pg_catalog.pg_namespace n on n.oid = c.relnamespace
        where n.nspname = current_schema() and c.relkind in ('r', 'p') and c.relname not like 'kysely_migration%'`.execute(database.db)
     expect(rows.map((row) => row.name).sort()).toEqual([...SERVICE_TABLES].sort())
+  })
+})
+
+describePostgres('a pg_dump and pg_restore under the running service (Postgres)', () => {
+  const database = useTestDatabase()
+
+  it('is not ready and answers 503 schema_missing from the schema dropped to the end of pg_restore, then takes and forwards deliveries', { timeout: 60_000 }, async () => {
+    const schema = new URL(database.url!).searchParams.get('options')!.replace('-c search_path=', '')
+    const server = new URL(postgresUrl!)
+    server.search = ''
+    const receiver = await startForwardReceiver()
+    const forwardSecret = `whsec_${randomBytes(32).toString('base64')}`
+    rememberSecret(forwardSecret.slice('whsec_'.length))
+    const config = testConfig({ DATABASE_URL: database.url!, PORT: '0', POLL_ENABLED: 'false', FORWARD_URL: receiver.url, FORWARD_SECRET: forwardSecret })
+    const service = await startTestService({ config, logger: testLogger([TEST_API_SECRET, TEST_WEBHOOK_SECRET]) })
+    const directory = mkdtempSync(path.join(tmpdir(), 'schema-missing-'))
+    try {
+      await service.ready
+      const deliver = async (reference: string) => {
+        const body = JSON.stringify(tradePayload(reference, 'funded'))
+        const headers = { 'content-type': 'application/json', 'x-partner-delivery-id': `dlv-${reference}-${randomBytes(4).toString('hex')}`, 'x-partner-signature': signBody(body) }
+        const response = await fetch(`${service.url}${config.webhook.path}`, { method: 'POST', headers, body })
+        const answer = (await response.json()) as { error?: { code: string } }
+        return { status: response.status, retryAfter: response.headers.get('retry-after'), code: answer.error?.code }
+      }
+      const readyz = async () => (await fetch(`${service.url}/readyz`)).status
+      await createOrder(database.db, { externalReference: 'dumped' })
+      await createOrder(database.db, { externalReference: 'after-restore' })
+      expect(await deliver('dumped')).toEqual({ status: 200, retryAfter: null, code: undefined })
+      await receiver.waitFor(1)
+      // the stream's place written back past it before the dump (else the restore's stream forwards it again: at least once)
+      await expect.poll(async () => (await reactionRecords(database.db)).map(({ state }) => state), { timeout: 10_000 }).toEqual(['done'])
+      const dump = path.join(directory, 'service.dump')
+      execFileSync('pg_dump', ['--format=custom', `--schema=${schema}`, `--file=${dump}`, server.toString()])
+
+      await sql`drop schema ${sql.id(schema)} cascade`.execute(database.db)
+      expect(await readyz()).toBe(503)
+      expect(await deliver('after-restore')).toEqual({ status: 503, retryAfter: '30', code: 'schema_missing' })
+
+      execFileSync('pg_restore', [`--dbname=${server.toString()}`, dump])
+      expect(await readyz()).toBe(200)
+      expect(await deliver('after-restore')).toEqual({ status: 200, retryAfter: null, code: undefined })
+      // the dispatcher reads its restored stream again (woken by the new transition's commit)
+      await receiver.waitFor(2)
+      expect(receiver.received.map((forwarded) => JSON.parse(forwarded.rawBody).data.external_reference)).toEqual(['dumped', 'after-restore'])
+    } finally {
+      await service.stop()
+      await receiver.close()
+      rmSync(directory, { recursive: true, force: true })
+    }
   })
 })
