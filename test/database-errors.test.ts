@@ -197,7 +197,6 @@ for (const kind of ['pglite', 'postgres'] as const) {
         ],
         // the service's own statements name only its tables: one missing is a database replaced or being restored
         ['a missing table (a restore under way)', () => sql`select * from no_such_table`.execute(database.db), 'schema_missing', '42P01'],
-        ['a missing schema (a restore under way)', () => sql`create table no_such_schema.t ()`.execute(database.db), 'schema_missing', '3F000'],
         ['a syntax error (our bug)', () => sql`select from from`.execute(database.db), 'failure', '42601'],
       ]
       for (const [name, statement, expectedKind, code] of table) {

@@ -10,9 +10,9 @@
 //   conflict with another replica. Written again it succeeds (group-commit.ts does so); if it still
 //   fails, "try again later" is the truth: HTTP 503.
 // - overloaded: our own ingest queue is full. Also "try again later": HTTP 503 `overloaded`.
-// - schema_missing: a table (42P01 undefined_table) or the schema itself (3F000 invalid_schema_name) is not there.
-//   The service's own statements name only the tables its migrations made, so in a running service this is a
-//   database replaced under it or being restored (between createdb and the end of pg_restore), or one dropped by
+// - schema_missing: a table is not there (42P01 undefined_table; also what a statement meets when the schema itself
+//   was dropped). The service's own statements name only the tables its migrations made, so in a running service this
+//   is a database replaced under it or being restored (between createdb and the end of pg_restore), or one dropped by
 //   hand: an operator's to fix (finish the restore, or run `migrate`), and then it passes. HTTP 503 `schema_missing`
 //   with a Retry-After, and /readyz not ready, never a 500; the service does not migrate a database it finds empty
 //   while it runs (the restore under way would then fail on tables it made).
@@ -121,8 +121,12 @@ const closedToConnections = (code: string, error: Error) => {
   return code === CLOSED_TO_CONNECTIONS && (severity === 'FATAL' || routine === 'CheckMyDatabase')
 }
 
-/** 42P01 undefined_table and 3F000 invalid_schema_name: the service's tables, or their schema, are not there. */
-const SCHEMA_MISSING_CODES = new Set(['42P01', '3F000'])
+/**
+ * 42P01 undefined_table: one of the service's tables is not there. (3F000 invalid_schema_name is not among them: the
+ * service's statements meet 42P01 when the schema is gone, and 3F000 comes from creating tables where the search_path
+ * names no schema, which a start's migrations report with their own advice, migrate.ts.)
+ */
+const SCHEMA_MISSING_CODES = new Set(['42P01'])
 
 /** The fixed words of a schema_missing error: what the log line and the 503's message say. */
 export const SCHEMA_MISSING_MESSAGE =
