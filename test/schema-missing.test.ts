@@ -113,6 +113,22 @@ describe('a database whose tables are missing (a restore under way, a database r
     expect((await sendWebhook(app, { body: tradePayload(reference, 'funded') })).status).toBe(200)
   })
 
+  it('is not ready while a migration of this build is not applied (a dump of an older build restored), ready once it is', async () => {
+    const app = createApp({ config, db: database.db, logger, clock: systemClock })
+    const { rows } = await sql<{ name: string; timestamp: string }>`select name, timestamp from kysely_migration order by name desc limit 1`.execute(database.db)
+    const last = rows[0]!
+    expect((await request(app).get('/readyz')).status).toBe(200)
+    await sql`delete from kysely_migration where name = ${last.name}`.execute(database.db)
+    try {
+      const ready = await request(app).get('/readyz')
+      expect(ready.status).toBe(503)
+      expect(ready.body.error.message).toBe(`Migrations are pending (${last.name}); run \`npm run cli -- migrate\``)
+    } finally {
+      await sql`insert into kysely_migration (name, timestamp) values (${last.name}, ${last.timestamp})`.execute(database.db)
+    }
+    expect((await request(app).get('/readyz')).status).toBe(200)
+  })
+
   it('looks for every table the migrations make', async () => {
     const { rows } = await sql<{ name: string }>`
       select c.relname as name from pg_catalog.pg_class c join pg_catalog.pg_namespace n on n.oid = c.relnamespace

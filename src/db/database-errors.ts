@@ -213,7 +213,7 @@ export function isDatabaseUnavailable(error: unknown): boolean {
   return describeDatabaseError(error).kind === 'unavailable'
 }
 
-/** Whether a statement failed for a table or schema of the service's that is not there (describeDatabaseError). */
+/** Whether a statement failed for a table of the service's that is not there (describeDatabaseError). */
 export function isSchemaMissing(error: unknown): boolean {
   return describeDatabaseError(error).kind === 'schema_missing'
 }

@@ -439,7 +439,7 @@ export interface SchemaState {
 /**
  * Which of the service's tables are missing from the connection's schema, and which of this build's migrations are
  * not applied there: a database replaced under the running service, one being restored (between createdb and the end
- * of pg_restore), or restored from an older build's dump. Two reads of the catalog and one of the migrator's table,
+ * of pg_restore), or restored from an older build's dump. One read of the catalog and one of the migrator's table,
  * cheap enough for each of /readyz's looks; nothing is changed (the service does not migrate while it runs).
  */
 export async function readSchemaState(db: Kysely<Database>): Promise<SchemaState> {

@@ -1,9 +1,10 @@
 // /healthz: the process answers. /readyz: the service finished starting (its database came up and was
 // migrated), the database answers now and takes writes (not a read-only standby), the service's tables are all
 // there and every migration is applied (looked at each time: a database replaced or being restored under the
-// running service has none of them, and the service does not migrate it), the service is not draining (a signal arrived: a load balancer must stop sending it work while
-// it finishes what it has), the embedded database's disk is not almost full (db/storage-guard.ts), and no delivery
-// was refused for a full disk a moment ago (db/disk-full-note.ts).
+// running service has none of them, and the service does not migrate it), the service is not draining (a signal
+// arrived: a load balancer must stop sending it work while it finishes what it has), the embedded database's disk
+// is not almost full (db/storage-guard.ts), and no delivery was refused for a full disk a moment ago
+// (db/disk-full-note.ts).
 import { Router } from 'express'
 import type { Kysely } from 'kysely'
 import type { Database } from '../db/database.js'
@@ -30,7 +31,7 @@ export function healthRoutes({
   diskFull?: DiskFullNote | undefined
 }): Router {
   const router = Router()
-  // One look at the database (and at its migrations, until they are current) at a time, whoever asks: a request that comes while one runs shares its answer. Each
+  // One look at the database (its ping, its tables and migrations) at a time, whoever asks: a request that comes while one runs shares its answer. Each
   // /readyz used to start its own, on the public listener, and one the database did not answer kept its connection
   // past the request's timeout: while the database hung, a burst of them (several load balancers' probes, or
   // anyone) held every connection of the pool, and deliveries waited behind them.
@@ -75,7 +76,9 @@ export function healthRoutes({
       return
     }
     if (pendingMigrations.length > 0) {
-      res.status(503).json(errorBody('not_ready', `Migrations are pending (${pendingMigrations.join(', ')}); run \`npm run cli -- migrate\``))
+      const [first, ...others] = pendingMigrations
+      const which = others.length > 0 ? `${first} and ${others.length} more` : first
+      res.status(503).json(errorBody('not_ready', `Migrations are pending (${which}); run \`npm run cli -- migrate\``))
       return
     }
     if (state.readOnly) {
