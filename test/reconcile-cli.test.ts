@@ -356,11 +356,13 @@ describe('reconcile --requeue', () => {
 
 // After a restore from a backup, or a failover to a standby that lagged, the transitions the database lost are on the
 // platform only, and each open order waited up to STALE_AFTER_S for its poll; an operator had to name every order
-// to `--requeue` (found from outside). `--requeue-open` makes every open order of PARTNER_ENV due now
+// to `--requeue` (found from outside). `--requeue-open` gives every open order of PARTNER_ENV a poll within --within
+// seconds, spread evenly by the database's clock
 describe('reconcile --requeue-open', () => {
   const later = new Date(Date.now() + 6 * 3_600_000)
+  const ISO = '\\d{4}-\\d\\d-\\d\\dT\\d\\d:\\d\\d:\\d\\d\\.\\d{3}Z'
 
-  it('makes the open orders due now, leaves the flagged, the due, the leased, the closed and the other environment’s as they are, and the poller heals them', async () => {
+  it('makes the open orders due, leaves the flagged, the due, the leased, the closed and the other environment’s as they are, and the poller heals them', async () => {
     await insertOrders(database.db, [
       { externalReference: 'ro-waiting', nextPollAt: later },
       { externalReference: 'ro-unscheduled', nextPollAt: null },
@@ -376,12 +378,12 @@ describe('reconcile --requeue-open', () => {
     await database.db.updateTable('orders').set({ partnerEnv: 'live' }).where('externalReference', '=', 'ro-live').execute()
     const before = new Map((await database.db.selectFrom('orders').select(['externalReference', 'nextPollAt']).execute()).map((row) => [row.externalReference, row.nextPollAt]))
 
-    const result = await cli('reconcile', '--requeue-open')
+    const result = await cli('reconcile', '--requeue-open', '--within', '0')
     expect([result.code, result.stderr]).toEqual([0, ''])
-    expect(result.stdout).toBe(
-      '2 open order(s) due now: the poller takes 100 a cycle (1 cycle(s), one every 30 s)\n' +
-        '1 flagged for an operator left as they are: `reconcile --requeue` clears them\n',
-    )
+    expect(result.stdout).toMatch(new RegExp(
+      `^2 open order\\(s\\) due now, from ${ISO} by the database's clock\\n` +
+        '1 flagged for an operator left as they are: `reconcile --requeue` clears them\\n$',
+    ))
     const after = await database.db.selectFrom('orders').select(['externalReference', 'nextPollAt', 'attention']).orderBy('id').execute()
     for (const row of after) {
       if (row.externalReference === 'ro-waiting' || row.externalReference === 'ro-unscheduled') {
@@ -390,11 +392,11 @@ describe('reconcile --requeue-open', () => {
     }
     expect(after.find((row) => row.externalReference === 'ro-flagged')?.attention).toBe('trade_not_found')
 
-    // run again before a poll: nothing is waiting
+    // run again before a poll: nothing waits
     const again = await cli('reconcile', '--requeue-open', '--json')
-    expect(JSON.parse(again.stdout)).toEqual({ dueNow: 0, flagged: 1, cycles: 0 })
+    expect(JSON.parse(again.stdout)).toMatchObject({ requeued: 0, flagged: 1, withinS: 900 })
     expect((await cli('reconcile', '--requeue-open')).stdout).toBe(
-      'no open order was waiting for its poll\n1 flagged for an operator left as they are: `reconcile --requeue` clears them\n',
+      'no open order waits for its poll past the next 900 s\n1 flagged for an operator left as they are: `reconcile --requeue` clears them\n',
     )
 
     // the poller's next cycle polls them, with the one due already
@@ -405,13 +407,37 @@ describe('reconcile --requeue-open', () => {
     }
   })
 
-  it('takes more open orders than one slice', async () => {
+  // all due at one moment, a million would keep every order due after it (a webhook asking for a poll now) waiting
+  // behind them all, as the claim takes the longest due first (found by a review); spread, one asked for now comes
+  // after those due before it only
+  it('spreads more open orders than one slice evenly over the window, in the order of their ids, by the database’s clock', async () => {
     const count = 10_050
     await insertOrders(database.db, Array.from({ length: count }, (_, i) => ({ externalReference: `ro-many-${i}`, nextPollAt: later })))
-    const result = await cli('reconcile', '--requeue-open', '--json')
-    expect(JSON.parse(result.stdout)).toEqual({ dueNow: count, flagged: 0, cycles: Math.ceil(count / 100) })
-    const waiting = await database.db.selectFrom('orders').select((eb) => eb.fn.countAll<string>().as('n')).where('nextPollAt', '>', new Date()).executeTakeFirstOrThrow()
-    expect(Number(waiting.n)).toBe(0)
+    const result = await cli('reconcile', '--requeue-open', '--within', '600', '--json')
+    const answer = JSON.parse(result.stdout)
+    expect(answer).toMatchObject({ requeued: count, flagged: 0, withinS: 600 })
+    const from = Date.parse(answer.from)
+    const due = (await database.db.selectFrom('orders').select(['id', 'nextPollAt']).orderBy('id').execute()).map((row) => row.nextPollAt!.getTime() - from)
+    expect(due[0]).toBe(0)
+    for (let i = 1; i < due.length; i++) expect(due[i]!, `order ${i}`).toBeGreaterThanOrEqual(due[i - 1]!)
+    // evenly: the i-th at 600 s × i / count, to the millisecond a timestamp keeps
+    expect(Math.abs(due[count / 2]! - 300_000)).toBeLessThanOrEqual(1)
+    expect(due.at(-1)!).toBeLessThan(600_000)
+    expect(due.at(-1)!).toBeGreaterThan(599_000)
+    // spread within 600 s already: a second run finds none waiting past its own 600 s
+    const text = await cli('reconcile', '--requeue-open', '--within', '600')
+    expect(text.stdout).toBe('no open order waits for its poll past the next 600 s\n')
+    // the rate it prints, as README quotes it
+    await insertOrders(database.db, [{ externalReference: 'ro-rate-1', nextPollAt: later }, { externalReference: 'ro-rate-2', nextPollAt: later }])
+    const two = await cli('reconcile', '--requeue-open')
+    expect(two.stdout).toMatch(new RegExp(`^2 open order\\(s\\) due within the next 900 s, spread evenly \\(about 0\\.0022 a second\\), from ${ISO} by the database's clock\\n$`))
+  })
+
+  it('exits 2 for --within without --requeue-open, and for a window past a day', async () => {
+    const without = await cli('reconcile', '--once', '--within', '60')
+    expect([without.code, without.stderr]).toEqual([2, expect.stringContaining('--within goes with --requeue-open')])
+    const long = await cli('reconcile', '--requeue-open', '--within', '86401')
+    expect(long.code).toBe(2)
   })
 })
 

@@ -25,12 +25,12 @@ export function wholeNumber(value: string): number {
 /** The most rows one listing prints: it is held whole in memory, in the running service when forwarded there. */
 export const MAX_LIST_LIMIT = 10_000
 
-/** A parser of whole numbers from 1 to `max`: the message names the range. */
-export function wholeNumberUpTo(max: number): (value: string) => number {
+/** A parser of whole numbers from `min` (1 unless given) to `max`: the message names the range. */
+export function wholeNumberUpTo(max: number, min = 1): (value: string) => number {
   return (value) => {
     const parsed = decimalDigits(value)
-    if (!Number.isInteger(parsed) || parsed <= 0 || parsed > max) {
-      throw new InvalidArgumentError(`must be a whole number from 1 to ${max}`)
+    if (!Number.isInteger(parsed) || parsed < min || parsed > max) {
+      throw new InvalidArgumentError(`must be a whole number from ${min} to ${max}`)
     }
     return parsed
   }

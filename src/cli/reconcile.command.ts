@@ -28,11 +28,15 @@ interface ReconcileOptions {
   report?: boolean
   requeue?: boolean | string[]
   requeueOpen?: boolean
+  within: number
   limit: number
   json?: boolean
 }
 
 const MAX_REPORT_LIMIT = 1_000
+/** --requeue-open's window: 15 minutes, and at most a day. */
+const DEFAULT_WITHIN_S = 900
+const MAX_WITHIN_S = 86_400
 
 export function registerReconcileCommands(program: Command): void {
   program
@@ -49,8 +53,9 @@ export function registerReconcileCommands(program: Command): void {
     )
     .option(
       '--requeue-open',
-      'make every open order of PARTNER_ENV due now (after a database restore or failover lost transitions); flagged ones stay flagged',
+      'give every open order of PARTNER_ENV a poll within --within seconds (after a database restore or failover lost transitions); flagged ones stay flagged',
     )
+    .option('--within <seconds>', `with --requeue-open: the seconds its polls are spread over (0: all due now; at most ${MAX_WITHIN_S})`, wholeNumberUpTo(MAX_WITHIN_S, 0), DEFAULT_WITHIN_S)
     .option('--limit <n>', `runs to show with --report (at most ${MAX_REPORT_LIMIT})`, wholeNumberUpTo(MAX_REPORT_LIMIT), 20)
     .option('--json', 'print JSON')
     .action(async (options: ReconcileOptions, command: Command) => {
@@ -62,9 +67,12 @@ export function registerReconcileCommands(program: Command): void {
       if (!options.report && command.getOptionValueSource('limit') === 'cli') {
         throw new UsageError('--limit goes with --report (the runs to show); a cycle claims POLL_BATCH_SIZE orders')
       }
+      if (!options.requeueOpen && command.getOptionValueSource('within') === 'cli') {
+        throw new UsageError('--within goes with --requeue-open (the window its polls are spread over)')
+      }
       if (options.once) await runOnce(options.json)
       else if (options.report) await report(options.limit, options.json)
-      else if (options.requeueOpen) await requeueOpen(options.json)
+      else if (options.requeueOpen) await requeueOpen(options.within, options.json)
       else await requeue(options.requeue === true ? undefined : (options.requeue as string[]), options.json)
     })
 }
@@ -281,26 +289,25 @@ async function requeue(externalReferences: string[] | undefined, json: boolean |
   }
 }
 
-async function requeueOpen(json: boolean | undefined): Promise<void> {
-  const [{ systemClock }, { requeueOpenOrders }] = await Promise.all([
-    import('../clock.js'),
-    import('../orders/poll-schedule.repository.js'),
-  ])
-  const { result, poll } = await withDatabase(async ({ db, config }) => ({
-    result: await requeueOpenOrders(db, { now: new Date(systemClock.now()), partnerEnv: config.partner.env }),
-    poll: config.poll,
-  }))
-  // the poller takes POLL_BATCH_SIZE a cycle, a cycle every POLL_INTERVAL_S at most once it finds more due
-  const cycles = Math.ceil(result.dueNow / poll.batchSize)
-  if (json) printJson({ ...result, cycles })
+async function requeueOpen(withinS: number, json: boolean | undefined): Promise<void> {
+  const { requeueOpenOrders } = await import('../orders/poll-schedule.repository.js')
+  const { requeued, flagged, from } = await withDatabase(({ db, config }) => requeueOpenOrders(db, { withinS, partnerEnv: config.partner.env }))
+  if (json) printJson({ requeued, flagged, from: from.toISOString(), withinS })
   else {
     write(
-      result.dueNow === 0
-        ? 'no open order was waiting for its poll\n'
-        : `${result.dueNow.toLocaleString('en-US')} open order(s) due now: the poller takes ${poll.batchSize} a cycle (${cycles.toLocaleString('en-US')} cycle(s), one every ${poll.intervalS} s)\n`,
+      requeued === 0
+        ? `no open order waits for its poll past the next ${withinS} s\n`
+        : `${requeued.toLocaleString('en-US')} open order(s) due ` +
+            (withinS === 0 ? 'now' : `within the next ${withinS} s, spread evenly (about ${perSecond(requeued, withinS)} a second)`) +
+            `, from ${from.toISOString()} by the database's clock\n`,
     )
-    if (result.flagged > 0) {
-      write(`${result.flagged.toLocaleString('en-US')} flagged for an operator left as they are: \`reconcile --requeue\` clears them\n`)
-    }
+    if (flagged > 0) write(`${flagged.toLocaleString('en-US')} flagged for an operator left as they are: \`reconcile --requeue\` clears them\n`)
   }
+}
+
+/** A rate, to two significant figures, for a person. */
+function perSecond(count: number, seconds: number): string {
+  const rate = Number((count / seconds).toPrecision(2))
+  // toLocaleString keeps 3 decimals at most: 0.0022 read 0.002
+  return rate >= 1 ? rate.toLocaleString('en-US') : String(rate)
 }

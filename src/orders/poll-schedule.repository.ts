@@ -460,54 +460,59 @@ export async function requeueOrders(
 }
 
 export interface OpenRequeueResult {
-  /** Open orders of the environment made due now (none was due already). */
-  dueNow: number
+  /** Open orders of the environment given a due time within the window (none was due within it already). */
+  requeued: number
   /** Open orders of the environment flagged for an operator: left as they are (`reconcile --requeue` clears them). */
   flagged: number
+  /** The window's start, by the database's clock. */
+  from: Date
+}
+
+/** Whether an open order of `partnerEnv`, not flagged and not held by a poll under way at `at`, waits past `until`. */
+function waitsPast(partnerEnv: PartnerEnv, at: Date, until: Date) {
+  return sql`o.trade_id is not null and not o.is_terminal and o.attention is null
+    and (o.partner_env is null or o.partner_env = ${partnerEnv})
+    and (o.next_poll_at is null or o.next_poll_at > ${until})
+    and (o.poll_lease_expires_at is null or o.poll_lease_expires_at <= ${at})`
 }
 
 /**
- * Makes every open order of `partnerEnv` due now (`reconcile --requeue-open`): linked to a trade, not terminal, not
- * flagged, and neither due already nor leased to a poll under way. After the database was restored from a backup or
- * failed over to a standby that lagged, the transitions it lost are on the platform only, and the orders would have
- * waited up to STALE_AFTER_S for their poll; the poller now takes them POLL_BATCH_SIZE a cycle. In slices of
- * REQUEUE_SLICE orders, each its own transaction, in the order of their ids: a million open orders do not hold the
- * ingest's row locks for one long statement.
+ * Gives every open order of `partnerEnv` that waits for its poll past the next `withinS` seconds a due time within
+ * them, spread evenly in the order of their ids (`reconcile --requeue-open`): linked to a trade, not terminal, not
+ * flagged, not held by a poll under way. After the database was restored from a backup or failed over to a standby
+ * that lagged, the transitions it lost are on the platform only, and the orders would have waited up to STALE_AFTER_S
+ * for their poll. Spread, not all due at once: the claim takes the longest due first, and a million orders due at
+ * one moment would have kept every order due after it (a webhook that asks for a poll now, a hold lifted) waiting
+ * behind them all. Times are the database's (the command may run on a machine whose clock is off: found by a
+ * review). In slices of REQUEUE_SLICE orders, each its own transaction: a million do not hold the ingest's row locks
+ * for one long statement, and a run with nothing to do locks nothing.
  */
 export async function requeueOpenOrders(
   db: Kysely<Database>,
-  { now, partnerEnv }: { now: Date; partnerEnv: PartnerEnv },
+  { withinS, partnerEnv }: { withinS: number; partnerEnv: PartnerEnv },
 ): Promise<OpenRequeueResult> {
-  let dueNow = 0
+  const { rows } = await sql<{ from: Date }>`select statement_timestamp() as "from"`.execute(db)
+  const from = rows[0]!.from
+  const until = new Date(from.getTime() + withinS * 1000)
+  const counted = await sql<{ n: string }>`select count(*) as n from orders o where ${waitsPast(partnerEnv, from, until)}`.execute(db)
+  const total = Number(counted.rows[0]!.n)
+  let requeued = 0
   let after = 0
-  for (;;) {
-    const moved = await db.transaction().execute(async (trx) => {
-      const slice = await trx
-        .selectFrom('orders')
-        .select('id')
-        .where('id', '>', after)
-        .where('tradeId', 'is not', null)
-        .where('isTerminal', '=', false)
-        .where('attention', 'is', null)
-        .where((eb) => ofEnvironment(eb, partnerEnv))
-        .orderBy('id')
-        .limit(REQUEUE_SLICE)
-        .forUpdate()
-        .execute()
-      if (slice.length === 0) return undefined
-      const ids = slice.map(({ id }) => id)
-      const { numUpdatedRows } = await trx
-        .updateTable('orders')
-        .set({ nextPollAt: now })
-        .where('id', 'in', ids)
-        .where((eb) => eb.or([eb('nextPollAt', 'is', null), eb('nextPollAt', '>', now)]))
-        .where((eb) => eb.or([eb('pollLeaseExpiresAt', 'is', null), eb('pollLeaseExpiresAt', '<=', now)]))
-        .executeTakeFirst()
-      return { last: ids[ids.length - 1]!, updated: Number(numUpdatedRows) }
-    })
-    if (!moved) break
-    dueNow += moved.updated
-    after = moved.last
+  while (requeued < total) {
+    // each order's place among all of them (its offset in the window), so the slices together spread evenly
+    const { rows: moved } = await sql<{ id: number }>`
+      with locked as (
+        select o.id from orders o
+        where o.id > ${after} and ${waitsPast(partnerEnv, from, until)}
+        order by o.id limit ${REQUEUE_SLICE} for update
+      ),
+      slice as (select id, ${requeued}::bigint + row_number() over (order by id) - 1 as place from locked)
+      update orders o set next_poll_at = ${from}::timestamptz + make_interval(secs => ${withinS}::double precision * s.place / ${total}::bigint)
+      from slice s where o.id = s.id
+      returning o.id`.execute(db)
+    if (moved.length === 0) break
+    requeued += moved.length
+    after = Math.max(...moved.map((row) => row.id))
   }
   const flagged = await db
     .selectFrom('orders')
@@ -517,5 +522,5 @@ export async function requeueOpenOrders(
     .where('attention', 'is not', null)
     .where((eb) => ofEnvironment(eb, partnerEnv))
     .executeTakeFirstOrThrow()
-  return { dueNow, flagged: Number(flagged.flagged) }
+  return { requeued, flagged: Number(flagged.flagged), from }
 }
