@@ -77,7 +77,9 @@ describe('health and the error contract', () => {
   // delivery was answered 503 (53100) while /readyz answered 200
   it('answers /readyz 503 once a delivery was refused for a full disk, until one is stored or the hold passes', async () => {
     let now = Date.now()
-    const clock = { now: () => now, sleep: systemClock.sleep }
+    // the wall clock apart: the hold is timed on the monotonic one
+    let wall = Date.now()
+    const clock = { now: () => wall, monotonicNow: () => now, sleep: systemClock.sleep }
     const full = createApp({ config, db: database.db, logger, clock })
     // the database's own refusal, as a table that cannot grow gives it
     await sql`create function refuse_for_full_disk() returns trigger language plpgsql as $$
@@ -102,6 +104,8 @@ describe('health and the error contract', () => {
         status: 503,
         body: errorBody('not_ready', 'The database refused to store a delivery 2.5 s ago: its disk is full (53100); deliveries are answered 503 until it has room'),
       })
+      // the wall clock stepped back an hour changes nothing (by it, /readyz stayed unready for that hour)
+      wall -= 3_600_000
       // with no delivery coming, the hold passes and the next delivery finds out
       now += DISK_FULL_HOLD_MS
       expect((await request(full).get('/readyz')).status).toBe(200)

@@ -5,7 +5,7 @@
 // work); everything else to Express.
 import express from 'express'
 import type { Kysely } from 'kysely'
-import type { Clock } from '../clock.js'
+import { type Clock, monotonicNow } from '../clock.js'
 import type { Config } from '../config.js'
 import type { Database } from '../db/database.js'
 import { diskFullNote } from '../db/disk-full-note.js'
@@ -56,8 +56,9 @@ export function createApp(deps: AppDeps): App {
     deps.ingest ??
     createDeliveryIngest({ ...deps, settings: observationSettings(deps.config, deps.reactions?.handlersFor) })
   const path = deps.config.webhook.path
-  // a delivery refused for a full disk turns /readyz 503 (db/disk-full-note.ts)
-  const diskFull = diskFullNote(() => deps.clock.now())
+  // a delivery refused for a full disk turns /readyz 503 (db/disk-full-note.ts); its hold timed on the monotonic
+  // clock: by the wall clock, one stepped back an hour kept /readyz unready for that hour
+  const diskFull = diskFullNote(() => monotonicNow(deps.clock))
   const webhook = webhookEndpoint({
     ...deps,
     diskFull,
