@@ -23,7 +23,7 @@ import { createLogger, type Logger } from '../logger.js'
 import { applyObservation } from '../orders/apply-observation.js'
 import { createOrder } from '../orders/create-order.js'
 import { findOrderByExternalReference, orderHistory } from '../orders/order.repository.js'
-import { schedulePollAfterApiCall } from '../orders/poll-schedule.repository.js'
+import { requeueOpenOrders, schedulePollAfterApiCall } from '../orders/poll-schedule.repository.js'
 import { PartnerApiClient } from '../partner-api/partner-api.client.js'
 import { parseConfig } from '../config.js'
 import { createDispatcher, type Dispatcher } from '../reactions/dispatcher.js'
@@ -187,8 +187,8 @@ export async function runDemo({
       .on('trade.disputed', DEMO_FAILING_HANDLER, async () => {
         if (!notifyService.up) throw new Error('seller notification service answered 503 Service Unavailable (down for the whole demo run)')
       })
-    // the poller below runs STALE_AFTER_S ahead (see `later`), and the jobs of what it applies are due at
-    // its time: the dispatcher keeps that time from the start, so every job is due when it is enqueued
+    // the dispatcher runs STALE_AFTER_S ahead (`later`): a job is due when it is enqueued, and a failing one's
+    // retries come within the run
     const later: Clock = { now: () => Date.now() + (config.poll.staleAfterS + 1) * 1000, monotonicNow: clock.monotonicNow, sleep: clock.sleep }
     const startDispatcher = async () => {
       const started = createDispatcher({
@@ -256,11 +256,14 @@ export async function runDemo({
     await leaveWorkForAnOperator(deps, sandbox, client)
     say('demo: reconciling: the poller fetches every order still open, as it would after STALE_AFTER_S')
 
-    // the poller runs as it would once STALE_AFTER_S had passed: every order still open is due
+    // as it would be once STALE_AFTER_S had passed: every order still open is due (`reconcile --requeue-open
+    // --within 0`, due by the database's clock, which dates what the poller writes: a poller on a clock run ahead
+    // would find each order it polled due again at once)
+    await requeueOpenOrders(database.db, { withinS: 0, partnerEnv: config.partner.env })
     const poller = createPoller({
       db: database.db,
       fetcher: client,
-      clock: later,
+      clock,
       logger: log,
       settings: {
         intervalS: 1,

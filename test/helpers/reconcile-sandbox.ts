@@ -2,7 +2,7 @@
 // test database, the sandbox platform delivering its webhooks to it over HTTP, and a driver that takes
 // trades through random lifecycles on the platform as the buyer, the seller and the partner would.
 import type { Kysely } from 'kysely'
-import { type Clock, systemClock } from '../../src/clock.js'
+import { systemClock } from '../../src/clock.js'
 import type { Config } from '../../src/config.js'
 import type { Database } from '../../src/db/database.js'
 import { createApp } from '../../src/http/app.js'
@@ -190,9 +190,4 @@ async function take(
 ): Promise<unknown> {
   if (by === 'partner') return runTradeOperation(loop.trades, reference, operation)
   return callTradeApi(loop.client, tradeId, operation)
-}
-
-/** A clock `offsetMs` ahead of real time: the poller "later", while the platform signs on real time. */
-export function clockAhead(offsetMs: number): Clock {
-  return { now: () => systemClock.now() + offsetMs, sleep: systemClock.sleep }
 }
