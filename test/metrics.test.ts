@@ -23,7 +23,7 @@ import { eventually, pollerSleeps, SERVICE_POLL_INTERVAL_MS, testPoller } from '
 import { startTcpProxy } from './helpers/tcp-proxy.js'
 import { testConfig } from './helpers/test-config.js'
 import { createTestDatabase, describePostgres, type TestDatabase, useTestDatabase } from './helpers/test-database.js'
-import { startTestService } from './helpers/test-service.js'
+import { scrapeMetrics, startTestService } from './helpers/test-service.js'
 import { sendWebhook, tradePayload } from './helpers/webhook-delivery.js'
 
 describe('GET /metrics, on the operator listener', () => {
@@ -242,7 +242,6 @@ describe("database_clock_offset_seconds: the database's clock against this repli
     await service?.stop()
     service = undefined
   })
-  const scrapeOf = async (running: RunningService) => (await fetch(`${running.adminUrl}/metrics`)).text()
 
   describePostgres('on Postgres (Postgres)', () => {
     let database: TestDatabase
@@ -259,12 +258,12 @@ describe("database_clock_offset_seconds: the database's clock against this repli
       service = await startTestService({ config: testConfig({ PORT: '0', DATABASE_URL: database.url! }), logger: testLogger(), clock: ahead })
       await service.ready
       const offsetOf = (scrape: string) => Number(/^database_clock_offset_seconds (\S+)$/m.exec(scrape)?.[1])
-      const first = offsetOf(await scrapeOf(service))
+      const first = offsetOf(await scrapeMetrics(service))
       // the fake clock stands still while real time goes on: each scrape reads the database's later time
       expect(first).toBeLessThan(-100)
       expect(first).toBeGreaterThan(-120.5)
       await ahead.advance(60_000)
-      const second = offsetOf(await scrapeOf(service))
+      const second = offsetOf(await scrapeMetrics(service))
       expect(second).toBeLessThan(first - 50)
     })
   })
@@ -272,7 +271,7 @@ describe("database_clock_offset_seconds: the database's clock against this repli
   it('has no sample on the embedded database, which runs on this machine\'s clock', async () => {
     service = await startTestService({ config: testConfig({ PORT: '0', DATA_DIR: 'memory://' }), logger: testLogger(), clock: new FakeClock(Date.now() + 120_000) })
     await service.ready
-    const scrape = await scrapeOf(service)
+    const scrape = await scrapeMetrics(service)
     expect(scrape).toMatch(/^database_up 1$/m)
     expectNoSample(scrape, ['database_clock_offset_seconds'])
   })
@@ -286,7 +285,6 @@ describe('the ages the alerts read, measured by the replica on its monotonic clo
     await service?.stop()
     service = undefined
   })
-  const scrapeOf = async (running: RunningService) => (await fetch(`${running.adminUrl}/metrics`)).text()
   const ages = (scrape: string) =>
     Object.fromEntries(
       ['poller_last_cycle_age_seconds', 'retention_last_pass_age_seconds', 'partner_escrow_uptime_seconds'].map((name) => [
@@ -308,7 +306,7 @@ describe('the ages the alerts read, measured by the replica on its monotonic clo
     service = await startTestService({ config, logger: testLogger(), clock })
     await service.ready
     await eventually(() => pollerSleeps(clock) === 1, 'the first poll cycle ends')
-    let scrape = await scrapeOf(service)
+    let scrape = await scrapeMetrics(service)
     // no pruning pass yet: no age for it (the alert counts from the uptime then)
     expect(ages(scrape)).toEqual({
       poller_last_cycle_age_seconds: '0',
@@ -320,8 +318,8 @@ describe('the ages the alerts read, measured by the replica on its monotonic clo
 
     await clock.advance(30_000)
     const running = service
-    await eventually(async () => ages(await scrapeOf(running)).retention_last_pass_age_seconds === '0', 'the first pruning pass ends')
-    expect(ages(await scrapeOf(service))).toEqual({
+    await eventually(async () => ages(await scrapeMetrics(running)).retention_last_pass_age_seconds === '0', 'the first pruning pass ends')
+    expect(ages(await scrapeMetrics(service))).toEqual({
       poller_last_cycle_age_seconds: '30',
       retention_last_pass_age_seconds: '0',
       partner_escrow_uptime_seconds: '30',
@@ -329,7 +327,7 @@ describe('the ages the alerts read, measured by the replica on its monotonic clo
 
     // NTP, an operator or a VM resumed sets the wall clock 10 minutes forward: no age moves
     clock.stepWallClock(600_000)
-    expect(ages(await scrapeOf(service))).toEqual({
+    expect(ages(await scrapeMetrics(service))).toEqual({
       poller_last_cycle_age_seconds: '30',
       retention_last_pass_age_seconds: '0',
       partner_escrow_uptime_seconds: '30',
@@ -337,7 +335,7 @@ describe('the ages the alerts read, measured by the replica on its monotonic clo
     await clock.advance(10_000)
     // and 20 minutes back: still only the 10 s that passed
     clock.stepWallClock(-1_200_000)
-    scrape = await scrapeOf(service)
+    scrape = await scrapeMetrics(service)
     expect(ages(scrape)).toEqual({
       poller_last_cycle_age_seconds: '40',
       retention_last_pass_age_seconds: '10',

@@ -2,8 +2,6 @@
 // lost (flagged trade_create_unknown) is linked by hand to the trade an operator found on the platform. Run
 // in-process through the CLI runner against the sandbox platform, which drops every webhook: the trade exists on the
 // platform, and only the command can link it.
-import { createServer, type IncomingMessage, type Server } from 'node:http'
-import type { AddressInfo } from 'node:net'
 import { afterAll, beforeAll, beforeEach, describe, expect, it } from 'vitest'
 import type { CliContext } from '../src/cli/cli-context.js'
 import { systemClock } from '../src/clock.js'
@@ -11,51 +9,44 @@ import { createApp } from '../src/http/app.js'
 import { findOrderByExternalReference, orderHistory, setTradeCreateState, startTradeCreate } from '../src/orders/order.repository.js'
 import { flagUnresolvedCreates } from '../src/orders/poll-schedule.repository.js'
 import type { PartnerApiClient } from '../src/partner-api/partner-api.client.js'
-import { createSandbox, type Sandbox } from '../src/sandbox/create-sandbox.js'
+import type { Sandbox } from '../src/sandbox/create-sandbox.js'
 import { runCommandWith } from './helpers/cli-in-process.js'
 import { FakeClock } from './helpers/fake-clock.js'
 import { testLogger } from './helpers/log-sink.js'
 import { backdateCreateMark, createOrder } from './helpers/orders.js'
 import { insertOrders } from './helpers/reconcile-orders.js'
 import { sandboxClient } from './helpers/sandbox-client.js'
+import { type BeforeAnswer, type SandboxFront, startSandboxFront } from './helpers/sandbox-front.js'
 import { TEST_API_KEY_ID, TEST_API_SECRET, TEST_WEBHOOK_SECRET, testConfig } from './helpers/test-config.js'
 import { createTestDatabase, type TestDatabase } from './helpers/test-database.js'
 import { sendWebhook, tradePayload } from './helpers/webhook-delivery.js'
 
 let database: TestDatabase
 let sandbox: Sandbox
-let front: Server
+let front: SandboxFront
 let platform: PartnerApiClient
 let context: CliContext
 /**
  * Run by the platform on a request before the sandbox answers it: what happens on our side while the call is out.
  * An answer it returns is the platform's instead of the sandbox's.
  */
-let beforeAnswer: ((request: IncomingMessage) => Promise<{ status: number; body: unknown } | void>) | undefined
+let beforeAnswer: BeforeAnswer | undefined
 const requests: { method: string; path: string }[] = []
 
 beforeAll(async () => {
   database = await createTestDatabase()
   const logger = testLogger([TEST_API_SECRET, TEST_WEBHOOK_SECRET])
   // every webhook lost: the trade exists on the platform and nothing tells the receiver
-  sandbox = createSandbox({ keyId: TEST_API_KEY_ID, apiSecret: TEST_API_SECRET, webhookSecret: TEST_WEBHOOK_SECRET, faults: { dropRate: 1 }, logger })
-  front = createServer((request, response) => {
+  front = await startSandboxFront(logger, async (request) => {
     requests.push({ method: request.method!, path: request.url! })
-    void (beforeAnswer?.(request) ?? Promise.resolve()).then((instead) => {
-      if (!instead) return sandbox.app(request, response)
-      response.writeHead(instead.status, { 'content-type': 'application/json' })
-      response.end(JSON.stringify(instead.body))
-    })
+    return beforeAnswer?.(request)
   })
-  await new Promise<void>((resolve) => front.listen(0, '127.0.0.1', resolve))
-  const url = `http://127.0.0.1:${(front.address() as AddressInfo).port}`
-  platform = sandboxClient(url, { keyId: TEST_API_KEY_ID, secret: TEST_API_SECRET })
-  context = { config: testConfig({ PARTNER_API_BASE_URL: url }), logger, db: database.db }
+  sandbox = front.sandbox
+  platform = sandboxClient(front.url, { keyId: TEST_API_KEY_ID, secret: TEST_API_SECRET })
+  context = { config: testConfig({ PARTNER_API_BASE_URL: front.url }), logger, db: database.db }
 })
 afterAll(async () => {
-  front.closeAllConnections()
-  await new Promise<void>((resolve) => front.close(() => resolve()))
-  await sandbox.close()
+  await front.close()
   await database.close()
 })
 beforeEach(() => {

@@ -7,23 +7,23 @@
 // from before the order existed restored. The command printed `trade … is created`, exit 0, and logged `trade created
 // for order`, with no order and no history row for the trade: nothing changed a row, and the code still took the
 // path of a linked trade. The same `trades open` again made a second trade on the platform.
-import { createServer, type IncomingMessage, type Server } from 'node:http'
-import type { AddressInfo } from 'node:net'
+import type { IncomingMessage } from 'node:http'
 import { sql } from 'kysely'
 import { afterAll, beforeAll, beforeEach, describe, expect, it } from 'vitest'
 import type { CliContext } from '../src/cli/cli-context.js'
 import { findOrderByExternalReference, orderHistory, startTradeCreate } from '../src/orders/order.repository.js'
-import { createSandbox, type Sandbox } from '../src/sandbox/create-sandbox.js'
+import type { Sandbox } from '../src/sandbox/create-sandbox.js'
 import { CREATE_MARGIN_MS } from '../src/trades/open-trade-for-order.js'
 import { runCommandWith } from './helpers/cli-in-process.js'
 import { logEntries, testLogger } from './helpers/log-sink.js'
 import { backdateCreateMark, createOrder } from './helpers/orders.js'
-import { TEST_API_KEY_ID, TEST_API_SECRET, TEST_WEBHOOK_SECRET, testConfig } from './helpers/test-config.js'
+import { type SandboxFront, startSandboxFront } from './helpers/sandbox-front.js'
+import { TEST_API_SECRET, TEST_WEBHOOK_SECRET, testConfig } from './helpers/test-config.js'
 import { createTestDatabase, type TestDatabase } from './helpers/test-database.js'
 
 let database: TestDatabase
 let sandbox: Sandbox
-let front: Server
+let front: SandboxFront
 let context: CliContext
 /** Run when a create reaches the platform, before the sandbox makes the trade and answers: the database changed meanwhile. */
 let whileAtPlatform: ((request: IncomingMessage) => Promise<void>) | undefined
@@ -33,20 +33,16 @@ beforeAll(async () => {
   database = await createTestDatabase()
   const logger = testLogger([TEST_API_SECRET, TEST_WEBHOOK_SECRET])
   // every webhook lost: only the command's answer could have linked the trade
-  sandbox = createSandbox({ keyId: TEST_API_KEY_ID, apiSecret: TEST_API_SECRET, webhookSecret: TEST_WEBHOOK_SECRET, faults: { dropRate: 1 }, logger })
-  front = createServer((request, response) => {
+  front = await startSandboxFront(logger, async (request) => {
     const isCreate = request.method === 'POST' && /\/trades\/$/.test(request.url ?? '')
     if (isCreate) creates++
-    void (isCreate && whileAtPlatform ? whileAtPlatform(request) : Promise.resolve()).then(() => sandbox.app(request, response))
+    if (isCreate && whileAtPlatform) await whileAtPlatform(request)
   })
-  await new Promise<void>((resolve) => front.listen(0, '127.0.0.1', resolve))
-  const url = `http://127.0.0.1:${(front.address() as AddressInfo).port}`
-  context = { config: testConfig({ PARTNER_API_BASE_URL: url }), logger, db: database.db }
+  sandbox = front.sandbox
+  context = { config: testConfig({ PARTNER_API_BASE_URL: front.url }), logger, db: database.db }
 })
 afterAll(async () => {
-  front.closeAllConnections()
-  await new Promise<void>((resolve) => front.close(() => resolve()))
-  await sandbox.close()
+  await front.close()
   await database.close()
 })
 beforeEach(() => {
