@@ -11,7 +11,6 @@
 //   that is present must have its documented type, so the typed record never lies.
 import { z } from 'zod'
 import { isPathId, LONE_SURROGATE, TRADE_FACT_MAX_LENGTH } from './field-rules.js'
-import type { MilestoneAnswer } from './types.js'
 
 const text = z.string()
 const nullableText = z.string().nullable()
@@ -144,6 +143,14 @@ export function checkResponse<T>(schema: z.ZodType<T>, body: unknown): CheckedRe
   if (issue.path.length === 0) return { ok: false, problem: { field: '(body)', message: 'must be an object' } }
   return { ok: false, problem: { field: issue.path.map(String).join('.'), message: issue.message } }
 }
+
+/**
+ * What a milestone deliver or release answered: the spec allows either record, so the answer says which came.
+ * Only a trade record carries the trade's status; a milestone record carries the milestone's alone.
+ */
+export type MilestoneAnswer =
+  | { record: 'trade'; trade: z.infer<typeof tradeSchema> }
+  | { record: 'milestone'; milestone: z.infer<typeof milestoneSchema> }
 
 /**
  * The answer of a milestone deliver or release, which the spec gives as "Milestone or trade record" (section 4).

@@ -51,12 +51,8 @@ export type FullTradeRecord = z.infer<typeof fullTradeSchema>
 export type FullRespondResult = z.infer<typeof fullRespondResultSchema>
 export type PlatformErrorBody = z.infer<typeof platformErrorBodySchema>
 
-/**
- * What a milestone deliver or release answered: the spec allows either record, so the answer says which came
- * (told apart by a top-level milestone_id: responses.ts, checkMilestoneAnswer). Only a trade record carries the
- * trade's status; a milestone record carries the milestone's alone.
- */
-export type MilestoneAnswer = { record: 'trade'; trade: TradeRecord } | { record: 'milestone'; milestone: MilestoneRecord }
+/** What a milestone deliver or release answered (told apart by a top-level milestone_id: responses.ts). */
+export type { MilestoneAnswer } from './responses.js'
 
 export interface OpenDisputeRequest {
   reason: string
