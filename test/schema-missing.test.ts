@@ -11,7 +11,7 @@ import { sql } from 'kysely'
 import request from 'supertest'
 import { describe, expect, it } from 'vitest'
 import { systemClock } from '../src/clock.js'
-import { migrateToLatest, SERVICE_TABLES } from '../src/db/migrate.js'
+import { migrateToLatest, SERVICE_COLUMNS, SERVICE_TABLES } from '../src/db/migrate.js'
 import { createAdminApp } from '../src/http/admin-app.js'
 import { createApp } from '../src/http/app.js'
 import { createMetrics } from '../src/metrics/metrics.js'
@@ -22,7 +22,7 @@ import { createOrder } from './helpers/orders.js'
 import { reactionRecords } from './helpers/reaction-jobs.js'
 import { TEST_API_SECRET, TEST_WEBHOOK_SECRET, testConfig } from './helpers/test-config.js'
 import { describePostgres, postgresUrl, useTestDatabase } from './helpers/test-database.js'
-import { startTestService } from './helpers/test-service.js'
+import { scrapeMetrics, startTestService } from './helpers/test-service.js'
 import { signBody, sendWebhook, tradePayload } from './helpers/webhook-delivery.js'
 
 const TOKEN = 'schema-missing-token-0123456789abcdef'
@@ -129,11 +129,153 @@ describe('a database whose tables are missing (a restore under way, a database r
     expect((await request(app).get('/readyz')).status).toBe(200)
   })
 
+  it('answers a delivery 503 schema_missing while a column the ingest writes is missing, never 500, writes nothing of it, and takes it whole once the column is back', async () => {
+    const metrics = createMetrics({}, { defaultMetrics: false })
+    const app = createApp({ config, db: database.db, logger, clock: systemClock, metrics })
+    const reference = `column-${Date.now()}`
+    const { order } = await createOrder(database.db, { externalReference: reference })
+    expect((await request(app).get('/readyz')).status).toBe(200)
+    const history = () => database.db.selectFrom('orderStatusHistory').select('toStatus').where('orderId', '=', order.id).execute()
+    const stored = (deliveryId: string) =>
+      database.db.selectFrom('webhookDeliveries').select(['deliveryId', 'outcome']).where('deliveryId', '=', deliveryId).execute()
+
+    // a database restored in part (or from a dump before migration 0019) with 0019 recorded as applied: the column the
+    // ingest statement writes is not there
+    await sql`alter table webhook_deliveries drop column order_version`.execute(database.db)
+    const before = logEntries().length
+    const deliveryId = `dlv_column_${Date.now()}`
+    try {
+      const ready = await request(app).get('/readyz')
+      expect(ready.status).toBe(503)
+      expect(ready.body.error.code).toBe('not_ready')
+      expect(ready.body.error.message).toContain(
+        "The database's schema is behind this build: column webhook_deliveries.order_version is missing, though every migration is recorded as applied",
+      )
+      for (let attempt = 0; attempt < 3; attempt++) {
+        const refused = await sendWebhook(app, { body: tradePayload(reference, 'funded'), deliveryId })
+        expect([refused.status, refused.body.error?.code, refused.headers['retry-after']]).toEqual([503, 'schema_missing', '30'])
+        expect(refused.body.error.message).toContain("The database's schema is behind this build: a column of the service's tables is missing")
+      }
+      expect(await refusedSchemaMissing(metrics)).toBe(3)
+      // nothing of it written: no delivery, no move, no event
+      expect(await stored(deliveryId)).toEqual([])
+      expect((await findOrderByExternalReference(database.db, reference))?.tradeStatus).toBeNull()
+      expect(await history()).toEqual([])
+
+      const lines = logEntries().slice(before)
+      expect(lines.filter((line) => line.msg === 'unhandled error')).toEqual([])
+      const refusedLines = lines.filter((line) => line.msg === "webhook not stored: the database's schema is behind this build (a column is missing)")
+      expect(refusedLines.length).toBeGreaterThan(0)
+      for (const line of refusedLines) {
+        expect(line.err).toMatchObject({ kind: 'schema_missing', code: '42703' })
+        expect((line.err as { message: string }).message).toContain("a column of the service's tables is missing: the database's schema is behind this build")
+        expect((line.err as { stack?: unknown }).stack).toBeUndefined()
+      }
+    } finally {
+      await sql`alter table webhook_deliveries add column if not exists order_version integer`.execute(database.db)
+    }
+
+    expect((await request(app).get('/readyz')).status).toBe(200)
+    // the same delivery, sent again as the platform retries it: stored and applied, not a duplicate
+    const taken = await sendWebhook(app, { body: tradePayload(reference, 'funded'), deliveryId })
+    expect([taken.status, taken.body]).toEqual([200, { received: true }])
+    expect(await stored(deliveryId)).toEqual([{ deliveryId, outcome: 'applied' }])
+    expect((await findOrderByExternalReference(database.db, reference))?.tradeStatus).toBe('funded')
+    expect((await history()).map((row) => row.toStatus)).toEqual(['funded'])
+  })
+
+  it('names the pending migration in /readyz for a dump from before it (its column and its record gone), and takes deliveries once `migrate` ran from outside', async () => {
+    const app = createApp({ config, db: database.db, logger, clock: systemClock })
+    const reference = `older-dump-${Date.now()}`
+    await createOrder(database.db, { externalReference: reference })
+    const { rows } = await sql<{ timestamp: string }>`select timestamp from kysely_migration where name = '0019_delivery_order_version'`.execute(database.db)
+    expect(rows).toHaveLength(1)
+    await sql`alter table webhook_deliveries drop column order_version`.execute(database.db)
+    await sql`delete from kysely_migration where name = '0019_delivery_order_version'`.execute(database.db)
+    try {
+      const ready = await request(app).get('/readyz')
+      expect([ready.status, ready.body.error.message]).toEqual([503, 'Migrations are pending (0019_delivery_order_version); run `npm run cli -- migrate`'])
+      const refused = await sendWebhook(app, { body: tradePayload(reference, 'funded') })
+      expect([refused.status, refused.body.error?.code, refused.headers['retry-after']]).toEqual([503, 'schema_missing', '30'])
+      // the operator's `migrate`: the service itself changes nothing while it runs
+      await migrateToLatest(database.db)
+    } finally {
+      await sql`alter table webhook_deliveries add column if not exists order_version integer`.execute(database.db)
+      await sql`insert into kysely_migration (name, timestamp) select '0019_delivery_order_version', ${rows[0]!.timestamp}
+        where not exists (select 1 from kysely_migration where name = '0019_delivery_order_version')`.execute(database.db)
+    }
+    expect((await request(app).get('/readyz')).status).toBe(200)
+    expect((await sendWebhook(app, { body: tradePayload(reference, 'funded') })).status).toBe(200)
+    expect((await findOrderByExternalReference(database.db, reference))?.tradeStatus).toBe('funded')
+  })
+
   it('looks for every table the migrations make', async () => {
     const { rows } = await sql<{ name: string }>`
       select c.relname as name from pg_catalog.pg_class c join pg_catalog.pg_namespace n on n.oid = c.relnamespace
        where n.nspname = current_schema() and c.relkind in ('r', 'p') and c.relname not like 'kysely_migration%'`.execute(database.db)
     expect(rows.map((row) => row.name).sort()).toEqual([...SERVICE_TABLES].sort())
+  })
+
+  it('looks for every column the migrations make', async () => {
+    const { rows } = await sql<{ name: string }>`
+      select c.relname || '.' || a.attname as name
+        from pg_catalog.pg_attribute a join pg_catalog.pg_class c on c.oid = a.attrelid
+        join pg_catalog.pg_namespace n on n.oid = c.relnamespace
+       where n.nspname = current_schema() and c.relkind in ('r', 'p') and c.relname not like 'kysely_migration%'
+         and a.attnum > 0 and not a.attisdropped`.execute(database.db)
+    const expected = Object.entries(SERVICE_COLUMNS).flatMap(([table, columns]) => columns.map((column) => `${table}.${column}`))
+    expect(rows.map((row) => row.name).sort()).toEqual(expected.sort())
+  })
+})
+
+describePostgres('a column dropped under the running service (Postgres)', () => {
+  const database = useTestDatabase()
+
+  it('answers 503 schema_missing and is not ready while a column the ingest writes is dropped under it, then takes the same delivery whole and forwards it', { timeout: 60_000 }, async () => {
+    const receiver = await startForwardReceiver()
+    const forwardSecret = `whsec_${randomBytes(32).toString('base64')}`
+    rememberSecret(forwardSecret.slice('whsec_'.length))
+    const config = testConfig({ DATABASE_URL: database.url!, PORT: '0', POLL_ENABLED: 'false', FORWARD_URL: receiver.url, FORWARD_SECRET: forwardSecret })
+    const service = await startTestService({ config, logger: testLogger([TEST_API_SECRET, TEST_WEBHOOK_SECRET]) })
+    try {
+      await service.ready
+      const body = JSON.stringify(tradePayload('column-dropped', 'funded'))
+      const deliveryId = `dlv-column-dropped-${randomBytes(4).toString('hex')}`
+      const deliver = async () => {
+        const headers = { 'content-type': 'application/json', 'x-partner-delivery-id': deliveryId, 'x-partner-signature': signBody(body) }
+        const response = await fetch(`${service.url}${config.webhook.path}`, { method: 'POST', headers, body })
+        const answer = (await response.json()) as { error?: { code: string }; duplicate?: boolean }
+        return { status: response.status, retryAfter: response.headers.get('retry-after'), code: answer.error?.code, duplicate: answer.duplicate }
+      }
+      const readyz = async () => {
+        const response = await fetch(`${service.url}/readyz`)
+        return { status: response.status, message: ((await response.json()) as { error?: { message: string } }).error?.message }
+      }
+      await createOrder(database.db, { externalReference: 'column-dropped' })
+      const before = logEntries().length
+
+      await sql`alter table webhook_deliveries drop column order_version`.execute(database.db)
+      try {
+        expect(await deliver()).toEqual({ status: 503, retryAfter: '30', code: 'schema_missing', duplicate: undefined })
+        const ready = await readyz()
+        expect(ready.status).toBe(503)
+        expect(ready.message).toContain("The database's schema is behind this build: column webhook_deliveries.order_version is missing")
+        expect(await scrapeMetrics(service)).toContain('http_requests_refused_total{reason="schema_missing"} 1')
+        expect(await database.db.selectFrom('webhookDeliveries').select('deliveryId').execute()).toEqual([])
+      } finally {
+        await sql`alter table webhook_deliveries add column if not exists order_version integer`.execute(database.db)
+      }
+      expect(await readyz()).toEqual({ status: 200, message: undefined })
+      // the platform's retry of the same delivery: stored and applied, not taken for a duplicate
+      expect(await deliver()).toEqual({ status: 200, retryAfter: null, code: undefined, duplicate: undefined })
+      expect((await findOrderByExternalReference(database.db, 'column-dropped'))?.tradeStatus).toBe('funded')
+      await receiver.waitFor(1)
+      expect(receiver.received.map((forwarded) => JSON.parse(forwarded.rawBody).type)).toEqual(['trade.funded'])
+      expect(logEntries().slice(before).filter((line) => line.msg === 'unhandled error')).toEqual([])
+    } finally {
+      await service.stop()
+      await receiver.close()
+    }
   })
 })
 

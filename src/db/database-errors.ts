@@ -11,11 +11,13 @@
 //   fails, "try again later" is the truth: HTTP 503.
 // - overloaded: our own ingest queue is full. Also "try again later": HTTP 503 `overloaded`.
 // - schema_missing: a table is not there (42P01 undefined_table; also what a statement meets when the schema itself
-//   was dropped). The service's own statements name only the tables its migrations made, so in a running service this
-//   is a database replaced under it or being restored (between createdb and the end of pg_restore), or one dropped by
-//   hand: an operator's to fix (finish the restore, or run `migrate`), and then it passes. HTTP 503 `schema_missing`
-//   with a Retry-After, and /readyz not ready, never a 500; the service does not migrate a database it finds empty
-//   while it runs (the restore under way would then fail on tables it made).
+//   was dropped), or a column of one (42703 undefined_column). The service's own statements name only the tables and
+//   columns its migrations made, so in a running service this is a database replaced under it or being restored
+//   (between createdb and the end of pg_restore), one restored from an older build's dump (before the migration that
+//   added the column) or in part, or one changed by hand: an operator's to fix (finish the restore, or run `migrate`),
+//   and then it passes. HTTP 503 `schema_missing` with a Retry-After, and /readyz not ready, never a 500; the service
+//   does not migrate a database it finds empty or behind while it runs (the restore under way would then fail on
+//   tables it made).
 // - refused_data: the database refused the input as data (class 22 data exception, e.g. 22P02 for a
 //   lone surrogate in a JSON string or 22P05 for \u0000; 23 integrity constraint; 54 program limit such
 //   as a value too large to index). The sender's fault: retrying cannot help, so never a 503.
@@ -126,11 +128,27 @@ const closedToConnections = (code: string, error: Error) => {
  * service's statements meet 42P01 when the schema is gone, and 3F000 comes from creating tables where the search_path
  * names no schema, which a start's migrations report with their own advice, migrate.ts.)
  */
-const SCHEMA_MISSING_CODES = new Set(['42P01'])
+const UNDEFINED_TABLE = '42P01'
+/**
+ * 42703 undefined_column: one of the service's tables lacks a column this build's statements name. It was answered 500
+ * `internal_error` (found from outside: a database restored from a dump taken before migration 0019, which added
+ * webhook_deliveries.order_version, refused every delivery so).
+ */
+export const UNDEFINED_COLUMN = '42703'
+const SCHEMA_MISSING_CODES = new Set([UNDEFINED_TABLE, UNDEFINED_COLUMN])
 
-/** The fixed words of a schema_missing error: what the log line and the 503's message say. */
+/** The fixed words of a schema_missing error for a table (42P01): what the log line and the 503's message say. */
 export const SCHEMA_MISSING_MESSAGE =
   "the service's tables are missing: the database was replaced or is being restored; finish the restore, or run `migrate` on an empty database"
+
+/** The fixed words of a schema_missing error for a column (42703). */
+export const SCHEMA_BEHIND_MESSAGE =
+  "a column of the service's tables is missing: the database's schema is behind this build (restored from an older build's dump, or in part); finish the restore, or run `migrate`"
+
+/** Whether a schema_missing error is a column's (42703) rather than a table's: the words differ, the answer does not. */
+export function isColumnMissing(error: unknown): boolean {
+  return describeDatabaseError(error).code === UNDEFINED_COLUMN
+}
 
 function sqlstateKind(code: string): DatabaseErrorKind {
   if (SCHEMA_MISSING_CODES.has(code)) return 'schema_missing'
@@ -143,7 +161,7 @@ function sqlstateKind(code: string): DatabaseErrorKind {
 function sqlstateMessage(code: string, kind: DatabaseErrorKind): string {
   if (code === READ_ONLY) return 'the database is read-only (a standby, a failover under way, or default_transaction_read_only)'
   if (code === LOCK_TIMEOUT) return "a lock wait ended at the database's lock_timeout: another session held what the statement needed"
-  if (kind === 'schema_missing') return SCHEMA_MISSING_MESSAGE
+  if (kind === 'schema_missing') return code === UNDEFINED_COLUMN ? SCHEMA_BEHIND_MESSAGE : SCHEMA_MISSING_MESSAGE
   if (code === '42501') return 'permission denied: the user of DATABASE_URL lacks a privilege this statement needs (it creates and uses the tables of its schema)'
   const sqlstateClass = code.slice(0, 2)
   if (kind === 'unavailable' && sqlstateClass === '57')
@@ -213,7 +231,7 @@ export function isDatabaseUnavailable(error: unknown): boolean {
   return describeDatabaseError(error).kind === 'unavailable'
 }
 
-/** Whether a statement failed for a table of the service's that is not there (describeDatabaseError). */
+/** Whether a statement failed for a table of the service's, or a column of one, that is not there (describeDatabaseError). */
 export function isSchemaMissing(error: unknown): boolean {
   return describeDatabaseError(error).kind === 'schema_missing'
 }

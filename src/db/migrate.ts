@@ -430,26 +430,77 @@ export const SERVICE_TABLES = [
   'reaction_stream_batches',
 ] as const
 
-/** What /readyz learns of the schema: the service's tables not in it, and this build's migrations not applied. */
-export interface SchemaState {
-  missingTables: string[]
-  pendingMigrations: string[]
+/**
+ * The columns this build's migrations leave in each of the service's tables (a test checks them against a migrated
+ * schema): /readyz looks that each is there. A database restored from an older build's dump, or in part, lacks some,
+ * and every statement that names one fails (42703, database-errors.ts).
+ */
+export const SERVICE_COLUMNS: Readonly<Record<(typeof SERVICE_TABLES)[number], readonly string[]>> = {
+  orders: [
+    'id', 'external_reference', 'trade_id', 'trade_reference', 'trade_status', 'status_rank', 'is_terminal', 'status_source',
+    'status_changed_at', 'trade_create_state', 'next_poll_at', 'poll_attempts', 'poll_lease_token', 'poll_lease_expires_at',
+    'last_polled_at', 'attention', 'version', 'created_at', 'updated_at', 'visited_statuses', 'last_event_position',
+    'trade_create_wait_ms', 'partner_env',
+  ],
+  webhook_deliveries: [
+    'delivery_id', 'received_at', 'event_type', 'trade_id', 'external_reference', 'observed_status', 'outcome', 'order_id',
+    'raw_body', 'applied_at', 'body_sha256', 'trade_reference', 'order_version',
+  ],
+  order_status_history: [
+    'id', 'order_id', 'from_status', 'to_status', 'source', 'delivery_id', 'recorded_at', 'event_id', 'sequence', 'trade_id',
+    'external_reference', 'stream_position',
+  ],
+  reconcile_runs: ['id', 'replica', 'started_at', 'finished_at', 'polled', 'changed', 'errors', 'stopped_reason', 'clock_offset_s'],
+  reaction_jobs: [
+    'id', 'event_id', 'order_id', 'sequence', 'handler', 'state', 'attempts', 'run_at', 'lease_token', 'lease_expires_at',
+    'last_error', 'created_at', 'updated_at', 'finished_at',
+  ],
+  retention_progress: ['task', 'done_through', 'updated_at'],
+  reaction_streams: ['handler', 'position', 'history_id', 'lease_token', 'lease_expires_at', 'created_at', 'updated_at', 'types'],
+  reaction_stream_batches: ['id', 'handler', 'to_position', 'to_history_id', 'done', 'events', 'finished_at'],
 }
 
 /**
- * Which of the service's tables are missing from the connection's schema, and which of this build's migrations are
- * not applied there: a database replaced under the running service, one being restored (between createdb and the end
- * of pg_restore), or restored from an older build's dump. One read of the catalog and one of the migrator's table,
+ * What /readyz learns of the schema: the service's tables not in it, this build's migrations not applied, and the
+ * columns (`table.column`) missing from tables that are there.
+ */
+export interface SchemaState {
+  missingTables: string[]
+  pendingMigrations: string[]
+  missingColumns: string[]
+}
+
+/** Whether the schema is whole: every table, column and migration of this build there. */
+export function schemaIsWhole(state: SchemaState): boolean {
+  return state.missingTables.length === 0 && state.pendingMigrations.length === 0 && state.missingColumns.length === 0
+}
+
+/**
+ * Which of the service's tables are missing from the connection's schema, which of this build's migrations are not
+ * applied there, and which columns the tables there lack: a database replaced under the running service, one being
+ * restored (between createdb and the end of pg_restore), or restored from an older build's dump or in part (a column
+ * missing while its migration is recorded as applied). One read of the catalog and one of the migrator's table,
  * cheap enough for each of /readyz's looks; nothing is changed (the service does not migrate while it runs).
  */
 export async function readSchemaState(db: Kysely<Database>): Promise<SchemaState> {
-  // the schema by its name, unquoted, and the tables of ours and the migrator's in it (none when it does not exist)
-  const { rows } = await sql<{ schema: string | null; present: string[] }>`
+  // the schema by its name, unquoted, the tables of ours and the migrator's in it (none when it does not exist), and
+  // the columns of ours, as table.column
+  const { rows } = await sql<{ schema: string | null; present: string[]; columns: string[] }>`
     select current_schema() as schema,
            array(select c.relname::text from pg_catalog.pg_class c join pg_catalog.pg_namespace n on n.oid = c.relnamespace
-                  where n.nspname = current_schema() and c.relname = any(${[...SERVICE_TABLES, 'kysely_migration']}::text[])) as present`.execute(db)
-  const { schema, present } = rows[0] ?? { schema: null, present: [] }
+                  where n.nspname = current_schema() and c.relname = any(${[...SERVICE_TABLES, 'kysely_migration']}::text[])) as present,
+           array(select c.relname::text || '.' || a.attname::text
+                   from pg_catalog.pg_attribute a join pg_catalog.pg_class c on c.oid = a.attrelid
+                   join pg_catalog.pg_namespace n on n.oid = c.relnamespace
+                  where n.nspname = current_schema() and c.relname = any(${[...SERVICE_TABLES]}::text[])
+                    and a.attnum > 0 and not a.attisdropped) as columns`.execute(db)
+  const { schema, present, columns } = rows[0] ?? { schema: null, present: [], columns: [] }
   const missingTables = SERVICE_TABLES.filter((table) => !present.includes(table))
+  const presentColumns = new Set(columns)
+  // (a table missing is said as such, not as each of its columns)
+  const missingColumns = SERVICE_TABLES.filter((table) => present.includes(table)).flatMap((table) =>
+    SERVICE_COLUMNS[table].filter((column) => !presentColumns.has(`${table}.${column}`)).map((column) => `${table}.${column}`),
+  )
   let applied = new Set<string>()
   if (schema !== null && present.includes('kysely_migration')) {
     // without the camel-case plugin, which rewrote the schema's name as an identifier of ours (as appliedMigrations)
@@ -463,7 +514,7 @@ export async function readSchemaState(db: Kysely<Database>): Promise<SchemaState
     applied = new Set(names.rows.map((row) => row.name))
   }
   const pendingMigrations = Object.keys(migrations).filter((name) => !applied.has(name))
-  return { missingTables, pendingMigrations }
+  return { missingTables, pendingMigrations, missingColumns }
 }
 
 /** True when every known migration has been applied. */

@@ -1,5 +1,5 @@
 import type { ErrorRequestHandler, RequestHandler } from 'express'
-import { describeDatabaseError, loggableError } from '../db/database-errors.js'
+import { type DatabaseErrorDescription, describeDatabaseError, isColumnMissing, loggableError, UNDEFINED_COLUMN } from '../db/database-errors.js'
 import { limitLines } from '../limit-lines.js'
 import type { Logger } from '../logger.js'
 import { AppError, type ErrorBody, type ErrorCode, errorBody } from './app-error.js'
@@ -39,6 +39,20 @@ export const SCHEMA_MISSING_RETRY_AFTER_S = 30
 export const SCHEMA_MISSING_ANSWER =
   "The service's tables are missing (the database was replaced or is being restored); retry later"
 
+/** The 503 answered while a column of the service's tables is missing (42703: schema_missing too). */
+export const SCHEMA_BEHIND_ANSWER =
+  "The database's schema is behind this build: a column of the service's tables is missing (restored from an older dump, or in part); retry later"
+
+/** The message of the 503 `schema_missing` answered for `error`: a table's words or a column's. */
+export function schemaMissingAnswer(error: unknown): string {
+  return isColumnMissing(error) ? SCHEMA_BEHIND_ANSWER : SCHEMA_MISSING_ANSWER
+}
+
+/** What a log line says of a request refused for a schema_missing error of SQLSTATE `code`: a table's words or a column's. */
+export function schemaMissingWords(code: string | undefined): string {
+  return code === UNDEFINED_COLUMN ? "the database's schema is behind this build (a column is missing)" : "the service's tables are missing"
+}
+
 export interface ErrorAnswer {
   status: number
   body: ErrorBody
@@ -48,11 +62,13 @@ export interface ErrorAnswer {
 
 // the line a request met by missing tables writes: one a second at most per logger, as every request of a busy
 // listener meets them until the restore ends (limit-lines.ts)
-const schemaMissingLines = new WeakMap<Logger, (fields: object) => void>()
-function logSchemaMissing(logger: Logger, fields: object): void {
+const schemaMissingLines = new WeakMap<Logger, (fields: { err: DatabaseErrorDescription; path: string }) => void>()
+function logSchemaMissing(logger: Logger, fields: { err: DatabaseErrorDescription; path: string }): void {
   let write = schemaMissingLines.get(logger)
   if (!write) {
-    write = limitLines((limited: object) => logger.error(limited, "request refused: the service's tables are missing"))
+    write = limitLines((limited: { err: DatabaseErrorDescription; path: string }) =>
+      logger.error(limited, `request refused: ${schemaMissingWords(limited.err.code)}`),
+    )
     schemaMissingLines.set(logger, write)
   }
   write(fields)
@@ -77,7 +93,7 @@ export function errorAnswer(error: unknown, logger: Logger, path: string): Error
     logSchemaMissing(logger, { err: database, path })
     return {
       status: 503,
-      body: errorBody('schema_missing', SCHEMA_MISSING_ANSWER),
+      body: errorBody('schema_missing', schemaMissingAnswer(error)),
       headers: { 'Retry-After': String(SCHEMA_MISSING_RETRY_AFTER_S) },
     }
   }

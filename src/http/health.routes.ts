@@ -1,6 +1,6 @@
 // /healthz: the process answers. /readyz: the service finished starting (its database came up and was
-// migrated), the database answers now and takes writes (not a read-only standby), the service's tables are all
-// there and every migration is applied (looked at each time: a database replaced or being restored under the
+// migrated), the database answers now and takes writes (not a read-only standby), the service's tables and their
+// columns are all there and every migration is applied (looked at each time: a database replaced or being restored under the
 // running service has none of them, and the service does not migrate it), the service is not draining (a signal
 // arrived: a load balancer must stop sending it work while it finishes what it has), the embedded database's disk
 // is not almost full (db/storage-guard.ts), and no delivery was refused for a full disk a moment ago
@@ -70,7 +70,7 @@ export function healthRoutes({
       res.status(503).json(errorBody('not_ready', message))
       return
     }
-    const { missingTables, pendingMigrations } = state.schema
+    const { missingTables, pendingMigrations, missingColumns } = state.schema
     if (missingTables.length > 0) {
       res.status(503).json(errorBody('not_ready', schemaMissingMessage(missingTables)))
       return
@@ -79,6 +79,10 @@ export function healthRoutes({
       const [first, ...others] = pendingMigrations
       const which = others.length > 0 ? `${first} and ${others.length} more` : first
       res.status(503).json(errorBody('not_ready', `Migrations are pending (${which}); run \`npm run cli -- migrate\``))
+      return
+    }
+    if (missingColumns.length > 0) {
+      res.status(503).json(errorBody('not_ready', schemaBehindMessage(missingColumns)))
       return
     }
     if (state.readOnly) {
@@ -114,6 +118,17 @@ function schemaMissingMessage(missingTables: readonly string[]): string {
   return (
     `${what}: the database was replaced or is being restored. Finish the restore, or run \`npm run cli -- migrate\` ` +
     'on a new, empty database; deliveries are answered 503 until then, and the service does not migrate it itself'
+  )
+}
+
+// every migration recorded as applied, and a column of one missing all the same: `migrate` has nothing to do
+function schemaBehindMessage(missingColumns: readonly string[]): string {
+  const [first, ...others] = missingColumns
+  const which = others.length > 0 ? `${first} and ${others.length} more` : first
+  return (
+    `The database's schema is behind this build: column ${which} is missing, though every migration is recorded as applied ` +
+    '(restored from an older dump or in part, or changed by hand). Finish the restore, or restore the whole dump again; ' +
+    'deliveries are answered 503 until then, and the service does not change the schema itself'
   )
 }
 

@@ -219,7 +219,7 @@ export function createMetrics(
 
   const requestsRefused = new Counter({
     name: 'http_requests_refused_total',
-    help: 'Public listener: requests answered 503 past the in-flight body budget (body_budget), bodies still arriving after SLOW_BODY_MS cut to make room in it for a new request (slow_body), or requests answered 503 while the embedded database\'s data directory is almost full (storage_low); webhooks answered 503 because the service\'s tables are missing: a database being restored or replaced (schema_missing); requests whose client ended its side part-way through the body, answered 400 (body_incomplete); connections closed to make room past MAX_CONNECTIONS for a new one, having waited for a request or received one for SLOW_BODY_MS or more (slow_connection), and new connections dropped past it when none had (max_connections)',
+    help: 'Public listener: requests answered 503 past the in-flight body budget (body_budget), bodies still arriving after SLOW_BODY_MS cut to make room in it for a new request (slow_body), or requests answered 503 while the embedded database\'s data directory is almost full (storage_low); webhooks answered 503 because the service\'s tables, or a column of them, are missing: a database being restored or replaced, or restored from an older dump (schema_missing); requests whose client ended its side part-way through the body, answered 400 (body_incomplete); connections closed to make room past MAX_CONNECTIONS for a new one, having waited for a request or received one for SLOW_BODY_MS or more (slow_connection), and new connections dropped past it when none had (max_connections)',
     labelNames: ['reason'] as const,
     registers: [registry],
   })

@@ -9,7 +9,7 @@ import type { Clock } from '../clock.js'
 import { type DatabaseErrorDescription, describeDatabaseError, loggableError } from '../db/database-errors.js'
 import type { Database } from '../db/database.js'
 import { AppError } from '../http/app-error.js'
-import { SCHEMA_MISSING_ANSWER } from '../http/error-handler.js'
+import { schemaMissingAnswer } from '../http/error-handler.js'
 import type { Logger } from '../logger.js'
 import { webhookObservation } from '../orders/observations.js'
 import { DELIVERY_ID_RULE, isDeliveryId } from './delivery-id.js'
@@ -270,7 +270,7 @@ function storeError(error: unknown): unknown {
     return new AppError(503, 'overloaded', 'Too many deliveries are waiting to be stored; retry later', { cause: error })
   }
   if (kind === 'schema_missing') {
-    return new AppError(503, 'schema_missing', SCHEMA_MISSING_ANSWER, { cause: error })
+    return new AppError(503, 'schema_missing', schemaMissingAnswer(error), { cause: error })
   }
   if (kind === 'unavailable' || kind === 'conflict') {
     return new AppError(503, 'database_unavailable', 'The delivery could not be stored; retry later', { cause: error })

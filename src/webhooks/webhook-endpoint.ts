@@ -13,7 +13,7 @@ import { loggableError, outcomeUnknown } from '../db/database-errors.js'
 import type { DiskFullNote } from '../db/disk-full-note.js'
 import { limitLines } from '../limit-lines.js'
 import { AppError } from '../http/app-error.js'
-import { errorAnswer, incompleteBody } from '../http/error-handler.js'
+import { errorAnswer, incompleteBody, schemaMissingWords } from '../http/error-handler.js'
 import { awaitsContinue, continueReading } from '../http/expect-continue.js'
 import { admitBody, type BodyAdmission, BodyBudgetSpent, type InflightBodyBudget } from '../http/inflight-body-budget.js'
 import { writeJson } from '../http/json-answer.js'
@@ -87,8 +87,11 @@ export function webhookEndpoint(deps: WebhookEndpointDeps): WebhookEndpoint {
   // a connection lost with the statement on it: it may have committed (the platform's retry is then a duplicate)
   const perhapsStored = limitLines((fields: object) => logger.error(fields, PERHAPS_STORED_MESSAGE))
   const queueFull = limitLines((fields: object) => logger.warn(fields, 'webhook refused: ingest queue full'))
-  // the service's tables missing (a restore under way, a database replaced): each delivery meets them until it ends
-  const schemaMissing = limitLines((fields: object) => logger.error(fields, "webhook not stored: the service's tables are missing"))
+  // the service's tables missing (a restore under way, a database replaced), or a column of them (a restore of an older
+  // build's dump): each delivery meets them until it ends
+  const schemaMissing = limitLines((fields: { err: unknown }) =>
+    logger.error(fields, `webhook not stored: ${schemaMissingWords((fields.err as { code?: string } | undefined)?.code)}`),
+  )
   // and the line of a refused signature, which anyone who can reach the URL can make
   const receiveDeps: ReceiveDeps = {
     ...deps,
