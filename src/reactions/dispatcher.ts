@@ -52,6 +52,9 @@ import { planRetry, triesAgain } from './plan-retry.js'
 import { createRecoveryWatch } from './recovery-watch.js'
 import { createStreamWorker, type StreamWorker } from './stream-worker.js'
 import { CLOCK_RECHECK_MS, type ClockGuard } from '../db/clock-guard.js'
+import { loggableError } from '../db/database-errors.js'
+import { createSchemaWatch } from '../db/schema-watch.js'
+import { limitLines } from '../limit-lines.js'
 
 // Under load one claim takes up to this many times REACTION_CONCURRENCY jobs (less those it holds): the
 // jobs beyond the free slots wait here, in claim order, and start as handlers return. Fewer, bigger claims
@@ -229,6 +232,18 @@ export function createDispatcher(deps: DispatcherDeps): Dispatcher {
   let streams: { worker: StreamWorker; waker: ReturnType<typeof createWaker>; loop: Promise<void> }[] = []
   // the stored positions' look, from the start on (positionsLoop)
   let positionsCheck: Promise<void> | undefined
+  // once a statement met the schema not whole (a table or a column missing: a restore under way, or of an older dump),
+  // no stream is read and no job claimed until it is whole again: a batch whose write-back failed so was read and
+  // run again at every retry (a forward sent again each time), and the job loop ran every due job, recording none
+  const schema = createSchemaWatch(db)
+  // the one line of it a second at most, whichever loop meets it (limit-lines.ts)
+  const schemaNotWhole = limitLines((fields: { err?: unknown; handler?: string }) =>
+    logger.warn(
+      fields,
+      "reaction dispatcher waits: the database's schema is not whole (a table, a column or a migration of this build missing): " +
+        'no stream is read and no job claimed until it is',
+    ),
+  )
 
   const wakeStreams = () => {
     for (const stream of streams) stream.waker.wake()
@@ -438,7 +453,8 @@ export function createDispatcher(deps: DispatcherDeps): Dispatcher {
       }
     } catch (error) {
       // the write-back failed (database down): the lease runs out and the job is claimed again
-      log().warn({ err: error }, 'could not record a reaction job outcome; it runs again after its lease')
+      if (schema.met(error)) schemaNotWhole({ err: loggableError(error), handler: job.handler })
+      else log().warn({ err: error }, 'could not record a reaction job outcome; it runs again after its lease')
     } finally {
       handlerDone()
       claim.jobEnded()
@@ -609,6 +625,12 @@ export function createDispatcher(deps: DispatcherDeps): Dispatcher {
           await waker.sleep(CLOCK_RECHECK_MS, signal, true)
           continue
         }
+        if (!(await schema.whole())) {
+          failures += 1
+          schemaNotWhole({ handler: worker.name })
+          await waker.sleep(Math.min(settings.safetyIntervalMs, 500 * 2 ** Math.min(failures, 6)), signal)
+          continue
+        }
         const { full, read, readAgainInMs, withheld, heldUntil, otherTypes } = await worker.batch(signal)
         failures = 0
         if (otherTypes !== undefined && !leftToOthers.has(worker.name)) {
@@ -649,7 +671,8 @@ export function createDispatcher(deps: DispatcherDeps): Dispatcher {
       } catch (error) {
         failures += 1
         delayMs = Math.min(settings.safetyIntervalMs, 500 * 2 ** Math.min(failures, 6))
-        logger.warn({ err: error, retryInMs: delayMs }, 'reaction dispatcher could not read a handler stream; trying again')
+        if (schema.met(error)) schemaNotWhole({ err: loggableError(error), handler: worker.name })
+        else logger.warn({ err: error, retryInMs: delayMs }, 'reaction dispatcher could not read a handler stream; trying again')
       }
       await waker.sleep(delayMs, signal, wallClock)
     }
@@ -677,6 +700,12 @@ export function createDispatcher(deps: DispatcherDeps): Dispatcher {
         if (free > 0 && deps.clockGuard && !(await deps.clockGuard.allows('reaction_jobs'))) {
           // no claim by this clock: looked at again on the machine's timer (the clock is the one not to trust)
           await jobWaker.sleep(CLOCK_RECHECK_MS, signal, true)
+          continue
+        }
+        if (free > 0 && !(await schema.whole())) {
+          failures += 1
+          schemaNotWhole({})
+          await jobWaker.sleep(Math.min(settings.safetyIntervalMs, 500 * 2 ** Math.min(failures, 6)), signal)
           continue
         }
         if (free > 0) {
@@ -712,7 +741,8 @@ export function createDispatcher(deps: DispatcherDeps): Dispatcher {
       } catch (error) {
         failures += 1
         delayMs = Math.min(settings.safetyIntervalMs, 500 * 2 ** Math.min(failures, 6))
-        logger.warn({ err: error, retryInMs: delayMs }, 'reaction dispatcher could not claim jobs; trying again')
+        if (schema.met(error)) schemaNotWhole({ err: loggableError(error) })
+        else logger.warn({ err: error, retryInMs: delayMs }, 'reaction dispatcher could not claim jobs; trying again')
       }
       await jobWaker.sleep(delayMs, signal)
     }

@@ -24,6 +24,7 @@
 import type { Kysely } from 'kysely'
 import type { Clock } from '../clock.js'
 import type { Database } from '../db/database.js'
+import { isSchemaMissing } from '../db/database-errors.js'
 import type { Logger } from '../logger.js'
 import { applyObservation, type ObservationOutcome, type ObservationSettings } from '../orders/apply-observation.js'
 import { pollObservation } from '../orders/observations.js'
@@ -133,7 +134,7 @@ export async function pollOrder(
     try {
       return await flagUnusableTradeId(deps, order, leaseToken, base)
     } catch (writeError) {
-      logger.warn({ err: writeError, orderId: order.orderId }, 'poll write-back failed')
+      if (!isSchemaMissing(writeError)) logger.warn({ err: writeError, orderId: order.orderId }, 'poll write-back failed')
       return { ...base, result: 'write_failed', toStatus: null, error: writeError }
     }
   }
@@ -150,7 +151,8 @@ export async function pollOrder(
     try {
       return await writeBackFailure(deps, order, leaseToken, error)
     } catch (writeError) {
-      logger.warn({ err: writeError, orderId: order.orderId }, 'poll write-back failed')
+      // (the schema not whole stops the cycle, which says so once: reconcile-cycle.ts)
+      if (!isSchemaMissing(writeError)) logger.warn({ err: writeError, orderId: order.orderId }, 'poll write-back failed')
       return { ...base, result: 'error', toStatus: null, error: writeError }
     }
   }
@@ -202,7 +204,7 @@ export async function pollOrder(
       toStatus: applied.toStatus,
     }
   } catch (error) {
-    logger.warn({ err: error, orderId: order.orderId }, 'applying a polled status failed')
+    if (!isSchemaMissing(error)) logger.warn({ err: error, orderId: order.orderId }, 'applying a polled status failed')
     return { ...base, result: 'write_failed', toStatus: null, error }
   }
 }

@@ -22,6 +22,8 @@ import { countDueOrders, type DueOrderStats } from '../orders/poll-schedule.repo
 import { CycleFailedError, type RunSummary, runReconcileCycle } from './reconcile-cycle.js'
 import { finishRun } from './reconcile-run.repository.js'
 import { type ClockGuard, clockOffMessage } from '../db/clock-guard.js'
+import { createSchemaWatch } from '../db/schema-watch.js'
+import { limitLines } from '../limit-lines.js'
 
 export type { PollResult, PollResultKind, TradeFetcher } from './poll-order.js'
 export { POLL_RESULTS } from './poll-order.js'
@@ -149,7 +151,13 @@ export function createPoller(deps: PollerDeps): Poller {
   const { clock, logger, settings } = deps
   const random = deps.random ?? Math.random
   const backoff = settings.backoff ?? DEFAULT_BACKOFF
-  const cycleDeps = { ...deps, settings: { ...settings, backoff } }
+  // once a statement met the schema not whole (a table or a column missing), no order is claimed until it is whole
+  // again: each claimed order was polled at the platform, its answer not written (db/schema-watch.ts)
+  const schema = createSchemaWatch(deps.db)
+  const schemaNotWhole = limitLines((fields: { err?: unknown }) =>
+    logger.warn(fields, "poller waits: the database's schema is not whole (a table, a column or a migration of this build missing): no order is claimed until it is"),
+  )
+  const cycleDeps = { ...deps, settings: { ...settings, backoff }, schema }
   // runs whose cycle lost the database after writing them: without this they would show as running for good,
   // as a dead replica's do, though this replica lived on
   const unfinishedRuns: CycleFailedError[] = []
@@ -216,6 +224,11 @@ export function createPoller(deps: PollerDeps): Poller {
     while (!signal.aborted) {
       let summary: RunSummary | undefined
       try {
+        if (!(await schema.whole())) {
+          schemaNotWhole({})
+          await clock.sleep(settings.intervalS * 1000, signal).catch(() => {})
+          continue
+        }
         summary = await runCycle({ signal })
         inARow.unauthorized = summary.stoppedReason === 'unauthorized' ? inARow.unauthorized + 1 : 0
         inARow.throttled = summary.throttledUntil ? inARow.throttled + 1 : 0
@@ -223,7 +236,8 @@ export function createPoller(deps: PollerDeps): Poller {
       } catch (error) {
         // this machine's clock far from the database's: the guard said so once; looked at again after the interval
         // the database is down or refused: nothing is lost, claims not written back come due after the lease
-        if (!(error instanceof ClockOffError)) logger.warn({ err: error }, 'reconcile cycle failed; trying again after the poll interval')
+        if (schema.met(error)) schemaNotWhole({ err: error })
+        else if (!(error instanceof ClockOffError)) logger.warn({ err: error }, 'reconcile cycle failed; trying again after the poll interval')
       }
       if (signal.aborted) break
       const delayMs = sleepAfter(summary, inARow)

@@ -32,7 +32,8 @@ import type { ClockGuard } from '../db/clock-guard.js'
 import type { Logger } from '../logger.js'
 import type { ObservationSettings } from '../orders/apply-observation.js'
 import { describeClockOffset } from '../partner-api/clock-offset.js'
-import { describeDatabaseError } from '../db/database-errors.js'
+import { describeDatabaseError, isSchemaMissing } from '../db/database-errors.js'
+import type { SchemaWatch } from '../db/schema-watch.js'
 import { isPlatformFailure, PartnerApiError, PartnerNotSentError } from '../partner-api/partner-api-error.js'
 import { type BackoffSettings, DEFAULT_BACKOFF } from './backoff-delay.js'
 import {
@@ -63,6 +64,10 @@ export const CLOCK_STEPPED_MESSAGE =
 
 export const PLATFORM_FAILING_MESSAGE =
   'the platform is failing (polls in a row ended in its errors after their retries): cycle stopped, the orders not polled are given back; the next cycle waits longer each time'
+
+export const SCHEMA_NOT_WHOLE_MESSAGE =
+  "a poll's write met the database's schema not whole (a table or a column missing: a restore under way, or of an older dump): " +
+  'cycle stopped, the orders not polled are given back untried; none is claimed until the schema is whole'
 
 /** The fewest polls in a row that must fail at the platform before a cycle stops (PLATFORM_FAILING_MESSAGE). */
 export const PLATFORM_FAILING_MIN_IN_A_ROW = 5
@@ -106,14 +111,17 @@ export interface CycleDeps {
   onPollResult?: (result: PollResult) => void
   /** Asked before each poll starts (the poller's, db/clock-guard.ts): a refusal stops the cycle (`clock_offset`). */
   clockGuard?: ClockGuard | undefined
+  /** Told of a poll's write that met the schema not whole (the poller's, db/schema-watch.ts): the cycle stops (`schema_missing`). */
+  schema?: SchemaWatch | undefined
 }
 
 /**
  * unauthorized: the platform answered 401; throttled: it asked us to slow down; platform_failing: polls in a row failed
  * there; clock_offset: the clock guard refused a poll (this machine's clock moved far from the database's mid-cycle);
- * shutdown: the caller aborted the cycle.
+ * shutdown: the caller aborted the cycle; schema_missing: a poll's write met a table or a column of the service's missing
+ * (a restore under way, or of an older build's dump): every other poll's would too, after its call to the platform.
  */
-export type StoppedReason = 'unauthorized' | 'throttled' | 'platform_failing' | 'clock_offset' | 'shutdown'
+export type StoppedReason = 'unauthorized' | 'throttled' | 'platform_failing' | 'clock_offset' | 'shutdown' | 'schema_missing'
 
 /**
  * The stopped_reason of a run whose cycle lost the database after the run was written: its end could not be
@@ -316,6 +324,13 @@ export async function runReconcileCycle(
           stop.abort(new Error(THROTTLED_MESSAGE))
         }
       }
+      if ((result.result === 'write_failed' || result.result === 'error') && (deps.schema?.met(result.error) ?? isSchemaMissing(result.error))) {
+        // the next polls' writes would meet it too, each after its call to the platform
+        if (stoppedReason === null) {
+          stoppedReason = 'schema_missing'
+          stop.abort(new Error(SCHEMA_NOT_WHOLE_MESSAGE))
+        }
+      }
       if (result.result === 'error' && isPlatformFailure(result.error)) failingInARow++
       else if (result.result !== 'error' && result.result !== 'write_failed') failingInARow = 0
       if (failingInARow >= failingAfter && stoppedReason === null) {
@@ -461,6 +476,8 @@ function logCycle(logger: Logger, summary: RunSummary, firstError: unknown, cloc
     logger.warn({ ...fields, offsetS: clockOffsetMs === undefined ? null : Math.round(clockOffsetMs / 1000) }, CLOCK_STEPPED_MESSAGE)
   } else if (summary.stoppedReason === 'platform_failing') {
     logger.warn({ ...fields, err: firstError }, PLATFORM_FAILING_MESSAGE)
+  } else if (summary.stoppedReason === 'schema_missing') {
+    logger.warn({ ...fields, err: firstError }, SCHEMA_NOT_WHOLE_MESSAGE)
   } else if (summary.results.error > 0) {
     // one line per cycle, not one per order: a platform outage must not flood the log
     logger.warn({ ...fields, err: firstError }, 'reconcile cycle done with errors: those orders back off')
