@@ -207,7 +207,7 @@ function registerReleaseStream(reactions: Command): void {
         if (outcome.result === 'not_found') {
           setExitCode(1)
           if (options.json) return
-          const streams = outcome.handlers.length === 0 ? 'there is none yet (a service creates them as it starts)' : `the streams are ${outcome.handlers.map(printable).join(', ')}`
+          const streams = outcome.handlers.length === 0 ? 'there is none yet (a service makes them as it starts, and as it finds one of its handlers missing)' : `the streams are ${outcome.handlers.map(printable).join(', ')}`
           throw new CommandFailedError('stream_not_found', `No reaction stream of handler ${printable(handler)}: ${streams}`)
         }
         if (outcome.result === 'not_held') {

@@ -65,8 +65,15 @@ export async function ensureReactionStreams(
 }
 
 export interface StreamRead {
-  /** False: another replica holds this stream's lease (or the stream does not exist). */
+  /** False: another replica holds this stream's lease (or the stream does not exist: `missing`). */
   leased: boolean
+  /** No row for the handler: the database was replaced or restored without it since the start (createMissingReactionStream). */
+  missing?: boolean | undefined
+  /**
+   * The reading snapshot's xmin (decimal text) when the stream's row was there: events committed later have positions at
+   * or past it. Undefined when `missing`.
+   */
+  horizon?: string | undefined
   /** Not leased: when the other replica's lease runs out (undefined: no such stream, or `otherTypes`). */
   heldUntil?: Date | undefined
   /**
@@ -100,6 +107,7 @@ interface StreamRow {
   held: boolean | null
   withheld: boolean
   fromAfter: boolean
+  horizon: string
 }
 
 export interface StreamReadOptions {
@@ -141,7 +149,7 @@ export function readReactionStreamQuery({ handler, leaseToken, now, leaseEnd, li
         ours and ${afterPosition}::xid8 is not null as from_after
       from held
     ), place as materialized (
-      select s.position, s.history_id, s.from_after,
+      select s.position, s.history_id, s.from_after, pg_snapshot_xmin(pg_current_snapshot()) as horizon,
         -- events visible at or past the snapshot's xmin, which a later read takes: the first one in stream
         -- order, one probe of the stream index (as an exists, the planner may guess that many rows match and
         -- scan the table for the first: on a history whose statistics lag behind, every event of it)
@@ -152,7 +160,7 @@ export function readReactionStreamQuery({ handler, leaseToken, now, leaseEnd, li
           limit 1) is not null as withheld
       from start s
     )
-    select p.withheld, p.from_after,
+    select p.withheld, p.from_after, p.horizon::text as horizon,
       h.stream_position::text as position, h.id as history_id, h.event_id, h.order_id, h.from_status, h.to_status,
       h.source, h.sequence, h.trade_id, h.external_reference, h.recorded_at,
       u.order_id is not null as held
@@ -193,14 +201,16 @@ export async function readReactionStream(db: Kysely<Database>, options: StreamRe
   if (!first) {
     const stream = await db
       .selectFrom('reactionStreams')
-      .select(['leaseExpiresAt', 'types'])
+      .select(['leaseExpiresAt', 'types', sql<string>`pg_snapshot_xmin(pg_current_snapshot())::text`.as('horizon')])
       .where('handler', '=', options.handler)
       .executeTakeFirst()
-    if (stream?.types != null && options.types !== undefined && stream.types !== options.types) {
-      return { leased: false, otherTypes: { theirs: stream.types }, events: [], withheld: false, fromAfter: false }
+    if (!stream) return { leased: false, missing: true, events: [], withheld: false, fromAfter: false }
+    const { horizon } = stream
+    if (stream.types != null && options.types !== undefined && stream.types !== options.types) {
+      return { leased: false, otherTypes: { theirs: stream.types }, events: [], withheld: false, fromAfter: false, horizon }
     }
-    const heldUntil = stream?.leaseExpiresAt ? new Date(stream.leaseExpiresAt) : undefined
-    return { leased: false, heldUntil, events: [], withheld: false, fromAfter: false }
+    const heldUntil = stream.leaseExpiresAt ? new Date(stream.leaseExpiresAt) : undefined
+    return { leased: false, heldUntil, events: [], withheld: false, fromAfter: false, horizon }
   }
   const events: StreamEvent[] = []
   for (const row of rows) {
@@ -225,7 +235,30 @@ export async function readReactionStream(db: Kysely<Database>, options: StreamRe
       },
     })
   }
-  return { leased: true, events, withheld: first.withheld === true, fromAfter: first.fromAfter === true }
+  return { leased: true, events, withheld: first.withheld === true, fromAfter: first.fromAfter === true, horizon: first.horizon }
+}
+
+/**
+ * Makes the stream row of a handler a running service found without one (readReactionStream's `missing`): the
+ * database was replaced under it and migrated from outside, or restored without the row. The rule is start-up's
+ * (ensureReactionStreams): the stream takes the transitions from the time the handler is there, and none committed
+ * before (a restored history is not handed over again). For a running replica the handler has been there all along:
+ * that time is `from`, the horizon of the replica's last read that found the row (no later than now: the least of
+ * the two is taken), so a transition committed after the row went and before this statement (the one whose commit
+ * woke the read) is taken. Without `from`, now, as at start-up. ON CONFLICT DO NOTHING: another replica (or a
+ * restore) that made the row first keeps its place and its types. True when this statement made it.
+ */
+export async function createMissingReactionStream(
+  db: Kysely<Database>,
+  { handler, now, types, from }: { handler: string; now: Date; types?: string | undefined; from?: string | undefined },
+): Promise<{ created: boolean; position: string | null }> {
+  const { rows } = await sql<{ position: string }>`
+    insert into reaction_streams (handler, position, history_id, types, created_at, updated_at)
+    values (${handler}, least(coalesce(${from ?? null}::xid8, pg_snapshot_xmin(pg_current_snapshot())), pg_snapshot_xmin(pg_current_snapshot())),
+      0, ${types ?? null}, ${now}, ${now})
+    on conflict (handler) do nothing
+    returning position::text as position`.execute(db)
+  return { created: rows.length > 0, position: rows[0]?.position ?? null }
 }
 
 /** What a batch did with one event: the job row it leaves. */

@@ -38,6 +38,7 @@ import type { ReactionHandler } from './reaction-event.js'
 import type { RecoveryWatch } from './recovery-watch.js'
 import { completeJob, failJob, releaseJobs, retryJobLater } from './reaction-job.repository.js'
 import {
+  createMissingReactionStream,
   readReactionStream,
   releaseReactionStream,
   type StreamEvent,
@@ -190,6 +191,8 @@ export function createStreamWorker(deps: StreamWorkerDeps) {
   let unwritten: { place: StreamPlace; done: string[]; since: number } | undefined
   // the most events whose record is held: a batch that would hold more writes back (one row's list stays bounded)
   const maxUnwritten = 4 * batchSize
+  // the horizon of the last read that found the stream's row: where a row made late starts (createMissingReactionStream)
+  let lastHorizon: string | undefined
 
   /**
    * Writes back, under the lease (renewed): the job rows of `outcomes`, the record of the `done` events and the new
@@ -284,15 +287,31 @@ export function createStreamWorker(deps: StreamWorkerDeps) {
     const leaseEnd = new Date(started + settings.leaseMs)
     const asked = limit
     const after = unwritten
-    const read = await readReactionStream(db, {
-      handler: name,
-      leaseToken,
-      now: new Date(started),
-      leaseEnd: new Date(started + streamLeaseMs),
-      limit: asked,
-      after: after?.place,
-      types,
-    })
+    const readStream = () =>
+      readReactionStream(db, {
+        handler: name,
+        leaseToken,
+        now: new Date(started),
+        leaseEnd: new Date(started + streamLeaseMs),
+        limit: asked,
+        after: after?.place,
+        types,
+      })
+    let read = await readStream()
+    if (read.missing) {
+      // no row, though the service made it at its start: the database was replaced and migrated from outside, or
+      // restored without it. Made now as the start makes it (it was made only at the start, and no handler got a
+      // transition until the replicas were restarted), from this replica's last sight of it; then read
+      const made = await createMissingReactionStream(db, { handler: name, now: new Date(started), types, from: lastHorizon })
+      if (made.created) {
+        logger.warn(
+          { handler: name, position: made.position },
+          "reaction stream made: the database had no row for this handler's stream (replaced and migrated, or restored without it); it takes the transitions committed from this replica's last read of it on",
+        )
+      }
+      read = await readStream()
+    }
+    if (read.horizon !== undefined) lastHorizon = read.horizon
     leased = read.leased
     if (after && !read.fromAfter) {
       // another replica took the stream since: it reads those events again from the place last written
