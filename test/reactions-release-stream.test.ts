@@ -1,8 +1,10 @@
 // `reactions release-stream HANDLER`: gives back a stream's lease, one a replica killed with its clock far ahead left
 // holding every replica's new transitions of the handler back until it ends; a holder still running writes nothing of
 // its batch in flight after it (the write-back checks the row's lease token).
+import { sql } from 'kysely'
 import { afterAll, beforeAll, beforeEach, describe, expect, it } from 'vitest'
 import { applyObservation } from '../src/orders/apply-observation.js'
+import { claimReactionJobs } from '../src/reactions/reaction-job.repository.js'
 import { ensureReactionStreams, readReactionStream, writeReactionStream } from '../src/reactions/reaction-stream.repository.js'
 import { runCommand } from './helpers/cli-in-process.js'
 import { createOrder } from './helpers/orders.js'
@@ -11,6 +13,9 @@ import { createTestDatabase, type TestDatabase } from './helpers/test-database.j
 
 const DAY_MS = 86_400_000
 const STREAM_LEASE_MS = 30_000
+const JOB_LEASE_MS = 300_000
+const LIVE_LEASE_WARNING =
+  "warning: that lease had not run out: if the replica holding it still runs, the batch it is reading and the jobs it handed off run again elsewhere (at least once, each with its event id); a replica stopped or killed loses nothing"
 
 describe('reactions release-stream', () => {
   let database: TestDatabase
@@ -84,12 +89,14 @@ describe('reactions release-stream', () => {
 
     const released = await run('forwarder')
     expect(released.code).toBe(0)
-    const said = /^released the lease on reaction stream forwarder, held until (\S+) \((\d+) s from now by the database's clock\): the next replica to read it takes it\n$/.exec(
+    const said = /^released the lease on reaction stream forwarder, held until (\S+) \((\d+) s from now by the database's clock\): the next replica to read it takes it\nno job was running under that lease\n$/.exec(
       released.stdout,
     )
     expect(said, released.stdout).not.toBeNull()
     expect(said![1]).toBe(new Date(aheadAt + STREAM_LEASE_MS).toISOString())
     expect(Math.abs(Number(said![2]) - (DAY_MS + STREAM_LEASE_MS) / 1000)).toBeLessThan(120)
+    // a lease that had not run out: allowed, and said
+    expect(released.stderr).toBe(`${LIVE_LEASE_WARNING}\n`)
     expect(await stream('forwarder')).toMatchObject({ leaseToken: null, leaseExpiresAt: null })
 
     const taken = await read('forwarder', 'replica-right', Date.now())
@@ -100,10 +107,75 @@ describe('reactions release-stream', () => {
   it('says when a released lease had run out already, and prints JSON', async () => {
     const pastAt = Date.now() - 120_000
     expect((await read('amqp', 'replica-gone', pastAt)).leased).toBe(true)
-    const released = JSON.parse((await run('amqp', '--json')).stdout) as { handler: string; result: string; leaseExpiresAt: string; leftS: number }
-    expect(released).toMatchObject({ handler: 'amqp', result: 'released', leaseExpiresAt: new Date(pastAt + STREAM_LEASE_MS).toISOString() })
+    const json = await run('amqp', '--json')
+    // run out: nothing of its holder's runs twice, and nothing is said of it
+    expect(json.stderr).toBe('')
+    const released = JSON.parse(json.stdout) as { handler: string; result: string; leaseExpiresAt: string; leftS: number }
+    expect(released).toMatchObject({ handler: 'amqp', result: 'released', leaseExpiresAt: new Date(pastAt + STREAM_LEASE_MS).toISOString(), freedJobs: 0 })
     expect(released.leftS).toBeLessThan(-80)
     expect((await run('amqp')).stdout).toBe('reaction stream amqp holds no lease: nothing to release\n')
+  })
+
+  // Found from outside: release-stream gave the lease back, but the calls its killed holder had handed off (running
+  // rows under that lease) stayed running until their own lease ran out, REACTION_LEASE_S (300 s by default),
+  // holding back their orders' later events.
+  it('gives back the jobs its holder had handed off, pending and due now with their attempts, and no other', async () => {
+    const places = { forwarder: await stream('forwarder'), amqp: await stream('amqp') }
+    const holderAt = Date.now()
+    const holder = await read('forwarder', 'holder', holderAt)
+    const [created, funded] = holder.events
+    // its batch written back with both calls still running: handed off under the stream's lease (stream-worker.ts)
+    const handedOff = (entry: NonNullable<typeof created>) => ({
+      event: entry.event,
+      createdAt: entry.recordedAt,
+      state: 'running' as const,
+      attempts: 1,
+      runAt: new Date(holderAt + JOB_LEASE_MS),
+      lastError: null,
+      leaseToken: 'holder',
+      leaseExpiresAt: new Date(holderAt + JOB_LEASE_MS),
+    })
+    const writeBack = (handler: string, leaseToken: string) =>
+      writeReactionStream(database.db, {
+        handler,
+        leaseToken,
+        place: funded!,
+        outcomes: [handedOff(created!), handedOff(funded!)],
+        now: new Date(holderAt),
+        leaseEnd: new Date(holderAt + STREAM_LEASE_MS),
+      })
+    expect(await writeBack('forwarder', 'holder')).toBeDefined()
+    // the same process's other stream (one lease token for its streams), whose lease is not released
+    expect((await read('amqp', 'holder', holderAt)).leased).toBe(true)
+    expect(await writeBack('amqp', 'holder')).toBeDefined()
+    const jobs = (handler: string) =>
+      database.db.selectFrom('reactionJobs').select(['id', 'state', 'attempts', 'runAt', 'leaseToken', 'leaseExpiresAt']).where('handler', '=', handler).orderBy('id').execute()
+    expect((await jobs('forwarder')).map((job) => job.state)).toEqual(['running', 'running'])
+
+    const released = await run('forwarder')
+    expect(released.code).toBe(0)
+    expect(released.stdout).toMatch(/^released the lease on reaction stream forwarder, held until .*\ngave back 2 jobs its holder had handed off \(running under that lease\): pending, due now, attempts as they were\n$/)
+    expect(released.stderr).toBe(`${LIVE_LEASE_WARNING}\n`)
+    const { rows } = await sql<{ now: Date }>`select now() as now`.execute(database.db)
+    for (const job of await jobs('forwarder')) {
+      expect(job).toMatchObject({ state: 'pending', attempts: 1, leaseToken: null, leaseExpiresAt: null })
+      expect(new Date(job.runAt).getTime()).toBeLessThanOrEqual(new Date(rows[0]!.now).getTime())
+    }
+    expect((await jobs('amqp')).map((job) => [job.state, job.leaseToken])).toEqual([['running', 'holder'], ['running', 'holder']])
+    // a replica's job loop claims them at once (in order: the second waits behind the first of its order)
+    const claimed = await claimReactionJobs(database.db, { now: new Date(), limit: 10, leaseMs: JOB_LEASE_MS, leaseToken: 'other', handlers: ['forwarder'] })
+    expect(claimed.map((job) => [job.event.eventId, job.attempt])).toEqual([[created!.event.eventId, 2]])
+
+    // and --json says how many
+    await database.db.updateTable('reactionJobs').set({ state: 'running', leaseToken: 'holder' }).where('handler', '=', 'forwarder').execute()
+    await database.db.updateTable('reactionStreams').set({ leaseToken: 'holder', leaseExpiresAt: new Date(Date.now() - 60_000) }).where('handler', '=', 'forwarder').execute()
+    const json = await run('forwarder', '--json')
+    expect([JSON.parse(json.stdout).freedJobs, json.stderr]).toEqual([2, ''])
+    // the streams back at their places, for the next test
+    await database.db.deleteFrom('reactionJobs').execute()
+    for (const [handler, { position, historyId }] of Object.entries(places)) {
+      await sql`update reaction_streams set position = ${position}::xid8, history_id = ${historyId}::bigint where handler = ${handler}`.execute(database.db)
+    }
   })
 
   it("lets a holder still running write nothing of its batch in flight: neither over another replica's write-back nor over the written place", async () => {

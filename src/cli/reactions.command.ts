@@ -4,13 +4,13 @@
 // `reactions rebase`: after a restore onto another database server, the streams' positions moved below its
 // transaction counter (rebaseStreamPositions in reaction-stream.repository.ts).
 // `reactions release-stream`: a handler's stream lease given back, one a replica killed with its clock far ahead left
-// holding every replica's new transitions back (releaseStreamLease).
+// holding every replica's new transitions back, with the jobs its holder handed off (releaseStreamLease).
 import { type JobWaitedFor, retriedText } from '../reactions/retried-text.js'
 import { Command, InvalidArgumentError, Option } from 'commander'
 import { printable } from '../printable.js'
 import { isJobId } from '../reactions/job-id.js'
 import { listLimit, MAX_LIST_LIMIT } from './cli-arguments.js'
-import { CommandFailedError, printJson, printTable, setExitCode, UsageError, withDatabase, write } from './cli-context.js'
+import { CommandFailedError, printJson, printTable, setExitCode, UsageError, withDatabase, write, writeError } from './cli-context.js'
 
 const STATES = ['pending', 'running', 'failed', 'done', 'skipped'] as const
 type State = (typeof STATES)[number]
@@ -195,7 +195,7 @@ function registerReleaseStream(reactions: Command): void {
   reactions
     .command('release-stream')
     .description(
-      "give back a handler's stream lease (one a replica killed with its clock far ahead left, holding the handler's new transitions back until it ends): the next replica to read the stream takes it; a holder still running writes nothing of its batch in flight, whose events run again",
+      "give back a handler's stream lease (one a replica killed with its clock far ahead left, holding the handler's new transitions back until it ends), and the jobs its holder handed off (running under it), pending and due now: the next replica to read the stream takes it; a holder still running writes nothing of its batch in flight, whose events run again",
     )
     .argument('<handler>', 'the handler whose stream it is (forwarder, amqp, or a fork\'s own; a name with no stream is answered with those there are)', handlerName)
     .option('--json', 'print as JSON')
@@ -214,12 +214,26 @@ function registerReleaseStream(reactions: Command): void {
           if (!options.json) write(`reaction stream ${printable(handler)} holds no lease: nothing to release\n`)
           return
         }
-        logger.info({ handler, leaseExpiresAt: outcome.leaseExpiresAt, leftS: outcome.leftS }, 'reaction stream lease released by an operator')
+        logger.info(
+          { handler, leaseExpiresAt: outcome.leaseExpiresAt, leftS: outcome.leftS, freedJobs: outcome.freedJobs },
+          'reaction stream lease released by an operator',
+        )
+        // a lease that had not run out may be a replica's still running (or one killed with its clock ahead): allowed,
+        // and said, as what it had in hand runs again
+        if (outcome.leftS !== null && outcome.leftS > 0) writeError(`${LIVE_LEASE_WARNING}\n`)
         if (options.json) return
         write(`released the lease on reaction stream ${printable(handler)}${leaseEnd(outcome.leaseExpiresAt, outcome.leftS)}: the next replica to read it takes it\n`)
+        write(
+          outcome.freedJobs === 0
+            ? 'no job was running under that lease\n'
+            : `gave back ${outcome.freedJobs} ${outcome.freedJobs === 1 ? 'job' : 'jobs'} its holder had handed off (running under that lease): pending, due now, attempts as they were\n`,
+        )
       })
     })
 }
+
+const LIVE_LEASE_WARNING =
+  "warning: that lease had not run out: if the replica holding it still runs, the batch it is reading and the jobs it handed off run again elsewhere (at least once, each with its event id); a replica stopped or killed loses nothing"
 
 /** When a released lease was to end, by the database's clock. */
 function leaseEnd(at: Date | null, leftS: number | null): string {

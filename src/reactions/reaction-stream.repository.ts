@@ -379,6 +379,8 @@ export type StreamLeaseRelease =
       leaseExpiresAt: Date | null
       /** Seconds from the database's now to that end: negative when it had run out already. */
       leftS: number | null
+      /** The jobs its holder had handed off (running under that lease), given back: pending, due now. */
+      freedJobs: number
     }
 
 /**
@@ -387,8 +389,13 @@ export type StreamLeaseRelease =
  * are cleared, so the next read of any replica takes the stream from its written place; `not_found` names the streams
  * there are. Safe against a holder still running: every write-back (writeReactionStream) and every read on from a place
  * not written back yet happens only under the row's token, so that holder writes nothing of its batch in flight, as
- * when another replica takes a stream over, and its events run again (at least once). The dispatchers are notified
- * at the commit, and read at once. Times by the database's clock: this machine's may be the one that is off.
+ * when another replica takes a stream over, and its events run again (at least once). The jobs the holder handed off
+ * (a call still running at its batch's write-back: a running row under the stream's lease token, stream-worker.ts) are
+ * given back in the same transaction, pending and due now, their attempts as they were (a claim counts the next): a
+ * killed holder's stayed running until their own lease ran out, REACTION_LEASE_S (300 s by default), holding back their
+ * orders' later events. A holder still running writes nothing of them either (its write checks the job's token), and
+ * they run again. The dispatchers are notified at the commit, and read and claim at once. Times by the database's
+ * clock: this machine's may be the one that is off.
  */
 export async function releaseStreamLease(db: Kysely<Database>, handler: string): Promise<StreamLeaseRelease> {
   return db.transaction().execute(async (trx) => {
@@ -402,11 +409,16 @@ export async function releaseStreamLease(db: Kysely<Database>, handler: string):
     }
     if (row.leaseToken === null) return { result: 'not_held' }
     await sql`update reaction_streams set lease_token = null, lease_expires_at = null, updated_at = now() where handler = ${handler}`.execute(trx)
+    const { rows: freed } = await sql<{ id: string | number }>`
+      update reaction_jobs set state = 'pending', run_at = now(), lease_token = null, lease_expires_at = null, updated_at = now()
+      where handler = ${handler} and state = 'running' and lease_token = ${row.leaseToken}
+      returning id`.execute(trx)
     await sql`select pg_notify(${reactionChannelSql}, '')`.execute(trx)
     return {
       result: 'released',
       leaseExpiresAt: row.leaseExpiresAt === null ? null : new Date(row.leaseExpiresAt),
       leftS: row.leftS === null ? null : Number(row.leftS),
+      freedJobs: freed.length,
     }
   })
 }
