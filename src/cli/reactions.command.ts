@@ -112,15 +112,15 @@ export function registerReactionsCommands(program: Command): void {
         throw new UsageError('reactions retry needs a job id or --failed (not both)')
       }
       const { retryFailedJobs, retryJob } = await import('../reactions/reaction-job.repository.js')
+      // dated by the database's time, not this machine's (reaction-job.repository.ts)
       await withDatabase(async ({ db }) => {
-        const now = new Date()
         if (id === undefined) {
-          const ids = await retryFailedJobs(db, now)
+          const ids = await retryFailedJobs(db)
           if (options.json) printJson({ retried: ids })
           else write(ids.length === 0 ? 'no failed reaction jobs\n' : `retrying ${ids.length} job(s): ${ids.join(', ')}\n`)
           return
         }
-        report(id, await retryJob(db, id, now), 'retried', options.json)
+        report(id, await retryJob(db, id), 'retried', options.json)
       })
     })
 
@@ -132,7 +132,7 @@ export function registerReactionsCommands(program: Command): void {
     .action(async (id: string, options: { json?: boolean }) => {
       const { skipJob } = await import('../reactions/reaction-job.repository.js')
       await withDatabase(async ({ db }) => {
-        report(id, await skipJob(db, id, new Date()), 'skipped', options.json)
+        report(id, await skipJob(db, id), 'skipped', options.json)
       })
     })
 

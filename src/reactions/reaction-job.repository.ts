@@ -15,8 +15,9 @@
 // Every write-back of a claimed job checks its lease token: a dispatcher whose lease ran out (and whose
 // job was claimed again) cannot overwrite what the newer claim writes.
 import type { JobWaitedFor } from './retried-text.js'
-import { type Kysely, sql } from 'kysely'
+import { type Kysely, type RawBuilder, sql } from 'kysely'
 import type { Database } from '../db/database.js'
+import { writeTime } from '../db/write-time.js'
 import { PREPARED } from '../db/open-database.js'
 import type { WalkedBatch } from '../db/walked-batch.js'
 import { reactionChannelSql } from '../db/reaction-channel.js'
@@ -577,22 +578,28 @@ export async function findJob(db: Kysely<Database>, id: string): Promise<(Reacti
 
 export type OperatorResult = 'retried' | 'skipped' | 'not_found' | 'not_allowed'
 
+// An operator's retry and skip are dated by writeTime (db/write-time.ts): the database's time, or the service's clock
+// when that is earlier (the console passes it: its dispatcher compares due times with it). A command passes none:
+// `reactions retry` from a machine an hour ahead of the database wrote the retry due an hour later, and its skip
+// finished an hour from now.
+
 // what an operator's retry writes: pending now, attempts counted from zero
-const retried = (now: Date) => ({ state: 'pending' as const, runAt: now, attempts: 0, finishedAt: null, updatedAt: now })
+const retried = (at: RawBuilder<Date>) => ({ state: 'pending' as const, runAt: at, attempts: 0, finishedAt: null, updatedAt: at })
 
 /**
  * An operator's retry: a failed (or backing-off pending) job runs again now, with its attempts counted
  * from zero. A running, done or skipped job is not touched. `waitsBehind`: the order's earliest job for the same
  * handler that is not done or skipped yet, when there is one: the retried job runs only after it (order is kept).
+ * `now`: the calling service's clock (see above); none from a command.
  */
 export async function retryJob(
   db: Kysely<Database>,
   id: string,
-  now: Date,
+  now?: Date,
 ): Promise<{ result: OperatorResult; state?: ReactionJobState; waitsBehind?: JobWaitedFor }> {
   const updated = await db
     .updateTable('reactionJobs')
-    .set(retried(now))
+    .set(retried(writeTime(now)))
     .where('id', '=', id)
     .where('state', 'in', ['failed', 'pending'])
     .returning(['orderId', 'handler', 'sequence'])
@@ -615,11 +622,11 @@ export async function retryJob(
 }
 
 
-/** Every failed job back to pending now; returns their ids. */
-export async function retryFailedJobs(db: Kysely<Database>, now: Date): Promise<string[]> {
+/** Every failed job back to pending now; returns their ids. `now`: as retryJob's. */
+export async function retryFailedJobs(db: Kysely<Database>, now?: Date): Promise<string[]> {
   const rows = await db
     .updateTable('reactionJobs')
-    .set(retried(now))
+    .set(retried(writeTime(now)))
     .where('state', '=', 'failed')
     .returning('id')
     .execute()
@@ -627,11 +634,12 @@ export async function retryFailedJobs(db: Kysely<Database>, now: Date): Promise<
   return rows.map((row) => String(row.id)).sort((a, b) => Number(a) - Number(b))
 }
 
-/** An operator gives up on a failed or pending job: skipped, so the order's later events proceed. */
-export async function skipJob(db: Kysely<Database>, id: string, now: Date): Promise<{ result: OperatorResult; state?: ReactionJobState }> {
+/** An operator gives up on a failed or pending job: skipped, so the order's later events proceed. `now`: as retryJob's. */
+export async function skipJob(db: Kysely<Database>, id: string, now?: Date): Promise<{ result: OperatorResult; state?: ReactionJobState }> {
+  const at = writeTime(now)
   const updated = await db
     .updateTable('reactionJobs')
-    .set({ state: 'skipped', leaseToken: null, leaseExpiresAt: null, finishedAt: now, updatedAt: now })
+    .set({ state: 'skipped', leaseToken: null, leaseExpiresAt: null, finishedAt: at, updatedAt: at })
     .where('id', '=', id)
     .where('state', 'in', ['failed', 'pending'])
     .returning('id')
