@@ -304,18 +304,22 @@ export async function nextRunAt(db: Kysely<Database>, now: Date): Promise<Date |
  * one waits for an operator, and a job held back behind an earlier one of its order stays held (the claim checks
  * that, whatever run_at says). SKIP LOCKED: another replica pulling the same jobs forward at once moves the ones
  * it locked, and neither waits for the other nor deadlocks with it.
+ * "Now" is `now`, the replica's clock, or the database's time when that is earlier (writeTime): by a replica's clock
+ * ahead of the database's, the jobs were made due that much later for every replica on the database's clock, and those
+ * whose backoff ended within it were not moved at all (an hour ahead, none under the default REACTION_BACKOFF_CAP_S).
  */
 export async function pullForwardJobs(
   db: Kysely<Database>,
   { handler, eventIds, now }: { handler: string; eventIds: readonly string[]; now: Date },
 ): Promise<number> {
   let moved = 0
+  const at = writeTime(now)
   // (a statement's parameters are bounded: a long outage's events go in parts, each on the (event, handler) key)
   for (let start = 0; start < eventIds.length; start += PULL_FORWARD_PART) {
     const part = eventIds.slice(start, start + PULL_FORWARD_PART)
     const result = await db
       .updateTable('reactionJobs')
-      .set({ runAt: now, updatedAt: now })
+      .set({ runAt: at, updatedAt: at })
       .where('id', 'in', (eb) =>
         eb
           .selectFrom('reactionJobs')
@@ -323,7 +327,7 @@ export async function pullForwardJobs(
           .where('eventId', 'in', part)
           .where('handler', '=', handler)
           .where('state', '=', 'pending')
-          .where('runAt', '>', now)
+          .where('runAt', '>', at)
           .forUpdate()
           .skipLocked(),
       )
