@@ -363,7 +363,7 @@ async function leaveWorkForAnOperator(deps: TradeDeps, sandbox: Sandbox, client:
     ),
     deps.settings.observation,
   )
-  await schedulePollAfterApiCall(deps.db, order.id, { at: now, now })
+  await schedulePollAfterApiCall(deps.db, order.id, { pollAfterS: 0, now })
 }
 
 /** Waits (up to `boundMs`) until no reaction job is left to run; answers how many still are. */

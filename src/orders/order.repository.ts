@@ -6,6 +6,7 @@
 import { type Kysely, type Selectable, sql, type Transaction } from 'kysely'
 import type { PartnerEnv } from '../config.js'
 import type { Database, OrdersTable } from '../db/database.js'
+import { writeTime, writeTimePlus } from '../db/write-time.js'
 import type { ObservationResult } from './apply-observation.js'
 import type { ObservationSource, Order, StatusChange, TradeCreateState } from './order.js'
 
@@ -190,7 +191,6 @@ export async function setTradeCreateState(
   return Number(result.numUpdatedRows) === 1
 }
 
-/** After a successful create: linked, and due for a poll if no webhook comes by `nextPollAt`. */
 /**
  * Flags an order whose pending create another command took over `trade_mismatch`, as the create this command sent was
  * answered with a trade nothing records: the platform may hold two trades for the order. Its `updated_at` is the other
@@ -201,7 +201,12 @@ export async function flagTakenOverCreate(db: Executor, orderId: number): Promis
   await db.updateTable('orders').set({ attention: 'trade_mismatch', nextPollAt: null }).where('id', '=', orderId).where('tradeId', 'is', null).execute()
 }
 
-export async function markTradeCreated(db: Executor, orderId: number, { nextPollAt, now }: { nextPollAt: Date; now: Date }): Promise<void> {
+/**
+ * After a successful create: linked, and due for a poll `pollAfterS` (EXPECTED_WEBHOOK_S) on if no webhook comes
+ * first, from `now` (the command's clock) or the database's time when that is earlier (db/write-time.ts): by the clock
+ * of a machine an hour ahead of the database the first poll came an hour late.
+ */
+export async function markTradeCreated(db: Executor, orderId: number, { pollAfterS, now }: { pollAfterS: number; now: Date }): Promise<void> {
   await db
     .updateTable('orders')
     // an order flagged for an operator stays off the schedule (a create's answer that found another command's create
@@ -212,10 +217,10 @@ export async function markTradeCreated(db: Executor, orderId: number, { nextPoll
       nextPollAt: eb
         .case()
         .when(eb.or([eb('attention', 'is', null), eb('attention', '=', 'trade_create_unknown')]))
-        .then(nextPollAt)
+        .then(writeTimePlus(pollAfterS, now))
         .else(eb.ref('nextPollAt'))
         .end(),
-      updatedAt: now,
+      updatedAt: writeTime(now),
     }))
     .where('id', '=', orderId)
     .where('tradeId', 'is not', null)

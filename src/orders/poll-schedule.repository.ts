@@ -37,6 +37,7 @@
 import { type ExpressionBuilder, type Kysely, type RawBuilder, sql, type Transaction } from 'kysely'
 import type { PartnerEnv } from '../config.js'
 import type { Database } from '../db/database.js'
+import { writeTime, writeTimePlus } from '../db/write-time.js'
 
 export interface ClaimedOrder {
   orderId: number
@@ -298,14 +299,17 @@ export async function releaseClaims(
 }
 
 /**
- * After an API call: the order expects a webhook; poll at `at` if none moved it first. A poll already due stays
- * due: the call's answer asked for it (an answer the order had moved past, apply-observation.ts), or the order
- * was waiting for one anyway.
+ * After an API call: the order expects a webhook; poll `pollAfterS` (EXPECTED_WEBHOOK_S) on if none moved it first. A
+ * poll already due stays due: the call's answer asked for it (an answer the order had moved past,
+ * apply-observation.ts), or the order was waiting for one anyway. "Now" is `now`, the caller's clock, or the
+ * database's time when that is earlier (db/write-time.ts): by the clock of a machine an hour ahead of the database,
+ * the poll came an hour late, and one due within that hour was taken for due already and left.
  */
-export async function schedulePollAfterApiCall(db: Kysely<Database>, orderId: number, { at, now }: { at: Date; now: Date }): Promise<void> {
+export async function schedulePollAfterApiCall(db: Kysely<Database>, orderId: number, { pollAfterS, now }: { pollAfterS: number; now: Date }): Promise<void> {
+  const at = writeTime(now)
   await db
     .updateTable('orders')
-    .set({ nextPollAt: sql<Date>`case when next_poll_at <= ${now} then next_poll_at else ${at} end`, updatedAt: now })
+    .set({ nextPollAt: sql<Date>`case when next_poll_at <= ${at} then next_poll_at else ${writeTimePlus(pollAfterS, now)} end`, updatedAt: at })
     .where('id', '=', orderId)
     .where('tradeId', 'is not', null)
     .where('isTerminal', '=', false)

@@ -180,10 +180,7 @@ export async function openTradeForOrder(
       const marked = await setTradeCreateState(trx, orderId, 'unknown', claim)
       return { outcome: 'mismatch', markedUnknown: marked }
     }
-    await markTradeCreated(trx, orderId, {
-      nextPollAt: new Date(now + settings.expectedWebhookS * 1000),
-      now: new Date(now),
-    })
+    await markTradeCreated(trx, orderId, { pollAfterS: settings.expectedWebhookS, now: new Date(now) })
     return { outcome: 'linked' }
   })
   if (recorded.outcome === 'second_trade') {

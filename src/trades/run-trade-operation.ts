@@ -74,10 +74,7 @@ export async function runTradeOperation<O extends TradeOperation>(
   }
   const tradeId = tradeIdFor(order, settings.observation.partnerEnv)
   const schedulePoll = (executor: typeof db) =>
-    schedulePollAfterApiCall(executor, order.id, {
-      at: new Date(clock.now() + settings.expectedWebhookS * 1000),
-      now: new Date(clock.now()),
-    })
+    schedulePollAfterApiCall(executor, order.id, { pollAfterS: settings.expectedWebhookS, now: new Date(clock.now()) })
 
   if (guard?.stopRequested()) {
     throw stoppedBeforeSending(externalReference, `the ${operation.kind} call on trade ${tradeId}`)
