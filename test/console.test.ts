@@ -473,6 +473,32 @@ describe('operator console', () => {
     }
   })
 
+  // judged by the replica's own clock against the start another replica wrote, a console 10 minutes ahead called a
+  // cycle under way unfinished ("its process stopped"), and one 10 minutes behind called a killed run running
+  it.each([
+    ['ahead', 600_000],
+    ['behind', -600_000],
+  ])("judges the runs by the database's time on a replica whose clock is 10 minutes %s", async (_side, offsetMs) => {
+    const skewed = createAdminApp({
+      config: testConfig({ ADMIN_TOKEN: TOKEN }),
+      db: database.db,
+      logger: testLogger([TOKEN]),
+      clock: { now: () => Date.now() + offsetMs, monotonicNow: () => performance.now(), sleep: systemClock.sleep },
+    })
+    const dead = await startRun(database.db, { replica: 'killed:1', startedAt: new Date(Date.now() - 640_000) })
+    const live = await startRun(database.db, { replica: 'polling:2', startedAt: new Date(Date.now() - 60_000) })
+    try {
+      const row = (page: string, id: number) => new RegExp(`<tr><td>${id}</td>.*?</tr>`).exec(page)?.[0]
+      for (const path of ['/console/', '/console/reconcile']) {
+        const page = (await bearer(request(skewed).get(path))).text
+        expect(row(page, dead), path).toContain('<span class="problem">unfinished</span>')
+        expect(row(page, live), path).toContain('<td class="number">running</td>')
+      }
+    } finally {
+      await database.db.deleteFrom('reconcileRuns').where('id', 'in', [dead, live]).execute()
+    }
+  })
+
   describe('actions', () => {
     it('re-applies a parked delivery once its order exists, once however often the form is posted', async () => {
       expect((await sendWebhook(app, { body: tradePayload('late-1', 'funded'), deliveryId: 'dlv-late-1' })).status).toBe(200)

@@ -3,9 +3,10 @@
 import { createServer as createHttpServer } from 'node:http'
 import type { AddressInfo } from 'node:net'
 import { createServer } from 'node:net'
+import { sql } from 'kysely'
 import { afterAll, beforeAll, beforeEach, describe, expect, it } from 'vitest'
 import type { CliContext } from '../src/cli/cli-context.js'
-import { systemClock } from '../src/clock.js'
+import { type Clock, systemClock } from '../src/clock.js'
 import { runCommandWith } from './helpers/cli-in-process.js'
 import { logEntries, testLogger } from './helpers/log-sink.js'
 import { tradeRecord } from './helpers/partner-api-fixtures.js'
@@ -16,7 +17,7 @@ import {
   startRecordingServer,
 } from './helpers/partner-api-recording-server.js'
 import { claimDueOrders } from '../src/orders/poll-schedule.repository.js'
-import { startRun } from '../src/reconcile/reconcile-run.repository.js'
+import { reportedRun, startRun } from '../src/reconcile/reconcile-run.repository.js'
 import { insertOrders, orderByReference } from './helpers/reconcile-orders.js'
 import { TEST_API_SECRET, testConfig } from './helpers/test-config.js'
 import { createTestDatabase, type TestDatabase } from './helpers/test-database.js'
@@ -61,6 +62,11 @@ function cli(...args: string[]) {
 }
 
 const past = (s: number) => new Date(Date.now() - s * 1000)
+
+async function databaseNow(): Promise<number> {
+  const { rows } = await sql<{ now: Date }>`select statement_timestamp() as now`.execute(database.db)
+  return new Date(rows[0]!.now).getTime()
+}
 
 describe('reconcile --once', () => {
   it('polls the due orders with signed GETs, applies the answers and prints the run', async () => {
@@ -174,18 +180,20 @@ async function killedCycle(startedAt: Date, orders: number): Promise<{ runId: nu
 }
 
 describe('reconcile --report of a run whose process stopped', () => {
-  // the report's own time, fixed: a run is judged by how long ago it started
-  const now = Date.now()
-  const report = (args: string[], config = context.config) =>
-    runCommandWith(['reconcile', '--report', ...args], { ...context, config, clock: { now: () => now, sleep: systemClock.sleep } })
+  // a run is judged by how long ago it started by the database's time: the runs below start that long before it, a
+  // minute either side of the longest a cycle runs (the exact bound: reportedRun, below)
+  const MARGIN_MS = 60_000
+  const startedAgo = async (ageMs: number) => new Date((await databaseNow()) - ageMs)
+  const report = (args: string[], config = context.config, clock?: Clock) =>
+    runCommandWith(['reconcile', '--report', ...args], { ...context, config, ...(clock ? { clock } : {}) })
 
   // the defaults (PARTNER_API_TIMEOUT_MS 10 s, DATABASE_STATEMENT_TIMEOUT_MS 14 s): the lease's 300 s, 40 s of four
   // GET attempts and 180 s of three Retry-After waits, and 15 s for each of four statements after the last poll
-  it('shows a run with no end 580 s after its start unfinished, its counts unknown, and one not past that running', async () => {
+  it('shows a run with no end past 580 s after its start unfinished, its counts unknown, and one not past that running', async () => {
     await insertOrders(database.db, [{ externalReference: 'cli-a', nextPollAt: past(60) }])
     await cli('reconcile', '--once')
-    const { runId: dead } = await killedCycle(new Date(now - 580_001), 0)
-    const { runId: live } = await killedCycle(new Date(now - 580_000), 0)
+    const { runId: dead } = await killedCycle(await startedAgo(580_000 + MARGIN_MS), 0)
+    const { runId: live } = await killedCycle(await startedAgo(580_000 - MARGIN_MS), 0)
 
     const table = await report([])
     expect(table.code).toBe(0)
@@ -207,8 +215,8 @@ describe('reconcile --report of a run whose process stopped', () => {
   })
 
   it('takes the longest a cycle runs from PARTNER_API_TIMEOUT_MS and DATABASE_STATEMENT_TIMEOUT_MS', async () => {
-    await killedCycle(new Date(now - 492_001), 0)
-    await killedCycle(new Date(now - 492_000), 0)
+    await killedCycle(await startedAgo(492_000 + MARGIN_MS), 0)
+    await killedCycle(await startedAgo(492_000 - MARGIN_MS), 0)
     // 300 s, 4 × 1 s and 3 × 60 s for the GET, 4 × (1 + 1) s
     const result = await report([], testConfig({ PARTNER_API_TIMEOUT_MS: '1000', DATABASE_STATEMENT_TIMEOUT_MS: '1000' }))
     const states = result.stdout.split('\n').slice(1, 3).map((line) => line.split(/\s+/)[3])
@@ -217,13 +225,51 @@ describe('reconcile --report of a run whose process stopped', () => {
   })
 
   it('takes the lease of the longest a cycle runs from POLL_LEASE_S', async () => {
-    await killedCycle(new Date(now - 680_001), 0)
-    await killedCycle(new Date(now - 680_000), 0)
+    await killedCycle(await startedAgo(680_000 + MARGIN_MS), 0)
+    await killedCycle(await startedAgo(680_000 - MARGIN_MS), 0)
     // 400 s, 220 s for the GET, 4 × 15 s
     const result = await report([], testConfig({ POLL_LEASE_S: '400' }))
     const states = result.stdout.split('\n').slice(1, 3).map((line) => line.split(/\s+/)[3])
     expect(states).toEqual(['running', 'unfinished'])
     expect(result.stdout).toContain('no end recorded 680 s after the start')
+  })
+
+  it('is running up to the longest a cycle runs after its start, to the millisecond, and unfinished past it (reportedRun)', () => {
+    const now = new Date('2026-12-05T12:00:00.000Z')
+    const run = (ageMs: number) => ({
+      id: 1,
+      replica: 'r:1',
+      startedAt: new Date(now.getTime() - ageMs),
+      finishedAt: null,
+      polled: 0,
+      changed: 0,
+      errors: 0,
+      stoppedReason: null,
+      clockOffsetS: null,
+    })
+    expect(reportedRun(run(580_000), now, 580_000)).toMatchObject({ state: 'running', polled: null, changed: null, errors: null })
+    expect(reportedRun(run(580_001), now, 580_000)).toMatchObject({ state: 'unfinished', polled: null, changed: null, errors: null })
+    expect(reportedRun({ ...run(600_000), finishedAt: now }, now, 580_000)).toMatchObject({ state: 'finished', polled: 0 })
+  })
+
+  // found by review: the state was judged by the reading machine's clock against the start its replica wrote, so a
+  // command on a machine 10 minutes ahead called a cycle under way unfinished ("its process stopped"), and one 10
+  // minutes behind called a killed run running for 10 minutes more
+  it.each([
+    ['ahead', 600_000],
+    ['behind', -600_000],
+  ])("judges a run by the database's time, not by the clock of a machine 10 minutes %s", async (_side, offsetMs) => {
+    const { runId: dead } = await killedCycle(await startedAgo(580_000 + MARGIN_MS), 0)
+    const { runId: live } = await killedCycle(await startedAgo(MARGIN_MS), 0)
+    const skewed: Clock = { now: () => Date.now() + offsetMs, monotonicNow: () => performance.now(), sleep: systemClock.sleep }
+    const runs = JSON.parse((await report(['--json'], context.config, skewed)).stdout) as { id: number; state: string }[]
+    expect(runs.map((run) => [run.id, run.state])).toEqual([
+      [live, 'running'],
+      [dead, 'unfinished'],
+    ])
+    const table = await report([], context.config, skewed)
+    expect(table.stdout).toContain(`unfinished (run ${dead}): no end recorded 580 s after the start`)
+    expect(table.stdout).not.toContain(`run ${live}`)
   })
 })
 

@@ -204,16 +204,15 @@ function printSummary(summary: RunSummary): void {
 }
 
 async function report(limit: number, json: boolean | undefined): Promise<void> {
-  const [{ systemClock }, { listRuns, reportedRun }, { unauthorizedMessage }, { longestCycleMs }] = await Promise.all([
-    import('../clock.js'),
+  const [{ listReportedRuns }, { unauthorizedMessage }, { longestCycleMs }] = await Promise.all([
     import('../reconcile/reconcile-run.repository.js'),
     import('../reconcile/reconcile-cycle.js'),
     import('../reconcile/poller.js'),
   ])
-  const { runs, longestMs } = await withDatabase(async ({ db, config, clock = systemClock }) => {
+  // running or unfinished by the database's time, not this machine's (listReportedRuns)
+  const { runs, longestMs } = await withDatabase(async ({ db, config }) => {
     const longestMs = longestCycleMs(config)
-    const now = new Date(clock.now())
-    return { runs: (await listRuns(db, limit)).map((run) => reportedRun(run, now, longestMs)), longestMs }
+    return { runs: await listReportedRuns(db, { limit, longestCycleMs: longestMs }), longestMs }
   })
   if (json) {
     printJson(runs)

@@ -26,7 +26,7 @@ import { countOrdersNeedingAttention, findOrderById, findOrderByExternalReferenc
 import { countDueOrders, countLeasedDue, requeueOrders } from '../orders/poll-schedule.repository.js'
 import { isJobId } from '../reactions/job-id.js'
 import { ClockOffError, type RunSummary } from '../reconcile/poller.js'
-import { listRuns, reportedRun } from '../reconcile/reconcile-run.repository.js'
+import { listReportedRuns } from '../reconcile/reconcile-run.repository.js'
 import {
   countFailedJobsByHandler,
   findJob,
@@ -485,7 +485,7 @@ export function consoleRoutes(deps: ConsoleDeps): Router {
       countOrdersNeedingAttention(db),
       reactionJobStats(db, now, deps.reactionHandlers),
       countFailedJobsByHandler(db),
-      listRuns(db, 10).then((runs) => runs.map((run) => reportedRun(run, now, deps.longestCycleMs))),
+      listReportedRuns(db, { limit: 10, longestCycleMs: deps.longestCycleMs }),
     ])
     // by kind: a mismatch is a signature made with a secret we do not hold (the platform's new one, or an
     // imitation), worth a human; a missing or malformed one is anyone's request to the public URL, and put the
@@ -913,8 +913,7 @@ export function consoleRoutes(deps: ConsoleDeps): Router {
   }
 
   pageAt(`${CONSOLE_PATH}/reconcile`, async (_req, res) => {
-    const now = new Date(clock.now())
-    const runs = (await listRuns(db, 20)).map((run) => reportedRun(run, now, deps.longestCycleMs))
+    const runs = await listReportedRuns(db, { limit: 20, longestCycleMs: deps.longestCycleMs })
     await send(
       res,
       reconcilePage(operatorOf(res), { runs, longestCycleMs: deps.longestCycleMs, actionId: newActionId(), available: deps.reconcileOnce !== undefined }),

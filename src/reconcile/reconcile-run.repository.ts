@@ -4,8 +4,8 @@
 // run (longestCycleMs, poller.ts) will not get its end: its process stopped (killed, its host lost) or lost the
 // database (a replica that lives on records the end once the database answers again).
 // Retention deletes a run DELIVERY_RETENTION_DAYS after it started (src/retention/prune.ts).
-import { type Kysely, sql } from 'kysely'
-import type { Database } from '../db/database.js'
+import { type Kysely, type Selectable, sql } from 'kysely'
+import type { Database, ReconcileRunsTable } from '../db/database.js'
 import type { WalkedBatch } from '../db/walked-batch.js'
 
 export interface RunCounts {
@@ -41,6 +41,7 @@ export interface ReportedRun extends Omit<ReconcileRun, 'polled' | 'changed' | '
   errors: number | null
 }
 
+/** The run as shown at `now`, the database's time (listReportedRuns): a run with no end is judged by how long ago it started. */
 export function reportedRun(run: ReconcileRun, now: Date, longestCycleMs: number): ReportedRun {
   if (run.finishedAt !== null) return { ...run, state: 'finished' }
   const state = now.getTime() - run.startedAt.getTime() > longestCycleMs ? 'unfinished' : 'running'
@@ -74,7 +75,29 @@ export async function finishRun(
 /** The latest runs, newest first. */
 export async function listRuns(db: Kysely<Database>, limit: number): Promise<ReconcileRun[]> {
   const rows = await db.selectFrom('reconcileRuns').selectAll().orderBy('id', 'desc').limit(limit).execute()
-  return rows.map((row) => ({
+  return rows.map(toRun)
+}
+
+/**
+ * The latest runs, newest first, as `reconcile --report` and the console show them: a run with no end is `running` or
+ * `unfinished` by how long ago it started by the database's time, read in the same statement. Its start was written by
+ * its replica's clock, within 30 s of the database's (db/clock-guard.ts); judged by the reader's own clock, a CLI on a
+ * machine 10 minutes ahead called a cycle under way `unfinished` (its process stopped), and one 10 minutes behind
+ * called a killed run `running` for 10 minutes more.
+ */
+export async function listReportedRuns(db: Kysely<Database>, { limit, longestCycleMs }: { limit: number; longestCycleMs: number }): Promise<ReportedRun[]> {
+  const rows = await db
+    .selectFrom('reconcileRuns')
+    .selectAll()
+    .select(sql<Date>`statement_timestamp()`.as('readAt'))
+    .orderBy('id', 'desc')
+    .limit(limit)
+    .execute()
+  return rows.map((row) => reportedRun(toRun(row), new Date(row.readAt), longestCycleMs))
+}
+
+function toRun(row: Selectable<ReconcileRunsTable>): ReconcileRun {
+  return {
     id: row.id,
     replica: row.replica,
     startedAt: new Date(row.startedAt),
@@ -84,7 +107,7 @@ export async function listRuns(db: Kysely<Database>, limit: number): Promise<Rec
     errors: row.errors,
     stoppedReason: row.stoppedReason,
     clockOffsetS: row.clockOffsetS,
-  }))
+  }
 }
 
 /**
