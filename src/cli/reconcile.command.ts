@@ -255,15 +255,10 @@ function polledElsewhere(order: { partnerEnv: PartnerEnv | null }, current: Part
 const MISSING_SHOWN = 20
 
 async function requeue(externalReferences: string[] | undefined, json: boolean | undefined): Promise<void> {
-  const [{ systemClock }, { requeueOrders }] = await Promise.all([
-    import('../clock.js'),
-    import('../orders/poll-schedule.repository.js'),
-  ])
+  const { requeueOrders } = await import('../orders/poll-schedule.repository.js')
+  // due now by the database's time, not this machine's (requeueOrders)
   const { results, partnerEnv } = await withDatabase(async ({ db, config }) => ({
-    results: await requeueOrders(db, {
-      ...(externalReferences ? { externalReferences } : {}),
-      now: new Date(systemClock.now()),
-    }),
+    results: await requeueOrders(db, externalReferences ? { externalReferences } : {}),
     partnerEnv: config.partner.env,
   }))
   const found = new Set(results.map((result) => result.externalReference))

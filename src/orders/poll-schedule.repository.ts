@@ -404,10 +404,13 @@ function* slices<T>(values: readonly T[], size: number): Generator<T[]> {
  * and is not terminal). With no references, every flagged order is requeued, whatever its flag: one whose
  * cause is not fixed is flagged again by its next poll (one GET), and one cause (a wrong PARTNER_ENV or base
  * URL) answers 404 for some trades and may answer another trade's record for others.
+ * "Now" is the database's time, or `now` when that is earlier (db/write-time.ts): the console passes its replica's
+ * clock, which its poller's claim compares due times with; a command passes none (`reconcile --requeue` from a
+ * machine an hour ahead made the order due an hour later, while it said due now).
  */
 export async function requeueOrders(
   db: Kysely<Database>,
-  { externalReferences, now }: { externalReferences?: readonly string[]; now: Date },
+  { externalReferences, now }: { externalReferences?: readonly string[]; now?: Date },
 ): Promise<RequeueResult[]> {
   if (externalReferences && externalReferences.length === 0) return []
   return db.transaction().execute(async (trx) => {
@@ -448,7 +451,7 @@ export async function requeueOrders(
           pollAttempts: 0,
           pollLeaseToken: null,
           pollLeaseExpiresAt: null,
-          ...(pollable ? { nextPollAt: now } : {}),
+          ...(pollable ? { nextPollAt: writeTime(now) } : {}),
         })
         .where('id', '=', order.id)
         .execute()
