@@ -58,7 +58,7 @@ describe('arguments whose bytes are not UTF-8', () => {
       code: 2,
       stdout: '',
       stderr:
-        'Invalid configuration:\n' +
+        'Invalid configuration [config_invalid]\n' +
         '  - DATA_DIR: is not UTF-8 text (Node read its bytes that are not as U+FFFD); give it in UTF-8\n' +
         '  - PARTNER_API_SECRET: is not UTF-8 text (Node read its bytes that are not as U+FFFD); give it in UTF-8\n',
     })

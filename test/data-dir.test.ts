@@ -33,7 +33,7 @@ afterAll(() => {
 
 const localMode = (dataDir: string) => ({ DATA_DIR: dataDir, PORT: '0', ADMIN_PORT: '0', SANDBOX_PORT: '0' })
 const refusal = (directory: string, reason: string) =>
-  `Invalid configuration:\n  - DATA_DIR: ${directory} cannot be used: ${reason}; set DATA_DIR to a directory this user can write\n`
+  `Invalid configuration [config_invalid]\n  - DATA_DIR: ${directory} cannot be used: ${reason}; set DATA_DIR to a directory this user can write\n`
 
 /** The `start-up failed` line among serve's JSON log lines. */
 const startUpFailure = (stdout: string) =>
@@ -107,7 +107,7 @@ describe('a DATA_DIR the service cannot write', () => {
     expect({ code: command.status, stderr: command.stderr }).toEqual({
       code: 2,
       stderr:
-        `Invalid configuration:\n  - DATA_DIR: its local secrets file ${secrets} cannot be read by this user (owned by root): ` +
+        `Invalid configuration [config_invalid]\n  - DATA_DIR: its local secrets file ${secrets} cannot be read by this user (owned by root): ` +
         `a run as another user (sudo npm start?) left it. Give it back and start again: sudo chown -R nobody ${directory}\n`,
     })
   })

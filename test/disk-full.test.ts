@@ -133,7 +133,7 @@ describe.skipIf(!canMount)('the compiled serve on PGlite when its disk fills up'
       const result = await runCli(args, receiverEnv(dataDir), { built: true })
       expect({ args, code: result.code }).toEqual({ args, code: 2 })
       // (a command says first that it is about to make a new embedded database there)
-      expect(result.stderr.endsWith(`Invalid configuration:\n  - ${said}\n`), result.stderr).toBe(true)
+      expect(result.stderr.endsWith(`Invalid configuration [config_invalid]\n  - ${said}\n`), result.stderr).toBe(true)
     }
     expect(readdirSync(path.join(dataDir, 'pglite'))).toEqual([])
   })

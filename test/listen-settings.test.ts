@@ -177,7 +177,7 @@ describe('a listener that cannot open', () => {
         const result = await runCli(['serve'], { DATA_DIR: emptyDataDir(), [setting]: value }, { built: true })
         expect({ code: result.code, stderr: result.stderr }, `${setting}=${value}`).toEqual({
           code: 2,
-          stderr: `Invalid configuration:\n  - ${setting}: must be a whole number in decimal digits (0-9)\n`,
+          stderr: `Invalid configuration [config_invalid]\n  - ${setting}: must be a whole number in decimal digits (0-9)\n`,
         })
       }
     }
