@@ -21,6 +21,7 @@ import { DEFAULT_DISPATCHER_SETTINGS, HELD_BACK_WARN_MS, leaseMarginMs } from '.
 import { POLL_JITTER } from './reconcile/poll-jitter.js'
 import { DEFAULT_POLL_LEASE_S, POLL_START_WINDOW_S, shortestPollLeaseS } from './reconcile/poll-lease.js'
 import { decodeWebhookSecret, forwardSecrets, MIN_WEBHOOK_SECRET_BYTES, WEBHOOK_SECRET_PREFIX } from './reactions/forwarder.js'
+import { type UnreadVariable, editDistance, unreadVariables } from './unread-variables.js'
 import { removeIfThere, writeWholeUnlessThere } from './write-whole.js'
 
 export const MIN_SECRET_LENGTH = 24
@@ -52,6 +53,11 @@ export interface Config {
     readonly slowBodyMs: number
   }
   readonly databaseUrl: string | undefined
+  /**
+   * DATABASE_EMBEDDED: true, the embedded database in DATA_DIR on purpose (what PARTNER_ENV=live needs to run
+   * without DATABASE_URL); false, DATABASE_URL required; undefined (unset), embedded where DATABASE_URL is unset.
+   */
+  readonly databaseEmbedded: boolean | undefined
   /** The LISTEN connection's URL when it is not databaseUrl (a direct one beside a pooler in transaction mode). */
   readonly databaseListenUrl: string | undefined
   readonly databasePoolSize: number
@@ -197,6 +203,11 @@ export interface Config {
   }
   /** Where local mode keeps its generated secrets; undefined in remote mode. */
   readonly localSecretsFile: string | undefined
+  /**
+   * Variables of the environment that look meant for the service and that it does not read (a misspelled name, a
+   * name under one of its prefixes): `serve` warns of each at start, by name alone.
+   */
+  readonly unreadVariables: readonly UnreadVariable[]
 }
 
 export { ConfigError }
@@ -329,6 +340,7 @@ const EnvSchema = z.object({
   MAX_INFLIGHT_BODY_BYTES: byteSize.default(16 * 1024 * 1024),
   SLOW_BODY_MS: wholeNumber({ min: 0, max: 600_000 }).default(1_000),
   DATABASE_URL: databaseUrl.optional(),
+  DATABASE_EMBEDDED: booleanString.optional(),
   DATABASE_LISTEN_URL: databaseUrl.optional(),
   DATABASE_POOL_SIZE: wholeNumber({ max: 200 }).default(10),
   DATABASE_STATEMENT_TIMEOUT_MS: wholeNumber({ min: 100, max: 3_600_000 }).default(DEFAULT_STATEMENT_TIMEOUT_MS),
@@ -623,6 +635,106 @@ const TRIMMED_LISTS = new Set(['WEBHOOK_SECRETS', 'FORWARD_EVENTS', 'AMQP_EVENTS
 
 const PER_ENVIRONMENT = ['SANDBOX', 'LIVE'].flatMap((which) => ['API_BASE_URL', 'API_KEY_ID', 'API_SECRET'].map((name) => `PARTNER_${which}_${name}`))
 
+/**
+ * The `sandbox` command's variables, one for each of its options (src/cli/sandbox.command.ts), read by that command
+ * alone; SANDBOX_PORT and SANDBOX_MILESTONE_ANSWER are the configuration's too.
+ */
+export const SANDBOX_COMMAND_VARIABLES: readonly string[] = [
+  'SANDBOX_HOST',
+  'SANDBOX_WEBHOOK_URL',
+  'SANDBOX_WEBHOOK_SECRET',
+  'SANDBOX_PARTNER_KIND',
+  'SANDBOX_API_KEY_ID',
+  'SANDBOX_API_SECRET',
+  'SANDBOX_RETRY_BASE_DELAY_MS',
+  'SANDBOX_ATTEMPT_TIMEOUT_MS',
+  'SANDBOX_TIMESTAMP_WINDOW_S',
+  'SANDBOX_REFUND_DELAY_MS',
+  'SANDBOX_DROP_RATE',
+  'SANDBOX_DUPLICATE_RATE',
+  'SANDBOX_REORDER_RATE',
+  'SANDBOX_DELAY_RATE',
+  'SANDBOX_DELAY_MS',
+  'SANDBOX_SEED',
+]
+
+/**
+ * Every variable the service and its CLI read: the configuration's (CONFIG_VARIABLES), the PARTNER_LIVE_API_* and
+ * PARTNER_SANDBOX_API_* pairs, and the `sandbox` command's. Any other under their prefixes, or a near miss of one
+ * of them, is named at start (unreadVariables). A fork whose own code reads variables under these prefixes adds
+ * their names here.
+ */
+export const READ_VARIABLES: readonly string[] = [...new Set([...CONFIG_VARIABLES, ...PER_ENVIRONMENT, ...SANDBOX_COMMAND_VARIABLES])]
+
+/** The variables set in `env` that look meant for the service and that it does not read, each with the name meant where one is near. */
+export function unreadVariablesOf(env: Env): UnreadVariable[] {
+  return unreadVariables(env, READ_VARIABLES, {
+    // read by other programs too (curl, package managers): a near miss of one (FTP_PROXY) is as likely theirs
+    sharedWithOthers: ['HTTP_PROXY', 'http_proxy', 'HTTPS_PROXY', 'https_proxy', 'NO_PROXY', 'no_proxy'],
+    // MAX_CONNECTIONS and MAX_INFLIGHT_BODY_BYTES share it with build tools' MAX_JOBS
+    prefixesNotOurs: ['MAX_'],
+  })
+}
+
+// A name this near DATABASE_URL is the database's, misspelled (DATABSE_URL, DATABASE_URI, database_url): without
+// DATABASE_URL the service ran, without a word, on an embedded database of its own in DATA_DIR, and with several
+// replicas each on its own, where deduplication, claims and exactly-once hold per database
+const DATABASE_URL_NEAR_MISS_EDITS = 2
+
+function databaseUrlNearMisses(unread: readonly UnreadVariable[]): string[] {
+  return unread
+    .filter(({ name }) => editDistance(name, 'DATABASE_URL') <= DATABASE_URL_NEAR_MISS_EDITS)
+    .map(
+      ({ name }) =>
+        `${name}: is not a variable the service reads: did you mean DATABASE_URL? Without DATABASE_URL the service would run on ` +
+        'an embedded database of its own in DATA_DIR (each replica on its own); rename it to DATABASE_URL, or unset it',
+    )
+}
+
+/**
+ * The secrets this repository publishes for its own plays (compose.yaml's sandbox and replicas, the demo, the
+ * benchmarks): anyone can read them, so anyone could sign deliveries or calls with them. test/config-published-secrets.test.ts
+ * keeps the list whole.
+ */
+export const PUBLISHED_SECRETS: readonly string[] = [
+  'compose-sandbox-api-secret-not-for-production',
+  'compose-sandbox-webhook-secret-not-for-production',
+  'demo-api-secret-not-for-production-0001',
+  'demo-webhook-secret-not-for-production-01',
+  'bench-webhook-secret-0123456789abcdef',
+]
+
+// compose.yaml's simulator, reached by its service name, and anything on this machine
+const LOCAL_SANDBOX_HOSTS = new Set(['localhost', 'sandbox', '[::1]'])
+
+/**
+ * Whether a base URL is a sandbox played here: on this machine (loopback) or compose.yaml's `sandbox` service.
+ * Anything else is taken as a real platform.
+ */
+export function isLocalSandboxUrl(baseUrl: string): boolean {
+  const { hostname } = new URL(baseUrl)
+  return LOCAL_SANDBOX_HOSTS.has(hostname) || hostname.endsWith('.localhost') || /^127\.\d+\.\d+\.\d+$/.test(hostname)
+}
+
+/** Whether the configuration talks to a real platform: PARTNER_ENV=live, or a base URL other than a local sandbox's. */
+function onRealPlatform(env: PartnerEnv, baseUrl: string | undefined): boolean {
+  return env === 'live' || (baseUrl !== undefined && !isLocalSandboxUrl(baseUrl))
+}
+
+/**
+ * The warning `serve` logs when it runs on the embedded database against a real platform without DATABASE_EMBEDDED=true
+ * saying so: a forgotten DATABASE_URL runs each replica on a database of its own. Undefined otherwise.
+ */
+export function embeddedDatabaseWarning(config: Config): string | undefined {
+  if (config.databaseUrl !== undefined || config.databaseEmbedded === true) return undefined
+  if (config.partner.mode !== 'remote' || !onRealPlatform(config.partner.env, config.partner.baseUrl)) return undefined
+  return (
+    'DATABASE_URL is not set: this service runs on an embedded database of its own in DATA_DIR, against a real platform. ' +
+    'Several replicas must share one DATABASE_URL (each on its own database deduplicates, claims and hands over exactly once ' +
+    'for itself alone); set DATABASE_URL, or DATABASE_EMBEDDED=true to run one instance on the embedded database on purpose'
+  )
+}
+
 function garbledValues(env: Env): string[] {
   const problems: string[] = []
   const names = [...Object.keys(EnvSchema.shape), ...PER_ENVIRONMENT]
@@ -698,6 +810,15 @@ export function parseConfig(
 
   if (values.PARTNER_ENV === 'live' && mode === 'local') {
     problems.push('PARTNER_API_BASE_URL: required when PARTNER_ENV=live (live never runs the sandbox)')
+  }
+  const unread = unreadVariablesOf(rawEnv)
+  const databaseMisspelled = values.DATABASE_URL === undefined ? databaseUrlNearMisses(unread) : []
+  problems.push(...databaseMisspelled)
+  problems.push(...embeddedDatabaseProblems(values, databaseMisspelled.length > 0))
+  const halfPair = halfKeyPairProblems(rawEnv, values.PARTNER_ENV)
+  problems.push(...halfPair)
+  if (mode === 'remote' && onRealPlatform(values.PARTNER_ENV, values.PARTNER_API_BASE_URL)) {
+    problems.push(...publishedSecretProblems(values, named('PARTNER_API_SECRET')))
   }
   for (const [index, secret] of (values.WEBHOOK_SECRETS ?? []).entries()) {
     if (secret.length < MIN_SECRET_LENGTH) {
@@ -791,10 +912,11 @@ export function parseConfig(
   if (mode === 'remote') {
     if (!values.WEBHOOK_SECRETS?.length)
       problems.push('WEBHOOK_SECRETS: required when PARTNER_API_BASE_URL is set')
-    if (values.PARTNER_API_KEY_ID === undefined) {
+    if (values.PARTNER_API_KEY_ID === undefined && halfPair.length === 0) {
       problems.push('PARTNER_API_KEY_ID: required when PARTNER_API_BASE_URL is set')
     }
-    if (values.PARTNER_API_SECRET === undefined) {
+    // a half pair is said above, by the variable missing from it
+    if (values.PARTNER_API_SECRET === undefined && halfPair.length === 0) {
       problems.push('PARTNER_API_SECRET: required when PARTNER_API_BASE_URL is set')
     }
   }
@@ -825,6 +947,7 @@ export function parseConfig(
       slowBodyMs: values.SLOW_BODY_MS,
     },
     databaseUrl: values.DATABASE_URL,
+    databaseEmbedded: values.DATABASE_EMBEDDED,
     databaseListenUrl: values.DATABASE_LISTEN_URL,
     databasePoolSize: values.DATABASE_POOL_SIZE,
     databaseStatementTimeoutMs: values.DATABASE_STATEMENT_TIMEOUT_MS,
@@ -916,8 +1039,64 @@ export function parseConfig(
       batchSize: values.PRUNE_BATCH_SIZE,
     },
     localSecretsFile: generated && !inMemory ? localSecretsPath(dataDir) : undefined,
+    unreadVariables: unread,
   }
   return deepFreeze(config)
+}
+
+/**
+ * Where the database is, said outright. PARTNER_ENV=live without DATABASE_URL ran on an embedded database in DATA_DIR
+ * that nobody chose (a DATABASE_URL forgotten, or misspelled: then that is said instead), each replica on its own:
+ * refused unless DATABASE_EMBEDDED=true. DATA_DIR=memory://, a throwaway database, is named as such already.
+ */
+function embeddedDatabaseProblems(values: z.infer<typeof EnvSchema>, misspelledSaid: boolean): string[] {
+  if (values.DATABASE_URL !== undefined) {
+    return values.DATABASE_EMBEDDED === true ? ['DATABASE_EMBEDDED: is true but DATABASE_URL is set: set one or the other'] : []
+  }
+  if (values.DATABASE_EMBEDDED === false) return ['DATABASE_URL: required when DATABASE_EMBEDDED=false']
+  if (values.PARTNER_ENV !== 'live' || values.DATABASE_EMBEDDED === true || misspelledSaid || values.DATA_DIR.startsWith('memory://')) return []
+  return [
+    'DATABASE_URL: required when PARTNER_ENV=live: without it the service runs on an embedded database of its own in DATA_DIR, ' +
+      'and several replicas each on their own (deduplication, claims and exactly-once hold per database); set DATABASE_URL ' +
+      '(the same for every replica), or DATABASE_EMBEDDED=true to run one instance on the embedded database on purpose',
+  ]
+}
+
+/**
+ * A key pair half given under the PARTNER_ENV prefix: its other half was taken from PARTNER_API_*, another key's
+ * (PARTNER_LIVE_API_KEY_ID with the sandbox's PARTNER_API_SECRET), and every call was refused 401. Both or neither.
+ */
+function halfKeyPairProblems(rawEnv: Env, env: PartnerEnv): string[] {
+  const prefix = env === 'live' ? 'PARTNER_LIVE_' : 'PARTNER_SANDBOX_'
+  const [keyId, secret] = [`${prefix}API_KEY_ID`, `${prefix}API_SECRET`]
+  const given = (name: string) => rawEnv[name] !== undefined && rawEnv[name] !== ''
+  if (given(keyId) === given(secret)) return []
+  const [missing, present] = given(keyId) ? [secret, keyId] : [keyId, secret]
+  return [
+    `${missing}: required when ${present} is set: PARTNER_ENV=${env} takes the key id and the secret from the same prefix, ` +
+      `never one of them from ${missing.replace(prefix, 'PARTNER_')} (another key's: the platform would refuse every call 401)`,
+  ]
+}
+
+/**
+ * The secrets this repository publishes, refused where they would guard anything: a real platform (PARTNER_ENV=live,
+ * or a base URL other than a local sandbox's). Under compose a misspelled secret variable in .env (WEBHOOK_SECRET=)
+ * left compose.yaml's placeholder in force, and a live service took deliveries signed with it. Named, never shown.
+ */
+function publishedSecretProblems(values: z.infer<typeof EnvSchema>, apiSecretName: string): string[] {
+  const published = (value: string | undefined) => value !== undefined && PUBLISHED_SECRETS.includes(value)
+  const why =
+    "is a placeholder this repository publishes (compose.yaml's, the demo's), which anyone can sign with; give the platform's own " +
+    "(under docker compose, a misspelled variable name in .env leaves compose.yaml's placeholder in force)"
+  const webhookSecrets = values.WEBHOOK_SECRETS ?? []
+  return [
+    ...webhookSecrets.flatMap((secret, index) =>
+      published(secret) ? [`WEBHOOK_SECRETS: ${webhookSecrets.length > 1 ? `secret #${index + 1} ` : ''}${why}`] : [],
+    ),
+    ...(published(values.PARTNER_API_SECRET) ? [`${apiSecretName}: ${why}`] : []),
+    ...(published(values.ADMIN_TOKEN) ? [`ADMIN_TOKEN: ${why}`] : []),
+    ...(published(values.SANDBOX_CONTROL_TOKEN) ? [`SANDBOX_CONTROL_TOKEN: ${why}`] : []),
+  ]
 }
 
 /**

@@ -7,7 +7,7 @@
 // second signal exits at once (130); the same signal again within a second is npm's copy of a Ctrl-C, not a
 // second one (stop-signals.ts).
 import path from 'node:path'
-import { type Config, ConfigError, configSecrets, DEFAULT_DATA_DIR, loadConfig } from './config.js'
+import { type Config, ConfigError, configSecrets, DEFAULT_DATA_DIR, embeddedDatabaseWarning, loadConfig } from './config.js'
 import { loggableError } from './db/database-errors.js'
 import { MigrationError } from './db/migrate.js'
 import { UNREAD_ENV_FILE_MESSAGE, unreadEnvFile } from './env-file-notice.js'
@@ -57,6 +57,12 @@ export async function main({
   }
   const unread = unreadEnvFile(process.cwd(), process.env)
   if (unread) logger.warn({ file: unread.file, notSet: unread.names }, UNREAD_ENV_FILE_MESSAGE)
+  // a misspelled name is otherwise ignored without a word (FORWARD_EVENT forwarded every type); by name, never by value
+  for (const { name, nearest } of config.unreadVariables) {
+    logger.warn({ variable: name, ...(nearest && { didYouMean: nearest }) }, `${name} is set but is not a variable the service reads${nearest ? `: did you mean ${nearest}?` : ''}`)
+  }
+  const embedded = embeddedDatabaseWarning(config)
+  if (embedded) logger.warn({ dataDir: config.dataDir }, embedded)
 
   // set once started; a signal during the first start (PGlite's initdb) exits without it
   const running: { service?: RunningService } = {}

@@ -8,6 +8,8 @@ import { LOCAL_CLI_PATH } from '../src/local/running-service.js'
 import { createLogger } from '../src/logger.js'
 
 const LONG_SECRET = 'a-webhook-secret-of-enough-length-000'
+// PARTNER_ENV=live runs on Postgres (or DATABASE_EMBEDDED=true): parseConfig only reads the URL
+const LIVE_DATABASE = { DATABASE_URL: 'postgres://db/escrow' }
 const remoteEnv = {
   PARTNER_API_BASE_URL: 'https://platform.example/',
   PARTNER_API_KEY_ID: 'pk_live_1',
@@ -211,10 +213,12 @@ describe('configuration', () => {
       'PARTNER_API_SECRET: is shorter than 24 characters',
     ])
     // named as set: PARTNER_ENV picked the live pair, and the generic secret beside it is fine
-    expect(problemsOf({ ...remoteEnv, PARTNER_ENV: 'live', PARTNER_LIVE_API_KEY_ID: 'pk_live', PARTNER_LIVE_API_SECRET: 'short' })).toEqual([
+    expect(problemsOf({ ...remoteEnv, ...LIVE_DATABASE, PARTNER_ENV: 'live', PARTNER_LIVE_API_KEY_ID: 'pk_live', PARTNER_LIVE_API_SECRET: 'short' })).toEqual([
       'PARTNER_LIVE_API_SECRET: is shorter than 24 characters',
     ])
-    expect(problemsOf({ ...remoteEnv, PARTNER_SANDBOX_API_SECRET: 'short' })).toEqual(['PARTNER_SANDBOX_API_SECRET: is shorter than 24 characters'])
+    expect(problemsOf({ ...remoteEnv, PARTNER_SANDBOX_API_KEY_ID: 'pk_sandbox_2', PARTNER_SANDBOX_API_SECRET: 'short' })).toEqual([
+      'PARTNER_SANDBOX_API_SECRET: is shorter than 24 characters',
+    ])
     expect(problemsOf({ ...remoteEnv, PARTNER_SANDBOX_API_BASE_URL: 'not a url' })[0]).toMatch(/^PARTNER_SANDBOX_API_BASE_URL: /)
   })
 
@@ -246,7 +250,9 @@ describe('configuration', () => {
   it('lets PARTNER_ENV pick the key pair of its environment', () => {
     const env = {
       ...remoteEnv,
+      ...LIVE_DATABASE,
       PARTNER_SANDBOX_API_KEY_ID: 'pk_sandbox_9',
+      PARTNER_SANDBOX_API_SECRET: 'the-sandbox-secret-of-enough-length',
       PARTNER_LIVE_API_KEY_ID: 'pk_live_9',
       PARTNER_LIVE_API_SECRET: 'the-live-secret-of-enough-length-00',
     }
@@ -258,8 +264,10 @@ describe('configuration', () => {
     expect(parseConfig({ ...env, PARTNER_ENV: 'sandbox' }).partner).toMatchObject({
       env: 'sandbox',
       keyId: 'pk_sandbox_9',
-      secret: remoteEnv.PARTNER_API_SECRET,
+      secret: 'the-sandbox-secret-of-enough-length',
     })
+    // neither prefixed variable: the unprefixed pair
+    expect(parseConfig(remoteEnv).partner).toMatchObject({ keyId: remoteEnv.PARTNER_API_KEY_ID, secret: remoteEnv.PARTNER_API_SECRET })
   })
 
   it('parses rotated secrets, sizes and switches, and freezes the result', () => {
