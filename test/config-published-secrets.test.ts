@@ -52,3 +52,24 @@ describe('the secrets this repository publishes', () => {
     expect(PUBLISHED_SECRETS).toContain(BENCH_SECRET)
   })
 })
+
+describe('compose.yaml', () => {
+  it("takes DATABASE_URL from .env where it sets one, in every service that runs serve", () => {
+    // the image's CMD is `serve`: a service built from it without a command of its own runs it
+    const serving = Object.entries(compose.services).filter(([, service]) => service.build !== undefined && service.command === undefined)
+    expect(serving.map(([name]) => name).sort()).toEqual(['receiver', 'replica1', 'replica2', 'replica3'])
+    for (const [name, service] of serving) {
+      expect(service.environment?.DATABASE_URL, name).toBe('${DATABASE_URL:-postgres://partner:partner@postgres:5432/partner}')
+    }
+  })
+
+  it('fills in no secret of the platform for the single receiver: its own come from .env alone', () => {
+    const receiver = compose.services.receiver!.environment ?? {}
+    expect(Object.keys(receiver).filter((name) => name.startsWith('PARTNER_') || SECRET_VARIABLES.includes(name))).toEqual([])
+  })
+
+  it('says where a value comes from: environment: over .env, and a ${NAME:-default} filled in from .env', () => {
+    expect(composeText).toContain('a variable set under a service\'s `environment:` wins over the same one in .env')
+    expect(composeText).toContain('the default is taken only where NAME is set in neither')
+  })
+})
