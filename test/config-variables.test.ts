@@ -89,7 +89,7 @@ describe('variables the service does not read', () => {
         FTP_PROXY: 'http://proxy:3128',
         ALL_PROXY: 'http://proxy:3128',
         MAX_JOBS: '4',
-        TEST_DATABASE_URL: 'postgres://db/test',
+        APP_DATABASE_URL: 'postgres://db/app',
         PGUSER: 'root',
         CI: 'true',
         // read: the per-environment key pairs and the sandbox command's options
