@@ -679,3 +679,65 @@ interface PlanNode {
 function nodesOf(plan: PlanNode): PlanNode[] {
   return [plan, ...(plan.Plans ?? []).flatMap(nodesOf)]
 }
+
+// The pass's lock is held in a transaction of its own for the whole pass. Its session must hold no snapshot
+// meanwhile: a session idle in its transaction with a backend_xmin keeps every VACUUM in the database (autovacuum's
+// too) from removing a row deleted after it, for as long as the pass runs. The lock used to be taken by a statement
+// sent with a parameter, whose open portal kept its snapshot: a 33-s pass left an unrelated table's 10,000 deleted
+// rows "dead but not yet removable". Under a database default of REPEATABLE READ any statement's snapshot is the
+// transaction's, so the lock's transaction says READ COMMITTED itself.
+for (const isolation of [undefined, 'repeatable read'] as const) {
+  describePostgres(`the prune lock's session while a pass runs${isolation ? `, the database's default ${isolation}` : ''} (Postgres)`, () => {
+    const database = useTestDatabase(isolation ? { sessionDefaults: { default_transaction_isolation: isolation } } : {})
+
+    it('holds no snapshot: a VACUUM of another table removes the rows deleted while the pass holds the lock', async () => {
+      await sql`truncate webhook_deliveries, reaction_jobs, retention_progress`.execute(database.db)
+      const clock = new FakeClock(Date.parse('2026-06-01T00:00:00Z'))
+      await seedDeliveries(database.db, clock.now(), Array.from({ length: 6 }, (_, index) => ({ id: `d-${index}`, ageDays: 100 + index })))
+      const client = new pg.Client({ connectionString: database.url })
+      await client.connect()
+      const notices: string[] = []
+      client.on('notice', (notice) => notices.push(notice.message ?? ''))
+      // the pass pauses after its first batch (on the fake clock), holding the lock
+      const pass = runPrunePass({ db: database.db, holdLock: database.holdLock, clock }, { ...SETTINGS, pauseMs: 1_000 })
+      try {
+        await eventually(() => clock.sleeps.length > 0, 'the pass pauses after a batch')
+        const { rows: sessions } = await client.query<{ state: string; backend_xmin: string | null; backend_xid: string | null }>(
+          `select a.state, a.backend_xmin::text, a.backend_xid::text from pg_locks l join pg_stat_activity a on a.pid = l.pid
+           where l.locktype = 'advisory' and l.classid = $1 and l.objid = hashtext(current_schema())::oid and l.objsubid = 2
+             and l.database = (select oid from pg_database where datname = current_database())`,
+          [PRUNE_LOCK_KEY],
+        )
+        expect(sessions).toEqual([{ state: 'idle in transaction', backend_xmin: null, backend_xid: null }])
+
+        await client.query('create table scratch (id int) with (autovacuum_enabled = false)')
+        await client.query('insert into scratch select generate_series(1, 1000)')
+        await client.query('delete from scratch')
+        // other test files' sessions in this database may hold a snapshot for a moment: VACUUM again until none
+        // does. The lock's session would hold its snapshot until the pass ends (after this wait)
+        let removed = 0
+        await eventually(async () => {
+          notices.length = 0
+          await client.query('vacuum (verbose) scratch')
+          const tuples = notices.map((message) => /tuples: (\d+) removed, \d+ remain, (\d+) are dead but not yet removable/.exec(message)).find(Boolean)
+          if (!tuples) throw new Error(`VACUUM VERBOSE said no tuple counts: ${notices.join(' | ')}`)
+          removed += Number(tuples[1])
+          return Number(tuples[2]) === 0
+        }, 'a VACUUM removes every deleted row of the scratch table')
+        expect(removed).toBe(1000)
+      } finally {
+        let settled = false
+        void pass.finally(() => {
+          settled = true
+        })
+        while (!settled) {
+          await clock.advance(1_000)
+          await new Promise((resolve) => setTimeout(resolve, 5))
+        }
+        await client.query('drop table if exists scratch')
+        await client.end()
+      }
+      expect(await pass).toMatchObject({ ran: true, counts: { delivery: 6 } })
+    })
+  })
+}
