@@ -41,3 +41,31 @@ export function limitLines<F extends object>(
     timer ??= setTimeout(writeHeld, Math.max(0, intervalEnd - at)).unref()
   }
 }
+
+/**
+ * limitLines for each key on its own (a reaction handler and its error's code): each key's first line is written at
+ * once whatever the others do, and its repeats are counted in its own `suppressed`. A key with no line for two
+ * intervals is forgotten once more than `forgetPast` keys are kept (its held line, if any, was written by then), so
+ * keys that come and go (handlers removed, codes of a fork's own) do not pile up.
+ */
+export function limitLinesBy<F extends object>(
+  keyOf: (fields: F) => string,
+  write: (fields: LimitedFields<F>) => void,
+  { intervalMs = 1_000, now = () => Date.now(), forgetPast = 256 }: { intervalMs?: number; now?: () => number; forgetPast?: number } = {},
+): (fields: F) => void {
+  const limited = new Map<string, { line: (fields: F) => void; lastAt: number }>()
+  return (fields) => {
+    const key = keyOf(fields)
+    const at = now()
+    let entry = limited.get(key)
+    if (!entry) {
+      if (limited.size >= forgetPast) {
+        for (const [other, { lastAt }] of limited) if (at - lastAt > 2 * intervalMs) limited.delete(other)
+      }
+      entry = { line: limitLines(write, { intervalMs, now }), lastAt: at }
+      limited.set(key, entry)
+    }
+    entry.lastAt = at
+    entry.line(fields)
+  }
+}

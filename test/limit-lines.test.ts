@@ -4,7 +4,7 @@ import { afterEach, beforeEach, describe, expect, it, vi } from 'vitest'
 import { systemClock } from '../src/clock.js'
 import { openDatabase } from '../src/db/open-database.js'
 import { createApp } from '../src/http/app.js'
-import { limitLines } from '../src/limit-lines.js'
+import { limitLines, limitLinesBy } from '../src/limit-lines.js'
 import { logLines, testLogger } from './helpers/log-sink.js'
 import { testConfig } from './helpers/test-config.js'
 import { pgliteTemplate } from './helpers/test-database.js'
@@ -38,6 +38,41 @@ describe('limitLines', () => {
     expect(written.at(-1)).toEqual({ n: 12 })
     const accounted = written.reduce((sum, fields) => sum + 1 + (fields.suppressed ?? 0), 0)
     expect(accounted).toBe(12)
+  })
+})
+
+describe('limitLinesBy', () => {
+  beforeEach(() => {
+    vi.useFakeTimers()
+  })
+  afterEach(() => {
+    vi.useRealTimers()
+  })
+
+  it('limits each key on its own: the first line of a key is written at once whatever the others do', () => {
+    const written: { key: string; n: number; suppressed?: number }[] = []
+    const line = limitLinesBy((fields: { key: string; n: number }) => fields.key, (fields) => written.push(fields), { forgetPast: 2 })
+    for (let n = 1; n <= 5; n += 1) line({ key: 'a', n })
+    line({ key: 'b', n: 6 })
+    expect(written).toEqual([
+      { key: 'a', n: 1 },
+      { key: 'b', n: 6 },
+    ])
+    line({ key: 'b', n: 7 })
+    vi.advanceTimersByTime(1_000)
+    expect(written.slice(2)).toEqual([
+      { key: 'a', n: 5, suppressed: 3 },
+      { key: 'b', n: 7 },
+    ])
+    // quiet keys are forgotten once more than `forgetPast` are kept; their counts were written before
+    vi.advanceTimersByTime(5_000)
+    line({ key: 'c', n: 8 })
+    line({ key: 'a', n: 9 })
+    expect(written.slice(4)).toEqual([
+      { key: 'c', n: 8 },
+      { key: 'a', n: 9 },
+    ])
+    expect(written.reduce((sum, fields) => sum + 1 + (fields.suppressed ?? 0), 0)).toBe(9)
   })
 })
 

@@ -17,7 +17,7 @@ import { createReactionRegistry, type ReactionRegistry } from '../src/reactions/
 import { backoffDelayS } from '../src/reconcile/backoff-delay.js'
 import { FakeClock } from './helpers/fake-clock.js'
 import { processWarningsDuring } from './helpers/process-warnings.js'
-import { logEntries, testLogger } from './helpers/log-sink.js'
+import { logEntries, logLines, testLogger } from './helpers/log-sink.js'
 import { clearReactions, reactionRecords, TEST_DISPATCHER_SETTINGS, untilEventsReadable } from './helpers/reaction-jobs.js'
 import { eventually } from './helpers/reconcile-poller.js'
 import { createTestDatabase, describePostgres, type TestDatabase, useTestDatabase } from './helpers/test-database.js'
@@ -240,6 +240,69 @@ describe('the reaction dispatcher', () => {
     // left before the batch's abort, short of its 35.9-s timeout, and be cut off there by the 35.85 s it takes
     expect(200).toBeLessThan(HANDOFF_MS)
     await slowCalls({ leaseMs: 40_000, timeoutMs: 35_900, takesMs: [200, 35_850, 35_850] })
+  })
+
+  // While a handler's system is down every event fails, first attempts and retries alike: 5,000 forwards to a dead
+  // port wrote 2,793 "retrying later" lines (930 KB) in 16 s. They are written once a second at most for each handler
+  // and error code, the rest counted in `suppressed`; "failed for the last time" comes once a job, each one a job
+  // for an operator, and is not limited.
+  it('writes "retrying later" once a second per handler and error code, counting the rest, and every "failed for the last time"', async () => {
+    const ORDERS = 40
+    let code = 'partner_down'
+    const calls: string[] = []
+    const down =
+      (handler: string): ReactionHandler =>
+      async () => {
+        calls.push(`${handler} ${code}`)
+        throw Object.assign(new Error(`the partner system is down (${code})`), { code })
+      }
+    const reactions = createReactionRegistry().on('trade.*', 'down-a', down('down-a')).on('trade.*', 'down-b', down('down-b'))
+    const before = logLines.length
+    const started = Date.now()
+    await start(reactions, { maxAttempts: 4, concurrency: 16 })
+    for (let index = 0; index < ORDERS; index++) {
+      await moveNewOrder(database.db, { externalReference: `down-${index}`, statuses: ['created'], handlersFor: reactions.handlersFor, now: () => new Date(clock.now()) })
+    }
+    await untilEventsReadable(database.db)
+    const failedAttempts = (attempts: number) => eventually(() => calls.length === 2 * ORDERS * attempts, `attempt ${attempts} of every job failed`)
+    // attempts 1 (the streams') and 2 (the job loop's) fail with one code, 3 with another, and 4, the last, with that too
+    await failedAttempts(1)
+    await idle()
+    await clock.advance(backoffDelayS(1, SETTINGS.backoff, HALF) * 1000)
+    await failedAttempts(2)
+    await idle()
+    code = 'partner_timeout'
+    await clock.advance(backoffDelayS(2, SETTINGS.backoff, HALF) * 1000)
+    await failedAttempts(3)
+    await idle()
+    await clock.advance(backoffDelayS(3, SETTINGS.backoff, HALF) * 1000)
+    await failedAttempts(4)
+    await idle()
+
+    const lines = () =>
+      logLines
+        .slice(before)
+        .flatMap((line) => line.split('\n').filter(Boolean))
+        .map((line) => JSON.parse(line) as { msg: string; handler?: string; error?: string; eventId?: string; suppressed?: number })
+        .filter((line) => line.handler?.startsWith('down-'))
+    const retrying = (handler: string, code: string) =>
+      lines().filter((line) => line.msg === 'reaction handler failed; retrying later' && line.handler === handler && line.error === `Error: the partner system is down (${code})`)
+    const accounted = (handler: string, code: string) => retrying(handler, code).reduce((sum, line) => sum + 1 + (line.suppressed ?? 0), 0)
+    // every failed attempt that is tried again is written or counted in a written line's `suppressed`, per handler and
+    // code (the last of each second is written at its end)
+    const expected = { 'down-a partner_down': 2 * ORDERS, 'down-b partner_down': 2 * ORDERS, 'down-a partner_timeout': ORDERS, 'down-b partner_timeout': ORDERS }
+    const seen = () => Object.fromEntries(Object.keys(expected).map((key) => [key, accounted(...(key.split(' ') as [string, string]))]))
+    await eventually(() => JSON.stringify(seen()) === JSON.stringify(expected), 'every retried attempt is accounted for')
+    const elapsedS = (Date.now() - started) / 1_000
+    for (const key of Object.keys(expected)) {
+      const written = retrying(...(key.split(' ') as [string, string])).length
+      expect(written, key).toBeGreaterThanOrEqual(1)
+      expect(written, key).toBeLessThanOrEqual(2 + Math.ceil(elapsedS))
+    }
+    // the jobs failed for good: one line each, every one written
+    const failedForGood = lines().filter((line) => line.msg === 'reaction handler failed for the last time: the job is failed until retried or skipped')
+    expect(failedForGood).toHaveLength(2 * ORDERS)
+    expect(new Set(failedForGood.map((line) => `${line.handler} ${line.eventId}`)).size).toBe(2 * ORDERS)
   })
 
   it('retries a throwing handler after the backoff, fails it after the last attempt, and holds back that order for that handler until retried', async () => {

@@ -49,7 +49,9 @@ import { type AttemptResult, type DispatcherSettings, HELD_BACK_WARN_MS, leaseMa
 import { withoutPassword } from '../without-password.js'
 import { createSlots, type Slots } from './handler-slots.js'
 import { planRetry, triesAgain } from './plan-retry.js'
+import { failureCode } from './failure-code.js'
 import { createRecoveryWatch } from './recovery-watch.js'
+import { createRetryLines } from './retry-lines.js'
 import { createStreamWorker, type StreamWorker } from './stream-worker.js'
 import { CLOCK_RECHECK_MS, type ClockGuard } from '../db/clock-guard.js'
 import { loggableError } from '../db/database-errors.js'
@@ -347,6 +349,9 @@ export function createDispatcher(deps: DispatcherDeps): Dispatcher {
     },
   })
 
+  // "retrying later", limited per handler and error code: the streams' first attempts and the job loop's retries together
+  const retryingLater = createRetryLines()
+
   const reportFailure = (handler: string, failure: unknown) => {
     try {
       deps.onFailure?.(handler, failureCode(failure))
@@ -442,7 +447,7 @@ export function createDispatcher(deps: DispatcherDeps): Dispatcher {
         // the loop's next look: the retry's run_at
         wake()
         report(job.handler, written ? 'retry' : 'lease_lost')
-        log().warn({ error, retryInS: Math.round(delayS) }, 'reaction handler failed; retrying later')
+        retryingLater({ log: log(), handler: job.handler, failure, error, retryInS: Math.round(delayS) })
       } else {
         const written = await failJob(db, { ...lease, now, error: message, uncalled })
         report(job.handler, written ? 'failed' : 'lease_lost')
@@ -812,6 +817,7 @@ export function createDispatcher(deps: DispatcherDeps): Dispatcher {
           timeToWrite,
           slots: slotsOf(name),
           describeFailure,
+          retryingLater,
         })
         return { worker, waker, loop: streamLoop(worker, waker, stopSignal) }
       })
@@ -883,17 +889,6 @@ export function createDispatcher(deps: DispatcherDeps): Dispatcher {
       logger.info('reaction dispatcher stopped')
     },
   }
-}
-
-// The code label of reaction_failures_total: a built-in handler's code (amqp_unroutable, forward_timeout
-// ...) or a fork's own of the same snake_case form. Anything else (Node's ECONNRESET, a SQLSTATE, an error
-// without a code) is `other`, so the label keeps a small, closed set of values: its message is in the log
-// line and the job's last_error.
-const FAILURE_CODE = /^[a-z][a-z0-9_]{0,47}$/
-
-export function failureCode(error: unknown): string {
-  const code = (error as { code?: unknown } | null | undefined)?.code
-  return typeof code === 'string' && FAILURE_CODE.test(code) ? code : 'other'
 }
 
 /**

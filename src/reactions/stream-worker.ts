@@ -36,6 +36,7 @@ import type { Slots } from './handler-slots.js'
 import { planRetry, triesAgain } from './plan-retry.js'
 import type { ReactionHandler } from './reaction-event.js'
 import type { RecoveryWatch } from './recovery-watch.js'
+import type { RetryLine } from './retry-lines.js'
 import { completeJob, failJob, releaseJobs, retryJobLater } from './reaction-job.repository.js'
 import {
   createMissingReactionStream,
@@ -135,6 +136,8 @@ export interface StreamWorkerDeps {
   /** The process's handler slots (REACTION_CONCURRENCY), shared with the job loop. */
   slots: Slots
   describeFailure: (error: unknown) => string
+  /** Writes "reaction handler failed; retrying later", limited per handler and error code (retry-lines.ts). */
+  retryingLater: (line: RetryLine) => void
   /**
    * The time to write a batch's outcome and the stream's renewed lease by (ClockGuard.timeToWrite: the database's once
    * this clock is off it); absent: the clock's now.
@@ -257,7 +260,7 @@ export function createStreamWorker(deps: StreamWorkerDeps) {
     deps.reportFailure?.(name, failure)
     if (deps.handler && triesAgain(failure, 1, settings.maxAttempts)) {
       const { delayS, error } = planRetry(failure, message, 1, settings.backoff, deps.random)
-      jobLog().warn({ error, retryInS: Math.round(delayS) }, 'reaction handler failed; retrying later')
+      deps.retryingLater({ log: jobLog(), handler: name, failure, error, retryInS: Math.round(delayS) })
       return { ...base, state: 'pending', attempts: 1, lastError: error, runAt: new Date(base.runAt.getTime() + delayS * 1000) }
     }
     jobLog().error({ error: message, attempts: 1 }, 'reaction handler failed for the last time: the job is failed until retried or skipped')

@@ -7,6 +7,7 @@ import type { AttemptResult, DispatcherSettings } from '../../src/reactions/disp
 import { createSlots, type Slots } from '../../src/reactions/handler-slots.js'
 import type { ReactionHandler } from '../../src/reactions/reaction-event.js'
 import { reactionJobStats } from '../../src/reactions/reaction-job.repository.js'
+import { createRetryLines } from '../../src/reactions/retry-lines.js'
 import { createStreamWorker, type StreamWorker } from '../../src/reactions/stream-worker.js'
 import { testLogger } from './log-sink.js'
 import { eventually } from './reconcile-poller.js'
@@ -63,6 +64,7 @@ export function testStreamWorker(
     jobsWritten: () => {},
     slots,
     describeFailure: String,
+    retryingLater: createRetryLines(),
   })
 }
 
