@@ -35,6 +35,7 @@ import { advertiseLocalService, databaseIdentity } from './local/running-service
 import type { Logger } from './logger.js'
 import { probeListenTargets } from './probe-listen-targets.js'
 import { createMetrics } from './metrics/metrics.js'
+import { readTableSizes } from './db/table-sizes.js'
 import { createDispatcherNotifier } from './orders/apply-observation.js'
 import { observationSettings } from './orders/observations.js'
 import { countOrdersNeedingAttention } from './orders/order.repository.js'
@@ -191,6 +192,7 @@ export async function startService({
           ordersNeedingAttention: () => countOrdersNeedingAttention(database.db),
           reactionJobs: () => reactionJobStats(database.db, new Date(clock.now()), reactions.names),
           oldestDelivery: () => oldestDeliveryReceivedAt(database.db),
+          tableSizes: () => readTableSizes(database.db),
           ...(storage ? { dataDirStorage: { freeBytes: () => storage.freeBytes, minFreeBytes: storage.minFreeBytes } } : {}),
           pruneIntervalS: config.retention.intervalS,
           ...(config.poll.enabled ? { pollIntervalS: config.poll.intervalS, pollLongestCycleS: longestCycleMs(config) / 1000 } : {}),

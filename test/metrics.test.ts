@@ -1,17 +1,18 @@
 import request from 'supertest'
 import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest'
-import type { Kysely } from 'kysely'
+import { type Kysely, sql } from 'kysely'
 import type { Database } from '../src/db/database.js'
 import { systemClock } from '../src/clock.js'
 import { openDatabase } from '../src/db/open-database.js'
+import { SERVICE_TABLES } from '../src/db/migrate.js'
 import { pingDatabase } from '../src/db/ping-database.js'
 import { createAdminApp } from '../src/http/admin-app.js'
 import { createApp } from '../src/http/app.js'
-import { createMetrics } from '../src/metrics/metrics.js'
+import { createMetrics, TABLE_SIZES_READ_MS } from '../src/metrics/metrics.js'
 import type { RunningService } from '../src/service.js'
 import { countOrdersNeedingAttention } from '../src/orders/order.repository.js'
 import { requeueOrders } from '../src/orders/poll-schedule.repository.js'
-import { createOrder } from './helpers/orders.js'
+import { createOrder, moveNewOrder } from './helpers/orders.js'
 import { dueOrderStats } from '../src/reconcile/poller.js'
 import { countParkedDeliveries } from '../src/webhooks/delivery.repository.js'
 import { FakeClock } from './helpers/fake-clock.js'
@@ -274,6 +275,61 @@ describe("database_clock_offset_seconds: the database's clock against this repli
     const scrape = await scrapeMetrics(service)
     expect(scrape).toMatch(/^database_up 1$/m)
     expectNoSample(scrape, ['database_clock_offset_seconds'])
+  })
+})
+
+// Retention keeps webhook_deliveries, done reaction jobs and reconcile runs bounded; order_status_history and orders are
+// never pruned and grow with every transition. The gauges show each table's growth: the planner's row estimate and
+// the bytes on disk, read from the catalog at most once a minute (a scrape between reads answers the last one).
+describe('database_table_rows and database_table_bytes: the growth of every table, retention or not', () => {
+  let service: RunningService | undefined
+  afterEach(async () => {
+    await service?.stop()
+    service = undefined
+  })
+  const samples = (scrape: string, name: string) =>
+    Object.fromEntries([...scrape.matchAll(new RegExp(`^${name}\\{table="([a-z_]+)"\\} (\\S+)$`, 'gm'))].map((match) => [match[1]!, Number(match[2])]))
+
+  const checkGrowth = async (databaseUrl?: string) => {
+    const clock = new FakeClock()
+    const config = testConfig({ PORT: '0', POLL_ENABLED: 'false', ...(databaseUrl ? { DATABASE_URL: databaseUrl } : { DATA_DIR: 'memory://' }) })
+    service = await startTestService({ config, logger: testLogger(), clock })
+    await service.ready
+    const { db } = service.database
+    const before = await scrapeMetrics(service)
+    // every table of the service has its bytes (its indexes' pages at the least)
+    expect(Object.keys(samples(before, 'database_table_bytes')).sort()).toEqual([...SERVICE_TABLES].sort())
+    const bytesBefore = samples(before, 'database_table_bytes')
+
+    for (let index = 0; index < 20; index++) {
+      await moveNewOrder(db, { externalReference: `grow-${index}`, statuses: ['created', 'funded'], handlersFor: () => [], now: () => new Date(clock.now()) })
+    }
+    await sql`analyze orders, order_status_history`.execute(db)
+    // read within the minute: the last reading still
+    const within = await scrapeMetrics(service)
+    expect(samples(within, 'database_table_bytes')).toEqual(bytesBefore)
+    expect(samples(within, 'database_table_rows')).toEqual(samples(before, 'database_table_rows'))
+
+    await clock.advance(TABLE_SIZES_READ_MS)
+    const after = await scrapeMetrics(service)
+    expect(samples(after, 'database_table_rows')).toMatchObject({ orders: 20, order_status_history: 40 })
+    const bytesAfter = samples(after, 'database_table_bytes')
+    expect(bytesAfter.order_status_history).toBeGreaterThan(bytesBefore.order_status_history!)
+    expect(bytesAfter.orders).toBeGreaterThan(bytesBefore.orders!)
+  }
+
+  const behaviour = 'reports each table\'s estimated rows and bytes, read again once a minute has passed'
+  it(`${behaviour} (PGlite)`, () => checkGrowth())
+
+  describePostgres('on Postgres (Postgres)', () => {
+    let database: TestDatabase
+    beforeAll(async () => {
+      database = await createTestDatabase({ kind: 'postgres' })
+    })
+    afterAll(async () => {
+      await database.close()
+    })
+    it(`${behaviour} (Postgres)`, () => checkGrowth(database.url!))
   })
 })
 

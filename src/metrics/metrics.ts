@@ -25,6 +25,13 @@ const DELIVERY_OUTCOMES = [
 /** A scrape never waits longer than this on the database (Prometheus' own scrape timeout is 10 s). */
 export const SCRAPE_READ_TIMEOUT_MS = 2_000
 
+/**
+ * The tables' sizes are read at most this often (by the replica's monotonic clock): an estimate, and a size that
+ * moves by the day, need no reading at every scrape, where every replica's scrapes would stat every file of the
+ * tables each 15 s.
+ */
+export const TABLE_SIZES_READ_MS = 60_000
+
 export interface MetricsSources {
   /** Resolves when the database answers a trivial query (database_up), with whether it takes writes (database_read_only). */
   databaseUp?: () => Promise<DatabaseState>
@@ -46,6 +53,8 @@ export interface MetricsSources {
   reactionJobs?: () => Promise<{ pending: number; running: number; failed: number; oldestPendingAgeS: number }>
   /** When the oldest delivery row still stored was received; null when none is. */
   oldestDelivery?: () => Promise<Date | null>
+  /** The service's tables: the planner's estimate of their rows (null: none yet) and their bytes (readTableSizes). */
+  tableSizes?: () => Promise<readonly { table: string; rows: number | null; bytes: number }[]>
   /** The embedded database's data directory: its free space in bytes (undefined until read) and the minimum. */
   dataDirStorage?: { freeBytes: () => number | undefined; minFreeBytes: number }
   /** PRUNE_INTERVAL_S: how often this replica tries a pruning pass (the stalled-pruning alert counts in it). */
@@ -371,6 +380,34 @@ export function createMetrics(
       },
     )
   }
+  if (sources.tableSizes) {
+    // one read feeds both gauges, kept for TABLE_SIZES_READ_MS; a read that failed is tried again at the next scrape
+    const sizes = atMostEvery(tolerantRead(sources.tableSizes, readTimeoutMs), TABLE_SIZES_READ_MS, clock)
+    new OptionalLabelledGauge(
+      async () => {
+        const read = await sizes()
+        return read && new Map(read.flatMap(({ table, rows }) => (rows === null ? [] : [[table, rows] as const])))
+      },
+      {
+        name: 'database_table_rows',
+        help: `The planner's estimate of each of the service's tables' rows (pg_class.reltuples, as of its last VACUUM or ANALYZE), read at most every ${TABLE_SIZES_READ_MS / 1000} s; no sample for a table not estimated yet. order_status_history and orders are never pruned`,
+        labelNames: ['table'],
+        registers: [registry],
+      },
+    )
+    new OptionalLabelledGauge(
+      async () => {
+        const read = await sizes()
+        return read && new Map(read.map(({ table, bytes }) => [table, bytes] as const))
+      },
+      {
+        name: 'database_table_bytes',
+        help: `Bytes each of the service's tables takes with its indexes and TOAST (pg_total_relation_size), read at most every ${TABLE_SIZES_READ_MS / 1000} s`,
+        labelNames: ['table'],
+        registers: [registry],
+      },
+    )
+  }
   if (databaseUp) {
     // both gauges of one scrape are fed by one query
     const state = onePerScrape(tolerantRead(databaseUp, readTimeoutMs))
@@ -637,6 +674,27 @@ function tolerantRead<T>(read: () => Promise<T>, timeoutMs: number): () => Promi
     } finally {
       clearTimeout(timer)
     }
+  }
+}
+
+/**
+ * `read`'s last answer for `intervalMs` after it came (by `clock`'s monotonic time), so what it reads is read at most
+ * that often however often Prometheus scrapes; an undefined answer (a read that failed) is not kept.
+ */
+function atMostEvery<T>(read: () => Promise<T | undefined>, intervalMs: number, clock: Clock): () => Promise<T | undefined> {
+  let kept: { value: T; at: number } | undefined
+  let reading: Promise<T | undefined> | undefined
+  return () => {
+    if (kept && monotonicNow(clock) - kept.at < intervalMs) return Promise.resolve(kept.value)
+    reading ??= read()
+      .then((value) => {
+        if (value !== undefined) kept = { value, at: monotonicNow(clock) }
+        return value
+      })
+      .finally(() => {
+        reading = undefined
+      })
+    return reading
   }
 }
 
