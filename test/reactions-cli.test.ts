@@ -247,3 +247,46 @@ describe('the reactions command', () => {
     expect(table[1]).toMatch(/ amqp +skipped +1 +- +handler amqp no longer takes trade\.created \(AMQP_EVENTS\); skipped without running \(the error before: [^)]*…$/)
   })
 })
+
+// an outage fails hundreds of jobs: `retry --failed` printed every id on one line (568 seen); --json keeps them all
+describe('reactions retry --failed with many failed jobs', () => {
+  let database: TestDatabase
+  beforeAll(async () => {
+    database = await createTestDatabase()
+  })
+  afterAll(async () => {
+    await database.close()
+  })
+  const failJobs = (count: number) =>
+    database.db
+      .insertInto('reactionJobs')
+      .values(
+        Array.from({ length: count }, (_, index) => ({
+          eventId: `00000000-0000-4000-8000-${String(index).padStart(12, '0')}`,
+          orderId: index + 1,
+          sequence: 1,
+          handler: 'forwarder',
+          state: 'failed',
+          attempts: 10,
+          runAt: new Date(),
+          lastError: 'ForwardError: the receiver is unreachable',
+        })),
+      )
+      .returning('id')
+      .execute()
+
+  it('names the first 20 ids and how many more; --json lists every one', async () => {
+    const ids = (await failJobs(25)).map((row) => String(row.id)).sort((a, b) => Number(a) - Number(b))
+    const text = await runCommand(['reactions', 'retry', '--failed'], database.db)
+    expect(text.code).toBe(0)
+    expect(text.stdout).toMatch(/ and 5 more \(--json lists them all\)\n$/)
+    const [, listed, more] = /^retrying 25 job\(s\): (.*) and (\d+) more \(--json lists them all\)\n$/.exec(text.stdout) ?? []
+    expect(listed?.split(', ')).toHaveLength(20)
+    expect(more).toBe('5')
+    expect(listed!.split(', ').every((id) => ids.includes(id))).toBe(true)
+
+    await database.db.updateTable('reactionJobs').set({ state: 'failed' }).execute()
+    const json = await runCommand(['reactions', 'retry', '--failed', '--json'], database.db)
+    expect((JSON.parse(json.stdout) as { retried: string[] }).retried.sort((a, b) => Number(a) - Number(b))).toEqual(ids)
+  })
+})

@@ -117,7 +117,7 @@ export function registerReactionsCommands(program: Command): void {
         if (id === undefined) {
           const ids = await retryFailedJobs(db)
           if (options.json) printJson({ retried: ids })
-          else write(ids.length === 0 ? 'no failed reaction jobs\n' : `retrying ${ids.length} job(s): ${ids.join(', ')}\n`)
+          else write(ids.length === 0 ? 'no failed reaction jobs\n' : `retrying ${ids.length} job(s): ${idList(ids)}\n`)
           return
         }
         report(id, await retryJob(db, id), 'retried', options.json)
@@ -240,6 +240,15 @@ function leaseEnd(at: Date | null, leftS: number | null): string {
   if (at === null || leftS === null) return ''
   const seconds = Math.round(Math.abs(leftS))
   return leftS >= 0 ? `, held until ${at.toISOString()} (${seconds} s from now by the database's clock)` : `, which had run out at ${at.toISOString()} (${seconds} s ago by the database's clock)`
+}
+
+/** How many job ids a line names: an outage fails hundreds of jobs, and `--json` lists them all. */
+const IDS_NAMED = 20
+
+/** The first IDS_NAMED ids, and how many more there are. */
+function idList(ids: readonly string[]): string {
+  if (ids.length <= IDS_NAMED) return ids.join(', ')
+  return `${ids.slice(0, IDS_NAMED).join(', ')} and ${ids.length - IDS_NAMED} more (--json lists them all)`
 }
 
 function report(
