@@ -410,7 +410,8 @@ export function createAmqpPublisher({
     await Promise.all([...connections].map(end))
   }
 
-  return { handler, close }
+  // it times its calls out itself (amqp_timeout): the dispatcher sets no deadline of its own at the same time
+  return { handler: Object.assign(handler, { ownTimeoutMs: timeoutMs }), close }
 }
 
 // resolves or rejects with `work`, or rejects when `stop` aborts first; `work` still settles on its own

@@ -40,7 +40,7 @@ export function configuredReactions(
     register?: ((reactions: ReactionRegistry) => void) | undefined
   },
 ): ConfiguredReactions {
-  const reactions = createReactionRegistry()
+  const reactions = createReactionRegistry({ leaseMs: config.reactions.leaseS * 1000 })
   const typesSettings = new Map<string, string>()
   const closers: (() => Promise<void>)[] = []
   if (config.forward) {

@@ -20,6 +20,7 @@
 // And when a handler succeeds again after an outage, its retries waiting out a backoff are made due at once and
 // the loop looks for them (recovery-watch.ts).
 //
+// A handler registered with a timeoutMs is aborted at it (call-timeouts.ts): a failed attempt, retried as any.
 // A handler is aborted shortly before its lease ends: past it, another replica may claim the job again.
 // Stop: no more claims; running handlers get up to `shutdownTimeoutMs` to finish, then are aborted and
 // their leases given back (pending, due now, the interrupted attempt not counted), without waiting for a handler
@@ -48,6 +49,7 @@ import { ensureReactionStreams, oldestOpenTransaction, type OpenTransaction, str
 import { type AttemptResult, type DispatcherSettings, HELD_BACK_WARN_MS, leaseMarginMs } from './dispatcher-settings.js'
 import { withoutPassword } from '../without-password.js'
 import { createSlots, type Slots } from './handler-slots.js'
+import { type CallTimeouts, createCallTimeouts } from './call-timeouts.js'
 import { planRetry, triesAgain } from './plan-retry.js'
 import { failureCode } from './failure-code.js'
 import { createRecoveryWatch } from './recovery-watch.js'
@@ -70,9 +72,10 @@ export interface DispatcherDeps {
   /** The registry's lookup by name (a job whose handler is no longer registered fails at once, not retried). */
   handler: (name: string) => ReactionHandler | undefined
   /**
-   * The registry's timeoutOf: how long one call of the handler may take. A job or stream event that waited for a
-   * slot starts only while that much of its lease is left; otherwise it is given back, unstarted, for a fresh
-   * lease. Absent, or undefined for a handler: started while any of the lease is left.
+   * The registry's timeoutOf: how long one call of the handler may take. A call is aborted then, and counts as a
+   * failed attempt (call-timeouts.ts). A job or stream event that waited for a slot starts only while that much of its
+   * lease is left; otherwise it is given back, unstarted, for a fresh lease. Absent, or undefined for a handler: no
+   * limit but the lease, and started while any of the lease is left.
    */
   timeoutOf?: ((name: string) => number | undefined) | undefined
   clock: Clock
@@ -280,6 +283,18 @@ export function createDispatcher(deps: DispatcherDeps): Dispatcher {
     }
     return pool
   }
+  // each handler's call deadlines (its timeoutMs), shared by its stream and the job loop: none for a handler without
+  // one, nor for one that times its calls out itself no later (ownTimeoutMs: the forwarder, the RabbitMQ publisher,
+  // whose own errors, forward_timeout and amqp_timeout, say more than a second deadline racing theirs would)
+  const timeouts = new Map<string, CallTimeouts | undefined>()
+  const timeoutsOf = (name: string): CallTimeouts | undefined => {
+    if (timeouts.has(name)) return timeouts.get(name)
+    const timeoutMs = deps.timeoutOf?.(name)
+    const own = deps.handler(name)?.ownTimeoutMs
+    const made = timeoutMs === undefined || (own !== undefined && own <= timeoutMs) ? undefined : createCallTimeouts(clock, name, timeoutMs)
+    timeouts.set(name, made)
+    return made
+  }
   // claimed jobs waiting for a free slot (at most (CLAIM_AHEAD - 1) × concurrency, see above)
   const waiting: { job: ClaimedJob; claim: Claim }[] = []
   // the last claim took all it could: more jobs may be due than it took
@@ -397,6 +412,7 @@ export function createDispatcher(deps: DispatcherDeps): Dispatcher {
       }
       let failure: unknown
       let uncalled = false
+      let timedOut = false
       if (!handler) {
         failure = new Error(`no reaction handler named ${job.handler} is registered`)
       } else if (job.attempt > settings.maxAttempts) {
@@ -409,9 +425,11 @@ export function createDispatcher(deps: DispatcherDeps): Dispatcher {
             : `not called again: it has had ${job.attempt - 1} attempts, more than REACTION_MAX_ATTEMPTS (now ${settings.maxAttempts})`,
         )
       } else {
+        // its own signal, aborted at its timeoutMs, when the handler has one (call-timeouts.ts)
+        const timed = timeoutsOf(job.handler)?.start(abort.signal)
         try {
           await handler(event, {
-            signal: abort.signal,
+            signal: timed ? timed.signal : abort.signal,
             attempt: job.attempt,
             get logger() {
               return log()
@@ -419,9 +437,16 @@ export function createDispatcher(deps: DispatcherDeps): Dispatcher {
           })
         } catch (error) {
           failure = error ?? new Error('the handler threw without a reason')
-          // (a call stopped at its lease's end or at shutdown got no answer from the handler's system: no sign of an outage)
-          if (!abort.signal.aborted) recovery.failed(job.handler, event, failure)
+        } finally {
+          timed?.end()
         }
+        // past its deadline, the call is a timeout whatever it did then (a late return is not taken)
+        if (timed?.timedOut) {
+          failure = timed.failure(failure)
+          timedOut = true
+        }
+        // (a call stopped at its lease's end or at shutdown got no answer from the handler's system: no sign of an outage)
+        if (failure !== undefined && !abort.signal.aborted) recovery.failed(job.handler, event, failure)
       }
       handlerDone()
       if (failure === undefined) {
@@ -432,7 +457,7 @@ export function createDispatcher(deps: DispatcherDeps): Dispatcher {
         return
       }
       const now = await timeToWrite()
-      if (stopSignal.aborted && abort.signal.aborted) {
+      if (!timedOut && stopSignal.aborted && abort.signal.aborted) {
         // stopped by shutdown, not failed: stop() gives the lease back
         report(job.handler, 'released')
         return
@@ -802,6 +827,7 @@ export function createDispatcher(deps: DispatcherDeps): Dispatcher {
           name,
           handler: deps.handler(name),
           timeoutMs: deps.timeoutOf?.(name),
+          timeouts: timeoutsOf(name),
           takes: (type) => takes(name, type),
           types: typesOf?.(name),
           clock,

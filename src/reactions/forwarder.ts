@@ -22,6 +22,7 @@ import { createHmac, createSecretKey, type KeyObject } from 'node:crypto'
 import { Pool } from 'undici'
 import { isClockOffsetTooLarge, measureClockOffset } from '../partner-api/clock-offset.js'
 import { type Clock, monotonicNow, systemClock } from '../clock.js'
+import { createDeadlines } from './deadlines.js'
 import { parseRetryAfter } from '../http/retry-after.js'
 import type { Logger } from '../logger.js'
 import { printable } from '../printable.js'
@@ -70,14 +71,13 @@ export function signStandardWebhook(secret: string, id: string, timestamp: numbe
 const signWithKey = (key: KeyObject, id: string, timestamp: number, body: Buffer) =>
   `v1,${createHmac('sha256', key).update(`${id}.${timestamp}.`).update(body).digest('base64')}`
 
-// the reasons a request or the deadlines' timer is stopped with (an abort without one builds a DOMException
-// each time): the attempt timed out (the request stops), or no attempt is left (the timer stops)
+// the reasons a request is stopped with (an abort without one builds a DOMException each time): the attempt timed
+// out, or its answer's body is longer than worth draining
 const TIMED_OUT = new Error('the forward attempt timed out')
 const BODY_TOO_LONG = new Error('the forward answer has a body longer than it is worth draining')
 
 /** The most of an answer's body drained to keep its connection (an error page is tens of kB); past it the connection is closed. */
 export const MAX_DRAINED_BYTES = 1024 * 1024
-const NO_ATTEMPT_LEFT = new Error('no forward attempt is waiting')
 
 // forward_gone: the receiver answered 410 Gone, and the job is failed without another attempt;
 // forward_bad_answer: the receiver was reached, but what it sent back is not HTTP that undici reads
@@ -162,7 +162,7 @@ export function createForwarder({
   const aborts = createAbortWatch()
   const logsAttempts = serviceLogger?.isLevelEnabled('debug') ?? true
 
-  return async function forward(event, context) {
+  const forward: ReactionHandler = async function forward(event, context) {
     const { signal } = context
     // serialised and encoded once: the signature and the request take the same bytes
     const body = Buffer.from(JSON.stringify(forwardedPayload(event)))
@@ -239,6 +239,8 @@ export function createForwarder({
       deadlines.delete(deadline)
     }
   }
+  // it times its attempts out itself (forward_timeout): the dispatcher sets no deadline of its own at the same time
+  return Object.assign(forward, { ownTimeoutMs: timeoutMs })
 }
 
 const GONE = 410
@@ -347,53 +349,6 @@ function createAbortWatch() {
     },
   }
 }
-
-/**
- * The attempts' deadlines, all `timeoutMs` after their start, on one timer: with one timeout for all, the
- * attempt that started first is the first to time out, so the timer only ever waits for the oldest. It stops
- * when no attempt is left and starts again with the next.
- */
-function createDeadlines(clock: Clock, timeoutMs: number) {
-  interface Deadline {
-    at: number
-    expire: () => void
-  }
-  // in the order the attempts started (a Set keeps insertion order), so in the order of their deadlines
-  const waiting = new Set<Deadline>()
-  let idle: AbortController | undefined
-
-  const watch = async (stop: AbortSignal) => {
-    for (let oldest = first(waiting); oldest; oldest = first(waiting)) {
-      const wait = oldest.at - monotonicNow(clock)
-      if (wait > 0) {
-        if (!(await clock.sleep(wait, stop).then(() => true, () => false))) return
-        continue
-      }
-      waiting.delete(oldest)
-      oldest.expire()
-    }
-    if (idle?.signal === stop) idle = undefined
-  }
-
-  return {
-    add(expire: () => void): Deadline {
-      const deadline = { at: monotonicNow(clock) + timeoutMs, expire }
-      waiting.add(deadline)
-      if (!idle) {
-        idle = new AbortController()
-        void watch(idle.signal)
-      }
-      return deadline
-    },
-    delete(deadline: Deadline): void {
-      if (!waiting.delete(deadline) || waiting.size > 0) return
-      idle?.abort(NO_ATTEMPT_LEFT)
-      idle = undefined
-    },
-  }
-}
-
-const first = <T>(set: Set<T>): T | undefined => set.values().next().value
 
 /**
  * One POST on its way: `answer` resolves to the answer's status once its body is drained, and rejects when

@@ -23,14 +23,24 @@ export interface ReactionEvent {
 }
 
 export interface HandlerContext {
-  /** Aborted when the job's lease ends or the process shuts down: stop, the job runs again later. */
+  /**
+   * Aborted when the call's timeoutMs has passed (its reason a HandlerTimeoutError: the attempt failed, and is retried),
+   * when the job's lease is about to end, or when the process shuts down (the job runs again later): stop.
+   */
   signal: AbortSignal
   /** 1 on the first call of this (event, handler), then 2, 3 ... */
   attempt: number
   logger: Logger
 }
 
-export type ReactionHandler = (event: ReactionEvent, context: HandlerContext) => Promise<void>
+export type ReactionHandler = ((event: ReactionEvent, context: HandlerContext) => Promise<void>) & {
+  /**
+   * Set by a handler that ends each of its calls itself within this many ms, with an error of its own
+   * (createForwarder's forward_timeout, the RabbitMQ publisher's amqp_timeout): registered without a timeoutMs it
+   * has this one, and the dispatcher aborts its calls at their timeoutMs only when that is shorter.
+   */
+  readonly ownTimeoutMs?: number
+}
 
 /** The body the forwarder sends: the Standard Webhooks payload shape, `data` in the platform's snake_case. */
 export interface ForwardedPayload {

@@ -15,6 +15,7 @@
 // its slots got through: nextBatchLimit). A handler still running is written as a running job under the stream's
 // lease token (what a claim writes), and writes its own outcome to that row when it returns, as a claimed job
 // does; the stream reads on. So one stuck call holds back its own order, not the stream.
+// A handler registered with a timeoutMs is aborted at it, and the attempt is a failure, retried (call-timeouts.ts).
 // A handler still running shortly before its lease ends is aborted (it counts as a throw). At shutdown the
 // running handlers get the shutdown timeout, then are aborted and their jobs given back (pending, due now), a
 // handler that ignores its abort included: it is not waited for (settleOne).
@@ -32,6 +33,7 @@ import type { Clock } from '../clock.js'
 import type { Database } from '../db/database.js'
 import type { Logger } from '../logger.js'
 import { type AttemptResult, type DispatcherSettings, leaseMarginMs } from './dispatcher-settings.js'
+import type { CallTimeouts } from './call-timeouts.js'
 import type { Slots } from './handler-slots.js'
 import { planRetry, triesAgain } from './plan-retry.js'
 import type { ReactionHandler } from './reaction-event.js'
@@ -115,6 +117,8 @@ export interface StreamWorkerDeps {
    * for the job loop's fresh lease.
    */
   timeoutMs?: number | undefined
+  /** The deadlines of the handler's calls (its timeoutMs), shared with the job loop; absent: none but the lease. */
+  timeouts?: CallTimeouts | undefined
   /** Whether this handler takes events of `type`. */
   takes: (type: string) => boolean
   /** The types it takes, as its stream row holds them: the stream is read only while the row's are these. */
@@ -233,10 +237,12 @@ export function createStreamWorker(deps: StreamWorkerDeps) {
     }
     let failure: unknown
     running += 1
+    // its own signal, aborted at its timeoutMs, when the handler has one (call-timeouts.ts)
+    const timed = deps.timeouts?.start(signal)
     try {
       if (!deps.handler) throw new Error(`no reaction handler named ${name} is registered`)
       await deps.handler(event, {
-        signal,
+        signal: timed ? timed.signal : signal,
         attempt: 1,
         get logger() {
           return jobLog()
@@ -244,17 +250,20 @@ export function createStreamWorker(deps: StreamWorkerDeps) {
       })
     } catch (error) {
       failure = error ?? new Error('the handler threw without a reason')
-      // (a call stopped at its lease's end got no answer from the handler's system: no sign of an outage)
-      if (!signal.aborted) deps.recovery?.failed(name, event, failure)
     } finally {
+      timed?.end()
       running -= 1
       deps.slots.give()
     }
+    // past its deadline, the call is a timeout whatever it did then (a late return is not taken)
+    if (timed?.timedOut) failure = timed.failure(failure)
     if (failure === undefined) {
       deps.recovery?.succeeded(name)
       return DONE
     }
-    if (stopSignal.aborted && signal.aborted) return undefined
+    // (a call stopped at its lease's end got no answer from the handler's system: no sign of an outage)
+    if (!signal.aborted) deps.recovery?.failed(name, event, failure)
+    if (!timed?.timedOut && stopSignal.aborted && signal.aborted) return undefined
     const base = { event, createdAt: entry.recordedAt, lastError: null, runAt: await timeToWrite() }
     const message = deps.describeFailure(failure)
     deps.reportFailure?.(name, failure)
