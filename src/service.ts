@@ -139,6 +139,12 @@ export async function startService({
   const runsSandbox = config.partner.mode === 'local' && config.partner.env === 'sandbox'
   const sandboxTarget: ListenTarget = { portSetting: 'SANDBOX_PORT', hostSetting: 'the sandbox host', port: config.sandbox.port, host: '127.0.0.1' }
   try {
+    // the reaction handlers (the forwarder, the fork's own): the app, the poller, the console, forwarded commands and
+    // the dispatcher share them. Registered first: a registration the code got wrong ends the start before anything
+    // is opened, with its coded line (reaction-setup-error.ts)
+    const reactions = configuredReactions(config, { clock, logger, register: registerReactions })
+    // closed after the dispatcher stopped (stops run in reverse): no handler is publishing by then
+    stops.push({ name: 'reaction handlers', stop: () => reactions.close() })
     // a taken port ends the start before the database is opened or, on a first start, made (PGlite's initdb)
     await probeListenTargets([
       { portSetting: 'PORT', hostSetting: 'HOST', port: config.port, host: config.host },
@@ -208,11 +214,6 @@ export async function startService({
     const advertised = !config.dataDir.startsWith('memory://') && !dataDirUnusable
     const localCliToken = advertised && runCommand ? createLocalCliToken() : undefined
     const eventHandlers = createEventHandlers()
-    // the reaction handlers (the forwarder, the fork's own): the app, the poller, the console, forwarded
-    // commands and the dispatcher share them
-    const reactions = configuredReactions(config, { clock, logger, register: registerReactions })
-    // closed after the dispatcher stopped (stops run in reverse): no handler is publishing by then
-    stops.push({ name: 'reaction handlers', stop: () => reactions.close() })
     registerEventHandlers(eventHandlers)
     // After this process's own commit that enqueued jobs, its dispatcher is woken at once (no NOTIFY round
     // trip). The NOTIFY is for the other replicas: it names this process (its own listener ignores it), and

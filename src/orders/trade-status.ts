@@ -19,7 +19,7 @@ export interface StatusInfo {
   readonly followedOnItsOwn?: true
 }
 
-export const TRADE_STATUSES: Readonly<Record<string, StatusInfo>> = Object.freeze({
+const STATUS_TABLE = {
   created: { rank: 10, terminal: false },
   funded: { rank: 20, terminal: false },
   delivered: { rank: 30, terminal: false },
@@ -29,7 +29,20 @@ export const TRADE_STATUSES: Readonly<Record<string, StatusInfo>> = Object.freez
   refunded: { rank: 60, terminal: true },
   released: { rank: 60, terminal: true },
   resolved: { rank: 60, terminal: true },
-})
+} as const satisfies Record<string, StatusInfo>
+
+/**
+ * A status the table knows: what a reaction handler's pattern may name (`trade.funded`; a misspelt one does not
+ * compile). A row added to the table above adds its status here.
+ */
+export type TradeStatus = keyof typeof STATUS_TABLE
+
+export const TRADE_STATUSES: Readonly<Record<string, StatusInfo>> = Object.freeze(STATUS_TABLE)
+
+/** Whether the table knows `status`. */
+export function isKnownStatus(status: string): status is TradeStatus {
+  return Object.hasOwn(TRADE_STATUSES, status)
+}
 
 /** The rank of a known status; undefined for a status this table does not know. */
 export function statusRank(status: string): number | undefined {

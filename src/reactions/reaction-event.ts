@@ -5,17 +5,25 @@
 // - handler: the partner's code for one kind of event, called at least once per (event, handler);
 // - sequence: the order's version after the move, so one order's events count 1, 2, 3 ... in order.
 import type { Logger } from '../logger.js'
+import type { TradeStatus } from '../orders/trade-status.js'
+
+/**
+ * A status as an event carries it: one of the status table's (offered as you type, `event.to === 'funded'` checked
+ * for spelling), or one the table does not know, which the platform may send and a poll's answer may set
+ * (README, "The status model"): a handler of `trade.*` sees those too.
+ */
+export type EventStatus = TradeStatus | (string & {})
 
 export interface ReactionEvent {
   /** uuid, stable: the idempotency key of every handler */
   eventId: string
   /** 'trade.' + the status the order moved to */
-  type: `trade.${string}`
+  type: `trade.${TradeStatus}` | (`trade.${string}` & {})
   orderId: number
   externalReference: string
   tradeId: string
-  from: string | null
-  to: string
+  from: EventStatus | null
+  to: EventStatus
   source: 'webhook' | 'poll' | 'api' | string
   /** per order, 1, 2, 3 ... in transition order */
   sequence: number

@@ -2,11 +2,20 @@
 // `on('trade.funded', 'ship-goods', handler)` runs a handler for one status; `on('trade.*', 'ledger', h)`
 // for every transition; `on(['trade.funded', 'trade.released'], 'crm', h)` for several (still one job per
 // event: a handler's patterns are one set). Each (event, handler name) is one job: the name is stored with the job, so it is
-// what must stay stable across deploys (renaming a handler orphans its unfinished jobs). A timeout the lease would cut
-// off first is refused with a ReactionSetupError. Imports nothing of ours but types, the lease's margin and that error.
+// what must stay stable across deploys (renaming a handler orphans its unfinished jobs). A registration that could
+// never run as written (a status the table does not know, a name taken, a timeout past the lease) is refused with a
+// ReactionSetupError, so the process stops at its start with one coded line. Imports nothing of ours but types, the
+// status table, the lease's margin and that error.
 import { leaseMarginMs } from './dispatcher-settings.js'
+import { isKnownStatus, TRADE_STATUSES, type TradeStatus } from '../orders/trade-status.js'
 import type { ReactionHandler } from './reaction-event.js'
 import { ReactionSetupError } from './reaction-setup-error.js'
+
+/**
+ * What a handler is registered for: `trade.<status>` of a status the table knows (src/orders/trade-status.ts), or
+ * `trade.*` for every transition, statuses the table does not know included.
+ */
+export type ReactionPattern = `trade.${TradeStatus}` | 'trade.*'
 
 export interface ReactionHandlerOptions {
   /**
@@ -32,7 +41,7 @@ export interface ReactionRegistry extends ReactionRouting {
    * Registers `handler` under a unique `name` ([a-z0-9_.-]+) for 'trade.<status>' or 'trade.*', or for a
    * list of them (an event matching any of them).
    */
-  on(pattern: string | readonly string[], name: string, handler: ReactionHandler, options?: ReactionHandlerOptions): ReactionRegistry
+  on(pattern: ReactionPattern | readonly ReactionPattern[], name: string, handler: ReactionHandler, options?: ReactionHandlerOptions): ReactionRegistry
   /** The handler registered under `name`; undefined when none is (a job left by a removed handler). */
   handler(name: string): ReactionHandler | undefined
   /**
@@ -60,6 +69,38 @@ export interface ReactionRegistrySettings {
 const NAME = /^[a-z0-9_.-]+$/
 const PATTERN = /^trade\.(\*|[a-z0-9_]+)$/
 const NONE: readonly string[] = Object.freeze([])
+const KNOWN_TYPES = Object.keys(TRADE_STATUSES).map((status) => `trade.${status}`)
+
+/** A value of the fork's as an error shows it: JSON, cut at 60 characters. */
+const shown = (value: unknown) => {
+  const text = typeof value === 'string' ? value : String(value)
+  return JSON.stringify(text.length > 60 ? `${text.slice(0, 60)}…` : text)
+}
+
+/**
+ * A registry whose `on` refuses `names` (the built-in handlers' names): what the fork's code and a program's
+ * `register` get, while the service registers its own on the registry itself.
+ */
+export function reservingNames(registry: ReactionRegistry, names: readonly string[], reason: string): ReactionRegistry {
+  const reserved = new Set(names)
+  const guarded: ReactionRegistry = {
+    on(pattern, name, handler, options) {
+      if (reserved.has(name)) {
+        throw new ReactionSetupError('reaction_name_reserved', `reaction handler name ${shown(name)} is reserved: ${reason}; choose another`)
+      }
+      registry.on(pattern, name, handler, options)
+      return guarded
+    },
+    handlersFor: (type) => registry.handlersFor(type),
+    handler: (name) => registry.handler(name),
+    timeoutOf: (name) => registry.timeoutOf(name),
+    typesOf: (name) => registry.typesOf(name),
+    get names() {
+      return registry.names
+    },
+  }
+  return guarded
+}
 
 export function createReactionRegistry({ leaseMs }: ReactionRegistrySettings = {}): ReactionRegistry {
   // the longest timeoutMs: a call still running a margin before its lease ends is stopped there
@@ -82,16 +123,28 @@ export function createReactionRegistry({ leaseMs }: ReactionRegistrySettings = {
     )
   const registry: ReactionRegistry = {
     on(pattern, name, handler, { timeoutMs } = {}) {
+      // (typed for a fork's code; checked here for a JavaScript caller, a cast, or a pattern built at run time)
+      if (typeof name !== 'string' || !NAME.test(name)) {
+        throw new ReactionSetupError('reaction_name_invalid', `reaction handler name ${shown(name)} must match [a-z0-9_.-]+`)
+      }
       const patterns: readonly string[] = typeof pattern === 'string' ? [pattern] : [...pattern]
-      if (patterns.length === 0) throw new Error(`reaction handler ${name} is registered for no pattern`)
+      if (patterns.length === 0) throw new ReactionSetupError('reaction_pattern_invalid', `reaction handler ${name} is registered for no pattern`)
       for (const one of patterns) {
-        if (!PATTERN.test(one)) {
-          throw new Error(`reaction pattern ${JSON.stringify(one)} must be 'trade.<status>' or 'trade.*'`)
+        if (typeof one !== 'string' || !PATTERN.test(one)) {
+          throw new ReactionSetupError('reaction_pattern_invalid', `reaction pattern ${shown(one)} of handler ${name} must be 'trade.<status>' or 'trade.*'`)
+        }
+        // as FORWARD_EVENTS is checked (config.ts): a status the table does not know would get no event of a known
+        // status, and a misspelt one none at all, the handler never running without a word
+        if (one !== 'trade.*' && !isKnownStatus(one.slice('trade.'.length))) {
+          throw new ReactionSetupError(
+            'reaction_status_unknown',
+            `reaction pattern ${shown(one)} of handler ${name} matches no event type; the types are ${KNOWN_TYPES.join(', ')}, or trade.* ` +
+              '(add a status the platform sends to the table in src/orders/trade-status.ts first)',
+          )
         }
       }
-      if (!NAME.test(name)) throw new Error(`reaction handler name ${JSON.stringify(name)} must match [a-z0-9_.-]+`)
-      if (entries.has(name)) throw new Error(`a reaction handler named ${name} is already registered`)
-      if (typeof handler !== 'function') throw new Error(`reaction handler ${name} is not a function`)
+      if (entries.has(name)) throw new ReactionSetupError('reaction_name_taken', `a reaction handler named ${name} is already registered`)
+      if (typeof handler !== 'function') throw new ReactionSetupError('reaction_handler_invalid', `reaction handler ${name} is not a function`)
       if (timeoutMs !== undefined && !(Number.isFinite(timeoutMs) && timeoutMs > 0)) {
         throw new ReactionSetupError('reaction_timeout_invalid', `reaction handler ${name}: timeoutMs must be a positive number of milliseconds`)
       }
