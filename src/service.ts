@@ -83,6 +83,7 @@ export async function startService({
   clock = systemClock,
   runCommand,
   registerReactions,
+  partnerHandlers = true,
   pgliteTemplate,
   random = Math.random,
 }: {
@@ -95,6 +96,11 @@ export async function startService({
   runCommand?: LocalCommandRunner | undefined
   /** Reaction handlers registered in code beside the configured ones and partner-handlers.ts. */
   registerReactions?: ((reactions: ReactionRegistry) => void) | undefined
+  /**
+   * Whether the fork's handlers (registerPartnerHandlers in partner-handlers.ts) run: the project's own tests start
+   * the service without them (test/helpers/test-service.ts); a fork's tests of its handlers turn them on.
+   */
+  partnerHandlers?: boolean | undefined
   /**
    * A PGlite cluster (a dump, as `dumpDataDir` gives) that an embedded database in `memory://` starts from
    * instead of an initdb of its own: the tests' initialised one. Not read for a DATA_DIR on disk or Postgres.
@@ -142,7 +148,7 @@ export async function startService({
     // the reaction handlers (the forwarder, the fork's own): the app, the poller, the console, forwarded commands and
     // the dispatcher share them. Registered first: a registration the code got wrong ends the start before anything
     // is opened, with its coded line (reaction-setup-error.ts)
-    const reactions = configuredReactions(config, { clock, logger, register: registerReactions })
+    const reactions = configuredReactions(config, { clock, logger, register: registerReactions, partnerHandlers })
     // closed after the dispatcher stopped (stops run in reverse): no handler is publishing by then
     stops.push({ name: 'reaction handlers', stop: () => reactions.close() })
     // a taken port ends the start before the database is opened or, on a first start, made (PGlite's initdb)

@@ -77,17 +77,17 @@ describe("a reaction handler's registration", () => {
   it("refuses the built-in handlers' names to the fork's code, whether or not FORWARD_URL and AMQP_URL are set", () => {
     for (const name of [FORWARDER_HANDLER, AMQP_HANDLER]) {
       const register = (reactions: ReactionRegistry) => void reactions.on('trade.funded', name, handler)
-      expect(() => configuredReactions(testConfig(), { logger: testLogger(), register })).toThrow(
+      expect(() => configuredReactions(testConfig(), { logger: testLogger(), register, partnerHandlers: false })).toThrow(
         `reaction handler name "${name}" is reserved: it is a built-in handler's (FORWARD_URL, AMQP_URL), whose stream and jobs it would take, set or not; choose another [reaction_name_reserved]`,
       )
     }
     const forwarding = testConfig({ FORWARD_URL: 'http://127.0.0.1:9/hook', FORWARD_SECRET: `whsec_${Buffer.alloc(32, 7).toString('base64')}` })
     const register = (reactions: ReactionRegistry) => void reactions.on('trade.*', FORWARDER_HANDLER, handler)
-    expect(() => configuredReactions(forwarding, { logger: testLogger(), register })).toThrow(
+    expect(() => configuredReactions(forwarding, { logger: testLogger(), register, partnerHandlers: false })).toThrow(
       expect.objectContaining({ code: 'reaction_name_reserved' }),
     )
     // the service's own are registered under them
-    expect(configuredReactions(forwarding, { logger: testLogger() }).names).toEqual([FORWARDER_HANDLER])
+    expect(configuredReactions(forwarding, { logger: testLogger(), partnerHandlers: false }).names).toEqual([FORWARDER_HANDLER])
   })
 
   it('ends the start of the service with the coded refusal', async () => {

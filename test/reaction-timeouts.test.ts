@@ -185,7 +185,7 @@ describe('a timeoutMs the lease cuts off first', () => {
   it('ends the start of the service: configuredReactions refuses it against REACTION_LEASE_S', () => {
     const config = testConfig({ REACTION_LEASE_S: '300' })
     const register = (reactions: ReactionRegistry) => void reactions.on('trade.funded', 'slow', slow, { timeoutMs: 300_000 })
-    expect(() => configuredReactions(config, { logger: testLogger(), register })).toThrow(
+    expect(() => configuredReactions(config, { logger: testLogger(), register, partnerHandlers: false })).toThrow(
       expect.objectContaining({ code: 'reaction_timeout_invalid', message: expect.stringMatching(/at most 295000 ms .*\[reaction_timeout_invalid\]$/) }),
     )
   })

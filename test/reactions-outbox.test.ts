@@ -252,8 +252,8 @@ describe('the registry', () => {
       AMQP_URL: 'amqp://127.0.0.1:9',
       AMQP_EVENTS: 'trade.funded',
     })
-    // the publisher connects on its first event: none is sent here
-    const builtIn = configuredReactions(chosen, { logger: testLogger() })
+    // the publisher connects on its first event: none is sent here; the fork's handlers (partner-handlers.ts) left out
+    const builtIn = configuredReactions(chosen, { logger: testLogger(), partnerHandlers: false })
     expect(builtIn.handlersFor('trade.funded')).toEqual([AMQP_HANDLER, FORWARDER_HANDLER])
     expect(builtIn.handlersFor('trade.released')).toEqual([FORWARDER_HANDLER])
     expect(builtIn.handlersFor('trade.delivered')).toEqual([])

@@ -49,7 +49,7 @@ describe('reactions in the service', () => {
       data: { event_id: event.eventId, external_reference: 'svc-forward', from: null, to: 'funded', source: 'webhook', sequence: 1 },
     })
     // the stream records the event as done once its first attempt returned (with its batch: no job row)
-    const job = async () => (await reactionRecords(db)).map(({ handler, state }) => ({ handler, state }))[0]
+    const job = async () => (await reactionRecords(db)).map(({ handler, state }) => ({ handler, state })).find(({ handler }) => handler === 'forwarder')
     for (let i = 0; i < 500 && (await job())?.state !== 'done'; i++) await new Promise((resolve) => setTimeout(resolve, 10))
     expect(await job()).toEqual({ handler: 'forwarder', state: 'done' })
     expect(service.dispatcher?.running).toBe(0)

@@ -1,11 +1,11 @@
 // The reaction handlers the service runs, from its config: the built-in forwarder when FORWARD_URL is
 // set (for the types FORWARD_EVENTS names), the RabbitMQ publisher when AMQP_URL is (AMQP_EVENTS), then
-// the fork's own (partner-handlers.ts), then those of a program that starts the service itself (`register`, e.g.
-// the ingest benchmark's no-op). The built-ins' names are reserved, whether or not their setting is on: a fork's
-// `forwarder` would take the forwarder's stream and jobs. `serve` runs them; a CLI command that moves an order uses
-// the same names to tell whether a handler takes its event (and wake the dispatchers); the events themselves reach
-// the handlers through their streams.
-import type { Clock } from '../clock.js'
+// the fork's own (partner-handlers.ts; left out by the project's own tests: `partnerHandlers`), then those of a
+// program that starts the service itself (`register`, e.g. the ingest benchmark's no-op). The built-ins' names are
+// reserved, whether or not their setting is on: a fork's `forwarder` would take the forwarder's stream and jobs. `serve`
+// runs them; a CLI command that moves an order uses the same names to tell whether a handler takes its event (and
+// wake the dispatchers); the events themselves reach the handlers through their streams.
+import { type Clock, systemClock } from '../clock.js'
 import type { Config } from '../config.js'
 import type { Logger } from '../logger.js'
 import { createAmqpPublisher } from './amqp-publisher.js'
@@ -34,11 +34,17 @@ export function configuredReactions(
     clock,
     logger,
     register,
+    partnerHandlers = true,
   }: {
     clock?: Clock
     logger: Logger
     /** More handlers, registered in code by a program that starts the service itself. */
     register?: ((reactions: ReactionRegistry) => void) | undefined
+    /**
+     * Whether the fork's handlers (registerPartnerHandlers) are registered: the project's own tests leave them out
+     * (test/helpers/test-service.ts), so a fork's handler neither changes what they see nor gets their events.
+     */
+    partnerHandlers?: boolean | undefined
   },
 ): ConfiguredReactions {
   const reactions = createReactionRegistry({ leaseMs: config.reactions.leaseS * 1000 })
@@ -66,7 +72,7 @@ export function configuredReactions(
     [FORWARDER_HANDLER, AMQP_HANDLER],
     'it is a built-in handler\'s (FORWARD_URL, AMQP_URL), whose stream and jobs it would take, set or not',
   )
-  registerPartnerHandlers(forOthers)
+  if (partnerHandlers) registerPartnerHandlers(forOthers, { config, logger, clock: clock ?? systemClock })
   register?.(forOthers)
   return Object.assign(reactions, {
     typesSetting: (name: string) => typesSettings.get(name),

@@ -5,6 +5,7 @@ import type { CliContext } from '../../src/cli/cli-context.js'
 import { runCapturedCommandLine } from '../../src/cli/run-cli.js'
 import type { Config } from '../../src/config.js'
 import type { Database } from '../../src/db/database.js'
+import { configuredReactions } from '../../src/reactions/configured-reactions.js'
 import { testLogger } from './log-sink.js'
 import { testConfig } from './test-config.js'
 
@@ -14,5 +15,7 @@ export function runCommandWith(args: string[], context?: CliContext) {
 }
 
 export function runCommand(args: string[], db: Kysely<Database>, config: Config = testConfig()) {
-  return runCommandWith(args, { config, db, logger: testLogger(config.webhook.secrets) })
+  const logger = testLogger(config.webhook.secrets)
+  // the handlers a command routes by, without the fork's own (as startTestService starts the service)
+  return runCommandWith(args, { config, db, logger, reactions: configuredReactions(config, { logger, partnerHandlers: false }) })
 }
