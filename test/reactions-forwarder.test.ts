@@ -15,6 +15,7 @@ import {
   signStandardWebhook,
 } from '../src/reactions/forwarder.js'
 import { forwardedPayload, type HandlerContext, type ReactionEvent } from '../src/reactions/reaction-event.js'
+import { createReactionRegistry } from '../src/reactions/reaction-registry.js'
 import { MiB } from './helpers/endless-answer.js'
 import { FakeClock } from './helpers/fake-clock.js'
 import { type ForwardReceiver, startForwardReceiver } from './helpers/forward-receiver.js'
@@ -551,6 +552,29 @@ describe('the forwarder', () => {
     const plain = 'plain-secret-of-enough-length-000'
     expect(() => createForwarder({ url: 'http://127.0.0.1/', secret: plain, timeoutMs: 1 })).toThrow(/whsec_/)
     expect(() => createForwarder({ url: 'ftp://127.0.0.1/', secret: SECRET, timeoutMs: 1 })).toThrow(/http/)
+  })
+
+  // A fork's second target (createForwarder in partner-handlers.ts) is set up in code, past config.ts's checks of
+  // FORWARD_*: its own refusals say what is wrong with a code, as the start-up's line, and quote neither value.
+  it('refuses its settings with a code, quoting neither the URL nor the secret', () => {
+    const refusals: [string, () => unknown][] = [
+      ['forward_url_invalid', () => createForwarder({ url: 'ftp://127.0.0.1/', secret: SECRET, timeoutMs: 1 })],
+      ['forward_url_invalid', () => createForwarder({ url: 'erp.internal/hook?token=t0ken-in-the-url', secret: SECRET, timeoutMs: 1 })],
+      ['forward_secret_invalid', () => createForwarder({ url: 'http://127.0.0.1/', secret: 'plain-secret-of-enough-length-000', timeoutMs: 1 })],
+      ['forward_secret_invalid', () => createForwarder({ url: 'http://127.0.0.1/', secret: '', timeoutMs: 1 })],
+      ['forward_timeout_invalid', () => createForwarder({ url: 'http://127.0.0.1/', secret: SECRET, timeoutMs: 0 })],
+      ['forward_timeout_invalid', () => createForwarder({ url: 'http://127.0.0.1/', secret: SECRET, timeoutMs: Number.NaN })],
+    ]
+    for (const [code, refused] of refusals) {
+      expect(refused).toThrow(expect.objectContaining({ name: 'ReactionSetupError', code, message: expect.stringMatching(new RegExp(` \\[${code}\\]$`)) }))
+      expect(refused).not.toThrow(/t0ken-in-the-url|plain-secret/)
+    }
+  })
+
+  it('is registered with its own timeout, FORWARD_TIMEOUT_MS or the one it was made with', () => {
+    const forward = createForwarder({ url: 'http://127.0.0.1/', secret: SECRET, timeoutMs: 7_000 })
+    expect(createReactionRegistry().on('trade.*', 'erp-forwarder', forward).timeoutOf('erp-forwarder')).toBe(7_000)
+    expect(createReactionRegistry().on('trade.*', 'erp-forwarder', forward, { timeoutMs: 2_000 }).timeoutOf('erp-forwarder')).toBe(2_000)
   })
 })
 

@@ -21,7 +21,7 @@
 import { createHmac, createSecretKey, type KeyObject } from 'node:crypto'
 import { Pool } from 'undici'
 import { isClockOffsetTooLarge, measureClockOffset } from '../partner-api/clock-offset.js'
-import { type Clock, monotonicNow, systemClock } from '../clock.js'
+import { type Clock, MAX_TIMER_MS, monotonicNow, systemClock } from '../clock.js'
 import { createDeadlines } from './deadlines.js'
 import { parseRetryAfter } from '../http/retry-after.js'
 import type { Logger } from '../logger.js'
@@ -29,6 +29,7 @@ import { printable } from '../printable.js'
 import { OWN_CA_HINT, refusedCertificateCode } from '../tls-certificate.js'
 import { userAgent } from '../version.js'
 import { forwardedPayload, type ReactionHandler } from './reaction-event.js'
+import { ReactionSetupError } from './reaction-setup-error.js'
 
 export const WEBHOOK_SECRET_PREFIX = 'whsec_'
 /** The specification asks for secrets of 24 to 64 bytes; fewer is refused. */
@@ -140,17 +141,24 @@ export function createForwarder({
   clock = systemClock,
   logger: serviceLogger,
 }: ForwarderOptions): ReactionHandler {
-  const target = new URL(url)
-  if (target.protocol !== 'http:' && target.protocol !== 'https:') {
-    throw new Error('the forward URL must be an http(s) URL')
+  // Checked here as config.ts checks FORWARD_URL and FORWARD_SECRET: a fork's second target (createForwarder in
+  // partner-handlers.ts) is set up in code, past those checks. Neither value is quoted: either may hold a secret.
+  const target = typeof url === 'string' && URL.canParse(url) ? new URL(url) : undefined
+  if (!target || (target.protocol !== 'http:' && target.protocol !== 'https:')) {
+    throw new ReactionSetupError('forward_url_invalid', 'the forward URL must be an http:// or https:// URL')
   }
-  const keysBytes = forwardSecrets(secret).map(decodeWebhookSecret)
+  const keysBytes = typeof secret === 'string' ? forwardSecrets(secret).map(decodeWebhookSecret) : []
   if (keysBytes.length === 0 || keysBytes.some((keyBytes) => !keyBytes)) {
-    throw new Error(`the forward secret is not ${SECRET_FORM}`)
+    throw new ReactionSetupError(
+      'forward_secret_invalid',
+      `the forward secret is not ${SECRET_FORM} (or several, separated by spaces or commas): make one with \`echo "whsec_$(openssl rand -base64 32)"\``,
+    )
   }
   // made once: an HMAC made from a key object does not take the key's bytes in again for every event
   const keys = keysBytes.map((keyBytes) => createSecretKey(keyBytes!))
-  if (!(timeoutMs > 0)) throw new Error('the forward timeout must be a positive number of milliseconds')
+  if (!(typeof timeoutMs === 'number' && Number.isFinite(timeoutMs) && timeoutMs > 0 && timeoutMs <= MAX_TIMER_MS)) {
+    throw new ReactionSetupError('forward_timeout_invalid', `the forward timeout must be a number of milliseconds above 0 and at most ${MAX_TIMER_MS}`)
+  }
   // errors and logs name the receiver by origin only: a path or query may carry a token of its own
   const receiver = target.origin
   // a user and password in the URL are sent as Basic authorization, as curl does: neither the origin the pool
