@@ -4,7 +4,7 @@
 // go through a TCP proxy the test owns; the consumer connects straight to the broker.
 import { execFileSync } from 'node:child_process'
 import { randomBytes } from 'node:crypto'
-import { existsSync } from 'node:fs'
+import { existsSync, readFileSync } from 'node:fs'
 import net from 'node:net'
 import path from 'node:path'
 import amqplib, { type ChannelModel } from 'amqplib'
@@ -273,6 +273,22 @@ describeRabbitMq('the AMQP publisher (RabbitMQ)', () => {
       headers: { order_id: 7, sequence: 2, publish_id: expect.stringMatching(/^[0-9a-f-]{36}$/) },
     })
     expect(JSON.parse(message!.body)).toEqual(forwardedPayload(event))
+  })
+
+  // The README's field table said bind `trade.#` for every event, its consumer example bound `trade.*`: a topic's `*`
+  // is one word, and a status of the platform's may have a dot in it (the table does not know every status it sends)
+  it("delivers every event, a status with a dot in it too, to a queue bound as README's consumer example binds it", async () => {
+    const readme = readFileSync(path.join(import.meta.dirname, '..', 'README.md'), 'utf8')
+    const binding = /await channel\.bindQueue\('erp-orders', 'partner-escrow', '([^']+)'\)/.exec(readme)?.[1]
+    expect(binding, "README's consumer example binds a queue").toBeDefined()
+    const exchange = uniqueName('test-exchange')
+    const listening = await consumer({ exchange, pattern: binding! })
+    const amqp = publisher({ exchange })
+    const dotted = { ...eventOf(9, 1), type: 'trade.on.hold', to: 'on.hold' } satisfies ReactionEvent
+    await amqp.handler(eventOf(8, 1), context())
+    await amqp.handler(dotted, context())
+    await listening.waitFor((received) => received.length === 2)
+    expect(listening.received.map((message) => message.routingKey)).toEqual(['trade.funded', 'trade.on.hold'])
   })
 
   it('throws amqp_nacked when the broker refuses the message (a full queue that rejects publishes)', async () => {

@@ -2,7 +2,8 @@
 // exchange of the partner's broker (AMQP_URL, AMQP_EXCHANGE), for order and ledger systems that read a
 // queue rather than take HTTP calls.
 //
-// - routing key: the event's type, `trade.<status>`, so a queue binds `trade.*` or `trade.funded` (then
+// - routing key: the event's type, `trade.<status>`, so a queue binds `trade.#` for every event (a topic's `*` is one
+//   word, and a status of the platform's may have a dot in it: `trade.*` would miss it) or `trade.funded` (then
 //   AMQP_EVENTS=trade.funded, see configured-reactions.ts: any other type would come back unroutable);
 // - message_id: the event id, the same on every retry: a consumer deduplicates by it;
 // - body: the forwarder's Standard Webhooks-shaped JSON (forwardedPayload), persistent (delivery mode 2).
