@@ -180,6 +180,11 @@ describe('a timeoutMs the lease cuts off first', () => {
       'reaction handler lease-long: timeoutMs 60000 must be at most 55000 ms (REACTION_LEASE_S=60 less the 5000 ms before its end at which a running call is stopped): a call is cut off at its lease\'s end first [reaction_timeout_invalid]',
     )
     expect(registry.names).toEqual(['longest'])
+    // without a lease to hold it to (a registry of a program's own), a timer's longest wait: past it, Node fires a
+    // timer after 1 ms, and every call would have timed out at once
+    expect(() => createReactionRegistry().on('trade.funded', 'days', slow, { timeoutMs: 2 ** 31 })).toThrow(
+      expect.objectContaining({ code: 'reaction_timeout_invalid', message: expect.stringContaining('at most 2147483647') }),
+    )
   })
 
   it('ends the start of the service: configuredReactions refuses it against REACTION_LEASE_S', () => {

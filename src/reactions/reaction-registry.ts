@@ -5,7 +5,8 @@
 // what must stay stable across deploys (renaming a handler orphans its unfinished jobs). A registration that could
 // never run as written (a status the table does not know, a name taken, a timeout past the lease) is refused with a
 // ReactionSetupError, so the process stops at its start with one coded line. Imports nothing of ours but types, the
-// status table, the lease's margin and that error.
+// status table, the lease's margin, a timer's longest wait and that error.
+import { MAX_TIMER_MS } from '../clock.js'
 import { leaseMarginMs } from './dispatcher-settings.js'
 import { isKnownStatus, TRADE_STATUSES, type TradeStatus } from '../orders/trade-status.js'
 import type { ReactionHandler } from './reaction-event.js'
@@ -145,8 +146,12 @@ export function createReactionRegistry({ leaseMs }: ReactionRegistrySettings = {
       }
       if (entries.has(name)) throw new ReactionSetupError('reaction_name_taken', `a reaction handler named ${name} is already registered`)
       if (typeof handler !== 'function') throw new ReactionSetupError('reaction_handler_invalid', `reaction handler ${name} is not a function`)
-      if (timeoutMs !== undefined && !(Number.isFinite(timeoutMs) && timeoutMs > 0)) {
-        throw new ReactionSetupError('reaction_timeout_invalid', `reaction handler ${name}: timeoutMs must be a positive number of milliseconds`)
+      // (past a timer's longest wait, Node fires it after 1 ms: every call would time out at once)
+      if (timeoutMs !== undefined && !(Number.isFinite(timeoutMs) && timeoutMs > 0 && timeoutMs <= MAX_TIMER_MS)) {
+        throw new ReactionSetupError(
+          'reaction_timeout_invalid',
+          `reaction handler ${name}: timeoutMs must be a positive number of milliseconds, at most ${MAX_TIMER_MS} (a timer's longest wait)`,
+        )
       }
       const effectiveMs = timeoutMs ?? handler.ownTimeoutMs
       if (effectiveMs !== undefined && effectiveMs > longestCallMs) {
