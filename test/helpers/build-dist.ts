@@ -9,5 +9,13 @@ import path from 'node:path'
 const root = path.resolve(import.meta.dirname, '../..')
 
 export default function setup(): void {
-  execFileSync(process.execPath, [path.join(root, 'node_modules/typescript/bin/tsc'), '-p', 'tsconfig.build.json'], { cwd: root })
+  // with the umask `npm run build` has: the PGlite template's set-up, in this same process before it, made the umask
+  // 077 (db/private-directory.ts), and dist/ files new to this build came out 0600, unreadable to the tests that run
+  // the compiled CLI as another user (test/data-dir.test.ts's run as nobody)
+  const umask = process.umask(0o022)
+  try {
+    execFileSync(process.execPath, [path.join(root, 'node_modules/typescript/bin/tsc'), '-p', 'tsconfig.build.json'], { cwd: root })
+  } finally {
+    process.umask(umask)
+  }
 }
