@@ -318,19 +318,7 @@ describe('database_table_rows and database_table_bytes: the growth of every tabl
     expect(bytesAfter.orders).toBeGreaterThan(bytesBefore.orders!)
   }
 
-  const behaviour = 'reports each table\'s estimated rows and bytes, read again once a minute has passed'
-  it(`${behaviour} (PGlite)`, () => checkGrowth())
-
-  describePostgres('on Postgres (Postgres)', () => {
-    let database: TestDatabase
-    beforeAll(async () => {
-      database = await createTestDatabase({ kind: 'postgres' })
-    })
-    afterAll(async () => {
-      await database.close()
-    })
-    it(`${behaviour} (Postgres)`, () => checkGrowth(database.url!))
-  })
+  onBothDatabases('reports each table\'s estimated rows and bytes, read again once a minute has passed', checkGrowth)
 })
 
 // Prometheus' time() minus a time the replica wrote by its own clock is off by as much as that clock is: a stuck
@@ -401,19 +389,7 @@ describe('the ages the alerts read, measured by the replica on its monotonic clo
     expect(/^poller_last_cycle_timestamp_seconds (\S+)$/m.exec(scrape)?.[1]).toBe(cycleTimestamp)
   }
 
-  const behaviour = "grow with the time that passes, and stay where they are when the machine's clock is set forward or back"
-  it(`${behaviour} (PGlite)`, () => checkAges())
-
-  describePostgres('on Postgres (Postgres)', () => {
-    let database: TestDatabase
-    beforeAll(async () => {
-      database = await createTestDatabase({ kind: 'postgres' })
-    })
-    afterAll(async () => {
-      await database.close()
-    })
-    it(`${behaviour} (Postgres)`, () => checkAges(database.url!))
-  })
+  onBothDatabases("grow with the time that passes, and stay where they are when the machine's clock is set forward or back", checkAges)
 })
 
 /** The scrape-time sources as src/service.ts wires them. */
@@ -428,4 +404,19 @@ function databaseSources(db: Kysely<Database>, clock: { now(): number }) {
 
 function expectNoSample(scrape: string, names: string[]): void {
   for (const name of names) expect(scrape, name).not.toMatch(new RegExp(`^${name}(\\{| )`, 'm'))
+}
+
+/** `check` on PGlite, and on a Postgres database of its own where TEST_DATABASE_URL is set. */
+function onBothDatabases(behaviour: string, check: (databaseUrl?: string) => Promise<void>): void {
+  it(`${behaviour} (PGlite)`, () => check())
+  describePostgres('on Postgres (Postgres)', () => {
+    let database: TestDatabase
+    beforeAll(async () => {
+      database = await createTestDatabase({ kind: 'postgres' })
+    })
+    afterAll(async () => {
+      await database.close()
+    })
+    it(`${behaviour} (Postgres)`, () => check(database.url!))
+  })
 }

@@ -53,6 +53,19 @@ async function seedDeliveries(db: Kysely<Database>, now: number, deliveries: See
     .execute()
 }
 
+/** Moves the fake clock on a second at a time, letting the pass's waits end, until `pass` has settled. */
+async function runOut(pass: Promise<unknown>, clock: FakeClock): Promise<void> {
+  let settled = false
+  void pass.then(
+    () => (settled = true),
+    () => (settled = true),
+  )
+  while (!settled) {
+    await clock.advance(1_000)
+    await new Promise((resolve) => setTimeout(resolve, 5))
+  }
+}
+
 async function deliveryRows(db: Kysely<Database>) {
   const rows = await db.selectFrom('webhookDeliveries').select(['deliveryId', 'rawBody']).orderBy('deliveryId').execute()
   return Object.fromEntries(rows.map((row) => [row.deliveryId, row.rawBody === null ? 'pruned' : 'body']))
@@ -542,14 +555,7 @@ describePostgres('retention on several replicas (Postgres)', () => {
       expect(dryRun).toMatchObject({ ran: false, dryRun: true })
       expect(Object.keys(await deliveryRows(database.db))).toHaveLength(4)
 
-      let settled = false
-      void pass.finally(() => {
-        settled = true
-      })
-      while (!settled) {
-        await clock.advance(1_000)
-        await new Promise((resolve) => setTimeout(resolve, 5))
-      }
+      await runOut(pass, clock)
       expect(await pass).toMatchObject({ ran: true, counts: { delivery: 6 } })
       // released after the pass: the other replica gets it now
       expect(await runPrunePass({ db: other.db, holdLock: other.holdLock, clock }, SETTINGS)).toMatchObject({ ran: true })
@@ -726,14 +732,7 @@ for (const isolation of [undefined, 'repeatable read'] as const) {
         }, 'a VACUUM removes every deleted row of the scratch table')
         expect(removed).toBe(1000)
       } finally {
-        let settled = false
-        void pass.finally(() => {
-          settled = true
-        })
-        while (!settled) {
-          await clock.advance(1_000)
-          await new Promise((resolve) => setTimeout(resolve, 5))
-        }
+        await runOut(pass, clock)
         await client.query('drop table if exists scratch')
         await client.end()
       }
