@@ -90,6 +90,18 @@ describe('PartnerApiClient answers: tolerant of what the platform adds', () => {
     expect(await run(api)).toEqual(body)
   })
 
+  it('types a record by the fields it declares, at every depth, while the value keeps what the platform added', async () => {
+    const { api } = clientAnswering(tradeWithAdditions)
+    const trade = await api.getTrade('tr_1')
+    // @ts-expect-error: a misspelt field does not compile (it read undefined while the records were typed loose)
+    expect(trade.staus).toBeUndefined()
+    // @ts-expect-error: nor one of a nested record
+    expect(trade.dispute?.proposals?.[0]?.stauts).toBeUndefined()
+    expect(trade.status).toBe(tradeWithAdditions.status)
+    // a field the platform added is still there, read through a cast (README, "Partner API client")
+    expect((trade as Record<string, unknown>)['platform_added_field']).toEqual(added.platform_added_field)
+  })
+
   it('accepts a trade record with only the four fields the spec shows', async () => {
     const minimal = { trade_id: 'tr_1', reference: 'TRD-0001', status: 'funded', external_reference: 'order-1' }
     const { api } = clientAnswering(minimal)

@@ -69,7 +69,15 @@ export const fullDisputeSchema = z.looseObject({
 })
 
 /** Set once an accepted proposal split the funds: percentages as decimal strings. */
-const fullResolutionSchema = z.looseObject({ outcome: text, buyer_pct: text, seller_pct: text })
+const fullResolutionSchema = z.looseObject({
+  outcome: text,
+  buyer_pct: text,
+  seller_pct: text,
+  /** the amounts the percentages divide and give each party: the sandbox's answer states them */
+  held_amount: text.optional(),
+  buyer_amount: text.optional(),
+  seller_amount: text.optional(),
+})
 
 export const fullTradeSchema = z.looseObject({
   trade_id: tradeId,
@@ -119,6 +127,20 @@ export const respondResultSchema = z.looseObject({ proposal: proposalSchema, tra
 /** The platform's error body, `{"error":{"code","message","fields"?}}`: only code and message are used. */
 export const platformErrorBodySchema = z.looseObject({ error: z.looseObject({ code: text, message: text }) })
 
+/**
+ * The fields a record declares, at every depth. A loose object's inferred type also takes any other key
+ * (`[key: string]: unknown`), so `trade.staus` compiled and read undefined; these types drop that index
+ * signature. The parsed value still holds a field the platform added (README, "Partner API client").
+ */
+export type Declared<T> = T extends readonly (infer Item)[]
+  ? Declared<Item>[]
+  : T extends object
+    ? { [K in keyof T as string extends K ? never : number extends K ? never : K]: Declared<T[K]> }
+    : T
+
+/** The record a schema checks, as the client returns it: its declared fields only. */
+export type RecordOf<Schema extends z.ZodType> = Declared<z.output<Schema>>
+
 /** The first field of an answer that is missing or mistyped, as a path such as `trade.status`. */
 export interface ResponseProblem {
   field: string
@@ -149,8 +171,8 @@ export function checkResponse<T>(schema: z.ZodType<T>, body: unknown): CheckedRe
  * Only a trade record carries the trade's status; a milestone record carries the milestone's alone.
  */
 export type MilestoneAnswer =
-  | { record: 'trade'; trade: z.infer<typeof tradeSchema> }
-  | { record: 'milestone'; milestone: z.infer<typeof milestoneSchema> }
+  | { record: 'trade'; trade: RecordOf<typeof tradeSchema> }
+  | { record: 'milestone'; milestone: RecordOf<typeof milestoneSchema> }
 
 /**
  * The answer of a milestone deliver or release, which the spec gives as "Milestone or trade record" (section 4).

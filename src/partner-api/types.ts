@@ -1,7 +1,7 @@
 // The platform's wire format, as the spec gives it and as we fill its gaps (README, "Partner API").
 // Field names are the platform's own (snake_case): these objects are what goes over the wire.
-import type { z } from 'zod'
 import type {
+  RecordOf,
   disputeSchema,
   fullDisputeSchema,
   fullMilestoneSchema,
@@ -36,20 +36,21 @@ export interface CreateTradeRequest {
   milestones?: MilestoneInput[]
 }
 
-// Records the platform answers: inferred from the schemas in responses.ts, so the two cannot drift. The
-// plain names are what the client returns (only the fields we rely on are sure to be there); the Full
-// names are the whole records as the README documents them and the sandbox answers them.
-export type MilestoneRecord = z.infer<typeof milestoneSchema>
-export type ProposalRecord = z.infer<typeof proposalSchema>
-export type DisputeRecord = z.infer<typeof disputeSchema>
-export type TradeRecord = z.infer<typeof tradeSchema>
-export type RespondResult = z.infer<typeof respondResultSchema>
-export type FullMilestoneRecord = z.infer<typeof fullMilestoneSchema>
-export type FullProposalRecord = z.infer<typeof fullProposalSchema>
-export type FullDisputeRecord = z.infer<typeof fullDisputeSchema>
-export type FullTradeRecord = z.infer<typeof fullTradeSchema>
-export type FullRespondResult = z.infer<typeof fullRespondResultSchema>
-export type PlatformErrorBody = z.infer<typeof platformErrorBodySchema>
+// Records the platform answers: inferred from the schemas in responses.ts, so the two cannot drift, and
+// holding only the fields they declare (a misspelt field does not compile: RecordOf). The plain names are
+// what the client returns (only the fields we rely on are sure to be there); the Full names are the whole
+// records as the README documents them and the sandbox answers them.
+export type MilestoneRecord = RecordOf<typeof milestoneSchema>
+export type ProposalRecord = RecordOf<typeof proposalSchema>
+export type DisputeRecord = RecordOf<typeof disputeSchema>
+export type TradeRecord = RecordOf<typeof tradeSchema>
+export type RespondResult = RecordOf<typeof respondResultSchema>
+export type FullMilestoneRecord = RecordOf<typeof fullMilestoneSchema>
+export type FullProposalRecord = RecordOf<typeof fullProposalSchema>
+export type FullDisputeRecord = RecordOf<typeof fullDisputeSchema>
+export type FullTradeRecord = RecordOf<typeof fullTradeSchema>
+export type FullRespondResult = RecordOf<typeof fullRespondResultSchema>
+export type PlatformErrorBody = RecordOf<typeof platformErrorBodySchema>
 
 /** What a milestone deliver or release answered (told apart by a top-level milestone_id: responses.ts). */
 export type { MilestoneAnswer } from './responses.js'
