@@ -69,11 +69,9 @@ export const fullDisputeSchema = z.looseObject({
 })
 
 /** Set once an accepted proposal split the funds: percentages as decimal strings. */
-const fullResolutionSchema = z.looseObject({
-  outcome: text,
-  buyer_pct: text,
-  seller_pct: text,
-  /** the amounts the percentages divide and give each party: the sandbox's answer states them */
+const resolutionSchema = z.looseObject({ outcome: text, buyer_pct: text, seller_pct: text })
+// the sandbox's resolution states the amounts too (README, "Sandbox"); a received one is not held to them
+const fullResolutionSchema = resolutionSchema.extend({
   held_amount: text.optional(),
   buyer_amount: text.optional(),
   seller_amount: text.optional(),
@@ -116,7 +114,7 @@ export const tradeSchema = fullTradeSchema
   .extend({
     milestones: z.array(milestoneSchema).nullable(),
     dispute: disputeSchema.nullable(),
-    resolution: fullResolutionSchema.partial().nullable(),
+    resolution: resolutionSchema.partial().nullable(),
   })
   .partial()
   // the four fields the spec shows and every observation of a trade is made of
