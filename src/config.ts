@@ -21,6 +21,7 @@ import { DEFAULT_DISPATCHER_SETTINGS, HELD_BACK_WARN_MS, leaseMarginMs } from '.
 import { POLL_JITTER } from './reconcile/poll-jitter.js'
 import { DEFAULT_POLL_LEASE_S, POLL_START_WINDOW_S, shortestPollLeaseS } from './reconcile/poll-lease.js'
 import { decodeWebhookSecret, forwardSecrets, MIN_WEBHOOK_SECRET_BYTES, WEBHOOK_SECRET_PREFIX } from './reactions/forwarder.js'
+import { FILE_SUFFIX, namingTheFile, readSecretFile, type SecretFileRead, secretsFromFiles } from './secret-files.js'
 import { type UnreadVariable, editDistance, unreadVariables } from './unread-variables.js'
 import { removeIfThere, writeWholeUnlessThere } from './write-whole.js'
 
@@ -636,16 +637,40 @@ const TRIMMED_LISTS = new Set(['WEBHOOK_SECRETS', 'FORWARD_EVENTS', 'AMQP_EVENTS
 const PER_ENVIRONMENT = ['SANDBOX', 'LIVE'].flatMap((which) => ['API_BASE_URL', 'API_KEY_ID', 'API_SECRET'].map((name) => `PARTNER_${which}_${name}`))
 
 /**
- * The `sandbox` command's variables, one for each of its options (src/cli/sandbox.command.ts), read by that command
- * alone; SANDBOX_PORT and SANDBOX_MILESTONE_ANSWER are the configuration's too.
+ * The variables that hold a secret, or a URL that can hold a password or a token, and may be given in a file instead:
+ * NAME_FILE names the file whose content is NAME's value (secret-files.ts). The proxy variables are other programs'
+ * convention as much as ours (curl's), read from the environment, and take no file.
+ */
+export const SECRET_FILE_VARIABLES: readonly string[] = [
+  'WEBHOOK_SECRETS',
+  'PARTNER_API_SECRET',
+  'PARTNER_SANDBOX_API_SECRET',
+  'PARTNER_LIVE_API_SECRET',
+  'FORWARD_SECRET',
+  'FORWARD_URL',
+  'ADMIN_TOKEN',
+  'SANDBOX_CONTROL_TOKEN',
+  'DATABASE_URL',
+  'DATABASE_LISTEN_URL',
+  'AMQP_URL',
+]
+
+/** The NAME_FILE variables of SECRET_FILE_VARIABLES. */
+export const SECRET_FILE_NAMES: readonly string[] = SECRET_FILE_VARIABLES.map((name) => `${name}${FILE_SUFFIX}`)
+
+/**
+ * The `sandbox` command's variables, one for each of its options (src/cli/sandbox.command.ts), and the _FILE forms of
+ * its two secrets, read by that command alone; SANDBOX_PORT and SANDBOX_MILESTONE_ANSWER are the configuration's too.
  */
 export const SANDBOX_COMMAND_VARIABLES: readonly string[] = [
   'SANDBOX_HOST',
   'SANDBOX_WEBHOOK_URL',
   'SANDBOX_WEBHOOK_SECRET',
+  'SANDBOX_WEBHOOK_SECRET_FILE',
   'SANDBOX_PARTNER_KIND',
   'SANDBOX_API_KEY_ID',
   'SANDBOX_API_SECRET',
+  'SANDBOX_API_SECRET_FILE',
   'SANDBOX_RETRY_BASE_DELAY_MS',
   'SANDBOX_ATTEMPT_TIMEOUT_MS',
   'SANDBOX_TIMESTAMP_WINDOW_S',
@@ -664,7 +689,7 @@ export const SANDBOX_COMMAND_VARIABLES: readonly string[] = [
  * of them, is named at start (unreadVariables). A fork whose own code reads variables under these prefixes adds
  * their names here.
  */
-export const READ_VARIABLES: readonly string[] = [...new Set([...CONFIG_VARIABLES, ...PER_ENVIRONMENT, ...SANDBOX_COMMAND_VARIABLES])]
+export const READ_VARIABLES: readonly string[] = [...new Set([...CONFIG_VARIABLES, ...PER_ENVIRONMENT, ...SECRET_FILE_NAMES, ...SANDBOX_COMMAND_VARIABLES])]
 
 /** The variables set in `env` that look meant for the service and that it does not read, each with the name meant where one is near. */
 export function unreadVariablesOf(env: Env): UnreadVariable[] {
@@ -682,13 +707,17 @@ export function unreadVariablesOf(env: Env): UnreadVariable[] {
 const DATABASE_URL_NEAR_MISS_EDITS = 2
 
 function databaseUrlNearMisses(unread: readonly UnreadVariable[]): string[] {
-  return unread
-    .filter(({ name }) => editDistance(name, 'DATABASE_URL') <= DATABASE_URL_NEAR_MISS_EDITS)
-    .map(
-      ({ name }) =>
-        `${name}: is not a variable the service reads: did you mean DATABASE_URL? Without DATABASE_URL the service would run on ` +
-        'an embedded database of its own in DATA_DIR (each replica on its own); rename it to DATABASE_URL, or unset it',
-    )
+  // and of DATABASE_URL_FILE (DATABASE_URL_FIEL, DATABSE_URL_FILE), which runs it there alike
+  return unread.flatMap(({ name }) => {
+    const [meant, edits] = (['DATABASE_URL', 'DATABASE_URL_FILE'] as const)
+      .map((each) => [each, editDistance(name, each)] as const)
+      .reduce((nearest, each) => (each[1] < nearest[1] ? each : nearest))
+    if (edits > DATABASE_URL_NEAR_MISS_EDITS) return []
+    return [
+      `${name}: is not a variable the service reads: did you mean ${meant}? Without DATABASE_URL the service would run on ` +
+        `an embedded database of its own in DATA_DIR (each replica on its own); rename it to ${meant}, or unset it`,
+    ]
+  })
 }
 
 /**
@@ -735,9 +764,9 @@ export function embeddedDatabaseWarning(config: Config): string | undefined {
   )
 }
 
-function garbledValues(env: Env): string[] {
+function garbledValues(env: Env, fromFiles: ReadonlyMap<string, string>): string[] {
   const problems: string[] = []
-  const names = [...Object.keys(EnvSchema.shape), ...PER_ENVIRONMENT]
+  const names = [...Object.keys(EnvSchema.shape), ...PER_ENVIRONMENT, ...SECRET_FILE_NAMES]
   for (const key of Object.keys(env)) {
     const name = key.slice(BYTE_ORDER_MARK.length)
     if (key.startsWith(BYTE_ORDER_MARK) && names.includes(name)) {
@@ -748,13 +777,22 @@ function garbledValues(env: Env): string[] {
   }
   for (const name of names) {
     const value = env[name]
-    if (value === undefined) continue
-    if (value.includes('\r')) problems.push(`${name}: holds a carriage return (an env file saved with Windows line endings?)`)
-    else if (CONTROL_CHARACTER.test(value)) problems.push(`${name}: holds a control character (a tab, a line break)`)
-    else if (QUOTED.test(value)) problems.push(`${name}: is wrapped in quotes, which are kept as part of the value (docker run --env-file and systemd keep them): remove them`)
-    else if (OPEN_QUOTE.test(value)) problems.push(`${name}: begins with a quote that is never closed, which is kept as part of the value: remove it`)
+    const problem = value === undefined ? undefined : garbledValue(name, value, fromFiles.has(name))
+    if (problem !== undefined) problems.push(problem)
   }
   return problems
+}
+
+// What an env file (or, `inFile`, a secret file) slipped into a value, or undefined
+function garbledValue(name: string, value: string, inFile: boolean): string | undefined {
+  // a secret file's one line ending is removed already: what is left is more than the value
+  const keptInFile = 'the file must hold the value alone, with at most one line ending after it'
+  if (value.includes('\r')) return `${name}: holds a carriage return (${inFile ? keptInFile : 'an env file saved with Windows line endings?'})`
+  if (CONTROL_CHARACTER.test(value)) return `${name}: holds a control character (a tab, a line break${inFile ? `: ${keptInFile}` : ''})`
+  const kept = inFile ? 'kept as part of the value: remove them from the file' : 'kept as part of the value (docker run --env-file and systemd keep them): remove them'
+  if (QUOTED.test(value)) return `${name}: is wrapped in quotes, which are ${kept}`
+  if (OPEN_QUOTE.test(value)) return `${name}: begins with a quote that is never closed, which is kept as part of the value: remove it`
+  return undefined
 }
 
 /** The variables of ours set to a value that begins or ends with a space (the lists aside, which trim each entry). */
@@ -780,15 +818,51 @@ export interface LocalSecrets {
 
 /**
  * Parses an environment into a Config. Pure apart from `localSecrets`, which local mode calls to get
- * (or create) its generated secrets.
+ * (or create) its generated secrets, and `readFile`, which reads the secret files NAME_FILE variables name.
  */
 export function parseConfig(
   rawEnv: Env,
   localSecrets: (dataDir: string) => LocalSecrets = readLocalSecrets,
+  readFile: (file: string) => SecretFileRead = readSecretFile,
 ): Config {
+  // the files first, and alone: without the value a file would have given, the rest would be refused for its want
+  // (`WEBHOOK_SECRETS: required …`), or local mode would generate a secret in DATA_DIR in its stead
+  const { env, fromFiles, problems } = secretsInFiles(rawEnv, SECRET_FILE_VARIABLES, readFile)
+  if (problems.length > 0) throw new ConfigError(problems)
+  try {
+    return parseEnvironment(env, localSecrets, fromFiles)
+  } catch (error) {
+    if (!(error instanceof ConfigError) || fromFiles.size === 0) throw error
+    throw new ConfigError(error.problems.map((problem) => namingTheFile(problem, fromFiles)))
+  }
+}
+
+/**
+ * `env` with the NAME_FILE of each of `names` read into NAME (secret-files.ts). A path is refused first where an env file
+ * slipped something into it (a carriage return would otherwise be told as a file that does not exist).
+ */
+export function secretsInFiles(
+  env: Env,
+  names: readonly string[] = SECRET_FILE_VARIABLES,
+  readFile: (file: string) => SecretFileRead = readSecretFile,
+): ReturnType<typeof secretsFromFiles> {
+  return secretsFromFiles(env, names, { read: readFile, pathProblem: secretFilePathProblem, bothSetHint: composeSetsToo })
+}
+
+// compose.yaml sets these itself, `NAME: ${NAME:-default}`, so a NAME_FILE given in .env meets NAME there too
+const SET_BY_COMPOSE = new Set(['DATABASE_URL', 'PARTNER_API_SECRET', 'WEBHOOK_SECRETS'])
+function composeSetsToo(name: string): string {
+  return SET_BY_COMPOSE.has(name) ? ` (under docker compose, compose.yaml's own \`${name}: \${${name}:-…}\` sets it: remove that line there)` : ''
+}
+
+function secretFilePathProblem(name: string, path: string): string | undefined {
+  return garbledValue(name, path, false) ?? (path.trim() !== path ? spacedProblem(name) : undefined)
+}
+
+function parseEnvironment(rawEnv: Env, localSecrets: (dataDir: string) => LocalSecrets, fromFiles: ReadonlyMap<string, string>): Config {
   const env = withoutEmptyValues(selectPartnerVariables(rawEnv))
   // by the names as set (a PARTNER_SANDBOX_* value is copied to its PARTNER_* name above)
-  const garbled = garbledValues(withoutEmptyValues(rawEnv))
+  const garbled = garbledValues(withoutEmptyValues(rawEnv), fromFiles)
   if (garbled.length > 0) throw new ConfigError(garbled)
   const named = partnerVariableNamer(rawEnv)
   const parsed = EnvSchema.safeParse(env)
@@ -1125,14 +1199,17 @@ export type RunningServiceLookup = Pick<Config, 'dataDir' | 'databaseUrl'> & { m
 
 /**
  * What a command needs to find the service running from DATA_DIR, and to tell whether its DATABASE_URL names
- * that service's database: DATA_DIR resolved as the service resolves it, and DATABASE_URL as set. Nothing else
- * of the environment is read or checked, and nothing is written. A command the service runs runs with the
+ * that service's database: DATA_DIR resolved as the service resolves it, and DATABASE_URL as set or read from
+ * DATABASE_URL_FILE. Nothing else of the environment is read or checked, and nothing is written. A command the service runs runs with the
  * service's configuration, so the shell's other variables are none of its business: a FORWARD_SECRET set
  * there without FORWARD_URL refused the command (exit 2), and a shell without PARTNER_API_BASE_URL, read as
  * local mode, generated local-secrets.json in the DATA_DIR of a service running in remote mode.
  */
 export function runningServiceLookup(rawEnv: Env): RunningServiceLookup {
-  const env = withoutEmptyValues(selectPartnerVariables(rawEnv))
+  // DATABASE_URL_FILE too: a file that cannot be read is refused as the command's configuration would refuse it
+  const files = secretsInFiles(rawEnv, ['DATABASE_URL'])
+  if (files.problems.length > 0) throw new ConfigError(files.problems)
+  const env = withoutEmptyValues(selectPartnerVariables(files.env))
   const dataDir = env.DATA_DIR ?? DEFAULT_DATA_DIR
   return {
     dataDir: dataDir.startsWith('memory://') ? dataDir : path.resolve(dataDir),
@@ -1149,7 +1226,7 @@ export function runningServiceLookup(rawEnv: Env): RunningServiceLookup {
 export function loadConfig(): Config {
   // a value whose bytes are not UTF-8 was taken as Node decoded it, U+FFFD in it (not-utf8.ts); its value is
   // not shown: it may be a secret
-  const notUtf8 = variablesNotUtf8(CONFIG_VARIABLES)
+  const notUtf8 = variablesNotUtf8([...CONFIG_VARIABLES, ...SECRET_FILE_NAMES])
   if (notUtf8.length > 0) {
     throw new ConfigError(notUtf8.map((name) => `${name}: is not UTF-8 text (Node read its bytes that are not as U+FFFD); give it in UTF-8`))
   }

@@ -2,8 +2,12 @@
 // an address it never delivers to, an empty key or secret, an attempt timeout that aborts every attempt), and
 // prints the webhook URL without its password.
 import { once } from 'node:events'
-import { describe, expect, it } from 'vitest'
+import { mkdtempSync, rmSync, writeFileSync } from 'node:fs'
+import { tmpdir } from 'node:os'
+import path from 'node:path'
+import { afterAll, describe, expect, it } from 'vitest'
 import { type CliResult, signalAndClose, spawnCli } from './helpers/cli-process.js'
+import { sandboxClient } from './helpers/sandbox-client.js'
 
 /** Runs `sandbox` with `args` and `env` on a free port; one that starts anyway is stopped once it listens. */
 async function sandboxRun(args: string[], env: Record<string, string> = {}): Promise<CliResult> {
@@ -65,5 +69,54 @@ describe('`cli sandbox` with credentials in --webhook-url', () => {
     expect(result.stderr).toContain("from env 'SANDBOX_WEBHOOK_URL' is invalid")
     expect(result.stderr).toContain('must be an http:// or https:// URL')
     expect(result.stdout).toBe('')
+  })
+})
+
+describe('`cli sandbox` with its secrets in files (SANDBOX_API_SECRET_FILE, SANDBOX_WEBHOOK_SECRET_FILE)', () => {
+  const directory = mkdtempSync(path.join(tmpdir(), 'sandbox-secret-files-'))
+  afterAll(() => rmSync(directory, { recursive: true, force: true }))
+  const apiSecret = 'sandbox-api-secret-in-a-file-0000000'
+  const apiSecretFile = path.join(directory, 'api-secret')
+  writeFileSync(apiSecretFile, `${apiSecret}\n`, { mode: 0o600 })
+
+  it('verifies calls with the secret in the file', async () => {
+    const child = spawnCli(['sandbox', '--port', '0', '--key-id', 'pk_files'], { SANDBOX_API_SECRET_FILE: apiSecretFile })
+    let output = ''
+    child.stderr!.on('data', (chunk) => (output += chunk))
+    const url = await new Promise<string>((resolve, reject) => {
+      child.stdout!.on('data', (chunk) => {
+        output += chunk
+        const listening = /sandbox platform listening on (http:\/\/\S+) /.exec(output)
+        if (listening && output.includes('Ctrl-C stops it')) resolve(listening[1]!)
+      })
+      child.once('exit', (code) => reject(new Error(`sandbox exited with ${code} before listening:\n${output}`)))
+    })
+    try {
+      await expect(sandboxClient(url, { keyId: 'pk_files', secret: apiSecret }).getTrade('trd_not_there')).rejects.toMatchObject({ status: 404 })
+      await expect(sandboxClient(url, { keyId: 'pk_files', secret: `${apiSecret}\n` }).getTrade('trd_not_there')).rejects.toMatchObject({ status: 401 })
+    } finally {
+      await signalAndClose(child)
+    }
+    expect(output).not.toContain(apiSecret)
+  })
+
+  it('refuses a file beside its variable, or one it cannot read, exit 2 with [config_invalid], and does not start', async () => {
+    const both = await sandboxRun([], { SANDBOX_API_SECRET: apiSecret, SANDBOX_API_SECRET_FILE: apiSecretFile })
+    expect({ code: both.code, stderr: both.stderr }).toEqual({
+      code: 2,
+      stderr:
+        'Invalid configuration [config_invalid]\n  - SANDBOX_API_SECRET and SANDBOX_API_SECRET_FILE: both are set; give the value one way, in SANDBOX_API_SECRET ' +
+        'or in the file SANDBOX_API_SECRET_FILE names, and unset the other\n',
+    })
+    const missing = path.join(directory, 'not-there')
+    const unread = await sandboxRun([], { SANDBOX_WEBHOOK_SECRET_FILE: missing })
+    expect({ code: unread.code, stderr: unread.stderr }).toEqual({
+      code: 2,
+      stderr: `Invalid configuration [config_invalid]\n  - SANDBOX_WEBHOOK_SECRET_FILE: the file ${missing} does not exist\n`,
+    })
+    // the option on the command line wins over the file, as over the variable
+    const option = await sandboxRun(['--webhook-secret', 'an-option-secret-of-enough-length-00'], { SANDBOX_WEBHOOK_SECRET_FILE: missing })
+    expect(option.code).not.toBe(2)
+    expect(option.stdout).toContain('Ctrl-C stops it')
   })
 })

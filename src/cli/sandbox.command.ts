@@ -109,12 +109,13 @@ export function registerSandboxCommand(program: Command): void {
             'Run it with PARTNER_ENV=sandbox (the default) and the sandbox key pair.',
         )
       }
+      const inFiles = await secretsInFiles(command)
       const logger = await cliLogger(config)
       const host = config.host === '0.0.0.0' ? '127.0.0.1' : config.host
       const sandbox = createSandbox({
         keyId: flags.keyId ?? config.partner.keyId,
-        apiSecret: flags.apiSecret ?? config.partner.secret,
-        webhookSecret: flags.webhookSecret ?? config.webhook.secrets[0]!,
+        apiSecret: flags.apiSecret ?? inFiles.SANDBOX_API_SECRET ?? config.partner.secret,
+        webhookSecret: flags.webhookSecret ?? inFiles.SANDBOX_WEBHOOK_SECRET ?? config.webhook.secrets[0]!,
         webhookUrl: flags.webhookUrl ?? `http://${host}:${config.port}${config.webhook.path}`,
         partnerKind: flags.partnerKind ?? config.partner.kind,
         milestoneAnswer: flags.milestoneAnswer ?? config.sandbox.milestoneAnswer,
@@ -170,6 +171,31 @@ export function registerSandboxCommand(program: Command): void {
       await untilStopSignal()
       await sandbox.close()
     })
+}
+
+/**
+ * SANDBOX_WEBHOOK_SECRET_FILE and SANDBOX_API_SECRET_FILE read (secret-files.ts), for the options the command line
+ * leaves to the environment (`--api-secret` wins over the file as over the variable); refused as a configuration is.
+ */
+async function secretsInFiles(command: Command): Promise<Record<string, string | undefined>> {
+  const [{ secretsInFiles: read }, { ConfigError }, { shownPath }] = await Promise.all([
+    import('../config.js'),
+    import('../config-error.js'),
+    import('../secret-files.js'),
+  ])
+  const names = (
+    [
+      ['webhookSecret', 'SANDBOX_WEBHOOK_SECRET'],
+      ['apiSecret', 'SANDBOX_API_SECRET'],
+    ] as const
+  )
+    .filter(([option]) => command.getOptionValueSource(option) !== 'cli')
+    .map(([, name]) => name)
+  const { env, fromFiles, problems } = read(process.env, names)
+  // as the option's own reading (nonEmpty) refuses a blank value
+  const blank = [...fromFiles].filter(([name]) => env[name]!.trim() === '').map(([name, file]) => `${name}_FILE: the file ${shownPath(file)} holds nothing but spaces`)
+  if (problems.length > 0 || blank.length > 0) throw new ConfigError([...problems, ...blank])
+  return Object.fromEntries([...fromFiles.keys()].map((name) => [name, env[name]]))
 }
 
 // Whether the address the sandbox listens on is other than a loopback one (127.0.0.0/8, ::1): 0.0.0.0 or ::

@@ -393,7 +393,14 @@ export async function forwardToLocalService(args: string[]): Promise<number | un
   // loaded only for a command that may be forwarded: `--help` does not pay for it. Only DATA_DIR and DATABASE_URL
   // are read: the service runs the command with its own configuration (config.ts, runningServiceLookup)
   const { partnerPlatformOf, runningServiceLookup } = await import('../config.js')
-  const config = runningServiceLookup(process.env)
+  let config: ReturnType<typeof runningServiceLookup>
+  try {
+    config = runningServiceLookup(process.env)
+  } catch (error) {
+    // a DATABASE_URL_FILE that cannot be read: the command runs here, and its own configuration refuses it (exit 2)
+    if (error instanceof Error && error.name === 'ConfigError') return undefined
+    throw error
+  }
   const { service, problem } = readServiceFile(config.dataDir)
   if (problem) {
     // said, since the command then runs here: beside a service on PGlite it is refused as the database's owner's
