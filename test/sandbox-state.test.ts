@@ -8,7 +8,7 @@ import type { Clock } from '../src/clock.js'
 import { systemClock } from '../src/clock.js'
 import type { PartnerApiClient } from '../src/partner-api/partner-api.client.js'
 import { createSandbox, type Sandbox } from '../src/sandbox/create-sandbox.js'
-import { readSandboxState, SandboxStateError, sandboxStateFile } from '../src/sandbox/sandbox-state.js'
+import { readSandboxState, sandboxJournalFile, SandboxStateError, sandboxStateFile } from '../src/sandbox/sandbox-state.js'
 import { FakeClock } from './helpers/fake-clock.js'
 import { rememberSecret, testLogger } from './helpers/log-sink.js'
 import { sandboxClient } from './helpers/sandbox-client.js'
@@ -69,7 +69,8 @@ describe('sandbox state across a restart', () => {
     await first.close()
 
     expect(statSync(stateFile).mode & 0o777).toBe(0o600)
-    expect(readdirSync(path.dirname(stateFile))).toEqual(['sandbox-state.json'])
+    expect(statSync(sandboxJournalFile(stateFile)).mode & 0o777).toBe(0o600)
+    expect(readdirSync(path.dirname(stateFile)).toSorted()).toEqual(['sandbox-state.json', 'sandbox-state.json.journal'])
     const saved = readSandboxState(stateFile)!
     expect(saved.sequence).toBe(4)
     expect(saved.trades).toEqual(before)
@@ -157,7 +158,7 @@ describe('sandbox state across a restart', () => {
     const { trade_id: tradeId } = await firstClient.createTrade(trade('taken-1'))
     await firstClient.fundTrade(tradeId)
     await firstClient.cancelTrade(tradeId)
-    const contents = readFileSync(stateFile, 'utf8')
+    const contents = [readFileSync(stateFile, 'utf8'), readFileSync(sandboxJournalFile(stateFile), 'utf8')]
     expect(readSandboxState(stateFile)!.pendingWebhooks).toHaveLength(3)
 
     const receiver = await startRecordingReceiver(webhookSecret)
@@ -177,7 +178,7 @@ describe('sandbox state across a restart', () => {
       expect(second.trade(tradeId).status).toBe('cancelled')
       expect(second.deliveryLog).toEqual([])
       expect(receiver.received).toEqual([])
-      expect(readFileSync(stateFile, 'utf8')).toBe(contents)
+      expect([readFileSync(stateFile, 'utf8'), readFileSync(sandboxJournalFile(stateFile), 'utf8')]).toEqual(contents)
     } finally {
       await first.close()
       await receiver.close()
@@ -197,9 +198,13 @@ describe('sandbox state across a restart', () => {
       expect(statuses()).toEqual(['unsaved-1 created', 'unsaved-1 funded'])
       const saved = readFileSync(stateFile, 'utf8')
 
-      // a directory in the state file's place: the rename over it fails, as a write to a full or read-only DATA_DIR does
-      rmSync(stateFile)
-      mkdirSync(path.join(stateFile, 'in-the-way'), { recursive: true })
+      // a directory in the journal's place and in the snapshot's: the append to the one and the rename over the other
+      // fail, as writes to a full or read-only DATA_DIR do (the first call fails on the journal, the second, which
+      // writes a new snapshot after a failed append, on the snapshot)
+      for (const file of [stateFile, sandboxJournalFile(stateFile)]) {
+        rmSync(file)
+        mkdirSync(path.join(file, 'in-the-way'), { recursive: true })
+      }
       await expect(client.createTrade(trade('unsaved-2'))).rejects.toMatchObject({ status: 503, code: 'state_not_saved' })
       // a cancel of a funded trade owes a refund as well: none is scheduled
       await expect(client.cancelTrade(funded.trade_id)).rejects.toMatchObject({ status: 503, code: 'state_not_saved' })
@@ -208,7 +213,7 @@ describe('sandbox state across a restart', () => {
       expect(statuses()).toEqual(['unsaved-1 created', 'unsaved-1 funded'])
 
       // saved again: each retry takes effect once, the reference counter where it was
-      rmSync(stateFile, { recursive: true })
+      for (const file of [stateFile, sandboxJournalFile(stateFile)]) rmSync(file, { recursive: true })
       expect((await client.createTrade(trade('unsaved-2'))).reference).toBe('TRD-000002')
       await client.cancelTrade(funded.trade_id)
       await sandbox.idle()

@@ -16,7 +16,7 @@ import type { FullTradeRecord as TradeRecord } from '../partner-api/types.js'
 import { printable } from '../printable.js'
 import { SandboxAuthenticator } from './sandbox-auth.js'
 import { SandboxError, SandboxPlatform } from './sandbox-platform.js'
-import { readSandboxState, removeStaleTemporaryFiles, writeSandboxState } from './sandbox-state.js'
+import { openSandboxState } from './sandbox-state.js'
 import {
   type DeliveryAttempt,
   type Faults,
@@ -48,7 +48,8 @@ export interface SandboxOptions {
   faults?: Partial<Faults>
   /**
    * Where the trades, the reference counter and undelivered webhooks are kept across restarts
-   * (sandbox-state.ts); read at creation, rewritten after every change. Without one, all is in memory.
+   * (sandbox-state.ts: this snapshot file and its journal beside it); read at creation, each change saved before
+   * it is answered. Without one, all is in memory.
    */
   stateFile?: string
   clock?: Clock
@@ -155,13 +156,13 @@ export function createSandbox(options: SandboxOptions): Sandbox {
   // restored webhooks are sent again once this sandbox listens: one that cannot (its port taken, perhaps
   // by a sandbox already running over the same file) must neither send them nor write the file under it
   let unsent: PendingEvent[] = []
-  // `waiting`: the webhooks of the call being saved, not queued yet
+  // `waiting`: the webhooks of the call being saved, not queued yet. What is written is what changed since the last
+  // save (the whole state only when the journal is due for a new snapshot)
   const save = (waiting: readonly PendingEvent[] = []) => {
-    if (!options.stateFile || closed) return
-    writeSandboxState(options.stateFile, {
-      ...platform.snapshot(),
-      pendingWebhooks: [...unsent, ...dispatcher.pending(), ...waiting],
-    })
+    if (!store || closed) return
+    const pendingWebhooks = [...unsent, ...dispatcher.pending(), ...waiting]
+    store.save({ ...platform.changes(), pendingWebhooks }, () => ({ ...platform.snapshot(), pendingWebhooks }))
+    platform.forgetChanges()
   }
   // a save outside a request (a delivery settled, a refund) has no one to answer: it is logged
   const saveInBackground = () => {
@@ -171,8 +172,9 @@ export function createSandbox(options: SandboxOptions): Sandbox {
       logger.error({ err: error }, 'sandbox state not saved')
     }
   }
-  if (options.stateFile) removeStaleTemporaryFiles(options.stateFile)
-  const saved = options.stateFile ? readSandboxState(options.stateFile) : undefined
+  const opened = options.stateFile ? openSandboxState(options.stateFile, logger) : undefined
+  const store = opened?.store
+  const saved = opened?.state
   if (saved) {
     platform.restore(saved)
     unsent = saved.pendingWebhooks
@@ -247,7 +249,9 @@ export function createSandbox(options: SandboxOptions): Sandbox {
   // state_not_saved, and a retry does it once
   const route = (handler: (req: Request) => unknown, status = 200) => (req: Request, res: Response) => {
     const changes = req.method !== 'GET'
-    const before = changes && options.stateFile ? platform.snapshot() : undefined
+    // what the call changes can be undone, should its save fail
+    const undoable = changes && store !== undefined
+    if (undoable) platform.beginChange()
     const call: NonNullable<typeof deferred> = { events: [], effects: [] }
     let result: unknown
     let unsaved: unknown
@@ -281,9 +285,10 @@ export function createSandbox(options: SandboxOptions): Sandbox {
       }
     } finally {
       handling--
+      if (unsaved === undefined) platform.endChange()
     }
     if (unsaved !== undefined) {
-      if (before) platform.restore(before, { resumeRefunds: false })
+      platform.undoChange()
       logger.error({ err: unsaved }, 'sandbox state not saved: the call is undone')
       res.status(503).set('Retry-After', '1').json({
         error: { code: 'state_not_saved', message: 'The sandbox could not save its state (is DATA_DIR full or read-only?): nothing changed; try again' },

@@ -83,10 +83,22 @@ export interface PlatformState {
   funded: string[]
 }
 
+/** What changed since the last takeChanges(): the trades (whole), which of them are funded, the counter. */
+export interface PlatformChanges {
+  sequence: number
+  trades: TradeRecord[]
+  funded: string[]
+}
+
 export class SandboxPlatform {
   private readonly trades = new Map<string, TradeRecord>()
   private readonly funded = new Set<string>()
   private sequence = 0
+  // the trades changed since the last takeChanges(): what the next save writes, whatever the number of trades
+  private readonly changed = new Set<string>()
+  // while a call runs (beginChange): each trade it may change as it was before (undefined: one it created), so an
+  // undone call puts back just those
+  private undo: { sequence: number; originals: Map<string, TradeRecord | undefined>; funded: Set<string> } | undefined
 
   constructor(
     private readonly options: {
@@ -119,26 +131,71 @@ export class SandboxPlatform {
     return { sequence: this.sequence, trades: this.list(), funded: [...this.funded] }
   }
 
-  /**
-   * Takes over a saved state; a cancelled trade still owed its refund gets it again, unless `resumeRefunds` is
-   * false (a call undone: the refunds it owed were never scheduled, and the others are scheduled already).
-   */
-  restore(state: PlatformState, { resumeRefunds = true }: { resumeRefunds?: boolean } = {}): void {
+  /** Takes over a saved state (at start); a cancelled trade still owed its refund gets it again. */
+  restore(state: PlatformState): void {
     this.sequence = state.sequence
     this.trades.clear()
     for (const trade of state.trades) this.trades.set(trade.trade_id, structuredClone(trade))
     this.funded.clear()
     for (const tradeId of state.funded) this.funded.add(tradeId)
-    if (!resumeRefunds) return
+    this.changed.clear()
     for (const trade of this.trades.values()) {
       if (trade.status === 'cancelled' && this.funded.has(trade.trade_id)) this.options.scheduleRefund(trade.trade_id)
     }
   }
 
+  /** The changes since the last forgetChanges(): what a save writes. */
+  changes(): PlatformChanges {
+    const trades = [...this.changed].flatMap((tradeId) => {
+      const trade = this.trades.get(tradeId)
+      // (a trade an undone call created is gone)
+      return trade ? [structuredClone(trade)] : []
+    })
+    return { sequence: this.sequence, trades, funded: trades.map((trade) => trade.trade_id).filter((tradeId) => this.funded.has(tradeId)) }
+  }
+
+  /** The changes were saved: the next save starts from here. */
+  forgetChanges(): void {
+    this.changed.clear()
+  }
+
+  /** A call starts: what it changes can be undone (undoChange) until endChange. */
+  beginChange(): void {
+    this.undo = { sequence: this.sequence, originals: new Map(), funded: new Set() }
+  }
+
+  endChange(): void {
+    this.undo = undefined
+  }
+
+  /**
+   * Puts back what the call begun with beginChange changed: the refunds it owed were never scheduled (they wait
+   * for its save), and the trades it touched stay among the changes, so the next save writes them as they are.
+   */
+  undoChange(): void {
+    const undo = this.undo
+    this.undo = undefined
+    if (!undo) return
+    this.sequence = undo.sequence
+    for (const [tradeId, original] of undo.originals) {
+      if (original) this.trades.set(tradeId, original)
+      else this.trades.delete(tradeId)
+    }
+    for (const tradeId of undo.funded) this.funded.delete(tradeId)
+  }
+
+  private touch(trade: TradeRecord): void {
+    trade.updated_at = this.now()
+    this.changed.add(trade.trade_id)
+  }
+
   private setStatus(trade: TradeRecord, status: string): void {
     trade.status = status
-    trade.updated_at = this.now()
-    if (status === 'funded') this.funded.add(trade.trade_id)
+    this.touch(trade)
+    if (status === 'funded' && !this.funded.has(trade.trade_id)) {
+      this.funded.add(trade.trade_id)
+      this.undo?.funded.add(trade.trade_id)
+    }
     this.options.onStatusChange(structuredClone(trade))
   }
 
@@ -196,13 +253,17 @@ export class SandboxPlatform {
       updated_at: now,
     }
     this.trades.set(id, trade)
+    this.changed.add(id)
+    this.undo?.originals.set(id, undefined)
     this.options.onStatusChange(structuredClone(trade))
     return structuredClone(trade)
   }
 
+  /** The trade a call changes, kept as it was for an undo. */
   private live(tradeId: string): TradeRecord {
     const trade = this.trades.get(tradeId)
     if (!trade) throw new SandboxError(404, 'trade_not_found', `No trade ${tradeId}`)
+    if (this.undo && !this.undo.originals.has(tradeId)) this.undo.originals.set(tradeId, structuredClone(trade))
     return trade
   }
 
@@ -264,7 +325,7 @@ export class SandboxPlatform {
       throw new SandboxError(409, 'invalid_state', `Milestone ${milestoneId} is already ${milestone.status}`)
     }
     milestone.status = 'delivered'
-    trade.updated_at = this.now()
+    this.touch(trade)
     return structuredClone(trade)
   }
 
@@ -276,7 +337,7 @@ export class SandboxPlatform {
       throw new SandboxError(409, 'invalid_state', `Milestone ${milestoneId} is ${milestone.status}, not delivered`)
     }
     milestone.status = 'released'
-    trade.updated_at = this.now()
+    this.touch(trade)
     if (trade.milestones!.every((item) => item.status === 'released')) this.setStatus(trade, 'released')
     return structuredClone(trade)
   }
@@ -338,7 +399,7 @@ export class SandboxPlatform {
       created_at: this.now(),
     }
     trade.dispute.proposals.push(proposal)
-    trade.updated_at = this.now()
+    this.touch(trade)
     return structuredClone(proposal)
   }
 
@@ -364,7 +425,7 @@ export class SandboxPlatform {
       this.setStatus(trade, 'resolved')
     } else {
       proposal.status = 'rejected'
-      trade.updated_at = this.now()
+      this.touch(trade)
     }
     return { proposal: structuredClone(proposal), trade: structuredClone(trade) }
   }
