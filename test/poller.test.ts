@@ -7,7 +7,7 @@ import { claimDueOrders } from '../src/orders/poll-schedule.repository.js'
 import { observationSettings } from '../src/orders/observations.js'
 import { createClockGuard } from '../src/db/clock-guard.js'
 import { longestPollMs } from '../src/reconcile/poll-lease.js'
-import { ClockOffError, dueOrderStats, pollerSettings } from '../src/reconcile/poller.js'
+import { ClockOffError, dueOrderStats, PLATFORM_FAILING_CAP_S, pollerSettings } from '../src/reconcile/poller.js'
 import { CLOCK_STEPPED_MESSAGE, PLATFORM_FAILING_MESSAGE, THROTTLED_MESSAGE, UNAUTHORIZED_MESSAGE } from '../src/reconcile/reconcile-cycle.js'
 import { FakeClock } from './helpers/fake-clock.js'
 import { logEntries, testLogger } from './helpers/log-sink.js'
@@ -807,6 +807,48 @@ describe('the poller', () => {
       )
       // one sleep, at the interval (random() is 0.5 here): no longer the backoff
       expect(clock.sleeps.slice(sleepsBefore)).toEqual([30_000])
+      await poller.stop()
+    })
+
+    it('backs off at most five minutes while the platform fails, below the stalled-poller bound, and after a database failure waits the interval', async () => {
+      await insertOrders(database.db, Array.from({ length: 40 }, (_, i) => ({ externalReference: `down-${i}`, nextPollAt: fromNow(-100 + i) })))
+      const fetcher = countingFetcher(() => platformError(502))
+      let failNext = false
+      const flaky = new Proxy(database.db, {
+        get(target, property, receiver) {
+          if (property === 'with' && failNext) {
+            failNext = false
+            return () => {
+              throw new Error('connection refused')
+            }
+          }
+          const value = Reflect.get(target, property, receiver)
+          return typeof value === 'function' ? value.bind(target) : value
+        },
+      })
+      const poller = testPoller({ db: flaky, fetcher, clock, settings: { intervalS: 30, batchSize: 5, concurrency: 1 } })
+      poller.start()
+      // 60, 120, 240, then PLATFORM_FAILING_CAP_S where 480 s was, and again (it doubled up to an hour)
+      for (const expected of [60_000, 120_000, 240_000, PLATFORM_FAILING_CAP_S * 1000]) {
+        await eventually(() => clock.pendingSleepers === 1, 'the poller sleeps')
+        expect(clock.sleeps.at(-1)).toBe(expected)
+        await clock.advance(expected)
+      }
+      await eventually(() => clock.pendingSleepers === 1 && clock.sleeps.length === 5, 'the poller sleeps')
+      expect(clock.sleeps.at(-1)).toBe(PLATFORM_FAILING_CAP_S * 1000)
+      const polled = fetcher.calls.length
+      // the next cycle fails on the database: the next try after the interval, as its log line says (it slept the
+      // platform's backoff)
+      failNext = true
+      await clock.advance(PLATFORM_FAILING_CAP_S * 1000)
+      await eventually(() => clock.pendingSleepers === 1 && clock.sleeps.length === 6, 'the poller sleeps after the failed cycle')
+      expect(fetcher.calls).toHaveLength(polled)
+      expect(clock.sleeps.at(-1)).toBe(30_000)
+      // the platform still failing then: the backoff goes on where it was
+      await clock.advance(30_000)
+      await eventually(() => clock.pendingSleepers === 1 && clock.sleeps.length === 7, 'the poller sleeps after the platform failed again')
+      expect(fetcher.calls.length).toBeGreaterThan(polled)
+      expect(clock.sleeps.at(-1)).toBe(PLATFORM_FAILING_CAP_S * 1000)
       await poller.stop()
     })
 

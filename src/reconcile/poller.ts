@@ -35,6 +35,14 @@ export { CycleFailedError, DATABASE_LOST_REASON } from './reconcile-cycle.js'
 /** Runs left unfinished by a lost database that one poller remembers, to record their end when it is back. */
 const MAX_UNFINISHED_RUNS = 100
 
+/**
+ * The longest wait between cycles while the platform fails as a whole (or POLL_INTERVAL_S where that is longer):
+ * a cycle that finds it failing costs it a few calls, so five minutes protects it as well as an hour did, and its
+ * return is noticed within five minutes, not an hour. It is below the stalled-poller alert's bound (10 minutes at
+ * least), which a backoff of up to an hour passed 15 to 20 minutes into every outage.
+ */
+export const PLATFORM_FAILING_CAP_S = 300
+
 /** The statements a cycle may wait on after its last poll's answer: its write-back, a flag or NOTIFY, the claims given back, the run's end. */
 const STATEMENTS_AFTER_LAST_POLL = 4
 
@@ -205,18 +213,20 @@ export function createPoller(deps: PollerDeps): Poller {
   }
 
   // doubling with each refused cycle in a row, up to the backoff's cap
-  const longerEachTime = (inARow: number) => Math.min(backoff.capS, settings.intervalS * 2 ** inARow) * 1000
+  const longerEachTime = (inARow: number, capS = backoff.capS) => Math.min(capS, settings.intervalS * 2 ** inARow) * 1000
+  const atTheInterval = () => Math.round(settings.intervalS * 1000 * (1 - POLL_JITTER + 2 * POLL_JITTER * random()))
 
-  const sleepAfter = (summary: RunSummary | undefined, inARow: { unauthorized: number; throttled: number; failing: number }): number => {
+  const sleepAfter = (summary: RunSummary, inARow: { unauthorized: number; throttled: number; failing: number }): number => {
     if (inARow.unauthorized > 0) return longerEachTime(inARow.unauthorized)
-    // the platform failing as a whole: its outage is not met with the next batch at once, nor at the interval
-    if (inARow.failing > 0) return longerEachTime(inARow.failing)
-    if (summary && summary.stoppedReason === null && summary.claimed >= settings.batchSize) return 0
+    // the platform failing as a whole: its outage is not met with the next batch at once, nor at the interval, but
+    // looked at again at least every PLATFORM_FAILING_CAP_S, so its return is noticed within minutes
+    if (inARow.failing > 0) return longerEachTime(inARow.failing, Math.max(PLATFORM_FAILING_CAP_S, settings.intervalS))
+    if (summary.stoppedReason === null && summary.claimed >= settings.batchSize) return 0
     // the platform asked us to wait: no cycle before then, and longer each time it asks again in a row. At the
     // interval alone, each cycle claimed the next due orders and drew a 429 for them: with POLL_INTERVAL_S=1, two
     // replicas and 60 orders due, 9 requests a second to a platform answering 429 throughout (15 with Retry-After: 0)
-    if (summary?.throttledUntil) return Math.max(longerEachTime(inARow.throttled), summary.throttledUntil.getTime() - clock.now())
-    return Math.round(settings.intervalS * 1000 * (1 - POLL_JITTER + 2 * POLL_JITTER * random()))
+    if (summary.throttledUntil) return Math.max(longerEachTime(inARow.throttled), summary.throttledUntil.getTime() - clock.now())
+    return atTheInterval()
   }
 
   const runLoop = async (signal: AbortSignal) => {
@@ -240,7 +250,10 @@ export function createPoller(deps: PollerDeps): Poller {
         else if (!(error instanceof ClockOffError)) logger.warn({ err: error }, 'reconcile cycle failed; trying again after the poll interval')
       }
       if (signal.aborted) break
-      const delayMs = sleepAfter(summary, inARow)
+      // a cycle that failed on the database tries again after the interval, as its line says; the counters stay, so
+      // a platform still failing (or refusing us) then goes on backing off where it was. It slept the platform's
+      // backoff instead (an hour at most), and a database back within a minute was not looked at for 11 (a review)
+      const delayMs = summary ? sleepAfter(summary, inARow) : atTheInterval()
       try {
         if (delayMs > 0) await clock.sleep(delayMs, signal)
         // a full batch: let the event loop breathe before the next claim
