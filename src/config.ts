@@ -17,7 +17,7 @@ import { variablesNotUtf8 } from './not-utf8.js'
 import { TRADE_STATUSES } from './orders/trade-status.js'
 import type { ProxySettings } from './partner-api/partner-api-proxy.js'
 import { DEFAULT_MAX_ANSWER_BYTES, DEFAULT_RETRY, PARTNER_API_PREFIX } from './partner-api/partner-api-transport.js'
-import { DEFAULT_DISPATCHER_SETTINGS, HELD_BACK_WARN_MS, leaseMarginMs } from './reactions/dispatcher-settings.js'
+import { DEFAULT_DISPATCHER_SETTINGS, DEFAULT_MAX_ATTEMPTS, HELD_BACK_WARN_MS, leaseMarginMs } from './reactions/dispatcher-settings.js'
 import { POLL_JITTER } from './reconcile/poll-jitter.js'
 import { DEFAULT_POLL_LEASE_S, POLL_START_WINDOW_S, shortestPollLeaseS } from './reconcile/poll-lease.js'
 import { decodeWebhookSecret, forwardSecrets, MIN_WEBHOOK_SECRET_BYTES, WEBHOOK_SECRET_PREFIX } from './reactions/forwarder.js'
@@ -397,7 +397,7 @@ const EnvSchema = z.object({
       error: 'must be trade (a milestone deliver or release answers the trade record) or milestone (the milestone record)',
     })
     .default('trade'),
-  REACTION_MAX_ATTEMPTS: wholeNumber({ max: 1_000 }).default(10),
+  REACTION_MAX_ATTEMPTS: wholeNumber({ max: 1_000 }).default(DEFAULT_MAX_ATTEMPTS),
   REACTION_CONCURRENCY: wholeNumber({ max: 256 }).default(32),
   REACTION_LEASE_S: wholeNumber({ max: 86_400 }).default(300),
   REACTION_BACKOFF_BASE_S: wholeNumber({ max: 86_400 }).default(DEFAULT_DISPATCHER_SETTINGS.backoff.baseS),

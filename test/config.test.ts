@@ -539,7 +539,7 @@ describe('configuration', () => {
 
     it('has reaction defaults and no forwarder unless FORWARD_URL is set', () => {
       const config = parseConfig(remoteEnv)
-      expect(config.reactions).toEqual({ maxAttempts: 10, concurrency: 32, leaseS: 300, backoff: { baseS: 5, capS: 3_600 }, heldBackWarnS: 60 })
+      expect(config.reactions).toEqual({ maxAttempts: 50, concurrency: 32, leaseS: 300, backoff: { baseS: 5, capS: 3_600 }, heldBackWarnS: 60 })
       expect(config.forward).toBeUndefined()
       expect(
         parseConfig({

@@ -3,6 +3,7 @@
 import { describe, expect, it } from 'vitest'
 import { PartnerApiError } from '../src/partner-api/partner-api-error.js'
 import { ForwardError } from '../src/reactions/forwarder.js'
+import { DEFAULT_DISPATCHER_SETTINGS, DEFAULT_MAX_ATTEMPTS } from '../src/reactions/dispatcher-settings.js'
 import { planRetry } from '../src/reactions/plan-retry.js'
 
 const backoff = { baseS: 10, capS: 1_000 }
@@ -32,5 +33,20 @@ describe('planRetry', () => {
       delayS: 1_000,
       error: 'the error (retried after 1000 s instead, the longest wait between attempts)',
     })
+  })
+})
+
+describe('the default retries', () => {
+  // the waits between a job's calls, each at the least and at the most its jitter gives
+  const spanS = (random: () => number) =>
+    Array.from({ length: DEFAULT_MAX_ATTEMPTS - 1 }, (_, index) => planRetry(new Error('down'), 'down', index + 1, DEFAULT_DISPATCHER_SETTINGS.backoff, random).delayS).reduce(
+      (sum, delayS) => sum + delayS,
+      0,
+    )
+
+  it('outlast a receiver away for a night: at least 20 hours from the first call to the last', () => {
+    // 10 attempts spanned 21 to 43 minutes: a receiver down 25 minutes came back to failed jobs (a review)
+    expect(spanS(() => 0) / 3_600).toBeGreaterThan(20)
+    expect(spanS(() => 0.999999) / 3_600).toBeLessThan(41)
   })
 })

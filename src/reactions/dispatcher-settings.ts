@@ -26,6 +26,15 @@ export interface DispatcherSettings {
  */
 export const HELD_BACK_WARN_MS = 60_000
 
+/**
+ * REACTION_MAX_ATTEMPTS's default: calls of one (event, handler) before its job is failed. With the default backoff
+ * (5 s doubling to an hour, equal jitter) the 49 waits between 50 calls add up to 20.2 to 40.4 hours, so a receiver or broker away for a
+ * night comes back to its events waiting, not failed: the first successful call pulls the waiting retries forward.
+ * The default was 10, whose retries spread over 21 to 43 minutes: an outside review's receiver, down 25 minutes,
+ * came back to five events failed and the 15 later events of their orders held behind them until an operator retried.
+ */
+export const DEFAULT_MAX_ATTEMPTS = 50
+
 export const DEFAULT_DISPATCHER_SETTINGS: Omit<DispatcherSettings, 'concurrency' | 'maxAttempts'> = {
   leaseMs: 5 * 60_000,
   backoff: { baseS: 5, capS: 3_600 },
