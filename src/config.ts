@@ -11,6 +11,7 @@ import bytes from 'bytes'
 import { z } from 'zod'
 import { ConfigError } from './config-error.js'
 import { dataDirProblem, leftByAnotherUser, ownerOf, writingIntoDataDir } from './data-dir.js'
+import { DEFAULT_MAX_WAL_BYTES, MIN_MAX_WAL_BYTES } from './db/pglite-wal.js'
 import { DEFAULT_STATEMENT_TIMEOUT_MS } from './db/statement-timeout.js'
 import { DEFAULT_LOG_BUFFER_LIMIT } from './logger.js'
 import { variablesNotUtf8 } from './not-utf8.js'
@@ -73,6 +74,11 @@ export interface Config {
    * system has less free space than this (db/storage-guard.ts); 0: no guard.
    */
   readonly dataDirMinFreeBytes: number
+  /**
+   * DATA_DIR_MAX_WAL: the embedded database's max_wal_size, which its checkpoints keep its write-ahead log (pg_wal)
+   * near (db/pglite-worker.mjs); at least 32 MB (two segments).
+   */
+  readonly dataDirMaxWalBytes: number
   readonly logLevel: LogLevel
   /** Human-readable log lines; undefined (LOG_PRETTY unset): on a terminal in local mode only. */
   readonly logPretty: boolean | undefined
@@ -348,6 +354,10 @@ const EnvSchema = z.object({
   DATA_DIR: z.string().min(1).default(DEFAULT_DATA_DIR),
   // 0 turns the guard off
   DATA_DIR_MIN_FREE: sizeOf(true).default(128 * 1024 * 1024),
+  // Postgres's least max_wal_size is two 16-MB segments
+  DATA_DIR_MAX_WAL: byteSize
+    .refine((value) => value >= MIN_MAX_WAL_BYTES, { message: 'must be at least 32mb (two write-ahead log segments)' })
+    .default(DEFAULT_MAX_WAL_BYTES),
   LOG_LEVEL: z.enum(['fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent']).default('info'),
   LOG_PRETTY: booleanString.optional(),
   LOG_BUFFER_LIMIT: byteSize.default(DEFAULT_LOG_BUFFER_LIMIT),
@@ -1027,6 +1037,7 @@ function parseEnvironment(rawEnv: Env, localSecrets: (dataDir: string) => LocalS
     databaseStatementTimeoutMs: values.DATABASE_STATEMENT_TIMEOUT_MS,
     dataDir,
     dataDirMinFreeBytes: values.DATA_DIR_MIN_FREE,
+    dataDirMaxWalBytes: values.DATA_DIR_MAX_WAL,
     logLevel: values.LOG_LEVEL,
     logPretty: values.LOG_PRETTY,
     logBufferLimitBytes: values.LOG_BUFFER_LIMIT,

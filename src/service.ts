@@ -171,6 +171,7 @@ export async function startService({
       statementTimeoutMs: config.databaseStatementTimeoutMs,
       // a command run in a second terminal before the service wrote serve.json opens the database for a moment
       lockWaitMs: SERVE_LOCK_WAIT_MS,
+      maxWalBytes: config.dataDirMaxWalBytes,
       logger,
     })
     stops.push({ name: 'database', stop: () => database.close() })

@@ -410,6 +410,14 @@ describe('configuration', () => {
       'LOG_BUFFER_LIMIT: must be more than 0 (a size such as 256kb)',
     ])
   })
+  it("gives the embedded database a max_wal_size of 128 MB by default (DATA_DIR_MAX_WAL), never under Postgres's 32 MB", () => {
+    expect(parseConfig(remoteEnv).dataDirMaxWalBytes).toBe(128 * 1024 * 1024)
+    expect(parseConfig({ ...remoteEnv, DATA_DIR_MAX_WAL: '32mb' }).dataDirMaxWalBytes).toBe(32 * 1024 * 1024)
+    expect(problemsOf({ ...remoteEnv, DATA_DIR_MAX_WAL: '16mb' })).toEqual(['DATA_DIR_MAX_WAL: must be at least 32mb (two write-ahead log segments)'])
+    expect(problemsOf({ ...remoteEnv, DATA_DIR_MAX_WAL: 'lots' })).toEqual([
+      'DATA_DIR_MAX_WAL: must be a size in decimal digits (0-9) with an optional unit b, kb, mb or gb, such as 256kb',
+    ])
+  })
   it('reads at most 1 MiB of a platform answer by default (PARTNER_API_ANSWER_LIMIT), never an unbounded one', () => {
     expect(parseConfig(remoteEnv).partner.maxAnswerBytes).toBe(1024 * 1024)
     expect(parseConfig({ ...remoteEnv, PARTNER_API_ANSWER_LIMIT: '8mb' }).partner.maxAnswerBytes).toBe(8 * 1024 * 1024)

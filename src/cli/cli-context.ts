@@ -205,6 +205,7 @@ async function openForCommand(migrate: boolean): Promise<{ database: DatabaseHan
     poolSize: 2,
     statementTimeoutMs: config.databaseStatementTimeoutMs,
     shortRun: true,
+    maxWalBytes: config.dataDirMaxWalBytes,
     logger,
   })
   try {

@@ -13,6 +13,7 @@ import { describeDatabaseError, errorCode, READ_ONLY } from './database-errors.j
 import { closeSocket, endWithin } from './end-within.js'
 import type { Database, DatabaseKind } from './database.js'
 import { PgliteThread } from './pglite-thread.js'
+import { DEFAULT_MAX_WAL_BYTES, walStartParams } from './pglite-wal.js'
 import { LISTENER_PROBE_MS, listenerName, listenOnPostgres } from './postgres-listener.js'
 import { makeDirectoryPrivate } from './private-directory.js'
 import { SESSION_SETTINGS } from './session-defaults.js'
@@ -114,6 +115,8 @@ export interface OpenDatabaseOptions {
   lockWaitMs?: number
   /** PGlite: opened for one short command, not for the service (pglite-thread.ts, compileForShortRuns). */
   shortRun?: boolean
+  /** PGlite: its max_wal_size (DATA_DIR_MAX_WAL), in bytes; DEFAULT_MAX_WAL_BYTES when absent. */
+  maxWalBytes?: number | undefined
   logger?: Logger
 }
 
@@ -553,7 +556,14 @@ export function embeddedDatabaseExists(dataDir: string): boolean {
 
 const PGLITE_SHARED_BUFFERS = '32MB'
 
-function openPglite({ dataDir = 'memory://', logger, pgliteTemplate, lockWaitMs = 0, shortRun = false }: OpenDatabaseOptions): DatabaseHandle {
+function openPglite({
+  dataDir = 'memory://',
+  logger,
+  pgliteTemplate,
+  lockWaitMs = 0,
+  shortRun = false,
+  maxWalBytes = DEFAULT_MAX_WAL_BYTES,
+}: OpenDatabaseOptions): DatabaseHandle {
   const inMemory = dataDir.startsWith('memory://')
   const location = inMemory ? dataDir : path.join(dataDir, 'pglite')
   let unlock = () => {}
@@ -572,7 +582,7 @@ function openPglite({ dataDir = 'memory://', logger, pgliteTemplate, lockWaitMs 
     template: pgliteTemplate,
     // Postgres's default cache (128 MB) becomes resident in this process as it fills; the embedded
     // database is local mode's and the tests', with data measured in megabytes (bench/local-memory.ts)
-    startParams: ['-c', `shared_buffers=${PGLITE_SHARED_BUFFERS}`],
+    startParams: ['-c', `shared_buffers=${PGLITE_SHARED_BUFFERS}`, ...walStartParams(maxWalBytes)],
     shortRun,
     logger,
   })

@@ -57,6 +57,9 @@ type WorkerMessage =
   | { failed: SerializedError }
   /** A flush to disk failed (the file's path inside the database, Node's error code): the database must stop. */
   | { flushFailed: { file: string; code: string } }
+  /** A checkpoint of the worker's own failed (its SQLSTATE), or one succeeded after such a failure. */
+  | { checkpointFailed: string }
+  | { checkpointed: true }
   // Node's watch mode (`npm run dev`) has every thread post the files it imports to its parent, since Node 24
   | { 'watch:import': string[] }
 
@@ -227,6 +230,9 @@ export class PgliteThread {
         else if ('ready' in message) resolve()
         else if ('failed' in message) reject(startFailure(location, rebuildError(message.failed)))
         else if ('flushFailed' in message) this.fail?.(flushFailure(message.flushFailed))
+        else if ('checkpointFailed' in message) {
+          logger?.warn({ code: message.checkpointFailed }, "the embedded database's checkpoint failed: its write-ahead log (pg_wal) grows until one succeeds [checkpoint_failed]")
+        } else if ('checkpointed' in message) logger?.info("the embedded database's checkpoints succeed again")
       })
       const stopped = (reason: string) => {
         const wasOpen = !this.closed

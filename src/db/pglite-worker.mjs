@@ -8,7 +8,8 @@
 //   { id, op: 'listen', channel }                   → { id, result: listenId }; then { notify: listenId, payload }
 //   { id, op: 'unlisten', listen }, { id, op: 'dump' } (→ a gzipped tarball's bytes), { id, op: 'close' }
 //   { id, op: 'collect' }                           → { id } after a full garbage collection of this thread
-// It answers { ready: true } once the database is up, or { failed } if it cannot start.
+// It answers { ready: true } once the database is up, or { failed } if it cannot start; on disk it says
+// { checkpointFailed: code } when a checkpoint of its own failed, and { checkpointed: true } at the next that did not.
 //
 // Plain JavaScript, its types in JSDoc (checked by tsc): as TypeScript, run from source, it needed tsx's
 // loader registered again inside it (a loader given to the process does not reach a worker on Node 20), and
@@ -223,6 +224,8 @@ async function handle(request) {
       return new Uint8Array(await dump.arrayBuffer())
     }
     case 'close':
+      closing = true
+      clearTimeout(checkpointTimer)
       if (!pglite.closed) await pglite.close()
       return undefined
     case 'collect':
@@ -265,6 +268,90 @@ function begin() {
   })
 }
 
+// Checkpoints. PGlite runs Postgres in single-user mode: no checkpointer process, so nothing checkpoints while it
+// runs, and pg_wal under DATA_DIR grew with every write until the next start (measured: 416 MB at the peak over 200,000
+// deliveries, bench/pglite-wal.ts; 400 MB still there after a restart, kept for recycling under max_wal_size 1 GB).
+// So this thread checkpoints by Postgres's own rule, looked at every second:
+// - when the WAL being written is CheckPointSegments segments past the last checkpoint's redo point, where
+//   CheckPointSegments is max_wal_size / (1 + checkpoint_completion_target) in segments, at least 1 (Postgres's
+//   CalculateCheckpointSegments and XLogCheckpointNeeded; 4 of 16 MB with max_wal_size 128 MB and 0.9);
+// - when checkpoint_timeout has passed since the last checkpoint and more than a WAL page was written after it (its
+//   own record: Postgres skips a checkpoint with nothing written since the last one).
+// A checkpoint removes or recycles the segments before its redo point (min_wal_size and max_wal_size, set by
+// open-database.ts, bound what is kept for recycling). The look and the CHECKPOINT are statements outside any
+// transaction: PGlite runs each of those only once no transaction is open (its transaction lock, which a
+// transaction holds from its BEGIN to its COMMIT: every transaction of the service is a 'begin' here), so they come
+// between whole transactions, never inside one; and one is not started while a transaction is open or the session
+// is in a transaction block. A checkpoint flushes the cache's dirty pages: what was committed is in the data files,
+// and a crash after it replays the log from its redo point.
+const CHECKPOINT_CHECK_MS = 1_000
+const WAL_PAGE_BYTES = 8_192
+
+/** @typedef {{ segmentBytes: number, segmentsBetween: number, timeoutS: number }} CheckpointRule */
+/** @type {CheckpointRule | undefined} */
+let checkpointRule
+/** @type {NodeJS.Timeout | undefined} */
+let checkpointTimer
+let closing = false
+let checkpointFailing = false
+
+/** @returns {Promise<CheckpointRule>} */
+async function readCheckpointRule() {
+  const { rows } = await pglite.query(
+    `select (select setting::float8 from pg_settings where name = 'wal_segment_size') as segment_bytes,
+       (select setting::float8 * 1024 * 1024 from pg_settings where name = 'max_wal_size') as max_wal_bytes,
+       (select setting::float8 from pg_settings where name = 'checkpoint_completion_target') as completion_target,
+       (select setting::float8 from pg_settings where name = 'checkpoint_timeout') as timeout_s`,
+  )
+  const { segment_bytes: segmentBytes, max_wal_bytes: maxWalBytes, completion_target: target, timeout_s: timeoutS } =
+    /** @type {{ segment_bytes: number, max_wal_bytes: number, completion_target: number, timeout_s: number }} */ (rows[0])
+  return { segmentBytes, segmentsBetween: Math.max(1, Math.floor(maxWalBytes / segmentBytes / (1 + target))), timeoutS }
+}
+
+/** Whether the rule above calls for a checkpoint now. */
+async function checkpointDue() {
+  checkpointRule ??= await readCheckpointRule()
+  const { segmentBytes, segmentsBetween, timeoutS } = checkpointRule
+  const { rows } = await pglite.query(
+    `select pg_wal_lsn_diff(pg_current_wal_lsn(), '0/0')::float8 as written,
+       pg_wal_lsn_diff(redo_lsn, '0/0')::float8 as redo,
+       pg_wal_lsn_diff(pg_current_wal_lsn(), checkpoint_lsn)::float8 as since_checkpoint,
+       extract(epoch from clock_timestamp() - checkpoint_time)::float8 as age_s
+     from pg_control_checkpoint()`,
+  )
+  const { written, redo, since_checkpoint: sinceCheckpoint, age_s: ageS } =
+    /** @type {{ written: number, redo: number, since_checkpoint: number, age_s: number }} */ (rows[0])
+  const segmentsPast = Math.floor(written / segmentBytes) - Math.floor(redo / segmentBytes)
+  return segmentsPast >= segmentsBetween || (ageS >= timeoutS && sinceCheckpoint > WAL_PAGE_BYTES)
+}
+
+async function checkpointIfDue() {
+  if (closing || pglite.closed || !(await checkpointDue())) return
+  // between the look and here a transaction may have begun: then at the next look
+  if (closing || pglite.closed || transactions.size > 0 || pglite.isInTransaction()) return
+  await pglite.query('checkpoint')
+}
+
+function scheduleCheckpoints() {
+  checkpointTimer = setTimeout(() => {
+    checkpointIfDue().then(
+      () => {
+        if (checkpointFailing) port.postMessage({ checkpointed: true })
+        checkpointFailing = false
+      },
+      (/** @type {unknown} */ error) => {
+        if (closing || pglite.closed) return
+        // the code only: a message from inside the database may quote the data
+        if (!checkpointFailing) port.postMessage({ checkpointFailed: String(serializeError(error).fields.code ?? 'unknown') })
+        checkpointFailing = true
+      },
+    ).finally(() => {
+      if (!closing && !pglite.closed) scheduleCheckpoints()
+    })
+  }, CHECKPOINT_CHECK_MS)
+  checkpointTimer.unref()
+}
+
 port.on('message', (/** @type {PgliteRequest} */ request) => {
   handle(request).then(
     (result) => port.postMessage({ id: request.id, result }),
@@ -277,6 +364,7 @@ pglite.waitReady
     if (!onDisk) return
     durableFileSystem()
     flushDatabase(location)
+    scheduleCheckpoints()
   })
   .then(
     () => port.postMessage({ ready: true }),
