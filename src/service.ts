@@ -172,6 +172,7 @@ export async function startService({
       // a command run in a second terminal before the service wrote serve.json opens the database for a moment
       lockWaitMs: SERVE_LOCK_WAIT_MS,
       maxWalBytes: config.dataDirMaxWalBytes,
+      minFreeBytes: config.dataDirMinFreeBytes,
       logger,
     })
     stops.push({ name: 'database', stop: () => database.close() })

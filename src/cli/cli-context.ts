@@ -206,6 +206,7 @@ async function openForCommand(migrate: boolean): Promise<{ database: DatabaseHan
     statementTimeoutMs: config.databaseStatementTimeoutMs,
     shortRun: true,
     maxWalBytes: config.dataDirMaxWalBytes,
+    minFreeBytes: config.dataDirMinFreeBytes,
     logger,
   })
   try {

@@ -16,6 +16,7 @@ import { PgliteThread } from './pglite-thread.js'
 import { DEFAULT_MAX_WAL_BYTES, walStartParams } from './pglite-wal.js'
 import { LISTENER_PROBE_MS, listenerName, listenOnPostgres } from './postgres-listener.js'
 import { makeDirectoryPrivate } from './private-directory.js'
+import { freeBytesOf } from './storage-guard.js'
 import { SESSION_SETTINGS } from './session-defaults.js'
 import { DEFAULT_STATEMENT_TIMEOUT_MS, STATEMENT_ANSWER_GRACE_MS } from './statement-timeout.js'
 import { LONE_SURROGATE } from '../partner-api/field-rules.js'
@@ -34,7 +35,9 @@ export interface DatabaseHandle {
   /**
    * PGlite only: a VACUUM of the whole database, which makes the space of deleted and updated rows reusable.
    * PGlite runs Postgres as one process, without the autovacuum that does this on Postgres: without it, rows
-   * pruned by retention keep their place on disk and the tables grow with every row ever written.
+   * pruned by retention keep their place on disk and the tables grow with every row ever written. On disk, not
+   * started where the log it may write would not fit on DATA_DIR's disk (vacuumRoom): a warning [vacuum_deferred]
+   * says so, and the next pass tries again.
    */
   vacuum?(): Promise<void>
   /**
@@ -117,6 +120,13 @@ export interface OpenDatabaseOptions {
   shortRun?: boolean
   /** PGlite: its max_wal_size (DATA_DIR_MAX_WAL), in bytes; DEFAULT_MAX_WAL_BYTES when absent. */
   maxWalBytes?: number | undefined
+  /**
+   * PGlite on disk: the free space a VACUUM leaves on DATA_DIR's disk, at least (DATA_DIR_MIN_FREE, the storage
+   * guard's minimum); 0 when absent.
+   */
+  minFreeBytes?: number | undefined
+  /** PGlite on disk: the free space of DATA_DIR's file system, in bytes (tests give their own). */
+  readFreeBytes?: ((directory: string) => Promise<number>) | undefined
   logger?: Logger
 }
 
@@ -555,7 +565,6 @@ export function embeddedDatabaseExists(dataDir: string): boolean {
 }
 
 const PGLITE_SHARED_BUFFERS = '32MB'
-
 function openPglite({
   dataDir = 'memory://',
   logger,
@@ -563,6 +572,8 @@ function openPglite({
   lockWaitMs = 0,
   shortRun = false,
   maxWalBytes = DEFAULT_MAX_WAL_BYTES,
+  minFreeBytes = 0,
+  readFreeBytes = freeBytesOf,
 }: OpenDatabaseOptions): DatabaseHandle {
   const inMemory = dataDir.startsWith('memory://')
   const location = inMemory ? dataDir : path.join(dataDir, 'pglite')
@@ -605,6 +616,18 @@ function openPglite({
     poolStats: () => ({ total: 1, idle: 1, waiting: 0 }),
     collectGarbage: () => pglite.collectGarbage(),
     vacuum: async () => {
+      if (!inMemory) {
+        const room = await vacuumRoom(db, dataDir, minFreeBytes, readFreeBytes)
+        if (room.neededBytes > room.spareBytes) {
+          logger?.warn(
+            { neededMb: mbUp(room.neededBytes), freeMb: mbDown(room.freeBytes), minFreeMb: mbUp(minFreeBytes), dataDir },
+            `VACUUM deferred: it may write up to ${mbUp(room.neededBytes)} MB of write-ahead log, and DATA_DIR's disk has ` +
+              `${mbDown(room.freeBytes)} MB free, ${mbUp(minFreeBytes)} MB of which it keeps (DATA_DIR_MIN_FREE); the next ` +
+              'pruning pass tries again [vacuum_deferred]',
+          )
+          return
+        }
+      }
       await sql`vacuum`.execute(db)
     },
     dumpDataDir: async () => {
@@ -628,6 +651,29 @@ function openPglite({
     },
   }
 }
+
+/**
+ * What a VACUUM of the embedded database may write to its log, and the room DATA_DIR's disk has for it. The log a
+ * VACUUM writes is at most a full-page image and a record for each page it changes (heap, index, visibility and free
+ * space maps): the database's size bounds it. It is one statement, during which no checkpoint runs (PGlite has one
+ * session: the checkpoints come between statements, pglite-worker.mjs), so all of it stays in pg_wal until the next
+ * checkpoint. A log that fills the disk stops the database (pglite-thread.ts): a VACUUM that may not fit is not
+ * started. `spareBytes`: the free space less what the storage guard keeps.
+ */
+async function vacuumRoom(
+  db: Kysely<Database>,
+  dataDir: string,
+  minFreeBytes: number,
+  readFreeBytes: (directory: string) => Promise<number>,
+): Promise<{ neededBytes: number; freeBytes: number; spareBytes: number }> {
+  const { rows } = await sql<{ bytes: string }>`select pg_database_size(current_database())::text as bytes`.execute(db)
+  const neededBytes = Number(rows[0]!.bytes)
+  const freeBytes = await readFreeBytes(dataDir)
+  return { neededBytes, freeBytes, spareBytes: freeBytes - minFreeBytes }
+}
+
+const mbUp = (count: number) => Math.ceil(count / 1024 / 1024)
+const mbDown = (count: number) => Math.floor(count / 1024 / 1024)
 
 export class DatabaseInUseError extends Error {
   override name = 'DatabaseInUseError'

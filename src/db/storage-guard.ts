@@ -28,7 +28,8 @@ export interface StorageGuardOptions {
   readFreeBytes?: (directory: string) => Promise<number>
 }
 
-const freeBytesOf = async (directory: string) => {
+/** The free space of `directory`'s file system that an unprivileged writer may use, in bytes. */
+export const freeBytesOf = async (directory: string) => {
   const stats = await statfs(directory)
   // what an unprivileged writer may still use (bavail), not what root may (bfree)
   return stats.bavail * stats.bsize
