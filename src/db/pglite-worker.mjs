@@ -270,7 +270,7 @@ function begin() {
 
 // Checkpoints. PGlite runs Postgres in single-user mode: no checkpointer process, so nothing checkpoints while it
 // runs, and pg_wal under DATA_DIR grew with every write until the next start (measured: 416 MB at the peak over 200,000
-// deliveries, bench/pglite-wal.ts; 400 MB still there after a restart, kept for recycling under max_wal_size 1 GB).
+// deliveries, bench/pglite-wal.ts; all 416 MB still there after a restart, kept for recycling under max_wal_size 1 GB).
 // So this thread checkpoints by Postgres's own rule, looked at every second:
 // - when the WAL being written is CheckPointSegments segments past the last checkpoint's redo point, where
 //   CheckPointSegments is max_wal_size / (1 + checkpoint_completion_target) in segments, at least 1 (Postgres's
