@@ -16,6 +16,7 @@ import {
   SECRET_FILE_VARIABLES,
   unreadVariablesOf,
 } from '../src/config.js'
+import { problemsOf } from './helpers/test-config.js'
 import { MAX_SECRET_FILE_BYTES } from '../src/secret-files.js'
 
 const WEBHOOK_SECRET = 'a-webhook-secret-of-enough-length-000'
@@ -37,16 +38,6 @@ function secretFile(content: string | Buffer): string {
   const file = path.join(directory, `secret-${++files}`)
   writeFileSync(file, content, { mode: 0o600 })
   return file
-}
-
-function problemsOf(env: Record<string, string>): string[] {
-  try {
-    parseConfig(env)
-  } catch (error) {
-    if (error instanceof ConfigError) return [...error.problems]
-    throw error
-  }
-  throw new Error('expected the configuration to be refused')
 }
 
 /** `production` with NAME given as NAME_FILE instead, the file holding `content`. */

@@ -15,6 +15,7 @@ import {
   READ_VARIABLES,
   unreadVariablesOf,
 } from '../src/config.js'
+import { problemsOf } from './helpers/test-config.js'
 import { editDistance } from '../src/unread-variables.js'
 
 const WEBHOOK_SECRET = 'a-webhook-secret-of-enough-length-000'
@@ -27,16 +28,6 @@ const production = {
   WEBHOOK_SECRETS: WEBHOOK_SECRET,
 }
 const POSTGRES = { DATABASE_URL: 'postgres://db.internal/escrow' }
-
-function problemsOf(env: Record<string, string>): string[] {
-  try {
-    parseConfig(env)
-  } catch (error) {
-    if (error instanceof ConfigError) return [...error.problems]
-    throw error
-  }
-  throw new Error('expected the configuration to be refused')
-}
 
 describe('variables the service does not read', () => {
   it('counts a swap of two neighbours as one edit, and letter case as none', () => {

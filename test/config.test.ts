@@ -2,7 +2,8 @@ import { mkdtempSync, readdirSync, readFileSync, statSync } from 'node:fs'
 import { tmpdir } from 'node:os'
 import path from 'node:path'
 import { describe, expect, it } from 'vitest'
-import { ConfigError, configSecrets, OPERATOR_LISTENER_PATHS, parseConfig } from '../src/config.js'
+import { configSecrets, OPERATOR_LISTENER_PATHS, parseConfig } from '../src/config.js'
+import { problemsOf } from './helpers/test-config.js'
 import { CONSOLE_PATH } from '../src/console/console-views.js'
 import { LOCAL_CLI_PATH } from '../src/local/running-service.js'
 import { createLogger } from '../src/logger.js'
@@ -15,16 +16,6 @@ const remoteEnv = {
   PARTNER_API_KEY_ID: 'pk_live_1',
   PARTNER_API_SECRET: 'an-api-secret-of-enough-length-0000',
   WEBHOOK_SECRETS: LONG_SECRET,
-}
-
-function problemsOf(env: Record<string, string>): string[] {
-  try {
-    parseConfig(env)
-  } catch (error) {
-    if (error instanceof ConfigError) return [...error.problems]
-    throw error
-  }
-  throw new Error('expected the configuration to be refused')
 }
 
 describe('configuration', () => {

@@ -1,4 +1,4 @@
-import { type Config, parseConfig } from '../../src/config.js'
+import { type Config, ConfigError, parseConfig } from '../../src/config.js'
 import { rememberSecret } from './log-sink.js'
 
 export const TEST_WEBHOOK_SECRET = 'whsec_test_0123456789abcdef0123456789'
@@ -20,4 +20,15 @@ export function testConfig(env: Record<string, string> = {}): Config {
     LOG_LEVEL: 'debug',
     ...env,
   })
+}
+
+/** The problems a configuration is refused with; throws when it is taken. */
+export function problemsOf(env: Record<string, string>): string[] {
+  try {
+    parseConfig(env)
+  } catch (error) {
+    if (error instanceof ConfigError) return [...error.problems]
+    throw error
+  }
+  throw new Error('expected the configuration to be refused')
 }
