@@ -810,11 +810,10 @@ describe('the poller', () => {
       await poller.stop()
     })
 
-    it('backs off at most five minutes while the platform fails, below the stalled-poller bound, and after a database failure waits the interval', async () => {
-      await insertOrders(database.db, Array.from({ length: 40 }, (_, i) => ({ externalReference: `down-${i}`, nextPollAt: fromNow(-100 + i) })))
-      const fetcher = countingFetcher(() => platformError(502))
-      let failNext = false
-      const flaky = new Proxy(database.db, {
+    /** The test database, whose next cycle fails on it (its claim's `with` throws) when `first` or after failNextCycle(). */
+    const databaseFailing = ({ first }: { first: boolean }) => {
+      let failNext = first
+      const db = new Proxy(database.db, {
         get(target, property, receiver) {
           if (property === 'with' && failNext) {
             failNext = false
@@ -826,7 +825,14 @@ describe('the poller', () => {
           return typeof value === 'function' ? value.bind(target) : value
         },
       })
-      const poller = testPoller({ db: flaky, fetcher, clock, settings: { intervalS: 30, batchSize: 5, concurrency: 1 } })
+      return { db, failNextCycle: () => void (failNext = true) }
+    }
+
+    it('backs off at most five minutes while the platform fails, below the stalled-poller bound, and after a database failure waits the interval', async () => {
+      await insertOrders(database.db, Array.from({ length: 40 }, (_, i) => ({ externalReference: `down-${i}`, nextPollAt: fromNow(-100 + i) })))
+      const fetcher = countingFetcher(() => platformError(502))
+      const flaky = databaseFailing({ first: false })
+      const poller = testPoller({ db: flaky.db, fetcher, clock, settings: { intervalS: 30, batchSize: 5, concurrency: 1 } })
       poller.start()
       // 60, 120, 240, then PLATFORM_FAILING_CAP_S where 480 s was, and again (it doubled up to an hour)
       for (const expected of [60_000, 120_000, 240_000, PLATFORM_FAILING_CAP_S * 1000]) {
@@ -839,7 +845,7 @@ describe('the poller', () => {
       const polled = fetcher.calls.length
       // the next cycle fails on the database: the next try after the interval, as its log line says (it slept the
       // platform's backoff)
-      failNext = true
+      flaky.failNextCycle()
       await clock.advance(PLATFORM_FAILING_CAP_S * 1000)
       await eventually(() => clock.pendingSleepers === 1 && clock.sleeps.length === 6, 'the poller sleeps after the failed cycle')
       expect(fetcher.calls).toHaveLength(polled)
@@ -890,20 +896,8 @@ describe('the poller', () => {
     it('keeps going after a cycle fails on the database, trying again after the interval', async () => {
       await insertOrders(database.db, [{ externalReference: 'a', nextPollAt: fromNow(-1) }])
       const fetcher = countingFetcher(() => 'delivered')
-      let failNext = true
-      const flaky = new Proxy(database.db, {
-        get(target, property, receiver) {
-          if (property === 'with' && failNext) {
-            failNext = false
-            return () => {
-              throw new Error('connection refused')
-            }
-          }
-          const value = Reflect.get(target, property, receiver)
-          return typeof value === 'function' ? value.bind(target) : value
-        },
-      })
-      const poller = testPoller({ db: flaky, fetcher, clock })
+      const flaky = databaseFailing({ first: true })
+      const poller = testPoller({ db: flaky.db, fetcher, clock })
       poller.start()
       await eventually(() => clock.pendingSleepers === 1, 'the poller sleeps after the failure')
       expect(fetcher.calls).toEqual([])
