@@ -12,7 +12,7 @@ import path from 'node:path'
 import { afterAll, describe, expect, it, vi } from 'vitest'
 import { receiverEnv, spawnCli, waitForLogLine } from './helpers/cli-process.js'
 import { migratedDataDir } from './helpers/data-dir-template.js'
-import { signBody, tradePayload } from './helpers/webhook-delivery.js'
+import { postDelivery, tradePayload } from './helpers/webhook-delivery.js'
 
 const MB = 1024 * 1024
 // DATA_DIR_MAX_WAL: a checkpoint once the log is a 16-MB segment past the last one's redo point
@@ -59,14 +59,6 @@ describe('the compiled serve on embedded PGlite on disk, a long ingest', () => {
     const payload = { ...tradePayload(`checkpoint-${randomUUID()}`, 'funded'), note: randomBytes(BODY_NOTE_BYTES / 2).toString('hex') }
     return { id: `checkpoint-${randomUUID()}`, body: JSON.stringify(payload) }
   }
-  const send = async (url: string, { id, body }: { id: string; body: string }) => {
-    const response = await fetch(`${url}/webhooks/partner`, {
-      method: 'POST',
-      headers: { 'content-type': 'application/json', 'x-partner-delivery-id': id, 'x-partner-signature': signBody(body) },
-      body,
-    })
-    return { status: response.status, answer: (await response.json()) as { received?: boolean; duplicate?: boolean } }
-  }
 
   it('checkpoints as it goes, pg_wal staying under max_wal_size and a segment, and a kill after the checkpoints loses nothing', async () => {
     const first = await start()
@@ -75,7 +67,7 @@ describe('the compiled serve on embedded PGlite on disk, a long ingest', () => {
     for (let round = 0; round < ROUNDS; round++) {
       for (let index = 0; index < PER_ROUND; index += 4) {
         const batch = Array.from({ length: 4 }, delivery)
-        const answers = await Promise.all(batch.map((each) => send(first.url, each)))
+        const answers = await Promise.all(batch.map((each) => postDelivery(first.url, each)))
         expect(answers.map(({ status }) => status)).toEqual([200, 200, 200, 200])
         answered.push(...batch)
       }
@@ -87,7 +79,7 @@ describe('the compiled serve on embedded PGlite on disk, a long ingest', () => {
     // a few deliveries more after the last checkpoint: the restart replays them from the log
     for (let index = 0; index < 4; index++) {
       const each = delivery()
-      expect((await send(first.url, each)).status).toBe(200)
+      expect((await postDelivery(first.url, each)).status).toBe(200)
       answered.push(each)
     }
     const exited = once(first.child, 'exit')
@@ -96,7 +88,7 @@ describe('the compiled serve on embedded PGlite on disk, a long ingest', () => {
 
     const second = await start()
     const again = []
-    for (const each of answered) again.push(await send(second.url, each))
+    for (const each of answered) again.push(await postDelivery(second.url, each))
     expect(again.filter(({ status, answer }) => status !== 200 || answer.duplicate !== true)).toEqual([])
     console.warn(`PGlite, DATA_DIR_MAX_WAL=${MAX_WAL_MB}mb: pg_wal after each of ${ROUNDS} rounds of ${PER_ROUND * BODY_NOTE_BYTES / MB} MB: ${afterRounds.join(', ')} MB; ${answered.length} deliveries, every one a duplicate after SIGKILL and a restart`)
     const stopped = once(second.child, 'exit')

@@ -8,7 +8,7 @@ import { randomUUID } from 'node:crypto'
 import { afterAll, describe, expect, it } from 'vitest'
 import { receiverEnv, spawnCli, waitForLogLine } from './helpers/cli-process.js'
 import { migratedDataDir } from './helpers/data-dir-template.js'
-import { signBody, tradePayload } from './helpers/webhook-delivery.js'
+import { postDelivery, tradePayload } from './helpers/webhook-delivery.js'
 
 const SENDERS = 8
 // deliveries answered 200 before the kill
@@ -30,14 +30,6 @@ describe('the compiled serve on PGlite, killed mid-ingest (SIGKILL)', () => {
 
   // a delivery for an order the service does not have (stored, parked until the order exists)
   const delivery = (index: number) => ({ id: `crash-${randomUUID()}`, body: JSON.stringify(tradePayload(`crash-${index}`, 'funded')) })
-  const send = async (url: string, { id, body }: { id: string; body: string }) => {
-    const response = await fetch(`${url}/webhooks/partner`, {
-      method: 'POST',
-      headers: { 'content-type': 'application/json', 'x-partner-delivery-id': id, 'x-partner-signature': signBody(body) },
-      body,
-    })
-    return { status: response.status, answer: (await response.json()) as { received?: boolean; duplicate?: boolean } }
-  }
 
   it('keeps every delivery it answered 200, and starts again on the same directory', async () => {
     const first = await start()
@@ -50,7 +42,7 @@ describe('the compiled serve on PGlite, killed mid-ingest (SIGKILL)', () => {
       while (!killed) {
         const next = delivery(sent++)
         try {
-          const { status } = await send(first.url, next)
+          const { status } = await postDelivery(first.url, next)
           if (status === 200) answered.push(next)
         } catch {
           return // the process is gone
@@ -66,9 +58,9 @@ describe('the compiled serve on PGlite, killed mid-ingest (SIGKILL)', () => {
 
     const second = await start()
     const again = []
-    for (const each of answered) again.push(await send(second.url, each))
+    for (const each of answered) again.push(await postDelivery(second.url, each))
     expect(again.filter(({ status, answer }) => status !== 200 || answer.duplicate !== true)).toEqual([])
-    expect(await send(second.url, delivery(sent + 1))).toEqual({ status: 200, answer: { received: true } })
+    expect(await postDelivery(second.url, delivery(sent + 1))).toEqual({ status: 200, answer: { received: true } })
     console.warn(`PGlite, SIGKILL mid-ingest: ${answered.length} deliveries answered 200 of ${sent} sent before the kill; every one a duplicate after the restart`)
     const stopped = once(second.child, 'exit')
     second.child.kill('SIGTERM')

@@ -37,3 +37,13 @@ export function sendWebhook(app: App, options: SendOptions) {
   if (signature !== null) call = call.set('X-Partner-Signature', signature)
   return call.send(raw)
 }
+
+/** POSTs a signed delivery to a running service's webhook path over HTTP: its status and its answer. */
+export async function postDelivery(url: string, { id, body }: { id: string; body: string }) {
+  const response = await fetch(`${url}/webhooks/partner`, {
+    method: 'POST',
+    headers: { 'content-type': 'application/json', 'x-partner-delivery-id': id, 'x-partner-signature': signBody(body) },
+    body,
+  })
+  return { status: response.status, answer: (await response.json()) as { received?: boolean; duplicate?: boolean } }
+}
