@@ -5,9 +5,9 @@
 // the machine's, as NTP or an operator stepping a clock leaves them.
 import { randomBytes } from 'node:crypto'
 import { afterEach, beforeEach, describe, expect, it } from 'vitest'
-import { type Clock, systemClock } from '../src/clock.js'
 import type { RunningService } from '../src/service.js'
 import { runCommand } from './helpers/cli-in-process.js'
+import { SteppedClock } from './helpers/fake-clock.js'
 import { type ForwardReceiver, startForwardReceiver } from './helpers/forward-receiver.js'
 import { rememberSecret, testLogger } from './helpers/log-sink.js'
 import { createOrder } from './helpers/orders.js'
@@ -20,20 +20,6 @@ import { signBody, tradePayload } from './helpers/webhook-delivery.js'
 const DAY_MS = 86_400_000
 // the first retry waits between half and all of it (equal jitter): a window far from a day either way
 const BACKOFF_BASE_S = 60
-
-/** The machine's clock, stepped by `stepMs` (the test sets it); its sleeps and monotonic time are the machine's. */
-class SteppedClock implements Clock {
-  stepMs = 0
-  now() {
-    return Date.now() + this.stepMs
-  }
-  monotonicNow() {
-    return performance.now()
-  }
-  sleep(ms: number, signal?: AbortSignal) {
-    return systemClock.sleep(ms, signal)
-  }
-}
 
 const kinds = postgresUrl ? (['pglite', 'postgres'] as const) : (['pglite'] as const)
 

@@ -7,9 +7,9 @@
 import { randomBytes } from 'node:crypto'
 import { type Kysely, sql } from 'kysely'
 import { afterEach, beforeEach, describe, expect, it } from 'vitest'
-import { type Clock, systemClock } from '../src/clock.js'
 import type { Database } from '../src/db/database.js'
 import type { RunningService } from '../src/service.js'
+import { SteppedClock } from './helpers/fake-clock.js'
 import { type ForwardReceiver, startForwardReceiver } from './helpers/forward-receiver.js'
 import { logEntries, rememberSecret, testLogger } from './helpers/log-sink.js'
 import { createOrder } from './helpers/orders.js'
@@ -22,20 +22,6 @@ import { signBody, tradePayload } from './helpers/webhook-delivery.js'
 const HOUR_MS = 3_600_000
 // the first retry waits 300-600 s: well within the hour the clock steps
 const BACKOFF_BASE_S = 600
-
-/** The machine's clock, stepped by `stepMs` (the test sets it); its sleeps and monotonic time are the machine's. */
-class SteppedClock implements Clock {
-  stepMs = 0
-  now() {
-    return Date.now() + this.stepMs
-  }
-  monotonicNow() {
-    return performance.now()
-  }
-  sleep(ms: number, signal?: AbortSignal) {
-    return systemClock.sleep(ms, signal)
-  }
-}
 
 const kinds = postgresUrl ? (['pglite', 'postgres'] as const) : (['pglite'] as const)
 

@@ -1,4 +1,4 @@
-import type { Clock } from '../../src/clock.js'
+import { type Clock, systemClock } from '../../src/clock.js'
 
 /** A clock that moves only when told to; sleepers wake when their time is reached. */
 export class FakeClock implements Clock {
@@ -76,5 +76,19 @@ export class ZeroSleepFakeClock extends FakeClock {
     if (ms > 0) return super.sleep(ms, signal)
     this.sleeps.push(ms)
     return signal?.aborted ? Promise.reject(signal.reason) : Promise.resolve()
+  }
+}
+
+/** The machine's clock, stepped by `stepMs` (the test sets it); its sleeps and monotonic time are the machine's. */
+export class SteppedClock implements Clock {
+  stepMs = 0
+  now() {
+    return Date.now() + this.stepMs
+  }
+  monotonicNow() {
+    return performance.now()
+  }
+  sleep(ms: number, signal?: AbortSignal) {
+    return systemClock.sleep(ms, signal)
   }
 }
