@@ -20,6 +20,7 @@ import * as reactionStreamTypes from './0016_reaction_stream_types.js'
 import * as replayedBodies from './0017_replayed_bodies.js'
 import * as orderPartnerEnv from './0018_order_partner_env.js'
 import * as deliveryOrderVersion from './0019_delivery_order_version.js'
+import * as pollDueSince from './0020_poll_due_since.js'
 
 export const migrations: Record<string, Migration> = {
   '0001_initial': initial,
@@ -41,4 +42,5 @@ export const migrations: Record<string, Migration> = {
   '0017_replayed_bodies': replayedBodies,
   '0018_order_partner_env': orderPartnerEnv,
   '0019_delivery_order_version': deliveryOrderVersion,
+  '0020_poll_due_since': pollDueSince,
 }

@@ -1,6 +1,6 @@
-import { CompiledQuery } from 'kysely'
+import { CompiledQuery, sql } from 'kysely'
 import { afterAll, beforeAll, beforeEach, describe, expect, it } from 'vitest'
-import { claimDueOrders, claimDueOrdersQuery } from '../src/orders/poll-schedule.repository.js'
+import { claimDueOrders, claimDueOrdersQuery, countDueOrdersQuery } from '../src/orders/poll-schedule.repository.js'
 import {
   countDueOrders,
   flagForOperator,
@@ -215,7 +215,7 @@ describe('claiming due orders', () => {
     )
   })
 
-  it('counts due orders and the age of the oldest, leaving out claimed and unscheduled ones', async () => {
+  it('counts due orders from when they came due, whether a claim holds them or they back off, leaving out unscheduled ones', async () => {
     expect(await countDueOrders(database.db, NOW)).toEqual({ ordersDue: 0, oldestDueAgeS: 0 })
     await insertOrders(database.db, [
       { externalReference: 'a', nextPollAt: seconds(-90) },
@@ -224,8 +224,39 @@ describe('claiming due orders', () => {
       { externalReference: 'd', nextPollAt: null },
     ])
     expect(await countDueOrders(database.db, NOW)).toEqual({ ordersDue: 2, oldestDueAgeS: 90 })
-    await claimDueOrders(database.db, { now: NOW, limit: 1, leaseS: 60, leaseToken: 'mine' })
-    expect(await countDueOrders(database.db, NOW)).toEqual({ ordersDue: 1, oldestDueAgeS: 30 })
+    // a cycle holds both: they were counted as due no more (0 and 0) while their lease moved next_poll_at out
+    const claimed = await claimDueOrders(database.db, { now: NOW, limit: 10, leaseS: 60, leaseToken: 'mine' })
+    expect(claimed.map((order) => order.externalReference)).toEqual(['a', 'b'])
+    expect(await countDueOrders(database.db, NOW)).toEqual({ ordersDue: 2, oldestDueAgeS: 90 })
+    // a's poll fails and backs off 2 minutes, b is given back untried: both still due from when they came due
+    expect(await rescheduleAfterError(database.db, { orderId: claimed[0]!.orderId, leaseToken: 'mine', nextPollAt: seconds(120) })).toBe(true)
+    expect(await releaseClaims(database.db, 'mine', claimed.slice(1))).toBe(1)
+    expect(await countDueOrders(database.db, NOW)).toEqual({ ordersDue: 2, oldestDueAgeS: 90 })
+    // past the backoff a is claimed again, and counts from its first due time still; c came due meanwhile
+    const later = seconds(200)
+    const again = await claimDueOrders(database.db, { now: later, limit: 10, leaseS: 60, leaseToken: 'again' })
+    expect(again.map((order) => order.externalReference).sort()).toEqual(['a', 'b', 'c'])
+    expect(await countDueOrders(database.db, later)).toEqual({ ordersDue: 3, oldestDueAgeS: 290 })
+    // answered with a 404, a is flagged for an operator: off the schedule, counted by orders_needing_attention instead
+    expect(await flagForOperator(database.db, { orderId: again.find((order) => order.externalReference === 'a')!.orderId, leaseToken: 'again', now: later, attention: 'trade_not_found' })).toBe(true)
+    expect(await countDueOrders(database.db, later)).toEqual({ ordersDue: 2, oldestDueAgeS: 230 })
+  })
+
+  it('counts an order backing off from the time a webhook, an API call or an operator gave it since', async () => {
+    await insertOrders(database.db, [{ externalReference: 'a', nextPollAt: seconds(-90) }])
+    const [claimed] = await claimDueOrders(database.db, { now: NOW, limit: 10, leaseS: 60, leaseToken: 'mine' })
+    await rescheduleAfterError(database.db, { orderId: claimed!.orderId, leaseToken: 'mine', nextPollAt: seconds(60) })
+    expect(await countDueOrders(database.db, NOW)).toEqual({ ordersDue: 1, oldestDueAgeS: 90 })
+    // a webhook moved the order and put its next poll STALE_AFTER_S on: it is not due, nor late, until then
+    await database.db.updateTable('orders').set({ nextPollAt: seconds(600) }).where('id', '=', claimed!.orderId).execute()
+    expect(await countDueOrders(database.db, NOW)).toEqual({ ordersDue: 0, oldestDueAgeS: 0 })
+    expect(await countDueOrders(database.db, seconds(610))).toEqual({ ordersDue: 1, oldestDueAgeS: 10 })
+    // claimed at that time, it counts from that time, not from the poll that failed before the webhook
+    await claimDueOrders(database.db, { now: seconds(610), limit: 10, leaseS: 60, leaseToken: 'later' })
+    expect(await countDueOrders(database.db, seconds(620))).toEqual({ ordersDue: 1, oldestDueAgeS: 20 })
+    // an operator's requeue makes it due now, from now
+    await requeueOrders(database.db, { externalReferences: ['a'], now: seconds(620) })
+    expect(await countDueOrders(database.db, seconds(620))).toEqual({ ordersDue: 1, oldestDueAgeS: 0 })
   })
 
   it('claims a large due backlog in batches without losing or repeating an order', async () => {
@@ -285,5 +316,33 @@ describePostgres('the claim at scale (Postgres)', () => {
     expect(claimed).toHaveLength(100)
     expect(claimed[0]!.externalReference).toBe('bulk-1')
     expect(claimed[99]!.externalReference).toBe('bulk-100')
+  })
+})
+
+describePostgres('the due count at scale (Postgres)', () => {
+  let database: TestDatabase
+  beforeAll(async () => {
+    database = await createTestDatabase()
+    // 200,000 orders due in an hour; 100 due now, and 200 backing off after failed polls since 10 minutes ago
+    await insertManyDueOrders(database.db, 200_000, seconds(3_600))
+    await sql`update orders set next_poll_at = ${seconds(-60)} where id % 2000 = 1`.execute(database.db)
+    await sql`update orders set poll_due_since = ${seconds(-600)}, poll_retry_at = next_poll_at, poll_attempts = 2
+      where id % 1000 = 2`.execute(database.db)
+    await sql`analyze orders`.execute(database.db)
+  }, 120_000)
+  afterAll(async () => {
+    await database.close()
+  })
+
+  it('reads the two partial indexes at each scrape, never the table', async () => {
+    const query = countDueOrdersQuery(database.db, NOW).compile()
+    const explained = await database.db.executeQuery<{ 'QUERY PLAN': string }>(
+      CompiledQuery.raw(`explain ${query.sql}`, [...query.parameters]),
+    )
+    const plan = explained.rows.map((row) => row['QUERY PLAN']).join('\n')
+    expect(plan).toMatch(/Bitmap Index Scan on orders_due_idx/)
+    expect(plan).toMatch(/Bitmap Index Scan on orders_poll_due_since_idx/)
+    expect(plan).not.toMatch(/Seq Scan on orders/)
+    expect(await countDueOrders(database.db, NOW)).toEqual({ ordersDue: 300, oldestDueAgeS: 600 })
   })
 })

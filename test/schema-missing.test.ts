@@ -188,21 +188,33 @@ describe('a database whose tables are missing (a restore under way, a database r
     const app = createApp({ config, db: database.db, logger, clock: systemClock })
     const reference = `older-dump-${Date.now()}`
     await createOrder(database.db, { externalReference: reference })
-    const { rows } = await sql<{ timestamp: string }>`select timestamp from kysely_migration where name = '0019_delivery_order_version'`.execute(database.db)
-    expect(rows).toHaveLength(1)
+    // a dump from before 0019_delivery_order_version, whose column the ingest names, and so before 0020_poll_due_since
+    const { rows } = await sql<{ name: string; timestamp: string }>`select name, timestamp from kysely_migration
+      where name in ('0019_delivery_order_version', '0020_poll_due_since') order by name`.execute(database.db)
+    expect(rows.map((row) => row.name)).toEqual(['0019_delivery_order_version', '0020_poll_due_since'])
     await sql`alter table webhook_deliveries drop column order_version`.execute(database.db)
-    await sql`delete from kysely_migration where name = '0019_delivery_order_version'`.execute(database.db)
+    await sql`drop index orders_poll_due_since_idx`.execute(database.db)
+    await sql`alter table orders drop column poll_due_since, drop column poll_retry_at`.execute(database.db)
+    await sql`delete from kysely_migration where name in ('0019_delivery_order_version', '0020_poll_due_since')`.execute(database.db)
     try {
       const ready = await request(app).get('/readyz')
-      expect([ready.status, ready.body.error.message]).toEqual([503, 'Migrations are pending (0019_delivery_order_version); run `npm run cli -- migrate`'])
+      expect([ready.status, ready.body.error.message]).toEqual([
+        503,
+        'Migrations are pending (0019_delivery_order_version and 1 more); run `npm run cli -- migrate`',
+      ])
       const refused = await sendWebhook(app, { body: tradePayload(reference, 'funded') })
       expect([refused.status, refused.body.error?.code, refused.headers['retry-after']]).toEqual([503, 'schema_missing', '30'])
       // the operator's `migrate`: the service itself changes nothing while it runs
       await migrateToLatest(database.db)
     } finally {
       await sql`alter table webhook_deliveries add column if not exists order_version integer`.execute(database.db)
-      await sql`insert into kysely_migration (name, timestamp) select '0019_delivery_order_version', ${rows[0]!.timestamp}
-        where not exists (select 1 from kysely_migration where name = '0019_delivery_order_version')`.execute(database.db)
+      await sql`alter table orders add column if not exists poll_due_since timestamptz, add column if not exists poll_retry_at timestamptz`.execute(database.db)
+      await sql`create index if not exists orders_poll_due_since_idx on orders (poll_due_since)
+        where poll_due_since is not null and next_poll_at is not null`.execute(database.db)
+      for (const row of rows) {
+        await sql`insert into kysely_migration (name, timestamp) select ${row.name}, ${row.timestamp}
+          where not exists (select 1 from kysely_migration where name = ${row.name})`.execute(database.db)
+      }
     }
     expect((await request(app).get('/readyz')).status).toBe(200)
     expect((await sendWebhook(app, { body: tradePayload(reference, 'funded') })).status).toBe(200)

@@ -29,6 +29,12 @@ export interface OrdersTable {
   pollLeaseToken: string | null
   pollLeaseExpiresAt: Timestamp | null
   lastPolledAt: Timestamp | null
+  /**
+   * When the poll the order waits on came due, while the poller holds it or backs it off (migrations/0020); it counts
+   * only while nextPollAt is still pollRetryAt, the time the poller wrote itself. Null once a poll is answered.
+   */
+  pollDueSince: Timestamp | null
+  pollRetryAt: Timestamp | null
   attention: string | null
   version: Generated<number>
   /** The stream position (xid8, as text) of the order's latest event (migrations/0009). */

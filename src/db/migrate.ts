@@ -440,7 +440,7 @@ export const SERVICE_COLUMNS: Readonly<Record<(typeof SERVICE_TABLES)[number], r
     'id', 'external_reference', 'trade_id', 'trade_reference', 'trade_status', 'status_rank', 'is_terminal', 'status_source',
     'status_changed_at', 'trade_create_state', 'next_poll_at', 'poll_attempts', 'poll_lease_token', 'poll_lease_expires_at',
     'last_polled_at', 'attention', 'version', 'created_at', 'updated_at', 'visited_statuses', 'last_event_position',
-    'trade_create_wait_ms', 'partner_env',
+    'trade_create_wait_ms', 'partner_env', 'poll_due_since', 'poll_retry_at',
   ],
   webhook_deliveries: [
     'delivery_id', 'received_at', 'event_type', 'trade_id', 'external_reference', 'observed_status', 'outcome', 'order_id',

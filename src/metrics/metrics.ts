@@ -37,7 +37,7 @@ export interface MetricsSources {
   databaseUp?: () => Promise<DatabaseState>
   /** How far the database's clock is ahead of this replica's, in ms (databaseClockOffsetMs); Postgres only. */
   databaseClockOffset?: () => Promise<number>
-  /** Orders due for a poll now, and how long the oldest has waited. */
+  /** Orders whose poll came due and is not answered yet (held by a cycle and backing off included), and how long the oldest has waited. */
   dueOrders?: () => Promise<{ ordersDue: number; oldestDueAgeS: number }>
   /** Orders flagged for an operator (orders.attention), counted by flag; a flag no order has may be left out. */
   ordersNeedingAttention?: () => Promise<readonly { attention: string; orders: number }[]>
@@ -453,10 +453,13 @@ export function createMetrics(
   }
   if (dueOrders) {
     scrapeTimeGauges(registry, tolerantRead(dueOrders, readTimeoutMs), {
-      ordersDue: { name: 'poller_orders_due', help: 'Orders whose next poll time has passed' },
+      ordersDue: {
+        name: 'poller_orders_due',
+        help: 'Orders whose poll has come due and has not been answered: waiting for a claim, held by a cycle, or backing off after failed polls',
+      },
       oldestDueAgeS: {
         name: 'poller_oldest_due_age_seconds',
-        help: 'How long the longest-waiting due order has been due',
+        help: 'How long the longest-waiting of them has been due, counted from when it came due whether a cycle holds it or it backs off after failed polls; 0 when none is',
       },
     })
   }

@@ -518,7 +518,9 @@ function observationStatement(
         end,
         ${
           releasesLease
-            ? sql`poll_lease_token = null, poll_lease_expires_at = null, last_polled_at = e.observed_at, poll_attempts = 0,`
+            ? // a poll's answer: the order is reconciled, no longer due from its poll's due time (migrations/0020)
+              sql`poll_lease_token = null, poll_lease_expires_at = null, last_polled_at = e.observed_at, poll_attempts = 0,
+                poll_due_since = null, poll_retry_at = null,`
             : sql``
         }
         version = o.version + case when e.outcome = 'applied' then 1 else 0 end,

@@ -67,6 +67,19 @@ function ofEnvironment(eb: ExpressionBuilder<Database, 'orders'>, partnerEnv: Pa
   return eb.or([eb('partnerEnv', 'is', null), eb('partnerEnv', '=', partnerEnv)])
 }
 
+/**
+ * When an order came due for the poll it waits on (migrations/0020): poll_due_since while next_poll_at is still the
+ * time the poller wrote itself (poll_retry_at: a lease's end, a backoff's), else next_poll_at. A claim moves
+ * next_poll_at to its lease's end and a failed poll to its backoff's: from next_poll_at alone, an order a cycle held or
+ * one backing off after the platform failed was not due, and the oldest due order's age read 0 through a platform
+ * outage. A webhook, an API call or an operator that reschedules the order writes next_poll_at alone, and the order is
+ * due by that time again.
+ */
+function dueSince(): RawBuilder<Date> {
+  return sql<Date>`case when orders.poll_due_since is not null and orders.next_poll_at = orders.poll_retry_at
+    then least(orders.poll_due_since, orders.next_poll_at) else orders.next_poll_at end`
+}
+
 export async function claimDueOrders(db: Kysely<Database>, options: ClaimOptions): Promise<ClaimedOrder[]> {
   const rows = await claimDueOrdersQuery(db, options).execute()
   return rows
@@ -115,6 +128,9 @@ export function claimDueOrdersQuery(db: Kysely<Database>, { now, limit, leaseS, 
         pollLeaseExpiresAt: leaseEnd,
         nextPollAt: leaseEnd,
         pollAttempts: eb('orders.pollAttempts', '+', 1),
+        // when the order came due: kept from an earlier claim while that one's schedule stands (see dueSince)
+        pollDueSince: dueSince(),
+        pollRetryAt: leaseEnd,
       }))
       .whereRef('orders.id', '=', 'due.id')
       .returning([
@@ -219,6 +235,9 @@ export async function rescheduleAfterError(
     .updateTable('orders')
     .set({
       nextPollAt: scheduleUnlessChanged(sql<Date>`${nextPollAt}::timestamptz`),
+      // the backoff is the poller's own schedule: the order stays due from when it came due (a time written since the
+      // claim, kept above, is not, and the order is due by that time)
+      pollRetryAt: nextPollAt,
       pollLeaseToken: null,
       pollLeaseExpiresAt: null,
     })
@@ -244,6 +263,8 @@ export async function flagForOperator(
       nextPollAt: null,
       pollLeaseToken: null,
       pollLeaseExpiresAt: null,
+      pollDueSince: null,
+      pollRetryAt: null,
       // `sent: false`, no request went out (unusable_trade_id): the claim's count of an attempt is taken back, and the
       // order was not polled (the console said "1 failed attempts" for it)
       ...(sent ? { lastPolledAt: now } : { pollAttempts: eb('pollAttempts', '-', 1) }),
@@ -289,6 +310,7 @@ export async function releaseClaims(
   const result = await sql`
     update orders
     set next_poll_at = ${scheduleUnlessChanged(sql<Date>`released.due_at`)},
+        poll_retry_at = released.due_at,
         poll_lease_token = null,
         poll_lease_expires_at = null,
         poll_attempts = greatest(orders.poll_attempts - 1, 0)
@@ -317,9 +339,12 @@ export async function schedulePollAfterApiCall(db: Kysely<Database>, orderId: nu
 }
 
 export interface DueOrderStats {
-  /** Orders whose next poll time has passed (claimed orders are not due until their lease runs out). */
+  /**
+   * Orders whose poll has come due and has not been answered: waiting for a claim, held by a cycle under way (or by
+   * one whose replica died, until its lease runs out), or waiting out the backoff of a failed poll.
+   */
   ordersDue: number
-  /** Seconds since the longest-waiting due order came due; 0 when none is due. */
+  /** Seconds since the longest-waiting of them came due (dueSince); 0 when none is due. */
   oldestDueAgeS: number
 }
 
@@ -337,20 +362,35 @@ function dueOrders(db: Kysely<Database>, now: Date) {
 }
 
 /**
- * One query over the partial index orders_due_idx: what the poller metrics report. The other environment's orders
- * are not counted (PARTNER_ENV `partnerEnv`, absent: sandbox): no claim takes them, and they would have made the
- * oldest due order late for good once a partner went live.
+ * One query over the partial indexes orders_due_idx and orders_poll_due_since_idx: what the poller metrics report,
+ * every order whose poll came due and has not been answered, by the time it came due (dueSince), so an order a cycle
+ * holds or one backing off after a failed poll counts from then. Read from next_poll_at alone, the oldest due order's
+ * age read 0 at a scrape while a cycle held every due order, and through the backoffs of a platform outage, and
+ * PartnerEscrowOldestDueOrderLate flapped through a long one. The other environment's orders are not counted
+ * (PARTNER_ENV `partnerEnv`, absent: sandbox): no claim takes them, and they would have made the oldest due order late
+ * for good once a partner went live.
  */
 export async function countDueOrders(db: Kysely<Database>, now: Date, partnerEnv?: PartnerEnv): Promise<DueOrderStats> {
-  const row = await dueOrders(db, now)
-    .select((eb) => [eb.fn.countAll<string>().as('due'), eb.fn.min('nextPollAt').as('oldest')])
-    .where((eb) => ofEnvironment(eb, partnerEnv))
-    .executeTakeFirstOrThrow()
+  const row = await countDueOrdersQuery(db, now, partnerEnv).executeTakeFirstOrThrow()
   const oldest = row.oldest === null ? null : new Date(row.oldest)
   return {
     ordersDue: Number(row.due),
     oldestDueAgeS: oldest ? Math.max(0, (now.getTime() - oldest.getTime()) / 1000) : 0,
   }
+}
+
+/** countDueOrders' statement, unexecuted: what a plan check (EXPLAIN) compiles. */
+export function countDueOrdersQuery(db: Kysely<Database>, now: Date, partnerEnv?: PartnerEnv) {
+  return pollableOrders(db)
+    .select((eb) => [eb.fn.countAll<string>().as('due'), eb.fn.min(dueSince()).as('oldest')])
+    .where((eb) =>
+      eb.or([
+        eb('nextPollAt', '<=', now),
+        // held or backing off: next_poll_at is the poller's own (lease, backoff), the due time in poll_due_since
+        eb.and([eb('pollDueSince', '<=', now), eb(eb.ref('nextPollAt'), '=', eb.ref('pollRetryAt'))]),
+      ]),
+    )
+    .where((eb) => ofEnvironment(eb, partnerEnv))
 }
 
 /**
@@ -451,6 +491,8 @@ export async function requeueOrders(
           pollAttempts: 0,
           pollLeaseToken: null,
           pollLeaseExpiresAt: null,
+          pollDueSince: null,
+          pollRetryAt: null,
           ...(pollable ? { nextPollAt: writeTime(now) } : {}),
         })
         .where('id', '=', order.id)
