@@ -244,6 +244,7 @@ describe('alert rules and dashboard', () => {
       'PartnerEscrowDatabaseTablesMissing',
       'PartnerEscrowDataDirFull',
       'PartnerEscrowWebhookSignatureFailures',
+      'PartnerEscrowWebhookSignatureMismatches',
       'PartnerEscrowWebhooksSilent',
       'PartnerEscrowParkedDeliveriesOld',
       'PartnerEscrowOldestDueOrderLate',
@@ -283,7 +284,7 @@ describePromtool('promtool', () => {
     if (!promtool) throw new Error('promtool is required in CI: .ci/run installs Debian\'s prometheus package')
     const run = (...args: string[]) =>
       execFileSync(promtool, args, { cwd: 'deploy/prometheus', encoding: 'utf8', stdio: ['ignore', 'pipe', 'pipe'] })
-    expect(run('check', 'rules', 'alerts.yml')).toMatch(/SUCCESS: 21 rules found/)
+    expect(run('check', 'rules', 'alerts.yml')).toMatch(/SUCCESS: 22 rules found/)
     expect(run('check', 'config', 'prometheus.yml')).toMatch(/SUCCESS/)
     const output = run('test', 'rules', 'alerts.test.yml')
     expect(output).toMatch(/SUCCESS/)
