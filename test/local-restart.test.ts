@@ -68,7 +68,7 @@ describe('local mode across a restart', () => {
       const { code, stderr } = await runCli(['serve'], { ...env, DATA_DIR: damaged, SANDBOX_PORT: String(await freePort()) })
       expect({ code, stderr }).toEqual({
         code: 1,
-        stderr: `The sandbox state file ${path.join(damaged, 'sandbox-state.json')} is not JSON; move it away to start the sandbox empty (its trades are then forgotten)\n`,
+        stderr: `The sandbox state file ${path.join(damaged, 'sandbox-state.json')} is not JSON; move it away to start the sandbox empty (its trades are then forgotten) [sandbox_state_invalid]\n`,
       })
     }
   })

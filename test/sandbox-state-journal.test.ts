@@ -155,6 +155,7 @@ describe('the sandbox state journal', () => {
     const start = () => sandboxOver(stateFile)
     expect(start).toThrow(SandboxStateError)
     expect(start).toThrow(`The sandbox state journal ${journal} is not valid at line 2: not JSON; move it and sandbox-state.json away`)
+    expect(start).toThrow(/ \[sandbox_state_invalid\]$/)
     expect(readFileSync(journal, 'utf8')).toBe(damaged)
   })
 })

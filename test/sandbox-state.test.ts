@@ -144,7 +144,7 @@ describe('sandbox state across a restart', () => {
       writeFileSync(stateFile, contents)
       expect(start).toThrow(SandboxStateError)
       expect(start).toThrow(stateFile)
-      expect(start).toThrow(/move it away/)
+      expect(start).toThrow(/move it away .* \[sandbox_state_invalid\]$/)
       expect(readFileSync(stateFile, 'utf8')).toBe(contents)
     }
   })

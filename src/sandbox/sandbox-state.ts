@@ -64,8 +64,43 @@ export function sandboxStateFile(dataDir: string): string | undefined {
   return dataDir.startsWith('memory://') ? undefined : path.join(dataDir, 'sandbox-state.json')
 }
 
+/**
+ * Why the state cannot be used, in the project's codes: a file there that cannot be read (`sandbox_state_unreadable`:
+ * a permission, a directory in its place) or that does not read as the sandbox's state (`sandbox_state_invalid`:
+ * not JSON, a field out of shape, a journal line other than the last), both of which stop the start; a change that
+ * cannot be written (`state_not_saved`, the code the sandbox answers that call with).
+ */
+export type SandboxStateErrorCode = 'sandbox_state_unreadable' | 'sandbox_state_invalid' | 'state_not_saved'
+
+/**
+ * The state cannot be read or written. Its message ends in its code in brackets, as every refusal of the CLI's does
+ * (reaction-setup-error.ts, cli-context.ts's CommandFailedError): a start refused for it (`serve` in local mode) exits
+ * 1 with that one line, which a script can match.
+ */
 export class SandboxStateError extends Error {
   override name = 'SandboxStateError'
+  constructor(
+    readonly code: SandboxStateErrorCode,
+    message: string,
+    options?: ErrorOptions,
+  ) {
+    super(`${message} [${code}]`, options)
+  }
+}
+
+// why a file could not be read, in words and by its code: the bare `Cannot read …` did not say why
+function readFailure(error: unknown): string {
+  const code = (error as NodeJS.ErrnoException | undefined)?.code
+  const words =
+    code === 'EACCES' || code === 'EPERM'
+      ? 'permission denied to this user'
+      : code === 'EISDIR'
+        ? 'a directory is in its place'
+        : code === 'EIO'
+          ? 'an input/output error'
+          : undefined
+  if (code === undefined) return (error as Error | undefined)?.message ?? String(error)
+  return words ? `${words} (${code})` : code
 }
 
 const text = z.string()
@@ -195,17 +230,17 @@ function readSnapshot(file: string): { state: SandboxState; base: string | undef
     contents = readFileSync(file, 'utf8')
   } catch (error) {
     if ((error as NodeJS.ErrnoException).code === 'ENOENT') return undefined
-    throw new SandboxStateError(`Cannot read the sandbox state file ${file}`, { cause: error })
+    throw new SandboxStateError('sandbox_state_unreadable', `Cannot read the sandbox state file ${file}: ${readFailure(error)}`, { cause: error })
   }
   let parsed: unknown
   try {
     parsed = JSON.parse(contents)
   } catch (error) {
-    throw new SandboxStateError(`The sandbox state file ${file} is not JSON; ${resetHint}`, { cause: error })
+    throw new SandboxStateError('sandbox_state_invalid', `The sandbox state file ${file} is not JSON; ${resetHint}`, { cause: error })
   }
   const result = stateSchema.safeParse(parsed)
   if (!result.success) {
-    throw new SandboxStateError(`The sandbox state file ${file} is not valid at ${issuePath(result.error)}; ${resetHint}`)
+    throw new SandboxStateError('sandbox_state_invalid', `The sandbox state file ${file} is not valid at ${issuePath(result.error)}; ${resetHint}`)
   }
   const { version: _version, journal: base, ...state } = result.data
   return { state, base, bytes: Buffer.byteLength(contents) }
@@ -226,7 +261,7 @@ function recoverSandboxState(file: string): Recovered {
     contents = readFileSync(journal, 'utf8')
   } catch (error) {
     if ((error as NodeJS.ErrnoException).code !== 'ENOENT') {
-      throw new SandboxStateError(`Cannot read the sandbox state journal ${journal}`, { cause: error })
+      throw new SandboxStateError('sandbox_state_unreadable', `Cannot read the sandbox state journal ${journal}: ${readFailure(error)}`, { cause: error })
     }
     contents = ''
   }
@@ -253,7 +288,10 @@ function recoverSandboxState(file: string): Recovered {
       return
     }
     if (!last) {
-      throw new SandboxStateError(`The sandbox state journal ${journal} is not valid at line ${index + 1}: ${record.reason}; ${journalResetHint(file)}`)
+      throw new SandboxStateError(
+        'sandbox_state_invalid',
+        `The sandbox state journal ${journal} is not valid at line ${index + 1}: ${record.reason}; ${journalResetHint(file)}`,
+      )
     }
     recovered.tornLine = index + 1
     recovered.journalUsable = false
@@ -347,7 +385,7 @@ export function writeSandboxState(file: string, state: SandboxState, journal?: s
     flushDirectory(file)
   } catch (error) {
     rmSync(temporary, { force: true })
-    throw new SandboxStateError(`Cannot write the sandbox state file ${file}`, { cause: error })
+    throw new SandboxStateError('state_not_saved', `Cannot write the sandbox state file ${file}`, { cause: error })
   }
   return Buffer.byteLength(contents)
 }
@@ -434,7 +472,7 @@ export class SandboxStateStore {
       descriptor = openSync(this.journal, constants.O_WRONLY | constants.O_APPEND)
     } catch (error) {
       this.journalUsable = false
-      throw new SandboxStateError(`Cannot write the sandbox state journal ${this.journal}`, { cause: error })
+      throw new SandboxStateError('state_not_saved', `Cannot write the sandbox state journal ${this.journal}`, { cause: error })
     }
     try {
       writeWhole(descriptor, line)
@@ -449,7 +487,7 @@ export class SandboxStateStore {
       } catch {
         this.journalUsable = false
       }
-      throw new SandboxStateError(`Cannot write the sandbox state journal ${this.journal}`, { cause: error })
+      throw new SandboxStateError('state_not_saved', `Cannot write the sandbox state journal ${this.journal}`, { cause: error })
     } finally {
       closeSync(descriptor)
     }
