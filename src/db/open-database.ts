@@ -22,6 +22,13 @@ import { DEFAULT_STATEMENT_TIMEOUT_MS, STATEMENT_ANSWER_GRACE_MS } from './state
 import { LONE_SURROGATE } from '../partner-api/field-rules.js'
 import { processIsAlive } from '../process-alive.js'
 
+/**
+ * Stops a listener. On Postgres its session is ended politely, the server given `withinMs` at most (and a second at
+ * most, LISTENER_END_MS) to see it out before the socket is closed: a stop gives it what is left of its share of
+ * the shutdown bound, since over a path gone silent that answer never comes.
+ */
+export type Unlisten = (withinMs?: number) => Promise<void>
+
 export interface DatabaseHandle {
   readonly db: Kysely<Database>
   readonly kind: DatabaseKind
@@ -44,10 +51,10 @@ export interface DatabaseHandle {
    * Calls `onNotify` for every NOTIFY on `channel` (delivered on the notifier's commit), and also after a
    * lost connection is back (notifications sent meanwhile are gone: the caller should look). Postgres:
    * a dedicated connection outside the pool that reconnects with backoff and never throws; PGlite: its
-   * own listen. Resolves to the function that stops listening. `payload` is the NOTIFY's; undefined
+   * own listen. Resolves to the function that stops listening (Unlisten). `payload` is the NOTIFY's; undefined
    * after a reconnect.
    */
-  listen(channel: string, onNotify: (payload?: string) => void): Promise<() => Promise<void>>
+  listen(channel: string, onNotify: (payload?: string) => void): Promise<Unlisten>
   /**
    * How many sessions of other processes listen on `channel` (this handle's own listeners not counted):
    * Postgres: the listener connections of every handle name themselves (application_name); undefined

@@ -49,7 +49,7 @@ export function listenOnPostgres({
   onProbe: (heard: boolean) => void
   /** How often a connection that heard its first probe is probed again. Default LISTENER_CHECK_MS. */
   checkMs?: number
-}): () => Promise<void> {
+}): (withinMs?: number) => Promise<void> {
   const stopping = new AbortController()
   // pg never settles the connect() of a client ended while it connects (it takes the end for the caller's own):
   // a stop that came then waited for the listener for good, and the service exited 1 at its bound
@@ -146,12 +146,15 @@ export function listenOnPostgres({
     }
   }
   const running = run()
-  return async () => {
+  // `withinMs`: what the stop has left of its share of the shutdown bound (the reaction dispatcher's grace). A fixed
+  // second here took a stop on a silent database past that share, and a service whose SHUTDOWN_TIMEOUT_MS left it
+  // less than that second exited 1 at its bound, cut short, where nothing was left to wait for
+  return async (withinMs = LISTENER_END_MS) => {
     stopping.abort()
-    if (client) await endWithin(client, LISTENER_END_MS)
+    if (client) await endWithin(client, Math.max(0, Math.min(LISTENER_END_MS, withinMs)))
     await running
   }
 }
 
-// How long a stop waits for the server to see the listener's session out before it closes the socket itself.
+// How long a stop waits at most for the server to see the listener's session out before it closes the socket itself.
 const LISTENER_END_MS = 1_000

@@ -32,6 +32,7 @@ import { anySignal } from 'any-signal'
 import type { Kysely } from 'kysely'
 import type { Clock } from '../clock.js'
 import type { Database } from '../db/database.js'
+import type { Unlisten } from '../db/open-database.js'
 import { reactionChannel } from '../db/reaction-channel.js'
 import type { Logger } from '../logger.js'
 import {
@@ -102,7 +103,7 @@ export interface DispatcherDeps {
       }
     | undefined
   /** Subscribes to the jobs channel (DatabaseHandle.listen); absent: timers only. */
-  listen?: (channel: string, onNotify: () => void) => Promise<() => Promise<void>>
+  listen?: (channel: string, onNotify: () => void) => Promise<Unlisten>
   /** Jitter source in [0, 1). */
   random?: () => number
   /** Metrics hooks. `count` attempts of `handler` ended with `result` (a stream's batch reports its attempts together). */
@@ -229,7 +230,7 @@ export function createDispatcher(deps: DispatcherDeps): Dispatcher {
   const running = new Map<string, { job: ClaimedJob; abort: AbortController; done: Promise<void> }>()
   let stopping: AbortController | undefined
   let loop: Promise<void> | undefined
-  let unlisten: (() => Promise<void>) | undefined
+  let unlisten: Unlisten | undefined
   // the job loop's, and one per stream
   const jobWaker = createWaker(clock)
   // what stop() waits for now
@@ -875,7 +876,9 @@ export function createDispatcher(deps: DispatcherDeps): Dispatcher {
       stopStep = 'the claim loop'
       await loop
       stopStep = 'the notification listener'
-      await unlisten?.().catch((error: unknown) => logger.warn({ err: error }, 'stopping the notification listener failed'))
+      // within the grace: over a path gone silent the server never sees the session out, and the listener's own
+      // second (not a share of the bound) took a stop past the dispatcher's share of it, or past the whole bound
+      await unlisten?.(Math.max(0, graceEnds - clock.now())).catch((error: unknown) => logger.warn({ err: error }, 'stopping the notification listener failed'))
       unlisten = undefined
       // claimed but never started: given back at once, for other replicas to take
       stopStep = 'giving back claimed jobs'
