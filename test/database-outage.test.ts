@@ -529,33 +529,6 @@ describePostgres('the compiled serve through database outages (Postgres)', () =>
     expect(await signalAndClose(child), `the stop's last lines:\n${watch.lines.slice(-8).join('\n')}`).toEqual({ code: 0, signal: null })
   }, 120_000)
 
-  // The notification listener's session is ended politely, and over a silent path the server's answer never comes:
-  // its stop waited a fixed second for it, whatever the reaction dispatcher's share of the bound (half of
-  // SHUTDOWN_TIMEOUT_MS), and ended 0.5-0.7 s past that share (at 1.0 s for a share of 0.3-0.5 s). A bound under about
-  // 1.1 s could not be kept: cut at 0.9 s here, exit 1, waiting for "reaction dispatcher: the notification
-  // listener", with nothing left to wait for. The wait is now what the dispatcher's share has left (0.5 s here), in
-  // the 0.9 s the bound gives the stop before its last line
-  it('a stop while the database path is silent keeps a bound shorter than the listener\'s second: exit 0, stopped', async () => {
-    const proxy = await startTcpProxy(target())
-    proxies.push(proxy)
-    const { child, watch } = await startServe(proxy.rewrite(database.url!), { POLL_ENABLED: 'false', SHUTDOWN_TIMEOUT_MS: '1000' })
-    const { url, adminUrl } = (await watch.waitFor('service listening')) as { url: string; adminUrl: string }
-    for (let n = 0; n < 3; n++) {
-      const status = (await post(url, `short-${n}-${randomBytes(4).toString('hex')}`, JSON.stringify(tradePayload(`outage-${4_100 + n}`, 'funded')))).status
-      expect(status).toBe(200)
-    }
-    // as above: the dispatcher's claim after the listener's wake is done once the listener heard its probe
-    await eventually('the listener heard its probe', async () =>
-      /^database_notifications_heard 1$/m.test(await (await fetch(`${adminUrl}/metrics`)).text()) ? true : undefined,
-    )
-    proxy.silence()
-    expect(await signalAndClose(child), `the stop's last lines:\n${watch.lines.slice(-8).join('\n')}`).toEqual({ code: 0, signal: null })
-    const stopLines = watch.entries().map((entry) => entry.msg)
-    expect(stopLines).not.toContain('shutdown did not finish in time: exiting')
-    expect(stopLines.slice(stopLines.indexOf('shutting down'))).toEqual(expect.arrayContaining(['reaction dispatcher stopped', 'stopped']))
-    expect(stopLines.at(-1)).toBe('stopped')
-  }, 120_000)
-
   it('a stop held past its bound by a silent database exits 1, and its last line says so', async () => {
     const proxy = await startTcpProxy(target())
     proxies.push(proxy)

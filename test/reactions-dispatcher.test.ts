@@ -948,6 +948,36 @@ describe('the reaction dispatcher', () => {
     expect(signalSeen!.aborted).toBe(true)
     expect(await jobs(orderId, 'slow')).toMatchObject([{ state: 'pending', attempts: 0, leaseToken: null }])
   })
+
+  // Over a path gone silent the listener's polite end never gets the server's answer: it waited a second of its own,
+  // whatever the dispatcher had left of its share of the shutdown bound, and a bound that gave the dispatcher less
+  // than that second was overrun: the compiled serve at SHUTDOWN_TIMEOUT_MS=1000 on a silenced path exited 1 at 0.92 s,
+  // waiting for the listener, and exits 0 at 0.52 s (measured; a test of that would hang on the machine's speed)
+  it('on stop, gives the notification listener what is left of its grace, not a second of its own', async () => {
+    const given: (number | undefined)[] = []
+    const reactions = createReactionRegistry().on('trade.*', 'quiet', async () => {})
+    streams = reactions.names.length
+    const running = createDispatcher({
+      db: database.db,
+      handler: reactions.handler,
+      streams: reactions,
+      clock,
+      logger: testLogger(),
+      listen: async (channel, onNotify) => {
+        const unlisten = await database.listen(channel, onNotify)
+        return async (withinMs) => {
+          given.push(withinMs)
+          await unlisten(withinMs)
+        }
+      },
+      settings: { ...SETTINGS, shutdownTimeoutMs: 300 },
+      random: HALF,
+    })
+    await running.start()
+    await running.stop()
+    // the fake clock did not move: all 300 ms of the grace were left
+    expect(given).toEqual([300])
+  })
 })
 
 describePostgres('the reaction claim (Postgres)', () => {
