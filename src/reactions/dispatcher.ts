@@ -9,6 +9,9 @@
 // pending again after an exponential backoff with jitter, or the wait its error asked for (plan-retry.ts); or, once the
 // job has used REACTION_MAX_ATTEMPTS or its error is permanent (a receiver's 410 Gone: plan-retry.ts), failed (the
 // dead letter), which holds back that order's later events for that handler until an operator retries or skips it.
+// An outcome whose write fails (the database away a moment) is written again, with backoff, while the lease lasts
+// (write-outcome.ts): a job whose handler returned in a blip is recorded once the database is back, not left running
+// for the rest of its lease and then called again.
 // A job whose handler no longer takes its event's type (FORWARD_EVENTS or AMQP_EVENTS narrowed since it was
 // written) is skipped without a call: the setting already said so, and the order's later events go on.
 //
@@ -24,7 +27,8 @@
 // A handler is aborted shortly before its lease ends: past it, another replica may claim the job again.
 // Stop: no more claims; running handlers get up to `shutdownTimeoutMs` to finish, then are aborted and
 // their leases given back (pending, due now, the interrupted attempt not counted), without waiting for a handler
-// that ignores its abort.
+// that ignores its abort. A job whose handler returned but whose outcome's write still fails then is not given back
+// (that would call it again): its write is tried once more, and if the database is still away its lease runs out.
 import { randomUUID } from 'node:crypto'
 import { setMaxListeners } from 'node:events'
 import { setTimeout as setTimeoutPromise } from 'node:timers/promises'
@@ -56,6 +60,7 @@ import { failureCode } from './failure-code.js'
 import { createRecoveryWatch } from './recovery-watch.js'
 import { createRetryLines } from './retry-lines.js'
 import { createStreamWorker, type StreamWorker } from './stream-worker.js'
+import { writeOutcome } from './write-outcome.js'
 import { CLOCK_RECHECK_MS, type ClockGuard } from '../db/clock-guard.js'
 import { loggableError } from '../db/database-errors.js'
 import { createSchemaWatch } from '../db/schema-watch.js'
@@ -227,7 +232,8 @@ export function createDispatcher(deps: DispatcherDeps): Dispatcher {
   const random = deps.random ?? Math.random
   // what the outcome of work under way is written by: the database's time once this clock is off it (clock-guard.ts)
   const timeToWrite = async () => new Date(deps.clockGuard ? await deps.clockGuard.timeToWrite() : clock.now())
-  const running = new Map<string, { job: ClaimedJob; abort: AbortController; done: Promise<void> }>()
+  // `returned`: the handler has returned, and only its outcome's write is left (tried again while the database is away)
+  const running = new Map<string, { job: ClaimedJob; abort: AbortController; done: Promise<void>; returned: boolean }>()
   let stopping: AbortController | undefined
   let loop: Promise<void> | undefined
   let unlisten: Unlisten | undefined
@@ -376,7 +382,7 @@ export function createDispatcher(deps: DispatcherDeps): Dispatcher {
     }
   }
 
-  const runJob = async (job: ClaimedJob, stopSignal: AbortSignal, claim: Claim) => {
+  const runJob = async (job: ClaimedJob, stopSignal: AbortSignal, claim: Claim, returned: () => void) => {
     const { event } = job
     const { abort } = claim
     // the job's logger is made when something logs (most jobs log nothing)
@@ -391,6 +397,7 @@ export function createDispatcher(deps: DispatcherDeps): Dispatcher {
     const handlerDone = () => {
       if (!handlerRunning) return
       handlerRunning = false
+      returned()
       slotsOf(job.handler).give()
       startWaiting(stopSignal)
       if (lastClaimFull) wake()
@@ -401,7 +408,7 @@ export function createDispatcher(deps: DispatcherDeps): Dispatcher {
       // no later attempt in this process could call it; an operator retries it once the handler is back)
       if (handler && !takes(job.handler, event.type) && !leftToOthers.has(job.handler)) {
         handlerDone()
-        await skipNotTaken(job, log)
+        await skipNotTaken(job, abort.signal, log)
         return
       }
       if (job.attempt === 1) {
@@ -450,9 +457,13 @@ export function createDispatcher(deps: DispatcherDeps): Dispatcher {
         if (failure !== undefined && !abort.signal.aborted) recovery.failed(job.handler, event, failure)
       }
       handlerDone()
+      // the outcome's write is tried again while the database does not answer, until the lease is about to end
+      // (the claim's abort) or the shutdown's grace is over (write-outcome.ts)
+      // (not a schema not whole: the loops hold at once, as before, until it is whole again)
+      const record = <T>(write: () => Promise<T>) => writeOutcome(write, { clock, signal: abort.signal, log, retryable: (error) => !schema.met(error) })
       if (failure === undefined) {
         recovery.succeeded(job.handler)
-        const written = await complete(lease)
+        const written = await record(() => complete(lease))
         report(job.handler, written ? 'done' : 'lease_lost')
         if (!written) log().warn('reaction handled, but its lease had been taken over: the job ran again elsewhere')
         return
@@ -469,13 +480,13 @@ export function createDispatcher(deps: DispatcherDeps): Dispatcher {
       if (attemptsLeft) {
         const { delayS, error } = planRetry(failure, message, job.attempt, settings.backoff, random)
         const runAt = new Date(now.getTime() + delayS * 1000)
-        const written = await retryJobLater(db, { ...lease, now, runAt, error })
+        const written = await record(() => retryJobLater(db, { ...lease, now, runAt, error }))
         // the loop's next look: the retry's run_at
         wake()
         report(job.handler, written ? 'retry' : 'lease_lost')
         retryingLater({ log: log(), handler: job.handler, failure, error, retryInS: Math.round(delayS) })
       } else {
-        const written = await failJob(db, { ...lease, now, error: message, uncalled })
+        const written = await record(() => failJob(db, { ...lease, now, error: message, uncalled }))
         report(job.handler, written ? 'failed' : 'lease_lost')
         log().error(
           { error: message, attempts: uncalled ? job.attempt - 1 : job.attempt },
@@ -483,7 +494,8 @@ export function createDispatcher(deps: DispatcherDeps): Dispatcher {
         )
       }
     } catch (error) {
-      // the write-back failed (database down): the lease runs out and the job is claimed again
+      // the write-back failed until the lease was about to end or the service stopped (the database down all that
+      // time): the lease runs out and the job is claimed again
       if (schema.met(error)) schemaNotWhole({ err: loggableError(error), handler: job.handler })
       else log().warn({ err: error }, 'could not record a reaction job outcome; it runs again after its lease')
     } finally {
@@ -493,11 +505,14 @@ export function createDispatcher(deps: DispatcherDeps): Dispatcher {
   }
 
   // the handler is not called: the job is skipped under its lease, with the reason where its last error is kept
-  const skipNotTaken = async (job: ClaimedJob, log: () => Logger) => {
+  const skipNotTaken = async (job: ClaimedJob, signal: AbortSignal, log: () => Logger) => {
     const type = job.event.type
     const setting = deps.streams?.typesSetting?.(job.handler) ?? 'its registration'
     const reason = `handler ${job.handler} no longer takes ${type} (${setting}); skipped without running`
-    const written = await skipJobNotTaken(db, { id: job.id, leaseToken: job.leaseToken, now: await timeToWrite(), reason })
+    const written = await writeOutcome(
+      async () => skipJobNotTaken(db, { id: job.id, leaseToken: job.leaseToken, now: await timeToWrite(), reason }),
+      { clock, signal, log, retryable: (error) => !schema.met(error) },
+    )
     report(job.handler, written ? 'skipped' : 'lease_lost')
     if (!written) {
       log().warn({ type }, 'reaction job not taken by its handler any more, but its lease had been taken over: the job ran again elsewhere')
@@ -577,9 +592,11 @@ export function createDispatcher(deps: DispatcherDeps): Dispatcher {
 
   // (a job that ended wakes the loop through what it wrote: the completion's group write, a retry)
   const startJob = (job: ClaimedJob, stopSignal: AbortSignal, claim: Claim) => {
-    const entry = { job, abort: claim.abort, done: Promise.resolve() }
+    const entry = { job, abort: claim.abort, done: Promise.resolve(), returned: false }
     slotsOf(job.handler).take()
-    entry.done = runJob(job, stopSignal, claim).finally(() => {
+    entry.done = runJob(job, stopSignal, claim, () => {
+      entry.returned = true
+    }).finally(() => {
       running.delete(job.id)
     })
     running.set(job.id, entry)
@@ -893,8 +910,12 @@ export function createDispatcher(deps: DispatcherDeps): Dispatcher {
           clock.sleep(Math.max(0, graceEnds - clock.now()), grace.signal).catch(() => {}),
         ])
         grace.abort()
-        const unfinished = [...running.values()]
-        for (const entry of unfinished) entry.abort.abort(new Error('the service is shutting down'))
+        const left = [...running.values()]
+        for (const entry of left) entry.abort.abort(new Error('the service is shutting down'))
+        // a handler that returned, its outcome's write still failing (the database away through the grace), is not
+        // given back: it would be called again for an outcome this replica has. The abort makes its write's last try;
+        // if that fails too, the job runs again once its lease runs out
+        const unfinished = left.filter((entry) => !entry.returned)
         const byToken = new Map<string, string[]>()
         for (const { job } of unfinished) byToken.set(job.leaseToken, [...(byToken.get(job.leaseToken) ?? []), job.id])
         const now = await timeToWrite()
@@ -906,7 +927,7 @@ export function createDispatcher(deps: DispatcherDeps): Dispatcher {
         // let aborted handlers unwind (they write nothing: a stopped job's lease is already given back)
         const unwind = new AbortController()
         await Promise.race([
-          Promise.allSettled(unfinished.map((entry) => entry.done)),
+          Promise.allSettled(left.map((entry) => entry.done)),
           clock.sleep(1_000, unwind.signal).catch(() => {}),
         ])
         unwind.abort()

@@ -14,7 +14,8 @@
 // waited BATCH_MAX_MS, or the service stops, it is written back as it stands (and the next batch sized by what
 // its slots got through: nextBatchLimit). A handler still running is written as a running job under the stream's
 // lease token (what a claim writes), and writes its own outcome to that row when it returns, as a claimed job
-// does; the stream reads on. So one stuck call holds back its own order, not the stream.
+// does, tried again while the database does not answer (write-outcome.ts); the stream reads on. So one stuck call
+// holds back its own order, not the stream.
 // A handler registered with a timeoutMs is aborted at it, and the attempt is a failure, retried (call-timeouts.ts).
 // A handler still running shortly before its lease ends is aborted (it counts as a throw). At shutdown the
 // running handlers get the shutdown timeout, then are aborted and their jobs given back (pending, due now), a
@@ -40,6 +41,8 @@ import type { ReactionHandler } from './reaction-event.js'
 import type { RecoveryWatch } from './recovery-watch.js'
 import type { RetryLine } from './retry-lines.js'
 import { completeJob, failJob, releaseJobs, retryJobLater } from './reaction-job.repository.js'
+import { writeOutcome } from './write-outcome.js'
+import { isSchemaMissing } from '../db/database-errors.js'
 import {
   createMissingReactionStream,
   readReactionStream,
@@ -280,15 +283,23 @@ export function createStreamWorker(deps: StreamWorkerDeps) {
   const resultOf = (finished: Finished): AttemptResult =>
     finished === undefined ? 'released' : finished.state === 'pending' ? 'retry' : finished.state === 'failed' ? 'failed' : 'done'
 
-  /** A handed-off handler returned: its outcome goes to its job row, as a claimed job's does. */
-  const writeHandedOff = async (id: string, finished: Finished) => {
-    const now = await timeToWrite()
-    const lease = { id, leaseToken, now }
-    let written: boolean
-    if (finished === undefined) written = (await releaseJobs(db, { ids: [id], leaseToken, now })) > 0
-    else if (finished.state === 'done') written = await completeJob(db, lease)
-    else if (finished.state === 'pending') written = await retryJobLater(db, { ...lease, runAt: finished.runAt, error: finished.lastError ?? '' })
-    else written = await failJob(db, { ...lease, error: finished.lastError ?? '' })
+  /**
+   * A handed-off handler returned: its outcome goes to its job row, as a claimed job's does, tried again while the
+   * database does not answer until `signal` aborts (the job's lease about to end, or the shutdown's grace over:
+   * write-outcome.ts).
+   */
+  const writeHandedOff = async (id: string, eventId: string, finished: Finished, signal: AbortSignal) => {
+    const written = await writeOutcome(
+      async () => {
+        const now = await timeToWrite()
+        const lease = { id, leaseToken, now }
+        if (finished === undefined) return (await releaseJobs(db, { ids: [id], leaseToken, now })) > 0
+        if (finished.state === 'done') return completeJob(db, lease)
+        if (finished.state === 'pending') return retryJobLater(db, { ...lease, runAt: finished.runAt, error: finished.lastError ?? '' })
+        return failJob(db, { ...lease, error: finished.lastError ?? '' })
+      },
+      { clock, signal, log: () => logger.child({ jobId: id, handler: name, eventId, attempt: 1 }), retryable: (error) => !isSchemaMissing(error) },
+    )
     deps.report(name, written ? resultOf(finished) : 'lease_lost')
   }
 
@@ -622,9 +633,9 @@ export function createStreamWorker(deps: StreamWorkerDeps) {
         }
         const id = ids?.get(eventId)
         try {
-          if (id) await writeHandedOff(id, finished)
+          if (id) await writeHandedOff(id, eventId, finished, abort.signal)
         } catch (error) {
-          logger.warn({ err: error, handler: name }, 'could not record a reaction job outcome; it runs again after its lease')
+          logger.warn({ err: error, handler: name, eventId }, 'could not record a reaction job outcome; it runs again after its lease')
         }
         return finished === undefined
       }

@@ -1,0 +1,170 @@
+// A job loop's handler that returns while the database does not answer (PGlite and Postgres): its outcome's write is
+// tried again under the job's lease (src/reactions/write-outcome.ts). The database here is the test's, through a plugin
+// that refuses every statement while `away` is set, as a cut connection does; time is a fake clock, so the waits
+// between tries, the shutdown's grace and the lease move only when the test says. The compiled service through a cut
+// TCP proxy: test/reactions-database-blip-process.test.ts.
+import { afterEach, beforeEach, describe, expect, it } from 'vitest'
+import { createDispatcher, type Dispatcher } from '../src/reactions/dispatcher.js'
+import type { AttemptResult } from '../src/reactions/dispatcher-settings.js'
+import { ensureReactionStreams } from '../src/reactions/reaction-stream.repository.js'
+import { createReactionRegistry } from '../src/reactions/reaction-registry.js'
+import { OUTCOME_RETRY_MAX_MS } from '../src/reactions/write-outcome.js'
+import { FakeClock } from './helpers/fake-clock.js'
+import { logEntries, testLogger } from './helpers/log-sink.js'
+import { moveNewOrder } from './helpers/orders.js'
+import { clearReactions, TEST_DISPATCHER_SETTINGS } from './helpers/reaction-jobs.js'
+import { deferred, eventually } from './helpers/reconcile-poller.js'
+import { useTestDatabase } from './helpers/test-database.js'
+
+const SETTINGS = TEST_DISPATCHER_SETTINGS
+const HANDLER = 'away-handler'
+let counter = 0
+
+describe('a reaction job whose handler returns while the database is away', () => {
+  const database = useTestDatabase()
+  let clock: FakeClock
+  let dispatcher: Dispatcher | undefined
+  let away = false
+  // the test's database as the dispatcher reaches it: every statement refused while `away`
+  const reached = () =>
+    database.db.withPlugin({
+      transformQuery: (args) => {
+        if (away) throw Object.assign(new Error('connect ECONNREFUSED 127.0.0.1:5432'), { code: 'ECONNREFUSED' })
+        return args.node
+      },
+      transformResult: async (args) => args.result,
+    })
+
+  beforeEach(() => {
+    clock = new FakeClock(Date.now())
+    away = false
+  })
+  afterEach(async () => {
+    away = false
+    await dispatcher?.stop()
+    dispatcher = undefined
+    await clearReactions(database.db)
+  })
+
+  /**
+   * One order's transition, left as a retry due now (its first attempt failed): the job loop claims it, and its handler
+   * waits until the test lets it return. The dispatcher runs on the database as `reached` gives it.
+   */
+  const heldRetry = async () => {
+    const calls: number[] = []
+    const returns = deferred<void>()
+    const results: AttemptResult[] = []
+    const reactions = createReactionRegistry().on('trade.*', HANDLER, async (_event, { attempt }) => {
+      calls.push(attempt)
+      await returns.promise
+    })
+    const orderId = await moveNewOrder(database.db, { externalReference: `away-${++counter}`, statuses: ['created'], handlersFor: reactions.handlersFor, now: () => new Date(clock.now()) })
+    // the stream begins after the transition: only the job loop runs it
+    await ensureReactionStreams(database.db, reactions.names, new Date(clock.now()))
+    const event = await database.db.selectFrom('orderStatusHistory').select(['eventId', 'sequence']).where('orderId', '=', orderId).executeTakeFirstOrThrow()
+    await database.db
+      .insertInto('reactionJobs')
+      .values({ eventId: event.eventId, orderId, sequence: event.sequence!, handler: HANDLER, state: 'pending', attempts: 1, runAt: new Date(clock.now() - 1_000), lastError: 'Error: the first attempt failed' })
+      .execute()
+    dispatcher = createDispatcher({
+      db: reached(),
+      handler: reactions.handler,
+      streams: reactions,
+      clock,
+      logger: testLogger(),
+      settings: SETTINGS,
+      random: () => 0.5,
+      onAttempt: (_handler, result) => void results.push(result),
+    })
+    await dispatcher.start()
+    const job = () => database.db.selectFrom('reactionJobs').select(['state', 'attempts', 'leaseToken', 'finishedAt']).where('eventId', '=', event.eventId).executeTakeFirstOrThrow()
+    await eventually(async () => calls.length === 1 && (await job()).state === 'running', 'the retry is claimed and its handler runs')
+    return { calls, returns, results, job, eventId: event.eventId }
+  }
+
+  /** Stops the dispatcher: `waiting` resolves once the stop waits for the job in flight (or has ended), `done` when it ends. */
+  const stopInFlight = () => {
+    const stopping = dispatcher!
+    dispatcher = undefined
+    let ended = false
+    const done = stopping.stop().then(() => void (ended = true))
+    const waiting = eventually(() => ended || stopping.waitingOn() === 'the handlers in flight', 'the stop waits for the job in flight')
+    return { done, waiting }
+  }
+
+  const linesOf = (eventId: string, msg: string) => logEntries().filter((line) => line.eventId === eventId && line.msg === msg)
+  const TRYING_AGAIN = 'could not record a reaction job outcome; trying again while its lease lasts'
+  /** The handler's outcome met the database away: its first write failed. */
+  const writeFailed = (eventId: string) =>
+    eventually(
+      () => logEntries().some((line) => line.eventId === eventId && String(line.msg).startsWith('could not record a reaction job outcome')),
+      'the outcome’s first write failed',
+    )
+
+  it('writes the outcome once the database answers again, within the lease, and does not call the handler again', async () => {
+    const { calls, returns, results, job, eventId } = await heldRetry()
+    const claimed = await job()
+    away = true
+    returns.resolve()
+    await writeFailed(eventId)
+    // away for 15 s of the clock (well within the 60-s lease): the job stays running under its claim
+    for (let waited = 0; waited < 15_000; waited += 1_000) await clock.advance(1_000)
+    expect(await job()).toMatchObject({ state: 'running', leaseToken: claimed.leaseToken })
+    away = false
+    await clock.advance(OUTCOME_RETRY_MAX_MS)
+    await eventually(async () => (await job()).state === 'done', 'the outcome is written')
+    expect(await job()).toMatchObject({ state: 'done', attempts: 2, leaseToken: null })
+    expect(calls).toEqual([2])
+    expect(results).toEqual(['done'])
+    expect(linesOf(eventId, 'recorded a reaction job outcome once the database answered again')).toHaveLength(1)
+    expect(linesOf(eventId, TRYING_AGAIN)).toHaveLength(1)
+  })
+
+  it('on stop, keeps trying through the shutdown’s grace: the database back within it, the outcome is written, not given back', async () => {
+    const { calls, returns, job, eventId } = await heldRetry()
+    away = true
+    returns.resolve()
+    await writeFailed(eventId)
+    const stopped = stopInFlight()
+    await stopped.waiting
+    away = false
+    await clock.advance(OUTCOME_RETRY_MAX_MS)
+    await stopped.done
+    expect(await job()).toMatchObject({ state: 'done', attempts: 2, leaseToken: null })
+    expect(calls).toEqual([2])
+  })
+
+  it('on stop with the database still away, ends after the grace and leaves the job to its lease, not given back to run again at once', async () => {
+    const { calls, returns, job, eventId } = await heldRetry()
+    const claimed = await job()
+    away = true
+    returns.resolve()
+    await writeFailed(eventId)
+    const stopped = stopInFlight()
+    await stopped.waiting
+    await clock.advance(SETTINGS.shutdownTimeoutMs)
+    await stopped.done
+    away = false
+    expect(await job()).toMatchObject({ state: 'running', attempts: 2, leaseToken: claimed.leaseToken })
+    expect(linesOf(eventId, 'could not record a reaction job outcome; it runs again after its lease')).toHaveLength(1)
+    expect(calls).toEqual([2])
+  })
+
+  it('writes nothing once another claim holds the job: the lease token fences every try', async () => {
+    const { returns, results, job, eventId } = await heldRetry()
+    away = true
+    returns.resolve()
+    await writeFailed(eventId)
+    // meanwhile another replica claimed the job (as after this lease ran out by its clock)
+    await database.db
+      .updateTable('reactionJobs')
+      .set((eb) => ({ leaseToken: 'another-replica', attempts: eb('attempts', '+', 1) }))
+      .where('eventId', '=', eventId)
+      .execute()
+    away = false
+    await clock.advance(OUTCOME_RETRY_MAX_MS)
+    await eventually(() => results.length === 1, 'the write is tried, and finds the lease lost')
+    expect(results).toEqual(['lease_lost'])
+    expect(await job()).toMatchObject({ state: 'running', attempts: 3, leaseToken: 'another-replica' })
+  })
+})
