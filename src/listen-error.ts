@@ -12,12 +12,27 @@ export interface ListenTarget {
 }
 
 /**
+ * Why a listener could not open, in the project's codes: another process holds the port (`port_in_use`), this user
+ * may not listen on it (`port_not_permitted`), the host is no address of this machine or no lookup finds it
+ * (`no_such_address`), or two of this start's own listeners were given one port (`port_clash`).
+ */
+export type ListenSettingErrorCode = 'port_in_use' | 'port_not_permitted' | 'no_such_address' | 'port_clash'
+
+/**
  * A listener that could not open, in words naming its setting. Its own class: its cause may be a lookup's
  * ENOTFOUND, which a command's error line read as the database's (`HOST=999.1.1.1` was reported as "The database
- * cannot be reached").
+ * cannot be reached"). Its message ends in its code in brackets, as every other refusal of the project's does
+ * (config-error.ts, sandbox-state.ts): the line used to end without one.
  */
 export class ListenSettingError extends Error {
   override readonly name = 'ListenSettingError'
+  constructor(
+    readonly code: ListenSettingErrorCode,
+    reason: string,
+    options?: ErrorOptions,
+  ) {
+    super(`${reason} [${code}]`, options)
+  }
 }
 
 /** The listen failure in words that name the setting, or the error itself when it is none of the known ones. */
@@ -26,15 +41,21 @@ export function describeListenError(error: unknown, { portSetting, hostSetting, 
   // a host given as an argument (`sandbox --host`) may hold a line feed: it cannot start a line of its own
   const host = printable(hostGiven)
   const where = `${host}:${port}`
-  const reason =
+  const refusal: [ListenSettingErrorCode, string] | undefined =
     code === 'EADDRINUSE'
-      ? `${portSetting}=${port}: another process already listens on ${where}; stop it, or set ${portSetting} to a free port`
+      ? ['port_in_use', `${portSetting}=${port}: another process already listens on ${where}; stop it, or set ${portSetting} to a free port`]
       : code === 'EACCES'
-        ? `${portSetting}=${port}: this user may not listen on ${where} (ports under 1024 need privileges); set ${portSetting} to 1024 or above`
+        ? [
+            'port_not_permitted',
+            `${portSetting}=${port}: this user may not listen on ${where} (ports under 1024 need privileges); set ${portSetting} to 1024 or above`,
+          ]
         : code === 'EADDRNOTAVAIL' || code === 'ENOTFOUND' || code === 'EAI_AGAIN'
-          ? `${hostSetting}=${host}: no such address on this machine (${code}); set ${hostSetting} to one of its addresses, such as 127.0.0.1 or 0.0.0.0`
+          ? [
+              'no_such_address',
+              `${hostSetting}=${host}: no such address on this machine (${code}); set ${hostSetting} to one of its addresses, such as 127.0.0.1 or 0.0.0.0`,
+            ]
           : undefined
-  return reason ? new ListenSettingError(reason, { cause: error }) : (error as Error)
+  return refusal ? new ListenSettingError(...refusal, { cause: error }) : (error as Error)
 }
 
 /**
@@ -43,6 +64,7 @@ export function describeListenError(error: unknown, { portSetting, hostSetting, 
  */
 export function describeListenClash(error: unknown, target: ListenTarget, holder: ListenTarget): ListenSettingError {
   return new ListenSettingError(
+    'port_clash',
     `${target.portSetting}=${target.port}: ${holder.portSetting} and ${target.portSetting} clash: this service's own listener ` +
       `for ${holder.portSetting} already listens on ${printable(holder.host)}:${holder.port}; set ${target.portSetting} to another port`,
     { cause: error },

@@ -58,7 +58,7 @@ describe('a listener that cannot open', () => {
     for (const setting of ['PORT', 'ADMIN_PORT', 'SANDBOX_PORT']) {
       const { busy, result } = await serveWithPortTaken(setting, migratedDataDir('listen-'))
       expect(result.code, setting).toBe(1)
-      expect(result.stderr).toBe(`${setting}=${busy}: another process already listens on 127.0.0.1:${busy}; stop it, or set ${setting} to a free port\n`)
+      expect(result.stderr).toBe(`${setting}=${busy}: another process already listens on 127.0.0.1:${busy}; stop it, or set ${setting} to a free port [port_in_use]\n`)
     }
   })
 
@@ -67,7 +67,7 @@ describe('a listener that cannot open', () => {
       const dataDir = emptyDataDir()
       const { busy, result } = await serveWithPortTaken(setting, dataDir)
       expect(result.code, setting).toBe(1)
-      expect(result.stderr).toBe(`${setting}=${busy}: another process already listens on 127.0.0.1:${busy}; stop it, or set ${setting} to a free port\n`)
+      expect(result.stderr).toBe(`${setting}=${busy}: another process already listens on 127.0.0.1:${busy}; stop it, or set ${setting} to a free port [port_in_use]\n`)
       expect(logMessages(result.stdout), setting).not.toContain('initialising the embedded database (first start only)')
       // the local secrets are made before the ports are known to be free, and the next start keeps using them
       expect(readdirSync(dataDir), setting).toEqual(['local-secrets.json'])
@@ -96,7 +96,7 @@ describe('a listener that cannot open', () => {
     const result = await runCli(['serve'], env, { built: true })
     expect({ code: result.code, stderr: result.stderr }).toEqual({
       code: 1,
-      stderr: `PORT=${busy}: another process already listens on 127.0.0.1:${busy}; stop it, or set PORT to a free port\n`,
+      stderr: `PORT=${busy}: another process already listens on 127.0.0.1:${busy}; stop it, or set PORT to a free port [port_in_use]\n`,
     })
     expect(connections).toEqual([])
     expect(readdirSync(dataDir)).toEqual(['local-secrets.json'])
@@ -107,7 +107,7 @@ describe('a listener that cannot open', () => {
     const result = await runCli(['sandbox', '--port', String(busy)], { DATA_DIR: migratedDataDir('listen-') }, { built: true })
     expect({ code: result.code, stderr: result.stderr }).toEqual({
       code: 1,
-      stderr: `--port=${busy}: another process already listens on 127.0.0.1:${busy}; stop it, or set --port to a free port\n`,
+      stderr: `--port=${busy}: another process already listens on 127.0.0.1:${busy}; stop it, or set --port to a free port [port_in_use]\n`,
     })
   })
 
@@ -116,7 +116,7 @@ describe('a listener that cannot open', () => {
     const result = await runCli(['sandbox'], { DATA_DIR: migratedDataDir('listen-'), SANDBOX_PORT: String(busy) }, { built: true })
     expect({ code: result.code, stderr: result.stderr }).toEqual({
       code: 1,
-      stderr: `SANDBOX_PORT=${busy}: another process already listens on 127.0.0.1:${busy}; stop it, or set SANDBOX_PORT to a free port\n`,
+      stderr: `SANDBOX_PORT=${busy}: another process already listens on 127.0.0.1:${busy}; stop it, or set SANDBOX_PORT to a free port [port_in_use]\n`,
     })
   })
 
@@ -128,7 +128,7 @@ describe('a listener that cannot open', () => {
       const result = await runCli(['serve'], env, { built: true })
       expect({ code: result.code, stderr: result.stderr }, host).toEqual({
         code: 1,
-        stderr: `ADMIN_PORT=${port}: PORT and ADMIN_PORT clash: this service's own listener for PORT already listens on ${host}:${port}; set ADMIN_PORT to another port\n`,
+        stderr: `ADMIN_PORT=${port}: PORT and ADMIN_PORT clash: this service's own listener for PORT already listens on ${host}:${port}; set ADMIN_PORT to another port [port_clash]\n`,
       })
     }
     // the in-process sandbox of local mode likewise
@@ -136,7 +136,7 @@ describe('a listener that cannot open', () => {
     const result = await runCli(['serve'], env, { built: true })
     expect({ code: result.code, stderr: result.stderr }).toEqual({
       code: 1,
-      stderr: `SANDBOX_PORT=${port}: PORT and SANDBOX_PORT clash: this service's own listener for PORT already listens on 127.0.0.1:${port}; set SANDBOX_PORT to another port\n`,
+      stderr: `SANDBOX_PORT=${port}: PORT and SANDBOX_PORT clash: this service's own listener for PORT already listens on 127.0.0.1:${port}; set SANDBOX_PORT to another port [port_clash]\n`,
     })
   })
 
@@ -147,7 +147,7 @@ describe('a listener that cannot open', () => {
     const result = await runCli(['serve'], env, { built: true })
     expect({ code: result.code, stderr: result.stderr }).toEqual({
       code: 1,
-      stderr: `ADMIN_PORT=${busy}: another process already listens on 127.0.0.1:${busy}; stop it, or set ADMIN_PORT to a free port\n`,
+      stderr: `ADMIN_PORT=${busy}: another process already listens on 127.0.0.1:${busy}; stop it, or set ADMIN_PORT to a free port [port_in_use]\n`,
     })
   })
 
@@ -198,7 +198,7 @@ describe('a listener that cannot open', () => {
     expect({ code: result.code, stdout: result.stdout, stderr: result.stderr }).toEqual({
       code: 1,
       stdout: '',
-      stderr: `--console-port=${busy}: another process already listens on 127.0.0.1:${busy}; stop it, or set --console-port to a free port\n`,
+      stderr: `--console-port=${busy}: another process already listens on 127.0.0.1:${busy}; stop it, or set --console-port to a free port [port_in_use]\n`,
     })
   })
 
@@ -207,12 +207,12 @@ describe('a listener that cannot open', () => {
     const fromEnvironment = await runCli(['sandbox'], { DATA_DIR: migratedDataDir('listen-'), SANDBOX_PORT: port, SANDBOX_HOST: '192.0.2.1' }, { built: true })
     expect({ code: fromEnvironment.code, stderr: fromEnvironment.stderr }).toEqual({
       code: 1,
-      stderr: 'SANDBOX_HOST=192.0.2.1: no such address on this machine (EADDRNOTAVAIL); set SANDBOX_HOST to one of its addresses, such as 127.0.0.1 or 0.0.0.0\n',
+      stderr: 'SANDBOX_HOST=192.0.2.1: no such address on this machine (EADDRNOTAVAIL); set SANDBOX_HOST to one of its addresses, such as 127.0.0.1 or 0.0.0.0 [no_such_address]\n',
     })
     const fromCommandLine = await runCli(['sandbox', '--port', port, '--host', '192.0.2.1'], { DATA_DIR: migratedDataDir('listen-') }, { built: true })
     expect({ code: fromCommandLine.code, stderr: fromCommandLine.stderr }).toEqual({
       code: 1,
-      stderr: '--host=192.0.2.1: no such address on this machine (EADDRNOTAVAIL); set --host to one of its addresses, such as 127.0.0.1 or 0.0.0.0\n',
+      stderr: '--host=192.0.2.1: no such address on this machine (EADDRNOTAVAIL); set --host to one of its addresses, such as 127.0.0.1 or 0.0.0.0 [no_such_address]\n',
     })
   })
 
@@ -222,7 +222,7 @@ describe('a listener that cannot open', () => {
     const result = await runCli(['serve'], env, { built: true })
     expect(result.code).toBe(1)
     expect(result.stderr).toBe(
-      'HOST=192.0.2.1: no such address on this machine (EADDRNOTAVAIL); set HOST to one of its addresses, such as 127.0.0.1 or 0.0.0.0\n',
+      'HOST=192.0.2.1: no such address on this machine (EADDRNOTAVAIL); set HOST to one of its addresses, such as 127.0.0.1 or 0.0.0.0 [no_such_address]\n',
     )
   })
 
@@ -233,19 +233,19 @@ describe('a listener that cannot open', () => {
       const result = await runCli(['serve'], env, { built: true })
       expect(result.code, setting).toBe(1)
       expect(result.stderr, setting).toMatch(
-        new RegExp(`^${setting}=no-such-host\\.invalid: no such address on this machine \\((ENOTFOUND|EAI_AGAIN)\\); set ${setting} to one of its addresses, such as 127\\.0\\.0\\.1 or 0\\.0\\.0\\.0\n$`),
+        new RegExp(`^${setting}=no-such-host\\.invalid: no such address on this machine \\((ENOTFOUND|EAI_AGAIN)\\); set ${setting} to one of its addresses, such as 127\\.0\\.0\\.1 or 0\\.0\\.0\\.0 \\[no_such_address\\]\n$`),
       )
     }
     const sandbox = await runCli(['sandbox', '--port', String(await freePort()), '--host', 'no-such-host.invalid'], { DATA_DIR: migratedDataDir('listen-') }, { built: true })
     expect(sandbox.code).toBe(1)
-    expect(sandbox.stderr).toMatch(/^--host=no-such-host\.invalid: no such address on this machine \((ENOTFOUND|EAI_AGAIN)\)/)
+    expect(sandbox.stderr).toMatch(/^--host=no-such-host\.invalid: no such address on this machine \((ENOTFOUND|EAI_AGAIN)\); .* \[no_such_address\]\n$/)
   })
 
   it('says what a privileged port needs, and lets any other error through as it is', () => {
     const target = { portSetting: 'PORT', hostSetting: 'HOST', port: 80, host: '0.0.0.0' }
     const denied = Object.assign(new Error('listen EACCES: permission denied 0.0.0.0:80'), { code: 'EACCES' })
     expect(describeListenError(denied, target).message).toBe(
-      'PORT=80: this user may not listen on 0.0.0.0:80 (ports under 1024 need privileges); set PORT to 1024 or above',
+      'PORT=80: this user may not listen on 0.0.0.0:80 (ports under 1024 need privileges); set PORT to 1024 or above [port_not_permitted]',
     )
     const other = Object.assign(new Error('something else'), { code: 'EMFILE' })
     expect(describeListenError(other, target)).toBe(other)
