@@ -1,12 +1,19 @@
 // The compiled `serve` in local mode over a sandbox state (src/sandbox/sandbox-state.ts: the snapshot and its journal)
 // it cannot use: the start is refused as every other refusal of the project's is, one line on stderr naming the
 // file (and the journal's line) and ending in its code, no stack, exit 1, and the files are left as they were. The
-// line used to end without a code, unlike every other refusal's.
-import { mkdirSync, readFileSync, statSync, writeFileSync } from 'node:fs'
+// line used to end without a code, unlike every other refusal's. A journal that no snapshot names is not read: a
+// line of it that could not be read refused the start, telling the operator to move a snapshot that was not there.
+import type { ChildProcess } from 'node:child_process'
+import { existsSync, mkdirSync, readFileSync, statSync, writeFileSync } from 'node:fs'
 import path from 'node:path'
-import { describe, expect, it } from 'vitest'
-import { freePort, runCli } from './helpers/cli-process.js'
+import { afterAll, describe, expect, it } from 'vitest'
+import { systemClock } from '../src/clock.js'
+import { parseConfig } from '../src/config.js'
+import { PartnerApiClient } from '../src/partner-api/partner-api.client.js'
+import { readSandboxState } from '../src/sandbox/sandbox-state.js'
+import { freePort, jsonLogLines, killLeftovers, runCli, spawnCli, stopChild, waitForLogLine } from './helpers/cli-process.js'
 import { migratedDataDir } from './helpers/data-dir-template.js'
+import { rememberSecret, testLogger } from './helpers/log-sink.js'
 
 const RESET = 'to start the sandbox empty (its trades are then forgotten)'
 
@@ -72,5 +79,50 @@ describe('the compiled serve in local mode over a sandbox state it cannot use', 
     // the sandbox never listened: nothing was written over the files
     expect(result.stdout).not.toContain('sandbox platform listening')
     expect(contents()).toEqual(before)
+  })
+})
+
+describe('the compiled serve in local mode over a journal without its snapshot', () => {
+  const children: ChildProcess[] = []
+  afterAll(() => killLeftovers(children))
+
+  it('starts without reading it, says so, and the first change writes a snapshot and a new journal in its place', { timeout: 240_000 }, async () => {
+    const dataDir = migratedDataDir('sandbox-state-orphan-')
+    const state = path.join(dataDir, 'sandbox-state.json')
+    const journal = `${state}.journal`
+    // the snapshot removed by hand, its journal left, with a line that cannot be read before the last
+    const damaged = `${LINE}{"base":\n${LINE.replace('"sequence":1', '"sequence":2')}`
+    writeFileSync(journal, damaged, { mode: 0o600 })
+    // the local key pair, generated into DATA_DIR/local-secrets.json here, as the service then reads it
+    const config = parseConfig({ DATA_DIR: dataDir })
+    const { keyId, secret } = config.partner
+    rememberSecret(secret, config.webhook.secrets[0]!)
+    const env = { DATA_DIR: dataDir, PORT: '0', ADMIN_PORT: '0', POLL_ENABLED: 'false', SANDBOX_PORT: String(await freePort()) }
+    const child = spawnCli(['serve'], env, { built: true })
+    children.push(child)
+    try {
+      const logged = jsonLogLines(child)
+      // it was refused here: "… is not valid at line 2: not JSON; move it and sandbox-state.json away …", exit 1
+      const { url } = await waitForLogLine(child, 'sandbox platform listening', 120_000)
+      expect(logged).toContainEqual(
+        expect.objectContaining({ level: 40, file: journal, snapshot: state, msg: expect.stringContaining('no snapshot names it') }),
+      )
+      // nothing written at the start
+      expect(existsSync(state)).toBe(false)
+      expect(readFileSync(journal, 'utf8')).toBe(damaged)
+
+      const client = new PartnerApiClient({ baseUrl: String(url), keyId, secret, env: 'sandbox', kind: 'marketplace', timeoutMs: 120_000, clock: systemClock, logger: testLogger([secret]) })
+      const trade = await client.createTrade({ title: 'Bike', amount: '120.00', currency: 'EUR', seller_id: 's-1', external_reference: 'orphan-1' })
+      // the sandbox started empty: its first trade
+      expect(trade.reference).toBe('TRD-000001')
+      expect(await stopChild(child)).toBe(0)
+      // the change is in a new snapshot, and the journal beside it is a new one: every line (the webhook's delivery,
+      // when it came before the stop) names that snapshot
+      const snapshot = JSON.parse(readFileSync(state, 'utf8')) as { journal: string }
+      for (const line of readFileSync(journal, 'utf8').split('\n').filter(Boolean)) expect(JSON.parse(line)).toMatchObject({ base: snapshot.journal })
+      expect(readSandboxState(state)!.trades.map((saved) => saved.trade_id)).toEqual([trade.trade_id])
+    } finally {
+      await stopChild(child)
+    }
   })
 })

@@ -7,7 +7,8 @@
 // (`sandbox-state.json.journal`), one JSON line a change. A change is one line appended to the journal and flushed to
 // disk (fdatasync) before the sandbox answers, so its cost is that of the change, whatever the number of trades
 // (the whole state was rewritten after every change: 1.7 MB at 4,000 trades, twice a call). A start reads the
-// snapshot, then applies the journal's lines in order.
+// snapshot, then applies the journal's lines in order. A journal that no snapshot names (the snapshot removed, or
+// written before there was a journal) is not read: none of its lines could apply.
 //
 // Compaction: once the journal would grow past the snapshot's size (64 KiB at least), the next change rewrites
 // the snapshot instead: a temporary file (mode 0600), flushed, then renamed over the old one, so a crash leaves
@@ -28,6 +29,7 @@ import {
   fdatasyncSync,
   fsyncSync,
   ftruncateSync,
+  lstatSync,
   mkdirSync,
   openSync,
   readdirSync,
@@ -222,6 +224,8 @@ interface Recovered {
   journalUsable: boolean
   /** A torn last line was dropped. */
   tornLine: number | undefined
+  /** A journal is there that no snapshot names, and was not read. */
+  journalIgnored: boolean
 }
 
 function readSnapshot(file: string): { state: SandboxState; base: string | undefined; bytes: number } | undefined {
@@ -256,6 +260,21 @@ function issuePath(error: z.ZodError): string {
 function recoverSandboxState(file: string): Recovered {
   const snapshot = readSnapshot(file)
   const journal = sandboxJournalFile(file)
+  // The journal's lines are changes to the snapshot that names it. Without one (the snapshot removed by hand, or one
+  // written before there was a journal) no line can apply, so the journal is not read: a line it could not read
+  // refused the start, telling the operator to move a snapshot that was not there. The first change writes a
+  // snapshot and a new journal in its place.
+  if (snapshot?.base === undefined) {
+    return {
+      state: snapshot?.state,
+      base: undefined,
+      snapshotBytes: snapshot?.bytes ?? 0,
+      journalBytes: 0,
+      journalUsable: false,
+      tornLine: undefined,
+      journalIgnored: isThere(journal),
+    }
+  }
   let contents: string
   try {
     contents = readFileSync(journal, 'utf8')
@@ -266,13 +285,13 @@ function recoverSandboxState(file: string): Recovered {
     contents = ''
   }
   const recovered: Recovered = {
-    state: snapshot?.state,
-    base: snapshot?.base,
-    snapshotBytes: snapshot?.bytes ?? 0,
+    state: snapshot.state,
+    base: snapshot.base,
+    snapshotBytes: snapshot.bytes,
     journalBytes: Buffer.byteLength(contents),
-    // without a snapshot that names it, a journal is left over (or there is none yet): the next change writes both
-    journalUsable: snapshot?.base !== undefined,
+    journalUsable: true,
     tornLine: undefined,
+    journalIgnored: false,
   }
   // the text after the last newline is a line being written when the writer stopped (or nothing)
   const lines = contents.split('\n')
@@ -298,8 +317,17 @@ function recoverSandboxState(file: string): Recovered {
   })
   // a line that ends without its newline is followed by nothing, even when what there is of it reads as a whole one
   if (lines.at(-1) !== '') recovered.journalUsable = false
-  if (records.length > 0) recovered.state = applyRecords(recovered.state!, records)
+  if (records.length > 0) recovered.state = applyRecords(snapshot.state, records)
   return recovered
+}
+
+// whether something is at `file` (a file, a directory); what cannot be looked at counts as nothing, since nothing reads it
+function isThere(file: string): boolean {
+  try {
+    return lstatSync(file, { throwIfNoEntry: false }) !== undefined
+  } catch {
+    return false
+  }
 }
 
 function parseRecord(line: string): { success: true; data: JournalRecord } | { success: false; reason: string } {
@@ -411,6 +439,12 @@ function writeWhole(descriptor: number, contents: string): void {
 export function openSandboxState(file: string, logger: Logger): { state: SandboxState | undefined; store: SandboxStateStore } {
   removeStaleTemporaryFiles(file)
   const recovered = recoverSandboxState(file)
+  if (recovered.journalIgnored) {
+    logger.warn(
+      { file: sandboxJournalFile(file), snapshot: file },
+      'sandbox state journal: no snapshot names it (the snapshot was removed, or was written before there was a journal), so it is not read; the next change writes a snapshot and a new journal in its place',
+    )
+  }
   if (recovered.tornLine !== undefined) {
     logger.warn(
       { file: sandboxJournalFile(file), line: recovered.tornLine },
