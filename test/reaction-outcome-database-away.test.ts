@@ -1,5 +1,6 @@
 // A job loop's handler that returns while the database does not answer (PGlite and Postgres): its outcome's write is
-// tried again under the job's lease (src/reactions/write-outcome.ts). The database here is the test's, through a plugin
+// tried again under the job's lease (src/reactions/write-outcome.ts). So is a stream batch's write-back, for a handler
+// that returns inside its batch (stream-worker.ts), under the stream's lease token. The database here is the test's, through a plugin
 // that refuses every statement while `away` is set, as a cut connection does; time is a fake clock, so the waits
 // between tries, the shutdown's grace and the lease move only when the test says. The compiled service through a cut
 // TCP proxy: test/reactions-database-blip-process.test.ts.
@@ -7,6 +8,7 @@ import { afterEach, beforeEach, describe, expect, it } from 'vitest'
 import { createDispatcher, type Dispatcher } from '../src/reactions/dispatcher.js'
 import type { AttemptResult } from '../src/reactions/dispatcher-settings.js'
 import { ensureReactionStreams } from '../src/reactions/reaction-stream.repository.js'
+import { WRITE_BACK_MS } from '../src/reactions/stream-worker.js'
 import { createReactionRegistry } from '../src/reactions/reaction-registry.js'
 import { OUTCOME_RETRY_MAX_MS } from '../src/reactions/write-outcome.js'
 import { FakeClock } from './helpers/fake-clock.js'
@@ -25,10 +27,13 @@ describe('a reaction job whose handler returns while the database is away', () =
   let clock: FakeClock
   let dispatcher: Dispatcher | undefined
   let away = false
+  // statements refused so far
+  let refused = 0
   // the test's database as the dispatcher reaches it: every statement refused while `away`
   const reached = () =>
     database.db.withPlugin({
       transformQuery: (args) => {
+        if (away) refused += 1
         if (away) throw Object.assign(new Error('connect ECONNREFUSED 127.0.0.1:5432'), { code: 'ECONNREFUSED' })
         return args.node
       },
@@ -38,6 +43,7 @@ describe('a reaction job whose handler returns while the database is away', () =
   beforeEach(() => {
     clock = new FakeClock(Date.now())
     away = false
+    refused = 0
   })
   afterEach(async () => {
     away = false
@@ -166,5 +172,116 @@ describe('a reaction job whose handler returns while the database is away', () =
     await eventually(() => results.length === 1, 'the write is tried, and finds the lease lost')
     expect(results).toEqual(['lease_lost'])
     expect(await job()).toMatchObject({ state: 'running', attempts: 3, leaseToken: 'another-replica' })
+  })
+
+  /**
+   * One order's transition, taken by the handler's stream (its first attempt, inside a batch): the handler waits until
+   * the test lets it return, as a receiver answering while the database connection is cut.
+   */
+  const heldFirstAttempt = async () => {
+    const calls: string[] = []
+    const returns = deferred<void>()
+    const results: AttemptResult[] = []
+    const reactions = createReactionRegistry().on('trade.*', HANDLER, async (event) => {
+      calls.push(event.eventId)
+      await returns.promise
+    })
+    await ensureReactionStreams(database.db, reactions.names, new Date(clock.now()))
+    const orderId = await moveNewOrder(database.db, { externalReference: `away-${++counter}`, statuses: ['created'], handlersFor: reactions.handlersFor, now: () => new Date(clock.now()) })
+    const event = await database.db.selectFrom('orderStatusHistory').select(['id', 'eventId']).where('orderId', '=', orderId).executeTakeFirstOrThrow()
+    dispatcher = createDispatcher({
+      db: reached(),
+      handler: reactions.handler,
+      streams: reactions,
+      clock,
+      logger: testLogger(),
+      settings: SETTINGS,
+      random: () => 0.5,
+      onAttempt: (_handler, result) => void results.push(result),
+    })
+    await dispatcher.start()
+    await eventually(() => calls.length === 1, 'the stream runs the transition')
+    const stream = () => database.db.selectFrom('reactionStreams').select(['historyId', 'leaseToken']).where('handler', '=', HANDLER).executeTakeFirstOrThrow()
+    const recorded = async () => {
+      const batches = await database.db.selectFrom('reactionStreamBatches').select('done').where('handler', '=', HANDLER).execute()
+      return batches.some((batch) => batch.done.map(String).includes(String(event.id)))
+    }
+    const jobs = () => database.db.selectFrom('reactionJobs').select('state').where('eventId', '=', event.eventId).execute()
+    return { calls, returns, results, stream, recorded, jobs, historyId: String(event.id) }
+  }
+  /** A statement of the dispatcher's met the database away. */
+  const statementRefused = () => eventually(() => refused > 0, 'a statement met the database away')
+  /** Moves the clock `ms` on, a second at a time (the stream's retries and its loop's waits wake as they fall due). */
+  const advanceBy = async (ms: number) => {
+    for (let waited = 0; waited < ms; waited += 1_000) await clock.advance(Math.min(1_000, ms - waited))
+  }
+
+  it('a handler returning inside its batch: the batch’s write-back is written once the database answers again, and the handler is not called again', async () => {
+    const { calls, returns, results, recorded, jobs, stream } = await heldFirstAttempt()
+    // (past WRITE_BACK_MS: the batch is written back as it ends, not held for a later one's)
+    await clock.advance(WRITE_BACK_MS)
+    away = true
+    returns.resolve()
+    await statementRefused()
+    // away for 15 s of the clock (within the 60-s lease, past half the stream's 30-s one)
+    await advanceBy(15_000)
+    expect(await recorded()).toBe(false)
+    away = false
+    await advanceBy(OUTCOME_RETRY_MAX_MS)
+    // (the clock moving on meanwhile: the stream's loop reads again as its waits fall due)
+    await eventually(async () => {
+      if (await recorded()) return true
+      await clock.advance(500)
+      return false
+    }, 'the batch is written back')
+    // the stream reads on from the place written: nothing more for the handler
+    await advanceBy(2_000)
+    await eventually(async () => (await stream()).leaseToken !== null, 'the stream is read again')
+    expect(calls).toHaveLength(1)
+    expect(results).toEqual(['done'])
+    expect(await jobs()).toEqual([])
+    expect(logEntries().filter((line) => line.msg === 'recorded a reaction stream batch once the database answered again')).toHaveLength(1)
+  })
+
+  it('the read-ahead meeting the database away while a handler runs ends the read-ahead, not the batch: its handler is called once', async () => {
+    const { calls, returns, results, recorded } = await heldFirstAttempt()
+    away = true
+    // the read-ahead's read falls due (gatherMs after the batch's read) and is refused
+    await clock.advance(20)
+    await statementRefused()
+    await clock.advance(WRITE_BACK_MS)
+    returns.resolve()
+    await advanceBy(10_000)
+    away = false
+    await advanceBy(OUTCOME_RETRY_MAX_MS)
+    // (the clock moving on meanwhile: the stream's loop reads again as its waits fall due)
+    await eventually(async () => {
+      if (await recorded()) return true
+      await clock.advance(500)
+      return false
+    }, 'the batch is written back')
+    await advanceBy(2_000)
+    expect(calls).toHaveLength(1)
+    expect(results).toEqual(['done'])
+  })
+
+  it('a batch’s write-back tried again writes nothing once another replica holds the stream: its lease token fences every try', async () => {
+    const { returns, recorded, stream, historyId } = await heldFirstAttempt()
+    const before = await stream()
+    await clock.advance(WRITE_BACK_MS)
+    away = true
+    returns.resolve()
+    await statementRefused()
+    // meanwhile another replica took the stream (its lease ran out by that replica's clock)
+    await database.db.updateTable('reactionStreams').set({ leaseToken: 'another-replica' }).where('handler', '=', HANDLER).execute()
+    away = false
+    await advanceBy(OUTCOME_RETRY_MAX_MS)
+    await eventually(
+      () => logEntries().some((line) => line.msg === 'reaction stream lease was taken over: the batch runs again elsewhere'),
+      'the write-back is tried, and finds the stream taken',
+    )
+    expect(await recorded()).toBe(false)
+    expect(await stream()).toEqual({ historyId: before.historyId, leaseToken: 'another-replica' })
+    expect(historyId).not.toBe(before.historyId)
   })
 })

@@ -151,3 +151,66 @@ describePostgres('a database blip while reaction handlers run, under the compile
     }
   }, 600_000)
 })
+
+// A receiver that answers at once (the common case): the handler returns inside its stream batch, and it is the batch's
+// own write-back (the record of its events done and the stream's new place, one statement) that meets the database
+// away. It is tried again while the batch's lease lasts, fenced by the stream's lease token (stream-worker.ts). Before,
+// nothing of the batch was written, and once the database was back its events were read and run again: the same
+// webhook-id sent twice after a 20-s cut (found by an outside review, REACTION_LEASE_S=30).
+describePostgres('a database blip as a fast receiver answers a stream batch’s forward, under the compiled serve (Postgres)', () => {
+  const FAST_CUT_MS = 20_000
+  // the test's cut, started by the receiver the moment the first forward of `blip-fast` arrives
+  let cutNow: (() => void) | undefined
+  const setting = useForwardingServe('database-blip-fast-', (request) => {
+    const { external_reference: reference, to } = referenceOf(request)
+    if (reference === 'blip-fast' && to === 'created' && cutNow) {
+      cutNow()
+      cutNow = undefined
+      return { status: 204, when: new Promise<void>((resolve) => setTimeout(resolve, 50)) }
+    }
+    return 204
+  })
+
+  it('writes the batch back once the database is back, and the forward is sent once', async () => {
+    const { database, receiver } = setting
+    const db = database.db
+    const target = new URL(postgresUrl!)
+    const proxy = await startTcpProxy({ host: target.hostname, port: Number(target.port || 5432) })
+    try {
+      await ensureReactionStreams(db, [FORWARDER_HANDLER], new Date())
+      const child = setting.serve({ ...setting.serveEnv(), DATABASE_URL: proxy.rewrite(database.url!), REACTION_LEASE_S: '30' })
+      const lines = jsonLogLines(child)
+      await waitForLogLine(child, 'service listening', 120_000)
+      // a first order forwarded before the cut: the stream is read and written back through the proxy
+      await moveNewOrder(db, { externalReference: 'blip-before', statuses: ['created'], handlersFor, now: () => new Date() })
+      await eventually(() => sentTo(receiver.received, 'blip-before', 'created').length === 1, 'a forward before the cut', 60_000)
+
+      let cutAt = 0
+      const cut = deferred<void>()
+      cutNow = () => {
+        cutAt = Date.now()
+        proxy.cut()
+        cut.resolve()
+      }
+      const orderId = await moveNewOrder(db, { externalReference: 'blip-fast', statuses: ['created'], handlersFor, now: () => new Date() })
+      await cut.promise
+      await new Promise((resolve) => setTimeout(resolve, Math.max(0, cutAt + FAST_CUT_MS - Date.now())))
+      proxy.restore()
+      const restoredAt = Date.now()
+
+      await moveOn(db, orderId, 'blip-fast', 'funded')
+      await eventually(() => sentTo(receiver.received, 'blip-fast', 'funded').length === 1, 'the order’s next event is forwarded', 120_000)
+      const recorded = lines.find((line) => line.msg === 'recorded a reaction stream batch once the database answered again')
+      // (which write met the cut depends on the timing: the batch's own write-back, or a later one's that takes it)
+      console.warn(`cut ${restoredAt - cutAt} ms; batch written ${recorded ? Number(recorded.time) - restoredAt : 'never'} ms after the restore; funded forwarded ${Date.now() - restoredAt} ms after it`)
+      expect(sentTo(receiver.received, 'blip-fast', 'created')).toHaveLength(1)
+      // no job row: the forward was done on its first attempt
+      const jobs = await db.selectFrom('reactionJobs').innerJoin('orders', 'orders.id', 'reactionJobs.orderId').select('reactionJobs.state').where('orders.externalReference', '=', 'blip-fast').execute()
+      expect(jobs).toEqual([])
+      expect(child.exitCode).toBeNull()
+      expect(await stopChild(child)).toBe(0)
+    } finally {
+      await proxy.close()
+    }
+  }, 600_000)
+})

@@ -208,8 +208,9 @@ export function createStreamWorker(deps: StreamWorkerDeps) {
    * Writes back, under the lease (renewed): the job rows of `outcomes`, the record of the `done` events and the new
    * place. The running rows' ids by event id; undefined when another replica holds the stream (nothing written).
    */
-  const writeBack = async (place: StreamPlace, outcomes: readonly StreamOutcome[], done: readonly string[]) => {
+  const writeBack = async (place: StreamPlace, outcomesAt: (now: Date) => readonly StreamOutcome[], done: readonly string[]) => {
     const now = await timeToWrite()
+    const outcomes = outcomesAt(now)
     return writeReactionStream(db, { handler: name, leaseToken, place, outcomes, done, now, leaseEnd: new Date(now.getTime() + streamLeaseMs), types })
   }
   /** Another replica took the stream: `events` of this process's batches run again there. */
@@ -220,9 +221,17 @@ export function createStreamWorker(deps: StreamWorkerDeps) {
   const writeUnwritten = async () => {
     const pending = unwritten
     if (!pending) return
-    // (a write that fails leaves the stream's place where it was: those events are read and run again)
     unwritten = undefined
-    if (!(await writeBack(pending.place, [], pending.done))) {
+    let written: Map<string, string> | undefined
+    try {
+      written = await writeBack(pending.place, () => [], pending.done)
+    } catch (error) {
+      // (the database away: held again, the next read goes on from their place and a later write-back takes them; they
+      // ran again when the lease was lost meanwhile)
+      unwritten ??= pending
+      throw error
+    }
+    if (!written) {
       leased = false
       warnTakenOver(pending.done.length)
     }
@@ -515,8 +524,15 @@ export function createStreamWorker(deps: StreamWorkerDeps) {
         if (queue.length > shortQueue && !(await unlessEnded(whenQueueShort()))) return
         const now = clock.now()
         if (writingBack || stopSignal.aborted || lanesRunning === 0 || last.full || now - started >= WRITE_BACK_MS || readTotal + asked > maxUnwritten) return
-        const at = await timeToWrite()
-        const more = await readReactionStream(db, { handler: name, leaseToken, now: at, leaseEnd: new Date(at.getTime() + streamLeaseMs), limit: asked, after: place, types })
+        let more: Awaited<ReturnType<typeof readReactionStream>>
+        try {
+          const at = await timeToWrite()
+          more = await readReactionStream(db, { handler: name, leaseToken, now: at, leaseEnd: new Date(at.getTime() + streamLeaseMs), limit: asked, after: place, types })
+        } catch {
+          // the database away: the batch reads no further, and its write-back (tried again while the lease lasts)
+          // says so. Thrown from here, it ended the batch with nothing of it written, and its events ran again
+          return
+        }
         // (the batch is being written back: the next batch reads these events again)
         if (writingBack) return
         if (!more.leased || !more.fromAfter) {
@@ -570,8 +586,8 @@ export function createStreamWorker(deps: StreamWorkerDeps) {
 
     // every event of the handler not done gets its job row: its outcome; running (handed off); or pending, due now
     const now = clock.now()
-    const writtenAt = await timeToWrite()
-    const rowOf = (entry: StreamEvent, finished: StreamOutcome | undefined): StreamOutcome => {
+    // (writtenAt: the time of the write-back's try that lands)
+    const rowOf = (entry: StreamEvent, finished: StreamOutcome | undefined, writtenAt: Date): StreamOutcome => {
       const { eventId } = entry.event
       if (finished) return finished
       const base = { event: entry.event, createdAt: entry.recordedAt, lastError: null }
@@ -580,13 +596,14 @@ export function createStreamWorker(deps: StreamWorkerDeps) {
     }
     // the batches held in memory go with this one's write-back
     const done: string[] = unwritten?.done ?? []
-    const outcomes: StreamOutcome[] = []
+    const outcomes: [StreamEvent, StreamOutcome | undefined][] = []
     for (const entry of mine) {
       const { eventId } = entry.event
       const finished = results.get(eventId)
       if (finished?.state === 'done') done.push(entry.historyId)
-      else outcomes.push(rowOf(entry, finished))
+      else outcomes.push([entry, finished])
     }
+    const outcomesAt = (writtenAt: Date) => outcomes.map(([entry, finished]) => rowOf(entry, finished, writtenAt))
     // (a handler stopped by the shutdown before it returned made no attempt: pending, due now, as above)
     // counted by result: one metrics update per result a batch, not one per event
     const counts = new Map<AttemptResult, number>()
@@ -613,7 +630,21 @@ export function createStreamWorker(deps: StreamWorkerDeps) {
     let ids: Map<string, string> | undefined
     try {
       // (lost: another replica took the stream meanwhile, and runs these events again)
-      ids = lost ? undefined : await writeBack(place, outcomes, done)
+      // The database away (a failover, a cut connection): tried again with backoff while the batch's lease lasts
+      // (REACTION_LEASE_S from its read, less the margin at which its handlers are aborted) or until the shutdown's grace
+      // ends (write-outcome.ts). Every try is fenced by the stream's lease token: once another replica took the stream
+      // (or an operator gave its lease back), it writes nothing and those events run there again. Before, the one
+      // write failed, nothing of the batch was written, and its events ran again once the database was back: a
+      // forwarder sent the same webhook-id twice after a blip of a few seconds
+      ids = lost
+        ? undefined
+        : await writeOutcome(() => writeBack(place, outcomesAt, done), {
+            clock,
+            signal: abort.signal,
+            log: () => logger.child({ handler: name }),
+            retryable: (error) => !isSchemaMissing(error),
+            what: 'a reaction stream batch',
+          })
     } finally {
       // handlers still running own their rows from here (or, the write lost, run out with the lease)
       // Each call's outcome is written as it returns, not in turn: one call that never returns held back the rows of

@@ -13,6 +13,9 @@
 // Every try is fenced by the lease token (reaction-job.repository.ts): it writes only while the row is `running`
 // under this claim's token. A claim made since (the lease ran out, an operator gave the stream's lease back) holds
 // another token, and the try writes nothing: no outcome is ever written over a lease this replica no longer holds.
+//
+// A stream batch's write-back (stream-worker.ts: the record of its events done, its job rows and the stream's new
+// place, one statement) is tried again the same way, fenced by the stream's lease token.
 import type { Clock } from '../clock.js'
 import type { Logger } from '../logger.js'
 
@@ -34,7 +37,15 @@ export async function writeOutcome<T>(
     signal,
     log,
     retryable = () => true,
-  }: { clock: Pick<Clock, 'now' | 'sleep'>; signal: AbortSignal; log: () => Logger; retryable?: (error: unknown) => boolean },
+    what = 'a reaction job outcome',
+  }: {
+    clock: Pick<Clock, 'now' | 'sleep'>
+    signal: AbortSignal
+    log: () => Logger
+    retryable?: (error: unknown) => boolean
+    /** What is written, in the log lines: a job's outcome unless said (a stream batch's write-back). */
+    what?: string
+  },
 ): Promise<T> {
   let waitMs = OUTCOME_RETRY_FIRST_MS
   let firstFailedAt: number | undefined
@@ -44,14 +55,14 @@ export async function writeOutcome<T>(
     try {
       const value = await write()
       if (firstFailedAt !== undefined) {
-        log().info({ tries, failingForMs: Math.max(0, clock.now() - firstFailedAt) }, 'recorded a reaction job outcome once the database answered again')
+        log().info({ tries, failingForMs: Math.max(0, clock.now() - firstFailedAt) }, `recorded ${what} once the database answered again`)
       }
       return value
     } catch (error) {
       if (last || !retryable(error)) throw error
       if (firstFailedAt === undefined) {
         firstFailedAt = clock.now()
-        log().warn({ err: error, retryInMs: waitMs }, 'could not record a reaction job outcome; trying again while its lease lasts')
+        log().warn({ err: error, retryInMs: waitMs }, `could not record ${what}; trying again while its lease lasts`)
       }
       // (the abort ends the wait: the last try follows at once)
       await clock.sleep(waitMs, signal).catch(() => {})
