@@ -9,7 +9,7 @@ import { createDispatcher, type Dispatcher } from '../src/reactions/dispatcher.j
 import type { AttemptResult } from '../src/reactions/dispatcher-settings.js'
 import { ensureReactionStreams } from '../src/reactions/reaction-stream.repository.js'
 import { WRITE_BACK_MS } from '../src/reactions/stream-worker.js'
-import { createReactionRegistry } from '../src/reactions/reaction-registry.js'
+import { createReactionRegistry, type ReactionRegistry } from '../src/reactions/reaction-registry.js'
 import { OUTCOME_RETRY_MAX_MS } from '../src/reactions/write-outcome.js'
 import { FakeClock } from './helpers/fake-clock.js'
 import { logEntries, testLogger } from './helpers/log-sink.js'
@@ -39,6 +39,21 @@ describe('a reaction job whose handler returns while the database is away', () =
       },
       transformResult: async (args) => args.result,
     })
+
+  /** A dispatcher of `reactions` on the database as `reached()` lets it through, its attempts' results kept in `results`. */
+  const startDispatcher = async (reactions: ReactionRegistry, results: AttemptResult[]) => {
+    dispatcher = createDispatcher({
+      db: reached(),
+      handler: reactions.handler,
+      streams: reactions,
+      clock,
+      logger: testLogger(),
+      settings: SETTINGS,
+      random: () => 0.5,
+      onAttempt: (_handler, result) => void results.push(result),
+    })
+    await dispatcher.start()
+  }
 
   beforeEach(() => {
     clock = new FakeClock(Date.now())
@@ -72,17 +87,7 @@ describe('a reaction job whose handler returns while the database is away', () =
       .insertInto('reactionJobs')
       .values({ eventId: event.eventId, orderId, sequence: event.sequence!, handler: HANDLER, state: 'pending', attempts: 1, runAt: new Date(clock.now() - 1_000), lastError: 'Error: the first attempt failed' })
       .execute()
-    dispatcher = createDispatcher({
-      db: reached(),
-      handler: reactions.handler,
-      streams: reactions,
-      clock,
-      logger: testLogger(),
-      settings: SETTINGS,
-      random: () => 0.5,
-      onAttempt: (_handler, result) => void results.push(result),
-    })
-    await dispatcher.start()
+    await startDispatcher(reactions, results)
     const job = () => database.db.selectFrom('reactionJobs').select(['state', 'attempts', 'leaseToken', 'finishedAt']).where('eventId', '=', event.eventId).executeTakeFirstOrThrow()
     await eventually(async () => calls.length === 1 && (await job()).state === 'running', 'the retry is claimed and its handler runs')
     return { calls, returns, results, job, eventId: event.eventId }
@@ -189,17 +194,7 @@ describe('a reaction job whose handler returns while the database is away', () =
     await ensureReactionStreams(database.db, reactions.names, new Date(clock.now()))
     const orderId = await moveNewOrder(database.db, { externalReference: `away-${++counter}`, statuses: ['created'], handlersFor: reactions.handlersFor, now: () => new Date(clock.now()) })
     const event = await database.db.selectFrom('orderStatusHistory').select(['id', 'eventId']).where('orderId', '=', orderId).executeTakeFirstOrThrow()
-    dispatcher = createDispatcher({
-      db: reached(),
-      handler: reactions.handler,
-      streams: reactions,
-      clock,
-      logger: testLogger(),
-      settings: SETTINGS,
-      random: () => 0.5,
-      onAttempt: (_handler, result) => void results.push(result),
-    })
-    await dispatcher.start()
+    await startDispatcher(reactions, results)
     await eventually(() => calls.length === 1, 'the stream runs the transition')
     const stream = () => database.db.selectFrom('reactionStreams').select(['historyId', 'leaseToken']).where('handler', '=', HANDLER).executeTakeFirstOrThrow()
     const recorded = async () => {
