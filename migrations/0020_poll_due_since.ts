@@ -16,8 +16,9 @@ import { type Kysely, sql } from 'kysely'
 //
 // Nullable, no default: a catalog change only, no rewrite of the table. The partial index holds the orders the
 // poller holds or backs off (and, until their next claim, those a webhook rescheduled after a failed poll): a poll's
-// answer clears poll_due_since, and an order off the schedule (next_poll_at null: terminal, flagged) leaves it, so it
-// stays small however many orders exist and a scrape reads it as cheaply as orders_due_idx.
+// answer clears poll_due_since, and an order off the schedule (next_poll_at null: terminal, flagged) leaves it. It is
+// small while the platform answers; through an outage of the platform it holds every open order, and a scrape reads
+// only its first entry and counts at most DUE_COUNT_CAP of them (src/orders/poll-schedule.repository.ts).
 export async function up(db: Kysely<unknown>): Promise<void> {
   await db.schema.alterTable('orders').addColumn('poll_due_since', 'timestamptz').addColumn('poll_retry_at', 'timestamptz').execute()
   await db.schema

@@ -5,6 +5,7 @@
 import { AsyncLocalStorage } from 'node:async_hooks'
 import type { PartnerEnv } from '../config.js'
 import { linkedElsewhere, type Order, type StatusChange } from '../orders/order.js'
+import { DUE_COUNT_CAP } from '../orders/poll-schedule.repository.js'
 import { describeClockOffset } from '../partner-api/clock-offset.js'
 import type { EventReaction, ReactionJob, ReactionJobFilter, ReactionJobState } from '../reactions/reaction-job.repository.js'
 import type { ReactionEvent } from '../reactions/reaction-event.js'
@@ -214,7 +215,7 @@ export function overviewPage(operator: Operator, data: OverviewData): Html {
   ${needsHuman.length ? html`<ul>${needsHuman}</ul>` : html`<p>Nothing: no flagged orders, no failed reactions, no parked deliveries, no refused runs.</p>`}
 </section>
 <section class="cards">
-  <div><span class="figure">${data.ordersDue}</span> orders due to poll<br>oldest due ${age(data.oldestDueAgeS)}</div>
+  <div><span class="figure">${data.ordersDue >= DUE_COUNT_CAP ? `${DUE_COUNT_CAP.toLocaleString('en')}+` : data.ordersDue}</span> orders due to poll<br>oldest due ${age(data.oldestDueAgeS)}</div>
   <div><span class="figure">${data.parked}</span> parked deliveries</div>
   <div><span class="figure">${flagged}</span> flagged orders</div>
   <div><span class="figure">${data.reactions.pending + data.reactions.running}</span> <a href="${consolePath()}/reactions?state=pending">reactions to run</a><br>${

@@ -6,7 +6,7 @@ import { droppedLogLines } from '../logger.js'
 import { type Clock, monotonicNow, systemClock } from '../clock.js'
 import type { DatabaseState } from '../db/ping-database.js'
 import { GUARDED_LOOPS } from '../db/clock-guard.js'
-import { ATTENTION_FLAGS } from '../orders/poll-schedule.repository.js'
+import { ATTENTION_FLAGS, DUE_COUNT_CAP } from '../orders/poll-schedule.repository.js'
 import type { AttemptResult } from '../reactions/dispatcher-settings.js'
 import { OUTAGE_MS } from '../reactions/recovery-watch.js'
 import { POLL_RESULTS, type PollResult, type RunSummary } from '../reconcile/poller.js'
@@ -455,7 +455,7 @@ export function createMetrics(
     scrapeTimeGauges(registry, tolerantRead(dueOrders, readTimeoutMs), {
       ordersDue: {
         name: 'poller_orders_due',
-        help: 'Orders whose poll has come due and has not been answered: waiting for a claim, held by a cycle, or backing off after failed polls',
+        help: `Orders whose poll has come due and has not been answered: waiting for a claim, held by a cycle, or backing off after failed polls; counted up to ${DUE_COUNT_CAP}`,
       },
       oldestDueAgeS: {
         name: 'poller_oldest_due_age_seconds',
