@@ -79,7 +79,7 @@ describe('the background loops while a column is missing (42703)', () => {
       await idle()
     }
 
-    it("hands a batch whose write-back met a column missing to its handler no more until the column is back, then once more and on", async () => {
+    it("hands a batch whose write-back met a column missing to its handler no more, writes it once the column is back, and goes on", async () => {
       const calls: string[] = []
       const reactions = createReactionRegistry().on('trade.*', 'ledger', async (event) => void calls.push(event.type))
       await start(reactions)
@@ -99,13 +99,14 @@ describe('the background loops while a column is missing (42703)', () => {
         await sql`alter table reaction_stream_batches add column if not exists events integer not null default 0`.execute(database.db)
       }
       await rounds(1)
-      // its write-back was lost: run once more (at least once), and recorded this time
-      await eventually(() => calls.length === 2, 'the batch ran again once the column was back')
+      // the batch its write-back could not write is held in memory, and written once the column is back: its event is
+      // not handed to the handler again (before, its write-back was lost and it ran once more)
       await eventually(async () => (await reactionRecords(database.db, 'ledger')).length === 1, 'the batch is recorded')
+      expect(calls).toEqual(['trade.created'])
       await transitions(reactions, ['created'])
-      await eventually(() => calls.length === 3, 'a later event is handed on')
+      await eventually(() => calls.length === 2, 'a later event is handed on')
       await rounds(2)
-      expect(calls).toHaveLength(3)
+      expect(calls).toHaveLength(2)
     })
 
     it('claims no job while the write of their outcomes meets a column missing, and runs them once the column is back', async () => {
