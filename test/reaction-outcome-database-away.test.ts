@@ -204,6 +204,13 @@ describe('a reaction job whose handler returns while the database is away', () =
     const jobs = () => database.db.selectFrom('reactionJobs').select('state').where('eventId', '=', event.eventId).execute()
     return { calls, returns, results, stream, recorded, jobs, historyId: String(event.id) }
   }
+  /** Until `recorded()`, the clock moving on meanwhile: the stream's loop reads again as its waits fall due. */
+  const untilWrittenBack = (recorded: () => Promise<boolean>) =>
+    eventually(async () => {
+      if (await recorded()) return true
+      await clock.advance(500)
+      return false
+    }, 'the batch is written back')
   /** A statement of the dispatcher's met the database away. */
   const statementRefused = () => eventually(() => refused > 0, 'a statement met the database away')
   /** Moves the clock `ms` on, a second at a time (the stream's retries and its loop's waits wake as they fall due). */
@@ -223,12 +230,7 @@ describe('a reaction job whose handler returns while the database is away', () =
     expect(await recorded()).toBe(false)
     away = false
     await advanceBy(OUTCOME_RETRY_MAX_MS)
-    // (the clock moving on meanwhile: the stream's loop reads again as its waits fall due)
-    await eventually(async () => {
-      if (await recorded()) return true
-      await clock.advance(500)
-      return false
-    }, 'the batch is written back')
+    await untilWrittenBack(recorded)
     // the stream reads on from the place written: nothing more for the handler
     await advanceBy(2_000)
     await eventually(async () => (await stream()).leaseToken !== null, 'the stream is read again')
@@ -249,12 +251,7 @@ describe('a reaction job whose handler returns while the database is away', () =
     await advanceBy(10_000)
     away = false
     await advanceBy(OUTCOME_RETRY_MAX_MS)
-    // (the clock moving on meanwhile: the stream's loop reads again as its waits fall due)
-    await eventually(async () => {
-      if (await recorded()) return true
-      await clock.advance(500)
-      return false
-    }, 'the batch is written back')
+    await untilWrittenBack(recorded)
     await advanceBy(2_000)
     expect(calls).toHaveLength(1)
     expect(results).toEqual(['done'])
