@@ -2,7 +2,7 @@
 // gets, the headers every page carries, hostile delivery text shown as text, and each action's effect.
 import net from 'node:net'
 import express from 'express'
-import { Kysely, PostgresDialect } from 'kysely'
+import { Kysely, PostgresDialect, sql } from 'kysely'
 import pg from 'pg'
 import type { Database } from '../src/db/database.js'
 import request from 'supertest'
@@ -25,6 +25,7 @@ import { applyObservation, NO_REACTION_HANDLERS } from '../src/orders/apply-obse
 import { createOrder } from './helpers/orders.js'
 import { createReactionRegistry } from '../src/reactions/reaction-registry.js'
 import { writeJobRows } from './helpers/reaction-jobs.js'
+import { DUE_COUNT_CAP } from '../src/orders/poll-schedule.repository.js'
 
 const TOKEN = 'console-token-0123456789abcdef0123'
 const HOSTILE_ID = '"><img/src=x/onerror=alert(1)><script>alert(2)</script>'
@@ -729,6 +730,20 @@ expect(ran.text).toContain('1000 deliveries re-applied: not a trade event 1000')
       }
       // the next test's cycle polls flagged-1 alone
       await database.db.deleteFrom('orders').where('externalReference', '=', 'flagged-2').execute()
+    })
+
+    // Through an outage of the platform every open order is held or backing off: the count stops at DUE_COUNT_CAP, and
+    // the overview says so rather than a number that reads as exact
+    it(`shows the orders due to poll past ${DUE_COUNT_CAP.toLocaleString('en')} as ${DUE_COUNT_CAP.toLocaleString('en')}+`, async () => {
+      await sql`insert into orders (external_reference, trade_id, trade_status, status_rank, next_poll_at, trade_create_state)
+        select 'due-cap-' || n, 'tr_due_cap_' || n, 'funded', 20, now() - interval '1 hour', 'created'
+        from generate_series(1, ${DUE_COUNT_CAP + 1}::integer) as n`.execute(database.db)
+      try {
+        const overview = (await bearer(request(admin).get('/console/'))).text
+        expect(overview).toContain(`<span class="figure">${DUE_COUNT_CAP.toLocaleString('en')}+</span> orders due to poll`)
+      } finally {
+        await database.db.deleteFrom('orders').where('externalReference', 'like', 'due-cap-%').execute()
+      }
     })
 
     it('runs one reconcile cycle now and lists it among the runs', async () => {
