@@ -97,11 +97,12 @@ async function holdAndAnswer(database: Record<string, string> = {}): Promise<voi
   // (due again 15 to 30 s on) and still counts from its due time
   answer(platform, 'tr_late-1', 200, tradeRecord({ trade_id: 'tr_late-1', status: 'delivered', external_reference: 'late-1' }))
   answer(platform, 'tr_late-2', 400, { error: { code: 'bad_request', message: 'refused' } })
+  // the two answers are written back independently, in either order: wait for both
   await eventually(async () => {
     const order = await orderByReference(service!.database.db, 'late-2')
     return order.pollLeaseToken === null && order.pollAttempts === 1
   }, 'the failed poll is written back')
-  expect((await orderByReference(service.database.db, 'late-1')).tradeStatus).toBe('delivered')
+  await eventually(async () => (await orderByReference(service!.database.db, 'late-1')).tradeStatus === 'delivered', 'the answered poll is applied')
   const backingOff = await orderByReference(service.database.db, 'late-2')
   expect(new Date(backingOff.nextPollAt!).getTime()).toBeGreaterThan(clock.now())
   const scrape = await scrapeMetrics(service)
