@@ -34,3 +34,11 @@ export function unreadEnvFile(directory: string, env: NodeJS.ProcessEnv): Unread
 export const UNREAD_ENV_FILE_MESSAGE =
   'a .env file is in the working directory and is not read: the service takes its settings from the environment only; ' +
   'load it with `node --env-file=.env dist/src/cli.js serve`, or `set -a; . ./.env; set +a` before `npm start`'
+
+/** The same said to a command's operator on stderr, with the variables the environment lacks (names only). */
+export function unreadEnvFileCommandNote({ names }: UnreadEnvFile): string {
+  return (
+    `Warning: a .env file is in the working directory and is not read (it sets ${names.join(', ')}): commands take ` +
+    'their settings from the environment only; load it with `set -a; . ./.env; set +a` first\n'
+  )
+}

@@ -19,6 +19,7 @@ import type { LocalCommandRunner } from './local/local-cli.js'
 import type { ReactionRegistry } from './reactions/reaction-registry.js'
 import { type RunningService, startService } from './service.js'
 import { onStopSignals, type StopSignal } from './stop-signals.js'
+import { unreadVariableMessage } from './unread-variables.js'
 
 /**
  * `runCommand`: how the service runs a second terminal's command line (given by the CLI that calls this).
@@ -58,8 +59,9 @@ export async function main({
   const unread = unreadEnvFile(process.cwd(), process.env)
   if (unread) logger.warn({ file: unread.file, notSet: unread.names }, UNREAD_ENV_FILE_MESSAGE)
   // a misspelled name is otherwise ignored without a word (FORWARD_EVENT forwarded every type); by name, never by value
-  for (const { name, nearest } of config.unreadVariables) {
-    logger.warn({ variable: name, ...(nearest && { didYouMean: nearest }) }, `${name} is set but is not a variable the service reads${nearest ? `: did you mean ${nearest}?` : ''}`)
+  for (const unreadVariable of config.unreadVariables) {
+    const { name, nearest } = unreadVariable
+    logger.warn({ variable: name, ...(nearest && { didYouMean: nearest }) }, unreadVariableMessage(unreadVariable))
   }
   const embedded = embeddedDatabaseWarning(config)
   if (embedded) logger.warn({ dataDir: config.dataDir }, embedded)

@@ -52,6 +52,11 @@ export function sharedPrefixes(known: readonly string[], notOurs: readonly strin
     .sort()
 }
 
+/** What the start (a log line) and a command (a note on stderr) say of one: by name, never by value. */
+export function unreadVariableMessage({ name, nearest }: UnreadVariable): string {
+  return `${name} is set but is not a variable the service reads${nearest ? `: did you mean ${nearest}?` : ''}`
+}
+
 export interface UnreadVariableOptions {
   /**
    * Names that other programs read too (the proxy variables): a near miss of one is as likely theirs (FTP_PROXY is

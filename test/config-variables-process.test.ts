@@ -123,6 +123,22 @@ describe('`serve` refuses, exit 2 with [config_invalid]', () => {
   })
 })
 
+describe('a command warns on stderr', () => {
+  it('of each misspelled variable, with the name it is nearest to, never a value; the command still runs', async () => {
+    const result = await runCli(
+      ['orders', 'list'],
+      { DATA_DIR: migratedDataDir('config-variables-command-'), PRUNE_BATCH_SIZ: 'value-not-to-show', PARTNER_SOMETHING: 'value-not-to-show' },
+      { built: true },
+    )
+    expect(result.code).toBe(0)
+    expect(result.stderr).toBe(
+      'Warning: PARTNER_SOMETHING is set but is not a variable the service reads\n' +
+        'Warning: PRUNE_BATCH_SIZ is set but is not a variable the service reads: did you mean PRUNE_BATCH_SIZE?\n',
+    )
+    expect(result.stdout + result.stderr).not.toContain('value-not-to-show')
+  })
+})
+
 describe('`serve` warns at start', () => {
   it('of each misspelled variable, with the name it is nearest to, and of the embedded database against a real platform; never a value', async () => {
     const value = (name: string) => `value-of-${name.toLowerCase()}-not-to-show`

@@ -60,6 +60,24 @@ describe('a .env file the service does not read', () => {
     expect(output).not.toContain('secret-path')
   }, 60_000)
 
+  // a command run from the directory of a .env took the defaults without a word: `prune` ran on the default retention
+  // and, with DATABASE_URL in the file, on an embedded database beside it
+  it('is named on stderr when a command runs from its directory, without the values; the command still runs', () => {
+    const directory = directoryWith('PRUNE_BATCH_SIZE=50\nADMIN_TOKEN=a-token-not-to-show-000000\n')
+    const result = spawnSync(process.execPath, [path.join(root, 'dist/src/cli.js'), 'orders', 'list'], {
+      cwd: directory,
+      env: childEnv({ DATA_DIR: migratedDataDir('env-file-command-') }),
+      encoding: 'utf8',
+      timeout: 30_000,
+    })
+    expect(result.status).toBe(0)
+    expect(result.stderr).toBe(
+      'Warning: a .env file is in the working directory and is not read (it sets PRUNE_BATCH_SIZE, ADMIN_TOKEN): ' +
+        'commands take their settings from the environment only; load it with `set -a; . ./.env; set +a` first\n',
+    )
+    expect(result.stdout).not.toContain('a-token-not-to-show')
+  }, 60_000)
+
   // found from outside: Node's --env-file keeps a byte-order mark as part of the first name, so a DATABASE_URL on the
   // first line of a file saved with one was not set, and the service started on a new embedded database
   it('stops `serve` loaded with --env-file from a file saved with a byte-order mark, naming the variable it lost', () => {

@@ -182,6 +182,8 @@ async function openForCommand(migrate: boolean): Promise<{ database: DatabaseHan
     { configuredReactions },
     { pingDatabase },
     { describeDatabaseError },
+    { unreadEnvFile, unreadEnvFileCommandNote },
+    { unreadVariableMessage },
   ] = await Promise.all([
     import('../config.js'),
     import('../db/migrate.js'),
@@ -189,9 +191,16 @@ async function openForCommand(migrate: boolean): Promise<{ database: DatabaseHan
     import('../reactions/configured-reactions.js'),
     import('../db/ping-database.js'),
     import('../db/database-errors.js'),
+    import('../env-file-notice.js'),
+    import('../unread-variables.js'),
   ])
   const config = loadConfig()
   const logger = await cliLogger(config)
+  // what `serve` warns of at start, said to the operator here too: a misspelled RETENTION_ or REACTION_ variable
+  // otherwise ran `prune` or `reactions` on the defaults without a word; by name, never by value
+  for (const unread of config.unreadVariables) writeError(`Warning: ${unreadVariableMessage(unread)}\n`)
+  const unreadFile = unreadEnvFile(process.cwd(), process.env)
+  if (unreadFile) writeError(unreadEnvFileCommandNote(unreadFile))
   if (!config.databaseUrl && !embeddedDatabaseExists(config.dataDir)) {
     // a second terminal without the service's DATABASE_URL would otherwise start a new database unnoticed
     writeError(
