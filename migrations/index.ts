@@ -21,6 +21,7 @@ import * as replayedBodies from './0017_replayed_bodies.js'
 import * as orderPartnerEnv from './0018_order_partner_env.js'
 import * as deliveryOrderVersion from './0019_delivery_order_version.js'
 import * as pollDueSince from './0020_poll_due_since.js'
+import * as pollDueSinceOfOlderPollers from './0021_poll_due_since_of_older_pollers.js'
 
 export const migrations: Record<string, Migration> = {
   '0001_initial': initial,
@@ -43,4 +44,5 @@ export const migrations: Record<string, Migration> = {
   '0018_order_partner_env': orderPartnerEnv,
   '0019_delivery_order_version': deliveryOrderVersion,
   '0020_poll_due_since': pollDueSince,
+  '0021_poll_due_since_of_older_pollers': pollDueSinceOfOlderPollers,
 }

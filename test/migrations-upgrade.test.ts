@@ -4,7 +4,7 @@ import { Migrator } from 'kysely/migration'
 import { describe, expect, it } from 'vitest'
 import { migrations } from '../migrations/index.js'
 import { migrateToLatest } from '../src/db/migrate.js'
-import { claimDueOrders } from '../src/orders/poll-schedule.repository.js'
+import { claimDueOrders, countDueOrders } from '../src/orders/poll-schedule.repository.js'
 import { createOrder } from './helpers/orders.js'
 import { createTestDatabase } from './helpers/test-database.js'
 
@@ -182,6 +182,70 @@ describe('migration 0018 on a database with data', () => {
         expect(claimed.map((order) => order.externalReference)).toEqual(['linked-before'])
       }
       await expect(sql`update orders set partner_env = 'staging'`.execute(database.db)).rejects.toThrow(/check constraint/)
+    } finally {
+      await database.close()
+    }
+  })
+})
+
+describe('migration 0021 on a database with data', () => {
+  it('counts the orders an older build held or backed off when it ran, from the latest time each can have come due', async () => {
+    const database = await databaseMigratedTo('0019_delivery_order_version')
+    try {
+      const { rows } = await sql<{ at: Date }>`select statement_timestamp() as at`.execute(database.db)
+      const at = rows[0]!.at
+      const after = (s: number) => new Date(at.getTime() + s * 1000)
+      // as a poller of a build before migration 0020 left them: next_poll_at its lease's end or its backoff's, and
+      // nothing of when each came due
+      const orders: [reference: string, nextPollAt: Date, attempts: number, lease: Date | null][] = [
+        ['held', after(250), 1, after(250)],
+        // the 7th failure's backoff is 960 to 1,920 s (30 s doubling, half of it fixed): failed by at - 360 s
+        ['backing-off', after(600), 7, null],
+        // a Retry-After of 50 minutes after one failure: failed before the migration, which is all that is known
+        ['throttled', after(3_000), 1, null],
+        ['waiting', after(-30), 0, null],
+        // put 6 h on by a webhook after a failed poll (no backoff is that long), and answered: neither is due
+        ['rescheduled', after(21_600), 2, null],
+        ['answered', after(21_600), 0, null],
+      ]
+      for (const [reference, nextPollAt, attempts, lease] of orders) {
+        await sql`insert into orders (external_reference, trade_id, trade_status, status_rank, next_poll_at, poll_attempts,
+            poll_lease_token, poll_lease_expires_at)
+          values (${reference}, ${`tr-${reference}`}, 'funded', 20, ${nextPollAt}, ${attempts}, ${lease ? 'older-cycle' : null}, ${lease})`.execute(
+          database.db,
+        )
+      }
+
+      expect((await migrateToLatest(database.db)).applied).toEqual(['0020_poll_due_since', '0021_poll_due_since_of_older_pollers'])
+      const migratedBy = (await sql<{ at: Date }>`select statement_timestamp() as at`.execute(database.db)).rows[0]!.at
+
+      const rowsAfter = await database.db
+        .selectFrom('orders')
+        .select(['externalReference', 'nextPollAt', 'pollDueSince', 'pollRetryAt'])
+        .orderBy('id')
+        .execute()
+      const dueSince = Object.fromEntries(rowsAfter.map((row) => [row.externalReference, row.pollDueSince && new Date(row.pollDueSince).getTime()]))
+      // held: due before its claim, which was before the migration's now()
+      for (const reference of ['held', 'throttled']) {
+        expect(dueSince[reference]).toBeGreaterThanOrEqual(at.getTime())
+        expect(dueSince[reference]).toBeLessThanOrEqual(migratedBy.getTime())
+      }
+      expect(dueSince['backing-off']).toBe(after(-360).getTime())
+      expect([dueSince.waiting, dueSince.rescheduled, dueSince.answered]).toEqual([null, null, null])
+      for (const row of rowsAfter.filter((row) => row.pollDueSince !== null)) {
+        expect(new Date(row.pollRetryAt!).getTime()).toBe(new Date(row.nextPollAt!).getTime())
+      }
+
+      // the gauges: the four due, the oldest from the backoff's bound (before: 1 due, the one waiting for a claim)
+      const scrapedAt = new Date(migratedBy.getTime() + 1_000)
+      expect(await countDueOrders(database.db, scrapedAt)).toEqual({
+        ordersDue: 4,
+        oldestDueAgeS: (scrapedAt.getTime() - after(-360).getTime()) / 1000,
+      })
+      // this build's claim once the lease and the backoffs are over keeps the time each came due
+      const claimed = await claimDueOrders(database.db, { now: after(3_001), limit: 10, leaseS: 300, leaseToken: 'this-build' })
+      expect(claimed.map((order) => order.externalReference).sort()).toEqual(['backing-off', 'held', 'throttled', 'waiting'])
+      expect(await countDueOrders(database.db, after(3_010))).toEqual({ ordersDue: 4, oldestDueAgeS: 3_370 })
     } finally {
       await database.close()
     }

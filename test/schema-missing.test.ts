@@ -10,6 +10,7 @@ import path from 'node:path'
 import { sql } from 'kysely'
 import request from 'supertest'
 import { describe, expect, it } from 'vitest'
+import * as pollDueSinceOfOlderPollers from '../migrations/0021_poll_due_since_of_older_pollers.js'
 import { systemClock } from '../src/clock.js'
 import { migrateToLatest, SERVICE_COLUMNS, SERVICE_TABLES } from '../src/db/migrate.js'
 import { createAdminApp } from '../src/http/admin-app.js'
@@ -189,18 +190,21 @@ describe('a database whose tables are missing (a restore under way, a database r
     const reference = `older-dump-${Date.now()}`
     await createOrder(database.db, { externalReference: reference })
     // a dump from before 0019_delivery_order_version, whose column the ingest names, and so before 0020_poll_due_since
+    // and 0021_poll_due_since_of_older_pollers
+    const later = ['0019_delivery_order_version', '0020_poll_due_since', '0021_poll_due_since_of_older_pollers']
     const { rows } = await sql<{ name: string; timestamp: string }>`select name, timestamp from kysely_migration
-      where name in ('0019_delivery_order_version', '0020_poll_due_since') order by name`.execute(database.db)
-    expect(rows.map((row) => row.name)).toEqual(['0019_delivery_order_version', '0020_poll_due_since'])
+      where name in (${sql.join(later)}) order by name`.execute(database.db)
+    expect(rows.map((row) => row.name)).toEqual(later)
     await sql`alter table webhook_deliveries drop column order_version`.execute(database.db)
+    await pollDueSinceOfOlderPollers.down(database.db as never)
     await sql`drop index orders_poll_due_since_idx`.execute(database.db)
     await sql`alter table orders drop column poll_due_since, drop column poll_retry_at`.execute(database.db)
-    await sql`delete from kysely_migration where name in ('0019_delivery_order_version', '0020_poll_due_since')`.execute(database.db)
+    await sql`delete from kysely_migration where name in (${sql.join(later)})`.execute(database.db)
     try {
       const ready = await request(app).get('/readyz')
       expect([ready.status, ready.body.error.message]).toEqual([
         503,
-        'Migrations are pending (0019_delivery_order_version and 1 more); run `npm run cli -- migrate`',
+        'Migrations are pending (0019_delivery_order_version and 2 more); run `npm run cli -- migrate`',
       ])
       const refused = await sendWebhook(app, { body: tradePayload(reference, 'funded') })
       expect([refused.status, refused.body.error?.code, refused.headers['retry-after']]).toEqual([503, 'schema_missing', '30'])
@@ -211,6 +215,9 @@ describe('a database whose tables are missing (a restore under way, a database r
       await sql`alter table orders add column if not exists poll_due_since timestamptz, add column if not exists poll_retry_at timestamptz`.execute(database.db)
       await sql`create index if not exists orders_poll_due_since_idx on orders (poll_due_since)
         where poll_due_since is not null and next_poll_at is not null`.execute(database.db)
+      const { rows: trigger } = await sql`select 1 from pg_catalog.pg_trigger t join pg_catalog.pg_class c on c.oid = t.tgrelid
+        where t.tgname = 'orders_poll_due_since_of_older_pollers' and c.relnamespace = current_schema()::regnamespace`.execute(database.db)
+      if (trigger.length === 0) await pollDueSinceOfOlderPollers.up(database.db as never)
       for (const row of rows) {
         await sql`insert into kysely_migration (name, timestamp) select ${row.name}, ${row.timestamp}
           where not exists (select 1 from kysely_migration where name = ${row.name})`.execute(database.db)
