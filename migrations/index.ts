@@ -22,6 +22,7 @@ import * as orderPartnerEnv from './0018_order_partner_env.js'
 import * as deliveryOrderVersion from './0019_delivery_order_version.js'
 import * as pollDueSince from './0020_poll_due_since.js'
 import * as pollDueSinceOfOlderPollers from './0021_poll_due_since_of_older_pollers.js'
+import * as reactionJobOutcomeToken from './0022_reaction_job_outcome_token.js'
 
 export const migrations: Record<string, Migration> = {
   '0001_initial': initial,
@@ -45,4 +46,5 @@ export const migrations: Record<string, Migration> = {
   '0019_delivery_order_version': deliveryOrderVersion,
   '0020_poll_due_since': pollDueSince,
   '0021_poll_due_since_of_older_pollers': pollDueSinceOfOlderPollers,
+  '0022_reaction_job_outcome_token': reactionJobOutcomeToken,
 }

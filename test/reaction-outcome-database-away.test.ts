@@ -4,6 +4,11 @@
 // that refuses every statement while `away` is set, as a cut connection does; time is a fake clock, so the waits
 // between tries, the shutdown's grace and the lease move only when the test says. The compiled service through a cut
 // TCP proxy: test/reactions-database-blip-process.test.ts.
+// The same plugin also loses one statement's answer (`loseAnswerOf`): the statement runs and commits (each of these
+// writes is one statement, committed on its own), and the dispatcher is handed the error a connection cut after the
+// COMMIT gives instead of its answer. A proxy cannot pick that statement out of the wire deterministically (most are
+// prepared, sent by name), so the fault is made at the client's boundary, over the real database.
+import { PostgresQueryCompiler, type QueryId } from 'kysely'
 import { afterEach, beforeEach, describe, expect, it } from 'vitest'
 import { createDispatcher, type Dispatcher } from '../src/reactions/dispatcher.js'
 import type { AttemptResult } from '../src/reactions/dispatcher-settings.js'
@@ -29,15 +34,32 @@ describe('a reaction job whose handler returns while the database is away', () =
   let away = false
   // statements refused so far
   let refused = 0
+  // the next statement whose SQL this matches runs, and its answer is lost: an error is thrown in its place
+  let loseAnswerOf: ((sql: string) => boolean) | undefined
+  // answers lost so far
+  let lost = 0
+  const toLose = new Set<QueryId>()
+  const compiler = new PostgresQueryCompiler()
   // the test's database as the dispatcher reaches it: every statement refused while `away`
   const reached = () =>
     database.db.withPlugin({
       transformQuery: (args) => {
         if (away) refused += 1
         if (away) throw Object.assign(new Error('connect ECONNREFUSED 127.0.0.1:5432'), { code: 'ECONNREFUSED' })
+        if (loseAnswerOf?.(compiler.compileQuery(args.node, args.queryId).sql)) {
+          loseAnswerOf = undefined
+          toLose.add(args.queryId)
+        }
         return args.node
       },
-      transformResult: async (args) => args.result,
+      transformResult: async (args) => {
+        // (the statement ran and committed: only its answer does not come back)
+        if (toLose.delete(args.queryId)) {
+          lost += 1
+          throw new Error('Connection terminated unexpectedly')
+        }
+        return args.result
+      },
     })
 
   /** A dispatcher of `reactions` on the database as `reached()` lets it through, its attempts' results kept in `results`. */
@@ -59,10 +81,19 @@ describe('a reaction job whose handler returns while the database is away', () =
     clock = new FakeClock(Date.now())
     away = false
     refused = 0
+    loseAnswerOf = undefined
+    lost = 0
+    toLose.clear()
   })
   afterEach(async () => {
     away = false
-    await dispatcher?.stop()
+    loseAnswerOf = undefined
+    // the clock moves on while the stop lasts: a test that failed midway may leave its stop waiting on the fake clock
+    // (a grace, a lease), and it ends here rather than at the hook's timeout
+    let stopped = false
+    const stopping = dispatcher?.stop().finally(() => void (stopped = true))
+    for (let step = 0; stopping && !stopped && step < 600; step += 1) await clock.advance(1_000)
+    await stopping
     dispatcher = undefined
     await clearReactions(database.db)
   })
@@ -71,13 +102,14 @@ describe('a reaction job whose handler returns while the database is away', () =
    * One order's transition, left as a retry due now (its first attempt failed): the job loop claims it, and its handler
    * waits until the test lets it return. The dispatcher runs on the database as `reached` gives it.
    */
-  const heldRetry = async () => {
+  const heldRetry = async ({ throws = false }: { throws?: boolean } = {}) => {
     const calls: number[] = []
     const returns = deferred<void>()
     const results: AttemptResult[] = []
     const reactions = createReactionRegistry().on('trade.*', HANDLER, async (_event, { attempt }) => {
       calls.push(attempt)
       await returns.promise
+      if (throws) throw new Error('the receiver answered 503')
     })
     const orderId = await moveNewOrder(database.db, { externalReference: `away-${++counter}`, statuses: ['created'], handlersFor: reactions.handlersFor, now: () => new Date(clock.now()) })
     // the stream begins after the transition: only the job loop runs it
@@ -88,7 +120,8 @@ describe('a reaction job whose handler returns while the database is away', () =
       .values({ eventId: event.eventId, orderId, sequence: event.sequence!, handler: HANDLER, state: 'pending', attempts: 1, runAt: new Date(clock.now() - 1_000), lastError: 'Error: the first attempt failed' })
       .execute()
     await startDispatcher(reactions, results)
-    const job = () => database.db.selectFrom('reactionJobs').select(['state', 'attempts', 'leaseToken', 'finishedAt']).where('eventId', '=', event.eventId).executeTakeFirstOrThrow()
+    const job = () =>
+      database.db.selectFrom('reactionJobs').select(['state', 'attempts', 'leaseToken', 'finishedAt', 'runAt']).where('eventId', '=', event.eventId).executeTakeFirstOrThrow()
     await eventually(async () => calls.length === 1 && (await job()).state === 'running', 'the retry is claimed and its handler runs')
     return { calls, returns, results, job, eventId: event.eventId }
   }
@@ -177,6 +210,40 @@ describe('a reaction job whose handler returns while the database is away', () =
     await eventually(() => results.length === 1, 'the write is tried, and finds the lease lost')
     expect(results).toEqual(['lease_lost'])
     expect(await job()).toMatchObject({ state: 'running', attempts: 3, leaseToken: 'another-replica' })
+  })
+
+  const TAKEN_OVER = 'reaction handled, but its lease had been taken over: the job ran again elsewhere'
+
+  it('an outcome whose commit landed but whose answer was lost is its own when tried again: done, not lease_lost', async () => {
+    const { calls, returns, results, job, eventId } = await heldRetry()
+    loseAnswerOf = (text) => /^\/\* prepared \*\/\s*update reaction_jobs job set\s+state = 'done'/.test(text)
+    returns.resolve()
+    await writeFailed(eventId)
+    expect(lost).toBe(1)
+    // the first try's commit landed
+    expect(await job()).toMatchObject({ state: 'done', attempts: 2, leaseToken: null })
+    await clock.advance(OUTCOME_RETRY_MAX_MS)
+    await eventually(() => results.length === 1, 'the write is tried again')
+    expect(results).toEqual(['done'])
+    expect(linesOf(eventId, TAKEN_OVER)).toEqual([])
+    expect(linesOf(eventId, 'recorded a reaction job outcome once the database answered again')).toHaveLength(1)
+    expect(calls).toEqual([2])
+  })
+
+  it('a retry’s write whose answer was lost is its own when tried again: retry, and the run_at it wrote stands', async () => {
+    const { calls, returns, results, job, eventId } = await heldRetry({ throws: true })
+    loseAnswerOf = (text) => /^update "reaction_jobs" set "state" = \$1/.test(text)
+    returns.resolve()
+    await writeFailed(eventId)
+    expect(lost).toBe(1)
+    const written = await job()
+    expect(written).toMatchObject({ state: 'pending', attempts: 2, leaseToken: null })
+    await clock.advance(OUTCOME_RETRY_MAX_MS)
+    await eventually(() => results.length === 1, 'the write is tried again')
+    expect(results).toEqual(['retry'])
+    expect(await job()).toEqual(written)
+    expect(logEntries().filter((line) => line.eventId === eventId && String(line.msg).includes('lease had been taken over'))).toEqual([])
+    expect(calls).toEqual([2])
   })
 
   /**
@@ -275,5 +342,49 @@ describe('a reaction job whose handler returns while the database is away', () =
     expect(await recorded()).toBe(false)
     expect(await stream()).toEqual({ historyId: before.historyId, leaseToken: 'another-replica' })
     expect(historyId).not.toBe(before.historyId)
+  })
+  /** The stream's write-back statement (writeReactionStream). */
+  const isWriteBack = (text: string) => /^\/\* prepared \*\/\s*with moved as/.test(text)
+
+  it('a batch’s write-back whose answer was lost is its own when tried again: its events are recorded once', async () => {
+    const { calls, returns, results, historyId } = await heldFirstAttempt()
+    const logged = logEntries().length
+    await clock.advance(WRITE_BACK_MS)
+    loseAnswerOf = isWriteBack
+    returns.resolve()
+    await eventually(() => lost === 1, 'the write-back’s answer is lost')
+    await advanceBy(OUTCOME_RETRY_MAX_MS)
+    await eventually(
+      () => logEntries().slice(logged).some((line) => line.msg === 'recorded a reaction stream batch once the database answered again'),
+      'the write-back is tried again',
+    )
+    await advanceBy(2_000)
+    const batches = await database.db.selectFrom('reactionStreamBatches').select('done').where('handler', '=', HANDLER).execute()
+    expect(batches.flatMap((batch) => batch.done.map(String)).filter((id) => id === historyId)).toHaveLength(1)
+    expect(logEntries().slice(logged).filter((line) => line.msg === 'reaction stream lease was taken over: the batch runs again elsewhere')).toEqual([])
+    expect(calls).toHaveLength(1)
+    expect(results).toEqual(['done'])
+  })
+
+  it('a batch’s write-back whose answer was lost hands its running call’s job on: the call’s outcome is written when it returns', async () => {
+    const { calls, returns, results, jobs } = await heldFirstAttempt()
+    const logged = logEntries().length
+    loseAnswerOf = isWriteBack
+    // none of the batch's handlers returns for HANDOFF_MS: the batch is written back with the call as a running job
+    await eventually(async () => {
+      if (lost === 1) return true
+      await clock.advance(100)
+      return false
+    }, 'the write-back’s answer is lost')
+    expect(await jobs()).toEqual([{ state: 'running' }])
+    await advanceBy(OUTCOME_RETRY_MAX_MS)
+    await eventually(
+      () => logEntries().slice(logged).some((line) => line.msg === 'recorded a reaction stream batch once the database answered again'),
+      'the write-back is tried again',
+    )
+    returns.resolve()
+    await eventually(async () => (await jobs())[0]?.state === 'done', 'the handed-off call’s outcome is written')
+    expect(results).toEqual(['done'])
+    expect(calls).toHaveLength(1)
   })
 })

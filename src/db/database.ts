@@ -129,6 +129,11 @@ export interface ReactionJobsTable {
   createdAt: GeneratedTimestamp
   updatedAt: GeneratedTimestamp
   finishedAt: Timestamp | null
+  /**
+   * The lease token of the claim whose outcome the row holds (migrations/0021), kept when the next claim takes the
+   * row: how a write tried again after its answer was lost knows its own commit. Null: none written since 0021.
+   */
+  outcomeToken: string | null
 }
 
 /** How far each pruning task has come: see src/retention/retention-progress.repository.ts. */

@@ -453,7 +453,7 @@ export const SERVICE_COLUMNS: Readonly<Record<(typeof SERVICE_TABLES)[number], r
   reconcile_runs: ['id', 'replica', 'started_at', 'finished_at', 'polled', 'changed', 'errors', 'stopped_reason', 'clock_offset_s'],
   reaction_jobs: [
     'id', 'event_id', 'order_id', 'sequence', 'handler', 'state', 'attempts', 'run_at', 'lease_token', 'lease_expires_at',
-    'last_error', 'created_at', 'updated_at', 'finished_at',
+    'last_error', 'created_at', 'updated_at', 'finished_at', 'outcome_token',
   ],
   retention_progress: ['task', 'done_through', 'updated_at'],
   reaction_streams: ['handler', 'position', 'history_id', 'lease_token', 'lease_expires_at', 'created_at', 'updated_at', 'types'],

@@ -13,7 +13,10 @@
 // claimable when no job of the same (order, handler) with a smaller sequence is unfinished (not done or
 // skipped): one order's events reach one handler strictly in order, and a failed job holds back the rest.
 // Every write-back of a claimed job checks its lease token: a dispatcher whose lease ran out (and whose
-// job was claimed again) cannot overwrite what the newer claim writes.
+// job was claimed again) cannot overwrite what the newer claim writes. Each outcome's write also leaves the claim's
+// token in outcome_token (migrations/0021), which the next claim does not touch: a write tried again after its answer
+// was lost (the connection cut after its COMMIT) finds the fence closed, and that column says the outcome is its own
+// (ownOutcomes), not another claim's. Asked only after a fence's miss: a write that lands costs what it did.
 import type { JobWaitedFor } from './retried-text.js'
 import { type Kysely, type RawBuilder, sql } from 'kysely'
 import type { Database } from '../db/database.js'
@@ -189,11 +192,36 @@ export async function completeJobs(
   const input = JSON.stringify(leases.map((lease) => ({ id: lease.id, lease_token: lease.leaseToken })))
   const { rows } = await sql<{ id: string | number }>`${sql.raw(PREPARED)}
     update reaction_jobs job set
-      state = 'done', lease_token = null, lease_expires_at = null, last_error = null, finished_at = ${now}, updated_at = ${now}
+      state = 'done', lease_token = null, lease_expires_at = null, last_error = null, finished_at = ${now}, updated_at = ${now},
+      outcome_token = done.lease_token
     from json_to_recordset(${input}::json) as done(id bigint, lease_token text)
     where job.id = done.id and job.lease_token = done.lease_token and job.state = 'running'
     returning job.id`.execute(db)
+  const written = new Set(rows.map((row) => String(row.id)))
+  if (written.size === leases.length) return written
+  for (const id of await ownOutcomes(db, leases.filter((lease) => !written.has(lease.id)))) written.add(id)
+  return written
+}
+
+/**
+ * Of `leases` whose outcome's write found its fence closed (the row no longer `running` under the token), the ids
+ * whose row holds an outcome written under that very token: an earlier try of the same write whose COMMIT landed and
+ * whose answer was lost (the connection cut after it). The others were claimed again meanwhile: lease lost.
+ * One statement, by the primary key; only after a miss.
+ */
+export async function ownOutcomes(db: Kysely<Database>, leases: readonly { id: string; leaseToken: string }[]): Promise<Set<string>> {
+  if (leases.length === 0) return new Set()
+  const input = JSON.stringify(leases.map((lease) => ({ id: lease.id, lease_token: lease.leaseToken })))
+  const { rows } = await sql<{ id: string | number }>`
+    select job.id from reaction_jobs job
+    join json_to_recordset(${input}::json) as mine(id bigint, lease_token text) on job.id = mine.id
+    where job.outcome_token = mine.lease_token`.execute(db)
   return new Set(rows.map((row) => String(row.id)))
+}
+
+/** One job's fenced write: true when it wrote, or when an earlier try of it under the same token had (ownOutcomes). */
+async function writtenUnder(db: Kysely<Database>, { id, leaseToken }: { id: string; leaseToken: string }, updated: bigint): Promise<boolean> {
+  return updated > 0n || (await ownOutcomes(db, [{ id, leaseToken }])).has(id)
 }
 
 /** The handler threw and has attempts left: pending again at `runAt`. */
@@ -202,9 +230,9 @@ export async function retryJobLater(
   { id, leaseToken, now, runAt, error }: Lease & { runAt: Date; error: string },
 ): Promise<boolean> {
   const result = await leased(db, id, leaseToken)
-    .set({ state: 'pending', runAt, leaseToken: null, leaseExpiresAt: null, lastError: error, updatedAt: now })
+    .set({ state: 'pending', runAt, leaseToken: null, leaseExpiresAt: null, lastError: error, updatedAt: now, outcomeToken: leaseToken })
     .executeTakeFirst()
-  return result.numUpdatedRows > 0n
+  return writtenUnder(db, { id, leaseToken }, result.numUpdatedRows)
 }
 
 /** The handler threw on its last attempt: the dead letter, until an operator retries or skips it. */
@@ -219,6 +247,7 @@ export async function failJob(
       leaseExpiresAt: null,
       finishedAt: now,
       updatedAt: now,
+      outcomeToken: leaseToken,
       // failed without a call (its last attempt overran its lease, or REACTION_MAX_ATTEMPTS was lowered below the
       // attempts it had had): the claim's attempt is taken back, so the job shows the attempts its handler was called
       // for (it said 5 of 4), and the error its last call left is kept below the reason (it was replaced by it)
@@ -227,7 +256,7 @@ export async function failJob(
         : { lastError: error }),
     }))
     .executeTakeFirst()
-  return result.numUpdatedRows > 0n
+  return writtenUnder(db, { id, leaseToken }, result.numUpdatedRows)
 }
 
 /**
@@ -250,14 +279,16 @@ export async function skipJobNotTaken(
       lastError: sql<string>`${reason} || coalesce(${'\n(the error before: '} || ${eb.ref('lastError')} || ')', '')`,
       finishedAt: now,
       updatedAt: now,
+      outcomeToken: leaseToken,
     }))
     .executeTakeFirst()
-  return result.numUpdatedRows > 0n
+  return writtenUnder(db, { id, leaseToken }, result.numUpdatedRows)
 }
 
 /**
  * Gives back leases whose handler did not finish (shutdown): pending and due now, the interrupted claim's
- * attempt taken back (the handler was stopped, it did not fail).
+ * attempt taken back (the handler was stopped, it did not fail). Returns how many this statement wrote (a try after a
+ * lost answer asks ownOutcomes).
  */
 export async function releaseJobs(db: Kysely<Database>, { ids, leaseToken, now }: { ids: readonly string[]; leaseToken: string; now: Date }): Promise<number> {
   if (ids.length === 0) return 0
@@ -270,6 +301,7 @@ export async function releaseJobs(db: Kysely<Database>, { ids, leaseToken, now }
       leaseExpiresAt: null,
       attempts: eb('attempts', '-', 1),
       updatedAt: now,
+      outcomeToken: leaseToken,
     }))
     .where('id', 'in', [...ids])
     .where('leaseToken', '=', leaseToken)

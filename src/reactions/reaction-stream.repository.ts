@@ -334,6 +334,8 @@ export async function writeReactionStream(
         lease_expires_at = ${leaseEnd}, updated_at = ${now}
       where handler = ${handler} and lease_token = ${leaseToken}
         and (types is null or ${types ?? null}::text is null or types = ${types ?? null}::text)
+        -- (at the place already: an earlier try of this write-back landed, see below)
+        and (position, history_id) <> (${place.position}::xid8, ${place.historyId}::bigint)
       returning 1
     ), jobs as (
       insert into reaction_jobs (event_id, order_id, sequence, handler, state, attempts, run_at, last_error,
@@ -355,7 +357,32 @@ export async function writeReactionStream(
     select exists (select 1 from moved) as moved,
       (select json_agg(json_build_object('event_id', event_id, 'id', id)) from jobs where state = 'running') as running`.execute(db)
   const row = rows[0]
-  if (row?.moved !== true) return undefined
+  if (row?.moved === true) return new Map((row.running ?? []).map((job) => [job.eventId, String(job.id)]))
+  return landedBefore(db, { handler, leaseToken, place, running: outcomes.filter((outcome) => outcome.state === 'running') })
+}
+
+/**
+ * A write-back that moved nothing: either another lease token holds the stream (undefined), or an earlier try of this
+ * very write-back landed and its answer was lost (the connection cut after its COMMIT), and the row holds this token
+ * at this place. A write-back always moves the place on (its batch read events after it), and only its holder's token
+ * moves it, so that pair is this write's own commit; tried again, it wrote the place again, recorded its done events a
+ * second time and, its job rows there already (ON CONFLICT DO NOTHING), returned none of their ids, so the calls it
+ * handed off never wrote their outcome and ran again once their lease ran out. Then the running rows' ids are read
+ * back (those still running under the token: an operator's release-stream gave back the others). One statement, only
+ * after a miss.
+ */
+async function landedBefore(
+  db: Kysely<Database>,
+  { handler, leaseToken, place, running }: { handler: string; leaseToken: string; place: StreamPlace; running: readonly StreamOutcome[] },
+): Promise<Map<string, string> | undefined> {
+  const { rows } = await sql<{ ours: boolean; running: { eventId: string; id: string | number }[] | null }>`
+    select s.lease_token = ${leaseToken} and s.position = ${place.position}::xid8 and s.history_id = ${place.historyId}::bigint as ours,
+      (select json_agg(json_build_object('event_id', j.event_id, 'id', j.id)) from reaction_jobs j
+        where j.handler = ${handler} and j.event_id = any(${running.map((outcome) => outcome.event.eventId)}::uuid[])
+          and j.state = 'running' and j.lease_token = ${leaseToken}) as running
+    from reaction_streams s where s.handler = ${handler}`.execute(db)
+  const row = rows[0]
+  if (row?.ours !== true) return undefined
   return new Map((row.running ?? []).map((job) => [job.eventId, String(job.id)]))
 }
 

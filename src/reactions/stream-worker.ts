@@ -40,7 +40,7 @@ import { planRetry, triesAgain } from './plan-retry.js'
 import type { ReactionHandler } from './reaction-event.js'
 import type { RecoveryWatch } from './recovery-watch.js'
 import type { RetryLine } from './retry-lines.js'
-import { completeJob, failJob, releaseJobs, retryJobLater } from './reaction-job.repository.js'
+import { completeJob, failJob, ownOutcomes, releaseJobs, retryJobLater } from './reaction-job.repository.js'
 import { writeOutcome } from './write-outcome.js'
 import { isSchemaMissing } from '../db/database-errors.js'
 import {
@@ -302,7 +302,8 @@ export function createStreamWorker(deps: StreamWorkerDeps) {
       async () => {
         const now = await timeToWrite()
         const lease = { id, leaseToken, now }
-        if (finished === undefined) return (await releaseJobs(db, { ids: [id], leaseToken, now })) > 0
+        // (given back by an earlier try whose answer was lost: its own outcome, not a lease lost)
+        if (finished === undefined) return (await releaseJobs(db, { ids: [id], leaseToken, now })) > 0 || (await ownOutcomes(db, [{ id, leaseToken }])).has(id)
         if (finished.state === 'done') return completeJob(db, lease)
         if (finished.state === 'pending') return retryJobLater(db, { ...lease, runAt: finished.runAt, error: finished.lastError ?? '' })
         return failJob(db, { ...lease, error: finished.lastError ?? '' })
