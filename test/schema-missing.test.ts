@@ -189,9 +189,8 @@ describe('a database whose tables are missing (a restore under way, a database r
     const app = createApp({ config, db: database.db, logger, clock: systemClock })
     const reference = `older-dump-${Date.now()}`
     await createOrder(database.db, { externalReference: reference })
-    // a dump from before 0019_delivery_order_version, whose column the ingest names, and so before 0020_poll_due_since
-    // and 0021_poll_due_since_of_older_pollers
-    const later = ['0019_delivery_order_version', '0020_poll_due_since', '0021_poll_due_since_of_older_pollers']
+    // a dump from before 0019_delivery_order_version, whose column the ingest names, and so before the later ones
+    const later = ['0019_delivery_order_version', '0020_poll_due_since', '0021_poll_due_since_of_older_pollers', '0022_reaction_job_outcome_token']
     const { rows } = await sql<{ name: string; timestamp: string }>`select name, timestamp from kysely_migration
       where name in (${sql.join(later)}) order by name`.execute(database.db)
     expect(rows.map((row) => row.name)).toEqual(later)
@@ -199,12 +198,13 @@ describe('a database whose tables are missing (a restore under way, a database r
     await pollDueSinceOfOlderPollers.down(database.db as never)
     await sql`drop index orders_poll_due_since_idx`.execute(database.db)
     await sql`alter table orders drop column poll_due_since, drop column poll_retry_at`.execute(database.db)
+    await sql`alter table reaction_jobs drop column outcome_token`.execute(database.db)
     await sql`delete from kysely_migration where name in (${sql.join(later)})`.execute(database.db)
     try {
       const ready = await request(app).get('/readyz')
       expect([ready.status, ready.body.error.message]).toEqual([
         503,
-        'Migrations are pending (0019_delivery_order_version and 2 more); run `npm run cli -- migrate`',
+        'Migrations are pending (0019_delivery_order_version and 3 more); run `npm run cli -- migrate`',
       ])
       const refused = await sendWebhook(app, { body: tradePayload(reference, 'funded') })
       expect([refused.status, refused.body.error?.code, refused.headers['retry-after']]).toEqual([503, 'schema_missing', '30'])
@@ -213,6 +213,7 @@ describe('a database whose tables are missing (a restore under way, a database r
     } finally {
       await sql`alter table webhook_deliveries add column if not exists order_version integer`.execute(database.db)
       await sql`alter table orders add column if not exists poll_due_since timestamptz, add column if not exists poll_retry_at timestamptz`.execute(database.db)
+      await sql`alter table reaction_jobs add column if not exists outcome_token text`.execute(database.db)
       await sql`create index if not exists orders_poll_due_since_idx on orders (poll_due_since)
         where poll_due_since is not null and next_poll_at is not null`.execute(database.db)
       const { rows: trigger } = await sql`select 1 from pg_catalog.pg_trigger t join pg_catalog.pg_class c on c.oid = t.tgrelid

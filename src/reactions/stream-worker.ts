@@ -531,7 +531,12 @@ export function createStreamWorker(deps: StreamWorkerDeps) {
           more = await readReactionStream(db, { handler: name, leaseToken, now: at, leaseEnd: new Date(at.getTime() + streamLeaseMs), limit: asked, after: place, types })
         } catch {
           // the database away: the batch reads no further, and its write-back (tried again while the lease lasts)
-          // says so. Thrown from here, it ended the batch with nothing of it written, and its events ran again
+          // says so. Thrown from here, it ended the batch with nothing of it written, and its events ran again.
+          // A schema not whole (a table or a column missing) ends the read-ahead too, and is not handed to the schema
+          // watch from here: the batch's handlers have run, and its write-back records them if the tables it writes
+          // are whole (else it meets the error itself, is not tried again, and the dispatcher holds: schema-watch.ts);
+          // the stream's next read meets what this read met. Handed over at once, the events already handled would
+          // have been left unwritten, and run again once the schema is whole
           return
         }
         // (the batch is being written back: the next batch reads these events again)
