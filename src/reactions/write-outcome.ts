@@ -13,9 +13,13 @@
 // Every try is fenced by the lease token (reaction-job.repository.ts): it writes only while the row is `running`
 // under this claim's token. A claim made since (the lease ran out, an operator gave the stream's lease back) holds
 // another token, and the try writes nothing: no outcome is ever written over a lease this replica no longer holds.
+// A try whose earlier try's COMMIT landed but whose answer was lost (the connection cut after it) finds the fence
+// closed by its own commit: the write says so (the row's outcome_token is this claim's: reaction-job.repository.ts,
+// ownOutcomes), and the caller reports the outcome it wrote, not a lease lost.
 //
 // A stream batch's write-back (stream-worker.ts: the record of its events done, its job rows and the stream's new
-// place, one statement) is tried again the same way, fenced by the stream's lease token.
+// place, one statement) is tried again the same way, fenced by the stream's lease token; after a lost answer it finds
+// the stream at its place under its token, its own commit, and writes nothing twice (writeReactionStream).
 import type { Clock } from '../clock.js'
 import type { Logger } from '../logger.js'
 
