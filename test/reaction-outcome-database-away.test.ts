@@ -269,7 +269,7 @@ describe('a reaction job whose handler returns while the database is away', () =
       return batches.some((batch) => batch.done.map(String).includes(String(event.id)))
     }
     const jobs = () => database.db.selectFrom('reactionJobs').select('state').where('eventId', '=', event.eventId).execute()
-    return { calls, returns, results, stream, recorded, jobs, historyId: String(event.id) }
+    return { calls, returns, results, stream, recorded, jobs, historyId: String(event.id), reactions }
   }
   /** Until `recorded()`, the clock moving on meanwhile: the stream's loop reads again as its waits fall due. */
   const untilWrittenBack = (recorded: () => Promise<boolean>) =>
@@ -386,5 +386,27 @@ describe('a reaction job whose handler returns while the database is away', () =
     await eventually(async () => (await jobs())[0]?.state === 'done', 'the handed-off call’s outcome is written')
     expect(results).toEqual(['done'])
     expect(calls).toHaveLength(1)
+  })
+  it('held batches whose write-back’s answer was lost are not recorded again with the next batch’s', async () => {
+    const { calls, returns, reactions, historyId } = await heldFirstAttempt()
+    // the handler returns at once: its batch is held in memory (WRITE_BACK_MS), and the next read, finding nothing,
+    // writes it back; that write-back's answer is lost
+    loseAnswerOf = isWriteBack
+    returns.resolve()
+    await eventually(() => lost === 1, 'the held batch’s write-back’s answer is lost')
+    // a transition meanwhile: the next batch reads it on from the held place, and writes both back
+    const orderId = await moveNewOrder(database.db, { externalReference: `away-${++counter}`, statuses: ['created'], handlersFor: reactions.handlersFor, now: () => new Date(clock.now()) })
+    const next = await database.db.selectFrom('orderStatusHistory').select('id').where('orderId', '=', orderId).executeTakeFirstOrThrow()
+    const recordedIds = async () => {
+      const batches = await database.db.selectFrom('reactionStreamBatches').select('done').where('handler', '=', HANDLER).execute()
+      return batches.flatMap((batch) => batch.done.map(String))
+    }
+    await eventually(async () => {
+      if ((await recordedIds()).includes(String(next.id))) return true
+      await clock.advance(500)
+      return false
+    }, 'the next batch is written back')
+    expect((await recordedIds()).filter((id) => id === historyId || id === String(next.id)).sort()).toEqual([historyId, String(next.id)].sort())
+    expect(calls).toHaveLength(2)
   })
 })

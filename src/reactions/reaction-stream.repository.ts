@@ -386,6 +386,20 @@ async function landedBefore(
   return new Map((row.running ?? []).map((job) => [job.eventId, String(job.id)]))
 }
 
+/**
+ * Whether `handler`'s stream stands at `place` under `leaseToken`: a write-back of that place by this token landed (only
+ * the holder's write-backs move the place, always on). Asked only after such a write-back failed.
+ */
+export async function streamStandsAt(
+  db: Kysely<Database>,
+  { handler, leaseToken, place }: { handler: string; leaseToken: string; place: StreamPlace },
+): Promise<boolean> {
+  const { rows } = await sql<{ one: number }>`
+    select 1 as one from reaction_streams
+    where handler = ${handler} and lease_token = ${leaseToken} and position = ${place.position}::xid8 and history_id = ${place.historyId}::bigint`.execute(db)
+  return rows.length > 0
+}
+
 /** Gives a stream's lease back (shutdown): another replica may read it at once. */
 export async function releaseReactionStream(db: Kysely<Database>, handler: string, leaseToken: string): Promise<void> {
   await db

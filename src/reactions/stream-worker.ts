@@ -48,6 +48,7 @@ import {
   readReactionStream,
   releaseReactionStream,
   type StreamEvent,
+  streamStandsAt,
   type StreamOutcome,
   type StreamPlace,
   writeReactionStream,
@@ -199,6 +200,8 @@ export function createStreamWorker(deps: StreamWorkerDeps) {
   // batches whose every event was done, not written back yet: the place after them, their events' history ids,
   // and when the first of them was ready to be written
   let unwritten: { place: StreamPlace; done: string[]; since: number } | undefined
+  // their last write-back failed: it may have landed, its answer lost (the connection cut after its COMMIT)
+  let unwrittenMayHaveLanded = false
   // the most events whose record is held: a batch that would hold more writes back (one row's list stays bounded)
   const maxUnwritten = 4 * batchSize
   // the horizon of the last read that found the stream's row: where a row made late starts (createMissingReactionStream)
@@ -229,8 +232,10 @@ export function createStreamWorker(deps: StreamWorkerDeps) {
       // (the database away: held again, the next read goes on from their place and a later write-back takes them; they
       // ran again when the lease was lost meanwhile)
       unwritten ??= pending
+      unwrittenMayHaveLanded = true
       throw error
     }
+    unwrittenMayHaveLanded = false
     if (!written) {
       leased = false
       warnTakenOver(pending.done.length)
@@ -346,6 +351,12 @@ export function createStreamWorker(deps: StreamWorkerDeps) {
     }
     if (read.horizon !== undefined) lastHorizon = read.horizon
     leased = read.leased
+    if (unwrittenMayHaveLanded && unwritten && read.fromAfter) {
+      // the held batches' write-back failed, and the stream's row stands at their place under this token: it landed,
+      // its answer lost. Held on, they were recorded a second time with this batch's write-back
+      unwrittenMayHaveLanded = false
+      if (await streamStandsAt(db, { handler: name, leaseToken, place: unwritten.place })) unwritten = undefined
+    }
     if (after && !read.fromAfter) {
       // another replica took the stream since: it reads those events again from the place last written
       unwritten = undefined
