@@ -130,8 +130,8 @@ export interface ReactionJobsTable {
   updatedAt: GeneratedTimestamp
   finishedAt: Timestamp | null
   /**
-   * The lease token of the claim whose outcome the row holds (migrations/0021), kept when the next claim takes the
-   * row: how a write tried again after its answer was lost knows its own commit. Null: none written since 0021.
+   * The lease token of the claim whose outcome the row holds (migrations/0022), kept when the next claim takes the
+   * row: how a write tried again after its answer was lost knows its own commit. Null: none written since 0022.
    */
   outcomeToken: string | null
 }

@@ -14,7 +14,7 @@
 // skipped): one order's events reach one handler strictly in order, and a failed job holds back the rest.
 // Every write-back of a claimed job checks its lease token: a dispatcher whose lease ran out (and whose
 // job was claimed again) cannot overwrite what the newer claim writes. Each outcome's write also leaves the claim's
-// token in outcome_token (migrations/0021), which the next claim does not touch: a write tried again after its answer
+// token in outcome_token (migrations/0022), which the next claim does not touch: a write tried again after its answer
 // was lost (the connection cut after its COMMIT) finds the fence closed, and that column says the outcome is its own
 // (ownOutcomes), not another claim's. Asked only after a fence's miss: a write that lands costs what it did.
 import type { JobWaitedFor } from './retried-text.js'
