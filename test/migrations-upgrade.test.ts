@@ -216,7 +216,7 @@ describe('migration 0021 on a database with data', () => {
         )
       }
 
-      expect((await migrateToLatest(database.db)).applied).toEqual(['0020_poll_due_since', '0021_poll_due_since_of_older_pollers'])
+      expect((await migrateToLatest(database.db)).applied.slice(0, 2)).toEqual(['0020_poll_due_since', '0021_poll_due_since_of_older_pollers'])
       const migratedBy = (await sql<{ at: Date }>`select statement_timestamp() as at`.execute(database.db)).rows[0]!.at
 
       const rowsAfter = await database.db

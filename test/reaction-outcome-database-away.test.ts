@@ -8,7 +8,7 @@
 // writes is one statement, committed on its own), and the dispatcher is handed the error a connection cut after the
 // COMMIT gives instead of its answer. A proxy cannot pick that statement out of the wire deterministically (most are
 // prepared, sent by name), so the fault is made at the client's boundary, over the real database.
-import { PostgresQueryCompiler, type QueryId } from 'kysely'
+import { PostgresQueryCompiler, type QueryId, sql } from 'kysely'
 import { afterEach, beforeEach, describe, expect, it } from 'vitest'
 import { createDispatcher, type Dispatcher } from '../src/reactions/dispatcher.js'
 import type { AttemptResult } from '../src/reactions/dispatcher-settings.js'
@@ -258,9 +258,21 @@ describe('a reaction job whose handler returns while the database is away', () =
       calls.push(event.eventId)
       await returns.promise
     })
+    // A stream begins at, and reads only below, its snapshot's xmin, which a transaction open anywhere in the cluster
+    // holds back (on Postgres, another test file's, in another database). Begun then, the stream took the earlier
+    // tests' transitions too; reading then, it found nothing and looked again only after a wait on this test's clock,
+    // which nothing moves here (both failed so in CI). So it begins after every earlier transition, and the dispatcher
+    // starts once this one is readable.
+    const behindTheHorizon = (what: string, history: ReturnType<typeof sql<number>>) =>
+      eventually(async () => {
+        const { rows } = await sql<{ readable: boolean | null }>`select ${history} < pg_snapshot_xmin(pg_current_snapshot()) as readable`.execute(database.db)
+        return rows[0]?.readable !== false
+      }, what, 120_000)
+    await behindTheHorizon('the earlier transitions are readable', sql<number>`(select max(stream_position) from order_status_history)`)
     await ensureReactionStreams(database.db, reactions.names, new Date(clock.now()))
     const orderId = await moveNewOrder(database.db, { externalReference: `away-${++counter}`, statuses: ['created'], handlersFor: reactions.handlersFor, now: () => new Date(clock.now()) })
     const event = await database.db.selectFrom('orderStatusHistory').select(['id', 'eventId']).where('orderId', '=', orderId).executeTakeFirstOrThrow()
+    await behindTheHorizon('the transition is readable', sql<number>`(select stream_position from order_status_history where id = ${event.id})`)
     await startDispatcher(reactions, results)
     await eventually(() => calls.length === 1, 'the stream runs the transition')
     const stream = () => database.db.selectFrom('reactionStreams').select(['historyId', 'leaseToken']).where('handler', '=', HANDLER).executeTakeFirstOrThrow()
