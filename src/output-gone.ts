@@ -18,11 +18,29 @@ let terminals: number[] | undefined
 // the first write to stdout or stderr that failed otherwise (a full disk: ENOSPC), once said
 let failed = false
 // set once the command's change was made (commandTookEffect): then a lost output is no failure of the command
-let tookEffect = false
+let tookEffect: TookEffect | undefined
 
-/** How the lost output is said once the command's change was made: the change stands, and running it again is not the way to see it. */
-const DONE_BUT_LOST =
-  'the command was done (the platform took it and the order records it); only its output is lost: see the order with `orders show`, do not run the command again'
+/**
+ * What a command that made its change says of it when only its output is lost (commandTookEffect): what was done, and
+ * where to see it. The change stands, and running the command again is not the way to see it.
+ */
+export interface TookEffect {
+  /** What was done, e.g. `the order was created`. */
+  done: string
+  /** Where to see it, e.g. `see it with \`orders show\``. */
+  see: string
+}
+
+/** A trade call's: the platform took it and the order records it. */
+export const TRADE_CALL_TOOK_EFFECT: TookEffect = {
+  done: 'the platform took it and the order records it',
+  see: 'see the order with `orders show`',
+}
+
+/** How the lost output is said once the command's change was made. */
+function doneButLost({ done, see }: TookEffect): string {
+  return `the command was done (${done}); only its output is lost: ${see}, do not run the command again`
+}
 
 /**
  * Makes a write to process.stdout or stderr that finds its reader gone no error, and an exit after the terminal was
@@ -42,7 +60,7 @@ export function ignoreGoneOutput({ failCommand = false }: { failCommand?: boolea
       // (stderr's own failure has nowhere to be said)
       if (stream === process.stdout) {
         lostOn = error.code ?? error.message
-        sayOutputFailed(`could not write to stdout (${lostOn}): ${tookEffect ? DONE_BUT_LOST : 'what follows on it is lost'}`)
+        sayOutputFailed(`could not write to stdout (${lostOn}): ${tookEffect ? doneButLost(tookEffect) : 'what follows on it is lost'}`)
       }
     })
   }
@@ -56,14 +74,15 @@ export function ignoreGoneOutput({ failCommand = false }: { failCommand?: boolea
 let lostOn: string | undefined
 
 /**
- * The command's change was made and recorded (a trade call the platform answered): from here a stdout that cannot be
- * written loses only the report of it, so the command does not end with exit 1 for it. A script that took that exit 1
- * for a failure ran `trades fund` again after the fund was done. Said at once when stdout had failed already.
+ * The command's change was made and recorded (a trade call the platform answered, an order created, a pass of prune
+ * committed): from here a stdout that cannot be written loses only the report of it, so the command does not end with
+ * exit 1 for it. A script that took that exit 1 for a failure ran `trades fund` again after the fund was done. Said
+ * at once when stdout had failed already.
  */
-export function commandTookEffect(): void {
+export function commandTookEffect(effect: TookEffect = TRADE_CALL_TOOK_EFFECT): void {
   if (tookEffect) return
-  tookEffect = true
-  if (lostOn !== undefined) sayOutputFailed(`could not write to stdout (${lostOn}): ${DONE_BUT_LOST}`)
+  tookEffect = effect
+  if (lostOn !== undefined) sayOutputFailed(`could not write to stdout (${lostOn}): ${doneButLost(effect)}`)
 }
 
 /**

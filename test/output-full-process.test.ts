@@ -5,7 +5,7 @@
 import { type ChildProcess, spawn } from 'node:child_process'
 import { randomUUID } from 'node:crypto'
 import { once } from 'node:events'
-import { closeSync, existsSync, mkdtempSync, openSync, rmSync } from 'node:fs'
+import { closeSync, existsSync, mkdtempSync, openSync, readFileSync, rmSync } from 'node:fs'
 import { tmpdir } from 'node:os'
 import path from 'node:path'
 import { afterAll, describe, expect, it } from 'vitest'
@@ -14,7 +14,7 @@ import type { AddressInfo } from 'node:net'
 import { childEnv, freePort, killLeftovers, receiverEnv, remoteServeEnv, runCli, spawnCli, stopChild, waitForLogLine } from './helpers/cli-process.js'
 import { migratedDataDir } from './helpers/data-dir-template.js'
 import { tradeRecord } from './helpers/partner-api-fixtures.js'
-import { signBody, tradePayload } from './helpers/webhook-delivery.js'
+import { postDelivery, signBody, tradePayload } from './helpers/webhook-delivery.js'
 
 const root = path.resolve(import.meta.dirname, '..')
 const scratch = mkdtempSync(path.join(tmpdir(), 'output-full-'))
@@ -48,6 +48,19 @@ async function platformUrl(): Promise<string> {
 
 const DONE_BUT_LOST =
   /(?:^|\n)could not write to stdout \(ENOSPC\): the command was done \(the platform took it and the order records it\); only its output is lost: see the order with `orders show`, do not run the command again\n$/
+
+/** The line a command that made its change (other than a trade call) says when only its output is lost. */
+function doneButLost(done: string): RegExp {
+  const escaped = done.replace(/[.*+?^${}()|[\]\\]/g, '\\$&')
+  return new RegExp(`(?:^|\\n)could not write to stdout \\(ENOSPC\\): the command was done \\(${escaped}\\); only its output is lost: [^\\n]+, do not run the command again\\n$`)
+}
+
+/** `args` with its stdout on /dev/full: the exit code and stderr. */
+async function onFullOutput(args: string[], env: Record<string, string>): Promise<{ code: number | null; stderr: string }> {
+  const { child, stderr } = runOnFullOutput(args, env)
+  const [code] = (await once(child, 'exit')) as [number | null]
+  return { code, stderr: stderr() }
+}
 
 /** The compiled CLI with its stdout on /dev/full (every write fails with ENOSPC), its stderr read. */
 function runOnFullOutput(args: string[], env: Record<string, string>) {
@@ -153,6 +166,46 @@ describe.skipIf(!existsSync('/dev/full'))('stdout that cannot be written (ENOSPC
       const [listCode] = (await once(listed.child, 'exit')) as [number | null]
       expect(listCode).toBe(1)
       expect(listed.stderr()).toMatch(/could not write to stdout \(ENOSPC\): what follows on it is lost\n$/)
+    } finally {
+      await stopChild(service)
+    }
+  }, 300_000)
+
+  // `orders create > /dev/full` exited 1 after the order was created: a script ran it again, to be told [order_exists]
+  it('a command that made its change exits 0 when only its output is lost, on its own and forwarded, saying what was done', async () => {
+    const dataDir = migratedDataDir('output-full-create-')
+    const alone = await onFullOutput(['orders', 'create', '--external-reference', 'full-alone'], { DATA_DIR: dataDir })
+    expect(alone.stderr).toMatch(doneButLost('the order was created'))
+    expect(alone.code).toBe(0)
+    const again = await runCli(['orders', 'create', '--external-reference', 'full-alone'], { DATA_DIR: dataDir }, { built: true })
+    expect([again.code, again.stderr]).toEqual([1, expect.stringContaining('[order_exists]')])
+
+    const service = spawnCli(['serve'], { ...remoteServeEnv({ dataDir, platformUrl: 'http://127.0.0.1:1' }), POLL_ENABLED: 'false' }, { built: true })
+    children.push(service)
+    try {
+      await waitForLogLine(service, 'service listening', 120_000)
+      const secondTerminal = { DATA_DIR: dataDir }
+      const created = await onFullOutput(['orders', 'create', '--external-reference', 'full-forwarded'], secondTerminal)
+      expect(created.stderr).toMatch(doneButLost('the order was created'))
+      expect(created.code).toBe(0)
+      expect((await runCli(['orders', 'show', 'full-forwarded'], secondTerminal, { built: true })).code).toBe(0)
+
+      // a delivery parked for a reference that is not this backend's, then dismissed
+      const { webhookUrl } = JSON.parse(readFileSync(path.join(dataDir, 'serve.json'), 'utf8')) as { webhookUrl: string }
+      const parked = await postDelivery(new URL(webhookUrl).origin, { id: randomUUID(), body: JSON.stringify(tradePayload('full-parked', 'funded')) })
+      expect(parked.status).toBe(200)
+      const dismissed = await onFullOutput(['deliveries', 'dismiss', 'full-parked'], secondTerminal)
+      expect(dismissed.stderr).toMatch(doneButLost('the parked deliveries were dismissed'))
+      expect(dismissed.code).toBe(0)
+      const dismissedAgain = await runCli(['deliveries', 'dismiss', 'full-parked'], secondTerminal, { built: true })
+      expect([dismissedAgain.code, dismissedAgain.stderr]).toEqual([1, expect.stringContaining('[not_found]')])
+
+      const pruned = await onFullOutput(['prune'], secondTerminal)
+      expect(pruned.stderr).toMatch(doneButLost('what it counts was pruned'))
+      expect(pruned.code).toBe(0)
+      // a read changes nothing: its lost output is still its failure
+      const dryRun = await onFullOutput(['prune', '--dry-run'], secondTerminal)
+      expect([dryRun.code, dryRun.stderr]).toEqual([1, expect.stringMatching(/what follows on it is lost\n$/)])
     } finally {
       await stopChild(service)
     }

@@ -17,6 +17,7 @@ import type { RetentionHooks } from '../metrics/metrics.js'
 import type { ReactionRouting } from '../reactions/reaction-registry.js'
 import { printable, printableLines } from '../printable.js'
 import { finishHoldingSignals, stopOnSignals } from '../stop-signals.js'
+import type { TookEffect } from '../output-gone.js'
 
 export interface CliContext {
   config: Config
@@ -86,7 +87,7 @@ export interface CliScope {
   stderr: { write(text: string): unknown }
   exitCode: number
   /** Set once the command's change was made (markTookEffect): its output lost on the way is then not its failure. */
-  tookEffect?: boolean
+  tookEffect?: TookEffect
   /** Present when the command runs inside the service: its database, config, logger and reactions. */
   context?: CliContext
 }
@@ -118,14 +119,17 @@ export function runsInService(): boolean {
 }
 
 /**
- * The command's change was made and recorded (a trade call the platform answered): an output that cannot be written
- * from here on loses only its report, and is said so, not as the command's failure (output-gone.ts). Inside the
- * service, the second terminal is told with the result, as its output is the one that may fail.
+ * The command's change was made and recorded (a trade call the platform answered, an order created, a transaction
+ * committed): an output that cannot be written from here on loses only its report, and is said so, not as the
+ * command's failure (output-gone.ts): `effect` says what was done and where to see it (a trade call's by default).
+ * Inside the service, the second terminal is told with the result, as its output is the one that may fail. Called
+ * right after the commit, before anything is printed.
  */
-export async function markTookEffect(): Promise<void> {
+export async function markTookEffect(effect?: TookEffect): Promise<void> {
   const current = scope.getStore()
-  if (current) current.tookEffect = true
-  else (await import('../output-gone.js')).commandTookEffect()
+  const { commandTookEffect, TRADE_CALL_TOOK_EFFECT } = await import('../output-gone.js')
+  if (current) current.tookEffect ??= effect ?? TRADE_CALL_TOOK_EFFECT
+  else commandTookEffect(effect)
 }
 
 export function setExitCode(code: number): void {

@@ -10,7 +10,7 @@ import { InvalidArgumentError } from 'commander'
 import { WEBHOOK_OUTCOMES } from '../webhooks/delivery-outcome.js'
 import { printable } from '../printable.js'
 import { deliveryIdArgument, listLimit, MAX_LIST_LIMIT, orderReference } from './cli-arguments.js'
-import { CommandFailedError, printJson, printTable, runsInService, setExitCode, UsageError, withDatabase, write, writeError } from './cli-context.js'
+import { CommandFailedError, markTookEffect, printJson, printTable, runsInService, setExitCode, UsageError, withDatabase, write, writeError } from './cli-context.js'
 
 // (a poll's lease_lost is never a stored delivery's)
 const OUTCOMES: readonly string[] = WEBHOOK_OUTCOMES
@@ -143,6 +143,9 @@ export function registerDeliveriesCommands(program: Command): void {
             observationSettings(config, reactions.handlersFor),
             new Date(),
           )
+          if (result.kind !== 'not_a_trade_event') {
+            await markTookEffect({ done: 'the delivery was reapplied', see: 'see its outcome with `deliveries show`' })
+          }
           if (result.kind === 'not_a_trade_event') {
             throw new CommandFailedError(
               'not_a_trade_event',
@@ -181,7 +184,10 @@ export function registerDeliveriesCommands(program: Command): void {
           )
         }
         if (result.dismissed === 0) throw new CommandFailedError('not_found', `No delivery is parked for ${shown}`)
-        if (!dryRun) logger.info({ externalReference, dismissed: result.dismissed }, 'parked deliveries dismissed by an operator')
+        if (!dryRun) {
+          logger.info({ externalReference, dismissed: result.dismissed }, 'parked deliveries dismissed by an operator')
+          await markTookEffect({ done: 'the parked deliveries were dismissed', see: 'see them with `deliveries list --outcome dismissed`' })
+        }
         if (options.json) printJson({ externalReference, dismissed: result.dismissed, dryRun })
         else write(`${dryRun ? 'would dismiss' : 'dismissed'} ${result.dismissed} parked ${result.dismissed === 1 ? 'delivery' : 'deliveries'} of ${shown}\n`)
       })

@@ -1,7 +1,7 @@
 import type { Command } from 'commander'
 import { isDatabaseUnavailable } from '../db/database-errors.js'
 import type { MigrationError } from '../db/migrate.js'
-import { CommandFailedError, printJson, UsageError, withDatabase, write } from './cli-context.js'
+import { CommandFailedError, markTookEffect, printJson, UsageError, withDatabase, write } from './cli-context.js'
 
 export function registerMigrateCommand(program: Command): void {
   program
@@ -16,6 +16,7 @@ export function registerMigrateCommand(program: Command): void {
       ).catch((error: unknown) => {
         throw error instanceof MigrationError ? refusal(error) : error
       })
+      if (applied.length > 0) await markTookEffect({ done: 'the migrations were applied', see: '`migrate` says they are current' })
       if (options.json) printJson({ applied })
       else write(applied.length ? `applied: ${applied.join(', ')}\n` : 'migrations are current\n')
     })

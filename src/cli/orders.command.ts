@@ -4,7 +4,7 @@ import type { PartnerEnv } from '../config.js'
 import { linkedElsewhere } from '../orders/order.js'
 import { printable } from '../printable.js'
 import { invalidOrder, listLimit, MAX_LIST_LIMIT, orderReference } from './cli-arguments.js'
-import { CommandFailedError, printJson, printTable, withDatabase, write } from './cli-context.js'
+import { CommandFailedError, markTookEffect, printJson, printTable, withDatabase, write } from './cli-context.js'
 
 export function registerOrdersCommands(program: Command): void {
   const orders = program.command('orders').description('the partner’s orders: create, show, list')
@@ -28,6 +28,8 @@ export function registerOrdersCommands(program: Command): void {
             { externalReference: options.externalReference, now: () => new Date() },
             observationSettings(config, reactions.handlersFor),
           )
+          // committed: an output lost from here loses only its report (output-gone.ts)
+          await markTookEffect({ done: 'the order was created', see: 'see it with `orders show`' })
           if (options.json) printJson({ ...order, appliedDeliveries, parkedDeliveries })
           else {
             write(`created order ${printable(order.externalReference)} (id ${order.id})\n`)

@@ -4,7 +4,7 @@
 // SIGINT, SIGTERM or SIGHUP stops the pass after the batch in flight, as a replica's shutdown does: what it
 // pruned is printed and the exit code is 130; a second one ends the process at once.
 import type { Command } from 'commander'
-import { CommandFailedError, printJson, runsInService, setExitCode, withDatabase, write, writeError } from './cli-context.js'
+import { CommandFailedError, markTookEffect, printJson, runsInService, setExitCode, withDatabase, write, writeError } from './cli-context.js'
 
 export function registerPruneCommand(program: Command): void {
   program
@@ -38,6 +38,8 @@ export function registerPruneCommand(program: Command): void {
         } finally {
           off()
         }
+        // each batch is committed on its own: what the pass counts is pruned, whatever its output then meets
+        if (result.ran && !result.dryRun) await markTookEffect({ done: 'what it counts was pruned', see: '`prune --dry-run` counts what is left' })
         if (result.lockLost) {
           // another replica may prune now: this pass stopped rather than run beside it
           writeError(

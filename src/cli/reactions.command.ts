@@ -10,7 +10,7 @@ import { Command, InvalidArgumentError, Option } from 'commander'
 import { printable } from '../printable.js'
 import { isJobId } from '../reactions/job-id.js'
 import { listLimit, MAX_LIST_LIMIT } from './cli-arguments.js'
-import { CommandFailedError, printJson, printTable, setExitCode, UsageError, withDatabase, write, writeError } from './cli-context.js'
+import { CommandFailedError, markTookEffect, printJson, printTable, setExitCode, UsageError, withDatabase, write, writeError } from './cli-context.js'
 
 const STATES = ['pending', 'running', 'failed', 'done', 'skipped'] as const
 type State = (typeof STATES)[number]
@@ -116,11 +116,12 @@ export function registerReactionsCommands(program: Command): void {
       await withDatabase(async ({ db }) => {
         if (id === undefined) {
           const ids = await retryFailedJobs(db)
+          if (ids.length > 0) await markTookEffect(JOBS_CHANGED)
           if (options.json) printJson({ retried: ids })
           else write(ids.length === 0 ? 'no failed reaction jobs\n' : `retrying ${ids.length} job(s): ${idList(ids)}\n`)
           return
         }
-        report(id, await retryJob(db, id), 'retried', options.json)
+        await report(id, await retryJob(db, id), 'retried', options.json)
       })
     })
 
@@ -132,7 +133,7 @@ export function registerReactionsCommands(program: Command): void {
     .action(async (id: string, options: { json?: boolean }) => {
       const { skipJob } = await import('../reactions/reaction-job.repository.js')
       await withDatabase(async ({ db }) => {
-        report(id, await skipJob(db, id), 'skipped', options.json)
+        await report(id, await skipJob(db, id), 'skipped', options.json)
       })
     })
 
@@ -174,7 +175,10 @@ export function registerReactionsCommands(program: Command): void {
             `The positions of events not yet read span more transaction ids than this server has below its oldest open transaction: the stream ${printable(outcome.lowest.handler)} is at ${outcome.lowest.position} and the largest position is ${outcome.largest}, ${BigInt(outcome.largest) - BigInt(outcome.lowest.position)} apart, and at most ${outcome.top} fit below it; nothing was changed. End a transaction left open, or wait until the server's counter passes ${BigInt(outcome.largest) - BigInt(outcome.lowest.position) + 1n}, and run it again (a stream of a handler that is gone keeps the oldest place: delete its reaction_streams row)`,
           )
         }
-        if (!dryRun) logger.info({ ...outcome }, 'reaction stream positions rebased by an operator')
+        if (!dryRun) {
+          logger.info({ ...outcome }, 'reaction stream positions rebased by an operator')
+          await markTookEffect({ done: 'the stream positions were shifted', see: '`reactions rebase --dry-run` says none is ahead' })
+        }
         if (options.json) return
         const { shift, largest, top, streams, events, orders, batches, clamped } = outcome
         write(
@@ -214,6 +218,7 @@ function registerReleaseStream(reactions: Command): void {
           if (!options.json) write(`reaction stream ${printable(handler)} holds no lease: nothing to release\n`)
           return
         }
+        await markTookEffect({ done: 'the lease was released', see: '`reactions list` shows the jobs' })
         logger.info(
           { handler, leaseExpiresAt: outcome.leaseExpiresAt, leftS: outcome.leftS, freedJobs: outcome.freedJobs },
           'reaction stream lease released by an operator',
@@ -251,12 +256,16 @@ function idList(ids: readonly string[]): string {
   return `${ids.slice(0, IDS_NAMED).join(', ')} and ${ids.length - IDS_NAMED} more (--json lists them all)`
 }
 
-function report(
+/** What `reactions retry` and `skip` changed, said when only their output is lost. */
+const JOBS_CHANGED = { done: 'the job states were changed', see: 'see them with `reactions list`' }
+
+async function report(
   id: string,
   outcome: { result: 'retried' | 'skipped' | 'not_found' | 'not_allowed'; state?: string; waitsBehind?: JobWaitedFor },
   done: 'retried' | 'skipped',
   json: boolean | undefined,
-): void {
+): Promise<void> {
+  if (outcome.result === done) await markTookEffect(JOBS_CHANGED)
   if (json) printJson({ id, ...outcome })
   if (outcome.result === done) {
     if (!json) write(done === 'retried' ? `${retriedText(id, outcome.waitsBehind)}\n` : `job ${id} skipped\n`)

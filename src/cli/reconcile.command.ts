@@ -13,6 +13,7 @@ import type { RunSummary } from '../reconcile/poller.js'
 import { orderReferences, wholeNumberUpTo } from './cli-arguments.js'
 import {
   CommandFailedError,
+  markTookEffect,
   printJson,
   printTable,
   runsInService,
@@ -132,6 +133,8 @@ async function runOnce(json: boolean | undefined): Promise<void> {
     // the due orders the claim will leave to another poller's lease: counted before it, when none is this cycle's
     const leased = await countLeasedDue(db, new Date(clock.now()), env)
     const ran = await run()
+    // the cycle's polls are applied and its run recorded, each poll committed on its own
+    await markTookEffect({ done: 'the cycle ran and its run is recorded', see: 'see it with `reconcile --report`' })
     // the due orders the claim left: linked under the other PARTNER_ENV (README, "Going live")
     return { summary: ran, otherEnvironment: { env, due: await countOtherEnvironmentDue(db, new Date(clock.now()), env) }, leased }
   })
@@ -261,6 +264,7 @@ async function requeue(externalReferences: string[] | undefined, json: boolean |
     results: await requeueOrders(db, externalReferences ? { externalReferences } : {}),
     partnerEnv: config.partner.env,
   }))
+  if (results.length > 0) await markTookEffect({ done: 'the orders were requeued', see: 'see them with `orders show`' })
   const found = new Set(results.map((result) => result.externalReference))
   const missing = (externalReferences ?? []).filter((reference) => !found.has(reference))
   if (json) printJson({ results, missing })
@@ -286,6 +290,7 @@ async function requeue(externalReferences: string[] | undefined, json: boolean |
 async function requeueOpen(withinS: number, json: boolean | undefined): Promise<void> {
   const { requeueOpenOrders } = await import('../orders/poll-schedule.repository.js')
   const { requeued, flagged, from } = await withDatabase(({ db, config }) => requeueOpenOrders(db, { withinS, partnerEnv: config.partner.env }))
+  if (requeued > 0) await markTookEffect({ done: 'the open orders were requeued', see: '`orders list` shows their next polls' })
   if (json) printJson({ requeued, flagged, from: from.toISOString(), withinS })
   else {
     write(

@@ -61,7 +61,7 @@ export async function runCapturedCommandLine(
     ...(context ? { context } : {}),
   }
   const code = await runCommandLine(args, captured)
-  return { code, stdout, stderr, ...(captured.tookEffect ? { tookEffect: true } : {}) }
+  return { code, stdout, stderr, ...(captured.tookEffect ? { tookEffect: true, effect: captured.tookEffect } : {}) }
 }
 
 /**

@@ -373,6 +373,7 @@ export function registerTradesCommands(program: Command): void {
         reads: true,
         orderWhenRefused: () => `\n  Nothing was linked: order ${printable(reference)} is as it was.`,
       })
+      if (result.outcome !== 'already_linked') await markTookEffect({ done: 'the order was linked to the trade', see: 'see the order with `orders show`' })
       if (options.json) {
         printJson(result)
         return

@@ -15,7 +15,7 @@ import { signWebhookBody } from '../webhooks/verify-signature.js'
 import { withoutPassword } from '../without-password.js'
 import { innermostReason } from './failure-reason.js'
 import { nonEmpty } from './cli-arguments.js'
-import { CommandFailedError, printJson, setExitCode, UsageError, write } from './cli-context.js'
+import { CommandFailedError, markTookEffect, printJson, setExitCode, UsageError, write } from './cli-context.js'
 
 // a receiver's answer is a short status document; past this it is not read further
 const MAX_ANSWER_BYTES = 1024 * 1024
@@ -154,6 +154,8 @@ export function registerWebhookCommands(program: Command): void {
             'bytes, the most this command reads; the rest was not read',
         )
       }
+      // the receiver took the delivery: an output lost from here loses only the report of it
+      if (response.ok) await markTookEffect({ done: 'the receiver took the delivery', see: 'see it with `deliveries show`' })
       const answer = {
         status: response.status,
         deliveryId: headers['X-Partner-Delivery-Id'],

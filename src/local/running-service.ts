@@ -19,7 +19,7 @@ import type { Config, PartnerPlatform } from '../config.js'
 import { isLoopbackAddress } from '../http/loopback-host.js'
 import { readAnswer } from '../http/read-answer.js'
 import { isJsonObject, parseJsonObject } from '../json-object.js'
-import { commandTookEffect } from '../output-gone.js'
+import { commandTookEffect, type TookEffect } from '../output-gone.js'
 import { printable, printableLines } from '../printable.js'
 import { shortened } from '../shortened.js'
 import { stopOnSignals } from '../stop-signals.js'
@@ -46,6 +46,8 @@ export interface CommandOutput {
   stdout: string
   stderr: string
   tookEffect?: true
+  /** With tookEffect: what was done and where to see it (a service of an older build sends none: a trade call's). */
+  effect?: TookEffect
 }
 
 /**
@@ -515,7 +517,7 @@ export async function forwardToLocalService(args: string[]): Promise<number | un
     throw new RunningServiceError(`${running} answered the command with something that is not its result (${result.problem}) [service_bad_answer]`, 1)
   }
   // a done command whose output cannot be written here is no failure of it (output-gone.ts)
-  if (result.tookEffect) commandTookEffect()
+  if (result.tookEffect) commandTookEffect(result.effect)
   // laid out in lines as the command printed them, its controls shown. A JSON document stays the same document:
   // JSON.stringify escapes the C0 controls itself, and what it leaves in a string (DEL, C1, the Cf characters)
   // becomes \uXXXX, JSON for the same character
@@ -545,8 +547,14 @@ function failureReason(error: unknown): string {
 function commandResult(answer: string): CommandOutput | { problem: string } {
   const result = parseJsonObject(answer)
   if (typeof result === 'string') return { problem: result }
-  const { code, stdout, stderr, tookEffect } = result
+  const { code, stdout, stderr, tookEffect, effect } = result
   if (typeof code !== 'number' || !Number.isInteger(code) || code < 0 || code > 255) return { problem: 'no exit code from 0 to 255' }
   if (typeof stdout !== 'string' || typeof stderr !== 'string') return { problem: 'no stdout and stderr as text' }
-  return { code, stdout, stderr, ...(tookEffect === true ? { tookEffect } : {}) }
+  if (tookEffect !== true) return { code, stdout, stderr }
+  // said on this terminal, its controls shown and bounded: whatever answers on that port may not be the service
+  const told =
+    isJsonObject(effect) && typeof effect.done === 'string' && typeof effect.see === 'string'
+      ? { effect: { done: printable(shortened(effect.done, 200)), see: printable(shortened(effect.see, 200)) } }
+      : {}
+  return { code, stdout, stderr, tookEffect, ...told }
 }
