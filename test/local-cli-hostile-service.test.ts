@@ -603,6 +603,28 @@ describe('the CLI when the running service cannot run its command', () => {
     expect(result.stdout).toBe('')
   })
 
+  // a service that died while it ran a forwarded command (30,000 of 200,002 orders requeued) was said not to answer,
+  // [service_unreachable], as if the command had not been taken
+  it('exits 1 with [outcome_unknown] when the service took the command and the connection was lost before its result', async () => {
+    const service = await fakeService((response) => response.socket?.destroy())
+    try {
+      const dataDir = newDataDir()
+      advertise(dataDir, serviceFile(dataDir, service.url))
+      const result = await runCli(['reconcile', '--requeue-open', '--within', '0'], { DATA_DIR: dataDir }, { built: true })
+      expectNoStackTrace(result)
+      expect(service.requests).toHaveLength(1)
+      expect(result.stderr).toBe(
+        `The service running from ${dataDir} (pid ${process.pid}) took \`reconcile --requeue-open\` and the connection to it was lost before its result ` +
+          '(UND_ERR_SOCKET): the command may have run there in part or whole, its outcome is unknown. Check what it would have changed ' +
+          '(`orders show`, `trades get`) before running it again [outcome_unknown]\n',
+      )
+      expect(result.code).toBe(1)
+      expect(result.stdout).toBe('')
+    } finally {
+      await service.close()
+    }
+  })
+
   it('prints a refusal on one line, its controls visible and its length cut, ending in [service_refused], exit 1', async () => {
     const service = await fakeService(answering(500, `boom\u001b[31m\nforged: line ${'x'.repeat(2_000)}`, { 'content-type': 'text/plain' }))
     try {
