@@ -53,4 +53,20 @@ describe.skipIf(!process.env.TEST_DATABASE_URL)('a command on a Postgres databas
     const { rows: after } = await sql<{ count: number }>`select count(*)::int as count from kysely_migration where name = ${rows[0]!.name}`.execute(database.db)
     expect(after[0]!.count).toBe(0)
   })
+
+  it('refuses a database a newer build migrated with its own code, as `migrate` does', async () => {
+    // (a migration behind as the test above left it: the newer one is what is said)
+    await sql`insert into kysely_migration (name, timestamp) values ('9999_from_a_newer_build', ${new Date().toISOString()})`.execute(database.db)
+    try {
+      const said =
+        'his database was migrated by a newer build of the service: 9999_from_a_newer_build is applied, and this build does not have it: ' +
+        'run that build or a later one, or restore the database from before it'
+      expect(await run(['orders', 'show', 'order-1'])).toEqual({ code: 1, stdout: '', stderr: `T${said} [migrated_by_newer_build]\n` })
+      expect(await run(['migrate'])).toEqual(
+        expect.objectContaining({ code: 1, stderr: `Migration (before any migration ran) failed: t${said} [migrated_by_newer_build]\n` }),
+      )
+    } finally {
+      await sql`delete from kysely_migration where name = '9999_from_a_newer_build'`.execute(database.db)
+    }
+  })
 })

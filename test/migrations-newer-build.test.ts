@@ -25,6 +25,8 @@ describe('a database migrated by a newer build', () => {
           'run that build or a later one, or restore the database from before it',
       )
       expect(result.stderr).not.toContain('corrupted migrations')
+      // ending in its code, as a database a migration behind does ([not_migrated]): it had none
+      expect(result.stderr).toMatch(/^[^\n]+ \[migrated_by_newer_build\]\n$/)
     }
   })
 })

@@ -34,7 +34,7 @@ describePostgres('a start refused for a reason of the configuration (Postgres)',
       .find((line) => line.msg === 'start-up failed')
     expect(failed?.level).toBe(50)
     expect(failed?.err).toEqual({
-      code: 'migration_failed',
+      code: 'migrated_by_newer_build',
       message:
         `Migration (before any migration ran) failed: this database was migrated by a newer build of the service: ${NEWER} is applied, ` +
         'and this build does not have it: run that build or a later one, or restore the database from before it',

@@ -201,7 +201,7 @@ async function openForCommand(migrate: boolean): Promise<{ database: DatabaseHan
   // loaded here, not at start-up: `--help` and forwarded commands never need a database driver
   const [
     { loadConfig },
-    { migrateToLatest, NotMigratedError, requireMigrated },
+    { migrateToLatest, MigrationError, NewerBuildError, NotMigratedError, requireMigrated },
     { embeddedDatabaseExists, openDatabase },
     { configuredReactions },
     { pingDatabase },
@@ -246,11 +246,16 @@ async function openForCommand(migrate: boolean): Promise<{ database: DatabaseHan
     if (!migrate) await pingDatabase(database.db).catch((error: unknown) => Promise.reject(openingFailure(error, describeDatabaseError)))
     // the embedded database in DATA_DIR is this service's own: made and migrated for a first command, as the
     // service's start would; a Postgres one is only looked at (requireMigrated says why)
-    else if (!config.databaseUrl) await database.withoutTimeouts(migrateToLatest)
-    else {
+    else if (!config.databaseUrl) {
+      await database.withoutTimeouts(migrateToLatest).catch((error: unknown) => {
+        // as `migrate` says it (migrate.command.ts), ending in its code: a newer build's database was refused without one
+        throw error instanceof MigrationError && error.failure === 'migrated_by_newer_build' ? new CommandFailedError(error.failure, error.message) : error
+      })
+    } else {
       // on a connection of its own, as the migration was: the command's first statement then opens another
       await database.withoutTimeouts(requireMigrated).catch((error: unknown) => {
-        throw error instanceof NotMigratedError ? new CommandFailedError(error.code, error.message) : openingFailure(error, describeDatabaseError)
+        if (error instanceof NotMigratedError || error instanceof NewerBuildError) throw new CommandFailedError(error.code, capitalized(error.message))
+        throw openingFailure(error, describeDatabaseError)
       })
     }
     const context: CommandContext = {
@@ -267,6 +272,10 @@ async function openForCommand(migrate: boolean): Promise<{ database: DatabaseHan
     await database.close()
     throw error
   }
+}
+
+function capitalized(text: string): string {
+  return `${text.charAt(0).toUpperCase()}${text.slice(1)}`
 }
 
 /**

@@ -31,6 +31,7 @@ export function registerMigrateCommand(program: Command): void {
  */
 function refusal(error: MigrationError): Error {
   if (isDatabaseUnavailable(error)) return error
-  if (error.failure === 'migration_failed') return new CommandFailedError(error.failure, error.message)
+  // a newer build's database is no setting to change: exit 1, as a command's refusal of it
+  if (error.failure === 'migration_failed' || error.failure === 'migrated_by_newer_build') return new CommandFailedError(error.failure, error.message)
   return new UsageError(`${error.message} [${error.failure}]`)
 }

@@ -55,6 +55,12 @@ const NO_SCHEMA = '3F000'
  */
 class MigrationRefusal extends Error {}
 
+/** A database a newer build migrated: refused by the start, `migrate` and every command with this code. */
+export class NewerBuildError extends MigrationRefusal {
+  override name = 'NewerBuildError'
+  readonly code = 'migrated_by_newer_build'
+}
+
 class NoSchemaError extends MigrationRefusal {
   constructor(cause: unknown) {
     super(
@@ -190,9 +196,9 @@ export const MIGRATION_LOCK_KEY = 0x6d696772
  * Why the migrations did not run, named for the command line (src/cli/cli-context.ts, migrationRefusal):
  * `no_schema`, `schema_taken` and `migrated_elsewhere` are fixed in DATABASE_URL (its search_path names no schema, one
  * another application's tables are in, or one in front of the schema holding the service's tables); `migration_failed`
- * is anything else.
+ * is anything else. `migrated_by_newer_build`: a migration this build does not have is applied (NewerBuildError).
  */
-export type MigrationFailure = 'no_schema' | 'schema_taken' | 'migrated_elsewhere' | 'migration_failed'
+export type MigrationFailure = 'no_schema' | 'schema_taken' | 'migrated_elsewhere' | 'migrated_by_newer_build' | 'migration_failed'
 
 export class MigrationError extends Error {
   override name = 'MigrationError'
@@ -274,7 +280,9 @@ export async function migrateToLatest(db: Kysely<Database>): Promise<MigrationRe
     const keepsCause = database.code !== undefined || database.kind === 'unavailable'
     const failure: MigrationFailure = noSchema
       ? 'no_schema'
-      : elsewhere
+      : error instanceof NewerBuildError
+        ? 'migrated_by_newer_build'
+        : elsewhere
         ? 'migrated_elsewhere'
         : database.code === NAME_TAKEN
           ? 'schema_taken'
@@ -366,7 +374,7 @@ function requireNoNewerMigrations(applied: AppliedMigrations): void {
   const unknown = [...applied.names].filter((name) => !Object.hasOwn(migrations, name))
   if (unknown.length === 0) return
   const one = unknown.length === 1
-  throw new MigrationRefusal(
+  throw new NewerBuildError(
     `this database was migrated by a newer build of the service: ${unknown.join(', ')} ${one ? 'is' : 'are'} applied, and this build ` +
       `does not have ${one ? 'it' : 'them'}: run that build or a later one, or restore the database from before ${one ? 'it' : 'them'}`,
   )
