@@ -9,9 +9,14 @@ import { configuredReactions } from '../../src/reactions/configured-reactions.js
 import { testLogger } from './log-sink.js'
 import { testConfig } from './test-config.js'
 
-/** Runs `args` with the given context (none: the command opens what it needs, as from a terminal). */
-export function runCommandWith(args: string[], context?: CliContext) {
-  return runCapturedCommandLine(args, context)
+/**
+ * Runs `args` with the given context (none: the command opens what it needs, as from a terminal): its exit code and
+ * output. Whether it took effect, which the service sends a second terminal with them, is left out: the compiled
+ * process's tests read it where it shows (output-full-process.test.ts).
+ */
+export async function runCommandWith(args: string[], context?: CliContext) {
+  const { code, stdout, stderr } = await runCapturedCommandLine(args, context)
+  return { code, stdout, stderr }
 }
 
 export function runCommand(args: string[], db: Kysely<Database>, config: Config = testConfig()) {
