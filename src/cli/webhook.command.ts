@@ -120,7 +120,9 @@ export function registerWebhookCommands(program: Command): void {
       const beside = await serviceBeside()
       const url = options.url ?? (await defaultWebhookUrl(beside))
       // shortened and without its password as a refusal shows an argument, before its line feeds are escaped
-      if (!/^https?:\/\//.test(url)) throw new UsageError(`--url must be an http(s) URL, got ${printable(shortened(withoutPassword(url), 200))}`)
+      // shown as a refusal shows an argument, its controls escaped: a line feed in it started a forged line of its own
+      const shownUrl = printable(shortened(withoutPassword(url), 200))
+      if (!/^https?:\/\//.test(url)) throw new UsageError(`--url must be an http(s) URL, got ${shownUrl}`)
       const { body, headers } = await signedHeaders(options, beside)
       // from here a stop signal may cut a delivery under way: said so, exit 130, as whether the receiver took it is not known
       const deliveryId = headers['X-Partner-Delivery-Id']
@@ -137,14 +139,14 @@ export function registerWebhookCommands(program: Command): void {
         // and printed that origin's 200 as if delivered; a 307/308 failed with a detached-buffer error after the POST
         response = await fetch(url, { method: 'POST', headers, body, redirect: 'manual', signal: AbortSignal.timeout(ANSWER_TIMEOUT_MS) })
       } catch (error) {
-        throw new CommandFailedError('not_delivered', `Could not deliver to ${withoutPassword(url)}: ${withoutPassword(failureReason(error))}`)
+        throw new CommandFailedError('not_delivered', `Could not deliver to ${shownUrl}: ${printable(withoutPassword(failureReason(error)))}`)
       }
       if (response.status >= 300 && response.status < 400) {
         await response.body?.cancel().catch(() => {})
         const location = response.headers.get('location')
         throw new CommandFailedError(
           'redirected',
-          `${withoutPassword(url)} answered ${response.status}, a redirect${location === null ? '' : ` to ${printable(shortened(withoutPassword(location), 200))}`}: ` +
+          `${shownUrl} answered ${response.status}, a redirect${location === null ? '' : ` to ${printable(shortened(withoutPassword(location), 200))}`}: ` +
             'not followed (the delivery is signed for the receiver at --url, as the platform sends it); give the URL the receiver takes deliveries at',
         )
       }
@@ -152,12 +154,12 @@ export function registerWebhookCommands(program: Command): void {
       try {
         text = await readAnswer(response, MAX_ANSWER_BYTES)
       } catch (error) {
-        throw new CommandFailedError('answer_not_read', `Could not read the answer of ${url}: ${failureReason(error)}`)
+        throw new CommandFailedError('answer_not_read', `Could not read the answer of ${shownUrl}: ${printable(failureReason(error))}`)
       }
       if (text === undefined) {
         throw new CommandFailedError(
           'answer_too_large',
-          `${url} answered ${response.status} with a body larger than ${MAX_ANSWER_BYTES.toLocaleString('en-US')} ` +
+          `${shownUrl} answered ${response.status} with a body larger than ${MAX_ANSWER_BYTES.toLocaleString('en-US')} ` +
             'bytes, the most this command reads; the rest was not read',
         )
       }
