@@ -10,7 +10,9 @@ import { type Kysely, sql } from 'kysely'
 //
 // The backfill: an order held (a live lease, next_poll_at its end) or backing off (no live lease, poll_attempts > 0,
 // next_poll_at later than now and no more than an hour on, the longest backoff a failed poll writes: a later time is a
-// webhook's or an API call's) with no poll_due_since is due from the latest time it can have come due by its columns:
+// webhook's or an API call's; and updated_at no later than next_poll_at less half the backoff of its
+// poll_attempts-th failure, below) with no poll_due_since is due from the latest time it can have come due by its
+// columns:
 // - held: now(). It came due before its claim, and the claim was before now; the lease's length is the claiming
 //   replica's setting, not in the row, so its end says nothing of when it began;
 // - backing off: now(), or earlier, next_poll_at less half the backoff of its poll_attempts-th failure (30 s doubling,
@@ -19,16 +21,32 @@ import { type Kysely, sql } from 'kysely'
 //   that long before its retry, and claimed, and due, before that. A Retry-After only made the wait longer.
 // poll_retry_at takes next_poll_at, so the order counts until a poll of it is answered (a webhook, an API call or an
 // operator that reschedules it since writes next_poll_at alone, and it is due by that time, as for this build's own).
-// An order a webhook or an API call put within the hour after a failed poll cannot be told from one backing off: it
-// counts too, from the same time, until a poll of it is answered.
+// poll_attempts goes back to 0 only when a poll is answered, so an order a webhook or an API call rescheduled after a
+// failed poll (a `cancelled` webhook: EXPECTED_WEBHOOK_S on) has the columns of one backing off. updated_at tells most
+// of them apart: an older build's claim and failed poll's write-back never write it, while a webhook or an API call
+// does (apply-observation.ts, schedulePollAfterApiCall, markTradeCreated: the write's time, next_poll_at that time
+// plus EXPECTED_WEBHOOK_S or STALE_AFTER_S), so a real backoff's updated_at is no later than its claim, which was at
+// least half the backoff before next_poll_at. One rescheduled by less than half its backoff (after the 1st failure,
+// 15 s; after the 7th, 960 s) still counts, from the same time, until a poll of it is answered; so does one
+// `reconcile --requeue-open` gave a due time within the hour (it writes next_poll_at alone). The times are the
+// writers' clocks: a poller's clock behind the database's, a webhook written back just before its write-back, leaves a
+// real backoff uncounted, as before this migration.
 //
 // The trigger: a claim or a write-back of an older build (one that moves the lease token and writes neither column;
-// this build's always writes poll_retry_at anew) is given the two columns this build's statements write, from the
-// row as it was (the claim's dueSince, the backoff's or the given-back due time as poll_retry_at, a poll answered,
-// an order flagged or requeued clearing both). Its WHEN is checked for each row an update names poll_lease_token in
-// (the claim, the write-backs), and fails for every one of this build's, so the function is never called for them.
+// this build's write poll_retry_at anew) is given the two columns this build's statements write, from the row as it
+// was (the claim's dueSince, the backoff's or the given-back due time as poll_retry_at, a poll answered, an order
+// flagged or requeued clearing both). Its WHEN is checked for each row an update names poll_lease_token in (the
+// claim, the write-backs), and fails for this build's statements but where one writes the poll_retry_at the row
+// already has: this build's failed poll's write-back (rescheduleAfterError) whose retry time is the lease's end (the
+// claim's poll_retry_at). The function then runs for it and writes poll_retry_at = next_poll_at, the value the
+// statement set anyway; where the order became terminal while the poll ran, it clears both (next_poll_at is none, and
+// the order counts in neither case); where a webhook or an API call rescheduled it meanwhile, it clears poll_retry_at
+// where the statement wrote the lease's end, and the order counts from next_poll_at in both cases.
 /** Ids per statement of the backfill: 50,000 orders all backing off are written in well under a second. */
 const BACKFILL_SLICE = 50_000
+
+/** Half the backoff of the poll_attempts-th failure: the fixed half of its delay (DEFAULT_BACKOFF: 30 s doubling, 1 h). */
+const HALF_BACKOFF = sql`least(3600, 30 * power(2, least(poll_attempts, 30) - 1)) / 2 * interval '1 second'`
 
 export async function up(db: Kysely<unknown>): Promise<void> {
   // first, so no claim of an older poller commits between the backfill's read of the table and the trigger (creating
@@ -62,8 +80,9 @@ export async function up(db: Kysely<unknown>): Promise<void> {
       and new.poll_retry_at is not distinct from old.poll_retry_at
       and new.poll_due_since is not distinct from old.poll_due_since)
     execute function orders_poll_due_since_of_older_pollers()`.execute(db)
-  // in slices of ids, each its own statement: one over a million orders backing off (a platform outage at the upgrade)
-  // ran past the 15-s answer timeout of the service's connections, and every start failed the same way
+  // in slices of ids, each its own statement, which keeps each statement short (harmless: all of them run in the
+  // migrations' one transaction, on a connection with no statement or answer timeout, db/migrate.ts). Measured over a
+  // million orders backing off (a platform outage at the upgrade), 24 to 30 s in all
   const { rows } = await sql<{ first: number | null; last: number | null }>`select min(id) as first, max(id) as last from orders`.execute(db)
   const { first, last } = rows[0]!
   if (first === null || last === null) return
@@ -71,12 +90,13 @@ export async function up(db: Kysely<unknown>): Promise<void> {
     await sql`
       update orders
       set poll_due_since = case when poll_lease_token is not null then now()
-            else least(now(), next_poll_at - least(3600, 30 * power(2, least(poll_attempts, 30) - 1)) / 2 * interval '1 second') end,
+            else least(now(), next_poll_at - ${HALF_BACKOFF}) end,
           poll_retry_at = next_poll_at
       where id >= ${from}::bigint and id < ${from + BACKFILL_SLICE}::bigint
         and poll_due_since is null and next_poll_at > now() and trade_id is not null and not is_terminal
         and ((poll_lease_token is not null and poll_lease_expires_at > now() and next_poll_at = poll_lease_expires_at)
-          or (poll_lease_token is null and poll_attempts > 0 and next_poll_at <= now() + interval '1 hour'))`.execute(db)
+          or (poll_lease_token is null and poll_attempts > 0 and next_poll_at <= now() + interval '1 hour'
+            and updated_at <= next_poll_at - ${HALF_BACKOFF}))`.execute(db)
   }
 }
 

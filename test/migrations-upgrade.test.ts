@@ -209,13 +209,14 @@ describe('migration 0021 on a database with data', () => {
         ['answered', after(21_600), 0, null],
       ]
       for (const [reference, nextPollAt, attempts, lease] of orders) {
+        // last written by a webhook or an API call an hour before: the older build's claims and write-backs leave it
         await sql`insert into orders (external_reference, trade_id, trade_status, status_rank, next_poll_at, poll_attempts,
-            poll_lease_token, poll_lease_expires_at)
-          values (${reference}, ${`tr-${reference}`}, 'funded', 20, ${nextPollAt}, ${attempts}, ${lease ? 'older-cycle' : null}, ${lease})`.execute(
-          database.db,
-        )
+            poll_lease_token, poll_lease_expires_at, updated_at)
+          values (${reference}, ${`tr-${reference}`}, 'funded', 20, ${nextPollAt}, ${attempts}, ${lease ? 'older-cycle' : null}, ${lease},
+            ${after(-3_600)})`.execute(database.db)
       }
 
+      // (and any later migration)
       expect((await migrateToLatest(database.db)).applied.slice(0, 2)).toEqual(['0020_poll_due_since', '0021_poll_due_since_of_older_pollers'])
       const migratedBy = (await sql<{ at: Date }>`select statement_timestamp() as at`.execute(database.db)).rows[0]!.at
 
@@ -246,6 +247,43 @@ describe('migration 0021 on a database with data', () => {
       const claimed = await claimDueOrders(database.db, { now: after(3_001), limit: 10, leaseS: 300, leaseToken: 'this-build' })
       expect(claimed.map((order) => order.externalReference).sort()).toEqual(['backing-off', 'held', 'throttled', 'waiting'])
       expect(await countDueOrders(database.db, after(3_010))).toEqual({ ordersDue: 4, oldestDueAgeS: 3_370 })
+    } finally {
+      await database.close()
+    }
+  })
+
+  it('does not count an order a webhook put less than an hour on after its 7th failed poll: one after its 1st still counts', async () => {
+    const database = await databaseMigratedTo('0019_delivery_order_version')
+    try {
+      const { rows } = await sql<{ at: Date }>`select statement_timestamp() as at`.execute(database.db)
+      const at = rows[0]!.at
+      const nextPollAt = new Date(at.getTime() + 600_000)
+      // a webhook (EXPECTED_WEBHOOK_S 600) after an earlier failed poll: next_poll_at its time + 600 s, updated_at its
+      // time, poll_attempts left as the failures made it (only a poll's answer sets it back to 0)
+      for (const [reference, attempts] of [['webhook-after-1-failure', 1], ['webhook-after-7-failures', 7]] as const) {
+        await sql`insert into orders (external_reference, trade_id, trade_status, status_rank, next_poll_at, poll_attempts, updated_at)
+          values (${reference}, ${`tr-${reference}`}, 'cancelled', 50, ${nextPollAt}, ${attempts}, ${at})`.execute(database.db)
+      }
+
+      await migrateToLatest(database.db)
+      const migratedBy = (await sql<{ at: Date }>`select statement_timestamp() as at`.execute(database.db)).rows[0]!.at
+
+      const rowsAfter = await database.db.selectFrom('orders').select(['externalReference', 'pollDueSince', 'pollRetryAt']).execute()
+      const after = Object.fromEntries(rowsAfter.map((row) => [row.externalReference, row]))
+      // the 7th failure's backoff is at least 960 s, which the webhook's 600 s is not: no backoff can have written this
+      expect(after['webhook-after-7-failures']).toMatchObject({ pollDueSince: null, pollRetryAt: null })
+      // the 1st failure's is at least 15 s: the webhook's schedule looks like one, and counts from the migration's run
+      const dueSince = new Date(after['webhook-after-1-failure']!.pollDueSince!).getTime()
+      expect(dueSince).toBeGreaterThanOrEqual(at.getTime())
+      expect(dueSince).toBeLessThanOrEqual(migratedBy.getTime())
+
+      // the gauges: one due, from the migration's run (before the fix: 2, the oldest from next_poll_at - 960 s, 360 s
+      // before the webhook)
+      const scrapedAt = new Date(migratedBy.getTime() + 1_000)
+      expect(await countDueOrders(database.db, scrapedAt)).toEqual({ ordersDue: 1, oldestDueAgeS: (scrapedAt.getTime() - dueSince) / 1000 })
+      // due by the webhook's time: counted from then by this build's claim once it comes
+      const claimed = await claimDueOrders(database.db, { now: nextPollAt, limit: 10, leaseS: 300, leaseToken: 'this-build' })
+      expect(claimed.map((order) => order.externalReference).sort()).toEqual(['webhook-after-1-failure', 'webhook-after-7-failures'])
     } finally {
       await database.close()
     }
