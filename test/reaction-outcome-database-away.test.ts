@@ -99,6 +99,16 @@ describe('a reaction job whose handler returns while the database is away', () =
   })
 
   /**
+   * Until `history` (a stream position) is below the snapshot's xmin: a stream begins at, and reads only below, that
+   * xmin, which a transaction open anywhere in the cluster holds back (on Postgres, another test file's).
+   */
+  const behindTheHorizon = (what: string, history: ReturnType<typeof sql<number>>) =>
+    eventually(async () => {
+      const { rows } = await sql<{ readable: boolean | null }>`select ${history} < pg_snapshot_xmin(pg_current_snapshot()) as readable`.execute(database.db)
+      return rows[0]?.readable !== false
+    }, what, 120_000)
+
+  /**
    * One order's transition, left as a retry due now (its first attempt failed): the job loop claims it, and its handler
    * waits until the test lets it return. The dispatcher runs on the database as `reached` gives it.
    */
@@ -112,9 +122,11 @@ describe('a reaction job whose handler returns while the database is away', () =
       if (throws) throw new Error('the receiver answered 503')
     })
     const orderId = await moveNewOrder(database.db, { externalReference: `away-${++counter}`, statuses: ['created'], handlersFor: reactions.handlersFor, now: () => new Date(clock.now()) })
-    // the stream begins after the transition: only the job loop runs it
+    const event = await database.db.selectFrom('orderStatusHistory').select(['id', 'eventId', 'sequence']).where('orderId', '=', orderId).executeTakeFirstOrThrow()
+    // the stream begins after the transition: only the job loop runs it (begun while a transaction elsewhere in the
+    // cluster held the horizon back, the stream took the transition too, and called the handler a second time)
+    await behindTheHorizon('the transition is readable', sql<number>`(select stream_position from order_status_history where id = ${event.id})`)
     await ensureReactionStreams(database.db, reactions.names, new Date(clock.now()))
-    const event = await database.db.selectFrom('orderStatusHistory').select(['eventId', 'sequence']).where('orderId', '=', orderId).executeTakeFirstOrThrow()
     await database.db
       .insertInto('reactionJobs')
       .values({ eventId: event.eventId, orderId, sequence: event.sequence!, handler: HANDLER, state: 'pending', attempts: 1, runAt: new Date(clock.now() - 1_000), lastError: 'Error: the first attempt failed' })
@@ -263,11 +275,6 @@ describe('a reaction job whose handler returns while the database is away', () =
     // tests' transitions too; reading then, it found nothing and looked again only after a wait on this test's clock,
     // which nothing moves here (both failed so in CI). So it begins after every earlier transition, and the dispatcher
     // starts once this one is readable.
-    const behindTheHorizon = (what: string, history: ReturnType<typeof sql<number>>) =>
-      eventually(async () => {
-        const { rows } = await sql<{ readable: boolean | null }>`select ${history} < pg_snapshot_xmin(pg_current_snapshot()) as readable`.execute(database.db)
-        return rows[0]?.readable !== false
-      }, what, 120_000)
     await behindTheHorizon('the earlier transitions are readable', sql<number>`(select max(stream_position) from order_status_history)`)
     await ensureReactionStreams(database.db, reactions.names, new Date(clock.now()))
     const orderId = await moveNewOrder(database.db, { externalReference: `away-${++counter}`, statuses: ['created'], handlersFor: reactions.handlersFor, now: () => new Date(clock.now()) })
