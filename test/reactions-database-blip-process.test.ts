@@ -6,6 +6,7 @@
 // lease, and the orders' next events follow, each forward sent once. Before, the failed write was not tried again:
 // both jobs stayed `running` until their lease ran out (REACTION_LEASE_S, 300 s), their orders' next events waited
 // behind them, and then each held forward was sent a second time.
+import type { ChildProcess } from 'node:child_process'
 import { expect, it } from 'vitest'
 import type { Kysely } from 'kysely'
 import type { Database } from '../src/db/database.js'
@@ -17,7 +18,7 @@ import { useForwardingServe } from './helpers/forwarding-serve.js'
 import type { ReceivedRequest } from './helpers/forward-receiver.js'
 import { moveNewOrder } from './helpers/orders.js'
 import { deferred, eventually } from './helpers/reconcile-poller.js'
-import { startTcpProxy } from './helpers/tcp-proxy.js'
+import { startTcpProxy, type TcpProxy } from './helpers/tcp-proxy.js'
 import { describePostgres, postgresUrl } from './helpers/test-database.js'
 
 const CUT_MS = 15_000
@@ -34,6 +35,28 @@ async function moveOn(db: Kysely<Database>, orderId: number, externalReference: 
     { staleAfterS: 3_600, handlersFor },
   )
   expect(result.outcome).toBe('applied')
+}
+
+/**
+ * Runs `body` with the compiled `serve` reaching the test database through a TCP proxy this test owns (started once
+ * `serve` is listening), and closes the proxy after it, also on failure.
+ */
+async function withServeThroughProxy(
+  setting: ReturnType<typeof useForwardingServe>,
+  env: Record<string, string>,
+  body: (run: { proxy: TcpProxy; child: ChildProcess; lines: ReturnType<typeof jsonLogLines> }) => Promise<void>,
+) {
+  const target = new URL(postgresUrl!)
+  const proxy = await startTcpProxy({ host: target.hostname, port: Number(target.port || 5432) })
+  try {
+    await ensureReactionStreams(setting.database.db, [FORWARDER_HANDLER], new Date())
+    const child = setting.serve({ ...setting.serveEnv(), DATABASE_URL: proxy.rewrite(setting.database.url!), ...env })
+    const lines = jsonLogLines(child)
+    await waitForLogLine(child, 'service listening', 120_000)
+    await body({ proxy, child, lines })
+  } finally {
+    await proxy.close()
+  }
 }
 
 describePostgres('a database blip while reaction handlers run, under the compiled serve (Postgres)', () => {
@@ -56,19 +79,8 @@ describePostgres('a database blip while reaction handlers run, under the compile
   it('writes each outcome once the database is back, within the lease, and the orders’ next events follow, each forward sent once', async () => {
     const { database, receiver } = setting
     const db = database.db
-    const target = new URL(postgresUrl!)
-    const proxy = await startTcpProxy({ host: target.hostname, port: Number(target.port || 5432) })
-    try {
-      await ensureReactionStreams(db, [FORWARDER_HANDLER], new Date())
-      const child = setting.serve({
-        ...setting.serveEnv(),
-        DATABASE_URL: proxy.rewrite(database.url!),
-        // the first failure's retry comes after 0.5 to 1 s; the held forwards are not cut off by their own timeout
-        REACTION_BACKOFF_BASE_S: '1',
-        FORWARD_TIMEOUT_MS: '120000',
-      })
-      const lines = jsonLogLines(child)
-      await waitForLogLine(child, 'service listening', 120_000)
+    // the first failure's retry comes after 0.5 to 1 s; the held forwards are not cut off by their own timeout
+    await withServeThroughProxy(setting, { REACTION_BACKOFF_BASE_S: '1', FORWARD_TIMEOUT_MS: '120000' }, async ({ proxy, child, lines }) => {
 
       const jobOf = (externalReference: string, to: string) =>
         db
@@ -146,9 +158,7 @@ describePostgres('a database blip while reaction handlers run, under the compile
       await eventually(() => recorded(streamJob.eventId) && recorded(retryJob.eventId), 'the service says it recorded both outcomes', 30_000)
       expect(child.exitCode).toBeNull()
       expect(await stopChild(child)).toBe(0)
-    } finally {
-      await proxy.close()
-    }
+    })
   }, 600_000)
 })
 
@@ -174,13 +184,7 @@ describePostgres('a database blip as a fast receiver answers a stream batch’s 
   it('writes the batch back once the database is back, and the forward is sent once', async () => {
     const { database, receiver } = setting
     const db = database.db
-    const target = new URL(postgresUrl!)
-    const proxy = await startTcpProxy({ host: target.hostname, port: Number(target.port || 5432) })
-    try {
-      await ensureReactionStreams(db, [FORWARDER_HANDLER], new Date())
-      const child = setting.serve({ ...setting.serveEnv(), DATABASE_URL: proxy.rewrite(database.url!), REACTION_LEASE_S: '30' })
-      const lines = jsonLogLines(child)
-      await waitForLogLine(child, 'service listening', 120_000)
+    await withServeThroughProxy(setting, { REACTION_LEASE_S: '30' }, async ({ proxy, child, lines }) => {
       // a first order forwarded before the cut: the stream is read and written back through the proxy
       await moveNewOrder(db, { externalReference: 'blip-before', statuses: ['created'], handlersFor, now: () => new Date() })
       await eventually(() => sentTo(receiver.received, 'blip-before', 'created').length === 1, 'a forward before the cut', 60_000)
@@ -209,8 +213,6 @@ describePostgres('a database blip as a fast receiver answers a stream batch’s 
       expect(jobs).toEqual([])
       expect(child.exitCode).toBeNull()
       expect(await stopChild(child)).toBe(0)
-    } finally {
-      await proxy.close()
-    }
+    })
   }, 600_000)
 })
