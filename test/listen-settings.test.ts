@@ -2,14 +2,15 @@
 // taken by another process, and a host that is no address of this machine. Node's own words were "listen
 // EADDRINUSE: address already in use 127.0.0.1:3000", which names neither. A taken port is found before the
 // database is opened: a first start used to run PGlite's initdb (and leave its database) before it said so.
+import { spawn } from 'node:child_process'
 import { once } from 'node:events'
-import { mkdtempSync, readdirSync, rmSync } from 'node:fs'
+import { existsSync, mkdtempSync, readFileSync, readdirSync, rmSync } from 'node:fs'
 import { createServer, type Server } from 'node:net'
 import { tmpdir } from 'node:os'
 import path from 'node:path'
 import { afterAll, describe, expect, it } from 'vitest'
 import { describeListenError } from '../src/listen-error.js'
-import { freePort, runCli, spawnCli, stopChild, waitForLogLine } from './helpers/cli-process.js'
+import { childEnv, freePort, runCli, spawnCli, stopChild, waitForLogLine } from './helpers/cli-process.js'
 import { migratedDataDir } from './helpers/data-dir-template.js'
 
 const taken: Server[] = []
@@ -53,7 +54,47 @@ async function serveWithPortTaken(setting: string, dataDir: string) {
   }
   return { busy, result: await runCli(['serve'], env, { built: true }) }
 }
+// A user that may not listen on ports under 1024. As root, the compiled CLI runs without the one capability that
+// allows it (setpriv drops CAP_NET_BIND_SERVICE; the files stay readable); as any other user, as itself, where the
+// machine keeps those ports privileged.
+const portStartFile = '/proc/sys/net/ipv4/ip_unprivileged_port_start'
+const asRoot = process.getuid?.() === 0
+const privilegedPortRefused = asRoot ? existsSync('/usr/bin/setpriv') : existsSync(portStartFile) && Number(readFileSync(portStartFile, 'utf8')) > 80
+
+async function runCliUnprivileged(args: string[], env: Record<string, string>) {
+  const cli = [process.execPath, path.resolve('dist/src/cli.js'), ...args]
+  const [command, ...commandArgs] = asRoot ? ['/usr/bin/setpriv', '--bounding-set=-net_bind_service', '--inh-caps=-net_bind_service', ...cli] : cli
+  const child = spawn(command!, commandArgs, { env: childEnv(env), stdio: ['ignore', 'pipe', 'pipe'] })
+  let stderr = ''
+  child.stderr.on('data', (chunk) => {
+    stderr += chunk
+  })
+  child.stdout.resume()
+  const [code] = (await once(child, 'exit')) as [number | null]
+  return { code, stderr }
+}
+
 describe('a listener that cannot open', () => {
+  it.skipIf(!privilegedPortRefused)('names PORT, ADMIN_PORT, SANDBOX_PORT or --port when this user may not listen on a port under 1024, and exits 1', async () => {
+    for (const setting of ['PORT', 'ADMIN_PORT', 'SANDBOX_PORT']) {
+      const env: Record<string, string> = {
+        DATA_DIR: emptyDataDir(),
+        PORT: String(await freePort()),
+        ADMIN_PORT: String(await freePort()),
+        SANDBOX_PORT: String(await freePort()),
+        [setting]: '80',
+      }
+      expect(await runCliUnprivileged(['serve'], env), setting).toEqual({
+        code: 1,
+        stderr: `${setting}=80: this user may not listen on 127.0.0.1:80 (ports under 1024 need privileges); set ${setting} to 1024 or above [port_not_permitted]\n`,
+      })
+    }
+    expect(await runCliUnprivileged(['sandbox', '--port', '80'], { DATA_DIR: emptyDataDir() })).toEqual({
+      code: 1,
+      stderr: '--port=80: this user may not listen on 127.0.0.1:80 (ports under 1024 need privileges); set --port to 1024 or above [port_not_permitted]\n',
+    })
+  })
+
   it('names PORT, ADMIN_PORT or SANDBOX_PORT when another process holds it, and exits 1', async () => {
     for (const setting of ['PORT', 'ADMIN_PORT', 'SANDBOX_PORT']) {
       const { busy, result } = await serveWithPortTaken(setting, migratedDataDir('listen-'))
