@@ -60,7 +60,7 @@ export function ignoreGoneOutput({ failCommand = false }: { failCommand?: boolea
       // (stderr's own failure has nowhere to be said)
       if (stream === process.stdout) {
         lostOn = error.code ?? error.message
-        sayOutputFailed(`could not write to stdout (${lostOn}): ${tookEffect ? doneButLost(tookEffect) : 'what follows on it is lost'}`)
+        sayOutputFailed(`could not write to stdout (${lostOn}): ${tookEffect ? doneButLost(tookEffect) : 'what follows on it is lost'} [stdout_failed]`)
       }
     })
   }
@@ -82,7 +82,7 @@ let lostOn: string | undefined
 export function commandTookEffect(effect: TookEffect = TRADE_CALL_TOOK_EFFECT): void {
   if (tookEffect) return
   tookEffect = effect
-  if (lostOn !== undefined) sayOutputFailed(`could not write to stdout (${lostOn}): ${doneButLost(effect)}`)
+  if (lostOn !== undefined) sayOutputFailed(`could not write to stdout (${lostOn}): ${doneButLost(effect)} [stdout_failed]`)
 }
 
 /**

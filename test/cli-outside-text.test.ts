@@ -70,14 +70,14 @@ describe('the CLI shows text from outside without its control codes', () => {
     const fed = await run('reactions', 'show', '2\nforged-row\t3')
     expect(fed.code).toBe(2)
     expect(fed.stderr.split('\n')[0]).toBe(
-      "error: command-argument value '2\\u000aforged-row\\u00093' is invalid for argument 'id'. must be a job id (a positive whole number)",
+      "error: command-argument value '2\\u000aforged-row\\u00093' is invalid for argument 'id'. must be a job id (a positive whole number) [invalid_arguments]",
     )
     expect(fed.stderr.split('\n').some((line) => line.startsWith('forged'))).toBe(false)
 
     // an unknown command's line feed, beside commander's suggestion, which keeps its own line
     const unknown = await run('order\n')
     expect(unknown.code).toBe(2)
-    expect(unknown.stderr.split('\n').slice(0, 2)).toEqual(["error: unknown command 'order\\u000a'", '(Did you mean orders?)'])
+    expect(unknown.stderr.split('\n').slice(0, 2)).toEqual(["error: unknown command 'order\\u000a' [unknown_command]", '(Did you mean orders?)'])
   })
 
   it('a refused argument is quoted shortened, and a URL in it without its password', async () => {
@@ -97,7 +97,7 @@ describe('the CLI shows text from outside without its control codes', () => {
     // (not `orders show`: a reference past 200 characters is refused as no order's, exit 2, without quoting it)
     // (a delivery id past 200 characters is refused as the receiver refuses it, exit 2, without quoting it)
     const tooLong = await run('deliveries', 'show', `${'b'.repeat(10_000)}`)
-    expect(tooLong).toMatchObject({ code: 2, stderr: `Invalid delivery id: must be ${DELIVERY_ID_RULE}, as the receiver takes it\n` })
+    expect(tooLong).toMatchObject({ code: 2, stderr: `Invalid delivery id: must be ${DELIVERY_ID_RULE}, as the receiver takes it [invalid_arguments]\n` })
     const delivery = await run('deliveries', 'show', 'https://user:Tr0ub4dor@3xyz@x/')
     expect(delivery.code).toBe(1)
     expect(delivery.stderr).toContain('https://user:***@x/')
@@ -146,13 +146,13 @@ describe('the CLI shows text from outside without its control codes', () => {
     const noDelivery = await run('deliveries', 'reapply', 'dlv-1\nforged  applied')
     expect({ code: noDelivery.code, stderr: noDelivery.stderr }).toEqual({
       code: 2,
-      stderr: `Invalid delivery id: must be ${DELIVERY_ID_RULE}, as the receiver takes it\n`,
+      stderr: `Invalid delivery id: must be ${DELIVERY_ID_RULE}, as the receiver takes it [invalid_arguments]\n`,
     })
 
     const badMilestone = await run('trades', 'open', 'lf-2', '--title', 't', '--amount', '1.00', '--currency', 'EUR', '--milestone', 'frame\nforged')
     expect({ code: badMilestone.code, stderr: badMilestone.stderr }).toEqual({
       code: 2,
-      stderr: '--milestone must be "title:amount", e.g. "Frame:70.00"; got "frame\\u000aforged"\n',
+      stderr: '--milestone must be "title:amount", e.g. "Frame:70.00"; got "frame\\u000aforged" [invalid_arguments]\n',
     })
   })
 

@@ -33,10 +33,10 @@ describe('webhook sign', () => {
   it('exits 2 with a clear message when --file is missing or unreadable', async () => {
     const missing = await runCli(['webhook', 'sign', '--secret', secret], env)
     expect(missing.code).toBe(2)
-    expect(missing.stderr).toContain("required option '--file <path>' not specified")
+    expect(missing.stderr).toContain("error: required option '--file <path>' not specified [invalid_arguments]\n")
     const unreadable = await runCli(['webhook', 'sign', '--file', path.join(dir, 'nope.json')], env)
     expect(unreadable.code).toBe(2)
-    expect(unreadable.stderr).toContain('Cannot read --file')
+    expect(unreadable.stderr).toMatch(/^Cannot read --file [^\n]*nope\.json: ENOENT[^\n]* \[file_unreadable\]\n$/)
   })
 
   // accepted, such an id was one the receiver refuses (400), and one with a line feed printed a forged header line

@@ -7,7 +7,7 @@ import { runCommand } from './helpers/cli-in-process.js'
 import { useTestDatabase } from './helpers/test-database.js'
 
 const REFUSAL =
-  'Invalid delivery id: must be 1 to 200 characters from ! to ~ (printable ASCII, no space), as the receiver takes it\n'
+  'Invalid delivery id: must be 1 to 200 characters from ! to ~ (printable ASCII, no space), as the receiver takes it [invalid_arguments]\n'
 
 describe('a command that names a delivery by an id no delivery can have', () => {
   const database = useTestDatabase()

@@ -7,7 +7,7 @@ import { freePort, runCli, spawnCli, stopChild, waitForLogLine } from './helpers
 import { migratedDataDir } from './helpers/data-dir-template.js'
 
 const CREATE_REFUSAL =
-  'Invalid order: external_reference: must be 1 to 200 characters without a NUL or a lone surrogate, as every webhook for the order carries it\n'
+  'Invalid order: external_reference: must be 1 to 200 characters without a NUL or a lone surrogate, as every webhook for the order carries it [invalid_arguments]\n'
 // the longest one argument can be on Linux (MAX_ARG_STRLEN, less its NUL)
 const LONGEST_ARGUMENT = 128 * 1024 - 1
 

@@ -10,7 +10,7 @@ import { testConfig } from './helpers/test-config.js'
 import { useTestDatabase } from './helpers/test-database.js'
 
 const CREATE_REFUSAL =
-  'Invalid order: external_reference: must be 1 to 200 characters without a NUL or a lone surrogate, as every webhook for the order carries it\n'
+  'Invalid order: external_reference: must be 1 to 200 characters without a NUL or a lone surrogate, as every webhook for the order carries it [invalid_arguments]\n'
 
 // each command that takes a reference, with what else it needs to get as far as using it
 const COMMANDS: [string, (reference: string) => string[]][] = [
@@ -61,7 +61,7 @@ describe('a command that names an order by a reference no order can have', () =>
     expect(await cli(['orders', 'create', '--external-reference', 'legacy-8'])).toEqual({
       code: 2,
       stdout: '',
-      stderr: 'Invalid order: external_reference: does not match ORDER_REFERENCE_PATTERN, the references this backend’s orders use\n',
+      stderr: 'Invalid order: external_reference: does not match ORDER_REFERENCE_PATTERN, the references this backend’s orders use [invalid_arguments]\n',
     })
   })
 })

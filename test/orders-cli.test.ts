@@ -67,7 +67,7 @@ describe('orders and deliveries commands', () => {
       const result = await run('orders', 'create', '--external-reference', reference)
       expect(result.code).toBe(2)
       expect(result.stderr).toBe(
-        'Invalid order: external_reference: must be 1 to 200 characters without a NUL or a lone surrogate, as every webhook for the order carries it\n',
+        'Invalid order: external_reference: must be 1 to 200 characters without a NUL or a lone surrogate, as every webhook for the order carries it [invalid_arguments]\n',
       )
     }
     expect((await run('orders', 'create', '--external-reference', 'r'.repeat(200))).code).toBe(0)
@@ -217,7 +217,7 @@ describe('orders and deliveries commands', () => {
       stdout: '',
       stderr:
         'Delivery dlv-cli-reused was reused: 2 bodies are stored under it; pick one with --body-sha256 (`deliveries list` shows ' +
-        'each body hash); nothing was reapplied\n',
+        'each body hash); nothing was reapplied [invalid_arguments]\n',
     })
     const listed = JSON.parse((await run('deliveries', 'list', '--json')).stdout) as { deliveryId: string; bodySha256: string; observedStatus: string }[]
     const funded = listed.find((delivery) => delivery.deliveryId === 'dlv-cli-reused' && delivery.observedStatus === 'funded')!

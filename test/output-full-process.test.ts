@@ -47,12 +47,12 @@ async function platformUrl(): Promise<string> {
 }
 
 const DONE_BUT_LOST =
-  /(?:^|\n)could not write to stdout \(ENOSPC\): the command was done \(the platform took it and the order records it\); only its output is lost: see the order with `orders show`, do not run the command again\n$/
+  /(?:^|\n)could not write to stdout \(ENOSPC\): the command was done \(the platform took it and the order records it\); only its output is lost: see the order with `orders show`, do not run the command again \[stdout_failed\]\n$/
 
 /** The line a command that made its change (other than a trade call) says when only its output is lost. */
 function doneButLost(done: string): RegExp {
   const escaped = done.replace(/[.*+?^${}()|[\]\\]/g, '\\$&')
-  return new RegExp(`(?:^|\\n)could not write to stdout \\(ENOSPC\\): the command was done \\(${escaped}\\); only its output is lost: [^\\n]+, do not run the command again\\n$`)
+  return new RegExp(`(?:^|\\n)could not write to stdout \\(ENOSPC\\): the command was done \\(${escaped}\\); only its output is lost: [^\\n]+, do not run the command again \\[stdout_failed\\]\\n$`)
 }
 
 /** `args` with its stdout on /dev/full: the exit code and stderr. */
@@ -132,7 +132,7 @@ describe.skipIf(!existsSync('/dev/full'))('stdout that cannot be written (ENOSPC
     const { child, stderr } = runOnFullOutput(['orders', 'list'], { DATA_DIR: path.join(scratch, 'cli') })
     const [code] = (await once(child, 'exit')) as [number | null]
     expect(code).toBe(1)
-    expect(stderr()).toMatch(/(?:^|\n)could not write to stdout \(ENOSPC\): what follows on it is lost\n$/)
+    expect(stderr()).toMatch(/(?:^|\n)could not write to stdout \(ENOSPC\): what follows on it is lost \[stdout_failed\]\n$/)
     expect(stderr()).not.toMatch(/\n\s+at /)
   })
 
@@ -165,7 +165,7 @@ describe.skipIf(!existsSync('/dev/full'))('stdout that cannot be written (ENOSPC
       const listed = runOnFullOutput(['orders', 'list'], secondTerminal)
       const [listCode] = (await once(listed.child, 'exit')) as [number | null]
       expect(listCode).toBe(1)
-      expect(listed.stderr()).toMatch(/could not write to stdout \(ENOSPC\): what follows on it is lost\n$/)
+      expect(listed.stderr()).toMatch(/could not write to stdout \(ENOSPC\): what follows on it is lost \[stdout_failed\]\n$/)
     } finally {
       await stopChild(service)
     }
@@ -205,7 +205,7 @@ describe.skipIf(!existsSync('/dev/full'))('stdout that cannot be written (ENOSPC
       expect(pruned.code).toBe(0)
       // a read changes nothing: its lost output is still its failure
       const dryRun = await onFullOutput(['prune', '--dry-run'], secondTerminal)
-      expect([dryRun.code, dryRun.stderr]).toEqual([1, expect.stringMatching(/what follows on it is lost\n$/)])
+      expect([dryRun.code, dryRun.stderr]).toEqual([1, expect.stringMatching(/what follows on it is lost \[stdout_failed\]\n$/)])
     } finally {
       await stopChild(service)
     }

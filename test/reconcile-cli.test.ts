@@ -524,7 +524,7 @@ describe('reconcile arguments', () => {
   it.each(['0', '-1', 'ten', '1001', '2.5', '0x10', '1e2', '+5', ' 5'])('exits 2 for --limit %s, in the words of the lists\' --limit', async (limit) => {
     const result = await cli('reconcile', '--report', '--limit', limit)
     expect([result.code, result.stdout]).toEqual([2, ''])
-    expect(result.stderr).toContain(`error: option '--limit <n>' argument '${limit}' is invalid. must be a whole number from 1 to 1000\n`)
+    expect(result.stderr).toContain(`error: option '--limit <n>' argument '${limit}' is invalid. must be a whole number from 1 to 1000 [invalid_arguments]\n`)
   })
 })
 

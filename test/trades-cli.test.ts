@@ -112,7 +112,7 @@ describe('trades open', () => {
     const ref = reference()
     const result = await open(ref, ...extra)
     expect(result.code).toBe(2)
-    expect(result.stderr).toMatch(/^Invalid request: /)
+    expect(result.stderr).toMatch(/^Invalid request: [^\n]+ \[invalid_arguments\]\n$/)
     expect(await findOrderByExternalReference(database.db, ref)).toBeUndefined()
     // and with the mistake corrected, the same command opens the trade
     expect((await open(ref)).code).toBe(0)
@@ -289,7 +289,7 @@ describe('trades milestone deliver|release', () => {
     await open(ref)
     const sent = server.requests.length
     const result = await cli('trades', 'milestone', 'deliver', ref, 'm'.repeat(100_000))
-    expect(result).toEqual({ code: 2, stdout: '', stderr: 'Invalid request: milestone_id: must be at most 200 characters (a platform id)\n' })
+    expect(result).toEqual({ code: 2, stdout: '', stderr: 'Invalid request: milestone_id: must be at most 200 characters (a platform id) [invalid_arguments]\n' })
     expect(server.requests.length).toBe(sent)
   })
 

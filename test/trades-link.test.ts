@@ -236,7 +236,7 @@ describe('trades link', () => {
     const before = requests.length
     const result = await link(ref, tradeId)
     expect(result.code).toBe(2)
-    expect(result.stderr).toBe(`Invalid request: trade_id: ${problem}\n`)
+    expect(result.stderr).toBe(`Invalid request: trade_id: ${problem} [invalid_arguments]\n`)
     expect(requests.length).toBe(before)
     expect(await orderOf(ref)).toMatchObject(UNRESOLVED)
   })

@@ -40,9 +40,19 @@ export interface CliContext {
 /** What a command runs with: a command that moves an order wakes the dispatchers when these reactions take its event. */
 export type CommandContext = CliContext & { reactions: ReactionRouting }
 
-/** A usage error: printed without a stack, exit code 2. */
+/**
+ * A usage error: printed without a stack as one line ending in its code in brackets, exit code 2. The code is
+ * `invalid_arguments` (a bad value, options that do not go together) unless another says more (`file_unreadable`,
+ * `secret_required`, ...): such lines ended with no code at all, where every other refusal has one.
+ */
 export class UsageError extends Error {
   override name = 'UsageError'
+  constructor(
+    message: string,
+    readonly code = 'invalid_arguments',
+  ) {
+    super(`${message} [${code}]`)
+  }
 }
 
 /**

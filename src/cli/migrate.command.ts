@@ -33,5 +33,5 @@ function refusal(error: MigrationError): Error {
   if (isDatabaseUnavailable(error)) return error
   // a newer build's database is no setting to change: exit 1, as a command's refusal of it
   if (error.failure === 'migration_failed' || error.failure === 'migrated_by_newer_build') return new CommandFailedError(error.failure, error.message)
-  return new UsageError(`${error.message} [${error.failure}]`)
+  return new UsageError(error.message, error.failure)
 }

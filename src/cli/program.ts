@@ -1,5 +1,5 @@
 // The command tree. Each group lives in its own *.command.ts file and registers itself here.
-import { Command, type OutputConfiguration } from 'commander'
+import { Command, type CommanderError, type OutputConfiguration } from 'commander'
 import type { LocalCommandRunner } from '../local/local-cli.js'
 import { registerDeliveriesCommands } from './deliveries.command.js'
 import { registerDisputesCommands } from './disputes.command.js'
@@ -28,17 +28,27 @@ export function buildProgram(runCommand: LocalCommandRunner, output?: OutputConf
     .name('partner-escrow')
     .description('Integration backend for the escrow trade platform: webhooks, API client, poller, sandbox')
     .version(serviceVersion(), '-V, --version', 'print the version and exit')
-    .showHelpAfterError('(run with --help for usage)')
-    // settings set here are inherited by every command registered below: parse errors throw, and
-    // src/cli.ts turns them into exit code 2
-    .exitOverride()
-  // what commander writes to stderr (its help after an error, too) has its controls shown, not acted on
+  // what commander writes to stderr has its controls shown, not acted on
   const writeErr = output?.writeErr ?? ((text: string) => process.stderr.write(text))
-  program.configureOutput({
-    ...output,
-    writeErr: (text) => writeErr(printableLines(text)),
-    outputError: (text, write) => write(shownParseError(text, commandLine)),
-  })
+  // commander's refusal of the command line (`error: unknown option '--colour'`) is held until its exit, where its
+  // code is known, and said there ending in ours, as every other refusal's line does: it ended with no code
+  let refusal: string | undefined
+  // settings set here are inherited by every command registered below: parse errors throw, and run-cli.ts turns
+  // them into exit code 2
+  program
+    .configureOutput({
+      ...output,
+      writeErr: (text) => writeErr(printableLines(text)),
+      outputError: (text) => (refusal = text),
+    })
+    .exitOverride((error) => {
+      if (refusal !== undefined) {
+        writeErr(printableLines(withCode(shownParseError(refusal, commandLine), parseErrorCode(error))))
+        writeErr('(run with --help for usage)\n')
+        refusal = undefined
+      }
+      throw error
+    })
   registerServeCommand(program, runCommand)
   registerMigrateCommand(program)
   registerWebhookCommands(program)
@@ -52,7 +62,50 @@ export function buildProgram(runCommand: LocalCommandRunner, output?: OutputConf
   registerProposalsCommands(program)
   registerSandboxCommand(program)
   registerDemoCommand(program)
+  addHelpCommands(program)
   return program
+}
+
+/** The code a refusal of commander's ends in: `unknown_command`, or `invalid_arguments` for any other. */
+function parseErrorCode(error: CommanderError): string {
+  return error.code === 'commander.unknownCommand' ? 'unknown_command' : 'invalid_arguments'
+}
+
+/** A refusal as shownParseError shows it, `[code]` at the end of its first line (a suggestion keeps its own). */
+function withCode(shown: string, code: string): string {
+  const end = shown.indexOf('\n')
+  return end < 0 ? `${shown} [${code}]` : `${shown.slice(0, end)} [${code}]${shown.slice(end)}`
+}
+
+/**
+ * `help [command...]` on the program and on each group of commands, in place of commander's own, which reads one
+ * name: `help orders list` showed the help of `orders`, and `help bogus` the program's, with no refusal. A name that
+ * is no command is refused as commander refuses one, `[unknown_command]`.
+ */
+function addHelpCommands(command: Command): void {
+  if (command.commands.length === 0) return
+  for (const group of command.commands) addHelpCommands(group)
+  const help: Command = command
+    .command('help')
+    .description('display help for command')
+    .argument('[command...]', 'the command (and subcommand) to show the help of')
+    .action((names: string[]) => {
+      let shown = command
+      for (const [index, name] of names.entries()) {
+        const found = shown.commands.find((sub) => sub.name() === name || sub.aliases().includes(name))
+        if (!found) {
+          const typed = [...commandPath(command), ...names.slice(0, index + 1)].join(' ')
+          help.error(`error: unknown command '${typed}'`, { code: 'commander.unknownCommand' })
+        }
+        shown = found
+      }
+      shown.outputHelp()
+    })
+}
+
+/** The names that lead to `command` from the program: `['orders']` for `orders`, none for the program. */
+function commandPath(command: Command): string[] {
+  return command.parent ? [...commandPath(command.parent), command.name()] : []
 }
 
 /**

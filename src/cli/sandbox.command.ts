@@ -107,6 +107,7 @@ export function registerSandboxCommand(program: Command): void {
         throw new UsageError(
           'The sandbox does not run with PARTNER_ENV=live: it would sign webhooks with the live webhook secret. ' +
             'Run it with PARTNER_ENV=sandbox (the default) and the sandbox key pair.',
+          'config_invalid',
         )
       }
       const inFiles = await secretsInFiles(command)

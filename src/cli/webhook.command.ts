@@ -64,7 +64,7 @@ async function signedHeaders(options: SignOptions, beside: ServiceBeside): Promi
  * (`/dev/zero`, `<(yes)`) is refused at the bound like a file that size, before anything is signed.
  */
 async function readBodyFile(file: string): Promise<Buffer> {
-  const cannotRead = (error: unknown) => new UsageError(`Cannot read --file ${printable(file)}: ${printable((error as Error).message)}`)
+  const cannotRead = (error: unknown) => new UsageError(`Cannot read --file ${printable(file)}: ${printable((error as Error).message)}`, 'file_unreadable')
   const handle = await open(file, 'r').catch((error: unknown) => Promise.reject(cannotRead(error)))
   try {
     const step = Buffer.allocUnsafe(64 * 1024)
@@ -80,7 +80,8 @@ async function readBodyFile(file: string): Promise<Buffer> {
       if (length > MAX_BODY_FILE_BYTES) {
         throw new UsageError(
           `--file ${printable(file)} holds more than ${MAX_BODY_FILE_BYTES.toLocaleString('en-US')} bytes, the most a body is read to: ` +
-            'nothing was signed or sent [file_too_large]',
+            'nothing was signed or sent',
+          'file_too_large',
         )
       }
     }
@@ -198,7 +199,8 @@ async function serviceSecret({ lookup, running }: ServiceBeside): Promise<string
     throw new UsageError(
       `The service running from ${lookup.dataDir} (pid ${running.pid}) is in remote mode: its webhook secret is in its own ` +
         'environment, not shared with commands. Give it with --secret, or run the command with the same WEBHOOK_SECRETS ' +
-        'and PARTNER_API_BASE_URL as the service. [secret_required]',
+        'and PARTNER_API_BASE_URL as the service.',
+      'secret_required',
     )
   }
   return (await loadConfig()).webhook.secrets[0]!
