@@ -19,6 +19,7 @@ import {
 import { claimDueOrders } from '../src/orders/poll-schedule.repository.js'
 import { reportedRun, startRun } from '../src/reconcile/reconcile-run.repository.js'
 import { insertOrders, orderByReference } from './helpers/reconcile-orders.js'
+import { parseConfig } from '../src/config.js'
 import { TEST_API_SECRET, testConfig } from './helpers/test-config.js'
 import { createTestDatabase, type TestDatabase } from './helpers/test-database.js'
 
@@ -557,5 +558,25 @@ describe('reconcile --once with the platform out of reach (the database up)', ()
     expect(err.kind).toBeUndefined()
     expect(JSON.stringify(line)).not.toMatch(/database/i)
     expect(server.requests).toEqual([])
+  })
+
+  // the line named the sandbox's URL and ECONNREFUSED alone: nothing said that, with no platform configured, the
+  // platform is the sandbox, and that a command run on its own does not start it
+  it('in local mode, with the sandbox not running: says the sandbox runs inside `npm start`, on a line of its own', async () => {
+    await insertOrders(database.db, [{ externalReference: 'cli-local-unreached', nextPollAt: past(60) }])
+    const sandboxUrl = await nothingListens()
+    const config = parseConfig({ DATA_DIR: 'memory://', SANDBOX_PORT: new URL(sandboxUrl).port, ADMIN_PORT: '0', POLL_CONCURRENCY: '1' })
+    expect(config.partner.mode).toBe('local')
+    const result = await runCommandWith(['reconcile', '--once'], { config, logger: testLogger(), db: database.db })
+
+    expect(result.code).toBe(0)
+    expect(result.stdout).toMatch(/^run \d+: claimed 1, polled 1, changed 0, errors 1 \(error 1\)\n$/)
+    const [first, hint, ...rest] = result.stderr.split('\n')
+    expect(first).toMatch(/^first error, order cli-local-unreached: could not reach the platform at http:\/\/127\.0\.0\.1:\d+\/?: .*ECONNREFUSED/)
+    expect(hint).toBe(
+      'in local mode the platform is the sandbox, which runs inside `npm start` (from memory://): start it, then run this again ' +
+        '(or set PARTNER_API_BASE_URL to poll a platform)',
+    )
+    expect(rest).toEqual([''])
   })
 })

@@ -98,7 +98,7 @@ async function runOnce(json: boolean | undefined): Promise<void> {
     import('../db/clock-guard.js'),
     import('../db/ping-database.js'),
   ])
-  const { summary, otherEnvironment, leased } = await withDatabase(async ({ config, logger, db, reactions, clock = systemClock }) => {
+  const { summary, otherEnvironment, leased, localSandboxOf } = await withDatabase(async ({ config, logger, db, reactions, clock = systemClock }) => {
     // a claim's lease and the orders' next polls are written by this machine's clock, and read by every replica's: far
     // from the database's, the cycle is refused as a replica's is (db/clock-guard.ts), before anything is claimed
     const offsetMs = await databaseClockOffsetMs(db, clock)
@@ -136,7 +136,13 @@ async function runOnce(json: boolean | undefined): Promise<void> {
     // the cycle's polls are applied and its run recorded, each poll committed on its own
     await markTookEffect({ done: 'the cycle ran and its run is recorded', see: 'see it with `reconcile --report`' })
     // the due orders the claim left: linked under the other PARTNER_ENV (README, "Going live")
-    return { summary: ran, otherEnvironment: { env, due: await countOtherEnvironmentDue(db, new Date(clock.now()), env) }, leased }
+    return {
+      summary: ran,
+      otherEnvironment: { env, due: await countOtherEnvironmentDue(db, new Date(clock.now()), env) },
+      leased,
+      // local mode: the platform polled is the sandbox that `npm start` runs from this DATA_DIR
+      localSandboxOf: config.partner.mode === 'local' ? config.dataDir : undefined,
+    }
   })
   if (json) {
     printJson({
@@ -160,6 +166,13 @@ async function runOnce(json: boolean | undefined): Promise<void> {
   // the first poll that failed says why (the log line is not the operator's to read)
   if (summary.firstFailure) {
     writeError(`first error, order ${printable(summary.firstFailure.externalReference)}: ${printable(summary.firstFailure.reason)}\n`)
+    // no platform configured, and the sandbox that stands in for it not running: a command on its own does not start it
+    if (summary.firstFailure.notSent && localSandboxOf !== undefined) {
+      writeError(
+        `in local mode the platform is the sandbox, which runs inside \`npm start\` (from ${printable(localSandboxOf)}): start it, then run this ` +
+          'again (or set PARTNER_API_BASE_URL to poll a platform)\n',
+      )
+    }
   }
   if (summary.stoppedReason === 'unauthorized') {
     writeError(

@@ -179,6 +179,8 @@ export interface RunSummary {
 export interface PollFailure {
   externalReference: string
   reason: string
+  /** No connection to the platform could be made (nor to its proxy): the call was never sent. */
+  notSent: boolean
 }
 
 /**
@@ -313,7 +315,13 @@ export async function runReconcileCycle(
       results[result.result]++
       const failed = result.result === 'error' || result.result === 'write_failed'
       if (failed || result.result === 'throttled') firstError ??= result.error
-      if (failed) firstFailure ??= { externalReference: result.externalReference, reason: pollFailureReason(result.error) }
+      if (failed) {
+        firstFailure ??= {
+          externalReference: result.externalReference,
+          reason: pollFailureReason(result.error),
+          notSent: result.error instanceof PartnerNotSentError,
+        }
+      }
       const throttledMs = result.result === 'throttled' ? throttledFor(result.error, pollDeps.backoff.capS * 1000) : undefined
       if (throttledMs !== undefined) {
         // the order itself was rescheduled after the wait; the rest go back with it (below)
