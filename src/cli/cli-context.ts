@@ -174,7 +174,7 @@ export async function withDatabase<T>(
   }
   const { database, context } = opened
   try {
-    return await run(context)
+    return await run(context).catch(async (error: unknown) => Promise.reject(await unansweredFailure(error, context.config)))
   } finally {
     // The command's work is done (its result printed, or its failure on its way): a stop signal now lets the close
     // finish, and the command exits with its own code. On PGlite the close is Postgres's shutdown checkpoint, up to
@@ -260,8 +260,29 @@ async function openForCommand(migrate: boolean): Promise<{ database: DatabaseHan
     return { database, context }
   } catch (error) {
     await database.close()
-    throw error
+    throw await unansweredFailure(error, config)
   }
+}
+
+/**
+ * A connection that something at the database's address took and never answered, given up on at the connect timeout,
+ * said as such: the driver's inner words for it, "Connection terminated unexpectedly", read as a connection cut and
+ * named neither the wait nor the address. The code is a database not there's, as run-cli.ts gives it.
+ */
+async function unansweredFailure(error: unknown, config: Config): Promise<unknown> {
+  if (!config.databaseUrl) return error
+  const [{ CONNECT_TIMEOUT_MS, isConnectTimeout }, { databaseIdentity }] = await Promise.all([
+    import('../db/database-errors.js'),
+    import('../local/running-service.js'),
+  ])
+  if (!isConnectTimeout(error)) return error
+  // host:port, the address that took the connection (the database's name is no part of it)
+  const address = databaseIdentity(config).location.replace(/\/.*$/, '')
+  return new CommandFailedError(
+    'database_unavailable',
+    `The database did not answer within ${CONNECT_TIMEOUT_MS / 1000} s at ${printable(address)}: something there took the connection and ` +
+      'sent nothing back (a Postgres server stopped or overloaded, or another program on that port); try again once it answers',
+  )
 }
 
 function capitalized(text: string): string {

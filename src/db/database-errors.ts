@@ -66,6 +66,27 @@ const TLS_CERTIFICATE_REFUSED =
 const UNAVAILABLE_MESSAGES =
   /Connection terminated|timeout exceeded when trying to connect|Client has encountered a connection error|Query read timeout|PGlite is closed|PGlite instance is already closed|Connection ended|Cannot use a pool after calling end|Client was closed and is not queryable/i
 
+/** How long a new connection to Postgres may take to be made and answered (every pool of open-database.ts). */
+export const CONNECT_TIMEOUT_MS = 5_000
+
+// pg-pool's words when its connect timeout ended a connection made but never answered (the server took the TCP
+// connection and sent nothing back); the driver's own inner words for it are "Connection terminated unexpectedly"
+const CONNECT_TIMED_OUT = 'Connection terminated due to connection timeout'
+
+/**
+ * Whether a connection was given up on at the connect timeout: taken by something at the database's address that
+ * never answered (a server stopped with SIGSTOP, a host gone under a firewall that keeps the port open, another
+ * program on that port). Told apart from a connection cut, which the same inner words name.
+ */
+export function isConnectTimeout(error: unknown): boolean {
+  let current = error
+  for (let depth = 0; depth < 8 && current instanceof Error; depth++) {
+    if (current.message === CONNECT_TIMED_OUT) return true
+    current = current.cause
+  }
+  return false
+}
+
 /** What each SQLSTATE class means, in a fixed message: the log shows this, never Postgres's own text. */
 const SQLSTATE_CLASSES: Record<string, { kind: DatabaseErrorKind; message: string }> = {
   '08': { kind: 'unavailable', message: 'connection exception' },

@@ -9,7 +9,7 @@ import pg from 'pg'
 import { writingIntoDataDir } from '../data-dir.js'
 import type { Logger } from '../logger.js'
 import { writeWholeUnlessThere } from '../write-whole.js'
-import { describeDatabaseError, errorCode, READ_ONLY } from './database-errors.js'
+import { CONNECT_TIMEOUT_MS, describeDatabaseError, errorCode, READ_ONLY } from './database-errors.js'
 import { closeSocket, endWithin } from './end-within.js'
 import type { Database, DatabaseKind } from './database.js'
 import { PgliteThread } from './pglite-thread.js'
@@ -349,7 +349,7 @@ function openPostgres(
     Client,
     connectionString: databaseUrl,
     max: poolSize,
-    connectionTimeoutMillis: 5_000,
+    connectionTimeoutMillis: CONNECT_TIMEOUT_MS,
     idleTimeoutMillis: 30_000,
     // a statement stuck behind a dead connection must fail fast so the caller can answer 503
     query_timeout: statementTimeoutMs + STATEMENT_ANSWER_GRACE_MS,
@@ -433,7 +433,7 @@ function openPostgres(
         Client: preparingClient({ onConnectionError: connectionLost, onPreparingOff: preparingOff, startupParameters: () => ({}) }),
         connectionString: databaseUrl,
         max: 1,
-        connectionTimeoutMillis: 5_000,
+        connectionTimeoutMillis: CONNECT_TIMEOUT_MS,
         keepAlive: true,
       })
       single.on('error', () => {})
@@ -514,7 +514,7 @@ async function holdLockOnPostgres(
   if (!Number.isInteger(key) || key < -0x80000000 || key > 0x7fffffff) throw new RangeError(`lock key must be a 32-bit integer, not ${key}`)
   // its statements are short; one with no answer by the pool's own wait is on a connection that died silently: the
   // lock goes with the session, and giving it back must not wait on it (a prune pass's release held a stop)
-  const client = new pg.Client({ connectionString: databaseUrl, keepAlive: true, connectionTimeoutMillis: 5_000, query_timeout: answerTimeoutMs })
+  const client = new pg.Client({ connectionString: databaseUrl, keepAlive: true, connectionTimeoutMillis: CONNECT_TIMEOUT_MS, query_timeout: answerTimeoutMs })
   // a connection lost while the lock is held gives the lock back with it; its release then has nothing to do, and
   // its holder is told (onLost), for another session may take the lock now
   let held = false
