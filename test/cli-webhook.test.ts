@@ -1,5 +1,5 @@
 import { createHmac } from 'node:crypto'
-import { mkdtempSync, writeFileSync } from 'node:fs'
+import { mkdtempSync, readFileSync, writeFileSync } from 'node:fs'
 import http from 'node:http'
 import type { AddressInfo } from 'node:net'
 import { tmpdir } from 'node:os'
@@ -28,6 +28,29 @@ describe('webhook sign', () => {
       'X-Partner-Signature': expectedSignature,
       'X-Partner-Delivery-Id': 'dlv_1',
     })
+  })
+
+  // it created them without a word, and a receiver with other secrets refused every delivery signed so (401)
+  it('says so on stderr when it creates the local secrets it signs with, naming the file; once, and never with --secret', async () => {
+    const dataDir = path.join(mkdtempSync(path.join(tmpdir(), 'cli-webhook-new-')), 'data')
+    const secretsFile = path.join(dataDir, 'local-secrets.json')
+    const first = await runCli(['webhook', 'sign', '--file', bodyFile, '--json'], { DATA_DIR: dataDir })
+    expect([first.code, first.stderr]).toEqual([
+      0,
+      `Note: no local secrets in DATA_DIR ${dataDir}: created ${secretsFile} with a new webhook secret, and signing with it. ` +
+        'A service started from this DATA_DIR (`npm start`) verifies it; a receiver with other secrets (another DATA_DIR, remote mode) ' +
+        'refuses it: give its secret with --secret, or the DATA_DIR of its service.\n',
+    ])
+    const { webhookSecret } = JSON.parse(readFileSync(secretsFile, 'utf8')) as { webhookSecret: string }
+    rememberSecret(webhookSecret)
+    const signature = `sha256=${createHmac('sha256', webhookSecret).update(Buffer.from(body)).digest('hex')}`
+    expect(JSON.parse(first.stdout)['X-Partner-Signature']).toBe(signature)
+    // the file is there now: the secret is the one a service started from this DATA_DIR verifies, nothing to say
+    const again = await runCli(['webhook', 'sign', '--file', bodyFile, '--json'], { DATA_DIR: dataDir })
+    expect([again.code, again.stderr, JSON.parse(again.stdout)['X-Partner-Signature']]).toEqual([0, '', signature])
+    const otherDir = path.join(path.dirname(dataDir), 'other')
+    const given = await runCli(['webhook', 'sign', '--file', bodyFile, '--secret', secret], { DATA_DIR: otherDir })
+    expect([given.code, given.stderr]).toEqual([0, ''])
   })
 
   it('exits 2 with a clear message when --file is missing or unreadable', async () => {

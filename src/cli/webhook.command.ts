@@ -2,6 +2,7 @@
 // like a platform test delivery. Without --secret they use the service's own first webhook secret
 // (in local mode, the generated one), so nothing secret has to be typed on a command line.
 import { randomUUID } from 'node:crypto'
+import { existsSync } from 'node:fs'
 import { open } from 'node:fs/promises'
 import { type Command, InvalidArgumentError } from 'commander'
 import { commandBegins } from '../stop-signals.js'
@@ -15,7 +16,7 @@ import { signWebhookBody } from '../webhooks/verify-signature.js'
 import { withoutPassword } from '../without-password.js'
 import { innermostReason } from './failure-reason.js'
 import { nonEmpty } from './cli-arguments.js'
-import { CommandFailedError, markTookEffect, printJson, setExitCode, UsageError, write } from './cli-context.js'
+import { CommandFailedError, markTookEffect, printJson, setExitCode, UsageError, write, writeError } from './cli-context.js'
 
 // a receiver's answer is a short status document; past this it is not read further
 const MAX_ANSWER_BYTES = 1024 * 1024
@@ -203,7 +204,23 @@ async function serviceSecret({ lookup, running }: ServiceBeside): Promise<string
       'secret_required',
     )
   }
-  return (await loadConfig()).webhook.secrets[0]!
+  const { localSecretsPath, readLocalSecrets } = await import('../config.js')
+  // local mode's secrets are made by the first process that needs them, `npm start` or a command: made by this one, the
+  // secret signed with is one no service has yet, and a receiver running from elsewhere refuses it (401)
+  const secretsFile = lookup.mode === 'local' && !lookup.dataDir.startsWith('memory://') ? localSecretsPath(lookup.dataDir) : undefined
+  const existed = secretsFile !== undefined && existsSync(secretsFile)
+  const config = await loadConfig()
+  const secret = config.webhook.secrets[0]!
+  const created = secretsFile !== undefined && !existed && config.localSecretsFile === secretsFile
+  // (WEBHOOK_SECRETS set with no API key pair: the file was made for the pair, and the secret signed with is the variable's)
+  if (created && readLocalSecrets(config.dataDir).webhookSecret === secret) {
+    writeError(
+      `Note: no local secrets in DATA_DIR ${config.dataDir}: created ${secretsFile} with a new webhook secret, and signing with it. ` +
+        'A service started from this DATA_DIR (`npm start`) verifies it; a receiver with other secrets (another DATA_DIR, remote mode) ' +
+        'refuses it: give its secret with --secret, or the DATA_DIR of its service.\n',
+    )
+  }
+  return secret
 }
 
 // the running service's receiver (DATA_DIR/serve.json), else where this environment says it listens
