@@ -206,6 +206,58 @@ describe('orders and deliveries commands', () => {
     expect(seller.stderr).toMatch(/^Delivery dlv-cli-seller is a [a-z_.]+ event: only trade events have an effect to re-run \[not_a_trade_event\]\n$/)
   })
 
+  // it was refused as `[not_a_trade_event]`, a trade event whose payload failed the checks, and `show` never said why
+  describe('a delivery stored as invalid', () => {
+    // a trade event that contradicts itself, its event holding an escape sequence: text from outside, shown escaped
+    const contradicting = '{"event":"trade.released\\u001b[2J","trade_id":"trd_cli-inv","status":"funded","external_reference":"cli-inv"}'
+    const shownEvent = 'trade.released\\u001b[2J'
+
+    beforeAll(async () => {
+      const app = createApp({ config, db: database.db, logger: testLogger(), clock: systemClock })
+      await sendWebhook(app, { body: contradicting, deliveryId: 'dlv-cli-invalid' })
+      await sendWebhook(app, { body: { ...tradePayload('cli-inv', 'funded'), trade_id: '' }, deliveryId: 'dlv-cli-invalid-field' })
+      await sendWebhook(app, { body: '{"trade_id":"trd_cli-inv","trade_id":"trd_other","status":"funded","external_reference":"cli-inv"}', deliveryId: 'dlv-cli-invalid-key' })
+    })
+
+    it('reapply: exit 1, [invalid_delivery], saying it was stored as invalid and why, nothing reapplied', async () => {
+      const result = await run('deliveries', 'reapply', 'dlv-cli-invalid')
+      expect(result).toEqual({
+        code: 1,
+        stdout: '',
+        stderr:
+          `Delivery dlv-cli-invalid (${shownEvent}) was stored as invalid: its event ${shownEvent} is not trade.{status} of its status. ` +
+          "Nothing of an invalid payload is applied, so there is no effect to re-run: the trade's status comes with the platform's next delivery, " +
+          "or its order's next poll [invalid_delivery]\n",
+      })
+      expect(JSON.parse((await run('deliveries', 'show', 'dlv-cli-invalid', '--json')).stdout)).toMatchObject({ outcome: 'invalid', appliedAt: null })
+    })
+
+    it('show: says why in text and in --json (invalidReason), the outsider text escaped in text', async () => {
+      const text = await run('deliveries', 'show', 'dlv-cli-invalid')
+      expect(text.code).toBe(0)
+      expect(text.stdout).toContain(`\ninvalidReason      its event ${shownEvent} is not trade.{status} of its status\nrawBody `)
+      expect(text.stdout).not.toContain('\u001b')
+      const json = JSON.parse((await run('deliveries', 'show', 'dlv-cli-invalid', '--json')).stdout)
+      expect(json.invalidReason).toBe('its event trade.released\u001b[2J is not trade.{status} of its status')
+      expect(JSON.parse((await run('deliveries', 'show', 'dlv-cli-invalid-field', '--json')).stdout)).toMatchObject({
+        outcome: 'invalid',
+        invalidReason: 'missing or not a non-empty string (≤ 200 characters, no NUL or lone surrogate): trade_id',
+      })
+      expect(JSON.parse((await run('deliveries', 'show', 'dlv-cli-invalid-key', '--json')).stdout).invalidReason).toBe('duplicate key "trade_id"')
+      // a delivery that is not invalid has no reason to give
+      expect(JSON.parse((await run('deliveries', 'show', 'dlv-cli-1', '--json')).stdout)).not.toHaveProperty('invalidReason')
+    })
+
+    it('show, once the raw body is pruned: the reason is not known, and says so', async () => {
+      await database.db.updateTable('webhookDeliveries').set({ rawBody: null }).where('deliveryId', '=', 'dlv-cli-invalid-key').execute()
+      expect(JSON.parse((await run('deliveries', 'show', 'dlv-cli-invalid-key', '--json')).stdout)).toMatchObject({ invalidReason: null })
+      expect((await run('deliveries', 'show', 'dlv-cli-invalid-key')).stdout).toContain('\ninvalidReason      (not known: the raw body it is read from was pruned)\n')
+      expect((await run('deliveries', 'reapply', 'dlv-cli-invalid-key')).stderr).toMatch(
+        /^Delivery dlv-cli-invalid-key \(trade\.funded\) was stored as invalid \(why is not known: its raw body was pruned\)\. .* \[invalid_delivery\]\n$/,
+      )
+    })
+  })
+
   // it re-ran the first body found, saying nothing of the others
   it('refuses to pick one of the bodies of a reused delivery id: exit 2, nothing reapplied, until --body-sha256 names one', async () => {
     const app = createApp({ config, db: database.db, logger: testLogger(), clock: systemClock })

@@ -70,20 +70,30 @@ export function registerDeliveriesCommands(program: Command): void {
     .option(...BODY_OPTION, sha256Prefix)
     .option('--json', 'print as JSON')
     .action(async (deliveryId: string, options: { json?: boolean; bodySha256?: string }) => {
-      const { countBodiesOfDelivery, findDelivery } = await import('../webhooks/delivery.repository.js')
+      const [{ countBodiesOfDelivery, findDelivery }, { invalidReason }] = await Promise.all([
+        import('../webhooks/delivery.repository.js'),
+        import('../webhooks/invalid-reason.js'),
+      ])
       await withDatabase(async ({ db, config }) => {
         const delivery = await findDelivery(db, deliveryId, options.bodySha256)
         if (!delivery) throw deliveryNotFound(deliveryId, options.bodySha256)
         const bodies = await countBodiesOfDelivery(db, deliveryId)
         // rawBody null: pruned by retention (the row and its hash stay)
         const pruned = delivery.rawBody === null ? { bodyPrunedAfterDays: config.retention.bodyDays } : {}
-        if (options.json) printJson({ ...delivery, ...pruned, bodiesUnderThisId: bodies })
+        // not stored: read again from the body by the checks that refused it, unknown once the body is pruned
+        const invalid =
+          delivery.outcome === 'invalid' ? { invalidReason: delivery.rawBody === null ? null : invalidReason(delivery.rawBody) } : {}
+        if (options.json) printJson({ ...delivery, ...invalid, ...pruned, bodiesUnderThisId: bodies })
         else {
           const prunedNote = `(pruned: raw bodies are kept ${config.retention.bodyDays} days)`
+          const { rawBody, ...fields } = delivery
+          // the reason above the raw body, which stays last
+          const shown = { ...fields, ...invalid, rawBody }
           write(
-            Object.entries(delivery)
+            Object.entries(shown)
               .map(([key, value]) => {
                 if (key === 'rawBody') return `${key.padEnd(18)} ${value === null ? prunedNote : value}`
+                if (key === 'invalidReason' && value === null) return `${key.padEnd(18)} (not known: the raw body it is read from was pruned)`
                 // a field on its line; the raw body, last, keeps its own lines
                 return `${key.padEnd(18)} ${value instanceof Date ? value.toISOString() : printable(String(value ?? '-'))}`
               })
@@ -101,14 +111,21 @@ export function registerDeliveriesCommands(program: Command): void {
     .option(...BODY_OPTION, sha256Prefix)
     .option('--json', 'print the result as JSON')
     .action(async (deliveryId: string, options: { json?: boolean; bodySha256?: string }) => {
-      const [{ countBodiesOfDelivery, findDelivery }, { reapplyDelivery }, { observationSettings }, { stopOnSignals }, { loggableDeliveryId }] =
-        await Promise.all([
-          import('../webhooks/delivery.repository.js'),
-          import('../webhooks/parked-deliveries.js'),
-          import('../orders/observations.js'),
-          import('../stop-signals.js'),
-          import('../webhooks/receive-webhook.js'),
-        ])
+      const [
+        { countBodiesOfDelivery, findDelivery },
+        { reapplyDelivery },
+        { observationSettings },
+        { stopOnSignals },
+        { loggableDeliveryId },
+        { invalidReason },
+      ] = await Promise.all([
+        import('../webhooks/delivery.repository.js'),
+        import('../webhooks/parked-deliveries.js'),
+        import('../orders/observations.js'),
+        import('../stop-signals.js'),
+        import('../webhooks/receive-webhook.js'),
+        import('../webhooks/invalid-reason.js'),
+      ])
       // held from before the database opens until it is closed: no signal in between ends the process unannounced
       let signalled = false
       const off = runsInService()
@@ -143,8 +160,16 @@ export function registerDeliveriesCommands(program: Command): void {
             observationSettings(config, reactions.handlersFor),
             new Date(),
           )
-          if (result.kind !== 'not_a_trade_event') {
+          if (result.kind === 'reapplied') {
             await markTookEffect({ done: 'the delivery was reapplied', see: 'see its outcome with `deliveries show`' })
+          }
+          if (result.kind === 'invalid') {
+            const why = delivery.rawBody === null ? ' (why is not known: its raw body was pruned)' : `: ${printable(invalidReason(delivery.rawBody))}`
+            throw new CommandFailedError(
+              'invalid_delivery',
+              `Delivery ${printable(deliveryId)} (${printable(result.eventType)}) was stored as invalid${why}. Nothing of an invalid ` +
+                "payload is applied, so there is no effect to re-run: the trade's status comes with the platform's next delivery, or its order's next poll",
+            )
           }
           if (result.kind === 'not_a_trade_event') {
             throw new CommandFailedError(

@@ -144,8 +144,10 @@ export type ReapplyResult =
       fromStatus: string | null
       toStatus: string | null
     }
-  /** Not a trade event (ignored, or invalid when stored): there is no effect to re-run. */
+  /** Not a trade event (ignored): there is no effect to re-run. */
   | { kind: 'not_a_trade_event'; eventType: string }
+  /** Stored as invalid (its payload failed the checks, or the database refused a value of it): nothing of it was read to apply. */
+  | { kind: 'invalid'; eventType: string }
 
 /**
  * Re-runs a stored delivery's effect on its order (the order matched by its external reference now). The
@@ -159,6 +161,7 @@ export async function reapplyDelivery(
   now: Date,
 ): Promise<ReapplyResult> {
   const { externalReference } = delivery
+  if (delivery.outcome === 'invalid') return { kind: 'invalid', eventType: delivery.eventType }
   if (externalReference === null || delivery.tradeId === null || delivery.observedStatus === null) {
     return { kind: 'not_a_trade_event', eventType: delivery.eventType }
   }
