@@ -582,6 +582,26 @@ describe('operator console', () => {
       await database.db.deleteFrom('orders').where('externalReference', '=', 'dismiss-ordered').execute()
     })
 
+    it('says why a delivery stored as invalid was, on its page and when re-applied, and applies nothing', async () => {
+      // a trade event that contradicts itself, its event holding markup: text from outside, shown escaped
+      const body = '{"event":"trade.released<b>x</b>","trade_id":"trd_console-inv","status":"funded","external_reference":"console-inv"}'
+      expect((await sendWebhook(app, { body, deliveryId: 'dlv-console-invalid' })).status).toBe(200)
+      await database.db.insertInto('orders').values({ externalReference: 'console-inv' }).execute()
+      const delivery = await findDelivery(database.db, 'dlv-console-invalid')
+      expect(delivery?.outcome).toBe('invalid')
+      const reason = 'its event trade.released&lt;b&gt;x&lt;/b&gt; is not trade.{status} of its status'
+      const page = await bearer(request(admin).get(`/console/deliveries/dlv-console-invalid/${delivery!.bodySha256}`))
+      expect(page.text).toContain(`<dt>Why invalid</dt><dd>${reason}</dd>`)
+      expect(page.text).not.toContain('<b>x</b>')
+      const path = `/console/deliveries/dlv-console-invalid/${delivery!.bodySha256}/reapply`
+      const ran = await bearer(request(admin).post(path)).type('form').send(formFields((await bearer(request(admin).get(path))).text))
+      expect(ran.status).toBe(200)
+      expect(ran.text).toContain(`nothing to re-apply: it was stored as invalid (${reason}), and nothing of an invalid payload is applied`)
+      expect((await findDelivery(database.db, 'dlv-console-invalid'))?.outcome).toBe('invalid')
+      expect((await findOrderByExternalReference(database.db, 'console-inv'))?.tradeStatus).toBeNull()
+      await database.db.deleteFrom('orders').where('externalReference', '=', 'console-inv').execute()
+    })
+
     it('refuses an action without the CSRF token, with another one, or from another origin, and changes nothing', async () => {
       expect((await sendWebhook(app, { body: tradePayload('late-2', 'funded'), deliveryId: 'dlv-late-2' })).status).toBe(200)
       await database.db.insertInto('orders').values({ externalReference: 'late-2' }).execute()

@@ -22,6 +22,7 @@ import {
   type StoredDelivery,
   WEBHOOK_OUTCOMES,
 } from '../webhooks/delivery.repository.js'
+import { invalidReason } from '../webhooks/invalid-reason.js'
 import type { Operator } from './console-auth.js'
 import { type Html, html } from './console-html.js'
 
@@ -425,6 +426,11 @@ function prettyBody(rawBody: string): string {
   return reindentedJson(rawBody, PRETTY_MAX_DEPTH) ?? rawBody
 }
 
+/** Why a delivery stored as `invalid` was, in words (outside text: the caller's template escapes it). */
+export function invalidReasonOf(delivery: StoredDelivery): string {
+  return delivery.rawBody === null ? 'not known: the raw body it is read from was pruned' : invalidReason(delivery.rawBody)
+}
+
 export function deliveryPage(
   operator: Operator,
   {
@@ -443,7 +449,8 @@ export function deliveryPage(
   <dt>Received</dt><dd>${time(delivery.receivedAt)}</dd>
   <dt>Event kind</dt><dd>${delivery.eventType}</dd>
   <dt>Outcome</dt><dd><span class="outcome ${delivery.outcome}">${delivery.outcome}</span>${delivery.appliedAt ? html` (applied ${time(delivery.appliedAt)})` : ''}</dd>
-  <dt>Trade</dt><dd>${delivery.tradeId ?? '—'} ${delivery.observedStatus ? html`reporting <strong>${delivery.observedStatus}</strong>` : ''}</dd>
+${delivery.outcome === 'invalid' ? html`  <dt>Why invalid</dt><dd>${invalidReasonOf(delivery)}</dd>
+` : ''}  <dt>Trade</dt><dd>${delivery.tradeId ?? '—'} ${delivery.observedStatus ? html`reporting <strong>${delivery.observedStatus}</strong>` : ''}</dd>
   <dt>External reference</dt><dd>${delivery.externalReference ?? '—'}</dd>
   <dt>Order</dt><dd>${order ? html`<a href="${orderPath(order.id)}">#${order.id} ${order.externalReference}</a> (now ${order.tradeStatus ?? 'no status'})` : 'none'}</dd>
 </dl>

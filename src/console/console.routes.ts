@@ -73,6 +73,7 @@ import {
   filterFields,
   firstAttemptsPage,
   type Html,
+  invalidReasonOf,
   loginPage,
   messagePage,
   orderPage,
@@ -549,7 +550,7 @@ export function consoleRoutes(deps: ConsoleDeps): Router {
     const now = new Date(clock.now())
     for (const delivery of deliveries) {
       const result = await reapplyDelivery(db, delivery, deps.observation, now)
-      const key = result.kind === 'reapplied' ? result.outcome : 'not a trade event'
+      const key = result.kind === 'reapplied' ? result.outcome : result.kind === 'invalid' ? 'stored as invalid, nothing applied' : 'not a trade event'
       tally.set(key, (tally.get(key) ?? 0) + 1)
     }
     const summary = [...tally].map(([outcome, count]) => `${outcome} ${count}`).join(', ')
@@ -658,7 +659,9 @@ export function consoleRoutes(deps: ConsoleDeps): Router {
       `re-apply delivery ${delivery.deliveryId}`,
       result.kind === 'reapplied'
         ? `${result.outcome}${result.toStatus ? ` (order status ${result.toStatus})` : ''}`
-        : `nothing to re-apply: a ${result.eventType} event`,
+        : result.kind === 'invalid'
+          ? `nothing to re-apply: it was stored as invalid (${invalidReasonOf(delivery)}), and nothing of an invalid payload is applied`
+          : `nothing to re-apply: a ${result.eventType} event`,
     )
     await send(res, resultPage(operator, 'Re-apply a delivery', record, false, html`<p><a href="${deliveryPath(delivery)}">Back to the delivery</a></p>`))
   }))
