@@ -7,6 +7,7 @@
 import { randomBytes } from 'node:crypto'
 import { existsSync, mkdirSync, readFileSync, renameSync, writeFileSync } from 'node:fs'
 import path from 'node:path'
+import { parse as parseQueryString } from 'node:querystring'
 import bytes from 'bytes'
 import { z } from 'zod'
 import { ConfigError } from './config-error.js'
@@ -525,6 +526,55 @@ function forwardUrlProblems(value: string): string[] {
   return problems
 }
 
+// The options amqplib reads from AMQP_URL's query string (lib/connect.js, openFrames), by exact name, the first of a
+// repeated one winning, each held to what its connection opening can send: amqplib reads a number with parseInt and
+// sent NaN for `heartbeat=abc`, which failed every publish as "Field 'heartbeat' is the wrong type" after the
+// service had started, reported as the broker unreachable and retried for a day. A name it does not read is left
+// alone (a URL shared with another client may carry that client's options).
+const AMQP_QUERY_OPTIONS: Record<string, { rule: string; accepts: (value: string) => boolean }> = {
+  // unsigned shorts and an unsigned long on the wire (connection.tune-ok)
+  heartbeat: { rule: 'a whole number of seconds from 0 to 65535 (0: no heartbeats)', accepts: (value) => wholeUpTo(value, 0xffff) },
+  channelMax: { rule: 'a whole number from 0 to 65535 (0: the broker\'s limit)', accepts: (value) => wholeUpTo(value, 0xffff) },
+  // the protocol's smallest frame is 4096 bytes: RabbitMQ closes a connection that asks for less
+  frameMax: {
+    rule: 'a whole number of bytes, 0 (the broker\'s limit) or from 4096 to 4294967295',
+    accepts: (value) => wholeUpTo(value, 0xffff_ffff) && (Number(value) === 0 || Number(value) >= 4096),
+  },
+  // amqplib's own limit on a frame it takes, checked by it as it opens the connection
+  maxFrameSize: {
+    rule: 'a whole number of bytes, 0 (no limit) or at least 4096',
+    accepts: (value) => wholeUpTo(value, Number.MAX_SAFE_INTEGER) && (Number(value) === 0 || Number(value) >= 4096),
+  },
+  // a short string on the wire; empty is amqplib's default, en_US
+  locale: { rule: 'at most 255 bytes', accepts: (value) => Buffer.byteLength(value) <= 255 },
+}
+
+function wholeUpTo(value: string, max: number): boolean {
+  return /^\d{1,16}$/.test(value) && Number(value) <= max
+}
+
+/** AMQP_URL's query options amqplib could not send. Told by the option's name, never the value. */
+function amqpUrlProblems(value: string): string[] {
+  const query = new URL(value).search.slice(1)
+  const options = new Map<string, string>()
+  for (const [name, given] of Object.entries(parseQueryString(query))) {
+    options.set(name, Array.isArray(given) ? (given[0] ?? '') : (given ?? ''))
+  }
+  const known = Object.keys(AMQP_QUERY_OPTIONS)
+  const problems: string[] = []
+  for (const [name, given] of options) {
+    const option = AMQP_QUERY_OPTIONS[name]
+    if (Object.hasOwn(AMQP_QUERY_OPTIONS, name) && option !== undefined) {
+      if (!option.accepts(given)) problems.push(`AMQP_URL: its query option ${name} must be ${option.rule}`)
+      continue
+    }
+    // amqplib reads the names as written: Heartbeat=10 was ignored without a word
+    const meant = known.find((each) => each.toLowerCase() === name.toLowerCase())
+    if (meant !== undefined) problems.push(`AMQP_URL: its query option ${name} is not read; the name is ${meant} (letter case counts)`)
+  }
+  return problems
+}
+
 function isAmqpUrl(value: string): boolean {
   try {
     const url = new URL(value)
@@ -943,6 +993,7 @@ function parseEnvironment(rawEnv: Env, localSecrets: (dataDir: string) => LocalS
   if (values.PARTNER_API_BASE_URL !== undefined) problems.push(...baseUrlProblems(values.PARTNER_API_BASE_URL, named('PARTNER_API_BASE_URL')))
   // as written: zod's URL check hands on the value trimmed, and a space after a token was dropped unseen
   if (env.FORWARD_URL !== undefined) problems.push(...forwardUrlProblems(env.FORWARD_URL))
+  if (values.AMQP_URL !== undefined) problems.push(...amqpUrlProblems(values.AMQP_URL))
   if (values.PARTNER_API_SECRET !== undefined && values.PARTNER_API_SECRET.length < MIN_SECRET_LENGTH) {
     problems.push(`${named('PARTNER_API_SECRET')}: is shorter than ${MIN_SECRET_LENGTH} characters`)
   }

@@ -654,6 +654,33 @@ describe('configuration', () => {
       expect(parseConfig({ ...remoteEnv, REACTION_LEASE_S: '10', FORWARD_TIMEOUT_MS: '60000', AMQP_TIMEOUT_MS: '60000' }).reactions.leaseS).toBe(10)
     })
 
+    // amqplib reads these from the query string with parseInt: heartbeat=abc started cleanly, then failed every
+    // publish as the broker unreachable ("Field 'heartbeat' is the wrong type"), retried for a day
+    it("refuses AMQP_URL query options amqplib could not send, naming the option and never the URL", () => {
+      const broker = 'amqp://partner:amqp-Passw0rd@broker.internal:5672/%2f'
+      const refused: Record<string, string> = {
+        'heartbeat=abc': 'AMQP_URL: its query option heartbeat must be a whole number of seconds from 0 to 65535 (0: no heartbeats)',
+        'heartbeat=': 'AMQP_URL: its query option heartbeat must be a whole number of seconds from 0 to 65535 (0: no heartbeats)',
+        'heartbeat=10s': 'AMQP_URL: its query option heartbeat must be a whole number of seconds from 0 to 65535 (0: no heartbeats)',
+        'heartbeat=65536': 'AMQP_URL: its query option heartbeat must be a whole number of seconds from 0 to 65535 (0: no heartbeats)',
+        'channelMax=-1': "AMQP_URL: its query option channelMax must be a whole number from 0 to 65535 (0: the broker's limit)",
+        'frameMax=100': "AMQP_URL: its query option frameMax must be a whole number of bytes, 0 (the broker's limit) or from 4096 to 4294967295",
+        'frameMax=4294967296': "AMQP_URL: its query option frameMax must be a whole number of bytes, 0 (the broker's limit) or from 4096 to 4294967295",
+        'maxFrameSize=12': 'AMQP_URL: its query option maxFrameSize must be a whole number of bytes, 0 (no limit) or at least 4096',
+        [`locale=${'x'.repeat(256)}`]: 'AMQP_URL: its query option locale must be at most 255 bytes',
+        // the first of a repeated option is the one amqplib reads
+        'heartbeat=x&heartbeat=10': 'AMQP_URL: its query option heartbeat must be a whole number of seconds from 0 to 65535 (0: no heartbeats)',
+        'Heartbeat=10': 'AMQP_URL: its query option Heartbeat is not read; the name is heartbeat (letter case counts)',
+      }
+      for (const [query, problem] of Object.entries(refused)) {
+        expect(problemsOf({ ...remoteEnv, AMQP_URL: `${broker}?${query}` }), query).toEqual([problem])
+      }
+      const taken = ['heartbeat=30', 'heartbeat=0&channelMax=2047&frameMax=131072&maxFrameSize=0&locale=en_US', 'frameMax=0', 'locale=', 'connection_attempts=3']
+      for (const query of taken) {
+        expect(parseConfig({ ...remoteEnv, AMQP_URL: `${broker}?${query}` }).amqp?.url, query).toBe(`${broker}?${query}`)
+      }
+    })
+
     it('parses FORWARD_URL, FORWARD_SECRET and FORWARD_TIMEOUT_MS', () => {
       const env = { ...remoteEnv, FORWARD_URL: 'https://erp.internal/hooks/escrow', FORWARD_SECRET: forwardSecret }
       expect(parseConfig(env).forward).toEqual({

@@ -427,6 +427,19 @@ describeRabbitMq('the AMQP publisher (RabbitMQ)', () => {
     expect(error.message).not.toContain('ConnectionOpenOk')
   })
 
+  // config.ts refuses these at start; a URL given to the publisher straight (a fork's) still gets amqplib's refusal
+  it("an AMQP_URL query option amqplib cannot send (heartbeat=abc) is amqp_invalid_options, not amqp_unreachable, the broker being up", async () => {
+    for (const query of ['heartbeat=abc', 'maxFrameSize=12']) {
+      const url = new URL(amqpUrl!)
+      url.search = query
+      const amqp = publisher({ exchange: uniqueName('test-exchange'), url: url.toString() })
+      const error = await failureOf(amqp.handler(eventOf(1, 1), context()))
+      expect(error.code, query).toBe('amqp_invalid_options')
+      expect(error.message, query).toMatch(/^amqplib refused the connection options for amqp:\/\/[^ ]+ \(AMQP_URL's query options, or a fork's socket options\): /)
+      expect(error.message, query).not.toContain(new URL(amqpUrl!).password || 'never-a-password')
+    }
+  })
+
   it.skipIf(!onPath('rabbitmqctl'))('a user without the write right on the exchange: amqp_refused with the broker’s reason, not "channel closed"', async () => {
     const exchange = uniqueName('test-exchange')
     await consumer({ exchange, pattern: 'trade.*' })

@@ -39,6 +39,7 @@ export type AmqpPublishErrorCode =
   | 'amqp_aborted'
   | 'amqp_closed'
   | 'amqp_routing_key_too_long'
+  | 'amqp_invalid_options'
 
 export class AmqpPublishError extends Error {
   override name = 'AmqpPublishError'
@@ -259,6 +260,16 @@ export function createAmqpPublisher({
       return new AmqpPublishError(
         'amqp_refused',
         `the broker ${broker} refused to open the vhost "${vhost}": it does not exist, or this user has no permission on it`,
+        { cause: error },
+      )
+    }
+    // amqplib refusing its own arguments (a TypeError: "Field 'heartbeat' is the wrong type" for AMQP_URL's
+    // ?heartbeat=abc, a maxFrameSize below 4096) is no outage: the broker may be up, and no retry of this process
+    // can succeed. config.ts refuses the URL's options at start; this names what a fork's options still get wrong
+    if (error instanceof TypeError) {
+      return new AmqpPublishError(
+        'amqp_invalid_options',
+        `amqplib refused the connection options for ${broker} (AMQP_URL's query options, or a fork's socket options): ${describeError(error)}`,
         { cause: error },
       )
     }
