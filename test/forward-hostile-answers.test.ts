@@ -151,6 +151,30 @@ describe.each(PATHS)('the forwarder, through %s', (_path, fetchImplementation) =
     }
   })
 
+  // a 500 and no answer at all were logged "reaction forwarded"
+  it('logs an answer other than 2xx, and no answer, as "reaction forward failed"', async () => {
+    const failing = await receiver(() => 500)
+    const before = logLines.length
+    await failureOf(forwarderAt(failing.url)(event, context()))
+    const closedPort = await new Promise<number>((resolve) => {
+      const server = net.createServer().listen(0, '127.0.0.1', () => {
+        const { port } = server.address() as AddressInfo
+        server.close(() => resolve(port))
+      })
+    })
+    await failureOf(forwarderAt(`http://127.0.0.1:${closedPort}/hook`)(event, context()))
+    const lines = logLines
+      .slice(before)
+      .join('')
+      .split('\n')
+      .filter((line) => line.includes('"receiver":'))
+      .map((line) => JSON.parse(line) as Record<string, unknown>)
+    expect(lines).toEqual([
+      expect.objectContaining({ msg: 'reaction forward failed', status: 500 }),
+      expect.objectContaining({ msg: 'reaction forward failed', error: 'unreachable' }),
+    ])
+  })
+
   it.each(BAD_ANSWERS)('throws forward_bad_answer, not unreachable, for %s', async (_case, answer, reason) => {
     const target = await rawReceiver(answer)
 

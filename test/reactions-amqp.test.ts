@@ -55,6 +55,21 @@ async function failureOf(call: Promise<void>): Promise<AmqpPublishError> {
   return error as AmqpPublishError
 }
 
+/** The debug lines of the publisher written since `before`, each checked to hold every key once. */
+function publishLines(before: number): Record<string, unknown>[] {
+  const lines = logLines
+    .slice(before)
+    .join('')
+    .split('\n')
+    .filter((line) => line.includes('"msg":"reaction publish'))
+  return lines.map((line) => {
+    const entry = JSON.parse(line) as Record<string, unknown>
+    // JSON.parse keeps the last of a key written twice: count them in the line as written
+    for (const key of Object.keys(entry)) expect(line.split(`"${key}":`).length - 1, `${key} in ${line}`).toBe(1)
+    return entry
+  })
+}
+
 /**
  * Calls the handler until it resolves, as the dispatcher does with a job that threw (with a short
  * backoff here), counting the failures by code.
@@ -206,6 +221,25 @@ describe('the AMQP publisher, without a broker', () => {
     expect(logLines.join('')).not.toContain(password)
   })
 
+  // a failure was logged "reaction published", and the job logger's eventId and attempt came twice in the line
+  it('logs a failed publish as "reaction publish failed", each key once with the job logger\'s', async () => {
+    const failing = createAmqpPublisher({
+      url: 'amqp://127.0.0.1:1',
+      exchange: 'partner-escrow',
+      logger,
+      connect: async () => {
+        throw Object.assign(new Error('connect ECONNREFUSED 127.0.0.1:1'), { code: 'ECONNREFUSED' })
+      },
+    })
+    const before = logLines.length
+    const jobLogger = logger.child({ jobId: 7, handler: 'amqp', eventId: eventOf(1, 1).eventId, attempt: 3 })
+    expect((await failureOf(failing.handler(eventOf(1, 1), context({ attempt: 3, logger: jobLogger })))).code).toBe('amqp_unreachable')
+    await failing.close()
+    expect(publishLines(before)).toEqual([
+      expect.objectContaining({ msg: 'reaction publish failed', error: 'amqp_unreachable', eventId: eventOf(1, 1).eventId, attempt: 3 }),
+    ])
+  })
+
   // a status of the platform's is up to 200 characters: `trade.` and 200 × ü is 406 bytes, and amqplib's refusal
   // of it read as an outage (amqp_unreachable), retried 10 times with the order's later events behind it
   it('a routing key past 255 bytes is amqp_routing_key_too_long, permanent (failed at once), and nothing is sent', async () => {
@@ -273,6 +307,16 @@ describeRabbitMq('the AMQP publisher (RabbitMQ)', () => {
       headers: { order_id: 7, sequence: 2, publish_id: expect.stringMatching(/^[0-9a-f-]{36}$/) },
     })
     expect(JSON.parse(message!.body)).toEqual(forwardedPayload(event))
+  })
+
+  it('logs a confirmed publish as "reaction published", each key once with the job logger\'s', async () => {
+    const exchange = uniqueName('test-exchange')
+    await consumer({ exchange, pattern: 'trade.#' })
+    const amqp = publisher({ exchange })
+    const before = logLines.length
+    const event = eventOf(8, 1)
+    await amqp.handler(event, context({ attempt: 2, logger: logger.child({ jobId: 8, handler: 'amqp', eventId: event.eventId, attempt: 2 }) }))
+    expect(publishLines(before)).toEqual([expect.objectContaining({ msg: 'reaction published', confirmed: true, eventId: event.eventId, attempt: 2 })])
   })
 
   // The README's field table said bind `trade.#` for every event, its consumer example bound `trade.*`: a topic's `*`

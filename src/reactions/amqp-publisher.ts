@@ -306,15 +306,17 @@ export function createAmqpPublisher({
     return opening
   }
 
-  const handler: ReactionHandler = async function publish(event, { signal, attempt, logger: jobLogger }) {
+  const handler: ReactionHandler = async function publish(event, { signal, logger: jobLogger }) {
     if (closed) throw new AmqpPublishError('amqp_closed', 'the AMQP publisher is closed (shutting down)')
     const startedAt = Date.now()
     const deadline = AbortSignal.timeout(timeoutMs)
     const stop = anySignal([signal, deadline])
+    // (the handler's logger names the job, its event id and attempt: said again here, each key came twice in the
+    // line; and a failure was logged as "reaction published")
     const done = (fields: Record<string, unknown>) =>
       jobLogger.debug(
-        { eventId: event.eventId, type: event.type, attempt, broker, durationMs: Date.now() - startedAt, ...fields },
-        'reaction published',
+        { type: event.type, broker, durationMs: Date.now() - startedAt, ...fields },
+        fields.error === undefined ? 'reaction published' : 'reaction publish failed',
       )
     // the link this call published on, once open: its blocked reason explains a confirm that did not come
     let opened: Link | undefined

@@ -192,9 +192,13 @@ export function createForwarder({
     if (authorization) headers.push('authorization', authorization)
 
     const startedAt = monotonicNow(clock)
-    // (the handler's logger names the job, its event id and attempt: said again here, each key came twice in the line)
-    const log = (fields: Record<string, unknown>) =>
-      context.logger.debug({ type: event.type, receiver, durationMs: monotonicNow(clock) - startedAt, ...fields }, 'reaction forwarded')
+    // (the handler's logger names the job, its event id and attempt: said again here, each key came twice in the line).
+    // Forwarded is a 2xx answer; a 500 or no answer was logged "reaction forwarded" too
+    const log = (fields: { status?: number; error?: string; reason?: string }) =>
+      context.logger.debug(
+        { type: event.type, receiver, durationMs: monotonicNow(clock) - startedAt, ...fields },
+        fields.status !== undefined && fields.status >= 200 && fields.status <= 299 ? 'reaction forwarded' : 'reaction forward failed',
+      )
     // the request ends at its answer, or when the handler's signal is aborted (lease ended, shutdown), or at
     // its deadline. The deadlines share one timer on the injected clock, so a test can time an attempt out
     // without waiting; they are timed by its monotonic time, so a wall clock stepped back does not stretch them
