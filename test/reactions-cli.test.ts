@@ -3,7 +3,7 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest'
 import { applyObservation } from '../src/orders/apply-observation.js'
 import { createOrder } from './helpers/orders.js'
 import { createMetrics } from '../src/metrics/metrics.js'
-import { claimReactionJobs, reactionJobStats, skipJobNotTaken } from '../src/reactions/reaction-job.repository.js'
+import { claimReactionJobs, completeJob, failJob, reactionJobStats, skipJobNotTaken } from '../src/reactions/reaction-job.repository.js'
 import { ensureReactionStreams, readReactionStream, type StreamOutcome, writeReactionStream } from '../src/reactions/reaction-stream.repository.js'
 import { createReactionRegistry } from '../src/reactions/reaction-registry.js'
 import { runCommand } from './helpers/cli-in-process.js'
@@ -245,6 +245,57 @@ describe('the reactions command', () => {
     // the table's cell is cut short (show has the rest)
     const table = (await run('list', '--state', 'skipped', '--handler', 'amqp')).stdout.trim().split('\n')
     expect(table[1]).toMatch(/ amqp +skipped +1 +- +handler amqp no longer takes trade\.created \(AMQP_EVENTS\); skipped without running \(the error before: [^)]*…$/)
+  })
+})
+
+// a claim sets run_at to its lease's end and a finished job keeps it: --json gave a done or failed job's runAt as
+// minutes in the future, where the text shows -
+describe('reactions list and show --json of finished jobs', () => {
+  let database: TestDatabase
+  beforeAll(async () => {
+    database = await createTestDatabase()
+  })
+  afterAll(async () => {
+    await database.close()
+  })
+
+  it('give runAt null for a done and a failed job, as the text shows -', async () => {
+    const reactions = createReactionRegistry().on('trade.*', 'ledger', async () => {})
+    const now = new Date('2026-05-01T10:00:00Z')
+    await ensureReactionStreams(database.db, reactions.names, now)
+    const { order } = await createOrder(database.db, { externalReference: 'cli-finished' })
+    for (const status of ['created', 'funded']) {
+      await applyObservation(
+        database.db,
+        { target: { orderId: order.id }, tradeId: 'trd_cli-finished', status, source: 'webhook', observedAt: now },
+        { staleAfterS: 3_600, handlersFor: reactions.handlersFor },
+      )
+    }
+    const lease = { handler: 'ledger', leaseToken: 'cli', now, leaseEnd: new Date(now.getTime() + 60_000) }
+    await untilEventsReadable(database.db)
+    const { events } = await readReactionStream(database.db, { ...lease, limit: 10 })
+    await writeReactionStream(database.db, {
+      ...lease,
+      place: events.at(-1)!,
+      outcomes: events.map((entry) => ({ event: entry.event, createdAt: now, state: 'pending' as const, attempts: 0, runAt: now, lastError: null })),
+    })
+    // one order's jobs are claimed one at a time, in sequence
+    const claim = async () => (await claimReactionJobs(database.db, { now, limit: 10, leaseMs: 600_000, leaseToken: 'finishing' }))[0]!
+    const done = await claim()
+    expect(await completeJob(database.db, { id: done.id, leaseToken: 'finishing', now })).toBe(true)
+    const failed = await claim()
+    expect(await failJob(database.db, { id: failed.id, leaseToken: 'finishing', now, error: 'Error: no' })).toBe(true)
+    const run = (...args: string[]) => runCommand(['reactions', ...args], database.db)
+
+    const listed = JSON.parse((await run('list', '--json')).stdout) as { id: string; state: string; runAt: string | null }[]
+    expect(listed.map(({ state, runAt }) => ({ state, runAt }))).toEqual([
+      { state: 'failed', runAt: null },
+      { state: 'done', runAt: null },
+    ])
+    for (const id of [done.id, failed.id]) {
+      expect(JSON.parse((await run('show', id, '--json')).stdout), id).toMatchObject({ id, runAt: null })
+      expect((await run('show', id)).stdout, id).toContain('\nnext run   -\n')
+    }
   })
 })
 

@@ -50,7 +50,7 @@ export function registerReactionsCommands(program: Command): void {
           ...(options.handler ? { handler: options.handler } : {}),
         })
         if (options.json) {
-          printJson(jobs)
+          printJson(jobs.map(withNextRun))
           return
         }
         printTable(
@@ -62,7 +62,7 @@ export function registerReactionsCommands(program: Command): void {
             handler: job.handler,
             state: job.state,
             attempts: job.attempts,
-            next: job.state === 'pending' || job.state === 'running' ? job.runAt : null,
+            next: nextRun(job),
             error: job.lastError === null ? null : cutForTable(oneLine(job.lastError)),
           })),
           '(no reaction jobs)',
@@ -81,7 +81,7 @@ export function registerReactionsCommands(program: Command): void {
         const job = await findJob(db, id)
         if (!job) throw reactionNotFound(id)
         if (options.json) {
-          printJson(job)
+          printJson(withNextRun(job))
           return
         }
         const { event } = job
@@ -89,7 +89,7 @@ export function registerReactionsCommands(program: Command): void {
           [
             `job        ${job.id}: ${job.handler} for ${printable(event.type)}`,
             `state      ${job.state} after ${job.attempts} attempt(s)`,
-            `next run   ${job.state === 'pending' || job.state === 'running' ? job.runAt.toISOString() : '-'}`,
+            `next run   ${nextRun(job)?.toISOString() ?? '-'}`,
             `finished   ${job.finishedAt?.toISOString() ?? '-'}`,
             `event      ${event.eventId}`,
             `order      ${printable(event.externalReference)} (id ${event.orderId}), sequence ${event.sequence}`,
@@ -282,6 +282,18 @@ async function report(
 
 function reactionNotFound(id: string): CommandFailedError {
   return new CommandFailedError('reaction_not_found', `No reaction job ${id}`)
+}
+
+/**
+ * When a job runs next: a pending job's due time, a running one's lease end (when it is taken again if its replica
+ * is gone); none for a finished job, whose run_at is the lease end of its last claim (--json gave it, minutes ahead)
+ */
+function nextRun(job: { state: string; runAt: Date }): Date | null {
+  return job.state === 'pending' || job.state === 'running' ? job.runAt : null
+}
+
+function withNextRun<T extends { state: string; runAt: Date }>(job: T): Omit<T, 'runAt'> & { runAt: Date | null } {
+  return { ...job, runAt: nextRun(job) }
 }
 
 /** A stored error on one line, whole, for a field (an error text may hold newlines). */
