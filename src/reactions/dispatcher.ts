@@ -518,7 +518,9 @@ export function createDispatcher(deps: DispatcherDeps): Dispatcher {
       log().warn({ type }, 'reaction job not taken by its handler any more, but its lease had been taken over: the job ran again elsewhere')
       return
     }
-    log().warn({ type }, reason)
+    // the attempts the job shows (the claim's taken back): the job logger's `attempt` is the claim's, one more, and
+    // said "attempt":4 of a job showing 3
+    logger.child({ jobId: job.id, handler: job.handler, eventId: job.event.eventId, attempts: job.attempt - 1 }).warn({ type }, reason)
     // the order's next event for this handler may be claimable now
     wake()
   }
