@@ -505,6 +505,8 @@ function forwardUrlProblems(value: string): string[] {
     return ['FORWARD_URL: must not hold a backslash, which the URL parser reads as / (…/\\evil is sent to //evil); write / or %5C']
   }
   const url = new URL(value)
+  // the URL parser takes port 0 (and :00): every call failed as the receiver unreachable, retried for a day
+  if (url.port === '0') return ["FORWARD_URL: must not have port 0, where nothing can be reached; give the receiver's port (or none: 80, 443)"]
   const written = value.replace(URL_AUTHORITY, '')
   const queryAt = written.indexOf('?')
   const writtenPath = queryAt === -1 ? written : written.slice(0, queryAt)
@@ -553,15 +555,17 @@ function wholeUpTo(value: string, max: number): boolean {
   return /^\d{1,16}$/.test(value) && Number(value) <= max
 }
 
-/** AMQP_URL's query options amqplib could not send. Told by the option's name, never the value. */
+/** AMQP_URL's port 0 and query options amqplib could not send. Told by the option's name, never the value. */
 function amqpUrlProblems(value: string): string[] {
-  const query = new URL(value).search.slice(1)
+  const url = new URL(value)
+  // amqplib reads port 0 as none given, and connected to 5672 (5671 for amqps://)
+  const problems: string[] = url.port === '0' ? ["AMQP_URL: must not have port 0; give the broker's port (or none: 5672, 5671 for amqps://)"] : []
+  const query = url.search.slice(1)
   const options = new Map<string, string>()
   for (const [name, given] of Object.entries(parseQueryString(query))) {
     options.set(name, Array.isArray(given) ? (given[0] ?? '') : (given ?? ''))
   }
   const known = Object.keys(AMQP_QUERY_OPTIONS)
-  const problems: string[] = []
   for (const [name, given] of options) {
     const option = AMQP_QUERY_OPTIONS[name]
     if (Object.hasOwn(AMQP_QUERY_OPTIONS, name) && option !== undefined) {

@@ -755,6 +755,19 @@ describe('configuration', () => {
       }
     })
 
+    // the URL parser takes port 0: every call failed as the receiver unreachable and was retried; amqplib read an
+    // AMQP_URL's port 0 as none and connected to 5672
+    it('refuses port 0 in FORWARD_URL and AMQP_URL, naming the form and never the URL', () => {
+      for (const url of ['http://127.0.0.1:0/x', 'https://user:forward-Passw0rd@erp.internal:00/hook']) {
+        const problems = problemsOf({ ...remoteEnv, FORWARD_URL: url, FORWARD_SECRET: forwardSecret })
+        expect(problems, url).toEqual(["FORWARD_URL: must not have port 0, where nothing can be reached; give the receiver's port (or none: 80, 443)"])
+      }
+      for (const url of ['amqp://127.0.0.1:0', 'amqps://partner:amqp-Passw0rd@broker.internal:0/vhost']) {
+        expect(problemsOf({ ...remoteEnv, AMQP_URL: url }), url).toEqual(["AMQP_URL: must not have port 0; give the broker's port (or none: 5672, 5671 for amqps://)"])
+      }
+      expect(parseConfig({ ...remoteEnv, FORWARD_URL: 'http://127.0.0.1:10/x', FORWARD_SECRET: forwardSecret }).forward?.url).toBe('http://127.0.0.1:10/x')
+    })
+
     it('takes a FORWARD_URL written as it is sent: a query string (a receiver token), a user and password, percent-encoding, capitals', () => {
       for (const url of [
         'https://erp.internal/hooks/escrow?token=t0ken&x=%22a%20b%22',
