@@ -22,7 +22,7 @@ import { DEFAULT_MAX_ANSWER_BYTES, DEFAULT_RETRY, PARTNER_API_PREFIX } from './p
 import { DEFAULT_DISPATCHER_SETTINGS, DEFAULT_MAX_ATTEMPTS, HELD_BACK_WARN_MS, leaseMarginMs } from './reactions/dispatcher-settings.js'
 import { POLL_JITTER } from './reconcile/poll-jitter.js'
 import { DEFAULT_POLL_LEASE_S, POLL_START_WINDOW_S, shortestPollLeaseS } from './reconcile/poll-lease.js'
-import { decodeWebhookSecret, forwardSecrets, MIN_WEBHOOK_SECRET_BYTES, WEBHOOK_SECRET_PREFIX } from './reactions/forwarder.js'
+import { forwardSecrets, MIN_WEBHOOK_SECRET_BYTES, WEBHOOK_SECRET_PREFIX, webhookSecretFault } from './reactions/forwarder.js'
 import { FILE_SUFFIX, namingTheFile, readSecretFile, type SecretFileRead, secretsFromFiles } from './secret-files.js'
 import { type UnreadVariable, editDistance, unreadVariables } from './unread-variables.js'
 import { removeIfThere, writeWholeUnlessThere } from './write-whole.js'
@@ -1002,13 +1002,17 @@ function parseEnvironment(rawEnv: Env, localSecrets: (dataDir: string) => LocalS
     problems.push(`${named('PARTNER_API_SECRET')}: is shorter than ${MIN_SECRET_LENGTH} characters`)
   }
   if (values.FORWARD_SECRET !== undefined) {
+    // each secret's fault by its place, never its value: one message for every case left the operator guessing
     const secrets = forwardSecrets(values.FORWARD_SECRET)
-    const bad = secrets.findIndex((secret) => !decodeWebhookSecret(secret))
-    if (secrets.length === 0 || bad >= 0) {
-      const which = secrets.length > 1 ? ` (secret #${bad + 1})` : ''
-      const form = `${WEBHOOK_SECRET_PREFIX} followed by the base64 of at least ${MIN_WEBHOOK_SECRET_BYTES} random bytes`
-      problems.push(`FORWARD_SECRET: must be ${form}${which}; make one with: echo "whsec_$(openssl rand -base64 32)"`)
-    }
+    const form = `${WEBHOOK_SECRET_PREFIX} followed by the base64 of at least ${MIN_WEBHOOK_SECRET_BYTES} random bytes`
+    const makeOne = 'make one with: echo "whsec_$(openssl rand -base64 32)"'
+    if (secrets.length === 0) problems.push(`FORWARD_SECRET: is set but holds no secret (each is ${form}); ${makeOne}`)
+    secrets.forEach((secret, index) => {
+      const fault = webhookSecretFault(secret)
+      if (fault === undefined) return
+      const which = secrets.length > 1 ? `secret #${index + 1} of ${secrets.length}` : 'the secret'
+      problems.push(`FORWARD_SECRET: ${which} ${fault} (each is ${form}); ${makeOne}`)
+    })
   }
   problems.push(...pathTakenProblems('WEBHOOK_PATH', values.WEBHOOK_PATH, PUBLIC_LISTENER_PATHS))
   problems.push(...pathTakenProblems('METRICS_PATH', values.METRICS_PATH, OPERATOR_LISTENER_PATHS))

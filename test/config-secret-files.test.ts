@@ -208,7 +208,7 @@ describe('the value a file gives', () => {
       expect.stringMatching(/^ADMIN_TOKEN \(from ADMIN_TOKEN_FILE=.*\): is the same as WEBHOOK_SECRETS; /),
     ])
     expect(problemsOf({ ...production, FORWARD_URL: 'https://receiver.example/', FORWARD_SECRET_FILE: secretFile('not-a-whsec-secret\n') })).toEqual([
-      expect.stringMatching(/^FORWARD_SECRET \(from FORWARD_SECRET_FILE=.*\): must be whsec_ followed by the base64/),
+      expect.stringMatching(/^FORWARD_SECRET \(from FORWARD_SECRET_FILE=.*\): the secret does not start with whsec_ \(each is whsec_ followed by the base64/),
     ])
     const url = 'postgres://partner:pass#word@db.internal/escrow'
     const problems = problemsOf({ ...production, DATABASE_URL_FILE: secretFile(`${url}\n`) })

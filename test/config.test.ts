@@ -699,16 +699,27 @@ describe('configuration', () => {
       expect(problemsOf({ ...remoteEnv, FORWARD_SECRET: forwardSecret })).toEqual([
         'FORWARD_SECRET: is set but FORWARD_URL is not (set both to forward, or neither)',
       ])
-      const malformed = [
-        LONG_SECRET, // no whsec_ prefix
-        `whsec_${Buffer.alloc(16, 9).toString('base64')}`, // 16 bytes: too short a key
-        'whsec_this-is-not-base64-but-is-long-enough-to-pass-a-length-check',
+      // each case said apart (one message said the same of all), naming the secret's fault, never its value
+      const tail = ' (each is whsec_ followed by the base64 of at least 24 random bytes); make one with: echo "whsec_$(openssl rand -base64 32)"'
+      const key = Buffer.alloc(32, 0xfb) // its base64 holds + and /
+      const malformed: [string, string][] = [
+        [LONG_SECRET, 'does not start with whsec_'],
+        [`WHSEC_${key.toString('base64')}`, 'does not start with whsec_'],
+        [`whsec_${Buffer.alloc(16, 9).toString('base64')}`, 'is too short: its base64 holds 16 bytes, and at least 24 are needed'],
+        ['whsec_', 'is too short: its base64 holds 0 bytes, and at least 24 are needed'],
+        [`whsec_${key.toString('base64url')}`, 'is URL-safe base64 after whsec_ (- or _): write it in standard base64 (+ and /)'],
+        [`whsec_${Buffer.alloc(25, 9).toString('base64').replace(/=+$/, '')}`, 'lacks its base64 padding after whsec_ (= or ==)'],
+        ['whsec_this.is.not.base64.but.is.long.enough.to.pass.a.length.check', 'is not base64 after whsec_ (standard base64: A-Z a-z 0-9 + /, = padded)'],
+        [`whsec_${key.toString('base64')}!`, 'is not base64 after whsec_ (standard base64: A-Z a-z 0-9 + /, = padded)'],
       ]
-      for (const secret of malformed) {
-        expect(problemsOf({ ...remoteEnv, FORWARD_URL: 'https://erp.internal/hook', FORWARD_SECRET: secret })).toEqual([
-          'FORWARD_SECRET: must be whsec_ followed by the base64 of at least 24 random bytes; make one with: echo "whsec_$(openssl rand -base64 32)"',
-        ])
+      for (const [secret, fault] of malformed) {
+        const problems = problemsOf({ ...remoteEnv, FORWARD_URL: 'https://erp.internal/hook', FORWARD_SECRET: secret })
+        expect(problems, secret).toEqual([`FORWARD_SECRET: the secret ${fault}${tail}`])
+        if (secret.length > 'whsec_'.length + 8) expect(problems.join('\n')).not.toContain(secret.slice('whsec_'.length, 'whsec_'.length + 12))
       }
+      expect(problemsOf({ ...remoteEnv, FORWARD_URL: 'https://erp.internal/hook', FORWARD_SECRET: ' , ' })).toEqual([
+        'FORWARD_SECRET: is set but holds no secret (each is whsec_ followed by the base64 of at least 24 random bytes); make one with: echo "whsec_$(openssl rand -base64 32)"',
+      ])
       const problems = problemsOf({
         ...remoteEnv,
         FORWARD_URL: 'ftp://erp.internal/hook',
@@ -810,9 +821,13 @@ describe('configuration', () => {
       const next = `whsec_${Buffer.alloc(32, 7).toString('base64')}`
       const config = parseConfig({ ...remoteEnv, FORWARD_URL: 'http://127.0.0.1:9/hook', FORWARD_SECRET: `${forwardSecret} ${next}` })
       expect(configSecrets(config)).toEqual(expect.arrayContaining([forwardSecret.slice('whsec_'.length), next.slice('whsec_'.length)]))
-      const problems = problemsOf({ ...remoteEnv, FORWARD_URL: 'http://127.0.0.1:9/hook', FORWARD_SECRET: `${forwardSecret},whsec_short` })
-      expect(problems).toHaveLength(1)
-      expect(problems[0]).toMatch(/^FORWARD_SECRET: must be whsec_ followed by the base64 of at least 24 random bytes \(secret #2\); /)
+      // each bad one by its place among them
+      const short = `whsec_${Buffer.alloc(16, 9).toString('base64')}`
+      const problems = problemsOf({ ...remoteEnv, FORWARD_URL: 'http://127.0.0.1:9/hook', FORWARD_SECRET: `${forwardSecret},${short} x-secret-value` })
+      expect(problems).toHaveLength(2)
+      expect(problems[0]).toMatch(/^FORWARD_SECRET: secret #2 of 3 is too short: its base64 holds 16 bytes, and at least 24 are needed \(each is /)
+      expect(problems[1]).toMatch(/^FORWARD_SECRET: secret #3 of 3 does not start with whsec_ \(each is /)
+      expect(problems.join('\n')).not.toContain('x-secret-value')
     })
 
     it('counts the forward secret among the secrets no log line may show', () => {

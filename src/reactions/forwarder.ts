@@ -50,6 +50,25 @@ export function decodeWebhookSecret(secret: string): Buffer | undefined {
 }
 
 /**
+ * What is wrong with a secret decodeWebhookSecret refuses, told by its form and never its value (for the start-up
+ * refusal, which said the same of each); undefined when it is a good one.
+ */
+export function webhookSecretFault(secret: string): string | undefined {
+  if (!secret.startsWith(WEBHOOK_SECRET_PREFIX)) return `does not start with ${WEBHOOK_SECRET_PREFIX}`
+  const encoded = secret.slice(WEBHOOK_SECRET_PREFIX.length)
+  if (!BASE64.test(encoded)) {
+    if (/^[A-Za-z0-9_-]+=*$/.test(encoded) && /[_-]/.test(encoded)) {
+      return `is URL-safe base64 after ${WEBHOOK_SECRET_PREFIX} (- or _): write it in standard base64 (+ and /)`
+    }
+    if (/^[A-Za-z0-9+/]+$/.test(encoded) && encoded.length % 4 !== 1) return `lacks its base64 padding after ${WEBHOOK_SECRET_PREFIX} (= or ==)`
+    return `is not base64 after ${WEBHOOK_SECRET_PREFIX} (standard base64: A-Z a-z 0-9 + /, = padded)`
+  }
+  const bytes = Buffer.from(encoded, 'base64').length
+  if (bytes < MIN_WEBHOOK_SECRET_BYTES) return `is too short: its base64 holds ${bytes} bytes, and at least ${MIN_WEBHOOK_SECRET_BYTES} are needed`
+  return undefined
+}
+
+/**
  * The secrets of FORWARD_SECRET: one `whsec_…`, or several separated by spaces or commas while the receiver moves
  * from one to the next (each attempt is signed with every one, as the specification's rotation has it).
  */
