@@ -259,12 +259,12 @@ describe('reactions list and show --json of finished jobs', () => {
     await database.close()
   })
 
-  it('give runAt null for a done and a failed job, as the text shows -', async () => {
+  it('give runAt null for a done and a failed job, as the text shows -, and name the job a held-back one waits for', async () => {
     const reactions = createReactionRegistry().on('trade.*', 'ledger', async () => {})
     const now = new Date('2026-05-01T10:00:00Z')
     await ensureReactionStreams(database.db, reactions.names, now)
     const { order } = await createOrder(database.db, { externalReference: 'cli-finished' })
-    for (const status of ['created', 'funded']) {
+    for (const status of ['created', 'funded', 'delivered']) {
       await applyObservation(
         database.db,
         { target: { orderId: order.id }, tradeId: 'trd_cli-finished', status, source: 'webhook', observedAt: now },
@@ -287,15 +287,25 @@ describe('reactions list and show --json of finished jobs', () => {
     expect(await failJob(database.db, { id: failed.id, leaseToken: 'finishing', now, error: 'Error: no' })).toBe(true)
     const run = (...args: string[]) => runCommand(['reactions', ...args], database.db)
 
-    const listed = JSON.parse((await run('list', '--json')).stdout) as { id: string; state: string; runAt: string | null }[]
-    expect(listed.map(({ state, runAt }) => ({ state, runAt }))).toEqual([
-      { state: 'failed', runAt: null },
-      { state: 'done', runAt: null },
-    ])
+    const listed = JSON.parse((await run('list', '--json', '--state', 'done')).stdout) as { id: string; state: string; runAt: string | null }[]
+    expect(listed.map(({ state, runAt }) => ({ state, runAt }))).toEqual([{ state: 'done', runAt: null }])
+    const failedListed = JSON.parse((await run('list', '--json', '--state', 'failed')).stdout) as { id: string; state: string; runAt: string | null }[]
+    expect(failedListed.map(({ state, runAt }) => ({ state, runAt }))).toEqual([{ state: 'failed', runAt: null }])
     for (const id of [done.id, failed.id]) {
       expect(JSON.parse((await run('show', id, '--json')).stdout), id).toMatchObject({ id, runAt: null })
       expect((await run('show', id)).stdout, id).toContain('\nnext run   -\n')
     }
+
+    // the order's third event waits behind the failed job: it showed as `pending 0`, due in the past, error -
+    const held = JSON.parse((await run('list', '--json', '--state', 'pending')).stdout) as { id: string; sequence: number; waitsFor: unknown }[]
+    expect(held).toEqual([expect.objectContaining({ sequence: 3, waitsFor: { id: failed.id, sequence: 2, state: 'failed' } })])
+    const table = (await run('list', '--state', 'pending')).stdout.trim().split('\n')
+    expect(table[1]).toMatch(new RegExp(` pending +0 +- +waits for job ${failed.id} \\(failed\\), an earlier event of its order$`))
+    expect(JSON.parse((await run('show', held[0]!.id, '--json')).stdout)).toMatchObject({ waitsFor: { id: failed.id, sequence: 2, state: 'failed' } })
+    expect((await run('show', held[0]!.id)).stdout).toContain(`\nnext run   once job ${failed.id} (sequence 2, failed) is done or skipped\n`)
+    // done and failed jobs wait for nothing
+    expect(JSON.parse((await run('show', done.id, '--json')).stdout)).toMatchObject({ waitsFor: null })
+    expect(failedListed).toEqual([expect.objectContaining({ waitsFor: null })])
   })
 })
 

@@ -42,15 +42,18 @@ export function registerReactionsCommands(program: Command): void {
     .option('--limit <n>', `how many (at most ${MAX_LIST_LIMIT})`, listLimit, 50)
     .option('--json', 'print as JSON')
     .action(async (options: { state?: State; handler?: string; limit: number; json?: boolean }) => {
-      const { listJobs } = await import('../reactions/reaction-job.repository.js')
+      const { jobsWaitedFor, listJobs } = await import('../reactions/reaction-job.repository.js')
       await withDatabase(async ({ db }) => {
         const jobs = await listJobs(db, {
           limit: options.limit,
           ...(options.state ? { state: options.state } : {}),
           ...(options.handler ? { handler: options.handler } : {}),
         })
+        const pending = jobs.flatMap((job) => (job.state === 'pending' && job.id !== null ? [job.id] : []))
+        const waits = await jobsWaitedFor(db, pending)
+        const waitsFor = (job: { id: string | null }) => (job.id === null ? null : (waits.get(job.id) ?? null))
         if (options.json) {
-          printJson(jobs.map(withNextRun))
+          printJson(jobs.map((job) => ({ ...withNextRun(job), waitsFor: waitsFor(job) })))
           return
         }
         printTable(
@@ -62,8 +65,9 @@ export function registerReactionsCommands(program: Command): void {
             handler: job.handler,
             state: job.state,
             attempts: job.attempts,
-            next: nextRun(job),
-            error: job.lastError === null ? null : cutForTable(oneLine(job.lastError)),
+            // a job held back behind an earlier one runs when that one is done or skipped, not at its due time
+            next: waitsFor(job) ? null : nextRun(job),
+            error: cutForTable([waitingText(waitsFor(job)), job.lastError === null ? null : oneLine(job.lastError)].filter(Boolean).join('; ')) || null,
           })),
           '(no reaction jobs)',
         )
@@ -76,12 +80,13 @@ export function registerReactionsCommands(program: Command): void {
     .argument('<id>', 'the job id (from reactions list)', jobId)
     .option('--json', 'print as JSON')
     .action(async (id: string, options: { json?: boolean }) => {
-      const { findJob } = await import('../reactions/reaction-job.repository.js')
+      const { findJob, jobsWaitedFor } = await import('../reactions/reaction-job.repository.js')
       await withDatabase(async ({ db }) => {
         const job = await findJob(db, id)
         if (!job) throw reactionNotFound(id)
+        const waitsFor = (await jobsWaitedFor(db, job.state === 'pending' ? [job.id] : [])).get(job.id) ?? null
         if (options.json) {
-          printJson(withNextRun(job))
+          printJson({ ...withNextRun(job), waitsFor })
           return
         }
         const { event } = job
@@ -89,7 +94,7 @@ export function registerReactionsCommands(program: Command): void {
           [
             `job        ${job.id}: ${job.handler} for ${printable(event.type)}`,
             `state      ${job.state} after ${job.attempts} attempt(s)`,
-            `next run   ${nextRun(job)?.toISOString() ?? '-'}`,
+            `next run   ${waitsFor ? `once job ${waitsFor.id} (sequence ${waitsFor.sequence}, ${waitsFor.state}) is done or skipped` : (nextRun(job)?.toISOString() ?? '-')}`,
             `finished   ${job.finishedAt?.toISOString() ?? '-'}`,
             `event      ${event.eventId}`,
             `order      ${printable(event.externalReference)} (id ${event.orderId}), sequence ${event.sequence}`,
@@ -294,6 +299,11 @@ function nextRun(job: { state: string; runAt: Date }): Date | null {
 
 function withNextRun<T extends { state: string; runAt: Date }>(job: T): Omit<T, 'runAt'> & { runAt: Date | null } {
   return { ...job, runAt: nextRun(job) }
+}
+
+/** A held-back job's cell: what it waits for (its order's events reach a handler in order). */
+function waitingText(waitsFor: JobWaitedFor | null): string | null {
+  return waitsFor === null ? null : `waits for job ${waitsFor.id} (${waitsFor.state}), an earlier event of its order`
 }
 
 /** A stored error on one line, whole, for a field (an error text may hold newlines). */

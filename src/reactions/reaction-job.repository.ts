@@ -612,6 +612,28 @@ export async function findJob(db: Kysely<Database>, id: string): Promise<(Reacti
   return { ...toJob(job), event: toEvent(event) }
 }
 
+/**
+ * What each of these pending jobs waits for: the order's earliest job for the same handler that is not done or
+ * skipped (a failed one holds the rest back until retried or skipped), as the claim's condition has it. A job
+ * missing from the map waits for nothing but its due time. `reactions list` showed such a job as `pending 0`, due
+ * in the past, with no error.
+ */
+export async function jobsWaitedFor(db: Kysely<Database>, ids: readonly string[]): Promise<Map<string, JobWaitedFor>> {
+  if (ids.length === 0) return new Map()
+  const { rows } = await sql<{ id: string | number; earlierId: string | number; earlierSequence: number; earlierState: string }>`
+    select job.id, earlier.id as earlier_id, earlier.sequence as earlier_sequence, earlier.state as earlier_state
+    from reaction_jobs job
+    cross join lateral (
+      select e.id, e.sequence, e.state from reaction_jobs e
+      where e.order_id = job.order_id and e.handler = job.handler and e.sequence < job.sequence
+        and e.state not in ('done', 'skipped')
+      order by e.sequence
+      limit 1
+    ) earlier
+    where job.id = any(${ids.filter(isJobId)}::bigint[]) and job.state = 'pending'`.execute(db)
+  return new Map(rows.map((row) => [String(row.id), { id: String(row.earlierId), sequence: row.earlierSequence, state: row.earlierState }]))
+}
+
 export type OperatorResult = 'retried' | 'skipped' | 'not_found' | 'not_allowed'
 
 // An operator's retry and skip are dated by writeTime (db/write-time.ts): the database's time, or the service's clock
