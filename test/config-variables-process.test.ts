@@ -108,6 +108,30 @@ describe('`serve` refuses, exit 2 with [config_invalid]', () => {
     expect(result.stderr).not.toContain(liveWebhookSecret)
   })
 
+  // it started cleanly, and every publish then failed amqp_unreachable ("Field 'heartbeat' is the wrong type"), the
+  // broker up, retried for a day; a forward URL of port 0 and a bad forward secret alike, each named apart
+  it('an AMQP_URL query option amqplib cannot send, a FORWARD_URL of port 0, a FORWARD_SECRET of URL-safe base64; never a value', async () => {
+    const password = 'amqp-Passw0rd-never-shown'
+    const result = await serveOnce({
+      ...production,
+      ...POSTGRES,
+      DATA_DIR: emptyDataDir(),
+      AMQP_URL: `amqp://guest:${password}@127.0.0.1:5672/%2f?heartbeat=abc`,
+      AMQP_EXCHANGE: 'x',
+      FORWARD_URL: 'http://127.0.0.1:0/x',
+      FORWARD_SECRET: `whsec_${Buffer.alloc(32, 0xfb).toString('base64url')}`,
+    })
+    expect(result).toMatchObject({ started: false, code: 2, stdout: '' })
+    expect(result.stderr).toBe(
+      'Invalid configuration [config_invalid]\n' +
+        "  - FORWARD_URL: must not have port 0, where nothing can be reached; give the receiver's port (or none: 80, 443)\n" +
+        '  - AMQP_URL: its query option heartbeat must be a whole number of seconds from 0 to 65535 (0: no heartbeats)\n' +
+        '  - FORWARD_SECRET: the secret is URL-safe base64 after whsec_ (- or _): write it in standard base64 (+ and /) (each is whsec_ followed by ' +
+        'the base64 of at least 24 random bytes); make one with: echo "whsec_$(openssl rand -base64 32)"\n',
+    )
+    expect(result.stderr).not.toContain(password)
+  })
+
   it('PARTNER_ENV=live without DATABASE_URL', async () => {
     const dataDir = emptyDataDir()
     const result = await serveOnce({ ...production, DATA_DIR: dataDir, PARTNER_ENV: 'live' })
