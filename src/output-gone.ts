@@ -85,6 +85,11 @@ export function commandTookEffect(effect: TookEffect = TRADE_CALL_TOOK_EFFECT): 
   if (lostOn !== undefined) sayOutputFailed(`could not write to stdout (${lostOn}): ${doneButLost(effect)} [stdout_failed]`)
 }
 
+/** Whether the command said its change was made (commandTookEffect). */
+export function commandHasTakenEffect(): boolean {
+  return tookEffect !== undefined
+}
+
 /**
  * One line on stderr saying that an output failed: left out where stderr fails too (the same full disk).
  */

@@ -118,6 +118,25 @@ export function stopOnSignals(onStop: (signal: StopSignal) => void): () => void 
   return off
 }
 
+/**
+ * stopOnSignals for the whole of a command's work, beside the handlers a command may add of its own (a prune pass's,
+ * a trade call's, onStopSignals): while one of those is on, each signal is left to it, and its rules apply; while none
+ * is, the first calls `onStop` and a second (not the first's copy) ends the process as that signal does by default.
+ */
+export function stopUnlessHeld(onStop: (signal: StopSignal) => void): () => void {
+  const off = onStopSignals(
+    (signal) => {
+      if (holders <= 1) onStop(signal)
+    },
+    (signal) => {
+      if (holders > 1) return
+      off()
+      process.kill(process.pid, signal)
+    },
+  )
+  return off
+}
+
 /** Resolves on the first SIGINT, SIGTERM or SIGHUP; a second one ends the process (stopOnSignals). */
 export function untilStopSignal(): Promise<StopSignal> {
   return new Promise((resolve) => {

@@ -16,7 +16,7 @@ import type { Logger } from '../logger.js'
 import type { RetentionHooks } from '../metrics/metrics.js'
 import type { ReactionRouting } from '../reactions/reaction-registry.js'
 import { printable, printableLines } from '../printable.js'
-import { finishHoldingSignals, stopOnSignals } from '../stop-signals.js'
+import { finishHoldingSignals, stopOnSignals, stopUnlessHeld } from '../stop-signals.js'
 import type { TookEffect } from '../output-gone.js'
 
 export interface CliContext {
@@ -148,6 +148,12 @@ export function setExitCode(code: number): void {
   else process.exitCode = code
 }
 
+/**
+ * What a command that a stop signal ends during its own work says (withDatabase), when it holds no signal itself:
+ * every such command's work is one transaction (or only reads), which the end of the process rolls back.
+ */
+export const STOPPED_NOTHING_DONE = 'Stopped by a signal before the command was done: nothing was done (its transaction, if one was under way, is rolled back) [stopped]'
+
 export async function withDatabase<T>(
   run: (context: CommandContext) => Promise<T>,
   { migrate = true }: { migrate?: boolean } = {},
@@ -173,9 +179,23 @@ export async function withDatabase<T>(
     stopOpening()
   }
   const { database, context } = opened
+  // The command's own work (a statement waiting on a lock another session holds, a long update): a stop signal ended
+  // it killed by that signal, without a word (exit 143 for SIGTERM). Now it says so and exits 130; a command that
+  // holds the signals itself (prune, reconcile --once, a trade call) keeps its own rules. Once its change is committed
+  // (markTookEffect) it finishes its output and exits with its own code, as when the signal comes during the close.
+  const { commandHasTakenEffect } = await import('../output-gone.js')
+  const stopWork = stopUnlessHeld(() => {
+    if (commandHasTakenEffect()) {
+      writeError('the command is done: printing its result, then exiting (a second Ctrl-C ends the process now)\n')
+      return
+    }
+    writeError(`${STOPPED_NOTHING_DONE}\n`)
+    process.exit(130)
+  })
   try {
     return await run(context).catch(async (error: unknown) => Promise.reject(await unansweredFailure(error, context.config)))
   } finally {
+    stopWork()
     // The command's work is done (its result printed, or its failure on its way): a stop signal now lets the close
     // finish, and the command exits with its own code. On PGlite the close is Postgres's shutdown checkpoint, up to
     // two seconds on a busy machine: a Ctrl-C then, under Node's default, ended the process in the middle of it (exit

@@ -1,7 +1,7 @@
 import type { Command } from 'commander'
-import { commandBegins, untilStopSignal } from '../stop-signals.js'
+import { stopOnSignals, untilStopSignal } from '../stop-signals.js'
 import { demoTrades, MAX_DEMO_TRADES, portNumber, wholeNumber } from './cli-arguments.js'
-import { setExitCode, write } from './cli-context.js'
+import { setExitCode, write, writeError } from './cli-context.js'
 
 export function registerDemoCommand(program: Command): void {
   program
@@ -15,8 +15,12 @@ export function registerDemoCommand(program: Command): void {
     .option('--no-console', 'end as soon as the report is printed (the default when piped)')
     .option('--console-port <n>', 'the console\'s port (default: a free one)', portNumber)
     .action(async (options: { trades: number; seed: number; json?: boolean; console?: boolean; consolePort?: number }) => {
-      // the run is under way from here: a stop signal ends it as Node's default does (stop-signals.ts)
-      commandBegins()
+      // the run is under way from here: a stop signal ends it, said so (it ended killed by the signal without a word);
+      // its database is in memory, so nothing of it is left behind
+      const stopRun = stopOnSignals(() => {
+        writeError('Stopped by a signal during the demo run: no report; its database was in memory, nothing is kept [stopped]\n')
+        process.exit(130)
+      })
       const out = options.json ? process.stderr : process.stdout
       const keepConsole = options.console ?? (process.stdout.isTTY === true && !options.json)
       // a console port another process holds is said now, not after the whole run
@@ -35,6 +39,7 @@ export function registerDemoCommand(program: Command): void {
         // a free port unless told: a service started with npm start may hold ADMIN_PORT
         consolePort: options.consolePort ?? 0,
       })
+      stopRun()
       const { console: demoConsole, ...printed } = report
       write(options.json ? `${JSON.stringify(printed, null, 2)}\n` : formatDemoReport(report))
       // the demo is a check too: an order that does not match the platform, or a transition the forwarder's

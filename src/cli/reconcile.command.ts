@@ -301,10 +301,25 @@ async function requeue(externalReferences: string[] | undefined, json: boolean |
 }
 
 async function requeueOpen(withinS: number, json: boolean | undefined): Promise<void> {
-  const { requeueOpenOrders } = await import('../orders/poll-schedule.repository.js')
-  const { requeued, flagged, from } = await withDatabase(({ db, config }) => requeueOpenOrders(db, { withinS, partnerEnv: config.partner.env }))
+  const [{ requeueOpenOrders }, { stopOnSignals }] = await Promise.all([import('../orders/poll-schedule.repository.js'), import('../stop-signals.js')])
+  const { requeued, flagged, from, total, stopped } = await withDatabase(async ({ db, config }) => {
+    // it commits a slice of 10,000 orders at a time: a stop signal ends it after the slice in flight, and says how far
+    // it got (inside a running service the signals are the service's)
+    const stop = new AbortController()
+    const off = runsInService()
+      ? () => {}
+      : stopOnSignals(() => {
+          writeError('stopping after the batch in flight (a second Ctrl-C ends the process now, that batch rolled back)\n')
+          stop.abort()
+        })
+    try {
+      return await requeueOpenOrders(db, { withinS, partnerEnv: config.partner.env, signal: stop.signal })
+    } finally {
+      off()
+    }
+  })
   if (requeued > 0) await markTookEffect({ done: 'the open orders were requeued', see: '`orders list` shows their next polls' })
-  if (json) printJson({ requeued, flagged, from: from.toISOString(), withinS })
+  if (json) printJson({ requeued, flagged, from: from.toISOString(), withinS, ...(stopped ? { stopped, total } : {}) })
   else {
     write(
       requeued === 0
@@ -314,6 +329,13 @@ async function requeueOpen(withinS: number, json: boolean | undefined): Promise<
             `, from ${from.toISOString()} by the database's clock\n`,
     )
     if (flagged > 0) write(`${flagged.toLocaleString('en-US')} flagged for an operator left as they are: \`reconcile --requeue\` clears them\n`)
+  }
+  if (stopped) {
+    writeError(
+      `stopped by a signal after the batch in flight: ${requeued.toLocaleString('en-US')} of ${total.toLocaleString('en-US')} open orders were requeued (above); ` +
+        `the others keep their polls: run it again to requeue them [stopped]\n`,
+    )
+    setExitCode(130)
   }
 }
 

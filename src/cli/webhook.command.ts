@@ -5,7 +5,7 @@ import { randomUUID } from 'node:crypto'
 import { existsSync } from 'node:fs'
 import { open } from 'node:fs/promises'
 import { type Command, InvalidArgumentError } from 'commander'
-import { commandBegins } from '../stop-signals.js'
+import { stopOnSignals } from '../stop-signals.js'
 import type { Config, RunningServiceLookup } from '../config.js'
 import { readAnswer } from '../http/read-answer.js'
 import { findRunningService } from '../local/running-service.js'
@@ -126,8 +126,15 @@ export function registerWebhookCommands(program: Command): void {
       const shownUrl = printable(shortened(withoutPassword(url), 200))
       if (!/^https?:\/\//.test(url)) throw new UsageError(`--url must be an http(s) URL, got ${shownUrl}`)
       const { body, headers } = await signedHeaders(options, beside)
-      // from here a stop signal may cut a delivery under way: Node's default, not "nothing done" (stop-signals.ts)
-      commandBegins()
+      // from here a stop signal may cut a delivery under way: said so, exit 130, as whether the receiver took it is not known
+      const deliveryId = headers['X-Partner-Delivery-Id']
+      stopOnSignals(() => {
+        writeError(
+          `Stopped by a signal before the receiver's answer: delivery ${deliveryId} may or may not have been taken; ` +
+            `sending it again with --delivery-id ${deliveryId} is taken as a duplicate if it was [stopped]\n`,
+        )
+        process.exit(130)
+      })
       let response: Response
       try {
         // a redirect is not followed: followed, a 301-303 sent the signature and delivery id to the other origin as a GET,

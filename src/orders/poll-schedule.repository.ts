@@ -541,6 +541,10 @@ export interface OpenRequeueResult {
   flagged: number
   /** The window's start, by the database's clock. */
   from: Date
+  /** How many were to be requeued; more than `requeued` when `signal` stopped it between slices. */
+  total: number
+  /** True when `signal` stopped it after a slice: the slices before are committed, the rest left as they were. */
+  stopped: boolean
 }
 
 /** Whether an open order of `partnerEnv`, not flagged and not held by a poll under way at `at`, waits past `until`. */
@@ -564,7 +568,7 @@ function waitsPast(partnerEnv: PartnerEnv, at: Date, until: Date) {
  */
 export async function requeueOpenOrders(
   db: Kysely<Database>,
-  { withinS, partnerEnv }: { withinS: number; partnerEnv: PartnerEnv },
+  { withinS, partnerEnv, signal }: { withinS: number; partnerEnv: PartnerEnv; signal?: AbortSignal },
 ): Promise<OpenRequeueResult> {
   const { rows } = await sql<{ from: Date }>`select statement_timestamp() as "from"`.execute(db)
   const from = rows[0]!.from
@@ -573,7 +577,13 @@ export async function requeueOpenOrders(
   const total = Number(counted.rows[0]!.n)
   let requeued = 0
   let after = 0
+  let stopped = false
   while (requeued < total) {
+    // each slice is a statement of its own, committed: a stop asked for ends it between two
+    if (signal?.aborted) {
+      stopped = true
+      break
+    }
     // each order's place among all of them (its offset in the window), so the slices together spread evenly
     const { rows: moved } = await sql<{ id: number }>`
       with locked as (
@@ -597,5 +607,5 @@ export async function requeueOpenOrders(
     .where('attention', 'is not', null)
     .where((eb) => ofEnvironment(eb, partnerEnv))
     .executeTakeFirstOrThrow()
-  return { requeued, flagged: Number(flagged.flagged), from }
+  return { requeued, flagged: Number(flagged.flagged), from, total, stopped }
 }

@@ -1,0 +1,256 @@
+// A stop signal during a command's own work (a statement waiting on a lock another session holds, a long requeue, a
+// webhook whose receiver never answers): the command ended killed by the signal, without a word (exit 143 for
+// SIGTERM, 130 for SIGINT, each a shell's number for a signal, not the command's). Now it says it was stopped and what
+// that means, and exits 130 with [stopped]: a command of one transaction did nothing; `reconcile --requeue-open`,
+// which commits a slice of 10,000 orders at a time, stops after the slice in flight and says how many it requeued.
+import { type ChildProcess } from 'node:child_process'
+import { once } from 'node:events'
+import { writeFileSync, mkdtempSync, rmSync } from 'node:fs'
+import { createServer, type Server } from 'node:http'
+import type { AddressInfo } from 'node:net'
+import { tmpdir } from 'node:os'
+import path from 'node:path'
+import pg from 'pg'
+import { afterAll, expect, it } from 'vitest'
+import { MIGRATION_LOCK_KEY } from '../src/db/migrate.js'
+import { killLeftovers, receiverEnv, spawnCli } from './helpers/cli-process.js'
+import { migratedDataDir } from './helpers/data-dir-template.js'
+import { createTestDatabase, describePostgres, type TestDatabase } from './helpers/test-database.js'
+import { tradePayload } from './helpers/webhook-delivery.js'
+
+const children: ChildProcess[] = []
+const cleanups: (() => Promise<void>)[] = []
+const scratch = mkdtempSync(path.join(tmpdir(), 'cli-stop-work-'))
+afterAll(async () => {
+  killLeftovers(children)
+  for (const cleanup of cleanups.splice(0)) await cleanup()
+  rmSync(scratch, { recursive: true, force: true })
+})
+
+/** The compiled CLI, its stdout and stderr read. */
+function started(args: string[], env: Record<string, string>) {
+  const child = spawnCli(args, env, { built: true })
+  children.push(child)
+  let stdout = ''
+  let stderr = ''
+  child.stdout!.on('data', (chunk) => (stdout += chunk))
+  child.stderr!.on('data', (chunk) => (stderr += chunk))
+  let closed: { code: number | null; signal: NodeJS.Signals | null } | undefined
+  const ended = (once(child, 'close') as Promise<[number | null, NodeJS.Signals | null]>).then(([code, signal]) => (closed = { code, signal }))
+  return {
+    child,
+    stdout: () => stdout,
+    stderr: () => stderr,
+    /** How it ended, once it has (its pipes read to their end); undefined while it runs. */
+    closed: () => closed,
+    ended: async () => {
+      const { code, signal } = await ended
+      return { code, signal, stdout, stderr }
+    },
+  }
+}
+
+type Started = ReturnType<typeof started>
+
+/**
+ * Resolves once `check` holds. Fails at once, with what the command wrote, when the command ends first: a wait for
+ * its signal's line from a command that had ended without it lasted the whole bound, and held the test's locks.
+ */
+async function until(check: () => Promise<boolean> | boolean, what: string, command?: Started): Promise<void> {
+  for (const deadline = Date.now() + 60_000; Date.now() < deadline; ) {
+    if (await check()) return
+    const closed = command?.closed()
+    if (closed) throw new Error(`the command ended (${JSON.stringify(closed)}) before ${what}; it wrote: ${command!.stderr()}`)
+    await new Promise((resolve) => setTimeout(resolve, 100))
+  }
+  throw new Error(`timed out: ${what}`)
+}
+
+describePostgres('a stop signal during a command’s work on Postgres', () => {
+  let database: TestDatabase
+  // another session: one in a transaction sees pg_stat_activity as it was at the transaction's first look
+  let watcher: pg.Client
+  const application = `cli-stop-work-${process.pid}`
+
+  async function setUp(): Promise<Record<string, string>> {
+    database ??= await createTestDatabase({ kind: 'postgres' })
+    if (!watcher) {
+      cleanups.push(() => database.close())
+      watcher = new pg.Client({ connectionString: database.url! })
+      await watcher.connect()
+      cleanups.unshift(() => watcher.end())
+    }
+    const url = new URL(database.url!)
+    url.searchParams.set('application_name', application)
+    // no statement of the command's ends at its statement timeout while the test holds it: only the signal stops it
+    return { ...receiverEnv(path.join(scratch, 'data')), DATABASE_URL: url.toString(), DATABASE_STATEMENT_TIMEOUT_MS: '3600000' }
+  }
+
+  /**
+   * A session of the test's that holds what the command is to wait on: a lock taken by a transaction's only statement
+   * (LOCK TABLE, an advisory lock), which gives it no transaction id and keeps no snapshot, so it holds back no
+   * vacuum's or stream's horizon however long it is held. A row lock (FOR UPDATE) takes a transaction id: held over
+   * the command's start, and 120 s when the command never took the signal, it held back the horizon of every stream in
+   * the cluster, and another file's stream read nothing.
+   */
+  async function gate(): Promise<{ client: pg.Client; pid: number }> {
+    const client = new pg.Client({ connectionString: database.url! })
+    // released by pg_terminate_backend (release below), which the client hears as an error
+    client.on('error', () => {})
+    await client.connect()
+    const { rows } = await client.query<{ pid: number }>('select pg_backend_pid() as pid')
+    return { client, pid: rows[0]!.pid }
+  }
+
+  /** What holds back the cluster's horizon in a session: its transaction id and its snapshot's xmin (none for a gate). */
+  async function horizonOf(session: { pid: number }): Promise<unknown> {
+    const { rows } = await watcher.query(`select backend_xid as xid, backend_xmin as xmin from pg_stat_activity where pid = $1`, [session.pid])
+    return rows[0]
+  }
+
+  /**
+   * Lets everything go, also when the test failed half-way: the command killed if it still runs, and the gates'
+   * sessions ended by the server, which drops their locks, granted or still asked for (a session that waits on a lock
+   * reads no Terminate from its client until it is granted).
+   */
+  async function release(gates: { client: pg.Client; pid: number }[], command: Started | undefined): Promise<void> {
+    if (command && !command.closed()) command.child.kill('SIGKILL')
+    await watcher.query('select pg_terminate_backend(pid) from unnest($1::int[]) as pid', [gates.map((each) => each.pid)])
+    await Promise.all(gates.map((each) => each.client.end().catch(() => {})))
+  }
+
+  /**
+   * True once a statement of the command's (`like`, when given) waits on a lock `session` holds. Any lock wait of the
+   * file's application name was taken for it before: an earlier case's command, ended while it waited, leaves its
+   * session waiting until it is granted (the server reads nothing from a client then), and the migrate case's, queued on
+   * the migration lock (the whole database's) behind another file's migrations, was taken for the requeue's second
+   * slice: its signal went to a command still starting, which ended by it without a word.
+   */
+  async function commandWaitsOn(session: { pid: number }, like = '%'): Promise<boolean> {
+    const { rows } = await watcher.query<{ n: number }>(
+      `select count(*)::int as n from pg_stat_activity where application_name = $1 and $2 = any(pg_blocking_pids(pid)) and query like $3`,
+      [application, session.pid, like],
+    )
+    return rows[0]!.n > 0
+  }
+
+  it.each([
+    ['orders list', ['orders', 'list'], 'SIGTERM'],
+    ['orders create', ['orders', 'create', '--external-reference', 'stop-locked'], 'SIGINT'],
+  ] as const)('%s waiting on a table lock: says it did nothing, exit 130 [stopped]', async (_, args, signal) => {
+    const env = await setUp()
+    const holder = await gate()
+    let command: Started | undefined
+    try {
+      await holder.client.query('begin; lock table orders')
+      command = started([...args], env)
+      await until(() => commandWaitsOn(holder), 'the command waits on the lock', command)
+      command.child.kill(signal)
+      await until(() => command!.closed() !== undefined, 'the command ends')
+    } finally {
+      await release([holder], command)
+    }
+    const ended = await command.ended()
+    expect(ended.stderr).toMatch(/Stopped by a signal before the command was done: nothing was done \(.*\) \[stopped\]\n$/)
+    expect({ code: ended.code, signal: ended.signal }).toEqual({ code: 130, signal: null })
+    const { rows } = await watcher.query(`select 1 from orders where external_reference = 'stop-locked'`)
+    expect(rows).toEqual([])
+  }, 180_000)
+
+  it('migrate waiting on the migration lock: says it did nothing, exit 130 [stopped]', async () => {
+    const env = await setUp()
+    const holder = await gate()
+    let command: Started | undefined
+    try {
+      await holder.client.query('begin')
+      await holder.client.query('select pg_advisory_xact_lock($1::bigint)', [MIGRATION_LOCK_KEY])
+      command = started(['migrate'], env)
+      await until(() => commandWaitsOn(holder), 'migrate waits on the lock', command)
+      command.child.kill('SIGTERM')
+      await until(() => command!.closed() !== undefined, 'migrate ends')
+    } finally {
+      await release([holder], command)
+    }
+    const ended = await command.ended()
+    expect(ended.stderr).toMatch(/nothing was done .*\[stopped\]\n$/)
+    expect({ code: ended.code, signal: ended.signal }).toEqual({ code: 130, signal: null })
+  }, 180_000)
+
+  // 25,000 open orders, three slices of 10,000. The first gate holds the first slice back before it begins; the
+  // second, asked for while that slice waits, queues behind it and is granted as it commits, so the second slice
+  // waits on it: the signal comes with one slice committed and one in flight, whatever the machine's speed. Each
+  // gate is a table lock no update goes past (SHARE, SHARE ROW EXCLUSIVE): the command's reads go on, and its handler
+  // of the signal is on before its first slice (a lock wait seen earlier, while it opened the database, would have
+  // sent the signal to the opening's own handler).
+  it('reconcile --requeue-open stops after the batch in flight and says how many it requeued, exit 130 [stopped]', async () => {
+    const env = await setUp()
+    await watcher.query(`delete from orders`)
+    await watcher.query(
+      `insert into orders (external_reference, trade_id, next_poll_at)
+       select 'open-' || g, 'trd_open_' || g, now() + interval '1 day' from generate_series(1, 25000) g`,
+    )
+    const first = await gate()
+    const second = await gate()
+    let command: Started | undefined
+    try {
+      await first.client.query('begin; lock table orders in share mode')
+      expect(await horizonOf(first)).toEqual({ xid: null, xmin: null })
+      command = started(['reconcile', '--requeue-open', '--within', '0'], env)
+      await until(() => commandWaitsOn(first, '%with locked as%'), 'the first slice waits on the first gate', command)
+      const secondTaken = second.client.query('begin; lock table orders in share row exclusive mode')
+      secondTaken.catch(() => {})
+      // asked for after the slice's own lock: in the lock's queue behind it
+      await until(() => waitsOn(second, first), 'the second gate waits behind the first slice')
+      await first.client.query('commit')
+      await secondTaken
+      expect(await horizonOf(second)).toEqual({ xid: null, xmin: null })
+      await until(() => commandWaitsOn(second, '%with locked as%'), 'the second slice waits on the second gate', command)
+      command.child.kill('SIGTERM')
+      await until(() => command!.stderr().includes('stopping after the batch in flight'), 'the command takes the signal', command)
+      await second.client.query('commit')
+      await until(() => command!.closed() !== undefined, 'the command ends')
+    } finally {
+      await release([first, second], command)
+    }
+    const ended = await command.ended()
+    expect(ended.stderr).toMatch(/stopped by a signal after the batch in flight: 20,000 of 25,000 open orders were requeued \(above\); .*\[stopped\]\n$/)
+    expect(ended.stdout).toContain('20,000 open order(s) due now')
+    expect({ code: ended.code, signal: ended.signal }).toEqual({ code: 130, signal: null })
+    const { rows } = await watcher.query<{ n: number }>(`select count(*)::int as n from orders where next_poll_at <= now()`)
+    expect(rows).toEqual([{ n: 20_000 }])
+  }, 180_000)
+
+  /** True while `session` waits on a lock `holder` holds. */
+  async function waitsOn(session: { pid: number }, holder: { pid: number }): Promise<boolean> {
+    const { rows } = await watcher.query<{ n: number }>(`select count(*)::int as n from pg_stat_activity where pid = $1 and $2 = any(pg_blocking_pids(pid))`, [
+      session.pid,
+      holder.pid,
+    ])
+    return rows[0]!.n > 0
+  }
+})
+
+it('webhook send to a receiver that never answers: says the delivery may have been taken, exit 130 [stopped]', async () => {
+  let received = false
+  const silent: Server = createServer(() => {
+    received = true
+  })
+  silent.listen(0, '127.0.0.1')
+  await once(silent, 'listening')
+  try {
+    const file = path.join(scratch, 'body.json')
+    writeFileSync(file, JSON.stringify(tradePayload('stop-send', 'funded')))
+    const url = `http://127.0.0.1:${(silent.address() as AddressInfo).port}/webhooks/partner`
+    const command = started(['webhook', 'send', '--file', file, '--url', url, '--secret', 'whsec_stop', '--delivery-id', 'dlv-stop-1'], {
+      DATA_DIR: migratedDataDir('cli-stop-send-'),
+    })
+    await until(() => received, 'the receiver has the request', command)
+    command.child.kill('SIGTERM')
+    const ended = await command.ended()
+    expect(ended.stderr).toMatch(/Stopped by a signal before the receiver's answer: delivery dlv-stop-1 may or may not have been taken; .*\[stopped\]\n$/)
+    expect({ code: ended.code, signal: ended.signal }).toEqual({ code: 130, signal: null })
+  } finally {
+    silent.closeAllConnections()
+    silent.close()
+  }
+}, 120_000)
