@@ -309,7 +309,8 @@ async function requeueOpen(withinS: number, json: boolean | undefined): Promise<
     const off = runsInService()
       ? () => {}
       : stopOnSignals(() => {
-          writeError('stopping after the batch in flight (a second Ctrl-C ends the process now, that batch rolled back)\n')
+          // on Postgres the batch's statement runs on without the process: one ended before its answer is not rolled back
+          writeError('stopping after the batch in flight (a second Ctrl-C ends the process now, without the count: that batch may still commit)\n')
           stop.abort()
         })
     try {
