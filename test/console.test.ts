@@ -1143,6 +1143,29 @@ describe('operator console: reactions', () => {
     expect((await bearer(request(admin).get('/console/reactions/abc'))).status).toBe(404)
   })
 
+  // the CLI's `reactions list` and `show` said it; the console showed such a job as pending, due in the past
+  it('says, on the list and on its page, which earlier failed job of its order a pending job waits for, with a link', async () => {
+    const failed = jobs['react-3/ledger/1']!
+    const held = jobs['react-3/ledger/2']!
+    try {
+      await database.db.updateTable('reactionJobs').set({ state: 'failed', finishedAt: new Date() }).where('id', '=', failed).execute()
+      await database.db.updateTable('reactionJobs').set({ state: 'pending', attempts: 0, finishedAt: null, runAt: new Date(0) }).where('id', '=', held).execute()
+      const link = `<a href="/console/reactions/${failed}">job ${failed}</a>`
+      const list = await bearer(request(admin).get('/console/reactions').query({ state: 'pending' }))
+      const row = new RegExp(`<tr>\\s*<td><a href="/console/reactions/${held}">[\\s\\S]*?</tr>`).exec(list.text)?.[0]
+      expect(row).toContain(`<td>waits for ${link} (failed), an earlier event of its order</td>`)
+      // the pending job that waits for nothing but its time says its time
+      expect(list.text).not.toContain(`waits for <a href="/console/reactions/${jobs['react-3/crm-sync/2']}">`)
+      const page = await bearer(request(admin).get(`/console/reactions/${held}`))
+      expect(page.text).toContain(`<dt>Runs</dt><dd>once ${link} (sequence 1, failed) is done or skipped`)
+      expect(page.text).not.toContain('next at')
+      const free = await bearer(request(admin).get(`/console/reactions/${jobs['react-3/crm-sync/2']}`))
+      expect(free.text).toContain('<dt>Runs</dt><dd>next at')
+    } finally {
+      await database.db.updateTable('reactionJobs').set({ state: 'done', attempts: 1, finishedAt: new Date() }).where('id', 'in', [failed, held]).execute()
+    }
+  })
+
   it("shows on an order's timeline the reactions each status change caused", async () => {
     const order = await findOrderByExternalReference(database.db, 'react-1')
     const page = await bearer(request(admin).get(`/console/orders/${order!.id}`))

@@ -9,6 +9,7 @@ import { DUE_COUNT_CAP } from '../orders/poll-schedule.repository.js'
 import { describeClockOffset } from '../partner-api/clock-offset.js'
 import type { EventReaction, ReactionJob, ReactionJobFilter, ReactionJobState } from '../reactions/reaction-job.repository.js'
 import type { ReactionEvent } from '../reactions/reaction-event.js'
+import type { JobWaitedFor } from '../reactions/retried-text.js'
 import type { ReportedRun } from '../reconcile/reconcile-run.repository.js'
 import { type LeasedElsewhere, leasedElsewhereLine } from '../reconcile/leased-elsewhere.js'
 import type { RunSummary } from '../reconcile/poller.js'
@@ -667,7 +668,20 @@ const REACTION_STATES_SHOWN: readonly ReactionJobState[] = ['failed', 'pending',
 
 export function reactionsPage(
   operator: Operator,
-  { filter, jobs, nextLink, failed }: { filter: ReactionJobFilter; jobs: ReactionJob[]; nextLink: string | undefined; failed: number },
+  {
+    filter,
+    jobs,
+    waits,
+    nextLink,
+    failed,
+  }: {
+    filter: ReactionJobFilter
+    jobs: ReactionJob[]
+    /** What each held-back pending job waits for (jobsWaitedFor): it runs after that one, not at its due time. */
+    waits: ReadonlyMap<string, JobWaitedFor>
+    nextLink: string | undefined
+    failed: number
+  },
 ): Html {
   return layout(
     'Reactions',
@@ -691,7 +705,13 @@ ${
   <td><a href="${orderPath(job.orderId)}">${job.externalReference ?? `#${job.orderId}`}</a></td>
   <td>${job.type} <span class="hint">#${job.sequence}</span></td><td>${job.handler}</td>
   <td><span class="outcome ${job.state}">${job.state}</span></td><td class="number">${job.attempts}</td>
-  <td>${job.state === 'pending' || job.state === 'running' ? time(job.runAt) : ''}</td>
+  <td>${
+    waits.has(job.id)
+      ? html`waits for ${waitedForLink(waits.get(job.id)!)} (${waits.get(job.id)!.state}), an earlier event of its order`
+      : job.state === 'pending' || job.state === 'running'
+        ? time(job.runAt)
+        : ''
+  }</td>
   <td class="error">${job.lastError === null ? '' : shortError(job.lastError)}</td>
 </tr>`,
       )}</tbody></table>`
@@ -735,7 +755,10 @@ function shortError(error: string): string {
   return line.length > 120 ? `${line.slice(0, 119)}…` : line
 }
 
-export function reactionPage(operator: Operator, job: ReactionJob & { event: ReactionEvent }): Html {
+const waitedForLink = (waitsFor: JobWaitedFor): Html => html`<a href="${reactionPath(waitsFor.id)}">job ${waitsFor.id}</a>`
+
+/** `waitsFor`: the earlier job of its order and handler that this pending one is held back behind (jobsWaitedFor). */
+export function reactionPage(operator: Operator, job: ReactionJob & { event: ReactionEvent }, waitsFor: JobWaitedFor | null): Html {
   const { event } = job
   const actionable = job.state === 'failed' || job.state === 'pending'
   return layout(
@@ -745,11 +768,13 @@ export function reactionPage(operator: Operator, job: ReactionJob & { event: Rea
   <dt>Handler</dt><dd><strong>${job.handler}</strong></dd>
   <dt>State</dt><dd><span class="outcome ${job.state}">${job.state}</span> after ${job.attempts} attempt(s)${job.finishedAt ? html` · finished ${time(job.finishedAt)}` : ''}</dd>
   <dt>Runs</dt><dd>${
-    job.state === 'pending'
-      ? html`next at ${time(job.runAt)}`
+    waitsFor
+      ? html`once ${waitedForLink(waitsFor)} (sequence ${waitsFor.sequence}, ${waitsFor.state}) is done or skipped: one order's events reach a handler in order`
+      : job.state === 'pending'
+        ? html`next at ${time(job.runAt)}`
       : job.state === 'running'
-        ? html`now, leased until ${time(job.leaseExpiresAt)}`
-        : 'no more'
+          ? html`now, leased until ${time(job.leaseExpiresAt)}`
+          : 'no more'
   }</dd>
   <dt>Event</dt><dd><code>${event.eventId}</code> <strong>${event.type}</strong></dd>
   <dt>Order</dt><dd><a href="${orderPath(event.orderId)}">#${event.orderId} ${event.externalReference}</a>, sequence ${event.sequence}</dd>

@@ -32,6 +32,7 @@ import {
   findJob,
   formatFirstAttemptCursor,
   jobsOfEvents,
+  jobsWaitedFor,
   listFirstAttemptsDone,
   parseFirstAttemptCursor,
   REACTION_JOB_STATES,
@@ -768,7 +769,8 @@ export function consoleRoutes(deps: ConsoleDeps): Router {
     ]
     const nextLink =
       nextBeforeId === undefined ? undefined : `${consolePath()}/reactions?${new URLSearchParams([...fields, ['before', nextBeforeId]]).toString()}`
-    await send(res, reactionsPage(operatorOf(res), { filter, jobs, nextLink, failed: stats.failed }))
+    const waits = await jobsWaitedFor(db, jobs.flatMap((job) => (job.state === 'pending' ? [job.id] : [])))
+    await send(res, reactionsPage(operatorOf(res), { filter, jobs, waits, nextLink, failed: stats.failed }))
   })
 
   const FirstAttemptsQuery = z.object({
@@ -838,7 +840,8 @@ export function consoleRoutes(deps: ConsoleDeps): Router {
     const id = jobIdOf(req)
     const job = id === undefined ? undefined : await findJob(db, id)
     if (!job) return send(res, messagePage('Not found', operatorOf(res), 'No such reaction job.'), 404)
-    await send(res, reactionPage(operatorOf(res), job))
+    const waitsFor = (await jobsWaitedFor(db, job.state === 'pending' ? [job.id] : [])).get(job.id) ?? null
+    await send(res, reactionPage(operatorOf(res), job, waitsFor))
   })
 
   const REACTION_ACTIONS = {
