@@ -220,6 +220,36 @@ describePostgres('a stop signal during a command’s work on Postgres', () => {
     expect(rows).toEqual([{ n: 20_000 }])
   }, 180_000)
 
+  // 5,000 open orders, one slice, held back by a gate: the signal comes with the last slice in flight. It said
+  // "stopping after the batch in flight" and then ended as if no signal had come, exit 0, every order requeued.
+  it('reconcile --requeue-open stopped during its last batch says that batch committed and nothing was left undone, exit 0', async () => {
+    const env = await setUp()
+    await watcher.query(`delete from orders`)
+    await watcher.query(
+      `insert into orders (external_reference, trade_id, next_poll_at)
+       select 'open-' || g, 'trd_open_' || g, now() + interval '1 day' from generate_series(1, 5000) g`,
+    )
+    const holder = await gate()
+    let command: Started | undefined
+    try {
+      await holder.client.query('begin; lock table orders in share mode')
+      command = started(['reconcile', '--requeue-open', '--within', '0'], env)
+      await until(() => commandWaitsOn(holder, '%with locked as%'), 'the only slice waits on the gate', command)
+      command.child.kill('SIGTERM')
+      await until(() => command!.stderr().includes('stopping after the batch in flight'), 'the command takes the signal', command)
+      await holder.client.query('commit')
+      await until(() => command!.closed() !== undefined, 'the command ends')
+    } finally {
+      await release([holder], command)
+    }
+    const ended = await command.ended()
+    expect(ended.stdout).toContain('5,000 open order(s) due now')
+    expect(ended.stderr).toMatch(/stopping after the batch in flight .*\n.*the stop signal came during the last batch, which committed: nothing was left undone\n$/)
+    expect({ code: ended.code, signal: ended.signal }).toEqual({ code: 0, signal: null })
+    const { rows } = await watcher.query<{ n: number }>(`select count(*)::int as n from orders where next_poll_at <= now()`)
+    expect(rows).toEqual([{ n: 5_000 }])
+  }, 180_000)
+
   /** True while `session` waits on a lock `holder` holds. */
   async function waitsOn(session: { pid: number }, holder: { pid: number }): Promise<boolean> {
     const { rows } = await watcher.query<{ n: number }>(`select count(*)::int as n from pg_stat_activity where pid = $1 and $2 = any(pg_blocking_pids(pid))`, [

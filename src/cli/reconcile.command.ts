@@ -302,10 +302,10 @@ async function requeue(externalReferences: string[] | undefined, json: boolean |
 
 async function requeueOpen(withinS: number, json: boolean | undefined): Promise<void> {
   const [{ requeueOpenOrders }, { stopOnSignals }] = await Promise.all([import('../orders/poll-schedule.repository.js'), import('../stop-signals.js')])
+  // it commits a slice of 10,000 orders at a time: a stop signal ends it after the slice in flight, and says how far
+  // it got (inside a running service the signals are the service's)
+  const stop = new AbortController()
   const { requeued, flagged, from, total, stopped } = await withDatabase(async ({ db, config }) => {
-    // it commits a slice of 10,000 orders at a time: a stop signal ends it after the slice in flight, and says how far
-    // it got (inside a running service the signals are the service's)
-    const stop = new AbortController()
     const off = runsInService()
       ? () => {}
       : stopOnSignals(() => {
@@ -337,6 +337,10 @@ async function requeueOpen(withinS: number, json: boolean | undefined): Promise<
         `the others keep their polls: run it again to requeue them [stopped]\n`,
     )
     setExitCode(130)
+  } else if (stop.signal.aborted) {
+    // the signal came with the last slice in flight: "stopping after the batch in flight" was all it said, and then
+    // the command ended as if none had come
+    writeError('the stop signal came during the last batch, which committed: nothing was left undone\n')
   }
 }
 
