@@ -25,11 +25,15 @@ export function registerOrdersCommands(program: Command): void {
         try {
           const { order, appliedDeliveries, parkedDeliveries } = await createOrder(
             db,
-            { externalReference: options.externalReference, now: () => new Date() },
+            {
+              externalReference: options.externalReference,
+              now: () => new Date(),
+              // committed: an output lost from here loses only its report (output-gone.ts), and a stop signal during
+              // the second pass over parked deliveries (commits of their own) lets it finish, as the order exists
+              onCreated: () => markTookEffect({ done: 'the order was created', see: 'see it with `orders show`' }),
+            },
             observationSettings(config, reactions.handlersFor),
           )
-          // committed: an output lost from here loses only its report (output-gone.ts)
-          await markTookEffect({ done: 'the order was created', see: 'see it with `orders show`' })
           if (options.json) printJson({ ...order, appliedDeliveries, parkedDeliveries })
           else {
             write(`created order ${printable(order.externalReference)} (id ${order.id})\n`)

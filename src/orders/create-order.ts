@@ -23,7 +23,16 @@ export function checkOrderReference(externalReference: string, settings: Pick<Ob
 
 export async function createOrder(
   db: Kysely<Database>,
-  { externalReference, now }: { externalReference: string; now: () => Date },
+  {
+    externalReference,
+    now,
+    onCreated,
+  }: {
+    externalReference: string
+    now: () => Date
+    /** Called once the order is committed, before the second pass: from then on the order exists whatever follows. */
+    onCreated?: () => Promise<void>
+  },
   settings: ObservationSettings,
 ): Promise<{ order: Order; appliedDeliveries: number; parkedDeliveries: ParkedDeliveryResult[] }> {
   checkOrderReference(externalReference, settings)
@@ -33,6 +42,7 @@ export async function createOrder(
     await insertOrder(trx, externalReference)
     return applyParkedDeliveries(trx, externalReference, settings, now)
   })
+  await onCreated?.()
   parked.push(...(await applyParkedDeliveries(db, externalReference, settings, now)))
   const order = await findOrderByExternalReference(db, externalReference)
   if (!order) throw new Error(`Order ${externalReference} vanished right after it was created`)
