@@ -121,15 +121,17 @@ export function stopOnSignals(onStop: (signal: StopSignal) => void): () => void 
 /**
  * stopOnSignals for the whole of a command's work, beside the handlers a command may add of its own (a prune pass's,
  * a trade call's, onStopSignals): while one of those is on, each signal is left to it, and its rules apply; while none
- * is, the first calls `onStop` and a second (not the first's copy) ends the process as that signal does by default.
+ * is, the first calls `onStop` and a second (not the first's copy) calls `beforeEnding` (which may end the process its
+ * own way) and ends the process as that signal does by default.
  */
-export function stopUnlessHeld(onStop: (signal: StopSignal) => void): () => void {
+export function stopUnlessHeld(onStop: (signal: StopSignal) => void, beforeEnding?: (signal: StopSignal) => void): () => void {
   const off = onStopSignals(
     (signal) => {
       if (holders <= 1) onStop(signal)
     },
     (signal) => {
       if (holders > 1) return
+      beforeEnding?.(signal)
       off()
       process.kill(process.pid, signal)
     },

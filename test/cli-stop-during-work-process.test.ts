@@ -250,6 +250,88 @@ describePostgres('a stop signal during a command’s work on Postgres', () => {
     expect(rows).toEqual([{ n: 5_000 }])
   }, 180_000)
 
+  /** A failed reaction job of an order of its own; returns its id. */
+  async function failedJob(reference: string): Promise<string> {
+    const { rows: orders } = await watcher.query<{ id: number }>(
+      `insert into orders (external_reference, trade_id, next_poll_at) values ($1, $2, now() + interval '1 day') returning id`,
+      [reference, `trd_${reference}`],
+    )
+    const orderId = orders[0]!.id
+    cleanups.unshift(async () => {
+      await watcher.query('delete from reaction_jobs where order_id = $1', [orderId])
+      await watcher.query('delete from order_status_history where order_id = $1', [orderId])
+      await watcher.query('delete from orders where id = $1', [orderId])
+    })
+    const { rows } = await watcher.query<{ id: string }>(
+      `with event as (
+         insert into order_status_history (order_id, from_status, to_status, source, sequence) values ($1, 'created', 'funded', 'webhook', 1)
+         returning event_id, order_id, sequence)
+       insert into reaction_jobs (event_id, order_id, sequence, handler, state, attempts, run_at)
+       select event_id, order_id, sequence, 'ledger', 'failed', 3, now() from event returning id::text`,
+      [orderId],
+    )
+    return rows[0]!.id
+  }
+
+  async function jobState(id: string): Promise<string | undefined> {
+    const { rows } = await watcher.query<{ state: string }>('select state from reaction_jobs where id = $1', [id])
+    return rows[0]?.state
+  }
+
+  // One update outside a transaction: on Postgres it runs on without the process that sent it, and a client killed
+  // while its update waited on a lock saw it commit once the lock went. It said "nothing was done", exit 130, and the
+  // job was skipped as soon as the lock was released. Now it waits for its update, and says so.
+  it('reactions skip waiting on a table lock: finishes its update, prints its result, says nothing was left undone, exit 0', async () => {
+    const env = await setUp()
+    const id = await failedJob(`stop-skip-${process.pid}`)
+    const holder = await gate()
+    let command: Started | undefined
+    try {
+      await holder.client.query('begin; lock table reaction_jobs in share mode')
+      expect(await horizonOf(holder)).toEqual({ xid: null, xmin: null })
+      command = started(['reactions', 'skip', id], env)
+      await until(() => commandWaitsOn(holder, 'update "reaction_jobs"%'), 'the skip waits on the lock', command)
+      command.child.kill('SIGTERM')
+      await until(() => command!.stderr().includes(`stopping once the skip of job ${id} is done`), 'the command takes the signal', command)
+      await holder.client.query('commit')
+      await until(() => command!.closed() !== undefined, 'the command ends')
+    } finally {
+      await release([holder], command)
+    }
+    const ended = await command.ended()
+    expect(ended.stdout).toBe(`job ${id} skipped\n`)
+    expect(ended.stderr).toMatch(/the stop signal came while the skip of job \d+ was in flight; the command has finished, its result above: nothing was left undone\n$/)
+    expect({ code: ended.code, signal: ended.signal }).toEqual({ code: 0, signal: null })
+    expect(await jobState(id)).toBe('skipped')
+  }, 180_000)
+
+  it('reactions skip stopped again while its update waits: says the skip may or may not have been made, exit 130 [stopped]; it is, once the lock goes', async () => {
+    const env = await setUp()
+    const id = await failedJob(`stop-skip-again-${process.pid}`)
+    const holder = await gate()
+    let command: Started | undefined
+    try {
+      await holder.client.query('begin; lock table reaction_jobs in share mode')
+      command = started(['reactions', 'skip', id], env)
+      await until(() => commandWaitsOn(holder, 'update "reaction_jobs"%'), 'the skip waits on the lock', command)
+      command.child.kill('SIGTERM')
+      await until(() => command!.stderr().includes('stopping once'), 'the command takes the signal', command)
+      // another signal than the first: not taken for its copy, whatever the time between them
+      command.child.kill('SIGINT')
+      await until(() => command!.closed() !== undefined, 'the command ends')
+      expect(await jobState(id)).toBe('failed')
+    } finally {
+      await release([holder], command)
+    }
+    const ended = await command.ended()
+    expect(ended.stderr).toMatch(
+      new RegExp(`Stopped by a second signal before the skip of job ${id} was known to be done: it may or may not have been made .*; \`reactions show ${id}\` shows its state \\[stopped\\]\n$`),
+    )
+    expect({ code: ended.code, signal: ended.signal }).toEqual({ code: 130, signal: null })
+    // what the line says: the update sent runs on without the process, and commits once the lock goes
+    await until(async () => (await jobState(id)) === 'skipped', 'the skip sent is made')
+  }, 180_000)
+
   /** True while `session` waits on a lock `holder` holds. */
   async function waitsOn(session: { pid: number }, holder: { pid: number }): Promise<boolean> {
     const { rows } = await watcher.query<{ n: number }>(`select count(*)::int as n from pg_stat_activity where pid = $1 and $2 = any(pg_blocking_pids(pid))`, [

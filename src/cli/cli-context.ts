@@ -149,14 +149,26 @@ export function setExitCode(code: number): void {
 }
 
 /**
- * What a command that a stop signal ends during its own work says (withDatabase), when it holds no signal itself:
- * every such command's work is one transaction (or only reads), which the end of the process rolls back.
+ * What a command that a stop signal ends during its own work says (withDatabase), when it holds no signal itself and
+ * names no change in flight (below): its work is one transaction (or only reads), which the end of the process rolls
+ * back.
  */
 export const STOPPED_NOTHING_DONE = 'Stopped by a signal before the command was done: nothing was done (its transaction, if one was under way, is rolled back) [stopped]'
 
+/**
+ * A command's change that is not one transaction: a statement outside one (`reactions skip`, `reactions retry`). On
+ * Postgres a statement sent runs on without the process that sent it (a client killed while its update waited on a
+ * lock: the update committed once the lock went), so a process that ends while it is in flight cannot say nothing was
+ * done. `change` names it ("the job's skip"), `see` says where to look whether it was made.
+ */
+export interface ChangeInFlight {
+  change: string
+  see: string
+}
+
 export async function withDatabase<T>(
   run: (context: CommandContext) => Promise<T>,
-  { migrate = true }: { migrate?: boolean } = {},
+  { migrate = true, changeInFlight }: { migrate?: boolean; changeInFlight?: ChangeInFlight } = {},
 ): Promise<T> {
   const inService = scope.getStore()?.context
   if (inService) {
@@ -183,17 +195,41 @@ export async function withDatabase<T>(
   // it killed by that signal, without a word (exit 143 for SIGTERM). Now it says so and exits 130; a command that
   // holds the signals itself (prune, reconcile --once, a trade call) keeps its own rules. Once its change is committed
   // (markTookEffect) it finishes its output and exits with its own code, as when the signal comes during the close.
+  // A command whose change is not one transaction (changeInFlight) is let finish instead, as `reconcile --requeue-open`
+  // finishes its batch in flight: then it says what was done; a second signal ends it saying the change may be made.
   const { commandHasTakenEffect } = await import('../output-gone.js')
-  const stopWork = stopUnlessHeld(() => {
-    if (commandHasTakenEffect()) {
-      writeError('the command is done: printing its result, then exiting (a second Ctrl-C ends the process now)\n')
-      return
-    }
-    writeError(`${STOPPED_NOTHING_DONE}\n`)
-    process.exit(130)
-  })
+  let stopAsked = false
+  const stopWork = stopUnlessHeld(
+    () => {
+      if (commandHasTakenEffect()) {
+        writeError('the command is done: printing its result, then exiting (a second Ctrl-C ends the process now)\n')
+        return
+      }
+      if (changeInFlight) {
+        stopAsked = true
+        writeError(
+          `stopping once ${changeInFlight.change} is done: it is not one transaction, and on Postgres a statement sent runs on without this process ` +
+            '(a second Ctrl-C ends the process now, without knowing whether it was made)\n',
+        )
+        return
+      }
+      writeError(`${STOPPED_NOTHING_DONE}\n`)
+      process.exit(130)
+    },
+    () => {
+      if (!changeInFlight || !stopAsked || commandHasTakenEffect()) return
+      writeError(
+        `Stopped by a second signal before ${changeInFlight.change} was known to be done: it may or may not have been made ` +
+          `(on Postgres a statement sent runs on without this process); ${changeInFlight.see} [stopped]\n`,
+      )
+      process.exit(130)
+    },
+  )
   try {
-    return await run(context).catch(async (error: unknown) => Promise.reject(await unansweredFailure(error, context.config)))
+    const result = await run(context).catch(async (error: unknown) => Promise.reject(await unansweredFailure(error, context.config)))
+    // its own exit code: nothing was left undone, as `reconcile --requeue-open` says of a signal during its last batch
+    if (stopAsked) writeError(`the stop signal came while ${changeInFlight!.change} was in flight; the command has finished, its result above: nothing was left undone\n`)
+    return result
   } finally {
     stopWork()
     // The command's work is done (its result printed, or its failure on its way): a stop signal now lets the close

@@ -117,7 +117,12 @@ export function registerReactionsCommands(program: Command): void {
         throw new UsageError('reactions retry needs a job id or --failed (not both)')
       }
       const { retryFailedJobs, retryJob } = await import('../reactions/reaction-job.repository.js')
-      // dated by the database's time, not this machine's (reaction-job.repository.ts)
+      // dated by the database's time, not this machine's (reaction-job.repository.ts). One update outside a
+      // transaction: a stop signal lets it finish (withDatabase's changeInFlight)
+      const changeInFlight = {
+        change: id === undefined ? 'the retry of the failed jobs' : `the retry of job ${id}`,
+        see: id === undefined ? '`reactions list` shows the jobs' : `\`reactions show ${id}\` shows its state`,
+      }
       await withDatabase(async ({ db }) => {
         if (id === undefined) {
           const ids = await retryFailedJobs(db)
@@ -127,7 +132,7 @@ export function registerReactionsCommands(program: Command): void {
           return
         }
         await report(id, await retryJob(db, id), 'retried', options.json)
-      })
+      }, { changeInFlight })
     })
 
   reactions
@@ -137,9 +142,13 @@ export function registerReactionsCommands(program: Command): void {
     .option('--json', 'print as JSON')
     .action(async (id: string, options: { json?: boolean }) => {
       const { skipJob } = await import('../reactions/reaction-job.repository.js')
-      await withDatabase(async ({ db }) => {
-        await report(id, await skipJob(db, id), 'skipped', options.json)
-      })
+      // one update outside a transaction: a stop signal lets it finish (withDatabase's changeInFlight)
+      await withDatabase(
+        async ({ db }) => {
+          await report(id, await skipJob(db, id), 'skipped', options.json)
+        },
+        { changeInFlight: { change: `the skip of job ${id}`, see: `\`reactions show ${id}\` shows its state` } },
+      )
     })
 
   reactions
