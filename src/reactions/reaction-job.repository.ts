@@ -660,23 +660,12 @@ export async function retryJob(
     .set(retried(writeTime(now)))
     .where('id', '=', id)
     .where('state', 'in', ['failed', 'pending'])
-    .returning(['orderId', 'handler', 'sequence'])
+    .returning('id')
     .executeTakeFirst()
   if (!updated) return refusal(db, id)
   await notifyDispatchers(db)
-  const earlier = await db
-    .selectFrom('reactionJobs')
-    .select(['id', 'sequence', 'state'])
-    .where('orderId', '=', updated.orderId)
-    .where('handler', '=', updated.handler)
-    .where('sequence', '<', updated.sequence)
-    .where('state', 'not in', ['done', 'skipped'])
-    .orderBy('sequence')
-    .limit(1)
-    .executeTakeFirst()
-  return earlier
-    ? { result: 'retried', waitsBehind: { id: String(earlier.id), sequence: earlier.sequence, state: earlier.state } }
-    : { result: 'retried' }
+  const waitsBehind = (await jobsWaitedFor(db, [id])).get(id)
+  return waitsBehind ? { result: 'retried', waitsBehind } : { result: 'retried' }
 }
 
 
