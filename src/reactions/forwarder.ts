@@ -40,18 +40,14 @@ const SECRET_FORM = `${WEBHOOK_SECRET_PREFIX}<base64 of ${MIN_WEBHOOK_SECRET_BYT
 // standard base64 with its padding, as the specification's libraries decode it
 const BASE64 = /^(?:[A-Za-z0-9+/]{4})*(?:[A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=)?$/
 
-/** The key bytes of a `whsec_<base64>` secret; undefined when it is not one or is shorter than 24 bytes. */
+/** The key bytes of a `whsec_<base64>` secret; undefined when it is not one or is shorter than 24 bytes (webhookSecretFault says which). */
 export function decodeWebhookSecret(secret: string): Buffer | undefined {
-  if (!secret.startsWith(WEBHOOK_SECRET_PREFIX)) return undefined
-  const encoded = secret.slice(WEBHOOK_SECRET_PREFIX.length)
-  if (!BASE64.test(encoded)) return undefined
-  const key = Buffer.from(encoded, 'base64')
-  return key.length >= MIN_WEBHOOK_SECRET_BYTES ? key : undefined
+  return webhookSecretFault(secret) === undefined ? Buffer.from(secret.slice(WEBHOOK_SECRET_PREFIX.length), 'base64') : undefined
 }
 
 /**
- * What is wrong with a secret decodeWebhookSecret refuses, told by its form and never its value (for the start-up
- * refusal, which said the same of each); undefined when it is a good one.
+ * What is wrong with a secret, told by its form and never its value (for the start-up refusal, which said the same of
+ * each, and for decodeWebhookSecret); undefined when it is a good one.
  */
 export function webhookSecretFault(secret: string): string | undefined {
   if (!secret.startsWith(WEBHOOK_SECRET_PREFIX)) return `does not start with ${WEBHOOK_SECRET_PREFIX}`
