@@ -469,6 +469,8 @@ export const CONFIG_VARIABLES: readonly string[] = Object.keys(EnvSchema.shape)
 function baseUrlProblems(value: string, name: string): string[] {
   const url = new URL(value)
   const problems: string[] = []
+  // the URL parser takes port 0 (and :00): every call failed as the platform unreachable
+  if (url.port === '0') problems.push(`${name}: must not have port 0, where nothing can be reached; give the platform's port (or none: 80, 443)`)
   if (url.username !== '' || url.password !== '') {
     problems.push(`${name}: must not hold a user or password (requests are signed with PARTNER_API_SECRET; they would not be sent)`)
   }

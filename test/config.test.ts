@@ -177,6 +177,16 @@ describe('configuration', () => {
     expect(parseConfig({ ...remoteEnv, PARTNER_API_BASE_URL: 'https://gw.example/partner/' }).partner.baseUrl).toBe('https://gw.example/partner/')
   })
 
+  // the URL parser takes port 0 (and :00): every call went out to nothing and failed as the platform unreachable
+  it('refuses a PARTNER_API_BASE_URL of port 0, naming the form and never the URL', () => {
+    for (const given of ['http://127.0.0.1:0', 'https://gw.example:00/partner/']) {
+      expect(problemsOf({ ...remoteEnv, PARTNER_API_BASE_URL: given }), given).toEqual([
+        "PARTNER_API_BASE_URL: must not have port 0, where nothing can be reached; give the platform's port (or none: 80, 443)",
+      ])
+    }
+    expect(parseConfig({ ...remoteEnv, PARTNER_API_BASE_URL: 'http://127.0.0.1:10' }).partner.baseUrl).toBe('http://127.0.0.1:10')
+  })
+
   // the client sends to the origin and path alone: a user and password, a query string and a fragment were dropped
   // without a word, and a refusal quoted the URL with its password
   it('refuses a base URL with a user or password, a query string or a fragment, never quoting it', () => {
