@@ -117,4 +117,29 @@ describe('help for a command', () => {
       stderr: `error: unknown command 'orders bogus' [unknown_command]\n${HINT}`,
     })
   })
+
+  // commander's refusal of a mistyped command suggests the closest; the help command's gave none
+  it('of a mistyped command: its suggestion, as a mistyped command line gets', async () => {
+    expect(await cli(['help', 'ordrs'])).toEqual({
+      code: 2,
+      stdout: '',
+      stderr: `error: unknown command 'ordrs' [unknown_command]\n(Did you mean orders?)\n${HINT}`,
+    })
+    expect((await cli(['help', 'reactions', 'relase-stream'])).stderr).toBe(
+      `error: unknown command 'reactions relase-stream' [unknown_command]\n(Did you mean release-stream?)\n${HINT}`,
+    )
+  })
+})
+
+describe('a group of commands named alone', () => {
+  // `orders` printed the group's help to stderr, exit 2, and nothing said what was wrong, nor with a code
+  it('prints its help to stderr, then the refusal with its code, exit 2', async () => {
+    const result = await cli(['orders'])
+    expect({ code: result.code, stdout: result.stdout }).toEqual({ code: 2, stdout: '' })
+    expect(result.stderr).toMatch(/^Usage: partner-escrow orders \[options\] \[command\]\n/)
+    expect(result.stderr.endsWith("\nerror: missing command: 'orders' takes one of create, show, list [invalid_arguments]\n")).toBe(true)
+    // asked for, the help is no refusal
+    expect(await cli(['orders', '--help'])).toMatchObject({ code: 0, stderr: '' })
+    expect((await cli(['help', 'orders'])).stdout).not.toContain('missing command')
+  })
 })
