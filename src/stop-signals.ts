@@ -107,11 +107,13 @@ export function onStopSignals(onStop: (signal: StopSignal) => void, onSecond: (s
 }
 
 /**
- * Calls `onStop` for the first SIGINT, SIGTERM or SIGHUP; a second signal (not the first's copy) ends the process
- * as that signal does by default, whatever the command is still doing. Returns what takes the listeners off.
+ * Calls `onStop` for the first SIGINT, SIGTERM or SIGHUP; a second signal (not the first's copy) calls `beforeEnding`
+ * (which may end the process its own way: a line saying what may be left, then exit 130) and ends the process as
+ * that signal does by default, whatever the command is still doing. Returns what takes the listeners off.
  */
-export function stopOnSignals(onStop: (signal: StopSignal) => void): () => void {
+export function stopOnSignals(onStop: (signal: StopSignal) => void, beforeEnding?: (signal: StopSignal) => void): () => void {
   const off = onStopSignals(onStop, (signal) => {
+    beforeEnding?.(signal)
     off()
     process.kill(process.pid, signal)
   })

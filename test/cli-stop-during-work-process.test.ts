@@ -332,6 +332,66 @@ describePostgres('a stop signal during a command’s work on Postgres', () => {
     await until(async () => (await jobState(id)) === 'skipped', 'the skip sent is made')
   }, 180_000)
 
+  // A second signal ended both without a word (killed by it): prune's batch in flight, and reconcile --once's claim
+  // or give-back, run on without the process on Postgres. Each now says what may be left, exit 130.
+  it('prune stopped again while its batch waits: says that batch may or may not have been pruned, exit 130 [stopped]', async () => {
+    const env = await setUp()
+    const received = new Date(Date.now() - 400 * 86_400_000)
+    await watcher.query(
+      `insert into webhook_deliveries (delivery_id, body_sha256, received_at, event_type, outcome, raw_body)
+       select 'stop-prune-' || n, 'sha-' || n, $1, 'trade.funded', 'applied', '{}' from generate_series(1, 20) n`,
+      [received],
+    )
+    const holder = await gate()
+    let command: Started | undefined
+    try {
+      await holder.client.query('begin; lock table webhook_deliveries in share mode')
+      expect(await horizonOf(holder)).toEqual({ xid: null, xmin: null })
+      command = started(['prune'], env)
+      await until(() => commandWaitsOn(holder), 'a batch waits on the lock', command)
+      command.child.kill('SIGTERM')
+      await until(() => command!.stderr().includes('stopping after the batch in flight'), 'the command takes the signal', command)
+      command.child.kill('SIGINT')
+      await until(() => command!.closed() !== undefined, 'the command ends')
+    } finally {
+      await release([holder], command)
+    }
+    const ended = await command.ended()
+    expect(ended.stderr).toMatch(/Stopped by a second signal during a batch: it may or may not have been pruned .*; `prune --dry-run` counts what is left \[stopped\]\n$/)
+    expect({ code: ended.code, signal: ended.signal, stdout: ended.stdout }).toEqual({ code: 130, signal: null, stdout: '' })
+  }, 180_000)
+
+  it('reconcile --once stopped again while its claim waits: says its claimed orders wait out their lease, exit 130 [stopped]', async () => {
+    const env = await setUp()
+    const reference = `stop-reconcile-${process.pid}`
+    const { rows } = await watcher.query<{ id: number }>(
+      `insert into orders (external_reference, trade_id, next_poll_at) values ($1, $2, now() - interval '1 minute') returning id`,
+      [reference, `trd_${reference}`],
+    )
+    cleanups.unshift(async () => {
+      await watcher.query('delete from orders where id = $1', [rows[0]!.id])
+    })
+    const holder = await gate()
+    let command: Started | undefined
+    try {
+      await holder.client.query('begin; lock table orders in share mode')
+      expect(await horizonOf(holder)).toEqual({ xid: null, xmin: null })
+      command = started(['reconcile', '--once'], env)
+      await until(() => commandWaitsOn(holder, 'update%'), 'the claim waits on the lock', command)
+      command.child.kill('SIGTERM')
+      await until(() => command!.stderr().includes('stopping: the orders not polled are given back'), 'the command takes the signal', command)
+      command.child.kill('SIGINT')
+      await until(() => command!.closed() !== undefined, 'the command ends')
+    } finally {
+      await release([holder], command)
+    }
+    const ended = await command.ended()
+    expect(ended.stderr).toMatch(
+      /Stopped by a second signal: the orders this run claimed and did not poll are due again when their lease ends \(within \d+ s, POLL_LEASE_S\), .* \[stopped\]\n$/,
+    )
+    expect({ code: ended.code, signal: ended.signal }).toEqual({ code: 130, signal: null })
+  }, 180_000)
+
   /** True while `session` waits on a lock `holder` holds. */
   async function waitsOn(session: { pid: number }, holder: { pid: number }): Promise<boolean> {
     const { rows } = await watcher.query<{ n: number }>(`select count(*)::int as n from pg_stat_activity where pid = $1 and $2 = any(pg_blocking_pids(pid))`, [

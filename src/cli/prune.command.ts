@@ -2,7 +2,8 @@
 // On Postgres it takes the same advisory lock as the replicas: while one of them is pruning, this says so
 // and exits 1 rather than prune alongside it. Run on its own (no service running, or on Postgres), the first
 // SIGINT, SIGTERM or SIGHUP stops the pass after the batch in flight, as a replica's shutdown does: what it
-// pruned is printed and the exit code is 130; a second one ends the process at once.
+// pruned is printed and the exit code is 130; a second one ends the process at once, saying its batch in flight may
+// or may not have been pruned (exit 130).
 import type { Command } from 'commander'
 import { CommandFailedError, markTookEffect, printJson, runsInService, setExitCode, withDatabase, write, writeError } from './cli-context.js'
 
@@ -24,7 +25,22 @@ export function registerPruneCommand(program: Command): void {
         if (!holdLock) throw new Error('prune runs on a database handle (its lock keeps one pass at a time)')
         // inside a running service the signals are the service's, and its shutdown stops its own passes
         const stop = new AbortController()
-        const off = runsInService() ? () => {} : stopOnSignals(() => stop.abort())
+        // a second signal ended the process without a word, its batch in flight perhaps committed
+        const off = runsInService()
+          ? () => {}
+          : stopOnSignals(
+              () => {
+                stop.abort()
+                writeError('stopping after the batch in flight (a second Ctrl-C ends the process now: that batch may still commit)\n')
+              },
+              () => {
+                writeError(
+                  'Stopped by a second signal during a batch: it may or may not have been pruned (on Postgres a statement sent runs on ' +
+                    'without this process); the batches before it were; `prune --dry-run` counts what is left [stopped]\n',
+                )
+                process.exit(130)
+              },
+            )
         let result: Awaited<ReturnType<typeof runPrunePass>>
         try {
           // run inside a service, the pass feeds its metrics as its own do: retention_rows_pruned_total and the last

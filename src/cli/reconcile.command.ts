@@ -122,7 +122,20 @@ async function runOnce(json: boolean | undefined): Promise<void> {
       if (runsInService()) return poller.runOnce()
       // Ctrl-C stops the cycle as a replica's shutdown does: the claims not polled are given back (due again at
       // once) and the run is recorded as stopped, rather than left leased and "running" for good
-      const off = stopOnSignals(() => void poller.stop())
+      // a second signal ended the process without a word, its claims left leased and its run `running`
+      const off = stopOnSignals(
+        () => {
+          void poller.stop()
+          writeError('stopping: the orders not polled are given back (a second Ctrl-C ends the process now, its claimed orders left leased)\n')
+        },
+        () => {
+          writeError(
+            `Stopped by a second signal: the orders this run claimed and did not poll are due again when their lease ends (within ${config.poll.leaseS} s, ` +
+              'POLL_LEASE_S), and `reconcile --report` shows the run without an end; the polls it had answered are recorded [stopped]\n',
+          )
+          process.exit(130)
+        },
+      )
       try {
         return await poller.runOnce()
       } finally {
