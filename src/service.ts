@@ -45,7 +45,7 @@ import { createDispatcher, type Dispatcher } from './reactions/dispatcher.js'
 import { DEFAULT_DISPATCHER_SETTINGS } from './reactions/dispatcher-settings.js'
 import type { ReactionRegistry } from './reactions/reaction-registry.js'
 import { reactionJobStats } from './reactions/reaction-job.repository.js'
-import { createPoller, dueOrderStats, longestCycleMs, type Poller, pollerSettings, type RunSummary } from './reconcile/poller.js'
+import { createPoller, dueOrderStats, longestCycleMs, type Poller, type PollResult, pollerSettings, type RunSummary } from './reconcile/poller.js'
 import { createPruner, type Pruner, prunerSettings } from './retention/prune.js'
 import { createSandbox } from './sandbox/create-sandbox.js'
 import { sandboxStateFile } from './sandbox/sandbox-state.js'
@@ -291,6 +291,7 @@ export async function startService({
       logger,
       reactions,
       retentionHooks: metrics?.retentionHooks,
+      onPollResult: metrics ? ({ result }) => metrics.pollResults.inc({ result }) : undefined,
     }
     const adminServer = await listen(
       createAdminApp({
@@ -383,7 +384,10 @@ export async function startService({
         clockGuard,
         ...hooks,
       })
-    consoleActions.reconcileOnce = () => pollerOf(`console:${hostname()}:${process.pid}`).runOnce()
+    // its polls count in poller_polls_total as the poller's do (a 401 among them sets off the unauthorized alert); its
+    // cycle is not the poller's own, which the stalled-poller alert watches
+    consoleActions.reconcileOnce = () =>
+      pollerOf(`console:${hostname()}:${process.pid}`, metrics ? { onPollResult: ({ result }: PollResult) => metrics.pollResults.inc({ result }) } : {}).runOnce()
     let poller: Poller | undefined
     let pruner: Pruner | undefined
     const startUp = new AbortController()

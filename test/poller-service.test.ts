@@ -109,6 +109,33 @@ describe('the poller in the service', () => {
     expect(JSON.stringify(failure)).toContain('(status must be at most 200 characters)')
   })
 
+  // found from outside: a cycle run from the console was built without the metrics' hooks, so its polls (a 401 among
+  // them, which PartnerEscrowPartnerApiUnauthorized reads) never reached poller_polls_total
+  it("counts the polls of a cycle run from the console in /metrics, without standing in for the poller's own cycle", async () => {
+    platform = await startRecordingServer({ secret: TEST_API_SECRET, answer: () => ({ status: 401, body: { error: { code: 'invalid_signature', message: 'no' } } }) })
+    const token = 'console-token-of-this-test-0123456789'
+    const config = testConfig({ PARTNER_API_BASE_URL: platform.url, PORT: '0', POLL_ENABLED: 'false', ADMIN_TOKEN: token })
+    const clock = new FakeClock(nearDatabaseTime())
+    service = await startTestService({ config, logger: testLogger([TEST_API_SECRET, TEST_WEBHOOK_SECRET, token]), clock })
+    await service.ready
+    await insertOrders(service.database.db, [{ externalReference: 'svc-console', nextPollAt: new Date(clock.now() - 1_000) }])
+    const bearer = { Authorization: `Bearer ${token}` }
+    const page = await (await fetch(`${service.adminUrl}/console/reconcile`, { headers: bearer })).text()
+    const fields = Object.fromEntries([...page.matchAll(/<input type="hidden" name="([^"]+)" value="([^"]*)">/g)].map((match) => [match[1]!, match[2]!]))
+    const run = await fetch(`${service.adminUrl}/console/reconcile/run`, {
+      method: 'POST',
+      headers: { ...bearer, 'Content-Type': 'application/x-www-form-urlencoded' },
+      body: new URLSearchParams(fields).toString(),
+    })
+    expect(run.status, await run.clone().text()).toBe(200)
+    expect(await run.text()).toMatch(/claimed 1, polled 1/)
+    expect(platform.requests.map((request) => request.path)).toEqual(['/api/partner/v1/trades/tr_svc-console/'])
+    const metrics = await (await fetch(`${service.adminUrl}/metrics`)).text()
+    expect(metrics).toMatch(/^poller_polls_total\{result="unauthorized"\} 1$/m)
+    // a replica without a poller still has no cycle time of its own: the stalled-poller alert is the poller's
+    expect(metrics).not.toMatch(/^poller_last_cycle_timestamp_seconds /m)
+  })
+
   it("exports the longest its cycles can last for the stalled-poller alert, from the lease and the timeouts", async () => {
     // with PARTNER_API_TIMEOUT_MS=60000 a healthy cycle may outlast the alert's 10 minutes
     const config = testConfig({

@@ -111,6 +111,18 @@ describe('reconcile --once', () => {
     expect((await orderByReference(database.db, 'cli-b')).pollLeaseToken).toBeNull()
   })
 
+  // run in a second terminal of `serve`, its polls were counted nowhere: a 401 there reached no alert
+  it("counts its polls in the service's poller_polls_total when it runs inside the service", async () => {
+    await insertOrders(database.db, [
+      { externalReference: 'cli-a', nextPollAt: past(60) },
+      { externalReference: 'cli-b', nextPollAt: past(30) },
+    ])
+    const counted: string[] = []
+    const result = await runCommandWith(['reconcile', '--once'], { ...context, onPollResult: ({ result }) => counted.push(result) })
+    expect(result.code).toBe(0)
+    expect(counted).toEqual(['applied', 'applied'])
+  })
+
   it('exits 1 with [throttled] when the platform asks it to slow down, and says when the rest is due', async () => {
     await insertOrders(database.db, [
       { externalReference: 'cli-a', nextPollAt: past(60) },

@@ -14,6 +14,7 @@ import type { Database } from '../db/database.js'
 import type { DatabaseHandle } from '../db/open-database.js'
 import type { Logger } from '../logger.js'
 import type { RetentionHooks } from '../metrics/metrics.js'
+import type { PollResult } from '../reconcile/poller.js'
 import type { ReactionRouting } from '../reactions/reaction-registry.js'
 import { printable, printableLines } from '../printable.js'
 import { finishHoldingSignals, stopOnSignals, stopUnlessHeld } from '../stop-signals.js'
@@ -35,6 +36,8 @@ export interface CliContext {
   clock?: Clock | undefined
   /** Inside a running service, its retention metrics: a `prune` run there is counted as its own passes are. */
   retentionHooks?: RetentionHooks | undefined
+  /** Inside a running service, its count of polls (poller_polls_total): a `reconcile --once` run there is counted too. */
+  onPollResult?: ((result: PollResult) => void) | undefined
 }
 
 /** What a command runs with: a command that moves an order wakes the dispatchers when these reactions take its event. */

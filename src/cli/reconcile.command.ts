@@ -98,7 +98,7 @@ async function runOnce(json: boolean | undefined): Promise<void> {
     import('../db/clock-guard.js'),
     import('../db/ping-database.js'),
   ])
-  const { summary, otherEnvironment, leased, localSandboxOf } = await withDatabase(async ({ config, logger, db, reactions, clock = systemClock }) => {
+  const { summary, otherEnvironment, leased, localSandboxOf } = await withDatabase(async ({ config, logger, db, reactions, clock = systemClock, onPollResult }) => {
     // a claim's lease and the orders' next polls are written by this machine's clock, and read by every replica's: far
     // from the database's, the cycle is refused as a replica's is (db/clock-guard.ts), before anything is claimed
     const offsetMs = await databaseClockOffsetMs(db, clock)
@@ -117,6 +117,7 @@ async function runOnce(json: boolean | undefined): Promise<void> {
       logger,
       settings: pollerSettings(config.poll, observationSettings(config, reactions.handlersFor), config.partner, config.databaseStatementTimeoutMs),
       replica: `cli:${hostname()}:${process.pid}`,
+      ...(onPollResult ? { onPollResult } : {}),
     })
     const run = async (): Promise<RunSummary> => {
       if (runsInService()) return poller.runOnce()
