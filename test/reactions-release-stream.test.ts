@@ -151,6 +151,13 @@ describe('reactions release-stream', () => {
     const jobs = (handler: string) =>
       database.db.selectFrom('reactionJobs').select(['id', 'state', 'attempts', 'runAt', 'leaseToken', 'leaseExpiresAt']).where('handler', '=', handler).orderBy('id').execute()
     expect((await jobs('forwarder')).map((job) => job.state)).toEqual(['running', 'running'])
+    // what `reactions show` says of such a job: nothing told the operator that release-stream ends its wait
+    const handed = String((await jobs('forwarder'))[0]!.id)
+    const shown = await runCommand(['reactions', 'show', handed], database.db)
+    expect(shown.stdout).toMatch(
+      /\nnext run {3}\S+ \(its lease's end: it runs again then if the replica running it is gone; it was handed off under the forwarder stream's lease: if that replica was killed, `reactions release-stream forwarder` gives it back now\)\n/,
+    )
+    expect(JSON.parse((await runCommand(['reactions', 'show', handed, '--json'], database.db)).stdout)).toMatchObject({ state: 'running', underStreamLease: true })
 
     const released = await run('forwarder')
     expect(released.code).toBe(0)
@@ -165,6 +172,9 @@ describe('reactions release-stream', () => {
     // a replica's job loop claims them at once (in order: the second waits behind the first of its order)
     const claimed = await claimReactionJobs(database.db, { now: new Date(), limit: 10, leaseMs: JOB_LEASE_MS, leaseToken: 'other', handlers: ['forwarder'] })
     expect(claimed.map((job) => [job.event.eventId, job.attempt])).toEqual([[created!.event.eventId, 2]])
+    // claimed by a job loop, under a lease of its own: release-stream does not give it back, and show says only when it ends
+    const own = await runCommand(['reactions', 'show', claimed[0]!.id], database.db)
+    expect(own.stdout).toMatch(/\nnext run {3}\S+ \(its lease's end: it runs again then if the replica running it is gone\)\n/)
 
     // and --json says how many
     await database.db.updateTable('reactionJobs').set({ state: 'running', leaseToken: 'holder' }).where('handler', '=', 'forwarder').execute()

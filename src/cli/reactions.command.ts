@@ -80,13 +80,15 @@ export function registerReactionsCommands(program: Command): void {
     .argument('<id>', 'the job id (from reactions list)', jobId)
     .option('--json', 'print as JSON')
     .action(async (id: string, options: { json?: boolean }) => {
-      const { findJob, jobsWaitedFor } = await import('../reactions/reaction-job.repository.js')
+      const { findJob, jobsWaitedFor, runsUnderStreamLease } = await import('../reactions/reaction-job.repository.js')
       await withDatabase(async ({ db }) => {
         const job = await findJob(db, id)
         if (!job) throw reactionNotFound(id)
         const waitsFor = (await jobsWaitedFor(db, job.state === 'pending' ? [job.id] : [])).get(job.id) ?? null
+        // a killed replica's job waited out its lease with nothing said of release-stream, which ends the wait
+        const underStreamLease = job.state === 'running' && (await runsUnderStreamLease(db, job.id))
         if (options.json) {
-          printJson({ ...withNextRun(job), waitsFor })
+          printJson({ ...withNextRun(job), waitsFor, ...(job.state === 'running' ? { underStreamLease } : {}) })
           return
         }
         const { event } = job
@@ -94,7 +96,7 @@ export function registerReactionsCommands(program: Command): void {
           [
             `job        ${job.id}: ${job.handler} for ${printable(event.type)}`,
             `state      ${job.state} after ${job.attempts} attempt(s)`,
-            `next run   ${waitsFor ? `once job ${waitsFor.id} (sequence ${waitsFor.sequence}, ${waitsFor.state}) is done or skipped` : (nextRun(job)?.toISOString() ?? '-')}`,
+            `next run   ${waitsFor ? `once job ${waitsFor.id} (sequence ${waitsFor.sequence}, ${waitsFor.state}) is done or skipped` : (nextRun(job)?.toISOString() ?? '-')}${runningNote(job, underStreamLease)}`,
             `finished   ${job.finishedAt?.toISOString() ?? '-'}`,
             `event      ${event.eventId}`,
             `order      ${printable(event.externalReference)} (id ${event.orderId}), sequence ${event.sequence}`,
@@ -308,6 +310,15 @@ function nextRun(job: { state: string; runAt: Date }): Date | null {
 
 function withNextRun<T extends { state: string; runAt: Date }>(job: T): Omit<T, 'runAt'> & { runAt: Date | null } {
   return { ...job, runAt: nextRun(job) }
+}
+
+/** What a running job's next run is: its lease's end, and what ends the wait sooner when its replica was killed. */
+function runningNote(job: { state: string; handler: string }, underStreamLease: boolean): string {
+  if (job.state !== 'running') return ''
+  const end = " (its lease's end: it runs again then if the replica running it is gone"
+  return underStreamLease
+    ? `${end}; it was handed off under the ${job.handler} stream's lease: if that replica was killed, \`reactions release-stream ${job.handler}\` gives it back now)`
+    : `${end})`
 }
 
 /** A held-back job's cell: what it waits for (its order's events reach a handler in order). */

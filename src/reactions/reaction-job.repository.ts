@@ -634,6 +634,22 @@ export async function jobsWaitedFor(db: Kysely<Database>, ids: readonly string[]
   return new Map(rows.map((row) => [String(row.id), { id: String(row.earlierId), sequence: row.earlierSequence, state: row.earlierState }]))
 }
 
+/**
+ * Whether a running job was handed off under its handler's stream lease (its holder's write-back left it running
+ * under the stream's lease token): `reactions release-stream` gives such a job back, where any other running job
+ * waits out its own lease.
+ */
+export async function runsUnderStreamLease(db: Kysely<Database>, id: string): Promise<boolean> {
+  const row = await db
+    .selectFrom('reactionJobs as job')
+    .innerJoin('reactionStreams as stream', (join) => join.onRef('stream.handler', '=', 'job.handler').onRef('stream.leaseToken', '=', 'job.leaseToken'))
+    .select('job.id')
+    .where('job.id', '=', id)
+    .where('job.state', '=', 'running')
+    .executeTakeFirst()
+  return row !== undefined
+}
+
 export type OperatorResult = 'retried' | 'skipped' | 'not_found' | 'not_allowed'
 
 // An operator's retry and skip are dated by writeTime (db/write-time.ts): the database's time, or the service's clock
