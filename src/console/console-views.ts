@@ -470,6 +470,16 @@ ${
   )
 }
 
+/**
+ * A reference in a confirm page's question, saying so when it begins or ends with white space, which a page does not
+ * show: ' ref-x' is another reference than 'ref-x', and the action is on the one named.
+ */
+export function referenceShown(reference: string): Html {
+  return html`<code>${reference}</code>${
+    reference !== reference.trim() ? html` (exactly as written, with the white space it begins or ends with: ${JSON.stringify(reference)})` : ''
+  }`
+}
+
 export function confirmPage(
   operator: Operator,
   { title, question, action, fields, actionId, button }: {

@@ -84,6 +84,7 @@ import {
   reactionPath,
   reactionsPage,
   reconcilePage,
+  referenceShown,
   resultPage,
   withForwardedPrefix,
 } from './console-views.js'
@@ -118,9 +119,12 @@ export interface ConsoleDeps {
   reactionHandlers?: readonly string[] | undefined
 }
 
+// Kept exactly as given, never trimmed: a reference (or a trade id, a handler) may begin or end with a space, and
+// ' ref-x' is another reference than 'ref-x', as the receiver and the CLI keep it. Trimmed, every search field and
+// every action's hidden field and link acted on the reference without its spaces: Dismiss set aside another
+// reference's deliveries, or was refused as an order's, and Requeue cleared another order's flag.
 const text = z
   .string()
-  .trim()
   .max(512)
   // Postgres text cannot hold a NUL, so no stored value has one
   .refine((value) => !value.includes('\u0000'), 'must not hold a NUL character')
@@ -583,7 +587,7 @@ export function consoleRoutes(deps: ConsoleDeps): Router {
       res,
       confirmPage(operator, {
         title: 'Dismiss parked deliveries',
-        question: html`Set aside the <strong>${counted.dismissed}</strong> parked deliveries of <code>${reference}</code>? An order
+        question: html`Set aside the <strong>${counted.dismissed}</strong> parked deliveries of ${referenceShown(reference)}? An order
           created later for this reference will not take them, and they leave the parked count and its alert.`,
         action: `${consolePath()}/deliveries/dismiss`,
         fields: [['reference', reference]],
@@ -703,7 +707,7 @@ export function consoleRoutes(deps: ConsoleDeps): Router {
       confirmPage(operator, {
         title: 'Requeue flagged orders',
         question: reference
-          ? html`Clear the flag of order <code>${reference}</code> and make it due for a poll now?`
+          ? html`Clear the flag of order ${referenceShown(reference)} and make it due for a poll now?`
           : html`Clear the flag of every flagged order (<strong>${flagged}</strong> now) and make them due for a poll now?`,
         action: `${consolePath()}/orders/requeue`,
         fields: reference ? [['reference', reference]] : [],
