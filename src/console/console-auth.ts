@@ -3,7 +3,9 @@
 // One secret, ADMIN_TOKEN, accepted three ways: `Authorization: Bearer <token>` (scripts), HTTP basic
 // auth with the token as password and any user name (the name is who the action log records), or the
 // login page, which keeps a random session id in an HttpOnly, SameSite=Strict cookie. Sessions live in
-// this process's memory: a restart logs everyone out, which is the safe direction.
+// this process's memory: a restart logs everyone out, which is the safe direction. A live session is
+// looked at first and settles it: the Authorization header beside it is a proxy's (single sign-on in
+// front), not a token tried, so it is neither checked nor counted.
 //
 // CSRF: every POST carries a token in a hidden field. A session's is random; a bearer or basic caller's
 // is an HMAC of who they are under a per-process key (a browser sends basic credentials on its own, so
@@ -33,8 +35,14 @@ interface Session {
 }
 
 export interface ConsoleAuth {
-  /** The operator behind this request, or undefined (the caller answers 401). */
-  authenticate(req: Request): Operator | undefined
+  /**
+   * The operator of the request's live session cookie, whatever Authorization header came with it: a proxy in front
+   * (nginx auth_basic, oauth2-proxy's --set-authorization-header, a ForwardAuth) adds its own, which is not a token
+   * tried. Undefined when no cookie names a live session.
+   */
+  fromSession(req: Request): Operator | undefined
+  /** The operator the Authorization header proves (Bearer or Basic with the token), or undefined: a token tried. */
+  fromAuthorization(req: Request): Operator | undefined
   /** Checks a token typed on the login page; on success, a new session id for the cookie. */
   login(token: string, name: string): string | undefined
   logout(sessionId: string): void
@@ -93,7 +101,8 @@ export function createConsoleAuth({ token, now = () => Date.now() }: { token: st
   }
 
   return {
-    authenticate(req) {
+    fromSession,
+    fromAuthorization(req) {
       const header = req.headers.authorization
       if (header) {
         // the whole rest is the credential: split on every space, a token holding one never matched, and any
@@ -110,10 +119,8 @@ export function createConsoleAuth({ token, now = () => Date.now() }: { token: st
             return { name, via: 'basic', csrfToken: derivedCsrf(`basic:${name}`) }
           }
         }
-        // a wrong Authorization header is not rescued by a cookie: the caller meant the header
-        return undefined
       }
-      return fromSession(req)
+      return undefined
     },
     login(candidate, name) {
       if (!sameSecret(candidate, expected)) return undefined

@@ -421,10 +421,19 @@ export function consoleRoutes(deps: ConsoleDeps): Router {
   router.use(
     CONSOLE_PATH,
     async (req, res, next) => {
-      // a token in the header is a try the throttle counts; a session cookie is not (its id is not guessed)
+      // A live session settles it, whatever Authorization header came with it: a proxy in front (nginx auth_basic,
+      // oauth2-proxy's --set-authorization-header, a ForwardAuth) adds its own to every request, which was taken
+      // for a wrong token and the cookie ignored: every page a 401, each counted, and after ten the throttle
+      // refused everyone's token logins for a minute.
+      const session = auth.fromSession(req)
+      if (session) {
+        res.locals.operator = session
+        return next()
+      }
+      // without one, a token in the header is a try the throttle counts; a session cookie is not (its id is not guessed)
       const triesToken = req.headers.authorization !== undefined
       if (triesToken && (await throttled(req, res, 'authorization'))) return
-      const operator = auth.authenticate(req)
+      const operator = auth.fromAuthorization(req)
       if (!operator) {
         if (triesToken) wrongToken(req, 'authorization')
         leaveBodyUnread(req, res)
