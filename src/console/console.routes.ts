@@ -131,7 +131,7 @@ const text = z
   .optional()
   .transform((value) => (value === '' ? undefined : value))
 
-/** Whether a time written YYYY-MM-DD… names a day that exists (any other form: left to Date). */
+/** Whether a time written YYYY-MM-DD… names a day that exists (a year written with a sign: left to the year check). */
 function isExistingDay(value: string): boolean {
   const day = /^(\d{4})-(\d{2})-(\d{2})/.exec(value)
   if (!day) return true
@@ -142,29 +142,47 @@ function isExistingDay(value: string): boolean {
   return utc.getUTCMonth() === month - 1 && utc.getUTCDate() === date
 }
 
-// datetime-local inputs send no zone: the console's times are all UTC
-const instant = text.transform((value, context) => {
-  if (value === undefined) return undefined
-  const date = new Date(/^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}(:\d{2}(\.\d+)?)?$/.test(value) ? `${value}Z` : value)
-  if (Number.isNaN(date.getTime())) {
-    context.addIssue({ code: 'custom', message: `"${value}" is not a time such as 2026-11-23T03:00Z` })
-    return z.NEVER
-  }
-  // Date rolls a day past its month's end over (2026-02-31 read as March 3): a range from it, a bulk re-apply's
-  // too, quietly began elsewhere than typed
-  if (!isExistingDay(value)) {
-    context.addIssue({ code: 'custom', message: `"${value}" names a day its month does not have` })
-    return z.NEVER
-  }
-  // the database reads no year 0 and no year written with a sign (toISOString's form past 9999 and before 1):
-  // such a time came back as its refusal, a JSON invalid_payload that named no field
-  const year = date.getUTCFullYear()
-  if (year < 1 || year > 9999) {
-    context.addIssue({ code: 'custom', message: `"${value}" is outside years 1 to 9999` })
-    return z.NEVER
-  }
-  return date
-})
+// The forms a console time is written in, all UTC: a day (2026-11-23, its midnight), or a day and a time to the
+// minute, second or fraction (2026-11-23T03:00, …T03:00:15, …T03:00:15.250), a space for the T if you like, a Z at
+// the end or none (toISOString's form, which the console's own links carry; a year written with a sign is its form
+// past 9999, refused below as outside the years). Any other text was handed to Date, which read
+// '2026-12-01 10:00' in the server's time zone and '1' as 2001-01-01, a bulk re-apply's range included.
+const INSTANT_FORM = /^([+-]\d{6}|\d{4})-\d{2}-\d{2}(?:[T ]\d{2}:\d{2}(?::\d{2}(?:\.\d{1,9})?)?Z?)?$/
+const INSTANT_FORMS = 'YYYY-MM-DD or YYYY-MM-DDTHH:MM[:SS[.fff]], UTC, such as 2026-11-23T03:00'
+
+const instant = z
+  .string()
+  .max(512)
+  .optional()
+  .transform((raw, context) => {
+    const value = raw?.trim()
+    if (value === undefined || value === '') return undefined
+    if (!INSTANT_FORM.test(value)) {
+      context.addIssue({ code: 'custom', message: `${JSON.stringify(value)} is not a time: write ${INSTANT_FORMS}` })
+      return z.NEVER
+    }
+    const written = value.replace(' ', 'T')
+    // a day alone is read by Date as UTC already; a day and a time without a Z would be read in the server's zone
+    const date = new Date(written.includes('T') && !written.endsWith('Z') ? `${written}Z` : written)
+    if (Number.isNaN(date.getTime())) {
+      context.addIssue({ code: 'custom', message: `${JSON.stringify(value)} is not a time: write ${INSTANT_FORMS}` })
+      return z.NEVER
+    }
+    // Date rolls a day past its month's end over (2026-02-31 read as March 3): a range from it, a bulk re-apply's
+    // too, quietly began elsewhere than typed
+    if (!isExistingDay(value)) {
+      context.addIssue({ code: 'custom', message: `"${value}" names a day its month does not have` })
+      return z.NEVER
+    }
+    // the database reads no year 0 and no year written with a sign (toISOString's form past 9999 and before 1):
+    // such a time came back as its refusal, a JSON invalid_payload that named no field
+    const year = date.getUTCFullYear()
+    if (year < 1 || year > 9999) {
+      context.addIssue({ code: 'custom', message: `"${value}" is outside years 1 to 9999` })
+      return z.NEVER
+    }
+    return date
+  })
 
 const FilterQuery = z.object({
   trade: text,
