@@ -522,6 +522,27 @@ export function bulkReapplyNextLink(filter: DeliveryFilter, next: DeliveryCursor
   return html`<p><a href="${consolePath()}/deliveries/reapply?${queryString(filterFields({ ...filter, startAfter: next }))}">Re-apply the next ones →</a> (a dry run first)</p>`
 }
 
+/**
+ * What re-applying the deliveries of one outcome does (reapplyDelivery): a delivery is applied to the order its
+ * reference has now, and one with no order is parked, a dismissed one left dismissed. The dismissed were said to be
+ * "applied again: a status the order already has changes nothing", with no order to apply them to: they stayed dismissed.
+ */
+function whatReapplyingDoes({ outcome, deliveries, withOrder }: OutcomeCount): string {
+  const without = deliveries - withOrder
+  if (outcome === 'ignored' || outcome === 'invalid') return 'nothing: not trade events'
+  if (outcome === 'unmatched') return `${withOrder} can now be applied to their order; ${without} stay parked`
+  if (outcome === 'dismissed') {
+    return [
+      ...(withOrder > 0 ? [`${withOrder} applied to the order made since for their reference`] : []),
+      ...(without > 0 ? [`${without} stay dismissed: no order has their reference`] : []),
+    ].join('; ')
+  }
+  return [
+    ...(withOrder > 0 ? [`${withOrder} applied again: a status the order already has changes nothing`] : []),
+    ...(without > 0 ? [`${without} parked (unmatched): no order has their reference now`] : []),
+  ].join('; ')
+}
+
 export function bulkDryRunText(counts: OutcomeCount[], limit: number, startAfter?: DeliveryCursor): Html {
   const total = counts.reduce((sum, row) => sum + row.deliveries, 0)
   return html`<p><strong>Dry run:</strong> ${total} deliveries match${startAfter ? html`, received after the last one the previous run re-applied (${startAfter.receivedAt})` : ''}${
@@ -529,13 +550,7 @@ export function bulkDryRunText(counts: OutcomeCount[], limit: number, startAfter
   }.</p>
 <table><thead><tr><th>outcome now</th><th>deliveries</th><th>with an order now</th><th>what re-applying does</th></tr></thead>
 <tbody>${counts.map(
-    (row) => html`<tr><td>${row.outcome}</td><td class="number">${row.deliveries}</td><td class="number">${row.withOrder}</td><td>${
-      row.outcome === 'unmatched'
-        ? `${row.withOrder} can now be applied to their order; ${row.deliveries - row.withOrder} stay parked`
-        : row.outcome === 'ignored' || row.outcome === 'invalid'
-          ? 'nothing: not trade events'
-          : 'applied again: a status the order already has changes nothing'
-    }</td></tr>`,
+    (row) => html`<tr><td>${row.outcome}</td><td class="number">${row.deliveries}</td><td class="number">${row.withOrder}</td><td>${whatReapplyingDoes(row)}</td></tr>`,
   )}</tbody></table>`
 }
 
