@@ -9,11 +9,16 @@
 //   Unicode adds to it is of the same kind. The price: a word joined by U+200C or an emoji by U+200D shows the
 //   escape; what we show are identifiers and fields, and there the exact characters matter more;
 // - the line and paragraph separators U+2028/U+2029: where a viewer breaks the line at them, a value could
-//   start a line of its own.
+//   start a line of its own;
+// - the rest of Unicode's default-ignorable code points (Default_Ignorable_Code_Point: what a renderer shows as
+//   nothing when it has no glyph for it): the combining grapheme joiner U+034F, the variation selectors
+//   U+FE00–U+FE0F and U+E0100–U+E01EF, the Hangul fillers U+115F, U+1160, U+3164 and U+FFA0, the Mongolian free
+//   variation selectors and the unassigned ones Unicode keeps for more of the kind. They were shown as they came: a
+//   parked 'o-3\u034f' read 'o-3' beside the order 'o-3'. The price: an emoji's U+FE0F shows its escape.
 
-const UNPRINTABLE = /[\p{Cc}\p{Cf}\u2028\u2029]+/gu
+const UNPRINTABLE = /[\p{Cc}\p{Cf}\p{Default_Ignorable_Code_Point}\u2028\u2029]+/gu
 // the same, but the line feed and the tab that text laid out in lines keeps
-const UNPRINTABLE_BUT_LAYOUT = /(?:(?![\t\n])[\p{Cc}\p{Cf}\u2028\u2029])+/gu
+const UNPRINTABLE_BUT_LAYOUT = /(?:(?![\t\n])[\p{Cc}\p{Cf}\p{Default_Ignorable_Code_Point}\u2028\u2029])+/gu
 
 // split(''): UTF-16 units, so a character past U+FFFF (a tag character) shows as its surrogate pair, as JSON writes it
 const shownAsEscape = (run: string) =>
