@@ -666,14 +666,31 @@ ${runsTable(runs, longestCycleMs)}`,
   )
 }
 
-/** A cycle's result as `reconcile --once` says it, the due orders another poller's lease held included (text: escaped where shown). */
+/**
+ * A cycle's result as `reconcile --once` says it (text: escaped where shown): the counts, the claims given back
+ * (`released`) and each poll result's count, the orders the cycle flagged trade_create_unknown, and the due orders
+ * another poller's lease held. It left out the per-result counts, `released` and the flagged orders, which the
+ * command prints: a cycle that flagged three orders read `claimed 0, polled 0, changed 0, errors 0`.
+ */
 export function cycleResult(summary: RunSummary, leased?: LeasedElsewhere): string {
   const leasedLine = leased && leasedElsewhereLine(leased, "the Reconcile page's last runs")
+  const counts = Object.entries(summary.results)
+    .filter(([, count]) => count > 0)
+    .map(([result, count]) => `${result} ${count}`)
+    .join(', ')
+  const flagged = summary.flaggedCreates
   return (
     `run ${summary.runId ?? '-'}: claimed ${summary.claimed}, polled ${summary.polled}, changed ${summary.changed}, errors ${summary.errors}` +
+    (summary.released ? `, released ${summary.released}` : '') +
+    (counts ? ` (${counts})` : '') +
     (summary.stoppedReason ? `; stopped: ${summary.stoppedReason}` : '') +
     (summary.clockOffsetS === null ? '' : ` (${describeClockOffset(summary.clockOffsetS)})`) +
     (summary.firstFailure ? `; first error, order ${summary.firstFailure.externalReference}: ${summary.firstFailure.reason}` : '') +
+    (flagged.length > 0
+      ? `; flagged trade_create_unknown: ${flagged.length} order(s) whose trade create got no answer and no webhook linked a trade ` +
+        `(${flagged.slice(0, 20).join(', ')}${flagged.length > 20 ? ', …' : ''}): check the platform, then \`trades open REFERENCE --retry\` or \`trades link\`` +
+        ' (the orders page, flagged only, lists them)'
+      : '') +
     (leasedLine ? `; ${leasedLine}` : '')
   )
 }
