@@ -601,8 +601,17 @@ export function orderPage(
     history,
     reactions,
     deliveries,
+    olderDeliveries,
     partnerEnv,
-  }: { order: Order; history: StatusChange[]; reactions: EventReaction[]; deliveries: DeliverySummary[]; partnerEnv: PartnerEnv },
+  }: {
+    order: Order
+    history: StatusChange[]
+    reactions: EventReaction[]
+    deliveries: DeliverySummary[]
+    /** Where the deliveries search goes on past the newest shown here: undefined when they are all shown. */
+    olderDeliveries?: DeliveryCursor | undefined
+    partnerEnv: PartnerEnv
+  },
 ): Html {
   return layout(
     `Order #${order.id}`,
@@ -639,7 +648,15 @@ ${
     : html`<table><thead><tr><th>received (UTC)</th><th>delivery</th><th>status</th><th>outcome</th></tr></thead>
 <tbody>${deliveries.map(
         (delivery) => html`<tr><td>${time(delivery.receivedAt)}</td><td><a href="${deliveryPath(delivery)}">${delivery.deliveryId}</a></td><td>${delivery.observedStatus ?? '—'}</td><td>${delivery.outcome}</td></tr>`,
-      )}</tbody></table>`
+      )}</tbody></table>${
+        // the newest page only: the rest of them in the deliveries search, from where this list stops
+        olderDeliveries
+          ? html`<p>The newest ${deliveries.length} shown. <a rel="next" href="${consolePath()}/deliveries?${queryString([
+              ['reference', order.externalReference],
+              ['after', encodeCursor(olderDeliveries)],
+            ])}">Older deliveries of this reference →</a></p>`
+          : ''
+      }`
 }`,
   )
 }

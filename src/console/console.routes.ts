@@ -772,7 +772,17 @@ export function consoleRoutes(deps: ConsoleDeps): Router {
       db,
       history.map((change) => change.eventId),
     )
-    await send(res, orderPage(operatorOf(res), { order, history, reactions, deliveries: deliveries.deliveries, partnerEnv: deps.observation.partnerEnv ?? 'sandbox' }))
+    await send(
+      res,
+      orderPage(operatorOf(res), {
+        order,
+        history,
+        reactions,
+        deliveries: deliveries.deliveries,
+        olderDeliveries: deliveries.next,
+        partnerEnv: deps.observation.partnerEnv ?? 'sandbox',
+      }),
+    )
   })
 
   // --- reactions: the jobs, and the operator's way out of the dead letter (the `reactions` CLI's functions) ---
