@@ -111,6 +111,9 @@ describe('console: a reference is the exact text it was given', () => {
     expect(deliveries.text).not.toContain('exact-plain')
     expect((await sendWebhook(app, { body: tradePayload('lead-1', 'funded', 'trd-lead'), deliveryId: 'exact-trade-plain' })).status).toBe(200)
     expect((await sendWebhook(app, { body: tradePayload('lead-2', 'funded', ' trd-lead'), deliveryId: 'exact-trade-spaced' })).status).toBe(200)
+    // a space pasted into a search box is named when nothing matches
+    const none = await get('/console/orders?reference=o-sp+')
+    expect(none.text).toContain('No order matches. External reference &quot;o-sp &quot; begins or ends with white space, and is matched exactly as written.')
     const byDeliveryTrade = await get('/console/deliveries?trade=+trd-lead')
     expect(byDeliveryTrade.text).toContain('exact-trade-spaced')
     expect(byDeliveryTrade.text).not.toContain('exact-trade-plain')

@@ -337,7 +337,12 @@ export function deliveriesPage(
     }</p>
 ${
   deliveries.length === 0
-    ? html`<p>No delivery matches.</p>`
+    ? html`<p>No delivery matches.${spacedFieldsHint([
+        ['External reference', filter.externalReference],
+        ['Trade id', filter.tradeId],
+        ['Delivery id', filter.deliveryId],
+        ['Event kind', filter.eventType],
+      ])}</p>`
     : html`<table class="deliveries">
 <thead><tr><th>received (UTC)</th><th>delivery</th><th>event</th><th>external reference</th><th>trade</th><th>status</th><th>outcome</th></tr></thead>
 <tbody>${deliveries.map(
@@ -471,6 +476,16 @@ ${
 }
 
 /**
+ * After "no match": the search fields whose text begins or ends with white space, which a search matches exactly
+ * (a reference ' ref-x' is not 'ref-x'), named so a space pasted into a search box is seen.
+ */
+function spacedFieldsHint(fields: [string, string | undefined][]): Html {
+  const spaced = fields.filter(([, value]) => value !== undefined && value !== value.trim())
+  if (spaced.length === 0) return html``
+  return html` ${spaced.map(([name, value], i) => html`${i > 0 ? ', ' : ''}${name} ${JSON.stringify(value)}`)} begins or ends with white space, and is matched exactly as written.`
+}
+
+/**
  * A reference in a confirm page's question, saying so when it begins or ends with white space, which a page does not
  * show: ' ref-x' is another reference than 'ref-x', and the action is on the one named.
  */
@@ -571,7 +586,11 @@ export function ordersPage(
 <p class="actions"><a href="${consolePath()}/orders/requeue">Requeue every flagged order…</a></p>
 ${
   orders.length === 0
-    ? html`<p>No order matches.</p>`
+    ? html`<p>No order matches.${spacedFieldsHint([
+        ['External reference', filter.reference],
+        ['Trade id', filter.trade],
+        ['Status', filter.status],
+      ])}</p>`
     : html`<table><thead><tr><th>order</th><th>external reference</th><th>trade</th><th>env</th><th>status</th><th>source</th><th>next poll (UTC)</th><th>attempts</th><th>attention</th></tr></thead>
 <tbody>${orders.map(
         (order) => html`<tr>
