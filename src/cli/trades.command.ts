@@ -14,6 +14,7 @@ import {
 } from '../partner-api/partner-api-error.js'
 import type { CreateTradeRequest, MilestoneAnswer, MilestoneInput, MilestoneRecord, TradeRecord } from '../partner-api/types.js'
 import type { TradeDeps } from '../trades/trade-deps.js'
+import { NotRecordedLocallyError } from '../trades/local-record-failure.js'
 import { TradeOperationError } from '../trades/trade-operation-error.js'
 import { orderReference } from './cli-arguments.js'
 import {
@@ -128,6 +129,13 @@ function explainFailure(
   /** Local mode's platform: the sandbox `npm start` runs from `dataDir`, which knows that directory's key. */
   localSandbox?: { url: string; dataDir: string },
 ): unknown {
+  if (error instanceof NotRecordedLocallyError) {
+    // the call's own line (`[outcome_unknown]`, a 5xx's), then what the database could not record of it: the database's
+    // failure alone said "try again later" of a call that may have been done
+    const explained = explainFailure(error.callError, { reads, readAttempts, unknownOutcome, orderWhenNotSent, orderWhenRefused }, localSandbox)
+    if (explained instanceof Error) explained.message = `${explained.message}\n  ${printable(error.note)}`
+    return explained
+  }
   // a TradeOperationError names the order by its reference as given, which may hold a line feed: one line here
   if (error instanceof TradeOperationError && error.code === 'stopped') {
     return new StoppedBySignalError(`${printable(error.message)} [${error.code}]`)

@@ -50,6 +50,7 @@ import type { CreateTradeRequest, TradeRecord } from '../partner-api/types.js'
 import { validateCreateTrade } from '../partner-api/validate-request.js'
 import { printable } from '../printable.js'
 import { quoteForShell } from '../quote-for-shell.js'
+import { databaseFailureWords, NotRecordedLocallyError } from './local-record-failure.js'
 import type { TradeDeps } from './trade-deps.js'
 import { answerMismatch, stoppedBeforeSending, TradeOperationError, tradeExists } from './trade-operation-error.js'
 
@@ -122,7 +123,17 @@ export async function openTradeForOrder(
     // a timeout, a lost connection, the operator who stopped waiting, or a 5xx (a gateway's 502 or 504): the
     // trade may exist
     if (isOutcomeUnknown(error)) {
-      const marked = await setTradeCreateState(db, order.id, 'unknown', claim)
+      const marked = await setTradeCreateState(db, order.id, 'unknown', claim).catch((databaseError: unknown) => {
+        // the create's outcome is still the news (`[outcome_unknown]`), never the database's "try again later"
+        logger.error({ externalReference, orderId: order.id, err: error, databaseErr: databaseError }, 'trade create outcome unknown, and the order could not be marked unknown')
+        throw new NotRecordedLocallyError(
+          error,
+          `The database could not mark the order's create unknown (${databaseFailureWords(databaseError)}): it stays ` +
+            `pending, and \`trades open\` reads it as unanswered once its time is up (\`[trade_create_unknown]\`): ` +
+            `the webhook that carries the order's reference links the trade if the create made one, and \`trades link\` ` +
+            'links one found on the platform. Do not send the create again before checking the platform.',
+        )
+      })
       logger.warn(
         { externalReference, orderId: order.id, err: error, markedUnknown: marked },
         marked
@@ -133,7 +144,15 @@ export async function openTradeForOrder(
       // refused (by validation, or by the platform with a 4xx) or never sent (no connection could be made): this
       // create made nothing. Back to where it was, so a
       // refused --retry does not erase the evidence of an earlier create that may have worked.
-      await setTradeCreateState(db, order.id, restoredState, claim)
+      await setTradeCreateState(db, order.id, restoredState, claim).catch((databaseError: unknown) => {
+        logger.error({ externalReference, orderId: order.id, err: error, databaseErr: databaseError }, 'trade create made nothing, and the order could not be set back')
+        throw new NotRecordedLocallyError(
+          error,
+          `The database could not set the order's create back to ${restoredState} (${databaseFailureWords(databaseError)}): ` +
+            `it stays pending, and \`trades open\` reads it as unanswered once its time is up; this create made no ` +
+            'trade (above), so `--retry` then sends it without making a second.',
+        )
+      })
     }
     throw error
   }
@@ -141,7 +160,9 @@ export async function openTradeForOrder(
 
   const now = clock.now()
   const orderId = order.id
-  const recorded = await db.transaction().execute(async (trx): Promise<Recorded> => {
+  const recorded = await db
+    .transaction()
+    .execute(async (trx): Promise<Recorded> => {
     // the row locked before the decision, as `trades link` does: a webhook linking the order waits for this
     // transaction, or linked it before, and the answer is judged against the trade it linked
     const locked = await lockOrderById(trx, orderId)
@@ -183,6 +204,15 @@ export async function openTradeForOrder(
     await markTradeCreated(trx, orderId, { pollAfterS: settings.expectedWebhookS, now: new Date(now) })
     return { outcome: 'linked' }
   })
+    .catch((databaseError: unknown) => {
+      // the platform made the trade: its id is the news, never the database's "try again later" (a second create
+      // would make a second trade)
+      logger.error(
+        { externalReference, orderId, tradeId: trade.trade_id, tradeReference: trade.reference, err: databaseError },
+        'trade created on the platform but not recorded: the database could not record the answer',
+      )
+      throw databaseLostTrade(externalReference, trade, databaseError)
+    })
   if (recorded.outcome === 'second_trade') {
     logger.warn(
       {
@@ -286,6 +316,24 @@ function createUnknown(order: Order): TradeOperationError {
     `A trade create for order ${order.externalReference} ${what}: the trade may exist and will be linked when its ` +
       'webhook arrives. Check the platform, then send it again only on purpose with --retry (a second create can ' +
       'make a second trade).',
+  )
+}
+
+/**
+ * The platform made the trade, and the database could not record it (gone, the statement cut short or timed out): the
+ * order is left pending under this command's mark, which `trades open` reads as unanswered once its time is up. The
+ * trade id is said here, for `trades link`; its webhook links it too.
+ */
+function databaseLostTrade(externalReference: string, trade: TradeRecord, databaseError: unknown): TradeOperationError {
+  const tradeId = printable(trade.trade_id)
+  const reference = quoteForShell(externalReference)
+  return new TradeOperationError(
+    'trade_not_recorded',
+    `The platform created trade ${tradeId} (${printable(trade.status)}) for order ${externalReference}, but the ` +
+      `database could not record it (${databaseFailureWords(databaseError)}): the order is left pending, with no ` +
+      'trade. Its webhook links the trade when it arrives; else link it once the database is back with ' +
+      `\`trades link ${reference} ${quoteForShell(tradeId)}\`. Do not send the create again: \`trades open ${reference} ` +
+      '--retry` would make a second trade.',
   )
 }
 

@@ -25,6 +25,7 @@ import type {
   RespondToProposalRequest,
   TradeRecord,
 } from '../partner-api/types.js'
+import { databaseFailureWords, NotRecordedLocallyError } from './local-record-failure.js'
 import type { PartnerTradeApi, TradeDeps } from './trade-deps.js'
 import {
   answerMismatch,
@@ -86,7 +87,24 @@ export async function runTradeOperation<O extends TradeOperation>(
     guard?.settled()
     // it may have taken effect (a timeout, or the operator stopped waiting): let the poller find out soon
     // rather than after STALE_AFTER_S
-    if (isOutcomeUnknown(error)) await schedulePoll(db)
+    if (isOutcomeUnknown(error)) {
+      try {
+        await schedulePoll(db)
+      } catch (databaseError) {
+        // the call's outcome is still the news: `[outcome_unknown]`, never the database's "try again later"
+        logger.error(
+          { externalReference, orderId: order.id, tradeId, operation: operation.kind, err: databaseError },
+          'trade operation outcome unknown, and its poll could not be scheduled',
+        )
+        throw new NotRecordedLocallyError(
+          error,
+          `The database could not schedule the order's poll soon (${databaseFailureWords(databaseError)}): the poller ` +
+            `looks at it at its next regular poll (\`reconcile --requeue-open\` brings every open order's forward once ` +
+            `the database is back); \`trades get ${externalReference}\` shows the platform's record now. Do not send the ` +
+            `call again before checking: it may have been done.`,
+        )
+      }
+    }
     throw error
   }
   guard?.settled()
@@ -94,8 +112,11 @@ export async function runTradeOperation<O extends TradeOperation>(
   const other = otherRecordOf(operation, result, tradeId)
   if (other) {
     // the call was sent for our trade (and proposal), but the record that came back is not of it: nothing is applied
-    // from it, a respond's trade status included (another proposal's acceptance moved the order to resolved)
-    await schedulePoll(db)
+    // from it, a respond's trade status included (another proposal's acceptance moved the order to resolved). The
+    // answer is the news: a poll that could not be scheduled is logged, and the poller's regular one stands
+    await schedulePoll(db).catch((databaseError: unknown) =>
+      logger.error({ externalReference, orderId: order.id, err: databaseError }, "the order's poll could not be scheduled"),
+    )
     logger.warn(
       { externalReference, orderId: order.id, tradeId, operation: operation.kind, answered: other.answered },
       'the platform answered a record of something else than the call was for: order not changed',
@@ -103,7 +124,9 @@ export async function runTradeOperation<O extends TradeOperation>(
     throw recordAnswerMismatch(externalReference, other.asked, printable(other.answered), NOTHING_APPLIED)
   }
   const trade = tradeOf(operation, result)
-  const applied = await db.transaction().execute(async (trx) => {
+  const applied = await db
+    .transaction()
+    .execute(async (trx) => {
     const observed = trade
       ? await applyObservation(
           trx,
@@ -114,6 +137,14 @@ export async function runTradeOperation<O extends TradeOperation>(
     await schedulePoll(trx)
     return observed
   })
+    .catch((databaseError: unknown) => {
+      // the platform did it: what it answered is said, with what the order could not record, never "try again"
+      logger.error(
+        { externalReference, orderId: order.id, tradeId, operation: operation.kind, err: databaseError },
+        'trade operation answered, and its answer could not be recorded: the order shows what it showed before',
+      )
+      throw answerNotRecorded(externalReference, tradeId, operation, result, trade, databaseError, order.tradeStatus)
+    })
   if (trade && applied?.outcome === 'trade_mismatch') {
     // the operation was sent on our trade, but what came back is not its record: what it did is not known
     logger.warn(
@@ -171,6 +202,56 @@ export async function runTradeOperation<O extends TradeOperation>(
     'trade operation done',
   )
   return result as TradeOperationResults[O['kind']]
+}
+
+/**
+ * The platform answered `operation`, and the database could not record the answer: what the platform answered (the
+ * trade's id and status, the proposal's or dispute's id), what the order still shows, and what sets it right.
+ */
+function answerNotRecorded(
+  externalReference: string,
+  tradeId: string,
+  operation: TradeOperation,
+  result: unknown,
+  trade: TradeRecord | undefined,
+  databaseError: unknown,
+  orderStatus: string | null,
+): TradeOperationError {
+  const answered = answeredWords(operation, result, trade)
+  const still = trade
+    ? `order ${externalReference} still shows ${printable(orderStatus ?? 'no status')}, and its poll soon was not scheduled`
+    : `order ${externalReference}'s poll soon was not scheduled`
+  return new TradeOperationError(
+    'answer_not_recorded',
+    `The platform did the ${operation.kind} call on trade ${tradeId}: ${answered}. The database could not record it ` +
+      `(${databaseFailureWords(databaseError)}): ${still}. Do not send it again. The trade's webhook moves the order ` +
+      `when it arrives, and the poller at its next regular poll (\`reconcile --requeue-open\` brings every open ` +
+      `order's forward once the database is back); \`trades get ${externalReference}\` shows the platform's record now.`,
+  )
+}
+
+/** What an answer says, for a line: the platform's ids and statuses, each on one line (printable). */
+function answeredWords(operation: TradeOperation, result: unknown, trade: TradeRecord | undefined): string {
+  switch (operation.kind) {
+    case 'dispute': {
+      const dispute = result as DisputeRecord
+      return `dispute ${printable(dispute.dispute_id)} is ${printable(String(dispute.status))}`
+    }
+    case 'proposal': {
+      const proposal = result as ProposalRecord
+      return `proposal ${printable(proposal.proposal_id)} is ${printable(String(proposal.status))}`
+    }
+    case 'respond': {
+      const { proposal } = result as RespondResult
+      return `proposal ${printable(proposal.proposal_id)} is ${printable(String(proposal.status))}, trade ` +
+        `${printable(trade?.trade_id ?? '?')} is ${printable(trade?.status ?? '?')}`
+    }
+    default: {
+      const milestone = milestoneRecordOf(operation, result)
+      if (milestone) return `milestone ${printable(milestone.answered.milestone_id)} is ${printable(String(milestone.answered.status ?? '?'))}`
+      return `trade ${printable(trade?.trade_id ?? '?')} is ${printable(trade?.status ?? '?')}`
+    }
+  }
 }
 
 /** The platform call behind an operation, and nothing else (no order, no observation). */

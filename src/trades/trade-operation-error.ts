@@ -22,6 +22,11 @@ export type TradeOperationErrorCode =
    * (its pending mark was changed meanwhile): nothing links the trade, and the message names it for `trades link`.
    */
   | 'trade_not_recorded'
+  /**
+   * The platform answered an operation, and the database could not record the answer (gone, the statement cut short or
+   * timed out): the message names what the platform answered and what sets the order right. Never to be sent again.
+   */
+  | 'answer_not_recorded'
   /** The order has no trade yet to run the operation on. */
   | 'no_trade'
   /** The platform answered with a record of another trade, order or milestone: nothing of it was applied. */
