@@ -4,14 +4,14 @@
 import type { Kysely } from 'kysely'
 import { afterAll, beforeAll, describe, expect, it } from 'vitest'
 import type { Database } from '../src/db/database.js'
-import { findOrderByExternalReference, setTradeCreateState, startTradeCreate } from '../src/orders/order.repository.js'
+import { findOrderByExternalReference, setTradeCreateState } from '../src/orders/order.repository.js'
 import { flagUnresolvedCreates } from '../src/orders/poll-schedule.repository.js'
 import type { PartnerApiClient } from '../src/partner-api/partner-api.client.js'
 import { createSandbox, type Sandbox } from '../src/sandbox/create-sandbox.js'
 import { type Reader, seededCliDatabase } from './helpers/cli-database.js'
 import { runCli } from './helpers/cli-process.js'
 import { testLogger } from './helpers/log-sink.js'
-import { backdateCreateMark, createOrder } from './helpers/orders.js'
+import { backdateCreateMark, createOrder, markCreateSent } from './helpers/orders.js'
 import { sandboxClient } from './helpers/sandbox-client.js'
 import { TEST_API_KEY_ID, TEST_API_SECRET, TEST_WEBHOOK_SECRET } from './helpers/test-config.js'
 import { postgresUrl } from './helpers/test-database.js'
@@ -37,7 +37,7 @@ function seeded(kind: 'pglite' | 'postgres', references: string[]): Promise<{ en
   const seed = async (db: Kysely<Database>) => {
     for (const externalReference of references) {
       const { order } = await createOrder(db, { externalReference })
-      await startTradeCreate(db, order.id, 'none', { waitMs: 15_000 })
+      await markCreateSent(db, order.id, 'none', { waitMs: 15_000 })
       await setTradeCreateState(db, order.id, 'unknown')
       await backdateCreateMark(db, order.id, 3_600_000)
     }

@@ -6,14 +6,14 @@ import { afterAll, beforeAll, beforeEach, describe, expect, it } from 'vitest'
 import type { CliContext } from '../src/cli/cli-context.js'
 import { systemClock } from '../src/clock.js'
 import { createApp } from '../src/http/app.js'
-import { findOrderByExternalReference, orderHistory, setTradeCreateState, startTradeCreate } from '../src/orders/order.repository.js'
+import { findOrderByExternalReference, orderHistory, setTradeCreateState } from '../src/orders/order.repository.js'
 import { flagUnresolvedCreates } from '../src/orders/poll-schedule.repository.js'
 import type { PartnerApiClient } from '../src/partner-api/partner-api.client.js'
 import type { Sandbox } from '../src/sandbox/create-sandbox.js'
 import { runCommandWith } from './helpers/cli-in-process.js'
 import { FakeClock } from './helpers/fake-clock.js'
 import { testLogger } from './helpers/log-sink.js'
-import { backdateCreateMark, createOrder } from './helpers/orders.js'
+import { backdateCreateMark, createOrder, markCreateSent } from './helpers/orders.js'
 import { insertOrders } from './helpers/reconcile-orders.js'
 import { sandboxClient } from './helpers/sandbox-client.js'
 import { type BeforeAnswer, type SandboxFront, startSandboxFront } from './helpers/sandbox-front.js'
@@ -59,7 +59,7 @@ const reference = () => `link-order-${++counter}`
 /** The order as `trades open` leaves it when the create got no answer, flagged by the poller's check. */
 async function unresolvedOrder(externalReference: string): Promise<void> {
   const { order } = await createOrder(database.db, { externalReference })
-  expect(await startTradeCreate(database.db, order.id, 'none', { waitMs: 15_000 })).toBeDefined()
+  expect(await markCreateSent(database.db, order.id, 'none', { waitMs: 15_000 })).toBeDefined()
   await setTradeCreateState(database.db, order.id, 'unknown')
   await backdateCreateMark(database.db, order.id, 3_600_000)
   expect(await flagUnresolvedCreates(database.db, { unresolvedAfterS: 0, createWholeTimeMs: 15_000 })).toContain(externalReference)

@@ -16,14 +16,14 @@ import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest'
 import type { CliContext } from '../src/cli/cli-context.js'
 import type { Database } from '../src/db/database.js'
 import { applyObservation } from '../src/orders/apply-observation.js'
-import { findOrderByExternalReference, setTradeCreateState, startTradeCreate } from '../src/orders/order.repository.js'
+import { findOrderByExternalReference, setTradeCreateState } from '../src/orders/order.repository.js'
 import { CREATE_MARGIN_MS } from '../src/trades/open-trade-for-order.js'
 import { runCommandWith } from './helpers/cli-in-process.js'
 import { FakeClock } from './helpers/fake-clock.js'
 import { countingFetcher } from './helpers/reconcile-orders.js'
 import { testPoller } from './helpers/reconcile-poller.js'
 import { testLogger } from './helpers/log-sink.js'
-import { backdateCreateMark, createOrder, restoreCreateMark, TEST_OBSERVATION_SETTINGS } from './helpers/orders.js'
+import { backdateCreateMark, createOrder, restoreCreateMark, TEST_OBSERVATION_SETTINGS, markCreateSent } from './helpers/orders.js'
 import { tradeRecord } from './helpers/partner-api-fixtures.js'
 import { TEST_API_SECRET, testConfig } from './helpers/test-config.js'
 import { createTestDatabase, type TestDatabase } from './helpers/test-database.js'
@@ -122,7 +122,7 @@ async function order(ref: string) {
 /** An order whose create was marked pending `ageMs` ago by a command that then stopped (a crash mid-call). */
 async function leftPending(ref: string, ageMs: number) {
   const { order: created } = await createOrder(database.db, { externalReference: ref })
-  expect(await startTradeCreate(database.db, created.id, 'none', { waitMs: WHOLE_TIME_MS })).toBeDefined()
+  expect(await markCreateSent(database.db, created.id, 'none', { waitMs: WHOLE_TIME_MS })).toBeDefined()
   await backdateCreateMark(database.db, created.id, ageMs)
   return created.id
 }

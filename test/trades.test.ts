@@ -1,7 +1,7 @@
 import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest'
 import { applyObservation } from '../src/orders/apply-observation.js'
-import { findOrderByExternalReference, startTradeCreate } from '../src/orders/order.repository.js'
-import { backdateCreateMark, createOrder } from './helpers/orders.js'
+import { findOrderByExternalReference } from '../src/orders/order.repository.js'
+import { backdateCreateMark, createOrder, markCreateSent } from './helpers/orders.js'
 import { PartnerApiClient } from '../src/partner-api/partner-api.client.js'
 import {
   PartnerAnswerAbandonedError,
@@ -180,7 +180,7 @@ describe('openTradeForOrder', () => {
     // marked longer ago than the create's whole time: the command that sent it is gone
     const clock = new FakeClock()
     const { id } = await order(ref)
-    expect(await startTradeCreate(database.db, id, 'none', { waitMs: CREATE_TIMEOUT_MS + CREATE_MARGIN_MS })).toBeDefined()
+    expect(await markCreateSent(database.db, id, 'none', { waitMs: CREATE_TIMEOUT_MS + CREATE_MARGIN_MS })).toBeDefined()
     await backdateCreateMark(database.db, id, CREATE_TIMEOUT_MS + CREATE_MARGIN_MS)
     const client = fakeTradeApi()
     await expect(openTradeForOrder(deps(client, clock), ref, request)).rejects.toMatchObject({ code: 'trade_create_unknown' })
@@ -194,7 +194,7 @@ describe('openTradeForOrder', () => {
     await createOrder(database.db, { externalReference: ref })
     const clock = new FakeClock()
     const { id } = await order(ref)
-    expect(await startTradeCreate(database.db, id, 'none', { waitMs: CREATE_TIMEOUT_MS + CREATE_MARGIN_MS })).toBeDefined()
+    expect(await markCreateSent(database.db, id, 'none', { waitMs: CREATE_TIMEOUT_MS + CREATE_MARGIN_MS })).toBeDefined()
     await backdateCreateMark(database.db, id, CREATE_TIMEOUT_MS + CREATE_MARGIN_MS)
     const refusal = new PartnerApiError(422, 'validation_failed', 'invalid fields', undefined)
     const client = fakeTradeApi({

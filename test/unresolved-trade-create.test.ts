@@ -6,11 +6,11 @@
 import { beforeEach, describe, expect, it } from 'vitest'
 import { createApp } from '../src/http/app.js'
 import { findOrderByExternalReference } from '../src/orders/order.repository.js'
-import { setTradeCreateState, startTradeCreate } from '../src/orders/order.repository.js'
+import { setTradeCreateState } from '../src/orders/order.repository.js'
 import { createWaitMs } from '../src/trades/open-trade-for-order.js'
 import { FakeClock } from './helpers/fake-clock.js'
 import { logEntries, testLogger } from './helpers/log-sink.js'
-import { backdateCreateMark, createOrder } from './helpers/orders.js'
+import { backdateCreateMark, createOrder, markCreateSent } from './helpers/orders.js'
 import { countingFetcher, insertOrders } from './helpers/reconcile-orders.js'
 import { testPoller } from './helpers/reconcile-poller.js'
 import { runCommandWith } from './helpers/cli-in-process.js'
@@ -32,7 +32,7 @@ describe('an order whose trade create went unanswered', () => {
   /** A create marked `ageS` ago by a command whose whole time is `waitS` (null: marked before it was stored). */
   const unanswered = async (externalReference: string, state: 'pending' | 'unknown', ageS: number, waitS: number | null = 15) => {
     const { order } = await createOrder(database.db, { externalReference, now: () => new Date(clock.now()) })
-    expect(await startTradeCreate(database.db, order.id, 'none', { waitMs: (waitS ?? 0) * 1_000 })).toBeDefined()
+    expect(await markCreateSent(database.db, order.id, 'none', { waitMs: (waitS ?? 0) * 1_000 })).toBeDefined()
     if (waitS === null) await database.db.updateTable('orders').set({ tradeCreateWaitMs: null }).where('id', '=', order.id).execute()
     if (state === 'unknown') await setTradeCreateState(database.db, order.id, 'unknown')
     // ages by the database's clock, which stamps and judges the marks
@@ -116,7 +116,7 @@ describe('an order whose trade create went unanswered', () => {
     const linked = await findOrderByExternalReference(database.db, 'unresolved-linked')
     expect(linked).toMatchObject({ attention: null, tradeId: 'trd_unresolved-linked', tradeStatus: 'funded', tradeCreateState: 'created' })
 
-    expect(await startTradeCreate(database.db, retried, 'unknown', { waitMs: 15_000 })).toBeDefined()
+    expect(await markCreateSent(database.db, retried, 'unknown', { waitMs: 15_000 })).toBeDefined()
     expect(await attentionOf('unresolved-retried')).toBeNull()
   })
 
@@ -127,7 +127,7 @@ describe('an order whose trade create went unanswered', () => {
     const longest = createWaitMs(2_147_483_647)
     expect(longest).toBe(2_147_483_647)
     const { order } = await createOrder(database.db, { externalReference: 'unresolved-longest', now: () => new Date(clock.now()) })
-    expect(await startTradeCreate(database.db, order.id, 'none', { waitMs: longest })).toBeDefined()
+    expect(await markCreateSent(database.db, order.id, 'none', { waitMs: longest })).toBeDefined()
     await backdateCreateMark(database.db, order.id, 60_000)
     const dueOrder = (externalReference: string) =>
       insertOrders(database.db, [{ externalReference, tradeStatus: 'created', nextPollAt: new Date(clock.now() - 1_000) }])

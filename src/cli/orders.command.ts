@@ -1,7 +1,7 @@
 // `orders create|show|list`: the partner's orders as the service keeps them.
 import type { Command } from 'commander'
 import type { PartnerEnv } from '../config.js'
-import { linkedElsewhere } from '../orders/order.js'
+import { linkedElsewhere, unsentCreate } from '../orders/order.js'
 import { printable } from '../printable.js'
 import { invalidOrder, listLimit, MAX_LIST_LIMIT, orderReference } from './cli-arguments.js'
 import { CommandFailedError, markTookEffect, printJson, printTable, withDatabase, write } from './cli-context.js'
@@ -72,7 +72,7 @@ export function registerOrdersCommands(program: Command): void {
             `order      ${printable(order.externalReference)} (id ${order.id})`,
             `status     ${printable(order.tradeStatus ?? '-')}${order.statusSource ? ` (by ${order.statusSource})` : ''}`,
             `trade      ${printable(order.tradeId ?? '-')} ${printable(order.tradeReference ?? '')}`.trimEnd(),
-            `create     ${order.tradeCreateState}`,
+            `create     ${order.tradeCreateState}${unsentCreate(order) ? ' (marked, not sent)' : ''}`,
             ...(order.tradeId === null ? [] : [`env        ${environmentOf(order, config.partner.env)}`]),
             `next poll  ${order.nextPollAt?.toISOString() ?? '-'}`,
             ...(order.attention ? [`attention  ${order.attention}`] : []),

@@ -139,7 +139,7 @@ export async function startTradeCreate(
   db: Executor,
   orderId: number,
   previousState: TradeCreateState,
-  { takeOver, waitMs }: { takeOver?: { markedBy: Date; wholeTimeMs: number }; waitMs: number },
+  { takeOver, waitMs }: { takeOver?: { markedBy: Date; wholeTimeMs: number; unsent?: boolean }; waitMs: number },
 ): Promise<Date | undefined> {
   let query = db
     .updateTable('orders')
@@ -147,7 +147,8 @@ export async function startTradeCreate(
     .set((eb) => ({
       tradeCreateState: 'pending',
       updatedAt: DATABASE_MARK_TIME,
-      tradeCreateWaitMs: waitMs,
+      // negative: marked, not sent (markTradeCreateSending makes it the whole time once the create is about to leave)
+      tradeCreateWaitMs: -waitMs,
       attention: eb.case().when('attention', '=', 'trade_create_unknown').then(null).else(eb.ref('attention')).end(),
     }))
     .where('id', '=', orderId)
@@ -157,13 +158,40 @@ export async function startTradeCreate(
     query = query
       .where('updatedAt', '<=', takeOver.markedBy)
       .where(
-        (eb) => sql<Date>`${eb.ref('updatedAt')} + coalesce(${eb.ref('tradeCreateWaitMs')}, ${takeOver.wholeTimeMs}::integer) * interval '1 millisecond'`,
+        (eb) => sql<Date>`${eb.ref('updatedAt')} + abs(coalesce(${eb.ref('tradeCreateWaitMs')}, ${takeOver.wholeTimeMs}::integer)) * interval '1 millisecond'`,
         '<=',
         DATABASE_MARK_TIME,
       )
+    // a create judged never sent is taken over only while it still is: its command's send stamp, had it come first,
+    // would make it a create at the platform
+    if (takeOver.unsent) query = query.where('tradeCreateWaitMs', '<', 0)
   }
   const marked = await query.returning('updatedAt').executeTakeFirst()
   return marked?.updatedAt
+}
+
+/**
+ * Stamps a create marked by startTradeCreate as leaving now: the mark's time moved to this statement's (the
+ * database's clock), and its whole time made positive (sent). Only under the command's own mark (`claim`): a create
+ * another command took over meanwhile is not stamped, and must not be sent. Returns the new mark, the command's claim
+ * from then on, or undefined.
+ *
+ * The whole time is counted from this stamp, not from the first mark: a statement that waited on a lock (up to
+ * DATABASE_STATEMENT_TIMEOUT_MS) before or while marking no longer eats the create's time, and the create is sent only
+ * when this statement came back within SEND_WITHIN_MS of being issued (open-trade-for-order.ts), so it leaves before
+ * its stamp and that much. A mark never stamped is a create never sent: its command stopped before sending it.
+ */
+export async function markTradeCreateSending(db: Executor, orderId: number, claim: Date, waitMs: number): Promise<Date | undefined> {
+  const stamped = await db
+    .updateTable('orders')
+    .set({ updatedAt: DATABASE_MARK_TIME, tradeCreateWaitMs: waitMs })
+    .where('id', '=', orderId)
+    .where('tradeId', 'is', null)
+    .where('tradeCreateState', '=', 'pending')
+    .where('updatedAt', '=', claim)
+    .returning('updatedAt')
+    .executeTakeFirst()
+  return stamped?.updatedAt
 }
 
 /**

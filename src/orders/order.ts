@@ -9,6 +9,11 @@ export type ObservationSource = 'webhook' | 'poll' | 'api'
  */
 export type TradeCreateState = 'none' | 'pending' | 'unknown' | 'created'
 
+/** A pending create whose command marked it and has not sent it (or stopped before sending it). */
+export function unsentCreate(order: Pick<Order, 'tradeCreateState' | 'tradeCreateWaitMs'>): boolean {
+  return order.tradeCreateState === 'pending' && order.tradeCreateWaitMs !== null && order.tradeCreateWaitMs < 0
+}
+
 export interface Order {
   id: number
   externalReference: string
@@ -23,7 +28,9 @@ export interface Order {
   /**
    * While pending: how long the command that marked it waits for the answer (its PARTNER_API_TIMEOUT_MS and a margin),
    * in ms from updatedAt. Read only while pending, and cleared when this version moves the create to a state that
-   * can lead back to it; null for a mark written by a version before the column.
+   * can lead back to it; null for a mark written by a version before the column. Negative while the create is marked
+   * and not yet sent (startTradeCreate): made the whole time by the stamp written as it leaves (markTradeCreateSending),
+   * so a mark whose command stopped before sending reads as never sent. Every mark an older version writes is positive.
    */
   tradeCreateWaitMs: number | null
   /**

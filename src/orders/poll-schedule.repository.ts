@@ -196,7 +196,7 @@ export async function flagUnresolvedCreates(
       eb.or([
         eb('tradeCreateState', '=', 'unknown'),
         eb(
-          sql<Date>`${eb.ref('updatedAt')} + coalesce(${eb.ref('tradeCreateWaitMs')}, ${createWholeTimeMs}::integer) * interval '1 millisecond'`,
+          sql<Date>`${eb.ref('updatedAt')} + abs(coalesce(${eb.ref('tradeCreateWaitMs')}, ${createWholeTimeMs}::integer)) * interval '1 millisecond'`,
           '<',
           sql<Date>`now()`,
         ),

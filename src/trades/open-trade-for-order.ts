@@ -5,7 +5,14 @@
 // reset connection) may still have made the trade, and sending it again could make a second one. So the order
 // carries a trade_create_state:
 //   none     no create in flight; a create may be sent
-//   pending  a create is being sent (set BEFORE the call: a crash mid-call leaves this behind)
+//   pending  a create is being sent (set BEFORE the call: a crash mid-call leaves this behind). Marked first as not
+//            sent (a negative trade_create_wait_ms), then stamped as it leaves (markTradeCreateSending): the create's
+//            whole time counts from that stamp, and the stamp comes back within SEND_WITHIN_MS of being issued or the
+//            create is not sent, so a statement that waited on a lock no longer eats the time of a create still to
+//            be sent (an outside review saw a --retry send a second create while the first was at the platform). A
+//            mark never stamped is a create never sent: its command stopped before sending (a Ctrl-C during a mark
+//            that waited on a lock, committed after the process ended); once its time is up, `trades open` sends
+//            it without --retry, where it was called a create whose answer was lost
 //   unknown  a create was sent and its answer never came: never sent again on its own; the webhook that
 //            carries the order's external_reference links the trade, or an operator retries on purpose
 //   created  the platform answered with the trade, now linked
@@ -34,13 +41,14 @@
 import { applyObservation } from '../orders/apply-observation.js'
 import { checkOrderReference, createOrder } from '../orders/create-order.js'
 import { apiObservation } from '../orders/observations.js'
-import type { Order } from '../orders/order.js'
+import { type Order, unsentCreate } from '../orders/order.js'
 import {
   databaseNow,
   findOrderByExternalReference,
   flagTakenOverCreate,
   lockOrderById,
   markTradeCreated,
+  markTradeCreateSending,
   setTradeCreateState,
   startTradeCreate,
 } from '../orders/order.repository.js'
@@ -87,30 +95,84 @@ export async function openTradeForOrder(
   }
   if (order.tradeId !== null) throw tradeExists(order)
   const previousState = order.tradeCreateState
+  // marked by a command that has not sent it: past its time, that command stopped before sending, and nothing is at
+  // the platform (a stop during the mark whose statement committed after the process ended)
+  const unsent = unsentCreate(order)
   // by the database's clock, which stamped the mark: this process's may be ahead of the sender's or behind
   const judgedAt = previousState === 'pending' ? await databaseNow(db) : undefined
   // a pending create's whole time: until then its command may still get the answer that links the trade
   const settledBy = previousState === 'pending' ? createSettledBy(order, settings.createTimeoutMs) : undefined
   if (settledBy && judgedAt !== undefined && judgedAt < settledBy.getTime()) throw createInFlight(order, settledBy, judgedAt, retry)
-  if ((previousState === 'unknown' || previousState === 'pending') && !retry) throw createUnknown(order)
+  if ((previousState === 'unknown' || (previousState === 'pending' && !unsent)) && !retry) throw createUnknown(order)
+  if (unsent) {
+    deps.notice?.(
+      `Order ${printable(externalReference)}'s create was marked at ${order.updatedAt.toISOString()} by a command that ` +
+        'stopped before sending it: nothing was sent then, and this command sends it',
+    )
+  }
   // what the state goes back to when this create made nothing: a pending one taken over had lost its command, and
-  // its create is as unknown as one that timed out
-  const restoredState = previousState === 'created' ? 'none' : previousState === 'pending' ? 'unknown' : previousState
+  // its create is as unknown as one that timed out; one never sent made nothing
+  const restoredState = previousState === 'created' || unsent ? 'none' : previousState === 'pending' ? 'unknown' : previousState
+  const marking = guard?.writing?.({
+    change: `the mark of order ${printable(externalReference)}'s create (pending, not sent)`,
+    see: `\`orders show ${quoteForShell(externalReference)}\` shows it (\`create pending (marked, not sent)\`: the next \`trades open\` sends it once its time is up)`,
+  })
   // compare-and-set: of two concurrent opens only one moves the order to pending, and a pending create is taken
   // over only while it is the one judged above and its whole time is past (by the database's clock), not one marked
   // since
-  const markedAt = await startTradeCreate(db, order.id, previousState, {
-    waitMs: createWaitMs(settings.createTimeoutMs),
-    ...(settledBy ? { takeOver: { markedBy: order.updatedAt, wholeTimeMs: createWaitMs(settings.createTimeoutMs) } } : {}),
-  })
+  const waitMs = createWaitMs(settings.createTimeoutMs)
+  let markedAt = await startTradeCreate(db, order.id, previousState, {
+    waitMs,
+    ...(settledBy ? { takeOver: { markedBy: order.updatedAt, wholeTimeMs: waitMs, unsent } } : {}),
+  }).finally(() => marking?.())
   if (!markedAt) throw await claimLost(deps, externalReference, retry)
   // this command's later writes of the create state name its mark: one whose create another command took over
   // (judged stopped) changes nothing of the other's
-  const claim = { claim: markedAt }
+  let claim = { claim: markedAt }
+  const putBack = async () => {
+    const writing = guard?.writing?.({
+      change: `the setting back of order ${printable(externalReference)}'s create`,
+      see: `\`orders show ${quoteForShell(externalReference)}\` shows it; nothing was sent to the platform`,
+    })
+    await setTradeCreateState(db, order.id, restoredState, claim).finally(() => writing?.())
+  }
   if (guard?.stopRequested()) {
     // the stop came while the order was being marked: nothing was sent, so back to where it was (a pending create
     // taken over: unknown, as above)
-    await setTradeCreateState(db, order.id, restoredState, claim)
+    await putBack()
+    throw stopped()
+  }
+  // The stamp the create's whole time counts from, written as it leaves. The first mark's time is its statement's
+  // start, and a statement that waited on a lock for most of DATABASE_STATEMENT_TIMEOUT_MS ate the create's whole
+  // time: another command called it stopped while it was still to be sent, and its --retry sent a second create
+  // (an outside review). The create is sent only when the stamp came back within SEND_WITHIN_MS of being issued:
+  // its time counted from the stamp then covers its send, its PARTNER_API_TIMEOUT_MS and a late timer.
+  for (let attempt = 1; ; attempt += 1) {
+    const issued = performance.now()
+    const writing = guard?.writing?.({
+      change: `the sent stamp of order ${printable(externalReference)}'s create`,
+      see:
+        `nothing was sent to the platform: if \`orders show ${quoteForShell(externalReference)}\` shows its create pending ` +
+        '(not marked "not sent"), it is read as sent, and `trades open … --retry` sends it',
+    })
+    const stamped = await markTradeCreateSending(db, order.id, markedAt, waitMs).finally(() => writing?.())
+    if (!stamped) throw await claimLost(deps, externalReference, retry)
+    markedAt = stamped
+    claim = { claim: markedAt }
+    const tookMs = performance.now() - issued
+    if (tookMs <= SEND_WITHIN_MS) break
+    if (attempt === SEND_STAMP_ATTEMPTS) {
+      await putBack()
+      throw new TradeOperationError(
+        'database_slow',
+        `The database took ${(tookMs / 1000).toFixed(1)} s to stamp order ${externalReference}'s create as leaving ` +
+          `(${SEND_STAMP_ATTEMPTS} times over ${SEND_WITHIN_MS / 1000} s: a lock wait?): nothing was sent to the platform, ` +
+          `and the order is set back to ${restoredState}. Run the command again once the database answers in time.`,
+      )
+    }
+  }
+  if (guard?.stopRequested()) {
+    await putBack()
     throw stopped()
   }
 
@@ -271,6 +333,15 @@ type Recorded =
  */
 export const CREATE_MARGIN_MS = 5_000
 
+/**
+ * The longest a create's sent stamp (markTradeCreateSending) may take to come back for the create to be sent: the
+ * create then leaves within this of its stamp, inside CREATE_MARGIN_MS, which leaves the rest for a late timer.
+ */
+export const SEND_WITHIN_MS = 2_000
+
+/** How many times a sent stamp slower than SEND_WITHIN_MS is written again before the command gives up, nothing sent. */
+const SEND_STAMP_ATTEMPTS = 3
+
 /** The longest whole time stored (trade_create_wait_ms is an integer column): about 24.8 days. */
 export const LONGEST_CREATE_WAIT_MS = 2_147_483_647
 
@@ -287,13 +358,23 @@ export function createWaitMs(createTimeoutMs: number): number {
  * as that command stored it (this command's own for a mark written before trade_create_wait_ms).
  */
 function createSettledBy(order: Order, createTimeoutMs: number): Date {
-  return new Date(order.updatedAt.getTime() + (order.tradeCreateWaitMs ?? createWaitMs(createTimeoutMs)))
+  // negative while marked and not sent (startTradeCreate)
+  return new Date(order.updatedAt.getTime() + Math.abs(order.tradeCreateWaitMs ?? createWaitMs(createTimeoutMs)))
 }
 
 function createInFlight(order: Order, settledBy: Date, now: number, retry: boolean): TradeOperationError {
   const ageS = ((now - order.updatedAt.getTime()) / 1000).toFixed(1)
   const since = `pending since ${order.updatedAt.toISOString()}, ${ageS} s ago`
   const whenUnknown = `if it is not answered, it counts as unanswered (unknown) from ${settledBy.toISOString()} on`
+  if (unsentCreate(order)) {
+    return new TradeOperationError(
+      'trade_create_in_flight',
+      `A trade create for order ${order.externalReference} was marked by another command (${since}) and has not been ` +
+        `sent yet: nothing was sent${retry ? ', --retry included' : ''}. If that command sends it, its answer links the trade ` +
+        `(see \`trades get ${order.externalReference}\`); if it has not sent it by ${settledBy.toISOString()}, it ` +
+        'stopped before sending, and `trades open` sends it then',
+    )
+  }
   return new TradeOperationError(
     'trade_create_in_flight',
     retry

@@ -36,6 +36,12 @@ export interface CallGuard {
   sending(): AbortSignal
   /** The call is over (answered or failed): what is left is recording that locally. */
   settled(): void
+  /**
+   * A local write before the call is sent, `change` (a statement that runs on without the process on Postgres), is in
+   * flight until the returned function is called: a stop that ends the process then says it may or may not have been
+   * made, and `see` where to look.
+   */
+  writing?(write: { change: string; see: string }): () => void
 }
 
 export interface TradeDeps {

@@ -27,6 +27,8 @@ export type TradeOperationErrorCode =
    * timed out): the message names what the platform answered and what sets the order right. Never to be sent again.
    */
   | 'answer_not_recorded'
+  /** The database took too long to stamp a create as leaving (a lock wait): nothing was sent, the order set back. */
+  | 'database_slow'
   /** The order has no trade yet to run the operation on. */
   | 'no_trade'
   /** The platform answered with a record of another trade, order or milestone: nothing of it was applied. */

@@ -6,6 +6,8 @@ import type { Database } from '../../src/db/database.js'
 import { applyObservation, type ObservationSettings } from '../../src/orders/apply-observation.js'
 import { createOrder as createOrderWith } from '../../src/orders/create-order.js'
 import { observationSettings } from '../../src/orders/observations.js'
+import type { TradeCreateState } from '../../src/orders/order.js'
+import { markTradeCreateSending, startTradeCreate } from '../../src/orders/order.repository.js'
 
 /** STALE_AFTER_S's default (21,600 s) and no reaction handlers. */
 export const TEST_OBSERVATION_SETTINGS: ObservationSettings = observationSettings({ poll: { staleAfterS: 21_600 } })
@@ -54,4 +56,19 @@ export async function moveNewOrder(
     expect(result.outcome).toBe('applied')
   }
   return order.id
+}
+
+/**
+ * Marks an order's create pending and stamps it as sent, as `trades open` does right before its create leaves
+ * (startTradeCreate, then markTradeCreateSending): a create at the platform, or one whose command stopped mid-call.
+ * A mark alone is a create never sent. Returns the mark, or undefined when it was not marked.
+ */
+export async function markCreateSent(
+  db: Kysely<Database>,
+  orderId: number,
+  previousState: TradeCreateState,
+  { waitMs }: { waitMs: number },
+): Promise<Date | undefined> {
+  const marked = await startTradeCreate(db, orderId, previousState, { waitMs })
+  return marked && markTradeCreateSending(db, orderId, marked, waitMs)
 }

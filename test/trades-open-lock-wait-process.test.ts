@@ -1,0 +1,153 @@
+// `trades open` whose statements wait on a lock another session holds, over Postgres and the compiled CLI.
+// - F2: the create's pending mark was stamped with its statement's start, and a wait on a lock ate the create's whole
+//   time: another `trades open` called the create "past its timeout: the command sending it stopped" while it was
+//   still to be sent, and its --retry sent a second create while the first was at the platform. Its whole time now
+//   counts from the stamp written as it leaves.
+// The lock is a transaction's only statement, LOCK TABLE … IN SHARE MODE: no transaction id, no snapshot, so the wait
+// holds back no other session's horizon.
+import { type ChildProcess } from 'node:child_process'
+import { once } from 'node:events'
+import { mkdtempSync, rmSync } from 'node:fs'
+import { tmpdir } from 'node:os'
+import path from 'node:path'
+import pg from 'pg'
+import { afterAll, beforeAll, expect, it } from 'vitest'
+import { killLeftovers, runCli, spawnCli } from './helpers/cli-process.js'
+import { type GatedPlatform, startGatedPlatform } from './helpers/gated-platform.js'
+import { TEST_API_KEY_ID, TEST_API_SECRET, TEST_WEBHOOK_SECRET } from './helpers/test-config.js'
+import { createTestDatabase, describePostgres, type TestDatabase } from './helpers/test-database.js'
+
+const scratch = mkdtempSync(path.join(tmpdir(), 'trades-open-lock-'))
+const children: ChildProcess[] = []
+const OPEN = ['--title', 'Bicycle', '--amount', '10.00', '--currency', 'EUR', '--seller', 's1']
+
+function started(args: string[], env: Record<string, string>) {
+  const child = spawnCli(args, env, { built: true })
+  children.push(child)
+  let stdout = ''
+  let stderr = ''
+  child.stdout!.on('data', (chunk) => (stdout += chunk))
+  child.stderr!.on('data', (chunk) => (stderr += chunk))
+  let closed: { code: number | null; signal: NodeJS.Signals | null } | undefined
+  const ended = (once(child, 'close') as Promise<[number | null, NodeJS.Signals | null]>).then(([code, signal]) => (closed = { code, signal }))
+  return {
+    child,
+    stderr: () => stderr,
+    closed: () => closed,
+    ended: async () => ({ ...(await ended), stdout, stderr }),
+  }
+}
+
+async function until(check: () => Promise<boolean> | boolean, what: string): Promise<void> {
+  for (const deadline = Date.now() + 60_000; Date.now() < deadline; ) {
+    if (await check()) return
+    await new Promise((resolve) => setTimeout(resolve, 100))
+  }
+  throw new Error(`timed out: ${what}`)
+}
+
+const sleep = (ms: number) => new Promise((resolve) => setTimeout(resolve, ms))
+
+describePostgres('trades open waiting on a lock (Postgres)', () => {
+  let database: TestDatabase
+  let platform: GatedPlatform
+  let watcher: pg.Client
+  const application = `trades-open-lock-${process.pid}`
+  let env: Record<string, string>
+
+  beforeAll(async () => {
+    database = await createTestDatabase({ kind: 'postgres' })
+    watcher = new pg.Client({ connectionString: database.url! })
+    await watcher.connect()
+    platform = await startGatedPlatform()
+    const url = new URL(database.url!)
+    url.searchParams.set('application_name', application)
+    env = {
+      DATA_DIR: path.join(scratch, 'data'),
+      DATABASE_URL: url.toString(),
+      // no statement of the command's ends at its statement timeout while the test holds the lock
+      DATABASE_STATEMENT_TIMEOUT_MS: '60000',
+      PARTNER_API_BASE_URL: platform.url,
+      PARTNER_API_KEY_ID: TEST_API_KEY_ID,
+      PARTNER_API_SECRET: TEST_API_SECRET,
+      WEBHOOK_SECRETS: TEST_WEBHOOK_SECRET,
+    }
+  }, 120_000)
+
+  afterAll(async () => {
+    killLeftovers(children)
+    await platform?.close()
+    await watcher?.end()
+    await database?.close()
+    rmSync(scratch, { recursive: true, force: true })
+  })
+
+  /** A session holding SHARE on orders, taken as its transaction's only statement: no transaction id. */
+  async function holdOrders(): Promise<{ client: pg.Client; pid: number }> {
+    const client = new pg.Client({ connectionString: database.url! })
+    client.on('error', () => {})
+    await client.connect()
+    const { rows } = await client.query<{ pid: number }>('select pg_backend_pid() as pid')
+    await client.query('begin; lock table orders in share mode')
+    const held = await watcher.query(`select backend_xid from pg_stat_activity where pid = $1`, [rows[0]!.pid])
+    expect(held.rows).toEqual([{ backend_xid: null }])
+    return { client, pid: rows[0]!.pid }
+  }
+
+  async function release(holder: { client: pg.Client; pid: number }): Promise<void> {
+    await watcher.query('select pg_terminate_backend($1)', [holder.pid])
+    await holder.client.end().catch(() => {})
+  }
+
+  async function waitsOn(holder: { pid: number }): Promise<boolean> {
+    const { rows } = await watcher.query<{ n: number }>(
+      `select count(*)::int as n from pg_stat_activity where application_name = $1 and $2 = any(pg_blocking_pids(pid))`,
+      [application, holder.pid],
+    )
+    return rows[0]!.n > 0
+  }
+
+  async function orderRow(reference: string) {
+    const { rows } = await watcher.query(
+      `select trade_id, trade_create_state, trade_create_wait_ms, updated_at, now() as now from orders where external_reference = $1`,
+      [reference],
+    )
+    return rows[0] as { trade_id: string | null; trade_create_state: string; trade_create_wait_ms: number | null; updated_at: Date; now: Date }
+  }
+
+  const creates = () => platform.requests.filter((each) => each.method === 'POST' && each.path.endsWith('/v1/trades/'))
+
+  it('a mark that waited on a lock past the whole time: a --retry while the create is at the platform sends nothing', async () => {
+    const timeoutEnv = { ...env, PARTNER_API_TIMEOUT_MS: '15000' }
+    expect((await runCli(['orders', 'create', '--external-reference', 'f2-1'], timeoutEnv, { built: true })).code).toBe(0)
+    const before = creates().length
+    let retrying: ReturnType<typeof runCli> | undefined
+    platform.gate = {
+      before: async () => {
+        if (retrying) return
+        // while this create is at the platform (its answer held until then): the operator's --retry
+        retrying = runCli(['trades', 'open', 'f2-1', ...OPEN, '--retry'], timeoutEnv, { built: true })
+        await retrying
+      },
+    }
+    const holder = await holdOrders()
+    let opening: ReturnType<typeof started> | undefined
+    try {
+      opening = started(['trades', 'open', 'f2-1', ...OPEN], timeoutEnv)
+      await until(() => waitsOn(holder), 'the mark waits on the lock')
+      // past the create's whole time (15 s and the 5 s margin) from the mark's statement's start
+      await sleep(21_000)
+    } finally {
+      await release(holder)
+    }
+    const ended = await opening.ended()
+    const retried = await retrying
+    platform.gate = {}
+    expect(creates().length - before).toBe(1)
+    expect(retried?.stderr).toMatch(/\[trade_create_in_flight\]/)
+    expect(ended.stdout).toMatch(/f2-1: trade tr_1 \(.*\) is created/)
+    expect(ended.code).toBe(0)
+    expect(await orderRow('f2-1')).toMatchObject({ trade_id: 'tr_1', trade_create_state: 'created' })
+  }, 120_000)
+
+})
