@@ -3,6 +3,10 @@
 //   time: another `trades open` called the create "past its timeout: the command sending it stopped" while it was
 //   still to be sent, and its --retry sent a second create while the first was at the platform. Its whole time now
 //   counts from the stamp written as it leaves.
+// - F3: a SIGINT then a SIGTERM while the mark waited: the process ended (exit 143) without a word, the mark committed
+//   once the lock went, and the next `trades open` said the create "was sent … its answer was never recorded"
+//   [trade_create_unknown], though nothing had been sent. Now the second signal says the mark may or may not have been
+//   made, and a mark whose command stopped before sending reads as never sent.
 // The lock is a transaction's only statement, LOCK TABLE … IN SHARE MODE: no transaction id, no snapshot, so the wait
 // holds back no other session's horizon.
 import { type ChildProcess } from 'node:child_process'
@@ -150,4 +154,40 @@ describePostgres('trades open waiting on a lock (Postgres)', () => {
     expect(await orderRow('f2-1')).toMatchObject({ trade_id: 'tr_1', trade_create_state: 'created' })
   }, 120_000)
 
+  it('SIGINT then SIGTERM while the mark waits: says it may or may not have been made; the mark, committed later, reads as never sent', async () => {
+    const timeoutEnv = { ...env, PARTNER_API_TIMEOUT_MS: '1000' }
+    expect((await runCli(['orders', 'create', '--external-reference', 'f3-1'], timeoutEnv, { built: true })).code).toBe(0)
+    const before = creates().length
+    const holder = await holdOrders()
+    let opening: ReturnType<typeof started> | undefined
+    try {
+      opening = started(['trades', 'open', 'f3-1', ...OPEN], timeoutEnv)
+      await until(() => waitsOn(holder), 'the mark waits on the lock')
+      opening.child.kill('SIGINT')
+      await until(() => opening!.stderr().includes('stopping before the call'), 'the first signal is taken')
+      opening.child.kill('SIGTERM')
+      await until(() => opening!.closed() !== undefined, 'the command ends')
+    } finally {
+      await release(holder)
+    }
+    const ended = await opening.ended()
+    expect(ended.stderr).toMatch(/Stopped by a second signal while .* was in flight: nothing was sent to the platform, and the write may or may not have been made .*`orders show f3-1`.* \[stopped\]\n$/s)
+    expect({ code: ended.code, signal: ended.signal }).toEqual({ code: 130, signal: null })
+    // the mark's statement runs on without the process, and commits once the lock is gone
+    await until(async () => (await orderRow('f3-1')).trade_create_state === 'pending', 'the mark commits')
+    expect(creates().length - before).toBe(0)
+    const shown = await runCli(['orders', 'show', 'f3-1'], timeoutEnv, { built: true })
+    expect(shown.stdout).toMatch(/create +pending \(marked, not sent\)/)
+    // once its whole time is up (1 s and the 5 s margin), the next open sends it, no --retry needed
+    await until(async () => {
+      const row = await orderRow('f3-1')
+      return row.now.getTime() > row.updated_at.getTime() + 6_500
+    }, 'the mark is past its whole time')
+    const next = await runCli(['trades', 'open', 'f3-1', ...OPEN], timeoutEnv, { built: true })
+    expect(next.stderr).not.toMatch(/trade_create_unknown/)
+    expect(next.stderr).toMatch(/stopped before sending it: nothing was sent then/)
+    expect(next.stdout).toMatch(/f3-1: trade tr_1 \(.*\) is created/)
+    expect(next.code).toBe(0)
+    expect(creates().length - before).toBe(1)
+  }, 120_000)
 })

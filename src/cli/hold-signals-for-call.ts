@@ -10,7 +10,13 @@
 //                            order left as a timeout leaves it), exit 130
 //   once it has settled      the answer is recorded (one transaction) and printed, exit 130
 // Any other later signal (a second one before the call is sent, a third) ends the process at once, as the other
-// commands' second one does: each local write is one statement or one transaction, rolled back if cut short.
+// commands' second one does. What that leaves: a transaction whose COMMIT was not sent is rolled back by the end of the
+// process, but on Postgres a statement outside one (the pending mark of a create, its sent stamp, its setting back)
+// runs on without it: a mark that waited on a lock committed once the lock went, after the process had ended. So a
+// second signal while such a write is in flight (CallGuard.writing) ends the process saying that the write may or may
+// not have been made and where to look, exit 130; and the pending mark of a create says whether the create left
+// (open-trade-for-order.ts: a mark is "not sent" until the stamp written as the create leaves), so a mark committed
+// after its command ended reads as a create never sent, never as one whose answer was lost.
 // A POST is never retried (partner-api-transport.ts), so there is no backoff to cut short: the call in flight is
 // its one attempt, and without a second signal the wait ends at PARTNER_API_TIMEOUT_MS at the latest.
 import { PartnerAnswerAbandonedError } from '../partner-api/partner-api-error.js'
@@ -30,6 +36,8 @@ export interface HeldSignals {
 export function holdSignalsForCall(): HeldSignals {
   let phase: 'before' | 'in_flight' | 'settled' = 'before'
   let signals = 0
+  // the local write before the call that is in flight now, if any (CallGuard.writing)
+  let write: { change: string; see: string } | undefined
   const abandon = new AbortController()
   const off = onStopSignals(
     () => {
@@ -52,6 +60,14 @@ export function holdSignalsForCall(): HeldSignals {
         abandon.abort(new PartnerAnswerAbandonedError('Stopped waiting for the platform’s answer (a second stop signal)'))
         return
       }
+      if (signals === 2 && phase === 'before' && write) {
+        writeError(
+          `Stopped by a second signal while ${write.change} was in flight: nothing was sent to the platform, and the ` +
+            'write may or may not have been made (on Postgres a statement sent runs on without this process); ' +
+            `${write.see} [stopped]\n`,
+        )
+        process.exit(130)
+      }
       if (signals === 2 && phase === 'settled') {
         // the answer is known: ending now would throw it away for a few milliseconds' wait
         writeError('the platform has answered: recording its answer (another Ctrl-C ends the process now, unrecorded)\n')
@@ -70,6 +86,12 @@ export function holdSignalsForCall(): HeldSignals {
       },
       settled: () => {
         phase = 'settled'
+      },
+      writing: (what) => {
+        write = what
+        return () => {
+          if (write === what) write = undefined
+        }
       },
     },
     stopped: () => signals > 0,
