@@ -52,7 +52,8 @@ describePostgres('a trade command whose database goes away once its call is sent
     platform.gate = { ...gate, before: () => proxy.cut() }
     try {
       const result = await runCli(args, env, { built: true })
-      return { ...result, sent: platform.requests.slice(before) }
+      // the command's lines, without its log lines (JSON), which may come after them
+      return { ...result, stderr: result.stderr.replace(/^\{.*\}\n/gm, ''), sent: platform.requests.slice(before) }
     } finally {
       proxy.restore()
       platform.gate = {}
@@ -102,6 +103,19 @@ describePostgres('a trade command whose database goes away once its call is sent
     const again = await runCli(['trades', 'open', 'open-1', '--title', 'Bicycle', '--amount', '10.00', '--currency', 'EUR', '--seller', 's1'], env, { built: true })
     expect(again.stderr).toMatch(/\[trade_create_in_flight\]/)
     expect(platform.requests.filter((each) => each.path.endsWith('/v1/trades/'))).toHaveLength(1)
+  }, 60_000)
+
+  it('trades open timed out: keeps its [outcome_unknown] and says the order could not be marked unknown', async () => {
+    const result = await cutWhileAtPlatform(
+      ['trades', 'open', 'open-2', '--title', 'Bicycle', '--amount', '10.00', '--currency', 'EUR', '--seller', 's1'],
+      { hang: true },
+    )
+    expect(result.sent).toHaveLength(1)
+    expect(result.stderr).not.toMatch(/try again/)
+    expect(result.stderr).toMatch(/\[outcome_unknown\]\n {2}The database could not mark the order's create unknown \(.+\).*Do not send the create again before checking the platform\.\n$/s)
+    expect(result.code).toBe(1)
+    // its create stays pending, stamped as sent: read as unanswered once its time is up, never as never sent
+    expect(await orderRow('open-2')).toMatchObject({ trade_id: null, trade_create_state: 'pending' })
   }, 60_000)
 
   it('proposals create answered: names the proposal made, never "try again" [answer_not_recorded]', async () => {

@@ -127,6 +127,7 @@ describePostgres('trades open waiting on a lock (Postgres)', () => {
     const before = creates().length
     let retrying: ReturnType<typeof runCli> | undefined
     platform.gate = {
+      tradeId: 'tr_f2',
       before: async () => {
         if (retrying) return
         // while this create is at the platform (its answer held until then): the operator's --retry
@@ -149,13 +150,13 @@ describePostgres('trades open waiting on a lock (Postgres)', () => {
     platform.gate = {}
     expect(creates().length - before).toBe(1)
     expect(retried?.stderr).toMatch(/\[trade_create_in_flight\]/)
-    expect(ended.stdout).toMatch(/f2-1: trade tr_1 \(.*\) is created/)
+    expect(ended.stdout).toMatch(/f2-1: trade tr_f2 \(.*\) is created/)
     expect(ended.code).toBe(0)
-    expect(await orderRow('f2-1')).toMatchObject({ trade_id: 'tr_1', trade_create_state: 'created' })
+    expect(await orderRow('f2-1')).toMatchObject({ trade_id: 'tr_f2', trade_create_state: 'created' })
   }, 120_000)
 
   it('SIGINT then SIGTERM while the mark waits: says it may or may not have been made; the mark, committed later, reads as never sent', async () => {
-    const timeoutEnv = { ...env, PARTNER_API_TIMEOUT_MS: '1000' }
+    const timeoutEnv = { ...env, PARTNER_API_TIMEOUT_MS: '3000' }
     expect((await runCli(['orders', 'create', '--external-reference', 'f3-1'], timeoutEnv, { built: true })).code).toBe(0)
     const before = creates().length
     const holder = await holdOrders()
@@ -178,16 +179,17 @@ describePostgres('trades open waiting on a lock (Postgres)', () => {
     expect(creates().length - before).toBe(0)
     const shown = await runCli(['orders', 'show', 'f3-1'], timeoutEnv, { built: true })
     expect(shown.stdout).toMatch(/create +pending \(marked, not sent\)/)
-    // once its whole time is up (1 s and the 5 s margin), the next open sends it, no --retry needed
+    // once its whole time is up (3 s and the 5 s margin), the next open sends it, no --retry needed
     await until(async () => {
       const row = await orderRow('f3-1')
-      return row.now.getTime() > row.updated_at.getTime() + 6_500
+      return row.now.getTime() > row.updated_at.getTime() + 8_500
     }, 'the mark is past its whole time')
+    platform.gate = { tradeId: 'tr_f3' }
     const next = await runCli(['trades', 'open', 'f3-1', ...OPEN], timeoutEnv, { built: true })
+    platform.gate = {}
     expect(next.stderr).not.toMatch(/trade_create_unknown/)
     expect(next.stderr).toMatch(/stopped before sending it: nothing was sent then/)
-    expect(next.stdout).toMatch(/f3-1: trade tr_1 \(.*\) is created/)
-    expect(next.code).toBe(0)
+    expect({ stdout: next.stdout, stderr: next.stderr, code: next.code }).toMatchObject({ stdout: expect.stringMatching(/f3-1: trade tr_f3 \(.*\) is created/), code: 0 })
     expect(creates().length - before).toBe(1)
   }, 120_000)
 })
