@@ -127,7 +127,7 @@ interface RawAnswer {
   status: number
   headers: Headers
   text: string
-  /** What the request carried that an answer may not echo into a message (ourWordsOut): its signature, nonce, key id and body. */
+  /** What the request carried that an answer may not echo (ourWordsOut): its signature, nonce, key id and body, and our secret. */
   sent?: readonly string[]
 }
 
@@ -331,7 +331,8 @@ export class PartnerApiTransport {
       }
       log({ status: response.status })
       if (succeeded) return { status: response.status, headers: response.headers, text }
-      const sent = [headers['X-Partner-Signature'] ?? '', headers['X-Partner-Nonce'] ?? '', this.keyId, body ?? '']
+      // the secret is never sent, but an answer that holds it (a misconfigured gateway's dump) is no better to print
+      const sent = [headers['X-Partner-Signature'] ?? '', headers['X-Partner-Nonce'] ?? '', this.keyId, body ?? '', this.secret]
       return { status: response.status, headers: response.headers, text, sent }
     } catch (error) {
       if (error instanceof PartnerInvalidResponseError) throw error
@@ -476,18 +477,21 @@ function toApiError(
   retryAfterMs: number | undefined,
   offsetS: number | undefined,
 ): PartnerApiError {
-  let body: unknown = answer.text
+  // what the request carried is taken out of the answer's text before anything is read of it: the error keeps the
+  // body for the CLI, which quotes its message, its fields and, in another shape, the text itself
+  const text = ourWordsOut(answer.text, answer.sent ?? [])
+  let body: unknown = text
   try {
-    const json: unknown = JSON.parse(answer.text)
+    const json: unknown = JSON.parse(text)
     // a key twice: which code and message the platform meant cannot be told, so the text is kept, as for no JSON
-    if (findDuplicateKey(answer.text, json) === undefined) body = json
+    if (findDuplicateKey(text, json) === undefined) body = wordsOutOfParsed(json, (value) => ourWordsOut(value, answer.sent ?? []))
   } catch {
     // not JSON (a proxy's HTML page): keep the text
   }
   const parsed = platformErrorBodySchema.safeParse(body)
   const platform = parsed.success ? parsed.data.error : undefined
   // the platform's words, bounded: the message is logged and printed, and the answer may be a megabyte
-  const words = (text: string, most: number) => shortened(ourWordsOut(text, answer.sent ?? []), most)
+  const words = (value: string, most: number) => shortened(value, most)
   const code = platform?.code ? words(platform.code, MAX_PLATFORM_CODE_LENGTH) : `http_${answer.status}`
   const detail = platform?.message ? `: ${words(platform.message, MAX_PLATFORM_MESSAGE_LENGTH)}` : ''
   // a refused signature whose answer shows the clocks far apart: the timestamp, not the key, is likely at fault
@@ -511,8 +515,37 @@ const SIGNATURE_SHAPED = /\b(?:sha256=)?[0-9a-f]{64}\b/gi
 
 function ourWordsOut(text: string, sent: readonly string[]): string {
   let words = text
-  for (const value of sent) if (value.length >= ECHO_MIN_LENGTH) words = words.replaceAll(value, '[from our request]')
+  for (const value of sent) {
+    if (value.length < ECHO_MIN_LENGTH) continue
+    // as sent, and as a JSON string holds it (the body quoted inside the platform's message: `{\"title\":…}`)
+    for (const form of new Set([value, JSON.stringify(value).slice(1, -1)])) words = words.replaceAll(form, '[from our request]')
+  }
   return words.replace(SIGNATURE_SHAPED, '[64 hex digits]')
+}
+
+/**
+ * `json` (fresh from JSON.parse) with `scrub` applied to each of its strings, keys included, in place and without
+ * recursion (a refusal may nest 100,000 deep). The text was scrubbed before it was parsed, but a JSON string may
+ * spell a character as `\u0061`: only the parsed value shows what a reader of it would see.
+ */
+function wordsOutOfParsed(json: unknown, scrub: (value: string) => string): unknown {
+  if (typeof json === 'string') return scrub(json)
+  const stack: unknown[] = [json]
+  while (stack.length > 0) {
+    const current = stack.pop()
+    if (current === null || typeof current !== 'object') continue
+    const record = current as Record<string, unknown>
+    for (const key of Object.keys(record)) {
+      const value = record[key]
+      const shown = typeof value === 'string' ? scrub(value) : value
+      if (shown !== null && typeof shown === 'object') stack.push(shown)
+      const shownKey = Array.isArray(record) ? key : scrub(key)
+      if (shownKey !== key) delete record[key]
+      // defined, not assigned: an own key "__proto__" (JSON.parse makes one) assigned to would set the prototype
+      Object.defineProperty(record, shownKey, { value: shown, writable: true, enumerable: true, configurable: true })
+    }
+  }
+  return json
 }
 
 /** The most of the platform's error code and message an error keeps (its message is logged and printed). */

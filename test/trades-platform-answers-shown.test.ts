@@ -1,0 +1,125 @@
+// What a trade command shows of the platform's answer, found by an outside review: nothing the request carried
+// (signature, nonce, key id, body) in any quoted part of a refusal; a refusal stands on its status whatever its
+// body's size; a made trade is kept over a field the service does not use; a redirect says where it points; a
+// retried read says how often it was sent. In-process, against a platform of the test's own.
+import { afterAll, beforeAll, describe, expect, it } from 'vitest'
+import type { CliContext } from '../src/cli/cli-context.js'
+import { runCommandWith } from './helpers/cli-in-process.js'
+import { testLogger } from './helpers/log-sink.js'
+import { type PlannedAnswer, type RecordedRequest, type RecordingServer, startRecordingServer } from './helpers/partner-api-recording-server.js'
+import { insertOrders } from './helpers/reconcile-orders.js'
+import { TEST_API_KEY_ID, TEST_API_SECRET, testConfig } from './helpers/test-config.js'
+import { createTestDatabase, type TestDatabase } from './helpers/test-database.js'
+
+const openArgs = (reference: string) => ['trades', 'open', reference, '--title', 'A lamp for the hall', '--amount', '10.50', '--currency', 'KES', '--seller', 'usr_1']
+
+describe('what a trade command shows of the platform’s answer', () => {
+  let database: TestDatabase
+  let server: RecordingServer
+  let context: CliContext
+  let answer: (request: RecordedRequest) => PlannedAnswer
+  beforeAll(async () => {
+    database = await createTestDatabase()
+    server = await startRecordingServer({ secret: TEST_API_SECRET, answer: (request) => answer(request) })
+    context = { config: testConfig({ PARTNER_API_BASE_URL: server.url }), logger: testLogger([TEST_API_SECRET]), db: database.db }
+    await insertOrders(database.db, [{ externalReference: 'quoted-1', tradeId: 'trd_quoted_1' }])
+  })
+  afterAll(async () => {
+    await server.close()
+    await database.close()
+  })
+
+  describe('an answer that quotes the request', () => {
+    // what the request carried, as the platform (or a gateway in front of it) could quote it back
+    const echoed = (request: RecordedRequest) => {
+      const signature = String(request.headers['x-partner-signature'])
+      const nonce = String(request.headers['x-partner-nonce'])
+      return { signature, nonce, body: request.rawBody.toString('utf8') }
+    }
+    let seen: ReturnType<typeof echoed>[] = []
+    const expectNothingOfOurs = (stderr: string) => {
+      expect(seen.length).toBeGreaterThan(0)
+      for (const { signature, nonce, body } of seen) {
+        expect(stderr).not.toContain(signature)
+        expect(stderr).not.toContain(nonce)
+        // a body as short as `{}` (a deliver's) is no secret and would match any JSON
+        if (body.length >= 8) {
+          expect(stderr).not.toContain(body)
+          expect(stderr).not.toContain(JSON.stringify(body).slice(1, -1))
+        }
+      }
+      expect(stderr).not.toContain(TEST_API_SECRET)
+      expect(stderr).not.toContain(TEST_API_KEY_ID)
+      expect(stderr).toContain('[from our request]')
+    }
+
+    it('a 401 whose message and fields quote the signature, nonce and body shows none of them', async () => {
+      seen = []
+      answer = (request) => {
+        const { signature, nonce, body } = echoed(request)
+        seen.push(echoed(request))
+        return {
+          status: 401,
+          body: {
+            error: {
+              code: 'invalid_signature',
+              message: `signature ${signature} key ${TEST_API_KEY_ID} nonce ${nonce} body ${body} secret ${TEST_API_SECRET}`,
+              fields: { 'X-Partner-Signature': signature, 'X-Partner-Nonce': [nonce], [`sig ${signature}`]: 'as a key' },
+            },
+          },
+        }
+      }
+      for (const args of [['trades', 'deliver', 'quoted-1'], openArgs('quoted-open-401')]) {
+        const result = await runCommandWith(args, context)
+        expect(result.code, args.join(' ')).toBe(1)
+        expect(result.stderr).toContain('[unauthorized]')
+        expectNothingOfOurs(result.stderr)
+      }
+    })
+
+    it('the same quoted through \\u escapes, which JSON reads as the same characters', async () => {
+      seen = []
+      const spelled = (value: string) => [...value].map((character) => `\\u${character.charCodeAt(0).toString(16).padStart(4, '0')}`).join('')
+      answer = (request) => {
+        const { signature, nonce } = echoed(request)
+        seen.push(echoed(request))
+        return { status: 403, text: `{"error":{"code":"forbidden","message":"nonce ${spelled(nonce)} sig ${spelled(signature)}"}}` }
+      }
+      const result = await runCommandWith(['trades', 'deliver', 'quoted-1'], context)
+      expect(result.stderr).toContain('[forbidden]')
+      expectNothingOfOurs(result.stderr)
+    })
+
+    it('a 403 in plain text and a 502 not in the platform’s shape, quoting them, show none of them', async () => {
+      for (const [status, contentType] of [
+        [403, 'text/plain'],
+        [502, 'text/html'],
+      ] as const) {
+        seen = []
+        answer = (request) => {
+          const { signature, nonce, body } = echoed(request)
+          seen.push(echoed(request))
+          return { status, headers: { 'content-type': contentType }, text: `refused: X-Partner-Signature: ${signature} X-Partner-Nonce: ${nonce} body ${body}` }
+        }
+        for (const args of [['trades', 'deliver', 'quoted-1'], openArgs(`quoted-open-${status}`)]) {
+          const result = await runCommandWith(args, context)
+          expect(result.code, `${status} ${args.join(' ')}`).toBe(1)
+          expect(result.stderr).toContain("the platform's answer: refused: X-Partner-Signature: [from our request]")
+          expectNothingOfOurs(result.stderr)
+        }
+      }
+    })
+
+    it('a 502 in the platform’s shape that quotes the JSON-escaped body shows none of it', async () => {
+      seen = []
+      answer = (request) => {
+        const { signature, nonce, body } = echoed(request)
+        seen.push(echoed(request))
+        return { status: 502, body: { error: { code: 'bad_gateway', message: `upstream rejected ${signature} ${nonce} body ${body}` }, request: body } }
+      }
+      const result = await runCommandWith(openArgs('quoted-open-502-json'), context)
+      expect(result.stderr).toContain('[outcome_unknown]')
+      expectNothingOfOurs(result.stderr)
+    })
+  })
+})
