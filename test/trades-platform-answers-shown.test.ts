@@ -29,6 +29,23 @@ describe('what a trade command shows of the platform’s answer', () => {
     await database.close()
   })
 
+  const orderOf = async (reference: string) => JSON.parse((await runCommandWith(['orders', 'show', reference, '--json'], context)).stdout) as Record<string, unknown>
+  const creates = () => server.requests.filter((request) => request.method === 'POST' && request.path === '/api/partner/v1/trades/').length
+
+  // an undecodable refusal stood on its status, but one past the answer limit marked the create unknown
+  it('a create refused 422 with a 2 MiB body is a refusal: the order is left with no create pending, and the same command sends it again', async () => {
+    answer = () => ({ status: 422, headers: { 'content-type': 'text/html' }, text: `<html>${'x'.repeat(2 * 1024 * 1024)}</html>` })
+    const before = creates()
+    const result = await runCommandWith(openArgs('huge-refusal'), context)
+    expect(result.code).toBe(1)
+    expect(result.stderr).toMatch(/^The platform refused \(422 http_422\) \[invalid_request\]\n/)
+    expect(result.stderr).not.toContain('xxxxxxxx')
+    expect(await orderOf('huge-refusal')).toMatchObject({ tradeId: null, tradeCreateState: 'none' })
+    const again = await runCommandWith(openArgs('huge-refusal'), context)
+    expect(again.stderr).toMatch(/^The platform refused \(422 http_422\) \[invalid_request\]\n/)
+    expect(creates() - before).toBe(2)
+  })
+
   describe('an answer that quotes the request', () => {
     // what the request carried, as the platform (or a gateway in front of it) could quote it back
     const echoed = (request: RecordedRequest) => {

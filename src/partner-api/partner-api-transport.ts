@@ -320,6 +320,13 @@ export class PartnerApiTransport {
         const encoding = shownHeaderValue(response.headers.get('content-encoding') ?? '')
         throw invalidRecord(method, path, response.status, '(body)', `could not be decoded as its Content-Encoding ${encoding} says (${decoding})`)
       }
+      if (text === undefined && response.status >= 400 && response.status < 500) {
+        // read up to the cap, the rest not: a refusal stands on its status, as one whose body cannot be decoded does
+        // (a 4xx with a 2 MiB page marked a create unknown, though the platform had said no). A 5xx or 3xx that large
+        // fails as below, not retried: it says no more of the outcome than the failure does
+        log({ status: response.status, error: 'answer too large: its status alone is read' })
+        return { status: response.status, headers: response.headers, text: '' }
+      }
       if (text === undefined) {
         log({ status: response.status, error: 'answer too large' })
         throw new PartnerInvalidResponseError(
