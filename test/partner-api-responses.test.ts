@@ -117,6 +117,26 @@ describe('PartnerApiClient answers: tolerant of what the platform adds', () => {
     expect(await clientAnswering(trade).api.getTrade('tr.1')).toEqual(trade)
   })
 
+  // found from outside: a made trade was thrown away (its order marked unknown) over `"amount": 10.5`, a field the
+  // service does not use, where the spec gives no type for it
+  it('keeps a record whose fields the service does not use are of other types than assumed, as they came', async () => {
+    const trade = {
+      ...tradeRecord(),
+      amount: 10.5,
+      created_at: 1796546600,
+      title: null,
+      buyer_phone: { e164: '+4915112345678' },
+      resolution: 'none',
+      milestones: [{ milestone_id: 'ms_1', title: 7, amount: 70, status: 2 }],
+      dispute: { dispute_id: 'dp_1', status: 1, party: ['buyer'], created_at: 0, proposals: [{ proposal_id: 'pr_1', status: true, outcome: 3 }] },
+    }
+    expect(await clientAnswering(trade).api.createTrade(createRequest)).toEqual(trade)
+    expect(await clientAnswering({ milestone_id: 'ms_1', status: 2 }).api.deliverMilestone('tr_1', 'ms_1')).toEqual({
+      record: 'milestone',
+      milestone: { milestone_id: 'ms_1', status: 2 },
+    })
+  })
+
   it('accepts a dispute and a proposal that carry only their id', async () => {
     expect(
       await clientAnswering({ dispute_id: 'dp_9' }).api.openDispute('tr_1', {
@@ -161,13 +181,6 @@ describe('PartnerApiClient answers: strict on the fields we rely on', () => {
       (api) => api.deliverMilestone('tr_1', 'ms_1'),
       'milestones.0.milestone_id',
       /is missing/,
-    ],
-    [
-      'a trade whose optional amount is present but a number',
-      { ...trade, amount: 120 },
-      (api) => api.cancelTrade('tr_1'),
-      'amount',
-      /must be string/,
     ],
     [
       'a dispute without dispute_id',
@@ -362,7 +375,6 @@ describe('PartnerApiClient milestone answers: the trade record or the milestone 
       // a milestone record, checked as one: the field named is the milestone's
       [{ milestone_id: 7, status: 'delivered', note: marker }, 'milestone_id', /must be string/],
       [{ milestone_id: null, note: marker }, 'milestone_id', /must be string/],
-      [milestoneRecord({ title: marker, status: 3 as never }), 'status', /must be string/],
       [milestoneRecord({ title: marker, milestone_id: '..' }), 'milestone_id', /must be usable as a path segment/],
     ]
     const before = logLines.length

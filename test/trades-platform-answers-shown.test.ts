@@ -46,6 +46,18 @@ describe('what a trade command shows of the platform’s answer', () => {
     expect(creates() - before).toBe(2)
   })
 
+  it('a create answered with a field the service does not use in another type (a number amount, a numeric date) opens the trade and links it', async () => {
+    answer = () => ({
+      status: 201,
+      body: { trade_id: 'trd_X1', reference: 'REF-X1', status: 'created', external_reference: 'typed-otherwise', amount: 10.5, created_at: 1796546600, milestones: null },
+    })
+    const result = await runCommandWith(openArgs('typed-otherwise'), context)
+    expect(result).toEqual({ code: 0, stdout: 'typed-otherwise: trade trd_X1 (REF-X1) is created\n', stderr: '' })
+    expect(await orderOf('typed-otherwise')).toMatchObject({ tradeId: 'trd_X1', tradeCreateState: 'created' })
+    const json = await runCommandWith(['trades', 'get', 'typed-otherwise', '--json'], context)
+    expect(JSON.parse(json.stdout)).toMatchObject({ trade: { trade_id: 'trd_X1', amount: 10.5, created_at: 1796546600 } })
+  })
+
   describe('an answer that quotes the request', () => {
     // what the request carried, as the platform (or a gateway in front of it) could quote it back
     const echoed = (request: RecordedRequest) => {

@@ -7,8 +7,9 @@
 // - tolerant: objects are loose (a field the platform adds is accepted and kept), fields the spec does not
 //   show may be absent, and every enum-like field is an open string (we never branch on them; the trade
 //   status has its own model for unknown values, src/orders/trade-status.ts);
-// - strict where we rely on a field: the ids we store or address calls with, and the trade status. A field
-//   that is present must have its documented type, so the typed record never lies.
+// - strict where we rely on a field: the ids we store or address calls with, the trade status and references, and
+//   the shape we walk (milestones, dispute). Any other field is typed unknown, so the typed record never lies, and
+//   a field of another type than assumed (`"amount": 10.5`) is kept as it came.
 import { z } from 'zod'
 import { isPathId, LONE_SURROGATE, TRADE_FACT_MAX_LENGTH } from './field-rules.js'
 
@@ -99,26 +100,56 @@ export const fullTradeSchema = z.looseObject({
 
 export const fullRespondResultSchema = z.looseObject({ proposal: fullProposalSchema, trade: fullTradeSchema })
 
-// Received records: what the client accepts. Everything beyond the fields we rely on may be absent.
+// Received records: what the client accepts. Only what the service relies on is checked: the ids it stores or
+// addresses calls with, the trade's status and references, and the shape it walks (the milestones it lists, the
+// dispute it names). Any other field is taken as it comes and typed unknown: the spec gives no type for it, and a
+// made trade was thrown away, its order marked unknown, over `"amount": 10.5` where a string was assumed.
+const notRelied = z.unknown().optional()
 
-export const milestoneSchema = fullMilestoneSchema.partial().required({ milestone_id: true })
+export const milestoneSchema = z.looseObject({ milestone_id: platformId, title: notRelied, amount: notRelied, status: notRelied })
 
-export const proposalSchema = fullProposalSchema.partial().required({ proposal_id: true })
+export const proposalSchema = z.looseObject({
+  proposal_id: platformId,
+  // checked against the trade the call was on
+  trade_id: text.optional(),
+  outcome: notRelied,
+  split_buyer_pct: notRelied,
+  party: notRelied,
+  status: notRelied,
+  created_at: notRelied,
+})
 
-export const disputeSchema = fullDisputeSchema
-  .extend({ proposals: z.array(proposalSchema) })
-  .partial()
-  .required({ dispute_id: true })
+export const disputeSchema = z.looseObject({
+  dispute_id: platformId,
+  trade_id: text.optional(),
+  party: notRelied,
+  reason: notRelied,
+  category: notRelied,
+  status: notRelied,
+  // their ids are what `proposals respond` takes
+  proposals: z.array(proposalSchema).optional(),
+  created_at: notRelied,
+})
 
-export const tradeSchema = fullTradeSchema
-  .extend({
-    milestones: z.array(milestoneSchema).nullable(),
-    dispute: disputeSchema.nullable(),
-    resolution: resolutionSchema.partial().nullable(),
-  })
-  .partial()
+export const tradeSchema = z.looseObject({
   // the four fields the spec shows and every observation of a trade is made of
-  .required({ trade_id: true, reference: true, status: true, external_reference: true })
+  trade_id: tradeId,
+  reference: tradeFact,
+  status: tradeFact,
+  external_reference: tradeFact,
+  title: notRelied,
+  amount: notRelied,
+  currency: notRelied,
+  seller_id: notRelied,
+  buyer_name: notRelied,
+  buyer_phone: notRelied,
+  /** null for a single deliver/release trade; their ids are what `trades milestone deliver|release` take */
+  milestones: z.array(milestoneSchema).nullable().optional(),
+  dispute: disputeSchema.nullable().optional(),
+  resolution: notRelied,
+  created_at: notRelied,
+  updated_at: notRelied,
+})
 
 export const respondResultSchema = z.looseObject({ proposal: proposalSchema, trade: tradeSchema })
 
