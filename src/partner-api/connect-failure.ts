@@ -52,3 +52,23 @@ export function connectFailure(error: unknown): ConnectFailure | undefined {
   }
   return undefined
 }
+
+/**
+ * A call aborted (its timeout, the caller) before undici started writing its request on a connection that was up: a
+ * connect still under way (a SYN never answered, a TLS handshake that stalls) or the request still queued. Not one
+ * byte of it left this machine. The abort's own error is its cause.
+ */
+export class AbortedBeforeSentError extends Error {
+  override name = 'AbortedBeforeSentError'
+  constructor(cause: unknown) {
+    super('aborted before the request was written: no connection was up for it', { cause })
+  }
+}
+
+/** True when `error` (or one of its causes) is an AbortedBeforeSentError. */
+export function abortedBeforeSent(error: unknown): boolean {
+  for (let at = error, depth = 0; at instanceof Error && depth < 8; at = at.cause, depth++) {
+    if (at instanceof AbortedBeforeSentError) return true
+  }
+  return false
+}

@@ -35,7 +35,7 @@ import { answeredWithoutTls, failedHandshakeCode, OWN_CA_HINT, refusedCertificat
 import { userAgent } from '../version.js'
 import { findDuplicateKey, shownKey } from '../webhooks/find-duplicate-key.js'
 import { describeClockOffset, isClockOffsetTooLarge, measureClockOffset } from './clock-offset.js'
-import { connectFailure } from './connect-failure.js'
+import { abortedBeforeSent, connectFailure } from './connect-failure.js'
 import { ACCEPT_ENCODING, MAX_CODINGS, tooManyCodings, undecodedCoding } from './content-coding.js'
 import {
   PartnerApiError,
@@ -343,6 +343,13 @@ export class PartnerApiTransport {
       return { status: response.status, headers: response.headers, text, sent }
     } catch (error) {
       if (error instanceof PartnerInvalidResponseError) throw error
+      if (timeout.signal.aborted && abortedBeforeSent(error)) {
+        // the connection was never up (a SYN unanswered, a handshake stalled) or the request still queued for one:
+        // nothing was written, so nothing can have happened on the platform
+        log({ error: 'timeout', reason: 'not sent: no connection' })
+        const reason = `no connection within ${this.timeoutMs.toLocaleString('en-US')} ms, so the request was not written`
+        throw new PartnerNotSentError(`${method} ${path} was not sent: ${reason}`, this.baseUrl, reason, { cause: error, proxy: this.proxy })
+      }
       if (timeout.signal.aborted) {
         log({ error: 'timeout' })
         const through = this.proxy ? ` (through the proxy ${this.proxy})` : ''

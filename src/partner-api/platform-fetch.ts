@@ -4,11 +4,13 @@
 // leniently. fetch is kept from seeing the header, so it hands the body over as it came; the Response the
 // caller gets has the header back, and the body decoded, or as it came when a coding is not one undone here.
 import { Agent, type Dispatcher, Headers, Response, fetch as undiciFetch } from 'undici'
-import { connectionsMarkingFailures } from './connect-failure.js'
+import { AbortedBeforeSentError, connectionsMarkingFailures } from './connect-failure.js'
 import { decodedBody, tooManyCodings, undecodedCoding } from './content-coding.js'
 
 interface Seen {
   contentEncoding?: string
+  /** Set when undici hands the request to a connection that is up, to be written (onRequestStart): before, not one byte of it has left. */
+  requestStarted?: boolean
 }
 
 /** An interceptor that takes the answer's Content-Encoding from what fetch sees and notes it in `seen`. */
@@ -22,10 +24,15 @@ const hidingContentEncoding =
       if (contentEncoding !== undefined) seen.contentEncoding = [contentEncoding].flat().join(', ')
       return handler.onResponseStart?.(controller, statusCode, others, statusMessage)
     }
+    const onRequestStart: Dispatcher.DispatchHandler['onRequestStart'] = (controller, context) => {
+      seen.requestStarted = true
+      return handler.onRequestStart?.(controller, context)
+    }
     // every other method is the handler's own, called on it (undici's handlers keep private fields)
     const hiding = new Proxy(handler, {
       get: (target, key) => {
         if (key === 'onResponseStart') return onResponseStart
+        if (key === 'onRequestStart') return onRequestStart
         const value: unknown = Reflect.get(target, key)
         return typeof value === 'function' ? value.bind(target) : value
       },
@@ -37,7 +44,16 @@ const hidingContentEncoding =
 export function platformFetch(dispatcher: Dispatcher): typeof fetch {
   const fetchDecodingStrictly = async (input: string | URL, init?: Parameters<typeof undiciFetch>[1]) => {
     const seen: Seen = {}
-    const response = await undiciFetch(input, { ...init, dispatcher: dispatcher.compose(hidingContentEncoding(seen)) })
+    let response: Awaited<ReturnType<typeof undiciFetch>>
+    try {
+      response = await undiciFetch(input, { ...init, dispatcher: dispatcher.compose(hidingContentEncoding(seen)) })
+    } catch (error) {
+      // aborted (the call's timeout) while the connection was still being set up, or the request queued behind one:
+      // undici writes a request only once it starts it on a connection that is up, and one aborted before is never
+      // written, so the call was not sent. Its own abort error says nothing of that
+      if (init?.signal?.aborted && !seen.requestStarted) throw new AbortedBeforeSentError(error)
+      throw error
+    }
     // a Response cannot be made with a status outside 200-599 (fetch's own can have one): such an answer is given as
     // it came, its body not decoded, and stands on its status as any refusal whose body cannot be read. Rebuilt, it
     // threw, and a 799 marked gzip read as a lost connection (init["status"] must be in the range of 200 to 599)
