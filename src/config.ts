@@ -377,7 +377,13 @@ const EnvSchema = z.object({
   PARTNER_ENV: z.enum(['sandbox', 'live']).default('sandbox'),
   PARTNER_KIND: z.enum(['marketplace', 'merchant']).default('marketplace'),
   PARTNER_API_BASE_URL: z.url({ protocol: /^https?$/, error: 'must be an http(s) URL' }).optional(),
-  PARTNER_API_KEY_ID: z.string().min(1).optional(),
+  // sent as the X-Partner-Key-Id header, which carries bytes, not characters: `pk_€x` passed here and every call then
+  // failed before sending (Cannot convert argument to a ByteString), reported as of unknown outcome
+  PARTNER_API_KEY_ID: z
+    .string()
+    .min(1)
+    .regex(/^[\x21-\x7e]*$/, 'must be printable ASCII without spaces: it is sent as the X-Partner-Key-Id header')
+    .optional(),
   PARTNER_API_SECRET: z.string().optional(),
   PARTNER_API_TIMEOUT_MS: wholeNumber({ max: MAX_TIMER_MS }).default(10_000),
   PARTNER_API_ANSWER_LIMIT: byteSize.default(DEFAULT_MAX_ANSWER_BYTES),

@@ -2,7 +2,7 @@
 // retried, how long it waits, and what is never sent twice. Waits run on a FakeClock, so nothing sleeps.
 import { describe, expect, it } from 'vitest'
 import { z } from 'zod'
-import { PartnerApiError } from '../src/partner-api/partner-api-error.js'
+import { isOutcomeUnknown, PartnerApiError, PartnerNotSentError } from '../src/partner-api/partner-api-error.js'
 import { PartnerApiTransport, type TransportOptions } from '../src/partner-api/partner-api-transport.js'
 import { scriptedFetch as echoingFetch } from './helpers/partner-api-fake-fetch.js'
 import { FakeClock } from './helpers/fake-clock.js'
@@ -132,5 +132,22 @@ describe("a Retry-After given as a date", () => {
     ])
     const error = (await sender.call('POST', '/trades/', { title: 'x' }, record).catch((e) => e)) as PartnerApiError
     expect(error).toMatchObject({ status: 429, retryAfterMs: 30_000 })
+  })
+})
+
+// found from outside: a key id with a character past U+00FF made every call fail in fetch before sending ("Cannot
+// convert argument to a ByteString"), and the failure read as a request that may have gone out
+describe('a header that cannot be sent', () => {
+  it('fails the call as not sent, tried once, naming the header and the setting but not the value', async () => {
+    for (const keyId of ['pk_€x', 'pk_\u{1F511}', 'pk_a\nb']) {
+      const { sender } = transport([], { keyId, fetch: undefined, baseUrl: 'http://127.0.0.1:9' })
+      const error = (await sender.call('POST', '/trades/', { title: 'A lamp' }, record).catch((e) => e)) as PartnerNotSentError
+      expect(error, JSON.stringify(keyId)).toBeInstanceOf(PartnerNotSentError)
+      expect(error).toMatchObject({ lasting: true })
+      expect(error.message).toBe(
+        'POST /api/partner/v1/trades/ was not sent: its X-Partner-Key-Id header (PARTNER_API_KEY_ID) holds a character a header cannot carry',
+      )
+      expect(isOutcomeUnknown(error)).toBe(false)
+    }
   })
 })

@@ -253,6 +253,14 @@ export class PartnerApiTransport {
       'User-Agent': this.userAgent,
     }
     if (body !== undefined) headers['Content-Type'] = 'application/json'
+    // a header carries bytes: fetch refuses a value with a character past U+00FF, or a line feed, before sending
+    // anything ("Cannot convert argument to a ByteString"), which read as a request that may have gone out
+    const unsendable = Object.keys(headers).find((name) => !HEADER_VALUE.test(headers[name]!))
+    if (unsendable !== undefined) {
+      const setting = unsendable === 'X-Partner-Key-Id' ? ' (PARTNER_API_KEY_ID)' : ''
+      const reason = `its ${unsendable} header${setting} holds a character a header cannot carry`
+      throw new PartnerNotSentError(`${method} ${path} was not sent: ${reason}`, this.baseUrl, reason, { proxy: this.proxy, lasting: true })
+    }
 
     // the timer runs on the injected clock, so a test times a call out by advancing a fake clock
     const timeout = new AbortController()
@@ -561,6 +569,9 @@ function wordsOutOfParsed(json: unknown, scrub: (value: string) => string): unkn
   }
   return json
 }
+
+// what a header value may hold as fetch sends it: Latin-1, without CR, LF or NUL
+const HEADER_VALUE = /^[^\r\n\0\u0100-\uffff]*$/
 
 /** The most of the platform's error code and message an error keeps (its message is logged and printed). */
 export const MAX_PLATFORM_CODE_LENGTH = 100
