@@ -58,6 +58,28 @@ describe('what a trade command shows of the platform’s answer', () => {
     expect(JSON.parse(json.stdout)).toMatchObject({ trade: { trade_id: 'trd_X1', amount: 10.5, created_at: 1796546600 } })
   })
 
+  // a redirect printed `The platform refused (301 http_301) [refused]`, nothing of where it pointed
+  it('a redirect says so, shows its Location (password hidden, controls escaped) and points at PARTNER_API_BASE_URL', async () => {
+    const advice = "  Check PARTNER_API_BASE_URL: it should be the platform's base URL itself, which answers without redirecting (a signed call is never sent on to another address)\n"
+    answer = () => ({ status: 301, headers: { location: 'https://ops:hunter2@platform.example/partner/\u0085x' }, text: '' })
+    expect(await runCommandWith(['trades', 'get', 'quoted-1'], context)).toEqual({
+      code: 1,
+      stdout: '',
+      stderr: `The platform answered 301 http_301: a redirect to https://ops:***@platform.example/partner/\\u0085x, not followed [refused]\n${advice}`,
+    })
+    answer = () => ({ status: 302, text: '' })
+    expect((await runCommandWith(['trades', 'get', 'quoted-1'], context)).stderr).toBe(`The platform answered 302 http_302: a redirect with no Location, not followed [refused]\n${advice}`)
+    answer = () => ({ status: 307, headers: { location: '/elsewhere/api/partner/v1/trades/' }, text: '' })
+    const open = await runCommandWith(openArgs('redirected-open'), context)
+    expect(open.code).toBe(1)
+    expect(open.stderr).toBe(
+      'The platform answered 307 http_307, a redirect to /elsewhere/api/partner/v1/trades/, not followed, so the call may or may not have taken effect [outcome_unknown]\n' +
+        advice +
+        '  The trade may or may not exist: the order is marked unknown and is linked when the trade’s webhook arrives. ' +
+        'Send the create again only on purpose: `trades open redirected-open ... --retry`.\n',
+    )
+  })
+
   describe('an answer that quotes the request', () => {
     // what the request carried, as the platform (or a gateway in front of it) could quote it back
     const echoed = (request: RecordedRequest) => {

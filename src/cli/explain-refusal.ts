@@ -10,6 +10,7 @@ import { describeClockOffset } from '../partner-api/clock-offset.js'
 import type { PartnerApiError } from '../partner-api/partner-api-error.js'
 import { printable } from '../printable.js'
 import { shortened } from '../shortened.js'
+import { withoutPassword } from '../without-password.js'
 import { CommandFailedError } from './cli-context.js'
 
 // 401 and 429 in the words `reconcile --once` stops with
@@ -42,8 +43,31 @@ const MAX_REFUSAL_FIELDS = 20
  */
 export function explainRefusal(error: PartnerApiError, advice = ''): CommandFailedError {
   const { message, detail } = describeAnswer(error)
+  if (isRedirect(error)) {
+    return new CommandFailedError(
+      refusalCode(error.status),
+      `The platform answered ${error.status} ${printable(error.code)}${message}: ${describeRedirect(error)}`,
+      `${detail}\n  ${REDIRECT_ADVICE}${advice}`,
+    )
+  }
   return new CommandFailedError(refusalCode(error.status), `The platform refused (${error.status} ${printable(error.code)})${message}`, `${detail}${advice}`)
 }
+
+const isRedirect = (error: PartnerApiError) => error.status >= 300 && error.status < 400
+
+/** The most of a redirect's Location shown. */
+const MAX_LOCATION_LENGTH = 200
+
+/** `a redirect to https://other.example/x, not followed`: the Location as it came, its password hidden, on one line. */
+function describeRedirect(error: PartnerApiError): string {
+  const to = typeof error.location === 'string' ? ` to ${printable(shortened(withoutPassword(error.location), MAX_LOCATION_LENGTH))}` : ' with no Location'
+  return `a redirect${to}, not followed`
+}
+
+// a gateway in front of the platform that moved, http:// where https:// is served, a path missing its last part
+const REDIRECT_ADVICE =
+  "Check PARTNER_API_BASE_URL: it should be the platform's base URL itself, which answers without redirecting " +
+  '(a signed call is never sent on to another address)'
 
 /**
  * A 5xx (or a 3xx: nothing says it was not done) answer to a call that changes something, for a person to read: `The platform answered 504 gateway_timeout:
@@ -53,10 +77,13 @@ export function explainRefusal(error: PartnerApiError, advice = ''): CommandFail
  */
 export function explainServerError(error: PartnerApiError, advice: string): CommandFailedError {
   const { message, detail } = describeAnswer(error)
+  // a 303 may say "done, see there": as unknown as a 5xx
+  const redirect = isRedirect(error) ? `, ${describeRedirect(error)}` : ''
+  const check = isRedirect(error) ? `\n  ${REDIRECT_ADVICE}` : ''
   return new CommandFailedError(
     'outcome_unknown',
-    `The platform answered ${error.status} ${printable(error.code)}${message}, so the call may or may not have taken effect`,
-    `${detail}${advice}`,
+    `The platform answered ${error.status} ${printable(error.code)}${message}${redirect}, so the call may or may not have taken effect`,
+    `${detail}${check}${advice}`,
   )
 }
 

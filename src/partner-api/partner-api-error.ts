@@ -25,6 +25,8 @@ export class PartnerApiError extends Error {
      * the request was refused, and named in the message.
      */
     readonly clockOffsetS?: number,
+    /** A 3xx only: its Location header as it came (null: it had none), what the request carried taken out. Never followed. */
+    readonly location?: string | null,
   ) {
     super(message)
     Object.defineProperty(this, 'body', { value: body, enumerable: false })

@@ -519,6 +519,10 @@ function toApiError(
   // a refused signature whose answer shows the clocks far apart: the timestamp, not the key, is likely at fault
   const clockOffsetS = answer.status === 401 && isClockOffsetTooLarge(offsetS) ? offsetS : undefined
   const clock = clockOffsetS === undefined ? '' : `; ${describeClockOffset(clockOffsetS)}`
+  // a redirect is never followed: where it points is kept for the CLI to show (a base URL that is not the platform's)
+  const redirect = answer.status >= 300 && answer.status < 400
+  const locationHeader = answer.headers.get('location')
+  const location = locationHeader === null ? null : ourWordsOut(locationHeader, answer.sent ?? [])
   return new PartnerApiError(
     answer.status,
     code,
@@ -526,6 +530,7 @@ function toApiError(
     body,
     retryAfterMs,
     clockOffsetS,
+    redirect ? location : undefined,
   )
 }
 
