@@ -69,11 +69,12 @@ describe('a refusal by the platform, in-process', () => {
       expect(result.code, String(status)).toBe(1)
       expect(result.stderr, String(status)).toBe(`The platform refused (${status} its_own_word): no [${code}]\n`)
     }
-    // a 5xx to a read: the GET changed nothing, whatever failed behind the gateway
+    // a 5xx to a read: the GET changed nothing, whatever failed behind the gateway (it was sent 4 times)
     for (const status of [500, 503]) {
       answer = { status, body: { error: { code: 'its_own_word', message: 'no' } } }
       const result = await runCommandWith(['trades', 'get', 'refused-1'], context)
-      expect(result, String(status)).toEqual({ code: 1, stdout: '', stderr: `The platform refused (${status} its_own_word): no [platform_error]\n` })
+      const tried = '  Sent 4 times, each answered with an error; this is the last answer\n'
+      expect(result, String(status)).toEqual({ code: 1, stdout: '', stderr: `The platform refused (${status} its_own_word): no [platform_error]\n${tried}` })
     }
   })
 
@@ -217,7 +218,9 @@ describe('a refusal by the platform, in-process', () => {
     answer = { status: 503, body: { error: { code: 'upstream', message: 'Connection terminated unexpectedly' } } }
     const read = await runCommandWith(['trades', 'get', 'refused-1'], context)
     expect(read.code).toBe(1)
-    expect(read.stderr).toBe('The platform refused (503 upstream): Connection terminated unexpectedly [platform_error]\n')
+    expect(read.stderr).toBe(
+      'The platform refused (503 upstream): Connection terminated unexpectedly [platform_error]\n  Sent 4 times, each answered with an error; this is the last answer\n',
+    )
     const write = await runCommandWith(['trades', 'fund', 'refused-1'], context)
     expect(write.code).toBe(1)
     expect(write.stderr).toMatch(/^The platform answered 503 upstream: Connection terminated unexpectedly, so the call may or may not have taken effect \[outcome_unknown\]\n/)

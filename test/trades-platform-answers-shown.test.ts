@@ -80,6 +80,32 @@ describe('what a trade command shows of the platform’s answer', () => {
     )
   })
 
+  // a read answered 503 took 4 attempts and said only "asks to wait 5 s"; `Retry-After: 0` printed "asks to wait 0 s"
+  it('a read retried on 503 says how many times it was sent; a Retry-After of 0 or a date past asks for no wait', async () => {
+    const gets = () => server.requests.filter((request) => request.method === 'GET').length
+    answer = () => ({ status: 503, headers: { 'retry-after': '1' }, body: { error: { code: 'maintenance', message: 'back soon' } } })
+    let before = gets()
+    expect(await runCommandWith(['trades', 'get', 'quoted-1'], context)).toEqual({
+      code: 1,
+      stdout: '',
+      stderr:
+        'The platform refused (503 maintenance): back soon [platform_error]\n' +
+        '  Sent 4 times, each answered with an error; this is the last answer\n' +
+        '  The platform asks to wait 1 s before the next call (Retry-After)\n',
+    })
+    expect(gets() - before).toBe(4)
+    for (const retryAfter of ['0', 'Thu, 01 Jan 2026 00:00:00 GMT']) {
+      answer = () => ({ status: 503, headers: { 'retry-after': retryAfter }, body: { error: { code: 'maintenance', message: 'back soon' } } })
+      before = gets()
+      const read = await runCommandWith(['trades', 'get', 'quoted-1'], context)
+      expect(read.stderr, retryAfter).toBe('The platform refused (503 maintenance): back soon [platform_error]\n  Sent 4 times, each answered with an error; this is the last answer\n')
+      expect(gets() - before).toBe(4)
+      answer = () => ({ status: 429, headers: { 'retry-after': retryAfter }, body: { error: { code: 'rate_limited', message: 'slow down' } } })
+      // a POST is sent once: no count, and no wait of 0 s
+      expect((await runCommandWith(['trades', 'fund', 'quoted-1'], context)).stderr, retryAfter).toBe('The platform refused (429 rate_limited): slow down [throttled]\n')
+    }
+  }, 60_000)
+
   describe('an answer that quotes the request', () => {
     // what the request carried, as the platform (or a gateway in front of it) could quote it back
     const echoed = (request: RecordedRequest) => {

@@ -98,8 +98,11 @@ function describeAnswer(error: PartnerApiError): { message: string; detail: stri
   const message = typeof platform.message === 'string' && platform.message !== '' ? `: ${text(platform.message)}` : ''
   const clock = error.clockOffsetS === undefined ? '' : `\n  ${describeClockOffset(error.clockOffsetS)}`
   // (a Retry-After on another answer, a redirect's or a 409's, asks for no wait before the next call)
-  const asksToWait = error.retryAfterMs !== undefined && (error.status === 429 || error.status === 503)
-  const wait = asksToWait ? `\n  ${describeWait(error.retryAfterMs!)}` : ''
+  // `Retry-After: 0` (or a date past) asks for no wait: `asks to wait 0 s` said nothing
+  const asksToWait = error.retryAfterMs !== undefined && error.retryAfterMs > 0 && (error.status === 429 || error.status === 503)
+  // a read retried on 429 and 5xx: the wait before the answer (4 attempts, 18 s) is not left unexplained
+  const tried = error.attempts > 1 ? `\n  Sent ${error.attempts} times, each answered with an error; this is the last answer` : ''
+  const wait = `${tried}${asksToWait ? `\n  ${describeWait(error.retryAfterMs!)}` : ''}`
   if (!enveloped) return { message, detail: `${clock}${wait}${describeOtherBody(error.body, text)}` }
   // the fields as a list of {field, message}, or as an object of each field's messages
   const fields: [unknown, unknown][] = Array.isArray(platform.fields)

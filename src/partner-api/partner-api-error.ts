@@ -27,6 +27,8 @@ export class PartnerApiError extends Error {
     readonly clockOffsetS?: number,
     /** A 3xx only: its Location header as it came (null: it had none), what the request carried taken out. Never followed. */
     readonly location?: string | null,
+    /** How many times the call was sent, this answer's the last: more than 1 for a GET retried on 429 and 5xx. */
+    readonly attempts = 1,
   ) {
     super(message)
     Object.defineProperty(this, 'body', { value: body, enumerable: false })

@@ -216,7 +216,7 @@ export class PartnerApiTransport {
       if (answer.status >= 200 && answer.status < 300) return parseSuccess(method, path, answer, schema)
 
       const retryAfterMs = parseRetryAfter(answer.headers.get('retry-after'), this.clock.now(), answer.headers.get('date'))
-      const error = toApiError(method, path, answer, retryAfterMs, offsetS)
+      const error = toApiError(method, path, answer, retryAfterMs, offsetS, attempt)
       const retryable = answer.status === 429 || answer.status >= 500
       if (!retryable) throw error
       // the longer of the Retry-After and the backoff: `Retry-After: 0` (or none) is no leave to ask again at once
@@ -498,6 +498,7 @@ function toApiError(
   answer: RawAnswer,
   retryAfterMs: number | undefined,
   offsetS: number | undefined,
+  attempts: number,
 ): PartnerApiError {
   // what the request carried is taken out of the answer's text before anything is read of it: the error keeps the
   // body for the CLI, which quotes its message, its fields and, in another shape, the text itself
@@ -531,6 +532,7 @@ function toApiError(
     retryAfterMs,
     clockOffsetS,
     redirect ? location : undefined,
+    attempts,
   )
 }
 
