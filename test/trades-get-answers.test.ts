@@ -209,9 +209,12 @@ describe('a call that gets no answer', () => {
       expect(get.requests).toEqual(Array(4).fill('GET /api/partner/v1/trades/T-slow/'))
       expect(get.code).toBe(1)
       expect(get.stdout).toBe('')
-      expect(get.stderr).toBe(
-        'GET /api/partner/v1/trades/T-slow/: no answer within 10000 ms after 4 attempts; nothing was changed by it: ' +
-          'try again [no_answer]\n',
+      // each retry told as it comes, then the failure's line
+      expect(get.stderr).toMatch(
+        new RegExp(
+          `^${[2, 3, 4].map((attempt) => `GET /api/partner/v1/trades/T-slow/: no answer within 10000 ms; sending it again in [\\d.]+ s \\(attempt ${attempt} of 4\\)\\n`).join('')}` +
+            'GET /api/partner/v1/trades/T-slow/: no answer within 10000 ms after 4 attempts; nothing was changed by it: try again \\[no_answer\\]\\n$',
+        ),
       )
     }
     // a read schedules nothing either
@@ -224,7 +227,9 @@ describe('a call that gets no answer', () => {
     const get = await runOnFakeClock(['trades', 'get', 'o-cut'], { attempts: 4, holds: false })
     expect(get.requests).toEqual(Array(4).fill('GET /api/partner/v1/trades/T-cut/'))
     expect(get.code).toBe(1)
-    expect(get.stderr).toMatch(/^GET \/api\/partner\/v1\/trades\/T-cut\/ failed: .+ after 4 attempts; nothing was changed by it: try again \[no_answer\]\n$/)
+    expect(get.stderr).toMatch(
+      /^(?:GET \/api\/partner\/v1\/trades\/T-cut\/: failed: .+; sending it again in [\d.]+ s \(attempt [234] of 4\)\n){3}GET \/api\/partner\/v1\/trades\/T-cut\/ failed: .+ after 4 attempts; nothing was changed by it: try again \[no_answer\]\n$/,
+    )
   })
 
   it('trades fund, a POST sent once, keeps [outcome_unknown] and has the order polled soon', async () => {

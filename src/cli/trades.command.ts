@@ -70,8 +70,11 @@ export async function withTradeDeps<T>(
       import('../orders/observations.js'),
     ])
   return withDatabase(async ({ config, logger, db, reactions, clock = systemClock }) => {
-    // with the default retries: a GET is sent up to DEFAULT_RETRY.maxAttempts times, a POST once
-    const client = createPartnerApiClient(config, { logger, clock })
+    // with the default retries: a GET is sent up to DEFAULT_RETRY.maxAttempts times, a POST once; each retry is
+    // told on stderr as it comes (a read answered 503 took 18 s with no word)
+    const onRetry = ({ method, path, reason, waitMs, attempt, maxAttempts }: { method: string; path: string; reason: string; waitMs: number; attempt: number; maxAttempts: number }) =>
+      writeError(`${method} ${path}: ${reason}; sending it again in ${formatWait(waitMs)} (attempt ${attempt} of ${maxAttempts})\n`)
+    const client = createPartnerApiClient(config, { logger, clock, onRetry })
     try {
       const notice = (line: string) => writeError(`${line}\n`)
       return await run({ db, client, clock, logger, notice, settings: {
@@ -121,6 +124,11 @@ export async function runTradeCall<T>(
   } finally {
     held?.off()
   }
+}
+
+/** A wait for a person: `0.3 s`, `5 s`. */
+function formatWait(ms: number): string {
+  return ms < 10_000 ? `${(Math.round(ms / 100) / 10).toLocaleString('en-US')} s` : `${Math.round(ms / 1000).toLocaleString('en-US')} s`
 }
 
 function explainFailure(

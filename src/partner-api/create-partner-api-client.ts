@@ -27,7 +27,7 @@ function sharedFetchThroughProxy(settings: ProxySettings): typeof fetch {
 
 export function createPartnerApiClient(
   config: Config,
-  deps: { logger: Logger; clock: Clock } & Partial<Pick<PartnerApiClientOptions, 'fetch' | 'random' | 'retry' | 'baseUrl' | 'onClockOffset'>>,
+  deps: { logger: Logger; clock: Clock } & Partial<Pick<PartnerApiClientOptions, 'fetch' | 'random' | 'retry' | 'baseUrl' | 'onClockOffset' | 'onRetry'>>,
 ): PartnerApiClient {
   const baseUrl = deps.baseUrl ?? partnerApiBaseUrl(config)
   // local mode's platform is the sandbox this service runs on this machine: a proxy, a company's among them

@@ -111,6 +111,22 @@ export interface TransportOptions {
    * reads 0 or ±1.
    */
   onClockOffset?: (offsetS: number) => void
+  /**
+   * Called before a GET is sent again, with why (`no answer within 10000 ms`, `answered 503 maintenance`, on one line),
+   * the wait and the attempt about to be made: a command tells its operator why a read takes 18 s.
+   */
+  onRetry?: (retry: RetryNotice) => void
+}
+
+export interface RetryNotice {
+  method: Method
+  path: string
+  /** Why the last attempt did not do: a failure's message or `answered <status> <code>`, on one line. */
+  reason: string
+  waitMs: number
+  /** The attempt about to be made, counted from 1. */
+  attempt: number
+  maxAttempts: number
 }
 
 export interface CallOptions {
@@ -149,6 +165,7 @@ export class PartnerApiTransport {
   private readonly userAgent = userAgent()
   private readonly retry: RetryOptions
   private readonly onClockOffset: ((offsetS: number) => void) | undefined
+  private readonly onRetry: ((retry: RetryNotice) => void) | undefined
   /** Until when (the clock's ms) the platform's last 429 asked this client to wait (slowDown). */
   private slowedUntil = 0
 
@@ -180,6 +197,7 @@ export class PartnerApiTransport {
     this.nonce = options.nonce ?? newNonce
     this.retry = { ...DEFAULT_RETRY, ...options.retry }
     this.onClockOffset = options.onClockOffset
+    this.onRetry = options.onRetry
   }
 
   /**
@@ -208,7 +226,10 @@ export class PartnerApiTransport {
         answer = await this.send(method, url, path, body, attempt, signal)
       } catch (error) {
         if (!isTransient(error) || attempt >= maxAttempts) throw error
-        await this.clock.sleep(this.backoffMs(attempt), signal)
+        const waitMs = this.backoffMs(attempt)
+        const reason = printable((error as Error).message.replace(`${method} ${path}`, '').replace(/^:? */, ''))
+        this.onRetry?.({ method, path, reason, waitMs, attempt: attempt + 1, maxAttempts })
+        await this.clock.sleep(waitMs, signal)
         continue
       }
 
@@ -224,6 +245,7 @@ export class PartnerApiTransport {
       if (answer.status === 429 && this.slowDown(waitMs)) throw error
       if (attempt >= maxAttempts) throw error
       if (retryAfterMs !== undefined && retryAfterMs > this.retry.maxRetryAfterMs) throw error
+      this.onRetry?.({ method, path, reason: `answered ${answer.status} ${printable(error.code)}`, waitMs, attempt: attempt + 1, maxAttempts })
       await this.clock.sleep(waitMs, signal)
     }
   }
