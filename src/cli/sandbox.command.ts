@@ -65,6 +65,7 @@ interface SandboxFlags extends Faults {
   attemptTimeoutMs: number
   timestampWindowS: number
   refundDelayMs: number
+  reorderHoldMs: number
 }
 
 export function registerSandboxCommand(program: Command): void {
@@ -92,6 +93,11 @@ export function registerSandboxCommand(program: Command): void {
     .addOption(option('--drop-rate <share>', 'share of webhooks never delivered', 'SANDBOX_DROP_RATE').argParser(rate).default(0))
     .addOption(option('--duplicate-rate <share>', 'share of deliveries sent twice', 'SANDBOX_DUPLICATE_RATE').argParser(rate).default(0))
     .addOption(option('--reorder-rate <share>', 'share of webhooks overtaken by the next', 'SANDBOX_REORDER_RATE').argParser(rate).default(0))
+    .addOption(
+      option('--reorder-hold-ms <ms>', 'how long a reordered webhook waits at most for its trade’s next one', 'SANDBOX_REORDER_HOLD_MS')
+        .argParser(milliseconds)
+        .default(3_000),
+    )
     .addOption(option('--delay-rate <share>', 'share of webhooks delayed', 'SANDBOX_DELAY_RATE').argParser(rate).default(0))
     .addOption(option('--delay-ms <ms>', 'how long a delayed webhook waits', 'SANDBOX_DELAY_MS').argParser(milliseconds).default(0))
     .addOption(option('--seed <n>', 'seed of the fault injection', 'SANDBOX_SEED').argParser(wholeNumber).default(1))
@@ -125,6 +131,7 @@ export function registerSandboxCommand(program: Command): void {
         attemptTimeoutMs: flags.attemptTimeoutMs,
         timestampWindowS: flags.timestampWindowS,
         refundDelayMs: flags.refundDelayMs,
+        reorderHoldMs: flags.reorderHoldMs,
         faults: {
           dropRate: flags.dropRate,
           duplicateRate: flags.duplicateRate,

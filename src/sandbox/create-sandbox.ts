@@ -22,6 +22,7 @@ import {
   type Faults,
   NO_FAULTS,
   type PendingEvent,
+  REORDER_HOLD_MS,
   WebhookDispatcher,
 } from './webhook-dispatcher.js'
 
@@ -47,6 +48,11 @@ export interface SandboxOptions {
   milestoneAnswer?: 'trade' | 'milestone'
   faults?: Partial<Faults>
   /**
+   * The reorder fault's longest hold: an event it holds goes out after its trade's next event, or after this when
+   * none comes (REORDER_HOLD_MS, 3 s).
+   */
+  reorderHoldMs?: number
+  /**
    * Where the trades, the reference counter and undelivered webhooks are kept across restarts
    * (sandbox-state.ts: this snapshot file and its journal beside it); read at creation, each change saved before
    * it is answered. Without one, all is in memory.
@@ -64,6 +70,7 @@ export const SANDBOX_DEFAULTS = {
   timestampWindowS: 300,
   refundDelayMs: 1_000,
   milestoneAnswer: 'trade',
+  reorderHoldMs: REORDER_HOLD_MS,
 } as const
 
 export interface Sandbox {
@@ -104,6 +111,7 @@ export function createSandbox(options: SandboxOptions): Sandbox {
     retryMaxDelayMs: settings.retryMaxDelayMs,
     attemptTimeoutMs: settings.attemptTimeoutMs,
     faults: { ...NO_FAULTS, ...options.faults },
+    reorderHoldMs: settings.reorderHoldMs,
     // inside a request the route saves once at its end (again if an attempt started meanwhile: its count)
     onPendingChange: () => {
       if (handling === 0) saveInBackground()

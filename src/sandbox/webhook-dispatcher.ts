@@ -5,6 +5,9 @@
 // carries on from the next attempt and never makes a seventh.
 // Faults are drawn from the seed and the event (keyedDraw): a run repeats them for a seed, each event getting the
 // same faults whatever order concurrent trades reach the dispatcher in (a demo's fifty trades, a test's).
+// An event the reorder fault holds goes out after its trade's next event, or after reorderHoldMs when none comes
+// (its trade's last event, or every event at a rate of 1): a hold without that bound kept the last event of a
+// trade for ever, never sent and never logged.
 import { createHmac, randomUUID } from 'node:crypto'
 import type { Clock } from '../clock.js'
 import { readAnswer } from '../http/read-answer.js'
@@ -12,6 +15,9 @@ import type { Logger } from '../logger.js'
 import { keyedDraw } from './seeded-random.js'
 
 export const MAX_ATTEMPTS = 6
+
+/** How long the reorder fault holds an event at most, when no later event of its trade comes to overtake it. */
+export const REORDER_HOLD_MS = 3_000
 
 // a receiver's answer is read this far at most (a receiver may answer with a body that never ends)
 const MAX_ANSWER_BYTES = 64 * 1024
@@ -31,7 +37,8 @@ export interface Faults {
 
 export const NO_FAULTS: Faults = { dropRate: 0, duplicateRate: 0, reorderRate: 0, delayRate: 0, delayMs: 0, seed: 1 }
 
-export type AttemptResult = 'delivered' | 'failed' | 'timeout' | 'dropped' | 'duplicate'
+/** `held`: the reorder fault holds the event (attempt 0) until its trade's next event has gone, or its hold ends. */
+export type AttemptResult = 'delivered' | 'failed' | 'timeout' | 'dropped' | 'duplicate' | 'held'
 
 export interface DeliveryAttempt {
   eventId: string
@@ -55,6 +62,8 @@ export interface DispatcherOptions {
   retryMaxDelayMs: number
   attemptTimeoutMs: number
   faults: Faults
+  /** The reorder fault's longest hold (REORDER_HOLD_MS by default). */
+  reorderHoldMs?: number
   /** At most this many attempts are kept in the log (oldest dropped first). */
   logLimit?: number
   /** Called whenever an event starts or stops waiting for delivery, so the caller can save `pending()`. */
@@ -82,8 +91,9 @@ export class WebhookDispatcher {
   private receiverDown = false
   private readonly failingTrades = new Set<string>()
   private readonly inFlight = new Set<Promise<void>>()
-  // events held back by the reorder fault, released after the trade's next event
-  private readonly held = new Map<string, PendingEvent[]>()
+  // events held back by the reorder fault, released after the trade's next event or when their hold ends (the
+  // controller ends the hold's timer when the next event came first, or the dispatcher stopped)
+  private readonly held = new Map<string, { pending: PendingEvent; hold: AbortController }[]>()
   // every event from send() until it is delivered or given up, held ones included
   private readonly undelivered = new Map<string, PendingEvent>()
   private stopped = false
@@ -140,6 +150,9 @@ export class WebhookDispatcher {
   /** No further attempt starts; what is undelivered stays in pending(). */
   stop(): void {
     this.stopped = true
+    // (what is held stays owed: pending() has it, for the next start)
+    for (const queue of this.held.values()) for (const { hold } of queue) hold.abort()
+    this.held.clear()
   }
 
   /** Queues one event (a JSON body) for delivery; returns at once. */
@@ -168,9 +181,7 @@ export class WebhookDispatcher {
     this.faultKeys.set(pending.eventId, key)
     this.options.onPendingChange?.()
     if (reorder && tradeId !== null) {
-      const queue = this.held.get(tradeId) ?? []
-      queue.push(pending)
-      this.held.set(tradeId, queue)
+      this.hold(pending, tradeId)
       return
     }
     this.track(this.deliver(pending, delay ? this.faults.delayMs : 0))
@@ -195,12 +206,38 @@ export class WebhookDispatcher {
     return keyedDraw(this.faults.seed, `${key}\u0000${fault}`)
   }
 
+  /** Holds an event for the reorder fault: the trade's next event releases it, or the end of its hold. */
+  private hold(pending: PendingEvent, tradeId: string): void {
+    const hold = new AbortController()
+    const queue = this.held.get(tradeId) ?? []
+    queue.push({ pending, hold })
+    this.held.set(tradeId, queue)
+    this.record(pending, null, 0, 'held')
+    this.options.clock.sleep(this.options.reorderHoldMs ?? REORDER_HOLD_MS, hold.signal).then(
+      () => this.releaseOne(tradeId, pending),
+      // released before its hold ended, or the dispatcher stopped
+      () => undefined,
+    )
+  }
+
+  private releaseOne(tradeId: string, pending: PendingEvent): void {
+    const queue = this.held.get(tradeId)
+    const at = queue?.findIndex((entry) => entry.pending === pending) ?? -1
+    if (!queue || at === -1) return
+    queue.splice(at, 1)
+    if (queue.length === 0) this.held.delete(tradeId)
+    this.track(this.deliver(pending, 0))
+  }
+
   private releaseHeld(tradeId: string | null): void {
     if (tradeId === null) return
     const queue = this.held.get(tradeId)
     if (!queue) return
     this.held.delete(tradeId)
-    for (const pending of queue) this.track(this.deliver(pending, 0))
+    for (const { pending, hold } of queue) {
+      hold.abort()
+      this.track(this.deliver(pending, 0))
+    }
   }
 
   /** Resolves when nothing is left to deliver; events still held by the reorder fault are sent first. */
