@@ -238,8 +238,17 @@ export function createSandbox(options: SandboxOptions): Sandbox {
       return
     }
     if (req.method !== 'GET') {
+      // decoded strictly: Buffer's toString put U+FFFD in place of bytes that are not UTF-8 (a Latin-1 é), and the
+      // trade, and every webhook of it, carried an external reference the partner never sent
+      let text: string
       try {
-        req.body = rawBody.length === 0 ? {} : JSON.parse(rawBody.toString('utf8'))
+        text = strictUtf8.decode(rawBody)
+      } catch {
+        res.status(400).json({ error: { code: 'invalid_body', message: 'The body is not valid UTF-8: send JSON in UTF-8' } })
+        return
+      }
+      try {
+        req.body = rawBody.length === 0 ? {} : JSON.parse(text)
       } catch {
         res.status(400).json({ error: { code: 'invalid_json', message: 'The body is not valid JSON' } })
         return
@@ -480,6 +489,10 @@ export function createSandbox(options: SandboxOptions): Sandbox {
     buyerStatus: sendBuyerStatus,
   }
 }
+
+// fatal: bytes that are not UTF-8 are refused, not replaced; ignoreBOM: a byte-order mark stays in the text (and
+// JSON.parse refuses it, as it did)
+const strictUtf8 = new TextDecoder('utf-8', { fatal: true, ignoreBOM: true })
 
 const ONBOARDING_STATUS = /^[a-z0-9_]{1,64}$/
 // a seller or buyer id as the platform would issue one: no control codes, as long as a trade's fields at most
