@@ -17,6 +17,7 @@ import { printable } from '../printable.js'
 import { SandboxAuthenticator } from './sandbox-auth.js'
 import { SandboxError, SandboxPlatform } from './sandbox-platform.js'
 import { openSandboxState } from './sandbox-state.js'
+import { lockSandboxState } from './sandbox-state-lock.js'
 import {
   type DeliveryAttempt,
   type Faults,
@@ -449,18 +450,32 @@ export function createSandbox(options: SandboxOptions): Sandbox {
   }
 
   let server: http.Server | undefined
+  // the state file is this process's while it listens: a second process over it (another service on the same
+  // DATA_DIR) is refused before it listens, sends or writes anything
+  let unlock: (() => void) | undefined
+  const stopBeforeListening = () => {
+    closed = true
+    dispatcher.stop()
+    server = undefined
+    unlock?.()
+    unlock = undefined
+  }
   return {
     app,
     deliveryLog: dispatcher.log,
     listen: async (port, host = '127.0.0.1') => {
+      try {
+        if (options.stateFile && !unlock) unlock = lockSandboxState(options.stateFile)
+      } catch (error) {
+        stopBeforeListening()
+        throw error
+      }
       server = http.createServer(app)
       server.listen(port, host)
       try {
         await once(server, 'listening')
       } catch (error) {
-        closed = true
-        dispatcher.stop()
-        server = undefined
+        stopBeforeListening()
         throw error
       }
       dispatcher.resume(unsent)
@@ -471,6 +486,8 @@ export function createSandbox(options: SandboxOptions): Sandbox {
       // nothing more is sent or saved: what was undelivered is in the state file for the next start
       closed = true
       dispatcher.stop()
+      unlock?.()
+      unlock = undefined
       if (!server) return
       const closing = new Promise<void>((resolve) => server!.close(() => resolve()))
       server.closeAllConnections()

@@ -70,9 +70,10 @@ export function sandboxStateFile(dataDir: string): string | undefined {
  * Why the state cannot be used, in the project's codes: a file there that cannot be read (`sandbox_state_unreadable`:
  * a permission, a directory in its place) or that does not read as the sandbox's state (`sandbox_state_invalid`:
  * not JSON, a field out of shape, a journal line other than the last), both of which stop the start; a change that
- * cannot be written (`state_not_saved`, the code the sandbox answers that call with).
+ * cannot be written (`state_not_saved`, the code the sandbox answers that call with); a state another process keeps
+ * (`sandbox_state_in_use`, sandbox-state-lock.ts), which stops the start too.
  */
-export type SandboxStateErrorCode = 'sandbox_state_unreadable' | 'sandbox_state_invalid' | 'state_not_saved'
+export type SandboxStateErrorCode = 'sandbox_state_unreadable' | 'sandbox_state_invalid' | 'sandbox_state_in_use' | 'state_not_saved'
 
 /**
  * The state cannot be read or written. Its message ends in its code in brackets, as every refusal of the CLI's does
