@@ -49,6 +49,12 @@ export interface DeliveryAttempt {
   status: string | null
   result: AttemptResult
   httpStatus?: number
+  /**
+   * Why an attempt got no HTTP status, in a word: the system's code (`ECONNREFUSED`, `ENOTFOUND`, a TLS one),
+   * `timeout`, `url_has_credentials` (fetch sends no URL with a user or password), `network_error`, or the
+   * sandbox's own `no_webhook_url`, `receiver_down`, `trade_failing`. Never the URL, which may hold a password.
+   */
+  reason?: string
   at: string
 }
 
@@ -97,6 +103,8 @@ export class WebhookDispatcher {
   // every event from send() until it is delivered or given up, held ones included
   private readonly undelivered = new Map<string, PendingEvent>()
   private stopped = false
+  // the reason of the last attempt with no answer that was logged (warnNoAnswer)
+  private lastWarned: string | undefined
 
   constructor(private readonly options: DispatcherOptions) {
     this.faults = { ...options.faults }
@@ -291,8 +299,10 @@ export class WebhookDispatcher {
   private async attempt(pending: PendingEvent, attempt: number): Promise<AttemptResult> {
     const deliveryId = `dlv_${randomUUID().replaceAll('-', '')}`
     const url = this.options.webhookUrl()
-    if (!url || this.receiverDown || (pending.tradeId !== null && this.failingTrades.has(pending.tradeId))) {
-      this.record(pending, deliveryId, attempt, 'failed')
+    const failing = pending.tradeId !== null && this.failingTrades.has(pending.tradeId)
+    if (!url || this.receiverDown || failing) {
+      const reason = !url ? 'no_webhook_url' : this.receiverDown ? 'receiver_down' : 'trade_failing'
+      this.record(pending, deliveryId, attempt, 'failed', undefined, reason)
       return 'failed'
     }
     const headers = {
@@ -309,26 +319,43 @@ export class WebhookDispatcher {
         // a redirect is the receiver's answer, a failed attempt: the signed delivery is never sent to another address
         redirect: 'manual',
       })
+    let response: Response
     try {
-      const response = await post()
-      // only the status counts; a body past the bound is not read, and its connection is closed
-      await readAnswer(response, MAX_ANSWER_BYTES)
-      const result: AttemptResult = response.ok ? 'delivered' : 'failed'
-      this.record(pending, deliveryId, attempt, result, response.status)
-      // (an event resumed from an earlier run has no key: it is sent without faults)
-      const key = this.faultKeys.get(pending.eventId)
-      if (result === 'delivered' && key !== undefined && this.draw(key, `duplicate ${attempt}`) < this.faults.duplicateRate) {
-        // a network-level duplicate: the same delivery id arrives twice
-        const again = await post().catch(() => undefined)
-        if (again) await readAnswer(again, MAX_ANSWER_BYTES).catch(() => undefined)
-        this.record(pending, deliveryId, attempt, 'duplicate', again?.status)
-      }
-      return result
+      response = await post()
     } catch (error) {
-      const result: AttemptResult = (error as Error).name === 'TimeoutError' ? 'timeout' : 'failed'
-      this.record(pending, deliveryId, attempt, result)
+      const reason = noAnswerReason(error)
+      const result: AttemptResult = reason === 'timeout' ? 'timeout' : 'failed'
+      this.record(pending, deliveryId, attempt, result, undefined, reason)
+      this.warnNoAnswer(pending, attempt, reason)
       return result
     }
+    // Only the status counts: a 2xx within the timeout is delivered, whatever becomes of its body. The body is read
+    // (up to the bound, within the same timeout) and then dropped; one that does not end in time used to turn a 2xx
+    // into a timeout, and the event was sent again
+    const result: AttemptResult = response.ok ? 'delivered' : 'failed'
+    this.record(pending, deliveryId, attempt, result, response.status)
+    if (result === 'delivered') this.lastWarned = undefined
+    await readAnswer(response, MAX_ANSWER_BYTES).catch(() => undefined)
+    // (an event resumed from an earlier run has no key: it is sent without faults)
+    const key = this.faultKeys.get(pending.eventId)
+    if (result === 'delivered' && key !== undefined && this.draw(key, `duplicate ${attempt}`) < this.faults.duplicateRate) {
+      // a network-level duplicate: the same delivery id arrives twice
+      const again = await post().catch(() => undefined)
+      if (again) await readAnswer(again, MAX_ANSWER_BYTES).catch(() => undefined)
+      this.record(pending, deliveryId, attempt, 'duplicate', again?.status)
+    }
+    return result
+  }
+
+  // An attempt with no answer is said once per reason, until one is delivered (the delivery log has every attempt):
+  // a receiver not started, a wrong port, a URL fetch refuses used to show nowhere but in that log, without a reason
+  private warnNoAnswer(pending: PendingEvent, attempt: number, reason: string): void {
+    if (this.lastWarned === reason) return
+    this.lastWarned = reason
+    this.options.logger.warn(
+      { eventId: pending.eventId, event: pending.event, attempt, reason },
+      'sandbox webhook attempt got no answer (the delivery log has every attempt; this is said again for another reason, or after one is delivered)',
+    )
   }
 
   private record(
@@ -337,6 +364,7 @@ export class WebhookDispatcher {
     attempt: number,
     result: AttemptResult,
     httpStatus?: number,
+    reason?: string,
   ): void {
     this.log.push({
       eventId: pending.eventId,
@@ -347,9 +375,21 @@ export class WebhookDispatcher {
       status: pending.status,
       result,
       ...(httpStatus === undefined ? {} : { httpStatus }),
+      ...(reason === undefined ? {} : { reason }),
       at: new Date(this.options.clock.now()).toISOString(),
     })
     const limit = this.options.logLimit ?? 100_000
     if (this.log.length > limit) this.log.splice(0, this.log.length - limit)
   }
+}
+
+/** Why a fetch got no answer, in a word; never its message, which may quote the URL and its password. */
+function noAnswerReason(error: unknown): string {
+  const { name, message } = error as Error
+  if (name === 'TimeoutError') return 'timeout'
+  const code = ((error as { cause?: { code?: unknown } }).cause ?? {}).code
+  if (typeof code === 'string' && /^[A-Z][A-Z0-9_]{1,63}$/.test(code)) return code
+  // undici: "Request cannot be constructed from a URL that includes credentials"
+  if (name === 'TypeError' && /credentials/.test(String(message))) return 'url_has_credentials'
+  return 'network_error'
 }
