@@ -117,7 +117,22 @@ export function registerSandboxCommand(program: Command): void {
         )
       }
       const inFiles = await secretsInFiles(command)
+      // commander fills an option from its variable too: the source says which one the operator set
+      // (commander keys a value by the option's name in camelCase: --webhook-url's is webhookUrl)
+      const setting = (option: string, variable: string) =>
+        command.getOptionValueSource(option.replace(/-(\w)/g, (_, letter: string) => letter.toUpperCase())) === 'cli' ? `--${option}` : variable
+      if (flags.webhookUrl !== undefined && hasCredentials(flags.webhookUrl)) {
+        // (not in the option's own parser: commander's refusal quotes the value, and one from the variable whole)
+        throw new UsageError(
+          `${setting('webhook-url', 'SANDBOX_WEBHOOK_URL')}: holds a user name or password, and fetch sends no request to such a URL, so ` +
+            'every webhook would fail; give the receiver’s URL without them (the receiver checks the signature)',
+          'webhook_url_has_credentials',
+        )
+      }
       const logger = await cliLogger(config)
+      // a simulator runs on like a service: its warnings (an attempt that got no answer, an event given up) are what
+      // its person needs to see, where a command's log lines are errors only
+      if (config.logLevel === 'info') logger.level = 'warn'
       const host = config.host === '0.0.0.0' ? '127.0.0.1' : config.host
       const sandbox = createSandbox({
         keyId: flags.keyId ?? config.partner.keyId,
@@ -143,8 +158,6 @@ export function registerSandboxCommand(program: Command): void {
         logger,
       })
       const port = flags.port ?? config.sandbox.port
-      // commander fills an option from its variable too: the source says which one the operator set
-      const setting = (option: string, variable: string) => (command.getOptionValueSource(option) === 'cli' ? `--${option}` : variable)
       const url = await sandbox.listen(port, flags.host).catch((error: unknown) => {
         throw describeListenError(error, {
           portSetting: setting('port', 'SANDBOX_PORT'),
@@ -153,7 +166,8 @@ export function registerSandboxCommand(program: Command): void {
           host: flags.host,
         })
       })
-      if (await reachableFromOtherMachines(flags.host)) {
+      const reachable = await reachableFromOtherMachines(flags.host)
+      if (reachable) {
         const given = setting('host', 'SANDBOX_HOST')
         writeError(
           `warning: ${given === '--host' ? `--host ${flags.host}` : `SANDBOX_HOST=${flags.host}`} is not a loopback address, so other machines ` +
@@ -171,14 +185,35 @@ export function registerSandboxCommand(program: Command): void {
         write('a milestone deliver or release answers the milestone record, not the trade record\n')
       }
       write(`key id ${flags.keyId ?? config.partner.keyId}; secrets as configured (not shown). Ctrl-C stops it.\n`)
+      // they answer only under a loopback Host name: bound to every interface, at 127.0.0.1 (0.0.0.0 is no Host they
+      // take); on another address, with a loopback Host header
+      const controlBase = everywhere ? `http://127.0.0.1${everywhere[1]}` : url
+      const hostNote = reachable && !everywhere ? ' and a loopback Host header (Host: localhost): they answer only to localhost, 127.0.0.1 or [::1]' : ''
       write(
         config.sandbox.controlToken
-          ? `control endpoints ${url}/sandbox/* need Authorization: Bearer <${config.localSecretsFile ? `sandboxControlToken in ${config.localSecretsFile}` : 'SANDBOX_CONTROL_TOKEN'}>\n`
+          ? `control endpoints ${controlBase}/sandbox/* need Authorization: Bearer <${controlTokenSource(config.localSecretsFile)}>${hostNote}\n`
           : 'control endpoints /sandbox/* are off: set SANDBOX_CONTROL_TOKEN to use them\n',
       )
       await untilStopSignal()
       await sandbox.close()
     })
+}
+
+/**
+ * Where the control token came from, as the start line names it: SANDBOX_CONTROL_TOKEN (or its _FILE) wins over
+ * local-secrets.json (config.ts), and the line named the file even when the variable was set, so the token looked
+ * up there was refused.
+ */
+function controlTokenSource(localSecretsFile: string | undefined): string {
+  if (process.env.SANDBOX_CONTROL_TOKEN !== undefined) return 'SANDBOX_CONTROL_TOKEN'
+  if (process.env.SANDBOX_CONTROL_TOKEN_FILE !== undefined) return 'the contents of SANDBOX_CONTROL_TOKEN_FILE'
+  return localSecretsFile ? `sandboxControlToken in ${localSecretsFile}` : 'SANDBOX_CONTROL_TOKEN'
+}
+
+// a URL with a user name or password: fetch refuses to send a request to one
+function hasCredentials(value: string): boolean {
+  const url = new URL(value)
+  return url.username !== '' || url.password !== ''
 }
 
 /**
