@@ -277,6 +277,10 @@ function recoverSandboxState(file: string): Recovered {
     }
   }
   let contents: string
+  // a journal the snapshot names may be missing: a process killed in a compaction between removing the old one and
+  // creating the new one. Nothing was written to it, so the snapshot is the whole state; the next change writes a
+  // snapshot and a new journal (appends open without O_CREAT, and the first change failed 503 state_not_saved)
+  let journalThere = true
   try {
     contents = readFileSync(journal, 'utf8')
   } catch (error) {
@@ -284,13 +288,14 @@ function recoverSandboxState(file: string): Recovered {
       throw new SandboxStateError('sandbox_state_unreadable', `Cannot read the sandbox state journal ${journal}: ${readFailure(error)}`, { cause: error })
     }
     contents = ''
+    journalThere = false
   }
   const recovered: Recovered = {
     state: snapshot.state,
     base: snapshot.base,
     snapshotBytes: snapshot.bytes,
     journalBytes: Buffer.byteLength(contents),
-    journalUsable: true,
+    journalUsable: journalThere,
     tornLine: undefined,
     journalIgnored: false,
   }
