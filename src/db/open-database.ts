@@ -2,13 +2,14 @@
 // otherwise embedded PGlite persisted in a directory (or in memory for tests). PGlite is a single
 // connection; Kysely's PGliteDialect queues transactions on it, so they never interleave.
 import { createHash } from 'node:crypto'
-import { existsSync, mkdirSync, readFileSync, rmSync, statSync } from 'node:fs'
+import { existsSync, mkdirSync, rmSync } from 'node:fs'
 import path from 'node:path'
 import { CamelCasePlugin, Kysely, PGliteDialect, PostgresDialect, sql } from 'kysely'
 import pg from 'pg'
 import { writingIntoDataDir } from '../data-dir.js'
 import type { Logger } from '../logger.js'
 import { writeWholeUnlessThere } from '../write-whole.js'
+import { ABANDONED_TAKEOVER_MS, lockOwner, lockOwnerRuns, ownLockContent, readIfThere, removeStaleLock, sleepSync } from '../lock-file.js'
 import { CONNECT_TIMEOUT_MS, describeDatabaseError, errorCode, READ_ONLY } from './database-errors.js'
 import { closeSocket, endWithin } from './end-within.js'
 import type { Database, DatabaseKind } from './database.js'
@@ -20,7 +21,6 @@ import { freeBytesOf } from './storage-guard.js'
 import { SESSION_SETTINGS } from './session-defaults.js'
 import { DEFAULT_STATEMENT_TIMEOUT_MS, STATEMENT_ANSWER_GRACE_MS } from './statement-timeout.js'
 import { LONE_SURROGATE } from '../partner-api/field-rules.js'
-import { processIsAlive } from '../process-alive.js'
 
 /**
  * Stops a listener. On Postgres its session is ended politely, the server given `withinMs` at most (and a second at
@@ -694,31 +694,12 @@ export class DatabaseInUseError extends Error {
 // otherwise blamed on it for good.
 const locksTakenHere = new Set<string>()
 
-/** When process `pid` started, in clock ticks since boot (Linux), or undefined where that cannot be read. */
-function processStartTime(pid: number): string | undefined {
-  try {
-    const stat = readFileSync(`/proc/${pid}/stat`, 'utf8')
-    // after the command name, which may hold spaces and parentheses: the fields from the third on
-    return stat.slice(stat.lastIndexOf(')') + 2).split(' ')[19]
-  } catch {
-    return undefined
-  }
-}
-
-/** Whether the lock's owner runs: its pid is alive and, where both are known, started when the lock says. */
-function lockOwnerRuns(owner: number, started: string | undefined): boolean {
-  if (!processIsAlive(owner)) return false
-  const now = started === undefined ? undefined : processStartTime(owner)
-  return now === undefined || now === started
-}
-
 // how often a wait for the lock (lockWaitMs) looks again
 const LOCK_WAIT_STEP_MS = 50
 
 function lockDataDirectory(location: string, waitMs: number): () => void {
   const lockFile = path.join(location, 'partner-escrow.lock')
-  const started = processStartTime(process.pid)
-  const mine = started === undefined ? String(process.pid) : `${process.pid} ${started}`
+  const mine = ownLockContent()
   const waitUntil = Date.now() + waitMs
   // a try ends in the lock, a refusal, or a stale lock removed (or being removed by another process): then again;
   // a wait for a running owner adds its own tries
@@ -732,9 +713,7 @@ function lockDataDirectory(location: string, waitMs: number): () => void {
     }
     const seen = readIfThere(lockFile)
     if (seen === undefined) continue
-    // `pid` or `pid start-time`
-    const [pidText = '', ownerStarted] = seen.trim().split(' ')
-    const owner = Number(pidText)
+    const { pid: owner, started: ownerStarted } = lockOwner(seen)
     const alive = owner === process.pid ? locksTakenHere.has(lockFile) : lockOwnerRuns(owner, ownerStarted)
     if (Number.isInteger(owner) && owner > 0 && alive) {
       if (owner !== process.pid && Date.now() < waitUntil) {
@@ -758,43 +737,3 @@ function lockDataDirectory(location: string, waitMs: number): () => void {
   )
 }
 
-function readIfThere(file: string): string | undefined {
-  try {
-    return readFileSync(file, 'utf8')
-  } catch (error) {
-    if ((error as NodeJS.ErrnoException).code === 'ENOENT') return undefined
-    throw error
-  }
-}
-
-// How old a take-over's marker is before it counts as left by a process that died in those microseconds.
-const ABANDONED_TAKEOVER_MS = 10_000
-
-/**
- * Removes the stale lock `seen`, once. Of processes that all found it stale, the later ones removed the lock the
- * first had taken meanwhile, and several opened the database. The right to remove it is a marker named after
- * its content, which one process at a time creates: the holder removes the lock if it still reads `seen` (no one
- * else may remove that one, and once removed it never comes back), then the marker. False when another process
- * holds the marker.
- */
-function removeStaleLock(lockFile: string, seen: string, mine: string): boolean {
-  const marker = `${lockFile}.${createHash('sha256').update(seen).digest('hex').slice(0, 16)}.takeover`
-  if (!writeWholeUnlessThere(marker, mine)) {
-    try {
-      if (Date.now() - statSync(marker).mtimeMs > ABANDONED_TAKEOVER_MS) rmSync(marker, { force: true })
-    } catch (error) {
-      if ((error as NodeJS.ErrnoException).code !== 'ENOENT') throw error
-    }
-    return false
-  }
-  try {
-    if (readIfThere(lockFile) === seen) rmSync(lockFile, { force: true })
-  } finally {
-    rmSync(marker, { force: true })
-  }
-  return true
-}
-
-function sleepSync(ms: number): void {
-  Atomics.wait(new Int32Array(new SharedArrayBuffer(4)), 0, 0, ms)
-}

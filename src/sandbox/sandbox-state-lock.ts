@@ -4,10 +4,10 @@
 // trades. A lock file beside the state (`sandbox-state.json.lock`) holds its owner's pid and start time; a second
 // process is refused with its pid, a dead owner's lock is taken over. Within one process the lock is shared
 // (a test's sandboxes, one restarted in place): the process is the unit that writes.
-import { createHash } from 'node:crypto'
-import { closeSync, mkdirSync, openSync, readFileSync, rmSync, statSync, writeSync } from 'node:fs'
+import { mkdirSync, rmSync } from 'node:fs'
 import path from 'node:path'
-import { processIsAlive } from '../process-alive.js'
+import { lockOwner, lockOwnerRuns, ownLockContent, readIfThere, removeStaleLock, sleepSync } from '../lock-file.js'
+import { writeWholeUnlessThere } from '../write-whole.js'
 import { SandboxStateError } from './sandbox-state.js'
 
 /** The lock file of the state kept in `file`. */
@@ -18,9 +18,6 @@ export function sandboxStateLockFile(file: string): string {
 // the locks this process holds, and how many of its sandboxes hold each
 const heldHere = new Map<string, number>()
 
-// how old a take-over's marker is before it counts as left by a process that died in the middle of one
-const ABANDONED_TAKEOVER_MS = 10_000
-
 /**
  * Takes the lock of the state kept in `file` for this process, or throws SandboxStateError `sandbox_state_in_use`
  * naming the process that holds it. Answers the release (once per take).
@@ -28,8 +25,8 @@ const ABANDONED_TAKEOVER_MS = 10_000
 export function lockSandboxState(file: string): () => void {
   const lockFile = sandboxStateLockFile(file)
   mkdirSync(path.dirname(lockFile), { recursive: true })
-  const started = processStartTime(process.pid)
-  const mine = started === undefined ? `${process.pid}\n` : `${process.pid} ${started}\n`
+  const mine = `${ownLockContent()}\n`
+  const read = () => unreadable('read', lockFile, () => readIfThere(lockFile))
   let released = false
   const release = () => {
     if (released) return
@@ -37,24 +34,23 @@ export function lockSandboxState(file: string): () => void {
     const count = (heldHere.get(lockFile) ?? 1) - 1
     if (count > 0) return void heldHere.set(lockFile, count)
     heldHere.delete(lockFile)
-    if (readIfThere(lockFile) === mine) rmSync(lockFile, { force: true })
+    if (read() === mine) rmSync(lockFile, { force: true })
   }
   const holding = heldHere.get(lockFile)
-  if (holding !== undefined && readIfThere(lockFile) === mine) {
+  if (holding !== undefined && read() === mine) {
     heldHere.set(lockFile, holding + 1)
     return release
   }
   for (let attempt = 0; attempt < 200; attempt++) {
-    if (createWith(lockFile, mine)) {
+    if (unreadable('create', lockFile, () => writeWholeUnlessThere(lockFile, mine))) {
       heldHere.set(lockFile, 1)
       return release
     }
-    const seen = readIfThere(lockFile)
+    const seen = read()
     if (seen === undefined) continue
-    const [pidText = '', ownerStarted] = seen.trim().split(' ')
-    const owner = Number(pidText)
+    const { pid: owner, started: ownerStarted } = lockOwner(seen)
     // (one with this process's pid, not taken here, was left by a dead process that had the same pid: a container's)
-    if (Number.isSafeInteger(owner) && owner > 0 && owner !== process.pid && ownerRuns(owner, ownerStarted)) {
+    if (Number.isSafeInteger(owner) && owner > 0 && owner !== process.pid && lockOwnerRuns(owner, ownerStarted)) {
       throw new SandboxStateError(
         'sandbox_state_in_use',
         `The sandbox state file ${file} is in use by process ${owner} (another service or sandbox over this DATA_DIR): ` +
@@ -62,7 +58,7 @@ export function lockSandboxState(file: string): () => void {
           'Stop that process, or give this one a DATA_DIR of its own',
       )
     }
-    if (!removeStaleLock(lockFile, seen, mine)) sleepSync(5)
+    if (!unreadable('take over', lockFile, () => removeStaleLock(lockFile, seen, mine))) sleepSync(5)
   }
   throw new SandboxStateError(
     'sandbox_state_in_use',
@@ -70,73 +66,11 @@ export function lockSandboxState(file: string): () => void {
   )
 }
 
-/** Creates `file` holding `contents` unless something is there already; false when it is. */
-function createWith(file: string, contents: string): boolean {
-  let descriptor: number
+/** A step of the lock's take: the file system's failure is the state's being unreadable, said with its code. */
+function unreadable<T>(what: string, file: string, step: () => T): T {
   try {
-    descriptor = openSync(file, 'wx', 0o600)
+    return step()
   } catch (error) {
-    if ((error as NodeJS.ErrnoException).code === 'EEXIST') return false
-    throw new SandboxStateError('sandbox_state_unreadable', `Cannot create the sandbox state lock ${file}`, { cause: error })
+    throw new SandboxStateError('sandbox_state_unreadable', `Cannot ${what} the sandbox state lock ${file}`, { cause: error })
   }
-  try {
-    writeSync(descriptor, contents)
-  } finally {
-    closeSync(descriptor)
-  }
-  return true
-}
-
-/**
- * Removes the stale lock `seen`, once: of processes that all found it stale, only the one that creates the take-over
- * marker removes it, and only while it still reads `seen` (else a later one removed the lock the first had taken
- * meanwhile). False when another process holds the marker.
- */
-function removeStaleLock(lockFile: string, seen: string, mine: string): boolean {
-  const marker = `${lockFile}.${createHash('sha256').update(seen).digest('hex').slice(0, 16)}.takeover`
-  if (!createWith(marker, mine)) {
-    try {
-      if (Date.now() - statSync(marker).mtimeMs > ABANDONED_TAKEOVER_MS) rmSync(marker, { force: true })
-    } catch (error) {
-      if ((error as NodeJS.ErrnoException).code !== 'ENOENT') throw error
-    }
-    return false
-  }
-  try {
-    if (readIfThere(lockFile) === seen) rmSync(lockFile, { force: true })
-  } finally {
-    rmSync(marker, { force: true })
-  }
-  return true
-}
-
-function readIfThere(file: string): string | undefined {
-  try {
-    return readFileSync(file, 'utf8')
-  } catch (error) {
-    if ((error as NodeJS.ErrnoException).code === 'ENOENT') return undefined
-    throw new SandboxStateError('sandbox_state_unreadable', `Cannot read the sandbox state lock ${file}`, { cause: error })
-  }
-}
-
-/** When process `pid` started, in clock ticks since boot (Linux), or undefined where that cannot be read. */
-function processStartTime(pid: number): string | undefined {
-  try {
-    const stat = readFileSync(`/proc/${pid}/stat`, 'utf8')
-    // after the command name, which may hold spaces and parentheses: the fields from the third on
-    return stat.slice(stat.lastIndexOf(')') + 2).split(' ')[19]
-  } catch {
-    return undefined
-  }
-}
-
-/** Whether the lock's owner runs: its pid is alive and, where both are known, started when the lock says. */
-function ownerRuns(owner: number, started: string | undefined): boolean {
-  if (!processIsAlive(owner)) return false
-  const now = started === undefined ? undefined : processStartTime(owner)
-  return now === undefined || now === started
-}
-
-function sleepSync(ms: number): void {
-  Atomics.wait(new Int32Array(new SharedArrayBuffer(4)), 0, 0, ms)
 }
