@@ -2,56 +2,28 @@
 // dismissed deliveries with no order stay dismissed, those whose reference has an order now are applied to it. It
 // said "applied again: a status the order already has changes nothing" of them all, orders or none (a review found
 // it). Through the console over HTTP: the dry run, then the run, whose result is what the dry run said.
-import request from 'supertest'
-import { afterAll, beforeAll, describe, expect, it } from 'vitest'
-import { systemClock } from '../src/clock.js'
-import { createAdminApp } from '../src/http/admin-app.js'
-import { type App, createApp } from '../src/http/app.js'
+import { describe, expect, it } from 'vitest'
 import { findOrderByExternalReference } from '../src/orders/order.repository.js'
 import { findDelivery } from '../src/webhooks/delivery.repository.js'
-import { testLogger } from './helpers/log-sink.js'
+import { actionFields, consoleOverHttp } from './helpers/console-over-http.js'
 import { createOrder } from './helpers/orders.js'
-import { testConfig } from './helpers/test-config.js'
-import { createTestDatabase, type TestDatabase } from './helpers/test-database.js'
 import { sendWebhook, tradePayload } from './helpers/webhook-delivery.js'
 
 const TOKEN = 'console-dry-run-token-0123456789abcdef'
 
-function actionFields(page: string): Record<string, string> {
-  const form = /<form method="post"[^>]*>([\s\S]*?)<\/form>/.exec(page.replace(/<header>[\s\S]*?<\/header>/, ''))
-  if (!form) throw new Error(`no action form in: ${page.slice(0, 400)}`)
-  const fields: Record<string, string> = {}
-  for (const match of form[1]!.matchAll(/<input type="hidden" name="([^"]+)" value="([^"]*)">/g)) fields[match[1]!] = match[2]!
-  return fields
-}
 
 describe('console: what a bulk re-apply dry run says of dismissed deliveries', () => {
-  let database: TestDatabase
-  let app: App
-  let admin: App
-  beforeAll(async () => {
-    database = await createTestDatabase()
-    const config = testConfig({ ADMIN_TOKEN: TOKEN })
-    const logger = testLogger([TOKEN])
-    app = createApp({ config, db: database.db, logger, clock: systemClock })
-    admin = createAdminApp({ config, db: database.db, logger })
-  })
-  afterAll(async () => {
-    await database.close()
-  })
-  const get = (path: string) => request(admin).get(path).set('Authorization', `Bearer ${TOKEN}`)
-  const post = (path: string, fields: Record<string, string>) =>
-    request(admin).post(path).set('Authorization', `Bearer ${TOKEN}`).type('form').send(fields)
+  const { under, get, post } = consoleOverHttp(TOKEN)
 
   it('says the dismissed with no order stay dismissed and those with an order now are applied to it, as the run does', async () => {
     const from = new Date(Date.now() - 1_000).toISOString()
     for (const reference of ['dis-none-1', 'dis-none-2', 'dis-later']) {
-      expect((await sendWebhook(app, { body: tradePayload(reference, 'funded'), deliveryId: `dlv-${reference}` })).status).toBe(200)
+      expect((await sendWebhook(under.app, { body: tradePayload(reference, 'funded'), deliveryId: `dlv-${reference}` })).status).toBe(200)
       const confirm = await get(`/console/deliveries/dismiss?${new URLSearchParams({ reference }).toString()}`)
       expect((await post('/console/deliveries/dismiss', actionFields(confirm.text))).text).toContain('1 dismissed')
     }
     // an order made since for one of them: it does not take a dismissed delivery, a re-apply applies it
-    await createOrder(database.db, { externalReference: 'dis-later' })
+    await createOrder(under.database.db, { externalReference: 'dis-later' })
 
     const dryRun = await get(`/console/deliveries/reapply?${new URLSearchParams({ outcome: 'dismissed', from }).toString()}`)
     expect(dryRun.status).toBe(200)
@@ -63,9 +35,9 @@ describe('console: what a bulk re-apply dry run says of dismissed deliveries', (
     const run = await post('/console/deliveries/reapply', actionFields(dryRun.text))
     expect(run.status).toBe(200)
     expect(run.text).toContain('3 deliveries re-applied')
-    expect((await findDelivery(database.db, 'dlv-dis-none-1'))?.outcome).toBe('dismissed')
-    expect((await findDelivery(database.db, 'dlv-dis-none-2'))?.outcome).toBe('dismissed')
-    expect((await findDelivery(database.db, 'dlv-dis-later'))?.outcome).toBe('applied')
-    expect((await findOrderByExternalReference(database.db, 'dis-later'))?.tradeStatus).toBe('funded')
+    expect((await findDelivery(under.database.db, 'dlv-dis-none-1'))?.outcome).toBe('dismissed')
+    expect((await findDelivery(under.database.db, 'dlv-dis-none-2'))?.outcome).toBe('dismissed')
+    expect((await findDelivery(under.database.db, 'dlv-dis-later'))?.outcome).toBe('applied')
+    expect((await findOrderByExternalReference(under.database.db, 'dis-later'))?.tradeStatus).toBe('funded')
   })
 })

@@ -1,44 +1,25 @@
 // An order's page lists the newest 50 deliveries of its reference; past them it links to the deliveries search from
 // where its list stops. It showed the 50 with no word of more (a review found it). Through the console over HTTP.
-import request from 'supertest'
-import { afterAll, beforeAll, describe, expect, it } from 'vitest'
-import { systemClock } from '../src/clock.js'
-import { createAdminApp } from '../src/http/admin-app.js'
-import { type App, createApp } from '../src/http/app.js'
+import { describe, expect, it } from 'vitest'
 import { findOrderByExternalReference } from '../src/orders/order.repository.js'
-import { testLogger } from './helpers/log-sink.js'
-import { testConfig } from './helpers/test-config.js'
-import { createTestDatabase, type TestDatabase } from './helpers/test-database.js'
+import { consoleOverHttp } from './helpers/console-over-http.js'
 import { sendWebhook, tradePayload } from './helpers/webhook-delivery.js'
 
 const TOKEN = 'console-order-deliveries-token-0123456789'
 
 describe("console: an order's deliveries", () => {
-  let database: TestDatabase
-  let app: App
-  let admin: App
-  beforeAll(async () => {
-    database = await createTestDatabase()
-    const config = testConfig({ ADMIN_TOKEN: TOKEN })
-    const logger = testLogger([TOKEN])
-    app = createApp({ config, db: database.db, logger, clock: systemClock })
-    admin = createAdminApp({ config, db: database.db, logger })
-  })
-  afterAll(async () => {
-    await database.close()
-  })
-  const get = (path: string) => request(admin).get(path).set('Authorization', `Bearer ${TOKEN}`)
+  const { under, get } = consoleOverHttp(TOKEN)
   const deliveryIds = (page: string) => [...page.matchAll(/>(od-\d{2})<\/a>/g)].map((match) => match[1]!)
 
   it('links past the newest 50 to the deliveries search, which goes on with the rest of the reference', async () => {
-    await database.db.insertInto('orders').values({ externalReference: ' od ref', tradeId: 'trd-od' }).execute()
+    await under.database.db.insertInto('orders').values({ externalReference: ' od ref', tradeId: 'trd-od' }).execute()
     // 52 deliveries of the reference (a leading space: the link keeps it), and one of another
     for (let i = 0; i < 52; i++) {
       const body = { ...tradePayload(' od ref', i % 2 === 0 ? 'funded' : 'created', 'trd-od'), sent: i }
-      expect((await sendWebhook(app, { body, deliveryId: `od-${String(i).padStart(2, '0')}` })).status).toBe(200)
+      expect((await sendWebhook(under.app, { body, deliveryId: `od-${String(i).padStart(2, '0')}` })).status).toBe(200)
     }
-    expect((await sendWebhook(app, { body: tradePayload('od ref', 'funded', 'trd-other'), deliveryId: 'od-99' })).status).toBe(200)
-    const order = (await findOrderByExternalReference(database.db, ' od ref'))!
+    expect((await sendWebhook(under.app, { body: tradePayload('od ref', 'funded', 'trd-other'), deliveryId: 'od-99' })).status).toBe(200)
+    const order = (await findOrderByExternalReference(under.database.db, ' od ref'))!
     const page = await get(`/console/orders/${order.id}`)
     expect(page.status).toBe(200)
     const listed = deliveryIds(page.text)
@@ -52,9 +33,9 @@ describe("console: an order's deliveries", () => {
   })
 
   it('has no such link when every delivery is shown', async () => {
-    await database.db.insertInto('orders').values({ externalReference: 'od-few', tradeId: 'trd-few' }).execute()
-    expect((await sendWebhook(app, { body: tradePayload('od-few', 'funded', 'trd-few'), deliveryId: 'od-few-1' })).status).toBe(200)
-    const order = (await findOrderByExternalReference(database.db, 'od-few'))!
+    await under.database.db.insertInto('orders').values({ externalReference: 'od-few', tradeId: 'trd-few' }).execute()
+    expect((await sendWebhook(under.app, { body: tradePayload('od-few', 'funded', 'trd-few'), deliveryId: 'od-few-1' })).status).toBe(200)
+    const order = (await findOrderByExternalReference(under.database.db, 'od-few'))!
     const page = await get(`/console/orders/${order.id}`)
     expect(page.text).toContain('od-few-1')
     expect(page.text).not.toContain('Older deliveries of this reference')

@@ -12,18 +12,12 @@ import { testLogger } from './helpers/log-sink.js'
 import { backdateCreateMark, createOrder } from './helpers/orders.js'
 import { countingFetcher, insertOrders } from './helpers/reconcile-orders.js'
 import { testPoller } from './helpers/reconcile-poller.js'
+import { actionFields } from './helpers/console-over-http.js'
 import { testConfig } from './helpers/test-config.js'
 import { createTestDatabase, type TestDatabase } from './helpers/test-database.js'
 
 const TOKEN = 'console-cycle-token-0123456789abcdef'
 
-function actionFields(page: string): Record<string, string> {
-  const form = /<form method="post"[^>]*>([\s\S]*?)<\/form>/.exec(page.replace(/<header>[\s\S]*?<\/header>/, ''))
-  if (!form) throw new Error(`no action form in: ${page.slice(0, 400)}`)
-  const fields: Record<string, string> = {}
-  for (const match of form[1]!.matchAll(/<input type="hidden" name="([^"]+)" value="([^"]*)">/g)) fields[match[1]!] = match[2]!
-  return fields
-}
 
 describe("console: a reconcile cycle's result", () => {
   let database: TestDatabase
