@@ -1,6 +1,7 @@
 // A second terminal next to `npm start`: it must reach the running service's database and platform, or
 // say what to set; never write somewhere else unnoticed. A refused connection to the platform sent nothing.
 import { randomBytes } from 'node:crypto'
+import { once } from 'node:events'
 import { existsSync, mkdtempSync, readFileSync, writeFileSync } from 'node:fs'
 import { tmpdir } from 'node:os'
 import path from 'node:path'
@@ -141,19 +142,20 @@ describePostgres('a second terminal next to a service on Postgres (Postgres)', (
     }
   })
 
-  it('leaves serve.json to the service that wrote it when a second one starts from the same DATA_DIR, and neither removes the other’s', async () => {
+  // A second local-mode service over the same DATA_DIR ran a sandbox over the first's state file (both handed out the
+  // same trade references, and a restart lost one's trades): it is refused at start, and leaves the first's serve.json
+  it('refuses a second service from the same DATA_DIR, whose sandbox state is the first’s, and leaves the first its serve.json', async () => {
     const file = path.join(dataDir, 'serve.json')
     const owner = () => (JSON.parse(readFileSync(file, 'utf8')) as { pid: number }).pid
     expect(owner()).toBe(service.pid)
     const second = await startServe()
-    try {
-      const warning = await waitForLogLine(second, 'another service runs from this DATA_DIR and keeps serve.json: commands in a second terminal go to it, not to this one', 60_000)
-      expect(warning.pid).toBe(service.pid)
-      expect(owner()).toBe(service.pid)
-    } finally {
-      await stopChild(second)
-    }
-    // the second's stop left the first's file; a command still runs in the first
+    let stderr = ''
+    second.stderr!.on('data', (chunk) => (stderr += chunk))
+    const [code] = (await once(second, 'exit')) as [number | null]
+    expect(code).toBe(1)
+    expect(stderr).toContain(`is in use by process ${service.pid} (another service or sandbox over this DATA_DIR)`)
+    expect(stderr).toContain('[sandbox_state_in_use]')
+    // the second's refusal left the first's file; a command still runs in the first
     expect(owner()).toBe(service.pid)
     const listed = await runCli(['reactions', 'list', '--json'], { DATA_DIR: dataDir })
     expect([listed.code, listed.stderr]).toEqual([0, ''])
