@@ -13,7 +13,7 @@ import path from 'node:path'
 import pg from 'pg'
 import { afterAll, expect, it } from 'vitest'
 import { MIGRATION_LOCK_KEY } from '../src/db/migrate.js'
-import { killLeftovers, receiverEnv, spawnCli } from './helpers/cli-process.js'
+import { killLeftovers, receiverEnv, startedCli } from './helpers/cli-process.js'
 import { migratedDataDir } from './helpers/data-dir-template.js'
 import { createTestDatabase, describePostgres, type TestDatabase } from './helpers/test-database.js'
 import { tradePayload } from './helpers/webhook-delivery.js'
@@ -27,28 +27,7 @@ afterAll(async () => {
   rmSync(scratch, { recursive: true, force: true })
 })
 
-/** The compiled CLI, its stdout and stderr read. */
-function started(args: string[], env: Record<string, string>) {
-  const child = spawnCli(args, env, { built: true })
-  children.push(child)
-  let stdout = ''
-  let stderr = ''
-  child.stdout!.on('data', (chunk) => (stdout += chunk))
-  child.stderr!.on('data', (chunk) => (stderr += chunk))
-  let closed: { code: number | null; signal: NodeJS.Signals | null } | undefined
-  const ended = (once(child, 'close') as Promise<[number | null, NodeJS.Signals | null]>).then(([code, signal]) => (closed = { code, signal }))
-  return {
-    child,
-    stdout: () => stdout,
-    stderr: () => stderr,
-    /** How it ended, once it has (its pipes read to their end); undefined while it runs. */
-    closed: () => closed,
-    ended: async () => {
-      const { code, signal } = await ended
-      return { code, signal, stdout, stderr }
-    },
-  }
-}
+const started = (args: string[], env: Record<string, string>) => startedCli(args, env, children)
 
 type Started = ReturnType<typeof started>
 

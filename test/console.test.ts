@@ -14,6 +14,7 @@ import { findOrderByExternalReference, orderHistory } from '../src/orders/order.
 import { createPoller, type RunSummary } from '../src/reconcile/poller.js'
 import { startRun } from '../src/reconcile/reconcile-run.repository.js'
 import { findDelivery, recordDelivery } from '../src/webhooks/delivery.repository.js'
+import { actionFields as formFields } from './helpers/console-over-http.js'
 import { testLogger } from './helpers/log-sink.js'
 import { fakeTradeApi } from './helpers/partner-api-fake-client.js'
 import { tradeRecord } from './helpers/partner-api-fixtures.js'
@@ -67,17 +68,6 @@ const POST_ACTIONS = [
 ]
 
 const basic = (user: string, password: string) => `Basic ${Buffer.from(`${user}:${password}`).toString('base64')}`
-
-/** The hidden fields of the one action form on a confirm page. */
-function formFields(page: string): Record<string, string> {
-  const form = /<form method="post"[^>]*>([\s\S]*?)<\/form>/.exec(page.replace(/<header>[\s\S]*?<\/header>/, ''))
-  if (!form) throw new Error(`no action form in: ${page.slice(0, 400)}`)
-  const fields: Record<string, string> = {}
-  for (const match of form[1]!.matchAll(/<input type="hidden" name="([^"]+)" value="([^"]*)">/g)) {
-    fields[match[1]!] = match[2]!.replace(/&quot;/g, '"').replace(/&lt;/g, '<').replace(/&gt;/g, '>').replace(/&#39;/g, "'").replace(/&amp;/g, '&')
-  }
-  return fields
-}
 
 describe('operator console', () => {
   let database: TestDatabase

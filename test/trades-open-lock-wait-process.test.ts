@@ -10,13 +10,12 @@
 // The lock is a transaction's only statement, LOCK TABLE … IN SHARE MODE: no transaction id, no snapshot, so the wait
 // holds back no other session's horizon.
 import { type ChildProcess } from 'node:child_process'
-import { once } from 'node:events'
 import { mkdtempSync, rmSync } from 'node:fs'
 import { tmpdir } from 'node:os'
 import path from 'node:path'
 import pg from 'pg'
 import { afterAll, beforeAll, expect, it } from 'vitest'
-import { killLeftovers, runCli, spawnCli } from './helpers/cli-process.js'
+import { killLeftovers, runCli, startedCli } from './helpers/cli-process.js'
 import { type GatedPlatform, startGatedPlatform } from './helpers/gated-platform.js'
 import { TEST_API_KEY_ID, TEST_API_SECRET, TEST_WEBHOOK_SECRET } from './helpers/test-config.js'
 import { createTestDatabase, describePostgres, type TestDatabase } from './helpers/test-database.js'
@@ -25,22 +24,7 @@ const scratch = mkdtempSync(path.join(tmpdir(), 'trades-open-lock-'))
 const children: ChildProcess[] = []
 const OPEN = ['--title', 'Bicycle', '--amount', '10.00', '--currency', 'EUR', '--seller', 's1']
 
-function started(args: string[], env: Record<string, string>) {
-  const child = spawnCli(args, env, { built: true })
-  children.push(child)
-  let stdout = ''
-  let stderr = ''
-  child.stdout!.on('data', (chunk) => (stdout += chunk))
-  child.stderr!.on('data', (chunk) => (stderr += chunk))
-  let closed: { code: number | null; signal: NodeJS.Signals | null } | undefined
-  const ended = (once(child, 'close') as Promise<[number | null, NodeJS.Signals | null]>).then(([code, signal]) => (closed = { code, signal }))
-  return {
-    child,
-    stderr: () => stderr,
-    closed: () => closed,
-    ended: async () => ({ ...(await ended), stdout, stderr }),
-  }
-}
+const started = (args: string[], env: Record<string, string>) => startedCli(args, env, children)
 
 async function until(check: () => Promise<boolean> | boolean, what: string): Promise<void> {
   for (const deadline = Date.now() + 60_000; Date.now() < deadline; ) {

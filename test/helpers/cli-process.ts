@@ -99,6 +99,28 @@ export function spawnCli(args: string[], env: Record<string, string>, { built = 
   })
 }
 
+/**
+ * The compiled CLI run with `args` (spawnCli, built), noted in `children` for the file's clean-up: its stdout and
+ * stderr read as they come, and how it ended once it has (its pipes read to their end), undefined while it runs.
+ */
+export function startedCli(args: string[], env: Record<string, string>, children: ChildProcess[]) {
+  const child = spawnCli(args, env, { built: true })
+  children.push(child)
+  let stdout = ''
+  let stderr = ''
+  child.stdout!.on('data', (chunk) => (stdout += chunk))
+  child.stderr!.on('data', (chunk) => (stderr += chunk))
+  let closed: { code: number | null; signal: NodeJS.Signals | null } | undefined
+  const ended = (once(child, 'close') as Promise<[number | null, NodeJS.Signals | null]>).then(([code, signal]) => (closed = { code, signal }))
+  return {
+    child,
+    stdout: () => stdout,
+    stderr: () => stderr,
+    closed: () => closed,
+    ended: async () => ({ ...(await ended), stdout, stderr }),
+  }
+}
+
 export async function runCli(args: string[], env: Record<string, string>, options = {}): Promise<CliResult> {
   const child = spawnCli(args, env, options)
   let stdout = ''
