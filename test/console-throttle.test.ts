@@ -1,6 +1,7 @@
 // Guessing the console's token: after ten wrong tokens in a minute, from any client, every token is answered 429
 // unchecked until the minute has passed; the refusals are counted in console_auth_refused_total and logged once a
 // second at most. Time is a FakeClock: the minute passes when the test says so.
+import { hostname } from 'node:os'
 import { once } from 'node:events'
 import http from 'node:http'
 import type { AddressInfo } from 'node:net'
@@ -216,7 +217,14 @@ describe('the overview against requests anyone can send to the webhook URL', () 
 
     expect((await webhook(`sha256=${'ab'.repeat(32)}`)).status).toBe(401)
     const asking = await overview()
-    expect(asking).toContain('1 webhook signatures matching no secret since start: check WEBHOOK_SECRETS.')
-    expect(asking).toMatch(/<span class="figure">1<\/span> signatures matching no secret since start/)
+    // the count is this process's, in memory: the page names the replica as the reconcile runs do (host:pid), and
+    // says where the service's total across replicas is, so that behind a load balancer it is not read as the total
+    const replica = `${hostname()}:${process.pid}`
+    expect(asking).toContain(`1 webhook signatures matching no secret on this replica (${replica}) since its start: check WEBHOOK_SECRETS.`)
+    expect(asking).toMatch(/<span class="figure">1<\/span> signatures matching no secret on this replica since its start/)
+    expect(asking).toContain(`replica ${replica}, counting since`)
+    expect(asking).toContain('each replica counts its own: the service’s total is')
+    expect(asking).toContain('<code>sum(increase(webhook_signature_failures_total{signature="mismatch"}[10m]))</code> across replicas')
+    expect(asking).toContain('PartnerEscrowWebhookSignatureFailures')
   })
 })

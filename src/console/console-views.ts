@@ -129,8 +129,11 @@ export function messagePage(title: string, operator: Operator | undefined, messa
 export interface OverviewData {
   perMinute: DeliveriesPerMinute[]
   since: Date
-  /** Since start: signatures matching no secret, and requests unsigned or with a malformed signature (anyone's). */
-  signatureFailures: { mismatch: number; unsigned: number } | undefined
+  /**
+   * This replica's counts since its start (in memory, not the service's): signatures matching no secret, and requests
+   * unsigned or with a malformed signature (anyone's); the replica's name (host:pid) and when it started counting.
+   */
+  signatureFailures: { mismatch: number; unsigned: number; replica: string; since: Date } | undefined
   ordersDue: number
   oldestDueAgeS: number
   parked: number
@@ -201,7 +204,9 @@ export function overviewPage(operator: Operator, data: OverviewData): Html {
     )
   }
   if (data.signatureFailures?.mismatch) {
-    needsHuman.push(html`<li>${data.signatureFailures.mismatch} webhook signatures matching no secret since start: check WEBHOOK_SECRETS.</li>`)
+    needsHuman.push(
+      html`<li>${data.signatureFailures.mismatch} webhook signatures matching no secret on this replica (${data.signatureFailures.replica}) since its start: check WEBHOOK_SECRETS.</li>`,
+    )
   }
 
   const minutes = [...new Set(data.perMinute.map((row) => row.minute.getTime()))].sort((a, b) => b - a)
@@ -224,8 +229,13 @@ export function overviewPage(operator: Operator, data: OverviewData): Html {
     data.reactions.pending + data.reactions.running > 0 ? `oldest ${age(data.reactions.oldestPendingAgeS)}` : 'none waiting'
   }</div>
   <div><span class="figure">${data.reactions.failed}</span> <a href="${consolePath()}/reactions?state=failed">failed reactions</a></div>
-  <div><span class="figure">${data.signatureFailures?.mismatch ?? '—'}</span> signatures matching no secret since start<br>${
-    data.signatureFailures ? `${data.signatureFailures.unsigned} unsigned or malformed (anyone’s)` : ''
+  <div><span class="figure">${data.signatureFailures?.mismatch ?? '—'}</span> signatures matching no secret on this replica since its start<br>${
+    data.signatureFailures
+      ? html`${data.signatureFailures.unsigned} unsigned or malformed (anyone’s)<br><span class="hint">replica ${data.signatureFailures.replica}, counting since
+    ${time(data.signatureFailures.since)}; each replica counts its own: the service’s total is
+    <code>sum(increase(webhook_signature_failures_total{signature="mismatch"}[10m]))</code> across replicas, which the alerts
+    PartnerEscrowWebhookSignatureFailures and PartnerEscrowWebhookSignatureMismatches read</span>`
+      : ''
   }</div>
 </section>
 <section>

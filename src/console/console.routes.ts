@@ -9,6 +9,7 @@
 // retry/skip), so the console and the CLI cannot disagree on what an action does.
 import { type JobWaitedFor, retriedText } from '../reactions/retried-text.js'
 import { createHash, randomBytes } from 'node:crypto'
+import { hostname } from 'node:os'
 import express, { type Request, type RequestHandler, type Response, Router } from 'express'
 import helmet from 'helmet'
 import type { Kysely } from 'kysely'
@@ -117,6 +118,11 @@ export interface ConsoleDeps {
   longestCycleMs: number
   /** The registered reaction handlers: only their streams' unread events count as pending (undefined: every stream's). */
   reactionHandlers?: readonly string[] | undefined
+  /**
+   * This replica's name as the reconcile runs name their poller's (host:pid), shown beside the figures only this
+   * process holds (the signatures matching no secret); default `${hostname()}:${process.pid}`.
+   */
+  replica?: string | undefined
 }
 
 // Kept exactly as given, never trimmed: a reference (or a trade id, a handler) may begin or end with a space, and
@@ -294,6 +300,7 @@ function parseFilter(source: unknown): { filter: DeliveryFilter; after: Delivery
 
 export function consoleRoutes(deps: ConsoleDeps): Router {
   const { db, logger, clock } = deps
+  const replica = deps.replica ?? `${hostname()}:${process.pid}`
   const auth = createConsoleAuth({ token: deps.token, now: () => clock.now() })
   const throttle = createLoginThrottle({ now: () => clock.now() })
   const done = new Map<string, ActionRecord>()
@@ -523,12 +530,18 @@ export function consoleRoutes(deps: ConsoleDeps): Router {
     // by kind: a mismatch is a signature made with a secret we do not hold (the platform's new one, or an
     // imitation), worth a human; a missing or malformed one is anyone's request to the public URL, and put the
     // item up for good with one unsigned POST, pointing at WEBHOOK_SECRETS for what no secret can fix
+    // this process's counter, in memory: behind a load balancer each replica counts the requests it got, and the
+    // page says whose they are and where the sum across replicas is (the metric, the alert)
     const signatureFailures = deps.metrics
-      ? (await deps.metrics.signatureFailures.get()).values.reduce(
-          (sum, { labels, value }) =>
-            labels.signature === 'mismatch' ? { ...sum, mismatch: sum.mismatch + value } : { ...sum, unsigned: sum.unsigned + value },
-          { mismatch: 0, unsigned: 0 },
-        )
+      ? {
+          ...(await deps.metrics.signatureFailures.get()).values.reduce(
+            (sum, { labels, value }) =>
+              labels.signature === 'mismatch' ? { ...sum, mismatch: sum.mismatch + value } : { ...sum, unsigned: sum.unsigned + value },
+            { mismatch: 0, unsigned: 0 },
+          ),
+          replica,
+          since: deps.metrics.startedAt,
+        }
       : undefined
     await send(
       res,

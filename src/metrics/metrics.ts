@@ -101,6 +101,8 @@ export interface PollerHooks {
 
 export interface Metrics {
   readonly registry: Registry
+  /** When this replica's counters started counting (its start-up), by the wall clock: what "since start" means. */
+  readonly startedAt: Date
   readonly deliveries: Counter<'outcome'>
   readonly signatureFailures: Counter<'signature'>
   readonly ingestSeconds: Histogram<'outcome'>
@@ -149,6 +151,7 @@ export function createMetrics(
   // an alert that counts from the start counts from here, on the monotonic clock: time() minus
   // process_start_time_seconds is off by as much as this machine's clock was at the start
   const startedAt = monotonicNow(clock)
+  const startedAtWall = new Date(clock.now())
   new Gauge({
     name: 'partner_escrow_uptime_seconds',
     help: "Seconds since this process started serving metrics (at its start-up), on its monotonic clock, which setting the machine's clock does not move",
@@ -528,6 +531,7 @@ export function createMetrics(
   let hooks: PollerHooks | undefined
   return {
     registry,
+    startedAt: startedAtWall,
     deliveries,
     signatureFailures,
     ingestSeconds,
