@@ -66,6 +66,32 @@ describe('GET /metrics, on the operator listener', () => {
     expect(response.text).toContain(`partner_escrow_build_info{version="${PACKAGE_VERSION}"} 1`)
   })
 
+  // What tells the platform's deliveries signed with a secret not listed from an outsider's wrong signatures while the
+  // platform sends nothing (PartnerEscrowWebhookSignatureFailures pages on the first, PartnerEscrowWebhookSignaturesWhileQuiet
+  // warns of the second): the platform tries a refused delivery again, the same id and body
+  it('counts a signature matching no secret on a delivery id and body refused so before as sent again, and nothing else', async () => {
+    const config = testConfig()
+    const metrics = createMetrics({}, { defaultMetrics: false })
+    const app = createApp({ config, db: database.db, logger: testLogger(), clock: systemClock, metrics })
+    const admin = createAdminApp({ config, db: database.db, logger: testLogger(), metrics })
+    const wrong = (deliveryId: string, body: object, signature = `sha256=${'ab'.repeat(32)}`) => sendWebhook(app, { deliveryId, body, signature })
+    const resent = async () => /^webhook_signature_mismatches_resent_total (\d+)$/m.exec((await request(admin).get('/metrics')).text)?.[1]
+
+    // an outsider's: a fresh id each time, the same id with another body, a malformed or missing signature twice
+    expect((await wrong('outsider-1', tradePayload('r-1', 'funded'))).status).toBe(401)
+    expect((await wrong('outsider-2', tradePayload('r-1', 'funded'))).status).toBe(401)
+    expect((await wrong('outsider-2', tradePayload('r-2', 'funded'))).status).toBe(401)
+    expect((await wrong('outsider-3', tradePayload('r-1', 'funded'), 'sha256=00')).status).toBe(401)
+    expect((await wrong('outsider-3', tradePayload('r-1', 'funded'), 'sha256=00')).status).toBe(401)
+    expect(await resent()).toBe('0')
+
+    // the platform's, signed with a secret not listed: its retries come under the same id with the same body
+    expect((await wrong('platform-1', tradePayload('r-3', 'funded'))).status).toBe(401)
+    expect((await wrong('platform-1', tradePayload('r-3', 'funded'), `sha256=${'cd'.repeat(32)}`)).status).toBe(401)
+    expect((await wrong('platform-1', tradePayload('r-3', 'funded'))).status).toBe(401)
+    expect(await resent()).toBe('2')
+  })
+
   // 503 says "try again later", which does not mend a fault; and the fault was logged nowhere
   it('answers a scrape that fails for another reason than the database 500, and logs it', async () => {
     const metrics = createMetrics(

@@ -105,6 +105,8 @@ export interface Metrics {
   readonly startedAt: Date
   readonly deliveries: Counter<'outcome'>
   readonly signatureFailures: Counter<'signature'>
+  /** Of the signatures matching no secret, those on a delivery id and body this replica had so refused before. */
+  readonly signatureMismatchesResent: Counter
   readonly ingestSeconds: Histogram<'outcome'>
   readonly ingestBatchSize: Histogram
   readonly pollResults: Counter<'result'>
@@ -184,6 +186,15 @@ export function createMetrics(
     registers: [registry],
   })
   for (const signature of ['missing', 'malformed', 'mismatch']) signatureFailures.inc({ signature }, 0)
+  // the platform retries a refused delivery (the same id and body, 6 attempts in all): what tells its deliveries
+  // signed with a secret not listed from an outsider's wrong signatures while it sends nothing
+  const signatureMismatchesResent = new Counter({
+    name: 'webhook_signature_mismatches_resent_total',
+    help:
+      'Webhook deliveries refused for a signature matching no secret whose delivery id and body this replica had refused so ' +
+      'before (of the last 10,000 so refused): a sender retrying one delivery, as the platform does',
+    registers: [registry],
+  })
   const ingestSeconds = new Histogram({
     name: 'webhook_ingest_duration_seconds',
     help: 'Time from the end of the request body to the answer, by outcome',
@@ -534,6 +545,7 @@ export function createMetrics(
     startedAt: startedAtWall,
     deliveries,
     signatureFailures,
+    signatureMismatchesResent,
     ingestSeconds,
     ingestBatchSize,
     pollResults,

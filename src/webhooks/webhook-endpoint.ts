@@ -7,6 +7,7 @@
 // read; a streamed body is cut off at the limit), its chunks counted in the in-flight budget as they arrive,
 // then handed to receiveWebhook. Answers follow the contract table in README.md; errors get the one error shape
 // (errorAnswer, as Express's error middleware gives).
+import { createHash } from 'node:crypto'
 import type { IncomingMessage, ServerResponse } from 'node:http'
 import getRawBody from 'raw-body'
 import { loggableError, outcomeUnknown } from '../db/database-errors.js'
@@ -162,7 +163,14 @@ export function webhookEndpoint(deps: WebhookEndpointDeps): WebhookEndpoint {
       throw incompleteBody(error) ?? new AppError(400, 'invalid_payload', 'The body could not be read', { cause: error })
     }
     const started = process.hrtime.bigint()
-    const result = await receiveWebhook(receiveDeps, { deliveryId, signature: typeof signature === 'string' ? signature : undefined, rawBody })
+    const result = await receiveWebhook(receiveDeps, { deliveryId, signature: typeof signature === 'string' ? signature : undefined, rawBody }).catch(
+      (error: unknown) => {
+        if (error instanceof SignatureRejected && error.failure === 'mismatch' && mismatchesSeen.refusedBefore(deliveryId, rawBody)) {
+          metrics?.signatureMismatchesResent.inc()
+        }
+        throw error
+      },
+    )
     // replayed: a fresh id over a body stored before with no effect, answered as the duplicate it is (nothing stored)
     const outcome = result.duplicate ? (result.replayed ? 'replayed' : 'duplicate') : result.outcome
     // a reused id is counted apart (its stored outcome, the status rules', is in the log and the row)
@@ -176,6 +184,7 @@ export function webhookEndpoint(deps: WebhookEndpointDeps): WebhookEndpoint {
     writeJson(res, 200, result.duplicate ? RECEIVED_DUPLICATE : RECEIVED)
   }
 
+  const mismatchesSeen = refusedDeliveries(MISMATCHES_REMEMBERED)
   const refused = (error: unknown, res: ServerResponse, deliveryId: string | undefined) => {
     counted('rejected')
     if (error instanceof AppError) {
@@ -209,5 +218,27 @@ export function webhookEndpoint(deps: WebhookEndpointDeps): WebhookEndpoint {
     const header = req.headers['x-partner-delivery-id']
     const deliveryId = typeof header === 'string' ? header : undefined
     receive(req, res, body, deliveryId).catch((error: unknown) => refused(error, res, deliveryId))
+  }
+}
+
+// How many deliveries refused for a signature matching no secret a replica remembers (a hash of id and body each,
+// about 150 bytes): an outsider's fresh ids push the oldest out, never the memory up.
+const MISMATCHES_REMEMBERED = 10_000
+
+/**
+ * The deliveries (id and body) refused for a signature matching no secret, the newest `limit`: `refusedBefore`
+ * says whether this one was refused so before, and remembers it. The platform retries a refused delivery, the
+ * same id and body; an outsider's noise is seldom one delivery sent again (webhook_signature_mismatches_resent_total).
+ */
+function refusedDeliveries(limit: number) {
+  const seen = new Set<string>()
+  return {
+    refusedBefore(deliveryId: string | undefined, rawBody: Buffer): boolean {
+      const key = createHash('sha256').update(deliveryId ?? '').update('\0').update(rawBody).digest('base64')
+      const before = seen.delete(key)
+      seen.add(key)
+      if (seen.size > limit) seen.delete(seen.values().next().value!)
+      return before
+    },
   }
 }
