@@ -9,6 +9,7 @@ import {
   PartnerInvalidResponseError,
   PartnerNetworkError,
   PartnerNotSentError,
+  PartnerStoppedBeforeSentError,
   PartnerTimeoutError,
   PartnerValidationError,
 } from '../partner-api/partner-api-error.js'
@@ -164,6 +165,11 @@ function explainFailure(
   if (!reads && error instanceof PartnerApiError && isOutcomeUnknown(error)) return explainServerError(error, `\n  ${unknownOutcome}`)
   if (error instanceof PartnerApiError) return explainRefusal(error, orderWhenRefused())
   if (error instanceof TradeOperationError) return new CommandFailedError(error.code, printable(error.message))
+  if (error instanceof PartnerStoppedBeforeSentError) {
+    // the trade functions say it as a stop before sending; this is the one that reached here as it was (the order
+    // could not be set back: the line under it says so)
+    return new StoppedBySignalError(`${printable(error.message)}: nothing was sent and ${orderWhenNotSent()} [stopped]`)
+  }
   if (error instanceof PartnerNotSentError && error.proxy && error.beyondProxy) {
     // the tunnel was up: the proxy settings did their part, and what failed is the platform's (its TLS)
     return new CommandFailedError(

@@ -75,6 +75,16 @@ export class PartnerNotSentError extends PartnerNetworkError {
   }
 }
 
+/**
+ * The caller stopped the call (the operator's second stop signal, its abort's reason, which is this error's cause)
+ * while its connection to the platform was still being set up (a SYN unanswered, a handshake under way) or the request
+ * still queued for one: not one byte of it was written. Unlike a caller's giving up on an answer to a request sent
+ * (PartnerAnswerAbandonedError), its outcome is known: nothing happened on the platform.
+ */
+export class PartnerStoppedBeforeSentError extends PartnerNotSentError {
+  override name = 'PartnerStoppedBeforeSentError'
+}
+
 export class PartnerTimeoutError extends Error {
   override name = 'PartnerTimeoutError'
   constructor(

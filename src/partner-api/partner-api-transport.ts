@@ -42,6 +42,7 @@ import {
   PartnerInvalidResponseError,
   PartnerNetworkError,
   PartnerNotSentError,
+  PartnerStoppedBeforeSentError,
   PartnerTimeoutError,
   PROXY_CLOSED_CODE,
 } from './partner-api-error.js'
@@ -380,6 +381,17 @@ export class PartnerApiTransport {
         const reason = `no connection within ${this.timeoutMs.toLocaleString('en-US')} ms, so the request was not written`
         throw new PartnerNotSentError(`${method} ${path} was not sent: ${reason}`, this.baseUrl, reason, { cause: error, proxy: this.proxy })
       }
+      if (callerSignal?.aborted && abortedBeforeSent(error)) {
+        // the caller stopped it (the operator's second stop signal) before its connection was up: nothing was written,
+        // so nothing can have happened on the platform. Its abort's reason, a giving up on an answer, read as an
+        // outcome unknown and marked a create unknown that had never left
+        log({ error: 'aborted', reason: 'not sent: no connection' })
+        const reason = 'stopped before the connection to the platform was up, so the request was not written'
+        throw new PartnerStoppedBeforeSentError(`${method} ${path} was not sent: ${reason}`, this.baseUrl, reason, {
+          cause: callerSignal.reason,
+          proxy: this.proxy,
+        })
+      }
       if (timeout.signal.aborted) {
         log({ error: 'timeout' })
         const through = this.proxy ? ` (through the proxy ${this.proxy})` : ''
@@ -628,6 +640,8 @@ interface NetworkFailure {
 function isTransient(error: unknown): boolean {
   if (error instanceof PartnerTimeoutError) return true
   if (error instanceof PartnerInvalidResponseError) return false
+  // the caller stopped it: no attempt follows, a GET's included
+  if (error instanceof PartnerStoppedBeforeSentError) return false
   if (error instanceof PartnerNotSentError) return !error.lasting
   return error instanceof PartnerNetworkError
 }

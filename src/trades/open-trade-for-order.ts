@@ -33,8 +33,9 @@
 // the platform made (trade_not_recorded), for `trades link`; sending the create again would make a second one.
 //
 // With a CallGuard (the CLI's Ctrl-C): a stop asked for before the create is sent stops it there, nothing
-// sent, the order's state as it was; once it is sent, an operator who stops waiting for the answer leaves the
-// order as a timeout does, `unknown`.
+// sent, the order's state as it was, and so does one that ends the call while its connection is still being set up
+// (nothing written); once it is sent, an operator who stops waiting for the answer leaves the order as a timeout
+// does, `unknown`.
 //
 // An order this call created stays, whatever the create then does (creating it applied the webhooks parked for
 // its reference): with nothing sent or the create refused, it is `none`, and the same open sends it.
@@ -53,7 +54,7 @@ import {
   startTradeCreate,
 } from '../orders/order.repository.js'
 import { flagLinkedOrder, TRADE_MISMATCH } from '../orders/poll-schedule.repository.js'
-import { isOutcomeUnknown } from '../partner-api/partner-api-error.js'
+import { isOutcomeUnknown, PartnerStoppedBeforeSentError } from '../partner-api/partner-api-error.js'
 import type { CreateTradeRequest, TradeRecord } from '../partner-api/types.js'
 import { validateCreateTrade } from '../partner-api/validate-request.js'
 import { printable } from '../printable.js'
@@ -215,6 +216,10 @@ export async function openTradeForOrder(
             'trade (above), so `--retry` then sends it without making a second.',
         )
       })
+      // the operator's second stop signal came while the connection was being set up: said as a stop before sending
+      if (error instanceof PartnerStoppedBeforeSentError) {
+        throw stoppedBeforeSending(externalReference, 'the trade create', { orderCreated, connecting: true })
+      }
     }
     throw error
   }

@@ -4,7 +4,8 @@
 // A dispute or proposal record, and a milestone record (a milestone operation may answer either record),
 // carry no trade status: for those only the poll is scheduled.
 //
-// With a CallGuard (the CLI's Ctrl-C), a stop asked for before the call is sent stops it there, nothing sent;
+// With a CallGuard (the CLI's Ctrl-C), a stop asked for before the call is sent stops it there, nothing sent (as does
+// a second one while its connection is still being set up);
 // once sent, only the operator's giving up on the answer ends the wait, and that is recorded as a timeout is
 // (a poll soon), since the operation may have taken effect.
 import { applyObservation } from '../orders/apply-observation.js'
@@ -12,7 +13,7 @@ import { apiObservation } from '../orders/observations.js'
 import { findOrderByExternalReference } from '../orders/order.repository.js'
 import { schedulePollAfterApiCall } from '../orders/poll-schedule.repository.js'
 import type { CallOptions } from '../partner-api/partner-api.client.js'
-import { isOutcomeUnknown } from '../partner-api/partner-api-error.js'
+import { isOutcomeUnknown, PartnerStoppedBeforeSentError } from '../partner-api/partner-api-error.js'
 import { printable } from '../printable.js'
 import type {
   CreateProposalRequest,
@@ -104,6 +105,11 @@ export async function runTradeOperation<O extends TradeOperation>(
             `call again before checking: it may have been done.`,
         )
       }
+    }
+    // the operator's second stop signal came while the connection was being set up: nothing was written, and the
+    // order is as it was (no poll soon: nothing happened on the platform)
+    if (error instanceof PartnerStoppedBeforeSentError) {
+      throw stoppedBeforeSending(externalReference, `the ${operation.kind} call on trade ${tradeId}`, { connecting: true })
     }
     throw error
   }

@@ -132,16 +132,20 @@ export function recordAnswerMismatch(externalReference: string, asked: string, a
 
 /**
  * A stop came before the call was sent (CallGuard): nothing sent, the order as it was, or, when the same call
- * created it (`trades open` of a new order), created with no trade.
+ * created it (`trades open` of a new order), created with no trade. `connecting`: the call had been handed to the
+ * client, and the second stop signal came while its connection to the platform was still being set up
+ * (PartnerStoppedBeforeSentError), so not one byte of it had been written.
  */
 export function stoppedBeforeSending(
   externalReference: string,
   call: string,
-  { orderCreated = false }: { orderCreated?: boolean } = {},
+  { orderCreated = false, connecting = false }: { orderCreated?: boolean; connecting?: boolean } = {},
 ): TradeOperationError {
   return new TradeOperationError(
     'stopped',
-    `Stopped by a signal before ${call} for order ${externalReference} was sent: nothing sent to the platform, ` +
+    `Stopped by a signal before ${call} for order ${externalReference} was sent` +
+      (connecting ? ' (its connection to the platform was not up yet)' : '') +
+      ': nothing sent to the platform, ' +
       (orderCreated ? 'the order created locally, with no trade' : 'the order as it was'),
   )
 }
