@@ -386,6 +386,62 @@ describe('disputes and proposals', () => {
     expect(server.requests.length).toBe(before)
   })
 
+  // found from outside: after a `proposals create` whose outcome was unknown, `trades get` showed the dispute's id and
+  // status only, so the operator could not tell whether the proposal had been made before proposing again
+  it('a proposal whose outcome is unknown points at `trades get`, which lists the dispute’s proposals, escaped', async () => {
+    const ref = reference()
+    await open(ref)
+    const tradeId = `tr_${ref}`
+    // the gateway passes the create on and answers 504: the proposal was made, the answer says nothing of it
+    answer = (request) =>
+      request.method === 'POST'
+        ? { status: 504, body: { error: { code: 'gateway_timeout', message: 'upstream timed out' } } }
+        : {
+            status: 200,
+            body: tradeRecord({
+              trade_id: tradeId,
+              external_reference: ref,
+              status: 'disputed',
+              dispute: disputeRecord({
+                dispute_id: 'dp_7',
+                trade_id: tradeId,
+                proposals: [
+                  proposalRecord({ proposal_id: 'pr_1', trade_id: tradeId, party: 'buyer', outcome: 'buyer_win', split_buyer_pct: null, status: 'rejected' }),
+                  proposalRecord({ proposal_id: 'pr_2', trade_id: tradeId, party: 'seller', outcome: 'split', split_buyer_pct: '40', status: 'pending' }),
+                  // the platform's text: a line feed and a bidirectional override cannot forge a line or reorder one
+                  { proposal_id: 'pr_3', party: 'seller\nforged: accepted', outcome: 'split', split_buyer_pct: 12.5, status: 'pending\u202e' },
+                ],
+              }),
+            }),
+          }
+    const created = await cli('proposals', 'create', ref, '--party', 'seller', '--outcome', 'split', '--split-buyer-pct', '40')
+    expect(created.code).toBe(1)
+    expect(created.stdout).toBe('')
+    expect(created.stderr).toContain('[outcome_unknown]')
+    expect(created.stderr).toContain(
+      `The proposal may or may not have been made: \`trades get ${ref}\` lists the dispute's proposals, each with who made it and its status`,
+    )
+
+    const get = await cli('trades', 'get', ref)
+    expect(get.code).toBe(0)
+    expect(get.stdout).toContain(
+      '  dispute dp_7: open\n' +
+        '    proposal pr_1 by buyer: buyer_win, rejected\n' +
+        '    proposal pr_2 by seller: split (buyer’s share 40%), pending\n' +
+        '    proposal pr_3 by seller\\u000aforged: accepted: split (buyer’s share 12.5%), pending\\u202e\n',
+    )
+
+    // none made yet, and a record that leaves the list out: each said, never a silent nothing
+    for (const [proposals, line] of [[[], '    no proposals\n'], [undefined, '    proposals: not in the platform’s record\n']] as const) {
+      answer = () => ({
+        status: 200,
+        body: tradeRecord({ trade_id: tradeId, external_reference: ref, status: 'disputed', dispute: { ...disputeRecord({ dispute_id: 'dp_7', trade_id: tradeId }), proposals } }),
+      })
+      const shown = await cli('trades', 'get', ref)
+      expect(shown.stdout).toContain(`  dispute dp_7: open\n${line}local order: `)
+    }
+  })
+
   it('exits 2 unless exactly one of --accept and --reject is given', async () => {
     const ref = reference()
     await open(ref)

@@ -2,9 +2,14 @@
 // and the other accepts (accepting splits the funds at once; no release step follows).
 import type { Command } from 'commander'
 import type { Party, ProposalOutcome } from '../partner-api/types.js'
+import { printable } from '../printable.js'
+import { quoteForShell } from '../quote-for-shell.js'
 import { orderReference } from './cli-arguments.js'
 import { escaped, printJson, UsageError, write } from './cli-context.js'
 import { runTradeCall } from './trades.command.js'
+
+/** The order's reference as a word of a command to copy: quoted for a shell where it needs it, on one line. */
+const shellWord = (reference: string) => printable(quoteForShell(reference))
 
 export function registerProposalsCommands(program: Command): void {
   const proposals = program.command('proposals').description('proposals that resolve a dispute')
@@ -36,6 +41,13 @@ export function registerProposalsCommands(program: Command): void {
           (proposal) => {
             if (options.json) printJson({ proposal })
             else write(escaped`${reference}: proposal ${proposal.proposal_id} (${proposal.outcome ?? '?'}) is ${proposal.status ?? '?'}\n`)
+          },
+          {
+            // the call has no idempotency key: sent again, a proposal that was made is made twice
+            unknownOutcome:
+              `The proposal may or may not have been made: \`trades get ${shellWord(reference)}\` lists the dispute's ` +
+              'proposals, each with who made it and its status; check there before proposing again, as a second ' +
+              '`proposals create` makes a second proposal (the order is polled soon).',
           },
         )
       },
@@ -73,6 +85,11 @@ export function registerProposalsCommands(program: Command): void {
                   escaped`trade ${result.trade.trade_id} is ${result.trade.status}\n`,
               )
             }
+          },
+          {
+            unknownOutcome:
+              `The response may or may not have been taken: \`trades get ${shellWord(reference)}\` shows the proposal's ` +
+              'status and the trade’s (the order is polled soon).',
           },
         )
       },

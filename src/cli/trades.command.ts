@@ -13,7 +13,7 @@ import {
   PartnerTimeoutError,
   PartnerValidationError,
 } from '../partner-api/partner-api-error.js'
-import type { CreateTradeRequest, MilestoneAnswer, MilestoneInput, MilestoneRecord, TradeRecord } from '../partner-api/types.js'
+import type { CreateTradeRequest, DisputeRecord, MilestoneAnswer, MilestoneInput, MilestoneRecord, TradeRecord } from '../partner-api/types.js'
 import type { TradeDeps } from '../trades/trade-deps.js'
 import { NotRecordedLocallyError } from '../trades/local-record-failure.js'
 import { TradeOperationError } from '../trades/trade-operation-error.js'
@@ -227,6 +227,37 @@ function printMilestones(trade: TradeRecord): void {
 }
 
 /**
+ * The dispute of a trade record, and each of its proposals on a line of its own: the id `proposals respond` takes,
+ * who made it, its outcome (a split with the buyer's share) and its status. After a `proposals create` whose outcome
+ * is unknown, this is where the operator sees whether the proposal was made. Every field is the platform's text, each
+ * escaped; one the record leaves out shows as `?`.
+ */
+function printDispute(dispute: DisputeRecord): void {
+  write(escaped`  dispute ${dispute.dispute_id}: ${shownField(dispute.status)}\n`)
+  if (dispute.proposals === undefined) {
+    write('    proposals: not in the platform’s record\n')
+    return
+  }
+  if (dispute.proposals.length === 0) write('    no proposals\n')
+  for (const proposal of dispute.proposals) {
+    const split = proposal.split_buyer_pct === undefined || proposal.split_buyer_pct === null ? '' : escaped` (buyer’s share ${shownField(proposal.split_buyer_pct)}%)`
+    write(
+      escaped`    proposal ${proposal.proposal_id} by ${shownField(proposal.party)}: ${shownField(proposal.outcome)}` +
+        split +
+        escaped`, ${shownField(proposal.status)}\n`,
+    )
+  }
+}
+
+/** A field the record types unknown (responses.ts), for a line: text as it came, a number or a flag as written, `?` for none. */
+function shownField(value: unknown): string {
+  if (value === undefined || value === null) return '?'
+  if (typeof value === 'string') return value
+  if (typeof value === 'number' || typeof value === 'boolean' || typeof value === 'bigint') return String(value)
+  return JSON.stringify(value)
+}
+
+/**
  * What `trades milestone deliver|release` prints of its answer, which is the trade record or the milestone record
  * (the spec allows either): the milestone's line first, as it is what the command moved (a milestone trade stays
  * funded until its last release), then the trade's line, or, for a milestone record, that it carries no trade status.
@@ -379,7 +410,7 @@ export function registerTradesCommands(program: Command): void {
       }
       write(escaped`${reference}: trade ${trade.trade_id} (${trade.reference}) is ${trade.status} on the platform\n`)
       printMilestones(trade)
-      if (trade.dispute) write(escaped`  dispute ${trade.dispute.dispute_id}: ${trade.dispute.status ?? '?'}\n`)
+      if (trade.dispute) printDispute(trade.dispute)
       write(`local order: ${JSON.stringify(order)}\n`)
     })
 
