@@ -98,6 +98,32 @@ describe('orders and deliveries commands', () => {
     expect(text.stdout).toMatch(/funded\s+webhook\s+dlv-cli-1/)
   })
 
+  // found in review: a create marked and not yet sent is stored with a negative trade_create_wait_ms, and --json
+  // printed that number as it was (`"tradeCreateWaitMs": -20000`), where the text says `pending (marked, not sent)`
+  it('says a pending create marked and not sent in a field of its own in --json, with no negative whole time', async () => {
+    const marks = [
+      { reference: 'cli-mark-unsent', waitMs: -20_000, text: 'pending (marked, not sent)', sent: false },
+      { reference: 'cli-mark-sent', waitMs: 20_000, text: 'pending', sent: true },
+    ]
+    for (const mark of marks) {
+      expect((await run('orders', 'create', '--external-reference', mark.reference)).code).toBe(0)
+      await database.db
+        .updateTable('orders')
+        .set({ tradeCreateState: 'pending', tradeCreateWaitMs: mark.waitMs })
+        .where('externalReference', '=', mark.reference)
+        .execute()
+      const text = await run('orders', 'show', mark.reference)
+      expect(text.stdout).toMatch(new RegExp(`\ncreate +${mark.text.replace(/[()]/g, '\\$&')}\n`))
+      const json = await run('orders', 'show', mark.reference, '--json')
+      expect(json.code).toBe(0)
+      expect(JSON.parse(json.stdout)).toMatchObject({ tradeCreateState: 'pending', tradeCreateSent: mark.sent, tradeCreateWaitMs: 20_000 })
+      expect(json.stdout).not.toMatch(/-20000/)
+    }
+    const listed = JSON.parse((await run('orders', 'list', '--json')).stdout) as Record<string, unknown>[]
+    expect(listed.find((order) => order.externalReference === 'cli-mark-unsent')).toMatchObject({ tradeCreateSent: false, tradeCreateWaitMs: 20_000 })
+    expect(listed.find((order) => order.externalReference === 'cli-1')).toMatchObject({ tradeCreateSent: null })
+  })
+
   it('exits 1 for an unknown order and 2 for bad arguments', async () => {
     for (const json of [[], ['--json']]) {
       expect(await run('orders', 'show', 'nope', ...json)).toEqual({

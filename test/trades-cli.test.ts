@@ -3,6 +3,7 @@
 import { afterAll, beforeAll, beforeEach, describe, expect, it } from 'vitest'
 import type { CliContext } from '../src/cli/cli-context.js'
 import { findOrderByExternalReference } from '../src/orders/order.repository.js'
+import type { FullProposalRecord } from '../src/partner-api/types.js'
 import { runCommandWith } from './helpers/cli-in-process.js'
 import { testLogger } from './helpers/log-sink.js'
 import { disputeRecord, milestoneRecord, proposalRecord, respondResult, tradeRecord } from './helpers/partner-api-fixtures.js'
@@ -409,7 +410,8 @@ describe('disputes and proposals', () => {
                   proposalRecord({ proposal_id: 'pr_1', trade_id: tradeId, party: 'buyer', outcome: 'buyer_win', split_buyer_pct: null, status: 'rejected' }),
                   proposalRecord({ proposal_id: 'pr_2', trade_id: tradeId, party: 'seller', outcome: 'split', split_buyer_pct: '40', status: 'pending' }),
                   // the platform's text: a line feed and a bidirectional override cannot forge a line or reorder one
-                  { proposal_id: 'pr_3', party: 'seller\nforged: accepted', outcome: 'split', split_buyer_pct: 12.5, status: 'pending\u202e' },
+                  // (a number where a decimal string is assumed: shown as written)
+                  { proposal_id: 'pr_3', party: 'seller\nforged: accepted', outcome: 'split', split_buyer_pct: 12.5, status: 'pending\u202e' } as unknown as FullProposalRecord,
                 ],
               }),
             }),
@@ -435,7 +437,7 @@ describe('disputes and proposals', () => {
     for (const [proposals, line] of [[[], '    no proposals\n'], [undefined, '    proposals: not in the platform’s record\n']] as const) {
       answer = () => ({
         status: 200,
-        body: tradeRecord({ trade_id: tradeId, external_reference: ref, status: 'disputed', dispute: { ...disputeRecord({ dispute_id: 'dp_7', trade_id: tradeId }), proposals } }),
+        body: { ...tradeRecord({ trade_id: tradeId, external_reference: ref, status: 'disputed' }), dispute: { ...disputeRecord({ dispute_id: 'dp_7', trade_id: tradeId }), proposals } },
       })
       const shown = await cli('trades', 'get', ref)
       expect(shown.stdout).toContain(`  dispute dp_7: open\n${line}local order: `)

@@ -5,6 +5,7 @@ import { linkedElsewhere, unsentCreate } from '../orders/order.js'
 import { printable } from '../printable.js'
 import { invalidOrder, listLimit, MAX_LIST_LIMIT, orderReference } from './cli-arguments.js'
 import { CommandFailedError, markTookEffect, printJson, printTable, withDatabase, write } from './cli-context.js'
+import { orderJson } from './order-json.js'
 
 export function registerOrdersCommands(program: Command): void {
   const orders = program.command('orders').description('the partner’s orders: create, show, list')
@@ -34,7 +35,7 @@ export function registerOrdersCommands(program: Command): void {
             },
             observationSettings(config, reactions.handlersFor),
           )
-          if (options.json) printJson({ ...order, appliedDeliveries, parkedDeliveries })
+          if (options.json) printJson({ ...orderJson(order), appliedDeliveries, parkedDeliveries })
           else {
             write(`created order ${printable(order.externalReference)} (id ${order.id})\n`)
             // each parked delivery's own outcome, as `deliveries reapply` says it: one may be a trade_mismatch
@@ -64,7 +65,7 @@ export function registerOrdersCommands(program: Command): void {
         if (!order) throw new CommandFailedError('order_not_found', `No order with external reference ${printable(externalReference)}`)
         const history = await orderHistory(db, order.id)
         if (options.json) {
-          printJson({ ...order, history })
+          printJson({ ...orderJson(order), history })
           return
         }
         write(
@@ -101,7 +102,7 @@ export function registerOrdersCommands(program: Command): void {
       const { listOrders } = await import('../orders/order.repository.js')
       await withDatabase(async ({ db }) => {
         const found = await listOrders(db, { limit: options.limit })
-        if (options.json) printJson(found)
+        if (options.json) printJson(found.map(orderJson))
         else
           printTable(
             found.map((order) => ({

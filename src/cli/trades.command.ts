@@ -33,6 +33,7 @@ import {
 } from './cli-context.js'
 import { explainRefusal, explainServerError } from './explain-refusal.js'
 import { holdSignalsForCall } from './hold-signals-for-call.js'
+import { orderJson } from './order-json.js'
 
 interface TradeDepsOptions {
   /**
@@ -405,13 +406,13 @@ export function registerTradesCommands(program: Command): void {
       const { getTradeForOrder } = await import('../trades/get-trade-for-order.js')
       const { order, trade } = await withTradeDeps((deps) => getTradeForOrder(deps, reference), { reads: true })
       if (options.json) {
-        printJson({ order, trade })
+        printJson({ order: orderJson(order), trade })
         return
       }
       write(escaped`${reference}: trade ${trade.trade_id} (${trade.reference}) is ${trade.status} on the platform\n`)
       printMilestones(trade)
       if (trade.dispute) printDispute(trade.dispute)
-      write(`local order: ${JSON.stringify(order)}\n`)
+      write(`local order: ${JSON.stringify(orderJson(order))}\n`)
     })
 
   trades
@@ -428,7 +429,7 @@ export function registerTradesCommands(program: Command): void {
       })
       if (result.outcome !== 'already_linked') await markTookEffect({ done: 'the order was linked to the trade', see: 'see the order with `orders show`' })
       if (options.json) {
-        printJson(result)
+        printJson({ ...result, order: orderJson(result.order) })
         return
       }
       const { order } = result
