@@ -7,6 +7,8 @@
 //   once the lock went, and the next `trades open` said the create "was sent … its answer was never recorded"
 //   [trade_create_unknown], though nothing had been sent. Now the second signal says the mark may or may not have been
 //   made, and a mark whose command stopped before sending reads as never sent.
+// - The create is sent only when its sent stamp came back within SEND_WITHIN_MS; three stamps that each waited longer
+//   on a lock send nothing and end [database_slow], the order set back.
 // The lock is a transaction's only statement, LOCK TABLE … IN SHARE MODE: no transaction id, no snapshot, so the wait
 // holds back no other session's horizon.
 import { type ChildProcess } from 'node:child_process'
@@ -82,6 +84,29 @@ describePostgres('trades open waiting on a lock (Postgres)', () => {
     return { client, pid: rows[0]!.pid }
   }
 
+  /**
+   * A session asking for SHARE on orders behind whatever waits for the table now (a waiter's ROW EXCLUSIVE comes first
+   * in the lock's queue): it is granted the moment that waiter's statement commits, before the command has its answer,
+   * so the command's next write waits on it. `granted` resolves then, its transaction checked to hold no transaction id.
+   */
+  async function queueHolder(): Promise<{ client: pg.Client; pid: number; granted: Promise<void> }> {
+    const client = new pg.Client({ connectionString: database.url! })
+    client.on('error', () => {})
+    await client.connect()
+    const { rows } = await client.query<{ pid: number }>('select pg_backend_pid() as pid')
+    const pid = rows[0]!.pid
+    const granted = client.query('begin; lock table orders in share mode').then(async () => {
+      const held = await watcher.query(`select backend_xid from pg_stat_activity where pid = $1`, [pid])
+      expect(held.rows).toEqual([{ backend_xid: null }])
+    })
+    granted.catch(() => {})
+    await until(async () => {
+      const waiting = await watcher.query<{ n: number }>('select cardinality(pg_blocking_pids($1))::int as n', [pid])
+      return waiting.rows[0]!.n > 0
+    }, 'the next holder waits in the queue')
+    return { client, pid, granted }
+  }
+
   async function release(holder: { client: pg.Client; pid: number }): Promise<void> {
     await watcher.query('select pg_terminate_backend($1)', [holder.pid])
     await holder.client.end().catch(() => {})
@@ -137,6 +162,63 @@ describePostgres('trades open waiting on a lock (Postgres)', () => {
     expect(ended.stdout).toMatch(/f2-1: trade tr_f2 \(.*\) is created/)
     expect(ended.code).toBe(0)
     expect(await orderRow('f2-1')).toMatchObject({ trade_id: 'tr_f2', trade_create_state: 'created' })
+  }, 120_000)
+
+  // the create is sent only when its sent stamp came back within SEND_WITHIN_MS (2 s) of being issued, written again up
+  // to three times: here each of the three waits 3 s or more on a lock (each holder taken in turn, as the stamp before
+  // it commits), and the command sends nothing, sets the order back and says so, [database_slow]
+  it('a sent stamp that waits on a lock past 2 s three times: nothing is sent, the order is set back, [database_slow]', async () => {
+    expect((await runCli(['orders', 'create', '--external-reference', 'slow-1'], env, { built: true })).code).toBe(0)
+    const before = creates().length
+    platform.gate = { tradeId: 'tr_slow' }
+    let holder: { client: pg.Client; pid: number } = await holdOrders()
+    let opening: ReturnType<typeof started> | undefined
+    const holders = [holder]
+    try {
+      opening = started(['trades', 'open', 'slow-1', ...OPEN], env)
+      // the mark waits on the first holder; the next one queues behind it and takes the table as the mark commits
+      await until(() => waitsOn(holder), 'the mark waits on the lock')
+      let next = await queueHolder()
+      holders.push(next)
+      await release(holder)
+      await next.granted
+      holder = next
+      for (let stamp = 1; stamp <= 3; stamp += 1) {
+        await until(() => {
+          // a stamp that came back late is no leave to send: failed here, at once, if one was taken as such
+          if (creates().length !== before) throw new Error(`a create reached the platform before sent stamp ${stamp}`)
+          return waitsOn(holder)
+        }, `sent stamp ${stamp} waits on the lock`)
+        expect((await orderRow('slow-1')).trade_create_state).toBe('pending')
+        if (stamp < 3) {
+          next = await queueHolder()
+          holders.push(next)
+        }
+        // longer than SEND_WITHIN_MS, counted from before the stamp was seen waiting
+        await sleep(3_000)
+        await release(holder)
+        if (stamp < 3) {
+          await next.granted
+          holder = next
+        }
+      }
+      await until(() => opening!.closed() !== undefined, 'the command ends')
+    } finally {
+      for (const each of holders) await release(each)
+    }
+    const ended = await opening.ended()
+    expect(ended.stdout).toBe('')
+    expect(ended.stderr).toMatch(
+      /^The database took \d+\.\d s to stamp order slow-1's create as leaving \(3 times over 2 s: a lock wait\?\): nothing was sent to the platform, and the order is set back to none\. Run the command again once the database answers in time\. \[database_slow\]\n$/,
+    )
+    expect({ code: ended.code, signal: ended.signal }).toEqual({ code: 1, signal: null })
+    expect(creates().length - before).toBe(0)
+    expect(await orderRow('slow-1')).toMatchObject({ trade_id: null, trade_create_state: 'none', trade_create_wait_ms: null })
+    // set back to none: the same command, the database answering in time, sends the create at once
+    const again = await runCli(['trades', 'open', 'slow-1', ...OPEN], env, { built: true })
+    platform.gate = {}
+    expect({ stdout: again.stdout, code: again.code }, again.stderr).toMatchObject({ stdout: expect.stringMatching(/slow-1: trade tr_slow \(.*\) is created/), code: 0 })
+    expect(creates().length - before).toBe(1)
   }, 120_000)
 
   it('SIGINT then SIGTERM while the mark waits: says it may or may not have been made; the mark, committed later, reads as never sent', async () => {
