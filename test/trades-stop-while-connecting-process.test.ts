@@ -92,7 +92,10 @@ for (const kind of ['pglite', 'postgres'] as const) {
     const polledAt = new Date(Date.now() + DAY)
     beforeAll(async () => {
       const seed = (db: Kysely<Database>) =>
-        insertOrders(db, [{ externalReference: 'fund-connecting', tradeStatus: 'created', nextPollAt: polledAt }])
+        insertOrders(db, [
+          { externalReference: 'fund-connecting', tradeStatus: 'created', nextPollAt: polledAt },
+          { externalReference: 'fund-connect-timeout', tradeStatus: 'created', nextPollAt: polledAt },
+        ])
       ;({ env, read } = await seededCliDatabase(kind, {
         prefix: 'trades-stop-connecting-',
         // far past the test: the connect never ends by the call's timeout while the signals come
@@ -128,6 +131,22 @@ for (const kind of ['pglite', 'postgres'] as const) {
       // as it was: a call never sent moves nothing, and brings the order's poll no nearer
       const after = await orderState(read, 'fund-connecting')
       expect(after).toMatchObject({ tradeStatus: 'created', nextPollAt: polledAt })
+    }, 90_000)
+
+    // as `trades fund`'s first Ctrl-C then no answer in time (test/trades-cli-interrupt.test.ts): it exited 1, the
+    // signal unmentioned; the timeout is the one end, well after the signal
+    it('trades fund: the first Ctrl-C, then no connection in time: [not_sent], the signal said, exit 130', async () => {
+      const run = startedCli(['trades', 'fund', 'fund-connect-timeout'], { ...env, PARTNER_API_TIMEOUT_MS: '8000' }, children)
+      await until(() => connectingTo(run.child.pid!, port), 'its connection to the platform is under way', run)
+      run.child.kill('SIGINT')
+      const ended = await run.ended()
+
+      expect({ code: ended.code, signal: ended.signal }, ended.stderr).toEqual({ code: 130, signal: null })
+      expect(ended.stdout).toBe('')
+      expect(ended.stderr).toContain('waiting for the platform’s answer to the call in flight')
+      expect(ended.stderr).toContain('no connection within 8,000 ms, so the request was not written')
+      expect(ended.stderr).toMatch(/ \[not_sent\]\nstopped by a signal while the call waited for its connection: nothing was sent \(above\)\n$/)
+      expect(await orderState(read, 'fund-connect-timeout')).toMatchObject({ tradeStatus: 'created', nextPollAt: polledAt })
     }, 90_000)
   })
 }

@@ -122,6 +122,11 @@ export async function runTradeCall<T>(
     if (held?.stopped() && error instanceof CommandFailedError && error.code === 'outcome_unknown') {
       throw new StoppedBySignalError(`${error.message}\nstopped by a signal while the call was in flight: its outcome is above`)
     }
+    // the same, the call's connection never set up in time: nothing was sent (its line says so), and the exit is the
+    // stop signal's too (it was 1, the signal unmentioned)
+    if (held?.stopped() && error instanceof CommandFailedError && error.code === 'not_sent') {
+      throw new StoppedBySignalError(`${error.message}\nstopped by a signal while the call waited for its connection: nothing was sent (above)`)
+    }
     throw error
   } finally {
     held?.off()
