@@ -7,7 +7,8 @@
 //   before the call is sent  the first signal stops the command there: nothing sent, exit 130
 //   while it is in flight    the first signal waits for the answer, which is recorded and printed as usual, exit
 //                            130; a second stops waiting: the call ends as a timeout does (outcome unknown, the
-//                            order left as a timeout leaves it), exit 130
+//                            order left as a timeout leaves it), exit 130, or, its connection not up yet (nothing
+//                            written: PartnerStoppedBeforeSentError), as a stop before sending, the order as it was
 //   once it has settled      the answer is recorded (one transaction) and printed, exit 130
 // Any other later signal (a second one before the call is sent, a third) ends the process at once, as the other
 // commands' second one does. What that leaves: a transaction whose COMMIT was not sent is rolled back by the end of the
