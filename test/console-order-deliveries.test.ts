@@ -40,4 +40,18 @@ describe("console: an order's deliveries", () => {
     expect(page.text).toContain('od-few-1')
     expect(page.text).not.toContain('Older deliveries of this reference')
   })
+
+  // as `orders show` says it: a create marked and not sent read `create pending` here, like one sent and waiting for
+  // its answer, where the next `trades open` sends the first and must not send the second again
+  it("says of a pending create whether it was sent, as `orders show` does", async () => {
+    for (const [reference, waitMs, shown] of [
+      ['od-unsent', -20_000, 'create pending (marked, not sent)'],
+      ['od-sent', 20_000, 'create pending<'],
+    ] as const) {
+      await under.database.db.insertInto('orders').values({ externalReference: reference, tradeCreateState: 'pending', tradeCreateWaitMs: waitMs }).execute()
+      const order = (await findOrderByExternalReference(under.database.db, reference))!
+      const page = await get(`/console/orders/${order.id}`)
+      expect(page.text).toContain(shown)
+    }
+  })
 })

@@ -4,7 +4,7 @@
 // show as text, in its order. Nothing here writes raw().
 import { AsyncLocalStorage } from 'node:async_hooks'
 import type { PartnerEnv } from '../config.js'
-import { linkedElsewhere, type Order, type StatusChange } from '../orders/order.js'
+import { linkedElsewhere, type Order, type StatusChange, unsentCreate } from '../orders/order.js'
 import { DUE_COUNT_CAP } from '../orders/poll-schedule.repository.js'
 import { describeClockOffset } from '../partner-api/clock-offset.js'
 import type { EventReaction, ReactionJob, ReactionJobFilter, ReactionJobState } from '../reactions/reaction-job.repository.js'
@@ -647,7 +647,7 @@ export function orderPage(
     operator,
     html`<dl class="fields">
   <dt>External reference</dt><dd>${order.externalReference}</dd>
-  <dt>Trade</dt><dd>${order.tradeId ?? '—'} ${order.tradeReference ? html`(${order.tradeReference})` : ''} · create ${order.tradeCreateState}</dd>
+  <dt>Trade</dt><dd>${order.tradeId ?? '—'} ${order.tradeReference ? html`(${order.tradeReference})` : ''} · create ${order.tradeCreateState}${unsentCreate(order) ? ' (marked, not sent)' : ''}</dd>
   ${order.tradeId === null ? '' : html`<dt>Environment</dt><dd>${orderEnvironment(order, partnerEnv)}</dd>`}
   <dt>Status</dt><dd><strong>${order.tradeStatus ?? 'none yet'}</strong> ${order.statusSource ? html`by ${order.statusSource} at ${time(order.statusChangedAt)}` : ''}</dd>
   <dt>Poll schedule</dt><dd>${order.nextPollAt ? html`next poll ${time(order.nextPollAt)}` : 'not scheduled'} · ${order.pollAttempts} failed attempts</dd>
