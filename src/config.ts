@@ -539,8 +539,8 @@ function forwardUrlProblems(value: string): string[] {
 // The options amqplib reads from AMQP_URL's query string (lib/connect.js, openFrames), by exact name, the first of a
 // repeated one winning, each held to what its connection opening can send: amqplib reads a number with parseInt and
 // sent NaN for `heartbeat=abc`, which failed every publish as "Field 'heartbeat' is the wrong type" after the
-// service had started, reported as the broker unreachable and retried for a day. A name it does not read is left
-// alone (a URL shared with another client may carry that client's options).
+// service had started, reported as the broker unreachable and retried for a day. A name it does not read is refused
+// too: `?heartbeet=10` or `?prefetch=5` was let through and did nothing, the operator believing it set.
 const AMQP_QUERY_OPTIONS: Record<string, { rule: string; accepts: (value: string) => boolean }> = {
   // unsigned shorts and an unsigned long on the wire (connection.tune-ok)
   heartbeat: { rule: 'a whole number of seconds from 0 to 65535 (0: no heartbeats)', accepts: (value) => wholeUpTo(value, 0xffff) },
@@ -583,8 +583,14 @@ function amqpUrlProblems(value: string): string[] {
     // amqplib reads the names as written: Heartbeat=10 was ignored without a word
     const meant = known.find((each) => each.toLowerCase() === name.toLowerCase())
     if (meant !== undefined) problems.push(`AMQP_URL: its query option ${name} is not read; the name is ${meant} (letter case counts)`)
+    else problems.push(`AMQP_URL: its query option ${queryOptionName(name)} is not one amqplib reads; the options it reads are ${known.join(', ')}`)
   }
   return problems
+}
+
+/** A query option's name as a problem shows it: as it is when plain, else quoted and cut (it is the URL's text). */
+function queryOptionName(name: string): string {
+  return /^[A-Za-z0-9_.-]{1,60}$/.test(name) ? name : JSON.stringify(name.length > 60 ? `${name.slice(0, 60)}…` : name)
 }
 
 function isAmqpUrl(value: string): boolean {

@@ -664,6 +664,7 @@ describe('configuration', () => {
       expect(parseConfig({ ...remoteEnv, REACTION_LEASE_S: '10', FORWARD_TIMEOUT_MS: '60000', AMQP_TIMEOUT_MS: '60000' }).reactions.leaseS).toBe(10)
     })
 
+    const AMQP_OPTIONS_READ = 'heartbeat, channelMax, frameMax, maxFrameSize, locale'
     // amqplib reads these from the query string with parseInt: heartbeat=abc started cleanly, then failed every
     // publish as the broker unreachable ("Field 'heartbeat' is the wrong type"), retried for a day
     it("refuses AMQP_URL query options amqplib could not send, naming the option and never the URL", () => {
@@ -681,11 +682,26 @@ describe('configuration', () => {
         // the first of a repeated option is the one amqplib reads
         'heartbeat=x&heartbeat=10': 'AMQP_URL: its query option heartbeat must be a whole number of seconds from 0 to 65535 (0: no heartbeats)',
         'Heartbeat=10': 'AMQP_URL: its query option Heartbeat is not read; the name is heartbeat (letter case counts)',
+        // a name amqplib does not read at all did nothing, the operator believing it set: named, never its value
+        'heartbeet=10': `AMQP_URL: its query option heartbeet is not one amqplib reads; the options it reads are ${AMQP_OPTIONS_READ}`,
+        'prefetch=5': `AMQP_URL: its query option prefetch is not one amqplib reads; the options it reads are ${AMQP_OPTIONS_READ}`,
+        'connection_attempts=3': `AMQP_URL: its query option connection_attempts is not one amqplib reads; the options it reads are ${AMQP_OPTIONS_READ}`,
+        'heartbeat=30&x%20y=amqp-Passw0rd': `AMQP_URL: its query option "x y" is not one amqplib reads; the options it reads are ${AMQP_OPTIONS_READ}`,
       }
       for (const [query, problem] of Object.entries(refused)) {
         expect(problemsOf({ ...remoteEnv, AMQP_URL: `${broker}?${query}` }), query).toEqual([problem])
       }
-      const taken = ['heartbeat=30', 'heartbeat=0&channelMax=2047&frameMax=131072&maxFrameSize=0&locale=en_US', 'frameMax=0', 'locale=', 'connection_attempts=3']
+      // the whole refusal, as start-up prints it, holds neither the URL's password nor an option's value
+      let said = ''
+      try {
+        parseConfig({ ...remoteEnv, AMQP_URL: `${broker}?prefetch=amqp-Passw0rd` })
+      } catch (error) {
+        said = (error as Error).message
+      }
+      expect(said).toMatch(/^Invalid configuration \[config_invalid\]/)
+      expect(said).toContain('its query option prefetch is not one amqplib reads')
+      expect(said).not.toContain('amqp-Passw0rd')
+      const taken = ['heartbeat=30', 'heartbeat=0&channelMax=2047&frameMax=131072&maxFrameSize=0&locale=en_US', 'frameMax=0', 'locale=']
       for (const query of taken) {
         expect(parseConfig({ ...remoteEnv, AMQP_URL: `${broker}?${query}` }).amqp?.url, query).toBe(`${broker}?${query}`)
       }
