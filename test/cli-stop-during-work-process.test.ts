@@ -136,6 +136,46 @@ describePostgres('a stop signal during a command’s work on Postgres', () => {
     expect(rows).toEqual([])
   }, 180_000)
 
+  // A one-transaction command's COMMIT, once sent, is carried through by the server without the client: a signal
+  // while it waited for its answer said that nothing was done, and the order was there once the COMMIT went. The
+  // COMMIT is held by a deferred constraint trigger (run at COMMIT) that waits on an advisory lock the test's session
+  // holds as a session lock: taken outside a transaction, so the test holds no transaction id nor snapshot meanwhile.
+  it('orders create stopped while its COMMIT waits: says the order may or may not have been made and where to look, exit 130 [stopped]; it is, once the COMMIT goes', async () => {
+    const env = await setUp()
+    const reference = 'stop-committing'
+    const key = 47_301
+    await watcher.query(
+      `create or replace function test_hold_commit() returns trigger language plpgsql as $$ begin perform pg_advisory_xact_lock(${key}); return null; end $$`,
+    )
+    await watcher.query(
+      `create constraint trigger test_hold_commit after insert on orders deferrable initially deferred for each row ` +
+        `when (new.external_reference = '${reference}') execute function test_hold_commit()`,
+    )
+    const holder = await gate()
+    let command: Started | undefined
+    try {
+      await holder.client.query('select pg_advisory_lock($1::bigint)', [key])
+      expect(await horizonOf(holder)).toEqual({ xid: null, xmin: null })
+      command = started(['orders', 'create', '--external-reference', reference], env)
+      await until(() => commandWaitsOn(holder, 'commit'), 'the command’s COMMIT waits on the lock', command)
+      command.child.kill('SIGINT')
+      await until(() => command!.closed() !== undefined, 'the command ends')
+      // the COMMIT goes on without the command: once the lock goes, the order is made
+      await holder.client.query('select pg_advisory_unlock($1::bigint)', [key])
+      await until(async () => (await watcher.query(`select 1 from orders where external_reference = $1`, [reference])).rows.length === 1, 'the order is made')
+    } finally {
+      await release([holder], command)
+      await watcher.query('drop trigger if exists test_hold_commit on orders')
+      await watcher.query('drop function if exists test_hold_commit()')
+    }
+    const ended = await command.ended()
+    expect(ended.stderr).toBe(
+      "Stopped by a signal while the order's creation was being committed: it may or may not have been made (its COMMIT was sent " +
+        `and not yet answered; on Postgres the database finishes it without this process); \`orders show ${reference}\` says whether the order exists [stopped]\n`,
+    )
+    expect({ code: ended.code, signal: ended.signal }).toEqual({ code: 130, signal: null })
+  }, 180_000)
+
   it('migrate waiting on the migration lock: says it did nothing, exit 130 [stopped]', async () => {
     const env = await setUp()
     const holder = await gate()

@@ -154,7 +154,7 @@ export function setExitCode(code: number): void {
 /**
  * What a command that a stop signal ends during its own work says (withDatabase), when it holds no signal itself and
  * names no change in flight (below): its work is one transaction (or only reads), which the end of the process rolls
- * back.
+ * back, as long as its COMMIT is not sent (stoppedWhileCommitting, below, once it is).
  */
 export const STOPPED_NOTHING_DONE = 'Stopped by a signal before the command was done: nothing was done (its transaction, if one was under way, is rolled back) [stopped]'
 
@@ -169,9 +169,31 @@ export interface ChangeInFlight {
   see: string
 }
 
+/**
+ * What a command of one transaction says when a stop signal ends it while that transaction's COMMIT is in flight
+ * (commit-in-flight.ts): sent, not yet answered, so not known to be made or not. `change` names it ("the order's
+ * creation"), `see` says where to look whether it was made. In the words of the second signal's `[stopped]` lines.
+ */
+export function stoppedWhileCommitting({ change, see }: ChangeInFlight): string {
+  return (
+    `Stopped by a signal while ${change} was being committed: it may or may not have been made (its COMMIT was sent ` +
+    `and not yet answered; on Postgres the database finishes it without this process); ${see} [stopped]`
+  )
+}
+
+/** A command's transaction, when the command names none of its own (withDatabase's `committing`). */
+const A_COMMAND_TRANSACTION: ChangeInFlight = {
+  change: "the command's transaction",
+  see: 'look whether its change was made before running the command again',
+}
+
 export async function withDatabase<T>(
   run: (context: CommandContext) => Promise<T>,
-  { migrate = true, changeInFlight }: { migrate?: boolean; changeInFlight?: ChangeInFlight } = {},
+  {
+    migrate = true,
+    changeInFlight,
+    committing = A_COMMAND_TRANSACTION,
+  }: { migrate?: boolean; changeInFlight?: ChangeInFlight; committing?: ChangeInFlight } = {},
 ): Promise<T> {
   const inService = scope.getStore()?.context
   if (inService) {
@@ -200,7 +222,9 @@ export async function withDatabase<T>(
   // (markTookEffect) it finishes its output and exits with its own code, as when the signal comes during the close.
   // A command whose change is not one transaction (changeInFlight) is let finish instead, as `reconcile --requeue-open`
   // finishes its batch in flight: then it says what was done; a second signal ends it saying the change may be made.
-  const { commandHasTakenEffect } = await import('../output-gone.js')
+  // A signal while its transaction's COMMIT is in flight cannot say that nothing was done: sent, it is carried through
+  // by the database whatever becomes of this process, and its answer alone says whether it was made.
+  const [{ commandHasTakenEffect }, { commitInFlight }] = await Promise.all([import('../output-gone.js'), import('../db/commit-in-flight.js')])
   let stopAsked = false
   const stopWork = stopUnlessHeld(
     () => {
@@ -216,7 +240,7 @@ export async function withDatabase<T>(
         )
         return
       }
-      writeError(`${STOPPED_NOTHING_DONE}\n`)
+      writeError(`${commitInFlight() ? stoppedWhileCommitting(committing) : STOPPED_NOTHING_DONE}\n`)
       process.exit(130)
     },
     () => {

@@ -9,8 +9,22 @@ import type { Command } from 'commander'
 import { InvalidArgumentError } from 'commander'
 import { WEBHOOK_OUTCOMES } from '../webhooks/delivery-outcome.js'
 import { printable } from '../printable.js'
+import { quoteForShell } from '../quote-for-shell.js'
 import { deliveryIdArgument, listLimit, MAX_LIST_LIMIT, orderReference } from './cli-arguments.js'
-import { CommandFailedError, markTookEffect, printJson, printTable, runsInService, setExitCode, UsageError, withDatabase, write, writeError } from './cli-context.js'
+import { commitInFlight } from '../db/commit-in-flight.js'
+import {
+  CommandFailedError,
+  markTookEffect,
+  printJson,
+  printTable,
+  runsInService,
+  setExitCode,
+  stoppedWhileCommitting,
+  UsageError,
+  withDatabase,
+  write,
+  writeError,
+} from './cli-context.js'
 
 // (a poll's lease_lost is never a stored delivery's)
 const OUTCOMES: readonly string[] = WEBHOOK_OUTCOMES
@@ -130,10 +144,20 @@ export function registerDeliveriesCommands(program: Command): void {
       let signalled = false
       const off = runsInService()
         ? () => {}
-        : stopOnSignals(() => {
-            signalled = true
-            writeError('stopping after the delivery in flight, if any (a second Ctrl-C ends the process now, and rolls its transaction back)\n')
-          })
+        : stopOnSignals(
+            () => {
+              signalled = true
+              writeError('stopping after the delivery in flight, if any (a second Ctrl-C ends the process now, and rolls its transaction back)\n')
+            },
+            () => {
+              // its COMMIT sent: the end of the process no longer rolls it back (commit-in-flight.ts)
+              if (!commitInFlight()) return
+              writeError(
+                `${stoppedWhileCommitting({ change: `the reapply of ${printable(deliveryId)}`, see: `\`deliveries show ${quoteForShell(deliveryId)}\` shows its outcome` })}\n`,
+              )
+              process.exit(130)
+            },
+          )
       try {
         await withDatabase(async ({ db, config, reactions, logger }) => {
           const delivery = await findDelivery(db, deliveryId, options.bodySha256)
@@ -215,6 +239,11 @@ export function registerDeliveriesCommands(program: Command): void {
         }
         if (options.json) printJson({ externalReference, dismissed: result.dismissed, dryRun })
         else write(`${dryRun ? 'would dismiss' : 'dismissed'} ${result.dismissed} parked ${result.dismissed === 1 ? 'delivery' : 'deliveries'} of ${shown}\n`)
+      }, {
+        committing: {
+          change: 'the dismissal of the parked deliveries',
+          see: `\`deliveries dismiss ${quoteForShell(externalReference)} --dry-run\` counts those still parked`,
+        },
       })
     })
 }

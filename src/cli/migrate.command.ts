@@ -12,7 +12,7 @@ export function registerMigrateCommand(program: Command): void {
       const { migrateToLatest, MigrationError } = await import('../db/migrate.js')
       const { applied } = await withDatabase(
         ({ db, withoutTimeouts }) => (withoutTimeouts ? withoutTimeouts(migrateToLatest) : migrateToLatest(db)),
-        { migrate: false },
+        { migrate: false, committing: { change: 'the migrations', see: '`migrate` run again says they are current, or applies them (they are one transaction)' } },
       ).catch((error: unknown) => {
         throw error instanceof MigrationError ? refusal(error) : error
       })

@@ -3,6 +3,7 @@ import type { Command } from 'commander'
 import type { PartnerEnv } from '../config.js'
 import { linkedElsewhere, unsentCreate } from '../orders/order.js'
 import { printable } from '../printable.js'
+import { quoteForShell } from '../quote-for-shell.js'
 import { invalidOrder, listLimit, MAX_LIST_LIMIT, orderReference } from './cli-arguments.js'
 import { CommandFailedError, markTookEffect, printJson, printTable, withDatabase, write } from './cli-context.js'
 import { orderJson } from './order-json.js'
@@ -50,6 +51,11 @@ export function registerOrdersCommands(program: Command): void {
           if (!(error instanceof OrderExistsError)) throw error
           throw new CommandFailedError(error.code, `An order with external reference ${printable(options.externalReference)} already exists`)
         }
+      }, {
+        committing: {
+          change: "the order's creation",
+          see: `\`orders show ${quoteForShell(options.externalReference)}\` says whether the order exists`,
+        },
       })
     })
 

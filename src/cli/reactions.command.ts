@@ -205,7 +205,7 @@ export function registerReactionsCommands(program: Command): void {
             dryRun ? 'nothing was changed (--dry-run)' : 'the handlers now get every transition they had not taken, in order, and the new ones',
           ].join('\n') + '\n',
         )
-      })
+      }, { committing: { change: 'the shift of the stream positions', see: '`reactions rebase --dry-run` says whether one is still ahead' } })
     })
 
   registerReleaseStream(reactions)
@@ -249,7 +249,7 @@ function registerReleaseStream(reactions: Command): void {
             ? 'no job was running under that lease\n'
             : `gave back ${outcome.freedJobs} ${outcome.freedJobs === 1 ? 'job' : 'jobs'} its holder had handed off (running under that lease): pending, due now, attempts as they were\n`,
         )
-      })
+      }, { committing: { change: `the release of the lease on reaction stream ${handler}`, see: '`reactions list` shows its jobs' } })
     })
 }
 

@@ -287,10 +287,13 @@ const MISSING_SHOWN = 20
 async function requeue(externalReferences: string[] | undefined, json: boolean | undefined): Promise<void> {
   const { requeueOrders } = await import('../orders/poll-schedule.repository.js')
   // due now by the database's time, not this machine's (requeueOrders)
-  const { results, partnerEnv } = await withDatabase(async ({ db, config }) => ({
-    results: await requeueOrders(db, externalReferences ? { externalReferences } : {}),
-    partnerEnv: config.partner.env,
-  }))
+  const { results, partnerEnv } = await withDatabase(
+    async ({ db, config }) => ({
+      results: await requeueOrders(db, externalReferences ? { externalReferences } : {}),
+      partnerEnv: config.partner.env,
+    }),
+    { committing: { change: 'the requeue of the orders', see: '`orders show` gives an order\'s next poll' } },
+  )
   if (results.length > 0) await markTookEffect({ done: 'the orders were requeued', see: 'see them with `orders show`' })
   const found = new Set(results.map((result) => result.externalReference))
   const missing = (externalReferences ?? []).filter((reference) => !found.has(reference))

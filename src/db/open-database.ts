@@ -10,6 +10,7 @@ import { writingIntoDataDir } from '../data-dir.js'
 import type { Logger } from '../logger.js'
 import { writeWholeUnlessThere } from '../write-whole.js'
 import { ABANDONED_TAKEOVER_MS, lockOwner, lockOwnerRuns, ownLockContent, readIfThere, removeStaleLock, sleepSync } from '../lock-file.js'
+import { commitSent, isCommit } from './commit-in-flight.js'
 import { CONNECT_TIMEOUT_MS, describeDatabaseError, errorCode, READ_ONLY } from './database-errors.js'
 import { closeSocket, endWithin } from './end-within.js'
 import type { Database, DatabaseKind } from './database.js'
@@ -234,9 +235,19 @@ function preparingClient({ onConnectionError, onPreparingOff, startupParameters 
       }
       const result = query.call(this, ...args) as unknown
       // Kysely's calls return a promise (no callback given); pg's own (a callback, a Submittable) pass through
-      return (result instanceof Promise ? result.catch((error: unknown) => {
-        throw this.noted(error)
-      }) : result) as never
+      if (!(result instanceof Promise)) return result as never
+      // a COMMIT in flight leaves its transaction's outcome unknown until it is answered (commit-in-flight.ts)
+      const answered = isCommit(text) ? commitSent() : undefined
+      return result.then(
+        (value: unknown) => {
+          answered?.()
+          return value
+        },
+        (error: unknown) => {
+          answered?.()
+          throw this.noted(error)
+        },
+      ) as never
     }
 
     private noted(error: unknown): unknown {

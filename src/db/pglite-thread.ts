@@ -20,6 +20,7 @@ import v8 from 'node:v8'
 import { Worker } from 'node:worker_threads'
 import { leftByAnotherUser, ownerOf } from '../data-dir.js'
 import type { Logger } from '../logger.js'
+import { commitSent } from './commit-in-flight.js'
 
 /** What the worker starts from (its workerData). */
 export interface PgliteWorkerData {
@@ -337,7 +338,15 @@ export class PgliteThread {
       if (!rolledBack) await this.call({ op: 'end', tx: id, commit: false }).catch(() => {})
       throw error
     }
-    if (!rolledBack) await this.call({ op: 'end', tx: id, commit: true })
+    if (!rolledBack) {
+      // its outcome unknown until it is answered (commit-in-flight.ts)
+      const answered = commitSent()
+      try {
+        await this.call({ op: 'end', tx: id, commit: true })
+      } finally {
+        answered()
+      }
+    }
     return result
   }
 
