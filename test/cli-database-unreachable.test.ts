@@ -150,6 +150,26 @@ describePostgres('the CLI when its database goes away after the look at its migr
     }, 60_000)
   }
 
+  // `prune` holds its lock on a connection of its own (a pg client outside the pool, open-database.ts holdLock), opened
+  // after the look at the migrations and the pool's first: taken and never answered, it ended the command with the
+  // driver's bare `timeout expired`, no code, where every other connection's wait is said as such
+  it('prune, its lock connection taken and never answered: named as the wait it is, [database_unavailable], exit 1', async () => {
+    const target = new URL(postgresUrl!)
+    const gate = await startGate({ host: target.hostname, port: Number(target.port || 5432) }, 'silent', 2)
+    try {
+      const url = new URL(withPassword(database.url!))
+      url.hostname = '127.0.0.1'
+      url.port = String(gate.port)
+      const result = await runCli(['prune'], { DATABASE_URL: url.toString() }, { built: true })
+      expect(gate.connections(), 'the look at the migrations and the pool passed, and the lock connected').toBe(3)
+      expect(result.stderr).toMatch(noAnswerLine(gate.port))
+      expect([result.code, result.stdout]).toEqual([1, ''])
+      expect(result.stderr).not.toContain(PASSWORD)
+    } finally {
+      await gate.close()
+    }
+  }, 60_000)
+
   it('a connection closed at the first statement (`migrate`, or a command\'s look at the migrations): the driver\'s reason, not a wrapping of it', async () => {
     const target = new URL(postgresUrl!)
     const gate = await startGate({ host: target.hostname, port: Number(target.port || 5432) }, 'close', 0)

@@ -73,6 +73,18 @@ export const CONNECT_TIMEOUT_MS = 5_000
 // connection and sent nothing back); the driver's own inner words for it are "Connection terminated unexpectedly"
 const CONNECT_TIMED_OUT = 'Connection terminated due to connection timeout'
 
+// pg.Client's own words when its connectionTimeoutMillis ended a connect: a client outside a pool (the lock's of a
+// prune pass, open-database.ts holdLock), whose error reached the operator as a bare `timeout expired`
+const CLIENT_CONNECT_TIMED_OUT = 'timeout expired'
+
+/**
+ * A client's connect given up on at its connect timeout, in pg-pool's words (isConnectTimeout), the client's own as
+ * its cause, so that it is said as every other connection's is; any other error as it is.
+ */
+export function asConnectTimeout(error: unknown): unknown {
+  return error instanceof Error && error.message === CLIENT_CONNECT_TIMED_OUT ? new Error(CONNECT_TIMED_OUT, { cause: error }) : error
+}
+
 /**
  * Whether a connection was given up on at the connect timeout: taken by something at the database's address that
  * never answered (a server stopped with SIGSTOP, a host gone under a firewall that keeps the port open, another

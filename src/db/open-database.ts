@@ -11,7 +11,7 @@ import type { Logger } from '../logger.js'
 import { writeWholeUnlessThere } from '../write-whole.js'
 import { ABANDONED_TAKEOVER_MS, lockOwner, lockOwnerRuns, ownLockContent, readIfThere, removeStaleLock, sleepSync } from '../lock-file.js'
 import { commitSent, isCommit } from './commit-in-flight.js'
-import { CONNECT_TIMEOUT_MS, describeDatabaseError, errorCode, READ_ONLY } from './database-errors.js'
+import { asConnectTimeout, CONNECT_TIMEOUT_MS, describeDatabaseError, errorCode, READ_ONLY } from './database-errors.js'
 import { closeSocket, endWithin } from './end-within.js'
 import type { Database, DatabaseKind } from './database.js'
 import { PgliteThread } from './pglite-thread.js'
@@ -540,7 +540,11 @@ async function holdLockOnPostgres(
   })
   client.on('end', lost)
   try {
-    await client.connect()
+    // given up on at the connect timeout, said in the words of the pool's (database-errors.ts): its own were a bare
+    // `timeout expired`, where every other connection to a database that took it and never answered names the wait
+    await client.connect().catch((error: unknown) => {
+      throw asConnectTimeout(error)
+    })
     // One message, sent without parameters, so the session holds no snapshot while it idles in its transaction for
     // the pass (batches and pauses). A statement sent with parameters (the extended protocol) leaves its portal open
     // until the next statement, and with it the statement's snapshot: the session's backend_xmin stayed set for the
