@@ -1,6 +1,7 @@
 // `deliveries reapply` as its own process (the compiled CLI on Postgres through DATABASE_URL, when
 // TEST_DATABASE_URL is given), stopped by a signal: the first one lets the delivery in flight finish and be
-// printed, and the exit code is 130; a second one ends the process, its transaction rolled back. Only on
+// printed, and the exit code is 130; a second one ends the process, its transaction rolled back (once its COMMIT is
+// sent, which the server carries through without the process, it says the reapply may or may not be made). Only on
 // Postgres: there another session's row lock holds the reapply in flight for as long as the test likes, where
 // on embedded PGlite the signal could only be timed against how long the transaction and the close take.
 import { once } from 'node:events'
@@ -126,6 +127,67 @@ it.skipIf(!postgresUrl)(
     expect({ code, endedBy }, output.stderr.slice(-2_000)).toEqual({ code: null, endedBy: 'SIGTERM' })
     expect(output.stdout).toBe('')
     expect(state).toEqual({ outcome: 'unmatched', status: 'created' })
+  },
+  120_000,
+)
+
+// Once its COMMIT is sent, the end of the process no longer rolls the reapply back: the server carries it through. A
+// second signal then said nothing of it (the first had said the second "rolls its transaction back"), and the delivery
+// was applied once the COMMIT went. The COMMIT is held by a deferred constraint trigger (run at COMMIT) waiting on an
+// advisory lock the test's session holds as a session lock, taken outside a transaction: no transaction id of the test's.
+it.skipIf(!postgresUrl)(
+  'a second signal while its COMMIT waits says the reapply may or may not have been made, exit 130 [stopped]; it is, once the COMMIT goes (Postgres)',
+  async () => {
+    const key = 47_302
+    const database: TestDatabase = await createTestDatabase({ kind: 'postgres' })
+    cleanups.push(() => database.close())
+    await seedParkedDelivery(database.db)
+    const holder = new pg.Client({ connectionString: database.url! })
+    await holder.connect()
+    cleanups.push(() => holder.end())
+    const holderPid = Number((await holder.query<{ pid: number }>('select pg_backend_pid() as pid')).rows[0]!.pid)
+    await holder.query(
+      `create function test_hold_commit() returns trigger language plpgsql as $$ begin perform pg_advisory_xact_lock(${key}); return null; end $$`,
+    )
+    await holder.query(
+      'create constraint trigger test_hold_commit after update on webhook_deliveries deferrable initially deferred for each row execute function test_hold_commit()',
+    )
+    await holder.query('select pg_advisory_lock($1::bigint)', [key])
+    // seen from another session: a session's own look at pg_stat_activity holds a snapshot while it runs
+    const { rows: horizon } = await sql`select backend_xid as xid, backend_xmin as xmin from pg_stat_activity where pid = ${holderPid}::int`.execute(database.db)
+    expect(horizon).toEqual([{ xid: null, xmin: null }])
+
+    const dataDir = mkdtempSync(path.join(tmpdir(), 'reapply-interrupt-'))
+    const child = spawnCli(['deliveries', 'reapply', DELIVERY, '--json'], { ...receiverEnv(dataDir), DATABASE_URL: database.url! }, { built: true })
+    const output = outputOf(child)
+    const exited = once(child, 'exit') as Promise<[number | null, string | null]>
+    try {
+      await eventually(async () => {
+        const { rows } = await sql<{ waiting: string }>`
+          select count(*) as waiting from pg_stat_activity where ${holderPid}::int = any(pg_blocking_pids(pid)) and query = 'commit'`.execute(database.db)
+        return Number(rows[0]!.waiting) > 0
+      }, 'the reapply’s COMMIT waits on the lock')
+      child.kill('SIGINT')
+      await stderrSays(child, 'stopping after the delivery in flight')
+      child.kill('SIGTERM')
+      const [code, endedBy] = await exited
+      expect({ code, endedBy }, output.stderr.slice(-2_000)).toEqual({ code: 130, endedBy: null })
+    } finally {
+      if (child.exitCode === null && child.signalCode === null) child.kill('SIGKILL')
+      await holder.query('select pg_advisory_unlock($1::bigint)', [key])
+    }
+    expect(output.stdout).toBe('')
+    expect(output.stderr).toContain(
+      `Stopped by a signal while the reapply of ${DELIVERY} was being committed: it may or may not have been made (its COMMIT was sent ` +
+        `and not yet answered; on Postgres the database finishes it without this process); \`deliveries show ${DELIVERY}\` shows its outcome [stopped]\n`,
+    )
+    // the COMMIT went on without the process
+    await eventually(async () => {
+      const delivery = await database.db.selectFrom('webhookDeliveries').select('outcome').executeTakeFirstOrThrow()
+      return delivery.outcome === 'applied'
+    }, 'the reapply is made once the lock goes')
+    await holder.query('drop trigger test_hold_commit on webhook_deliveries')
+    await holder.query('drop function test_hold_commit()')
   },
   120_000,
 )
