@@ -48,10 +48,10 @@ describeBoth('the compiled serve stopped while its broker path is silent (Postgr
     )
     const lines: string[] = []
     child.stdout!.on('data', (chunk: Buffer) => lines.push(...chunk.toString().split('\n').filter(Boolean)))
-    await waitForLogLine(child, 'service listening', 120_000)
+    await waitForLogLine(child, 'service listening')
     // published over the proxy: the connection is open
     await consumer.waitFor((received) => received.length === 1, 60_000)
     proxy.stall()
     expect(await signalAndClose(child), `the stop's last lines:\n${lines.slice(-6).join('\n')}`).toEqual({ code: 0, signal: null })
-  }, 180_000)
+  })
 })

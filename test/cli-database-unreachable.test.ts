@@ -28,7 +28,7 @@ describe('the CLI with nothing listening at DATABASE_URL', () => {
       expect(result.stdout).toBe('')
       expect(result.stderr).not.toContain(PASSWORD)
     }
-  }, 60_000)
+  })
 })
 
 const noAnswerLine = (port: number) =>
@@ -88,7 +88,7 @@ describe('the CLI with a listener at DATABASE_URL that takes the connection and 
     } finally {
       await gate.close()
     }
-  }, 60_000)
+  })
 })
 
 // Opening waits up to the 5 s connect timeout on a database that takes the connection and never answers: a Ctrl-C
@@ -109,7 +109,7 @@ describe('a stop signal while the database does not answer', () => {
       } finally {
         await gate.close()
       }
-    }, 60_000)
+    })
   }
 })
 
@@ -147,7 +147,7 @@ describePostgres('the CLI when its database goes away after the look at its migr
       } finally {
         await gate.close()
       }
-    }, 60_000)
+    })
   }
 
   // `prune` holds its lock on a connection of its own (a pg client outside the pool, open-database.ts holdLock), opened
@@ -168,7 +168,7 @@ describePostgres('the CLI when its database goes away after the look at its migr
     } finally {
       await gate.close()
     }
-  }, 60_000)
+  })
 
   it('a connection closed at the first statement (`migrate`, or a command\'s look at the migrations): the driver\'s reason, not a wrapping of it', async () => {
     const target = new URL(postgresUrl!)
@@ -186,7 +186,7 @@ describePostgres('the CLI when its database goes away after the look at its migr
     } finally {
       await gate.close()
     }
-  }, 60_000)
+  })
 
   it("a database that takes no writes: its state in the service's fixed words and code, [database_unavailable], exit 1", async () => {
     // every session of this URL begins read-only, as on a standby after a failover
@@ -196,5 +196,5 @@ describePostgres('the CLI when its database goes away after the look at its migr
     expect(result.stderr).toMatch(/^The database could not run the command now: the database is read-only \(.*\) \(25006\); try again later \[database_unavailable\]\n$/)
     expect(result.code).toBe(1)
     expect(result.stderr).not.toContain(PASSWORD)
-  }, 60_000)
+  })
 })

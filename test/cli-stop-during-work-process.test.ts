@@ -134,7 +134,7 @@ describePostgres('a stop signal during a command’s work on Postgres', () => {
     expect({ code: ended.code, signal: ended.signal }).toEqual({ code: 130, signal: null })
     const { rows } = await watcher.query(`select 1 from orders where external_reference = 'stop-locked'`)
     expect(rows).toEqual([])
-  }, 180_000)
+  })
 
   // A one-transaction command's COMMIT, once sent, is carried through by the server without the client: a signal
   // while it waited for its answer said that nothing was done, and the order was there once the COMMIT went. The
@@ -174,7 +174,7 @@ describePostgres('a stop signal during a command’s work on Postgres', () => {
         `and not yet answered; on Postgres the database finishes it without this process); \`orders show ${reference}\` says whether the order exists [stopped]\n`,
     )
     expect({ code: ended.code, signal: ended.signal }).toEqual({ code: 130, signal: null })
-  }, 180_000)
+  })
 
   it('migrate waiting on the migration lock: says it did nothing, exit 130 [stopped]', async () => {
     const env = await setUp()
@@ -193,7 +193,7 @@ describePostgres('a stop signal during a command’s work on Postgres', () => {
     const ended = await command.ended()
     expect(ended.stderr).toMatch(/nothing was done .*\[stopped\]\n$/)
     expect({ code: ended.code, signal: ended.signal }).toEqual({ code: 130, signal: null })
-  }, 180_000)
+  })
 
   // 25,000 open orders, three slices of 10,000. The first gate holds the first slice back before it begins; the
   // second, asked for while that slice waits, queues behind it and is granted as it commits, so the second slice
@@ -237,7 +237,7 @@ describePostgres('a stop signal during a command’s work on Postgres', () => {
     expect({ code: ended.code, signal: ended.signal }).toEqual({ code: 130, signal: null })
     const { rows } = await watcher.query<{ n: number }>(`select count(*)::int as n from orders where next_poll_at <= now()`)
     expect(rows).toEqual([{ n: 20_000 }])
-  }, 180_000)
+  })
 
   // 5,000 open orders, one slice, held back by a gate: the signal comes with the last slice in flight. It said
   // "stopping after the batch in flight" and then ended as if no signal had come, exit 0, every order requeued.
@@ -267,7 +267,7 @@ describePostgres('a stop signal during a command’s work on Postgres', () => {
     expect({ code: ended.code, signal: ended.signal }).toEqual({ code: 0, signal: null })
     const { rows } = await watcher.query<{ n: number }>(`select count(*)::int as n from orders where next_poll_at <= now()`)
     expect(rows).toEqual([{ n: 5_000 }])
-  }, 180_000)
+  })
 
   /** A failed reaction job of an order of its own; returns its id. */
   async function failedJob(reference: string): Promise<string> {
@@ -322,7 +322,7 @@ describePostgres('a stop signal during a command’s work on Postgres', () => {
     expect(ended.stderr).toMatch(/the stop signal came while the skip of job \d+ was in flight; the command has finished, its result above: nothing was left undone\n$/)
     expect({ code: ended.code, signal: ended.signal }).toEqual({ code: 0, signal: null })
     expect(await jobState(id)).toBe('skipped')
-  }, 180_000)
+  })
 
   it('reactions skip stopped again while its update waits: says the skip may or may not have been made, exit 130 [stopped]; it is, once the lock goes', async () => {
     const env = await setUp()
@@ -349,7 +349,7 @@ describePostgres('a stop signal during a command’s work on Postgres', () => {
     expect({ code: ended.code, signal: ended.signal }).toEqual({ code: 130, signal: null })
     // what the line says: the update sent runs on without the process, and commits once the lock goes
     await until(async () => (await jobState(id)) === 'skipped', 'the skip sent is made')
-  }, 180_000)
+  })
 
   // A second signal ended both without a word (killed by it): prune's batch in flight, and reconcile --once's claim
   // or give-back, run on without the process on Postgres. Each now says what may be left, exit 130.
@@ -378,7 +378,7 @@ describePostgres('a stop signal during a command’s work on Postgres', () => {
     const ended = await command.ended()
     expect(ended.stderr).toMatch(/Stopped by a second signal during a batch: it may or may not have been pruned .*; `prune --dry-run` counts what is left \[stopped\]\n$/)
     expect({ code: ended.code, signal: ended.signal, stdout: ended.stdout }).toEqual({ code: 130, signal: null, stdout: '' })
-  }, 180_000)
+  })
 
   it('reconcile --once stopped again while its claim waits: says its claimed orders wait out their lease, exit 130 [stopped]', async () => {
     const env = await setUp()
@@ -409,7 +409,7 @@ describePostgres('a stop signal during a command’s work on Postgres', () => {
       /Stopped by a second signal: the orders this run claimed and did not poll are due again when their lease ends \(within \d+ s, POLL_LEASE_S\), .* \[stopped\]\n$/,
     )
     expect({ code: ended.code, signal: ended.signal }).toEqual({ code: 130, signal: null })
-  }, 180_000)
+  })
 
   /** True while `session` waits on a lock `holder` holds. */
   async function waitsOn(session: { pid: number }, holder: { pid: number }): Promise<boolean> {
@@ -444,4 +444,4 @@ it('webhook send to a receiver that never answers: says the delivery may have be
     silent.closeAllConnections()
     silent.close()
   }
-}, 120_000)
+})

@@ -54,7 +54,7 @@ it.skipIf(!postgresUrl || !existsSync(FAKETIME_LIBRARY))(
       { built: true },
     )
     const lines = jsonLogLines(child)
-    const { url, adminUrl } = (await waitForLogLine(child, 'service listening', 60_000)) as { url: string; adminUrl: string }
+    const { url, adminUrl } = (await waitForLogLine(child, 'service listening')) as { url: string; adminUrl: string }
     // the poller runs a cycle a second (POLL_INTERVAL_S=1): three refused in a row
     for (let waited = 0; (await refusals(adminUrl, 'poller')) < 3; waited += 200) {
       expect(waited, 'three refused cycles').toBeLessThan(60_000)

@@ -186,7 +186,7 @@ describe('`serve` warns at start', () => {
     child.stderr!.on('data', (chunk) => (output += chunk))
     const lines = jsonLogLines(child)
     try {
-      await waitForLogLine(child, 'service listening', 60_000)
+      await waitForLogLine(child, 'service listening')
     } finally {
       await signalAndClose(child)
     }
@@ -227,7 +227,7 @@ describe('`serve` warns at start', () => {
     child.stdout!.on('data', (chunk) => (output += chunk))
     const lines = jsonLogLines(child)
     try {
-      await waitForLogLine(child, 'service listening', 60_000)
+      await waitForLogLine(child, 'service listening')
       // the banner comes after the line
       while (!output.includes('lost and repeated webhooks')) await new Promise((resolve) => setTimeout(resolve, 20))
     } finally {

@@ -100,7 +100,7 @@ describeBrowser('operator console in headless Chromium', () => {
       dialogs.push(dialog.message())
       void dialog.dismiss()
     })
-  }, 120_000)
+  })
 
   afterAll(async () => {
     await browser?.close()
@@ -120,7 +120,7 @@ describeBrowser('operator console in headless Chromium', () => {
     expect(await page.textContent('header')).toContain('Dana on call')
     expect(await page.textContent('section.attention')).toContain('order(s) flagged')
     await shot('overview')
-  }, 60_000)
+  })
 
   it('finds a delivery by external reference, opens it and re-applies it', async () => {
     await page.click('nav >> text=Deliveries')
@@ -137,7 +137,7 @@ describeBrowser('operator console in headless Chromium', () => {
     expect(await page.textContent('p.result')).toBe('applied (order status funded)')
     await shot('reapplied')
     expect((await findOrderByExternalReference(database.db, 'browser-1'))?.tradeStatus).toBe('funded')
-  }, 60_000)
+  })
 
   it('dry-runs a bulk re-apply of the parked deliveries, then runs it', async () => {
     const query = new URLSearchParams({ outcome: 'unmatched', from: started.toISOString().slice(0, 19) })
@@ -156,7 +156,7 @@ describeBrowser('operator console in headless Chromium', () => {
     await page.goBack()
     expect(await page.textContent('div.confirm')).toContain('4 deliveries match')
     expect(await page.textContent('div.confirm')).toContain('0 can now be applied to their order; 4 stay parked')
-  }, 60_000)
+  })
 
   it('retries a failed reaction from the overview: confirmed, then pending again', async () => {
     await page.goto(`${base}/console/`)
@@ -178,7 +178,7 @@ describeBrowser('operator console in headless Chromium', () => {
     await shot('reaction-retried')
     const job = await database.db.selectFrom('reactionJobs').select(['state', 'attempts']).executeTakeFirstOrThrow()
     expect(job).toEqual({ state: 'pending', attempts: 0 })
-  }, 60_000)
+  })
 
   it('shows a delivery full of markup as text: no script runs, no element is injected', async () => {
     const stored = await findDelivery(database.db, HOSTILE_ID)
@@ -192,7 +192,7 @@ describeBrowser('operator console in headless Chromium', () => {
     expect(await page.evaluate("document.querySelectorAll('script, img').length")).toBe(0)
     await shot('hostile-delivery')
     expect(dialogs).toEqual([])
-  }, 60_000)
+  })
 
   it('lists the actions on the overview with who did them', async () => {
     await page.goto(`${base}/console/`)
@@ -201,7 +201,7 @@ describeBrowser('operator console in headless Chromium', () => {
     expect(log).toMatch(/retry reaction \d+/)
     expect(log).toContain('Dana on call')
     await shot('overview-after-actions')
-  }, 60_000)
+  })
 
   it('opens and re-applies a delivery whose id is `..` by clicking its links, as the CLI can', async () => {
     // in a path, `..` (even written %2E%2E) is a dot segment the browser resolves away before sending
@@ -217,7 +217,7 @@ describeBrowser('operator console in headless Chromium', () => {
     await Promise.all([page.waitForURL(/\/delivery\?id=\.\.&/), page.click('text=Back to the delivery')])
     expect(await page.textContent('dl.fields')).toContain('applied')
     expect((await findOrderByExternalReference(database.db, 'browser-dots'))?.tradeStatus).toBe('funded')
-  }, 60_000)
+  })
 
   // A reverse proxy serving the console under a path of its own, taken off before the request reaches us, and
   // Host rewritten to ours (nginx's proxy_pass by default). The browser's Origin is the proxy's: compared whole
@@ -261,5 +261,5 @@ describeBrowser('operator console in headless Chromium', () => {
       await context.close()
       await new Promise((resolve) => proxy.close(resolve))
     }
-  }, 60_000)
+  })
 })

@@ -55,5 +55,5 @@ describePostgres('the console while the database hangs (Postgres)', () => {
     }
     proxy.restore()
     expect((await get('/console/')).status).toBe(200)
-  }, 120_000)
+  })
 })

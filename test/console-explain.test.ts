@@ -81,7 +81,7 @@ describePostgres('console search queries (Postgres)', () => {
     await sql`analyze orders`.execute(database.db)
     await sql`analyze order_status_history`.execute(database.db)
     await sql`analyze reaction_jobs`.execute(database.db)
-  }, 120_000)
+  })
   afterAll(async () => {
     await database?.close()
   })

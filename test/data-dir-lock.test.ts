@@ -84,7 +84,7 @@ describe.skipIf(!onLinux)('the embedded database’s lock', () => {
       expect(outcomes.filter((outcome) => outcome === 'locked'), outcomes.join(', ')).toHaveLength(1)
       expect(outcomes.filter((outcome) => outcome === 'DatabaseInUseError')).toHaveLength(5)
     }
-  }, 120_000)
+  })
 
   // a process that died in the microseconds it held a take-over's marker left it: the next ones wait, then say so
   it('names a take-over marked by another process, and takes the lock once that marker is abandoned', async () => {
@@ -133,5 +133,5 @@ describe.skipIf(!onLinux)('the embedded database’s lock', () => {
       holder.kill()
       await exited
     }
-  }, 60_000)
+  })
 })

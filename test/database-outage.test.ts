@@ -86,7 +86,7 @@ describePostgres('the compiled serve through database outages (Postgres)', () =>
     // the process under test is the one the image runs: dist/, built once for the process tests (helpers/build-dist.ts)
     database = await createTestDatabase()
     await sql`insert into orders (external_reference) select 'outage-' || g from generate_series(0, ${ORDERS - 1}) g`.execute(database.db)
-  }, 180_000)
+  })
 
   afterAll(async () => {
     for (const child of children) {
@@ -262,7 +262,7 @@ describePostgres('the compiled serve through database outages (Postgres)', () =>
     child.kill('SIGTERM')
     const [code] = await once(child, 'exit')
     expect(code, `the stop's last lines:\n${watch.lines.slice(-15).join('\n')}\n${watch.stderr().slice(-4_000)}`).toBe(0)
-  }, 240_000)
+  })
 
   it('starts while Postgres cannot be reached: stays up, logs JSON, /readyz 503 then 200, then ingests', async () => {
     const proxy = await startTcpProxy(target(), { open: false })
@@ -299,7 +299,7 @@ describePostgres('the compiled serve through database outages (Postgres)', () =>
     child.kill('SIGTERM')
     const [code] = await once(child, 'exit')
     expect(code).toBe(0)
-  }, 180_000)
+  })
 
   // A failover reaches the service as a database that takes no writes: its connections land on a standby, or
   // the primary is set read-only (some hosted Postgres services do so when its disk fills). Every write then
@@ -396,7 +396,7 @@ describePostgres('the compiled serve through database outages (Postgres)', () =>
       await admin.query(`drop database if exists ${name} with (force)`)
       await admin.end()
     }
-  }, 120_000)
+  })
 
   // On Postgres DATA_DIR holds only serve.json, which lets a second terminal's commands run in the service: a
   // container with a read-only root file system and the default DATA_DIR must still run
@@ -416,7 +416,7 @@ describePostgres('the compiled serve through database outages (Postgres)', () =>
     child.kill('SIGTERM')
     const [code] = await once(child, 'exit')
     expect(code).toBe(0)
-  }, 120_000)
+  })
 
   // A database that goes silent mid-statement holds the stop (the pool cannot close with a statement in flight):
   // the bound ends it, and its last line says why, written out before the exit
@@ -451,7 +451,7 @@ describePostgres('the compiled serve through database outages (Postgres)', () =>
     child.kill('SIGTERM')
     const [code] = await once(child, 'exit')
     expect(code, `the stop's last lines:\n${watch.lines.slice(-15).join('\n')}`).toBe(0)
-  }, 120_000)
+  })
 
   // A path to the database that drops packets: a connection hangs instead of being refused. A batch never holds two
   // deliveries for one order, so each of an order's later deliveries waited for a statement of its own, and for its
@@ -488,7 +488,7 @@ describePostgres('the compiled serve through database outages (Postgres)', () =>
     expect(watch.alive()).toBe(true)
     console.warn(`a path that drops packets: 10 deliveries for one order answered 503 within ${spreadMs} ms of each other`)
     expect(await signalAndClose(child), `the stop's last lines:\n${watch.lines.slice(-8).join('\n')}`).toEqual({ code: 0, signal: null })
-  }, 120_000)
+  })
 
   it('a stop while the notification listener connects to a server that does not answer exits 0', async () => {
     // the listener's own server takes the connection and never answers: its connect waits (5 s, then again)
@@ -506,7 +506,7 @@ describePostgres('the compiled serve through database outages (Postgres)', () =>
       for (const socket of held) socket.destroy()
       await new Promise((resolve) => silent.close(resolve))
     }
-  }, 120_000)
+  })
 
   it('a stop while the database path is silent and no statement is under way exits 0', async () => {
     const proxy = await startTcpProxy(target())
@@ -527,7 +527,7 @@ describePostgres('the compiled serve through database outages (Postgres)', () =>
     )
     proxy.stall()
     expect(await signalAndClose(child), `the stop's last lines:\n${watch.lines.slice(-8).join('\n')}`).toEqual({ code: 0, signal: null })
-  }, 120_000)
+  })
 
   it('a stop held past its bound by a silent database exits 1, and its last line says so', async () => {
     const proxy = await startTcpProxy(target())
@@ -563,5 +563,5 @@ describePostgres('the compiled serve through database outages (Postgres)', () =>
     const answer = await held
     expect(answer).toMatchObject({ status: 503, retryAfter: '1' })
     expect(JSON.parse((answer as { body: string }).body)).toMatchObject({ error: { code: 'not_ready' } })
-  }, 120_000)
+  })
 })

@@ -28,7 +28,7 @@ describe('the demo', () => {
       expect(stderr).toContain(`argument '${trades}' is invalid. must be a whole number from 1 to 1000`)
       expect(stdout).toBe('')
     }
-  }, 60_000)
+  })
 
   // found from outside: "must be a whole number from 0, in decimal digits" said of a whole number in decimal digits
   it('refuses a seed past 2^53 - 1 naming the range, and a seed not in digits naming the digits', async () => {
@@ -72,7 +72,7 @@ describe('the demo', () => {
     const transitions = report.rows.reduce((sum, row) => sum + row.transitions, 0)
     expect(report.forward.requests).toBe(transitions + 1 + report.forward.duplicates + report.forward.invalid)
     expect(formatDemoReport(report)).toContain('Every order matches the platform.')
-  }, 180_000)
+  })
 
   it('reads well when piped: it says what it does from the start, in lines, with no redrawn bar', async () => {
     const result = await runCli(['demo', '--trades', '10'], {})
@@ -87,7 +87,7 @@ describe('the demo', () => {
     expect(result.stdout).toMatch(
       /^forwarder: (\d+) of \1 transitions received, signature verified, once each by webhook-id \(\d+ requests, \d+ repeats, 0 refused; 1 event of demo-imported-unknown-trade, not in the table\)$/m,
     )
-  }, 180_000)
+  })
 
   it('prints with --json the report alone on stdout, one JSON document: progress and log lines go to stderr', async () => {
     // seed 0 too, as the sandbox's --seed takes it
@@ -102,7 +102,7 @@ describe('the demo', () => {
     expect(result.stderr).not.toContain('"level"')
     expect(result.stderr.split('\n')[0]).toBe('demo: starting 5 trades…')
     expect(result.stderr).toContain('5 trades against the sandbox, with faults (seed 0)')
-  }, 180_000)
+  })
 })
 
 /**

@@ -50,7 +50,7 @@ describe.skipIf(!canMount)('the compiled serve on PGlite when its disk fills up'
   async function start(dataDir: string, minFree: string) {
     const child = spawnCli(['serve'], { ...receiverEnv(dataDir), DATA_DIR_MIN_FREE: minFree }, { built: true })
     children.push(child)
-    const { url } = await waitForLogLine(child, 'service listening', 120_000)
+    const { url } = await waitForLogLine(child, 'service listening')
     const exited = once(child, 'exit') as Promise<[number | null, NodeJS.Signals | null]>
     return { child, url: String(url), exited }
   }

@@ -101,7 +101,7 @@ describePostgres('SIGTERM gives the leases back (Postgres)', () => {
     child.stdout!.on('data', (chunk: Buffer) => output.push(chunk.toString()))
     child.stderr!.on('data', (chunk: Buffer) => output.push(chunk.toString()))
     try {
-      await waitForLogLine(child, 'service listening', 180_000)
+      await waitForLogLine(child, 'service listening')
       // every due order's GET and as many forwards as there are slots are in flight, unanswered
       await eventually(
         () => platform.requests.length >= DUE_ORDERS && receiver.requests.length >= CONCURRENCY,

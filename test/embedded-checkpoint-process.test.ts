@@ -49,7 +49,7 @@ describe('the compiled serve on embedded PGlite on disk, a long ingest', () => {
   async function start() {
     const child = spawnCli(['serve'], { ...receiverEnv(dataDir), DATA_DIR_MAX_WAL: `${MAX_WAL_MB}mb`, WEBHOOK_BODY_LIMIT: '256kb' }, { built: true })
     children.push(child)
-    const { url } = await waitForLogLine(child, 'service listening', 120_000)
+    const { url } = await waitForLogLine(child, 'service listening')
     return { child, url: String(url) }
   }
 

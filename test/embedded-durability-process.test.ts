@@ -81,7 +81,7 @@ describe.skipIf(!canTrace)('the compiled serve on embedded PGlite on disk', () =
    * does (strace ends with it, its lines written): when each was sent and answered (200), in seconds.
    */
   const deliverThreeAndStop = async (child: ChildProcess, prefix: string) => {
-    const { url } = await waitForLogLine(child, 'service listening', 120_000)
+    const { url } = await waitForLogLine(child, 'service listening')
     const service = serviceOf(child)
     const windows: { sentS: number; answeredS: number }[] = []
     for (const status of ['created', 'funded', 'delivered']) {
@@ -170,7 +170,7 @@ describe.skipIf(!canTrace)('the compiled serve on embedded PGlite on disk', () =
     )
     children.push(child)
     const lines = jsonLogLines(child)
-    const { url } = await waitForLogLine(child, 'service listening', 120_000)
+    const { url } = await waitForLogLine(child, 'service listening')
     const service = serviceOf(child)
     const body = JSON.stringify(tradePayload(`eio-${randomUUID()}`, 'funded'))
     const answer = await fetch(`${String(url)}/webhooks/partner`, {

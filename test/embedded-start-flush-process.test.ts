@@ -61,7 +61,7 @@ describe.skipIf(!canDropRoot)('the compiled serve starting on a DATA_DIR holding
     children.push(child)
     let stderr = ''
     child.stderr!.on('data', (chunk) => (stderr += chunk))
-    const { url } = await waitForLogLine(child, 'service listening', 120_000).catch((error: unknown) => {
+    const { url } = await waitForLogLine(child, 'service listening').catch((error: unknown) => {
       throw new Error(`the service did not start: ${stderr}`, { cause: error })
     })
 

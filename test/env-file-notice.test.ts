@@ -58,7 +58,7 @@ describe('a .env file the service does not read', () => {
       await signalAndClose(child)
     }
     expect(output).not.toContain('secret-path')
-  }, 60_000)
+  })
 
   // a command run from the directory of a .env took the defaults without a word: `prune` ran on the default retention
   // and, with DATABASE_URL in the file, on an embedded database beside it
@@ -76,7 +76,7 @@ describe('a .env file the service does not read', () => {
         'commands take their settings from the environment only; load it with `set -a; . ./.env; set +a` first\n',
     )
     expect(result.stdout).not.toContain('a-token-not-to-show')
-  }, 60_000)
+  })
 
   // found from outside: Node's --env-file keeps a byte-order mark as part of the first name, so a DATABASE_URL on the
   // first line of a file saved with one was not set, and the service started on a new embedded database
@@ -92,5 +92,5 @@ describe('a .env file the service does not read', () => {
     })
     expect(result.status).toBe(2)
     expect(result.stdout + result.stderr).toContain('DATABASE_URL: is not set: the env file it is in starts with a byte-order mark (BOM)')
-  }, 60_000)
+  })
 })

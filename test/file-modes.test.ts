@@ -47,9 +47,9 @@ describe('file modes of the embedded database, started with umask 000', () => {
       env: childEnv(env),
       stdio: 'pipe',
     })
-    await waitForLogLine(service, 'service listening', 60_000)
+    await waitForLogLine(service, 'service listening')
     service.stdout!.resume()
-  }, 120_000)
+  })
 
   afterAll(async () => {
     await stopChild(service)
@@ -70,5 +70,5 @@ describe('file modes of the embedded database, started with umask 000', () => {
     console.warn(`PGlite data directory after a start with umask 000: ${entries} entries, ${loose.length} readable or writable by others`)
     expect(entries).toBeGreaterThan(100)
     expect(loose).toEqual([])
-  }, 120_000)
+  })
 })

@@ -27,7 +27,7 @@ describePostgres("the compiled serve forwarding to a receiver with a certificate
     const env = setting.serveEnv()
 
     const untrusting = setting.serve(env)
-    await waitForLogLine(untrusting, 'service listening', 120_000)
+    await waitForLogLine(untrusting, 'service listening')
     // the first attempt failed and was written for later, with its reason
     let lastError: string | null | undefined
     await eventually(async () => {
@@ -43,7 +43,7 @@ describePostgres("the compiled serve forwarding to a receiver with a certificate
     expect(receiver.received).toEqual([])
 
     const trusting = setting.serve({ ...env, NODE_EXTRA_CA_CERTS: path.join(tls, 'ca.crt') })
-    await waitForLogLine(trusting, 'service listening', 120_000)
+    await waitForLogLine(trusting, 'service listening')
     // the retry is due after the first backoff (5 s, with jitter)
     await eventually(async () => (await unfinishedReactionJobs(database.db)) === 0, 'the job is done', 60_000)
     expect(await stopChild(trusting)).toBe(0)

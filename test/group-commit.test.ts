@@ -250,7 +250,7 @@ describe('a lone write that meets another statement on a key', () => {
     expect(writer.calls).toHaveLength(5)
   })
 
-  it('gives up after 5 lone writes, with the last error, and does not write again for another failure', { timeout: 20_000 }, async () => {
+  it('gives up after 5 lone writes, with the last error, and does not write again for another failure', async () => {
     const writer = scriptedWriter()
     const group = new GroupCommit(writer.write, { maxBatch: 100, maxInFlight: 1, maxQueued: 1_000 })
     const raced = settled(group.write(delivery('gc-race-b', 'funded', 'gc-race-b-1')))

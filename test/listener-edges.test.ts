@@ -46,11 +46,11 @@ describe('the compiled service before its application answers', () => {
       { built: true },
     )
     service.stderr!.on('data', (chunk: Buffer) => (stderr += chunk.toString()))
-    const listening = await waitForLogLine(service, 'service listening', 60_000)
+    const listening = await waitForLogLine(service, 'service listening')
     service.stdout!.resume()
     port = Number(new URL(String(listening.url)).port)
     adminPort = Number(new URL(String(listening.adminUrl)).port)
-  }, 120_000)
+  })
 
   afterAll(async () => {
     await stopChild(service)

@@ -529,14 +529,14 @@ describe('a real `serve` and the CLI beside it', () => {
 
   beforeAll(async () => {
     service = spawnCli(['serve'], env, { built: true })
-    await waitForLogLine(service, 'service listening', 60_000)
+    await waitForLogLine(service, 'service listening')
     serviceFileText = readFileSync(path.join(dataDir, 'serve.json'), 'utf8')
     for (const reference of ['plain-1', 'Lampe-à-café-2']) {
       const created = await runCli(['orders', 'create', '--external-reference', reference], env, { built: true })
       expect(created.stderr).toBe('')
       expect(created.code).toBe(0)
     }
-  }, 120_000)
+  })
   afterAll(async () => {
     await stopChild(service)
   })

@@ -20,10 +20,10 @@ describe('operator commands while `npm start` owns the embedded database', () =>
   beforeAll(async () => {
     env.SANDBOX_PORT = String(await freePort())
     service = spawnCli(['serve'], env)
-    const listening = await waitForLogLine(service, 'service listening', 60_000)
+    const listening = await waitForLogLine(service, 'service listening')
     url = String(listening.url)
     adminUrl = String(listening.adminUrl)
-  }, 120_000)
+  })
   afterAll(async () => {
     await stopChild(service)
   })
@@ -98,7 +98,7 @@ describe('operator commands while `npm start` owns the embedded database', () =>
   it('removes serve.json on shutdown, after which commands open the database themselves', async () => {
     const other = migratedDataDir('local-cli-stop-')
     const child = spawnCli(['serve'], { ...env, DATA_DIR: other, SANDBOX_PORT: String(await freePort()) })
-    await waitForLogLine(child, 'service listening', 60_000)
+    await waitForLogLine(child, 'service listening')
     expect(existsSync(path.join(other, 'serve.json'))).toBe(true)
     child.kill('SIGTERM')
     await once(child, 'exit')
@@ -107,7 +107,7 @@ describe('operator commands while `npm start` owns the embedded database', () =>
     expect(result.code).toBe(0)
     expect(JSON.parse(result.stdout)).toEqual({ applied: [] })
     // a service start and a command, each opening PGlite: slow on a busy machine
-  }, 120_000)
+  })
 
   it('ignores a serve.json left by a process that no longer runs', async () => {
     const other = mkdtempSync(path.join(tmpdir(), 'local-cli-stale-'))
@@ -118,7 +118,7 @@ describe('operator commands while `npm start` owns the embedded database', () =>
     const result = await runCli(['migrate', '--json'], { ...env, DATA_DIR: other })
     expect(result.code).toBe(0)
     expect(JSON.parse(result.stdout).applied.length).toBeGreaterThan(0)
-  }, 120_000)
+  })
 
   it('takes over a serve.json and a database lock left by a dead process that had its own pid (a container’s pid 1)', async () => {
     const other = migratedDataDir('local-cli-same-pid-')
@@ -141,11 +141,11 @@ describe('operator commands while `npm start` owns the embedded database', () =>
     expect(code).toBe(0)
 
     const served = await run('serve')
-    await waitForLogLine(served.child, 'service listening', 60_000)
+    await waitForLogLine(served.child, 'service listening')
     served.child.kill('SIGTERM')
     await once(served.child, 'exit')
     expect(served.stderr()).not.toContain('in use by process')
-  }, 120_000)
+  })
 
   it('records in serve.json where the service listens and which database it uses, without credentials', () => {
     const service = JSON.parse(readFileSync(path.join(dataDir, 'serve.json'), 'utf8'))
@@ -198,7 +198,7 @@ describe('operator commands while `npm start` owns the embedded database', () =>
     const other = { ...env, DATA_DIR: migratedDataDir('local-cli-any-port-'), SANDBOX_PORT: '0' }
     const child = spawnCli(['serve'], other)
     try {
-      await waitForLogLine(child, 'service listening', 60_000)
+      await waitForLogLine(child, 'service listening')
       const opened = await runCli(['trades', 'open', 'any-port-1', '--title', 'Lamp', '--amount', '12.00', '--currency', 'EUR', '--seller', 's-1', '--json'], { DATA_DIR: other.DATA_DIR })
       expect(opened.stderr).toBe('')
       expect(opened.code).toBe(0)

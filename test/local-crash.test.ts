@@ -24,7 +24,7 @@ describe('the compiled serve on PGlite, killed mid-ingest (SIGKILL)', () => {
   async function start() {
     const child = spawnCli(['serve'], receiverEnv(dataDir), { built: true })
     children.push(child)
-    const { url } = await waitForLogLine(child, 'service listening', 120_000)
+    const { url } = await waitForLogLine(child, 'service listening')
     return { child, url: String(url) }
   }
 

@@ -14,7 +14,7 @@ describe('local mode across a restart', () => {
 
   async function start() {
     service = spawnCli(['serve'], env)
-    await waitForLogLine(service, 'sandbox platform listening', 90_000)
+    await waitForLogLine(service, 'sandbox platform listening')
     service.stdout!.resume()
   }
   async function stop() {
@@ -34,7 +34,7 @@ describe('local mode across a restart', () => {
       env,
     )
 
-  it('still finds the trades made before, and gives the next trade the next reference', { timeout: 240_000 }, async () => {
+  it('still finds the trades made before, and gives the next trade the next reference', async () => {
     env.SANDBOX_PORT = String(await freePort())
     await start()
     const opened = await open('order-1')
@@ -61,7 +61,7 @@ describe('local mode across a restart', () => {
 
   // The start stops at a sandbox state it cannot read, closing the database it had begun to open: that close
   // waited for a thread nothing kept the process alive for, and most such starts ended 13 with no message
-  it('refuses to start on a damaged sandbox state file, saying which file and what to do, exit 1', { timeout: 120_000 }, async () => {
+  it('refuses to start on a damaged sandbox state file, saying which file and what to do, exit 1', async () => {
     const damaged = migratedDataDir('local-damaged-state-')
     writeFileSync(path.join(damaged, 'sandbox-state.json'), '{')
     for (let run = 0; run < 2; run++) {

@@ -37,7 +37,7 @@ describe('the LISTEN connection to a server that does not answer', () => {
       for (const socket of held) socket.destroy()
       await new Promise((resolve) => server.close(resolve))
     }
-  }, 60_000)
+  })
 })
 
 describePostgres('connections of their own over a silent path (Postgres)', () => {
@@ -105,7 +105,7 @@ describePostgres('connections of their own over a silent path (Postgres)', () =>
       await handle.close()
       await proxy.close()
     }
-  }, 60_000)
+  })
 
   it('a listener whose connection went silent connects again and hears the notifications sent after', async () => {
     const target = new URL(database.url!)
@@ -145,5 +145,5 @@ describePostgres('connections of their own over a silent path (Postgres)', () =>
       await handle.close()
       await proxy.close()
     }
-  }, 90_000)
+  })
 })

@@ -54,12 +54,12 @@ describe('the last lines before an exit', () => {
     expect(count(stdout, burst)).toBe(LINES)
     expect(count(stdout, last)).toBe(1)
     expect(stderr).toContain('{"written":true}')
-  }, 120_000)
+  })
 
   it.each(['json', 'pretty', 'stdio'] as const)('%s: a reader that went away ends the wait, as lost', async (format) => {
     // the wait's own bound is 120 s: a wait that missed the broken pipe outlasts the test's timeout
     const { code, signal, stderr } = await burstThenExit(format, { read: false })
     expect({ code, signal }, stderr).toEqual({ code: 0, signal: null })
     expect(stderr).toContain('{"written":false}')
-  }, 60_000)
+  })
 })

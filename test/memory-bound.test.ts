@@ -47,12 +47,12 @@ describe('memory under 400 stalled bodies, with the built CLI', () => {
       },
       { built: true },
     )
-    const listening = await waitForLogLine(service, 'service listening', 60_000)
+    const listening = await waitForLogLine(service, 'service listening')
     service.stdout!.resume()
     service.stderr!.resume()
     url = new URL(String(listening.url))
     adminUrl = String(listening.adminUrl)
-  }, 120_000)
+  })
 
   afterAll(async () => {
     for (const client of clients) client.socket.destroy()
@@ -105,5 +105,5 @@ describe('memory under 400 stalled bodies, with the built CLI', () => {
     // are still open, unanswered
     expect(clients.filter((client) => client.status !== undefined && client.status !== 503)).toEqual([])
     expect(clients.filter((client) => client.status === undefined && !client.closed).length).toBe(admitted)
-  }, 120_000)
+  })
 })

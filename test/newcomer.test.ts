@@ -31,7 +31,7 @@ describe('a newcomer’s first minutes, with the built CLI', () => {
     service.stdout!.on('data', (chunk) => {
       banner += chunk
     })
-    const listening = await waitForLogLine(service, 'service listening', 60_000)
+    const listening = await waitForLogLine(service, 'service listening')
     url = String(listening.url)
     adminUrl = String(listening.adminUrl)
     while (!banner.includes('lost and repeated webhooks')) await new Promise((resolve) => setTimeout(resolve, 20))

@@ -153,5 +153,5 @@ describe.each(Object.entries(SCRIPTS))('%s, stopped', (_name, script) => {
     } finally {
       for (const pid of [ownGroup ? -npm.pid! : npm.pid!, ...below]) killQuietly(pid)
     }
-  }, 180_000)
+  })
 })

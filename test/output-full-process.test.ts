@@ -150,14 +150,14 @@ describe.skipIf(!existsSync('/dev/full'))('stdout that cannot be written (ENOSPC
     const [againCode] = (await once(again.child, 'exit')) as [number | null]
     expect(againCode).toBe(1)
     expect(again.stderr()).toContain('[trade_exists]')
-  }, 240_000)
+  })
 
   it('a second terminal whose output is lost after the service did the fund exits 0 and says the command was done', async () => {
     const dataDir = migratedDataDir('output-full-forwarded-')
     const service = spawnCli(['serve'], { ...remoteServeEnv({ dataDir, platformUrl: await platformUrl() }), POLL_ENABLED: 'false' }, { built: true })
     children.push(service)
     try {
-      await waitForLogLine(service, 'service listening', 120_000)
+      await waitForLogLine(service, 'service listening')
       const secondTerminal = { DATA_DIR: dataDir }
       await fundsWithOutputLost(secondTerminal)
 
@@ -183,7 +183,7 @@ describe.skipIf(!existsSync('/dev/full'))('stdout that cannot be written (ENOSPC
     const service = spawnCli(['serve'], { ...remoteServeEnv({ dataDir, platformUrl: 'http://127.0.0.1:1' }), POLL_ENABLED: 'false' }, { built: true })
     children.push(service)
     try {
-      await waitForLogLine(service, 'service listening', 120_000)
+      await waitForLogLine(service, 'service listening')
       const secondTerminal = { DATA_DIR: dataDir }
       const created = await onFullOutput(['orders', 'create', '--external-reference', 'full-forwarded'], secondTerminal)
       expect(created.stderr).toMatch(doneButLost('the order was created'))

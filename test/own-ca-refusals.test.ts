@@ -93,4 +93,4 @@ it.skipIf(!amqpUrl)('the RabbitMQ publisher at amqps:// on the broker’s plain 
   } finally {
     await publisher.close()
   }
-}, 30_000)
+})

@@ -47,7 +47,7 @@ describePostgres('a platform whose error answers are large (Postgres)', () => {
     const output: string[] = []
     child.stdout!.on('data', (chunk: Buffer) => output.push(chunk.toString()))
     try {
-      const line = await waitForLogLine(child, 'reconcile cycle done with errors: those orders back off', 180_000)
+      const line = await waitForLogLine(child, 'reconcile cycle done with errors: those orders back off')
       const text = JSON.stringify(line)
       const err = line.err as { type: string; message: string; status: number; code: string }
       expect(err).toMatchObject({ type: 'PartnerApiError', status: 500 })

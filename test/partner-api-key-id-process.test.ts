@@ -23,5 +23,5 @@ describe('a PARTNER_API_KEY_ID a header cannot carry, the compiled CLI', () => {
     }
     const shown = await runCli(['orders', 'show', 'key-id-1'], remoteServeEnv({ dataDir, platformUrl: 'http://127.0.0.1:9' }), { built: true })
     expect(shown.stderr).toMatch(/^No order with external reference key-id-1/)
-  }, 60_000)
+  })
 })

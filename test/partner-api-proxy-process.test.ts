@@ -100,7 +100,7 @@ async function startService(proxyEnv: Record<string, string>, { local = false } 
   child.stdout!.on('data', (chunk: Buffer) => {
     output += chunk
   })
-  await waitForLogLine(child, 'service listening', 120_000)
+  await waitForLogLine(child, 'service listening')
   const platformHost = local ? `127.0.0.1:${sandboxPort}` : new URL(platformUrl).host
   return { child, env, platformHost, stdout: () => output }
 }

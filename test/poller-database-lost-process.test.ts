@@ -74,7 +74,7 @@ describePostgres('Postgres lost mid-cycle under the compiled serve (Postgres)', 
     child.stderr!.on('data', (chunk: Buffer) => output.push(chunk.toString()))
     const lines = jsonLogLines(child)
     try {
-      await waitForLogLine(child, 'service listening', 180_000)
+      await waitForLogLine(child, 'service listening')
       await eventually(() => platform.held.length === 2, 'both GETs are at the platform', 120_000)
 
       // the database goes away while the cycle waits on the platform; then the platform answers

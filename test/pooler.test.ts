@@ -85,7 +85,7 @@ describePooler('behind PgBouncer in transaction mode (Postgres)', () => {
     pooled = new URL(direct)
     pooled.hostname = '127.0.0.1'
     pooled.port = String(port)
-  }, 60_000)
+  })
 
   afterAll(async () => {
     for (const child of children) if (child.exitCode === null && child.signalCode === null) child.kill('SIGKILL')
@@ -196,7 +196,7 @@ describePooler('behind PgBouncer in transaction mode (Postgres)', () => {
     const [code] = await once(child, 'exit')
     expect(code).toBe(0)
     await receiver.close()
-  }, 180_000)
+  })
 
   // LISTEN through the pooler: the pooler lends the listening session to others once its statement is done,
   // and no notification reaches the listener (0 of 10 by hand). The replica finds out from its own probe
@@ -213,7 +213,7 @@ describePooler('behind PgBouncer in transaction mode (Postgres)', () => {
         msg: "notifications sent through DATABASE_URL do not reach this replica's listener (a connection pooler in transaction mode?): other replicas' commits wake it only at its next look, 30 s at most; set DATABASE_LISTEN_URL to a direct connection",
       },
     ])
-  }, 90_000)
+  })
 
   // Two replicas, each with its listener on a direct connection: the one that holds the forwarder's stream
   // learns of the other's commits from their NOTIFY. Without it, it looks only every 30 s: each delivery below
@@ -260,7 +260,7 @@ describePooler('behind PgBouncer in transaction mode (Postgres)', () => {
       expect((await once(replica.child, 'exit'))[0]).toBe(0)
     }
     await receiver.close()
-  }, 120_000)
+  })
 
   // Kysely's migrator takes a session's advisory lock and gives it back as two statements: the pooler sent them
   // to two sessions, the lock stayed with the first, and the next start waited on it until its statement timed
@@ -275,7 +275,7 @@ describePooler('behind PgBouncer in transaction mode (Postgres)', () => {
       [name],
     )
     expect(held.rows[0].n).toBe(0)
-  }, 120_000)
+  })
 
   // the pruning lock was a session's too, held over a pass of batches: it stayed with a pooled session, and
   // later passes that landed on another one were skipped ("Another replica is pruning now")
@@ -288,7 +288,7 @@ describePooler('behind PgBouncer in transaction mode (Postgres)', () => {
       [name],
     )
     expect(held.rows[0].n).toBe(0)
-  }, 120_000)
+  })
 
   // The remedy the warning names, through the pooler: the database's own statement_timeout (set for a database of
   // its own, so the pooler opens new sessions for it, which start with the setting). A delivery held up by an
@@ -322,5 +322,5 @@ describePooler('behind PgBouncer in transaction mode (Postgres)', () => {
     }
     child.kill('SIGTERM')
     expect((await once(child, 'exit'))[0]).toBe(0)
-  }, 120_000)
+  })
 })

@@ -50,7 +50,7 @@ describe(`a reaction stream missing under a running service (${postgresUrl ? 'Po
   const database = useTestDatabase()
   const streamRows = (service: RunningService) => service.database.db.selectFrom('reactionStreams').select('handler').execute()
 
-  it('hands the transitions stored after a new, empty database was migrated from outside to the handler, without a restart', { timeout: 60_000 }, async () => {
+  it('hands the transitions stored after a new, empty database was migrated from outside to the handler, without a restart', async () => {
     const { service, deliver, seen } = await startRecording(database)
     const { db } = service.database
     try {
@@ -90,7 +90,7 @@ describe(`a reaction stream missing under a running service (${postgresUrl ? 'Po
     }
   })
 
-  it('makes a row gone from a running database (restored without it) again from where the stream was: the transition whose commit found it gone is handed over, none handled before again', { timeout: 60_000 }, async () => {
+  it('makes a row gone from a running database (restored without it) again from where the stream was: the transition whose commit found it gone is handed over, none handled before again', async () => {
     const { service, deliver, seen } = await startRecording(database)
     const { db } = service.database
     try {
@@ -142,7 +142,7 @@ describe(`a reaction stream missing under a running service (${postgresUrl ? 'Po
 describePostgres('a pg_restore of a dump without the stream rows under the running service (Postgres)', () => {
   const database = useTestDatabase()
 
-  it('makes the row once the restore is whole, and hands over the transitions stored after it, none of the restored history again', { timeout: 60_000 }, async () => {
+  it('makes the row once the restore is whole, and hands over the transitions stored after it, none of the restored history again', async () => {
     const schema = new URL(database.url!).searchParams.get('options')!.replace('-c search_path=', '')
     const server = new URL(postgresUrl!)
     server.search = ''

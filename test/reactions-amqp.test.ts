@@ -639,7 +639,7 @@ describeRabbitMq('the AMQP publisher (RabbitMQ)', () => {
     ])
     // before, it waited for the broker's close-ok, which a silent path never brings (a service's stop until its bound)
     expect(outcome).toBe('closed')
-  }, 60_000)
+  })
 
   it('a connection that opens after close() is closed at once, and its call throws amqp_closed', async () => {
     const exchange = uniqueName('test-exchange')

@@ -39,7 +39,7 @@ describePostgres('the compiled serve killed mid-handler (Postgres)', () => {
       FORWARD_TIMEOUT_MS: '1500',
     }
     const first = setting.serve(env)
-    await waitForLogLine(first, 'service listening', 120_000)
+    await waitForLogLine(first, 'service listening')
     await eventually(() => receiver.received.length >= 20, 'the first process forwarded some events', 120_000)
     await stopChild(first, 'SIGKILL')
     const beforeRestart = receiver.received.length
@@ -50,7 +50,7 @@ describePostgres('the compiled serve killed mid-handler (Postgres)', () => {
       .executeTakeFirstOrThrow()
 
     const second = setting.serve(env)
-    await waitForLogLine(second, 'service listening', 120_000)
+    await waitForLogLine(second, 'service listening')
     await eventually(async () => (await unfinishedReactionJobs(database.db)) === 0, 'every job is done', 240_000)
     await stopChild(second)
 
@@ -84,14 +84,14 @@ describePostgres('a replica killed while it read the stream, with the default le
     await move('lease-before', 40)
     const env = { ...setting.serveEnv(), REACTION_CONCURRENCY: '4' }
     const first = setting.serve(env)
-    await waitForLogLine(first, 'service listening', 120_000)
+    await waitForLogLine(first, 'service listening')
     await eventually(() => receiver.received.length >= 10, 'the first process forwarded some events', 120_000)
     await stopChild(first, 'SIGKILL')
     const [stream] = await database.db.selectFrom('reactionStreams').select('leaseToken').execute()
     expect(stream!.leaseToken, 'the dead process held the stream').not.toBeNull()
 
     const second = setting.serve(env)
-    await waitForLogLine(second, 'service listening', 120_000)
+    await waitForLogLine(second, 'service listening')
     const restarted = Date.now()
     await move('lease-after', 5)
     const newIds = new Set(

@@ -52,7 +52,7 @@ async function withServeThroughProxy(
     await ensureReactionStreams(setting.database.db, [FORWARDER_HANDLER], new Date())
     const child = setting.serve({ ...setting.serveEnv(), DATABASE_URL: proxy.rewrite(setting.database.url!), ...env })
     const lines = jsonLogLines(child)
-    await waitForLogLine(child, 'service listening', 120_000)
+    await waitForLogLine(child, 'service listening')
     await body({ proxy, child, lines })
   } finally {
     await proxy.close()

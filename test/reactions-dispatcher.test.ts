@@ -1132,7 +1132,7 @@ describePostgres('the stream read (Postgres)', () => {
     await sql`analyze order_status_history`.execute(database.db)
     await sql`analyze reaction_jobs`.execute(database.db)
     await seedStreamHistory(database.db)
-  }, 120_000)
+  })
   afterAll(async () => {
     await database?.close()
   })
@@ -1198,5 +1198,5 @@ describePostgres('the stream read (Postgres)', () => {
     } finally {
       await fresh.close()
     }
-  }, 120_000)
+  })
 })

@@ -34,7 +34,7 @@ describePostgres('the compiled serve pulls an outage’s retries forward (Postgr
     const env = { ...setting.serveEnv(), REACTION_BACKOFF_BASE_S: String(BACKOFF_BASE_S), REACTION_BACKOFF_CAP_S: '3600' }
     const child = setting.serve(env)
     const lines = jsonLogLines(child)
-    await waitForLogLine(child, 'service listening', 120_000)
+    await waitForLogLine(child, 'service listening')
 
     const move = (externalReference: string) =>
       moveNewOrder(db, { externalReference, statuses: ['created'], handlersFor: () => [FORWARDER_HANDLER], now: () => new Date() })

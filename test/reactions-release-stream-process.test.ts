@@ -35,7 +35,7 @@ describePostgres('reactions release-stream after a replica holding handed-off jo
     const jobs = () => database.db.selectFrom('reactionJobs').select(['eventId', 'state', 'attempts', 'leaseToken']).orderBy('id').execute()
     await ensureReactionStreams(database.db, [FORWARDER_HANDLER], new Date())
     const first = setting.serve(env)
-    await waitForLogLine(first, 'service listening', 120_000)
+    await waitForLogLine(first, 'service listening')
     for (let i = 0; i < ORDERS; i++) {
       await moveNewOrder(database.db, { externalReference: `handed-off-${i}`, statuses: ['created'], handlersFor: () => [FORWARDER_HANDLER], now: () => new Date() })
     }
@@ -65,7 +65,7 @@ describePostgres('reactions release-stream after a replica holding handed-off jo
     answering = true
     const second = setting.serve(env)
     try {
-      await waitForLogLine(second, 'service listening', 120_000)
+      await waitForLogLine(second, 'service listening')
       await eventually(async () => (await jobs()).every((job) => job.state === 'done'), 'the jobs given back ran', 60_000)
       const ids = (await jobs()).map((job) => job.eventId).sort()
       const forwarded = receiver.received.map((request) => request.headers['webhook-id'])

@@ -32,7 +32,7 @@ describePostgres('the compiled serve stopped with SIGTERM mid-stream (Postgres)'
     // land while a batch runs (read ahead into it)
     const env = setting.serveEnv()
     const first = setting.serve(env)
-    await waitForLogLine(first, 'service listening', 120_000)
+    await waitForLogLine(first, 'service listening')
 
     // transitions commit while the first process forwards, and go on until after it stopped
     let writing = true
@@ -56,7 +56,7 @@ describePostgres('the compiled serve stopped with SIGTERM mid-stream (Postgres)'
     expect(beforeRestart).toBeLessThan(ids.length)
 
     const second = setting.serve(env)
-    await waitForLogLine(second, 'service listening', 120_000)
+    await waitForLogLine(second, 'service listening')
     await eventually(() => receiver.received.length >= ids.length, 'every event was forwarded', 240_000)
     await eventually(async () => (await unfinishedReactionJobs(database.db)) === 0, 'no job is left', 60_000)
     expect(await stopChild(second)).toBe(0)

@@ -81,7 +81,7 @@ describe.each(kinds)('the compiled serve on %s, stopped while a fork handler tha
     const { env, open } = await withOneEvent(kind)
 
     const first = serveWithForkHandler(env, 'hang')
-    const called = await waitForLogLine(first, 'fork handler called', 120_000)
+    const called = await waitForLogLine(first, 'fork handler called')
     const { code } = await signalAndClose(first, 'SIGTERM')
 
     // not running under a lease of REACTION_LEASE_S (300 s): pending and due now, the call that never ended not counted
@@ -92,7 +92,7 @@ describe.each(kinds)('the compiled serve on %s, stopped while a fork handler tha
     expect(code).toBe(0)
 
     const second = serveWithForkHandler(env, 'return')
-    const again = await waitForLogLine(second, 'fork handler called', 120_000)
+    const again = await waitForLogLine(second, 'fork handler called')
     expect(again.eventId).toBe(called.eventId)
     expect((await signalAndClose(second, 'SIGTERM')).code).toBe(0)
     expect(await jobsOf(open)).toMatchObject([{ eventId: called.eventId, state: 'done', attempts: 1 }])

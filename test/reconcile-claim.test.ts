@@ -284,7 +284,7 @@ describePostgres('the claim at scale (Postgres)', () => {
   beforeAll(async () => {
     database = await createTestDatabase()
     await insertManyDueOrders(database.db, 200_000, seconds(-86_400))
-  }, 120_000)
+  })
   afterAll(async () => {
     await database.close()
   })
@@ -329,7 +329,7 @@ describePostgres('the due count at scale (Postgres)', () => {
     await sql`update orders set poll_due_since = ${seconds(-600)}, poll_retry_at = next_poll_at, poll_attempts = 2
       where id % 1000 = 2`.execute(database.db)
     await sql`analyze orders`.execute(database.db)
-  }, 120_000)
+  })
   afterAll(async () => {
     await database.close()
   })
@@ -359,7 +359,7 @@ describePostgres('the due count through a platform outage (Postgres)', () => {
     await sql`update orders set poll_due_since = ${seconds(-7_200)}::timestamptz + id * interval '1 millisecond',
       poll_retry_at = next_poll_at, poll_attempts = 3`.execute(database.db)
     await sql`analyze orders`.execute(database.db)
-  }, 120_000)
+  })
   afterAll(async () => {
     await database.close()
   })

@@ -97,7 +97,7 @@ describePostgres('reliability under database and process faults (Postgres)', () 
     for (let i = 0; i < 50; i++) await createOrder(database.db, { externalReference: `crash-${i}` })
     const start = async () => {
       const child = spawnCli(['serve'], { ...env, LOG_LEVEL: 'info' })
-      const { url } = await waitForLogLine(child, 'service listening', 60_000)
+      const { url } = await waitForLogLine(child, 'service listening')
       return { child, url: String(url) }
     }
     const deliveries = Array.from({ length: 400 }, (_, i) => ({

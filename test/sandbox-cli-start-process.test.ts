@@ -52,7 +52,7 @@ async function exitOrListening(args: string[], env: Record<string, string>) {
 }
 
 describe('the compiled `cli sandbox` at start', () => {
-  it('bound to every interface with SANDBOX_CONTROL_TOKEN set, names the variable and a control URL that answers', { timeout: 60_000 }, async () => {
+  it('bound to every interface with SANDBOX_CONTROL_TOKEN set, names the variable and a control URL that answers', async () => {
     const sandbox = await startSandbox(['--host', '0.0.0.0'], { SANDBOX_CONTROL_TOKEN: controlToken })
     const line = sandbox.stdout().split('\n').find((text) => text.startsWith('control endpoints '))!
     const match = /^control endpoints (http:\/\/127\.0\.0\.1:\d+)\/sandbox\/\* need Authorization: Bearer <SANDBOX_CONTROL_TOKEN>$/.exec(line)
@@ -65,7 +65,7 @@ describe('the compiled `cli sandbox` at start', () => {
   it.each([
     ['--webhook-url', (url: string) => [['--webhook-url', url], {}] as const],
     ['SANDBOX_WEBHOOK_URL', (url: string) => [[], { SANDBOX_WEBHOOK_URL: url }] as const],
-  ])('refuses a webhook URL with a user and password from %s: exit 2, its code, the password not shown', { timeout: 60_000 }, async (name, given) => {
+  ])('refuses a webhook URL with a user and password from %s: exit 2, its code, the password not shown', async (name, given) => {
     const [args, env] = given(`http://partner:${password}@127.0.0.1:9/hook`)
     const result = await exitOrListening(['sandbox', '--port', '0', ...secrets, ...args], { ...env, SANDBOX_CONTROL_TOKEN: controlToken })
     expect(result).toEqual({
@@ -77,7 +77,7 @@ describe('the compiled `cli sandbox` at start', () => {
     })
   })
 
-  it('says on stderr, with its reason, that a webhook attempt got no answer', { timeout: 60_000 }, async () => {
+  it('says on stderr, with its reason, that a webhook attempt got no answer', async () => {
     // a port just given back: nothing listens there
     const closed = http.createServer()
     closed.listen(0, '127.0.0.1')

@@ -50,11 +50,11 @@ describePostgres('two local-mode services over one DATA_DIR (Postgres)', () => {
   const serve = async () => {
     const child = spawnCli(['serve'], env(), { built: true })
     children.push(child)
-    await waitForLogLine(child, 'service listening', 60_000)
+    await waitForLogLine(child, 'service listening')
     return child
   }
 
-  it('refuses the second at start, naming the process that keeps the state; a killed one’s lock is taken over', { timeout: 180_000 }, async () => {
+  it('refuses the second at start, naming the process that keeps the state; a killed one’s lock is taken over', async () => {
     await withPostgresClient((client) => client.query(`create schema ${schema}`))
     expect((await runCli(['migrate'], env(), { built: true })).code).toBe(0)
     const stateFile = path.join(dataDir, 'sandbox-state.json')

@@ -65,7 +65,7 @@ const cases: Case[] = [
 ]
 
 describe('the compiled serve in local mode over a sandbox state it cannot use', () => {
-  it.each(cases)('refuses $name: one line naming it and ending in its code, no stack, exit 1, the files kept', { timeout: 120_000 }, async ({ damage, line }) => {
+  it.each(cases)('refuses $name: one line naming it and ending in its code, no stack, exit 1, the files kept', async ({ damage, line }) => {
     const dataDir = migratedDataDir('sandbox-state-refusal-')
     const state = path.join(dataDir, 'sandbox-state.json')
     const journal = `${state}.journal`
@@ -86,7 +86,7 @@ describe('the compiled serve in local mode over a journal without its snapshot',
   const children: ChildProcess[] = []
   afterAll(() => killLeftovers(children))
 
-  it('starts without reading it, says so, and the first change writes a snapshot and a new journal in its place', { timeout: 240_000 }, async () => {
+  it('starts without reading it, says so, and the first change writes a snapshot and a new journal in its place', async () => {
     const dataDir = migratedDataDir('sandbox-state-orphan-')
     const state = path.join(dataDir, 'sandbox-state.json')
     const journal = `${state}.journal`
@@ -103,7 +103,7 @@ describe('the compiled serve in local mode over a journal without its snapshot',
     try {
       const logged = jsonLogLines(child)
       // it was refused here: "… is not valid at line 2: not JSON; move it and sandbox-state.json away …", exit 1
-      const { url } = await waitForLogLine(child, 'sandbox platform listening', 120_000)
+      const { url } = await waitForLogLine(child, 'sandbox platform listening')
       expect(logged).toContainEqual(
         expect.objectContaining({ level: 40, file: journal, snapshot: state, msg: expect.stringContaining('no snapshot names it') }),
       )

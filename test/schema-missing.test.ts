@@ -251,7 +251,7 @@ describe('a database whose tables are missing (a restore under way, a database r
 describePostgres('a column dropped under the running service (Postgres)', () => {
   const database = useTestDatabase()
 
-  it('answers 503 schema_missing and is not ready while a column the ingest writes is dropped under it, then takes the same delivery whole and forwards it', { timeout: 60_000 }, async () => {
+  it('answers 503 schema_missing and is not ready while a column the ingest writes is dropped under it, then takes the same delivery whole and forwards it', async () => {
     const receiver = await startForwardReceiver()
     const forwardSecret = `whsec_${randomBytes(32).toString('base64')}`
     rememberSecret(forwardSecret.slice('whsec_'.length))
@@ -302,7 +302,7 @@ describePostgres('a column dropped under the running service (Postgres)', () => 
 describePostgres('a pg_dump and pg_restore under the running service (Postgres)', () => {
   const database = useTestDatabase()
 
-  it('is not ready and answers 503 schema_missing from the schema dropped to the end of pg_restore, then takes and forwards deliveries', { timeout: 60_000 }, async () => {
+  it('is not ready and answers 503 schema_missing from the schema dropped to the end of pg_restore, then takes and forwards deliveries', async () => {
     const schema = new URL(database.url!).searchParams.get('options')!.replace('-c search_path=', '')
     const server = new URL(postgresUrl!)
     server.search = ''

@@ -69,10 +69,10 @@ it('says that the running service is older and does not run `prune` or `reaction
     )
     expect(result.stdout).toBe('')
   }
-}, 60_000)
+})
 
 it('still runs in that service the commands it takes', async () => {
   const result = await runCli(['orders', 'list'], receiverEnv(dataDir), { built: true })
   expect(result.code, result.stderr).toBe(0)
   expect(result.stdout).toBe('(no orders)\n')
-}, 60_000)
+})

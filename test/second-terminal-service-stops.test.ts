@@ -50,7 +50,7 @@ it('says a forwarded `trades fund` cut short by the service stopping may or may 
     { built: true },
   )
   try {
-    await waitForLogLine(service, 'service listening', 120_000)
+    await waitForLogLine(service, 'service listening')
     // what a second terminal compares its platform settings with (never a secret)
     const advertised = JSON.parse(readFileSync(path.join(dataDir, 'serve.json'), 'utf8')) as Record<string, unknown>
     expect(advertised.platform).toEqual({ env: 'sandbox', baseUrl: platformUrl, keyId: TEST_API_KEY_ID })

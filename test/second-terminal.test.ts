@@ -97,8 +97,8 @@ describePostgres('a second terminal next to a service on Postgres (Postgres)', (
   beforeAll(async () => {
     database = await createTestDatabase({ kind: 'postgres' })
     service = await startServe()
-    await waitForLogLine(service, 'sandbox platform listening', 60_000)
-  }, 120_000)
+    await waitForLogLine(service, 'sandbox platform listening')
+  })
   afterAll(async () => {
     await stopChild(service)
     await database.close()
@@ -181,8 +181,8 @@ describePostgres('a second terminal next to a service in remote mode (Postgres)'
   beforeAll(async () => {
     database = await createTestDatabase({ kind: 'postgres' })
     service = spawnCli(['serve'], postgresServeEnv({ databaseUrl: database.url!, dataDir }), { built: true })
-    await waitForLogLine(service, 'service listening', 60_000)
-  }, 120_000)
+    await waitForLogLine(service, 'service listening')
+  })
   afterAll(async () => {
     await stopChild(service)
     await database.close()

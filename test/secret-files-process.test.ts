@@ -59,7 +59,7 @@ describe(`the compiled service with its secrets in files only (${postgresUrl ? '
     service.stdout!.on('data', (chunk: Buffer) => (output += chunk.toString()))
     service.stderr!.on('data', (chunk: Buffer) => (output += chunk.toString()))
     try {
-      const listening = await waitForLogLine(service, 'service listening', 120_000)
+      const listening = await waitForLogLine(service, 'service listening')
       const url = String(listening.url)
       const deliveryId = `dlv_${randomUUID()}`
       const body = JSON.stringify(tradePayload(`files-${randomUUID()}`, 'funded'))

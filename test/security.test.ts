@@ -45,7 +45,7 @@ describe('secrets and privileges', () => {
     child.stderr!.on('data', (chunk) => {
       output += chunk
     })
-    const { url } = await waitForLogLine(child, 'service listening', 60_000)
+    const { url } = await waitForLogLine(child, 'service listening')
     const signatures: string[] = []
     const post = async (body: string, signature: string, deliveryId: string) => {
       signatures.push(signature)

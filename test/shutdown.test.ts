@@ -69,7 +69,7 @@ describe('graceful shutdown', () => {
       POLL_ENABLED: 'false',
     })
     try {
-      const listening = await waitForLogLine(child, 'service listening', 60_000)
+      const listening = await waitForLogLine(child, 'service listening')
       const ready = await fetch(`${listening.url}/readyz`)
       expect(ready.status).toBe(200)
       child.kill('SIGTERM')
@@ -88,7 +88,7 @@ describe('graceful shutdown', () => {
     child.stdout!.on('data', (chunk) => (output.stdout += chunk))
     child.stderr!.on('data', (chunk) => (output.stderr += chunk))
     try {
-      await waitForLogLine(child, 'http listener open; waiting for the database', 60_000)
+      await waitForLogLine(child, 'http listener open; waiting for the database')
       const { code } = await signalAndClose(child, 'SIGTERM')
       expect({ code, stderr: output.stderr }).toEqual({ code: 0, stderr: '' })
       const messages = output.stdout.split('\n').filter(Boolean).map((line) => (JSON.parse(line) as { msg: string }).msg)
@@ -97,7 +97,7 @@ describe('graceful shutdown', () => {
     } finally {
       child.kill('SIGKILL')
     }
-  }, 120_000)
+  })
 
   // A load balancer's view of a SIGTERM: /readyz turns 503 at once while the service still serves (the
   // drain delay), then the process stops and exits 0. The delay is long so the checks below fit in it on a
@@ -112,10 +112,10 @@ describe('graceful shutdown', () => {
       SHUTDOWN_DRAIN_DELAY_MS: '8000',
     })
     try {
-      const { url } = await waitForLogLine(child, 'service listening', 60_000)
+      const { url } = await waitForLogLine(child, 'service listening')
       expect((await fetch(`${String(url)}/readyz`)).status).toBe(200)
       const exited = once(child, 'exit')
-      const draining = waitForLogLine(child, 'draining: /readyz answers 503; still serving until the load balancer notices', 30_000)
+      const draining = waitForLogLine(child, 'draining: /readyz answers 503; still serving until the load balancer notices')
       child.kill('SIGTERM')
       await draining
       const ready = await fetch(`${String(url)}/readyz`)
@@ -130,7 +130,7 @@ describe('graceful shutdown', () => {
     } finally {
       child.kill('SIGKILL')
     }
-  }, 120_000)
+  })
 
   // `npm start 2>&1 | tee log` and Ctrl-C: the terminal interrupts tee too, so every later log line
   // meets a pipe nobody reads. The bound is generous (a correctness bound: without it the process never exits).
@@ -145,7 +145,7 @@ describe('graceful shutdown', () => {
       SHUTDOWN_TIMEOUT_MS: String(shutdownTimeoutMs),
     })
     try {
-      await waitForLogLine(child, 'sandbox platform listening', 60_000)
+      await waitForLogLine(child, 'sandbox platform listening')
       child.stdout!.destroy()
       child.stderr!.destroy()
       const exited = once(child, 'exit')
@@ -161,7 +161,7 @@ describe('graceful shutdown', () => {
     } finally {
       child.kill('SIGKILL')
     }
-  }, 120_000)
+  })
 
   it('exits at once on a second signal while the first is still draining', async () => {
     const child = spawnCli(['serve'], {
@@ -176,10 +176,10 @@ describe('graceful shutdown', () => {
       SHUTDOWN_TIMEOUT_MS: '120000',
     })
     try {
-      await waitForLogLine(child, 'service listening', 60_000)
+      await waitForLogLine(child, 'service listening')
       const exited = once(child, 'exit')
       child.kill('SIGINT')
-      await waitForLogLine(child, 'shutting down', 30_000)
+      await waitForLogLine(child, 'shutting down')
       // the same signal within SAME_SIGNAL_MS of the first is taken for npm's copy of it (npm-scripts-signals.test.ts),
       // counted from when the service took the first, which it does before it logs that line: counted from the
       // sending, a loaded machine's late handling made the second a copy, ignored (CI: exit 0 after the 100-s drain)
@@ -191,5 +191,5 @@ describe('graceful shutdown', () => {
     } finally {
       child.kill('SIGKILL')
     }
-  }, 120_000)
+  })
 })

@@ -39,7 +39,7 @@ describePostgres('statements held up by another session (Postgres, the compiled 
     holder = new pg.Client({ connectionString: database.url })
     watcher = new pg.Client({ connectionString: database.url })
     await Promise.all([holder.connect(), watcher.connect()])
-  }, 120_000)
+  })
 
   afterAll(async () => {
     if (child && child.exitCode === null && child.signalCode === null) {
@@ -73,7 +73,7 @@ describePostgres('statements held up by another session (Postgres, the compiled 
     url.searchParams.set('application_name', APPLICATION)
     child = spawnCli(['serve'], serveEnv(url.toString()), { built: true })
     const lines = jsonLogLines(child)
-    const serviceUrl = String((await waitForLogLine(child, 'service listening', 60_000)).url)
+    const serviceUrl = String((await waitForLogLine(child, 'service listening')).url)
 
     // an operator's session keeps the held orders locked
     await holder.query('begin')
@@ -113,7 +113,7 @@ describePostgres('statements held up by another session (Postgres, the compiled 
     expect(new Set(errors.map((line) => `${String(line.msg)} ${(line.err as { code?: string }).code}`))).toEqual(new Set(['webhook not stored 57014']))
     child.kill('SIGTERM')
     expect((await once(child, 'exit'))[0]).toBe(0)
-  }, 180_000)
+  })
 
   // The migrations run on a connection of their own without the timeout: one may index a large table for
   // minutes, or wait for a lock, as here. Before, the statement was ended (by the client's wait, 15 s), and the
@@ -152,7 +152,7 @@ describePostgres('statements held up by another session (Postgres, the compiled 
       expect(await migrationWaits()).toBe(true)
       await operator.query('commit')
 
-      const applied = await waitForLogLine(upgrading, 'migrations applied', 60_000)
+      const applied = await waitForLogLine(upgrading, 'migrations applied')
       // every migration after 0009, in order: the first of them, 0010, the one that waited
       expect(applied.applied).toEqual(Object.keys(migrations).filter((name) => name > '0009_reaction_streams'))
       expect(lines.filter((line) => line.msg === 'database not available at start-up; retrying')).toEqual([])
@@ -163,5 +163,5 @@ describePostgres('statements held up by another session (Postgres, the compiled 
       await operator.end()
       await old.close()
     }
-  }, 180_000)
+  })
 })

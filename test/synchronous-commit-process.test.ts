@@ -55,7 +55,7 @@ describePostgres('a role whose sessions start with synchronous_commit off (Postg
 
     child = spawnCli(['serve'], postgresServeEnv({ databaseUrl: urlOf(name, name), dataDir }), { built: true })
     const lines = jsonLogLines(child)
-    const { url } = (await waitForLogLine(child, 'service listening', 60_000)) as { url: string }
+    const { url } = (await waitForLogLine(child, 'service listening')) as { url: string }
     expect(lines.filter((line) => line.sessionDefaults).map((line) => [line.level, line.sessionDefaults, line.msg])).toEqual([
       [40, { synchronous_commit: 'off' }, expect.stringContaining("ALTER ROLE <the role of DATABASE_URL> SET synchronous_commit = 'on'")],
     ])
@@ -89,5 +89,5 @@ describePostgres('a role whose sessions start with synchronous_commit off (Postg
       ['migration', 'on'],
     ])
     expect(seen.find((row) => row.what === 'delivery')?.statements).toBe(3)
-  }, 120_000)
+  })
 })

@@ -35,5 +35,5 @@ describe('a connection never set up within PARTNER_API_TIMEOUT_MS, the compiled 
     const again = await runCli(open, env, { built: true })
     expect(again.stderr).toContain('[not_sent]')
     expect(again.stderr).not.toContain('trade_create_unknown')
-  }, 60_000)
+  })
 })

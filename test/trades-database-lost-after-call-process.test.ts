@@ -37,7 +37,7 @@ describePostgres('a trade command whose database goes away once its call is sent
       WEBHOOK_SECRETS: TEST_WEBHOOK_SECRET,
       PARTNER_API_TIMEOUT_MS: '2000',
     }
-  }, 120_000)
+  })
 
   afterAll(async () => {
     await platform?.close()
@@ -76,7 +76,7 @@ describePostgres('a trade command whose database goes away once its call is sent
     )
     expect(result.code).toBe(1)
     expect(await orderRow('rel-1')).toMatchObject({ trade_status: 'funded' })
-  }, 60_000)
+  })
 
   it('trades release timed out: keeps its [outcome_unknown] and says the poll could not be scheduled', async () => {
     await moveNewOrder(database.db, { externalReference: 'rel-2', statuses: ['created', 'funded'], handlersFor: () => [], now: () => new Date() })
@@ -85,7 +85,7 @@ describePostgres('a trade command whose database goes away once its call is sent
     expect(result.stderr).not.toMatch(/try again/)
     expect(result.stderr).toMatch(/\[outcome_unknown\]\n {2}The database could not schedule the order's poll soon \(.+\).*Do not send the call again before checking/s)
     expect(result.code).toBe(1)
-  }, 60_000)
+  })
 
   it('trades open answered: names the trade made and how it gets linked, never "try again" [trade_not_recorded]', async () => {
     const result = await cutWhileAtPlatform(
@@ -103,7 +103,7 @@ describePostgres('a trade command whose database goes away once its call is sent
     const again = await runCli(['trades', 'open', 'open-1', '--title', 'Bicycle', '--amount', '10.00', '--currency', 'EUR', '--seller', 's1'], env, { built: true })
     expect(again.stderr).toMatch(/\[trade_create_in_flight\]/)
     expect(platform.requests.filter((each) => each.path.endsWith('/v1/trades/'))).toHaveLength(1)
-  }, 60_000)
+  })
 
   it('trades open timed out: keeps its [outcome_unknown] and says the order could not be marked unknown', async () => {
     const result = await cutWhileAtPlatform(
@@ -116,7 +116,7 @@ describePostgres('a trade command whose database goes away once its call is sent
     expect(result.code).toBe(1)
     // its create stays pending, stamped as sent: read as unanswered once its time is up, never as never sent
     expect(await orderRow('open-2')).toMatchObject({ trade_id: null, trade_create_state: 'pending' })
-  }, 60_000)
+  })
 
   it('proposals create answered: names the proposal made, never "try again" [answer_not_recorded]', async () => {
     await moveNewOrder(database.db, { externalReference: 'prop-1', statuses: ['created', 'funded', 'disputed'], handlersFor: () => [], now: () => new Date() })
@@ -125,5 +125,5 @@ describePostgres('a trade command whose database goes away once its call is sent
     expect(result.stderr).not.toMatch(/try again/)
     expect(result.stderr).toMatch(/The platform did the proposal call on trade trd_prop-1: proposal pr_3 is pending\..*Do not send it again.* \[answer_not_recorded\]\n$/s)
     expect(result.code).toBe(1)
-  }, 60_000)
+  })
 })

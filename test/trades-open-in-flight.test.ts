@@ -130,7 +130,7 @@ async function leftPending(ref: string, ageMs: number) {
 const escaped = (text: string) => text.replace(/[.*+?^${}()|[\]\\]/g, '\\$&')
 
 // the timeout only turns a command held at the platform by a create that should never have been sent into a failure
-describe('trades open while another command is sending the same create', { timeout: 30_000 }, () => {
+describe('trades open while another command is sending the same create', () => {
   it('refuses a second open and a --retry, sending nothing, says when the create would count as unknown, and the first links its trade', async () => {
     const ref = reference()
     const clock = new FakeClock()

@@ -62,7 +62,7 @@ describePostgres('trades open waiting on a lock (Postgres)', () => {
       PARTNER_API_SECRET: TEST_API_SECRET,
       WEBHOOK_SECRETS: TEST_WEBHOOK_SECRET,
     }
-  }, 120_000)
+  })
 
   afterAll(async () => {
     killLeftovers(children)
@@ -162,7 +162,7 @@ describePostgres('trades open waiting on a lock (Postgres)', () => {
     expect(ended.stdout).toMatch(/f2-1: trade tr_f2 \(.*\) is created/)
     expect(ended.code).toBe(0)
     expect(await orderRow('f2-1')).toMatchObject({ trade_id: 'tr_f2', trade_create_state: 'created' })
-  }, 120_000)
+  })
 
   // the create is sent only when its sent stamp came back within SEND_WITHIN_MS (2 s) of being issued, written again up
   // to three times: here each of the three waits 3 s or more on a lock (each holder taken in turn, as the stamp before
@@ -219,7 +219,7 @@ describePostgres('trades open waiting on a lock (Postgres)', () => {
     platform.gate = {}
     expect({ stdout: again.stdout, code: again.code }, again.stderr).toMatchObject({ stdout: expect.stringMatching(/slow-1: trade tr_slow \(.*\) is created/), code: 0 })
     expect(creates().length - before).toBe(1)
-  }, 120_000)
+  })
 
   it('SIGINT then SIGTERM while the mark waits: says it may or may not have been made; the mark, committed later, reads as never sent', async () => {
     const timeoutEnv = { ...env, PARTNER_API_TIMEOUT_MS: '3000' }
@@ -257,5 +257,5 @@ describePostgres('trades open waiting on a lock (Postgres)', () => {
     expect(next.stderr).toMatch(/stopped before sending it: nothing was sent then/)
     expect({ stdout: next.stdout, stderr: next.stderr, code: next.code }).toMatchObject({ stdout: expect.stringMatching(/f3-1: trade tr_f3 \(.*\) is created/), code: 0 })
     expect(creates().length - before).toBe(1)
-  }, 120_000)
+  })
 })

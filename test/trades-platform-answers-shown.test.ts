@@ -109,7 +109,7 @@ describe('what a trade command shows of the platform’s answer', () => {
       // a POST is sent once: no count, and no wait of 0 s
       expect((await runCommandWith(['trades', 'fund', 'quoted-1'], context)).stderr, retryAfter).toBe('The platform refused (429 rate_limited): slow down [throttled]\n')
     }
-  }, 60_000)
+  })
 
   describe('an answer that quotes the request', () => {
     // what the request carried, as the platform (or a gateway in front of it) could quote it back

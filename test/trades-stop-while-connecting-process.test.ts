@@ -117,7 +117,7 @@ for (const kind of ['pglite', 'postgres'] as const) {
       expect(ended.stderr).not.toContain('outcome_unknown')
       expect(ended.stderr).not.toContain('may or may not')
       expect(await orderState(read, 'open-connecting')).toMatchObject({ tradeId: null, tradeCreateState: 'none', tradeCreateWaitMs: null, attention: null })
-    }, 90_000)
+    })
 
     it('trades fund: nothing was sent, said as a stop before sending, and the order is not polled soon', async () => {
       const ended = await stoppedWhileConnecting(['trades', 'fund', 'fund-connecting'], env)
@@ -131,7 +131,7 @@ for (const kind of ['pglite', 'postgres'] as const) {
       // as it was: a call never sent moves nothing, and brings the order's poll no nearer
       const after = await orderState(read, 'fund-connecting')
       expect(after).toMatchObject({ tradeStatus: 'created', nextPollAt: polledAt })
-    }, 90_000)
+    })
 
     // as `trades fund`'s first Ctrl-C then no answer in time (test/trades-cli-interrupt.test.ts): it exited 1, the
     // signal unmentioned; the timeout is the one end, well after the signal
@@ -147,6 +147,6 @@ for (const kind of ['pglite', 'postgres'] as const) {
       expect(ended.stderr).toContain('no connection within 8,000 ms, so the request was not written')
       expect(ended.stderr).toMatch(/ \[not_sent\]\nstopped by a signal while the call waited for its connection: nothing was sent \(above\)\n$/)
       expect(await orderState(read, 'fund-connect-timeout')).toMatchObject({ tradeStatus: 'created', nextPollAt: polledAt })
-    }, 90_000)
+    })
   })
 }

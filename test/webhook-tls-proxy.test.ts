@@ -56,7 +56,7 @@ describeTls('the webhook URL over TLS, ended in a proxy in front of the public l
     workDir = mkdtempSync(path.join(tmpdir(), 'webhook-tls-'))
     const serve = spawnCli(['serve'], receiverEnv(path.join(workDir, 'data')), { built: true })
     children.push(serve)
-    const { url } = await waitForLogLine(serve, 'service listening', 120_000)
+    const { url } = await waitForLogLine(serve, 'service listening')
     const receiver = new URL(String(url)).host
 
     // HAProxy takes the certificate and its key in one file
@@ -78,7 +78,7 @@ describeTls('the webhook URL over TLS, ended in a proxy in front of the public l
       if (tries > 100 || haproxy.exitCode !== null) throw new Error(`HAProxy did not serve over TLS:\n${output}`)
       await new Promise((resolve) => setTimeout(resolve, 100))
     }
-  }, 150_000)
+  })
 
   afterAll(async () => {
     killLeftovers(children)

@@ -174,7 +174,8 @@ export async function signalAndClose(child: ChildProcess, signal: NodeJS.Signals
 export function waitForLogLine(
   child: ChildProcess,
   msg: string,
-  timeoutMs = 30_000,
+  // a bound on a hang, as the tests' own 5 min: a start on a loaded 2-core machine took over a minute
+  timeoutMs = 240_000,
 ): Promise<Record<string, unknown>> {
   return new Promise((resolve, reject) => {
     let buffer = ''
