@@ -76,8 +76,8 @@ function stderrSays(child: ReturnType<typeof spawnCli>, text: string): Promise<v
   })
 }
 
-// On Postgres the delivery can be held in flight for as long as the test likes: its order's row is locked
-async function heldInFlight(signal: NodeJS.Signals) {
+// A Postgres test database with the parked delivery, and a session of the test's own beside it (its backend's pid)
+async function seededWithHolder() {
   const database: TestDatabase = await createTestDatabase({ kind: 'postgres' })
   cleanups.push(() => database.close())
   await seedParkedDelivery(database.db)
@@ -85,6 +85,12 @@ async function heldInFlight(signal: NodeJS.Signals) {
   await holder.connect()
   cleanups.push(() => holder.end())
   const holderPid = Number((await holder.query<{ pid: number }>('select pg_backend_pid() as pid')).rows[0]!.pid)
+  return { database, holder, holderPid }
+}
+
+// On Postgres the delivery can be held in flight for as long as the test likes: its order's row is locked
+async function heldInFlight(signal: NodeJS.Signals) {
+  const { database, holder, holderPid } = await seededWithHolder()
   await holder.query('begin')
   await holder.query('select id from orders where external_reference = $1 for update', [REFERENCE])
 
@@ -139,13 +145,7 @@ it.skipIf(!postgresUrl)(
   'a second signal while its COMMIT waits says the reapply may or may not have been made, exit 130 [stopped]; it is, once the COMMIT goes (Postgres)',
   async () => {
     const key = 47_302
-    const database: TestDatabase = await createTestDatabase({ kind: 'postgres' })
-    cleanups.push(() => database.close())
-    await seedParkedDelivery(database.db)
-    const holder = new pg.Client({ connectionString: database.url! })
-    await holder.connect()
-    cleanups.push(() => holder.end())
-    const holderPid = Number((await holder.query<{ pid: number }>('select pg_backend_pid() as pid')).rows[0]!.pid)
+    const { database, holder, holderPid } = await seededWithHolder()
     await holder.query(
       `create function test_hold_commit() returns trigger language plpgsql as $$ begin perform pg_advisory_xact_lock(${key}); return null; end $$`,
     )

@@ -8,6 +8,7 @@
 // commits and the proxy waits for its ReadyForQuery (the commit done) and drops it; held back, the server reads
 // the end of the stream instead and rolls the statement back.
 import net from 'node:net'
+import { throughPort } from './tcp-proxy.js'
 
 export interface CommitAnswerProxy {
   readonly port: number
@@ -153,12 +154,7 @@ export async function startCommitAnswerProxy(target: { host: string; port: numbe
   const port = (server.address() as net.AddressInfo).port
   return {
     port,
-    rewrite: (url) => {
-      const parsed = new URL(url)
-      parsed.hostname = '127.0.0.1'
-      parsed.port = String(port)
-      return parsed.toString()
-    },
+    rewrite: (url) => throughPort(url, port),
     loseAnswer: (marker, { commit }) => {
       if (armed) throw new Error('the proxy is already armed for another statement')
       return new Promise((resolve) => {

@@ -59,12 +59,7 @@ export async function startTcpProxy(
   const port = (server.address() as net.AddressInfo).port
   return {
     port,
-    rewrite: (url) => {
-      const parsed = new URL(url)
-      parsed.hostname = '127.0.0.1'
-      parsed.port = String(port)
-      return parsed.toString()
-    },
+    rewrite: (url) => throughPort(url, port),
     cut: ({ reset = false } = {}) => {
       open = false
       for (const socket of sockets) {
@@ -92,4 +87,12 @@ export async function startTcpProxy(
       await new Promise<void>((resolve) => server.close(() => resolve()))
     },
   }
+}
+
+/** `url` (a database URL) pointed at a proxy's port on 127.0.0.1, the rest of it as it was. */
+export function throughPort(url: string, port: number): string {
+  const parsed = new URL(url)
+  parsed.hostname = '127.0.0.1'
+  parsed.port = String(port)
+  return parsed.toString()
 }
