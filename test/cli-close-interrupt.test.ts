@@ -20,27 +20,35 @@ function clusterState(dataDir: string): number {
 }
 
 it('lets the embedded database close after a command printed its result, and exits 0', async () => {
-  const dataDir = migratedDataDir('cli-close-interrupt-')
-  const env = receiverEnv(dataDir)
-  const child = spawnCli(['orders', 'create', '--external-reference', 'close-1'], env, { built: true })
-  let stdout = ''
-  let stderr = ''
-  child.stderr!.on('data', (chunk) => (stderr += chunk))
-  // the first bytes of its result: the order is created, and what is left is the close
-  child.stdout!.on('data', (chunk) => {
-    if (stdout === '') child.kill('SIGINT')
-    stdout += chunk
-  })
-  const [code, signal] = (await once(child, 'close')) as [number | null, NodeJS.Signals | null]
+  // The signal is sent as the result's first bytes arrive; on a loaded machine this process may read them only after
+  // the close has ended, and the command exits 0 having had no signal to speak of. Such a try is made again (with
+  // another order): what is checked is what a signal that does come during the close makes of it.
+  for (let attempt = 1; ; attempt++) {
+    const dataDir = migratedDataDir('cli-close-interrupt-')
+    const env = receiverEnv(dataDir)
+    const reference = `close-${attempt}`
+    const child = spawnCli(['orders', 'create', '--external-reference', reference], env, { built: true })
+    let stdout = ''
+    let stderr = ''
+    child.stderr!.on('data', (chunk) => (stderr += chunk))
+    // the first bytes of its result: the order is created, and what is left is the close
+    child.stdout!.on('data', (chunk) => {
+      if (stdout === '') child.kill('SIGINT')
+      stdout += chunk
+    })
+    const [code, signal] = (await once(child, 'close')) as [number | null, NodeJS.Signals | null]
 
-  expect(stdout).toContain('close-1')
-  expect(clusterState(dataDir)).toBe(DB_SHUTDOWNED)
-  expect({ code, signal }).toEqual({ code: 0, signal: null })
-  expect(stderr).toContain('the command is done: closing its database, then exiting')
+    expect(stdout).toContain(reference)
+    expect(clusterState(dataDir)).toBe(DB_SHUTDOWNED)
+    expect({ code, signal }).toEqual({ code: 0, signal: null })
+    if (stderr === '' && attempt < 5) continue
+    expect(stderr).toContain('the command is done: closing its database, then exiting')
 
-  // and it opens as it was left: the order is there
-  const shown = await runCli(['orders', 'show', 'close-1'], env, { built: true })
-  expect(shown).toMatchObject({ code: 0, stdout: expect.stringContaining('close-1') })
+    // and it opens as it was left: the order is there
+    const shown = await runCli(['orders', 'show', reference], env, { built: true })
+    expect(shown).toMatchObject({ code: 0, stdout: expect.stringContaining(reference) })
+    return
+  }
 })
 
 // A Ctrl-C once the database is closed, as the process ends: left to run dry, the process lost Node's signal handlers
