@@ -44,7 +44,6 @@ describeBoth('the compiled serve stopped while its broker path is silent (Postgr
     child = spawnCli(
       ['serve'],
       { ...postgresServeEnv({ databaseUrl: database.url!, dataDir }), AMQP_URL: proxy.rewrite(amqpUrl!), AMQP_EXCHANGE: exchange },
-      { built: true },
     )
     const lines: string[] = []
     child.stdout!.on('data', (chunk: Buffer) => lines.push(...chunk.toString().split('\n').filter(Boolean)))

@@ -27,7 +27,7 @@ it('lets the embedded database close after a command printed its result, and exi
     const dataDir = migratedDataDir('cli-close-interrupt-')
     const env = receiverEnv(dataDir)
     const reference = `close-${attempt}`
-    const child = spawnCli(['orders', 'create', '--external-reference', reference], env, { built: true })
+    const child = spawnCli(['orders', 'create', '--external-reference', reference], env)
     let stdout = ''
     let stderr = ''
     child.stderr!.on('data', (chunk) => (stderr += chunk))
@@ -45,7 +45,7 @@ it('lets the embedded database close after a command printed its result, and exi
     expect(stderr).toContain('the command is done: closing its database, then exiting')
 
     // and it opens as it was left: the order is there
-    const shown = await runCli(['orders', 'show', reference], env, { built: true })
+    const shown = await runCli(['orders', 'show', reference], env)
     expect(shown).toMatchObject({ code: 0, stdout: expect.stringContaining(reference) })
     return
   }
@@ -59,7 +59,7 @@ it('exits 0 when a Ctrl-C comes at any moment after a command printed its result
   const env = receiverEnv(dataDir)
   const outcomes: string[] = []
   for (const delayMs of [20, 45, 70, 95, 120, 145, 170, 195, 220, 245, 270, 295]) {
-    const child = spawnCli(['orders', 'list'], env, { built: true })
+    const child = spawnCli(['orders', 'list'], env)
     let stdout = ''
     child.stdout!.on('data', (chunk) => {
       if (stdout === '') setTimeout(() => child.kill('SIGINT'), delayMs)
@@ -80,7 +80,7 @@ it('never exits 0 with its output cut by a Ctrl-C while a slow reader still take
   const database = new PGlite(path.join(dataDir, 'pglite'))
   await database.query(`insert into orders (external_reference) select 'bulk-order-' || g from generate_series(1, 5000) g`)
   await database.close()
-  const child = spawnCli(['orders', 'list', '--limit', '5000', '--json'], receiverEnv(dataDir), { built: true })
+  const child = spawnCli(['orders', 'list', '--limit', '5000', '--json'], receiverEnv(dataDir))
   // the reader takes its first bytes, then nothing for a while: the command ends its work with its output held
   const firstBytes = (await once(child.stdout!, 'data')) as [Buffer]
   child.stdout!.pause()

@@ -22,7 +22,7 @@ describe('the CLI with nothing listening at DATABASE_URL', () => {
   it('says the database cannot be reached, with the driver reason, [database_unavailable], exit 1', async () => {
     const port = await freePort()
     for (const command of [['orders', 'list'], ['migrate']]) {
-      const result = await runCli(command, { DATABASE_URL: `postgres://root:${PASSWORD}@127.0.0.1:${port}/test` }, { built: true })
+      const result = await runCli(command, { DATABASE_URL: `postgres://root:${PASSWORD}@127.0.0.1:${port}/test` })
       expect(result.stderr).toMatch(unavailableLine(new RegExp(`connect ECONNREFUSED 127\\.0\\.0\\.1:${port}`)))
       expect(result.code).toBe(1)
       expect(result.stdout).toBe('')
@@ -80,7 +80,7 @@ describe('the CLI with a listener at DATABASE_URL that takes the connection and 
     const gate = await startGate({ host: '127.0.0.1', port: 1 }, 'silent', 0)
     try {
       for (const command of [['orders', 'list'], ['migrate']]) {
-        const result = await runCli(command, { DATABASE_URL: `postgres://root:${PASSWORD}@127.0.0.1:${gate.port}/test` }, { built: true })
+        const result = await runCli(command, { DATABASE_URL: `postgres://root:${PASSWORD}@127.0.0.1:${gate.port}/test` })
         expect(result.stderr, command.join(' ')).toMatch(noAnswerLine(gate.port))
         expect([result.code, result.stdout]).toEqual([1, ''])
         expect(result.stderr).not.toContain(PASSWORD)
@@ -98,7 +98,7 @@ describe('a stop signal while the database does not answer', () => {
     it(`${command.join(' ')}: says it stopped before doing anything, [stopped], exit 130`, async () => {
       const gate = await startGate({ host: '127.0.0.1', port: 1 }, 'silent', 0)
       try {
-        const child = spawnCli(command, { DATABASE_URL: `postgres://root:${PASSWORD}@127.0.0.1:${gate.port}/test` }, { built: true })
+        const child = spawnCli(command, { DATABASE_URL: `postgres://root:${PASSWORD}@127.0.0.1:${gate.port}/test` })
         let stderr = ''
         child.stderr!.on('data', (chunk) => (stderr += chunk))
         // the driver's connection is at the gate: the command is opening its database
@@ -138,7 +138,7 @@ describePostgres('the CLI when its database goes away after the look at its migr
         const url = new URL(withPassword(database.url!))
         url.hostname = '127.0.0.1'
         url.port = String(gate.port)
-        const result = await runCli(['orders', 'list'], { DATABASE_URL: url.toString() }, { built: true })
+        const result = await runCli(['orders', 'list'], { DATABASE_URL: url.toString() })
         expect(gate.connections(), 'the look at the migrations passed and the command connected again').toBeGreaterThan(1)
         expect(result.stderr).toMatch(line(gate.port))
         expect(result.code).toBe(1)
@@ -160,7 +160,7 @@ describePostgres('the CLI when its database goes away after the look at its migr
       const url = new URL(withPassword(database.url!))
       url.hostname = '127.0.0.1'
       url.port = String(gate.port)
-      const result = await runCli(['prune'], { DATABASE_URL: url.toString() }, { built: true })
+      const result = await runCli(['prune'], { DATABASE_URL: url.toString() })
       expect(gate.connections(), 'the look at the migrations and the pool passed, and the lock connected').toBe(3)
       expect(result.stderr).toMatch(noAnswerLine(gate.port))
       expect([result.code, result.stdout]).toEqual([1, ''])
@@ -178,7 +178,7 @@ describePostgres('the CLI when its database goes away after the look at its migr
       url.hostname = '127.0.0.1'
       url.port = String(gate.port)
       for (const command of [['orders', 'list'], ['migrate']]) {
-        const result = await runCli(command, { DATABASE_URL: url.toString() }, { built: true })
+        const result = await runCli(command, { DATABASE_URL: url.toString() })
         // it read "(Migration (before any migration ran) failed: Connection terminated unexpectedly)"
         expect(result.stderr).toMatch(unavailableLine(/Connection terminated unexpectedly/))
         expect(result.code).toBe(1)
@@ -192,7 +192,7 @@ describePostgres('the CLI when its database goes away after the look at its migr
     // every session of this URL begins read-only, as on a standby after a failover
     const url = new URL(withPassword(database.url!))
     url.searchParams.set('options', `${url.searchParams.get('options')} -c default_transaction_read_only=on`)
-    const result = await runCli(['orders', 'create', '--external-reference', 'read-only-1'], { DATABASE_URL: url.toString() }, { built: true })
+    const result = await runCli(['orders', 'create', '--external-reference', 'read-only-1'], { DATABASE_URL: url.toString() })
     expect(result.stderr).toMatch(/^The database could not run the command now: the database is read-only \(.*\) \(25006\); try again later \[database_unavailable\]\n$/)
     expect(result.code).toBe(1)
     expect(result.stderr).not.toContain(PASSWORD)

@@ -239,8 +239,8 @@ describe('the compiled CLI against the sandbox', () => {
     const env = { ...receiverEnv(dataDir), PARTNER_API_BASE_URL: await sandbox.listen(0) }
     try {
       const open = ['trades', 'open', 'ref-404', '--title', 'Bicycle', '--amount', '120.00', '--currency', 'EUR', '--seller', 's_1', '--milestone', 'Frame:120.00']
-      expect((await runCli(open, env, { built: true })).code).toBe(0)
-      const release = await runCli(['trades', 'milestone', 'release', 'ref-404', 'ms_nope'], env, { built: true })
+      expect((await runCli(open, env)).code).toBe(0)
+      const release = await runCli(['trades', 'milestone', 'release', 'ref-404', 'ms_nope'], env)
       expect(release.code).toBe(1)
       expect(release.stderr).toMatch(/^The platform refused \(404 milestone_not_found\): No milestone ms_nope on trade \S+ \[not_found\]\n$/)
     } finally {
@@ -249,7 +249,7 @@ describe('the compiled CLI against the sandbox', () => {
     // a sandbox started afresh knows no trade of the last one's
     const fresh = createSandbox(sandboxOptions)
     try {
-      const get = await runCli(['trades', 'get', 'ref-404'], { ...env, PARTNER_API_BASE_URL: await fresh.listen(0) }, { built: true })
+      const get = await runCli(['trades', 'get', 'ref-404'], { ...env, PARTNER_API_BASE_URL: await fresh.listen(0) })
       expect(get.code).toBe(1)
       expect(get.stdout).toBe('')
       expect(get.stderr).toMatch(/^The platform refused \(404 trade_not_found\): No trade \S+ \[not_found\]\n$/)

@@ -18,7 +18,7 @@ const scratch = mkdtempSync(path.join(tmpdir(), 'refusal-codes-'))
 afterAll(() => rmSync(scratch, { recursive: true, force: true }))
 
 const HINT = '(run with --help for usage)\n'
-const cli = (args: string[], env: Record<string, string> = { DATA_DIR: path.join(scratch, 'data') }) => runCli(args, env, { built: true })
+const cli = (args: string[], env: Record<string, string> = { DATA_DIR: path.join(scratch, 'data') }) => runCli(args, env)
 
 /** `args` with stdout on /dev/full, where every write fails with ENOSPC. */
 async function onFullStdout(args: string[]): Promise<CliResult> {

@@ -40,7 +40,7 @@ describe('webhook sign|send --file past 16 MiB', () => {
 
   it('refuses /dev/zero, exit 2, and sends nothing', async () => {
     for (const args of [['sign'], ['send', '--url', url]]) {
-      const result = await runCli(['webhook', ...args, '--file', '/dev/zero', '--secret', secret], env, { built: true })
+      const result = await runCli(['webhook', ...args, '--file', '/dev/zero', '--secret', secret], env)
       expect(result, args[0]).toEqual({ code: 2, stdout: '', stderr: tooLarge('/dev/zero') })
     }
     expect(requests).toBe(0)
@@ -51,7 +51,7 @@ describe('webhook sign|send --file past 16 MiB', () => {
     execFileSync('mkfifo', [fifo])
     const writer = spawn('sh', ['-c', `exec yes > '${fifo}'`], { stdio: 'ignore' })
     try {
-      const result = await runCli(['webhook', 'send', '--file', fifo, '--secret', secret, '--url', url], env, { built: true })
+      const result = await runCli(['webhook', 'send', '--file', fifo, '--secret', secret, '--url', url], env)
       expect(result).toEqual({ code: 2, stdout: '', stderr: tooLarge(fifo) })
       expect(requests).toBe(0)
     } finally {
@@ -63,13 +63,13 @@ describe('webhook sign|send --file past 16 MiB', () => {
     const exact = path.join(dir, 'exact.json')
     const body = Buffer.alloc(BOUND, 'a')
     writeFileSync(exact, body)
-    const signed = await runCli(['webhook', 'sign', '--file', exact, '--secret', secret, '--delivery-id', 'dlv_1', '--json'], env, { built: true })
+    const signed = await runCli(['webhook', 'sign', '--file', exact, '--secret', secret, '--delivery-id', 'dlv_1', '--json'], env)
     expect(signed.code).toBe(0)
     expect(JSON.parse(signed.stdout)).toMatchObject({ 'X-Partner-Signature': `sha256=${createHmac('sha256', secret).update(body).digest('hex')}` })
 
     const over = path.join(dir, 'over.json')
     writeFileSync(over, Buffer.alloc(BOUND + 1, 'a'))
-    expect(await runCli(['webhook', 'sign', '--file', over, '--secret', secret], env, { built: true })).toEqual({
+    expect(await runCli(['webhook', 'sign', '--file', over, '--secret', secret], env)).toEqual({
       code: 2,
       stdout: '',
       stderr: tooLarge(over),
@@ -79,7 +79,7 @@ describe('webhook sign|send --file past 16 MiB', () => {
   it('still sends a small body whole', async () => {
     const small = path.join(dir, 'small.json')
     writeFileSync(small, '{"event":"seller.updated"}')
-    const result = await runCli(['webhook', 'send', '--file', small, '--secret', secret, '--url', url, '--json'], env, { built: true })
+    const result = await runCli(['webhook', 'send', '--file', small, '--secret', secret, '--url', url, '--json'], env)
     expect(result.code).toBe(0)
     expect(JSON.parse(result.stdout)).toMatchObject({ status: 200, body: { received: true } })
     expect(requests).toBe(1)

@@ -207,7 +207,7 @@ describe('webhook send', () => {
 
   // an http URL with a line feed in it was quoted raw in the refusal, which split into two lines: one forged
   it('shows the controls of a URL it could not deliver to escaped, on one line, through the compiled CLI', async () => {
-    const forged = await runCli(['webhook', 'send', '--url', 'http://127.0.0.1:1/\u001b[2J\r\nFORGED', '--file', bodyFile, '--secret', secret], env, { built: true })
+    const forged = await runCli(['webhook', 'send', '--url', 'http://127.0.0.1:1/\u001b[2J\r\nFORGED', '--file', bodyFile, '--secret', secret], env)
     expect(forged.code).toBe(1)
     expect(forged.stderr).toMatch(/^Could not deliver to http:\/\/127\.0\.0\.1:1\/\\u001b\[2J\\u000d\\u000aFORGED: .* \[not_delivered\]\n$/)
     expect(forged.stderr.split('\n')).toHaveLength(2)

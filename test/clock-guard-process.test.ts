@@ -51,7 +51,6 @@ it.skipIf(!postgresUrl || !existsSync(FAKETIME_LIBRARY))(
         // timers keep the machine's monotonic clock: only the time of day runs ahead
         FAKETIME_DONT_FAKE_MONOTONIC: '1',
       },
-      { built: true },
     )
     const lines = jsonLogLines(child)
     const { url, adminUrl } = (await waitForLogLine(child, 'service listening')) as { url: string; adminUrl: string }

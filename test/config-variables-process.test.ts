@@ -32,7 +32,7 @@ const POSTGRES = { DATABASE_URL: 'postgres://127.0.0.1:9/unused' }
  * test's timeout.
  */
 async function serveOnce(env: Record<string, string>): Promise<CliResult & { started: boolean }> {
-  const child = spawnCli(['serve'], env, { built: true })
+  const child = spawnCli(['serve'], env)
   let stdout = ''
   let stderr = ''
   let started = false
@@ -141,7 +141,7 @@ describe('`serve` refuses, exit 2 with [config_invalid]', () => {
   })
 
   it('and a command alike', async () => {
-    const result = await runCli(['orders', 'list'], { DATA_DIR: emptyDataDir(), DATABASE_URI: 'postgres://127.0.0.1:9/unused' }, { built: true })
+    const result = await runCli(['orders', 'list'], { DATA_DIR: emptyDataDir(), DATABASE_URI: 'postgres://127.0.0.1:9/unused' })
     expect(result.code).toBe(2)
     expect(result.stderr).toMatch(/^Invalid configuration \[config_invalid\]\n {2}- DATABASE_URI: is not a variable the service reads: did you mean DATABASE_URL\?/)
   })
@@ -152,7 +152,6 @@ describe('a command warns on stderr', () => {
     const result = await runCli(
       ['orders', 'list'],
       { DATA_DIR: migratedDataDir('config-variables-command-'), PRUNE_BATCH_SIZ: 'value-not-to-show', PARTNER_SOMETHING: 'value-not-to-show' },
-      { built: true },
     )
     expect(result.code).toBe(0)
     expect(result.stderr).toBe(
@@ -179,7 +178,6 @@ describe('`serve` warns at start', () => {
         OTHER_TOOL_SETTING: value('OTHER_TOOL_SETTING'),
         FTP_PROXY: 'http://proxy.internal:3128',
       },
-      { built: true },
     )
     let output = ''
     child.stdout!.on('data', (chunk) => (output += chunk))
@@ -221,7 +219,6 @@ describe('`serve` warns at start', () => {
         INIT_CWD: '/work',
         NODE_ENV: 'development',
       },
-      { built: true },
     )
     let output = ''
     child.stdout!.on('data', (chunk) => (output += chunk))

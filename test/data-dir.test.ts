@@ -54,7 +54,7 @@ describe('a DATA_DIR the service cannot write', () => {
       [['serve'], receiverEnv(directory)],
       [['orders', 'list'], receiverEnv(directory)],
     ] as const) {
-      const result = await runCli([...args], env, { built: true })
+      const result = await runCli([...args], env)
       expect({ code: result.code, stderr: result.stderr, stdout: result.stdout }, args.join(' ')).toEqual({
         code: 2,
         stderr: refusal(directory, reason),
@@ -67,7 +67,7 @@ describe('a DATA_DIR the service cannot write', () => {
     // made and migrated (as by a first start), then its control file is lost
     const directory = migratedDataDir('data-dir-damaged-')
     rmSync(path.join(directory, 'pglite', 'global', 'pg_control'))
-    const result = await runCli(['serve'], receiverEnv(directory), { built: true })
+    const result = await runCli(['serve'], receiverEnv(directory))
     expect(result.code).toBe(1)
     const failed = startUpFailure(result.stdout)
     expect(failed?.err?.message).toMatch(
@@ -115,7 +115,7 @@ describe('a DATA_DIR the service cannot write', () => {
   it.skipIf(!canMountReadOnly)('a read-only file system: exit 2 with that reason, not "no such file or directory"', async () => {
     for (const directory of [readOnly, path.join(readOnly, 'data', 'deeper')]) {
       for (const env of [localMode(directory), receiverEnv(directory)]) {
-        const result = await runCli(['serve'], env, { built: true })
+        const result = await runCli(['serve'], env)
         expect({ code: result.code, stderr: result.stderr }).toEqual({ code: 2, stderr: refusal(directory, 'its file system is read-only (EROFS)') })
       }
     }

@@ -118,7 +118,6 @@ describePostgres('the compiled serve through database outages (Postgres)', () =>
         PARTNER_API_SECRET: TEST_API_SECRET,
         WEBHOOK_SECRETS: TEST_WEBHOOK_SECRET,
       },
-      { built: true },
     )
     children.push(child)
     return { child, watch: watchChild(child) }

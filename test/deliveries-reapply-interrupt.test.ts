@@ -95,7 +95,7 @@ async function heldInFlight(signal: NodeJS.Signals) {
   await holder.query('select id from orders where external_reference = $1 for update', [REFERENCE])
 
   const dataDir = mkdtempSync(path.join(tmpdir(), 'reapply-interrupt-'))
-  const child = spawnCli(['deliveries', 'reapply', DELIVERY, '--json'], { ...receiverEnv(dataDir), DATABASE_URL: database.url! }, { built: true })
+  const child = spawnCli(['deliveries', 'reapply', DELIVERY, '--json'], { ...receiverEnv(dataDir), DATABASE_URL: database.url! })
   const output = outputOf(child)
   // the CLI's transaction waits for the order's row: a session blocked by the holder (the database is shared)
   await eventually(async () => {
@@ -158,7 +158,7 @@ it.skipIf(!postgresUrl)(
     expect(horizon).toEqual([{ xid: null, xmin: null }])
 
     const dataDir = mkdtempSync(path.join(tmpdir(), 'reapply-interrupt-'))
-    const child = spawnCli(['deliveries', 'reapply', DELIVERY, '--json'], { ...receiverEnv(dataDir), DATABASE_URL: database.url! }, { built: true })
+    const child = spawnCli(['deliveries', 'reapply', DELIVERY, '--json'], { ...receiverEnv(dataDir), DATABASE_URL: database.url! })
     const output = outputOf(child)
     const exited = once(child, 'exit') as Promise<[number | null, string | null]>
     try {

@@ -15,7 +15,7 @@ import { testLogger } from './helpers/log-sink.js'
 describe('the demo', () => {
   it('refuses more than 1,000 trades with exit 2 before it starts, as it holds every trade in memory', async () => {
     for (const trades of ['1001', '100000000']) {
-      const child = spawnCli(['demo', '--trades', trades, '--no-console'], {}, { built: true })
+      const child = spawnCli(['demo', '--trades', trades, '--no-console'], {})
       let stdout = ''
       let stderr = ''
       child.stdout!.on('data', (chunk) => (stdout += chunk))

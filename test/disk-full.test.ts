@@ -48,7 +48,7 @@ describe.skipIf(!canMount)('the compiled serve on PGlite when its disk fills up'
   })
 
   async function start(dataDir: string, minFree: string) {
-    const child = spawnCli(['serve'], { ...receiverEnv(dataDir), DATA_DIR_MIN_FREE: minFree }, { built: true })
+    const child = spawnCli(['serve'], { ...receiverEnv(dataDir), DATA_DIR_MIN_FREE: minFree })
     children.push(child)
     const { url } = await waitForLogLine(child, 'service listening')
     const exited = once(child, 'exit') as Promise<[number | null, NodeJS.Signals | null]>
@@ -130,7 +130,7 @@ describe.skipIf(!canMount)('the compiled serve on PGlite when its disk fills up'
     }
     const said = `DATA_DIR: ${dataDir} cannot be written: no space left on its device (ENOSPC); free space or set DATA_DIR to a directory this user can write`
     for (const args of [['serve'], ['orders', 'list']]) {
-      const result = await runCli(args, receiverEnv(dataDir), { built: true })
+      const result = await runCli(args, receiverEnv(dataDir))
       expect({ args, code: result.code }).toEqual({ args, code: 2 })
       // (a command says first that it is about to make a new embedded database there)
       expect(result.stderr.endsWith(`Invalid configuration [config_invalid]\n  - ${said}\n`), result.stderr).toBe(true)

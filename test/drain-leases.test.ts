@@ -95,7 +95,6 @@ describePostgres('SIGTERM gives the leases back (Postgres)', () => {
         SHUTDOWN_TIMEOUT_MS: '6000',
         SHUTDOWN_DRAIN_DELAY_MS: '0',
       },
-      { built: true },
     )
     const output: string[] = []
     child.stdout!.on('data', (chunk: Buffer) => output.push(chunk.toString()))

@@ -52,7 +52,7 @@ async function serveWithPortTaken(setting: string, dataDir: string) {
     SANDBOX_PORT: String(await freePort()),
     [setting]: String(busy),
   }
-  return { busy, result: await runCli(['serve'], env, { built: true }) }
+  return { busy, result: await runCli(['serve'], env) }
 }
 // A user that may not listen on ports under 1024. As root, the compiled CLI runs without the one capability that
 // allows it (setpriv drops CAP_NET_BIND_SERVICE; the files stay readable); as any other user, as itself, where the
@@ -134,7 +134,7 @@ describe('a listener that cannot open', () => {
       ADMIN_PORT: String(await freePort()),
       SANDBOX_PORT: String(await freePort()),
     }
-    const result = await runCli(['serve'], env, { built: true })
+    const result = await runCli(['serve'], env)
     expect({ code: result.code, stderr: result.stderr }).toEqual({
       code: 1,
       stderr: `PORT=${busy}: another process already listens on 127.0.0.1:${busy}; stop it, or set PORT to a free port [port_in_use]\n`,
@@ -145,7 +145,7 @@ describe('a listener that cannot open', () => {
 
   it('names --port when `sandbox --port` is held by another process', async () => {
     const busy = await takePort()
-    const result = await runCli(['sandbox', '--port', String(busy)], { DATA_DIR: migratedDataDir('listen-') }, { built: true })
+    const result = await runCli(['sandbox', '--port', String(busy)], { DATA_DIR: migratedDataDir('listen-') })
     expect({ code: result.code, stderr: result.stderr }).toEqual({
       code: 1,
       stderr: `--port=${busy}: another process already listens on 127.0.0.1:${busy}; stop it, or set --port to a free port [port_in_use]\n`,
@@ -154,7 +154,7 @@ describe('a listener that cannot open', () => {
 
   it('names SANDBOX_PORT when `sandbox` took its port from SANDBOX_PORT and another process holds it', async () => {
     const busy = await takePort()
-    const result = await runCli(['sandbox'], { DATA_DIR: migratedDataDir('listen-'), SANDBOX_PORT: String(busy) }, { built: true })
+    const result = await runCli(['sandbox'], { DATA_DIR: migratedDataDir('listen-'), SANDBOX_PORT: String(busy) })
     expect({ code: result.code, stderr: result.stderr }).toEqual({
       code: 1,
       stderr: `SANDBOX_PORT=${busy}: another process already listens on 127.0.0.1:${busy}; stop it, or set SANDBOX_PORT to a free port [port_in_use]\n`,
@@ -166,7 +166,7 @@ describe('a listener that cannot open', () => {
     const port = await freePort()
     for (const host of ['127.0.0.1', '0.0.0.0']) {
       const env = { DATA_DIR: migratedDataDir('listen-'), HOST: host, PORT: String(port), ADMIN_PORT: String(port), SANDBOX_PORT: String(await freePort()) }
-      const result = await runCli(['serve'], env, { built: true })
+      const result = await runCli(['serve'], env)
       expect({ code: result.code, stderr: result.stderr }, host).toEqual({
         code: 1,
         stderr: `ADMIN_PORT=${port}: PORT and ADMIN_PORT clash: this service's own listener for PORT already listens on ${host}:${port}; set ADMIN_PORT to another port [port_clash]\n`,
@@ -174,7 +174,7 @@ describe('a listener that cannot open', () => {
     }
     // the in-process sandbox of local mode likewise
     const env = { DATA_DIR: migratedDataDir('listen-'), PORT: String(port), ADMIN_PORT: String(await freePort()), SANDBOX_PORT: String(port) }
-    const result = await runCli(['serve'], env, { built: true })
+    const result = await runCli(['serve'], env)
     expect({ code: result.code, stderr: result.stderr }).toEqual({
       code: 1,
       stderr: `SANDBOX_PORT=${port}: PORT and SANDBOX_PORT clash: this service's own listener for PORT already listens on 127.0.0.1:${port}; set SANDBOX_PORT to another port [port_clash]\n`,
@@ -185,7 +185,7 @@ describe('a listener that cannot open', () => {
     // the same port on addresses apart is no clash: the service's own listener on 127.0.0.2 is not what holds 127.0.0.1
     const busy = await takePort()
     const env = { DATA_DIR: migratedDataDir('listen-'), HOST: '127.0.0.2', PORT: String(busy), ADMIN_PORT: String(busy), SANDBOX_PORT: String(await freePort()) }
-    const result = await runCli(['serve'], env, { built: true })
+    const result = await runCli(['serve'], env)
     expect({ code: result.code, stderr: result.stderr }).toEqual({
       code: 1,
       stderr: `ADMIN_PORT=${busy}: another process already listens on 127.0.0.1:${busy}; stop it, or set ADMIN_PORT to a free port [port_in_use]\n`,
@@ -195,7 +195,7 @@ describe('a listener that cannot open', () => {
   it('starts with PORT and ADMIN_PORT one port on addresses apart (HOST=127.0.0.2, ADMIN_HOST=127.0.0.1)', async () => {
     const port = await freePort()
     const env = { DATA_DIR: migratedDataDir('listen-'), HOST: '127.0.0.2', PORT: String(port), ADMIN_PORT: String(port), SANDBOX_PORT: String(await freePort()) }
-    const child = spawnCli(['serve'], env, { built: true })
+    const child = spawnCli(['serve'], env)
     try {
       const listening = await waitForLogLine(child, 'service listening')
       expect({ url: listening.url, adminUrl: listening.adminUrl }).toEqual({ url: `http://127.0.0.2:${port}`, adminUrl: `http://127.0.0.1:${port}` })
@@ -206,7 +206,7 @@ describe('a listener that cannot open', () => {
 
   it('refuses a `sandbox --port` or `demo --console-port` that is no port with exit 2, before anything starts', async () => {
     for (const args of [['sandbox', '--port', '99999'], ['demo', '--console', '--console-port', '65536'], ['demo', '--console-port', 'abc']]) {
-      const result = await runCli(args, { DATA_DIR: migratedDataDir('listen-') }, { built: true })
+      const result = await runCli(args, { DATA_DIR: migratedDataDir('listen-') })
       expect({ code: result.code, stdout: result.stdout }, args.join(' ')).toEqual({ code: 2, stdout: '' })
       expect(result.stderr).toContain(`argument '${args.at(-1)}' is invalid. must be a port from 0 to 65535 (0: a free one)`)
     }
@@ -215,7 +215,7 @@ describe('a listener that cannot open', () => {
   it('refuses a port written other than in decimal digits (0x10 was port 16) with exit 2, naming the variable or option', async () => {
     for (const setting of ['PORT', 'ADMIN_PORT', 'SANDBOX_PORT']) {
       for (const value of ['0x10', '1e3', '+80']) {
-        const result = await runCli(['serve'], { DATA_DIR: emptyDataDir(), [setting]: value }, { built: true })
+        const result = await runCli(['serve'], { DATA_DIR: emptyDataDir(), [setting]: value })
         expect({ code: result.code, stderr: result.stderr }, `${setting}=${value}`).toEqual({
           code: 2,
           stderr: `Invalid configuration [config_invalid]\n  - ${setting}: must be a whole number in decimal digits (0-9)\n`,
@@ -223,19 +223,19 @@ describe('a listener that cannot open', () => {
       }
     }
     for (const args of [['sandbox', '--port', '0x10'], ['demo', '--console', '--console-port', '0x10'], ['demo', '--console-port', '1e3']]) {
-      const result = await runCli(args, { DATA_DIR: migratedDataDir('listen-') }, { built: true })
+      const result = await runCli(args, { DATA_DIR: migratedDataDir('listen-') })
       expect({ code: result.code, stdout: result.stdout }, args.join(' ')).toEqual({ code: 2, stdout: '' })
       expect(result.stderr).toContain(`argument '${args.at(-1)}' is invalid. must be a port from 0 to 65535 (0: a free one)`)
     }
     // `sandbox` reads SANDBOX_PORT for its --port too
-    const fromEnvironment = await runCli(['sandbox'], { DATA_DIR: migratedDataDir('listen-'), SANDBOX_PORT: '0x10' }, { built: true })
+    const fromEnvironment = await runCli(['sandbox'], { DATA_DIR: migratedDataDir('listen-'), SANDBOX_PORT: '0x10' })
     expect({ code: fromEnvironment.code, stdout: fromEnvironment.stdout }).toEqual({ code: 2, stdout: '' })
     expect(fromEnvironment.stderr).toContain("value '0x10' from env 'SANDBOX_PORT' is invalid. must be a port from 0 to 65535 (0: a free one)")
   })
 
   it('names --console-port when the demo’s console port is held by another process, before the demo runs', async () => {
     const busy = await takePort()
-    const result = await runCli(['demo', '--trades', '1', '--console', '--console-port', String(busy)], {}, { built: true })
+    const result = await runCli(['demo', '--trades', '1', '--console', '--console-port', String(busy)], {})
     expect({ code: result.code, stdout: result.stdout, stderr: result.stderr }).toEqual({
       code: 1,
       stdout: '',
@@ -245,12 +245,12 @@ describe('a listener that cannot open', () => {
 
   it('names SANDBOX_HOST or --host, as it was given, when `sandbox`’s host is no address of this machine', async () => {
     const port = String(await freePort())
-    const fromEnvironment = await runCli(['sandbox'], { DATA_DIR: migratedDataDir('listen-'), SANDBOX_PORT: port, SANDBOX_HOST: '192.0.2.1' }, { built: true })
+    const fromEnvironment = await runCli(['sandbox'], { DATA_DIR: migratedDataDir('listen-'), SANDBOX_PORT: port, SANDBOX_HOST: '192.0.2.1' })
     expect({ code: fromEnvironment.code, stderr: fromEnvironment.stderr }).toEqual({
       code: 1,
       stderr: 'SANDBOX_HOST=192.0.2.1: no such address on this machine (EADDRNOTAVAIL); set SANDBOX_HOST to one of its addresses, such as 127.0.0.1 or 0.0.0.0 [no_such_address]\n',
     })
-    const fromCommandLine = await runCli(['sandbox', '--port', port, '--host', '192.0.2.1'], { DATA_DIR: migratedDataDir('listen-') }, { built: true })
+    const fromCommandLine = await runCli(['sandbox', '--port', port, '--host', '192.0.2.1'], { DATA_DIR: migratedDataDir('listen-') })
     expect({ code: fromCommandLine.code, stderr: fromCommandLine.stderr }).toEqual({
       code: 1,
       stderr: '--host=192.0.2.1: no such address on this machine (EADDRNOTAVAIL); set --host to one of its addresses, such as 127.0.0.1 or 0.0.0.0 [no_such_address]\n',
@@ -260,7 +260,7 @@ describe('a listener that cannot open', () => {
   it('names HOST when it is no address of this machine', async () => {
     // 192.0.2.0/24 is reserved for documentation: no machine has it
     const env = { DATA_DIR: migratedDataDir('listen-'), HOST: '192.0.2.1', PORT: String(await freePort()) }
-    const result = await runCli(['serve'], env, { built: true })
+    const result = await runCli(['serve'], env)
     expect(result.code).toBe(1)
     expect(result.stderr).toBe(
       'HOST=192.0.2.1: no such address on this machine (EADDRNOTAVAIL); set HOST to one of its addresses, such as 127.0.0.1 or 0.0.0.0 [no_such_address]\n',
@@ -271,13 +271,13 @@ describe('a listener that cannot open', () => {
     // a lookup's ENOTFOUND (or EAI_AGAIN offline) was read as the database's: "The database cannot be reached"
     for (const setting of ['HOST', 'ADMIN_HOST']) {
       const env = { DATA_DIR: migratedDataDir('listen-'), PORT: String(await freePort()), ADMIN_PORT: String(await freePort()), [setting]: 'no-such-host.invalid' }
-      const result = await runCli(['serve'], env, { built: true })
+      const result = await runCli(['serve'], env)
       expect(result.code, setting).toBe(1)
       expect(result.stderr, setting).toMatch(
         new RegExp(`^${setting}=no-such-host\\.invalid: no such address on this machine \\((ENOTFOUND|EAI_AGAIN)\\); set ${setting} to one of its addresses, such as 127\\.0\\.0\\.1 or 0\\.0\\.0\\.0 \\[no_such_address\\]\n$`),
       )
     }
-    const sandbox = await runCli(['sandbox', '--port', String(await freePort()), '--host', 'no-such-host.invalid'], { DATA_DIR: migratedDataDir('listen-') }, { built: true })
+    const sandbox = await runCli(['sandbox', '--port', String(await freePort()), '--host', 'no-such-host.invalid'], { DATA_DIR: migratedDataDir('listen-') })
     expect(sandbox.code).toBe(1)
     expect(sandbox.stderr).toMatch(/^--host=no-such-host\.invalid: no such address on this machine \((ENOTFOUND|EAI_AGAIN)\); .* \[no_such_address\]\n$/)
   })

@@ -43,7 +43,6 @@ describe('the compiled service before its application answers', () => {
         // loaded machine's pause between the two requests reached (the late one was then read, not refused)
         SLOW_BODY_MS: '600000',
       },
-      { built: true },
     )
     service.stderr!.on('data', (chunk: Buffer) => (stderr += chunk.toString()))
     const listening = await waitForLogLine(service, 'service listening')

@@ -81,7 +81,7 @@ function newDataDir(): string {
 async function ordersListBeside(service: FakeService): Promise<CliResult & { dataDir: string }> {
   const dataDir = newDataDir()
   advertise(dataDir, serviceFile(dataDir, service.url))
-  return { ...(await runCli(['orders', 'list'], { DATA_DIR: dataDir }, { built: true })), dataDir }
+  return { ...(await runCli(['orders', 'list'], { DATA_DIR: dataDir })), dataDir }
 }
 
 function expectNoStackTrace(result: CliResult): void {
@@ -230,7 +230,7 @@ describe('the CLI’s own settings beside a running service', () => {
       const dataDir = newDataDir()
       advertise(dataDir, serviceFile(dataDir, service.url))
       const env = { DATA_DIR: dataDir, RETENTION_DAYS: '-1', PRUNE_BATCH_SIZE: '5000' }
-      const result = await runCli(['prune', '--dry-run'], env, { built: true })
+      const result = await runCli(['prune', '--dry-run'], env)
       expect(result.stderr).toBe(
         `The service running from ${dataDir} (pid ${process.pid}) runs the command with its own settings: ` +
           'RETENTION_DAYS, PRUNE_BATCH_SIZE are set here and not used [settings_ignored]\n',
@@ -239,7 +239,7 @@ describe('the CLI’s own settings beside a running service', () => {
       // the command went to the service as typed
       expect(service.requests.map((body) => JSON.parse(body) as unknown)).toEqual([{ args: ['prune', '--dry-run'] }])
       // another command is not told about prune's settings
-      const list = await runCli(['orders', 'list'], env, { built: true })
+      const list = await runCli(['orders', 'list'], env)
       expect(list.stderr).toBe('')
     } finally {
       await service.close()
@@ -256,19 +256,19 @@ describe('the CLI’s own settings beside a running service', () => {
       advertise(dataDir, { ...serviceFile(dataDir, service.url), platform })
       const live = { DATA_DIR: dataDir, PARTNER_ENV: 'live', PARTNER_LIVE_API_KEY_ID: 'pk_live_1', PARTNER_LIVE_API_SECRET: 'live-secret-0123456789abcdef0123' }
       for (const command of [['trades', 'fund', 'order-1'], ['disputes', 'open', 'order-1'], ['reconcile', '--once']]) {
-        const result = await runCli(command, live, { built: true })
+        const result = await runCli(command, live)
         expect(result.stderr, command.join(' ')).toBe(
           `The service running from ${dataDir} (pid ${process.pid}) runs the command with its own settings: ` +
             'PARTNER_ENV, PARTNER_LIVE_API_KEY_ID are set here and not used [settings_ignored]\n',
         )
         expect([result.code, result.stdout]).toEqual([0, 'funded\n'])
       }
-      const otherUrl = await runCli(['trades', 'fund', 'order-1'], { DATA_DIR: dataDir, PARTNER_API_BASE_URL: 'https://live.platform.example' }, { built: true })
+      const otherUrl = await runCli(['trades', 'fund', 'order-1'], { DATA_DIR: dataDir, PARTNER_API_BASE_URL: 'https://live.platform.example' })
       expect(otherUrl.stderr).toContain(': PARTNER_API_BASE_URL is set here and not used [settings_ignored]\n')
       // the service's own settings (its .env in this shell too): nothing to say
       const same = { DATA_DIR: dataDir, PARTNER_ENV: 'sandbox', PARTNER_API_BASE_URL: 'https://sandbox.platform.example/', PARTNER_API_KEY_ID: 'pk_service', PARTNER_API_SECRET: 'any' }
-      expect((await runCli(['trades', 'fund', 'order-1'], same, { built: true })).stderr).toBe('')
-      expect((await runCli(['orders', 'list'], live, { built: true })).stderr).toBe('')
+      expect((await runCli(['trades', 'fund', 'order-1'], same)).stderr).toBe('')
+      expect((await runCli(['orders', 'list'], live)).stderr).toBe('')
     } finally {
       await service.close()
     }
@@ -282,7 +282,7 @@ describe('a forwarded command the service had begun when it answered something e
     try {
       const dataDir = newDataDir()
       advertise(dataDir, serviceFile(dataDir, service.url))
-      const result = await runCli(['trades', 'release', 'order-1'], { DATA_DIR: dataDir }, { built: true })
+      const result = await runCli(['trades', 'release', 'order-1'], { DATA_DIR: dataDir })
       expect([result.code, result.stdout]).toEqual([1, ''])
       expect(result.stderr).toBe(
         `The service running from ${dataDir} (pid ${process.pid}) had begun to run \`trades release\` and answered 503, not its result: ` +
@@ -293,7 +293,7 @@ describe('a forwarded command the service had begun when it answered something e
       const refused = await fakeService(answering(503, stopping))
       try {
         advertise(dataDir, serviceFile(dataDir, refused.url))
-        const before = await runCli(['trades', 'release', 'order-1'], { DATA_DIR: dataDir }, { built: true })
+        const before = await runCli(['trades', 'release', 'order-1'], { DATA_DIR: dataDir })
         expect([before.code, before.stderr]).toEqual([1, expect.stringContaining('[service_refused]')])
       } finally {
         await refused.close()
@@ -382,7 +382,7 @@ describe('the CLI when DATA_DIR/serve.json is not a service’s file', () => {
     const dataDir = newDataDir()
     advertise(dataDir, contents)
     const before = recorder.requests.length
-    const result = await runCli(['orders', 'list'], { ...env, DATA_DIR: dataDir }, { built: true })
+    const result = await runCli(['orders', 'list'], { ...env, DATA_DIR: dataDir })
     return { ...result, dataDir, forwarded: recorder.requests.length - before }
   }
 
@@ -493,7 +493,7 @@ describe('the CLI and a stop signal while the service has not answered', () => {
     const dataDir = newDataDir()
     advertise(dataDir, serviceFile(dataDir, service.url))
     try {
-      const child = spawnCli(['prune'], { DATA_DIR: dataDir }, { built: true })
+      const child = spawnCli(['prune'], { DATA_DIR: dataDir })
       let stdout = ''
       let stderr = ''
       child.stdout!.on('data', (chunk) => (stdout += chunk))
@@ -528,11 +528,11 @@ describe('a real `serve` and the CLI beside it', () => {
   let serviceFileText: string
 
   beforeAll(async () => {
-    service = spawnCli(['serve'], env, { built: true })
+    service = spawnCli(['serve'], env)
     await waitForLogLine(service, 'service listening')
     serviceFileText = readFileSync(path.join(dataDir, 'serve.json'), 'utf8')
     for (const reference of ['plain-1', 'Lampe-à-café-2']) {
-      const created = await runCli(['orders', 'create', '--external-reference', reference], env, { built: true })
+      const created = await runCli(['orders', 'create', '--external-reference', reference], env)
       expect(created.stderr).toBe('')
       expect(created.code).toBe(0)
     }
@@ -561,11 +561,11 @@ describe('a real `serve` and the CLI beside it', () => {
       })
       expect(answer.status).toBe(200)
       const sent = (await answer.json()) as { code: number; stdout: string; stderr: string }
-      const shown = await runCli(args, env, { built: true })
+      const shown = await runCli(args, env)
       expect({ code: shown.code, stdout: shown.stdout, stderr: shown.stderr }, args.join(' ')).toEqual(sent)
     }
     // the control: these commands printed something
-    const listed = await runCli(['orders', 'list', '--json'], env, { built: true })
+    const listed = await runCli(['orders', 'list', '--json'], env)
     expect((JSON.parse(listed.stdout) as { externalReference: string }[]).map((order) => order.externalReference).sort()).toEqual(['Lampe-à-café-2', 'plain-1'])
   })
 
@@ -575,7 +575,7 @@ describe('a real `serve` and the CLI beside it', () => {
     writeFileSync(file, JSON.stringify({ ...real, pid: String(real.pid) }), { mode: 0o600 })
     let result: CliResult
     try {
-      result = await runCli(['orders', 'create', '--external-reference', 'beside-the-owner-1'], env, { built: true })
+      result = await runCli(['orders', 'create', '--external-reference', 'beside-the-owner-1'], env)
     } finally {
       writeFileSync(file, serviceFileText, { mode: 0o600 })
     }
@@ -586,7 +586,7 @@ describe('a real `serve` and the CLI beside it', () => {
     expect(result.code).toBe(1)
     expect(result.stdout).toBe('')
     // forwarded again once the file is the service's: the order was never created
-    const shown = await runCli(['orders', 'show', 'beside-the-owner-1'], env, { built: true })
+    const shown = await runCli(['orders', 'show', 'beside-the-owner-1'], env)
     expect(shown.stderr).toMatch(/\[order_not_found\]\n$/)
   })
 })
@@ -596,7 +596,7 @@ describe('the CLI when the running service cannot run its command', () => {
     const dataDir = newDataDir()
     const url = `http://127.0.0.1:${await freePort()}`
     advertise(dataDir, serviceFile(dataDir, url))
-    const result = await runCli(['orders', 'list'], { DATA_DIR: dataDir }, { built: true })
+    const result = await runCli(['orders', 'list'], { DATA_DIR: dataDir })
     expect(result.code).toBe(1)
     expect(result.stderr).toContain(`(pid ${process.pid}) does not answer`)
     expect(result.stderr.trim()).toMatch(/\[service_unreachable\]$/)
@@ -610,7 +610,7 @@ describe('the CLI when the running service cannot run its command', () => {
     try {
       const dataDir = newDataDir()
       advertise(dataDir, serviceFile(dataDir, service.url))
-      const result = await runCli(['reconcile', '--requeue-open', '--within', '0'], { DATA_DIR: dataDir }, { built: true })
+      const result = await runCli(['reconcile', '--requeue-open', '--within', '0'], { DATA_DIR: dataDir })
       expectNoStackTrace(result)
       expect(service.requests).toHaveLength(1)
       expect(result.stderr).toBe(

@@ -19,15 +19,15 @@ describe('a command line past 64 KiB beside `npm start` on the embedded database
 
   beforeAll(async () => {
     serviceEnv.SANDBOX_PORT = String(await freePort())
-    service = spawnCli(['serve'], serviceEnv, { built: true })
+    service = spawnCli(['serve'], serviceEnv)
     await waitForLogLine(service, 'service listening')
   })
   afterAll(async () => {
     await stopChild(service)
   })
 
-  const besideService = (args: string[]) => runCli(args, { DATA_DIR: serviceEnv.DATA_DIR }, { built: true })
-  const alone = (args: string[]) => runCli(args, aloneEnv, { built: true })
+  const besideService = (args: string[]) => runCli(args, { DATA_DIR: serviceEnv.DATA_DIR })
+  const alone = (args: string[]) => runCli(args, aloneEnv)
 
   it.each([
     ['orders show', (reference: string) => ['orders', 'show', reference]],

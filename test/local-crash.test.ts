@@ -22,7 +22,7 @@ describe('the compiled serve on PGlite, killed mid-ingest (SIGKILL)', () => {
   })
 
   async function start() {
-    const child = spawnCli(['serve'], receiverEnv(dataDir), { built: true })
+    const child = spawnCli(['serve'], receiverEnv(dataDir))
     children.push(child)
     const { url } = await waitForLogLine(child, 'service listening')
     return { child, url: String(url) }

@@ -45,7 +45,6 @@ describe('memory under 400 stalled bodies, with the built CLI', () => {
         // first admitted (cutting slow bodies has its own tests, test/limits.test.ts)
         SLOW_BODY_MS: '600000',
       },
-      { built: true },
     )
     const listening = await waitForLogLine(service, 'service listening')
     service.stdout!.resume()

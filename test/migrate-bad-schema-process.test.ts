@@ -27,7 +27,7 @@ describePostgres('migrate and serve on a search_path that names no schema or a s
     url.searchParams.set('options', `-c search_path=${schema}`)
     return url.toString()
   }
-  const migrate = (databaseUrl: string) => runCli(['migrate'], { DATA_DIR: dataDir, DATABASE_URL: databaseUrl }, { built: true })
+  const migrate = (databaseUrl: string) => runCli(['migrate'], { DATA_DIR: dataDir, DATABASE_URL: databaseUrl })
 
   it('migrate names the missing schema in one line ending [no_schema], exit 2', async () => {
     const result = await migrate(withSearchPath(`nope_${randomBytes(4).toString('hex')}`))
@@ -86,9 +86,7 @@ describePostgres('migrate and serve on a search_path that names no schema or a s
   })
 
   it('serve logs start-up failed with the code 3F000 and the advice, no stack, exit 1', async () => {
-    const result = await runCli(['serve'], postgresServeEnv({ databaseUrl: withSearchPath(`nope_${randomBytes(4).toString('hex')}`), dataDir }), {
-      built: true,
-    })
+    const result = await runCli(['serve'], postgresServeEnv({ databaseUrl: withSearchPath(`nope_${randomBytes(4).toString('hex')}`), dataDir }))
     expect(result.code).toBe(1)
     const lines = `${result.stdout}${result.stderr}`
       .split('\n')

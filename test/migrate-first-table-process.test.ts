@@ -50,7 +50,7 @@ describePostgres("migrate and serve where the database refuses the migrations' f
   it('migrate names the default tablespace the role may not create in, its code 42501 and the grant, exit 1', async () => {
     // the role may create in its schema; the tablespace is another matter (pg_global: no role but the superuser's)
     const { role, url } = await roleWith('tablespace', 'default_tablespace = pg_global')
-    const result = await runCli(['migrate'], { DATA_DIR: dataDir, DATABASE_URL: url }, { built: true })
+    const result = await runCli(['migrate'], { DATA_DIR: dataDir, DATABASE_URL: url })
     expect(result).toEqual({
       code: 1,
       stdout: '',
@@ -64,7 +64,7 @@ describePostgres("migrate and serve where the database refuses the migrations' f
 
   it('migrate says the database is read-only (25006), try again later; serve waits it out and migrates once it takes writes', async () => {
     const { role, url } = await roleWith('read_only', 'default_transaction_read_only = on')
-    const result = await runCli(['migrate'], { DATA_DIR: dataDir, DATABASE_URL: url }, { built: true })
+    const result = await runCli(['migrate'], { DATA_DIR: dataDir, DATABASE_URL: url })
     expect([result.code, result.stdout, result.stderr]).toEqual([
       1,
       '',
@@ -72,7 +72,7 @@ describePostgres("migrate and serve where the database refuses the migrations' f
         '(25006); try again later [database_unavailable]\n',
     ])
 
-    const child = spawnCli(['serve'], postgresServeEnv({ databaseUrl: url, dataDir }), { built: true })
+    const child = spawnCli(['serve'], postgresServeEnv({ databaseUrl: url, dataDir }))
     try {
       const lines = jsonLogLines(child)
       const retrying = await waitForLogLine(child, 'database not available at start-up; retrying')

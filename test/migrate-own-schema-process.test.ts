@@ -29,7 +29,7 @@ describePostgres('migrate and serve in a schema of their own (Postgres)', () => 
     if (user) url.username = user
     return url.toString()
   }
-  const cli = (args: string[], databaseUrl: string) => runCli(args, { DATA_DIR: dataDir, DATABASE_URL: databaseUrl }, { built: true })
+  const cli = (args: string[], databaseUrl: string) => runCli(args, { DATA_DIR: dataDir, DATABASE_URL: databaseUrl })
   const tablesIn = (schema: string) =>
     admin(async (client) =>
       (await client.query<{ name: string }>('select tablename as name from pg_tables where schemaname = $1', [schema])).rows.map((row) => row.name),
@@ -70,7 +70,7 @@ describePostgres('migrate and serve in a schema of their own (Postgres)', () => 
       `to start anew in ${role}, name that one alone (?options=-c%20search_path%3D${role})`
     expect(await cli(['migrate'], url)).toEqual({ code: 2, stdout: '', stderr: `Migration (before any migration ran) failed: ${refusal} [migrated_elsewhere]\n` })
 
-    const served = await runCli(['serve'], postgresServeEnv({ databaseUrl: url, dataDir }), { built: true })
+    const served = await runCli(['serve'], postgresServeEnv({ databaseUrl: url, dataDir }))
     expect(served.code).toBe(1)
     const failed = `${served.stdout}${served.stderr}`
       .split('\n')

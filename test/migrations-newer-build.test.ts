@@ -18,7 +18,7 @@ describe('a database migrated by a newer build', () => {
     await database.close()
 
     for (const args of [['migrate'], ['orders', 'list']]) {
-      const result = await runCli(args, { DATA_DIR: dataDir }, { built: true })
+      const result = await runCli(args, { DATA_DIR: dataDir })
       expect(result.code, args.join(' ')).toBe(1)
       expect(result.stderr).toContain(
         `this database was migrated by a newer build of the service: ${NEWER} is applied, and this build does not have it: ` +

@@ -27,7 +27,7 @@ describe('a newcomer’s first minutes, with the built CLI', () => {
     const bin = (JSON.parse(readFileSync(path.join(root, 'package.json'), 'utf8')) as { bin: Record<string, string> }).bin
     expect(bin['partner-escrow']).toBe('dist/src/cli.js')
     env.SANDBOX_PORT = String(await freePort())
-    service = spawnCli(['serve'], env, { built: true })
+    service = spawnCli(['serve'], env)
     service.stdout!.on('data', (chunk) => {
       banner += chunk
     })

@@ -78,7 +78,7 @@ function runOnFullOutput(args: string[], env: Record<string, string>) {
  * platform once, and the command says it was done and exits 0.
  */
 async function fundsWithOutputLost(env: Record<string, string>): Promise<void> {
-  const opened = await runCli(['trades', 'open', 'full-open', '--title', 'Lamp', '--amount', '5.00', '--currency', 'EUR', '--seller', 's_1'], env, { built: true })
+  const opened = await runCli(['trades', 'open', 'full-open', '--title', 'Lamp', '--amount', '5.00', '--currency', 'EUR', '--seller', 's_1'], env)
   expect([opened.code, opened.stderr]).toEqual([0, ''])
   const before = funds.length
   const { child, stderr } = runOnFullOutput(['trades', 'fund', 'full-open'], env)
@@ -142,7 +142,7 @@ describe.skipIf(!existsSync('/dev/full'))('stdout that cannot be written (ENOSPC
     const dataDir = migratedDataDir('output-full-fund-')
     const env = { ...remoteServeEnv({ dataDir, platformUrl: await platformUrl() }), POLL_ENABLED: 'false' }
     await fundsWithOutputLost(env)
-    const shown = await runCli(['orders', 'show', 'full-open', '--json'], env, { built: true })
+    const shown = await runCli(['orders', 'show', 'full-open', '--json'], env)
     expect(JSON.parse(shown.stdout)).toMatchObject({ externalReference: 'full-open', tradeStatus: 'funded' })
 
     // a command that failed still exits 1, its own line said (the order has a trade already)
@@ -154,7 +154,7 @@ describe.skipIf(!existsSync('/dev/full'))('stdout that cannot be written (ENOSPC
 
   it('a second terminal whose output is lost after the service did the fund exits 0 and says the command was done', async () => {
     const dataDir = migratedDataDir('output-full-forwarded-')
-    const service = spawnCli(['serve'], { ...remoteServeEnv({ dataDir, platformUrl: await platformUrl() }), POLL_ENABLED: 'false' }, { built: true })
+    const service = spawnCli(['serve'], { ...remoteServeEnv({ dataDir, platformUrl: await platformUrl() }), POLL_ENABLED: 'false' })
     children.push(service)
     try {
       await waitForLogLine(service, 'service listening')
@@ -177,10 +177,10 @@ describe.skipIf(!existsSync('/dev/full'))('stdout that cannot be written (ENOSPC
     const alone = await onFullOutput(['orders', 'create', '--external-reference', 'full-alone'], { DATA_DIR: dataDir })
     expect(alone.stderr).toMatch(doneButLost('the order was created'))
     expect(alone.code).toBe(0)
-    const again = await runCli(['orders', 'create', '--external-reference', 'full-alone'], { DATA_DIR: dataDir }, { built: true })
+    const again = await runCli(['orders', 'create', '--external-reference', 'full-alone'], { DATA_DIR: dataDir })
     expect([again.code, again.stderr]).toEqual([1, expect.stringContaining('[order_exists]')])
 
-    const service = spawnCli(['serve'], { ...remoteServeEnv({ dataDir, platformUrl: 'http://127.0.0.1:1' }), POLL_ENABLED: 'false' }, { built: true })
+    const service = spawnCli(['serve'], { ...remoteServeEnv({ dataDir, platformUrl: 'http://127.0.0.1:1' }), POLL_ENABLED: 'false' })
     children.push(service)
     try {
       await waitForLogLine(service, 'service listening')
@@ -188,7 +188,7 @@ describe.skipIf(!existsSync('/dev/full'))('stdout that cannot be written (ENOSPC
       const created = await onFullOutput(['orders', 'create', '--external-reference', 'full-forwarded'], secondTerminal)
       expect(created.stderr).toMatch(doneButLost('the order was created'))
       expect(created.code).toBe(0)
-      expect((await runCli(['orders', 'show', 'full-forwarded'], secondTerminal, { built: true })).code).toBe(0)
+      expect((await runCli(['orders', 'show', 'full-forwarded'], secondTerminal)).code).toBe(0)
 
       // a delivery parked for a reference that is not this backend's, then dismissed
       const { webhookUrl } = JSON.parse(readFileSync(path.join(dataDir, 'serve.json'), 'utf8')) as { webhookUrl: string }
@@ -197,7 +197,7 @@ describe.skipIf(!existsSync('/dev/full'))('stdout that cannot be written (ENOSPC
       const dismissed = await onFullOutput(['deliveries', 'dismiss', 'full-parked'], secondTerminal)
       expect(dismissed.stderr).toMatch(doneButLost('the parked deliveries were dismissed'))
       expect(dismissed.code).toBe(0)
-      const dismissedAgain = await runCli(['deliveries', 'dismiss', 'full-parked'], secondTerminal, { built: true })
+      const dismissedAgain = await runCli(['deliveries', 'dismiss', 'full-parked'], secondTerminal)
       expect([dismissedAgain.code, dismissedAgain.stderr]).toEqual([1, expect.stringContaining('[not_found]')])
 
       const pruned = await onFullOutput(['prune'], secondTerminal)

@@ -138,8 +138,8 @@ describe('the compiled CLI against a platform whose answer has no end', () => {
     try {
       const env = { ...receiverEnv(dataDir), PARTNER_API_BASE_URL: `http://127.0.0.1:${(server.address() as AddressInfo).port}` }
       const open = ['trades', 'open', 'big-1', '--title', 'Chair', '--amount', '10.00', '--currency', 'EUR', '--seller', 's_1']
-      expect((await runCli(open, env, { built: true })).code).toBe(0)
-      const get = await runCli(['trades', 'get', 'big-1'], env, { built: true })
+      expect((await runCli(open, env)).code).toBe(0)
+      const get = await runCli(['trades', 'get', 'big-1'], env)
       expect(get.code).toBe(1)
       expect(get.stderr).toContain('the platform answered 200 with a body larger than 1,048,576 bytes')
       await expect.poll(() => closed).toBe(1)

@@ -42,7 +42,6 @@ describePostgres('a platform whose error answers are large (Postgres)', () => {
     const child = spawnCli(
       ['serve'],
       pollingServeEnv({ databaseUrl: database.url!, dataDir, platformUrl: platform.url }),
-      { built: true },
     )
     const output: string[] = []
     child.stdout!.on('data', (chunk: Buffer) => output.push(chunk.toString()))

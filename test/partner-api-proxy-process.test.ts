@@ -94,7 +94,7 @@ async function startService(proxyEnv: Record<string, string>, { local = false } 
     LOG_LEVEL: 'debug',
     ...proxyEnv,
   }
-  const child = spawnCli(['serve'], env, { built: true })
+  const child = spawnCli(['serve'], env)
   running.push(child)
   let output = ''
   child.stdout!.on('data', (chunk: Buffer) => {
@@ -107,13 +107,12 @@ async function startService(proxyEnv: Record<string, string>, { local = false } 
 
 /** A new order and a trade for it, each command run from a second process (inside the service). */
 async function openTrade(service: Service, reference: string) {
-  const created = await runCli(['orders', 'create', '--external-reference', reference], service.env, { built: true })
+  const created = await runCli(['orders', 'create', '--external-reference', reference], service.env)
   expect(created.stderr).toBe('')
   expect(created.code).toBe(0)
   return runCli(
     ['trades', 'open', reference, '--title', 'T', '--amount', '10', '--currency', 'EUR', '--seller', 's-1'],
     service.env,
-    { built: true },
   )
 }
 
@@ -221,7 +220,7 @@ describe('serve with HTTP_PROXY set', () => {
     expect(opened.stderr).toContain('[not_sent]')
     expect(opened.stderr + opened.stdout + service.stdout()).not.toContain(PROXY_PASSWORD)
     expect(service.child.exitCode).toBeNull()
-    const after = await runCli(['migrate', '--json'], service.env, { built: true })
+    const after = await runCli(['migrate', '--json'], service.env)
     expect(after.code).toBe(0)
   })
 })

@@ -67,7 +67,6 @@ describePostgres('Postgres lost mid-cycle under the compiled serve (Postgres)', 
     const child = spawnCli(
       ['serve'],
       { ...pollingServeEnv({ databaseUrl: proxy.rewrite(database.url!), dataDir, platformUrl: platform.url }), PARTNER_API_TIMEOUT_MS: '300000' },
-      { built: true },
     )
     const output: string[] = []
     child.stdout!.on('data', (chunk: Buffer) => output.push(chunk.toString()))

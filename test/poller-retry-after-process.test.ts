@@ -52,7 +52,6 @@ describePostgres('a Retry-After the poller cannot honour as given (Postgres)', (
         WEBHOOK_SECRETS: TEST_WEBHOOK_SECRET,
         POLL_CONCURRENCY: '1',
       },
-      { built: true },
     )
 
   it.each([

@@ -104,7 +104,7 @@ describePooler('behind PgBouncer in transaction mode (Postgres)', () => {
 
   // the compiled `serve`, its log lines parsed as they come, once it listens
   const startServe = async (extra: Record<string, string>) => {
-    const child = spawnCli(['serve'], env(extra), { built: true })
+    const child = spawnCli(['serve'], env(extra))
     children.push(child)
     const lines = jsonLogLines(child)
     let stderr = ''
@@ -267,7 +267,7 @@ describePooler('behind PgBouncer in transaction mode (Postgres)', () => {
   // out ("Migration (before any migration ran) failed")
   it('starts again and again: each migration run takes and gives back its lock on one session', async () => {
     const runs = []
-    for (let run = 0; run < 4; run++) runs.push(await runCli(['migrate'], env(), { built: true }))
+    for (let run = 0; run < 4; run++) runs.push(await runCli(['migrate'], env()))
     expect(runs.map((result) => ({ code: result.code, stderr: result.stderr }))).toEqual(Array.from({ length: 4 }, () => ({ code: 0, stderr: '' })))
     expect(runs.map((result) => result.stdout)).toEqual(Array.from({ length: 4 }, () => 'migrations are current\n'))
     const held = await admin.query(
@@ -281,7 +281,7 @@ describePooler('behind PgBouncer in transaction mode (Postgres)', () => {
   // later passes that landed on another one were skipped ("Another replica is pruning now")
   it('prunes again and again: each pass holds its lock in a transaction of its own and gives it back', async () => {
     const runs = []
-    for (let run = 0; run < 4; run++) runs.push(await runCli(['prune'], env({ RETENTION_DAYS: '1', DELIVERY_RETENTION_DAYS: '1' }), { built: true }))
+    for (let run = 0; run < 4; run++) runs.push(await runCli(['prune'], env({ RETENTION_DAYS: '1', DELIVERY_RETENTION_DAYS: '1' })))
     for (const result of runs) expect({ code: result.code, stderr: result.stderr, pruned: /^pruned: 0 raw bodies/.test(result.stdout) }).toEqual({ code: 0, stderr: '', pruned: true })
     const held = await admin.query(
       `select count(*)::int as n from pg_locks l join pg_database d on d.oid = l.database where l.locktype = 'advisory' and d.datname = $1`,

@@ -45,7 +45,6 @@ describe('the example Prometheus configuration', () => {
     const child = spawnCli(
       ['serve'],
       { ...receiverEnv(migratedDataDir('prometheus-scrape-')), PORT: String(publicPort), ADMIN_PORT: String(adminPort) },
-      { built: true },
     )
     children.push(child)
     await waitForLogLine(child, 'service listening')

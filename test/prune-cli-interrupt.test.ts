@@ -75,7 +75,7 @@ function logLine(child: ReturnType<typeof spawnCli>, msg: string): Promise<void>
 
 /** `prune --json` in batches of BATCH, its output collected; resolves once its first batch is pruned. */
 async function pruneUnderWay(env: Record<string, string>) {
-  const child = spawnCli(['prune', '--json'], { ...env, PRUNE_BATCH_SIZE: String(BATCH), LOG_LEVEL: 'debug' }, { built: true })
+  const child = spawnCli(['prune', '--json'], { ...env, PRUNE_BATCH_SIZE: String(BATCH), LOG_LEVEL: 'debug' })
   const output = { stdout: '', stderr: '' }
   child.stdout!.on('data', (chunk) => (output.stdout += chunk))
   child.stderr!.on('data', (chunk) => (output.stderr += chunk))
@@ -133,7 +133,7 @@ it.skipIf(!postgresUrl)(
     expect(release).toBeDefined()
     try {
       const dataDir = migratedDataDir('prune-locked-')
-      const child = spawnCli(['prune'], { ...receiverEnv(dataDir), DATABASE_URL: database.url! }, { built: true })
+      const child = spawnCli(['prune'], { ...receiverEnv(dataDir), DATABASE_URL: database.url! })
       let stdout = ''
       let stderr = ''
       child.stdout!.on('data', (chunk) => (stdout += chunk))

@@ -46,14 +46,14 @@ it.skipIf(!postgresUrl || !existsSync(FAKETIME_LIBRARY))(
       FAKETIME_DONT_FAKE_MONOTONIC: '1',
     }
 
-    const text = await runCli(['prune', '--dry-run'], env, { built: true })
+    const text = await runCli(['prune', '--dry-run'], env)
     expect(text.code, text.stderr).toBe(0)
     expect(text.stdout).toContain('would prune: 1 delivery rows')
     const said = /this machine's clock is (\d+) s ahead of the database's: ages were counted by the database's clock/.exec(text.stderr)
     expect(said, text.stderr).not.toBeNull()
     expect(Math.abs(Number(said![1]) - 400 * 86_400)).toBeLessThan(120)
 
-    const json = await runCli(['prune', '--dry-run', '--json'], env, { built: true })
+    const json = await runCli(['prune', '--dry-run', '--json'], env)
     expect(json.code, json.stderr).toBe(0)
     const result = JSON.parse(json.stdout) as { counts: { delivery: number }; clockAheadS: number; deliveriesBefore: string }
     expect(result.counts.delivery).toBe(1)

@@ -164,17 +164,17 @@ describe("`reactions retry` and `skip` on a machine whose clock runs an hour ahe
       const [one, skipped, ...rest] = await failedJobs(db, 'cli', 4)
 
       let before = await databaseNow(db)
-      const retried = await runCli(['reactions', 'retry', one!], env, { built: true })
+      const retried = await runCli(['reactions', 'retry', one!], env)
       expect(retried.code, retried.stderr).toBe(0)
       expectRetriedAt(await timesOf(db, one!), before, await databaseNow(db))
 
       before = await databaseNow(db)
-      const skip = await runCli(['reactions', 'skip', skipped!], env, { built: true })
+      const skip = await runCli(['reactions', 'skip', skipped!], env)
       expect(skip.code, skip.stderr).toBe(0)
       expectSkippedAt(await timesOf(db, skipped!), before, await databaseNow(db))
 
       before = await databaseNow(db)
-      const all = await runCli(['reactions', 'retry', '--failed', '--json'], env, { built: true })
+      const all = await runCli(['reactions', 'retry', '--failed', '--json'], env)
       expect(all.code, all.stderr).toBe(0)
       expect(JSON.parse(all.stdout)).toEqual({ retried: rest })
       const after = await databaseNow(db)

@@ -50,7 +50,7 @@ describePostgres('reactions release-stream after a replica holding handed-off jo
 
     const dataDir = mkdtempSync(path.join(tmpdir(), 'release-stream-cli-'))
     try {
-      const released = await runCli(['reactions', 'release-stream', FORWARDER_HANDLER], postgresServeEnv({ databaseUrl: database.url!, dataDir }), { built: true })
+      const released = await runCli(['reactions', 'release-stream', FORWARDER_HANDLER], postgresServeEnv({ databaseUrl: database.url!, dataDir }))
       expect(released.code, released.stderr).toBe(0)
       // before: still running, for REACTION_LEASE_S
       expect((await jobs()).map((job) => [job.state, job.attempts, job.leaseToken])).toEqual(Array(ORDERS).fill(['pending', 1, null]))

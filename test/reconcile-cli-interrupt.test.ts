@@ -39,7 +39,6 @@ it('gives the claimed orders back and records the run as stopped when Ctrl-C end
   const child = spawnCli(
     ['reconcile', '--once', '--json'],
     { ...receiverEnv(dataDir), PARTNER_API_BASE_URL: `http://127.0.0.1:${port}`, POLL_CONCURRENCY: '1' },
-    { built: true },
   )
   let stdout = ''
   let stderr = ''
@@ -91,17 +90,17 @@ it("says what a killed `reconcile --once` left leased, and until when, and repor
   const env = { ...receiverEnv(dataDir), PARTNER_API_BASE_URL: `http://127.0.0.1:${port}`, POLL_CONCURRENCY: '1' }
 
   polls.length = 0
-  const child = spawnCli(['reconcile', '--once'], env, { built: true })
+  const child = spawnCli(['reconcile', '--once'], env)
   if (polls.length === 0) await once(platform, 'poll')
   child.kill('SIGKILL')
   await once(child, 'exit')
 
-  const again = await runCli(['reconcile', '--once'], env, { built: true })
+  const again = await runCli(['reconcile', '--once'], env)
   expect([again.code, again.stderr]).toEqual([0, ''])
   const lines = again.stdout.split('\n')
   expect(lines[0]).toMatch(/^run \d+: claimed 0, polled 0, changed 0, errors 0$/)
   const until = /^left 2 due order\(s\) leased by another poller's cycle, due again by (\S+) as its lease ends /.exec(lines[1]!)?.[1]
-  const report = await runCli(['reconcile', '--report'], env, { built: true })
+  const report = await runCli(['reconcile', '--report'], env)
   expect(report.code).toBe(0)
   // the killed run, started seconds ago: under way for all anyone can tell, its counts not written
   expect(report.stdout.split('\n')[2]).toMatch(/^\d+\s+cli:\S+\s+\S+\s+running\s+-\s+-\s+-\s+-$/)

@@ -208,7 +208,7 @@ describeReplicas('three replicas behind HAProxy: a kill and a rolling restart un
       }
     }
     const startReplica = async (name: string, port: number) => {
-      const proc = keepOutput(spawnCli(['serve'], replicaEnv(name, port), { built: true }))
+      const proc = keepOutput(spawnCli(['serve'], replicaEnv(name, port)))
       procs.push(proc)
       await waitForLogLine(proc.child, 'service listening').catch((error: Error) => {
         throw new Error(`${error.message}\n${proc.output.join('')}`)

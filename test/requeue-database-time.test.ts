@@ -100,13 +100,13 @@ describe("`reconcile --requeue` on a machine whose clock runs an hour ahead make
       await flaggedOrders(db, ['cli-one', 'cli-all-1', 'cli-all-2'])
 
       let before = await databaseNow(db)
-      const one = await runCli(['reconcile', '--requeue', 'cli-one'], env, { built: true })
+      const one = await runCli(['reconcile', '--requeue', 'cli-one'], env)
       expect(one.code, one.stderr).toBe(0)
       expect(one.stdout).toBe('cli-one: due now (was trade_not_found)\n')
       await expectDueAt(db, 'cli-one', before, await databaseNow(db))
 
       before = await databaseNow(db)
-      const every = await runCli(['reconcile', '--requeue'], env, { built: true })
+      const every = await runCli(['reconcile', '--requeue'], env)
       expect(every.code, every.stderr).toBe(0)
       const after = await databaseNow(db)
       for (const reference of ['cli-all-1', 'cli-all-2']) await expectDueAt(db, reference, before, after)

@@ -21,7 +21,7 @@ afterAll(() => killLeftovers(children))
 
 /** Starts the compiled `sandbox` and resolves with its stdout once it has written its last start line. */
 async function startSandbox(args: string[], env: Record<string, string>) {
-  const child = spawnCli(['sandbox', '--port', '0', ...secrets, ...args], env, { built: true })
+  const child = spawnCli(['sandbox', '--port', '0', ...secrets, ...args], env)
   children.push(child)
   let stdout = ''
   let stderr = ''
@@ -38,7 +38,7 @@ async function startSandbox(args: string[], env: Record<string, string>) {
 
 /** What the compiled command wrote until it exited, or until it listened (then stopped): a start not refused. */
 async function exitOrListening(args: string[], env: Record<string, string>) {
-  const child = spawnCli(args, env, { built: true })
+  const child = spawnCli(args, env)
   children.push(child)
   let stdout = ''
   let stderr = ''

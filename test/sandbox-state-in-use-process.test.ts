@@ -48,7 +48,7 @@ describePostgres('two local-mode services over one DATA_DIR (Postgres)', () => {
   // local mode (no PARTNER_API_BASE_URL): each runs the sandbox, on a port of its own
   const env = () => ({ DATA_DIR: dataDir, DATABASE_URL: databaseUrl(), PORT: '0', ADMIN_PORT: '0', SANDBOX_PORT: '0', POLL_ENABLED: 'false' })
   const serve = async () => {
-    const child = spawnCli(['serve'], env(), { built: true })
+    const child = spawnCli(['serve'], env())
     children.push(child)
     await waitForLogLine(child, 'service listening')
     return child
@@ -56,11 +56,11 @@ describePostgres('two local-mode services over one DATA_DIR (Postgres)', () => {
 
   it('refuses the second at start, naming the process that keeps the state; a killed one’s lock is taken over', async () => {
     await withPostgresClient((client) => client.query(`create schema ${schema}`))
-    expect((await runCli(['migrate'], env(), { built: true })).code).toBe(0)
+    expect((await runCli(['migrate'], env())).code).toBe(0)
     const stateFile = path.join(dataDir, 'sandbox-state.json')
 
     const first = await serve()
-    const starting = spawnCli(['serve'], env(), { built: true })
+    const starting = spawnCli(['serve'], env())
     children.push(starting)
     const second = await exitOrListening(starting)
     expect({ code: second.code, stderr: second.stderr }).toEqual({

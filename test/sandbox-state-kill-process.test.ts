@@ -26,7 +26,7 @@ describe('the compiled serve in local mode, killed with SIGKILL', () => {
     const webhookSecret = config.webhook.secrets[0]!
     rememberSecret(secret, webhookSecret)
     const env = { DATA_DIR: dataDir, PORT: '0', ADMIN_PORT: '0', POLL_ENABLED: 'false', SANDBOX_PORT: String(await freePort()) }
-    const child = spawnCli(['serve'], env, { built: true })
+    const child = spawnCli(['serve'], env)
     children.push(child)
     const { url } = await waitForLogLine(child, 'sandbox platform listening')
     child.stdout!.resume()

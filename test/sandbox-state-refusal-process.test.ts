@@ -73,7 +73,7 @@ describe('the compiled serve in local mode over a sandbox state it cannot use', 
     const contents = () => [state, journal].map((file) => (statSync(file, { throwIfNoEntry: false })?.isFile() ? readFileSync(file, 'utf8') : undefined))
     const before = contents()
     const env = { DATA_DIR: dataDir, PORT: '0', ADMIN_PORT: '0', POLL_ENABLED: 'false', SANDBOX_PORT: String(await freePort()) }
-    const result = await runCli(['serve'], env, { built: true })
+    const result = await runCli(['serve'], env)
     expect({ code: result.code, stderr: result.stderr }).toEqual({ code: 1, stderr: `${line(state, journal)}\n` })
     expect(`${result.stdout}${result.stderr}`).not.toMatch(/\n\s+at |\\n\s+at /)
     // the sandbox never listened: nothing was written over the files
@@ -98,7 +98,7 @@ describe('the compiled serve in local mode over a journal without its snapshot',
     const { keyId, secret } = config.partner
     rememberSecret(secret, config.webhook.secrets[0]!)
     const env = { DATA_DIR: dataDir, PORT: '0', ADMIN_PORT: '0', POLL_ENABLED: 'false', SANDBOX_PORT: String(await freePort()) }
-    const child = spawnCli(['serve'], env, { built: true })
+    const child = spawnCli(['serve'], env)
     children.push(child)
     try {
       const logged = jsonLogLines(child)

@@ -61,7 +61,7 @@ afterAll(() => {
 
 it('says that the running service is older and does not run `prune` or `reactions` (exit 1), instead of its bare 400', async () => {
   for (const args of [['prune'], ['prune', '--dry-run'], ['reactions', 'list']]) {
-    const result = await runCli(args, receiverEnv(dataDir), { built: true })
+    const result = await runCli(args, receiverEnv(dataDir))
     expect(result.code, `${args.join(' ')}: ${result.stderr}`).toBe(1)
     expect(result.stderr).toBe(
       `The service running from ${dataDir} (pid ${process.pid}) is older than this CLI and does not run \`${args[0]}\`. ` +
@@ -72,7 +72,7 @@ it('says that the running service is older and does not run `prune` or `reaction
 })
 
 it('still runs in that service the commands it takes', async () => {
-  const result = await runCli(['orders', 'list'], receiverEnv(dataDir), { built: true })
+  const result = await runCli(['orders', 'list'], receiverEnv(dataDir))
   expect(result.code, result.stderr).toBe(0)
   expect(result.stdout).toBe('(no orders)\n')
 })

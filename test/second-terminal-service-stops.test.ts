@@ -47,7 +47,6 @@ it('says a forwarded `trades fund` cut short by the service stopping may or may 
   const service = spawnCli(
     ['serve'],
     { ...remoteServeEnv({ dataDir, platformUrl }), POLL_ENABLED: 'false', PARTNER_API_TIMEOUT_MS: '120000', SHUTDOWN_TIMEOUT_MS: '2000' },
-    { built: true },
   )
   try {
     await waitForLogLine(service, 'service listening')
@@ -56,10 +55,10 @@ it('says a forwarded `trades fund` cut short by the service stopping may or may 
     expect(advertised.platform).toEqual({ env: 'sandbox', baseUrl: platformUrl, keyId: TEST_API_KEY_ID })
     expect(JSON.stringify(advertised)).not.toContain(TEST_API_SECRET)
     const secondTerminal = { DATA_DIR: dataDir }
-    const opened = await runCli(['trades', 'open', 'stopped-1', '--title', 'Lamp', '--amount', '5.00', '--currency', 'EUR', '--seller', 's_1'], secondTerminal, { built: true })
+    const opened = await runCli(['trades', 'open', 'stopped-1', '--title', 'Lamp', '--amount', '5.00', '--currency', 'EUR', '--seller', 's_1'], secondTerminal)
     expect([opened.code, opened.stderr]).toEqual([0, ''])
 
-    const fund = runCli(['trades', 'fund', 'stopped-1'], secondTerminal, { built: true })
+    const fund = runCli(['trades', 'fund', 'stopped-1'], secondTerminal)
     await eventually(() => funds.length === 1, 'the fund is at the platform', 60_000)
     service.kill('SIGTERM')
     const result = await fund

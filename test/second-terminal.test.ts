@@ -67,12 +67,12 @@ it('treats a refused connection as not sent: a new order stays, created with no 
 it('says so when `trades open` with no service running created the order and sent nothing, in a process of its own', async () => {
   // local mode, no service: the platform is the sandbox at SANDBOX_PORT, where nothing listens
   const env = { DATA_DIR: migratedDataDir('second-terminal-'), SANDBOX_PORT: String(await freePort()) }
-  const opened = await runCli(['trades', 'open', 'order-3', '--title', 'Desk', '--amount', '80.00', '--currency', 'EUR', '--seller', 's_1'], env, { built: true })
+  const opened = await runCli(['trades', 'open', 'order-3', '--title', 'Desk', '--amount', '80.00', '--currency', 'EUR', '--seller', 's_1'], env)
   expect(opened.code).toBe(1)
   expect(opened.stderr).toMatch(
     /^Could not reach the platform at \S+ \(ECONNREFUSED\): nothing was sent and no trade was opened, but order order-3 was created locally: the same command opens its trade once the platform can be reached\. .* \[not_sent\]\n$/,
   )
-  const shown = await runCli(['orders', 'show', 'order-3'], env, { built: true })
+  const shown = await runCli(['orders', 'show', 'order-3'], env)
   expect(shown.code, shown.stderr).toBe(0)
   expect(shown.stdout).toContain('order-3')
 })
@@ -180,7 +180,7 @@ describePostgres('a second terminal next to a service in remote mode (Postgres)'
 
   beforeAll(async () => {
     database = await createTestDatabase({ kind: 'postgres' })
-    service = spawnCli(['serve'], postgresServeEnv({ databaseUrl: database.url!, dataDir }), { built: true })
+    service = spawnCli(['serve'], postgresServeEnv({ databaseUrl: database.url!, dataDir }))
     await waitForLogLine(service, 'service listening')
   })
   afterAll(async () => {

@@ -54,7 +54,7 @@ describe(`the compiled service with its secrets in files only (${postgresUrl ? '
       ADMIN_TOKEN_FILE: secretFile('admin', ADMIN_TOKEN),
       ...(database && { DATABASE_URL_FILE: secretFile('database-url', `${database.url}\n`) }),
     }
-    const service = spawnCli(['serve'], env, { built: true })
+    const service = spawnCli(['serve'], env)
     let output = ''
     service.stdout!.on('data', (chunk: Buffer) => (output += chunk.toString()))
     service.stderr!.on('data', (chunk: Buffer) => (output += chunk.toString()))
@@ -80,11 +80,11 @@ describe(`the compiled service with its secrets in files only (${postgresUrl ? '
       expect(await stopChild(service)).toBe(0)
 
       // a command with the same environment: in remote mode it needs the secrets, and finds the delivery where serve stored it
-      const shown = await runCli(['deliveries', 'show', deliveryId], env, { built: true })
+      const shown = await runCli(['deliveries', 'show', deliveryId], env)
       expect({ code: shown.code, stderr: shown.stderr }).toEqual({ code: 0, stderr: '' })
       expect(shown.stdout).toContain(deliveryId)
       // and signs with the secret in the file
-      const signed = await runCli(['webhook', 'sign', '--file', secretFile('body.json', body, 0o644), '--json'], env, { built: true })
+      const signed = await runCli(['webhook', 'sign', '--file', secretFile('body.json', body, 0o644), '--json'], env)
       expect({ code: signed.code, stderr: signed.stderr }).toEqual({ code: 0, stderr: '' })
       expect((JSON.parse(signed.stdout) as Record<string, string>)['X-Partner-Signature']).toBe(signBody(body, WEBHOOK_SECRET))
       for (const secret of [WEBHOOK_SECRET, API_SECRET, ADMIN_TOKEN, ...(database ? [new URL(database.url!).password].filter((password) => password.length >= 8) : [])]) {
@@ -109,7 +109,7 @@ describe(`the compiled service with its secrets in files only (${postgresUrl ? '
     }
     const body = secretFile('body-2.json', '{}', 0o644)
     for (const args of [['serve'], ['orders', 'list'], ['webhook', 'sign', '--file', body]]) {
-      const result = await runCli(args, env, { built: true })
+      const result = await runCli(args, env)
       expect({ code: result.code, stdout: result.stdout, stderr: result.stderr }, args.join(' ')).toEqual({
         code: 2,
         stdout: '',

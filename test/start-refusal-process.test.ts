@@ -24,7 +24,7 @@ describePostgres('a start refused for a reason of the configuration (Postgres)',
 
   it('on a database a newer build migrated: logs start-up failed with its code and message only, no stack, exit 1', async () => {
     await sql`insert into kysely_migration (name, timestamp) values (${NEWER}, ${new Date().toISOString()})`.execute(database.db)
-    const result = await runCli(['serve'], postgresServeEnv({ databaseUrl: database.url!, dataDir }), { built: true })
+    const result = await runCli(['serve'], postgresServeEnv({ databaseUrl: database.url!, dataDir }))
     expect(result.code).toBe(1)
     const output = `${result.stdout}${result.stderr}`
     const failed = output

@@ -71,7 +71,7 @@ describePostgres('statements held up by another session (Postgres, the compiled 
   it('answers 503, leaves nothing to be written later, and frees its connections while the lock is still held', async () => {
     const url = new URL(database.url!)
     url.searchParams.set('application_name', APPLICATION)
-    child = spawnCli(['serve'], serveEnv(url.toString()), { built: true })
+    child = spawnCli(['serve'], serveEnv(url.toString()))
     const lines = jsonLogLines(child)
     const serviceUrl = String((await waitForLogLine(child, 'service listening')).url)
 
@@ -133,7 +133,7 @@ describePostgres('statements held up by another session (Postgres, the compiled 
 
       const url = new URL(old.url!)
       url.searchParams.set('application_name', `${APPLICATION}-upgrade`)
-      upgrading = spawnCli(['serve'], serveEnv(url.toString()), { built: true })
+      upgrading = spawnCli(['serve'], serveEnv(url.toString()))
       const lines = jsonLogLines(upgrading)
       // the migration waits on the lock, and goes on waiting for twice the statement timeout (read by another
       // session: one in a transaction sees pg_stat_activity as it was at the transaction's first look)

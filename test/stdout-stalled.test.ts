@@ -24,7 +24,7 @@ describe('the compiled serve when its stdout is not read', () => {
   ])('holds at most LOG_BUFFER_LIMIT, counts the lines it drops, and says how many once read again (%s)', async (_lines, logPretty) => {
     const adminPort = await freePort()
     const env = { ...receiverEnv(migratedDataDir('stdout-stalled-')), ADMIN_PORT: String(adminPort) }
-    const child = spawnCli(['serve'], { ...env, LOG_BUFFER_LIMIT: '256kb', LOG_PRETTY: logPretty }, { built: true })
+    const child = spawnCli(['serve'], { ...env, LOG_BUFFER_LIMIT: '256kb', LOG_PRETTY: logPretty })
     kills.push(() => child.kill('SIGKILL'))
     const url = await Promise.race([
       listeningUrl(child),

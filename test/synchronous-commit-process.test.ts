@@ -53,7 +53,7 @@ describePostgres('a role whose sessions start with synchronous_commit off (Postg
       await client.query('create event trigger observe_ddl on ddl_command_end execute function observer.ddl()')
     })
 
-    child = spawnCli(['serve'], postgresServeEnv({ databaseUrl: urlOf(name, name), dataDir }), { built: true })
+    child = spawnCli(['serve'], postgresServeEnv({ databaseUrl: urlOf(name, name), dataDir }))
     const lines = jsonLogLines(child)
     const { url } = (await waitForLogLine(child, 'service listening')) as { url: string }
     expect(lines.filter((line) => line.sessionDefaults).map((line) => [line.level, line.sessionDefaults, line.msg])).toEqual([

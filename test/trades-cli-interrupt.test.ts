@@ -68,7 +68,7 @@ afterAll(async () => {
  * it waits for is its own, never one that another run's call left at the platform.
  */
 function started(args: string[], env: Record<string, string>, marker: string) {
-  const child = spawnCli(args, env, { built: true })
+  const child = spawnCli(args, env)
   const output = { stdout: '', stderr: '' }
   child.stdout!.on('data', (chunk) => (output.stdout += chunk))
   child.stderr!.on('data', (chunk) => (output.stderr += chunk))

@@ -24,15 +24,15 @@ describe('a connection never set up within PARTNER_API_TIMEOUT_MS, the compiled 
 
   it('`trades open` says nothing was sent, [not_sent], and the order has no create pending or unknown', async () => {
     const open = ['trades', 'open', 'never-connected', '--title', 'A lamp', '--amount', '10.00', '--currency', 'KES', '--seller', 'usr_1']
-    const result = await runCli(open, env, { built: true })
+    const result = await runCli(open, env)
     expect(result.code).toBe(1)
     expect(result.stderr).toMatch(/no connection within 1,500 ms, so the request was not written/)
     expect(result.stderr).toMatch(/nothing was sent .*\[not_sent\]\n$/)
     expect(result.stderr).not.toContain('outcome_unknown')
-    const shown = await runCli(['orders', 'show', 'never-connected', '--json'], env, { built: true })
+    const shown = await runCli(['orders', 'show', 'never-connected', '--json'], env)
     expect(JSON.parse(shown.stdout)).toMatchObject({ tradeId: null, tradeCreateState: 'none' })
     // nothing stands in the way of the same command once the platform can be reached
-    const again = await runCli(open, env, { built: true })
+    const again = await runCli(open, env)
     expect(again.stderr).toContain('[not_sent]')
     expect(again.stderr).not.toContain('trade_create_unknown')
   })

@@ -51,7 +51,7 @@ describePostgres('a trade command whose database goes away once its call is sent
     const before = platform.requests.length
     platform.gate = { ...gate, before: () => proxy.cut() }
     try {
-      const result = await runCli(args, env, { built: true })
+      const result = await runCli(args, env)
       // the command's lines, without its log lines (JSON), which may come after them
       return { ...result, stderr: result.stderr.replace(/^\{.*\}\n/gm, ''), sent: platform.requests.slice(before) }
     } finally {
@@ -100,7 +100,7 @@ describePostgres('a trade command whose database goes away once its call is sent
     expect(result.code).toBe(1)
     expect(await orderRow('open-1')).toMatchObject({ trade_id: null, trade_create_state: 'pending' })
     // the same command sends nothing while that create's time runs
-    const again = await runCli(['trades', 'open', 'open-1', '--title', 'Bicycle', '--amount', '10.00', '--currency', 'EUR', '--seller', 's1'], env, { built: true })
+    const again = await runCli(['trades', 'open', 'open-1', '--title', 'Bicycle', '--amount', '10.00', '--currency', 'EUR', '--seller', 's1'], env)
     expect(again.stderr).toMatch(/\[trade_create_in_flight\]/)
     expect(platform.requests.filter((each) => each.path.endsWith('/v1/trades/'))).toHaveLength(1)
   })

@@ -61,7 +61,7 @@ for (const kind of ['pglite', 'postgres'] as const) {
       })
       await platform.fundTrade(tradeId)
 
-      const linked = await runCli(['trades', 'link', ref, tradeId], env, { built: true })
+      const linked = await runCli(['trades', 'link', ref, tradeId], env)
       expect(linked.stderr).toBe('')
       expect(linked.code).toBe(0)
       expect(linked.stdout).toMatch(
@@ -71,11 +71,11 @@ for (const kind of ['pglite', 'postgres'] as const) {
       expect(order).toMatchObject({ tradeId, tradeStatus: 'funded', tradeCreateState: 'created', attention: null })
       expect(order!.nextPollAt).not.toBeNull()
 
-      const again = await runCli(['trades', 'link', ref, tradeId], env, { built: true })
+      const again = await runCli(['trades', 'link', ref, tradeId], env)
       expect(again.code).toBe(0)
       expect(again.stdout).toBe(`${ref}: already linked to trade ${tradeId} (funded): nothing changed\n`)
 
-      const refused = await runCli(['trades', 'link', other, tradeId], env, { built: true })
+      const refused = await runCli(['trades', 'link', other, tradeId], env)
       expect(refused.code).toBe(1)
       expect(refused.stderr).toMatch(/ \[answer_mismatch\]\n$/)
       expect(await read((db) => findOrderByExternalReference(db, other))).toMatchObject({

@@ -132,7 +132,7 @@ describePostgres('trades open waiting on a lock (Postgres)', () => {
 
   it('a mark that waited on a lock past the whole time: a --retry while the create is at the platform sends nothing', async () => {
     const timeoutEnv = { ...env, PARTNER_API_TIMEOUT_MS: '15000' }
-    expect((await runCli(['orders', 'create', '--external-reference', 'f2-1'], timeoutEnv, { built: true })).code).toBe(0)
+    expect((await runCli(['orders', 'create', '--external-reference', 'f2-1'], timeoutEnv)).code).toBe(0)
     const before = creates().length
     let retrying: ReturnType<typeof runCli> | undefined
     platform.gate = {
@@ -140,7 +140,7 @@ describePostgres('trades open waiting on a lock (Postgres)', () => {
       before: async () => {
         if (retrying) return
         // while this create is at the platform (its answer held until then): the operator's --retry
-        retrying = runCli(['trades', 'open', 'f2-1', ...OPEN, '--retry'], timeoutEnv, { built: true })
+        retrying = runCli(['trades', 'open', 'f2-1', ...OPEN, '--retry'], timeoutEnv)
         await retrying
       },
     }
@@ -168,7 +168,7 @@ describePostgres('trades open waiting on a lock (Postgres)', () => {
   // to three times: here each of the three waits 3 s or more on a lock (each holder taken in turn, as the stamp before
   // it commits), and the command sends nothing, sets the order back and says so, [database_slow]
   it('a sent stamp that waits on a lock past 2 s three times: nothing is sent, the order is set back, [database_slow]', async () => {
-    expect((await runCli(['orders', 'create', '--external-reference', 'slow-1'], env, { built: true })).code).toBe(0)
+    expect((await runCli(['orders', 'create', '--external-reference', 'slow-1'], env)).code).toBe(0)
     const before = creates().length
     platform.gate = { tradeId: 'tr_slow' }
     let holder: { client: pg.Client; pid: number } = await holdOrders()
@@ -215,7 +215,7 @@ describePostgres('trades open waiting on a lock (Postgres)', () => {
     expect(creates().length - before).toBe(0)
     expect(await orderRow('slow-1')).toMatchObject({ trade_id: null, trade_create_state: 'none', trade_create_wait_ms: null })
     // set back to none: the same command, the database answering in time, sends the create at once
-    const again = await runCli(['trades', 'open', 'slow-1', ...OPEN], env, { built: true })
+    const again = await runCli(['trades', 'open', 'slow-1', ...OPEN], env)
     platform.gate = {}
     expect({ stdout: again.stdout, code: again.code }, again.stderr).toMatchObject({ stdout: expect.stringMatching(/slow-1: trade tr_slow \(.*\) is created/), code: 0 })
     expect(creates().length - before).toBe(1)
@@ -223,7 +223,7 @@ describePostgres('trades open waiting on a lock (Postgres)', () => {
 
   it('SIGINT then SIGTERM while the mark waits: says it may or may not have been made; the mark, committed later, reads as never sent', async () => {
     const timeoutEnv = { ...env, PARTNER_API_TIMEOUT_MS: '3000' }
-    expect((await runCli(['orders', 'create', '--external-reference', 'f3-1'], timeoutEnv, { built: true })).code).toBe(0)
+    expect((await runCli(['orders', 'create', '--external-reference', 'f3-1'], timeoutEnv)).code).toBe(0)
     const before = creates().length
     const holder = await holdOrders()
     let opening: ReturnType<typeof started> | undefined
@@ -243,7 +243,7 @@ describePostgres('trades open waiting on a lock (Postgres)', () => {
     // the mark's statement runs on without the process, and commits once the lock is gone
     await until(async () => (await orderRow('f3-1')).trade_create_state === 'pending', 'the mark commits')
     expect(creates().length - before).toBe(0)
-    const shown = await runCli(['orders', 'show', 'f3-1'], timeoutEnv, { built: true })
+    const shown = await runCli(['orders', 'show', 'f3-1'], timeoutEnv)
     expect(shown.stdout).toMatch(/create +pending \(marked, not sent\)/)
     // once its whole time is up (3 s and the 5 s margin), the next open sends it, no --retry needed
     await until(async () => {
@@ -251,7 +251,7 @@ describePostgres('trades open waiting on a lock (Postgres)', () => {
       return row.now.getTime() > row.updated_at.getTime() + 8_500
     }, 'the mark is past its whole time')
     platform.gate = { tradeId: 'tr_f3' }
-    const next = await runCli(['trades', 'open', 'f3-1', ...OPEN], timeoutEnv, { built: true })
+    const next = await runCli(['trades', 'open', 'f3-1', ...OPEN], timeoutEnv)
     platform.gate = {}
     expect(next.stderr).not.toMatch(/trade_create_unknown/)
     expect(next.stderr).toMatch(/stopped before sending it: nothing was sent then/)

@@ -54,7 +54,7 @@ describeTls('the webhook URL over TLS, ended in a proxy in front of the public l
   beforeAll(async () => {
     if (!installed) throw new Error(`${HAPROXY} is required in CI: .ci/run installs Debian's haproxy package`)
     workDir = mkdtempSync(path.join(tmpdir(), 'webhook-tls-'))
-    const serve = spawnCli(['serve'], receiverEnv(path.join(workDir, 'data')), { built: true })
+    const serve = spawnCli(['serve'], receiverEnv(path.join(workDir, 'data')))
     children.push(serve)
     const { url } = await waitForLogLine(serve, 'service listening')
     const receiver = new URL(String(url)).host

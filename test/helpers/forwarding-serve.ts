@@ -38,7 +38,7 @@ export function useForwardingServe(dataDirPrefix: string, ...receiverOptions: Pa
     serveEnv: () => forwardingServeEnv({ databaseUrl: database!.url!, dataDir: dataDir!, forwardUrl: receiver!.url }),
     /** Starts the compiled `serve` with `env`. */
     serve(env: Record<string, string>): ChildProcess {
-      const child = spawnCli(['serve'], env, { built: true })
+      const child = spawnCli(['serve'], env)
       children.push(child)
       return child
     },
