@@ -20,6 +20,11 @@ import { createTestDatabase, postgresUrl, type TestDatabase } from './helpers/te
 
 const REFERENCE = 'reapply-1'
 const DELIVERY = 'dlv-reapply-1'
+// The first signal's line: what a second one does, true before the COMMIT is sent (rolled back) and after (not known).
+// It said the second one "rolls its transaction back", which a COMMIT in flight is not.
+const FIRST_SIGNAL =
+  'stopping after the delivery in flight, if any (a second Ctrl-C ends the process now: before its COMMIT is sent, its transaction ' +
+  `is rolled back, nothing written; once it is sent, whether the reapply was made is not known, and \`deliveries show ${DELIVERY}\` tells)\n`
 
 const cleanups: (() => Promise<void>)[] = []
 afterAll(async () => {
@@ -121,6 +126,7 @@ it.skipIf(!postgresUrl)(
     expect({ code, endedBy }, output.stderr.slice(-2_000)).toEqual({ code: 130, endedBy: null })
     expect(JSON.parse(output.stdout)).toMatchObject({ deliveryId: DELIVERY, outcome: 'applied', toStatus: 'funded' })
     expect(output.stderr).toContain('stopped by a signal after the delivery in flight')
+    expect(output.stderr).toContain(FIRST_SIGNAL)
     expect(state).toEqual({ outcome: 'applied', status: 'funded' })
   },
   120_000,
@@ -132,6 +138,7 @@ it.skipIf(!postgresUrl)(
     const { code, endedBy, output, state } = await heldInFlight('SIGTERM')
     expect({ code, endedBy }, output.stderr.slice(-2_000)).toEqual({ code: null, endedBy: 'SIGTERM' })
     expect(output.stdout).toBe('')
+    expect(output.stderr).toContain(FIRST_SIGNAL)
     expect(state).toEqual({ outcome: 'unmatched', status: 'created' })
   },
   120_000,
@@ -139,8 +146,9 @@ it.skipIf(!postgresUrl)(
 
 // Once its COMMIT is sent, the end of the process no longer rolls the reapply back: the server carries it through. A
 // second signal then said nothing of it (the first had said the second "rolls its transaction back"), and the delivery
-// was applied once the COMMIT went. The COMMIT is held by a deferred constraint trigger (run at COMMIT) waiting on an
-// advisory lock the test's session holds as a session lock, taken outside a transaction: no transaction id of the test's.
+// was applied once the COMMIT went; the first line now says both cases (FIRST_SIGNAL). The COMMIT is held by a
+// deferred constraint trigger (run at COMMIT) waiting on an advisory lock the test's session holds as a session lock,
+// taken outside a transaction: no transaction id of the test's.
 it.skipIf(!postgresUrl)(
   'a second signal while its COMMIT waits says the reapply may or may not have been made, exit 130 [stopped]; it is, once the COMMIT goes (Postgres)',
   async () => {
@@ -177,6 +185,7 @@ it.skipIf(!postgresUrl)(
       await holder.query('select pg_advisory_unlock($1::bigint)', [key])
     }
     expect(output.stdout).toBe('')
+    expect(output.stderr).toContain(FIRST_SIGNAL)
     expect(output.stderr).toContain(
       `Stopped by a signal while the reapply of ${DELIVERY} was being committed: it may or may not have been made (its COMMIT was sent ` +
         `and not yet answered; on Postgres the database finishes it without this process); \`deliveries show ${DELIVERY}\` shows its outcome [stopped]\n`,

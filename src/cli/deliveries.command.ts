@@ -147,7 +147,12 @@ export function registerDeliveriesCommands(program: Command): void {
         : stopOnSignals(
             () => {
               signalled = true
-              writeError('stopping after the delivery in flight, if any (a second Ctrl-C ends the process now, and rolls its transaction back)\n')
+              // a second signal's end rolls the transaction back only until its COMMIT is sent (commit-in-flight.ts)
+              writeError(
+                'stopping after the delivery in flight, if any (a second Ctrl-C ends the process now: before its COMMIT is sent, ' +
+                  'its transaction is rolled back, nothing written; once it is sent, whether the reapply was made is not known, ' +
+                  `and \`deliveries show ${quoteForShell(deliveryId)}\` tells)\n`,
+              )
             },
             () => {
               // its COMMIT sent: the end of the process no longer rolls it back (commit-in-flight.ts)
