@@ -1,7 +1,9 @@
 // `trades link` as an operator runs it: the compiled CLI as its own process (on embedded PGlite, and on Postgres
 // through DATABASE_URL when TEST_DATABASE_URL is given), against the sandbox platform, which drops every webhook.
 // The exit codes and lines are the command's contract; test/trades-link.test.ts covers each case in-process.
-import type { Kysely } from 'kysely'
+import { type ChildProcess } from 'node:child_process'
+import { type Kysely, sql } from 'kysely'
+import pg from 'pg'
 import { afterAll, beforeAll, describe, expect, it } from 'vitest'
 import type { Database } from '../src/db/database.js'
 import { findOrderByExternalReference, setTradeCreateState } from '../src/orders/order.repository.js'
@@ -9,9 +11,10 @@ import { flagUnresolvedCreates } from '../src/orders/poll-schedule.repository.js
 import type { PartnerApiClient } from '../src/partner-api/partner-api.client.js'
 import { createSandbox, type Sandbox } from '../src/sandbox/create-sandbox.js'
 import { type Reader, seededCliDatabase } from './helpers/cli-database.js'
-import { runCli } from './helpers/cli-process.js'
+import { killLeftovers, runCli, startedCli } from './helpers/cli-process.js'
 import { testLogger } from './helpers/log-sink.js'
 import { backdateCreateMark, createOrder, markCreateSent } from './helpers/orders.js'
+import { eventually } from './helpers/reconcile-poller.js'
 import { sandboxClient } from './helpers/sandbox-client.js'
 import { TEST_API_KEY_ID, TEST_API_SECRET, TEST_WEBHOOK_SECRET } from './helpers/test-config.js'
 import { postgresUrl } from './helpers/test-database.js'
@@ -20,6 +23,7 @@ let sandbox: Sandbox
 let sandboxUrl: string
 let platform: PartnerApiClient
 const cleanups: (() => Promise<void>)[] = []
+const children: ChildProcess[] = []
 
 beforeAll(async () => {
   const logger = testLogger([TEST_API_SECRET, TEST_WEBHOOK_SECRET])
@@ -28,6 +32,7 @@ beforeAll(async () => {
   platform = sandboxClient(sandboxUrl, { keyId: TEST_API_KEY_ID, secret: TEST_API_SECRET })
 })
 afterAll(async () => {
+  killLeftovers(children)
   for (const cleanup of cleanups) await cleanup()
   await sandbox.close()
 })
@@ -86,3 +91,60 @@ for (const kind of ['pglite', 'postgres'] as const) {
     })
   })
 }
+
+// `trades link` writes the link in one transaction, and holds no stop signal of its own: a signal while its COMMIT
+// waited for its answer said the generic words, "the command's transaction", and "look whether its change was made",
+// where the link, carried through by the server without the process, was made once the COMMIT went. Now it names the
+// link and the command that shows it. The COMMIT is held by a deferred constraint trigger (run at COMMIT) that waits on
+// an advisory lock the test's session holds as a session lock: taken outside a transaction, no transaction id of the test's.
+describe.skipIf(!postgresUrl)('the compiled trades link stopped while its COMMIT waits (Postgres)', () => {
+  it('says the link may or may not have been made and where to look, exit 130 [stopped]; it is, once the COMMIT goes', async () => {
+    const ref = 'link-committing'
+    const key = 47_303
+    const { env, read } = await seeded('postgres', [ref])
+    const { trade_id: tradeId } = await platform.createTrade({ title: 'Used bicycle', amount: '120.00', currency: 'EUR', seller_id: 's_1', external_reference: ref })
+    const holder = new pg.Client({ connectionString: env.DATABASE_URL! })
+    await holder.connect()
+    cleanups.unshift(() => holder.end())
+    const holderPid = Number((await holder.query<{ pid: number }>('select pg_backend_pid() as pid')).rows[0]!.pid)
+    await holder.query(
+      `create function test_hold_commit() returns trigger language plpgsql as $$ begin perform pg_advisory_xact_lock(${key}); return null; end $$`,
+    )
+    await holder.query(
+      'create constraint trigger test_hold_commit after update on orders deferrable initially deferred for each row ' +
+        `when (new.external_reference = '${ref}') execute function test_hold_commit()`,
+    )
+    await holder.query('select pg_advisory_lock($1::bigint)', [key])
+    // seen from another session: a session's own look at pg_stat_activity holds a snapshot while it runs
+    const { rows: horizon } = await read((db) => sql`select backend_xid as xid, backend_xmin as xmin from pg_stat_activity where pid = ${holderPid}::int`.execute(db))
+    expect(horizon).toEqual([{ xid: null, xmin: null }])
+    // no statement of the command's ends at its statement timeout while the test holds it: only the signal stops it
+    const command = startedCli(['trades', 'link', ref, tradeId], { ...env, DATABASE_STATEMENT_TIMEOUT_MS: '3600000' }, children)
+    try {
+      await eventually(async () => {
+        if (command.closed()) throw new Error(`the command ended before its COMMIT waited: ${command.stderr()}`)
+        const { rows } = await read((db) =>
+          sql<{ waiting: number }>`select count(*)::int as waiting from pg_stat_activity where ${holderPid}::int = any(pg_blocking_pids(pid)) and query = 'commit'`.execute(db),
+        )
+        return rows[0]!.waiting > 0
+      }, 'the link’s COMMIT waits on the lock', 120_000)
+      command.child.kill('SIGINT')
+      await eventually(() => command.closed() !== undefined, 'the command ends', 120_000)
+    } finally {
+      if (!command.closed()) command.child.kill('SIGKILL')
+      await holder.query('select pg_advisory_unlock($1::bigint)', [key])
+    }
+    const ended = await command.ended()
+    expect({ code: ended.code, signal: ended.signal }, ended.stderr).toEqual({ code: 130, signal: null })
+    expect(ended.stdout).toBe('')
+    expect(ended.stderr).toBe(
+      `Stopped by a signal while the link of order ${ref} to trade ${tradeId} was being committed: it may or may not have been made ` +
+        '(its COMMIT was sent and not yet answered; on Postgres the database finishes it without this process); ' +
+        `\`orders show ${ref}\` says whether the order has the trade [stopped]\n`,
+    )
+    // the COMMIT went on without the process
+    await eventually(async () => (await read((db) => findOrderByExternalReference(db, ref)))?.tradeId === tradeId, 'the link is made once the lock goes', 120_000)
+    await holder.query('drop trigger test_hold_commit on orders')
+    await holder.query('drop function test_hold_commit()')
+  })
+})

@@ -2,6 +2,7 @@
 // The platform is the configured one, or the in-process sandbox in local mode.
 import type { Command } from 'commander'
 import { printable } from '../printable.js'
+import { quoteForShell } from '../quote-for-shell.js'
 import {
   isOutcomeUnknown,
   PartnerAnswerAbandonedError,
@@ -19,6 +20,7 @@ import { NotRecordedLocallyError } from '../trades/local-record-failure.js'
 import { TradeOperationError } from '../trades/trade-operation-error.js'
 import { orderReference } from './cli-arguments.js'
 import {
+  type ChangeInFlight,
   CommandFailedError,
   escaped,
   markTookEffect,
@@ -47,6 +49,12 @@ interface TradeDepsOptions {
   orderWhenNotSent?: () => string
   /** Lines of their own (each after a line feed) on what became of the order when the platform refused; asked once it did. */
   orderWhenRefused?: () => string
+  /**
+   * The command's change, when it writes it in one transaction and holds no stop signal itself (`trades link`): what
+   * a signal while its COMMIT is in flight names, and where to look whether it was made (withDatabase's `committing`).
+   * A trade call (runTradeCall) holds the signals itself, and its own rules apply.
+   */
+  committing?: ChangeInFlight
 }
 
 /**
@@ -62,6 +70,7 @@ export async function withTradeDeps<T>(
     unknownOutcome = 'The platform may or may not have done it: check with `trades get` (the order is polled soon).',
     orderWhenNotSent = () => 'the order is unchanged',
     orderWhenRefused = () => '',
+    committing,
   }: TradeDepsOptions = {},
 ): Promise<T> {
   const [{ systemClock }, { createPartnerApiClient, partnerApiBaseUrl }, { DEFAULT_RETRY }, { observationSettings }] =
@@ -91,7 +100,7 @@ export async function withTradeDeps<T>(
       const readAttempts = DEFAULT_RETRY.maxAttempts
       throw explainFailure(error, { reads, readAttempts, unknownOutcome, orderWhenNotSent, orderWhenRefused }, localSandbox)
     }
-  })
+  }, committing ? { committing } : {})
 }
 
 /**
@@ -102,7 +111,7 @@ export async function withTradeDeps<T>(
 export async function runTradeCall<T>(
   run: (deps: TradeDeps) => Promise<T>,
   print: (result: T) => void,
-  options: TradeDepsOptions = {},
+  options: Omit<TradeDepsOptions, 'committing'> = {},
 ): Promise<void> {
   // inside a running service the signals are the service's, and it finishes the command
   const held = runsInService() ? undefined : holdSignalsForCall()
@@ -140,7 +149,7 @@ function formatWait(ms: number): string {
 
 function explainFailure(
   error: unknown,
-  { reads, readAttempts, unknownOutcome, orderWhenNotSent, orderWhenRefused }: Required<TradeDepsOptions> & { readAttempts: number },
+  { reads, readAttempts, unknownOutcome, orderWhenNotSent, orderWhenRefused }: Required<Omit<TradeDepsOptions, 'committing'>> & { readAttempts: number },
   /** Local mode's platform: the sandbox `npm start` runs from `dataDir`, which knows that directory's key. */
   localSandbox?: { url: string; dataDir: string },
 ): unknown {
@@ -431,6 +440,11 @@ export function registerTradesCommands(program: Command): void {
       const result = await withTradeDeps((deps) => linkTradeToOrder(deps, reference, tradeId), {
         reads: true,
         orderWhenRefused: () => `\n  Nothing was linked: order ${printable(reference)} is as it was.`,
+        // one transaction: a signal while its COMMIT is in flight cannot say that nothing was linked
+        committing: {
+          change: `the link of order ${printable(reference)} to trade ${printable(tradeId)}`,
+          see: `\`orders show ${quoteForShell(reference)}\` says whether the order has the trade`,
+        },
       })
       if (result.outcome !== 'already_linked') await markTookEffect({ done: 'the order was linked to the trade', see: 'see the order with `orders show`' })
       if (options.json) {
