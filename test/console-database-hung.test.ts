@@ -1,14 +1,18 @@
 // The console while the database hangs: the path to it takes connections and answers nothing (a TCP proxy this test
 // owns stops forwarding; the shared Postgres is never stopped). Each page is answered with the console's 503 page
 // and its code, within one statement's bound: the overview's statements run at once, each on its own connection, so
-// the first of them to fail answers the page (the statements are not waited for in turn).
+// the first of them to fail answers the page (the statements are not waited for in turn). A page whose statement gets
+// a connection the pool held from before the hang is answered by the console's own bound on each answer (5 s), not
+// after the pool's wait of the statement timeout and its grace (15 s by default), which the ingest and poller keep.
 import request from 'supertest'
 import { afterAll, beforeAll, expect, it } from 'vitest'
 import { type DatabaseHandle, openDatabase } from '../src/db/open-database.js'
 import { STATEMENT_ANSWER_GRACE_MS } from '../src/db/statement-timeout.js'
+import { CONNECT_TIMEOUT_MS } from '../src/db/database-errors.js'
+import { DEFAULT_STATEMENT_TIMEOUT_MS } from '../src/db/statement-timeout.js'
 import { createAdminApp } from '../src/http/admin-app.js'
 import type { App } from '../src/http/app.js'
-import { testLogger } from './helpers/log-sink.js'
+import { logEntries, testLogger } from './helpers/log-sink.js'
 import { startTcpProxy, type TcpProxy } from './helpers/tcp-proxy.js'
 import { testConfig } from './helpers/test-config.js'
 import { describePostgres, postgresUrl, useTestDatabase } from './helpers/test-database.js'
@@ -17,6 +21,8 @@ const TOKEN = 'console-token-0123456789abcdef0123'
 const STATEMENT_TIMEOUT_MS = 2_000
 // the overview runs 7 statements; waited for in turn, a hung database would cost 7 answer waits
 const OVERVIEW_STATEMENTS = 7
+// the console's bound on a statement's answer: the connect timeout's, so a page is answered as soon either way
+const CONSOLE_BOUND_MS = CONNECT_TIMEOUT_MS
 
 describePostgres('the console while the database hangs (Postgres)', () => {
   const database = useTestDatabase()
@@ -55,5 +61,39 @@ describePostgres('the console while the database hangs (Postgres)', () => {
     }
     proxy.restore()
     expect((await get('/console/')).status).toBe(200)
+  })
+
+  // The pool's own wait for an answer is the statement timeout and its grace (14 + 1 s by default): a page whose
+  // statement went on a connection the pool held from before the hang waited it out, where one that opened a new
+  // connection was answered after the 5-s connect timeout. Which wait answered is told by the error the page's 503 is
+  // logged with, not by the time it took.
+  it('answers a page 503 by the console’s own bound on a connection the pool held from before the hang, at the default statement timeout', async () => {
+    // one connection, the default statement timeout: the page's one statement gets the connection the pool holds
+    const pooled = openDatabase({ databaseUrl: proxy.rewrite(database.url!), poolSize: 1 })
+    try {
+      expect(CONSOLE_BOUND_MS).toBeLessThan(DEFAULT_STATEMENT_TIMEOUT_MS)
+      const app = createAdminApp({ config: testConfig({ ADMIN_TOKEN: TOKEN }), db: pooled.db, logger: testLogger([TOKEN]) })
+      const getOn = (path: string) => request(app).get(path).set('Authorization', `Bearer ${TOKEN}`)
+      expect((await getOn('/console/deliveries')).status).toBe(200)
+      expect(pooled.poolStats()).toEqual({ total: 1, idle: 1, waiting: 0 })
+      const before = logEntries().length
+      proxy.silence()
+      const response = await getOn('/console/deliveries')
+      expect([response.status, response.type, response.headers['retry-after']]).toEqual([503, 'text/html', '5'])
+      expect(response.text).toContain('<title>Try again shortly')
+      expect(response.text).toContain('The database is unavailable; retry later (database_unavailable).')
+      // the console's bound ended the wait, not the pool's (which logs `the database connection was lost or timed out`)
+      const unavailable = logEntries()
+        .slice(before)
+        .filter((entry) => entry.msg === 'database unavailable')
+        .map((entry) => ({ path: entry.path, message: (entry.err as { message?: unknown }).message }))
+      expect(unavailable).toEqual([{ path: '/deliveries', message: `the database did not answer within the ${CONSOLE_BOUND_MS} ms asked for` }])
+      proxy.restore()
+      // the connection left unanswered is closed, not handed out again: the next page is answered on a new one
+      expect((await getOn('/console/deliveries')).status).toBe(200)
+    } finally {
+      proxy.restore()
+      await pooled.close().catch(() => {})
+    }
   })
 })

@@ -15,7 +15,9 @@ import helmet from 'helmet'
 import type { Kysely } from 'kysely'
 import { z } from 'zod'
 import type { Clock } from '../clock.js'
+import { withinAnswerBound } from '../db/answer-bound.js'
 import type { Database } from '../db/database.js'
+import { CONNECT_TIMEOUT_MS } from '../db/database-errors.js'
 import { embeddedDatabaseStopReason } from '../db/pglite-thread.js'
 import { errorAnswer } from '../http/error-handler.js'
 import { continuingParser, leaveBodyUnread } from '../http/expect-continue.js'
@@ -100,6 +102,13 @@ const PAGE_SIZE = 50
 const FORM_LIMIT_BYTES = 16 * 1024
 /** Actions remembered for the repeat check and the overview's log. */
 const REMEMBERED_ACTIONS = 1_000
+/**
+ * How long a page waits for each of its statements' answers, at most (answer-bound.ts): the connect timeout's 5 s, so
+ * that under a hung database a page is answered 503 as soon on a connection the pool held from before the hang as on
+ * a new one (it waited out the statement timeout and its grace, 15 s by default). Pages only read; an action (POST)
+ * keeps the pool's wait, as a write cut short by the client may still commit.
+ */
+export const CONSOLE_PAGE_ANSWER_MS = CONNECT_TIMEOUT_MS
 
 export interface ConsoleDeps {
   /** ADMIN_TOKEN. */
@@ -358,7 +367,7 @@ export function consoleRoutes(deps: ConsoleDeps): Router {
   }
   const pageAt = (path: string | string[], ...handlers: RequestHandler[]) => {
     allowing('GET', path)
-    router.get(path, ...handlers)
+    router.get(path, ...handlers.map((handler): RequestHandler => (req, res, next) => withinAnswerBound(CONSOLE_PAGE_ANSWER_MS, () => handler(req, res, next))))
   }
   const actionAt = (path: string | string[], ...handlers: RequestHandler[]) => {
     allowing('POST', path)

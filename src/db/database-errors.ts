@@ -33,6 +33,7 @@
 
 import { isPlatformFailure, PartnerValidationError } from '../partner-api/partner-api-error.js'
 import { isRefusedCertificateCode } from '../tls-certificate.js'
+import { AnswerBoundError } from './answer-bound.js'
 
 export type DatabaseErrorKind = 'unavailable' | 'conflict' | 'overloaded' | 'schema_missing' | 'refused_data' | 'failure'
 
@@ -207,6 +208,10 @@ export function describeDatabaseError(error: unknown): DatabaseErrorDescription 
   for (const current of errorChain(error)) {
     if (current instanceof IngestOverloadedError) {
       return { kind: 'overloaded', message: 'the ingest queue is full' }
+    }
+    // the bound asked for around the statement (answer-bound.ts: a console page's), not the pool's own wait
+    if (current instanceof AnswerBoundError) {
+      return { kind: 'unavailable', message: `the database did not answer within the ${current.boundMs} ms asked for` }
     }
     const code = (current as { code?: unknown }).code
     if (typeof code === 'string' && UNAVAILABLE_NODE_CODES.has(code)) {

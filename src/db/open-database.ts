@@ -10,6 +10,7 @@ import { writingIntoDataDir } from '../data-dir.js'
 import type { Logger } from '../logger.js'
 import { writeWholeUnlessThere } from '../write-whole.js'
 import { ABANDONED_TAKEOVER_MS, lockOwner, lockOwnerRuns, ownLockContent, readIfThere, removeStaleLock, sleepSync } from '../lock-file.js'
+import { answerBoundNow, AnswerBoundError } from './answer-bound.js'
 import { commitSent, isCommit } from './commit-in-flight.js'
 import { asConnectTimeout, CONNECT_TIMEOUT_MS, describeDatabaseError, errorCode, READ_ONLY } from './database-errors.js'
 import { closeSocket, endWithin } from './end-within.js'
@@ -217,23 +218,27 @@ function preparingClient({ onConnectionError, onPreparingOff, startupParameters 
     override query(...args: unknown[]): never {
       const [text, values] = args
       const query = super.query as (...a: unknown[]) => never
-      if (preparing && args.length <= 2 && typeof text === 'string' && text.startsWith(PREPARED) && (values === undefined || Array.isArray(values))) {
+      const plain = args.length <= 2 && typeof text === 'string' && (values === undefined || Array.isArray(values))
+      // a shorter wait for the answer asked for around this statement (answer-bound.ts: a console page's)
+      const bound = plain ? this.boundNow() : undefined
+      const waited = bound === undefined ? {} : { query_timeout: bound }
+      if (preparing && plain && (text as string).startsWith(PREPARED)) {
         const outsideTransaction = this.getTransactionStatus() !== 'T'
-        const named = query.call(this, { name: preparedName(text), text, values }) as Promise<unknown>
+        const named = query.call(this, { name: preparedName(text as string), text, values, ...waited }) as Promise<unknown>
         return named.catch((error: unknown) => {
           const code = (error as { code?: unknown }).code
-          if (typeof code !== 'string' || !NAMED_STATEMENT_LOST.has(code)) throw this.noted(error)
+          if (typeof code !== 'string' || !NAMED_STATEMENT_LOST.has(code)) throw this.noted(error, bound)
           if (preparing) {
             preparing = false
             onPreparingOff(code)
           }
           if (!outsideTransaction) throw error
-          return (query.call(this, text, values) as Promise<unknown>).catch((again: unknown) => {
-            throw this.noted(again)
+          return (query.call(this, { text, values, ...waited }) as Promise<unknown>).catch((again: unknown) => {
+            throw this.noted(again, bound)
           })
         }) as never
       }
-      const result = query.call(this, ...args) as unknown
+      const result = (bound === undefined ? query.call(this, ...args) : query.call(this, { text, values, ...waited })) as unknown
       // Kysely's calls return a promise (no callback given); pg's own (a callback, a Submittable) pass through
       if (!(result instanceof Promise)) return result as never
       // a COMMIT in flight leaves its transaction's outcome unknown until it is answered (commit-in-flight.ts)
@@ -245,14 +250,25 @@ function preparingClient({ onConnectionError, onPreparingOff, startupParameters 
         },
         (error: unknown) => {
           answered?.()
-          throw this.noted(error)
+          throw this.noted(error, bound)
         },
       ) as never
     }
 
-    private noted(error: unknown): unknown {
+    /** The bound asked for around the statement being sent, when it is shorter than the pool's own wait. */
+    private boundNow(): number | undefined {
+      const asked = answerBoundNow()
+      const own = (this as unknown as { connectionParameters: { query_timeout?: number } }).connectionParameters.query_timeout
+      return asked !== undefined && (!own || asked < own) ? asked : undefined
+    }
+
+    private noted(error: unknown, bound?: number): unknown {
       if (errorCode(error) === READ_ONLY) this.refusedWrite = true
-      if (error instanceof Error && error.message === ANSWER_LOST) this.answerLost = true
+      if (error instanceof Error && error.message === ANSWER_LOST) {
+        this.answerLost = true
+        // the bound asked for ended the wait, not the pool's: said as such (database-errors.ts)
+        if (bound !== undefined) return new AnswerBoundError(bound, error)
+      }
       return error
     }
   }
