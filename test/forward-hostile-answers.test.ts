@@ -108,10 +108,13 @@ const BAD_ANSWERS = [
   ['headers of 200 kB', `HTTP/1.1 200 OK\r\nx-padding: ${'a'.repeat(200_000)}\r\n\r\n`, 'its headers are longer than undici takes (UND_ERR_HEADERS_OVERFLOW)'],
   ['no HTTP at all', `\u001b]0;${NOT_HTTP_MARKER}\u0007 \u202egarbage\r\n\r\n`, PARSER_REASON],
   // found from outside: it was called unreachable, which counts the receiver as away
+  // (in either wording: Node's own fetch goes through the process's global dispatcher, which the undici package sets
+  // when none is set, and the two releases word it differently; which one answers depends on what the process loaded
+  // before, the test files before this one in their shared worker among it: vitest.config.ts)
   [
     'a Content-Length beside Transfer-Encoding: chunked',
     'HTTP/1.1 200 OK\r\nContent-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n',
-    'its body does not match its Content-Length (UND_ERR_RES_CONTENT_LENGTH_MISMATCH)',
+    /^(its body does not match its Content-Length \(UND_ERR_RES_CONTENT_LENGTH_MISMATCH\)|Response does not match the HTTP\/1\.1 protocol \(Content-Length can't be present with Transfer-Encoding\) \(HPE_UNEXPECTED_CONTENT_LENGTH\))$/,
   ],
 ] as const
 

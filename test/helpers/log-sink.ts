@@ -15,6 +15,15 @@ export function forbiddenValues(): string[] {
   return [...forbidden]
 }
 
+/**
+ * Forgets the lines and the secrets: at the end of each test file (setup.ts), since the in-process files share their
+ * worker's modules (vitest.config.ts, `isolate: false`), this one among them.
+ */
+export function forgetLogLines(): void {
+  logLines.length = 0
+  forbidden.clear()
+}
+
 const sink = new Writable({
   write(chunk, _encoding, done) {
     logLines.push(String(chunk))
