@@ -16,11 +16,14 @@ const onLinux = existsSync('/proc/self/stat')
 const root = path.resolve(import.meta.dirname, '..')
 
 describe.skipIf(!onLinux)('the embedded database’s lock', () => {
-  // a live process that is not a service: the pid a stale lock may name after reuse
-  const bystander = spawn('sleep', ['300'], { stdio: 'ignore' })
+  // a live process that is not a service: the pid a stale lock may name after reuse. It lives until it is ended here
+  // (or its stdin closes, as the test's process ends): a `sleep 300` had ended by the time a loaded machine reached
+  // the tests that read its /proc (ENOENT), and the wait for its exit, long past, never ended
+  const bystander = spawn('cat', [], { stdio: ['pipe', 'ignore', 'ignore'] })
+  const bystanderExited = once(bystander, 'exit')
   afterAll(async () => {
     bystander.kill()
-    await once(bystander, 'exit').catch(() => {})
+    await bystanderExited
   })
   const startTime = (pid: number) => {
     const stat = readFileSync(`/proc/${pid}/stat`, 'utf8')
@@ -113,17 +116,32 @@ describe.skipIf(!onLinux)('the embedded database’s lock', () => {
   // database for a moment, and the service's start met the lock and exited 1
   it('waits, where asked (serve), for a running owner that lets go of the lock, and refuses at once where not', async () => {
     const dataDir = migratedDataDir('lock-waited-')
-    // another process holds the lock for a moment, as a command does: written, then removed 1.5 s later
+    // another process holds the lock for a moment, as a command does: written, then removed 1.5 s after the test says
+    // (it has seen the refusal by then, however slow the machine: a lock removed 1.5 s after it was written, and looked
+    // for during 2 s only, could be gone, or not there yet, when the refusal was checked)
     const holder = spawn(
       process.execPath,
-      ['-e', `const fs = require('node:fs'); fs.writeFileSync(${JSON.stringify(lockFile(dataDir))}, String(process.pid)); setTimeout(() => fs.rmSync(${JSON.stringify(lockFile(dataDir))}), 1_500)`],
-      { stdio: 'ignore' },
+      [
+        '-e',
+        `const fs = require('node:fs'); fs.writeFileSync(${JSON.stringify(lockFile(dataDir))}, String(process.pid)); console.log('held');` +
+          ` process.stdin.once('data', () => setTimeout(() => { fs.rmSync(${JSON.stringify(lockFile(dataDir))}); process.exit() }, 1_500))`,
+      ],
+      { stdio: ['pipe', 'pipe', 'inherit'] },
     )
     const exited = once(holder, 'exit')
     try {
-      for (let i = 0; i < 200 && !existsSync(lockFile(dataDir)); i++) await new Promise((resolve) => setTimeout(resolve, 10))
+      let said = ''
+      await new Promise<void>((resolve, reject) => {
+        holder.stdout!.on('data', (chunk) => {
+          said += chunk
+          if (said.includes('held')) resolve()
+        })
+        void exited.then(() => reject(new Error(`the lock's holder exited before it held the lock: ${said}`)))
+      })
       expect(() => openDatabase({ dataDir })).toThrow(`in use by process ${holder.pid} (a running \`npm start\`, or a command)`)
-      const database = openDatabase({ dataDir, lockWaitMs: 30_000 })
+      holder.stdin!.write('g')
+      // a bound on a hang: the holder lets go 1.5 s after it is told
+      const database = openDatabase({ dataDir, lockWaitMs: 120_000 })
       try {
         expect(readFileSync(lockFile(dataDir), 'utf8')).toBe(`${process.pid} ${startTime(process.pid)}`)
       } finally {
