@@ -201,6 +201,12 @@ interface PreparingHooks {
   startupParameters: () => pg.ClientConfig
 }
 
+/** A statement's query config, with the answer's bound asked for around it (answer-bound.ts) when there is one. */
+function boundBy<T extends object>(config: T, bound: number | undefined): T & { query_timeout?: number } {
+  if (bound !== undefined) (config as T & { query_timeout?: number }).query_timeout = bound
+  return config
+}
+
 function preparingClient({ onConnectionError, onPreparingOff, startupParameters }: PreparingHooks): typeof pg.Client {
   let preparing = true
   return class PreparingClient extends pg.Client {
@@ -221,10 +227,9 @@ function preparingClient({ onConnectionError, onPreparingOff, startupParameters 
       const plain = args.length <= 2 && typeof text === 'string' && (values === undefined || Array.isArray(values))
       // a shorter wait for the answer asked for around this statement (answer-bound.ts: a console page's)
       const bound = plain ? this.boundNow() : undefined
-      const waited = bound === undefined ? {} : { query_timeout: bound }
       if (preparing && plain && (text as string).startsWith(PREPARED)) {
         const outsideTransaction = this.getTransactionStatus() !== 'T'
-        const named = query.call(this, { name: preparedName(text as string), text, values, ...waited }) as Promise<unknown>
+        const named = query.call(this, boundBy({ name: preparedName(text as string), text, values }, bound)) as Promise<unknown>
         return named.catch((error: unknown) => {
           const code = (error as { code?: unknown }).code
           if (typeof code !== 'string' || !NAMED_STATEMENT_LOST.has(code)) throw this.noted(error, bound)
@@ -233,12 +238,12 @@ function preparingClient({ onConnectionError, onPreparingOff, startupParameters 
             onPreparingOff(code)
           }
           if (!outsideTransaction) throw error
-          return (query.call(this, { text, values, ...waited }) as Promise<unknown>).catch((again: unknown) => {
+          return (query.call(this, boundBy({ text, values }, bound)) as Promise<unknown>).catch((again: unknown) => {
             throw this.noted(again, bound)
           })
         }) as never
       }
-      const result = (bound === undefined ? query.call(this, ...args) : query.call(this, { text, values, ...waited })) as unknown
+      const result = (bound === undefined ? query.call(this, ...args) : query.call(this, boundBy({ text, values }, bound))) as unknown
       // Kysely's calls return a promise (no callback given); pg's own (a callback, a Submittable) pass through
       if (!(result instanceof Promise)) return result as never
       // a COMMIT in flight leaves its transaction's outcome unknown until it is answered (commit-in-flight.ts)
