@@ -1,10 +1,10 @@
-// `npm run bench [-- ingest|claim|poll|pglite|growth|cli|console|reactions|prune|soak] [--quick] [--duration S]`
+// `npm run bench [-- ingest|claim|poll|pglite|growth|profile|cli|console|reactions|prune|soak] [--quick] [--duration S]`
 // Everything is measured side by side in one run and reported as ratios against baselines measured in
 // the same run (never as timed assertions in tests). Results: bench/results/latest.md and latest.json.
 import { execFileSync, type ChildProcess } from 'node:child_process'
 import { randomBytes } from 'node:crypto'
 import { once } from 'node:events'
-import { cpSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs'
+import { cpSync, existsSync, mkdtempSync, readdirSync, readFileSync, rmSync, writeFileSync } from 'node:fs'
 import os from 'node:os'
 import path from 'node:path'
 import autocannon from 'autocannon'
@@ -13,6 +13,7 @@ import { createBenchSchema, median } from './ab-rounds.js'
 import { type Arrivals, type CommitLatency, commitTimesTracked, commitToArrivalLatency } from './commit-latency.js'
 import { deliveryHeaders } from './bench-secrets.js'
 import { runClaimBench, type ClaimResult } from './claim-bench.js'
+import { monotonicMicros, type ProfileShare, type ProfileSummary, summarizeProfile } from './cpu-profile.js'
 import { explainDedupLookups, type GrowthSeed, seedGrowth } from './growth-bench.js'
 import { pacedLoad } from './paced-load.js'
 import { runPollBench, type PollBenchResult } from './poll-bench.js'
@@ -518,6 +519,90 @@ async function ingestBench({ reactionsOnly = false } = {}): Promise<LoadResult[]
   })
 }
 
+// The full ingest's profile (issue #20: the top frames before and after): the compiled `serve` under V8's
+// profiler, the same load as the full ingest's runs, only the measured load's samples counted (not the start,
+// the migration or the warm-up). The profiler slows the service, so its req/s is not set against the others.
+interface ProfileRun {
+  date: string
+  /** The code profiled: the commit, with "+ changes" where the tree differed from it. */
+  commit: string
+  rps: number
+  requests: number
+  summary: ProfileSummary
+}
+
+function describeCommit(): string {
+  try {
+    const commit = execFileSync('git', ['rev-parse', '--short', 'HEAD'], { cwd: root, encoding: 'utf8' }).trim()
+    const changed = execFileSync('git', ['status', '--porcelain', '--untracked-files=no', '--', 'src', 'package-lock.json'], { cwd: root, encoding: 'utf8' }).trim()
+    return changed ? `${commit} + changes` : commit
+  } catch {
+    return 'unknown (not a git checkout)'
+  }
+}
+
+async function profileBench(): Promise<ProfileRun> {
+  execFileSync('npm', ['run', 'build', '--silent'], { cwd: root, stdio: 'ignore' })
+  // BENCH_CPU_PROF=dir keeps the profile there (bench/profile-summary.ts reads it), as it keeps every server's
+  const dir = process.env.BENCH_CPU_PROF ?? mkdtempSync(path.join(os.tmpdir(), 'bench-profile-'))
+  const profiledBefore = new Set(existsSync(dir) ? readdirSync(dir) : [])
+  try {
+    return await withSchema(async (url) => {
+      const orders = 40_000
+      const { child, port } = await startService(url, { orders, seen: 0 }, {}, undefined, { cpuProfileDir: dir })
+      const makeBody = matched(orders)
+      let result: LoadResult
+      let window: { fromUs: number; toUs: number }
+      try {
+        await warmUp(port, makeBody)
+        const fromUs = monotonicMicros()
+        result = await load('full ingest (matched, applied), under the profiler', port, makeBody)
+        window = { fromUs, toUs: monotonicMicros() }
+      } finally {
+        // the profile is written as the process exits
+        child.kill('SIGINT')
+        await once(child, 'exit')
+      }
+      const file = readdirSync(dir).find((name) => name.endsWith('.cpuprofile') && !profiledBefore.has(name))
+      if (!file) throw new Error('the service wrote no CPU profile')
+      const summary = summarizeProfile(path.join(dir, file), { top: 15, window })
+      return { date: new Date().toISOString(), commit: describeCommit(), rps: result.rps, requests: result.requests, summary }
+    })
+  } finally {
+    if (!process.env.BENCH_CPU_PROF) rmSync(dir, { recursive: true, force: true })
+  }
+}
+
+// this run's shares beside an earlier run's, by the same key (a function's name and file, or a package)
+function sharesTable(heading: string, now: ProfileShare[], before: ProfileShare[] | undefined): string {
+  const keys = [...new Set([...now.map((share) => share.key), ...(before ?? []).map((share) => share.key)])]
+  const percent = (shares: ProfileShare[] | undefined, key: string) => {
+    const share = shares?.find((candidate) => candidate.key === key)
+    return share ? `${share.percent.toFixed(1)} %` : shares ? '(not in its top)' : ''
+  }
+  return table([
+    [heading, 'this run', ...(before ? ['the run before'] : [])],
+    ...keys.map((key) => [`\`${key.replaceAll('`', "'")}\``, percent(now, key), ...(before ? [percent(before, key)] : [])]),
+  ])
+}
+
+function profileSection(now: ProfileRun, before: ProfileRun | undefined): string {
+  const describe = (run: ProfileRun) =>
+    `${run.date}, code ${run.commit}: ${run.requests.toLocaleString('en')} requests at ${run.rps} req/s under the profiler, ` +
+    `${run.summary.totalMs.toLocaleString('en')} ms of the main thread sampled, ${run.summary.busyPercent} % of it busy`
+  return (
+    "## Profile of the full ingest\n\nThe service's main thread under V8's profiler (`--cpu-prof`), through the full ingest's load " +
+    '(matched, applied), its start and warm-up left out. Shares are of the busy time (the event loop waiting left out); a ' +
+    "function's is its own code (self time), a package's is everything it called too.\n\n" +
+    `This run: ${describe(now)}.\n\n` +
+    (before ? `The run before (the profile in the report this run replaces): ${describe(before)}.` : 'No earlier run of this part recorded a profile.') +
+    '\n\n' +
+    sharesTable('function (self time)', now.summary.functions, before?.summary.functions) +
+    '\n\n' +
+    sharesTable('package or source file (with what it called)', now.summary.packages, before?.summary.packages)
+  )
+}
+
 // The compiled `serve` on embedded PGlite (as `npm start` runs it) and on Postgres, the same full ingest
 // taking turns (PGlite first in even rounds, Postgres in odd ones), so the machine's drift moves both sides of
 // a round alike; the ratio is the median of the rounds' ratios. (Set against the Postgres ingest of the ingest
@@ -674,13 +759,14 @@ async function main(): Promise<void> {
   const report: Record<string, unknown> = {
     date: new Date().toISOString(),
     node: process.version,
+    commit: describeCommit(),
     cpus: `${os.cpus().length} × ${os.cpus()[0]?.model ?? '?'}`,
     durationS,
     // the machine is shared: how busy it was at both ends of the run goes with every figure
     loadAverageStart: os.loadavg().map((value) => Number(value.toFixed(2))),
   }
   const sections: string[] = [
-    `# Benchmark results\n\n${report.date}, Node ${report.node}, ${report.cpus}, ${durationS} s per load run, ${CONNECTIONS} connections; ` +
+    `# Benchmark results\n\n${report.date}, code ${report.commit}, Node ${report.node}, ${report.cpus}, ${durationS} s per load run, ${CONNECTIONS} connections; ` +
       `minimal and full ingest: best of ${rounds} rounds run in turn.`,
   ]
   let ingest: LoadResult[] = []
@@ -690,6 +776,7 @@ async function main(): Promise<void> {
   let poll: PollBenchResult[] = []
   let reactions: ReactionsBenchResult | undefined
   let growth: GrowthResult | undefined
+  let profile: ProfileRun | undefined
 
   if (runs('ingest')) ingest = await ingestBench()
   if (runs('pglite')) {
@@ -702,6 +789,7 @@ async function main(): Promise<void> {
   if (part === 'reactions') ingest = await ingestBench({ reactionsOnly: true })
   if (part === 'all' || part === 'reactions') reactions = await withSchema((url) => runReactionsBench(url, { quick }))
   if (runs('growth')) growth = await growthBench()
+  if (runs('profile')) profile = await profileBench()
   if (part === 'cli') {
     // CLI start-up alone: bench/cli-startup.ts writes its own results
     await (await import('./cli-startup.js')).benchCliStartup()
@@ -961,16 +1049,28 @@ async function main(): Promise<void> {
     }
     targets.push(['dedup lookups index-only (primary key, no heap fetches)', growth.dedup.indexOnly ? 'index-only' : 'not index-only', growth.dedup.indexOnly ? 'yes' : 'no'])
   }
+  const suffix = part === 'all' && !quick ? 'latest' : `latest-${[...parts].join('-')}${quick ? '-quick' : ''}`
+  if (profile) sections.push(profileSection(profile, previousProfile(suffix)))
   if (targets.length > 1) sections.splice(1, 0, `## Targets\n\n${table(targets)}`)
   report.loadAverageEnd = os.loadavg().map((value) => Number(value.toFixed(2)))
   sections[0] += ` Load average (1, 5, 15 min) at the start ${(report.loadAverageStart as number[]).join(', ')}, at the end ${(report.loadAverageEnd as number[]).join(', ')}.`
 
-  Object.assign(report, { rounds, ingest, roundRuns: allRuns, pglite, pglitePairs: pglitePairs?.pairRatios, claim, poll, reactions, growth, targets })
+  Object.assign(report, { rounds, ingest, roundRuns: allRuns, pglite, pglitePairs: pglitePairs?.pairRatios, claim, poll, reactions, growth, profile, targets })
   const markdown = `${sections.join('\n\n')}\n`
   process.stdout.write(markdown)
-  const suffix = part === 'all' && !quick ? 'latest' : `latest-${[...parts].join('-')}${quick ? '-quick' : ''}`
   writeFileSync(path.join(root, `bench/results/${suffix}.md`), markdown)
   writeFileSync(path.join(root, `bench/results/${suffix}.json`), `${JSON.stringify(report, null, 2)}\n`)
+}
+
+// the profile of the report this run replaces (the same part, or the full run's), as "before"
+function previousProfile(suffix: string): ProfileRun | undefined {
+  for (const name of [suffix, 'latest']) {
+    const file = path.join(root, `bench/results/${name}.json`)
+    if (!existsSync(file)) continue
+    const earlier = (JSON.parse(readFileSync(file, 'utf8')) as { profile?: ProfileRun }).profile
+    if (earlier) return earlier
+  }
+  return undefined
 }
 
 await main()

@@ -24,10 +24,11 @@ export async function startService(
   /**
    * noopHandler: one in-process reaction handler registered for every transition, doing nothing.
    * nodeFlags: Node's flags for this process (default: BENCH_NODE_FLAGS, else the image's).
+   * cpuProfileDir: where its V8 CPU profile goes, written as it exits (default: BENCH_CPU_PROF, else none).
    */
-  { noopHandler = false, nodeFlags: flags }: { noopHandler?: boolean; nodeFlags?: string } = {},
+  { noopHandler = false, nodeFlags: flags, cpuProfileDir = process.env.BENCH_CPU_PROF }: { noopHandler?: boolean; nodeFlags?: string; cpuProfileDir?: string } = {},
 ): Promise<{ child: ChildProcess; port: number; adminPort: number }> {
-  const profile = process.env.BENCH_CPU_PROF ? ['--cpu-prof', `--cpu-prof-dir=${process.env.BENCH_CPU_PROF}`] : []
+  const profile = cpuProfileDir ? ['--cpu-prof', `--cpu-prof-dir=${cpuProfileDir}`] : []
   // the flags the Docker image runs with (NODE_OPTIONS there); BENCH_NODE_FLAGS overrides them
   const nodeFlags = (flags ?? process.env.BENCH_NODE_FLAGS ?? '--max-semi-space-size=8 --max-old-space-size=512').split(' ').filter(Boolean)
   if (typeof database !== 'string') await seedPglite(database.dataDir, seed)
