@@ -11,7 +11,11 @@
 //                            written: PartnerStoppedBeforeSentError), as a stop before sending, the order as it was
 //   once it has settled      the answer is recorded (one transaction) and printed, exit 130
 // Any other later signal (a second one before the call is sent, a third) ends the process at once, as the other
-// commands' second one does. What that leaves: a transaction whose COMMIT was not sent is rolled back by the end of the
+// commands' second one does. A third once the call has settled says what it leaves of the answer's record
+// (stoppedAfterTheCall, below): before the recording transaction's COMMIT is sent, the end of the process rolls it
+// back, nothing of the answer recorded; once it is sent, the record may or may not be made (commit-in-flight.ts), and
+// the line says where to look (it ended the process without a word, whether the answer was recorded not known).
+// What a signal that ends the process leaves: a transaction whose COMMIT was not sent is rolled back by the end of the
 // process, but on Postgres a statement outside one (the pending mark of a create, its sent stamp, its setting back)
 // runs on without it: a mark that waited on a lock committed once the lock went, after the process had ended. So a
 // second signal while such a write is in flight (CallGuard.writing) ends the process saying that the write may or may
@@ -20,6 +24,7 @@
 // after its command ended reads as a create never sent, never as one whose answer was lost.
 // A POST is never retried (partner-api-transport.ts), so there is no backoff to cut short: the call in flight is
 // its one attempt, and without a second signal the wait ends at PARTNER_API_TIMEOUT_MS at the latest.
+import { commitInFlight } from '../db/commit-in-flight.js'
 import { PartnerAnswerAbandonedError } from '../partner-api/partner-api-error.js'
 import { onStopSignals, type StopSignal } from '../stop-signals.js'
 import type { CallGuard } from '../trades/trade-deps.js'
@@ -39,6 +44,8 @@ export function holdSignalsForCall(): HeldSignals {
   let signals = 0
   // the local write before the call that is in flight now, if any (CallGuard.writing)
   let write: { change: string; see: string } | undefined
+  // the recording of the platform's answer (CallGuard.recording): under way, then made
+  let record: { answer: string; see: string; committed: boolean } | undefined
   const abandon = new AbortController()
   const off = onStopSignals(
     () => {
@@ -71,8 +78,16 @@ export function holdSignalsForCall(): HeldSignals {
       }
       if (signals === 2 && phase === 'settled') {
         // the answer is known: ending now would throw it away for a few milliseconds' wait
-        writeError('the platform has answered: recording its answer (another Ctrl-C ends the process now, unrecorded)\n')
+        writeError(
+          'the platform has answered: recording its answer (another Ctrl-C ends the process now: before its COMMIT is ' +
+            'sent, nothing of the answer is recorded; once it is sent, whether it was recorded is not known, and the ' +
+            'line says where to look)\n',
+        )
         return
+      }
+      if (phase === 'settled') {
+        writeError(`${stoppedAfterTheCall(write, record)}\n`)
+        process.exit(130)
       }
       off()
       process.kill(process.pid, signal)
@@ -94,8 +109,63 @@ export function holdSignalsForCall(): HeldSignals {
           if (write === what) write = undefined
         }
       },
+      recording: (what) => {
+        const current = { ...what, committed: false }
+        record = current
+        return (committed) => {
+          if (record !== current) return
+          if (committed) current.committed = true
+          else record = undefined
+        }
+      },
     },
     stopped: () => signals > 0,
     off,
   }
+}
+
+/**
+ * What a third signal once the call has settled says of what it leaves locally. A local write outside a transaction
+ * in flight (CallGuard.writing) may or may not be made; the answer's recording transaction (CallGuard.recording) may
+ * or may not be made once its COMMIT is sent, is rolled back before, and is made once committed.
+ */
+function stoppedAfterTheCall(
+  write: { change: string; see: string } | undefined,
+  record: { answer: string; see: string; committed: boolean } | undefined,
+): string {
+  if (write) {
+    return (
+      `Stopped by a third signal while ${write.change} was in flight, after the call to the platform: the write may or ` +
+      `may not have been made (on Postgres a statement sent runs on without this process); ${write.see} [stopped]`
+    )
+  }
+  if (record?.committed) {
+    return `Stopped by a third signal after ${record.answer} was recorded, before it was printed; ${record.see} [stopped]`
+  }
+  if (record && commitInFlight()) {
+    return (
+      `Stopped by a third signal while the record of ${record.answer} was being committed: the platform answered, and ` +
+      'the record may or may not have been made (its COMMIT was sent and not yet answered; on Postgres the database ' +
+      `finishes it without this process); ${record.see} [stopped]`
+    )
+  }
+  if (record) {
+    return (
+      `Stopped by a third signal before the record of ${record.answer} was committed: the platform answered, and ` +
+      `nothing of its answer was recorded (its transaction is rolled back, its COMMIT not sent); ${record.see} [stopped]`
+    )
+  }
+  if (commitInFlight()) {
+    return (
+      'Stopped by a third signal while a local write was being committed, after the call to the platform: it may or ' +
+      'may not have been made (its COMMIT was sent and not yet answered; on Postgres the database finishes it without ' +
+      'this process); `orders show` shows the order [stopped]'
+    )
+  }
+  // the call failed (no answer, a refusal) or its answer is not recorded yet: no local write is in flight, and one
+  // under way in a transaction is rolled back
+  return (
+    'Stopped by a third signal after the call to the platform, with no local write in flight (one under way in a ' +
+    'transaction is rolled back, its COMMIT not sent) [stopped]'
+  )
 }

@@ -186,7 +186,11 @@ export async function openTradeForOrder(
     // a timeout, a lost connection, the operator who stopped waiting, or a 5xx (a gateway's 502 or 504): the
     // trade may exist
     if (isOutcomeUnknown(error)) {
-      const marked = await setTradeCreateState(db, order.id, 'unknown', claim).catch((databaseError: unknown) => {
+      const writing = guard?.writing?.({
+        change: `the mark of order ${printable(externalReference)}'s create as unknown (its outcome not known)`,
+        see: `\`orders show ${quoteForShell(externalReference)}\` shows it; do not send the create again before checking the platform`,
+      })
+      const marked = await setTradeCreateState(db, order.id, 'unknown', claim).finally(() => writing?.()).catch((databaseError: unknown) => {
         // the create's outcome is still the news (`[outcome_unknown]`), never the database's "try again later"
         logger.error({ externalReference, orderId: order.id, err: error, databaseErr: databaseError }, 'trade create outcome unknown, and the order could not be marked unknown')
         throw new NotRecordedLocallyError(
@@ -207,7 +211,11 @@ export async function openTradeForOrder(
       // refused (by validation, or by the platform with a 4xx) or never sent (no connection could be made): this
       // create made nothing. Back to where it was, so a
       // refused --retry does not erase the evidence of an earlier create that may have worked.
-      await setTradeCreateState(db, order.id, restoredState, claim).catch((databaseError: unknown) => {
+      const writing = guard?.writing?.({
+        change: `the setting back of order ${printable(externalReference)}'s create (this create made no trade)`,
+        see: `\`orders show ${quoteForShell(externalReference)}\` shows it`,
+      })
+      await setTradeCreateState(db, order.id, restoredState, claim).finally(() => writing?.()).catch((databaseError: unknown) => {
         logger.error({ externalReference, orderId: order.id, err: error, databaseErr: databaseError }, 'trade create made nothing, and the order could not be set back')
         throw new NotRecordedLocallyError(
           error,
@@ -227,6 +235,13 @@ export async function openTradeForOrder(
 
   const now = clock.now()
   const orderId = order.id
+  const tradeId = quoteForShell(printable(trade.trade_id))
+  const recording = guard?.recording?.({
+    answer: `trade ${printable(trade.trade_id)}, created by the platform for order ${printable(externalReference)}`,
+    see:
+      `\`orders show ${quoteForShell(externalReference)}\` says whether the order has the trade; if not, ` +
+      `\`trades link ${quoteForShell(externalReference)} ${tradeId}\` links it (never \`trades open --retry\`: it would make a second trade)`,
+  })
   const recorded = await db
     .transaction()
     .execute(async (trx): Promise<Recorded> => {
@@ -271,6 +286,16 @@ export async function openTradeForOrder(
     await markTradeCreated(trx, orderId, { pollAfterS: settings.expectedWebhookS, now: new Date(now) })
     return { outcome: 'linked' }
   })
+    .then(
+      (made) => {
+        recording?.(true)
+        return made
+      },
+      (databaseError: unknown) => {
+        recording?.(false)
+        throw databaseError
+      },
+    )
     .catch((databaseError: unknown) => {
       // the platform made the trade: its id is the news, never the database's "try again later" (a second create
       // would make a second trade)

@@ -15,6 +15,7 @@ import { schedulePollAfterApiCall } from '../orders/poll-schedule.repository.js'
 import type { CallOptions } from '../partner-api/partner-api.client.js'
 import { isOutcomeUnknown, PartnerStoppedBeforeSentError } from '../partner-api/partner-api-error.js'
 import { printable } from '../printable.js'
+import { quoteForShell } from '../quote-for-shell.js'
 import type {
   CreateProposalRequest,
   DisputeRecord,
@@ -77,6 +78,16 @@ export async function runTradeOperation<O extends TradeOperation>(
   const tradeId = tradeIdFor(order, settings.observation.partnerEnv)
   const schedulePoll = (executor: typeof db) =>
     schedulePollAfterApiCall(executor, order.id, { pollAfterS: settings.expectedWebhookS, now: new Date(clock.now()) })
+  const shown = quoteForShell(externalReference)
+  // the poll brought forward with one statement outside a transaction, after the call: a stop that ends the process
+  // while it is in flight says it may or may not be made (CallGuard.writing)
+  const schedulePollAlone = async () => {
+    const writing = guard?.writing?.({
+      change: `the poll of order ${printable(externalReference)} brought forward`,
+      see: `\`orders show ${shown}\` gives its next poll, and \`trades get ${shown}\` the platform's record`,
+    })
+    return schedulePoll(db).finally(() => writing?.())
+  }
 
   if (guard?.stopRequested()) {
     throw stoppedBeforeSending(externalReference, `the ${operation.kind} call on trade ${tradeId}`)
@@ -90,7 +101,7 @@ export async function runTradeOperation<O extends TradeOperation>(
     // rather than after STALE_AFTER_S
     if (isOutcomeUnknown(error)) {
       try {
-        await schedulePoll(db)
+        await schedulePollAlone()
       } catch (databaseError) {
         // the call's outcome is still the news: `[outcome_unknown]`, never the database's "try again later"
         logger.error(
@@ -120,7 +131,7 @@ export async function runTradeOperation<O extends TradeOperation>(
     // the call was sent for our trade (and proposal), but the record that came back is not of it: nothing is applied
     // from it, a respond's trade status included (another proposal's acceptance moved the order to resolved). The
     // answer is the news: a poll that could not be scheduled is logged, and the poller's regular one stands
-    await schedulePoll(db).catch((databaseError: unknown) =>
+    await schedulePollAlone().catch((databaseError: unknown) =>
       logger.error({ externalReference, orderId: order.id, err: databaseError }, "the order's poll could not be scheduled"),
     )
     logger.warn(
@@ -130,6 +141,12 @@ export async function runTradeOperation<O extends TradeOperation>(
     throw recordAnswerMismatch(externalReference, other.asked, printable(other.answered), NOTHING_APPLIED)
   }
   const trade = tradeOf(operation, result)
+  const recording = guard?.recording?.({
+    answer: `the platform's answer to the ${operation.kind} call on trade ${printable(tradeId)} for order ${printable(externalReference)}`,
+    see:
+      `\`orders show ${shown}\` shows what the order records, and \`trades get ${shown}\` the platform's record ` +
+      '(the poller brings the order to it); do not send the call again: the platform did it',
+  })
   const applied = await db
     .transaction()
     .execute(async (trx) => {
@@ -143,6 +160,16 @@ export async function runTradeOperation<O extends TradeOperation>(
     await schedulePoll(trx)
     return observed
   })
+    .then(
+      (made) => {
+        recording?.(true)
+        return made
+      },
+      (databaseError: unknown) => {
+        recording?.(false)
+        throw databaseError
+      },
+    )
     .catch((databaseError: unknown) => {
       // the platform did it: what it answered is said, with what the order could not record, never "try again"
       logger.error(

@@ -42,6 +42,13 @@ export interface CallGuard {
    * made, and `see` where to look.
    */
   writing?(write: { change: string; see: string }): () => void
+  /**
+   * The platform's answer, `answer` ("the answer to the fund call on trade tr_1"), is being recorded in one transaction
+   * until the returned function is called, with whether that transaction committed: a stop that ends the process then
+   * says whether the record may have been made (its COMMIT sent: not known) or was not (rolled back), and `see` where
+   * to look and what to do.
+   */
+  recording?(record: { answer: string; see: string }): (committed: boolean) => void
 }
 
 export interface TradeDeps {
