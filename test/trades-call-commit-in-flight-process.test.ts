@@ -130,6 +130,56 @@ describe.skipIf(!postgresUrl)('the compiled trades fund stopped by a third signa
   })
 })
 
+// Before the COMMIT is sent, the end of the process rolls the recording back: said so, not "may or may not". The
+// recording's UPDATE waits on a SHARE lock of the orders table the test holds in a transaction with no transaction id.
+describe.skipIf(!postgresUrl)('the compiled trades fund stopped by a third signal before its answer’s COMMIT is sent (Postgres)', () => {
+  it('says nothing of the answer was recorded and where to look, exit 130 [stopped]; nothing is, once the lock goes', async () => {
+    const ref = 'fund before commit'
+    const { env, read, tradeId } = await seeded('postgres', ref)
+    const holder = new pg.Client({ connectionString: env.DATABASE_URL! })
+    await holder.connect()
+    cleanups.unshift(() => holder.end())
+    const holderPid = Number((await holder.query<{ pid: number }>('select pg_backend_pid() as pid')).rows[0]!.pid)
+    await holder.query('begin')
+    await holder.query('lock table orders in share mode')
+    const { rows: horizon } = await read((db) => sql`select backend_xid as xid from pg_stat_activity where pid = ${holderPid}::int`.execute(db))
+    expect(horizon).toEqual([{ xid: null }])
+    const command = startedCli(['trades', 'fund', ref], { ...env, DATABASE_STATEMENT_TIMEOUT_MS: '3600000' }, children)
+    try {
+      await eventually(async () => {
+        if (command.closed()) throw new Error(`the command ended before its recording waited: ${command.stderr()}`)
+        const { rows } = await read((db) =>
+          sql<{ waiting: number }>`select count(*)::int as waiting from pg_stat_activity where ${holderPid}::int = any(pg_blocking_pids(pid))`.execute(db),
+        )
+        return rows[0]!.waiting > 0
+      }, 'the recording waits on the lock', 120_000)
+      await stopThreeTimes(command)
+    } finally {
+      if (!command.closed()) command.child.kill('SIGKILL')
+      await holder.query('commit')
+    }
+    const ended = await command.ended()
+    expect({ code: ended.code, signal: ended.signal }, ended.stderr).toEqual({ code: 130, signal: null })
+    expect(ended.stdout).toBe('')
+    expect(ended.stderr).toMatch(
+      new RegExp(
+        `\nStopped by a third signal before the record of the platform's answer to the fund call on trade ${tradeId} for order ${ref} ` +
+          'was committed: the platform answered, and nothing of its answer was recorded \\(its transaction is rolled back, its ' +
+          `COMMIT not sent\\); \`orders show '${ref}'\` shows what the order records, .* \\[stopped\\]\n$`,
+      ),
+    )
+    // the command's session, its process gone, ends with its transaction rolled back
+    await eventually(async () => {
+      const { rows } = await read((db) =>
+        sql<{ others: number }>`select count(*)::int as others from pg_stat_activity where datname = current_database()
+          and backend_type = 'client backend' and state <> 'idle' and pid <> pg_backend_pid() and pid <> ${holderPid}::int`.execute(db),
+      )
+      return rows[0]!.others === 0
+    }, 'the command’s session ends', 120_000)
+    expect(await read((db) => findOrderByExternalReference(db, ref))).toMatchObject({ tradeStatus: 'created' })
+  })
+})
+
 describe('the compiled trades fund stopped by a third signal while its answer’s COMMIT is in flight (embedded PGlite)', () => {
   it('says the record may or may not have been made and where to look, exit 130 [stopped]', async () => {
     const ref = 'fund committing on pglite'
