@@ -10,9 +10,9 @@
 //                            order left as a timeout leaves it), exit 130, or, its connection not up yet (nothing
 //                            written: PartnerStoppedBeforeSentError), as a stop before sending, the order as it was
 //   once it has settled      the answer is recorded (one transaction) and printed, exit 130
-// Any other later signal (a second one before the call is sent, a third) ends the process at once, as the other
-// commands' second one does. A third once the call has settled says what it leaves of the answer's record
-// (stoppedAfterTheCall, below): before the recording transaction's COMMIT is sent, the end of the process rolls it
+// A third signal once the call has settled ends the process saying what it leaves of the answer's record
+// (stoppedAfterTheCall, below), exit 130; any other later signal (a second one before the call is sent, a third
+// before the call has settled) ends the process at once, as the other commands' second one does. Before the recording transaction's COMMIT is sent, the end of the process rolls it
 // back, nothing of the answer recorded; once it is sent, the record may or may not be made (commit-in-flight.ts), and
 // the line says where to look (it ended the process without a word, whether the answer was recorded not known).
 // What a signal that ends the process leaves: a transaction whose COMMIT was not sent is rolled back by the end of the
