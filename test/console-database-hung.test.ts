@@ -97,3 +97,87 @@ describePostgres('the console while the database hangs (Postgres)', () => {
     }
   })
 })
+
+// Every console page that reads the database, as an operator reaches it: each is answered 503 by the console's own
+// bound when the database hangs (the connection the pool held from before the hang, a pool of one), never a 500
+// and never a hang, and the page after the hang ends is answered 200. The rows the pages name need not exist: the
+// page's first statement is sent all the same, and it is that statement's answer that never comes. That the bound,
+// not the pool's 15-s wait, ended the page is told by the log line, not by the time it took.
+//
+// The overview and the reactions page send statements at once: on a pool of one, the first waits for its answer and
+// the others for the one connection. The page's bound is one deadline over both waits (answer-bound.ts); when each
+// wait had its own 5 s, the pool's wait for a connection (the connect timeout, 5 s) and the console's bound on the
+// answer ended together, and the log line named the pool's wait or the console's bound as timers fell (the pool's,
+// on every run here).
+const SHA = 'a'.repeat(64)
+const DATABASE_PAGES = [
+  '/console/',
+  '/console/deliveries',
+  '/console/deliveries/reapply?from=2026-01-01',
+  '/console/deliveries/dismiss?reference=ref-hung',
+  `/console/delivery?id=d-hung&body=${SHA}`,
+  `/console/deliveries/d-hung/${SHA}`,
+  `/console/delivery/reapply?id=d-hung&body=${SHA}`,
+  `/console/deliveries/d-hung/${SHA}/reapply`,
+  '/console/orders',
+  '/console/orders/requeue',
+  '/console/orders/1',
+  '/console/reactions',
+  '/console/reactions/first-attempts',
+  '/console/reactions/retry-failed',
+  '/console/reactions/1',
+  '/console/reactions/1/retry',
+  '/console/reactions/1/skip',
+  '/console/reconcile',
+]
+
+describePostgres('every console page while the database hangs (Postgres, a pool of one)', () => {
+  const database = useTestDatabase()
+  let proxy: TcpProxy
+  let pooled: DatabaseHandle
+  let app: App
+
+  beforeAll(async () => {
+    const server = new URL(postgresUrl!)
+    proxy = await startTcpProxy({ host: server.hostname, port: Number(server.port || 5432) })
+    // the default statement timeout: the pool's own wait for an answer is 15 s, the console's 5
+    pooled = openDatabase({ databaseUrl: proxy.rewrite(database.url!), poolSize: 1 })
+    app = createAdminApp({ config: testConfig({ ADMIN_TOKEN: TOKEN }), db: pooled.db, logger: testLogger([TOKEN]) })
+  })
+  afterAll(async () => {
+    proxy.restore()
+    await pooled.close().catch(() => {})
+    await proxy.close()
+  })
+
+  const getOn = (path: string) => request(app).get(path).set('Authorization', `Bearer ${TOKEN}`)
+
+  it.each(DATABASE_PAGES)('%s: 503 by the console’s bound, then 200 once the database answers', async (path) => {
+    // the pool's one connection, idle, from before the hang
+    expect((await getOn(path)).status, path).toBeLessThan(500)
+    expect(pooled.poolStats()).toEqual({ total: 1, idle: 1, waiting: 0 })
+    const before = logEntries().length
+    proxy.silence()
+    try {
+      const response = await getOn(path)
+      expect([response.status, response.type, response.headers['retry-after']], path).toEqual([503, 'text/html', '5'])
+      expect(response.text, path).toContain('<title>Try again shortly')
+      expect(response.text, path).toContain('The database is unavailable; retry later (database_unavailable).')
+      const written = logEntries().slice(before)
+      // one line for the page, naming the console's bound: not the pool's wait for a connection (the overview's
+      // statements wait for the one connection while the first of them waits for its answer) nor its wait for an
+      // answer (15 s)
+      const unavailable = written
+        .filter((entry) => entry.msg === 'database unavailable')
+        .map((entry) => ({ path: entry.path, message: (entry.err as { message?: unknown }).message }))
+      expect(unavailable, path).toEqual([
+        { path: new URL(path, 'http://console').pathname.slice('/console'.length), message: `the database did not answer within the ${CONSOLE_BOUND_MS} ms asked for` },
+      ])
+      expect(written.filter((entry) => entry.level === 'error' || entry.level === 50), path).toEqual([])
+    } finally {
+      proxy.restore()
+    }
+    // the connection left unanswered is closed, not handed out again: the next page is answered on a new one
+    expect((await getOn(path)).status, path).toBeLessThan(500)
+  }, 30_000)
+})

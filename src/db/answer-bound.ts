@@ -1,36 +1,66 @@
-// A shorter wait for the database's answer, asked for around some work rather than for a whole pool: the operator
-// console's pages (console.routes.ts). Postgres's pool waits up to its statement timeout and a grace for an answer
+// A shorter wait for the database, asked for around some work rather than for a whole pool: the operator console's
+// pages (console.routes.ts). Postgres's pool waits up to its statement timeout and a grace for an answer
 // (DATABASE_STATEMENT_TIMEOUT_MS + STATEMENT_ANSWER_GRACE_MS, 15 s by default), which the webhook ingest and the
 // poller keep: a hung database (the connection taken, nothing answered) kept a console page that got a connection
 // the pool held from before the hang waiting those 15 s, where one that opened a new connection was answered 503
-// after the 5-s connect timeout. The statements sent within `withinAnswerBound(ms, …)` are waited for `ms` at most
-// (the pool's own wait when shorter); then the caller gets AnswerBoundError and the connection, its statement
-// unanswered, is closed when given back, as any connection whose answer did not come (open-database.ts).
+// after the 5-s connect timeout.
+//
+// `withinAnswerBound(ms, …)` sets one deadline, `ms` from its start, for everything the work waits on the database
+// for: a connection from the pool and each statement's answer (the pool's own waits when shorter). At the deadline
+// the caller gets AnswerBoundError, and a connection whose statement is left unanswered is closed when given back, as
+// any connection whose answer did not come (open-database.ts). One deadline for the whole work, not one per wait: a
+// page whose statements run at once on a pool of one had the first waiting for its answer and the rest for the one
+// connection, each wait its own 5 s, and which ended first (the console's bound or the pool's wait for a connection)
+// was a matter of timers, and so was what the log line said.
 import { AsyncLocalStorage } from 'node:async_hooks'
+import { performance } from 'node:perf_hooks'
 
-const bound = new AsyncLocalStorage<number>()
-
-/** Runs `work` with every statement it sends on Postgres waited for `ms` at most (the pool's wait when shorter). */
-export function withinAnswerBound<T>(ms: number, work: () => T): T {
-  return bound.run(ms, work)
+interface Deadline {
+  /** The bound asked for, in ms: what the error says. */
+  boundMs: number
+  /** performance.now() at which the waits end. */
+  endsAt: number
 }
 
-/** The bound asked for around the statement being sent now, if any. */
-export function answerBoundNow(): number | undefined {
-  return bound.getStore()
+const bound = new AsyncLocalStorage<Deadline>()
+
+/** Runs `work` with everything it waits on Postgres for ended `ms` from now at most (the pool's waits when shorter). */
+export function withinAnswerBound<T>(ms: number, work: () => T): T {
+  return bound.run({ boundMs: ms, endsAt: performance.now() + ms }, work)
 }
 
 /**
- * A statement not answered within the bound asked for around it (withinAnswerBound). Its message begins with pg's
- * own words for an unanswered statement, so that it reads as one everywhere (database-errors.ts: unavailable, its
- * outcome unknown); `cause` is pg's error.
+ * The deadline asked for around the wait beginning now, if any: the bound asked for and the whole ms left of it (0
+ * once past). Rounded down, so that a wait timed with it never ends after the deadline, nor after a wait of the pool
+ * of the bound's own length begun later.
+ */
+export function answerBoundNow(): { boundMs: number; leftMs: number } | undefined {
+  const deadline = bound.getStore()
+  if (!deadline) return undefined
+  return { boundMs: deadline.boundMs, leftMs: Math.max(0, Math.floor(deadline.endsAt - performance.now())) }
+}
+
+/** What was waited for when the deadline came: a statement's answer, or a connection from the pool. */
+export type AnswerBoundWait = 'answer' | 'connection'
+
+/**
+ * The deadline asked for around the work (withinAnswerBound) came before the database's answer or a connection. Its
+ * message begins with pg's own words for the wait it ended (an unanswered statement: unavailable, its outcome
+ * unknown; a connection not had: unavailable, nothing sent), so that it reads as one everywhere (database-errors.ts);
+ * `cause` is pg's error, if any.
  */
 export class AnswerBoundError extends Error {
   constructor(
     readonly boundMs: number,
-    cause: Error,
+    readonly waitedFor: AnswerBoundWait = 'answer',
+    cause?: Error,
   ) {
-    super(`Query read timeout: no answer within the ${boundMs} ms asked for`, { cause })
+    super(
+      waitedFor === 'answer'
+        ? `Query read timeout: no answer within the ${boundMs} ms asked for`
+        : `timeout exceeded when trying to connect: no connection within the ${boundMs} ms asked for`,
+      cause ? { cause } : undefined,
+    )
     this.name = 'AnswerBoundError'
   }
 }

@@ -201,9 +201,11 @@ interface PreparingHooks {
   startupParameters: () => pg.ClientConfig
 }
 
-/** A statement's query config, with the answer's bound asked for around it (answer-bound.ts) when there is one. */
-function boundBy<T extends object>(config: T, bound: number | undefined): T & { query_timeout?: number } {
-  if (bound !== undefined) (config as T & { query_timeout?: number }).query_timeout = bound
+type AnswerBound = NonNullable<ReturnType<typeof answerBoundNow>>
+
+/** A statement's query config, with what is left of the deadline asked for around it (answer-bound.ts) when there is one. */
+function boundBy<T extends object>(config: T, bound: AnswerBound | undefined): T & { query_timeout?: number } {
+  if (bound !== undefined) (config as T & { query_timeout?: number }).query_timeout = bound.leftMs
   return config
 }
 
@@ -227,6 +229,8 @@ function preparingClient({ onConnectionError, onPreparingOff, startupParameters 
       const plain = args.length <= 2 && typeof text === 'string' && (values === undefined || Array.isArray(values))
       // a shorter wait for the answer asked for around this statement (answer-bound.ts: a console page's)
       const bound = plain ? this.boundNow() : undefined
+      // its deadline past already (the page's earlier waits took it all): not sent, the connection left as it is
+      if (bound?.leftMs === 0) return Promise.reject(new AnswerBoundError(bound.boundMs)) as never
       if (preparing && plain && (text as string).startsWith(PREPARED)) {
         const outsideTransaction = this.getTransactionStatus() !== 'T'
         const named = query.call(this, boundBy({ name: preparedName(text as string), text, values }, bound)) as Promise<unknown>
@@ -260,22 +264,47 @@ function preparingClient({ onConnectionError, onPreparingOff, startupParameters 
       ) as never
     }
 
-    /** The bound asked for around the statement being sent, when it is shorter than the pool's own wait. */
-    private boundNow(): number | undefined {
+    /** The deadline asked for around the statement being sent, when what is left of it is shorter than the pool's own wait. */
+    private boundNow(): AnswerBound | undefined {
       const asked = answerBoundNow()
       const own = (this as unknown as { connectionParameters: { query_timeout?: number } }).connectionParameters.query_timeout
-      return asked !== undefined && (!own || asked < own) ? asked : undefined
+      return asked !== undefined && (!own || asked.leftMs < own) ? asked : undefined
     }
 
-    private noted(error: unknown, bound?: number): unknown {
+    private noted(error: unknown, bound?: AnswerBound): unknown {
       if (errorCode(error) === READ_ONLY) this.refusedWrite = true
       if (error instanceof Error && error.message === ANSWER_LOST) {
         this.answerLost = true
         // the bound asked for ended the wait, not the pool's: said as such (database-errors.ts)
-        if (bound !== undefined) return new AnswerBoundError(bound, error)
+        if (bound !== undefined) return new AnswerBoundError(bound.boundMs, 'answer', error)
       }
       return error
     }
+  }
+}
+
+/**
+ * A connection from `connect`, waited for until the deadline asked for around the caller (answer-bound.ts: a console
+ * page's), if any: the wait for a connection is one of the page's waits, and ends with them. Its timer is set before
+ * the pool's own (the pool's wait for a connection, its connect timeout: the bound's length or longer), so the
+ * deadline, not the pool, ends a wait that both would. A connection had after the deadline is given back.
+ */
+async function connectWithinBound(connect: () => Promise<pg.PoolClient>): Promise<pg.PoolClient> {
+  const asked = answerBoundNow()
+  if (asked === undefined) return connect()
+  if (asked.leftMs === 0) throw new AnswerBoundError(asked.boundMs, 'connection')
+  let timer: NodeJS.Timeout | undefined
+  const ended = new Promise<never>((_resolve, reject) => {
+    timer = setTimeout(() => reject(new AnswerBoundError(asked.boundMs, 'connection')), asked.leftMs)
+  })
+  const connecting = connect()
+  try {
+    return await Promise.race([connecting, ended])
+  } catch (error) {
+    if (error instanceof AnswerBoundError) connecting.then((client) => client.release(), () => {})
+    throw error
+  } finally {
+    clearTimeout(timer)
   }
 }
 
@@ -406,7 +435,7 @@ function openPostgres(
     }
   }
   const db = new Kysely<Database>({
-    dialect: new PostgresDialect({ pool: { connect, end: () => pool.end(), options: pool.options, Client } }),
+    dialect: new PostgresDialect({ pool: { connect: () => connectWithinBound(connect), end: () => pool.end(), options: pool.options, Client } }),
     plugins: [new CamelCasePlugin()],
   })
   // the backend pids of this handle's listener connections
