@@ -12,6 +12,7 @@ import { CONNECT_TIMEOUT_MS } from '../src/db/database-errors.js'
 import { DEFAULT_STATEMENT_TIMEOUT_MS } from '../src/db/statement-timeout.js'
 import { createAdminApp } from '../src/http/admin-app.js'
 import type { App } from '../src/http/app.js'
+import { CONSOLE_DATABASE_PAGES, loggedPath } from './helpers/console-pages.js'
 import { logEntries, testLogger } from './helpers/log-sink.js'
 import { startTcpProxy, type TcpProxy } from './helpers/tcp-proxy.js'
 import { testConfig } from './helpers/test-config.js'
@@ -109,27 +110,6 @@ describePostgres('the console while the database hangs (Postgres)', () => {
 // wait had its own 5 s, the pool's wait for a connection (the connect timeout, 5 s) and the console's bound on the
 // answer ended together, and the log line named the pool's wait or the console's bound as timers fell (the pool's,
 // on every run here).
-const SHA = 'a'.repeat(64)
-const DATABASE_PAGES = [
-  '/console/',
-  '/console/deliveries',
-  '/console/deliveries/reapply?from=2026-01-01',
-  '/console/deliveries/dismiss?reference=ref-hung',
-  `/console/delivery?id=d-hung&body=${SHA}`,
-  `/console/deliveries/d-hung/${SHA}`,
-  `/console/delivery/reapply?id=d-hung&body=${SHA}`,
-  `/console/deliveries/d-hung/${SHA}/reapply`,
-  '/console/orders',
-  '/console/orders/requeue',
-  '/console/orders/1',
-  '/console/reactions',
-  '/console/reactions/first-attempts',
-  '/console/reactions/retry-failed',
-  '/console/reactions/1',
-  '/console/reactions/1/retry',
-  '/console/reactions/1/skip',
-  '/console/reconcile',
-]
 
 describePostgres('every console page while the database hangs (Postgres, a pool of one)', () => {
   const database = useTestDatabase()
@@ -152,7 +132,7 @@ describePostgres('every console page while the database hangs (Postgres, a pool 
 
   const getOn = (path: string) => request(app).get(path).set('Authorization', `Bearer ${TOKEN}`)
 
-  it.each(DATABASE_PAGES)('%s: 503 by the console’s bound, then 200 once the database answers', async (path) => {
+  it.each(CONSOLE_DATABASE_PAGES)('%s: 503 by the console’s bound, then 200 once the database answers', async (path) => {
     // the pool's one connection, idle, from before the hang
     expect((await getOn(path)).status, path).toBeLessThan(500)
     expect(pooled.poolStats()).toEqual({ total: 1, idle: 1, waiting: 0 })
@@ -171,7 +151,7 @@ describePostgres('every console page while the database hangs (Postgres, a pool 
         .filter((entry) => entry.msg === 'database unavailable')
         .map((entry) => ({ path: entry.path, message: (entry.err as { message?: unknown }).message }))
       expect(unavailable, path).toEqual([
-        { path: new URL(path, 'http://console').pathname.slice('/console'.length), message: `the database did not answer within the ${CONSOLE_BOUND_MS} ms asked for` },
+        { path: loggedPath(path), message: `the database did not answer within the ${CONSOLE_BOUND_MS} ms asked for` },
       ])
       expect(written.filter((entry) => entry.level === 'error' || entry.level === 50), path).toEqual([])
     } finally {
