@@ -229,7 +229,8 @@ function preparingClient({ onConnectionError, onPreparingOff, startupParameters 
       const plain = args.length <= 2 && typeof text === 'string' && (values === undefined || Array.isArray(values))
       // a shorter wait for the answer asked for around this statement (answer-bound.ts: a console page's)
       const bound = plain ? this.boundNow() : undefined
-      // its deadline past already (the page's earlier waits took it all): not sent, the connection left as it is
+      // its deadline past already (the page's earlier waits took it all): not sent, the connection left as it is (in a
+      // transaction, its ROLLBACK is refused so too, and Kysely discards a connection whose ROLLBACK failed)
       if (bound?.leftMs === 0) return Promise.reject(new AnswerBoundError(bound.boundMs)) as never
       if (preparing && plain && (text as string).startsWith(PREPARED)) {
         const outsideTransaction = this.getTransactionStatus() !== 'T'
