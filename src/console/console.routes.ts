@@ -103,10 +103,11 @@ const FORM_LIMIT_BYTES = 16 * 1024
 /** Actions remembered for the repeat check and the overview's log. */
 const REMEMBERED_ACTIONS = 1_000
 /**
- * How long a page waits for each of its statements' answers, at most (answer-bound.ts): the connect timeout's 5 s, so
- * that under a hung database a page is answered 503 as soon on a connection the pool held from before the hang as on
- * a new one (it waited out the statement timeout and its grace, 15 s by default). Pages only read; an action (POST)
- * keeps the pool's wait, as a write cut short by the client may still commit.
+ * How long a page waits on the database in all, at most: for connections and for its statements' answers, one deadline
+ * from the page's start (answer-bound.ts). The connect timeout's 5 s, so that under a hung database a page is
+ * answered 503 as soon on a connection the pool held from before the hang as on a new one (it waited out the
+ * statement timeout and its grace, 15 s by default). Pages only read; an action (POST) keeps the pool's wait, as a
+ * write cut short by the client may still commit.
  */
 export const CONSOLE_PAGE_ANSWER_MS = CONNECT_TIMEOUT_MS
 
@@ -132,6 +133,8 @@ export interface ConsoleDeps {
    * process holds (the signatures matching no secret); default `${hostname()}:${process.pid}`.
    */
   replica?: string | undefined
+  /** The page's deadline (default CONSOLE_PAGE_ANSWER_MS): shorter in tests that wait it out page after page. */
+  pageAnswerMs?: number | undefined
 }
 
 // Kept exactly as given, never trimmed: a reference (or a trade id, a handler) may begin or end with a space, and
@@ -310,6 +313,7 @@ function parseFilter(source: unknown): { filter: DeliveryFilter; after: Delivery
 export function consoleRoutes(deps: ConsoleDeps): Router {
   const { db, logger, clock } = deps
   const replica = deps.replica ?? `${hostname()}:${process.pid}`
+  const pageAnswerMs = deps.pageAnswerMs ?? CONSOLE_PAGE_ANSWER_MS
   const auth = createConsoleAuth({ token: deps.token, now: () => clock.now() })
   const throttle = createLoginThrottle({ now: () => clock.now() })
   const done = new Map<string, ActionRecord>()
@@ -367,7 +371,7 @@ export function consoleRoutes(deps: ConsoleDeps): Router {
   }
   const pageAt = (path: string | string[], ...handlers: RequestHandler[]) => {
     allowing('GET', path)
-    router.get(path, ...handlers.map((handler): RequestHandler => (req, res, next) => withinAnswerBound(CONSOLE_PAGE_ANSWER_MS, () => handler(req, res, next))))
+    router.get(path, ...handlers.map((handler): RequestHandler => (req, res, next) => withinAnswerBound(pageAnswerMs, () => handler(req, res, next))))
   }
   const actionAt = (path: string | string[], ...handlers: RequestHandler[]) => {
     allowing('POST', path)

@@ -37,6 +37,8 @@ export interface AdminAppDeps {
    * absent), and their names (only the registered handlers' streams count as pending).
    */
   reactions?: (ReactionRouting & { readonly names?: readonly string[] }) | undefined
+  /** The console page's deadline on the database (console.routes.ts, CONSOLE_PAGE_ANSWER_MS by default). */
+  consolePageAnswerMs?: number | undefined
 }
 
 export function createAdminApp(deps: AdminAppDeps): App {
@@ -62,6 +64,7 @@ export function createAdminApp(deps: AdminAppDeps): App {
         reconcileOnce: deps.reconcileOnce,
         longestCycleMs: longestCycleMs(deps.config),
         reactionHandlers: deps.reactions?.names,
+        pageAnswerMs: deps.consolePageAnswerMs,
       }),
     )
     app.get('/', (req, res) => withForwardedPrefix(req.headers['x-forwarded-prefix'], () => res.redirect(`${consolePath()}/`)))
