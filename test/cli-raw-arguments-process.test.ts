@@ -9,6 +9,7 @@ import path from 'node:path'
 import { afterAll, describe, expect, it } from 'vitest'
 import { argumentNotUtf8, variablesNotUtf8 } from '../src/not-utf8.js'
 import { childEnv, type CliResult } from './helpers/cli-process.js'
+import { migratedDataDir } from './helpers/data-dir-template.js'
 
 const root = path.resolve(import.meta.dirname, '..')
 const scratch = mkdtempSync(path.join(tmpdir(), 'raw-arguments-'))
@@ -45,10 +46,8 @@ describe('arguments whose bytes are not UTF-8', () => {
   })
 
   it.skipIf(!existsSync('/proc/self/cmdline'))('the same text in UTF-8 runs: the command says what it says of that reference', async () => {
-    const dataDir = path.join(scratch, 'utf8')
-    const result = await runWithBytes(['orders', 'show', 'caf\\303\\251-1'], { DATA_DIR: dataDir })
-    // (after the note that a new embedded database is made in DATA_DIR)
-    expect(result.stderr).toMatch(/\nNo order with external reference café-1 \[order_not_found\]\n$/)
+    const result = await runWithBytes(['orders', 'show', 'caf\\303\\251-1'], { DATA_DIR: migratedDataDir('raw-arguments-utf8-') })
+    expect(result.stderr).toBe('No order with external reference café-1 [order_not_found]\n')
     expect(result.code).toBe(1)
   })
 

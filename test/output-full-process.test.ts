@@ -5,8 +5,7 @@
 import { type ChildProcess, spawn } from 'node:child_process'
 import { randomUUID } from 'node:crypto'
 import { once } from 'node:events'
-import { closeSync, existsSync, mkdtempSync, openSync, readFileSync, rmSync } from 'node:fs'
-import { tmpdir } from 'node:os'
+import { closeSync, existsSync, openSync, readFileSync } from 'node:fs'
 import path from 'node:path'
 import { afterAll, describe, expect, it } from 'vitest'
 import { createServer } from 'node:http'
@@ -17,7 +16,6 @@ import { tradeRecord } from './helpers/partner-api-fixtures.js'
 import { postDelivery, signBody, tradePayload } from './helpers/webhook-delivery.js'
 
 const root = path.resolve(import.meta.dirname, '..')
-const scratch = mkdtempSync(path.join(tmpdir(), 'output-full-'))
 const children: ChildProcess[] = []
 // the platform: answers a create with the trade `created`, a fund with it `funded`; what it was sent, counted
 const funds: string[] = []
@@ -33,7 +31,6 @@ const platform = createServer((req, res) => {
 })
 afterAll(async () => {
   killLeftovers(children)
-  rmSync(scratch, { recursive: true, force: true })
   platform.closeAllConnections()
   await new Promise((resolve) => platform.close(resolve))
 })
@@ -100,7 +97,8 @@ async function until(check: () => Promise<boolean>, what: string): Promise<void>
 describe.skipIf(!existsSync('/dev/full'))('stdout that cannot be written (ENOSPC)', () => {
   it.each([['JSON lines', 'false'], ['LOG_PRETTY', 'true']])('the service (%s) goes on taking deliveries, says so once on stderr, and stops on SIGTERM with exit 0', async (_, pretty) => {
     const port = await freePort()
-    const dataDir = path.join(scratch, `serve-${pretty}`)
+    // a migrated copy: what a first start does is not this test's (its initdb cost 6-15 s of a core)
+    const dataDir = migratedDataDir(`output-full-serve-${pretty}-`)
     // SHUTDOWN_TIMEOUT_MS: its 10-s default, past which the service exits 1, was a loaded machine's time to stop too
     const { child, stderr } = runOnFullOutput(['serve'], {
       ...receiverEnv(dataDir),
@@ -136,7 +134,7 @@ describe.skipIf(!existsSync('/dev/full'))('stdout that cannot be written (ENOSPC
   })
 
   it('a command whose output cannot be written exits 1 with one line saying so, no stack trace', async () => {
-    const { child, stderr } = runOnFullOutput(['orders', 'list'], { DATA_DIR: path.join(scratch, 'cli') })
+    const { child, stderr } = runOnFullOutput(['orders', 'list'], { DATA_DIR: migratedDataDir('output-full-cli-') })
     const [code] = (await once(child, 'exit')) as [number | null]
     expect(code).toBe(1)
     expect(stderr()).toMatch(/(?:^|\n)could not write to stdout \(ENOSPC\): what follows on it is lost \[stdout_failed\]\n$/)

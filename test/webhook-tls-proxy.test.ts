@@ -11,6 +11,7 @@ import { tmpdir } from 'node:os'
 import path from 'node:path'
 import { afterAll, beforeAll, describe, expect, it } from 'vitest'
 import { freePort, killLeftovers, receiverEnv, spawnCli, waitForLogLine } from './helpers/cli-process.js'
+import { migratedDataDir } from './helpers/data-dir-template.js'
 import { signBody, tradePayload } from './helpers/webhook-delivery.js'
 
 const HAPROXY = '/usr/sbin/haproxy'
@@ -54,7 +55,7 @@ describeTls('the webhook URL over TLS, ended in a proxy in front of the public l
   beforeAll(async () => {
     if (!installed) throw new Error(`${HAPROXY} is required in CI: .ci/run installs Debian's haproxy package`)
     workDir = mkdtempSync(path.join(tmpdir(), 'webhook-tls-'))
-    const serve = spawnCli(['serve'], receiverEnv(path.join(workDir, 'data')))
+    const serve = spawnCli(['serve'], receiverEnv(migratedDataDir('webhook-tls-data-')))
     children.push(serve)
     const { url } = await waitForLogLine(serve, 'service listening')
     const receiver = new URL(String(url)).host
