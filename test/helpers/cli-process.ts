@@ -72,15 +72,19 @@ let defaultDataDir: string | undefined
 /**
  * The DATA_DIR of a child given none: one directory for this test file, where the CLI's own default would be
  * ./data in the checkout, shared by every file at once. (A command run there by one file met the service file
- * of another file's `serve` and refused with wrong_database.)
+ * of another file's `serve` and refused with wrong_database.) Removed at the file's end (helpers/setup.ts), so the
+ * next file its worker runs, with this module shared (isolate: false), gets a new one.
  */
 function dataDirOfThisFile(): string {
-  if (!defaultDataDir) {
-    const directory = mkdtempSync(path.join(tmpdir(), 'cli-data-dir-'))
-    process.once('exit', () => rmSync(directory, { recursive: true, force: true }))
-    defaultDataDir = directory
-  }
+  defaultDataDir ??= mkdtempSync(path.join(tmpdir(), 'cli-data-dir-'))
   return defaultDataDir
+}
+
+/** Removes this test file's default DATA_DIR, if a child used one (helpers/setup.ts, at each test file's end). */
+export function removeDefaultDataDir(): void {
+  // maxRetries: a child killed at the file's end (killLeftovers) may still be writing there for a moment
+  if (defaultDataDir) rmSync(defaultDataDir, { recursive: true, force: true, maxRetries: 5 })
+  defaultDataDir = undefined
 }
 
 /** Environment for a child: no inherited variable of ours, so tests do not depend on the shell. */

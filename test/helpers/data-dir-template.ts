@@ -5,15 +5,19 @@
 import { cpSync, mkdtempSync, rmSync } from 'node:fs'
 import { tmpdir } from 'node:os'
 import path from 'node:path'
-import { afterAll, inject } from 'vitest'
+import { inject } from 'vitest'
 
-// Each copy is some 40 MB: removed once the test file is done. Registered when this module is first imported,
-// before the file's own hooks, so it runs after them (vitest runs after-hooks last registered first): the
-// file has stopped its processes by then.
+// Each copy is some 40 MB: removed once the test file is done, by helpers/setup.ts's after-hook (registered before
+// the file's own hooks, so it runs after them: the file has stopped its processes by then). Not an afterAll of this
+// module's own: in a worker that runs file after file with their modules shared (isolate: false), a module is
+// imported once, and its hook would be the first file's alone.
 const copies: string[] = []
-afterAll(() => {
-  for (const directory of copies.splice(0)) rmSync(directory, { recursive: true, force: true })
-})
+
+/** Removes the copies made since the last call (helpers/setup.ts, at each test file's end). */
+export function removeDataDirCopies(): void {
+  // maxRetries: a child killed at the file's end (killLeftovers) may still be writing there for a moment
+  for (const directory of copies.splice(0)) rmSync(directory, { recursive: true, force: true, maxRetries: 5 })
+}
 
 /** A new directory under the system's temporary one, named `prefix…`, holding a migrated embedded database. */
 export function migratedDataDir(prefix: string): string {

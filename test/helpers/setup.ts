@@ -1,5 +1,16 @@
 import { afterAll, expect } from 'vitest'
+import { removeDefaultDataDir } from './cli-process.js'
+import { removeDataDirCopies } from './data-dir-template.js'
 import { forbiddenValues, forgetLogLines, logLines } from './log-sink.js'
+
+// The directories this file's child processes ran in (helpers/cli-process.ts, helpers/data-dir-template.ts), removed
+// at its end: registered before the file's own hooks, so it runs after them (vitest runs after-hooks last registered
+// first), once the file has stopped its processes. Here, run for each file, where a helper's module is imported once
+// by a worker that runs files one after another (isolate: false).
+afterAll(() => {
+  removeDataDirCopies()
+  removeDefaultDataDir()
+})
 
 // Suite-wide: no line any test of this file logged may hold a secret or a signature it used.
 afterAll(() => {
