@@ -9,10 +9,14 @@
 //                            130; a second stops waiting: the call ends as a timeout does (outcome unknown, the
 //                            order left as a timeout leaves it), exit 130, or, its connection not up yet (nothing
 //                            written: PartnerStoppedBeforeSentError), as a stop before sending, the order as it was
-//   once it has settled      the answer is recorded (one transaction) and printed, exit 130
+//   once it has settled      the answer is recorded (one transaction) and printed, exit 130; a call that got no
+//                            answer (outcome unknown), was refused or was not sent is said as that, never as
+//                            answered, with what the command records of it (CallEnd: the mark of a create as
+//                            unknown, the poll brought forward, a create set back) and where to look
 // A third signal once the call has settled ends the process saying what it leaves of the answer's record
-// (stoppedAfterTheCall, below), exit 130; any other later signal (a second one before the call is sent, a third
-// before the call has settled) ends the process at once, as the other commands' second one does. Before the recording transaction's COMMIT is sent, the end of the process rolls it
+// (stoppedAfterTheCall, below), exit 130; one after a second abandoned the wait, before the call has ended, says its
+// outcome is not known and nothing of it recorded, exit 130; any other later signal (a second one before the call is
+// sent with no write in flight) ends the process at once, as the other commands' second one does. Before the recording transaction's COMMIT is sent, the end of the process rolls it
 // back, nothing of the answer recorded; once it is sent, the record may or may not be made (commit-in-flight.ts), and
 // the line says where to look (it ended the process without a word, whether the answer was recorded not known).
 // What a signal that ends the process leaves: a transaction whose COMMIT was not sent is rolled back by the end of the
@@ -27,7 +31,7 @@
 import { commitInFlight } from '../db/commit-in-flight.js'
 import { PartnerAnswerAbandonedError } from '../partner-api/partner-api-error.js'
 import { onStopSignals, type StopSignal } from '../stop-signals.js'
-import type { CallGuard } from '../trades/trade-deps.js'
+import type { CallEnd, CallGuard } from '../trades/trade-deps.js'
 import { writeError } from './cli-context.js'
 
 export interface HeldSignals {
@@ -41,6 +45,8 @@ export interface HeldSignals {
 
 export function holdSignalsForCall(): HeldSignals {
   let phase: 'before' | 'in_flight' | 'settled' = 'before'
+  // how the call ended, once settled
+  let end: CallEnd = { outcome: 'answered' }
   let signals = 0
   // the local write before the call that is in flight now, if any (CallGuard.writing)
   let write: { change: string; see: string } | undefined
@@ -58,7 +64,7 @@ export function holdSignalsForCall(): HeldSignals {
             'stops waiting: what the platform did is then not known)\n',
         )
       } else {
-        writeError('the platform has answered: recording and printing its answer, then stopping\n')
+        writeError(`${settledLine(end)}\n`)
       }
     },
     (signal: StopSignal) => {
@@ -77,16 +83,18 @@ export function holdSignalsForCall(): HeldSignals {
         process.exit(130)
       }
       if (signals === 2 && phase === 'settled') {
-        // the answer is known: ending now would throw it away for a few milliseconds' wait
-        writeError(
-          'the platform has answered: recording its answer (another Ctrl-C ends the process now: before its COMMIT is ' +
-            'sent, nothing of the answer is recorded; once it is sent, whether it was recorded is not known, and the ' +
-            'line says where to look)\n',
-        )
+        // the call's end is known: ending now would throw its record away for a few milliseconds' wait
+        writeError(`${secondSettledLine(end)}\n`)
         return
       }
       if (phase === 'settled') {
-        writeError(`${stoppedAfterTheCall(write, record)}\n`)
+        writeError(`${stoppedAfterTheCall(write, record, end)}\n`)
+        process.exit(130)
+      }
+      if (phase === 'in_flight' && abandon.signal.aborted) {
+        // the wait was abandoned and the call is ending (not yet settled): its outcome is not known, and nothing of it
+        // is recorded yet
+        writeError(`${stoppedAfterAbandoning(write)}\n`)
         process.exit(130)
       }
       off()
@@ -100,8 +108,9 @@ export function holdSignalsForCall(): HeldSignals {
         phase = 'in_flight'
         return abandon.signal
       },
-      settled: () => {
+      settled: (how) => {
         phase = 'settled'
+        end = how
       },
       writing: (what) => {
         write = what
@@ -132,10 +141,11 @@ export function holdSignalsForCall(): HeldSignals {
 function stoppedAfterTheCall(
   write: { change: string; see: string } | undefined,
   record: { answer: string; see: string; committed: boolean } | undefined,
+  end: CallEnd,
 ): string {
   if (write) {
     return (
-      `Stopped by a third signal while ${write.change} was in flight, after the call to the platform: the write may or ` +
+      `Stopped by a third signal while ${write.change} was in flight, after ${theCall(end)}: the write may or ` +
       `may not have been made (on Postgres a statement sent runs on without this process); ${write.see} [stopped]`
     )
   }
@@ -164,8 +174,61 @@ function stoppedAfterTheCall(
   }
   // the call failed (no answer, a refusal) or its answer is not recorded yet: no local write is in flight, and one
   // under way in a transaction is rolled back
+  const see = end.outcome !== 'answered' && end.records ? `; ${end.records.see}` : ''
   return (
-    'Stopped by a third signal after the call to the platform, with no local write in flight (one under way in a ' +
-    'transaction is rolled back, its COMMIT not sent) [stopped]'
+    `Stopped by a third signal after ${theCall(end)}, with no local write in flight (one under way in a ` +
+    `transaction is rolled back, its COMMIT not sent)${see} [stopped]`
+  )
+}
+
+/** What a call that ended without an answer to record came to, in a few words. */
+function endWords(end: CallEnd): string {
+  if (end.outcome === 'unknown') return 'its outcome is not known (the platform may or may not have done it)'
+  if (end.outcome === 'refused') return 'the platform refused it (nothing was done there)'
+  return 'it was not sent (nothing was done there)'
+}
+
+/** The call, with what it came to when that was not an answer. */
+function theCall(end: CallEnd): string {
+  if (end.outcome === 'unknown') return 'the call to the platform, whose outcome is not known'
+  if (end.outcome === 'refused') return 'the call to the platform, which it refused'
+  if (end.outcome === 'not_sent') return 'the call to the platform, which was not sent'
+  return 'the call to the platform'
+}
+
+/** What the first signal says once the call has settled: what it came to, and what the command records of it. */
+function settledLine(end: CallEnd): string {
+  if (end.outcome === 'answered') return 'the platform has answered: recording and printing its answer, then stopping'
+  const recording = end.records ? `recording ${end.records.change} and saying so, then stopping; ${end.records.see}` : 'saying so, then stopping'
+  return `the call to the platform is over, and ${endWords(end)}: ${recording}`
+}
+
+/** What the second signal once the call has settled says: what is being recorded, and that a third ends the process. */
+function secondSettledLine(end: CallEnd): string {
+  if (end.outcome === 'answered') {
+    return (
+      'the platform has answered: recording its answer (another Ctrl-C ends the process now: before its COMMIT is ' +
+      'sent, nothing of the answer is recorded; once it is sent, whether it was recorded is not known, and the line ' +
+      'says where to look)'
+    )
+  }
+  const what = end.records ? `recording ${end.records.change}` : 'saying so'
+  return `the call to the platform is over, and ${endWords(end)}: ${what} (another Ctrl-C ends the process now, and says what it leaves)`
+}
+
+/**
+ * What a third signal says when it comes after a second abandoned the wait for the answer, before the call has ended:
+ * the outcome is not known (or, the connection not up yet, nothing was sent), and nothing of it is recorded.
+ */
+function stoppedAfterAbandoning(write: { change: string; see: string } | undefined): string {
+  const writing = write
+    ? `; ${write.change} was in flight, and may or may not have been made (on Postgres a statement sent runs on without ` +
+      `this process); ${write.see}`
+    : ''
+  return (
+    'Stopped by a third signal after the wait for the platform’s answer was abandoned, before the call had ended: its ' +
+    'outcome is not known (the platform may or may not have done it, unless its connection was not up yet), and ' +
+    'nothing of it was recorded here (no mark of an unknown outcome, no poll brought forward): check the platform ' +
+    `before sending the call again${writing} [stopped]`
   )
 }

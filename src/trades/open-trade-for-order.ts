@@ -54,13 +54,13 @@ import {
   startTradeCreate,
 } from '../orders/order.repository.js'
 import { flagLinkedOrder, TRADE_MISMATCH } from '../orders/poll-schedule.repository.js'
-import { isOutcomeUnknown, PartnerStoppedBeforeSentError } from '../partner-api/partner-api-error.js'
+import { PartnerStoppedBeforeSentError } from '../partner-api/partner-api-error.js'
 import type { CreateTradeRequest, TradeRecord } from '../partner-api/types.js'
 import { validateCreateTrade } from '../partner-api/validate-request.js'
 import { printable } from '../printable.js'
 import { quoteForShell } from '../quote-for-shell.js'
 import { databaseFailureWords, NotRecordedLocallyError } from './local-record-failure.js'
-import type { TradeDeps } from './trade-deps.js'
+import { failedCallOutcome, type TradeDeps } from './trade-deps.js'
 import { answerMismatch, stoppedBeforeSending, TradeOperationError, tradeExists } from './trade-operation-error.js'
 
 export type OpenTradeRequest = Omit<CreateTradeRequest, 'external_reference'>
@@ -182,14 +182,16 @@ export async function openTradeForOrder(
     const body = { ...request, external_reference: externalReference }
     trade = await (guard ? client.createTrade(body, { signal: guard.sending() }) : client.createTrade(body))
   } catch (error) {
-    guard?.settled()
+    const outcome = failedCallOutcome(error)
     // a timeout, a lost connection, the operator who stopped waiting, or a 5xx (a gateway's 502 or 504): the
     // trade may exist
-    if (isOutcomeUnknown(error)) {
-      const writing = guard?.writing?.({
+    if (outcome === 'unknown') {
+      const mark = {
         change: `the mark of order ${printable(externalReference)}'s create as unknown (its outcome not known)`,
         see: `\`orders show ${quoteForShell(externalReference)}\` shows it; do not send the create again before checking the platform`,
-      })
+      }
+      guard?.settled({ outcome, records: mark })
+      const writing = guard?.writing?.(mark)
       const marked = await setTradeCreateState(db, order.id, 'unknown', claim).finally(() => writing?.()).catch((databaseError: unknown) => {
         // the create's outcome is still the news (`[outcome_unknown]`), never the database's "try again later"
         logger.error({ externalReference, orderId: order.id, err: error, databaseErr: databaseError }, 'trade create outcome unknown, and the order could not be marked unknown')
@@ -211,10 +213,12 @@ export async function openTradeForOrder(
       // refused (by validation, or by the platform with a 4xx) or never sent (no connection could be made): this
       // create made nothing. Back to where it was, so a
       // refused --retry does not erase the evidence of an earlier create that may have worked.
-      const writing = guard?.writing?.({
+      const settingBack = {
         change: `the setting back of order ${printable(externalReference)}'s create (this create made no trade)`,
         see: `\`orders show ${quoteForShell(externalReference)}\` shows it`,
-      })
+      }
+      guard?.settled({ outcome, records: settingBack })
+      const writing = guard?.writing?.(settingBack)
       await setTradeCreateState(db, order.id, restoredState, claim).finally(() => writing?.()).catch((databaseError: unknown) => {
         logger.error({ externalReference, orderId: order.id, err: error, databaseErr: databaseError }, 'trade create made nothing, and the order could not be set back')
         throw new NotRecordedLocallyError(
@@ -231,7 +235,7 @@ export async function openTradeForOrder(
     }
     throw error
   }
-  guard?.settled()
+  guard?.settled({ outcome: 'answered' })
 
   const now = clock.now()
   const orderId = order.id

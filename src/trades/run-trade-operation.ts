@@ -13,7 +13,7 @@ import { apiObservation } from '../orders/observations.js'
 import { findOrderByExternalReference } from '../orders/order.repository.js'
 import { schedulePollAfterApiCall } from '../orders/poll-schedule.repository.js'
 import type { CallOptions } from '../partner-api/partner-api.client.js'
-import { isOutcomeUnknown, PartnerStoppedBeforeSentError } from '../partner-api/partner-api-error.js'
+import { PartnerStoppedBeforeSentError } from '../partner-api/partner-api-error.js'
 import { printable } from '../printable.js'
 import { quoteForShell } from '../quote-for-shell.js'
 import type {
@@ -28,7 +28,7 @@ import type {
   TradeRecord,
 } from '../partner-api/types.js'
 import { databaseFailureWords, NotRecordedLocallyError } from './local-record-failure.js'
-import type { PartnerTradeApi, TradeDeps } from './trade-deps.js'
+import { failedCallOutcome, type PartnerTradeApi, type TradeDeps } from './trade-deps.js'
 import {
   answerMismatch,
   milestoneAnswerMismatch,
@@ -81,11 +81,12 @@ export async function runTradeOperation<O extends TradeOperation>(
   const shown = quoteForShell(externalReference)
   // the poll brought forward with one statement outside a transaction, after the call: a stop that ends the process
   // while it is in flight says it may or may not be made (CallGuard.writing)
+  const pollForward = {
+    change: `the poll of order ${printable(externalReference)} brought forward`,
+    see: `\`orders show ${shown}\` gives its next poll, and \`trades get ${shown}\` the platform's record`,
+  }
   const schedulePollAlone = async () => {
-    const writing = guard?.writing?.({
-      change: `the poll of order ${printable(externalReference)} brought forward`,
-      see: `\`orders show ${shown}\` gives its next poll, and \`trades get ${shown}\` the platform's record`,
-    })
+    const writing = guard?.writing?.(pollForward)
     return schedulePoll(db).finally(() => writing?.())
   }
 
@@ -96,10 +97,12 @@ export async function runTradeOperation<O extends TradeOperation>(
   try {
     result = await callTradeApi(client, tradeId, operation, guard && { signal: guard.sending() })
   } catch (error) {
-    guard?.settled()
+    const outcome = failedCallOutcome(error)
+    // the poll is brought forward after a call whose outcome is not known, and nothing is written after another
+    guard?.settled(outcome === 'unknown' ? { outcome, records: pollForward } : { outcome })
     // it may have taken effect (a timeout, or the operator stopped waiting): let the poller find out soon
     // rather than after STALE_AFTER_S
-    if (isOutcomeUnknown(error)) {
+    if (outcome === 'unknown') {
       try {
         await schedulePollAlone()
       } catch (databaseError) {
@@ -124,7 +127,7 @@ export async function runTradeOperation<O extends TradeOperation>(
     }
     throw error
   }
-  guard?.settled()
+  guard?.settled({ outcome: 'answered' })
 
   const other = otherRecordOf(operation, result, tradeId)
   if (other) {

@@ -5,6 +5,7 @@ import type { Database } from '../db/database.js'
 import type { Logger } from '../logger.js'
 import type { ObservationSettings } from '../orders/apply-observation.js'
 import type { PartnerApiClient } from '../partner-api/partner-api.client.js'
+import { isOutcomeUnknown, PartnerNotSentError, PartnerValidationError } from '../partner-api/partner-api-error.js'
 
 /** The platform calls the trades service makes: the client, or a fake of it in a test. */
 export type PartnerTradeApi = Pick<
@@ -34,8 +35,11 @@ export interface CallGuard {
    * operator stops waiting for the answer: the call then ends as a timeout does, outcome unknown.
    */
   sending(): AbortSignal
-  /** The call is over (answered or failed): what is left is recording that locally. */
-  settled(): void
+  /**
+   * The call is over, and how (CallEnd): what is left is recording that locally. A stop signal then says what the call
+   * came to, never "answered" for a call that was not.
+   */
+  settled(end: CallEnd): void
   /**
    * A local write before the call is sent, `change` (a statement that runs on without the process on Postgres), is in
    * flight until the returned function is called: a stop that ends the process then says it may or may not have been
@@ -49,6 +53,23 @@ export interface CallGuard {
    * to look and what to do.
    */
   recording?(record: { answer: string; see: string }): (committed: boolean) => void
+}
+
+/**
+ * How a call to the platform ended. answered: a 2xx, whose record is recorded; refused: a 4xx, nothing done there;
+ * not_sent: never written (a request refused before sending, no connection), nothing done there; unknown: no answer
+ * (a timeout, a lost connection, the operator's abandoned wait) or a 5xx, the platform may or may not have done it.
+ * `records` is the local write that follows a failed call ("the mark of order o_1's create as unknown"), and `see`
+ * where to look.
+ */
+export type CallEnd =
+  | { outcome: 'answered' }
+  | { outcome: 'refused' | 'not_sent' | 'unknown'; records?: { change: string; see: string } | undefined }
+
+/** How a call that failed ended (CallEnd): any error other than no answer, a 5xx or one never sent is a refusal. */
+export function failedCallOutcome(error: unknown): 'refused' | 'not_sent' | 'unknown' {
+  if (isOutcomeUnknown(error)) return 'unknown'
+  return error instanceof PartnerNotSentError || error instanceof PartnerValidationError ? 'not_sent' : 'refused'
 }
 
 export interface TradeDeps {

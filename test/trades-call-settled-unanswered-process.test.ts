@@ -1,0 +1,257 @@
+// Trade calls (`trades fund`, `trades open`) stopped by signals once their call has ended without an answer to record:
+// the platform (a server the test owns) answers 503 (the outcome is not known: a gateway's 5xx says nothing of what was
+// done behind it) or 409 (refused), and the local write that follows (the poll brought forward, the mark of the create
+// as unknown, the setting back of the create) is held, so the signals come while the command is in the settled phase.
+// The compiled CLI as its own process, on Postgres through DATABASE_URL and on embedded PGlite. The first and second
+// signals said "the platform has answered: recording and printing its answer", though no answer was there to record;
+// now they say what the call came to and what the command records of it, and the third what it leaves, exit 130.
+//
+// The write is held on Postgres by a SHARE lock of the orders table the test takes in a transaction with no
+// transaction id, once the request is at the platform (the command's writes before the call go through first); on
+// PGlite by a BEFORE UPDATE trigger that writes a file into the data directory and sleeps until the test writes another.
+import { type ChildProcess } from 'node:child_process'
+import { once } from 'node:events'
+import { existsSync, writeFileSync } from 'node:fs'
+import { createServer, type ServerResponse } from 'node:http'
+import type { AddressInfo } from 'node:net'
+import path from 'node:path'
+import { type Kysely, sql } from 'kysely'
+import pg from 'pg'
+import { afterAll, beforeAll, describe, expect, it } from 'vitest'
+import type { Database } from '../src/db/database.js'
+import { type Reader, seededCliDatabase } from './helpers/cli-database.js'
+import { killLeftovers, startedCli } from './helpers/cli-process.js'
+import { eventually } from './helpers/reconcile-poller.js'
+import { insertOrders } from './helpers/reconcile-orders.js'
+import { postgresUrl } from './helpers/test-database.js'
+
+interface HeldRequest {
+  path: string
+  body: string
+  respond(status: number, body: unknown): void
+}
+
+// a platform that holds every request until the test answers it
+const held: HeldRequest[] = []
+const platform = createServer((request, response: ServerResponse) => {
+  let body = ''
+  request.setEncoding('utf8')
+  request.on('data', (chunk: string) => (body += chunk))
+  request.on('end', () => {
+    held.push({
+      path: request.url!,
+      body,
+      respond: (status, answer) => {
+        response.writeHead(status, { 'content-type': 'application/json' })
+        response.end(JSON.stringify(answer))
+      },
+    })
+  })
+})
+let platformUrl: string
+const cleanups: (() => Promise<void>)[] = []
+const children: ChildProcess[] = []
+beforeAll(async () => {
+  platform.listen(0, '127.0.0.1')
+  await once(platform, 'listening')
+  platformUrl = `http://127.0.0.1:${(platform.address() as AddressInfo).port}`
+})
+afterAll(async () => {
+  killLeftovers(children)
+  platform.closeAllConnections()
+  platform.close()
+  for (const cleanup of cleanups) await cleanup()
+})
+
+const UNAVAILABLE = { error: { code: 'unavailable', message: 'upstream unavailable' } }
+const REFUSED = { error: { code: 'duplicate_reference', message: 'a trade with this reference exists' } }
+
+/** The request of the run whose order is `marker`, once it is at the platform. */
+async function requestOf(command: ReturnType<typeof startedCli>, marker: string): Promise<HeldRequest> {
+  const mine = (request: HeldRequest) => request.path.includes(marker) || request.body.includes(marker)
+  await eventually(() => {
+    if (command.closed()) throw new Error(`the command ended before its call reached the platform: ${command.stderr()}`)
+    return held.some(mine)
+  }, 'the call is at the platform', 120_000)
+  return held.splice(held.findIndex(mine), 1)[0]!
+}
+
+/**
+ * Three signals, each a different one (the same signal within a second is taken as npm's copy of the first), each
+ * after the line of the one before (its lines are asserted whole once the command has ended).
+ */
+async function stopThreeTimes(command: ReturnType<typeof startedCli>): Promise<void> {
+  const saysLine = (count: number) =>
+    eventually(() => {
+      if (command.closed()) throw new Error(`the command ended before its line ${count}: ${command.stderr()}`)
+      return command.stderr().split('\n').length > count
+    }, `the command's line ${count}`, 120_000)
+  command.child.kill('SIGINT')
+  await saysLine(1)
+  command.child.kill('SIGTERM')
+  await saysLine(2)
+  command.child.kill('SIGHUP')
+  await eventually(() => command.closed() !== undefined, 'the command ends', 120_000)
+}
+
+const openArgs = (reference: string) => [
+  'trades', 'open', reference, '--title', 'Used bicycle', '--amount', '120.00', '--currency', 'EUR', '--seller', 's_1',
+]
+
+interface Case {
+  name: string
+  ref: string
+  args: (ref: string) => string[]
+  /** In the request's path or body. */
+  marker: (ref: string) => string
+  status: number
+  answer: unknown
+  /** The write held, as the lines name it. */
+  change: (ref: string) => string
+  see: (ref: string) => string
+  /** What the call came to. */
+  outcome: 'unknown' | 'refused'
+  /** On PGlite, the trigger's condition on the new row: only the write after the call. */
+  pgliteWhen?: string
+}
+
+const cases: Case[] = [
+  {
+    name: 'trades fund answered 503',
+    ref: 'fund unknown',
+    args: (ref) => ['trades', 'fund', ref],
+    marker: (ref) => `tr_${ref.replace(' ', '-')}`,
+    status: 503,
+    answer: UNAVAILABLE,
+    change: (ref) => `the poll of order ${ref} brought forward`,
+    see: (ref) => `\`orders show '${ref}'\` gives its next poll, and \`trades get '${ref}'\` the platform's record`,
+    outcome: 'unknown',
+    pgliteWhen: "new.external_reference = 'fund unknown'",
+  },
+  {
+    name: 'trades open answered 503',
+    ref: 'open unknown',
+    args: openArgs,
+    marker: (ref) => ref,
+    status: 503,
+    answer: UNAVAILABLE,
+    change: (ref) => `the mark of order ${ref}'s create as unknown (its outcome not known)`,
+    see: (ref) => `\`orders show '${ref}'\` shows it; do not send the create again before checking the platform`,
+    outcome: 'unknown',
+    pgliteWhen: "new.external_reference = 'open unknown' and new.trade_create_state = 'unknown'",
+  },
+  {
+    name: 'trades open refused 409',
+    ref: 'open refused',
+    args: openArgs,
+    marker: (ref) => ref,
+    status: 409,
+    answer: REFUSED,
+    change: (ref) => `the setting back of order ${ref}'s create (this create made no trade)`,
+    see: (ref) => `\`orders show '${ref}'\` shows it`,
+    outcome: 'refused',
+  },
+]
+
+function expectedLines(c: Case): { first: string; second: string; third: string } {
+  const came = c.outcome === 'unknown' ? 'its outcome is not known (the platform may or may not have done it)' : 'the platform refused it (nothing was done there)'
+  const theCall = c.outcome === 'unknown' ? 'the call to the platform, whose outcome is not known' : 'the call to the platform, which it refused'
+  return {
+    first: `the call to the platform is over, and ${came}: recording ${c.change(c.ref)} and saying so, then stopping; ${c.see(c.ref)}\n`,
+    second: `the call to the platform is over, and ${came}: recording ${c.change(c.ref)} (another Ctrl-C ends the process now, and says what it leaves)\n`,
+    third:
+      `Stopped by a third signal while ${c.change(c.ref)} was in flight, after ${theCall}: the write may or may not have ` +
+      `been made (on Postgres a statement sent runs on without this process); ${c.see(c.ref)} [stopped]\n`,
+  }
+}
+
+/** The fund orders, linked to a trade and not funded; `trades open` creates its own. */
+function seeded(kind: 'pglite' | 'postgres'): Promise<{ env: Record<string, string>; read: Reader }> {
+  const seed = (db: Kysely<Database>) =>
+    insertOrders(db, [{ externalReference: 'fund unknown', tradeId: 'tr_fund-unknown', tradeStatus: 'created', nextPollAt: new Date(Date.now() + 86_400_000) }])
+  return seededCliDatabase(kind, { prefix: 'trades-settled-', env: { PARTNER_API_BASE_URL: platformUrl }, seed, cleanups })
+}
+
+function expectEnded(ended: { code: number | null; signal: NodeJS.Signals | null; stdout: string; stderr: string }, c: Case) {
+  const lines = expectedLines(c)
+  expect({ code: ended.code, signal: ended.signal }, ended.stderr).toEqual({ code: 130, signal: null })
+  expect(ended.stdout).toBe('')
+  expect(ended.stderr).toBe(lines.first + lines.second + lines.third)
+}
+
+describe.skipIf(!postgresUrl)('trade calls stopped by signals once the call ended without an answer to record (Postgres)', () => {
+  let env: Record<string, string>
+  let read: Reader
+  beforeAll(async () => {
+    ;({ env, read } = await seeded('postgres'))
+  })
+
+  for (const c of cases) {
+    it(`${c.name}: says what the call came to and what is recorded, never "answered"; the third what it leaves, exit 130`, async () => {
+      const holder = new pg.Client({ connectionString: env.DATABASE_URL! })
+      await holder.connect()
+      cleanups.unshift(() => holder.end())
+      const holderPid = Number((await holder.query<{ pid: number }>('select pg_backend_pid() as pid')).rows[0]!.pid)
+      const command = startedCli(c.args(c.ref), { ...env, DATABASE_STATEMENT_TIMEOUT_MS: '3600000' }, children)
+      try {
+        const request = await requestOf(command, c.marker(c.ref))
+        await holder.query('begin')
+        await holder.query('lock table orders in share mode')
+        const { rows: horizon } = await read((db) => sql`select backend_xid as xid from pg_stat_activity where pid = ${holderPid}::int`.execute(db))
+        expect(horizon).toEqual([{ xid: null }])
+        request.respond(c.status, c.answer)
+        await eventually(async () => {
+          if (command.closed()) throw new Error(`the command ended before its write waited: ${command.stderr()}`)
+          const { rows } = await read((db) =>
+            sql<{ waiting: number }>`select count(*)::int as waiting from pg_stat_activity where ${holderPid}::int = any(pg_blocking_pids(pid))`.execute(db),
+          )
+          return rows[0]!.waiting > 0
+        }, 'the write after the call waits on the lock', 120_000)
+        await stopThreeTimes(command)
+      } finally {
+        if (!command.closed()) command.child.kill('SIGKILL')
+        await holder.query('commit').catch(() => {})
+      }
+      expectEnded(await command.ended(), c)
+    })
+  }
+})
+
+describe('trade calls stopped by signals once the call ended without an answer to record (embedded PGlite)', () => {
+  for (const c of cases.filter((one) => one.pgliteWhen)) {
+    it(`${c.name}: says what the call came to and what is recorded, never "answered"; the third what it leaves, exit 130`, async () => {
+      const { env, read } = await seeded('pglite')
+      const files = path.join(env.DATA_DIR!, 'pglite')
+      const writing = path.join(files, 'test-writing')
+      const release = path.join(files, 'test-release')
+      await read(async (db) => {
+        await sql`
+          create function test_hold_write() returns trigger language plpgsql as $$ begin
+            execute format('copy (select 1) to %L', current_setting('data_directory') || '/test-writing');
+            while (pg_stat_file(current_setting('data_directory') || '/test-release', true)).size is null loop
+              perform pg_sleep(0.05);
+            end loop;
+            return new;
+          end $$`.execute(db)
+        await sql`
+          create trigger test_hold_write before update on orders for each row
+          when (${sql.raw(c.pgliteWhen!)}) execute function test_hold_write()`.execute(db)
+      })
+      const command = startedCli(c.args(c.ref), env, children)
+      try {
+        const request = await requestOf(command, c.marker(c.ref))
+        expect(existsSync(writing)).toBe(false)
+        request.respond(c.status, c.answer)
+        await eventually(() => {
+          if (command.closed()) throw new Error(`the command ended before its write was held: ${command.stderr()}`)
+          return existsSync(writing)
+        }, 'the write after the call runs the trigger', 120_000)
+        await stopThreeTimes(command)
+      } finally {
+        if (!command.closed()) command.child.kill('SIGKILL')
+        writeFileSync(release, '')
+      }
+      expectEnded(await command.ended(), c)
+    })
+  }
+})
