@@ -18,7 +18,7 @@ import type { Database, DatabaseKind } from './database.js'
 import { PgliteThread } from './pglite-thread.js'
 import { DEFAULT_MAX_WAL_BYTES, walStartParams } from './pglite-wal.js'
 import { LISTENER_PROBE_MS, listenerName, listenOnPostgres } from './postgres-listener.js'
-import { makeDirectoryPrivate } from './private-directory.js'
+import { holdPrivateUmask, makeDirectoryPrivate } from './private-directory.js'
 import { freeBytesOf } from './storage-guard.js'
 import { SESSION_SETTINGS } from './session-defaults.js'
 import { DEFAULT_STATEMENT_TIMEOUT_MS, STATEMENT_ANSWER_GRACE_MS } from './statement-timeout.js'
@@ -654,11 +654,21 @@ function openPglite({
   if (!inMemory) {
     // the data directory holds the database and local mode's secrets: 0700, files 0600, whatever the umask
     // a full disk or a directory turned read-only since the last start: said as DATA_DIR's (exit 2), not a bare ENOSPC
-    unlock = writingIntoDataDir(dataDir, () => {
-      makeDirectoryPrivate(dataDir)
-      mkdirSync(location, { recursive: true })
-      return lockDataDirectory(location, lockWaitMs)
-    })
+    const releaseUmask = holdPrivateUmask()
+    try {
+      const release = writingIntoDataDir(dataDir, () => {
+        makeDirectoryPrivate(dataDir)
+        mkdirSync(location, { recursive: true })
+        return lockDataDirectory(location, lockWaitMs)
+      })
+      unlock = () => {
+        release()
+        releaseUmask()
+      }
+    } catch (error) {
+      releaseUmask()
+      throw error
+    }
   }
   // on a thread of its own, so the database's work does not hold up the requests (pglite-thread.ts)
   const pglite = new PgliteThread({

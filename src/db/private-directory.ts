@@ -1,18 +1,40 @@
 // Embedded PGlite writes its files through Node's fs: a new database is unpacked with the modes of its
 // archive (0666 files), and later files (WAL segments, new relations) get the process umask. Whatever
-// umask the process was started with, a directory PGlite owns is made private: the umask becomes 077
-// for the rest of the process, so files created later are 0600 and directories 0700, and what exists
+// umask the process was started with, a directory PGlite owns is made private: the umask is 077 while an
+// embedded database is open, so files created meanwhile are 0600 and directories 0700, and what exists
 // (unpacked, or left by an earlier run) is tightened the same way.
 import { chmodSync, lstatSync, mkdirSync, readdirSync } from 'node:fs'
 import path from 'node:path'
 
-export function makeDirectoryPrivate(directory: string): void {
+// the embedded databases open now, and the umask the process had before the first
+let holders = 0
+let umaskBefore: number | undefined
+
+/**
+ * Makes the umask 077 until the returned function is called (the database's close): the umask the process had
+ * comes back once no embedded database is open, for a process that embeds the service (the tests, a tool).
+ */
+export function holdPrivateUmask(): () => void {
   try {
-    process.umask(0o077)
+    const previous = process.umask(0o077)
+    if (holders === 0) umaskBefore = previous
   } catch (error) {
-    // worker threads cannot change the umask; the chmod below still covers what exists now
+    // worker threads cannot change the umask; makeDirectoryPrivate still covers what exists now
     if ((error as NodeJS.ErrnoException).code !== 'ERR_WORKER_UNSUPPORTED_OPERATION') throw error
+    return () => {}
   }
+  holders += 1
+  let held = true
+  return () => {
+    if (!held) return
+    held = false
+    holders -= 1
+    if (holders === 0 && umaskBefore !== undefined) process.umask(umaskBefore)
+  }
+}
+
+/** Creates `directory` (0700) if it is missing, and sets it and everything in it to 0700 directories and 0600 files. */
+export function makeDirectoryPrivate(directory: string): void {
   mkdirSync(directory, { recursive: true, mode: 0o700 })
   tightenEntry(directory)
 }
