@@ -40,6 +40,8 @@ const skipped =
 export default defineConfig({
   test: {
     setupFiles: ['test/helpers/setup.ts'],
+    // the check of what a file leaves in its process (helpers/process-leaks.ts): on where files share one (below)
+    provide: { filesShareProcess: false },
     // one initialised and one migrated PGlite, made once and loaded by every test file's createTestDatabase()
     globalSetup: ['test/helpers/pglite-template.ts'],
     // A bound on a hang, not a measure of speed: these machines are shared, and a test that passes in 5 s
@@ -64,7 +66,7 @@ export default defineConfig({
       // user and system CPU, 2026-12-06). What a file leaves in a module's state is the next file's: each logs into the
       // shared sink, emptied at each file's end (helpers/setup.ts). A file that mocks a module (vi.mock) gets its own
       // modules (the project after this one): a module a file before it imported would be the real one.
-      { extends: true, test: { name: 'in-process', include: ['test/**/*.test.ts'], exclude: [...processFiles, ...mockingFiles], isolate: false } },
+      { extends: true, test: { name: 'in-process', include: ['test/**/*.test.ts'], exclude: [...processFiles, ...mockingFiles], isolate: false, provide: { filesShareProcess: true } } },
       { extends: true, test: { name: 'in-process-mocks', include: mockingFiles.length > 0 ? mockingFiles : ['no-such-file'], isolate: true } },
       // and dist/ compiled once before its files run (test/helpers/build-dist.ts; added to the global setup
       // above, which runs only for a project with a test file in the run). Its files share their worker's modules

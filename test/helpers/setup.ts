@@ -1,7 +1,8 @@
-import { afterAll, expect } from 'vitest'
+import { afterAll, beforeAll, expect, inject } from 'vitest'
 import { removeDefaultDataDir } from './cli-process.js'
 import { removeDataDirCopies } from './data-dir-template.js'
 import { forbiddenValues, forgetLogLines, logLines } from './log-sink.js'
+import { processLeaks, processState } from './process-leaks.js'
 
 // The directories this file's child processes ran in (helpers/cli-process.ts, helpers/data-dir-template.ts), removed
 // at its end: registered before the file's own hooks, so it runs after them (vitest runs after-hooks last registered
@@ -23,3 +24,15 @@ afterAll(() => {
   forgetLogLines()
   expect(leaks, 'log lines leaking secrets or signatures').toEqual([])
 })
+
+// Where the files share their worker's process (vitest.config.ts): what this file leaves in it, the next file's.
+// Registered first, so it runs after the file's own after-hooks (vitest runs them last registered first).
+if (inject('filesShareProcess')) {
+  let before: ReturnType<typeof processState>
+  beforeAll(() => {
+    before = processState()
+  })
+  afterAll(() => {
+    expect(processLeaks(before), 'what this file left in the process the next file runs in').toEqual([])
+  })
+}
