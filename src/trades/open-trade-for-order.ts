@@ -60,7 +60,7 @@ import { validateCreateTrade } from '../partner-api/validate-request.js'
 import { printable } from '../printable.js'
 import { quoteForShell } from '../quote-for-shell.js'
 import { databaseFailureWords, NotRecordedLocallyError } from './local-record-failure.js'
-import { failedCallOutcome, type TradeDeps } from './trade-deps.js'
+import { failedCallOutcome, toldWhenRecorded, type TradeDeps } from './trade-deps.js'
 import { answerMismatch, stoppedBeforeSending, TradeOperationError, tradeExists } from './trade-operation-error.js'
 
 export type OpenTradeRequest = Omit<CreateTradeRequest, 'external_reference'>
@@ -246,9 +246,9 @@ export async function openTradeForOrder(
       `\`orders show ${quoteForShell(externalReference)}\` says whether the order has the trade; if not, ` +
       `\`trades link ${quoteForShell(externalReference)} ${tradeId}\` links it (never \`trades open --retry\`: it would make a second trade)`,
   })
-  const recorded = await db
-    .transaction()
-    .execute(async (trx): Promise<Recorded> => {
+  const recorded = await toldWhenRecorded(
+    recording,
+    db.transaction().execute(async (trx): Promise<Recorded> => {
     // the row locked before the decision, as `trades link` does: a webhook linking the order waits for this
     // transaction, or linked it before, and the answer is judged against the trade it linked
     const locked = await lockOrderById(trx, orderId)
@@ -289,18 +289,8 @@ export async function openTradeForOrder(
     }
     await markTradeCreated(trx, orderId, { pollAfterS: settings.expectedWebhookS, now: new Date(now) })
     return { outcome: 'linked' }
-  })
-    .then(
-      (made) => {
-        recording?.(true)
-        return made
-      },
-      (databaseError: unknown) => {
-        recording?.(false)
-        throw databaseError
-      },
-    )
-    .catch((databaseError: unknown) => {
+  }),
+  ).catch((databaseError: unknown) => {
       // the platform made the trade: its id is the news, never the database's "try again later" (a second create
       // would make a second trade)
       logger.error(

@@ -28,7 +28,7 @@ import type {
   TradeRecord,
 } from '../partner-api/types.js'
 import { databaseFailureWords, NotRecordedLocallyError } from './local-record-failure.js'
-import { failedCallOutcome, type PartnerTradeApi, type TradeDeps } from './trade-deps.js'
+import { failedCallOutcome, type PartnerTradeApi, toldWhenRecorded, type TradeDeps } from './trade-deps.js'
 import {
   answerMismatch,
   milestoneAnswerMismatch,
@@ -150,9 +150,9 @@ export async function runTradeOperation<O extends TradeOperation>(
       `\`orders show ${shown}\` shows what the order records, and \`trades get ${shown}\` the platform's record ` +
       '(the poller brings the order to it); do not send the call again: the platform did it',
   })
-  const applied = await db
-    .transaction()
-    .execute(async (trx) => {
+  const applied = await toldWhenRecorded(
+    recording,
+    db.transaction().execute(async (trx) => {
     const observed = trade
       ? await applyObservation(
           trx,
@@ -162,18 +162,8 @@ export async function runTradeOperation<O extends TradeOperation>(
       : undefined
     await schedulePoll(trx)
     return observed
-  })
-    .then(
-      (made) => {
-        recording?.(true)
-        return made
-      },
-      (databaseError: unknown) => {
-        recording?.(false)
-        throw databaseError
-      },
-    )
-    .catch((databaseError: unknown) => {
+  }),
+  ).catch((databaseError: unknown) => {
       // the platform did it: what it answered is said, with what the order could not record, never "try again"
       logger.error(
         { externalReference, orderId: order.id, tradeId, operation: operation.kind, err: databaseError },

@@ -55,6 +55,20 @@ export interface CallGuard {
   recording?(record: { answer: string; see: string }): (committed: boolean) => void
 }
 
+/** `work`, the transaction recording an answer, its end told to `recording` (CallGuard.recording's): whether it committed. */
+export function toldWhenRecorded<T>(recording: ((committed: boolean) => void) | undefined, work: Promise<T>): Promise<T> {
+  return work.then(
+    (made) => {
+      recording?.(true)
+      return made
+    },
+    (databaseError: unknown) => {
+      recording?.(false)
+      throw databaseError
+    },
+  )
+}
+
 /**
  * How a call to the platform ended. answered: a 2xx, whose record is recorded; refused: a 4xx, nothing done there;
  * not_sent: never written (a request refused before sending, no connection), nothing done there; unknown: no answer
