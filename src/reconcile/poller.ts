@@ -14,12 +14,12 @@ import type { ObservationSettings } from '../orders/apply-observation.js'
 import { createWaitMs } from '../trades/open-trade-for-order.js'
 import { STATEMENT_ANSWER_GRACE_MS } from '../db/statement-timeout.js'
 import { longestGetMs, longestGetWithRetryAfterMs } from '../partner-api/partner-api-transport.js'
-import { type BackoffSettings, DEFAULT_BACKOFF } from './backoff-delay.js'
+import { DEFAULT_BACKOFF } from './backoff-delay.js'
 import { longestPollMs } from './poll-lease.js'
 import { POLL_JITTER } from './poll-jitter.js'
 import type { PollResult, TradeFetcher } from './poll-order.js'
 import { countDueOrders, type DueOrderStats } from '../orders/poll-schedule.repository.js'
-import { CycleFailedError, type RunSummary, runReconcileCycle } from './reconcile-cycle.js'
+import { CycleFailedError, type CycleSettings, type RunSummary, runReconcileCycle } from './reconcile-cycle.js'
 import { finishRun } from './reconcile-run.repository.js'
 import { type ClockGuard, clockOffMessage } from '../db/clock-guard.js'
 import { createSchemaWatch } from '../db/schema-watch.js'
@@ -68,30 +68,10 @@ export function longestCycleMs({
   )
 }
 
-export interface PollerSettings {
+/** The cycle's settings (CycleSettings: POLL_CONCURRENCY, POLL_BATCH_SIZE, POLL_LEASE_S, ...) and how long to sleep between cycles. */
+export interface PollerSettings extends CycleSettings {
   /** POLL_INTERVAL_S: the mean sleep between cycles that did not fill their batch (±25%, see POLL_JITTER). */
   intervalS: number
-  /** POLL_CONCURRENCY: GETs in flight at once. */
-  concurrency: number
-  /** POLL_BATCH_SIZE: orders claimed per cycle. */
-  batchSize: number
-  /** STALE_AFTER_S and the reaction handlers, as a poll's answer is applied (observations.ts). */
-  observation: ObservationSettings
-  /** POLL_LEASE_S: how long a claimed order belongs to this replica (poll-lease.ts). */
-  leaseS: number
-  /** Error backoff per order; DEFAULT_BACKOFF (30 s doubling to 1 h) when absent. */
-  backoff?: BackoffSettings
-  /**
-   * EXPECTED_WEBHOOK_S: an order whose trade create got no answer, with no trade linked this long after, is flagged
-   * trade_create_unknown by each cycle. Absent: not looked for (a cycle run for a test of something else).
-   */
-  unresolvedCreateAfterS?: number
-  /** PARTNER_API_TIMEOUT_MS and trades open's margin, for a pending create with no stored whole time (CycleSettings). */
-  createWholeTimeMs?: number
-  /** PARTNER_API_TIMEOUT_MS and the longest one GET can take with it (CycleSettings). */
-  getCall?: { timeoutMs: number; longestMs: number }
-  /** The longest one poll can last (poll-lease.ts): no poll starts once the lease has less than this left (CycleSettings). */
-  longestPollMs?: number
 }
 
 /** The poller's settings from the POLL_* variables (POLL_LEASE_S among them), with the observation settings bound once. */

@@ -73,14 +73,20 @@ export const SCHEMA_NOT_WHOLE_MESSAGE =
 export const PLATFORM_FAILING_MIN_IN_A_ROW = 5
 
 export interface CycleSettings {
+  /** POLL_BATCH_SIZE: orders claimed per cycle. */
   batchSize: number
+  /** POLL_CONCURRENCY: GETs in flight at once. */
   concurrency: number
-  /** STALE_AFTER_S and the reaction handlers, as a poll's answer is applied. */
+  /** STALE_AFTER_S and the reaction handlers, as a poll's answer is applied (observations.ts). */
   observation: ObservationSettings
-  /** How long a claim is this replica's alone; a cycle should finish well inside it. */
+  /** POLL_LEASE_S: how long a claim is this replica's alone (poll-lease.ts); a cycle should finish well inside it. */
   leaseS: number
+  /** Error backoff per order; DEFAULT_BACKOFF (30 s doubling to 1 h) when absent. */
   backoff?: BackoffSettings
-  /** EXPECTED_WEBHOOK_S: flag an order whose trade create went unanswered this long (PollerSettings). */
+  /**
+   * EXPECTED_WEBHOOK_S: an order whose trade create got no answer, with no trade linked this long after, is flagged
+   * trade_create_unknown by each cycle. Absent: not looked for (a cycle run for a test of something else).
+   */
   unresolvedCreateAfterS?: number
   /**
    * trades open's whole time for a create (PARTNER_API_TIMEOUT_MS and its margin), for a `pending` create marked before
