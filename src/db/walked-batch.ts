@@ -7,3 +7,18 @@ export interface WalkedBatch<Id = string> {
   lastId: Id | undefined
   lastAt: Date | undefined
 }
+
+/** The walk's part of a batch's row, as the database gave it: counts as text, the time as a Date or its text. */
+export interface WalkedBatchRow<Id> {
+  scanned: string
+  lastId: Id | null
+  lastAt: Date | string | null
+}
+
+export function walkedBatch<Id>(row: WalkedBatchRow<Id>): WalkedBatch<Id> {
+  return {
+    scanned: Number(row.scanned),
+    lastId: row.lastId ?? undefined,
+    lastAt: row.lastAt === null ? undefined : new Date(row.lastAt),
+  }
+}

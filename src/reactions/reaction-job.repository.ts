@@ -22,7 +22,7 @@ import { type Kysely, type RawBuilder, sql } from 'kysely'
 import type { Database } from '../db/database.js'
 import { writeTime } from '../db/write-time.js'
 import { PREPARED } from '../db/open-database.js'
-import type { WalkedBatch } from '../db/walked-batch.js'
+import { type WalkedBatch, walkedBatch, type WalkedBatchRow } from '../db/walked-batch.js'
 import { reactionChannelSql } from '../db/reaction-channel.js'
 import { isJobId } from './job-id.js'
 import type { ReactionEvent } from './reaction-event.js'
@@ -578,7 +578,7 @@ export async function deleteFirstAttemptsDoneBefore(
   db: Kysely<Database>,
   { before, afterId, limit }: { before: Date; afterId: string | undefined; limit: number },
 ): Promise<WalkedBatch & { batches: number; events: number }> {
-  const { rows } = await sql<{ scanned: string; lastId: string | null; lastAt: Date | string | null; batches: string; events: string | null }>`
+  const { rows } = await sql<WalkedBatchRow<string> & { batches: string; events: string | null }>`
     with scanned as (
       select id, finished_at, events from reaction_stream_batches where id > ${afterId ?? '0'}::bigint order by id limit ${limit}
     ), deleted as (
@@ -592,13 +592,7 @@ export async function deleteFirstAttemptsDoneBefore(
       (select count(*) from deleted) as batches,
       (select sum(events) from deleted) as events`.execute(db)
   const row = rows[0]!
-  return {
-    batches: Number(row.batches),
-    events: Number(row.events ?? 0),
-    scanned: Number(row.scanned),
-    lastId: row.lastId ?? undefined,
-    lastAt: row.lastAt === null ? undefined : new Date(row.lastAt),
-  }
+  return { ...walkedBatch(row), batches: Number(row.batches), events: Number(row.events ?? 0) }
 }
 
 export async function findJob(db: Kysely<Database>, id: string): Promise<(ReactionJob & { event: ReactionEvent }) | undefined> {
@@ -890,7 +884,7 @@ export async function deleteDoneJobsBefore(
   db: Kysely<Database>,
   { before, afterId, limit }: { before: Date; afterId: string | undefined; limit: number },
 ): Promise<WalkedBatch & { deleted: number }> {
-  const result = await sql<{ lastId: string | null; lastAt: Date | string | null; scanned: string; deleted: string }>`
+  const result = await sql<WalkedBatchRow<string> & { deleted: string }>`
     with scanned as (
       select id, state, finished_at, created_at from reaction_jobs
       where id > ${afterId ?? '0'}::bigint
@@ -907,12 +901,7 @@ export async function deleteDoneJobsBefore(
       (select count(*) from scanned) as scanned,
       (select count(*) from deleted) as deleted`.execute(db)
   const row = result.rows[0]!
-  return {
-    deleted: Number(row.deleted),
-    scanned: Number(row.scanned),
-    lastId: row.lastId ?? undefined,
-    lastAt: row.lastAt === null ? undefined : new Date(row.lastAt),
-  }
+  return { ...walkedBatch(row), deleted: Number(row.deleted) }
 }
 
 /** What deleteDoneJobsBefore and deleteFirstAttemptsDoneBefore would delete in all, counted in events (a dry run). */

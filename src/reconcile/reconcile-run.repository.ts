@@ -6,7 +6,7 @@
 // Retention deletes a run DELIVERY_RETENTION_DAYS after it started (src/retention/prune.ts).
 import { type Kysely, type Selectable, sql } from 'kysely'
 import type { Database, ReconcileRunsTable } from '../db/database.js'
-import type { WalkedBatch } from '../db/walked-batch.js'
+import { type WalkedBatch, walkedBatch, type WalkedBatchRow } from '../db/walked-batch.js'
 
 export interface RunCounts {
   polled: number
@@ -120,7 +120,7 @@ export async function deleteRunsBefore(
   db: Kysely<Database>,
   { before, afterId, limit }: { before: Date; afterId: number | undefined; limit: number },
 ): Promise<WalkedBatch<number> & { deleted: number }> {
-  const { rows } = await sql<{ scanned: string; lastId: number | null; lastAt: Date | string | null; deleted: string }>`
+  const { rows } = await sql<WalkedBatchRow<number> & { deleted: string }>`
     with scanned as (
       select id, started_at from reconcile_runs where id > ${afterId ?? 0} order by id limit ${limit}
     ), deleted as (
@@ -132,13 +132,7 @@ export async function deleteRunsBefore(
       (select id from scanned order by id desc limit 1) as last_id,
       (select started_at from scanned order by id desc limit 1) as last_at,
       (select count(*) from deleted) as deleted`.execute(db)
-  const row = rows[0]!
-  return {
-    deleted: Number(row.deleted),
-    scanned: Number(row.scanned),
-    lastId: row.lastId ?? undefined,
-    lastAt: row.lastAt === null ? undefined : new Date(row.lastAt),
-  }
+  return { ...walkedBatch(rows[0]!), deleted: Number(rows[0]!.deleted) }
 }
 
 /** What deleteRunsBefore would delete in all (a dry run). */
