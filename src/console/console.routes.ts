@@ -510,6 +510,18 @@ export function consoleRoutes(deps: ConsoleDeps): Router {
     const target = createHash('sha256').update(JSON.stringify([req.originalUrl, form])).digest('hex')
     return `${req.path} ${target} ${id}`
   }
+  /**
+   * The operator and the action's id, for an action not carried out yet; undefined once the first result is shown
+   * again (the same confirm page's form posted twice: a reload, a double click, a retry after a lost answer).
+   */
+  const firstPost = async (req: Request, res: Response, title: string) => {
+    const operator = operatorOf(res)
+    const actionId = actionIdOf(req)
+    const previous = done.get(actionId)
+    if (previous === undefined) return { operator, actionId }
+    await send(res, resultPage(operator, title, previous, true))
+    return undefined
+  }
   // A repeat of an action id finds the first post's record in `done`; one that comes while the first is
   // still being carried out (a double click: the browser drops the first answer, not its work) waits for it.
   const underWay = new Map<string, Promise<void>>()
@@ -597,12 +609,12 @@ export function consoleRoutes(deps: ConsoleDeps): Router {
     )
   })
   actionAt(`${CONSOLE_PATH}/deliveries/reapply`, oneAtATime(async (req, res) => {
-    const operator = operatorOf(res)
-    const actionId = actionIdOf(req)
+    // a form without a range never made a record: the same form posted again is refused the same
+    const posted = await firstPost(req, res, 'Bulk re-apply')
+    if (posted === undefined) return
+    const { operator, actionId } = posted
     const { filter } = parseFilter(bodyOf(req))
     if (!filter.from && !filter.to) throw new BadInput('a bulk re-apply needs a time range: give "from", "to" or both')
-    const previous = done.get(actionId)
-    if (previous) return send(res, resultPage(operator, 'Bulk re-apply', previous, true))
     const { deliveries, next } = await listDeliveriesToReapply(db, filter, BULK_REAPPLY_LIMIT)
     const tally = new Map<string, number>()
     const now = new Date(clock.now())
@@ -650,10 +662,9 @@ export function consoleRoutes(deps: ConsoleDeps): Router {
     )
   })
   actionAt(DISMISS_PATH, oneAtATime(async (req, res) => {
-    const operator = operatorOf(res)
-    const actionId = actionIdOf(req)
-    const previous = done.get(actionId)
-    if (previous) return send(res, resultPage(operator, 'Dismiss parked deliveries', previous, true))
+    const posted = await firstPost(req, res, 'Dismiss parked deliveries')
+    if (posted === undefined) return
+    const { operator, actionId } = posted
     const reference = requiredReference(bodyOf(req).reference)
     const result = await dismissParkedDeliveries(db, reference, { dryRun: false })
     // an order made for the reference since the confirm page: its deliveries are applied, not dismissed
@@ -704,10 +715,9 @@ export function consoleRoutes(deps: ConsoleDeps): Router {
     )
   })
   actionAt(REAPPLY_PATHS, oneAtATime(async (req, res) => {
-    const operator = operatorOf(res)
-    const actionId = actionIdOf(req)
-    const previous = done.get(actionId)
-    if (previous) return send(res, resultPage(operator, 'Re-apply a delivery', previous, true))
+    const posted = await firstPost(req, res, 'Re-apply a delivery')
+    if (posted === undefined) return
+    const { operator, actionId } = posted
     const delivery = await loadDelivery(req)
     if (!delivery) return send(res, messagePage('Not found', operator, 'No such delivery.'), 404)
     const result = await reapplyDelivery(db, delivery, deps.observation, new Date(clock.now()))
@@ -770,10 +780,9 @@ export function consoleRoutes(deps: ConsoleDeps): Router {
     )
   })
   actionAt(`${CONSOLE_PATH}/orders/requeue`, oneAtATime(async (req, res) => {
-    const operator = operatorOf(res)
-    const actionId = actionIdOf(req)
-    const previous = done.get(actionId)
-    if (previous) return send(res, resultPage(operator, 'Requeue flagged orders', previous, true))
+    const posted = await firstPost(req, res, 'Requeue flagged orders')
+    if (posted === undefined) return
+    const { operator, actionId } = posted
     const reference = optionalText(bodyOf(req).reference)
     const results = await requeueOrders(db, { ...(reference ? { externalReferences: [reference] } : {}), now: new Date(clock.now()) })
     const requeued = results.filter((result) => result.outcome === 'requeued').length
@@ -884,10 +893,9 @@ export function consoleRoutes(deps: ConsoleDeps): Router {
     )
   })
   actionAt(`${CONSOLE_PATH}/reactions/retry-failed`, oneAtATime(async (req, res) => {
-    const operator = operatorOf(res)
-    const actionId = actionIdOf(req)
-    const previous = done.get(actionId)
-    if (previous) return send(res, resultPage(operator, 'Retry every failed reaction', previous, true))
+    const posted = await firstPost(req, res, 'Retry every failed reaction')
+    if (posted === undefined) return
+    const { operator, actionId } = posted
     const ids = await retryFailedJobs(db, new Date(clock.now()))
     const record = remember(
       actionId,
@@ -950,10 +958,9 @@ export function consoleRoutes(deps: ConsoleDeps): Router {
       )
     })
     actionAt(`${CONSOLE_PATH}/reactions/:id/${verb}`, oneAtATime(async (req, res) => {
-      const operator = operatorOf(res)
-      const actionId = actionIdOf(req)
-      const previous = done.get(actionId)
-      if (previous) return send(res, resultPage(operator, action.title, previous, true))
+      const posted = await firstPost(req, res, action.title)
+      if (posted === undefined) return
+      const { operator, actionId } = posted
       const id = jobIdOf(req)
       if (id === undefined) return send(res, messagePage('Not found', operator, 'No such reaction job.'), 404)
       const outcome = await action.run(db, id, new Date(clock.now()))
@@ -993,10 +1000,9 @@ export function consoleRoutes(deps: ConsoleDeps): Router {
     )
   })
   actionAt(`${CONSOLE_PATH}/reconcile/run`, oneAtATime(async (req, res) => {
-    const operator = operatorOf(res)
-    const actionId = actionIdOf(req)
-    const previous = done.get(actionId)
-    if (previous) return send(res, resultPage(operator, 'Reconcile', previous, true))
+    const posted = await firstPost(req, res, 'Reconcile')
+    if (posted === undefined) return
+    const { operator, actionId } = posted
     // the due orders the claim will leave to another poller's lease, counted before it as reconcile --once counts them
     const leased = deps.reconcileOnce ? await countLeasedDue(db, new Date(clock.now()), deps.observation.partnerEnv) : undefined
     let summary: RunSummary | undefined
