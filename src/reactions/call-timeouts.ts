@@ -12,6 +12,7 @@
 // that ignores its signal holds its slot until it returns; its attempt is written then, as a timeout (its job stays
 // running under its lease meanwhile, and is aborted there as any call is).
 import type { Clock } from '../clock.js'
+import { createAbortWatch } from './abort-watch.js'
 import { createDeadlines } from './deadlines.js'
 
 /** The attempt of a handler that did not return within its timeoutMs: retried as any failure (plan-retry.ts). */
@@ -48,36 +49,15 @@ export interface CallTimeouts {
 /** The deadlines of `handler`'s calls, `timeoutMs` each. */
 export function createCallTimeouts(clock: Clock, handler: string, timeoutMs: number): CallTimeouts {
   const deadlines = createDeadlines(clock, timeoutMs)
-  // the calls running under each parent signal, which it aborts when it aborts: one listener on it while any runs
-  const running = new WeakMap<AbortSignal, { calls: Set<AbortController>; onAbort: () => void }>()
-  const follow = (parent: AbortSignal, call: AbortController) => {
-    const entry = running.get(parent)
-    if (entry) {
-      entry.calls.add(call)
-      return
-    }
-    const calls = new Set([call])
-    const onAbort = () => {
-      running.delete(parent)
-      for (const each of calls) each.abort(parent.reason)
-    }
-    running.set(parent, { calls, onAbort })
-    parent.addEventListener('abort', onAbort, { once: true })
-  }
-  const unfollow = (parent: AbortSignal, call: AbortController) => {
-    const entry = running.get(parent)
-    if (!entry || !entry.calls.delete(call) || entry.calls.size > 0) return
-    running.delete(parent)
-    parent.removeEventListener('abort', entry.onAbort)
-  }
+  // the calls running under each parent signal, which it aborts when it aborts
+  const running = createAbortWatch<AbortController>()
 
   return {
     timeoutMs,
     start(parent) {
       const call = new AbortController()
       let timedOut = false
-      if (parent.aborted) call.abort(parent.reason)
-      else follow(parent, call)
+      running.add(parent, call)
       const deadline = deadlines.add(() => {
         // stopped before its deadline (the lease, the shutdown): that is what became of it
         if (call.signal.aborted) return
@@ -91,7 +71,7 @@ export function createCallTimeouts(clock: Clock, handler: string, timeoutMs: num
         },
         end() {
           deadlines.delete(deadline)
-          unfollow(parent, call)
+          running.delete(parent, call)
         },
         failure(thrown) {
           // (fetch and most libraries reject with the signal's reason itself)

@@ -22,6 +22,7 @@ import { createHmac, createSecretKey, type KeyObject } from 'node:crypto'
 import { Pool } from 'undici'
 import { isClockOffsetTooLarge, measureClockOffset } from '../partner-api/clock-offset.js'
 import { type Clock, MAX_TIMER_MS, monotonicNow, systemClock } from '../clock.js'
+import { createAbortWatch } from './abort-watch.js'
 import { createDeadlines } from './deadlines.js'
 import { parseRetryAfter } from '../http/retry-after.js'
 import type { Logger } from '../logger.js'
@@ -182,7 +183,7 @@ export function createForwarder({
   const agent = userAgent()
   const post = fetchImplementation ? postWithFetch(fetchImplementation, target) : postWithPool(target)
   const deadlines = createDeadlines(clock, timeoutMs)
-  const aborts = createAbortWatch()
+  const aborts = createAbortWatch<PostRequest>()
   const logsAttempts = serviceLogger?.isLevelEnabled('debug') ?? true
 
   const forward: ReactionHandler = async function forward(event, context) {
@@ -336,45 +337,6 @@ function basicAuthorization(target: URL): string | undefined {
     }
   }
   return `Basic ${Buffer.from(`${decode(target.username)}:${decode(target.password)}`).toString('base64')}`
-}
-
-/**
- * The requests on their way, by the handler's signal they stop with: one `abort` listener on a signal while
- * any of its attempts runs, not one added and removed per attempt (a stream batch gives every one of its
- * events the same signal). An attempt whose signal is already aborted is stopped at once.
- */
-function createAbortWatch() {
-  interface Watched {
-    requests: Set<PostRequest>
-    onAbort: () => void
-  }
-  const watched = new WeakMap<AbortSignal, Watched>()
-  return {
-    add(signal: AbortSignal, request: PostRequest): void {
-      if (signal.aborted) {
-        request.abort(signal.reason)
-        return
-      }
-      const entry = watched.get(signal)
-      if (entry) {
-        entry.requests.add(request)
-        return
-      }
-      const requests = new Set([request])
-      const onAbort = () => {
-        watched.delete(signal)
-        for (const each of requests) each.abort(signal.reason)
-      }
-      watched.set(signal, { requests, onAbort })
-      signal.addEventListener('abort', onAbort, { once: true })
-    },
-    delete(signal: AbortSignal, request: PostRequest): void {
-      const entry = watched.get(signal)
-      if (!entry || !entry.requests.delete(request) || entry.requests.size > 0) return
-      watched.delete(signal)
-      signal.removeEventListener('abort', entry.onAbort)
-    },
-  }
 }
 
 /**
