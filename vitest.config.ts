@@ -73,8 +73,9 @@ export default defineConfig({
       // too: a new process and the vitest runner, helpers and modules imported afresh for each file cost some 2 s of
       // CPU a file (12 of them on PGlite, twice each way in turn: 132.5 and 142.1 s of user and system CPU against 107.9
       // and 114.5 s, 2026-12-06). What they leave behind, the directories their children ran in, is removed at each
-      // file's end (helpers/setup.ts).
-      { extends: true, test: { name: 'process', include: processFiles, exclude: skipped, globalSetup: ['test/helpers/build-dist.ts'], isolate: false } },
+      // file's end (helpers/setup.ts), and what a file leaves in the process fails it, as in "in-process" (every one of
+      // them ran clean under that check when it was turned on here, on PGlite and on Postgres, 2026-12-06).
+      { extends: true, test: { name: 'process', include: processFiles, exclude: skipped, globalSetup: ['test/helpers/build-dist.ts'], isolate: false, provide: { filesShareProcess: true } } },
     ],
   },
 })

@@ -1,7 +1,9 @@
-// What a test file can leave in its process for the next file to find: the in-process files share their worker's
-// process and modules (vitest.config.ts, `isolate: false`), so a SIGINT listener, an environment variable, a fake
-// clock or a server still listening that one file left shows up as a failure of another. setup.ts takes this
-// before each file and compares it after, so a leak fails the file that leaked it.
+// What a test file can leave in its process for the next file to find: the in-process files, and the process files
+// (those that run the CLI or the service as children), share their worker's process and modules (vitest.config.ts,
+// `isolate: false`), so a SIGINT listener, an environment variable, a fake clock or a server still listening that one
+// file left shows up as a failure of another. setup.ts takes this before each file and compares it after, so a leak
+// fails the file that leaked it. A child process a process file started is not counted: it is neither a listener on
+// this process nor a server, and it is the file's own clean-up to kill (helpers/cli-process.ts, killLeftovers).
 import { Server } from 'node:net'
 import { vi } from 'vitest'
 
