@@ -56,6 +56,20 @@ describe('the last lines before an exit', () => {
     expect(stderr).toContain('{"written":true}')
   })
 
+  // the writer is given each line as bytes, and holds them until the write under way ends: each line whole, and in
+  // order, however the pipe cut the writes
+  it('JSON lines: each one whole and in order, its text of several bytes a character as logged, the secret censored', async () => {
+    const { code, stdout, stderr } = await burstThenExit('json')
+    expect(code, stderr).toBe(0)
+    const lines = stdout.trimEnd().split('\n').map((line) => JSON.parse(line) as Record<string, unknown>)
+    const burst = lines.filter((line) => line.msg === 'burst')
+    expect(burst.map((line) => line.line)).toEqual(Array.from({ length: LINES }, (_, line) => line))
+    expect(new Set(burst.map((line) => line.text))).toEqual(new Set(['Zürich — ✓ 🚀']))
+    expect(new Set(burst.map((line) => line.careless))).toEqual(new Set(['[redacted]']))
+    expect(stdout).not.toContain('never-shown-0123456789')
+    expect(lines.at(-1)).toMatchObject({ msg: 'the last line' })
+  })
+
   it.each(['json', 'pretty', 'stdio'] as const)('%s: a reader that went away ends the wait, as lost', async (format) => {
     // the wait's own bound is 120 s: a wait that missed the broken pipe outlasts the test's timeout
     const { code, signal, stderr } = await burstThenExit(format, { read: false })

@@ -4,7 +4,8 @@
 //   ends: flushLogger, then exitProcess;
 // - stdio: with process.stdout.write, then as a CLI command stopped by a signal ends (cli.ts): stdioWritten,
 //   then process.exit.
-// On stderr it says when it starts waiting and whether the wait saw every line written.
+// On stderr it says when it starts waiting and whether the wait saw every line written. Each logged line also
+// carries text of two to four bytes a character and a configured secret, which no line may show.
 import { createLogger, exitProcess, flushLogger, stdioWritten } from '../../src/logger.js'
 
 // as serve and the CLI do: a reader that went away is not a failure
@@ -23,8 +24,10 @@ if (format === 'stdio') {
   reportWait(await stdioWritten(120_000))
   process.exit(0)
 }
-const logger = createLogger({ level: 'info', pretty: format === 'pretty' })
-for (let line = 0; line < lines; line++) logger.info({ line, filler }, 'burst')
+const BURST_SECRET = 'never-shown-0123456789'
+const BURST_TEXT = 'Zürich — ✓ 🚀'
+const logger = createLogger({ level: 'info', pretty: format === 'pretty', secrets: [BURST_SECRET] })
+for (let line = 0; line < lines; line++) logger.info({ line, filler, text: BURST_TEXT, careless: BURST_SECRET }, 'burst')
 logger.info('the last line')
 process.stderr.write('waiting\n')
 reportWait(await flushLogger(logger, 120_000))
