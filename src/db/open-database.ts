@@ -309,7 +309,21 @@ async function connectWithinBound(connect: () => Promise<pg.PoolClient>): Promis
   }
 }
 
-const preparedName = (text: string) => `p_${createHash('sha1').update(text).digest('hex').slice(0, 16)}`
+// The names of the texts prepared lately. The ingest's text is one string compiled once (apply-observation.ts), so its
+// name is found here without hashing its 6 kB again at every statement; the cap bounds the memory for texts that differ
+// (a few kinds of statement are prepared; a text made anew each time is hashed again, as before)
+const preparedNames = new Map<string, string>()
+const PREPARED_NAMES_KEPT = 64
+
+function preparedName(text: string): string {
+  let name = preparedNames.get(text)
+  if (name === undefined) {
+    name = `p_${createHash('sha1').update(text).digest('hex').slice(0, 16)}`
+    if (preparedNames.size >= PREPARED_NAMES_KEPT) preparedNames.clear()
+    preparedNames.set(text, name)
+  }
+  return name
+}
 
 /**
  * PGlite with the PREPARED statements prepared once in its one session: `PREPARE` the text, then `EXECUTE`
