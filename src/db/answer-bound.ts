@@ -11,7 +11,10 @@
 // any connection whose answer did not come (open-database.ts). One deadline for the whole work, not one per wait: a
 // page whose statements run at once on a pool of one had the first waiting for its answer and the rest for the one
 // connection, each wait its own 5 s, and which ended first (the console's bound or the pool's wait for a connection)
-// was a matter of timers, and so was what the log line said.
+// was a matter of timers, and so was what the log line said. Where the pool's own wait is as long as what is left of
+// the deadline (the console's 5 s, the pool's connect timeout), the deadline's words are said whichever timer Node
+// runs first: a loop that wakes late runs timers of one length together, not in the order they fell due
+// (open-database.ts, connectWithinBound).
 import { AsyncLocalStorage } from 'node:async_hooks'
 import { performance } from 'node:perf_hooks'
 
@@ -31,8 +34,7 @@ export function withinAnswerBound<T>(ms: number, work: () => T): T {
 
 /**
  * The deadline asked for around the wait beginning now, if any: the bound asked for and the whole ms left of it (0
- * once past). Rounded down, so that a wait timed with it never ends after the deadline, nor after a wait of the pool
- * of the bound's own length begun later.
+ * once past). Rounded down, so that a wait timed with it never ends after the deadline.
  */
 export function answerBoundNow(): { boundMs: number; leftMs: number } | undefined {
   const deadline = bound.getStore()

@@ -100,6 +100,18 @@ export function isConnectTimeout(error: unknown): boolean {
   return false
 }
 
+// pg-pool's words when its wait for a connection to be given back or made ended at its connect timeout
+// (connectionTimeoutMillis): none came in time
+const POOL_WAIT_TIMED_OUT = 'timeout exceeded when trying to connect'
+
+/**
+ * Whether a pool's wait for a connection ended at its connect timeout: no connection given back in time, or a new one
+ * made and never answered (isConnectTimeout).
+ */
+export function isPoolWaitTimeout(error: unknown): boolean {
+  return (error instanceof Error && error.message === POOL_WAIT_TIMED_OUT) || isConnectTimeout(error)
+}
+
 /** What each SQLSTATE class means, in a fixed message: the log shows this, never Postgres's own text. */
 const SQLSTATE_CLASSES: Record<string, { kind: DatabaseErrorKind; message: string }> = {
   '08': { kind: 'unavailable', message: 'connection exception' },

@@ -12,7 +12,7 @@ import { writeWholeUnlessThere } from '../write-whole.js'
 import { ABANDONED_TAKEOVER_MS, lockOwner, lockOwnerRuns, ownLockContent, readIfThere, removeStaleLock, sleepSync } from '../lock-file.js'
 import { answerBoundNow, AnswerBoundError } from './answer-bound.js'
 import { commitSent, isCommit } from './commit-in-flight.js'
-import { asConnectTimeout, CONNECT_TIMEOUT_MS, describeDatabaseError, errorCode, READ_ONLY } from './database-errors.js'
+import { asConnectTimeout, CONNECT_TIMEOUT_MS, describeDatabaseError, errorCode, isPoolWaitTimeout, READ_ONLY } from './database-errors.js'
 import { closeSocket, endWithin } from './end-within.js'
 import type { Database, DatabaseKind } from './database.js'
 import { PgliteThread } from './pglite-thread.js'
@@ -286,11 +286,21 @@ function preparingClient({ onConnectionError, onPreparingOff, startupParameters 
 
 /**
  * A connection from `connect`, waited for until the deadline asked for around the caller (answer-bound.ts: a console
- * page's), if any: the wait for a connection is one of the page's waits, and ends with them. Its timer is set before
- * the pool's own (the pool's wait for a connection, its connect timeout: the bound's length or longer), so the
- * deadline, not the pool, ends a wait that both would. A connection had after the deadline is given back.
+ * page's), if any: the wait for a connection is one of the page's waits, and ends with them. A connection had after the
+ * deadline is given back.
+ *
+ * The pool's own wait for a connection (`poolWaitMs`, its connect timeout) runs beside it. When it is no shorter than
+ * what is left of the deadline, the deadline ended the wait, whichever of the two timers Node runs first, and the
+ * error says so (AnswerBoundError, the pool's as its cause); when it is shorter, the pool's own wait ended it, in its
+ * own words. The console's deadline is as long as the pool's wait, and its timer, set first with the time left rounded
+ * down, falls due first, but that did not make it run first: Node keeps one list of timers per length and runs, in
+ * each list it gets to, every timer due by then, the lists in the order of their first timer's time. A list keeps the
+ * time of a first timer cleared since (the pool's wait of the statement before, handed the idle connection) and takes
+ * that of any earlier 5-s timer of the process: a loop that woke late (a CI machine at a load of 20) found both waits
+ * due and could run the 5,000-ms list first, and the pool's wait with it. A page whose statements raced for a pool of
+ * one then logged the pool's words (`the database connection was lost or timed out`) for a wait its deadline had ended.
  */
-async function connectWithinBound(connect: () => Promise<pg.PoolClient>): Promise<pg.PoolClient> {
+async function connectWithinBound(connect: () => Promise<pg.PoolClient>, poolWaitMs: number): Promise<pg.PoolClient> {
   const asked = answerBoundNow()
   if (asked === undefined) return connect()
   if (asked.leftMs === 0) throw new AnswerBoundError(asked.boundMs, 'connection')
@@ -303,6 +313,8 @@ async function connectWithinBound(connect: () => Promise<pg.PoolClient>): Promis
     return await Promise.race([connecting, ended])
   } catch (error) {
     if (error instanceof AnswerBoundError) connecting.then((client) => client.release(), () => {})
+    // the pool's wait ran out no sooner than the deadline: the deadline's, its timer run later
+    else if (poolWaitMs >= asked.leftMs && isPoolWaitTimeout(error)) throw new AnswerBoundError(asked.boundMs, 'connection', error as Error)
     throw error
   } finally {
     clearTimeout(timer)
@@ -450,7 +462,7 @@ function openPostgres(
     }
   }
   const db = new Kysely<Database>({
-    dialect: new PostgresDialect({ pool: { connect: () => connectWithinBound(connect), end: () => pool.end(), options: pool.options, Client } }),
+    dialect: new PostgresDialect({ pool: { connect: () => connectWithinBound(connect, pool.options.connectionTimeoutMillis ?? 0), end: () => pool.end(), options: pool.options, Client } }),
     plugins: [new CamelCasePlugin()],
   })
   // the backend pids of this handle's listener connections
