@@ -4,17 +4,22 @@
 // stored ones, 50 connections; each load sampled alone. The bytes are an estimate from samples (V8 scales each
 // sample by its chance of being taken), of everything allocated on the main thread, freed since or not.
 //
+// ALLOC_FORWARD=1: with the forwarder as the one reaction handler, sending each transition to bench/server.ts's
+// receiver (another process): the matched load is then sampled until every transition it made was forwarded, and
+// its bytes a request are the ingest's and the forwarding's.
+//
 // Bytes, unlike time, do not grow with what else runs on the machine: this is a measure a shared machine keeps.
 // They do move a little with timing, as the group commit's statements carry more or fewer deliveries each.
 // The collector's share of the CPU follows what survives a young collection more than what is allocated, so
 // fewer bytes a request is a means to less collection, not a measure of it.
 import { randomBytes } from 'node:crypto'
+import pg from 'pg'
 import { copyFileSync, existsSync, mkdtempSync, readFileSync, rmSync, statSync } from 'node:fs'
 import os from 'node:os'
 import path from 'node:path'
 import { createBenchSchema } from './ab-rounds.js'
 import { type MakeDelivery, sendDeliveries } from './send-deliveries.js'
-import { startService, stopService } from './service-process.js'
+import { startBenchServer, startService, stopService } from './service-process.js'
 
 interface HeapNode {
   callFrame: { functionName: string; url: string; lineNumber: number }
@@ -84,7 +89,11 @@ const dir = mkdtempSync(path.join(os.tmpdir(), 'alloc-profile-'))
 const bench = await createBenchSchema('alloc')
 try {
   const file = path.join(dir, 'load.heapprofile')
-  const { child, port } = await startService(bench.url, { orders: 100_000, seen: 5000 }, { ALLOC_PROFILE_FILE: file }, dist, {
+  const receiver = process.env.ALLOC_FORWARD === '1' ? await startBenchServer('receiver', {}) : undefined
+  const forwarding: Record<string, string> = receiver
+    ? { FORWARD_URL: `http://127.0.0.1:${receiver.port}/forward`, FORWARD_SECRET: `whsec_${randomBytes(32).toString('base64')}` }
+    : {}
+  const { child, port } = await startService(bench.url, { orders: 100_000, seen: 5000 }, { ALLOC_PROFILE_FILE: file, ...forwarding }, dist, {
     nodeFlags: `${process.env.BENCH_NODE_FLAGS ?? '--max-semi-space-size=8 --max-old-space-size=512'} --import=${path.join(root, 'bench/alloc-sampler.mjs')}`,
   })
   // one load sampled: the first SIGUSR2 starts the sampler, the second writes its profile
@@ -92,6 +101,7 @@ try {
     rmSync(file, { force: true })
     process.kill(child.pid!, 'SIGUSR2')
     await sendDeliveries(port, make, requests)
+    await forwarded()
     process.kill(child.pid!, 'SIGUSR2')
     while (!existsSync(file)) await new Promise((resolve) => setTimeout(resolve, 100))
     // written in one call, but seen before it ends: read it once its size holds
@@ -102,6 +112,23 @@ try {
     // ALLOC_KEEP=dir keeps each load's profile there (Chrome's DevTools opens a .heapprofile)
     if (process.env.ALLOC_KEEP) copyFileSync(file, path.join(process.env.ALLOC_KEEP, `${slug}.heapprofile`))
     return summarize(file, requests)
+  }
+  // with the forwarder: until every transition so far was taken by its stream and no job of it is left
+  const forwarded = async () => {
+    if (!receiver) return
+    const client = new pg.Client({ connectionString: bench.url })
+    await client.connect()
+    try {
+      for (;;) {
+        const { rows } = await client.query(`select (select count(*)::int from reaction_jobs where state in ('pending', 'running'))
+             + coalesce((select count(*)::int from reaction_streams s join order_status_history h
+                 on h.stream_position is not null and (h.stream_position, h.id) > (s.position, s.history_id)), 0) as left`)
+        if (rows[0].left === 0) return
+        await new Promise((resolve) => setTimeout(resolve, 100))
+      }
+    } finally {
+      await client.end()
+    }
   }
   try {
     // warm-up of both paths, unsampled
@@ -130,10 +157,11 @@ try {
       )
     }
     console.log(
-      `## Allocations of the receiver, ${new Date().toISOString()}, ${process.version}, ${dist}\n\n${reports.join('\n')}`,
+      `## Allocations of the receiver${receiver ? ', the forwarder its one reaction handler' : ''}, ${new Date().toISOString()}, ${process.version}, ${dist}\n\n${reports.join('\n')}`,
     )
   } finally {
     await stopService(child)
+    if (receiver) await stopService(receiver.child)
   }
 } finally {
   await bench.drop()
