@@ -9,12 +9,10 @@
 // - on Postgres it waits on an advisory lock the test's session holds as a session lock, taken outside a transaction
 //   (no transaction id of the test's); the test sees the COMMIT wait in pg_stat_activity;
 // - on PGlite (Postgres in a worker thread of the command's process: src/db/pglite-thread.ts) it writes a file into
-//   the data directory, which the test waits for, then sleeps until the test writes another there: the worker is held
-//   in the COMMIT while the main thread takes the signals. The process ends with the COMMIT unfinished, so on PGlite
+//   the data directory, which the test waits for, then sleeps until the test writes another there
+//   (helpers/pglite-statement-hold.ts): the worker is held in the COMMIT while the main thread takes the signals. The process ends with the COMMIT unfinished, so on PGlite
 //   the record is not made (the line says it may or may not be: the end of the process may come before or after it).
 import { type ChildProcess } from 'node:child_process'
-import { existsSync, writeFileSync } from 'node:fs'
-import path from 'node:path'
 import { type Kysely, sql } from 'kysely'
 import pg from 'pg'
 import { afterAll, beforeAll, describe, expect, it } from 'vitest'
@@ -24,6 +22,7 @@ import type { PartnerApiClient } from '../src/partner-api/partner-api.client.js'
 import { createSandbox, type Sandbox } from '../src/sandbox/create-sandbox.js'
 import { seededCliDatabase } from './helpers/cli-database.js'
 import { killLeftovers, startedCli } from './helpers/cli-process.js'
+import { holdStatementOnPglite } from './helpers/pglite-statement-hold.js'
 import { testLogger } from './helpers/log-sink.js'
 import { eventually } from './helpers/reconcile-poller.js'
 import { insertOrders } from './helpers/reconcile-orders.js'
@@ -184,41 +183,24 @@ describe('the compiled trades fund stopped by a third signal while its answer’
   it('says the record may or may not have been made and where to look, exit 130 [stopped]', async () => {
     const ref = 'fund committing on pglite'
     const { env, read, tradeId } = await seeded('pglite', ref)
-    // the embedded database's files: its data_directory, as the worker's Postgres sees it
-    const files = path.join(env.DATA_DIR!, 'pglite')
-    const committing = path.join(files, 'test-committing')
-    const release = path.join(files, 'test-release')
-    await read(async (db) => {
-      await sql`
-        create function test_hold_commit() returns trigger language plpgsql as $$ begin
-          execute format('copy (select 1) to %L', current_setting('data_directory') || '/test-committing');
-          while (pg_stat_file(current_setting('data_directory') || '/test-release', true)).size is null loop
-            perform pg_sleep(0.05);
-          end loop;
-          return null;
-        end $$`.execute(db)
-      await sql`
-        create constraint trigger test_hold_commit after update on orders deferrable initially deferred for each row
-        when (new.external_reference = ${sql.lit(ref)}) execute function test_hold_commit()`.execute(db)
-    })
-    expect(existsSync(committing)).toBe(false)
+    const hold = await read((db) =>
+      holdStatementOnPglite(db, env.DATA_DIR!, { name: 'test_hold_commit', table: 'orders', when: `new.external_reference = '${ref}'`, at: 'deferred' }),
+    )
+    expect(hold.held()).toBe(false)
     const command = startedCli(['trades', 'fund', ref], env, children)
     try {
       await eventually(() => {
         if (command.closed()) throw new Error(`the command ended before its COMMIT was held: ${command.stderr()}`)
-        return existsSync(committing)
+        return hold.held()
       }, 'the record’s COMMIT runs the trigger', 120_000)
       await stopThreeTimes(command)
     } finally {
       if (!command.closed()) command.child.kill('SIGKILL')
-      writeFileSync(release, '')
+      hold.release()
     }
     expectTheLine(await command.ended(), ref, tradeId)
     // the process ended inside the COMMIT: on PGlite, nothing carries it through
     expect(await read((db) => findOrderByExternalReference(db, ref))).toMatchObject({ tradeStatus: 'created' })
-    await read(async (db) => {
-      await sql`drop trigger test_hold_commit on orders`.execute(db)
-      await sql`drop function test_hold_commit()`.execute(db)
-    })
+    await read(hold.drop)
   })
 })

@@ -8,19 +8,19 @@
 //
 // The write is held on Postgres by a SHARE lock of the orders table the test takes in a transaction with no
 // transaction id, once the request is at the platform (the command's writes before the call go through first); on
-// PGlite by a BEFORE UPDATE trigger that writes a file into the data directory and sleeps until the test writes another.
+// PGlite by a BEFORE UPDATE trigger that writes a file into the data directory and sleeps until the test writes another
+// (helpers/pglite-statement-hold.ts).
 import { type ChildProcess } from 'node:child_process'
 import { once } from 'node:events'
-import { existsSync, writeFileSync } from 'node:fs'
 import { createServer, type ServerResponse } from 'node:http'
 import type { AddressInfo } from 'node:net'
-import path from 'node:path'
 import { type Kysely, sql } from 'kysely'
 import pg from 'pg'
 import { afterAll, beforeAll, describe, expect, it } from 'vitest'
 import type { Database } from '../src/db/database.js'
 import { type Reader, seededCliDatabase } from './helpers/cli-database.js'
 import { killLeftovers, startedCli } from './helpers/cli-process.js'
+import { holdStatementOnPglite } from './helpers/pglite-statement-hold.js'
 import { eventually } from './helpers/reconcile-poller.js'
 import { insertOrders } from './helpers/reconcile-orders.js'
 import { postgresUrl } from './helpers/test-database.js'
@@ -221,35 +221,20 @@ describe('trade calls stopped by signals once the call ended without an answer t
   for (const c of cases.filter((one) => one.pgliteWhen)) {
     it(`${c.name}: says what the call came to and what is recorded, never "answered"; the third what it leaves, exit 130`, async () => {
       const { env, read } = await seeded('pglite')
-      const files = path.join(env.DATA_DIR!, 'pglite')
-      const writing = path.join(files, 'test-writing')
-      const release = path.join(files, 'test-release')
-      await read(async (db) => {
-        await sql`
-          create function test_hold_write() returns trigger language plpgsql as $$ begin
-            execute format('copy (select 1) to %L', current_setting('data_directory') || '/test-writing');
-            while (pg_stat_file(current_setting('data_directory') || '/test-release', true)).size is null loop
-              perform pg_sleep(0.05);
-            end loop;
-            return new;
-          end $$`.execute(db)
-        await sql`
-          create trigger test_hold_write before update on orders for each row
-          when (${sql.raw(c.pgliteWhen!)}) execute function test_hold_write()`.execute(db)
-      })
+      const hold = await read((db) => holdStatementOnPglite(db, env.DATA_DIR!, { name: 'test_hold_write', table: 'orders', when: c.pgliteWhen!, at: 'before update' }))
       const command = startedCli(c.args(c.ref), env, children)
       try {
         const request = await requestOf(command, c.marker(c.ref))
-        expect(existsSync(writing)).toBe(false)
+        expect(hold.held()).toBe(false)
         request.respond(c.status, c.answer)
         await eventually(() => {
           if (command.closed()) throw new Error(`the command ended before its write was held: ${command.stderr()}`)
-          return existsSync(writing)
+          return hold.held()
         }, 'the write after the call runs the trigger', 120_000)
         await stopThreeTimes(command)
       } finally {
         if (!command.closed()) command.child.kill('SIGKILL')
-        writeFileSync(release, '')
+        hold.release()
       }
       expectEnded(await command.ended(), c)
     })
