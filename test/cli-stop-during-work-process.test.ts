@@ -2,7 +2,8 @@
 // webhook whose receiver never answers): the command ended killed by the signal, without a word (exit 143 for
 // SIGTERM, 130 for SIGINT, each a shell's number for a signal, not the command's). Now it says it was stopped and what
 // that means, and exits 130 with [stopped]: a command of one transaction did nothing; `reconcile --requeue-open`,
-// which commits a slice of 10,000 orders at a time, stops after the slice in flight and says how many it requeued.
+// which commits a slice of 10,000 orders at a time, stops after the slice in flight and says how many it requeued
+// (on Postgres and on embedded PGlite).
 import { type ChildProcess } from 'node:child_process'
 import { once } from 'node:events'
 import { writeFileSync, mkdtempSync, rmSync } from 'node:fs'
@@ -10,11 +11,15 @@ import { createServer, type Server } from 'node:http'
 import type { AddressInfo } from 'node:net'
 import { tmpdir } from 'node:os'
 import path from 'node:path'
+import { type Kysely, sql } from 'kysely'
 import pg from 'pg'
-import { afterAll, expect, it } from 'vitest'
+import { afterAll, describe, expect, it } from 'vitest'
+import type { Database } from '../src/db/database.js'
 import { MIGRATION_LOCK_KEY } from '../src/db/migrate.js'
+import { type Reader, seededCliDatabase } from './helpers/cli-database.js'
 import { killLeftovers, receiverEnv, startedCli } from './helpers/cli-process.js'
 import { migratedDataDir } from './helpers/data-dir-template.js'
+import { holdStatementOnPglite } from './helpers/pglite-statement-hold.js'
 import { createTestDatabase, describePostgres, type TestDatabase } from './helpers/test-database.js'
 import { tradePayload } from './helpers/webhook-delivery.js'
 
@@ -419,6 +424,100 @@ describePostgres('a stop signal during a command’s work on Postgres', () => {
     ])
     return rows[0]!.n > 0
   }
+})
+
+// The same two on embedded PGlite (local mode, the default `npm start` set-up), and a second signal, where no other
+// session can hold a lock: its Postgres runs in a worker thread of the command's process. The slice is held inside its UPDATE by a
+// trigger on one of its orders that waits there for the test's release (helpers/pglite-statement-hold.ts), while the
+// command's main thread takes the signal.
+describe('reconcile --requeue-open stopped during a slice on embedded PGlite', () => {
+  /** A migrated DATA_DIR holding `count` open orders `open-1`…, due in a day, in the order of their ids. */
+  const seeded = (count: number) =>
+    seededCliDatabase('pglite', {
+      prefix: 'cli-stop-requeue-',
+      env: {},
+      cleanups,
+      seed: (db) =>
+        sql`insert into orders (external_reference, trade_id, next_poll_at)
+            select 'open-' || g, 'trd_open_' || g, now() + interval '1 day' from generate_series(1, ${count}::int) g`.execute(db),
+    })
+
+  const STOPPING_AFTER_THE_BATCH =
+    'stopping after the batch in flight (a second Ctrl-C ends the process now, without the count: that batch may still commit)'
+
+  const dueNow = async (db: Kysely<Database>) =>
+    (await sql<{ n: number }>`select count(*)::int as n from orders where next_poll_at <= now()`.execute(db)).rows[0]!.n
+
+  /** Holds the slice that updates order `reference` (the first of a slice) until `release`. */
+  const holdSliceOf = (read: Reader, dataDir: string, reference: string) =>
+    read((db) => holdStatementOnPglite(db, dataDir, { name: 'test_hold_slice', table: 'orders', when: `new.external_reference = '${reference}'`, at: 'before update' }))
+
+  // 25,000 open orders, three slices of 10,000: the second is held, so the signal comes with one slice committed and
+  // one in flight, whatever the machine's speed
+  it('reconcile --requeue-open stops after the batch in flight and says how many it requeued, exit 130 [stopped]', async () => {
+    const { env, read } = await seeded(25_000)
+    const hold = await holdSliceOf(read, env.DATA_DIR!, 'open-10001')
+    const command = started(['reconcile', '--requeue-open', '--within', '0'], env)
+    try {
+      await until(() => hold.held(), 'the second slice is held', command)
+      command.child.kill('SIGTERM')
+      await until(() => command.stderr().includes('stopping after the batch in flight'), 'the command takes the signal', command)
+    } finally {
+      hold.release()
+    }
+    const ended = await command.ended()
+    expect({ code: ended.code, signal: ended.signal }, ended.stderr).toEqual({ code: 130, signal: null })
+    expect(ended.stdout).toMatch(/^20,000 open order\(s\) due now, from .* by the database's clock\n$/)
+    expect(ended.stderr).toBe(
+      `${STOPPING_AFTER_THE_BATCH}\n` +
+        'stopped by a signal after the batch in flight: 20,000 of 25,000 open orders were requeued (above); the others keep their polls: ' +
+        'run it again to requeue them [stopped]\n',
+    )
+    // the first slice, and the second, in flight at the signal, let finish; the third never begun
+    expect(await read(dueNow)).toBe(20_000)
+  })
+
+  // 5,000 open orders, one slice, held: the signal comes with the last slice in flight
+  it('reconcile --requeue-open stopped during its last batch says that batch committed and nothing was left undone, exit 0', async () => {
+    const { env, read } = await seeded(5_000)
+    const hold = await holdSliceOf(read, env.DATA_DIR!, 'open-1')
+    const command = started(['reconcile', '--requeue-open', '--within', '0'], env)
+    try {
+      await until(() => hold.held(), 'the only slice is held', command)
+      command.child.kill('SIGTERM')
+      await until(() => command.stderr().includes('stopping after the batch in flight'), 'the command takes the signal', command)
+    } finally {
+      hold.release()
+    }
+    const ended = await command.ended()
+    expect({ code: ended.code, signal: ended.signal }, ended.stderr).toEqual({ code: 0, signal: null })
+    expect(ended.stdout).toMatch(/^5,000 open order\(s\) due now, from .* by the database's clock\n$/)
+    expect(ended.stderr).toBe(`${STOPPING_AFTER_THE_BATCH}\nthe stop signal came during the last batch, which committed: nothing was left undone\n`)
+    expect(await read(dueNow)).toBe(5_000)
+  })
+
+  // A second signal ends it at once, without the count. On Postgres the batch in flight may still commit (a statement
+  // sent runs on without the process); on PGlite the database ends with the process, and that batch is not committed
+  it('reconcile --requeue-open stopped again during a batch ends at once without the count; on PGlite that batch is not committed', async () => {
+    const { env, read } = await seeded(25_000)
+    const hold = await holdSliceOf(read, env.DATA_DIR!, 'open-10001')
+    const command = started(['reconcile', '--requeue-open', '--within', '0'], env)
+    try {
+      await until(() => hold.held(), 'the second slice is held', command)
+      command.child.kill('SIGTERM')
+      await until(() => command.stderr().includes('stopping after the batch in flight'), 'the command takes the signal', command)
+      // another signal than the first: not taken for its copy, whatever the time between them
+      command.child.kill('SIGINT')
+      await until(() => command.closed() !== undefined, 'the command ends')
+    } finally {
+      hold.release()
+    }
+    const ended = await command.ended()
+    expect({ code: ended.code, signal: ended.signal, stdout: ended.stdout }, ended.stderr).toEqual({ code: null, signal: 'SIGINT', stdout: '' })
+    expect(ended.stderr).toBe(`${STOPPING_AFTER_THE_BATCH}\n`)
+    // the first slice only: the second was held in its UPDATE when the process ended
+    expect(await read(dueNow)).toBe(10_000)
+  })
 })
 
 it('webhook send to a receiver that never answers: says the delivery may have been taken, exit 130 [stopped]', async () => {
