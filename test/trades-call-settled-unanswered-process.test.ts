@@ -11,70 +11,29 @@
 // PGlite by a BEFORE UPDATE trigger that writes a file into the data directory and sleeps until the test writes another
 // (helpers/pglite-statement-hold.ts).
 import { type ChildProcess } from 'node:child_process'
-import { once } from 'node:events'
-import { createServer, type ServerResponse } from 'node:http'
-import type { AddressInfo } from 'node:net'
+import { existsSync, writeFileSync } from 'node:fs'
+import path from 'node:path'
 import { type Kysely, sql } from 'kysely'
 import pg from 'pg'
 import { afterAll, beforeAll, describe, expect, it } from 'vitest'
 import type { Database } from '../src/db/database.js'
 import { type Reader, seededCliDatabase } from './helpers/cli-database.js'
 import { killLeftovers, startedCli } from './helpers/cli-process.js'
-import { holdStatementOnPglite } from './helpers/pglite-statement-hold.js'
+import { useHoldingPlatform } from './helpers/holding-platform.js'
 import { eventually } from './helpers/reconcile-poller.js'
 import { insertOrders } from './helpers/reconcile-orders.js'
 import { postgresUrl } from './helpers/test-database.js'
 
-interface HeldRequest {
-  path: string
-  body: string
-  respond(status: number, body: unknown): void
-}
-
-// a platform that holds every request until the test answers it
-const held: HeldRequest[] = []
-const platform = createServer((request, response: ServerResponse) => {
-  let body = ''
-  request.setEncoding('utf8')
-  request.on('data', (chunk: string) => (body += chunk))
-  request.on('end', () => {
-    held.push({
-      path: request.url!,
-      body,
-      respond: (status, answer) => {
-        response.writeHead(status, { 'content-type': 'application/json' })
-        response.end(JSON.stringify(answer))
-      },
-    })
-  })
-})
-let platformUrl: string
+const platform = useHoldingPlatform()
 const cleanups: (() => Promise<void>)[] = []
 const children: ChildProcess[] = []
-beforeAll(async () => {
-  platform.listen(0, '127.0.0.1')
-  await once(platform, 'listening')
-  platformUrl = `http://127.0.0.1:${(platform.address() as AddressInfo).port}`
-})
 afterAll(async () => {
   killLeftovers(children)
-  platform.closeAllConnections()
-  platform.close()
   for (const cleanup of cleanups) await cleanup()
 })
 
 const UNAVAILABLE = { error: { code: 'unavailable', message: 'upstream unavailable' } }
 const REFUSED = { error: { code: 'duplicate_reference', message: 'a trade with this reference exists' } }
-
-/** The request of the run whose order is `marker`, once it is at the platform. */
-async function requestOf(command: ReturnType<typeof startedCli>, marker: string): Promise<HeldRequest> {
-  const mine = (request: HeldRequest) => request.path.includes(marker) || request.body.includes(marker)
-  await eventually(() => {
-    if (command.closed()) throw new Error(`the command ended before its call reached the platform: ${command.stderr()}`)
-    return held.some(mine)
-  }, 'the call is at the platform', 120_000)
-  return held.splice(held.findIndex(mine), 1)[0]!
-}
 
 /**
  * Three signals, each a different one (the same signal within a second is taken as npm's copy of the first), each
@@ -169,7 +128,7 @@ function expectedLines(c: Case): { first: string; second: string; third: string 
 function seeded(kind: 'pglite' | 'postgres'): Promise<{ env: Record<string, string>; read: Reader }> {
   const seed = (db: Kysely<Database>) =>
     insertOrders(db, [{ externalReference: 'fund unknown', tradeId: 'tr_fund-unknown', tradeStatus: 'created', nextPollAt: new Date(Date.now() + 86_400_000) }])
-  return seededCliDatabase(kind, { prefix: 'trades-settled-', env: { PARTNER_API_BASE_URL: platformUrl }, seed, cleanups })
+  return seededCliDatabase(kind, { prefix: 'trades-settled-', env: { PARTNER_API_BASE_URL: platform.url }, seed, cleanups })
 }
 
 function expectEnded(ended: { code: number | null; signal: NodeJS.Signals | null; stdout: string; stderr: string }, c: Case) {
@@ -194,7 +153,7 @@ describe.skipIf(!postgresUrl)('trade calls stopped by signals once the call ende
       const holderPid = Number((await holder.query<{ pid: number }>('select pg_backend_pid() as pid')).rows[0]!.pid)
       const command = startedCli(c.args(c.ref), { ...env, DATABASE_STATEMENT_TIMEOUT_MS: '3600000' }, children)
       try {
-        const request = await requestOf(command, c.marker(c.ref))
+        const request = await platform.requestOf(command, c.marker(c.ref))
         await holder.query('begin')
         await holder.query('lock table orders in share mode')
         const { rows: horizon } = await read((db) => sql`select backend_xid as xid from pg_stat_activity where pid = ${holderPid}::int`.execute(db))
@@ -224,8 +183,8 @@ describe('trade calls stopped by signals once the call ended without an answer t
       const hold = await read((db) => holdStatementOnPglite(db, env.DATA_DIR!, { name: 'test_hold_write', table: 'orders', when: c.pgliteWhen!, at: 'before update' }))
       const command = startedCli(c.args(c.ref), env, children)
       try {
-        const request = await requestOf(command, c.marker(c.ref))
-        expect(hold.held()).toBe(false)
+        const request = await platform.requestOf(command, c.marker(c.ref))
+        expect(existsSync(writing)).toBe(false)
         request.respond(c.status, c.answer)
         await eventually(() => {
           if (command.closed()) throw new Error(`the command ended before its write was held: ${command.stderr()}`)

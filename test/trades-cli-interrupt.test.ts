@@ -4,13 +4,12 @@
 // waits for the answer, which is recorded and printed, exit 130; a second one stops waiting and leaves the order
 // as a timeout does (checked against a run that times out), exit 130.
 import { once } from 'node:events'
-import { createServer, type ServerResponse } from 'node:http'
-import type { AddressInfo } from 'node:net'
 import type { Kysely } from 'kysely'
 import { afterAll, beforeAll, describe, expect, it } from 'vitest'
 import type { Database } from '../src/db/database.js'
 import { spawnCli } from './helpers/cli-process.js'
 import { type Reader, seededCliDatabase } from './helpers/cli-database.js'
+import { type HeldRequest, useHoldingPlatform } from './helpers/holding-platform.js'
 import { tradeRecord } from './helpers/partner-api-fixtures.js'
 import { insertOrders } from './helpers/reconcile-orders.js'
 import { postgresUrl } from './helpers/test-database.js'
@@ -21,45 +20,9 @@ const EXPECTED_WEBHOOK_MS = 600_000
 const UNKNOWN_CREATE = 'The trade may or may not exist: the order is marked unknown'
 const UNKNOWN_OPERATION = 'The platform may or may not have done it: check with `trades get`'
 
-interface HeldRequest {
-  method: string
-  path: string
-  body: string
-  respond(status: number, body: unknown): void
-  /** Resolves when the client closed the connection without waiting for an answer. */
-  abandoned: Promise<void>
-}
-
-// a platform that takes every request and answers only when the test says so
-const held: HeldRequest[] = []
-const platform = createServer((request, response: ServerResponse) => {
-  let body = ''
-  request.setEncoding('utf8')
-  request.on('data', (chunk: string) => (body += chunk))
-  request.on('end', () => {
-    held.push({
-      method: request.method!,
-      path: request.url!,
-      body,
-      respond: (status, body) => {
-        response.writeHead(status, { 'content-type': 'application/json' })
-        response.end(JSON.stringify(body))
-      },
-      abandoned: new Promise<void>((resolve) => response.once('close', () => (response.writableEnded ? undefined : resolve()))),
-    })
-    platform.emit('held')
-  })
-})
-let platformUrl: string
-beforeAll(async () => {
-  platform.listen(0, '127.0.0.1')
-  await once(platform, 'listening')
-  platformUrl = `http://127.0.0.1:${(platform.address() as AddressInfo).port}`
-})
+const platform = useHoldingPlatform()
 const cleanups: (() => Promise<void>)[] = []
 afterAll(async () => {
-  platform.closeAllConnections()
-  platform.close()
   for (const cleanup of cleanups) await cleanup()
 })
 
@@ -76,16 +39,8 @@ function started(args: string[], env: Record<string, string>, marker: string) {
   let ended = false
   void exited.then(() => (ended = true))
   const gone = exited.then(() => 'exited' as const)
-  /** The next request the platform holds, failing if the process ends before it sends one. */
-  const mine = (request: HeldRequest) => request.path.includes(marker) || request.body.includes(marker)
-  const request = async (): Promise<HeldRequest> => {
-    while (!held.some(mine)) {
-      if (ended || (await Promise.race([once(platform, 'held'), gone])) === 'exited') {
-        throw new Error(`exited before its request reached the platform:\n${output.stderr}`)
-      }
-    }
-    return held.splice(held.findIndex(mine), 1)[0]!
-  }
+  /** Its request, once the platform holds it, failing if the process ends before it sends one. */
+  const request = (): Promise<HeldRequest> => platform.requestOf({ closed: () => ended, stderr: () => output.stderr }, marker)
   /** Resolves once the child has written `text` to stderr, failing if it ends first. */
   const says = async (text: string): Promise<void> => {
     while (!output.stderr.includes(text)) {
@@ -147,7 +102,7 @@ function seeded(kind: 'pglite' | 'postgres', fundOrders: string[]): Promise<{ en
       db,
       fundOrders.map((externalReference) => ({ externalReference, tradeStatus: 'created', nextPollAt: new Date(Date.now() + DAY) })),
     )
-  return seededCliDatabase(kind, { prefix: 'trades-interrupt-', env: { PARTNER_API_BASE_URL: platformUrl }, seed, cleanups })
+  return seededCliDatabase(kind, { prefix: 'trades-interrupt-', env: { PARTNER_API_BASE_URL: platform.url }, seed, cleanups })
 }
 
 for (const kind of ['pglite', 'postgres'] as const) {
