@@ -12,47 +12,28 @@
 //   the data directory, which the test waits for, then sleeps until the test writes another there
 //   (helpers/pglite-statement-hold.ts): the worker is held in the COMMIT while the main thread takes the signals. The process ends with the COMMIT unfinished, so on PGlite
 //   the record is not made (the line says it may or may not be: the end of the process may come before or after it).
-import { type ChildProcess } from 'node:child_process'
+import { existsSync, writeFileSync } from 'node:fs'
+import path from 'node:path'
 import { type Kysely, sql } from 'kysely'
 import pg from 'pg'
-import { afterAll, beforeAll, describe, expect, it } from 'vitest'
+import { describe, expect, it } from 'vitest'
 import type { Database } from '../src/db/database.js'
 import { findOrderByExternalReference } from '../src/orders/order.repository.js'
-import type { PartnerApiClient } from '../src/partner-api/partner-api.client.js'
-import { createSandbox, type Sandbox } from '../src/sandbox/create-sandbox.js'
 import { seededCliDatabase } from './helpers/cli-database.js'
-import { killLeftovers, startedCli } from './helpers/cli-process.js'
-import { holdStatementOnPglite } from './helpers/pglite-statement-hold.js'
-import { testLogger } from './helpers/log-sink.js'
+import { startedCli } from './helpers/cli-process.js'
+import { useDroppingSandbox } from './helpers/dropping-sandbox.js'
 import { eventually } from './helpers/reconcile-poller.js'
 import { insertOrders } from './helpers/reconcile-orders.js'
-import { sandboxClient } from './helpers/sandbox-client.js'
-import { TEST_API_KEY_ID, TEST_API_SECRET, TEST_WEBHOOK_SECRET } from './helpers/test-config.js'
 import { postgresUrl } from './helpers/test-database.js'
 
-let sandbox: Sandbox
-let sandboxUrl: string
-let platform: PartnerApiClient
-const cleanups: (() => Promise<void>)[] = []
-const children: ChildProcess[] = []
-
-beforeAll(async () => {
-  const logger = testLogger([TEST_API_SECRET, TEST_WEBHOOK_SECRET])
-  sandbox = createSandbox({ keyId: TEST_API_KEY_ID, apiSecret: TEST_API_SECRET, webhookSecret: TEST_WEBHOOK_SECRET, faults: { dropRate: 1 }, logger })
-  sandboxUrl = await sandbox.listen(0)
-  platform = sandboxClient(sandboxUrl, { keyId: TEST_API_KEY_ID, secret: TEST_API_SECRET })
-})
-afterAll(async () => {
-  killLeftovers(children)
-  for (const cleanup of cleanups) await cleanup()
-  await sandbox.close()
-})
+const sandbox = useDroppingSandbox()
+const { children, cleanups } = sandbox
 
 /** An order linked to a trade of the sandbox, created and not funded, and the environment of a CLI run on it. */
 async function seeded(kind: 'pglite' | 'postgres', ref: string) {
-  const { trade_id: tradeId } = await platform.createTrade({ title: 'Used bicycle', amount: '120.00', currency: 'EUR', seller_id: 's_1', external_reference: ref })
+  const { trade_id: tradeId } = await sandbox.client.createTrade({ title: 'Used bicycle', amount: '120.00', currency: 'EUR', seller_id: 's_1', external_reference: ref })
   const seed = (db: Kysely<Database>) => insertOrders(db, [{ externalReference: ref, tradeId, tradeStatus: 'created', nextPollAt: new Date(Date.now() + 86_400_000) }])
-  const { env, read } = await seededCliDatabase(kind, { prefix: 'trades-commit-', env: { PARTNER_API_BASE_URL: sandboxUrl }, seed, cleanups })
+  const { env, read } = await seededCliDatabase(kind, { prefix: 'trades-commit-', env: { PARTNER_API_BASE_URL: sandbox.url }, seed, cleanups })
   return { env, read, tradeId }
 }
 

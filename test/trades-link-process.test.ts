@@ -1,41 +1,21 @@
 // `trades link` as an operator runs it: the compiled CLI as its own process (on embedded PGlite, and on Postgres
 // through DATABASE_URL when TEST_DATABASE_URL is given), against the sandbox platform, which drops every webhook.
 // The exit codes and lines are the command's contract; test/trades-link.test.ts covers each case in-process.
-import { type ChildProcess } from 'node:child_process'
 import { type Kysely, sql } from 'kysely'
 import pg from 'pg'
-import { afterAll, beforeAll, describe, expect, it } from 'vitest'
+import { describe, expect, it } from 'vitest'
 import type { Database } from '../src/db/database.js'
 import { findOrderByExternalReference, setTradeCreateState } from '../src/orders/order.repository.js'
 import { flagUnresolvedCreates } from '../src/orders/poll-schedule.repository.js'
-import type { PartnerApiClient } from '../src/partner-api/partner-api.client.js'
-import { createSandbox, type Sandbox } from '../src/sandbox/create-sandbox.js'
 import { type Reader, seededCliDatabase } from './helpers/cli-database.js'
-import { killLeftovers, runCli, startedCli } from './helpers/cli-process.js'
-import { testLogger } from './helpers/log-sink.js'
+import { runCli, startedCli } from './helpers/cli-process.js'
+import { useDroppingSandbox } from './helpers/dropping-sandbox.js'
 import { backdateCreateMark, createOrder, markCreateSent } from './helpers/orders.js'
 import { eventually } from './helpers/reconcile-poller.js'
-import { sandboxClient } from './helpers/sandbox-client.js'
-import { TEST_API_KEY_ID, TEST_API_SECRET, TEST_WEBHOOK_SECRET } from './helpers/test-config.js'
 import { postgresUrl } from './helpers/test-database.js'
 
-let sandbox: Sandbox
-let sandboxUrl: string
-let platform: PartnerApiClient
-const cleanups: (() => Promise<void>)[] = []
-const children: ChildProcess[] = []
-
-beforeAll(async () => {
-  const logger = testLogger([TEST_API_SECRET, TEST_WEBHOOK_SECRET])
-  sandbox = createSandbox({ keyId: TEST_API_KEY_ID, apiSecret: TEST_API_SECRET, webhookSecret: TEST_WEBHOOK_SECRET, faults: { dropRate: 1 }, logger })
-  sandboxUrl = await sandbox.listen(0)
-  platform = sandboxClient(sandboxUrl, { keyId: TEST_API_KEY_ID, secret: TEST_API_SECRET })
-})
-afterAll(async () => {
-  killLeftovers(children)
-  for (const cleanup of cleanups) await cleanup()
-  await sandbox.close()
-})
+const sandbox = useDroppingSandbox()
+const { children, cleanups } = sandbox
 
 /** Orders as an unanswered create leaves them, flagged trade_create_unknown, and the environment of a CLI run on them. */
 function seeded(kind: 'pglite' | 'postgres', references: string[]): Promise<{ env: Record<string, string>; read: Reader }> {
@@ -48,7 +28,7 @@ function seeded(kind: 'pglite' | 'postgres', references: string[]): Promise<{ en
     }
     await flagUnresolvedCreates(db, { unresolvedAfterS: 0, createWholeTimeMs: 15_000 })
   }
-  return seededCliDatabase(kind, { prefix: 'trades-link-', env: { PARTNER_API_BASE_URL: sandboxUrl }, seed, cleanups })
+  return seededCliDatabase(kind, { prefix: 'trades-link-', env: { PARTNER_API_BASE_URL: sandbox.url }, seed, cleanups })
 }
 
 for (const kind of ['pglite', 'postgres'] as const) {
@@ -57,14 +37,14 @@ for (const kind of ['pglite', 'postgres'] as const) {
     it('links the trade (exit 0), says so when run again (exit 0), and refuses another order’s trade (exit 1)', async () => {
       const [ref, other] = [`link-process-${kind}`, `link-process-${kind}-other`]
       const { env, read } = await seeded(kind, [ref, other])
-      const { trade_id: tradeId, reference } = await platform.createTrade({
+      const { trade_id: tradeId, reference } = await sandbox.client.createTrade({
         title: 'Used bicycle',
         amount: '120.00',
         currency: 'EUR',
         seller_id: 's_1',
         external_reference: ref,
       })
-      await platform.fundTrade(tradeId)
+      await sandbox.client.fundTrade(tradeId)
 
       const linked = await runCli(['trades', 'link', ref, tradeId], env)
       expect(linked.stderr).toBe('')
@@ -102,7 +82,7 @@ describe.skipIf(!postgresUrl)('the compiled trades link stopped while its COMMIT
     const ref = 'link-committing'
     const key = 47_303
     const { env, read } = await seeded('postgres', [ref])
-    const { trade_id: tradeId } = await platform.createTrade({ title: 'Used bicycle', amount: '120.00', currency: 'EUR', seller_id: 's_1', external_reference: ref })
+    const { trade_id: tradeId } = await sandbox.client.createTrade({ title: 'Used bicycle', amount: '120.00', currency: 'EUR', seller_id: 's_1', external_reference: ref })
     const holder = new pg.Client({ connectionString: env.DATABASE_URL! })
     await holder.connect()
     cleanups.unshift(() => holder.end())
