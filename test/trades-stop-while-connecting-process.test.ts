@@ -5,10 +5,7 @@
 // of the request was written, so the call was not sent: the second signal read as a giving up on an answer, said
 // `[outcome_unknown]` and marked the create unknown (a fund's order was polled soon), though nothing had left.
 // Linux only: the CLI's socket is found in /proc.
-import { type ChildProcess, spawn } from 'node:child_process'
-import { once } from 'node:events'
-import { readdirSync, readFileSync, readlinkSync } from 'node:fs'
-import path from 'node:path'
+import { type ChildProcess } from 'node:child_process'
 import type { Kysely } from 'kysely'
 import { afterAll, beforeAll, describe, expect, it } from 'vitest'
 import type { Database } from '../src/db/database.js'
@@ -16,44 +13,16 @@ import { killLeftovers, startedCli } from './helpers/cli-process.js'
 import { type Reader, seededCliDatabase } from './helpers/cli-database.js'
 import { insertOrders } from './helpers/reconcile-orders.js'
 import { postgresUrl } from './helpers/test-database.js'
+import { connectingTo, useUnansweredListener } from './helpers/unanswered-connect.js'
 
 const DAY = 86_400_000
 const children: ChildProcess[] = []
 const cleanups: (() => Promise<void>)[] = []
-let listener: ChildProcess
-let port: number
-
-beforeAll(async () => {
-  listener = spawn('python3', [path.join(import.meta.dirname, 'helpers/full-backlog-listener.py')], { stdio: ['pipe', 'pipe', 'inherit'] })
-  const [chunk] = (await once(listener.stdout!, 'data')) as [Buffer]
-  port = Number(chunk.toString().trim())
-})
+const platform = useUnansweredListener()
 afterAll(async () => {
   killLeftovers(children)
-  listener.stdin!.end()
-  listener.kill('SIGKILL')
   for (const cleanup of cleanups) await cleanup()
 })
-
-/** Whether process `pid` holds a TCP socket in SYN-SENT to 127.0.0.1:`port` (its connect sent, never answered). */
-function connectingTo(pid: number, port: number): boolean {
-  const inodes = new Set<string>()
-  for (const fd of readdirSync(`/proc/${pid}/fd`)) {
-    try {
-      const socket = /^socket:\[(\d+)\]$/.exec(readlinkSync(`/proc/${pid}/fd/${fd}`))
-      if (socket) inodes.add(socket[1]!)
-    } catch {
-      // closed meanwhile
-    }
-  }
-  const remote = `0100007F:${port.toString(16).toUpperCase().padStart(4, '0')}`
-  return readFileSync(`/proc/${pid}/net/tcp`, 'utf8')
-    .split('\n')
-    .slice(1)
-    .map((line) => line.trim().split(/\s+/))
-    // local_address rem_address st … inode: state 02 is SYN_SENT
-    .some((fields) => fields[2] === remote && fields[3] === '02' && inodes.has(fields[9]!))
-}
 
 async function until(check: () => boolean, what: string, run: ReturnType<typeof startedCli>): Promise<void> {
   for (const deadline = Date.now() + 30_000; Date.now() < deadline; ) {
@@ -67,7 +36,7 @@ async function until(check: () => boolean, what: string, run: ReturnType<typeof 
 /** Runs `args` until its connection to the platform is under way, then SIGINT and, once it waits, SIGTERM. */
 async function stoppedWhileConnecting(args: string[], env: Record<string, string>) {
   const run = startedCli(args, env, children)
-  await until(() => connectingTo(run.child.pid!, port), 'its connection to the platform is under way', run)
+  await until(() => connectingTo(run.child.pid!, platform.port), 'its connection to the platform is under way', run)
   run.child.kill('SIGINT')
   await until(() => run.stderr().includes('to the call in flight'), 'the first signal is taken', run)
   run.child.kill('SIGTERM')
@@ -99,7 +68,7 @@ for (const kind of ['pglite', 'postgres'] as const) {
       ;({ env, read } = await seededCliDatabase(kind, {
         prefix: 'trades-stop-connecting-',
         // far past the test: the connect never ends by the call's timeout while the signals come
-        env: { PARTNER_API_BASE_URL: `http://127.0.0.1:${port}`, PARTNER_API_TIMEOUT_MS: '120000' },
+        env: { PARTNER_API_BASE_URL: `http://127.0.0.1:${platform.port}`, PARTNER_API_TIMEOUT_MS: '120000' },
         seed,
         cleanups,
       }))
@@ -137,7 +106,7 @@ for (const kind of ['pglite', 'postgres'] as const) {
     // signal unmentioned; the timeout is the one end, well after the signal
     it('trades fund: the first Ctrl-C, then no connection in time: [not_sent], the signal said, exit 130', async () => {
       const run = startedCli(['trades', 'fund', 'fund-connect-timeout'], { ...env, PARTNER_API_TIMEOUT_MS: '8000' }, children)
-      await until(() => connectingTo(run.child.pid!, port), 'its connection to the platform is under way', run)
+      await until(() => connectingTo(run.child.pid!, platform.port), 'its connection to the platform is under way', run)
       run.child.kill('SIGINT')
       const ended = await run.ended()
 
