@@ -1,0 +1,317 @@
+// `disputes open`, `proposals create` and `proposals respond` as their own processes (the compiled CLI; on embedded
+// PGlite, and on Postgres through DATABASE_URL when TEST_DATABASE_URL is given), stopped by signals during their call to
+// the platform, as `trades open|fund` are (test/trades-cli-interrupt.test.ts, test/trades-call-commit-in-flight-process
+// .test.ts, test/trades-stop-while-connecting-process.test.ts): each holds the signals the same way
+// (src/cli/hold-signals-for-call.ts), and what it prints and records is checked here for each.
+// - a first signal while the call is at a platform that holds it: the command waits for the answer, prints it, records
+//   it (the poll brought forward; a respond's trade status applied), exit 130;
+// - three signals once the platform has answered, its recording held (on Postgres a SHARE lock of the orders table,
+//   taken with no transaction id; on PGlite a BEFORE UPDATE trigger that sleeps until the test writes a file): the
+//   third ends the process saying nothing of the answer was recorded, exit 130, and nothing is;
+// - a platform that cannot be reached (its SYN unanswered): a first signal, then no connection in time, is the
+//   `[not_sent]` line with the signal said, exit 130; a second signal while connecting is a stop before sending, exit
+//   130; the order as it was either way.
+import { type ChildProcess } from 'node:child_process'
+import { existsSync, writeFileSync } from 'node:fs'
+import path from 'node:path'
+import { type Kysely, sql } from 'kysely'
+import pg from 'pg'
+import { afterAll, beforeAll, describe, expect, it } from 'vitest'
+import type { Database } from '../src/db/database.js'
+import { type Reader, seededCliDatabase } from './helpers/cli-database.js'
+import { killLeftovers, startedCli } from './helpers/cli-process.js'
+import { useHoldingPlatform } from './helpers/holding-platform.js'
+import { disputeRecord, proposalRecord, tradeRecord } from './helpers/partner-api-fixtures.js'
+import { eventually } from './helpers/reconcile-poller.js'
+import { insertOrders } from './helpers/reconcile-orders.js'
+import { postgresUrl } from './helpers/test-database.js'
+import { connectingTo, useUnansweredListener } from './helpers/unanswered-connect.js'
+
+const DAY = 86_400_000
+const platform = useHoldingPlatform()
+const unreachable = useUnansweredListener()
+const children: ChildProcess[] = []
+const cleanups: (() => Promise<void>)[] = []
+afterAll(async () => {
+  killLeftovers(children)
+  for (const cleanup of cleanups) await cleanup()
+})
+
+const FIRST_IN_FLIGHT =
+  'waiting for the platform’s answer to the call in flight, to record and print it (a second Ctrl-C stops waiting: ' +
+  'what the platform did is then not known)\n'
+const ANSWERED_AFTER_SIGNAL = 'stopped by a signal after the call in flight: the platform’s answer is above, recorded locally\n'
+
+interface Command {
+  name: string
+  /** The operation's word in the lines: "the dispute call on trade …". */
+  kind: 'dispute' | 'proposal' | 'respond'
+  /** The order's trade status before the call. */
+  status: string
+  args: (ref: string) => string[]
+  /** The platform's answer to the call on `ref`'s trade. */
+  answer: (ref: string) => unknown
+  /** What the command prints of that answer. */
+  printed: (ref: string) => string
+  /** The order's trade status once that answer is recorded. */
+  recordedStatus: string
+}
+
+const tradeOf = (ref: string) => `tr_${ref}`
+const proposalOf = (ref: string) => `pr_${ref}`
+
+const commands: Command[] = [
+  {
+    name: 'disputes open',
+    kind: 'dispute',
+    status: 'funded',
+    args: (ref) => ['disputes', 'open', ref, '--party', 'buyer', '--reason', 'The bicycle arrived with a broken frame'],
+    answer: (ref) => disputeRecord({ dispute_id: `dp_${ref}`, trade_id: tradeOf(ref) }),
+    printed: (ref) => `${ref}: dispute dp_${ref} opened by the buyer (open)\n`,
+    recordedStatus: 'funded',
+  },
+  {
+    name: 'proposals create',
+    kind: 'proposal',
+    status: 'disputed',
+    args: (ref) => ['proposals', 'create', ref, '--party', 'buyer', '--outcome', 'split', '--split-buyer-pct', '40'],
+    answer: (ref) => proposalRecord({ proposal_id: proposalOf(ref), trade_id: tradeOf(ref) }),
+    printed: (ref) => `${ref}: proposal ${proposalOf(ref)} (split) is pending\n`,
+    recordedStatus: 'disputed',
+  },
+  {
+    name: 'proposals respond',
+    kind: 'respond',
+    status: 'disputed',
+    args: (ref) => ['proposals', 'respond', ref, proposalOf(ref), '--party', 'seller', '--accept'],
+    answer: (ref) => ({
+      proposal: proposalRecord({ proposal_id: proposalOf(ref), trade_id: tradeOf(ref), status: 'accepted' }),
+      trade: tradeRecord({ trade_id: tradeOf(ref), external_reference: ref, status: 'resolved' }),
+    }),
+    printed: (ref) => `${ref}: proposal ${proposalOf(ref)} is accepted; trade ${tradeOf(ref)} is resolved\n`,
+    recordedStatus: 'resolved',
+  },
+]
+
+// one order for each command and case, in one database for each kind
+const cases = ['first', 'third', 'connect-timeout', 'connecting'] as const
+const refOf = (command: Command, kind: string, one: (typeof cases)[number]) => `${command.kind}-${one}-${kind}`
+
+async function orderState(read: Reader, externalReference: string) {
+  return read((db) =>
+    db
+      .selectFrom('orders')
+      .select(['tradeStatus', 'nextPollAt'])
+      .where('externalReference', '=', externalReference)
+      .executeTakeFirstOrThrow(),
+  )
+}
+
+/** Waits until `run` has written `text` to stderr, failing if it ends first. */
+function says(run: ReturnType<typeof startedCli>, text: string): Promise<void> {
+  return eventually(() => {
+    if (run.closed()) throw new Error(`the command ended before saying "${text}":\n${run.stderr()}`)
+    return run.stderr().includes(text)
+  }, `the command says "${text}"`, 120_000)
+}
+
+/**
+ * Three signals, each a different one (the same signal within a second is taken as npm's copy of the first), each
+ * after the line of the one before (its lines are asserted whole once the command has ended).
+ */
+async function stopThreeTimes(run: ReturnType<typeof startedCli>): Promise<void> {
+  run.child.kill('SIGINT')
+  await says(run, 'then stopping\n')
+  run.child.kill('SIGTERM')
+  await says(run, 'another Ctrl-C ends the process now')
+  run.child.kill('SIGHUP')
+  await eventually(() => run.closed() !== undefined, 'the command ends', 120_000)
+}
+
+/** What a third signal says once the answer to `command` on `ref` has come, before its record's COMMIT is sent. */
+function stoppedBeforeRecorded(command: Command, ref: string): string {
+  return (
+    'the platform has answered: recording and printing its answer, then stopping\n' +
+    'the platform has answered: recording its answer (another Ctrl-C ends the process now: before its COMMIT is sent, ' +
+    'nothing of the answer is recorded; once it is sent, whether it was recorded is not known, and the line says where to look)\n' +
+    `Stopped by a third signal before the record of the platform's answer to the ${command.kind} call on trade ` +
+    `${tradeOf(ref)} for order ${ref} was committed: the platform answered, and nothing of its answer was recorded (its ` +
+    `transaction is rolled back, its COMMIT not sent); \`orders show ${ref}\` shows what the order records, and ` +
+    `\`trades get ${ref}\` the platform's record (the poller brings the order to it); do not send the call again: the ` +
+    'platform did it [stopped]\n'
+  )
+}
+
+/** Until `check`, failing if `run` ends first. */
+async function until(check: () => boolean, what: string, run: ReturnType<typeof startedCli>): Promise<void> {
+  await eventually(() => {
+    if (run.closed()) throw new Error(`the command ended before ${what}:\n${run.stderr()}`)
+    return check()
+  }, what, 120_000)
+}
+
+for (const kind of ['pglite', 'postgres'] as const) {
+  const name = kind === 'postgres' ? 'on Postgres through DATABASE_URL (Postgres)' : 'on embedded PGlite'
+  describe.skipIf(kind === 'postgres' && !postgresUrl)(`disputes and proposals stopped by signals, ${name}`, () => {
+    let env: Record<string, string>
+    let read: Reader
+    const polledAt = new Date(Date.now() + DAY)
+    beforeAll(async () => {
+      const seed = (db: Kysely<Database>) =>
+        insertOrders(
+          db,
+          commands.flatMap((command) =>
+            cases.map((one) => ({ externalReference: refOf(command, kind, one), tradeStatus: command.status, nextPollAt: polledAt })),
+          ),
+        )
+      ;({ env, read } = await seededCliDatabase(kind, { prefix: 'disputes-interrupt-', env: { PARTNER_API_BASE_URL: platform.url }, seed, cleanups }))
+    })
+
+    for (const command of commands) {
+      it(`${command.name}: the first Ctrl-C waits for the answer, which is printed and recorded, and exits 130`, async () => {
+        const ref = refOf(command, kind, 'first')
+        const run = startedCli(command.args(ref), env, children)
+        const request = await platform.requestOf(run, tradeOf(ref))
+        expect(request.method).toBe('POST')
+        run.child.kill('SIGINT')
+        await says(run, FIRST_IN_FLIGHT)
+        request.respond(200, command.answer(ref))
+        const ended = await run.ended()
+
+        expect({ code: ended.code, signal: ended.signal }, ended.stderr).toEqual({ code: 130, signal: null })
+        expect(ended.stdout).toBe(command.printed(ref))
+        expect(ended.stderr).toBe(FIRST_IN_FLIGHT + ANSWERED_AFTER_SIGNAL)
+        const after = await orderState(read, ref)
+        expect(after.tradeStatus).toBe(command.recordedStatus)
+        // recorded: an open order's poll brought forward (EXPECTED_WEBHOOK_S after the call, not a day later)
+        if (command.recordedStatus !== 'resolved') expect(after.nextPollAt!.getTime()).toBeLessThan(polledAt.getTime())
+      })
+
+      it(`${command.name}: a third signal while its answer's record is held says nothing of it was recorded, exit 130, and nothing is`, async () => {
+        const ref = refOf(command, kind, 'third')
+        const ended = kind === 'postgres' ? await thirdSignalOnPostgres(command, ref) : await thirdSignalOnPglite(command, ref)
+        expect({ code: ended.code, signal: ended.signal }, ended.stderr).toEqual({ code: 130, signal: null })
+        expect(ended.stdout).toBe('')
+        expect(ended.stderr).toBe(stoppedBeforeRecorded(command, ref))
+        expect(await orderState(read, ref)).toEqual({ tradeStatus: command.status, nextPollAt: polledAt })
+      })
+
+      it(`${command.name}: the first Ctrl-C, then no connection in time: [not_sent], the signal said, exit 130, the order as it was`, async () => {
+        const ref = refOf(command, kind, 'connect-timeout')
+        const unreachableEnv = { ...env, PARTNER_API_BASE_URL: `http://127.0.0.1:${unreachable.port}`, PARTNER_API_TIMEOUT_MS: '8000' }
+        const run = startedCli(command.args(ref), unreachableEnv, children)
+        await until(() => connectingTo(run.child.pid!, unreachable.port), 'its connection to the platform is under way', run)
+        run.child.kill('SIGINT')
+        const ended = await run.ended()
+
+        expect({ code: ended.code, signal: ended.signal }, ended.stderr).toEqual({ code: 130, signal: null })
+        expect(ended.stdout).toBe('')
+        expect(ended.stderr).toBe(
+          FIRST_IN_FLIGHT +
+            `Could not reach the platform at http://127.0.0.1:${unreachable.port} (no connection within 8,000 ms, so the ` +
+            'request was not written): nothing was sent and the order is unchanged. In local mode the sandbox runs ' +
+            'inside `npm start`: start it, then run this again; otherwise check PARTNER_API_BASE_URL. [not_sent]\n' +
+            'stopped by a signal while the call waited for its connection: nothing was sent (above)\n',
+        )
+        expect(await orderState(read, ref)).toEqual({ tradeStatus: command.status, nextPollAt: polledAt })
+      })
+
+      it(`${command.name}: a second signal while its connection is being set up is a stop before sending, exit 130, the order as it was`, async () => {
+        const ref = refOf(command, kind, 'connecting')
+        // far past the test: the connect never ends by the call's timeout while the signals come
+        const unreachableEnv = { ...env, PARTNER_API_BASE_URL: `http://127.0.0.1:${unreachable.port}`, PARTNER_API_TIMEOUT_MS: '120000' }
+        const run = startedCli(command.args(ref), unreachableEnv, children)
+        await until(() => connectingTo(run.child.pid!, unreachable.port), 'its connection to the platform is under way', run)
+        run.child.kill('SIGINT')
+        await says(run, FIRST_IN_FLIGHT)
+        run.child.kill('SIGTERM')
+        const ended = await run.ended()
+
+        expect({ code: ended.code, signal: ended.signal }, ended.stderr).toEqual({ code: 130, signal: null })
+        expect(ended.stdout).toBe('')
+        expect(ended.stderr).toBe(
+          FIRST_IN_FLIGHT +
+            `Stopped by a signal before the ${command.kind} call on trade ${tradeOf(ref)} for order ${ref} was sent (its ` +
+            'connection to the platform was not up yet): nothing sent to the platform, the order as it was [stopped]\n',
+        )
+        expect(await orderState(read, ref)).toEqual({ tradeStatus: command.status, nextPollAt: polledAt })
+      })
+    }
+
+    /** The command on `ref`, its answer's recording held by a SHARE lock of the orders table while three signals come. */
+    async function thirdSignalOnPostgres(command: Command, ref: string) {
+      const holder = new pg.Client({ connectionString: env.DATABASE_URL! })
+      await holder.connect()
+      cleanups.unshift(() => holder.end())
+      const holderPid = Number((await holder.query<{ pid: number }>('select pg_backend_pid() as pid')).rows[0]!.pid)
+      // no statement of the command's ends at its statement timeout while the test holds it: only the signals stop it
+      const run = startedCli(command.args(ref), { ...env, DATABASE_STATEMENT_TIMEOUT_MS: '3600000' }, children)
+      try {
+        const request = await platform.requestOf(run, tradeOf(ref))
+        await holder.query('begin')
+        await holder.query('lock table orders in share mode')
+        // seen from another session: a session's own look at pg_stat_activity holds a snapshot while it runs
+        const { rows: horizon } = await read((db) => sql`select backend_xid as xid from pg_stat_activity where pid = ${holderPid}::int`.execute(db))
+        expect(horizon).toEqual([{ xid: null }])
+        request.respond(200, command.answer(ref))
+        await eventually(async () => {
+          if (run.closed()) throw new Error(`the command ended before its recording waited:\n${run.stderr()}`)
+          const { rows } = await read((db) =>
+            sql<{ waiting: number }>`select count(*)::int as waiting from pg_stat_activity where ${holderPid}::int = any(pg_blocking_pids(pid))`.execute(db),
+          )
+          return rows[0]!.waiting > 0
+        }, 'the recording waits on the lock', 120_000)
+        await stopThreeTimes(run)
+      } finally {
+        if (!run.closed()) run.child.kill('SIGKILL')
+        await holder.query('commit').catch(() => {})
+      }
+      // the command's session, its process gone, ends with its transaction rolled back
+      await eventually(async () => {
+        const { rows } = await read((db) =>
+          sql<{ others: number }>`select count(*)::int as others from pg_stat_activity where datname = current_database()
+            and backend_type = 'client backend' and state <> 'idle' and pid <> pg_backend_pid() and pid <> ${holderPid}::int`.execute(db),
+        )
+        return rows[0]!.others === 0
+      }, 'the command’s session ends', 120_000)
+      return run.ended()
+    }
+
+    /** The command on `ref`, its answer's recording held by a BEFORE UPDATE trigger while three signals come. */
+    async function thirdSignalOnPglite(command: Command, ref: string) {
+      const files = path.join(env.DATA_DIR!, 'pglite')
+      const writing = path.join(files, `test-writing-${command.kind}`)
+      const release = path.join(files, `test-release-${command.kind}`)
+      await read(async (db) => {
+        await sql`
+          create function test_hold_write() returns trigger language plpgsql as $$ begin
+            execute format('copy (select 1) to %L', current_setting('data_directory') || ${sql.lit(`/test-writing-${command.kind}`)});
+            while (pg_stat_file(current_setting('data_directory') || ${sql.lit(`/test-release-${command.kind}`)}, true)).size is null loop
+              perform pg_sleep(0.05);
+            end loop;
+            return new;
+          end $$`.execute(db)
+        await sql`
+          create trigger test_hold_write before update on orders for each row
+          when (new.external_reference = ${sql.lit(ref)}) execute function test_hold_write()`.execute(db)
+      })
+      const run = startedCli(command.args(ref), env, children)
+      try {
+        const request = await platform.requestOf(run, tradeOf(ref))
+        expect(existsSync(writing)).toBe(false)
+        request.respond(200, command.answer(ref))
+        await until(() => existsSync(writing), 'the recording runs the trigger', run)
+        await stopThreeTimes(run)
+      } finally {
+        if (!run.closed()) run.child.kill('SIGKILL')
+        writeFileSync(release, '')
+      }
+      const ended = await run.ended()
+      await read(async (db) => {
+        await sql`drop trigger test_hold_write on orders`.execute(db)
+        await sql`drop function test_hold_write()`.execute(db)
+      })
+      return ended
+    }
+  })
+}
