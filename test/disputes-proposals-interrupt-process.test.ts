@@ -4,7 +4,8 @@
 // .test.ts, test/trades-stop-while-connecting-process.test.ts): each holds the signals the same way
 // (src/cli/hold-signals-for-call.ts), and what it prints and records is checked here for each.
 // - a first signal while the call is at a platform that holds it: the command waits for the answer, prints it, records
-//   it (the poll brought forward; a respond's trade status applied), exit 130;
+//   it (a respond's trade status applied; of a dispute or proposal record, which holds none, only the poll brought
+//   forward, and the line says so: it said "recorded locally"), exit 130;
 // - three signals once the platform has answered, its recording held (on Postgres a SHARE lock of the orders table,
 //   taken with no transaction id; on PGlite a BEFORE UPDATE trigger that sleeps until the test writes a file): the
 //   third ends the process saying nothing of the answer was recorded, exit 130, and nothing is;
@@ -40,7 +41,7 @@ afterAll(async () => {
 const FIRST_IN_FLIGHT =
   'waiting for the platform’s answer to the call in flight, to record and print it (a second Ctrl-C stops waiting: ' +
   'what the platform did is then not known)\n'
-const ANSWERED_AFTER_SIGNAL = 'stopped by a signal after the call in flight: the platform’s answer is above, recorded locally\n'
+const answeredAfterSignal = (recorded: string) => `stopped by a signal after the call in flight: the platform’s answer is above, ${recorded}\n`
 
 interface Command {
   name: string
@@ -55,6 +56,11 @@ interface Command {
   printed: (ref: string) => string
   /** The order's trade status once that answer is recorded. */
   recordedStatus: string
+  /**
+   * What the line after a first signal says the order records of the answer. A dispute or proposal record holds no
+   * trade status, and only the order's poll is brought forward: the line said "recorded locally" of those too.
+   */
+  recorded: string
 }
 
 const tradeOf = (ref: string) => `tr_${ref}`
@@ -69,6 +75,7 @@ const commands: Command[] = [
     answer: (ref) => disputeRecord({ dispute_id: `dp_${ref}`, trade_id: tradeOf(ref) }),
     printed: (ref) => `${ref}: dispute dp_${ref} opened by the buyer (open)\n`,
     recordedStatus: 'funded',
+    recorded: 'and the order records only its poll brought forward (a dispute record holds no trade status)',
   },
   {
     name: 'proposals create',
@@ -78,6 +85,7 @@ const commands: Command[] = [
     answer: (ref) => proposalRecord({ proposal_id: proposalOf(ref), trade_id: tradeOf(ref) }),
     printed: (ref) => `${ref}: proposal ${proposalOf(ref)} (split) is pending\n`,
     recordedStatus: 'disputed',
+    recorded: 'and the order records only its poll brought forward (a proposal record holds no trade status)',
   },
   {
     name: 'proposals respond',
@@ -90,6 +98,7 @@ const commands: Command[] = [
     }),
     printed: (ref) => `${ref}: proposal ${proposalOf(ref)} is accepted; trade ${tradeOf(ref)} is resolved\n`,
     recordedStatus: 'resolved',
+    recorded: 'recorded locally',
   },
 ]
 
@@ -180,7 +189,7 @@ for (const kind of ['pglite', 'postgres'] as const) {
 
         expect({ code: ended.code, signal: ended.signal }, ended.stderr).toEqual({ code: 130, signal: null })
         expect(ended.stdout).toBe(command.printed(ref))
-        expect(ended.stderr).toBe(FIRST_IN_FLIGHT + ANSWERED_AFTER_SIGNAL)
+        expect(ended.stderr).toBe(FIRST_IN_FLIGHT + answeredAfterSignal(command.recorded))
         const after = await orderState(read, ref)
         expect(after.tradeStatus).toBe(command.recordedStatus)
         // recorded: an open order's poll brought forward (EXPECTED_WEBHOOK_S after the call, not a day later)

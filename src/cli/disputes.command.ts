@@ -3,7 +3,7 @@ import type { Command } from 'commander'
 import type { Party } from '../partner-api/types.js'
 import { orderReference } from './cli-arguments.js'
 import { escaped, printJson, write } from './cli-context.js'
-import { runTradeCall } from './trades.command.js'
+import { pollOnlyRecorded, runTradeCall } from './trades.command.js'
 
 export function registerDisputesCommands(program: Command): void {
   const disputes = program.command('disputes').description('disputes on an order’s trade')
@@ -33,6 +33,7 @@ export function registerDisputesCommands(program: Command): void {
             if (options.json) printJson({ dispute })
             else write(escaped`${reference}: dispute ${dispute.dispute_id} opened by the ${dispute.party ?? '?'} (${dispute.status ?? '?'})\n`)
           },
+          { recorded: () => pollOnlyRecorded('a dispute record') },
         )
       },
     )

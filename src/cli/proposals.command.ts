@@ -6,7 +6,7 @@ import { printable } from '../printable.js'
 import { quoteForShell } from '../quote-for-shell.js'
 import { orderReference } from './cli-arguments.js'
 import { escaped, printJson, UsageError, write } from './cli-context.js'
-import { runTradeCall } from './trades.command.js'
+import { pollOnlyRecorded, runTradeCall } from './trades.command.js'
 
 /** The order's reference as a word of a command to copy: quoted for a shell where it needs it, on one line. */
 const shellWord = (reference: string) => printable(quoteForShell(reference))
@@ -48,6 +48,7 @@ export function registerProposalsCommands(program: Command): void {
               `The proposal may or may not have been made: \`trades get ${shellWord(reference)}\` lists the dispute's ` +
               'proposals, each with who made it and its status; check there before proposing again, as a second ' +
               '`proposals create` makes a second proposal (the order is polled soon).',
+            recorded: () => pollOnlyRecorded('a proposal record'),
           },
         )
       },

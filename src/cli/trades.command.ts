@@ -111,7 +111,13 @@ export async function withTradeDeps<T>(
 export async function runTradeCall<T>(
   run: (deps: TradeDeps) => Promise<T>,
   print: (result: T) => void,
-  options: Omit<TradeDepsOptions, 'committing'> = {},
+  {
+    recorded = () => 'recorded locally',
+    ...options
+  }: Omit<TradeDepsOptions, 'committing'> & {
+    /** What the order records of the answer, for the line after a first signal (pollOnlyRecorded's, for a record with no trade status). */
+    recorded?: (result: T) => string
+  } = {},
 ): Promise<void> {
   // inside a running service the signals are the service's, and it finishes the command
   const held = runsInService() ? undefined : holdSignalsForCall()
@@ -121,7 +127,7 @@ export async function runTradeCall<T>(
     await markTookEffect()
     print(result)
     if (held?.stopped()) {
-      writeError('stopped by a signal after the call in flight: the platform’s answer is above, recorded locally\n')
+      writeError(`stopped by a signal after the call in flight: the platform’s answer is above, ${recorded(result)}\n`)
       setExitCode(130)
     }
   } catch (error) {
@@ -140,6 +146,14 @@ export async function runTradeCall<T>(
   } finally {
     held?.off()
   }
+}
+
+/**
+ * What the order records of an answer that holds no trade status, `record` ("a dispute record"): only its poll brought
+ * forward (run-trade-operation.ts). "Recorded locally" sent the operator to `orders show` for a dispute it never holds.
+ */
+export function pollOnlyRecorded(record: string): string {
+  return `and the order records only its poll brought forward (${record} holds no trade status)`
 }
 
 /** A wait for a person: `0.3 s`, `5 s`. */
