@@ -10,7 +10,7 @@ import type { Database } from '../src/db/database.js'
 import { spawnCli } from './helpers/cli-process.js'
 import { type Reader, seededCliDatabase } from './helpers/cli-database.js'
 import { type HeldRequest, useHoldingPlatform } from './helpers/holding-platform.js'
-import { tradeRecord } from './helpers/partner-api-fixtures.js'
+import { milestoneRecord, tradeRecord } from './helpers/partner-api-fixtures.js'
 import { insertOrders } from './helpers/reconcile-orders.js'
 import { postgresUrl } from './helpers/test-database.js'
 
@@ -100,7 +100,11 @@ function seeded(kind: 'pglite' | 'postgres', fundOrders: string[]): Promise<{ en
   const seed = (db: Kysely<Database>) =>
     insertOrders(
       db,
-      fundOrders.map((externalReference) => ({ externalReference, tradeStatus: 'created', nextPollAt: new Date(Date.now() + DAY) })),
+      fundOrders.map((externalReference) => ({
+        externalReference,
+        tradeStatus: externalReference.startsWith('milestone') ? 'funded' : 'created',
+        nextPollAt: new Date(Date.now() + DAY),
+      })),
     )
   return seededCliDatabase(kind, { prefix: 'trades-interrupt-', env: { PARTNER_API_BASE_URL: platform.url }, seed, cleanups })
 }
@@ -111,7 +115,7 @@ for (const kind of ['pglite', 'postgres'] as const) {
     let env: Record<string, string>
     let read: Reader
     beforeAll(async () => {
-      ;({ env, read } = await seeded(kind, ['fund-answered', 'fund-abandoned', 'fund-timeout', 'fund-signal-timeout']))
+      ;({ env, read } = await seeded(kind, ['fund-answered', 'fund-abandoned', 'fund-timeout', 'fund-signal-timeout', 'milestone-answered']))
     })
 
     it('trades open: the first Ctrl-C waits for the answer, which is printed and recorded, and exits 130', async () => {
@@ -158,6 +162,27 @@ for (const kind of ['pglite', 'postgres'] as const) {
       expect(JSON.parse(run.output.stdout).trade.status).toBe('funded')
       expect(run.output.stderr).toContain('stopped by a signal after the call in flight')
       const after = await orderState(read, 'fund-answered')
+      expect(after.tradeStatus).toBe('funded')
+      expect(after.nextPollAt!.getTime()).toBeLessThan(Date.now() + DAY / 2)
+    })
+
+    // a milestone record holds no trade status: of it the order records only its poll brought forward, and the line
+    // after the signal said "recorded locally"
+    it('trades milestone deliver answered with the milestone record: the first Ctrl-C, and the line says only the poll is recorded, exit 130', async () => {
+      const run = started(['trades', 'milestone', 'deliver', 'milestone-answered', 'ms_1', '--json'], env, 'tr_milestone-answered')
+      const request = await run.request()
+      expect(request).toMatchObject({ method: 'POST', path: '/api/partner/v1/trades/tr_milestone-answered/milestones/ms_1/deliver/' })
+      run.child.kill('SIGINT')
+      await run.says('to the call in flight')
+      request.respond(200, milestoneRecord({ milestone_id: 'ms_1', status: 'delivered' }))
+      const [code, endedBy] = await run.exited
+
+      expect({ code, endedBy }, run.output.stderr.slice(-2_000)).toEqual({ code: 130, endedBy: null })
+      expect(JSON.parse(run.output.stdout).milestone.status).toBe('delivered')
+      expect(run.output.stderr).toMatch(
+        /\nstopped by a signal after the call in flight: the platform’s answer is above, and the order records only its poll brought forward \(a milestone record holds no trade status\)\n$/,
+      )
+      const after = await orderState(read, 'milestone-answered')
       expect(after.tradeStatus).toBe('funded')
       expect(after.nextPollAt!.getTime()).toBeLessThan(Date.now() + DAY / 2)
     })

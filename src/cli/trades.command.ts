@@ -421,6 +421,7 @@ export function registerTradesCommands(program: Command): void {
         await runTradeCall(
           (deps) => runTradeOperation(deps, reference, { kind, milestoneId }),
           (answer) => printMilestoneAnswer(reference, milestoneId, answer, options.json),
+          { recorded: (answer) => (answer.record === 'milestone' ? pollOnlyRecorded('a milestone record') : 'recorded locally') },
         )
       })
   }
