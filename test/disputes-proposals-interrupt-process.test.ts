@@ -52,6 +52,8 @@ interface Command {
   args: (ref: string) => string[]
   /** The platform's answer to the call on `ref`'s trade. */
   answer: (ref: string) => unknown
+  /** An answer that is not of what the call was sent for (another trade's record, another proposal's). */
+  otherAnswer: (ref: string) => unknown
   /** What the command prints of that answer. */
   printed: (ref: string) => string
   /** The order's trade status once that answer is recorded. */
@@ -73,6 +75,7 @@ const commands: Command[] = [
     status: 'funded',
     args: (ref) => ['disputes', 'open', ref, '--party', 'buyer', '--reason', 'The bicycle arrived with a broken frame'],
     answer: (ref) => disputeRecord({ dispute_id: `dp_${ref}`, trade_id: tradeOf(ref) }),
+    otherAnswer: (ref) => disputeRecord({ dispute_id: `dp_${ref}`, trade_id: 'tr_another' }),
     printed: (ref) => `${ref}: dispute dp_${ref} opened by the buyer (open)\n`,
     recordedStatus: 'funded',
     recorded: 'and the order records only its poll brought forward (a dispute record holds no trade status)',
@@ -83,6 +86,7 @@ const commands: Command[] = [
     status: 'disputed',
     args: (ref) => ['proposals', 'create', ref, '--party', 'buyer', '--outcome', 'split', '--split-buyer-pct', '40'],
     answer: (ref) => proposalRecord({ proposal_id: proposalOf(ref), trade_id: tradeOf(ref) }),
+    otherAnswer: (ref) => proposalRecord({ proposal_id: proposalOf(ref), trade_id: 'tr_another' }),
     printed: (ref) => `${ref}: proposal ${proposalOf(ref)} (split) is pending\n`,
     recordedStatus: 'disputed',
     recorded: 'and the order records only its poll brought forward (a proposal record holds no trade status)',
@@ -96,6 +100,10 @@ const commands: Command[] = [
       proposal: proposalRecord({ proposal_id: proposalOf(ref), trade_id: tradeOf(ref), status: 'accepted' }),
       trade: tradeRecord({ trade_id: tradeOf(ref), external_reference: ref, status: 'resolved' }),
     }),
+    otherAnswer: (ref) => ({
+      proposal: proposalRecord({ proposal_id: 'pr_another', trade_id: tradeOf(ref), status: 'accepted' }),
+      trade: tradeRecord({ trade_id: tradeOf(ref), external_reference: ref, status: 'resolved' }),
+    }),
     printed: (ref) => `${ref}: proposal ${proposalOf(ref)} is accepted; trade ${tradeOf(ref)} is resolved\n`,
     recordedStatus: 'resolved',
     recorded: 'recorded locally',
@@ -103,7 +111,7 @@ const commands: Command[] = [
 ]
 
 // one order for each command and case, in one database for each kind
-const cases = ['first', 'third', 'connect-timeout', 'connecting'] as const
+const cases = ['first', 'third', 'other', 'connect-timeout', 'connecting'] as const
 const refOf = (command: Command, kind: string, one: (typeof cases)[number]) => `${command.kind}-${one}-${kind}`
 
 async function orderState(read: Reader, externalReference: string) {
@@ -129,10 +137,15 @@ function says(run: ReturnType<typeof startedCli>, text: string): Promise<void> {
  * after the line of the one before (its lines are asserted whole once the command has ended).
  */
 async function stopThreeTimes(run: ReturnType<typeof startedCli>): Promise<void> {
+  const saysLine = (count: number) =>
+    eventually(() => {
+      if (run.closed()) throw new Error(`the command ended before its line ${count}:\n${run.stderr()}`)
+      return run.stderr().split('\n').length > count
+    }, `the command's line ${count}`, 120_000)
   run.child.kill('SIGINT')
-  await says(run, 'then stopping\n')
+  await saysLine(1)
   run.child.kill('SIGTERM')
-  await says(run, 'another Ctrl-C ends the process now')
+  await saysLine(2)
   run.child.kill('SIGHUP')
   await eventually(() => run.closed() !== undefined, 'the command ends', 120_000)
 }
@@ -148,6 +161,22 @@ function stoppedBeforeRecorded(command: Command, ref: string): string {
     `transaction is rolled back, its COMMIT not sent); \`orders show ${ref}\` shows what the order records, and ` +
     `\`trades get ${ref}\` the platform's record (the poller brings the order to it); do not send the call again: the ` +
     'platform did it [stopped]\n'
+  )
+}
+
+/**
+ * What three signals say once the platform has answered `ref`'s call with a record of something else (nothing of it is
+ * applied, what the call did is not known), while the poll brought forward is in flight.
+ */
+function stoppedAfterAnotherRecord(ref: string): string {
+  const came = 'the call to the platform is over, and its outcome is not known (the platform may or may not have done it)'
+  const see = `\`orders show ${ref}\` gives its next poll, and \`trades get ${ref}\` the platform's record`
+  return (
+    `${came}: recording the poll of order ${ref} brought forward and saying so, then stopping; ${see}\n` +
+    `${came}: recording the poll of order ${ref} brought forward (another Ctrl-C ends the process now, and says what it leaves)\n` +
+    `Stopped by a third signal while the poll of order ${ref} brought forward was in flight, after the call to the ` +
+    'platform, whose outcome is not known: the write may or may not have been made (on Postgres a statement sent runs on ' +
+    `without this process); ${see} [stopped]\n`
   )
 }
 
@@ -198,11 +227,25 @@ for (const kind of ['pglite', 'postgres'] as const) {
 
       it(`${command.name}: a third signal while its answer's record is held says nothing of it was recorded, exit 130, and nothing is`, async () => {
         const ref = refOf(command, kind, 'third')
-        const ended = kind === 'postgres' ? await thirdSignalOnPostgres(command, ref) : await thirdSignalOnPglite(command, ref)
+        const answer = command.answer(ref)
+        const ended = kind === 'postgres' ? await thirdSignalOnPostgres(command, ref, answer) : await thirdSignalOnPglite(command, ref, answer)
         expect({ code: ended.code, signal: ended.signal }, ended.stderr).toEqual({ code: 130, signal: null })
         expect(ended.stdout).toBe('')
         expect(ended.stderr).toBe(stoppedBeforeRecorded(command, ref))
         expect(await orderState(read, ref)).toEqual({ tradeStatus: command.status, nextPollAt: polledAt })
+      })
+
+      // the answer is not of what the call was sent for: nothing of it is applied or printed, and what the call did is not
+      // known; only the poll is brought forward. The signals said "the platform has answered: recording and printing its
+      // answer", and the third "after the call to the platform", as of an answer to be recorded
+      it(`${command.name} answered with a record of something else: the signals say its outcome is not known and the poll is brought forward, exit 130`, async () => {
+        const ref = refOf(command, kind, 'other')
+        const answer = command.otherAnswer(ref)
+        const ended = kind === 'postgres' ? await thirdSignalOnPostgres(command, ref, answer) : await thirdSignalOnPglite(command, ref, answer)
+        expect({ code: ended.code, signal: ended.signal }, ended.stderr).toEqual({ code: 130, signal: null })
+        expect(ended.stdout).toBe('')
+        expect(ended.stderr).toBe(stoppedAfterAnotherRecord(ref))
+        expect((await orderState(read, ref)).tradeStatus).toBe(command.status)
       })
 
       it(`${command.name}: the first Ctrl-C, then no connection in time: [not_sent], the signal said, exit 130, the order as it was`, async () => {
@@ -247,8 +290,8 @@ for (const kind of ['pglite', 'postgres'] as const) {
       })
     }
 
-    /** The command on `ref`, its answer's recording held by a SHARE lock of the orders table while three signals come. */
-    async function thirdSignalOnPostgres(command: Command, ref: string) {
+    /** The command on `ref` answered `answer`, its write after the call held by a SHARE lock of the orders table while three signals come. */
+    async function thirdSignalOnPostgres(command: Command, ref: string, answer: unknown) {
       const holder = new pg.Client({ connectionString: env.DATABASE_URL! })
       await holder.connect()
       cleanups.unshift(() => holder.end())
@@ -262,7 +305,7 @@ for (const kind of ['pglite', 'postgres'] as const) {
         // seen from another session: a session's own look at pg_stat_activity holds a snapshot while it runs
         const { rows: horizon } = await read((db) => sql`select backend_xid as xid from pg_stat_activity where pid = ${holderPid}::int`.execute(db))
         expect(horizon).toEqual([{ xid: null }])
-        request.respond(200, command.answer(ref))
+        request.respond(200, answer)
         await eventually(async () => {
           if (run.closed()) throw new Error(`the command ended before its recording waited:\n${run.stderr()}`)
           const { rows } = await read((db) =>
@@ -286,16 +329,16 @@ for (const kind of ['pglite', 'postgres'] as const) {
       return run.ended()
     }
 
-    /** The command on `ref`, its answer's recording held by a BEFORE UPDATE trigger while three signals come. */
-    async function thirdSignalOnPglite(command: Command, ref: string) {
+    /** The command on `ref` answered `answer`, its write after the call held by a BEFORE UPDATE trigger while three signals come. */
+    async function thirdSignalOnPglite(command: Command, ref: string, answer: unknown) {
       const files = path.join(env.DATA_DIR!, 'pglite')
-      const writing = path.join(files, `test-writing-${command.kind}`)
-      const release = path.join(files, `test-release-${command.kind}`)
+      const writing = path.join(files, `test-writing-${ref}`)
+      const release = path.join(files, `test-release-${ref}`)
       await read(async (db) => {
         await sql`
           create function test_hold_write() returns trigger language plpgsql as $$ begin
-            execute format('copy (select 1) to %L', current_setting('data_directory') || ${sql.lit(`/test-writing-${command.kind}`)});
-            while (pg_stat_file(current_setting('data_directory') || ${sql.lit(`/test-release-${command.kind}`)}, true)).size is null loop
+            execute format('copy (select 1) to %L', current_setting('data_directory') || ${sql.lit(`/test-writing-${ref}`)});
+            while (pg_stat_file(current_setting('data_directory') || ${sql.lit(`/test-release-${ref}`)}, true)).size is null loop
               perform pg_sleep(0.05);
             end loop;
             return new;
@@ -308,7 +351,7 @@ for (const kind of ['pglite', 'postgres'] as const) {
       try {
         const request = await platform.requestOf(run, tradeOf(ref))
         expect(existsSync(writing)).toBe(false)
-        request.respond(200, command.answer(ref))
+        request.respond(200, answer)
         await until(() => existsSync(writing), 'the recording runs the trigger', run)
         await stopThreeTimes(run)
       } finally {

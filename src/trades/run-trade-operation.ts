@@ -127,9 +127,10 @@ export async function runTradeOperation<O extends TradeOperation>(
     }
     throw error
   }
-  guard?.settled({ outcome: 'answered' })
-
   const other = otherRecordOf(operation, result, tradeId)
+  // an answer not of what the call was sent for leaves what the call did unknown, and only the poll is brought forward:
+  // a stop signal says so, never that an answer is being recorded and printed (neither is)
+  guard?.settled(other ? { outcome: 'unknown', records: pollForward } : { outcome: 'answered' })
   if (other) {
     // the call was sent for our trade (and proposal), but the record that came back is not of it: nothing is applied
     // from it, a respond's trade status included (another proposal's acceptance moved the order to resolved). The
