@@ -7,24 +7,24 @@
 //   it (a respond's trade status applied; of a dispute or proposal record, which holds none, only the poll brought
 //   forward, and the line says so: it said "recorded locally"), exit 130;
 // - three signals once the platform has answered, its recording held (on Postgres a SHARE lock of the orders table,
-//   taken with no transaction id; on PGlite a BEFORE UPDATE trigger that sleeps until the test writes a file): the
+//   taken with no transaction id; on PGlite a BEFORE UPDATE trigger, helpers/held-order-update.ts): the
 //   third ends the process saying nothing of the answer was recorded, exit 130, and nothing is;
 // - a platform that cannot be reached (its SYN unanswered): a first signal, then no connection in time, is the
 //   `[not_sent]` line with the signal said, exit 130; a second signal while connecting is a stop before sending, exit
 //   130; the order as it was either way.
 import { type ChildProcess } from 'node:child_process'
-import { existsSync, writeFileSync } from 'node:fs'
-import path from 'node:path'
 import { type Kysely, sql } from 'kysely'
 import pg from 'pg'
 import { afterAll, beforeAll, describe, expect, it } from 'vitest'
 import type { Database } from '../src/db/database.js'
 import { type Reader, seededCliDatabase } from './helpers/cli-database.js'
 import { killLeftovers, startedCli } from './helpers/cli-process.js'
+import { holdOrderUpdates } from './helpers/held-order-update.js'
 import { useHoldingPlatform } from './helpers/holding-platform.js'
 import { disputeRecord, proposalRecord, tradeRecord } from './helpers/partner-api-fixtures.js'
 import { eventually } from './helpers/reconcile-poller.js'
 import { insertOrders } from './helpers/reconcile-orders.js'
+import { stopThreeTimes } from './helpers/stop-three-times.js'
 import { postgresUrl } from './helpers/test-database.js'
 import { connectingTo, useUnansweredListener } from './helpers/unanswered-connect.js'
 
@@ -130,24 +130,6 @@ function says(run: ReturnType<typeof startedCli>, text: string): Promise<void> {
     if (run.closed()) throw new Error(`the command ended before saying "${text}":\n${run.stderr()}`)
     return run.stderr().includes(text)
   }, `the command says "${text}"`, 120_000)
-}
-
-/**
- * Three signals, each a different one (the same signal within a second is taken as npm's copy of the first), each
- * after the line of the one before (its lines are asserted whole once the command has ended).
- */
-async function stopThreeTimes(run: ReturnType<typeof startedCli>): Promise<void> {
-  const saysLine = (count: number) =>
-    eventually(() => {
-      if (run.closed()) throw new Error(`the command ended before its line ${count}:\n${run.stderr()}`)
-      return run.stderr().split('\n').length > count
-    }, `the command's line ${count}`, 120_000)
-  run.child.kill('SIGINT')
-  await saysLine(1)
-  run.child.kill('SIGTERM')
-  await saysLine(2)
-  run.child.kill('SIGHUP')
-  await eventually(() => run.closed() !== undefined, 'the command ends', 120_000)
 }
 
 /** What a third signal says once the answer to `command` on `ref` has come, before its record's COMMIT is sent. */
@@ -331,38 +313,20 @@ for (const kind of ['pglite', 'postgres'] as const) {
 
     /** The command on `ref` answered `answer`, its write after the call held by a BEFORE UPDATE trigger while three signals come. */
     async function thirdSignalOnPglite(command: Command, ref: string, answer: unknown) {
-      const files = path.join(env.DATA_DIR!, 'pglite')
-      const writing = path.join(files, `test-writing-${ref}`)
-      const release = path.join(files, `test-release-${ref}`)
-      await read(async (db) => {
-        await sql`
-          create function test_hold_write() returns trigger language plpgsql as $$ begin
-            execute format('copy (select 1) to %L', current_setting('data_directory') || ${sql.lit(`/test-writing-${ref}`)});
-            while (pg_stat_file(current_setting('data_directory') || ${sql.lit(`/test-release-${ref}`)}, true)).size is null loop
-              perform pg_sleep(0.05);
-            end loop;
-            return new;
-          end $$`.execute(db)
-        await sql`
-          create trigger test_hold_write before update on orders for each row
-          when (new.external_reference = ${sql.lit(ref)}) execute function test_hold_write()`.execute(db)
-      })
+      const held = await holdOrderUpdates(read, env.DATA_DIR!, `new.external_reference = '${ref}'`, `test-${ref}`)
       const run = startedCli(command.args(ref), env, children)
       try {
         const request = await platform.requestOf(run, tradeOf(ref))
-        expect(existsSync(writing)).toBe(false)
+        expect(held.started()).toBe(false)
         request.respond(200, answer)
-        await until(() => existsSync(writing), 'the recording runs the trigger', run)
+        await until(() => held.started(), 'the write after the call runs the trigger', run)
         await stopThreeTimes(run)
       } finally {
         if (!run.closed()) run.child.kill('SIGKILL')
-        writeFileSync(release, '')
+        held.release()
       }
       const ended = await run.ended()
-      await read(async (db) => {
-        await sql`drop trigger test_hold_write on orders`.execute(db)
-        await sql`drop function test_hold_write()`.execute(db)
-      })
+      await held.drop()
       return ended
     }
   })

@@ -24,6 +24,7 @@ import { startedCli } from './helpers/cli-process.js'
 import { useDroppingSandbox } from './helpers/dropping-sandbox.js'
 import { eventually } from './helpers/reconcile-poller.js'
 import { insertOrders } from './helpers/reconcile-orders.js'
+import { stopThreeTimes } from './helpers/stop-three-times.js'
 import { postgresUrl } from './helpers/test-database.js'
 
 const sandbox = useDroppingSandbox()
@@ -35,21 +36,6 @@ async function seeded(kind: 'pglite' | 'postgres', ref: string) {
   const seed = (db: Kysely<Database>) => insertOrders(db, [{ externalReference: ref, tradeId, tradeStatus: 'created', nextPollAt: new Date(Date.now() + 86_400_000) }])
   const { env, read } = await seededCliDatabase(kind, { prefix: 'trades-commit-', env: { PARTNER_API_BASE_URL: sandbox.url }, seed, cleanups })
   return { env, read, tradeId }
-}
-
-/** Three signals, each a different one (the same signal within a second is taken as npm's copy of the first), each after the line of the one before. */
-async function stopThreeTimes(command: ReturnType<typeof startedCli>): Promise<void> {
-  const says = (text: string) =>
-    eventually(() => {
-      if (command.closed()) throw new Error(`the command ended before saying "${text}": ${command.stderr()}`)
-      return command.stderr().includes(text)
-    }, `the command says "${text}"`, 120_000)
-  command.child.kill('SIGINT')
-  await says('the platform has answered: recording and printing its answer, then stopping\n')
-  command.child.kill('SIGTERM')
-  await says('another Ctrl-C ends the process now')
-  command.child.kill('SIGHUP')
-  await eventually(() => command.closed() !== undefined, 'the command ends', 120_000)
 }
 
 function expectTheLine(ended: { code: number | null; signal: NodeJS.Signals | null; stdout: string; stderr: string }, ref: string, tradeId: string) {

@@ -11,17 +11,17 @@
 // PGlite by a BEFORE UPDATE trigger that writes a file into the data directory and sleeps until the test writes another
 // (helpers/pglite-statement-hold.ts).
 import { type ChildProcess } from 'node:child_process'
-import { existsSync, writeFileSync } from 'node:fs'
-import path from 'node:path'
 import { type Kysely, sql } from 'kysely'
 import pg from 'pg'
 import { afterAll, beforeAll, describe, expect, it } from 'vitest'
 import type { Database } from '../src/db/database.js'
 import { type Reader, seededCliDatabase } from './helpers/cli-database.js'
 import { killLeftovers, startedCli } from './helpers/cli-process.js'
+import { holdOrderUpdates } from './helpers/held-order-update.js'
 import { useHoldingPlatform } from './helpers/holding-platform.js'
 import { eventually } from './helpers/reconcile-poller.js'
 import { insertOrders } from './helpers/reconcile-orders.js'
+import { stopThreeTimes } from './helpers/stop-three-times.js'
 import { postgresUrl } from './helpers/test-database.js'
 
 const platform = useHoldingPlatform()
@@ -34,24 +34,6 @@ afterAll(async () => {
 
 const UNAVAILABLE = { error: { code: 'unavailable', message: 'upstream unavailable' } }
 const REFUSED = { error: { code: 'duplicate_reference', message: 'a trade with this reference exists' } }
-
-/**
- * Three signals, each a different one (the same signal within a second is taken as npm's copy of the first), each
- * after the line of the one before (its lines are asserted whole once the command has ended).
- */
-async function stopThreeTimes(command: ReturnType<typeof startedCli>): Promise<void> {
-  const saysLine = (count: number) =>
-    eventually(() => {
-      if (command.closed()) throw new Error(`the command ended before its line ${count}: ${command.stderr()}`)
-      return command.stderr().split('\n').length > count
-    }, `the command's line ${count}`, 120_000)
-  command.child.kill('SIGINT')
-  await saysLine(1)
-  command.child.kill('SIGTERM')
-  await saysLine(2)
-  command.child.kill('SIGHUP')
-  await eventually(() => command.closed() !== undefined, 'the command ends', 120_000)
-}
 
 const openArgs = (reference: string) => [
   'trades', 'open', reference, '--title', 'Used bicycle', '--amount', '120.00', '--currency', 'EUR', '--seller', 's_1',
@@ -180,20 +162,20 @@ describe('trade calls stopped by signals once the call ended without an answer t
   for (const c of cases.filter((one) => one.pgliteWhen)) {
     it(`${c.name}: says what the call came to and what is recorded, never "answered"; the third what it leaves, exit 130`, async () => {
       const { env, read } = await seeded('pglite')
-      const hold = await read((db) => holdStatementOnPglite(db, env.DATA_DIR!, { name: 'test_hold_write', table: 'orders', when: c.pgliteWhen!, at: 'before update' }))
+      const held = await holdOrderUpdates(read, env.DATA_DIR!, c.pgliteWhen!)
       const command = startedCli(c.args(c.ref), env, children)
       try {
         const request = await platform.requestOf(command, c.marker(c.ref))
-        expect(existsSync(writing)).toBe(false)
+        expect(held.started()).toBe(false)
         request.respond(c.status, c.answer)
         await eventually(() => {
           if (command.closed()) throw new Error(`the command ended before its write was held: ${command.stderr()}`)
-          return hold.held()
+          return held.started()
         }, 'the write after the call runs the trigger', 120_000)
         await stopThreeTimes(command)
       } finally {
         if (!command.closed()) command.child.kill('SIGKILL')
-        hold.release()
+        held.release()
       }
       expectEnded(await command.ended(), c)
     })
