@@ -10,8 +10,8 @@
 //                            order left as a timeout leaves it), exit 130, or, its connection not up yet (nothing
 //                            written: PartnerStoppedBeforeSentError), as a stop before sending, the order as it was
 //   once it has settled      the answer is recorded (one transaction) and printed, exit 130; a call that got no
-//                            answer (outcome unknown), was refused or was not sent is said as that, never as
-//                            answered, with what the command records of it (CallEnd: the mark of a create as
+//                            answer (outcome unknown, as is one answered with a record of something else), was
+//                            refused or was not sent is said as that, never as answered, with what the command records of it (CallEnd: the mark of a create as
 //                            unknown, the poll brought forward, a create set back) and where to look
 // A third signal once the call has settled ends the process saying what it leaves of the answer's record
 // (stoppedAfterTheCall, below), exit 130; one after a second abandoned the wait, before the call has ended, says its
