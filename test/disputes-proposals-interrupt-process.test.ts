@@ -7,7 +7,7 @@
 //   it (a respond's trade status applied; of a dispute or proposal record, which holds none, only the poll brought
 //   forward, and the line says so: it said "recorded locally"), exit 130;
 // - three signals once the platform has answered, its recording held (on Postgres a SHARE lock of the orders table,
-//   taken with no transaction id; on PGlite a BEFORE UPDATE trigger, helpers/held-order-update.ts): the
+//   taken with no transaction id; on PGlite a BEFORE UPDATE trigger, helpers/pglite-statement-hold.ts): the
 //   third ends the process saying nothing of the answer was recorded, exit 130, and nothing is;
 // - a platform that cannot be reached (its SYN unanswered): a first signal, then no connection in time, is the
 //   `[not_sent]` line with the signal said, exit 130; a second signal while connecting is a stop before sending, exit
@@ -19,7 +19,7 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest'
 import type { Database } from '../src/db/database.js'
 import { type Reader, seededCliDatabase } from './helpers/cli-database.js'
 import { killLeftovers, startedCli } from './helpers/cli-process.js'
-import { holdOrderUpdates } from './helpers/held-order-update.js'
+import { holdStatementOnPglite } from './helpers/pglite-statement-hold.js'
 import { useHoldingPlatform } from './helpers/holding-platform.js'
 import { disputeRecord, proposalRecord, tradeRecord } from './helpers/partner-api-fixtures.js'
 import { eventually } from './helpers/reconcile-poller.js'
@@ -313,20 +313,22 @@ for (const kind of ['pglite', 'postgres'] as const) {
 
     /** The command on `ref` answered `answer`, its write after the call held by a BEFORE UPDATE trigger while three signals come. */
     async function thirdSignalOnPglite(command: Command, ref: string, answer: unknown) {
-      const held = await holdOrderUpdates(read, env.DATA_DIR!, `new.external_reference = '${ref}'`, `test-${ref}`)
+      // named after the reference: each hold's files stay in the data directory after it is dropped
+      const name = `test_hold_${ref.replace(/\W+/g, '_')}`
+      const held = await read((db) => holdStatementOnPglite(db, env.DATA_DIR!, { name, table: 'orders', when: `new.external_reference = '${ref}'`, at: 'before update' }))
       const run = startedCli(command.args(ref), env, children)
       try {
         const request = await platform.requestOf(run, tradeOf(ref))
-        expect(held.started()).toBe(false)
+        expect(held.held()).toBe(false)
         request.respond(200, answer)
-        await until(() => held.started(), 'the write after the call runs the trigger', run)
+        await until(() => held.held(), 'the write after the call runs the trigger', run)
         await stopThreeTimes(run)
       } finally {
         if (!run.closed()) run.child.kill('SIGKILL')
         held.release()
       }
       const ended = await run.ended()
-      await held.drop()
+      await read(held.drop)
       return ended
     }
   })

@@ -12,8 +12,6 @@
 //   the data directory, which the test waits for, then sleeps until the test writes another there
 //   (helpers/pglite-statement-hold.ts): the worker is held in the COMMIT while the main thread takes the signals. The process ends with the COMMIT unfinished, so on PGlite
 //   the record is not made (the line says it may or may not be: the end of the process may come before or after it).
-import { existsSync, writeFileSync } from 'node:fs'
-import path from 'node:path'
 import { type Kysely, sql } from 'kysely'
 import pg from 'pg'
 import { describe, expect, it } from 'vitest'
@@ -24,6 +22,7 @@ import { startedCli } from './helpers/cli-process.js'
 import { useDroppingSandbox } from './helpers/dropping-sandbox.js'
 import { eventually } from './helpers/reconcile-poller.js'
 import { insertOrders } from './helpers/reconcile-orders.js'
+import { holdStatementOnPglite } from './helpers/pglite-statement-hold.js'
 import { stopThreeTimes } from './helpers/stop-three-times.js'
 import { postgresUrl } from './helpers/test-database.js'
 

@@ -17,7 +17,7 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest'
 import type { Database } from '../src/db/database.js'
 import { type Reader, seededCliDatabase } from './helpers/cli-database.js'
 import { killLeftovers, startedCli } from './helpers/cli-process.js'
-import { holdOrderUpdates } from './helpers/held-order-update.js'
+import { holdStatementOnPglite } from './helpers/pglite-statement-hold.js'
 import { useHoldingPlatform } from './helpers/holding-platform.js'
 import { eventually } from './helpers/reconcile-poller.js'
 import { insertOrders } from './helpers/reconcile-orders.js'
@@ -162,15 +162,15 @@ describe('trade calls stopped by signals once the call ended without an answer t
   for (const c of cases.filter((one) => one.pgliteWhen)) {
     it(`${c.name}: says what the call came to and what is recorded, never "answered"; the third what it leaves, exit 130`, async () => {
       const { env, read } = await seeded('pglite')
-      const held = await holdOrderUpdates(read, env.DATA_DIR!, c.pgliteWhen!)
+      const held = await read((db) => holdStatementOnPglite(db, env.DATA_DIR!, { name: 'test_hold_write', table: 'orders', when: c.pgliteWhen!, at: 'before update' }))
       const command = startedCli(c.args(c.ref), env, children)
       try {
         const request = await platform.requestOf(command, c.marker(c.ref))
-        expect(held.started()).toBe(false)
+        expect(held.held()).toBe(false)
         request.respond(c.status, c.answer)
         await eventually(() => {
           if (command.closed()) throw new Error(`the command ended before its write was held: ${command.stderr()}`)
-          return held.started()
+          return held.held()
         }, 'the write after the call runs the trigger', 120_000)
         await stopThreeTimes(command)
       } finally {
