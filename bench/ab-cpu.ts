@@ -11,9 +11,8 @@
 // more of B's environment (a setting's effect, with the same tree as A and B). AB_B_NODE_FLAGS='--flag ...':
 // Node's flags for B's services (A's are BENCH_NODE_FLAGS or the image's).
 import { randomBytes } from 'node:crypto'
-import pg from 'pg'
 import { type MakeDelivery, sendDeliveries } from './send-deliveries.js'
-import { backendCpu, backendCpuSince, createBenchSchema, environmentOfB, inAlternatingPairs, median } from './ab-rounds.js'
+import { backendCpu, backendCpuSince, createBenchSchema, environmentOfB, inAlternatingPairs, median, reactionsDone } from './ab-rounds.js'
 import { cpuMs, startService, stopService } from './service-process.js'
 
 const [distA, distB, pairsArg, requestsArg] = process.argv.slice(2)
@@ -44,20 +43,7 @@ const bench = await createBenchSchema('bench')
 const { admin, url, schema } = bench
 // with a handler: waits until every reaction job so far is done, and every event taken by its stream (the dispatch's CPU is counted too)
 const jobsDone = async (name: string) => {
-  if (!handlerIn(name)) return
-  const client = new pg.Client({ connectionString: url })
-  await client.connect()
-  try {
-    for (;;) {
-      const { rows } = await client.query(`select (select count(*)::int from reaction_jobs where state in ('pending', 'running'))
-           + coalesce((select count(*)::int from reaction_streams s join order_status_history h
-               on h.stream_position is not null and (h.stream_position, h.id) > (s.position, s.history_id)), 0) as left`)
-      if (rows[0].left === 0) return
-      await new Promise((resolve) => setTimeout(resolve, 100))
-    }
-  } finally {
-    await client.end()
-  }
+  if (handlerIn(name)) await reactionsDone(url)
 }
 // Postgres's side of the matched deliveries: the CPU of the service's backends (backendCpu) and the
 // database's commits, per request

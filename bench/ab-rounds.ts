@@ -96,3 +96,23 @@ export function environmentOfB(): Record<string, string> {
   const pairs = (process.env.AB_B_ENV ?? '').split(' ').filter(Boolean)
   return Object.fromEntries(pairs.map((pair) => [pair.slice(0, pair.indexOf('=')), pair.slice(pair.indexOf('=') + 1)]))
 }
+
+/**
+ * Resolves once every reaction job of the schema `url` names is done and every transition taken by its handlers'
+ * streams: what a run with a handler waits for before it reads the CPU the dispatch took.
+ */
+export async function reactionsDone(url: string): Promise<void> {
+  const client = new pg.Client({ connectionString: url })
+  await client.connect()
+  try {
+    for (;;) {
+      const { rows } = await client.query(`select (select count(*)::int from reaction_jobs where state in ('pending', 'running'))
+           + coalesce((select count(*)::int from reaction_streams s join order_status_history h
+               on h.stream_position is not null and (h.stream_position, h.id) > (s.position, s.history_id)), 0) as left`)
+      if (rows[0].left === 0) return
+      await new Promise((resolve) => setTimeout(resolve, 100))
+    }
+  } finally {
+    await client.end()
+  }
+}

@@ -13,11 +13,10 @@
 // The collector's share of the CPU follows what survives a young collection more than what is allocated, so
 // fewer bytes a request is a means to less collection, not a measure of it.
 import { randomBytes } from 'node:crypto'
-import pg from 'pg'
 import { copyFileSync, existsSync, mkdtempSync, readFileSync, rmSync, statSync } from 'node:fs'
 import os from 'node:os'
 import path from 'node:path'
-import { createBenchSchema } from './ab-rounds.js'
+import { createBenchSchema, reactionsDone } from './ab-rounds.js'
 import { type MakeDelivery, sendDeliveries } from './send-deliveries.js'
 import { startBenchServer, startService, stopService } from './service-process.js'
 
@@ -115,20 +114,7 @@ try {
   }
   // with the forwarder: until every transition so far was taken by its stream and no job of it is left
   const forwarded = async () => {
-    if (!receiver) return
-    const client = new pg.Client({ connectionString: bench.url })
-    await client.connect()
-    try {
-      for (;;) {
-        const { rows } = await client.query(`select (select count(*)::int from reaction_jobs where state in ('pending', 'running'))
-             + coalesce((select count(*)::int from reaction_streams s join order_status_history h
-                 on h.stream_position is not null and (h.stream_position, h.id) > (s.position, s.history_id)), 0) as left`)
-        if (rows[0].left === 0) return
-        await new Promise((resolve) => setTimeout(resolve, 100))
-      }
-    } finally {
-      await client.end()
-    }
+    if (receiver) await reactionsDone(bench.url)
   }
   try {
     // warm-up of both paths, unsampled

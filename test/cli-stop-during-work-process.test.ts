@@ -452,20 +452,25 @@ describe('reconcile --requeue-open stopped during a slice on embedded PGlite', (
   const holdSliceOf = (read: Reader, dataDir: string, reference: string) =>
     read((db) => holdStatementOnPglite(db, dataDir, { name: 'test_hold_slice', table: 'orders', when: `new.external_reference = '${reference}'`, at: 'before update' }))
 
-  // 25,000 open orders, three slices of 10,000: the second is held, so the signal comes with one slice committed and
-  // one in flight, whatever the machine's speed
-  it('reconcile --requeue-open stops after the batch in flight and says how many it requeued, exit 130 [stopped]', async () => {
-    const { env, read } = await seeded(25_000)
-    const hold = await holdSliceOf(read, env.DATA_DIR!, 'open-10001')
+  /** `reconcile --requeue-open` over `orders` open orders, sent SIGTERM once the slice updating `heldReference` is held. */
+  async function requeueStoppedWhileHeld(orders: number, heldReference: string) {
+    const { env, read } = await seeded(orders)
+    const hold = await holdSliceOf(read, env.DATA_DIR!, heldReference)
     const command = started(['reconcile', '--requeue-open', '--within', '0'], env)
     try {
-      await until(() => hold.held(), 'the second slice is held', command)
+      await until(() => hold.held(), `the slice of ${heldReference} is held`, command)
       command.child.kill('SIGTERM')
       await until(() => command.stderr().includes('stopping after the batch in flight'), 'the command takes the signal', command)
     } finally {
       hold.release()
     }
-    const ended = await command.ended()
+    return { ended: await command.ended(), read }
+  }
+
+  // 25,000 open orders, three slices of 10,000: the second is held, so the signal comes with one slice committed and
+  // one in flight, whatever the machine's speed
+  it('reconcile --requeue-open stops after the batch in flight and says how many it requeued, exit 130 [stopped]', async () => {
+    const { ended, read } = await requeueStoppedWhileHeld(25_000, 'open-10001')
     expect({ code: ended.code, signal: ended.signal }, ended.stderr).toEqual({ code: 130, signal: null })
     expect(ended.stdout).toMatch(/^20,000 open order\(s\) due now, from .* by the database's clock\n$/)
     expect(ended.stderr).toBe(
@@ -479,17 +484,7 @@ describe('reconcile --requeue-open stopped during a slice on embedded PGlite', (
 
   // 5,000 open orders, one slice, held: the signal comes with the last slice in flight
   it('reconcile --requeue-open stopped during its last batch says that batch committed and nothing was left undone, exit 0', async () => {
-    const { env, read } = await seeded(5_000)
-    const hold = await holdSliceOf(read, env.DATA_DIR!, 'open-1')
-    const command = started(['reconcile', '--requeue-open', '--within', '0'], env)
-    try {
-      await until(() => hold.held(), 'the only slice is held', command)
-      command.child.kill('SIGTERM')
-      await until(() => command.stderr().includes('stopping after the batch in flight'), 'the command takes the signal', command)
-    } finally {
-      hold.release()
-    }
-    const ended = await command.ended()
+    const { ended, read } = await requeueStoppedWhileHeld(5_000, 'open-1')
     expect({ code: ended.code, signal: ended.signal }, ended.stderr).toEqual({ code: 0, signal: null })
     expect(ended.stdout).toMatch(/^5,000 open order\(s\) due now, from .* by the database's clock\n$/)
     expect(ended.stderr).toBe(`${STOPPING_AFTER_THE_BATCH}\nthe stop signal came during the last batch, which committed: nothing was left undone\n`)
