@@ -13,8 +13,7 @@
 //   `[not_sent]` line with the signal said, exit 130; a second signal while connecting is a stop before sending, exit
 //   130; the order as it was either way.
 import { type ChildProcess } from 'node:child_process'
-import { type Kysely, sql } from 'kysely'
-import pg from 'pg'
+import type { Kysely } from 'kysely'
 import { afterAll, beforeAll, describe, expect, it } from 'vitest'
 import type { Database } from '../src/db/database.js'
 import { type Reader, seededCliDatabase } from './helpers/cli-database.js'
@@ -25,6 +24,7 @@ import { disputeRecord, proposalRecord, tradeRecord } from './helpers/partner-ap
 import { eventually } from './helpers/reconcile-poller.js'
 import { insertOrders } from './helpers/reconcile-orders.js'
 import { stopThreeTimes } from './helpers/stop-three-times.js'
+import { ordersShareLock } from './helpers/orders-share-lock.js'
 import { postgresUrl } from './helpers/test-database.js'
 import { connectingTo, useUnansweredListener } from './helpers/unanswered-connect.js'
 
@@ -274,40 +274,22 @@ for (const kind of ['pglite', 'postgres'] as const) {
 
     /** The command on `ref` answered `answer`, its write after the call held by a SHARE lock of the orders table while three signals come. */
     async function thirdSignalOnPostgres(command: Command, ref: string, answer: unknown) {
-      const holder = new pg.Client({ connectionString: env.DATABASE_URL! })
-      await holder.connect()
-      cleanups.unshift(() => holder.end())
-      const holderPid = Number((await holder.query<{ pid: number }>('select pg_backend_pid() as pid')).rows[0]!.pid)
+      const lock = await ordersShareLock(env.DATABASE_URL!, read)
+      cleanups.unshift(() => lock.end())
       // no statement of the command's ends at its statement timeout while the test holds it: only the signals stop it
       const run = startedCli(command.args(ref), { ...env, DATABASE_STATEMENT_TIMEOUT_MS: '3600000' }, children)
       try {
         const request = await platform.requestOf(run, tradeOf(ref))
-        await holder.query('begin')
-        await holder.query('lock table orders in share mode')
-        // seen from another session: a session's own look at pg_stat_activity holds a snapshot while it runs
-        const { rows: horizon } = await read((db) => sql`select backend_xid as xid from pg_stat_activity where pid = ${holderPid}::int`.execute(db))
-        expect(horizon).toEqual([{ xid: null }])
+        await lock.take()
         request.respond(200, answer)
-        await eventually(async () => {
-          if (run.closed()) throw new Error(`the command ended before its recording waited:\n${run.stderr()}`)
-          const { rows } = await read((db) =>
-            sql<{ waiting: number }>`select count(*)::int as waiting from pg_stat_activity where ${holderPid}::int = any(pg_blocking_pids(pid))`.execute(db),
-          )
-          return rows[0]!.waiting > 0
-        }, 'the recording waits on the lock', 120_000)
+        await lock.waitedOn('the recording waits on the lock', () => (run.closed() ? run.stderr() : undefined))
         await stopThreeTimes(run)
       } finally {
         if (!run.closed()) run.child.kill('SIGKILL')
-        await holder.query('commit').catch(() => {})
+        await lock.release()
       }
       // the command's session, its process gone, ends with its transaction rolled back
-      await eventually(async () => {
-        const { rows } = await read((db) =>
-          sql<{ others: number }>`select count(*)::int as others from pg_stat_activity where datname = current_database()
-            and backend_type = 'client backend' and state <> 'idle' and pid <> pg_backend_pid() and pid <> ${holderPid}::int`.execute(db),
-        )
-        return rows[0]!.others === 0
-      }, 'the command’s session ends', 120_000)
+      await lock.othersEnded()
       return run.ended()
     }
 

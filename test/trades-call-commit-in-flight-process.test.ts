@@ -24,6 +24,7 @@ import { eventually } from './helpers/reconcile-poller.js'
 import { insertOrders } from './helpers/reconcile-orders.js'
 import { holdStatementOnPglite } from './helpers/pglite-statement-hold.js'
 import { stopThreeTimes } from './helpers/stop-three-times.js'
+import { ordersShareLock } from './helpers/orders-share-lock.js'
 import { postgresUrl } from './helpers/test-database.js'
 
 const sandbox = useDroppingSandbox()
@@ -101,27 +102,16 @@ describe.skipIf(!postgresUrl)('the compiled trades fund stopped by a third signa
   it('says nothing of the answer was recorded and where to look, exit 130 [stopped]; nothing is, once the lock goes', async () => {
     const ref = 'fund before commit'
     const { env, read, tradeId } = await seeded('postgres', ref)
-    const holder = new pg.Client({ connectionString: env.DATABASE_URL! })
-    await holder.connect()
-    cleanups.unshift(() => holder.end())
-    const holderPid = Number((await holder.query<{ pid: number }>('select pg_backend_pid() as pid')).rows[0]!.pid)
-    await holder.query('begin')
-    await holder.query('lock table orders in share mode')
-    const { rows: horizon } = await read((db) => sql`select backend_xid as xid from pg_stat_activity where pid = ${holderPid}::int`.execute(db))
-    expect(horizon).toEqual([{ xid: null }])
+    const lock = await ordersShareLock(env.DATABASE_URL!, read)
+    cleanups.unshift(() => lock.end())
+    await lock.take()
     const command = startedCli(['trades', 'fund', ref], { ...env, DATABASE_STATEMENT_TIMEOUT_MS: '3600000' }, children)
     try {
-      await eventually(async () => {
-        if (command.closed()) throw new Error(`the command ended before its recording waited: ${command.stderr()}`)
-        const { rows } = await read((db) =>
-          sql<{ waiting: number }>`select count(*)::int as waiting from pg_stat_activity where ${holderPid}::int = any(pg_blocking_pids(pid))`.execute(db),
-        )
-        return rows[0]!.waiting > 0
-      }, 'the recording waits on the lock', 120_000)
+      await lock.waitedOn('the recording waits on the lock', () => (command.closed() ? command.stderr() : undefined))
       await stopThreeTimes(command)
     } finally {
       if (!command.closed()) command.child.kill('SIGKILL')
-      await holder.query('commit')
+      await lock.release()
     }
     const ended = await command.ended()
     expect({ code: ended.code, signal: ended.signal }, ended.stderr).toEqual({ code: 130, signal: null })
@@ -134,13 +124,7 @@ describe.skipIf(!postgresUrl)('the compiled trades fund stopped by a third signa
       ),
     )
     // the command's session, its process gone, ends with its transaction rolled back
-    await eventually(async () => {
-      const { rows } = await read((db) =>
-        sql<{ others: number }>`select count(*)::int as others from pg_stat_activity where datname = current_database()
-          and backend_type = 'client backend' and state <> 'idle' and pid <> pg_backend_pid() and pid <> ${holderPid}::int`.execute(db),
-      )
-      return rows[0]!.others === 0
-    }, 'the command’s session ends', 120_000)
+    await lock.othersEnded()
     expect(await read((db) => findOrderByExternalReference(db, ref))).toMatchObject({ tradeStatus: 'created' })
   })
 })

@@ -11,8 +11,7 @@
 // PGlite by a BEFORE UPDATE trigger that writes a file into the data directory and sleeps until the test writes another
 // (helpers/pglite-statement-hold.ts).
 import { type ChildProcess } from 'node:child_process'
-import { type Kysely, sql } from 'kysely'
-import pg from 'pg'
+import type { Kysely } from 'kysely'
 import { afterAll, beforeAll, describe, expect, it } from 'vitest'
 import type { Database } from '../src/db/database.js'
 import { type Reader, seededCliDatabase } from './helpers/cli-database.js'
@@ -22,6 +21,7 @@ import { useHoldingPlatform } from './helpers/holding-platform.js'
 import { eventually } from './helpers/reconcile-poller.js'
 import { insertOrders } from './helpers/reconcile-orders.js'
 import { stopThreeTimes } from './helpers/stop-three-times.js'
+import { ordersShareLock } from './helpers/orders-share-lock.js'
 import { postgresUrl } from './helpers/test-database.js'
 
 const platform = useHoldingPlatform()
@@ -129,29 +129,18 @@ describe.skipIf(!postgresUrl)('trade calls stopped by signals once the call ende
 
   for (const c of cases) {
     it(`${c.name}: says what the call came to and what is recorded, never "answered"; the third what it leaves, exit 130`, async () => {
-      const holder = new pg.Client({ connectionString: env.DATABASE_URL! })
-      await holder.connect()
-      cleanups.unshift(() => holder.end())
-      const holderPid = Number((await holder.query<{ pid: number }>('select pg_backend_pid() as pid')).rows[0]!.pid)
+      const lock = await ordersShareLock(env.DATABASE_URL!, read)
+      cleanups.unshift(() => lock.end())
       const command = startedCli(c.args(c.ref), { ...env, DATABASE_STATEMENT_TIMEOUT_MS: '3600000' }, children)
       try {
         const request = await platform.requestOf(command, c.marker(c.ref))
-        await holder.query('begin')
-        await holder.query('lock table orders in share mode')
-        const { rows: horizon } = await read((db) => sql`select backend_xid as xid from pg_stat_activity where pid = ${holderPid}::int`.execute(db))
-        expect(horizon).toEqual([{ xid: null }])
+        await lock.take()
         request.respond(c.status, c.answer)
-        await eventually(async () => {
-          if (command.closed()) throw new Error(`the command ended before its write waited: ${command.stderr()}`)
-          const { rows } = await read((db) =>
-            sql<{ waiting: number }>`select count(*)::int as waiting from pg_stat_activity where ${holderPid}::int = any(pg_blocking_pids(pid))`.execute(db),
-          )
-          return rows[0]!.waiting > 0
-        }, 'the write after the call waits on the lock', 120_000)
+        await lock.waitedOn('the write after the call waits on the lock', () => (command.closed() ? command.stderr() : undefined))
         await stopThreeTimes(command)
       } finally {
         if (!command.closed()) command.child.kill('SIGKILL')
-        await holder.query('commit').catch(() => {})
+        await lock.release()
       }
       expectEnded(await command.ended(), c)
     })
