@@ -9,7 +9,8 @@
 // done: the figure is then the ingest's and the dispatch's per transition. AB_HANDLER=noop-b: only B's
 // services run with it (what one handler costs, with the same tree as A and B). AB_B_ENV='NAME=value ...':
 // more of B's environment (a setting's effect, with the same tree as A and B). AB_B_NODE_FLAGS='--flag ...':
-// Node's flags for B's services (A's are BENCH_NODE_FLAGS or the image's).
+// Node's flags for B's services (A's are BENCH_NODE_FLAGS or the image's). AB_B_NODE=/path/to/node: B's services run
+// on that Node binary (the same tree as A and B: what another Node version costs or saves).
 import { randomBytes } from 'node:crypto'
 import { type MakeDelivery, sendDeliveries } from './send-deliveries.js'
 import { backendCpu, backendCpuSince, createBenchSchema, environmentOfB, inAlternatingPairs, median, reactionsDone } from './ab-rounds.js'
@@ -63,6 +64,7 @@ await inAlternatingPairs({ pairs, distA, distB, schema: bench }, async (name, di
   const { child, port } = await startService(url, { orders: 100_000, seen: 5000 }, name === 'B' ? envB : {}, dist, {
     noopHandler: handlerIn(name),
     ...(name === 'B' && process.env.AB_B_NODE_FLAGS !== undefined ? { nodeFlags: process.env.AB_B_NODE_FLAGS } : {}),
+    ...(name === 'B' && process.env.AB_B_NODE !== undefined ? { node: process.env.AB_B_NODE } : {}),
   })
   try {
     await fire(port, seen, 3000) // warm-up

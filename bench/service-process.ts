@@ -25,15 +25,21 @@ export async function startService(
    * noopHandler: one in-process reaction handler registered for every transition, doing nothing.
    * nodeFlags: Node's flags for this process (default: BENCH_NODE_FLAGS, else the image's).
    * cpuProfileDir: where its V8 CPU profile goes, written as it exits (default: BENCH_CPU_PROF, else none).
+   * node: the Node binary it runs on (default: this process's).
    */
-  { noopHandler = false, nodeFlags: flags, cpuProfileDir = process.env.BENCH_CPU_PROF }: { noopHandler?: boolean; nodeFlags?: string; cpuProfileDir?: string } = {},
+  {
+    noopHandler = false,
+    nodeFlags: flags,
+    cpuProfileDir = process.env.BENCH_CPU_PROF,
+    node = process.execPath,
+  }: { noopHandler?: boolean; nodeFlags?: string; cpuProfileDir?: string; node?: string } = {},
 ): Promise<{ child: ChildProcess; port: number; adminPort: number }> {
   const profile = cpuProfileDir ? ['--cpu-prof', `--cpu-prof-dir=${cpuProfileDir}`] : []
   // the flags the Docker image runs with (NODE_OPTIONS there); BENCH_NODE_FLAGS overrides them
   const nodeFlags = (flags ?? process.env.BENCH_NODE_FLAGS ?? '--max-semi-space-size=8 --max-old-space-size=512').split(' ').filter(Boolean)
   if (typeof database !== 'string') await seedPglite(database.dataDir, seed)
   const entry = noopHandler ? [path.join(root, 'bench/serve-noop-handler.mjs'), dist] : [path.join(dist, 'src/cli.js'), 'serve']
-  const child = spawn(process.execPath, [...profile, ...nodeFlags, ...entry], {
+  const child = spawn(node, [...profile, ...nodeFlags, ...entry], {
     cwd: root,
     env: {
       PATH: process.env.PATH,
