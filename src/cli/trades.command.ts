@@ -112,7 +112,7 @@ export async function runTradeCall<T>(
   run: (deps: TradeDeps) => Promise<T>,
   print: (result: T) => void,
   {
-    recorded = () => 'recorded locally',
+    recorded = () => RECORDED_LOCALLY,
     ...options
   }: Omit<TradeDepsOptions, 'committing'> & {
     /** What the order records of the answer, for the line after a first signal (pollOnlyRecorded's, for a record with no trade status). */
@@ -147,6 +147,9 @@ export async function runTradeCall<T>(
     held?.off()
   }
 }
+
+/** What the order records of an answer with a trade status: the status, as any observation records it. */
+const RECORDED_LOCALLY = 'recorded locally'
 
 /**
  * What the order records of an answer that holds no trade status, `record` ("a dispute record"): only its poll brought
@@ -421,7 +424,7 @@ export function registerTradesCommands(program: Command): void {
         await runTradeCall(
           (deps) => runTradeOperation(deps, reference, { kind, milestoneId }),
           (answer) => printMilestoneAnswer(reference, milestoneId, answer, options.json),
-          { recorded: (answer) => (answer.record === 'milestone' ? pollOnlyRecorded('a milestone record') : 'recorded locally') },
+          { recorded: (answer) => (answer.record === 'milestone' ? pollOnlyRecorded('a milestone record') : RECORDED_LOCALLY) },
         )
       })
   }
