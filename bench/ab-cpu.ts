@@ -10,7 +10,9 @@
 // services run with it (what one handler costs, with the same tree as A and B). AB_B_ENV='NAME=value ...':
 // more of B's environment (a setting's effect, with the same tree as A and B). AB_B_NODE_FLAGS='--flag ...':
 // Node's flags for B's services (A's are BENCH_NODE_FLAGS or the image's). AB_B_NODE=/path/to/node: B's services run
-// on that Node binary (the same tree as A and B: what another Node version costs or saves).
+// on that Node binary (the same tree as A and B: what another Node version costs or saves). AB_CONSOLE=1: each service
+// is first asked for one operator console page, and the load starts once that page's deadline and the second after
+// it have passed (what the console leaves behind for the deliveries after it).
 import { randomBytes } from 'node:crypto'
 import { type MakeDelivery, sendDeliveries } from './send-deliveries.js'
 import { backendCpu, backendCpuSince, createBenchSchema, environmentOfB, inAlternatingPairs, median, reactionsDone } from './ab-rounds.js'
@@ -40,6 +42,15 @@ const matched = (index: number) => {
   return { deliveryId: `${run}-m-${index}`, body: JSON.stringify({ trade_id: `trd-${order}`, reference: `R-${order}`, status, external_reference: `bench-${order}` }) }
 }
 
+const CONSOLE_TOKEN = 'ab-console-token-0123456789abcdef'
+// one page of the operator console; then the page's deadline (CONSOLE_PAGE_ANSWER_MS, 5 s) and a second more
+const visitConsole = async (adminPort: number) => {
+  const page = await fetch(`http://127.0.0.1:${adminPort}/console/`, { headers: { authorization: `Bearer ${CONSOLE_TOKEN}` } })
+  if (page.status !== 200) throw new Error(`the console answered ${page.status}`)
+  await page.arrayBuffer()
+  await new Promise((resolve) => setTimeout(resolve, 6_500))
+}
+
 const bench = await createBenchSchema('bench')
 const { admin, url, schema } = bench
 // with a handler: waits until every reaction job so far is done, and every event taken by its stream (the dispatch's CPU is counted too)
@@ -61,12 +72,14 @@ await inAlternatingPairs({ pairs, distA, distB, schema: bench }, async (name, di
   // a handler's stream left by an earlier round would first take every event committed since (the other
   // tree's too): each service with the handler starts it afresh
   await admin.query(`delete from ${schema}.reaction_streams`).catch(() => {})
-  const { child, port } = await startService(url, { orders: 100_000, seen: 5000 }, name === 'B' ? envB : {}, dist, {
+  const consoleEnv: Record<string, string> = process.env.AB_CONSOLE === '1' ? { ADMIN_TOKEN: CONSOLE_TOKEN } : {}
+  const { child, port, adminPort } = await startService(url, { orders: 100_000, seen: 5000 }, { ...consoleEnv, ...(name === 'B' ? envB : {}) }, dist, {
     noopHandler: handlerIn(name),
     ...(name === 'B' && process.env.AB_B_NODE_FLAGS !== undefined ? { nodeFlags: process.env.AB_B_NODE_FLAGS } : {}),
     ...(name === 'B' && process.env.AB_B_NODE !== undefined ? { node: process.env.AB_B_NODE } : {}),
   })
   try {
+    if (process.env.AB_CONSOLE === '1') await visitConsole(adminPort)
     await fire(port, seen, 3000) // warm-up
     let before = cpuMs(child.pid!)
     await fire(port, seen, requests)

@@ -5,7 +5,6 @@
 // embedded database, operator commands are run by it). Then the scope below supplies the service's
 // database and captures the output, so commands write through `write()` and `setExitCode()`, never
 // straight to process.stdout or process.exit.
-import { AsyncLocalStorage } from 'node:async_hooks'
 
 import type { Kysely } from 'kysely'
 import type { Clock } from '../clock.js'
@@ -17,6 +16,7 @@ import type { RetentionHooks } from '../metrics/metrics.js'
 import type { PollResult } from '../reconcile/poller.js'
 import type { ReactionRouting } from '../reactions/reaction-registry.js'
 import { printable, printableLines } from '../printable.js'
+import { ScopedStore } from '../scoped-store.js'
 import { finishHoldingSignals, stopOnSignals, stopUnlessHeld } from '../stop-signals.js'
 import type { TookEffect } from '../output-gone.js'
 
@@ -105,7 +105,9 @@ export interface CliScope {
   context?: CliContext
 }
 
-const scope = new AsyncLocalStorage<CliScope>()
+// Kept while a command runs inside the service, and off again between commands (scoped-store.ts): the webhooks the
+// service receives meanwhile do not pay for it
+const scope = new ScopedStore<CliScope>()
 
 export function runInScope<T>(cliScope: CliScope, run: () => Promise<T>): Promise<T> {
   return scope.run(cliScope, run)

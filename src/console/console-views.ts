@@ -2,7 +2,6 @@
 // every interpolated value (text and attribute alike) unless it is itself a template, and shows a bidirectional
 // or invisible character in text as its escape: a delivery's attacker-chosen id, reference or body can only ever
 // show as text, in its order. Nothing here writes raw().
-import { AsyncLocalStorage } from 'node:async_hooks'
 import type { PartnerEnv } from '../config.js'
 import { linkedElsewhere, type Order, type StatusChange, unsentCreate } from '../orders/order.js'
 import { DUE_COUNT_CAP } from '../orders/poll-schedule.repository.js'
@@ -24,6 +23,7 @@ import {
   WEBHOOK_OUTCOMES,
 } from '../webhooks/delivery.repository.js'
 import { invalidReason } from '../webhooks/invalid-reason.js'
+import { ScopedStore } from '../scoped-store.js'
 import type { Operator } from './console-auth.js'
 import { type Html, html } from './console-html.js'
 
@@ -37,13 +37,16 @@ export const CONSOLE_PATH = '/console'
 // StripPrefix does so itself; nginx: proxy_set_header X-Forwarded-Prefix /escrow). Every link, form, redirect
 // and the session cookie's path then begin with it; before, they led to https://ops.example.com/console/…, which
 // the proxy did not serve. A value that is not a plain path (segments of letters, digits and . _ ~ -) is ignored.
-const forwardedPrefix = new AsyncLocalStorage<string>()
+// It is kept for the request while the request is answered (scoped-store.ts), and only when there is one: a request
+// without a prefix has nothing to keep.
+const forwardedPrefix = new ScopedStore<string>()
 const PLAIN_PATH = /^(\/[A-Za-z0-9._~-]+)+$/
 
-/** Runs `handle` with the prefix the request's proxy gave (none, or one not a plain path: nothing). */
-export function withForwardedPrefix(header: string | string[] | undefined, handle: () => void): void {
+/** Runs `handle` with the prefix the request's proxy gave (none, or one not a plain path: nothing), until `answered` settles. */
+export function withForwardedPrefix(header: string | string[] | undefined, answered: () => PromiseLike<unknown>, handle: () => void): void {
   const prefix = typeof header === 'string' && PLAIN_PATH.test(header) && !header.split('/').some((segment) => segment === '.' || segment === '..') ? header : ''
-  forwardedPrefix.run(prefix, handle)
+  if (prefix === '') handle()
+  else forwardedPrefix.run(prefix, handle, { done: answered() })
 }
 
 /** The console's path as the operator's browser sees it: CONSOLE_PATH behind the proxy's prefix, if any. */

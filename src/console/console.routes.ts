@@ -10,6 +10,7 @@
 import { type JobWaitedFor, retriedText } from '../reactions/retried-text.js'
 import { createHash, randomBytes } from 'node:crypto'
 import { hostname } from 'node:os'
+import { finished } from 'node:stream/promises'
 import express, { type Request, type RequestHandler, type Response, Router } from 'express'
 import helmet from 'helmet'
 import type { Kysely } from 'kysely'
@@ -320,7 +321,7 @@ export function consoleRoutes(deps: ConsoleDeps): Router {
   const router = Router()
 
   // the path a reverse proxy serves the console under (consolePath), for everything the request renders
-  router.use(CONSOLE_PATH, (req, _res, next) => withForwardedPrefix(req.headers['x-forwarded-prefix'], next))
+  router.use(CONSOLE_PATH, (req, res, next) => withForwardedPrefix(req.headers['x-forwarded-prefix'], () => finished(res), next))
   router.use(
     CONSOLE_PATH,
     helmet({

@@ -15,8 +15,8 @@
 // the deadline (the console's 5 s, the pool's connect timeout), the deadline's words are said whichever timer Node
 // runs first: a loop that wakes late runs timers of one length together, not in the order they fell due
 // (open-database.ts, connectWithinBound).
-import { AsyncLocalStorage } from 'node:async_hooks'
 import { performance } from 'node:perf_hooks'
+import { ScopedStore } from '../scoped-store.js'
 
 interface Deadline {
   /** The bound asked for, in ms: what the error says. */
@@ -25,11 +25,17 @@ interface Deadline {
   endsAt: number
 }
 
-const bound = new AsyncLocalStorage<Deadline>()
+// Turned off once no work runs under a deadline and the last deadline is a second past (scoped-store.ts): by then
+// every wait of that work has ended, at the latest at its deadline, and what it did next has run. (Work that went on
+// to send a statement later still, after waiting on something other than the database, would send it with the pool's
+// own waits, not refused as past its deadline: no console page waits on anything else.)
+const bound = new ScopedStore<Deadline>()
+const OFF_AFTER_DEADLINE_MS = 1000
 
 /** Runs `work` with everything it waits on Postgres for ended `ms` from now at most (the pool's waits when shorter). */
 export function withinAnswerBound<T>(ms: number, work: () => T): T {
-  return bound.run({ boundMs: ms, endsAt: performance.now() + ms }, work)
+  const endsAt = performance.now() + ms
+  return bound.run({ boundMs: ms, endsAt }, work, { notBefore: endsAt + OFF_AFTER_DEADLINE_MS })
 }
 
 /**

@@ -2,6 +2,7 @@
 // Prometheus metrics, the operator console (/console/, when ADMIN_TOKEN is set) and the routes the
 // composition root gives it (service.ts: the command endpoint the CLI forwards to). Whoever can reach the
 // public webhook URL reaches none of this.
+import { finished } from 'node:stream/promises'
 import express, { type RequestHandler, type Router } from 'express'
 import type { Kysely } from 'kysely'
 import { type Clock, systemClock } from '../clock.js'
@@ -67,7 +68,7 @@ export function createAdminApp(deps: AdminAppDeps): App {
         pageAnswerMs: deps.consolePageAnswerMs,
       }),
     )
-    app.get('/', (req, res) => withForwardedPrefix(req.headers['x-forwarded-prefix'], () => res.redirect(`${consolePath()}/`)))
+    app.get('/', (req, res) => withForwardedPrefix(req.headers['x-forwarded-prefix'], () => finished(res), () => res.redirect(`${consolePath()}/`)))
   }
   for (const routes of deps.routes ?? []) app.use(routes)
   app.use(notFoundHandler())
