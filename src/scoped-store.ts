@@ -2,7 +2,8 @@
 // run() turns on a hook that every promise of the process calls from then on (to carry the store to it), and it
 // stays on until every storage is disabled: one console page, or one command of a second terminal, left every
 // later webhook delivery paying for it, 5-7 µs a delivery of 56-113 (bench/results/rounds.md). Node 24 carries the
-// store without that hook, and there disabling is not needed (nor harmful).
+// store in a frame of the promise's context instead, with no hook to turn off; there a storage is left on (disabling
+// one there takes its store out of the context that disables it, which nothing here needs).
 //
 // A run's work ends when `done` settles (by default the promise the work returns; work that returns none ends with
 // its return) and, when a time is given, not before `notBefore` (performance.now()): a console page's deadline, up to
@@ -55,13 +56,30 @@ export class ScopedStore<T> {
 
   #ended(): void {
     this.#running -= 1
-    if (this.#running > 0) return
+    if (this.#running > 0 || !carriedByHook()) return
     const left = this.#onUntil - performance.now()
     if (left <= 0) return this.#storage.disable()
     this.#offTimer = setTimeout(() => {
       if (this.#running === 0) this.#storage.disable()
     }, Math.ceil(left)).unref()
   }
+}
+
+let byHook: boolean | undefined
+
+/**
+ * Whether this Node's AsyncLocalStorage carries stores by a promise hook (Node 20 and 22): a promise made in a run
+ * has a mark more (the store's) than one made outside it.
+ */
+function carriedByHook(): boolean {
+  if (byHook === undefined) {
+    const marks = () => Object.getOwnPropertySymbols(Promise.resolve()).length
+    const outside = marks()
+    const probe = new AsyncLocalStorage<true>()
+    byHook = probe.run(true, marks) > outside
+    probe.disable()
+  }
+  return byHook
 }
 
 function isThenable(value: unknown): value is PromiseLike<unknown> {
