@@ -5,7 +5,8 @@
 // (src/cli/hold-signals-for-call.ts), and what it prints and records is checked here for each.
 // - a first signal while the call is at a platform that holds it: the command waits for the answer, prints it, records
 //   it (a respond's trade status applied; of a dispute or proposal record, which holds none, only the poll brought
-//   forward, and the line says so: it said "recorded locally"), exit 130;
+//   forward, and the line says so: it said "recorded locally"), exit 130; answered with a record of something else
+//   (another trade's, another proposal's), the `[answer_mismatch]` line with the signal said, exit 130 (it was 1);
 // - three signals once the platform has answered, its recording held (on Postgres a SHARE lock of the orders table,
 //   taken with no transaction id; on PGlite a BEFORE UPDATE trigger, helpers/pglite-statement-hold.ts): the
 //   third ends the process saying nothing of the answer was recorded, exit 130, and nothing is;
@@ -54,6 +55,8 @@ interface Command {
   answer: (ref: string) => unknown
   /** An answer that is not of what the call was sent for (another trade's record, another proposal's). */
   otherAnswer: (ref: string) => unknown
+  /** What the mismatch line says that answer is, after the order's reference: "(what was asked) with what came". */
+  otherWords: (ref: string) => string
   /** What the command prints of that answer. */
   printed: (ref: string) => string
   /** The order's trade status once that answer is recorded. */
@@ -76,6 +79,7 @@ const commands: Command[] = [
     args: (ref) => ['disputes', 'open', ref, '--party', 'buyer', '--reason', 'The bicycle arrived with a broken frame'],
     answer: (ref) => disputeRecord({ dispute_id: `dp_${ref}`, trade_id: tradeOf(ref) }),
     otherAnswer: (ref) => disputeRecord({ dispute_id: `dp_${ref}`, trade_id: 'tr_another' }),
+    otherWords: (ref) => `(a dispute on trade ${tradeOf(ref)}) with the record of dispute dp_${ref} of trade tr_another: another trade`,
     printed: (ref) => `${ref}: dispute dp_${ref} opened by the buyer (open)\n`,
     recordedStatus: 'funded',
     recorded: 'and the order records only its poll brought forward (a dispute record holds no trade status)',
@@ -87,6 +91,7 @@ const commands: Command[] = [
     args: (ref) => ['proposals', 'create', ref, '--party', 'buyer', '--outcome', 'split', '--split-buyer-pct', '40'],
     answer: (ref) => proposalRecord({ proposal_id: proposalOf(ref), trade_id: tradeOf(ref) }),
     otherAnswer: (ref) => proposalRecord({ proposal_id: proposalOf(ref), trade_id: 'tr_another' }),
+    otherWords: (ref) => `(a proposal on trade ${tradeOf(ref)}) with the record of proposal ${proposalOf(ref)} of trade tr_another: another trade`,
     printed: (ref) => `${ref}: proposal ${proposalOf(ref)} (split) is pending\n`,
     recordedStatus: 'disputed',
     recorded: 'and the order records only its poll brought forward (a proposal record holds no trade status)',
@@ -104,6 +109,7 @@ const commands: Command[] = [
       proposal: proposalRecord({ proposal_id: 'pr_another', trade_id: tradeOf(ref), status: 'accepted' }),
       trade: tradeRecord({ trade_id: tradeOf(ref), external_reference: ref, status: 'resolved' }),
     }),
+    otherWords: (ref) => `(proposal ${proposalOf(ref)} of trade ${tradeOf(ref)}) with the record of proposal pr_another: another proposal`,
     printed: (ref) => `${ref}: proposal ${proposalOf(ref)} is accepted; trade ${tradeOf(ref)} is resolved\n`,
     recordedStatus: 'resolved',
     recorded: 'recorded locally',
@@ -111,7 +117,7 @@ const commands: Command[] = [
 ]
 
 // one order for each command and case, in one database for each kind
-const cases = ['first', 'third', 'other', 'connect-timeout', 'connecting'] as const
+const cases = ['first', 'first-other', 'third', 'other', 'connect-timeout', 'connecting'] as const
 const refOf = (command: Command, kind: string, one: (typeof cases)[number]) => `${command.kind}-${one}-${kind}`
 
 async function orderState(read: Reader, externalReference: string) {
@@ -205,6 +211,30 @@ for (const kind of ['pglite', 'postgres'] as const) {
         expect(after.tradeStatus).toBe(command.recordedStatus)
         // recorded: an open order's poll brought forward (EXPECTED_WEBHOOK_S after the call, not a day later)
         if (command.recordedStatus !== 'resolved') expect(after.nextPollAt!.getTime()).toBeLessThan(polledAt.getTime())
+      })
+
+      // found from outside: the first Ctrl-C, then an answer not of what the call was sent for, exited 1 with
+      // `[answer_mismatch]` and said nothing of the signal; what the call did is not known, as after a timeout (130)
+      it(`${command.name}: the first Ctrl-C, then an answer of something else: [answer_mismatch], the signal said, exit 130, the poll brought forward`, async () => {
+        const ref = refOf(command, kind, 'first-other')
+        const run = startedCli(command.args(ref), env, children)
+        const request = await platform.requestOf(run, tradeOf(ref))
+        run.child.kill('SIGINT')
+        await says(run, FIRST_IN_FLIGHT)
+        request.respond(200, command.otherAnswer(ref))
+        const ended = await run.ended()
+
+        expect({ code: ended.code, signal: ended.signal }, ended.stderr).toEqual({ code: 130, signal: null })
+        expect(ended.stdout).toBe('')
+        expect(ended.stderr).toBe(
+          FIRST_IN_FLIGHT +
+            `The platform answered for order ${ref} ${command.otherWords(ref)}. Nothing of it was applied, and what the ` +
+            'call did is not known: check with `trades get`; the order is polled soon. [answer_mismatch]\n' +
+            'stopped by a signal during the call, whose answer was not the record it was sent for: its outcome is not known (above)\n',
+        )
+        const after = await orderState(read, ref)
+        expect(after.tradeStatus).toBe(command.status)
+        expect(after.nextPollAt!.getTime()).toBeLessThan(polledAt.getTime())
       })
 
       it(`${command.name}: a third signal while its answer's record is held says nothing of it was recorded, exit 130, and nothing is`, async () => {

@@ -137,6 +137,14 @@ export async function runTradeCall<T>(
     if (held?.stopped() && error instanceof CommandFailedError && error.code === 'outcome_unknown') {
       throw new StoppedBySignalError(`${error.message}\nstopped by a signal while the call was in flight: its outcome is above`)
     }
+    // the same, the platform's answer not the record the call was sent for (another trade's, another milestone's or
+    // proposal's): nothing of it applied, what the call did not known, as after a timeout, and the exit is the stop
+    // signal's (it was 1, the signal unmentioned)
+    if (held?.stopped() && error instanceof CommandFailedError && error.code === 'answer_mismatch') {
+      throw new StoppedBySignalError(
+        `${error.message}\nstopped by a signal during the call, whose answer was not the record it was sent for: its outcome is not known (above)`,
+      )
+    }
     // the same, the call's connection never set up in time: nothing was sent (its line says so), and the exit is the
     // stop signal's too (it was 1, the signal unmentioned)
     if (held?.stopped() && error instanceof CommandFailedError && error.code === 'not_sent') {
