@@ -5,6 +5,9 @@
 // The compiled CLI as its own process, on Postgres through DATABASE_URL and on embedded PGlite. The first and second
 // signals said "the platform has answered: recording and printing its answer", though no answer was there to record;
 // now they say what the call came to and what the command records of it, and the third what it leaves, exit 130.
+// So for an answer that is not the record the call was sent for (`trades fund` answered with another trade's record,
+// `trades milestone deliver` with another milestone's): nothing of it is applied and only the poll is brought forward,
+// which the lines now say; they said "recording and printing its answer", the mismatch found only by the recording.
 //
 // The write is held on Postgres by a SHARE lock of the orders table the test takes in a transaction with no
 // transaction id, once the request is at the platform (the command's writes before the call go through first); on
@@ -19,6 +22,7 @@ import { killLeftovers, startedCli } from './helpers/cli-process.js'
 import { holdStatementOnPglite } from './helpers/pglite-statement-hold.js'
 import { useHoldingPlatform } from './helpers/holding-platform.js'
 import { eventually } from './helpers/reconcile-poller.js'
+import { milestoneRecord, tradeRecord } from './helpers/partner-api-fixtures.js'
 import { insertOrders } from './helpers/reconcile-orders.js'
 import { stopThreeTimes } from './helpers/stop-three-times.js'
 import { ordersShareLock } from './helpers/orders-share-lock.js'
@@ -38,6 +42,12 @@ const REFUSED = { error: { code: 'duplicate_reference', message: 'a trade with t
 const openArgs = (reference: string) => [
   'trades', 'open', reference, '--title', 'Used bicycle', '--amount', '120.00', '--currency', 'EUR', '--seller', 's_1',
 ]
+
+/** The poll brought forward after a call whose outcome is not known, as the lines name it, and where they send the operator. */
+const pollForward = {
+  change: (ref: string) => `the poll of order ${ref} brought forward`,
+  see: (ref: string) => `\`orders show '${ref}'\` gives its next poll, and \`trades get '${ref}'\` the platform's record`,
+}
 
 interface Case {
   name: string
@@ -64,10 +74,31 @@ const cases: Case[] = [
     marker: (ref) => `tr_${ref.replace(' ', '-')}`,
     status: 503,
     answer: UNAVAILABLE,
-    change: (ref) => `the poll of order ${ref} brought forward`,
-    see: (ref) => `\`orders show '${ref}'\` gives its next poll, and \`trades get '${ref}'\` the platform's record`,
+    ...pollForward,
     outcome: 'unknown',
     pgliteWhen: "new.external_reference = 'fund unknown'",
+  },
+  {
+    name: 'trades fund answered with the record of another trade',
+    ref: 'fund mismatch',
+    args: (ref) => ['trades', 'fund', ref],
+    marker: () => 'tr_fund-mismatch',
+    status: 200,
+    answer: tradeRecord({ trade_id: 'tr_another', external_reference: 'fund mismatch', status: 'funded' }),
+    ...pollForward,
+    outcome: 'unknown',
+    pgliteWhen: "new.external_reference = 'fund mismatch'",
+  },
+  {
+    name: 'trades milestone deliver answered with the record of another milestone',
+    ref: 'milestone mismatch',
+    args: (ref) => ['trades', 'milestone', 'deliver', ref, 'ms_1'],
+    marker: () => 'tr_milestone-mismatch',
+    status: 200,
+    answer: milestoneRecord({ milestone_id: 'ms_2', status: 'delivered' }),
+    ...pollForward,
+    outcome: 'unknown',
+    pgliteWhen: "new.external_reference = 'milestone mismatch'",
   },
   {
     name: 'trades open answered 503',
@@ -106,10 +137,15 @@ function expectedLines(c: Case): { first: string; second: string; third: string 
   }
 }
 
-/** The fund orders, linked to a trade and not funded; `trades open` creates its own. */
+/** The fund orders, linked to a trade and not funded, and the milestone one, funded; `trades open` creates its own. */
 function seeded(kind: 'pglite' | 'postgres'): Promise<{ env: Record<string, string>; read: Reader }> {
+  const nextPollAt = new Date(Date.now() + 86_400_000)
   const seed = (db: Kysely<Database>) =>
-    insertOrders(db, [{ externalReference: 'fund unknown', tradeId: 'tr_fund-unknown', tradeStatus: 'created', nextPollAt: new Date(Date.now() + 86_400_000) }])
+    insertOrders(db, [
+      { externalReference: 'fund unknown', tradeId: 'tr_fund-unknown', tradeStatus: 'created', nextPollAt },
+      { externalReference: 'fund mismatch', tradeId: 'tr_fund-mismatch', tradeStatus: 'created', nextPollAt },
+      { externalReference: 'milestone mismatch', tradeId: 'tr_milestone-mismatch', tradeStatus: 'funded', nextPollAt },
+    ])
   return seededCliDatabase(kind, { prefix: 'trades-settled-', env: { PARTNER_API_BASE_URL: platform.url }, seed, cleanups })
 }
 

@@ -127,22 +127,22 @@ export async function runTradeOperation<O extends TradeOperation>(
     }
     throw error
   }
-  const other = otherRecordOf(operation, result, tradeId)
-  // an answer not of what the call was sent for leaves what the call did unknown, and only the poll is brought forward:
-  // a stop signal says so, never that an answer is being recorded and printed (neither is)
-  guard?.settled(other ? { outcome: 'unknown', records: pollForward } : { outcome: 'answered' })
-  if (other) {
-    // the call was sent for our trade (and proposal), but the record that came back is not of it: nothing is applied
-    // from it, a respond's trade status included (another proposal's acceptance moved the order to resolved). The
-    // answer is the news: a poll that could not be scheduled is logged, and the poller's regular one stands
+  // checked before anything of the answer is recorded: an answer not of what the call was sent for leaves what the
+  // call did unknown, and only the poll is brought forward, so a stop signal says so, never that an answer is being
+  // recorded and printed (neither is). A fund or milestone call's was found only by the recording (a trade record's
+  // trade_mismatch, a milestone record's id after it), once the signal had said "recording and printing its answer"
+  const mismatch = mismatchOf(operation, result, { tradeId, externalReference: order.externalReference })
+  guard?.settled(mismatch ? { outcome: 'unknown', records: pollForward } : { outcome: 'answered' })
+  if (mismatch) {
+    // the call was sent for our trade (and milestone or proposal), but the record that came back is not of it: nothing
+    // is applied from it, a respond's trade status included (another proposal's acceptance moved the order to
+    // resolved). The answer is the news: a poll that could not be scheduled is logged, and the poller's regular one
+    // stands
     await schedulePollAlone().catch((databaseError: unknown) =>
       logger.error({ externalReference, orderId: order.id, err: databaseError }, "the order's poll could not be scheduled"),
     )
-    logger.warn(
-      { externalReference, orderId: order.id, tradeId, operation: operation.kind, answered: other.answered },
-      'the platform answered a record of something else than the call was for: order not changed',
-    )
-    throw recordAnswerMismatch(externalReference, other.asked, printable(other.answered), NOTHING_APPLIED)
+    logger.warn({ externalReference, orderId: order.id, tradeId, operation: operation.kind, ...mismatch.logged }, mismatch.log)
+    throw mismatch.error
   }
   const trade = tradeOf(operation, result)
   const recording = guard?.recording?.({
@@ -173,7 +173,8 @@ export async function runTradeOperation<O extends TradeOperation>(
       throw answerNotRecorded(externalReference, tradeId, operation, result, trade, databaseError, order.tradeStatus)
     })
   if (trade && applied?.outcome === 'trade_mismatch') {
-    // the operation was sent on our trade, but what came back is not its record: what it did is not known
+    // the operation was sent on our trade, but what came back is not its record: what it did is not known. Its ids
+    // were checked before (mismatchOf): the database's judgement stands should the two ever differ
     logger.warn(
       { externalReference, orderId: order.id, tradeId, operation: operation.kind, answeredTradeId: trade.trade_id },
       'the platform answered a record of another trade or order: order not changed',
@@ -194,27 +195,6 @@ export async function runTradeOperation<O extends TradeOperation>(
     )
   }
   const milestone = milestoneRecordOf(operation, result)
-  if (milestone && milestone.answered.milestone_id !== milestone.asked) {
-    // the call was sent for our milestone, but the record that came back is another's: what it did is not known
-    // (nothing was applied from it, a milestone record carrying no trade status; the poll above stands)
-    logger.warn(
-      {
-        externalReference,
-        orderId: order.id,
-        tradeId,
-        operation: operation.kind,
-        milestoneId: milestone.asked,
-        answeredMilestoneId: milestone.answered.milestone_id,
-      },
-      'the platform answered the record of another milestone: order not changed',
-    )
-    throw milestoneAnswerMismatch(
-      externalReference,
-      `milestone ${milestone.asked} of trade ${tradeId}`,
-      milestone.answered,
-      NOTHING_APPLIED,
-    )
-  }
   logger.info(
     {
       externalReference,
@@ -330,6 +310,45 @@ function tradeOf(operation: TradeOperation, result: unknown): TradeRecord | unde
     default:
       return result as TradeRecord
   }
+}
+
+/**
+ * What the call answered when it is not the record of what it was sent for, as the command's failure
+ * (`[answer_mismatch]`) and the warning logged: a dispute or proposal record naming another trade, another proposal
+ * than the one responded to, a trade record of another trade or another order (apply-observation.ts would find it a
+ * trade_mismatch), or the record of another milestone. Undefined when it is.
+ */
+function mismatchOf(
+  operation: TradeOperation,
+  result: unknown,
+  own: { tradeId: string; externalReference: string },
+): { error: TradeOperationError; log: string; logged: Record<string, unknown> } | undefined {
+  const other = otherRecordOf(operation, result, own.tradeId)
+  if (other) {
+    return {
+      error: recordAnswerMismatch(own.externalReference, other.asked, printable(other.answered), NOTHING_APPLIED),
+      log: 'the platform answered a record of something else than the call was for: order not changed',
+      logged: { answered: other.answered },
+    }
+  }
+  const trade = tradeOf(operation, result)
+  if (trade && (trade.trade_id !== own.tradeId || trade.external_reference !== own.externalReference)) {
+    return {
+      error: answerMismatch(own.externalReference, `trade ${own.tradeId}`, trade, NOTHING_APPLIED),
+      log: 'the platform answered a record of another trade or order: order not changed',
+      logged: { answeredTradeId: trade.trade_id, answeredExternalReference: trade.external_reference },
+    }
+  }
+  const milestone = milestoneRecordOf(operation, result)
+  if (milestone && milestone.answered.milestone_id !== milestone.asked) {
+    // a milestone record carries no trade status: nothing would be applied from it anyway
+    return {
+      error: milestoneAnswerMismatch(own.externalReference, `milestone ${milestone.asked} of trade ${own.tradeId}`, milestone.answered, NOTHING_APPLIED),
+      log: 'the platform answered the record of another milestone: order not changed',
+      logged: { milestoneId: milestone.asked, answeredMilestoneId: milestone.answered.milestone_id },
+    }
+  }
+  return undefined
 }
 
 /**
