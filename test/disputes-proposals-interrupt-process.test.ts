@@ -7,6 +7,8 @@
 //   it (a respond's trade status applied; of a dispute or proposal record, which holds none, only the poll brought
 //   forward, and the line says so: it said "recorded locally"), exit 130; answered with a record of something else
 //   (another trade's, another proposal's), the `[answer_mismatch]` line with the signal said, exit 130 (it was 1);
+// - a second signal while the call is at the platform: the command stops waiting, and the call ends as a timeout does
+//   (the command's own words of an outcome not known, the order's poll brought forward), exit 130;
 // - three signals once the platform has answered, its recording held (on Postgres a SHARE lock of the orders table,
 //   taken with no transaction id; on PGlite a BEFORE UPDATE trigger, helpers/pglite-statement-hold.ts): the
 //   third ends the process saying nothing of the answer was recorded, exit 130, and nothing is;
@@ -24,6 +26,7 @@ import { useHoldingPlatform } from './helpers/holding-platform.js'
 import { disputeRecord, proposalRecord, tradeRecord } from './helpers/partner-api-fixtures.js'
 import { eventually } from './helpers/reconcile-poller.js'
 import { insertOrders } from './helpers/reconcile-orders.js'
+import { expectPolledAfterTheCall, expectStoppedWaiting, FIRST_IN_FLIGHT, says, stopWaitingAtASecondSignal } from './helpers/signals-in-flight.js'
 import { stopThreeTimes } from './helpers/stop-three-times.js'
 import { ordersShareLock } from './helpers/orders-share-lock.js'
 import { postgresUrl } from './helpers/test-database.js'
@@ -39,9 +42,6 @@ afterAll(async () => {
   for (const cleanup of cleanups) await cleanup()
 })
 
-const FIRST_IN_FLIGHT =
-  'waiting for the platform’s answer to the call in flight, to record and print it (a second Ctrl-C stops waiting: ' +
-  'what the platform did is then not known)\n'
 const answeredAfterSignal = (recorded: string) => `stopped by a signal after the call in flight: the platform’s answer is above, ${recorded}\n`
 
 interface Command {
@@ -57,6 +57,8 @@ interface Command {
   otherAnswer: (ref: string) => unknown
   /** What the mismatch line says that answer is, after the order's reference: "(what was asked) with what came". */
   otherWords: (ref: string) => string
+  /** What the command says of a call whose outcome is not known (a timeout, an abandoned wait). */
+  unknown: (ref: string) => string
   /** What the command prints of that answer. */
   printed: (ref: string) => string
   /** The order's trade status once that answer is recorded. */
@@ -79,6 +81,7 @@ const commands: Command[] = [
     args: (ref) => ['disputes', 'open', ref, '--party', 'buyer', '--reason', 'The bicycle arrived with a broken frame'],
     answer: (ref) => disputeRecord({ dispute_id: `dp_${ref}`, trade_id: tradeOf(ref) }),
     otherAnswer: (ref) => disputeRecord({ dispute_id: `dp_${ref}`, trade_id: 'tr_another' }),
+    unknown: () => 'The platform may or may not have done it: check with `trades get` (the order is polled soon).',
     otherWords: (ref) => `(a dispute on trade ${tradeOf(ref)}) with the record of dispute dp_${ref} of trade tr_another: another trade`,
     printed: (ref) => `${ref}: dispute dp_${ref} opened by the buyer (open)\n`,
     recordedStatus: 'funded',
@@ -91,6 +94,10 @@ const commands: Command[] = [
     args: (ref) => ['proposals', 'create', ref, '--party', 'buyer', '--outcome', 'split', '--split-buyer-pct', '40'],
     answer: (ref) => proposalRecord({ proposal_id: proposalOf(ref), trade_id: tradeOf(ref) }),
     otherAnswer: (ref) => proposalRecord({ proposal_id: proposalOf(ref), trade_id: 'tr_another' }),
+    unknown: (ref) =>
+      `The proposal may or may not have been made: \`trades get ${ref}\` lists the dispute's proposals, each with who ` +
+      'made it and its status; check there before proposing again, as a second `proposals create` makes a second ' +
+      'proposal (the order is polled soon).',
     otherWords: (ref) => `(a proposal on trade ${tradeOf(ref)}) with the record of proposal ${proposalOf(ref)} of trade tr_another: another trade`,
     printed: (ref) => `${ref}: proposal ${proposalOf(ref)} (split) is pending\n`,
     recordedStatus: 'disputed',
@@ -109,6 +116,9 @@ const commands: Command[] = [
       proposal: proposalRecord({ proposal_id: 'pr_another', trade_id: tradeOf(ref), status: 'accepted' }),
       trade: tradeRecord({ trade_id: tradeOf(ref), external_reference: ref, status: 'resolved' }),
     }),
+    unknown: (ref) =>
+      `The response may or may not have been taken: \`trades get ${ref}\` shows the proposal's status and the trade’s ` +
+      '(the order is polled soon).',
     otherWords: (ref) => `(proposal ${proposalOf(ref)} of trade ${tradeOf(ref)}) with the record of proposal pr_another: another proposal`,
     printed: (ref) => `${ref}: proposal ${proposalOf(ref)} is accepted; trade ${tradeOf(ref)} is resolved\n`,
     recordedStatus: 'resolved',
@@ -117,7 +127,7 @@ const commands: Command[] = [
 ]
 
 // one order for each command and case, in one database for each kind
-const cases = ['first', 'first-other', 'third', 'other', 'connect-timeout', 'connecting'] as const
+const cases = ['first', 'first-other', 'abandoned', 'third', 'other', 'connect-timeout', 'connecting'] as const
 const refOf = (command: Command, kind: string, one: (typeof cases)[number]) => `${command.kind}-${one}-${kind}`
 
 async function orderState(read: Reader, externalReference: string) {
@@ -128,14 +138,6 @@ async function orderState(read: Reader, externalReference: string) {
       .where('externalReference', '=', externalReference)
       .executeTakeFirstOrThrow(),
   )
-}
-
-/** Waits until `run` has written `text` to stderr, failing if it ends first. */
-function says(run: ReturnType<typeof startedCli>, text: string): Promise<void> {
-  return eventually(() => {
-    if (run.closed()) throw new Error(`the command ended before saying "${text}":\n${run.stderr()}`)
-    return run.stderr().includes(text)
-  }, `the command says "${text}"`, 120_000)
 }
 
 /** What a third signal says once the answer to `command` on `ref` has come, before its record's COMMIT is sent. */
@@ -235,6 +237,16 @@ for (const kind of ['pglite', 'postgres'] as const) {
         const after = await orderState(read, ref)
         expect(after.tradeStatus).toBe(command.status)
         expect(after.nextPollAt!.getTime()).toBeLessThan(polledAt.getTime())
+      })
+
+      it(`${command.name}: a second signal stops waiting, says the outcome is not known, exits 130, and brings the poll forward`, async () => {
+        const before = Date.now()
+        const ref = refOf(command, kind, 'abandoned')
+        const run = startedCli(command.args(ref), env, children)
+        expectStoppedWaiting(await stopWaitingAtASecondSignal(run, await platform.requestOf(run, tradeOf(ref))), command.unknown(ref))
+        const state = await orderState(read, ref)
+        expect(state.tradeStatus).toBe(command.status)
+        expectPolledAfterTheCall(state.nextPollAt, { before, after: Date.now() }, ref)
       })
 
       it(`${command.name}: a third signal while its answer's record is held says nothing of it was recorded, exit 130, and nothing is`, async () => {

@@ -3,26 +3,30 @@
 // holds it until the test answers: the call is in flight for certain when the signal is sent. The first signal
 // waits for the answer, which is recorded and printed, exit 130; a second one stops waiting and leaves the order
 // as a timeout does (checked against a run that times out), exit 130.
-import { once } from 'node:events'
+import { type ChildProcess } from 'node:child_process'
 import type { Kysely } from 'kysely'
 import { afterAll, beforeAll, describe, expect, it } from 'vitest'
 import type { Database } from '../src/db/database.js'
-import { spawnCli } from './helpers/cli-process.js'
+import { killLeftovers, startedCli } from './helpers/cli-process.js'
 import { type Reader, seededCliDatabase } from './helpers/cli-database.js'
-import { type HeldRequest, useHoldingPlatform } from './helpers/holding-platform.js'
+import { useHoldingPlatform } from './helpers/holding-platform.js'
 import { milestoneRecord, tradeRecord } from './helpers/partner-api-fixtures.js'
 import { insertOrders } from './helpers/reconcile-orders.js'
+import { expectPolledAfterTheCall, expectStoppedWaiting, FIRST_IN_FLIGHT, says, stopWaitingAtASecondSignal } from './helpers/signals-in-flight.js'
 import { postgresUrl } from './helpers/test-database.js'
 
 const DAY = 86_400_000
-// EXPECTED_WEBHOOK_S's default: a call whose outcome is unknown has its order polled this much later
-const EXPECTED_WEBHOOK_MS = 600_000
-const UNKNOWN_CREATE = 'The trade may or may not exist: the order is marked unknown'
-const UNKNOWN_OPERATION = 'The platform may or may not have done it: check with `trades get`'
+/** What a call whose outcome is not known says of it: a create's (`trades open REF`), another operation's. */
+const unknownCreate = (reference: string) =>
+  'The trade may or may not exist: the order is marked unknown and is linked when the trade’s webhook arrives. Send ' +
+  `the create again only on purpose: \`trades open ${reference} ... --retry\`.`
+const UNKNOWN_OPERATION = 'The platform may or may not have done it: check with `trades get` (the order is polled soon).'
 
 const platform = useHoldingPlatform()
+const children: ChildProcess[] = []
 const cleanups: (() => Promise<void>)[] = []
 afterAll(async () => {
+  killLeftovers(children)
   for (const cleanup of cleanups) await cleanup()
 })
 
@@ -31,41 +35,14 @@ afterAll(async () => {
  * it waits for is its own, never one that another run's call left at the platform.
  */
 function started(args: string[], env: Record<string, string>, marker: string) {
-  const child = spawnCli(args, env)
-  const output = { stdout: '', stderr: '' }
-  child.stdout!.on('data', (chunk) => (output.stdout += chunk))
-  child.stderr!.on('data', (chunk) => (output.stderr += chunk))
-  const exited = once(child, 'exit') as Promise<[number | null, string | null]>
-  let ended = false
-  void exited.then(() => (ended = true))
-  const gone = exited.then(() => 'exited' as const)
+  const run = startedCli(args, env, children)
   /** Its request, once the platform holds it, failing if the process ends before it sends one. */
-  const request = (): Promise<HeldRequest> => platform.requestOf({ closed: () => ended, stderr: () => output.stderr }, marker)
-  /** Resolves once the child has written `text` to stderr, failing if it ends first. */
-  const says = async (text: string): Promise<void> => {
-    while (!output.stderr.includes(text)) {
-      if (ended || (await Promise.race([once(child.stderr!, 'data'), gone])) === 'exited') {
-        throw new Error(`exited before "${text}":\n${output.stderr}`)
-      }
-    }
-  }
-  return { child, output, exited, request, says }
+  return { ...run, request: () => platform.requestOf(run, marker) }
 }
 
 /** Two signals while the call is at the platform: the command stops waiting, says the outcome is unknown, exits 130. */
 async function stopsWaitingAtASecondSignal(run: ReturnType<typeof started>, unknownWords: string): Promise<void> {
-  const request = await run.request()
-  run.child.kill('SIGINT')
-  await run.says('to the call in flight')
-  run.child.kill('SIGTERM')
-  await request.abandoned
-  const [code, endedBy] = await run.exited
-
-  expect({ code, endedBy }, run.output.stderr.slice(-2_000)).toEqual({ code: 130, endedBy: null })
-  expect(run.output.stdout).toBe('')
-  expect(run.output.stderr).toContain('Stopped waiting for the platform’s answer (a second stop signal)')
-  expect(run.output.stderr).toContain(unknownWords)
-  expect(run.output.stderr).toMatch(/ \[outcome_unknown\]\n$/)
+  expectStoppedWaiting(await stopWaitingAtASecondSignal(run, await run.request()), unknownWords)
 }
 
 /**
@@ -74,11 +51,10 @@ async function stopsWaitingAtASecondSignal(run: ReturnType<typeof started>, unkn
  * not sent (`[not_sent]`), which is not what this checks.
  */
 async function timesOutWithTheSameWords(args: string[], env: Record<string, string>, unknownWords: string): Promise<void> {
-  const timedOut = started(args, { ...env, PARTNER_API_TIMEOUT_MS: '2000' }, args[2]!)
-  const [timeoutCode] = await timedOut.exited
-  expect(timeoutCode, timedOut.output.stderr).toBe(1)
-  expect(timedOut.output.stderr).toContain(unknownWords)
-  expect(timedOut.output.stderr).toMatch(/ \[outcome_unknown\]\n$/)
+  const timedOut = await started(args, { ...env, PARTNER_API_TIMEOUT_MS: '2000' }, args[2]!).ended()
+  expect(timedOut.code, timedOut.stderr).toBe(1)
+  expect(timedOut.stderr).toMatch(/ \[outcome_unknown\]\n$/)
+  expect(timedOut.stderr).toContain(`${unknownWords} [outcome_unknown]\n`)
 }
 
 const openArgs = (reference: string) => [
@@ -123,13 +99,13 @@ for (const kind of ['pglite', 'postgres'] as const) {
       const request = await run.request()
       expect(request).toMatchObject({ method: 'POST', path: '/api/partner/v1/trades/' })
       run.child.kill('SIGINT')
-      await run.says('to the call in flight')
+      await says(run, FIRST_IN_FLIGHT)
       request.respond(201, tradeRecord({ trade_id: 'tr_open-answered', external_reference: 'open-answered' }))
-      const [code, endedBy] = await run.exited
+      const ended = await run.ended()
 
-      expect({ code, endedBy }, run.output.stderr.slice(-2_000)).toEqual({ code: 130, endedBy: null })
-      expect(JSON.parse(run.output.stdout).trade.trade_id).toBe('tr_open-answered')
-      expect(run.output.stderr).toContain('stopped by a signal after the call in flight')
+      expect({ code: ended.code, signal: ended.signal }, ended.stderr.slice(-2_000)).toEqual({ code: 130, signal: null })
+      expect(JSON.parse(ended.stdout).trade.trade_id).toBe('tr_open-answered')
+      expect(ended.stderr).toContain('stopped by a signal after the call in flight')
       // as on success: linked, created, polled if no webhook comes
       expect(await orderState(read, 'open-answered')).toMatchObject({
         tradeId: 'tr_open-answered',
@@ -140,10 +116,10 @@ for (const kind of ['pglite', 'postgres'] as const) {
 
     it('trades open: a second signal stops waiting, says the outcome is unknown, exits 130, and leaves what a timeout leaves', async () => {
       const run = started(openArgs('open-abandoned'), env, 'open-abandoned')
-      await stopsWaitingAtASecondSignal(run, UNKNOWN_CREATE)
+      await stopsWaitingAtASecondSignal(run, unknownCreate('open-abandoned'))
 
       // another order, timed out instead: the same words and the same state
-      await timesOutWithTheSameWords(openArgs('open-timeout'), env, UNKNOWN_CREATE)
+      await timesOutWithTheSameWords(openArgs('open-timeout'), env, unknownCreate('open-timeout'))
       const abandoned = await orderState(read, 'open-abandoned')
       expect(abandoned).toMatchObject({ tradeId: null, tradeCreateState: 'unknown' })
       expect(abandoned).toEqual(await orderState(read, 'open-timeout'))
@@ -154,13 +130,13 @@ for (const kind of ['pglite', 'postgres'] as const) {
       const request = await run.request()
       expect(request).toMatchObject({ method: 'POST', path: '/api/partner/v1/trades/tr_fund-answered/fund/' })
       run.child.kill('SIGINT')
-      await run.says('to the call in flight')
+      await says(run, FIRST_IN_FLIGHT)
       request.respond(200, tradeRecord({ trade_id: 'tr_fund-answered', external_reference: 'fund-answered', status: 'funded' }))
-      const [code, endedBy] = await run.exited
+      const ended = await run.ended()
 
-      expect({ code, endedBy }, run.output.stderr.slice(-2_000)).toEqual({ code: 130, endedBy: null })
-      expect(JSON.parse(run.output.stdout).trade.status).toBe('funded')
-      expect(run.output.stderr).toContain('stopped by a signal after the call in flight')
+      expect({ code: ended.code, signal: ended.signal }, ended.stderr.slice(-2_000)).toEqual({ code: 130, signal: null })
+      expect(JSON.parse(ended.stdout).trade.status).toBe('funded')
+      expect(ended.stderr).toContain('stopped by a signal after the call in flight')
       const after = await orderState(read, 'fund-answered')
       expect(after.tradeStatus).toBe('funded')
       expect(after.nextPollAt!.getTime()).toBeLessThan(Date.now() + DAY / 2)
@@ -173,13 +149,13 @@ for (const kind of ['pglite', 'postgres'] as const) {
       const request = await run.request()
       expect(request).toMatchObject({ method: 'POST', path: '/api/partner/v1/trades/tr_milestone-answered/milestones/ms_1/deliver/' })
       run.child.kill('SIGINT')
-      await run.says('to the call in flight')
+      await says(run, FIRST_IN_FLIGHT)
       request.respond(200, milestoneRecord({ milestone_id: 'ms_1', status: 'delivered' }))
-      const [code, endedBy] = await run.exited
+      const ended = await run.ended()
 
-      expect({ code, endedBy }, run.output.stderr.slice(-2_000)).toEqual({ code: 130, endedBy: null })
-      expect(JSON.parse(run.output.stdout).milestone.status).toBe('delivered')
-      expect(run.output.stderr).toMatch(
+      expect({ code: ended.code, signal: ended.signal }, ended.stderr.slice(-2_000)).toEqual({ code: 130, signal: null })
+      expect(JSON.parse(ended.stdout).milestone.status).toBe('delivered')
+      expect(ended.stderr).toMatch(
         /\nstopped by a signal after the call in flight: the platform’s answer is above, and the order records only its poll brought forward \(a milestone record holds no trade status\)\n$/,
       )
       const after = await orderState(read, 'milestone-answered')
@@ -193,14 +169,14 @@ for (const kind of ['pglite', 'postgres'] as const) {
       const run = started(['trades', 'fund', 'fund-signal-timeout'], { ...env, PARTNER_API_TIMEOUT_MS: '8000' }, 'tr_fund-signal-timeout')
       await run.request()
       run.child.kill('SIGINT')
-      await run.says('to the call in flight')
-      const [code, endedBy] = await run.exited
+      await says(run, FIRST_IN_FLIGHT)
+      const ended = await run.ended()
 
-      expect({ code, endedBy }, run.output.stderr.slice(-2_000)).toEqual({ code: 130, endedBy: null })
-      expect(run.output.stdout).toBe('')
-      expect(run.output.stderr).toContain(UNKNOWN_OPERATION)
-      expect(run.output.stderr).toContain(' [outcome_unknown]\n')
-      expect(run.output.stderr).toMatch(/\nstopped by a signal while the call was in flight: its outcome is above\n$/)
+      expect({ code: ended.code, signal: ended.signal }, ended.stderr.slice(-2_000)).toEqual({ code: 130, signal: null })
+      expect(ended.stdout).toBe('')
+      expect(ended.stderr).toContain(UNKNOWN_OPERATION)
+      expect(ended.stderr).toContain(' [outcome_unknown]\n')
+      expect(ended.stderr).toMatch(/\nstopped by a signal while the call was in flight: its outcome is above\n$/)
     })
 
     it('trades fund: a second signal stops waiting, says the outcome is unknown, exits 130, and leaves what a timeout leaves', async () => {
@@ -214,8 +190,7 @@ for (const kind of ['pglite', 'postgres'] as const) {
       for (const reference of ['fund-abandoned', 'fund-timeout']) {
         const state = await orderState(read, reference)
         expect(state.tradeStatus, reference).toBe('created')
-        expect(state.nextPollAt!.getTime(), reference).toBeGreaterThanOrEqual(before + EXPECTED_WEBHOOK_MS - 1_000)
-        expect(state.nextPollAt!.getTime(), reference).toBeLessThanOrEqual(after + EXPECTED_WEBHOOK_MS + 1_000)
+        expectPolledAfterTheCall(state.nextPollAt, { before, after }, reference)
       }
     })
   })
