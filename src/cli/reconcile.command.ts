@@ -326,8 +326,12 @@ async function requeueOpen(withinS: number, json: boolean | undefined): Promise<
     const off = runsInService()
       ? () => {}
       : stopOnSignals(() => {
-          // on Postgres the batch's statement runs on without the process: one ended before its answer is not rolled back
-          writeError('stopping after the batch in flight (a second Ctrl-C ends the process now, without the count: that batch may still commit)\n')
+          // on Postgres the batch's statement runs on without the process: one ended before its answer is not rolled
+          // back. The embedded database runs in this process, and ends with it: the batch in flight is not committed
+          const second = config.databaseUrl
+            ? 'that batch may still commit'
+            : 'the embedded database ends with it, and that batch is not committed'
+          writeError(`stopping after the batch in flight (a second Ctrl-C ends the process now, without the count: ${second})\n`)
           stop.abort()
         })
     try {
