@@ -48,8 +48,10 @@ describeBoth('the compiled serve stopped while its broker path is silent (Postgr
     const lines: string[] = []
     child.stdout!.on('data', (chunk: Buffer) => lines.push(...chunk.toString().split('\n').filter(Boolean)))
     await waitForLogLine(child, 'service listening')
-    // published over the proxy: the connection is open
-    await consumer.waitFor((received) => received.length === 1, 60_000)
+    // published over the proxy: the connection is open (a wait that ends without it says what the service logged)
+    await consumer.waitFor((received) => received.length === 1, 60_000).catch((error: Error) => {
+      throw new Error(`${error.message}; the service's last lines:\n${lines.slice(-12).join('\n')}`, { cause: error })
+    })
     proxy.stall()
     expect(await signalAndClose(child), `the stop's last lines:\n${lines.slice(-6).join('\n')}`).toEqual({ code: 0, signal: null })
   })
