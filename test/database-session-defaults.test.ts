@@ -168,7 +168,9 @@ const schemaOf = (url: string) => /search_path=(\w+)/.exec(new URL(url).searchPa
 
 describePostgres('connections idle past the database\'s idle_session_timeout (Postgres)', () => {
   it('are not ended: the listener hears a notification sent after the idle time, and nothing is lost or logged', async () => {
-    const logger = testLogger()
+    // its lines carry a tag of their own: a line another file's work logs in the second it waits is not its
+    const tag = `idle-session-${randomBytes(4).toString('hex')}`
+    const logger = testLogger().child({ tag })
     const database = await createTestDatabase({ migrate: false, logger, sessionDefaults: { idle_session_timeout: '300ms' } })
     const before = logEntries().length
     try {
@@ -177,10 +179,12 @@ describePostgres('connections idle past the database\'s idle_session_timeout (Po
       // the pool's connections, and the listener's, idle for three times the timeout
       await Promise.all([0, 1].map(() => sql`select pg_sleep(0.05)`.execute(database.db)))
       await new Promise((resolve) => setTimeout(resolve, 1_000))
+      testLogger().warn('another file\'s line')
+      if (process.env.OWN_LINE) logger.warn('own line')
       await sql`select pg_notify('idle_session_test', 'after the idle time')`.execute(database.db)
       await expect.poll(() => heard, { timeout: 10_000 }).toContain('after the idle time')
       await stop()
-      const warnings = logEntries().slice(before).filter((entry) => entry.level === 40).map((entry) => entry.msg)
+      const warnings = logEntries().slice(before).filter((entry) => entry.tag === tag && entry.level === 40).map((entry) => entry.msg)
       expect(warnings).toEqual([])
     } finally {
       await database.close()
