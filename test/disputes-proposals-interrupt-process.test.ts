@@ -272,45 +272,48 @@ for (const kind of ['pglite', 'postgres'] as const) {
         expect((await orderState(read, ref)).tradeStatus).toBe(command.status)
       })
 
-      it(`${command.name}: the first Ctrl-C, then no connection in time: [not_sent], the signal said, exit 130, the order as it was`, async () => {
-        const ref = refOf(command, kind, 'connect-timeout')
-        const unreachableEnv = { ...env, PARTNER_API_BASE_URL: `http://127.0.0.1:${unreachable.port}`, PARTNER_API_TIMEOUT_MS: '8000' }
+      // `command` on `ref` at a platform whose SYN goes unanswered, PARTNER_API_TIMEOUT_MS `timeoutMs`: a first signal
+      // once its connection is under way, and where `second`, a second once it has said so. It ends 130, having
+      // printed nothing, `said` after the first signal's line, and the order is as it was
+      const stoppedWhileConnecting = async (ref: string, { timeoutMs, second, said }: { timeoutMs: string; second: boolean; said: string }) => {
+        const unreachableEnv = { ...env, PARTNER_API_BASE_URL: `http://127.0.0.1:${unreachable.port}`, PARTNER_API_TIMEOUT_MS: timeoutMs }
         const run = startedCli(command.args(ref), unreachableEnv, children)
         await until(() => connectingTo(run.child.pid!, unreachable.port), 'its connection to the platform is under way', run)
         run.child.kill('SIGINT')
+        if (second) {
+          await says(run, FIRST_IN_FLIGHT)
+          run.child.kill('SIGTERM')
+        }
         const ended = await run.ended()
 
         expect({ code: ended.code, signal: ended.signal }, ended.stderr).toEqual({ code: 130, signal: null })
         expect(ended.stdout).toBe('')
-        expect(ended.stderr).toBe(
-          FIRST_IN_FLIGHT +
+        expect(ended.stderr).toBe(FIRST_IN_FLIGHT + said)
+        expect(await orderState(read, ref)).toEqual({ tradeStatus: command.status, nextPollAt: polledAt })
+      }
+
+      it(`${command.name}: the first Ctrl-C, then no connection in time: [not_sent], the signal said, exit 130, the order as it was`, async () => {
+        await stoppedWhileConnecting(refOf(command, kind, 'connect-timeout'), {
+          timeoutMs: '8000',
+          second: false,
+          said:
             `Could not reach the platform at http://127.0.0.1:${unreachable.port} (no connection within 8,000 ms, so the ` +
             'request was not written): nothing was sent and the order is unchanged. In local mode the sandbox runs ' +
             'inside `npm start`: start it, then run this again; otherwise check PARTNER_API_BASE_URL. [not_sent]\n' +
             'stopped by a signal while the call waited for its connection: nothing was sent (above)\n',
-        )
-        expect(await orderState(read, ref)).toEqual({ tradeStatus: command.status, nextPollAt: polledAt })
+        })
       })
 
       it(`${command.name}: a second signal while its connection is being set up is a stop before sending, exit 130, the order as it was`, async () => {
         const ref = refOf(command, kind, 'connecting')
-        // far past the test: the connect never ends by the call's timeout while the signals come
-        const unreachableEnv = { ...env, PARTNER_API_BASE_URL: `http://127.0.0.1:${unreachable.port}`, PARTNER_API_TIMEOUT_MS: '120000' }
-        const run = startedCli(command.args(ref), unreachableEnv, children)
-        await until(() => connectingTo(run.child.pid!, unreachable.port), 'its connection to the platform is under way', run)
-        run.child.kill('SIGINT')
-        await says(run, FIRST_IN_FLIGHT)
-        run.child.kill('SIGTERM')
-        const ended = await run.ended()
-
-        expect({ code: ended.code, signal: ended.signal }, ended.stderr).toEqual({ code: 130, signal: null })
-        expect(ended.stdout).toBe('')
-        expect(ended.stderr).toBe(
-          FIRST_IN_FLIGHT +
+        await stoppedWhileConnecting(ref, {
+          // far past the test: the connect never ends by the call's timeout while the signals come
+          timeoutMs: '120000',
+          second: true,
+          said:
             `Stopped by a signal before the ${command.kind} call on trade ${tradeOf(ref)} for order ${ref} was sent (its ` +
             'connection to the platform was not up yet): nothing sent to the platform, the order as it was [stopped]\n',
-        )
-        expect(await orderState(read, ref)).toEqual({ tradeStatus: command.status, nextPollAt: polledAt })
+        })
       })
     }
 
