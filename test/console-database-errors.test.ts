@@ -11,7 +11,7 @@ import { SERVICE_TABLES } from '../src/db/migrate.js'
 import { createAdminApp } from '../src/http/admin-app.js'
 import type { App } from '../src/http/app.js'
 import { CONSOLE_DATABASE_PAGES, loggedPath } from './helpers/console-pages.js'
-import { logEntries, logLines, testLogger } from './helpers/log-sink.js'
+import { taggedLogger } from './helpers/log-sink.js'
 import { testConfig } from './helpers/test-config.js'
 import { type DatabaseHandle, openDatabase } from '../src/db/open-database.js'
 import { describePostgres, useTestDatabase, withPostgresClient } from './helpers/test-database.js'
@@ -31,9 +31,12 @@ function withoutPaths(entries: Record<string, unknown>[]): string[] {
 describe('every console page while the service’s tables are missing', () => {
   const database = useTestDatabase()
   let admin: App
+  // the console's own lines: another file's in the same worker are not its (log-sink.ts, taggedLogger)
+  let own: ReturnType<typeof taggedLogger>
 
   beforeAll(() => {
-    admin = createAdminApp({ config: testConfig({ ADMIN_TOKEN: TOKEN }), db: database.db, logger: testLogger([TOKEN]) })
+    own = taggedLogger([TOKEN])
+    admin = createAdminApp({ config: testConfig({ ADMIN_TOKEN: TOKEN }), db: database.db, logger: own.logger })
   })
   afterAll(async () => {
     for (const table of SERVICE_TABLES) await sql`alter table if exists ${sql.id(`${table}_aside`)} rename to ${sql.id(table)}`.execute(database.db)
@@ -43,8 +46,8 @@ describe('every console page while the service’s tables are missing', () => {
 
   it('answers each page 503 schema_missing with a Retry-After and no SQL, and each again once the tables are back', async () => {
     for (const path of CONSOLE_DATABASE_PAGES) expect((await get(path)).status, path).toBeLessThan(500)
-    const beforeEntries = logEntries().length
-    const beforeLines = logLines.length
+    const beforeEntries = own.entries().length
+    const beforeLines = own.lines().length
     for (const table of SERVICE_TABLES) await sql`alter table ${sql.id(table)} rename to ${sql.id(`${table}_aside`)}`.execute(database.db)
     try {
       for (const path of CONSOLE_DATABASE_PAGES) {
@@ -59,13 +62,13 @@ describe('every console page while the service’s tables are missing', () => {
     } finally {
       for (const table of SERVICE_TABLES) await sql`alter table ${sql.id(`${table}_aside`)} rename to ${sql.id(table)}`.execute(database.db)
     }
-    const written = logEntries().slice(beforeEntries)
+    const written = own.entries().slice(beforeEntries)
     // logged as the tables missing (one line a second at most), never as an unhandled error
     expect(written.filter((entry) => entry.msg === 'unhandled error')).toEqual([])
     expect(written.filter((entry) => entry.msg === "request refused: the service's tables are missing").map((entry) => entry.path)).toContain(
       loggedPath(CONSOLE_DATABASE_PAGES[0]),
     )
-    expect(logLines.length).toBeGreaterThan(beforeLines)
+    expect(own.lines().length).toBeGreaterThan(beforeLines)
     for (const line of withoutPaths(written)) for (const word of SQL_WORDS) expect(line, String(word)).not.toMatch(word)
     for (const path of CONSOLE_DATABASE_PAGES) expect((await get(path)).status, path).toBeLessThan(500)
   })
@@ -76,6 +79,7 @@ describePostgres('every console page when the service’s user lacks the privile
   const role = `t_reader_${randomBytes(6).toString('hex')}`
   let limited: DatabaseHandle
   let admin: App
+  let own: ReturnType<typeof taggedLogger>
 
   beforeAll(async () => {
     const url = new URL(database.url!)
@@ -88,7 +92,8 @@ describePostgres('every console page when the service’s user lacks the privile
     })
     url.username = role
     limited = openDatabase({ databaseUrl: url.toString(), poolSize: 2 })
-    admin = createAdminApp({ config: testConfig({ ADMIN_TOKEN: TOKEN }), db: limited.db, logger: testLogger([TOKEN]) })
+    own = taggedLogger([TOKEN])
+    admin = createAdminApp({ config: testConfig({ ADMIN_TOKEN: TOKEN }), db: limited.db, logger: own.logger })
   })
   afterAll(async () => {
     await limited?.close().catch(() => {})
@@ -99,8 +104,8 @@ describePostgres('every console page when the service’s user lacks the privile
   })
 
   it('answers each page with the console’s 500 page, and neither it nor the log holds SQL or the database’s words', async () => {
-    const beforeEntries = logEntries().length
-    const beforeLines = logLines.length
+    const beforeEntries = own.entries().length
+    const beforeLines = own.lines().length
     for (const path of CONSOLE_DATABASE_PAGES) {
       const response = await request(admin).get(path).set('Authorization', `Bearer ${TOKEN}`)
       expect([response.status, response.type], path).toEqual([500, 'text/html'])
@@ -108,12 +113,13 @@ describePostgres('every console page when the service’s user lacks the privile
       const words = response.text.replace(/<[^>]*>/g, ' ')
       for (const word of [...SQL_WORDS, /permission denied/i]) expect(words, `${path}: ${word}`).not.toMatch(word)
     }
-    const unhandled = logEntries()
+    const unhandled = own
+      .entries()
       .slice(beforeEntries)
       .filter((entry) => entry.msg === 'unhandled error')
     expect(unhandled.map((entry) => entry.path)).toEqual(CONSOLE_DATABASE_PAGES.map(loggedPath))
     for (const entry of unhandled) expect((entry.err as { code?: unknown }).code).toBe('42501')
-    expect(logLines.length).toBeGreaterThan(beforeLines)
-    for (const line of withoutPaths(logEntries().slice(beforeEntries))) for (const word of SQL_WORDS) expect(line, String(word)).not.toMatch(word)
+    expect(own.lines().length).toBeGreaterThan(beforeLines)
+    for (const line of withoutPaths(own.entries().slice(beforeEntries))) for (const word of SQL_WORDS) expect(line, String(word)).not.toMatch(word)
   })
 })

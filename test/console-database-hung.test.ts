@@ -13,7 +13,7 @@ import { DEFAULT_STATEMENT_TIMEOUT_MS } from '../src/db/statement-timeout.js'
 import { createAdminApp } from '../src/http/admin-app.js'
 import type { App } from '../src/http/app.js'
 import { CONSOLE_DATABASE_PAGES, loggedPath } from './helpers/console-pages.js'
-import { logEntries, testLogger } from './helpers/log-sink.js'
+import { taggedLogger, testLogger } from './helpers/log-sink.js'
 import { wakeLatePast } from './helpers/late-loop.js'
 import { startTcpProxy, type TcpProxy } from './helpers/tcp-proxy.js'
 import { testConfig } from './helpers/test-config.js'
@@ -74,18 +74,21 @@ describePostgres('the console while the database hangs (Postgres)', () => {
     const pooled = openDatabase({ databaseUrl: proxy.rewrite(database.url!), poolSize: 1 })
     try {
       expect(CONSOLE_BOUND_MS).toBeLessThan(DEFAULT_STATEMENT_TIMEOUT_MS)
-      const app = createAdminApp({ config: testConfig({ ADMIN_TOKEN: TOKEN }), db: pooled.db, logger: testLogger([TOKEN]) })
+      // the console's own lines: another file's in the same worker are not its (log-sink.ts, taggedLogger)
+      const own = taggedLogger([TOKEN])
+      const app = createAdminApp({ config: testConfig({ ADMIN_TOKEN: TOKEN }), db: pooled.db, logger: own.logger })
       const getOn = (path: string) => request(app).get(path).set('Authorization', `Bearer ${TOKEN}`)
       expect((await getOn('/console/deliveries')).status).toBe(200)
       expect(pooled.poolStats()).toEqual({ total: 1, idle: 1, waiting: 0 })
-      const before = logEntries().length
+      const before = own.entries().length
       proxy.silence()
       const response = await getOn('/console/deliveries')
       expect([response.status, response.type, response.headers['retry-after']]).toEqual([503, 'text/html', '5'])
       expect(response.text).toContain('<title>Try again shortly')
       expect(response.text).toContain('The database is unavailable; retry later (database_unavailable).')
       // the console's bound ended the wait, not the pool's (which logs `the database connection was lost or timed out`)
-      const unavailable = logEntries()
+      const unavailable = own
+        .entries()
         .slice(before)
         .filter((entry) => entry.msg === 'database unavailable')
         .map((entry) => ({ path: entry.path, message: (entry.err as { message?: unknown }).message }))
@@ -124,13 +127,16 @@ describePostgres('every console page while the database hangs (Postgres, a pool 
   let pooled: DatabaseHandle
   let app: App
   let shortBoundApp: App
+  let own: ReturnType<typeof taggedLogger>
 
   beforeAll(async () => {
     const server = new URL(postgresUrl!)
     proxy = await startTcpProxy({ host: server.hostname, port: Number(server.port || 5432) })
     // the default statement timeout: the pool's own wait for an answer is 15 s, the console's 5
     pooled = openDatabase({ databaseUrl: proxy.rewrite(database.url!), poolSize: 1 })
-    const deps = { config: testConfig({ ADMIN_TOKEN: TOKEN }), db: pooled.db, logger: testLogger([TOKEN]) }
+    // the consoles' own lines: another file's in the same worker are not theirs (log-sink.ts, taggedLogger)
+    own = taggedLogger([TOKEN])
+    const deps = { config: testConfig({ ADMIN_TOKEN: TOKEN }), db: pooled.db, logger: own.logger }
     app = createAdminApp(deps)
     shortBoundApp = createAdminApp({ ...deps, consolePageAnswerMs: SHORT_BOUND_MS })
   })
@@ -146,11 +152,11 @@ describePostgres('every console page while the database hangs (Postgres, a pool 
     // the pool's one connection, idle, from before the hang
     expect((await getOn(path)).status, path).toBeLessThan(500)
     expect(pooled.poolStats()).toEqual({ total: 1, idle: 1, waiting: 0 })
-    const before = logEntries().length
+    const before = own.entries().length
     proxy.silence()
     try {
       const response = await getOn(path)
-      expectAnsweredByTheBound(path, response, logEntries().slice(before), racing ? CONSOLE_BOUND_MS : SHORT_BOUND_MS)
+      expectAnsweredByTheBound(path, response, own.entries().slice(before), racing ? CONSOLE_BOUND_MS : SHORT_BOUND_MS)
     } finally {
       proxy.restore()
     }
@@ -165,12 +171,12 @@ describePostgres('every console page while the database hangs (Postgres, a pool 
     const getOn = (page: string) => request(app).get(page).set('Authorization', `Bearer ${TOKEN}`)
     expect((await getOn(path)).status, path).toBeLessThan(500)
     expect(pooled.poolStats()).toEqual({ total: 1, idle: 1, waiting: 0 })
-    const before = logEntries().length
+    const before = own.entries().length
     proxy.silence()
     try {
       await wakeLatePast(CONNECT_TIMEOUT_MS)
       const response = await getOn(path)
-      expectAnsweredByTheBound(path, response, logEntries().slice(before), CONSOLE_BOUND_MS)
+      expectAnsweredByTheBound(path, response, own.entries().slice(before), CONSOLE_BOUND_MS)
     } finally {
       proxy.restore()
     }

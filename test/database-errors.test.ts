@@ -12,7 +12,7 @@ import { createApp } from '../src/http/app.js'
 import { findOrderByExternalReference } from '../src/orders/order.repository.js'
 import { createOrder } from './helpers/orders.js'
 import { freePort } from './helpers/cli-process.js'
-import { logLines, testLogger } from './helpers/log-sink.js'
+import { logLines, taggedLogger, testLogger } from './helpers/log-sink.js'
 import { startTcpProxy } from './helpers/tcp-proxy.js'
 import { testConfig } from './helpers/test-config.js'
 import { createTestDatabase, describePostgres, type TestDatabase, useTestDatabase } from './helpers/test-database.js'
@@ -84,9 +84,12 @@ for (const kind of ['pglite', 'postgres'] as const) {
   describeKind(`input the database refuses, on ${kind === 'postgres' ? 'Postgres (Postgres)' : 'PGlite'}`, () => {
     let database: TestDatabase
     let app: ReturnType<typeof createApp>
+    // the app's own lines: another file's in the same worker are not its (log-sink.ts, taggedLogger)
+    let own: ReturnType<typeof taggedLogger>
     beforeAll(async () => {
       database = await createTestDatabase({ kind })
-      app = createApp({ config, db: database.db, logger: testLogger(config.webhook.secrets), clock: systemClock })
+      own = taggedLogger(config.webhook.secrets)
+      app = createApp({ config, db: database.db, logger: own.logger, clock: systemClock })
     })
     afterAll(async () => {
       await database.close()
@@ -140,12 +143,12 @@ for (const kind of ['pglite', 'postgres'] as const) {
     it('logs a long kind clipped: a 180,000-character status or event is not in any log line whole', async () => {
       const reference = `long-${randomBytes(4).toString('hex')}`
       await createOrder(database.db, { externalReference: reference })
-      const before = logLines.length
+      const before = own.lines().length
       for (const override of [{ event: undefined, status: `"${'s'.repeat(180_000)}"` }, { event: `"trade.${'e'.repeat(180_000)}"` }]) {
         const response = await sendWebhook(app, { body: body(reference, override) })
         expect(response.status).toBe(200)
       }
-      const lines = logLines.slice(before)
+      const lines = own.lines().slice(before)
       expect(lines.join('')).toContain('webhook payload invalid')
       expect(Math.max(...lines.map((line) => line.length))).toBeLessThan(2_000)
     })
@@ -154,12 +157,12 @@ for (const kind of ['pglite', 'postgres'] as const) {
       const marker = `marker${randomBytes(4).toString('hex')}`
       const reference = `logged-${randomBytes(4).toString('hex')}`
       await createOrder(database.db, { externalReference: reference })
-      const before = logLines.length
+      const before = own.lines().length
       // a NUL in the event, which only the database refuses (the trade's fields are refused before it: isTradeFact),
       // and the marker in a field the database's context would quote
       const response = await sendWebhook(app, { body: body(reference, { trade_id: `"${marker}"`, event: '"trade.funded\\u0000"' }) })
       expect(response.status).toBe(200)
-      const lines = logLines.slice(before).join('')
+      const lines = own.lines().slice(before).join('')
       expect(lines, lines).toContain('"code":"22021"')
       expect(lines).toContain('"sqlstateClass":"22"')
       expect(lines).not.toContain(marker)

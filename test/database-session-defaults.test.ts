@@ -11,7 +11,7 @@ import { systemClock } from '../src/clock.js'
 import { checkSessionDefaults } from '../src/db/session-defaults.js'
 import { createApp } from '../src/http/app.js'
 import { findOrderByExternalReference } from '../src/orders/order.repository.js'
-import { logEntries, testLogger } from './helpers/log-sink.js'
+import { logEntries, taggedLogger, testLogger } from './helpers/log-sink.js'
 import { createOrder } from './helpers/orders.js'
 import { testConfig } from './helpers/test-config.js'
 import { createTestDatabase, describePostgres, postgresUrl, type TestDatabaseOptions } from './helpers/test-database.js'
@@ -168,11 +168,11 @@ const schemaOf = (url: string) => /search_path=(\w+)/.exec(new URL(url).searchPa
 
 describePostgres('connections idle past the database\'s idle_session_timeout (Postgres)', () => {
   it('are not ended: the listener hears a notification sent after the idle time, and nothing is lost or logged', async () => {
-    // its lines carry a tag of their own: a line another file's work logs in the second it waits is not its
-    const tag = `idle-session-${randomBytes(4).toString('hex')}`
-    const logger = testLogger().child({ tag })
+    // the database's own lines: a line another file's work logs in the second it waits is not its (log-sink.ts,
+    // taggedLogger)
+    const { logger, entries } = taggedLogger()
     const database = await createTestDatabase({ migrate: false, logger, sessionDefaults: { idle_session_timeout: '300ms' } })
-    const before = logEntries().length
+    const before = entries().length
     try {
       const heard: (string | undefined)[] = []
       const stop = await database.listen('idle_session_test', (payload) => heard.push(payload))
@@ -184,7 +184,7 @@ describePostgres('connections idle past the database\'s idle_session_timeout (Po
       await sql`select pg_notify('idle_session_test', 'after the idle time')`.execute(database.db)
       await expect.poll(() => heard, { timeout: 10_000 }).toContain('after the idle time')
       await stop()
-      const warnings = logEntries().slice(before).filter((entry) => entry.tag === tag && entry.level === 40).map((entry) => entry.msg)
+      const warnings = entries().slice(before).filter((entry) => entry.level === 40).map((entry) => entry.msg)
       expect(warnings).toEqual([])
     } finally {
       await database.close()

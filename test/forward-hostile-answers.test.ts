@@ -10,12 +10,14 @@ import { createForwarder, ForwardError } from '../src/reactions/forwarder.js'
 import type { HandlerContext, ReactionEvent } from '../src/reactions/reaction-event.js'
 import { FakeClock } from './helpers/fake-clock.js'
 import { type ForwardReceiver, startForwardReceiver } from './helpers/forward-receiver.js'
-import { logEntries, logLines, testLogger } from './helpers/log-sink.js'
+import { taggedLogger } from './helpers/log-sink.js'
 import { forwarderUnderDispatcher } from './helpers/forwarder-under-dispatcher.js'
 import { useTestDatabase } from './helpers/test-database.js'
 
 const SECRET = `whsec_${randomBytes(32).toString('base64')}`
-const logger = testLogger([SECRET.slice('whsec_'.length)])
+// the forwarders' own lines: another file's in the same worker are not theirs (log-sink.ts, taggedLogger)
+const own = taggedLogger([SECRET.slice('whsec_'.length)])
+const logger = own.logger
 
 const event: ReactionEvent = {
   eventId: '7d1f0a52-3b9e-4c11-8f2a-6e5d4c3b2a10',
@@ -126,13 +128,14 @@ describe.each(PATHS)('the forwarder, through %s', (_path, fetchImplementation) =
     const target = await receiver(() => 410)
     const url = new URL(target.url)
     url.search = '?token=a-token-in-the-query-0001'
-    const before = logEntries().length
+    const before = own.entries().length
 
     const error = await failureOf(forwarderAt(url.toString())(event, context()))
 
     expect(error).toMatchObject({ code: 'forward_gone', status: 410, permanent: true })
     expect(error.message).toBe(`the forward receiver ${url.origin} answered 410 Gone: it asks for no more events, so the job is failed without retrying`)
-    const warnings = logEntries()
+    const warnings = own
+      .entries()
       .slice(before)
       .filter((entry) => entry.level === 40)
     expect(warnings).toHaveLength(1)
@@ -144,10 +147,10 @@ describe.each(PATHS)('the forwarder, through %s', (_path, fetchImplementation) =
 
   it('says each key once in its debug line, the event id and attempt coming from the handler\'s logger', async () => {
     const target = await receiver(() => 204)
-    const linesBefore = logLines.length
+    const linesBefore = own.lines().length
     const jobLogger = logger.child({ handler: 'forwarder', eventId: event.eventId, attempt: 1 })
     await forwarderAt(target.url)(event, { ...context(), logger: jobLogger })
-    const lines = logLines.slice(linesBefore).join('').split('\n').filter((line) => line.includes('"reaction forwarded"'))
+    const lines = own.lines().slice(linesBefore).filter((line) => line.includes('"reaction forwarded"'))
     expect(lines).toHaveLength(1)
     for (const key of ['eventId', 'attempt', 'handler', 'type', 'receiver', 'status']) {
       expect(lines[0]!.split(`"${key}":`).length - 1, key).toBe(1)
@@ -157,7 +160,7 @@ describe.each(PATHS)('the forwarder, through %s', (_path, fetchImplementation) =
   // a 500 and no answer at all were logged "reaction forwarded"
   it('logs an answer other than 2xx, and no answer, as "reaction forward failed"', async () => {
     const failing = await receiver(() => 500)
-    const before = logLines.length
+    const before = own.lines().length
     await failureOf(forwarderAt(failing.url)(event, context()))
     const closedPort = await new Promise<number>((resolve) => {
       const server = net.createServer().listen(0, '127.0.0.1', () => {
@@ -166,10 +169,9 @@ describe.each(PATHS)('the forwarder, through %s', (_path, fetchImplementation) =
       })
     })
     await failureOf(forwarderAt(`http://127.0.0.1:${closedPort}/hook`)(event, context()))
-    const lines = logLines
+    const lines = own
+      .lines()
       .slice(before)
-      .join('')
-      .split('\n')
       .filter((line) => line.includes('"receiver":'))
       .map((line) => JSON.parse(line) as Record<string, unknown>)
     expect(lines).toEqual([

@@ -10,7 +10,7 @@ import { analyzeChangedTables, analyzeIfParkedOutgrown, STATISTICS_CHECK_INTERVA
 import { recordDeliveriesAndApply } from '../src/orders/apply-observation.js'
 import { observationSettings, webhookObservation } from '../src/orders/observations.js'
 import { FakeClock } from './helpers/fake-clock.js'
-import { logEntries, testLogger } from './helpers/log-sink.js'
+import { logEntries, taggedLogger, testLogger } from './helpers/log-sink.js'
 import { eventually } from './helpers/reconcile-poller.js'
 import { testConfig } from './helpers/test-config.js'
 import { signBody, tradePayload } from './helpers/webhook-delivery.js'
@@ -151,7 +151,9 @@ describe('the service during a burst of parked deliveries', () => {
   it('refreshes the statistics once it parked 1,000 deliveries since they last counted, without waiting for its look', async () => {
     const clock = new FakeClock()
     const config = testConfig({ PORT: '0', POLL_ENABLED: 'false', ...(database.url ? { DATABASE_URL: database.url } : {}) })
-    const service = await startTestService({ config, logger: testLogger(), clock })
+    // the service's own lines: another file's in the same worker are not its (log-sink.ts, taggedLogger)
+    const own = taggedLogger()
+    const service = await startTestService({ config, logger: own.logger, clock })
     try {
       await service.ready
       const { db } = service.database
@@ -181,16 +183,16 @@ describe('the service during a burst of parked deliveries', () => {
         }
       }
       const before = await analyzes(db, 'webhook_deliveries')
-      const linesBefore = logEntries().length
+      const linesBefore = own.entries().length
       await park(1, 990)
       // fewer than 1,000: nothing counted them yet
       expect(await analyzes(db, 'webhook_deliveries')).toBe(before)
       await park(991, 30)
       // the statistics view counts the analyze before the service hears it finished and says so: wait for the line
       const refreshed = expect.objectContaining({ msg: 'planner statistics refreshed: parked deliveries outgrew them' })
-      await vi.waitFor(() => expect(logEntries().slice(linesBefore)).toContainEqual(refreshed), { timeout: 30_000, interval: 50 })
+      await vi.waitFor(() => expect(own.entries().slice(linesBefore)).toContainEqual(refreshed), { timeout: 30_000, interval: 50 })
       expect(await analyzes(db, 'webhook_deliveries')).toBeGreaterThan(before)
-      const written = logEntries().slice(linesBefore)
+      const written = own.entries().slice(linesBefore)
       expect(written.filter((line) => Number(line.level) >= 40)).toEqual([])
     } finally {
       await service.stop()
@@ -375,7 +377,8 @@ describe('the embedded database as its deliveries grow', () => {
 
   it('is analyzed by the service every 10 s of its clock, where a table changed enough', async () => {
     const clock = new FakeClock()
-    const service = await startTestService({ config: testConfig({ PORT: '0', POLL_ENABLED: 'false' }), logger: testLogger(), clock })
+    const own = taggedLogger()
+    const service = await startTestService({ config: testConfig({ PORT: '0', POLL_ENABLED: 'false' }), logger: own.logger, clock })
     try {
       await service.ready
       const { db } = service.database
@@ -387,12 +390,12 @@ describe('the embedded database as its deliveries grow', () => {
       }
       await sql`insert into orders (external_reference) select 'reads-' || i from generate_series(1, 3000) i`.execute(db)
       await ingest(db, 1, 80)
-      const linesBefore = logEntries().length
+      const linesBefore = own.entries().length
       const before = await analyzed()
       await eventually(() => clock.sleeps.includes(STATISTICS_CHECK_INTERVAL_MS), 'the watch waits its interval')
       await clock.advance(STATISTICS_CHECK_INTERVAL_MS)
       await vi.waitFor(async () => expect(await analyzed()).toBe(before + 1), { timeout: 30_000, interval: 50 })
-      const written = logEntries().slice(linesBefore)
+      const written = own.entries().slice(linesBefore)
       expect(written).toContainEqual(
         expect.objectContaining({ msg: 'planner statistics refreshed', tables: expect.arrayContaining(['orders', 'webhook_deliveries']) }),
       )
@@ -485,9 +488,10 @@ describe.skipIf(!process.env.TEST_DATABASE_URL)('the service on Postgres, and au
       select current_setting('autovacuum') as autovacuum, current_setting('track_counts') as track_counts`.execute(db)
     const off = rows[0]!.autovacuum === 'off' || rows[0]!.trackCounts === 'off'
     const clock = new FakeClock()
+    const own = taggedLogger()
     const service = await startTestService({
       config: testConfig({ PORT: '0', POLL_ENABLED: 'false', DATABASE_URL: database.url! }),
-      logger: testLogger(),
+      logger: own.logger,
       clock,
     })
     try {
@@ -496,7 +500,7 @@ describe.skipIf(!process.env.TEST_DATABASE_URL)('the service on Postgres, and au
       await sql`select pg_stat_force_next_flush()`.execute(db)
       await sql`select 1`.execute(db)
       const before = await analyzes(db, 'orders')
-      const lines = logEntries().length
+      const lines = own.entries().length
       const intervals = () => clock.sleeps.filter((ms) => ms === STATISTICS_CHECK_INTERVAL_MS).length
       await eventually(() => intervals() > 0, 'the watch waits its interval')
       const intervalsBefore = intervals()
@@ -508,13 +512,13 @@ describe.skipIf(!process.env.TEST_DATABASE_URL)('the service on Postgres, and au
       await vi.waitFor(async () => expect(await gauge()).toBe(off ? '1' : '0'), { timeout: 30_000, interval: 50 })
       if (off) {
         await vi.waitFor(async () => expect(await analyzes(db, 'orders')).toBe(before + 1), { timeout: 30_000, interval: 50 })
-        const warnings = logEntries().slice(lines).filter((line) => Number(line.level) >= 40)
+        const warnings = own.entries().slice(lines).filter((line) => Number(line.level) >= 40)
         expect(warnings.map((line) => line.msg)).toEqual([expect.stringMatching(/^autovacuum is off on the database/)])
       } else {
         // one look's time: the watch sleeps its interval again once it has looked
         await eventually(() => intervals() > intervalsBefore, 'the watch looks and waits again')
         expect(await analyzes(db, 'orders')).toBe(before)
-        expect(logEntries().slice(lines).filter((line) => Number(line.level) >= 40)).toEqual([])
+        expect(own.entries().slice(lines).filter((line) => Number(line.level) >= 40)).toEqual([])
       }
     } finally {
       await service.stop()

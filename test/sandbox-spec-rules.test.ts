@@ -18,7 +18,7 @@ import { PartnerApiClient } from '../src/partner-api/partner-api.client.js'
 import { PartnerValidationError } from '../src/partner-api/partner-api-error.js'
 import { createSandbox, type Sandbox } from '../src/sandbox/create-sandbox.js'
 import { runCommandWith } from './helpers/cli-in-process.js'
-import { logEntries, testLogger } from './helpers/log-sink.js'
+import { taggedLogger, testLogger } from './helpers/log-sink.js'
 import { eventually } from './helpers/reconcile-poller.js'
 import { TEST_API_KEY_ID, TEST_API_SECRET, TEST_WEBHOOK_SECRET, testConfig } from './helpers/test-config.js'
 import { createTestDatabase, type TestDatabase } from './helpers/test-database.js'
@@ -347,6 +347,8 @@ describe('the trades commands against the sandbox', () => {
   let database: TestDatabase
   let sandbox: Sandbox
   let context: CliContext
+  // the commands' own lines: another file's in the same worker are not theirs (log-sink.ts, taggedLogger)
+  let own: ReturnType<typeof taggedLogger>
 
   beforeAll(async () => {
     database = await createTestDatabase()
@@ -357,7 +359,8 @@ describe('the trades commands against the sandbox', () => {
       logger: testLogger(),
     })
     const config = testConfig({ PARTNER_API_BASE_URL: await sandbox.listen(0), POLL_ENABLED: 'false' })
-    context = { config, logger: testLogger([TEST_API_SECRET]), db: database.db }
+    own = taggedLogger([TEST_API_SECRET])
+    context = { config, logger: own.logger, db: database.db }
   })
   afterAll(async () => {
     await sandbox.close()
@@ -369,7 +372,7 @@ describe('the trades commands against the sandbox', () => {
   }
 
   it('print the milestone ids on open, and each milestone’s new status after deliver and release', async () => {
-    const before = logEntries().length
+    const before = own.entries().length
     const opened = await cli(
       'trades', 'open', 'ms-order-1', '--title', 'Bicycle', '--amount', '120.00', '--currency', 'EUR',
       '--seller', 's-1', '--milestone', 'Frame:70.00', '--milestone', 'Wheels:50.00',
@@ -389,7 +392,8 @@ describe('the trades commands against the sandbox', () => {
     expect(released.stdout).toContain(`milestone ${frame!.milestone_id} (Frame) is released`)
 
     // one client per command, one logger: "ready" is info once, then debug
-    const ready = logEntries()
+    const ready = own
+      .entries()
       .slice(before)
       .filter((entry) => entry.msg === 'partner api client ready')
     expect(ready.map((entry) => entry.level)).toEqual([30, 20, 20, 20])

@@ -18,7 +18,7 @@ import { createApp } from '../src/http/app.js'
 import { createMetrics } from '../src/metrics/metrics.js'
 import { findOrderByExternalReference } from '../src/orders/order.repository.js'
 import { startForwardReceiver } from './helpers/forward-receiver.js'
-import { logEntries, rememberSecret, testLogger } from './helpers/log-sink.js'
+import { rememberSecret, taggedLogger, testLogger } from './helpers/log-sink.js'
 import { createOrder } from './helpers/orders.js'
 import { reactionRecords } from './helpers/reaction-jobs.js'
 import { TEST_API_SECRET, TEST_WEBHOOK_SECRET, testConfig } from './helpers/test-config.js'
@@ -28,7 +28,9 @@ import { signBody, sendWebhook, tradePayload } from './helpers/webhook-delivery.
 
 const TOKEN = 'schema-missing-token-0123456789abcdef'
 const config = testConfig({ ADMIN_TOKEN: TOKEN })
-const logger = testLogger([TOKEN])
+// the apps' own lines: another file's in the same worker are not theirs (log-sink.ts, taggedLogger)
+const own = taggedLogger([TOKEN])
+const logger = own.logger
 
 describe('a database whose tables are missing (a restore under way, a database replaced)', () => {
   const database = useTestDatabase()
@@ -49,7 +51,7 @@ describe('a database whose tables are missing (a restore under way, a database r
     const { rows } = await sql<{ schema: string }>`select current_schema() as schema`.execute(database.db)
     const schema = rows[0]!.schema
     await sql`drop schema ${sql.id(schema)} cascade`.execute(database.db)
-    const before = logEntries().length
+    const before = own.entries().length
 
     const ready = await request(app).get('/readyz')
     expect(ready.status).toBe(503)
@@ -72,7 +74,7 @@ describe('a database whose tables are missing (a restore under way, a database r
     expect(page.text).toContain('<title>Try again shortly')
     expect(page.text).toContain('(schema_missing)')
 
-    const lines = logEntries().slice(before)
+    const lines = own.entries().slice(before)
     expect(lines.filter((line) => line.msg === 'unhandled error')).toEqual([])
     const refusedLines = lines.filter((line) => String(line.msg).includes("the service's tables are missing"))
     expect(refusedLines.length).toBeGreaterThan(0)
@@ -143,7 +145,7 @@ describe('a database whose tables are missing (a restore under way, a database r
     // a database restored in part (or from a dump before migration 0019) with 0019 recorded as applied: the column the
     // ingest statement writes is not there
     await sql`alter table webhook_deliveries drop column order_version`.execute(database.db)
-    const before = logEntries().length
+    const before = own.entries().length
     const deliveryId = `dlv_column_${Date.now()}`
     try {
       const ready = await request(app).get('/readyz')
@@ -163,7 +165,7 @@ describe('a database whose tables are missing (a restore under way, a database r
       expect((await findOrderByExternalReference(database.db, reference))?.tradeStatus).toBeNull()
       expect(await history()).toEqual([])
 
-      const lines = logEntries().slice(before)
+      const lines = own.entries().slice(before)
       expect(lines.filter((line) => line.msg === 'unhandled error')).toEqual([])
       const refusedLines = lines.filter((line) => line.msg === "webhook not stored: the database's schema is behind this build (a column is missing)")
       expect(refusedLines.length).toBeGreaterThan(0)
@@ -256,7 +258,9 @@ describePostgres('a column dropped under the running service (Postgres)', () => 
     const forwardSecret = `whsec_${randomBytes(32).toString('base64')}`
     rememberSecret(forwardSecret.slice('whsec_'.length))
     const config = testConfig({ DATABASE_URL: database.url!, PORT: '0', POLL_ENABLED: 'false', FORWARD_URL: receiver.url, FORWARD_SECRET: forwardSecret })
-    const service = await startTestService({ config, logger: testLogger([TEST_API_SECRET, TEST_WEBHOOK_SECRET]) })
+    // the service's own lines (log-sink.ts, taggedLogger)
+    const served = taggedLogger([TEST_API_SECRET, TEST_WEBHOOK_SECRET])
+    const service = await startTestService({ config, logger: served.logger })
     try {
       await service.ready
       const body = JSON.stringify(tradePayload('column-dropped', 'funded'))
@@ -272,7 +276,7 @@ describePostgres('a column dropped under the running service (Postgres)', () => 
         return { status: response.status, message: ((await response.json()) as { error?: { message: string } }).error?.message }
       }
       await createOrder(database.db, { externalReference: 'column-dropped' })
-      const before = logEntries().length
+      const before = served.entries().length
 
       await sql`alter table webhook_deliveries drop column order_version`.execute(database.db)
       try {
@@ -291,7 +295,7 @@ describePostgres('a column dropped under the running service (Postgres)', () => 
       expect((await findOrderByExternalReference(database.db, 'column-dropped'))?.tradeStatus).toBe('funded')
       await receiver.waitFor(1)
       expect(receiver.received.map((forwarded) => JSON.parse(forwarded.rawBody).type)).toEqual(['trade.funded'])
-      expect(logEntries().slice(before).filter((line) => line.msg === 'unhandled error')).toEqual([])
+      expect(served.entries().slice(before).filter((line) => line.msg === 'unhandled error')).toEqual([])
     } finally {
       await service.stop()
       await receiver.close()

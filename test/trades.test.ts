@@ -15,7 +15,7 @@ import { runTradeOperation } from '../src/trades/run-trade-operation.js'
 import type { CallGuard, PartnerTradeApi, TradeDeps } from '../src/trades/trade-deps.js'
 import { TradeOperationError } from '../src/trades/trade-operation-error.js'
 import { FakeClock } from './helpers/fake-clock.js'
-import { logEntries, testLogger } from './helpers/log-sink.js'
+import { taggedLogger } from './helpers/log-sink.js'
 import { fakeTradeApi } from './helpers/partner-api-fake-client.js'
 import { milestoneRecord, tradeRecord } from './helpers/partner-api-fixtures.js'
 import { startRecordingServer } from './helpers/partner-api-recording-server.js'
@@ -26,7 +26,9 @@ const SECRET = 'apisec_trades_test_9d8c7b6a5f4e3d2c1b0a'
 const EXPECTED_WEBHOOK_S = 600
 const CREATE_TIMEOUT_MS = 10_000
 const STALE_AFTER_S = 21_600
-const logger = testLogger([SECRET])
+// the operations' own lines: another file's in the same worker are not theirs (log-sink.ts, taggedLogger)
+const own = taggedLogger([SECRET])
+const logger = own.logger
 
 const request = { title: 'Used bicycle', amount: '120.00', currency: 'EUR', seller_id: 'seller_1' }
 
@@ -455,7 +457,7 @@ describe('runTradeOperation', () => {
     await runTradeOperation(deps(fakeTradeApi(), clock), ref, { kind: 'fund' })
     const funded = await order(ref)
     await clock.advance(30_000)
-    const before = logEntries().length
+    const before = own.entries().length
     // what the platform says of the milestone, even a status that reads like a trade's, is not the trade's
     const delivered = milestoneRecord({ milestone_id: 'ms_1', status: 'released' })
     const client = fakeTradeApi({
@@ -472,7 +474,7 @@ describe('runTradeOperation', () => {
       { fromStatus: null, toStatus: 'created', source: 'api' },
       { fromStatus: 'created', toStatus: 'funded', source: 'api' },
     ])
-    const done = logEntries().slice(before).filter((entry) => entry.msg === 'trade operation done')
+    const done = own.entries().slice(before).filter((entry) => entry.msg === 'trade operation done')
     expect(done).toEqual([
       expect.objectContaining({ operation: 'deliver_milestone', record: 'milestone', milestoneId: 'ms_1', milestoneStatus: 'released' }),
     ])
@@ -489,7 +491,7 @@ describe('runTradeOperation', () => {
 
   it('applies the trade status of a trade record that a milestone operation answered', async () => {
     const { ref, clock, opened } = await openedOrder()
-    const before = logEntries().length
+    const before = own.entries().length
     const trade = tradeRecord({ trade_id: opened.tradeId!, external_reference: ref, status: 'released' })
     const client = fakeTradeApi({ releaseMilestone: async () => ({ record: 'trade', trade }) })
     expect(await runTradeOperation(deps(client, clock), ref, { kind: 'release_milestone', milestoneId: 'ms_1' })).toEqual({
@@ -499,7 +501,7 @@ describe('runTradeOperation', () => {
     const after = await order(ref)
     expect(after).toMatchObject({ tradeStatus: 'released', statusSource: 'api' })
     expect((await history(after.id)).at(-1)).toEqual({ fromStatus: 'created', toStatus: 'released', source: 'api' })
-    expect(logEntries().slice(before).filter((entry) => entry.msg === 'trade operation done')).toEqual([
+    expect(own.entries().slice(before).filter((entry) => entry.msg === 'trade operation done')).toEqual([
       expect.objectContaining({ operation: 'release_milestone', record: 'trade', status: 'released' }),
     ])
   })
@@ -507,7 +509,7 @@ describe('runTradeOperation', () => {
   it('applies nothing, says so and polls soon when a milestone operation answers another milestone’s record', async () => {
     const { ref, clock, opened } = await openedOrder()
     await clock.advance(1_000)
-    const before = logEntries().length
+    const before = own.entries().length
     const client = fakeTradeApi({
       deliverMilestone: async () => ({ record: 'milestone', milestone: milestoneRecord({ milestone_id: 'ms_other\nforged' }) }),
     })
@@ -523,7 +525,7 @@ describe('runTradeOperation', () => {
     expect(after).toMatchObject({ tradeId: opened.tradeId, tradeStatus: 'created' })
     expect(after.nextPollAt?.getTime()).toBe(clock.now() + EXPECTED_WEBHOOK_S * 1000)
     expect(await history(after.id)).toEqual([{ fromStatus: null, toStatus: 'created', source: 'api' }])
-    const entries = logEntries().slice(before)
+    const entries = own.entries().slice(before)
     expect(entries.filter((entry) => entry.msg === 'trade operation done')).toEqual([])
     expect(entries).toContainEqual(
       expect.objectContaining({ msg: 'the platform answered the record of another milestone: order not changed', milestoneId: 'ms_1', answeredMilestoneId: 'ms_other\nforged' }),

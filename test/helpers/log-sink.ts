@@ -41,3 +41,21 @@ export function testLogger(secrets: readonly string[] = []): Logger {
 export function logEntries(): Record<string, unknown>[] {
   return logLines.flatMap((line) => line.split('\n').filter(Boolean)).map((line) => JSON.parse(line))
 }
+
+let tags = 0
+
+/**
+ * A test logger whose every line (its children's too) carries a tag of its own, and the entries and raw lines it
+ * wrote: for a test that counts the lines of the thing under test over a window of time. The files of a worker share
+ * its process, and with it this sink: a line another file's work logs meanwhile (a limited line's summary comes up to
+ * a second later) lands in any window, but is not among these.
+ */
+export function taggedLogger(secrets: readonly string[] = []): { logger: Logger; entries: () => Record<string, unknown>[]; lines: () => string[] } {
+  const logTag = `log-${process.pid}-${++tags}`
+  const marker = `"logTag":"${logTag}"`
+  return {
+    logger: testLogger(secrets).child({ logTag }),
+    entries: () => logEntries().filter((entry) => entry.logTag === logTag),
+    lines: () => logLines.flatMap((line) => line.split('\n').filter(Boolean)).filter((line) => line.includes(marker)),
+  }
+}
