@@ -40,6 +40,22 @@ function started(args: string[], env: Record<string, string>, marker: string) {
   return { ...run, request: () => platform.requestOf(run, marker) }
 }
 
+/**
+ * One signal while the call (a POST to `path`) is at the platform, which then answers `status` `body`: the command
+ * waits for that answer, and exits 130. How it ended.
+ */
+async function waitsForTheAnswerAtAFirstSignal(run: ReturnType<typeof started>, path: string, status: number, body: unknown) {
+  const request = await run.request()
+  expect(request).toMatchObject({ method: 'POST', path })
+  run.child.kill('SIGINT')
+  await says(run, FIRST_IN_FLIGHT)
+  request.respond(status, body)
+  const ended = await run.ended()
+
+  expect({ code: ended.code, signal: ended.signal }, ended.stderr.slice(-2_000)).toEqual({ code: 130, signal: null })
+  return ended
+}
+
 /** Two signals while the call is at the platform: the command stops waiting, says the outcome is unknown, exits 130. */
 async function stopsWaitingAtASecondSignal(run: ReturnType<typeof started>, unknownWords: string): Promise<void> {
   expectStoppedWaiting(await stopWaitingAtASecondSignal(run, await run.request()), unknownWords)
@@ -96,14 +112,12 @@ for (const kind of ['pglite', 'postgres'] as const) {
 
     it('trades open: the first Ctrl-C waits for the answer, which is printed and recorded, and exits 130', async () => {
       const run = started(openArgs('open-answered'), env, 'open-answered')
-      const request = await run.request()
-      expect(request).toMatchObject({ method: 'POST', path: '/api/partner/v1/trades/' })
-      run.child.kill('SIGINT')
-      await says(run, FIRST_IN_FLIGHT)
-      request.respond(201, tradeRecord({ trade_id: 'tr_open-answered', external_reference: 'open-answered' }))
-      const ended = await run.ended()
-
-      expect({ code: ended.code, signal: ended.signal }, ended.stderr.slice(-2_000)).toEqual({ code: 130, signal: null })
+      const ended = await waitsForTheAnswerAtAFirstSignal(
+        run,
+        '/api/partner/v1/trades/',
+        201,
+        tradeRecord({ trade_id: 'tr_open-answered', external_reference: 'open-answered' }),
+      )
       expect(JSON.parse(ended.stdout).trade.trade_id).toBe('tr_open-answered')
       expect(ended.stderr).toContain('stopped by a signal after the call in flight')
       // as on success: linked, created, polled if no webhook comes
@@ -127,14 +141,12 @@ for (const kind of ['pglite', 'postgres'] as const) {
 
     it('trades fund: the first Ctrl-C waits for the answer, which is printed and applied, and exits 130', async () => {
       const run = started(['trades', 'fund', 'fund-answered', '--json'], env, 'tr_fund-answered')
-      const request = await run.request()
-      expect(request).toMatchObject({ method: 'POST', path: '/api/partner/v1/trades/tr_fund-answered/fund/' })
-      run.child.kill('SIGINT')
-      await says(run, FIRST_IN_FLIGHT)
-      request.respond(200, tradeRecord({ trade_id: 'tr_fund-answered', external_reference: 'fund-answered', status: 'funded' }))
-      const ended = await run.ended()
-
-      expect({ code: ended.code, signal: ended.signal }, ended.stderr.slice(-2_000)).toEqual({ code: 130, signal: null })
+      const ended = await waitsForTheAnswerAtAFirstSignal(
+        run,
+        '/api/partner/v1/trades/tr_fund-answered/fund/',
+        200,
+        tradeRecord({ trade_id: 'tr_fund-answered', external_reference: 'fund-answered', status: 'funded' }),
+      )
       expect(JSON.parse(ended.stdout).trade.status).toBe('funded')
       expect(ended.stderr).toContain('stopped by a signal after the call in flight')
       const after = await orderState(read, 'fund-answered')
@@ -146,14 +158,12 @@ for (const kind of ['pglite', 'postgres'] as const) {
     // after the signal said "recorded locally"
     it('trades milestone deliver answered with the milestone record: the first Ctrl-C, and the line says only the poll is recorded, exit 130', async () => {
       const run = started(['trades', 'milestone', 'deliver', 'milestone-answered', 'ms_1', '--json'], env, 'tr_milestone-answered')
-      const request = await run.request()
-      expect(request).toMatchObject({ method: 'POST', path: '/api/partner/v1/trades/tr_milestone-answered/milestones/ms_1/deliver/' })
-      run.child.kill('SIGINT')
-      await says(run, FIRST_IN_FLIGHT)
-      request.respond(200, milestoneRecord({ milestone_id: 'ms_1', status: 'delivered' }))
-      const ended = await run.ended()
-
-      expect({ code: ended.code, signal: ended.signal }, ended.stderr.slice(-2_000)).toEqual({ code: 130, signal: null })
+      const ended = await waitsForTheAnswerAtAFirstSignal(
+        run,
+        '/api/partner/v1/trades/tr_milestone-answered/milestones/ms_1/deliver/',
+        200,
+        milestoneRecord({ milestone_id: 'ms_1', status: 'delivered' }),
+      )
       expect(JSON.parse(ended.stdout).milestone.status).toBe('delivered')
       expect(ended.stderr).toMatch(
         /\nstopped by a signal after the call in flight: the platform’s answer is above, and the order records only its poll brought forward \(a milestone record holds no trade status\)\n$/,
