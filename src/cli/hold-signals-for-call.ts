@@ -198,7 +198,12 @@ function theCall(end: CallEnd): string {
 
 /** What the first signal says once the call has settled: what it came to, and what the command records of it. */
 function settledLine(end: CallEnd): string {
-  if (end.outcome === 'answered') return 'the platform has answered: recording and printing its answer, then stopping'
+  if (end.outcome === 'answered') {
+    // a case only the recording can tell (`trades open` answered with a trade other than one linked meanwhile) is
+    // named with what it records then: "recording and printing its answer" alone was not true of it
+    const instead = end.instead ? `; if ${end.instead.when}, recording instead ${end.instead.records}, and saying so` : ''
+    return `the platform has answered: recording and printing its answer, then stopping${instead}`
+  }
   const recording = end.records ? `recording ${end.records.change} and saying so, then stopping; ${end.records.see}` : 'saying so, then stopping'
   return `the call to the platform is over, and ${endWords(end)}: ${recording}`
 }
@@ -206,8 +211,9 @@ function settledLine(end: CallEnd): string {
 /** What the second signal once the call has settled says: what is being recorded, and that a third ends the process. */
 function secondSettledLine(end: CallEnd): string {
   if (end.outcome === 'answered') {
+    const instead = end.instead ? `, or, if ${end.instead.when}, ${end.instead.records}` : ''
     return (
-      'the platform has answered: recording its answer (another Ctrl-C ends the process now: before its COMMIT is ' +
+      `the platform has answered: recording its answer${instead} (another Ctrl-C ends the process now: before its COMMIT is ` +
       'sent, nothing of the answer is recorded; once it is sent, whether it was recorded is not known, and the line ' +
       'says where to look)'
     )

@@ -70,14 +70,23 @@ export function toldWhenRecorded<T>(recording: ((committed: boolean) => void) | 
 }
 
 /**
- * How a call to the platform ended. answered: a 2xx, whose record is recorded; refused: a 4xx, nothing done there;
+ * How a call to the platform ended. answered: a 2xx, whose record is recorded (or, `instead`, what a case only the
+ * recording finds writes); refused: a 4xx, nothing done there;
  * not_sent: never written (a request refused before sending, no connection), nothing done there; unknown: no answer
  * (a timeout, a lost connection, the operator's abandoned wait) or a 5xx, the platform may or may not have done it.
  * `records` is the local write that follows a failed call ("the mark of order o_1's create as unknown"), and `see`
  * where to look.
  */
 export type CallEnd =
-  | { outcome: 'answered' }
+  | {
+      outcome: 'answered'
+      /**
+       * What the recording writes in place of the answer in a case only it can tell (it reads the order under its
+       * lock), `when` ("a trade other than tr_2 was linked to order o_1 meanwhile"), and what it then records ("the
+       * order's trade_mismatch flag"): a stop signal names both, never only "recording and printing its answer".
+       */
+      instead?: { when: string; records: string } | undefined
+    }
   | { outcome: 'refused' | 'not_sent' | 'unknown'; records?: { change: string; see: string } | undefined }
 
 /** How a call that failed ended (CallEnd): any error other than no answer, a 5xx or one never sent is a refusal. */
