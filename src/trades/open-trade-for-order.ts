@@ -235,17 +235,52 @@ export async function openTradeForOrder(
     }
     throw error
   }
-  guard?.settled({ outcome: 'answered' })
+  // Told before the recording, which a stop signal's line precedes: an answer that is the record of another order (its
+  // external_reference another's) links nothing, and what the create did is not known, as after a timeout; the
+  // recording marks the create unknown, unless a trade was linked to the order meanwhile: then it flags the order
+  // trade_mismatch (below, unchanged). Whether one was, or whether the answered trade is another order's (the unknown
+  // mark too), is known only in the recording (the order's row under its lock, applyObservation), so an answer of the
+  // order's own is said with those cases too. They were said as "recording and printing its answer", which none is
+  const otherOrder = trade.external_reference !== externalReference
+  const answeredTrade = printable(trade.trade_id)
+  const orderWords = `order ${printable(externalReference)}`
+  const createSee = `\`orders show ${quoteForShell(externalReference)}\``
+  guard?.settled(
+    otherOrder
+      ? {
+          outcome: 'unknown',
+          records: {
+            change:
+              `the mark of ${orderWords}'s create as unknown (its answer is the record of another order; should another ` +
+              "trade have been linked to the order meanwhile, the order's trade_mismatch flag instead)",
+            see: `${createSee} shows it; do not send the create again before checking the platform`,
+          },
+        }
+      : {
+          outcome: 'answered',
+          instead: {
+            when: `a trade other than ${answeredTrade} was linked to ${orderWords} meanwhile, or ${answeredTrade} is another order's`,
+            records: "the order's trade_mismatch flag, or the mark of its create as unknown, respectively",
+          },
+        },
+  )
 
   const now = clock.now()
   const orderId = order.id
-  const tradeId = quoteForShell(printable(trade.trade_id))
-  const recording = guard?.recording?.({
-    answer: `trade ${printable(trade.trade_id)}, created by the platform for order ${printable(externalReference)}`,
-    see:
-      `\`orders show ${quoteForShell(externalReference)}\` says whether the order has the trade; if not, ` +
-      `\`trades link ${quoteForShell(externalReference)} ${tradeId}\` links it (never \`trades open --retry\`: it would make a second trade)`,
-  })
+  const tradeId = quoteForShell(answeredTrade)
+  const recording = guard?.recording?.(
+    otherOrder
+      ? {
+          answer: `the answer to ${orderWords}'s create (trade ${answeredTrade}, another order's)`,
+          see: `${createSee} shows what the order records of its create; do not send the create again before checking the platform`,
+        }
+      : {
+          answer: `trade ${answeredTrade}, created by the platform for ${orderWords}`,
+          see:
+            `${createSee} says whether the order has the trade; if not, ` +
+            `\`trades link ${quoteForShell(externalReference)} ${tradeId}\` links it (never \`trades open --retry\`: it would make a second trade)`,
+        },
+  )
   const recorded = await toldWhenRecorded(
     recording,
     db.transaction().execute(async (trx): Promise<Recorded> => {
