@@ -35,7 +35,9 @@
 // With a CallGuard (the CLI's Ctrl-C): a stop asked for before the create is sent stops it there, nothing
 // sent, the order's state as it was, and so does one that ends the call while its connection is still being set up
 // (nothing written); once it is sent, an operator who stops waiting for the answer leaves the order as a timeout
-// does, `unknown`.
+// does, `unknown`. Once it is answered, a stop says what the recording writes: an answer of another order is told from
+// the answer as a create whose outcome is not known, being marked unknown; one of the order's own names too what only
+// the recording can find (a trade linked meanwhile: the trade_mismatch flag; the trade another order's: the mark).
 //
 // An order this call created stays, whatever the create then does (creating it applied the webhooks parked for
 // its reference): with nothing sent or the create refused, it is `none`, and the same open sends it.
