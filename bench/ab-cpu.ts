@@ -15,7 +15,7 @@
 // it have passed (what the console leaves behind for the deliveries after it).
 import { randomBytes } from 'node:crypto'
 import { type MakeDelivery, sendDeliveries } from './send-deliveries.js'
-import { backendCpu, backendCpuSince, createBenchSchema, environmentOfB, inAlternatingPairs, median, reactionsDone } from './ab-rounds.js'
+import { backendCpu, backendCpuSince, CONSOLE_TOKEN, createBenchSchema, environmentOfB, inAlternatingPairs, median, reactionsDone, visitConsole } from './ab-rounds.js'
 import { cpuMs, startService, stopService } from './service-process.js'
 
 const [distA, distB, pairsArg, requestsArg] = process.argv.slice(2)
@@ -40,15 +40,6 @@ const matched = (index: number) => {
   const order = (index % 100_000) + 1
   const status = STATUSES[Math.min(Math.floor(index / 100_000), 4)]!
   return { deliveryId: `${run}-m-${index}`, body: JSON.stringify({ trade_id: `trd-${order}`, reference: `R-${order}`, status, external_reference: `bench-${order}` }) }
-}
-
-const CONSOLE_TOKEN = 'ab-console-token-0123456789abcdef'
-// one page of the operator console; then the page's deadline (CONSOLE_PAGE_ANSWER_MS, 5 s) and a second more
-const visitConsole = async (adminPort: number) => {
-  const page = await fetch(`http://127.0.0.1:${adminPort}/console/`, { headers: { authorization: `Bearer ${CONSOLE_TOKEN}` } })
-  if (page.status !== 200) throw new Error(`the console answered ${page.status}`)
-  await page.arrayBuffer()
-  await new Promise((resolve) => setTimeout(resolve, 6_500))
 }
 
 const bench = await createBenchSchema('bench')

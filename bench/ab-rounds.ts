@@ -116,3 +116,13 @@ export async function reactionsDone(url: string): Promise<void> {
     await client.end()
   }
 }
+
+/** The console's token of a service asked for a page first (AB_CONSOLE, ALLOC_CONSOLE). */
+export const CONSOLE_TOKEN = 'ab-console-token-0123456789abcdef'
+// one page of the operator console; then the page's deadline (CONSOLE_PAGE_ANSWER_MS, 5 s) and a second more
+export const visitConsole = async (adminPort: number) => {
+  const page = await fetch(`http://127.0.0.1:${adminPort}/console/`, { headers: { authorization: `Bearer ${CONSOLE_TOKEN}` } })
+  if (page.status !== 200) throw new Error(`the console answered ${page.status}`)
+  await page.arrayBuffer()
+  await new Promise((resolve) => setTimeout(resolve, 6_500))
+}

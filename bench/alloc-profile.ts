@@ -6,7 +6,8 @@
 //
 // ALLOC_FORWARD=1: with the forwarder as the one reaction handler, sending each transition to bench/server.ts's
 // receiver (another process): the matched load is then sampled until every transition it made was forwarded, and
-// its bytes a request are the ingest's and the forwarding's.
+// its bytes a request are the ingest's and the forwarding's. ALLOC_CONSOLE=1: the service first answers one operator
+// console page, and the loads start once that page's deadline and the second after it have passed.
 //
 // Bytes, unlike time, do not grow with what else runs on the machine: this is a measure a shared machine keeps.
 // They do move a little with timing, as the group commit's statements carry more or fewer deliveries each.
@@ -16,7 +17,7 @@ import { randomBytes } from 'node:crypto'
 import { copyFileSync, existsSync, mkdtempSync, readFileSync, rmSync, statSync } from 'node:fs'
 import os from 'node:os'
 import path from 'node:path'
-import { createBenchSchema, reactionsDone } from './ab-rounds.js'
+import { CONSOLE_TOKEN, createBenchSchema, reactionsDone, visitConsole } from './ab-rounds.js'
 import { type MakeDelivery, sendDeliveries } from './send-deliveries.js'
 import { startBenchServer, startService, stopService } from './service-process.js'
 
@@ -92,7 +93,8 @@ try {
   const forwarding: Record<string, string> = receiver
     ? { FORWARD_URL: `http://127.0.0.1:${receiver.port}/forward`, FORWARD_SECRET: `whsec_${randomBytes(32).toString('base64')}` }
     : {}
-  const { child, port } = await startService(bench.url, { orders: 100_000, seen: 5000 }, { ALLOC_PROFILE_FILE: file, ...forwarding }, dist, {
+  const consoleEnv: Record<string, string> = process.env.ALLOC_CONSOLE === '1' ? { ADMIN_TOKEN: CONSOLE_TOKEN } : {}
+  const { child, port, adminPort } = await startService(bench.url, { orders: 100_000, seen: 5000 }, { ALLOC_PROFILE_FILE: file, ...forwarding, ...consoleEnv }, dist, {
     nodeFlags: `${process.env.BENCH_NODE_FLAGS ?? '--max-semi-space-size=8 --max-old-space-size=512'} --import=${path.join(root, 'bench/alloc-sampler.mjs')}`,
   })
   // one load sampled: the first SIGUSR2 starts the sampler, the second writes its profile
@@ -117,6 +119,7 @@ try {
     if (receiver) await reactionsDone(bench.url)
   }
   try {
+    if (process.env.ALLOC_CONSOLE === '1') await visitConsole(adminPort)
     // warm-up of both paths, unsampled
     await sendDeliveries(port, seen, 3000)
     await sendDeliveries(port, matched, 3000)
