@@ -13,12 +13,11 @@
 // transaction id, once the request is at the platform (the command's writes before the call go through first); on
 // PGlite by a BEFORE UPDATE trigger that writes a file into the data directory and sleeps until the test writes another
 // (helpers/pglite-statement-hold.ts).
-import { type ChildProcess } from 'node:child_process'
 import type { Kysely } from 'kysely'
-import { afterAll, beforeAll, describe, expect, it } from 'vitest'
+import { beforeAll, describe, expect, it } from 'vitest'
 import type { Database } from '../src/db/database.js'
 import { type Reader, seededCliDatabase } from './helpers/cli-database.js'
-import { killLeftovers, startedCli } from './helpers/cli-process.js'
+import { endedAfterAll, startedCli } from './helpers/cli-process.js'
 import { holdStatementOnPglite } from './helpers/pglite-statement-hold.js'
 import { useHoldingPlatform } from './helpers/holding-platform.js'
 import { eventually } from './helpers/reconcile-poller.js'
@@ -29,12 +28,7 @@ import { ordersShareLock } from './helpers/orders-share-lock.js'
 import { postgresUrl } from './helpers/test-database.js'
 
 const platform = useHoldingPlatform()
-const cleanups: (() => Promise<void>)[] = []
-const children: ChildProcess[] = []
-afterAll(async () => {
-  killLeftovers(children)
-  for (const cleanup of cleanups) await cleanup()
-})
+const { children, cleanups } = endedAfterAll()
 
 const UNAVAILABLE = { error: { code: 'unavailable', message: 'upstream unavailable' } }
 const REFUSED = { error: { code: 'duplicate_reference', message: 'a trade with this reference exists' } }

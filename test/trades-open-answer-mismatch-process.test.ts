@@ -12,13 +12,12 @@
 // transaction with no transaction id once the create is at the platform (the recording's row lock goes through, its
 // write waits); on PGlite by a BEFORE UPDATE trigger that writes a file into the data directory and sleeps until the
 // test writes another (helpers/pglite-statement-hold.ts).
-import { type ChildProcess } from 'node:child_process'
 import { type Kysely, sql } from 'kysely'
-import { afterAll, describe, expect, it } from 'vitest'
+import { describe, expect, it } from 'vitest'
 import type { Database } from '../src/db/database.js'
 import { findOrderByExternalReference } from '../src/orders/order.repository.js'
 import { type Reader, seededCliDatabase } from './helpers/cli-database.js'
-import { killLeftovers, startedCli } from './helpers/cli-process.js'
+import { endedAfterAll, startedCli } from './helpers/cli-process.js'
 import { useHoldingPlatform } from './helpers/holding-platform.js'
 import { ordersShareLock } from './helpers/orders-share-lock.js'
 import { tradeRecord } from './helpers/partner-api-fixtures.js'
@@ -29,12 +28,7 @@ import { stopThreeTimes } from './helpers/stop-three-times.js'
 import { postgresUrl } from './helpers/test-database.js'
 
 const platform = useHoldingPlatform()
-const cleanups: (() => Promise<void>)[] = []
-const children: ChildProcess[] = []
-afterAll(async () => {
-  killLeftovers(children)
-  for (const cleanup of cleanups) await cleanup()
-})
+const { children, cleanups } = endedAfterAll()
 
 const openArgs = (ref: string) => ['trades', 'open', ref, '--title', 'Used bicycle', '--amount', '120.00', '--currency', 'EUR', '--seller', 's_1']
 

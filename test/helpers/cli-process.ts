@@ -8,6 +8,7 @@ import { once } from 'node:events'
 import { mkdtempSync, readFileSync, rmSync } from 'node:fs'
 import { tmpdir } from 'node:os'
 import path from 'node:path'
+import { afterAll } from 'vitest'
 
 import { rememberSecret } from './log-sink.js'
 import { TEST_API_KEY_ID, TEST_API_SECRET, TEST_WEBHOOK_SECRET } from './test-config.js'
@@ -153,6 +154,20 @@ export function killLeftovers(children: ChildProcess[], pids: number[] = []): vo
     }
   }
   for (const child of children) child.kill('SIGKILL')
+}
+
+/**
+ * The children a test file starts and the clean-ups it registers, ended after all its tests (afterAll): the children
+ * killed first (killLeftovers), then each clean-up in turn.
+ */
+export function endedAfterAll(): { children: ChildProcess[]; cleanups: (() => Promise<void>)[] } {
+  const children: ChildProcess[] = []
+  const cleanups: (() => Promise<void>)[] = []
+  afterAll(async () => {
+    killLeftovers(children)
+    for (const cleanup of cleanups) await cleanup()
+  })
+  return { children, cleanups }
 }
 
 /**
