@@ -68,7 +68,7 @@ describePostgres('a trade command whose database goes away once its call is sent
 
   it('trades release answered: says the platform released it, what the order could not record, exit 1 [answer_not_recorded]', async () => {
     await moveNewOrder(database.db, { externalReference: 'rel-1', statuses: ['created', 'funded'], handlersFor: () => [], now: () => new Date() })
-    const result = await cutWhileAtPlatform(['trades', 'release', 'rel-1'], { tradeId: 'trd_rel-1', status: 'released' })
+    const result = await cutWhileAtPlatform(['trades', 'release', 'rel-1'], { tradeId: 'trd_rel-1', status: 'released', externalReference: 'rel-1' })
     expect(result.sent.map((each) => `${each.method} ${each.path}`)).toEqual(['POST /api/partner/v1/trades/trd_rel-1/release/'])
     expect(result.stderr).not.toMatch(/try again/)
     expect(result.stderr).toMatch(
