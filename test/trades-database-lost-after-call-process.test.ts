@@ -47,7 +47,7 @@ describePostgres('a trade command whose database goes away once its call is sent
   })
 
   /** The database cut as the platform takes the call, and back once the command has ended. */
-  async function cutWhileAtPlatform(args: string[], gate: { hang?: boolean; tradeId?: string; status?: string } = {}) {
+  async function cutWhileAtPlatform(args: string[], gate: { hang?: boolean; tradeId?: string; status?: string; externalReference?: string } = {}) {
     const before = platform.requests.length
     platform.gate = { ...gate, before: () => proxy.cut() }
     try {
