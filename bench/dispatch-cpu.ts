@@ -43,20 +43,27 @@ const ingest = async (dist: string) => {
   }
 }
 
-// rewinds the no-op handler's stream to just before the last `events` transitions and waits until each has its done job
+// rewinds the no-op handler's stream to just before the last `events` transitions and waits until it has handled
+// each: its place at the newest transition, written back, and no job of it unfinished. (A first attempt that
+// succeeds leaves no job row, only its stream batch's record, since migrations/0011: counting done jobs waited for
+// ever.)
 const drain = async () => {
-  const { rows } = await admin.query<{ position: string; id: string }>(
-    `select stream_position::text as position, id::text from ${schema}.order_status_history
-     where stream_position is not null order by stream_position desc, id desc offset $1 limit 1`,
-    [events],
-  )
+  const place = `select stream_position::text as position, id::text from ${schema}.order_status_history
+     where stream_position is not null order by stream_position desc, id desc`
+  const { rows } = await admin.query<{ position: string; id: string }>(`${place} offset $1 limit 1`, [events])
+  const { rows: newest } = await admin.query<{ position: string; id: string }>(`${place} limit 1`)
   const from = rows[0] ?? { position: '0', id: '0' }
   await admin.query(`truncate ${schema}.reaction_jobs`)
   await admin.query(`update ${schema}.reaction_streams set position = $1::xid8, history_id = $2 where handler = 'noop'`, [from.position, from.id])
   await admin.query(`notify reaction_jobs`)
   for (;;) {
-    const { rows: counted } = await admin.query<{ done: number }>(`select count(*)::int as done from ${schema}.reaction_jobs where handler = 'noop' and state = 'done'`)
-    if (counted[0]!.done >= events) return
+    const { rows: handled } = await admin.query(
+      `select 1 from ${schema}.reaction_streams
+        where handler = 'noop' and (position, history_id) >= ($1::xid8, $2::bigint)
+          and not exists (select 1 from ${schema}.reaction_jobs where handler = 'noop' and state <> 'done')`,
+      [newest[0]!.position, newest[0]!.id],
+    )
+    if (handled.length > 0) return
     await new Promise((resolve) => setTimeout(resolve, 50))
   }
 }
