@@ -6,7 +6,8 @@
 //
 // ALLOC_FORWARD=1: with the forwarder as the one reaction handler, sending each transition to bench/server.ts's
 // receiver (another process): the matched load is then sampled until every transition it made was forwarded, and
-// its bytes a request are the ingest's and the forwarding's. ALLOC_CONSOLE=1: the service first answers one operator
+// its bytes a request are the ingest's and the forwarding's. ALLOC_NOOP=1: the same with one in-process no-op handler
+// (bench/serve-noop-handler.mjs) in the forwarder's place: the stream's dispatch without a request. ALLOC_CONSOLE=1: the service first answers one operator
 // console page, and the loads start once that page's deadline and the second after it have passed.
 //
 // Bytes, unlike time, do not grow with what else runs on the machine: this is a measure a shared machine keeps.
@@ -90,12 +91,14 @@ const bench = await createBenchSchema('alloc')
 try {
   const file = path.join(dir, 'load.heapprofile')
   const receiver = process.env.ALLOC_FORWARD === '1' ? await startBenchServer('receiver', {}) : undefined
+  const noopHandler = !receiver && process.env.ALLOC_NOOP === '1'
   const forwarding: Record<string, string> = receiver
     ? { FORWARD_URL: `http://127.0.0.1:${receiver.port}/forward`, FORWARD_SECRET: `whsec_${randomBytes(32).toString('base64')}` }
     : {}
   const consoleEnv: Record<string, string> = process.env.ALLOC_CONSOLE === '1' ? { ADMIN_TOKEN: CONSOLE_TOKEN } : {}
   const { child, port, adminPort } = await startService(bench.url, { orders: 100_000, seen: 5000 }, { ALLOC_PROFILE_FILE: file, ...forwarding, ...consoleEnv }, dist, {
     nodeFlags: `${process.env.BENCH_NODE_FLAGS ?? '--max-semi-space-size=8 --max-old-space-size=512'} --import=${path.join(root, 'bench/alloc-sampler.mjs')}`,
+    noopHandler,
   })
   // one load sampled: the first SIGUSR2 starts the sampler, the second writes its profile
   const sampled = async (slug: string, make: MakeDelivery) => {
@@ -114,9 +117,9 @@ try {
     if (process.env.ALLOC_KEEP) copyFileSync(file, path.join(process.env.ALLOC_KEEP, `${slug}.heapprofile`))
     return summarize(file, requests)
   }
-  // with the forwarder: until every transition so far was taken by its stream and no job of it is left
+  // with a handler: until every transition so far was taken by its stream and no job of it is left
   const forwarded = async () => {
-    if (receiver) await reactionsDone(bench.url)
+    if (receiver || noopHandler) await reactionsDone(bench.url)
   }
   try {
     if (process.env.ALLOC_CONSOLE === '1') await visitConsole(adminPort)
@@ -146,7 +149,7 @@ try {
       )
     }
     console.log(
-      `## Allocations of the receiver${receiver ? ', the forwarder its one reaction handler' : ''}, ${new Date().toISOString()}, ${process.version}, ${dist}\n\n${reports.join('\n')}`,
+      `## Allocations of the receiver${receiver ? ', the forwarder its one reaction handler' : noopHandler ? ', an in-process no-op its one reaction handler' : ''}, ${new Date().toISOString()}, ${process.version}, ${dist}\n\n${reports.join('\n')}`,
     )
   } finally {
     await stopService(child)
