@@ -4,8 +4,9 @@
 // the command is in the settled phase. The compiled CLI as its own process, on Postgres through DATABASE_URL and on
 // embedded PGlite. The first signal said "the platform has answered: recording and printing its answer" of both, the
 // mismatch found only by the recording: now an answer of another order is said as a call whose outcome is not known,
-// with the mark it records, and an answer of the order's own names the case only the recording can tell (a trade linked
-// meanwhile) with the flag it records then. What the recording writes is as it was: the unknown mark, the flag.
+// with the mark it records, and an answer of the order's own, once the recording has found the trade linked meanwhile,
+// with that and the flag it records; a third signal no longer sends the operator to `trades link`, which an order
+// linked to another trade refuses. What the recording writes is as it was: the unknown mark, the flag.
 //
 // The order is linked "meanwhile" by a trigger on its sent stamp (the write as the create leaves), standing for the
 // first create's webhook. The recording is held on Postgres by a SHARE lock of the orders table the test takes in a
@@ -54,8 +55,7 @@ const WHEN_NOT_KNOWN = 'its outcome is not known (the platform may or may not ha
 const otherMark = (ref: string) =>
   `the mark of order ${ref}'s create as unknown (its answer is the record of another order; should another trade have ` +
   "been linked to the order meanwhile, the order's trade_mismatch flag instead)"
-const linkedInstead = (ref: string) => `a trade other than tr_second was linked to order ${ref} meanwhile, or tr_second is another order's`
-const FLAG_OR_MARK = "the order's trade_mismatch flag, or the mark of its create as unknown, respectively"
+const linkedFound = (ref: string) => `the platform has answered, and order ${ref} was linked to trade tr_linked meanwhile`
 const BEFORE_COMMIT =
   'was committed: the platform answered, and nothing of its answer was recorded (its transaction is rolled back, its COMMIT not sent)'
 const STOPPED_ON_MISMATCH = 'stopped by a signal during the call, whose answer was not the record it was sent for: its outcome is not known (above)\n'
@@ -89,17 +89,17 @@ const cases: Case[] = [
     answer: (ref) => tradeRecord({ trade_id: 'tr_second', external_reference: ref }),
     linkedMeanwhile: true,
     heldWrite: "new.attention = 'trade_mismatch'",
-    first: (ref) =>
-      'the platform has answered: recording and printing its answer, then stopping; ' +
-      `if ${linkedInstead(ref)}, recording instead ${FLAG_OR_MARK}, and saying so\n`,
+    first: (ref) => `${linkedFound(ref)}: recording the order's trade_mismatch flag and saying so, then stopping\n`,
     second: (ref) =>
-      `the platform has answered: recording its answer, or, if ${linkedInstead(ref)}, ${FLAG_OR_MARK} (another Ctrl-C ` +
-      'ends the process now: before its COMMIT is sent, nothing of the answer is recorded; once it is sent, whether it ' +
-      'was recorded is not known, and the line says where to look)\n',
+      `${linkedFound(ref)}: recording the order's trade_mismatch flag (another Ctrl-C ends the process now: before its ` +
+      'COMMIT is sent, nothing of the answer is recorded; once it is sent, whether it was recorded is not known, and the ' +
+      'line says where to look)\n',
+    // not `trades link`, which the order, linked to tr_linked, refuses
     third: (ref) =>
       `Stopped by a third signal before the record of trade tr_second, created by the platform for order ${ref} ` +
-      `${BEFORE_COMMIT}; \`orders show '${ref}'\` says whether the order has the trade; if not, \`trades link '${ref}' ` +
-      'tr_second` links it (never `trades open --retry`: it would make a second trade) [stopped]\n',
+      `${BEFORE_COMMIT}; \`orders show '${ref}'\` shows trade tr_linked (and the trade_mismatch flag, if recorded): the ` +
+      'platform may hold a second trade for the order; check its trades there, cancel the one not linked, then ' +
+      `\`reconcile --requeue '${ref}'\` if the order is flagged [stopped]\n`,
     failure: (ref) =>
       `The platform answered for order ${ref} (a trade create) with the record of trade tr_second for external reference ` +
       `${ref}: another trade or order. Nothing of it was applied: the order was linked to trade tr_linked meanwhile (by ` +

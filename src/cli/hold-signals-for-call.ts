@@ -12,7 +12,10 @@
 //   once it has settled      the answer is recorded (one transaction) and printed, exit 130; a call that got no
 //                            answer (outcome unknown, as is one answered with a record of something else), was
 //                            refused or was not sent is said as that, never as answered, with what the command records of it (CallEnd: the mark of a create as
-//                            unknown, the poll brought forward, a create set back) and where to look
+//                            unknown, the poll brought forward, a create set back) and where to look; an answer
+//                            whose record depends on what the recording reads (`trades open`: the order, under its
+//                            lock) is said as being decided until it is, then as what the recording found (CallEnd's
+//                            deciding and found)
 // A third signal once the call has settled ends the process saying what it leaves of the answer's record
 // (stoppedAfterTheCall, below), exit 130; one after a second abandoned the wait, before the call has ended, says its
 // outcome is not known and nothing of it recorded, exit 130; any other later signal (a second one before the call is
@@ -140,13 +143,23 @@ export function holdSignalsForCall(): HeldSignals {
  */
 function stoppedAfterTheCall(
   write: { change: string; see: string } | undefined,
-  record: { answer: string; see: string; committed: boolean } | undefined,
+  recordOfTheCall: { answer: string; see: string; committed: boolean } | undefined,
   end: CallEnd,
 ): string {
+  // what the recording found, once it has decided, says where to look in its case (`trades open`: an order linked to
+  // another trade meanwhile, which `trades link` would refuse)
+  const record = recordOfTheCall && end.outcome === 'answered' && end.found ? { ...recordOfTheCall, see: end.found.see } : recordOfTheCall
   if (write) {
     return (
       `Stopped by a third signal while ${write.change} was in flight, after ${theCall(end)}: the write may or ` +
       `may not have been made (on Postgres a statement sent runs on without this process); ${write.see} [stopped]`
+    )
+  }
+  if (record?.committed && end.outcome === 'answered' && end.found) {
+    // "was recorded" was not true of an answer of which the recording wrote nothing (`trades open`: the order gone)
+    return (
+      `Stopped by a third signal once the recording of ${record.answer} was committed (${end.found.what}: it recorded ` +
+      `${end.found.records}), before that was said; ${record.see} [stopped]`
     )
   }
   if (record?.committed) {
@@ -199,10 +212,11 @@ function theCall(end: CallEnd): string {
 /** What the first signal says once the call has settled: what it came to, and what the command records of it. */
 function settledLine(end: CallEnd): string {
   if (end.outcome === 'answered') {
-    // a case only the recording can tell (`trades open` answered with a trade other than one linked meanwhile) is
-    // named with what it records then: "recording and printing its answer" alone was not true of it
-    const instead = end.instead ? `; if ${end.instead.when}, recording instead ${end.instead.records}, and saying so` : ''
-    return `the platform has answered: recording and printing its answer, then stopping${instead}`
+    // what the recording found, once it has decided, or that it is deciding: "recording and printing its answer" was
+    // said of a `trades open` answer whose order was gone or whose create another command had taken over
+    if (end.found) return `the platform has answered, and ${end.found.what}: recording ${end.found.records} and saying so, then stopping`
+    if (end.deciding) return `the platform has answered: reading ${end.deciding} to record its answer, then saying what was recorded and stopping`
+    return 'the platform has answered: recording and printing its answer, then stopping'
   }
   const recording = end.records ? `recording ${end.records.change} and saying so, then stopping; ${end.records.see}` : 'saying so, then stopping'
   return `the call to the platform is over, and ${endWords(end)}: ${recording}`
@@ -211,9 +225,13 @@ function settledLine(end: CallEnd): string {
 /** What the second signal once the call has settled says: what is being recorded, and that a third ends the process. */
 function secondSettledLine(end: CallEnd): string {
   if (end.outcome === 'answered') {
-    const instead = end.instead ? `, or, if ${end.instead.when}, ${end.instead.records}` : ''
+    const what = end.found
+      ? `, and ${end.found.what}: recording ${end.found.records}`
+      : end.deciding
+        ? `: reading ${end.deciding} to record its answer`
+        : ': recording its answer'
     return (
-      `the platform has answered: recording its answer${instead} (another Ctrl-C ends the process now: before its COMMIT is ` +
+      `the platform has answered${what} (another Ctrl-C ends the process now: before its COMMIT is ` +
       'sent, nothing of the answer is recorded; once it is sent, whether it was recorded is not known, and the line ' +
       'says where to look)'
     )

@@ -145,6 +145,12 @@ export async function runTradeCall<T>(
         `${error.message}\nstopped by a signal during the call, whose answer was not the record it was sent for: its outcome is not known (above)`,
       )
     }
+    // the same, the platform's answer not recorded (`trades open`: the order gone or its create another command's, the
+    // database lost): its line names the trade, and the exit is the stop signal's, as the first signal's line said
+    // "then stopping" (it was 1, the signal unmentioned)
+    if (held?.stopped() && error instanceof CommandFailedError && error.code === 'trade_not_recorded') {
+      throw new StoppedBySignalError(`${error.message}\nstopped by a signal after the call: the platform’s answer is not recorded (above)`)
+    }
     // the same, the call's connection never set up in time: nothing was sent (its line says so), and the exit is the
     // stop signal's too (it was 1, the signal unmentioned)
     if (held?.stopped() && error instanceof CommandFailedError && error.code === 'not_sent') {

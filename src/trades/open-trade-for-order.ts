@@ -36,8 +36,10 @@
 // sent, the order's state as it was, and so does one that ends the call while its connection is still being set up
 // (nothing written); once it is sent, an operator who stops waiting for the answer leaves the order as a timeout
 // does, `unknown`. Once it is answered, a stop says what the recording writes: an answer of another order is told from
-// the answer as a create whose outcome is not known, being marked unknown; one of the order's own names too what only
-// the recording can find (a trade linked meanwhile: the trade_mismatch flag; the trade another order's: the mark).
+// the answer as a create whose outcome is not known, being marked unknown; one of the order's own as being decided until
+// the recording has read the order under its lock, then as what it found (a trade linked meanwhile: the trade_mismatch
+// flag; the order gone, or its create no longer this command's: nothing, or the flag; the trade another order's: the
+// mark), with where to look should a third signal end the process.
 //
 // An order this call created stays, whatever the create then does (creating it applied the webhooks parked for
 // its reference): with nothing sent or the create refused, it is `none`, and the same open sends it.
@@ -240,13 +242,18 @@ export async function openTradeForOrder(
   // Told before the recording, which a stop signal's line precedes: an answer that is the record of another order (its
   // external_reference another's) links nothing, and what the create did is not known, as after a timeout; the
   // recording marks the create unknown, unless a trade was linked to the order meanwhile: then it flags the order
-  // trade_mismatch (below, unchanged). Whether one was, or whether the answered trade is another order's (the unknown
-  // mark too), is known only in the recording (the order's row under its lock, applyObservation), so an answer of the
-  // order's own is said with those cases too. They were said as "recording and printing its answer", which none is
+  // trade_mismatch (below, unchanged). What the recording writes of an answer of the order's own is known only once it
+  // has read the order under its lock (linked meanwhile, gone, its create taken over) and applied the answer (the trade
+  // another order's): until then a stop says it is being decided, and then what was found (decided, below). It was said
+  // as "recording and printing its answer", which none of those is
   const otherOrder = trade.external_reference !== externalReference
   const answeredTrade = printable(trade.trade_id)
   const orderWords = `order ${printable(externalReference)}`
   const createSee = `\`orders show ${quoteForShell(externalReference)}\``
+  const tradeId = quoteForShell(answeredTrade)
+  const link = `\`trades link ${quoteForShell(externalReference)} ${tradeId}\``
+  const requeue = `\`reconcile --requeue ${quoteForShell(externalReference)}\``
+  const otherSee = `${createSee} shows what the order records of its create; do not send the create again before checking the platform`
   guard?.settled(
     otherOrder
       ? {
@@ -258,29 +265,31 @@ export async function openTradeForOrder(
             see: `${createSee} shows it; do not send the create again before checking the platform`,
           },
         }
-      : {
-          outcome: 'answered',
-          instead: {
-            when: `a trade other than ${answeredTrade} was linked to ${orderWords} meanwhile, or ${answeredTrade} is another order's`,
-            records: "the order's trade_mismatch flag, or the mark of its create as unknown, respectively",
-          },
-        },
+      : { outcome: 'answered', deciding: orderWords },
   )
+  // what the recording found, said by a stop signal from then on: the line, and where to look should the process end.
+  // An answer of another order stays a create whose outcome is not known, with what the recording writes instead of
+  // the mark (its trade is another order's: never one to link)
+  const decided = (found?: { what: string; records: string; see: string }) => {
+    if (!otherOrder) guard?.settled({ outcome: 'answered', found })
+    else if (found) guard?.settled({ outcome: 'unknown', records: { change: `${found.records} (${found.what})`, see: otherSee } })
+  }
 
   const now = clock.now()
   const orderId = order.id
-  const tradeId = quoteForShell(answeredTrade)
   const recording = guard?.recording?.(
     otherOrder
       ? {
           answer: `the answer to ${orderWords}'s create (trade ${answeredTrade}, another order's)`,
-          see: `${createSee} shows what the order records of its create; do not send the create again before checking the platform`,
+          see: otherSee,
         }
       : {
           answer: `trade ${answeredTrade}, created by the platform for ${orderWords}`,
+          // before the recording has decided: true too of an order linked to another trade meanwhile, which
+          // `trades link` would refuse (said only "if not, `trades link` links it")
           see:
-            `${createSee} says whether the order has the trade; if not, ` +
-            `\`trades link ${quoteForShell(externalReference)} ${tradeId}\` links it (never \`trades open --retry\`: it would make a second trade)`,
+            `${createSee} says whether the order has the trade; if it has none, ${link} links it (never \`trades open ` +
+            '--retry`: it would make a second trade); if it has another, the platform may hold two trades for it: cancel the one not linked',
         },
   )
   const recorded = await toldWhenRecorded(
@@ -292,11 +301,28 @@ export async function openTradeForOrder(
     // a row of another reference under the order's id: the order was deleted, and a database restored or failed over
     // to a copy without it gave its id to another order since
     const current = locked?.externalReference === externalReference ? locked : undefined
-    if (!current) return { outcome: 'not_recorded', flagged: false }
+    if (!current) {
+      decided({
+        what: `${orderWords} is gone`,
+        records: 'nothing of it',
+        see:
+          `once an ${orderWords} exists with no trade, ${link} links the trade (its webhook too); never \`trades open\`: ` +
+          'it would make a second trade',
+      })
+      return { outcome: 'not_recorded', flagged: false }
+    }
     if (current.tradeId != null && current.tradeId !== trade.trade_id) {
       // the order's trade came meanwhile (the first create's webhook, `trades link`, or the create this --retry
       // replaced): this answer is another trade, which no order holds and nothing will poll, so an operator is told
       // on the order itself, where a log line alone would be lost
+      const linked = printable(current.tradeId)
+      decided({
+        what: `${orderWords} was linked to trade ${linked} meanwhile`,
+        records: "the order's trade_mismatch flag",
+        see:
+          `${createSee} shows trade ${linked} (and the trade_mismatch flag, if recorded): the platform may hold a second ` +
+          `trade for the order; check its trades there, cancel the one not linked, then ${requeue} if the order is flagged`,
+      })
       await flagLinkedOrder(trx, { orderId, now: new Date(now), attention: TRADE_MISMATCH })
       return { outcome: 'second_trade', linkedTradeId: current.tradeId }
     }
@@ -309,7 +335,22 @@ export async function openTradeForOrder(
       // a trade too, which it will link. Two trades for one order: flagged for an operator on the order itself, as a
       // second trade answered after a link is, where this command's failure and log line alone would be lost (its
       // create was judged stopped)
-      if (current.tradeCreateState !== 'pending') return { outcome: 'not_recorded', flagged: false }
+      if (current.tradeCreateState !== 'pending') {
+        decided({
+          what: `${orderWords}'s create is no longer this command's (now ${current.tradeCreateState})`,
+          records: 'nothing of it',
+          see: `${createSee} shows the order's create; check the platform before any retry, then link this trade with ${link}`,
+        })
+        return { outcome: 'not_recorded', flagged: false }
+      }
+      decided({
+        what: `${orderWords}'s create was taken over by another command`,
+        records: "the order's trade_mismatch flag",
+        see:
+          `${createSee} shows the other command's create (and the trade_mismatch flag, if recorded): check the order's trades ` +
+          `on the platform, cancel the one not linked (${answeredTrade}, unless that create failed: then link it with ${link}), ` +
+          `then ${requeue} if the order is flagged`,
+      })
       await flagTakenOverCreate(trx, orderId)
       return { outcome: 'not_recorded', flagged: true }
     }
@@ -320,10 +361,18 @@ export async function openTradeForOrder(
     )
     if (observed.outcome === 'trade_mismatch') {
       // the answer is a record of another order: nothing was linked, and whether this create made a trade
-      // is not known, so it is not sent again on its own
+      // is not known, so it is not sent again on its own. Of the order's own reference, the trade is another order's
+      if (!otherOrder) {
+        decided({
+          what: `trade ${answeredTrade} is another order's`,
+          records: `the mark of ${orderWords}'s create as unknown`,
+          see: otherSee,
+        })
+      }
       const marked = await setTradeCreateState(trx, orderId, 'unknown', claim)
       return { outcome: 'mismatch', markedUnknown: marked }
     }
+    decided()
     await markTradeCreated(trx, orderId, { pollAfterS: settings.expectedWebhookS, now: new Date(now) })
     return { outcome: 'linked' }
   }),

@@ -37,7 +37,8 @@ export interface CallGuard {
   sending(): AbortSignal
   /**
    * The call is over, and how (CallEnd): what is left is recording that locally. A stop signal then says what the call
-   * came to, never "answered" for a call that was not.
+   * came to, never "answered" for a call that was not. Called again by a recording that has decided what it writes
+   * (CallEnd's `deciding`), with what it decided.
    */
   settled(end: CallEnd): void
   /**
@@ -70,8 +71,8 @@ export function toldWhenRecorded<T>(recording: ((committed: boolean) => void) | 
 }
 
 /**
- * How a call to the platform ended. answered: a 2xx, whose record is recorded (or, `instead`, what a case only the
- * recording finds writes); refused: a 4xx, nothing done there;
+ * How a call to the platform ended. answered: a 2xx, whose record is recorded (or, `found`, what the recording writes
+ * in a case only it can tell); refused: a 4xx, nothing done there;
  * not_sent: never written (a request refused before sending, no connection), nothing done there; unknown: no answer
  * (a timeout, a lost connection, the operator's abandoned wait) or a 5xx, the platform may or may not have done it.
  * `records` is the local write that follows a failed call ("the mark of order o_1's create as unknown"), and `see`
@@ -81,11 +82,18 @@ export type CallEnd =
   | {
       outcome: 'answered'
       /**
-       * What the recording writes in place of the answer in a case only it can tell (it reads the order under its
-       * lock), `when` ("a trade other than tr_2 was linked to order o_1 meanwhile"), and what it then records ("the
-       * order's trade_mismatch flag"): a stop signal names both, never only "recording and printing its answer".
+       * An answer whose record depends on what the recording reads first (`trades open`: the order, under its lock):
+       * until the recording has decided, what it reads ("order o_1"). A stop signal then says the record is being
+       * decided, and the recording settles the call again once it has (plain, or `found`): "recording and printing its
+       * answer" was not true of an order gone, or whose create another command took over, meanwhile.
        */
-      instead?: { when: string; records: string } | undefined
+      deciding?: string | undefined
+      /**
+       * What the recording found that makes it write something other than the answer's record ("order o_1 was linked
+       * to trade tr_1 meanwhile"), what it records then ("the order's trade_mismatch flag", "nothing of it"), and where
+       * to look and what to do should the process end before that is printed (in place of the recording's `see`).
+       */
+      found?: { what: string; records: string; see: string } | undefined
     }
   | { outcome: 'refused' | 'not_sent' | 'unknown'; records?: { change: string; see: string } | undefined }
 

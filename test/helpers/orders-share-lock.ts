@@ -1,7 +1,8 @@
 // The orders table held on Postgres by a session of the test's: a SHARE lock (writes wait on it, reads go on), taken
 // in a transaction that has no transaction id, checked from another session (one holding an id would hold back every
 // other session's horizon for as long as the test waits). A command's write to orders then waits where the test can
-// see it (pg_blocking_pids) while the test sends signals.
+// see it (pg_blocking_pids) while the test sends signals. In EXCLUSIVE mode (plain reads go on) a read that locks its
+// rows (SELECT … FOR UPDATE) waits too: a statement that reads the order under its lock, before deciding what to write.
 import { sql } from 'kysely'
 import pg from 'pg'
 import type { Reader } from './cli-database.js'
@@ -21,8 +22,12 @@ export interface OrdersShareLock {
   end(): Promise<void>
 }
 
-/** A session on `databaseUrl` that holds the lock once taken; `read` looks at it from another session. */
-export async function ordersShareLock(databaseUrl: string, read: Reader): Promise<OrdersShareLock> {
+/** A session on `databaseUrl` that holds the lock (SHARE, or `mode`) once taken; `read` looks at it from another session. */
+export async function ordersShareLock(
+  databaseUrl: string,
+  read: Reader,
+  { mode = 'share' }: { mode?: 'share' | 'exclusive' } = {},
+): Promise<OrdersShareLock> {
   const holder = new pg.Client({ connectionString: databaseUrl })
   await holder.connect()
   const pid = Number((await holder.query<{ pid: number }>('select pg_backend_pid() as pid')).rows[0]!.pid)
@@ -30,7 +35,7 @@ export async function ordersShareLock(databaseUrl: string, read: Reader): Promis
     pid,
     async take() {
       await holder.query('begin')
-      await holder.query('lock table orders in share mode')
+      await holder.query(`lock table orders in ${mode} mode`)
       // seen from another session: a session's own look at pg_stat_activity holds a snapshot while it runs
       const { rows } = await read((db) => sql<{ xid: string | null }>`select backend_xid as xid from pg_stat_activity where pid = ${pid}::int`.execute(db))
       if (rows.length !== 1 || rows[0]!.xid !== null) throw new Error(`the lock's session holds a transaction id: ${JSON.stringify(rows)}`)

@@ -1,0 +1,306 @@
+// `trades open` stopped by signals once its create is answered with a trade of the order's own that the recording
+// does not link: the order gone meanwhile (a row of another reference under its id), or its create taken over by
+// another command (pending under another mark: the order is flagged trade_mismatch). The compiled CLI as its own
+// process, on Postgres through DATABASE_URL and on embedded PGlite. The first signal said "the platform has answered:
+// recording and printing its answer" of both, and the command then failed `[trade_not_recorded]`, exit 1, with no word
+// of the signal. Now, until the recording has read the order under its lock, a signal says it is reading it, and from
+// then on what it found and records; the command ends saying the stop, exit 130. And a third signal before the
+// recording has decided, for an order linked to another trade meanwhile, no longer sends the operator to `trades link`
+// alone, which that order refuses.
+//
+// What happens meanwhile is done by a trigger on the create's sent stamp (the write as the create leaves), as the test
+// cannot write to an embedded database its command holds: one gives the order's row another reference (the order
+// gone), one writes another mark after the stamp (another command's --retry taking the create over), one links the
+// order to tr_linked (its first create's webhook). The recording is held:
+// - after it has decided, at its write of the flag: on Postgres by a SHARE lock of the orders table, on PGlite by a
+//   BEFORE UPDATE trigger that sleeps until the test lets it go (helpers/pglite-statement-hold.ts);
+// - before it has decided, at its read of the order under its lock (SELECT … FOR UPDATE): on Postgres by an EXCLUSIVE
+//   lock of the table, in a transaction with no transaction id. PGlite has no lock a test can hold, and a recording that
+//   finds the order gone writes nothing to hold there: its signal comes while the create is at the platform.
+import { type Kysely, sql } from 'kysely'
+import { describe, expect, it } from 'vitest'
+import type { Database } from '../src/db/database.js'
+import { findOrderByExternalReference } from '../src/orders/order.repository.js'
+import { type Reader, seededCliDatabase } from './helpers/cli-database.js'
+import { endedAfterAll, startedCli } from './helpers/cli-process.js'
+import { useHoldingPlatform } from './helpers/holding-platform.js'
+import { ordersShareLock } from './helpers/orders-share-lock.js'
+import { tradeRecord } from './helpers/partner-api-fixtures.js'
+import { holdStatementOnPglite } from './helpers/pglite-statement-hold.js'
+import { eventually } from './helpers/reconcile-poller.js'
+import { FIRST_IN_FLIGHT, says } from './helpers/signals-in-flight.js'
+import { stopThreeTimes } from './helpers/stop-three-times.js'
+import { postgresUrl } from './helpers/test-database.js'
+
+const platform = useHoldingPlatform()
+const { children, cleanups } = endedAfterAll()
+
+const openArgs = (ref: string) => ['trades', 'open', ref, '--title', 'Used bicycle', '--amount', '120.00', '--currency', 'EUR', '--seller', 's_1']
+
+type Started = ReturnType<typeof startedCli>
+type Ended = Awaited<ReturnType<Started['ended']>>
+
+const ANOTHER_CTRL_C =
+  '(another Ctrl-C ends the process now: before its COMMIT is sent, nothing of the answer is recorded; once it is sent, ' +
+  'whether it was recorded is not known, and the line says where to look)'
+const BEFORE_COMMIT =
+  'was committed: the platform answered, and nothing of its answer was recorded (its transaction is rolled back, its COMMIT not sent)'
+const STOPPED_NOT_RECORDED = 'stopped by a signal after the call: the platform’s answer is not recorded (above)\n'
+
+/** The lines while the recording reads the order under its lock, before it has decided what it writes. */
+const deciding = (ref: string) => `the platform has answered: reading order ${ref} to record its answer`
+const decidingFirst = (ref: string) => `${deciding(ref)}, then saying what was recorded and stopping\n`
+const decidingSecond = (ref: string) => `${deciding(ref)} ${ANOTHER_CTRL_C}\n`
+
+const takenOver = (ref: string) => `the platform has answered, and order ${ref}'s create was taken over by another command`
+const takenOverFirst = (ref: string) => `${takenOver(ref)}: recording the order's trade_mismatch flag and saying so, then stopping\n`
+
+const goneFailure = (ref: string) =>
+  `The platform created trade tr_gone for order ${ref}, but nothing records it: there is no order ${ref} any more ` +
+  '(deleted, or the database restored or failed over to a copy without it, while the create was at the platform). Its ' +
+  `webhook links the trade once an order ${ref} exists again; else link it then with \`trades link '${ref}' tr_gone\`. ` +
+  `Check the platform before any retry: \`trades open '${ref}'\` would make a second trade. [trade_not_recorded]\n`
+
+const takenOverFailure = (ref: string, markedAt: string) =>
+  `The platform created trade tr_taken for order ${ref}, but nothing records it: order ${ref}'s create is no longer ` +
+  `this command's (its create state is now pending, marked at ${markedAt}: another command took it over, the database ` +
+  'was restored or failed over to a copy from before the mark, or the row was changed by hand), so this command links ' +
+  'nothing. The create that took it over may make a second trade, and links it: the order is flagged trade_mismatch ' +
+  'and polled no more. Check its trades on the platform, cancel the one not linked (this one, unless that create ' +
+  `failed: then link this one with \`trades link '${ref}' tr_taken\`), then \`reconcile --requeue '${ref}'\`. ` +
+  '[trade_not_recorded]\n'
+
+/** A trigger that runs `body` (plpgsql) on order `ref`'s row as its create's sent stamp is written (its wait turned positive). */
+async function atTheSentStamp(db: Kysely<Database>, ref: string, name: string, at: 'before' | 'after', body: string): Promise<void> {
+  await sql`create function ${sql.id(name)}() returns trigger language plpgsql as $$ begin ${sql.raw(body)} end $$`.execute(db)
+  await sql`create trigger ${sql.id(name)} ${sql.raw(at)} update on orders for each row
+    when (new.external_reference = ${sql.lit(ref)} and old.trade_create_wait_ms < 0 and new.trade_create_wait_ms > 0)
+    execute function ${sql.id(name)}()`.execute(db)
+}
+
+/** The order's row takes another reference as the create leaves: the order the create was sent for is gone. */
+const goneMeanwhile = (db: Kysely<Database>, ref: string) =>
+  atTheSentStamp(db, ref, 'test_gone_meanwhile', 'before', `new.external_reference := '${ref} (another)'; return new;`)
+
+/**
+ * Once the sent stamp is written (and returned to the command as its mark: an after trigger's write comes after the
+ * statement's RETURNING), another mark a second later: another command's --retry that took the create over.
+ */
+const takenOverMeanwhile = (db: Kysely<Database>, ref: string) =>
+  atTheSentStamp(db, ref, 'test_taken_over_meanwhile', 'after', "update orders set updated_at = new.updated_at + interval '1 second' where id = new.id; return null;")
+
+/** The order linked to tr_linked as the create leaves: its first create's webhook. */
+const linkedMeanwhile = (db: Kysely<Database>, ref: string) =>
+  atTheSentStamp(
+    db,
+    ref,
+    'test_linked_meanwhile',
+    'before',
+    "new.trade_id := 'tr_linked'; new.trade_status := 'created'; new.trade_reference := 'TRD-LINKED'; return new;",
+  )
+
+function seeded(kind: 'pglite' | 'postgres'): Promise<{ env: Record<string, string>; read: Reader }> {
+  return seededCliDatabase(kind, { prefix: 'trades-open-not-recorded-', env: { PARTNER_API_BASE_URL: platform.url }, seed: async () => {}, cleanups })
+}
+
+const NOT_RECORDED_LOG = "trade created on the platform but not recorded: the order is gone or its create is no longer this command's; nothing links the trade"
+
+/**
+ * Ended by the signals with `stderr`, exit 130, nothing printed. An answer nothing records is logged at error level
+ * too (the CLI's one log level), as one JSON line among the command's lines: `logged` says whether it was.
+ */
+function expectStopped(ended: Ended, stderr: string, { logged = false } = {}): void {
+  expect({ code: ended.code, signal: ended.signal }, ended.stderr).toEqual({ code: 130, signal: null })
+  expect(ended.stdout).toBe('')
+  const lines = ended.stderr.split(/(?<=\n)/)
+  const logLines = lines.filter((line) => line.startsWith('{'))
+  expect(lines.filter((line) => !line.startsWith('{')).join('')).toBe(stderr)
+  expect(logLines.map((line) => (JSON.parse(line) as { msg: string }).msg)).toEqual(logged ? [NOT_RECORDED_LOG] : [])
+}
+
+/** One signal once the recording is held, then `release`; how the command ended. */
+async function oneSignal(command: Started, release: () => Promise<void> | void): Promise<Ended> {
+  command.child.kill('SIGINT')
+  // its line whole, whatever it says (the test compares it)
+  await says(command, '\n')
+  await release()
+  return command.ended()
+}
+
+type Mode = 'one signal' | 'three signals'
+const MODES: Mode[] = ['one signal', 'three signals']
+
+/** What the signals say of a create taken over, its recording held at the flag, and what the order records. */
+async function expectTakenOver(ended: Ended, mode: Mode, ref: string, read: Reader): Promise<void> {
+  const order = await read((db) => findOrderByExternalReference(db, ref))
+  if (mode === 'three signals') {
+    expectStopped(
+      ended,
+      takenOverFirst(ref) +
+        `${takenOver(ref)}: recording the order's trade_mismatch flag ${ANOTHER_CTRL_C}\n` +
+        `Stopped by a third signal before the record of trade tr_taken, created by the platform for order ${ref} ` +
+        `${BEFORE_COMMIT}; \`orders show '${ref}'\` shows the other command's create (and the trade_mismatch flag, if ` +
+        "recorded): check the order's trades on the platform, cancel the one not linked (tr_taken, unless that create " +
+        `failed: then link it with \`trades link '${ref}' tr_taken\`), then \`reconcile --requeue '${ref}'\` if the order ` +
+        'is flagged [stopped]\n',
+    )
+    return
+  }
+  expectStopped(ended, takenOverFirst(ref) + takenOverFailure(ref, order!.updatedAt.toISOString()) + STOPPED_NOT_RECORDED, { logged: true })
+  // what the recording writes, as without the signal: the flag, the other command's mark left as it is
+  expect(order).toMatchObject({ tradeId: null, tradeCreateState: 'pending', attention: 'trade_mismatch', nextPollAt: null })
+}
+
+describe.skipIf(!postgresUrl)('trades open answered with its own trade, which the recording does not link, stopped by signals (Postgres)', () => {
+  for (const mode of MODES) {
+    it(`its create taken over meanwhile, ${mode} while the flag is written: the lines name the take-over and the flag; exit 130`, async () => {
+      const ref = `taken over ${mode === 'one signal' ? 'one' : 'three'}`
+      const { env, read } = await seeded('postgres')
+      await read((db) => takenOverMeanwhile(db, ref))
+      const lock = await ordersShareLock(env.DATABASE_URL!, read)
+      cleanups.unshift(() => lock.end())
+      // no statement of the command's ends at its statement timeout while the test holds it: only the signals stop it
+      const command = startedCli(openArgs(ref), { ...env, DATABASE_STATEMENT_TIMEOUT_MS: '3600000' }, children)
+      let ended: Ended
+      try {
+        const request = await platform.requestOf(command, ref)
+        await lock.take()
+        request.respond(200, tradeRecord({ trade_id: 'tr_taken', external_reference: ref }))
+        await lock.waitedOn('the flag waits on the lock', () => (command.closed() ? command.stderr() : undefined))
+        if (mode === 'three signals') {
+          await stopThreeTimes(command)
+          ended = await command.ended()
+        } else {
+          ended = await oneSignal(command, () => lock.release())
+        }
+      } finally {
+        if (!command.closed()) command.child.kill('SIGKILL')
+        await lock.release()
+      }
+      await expectTakenOver(ended, mode, ref, read)
+    })
+  }
+
+  it('the order gone meanwhile, one signal while the recording waits to read it: the line says it reads the order; the failure, then the stop; exit 130', async () => {
+    const ref = 'gone held'
+    const { env, read } = await seeded('postgres')
+    await read((db) => goneMeanwhile(db, ref))
+    const lock = await ordersShareLock(env.DATABASE_URL!, read, { mode: 'exclusive' })
+    cleanups.unshift(() => lock.end())
+    const command = startedCli(openArgs(ref), { ...env, DATABASE_STATEMENT_TIMEOUT_MS: '3600000' }, children)
+    let ended: Ended
+    try {
+      const request = await platform.requestOf(command, ref)
+      await lock.take()
+      request.respond(200, tradeRecord({ trade_id: 'tr_gone', external_reference: ref }))
+      await lock.waitedOn('the read of the order waits on the lock', () => (command.closed() ? command.stderr() : undefined))
+      ended = await oneSignal(command, () => lock.release())
+    } finally {
+      if (!command.closed()) command.child.kill('SIGKILL')
+      await lock.release()
+    }
+    expectStopped(ended, decidingFirst(ref) + goneFailure(ref) + STOPPED_NOT_RECORDED, { logged: true })
+    expect(await read((db) => findOrderByExternalReference(db, ref))).toBeUndefined()
+  })
+
+  it('the order gone meanwhile, one signal while the create is at the platform: the failure, then the stop; exit 130', async () => {
+    const ref = 'gone in flight'
+    const { env, read } = await seeded('postgres')
+    await read((db) => goneMeanwhile(db, ref))
+    const command = startedCli(openArgs(ref), env, children)
+    try {
+      const request = await platform.requestOf(command, ref)
+      command.child.kill('SIGINT')
+      await says(command, FIRST_IN_FLIGHT)
+      request.respond(200, tradeRecord({ trade_id: 'tr_gone', external_reference: ref }))
+      expectStopped(await command.ended(), FIRST_IN_FLIGHT + goneFailure(ref) + STOPPED_NOT_RECORDED, { logged: true })
+    } finally {
+      if (!command.closed()) command.child.kill('SIGKILL')
+    }
+  })
+
+  it('linked to another trade meanwhile, three signals while the recording waits to read the order: the third names the other trade’s case, not only `trades link`; exit 130', async () => {
+    const ref = 'linked held'
+    const { env, read } = await seeded('postgres')
+    await read((db) => linkedMeanwhile(db, ref))
+    const lock = await ordersShareLock(env.DATABASE_URL!, read, { mode: 'exclusive' })
+    cleanups.unshift(() => lock.end())
+    const command = startedCli(openArgs(ref), { ...env, DATABASE_STATEMENT_TIMEOUT_MS: '3600000' }, children)
+    try {
+      const request = await platform.requestOf(command, ref)
+      await lock.take()
+      request.respond(200, tradeRecord({ trade_id: 'tr_second', external_reference: ref }))
+      await lock.waitedOn('the read of the order waits on the lock', () => (command.closed() ? command.stderr() : undefined))
+      await stopThreeTimes(command)
+    } finally {
+      if (!command.closed()) command.child.kill('SIGKILL')
+      await lock.release()
+    }
+    expectStopped(
+      await command.ended(),
+      decidingFirst(ref) +
+        decidingSecond(ref) +
+        `Stopped by a third signal before the record of trade tr_second, created by the platform for order ${ref} ` +
+        `${BEFORE_COMMIT}; \`orders show '${ref}'\` says whether the order has the trade; if it has none, \`trades link ` +
+        `'${ref}' tr_second\` links it (never \`trades open --retry\`: it would make a second trade); if it has another, ` +
+        'the platform may hold two trades for it: cancel the one not linked [stopped]\n',
+    )
+    // nothing of the answer recorded: the order keeps the trade linked meanwhile, which `trades link` would not replace
+    expect(await read((db) => findOrderByExternalReference(db, ref))).toMatchObject({ tradeId: 'tr_linked', attention: null })
+  })
+})
+
+describe('trades open answered with its own trade, which the recording does not link, stopped by signals (embedded PGlite)', () => {
+  for (const mode of MODES) {
+    it(`its create taken over meanwhile, ${mode} while the flag is written: the lines name the take-over and the flag; exit 130`, async () => {
+      const ref = `taken over ${mode === 'one signal' ? 'one' : 'three'}`
+      const { env, read } = await seeded('pglite')
+      await read((db) => takenOverMeanwhile(db, ref))
+      const held = await read((db) =>
+        holdStatementOnPglite(db, env.DATA_DIR!, {
+          name: 'test_hold_flag',
+          table: 'orders',
+          when: `new.external_reference = '${ref}' and new.attention = 'trade_mismatch'`,
+          at: 'before update',
+        }),
+      )
+      const command = startedCli(openArgs(ref), env, children)
+      let ended: Ended
+      try {
+        const request = await platform.requestOf(command, ref)
+        request.respond(200, tradeRecord({ trade_id: 'tr_taken', external_reference: ref }))
+        await eventually(() => {
+          if (command.closed()) throw new Error(`the command ended before its flag was held: ${command.stderr()}`)
+          return held.held()
+        }, 'the flag runs the trigger', 120_000)
+        if (mode === 'three signals') {
+          await stopThreeTimes(command)
+          ended = await command.ended()
+        } else {
+          ended = await oneSignal(command, () => held.release())
+        }
+      } finally {
+        if (!command.closed()) command.child.kill('SIGKILL')
+        held.release()
+      }
+      await expectTakenOver(ended, mode, ref, read)
+    })
+  }
+
+  it('the order gone meanwhile, one signal while the create is at the platform: the failure, then the stop; exit 130', async () => {
+    const ref = 'gone in flight'
+    const { env, read } = await seeded('pglite')
+    await read((db) => goneMeanwhile(db, ref))
+    const command = startedCli(openArgs(ref), env, children)
+    try {
+      const request = await platform.requestOf(command, ref)
+      command.child.kill('SIGINT')
+      await says(command, FIRST_IN_FLIGHT)
+      request.respond(200, tradeRecord({ trade_id: 'tr_gone', external_reference: ref }))
+      expectStopped(await command.ended(), FIRST_IN_FLIGHT + goneFailure(ref) + STOPPED_NOT_RECORDED, { logged: true })
+    } finally {
+      if (!command.closed()) command.child.kill('SIGKILL')
+    }
+    expect(await read((db) => findOrderByExternalReference(db, ref))).toBeUndefined()
+  })
+})
