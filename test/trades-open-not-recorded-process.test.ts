@@ -6,7 +6,8 @@
 // of the signal. Now, until the recording has read the order under its lock, a signal says it is reading it, and from
 // then on what it found and records; the command ends saying the stop, exit 130. And a third signal before the
 // recording has decided, for an order linked to another trade meanwhile, no longer sends the operator to `trades link`
-// alone, which that order refuses.
+// alone, which that order refuses. An answer whose trade another order holds, which the recording finds only once it
+// has applied the answer, is said as that, with the unknown mark (it was one of an "if" list that named every case).
 //
 // What happens meanwhile is done by a trigger on the create's sent stamp (the write as the create leaves), as the test
 // cannot write to an embedded database its command holds: one gives the order's row another reference (the order
@@ -14,10 +15,13 @@
 // order to tr_linked (its first create's webhook). The recording is held:
 // - after it has decided, at its write of the flag: on Postgres by a SHARE lock of the orders table, on PGlite by a
 //   BEFORE UPDATE trigger that sleeps until the test lets it go (helpers/pglite-statement-hold.ts);
+// - after it has found the trade another order's, at its unknown mark: on Postgres by a trigger waiting on an advisory
+//   lock the test's session holds outside a transaction (a table lock would hold the answer's application too);
 // - before it has decided, at its read of the order under its lock (SELECT … FOR UPDATE): on Postgres by an EXCLUSIVE
 //   lock of the table, in a transaction with no transaction id. PGlite has no lock a test can hold, and a recording that
 //   finds the order gone writes nothing to hold there: its signal comes while the create is at the platform.
 import { type Kysely, sql } from 'kysely'
+import pg from 'pg'
 import { describe, expect, it } from 'vitest'
 import type { Database } from '../src/db/database.js'
 import { findOrderByExternalReference } from '../src/orders/order.repository.js'
@@ -27,6 +31,7 @@ import { useHoldingPlatform } from './helpers/holding-platform.js'
 import { ordersShareLock } from './helpers/orders-share-lock.js'
 import { tradeRecord } from './helpers/partner-api-fixtures.js'
 import { holdStatementOnPglite } from './helpers/pglite-statement-hold.js'
+import { insertOrders } from './helpers/reconcile-orders.js'
 import { eventually } from './helpers/reconcile-poller.js'
 import { FIRST_IN_FLIGHT, says } from './helpers/signals-in-flight.js'
 import { stopThreeTimes } from './helpers/stop-three-times.js'
@@ -99,8 +104,32 @@ const linkedMeanwhile = (db: Kysely<Database>, ref: string) =>
     "new.trade_id := 'tr_linked'; new.trade_status := 'created'; new.trade_reference := 'TRD-LINKED'; return new;",
   )
 
+/** The database, with another order already linked to tr_elsewhere (a trade the platform may answer a create with). */
 function seeded(kind: 'pglite' | 'postgres'): Promise<{ env: Record<string, string>; read: Reader }> {
-  return seededCliDatabase(kind, { prefix: 'trades-open-not-recorded-', env: { PARTNER_API_BASE_URL: platform.url }, seed: async () => {}, cleanups })
+  const seed = (db: Kysely<Database>) => insertOrders(db, [{ externalReference: 'elsewhere', tradeId: 'tr_elsewhere', tradeStatus: 'created' }])
+  return seededCliDatabase(kind, { prefix: 'trades-open-not-recorded-', env: { PARTNER_API_BASE_URL: platform.url }, seed, cleanups })
+}
+
+const ELSEWHERE_REF = 'trade elsewhere'
+/** What the order's unknown mark is held by, on PGlite (the condition on the new row) and Postgres (a trigger's). */
+const ELSEWHERE_MARK = `new.external_reference = '${ELSEWHERE_REF}' and new.trade_create_state = 'unknown'`
+
+/**
+ * The answer is the order's own reference with a trade another order holds: the recording finds it only once it has
+ * applied the answer, then marks the create unknown. One signal while that mark is held, then `release`.
+ */
+async function expectTheTradeElsewhere(ended: Ended, read: Reader): Promise<void> {
+  const ref = ELSEWHERE_REF
+  expectStopped(
+    ended,
+    `the platform has answered, and trade tr_elsewhere is another order's: recording the mark of order ${ref}'s create ` +
+      'as unknown and saying so, then stopping\n' +
+      `The platform answered for order ${ref} (a trade create) with the record of trade tr_elsewhere for external ` +
+      `reference ${ref}: another trade or order. Nothing was linked, and whether the create made a trade is not known: ` +
+      'it is marked unknown; check the platform, then send it again only on purpose with --retry. [answer_mismatch]\n' +
+      'stopped by a signal during the call, whose answer was not the record it was sent for: its outcome is not known (above)\n',
+  )
+  expect(await read((db) => findOrderByExternalReference(db, ref))).toMatchObject({ tradeId: null, tradeCreateState: 'unknown' })
 }
 
 const NOT_RECORDED_LOG = "trade created on the platform but not recorded: the order is gone or its create is no longer this command's; nothing links the trade"
@@ -248,6 +277,40 @@ describe.skipIf(!postgresUrl)('trades open answered with its own trade, which th
     // nothing of the answer recorded: the order keeps the trade linked meanwhile, which `trades link` would not replace
     expect(await read((db) => findOrderByExternalReference(db, ref))).toMatchObject({ tradeId: 'tr_linked', attention: null })
   })
+
+  it('its trade another order’s, one signal while the unknown mark is written: the line names that and the mark; exit 130', async () => {
+    const key = 47_151
+    const { env, read } = await seeded('postgres')
+    // a table lock would hold the answer's application too, before the recording has found the trade elsewhere: the
+    // mark alone waits, in a trigger, on an advisory lock the test's session holds outside a transaction (no transaction id)
+    const holder = new pg.Client({ connectionString: env.DATABASE_URL! })
+    await holder.connect()
+    cleanups.unshift(() => holder.end())
+    const holderPid = Number((await holder.query<{ pid: number }>('select pg_backend_pid() as pid')).rows[0]!.pid)
+    await holder.query(`create function test_hold_mark() returns trigger language plpgsql as $$ begin perform pg_advisory_xact_lock(${key}); return new; end $$`)
+    await holder.query(`create trigger test_hold_mark before update on orders for each row when (${ELSEWHERE_MARK}) execute function test_hold_mark()`)
+    await holder.query('select pg_advisory_lock($1::bigint)', [key])
+    const command = startedCli(openArgs(ELSEWHERE_REF), { ...env, DATABASE_STATEMENT_TIMEOUT_MS: '3600000' }, children)
+    let ended: Ended
+    try {
+      const request = await platform.requestOf(command, ELSEWHERE_REF)
+      request.respond(200, tradeRecord({ trade_id: 'tr_elsewhere', external_reference: ELSEWHERE_REF }))
+      await eventually(async () => {
+        if (command.closed()) throw new Error(`the command ended before its mark waited: ${command.stderr()}`)
+        const { rows } = await read((db) =>
+          sql<{ waiting: number }>`select count(*)::int as waiting from pg_stat_activity where ${holderPid}::int = any(pg_blocking_pids(pid))`.execute(db),
+        )
+        return rows[0]!.waiting > 0
+      }, 'the unknown mark waits on the lock', 120_000)
+      ended = await oneSignal(command, async () => {
+        await holder.query('select pg_advisory_unlock($1::bigint)', [key])
+      })
+    } finally {
+      if (!command.closed()) command.child.kill('SIGKILL')
+      await holder.query('select pg_advisory_unlock_all()')
+    }
+    await expectTheTradeElsewhere(ended, read)
+  })
 })
 
 describe('trades open answered with its own trade, which the recording does not link, stopped by signals (embedded PGlite)', () => {
@@ -302,5 +365,25 @@ describe('trades open answered with its own trade, which the recording does not 
       if (!command.closed()) command.child.kill('SIGKILL')
     }
     expect(await read((db) => findOrderByExternalReference(db, ref))).toBeUndefined()
+  })
+
+  it('its trade another order’s, one signal while the unknown mark is written: the line names that and the mark; exit 130', async () => {
+    const { env, read } = await seeded('pglite')
+    const held = await read((db) => holdStatementOnPglite(db, env.DATA_DIR!, { name: 'test_hold_mark', table: 'orders', when: ELSEWHERE_MARK, at: 'before update' }))
+    const command = startedCli(openArgs(ELSEWHERE_REF), env, children)
+    let ended: Ended
+    try {
+      const request = await platform.requestOf(command, ELSEWHERE_REF)
+      request.respond(200, tradeRecord({ trade_id: 'tr_elsewhere', external_reference: ELSEWHERE_REF }))
+      await eventually(() => {
+        if (command.closed()) throw new Error(`the command ended before its mark was held: ${command.stderr()}`)
+        return held.held()
+      }, 'the mark runs the trigger', 120_000)
+      ended = await oneSignal(command, () => held.release())
+    } finally {
+      if (!command.closed()) command.child.kill('SIGKILL')
+      held.release()
+    }
+    await expectTheTradeElsewhere(ended, read)
   })
 })
