@@ -10,6 +10,7 @@ import { amqpUrl, startConsumer, type TestConsumer, uniqueName } from './helpers
 import { postgresServeEnv, signalAndClose, spawnCli, waitForLogLine } from './helpers/cli-process.js'
 import { migratedDataDir } from './helpers/data-dir-template.js'
 import { moveNewOrder } from './helpers/orders.js'
+import { untilEventsReadable } from './helpers/reaction-jobs.js'
 import { startTcpProxy, type TcpProxy } from './helpers/tcp-proxy.js'
 import { createTestDatabase, describePostgres, type TestDatabase } from './helpers/test-database.js'
 
@@ -41,6 +42,10 @@ describeBoth('the compiled serve stopped while its broker path is silent (Postgr
     // a transition waiting in the publisher's stream when the service starts
     await ensureReactionStreams(database.db, [AMQP_HANDLER], new Date())
     await moveNewOrder(database.db, { externalReference: 'amqp-stop-1', statuses: ['created'], handlersFor: () => [AMQP_HANDLER], now: () => new Date() })
+    // readable by the stream before the wait for its message starts: a transaction open anywhere on the server (another
+    // file's, another suite's) withholds it until that ends, and a wait that counted that time failed with 0 messages
+    // and a service that had done nothing wrong (helpers/reaction-jobs.ts; a bound on a hang, as for a log line)
+    await untilEventsReadable(database.db, 240_000)
     child = spawnCli(
       ['serve'],
       { ...postgresServeEnv({ databaseUrl: database.url!, dataDir }), AMQP_URL: proxy.rewrite(amqpUrl!), AMQP_EXCHANGE: exchange },
