@@ -11,24 +11,25 @@ import { systemClock } from '../src/clock.js'
 import { checkSessionDefaults } from '../src/db/session-defaults.js'
 import { createApp } from '../src/http/app.js'
 import { findOrderByExternalReference } from '../src/orders/order.repository.js'
-import { logEntries, taggedLogger, testLogger } from './helpers/log-sink.js'
+import { taggedLogger, testLogger } from './helpers/log-sink.js'
 import { createOrder } from './helpers/orders.js'
 import { testConfig } from './helpers/test-config.js'
-import { createTestDatabase, describePostgres, postgresUrl, type TestDatabaseOptions } from './helpers/test-database.js'
+import { createTestDatabase, describePostgres, postgresUrl, type TestDatabase, type TestDatabaseOptions } from './helpers/test-database.js'
 import { sendWebhook, tradePayload } from './helpers/webhook-delivery.js'
 
-// The check's own lines since `before`: a line another file's work logs meanwhile (the files of a worker share its
-// process, and a limited line's summary comes up to a second later) is not the check's
-const checkLines = (before: number) =>
-  logEntries()
-    .slice(before)
-    .filter((entry) => typeof entry.msg === 'string' && entry.msg.startsWith("this database's sessions start with"))
+// The start-up look run on `database`, and the lines it logged: those of the logger it is given, not every line in the
+// sink (the files of a worker share its process, and another file's line lands there meanwhile: log-sink.ts,
+// taggedLogger), and all of them, whatever their message
+const runCheck = async (database: TestDatabase) => {
+  const { logger, entries } = taggedLogger()
+  await checkSessionDefaults(database, logger)
+  return entries()
+}
 
 const warningsOn = async (options: TestDatabaseOptions) => {
   const database = await createTestDatabase({ ...options, migrate: false, poolSize: 3 })
   try {
-    const before = logEntries().length
-    await checkSessionDefaults(database, testLogger())
+    const lines = await runCheck(database)
     // every connection the pool opens, three at once
     const isolations = await Promise.all(
       [0, 1, 2].map(async () => database.db.transaction().execute(async (trx) => {
@@ -36,7 +37,7 @@ const warningsOn = async (options: TestDatabaseOptions) => {
         return rows[0]?.isolation
       })),
     )
-    const warnings = checkLines(before).map((entry) => ({ level: entry.level, sessionDefaults: entry.sessionDefaults }))
+    const warnings = lines.map((entry) => ({ level: entry.level, sessionDefaults: entry.sessionDefaults }))
     return { warnings, isolations }
   } finally {
     await database.close()
@@ -58,9 +59,7 @@ describePostgres('the default transaction isolation (Postgres)', () => {
   it("reads timestamps whatever DateStyle and IntervalStyle the database's sessions start with", async () => {
     const database = await createTestDatabase({ sessionDefaults: { DateStyle: 'SQL, DMY', IntervalStyle: 'sql_standard' } })
     try {
-      const before = logEntries().length
-      await checkSessionDefaults(database, testLogger())
-      expect(checkLines(before).map((entry) => entry.sessionDefaults)).toEqual([{ DateStyle: 'SQL, DMY', IntervalStyle: 'sql_standard' }])
+      expect((await runCheck(database)).map((entry) => entry.sessionDefaults)).toEqual([{ DateStyle: 'SQL, DMY', IntervalStyle: 'sql_standard' }])
       const reference = `dates-${randomBytes(4).toString('hex')}`
       const stored = new Date('2026-11-03T04:05:06.789Z')
       await database.db.insertInto('orders').values({ externalReference: reference, createdAt: stored }).execute()
@@ -82,15 +81,14 @@ describePostgres('synchronous_commit (Postgres)', () => {
     const seen = async (synchronousCommit: string) => {
       const database = await createTestDatabase({ migrate: false, poolSize: 2, sessionDefaults: { synchronous_commit: synchronousCommit } })
       try {
-        const before = logEntries().length
-        await checkSessionDefaults(database, testLogger())
+        const lines = await runCheck(database)
         const settings = await Promise.all(
           [0, 1].map(async () => {
             const { rows } = await sql<{ value: string }>`select current_setting('synchronous_commit') as value, pg_sleep(0.05)`.execute(database.db)
             return rows[0]?.value
           }),
         )
-        return { settings, warned: checkLines(before).map((entry) => entry.sessionDefaults) }
+        return { settings, warned: lines.map((entry) => entry.sessionDefaults) }
       } finally {
         await database.close()
       }
@@ -106,9 +104,7 @@ describe('the default transaction isolation (PGlite)', () => {
   it('is not looked at: one connection of our own, no pooler', async () => {
     const database = await createTestDatabase({ kind: 'pglite', migrate: false })
     try {
-      const before = logEntries().length
-      await checkSessionDefaults(database, testLogger())
-      expect(checkLines(before)).toEqual([])
+      expect(await runCheck(database)).toEqual([])
     } finally {
       await database.close()
     }
