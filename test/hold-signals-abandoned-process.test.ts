@@ -44,7 +44,7 @@ function heldCall(write?: { change: string; see: string }) {
   return { child, stdout: () => stdout, stderr: () => stderr, shows, ended: async () => ({ ...(await ended), stdout, stderr }) }
 }
 
-const FIRST = 'waiting for the platform’s answer to the call in flight, to record and print it (a second Ctrl-C stops waiting: what the platform did is then not known)\n'
+const FIRST = 'waiting for the platform’s answer to the call in flight, to record it and say what was recorded (a second Ctrl-C stops waiting: what the platform did is then not known)\n'
 const STOPPED =
   'Stopped by a third signal after the wait for the platform’s answer was abandoned, before the call had ended: its ' +
   'outcome is not known (the platform may or may not have done it, unless its connection was not up yet), and ' +

@@ -8,6 +8,8 @@
 // recording has decided, for an order linked to another trade meanwhile, no longer sends the operator to `trades link`
 // alone, which that order refuses. An answer whose trade another order holds, which the recording finds only once it
 // has applied the answer, is said as that, with the unknown mark (it was one of an "if" list that named every case).
+// A signal while the create is at the platform said it waited "to record and print" the answer, of which nothing is
+// printed as a record when the order is gone or its create taken over: now "to record it and say what was recorded".
 //
 // What happens meanwhile is done by a trigger on the create's sent stamp (the write as the create leaves), as the test
 // cannot write to an embedded database its command holds: one gives the order's row another reference (the order
@@ -248,6 +250,25 @@ describe.skipIf(!postgresUrl)('trades open answered with its own trade, which th
     }
   })
 
+  it('its create taken over meanwhile, one signal while the create is at the platform: the line promises no print; the failure, then the stop; exit 130', async () => {
+    const ref = 'taken over in flight'
+    const { env, read } = await seeded('postgres')
+    await read((db) => takenOverMeanwhile(db, ref))
+    const command = startedCli(openArgs(ref), env, children)
+    try {
+      const request = await platform.requestOf(command, ref)
+      command.child.kill('SIGINT')
+      await says(command, FIRST_IN_FLIGHT)
+      request.respond(200, tradeRecord({ trade_id: 'tr_taken', external_reference: ref }))
+      const ended = await command.ended()
+      const order = await read((db) => findOrderByExternalReference(db, ref))
+      expectStopped(ended, FIRST_IN_FLIGHT + takenOverFailure(ref, order!.updatedAt.toISOString()) + STOPPED_NOT_RECORDED, { logged: true })
+      expect(order).toMatchObject({ tradeId: null, tradeCreateState: 'pending', attention: 'trade_mismatch' })
+    } finally {
+      if (!command.closed()) command.child.kill('SIGKILL')
+    }
+  })
+
   it('linked to another trade meanwhile, three signals while the recording waits to read the order: the third names the other trade’s case, not only `trades link`; exit 130', async () => {
     const ref = 'linked held'
     const { env, read } = await seeded('postgres')
@@ -365,6 +386,25 @@ describe('trades open answered with its own trade, which the recording does not 
       if (!command.closed()) command.child.kill('SIGKILL')
     }
     expect(await read((db) => findOrderByExternalReference(db, ref))).toBeUndefined()
+  })
+
+  it('its create taken over meanwhile, one signal while the create is at the platform: the line promises no print; the failure, then the stop; exit 130', async () => {
+    const ref = 'taken over in flight'
+    const { env, read } = await seeded('pglite')
+    await read((db) => takenOverMeanwhile(db, ref))
+    const command = startedCli(openArgs(ref), env, children)
+    try {
+      const request = await platform.requestOf(command, ref)
+      command.child.kill('SIGINT')
+      await says(command, FIRST_IN_FLIGHT)
+      request.respond(200, tradeRecord({ trade_id: 'tr_taken', external_reference: ref }))
+      const ended = await command.ended()
+      const order = await read((db) => findOrderByExternalReference(db, ref))
+      expectStopped(ended, FIRST_IN_FLIGHT + takenOverFailure(ref, order!.updatedAt.toISOString()) + STOPPED_NOT_RECORDED, { logged: true })
+      expect(order).toMatchObject({ tradeId: null, tradeCreateState: 'pending', attention: 'trade_mismatch' })
+    } finally {
+      if (!command.closed()) command.child.kill('SIGKILL')
+    }
   })
 
   it('its trade another order’s, one signal while the unknown mark is written: the line names that and the mark; exit 130', async () => {

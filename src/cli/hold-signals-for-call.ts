@@ -6,7 +6,8 @@
 // at the platform leaves the operator with no word of what happened. So, as `prune` and `reconcile --once` do:
 //   before the call is sent  the first signal stops the command there: nothing sent, exit 130
 //   while it is in flight    the first signal waits for the answer, which is recorded and printed as usual, exit
-//                            130; a second stops waiting: the call ends as a timeout does (outcome unknown, the
+//                            130 (said as "to record it and say what was recorded": a `trades open` answer whose
+//                            order is gone or whose create was taken over records nothing, or a flag); a second stops waiting: the call ends as a timeout does (outcome unknown, the
 //                            order left as a timeout leaves it), exit 130, or, its connection not up yet (nothing
 //                            written: PartnerStoppedBeforeSentError), as a stop before sending, the order as it was
 //   once it has settled      the answer is recorded (one transaction) and printed, exit 130; a call that got no
@@ -63,7 +64,7 @@ export function holdSignalsForCall(): HeldSignals {
         writeError('stopping before the call to the platform is sent (a second Ctrl-C ends the process now)\n')
       } else if (phase === 'in_flight') {
         writeError(
-          'waiting for the platform’s answer to the call in flight, to record and print it (a second Ctrl-C ' +
+          'waiting for the platform’s answer to the call in flight, to record it and say what was recorded (a second Ctrl-C ' +
             'stops waiting: what the platform did is then not known)\n',
         )
       } else {

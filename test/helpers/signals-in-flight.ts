@@ -13,8 +13,8 @@ type Ended = Awaited<ReturnType<Run['ended']>>
 
 /** The first signal's line while the call is at the platform. */
 export const FIRST_IN_FLIGHT =
-  'waiting for the platform’s answer to the call in flight, to record and print it (a second Ctrl-C stops waiting: ' +
-  'what the platform did is then not known)\n'
+  'waiting for the platform’s answer to the call in flight, to record it and say what was recorded (a second Ctrl-C ' +
+  'stops waiting: what the platform did is then not known)\n'
 
 /** EXPECTED_WEBHOOK_S's default: a call whose outcome is unknown has its order polled this much later. */
 export const EXPECTED_WEBHOOK_MS = 600_000
