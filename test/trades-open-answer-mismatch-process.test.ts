@@ -52,9 +52,7 @@ interface Case {
 }
 
 const WHEN_NOT_KNOWN = 'its outcome is not known (the platform may or may not have done it)'
-const otherMark = (ref: string) =>
-  `the mark of order ${ref}'s create as unknown (its answer is the record of another order; should another trade have ` +
-  "been linked to the order meanwhile, the order's trade_mismatch flag instead)"
+const otherMark = (ref: string) => `the mark of order ${ref}'s create as unknown (its answer is the record of another order)`
 const linkedFound = (ref: string) => `the platform has answered, and order ${ref} was linked to trade tr_linked meanwhile`
 const BEFORE_COMMIT =
   'was committed: the platform answered, and nothing of its answer was recorded (its transaction is rolled back, its COMMIT not sent)'

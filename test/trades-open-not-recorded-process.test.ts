@@ -8,8 +8,12 @@
 // recording has decided, for an order linked to another trade meanwhile, no longer sends the operator to `trades link`
 // alone, which that order refuses. An answer whose trade another order holds, which the recording finds only once it
 // has applied the answer, is said as that, with the unknown mark (it was one of an "if" list that named every case).
-// A signal while the create is at the platform said it waited "to record and print" the answer, of which nothing is
-// printed as a record when the order is gone or its create taken over: now "to record it and say what was recorded".
+// An answer that is the record of another order, before the recording has read the order, said "recording the mark of
+// order R's create as unknown (…; should another trade have been linked …, the trade_mismatch flag instead)" of an
+// order gone or whose create was taken over, of which the recording writes nothing, or the flag: now it says the
+// recording reads the order to decide what to record (Postgres only, where the read can be held). A signal while the
+// create is at the platform said it waited "to record and print" the answer, of which nothing is printed as a record
+// when the order is gone or its create taken over: now "to record it and say what was recorded".
 //
 // What happens meanwhile is done by a trigger on the create's sent stamp (the write as the create leaves), as the test
 // cannot write to an embedded database its command holds: one gives the order's row another reference (the order
@@ -61,6 +65,19 @@ const decidingSecond = (ref: string) => `${deciding(ref)} ${ANOTHER_CTRL_C}\n`
 
 const takenOver = (ref: string) => `the platform has answered, and order ${ref}'s create was taken over by another command`
 const takenOverFirst = (ref: string) => `${takenOver(ref)}: recording the order's trade_mismatch flag and saying so, then stopping\n`
+
+/** The first signal's line of an answer of another order while the recording reads the order, before it has decided. */
+const otherDecidingFirst = (ref: string) =>
+  'the call to the platform is over, and its outcome is not known (the platform may or may not have done it); its ' +
+  `answer is the record of another order: reading order ${ref} to decide what to record, then saying what was recorded ` +
+  `and stopping; \`orders show '${ref}'\` shows what the order records of its create; do not send the create again ` +
+  'before checking the platform\n'
+
+/** What the command says of an answer of another order that it does not record (the order gone, or its create taken over). */
+const otherNotRecorded = (ref: string, meanwhile: 'gone' | 'taken over', markedAt: Date | undefined) =>
+  meanwhile === 'gone'
+    ? goneFailure(ref).replaceAll('tr_gone', 'tr_other')
+    : takenOverFailure(ref, markedAt!.toISOString()).replaceAll('tr_taken', 'tr_other')
 
 const goneFailure = (ref: string) =>
   `The platform created trade tr_gone for order ${ref}, but nothing records it: there is no order ${ref} any more ` +
@@ -267,6 +284,65 @@ describe.skipIf(!postgresUrl)('trades open answered with its own trade, which th
     } finally {
       if (!command.closed()) command.child.kill('SIGKILL')
     }
+  })
+
+  for (const meanwhile of ['gone', 'taken over'] as const) {
+    it(`answered with the record of another order, the order ${meanwhile} meanwhile, one signal while the recording waits to read it: the line says it reads the order to decide, never "recording the mark"; exit 130`, async () => {
+      const ref = `other ${meanwhile}`
+      const { env, read } = await seeded('postgres')
+      await read((db) => (meanwhile === 'gone' ? goneMeanwhile(db, ref) : takenOverMeanwhile(db, ref)))
+      const lock = await ordersShareLock(env.DATABASE_URL!, read, { mode: 'exclusive' })
+      cleanups.unshift(() => lock.end())
+      const command = startedCli(openArgs(ref), { ...env, DATABASE_STATEMENT_TIMEOUT_MS: '3600000' }, children)
+      let ended: Ended
+      try {
+        const request = await platform.requestOf(command, ref)
+        await lock.take()
+        request.respond(200, tradeRecord({ trade_id: 'tr_other', external_reference: 'someone else' }))
+        await lock.waitedOn('the read of the order waits on the lock', () => (command.closed() ? command.stderr() : undefined))
+        ended = await oneSignal(command, () => lock.release())
+      } finally {
+        if (!command.closed()) command.child.kill('SIGKILL')
+        await lock.release()
+      }
+      const order = await read((db) => findOrderByExternalReference(db, ref))
+      expectStopped(ended, otherDecidingFirst(ref) + otherNotRecorded(ref, meanwhile, order?.updatedAt) + STOPPED_NOT_RECORDED, { logged: true })
+      // what the recording writes, as without the signal: nothing of an order gone; the flag, the other command's mark
+      // left as it is, of one taken over
+      if (meanwhile === 'gone') expect(order).toBeUndefined()
+      else expect(order).toMatchObject({ tradeId: null, tradeCreateState: 'pending', attention: 'trade_mismatch' })
+    })
+  }
+
+  it('answered with the record of another order, the order gone meanwhile, three signals while the recording waits to read it: the lines say it reads the order to decide; the third that nothing was recorded; exit 130', async () => {
+    const ref = 'other gone three'
+    const { env, read } = await seeded('postgres')
+    await read((db) => goneMeanwhile(db, ref))
+    const lock = await ordersShareLock(env.DATABASE_URL!, read, { mode: 'exclusive' })
+    cleanups.unshift(() => lock.end())
+    const command = startedCli(openArgs(ref), { ...env, DATABASE_STATEMENT_TIMEOUT_MS: '3600000' }, children)
+    try {
+      const request = await platform.requestOf(command, ref)
+      await lock.take()
+      request.respond(200, tradeRecord({ trade_id: 'tr_other', external_reference: 'someone else' }))
+      await lock.waitedOn('the read of the order waits on the lock', () => (command.closed() ? command.stderr() : undefined))
+      await stopThreeTimes(command)
+    } finally {
+      if (!command.closed()) command.child.kill('SIGKILL')
+      await lock.release()
+    }
+    expectStopped(
+      await command.ended(),
+      otherDecidingFirst(ref) +
+        'the call to the platform is over, and its outcome is not known (the platform may or may not have done it); its ' +
+        `answer is the record of another order: reading order ${ref} to decide what to record (another Ctrl-C ends the ` +
+        'process now, and says what it leaves)\n' +
+        `Stopped by a third signal before the record of the answer to order ${ref}'s create (trade tr_other, another ` +
+        `order's) ${BEFORE_COMMIT}; \`orders show '${ref}'\` shows what the order records of its create; do not send the ` +
+        'create again before checking the platform [stopped]\n',
+    )
+    // the order's row, under another reference, as the trigger left it: nothing of the answer recorded
+    expect(await read((db) => findOrderByExternalReference(db, `${ref} (another)`))).toMatchObject({ tradeCreateState: 'pending', attention: null })
   })
 
   it('linked to another trade meanwhile, three signals while the recording waits to read the order: the third names the other trade’s case, not only `trades link`; exit 130', async () => {

@@ -188,7 +188,7 @@ function stoppedAfterTheCall(
   }
   // the call failed (no answer, a refusal) or its answer is not recorded yet: no local write is in flight, and one
   // under way in a transaction is rolled back
-  const see = end.outcome !== 'answered' && end.records ? `; ${end.records.see}` : ''
+  const see = end.outcome === 'answered' ? '' : end.records ? `; ${end.records.see}` : end.deciding ? `; ${end.deciding.see}` : ''
   return (
     `Stopped by a third signal after ${theCall(end)}, with no local write in flight (one under way in a ` +
     `transaction is rolled back, its COMMIT not sent)${see} [stopped]`
@@ -219,6 +219,14 @@ function settledLine(end: CallEnd): string {
     if (end.deciding) return `the platform has answered: reading ${end.deciding} to record its answer, then saying what was recorded and stopping`
     return 'the platform has answered: recording and printing its answer, then stopping'
   }
+  // what the recording writes is known only once it has read the order (`trades open` answered with another order's
+  // record): "recording the mark" was said of an order gone, or whose create another command had taken over, meanwhile
+  if (end.deciding) {
+    return (
+      `the call to the platform is over, and ${endWords(end)}; ${end.deciding.why}: reading ${end.deciding.reads} to ` +
+      `decide what to record, then saying what was recorded and stopping; ${end.deciding.see}`
+    )
+  }
   const recording = end.records ? `recording ${end.records.change} and saying so, then stopping; ${end.records.see}` : 'saying so, then stopping'
   return `the call to the platform is over, and ${endWords(end)}: ${recording}`
 }
@@ -237,8 +245,12 @@ function secondSettledLine(end: CallEnd): string {
       'says where to look)'
     )
   }
-  const what = end.records ? `recording ${end.records.change}` : 'saying so'
-  return `the call to the platform is over, and ${endWords(end)}: ${what} (another Ctrl-C ends the process now, and says what it leaves)`
+  const what = end.records
+    ? `: recording ${end.records.change}`
+    : end.deciding
+      ? `; ${end.deciding.why}: reading ${end.deciding.reads} to decide what to record`
+      : ': saying so'
+  return `the call to the platform is over, and ${endWords(end)}${what} (another Ctrl-C ends the process now, and says what it leaves)`
 }
 
 /**

@@ -36,7 +36,8 @@
 // sent, the order's state as it was, and so does one that ends the call while its connection is still being set up
 // (nothing written); once it is sent, an operator who stops waiting for the answer leaves the order as a timeout
 // does, `unknown`. Once it is answered, a stop says what the recording writes: an answer of another order is told from
-// the answer as a create whose outcome is not known, being marked unknown; one of the order's own as being decided until
+// the answer as a create whose outcome is not known, its record being decided until the recording has read the order
+// (then the unknown mark, or what it found, as below); one of the order's own as being decided until
 // the recording has read the order under its lock, then as what it found (a trade linked meanwhile: the trade_mismatch
 // flag; the order gone, or its create no longer this command's: nothing, or the flag; the trade another order's: the
 // mark), with where to look should a third signal end the process.
@@ -241,8 +242,9 @@ export async function openTradeForOrder(
   }
   // Told before the recording, which a stop signal's line precedes: an answer that is the record of another order (its
   // external_reference another's) links nothing, and what the create did is not known, as after a timeout; the
-  // recording marks the create unknown, unless a trade was linked to the order meanwhile: then it flags the order
-  // trade_mismatch (below, unchanged). What the recording writes of an answer of the order's own is known only once it
+  // recording marks the create unknown, unless it finds the order gone, linked or its create taken over meanwhile
+  // (below, unchanged), so a stop says it is being decided until then too. What the recording writes of an answer of
+  // the order's own is known only once it
   // has read the order under its lock (linked meanwhile, gone, its create taken over) and applied the answer (the trade
   // another order's): until then a stop says it is being decided, and then what was found (decided, below). It was said
   // as "recording and printing its answer", which none of those is
@@ -254,17 +256,12 @@ export async function openTradeForOrder(
   const link = `\`trades link ${quoteForShell(externalReference)} ${tradeId}\``
   const requeue = `\`reconcile --requeue ${quoteForShell(externalReference)}\``
   const otherSee = `${createSee} shows what the order records of its create; do not send the create again before checking the platform`
+  // of another order's answer too, what the recording writes is known only once it has read the order: the unknown
+  // mark, or nothing (the order gone, its create no longer this command's), or the flag (a trade linked, the create
+  // taken over meanwhile). It was said as "recording the mark", with the flag as an "instead"
   guard?.settled(
     otherOrder
-      ? {
-          outcome: 'unknown',
-          records: {
-            change:
-              `the mark of ${orderWords}'s create as unknown (its answer is the record of another order; should another ` +
-              "trade have been linked to the order meanwhile, the order's trade_mismatch flag instead)",
-            see: `${createSee} shows it; do not send the create again before checking the platform`,
-          },
-        }
+      ? { outcome: 'unknown', deciding: { why: 'its answer is the record of another order', reads: orderWords, see: otherSee } }
       : { outcome: 'answered', deciding: orderWords },
   )
   // what the recording found, said by a stop signal from then on: the line, and where to look should the process end.
@@ -353,6 +350,17 @@ export async function openTradeForOrder(
       })
       await flagTakenOverCreate(trx, orderId)
       return { outcome: 'not_recorded', flagged: true }
+    }
+    if (otherOrder) {
+      // decided: applyObservation finds any record of another reference a trade_mismatch, and its write may wait on a
+      // lock (the mark follows it)
+      guard?.settled({
+        outcome: 'unknown',
+        records: {
+          change: `the mark of ${orderWords}'s create as unknown (its answer is the record of another order)`,
+          see: `${createSee} shows it; do not send the create again before checking the platform`,
+        },
+      })
     }
     const observed = await applyObservation(
       trx,

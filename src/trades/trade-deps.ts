@@ -95,7 +95,18 @@ export type CallEnd =
        */
       found?: { what: string; records: string; see: string } | undefined
     }
-  | { outcome: 'refused' | 'not_sent' | 'unknown'; records?: { change: string; see: string } | undefined }
+  | {
+      outcome: 'refused' | 'not_sent' | 'unknown'
+      records?: { change: string; see: string } | undefined
+      /**
+       * In place of `records`, until the recording has decided what it writes (`trades open` answered with the record
+       * of another order: the unknown mark, or, once it has read the order under its lock, nothing of an order gone,
+       * the flag of one linked or whose create was taken over meanwhile): why the outcome is not known ("its answer is
+       * the record of another order"), what it reads ("order o_1"), and where to look. The recording settles the call
+       * again once it has, with its `records`.
+       */
+      deciding?: { why: string; reads: string; see: string } | undefined
+    }
 
 /** How a call that failed ended (CallEnd): any error other than no answer, a 5xx or one never sent is a refusal. */
 export function failedCallOutcome(error: unknown): 'refused' | 'not_sent' | 'unknown' {
