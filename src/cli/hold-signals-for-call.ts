@@ -7,7 +7,8 @@
 //   before the call is sent  the first signal stops the command there: nothing sent, exit 130
 //   while it is in flight    the first signal waits for the answer, which is recorded and printed as usual, exit
 //                            130 (said as "to record it and say what was recorded": a `trades open` answer whose
-//                            order is gone or whose create was taken over records nothing, or a flag); a second stops waiting: the call ends as a timeout does (outcome unknown, the
+//                            order is gone or whose create was taken over records nothing, or a flag); a second
+//                            stops waiting: the call ends as a timeout does (outcome unknown, the
 //                            order left as a timeout leaves it), exit 130, or, its connection not up yet (nothing
 //                            written: PartnerStoppedBeforeSentError), as a stop before sending, the order as it was
 //   once it has settled      the answer is recorded (one transaction) and printed, exit 130; a call that got no

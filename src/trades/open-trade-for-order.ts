@@ -244,10 +244,9 @@ export async function openTradeForOrder(
   // external_reference another's) links nothing, and what the create did is not known, as after a timeout; the
   // recording marks the create unknown, unless it finds the order gone, linked or its create taken over meanwhile
   // (below, unchanged), so a stop says it is being decided until then too. What the recording writes of an answer of
-  // the order's own is known only once it
-  // has read the order under its lock (linked meanwhile, gone, its create taken over) and applied the answer (the trade
-  // another order's): until then a stop says it is being decided, and then what was found (decided, below). It was said
-  // as "recording and printing its answer", which none of those is
+  // the order's own is known only once it has read the order under its lock (linked meanwhile, gone, its create taken
+  // over) and applied the answer (the trade another order's): until then a stop says it is being decided, and then
+  // what was found (decided, below). It was said as "recording and printing its answer", which none of those is
   const otherOrder = trade.external_reference !== externalReference
   const answeredTrade = printable(trade.trade_id)
   const orderWords = `order ${printable(externalReference)}`
