@@ -36,7 +36,7 @@ import { endedAfterAll, startedCli } from './helpers/cli-process.js'
 import { useHoldingPlatform } from './helpers/holding-platform.js'
 import { ordersShareLock } from './helpers/orders-share-lock.js'
 import { tradeRecord } from './helpers/partner-api-fixtures.js'
-import { holdStatementOnPglite } from './helpers/pglite-statement-hold.js'
+import { holdStatementOnPglite, type StatementHold } from './helpers/pglite-statement-hold.js'
 import { insertOrders } from './helpers/reconcile-orders.js'
 import { eventually } from './helpers/reconcile-poller.js'
 import { FIRST_IN_FLIGHT, says } from './helpers/signals-in-flight.js'
@@ -178,6 +178,99 @@ async function oneSignal(command: Started, release: () => Promise<void> | void):
 type Mode = 'one signal' | 'three signals'
 const MODES: Mode[] = ['one signal', 'three signals']
 
+/** How a test holds the recording: taken before the answer (a table lock), waited on once answered, let go. */
+interface RecordingHold {
+  take?: () => Promise<void>
+  waitedOn: (command: Started) => Promise<unknown>
+  release: () => Promise<void> | void
+}
+
+/** The command, whose statements no statement timeout ends while the test holds one: only the signals stop it. */
+const heldCommand = (ref: string, env: Record<string, string>) => startedCli(openArgs(ref), { ...env, DATABASE_STATEMENT_TIMEOUT_MS: '3600000' }, children)
+
+/**
+ * The create at the platform answered with `trade`, the recording held, then one signal (the hold let go once its
+ * line is out) or three; how the command ended.
+ */
+async function answeredWhileHeld(
+  command: Started,
+  ref: string,
+  trade: { trade_id: string; external_reference: string },
+  hold: RecordingHold,
+  mode: Mode = 'one signal',
+): Promise<Ended> {
+  try {
+    const request = await platform.requestOf(command, ref)
+    await hold.take?.()
+    request.respond(200, tradeRecord(trade))
+    await hold.waitedOn(command)
+    if (mode === 'one signal') return await oneSignal(command, hold.release)
+    await stopThreeTimes(command)
+    return await command.ended()
+  } finally {
+    if (!command.closed()) command.child.kill('SIGKILL')
+    await hold.release()
+  }
+}
+
+/** Postgres: the orders table locked from before the answer (SHARE holds the flag; EXCLUSIVE the read of the order). */
+async function tableLock(env: Record<string, string>, read: Reader, waits: string, mode?: 'exclusive'): Promise<RecordingHold> {
+  const lock = await ordersShareLock(env.DATABASE_URL!, read, mode ? { mode } : undefined)
+  cleanups.unshift(() => lock.end())
+  return {
+    take: () => lock.take(),
+    waitedOn: (command) => lock.waitedOn(waits, () => (command.closed() ? command.stderr() : undefined)),
+    release: () => lock.release(),
+  }
+}
+
+/** PGlite: a trigger that sleeps until let go (holdStatementOnPglite). */
+function triggerHold(held: StatementHold, runs: string): RecordingHold {
+  return {
+    waitedOn: (command) =>
+      eventually(() => {
+        if (command.closed()) throw new Error(`the command ended before ${runs}: ${command.stderr()}`)
+        return held.held()
+      }, runs, 120_000),
+    release: () => held.release(),
+  }
+}
+
+/** A signal while the create is at the platform, the order gone or its create taken over meanwhile (both databases). */
+function signalledInFlight(kind: 'pglite' | 'postgres'): void {
+  it('the order gone meanwhile, one signal while the create is at the platform: the failure, then the stop; exit 130', async () => {
+    const ref = 'gone in flight'
+    const { env, read } = await seeded(kind)
+    await read((db) => goneMeanwhile(db, ref))
+    const ended = await answeredInFlight(startedCli(openArgs(ref), env, children), ref, 'tr_gone')
+    expectStopped(ended, FIRST_IN_FLIGHT + goneFailure(ref) + STOPPED_NOT_RECORDED, { logged: true })
+    expect(await read((db) => findOrderByExternalReference(db, ref))).toBeUndefined()
+  })
+
+  it('its create taken over meanwhile, one signal while the create is at the platform: the line promises no print; the failure, then the stop; exit 130', async () => {
+    const ref = 'taken over in flight'
+    const { env, read } = await seeded(kind)
+    await read((db) => takenOverMeanwhile(db, ref))
+    const ended = await answeredInFlight(startedCli(openArgs(ref), env, children), ref, 'tr_taken')
+    const order = await read((db) => findOrderByExternalReference(db, ref))
+    expectStopped(ended, FIRST_IN_FLIGHT + takenOverFailure(ref, order!.updatedAt.toISOString()) + STOPPED_NOT_RECORDED, { logged: true })
+    expect(order).toMatchObject({ tradeId: null, tradeCreateState: 'pending', attention: 'trade_mismatch' })
+  })
+}
+
+/** One signal while the create is at the platform, then its answer (a trade of the order's own); how it ended. */
+async function answeredInFlight(command: Started, ref: string, tradeId: string): Promise<Ended> {
+  try {
+    const request = await platform.requestOf(command, ref)
+    command.child.kill('SIGINT')
+    await says(command, FIRST_IN_FLIGHT)
+    request.respond(200, tradeRecord({ trade_id: tradeId, external_reference: ref }))
+    return await command.ended()
+  } finally {
+    if (!command.closed()) command.child.kill('SIGKILL')
+  }
+}
+
 /** What the signals say of a create taken over, its recording held at the flag, and what the order records. */
 async function expectTakenOver(ended: Ended, mode: Mode, ref: string, read: Reader): Promise<void> {
   const order = await read((db) => findOrderByExternalReference(db, ref))
@@ -199,32 +292,17 @@ async function expectTakenOver(ended: Ended, mode: Mode, ref: string, read: Read
   expect(order).toMatchObject({ tradeId: null, tradeCreateState: 'pending', attention: 'trade_mismatch', nextPollAt: null })
 }
 
+const READ_WAITS = 'the read of the order waits on the lock'
+const ANOTHER_ORDERS = { trade_id: 'tr_other', external_reference: 'someone else' }
+
 describe.skipIf(!postgresUrl)('trades open answered with its own trade, which the recording does not link, stopped by signals (Postgres)', () => {
   for (const mode of MODES) {
     it(`its create taken over meanwhile, ${mode} while the flag is written: the lines name the take-over and the flag; exit 130`, async () => {
       const ref = `taken over ${mode === 'one signal' ? 'one' : 'three'}`
       const { env, read } = await seeded('postgres')
       await read((db) => takenOverMeanwhile(db, ref))
-      const lock = await ordersShareLock(env.DATABASE_URL!, read)
-      cleanups.unshift(() => lock.end())
-      // no statement of the command's ends at its statement timeout while the test holds it: only the signals stop it
-      const command = startedCli(openArgs(ref), { ...env, DATABASE_STATEMENT_TIMEOUT_MS: '3600000' }, children)
-      let ended: Ended
-      try {
-        const request = await platform.requestOf(command, ref)
-        await lock.take()
-        request.respond(200, tradeRecord({ trade_id: 'tr_taken', external_reference: ref }))
-        await lock.waitedOn('the flag waits on the lock', () => (command.closed() ? command.stderr() : undefined))
-        if (mode === 'three signals') {
-          await stopThreeTimes(command)
-          ended = await command.ended()
-        } else {
-          ended = await oneSignal(command, () => lock.release())
-        }
-      } finally {
-        if (!command.closed()) command.child.kill('SIGKILL')
-        await lock.release()
-      }
+      const hold = await tableLock(env, read, 'the flag waits on the lock')
+      const ended = await answeredWhileHeld(heldCommand(ref, env), ref, { trade_id: 'tr_taken', external_reference: ref }, hold, mode)
       await expectTakenOver(ended, mode, ref, read)
     })
   }
@@ -233,78 +311,21 @@ describe.skipIf(!postgresUrl)('trades open answered with its own trade, which th
     const ref = 'gone held'
     const { env, read } = await seeded('postgres')
     await read((db) => goneMeanwhile(db, ref))
-    const lock = await ordersShareLock(env.DATABASE_URL!, read, { mode: 'exclusive' })
-    cleanups.unshift(() => lock.end())
-    const command = startedCli(openArgs(ref), { ...env, DATABASE_STATEMENT_TIMEOUT_MS: '3600000' }, children)
-    let ended: Ended
-    try {
-      const request = await platform.requestOf(command, ref)
-      await lock.take()
-      request.respond(200, tradeRecord({ trade_id: 'tr_gone', external_reference: ref }))
-      await lock.waitedOn('the read of the order waits on the lock', () => (command.closed() ? command.stderr() : undefined))
-      ended = await oneSignal(command, () => lock.release())
-    } finally {
-      if (!command.closed()) command.child.kill('SIGKILL')
-      await lock.release()
-    }
+    const hold = await tableLock(env, read, READ_WAITS, 'exclusive')
+    const ended = await answeredWhileHeld(heldCommand(ref, env), ref, { trade_id: 'tr_gone', external_reference: ref }, hold)
     expectStopped(ended, decidingFirst(ref) + goneFailure(ref) + STOPPED_NOT_RECORDED, { logged: true })
     expect(await read((db) => findOrderByExternalReference(db, ref))).toBeUndefined()
   })
 
-  it('the order gone meanwhile, one signal while the create is at the platform: the failure, then the stop; exit 130', async () => {
-    const ref = 'gone in flight'
-    const { env, read } = await seeded('postgres')
-    await read((db) => goneMeanwhile(db, ref))
-    const command = startedCli(openArgs(ref), env, children)
-    try {
-      const request = await platform.requestOf(command, ref)
-      command.child.kill('SIGINT')
-      await says(command, FIRST_IN_FLIGHT)
-      request.respond(200, tradeRecord({ trade_id: 'tr_gone', external_reference: ref }))
-      expectStopped(await command.ended(), FIRST_IN_FLIGHT + goneFailure(ref) + STOPPED_NOT_RECORDED, { logged: true })
-    } finally {
-      if (!command.closed()) command.child.kill('SIGKILL')
-    }
-  })
-
-  it('its create taken over meanwhile, one signal while the create is at the platform: the line promises no print; the failure, then the stop; exit 130', async () => {
-    const ref = 'taken over in flight'
-    const { env, read } = await seeded('postgres')
-    await read((db) => takenOverMeanwhile(db, ref))
-    const command = startedCli(openArgs(ref), env, children)
-    try {
-      const request = await platform.requestOf(command, ref)
-      command.child.kill('SIGINT')
-      await says(command, FIRST_IN_FLIGHT)
-      request.respond(200, tradeRecord({ trade_id: 'tr_taken', external_reference: ref }))
-      const ended = await command.ended()
-      const order = await read((db) => findOrderByExternalReference(db, ref))
-      expectStopped(ended, FIRST_IN_FLIGHT + takenOverFailure(ref, order!.updatedAt.toISOString()) + STOPPED_NOT_RECORDED, { logged: true })
-      expect(order).toMatchObject({ tradeId: null, tradeCreateState: 'pending', attention: 'trade_mismatch' })
-    } finally {
-      if (!command.closed()) command.child.kill('SIGKILL')
-    }
-  })
+  signalledInFlight('postgres')
 
   for (const meanwhile of ['gone', 'taken over'] as const) {
     it(`answered with the record of another order, the order ${meanwhile} meanwhile, one signal while the recording waits to read it: the line says it reads the order to decide, never "recording the mark"; exit 130`, async () => {
       const ref = `other ${meanwhile}`
       const { env, read } = await seeded('postgres')
       await read((db) => (meanwhile === 'gone' ? goneMeanwhile(db, ref) : takenOverMeanwhile(db, ref)))
-      const lock = await ordersShareLock(env.DATABASE_URL!, read, { mode: 'exclusive' })
-      cleanups.unshift(() => lock.end())
-      const command = startedCli(openArgs(ref), { ...env, DATABASE_STATEMENT_TIMEOUT_MS: '3600000' }, children)
-      let ended: Ended
-      try {
-        const request = await platform.requestOf(command, ref)
-        await lock.take()
-        request.respond(200, tradeRecord({ trade_id: 'tr_other', external_reference: 'someone else' }))
-        await lock.waitedOn('the read of the order waits on the lock', () => (command.closed() ? command.stderr() : undefined))
-        ended = await oneSignal(command, () => lock.release())
-      } finally {
-        if (!command.closed()) command.child.kill('SIGKILL')
-        await lock.release()
-      }
+      const hold = await tableLock(env, read, READ_WAITS, 'exclusive')
+      const ended = await answeredWhileHeld(heldCommand(ref, env), ref, ANOTHER_ORDERS, hold)
       const order = await read((db) => findOrderByExternalReference(db, ref))
       expectStopped(ended, otherDecidingFirst(ref) + otherNotRecorded(ref, meanwhile, order?.updatedAt) + STOPPED_NOT_RECORDED, { logged: true })
       // what the recording writes, as without the signal: nothing of an order gone; the flag, the other command's mark
@@ -318,21 +339,9 @@ describe.skipIf(!postgresUrl)('trades open answered with its own trade, which th
     const ref = 'other gone three'
     const { env, read } = await seeded('postgres')
     await read((db) => goneMeanwhile(db, ref))
-    const lock = await ordersShareLock(env.DATABASE_URL!, read, { mode: 'exclusive' })
-    cleanups.unshift(() => lock.end())
-    const command = startedCli(openArgs(ref), { ...env, DATABASE_STATEMENT_TIMEOUT_MS: '3600000' }, children)
-    try {
-      const request = await platform.requestOf(command, ref)
-      await lock.take()
-      request.respond(200, tradeRecord({ trade_id: 'tr_other', external_reference: 'someone else' }))
-      await lock.waitedOn('the read of the order waits on the lock', () => (command.closed() ? command.stderr() : undefined))
-      await stopThreeTimes(command)
-    } finally {
-      if (!command.closed()) command.child.kill('SIGKILL')
-      await lock.release()
-    }
+    const hold = await tableLock(env, read, READ_WAITS, 'exclusive')
     expectStopped(
-      await command.ended(),
+      await answeredWhileHeld(heldCommand(ref, env), ref, ANOTHER_ORDERS, hold, 'three signals'),
       otherDecidingFirst(ref) +
         'the call to the platform is over, and its outcome is not known (the platform may or may not have done it); its ' +
         `answer is the record of another order: reading order ${ref} to decide what to record (another Ctrl-C ends the ` +
@@ -349,21 +358,9 @@ describe.skipIf(!postgresUrl)('trades open answered with its own trade, which th
     const ref = 'linked held'
     const { env, read } = await seeded('postgres')
     await read((db) => linkedMeanwhile(db, ref))
-    const lock = await ordersShareLock(env.DATABASE_URL!, read, { mode: 'exclusive' })
-    cleanups.unshift(() => lock.end())
-    const command = startedCli(openArgs(ref), { ...env, DATABASE_STATEMENT_TIMEOUT_MS: '3600000' }, children)
-    try {
-      const request = await platform.requestOf(command, ref)
-      await lock.take()
-      request.respond(200, tradeRecord({ trade_id: 'tr_second', external_reference: ref }))
-      await lock.waitedOn('the read of the order waits on the lock', () => (command.closed() ? command.stderr() : undefined))
-      await stopThreeTimes(command)
-    } finally {
-      if (!command.closed()) command.child.kill('SIGKILL')
-      await lock.release()
-    }
+    const hold = await tableLock(env, read, READ_WAITS, 'exclusive')
     expectStopped(
-      await command.ended(),
+      await answeredWhileHeld(heldCommand(ref, env), ref, { trade_id: 'tr_second', external_reference: ref }, hold, 'three signals'),
       decidingFirst(ref) +
         decidingSecond(ref) +
         `Stopped by a third signal before the record of trade tr_second, created by the platform for order ${ref} ` +
@@ -387,25 +384,23 @@ describe.skipIf(!postgresUrl)('trades open answered with its own trade, which th
     await holder.query(`create function test_hold_mark() returns trigger language plpgsql as $$ begin perform pg_advisory_xact_lock(${key}); return new; end $$`)
     await holder.query(`create trigger test_hold_mark before update on orders for each row when (${ELSEWHERE_MARK}) execute function test_hold_mark()`)
     await holder.query('select pg_advisory_lock($1::bigint)', [key])
-    const command = startedCli(openArgs(ELSEWHERE_REF), { ...env, DATABASE_STATEMENT_TIMEOUT_MS: '3600000' }, children)
-    let ended: Ended
-    try {
-      const request = await platform.requestOf(command, ELSEWHERE_REF)
-      request.respond(200, tradeRecord({ trade_id: 'tr_elsewhere', external_reference: ELSEWHERE_REF }))
-      await eventually(async () => {
-        if (command.closed()) throw new Error(`the command ended before its mark waited: ${command.stderr()}`)
-        const { rows } = await read((db) =>
-          sql<{ waiting: number }>`select count(*)::int as waiting from pg_stat_activity where ${holderPid}::int = any(pg_blocking_pids(pid))`.execute(db),
-        )
-        return rows[0]!.waiting > 0
-      }, 'the unknown mark waits on the lock', 120_000)
-      ended = await oneSignal(command, async () => {
-        await holder.query('select pg_advisory_unlock($1::bigint)', [key])
-      })
-    } finally {
-      if (!command.closed()) command.child.kill('SIGKILL')
-      await holder.query('select pg_advisory_unlock_all()')
+    let released = false
+    const hold: RecordingHold = {
+      waitedOn: (command) =>
+        eventually(async () => {
+          if (command.closed()) throw new Error(`the command ended before its mark waited: ${command.stderr()}`)
+          const { rows } = await read((db) =>
+            sql<{ waiting: number }>`select count(*)::int as waiting from pg_stat_activity where ${holderPid}::int = any(pg_blocking_pids(pid))`.execute(db),
+          )
+          return rows[0]!.waiting > 0
+        }, 'the unknown mark waits on the lock', 120_000),
+      release: async () => {
+        if (released) return
+        released = true
+        await holder.query('select pg_advisory_unlock_all()')
+      },
     }
+    const ended = await answeredWhileHeld(heldCommand(ELSEWHERE_REF, env), ELSEWHERE_REF, { trade_id: 'tr_elsewhere', external_reference: ELSEWHERE_REF }, hold)
     await expectTheTradeElsewhere(ended, read)
   })
 })
@@ -425,81 +420,19 @@ describe('trades open answered with its own trade, which the recording does not 
         }),
       )
       const command = startedCli(openArgs(ref), env, children)
-      let ended: Ended
-      try {
-        const request = await platform.requestOf(command, ref)
-        request.respond(200, tradeRecord({ trade_id: 'tr_taken', external_reference: ref }))
-        await eventually(() => {
-          if (command.closed()) throw new Error(`the command ended before its flag was held: ${command.stderr()}`)
-          return held.held()
-        }, 'the flag runs the trigger', 120_000)
-        if (mode === 'three signals') {
-          await stopThreeTimes(command)
-          ended = await command.ended()
-        } else {
-          ended = await oneSignal(command, () => held.release())
-        }
-      } finally {
-        if (!command.closed()) command.child.kill('SIGKILL')
-        held.release()
-      }
+      const ended = await answeredWhileHeld(command, ref, { trade_id: 'tr_taken', external_reference: ref }, triggerHold(held, 'the flag runs the trigger'), mode)
       await expectTakenOver(ended, mode, ref, read)
     })
   }
 
-  it('the order gone meanwhile, one signal while the create is at the platform: the failure, then the stop; exit 130', async () => {
-    const ref = 'gone in flight'
-    const { env, read } = await seeded('pglite')
-    await read((db) => goneMeanwhile(db, ref))
-    const command = startedCli(openArgs(ref), env, children)
-    try {
-      const request = await platform.requestOf(command, ref)
-      command.child.kill('SIGINT')
-      await says(command, FIRST_IN_FLIGHT)
-      request.respond(200, tradeRecord({ trade_id: 'tr_gone', external_reference: ref }))
-      expectStopped(await command.ended(), FIRST_IN_FLIGHT + goneFailure(ref) + STOPPED_NOT_RECORDED, { logged: true })
-    } finally {
-      if (!command.closed()) command.child.kill('SIGKILL')
-    }
-    expect(await read((db) => findOrderByExternalReference(db, ref))).toBeUndefined()
-  })
-
-  it('its create taken over meanwhile, one signal while the create is at the platform: the line promises no print; the failure, then the stop; exit 130', async () => {
-    const ref = 'taken over in flight'
-    const { env, read } = await seeded('pglite')
-    await read((db) => takenOverMeanwhile(db, ref))
-    const command = startedCli(openArgs(ref), env, children)
-    try {
-      const request = await platform.requestOf(command, ref)
-      command.child.kill('SIGINT')
-      await says(command, FIRST_IN_FLIGHT)
-      request.respond(200, tradeRecord({ trade_id: 'tr_taken', external_reference: ref }))
-      const ended = await command.ended()
-      const order = await read((db) => findOrderByExternalReference(db, ref))
-      expectStopped(ended, FIRST_IN_FLIGHT + takenOverFailure(ref, order!.updatedAt.toISOString()) + STOPPED_NOT_RECORDED, { logged: true })
-      expect(order).toMatchObject({ tradeId: null, tradeCreateState: 'pending', attention: 'trade_mismatch' })
-    } finally {
-      if (!command.closed()) command.child.kill('SIGKILL')
-    }
-  })
+  signalledInFlight('pglite')
 
   it('its trade another order’s, one signal while the unknown mark is written: the line names that and the mark; exit 130', async () => {
     const { env, read } = await seeded('pglite')
     const held = await read((db) => holdStatementOnPglite(db, env.DATA_DIR!, { name: 'test_hold_mark', table: 'orders', when: ELSEWHERE_MARK, at: 'before update' }))
     const command = startedCli(openArgs(ELSEWHERE_REF), env, children)
-    let ended: Ended
-    try {
-      const request = await platform.requestOf(command, ELSEWHERE_REF)
-      request.respond(200, tradeRecord({ trade_id: 'tr_elsewhere', external_reference: ELSEWHERE_REF }))
-      await eventually(() => {
-        if (command.closed()) throw new Error(`the command ended before its mark was held: ${command.stderr()}`)
-        return held.held()
-      }, 'the mark runs the trigger', 120_000)
-      ended = await oneSignal(command, () => held.release())
-    } finally {
-      if (!command.closed()) command.child.kill('SIGKILL')
-      held.release()
-    }
+    const hold = triggerHold(held, 'the mark runs the trigger')
+    const ended = await answeredWhileHeld(command, ELSEWHERE_REF, { trade_id: 'tr_elsewhere', external_reference: ELSEWHERE_REF }, hold)
     await expectTheTradeElsewhere(ended, read)
   })
 })
