@@ -74,10 +74,21 @@ const otherDecidingFirst = (ref: string) =>
   'before checking the platform\n'
 
 /** What the command says of an answer of another order that it does not record (the order gone, or its create taken over). */
+// an answer of another order: no trade created for this one, none to link (it said "created trade tr_other for order R"
+// and advised `trades link R tr_other`)
 const otherNotRecorded = (ref: string, meanwhile: 'gone' | 'taken over', markedAt: Date | undefined) =>
-  meanwhile === 'gone'
-    ? goneFailure(ref).replaceAll('tr_gone', 'tr_other')
-    : takenOverFailure(ref, markedAt!.toISOString()).replaceAll('tr_taken', 'tr_other')
+  `The platform answered order ${ref}'s create with the record of another order (trade tr_other): whether the create ` +
+  'made a trade for this order is not known, and nothing records it: ' +
+  (meanwhile === 'gone'
+    ? `there is no order ${ref} any more (deleted, or the database restored or failed over to a copy without it, while ` +
+      `the create was at the platform). Look on the platform for a trade of reference ${ref}: its webhook links it once ` +
+      `an order ${ref} exists again. Do not send the create again before checking there: \`trades open '${ref}'\` may ` +
+      'make a second trade. [trade_not_recorded]\n'
+    : `order ${ref}'s create is no longer this command's (its create state is now pending, marked at ` +
+      `${markedAt!.toISOString()}: another command took it over, the database was restored or failed over to a copy ` +
+      "from before the mark, or the row was changed by hand), so this command links nothing. The create that took it " +
+      "over links the order's trade: the order is flagged trade_mismatch and polled no more. Check the order's trades " +
+      `on the platform, cancel any not linked, then \`reconcile --requeue '${ref}'\`. [trade_not_recorded]\n`)
 
 const goneFailure = (ref: string) =>
   `The platform created trade tr_gone for order ${ref}, but nothing records it: there is no order ${ref} any more ` +

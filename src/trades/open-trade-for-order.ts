@@ -589,6 +589,10 @@ async function notRecorded(
   // commands to copy: each word quoted for a shell where it needs it (a reference may hold `$(…)`)
   const reference = quoteForShell(externalReference)
   const link = `\`trades link ${reference} ${quoteForShell(tradeId)}\``
+  // an answer that is the record of another order (its external_reference another's) is no trade of this order's: what
+  // the create did is not known, and that trade is never one to link to it (it was said as created for the order, with
+  // `trades link` of it as the advice)
+  if (trade.external_reference !== externalReference) return notRecordedOtherOrder(externalReference, orderId, tradeId, now, flagged)
   const created = `The platform created trade ${tradeId} for order ${externalReference}, but nothing records it: `
   if (!now) {
     return new TradeOperationError(
@@ -600,13 +604,7 @@ async function notRecorded(
         `${reference}\` would make a second trade.`,
     )
   }
-  const changed =
-    now.id !== orderId
-      ? `order ${externalReference} was deleted and created again while the create was at the platform`
-      : `order ${externalReference}'s create is no longer this command's (its create state is now ` +
-        `${now.tradeCreateState}${now.tradeCreateState === 'pending' ? `, marked at ${now.updatedAt.toISOString()}` : ''}: ` +
-        'another command took it over, the database was restored or failed over to a copy from before the mark, or ' +
-        'the row was changed by hand)'
+  const changed = whatChanged(externalReference, orderId, now)
   return new TradeOperationError(
     'trade_not_recorded',
     created +
@@ -617,5 +615,47 @@ async function notRecorded(
           `failed: then link this one with ${link}), then \`reconcile --requeue ${reference}\`.`
         : `Check the platform before any retry (\`trades open ${reference}\` would make another trade, and another ` +
           `create for the order may have made one too), then link this one with ${link}.`),
+  )
+}
+
+/** What became of the order while its create was at the platform, its row found again (notRecorded). */
+function whatChanged(externalReference: string, orderId: number, now: Order): string {
+  if (now.id !== orderId) return `order ${externalReference} was deleted and created again while the create was at the platform`
+  return (
+    `order ${externalReference}'s create is no longer this command's (its create state is now ` +
+    `${now.tradeCreateState}${now.tradeCreateState === 'pending' ? `, marked at ${now.updatedAt.toISOString()}` : ''}: ` +
+    'another command took it over, the database was restored or failed over to a copy from before the mark, or ' +
+    'the row was changed by hand)'
+  )
+}
+
+/**
+ * notRecorded's failure for an answer that is the record of another order: the create's outcome not known, nothing
+ * marked (the order gone, or its create no longer this command's), and no trade of the answer's to link.
+ */
+function notRecordedOtherOrder(externalReference: string, orderId: number, tradeId: string, now: Order | undefined, flagged: boolean): TradeOperationError {
+  const reference = quoteForShell(externalReference)
+  const answered =
+    `The platform answered order ${externalReference}'s create with the record of another order (trade ${tradeId}): ` +
+    'whether the create made a trade for this order is not known, and nothing records it: '
+  if (!now) {
+    return new TradeOperationError(
+      'trade_not_recorded',
+      answered +
+        `there is no order ${externalReference} any more (deleted, or the database restored or failed over to a copy ` +
+        `without it, while the create was at the platform). Look on the platform for a trade of reference ` +
+        `${externalReference}: its webhook links it once an order ${externalReference} exists again. Do not send the ` +
+        `create again before checking there: \`trades open ${reference}\` may make a second trade.`,
+    )
+  }
+  return new TradeOperationError(
+    'trade_not_recorded',
+    answered +
+      `${whatChanged(externalReference, orderId, now)}, so this command links nothing. ` +
+      (flagged
+        ? 'The create that took it over links the order\'s trade: the order is flagged trade_mismatch and polled no ' +
+          `more. Check the order's trades on the platform, cancel any not linked, then \`reconcile --requeue ${reference}\`.`
+        : `Check the platform for a trade of reference ${externalReference} before any retry (\`trades open ${reference}\` ` +
+          'may make another, and another create for the order may have made one too).'),
   )
 }
