@@ -122,7 +122,7 @@ export interface StreamReadOptions {
   types?: string | undefined
 }
 
-/** The statement of readReactionStream (exported so a test can EXPLAIN it); its columns are named as StreamRow's fields. */
+/** The statement of readReactionStream (exported so a test can EXPLAIN it). */
 export function readReactionStreamQuery({ handler, leaseToken, now, leaseEnd, limit, after, types }: StreamReadOptions) {
   const renewBefore = new Date(now.getTime() + (leaseEnd.getTime() - now.getTime()) / 2)
   const readerTypes = types ?? null
@@ -160,10 +160,9 @@ export function readReactionStreamQuery({ handler, leaseToken, now, leaseEnd, li
           limit 1) is not null as withheld
       from start s
     )
-    select p.withheld, p.from_after as "fromAfter", p.horizon::text as horizon,
-      h.stream_position::text as position, h.id as "historyId", h.event_id as "eventId", h.order_id as "orderId",
-      h.from_status as "fromStatus", h.to_status as "toStatus", h.source, h.sequence, h.trade_id as "tradeId",
-      h.external_reference as "externalReference", h.recorded_at as "recordedAt",
+    select p.withheld, p.from_after, p.horizon::text as horizon,
+      h.stream_position::text as position, h.id as history_id, h.event_id, h.order_id, h.from_status, h.to_status,
+      h.source, h.sequence, h.trade_id, h.external_reference, h.recorded_at,
       u.order_id is not null as held
     from place p left join lateral (
       select * from order_status_history h
@@ -197,8 +196,7 @@ export function readReactionStreamQuery({ handler, leaseToken, now, leaseEnd, li
  * writes nothing (no commit to flush: the read on every wake-up of a busy stream stays a read).
  */
 export async function readReactionStream(db: Kysely<Database>, options: StreamReadOptions): Promise<StreamRead> {
-  // its columns named as the row's fields already: no plugin maps each row of a busy stream to a new object
-  const { rows } = await readReactionStreamQuery(options).execute(db.withoutPlugins())
+  const { rows } = await readReactionStreamQuery(options).execute(db)
   const [first] = rows
   if (!first) {
     const stream = await db
