@@ -598,8 +598,7 @@ async function notRecorded(
     return new TradeOperationError(
       'trade_not_recorded',
       created +
-        `there is no order ${externalReference} any more (deleted, or the database restored or failed over to a copy ` +
-        `without it, while the create was at the platform). Its webhook links the trade once an order ${externalReference} ` +
+        `${goneWords(externalReference)}. Its webhook links the trade once an order ${externalReference} ` +
         `exists again; else link it then with ${link}. Check the platform before any retry: \`trades open ` +
         `${reference}\` would make a second trade.`,
     )
@@ -615,6 +614,14 @@ async function notRecorded(
           `failed: then link this one with ${link}), then \`reconcile --requeue ${reference}\`.`
         : `Check the platform before any retry (\`trades open ${reference}\` would make another trade, and another ` +
           `create for the order may have made one too), then link this one with ${link}.`),
+  )
+}
+
+/** The order gone while its create was at the platform (notRecorded). */
+function goneWords(externalReference: string): string {
+  return (
+    `there is no order ${externalReference} any more (deleted, or the database restored or failed over to a copy ` +
+    'without it, while the create was at the platform)'
   )
 }
 
@@ -642,8 +649,7 @@ function notRecordedOtherOrder(externalReference: string, orderId: number, trade
     return new TradeOperationError(
       'trade_not_recorded',
       answered +
-        `there is no order ${externalReference} any more (deleted, or the database restored or failed over to a copy ` +
-        `without it, while the create was at the platform). Look on the platform for a trade of reference ` +
+        `${goneWords(externalReference)}. Look on the platform for a trade of reference ` +
         `${externalReference}: its webhook links it once an order ${externalReference} exists again. Do not send the ` +
         `create again before checking there: \`trades open ${reference}\` may make a second trade.`,
     )
