@@ -3,10 +3,8 @@
 // when an older build left every order backing off (a platform outage at the upgrade), and the due gauges' statement
 // over the backfilled orders. Run: npx tsx bench/due-since-trigger-bench.ts postgres://…/an_empty_database
 import { randomUUID } from 'node:crypto'
-import { Migrator } from 'kysely/migration'
 import pg from 'pg'
-import { migrations } from '../migrations/index.js'
-import { migrateToLatest } from '../src/db/migrate.js'
+import { migrateTo, migrateToLatest } from '../src/db/migrate.js'
 import { openDatabase } from '../src/db/open-database.js'
 import { claimDueOrdersQuery, countDueOrdersQuery } from '../src/orders/poll-schedule.repository.js'
 
@@ -29,11 +27,7 @@ async function main(url: string): Promise<void> {
   const database = openDatabase({ databaseUrl: url, poolSize: 2 })
   const client = new pg.Client({ connectionString: url })
   await client.connect()
-  const migrator = new Migrator({ db: database.db, provider: { getMigrations: async () => migrations } })
-  const to = async (name: string) => {
-    const { error } = await migrator.migrateTo(name)
-    if (error) throw error
-  }
+  const to = (name: string) => migrateTo(database.db, name)
   try {
     await to('0021_poll_due_since_of_older_pollers')
     await client.query('truncate orders restart identity cascade')

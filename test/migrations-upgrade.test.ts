@@ -1,9 +1,7 @@
 import { createHash } from 'node:crypto'
 import { sql } from 'kysely'
-import { Migrator } from 'kysely/migration'
 import { describe, expect, it } from 'vitest'
-import { migrations } from '../migrations/index.js'
-import { migrateToLatest } from '../src/db/migrate.js'
+import { migrateTo, migrateToLatest } from '../src/db/migrate.js'
 import { claimDueOrders, countDueOrders } from '../src/orders/poll-schedule.repository.js'
 import { createOrder } from './helpers/orders.js'
 import { createTestDatabase } from './helpers/test-database.js'
@@ -11,13 +9,7 @@ import { createTestDatabase } from './helpers/test-database.js'
 /** A test database with the migrations up to and including `name` applied, and no later one. */
 async function databaseMigratedTo(name: string) {
   const database = await createTestDatabase({ migrate: false })
-  const { rows } = await sql<{ schema: string }>`select current_schema() as schema`.execute(database.db)
-  const migrator = new Migrator({
-    db: database.db,
-    provider: { getMigrations: async () => migrations },
-    migrationTableSchema: rows[0]!.schema,
-  })
-  expect((await migrator.migrateTo(name)).error).toBeUndefined()
+  await migrateTo(database.db, name)
   return database
 }
 

@@ -9,10 +9,10 @@ import { mkdtempSync } from 'node:fs'
 import { tmpdir } from 'node:os'
 import path from 'node:path'
 import { sql } from 'kysely'
-import { Migrator } from 'kysely/migration'
 import pg from 'pg'
 import { afterAll, beforeAll, expect, it } from 'vitest'
 import { migrations } from '../migrations/index.js'
+import { migrateTo } from '../src/db/migrate.js'
 import { jsonLogLines, receiverEnv, spawnCli, waitForLogLine } from './helpers/cli-process.js'
 import { createTestDatabase, describePostgres, type TestDatabase } from './helpers/test-database.js'
 import { signBody, tradePayload } from './helpers/webhook-delivery.js'
@@ -123,9 +123,7 @@ describePostgres('statements held up by another session (Postgres, the compiled 
     const operator = new pg.Client({ connectionString: old.url })
     let upgrading: ChildProcess | undefined
     try {
-      const { rows } = await sql<{ schema: string }>`select current_schema() as schema`.execute(old.db)
-      const migrator = new Migrator({ db: old.db, provider: { getMigrations: async () => migrations }, migrationTableSchema: rows[0]!.schema })
-      expect((await migrator.migrateTo('0009_reaction_streams')).error).toBeUndefined()
+      await migrateTo(old.db, '0009_reaction_streams')
       // an operator's open transaction reads reaction_jobs: migration 0010 replaces one of its indexes, which waits
       await operator.connect()
       await operator.query('begin')

@@ -224,7 +224,19 @@ class MigrationFailed extends Error {
   }
 }
 
-export async function migrateToLatest(db: Kysely<Database>): Promise<MigrationReport> {
+export function migrateToLatest(db: Kysely<Database>): Promise<MigrationReport> {
+  return migrate(db, undefined)
+}
+
+/**
+ * The migrations up to and including `name` and no later one, as a start runs them (under its lock, reading only the
+ * connection's schema in the catalog): an older build's schema, for a test or benchmark of an upgrade from it.
+ */
+export function migrateTo(db: Kysely<Database>, name: string): Promise<MigrationReport> {
+  return migrate(db, name)
+}
+
+async function migrate(db: Kysely<Database>, upTo: string | undefined): Promise<MigrationReport> {
   let outcome: MigrationResultSet
   try {
     // READ COMMITTED whatever the database's default: a process that waited below for another's migrations then
@@ -251,7 +263,8 @@ export async function migrateToLatest(db: Kysely<Database>): Promise<MigrationRe
       await requireCreateWhereMigrationsWait(trx, applied)
       requireNoNewerMigrations(applied)
       if (!applied?.tableMade) await requireFirstTable(trx)
-      const result = await (await createMigrator(trx)).migrateToLatest()
+      const migrator = await createMigrator(trx)
+      const result = upTo === undefined ? await migrator.migrateToLatest() : await migrator.migrateTo(upTo)
       if (result.error) throw new MigrationFailed(result)
       return result
     })
