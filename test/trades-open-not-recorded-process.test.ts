@@ -163,18 +163,22 @@ async function expectTheTradeElsewhere(ended: Ended, read: Reader): Promise<void
 }
 
 const NOT_RECORDED_LOG = "trade created on the platform but not recorded: the order is gone or its create is no longer this command's; nothing links the trade"
+// the answer another order's record: no trade of this order's was made that anyone knows of
+const OTHER_NOT_RECORDED_LOG =
+  "trade create answered with another order's record, not recorded: the order is gone or its create is no longer this command's; what the create did is not known"
 
 /**
  * Ended by the signals with `stderr`, exit 130, nothing printed. An answer nothing records is logged at error level
- * too (the CLI's one log level), as one JSON line among the command's lines: `logged` says whether it was.
+ * too (the CLI's one log level), as one JSON line among the command's lines: `logged` says whether it was, and
+ * `loggedMsg` with what words.
  */
-function expectStopped(ended: Ended, stderr: string, { logged = false } = {}): void {
+function expectStopped(ended: Ended, stderr: string, { logged = false, loggedMsg = NOT_RECORDED_LOG } = {}): void {
   expect({ code: ended.code, signal: ended.signal }, ended.stderr).toEqual({ code: 130, signal: null })
   expect(ended.stdout).toBe('')
   const lines = ended.stderr.split(/(?<=\n)/)
   const logLines = lines.filter((line) => line.startsWith('{'))
   expect(lines.filter((line) => !line.startsWith('{')).join('')).toBe(stderr)
-  expect(logLines.map((line) => (JSON.parse(line) as { msg: string }).msg)).toEqual(logged ? [NOT_RECORDED_LOG] : [])
+  expect(logLines.map((line) => (JSON.parse(line) as { msg: string }).msg)).toEqual(logged ? [loggedMsg] : [])
 }
 
 /** One signal once the recording is held, then `release`; how the command ended. */
@@ -338,7 +342,10 @@ describe.skipIf(!postgresUrl)('trades open answered with its own trade, which th
       const hold = await tableLock(env, read, READ_WAITS, 'exclusive')
       const ended = await answeredWhileHeld(heldCommand(ref, env), ref, ANOTHER_ORDERS, hold)
       const order = await read((db) => findOrderByExternalReference(db, ref))
-      expectStopped(ended, otherDecidingFirst(ref) + otherNotRecorded(ref, meanwhile, order?.updatedAt) + STOPPED_NOT_RECORDED, { logged: true })
+      expectStopped(ended, otherDecidingFirst(ref) + otherNotRecorded(ref, meanwhile, order?.updatedAt) + STOPPED_NOT_RECORDED, {
+        logged: true,
+        loggedMsg: OTHER_NOT_RECORDED_LOG,
+      })
       // what the recording writes, as without the signal: nothing of an order gone; the flag, the other command's mark
       // left as it is, of one taken over
       if (meanwhile === 'gone') expect(order).toBeUndefined()

@@ -572,27 +572,32 @@ async function notRecorded(
   flagged: boolean,
 ): Promise<TradeOperationError> {
   const now = await findOrderByExternalReference(db, externalReference)
+  // an answer that is the record of another order (its external_reference another's) is no trade of this order's: what
+  // the create did is not known, and that trade is never one to link to it (it was said as created for the order, with
+  // `trades link` of it as the advice, and logged as such)
+  const otherOrder = trade.external_reference !== externalReference
   logger.error(
     {
       externalReference,
       orderId,
       tradeId: trade.trade_id,
       tradeReference: trade.reference,
+      ...(otherOrder ? { answerExternalReference: trade.external_reference } : {}),
       orderNow: now ? { orderId: now.id, tradeId: now.tradeId, tradeCreateState: now.tradeCreateState } : null,
       flaggedTradeMismatch: flagged,
     },
-    "trade created on the platform but not recorded: the order is gone or its create is no longer this command's; " +
-      'nothing links the trade',
+    otherOrder
+      ? "trade create answered with another order's record, not recorded: the order is gone or its create is no longer " +
+          "this command's; what the create did is not known"
+      : "trade created on the platform but not recorded: the order is gone or its create is no longer this command's; " +
+          'nothing links the trade',
   )
   // the platform's text: on one line, so a line feed in it forges no line
   const tradeId = printable(trade.trade_id)
   // commands to copy: each word quoted for a shell where it needs it (a reference may hold `$(…)`)
   const reference = quoteForShell(externalReference)
   const link = `\`trades link ${reference} ${quoteForShell(tradeId)}\``
-  // an answer that is the record of another order (its external_reference another's) is no trade of this order's: what
-  // the create did is not known, and that trade is never one to link to it (it was said as created for the order, with
-  // `trades link` of it as the advice)
-  if (trade.external_reference !== externalReference) return notRecordedOtherOrder(externalReference, orderId, tradeId, now, flagged)
+  if (otherOrder) return notRecordedOtherOrder(externalReference, orderId, tradeId, now, flagged)
   const created = `The platform created trade ${tradeId} for order ${externalReference}, but nothing records it: `
   if (!now) {
     return new TradeOperationError(
