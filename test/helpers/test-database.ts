@@ -133,10 +133,36 @@ export async function createTestDatabase({
       // only its own schema's catalog, failed with "schema … does not exist", 3F000, when one was dropped)
       await cleanup.query('begin')
       await cleanup.query('select pg_advisory_xact_lock($1::bigint)', [MIGRATION_LOCK_KEY])
-      await cleanup.query(`drop schema if exists ${schema} cascade`)
+      // every test file's migration waits while this holds the lock: a drop held up by a session still in the
+      // schema (a child process or a connection the test left open) says so, with whom it waits on
+      const slow = setTimeout(() => void tellWhoHoldsUp(serverUrl, schema), 10_000)
+      try {
+        await cleanup.query(`drop schema if exists ${schema} cascade`)
+      } finally {
+        clearTimeout(slow)
+      }
       await cleanup.query('commit')
       await cleanup.end()
     },
+  }
+}
+
+/** Says on stderr which sessions the drop of `schema` waits on (the test suite's log, when a drop is slow). */
+async function tellWhoHoldsUp(serverUrl: string, schema: string): Promise<void> {
+  const look = new pg.Client({ connectionString: serverUrl })
+  try {
+    await look.connect()
+    const { rows } = await look.query(
+      `select a.pid, a.application_name, a.state, a.xact_start, left(a.query, 200) as query
+         from pg_stat_activity a
+        where a.pid in (select unnest(pg_blocking_pids(w.pid)) from pg_stat_activity w where w.query like $1)`,
+      [`drop schema if exists ${schema} cascade`],
+    )
+    console.warn(`test database: dropping schema ${schema} has waited 10 s on ${JSON.stringify(rows)}`)
+  } catch (error) {
+    console.warn(`test database: dropping schema ${schema} has waited 10 s (who holds it up could not be read: ${String(error)})`)
+  } finally {
+    await look.end().catch(() => {})
   }
 }
 
