@@ -51,8 +51,7 @@ import { createSandbox } from './sandbox/create-sandbox.js'
 import { sandboxStateFile } from './sandbox/sandbox-state.js'
 import { countParkedDeliveries, oldestDeliveryReceivedAt } from './webhooks/delivery.repository.js'
 import { createDeliveryIngest } from './webhooks/delivery-ingest.js'
-import { createEventHandlers } from './webhooks/event-handlers.js'
-import { registerEventHandlers } from './webhooks/partner-event-handlers.js'
+import { configuredEventHandlers } from './webhooks/event-handlers.js'
 import { serviceVersion } from './version.js'
 
 export interface RunningService {
@@ -221,8 +220,7 @@ export async function startService({
     }
     const advertised = !config.dataDir.startsWith('memory://') && !dataDirUnusable
     const localCliToken = advertised && runCommand ? createLocalCliToken() : undefined
-    const eventHandlers = createEventHandlers()
-    registerEventHandlers(eventHandlers)
+    const eventHandlers = configuredEventHandlers()
     // After this process's own commit that enqueued jobs, its dispatcher is woken at once (no NOTIFY round
     // trip). The NOTIFY is for the other replicas: it names this process (its own listener ignores it), and
     // it is sent only while this one drains, or while another process listens (looked up every few seconds)
@@ -290,6 +288,7 @@ export async function startService({
       withoutTimeouts: database.withoutTimeouts,
       logger,
       reactions,
+      eventHandlers,
       retentionHooks: metrics?.retentionHooks,
       onPollResult: metrics ? ({ result }) => metrics.pollResults.inc({ result }) : undefined,
     }
@@ -313,6 +312,7 @@ export async function startService({
         clock,
         reconcileOnce: async () => (ready && consoleActions.reconcileOnce ? consoleActions.reconcileOnce() : undefined),
         reactions,
+        eventHandlers,
       }),
       { port: config.admin.port, host: config.admin.host, settings: { port: 'ADMIN_PORT', host: 'ADMIN_HOST' } },
     )

@@ -229,7 +229,9 @@ describe('orders and deliveries commands', () => {
     expect([after.outcome, after.appliedAt]).toEqual(['applied', before.appliedAt])
     const seller = await run('deliveries', 'reapply', 'dlv-cli-seller')
     expect([seller.code, seller.stdout]).toEqual([1, ''])
-    expect(seller.stderr).toMatch(/^Delivery dlv-cli-seller is a [a-z_.]+ event: only trade events have an effect to re-run \[not_a_trade_event\]\n$/)
+    expect(seller.stderr).toMatch(
+      /^Delivery dlv-cli-seller is a [a-z_.]+ event, and no event handler takes it \(registerEventHandlers, src\/webhooks\/partner-event-handlers\.ts\): only trade events and the events a handler takes have an effect to re-run \[not_a_trade_event\]\n$/,
+    )
   })
 
   // it was refused as `[not_a_trade_event]`, a trade event whose payload failed the checks, and `show` never said why

@@ -15,6 +15,7 @@ import type { Logger } from '../logger.js'
 import type { RetentionHooks } from '../metrics/metrics.js'
 import type { PollResult } from '../reconcile/poller.js'
 import type { ReactionRouting } from '../reactions/reaction-registry.js'
+import type { EventHandlers } from '../webhooks/event-handlers.js'
 import { printable, printableLines } from '../printable.js'
 import { ScopedStore } from '../scoped-store.js'
 import { finishHoldingSignals, stopOnSignals, stopUnlessHeld } from '../stop-signals.js'
@@ -32,6 +33,8 @@ export interface CliContext {
   withoutTimeouts?: DatabaseHandle['withoutTimeouts'] | undefined
   /** The service's reaction handlers; when absent, the ones its config names (configured-reactions.ts). */
   reactions?: ReactionRouting | undefined
+  /** The service's seller and buyer event handlers; when absent, the fork's own (partner-event-handlers.ts). */
+  eventHandlers?: EventHandlers | undefined
   /** The time partner API calls are signed and scheduled with; the system clock when absent. */
   clock?: Clock | undefined
   /** Inside a running service, its retention metrics: a `prune` run there is counted as its own passes are. */
@@ -41,7 +44,7 @@ export interface CliContext {
 }
 
 /** What a command runs with: a command that moves an order wakes the dispatchers when these reactions take its event. */
-export type CommandContext = CliContext & { reactions: ReactionRouting }
+export type CommandContext = CliContext & { reactions: ReactionRouting; eventHandlers: EventHandlers }
 
 /**
  * A usage error: printed without a stack as one line ending in its code in brackets, exit code 2. The code is
@@ -199,9 +202,15 @@ export async function withDatabase<T>(
 ): Promise<T> {
   const inService = scope.getStore()?.context
   if (inService) {
-    if (inService.reactions) return run({ ...inService, reactions: inService.reactions })
-    const { configuredReactions } = await import('../reactions/configured-reactions.js')
-    return run({ ...inService, reactions: configuredReactions(inService.config, { logger: inService.logger }) })
+    const [{ configuredReactions }, { configuredEventHandlers }] = await Promise.all([
+      import('../reactions/configured-reactions.js'),
+      import('../webhooks/event-handlers.js'),
+    ])
+    return run({
+      ...inService,
+      reactions: inService.reactions ?? configuredReactions(inService.config, { logger: inService.logger }),
+      eventHandlers: inService.eventHandlers ?? configuredEventHandlers(),
+    })
   }
   // Opening takes seconds (the driver and the configuration loaded, an embedded database started, up to the connect
   // timeout of 5 s on one that takes the connection and never answers): a stop signal then ends the command there,
@@ -279,6 +288,7 @@ async function openForCommand(migrate: boolean): Promise<{ database: DatabaseHan
     { migrateToLatest, MigrationError, NewerBuildError, NotMigratedError, requireMigrated },
     { embeddedDatabaseExists, openDatabase },
     { configuredReactions },
+    { configuredEventHandlers },
     { pingDatabase },
     { describeDatabaseError },
     { unreadEnvFile, unreadEnvFileCommandNote },
@@ -288,6 +298,7 @@ async function openForCommand(migrate: boolean): Promise<{ database: DatabaseHan
     import('../db/migrate.js'),
     import('../db/open-database.js'),
     import('../reactions/configured-reactions.js'),
+    import('../webhooks/event-handlers.js'),
     import('../db/ping-database.js'),
     import('../db/database-errors.js'),
     import('../env-file-notice.js'),
@@ -341,6 +352,7 @@ async function openForCommand(migrate: boolean): Promise<{ database: DatabaseHan
       vacuum: database.vacuum,
       withoutTimeouts: database.withoutTimeouts,
       reactions: configuredReactions(config, { logger }),
+      eventHandlers: configuredEventHandlers(),
     }
     return { database, context }
   } catch (error) {

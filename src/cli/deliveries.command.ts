@@ -120,7 +120,9 @@ export function registerDeliveriesCommands(program: Command): void {
 
   deliveries
     .command('reapply')
-    .description('re-run the effect of a stored trade delivery (after an operator fixed a mapping or created the order)')
+    .description(
+      're-run the effect of a stored delivery: a trade event’s on its order (after an operator fixed a mapping or created the order), a seller or buyer event’s handlers',
+    )
     .argument('<delivery-id>', 'the X-Partner-Delivery-Id', deliveryIdArgument)
     .option(...BODY_OPTION, sha256Prefix)
     .option('--json', 'print the result as JSON')
@@ -137,7 +139,7 @@ export function registerDeliveriesCommands(program: Command): void {
         import('../webhooks/parked-deliveries.js'),
         import('../orders/observations.js'),
         import('../stop-signals.js'),
-        import('../webhooks/receive-webhook.js'),
+        import('../webhooks/delivery-id.js'),
         import('../webhooks/invalid-reason.js'),
       ])
       // held from before the database opens until it is closed: no signal in between ends the process unannounced
@@ -164,7 +166,7 @@ export function registerDeliveriesCommands(program: Command): void {
             },
           )
       try {
-        await withDatabase(async ({ db, config, reactions, logger }) => {
+        await withDatabase(async ({ db, config, reactions, eventHandlers, logger }) => {
           const delivery = await findDelivery(db, deliveryId, options.bodySha256)
           if (!delivery) throw deliveryNotFound(deliveryId, options.bodySha256)
           // an id reused with other bodies names several deliveries: re-running the first found, unsaid, may re-run
@@ -188,8 +190,9 @@ export function registerDeliveriesCommands(program: Command): void {
             delivery,
             observationSettings(config, reactions.handlersFor),
             new Date(),
+            { handlers: eventHandlers, logger },
           )
-          if (result.kind === 'reapplied') {
+          if (result.kind === 'reapplied' || result.kind === 'handlers_run') {
             await markTookEffect({ done: 'the delivery was reapplied', see: 'see its outcome with `deliveries show`' })
           }
           if (result.kind === 'invalid') {
@@ -200,11 +203,37 @@ export function registerDeliveriesCommands(program: Command): void {
                 "payload is applied, so there is no effect to re-run: the trade's status comes with the platform's next delivery, or its order's next poll",
             )
           }
+          const shownType = printable(delivery.eventType)
           if (result.kind === 'not_a_trade_event') {
             throw new CommandFailedError(
               'not_a_trade_event',
-              `Delivery ${printable(deliveryId)} is a ${printable(result.eventType)} event: only trade events have an effect to re-run`,
+              `Delivery ${printable(deliveryId)} is a ${shownType} event, and no event handler takes it (registerEventHandlers, ` +
+                'src/webhooks/partner-event-handlers.ts): only trade events and the events a handler takes have an effect to re-run',
             )
+          }
+          if (result.kind === 'body_pruned') {
+            throw new CommandFailedError(
+              'body_pruned',
+              `Delivery ${printable(deliveryId)} (${shownType}) has no body any more (pruned RETENTION_DAYS after its receipt): ` +
+                'its event handlers have nothing to run on',
+            )
+          }
+          if (result.kind === 'handler_failed') {
+            throw new CommandFailedError(
+              'event_handler_failed',
+              `The handler for ${shownType} failed again on delivery ${printable(deliveryId)} (its error is in the log line above): ` +
+                `the delivery stays stored as ${delivery.outcome}; reapply it again once what failed is put right`,
+            )
+          }
+          if (result.kind === 'handlers_run') {
+            const { kind: _kind, ...shown } = result
+            if (options.json) printJson({ deliveryId, ...shown })
+            else write(`${printable(deliveryId)}: ${result.outcome} (${shownType}: ${result.handlers === 1 ? 'its handler' : `its ${result.handlers} handlers`} ran again)\n`)
+            if (signalled) {
+              writeError(`stopped by a signal after the delivery in flight: ${printable(deliveryId)}'s handlers ran again (above)\n`)
+              setExitCode(130)
+            }
+            return
           }
           const { kind: _kind, ...shown } = result
           if (options.json) printJson({ deliveryId, ...shown })

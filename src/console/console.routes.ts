@@ -57,9 +57,11 @@ import {
   findDelivery,
   listDeliveriesToReapply,
   searchDeliveries,
+  type StoredDelivery,
   WEBHOOK_OUTCOMES,
 } from '../webhooks/delivery.repository.js'
-import { reapplyDelivery } from '../webhooks/parked-deliveries.js'
+import { type ReapplyResult, reapplyDelivery } from '../webhooks/parked-deliveries.js'
+import type { EventHandlers } from '../webhooks/event-handlers.js'
 import { createConsoleAuth, type Operator, reachedOverHttps, requestFromOwnOrigin, SESSION_COOKIE } from './console-auth.js'
 import { html } from './console-html.js'
 import { CONSOLE_CSS } from './console-styles.js'
@@ -129,6 +131,8 @@ export interface ConsoleDeps {
   longestCycleMs: number
   /** The registered reaction handlers: only their streams' unread events count as pending (undefined: every stream's). */
   reactionHandlers?: readonly string[] | undefined
+  /** The seller and buyer event handlers a re-applied delivery runs again (deliveries reapply's; none when absent). */
+  eventHandlers?: EventHandlers | undefined
   /**
    * This replica's name as the reconcile runs name their poller's (host:pid), shown beside the figures only this
    * process holds (the signatures matching no secret); default `${hostname()}:${process.pid}`.
@@ -721,17 +725,9 @@ export function consoleRoutes(deps: ConsoleDeps): Router {
     const { operator, actionId } = posted
     const delivery = await loadDelivery(req)
     if (!delivery) return send(res, messagePage('Not found', operator, 'No such delivery.'), 404)
-    const result = await reapplyDelivery(db, delivery, deps.observation, new Date(clock.now()))
-    const record = remember(
-      actionId,
-      operator,
-      `re-apply delivery ${delivery.deliveryId}`,
-      result.kind === 'reapplied'
-        ? `${result.outcome}${result.toStatus ? ` (order status ${result.toStatus})` : ''}`
-        : result.kind === 'invalid'
-          ? `nothing to re-apply: it was stored as invalid (${invalidReasonOf(delivery)}), and nothing of an invalid payload is applied`
-          : `nothing to re-apply: a ${result.eventType} event`,
-    )
+    const events = deps.eventHandlers ? { handlers: deps.eventHandlers, logger: deps.logger } : undefined
+    const result = await reapplyDelivery(db, delivery, deps.observation, new Date(clock.now()), events)
+    const record = remember(actionId, operator, `re-apply delivery ${delivery.deliveryId}`, reapplied(delivery, result))
     await send(res, resultPage(operator, 'Re-apply a delivery', record, false, html`<p><a href="${deliveryPath(delivery)}">Back to the delivery</a></p>`))
   }))
 
@@ -1048,4 +1044,22 @@ export function consoleRoutes(deps: ConsoleDeps): Router {
   })
 
   return router
+}
+
+/** What re-applying one delivery did, as its action's record says it. */
+function reapplied(delivery: StoredDelivery, result: ReapplyResult): string {
+  switch (result.kind) {
+    case 'reapplied':
+      return `${result.outcome}${result.toStatus ? ` (order status ${result.toStatus})` : ''}`
+    case 'invalid':
+      return `nothing to re-apply: it was stored as invalid (${invalidReasonOf(delivery)}), and nothing of an invalid payload is applied`
+    case 'not_a_trade_event':
+      return `nothing to re-apply: a ${result.eventType} event, which no event handler takes`
+    case 'handlers_run':
+      return `${result.outcome} (the ${result.eventType} event's ${result.handlers === 1 ? 'handler' : `${result.handlers} handlers`} ran again)`
+    case 'handler_failed':
+      return `the ${result.eventType} handler failed again (its error is in the service's log): the delivery stays stored as ${delivery.outcome}`
+    case 'body_pruned':
+      return `nothing to re-apply: its body was pruned, and the ${result.eventType} handlers have nothing to run on`
+  }
 }

@@ -18,6 +18,7 @@ import { longestCycleMs, type RunSummary } from '../reconcile/poller.js'
 import { errorHandler, notFoundHandler } from './error-handler.js'
 import { leaveBodyUnread } from './expect-continue.js'
 import { isAllowedAdminHost, isLoopbackAddress } from './loopback-host.js'
+import type { EventHandlers } from '../webhooks/event-handlers.js'
 import { metricsRoutes } from './metrics.routes.js'
 import { type App, expressListener, readRequestTarget } from './request-target.js'
 
@@ -38,6 +39,8 @@ export interface AdminAppDeps {
    * absent), and their names (only the registered handlers' streams count as pending).
    */
   reactions?: (ReactionRouting & { readonly names?: readonly string[] }) | undefined
+  /** The seller and buyer event handlers a delivery the console re-applies runs again (none when absent). */
+  eventHandlers?: EventHandlers | undefined
   /** The console page's deadline on the database (console.routes.ts, CONSOLE_PAGE_ANSWER_MS by default). */
   consolePageAnswerMs?: number | undefined
 }
@@ -65,6 +68,7 @@ export function createAdminApp(deps: AdminAppDeps): App {
         reconcileOnce: deps.reconcileOnce,
         longestCycleMs: longestCycleMs(deps.config),
         reactionHandlers: deps.reactions?.names,
+        eventHandlers: deps.eventHandlers,
         pageAnswerMs: deps.consolePageAnswerMs,
       }),
     )

@@ -7,6 +7,7 @@
 import type { Kysely } from 'kysely'
 import type { Database } from '../db/database.js'
 import type { Logger } from '../logger.js'
+import { registerEventHandlers } from './partner-event-handlers.js'
 
 export interface EventContext {
   db: Kysely<Database>
@@ -34,6 +35,18 @@ export interface EventHandlers {
   handlersFor(eventType: string): readonly EventHandler[]
 }
 
+/**
+ * Runs an event's handlers in registration order: 'applied' when any of them says so. What a handler throws is
+ * thrown on, the handlers after it not run (the ingest answers it 500, `deliveries reapply` fails with it).
+ */
+export async function runHandlers(handlers: readonly EventHandler[], context: EventContext): Promise<'applied' | 'ignored'> {
+  let outcome: 'applied' | 'ignored' = 'ignored'
+  for (const handler of handlers) {
+    if ((await handler(context)) === 'applied') outcome = 'applied'
+  }
+  return outcome
+}
+
 const FAMILIES: ReadonlySet<string> = new Set<EventFamily>(['seller', 'buyer'])
 
 export function createEventHandlers(): EventHandlers {
@@ -52,3 +65,10 @@ export function createEventHandlers(): EventHandlers {
   }
 }
 
+
+/** The fork's handlers (partner-event-handlers.ts), in a registry of their own: what `serve` and a command run. */
+export function configuredEventHandlers(): EventHandlers {
+  const events = createEventHandlers()
+  registerEventHandlers(events)
+  return events
+}

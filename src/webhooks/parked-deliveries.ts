@@ -15,6 +15,8 @@ import type { Kysely, Transaction } from 'kysely'
 import { loggableError } from '../db/database-errors.js'
 import type { Database } from '../db/database.js'
 import type { Logger } from '../logger.js'
+import { loggableDeliveryId } from './delivery-id.js'
+import { type EventHandler, type EventHandlers, runHandlers } from './event-handlers.js'
 import {
   applyObservation,
   type DeliveryObservation,
@@ -144,26 +146,45 @@ export type ReapplyResult =
       fromStatus: string | null
       toStatus: string | null
     }
-  /** Not a trade event (ignored): there is no effect to re-run. */
+  /** Not a trade event (ignored), and no event handler takes it (or none was given): there is no effect to re-run. */
   | { kind: 'not_a_trade_event'; eventType: string }
+  /**
+   * A seller or buyer event whose handlers ran again (partner-event-handlers.ts): `outcome` is what the row records
+   * after them (a delivery that applied stays applied).
+   */
+  | { kind: 'handlers_run'; eventType: string; outcome: DeliveryOutcome; handlers: number }
+  /** Its handlers ran again, and one threw (logged with the delivery id and the event type): nothing recorded. */
+  | { kind: 'handler_failed'; eventType: string }
+  /** A seller or buyer event its handlers take, whose raw body was pruned (RETENTION_DAYS): nothing to run them on. */
+  | { kind: 'body_pruned'; eventType: string }
   /** Stored as invalid (its payload failed the checks, or the database refused a value of it): nothing of it was read to apply. */
   | { kind: 'invalid'; eventType: string }
+
+/** The seller and buyer event handlers a re-apply runs again, and the logger their failure is told to. */
+export interface ReapplyEvents {
+  handlers: EventHandlers
+  logger: Logger
+}
 
 /**
  * Re-runs a stored delivery's effect on its order (the order matched by its external reference now). The
  * order's move and the delivery's new outcome commit together: a failure (or a process stopped) between the
- * two would leave the order moved and the delivery still saying, say, `unmatched`.
+ * two would leave the order moved and the delivery still saying, say, `unmatched`. A seller or buyer event's effect
+ * is its handlers' (`events`; none given: not re-run), run again on its stored body as the ingest ran them.
  */
 export async function reapplyDelivery(
   db: Kysely<Database>,
   delivery: StoredDelivery,
   settings: ObservationSettings,
   now: Date,
+  events?: ReapplyEvents,
 ): Promise<ReapplyResult> {
   const { externalReference } = delivery
   if (delivery.outcome === 'invalid') return { kind: 'invalid', eventType: delivery.eventType }
   if (externalReference === null || delivery.tradeId === null || delivery.observedStatus === null) {
-    return { kind: 'not_a_trade_event', eventType: delivery.eventType }
+    const handlers = events?.handlers.handlersFor(delivery.eventType) ?? []
+    if (handlers.length === 0) return { kind: 'not_a_trade_event', eventType: delivery.eventType }
+    return rerunEventHandlers(db, delivery, handlers, events!.logger, now)
   }
   const result = await db.transaction().execute(async (trx) => {
     const order = await findOrderByExternalReference(trx, externalReference)
@@ -190,4 +211,33 @@ export async function reapplyDelivery(
     fromStatus: result.fromStatus,
     toStatus: result.toStatus,
   }
+}
+
+// A seller or buyer event's handlers, run again on the body stored. The platform retries a delivery its handler failed
+// (answered 500) under a fresh id, at most five times; after those, nothing ran the handler again, and `deliveries
+// reapply` refused the delivery as no trade event: the README's "redo by hand" had no tool. As at the ingest, the
+// handlers run outside a transaction (each is its own code), and 'applied' from any of them is recorded on the row.
+async function rerunEventHandlers(
+  db: Kysely<Database>,
+  delivery: StoredDelivery,
+  handlers: readonly EventHandler[],
+  logger: Logger,
+  now: Date,
+): Promise<ReapplyResult> {
+  const { deliveryId, bodySha256, eventType } = delivery
+  if (delivery.rawBody === null) return { kind: 'body_pruned', eventType }
+  // stored only once parsed as a JSON object with an `event` string (classifyDelivery)
+  const body = JSON.parse(delivery.rawBody) as Record<string, unknown>
+  let outcome: 'applied' | 'ignored'
+  try {
+    outcome = await runHandlers(handlers, { db, logger, deliveryId, eventType, body })
+  } catch (error) {
+    logger.error(
+      { ...loggableDeliveryId(deliveryId), eventType, err: loggableError(error) },
+      'webhook event handler failed again on a re-apply; the delivery stays stored as it was',
+    )
+    return { kind: 'handler_failed', eventType }
+  }
+  if (outcome === 'applied') await updateDeliveryOutcome(db, { deliveryId, bodySha256 }, { outcome: 'applied', appliedAt: now })
+  return { kind: 'handlers_run', eventType, outcome: outcome === 'applied' ? 'applied' : delivery.outcome, handlers: handlers.length }
 }

@@ -1,7 +1,8 @@
 // YOUR handlers for seller and buyer events: the file a fork edits to act on them. Each runs after the
 // delivery is stored and its answer becomes the stored outcome; a handler that throws is logged and
-// answered 500 `event_handler_failed`, and the delivery stays stored as `ignored` (a retry of it is a
-// duplicate and does not run the handler again), so make a handler's side effect safe to redo by hand.
+// answered 500 `event_handler_failed`, and the delivery stays stored as `ignored`. The platform's retry (a
+// fresh delivery id) runs it again; after its last, `deliveries reapply ID` (or the console's Re-apply) runs
+// it again on the stored body. So make a handler's side effect safe to run twice.
 import type { EventHandlers } from './event-handlers.js'
 
 export function registerEventHandlers(events: EventHandlers): void {

@@ -12,10 +12,10 @@ import { AppError } from '../http/app-error.js'
 import { schemaMissingAnswer } from '../http/error-handler.js'
 import type { Logger } from '../logger.js'
 import { webhookObservation } from '../orders/observations.js'
-import { DELIVERY_ID_RULE, isDeliveryId } from './delivery-id.js'
+import { DELIVERY_ID_RULE, isDeliveryId, loggableDeliveryId } from './delivery-id.js'
 import type { DeliveryIdTurns } from './delivery-id-turns.js'
 import { type DeliveryOutcome, recordDelivery, updateDeliveryOutcome } from './delivery.repository.js'
-import type { EventHandlers } from './event-handlers.js'
+import { type EventHandlers, runHandlers } from './event-handlers.js'
 import type { DeliveryWriter } from './group-commit.js'
 import { classifyDelivery, type ParsedBody, PayloadError, parseBody } from './parse-delivery.js'
 import type { SeenDeliveries } from './seen-deliveries.js'
@@ -221,10 +221,7 @@ async function runEventHandlers(
   if (handlers.length === 0) return stored
   const context = { db: deps.db, logger: deps.logger, deliveryId: key.deliveryId, eventType: stored.eventType, body }
   try {
-    let outcome: 'applied' | 'ignored' = 'ignored'
-    for (const handler of handlers) {
-      if ((await handler(context)) === 'applied') outcome = 'applied'
-    }
+    const outcome = await runHandlers(handlers, context)
     if (outcome === 'applied') await updateDeliveryOutcome(deps.db, key, { outcome: 'applied', appliedAt: receivedAt })
     return { ...stored, outcome }
   } catch (error) {
@@ -278,11 +275,3 @@ function storeError(error: unknown): unknown {
   return error
 }
 
-// A delivery id is the sender's (an unverified request's is anyone's, and a verified one's is not signed): every
-// log line of the webhook path gives it through here, as is only when it looks like an id, never when it could
-// carry a signature or a secret (then only its hash is logged).
-export function loggableDeliveryId(value: string | undefined): { deliveryId?: string; deliveryIdSha256?: string } {
-  if (value === undefined) return {}
-  if (/^[A-Za-z0-9_\-:.]{1,100}$/.test(value) && !/[0-9a-fA-F]{64}/.test(value)) return { deliveryId: value }
-  return { deliveryIdSha256: createHash('sha256').update(value).digest('hex').slice(0, 16) }
-}

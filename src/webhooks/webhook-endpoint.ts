@@ -19,7 +19,8 @@ import { awaitsContinue, continueReading } from '../http/expect-continue.js'
 import { admitBody, type BodyAdmission, BodyBudgetSpent, type InflightBodyBudget } from '../http/inflight-body-budget.js'
 import { writeJson } from '../http/json-answer.js'
 import type { Metrics } from '../metrics/metrics.js'
-import { loggableDeliveryId, type ReceiveDeps, receiveWebhook, refuseBeforeBody, SignatureRejected } from './receive-webhook.js'
+import { loggableDeliveryId } from './delivery-id.js'
+import { type ReceiveDeps, receiveWebhook, refuseBeforeBody, SignatureRejected } from './receive-webhook.js'
 
 /** The writer (group commit) and the memory of stored ids come made (delivery-ingest.ts). */
 export interface WebhookEndpointDeps extends ReceiveDeps {
