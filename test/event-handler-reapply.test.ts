@@ -64,9 +64,11 @@ describe('re-applying a seller or buyer event', () => {
     expect(ran).toEqual(['s-1', 's-1'])
     const stored = await findDelivery(database.db, 'dlv-seller-1')
     expect(stored).toMatchObject({ outcome: 'applied', appliedAt: expect.any(Date) })
-    // --json: the outcome, the event type and how many handlers ran
+    // --json: the outcome, the event type and how many handlers ran; run again, the row keeps when it first applied
     const json = await reapply('dlv-seller-1', events, undefined, true)
     expect(JSON.parse(json.stdout)).toEqual({ deliveryId: 'dlv-seller-1', eventType: 'seller.verified', outcome: 'applied', handlers: 1 })
+    expect(ran).toEqual(['s-1', 's-1', 's-1'])
+    expect((await findDelivery(database.db, 'dlv-seller-1'))?.appliedAt).toEqual(stored!.appliedAt)
   })
 
   it('a handler that fails again: exit 1 [event_handler_failed], logged with the id and the type, never the body; the row as it was', async () => {

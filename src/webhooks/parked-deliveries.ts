@@ -238,6 +238,9 @@ async function rerunEventHandlers(
     )
     return { kind: 'handler_failed', eventType }
   }
-  if (outcome === 'applied') await updateDeliveryOutcome(db, { deliveryId, bodySha256 }, { outcome: 'applied', appliedAt: now })
+  // a delivery that applied keeps the time it first did, as a trade event's re-apply keeps it
+  if (outcome === 'applied' && delivery.outcome !== 'applied') {
+    await updateDeliveryOutcome(db, { deliveryId, bodySha256 }, { outcome: 'applied', appliedAt: now })
+  }
   return { kind: 'handlers_run', eventType, outcome: outcome === 'applied' ? 'applied' : delivery.outcome, handlers: handlers.length }
 }
