@@ -78,7 +78,7 @@ describe('re-applying a seller or buyer event', () => {
     const again = await reapply('dlv-seller-2', events, tagged.logger)
     expect(again).toMatchObject({ code: 1, stdout: '' })
     expect(again.stderr).toBe(
-      'The handler for seller.verified failed again on delivery dlv-seller-2 (its error is in the log line above): the delivery stays ' +
+      'The handler for seller.verified failed again on delivery dlv-seller-2 (its error is logged with the delivery id): the delivery stays ' +
         'stored as ignored; reapply it again once what failed is put right [event_handler_failed]\n',
     )
     expect(ran).toEqual(['s-2', 's-2'])

@@ -221,7 +221,7 @@ export function registerDeliveriesCommands(program: Command): void {
           if (result.kind === 'handler_failed') {
             throw new CommandFailedError(
               'event_handler_failed',
-              `The handler for ${shownType} failed again on delivery ${printable(deliveryId)} (its error is in the log line above): ` +
+              `The handler for ${shownType} failed again on delivery ${printable(deliveryId)} (its error is logged with the delivery id): ` +
                 `the delivery stays stored as ${delivery.outcome}; reapply it again once what failed is put right`,
             )
           }

@@ -1,0 +1,98 @@
+// A fork's seller handler, in a fork's build: the compiled service with src/webhooks/partner-event-handlers.js as a
+// fork writes it (the project's own registers none, so the suite's other processes run no event handler). The
+// handler fails at the ingest, again in a command sent to the running service from a second terminal, and runs
+// once its cause is put right in `deliveries reapply` run on its own: the command reads the fork's registry itself.
+import { type ChildProcess, spawn } from 'node:child_process'
+import { once } from 'node:events'
+import { copyFileSync, cpSync, mkdtempSync, readFileSync, rmSync, symlinkSync, writeFileSync } from 'node:fs'
+import { tmpdir } from 'node:os'
+import path from 'node:path'
+import { expect, it } from 'vitest'
+import { childEnv, endedAfterAll, jsonLogLines, receiverEnv, stopChild, waitForLogLine } from './helpers/cli-process.js'
+import { migratedDataDir } from './helpers/data-dir-template.js'
+import { postDelivery } from './helpers/webhook-delivery.js'
+
+const root = path.resolve(import.meta.dirname, '..')
+const { children, cleanups } = endedAfterAll()
+
+/** A fork's build in a directory of its own: the compiled service, its seller handler writing each run to `ran`. */
+function forkBuild(): { cli: string; ran: string; failing: string } {
+  const directory = mkdtempSync(path.join(tmpdir(), 'fork-build-'))
+  cleanups.push(async () => rmSync(directory, { recursive: true, force: true }))
+  cpSync(path.join(root, 'dist'), path.join(directory, 'dist'), { recursive: true })
+  copyFileSync(path.join(root, 'package.json'), path.join(directory, 'package.json'))
+  symlinkSync(path.join(root, 'node_modules'), path.join(directory, 'node_modules'))
+  const ran = path.join(directory, 'ran.txt')
+  // while this file is there, the registry the handler writes to is down
+  const failing = path.join(directory, 'registry-down')
+  writeFileSync(ran, '')
+  writeFileSync(failing, '')
+  writeFileSync(
+    path.join(directory, 'dist/src/webhooks/partner-event-handlers.js'),
+    `import { appendFileSync, existsSync } from 'node:fs'
+export function registerEventHandlers(events) {
+  events.on('seller.verified', async ({ deliveryId, body }) => {
+    appendFileSync(${JSON.stringify(ran)}, deliveryId + ' ' + body.seller_id + '\\n')
+    if (existsSync(${JSON.stringify(failing)})) throw new Error('the seller registry is down')
+    return 'applied'
+  })
+}
+`,
+  )
+  return { cli: path.join(directory, 'dist/src/cli.js'), ran, failing }
+}
+
+function run(cli: string, args: string[], env: Record<string, string>): ChildProcess {
+  const child = spawn(process.execPath, [cli, ...args], { cwd: path.dirname(cli), env: childEnv(env), stdio: 'pipe' })
+  children.push(child)
+  return child
+}
+
+async function ended(child: ChildProcess): Promise<{ code: number | null; stdout: string; stderr: string }> {
+  let stdout = ''
+  let stderr = ''
+  child.stdout!.on('data', (chunk) => (stdout += chunk))
+  child.stderr!.on('data', (chunk) => (stderr += chunk))
+  const [code] = (await once(child, 'close')) as [number | null]
+  return { code, stdout, stderr }
+}
+
+const BODY = '{"event":"seller.verified","seller_id":"s-77","status":"verified"}'
+
+it('a fork’s seller handler that failed at the ingest runs again with deliveries reapply: through the service, then on its own once the cause is put right', async () => {
+  const fork = forkBuild()
+  const dataDir = migratedDataDir('fork-handlers-')
+  const env = receiverEnv(dataDir)
+  const serve = run(fork.cli, ['serve'], env)
+  const { url } = (await waitForLogLine(serve, 'service listening')) as { url: string }
+  const serviceLog = jsonLogLines(serve)
+
+  const first = await postDelivery(url, { id: 'dlv-fork-1', body: BODY })
+  expect(first.status).toBe(500)
+  expect(readFileSync(fork.ran, 'utf8')).toBe('dlv-fork-1 s-77\n')
+
+  // a second terminal: the command runs in the service, with the service's handlers
+  const inService = await ended(run(fork.cli, ['deliveries', 'reapply', 'dlv-fork-1'], env))
+  expect(inService).toMatchObject({ code: 1, stdout: '' })
+  expect(inService.stderr).toContain(
+    'The handler for seller.verified failed again on delivery dlv-fork-1 (its error is logged with the delivery id): the delivery ' +
+      'stays stored as ignored; reapply it again once what failed is put right [event_handler_failed]\n',
+  )
+  expect(readFileSync(fork.ran, 'utf8')).toBe('dlv-fork-1 s-77\n'.repeat(2))
+  expect(await stopChild(serve)).toBe(0)
+  // it ran in the service, whose log has its failure (the id, the type, the error; never the body)
+  const failures = serviceLog.filter((line) => String(line.msg).startsWith('webhook event handler failed'))
+  expect(failures.map((line) => [line.msg, line.deliveryId, line.eventType])).toEqual([
+    ['webhook event handler failed; the delivery stays stored as ignored', 'dlv-fork-1', 'seller.verified'],
+    ['webhook event handler failed again on a re-apply; the delivery stays stored as it was', 'dlv-fork-1', 'seller.verified'],
+  ])
+  expect(JSON.stringify(serviceLog)).not.toContain('s-77')
+
+  // the registry back, and the command on its own: it builds the fork's handlers itself
+  rmSync(fork.failing)
+  const alone = await ended(run(fork.cli, ['deliveries', 'reapply', 'dlv-fork-1'], env))
+  expect(alone).toEqual({ code: 0, stdout: 'dlv-fork-1: applied (seller.verified: its handler ran again)\n', stderr: '' })
+  expect(readFileSync(fork.ran, 'utf8')).toBe('dlv-fork-1 s-77\n'.repeat(3))
+  const shown = await ended(run(fork.cli, ['deliveries', 'show', 'dlv-fork-1', '--json'], env))
+  expect(JSON.parse(shown.stdout)).toMatchObject({ deliveryId: 'dlv-fork-1', eventType: 'seller.verified', outcome: 'applied' })
+}, 180_000)
