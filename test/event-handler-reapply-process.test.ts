@@ -15,8 +15,11 @@ import { postDelivery } from './helpers/webhook-delivery.js'
 const root = path.resolve(import.meta.dirname, '..')
 const { children, cleanups } = endedAfterAll()
 
-/** A fork's build in a directory of its own: the compiled service, its seller handler writing each run to `ran`. */
-function forkBuild(): { cli: string; ran: string; failing: string } {
+/**
+ * A fork's build in a directory of its own: the compiled service, its seller handler writing each run to `ran`, failing
+ * while the file `failing` is there, and waiting, once it has written `held`, while the file `hold` is.
+ */
+function forkBuild(): { cli: string; ran: string; failing: string; hold: string } {
   const directory = mkdtempSync(path.join(tmpdir(), 'fork-build-'))
   cleanups.push(async () => rmSync(directory, { recursive: true, force: true }))
   cpSync(path.join(root, 'dist'), path.join(directory, 'dist'), { recursive: true })
@@ -25,6 +28,7 @@ function forkBuild(): { cli: string; ran: string; failing: string } {
   const ran = path.join(directory, 'ran.txt')
   // while this file is there, the registry the handler writes to is down
   const failing = path.join(directory, 'registry-down')
+  const hold = path.join(directory, 'hold')
   writeFileSync(ran, '')
   writeFileSync(failing, '')
   writeFileSync(
@@ -33,13 +37,17 @@ function forkBuild(): { cli: string; ran: string; failing: string } {
 export function registerEventHandlers(events) {
   events.on('seller.verified', async ({ deliveryId, body }) => {
     appendFileSync(${JSON.stringify(ran)}, deliveryId + ' ' + body.seller_id + '\\n')
+    if (existsSync(${JSON.stringify(hold)})) {
+      appendFileSync(${JSON.stringify(ran)}, 'held\\n')
+      while (existsSync(${JSON.stringify(hold)})) await new Promise((resolve) => setTimeout(resolve, 50))
+    }
     if (existsSync(${JSON.stringify(failing)})) throw new Error('the seller registry is down')
     return 'applied'
   })
 }
 `,
   )
-  return { cli: path.join(directory, 'dist/src/cli.js'), ran, failing }
+  return { cli: path.join(directory, 'dist/src/cli.js'), ran, failing, hold }
 }
 
 function run(cli: string, args: string[], env: Record<string, string>): ChildProcess {
@@ -49,12 +57,34 @@ function run(cli: string, args: string[], env: Record<string, string>): ChildPro
 }
 
 async function ended(child: ChildProcess): Promise<{ code: number | null; stdout: string; stderr: string }> {
-  let stdout = ''
-  let stderr = ''
-  child.stdout!.on('data', (chunk) => (stdout += chunk))
-  child.stderr!.on('data', (chunk) => (stderr += chunk))
+  const output = collected(child)
   const [code] = (await once(child, 'close')) as [number | null]
-  return { code, stdout, stderr }
+  return { code, ...output }
+}
+
+/** What the child writes, as it comes. */
+function collected(child: ChildProcess): { stdout: string; stderr: string } {
+  const output = { stdout: '', stderr: '' }
+  child.stdout!.on('data', (chunk) => (output.stdout += chunk))
+  child.stderr!.on('data', (chunk) => (output.stderr += chunk))
+  return output
+}
+
+/** Resolves once `check` holds, looked at every 50 ms. */
+async function until(check: () => boolean): Promise<void> {
+  while (!check()) await new Promise((resolve) => setTimeout(resolve, 50))
+}
+
+/** A fork's build whose seller handler failed at the ingest of dlv-fork-1: the delivery stored ignored, the service stopped. */
+async function failedAtIngest() {
+  const fork = forkBuild()
+  const env = receiverEnv(migratedDataDir('fork-handlers-'))
+  const serve = run(fork.cli, ['serve'], env)
+  const { url } = (await waitForLogLine(serve, 'service listening')) as { url: string }
+  expect((await postDelivery(url, { id: 'dlv-fork-1', body: BODY })).status).toBe(500)
+  expect(await stopChild(serve)).toBe(0)
+  rmSync(fork.failing)
+  return { fork, env }
 }
 
 const BODY = '{"event":"seller.verified","seller_id":"s-77","status":"verified"}'
@@ -95,4 +125,44 @@ it('a fork’s seller handler that failed at the ingest runs again with deliveri
   expect(readFileSync(fork.ran, 'utf8')).toBe('dlv-fork-1 s-77\n'.repeat(3))
   const shown = await ended(run(fork.cli, ['deliveries', 'show', 'dlv-fork-1', '--json'], env))
   expect(JSON.parse(shown.stdout)).toMatchObject({ deliveryId: 'dlv-fork-1', eventType: 'seller.verified', outcome: 'applied' })
+}, 180_000)
+
+it('a stop signal while the handler runs again: the line says the command waits for it, then prints what it did; exit 130', async () => {
+  const { fork, env } = await failedAtIngest()
+  writeFileSync(fork.hold, '')
+  const command = run(fork.cli, ['deliveries', 'reapply', 'dlv-fork-1'], env)
+  const output = collected(command)
+  await until(() => readFileSync(fork.ran, 'utf8').endsWith('held\n'))
+  command.kill('SIGINT')
+  await until(() => output.stderr.includes('\n'))
+  rmSync(fork.hold)
+  const [code] = (await once(command, 'close')) as [number | null]
+  expect({ code, ...output }).toEqual({
+    code: 130,
+    stdout: 'dlv-fork-1: applied (seller.verified: its handler ran again)\n',
+    stderr:
+      "stopping once the delivery's handlers return (a second Ctrl-C ends the process now, in the middle of a handler: what it did " +
+      'by then is its own to tell, and `deliveries show dlv-fork-1` shows whether the delivery was recorded applied)\n' +
+      "stopped by a signal after the delivery in flight: dlv-fork-1's handlers ran again (above)\n",
+  })
+}, 180_000)
+
+it('a second stop signal while the handler runs again: ends at once, saying the handler was cut off; exit 130', async () => {
+  const { fork, env } = await failedAtIngest()
+  writeFileSync(fork.hold, '')
+  const command = run(fork.cli, ['deliveries', 'reapply', 'dlv-fork-1'], env)
+  const output = collected(command)
+  await until(() => readFileSync(fork.ran, 'utf8').endsWith('held\n'))
+  command.kill('SIGINT')
+  await until(() => output.stderr.includes('\n'))
+  command.kill('SIGTERM')
+  const [code] = (await once(command, 'close')) as [number | null]
+  expect({ code, stdout: output.stdout }).toEqual({ code: 130, stdout: '' })
+  expect(output.stderr.split('\n').slice(1).join('\n')).toBe(
+    "Stopped by a second signal while delivery dlv-fork-1's handlers ran: what they did by then is their own to tell; " +
+      '`deliveries show dlv-fork-1` shows whether the delivery was recorded applied [stopped]\n',
+  )
+  rmSync(fork.hold)
+  const shown = await ended(run(fork.cli, ['deliveries', 'show', 'dlv-fork-1', '--json'], env))
+  expect(JSON.parse(shown.stdout)).toMatchObject({ outcome: 'ignored' })
 }, 180_000)

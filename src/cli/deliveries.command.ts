@@ -129,7 +129,7 @@ export function registerDeliveriesCommands(program: Command): void {
     .action(async (deliveryId: string, options: { json?: boolean; bodySha256?: string }) => {
       const [
         { countBodiesOfDelivery, findDelivery },
-        { reapplyDelivery },
+        { reapplyDelivery, rerunsEventHandlers },
         { observationSettings },
         { stopOnSignals },
         { loggableDeliveryId },
@@ -144,11 +144,20 @@ export function registerDeliveriesCommands(program: Command): void {
       ])
       // held from before the database opens until it is closed: no signal in between ends the process unannounced
       let signalled = false
+      // a seller or buyer event's handlers running again: no transaction of ours, the handlers' own work
+      let handlersRunning = false
       const off = runsInService()
         ? () => {}
         : stopOnSignals(
             () => {
               signalled = true
+              if (handlersRunning) {
+                writeError(
+                  "stopping once the delivery's handlers return (a second Ctrl-C ends the process now, in the middle of a handler: " +
+                    `what it did by then is its own to tell, and \`deliveries show ${quoteForShell(deliveryId)}\` shows whether the delivery was recorded applied)\n`,
+                )
+                return
+              }
               // a second signal's end rolls the transaction back only until its COMMIT is sent (commit-in-flight.ts)
               writeError(
                 'stopping after the delivery in flight, if any (a second Ctrl-C ends the process now: before its COMMIT is sent, ' +
@@ -157,6 +166,13 @@ export function registerDeliveriesCommands(program: Command): void {
               )
             },
             () => {
+              if (handlersRunning) {
+                writeError(
+                  `Stopped by a second signal while delivery ${printable(deliveryId)}'s handlers ran: what they did by then is their own to ` +
+                    `tell; \`deliveries show ${quoteForShell(deliveryId)}\` shows whether the delivery was recorded applied [stopped]\n`,
+                )
+                process.exit(130)
+              }
               // its COMMIT sent: the end of the process no longer rolls it back (commit-in-flight.ts)
               if (!commitInFlight()) return
               writeError(
@@ -185,6 +201,7 @@ export function registerDeliveriesCommands(program: Command): void {
           }
           // from here the transaction runs to its end whatever signal comes first
           logger.debug({ ...loggableDeliveryId(deliveryId), bodySha256: delivery.bodySha256 }, 'reapplying a delivery')
+          handlersRunning = rerunsEventHandlers(delivery, eventHandlers)
           const result = await reapplyDelivery(
             db,
             delivery,

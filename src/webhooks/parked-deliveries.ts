@@ -182,9 +182,8 @@ export async function reapplyDelivery(
   const { externalReference } = delivery
   if (delivery.outcome === 'invalid') return { kind: 'invalid', eventType: delivery.eventType }
   if (externalReference === null || delivery.tradeId === null || delivery.observedStatus === null) {
-    const handlers = events?.handlers.handlersFor(delivery.eventType) ?? []
-    if (handlers.length === 0) return { kind: 'not_a_trade_event', eventType: delivery.eventType }
-    return rerunEventHandlers(db, delivery, handlers, events!.logger, now)
+    if (!events || !rerunsEventHandlers(delivery, events.handlers)) return { kind: 'not_a_trade_event', eventType: delivery.eventType }
+    return rerunEventHandlers(db, delivery, events.handlers.handlersFor(delivery.eventType), events.logger, now)
   }
   const result = await db.transaction().execute(async (trx) => {
     const order = await findOrderByExternalReference(trx, externalReference)
@@ -211,6 +210,12 @@ export async function reapplyDelivery(
     fromStatus: result.fromStatus,
     toStatus: result.toStatus,
   }
+}
+
+/** Whether re-applying `delivery` is running event handlers again: a seller or buyer event one of `handlers` takes. */
+export function rerunsEventHandlers(delivery: StoredDelivery, handlers: EventHandlers): boolean {
+  const tradeEvent = delivery.externalReference !== null && delivery.tradeId !== null && delivery.observedStatus !== null
+  return delivery.outcome !== 'invalid' && !tradeEvent && handlers.handlersFor(delivery.eventType).length > 0
 }
 
 // A seller or buyer event's handlers, run again on the body stored. The platform retries a delivery its handler failed
