@@ -127,7 +127,8 @@ it('a fork’s seller handler that failed at the ingest runs again with deliveri
   expect(JSON.parse(shown.stdout)).toMatchObject({ deliveryId: 'dlv-fork-1', eventType: 'seller.verified', outcome: 'applied' })
 }, 180_000)
 
-it('a stop signal while the handler runs again: the line says the command waits for it, then prints what it did; exit 130', async () => {
+/** `deliveries reapply` of dlv-fork-1 (failedAtIngest), given SIGINT while its handler is held; its first line read. */
+async function interruptedWhileHeld() {
   const { fork, env } = await failedAtIngest()
   writeFileSync(fork.hold, '')
   const command = run(fork.cli, ['deliveries', 'reapply', 'dlv-fork-1'], env)
@@ -135,6 +136,11 @@ it('a stop signal while the handler runs again: the line says the command waits 
   await until(() => readFileSync(fork.ran, 'utf8').endsWith('held\n'))
   command.kill('SIGINT')
   await until(() => output.stderr.includes('\n'))
+  return { fork, env, command, output }
+}
+
+it('a stop signal while the handler runs again: the line says the command waits for it, then prints what it did; exit 130', async () => {
+  const { fork, command, output } = await interruptedWhileHeld()
   rmSync(fork.hold)
   const [code] = (await once(command, 'close')) as [number | null]
   expect({ code, ...output }).toEqual({
@@ -148,13 +154,7 @@ it('a stop signal while the handler runs again: the line says the command waits 
 }, 180_000)
 
 it('a second stop signal while the handler runs again: ends at once, saying the handler was cut off; exit 130', async () => {
-  const { fork, env } = await failedAtIngest()
-  writeFileSync(fork.hold, '')
-  const command = run(fork.cli, ['deliveries', 'reapply', 'dlv-fork-1'], env)
-  const output = collected(command)
-  await until(() => readFileSync(fork.ran, 'utf8').endsWith('held\n'))
-  command.kill('SIGINT')
-  await until(() => output.stderr.includes('\n'))
+  const { fork, env, command, output } = await interruptedWhileHeld()
   command.kill('SIGTERM')
   const [code] = (await once(command, 'close')) as [number | null]
   expect({ code, stdout: output.stdout }).toEqual({ code: 130, stdout: '' })
