@@ -10,7 +10,8 @@
 //   late pass (ingestDeliveries below) looks again once the statement committed;
 // - when an operator re-applies it (`deliveries reapply`, the console): reapplyDelivery, which also
 //   re-runs a delivery that was applied, stale or a mismatch. Applying is idempotent: a status the order
-//   already has is a duplicate_effect and changes nothing.
+//   already has is a duplicate_effect and changes nothing. A seller or buyer event has no order: its re-apply
+//   runs its event handlers again on its stored body (rerunEventHandlers below).
 import type { Kysely, Transaction } from 'kysely'
 import { loggableError } from '../db/database-errors.js'
 import type { Database } from '../db/database.js'
