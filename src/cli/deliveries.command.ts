@@ -242,21 +242,20 @@ export function registerDeliveriesCommands(program: Command): void {
                 `the delivery stays stored as ${delivery.outcome}; reapply it again once what failed is put right`,
             )
           }
-          if (result.kind === 'handlers_run') {
-            const { kind: _kind, ...shown } = result
-            if (options.json) printJson({ deliveryId, ...shown })
-            else write(`${printable(deliveryId)}: ${result.outcome} (${shownType}: ${result.handlers === 1 ? 'its handler' : `its ${result.handlers} handlers`} ran again)\n`)
-            if (signalled) {
-              writeError(`stopped by a signal after the delivery in flight: ${printable(deliveryId)}'s handlers ran again (above)\n`)
-              setExitCode(130)
-            }
-            return
-          }
+          const handlersRan = result.kind === 'handlers_run'
           const { kind: _kind, ...shown } = result
           if (options.json) printJson({ deliveryId, ...shown })
-          else write(`${printable(deliveryId)}: ${result.outcome}${result.toStatus ? ` (order status ${result.toStatus})` : ''}\n`)
+          else {
+            const detail = handlersRan
+              ? ` (${shownType}: ${result.handlers === 1 ? 'its handler' : `its ${result.handlers} handlers`} ran again)`
+              : result.toStatus
+                ? ` (order status ${result.toStatus})`
+                : ''
+            write(`${printable(deliveryId)}: ${result.outcome}${detail}\n`)
+          }
           if (signalled) {
-            writeError(`stopped by a signal after the delivery in flight: ${printable(deliveryId)} was reapplied (above)\n`)
+            const done = handlersRan ? `${printable(deliveryId)}'s handlers ran again` : `${printable(deliveryId)} was reapplied`
+            writeError(`stopped by a signal after the delivery in flight: ${done} (above)\n`)
             setExitCode(130)
           }
         })

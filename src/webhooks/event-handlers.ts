@@ -65,7 +65,6 @@ export function createEventHandlers(): EventHandlers {
   }
 }
 
-
 /** The fork's handlers (partner-event-handlers.ts), in a registry of their own: what `serve` and a command run. */
 export function configuredEventHandlers(): EventHandlers {
   const events = createEventHandlers()

@@ -180,12 +180,13 @@ export async function reapplyDelivery(
   now: Date,
   events?: ReapplyEvents,
 ): Promise<ReapplyResult> {
-  const { externalReference } = delivery
   if (delivery.outcome === 'invalid') return { kind: 'invalid', eventType: delivery.eventType }
-  if (externalReference === null || delivery.tradeId === null || delivery.observedStatus === null) {
-    if (!events || !rerunsEventHandlers(delivery, events.handlers)) return { kind: 'not_a_trade_event', eventType: delivery.eventType }
-    return rerunEventHandlers(db, delivery, events.handlers.handlersFor(delivery.eventType), events.logger, now)
+  if (!isTradeEvent(delivery)) {
+    const handlers = events?.handlers.handlersFor(delivery.eventType) ?? []
+    if (handlers.length === 0) return { kind: 'not_a_trade_event', eventType: delivery.eventType }
+    return rerunEventHandlers(db, delivery, handlers, events!.logger, now)
   }
+  const { externalReference } = delivery
   const result = await db.transaction().execute(async (trx) => {
     const order = await findOrderByExternalReference(trx, externalReference)
     if (!order) {
@@ -215,8 +216,12 @@ export async function reapplyDelivery(
 
 /** Whether re-applying `delivery` is running event handlers again: a seller or buyer event one of `handlers` takes. */
 export function rerunsEventHandlers(delivery: StoredDelivery, handlers: EventHandlers): boolean {
-  const tradeEvent = delivery.externalReference !== null && delivery.tradeId !== null && delivery.observedStatus !== null
-  return delivery.outcome !== 'invalid' && !tradeEvent && handlers.handlersFor(delivery.eventType).length > 0
+  return delivery.outcome !== 'invalid' && !isTradeEvent(delivery) && handlers.handlersFor(delivery.eventType).length > 0
+}
+
+/** A trade event, stored with the columns an order's move is applied from (migrations/0006). */
+function isTradeEvent(delivery: StoredDelivery): delivery is StoredDelivery & { externalReference: string; tradeId: string; observedStatus: string } {
+  return delivery.externalReference !== null && delivery.tradeId !== null && delivery.observedStatus !== null
 }
 
 // A seller or buyer event's handlers, run again on the body stored. The platform retries a delivery its handler failed
