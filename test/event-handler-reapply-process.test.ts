@@ -2,37 +2,32 @@
 // fork writes it (the project's own registers none, so the suite's other processes run no event handler). The
 // handler fails at the ingest, again in a command sent to the running service from a second terminal, and runs
 // once its cause is put right in `deliveries reapply` run on its own: the command reads the fork's registry itself.
-import { type ChildProcess, spawn } from 'node:child_process'
+import type { ChildProcess } from 'node:child_process'
 import { once } from 'node:events'
-import { copyFileSync, cpSync, mkdtempSync, readFileSync, rmSync, symlinkSync, writeFileSync } from 'node:fs'
-import { tmpdir } from 'node:os'
+import { readFileSync, rmSync, writeFileSync } from 'node:fs'
 import path from 'node:path'
 import { expect, it } from 'vitest'
-import { childEnv, endedAfterAll, jsonLogLines, receiverEnv, stopChild, waitForLogLine } from './helpers/cli-process.js'
+import { endedAfterAll, jsonLogLines, receiverEnv, spawnCli, stopChild, waitForLogLine } from './helpers/cli-process.js'
 import { migratedDataDir } from './helpers/data-dir-template.js'
+import { forkBuild } from './helpers/fork-build.js'
 import { postDelivery } from './helpers/webhook-delivery.js'
 
-const root = path.resolve(import.meta.dirname, '..')
 const { children, cleanups } = endedAfterAll()
 
 /**
  * A fork's build in a directory of its own: the compiled service, its seller handler writing each run to `ran`, failing
  * while the file `failing` is there, and waiting, once it has written `held`, while the file `hold` is.
  */
-function forkBuild(): { cli: string; ran: string; failing: string; hold: string } {
-  const directory = mkdtempSync(path.join(tmpdir(), 'fork-build-'))
-  cleanups.push(async () => rmSync(directory, { recursive: true, force: true }))
-  cpSync(path.join(root, 'dist'), path.join(directory, 'dist'), { recursive: true })
-  copyFileSync(path.join(root, 'package.json'), path.join(directory, 'package.json'))
-  symlinkSync(path.join(root, 'node_modules'), path.join(directory, 'node_modules'))
+function forkWithSellerHandler(): { cli: string; ran: string; failing: string; hold: string } {
+  const { directory, cli, write } = forkBuild(cleanups)
   const ran = path.join(directory, 'ran.txt')
   // while this file is there, the registry the handler writes to is down
   const failing = path.join(directory, 'registry-down')
   const hold = path.join(directory, 'hold')
   writeFileSync(ran, '')
   writeFileSync(failing, '')
-  writeFileSync(
-    path.join(directory, 'dist/src/webhooks/partner-event-handlers.js'),
+  write(
+    'dist/src/webhooks/partner-event-handlers.js',
     `import { appendFileSync, existsSync } from 'node:fs'
 export function registerEventHandlers(events) {
   events.on('seller.verified', async ({ deliveryId, body }) => {
@@ -47,11 +42,11 @@ export function registerEventHandlers(events) {
 }
 `,
   )
-  return { cli: path.join(directory, 'dist/src/cli.js'), ran, failing, hold }
+  return { cli, ran, failing, hold }
 }
 
 function run(cli: string, args: string[], env: Record<string, string>): ChildProcess {
-  const child = spawn(process.execPath, [cli, ...args], { cwd: path.dirname(cli), env: childEnv(env), stdio: 'pipe' })
+  const child = spawnCli(args, env, { cli })
   children.push(child)
   return child
 }
@@ -77,7 +72,7 @@ async function until(check: () => boolean): Promise<void> {
 
 /** A fork's build whose seller handler failed at the ingest of dlv-fork-1: the delivery stored ignored, the service stopped. */
 async function failedAtIngest() {
-  const fork = forkBuild()
+  const fork = forkWithSellerHandler()
   const env = receiverEnv(migratedDataDir('fork-handlers-'))
   const serve = run(fork.cli, ['serve'], env)
   const { url } = (await waitForLogLine(serve, 'service listening')) as { url: string }
@@ -90,7 +85,7 @@ async function failedAtIngest() {
 const BODY = '{"event":"seller.verified","seller_id":"s-77","status":"verified"}'
 
 it('a fork’s seller handler that failed at the ingest runs again with deliveries reapply: through the service, then on its own once the cause is put right', async () => {
-  const fork = forkBuild()
+  const fork = forkWithSellerHandler()
   const dataDir = migratedDataDir('fork-handlers-')
   const env = receiverEnv(dataDir)
   const serve = run(fork.cli, ['serve'], env)

@@ -96,10 +96,14 @@ export function childEnv(env: Record<string, string>): NodeJS.ProcessEnv {
   return { ...clean, LOG_LEVEL: 'info', ...env }
 }
 
-export function spawnCli(args: string[], env: Record<string, string>, { source = false } = {}): ChildProcess {
-  const entry = source ? ['--import', 'tsx', path.join(root, 'src/cli.ts')] : [path.join(root, 'dist/src/cli.js')]
+/**
+ * The CLI run with `args`: the compiled dist/, src/ through tsx with `source`, or with `cli` another build's compiled
+ * CLI (a fork's: helpers/fork-build.ts), run from the directory that holds its dist/.
+ */
+export function spawnCli(args: string[], env: Record<string, string>, { source = false, cli }: { source?: boolean; cli?: string } = {}): ChildProcess {
+  const entry = cli ? [cli] : source ? ['--import', 'tsx', path.join(root, 'src/cli.ts')] : [path.join(root, 'dist/src/cli.js')]
   return spawn(process.execPath, [...entry, ...args], {
-    cwd: root,
+    cwd: cli ? path.resolve(path.dirname(cli), '../..') : root,
     env: childEnv({ DATA_DIR: env.DATA_DIR ?? dataDirOfThisFile(), ...env }),
     stdio: 'pipe',
   })
@@ -109,8 +113,8 @@ export function spawnCli(args: string[], env: Record<string, string>, { source =
  * The CLI run with `args` (spawnCli), noted in `children` for the file's clean-up: its stdout and
  * stderr read as they come, and how it ended once it has (its pipes read to their end), undefined while it runs.
  */
-export function startedCli(args: string[], env: Record<string, string>, children: ChildProcess[]) {
-  const child = spawnCli(args, env)
+export function startedCli(args: string[], env: Record<string, string>, children: ChildProcess[], options: { cli?: string } = {}) {
+  const child = spawnCli(args, env, options)
   children.push(child)
   let stdout = ''
   let stderr = ''
