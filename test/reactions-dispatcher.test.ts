@@ -8,11 +8,11 @@ import { openDatabase } from '../src/db/open-database.js'
 import type { Database } from '../src/db/database.js'
 import { moveNewOrder } from './helpers/orders.js'
 import { createDispatcher, type Dispatcher, type DispatcherDeps } from '../src/reactions/dispatcher.js'
-import type { AttemptResult, DispatcherSettings } from '../src/reactions/dispatcher-settings.js'
+import { ABORT_UNWIND_MS, type AttemptResult, type DispatcherSettings } from '../src/reactions/dispatcher-settings.js'
 import type { ReactionEvent, ReactionHandler } from '../src/reactions/reaction-event.js'
 import { claimReactionJobs, claimReactionJobsQuery, retryJob, skipJob, skipJobNotTaken } from '../src/reactions/reaction-job.repository.js'
 import { ensureReactionStreams, readReactionStream, readReactionStreamQuery, writeReactionStream } from '../src/reactions/reaction-stream.repository.js'
-import { HANDOFF_MS } from '../src/reactions/stream-worker.js'
+import { HANDLER_IGNORED_ABORT, HANDOFF_MS } from '../src/reactions/stream-worker.js'
 import { createReactionRegistry, type ReactionRegistry } from '../src/reactions/reaction-registry.js'
 import { backoffDelayS } from '../src/reconcile/backoff-delay.js'
 import { FakeClock } from './helpers/fake-clock.js'
@@ -948,6 +948,58 @@ describe('the reaction dispatcher', () => {
     expect(running.waitingOn()).toBeUndefined()
     expect(signalSeen!.aborted).toBe(true)
     expect(await jobs(orderId, 'slow')).toMatchObject([{ state: 'pending', attempts: 0, leaseToken: null }])
+  })
+
+  // A retry (the job loop's call) running at a stop past its grace: a handler that ends on its abort is let unwind and is
+  // not said to ignore it; one that ignores it is named, with its event, as a stream's first attempt is. Before, the job
+  // loop named neither, and a stream's batch named both (it ended their grace in the abort's own turn)
+  it.each([
+    ['ends on its abort', false],
+    ['ignores its abort', true],
+  ])('on stop, a retry whose handler %s is aborted and given back, and named only if it has not returned a second later', async (_, ignores) => {
+    const signals: AbortSignal[] = []
+    let eventId: string | undefined
+    let letGo = () => {}
+    const reactions = createReactionRegistry().on('trade.*', 'retried', async (event, { signal, attempt }) => {
+      eventId = event.eventId
+      if (attempt === 1) throw new Error('the first attempt fails')
+      signals.push(signal)
+      await new Promise((resolve, reject) => {
+        letGo = () => resolve(undefined)
+        if (!ignores) signal.addEventListener('abort', () => reject(signal.reason))
+      })
+    })
+    await start(reactions)
+    const orderId = await transitions(reactions, ['created'])
+    await eventually(async () => (await jobs(orderId, 'retried'))[0]?.attempts === 1, 'the first attempt failed')
+    await idle()
+    // (past the first attempt's "retrying later")
+    const before = logLines.length
+    await clock.advance(backoffDelayS(1, SETTINGS.backoff, HALF) * 1000)
+    await eventually(() => signals.length === 1, 'the retry started')
+    const running = dispatcher!
+    dispatcher = undefined
+    const stopped = running.stop()
+    await eventually(() => running.waitingOn() === 'the handlers in flight', 'stop waits for the retry')
+    await clock.advance(SETTINGS.shutdownTimeoutMs)
+    expect(signals[0]!.aborted).toBe(true)
+    if (ignores) {
+      await eventually(() => clock.sleeps.includes(ABORT_UNWIND_MS), 'stop lets the aborted call unwind')
+      await clock.advance(ABORT_UNWIND_MS)
+    }
+    await stopped
+    letGo()
+    expect(await jobs(orderId, 'retried')).toMatchObject([{ state: 'pending', attempts: 1, leaseToken: null }])
+    const warnings = logLines
+      .slice(before)
+      .flatMap((line) => line.split('\n').filter(Boolean))
+      .map((line) => JSON.parse(line) as Record<string, unknown>)
+      .filter((line) => line.level === 40)
+      .map((line) => [line.msg, line.handler, line.eventId])
+    expect(warnings).toEqual([
+      ...(ignores ? [[HANDLER_IGNORED_ABORT, 'retried', eventId]] : []),
+      ['reaction handlers stopped before finishing; their jobs run again', undefined, undefined],
+    ])
   })
 
   // Over a path gone silent the listener's polite end never gets the server's answer: it waited a second of its own,

@@ -8,7 +8,8 @@ import path from 'node:path'
 import { afterAll, describe, expect, it } from 'vitest'
 import { type DatabaseHandle, openDatabase } from '../src/db/open-database.js'
 import { ensureReactionStreams } from '../src/reactions/reaction-stream.repository.js'
-import { childEnv, killLeftovers, postgresServeEnv, receiverEnv, signalAndClose, waitForLogLine } from './helpers/cli-process.js'
+import { HANDLER_IGNORED_ABORT } from '../src/reactions/stream-worker.js'
+import { childEnv, jsonLogLines, killLeftovers, postgresServeEnv, receiverEnv, signalAndClose, waitForLogLine } from './helpers/cli-process.js'
 import { migratedDataDir } from './helpers/data-dir-template.js'
 import { moveNewOrder } from './helpers/orders.js'
 import { createTestDatabase, postgresUrl } from './helpers/test-database.js'
@@ -81,8 +82,14 @@ describe.each(kinds)('the compiled serve on %s, stopped while a fork handler tha
     const { env, open } = await withOneEvent(kind)
 
     const first = serveWithForkHandler(env, 'hang')
+    const lines = jsonLogLines(first)
     const called = await waitForLogLine(first, 'fork handler called')
     const { code } = await signalAndClose(first, 'SIGTERM')
+    // named as the call that ignored its abort (a handler that ends on it is not: test/partner-handlers-process.test.ts)
+    expect(lines.filter((line) => line.level === 40).map((line) => [line.msg, line.handler, line.eventId])).toEqual([
+      [HANDLER_IGNORED_ABORT, HANDLER, called.eventId],
+      ['reaction handlers stopped before finishing; their jobs run again', HANDLER, undefined],
+    ])
 
     // not running under a lease of REACTION_LEASE_S (300 s): pending and due now, the call that never ended not counted
     const [given] = await jobsOf(open)

@@ -43,6 +43,12 @@ export const DEFAULT_DISPATCHER_SETTINGS: Omit<DispatcherSettings, 'concurrency'
 }
 
 /**
+ * How long a handler aborted at the end of the shutdown's grace is given to end on its signal (a rejection, its
+ * `finally`) before it is taken for one that ignores the abort: said in a warning, its job given back all the same.
+ */
+export const ABORT_UNWIND_MS = 1_000
+
+/**
  * How long before its lease ends a handler still running is aborted (past the lease, another replica may claim
  * its job again): a call given longer than the lease less this never gets its answer.
  */

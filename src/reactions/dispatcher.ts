@@ -51,7 +51,7 @@ import {
 } from './reaction-job.repository.js'
 import type { ReactionHandler } from './reaction-event.js'
 import { ensureReactionStreams, oldestOpenTransaction, type OpenTransaction, streamPositionsAhead } from './reaction-stream.repository.js'
-import { type AttemptResult, type DispatcherSettings, HELD_BACK_WARN_MS, leaseMarginMs } from './dispatcher-settings.js'
+import { ABORT_UNWIND_MS, type AttemptResult, type DispatcherSettings, HELD_BACK_WARN_MS, leaseMarginMs } from './dispatcher-settings.js'
 import { withoutPassword } from '../without-password.js'
 import { createSlots, type Slots } from './handler-slots.js'
 import { type CallTimeouts, createCallTimeouts } from './call-timeouts.js'
@@ -59,7 +59,7 @@ import { planRetry, triesAgain } from './plan-retry.js'
 import { failureCode } from './failure-code.js'
 import { createRecoveryWatch } from './recovery-watch.js'
 import { createRetryLines } from './retry-lines.js'
-import { createStreamWorker, type StreamWorker } from './stream-worker.js'
+import { createStreamWorker, HANDLER_IGNORED_ABORT, type StreamWorker } from './stream-worker.js'
 import { writeOutcome } from './write-outcome.js'
 import { CLOCK_RECHECK_MS, type ClockGuard } from '../db/clock-guard.js'
 import { loggableError } from '../db/database-errors.js'
@@ -930,9 +930,13 @@ export function createDispatcher(deps: DispatcherDeps): Dispatcher {
         const unwind = new AbortController()
         await Promise.race([
           Promise.allSettled(left.map((entry) => entry.done)),
-          clock.sleep(1_000, unwind.signal).catch(() => {}),
+          clock.sleep(ABORT_UNWIND_MS, unwind.signal).catch(() => {}),
         ])
         unwind.abort()
+        // (a call's entry leaves `running` as it ends): what is still there ignored its abort, as a stream's call can
+        for (const { job } of left.filter((entry) => running.get(entry.job.id) === entry && !entry.returned)) {
+          logger.warn({ handler: job.handler, eventId: job.event.eventId }, HANDLER_IGNORED_ABORT)
+        }
         if (unfinished.length > 0) logger.warn({ jobs: unfinished.length }, 'reaction handlers stopped before finishing; their jobs run again')
       }
       loop = undefined
