@@ -65,9 +65,13 @@ function collected(child: ChildProcess): { stdout: string; stderr: string } {
   return output
 }
 
-/** Resolves once `check` holds, looked at every 50 ms. */
-async function until(check: () => boolean): Promise<void> {
-  while (!check()) await new Promise((resolve) => setTimeout(resolve, 50))
+/** Resolves once `check` holds, looked at every 50 ms; throws naming `what` after 60 s. */
+async function until(check: () => boolean, what: string): Promise<void> {
+  const gaveUpAt = Date.now() + 60_000
+  while (!check()) {
+    if (Date.now() > gaveUpAt) throw new Error(`waited 60 s for ${what}`)
+    await new Promise((resolve) => setTimeout(resolve, 50))
+  }
 }
 
 /** A fork's build whose seller handler failed at the ingest of dlv-fork-1: the delivery stored ignored, the service stopped. */
@@ -128,9 +132,9 @@ async function interruptedWhileHeld() {
   writeFileSync(fork.hold, '')
   const command = run(fork.cli, ['deliveries', 'reapply', 'dlv-fork-1'], env)
   const output = collected(command)
-  await until(() => readFileSync(fork.ran, 'utf8').endsWith('held\n'))
+  await until(() => readFileSync(fork.ran, 'utf8').endsWith('held\n'), 'the handler to be held')
   command.kill('SIGINT')
-  await until(() => output.stderr.includes('\n'))
+  await until(() => output.stderr.includes('\n'), "the command's first line after SIGINT")
   return { fork, env, command, output }
 }
 

@@ -146,6 +146,15 @@ describe.each(kinds)('a fork’s reaction handler in partner-handlers.js, run by
     return { ...build, command, list, serve, funded, heldAndRunning }
   }
 
+  /** A fork with `settings` whose serve runs, its handler's call of `reference`'s trade.funded held, its job running. */
+  async function heldIn(settings: Record<string, string>, reference: string) {
+    const shop = fork(await serveEnv(settings))
+    writeFileSync(shop.hold, '')
+    const first = await shop.serve()
+    await shop.funded(first.url, reference)
+    return { shop, first, ...(await shop.heldAndRunning(reference)) }
+  }
+
   /** The note of a call that started for `reference`'s trade.funded (its first, from an order with no status yet). */
   const startedFor = (reference: string, eventId: string, attempt: number): Note => ({
     call: 'started',
@@ -182,11 +191,7 @@ describe.each(kinds)('a fork’s reaction handler in partner-handlers.js, run by
 
   it('calls it again with the same event id after serve is killed (SIGKILL) mid-call, and the job ends done', async () => {
     // the dead process's job comes back once its lease runs out (REACTION_LEASE_S, 300 s by default)
-    const shop = fork(await serveEnv({ REACTION_LEASE_S: '20' }))
-    writeFileSync(shop.hold, '')
-    const first = await shop.serve()
-    await shop.funded(first.url, 'order-2')
-    const { eventId, jobId } = await shop.heldAndRunning('order-2')
+    const { shop, first, eventId, jobId } = await heldIn({ REACTION_LEASE_S: '20' }, 'order-2')
     expect(await signalAndClose(first.child, 'SIGKILL')).toEqual({ code: null, signal: 'SIGKILL' })
     expect(shop.notes()).toEqual([startedFor('order-2', eventId, 1), { call: 'held', eventId }])
 
@@ -203,11 +208,8 @@ describe.each(kinds)('a fork’s reaction handler in partner-handlers.js, run by
 
   it('a stop (SIGTERM) waits for a held handler that returns within half of SHUTDOWN_TIMEOUT_MS: its job is done, its call not made again', async () => {
     // the handlers' grace is 30 s: the hold is let go as soon as the stop has begun
-    const shop = fork(await serveEnv({ SHUTDOWN_TIMEOUT_MS: '60000' }))
-    writeFileSync(shop.hold, '')
-    const { child, url, log } = await shop.serve()
-    await shop.funded(url, 'order-3')
-    const { eventId, jobId } = await shop.heldAndRunning('order-3')
+    const { shop, first, eventId, jobId } = await heldIn({ SHUTDOWN_TIMEOUT_MS: '60000' }, 'order-3')
+    const { child, log } = first
 
     const stopped = signalAndClose(child, 'SIGTERM')
     await readUntil(() => log.some((line) => line.msg === 'shutting down'), Boolean, 'the stop has begun')
@@ -225,11 +227,7 @@ describe.each(kinds)('a fork’s reaction handler in partner-handlers.js, run by
 
   it('a stop (SIGTERM) past half of SHUTDOWN_TIMEOUT_MS aborts the held handler, gives its job back, and the next start runs it with the same event id', async () => {
     // the handlers' grace is 2 s: the hold outlasts it
-    const shop = fork(await serveEnv({ SHUTDOWN_TIMEOUT_MS: '4000' }))
-    writeFileSync(shop.hold, '')
-    const first = await shop.serve()
-    await shop.funded(first.url, 'order-4')
-    const { eventId, jobId } = await shop.heldAndRunning('order-4')
+    const { shop, first, eventId, jobId } = await heldIn({ SHUTDOWN_TIMEOUT_MS: '4000' }, 'order-4')
 
     expect((await signalAndClose(first.child, 'SIGTERM')).code).toBe(0)
     expect(shop.notes()).toEqual([
