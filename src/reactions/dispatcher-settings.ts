@@ -43,10 +43,12 @@ export const DEFAULT_DISPATCHER_SETTINGS: Omit<DispatcherSettings, 'concurrency'
 }
 
 /**
- * How long a handler aborted at the end of the shutdown's grace is given to end on its signal (a rejection, its
- * `finally`) before it is taken for one that ignores the abort: said in a warning, its job given back all the same.
+ * How long a handler aborted at the end of the shutdown's grace (`shutdownTimeoutMs`) is given to end on its signal (a
+ * rejection, its `finally`) before it is taken for one that ignores the abort: said in a warning, its job given back all
+ * the same. A second, or a fifth of the grace where that is shorter: the dispatcher's grace is half the service's stop
+ * bound (SHUTDOWN_TIMEOUT_MS), and a stream's unwind and then the job loop's fit in what is left of it.
  */
-export const ABORT_UNWIND_MS = 1_000
+export const abortUnwindMs = (shutdownTimeoutMs: number): number => Math.min(1_000, shutdownTimeoutMs / 5)
 
 /**
  * How long before its lease ends a handler still running is aborted (past the lease, another replica may claim

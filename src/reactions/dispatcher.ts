@@ -51,7 +51,7 @@ import {
 } from './reaction-job.repository.js'
 import type { ReactionHandler } from './reaction-event.js'
 import { ensureReactionStreams, oldestOpenTransaction, type OpenTransaction, streamPositionsAhead } from './reaction-stream.repository.js'
-import { ABORT_UNWIND_MS, type AttemptResult, type DispatcherSettings, HELD_BACK_WARN_MS, leaseMarginMs } from './dispatcher-settings.js'
+import { abortUnwindMs, type AttemptResult, type DispatcherSettings, HELD_BACK_WARN_MS, leaseMarginMs } from './dispatcher-settings.js'
 import { withoutPassword } from '../without-password.js'
 import { createSlots, type Slots } from './handler-slots.js'
 import { type CallTimeouts, createCallTimeouts } from './call-timeouts.js'
@@ -930,7 +930,7 @@ export function createDispatcher(deps: DispatcherDeps): Dispatcher {
         const unwind = new AbortController()
         await Promise.race([
           Promise.allSettled(left.map((entry) => entry.done)),
-          clock.sleep(ABORT_UNWIND_MS, unwind.signal).catch(() => {}),
+          clock.sleep(abortUnwindMs(settings.shutdownTimeoutMs), unwind.signal).catch(() => {}),
         ])
         unwind.abort()
         // (a call's entry leaves `running` as it ends): what is still there ignored its abort, as a stream's call can

@@ -33,7 +33,7 @@ import type { Kysely } from 'kysely'
 import type { Clock } from '../clock.js'
 import type { Database } from '../db/database.js'
 import type { Logger } from '../logger.js'
-import { ABORT_UNWIND_MS, type AttemptResult, type DispatcherSettings, leaseMarginMs } from './dispatcher-settings.js'
+import { abortUnwindMs, type AttemptResult, type DispatcherSettings, leaseMarginMs } from './dispatcher-settings.js'
 import type { CallTimeouts } from './call-timeouts.js'
 import type { Slots } from './handler-slots.js'
 import { planRetry, triesAgain } from './plan-retry.js'
@@ -179,7 +179,7 @@ type Finished = typeof DONE | StreamOutcome | undefined
 
 // a handed-off call still running when the shutdown's grace ended, its abort ignored: not waited for
 const NOT_RETURNED = Symbol('not returned')
-/** The warning for a call still running ABORT_UNWIND_MS after its abort at shutdown (the job loop's too). */
+/** The warning for a call still running abortUnwindMs after its abort at shutdown (the job loop's too). */
 export const HANDLER_IGNORED_ABORT =
   'reaction handler did not return after its abort at shutdown: its job is given back and runs again; make the handler end on its signal'
 
@@ -380,7 +380,7 @@ export function createStreamWorker(deps: StreamWorkerDeps) {
       () => abort.abort(new Error('the lease is about to end')),
       () => {},
     )
-    // resolves ABORT_UNWIND_MS after the shutdown's grace for the batch's handlers ends: they are aborted then, and a
+    // resolves abortUnwindMs after the shutdown's grace for the batch's handlers ends: they are aborted then, and a
     // handed-off call that has not ended on its abort by this is not waited for (its job is given back before the
     // process exits, below). Resolved in the abort's own turn, every call was taken for one that ignored it: a
     // handler that rejected at once on its signal was told to end on its signal
@@ -393,7 +393,7 @@ export function createStreamWorker(deps: StreamWorkerDeps) {
         .sleep(settings.shutdownTimeoutMs, timers.signal)
         .then(() => {
           abort.abort(new Error('the service is shutting down'))
-          return clock.sleep(ABORT_UNWIND_MS, timers.signal)
+          return clock.sleep(abortUnwindMs(settings.shutdownTimeoutMs), timers.signal)
         })
         .then(endGrace, () => {})
     }
