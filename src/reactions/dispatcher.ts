@@ -934,7 +934,7 @@ export function createDispatcher(deps: DispatcherDeps): Dispatcher {
         ])
         unwind.abort()
         // (a call's entry leaves `running` as it ends): what is still there ignored its abort, as a stream's call can
-        for (const { job } of left.filter((entry) => running.get(entry.job.id) === entry && !entry.returned)) {
+        for (const { job } of unfinished.filter((entry) => running.get(entry.job.id) === entry)) {
           logger.warn({ handler: job.handler, eventId: job.event.eventId }, HANDLER_IGNORED_ABORT)
         }
         if (unfinished.length > 0) logger.warn({ jobs: unfinished.length }, 'reaction handlers stopped before finishing; their jobs run again')
