@@ -3,7 +3,8 @@
 // own error either way: a reset during the TLS handshake reads `read ECONNRESET`, exactly as one after the request
 // went out does. So the connectors the client's connections use mark their own failures: a marked failure means
 // not one byte of the request left this machine.
-import { buildConnector, type Dispatcher, Pool } from 'undici'
+import type { buildConnector, Dispatcher, Pool } from 'undici'
+import { undici } from '../undici.js'
 
 /** Who the connection that failed was to: the platform (directly or through the tunnel), or the proxy itself. */
 export type ConnectTarget = 'platform' | 'proxy'
@@ -41,6 +42,7 @@ export function markingFailures(connect: buildConnector.connector, target: Conne
  */
 export function connectionsMarkingFailures(origin: string | URL, options: object): Dispatcher {
   const { connect } = options as Pool.Options
+  const { buildConnector, Pool } = undici()
   const connector = typeof connect === 'function' ? connect : buildConnector({ ...connect })
   return new Pool(origin, { ...options, connect: markingFailures(connector, 'platform') })
 }

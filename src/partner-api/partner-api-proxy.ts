@@ -7,7 +7,8 @@
 // HTTP_PROXY; an http:// target takes HTTP_PROXY only; NO_PROXY entries are host, host:port, .domain or
 // *.domain, a domain covering its subdomains, and `*` alone bypasses every host), so the start-up log and
 // the errors can name the proxy a call went through.
-import { type buildConnector, type Dispatcher, EnvHttpProxyAgent, Pool } from 'undici'
+import type { buildConnector, Dispatcher } from 'undici'
+import { undici } from '../undici.js'
 import { connectionsMarkingFailures, markingFailures } from './connect-failure.js'
 import { PROXY_CLOSED_CODE } from './partner-api-error.js'
 import { platformFetch } from './platform-fetch.js'
@@ -54,7 +55,7 @@ function inNoProxy(target: URL, noProxy: string): boolean {
  * A failure to connect to the proxy at all is marked as the proxy's, apart from one with the platform in the tunnel.
  */
 function proxyConnections(origin: URL, options: { connect: buildConnector.connector }): Dispatcher {
-  const pool = new Pool(origin, { ...options, connect: markingFailures(options.connect, 'proxy') })
+  const pool = new (undici().Pool)(origin, { ...options, connect: markingFailures(options.connect, 'proxy') })
   const connect = pool.connect.bind(pool) as (options: Dispatcher.ConnectOptions) => Promise<Dispatcher.ConnectData>
   const connectOnce = (connectOptions: Dispatcher.ConnectOptions) =>
     connect(connectOptions).catch((error: unknown) => {
@@ -76,7 +77,7 @@ export function describeProxy(proxyUrl: string): string {
  * agent. The settings are passed whole, so the agent never reads the environment itself.
  */
 export function fetchThroughProxy(settings: ProxySettings): typeof fetch {
-  const dispatcher = new EnvHttpProxyAgent({
+  const dispatcher = new (undici().EnvHttpProxyAgent)({
     // '' is "none": undefined would send the agent to process.env
     httpProxy: settings.httpProxy ?? '',
     httpsProxy: settings.httpsProxy ?? '',

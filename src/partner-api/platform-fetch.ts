@@ -3,7 +3,8 @@
 // answers' Content-Encoding this module undoes itself, strictly (content-coding.ts), where fetch would undo it
 // leniently. fetch is kept from seeing the header, so it hands the body over as it came; the Response the
 // caller gets has the header back, and the body decoded, or as it came when a coding is not one undone here.
-import { Agent, type Dispatcher, Headers, Response, fetch as undiciFetch } from 'undici'
+import type { Dispatcher, fetch as undiciFetch } from 'undici'
+import { undici } from '../undici.js'
 import { AbortedBeforeSentError, connectionsMarkingFailures } from './connect-failure.js'
 import { decodedBody, tooManyCodings, undecodedCoding } from './content-coding.js'
 
@@ -46,7 +47,7 @@ export function platformFetch(dispatcher: Dispatcher): typeof fetch {
     const seen: Seen = {}
     let response: Awaited<ReturnType<typeof undiciFetch>>
     try {
-      response = await undiciFetch(input, { ...init, dispatcher: dispatcher.compose(hidingContentEncoding(seen)) })
+      response = await undici().fetch(input, { ...init, dispatcher: dispatcher.compose(hidingContentEncoding(seen)) })
     } catch (error) {
       // aborted (the call's timeout) while the connection was still being set up, or the request queued behind one:
       // undici writes a request only once it starts it on a connection that is up, and one aborted before is never
@@ -58,6 +59,7 @@ export function platformFetch(dispatcher: Dispatcher): typeof fetch {
     // it came, its body not decoded, and stands on its status as any refusal whose body cannot be read. Rebuilt, it
     // threw, and a 799 marked gzip read as a lost connection (init["status"] must be in the range of 200 to 599)
     if (seen.contentEncoding === undefined || response.status < 200 || response.status > 599) return response
+    const { Headers, Response } = undici()
     const headers = new Headers(response.headers)
     headers.set('content-encoding', seen.contentEncoding)
     // more codings than MAX_CODINGS are not undone: the caller refuses the answer by its header
@@ -81,6 +83,6 @@ let directFetch: typeof fetch | undefined
 
 /** The fetch of a client with no proxy: straight to the platform. */
 export function directPlatformFetch(): typeof fetch {
-  directFetch ??= platformFetch(new Agent({ factory: connectionsMarkingFailures }))
+  directFetch ??= platformFetch(new (undici().Agent)({ factory: connectionsMarkingFailures }))
   return directFetch
 }

@@ -19,7 +19,6 @@
 // that passes MAX_DRAINED_BYTES or is still coming at the attempt's deadline has its connection closed, the
 // status standing. No error or log line holds the body, the secret or the signature.
 import { createHmac, createSecretKey, type KeyObject } from 'node:crypto'
-import { Pool } from 'undici'
 import { isClockOffsetTooLarge, measureClockOffset } from '../partner-api/clock-offset.js'
 import { type Clock, MAX_TIMER_MS, monotonicNow, systemClock } from '../clock.js'
 import { createAbortWatch } from './abort-watch.js'
@@ -28,6 +27,7 @@ import { parseRetryAfter } from '../http/retry-after.js'
 import type { Logger } from '../logger.js'
 import { printable } from '../printable.js'
 import { OWN_CA_HINT, refusedCertificateCode } from '../tls-certificate.js'
+import { undici } from '../undici.js'
 import { userAgent } from '../version.js'
 import { forwardedPayload, type ReactionHandler } from './reaction-event.js'
 import { ReactionSetupError } from './reaction-setup-error.js'
@@ -363,7 +363,7 @@ type Post = (headers: string[], body: Buffer) => PostRequest
 // agent (bench/results/latest.md). A redirect is an answer like any other, never followed. The answer's body is
 // not ours to read: it is let through and dropped, which returns the connection to the pool
 function postWithPool(target: URL): Post {
-  const pool = new Pool(target.origin)
+  const pool = new (undici().Pool)(target.origin)
   const path = `${target.pathname}${target.search}`
   return (headers, body) => {
     const request = new PoolRequest()
