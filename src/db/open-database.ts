@@ -5,8 +5,9 @@ import { createHash } from 'node:crypto'
 import { existsSync, mkdirSync, rmSync } from 'node:fs'
 import path from 'node:path'
 import { CamelCasePlugin, Kysely, PGliteDialect, PostgresDialect, sql } from 'kysely'
-import pg from 'pg'
+import type pg from 'pg'
 import { writingIntoDataDir } from '../data-dir.js'
+import { pgDriver } from '../lazy-packages.js'
 import type { Logger } from '../logger.js'
 import { writeWholeUnlessThere } from '../write-whole.js'
 import { ABANDONED_TAKEOVER_MS, lockOwner, lockOwnerRuns, ownLockContent, readIfThere, removeStaleLock, sleepSync } from '../lock-file.js'
@@ -211,7 +212,7 @@ function boundBy<T extends object>(config: T, bound: AnswerBound | undefined): T
 
 function preparingClient({ onConnectionError, onPreparingOff, startupParameters }: PreparingHooks): typeof pg.Client {
   let preparing = true
-  return class PreparingClient extends pg.Client {
+  return class PreparingClient extends pgDriver().Client {
     constructor(config?: string | pg.ClientConfig) {
       super(typeof config === 'object' ? { ...config, ...startupParameters() } : config)
       this.on('error', onConnectionError)
@@ -433,7 +434,7 @@ function openPostgres(
     onPreparingOff: preparingOff,
     startupParameters: () => (timeoutOnConnect ? { statement_timeout: statementTimeoutMs } : {}),
   })
-  const pool = new pg.Pool({
+  const pool = new (pgDriver().Pool)({
     Client,
     connectionString: databaseUrl,
     max: poolSize,
@@ -517,7 +518,7 @@ function openPostgres(
     },
     holdLock: (key, onLost) => holdLockOnPostgres(databaseUrl, key, logger, statementTimeoutMs + STATEMENT_ANSWER_GRACE_MS, onLost),
     withoutTimeouts: async (work) => {
-      const single = new pg.Pool({
+      const single = new (pgDriver().Pool)({
         Client: preparingClient({ onConnectionError: connectionLost, onPreparingOff: preparingOff, startupParameters: () => ({}) }),
         connectionString: databaseUrl,
         max: 1,
@@ -602,7 +603,7 @@ async function holdLockOnPostgres(
   if (!Number.isInteger(key) || key < -0x80000000 || key > 0x7fffffff) throw new RangeError(`lock key must be a 32-bit integer, not ${key}`)
   // its statements are short; one with no answer by the pool's own wait is on a connection that died silently: the
   // lock goes with the session, and giving it back must not wait on it (a prune pass's release held a stop)
-  const client = new pg.Client({ connectionString: databaseUrl, keepAlive: true, connectionTimeoutMillis: CONNECT_TIMEOUT_MS, query_timeout: answerTimeoutMs })
+  const client = new (pgDriver().Client)({ connectionString: databaseUrl, keepAlive: true, connectionTimeoutMillis: CONNECT_TIMEOUT_MS, query_timeout: answerTimeoutMs })
   // a connection lost while the lock is held gives the lock back with it; its release then has nothing to do, and
   // its holder is told (onLost), for another session may take the lock now
   let held = false

@@ -3,7 +3,8 @@
 // connection pooler in transaction mode nothing does: DATABASE_LISTEN_URL).
 import { randomUUID } from 'node:crypto'
 import { setTimeout as delay } from 'node:timers/promises'
-import pg from 'pg'
+import type pg from 'pg'
+import { pgDriver } from '../lazy-packages.js'
 import type { Logger } from '../logger.js'
 import { describeDatabaseErrorOf } from './database-errors.js'
 import { closeSocket, endWithin } from './end-within.js'
@@ -58,7 +59,7 @@ export function listenOnPostgres({
   const run = async () => {
     let failures = 0
     while (!stopping.signal.aborted) {
-      const connection = new pg.Client({
+      const connection = new (pgDriver().Client)({
         connectionString: url,
         keepAlive: true,
         connectionTimeoutMillis: 5_000,

@@ -4,7 +4,7 @@
 // went out does. So the connectors the client's connections use mark their own failures: a marked failure means
 // not one byte of the request left this machine.
 import type { buildConnector, Dispatcher, Pool } from 'undici'
-import { undici } from '../undici.js'
+import { undici } from '../lazy-packages.js'
 
 /** Who the connection that failed was to: the platform (directly or through the tunnel), or the proxy itself. */
 export type ConnectTarget = 'platform' | 'proxy'

@@ -8,7 +8,7 @@
 // *.domain, a domain covering its subdomains, and `*` alone bypasses every host), so the start-up log and
 // the errors can name the proxy a call went through.
 import type { buildConnector, Dispatcher } from 'undici'
-import { undici } from '../undici.js'
+import { undici } from '../lazy-packages.js'
 import { connectionsMarkingFailures, markingFailures } from './connect-failure.js'
 import { PROXY_CLOSED_CODE } from './partner-api-error.js'
 import { platformFetch } from './platform-fetch.js'

@@ -4,7 +4,7 @@
 // leniently. fetch is kept from seeing the header, so it hands the body over as it came; the Response the
 // caller gets has the header back, and the body decoded, or as it came when a coding is not one undone here.
 import type { Dispatcher, fetch as undiciFetch } from 'undici'
-import { undici } from '../undici.js'
+import { undici } from '../lazy-packages.js'
 import { AbortedBeforeSentError, connectionsMarkingFailures } from './connect-failure.js'
 import { decodedBody, tooManyCodings, undecodedCoding } from './content-coding.js'
 

@@ -23,9 +23,10 @@
 // closed: a broker that goes away fails the calls in flight and never the process (every connection and
 // channel has its 'error' and 'close' listeners). No error or log line holds the URL's credentials.
 import { randomUUID } from 'node:crypto'
-import amqp, { type ChannelModel, type ConfirmChannel, type Message } from 'amqplib'
+import type { ChannelModel, ConfirmChannel, Message } from 'amqplib'
 import { anySignal } from 'any-signal'
 import { closeWithin } from '../close-within.js'
+import { amqplib } from '../lazy-packages.js'
 import type { Logger } from '../logger.js'
 import { answeredWithoutTls, OWN_CA_HINT, refusedCertificateCode } from '../tls-certificate.js'
 import { forwardedPayload, type ReactionHandler } from './reaction-event.js'
@@ -112,7 +113,7 @@ export function createAmqpPublisher({
   exchange,
   logger,
   timeoutMs = DEFAULT_TIMEOUT_MS,
-  connect = amqp.connect,
+  connect = (connectUrl, socketOptions) => amqplib().connect(connectUrl, socketOptions),
 }: AmqpPublisherOptions): AmqpPublisher {
   const parsed = new URL(url)
   if (parsed.protocol !== 'amqp:' && parsed.protocol !== 'amqps:') {

@@ -1,0 +1,65 @@
+// The compiled CLI loads the HTTP client (undici), the Postgres driver (pg) and the broker's client (amqplib) only
+// when a command makes the connection that needs one (src/lazy-packages.ts): imported with the modules that use them,
+// they cost each command's start 300 ms of CPU, on commands that never connect to the platform, to Postgres or to a
+// broker. What the process loads is seen by a probe preloaded into it (fixtures/package-load-probe.mjs), which the
+// first case checks sees a package the CLI does import (pino).
+import { mkdtempSync, readFileSync } from 'node:fs'
+import { tmpdir } from 'node:os'
+import path from 'node:path'
+import { pathToFileURL } from 'node:url'
+import type { Kysely } from 'kysely'
+import { afterAll, describe, expect, it } from 'vitest'
+import type { Database } from '../src/db/database.js'
+import { seededCliDatabase } from './helpers/cli-database.js'
+import { receiverEnv, runCli } from './helpers/cli-process.js'
+import { migratedDataDir } from './helpers/data-dir-template.js'
+import { insertOrders } from './helpers/reconcile-orders.js'
+import { postgresUrl } from './helpers/test-database.js'
+
+const probe = path.resolve(import.meta.dirname, 'fixtures/package-load-probe.mjs')
+const LAZY = ['undici', 'pg', 'amqplib'] as const
+const cleanups: (() => Promise<void>)[] = []
+afterAll(async () => {
+  for (const cleanup of cleanups) await cleanup()
+})
+
+/** `args` run by the compiled CLI in `env`, and the packages it loaded, of `names`. */
+async function loadedBy(args: string[], env: Record<string, string>, names: readonly string[]) {
+  const out = path.join(mkdtempSync(path.join(tmpdir(), 'package-probe-')), 'loaded.txt')
+  const result = await runCli(args, { ...env, NODE_OPTIONS: `--import ${pathToFileURL(probe).href}`, PACKAGE_LOAD_PROBE: out })
+  let requests: string[] = []
+  try {
+    requests = readFileSync(out, 'utf8').split('\n')
+  } catch (error) {
+    if ((error as NodeJS.ErrnoException).code !== 'ENOENT') throw error
+  }
+  const loaded = names.filter((name) => requests.some((request) => request === name || request.includes(`/node_modules/${name}/`)))
+  return { result, loaded }
+}
+
+describe('the packages a command loads', () => {
+  it('`orders list` on the embedded database loads none of undici, pg and amqplib (and the probe sees pino)', async () => {
+    const env = receiverEnv(migratedDataDir('lazy-packages-'))
+    const { result, loaded } = await loadedBy(['orders', 'list'], env, ['pino', ...LAZY])
+    expect(result, result.stderr).toMatchObject({ code: 0, stdout: '(no orders)\n' })
+    expect(loaded).toEqual(['pino'])
+  })
+
+  it('a command that calls the platform loads undici, at the call: `trades open` with nothing listening, [not_sent]', async () => {
+    const env = receiverEnv(migratedDataDir('lazy-packages-call-'))
+    const args = ['trades', 'open', 'lazy-1', '--title', 'A lamp', '--amount', '1.00', '--currency', 'KES', '--seller', 'usr_1']
+    const { result, loaded } = await loadedBy(args, env, LAZY)
+    expect(result.code, result.stderr).toBe(1)
+    expect(result.stderr).toContain('[not_sent]')
+    expect(loaded).toEqual(['undici'])
+  })
+
+  it.skipIf(!postgresUrl)('`orders list` through DATABASE_URL loads pg, and neither undici nor amqplib (Postgres)', async () => {
+    const seed = (db: Kysely<Database>) => insertOrders(db, [{ externalReference: 'lazy-pg-1' }])
+    const { env } = await seededCliDatabase('postgres', { prefix: 'lazy-packages-pg-', env: {}, seed, cleanups })
+    const { result, loaded } = await loadedBy(['orders', 'list'], env, LAZY)
+    expect(result.code, result.stderr).toBe(0)
+    expect(result.stdout).toContain('lazy-pg-1')
+    expect(loaded).toEqual(['pg'])
+  })
+})
