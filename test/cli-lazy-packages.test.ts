@@ -1,8 +1,9 @@
 // The compiled CLI loads the HTTP client (undici), the Postgres driver (pg) and the broker's client (amqplib) only
 // when a command makes the connection that needs one (src/lazy-packages.ts): imported with the modules that use them,
 // they cost each command's start 300 ms of CPU, on commands that never connect to the platform, to Postgres or to a
-// broker. What the process loads is seen by a probe preloaded into it (fixtures/package-load-probe.mjs), which the
-// first case checks sees a package the CLI does import (pino).
+// broker. A command forwarded to the running service loads no more than it needs to forward itself (environment.ts).
+// What the process loads is seen by a probe preloaded into it (fixtures/package-load-probe.mjs), which the cases check
+// sees what the CLI does load (pino, the forwarding module).
 import { mkdtempSync, readFileSync } from 'node:fs'
 import { tmpdir } from 'node:os'
 import path from 'node:path'
@@ -11,7 +12,7 @@ import type { Kysely } from 'kysely'
 import { afterAll, describe, expect, it } from 'vitest'
 import type { Database } from '../src/db/database.js'
 import { seededCliDatabase } from './helpers/cli-database.js'
-import { receiverEnv, runCli } from './helpers/cli-process.js'
+import { freePort, receiverEnv, runCli, spawnCli, stopChild, waitForLogLine } from './helpers/cli-process.js'
 import { migratedDataDir } from './helpers/data-dir-template.js'
 import { insertOrders } from './helpers/reconcile-orders.js'
 import { postgresUrl } from './helpers/test-database.js'
@@ -34,7 +35,7 @@ async function loadedBy(args: string[], env: Record<string, string>, names: read
     if ((error as NodeJS.ErrnoException).code !== 'ENOENT') throw error
   }
   const loaded = names.filter((name) => requests.some((request) => request === name || request.includes(`/node_modules/${name}/`)))
-  return { result, loaded }
+  return { result, loaded, requests }
 }
 
 describe('the packages a command loads', () => {
@@ -52,6 +53,24 @@ describe('the packages a command loads', () => {
     expect(result.code, result.stderr).toBe(1)
     expect(result.stderr).toContain('[not_sent]')
     expect(loaded).toEqual(['undici'])
+  })
+
+  // found measuring it: the forwarded command imported config.ts for two small readings of the environment, and with it
+  // zod and the schema's modules, half its CPU (environment.ts)
+  it('a command forwarded to the running service loads neither the configuration (config.ts) nor zod, nor any of the three', async () => {
+    const env = { DATA_DIR: migratedDataDir('lazy-packages-forward-'), PORT: '0', ADMIN_PORT: '0', POLL_ENABLED: 'false', SANDBOX_PORT: String(await freePort()) }
+    const service = spawnCli(['serve'], env)
+    try {
+      await waitForLogLine(service, 'service listening')
+      const { result, loaded, requests } = await loadedBy(['orders', 'list'], env, ['zod', ...LAZY])
+      expect(result, result.stderr).toMatchObject({ code: 0, stdout: '(no orders)\n' })
+      // the probe sees the ES modules: the one that forwards the command
+      expect(requests.some((request) => request.endsWith('/dist/src/local/running-service.js'))).toBe(true)
+      expect(requests.filter((request) => request.endsWith('/dist/src/config.js'))).toEqual([])
+      expect(loaded).toEqual([])
+    } finally {
+      await stopChild(service)
+    }
   })
 
   it.skipIf(!postgresUrl)('`orders list` through DATABASE_URL loads pg, and neither undici nor amqplib (Postgres)', async () => {

@@ -21,6 +21,7 @@ import { readAnswer } from '../http/read-answer.js'
 import { isJsonObject, parseJsonObject } from '../json-object.js'
 import { commandTookEffect, type TookEffect } from '../output-gone.js'
 import { printable, printableLines } from '../printable.js'
+import { compileForShortRuns } from '../short-run.js'
 import { shortened } from '../shortened.js'
 import { stopOnSignals } from '../stop-signals.js'
 
@@ -394,7 +395,7 @@ export async function forwardToLocalService(args: string[]): Promise<number | un
     return undefined
   // loaded only for a command that may be forwarded: `--help` does not pay for it. Only DATA_DIR and DATABASE_URL
   // are read: the service runs the command with its own configuration (config.ts, runningServiceLookup)
-  const { partnerPlatformOf, runningServiceLookup } = await import('../config.js')
+  const { partnerPlatformOf, runningServiceLookup } = await import('../environment.js')
   let config: ReturnType<typeof runningServiceLookup>
   try {
     config = runningServiceLookup(process.env)
@@ -442,6 +443,9 @@ export async function forwardToLocalService(args: string[]): Promise<number | un
   // this process at once
   const stop = new AbortController()
   const off = stopOnSignals(() => stop.abort())
+  // one request and its answer: the HTTP parser compiled once, and not again by the optimising compiler, whose job on
+  // it the process otherwise waited for before it could exit (short-run.ts)
+  compileForShortRuns()
   let response: Response
   let answer: string | undefined
   try {
