@@ -2,7 +2,10 @@
 // as ratios against baselines measured in the same run, in turn, on the same machine:
 //   the compiled CLI (the package's bin) `--help`, and `orders show` next to a running `serve` (the
 //   newcomer's second terminal), against a bare `node -e 0`;
-//   `npm run cli -- --help` against `npm run` of a script that does nothing.
+//   `npm run cli -- --help` against `npm run` of a script that does nothing;
+//   `orders list` on an embedded database of its own (no service running: the command opens it, as in a
+//   second DATA_DIR or with the service stopped), against a script that opens the same database with PGlite alone
+//   and runs one select (what any program reading it pays); no target, reported beside the others.
 // Medians of interleaved runs, so a burst of load on the machine hits every subject alike.
 import { execFileSync, spawn } from 'node:child_process'
 import { once } from 'node:events'
@@ -18,6 +21,8 @@ export interface CliStartupResult {
   rounds: number
   medianMs: Record<string, number>
   targets: string[][]
+  /** Ratios reported with no target. */
+  beside: string[][]
 }
 
 function timeRun(command: string, args: string[], options: { cwd: string; env: NodeJS.ProcessEnv }): number {
@@ -41,17 +46,30 @@ export async function runCliStartupBench({ rounds = 9 } = {}): Promise<CliStartu
 
   const service = spawn(process.execPath, [cli, 'serve'], {
     cwd: root,
-    env: { ...env, PORT: '0', SANDBOX_PORT: '0', POLL_ENABLED: 'false', LOG_LEVEL: 'warn' },
+    env: { ...env, PORT: '0', ADMIN_PORT: '0', SANDBOX_PORT: '0', POLL_ENABLED: 'false', LOG_LEVEL: 'warn' },
     stdio: ['ignore', 'pipe', 'inherit'],
   })
   try {
     let banner = ''
     service.stdout.on('data', (chunk) => (banner += chunk))
-    while (!banner.includes('npm run demo')) {
+    // the banner's last part (it names `npm run demo` or the compiled CLI's `demo`, as it was started)
+    while (!banner.includes('Try next, in another terminal')) {
       if (service.exitCode !== null) throw new Error(`serve exited with ${service.exitCode}`)
       await new Promise((resolve) => setTimeout(resolve, 50))
     }
     execFileSync(process.execPath, [cli, 'orders', 'create', '--external-reference', 'bench-1'], { cwd: root, env })
+    // a second data directory, its database made and migrated by a first command, that no service holds
+    const ownDataDir = mkdtempSync(path.join(tmpdir(), 'bench-cli-own-'))
+    const ownEnv = { ...env, DATA_DIR: ownDataDir }
+    execFileSync(process.execPath, [cli, 'orders', 'create', '--external-reference', 'bench-own-1'], { cwd: root, env: ownEnv, stdio: 'ignore' })
+    const pgliteAlone = path.join(ownDataDir, 'pglite-alone.mjs')
+    writeFileSync(
+      pgliteAlone,
+      `import { PGlite } from ${JSON.stringify(import.meta.resolve('@electric-sql/pglite'))}\n` +
+        `const db = await PGlite.create(${JSON.stringify(path.join(ownDataDir, 'pglite'))})\n` +
+        `await db.query('select external_reference from orders order by id limit 50')\n` +
+        'await db.close()\n',
+    )
 
     const subjects: Record<string, () => number> = {
       'node -e 0': () => timeRun(process.execPath, ['-e', '0'], { cwd: root, env }),
@@ -59,6 +77,8 @@ export async function runCliStartupBench({ rounds = 9 } = {}): Promise<CliStartu
       'partner-escrow orders show': () => timeRun(process.execPath, [cli, 'orders', 'show', 'bench-1'], { cwd: root, env }),
       'npm run (empty script)': () => timeRun('npm', ['run', '--silent', 'empty'], { cwd: emptyProject, env }),
       'npm run cli -- --help': () => timeRun('npm', ['run', '--silent', 'cli', '--', '--help'], { cwd: root, env }),
+      'PGlite alone: open, one select, close': () => timeRun(process.execPath, [pgliteAlone], { cwd: root, env: ownEnv }),
+      'partner-escrow orders list (its own embedded database)': () => timeRun(process.execPath, [cli, 'orders', 'list'], { cwd: root, env: ownEnv }),
     }
     const times: Record<string, number[]> = Object.fromEntries(Object.keys(subjects).map((name) => [name, []]))
     // one warm-up of each (disk cache, tsx's compile cache), then the measured rounds
@@ -76,6 +96,12 @@ export async function runCliStartupBench({ rounds = 9 } = {}): Promise<CliStartu
         row('compiled CLI `--help` ≤ 3× `node -e 0`', ratio('partner-escrow --help', 'node -e 0')),
         row('compiled CLI `orders show` (service running) ≤ 3× `node -e 0`', ratio('partner-escrow orders show', 'node -e 0')),
         row('`npm run cli -- --help` ≤ 3× `npm run` of an empty script', ratio('npm run cli -- --help', 'npm run (empty script)')),
+      ],
+      beside: [
+        [
+          'compiled CLI `orders list` on its own embedded database / PGlite alone opening it for one select',
+          `${ratio('partner-escrow orders list (its own embedded database)', 'PGlite alone: open, one select, close').toFixed(2)}×`,
+        ],
       ],
     }
   } finally {
@@ -95,6 +121,10 @@ export function formatCliStartup(result: CliStartupResult): string {
     '| target | measured | met |',
     '|---|---|---|',
     ...result.targets.map((cells) => `| ${cells.join(' | ')} |`),
+    '',
+    '| beside, no target | measured |',
+    '|---|---|',
+    ...result.beside.map((cells) => `| ${cells.join(' | ')} |`),
   ]
   return `${lines.join('\n')}\n`
 }
