@@ -175,7 +175,6 @@ export function filesNotWritable(location: string): string | undefined {
   return `${count} of its files cannot be read and written by this user (${userInfo().username}), e.g. ${examples}: ${leftByAnotherUser(path.dirname(location), count)}`
 }
 
-
 // the worker's file beside this one, in src/ and in dist/ alike: plain JavaScript, so that it runs without a
 // loader from source too (pglite-worker.mjs says why)
 function startWorker(data: PgliteWorkerData, transferList: ArrayBuffer[], script: URL | undefined): Worker {

@@ -394,7 +394,7 @@ export async function forwardToLocalService(args: string[]): Promise<number | un
   if (!FORWARDED_COMMANDS.has(args[0] ?? '') || args.includes('--help') || args.includes('-h'))
     return undefined
   // loaded only for a command that may be forwarded: `--help` does not pay for it. Only DATA_DIR and DATABASE_URL
-  // are read: the service runs the command with its own configuration (config.ts, runningServiceLookup)
+  // are read: the service runs the command with its own configuration (environment.ts, runningServiceLookup)
   const { partnerPlatformOf, runningServiceLookup } = await import('../environment.js')
   let config: ReturnType<typeof runningServiceLookup>
   try {
