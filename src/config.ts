@@ -622,7 +622,6 @@ function isAmqpUrl(value: string): boolean {
   }
 }
 
-
 // the lower-case name wins, as in curl and undici
 function proxySettings(values: z.infer<typeof EnvSchema>, problems: string[]): ProxySettings | undefined {
   const [httpName, httpValue] = values.http_proxy !== undefined ? ['http_proxy', values.http_proxy] : ['HTTP_PROXY', values.HTTP_PROXY]
@@ -667,8 +666,6 @@ function eventListProblems(name: string, patterns: readonly string[]): string[] 
   return problems
 }
 
-
-
 // A file saved with a byte-order mark: Node's --env-file keeps it as part of the first variable's name, so that
 // variable was not set at all (a DATABASE_URL first: the service ran on a new embedded database, warned only that the
 // file was not loaded). And a space before or after a value, which env files keep too: a secret with a trailing space
@@ -678,7 +675,6 @@ const BYTE_ORDER_MARK = '\uFEFF'
 const TRIMMED_LISTS = new Set(['WEBHOOK_SECRETS', 'FORWARD_EVENTS', 'AMQP_EVENTS', 'ADMIN_ALLOWED_HOSTS'])
 
 const PER_ENVIRONMENT = ['SANDBOX', 'LIVE'].flatMap((which) => ['API_BASE_URL', 'API_KEY_ID', 'API_SECRET'].map((name) => `PARTNER_${which}_${name}`))
-
 
 /** The NAME_FILE variables of SECRET_FILE_VARIABLES. */
 export const SECRET_FILE_NAMES: readonly string[] = SECRET_FILE_VARIABLES.map((name) => `${name}${FILE_SUFFIX}`)
@@ -809,7 +805,6 @@ function garbledValues(env: Env, fromFiles: ReadonlyMap<string, string>): string
   return problems
 }
 
-
 /** The variables of ours set to a value that begins or ends with a space (the lists aside, which trim each entry). */
 function spacedValues(env: Env): string[] {
   return [...Object.keys(EnvSchema.shape), ...PER_ENVIRONMENT].filter((name) => {
@@ -817,7 +812,6 @@ function spacedValues(env: Env): string[] {
     return value !== undefined && value.trim() !== value && !TRIMMED_LISTS.has(name)
   })
 }
-
 
 export interface LocalSecrets {
   webhookSecret: string
@@ -847,7 +841,6 @@ export function parseConfig(
     throw new ConfigError(error.problems.map((problem) => namingTheFile(problem, fromFiles)))
   }
 }
-
 
 function parseEnvironment(rawEnv: Env, localSecrets: (dataDir: string) => LocalSecrets, fromFiles: ReadonlyMap<string, string>): Config {
   const env = withoutEmptyValues(selectPartnerVariables(rawEnv))
@@ -1190,7 +1183,6 @@ function pollLeaseS(values: z.infer<typeof EnvSchema>): { leaseS: number } | { p
   }
 }
 
-
 /**
  * Reads process.env: the only place in the service that does. A DATA_DIR the service will write (the embedded
  * database's, or local mode's secrets and sandbox state) is created here, or refused with its reason.
@@ -1295,7 +1287,6 @@ export function readLocalSecrets(dataDir: string): LocalSecrets {
   })
   return secrets
 }
-
 
 function newLocalSecrets(): LocalSecrets {
   return {
