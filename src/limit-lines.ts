@@ -7,10 +7,13 @@
 /** Written lines carry `suppressed` when others like them were counted instead of written since the last. */
 export type LimitedFields<F> = F & { suppressed?: number }
 
+/** A limited line; `flush()` writes the line held back, if any, now (a stop's last word: nothing is written after it). */
+export type LimitedLine<F> = ((fields: F) => void) & { flush(): void }
+
 export function limitLines<F extends object>(
   write: (fields: LimitedFields<F>) => void,
   { intervalMs = 1_000, now = () => Date.now() }: { intervalMs?: number; now?: () => number } = {},
-): (fields: F) => void {
+): LimitedLine<F> {
   // the end of the interval that began with the last line written
   let intervalEnd = -Infinity
   // calls since the last line written, the last of them held to be written at the interval's end
@@ -28,7 +31,7 @@ export function limitLines<F extends object>(
     write(suppressed > 0 ? { ...fields, suppressed } : fields)
   }
 
-  return (fields) => {
+  const line = (fields: F) => {
     const at = now()
     if (at >= intervalEnd && timer === undefined) {
       intervalEnd = at + intervalMs
@@ -40,6 +43,12 @@ export function limitLines<F extends object>(
     // unref'd: a line held back does not keep the process alive (an exit loses at most a second's count)
     timer ??= setTimeout(writeHeld, Math.max(0, intervalEnd - at)).unref()
   }
+  const flush = () => {
+    if (timer === undefined) return
+    clearTimeout(timer)
+    writeHeld()
+  }
+  return Object.assign(line, { flush })
 }
 
 /**
@@ -52,9 +61,9 @@ export function limitLinesBy<F extends object>(
   keyOf: (fields: F) => string,
   write: (fields: LimitedFields<F>) => void,
   { intervalMs = 1_000, now = () => Date.now(), forgetPast = 256 }: { intervalMs?: number; now?: () => number; forgetPast?: number } = {},
-): (fields: F) => void {
-  const limited = new Map<string, { line: (fields: F) => void; lastAt: number }>()
-  return (fields) => {
+): LimitedLine<F> {
+  const limited = new Map<string, { line: LimitedLine<F>; lastAt: number }>()
+  const line = (fields: F) => {
     const key = keyOf(fields)
     const at = now()
     let entry = limited.get(key)
@@ -68,4 +77,8 @@ export function limitLinesBy<F extends object>(
     entry.lastAt = at
     entry.line(fields)
   }
+  const flush = () => {
+    for (const { line: keyed } of limited.values()) keyed.flush()
+  }
+  return Object.assign(line, { flush })
 }

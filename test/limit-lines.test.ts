@@ -39,6 +39,18 @@ describe('limitLines', () => {
     const accounted = written.reduce((sum, fields) => sum + 1 + (fields.suppressed ?? 0), 0)
     expect(accounted).toBe(12)
   })
+
+  it('writes the line held back at a flush, and nothing at the end of its second', () => {
+    const written: { n: number; suppressed?: number }[] = []
+    const line = limitLines((fields: { n: number }) => written.push(fields))
+    line.flush()
+    expect(written).toEqual([])
+    for (let n = 1; n <= 4; n += 1) line({ n })
+    line.flush()
+    expect(written).toEqual([{ n: 1 }, { n: 4, suppressed: 2 }])
+    vi.advanceTimersByTime(5_000)
+    expect(written).toHaveLength(2)
+  })
 })
 
 describe('limitLinesBy', () => {
@@ -73,6 +85,21 @@ describe('limitLinesBy', () => {
       { key: 'a', n: 9 },
     ])
     expect(written.reduce((sum, fields) => sum + 1 + (fields.suppressed ?? 0), 0)).toBe(9)
+  })
+
+  it('flushes every key: each held line is written at once, the quiet keys write nothing', () => {
+    const written: { key: string; n: number; suppressed?: number }[] = []
+    const line = limitLinesBy((fields: { key: string; n: number }) => fields.key, (fields) => written.push(fields))
+    for (let n = 1; n <= 3; n += 1) line({ key: 'a', n })
+    line({ key: 'b', n: 4 })
+    line.flush()
+    expect(written).toEqual([
+      { key: 'a', n: 1 },
+      { key: 'b', n: 4 },
+      { key: 'a', n: 3, suppressed: 1 },
+    ])
+    vi.advanceTimersByTime(5_000)
+    expect(written).toHaveLength(3)
   })
 })
 

@@ -305,6 +305,41 @@ describe('the reaction dispatcher', () => {
     expect(new Set(failedForGood.map((line) => `${line.handler} ${line.eventId}`)).size).toBe(2 * ORDERS)
   })
 
+  // A "retrying later" line held back for the end of its second was written up to a second after the stop, into
+  // whatever ran next (another test's log, here); it is written at the stop, before "stopped", and nothing after it
+  it('writes the "retrying later" line it held back at its stop, before "stopped", and no line after', async () => {
+    const calls: number[] = []
+    const reactions = createReactionRegistry().on('trade.*', 'held-line', async () => {
+      calls.push(calls.length)
+      throw new Error('the partner system is down')
+    })
+    const before = logLines.length
+    await start(reactions, { backoff: { baseS: 3_600, capS: 3_600 } })
+    for (let index = 0; index < 3; index++) await transitions(reactions, ['created'], `held-line-${++counter}`)
+    await eventually(() => calls.length === 3, 'three first attempts failed')
+    await idle()
+    const lines = () =>
+      logLines
+        .slice(before)
+        .flatMap((line) => line.split('\n').filter(Boolean))
+        .map((line) => JSON.parse(line) as { msg: string; handler?: string; suppressed?: number })
+        .filter((line) => line.msg === 'reaction dispatcher stopped' || line.handler === 'held-line')
+        .map((line) => [line.msg, line.suppressed])
+    // (the three fail well within a second of each other: the limiter's own clock is the machine's)
+    expect(lines()).toEqual([['reaction handler failed; retrying later', undefined]])
+    const running = dispatcher!
+    dispatcher = undefined
+    await running.stop()
+    const atStop = [
+      ['reaction handler failed; retrying later', undefined],
+      ['reaction handler failed; retrying later', 1],
+      ['reaction dispatcher stopped', undefined],
+    ]
+    expect(lines()).toEqual(atStop)
+    await new Promise((resolve) => setTimeout(resolve, 1_100))
+    expect(lines()).toEqual(atStop)
+  })
+
   it('retries a throwing handler after the backoff, fails it after the last attempt, and holds back that order for that handler until retried', async () => {
     let failing = true
     const flakyCalls: { sequence: number; attempt: number }[] = []

@@ -939,6 +939,9 @@ export function createDispatcher(deps: DispatcherDeps): Dispatcher {
         }
         if (unfinished.length > 0) logger.warn({ jobs: unfinished.length }, 'reaction handlers stopped before finishing; their jobs run again')
       }
+      // a line held back for the end of its second is written now, before "stopped", and none after it
+      retryingLater.flush()
+      schemaNotWhole.flush()
       loop = undefined
       stopping = undefined
       stopStep = undefined

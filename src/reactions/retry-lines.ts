@@ -7,7 +7,7 @@
 //
 // "failed for the last time" is not limited: it comes once per job, never again for it, and each is a job an
 // operator must retry or skip, named by its event id.
-import { limitLinesBy } from '../limit-lines.js'
+import { type LimitedLine, limitLinesBy } from '../limit-lines.js'
 import type { Logger } from '../logger.js'
 import { failureCode } from './failure-code.js'
 
@@ -22,11 +22,12 @@ export interface RetryLine {
 }
 
 /** One process's "retrying later" lines, limited per handler and error code; shared by the streams and the job loop. */
-export function createRetryLines(options?: { intervalMs?: number }): (line: RetryLine) => void {
+export function createRetryLines(options?: { intervalMs?: number }): LimitedLine<RetryLine> {
   const write = limitLinesBy(
     (fields: { log: Logger; handler: string; code: string; error: string; retryInS: number }) => `${fields.handler}\n${fields.code}`,
     ({ log, handler: _handler, ...fields }) => log.warn(fields, 'reaction handler failed; retrying later'),
     options,
   )
-  return ({ log, handler, failure, error, retryInS }) => write({ log, handler, code: failureCode(failure), error, retryInS })
+  const line = ({ log, handler, failure, error, retryInS }: RetryLine) => write({ log, handler, code: failureCode(failure), error, retryInS })
+  return Object.assign(line, { flush: write.flush })
 }

@@ -265,6 +265,8 @@ export function createPoller(deps: PollerDeps): Poller {
     async stop() {
       controller?.abort(new Error('poller stopping'))
       await Promise.allSettled([loop, ...onceRuns])
+      // a line held back for the end of its second is written before "stopped" (limit-lines.ts)
+      schemaNotWhole.flush()
       if (loop) logger.info({ replica: deps.replica }, 'poller stopped')
       loop = undefined
       controller = undefined
