@@ -4,13 +4,17 @@ import { availableParallelism } from 'node:os'
 import { defineConfig } from 'vitest/config'
 
 // Projects over the same files. "process": the suites that run the CLI or the service as a child
-// process (they import helpers/cli-process.ts): the slowest, so CI runs them once, on the oldest supported
+// process (they import helpers/cli-process.ts), or a script of their own in a Node of its own (`spawn(process.execPath`:
+// data-dir-lock.test.ts's holders of a DATA_DIR): the slowest, so CI runs them once, on the oldest supported
 // Node. "in-process" and "in-process-mocks": everything else, which CI runs on every supported Node.
 // `npx vitest run --project 'in-process*'` runs only those.
 const testFiles = readdirSync('test', { recursive: true, encoding: 'utf8' })
   .filter((file) => file.endsWith('.test.ts'))
   .map((file) => `test/${file}`)
-const processFiles = testFiles.filter((file) => readFileSync(file, 'utf8').includes('/helpers/cli-process.js'))
+const processFiles = testFiles.filter((file) => {
+  const text = readFileSync(file, 'utf8')
+  return text.includes('/helpers/cli-process.js') || text.includes('spawn(process.execPath')
+})
 // the in-process files that mock a module, run each with modules of its own (below)
 const mockingFiles = testFiles.filter((file) => !processFiles.includes(file) && /\bvi\.(do)?[mM]ock\(/.test(readFileSync(file, 'utf8')))
 
@@ -33,7 +37,9 @@ function reachesTestDatabase(testFile: string): boolean {
 }
 // CI's second run of the suite, on Postgres and Node 24, leaves out the process suites among those
 // (SKIP_DATABASE_FREE_PROCESS_SUITES=1 in .ci/run): the first run, on PGlite and Node 20, ran them the same, and a
-// process suite runs once. The in-process ones stay: they are quick, and they are that run's check of Node 24.
+// process suite runs once. So are the cases on embedded PGlite of the process suites that run a case on both
+// (helpers/cli-process.ts, embeddedRanBefore). The in-process ones stay: they are quick, and they are that run's
+// check of Node 24.
 const skipped =
   process.env.SKIP_DATABASE_FREE_PROCESS_SUITES === '1' ? processFiles.filter((file) => !reachesTestDatabase(file)) : []
 

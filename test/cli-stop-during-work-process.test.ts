@@ -13,11 +13,11 @@ import { tmpdir } from 'node:os'
 import path from 'node:path'
 import { type Kysely, sql } from 'kysely'
 import pg from 'pg'
-import { afterAll, describe, expect, it } from 'vitest'
+import { afterAll, expect, it } from 'vitest'
 import type { Database } from '../src/db/database.js'
 import { MIGRATION_LOCK_KEY } from '../src/db/migrate.js'
 import { type Reader, seededCliDatabase } from './helpers/cli-database.js'
-import { killLeftovers, receiverEnv, startedCli } from './helpers/cli-process.js'
+import { describeEmbedded, killLeftovers, receiverEnv, startedCli } from './helpers/cli-process.js'
 import { migratedDataDir } from './helpers/data-dir-template.js'
 import { holdStatementOnPglite } from './helpers/pglite-statement-hold.js'
 import { createTestDatabase, describePostgres, type TestDatabase } from './helpers/test-database.js'
@@ -434,7 +434,7 @@ describePostgres('a stop signal during a command’s work on Postgres', () => {
 // session can hold a lock: its Postgres runs in a worker thread of the command's process. The slice is held inside its UPDATE by a
 // trigger on one of its orders that waits there for the test's release (helpers/pglite-statement-hold.ts), while the
 // command's main thread takes the signal.
-describe('reconcile --requeue-open stopped during a slice on embedded PGlite', () => {
+describeEmbedded('reconcile --requeue-open stopped during a slice on embedded PGlite', () => {
   /** A migrated DATA_DIR holding `count` open orders `open-1`…, due in a day, in the order of their ids. */
   const seeded = (count: number) =>
     seededCliDatabase('pglite', {

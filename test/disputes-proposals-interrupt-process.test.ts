@@ -20,7 +20,7 @@ import type { Kysely } from 'kysely'
 import { afterAll, beforeAll, describe, expect, it } from 'vitest'
 import type { Database } from '../src/db/database.js'
 import { type Reader, seededCliDatabase } from './helpers/cli-database.js'
-import { killLeftovers, startedCli } from './helpers/cli-process.js'
+import { embeddedRanBefore, killLeftovers, startedCli } from './helpers/cli-process.js'
 import { holdStatementOnPglite } from './helpers/pglite-statement-hold.js'
 import { useHoldingPlatform } from './helpers/holding-platform.js'
 import { disputeRecord, proposalRecord, tradeRecord } from './helpers/partner-api-fixtures.js'
@@ -180,7 +180,7 @@ async function until(check: () => boolean, what: string, run: ReturnType<typeof 
 
 for (const kind of ['pglite', 'postgres'] as const) {
   const name = kind === 'postgres' ? 'on Postgres through DATABASE_URL (Postgres)' : 'on embedded PGlite'
-  describe.skipIf(kind === 'postgres' && !postgresUrl)(`disputes and proposals stopped by signals, ${name}`, () => {
+  describe.skipIf(kind === 'postgres' ? !postgresUrl : embeddedRanBefore)(`disputes and proposals stopped by signals, ${name}`, () => {
     let env: Record<string, string>
     let read: Reader
     const polledAt = new Date(Date.now() + DAY)

@@ -9,7 +9,7 @@ import type { ChildProcess } from 'node:child_process'
 import { readFileSync, rmSync, writeFileSync } from 'node:fs'
 import path from 'node:path'
 import { describe, expect, it } from 'vitest'
-import { endedAfterAll, jsonLogLines, postgresServeEnv, receiverEnv, signalAndClose, startedCli, waitForLogLine } from './helpers/cli-process.js'
+import { embeddedRanBefore, endedAfterAll, jsonLogLines, postgresServeEnv, receiverEnv, signalAndClose, startedCli, waitForLogLine } from './helpers/cli-process.js'
 import { migratedDataDir } from './helpers/data-dir-template.js'
 import { forkBuild } from './helpers/fork-build.js'
 import { createTestDatabase, postgresUrl } from './helpers/test-database.js'
@@ -98,10 +98,12 @@ async function readUntil<T>(read: () => T | Promise<T>, holds: (value: T) => boo
   }
 }
 
-const kinds: [string, 'pglite' | 'postgres'][] = [['embedded PGlite', 'pglite']]
-if (postgresUrl) kinds.push(['Postgres through DATABASE_URL (Postgres)', 'postgres'])
+const kinds = [
+  ['embedded PGlite', 'pglite'],
+  ['Postgres through DATABASE_URL (Postgres)', 'postgres'],
+] as const
 
-describe.each(kinds)('a fork’s reaction handler in partner-handlers.js, run by the compiled serve on %s', (_, kind) => {
+for (const [name, kind] of kinds) describe.skipIf(kind === 'postgres' ? !postgresUrl : embeddedRanBefore)(`a fork’s reaction handler in partner-handlers.js, run by the compiled serve on ${name}`, () => {
   /** The environment of `serve` (and its commands) on a database of the kind of its own, with `settings`. */
   async function serveEnv(settings: Record<string, string> = {}): Promise<Record<string, string>> {
     const dataDir = migratedDataDir('partner-handlers-')

@@ -7,7 +7,7 @@ import { afterAll, expect, it } from 'vitest'
 import type { Database } from '../src/db/database.js'
 import { migrateToLatest } from '../src/db/migrate.js'
 import { type DatabaseHandle, openDatabase } from '../src/db/open-database.js'
-import { receiverEnv, spawnCli } from './helpers/cli-process.js'
+import { embeddedRanBefore, receiverEnv, spawnCli } from './helpers/cli-process.js'
 import { migratedDataDir } from './helpers/data-dir-template.js'
 import { PRUNE_LOCK_KEY } from '../src/retention/prune.js'
 import { createTestDatabase, postgresUrl, type TestDatabase } from './helpers/test-database.js'
@@ -109,7 +109,7 @@ async function deliveriesLeft(db: Kysely<Database>): Promise<number> {
 
 for (const kind of ['pglite', 'postgres'] as const) {
   const name = kind === 'postgres' ? 'on Postgres through DATABASE_URL (Postgres)' : 'on embedded PGlite'
-  it.skipIf(kind === 'postgres' && !postgresUrl)(
+  it.skipIf(kind === 'postgres' ? !postgresUrl : embeddedRanBefore)(
     `stops after the batch in flight on Ctrl-C, prints what it pruned so far and exits 130, ${name}`,
     async () => {
       const { env, reopen } = await seeded(kind)

@@ -18,7 +18,7 @@ import { describe, expect, it } from 'vitest'
 import type { Database } from '../src/db/database.js'
 import { findOrderByExternalReference } from '../src/orders/order.repository.js'
 import { seededCliDatabase } from './helpers/cli-database.js'
-import { startedCli } from './helpers/cli-process.js'
+import { describeEmbedded, startedCli } from './helpers/cli-process.js'
 import { useDroppingSandbox } from './helpers/dropping-sandbox.js'
 import { eventually } from './helpers/reconcile-poller.js'
 import { insertOrders } from './helpers/reconcile-orders.js'
@@ -129,7 +129,7 @@ describe.skipIf(!postgresUrl)('the compiled trades fund stopped by a third signa
   })
 })
 
-describe('the compiled trades fund stopped by a third signal while its answer’s COMMIT is in flight (embedded PGlite)', () => {
+describeEmbedded('the compiled trades fund stopped by a third signal while its answer’s COMMIT is in flight (embedded PGlite)', () => {
   it('says the record may or may not have been made and where to look, exit 130 [stopped]', async () => {
     const ref = 'fund committing on pglite'
     const { env, read, tradeId } = await seeded('pglite', ref)

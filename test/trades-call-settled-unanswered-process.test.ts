@@ -17,7 +17,7 @@ import type { Kysely } from 'kysely'
 import { beforeAll, describe, expect, it } from 'vitest'
 import type { Database } from '../src/db/database.js'
 import { type Reader, seededCliDatabase } from './helpers/cli-database.js'
-import { endedAfterAll, startedCli } from './helpers/cli-process.js'
+import { describeEmbedded, endedAfterAll, startedCli } from './helpers/cli-process.js'
 import { holdStatementOnPglite } from './helpers/pglite-statement-hold.js'
 import { useHoldingPlatform } from './helpers/holding-platform.js'
 import { eventually } from './helpers/reconcile-poller.js'
@@ -177,7 +177,7 @@ describe.skipIf(!postgresUrl)('trade calls stopped by signals once the call ende
   }
 })
 
-describe('trade calls stopped by signals once the call ended without an answer to record (embedded PGlite)', () => {
+describeEmbedded('trade calls stopped by signals once the call ended without an answer to record (embedded PGlite)', () => {
   for (const c of cases.filter((one) => one.pgliteWhen)) {
     it(`${c.name}: says what the call came to and what is recorded, never "answered"; the third what it leaves, exit 130`, async () => {
       const { env, read } = await seeded('pglite')

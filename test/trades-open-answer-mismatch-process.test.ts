@@ -18,7 +18,7 @@ import { describe, expect, it } from 'vitest'
 import type { Database } from '../src/db/database.js'
 import { findOrderByExternalReference } from '../src/orders/order.repository.js'
 import { type Reader, seededCliDatabase } from './helpers/cli-database.js'
-import { endedAfterAll, startedCli } from './helpers/cli-process.js'
+import { describeEmbedded, endedAfterAll, startedCli } from './helpers/cli-process.js'
 import { useHoldingPlatform } from './helpers/holding-platform.js'
 import { ordersShareLock } from './helpers/orders-share-lock.js'
 import { tradeRecord } from './helpers/partner-api-fixtures.js'
@@ -181,7 +181,7 @@ describe.skipIf(!postgresUrl)('trades open answered with a record not of the ord
   }
 })
 
-describe('trades open answered with a record not of the order, stopped by signals while the answer is recorded (embedded PGlite)', () => {
+describeEmbedded('trades open answered with a record not of the order, stopped by signals while the answer is recorded (embedded PGlite)', () => {
   for (const c of cases) {
     for (const mode of MODES) {
       it(`${c.name}, ${mode}: the lines say what the recording writes, never only "recording and printing its answer"; exit 130`, async () => {

@@ -32,7 +32,7 @@ import { describe, expect, it } from 'vitest'
 import type { Database } from '../src/db/database.js'
 import { findOrderByExternalReference } from '../src/orders/order.repository.js'
 import { type Reader, seededCliDatabase } from './helpers/cli-database.js'
-import { endedAfterAll, startedCli } from './helpers/cli-process.js'
+import { describeEmbedded, endedAfterAll, startedCli } from './helpers/cli-process.js'
 import { useHoldingPlatform } from './helpers/holding-platform.js'
 import { ordersShareLock } from './helpers/orders-share-lock.js'
 import { tradeRecord } from './helpers/partner-api-fixtures.js'
@@ -423,7 +423,7 @@ describe.skipIf(!postgresUrl)('trades open answered with its own trade, which th
   })
 })
 
-describe('trades open answered with its own trade, which the recording does not link, stopped by signals (embedded PGlite)', () => {
+describeEmbedded('trades open answered with its own trade, which the recording does not link, stopped by signals (embedded PGlite)', () => {
   for (const mode of MODES) {
     it(`its create taken over meanwhile, ${mode} while the flag is written: the lines name the take-over and the flag; exit 130`, async () => {
       const ref = `taken over ${mode === 'one signal' ? 'one' : 'three'}`

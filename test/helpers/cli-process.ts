@@ -8,12 +8,23 @@ import { once } from 'node:events'
 import { mkdtempSync, readFileSync, rmSync } from 'node:fs'
 import { tmpdir } from 'node:os'
 import path from 'node:path'
-import { afterAll } from 'vitest'
+import { afterAll, describe } from 'vitest'
 
 import { rememberSecret } from './log-sink.js'
 import { TEST_API_KEY_ID, TEST_API_SECRET, TEST_WEBHOOK_SECRET } from './test-config.js'
 
 const root = path.resolve(import.meta.dirname, '../..')
+
+/**
+ * CI runs the suite twice (.ci/run): on embedded PGlite and Node 20, then on Postgres and Node 24 with
+ * SKIP_DATABASE_FREE_PROCESS_SUITES=1. The second leaves out what a process suite runs the same without the test
+ * database, since the first ran it and a process case runs once: whole files (vitest.config.ts), and the cases on
+ * embedded PGlite of the files that run a case on both.
+ */
+export const embeddedRanBefore = process.env.SKIP_DATABASE_FREE_PROCESS_SUITES === '1'
+
+/** A process suite's describe for its cases on embedded PGlite: skipped where they ran before (embeddedRanBefore). */
+export const describeEmbedded: typeof describe = embeddedRanBefore ? (describe.skip as typeof describe) : describe
 
 /** `serve` on PGlite in `dataDir`, on ports of its own, as the receiver alone: no poller, no platform there. */
 export function receiverEnv(dataDir: string): Record<string, string> {
