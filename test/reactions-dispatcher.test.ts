@@ -313,16 +313,14 @@ describe('the reaction dispatcher', () => {
       calls.push(calls.length)
       throw new Error('the partner system is down')
     })
-    const before = logLines.length
-    await start(reactions, { backoff: { baseS: 3_600, capS: 3_600 } })
+    const own = taggedLogger()
+    await start(reactions, { backoff: { baseS: 3_600, capS: 3_600 } }, { logger: own.logger })
     for (let index = 0; index < 3; index++) await transitions(reactions, ['created'], `held-line-${++counter}`)
     await eventually(() => calls.length === 3, 'three first attempts failed')
     await idle()
     const lines = () =>
-      logLines
-        .slice(before)
-        .flatMap((line) => line.split('\n').filter(Boolean))
-        .map((line) => JSON.parse(line) as { msg: string; handler?: string; suppressed?: number })
+      own
+        .entries()
         .filter((line) => line.msg === 'reaction dispatcher stopped' || line.handler === 'held-line')
         .map((line) => [line.msg, line.suppressed])
     // (the three fail well within a second of each other: the limiter's own clock is the machine's)
