@@ -19,8 +19,8 @@ import { type ChildProcess } from 'node:child_process'
 import type { Kysely } from 'kysely'
 import { afterAll, beforeAll, describe, expect, it } from 'vitest'
 import type { Database } from '../src/db/database.js'
-import { type Reader, seededCliDatabase } from './helpers/cli-database.js'
-import { embeddedRanBefore, killLeftovers, startedCli } from './helpers/cli-process.js'
+import { casesLeftOut, type Reader, seededCliDatabase } from './helpers/cli-database.js'
+import { killLeftovers, startedCli } from './helpers/cli-process.js'
 import { holdStatementOnPglite } from './helpers/pglite-statement-hold.js'
 import { useHoldingPlatform } from './helpers/holding-platform.js'
 import { disputeRecord, proposalRecord, tradeRecord } from './helpers/partner-api-fixtures.js'
@@ -29,7 +29,6 @@ import { insertOrders } from './helpers/reconcile-orders.js'
 import { expectPolledAfterTheCall, expectStoppedWaiting, FIRST_IN_FLIGHT, says, stopWaitingAtASecondSignal } from './helpers/signals-in-flight.js'
 import { stopThreeTimes } from './helpers/stop-three-times.js'
 import { ordersShareLock } from './helpers/orders-share-lock.js'
-import { postgresUrl } from './helpers/test-database.js'
 import { connectingTo, useUnansweredListener } from './helpers/unanswered-connect.js'
 
 const DAY = 86_400_000
@@ -180,7 +179,7 @@ async function until(check: () => boolean, what: string, run: ReturnType<typeof 
 
 for (const kind of ['pglite', 'postgres'] as const) {
   const name = kind === 'postgres' ? 'on Postgres through DATABASE_URL (Postgres)' : 'on embedded PGlite'
-  describe.skipIf(kind === 'postgres' ? !postgresUrl : embeddedRanBefore)(`disputes and proposals stopped by signals, ${name}`, () => {
+  describe.skipIf(casesLeftOut(kind))(`disputes and proposals stopped by signals, ${name}`, () => {
     let env: Record<string, string>
     let read: Reader
     const polledAt = new Date(Date.now() + DAY)

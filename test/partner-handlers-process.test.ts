@@ -9,10 +9,11 @@ import type { ChildProcess } from 'node:child_process'
 import { readFileSync, rmSync, writeFileSync } from 'node:fs'
 import path from 'node:path'
 import { describe, expect, it } from 'vitest'
-import { embeddedRanBefore, endedAfterAll, jsonLogLines, postgresServeEnv, receiverEnv, signalAndClose, startedCli, waitForLogLine } from './helpers/cli-process.js'
+import { casesLeftOut } from './helpers/cli-database.js'
+import { endedAfterAll, jsonLogLines, postgresServeEnv, receiverEnv, signalAndClose, startedCli, waitForLogLine } from './helpers/cli-process.js'
 import { migratedDataDir } from './helpers/data-dir-template.js'
 import { forkBuild } from './helpers/fork-build.js'
-import { createTestDatabase, postgresUrl } from './helpers/test-database.js'
+import { createTestDatabase } from './helpers/test-database.js'
 import { postDelivery, tradePayload } from './helpers/webhook-delivery.js'
 
 const { children, cleanups } = endedAfterAll()
@@ -103,7 +104,7 @@ const kinds = [
   ['Postgres through DATABASE_URL (Postgres)', 'postgres'],
 ] as const
 
-for (const [name, kind] of kinds) describe.skipIf(kind === 'postgres' ? !postgresUrl : embeddedRanBefore)(`a fork’s reaction handler in partner-handlers.js, run by the compiled serve on ${name}`, () => {
+for (const [name, kind] of kinds) describe.skipIf(casesLeftOut(kind))(`a fork’s reaction handler in partner-handlers.js, run by the compiled serve on ${name}`, () => {
   /** The environment of `serve` (and its commands) on a database of the kind of its own, with `settings`. */
   async function serveEnv(settings: Record<string, string> = {}): Promise<Record<string, string>> {
     const dataDir = migratedDataDir('partner-handlers-')

@@ -7,7 +7,8 @@ import { afterAll, expect, it } from 'vitest'
 import type { Database } from '../src/db/database.js'
 import { migrateToLatest } from '../src/db/migrate.js'
 import { type DatabaseHandle, openDatabase } from '../src/db/open-database.js'
-import { embeddedRanBefore, receiverEnv, spawnCli } from './helpers/cli-process.js'
+import { casesLeftOut } from './helpers/cli-database.js'
+import { receiverEnv, spawnCli } from './helpers/cli-process.js'
 import { migratedDataDir } from './helpers/data-dir-template.js'
 import { PRUNE_LOCK_KEY } from '../src/retention/prune.js'
 import { createTestDatabase, postgresUrl, type TestDatabase } from './helpers/test-database.js'
@@ -109,7 +110,7 @@ async function deliveriesLeft(db: Kysely<Database>): Promise<number> {
 
 for (const kind of ['pglite', 'postgres'] as const) {
   const name = kind === 'postgres' ? 'on Postgres through DATABASE_URL (Postgres)' : 'on embedded PGlite'
-  it.skipIf(kind === 'postgres' ? !postgresUrl : embeddedRanBefore)(
+  it.skipIf(casesLeftOut(kind))(
     `stops after the batch in flight on Ctrl-C, prints what it pruned so far and exits 130, ${name}`,
     async () => {
       const { env, reopen } = await seeded(kind)

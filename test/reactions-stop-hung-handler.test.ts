@@ -9,10 +9,11 @@ import { afterAll, describe, expect, it } from 'vitest'
 import { type DatabaseHandle, openDatabase } from '../src/db/open-database.js'
 import { ensureReactionStreams } from '../src/reactions/reaction-stream.repository.js'
 import { HANDLER_IGNORED_ABORT } from '../src/reactions/stream-worker.js'
-import { childEnv, embeddedRanBefore, jsonLogLines, killLeftovers, postgresServeEnv, receiverEnv, signalAndClose, waitForLogLine } from './helpers/cli-process.js'
+import { casesLeftOut } from './helpers/cli-database.js'
+import { childEnv, jsonLogLines, killLeftovers, postgresServeEnv, receiverEnv, signalAndClose, waitForLogLine } from './helpers/cli-process.js'
 import { migratedDataDir } from './helpers/data-dir-template.js'
 import { moveNewOrder } from './helpers/orders.js'
-import { createTestDatabase, postgresUrl } from './helpers/test-database.js'
+import { createTestDatabase } from './helpers/test-database.js'
 
 const root = path.resolve(import.meta.dirname, '..')
 const HANDLER = 'fork-handler'
@@ -79,7 +80,7 @@ const kinds = [
   ['Postgres through DATABASE_URL (Postgres)', 'postgres'],
 ] as const
 
-for (const [name, kind] of kinds) describe.skipIf(kind === 'postgres' ? !postgresUrl : embeddedRanBefore)(`the compiled serve on ${name}, stopped while a fork handler that ignores its abort hangs`, () => {
+for (const [name, kind] of kinds) describe.skipIf(casesLeftOut(kind))(`the compiled serve on ${name}, stopped while a fork handler that ignores its abort hangs`, () => {
   it('gives the job back before it exits, and the next process runs it at once', async () => {
     const { env, open } = await withOneEvent(kind)
 

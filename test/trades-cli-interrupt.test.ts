@@ -7,13 +7,12 @@ import { type ChildProcess } from 'node:child_process'
 import type { Kysely } from 'kysely'
 import { afterAll, beforeAll, describe, expect, it } from 'vitest'
 import type { Database } from '../src/db/database.js'
-import { embeddedRanBefore, killLeftovers, startedCli } from './helpers/cli-process.js'
-import { type Reader, seededCliDatabase } from './helpers/cli-database.js'
+import { killLeftovers, startedCli } from './helpers/cli-process.js'
+import { casesLeftOut, type Reader, seededCliDatabase } from './helpers/cli-database.js'
 import { useHoldingPlatform } from './helpers/holding-platform.js'
 import { milestoneRecord, tradeRecord } from './helpers/partner-api-fixtures.js'
 import { insertOrders } from './helpers/reconcile-orders.js'
 import { expectPolledAfterTheCall, expectStoppedWaiting, FIRST_IN_FLIGHT, says, stopWaitingAtASecondSignal } from './helpers/signals-in-flight.js'
-import { postgresUrl } from './helpers/test-database.js'
 
 const DAY = 86_400_000
 /** What a call whose outcome is not known says of it: a create's (`trades open REF`), another operation's. */
@@ -103,7 +102,7 @@ function seeded(kind: 'pglite' | 'postgres', fundOrders: string[]): Promise<{ en
 
 for (const kind of ['pglite', 'postgres'] as const) {
   const name = kind === 'postgres' ? 'on Postgres through DATABASE_URL (Postgres)' : 'on embedded PGlite'
-  describe.skipIf(kind === 'postgres' ? !postgresUrl : embeddedRanBefore)(`trades commands stopped by a signal, ${name}`, () => {
+  describe.skipIf(casesLeftOut(kind))(`trades commands stopped by a signal, ${name}`, () => {
     let env: Record<string, string>
     let read: Reader
     beforeAll(async () => {

@@ -7,8 +7,8 @@ import { describe, expect, it } from 'vitest'
 import type { Database } from '../src/db/database.js'
 import { findOrderByExternalReference, setTradeCreateState } from '../src/orders/order.repository.js'
 import { flagUnresolvedCreates } from '../src/orders/poll-schedule.repository.js'
-import { type Reader, seededCliDatabase } from './helpers/cli-database.js'
-import { embeddedRanBefore, runCli, startedCli } from './helpers/cli-process.js'
+import { casesLeftOut, type Reader, seededCliDatabase } from './helpers/cli-database.js'
+import { runCli, startedCli } from './helpers/cli-process.js'
 import { useDroppingSandbox } from './helpers/dropping-sandbox.js'
 import { backdateCreateMark, createOrder, markCreateSent } from './helpers/orders.js'
 import { eventually } from './helpers/reconcile-poller.js'
@@ -33,7 +33,7 @@ function seeded(kind: 'pglite' | 'postgres', references: string[]): Promise<{ en
 
 for (const kind of ['pglite', 'postgres'] as const) {
   const name = kind === 'postgres' ? 'on Postgres through DATABASE_URL (Postgres)' : 'on embedded PGlite'
-  describe.skipIf(kind === 'postgres' ? !postgresUrl : embeddedRanBefore)(`the compiled trades link, ${name}`, () => {
+  describe.skipIf(casesLeftOut(kind))(`the compiled trades link, ${name}`, () => {
     it('links the trade (exit 0), says so when run again (exit 0), and refuses another order’s trade (exit 1)', async () => {
       const [ref, other] = [`link-process-${kind}`, `link-process-${kind}-other`]
       const { env, read } = await seeded(kind, [ref, other])

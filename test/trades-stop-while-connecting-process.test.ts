@@ -9,10 +9,9 @@ import { type ChildProcess } from 'node:child_process'
 import type { Kysely } from 'kysely'
 import { afterAll, beforeAll, describe, expect, it } from 'vitest'
 import type { Database } from '../src/db/database.js'
-import { embeddedRanBefore, killLeftovers, startedCli } from './helpers/cli-process.js'
-import { type Reader, seededCliDatabase } from './helpers/cli-database.js'
+import { killLeftovers, startedCli } from './helpers/cli-process.js'
+import { casesLeftOut, type Reader, seededCliDatabase } from './helpers/cli-database.js'
 import { insertOrders } from './helpers/reconcile-orders.js'
-import { postgresUrl } from './helpers/test-database.js'
 import { connectingTo, useUnansweredListener } from './helpers/unanswered-connect.js'
 
 const DAY = 86_400_000
@@ -55,7 +54,7 @@ async function orderState(read: Reader, externalReference: string) {
 
 for (const kind of ['pglite', 'postgres'] as const) {
   const name = kind === 'postgres' ? 'on Postgres through DATABASE_URL (Postgres)' : 'on embedded PGlite'
-  describe.skipIf(kind === 'postgres' ? !postgresUrl : embeddedRanBefore)(`a second stop signal while the connection is being set up, ${name}`, () => {
+  describe.skipIf(casesLeftOut(kind))(`a second stop signal while the connection is being set up, ${name}`, () => {
     let env: Record<string, string>
     let read: Reader
     const polledAt = new Date(Date.now() + DAY)

@@ -4,9 +4,17 @@
 import type { Kysely } from 'kysely'
 import type { Database } from '../../src/db/database.js'
 import { openDatabase } from '../../src/db/open-database.js'
-import { receiverEnv } from './cli-process.js'
+import { embeddedRanBefore, receiverEnv } from './cli-process.js'
 import { migratedDataDir } from './data-dir-template.js'
-import { createTestDatabase } from './test-database.js'
+import { createTestDatabase, postgresUrl } from './test-database.js'
+
+/**
+ * Whether this run leaves out a process suite's cases on `kind`: on Postgres without TEST_DATABASE_URL, on embedded
+ * PGlite where an earlier run ran them (cli-process.ts, embeddedRanBefore).
+ */
+export function casesLeftOut(kind: 'pglite' | 'postgres'): boolean {
+  return kind === 'postgres' ? !postgresUrl : embeddedRanBefore
+}
 
 export type Reader = <T>(query: (db: Kysely<Database>) => Promise<T>) => Promise<T>
 
