@@ -8,7 +8,7 @@ import { constants } from 'node:buffer'
 import { once } from 'node:events'
 import { mkdtempSync, readFileSync, writeFileSync } from 'node:fs'
 import http from 'node:http'
-import type { AddressInfo } from 'node:net'
+import net, { type AddressInfo } from 'node:net'
 import { networkInterfaces, tmpdir } from 'node:os'
 import path from 'node:path'
 import { afterAll, beforeAll, describe, expect, it } from 'vitest'
@@ -615,13 +615,44 @@ describe('the CLI when the running service cannot run its command', () => {
       expect(service.requests).toHaveLength(1)
       expect(result.stderr).toBe(
         `The service running from ${dataDir} (pid ${process.pid}) took \`reconcile --requeue-open\` and the connection to it was lost before its result ` +
-          '(UND_ERR_SOCKET): the command may have run there in part or whole, its outcome is unknown. Check what it would have changed ' +
+          '(ECONNRESET): the command may have run there in part or whole, its outcome is unknown. Check what it would have changed ' +
           '(`orders show`, `trades get`) before running it again [outcome_unknown]\n',
       )
       expect(result.code).toBe(1)
       expect(result.stdout).toBe('')
     } finally {
       await service.close()
+    }
+  })
+
+  // once the connection is made the command may have been taken, whatever comes back: before, an answer that is not
+  // HTTP was said not to answer at all, [service_unreachable], as if the command had never been sent
+  it('exits 1 with [outcome_unknown] when whatever listens there takes the command and answers with something that is not HTTP', async () => {
+    const received: string[] = []
+    const listener = net.createServer((socket) => {
+      socket.on('data', (chunk) => {
+        received.push(chunk.toString('latin1'))
+        socket.end('SSH-2.0-OpenSSH_9.6\r\n')
+      })
+    })
+    listener.listen(0, '127.0.0.1')
+    await once(listener, 'listening')
+    try {
+      const dataDir = newDataDir()
+      advertise(dataDir, serviceFile(dataDir, `http://127.0.0.1:${(listener.address() as AddressInfo).port}`))
+      const result = await runCli(['trades', 'release', 'order-1'], { DATA_DIR: dataDir })
+      expectNoStackTrace(result)
+      expect(received.join('')).toMatch(/^POST \/_local\/cli HTTP\/1\.1\r\n/)
+      expect(result.stderr).toMatch(
+        new RegExp(
+          `^The service running from ${dataDir} \\(pid ${process.pid}\\) took \`trades release\` and the connection to it was lost before its result ` +
+            '\\(HPE_[A-Z_]+\\): the command may have run there in part or whole, its outcome is unknown\\. .* \\[outcome_unknown\\]\\n$',
+        ),
+      )
+      expect(result.code).toBe(1)
+      expect(result.stdout).toBe('')
+    } finally {
+      await new Promise((resolve) => listener.close(resolve))
     }
   })
 

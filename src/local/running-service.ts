@@ -17,13 +17,12 @@ import { networkInterfaces, userInfo } from 'node:os'
 import path from 'node:path'
 import type { Config, PartnerPlatform } from '../config.js'
 import { isLoopbackAddress } from '../http/loopback-host.js'
-import { readAnswer } from '../http/read-answer.js'
 import { isJsonObject, parseJsonObject } from '../json-object.js'
 import { commandTookEffect, type TookEffect } from '../output-gone.js'
 import { printable, printableLines } from '../printable.js'
-import { compileForShortRuns } from '../short-run.js'
 import { shortened } from '../shortened.js'
 import { stopOnSignals } from '../stop-signals.js'
+import { postToService, type ServiceAnswer, ServiceRequestError } from './service-request.js'
 
 /** Commands that need the database; the rest (serve, sandbox, demo, webhook, help) run where typed. */
 export const FORWARDED_COMMANDS = new Set([
@@ -443,24 +442,17 @@ export async function forwardToLocalService(args: string[]): Promise<number | un
   // this process at once
   const stop = new AbortController()
   const off = stopOnSignals(() => stop.abort())
-  // one request and its answer: the HTTP parser compiled once, and not again by the optimising compiler, whose job on
-  // it the process otherwise waited for before it could exit (short-run.ts)
-  compileForShortRuns()
-  let response: Response
+  let response: ServiceAnswer
   let answer: string | undefined
   try {
     try {
-      response = await fetch(new URL(LOCAL_CLI_PATH, service.adminUrl), {
-        method: 'POST',
-        headers: { 'content-type': 'application/json', authorization: `Bearer ${service.token}` },
-        body: JSON.stringify({ args }),
-        // the service never redirects: a redirect followed would send the command line again, wherever it said
-        redirect: 'manual',
-        signal: stop.signal,
-      })
+      // (never following a redirect: one followed would send the command line again, wherever it said)
+      response = await postToService(new URL(LOCAL_CLI_PATH, service.adminUrl), JSON.stringify({ args }), { authorization: `Bearer ${service.token}` }, stop.signal)
     } catch (error) {
       if (stop.signal.aborted) throw stoppedWaiting(config.dataDir, service)
-      if (!neverConnected(error)) {
+      if (!(error instanceof ServiceRequestError)) throw error
+      // once connected, the command may have been sent whatever came next (a reset, an answer that is not HTTP)
+      if (error.connected) {
         // the connection was made and the command sent: a service that died while it ran it (30,000 of 200,002 orders
         // requeued) was reported as one that does not answer, as if the command had not been taken
         throw new RunningServiceError(
@@ -478,7 +470,7 @@ export async function forwardToLocalService(args: string[]): Promise<number | un
     }
     try {
       // bounded: whatever listens on that port may answer without end
-      answer = await readAnswer(response, response.ok ? MAX_RESULT_BYTES : MAX_REFUSAL_BYTES)
+      answer = await response.text(ok(response) ? MAX_RESULT_BYTES : MAX_REFUSAL_BYTES)
     } catch (error) {
       if (stop.signal.aborted) throw stoppedWaiting(config.dataDir, service)
       throw new RunningServiceError(
@@ -489,7 +481,7 @@ export async function forwardToLocalService(args: string[]): Promise<number | un
   } finally {
     off()
   }
-  if (!response.ok) {
+  if (!ok(response)) {
     const command = args[0] ?? ''
     if (response.status === 400 && answer !== undefined && !commandsTakenBy(answer).has(command)) {
       // a service started from an older build than this CLI's: its list of commands predates this one
@@ -499,7 +491,7 @@ export async function forwardToLocalService(args: string[]): Promise<number | un
       )
       return 1
     }
-    if (response.headers.get(COMMAND_STARTED_HEADER) === 'true') {
+    if (response.header(COMMAND_STARTED_HEADER) === 'true') {
       // a trade command the service stopped in its call was told to retry, and the operation was sent twice
       process.stderr.write(
         `${running} had begun to run \`${printable(args.slice(0, 2).join(' '))}\` and answered ${response.status}, not its result: ` +
@@ -508,10 +500,10 @@ export async function forwardToLocalService(args: string[]): Promise<number | un
       )
       return 1
     }
-    const location = response.headers.get('location')
+    const location = response.header('location')
     const status =
       response.status >= 300 && response.status < 400
-        ? `${response.status}, a redirect${location === null ? '' : ` to ${printable(shortened(location, MAX_REFUSAL_SHOWN))}`}, not followed`
+        ? `${response.status}, a redirect${location === undefined ? '' : ` to ${printable(shortened(location, MAX_REFUSAL_SHOWN))}`}, not followed`
         : String(response.status)
     // (on one line and visible: whatever answers on that port may not be the service)
     const shown =
@@ -548,25 +540,11 @@ function stoppedWaiting(dataDir: string, service: ServiceFile): RunningServiceEr
   )
 }
 
-/**
- * The reasons a request fails before its connection is made (nothing listens there, no route to it, the name not
- * found, the connect timed out): the command was not sent. Any other (the socket closed, reset) comes once it is made,
- * the command sent or on its way.
- */
-const CONNECT_FAILURES = new Set(['ECONNREFUSED', 'ENOTFOUND', 'EAI_AGAIN', 'EHOSTUNREACH', 'ENETUNREACH', 'EADDRNOTAVAIL', 'UND_ERR_CONNECT_TIMEOUT'])
+const ok = (response: ServiceAnswer) => response.status >= 200 && response.status < 300
 
-/** Whether a failed request never reached the service (CONNECT_FAILURES), or anything else that is not a socket's. */
-function neverConnected(error: unknown): boolean {
-  const cause = (error as { cause?: { code?: unknown } }).cause
-  const code = typeof cause?.code === 'string' ? cause.code : undefined
-  if (code === undefined) return true
-  return CONNECT_FAILURES.has(code) || !(code.startsWith('UND_ERR_') || code === 'ECONNRESET' || code === 'EPIPE')
-}
-
-// the innermost reason a request failed, as the driver says it (ECONNREFUSED, UND_ERR_SOCKET), on one line
+// the innermost reason a request failed, as Node says it (ECONNREFUSED, ECONNRESET), on one line
 function failureReason(error: unknown): string {
-  const { cause, message } = error as Error & { cause?: { code?: string; message?: string } }
-  return printable(String(cause?.code ?? cause?.message ?? message))
+  return printable(error instanceof ServiceRequestError ? error.code : String((error as Error).message ?? error))
 }
 
 /**

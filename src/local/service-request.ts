@@ -1,0 +1,91 @@
+// One POST to the running service's admin port, for a command forwarded there (running-service.ts), over node:http.
+// fetch loads and compiles its HTTP client (undici, its parser in WebAssembly) at its first request: for a command
+// that makes one request and exits, that was most of its time (bench/cli-startup.ts, README "Benchmarks").
+import http from 'node:http'
+import getRawBody from 'raw-body'
+
+/** How long the connection may take to be set up (fetch's own bound): past it, the command was not sent. */
+const CONNECT_TIMEOUT_MS = 10_000
+
+/** The request failed. `connected`: the connection was made, so the command may have reached the service. */
+export class ServiceRequestError extends Error {
+  override name = 'ServiceRequestError'
+  constructor(
+    /** The innermost reason, as Node says it: ECONNREFUSED, ECONNRESET, HPE_INVALID_CONSTANT. */
+    readonly code: string,
+    readonly connected: boolean,
+    options?: ErrorOptions,
+  ) {
+    super(`the request failed (${code})`, options)
+  }
+}
+
+export interface ServiceAnswer {
+  status: number
+  /** A header's value (the first, when it came more than once), or undefined. */
+  header: (name: string) => string | undefined
+  /**
+   * The body as UTF-8 text, at most `limit` bytes; undefined when it is longer (the rest not read). Rejects with a
+   * ServiceRequestError when the body is cut short.
+   */
+  text: (limit: number) => Promise<string | undefined>
+}
+
+const codeOf = (error: unknown): string => {
+  const { code, message } = (error ?? {}) as { code?: unknown; message?: unknown }
+  return typeof code === 'string' ? code : typeof message === 'string' ? message : String(error)
+}
+
+/**
+ * POSTs `body` (JSON) to `url` on a connection of its own, closed after the answer. Never follows a redirect. An abort
+ * of `signal` rejects with its reason; every other failure is a ServiceRequestError.
+ */
+export async function postToService(url: URL, body: string, headers: Record<string, string>, signal: AbortSignal): Promise<ServiceAnswer> {
+  // (https for a fork that added TLS to its admin port: loaded only then)
+  const { request: send } = url.protocol === 'https:' ? await import('node:https') : http
+  return new Promise((resolve, reject) => {
+    let connected = false
+    const failed = (error: unknown) => (signal.aborted ? signal.reason : new ServiceRequestError(codeOf(error), connected, { cause: error }))
+    const request = send(url, {
+      method: 'POST',
+      agent: false,
+      signal,
+      headers: { ...headers, 'content-type': 'application/json', 'content-length': String(Buffer.byteLength(body)) },
+    })
+    const connectTimer = setTimeout(() => request.destroy(Object.assign(new Error('connect timed out'), { code: 'CONNECT_TIMEOUT' })), CONNECT_TIMEOUT_MS)
+    request.once('socket', (socket) => {
+      const onConnect = () => {
+        connected = true
+        clearTimeout(connectTimer)
+      }
+      // (a reused socket is never given here: agent false)
+      if (socket.connecting) socket.once('connect', onConnect)
+      else onConnect()
+    })
+    request.once('error', (error) => {
+      clearTimeout(connectTimer)
+      reject(failed(error))
+    })
+    request.once('response', (response) => {
+      clearTimeout(connectTimer)
+      resolve({
+        status: response.statusCode ?? 0,
+        header: (name) => {
+          const value = response.headers[name.toLowerCase()]
+          return Array.isArray(value) ? value[0] : value
+        },
+        text: async (limit) => {
+          try {
+            return await getRawBody(response, { limit, encoding: 'utf-8' })
+          } catch (error) {
+            if ((error as { type?: string }).type === 'entity.too.large') return undefined
+            throw failed(error)
+          } finally {
+            response.destroy()
+          }
+        },
+      })
+    })
+    request.end(body)
+  })
+}
