@@ -1,8 +1,6 @@
 // One POST to the running service's admin port, for a command forwarded there (running-service.ts), over node:http.
 // fetch loads and compiles its HTTP client (undici, its parser in WebAssembly) at its first request: for a command
 // that makes one request and exits, that was most of its time (bench/cli-startup.ts, README "Benchmarks").
-import http from 'node:http'
-import getRawBody from 'raw-body'
 
 /** How long the connection may take to be set up (fetch's own bound): past it, the command was not sent. */
 const CONNECT_TIMEOUT_MS = 10_000
@@ -41,8 +39,9 @@ const codeOf = (error: unknown): string => {
  * of `signal` rejects with its reason; every other failure is a ServiceRequestError.
  */
 export async function postToService(url: URL, body: string, headers: Record<string, string>, signal: AbortSignal): Promise<ServiceAnswer> {
-  // (https for a fork that added TLS to its admin port: loaded only then)
-  const { request: send } = url.protocol === 'https:' ? await import('node:https') : http
+  // (loaded here, as raw-body below: every command line loads this module, and most never forward; https for a fork
+  // that added TLS to its admin port)
+  const { request: send } = url.protocol === 'https:' ? await import('node:https') : await import('node:http')
   return new Promise((resolve, reject) => {
     let connected = false
     const failed = (error: unknown) => (signal.aborted ? signal.reason : new ServiceRequestError(codeOf(error), connected, { cause: error }))
@@ -76,6 +75,7 @@ export async function postToService(url: URL, body: string, headers: Record<stri
         },
         text: async (limit) => {
           try {
+            const { default: getRawBody } = await import('raw-body')
             return await getRawBody(response, { limit, encoding: 'utf-8' })
           } catch (error) {
             if ((error as { type?: string }).type === 'entity.too.large') return undefined
