@@ -1,6 +1,7 @@
 // Reactions in tests: a dispatcher's settings, a stream worker, and what the reactions' tables hold (how many are
 // not done yet).
 import { type Kysely, sql } from 'kysely'
+import { onTestFinished } from 'vitest'
 import type { Clock } from '../../src/clock.js'
 import type { Database } from '../../src/db/database.js'
 import type { AttemptResult, DispatcherSettings } from '../../src/reactions/dispatcher-settings.js'
@@ -27,7 +28,9 @@ export const TEST_DISPATCHER_SETTINGS: DispatcherSettings = {
 
 /**
  * One handler's stream worker, taking every event type, with slots of its own (`settings.concurrency`) or those given, the
- * test's clock, and no dispatcher around it: no job loop to wake, metrics only through `report`.
+ * test's clock, and no dispatcher around it: no job loop to wake, metrics only through `report`. Made within a test: its
+ * "retrying later" line held back for the end of its second is written as that test finishes (a dispatcher's stop
+ * writes its own), not into whatever test runs next in the worker.
  */
 export function testStreamWorker(
   db: Kysely<Database>,
@@ -50,6 +53,8 @@ export function testStreamWorker(
     slots?: Slots
   },
 ): StreamWorker {
+  const retryingLater = createRetryLines()
+  onTestFinished(() => retryingLater.flush())
   return createStreamWorker({
     db,
     name,
@@ -64,7 +69,7 @@ export function testStreamWorker(
     jobsWritten: () => {},
     slots,
     describeFailure: String,
-    retryingLater: createRetryLines(),
+    retryingLater,
   })
 }
 
