@@ -8,6 +8,7 @@ import { constants } from 'node:buffer'
 import { once } from 'node:events'
 import { mkdtempSync, readFileSync, writeFileSync } from 'node:fs'
 import http from 'node:http'
+import https from 'node:https'
 import net, { type AddressInfo } from 'node:net'
 import { networkInterfaces, tmpdir } from 'node:os'
 import path from 'node:path'
@@ -16,6 +17,7 @@ import type { ServiceFile } from '../src/local/running-service.js'
 import { type CliResult, freePort, receiverEnv, runCli, spawnCli, stopChild, waitForLogLine } from './helpers/cli-process.js'
 import { migratedDataDir } from './helpers/data-dir-template.js'
 import { answerEndlessly, MiB } from './helpers/endless-answer.js'
+import { useUnansweredListener } from './helpers/unanswered-connect.js'
 
 const TOKEN = 'hostile-test-token'
 
@@ -669,4 +671,83 @@ describe('the CLI when the running service cannot run its command', () => {
       await service.close()
     }
   })
+})
+
+// The command goes to the service over node:http (src/local/service-request.ts): https for a fork that added TLS to its
+// operator listener, and a connect bounded as fetch bounded it
+describe('the CLI when the service’s operator listener is https, or never completes a connect', () => {
+  const tlsFixtures = path.join(import.meta.dirname, 'fixtures/tls')
+  const unanswered = useUnansweredListener()
+
+  async function httpsService(answer: (response: http.ServerResponse) => void): Promise<FakeService> {
+    const requests: string[] = []
+    const server = https.createServer(
+      { cert: readFileSync(path.join(tlsFixtures, 'server.crt')), key: readFileSync(path.join(tlsFixtures, 'server.key')) },
+      (request, response) => {
+        let body = ''
+        request.on('data', (chunk) => (body += chunk))
+        request.on('end', () => {
+          requests.push(body)
+          answer(response)
+        })
+      },
+    )
+    server.listen(0, '127.0.0.1')
+    await once(server, 'listening')
+    return {
+      url: `https://127.0.0.1:${(server.address() as AddressInfo).port}`,
+      requests,
+      close: () => {
+        server.closeAllConnections()
+        return new Promise((resolve) => server.close(() => resolve()))
+      },
+    }
+  }
+
+  it('forwards the command over https to a certificate this machine trusts (NODE_EXTRA_CA_CERTS)', async () => {
+    const service = await httpsService(answering(200, JSON.stringify({ code: 0, stdout: 'over tls\n', stderr: '' })))
+    try {
+      const dataDir = newDataDir()
+      advertise(dataDir, serviceFile(dataDir, service.url))
+      const result = await runCli(['orders', 'list'], { DATA_DIR: dataDir, NODE_EXTRA_CA_CERTS: path.join(tlsFixtures, 'ca.crt') })
+      expect(result).toEqual({ code: 0, stdout: 'over tls\n', stderr: '' })
+      expect(service.requests.map((body) => JSON.parse(body) as unknown)).toEqual([{ args: ['orders', 'list'] }])
+    } finally {
+      await service.close()
+    }
+  })
+
+  // the handshake failed, so nothing of the command was written: the service did not take it
+  it('says the service does not answer, [service_unreachable], when its certificate is not trusted here: the command never sent', async () => {
+    const service = await httpsService(answering(200, JSON.stringify({ code: 0, stdout: 'over tls\n', stderr: '' })))
+    try {
+      const dataDir = newDataDir()
+      advertise(dataDir, serviceFile(dataDir, service.url))
+      const result = await runCli(['trades', 'release', 'order-1'], { DATA_DIR: dataDir })
+      expectNoStackTrace(result)
+      expect(result.stderr).toBe(
+        `The service running from ${dataDir} (pid ${process.pid}) does not answer at ${service.url} (UNABLE_TO_VERIFY_LEAF_SIGNATURE). ` +
+          'Try again once it is up, or stop it. [service_unreachable]\n',
+      )
+      expect(result.code).toBe(1)
+      expect(service.requests).toEqual([])
+    } finally {
+      await service.close()
+    }
+  })
+
+  // without a bound of its own, node:http waits for the kernel's SYN retries: over two minutes
+  it('gives up a connect that never completes after 10 s, [service_unreachable]: the command never sent', async () => {
+    const dataDir = newDataDir()
+    const url = `http://127.0.0.1:${unanswered.port}`
+    advertise(dataDir, serviceFile(dataDir, url))
+    const started = Date.now()
+    const result = await runCli(['trades', 'release', 'order-1'], { DATA_DIR: dataDir })
+    expectNoStackTrace(result)
+    expect(result.stderr).toBe(
+      `The service running from ${dataDir} (pid ${process.pid}) does not answer at ${url} (CONNECT_TIMEOUT). Try again once it is up, or stop it. [service_unreachable]\n`,
+    )
+    expect(result.code).toBe(1)
+    expect(Date.now() - started).toBeGreaterThanOrEqual(10_000)
+  }, 60_000)
 })

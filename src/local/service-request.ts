@@ -2,7 +2,7 @@
 // fetch loads and compiles its HTTP client (undici, its parser in WebAssembly) at its first request: for a command
 // that makes one request and exits, that was most of its time (bench/cli-startup.ts, README "Benchmarks").
 
-/** How long the connection may take to be set up (fetch's own bound): past it, the command was not sent. */
+/** How long the connection may take to be set up (fetch's own bound, with TLS's handshake): past it, the command was not sent. */
 const CONNECT_TIMEOUT_MS = 10_000
 
 /** The request failed. `connected`: the connection was made, so the command may have reached the service. */
@@ -52,14 +52,14 @@ export async function postToService(url: URL, body: string, headers: Record<stri
       headers: { ...headers, 'content-type': 'application/json', 'content-length': String(Buffer.byteLength(body)) },
     })
     const connectTimer = setTimeout(() => request.destroy(Object.assign(new Error('connect timed out'), { code: 'CONNECT_TIMEOUT' })), CONNECT_TIMEOUT_MS)
+    // connected once the request can be written: after TLS's handshake, on https (a certificate refused sent nothing)
     request.once('socket', (socket) => {
       const onConnect = () => {
         connected = true
         clearTimeout(connectTimer)
       }
-      // (a reused socket is never given here: agent false)
-      if (socket.connecting) socket.once('connect', onConnect)
-      else onConnect()
+      // (a new socket each time, agent false: never one already connected)
+      socket.once(url.protocol === 'https:' ? 'secureConnect' : 'connect', onConnect)
     })
     request.once('error', (error) => {
       clearTimeout(connectTimer)
