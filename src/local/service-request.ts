@@ -1,6 +1,7 @@
 // One POST to the running service's admin port, for a command forwarded there (running-service.ts), over node:http.
 // fetch loads and compiles its HTTP client (undici, its parser in WebAssembly) at its first request: for a command
 // that makes one request and exits, that was most of its time (bench/cli-startup.ts, README "Benchmarks").
+import { StringDecoder } from 'node:string_decoder'
 
 /** How long the connection may take to be set up (fetch's own bound, with TLS's handshake): past it, the command was not sent. */
 const CONNECT_TIMEOUT_MS = 10_000
@@ -39,7 +40,7 @@ const codeOf = (error: unknown): string => {
  * of `signal` rejects with its reason; every other failure is a ServiceRequestError.
  */
 export async function postToService(url: URL, body: string, headers: Record<string, string>, signal: AbortSignal): Promise<ServiceAnswer> {
-  // (loaded here, as raw-body below: every command line loads this module, and most never forward; https for a fork
+  // (loaded here: every command line loads this module, and most never forward; https for a fork
   // that added TLS to its admin port)
   const { request: send } = url.protocol === 'https:' ? await import('node:https') : await import('node:http')
   return new Promise((resolve, reject) => {
@@ -74,15 +75,25 @@ export async function postToService(url: URL, body: string, headers: Record<stri
           return Array.isArray(value) ? value[0] : value
         },
         text: async (limit) => {
+          // read here, not through raw-body: loading it (and iconv-lite, http-errors and the rest) took longer than the
+          // service's answer, after that answer had come
+          const decoder = new StringDecoder('utf8')
+          let text = ''
+          let bytes = 0
           try {
-            const { default: getRawBody } = await import('raw-body')
-            return await getRawBody(response, { limit, encoding: 'utf-8' })
+            for await (const chunk of response as AsyncIterable<Buffer>) {
+              bytes += chunk.length
+              if (bytes > limit) return undefined
+              text += decoder.write(chunk)
+            }
+            text += decoder.end()
           } catch (error) {
-            if ((error as { type?: string }).type === 'entity.too.large') return undefined
             throw failed(error)
           } finally {
             response.destroy()
           }
+          // (a leading byte order mark dropped, as a decoder for the web does)
+          return text.charCodeAt(0) === 0xfeff ? text.slice(1) : text
         },
       })
     })
