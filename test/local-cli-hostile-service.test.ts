@@ -28,22 +28,27 @@ interface FakeService {
   close: () => Promise<void>
 }
 
-/** A server on `host` that reads each request's body and then lets `answer` answer (or not). */
-async function fakeService(answer: (response: http.ServerResponse, request: http.IncomingMessage) => void, host = '127.0.0.1'): Promise<FakeService> {
+/** A server on `host` that reads each request's body and then lets `answer` answer (or not); https with `tls`. */
+async function fakeService(
+  answer: (response: http.ServerResponse, request: http.IncomingMessage) => void,
+  host = '127.0.0.1',
+  tls?: https.ServerOptions,
+): Promise<FakeService> {
   const requests: string[] = []
-  const server = http.createServer((request, response) => {
+  const serve = (request: http.IncomingMessage, response: http.ServerResponse) => {
     let body = ''
     request.on('data', (chunk) => (body += chunk))
     request.on('end', () => {
       requests.push(body)
       answer(response, request)
     })
-  })
+  }
+  const server = tls ? https.createServer(tls, serve) : http.createServer(serve)
   server.listen(0, host)
   await once(server, 'listening')
   const { port } = server.address() as AddressInfo
   return {
-    url: `http://${host.includes(':') ? `[${host}]` : host}:${port}`,
+    url: `${tls ? 'https' : 'http'}://${host.includes(':') ? `[${host}]` : host}:${port}`,
     requests,
     close: () => {
       server.closeAllConnections()
@@ -679,30 +684,8 @@ describe('the CLI when the service’s operator listener is https, or never comp
   const tlsFixtures = path.join(import.meta.dirname, 'fixtures/tls')
   const unanswered = useUnansweredListener()
 
-  async function httpsService(answer: (response: http.ServerResponse) => void): Promise<FakeService> {
-    const requests: string[] = []
-    const server = https.createServer(
-      { cert: readFileSync(path.join(tlsFixtures, 'server.crt')), key: readFileSync(path.join(tlsFixtures, 'server.key')) },
-      (request, response) => {
-        let body = ''
-        request.on('data', (chunk) => (body += chunk))
-        request.on('end', () => {
-          requests.push(body)
-          answer(response)
-        })
-      },
-    )
-    server.listen(0, '127.0.0.1')
-    await once(server, 'listening')
-    return {
-      url: `https://127.0.0.1:${(server.address() as AddressInfo).port}`,
-      requests,
-      close: () => {
-        server.closeAllConnections()
-        return new Promise((resolve) => server.close(() => resolve()))
-      },
-    }
-  }
+  const certificate = { cert: readFileSync(path.join(tlsFixtures, 'server.crt')), key: readFileSync(path.join(tlsFixtures, 'server.key')) }
+  const httpsService = (answer: (response: http.ServerResponse) => void) => fakeService(answer, '127.0.0.1', certificate)
 
   it('forwards the command over https to a certificate this machine trusts (NODE_EXTRA_CA_CERTS)', async () => {
     const service = await httpsService(answering(200, JSON.stringify({ code: 0, stdout: 'over tls\n', stderr: '' })))
