@@ -10,9 +10,10 @@ function commandPaths(command: Command, prefix: string[] = []): string[][] {
 
 const run = (args: string[]) => runCommandWith(args)
 
-describe('the command line', () => {
-  const paths = commandPaths(buildProgram(runCapturedCommandLine))
+// every command filled in, as a command line naming it has it
+const paths = commandPaths(await buildProgram(runCapturedCommandLine, undefined, [], { fill: 'all' }))
 
+describe('the command line', () => {
   it('has every command the operator guide names', () => {
     const names = paths.map((path) => path.join(' '))
     for (const expected of [
@@ -50,6 +51,17 @@ describe('the command line', () => {
     const result = await run([...(path as string[]), '--help'])
     expect(result.code).toBe(0)
     expect(result.stdout).toContain(`Usage: partner-escrow ${(path as string[]).join(' ')}`)
+  })
+
+  // the program's help is made from program.ts's list, without loading any command's file: it must read as the
+  // help of the commands filled in
+  it('lists every command in the program\'s help as it reads with the commands filled in', async () => {
+    const filled = (await buildProgram(runCapturedCommandLine, undefined, [], { fill: 'all' })).helpInformation()
+    expect(filled).toContain('migrate [options]')
+    for (const args of [['--help'], ['help'], []]) {
+      const result = await run(args)
+      expect(args.length === 0 ? result.stderr : result.stdout).toBe(filled)
+    }
   })
 
   it('exits 2 with a message for an unknown command or option', async () => {

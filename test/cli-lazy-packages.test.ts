@@ -73,6 +73,22 @@ describe('the packages a command loads', () => {
     }
   })
 
+  // the program's help is made from program.ts's list of commands: loading each command's file (and webhook's raw-body
+  // with it) took half of `--help`'s start. `orders list` loads its own file and no other command's.
+  it('`--help` loads no command\'s file, nor raw-body; `orders list` loads orders\' file alone', async () => {
+    const env = receiverEnv(migratedDataDir('lazy-packages-help-'))
+    const commandFiles = (requests: string[]) => requests.filter((request) => /\/dist\/src\/cli\/[a-z-]+\.command\.js$/.test(request)).map((request) => path.basename(request))
+    const help = await loadedBy(['--help'], env, ['raw-body', 'iconv-lite', ...LAZY])
+    expect(help.result.code, help.result.stderr).toBe(0)
+    expect(help.result.stdout).toContain('orders ')
+    expect(help.requests.some((request) => request.endsWith('/dist/src/cli/program.js'))).toBe(true)
+    expect(commandFiles(help.requests)).toEqual([])
+    expect(help.loaded).toEqual([])
+    const list = await loadedBy(['orders', 'list'], env, [])
+    expect(list.result, list.result.stderr).toMatchObject({ code: 0, stdout: '(no orders)\n' })
+    expect([...new Set(commandFiles(list.requests))]).toEqual(['orders.command.js'])
+  })
+
   it.skipIf(!postgresUrl)('`orders list` through DATABASE_URL loads pg, and neither undici nor amqplib (Postgres)', async () => {
     const seed = (db: Kysely<Database>) => insertOrders(db, [{ externalReference: 'lazy-pg-1' }])
     const { env } = await seededCliDatabase('postgres', { prefix: 'lazy-packages-pg-', env: {}, seed, cleanups })

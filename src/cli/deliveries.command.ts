@@ -48,9 +48,7 @@ function deliveryNotFound(deliveryId: string, bodySha256: string | undefined): C
 
 const BODY_OPTION = ['--body-sha256 <hex>', 'when the id was reused for several bodies: the one whose SHA-256 starts so'] as const
 
-export function registerDeliveriesCommands(program: Command): void {
-  const deliveries = program.command('deliveries').description('webhook deliveries as received: list, show, reapply, dismiss')
-
+export function registerDeliveriesCommands(deliveries: Command): void {
   deliveries
     .command('list')
     .description('list deliveries, newest first')

@@ -3,10 +3,8 @@ import { stopOnSignals, untilStopSignal } from '../stop-signals.js'
 import { demoTrades, MAX_DEMO_TRADES, portNumber, wholeNumber } from './cli-arguments.js'
 import { setExitCode, write, writeError } from './cli-context.js'
 
-export function registerDemoCommand(program: Command): void {
-  program
-    .command('demo')
-    .description('run trades of five kinds in turn (50 by default: ten of each) against the sandbox with lost, repeated and reordered webhooks')
+export function registerDemoCommand(demo: Command): void {
+  demo
     .option('--trades <n>', `how many trades (at most ${MAX_DEMO_TRADES})`, demoTrades, 50)
     // any whole number, as the sandbox's --seed: the fault injection's random source takes 0 too
     .option('--seed <n>', 'seed of the injected faults', wholeNumber, 7)

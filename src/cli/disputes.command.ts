@@ -5,9 +5,7 @@ import { orderReference } from './cli-arguments.js'
 import { escaped, printJson, write } from './cli-context.js'
 import { pollOnlyRecorded, runTradeCall } from './trades.command.js'
 
-export function registerDisputesCommands(program: Command): void {
-  const disputes = program.command('disputes').description('disputes on an order’s trade')
-
+export function registerDisputesCommands(disputes: Command): void {
   disputes
     .command('open')
     .description('open a dispute on the order’s trade')

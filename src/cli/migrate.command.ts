@@ -3,10 +3,8 @@ import { isDatabaseUnavailable } from '../db/database-errors.js'
 import type { MigrationError } from '../db/migrate.js'
 import { CommandFailedError, markTookEffect, printJson, UsageError, withDatabase, write } from './cli-context.js'
 
-export function registerMigrateCommand(program: Command): void {
-  program
-    .command('migrate')
-    .description('apply every pending database migration (safe to run from several replicas at once)')
+export function registerMigrateCommand(migrate: Command): void {
+  migrate
     .option('--json', 'print the result as JSON')
     .action(async (options: { json?: boolean }) => {
       const { migrateToLatest, MigrationError } = await import('../db/migrate.js')

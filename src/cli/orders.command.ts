@@ -8,9 +8,7 @@ import { invalidOrder, listLimit, MAX_LIST_LIMIT, orderReference } from './cli-a
 import { CommandFailedError, markTookEffect, printJson, printTable, withDatabase, write } from './cli-context.js'
 import { orderJson } from './order-json.js'
 
-export function registerOrdersCommands(program: Command): void {
-  const orders = program.command('orders').description('the partner’s orders: create, show, list')
-
+export function registerOrdersCommands(orders: Command): void {
   orders
     .command('create')
     .description('create an order; webhooks parked for its reference are applied at once')

@@ -1,29 +1,112 @@
 // The command tree. Each group lives in its own *.command.ts file and registers itself here.
-import { Command, type CommanderError, type OutputConfiguration } from 'commander'
+import { Command, type CommanderError, Help, type OutputConfiguration } from 'commander'
 import type { LocalCommandRunner } from '../local/local-cli.js'
-import { registerDeliveriesCommands } from './deliveries.command.js'
-import { registerDisputesCommands } from './disputes.command.js'
-import { registerDemoCommand } from './demo.command.js'
-import { registerMigrateCommand } from './migrate.command.js'
-import { registerOrdersCommands } from './orders.command.js'
-import { registerProposalsCommands } from './proposals.command.js'
-import { registerPruneCommand } from './prune.command.js'
-import { registerReactionsCommands } from './reactions.command.js'
-import { registerReconcileCommands } from './reconcile.command.js'
-import { registerSandboxCommand } from './sandbox.command.js'
-import { registerServeCommand } from './serve.command.js'
-import { registerTradesCommands } from './trades.command.js'
-import { registerWebhookCommands } from './webhook.command.js'
 import { printable, printableLines } from '../printable.js'
 import { shortened } from '../shortened.js'
 import { withoutPassword } from '../without-password.js'
 import { serviceVersion } from '../version.js'
 
 /**
+ * The program's commands, in the order its help lists them. Each fills in its own command (options, arguments,
+ * subcommands, action) in its *.command.ts file, which is loaded only for a command line that names it: `--help`
+ * and the rest need only these names and descriptions, and loading every file took half of `--help`'s start.
+ * `options`: the command takes options of its own (its line in the program's help reads `migrate [options]`).
+ */
+const COMMANDS: readonly CommandEntry[] = [
+  {
+    name: 'serve',
+    description: 'run the webhook receiver and the poller (what `npm start` runs)',
+    fill: async () => (await import('./serve.command.js')).registerServeCommand,
+  },
+  {
+    name: 'migrate',
+    description: 'apply every pending database migration (safe to run from several replicas at once)',
+    options: true,
+    fill: async () => (await import('./migrate.command.js')).registerMigrateCommand,
+  },
+  {
+    name: 'webhook',
+    description: 'sign or send a webhook body as the platform would',
+    fill: async () => (await import('./webhook.command.js')).registerWebhookCommands,
+  },
+  {
+    name: 'reconcile',
+    description:
+      'run one poll cycle (--once), show the latest runs (--report), requeue flagged orders (--requeue), or poll every open order soon (--requeue-open)',
+    options: true,
+    fill: async () => (await import('./reconcile.command.js')).registerReconcileCommands,
+  },
+  {
+    name: 'orders',
+    description: 'the partner’s orders: create, show, list',
+    fill: async () => (await import('./orders.command.js')).registerOrdersCommands,
+  },
+  {
+    name: 'deliveries',
+    description: 'webhook deliveries as received: list, show, reapply, dismiss',
+    fill: async () => (await import('./deliveries.command.js')).registerDeliveriesCommands,
+  },
+  {
+    name: 'prune',
+    description:
+      'delete what retention says is old: raw bodies after RETENTION_DAYS, delivery rows, done reaction jobs and reconcile runs after DELIVERY_RETENTION_DAYS (never order history or parked deliveries)',
+    options: true,
+    fill: async () => (await import('./prune.command.js')).registerPruneCommand,
+  },
+  {
+    name: 'reactions',
+    description:
+      "reaction jobs (one per transition and handler): list, show, retry, skip; rebase the streams after a restore; release a stream's lease",
+    fill: async () => (await import('./reactions.command.js')).registerReactionsCommands,
+  },
+  {
+    name: 'trades',
+    description: 'create and move the platform trade of an order',
+    fill: async () => (await import('./trades.command.js')).registerTradesCommands,
+  },
+  {
+    name: 'disputes',
+    description: 'disputes on an order’s trade',
+    fill: async () => (await import('./disputes.command.js')).registerDisputesCommands,
+  },
+  {
+    name: 'proposals',
+    description: 'proposals that resolve a dispute',
+    fill: async () => (await import('./proposals.command.js')).registerProposalsCommands,
+  },
+  {
+    name: 'sandbox',
+    description: 'run the platform simulator: signed partner API and webhooks with retries and faults',
+    options: true,
+    fill: async () => (await import('./sandbox.command.js')).registerSandboxCommand,
+  },
+  {
+    name: 'demo',
+    description: 'run trades of five kinds in turn (50 by default: ten of each) against the sandbox with lost, repeated and reordered webhooks',
+    options: true,
+    fill: async () => (await import('./demo.command.js')).registerDemoCommand,
+  },
+]
+
+interface CommandEntry {
+  name: string
+  description: string
+  options?: true
+  fill: () => Promise<(command: Command, runCommand: LocalCommandRunner) => void>
+}
+
+/**
+ * The program for `commandLine`: every command named with its description, and filled in for the one the line names
+ * (`orders …`, `help orders …`), or for all of them with `fill: 'all'`.
  * `runCommand` is how `serve` runs a second terminal's command lines: given by the caller (run-cli.ts),
  * so that nothing the service loads imports the command tree back.
  */
-export function buildProgram(runCommand: LocalCommandRunner, output?: OutputConfiguration, commandLine: readonly string[] = []): Command {
+export async function buildProgram(
+  runCommand: LocalCommandRunner,
+  output?: OutputConfiguration,
+  commandLine: readonly string[] = [],
+  { fill = 'named' }: { fill?: 'named' | 'all' } = {},
+): Promise<Command> {
   const program = new Command()
     .name('partner-escrow')
     .description('Integration backend for the escrow trade platform: webhooks, API client, poller, sandbox')
@@ -49,21 +132,28 @@ export function buildProgram(runCommand: LocalCommandRunner, output?: OutputConf
       }
       throw error
     })
-  registerServeCommand(program, runCommand)
-  registerMigrateCommand(program)
-  registerWebhookCommands(program)
-  registerReconcileCommands(program)
-  registerOrdersCommands(program)
-  registerDeliveriesCommands(program)
-  registerPruneCommand(program)
-  registerReactionsCommands(program)
-  registerTradesCommands(program)
-  registerDisputesCommands(program)
-  registerProposalsCommands(program)
-  registerSandboxCommand(program)
-  registerDemoCommand(program)
+  const named = fill === 'all' ? undefined : namedCommand(commandLine)
+  const unfilled = new Map<Command, string>()
+  for (const entry of COMMANDS) {
+    const command = program.command(entry.name).description(entry.description)
+    if (fill === 'all' || entry.name === named) (await entry.fill())(command, runCommand)
+    else unfilled.set(command, entry.options ? `${entry.name} [options]` : entry.name)
+  }
+  // a command not filled in is listed in the help as it would be filled (the help's test compares the two)
+  const defaultTerm = Help.prototype.subcommandTerm
+  program.configureHelp({
+    subcommandTerm(command) {
+      return unfilled.get(command) ?? defaultTerm.call(this, command)
+    },
+  })
   addHelpCommands(program)
   return program
+}
+
+/** The command a command line names: its first argument that is no option, or the one after `help`. */
+function namedCommand(commandLine: readonly string[]): string | undefined {
+  const [first, second] = commandLine.filter((argument) => !argument.startsWith('-'))
+  return first === 'help' ? second : first
 }
 
 /** The code a refusal of commander's ends in: `unknown_command`, or `invalid_arguments` for any other. */

@@ -11,9 +11,7 @@ import { pollOnlyRecorded, runTradeCall } from './trades.command.js'
 /** The order's reference as a word of a command to copy: quoted for a shell where it needs it, on one line. */
 const shellWord = (reference: string) => printable(quoteForShell(reference))
 
-export function registerProposalsCommands(program: Command): void {
-  const proposals = program.command('proposals').description('proposals that resolve a dispute')
-
+export function registerProposalsCommands(proposals: Command): void {
   proposals
     .command('create')
     .description('propose an outcome for the open dispute')

@@ -7,12 +7,8 @@
 import type { Command } from 'commander'
 import { CommandFailedError, markTookEffect, printJson, runsInService, setExitCode, withDatabase, write, writeError } from './cli-context.js'
 
-export function registerPruneCommand(program: Command): void {
-  program
-    .command('prune')
-    .description(
-      'delete what retention says is old: raw bodies after RETENTION_DAYS, delivery rows, done reaction jobs and reconcile runs after DELIVERY_RETENTION_DAYS (never order history or parked deliveries)',
-    )
+export function registerPruneCommand(prune: Command): void {
+  prune
     .option('--dry-run', 'count what a pass would prune now, change nothing')
     .option('--json', 'print the result as JSON')
     .action(async (options: { dryRun?: boolean; json?: boolean }) => {

@@ -27,13 +27,7 @@ function handlerName(value: string): string {
   return value
 }
 
-export function registerReactionsCommands(program: Command): void {
-  const reactions = program
-    .command('reactions')
-    .description(
-      "reaction jobs (one per transition and handler): list, show, retry, skip; rebase the streams after a restore; release a stream's lease",
-    )
-
+export function registerReactionsCommands(reactions: Command): void {
   reactions
     .command('list')
     .description('list reaction jobs, newest first (with --state done or no state, also the events done on their first attempt: no job id)')

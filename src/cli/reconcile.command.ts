@@ -39,12 +39,8 @@ const MAX_REPORT_LIMIT = 1_000
 const DEFAULT_WITHIN_S = 900
 const MAX_WITHIN_S = 86_400
 
-export function registerReconcileCommands(program: Command): void {
-  program
-    .command('reconcile')
-    .description(
-      'run one poll cycle (--once), show the latest runs (--report), requeue flagged orders (--requeue), or poll every open order soon (--requeue-open)',
-    )
+export function registerReconcileCommands(reconcile: Command): void {
+  reconcile
     .option('--once', 'claim the due orders, poll them and apply what the platform answers')
     .option('--report', 'show the latest reconciliation runs')
     .option(

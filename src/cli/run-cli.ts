@@ -14,7 +14,7 @@ import type { CommandOutput } from '../local/running-service.js'
 
 export async function runCommandLine(args: string[], cliScope?: CliScope): Promise<number> {
   const run = async (): Promise<number> => {
-    const program = buildProgram(
+    const program = await buildProgram(
       runCapturedCommandLine,
       cliScope && {
         writeOut: (text) => cliScope.stdout.write(text),

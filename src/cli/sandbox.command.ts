@@ -68,11 +68,9 @@ interface SandboxFlags extends Faults {
   reorderHoldMs: number
 }
 
-export function registerSandboxCommand(program: Command): void {
+export function registerSandboxCommand(sandbox: Command): void {
   const option = (flags: string, description: string, env: string) => new Option(flags, description).env(env)
-  program
-    .command('sandbox')
-    .description('run the platform simulator: signed partner API and webhooks with retries and faults')
+  sandbox
     .addOption(option('--port <port>', 'port to listen on (default: SANDBOX_PORT, 4010)', 'SANDBOX_PORT').argParser(portNumber))
     .addOption(option('--host <host>', 'interface to bind', 'SANDBOX_HOST').default('127.0.0.1'))
     .addOption(option('--webhook-url <url>', 'where webhooks go (default: this service’s receiver)', 'SANDBOX_WEBHOOK_URL').argParser(webhookUrl))

@@ -348,9 +348,7 @@ interface OpenOptions {
   json?: boolean
 }
 
-export function registerTradesCommands(program: Command): void {
-  const trades = program.command('trades').description('create and move the platform trade of an order')
-
+export function registerTradesCommands(trades: Command): void {
   trades
     .command('open')
     .description('create the platform trade for an order (the order is created locally if new)')

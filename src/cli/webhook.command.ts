@@ -7,7 +7,6 @@ import { open } from 'node:fs/promises'
 import { type Command, InvalidArgumentError } from 'commander'
 import { stopOnSignals } from '../stop-signals.js'
 import type { Config, RunningServiceLookup } from '../config.js'
-import { readAnswer } from '../http/read-answer.js'
 import { findRunningService } from '../local/running-service.js'
 import { printable } from '../printable.js'
 import { shortened } from '../shortened.js'
@@ -91,9 +90,7 @@ async function readBodyFile(file: string): Promise<Buffer> {
   }
 }
 
-export function registerWebhookCommands(program: Command): void {
-  const webhook = program.command('webhook').description('sign or send a webhook body as the platform would')
-
+export function registerWebhookCommands(webhook: Command): void {
   webhook
     .command('sign')
     .description('print the headers the platform would send with this body')
@@ -154,7 +151,8 @@ export function registerWebhookCommands(program: Command): void {
       }
       let text: string | undefined
       try {
-        text = await readAnswer(response, MAX_ANSWER_BYTES)
+        // loaded here: raw-body and iconv-lite were a tenth of the modules every `--help` loaded
+        text = await (await import('../http/read-answer.js')).readAnswer(response, MAX_ANSWER_BYTES)
       } catch (error) {
         throw new CommandFailedError('answer_not_read', `Could not read the answer of ${shownUrl}: ${printable(failureReason(error))}`)
       }
