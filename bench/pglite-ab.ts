@@ -5,8 +5,9 @@
 // thread and of the database's thread (/proc, by thread), after a warm-up of AB_WARM_UP_S seconds (8: a start runs
 // PGlite's WebAssembly unoptimised while V8 compiles it on other threads). The machine's noise moves both sides of a
 // pair alike; on a busy machine it is still larger than most changes (bench/results/rounds.md, 2026-12-06).
+// Each run also reads the process's resident memory after its load, now and at its peak (/proc: VmRSS, VmHWM).
 // AB_B_ENV='NAME=value ...': more of B's environment.
-import { mkdtempSync, readdirSync, rmSync } from 'node:fs'
+import { mkdtempSync, readdirSync, readFileSync, rmSync } from 'node:fs'
 import os from 'node:os'
 import path from 'node:path'
 import autocannon from 'autocannon'
@@ -29,6 +30,13 @@ const dataDir = mkdtempSync(path.join(os.tmpdir(), 'pglite-ab-'))
 /** The CPU (ms) of each thread of `pid`, by thread id; the database's thread is the one that used most besides the main thread. */
 function threadCpu(pid: number): Map<number, number> {
   return new Map(readdirSync(`/proc/${pid}/task`).map((tid) => [Number(tid), cpuMs(pid, Number(tid))]))
+}
+
+/** The process's resident memory now and at its peak, MB (/proc's VmRSS and VmHWM). */
+function residentMb(pid: number): { rss: number; peak: number } {
+  const status = readFileSync(`/proc/${pid}/status`, 'utf8')
+  const kb = (name: string) => Number(new RegExp(`^${name}:\\s+(\\d+) kB`, 'm').exec(status)?.[1] ?? 0)
+  return { rss: Math.round(kb('VmRSS') / 1024), peak: Math.round(kb('VmHWM') / 1024) }
 }
 
 async function load(port: number, offset: number, duration = seconds) {
@@ -74,6 +82,7 @@ try {
         const load1 = os.loadavg()[0]!
         const result = await load(port, offset)
         const after = threadCpu(pid)
+        const memory = residentMb(pid)
         const requests = result.requests.total
         const used = [...after].map(([tid, ms]) => [tid, ms - (before.get(tid) ?? 0)] as const).sort((a, b) => b[1] - a[1])
         const main = used.find(([tid]) => tid === pid)?.[1] ?? 0
@@ -85,6 +94,7 @@ try {
           pair, side: name, rps: Math.round(result.requests.average), p50: result.latency.p50, p99: result.latency.p99,
           non2xx: result.non2xx, errors: result.errors,
           cpuUs: us(main + database + rest), mainUs: us(main), databaseUs: us(database), otherThreadsUs: us(rest), load1: Number(load1.toFixed(2)),
+          rssMb: memory.rss, peakRssMb: memory.peak,
         }
         rows.push(row)
         console.log(JSON.stringify(row))
@@ -99,5 +109,5 @@ try {
 for (const side of ['A', 'B']) {
   const mine = rows.filter((row) => row.side === side)
   const pick = (key: string) => mine.map((row) => row[key] as number)
-  console.log(`${side}: req/s ${pick('rps').join(', ')} (median ${median(pick('rps'))}); CPU µs/request ${pick('cpuUs').join(', ')} (median ${median(pick('cpuUs'))}); database thread ${pick('databaseUs').join(', ')}; HTTP thread ${pick('mainUs').join(', ')}`)
+  console.log(`${side}: req/s ${pick('rps').join(', ')} (median ${median(pick('rps'))}); CPU µs/request ${pick('cpuUs').join(', ')} (median ${median(pick('cpuUs'))}); database thread ${pick('databaseUs').join(', ')}; HTTP thread ${pick('mainUs').join(', ')}; peak RSS MB ${pick('peakRssMb').join(', ')}`)
 }
