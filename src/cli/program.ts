@@ -9,7 +9,8 @@ import { serviceVersion } from '../version.js'
 /**
  * The program's commands, in the order its help lists them. Each fills in its own command (options, arguments,
  * subcommands, action) in its *.command.ts file, which is loaded only for a command line that names it: `--help`
- * and the rest need only these names and descriptions, and loading every file took half of `--help`'s start.
+ * and the rest need only these names and descriptions: loading every file was half of what `--help` took beyond Node's
+ * own start (83 against 57 ms on Node 24, where `node -e 0` takes 30).
  * `options`: the command takes options of its own (its line in the program's help reads `migrate [options]`).
  */
 const COMMANDS: readonly CommandEntry[] = [
