@@ -1,4 +1,4 @@
-// The command tree. Each group lives in its own *.command.ts file and registers itself here.
+// The command tree: the commands are listed here, and each is filled in by its own *.command.ts file.
 import { Command, type CommanderError, Help, type OutputConfiguration } from 'commander'
 import type { LocalCommandRunner } from '../local/local-cli.js'
 import { printable, printableLines } from '../printable.js'
