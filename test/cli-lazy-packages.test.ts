@@ -68,6 +68,10 @@ describe('the packages a command loads', () => {
       expect(requests.some((request) => request.endsWith('/dist/src/local/running-service.js'))).toBe(true)
       expect(requests.filter((request) => request.endsWith('/dist/src/config.js'))).toEqual([])
       expect(loaded).toEqual([])
+      // nor Node's own copy of undici, nor http2: on Node 22 and 24, node:http taken through an ES import made its
+      // namespace of every export, its WebSocket among them, which loads them (local/service-request.ts)
+      expect(requests.filter((request) => ['node-internal:internal/deps/undici/undici', 'node-internal:http2'].includes(request))).toEqual([])
+      expect(requests).toContain('node-internal:_http_client')
     } finally {
       await stopChild(service)
     }
